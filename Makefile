@@ -1,0 +1,53 @@
+# shardlb — the commands everyone uses. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install redis-server run stop test lint format typecheck bench bench-scale k8s-check clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or make PYTHON=python3)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install shardlb with its test and bench extras
+
+redis-server: ## make sure redis-server >= 7 is on PATH (installs it with apt-get when root)
+	@bash scripts/ensure-redis.sh
+
+run: install redis-server ## start a local Redis Cluster, a `demo` board and the router on :8000
+	@bash scripts/dev-run.sh
+
+stop: ## stop the router and the local cluster that `make run` started
+	@bash scripts/dev-stop.sh
+
+test: install redis-server ## run lint, type checks and the whole test suite (starts its own cluster)
+	$(BIN)/ruff check shardlb router bench tests
+	$(BIN)/mypy
+	$(BIN)/pytest -q
+
+lint: install ## check style and types without changing anything
+	$(BIN)/ruff check shardlb router bench tests
+	$(BIN)/ruff format --check shardlb router bench tests
+	$(BIN)/mypy
+
+format: install ## fix style in place
+	$(BIN)/ruff check --fix shardlb router bench tests
+	$(BIN)/ruff format shardlb router bench tests
+
+bench: install redis-server ## ~3 min headless load test; writes bench/results/<timestamp>/
+	$(BIN)/python -m bench.run
+
+bench-scale: install redis-server ## long: 10M players on 16 shards, memory and latency at 1M and 10M
+	$(BIN)/python -m bench.scale
+
+clean: stop ## remove the virtualenv and local state
+	rm -rf $(VENV) .shardlb
