@@ -49,5 +49,8 @@ bench: install redis-server ## ~3 min headless load test; writes bench/results/<
 bench-scale: install redis-server ## long: 10M players on 16 shards, memory and latency at 1M and 10M
 	$(BIN)/python -m bench.scale
 
+k8s-check: install redis-server ## offline checks of Dockerfile and k8s/ (render, validate, lint, pod scripts)
+	$(BIN)/pytest -q tests/test_k8s_manifests.py tests/test_k8s_scripts.py
+
 clean: stop ## remove the virtualenv and local state
 	rm -rf $(VENV) .shardlb
