@@ -1,0 +1,269 @@
+"""One board spread over many shards: validated writes applied per shard, and exact merged reads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+
+from shardlb import keys, periods, times
+from shardlb.client import Scripts
+from shardlb.config import BoardConfig, check_id
+from shardlb.errors import InvalidInput, PlayerNotFound
+from shardlb.merge import Row
+from shardlb.reads import View
+from shardlb.sharding import Layout
+
+STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow"}
+MAX_FUTURE_MS = 5 * 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """One match result for one player, as a game server posts it."""
+
+    player_id: str
+    points: int
+    match_id: str
+    achieved_ms: int | None = None
+    region: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A checked Score with its home shard and packed score, ready for a shard's script call."""
+
+    player_id: str
+    match_id: str
+    points: int
+    units: int
+    score: int
+    shard: int
+    periods: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    player_id: str
+    match_id: str
+    status: str
+    points: int
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    rank: int
+    player_id: str
+    points: int
+    achieved_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlayerEntry:
+    entry: Entry
+    players: int
+    percentile: float
+
+
+class Board:
+    """A board: its settings, its shards' key names, and the calls that read and write it."""
+
+    def __init__(self, client: RedisCluster, config: BoardConfig, scripts: Scripts) -> None:
+        self.client = client
+        self.config = config
+        self.scripts = scripts
+        self.codec = config.codec()
+        self.layout = Layout(config.sharding, config.order)
+        self.tz = periods.zone(config.timezone)
+        self.prefixes = [keys.shard_prefix(config.id, i, self.layout.physical) for i in range(self.layout.physical)]
+        self._dedup_bucket_ms = config.dedup_window_s * 1000 // 4
+
+    # ---- writes ---------------------------------------------------------------------------
+
+    def prepare(self, scores: Sequence[Score], now_ms: int | None = None, field: str = "scores") -> list[Prepared]:
+        """Check every score; raise InvalidInput naming the first bad field. Writes nothing."""
+        now = times.now_ms() if now_ms is None else now_ms
+        out = []
+        for i, s in enumerate(scores):
+            where = f"{field}[{i}]"
+            check_id(s.player_id, f"{where}.player_id")
+            if not isinstance(s.match_id, str) or not 1 <= len(s.match_id) <= 128:
+                raise InvalidInput("match_id must be 1-128 characters", f"{where}.match_id", "invalid_match_id")
+            points = self.codec.check_points(s.points, f"{where}.points")
+            achieved = now if s.achieved_ms is None else s.achieved_ms
+            if achieved > now + MAX_FUTURE_MS:
+                raise InvalidInput("achieved_at is more than 5 minutes in the future", f"{where}.achieved_at",
+                                   "out_of_range")
+            units = self.codec.time_units(achieved, f"{where}.achieved_at")
+            shard = self.layout.home(s.player_id, s.region, f"{where}.region")
+            out.append(Prepared(
+                s.player_id, s.match_id, points, units, self.codec.encode_units(points, units), shard,
+                tuple(periods.names_at(achieved, self.config.periods, self.tz)),
+            ))
+        return out
+
+    async def submit(self, scores: Sequence[Score], now_ms: int | None = None) -> list[Result]:
+        """Validate, then apply per shard (atomic per shard, concurrent across shards, not atomic across)."""
+        prepared = self.prepare(scores, now_ms)
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for i, p in enumerate(prepared):
+            by_shard[p.shard].append(i)
+        replies = await asyncio.gather(
+            *(self.apply_shard(shard, [prepared[i] for i in idx], now_ms) for shard, idx in by_shard.items())
+        )
+        results: list[Result | None] = [None] * len(prepared)
+        for idx, shard_results in zip(by_shard.values(), replies, strict=True):
+            for i, r in zip(idx, shard_results, strict=True):
+                results[i] = r
+        return [r for r in results if r is not None]
+
+    async def apply_shard(self, shard: int, batch: Sequence[Prepared], now_ms: int | None = None) -> list[Result]:
+        """Apply prepared results that all live on ``shard`` with one script call (plus band moves)."""
+        now = times.now_ms() if now_ms is None else now_ms
+        prefix = self.prefixes[shard]
+        key_list = [keys.index_key(prefix)]
+        expiry = [0]
+        slot: dict[str, int] = {}
+
+        def key_index(name: str, expire_at: int) -> int:
+            if name not in slot:
+                key_list.append(name)
+                expiry.append(expire_at)
+                slot[name] = len(key_list)
+            return slot[name]
+
+        dedup: list[int] = []
+        if self.config.mode == "incr":
+            b = self._dedup_bucket_ms
+            window = self.config.dedup_window_s * 1000
+            for bucket in range((now - window) // b, now // b + 1):
+                dedup.append(key_index(keys.dedup_key(prefix, bucket), (bucket + 1) * b + window))
+        version = key_index(keys.version_key(prefix), 0) if self.layout.strategy == "band" else 0
+        items: list[Any] = []
+        for p in batch:
+            items += [p.player_id, p.score, p.points, p.units, f"{p.match_id}\x00{p.player_id}"]
+            items += [key_index(keys.period_key(prefix, name), self._expiry(name)) for name in p.periods]
+        args = [
+            self.config.mode, self.codec.time_bits, self.codec.points_max, self.config.order,
+            self.config.tiebreak, now, len(self.config.periods), version, len(dedup), *dedup, *expiry, *items,
+        ]
+        reply = await self.scripts.write(keys=key_list, args=args)
+        results = []
+        moves = []
+        for n, p in enumerate(batch):
+            status, after, ver, before = reply[4 * n : 4 * n + 4]
+            points = self.codec.decode_units(int(after))[0] if after else 0
+            results.append(Result(p.player_id, p.match_id, STATUS[status], points))
+            if int(ver):
+                moves.append((p.player_id, int(after), int(ver), int(before) if before else None))
+        if moves:
+            await self._move_bands(moves)
+        return results
+
+    def _expiry(self, name: str) -> int:
+        if name == "total":
+            return 0
+        kind = periods.first_day(name)[0]
+        return periods.end_ms(name, self.tz) + self.config.retention_days[kind] * 86_400_000
+
+    async def _move_bands(self, moves: list[tuple[str, int, int, int | None]]) -> None:
+        ops: dict[int, list[Any]] = defaultdict(list)
+        for player, after, version, before in moves:
+            new = self.layout.band_shard(self.codec.decode_units(after)[0])
+            ops[new] += ["a", player, after, version]
+            if before is not None:
+                old = self.layout.band_shard(self.codec.decode_units(before)[0])
+                if old != new:
+                    ops[old] += ["r", player, 0, version]
+        await asyncio.gather(*(
+            self.scripts.band(
+                keys=[keys.period_key(self.prefixes[s], "total"), keys.version_key(self.prefixes[s]),
+                      keys.index_key(self.prefixes[s])],
+                args=args,
+            )
+            for s, args in ops.items()
+        ))
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    def period(self, period: str = "total", now_ms: int | None = None) -> str:
+        """Resolve an API period (``weekly``, ``daily:2026-11-30``...) to this board's period name."""
+        return periods.parse(period, self.config.periods, self.tz, times.now_ms() if now_ms is None else now_ms)
+
+    def view(self, period: str = "total", region: str | None = None) -> View:
+        name = self.period(period)
+        shards = self.layout.view(name == "total", region)
+        banded = self.layout.strategy == "band" and name == "total"
+        return View(self.client, [keys.period_key(self.prefixes[s], name) for s in shards], self.scripts.ties, banded)
+
+    def entry(self, rank: int, row: Row) -> Entry:
+        points, achieved = self.codec.decode(row[0])
+        return Entry(rank, row[1], points, achieved)
+
+    async def top(self, n: int = 100, period: str = "total", region: str | None = None) -> list[Entry]:
+        return [self.entry(i + 1, row) for i, row in enumerate(await self.view(period, region).top(n))]
+
+    async def entries(self, offset: int, limit: int, period: str = "total", region: str | None = None) -> list[Entry]:
+        rows = await self.view(period, region).page(offset, limit)
+        return [self.entry(offset + i + 1, row) for i, row in enumerate(rows)]
+
+    async def size(self, period: str = "total", region: str | None = None) -> int:
+        return sum(await self.view(period, region).sizes())
+
+    async def scores(self, player_ids: Sequence[str], period: str = "total",
+                     region: str | None = None) -> dict[str, float]:
+        """Each player's score in a period, from their home shard(s); players without one are left out."""
+        name = self.period(period)
+        groups: dict[int, list[str]] = defaultdict(list)
+        for player in player_ids:
+            for shard in self.layout.candidates(player, region):
+                groups[shard].append(player)
+        pipe = self.client.pipeline(transaction=False)
+        for shard, members in groups.items():
+            pipe.zmscore(keys.period_key(self.prefixes[shard], name), members)
+        found: dict[str, float] = {}
+        for members, values in zip(groups.values(), await pipe.execute(), strict=True):
+            for player, value in zip(members, values, strict=True):
+                if value is not None and value > found.get(player, -1.0):
+                    found[player] = value
+        return found
+
+    async def _row(self, player_id: str, period: str, region: str | None) -> Row:
+        check_id(player_id, "player")
+        found = await self.scores([player_id], period, region)
+        if player_id not in found:
+            raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
+        return found[player_id], player_id
+
+    async def player(self, player_id: str, period: str = "total", region: str | None = None) -> PlayerEntry:
+        """The player's exact rank (summed per-shard counts), points, board size and percentile."""
+        view = self.view(period, region)
+        row = await self._row(player_id, period, region)
+        counts, sizes = await asyncio.gather(view.counts_ahead(row), view.sizes())
+        players = sum(sizes)
+        rank = sum(counts) + 1
+        return PlayerEntry(self.entry(rank, row), players, 100.0 * (players - rank) / players if players else 0.0)
+
+    async def around(self, player_id: str, radius: int = 5, period: str = "total",
+                     region: str | None = None) -> list[Entry]:
+        view = self.view(period, region)
+        row = await self._row(player_id, period, region)
+        counts = await view.counts_ahead(row)
+        rank = sum(counts) + 1
+        rows, at = await view.around(row, counts, radius)
+        return [self.entry(rank - at + i, r) for i, r in enumerate(rows)]
+
+    async def query(self, player_ids: Sequence[str], period: str = "total",
+                    region: str | None = None) -> list[Entry]:
+        """Scores of many players (friends), sorted by rank, each with its global rank."""
+        for i, player in enumerate(player_ids):
+            check_id(player, f"player_ids[{i}]")
+        view = self.view(period, region)
+        found = sorted(((s, p) for p, s in (await self.scores(list(dict.fromkeys(player_ids)), period,
+                                                                region)).items()), reverse=True)
+        counts = await view.counts_ahead_many(found)
+        return [self.entry(sum(c) + 1, row) for row, c in zip(found, counts, strict=True)]

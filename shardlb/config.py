@@ -1,0 +1,186 @@
+"""Board settings: one frozen dataclass, built from an API body and checked field by field."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardlb import periods, times
+from shardlb.codec import ScoreCodec
+from shardlb.errors import InvalidInput
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_\-.:]{1,64}$")
+MODES = ("best", "incr", "set")
+STRATEGIES = ("hash", "region", "band")
+DEFAULT_EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
+DEFAULT_RETENTION = {"daily": 3, "weekly": 35, "monthly": 400}
+MAX_SHARDS = 1024
+DEFAULT_SHARDS = 16
+
+
+def check_id(value: object, field_name: str) -> str:
+    if not isinstance(value, str) or not ID_PATTERN.match(value):
+        raise InvalidInput(
+            "ids are 1-64 characters of A-Z a-z 0-9 _ - . :", field_name, "invalid_id"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Sharding:
+    strategy: str = "hash"
+    shards: int = DEFAULT_SHARDS
+    regions: tuple[str, ...] = ()
+    shards_per_region: int = 0
+    bands: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.strategy == "region":
+            return {"strategy": "region", "regions": list(self.regions), "shards_per_region": self.shards_per_region}
+        if self.strategy == "band":
+            return {"strategy": "band", "bands": list(self.bands), "shards": self.shards}
+        return {"strategy": "hash", "shards": self.shards}
+
+
+@dataclass(frozen=True)
+class BoardConfig:
+    """Everything that defines a board. Two boards are the same board when these are equal."""
+
+    id: str
+    mode: str = "best"
+    order: str = "desc"
+    tiebreak: str = "earliest"
+    periods: tuple[str, ...] = ("total",)
+    timezone: str = "UTC"
+    retention_days: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_RETENTION))
+    points_max: int = 2_097_151
+    epoch_ms: int = DEFAULT_EPOCH_MS
+    resolution: str = "s"
+    dedup_window_s: int = 86_400
+    sharding: Sharding = field(default_factory=Sharding)
+
+    def codec(self) -> ScoreCodec:
+        return ScoreCodec(self.points_max, self.order, self.tiebreak, self.resolution, self.epoch_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "board": self.id,
+            "mode": self.mode,
+            "order": self.order,
+            "tiebreak": self.tiebreak,
+            "periods": list(self.periods),
+            "timezone": self.timezone,
+            "retention_days": dict(self.retention_days),
+            "points_max": self.points_max,
+            "epoch": times.format_ms(self.epoch_ms),
+            "resolution": self.resolution,
+            "dedup_window_s": self.dedup_window_s,
+            "sharding": self.sharding.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, board_id: str, body: dict[str, Any]) -> BoardConfig:
+        """Build and check a config from an API body (or a stored ``to_dict``). Raises InvalidInput."""
+        check_id(board_id, "board")
+        if not isinstance(body, dict):
+            raise InvalidInput("the board settings must be an object", None)
+        known = {
+            "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max",
+            "epoch", "resolution", "dedup_window_s", "sharding",
+        }
+        for name in body:
+            if name not in known:
+                raise InvalidInput(f"unknown setting {name!r}", name, "unknown_field")
+        mode = _choice(body, "mode", MODES, "best")
+        order = _choice(body, "order", ("desc", "asc"), "desc")
+        tiebreak = _choice(body, "tiebreak", ("earliest", "latest"), "earliest")
+        resolution = _choice(body, "resolution", ("s", "ms"), "s")
+        kept = _periods(body.get("periods", ["total"]))
+        tz_name = body.get("timezone", "UTC")
+        if not isinstance(tz_name, str):
+            raise InvalidInput("timezone must be an IANA name", "timezone")
+        periods.zone(tz_name)
+        retention = dict(DEFAULT_RETENTION)
+        given = body.get("retention_days", {})
+        if not isinstance(given, dict):
+            raise InvalidInput("retention_days must be an object", "retention_days")
+        for kind, days in given.items():
+            if kind not in periods.DATED:
+                raise InvalidInput(f"no retention for {kind!r}", f"retention_days.{kind}")
+            retention[kind] = _int(days, f"retention_days.{kind}", 0, 36_500)
+        retention = {kind: days for kind, days in retention.items() if kind in kept}
+        points_max = _int(body.get("points_max", 2_097_151), "points_max", 1, 2**53 - 1)
+        epoch_ms = (
+            times.parse(body["epoch"], "epoch") if body.get("epoch") is not None else DEFAULT_EPOCH_MS
+        )
+        dedup = _int(body.get("dedup_window_s", 86_400), "dedup_window_s", 60, 30 * 86_400)
+        config = cls(
+            id=board_id, mode=mode, order=order, tiebreak=tiebreak, periods=kept, timezone=tz_name,
+            retention_days=retention, points_max=points_max, epoch_ms=epoch_ms, resolution=resolution,
+            dedup_window_s=dedup, sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
+        )
+        config.codec()
+        if config.sharding.bands and config.sharding.bands[-1] > points_max:
+            raise InvalidInput("every band must start at or below points_max", "sharding.bands")
+        return config
+
+
+def _choice(body: dict[str, Any], name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = body.get(name, default)
+    if value not in allowed:
+        raise InvalidInput(f"{name} must be one of {', '.join(allowed)}", name)
+    return str(value)
+
+
+def _int(value: object, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidInput(f"{name} must be an integer from {lo} to {hi}", name)
+    return value
+
+
+def _periods(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidInput("periods must be a list of period names", "periods")
+    for kind in value:
+        if kind not in periods.KINDS:
+            raise InvalidInput(f"unknown period {kind!r}; use {', '.join(periods.KINDS)}", "periods")
+    return tuple(kind for kind in periods.KINDS if kind == "total" or kind in value)
+
+
+def _sharding(value: object) -> Sharding:
+    if not isinstance(value, dict):
+        raise InvalidInput("sharding must be an object", "sharding")
+    strategy = value.get("strategy", "hash")
+    if strategy not in STRATEGIES:
+        raise InvalidInput(f"sharding.strategy must be one of {', '.join(STRATEGIES)}", "sharding.strategy")
+    allowed = {"hash": {"strategy", "shards"}, "region": {"strategy", "regions", "shards_per_region"},
+               "band": {"strategy", "bands", "shards"}}[strategy]
+    for name in value:
+        if name not in allowed:
+            raise InvalidInput(f"{name!r} is not a setting of {strategy} sharding", f"sharding.{name}")
+    if strategy == "hash":
+        return Sharding("hash", _int(value.get("shards", DEFAULT_SHARDS), "sharding.shards", 1, MAX_SHARDS))
+    if strategy == "region":
+        regions = value.get("regions")
+        if not isinstance(regions, list) or not regions or len(set(map(str, regions))) != len(regions):
+            raise InvalidInput("sharding.regions must be a non-empty list of distinct ids", "sharding.regions")
+        for i, region in enumerate(regions):
+            check_id(region, f"sharding.regions[{i}]")
+        per = _int(value.get("shards_per_region", 4), "sharding.shards_per_region", 1, MAX_SHARDS)
+        if per * len(regions) > MAX_SHARDS:
+            raise InvalidInput(f"at most {MAX_SHARDS} shards in all", "sharding.shards_per_region")
+        return Sharding("region", per * len(regions), tuple(regions), per)
+    bands = value.get("bands")
+    if (
+        not isinstance(bands, list)
+        or not 1 <= len(bands) <= 256
+        or not all(isinstance(b, int) and not isinstance(b, bool) for b in bands)
+        or bands[0] != 0
+        or any(a >= b for a, b in zip(bands, bands[1:], strict=False))
+    ):
+        raise InvalidInput(
+            "sharding.bands must be increasing integers starting at 0, e.g. [0, 1000, 10000]", "sharding.bands"
+        )
+    shards = _int(value.get("shards", DEFAULT_SHARDS), "sharding.shards", 1, MAX_SHARDS - len(bands))
+    return Sharding("band", shards, (), 0, tuple(bands))

@@ -1,0 +1,61 @@
+"""Domain errors raised by the shardlb library. No HTTP here: the router maps them in one table."""
+
+from __future__ import annotations
+
+
+class ShardlbError(Exception):
+    """Base class of every error the library raises on purpose."""
+
+    code = "shardlb_error"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidInput(ShardlbError):
+    """A value a caller passed is malformed or out of range; nothing was written."""
+
+    code = "invalid_input"
+
+    def __init__(self, message: str, field: str | None = None, code: str | None = None) -> None:
+        super().__init__(message, field)
+        if code is not None:
+            self.code = code
+
+
+class OutOfRange(InvalidInput):
+    """A points or time value does not fit the board's score codec."""
+
+    code = "out_of_range"
+
+
+class BoardNotFound(ShardlbError):
+    code = "board_not_found"
+
+
+class BoardConflict(ShardlbError):
+    """A board with this id exists with other settings."""
+
+    code = "board_conflict"
+
+
+class PlayerNotFound(ShardlbError):
+    code = "player_not_found"
+
+
+class ClusterUnavailable(ShardlbError):
+    """The cluster could not be reached or answered with an error that is not the caller's fault."""
+
+    code = "cluster_unavailable"
+
+
+class Overloaded(ShardlbError):
+    """Too much work is in flight; the caller should retry after a short pause."""
+
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -1,0 +1,78 @@
+"""Sharding strategies: which physical shard holds a player, and which shards a read merges.
+
+A board owns ``physical`` shards, numbered 0..physical-1 and placed on slots by ``keys.shard_tag``.
+
+- ``hash``: shard = hash(player) mod N. Every read merges all N shards.
+- ``region``: each region owns ``shards_per_region`` hash shards; a region read merges its own group,
+  a global read merges every group.
+- ``band``: N hash shards hold each player's record and all period entries (as in ``hash``), plus one
+  shard per points band that indexes the ``total`` board by band. The band index makes top-N one call
+  and rank a sum of band sizes plus a rank inside one band. A player whose total crosses a boundary is
+  moved between band shards under a per-player version, so late moves can never resurrect an old entry.
+"""
+
+from __future__ import annotations
+
+import bisect
+import zlib
+from dataclasses import dataclass
+
+from shardlb.config import Sharding
+from shardlb.errors import InvalidInput
+
+
+def player_hash(player: str) -> int:
+    """A hash of the player id that is stable across processes and versions (unlike ``hash()``)."""
+    return zlib.crc32(player.encode())
+
+
+@dataclass(frozen=True)
+class Layout:
+    sharding: Sharding
+    order: str = "desc"
+
+    @property
+    def strategy(self) -> str:
+        return self.sharding.strategy
+
+    @property
+    def physical(self) -> int:
+        return self.sharding.shards + len(self.sharding.bands)
+
+    def region_index(self, region: str | None, field: str = "region") -> int:
+        try:
+            return self.sharding.regions.index(region or "")
+        except ValueError as e:
+            raise InvalidInput(
+                f"region must be one of {', '.join(self.sharding.regions)}", field, "invalid_region"
+            ) from e
+
+    def home(self, player: str, region: str | None = None, field: str = "region") -> int:
+        """The shard that holds the player's record and every period entry."""
+        if self.strategy == "region":
+            per = self.sharding.shards_per_region
+            return self.region_index(region, field) * per + player_hash(player) % per
+        return player_hash(player) % self.sharding.shards
+
+    def candidates(self, player: str, region: str | None = None) -> list[int]:
+        """Every shard the player may live in (one, except on a region board read without a region)."""
+        if self.strategy == "region" and region is None:
+            per = self.sharding.shards_per_region
+            offset = player_hash(player) % per
+            return [r * per + offset for r in range(len(self.sharding.regions))]
+        return [self.home(player, region)]
+
+    def view(self, total: bool, region: str | None = None) -> list[int]:
+        """The shards a read merges. For the band total these are the band shards, best band first."""
+        if self.strategy == "region" and region is not None:
+            per = self.sharding.shards_per_region
+            start = self.region_index(region) * per
+            return list(range(start, start + per))
+        if self.strategy == "band" and total:
+            bands = [self.sharding.shards + b for b in range(len(self.sharding.bands))]
+            return bands[::-1] if self.order == "desc" else bands
+        return list(range(self.sharding.shards))
+
+    def band_shard(self, points: int) -> int:
+        """The band shard for a total of ``points`` (band boards only)."""
+        return self.sharding.shards + bisect.bisect_right(self.sharding.bands, points) - 1

@@ -1,0 +1,39 @@
+"""Time values at the API edge: RFC 3339 strings with an offset, or integer epoch milliseconds."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from shardlb.errors import InvalidInput
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def parse(value: object, field: str) -> int:
+    """Epoch milliseconds from an RFC 3339 string with an offset or an integer of epoch ms."""
+    if isinstance(value, bool):
+        raise InvalidInput("a time is an RFC 3339 string or integer epoch milliseconds", field, "invalid_time")
+    if isinstance(value, int):
+        if not 0 <= value < 253_402_300_800_000:
+            raise InvalidInput("epoch milliseconds out of range", field, "invalid_time")
+        return value
+    if isinstance(value, str) and "T" in value.upper():
+        try:
+            parsed = datetime.fromisoformat(value.replace("z", "Z"))
+        except ValueError as e:
+            raise InvalidInput(f"{value!r} is not an RFC 3339 time", field, "invalid_time") from e
+        if parsed.tzinfo is None:
+            raise InvalidInput("an RFC 3339 time needs an offset, e.g. 'Z'", field, "invalid_time")
+        return int(parsed.timestamp() * 1000)
+    raise InvalidInput("a time is an RFC 3339 string or integer epoch milliseconds", field, "invalid_time")
+
+
+def format_ms(epoch_ms: int) -> str:
+    """RFC 3339 in UTC, with milliseconds only when they are not zero."""
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    if epoch_ms % 1000:
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
