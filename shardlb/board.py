@@ -15,7 +15,7 @@ from shardlb.client import Scripts
 from shardlb.config import BoardConfig, check_id
 from shardlb.errors import InvalidInput, PlayerNotFound
 from shardlb.merge import Row
-from shardlb.reads import View
+from shardlb.reads import SHALLOW, View
 from shardlb.sharding import Layout
 
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow"}
@@ -79,12 +79,18 @@ class Board:
         self.codec = config.codec()
         self.layout = Layout(config.sharding, config.order)
         self.tz = periods.zone(config.timezone)
-        self.prefixes = [keys.shard_prefix(config.id, i, self.layout.physical) for i in range(self.layout.physical)]
+        self.prefixes = [
+            keys.shard_prefix(config.id, i, self.layout.physical) for i in range(self.layout.physical)
+        ]
         self._dedup_bucket_ms = config.dedup_window_s * 1000 // 4
+        # Pages that start within this many rows are cut from a merged top; deeper ones bisect.
+        self.shallow = SHALLOW
 
     # ---- writes ---------------------------------------------------------------------------
 
-    def prepare(self, scores: Sequence[Score], now_ms: int | None = None, field: str = "scores") -> list[Prepared]:
+    def prepare(
+        self, scores: Sequence[Score], now_ms: int | None = None, field: str = "scores"
+    ) -> list[Prepared]:
         """Check every score; raise InvalidInput naming the first bad field. Writes nothing."""
         now = times.now_ms() if now_ms is None else now_ms
         out = []
@@ -92,18 +98,28 @@ class Board:
             where = f"{field}[{i}]"
             check_id(s.player_id, f"{where}.player_id")
             if not isinstance(s.match_id, str) or not 1 <= len(s.match_id) <= 128:
-                raise InvalidInput("match_id must be 1-128 characters", f"{where}.match_id", "invalid_match_id")
+                raise InvalidInput(
+                    "match_id must be 1-128 characters", f"{where}.match_id", "invalid_match_id"
+                )
             points = self.codec.check_points(s.points, f"{where}.points")
             achieved = now if s.achieved_ms is None else s.achieved_ms
             if achieved > now + MAX_FUTURE_MS:
-                raise InvalidInput("achieved_at is more than 5 minutes in the future", f"{where}.achieved_at",
-                                   "out_of_range")
+                raise InvalidInput(
+                    "achieved_at is more than 5 minutes in the future", f"{where}.achieved_at", "out_of_range"
+                )
             units = self.codec.time_units(achieved, f"{where}.achieved_at")
             shard = self.layout.home(s.player_id, s.region, f"{where}.region")
-            out.append(Prepared(
-                s.player_id, s.match_id, points, units, self.codec.encode_units(points, units), shard,
-                tuple(periods.names_at(achieved, self.config.periods, self.tz)),
-            ))
+            out.append(
+                Prepared(
+                    s.player_id,
+                    s.match_id,
+                    points,
+                    units,
+                    self.codec.encode_units(points, units),
+                    shard,
+                    tuple(periods.names_at(achieved, self.config.periods, self.tz)),
+                )
+            )
         return out
 
     async def submit(self, scores: Sequence[Score], now_ms: int | None = None) -> list[Result]:
@@ -121,7 +137,9 @@ class Board:
                 results[i] = r
         return [r for r in results if r is not None]
 
-    async def apply_shard(self, shard: int, batch: Sequence[Prepared], now_ms: int | None = None) -> list[Result]:
+    async def apply_shard(
+        self, shard: int, batch: Sequence[Prepared], now_ms: int | None = None
+    ) -> list[Result]:
         """Apply prepared results that all live on ``shard`` with one script call (plus band moves)."""
         now = times.now_ms() if now_ms is None else now_ms
         prefix = self.prefixes[shard]
@@ -148,8 +166,18 @@ class Board:
             items += [p.player_id, p.score, p.points, p.units, f"{p.match_id}\x00{p.player_id}"]
             items += [key_index(keys.period_key(prefix, name), self._expiry(name)) for name in p.periods]
         args = [
-            self.config.mode, self.codec.time_bits, self.codec.points_max, self.config.order,
-            self.config.tiebreak, now, len(self.config.periods), version, len(dedup), *dedup, *expiry, *items,
+            self.config.mode,
+            self.codec.time_bits,
+            self.codec.points_max,
+            self.config.order,
+            self.config.tiebreak,
+            now,
+            len(self.config.periods),
+            version,
+            len(dedup),
+            *dedup,
+            *expiry,
+            *items,
         ]
         reply = await self.scripts.write(keys=key_list, args=args)
         results = []
@@ -179,26 +207,39 @@ class Board:
                 old = self.layout.band_shard(self.codec.decode_units(before)[0])
                 if old != new:
                     ops[old] += ["r", player, 0, version]
-        await asyncio.gather(*(
-            self.scripts.band(
-                keys=[keys.period_key(self.prefixes[s], "total"), keys.version_key(self.prefixes[s]),
-                      keys.index_key(self.prefixes[s])],
-                args=args,
+        await asyncio.gather(
+            *(
+                self.scripts.band(
+                    keys=[
+                        keys.period_key(self.prefixes[s], "total"),
+                        keys.version_key(self.prefixes[s]),
+                        keys.index_key(self.prefixes[s]),
+                    ],
+                    args=args,
+                )
+                for s, args in ops.items()
             )
-            for s, args in ops.items()
-        ))
+        )
 
     # ---- reads ----------------------------------------------------------------------------
 
     def period(self, period: str = "total", now_ms: int | None = None) -> str:
         """Resolve an API period (``weekly``, ``daily:2026-11-30``...) to this board's period name."""
-        return periods.parse(period, self.config.periods, self.tz, times.now_ms() if now_ms is None else now_ms)
+        return periods.parse(
+            period, self.config.periods, self.tz, times.now_ms() if now_ms is None else now_ms
+        )
 
     def view(self, period: str = "total", region: str | None = None) -> View:
         name = self.period(period)
         shards = self.layout.view(name == "total", region)
         banded = self.layout.strategy == "band" and name == "total"
-        return View(self.client, [keys.period_key(self.prefixes[s], name) for s in shards], self.scripts.ties, banded)
+        return View(
+            self.client,
+            [keys.period_key(self.prefixes[s], name) for s in shards],
+            self.scripts.ties,
+            banded,
+            self.shallow,
+        )
 
     def entry(self, rank: int, row: Row) -> Entry:
         points, achieved = self.codec.decode(row[0])
@@ -207,15 +248,18 @@ class Board:
     async def top(self, n: int = 100, period: str = "total", region: str | None = None) -> list[Entry]:
         return [self.entry(i + 1, row) for i, row in enumerate(await self.view(period, region).top(n))]
 
-    async def entries(self, offset: int, limit: int, period: str = "total", region: str | None = None) -> list[Entry]:
+    async def entries(
+        self, offset: int, limit: int, period: str = "total", region: str | None = None
+    ) -> list[Entry]:
         rows = await self.view(period, region).page(offset, limit)
         return [self.entry(offset + i + 1, row) for i, row in enumerate(rows)]
 
     async def size(self, period: str = "total", region: str | None = None) -> int:
         return sum(await self.view(period, region).sizes())
 
-    async def scores(self, player_ids: Sequence[str], period: str = "total",
-                     region: str | None = None) -> dict[str, float]:
+    async def scores(
+        self, player_ids: Sequence[str], period: str = "total", region: str | None = None
+    ) -> dict[str, float]:
         """Each player's score in a period, from their home shard(s); players without one are left out."""
         name = self.period(period)
         groups: dict[int, list[str]] = defaultdict(list)
@@ -246,10 +290,13 @@ class Board:
         counts, sizes = await asyncio.gather(view.counts_ahead(row), view.sizes())
         players = sum(sizes)
         rank = sum(counts) + 1
-        return PlayerEntry(self.entry(rank, row), players, 100.0 * (players - rank) / players if players else 0.0)
+        return PlayerEntry(
+            self.entry(rank, row), players, 100.0 * (players - rank) / players if players else 0.0
+        )
 
-    async def around(self, player_id: str, radius: int = 5, period: str = "total",
-                     region: str | None = None) -> list[Entry]:
+    async def around(
+        self, player_id: str, radius: int = 5, period: str = "total", region: str | None = None
+    ) -> list[Entry]:
         view = self.view(period, region)
         row = await self._row(player_id, period, region)
         counts = await view.counts_ahead(row)
@@ -257,13 +304,16 @@ class Board:
         rows, at = await view.around(row, counts, radius)
         return [self.entry(rank - at + i, r) for i, r in enumerate(rows)]
 
-    async def query(self, player_ids: Sequence[str], period: str = "total",
-                    region: str | None = None) -> list[Entry]:
+    async def query(
+        self, player_ids: Sequence[str], period: str = "total", region: str | None = None
+    ) -> list[Entry]:
         """Scores of many players (friends), sorted by rank, each with its global rank."""
         for i, player in enumerate(player_ids):
             check_id(player, f"player_ids[{i}]")
         view = self.view(period, region)
-        found = sorted(((s, p) for p, s in (await self.scores(list(dict.fromkeys(player_ids)), period,
-                                                                region)).items()), reverse=True)
+        found = sorted(
+            ((s, p) for p, s in (await self.scores(list(dict.fromkeys(player_ids)), period, region)).items()),
+            reverse=True,
+        )
         counts = await view.counts_ahead_many(found)
         return [self.entry(sum(c) + 1, row) for row, c in zip(found, counts, strict=True)]

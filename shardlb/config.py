@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +22,7 @@ DEFAULT_SHARDS = 16
 
 def check_id(value: object, field_name: str) -> str:
     if not isinstance(value, str) or not ID_PATTERN.match(value):
-        raise InvalidInput(
-            "ids are 1-64 characters of A-Z a-z 0-9 _ - . :", field_name, "invalid_id"
-        )
+        raise InvalidInput("ids are 1-64 characters of A-Z a-z 0-9 _ - . :", field_name, "invalid_id")
     return value
 
 
@@ -37,7 +36,11 @@ class Sharding:
 
     def to_dict(self) -> dict[str, Any]:
         if self.strategy == "region":
-            return {"strategy": "region", "regions": list(self.regions), "shards_per_region": self.shards_per_region}
+            return {
+                "strategy": "region",
+                "regions": list(self.regions),
+                "shards_per_region": self.shards_per_region,
+            }
         if self.strategy == "band":
             return {"strategy": "band", "bands": list(self.bands), "shards": self.shards}
         return {"strategy": "hash", "shards": self.shards}
@@ -86,8 +89,18 @@ class BoardConfig:
         if not isinstance(body, dict):
             raise InvalidInput("the board settings must be an object", None)
         known = {
-            "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max",
-            "epoch", "resolution", "dedup_window_s", "sharding",
+            "board",
+            "mode",
+            "order",
+            "tiebreak",
+            "periods",
+            "timezone",
+            "retention_days",
+            "points_max",
+            "epoch",
+            "resolution",
+            "dedup_window_s",
+            "sharding",
         }
         for name in body:
             if name not in known:
@@ -111,14 +124,21 @@ class BoardConfig:
             retention[kind] = _int(days, f"retention_days.{kind}", 0, 36_500)
         retention = {kind: days for kind, days in retention.items() if kind in kept}
         points_max = _int(body.get("points_max", 2_097_151), "points_max", 1, 2**53 - 1)
-        epoch_ms = (
-            times.parse(body["epoch"], "epoch") if body.get("epoch") is not None else DEFAULT_EPOCH_MS
-        )
+        epoch_ms = times.parse(body["epoch"], "epoch") if body.get("epoch") is not None else DEFAULT_EPOCH_MS
         dedup = _int(body.get("dedup_window_s", 86_400), "dedup_window_s", 60, 30 * 86_400)
         config = cls(
-            id=board_id, mode=mode, order=order, tiebreak=tiebreak, periods=kept, timezone=tz_name,
-            retention_days=retention, points_max=points_max, epoch_ms=epoch_ms, resolution=resolution,
-            dedup_window_s=dedup, sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
+            id=board_id,
+            mode=mode,
+            order=order,
+            tiebreak=tiebreak,
+            periods=kept,
+            timezone=tz_name,
+            retention_days=retention,
+            points_max=points_max,
+            epoch_ms=epoch_ms,
+            resolution=resolution,
+            dedup_window_s=dedup,
+            sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
         )
         config.codec()
         if config.sharding.bands and config.sharding.bands[-1] > points_max:
@@ -154,8 +174,11 @@ def _sharding(value: object) -> Sharding:
     strategy = value.get("strategy", "hash")
     if strategy not in STRATEGIES:
         raise InvalidInput(f"sharding.strategy must be one of {', '.join(STRATEGIES)}", "sharding.strategy")
-    allowed = {"hash": {"strategy", "shards"}, "region": {"strategy", "regions", "shards_per_region"},
-               "band": {"strategy", "bands", "shards"}}[strategy]
+    allowed = {
+        "hash": {"strategy", "shards"},
+        "region": {"strategy", "regions", "shards_per_region"},
+        "band": {"strategy", "bands", "shards"},
+    }[strategy]
     for name in value:
         if name not in allowed:
             raise InvalidInput(f"{name!r} is not a setting of {strategy} sharding", f"sharding.{name}")
@@ -164,7 +187,9 @@ def _sharding(value: object) -> Sharding:
     if strategy == "region":
         regions = value.get("regions")
         if not isinstance(regions, list) or not regions or len(set(map(str, regions))) != len(regions):
-            raise InvalidInput("sharding.regions must be a non-empty list of distinct ids", "sharding.regions")
+            raise InvalidInput(
+                "sharding.regions must be a non-empty list of distinct ids", "sharding.regions"
+            )
         for i, region in enumerate(regions):
             check_id(region, f"sharding.regions[{i}]")
         per = _int(value.get("shards_per_region", 4), "sharding.shards_per_region", 1, MAX_SHARDS)
@@ -177,10 +202,11 @@ def _sharding(value: object) -> Sharding:
         or not 1 <= len(bands) <= 256
         or not all(isinstance(b, int) and not isinstance(b, bool) for b in bands)
         or bands[0] != 0
-        or any(a >= b for a, b in zip(bands, bands[1:], strict=False))
+        or any(a >= b for a, b in itertools.pairwise(bands))
     ):
         raise InvalidInput(
-            "sharding.bands must be increasing integers starting at 0, e.g. [0, 1000, 10000]", "sharding.bands"
+            "sharding.bands must be increasing integers starting at 0, e.g. [0, 1000, 10000]",
+            "sharding.bands",
         )
     shards = _int(value.get("shards", DEFAULT_SHARDS), "sharding.shards", 1, MAX_SHARDS - len(bands))
     return Sharding("band", shards, (), 0, tuple(bands))

@@ -3,55 +3,73 @@
 All keys of one shard share one hash tag, so one Lua call can touch every period of the shard, its
 dedup buckets and its key index atomically:
 
-    lb:{<board>:<shard>:<salt>}:total          sorted set, the all-time board
-    lb:{...}:d:2026-11-30 / w:2026-W48 / m:2026-11   dated period boards
-    lb:{...}:dd:<bucket>                      incr dedup set for one time bucket
-    lb:{...}:idx                              sorted set of this shard's keys, scored by expiry
-    lb:{...}:ver                              band boards: per-player version of the total
+    lb:{<tag>}:<board>:<shard>:total                          sorted set, the all-time board
+    lb:{<tag>}:<board>:<shard>:d:2026-11-30 / w:2026-W48 / m:2026-11   dated period boards
+    lb:{<tag>}:<board>:<shard>:dd:<bucket>                    incr dedup set for one time bucket
+    lb:{<tag>}:<board>:<shard>:idx                            this shard's keys, scored by expiry
+    lb:{<tag>}:<board>:<shard>:ver                            band boards: per-player versions
 
-``salt`` is the smallest number that puts shard i of N near the middle of the i-th N-th of the 16384
-slots, so shards spread over the masters by construction instead of by CRC16 chance.
+``<tag>`` is a short token chosen from a table of one token per slot, so shard i of N lands exactly
+where we want it: inside the middle quarter of the i-th N-th of the 16384 slots (offset by a hash of
+the board id, so many boards do not pile onto the same slots). Shards then spread over the masters
+by construction instead of by CRC16 chance.
 """
 
 from __future__ import annotations
 
+import zlib
+from binascii import crc_hqx
 from functools import lru_cache
-
-from redis.crc import key_slot
 
 SLOTS = 16384
 BOARDS = "lb:boards"
 
 
 def slot_of(key: str) -> int:
-    return int(key_slot(key.encode()))
+    """The cluster slot of a key (CRC16 of its hash tag, as Redis computes it)."""
+    data = key.encode()
+    start = data.find(b"{")
+    if start != -1:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1 : end]
+    return crc_hqx(data, 0) % SLOTS
+
+
+@lru_cache(maxsize=1)
+def slot_tokens() -> tuple[str, ...]:
+    """One short token per slot: the first hex number whose CRC16 lands on that slot (~160k tries)."""
+    table: list[str | None] = [None] * SLOTS
+    missing, n = SLOTS, 0
+    while missing:
+        token = format(n, "x")
+        slot = crc_hqx(token.encode(), 0) % SLOTS
+        if table[slot] is None:
+            table[slot] = token
+            missing -= 1
+        n += 1
+    return tuple(t for t in table if t is not None)
 
 
 def slot_window(shard: int, shards: int) -> tuple[int, int]:
-    """The slots (inclusive) a shard's tag may land on: the middle half of its N-th, at least one slot."""
+    """The slots (inclusive) a shard may land on: the middle quarter of its N-th, at least one slot."""
     start, end = shard * SLOTS // shards, (shard + 1) * SLOTS // shards
-    width = end - start
-    center = start + width // 2
-    half = max(width // 8, 0)
+    center = start + (end - start) // 2
+    half = (end - start) // 8
     return center - half, center + half
 
 
-@lru_cache(maxsize=65536)
-def shard_tag(board: str, shard: int, shards: int) -> str:
-    """The hash tag (without braces) of shard ``shard`` of ``shards`` of ``board``."""
+def shard_slot(board: str, shard: int, shards: int) -> int:
     if not 0 <= shard < shards <= SLOTS:
         raise ValueError(f"shard {shard} of {shards} is out of range")
     lo, hi = slot_window(shard, shards)
-    salt = 0
-    while True:
-        tag = f"{board}:{shard}:{salt:x}"
-        if lo <= slot_of("{" + tag + "}") <= hi:
-            return tag
-        salt += 1
+    return lo + zlib.crc32(board.encode()) % (hi - lo + 1)
 
 
 def shard_prefix(board: str, shard: int, shards: int) -> str:
-    return "lb:{" + shard_tag(board, shard, shards) + "}:"
+    """The common start of every key of shard ``shard`` of ``shards`` of ``board``."""
+    tag = slot_tokens()[shard_slot(board, shard, shards)]
+    return f"lb:{{{tag}}}:{board}:{shard}:"
 
 
 def period_key(prefix: str, period: str) -> str:

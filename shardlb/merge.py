@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 Row = tuple[float, str]
 
 
-def rows(pairs: Sequence[tuple[str, float]]) -> list[Row]:
+def rows(pairs: Sequence[Any]) -> list[Row]:
     """redis-py's ``(member, score)`` pairs as ``(score, member)`` rows."""
     return [(score, member) for member, score in pairs]
 
@@ -32,8 +33,3 @@ def unique(merged: Iterable[Row]) -> list[Row]:
             seen.add(row[1])
             out.append(row)
     return out
-
-
-def ahead(row: Row, other: Row) -> bool:
-    """True when ``other`` ranks ahead of ``row``."""
-    return other > row

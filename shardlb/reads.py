@@ -30,6 +30,7 @@ class View:
     keys: list[str]
     ties: AsyncScript
     banded: bool = False
+    shallow: int = SHALLOW
 
     async def _each(self, command: str, *args: Any, **kwargs: Any) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
@@ -96,7 +97,7 @@ class View:
         Bisects on the score to find a cut ``v`` with G(v) = rows strictly above v just at or below
         ``offset`` (per-shard ZCOUNT sums), then reads a bounded window below v from each shard.
         """
-        if offset + limit <= SHALLOW:
+        if offset + limit <= self.shallow:
             return (await self.top(offset + limit))[offset:]
         if self.banded:
             return await self._band_page(offset, limit)

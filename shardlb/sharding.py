@@ -1,6 +1,6 @@
 """Sharding strategies: which physical shard holds a player, and which shards a read merges.
 
-A board owns ``physical`` shards, numbered 0..physical-1 and placed on slots by ``keys.shard_tag``.
+A board owns ``physical`` shards, numbered 0..physical-1 and placed on slots by ``keys.shard_prefix``.
 
 - ``hash``: shard = hash(player) mod N. Every read merges all N shards.
 - ``region``: each region owns ``shards_per_region`` hash shards; a region read merges its own group,

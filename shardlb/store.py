@@ -53,7 +53,8 @@ class BoardStore:
 
     async def list(self) -> list[BoardConfig]:
         raw = await self.client.hgetall(keys.BOARDS)
-        return sorted((BoardConfig.from_dict(k, orjson.loads(v)) for k, v in raw.items()), key=lambda c: c.id)
+        configs = (BoardConfig.from_dict(str(k), orjson.loads(v)) for k, v in raw.items())
+        return sorted(configs, key=lambda c: c.id)
 
     async def delete(self, board_id: str) -> None:
         """Unregister the board, then UNLINK every key its shards' key indexes list."""

@@ -15,7 +15,9 @@ def now_ms() -> int:
 def parse(value: object, field: str) -> int:
     """Epoch milliseconds from an RFC 3339 string with an offset or an integer of epoch ms."""
     if isinstance(value, bool):
-        raise InvalidInput("a time is an RFC 3339 string or integer epoch milliseconds", field, "invalid_time")
+        raise InvalidInput(
+            "a time is an RFC 3339 string or integer epoch milliseconds", field, "invalid_time"
+        )
     if isinstance(value, int):
         if not 0 <= value < 253_402_300_800_000:
             raise InvalidInput("epoch milliseconds out of range", field, "invalid_time")

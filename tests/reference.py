@@ -1,0 +1,82 @@
+"""A plain in-memory board: the reference every ranking test compares the cluster with.
+
+It knows nothing of shards, keys or Lua. Each period is a dict player -> (points, time units); the
+order is a sorted Python list by (score, player) descending, the documented total order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shardlb import periods
+from shardlb.board import Score
+from shardlb.codec import ScoreCodec
+from shardlb.config import BoardConfig
+
+
+@dataclass
+class ReferenceBoard:
+    config: BoardConfig
+    boards: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    seen: set[tuple[str, str]] = field(default_factory=set)
+    region_of: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def codec(self) -> ScoreCodec:
+        return self.config.codec()
+
+    def submit(self, scores: list[Score], now_ms: int) -> list[tuple[str, int]]:
+        """Apply in order; return (status, total points after) per score."""
+        codec, tz = self.codec, periods.zone(self.config.timezone)
+        out = []
+        for s in scores:
+            achieved = now_ms if s.achieved_ms is None else s.achieved_ms
+            units = codec.time_units(achieved)
+            if s.region is not None:
+                self.region_of[s.player_id] = s.region
+            names = periods.names_at(achieved, self.config.periods, tz)
+            total = self.boards.setdefault("total", {})
+            before = total.get(s.player_id)
+            status = "unchanged"
+            if self.config.mode == "incr":
+                if (s.match_id, s.player_id) in self.seen:
+                    status = "duplicate"
+                else:
+                    news = {}
+                    for name in names:
+                        old = self.boards.setdefault(name, {}).get(s.player_id, (0, units))
+                        news[name] = (old[0] + s.points, max(old[1], units))
+                    if news["total"][0] > codec.points_max:
+                        status = "overflow"
+                    else:
+                        self.seen.add((s.match_id, s.player_id))
+                        for name, value in news.items():
+                            self.boards[name][s.player_id] = value
+                        status = "improved" if s.points > 0 or before is None else "unchanged"
+            else:
+                new = codec.encode_units(s.points, units)
+                for name in names:
+                    board = self.boards.setdefault(name, {})
+                    old = board.get(s.player_id)
+                    old_score = None if old is None else codec.encode_units(*old)
+                    if self.config.mode == "best":
+                        replace = old_score is None or new > old_score
+                    else:
+                        replace = old is None or units > old[1] or (units == old[1] and new > old_score)
+                    if replace:
+                        board[s.player_id] = (s.points, units)
+                        if name == "total" and new != old_score:
+                            status = "improved"
+            after = total.get(s.player_id)
+            out.append((status, after[0] if after else 0))
+        return out
+
+    def order(self, name: str = "total", region: str | None = None) -> list[tuple[int, str, int, int]]:
+        """(score, player, points, units), best first."""
+        codec = self.codec
+        rows = [
+            (codec.encode_units(points, units), player, points, units)
+            for player, (points, units) in self.boards.get(name, {}).items()
+            if region is None or self.region_of.get(player) == region
+        ]
+        return sorted(rows, reverse=True)

@@ -1,0 +1,125 @@
+"""Random workloads on a real cluster, compared after every batch with the in-memory reference board.
+
+Every strategy (hash, region, band) x shard count (1, 3, 16) x mode x order: top, pages at several
+offsets (deep pages forced through the bisection path), the rank and entry of every player, around
+for sampled players and query for sampled id sets. Few distinct points and times make ties common,
+so the tie rule (equal score -> larger player id first) is exercised on every read.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from shardlb import periods, times
+from shardlb.board import Board, Entry, Score
+from shardlb.client import Scripts, connect
+from shardlb.cluster import LocalCluster
+from shardlb.config import BoardConfig
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+
+pytestmark = pytest.mark.cluster
+
+HOUR = 3_600_000
+
+
+@pytest.fixture(scope="session")
+async def store(cluster: LocalCluster) -> AsyncIterator[BoardStore]:
+    client = connect(cluster.url)
+    scripts = Scripts.register(client)
+    await scripts.load(client)
+    yield BoardStore(client, scripts)
+    await client.aclose()
+
+
+def sharding(strategy: str, shards: int) -> dict[str, object]:
+    if strategy == "hash":
+        return {"strategy": "hash", "shards": shards}
+    if strategy == "region":
+        regions, per = {1: (1, 1), 3: (3, 1), 16: (4, 4)}[shards]
+        return {"strategy": "region", "regions": [f"r{i}" for i in range(regions)], "shards_per_region": per}
+    return {"strategy": "band", "bands": [0, 40, 120, 300], "shards": shards}
+
+
+def expected_entries(ref: ReferenceBoard, name: str, region: str | None) -> list[Entry]:
+    codec = ref.codec
+    return [
+        Entry(i + 1, player, points, codec.units_to_ms(units))
+        for i, (_, player, points, units) in enumerate(ref.order(name, region))
+    ]
+
+
+async def check_view(board: Board, ref: ReferenceBoard, name: str, api: str, region: str | None,
+                     rng: random.Random) -> None:
+    want = expected_entries(ref, name, region)
+    n = len(want)
+    assert await board.top(10, api, region) == want[:10]
+    assert await board.top(n + 5, api, region) == want
+    assert await board.size(api, region) == n
+    board.shallow = 0  # every page below goes through the score bisection, not a merged top
+    try:
+        for offset in sorted({0, 1, 7, n // 3, n // 2, max(n - 6, 0), max(n - 1, 0), n, n + 3}):
+            assert await board.entries(offset, 6, api, region) == want[offset : offset + 6], offset
+    finally:
+        board.shallow = 1000
+    for e in want:
+        got = await board.player(e.player_id, api, region)
+        assert got.entry == e
+        assert got.players == n
+        assert got.percentile == pytest.approx(100.0 * (n - e.rank) / n)
+    for e in rng.sample(want, min(5, n)):
+        radius = rng.choice([0, 1, 3, 8])
+        lo = max(0, e.rank - 1 - radius)
+        assert await board.around(e.player_id, radius, api, region) == want[lo : e.rank + radius]
+    ids = [e.player_id for e in rng.sample(want, min(12, n))] + ["nobody", "ghost-1"]
+    rng.shuffle(ids)
+    assert await board.query(ids, api, region) == [e for e in want if e.player_id in ids]
+
+
+@pytest.mark.parametrize("order", ["desc", "asc"])
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+@pytest.mark.parametrize("shards", [1, 3, 16])
+@pytest.mark.parametrize("strategy", ["hash", "region", "band"])
+async def test_random_workload_matches_reference(
+    store: BoardStore, strategy: str, shards: int, mode: str, order: str
+) -> None:
+    rng = random.Random(f"{strategy}/{shards}/{mode}/{order}")
+    board_id = f"ref-{strategy}-{shards}-{mode}-{order}"
+    config = BoardConfig.from_dict(board_id, {
+        "mode": mode, "order": order, "tiebreak": rng.choice(["earliest", "latest"]),
+        "periods": ["daily", "weekly"], "points_max": 1000, "sharding": sharding(strategy, shards),
+    })
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    regions = list(config.sharding.regions)
+    players = [f"p{i:03d}" for i in range(45)]
+    region_of = {p: rng.choice(regions) for p in players} if regions else {}
+    sent: list[Score] = []
+    try:
+        for batch_no in range(4):
+            batch = []
+            for _ in range(30):
+                if sent and rng.random() < 0.2:
+                    batch.append(rng.choice(sent))  # an exact replay
+                    continue
+                player = rng.choice(players)
+                top = 60 if mode == "incr" else 400
+                batch.append(Score(
+                    player, rng.choice([0, top, *range(0, top, 13)]), f"m{batch_no}-{len(sent)}-{rng.random()}",
+                    now - rng.choice([0, 1, 2, 30]) * HOUR, region_of.get(player),
+                ))
+                sent.append(batch[-1])
+            got = await board.submit(batch, now_ms=now)
+            want = ref.submit(batch, now_ms=now)
+            assert [(r.status, r.points) for r in got] == want
+            await check_view(board, ref, "total", "total", None, rng)
+            day = periods.names_at(now - 30 * HOUR, config.periods, board.tz)[1]
+            await check_view(board, ref, day, "daily:" + day[2:], None, rng)
+            if regions:
+                await check_view(board, ref, "total", "total", regions[-1], rng)
+    finally:
+        await store.delete(board_id)

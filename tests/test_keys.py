@@ -1,0 +1,77 @@
+"""Key names and slot placement (server-free), and shard spread over a real 3-master cluster."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import redis
+
+from shardlb import keys
+from shardlb.cluster import LocalCluster
+
+
+@pytest.mark.parametrize("shards", range(1, 257))
+def test_shard_i_of_n_lands_in_the_ith_nth_of_the_slots(shards: int) -> None:
+    for i in range(shards):
+        slot = keys.slot_of(keys.period_key(keys.shard_prefix("game-1", i, shards), "total"))
+        assert i * keys.SLOTS // shards <= slot < (i + 1) * keys.SLOTS // shards
+
+
+def test_all_keys_of_a_shard_share_one_slot() -> None:
+    prefix = keys.shard_prefix("b", 5, 16)
+    names = [
+        keys.period_key(prefix, "total"),
+        keys.period_key(prefix, "d:2026-11-30"),
+        keys.period_key(prefix, "w:2026-W48"),
+        keys.period_key(prefix, "m:2026-11"),
+        keys.dedup_key(prefix, 123),
+        keys.index_key(prefix),
+        keys.version_key(prefix),
+    ]
+    assert len({keys.slot_of(n) for n in names}) == 1
+    assert all(n.startswith("lb:{") and ":b:5:" in n for n in names)
+
+
+def test_slot_of_matches_redis_py() -> None:
+    from redis.crc import key_slot
+
+    for name in ("plain", "lb:{x}:y", "{}empty", "a{b}c{d}", keys.shard_prefix("b", 1, 3) + "total"):
+        assert keys.slot_of(name) == key_slot(name.encode())
+
+
+def test_every_slot_has_a_token() -> None:
+    tokens = keys.slot_tokens()
+    assert len(tokens) == keys.SLOTS
+    assert all(keys.slot_of("{" + t + "}") == slot for slot, t in enumerate(tokens))
+
+
+def test_boards_spread_over_their_window_and_placement_is_stable() -> None:
+    slots = {keys.shard_slot(f"board-{n}", 0, 4) for n in range(50)}
+    assert len(slots) > 10
+    assert keys.shard_prefix("a", 3, 4) == keys.shard_prefix("a", 3, 4)
+
+
+def test_out_of_range_shard_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        keys.shard_prefix("a", 4, 4)
+
+
+def _slot_owners(cluster: LocalCluster) -> list[tuple[int, int, int]]:
+    node = redis.Redis(host=cluster.host, port=cluster.ports[0], decode_responses=True)
+    try:
+        return [(int(lo), int(hi), int(master[1])) for lo, hi, master, *_ in node.cluster("SLOTS")]
+    finally:
+        node.close()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("shards", [3, 16, 64])
+def test_shards_per_master_differ_by_at_most_one(cluster: LocalCluster, shards: int) -> None:
+    owners = _slot_owners(cluster)
+    per_master: Counter[int] = Counter()
+    for i in range(shards):
+        slot = keys.slot_of(keys.period_key(keys.shard_prefix("spread", i, shards), "total"))
+        per_master.update(port for lo, hi, port in owners if lo <= slot <= hi)
+    assert len(per_master) == 3
+    assert max(per_master.values()) - min(per_master.values()) <= 1
