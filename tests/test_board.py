@@ -9,14 +9,11 @@ so the tie rule (equal score -> larger player id first) is exercised on every re
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
 
 import pytest
 
 from shardlb import periods, times
 from shardlb.board import Board, Entry, Score
-from shardlb.client import Scripts, connect
-from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
@@ -24,15 +21,6 @@ from tests.reference import ReferenceBoard
 pytestmark = pytest.mark.cluster
 
 HOUR = 3_600_000
-
-
-@pytest.fixture(scope="session")
-async def store(cluster: LocalCluster) -> AsyncIterator[BoardStore]:
-    client = connect(cluster.url)
-    scripts = Scripts.register(client)
-    await scripts.load(client)
-    yield BoardStore(client, scripts)
-    await client.aclose()
 
 
 def sharding(strategy: str, shards: int) -> dict[str, object]:
@@ -52,8 +40,9 @@ def expected_entries(ref: ReferenceBoard, name: str, region: str | None) -> list
     ]
 
 
-async def check_view(board: Board, ref: ReferenceBoard, name: str, api: str, region: str | None,
-                     rng: random.Random) -> None:
+async def check_view(
+    board: Board, ref: ReferenceBoard, name: str, api: str, region: str | None, rng: random.Random
+) -> None:
     want = expected_entries(ref, name, region)
     n = len(want)
     assert await board.top(10, api, region) == want[:10]
@@ -88,10 +77,17 @@ async def test_random_workload_matches_reference(
 ) -> None:
     rng = random.Random(f"{strategy}/{shards}/{mode}/{order}")
     board_id = f"ref-{strategy}-{shards}-{mode}-{order}"
-    config = BoardConfig.from_dict(board_id, {
-        "mode": mode, "order": order, "tiebreak": rng.choice(["earliest", "latest"]),
-        "periods": ["daily", "weekly"], "points_max": 1000, "sharding": sharding(strategy, shards),
-    })
+    config = BoardConfig.from_dict(
+        board_id,
+        {
+            "mode": mode,
+            "order": order,
+            "tiebreak": rng.choice(["earliest", "latest"]),
+            "periods": ["daily", "weekly"],
+            "points_max": 1000,
+            "sharding": sharding(strategy, shards),
+        },
+    )
     board, _ = await store.create(config)
     ref = ReferenceBoard(config)
     now = times.now_ms()
@@ -108,10 +104,15 @@ async def test_random_workload_matches_reference(
                     continue
                 player = rng.choice(players)
                 top = 60 if mode == "incr" else 400
-                batch.append(Score(
-                    player, rng.choice([0, top, *range(0, top, 13)]), f"m{batch_no}-{len(sent)}-{rng.random()}",
-                    now - rng.choice([0, 1, 2, 30]) * HOUR, region_of.get(player),
-                ))
+                batch.append(
+                    Score(
+                        player,
+                        rng.choice([0, top, *range(0, top, 13)]),
+                        f"m{batch_no}-{len(sent)}-{rng.random()}",
+                        now - rng.choice([0, 1, 2, 30]) * HOUR,
+                        region_of.get(player),
+                    )
+                )
                 sent.append(batch[-1])
             got = await board.submit(batch, now_ms=now)
             want = ref.submit(batch, now_ms=now)

@@ -1,0 +1,90 @@
+"""Board settings from API bodies (server-free): defaults, round trip, and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardlb.config import BoardConfig
+from shardlb.errors import InvalidInput
+from shardlb.sharding import Layout
+
+
+def test_defaults() -> None:
+    c = BoardConfig.from_dict("b", {})
+    assert (c.mode, c.order, c.tiebreak, c.periods, c.points_max) == (
+        "best",
+        "desc",
+        "earliest",
+        ("total",),
+        2_097_151,
+    )
+    assert c.sharding.strategy == "hash" and c.sharding.shards == 16
+
+
+def test_round_trip_through_to_dict_is_the_same_board() -> None:
+    body = {
+        "mode": "incr",
+        "order": "asc",
+        "tiebreak": "latest",
+        "periods": ["monthly", "daily"],
+        "timezone": "Europe/Paris",
+        "retention_days": {"daily": 7},
+        "points_max": 100_000,
+        "epoch": "2026-09-01T00:00:00Z",
+        "sharding": {"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 3},
+    }
+    c = BoardConfig.from_dict("season-1", body)
+    assert c.periods == ("total", "daily", "monthly")
+    assert BoardConfig.from_dict("season-1", c.to_dict()) == c
+    assert c.to_dict()["epoch"] == "2026-09-01T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"mode": "max"}, "mode"),
+        ({"periods": ["yearly"]}, "periods"),
+        ({"timezone": "Nowhere/City"}, "timezone"),
+        ({"points_max": 0}, "points_max"),
+        ({"epoch": "yesterday"}, "epoch"),
+        ({"sharding": {"strategy": "hash", "shards": 0}}, "sharding.shards"),
+        ({"sharding": {"strategy": "region", "regions": []}}, "sharding.regions"),
+        ({"sharding": {"strategy": "band", "bands": [5, 10]}}, "sharding.bands"),
+        ({"sharding": {"strategy": "band", "bands": [0, 10, 10]}}, "sharding.bands"),
+        ({"sharding": {"strategy": "band", "bands": [0, 10**7]}}, "sharding.bands"),
+        ({"sharding": {"strategy": "moon"}}, "sharding.strategy"),
+        ({"colour": "red"}, "colour"),
+    ],
+)
+def test_bad_settings_name_their_field(body: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        BoardConfig.from_dict("b", body)
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize("board_id", ["", "a" * 65, "has space", "semi;colon", "{brace}"])
+def test_bad_board_ids(board_id: str) -> None:
+    with pytest.raises(InvalidInput):
+        BoardConfig.from_dict(board_id, {})
+
+
+def test_band_layout_places_by_points_and_reads_best_band_first() -> None:
+    c = BoardConfig.from_dict("b", {"sharding": {"strategy": "band", "bands": [0, 100, 1000], "shards": 4}})
+    layout = Layout(c.sharding, c.order)
+    assert layout.physical == 7
+    assert [layout.band_shard(p) for p in (0, 99, 100, 999, 1000, 10**6)] == [4, 4, 5, 5, 6, 6]
+    assert layout.view(total=True) == [6, 5, 4]
+    assert layout.view(total=False) == [0, 1, 2, 3]
+    assert Layout(c.sharding, "asc").view(total=True) == [4, 5, 6]
+
+
+def test_region_layout() -> None:
+    c = BoardConfig.from_dict(
+        "b", {"sharding": {"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 3}}
+    )
+    layout = Layout(c.sharding)
+    assert layout.view(True, "na") == [3, 4, 5]
+    assert layout.home("p1", "na") in (3, 4, 5)
+    assert layout.candidates("p1") == [layout.home("p1", "eu"), layout.home("p1", "na")]
+    with pytest.raises(InvalidInput):
+        layout.home("p1", "mars")
