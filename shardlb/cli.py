@@ -1,0 +1,93 @@
+"""The `shardlb` command line.
+
+Each subcommand is added to the parser by its own `add_*_command` function and runs through the
+handler it sets with `set_defaults(func=...)`: a function of the parsed arguments returning the
+exit code. To add a subcommand, write both and call the adder from `build_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from shardlb.cluster import STATE_FILE, ClusterError, LocalCluster
+
+DEFAULT_CLUSTER_DIR = Path(".shardlb/cluster")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser for every `shardlb` subcommand."""
+    parser = argparse.ArgumentParser(prog="shardlb", description="A sharded leaderboard on Redis Cluster.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_cluster_command(commands)
+    return parser
+
+
+def add_cluster_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`shardlb cluster up|status|down`: the local Redis Cluster for development and tests."""
+    cluster = commands.add_parser("cluster", help="start, check or stop a local Redis Cluster")
+    actions = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    up = actions.add_parser("up", help="start and form the cluster (does nothing if it is already up)")
+    up.add_argument("--masters", type=int, default=3, help="number of masters (default 3)")
+    up.add_argument("--replicas", type=int, default=1, help="replicas per master (default 1)")
+    up.add_argument(
+        "--port", type=int, default=7000, help="first port; nodes take consecutive ports (default 7000)"
+    )
+    up.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to wait for a healthy cluster (default 60)"
+    )
+    up.set_defaults(func=cluster_up)
+
+    status = actions.add_parser("status", help="show every node; exit status 1 if the cluster is not ok")
+    status.set_defaults(func=cluster_status)
+
+    down = actions.add_parser("down", help="stop the nodes this tool started in --dir")
+    down.set_defaults(func=cluster_down)
+
+    for action in (up, status, down):
+        action.add_argument(
+            "--dir",
+            type=Path,
+            default=DEFAULT_CLUSTER_DIR,
+            help=f"directory of the nodes and their state file (default {DEFAULT_CLUSTER_DIR})",
+        )
+
+
+def cluster_up(args: argparse.Namespace) -> int:
+    """Start the cluster (or find it up), show it, and print the URL to connect to."""
+    cluster = LocalCluster(masters=args.masters, replicas=args.replicas, port=args.port, dir=args.dir)
+    print(cluster.up(timeout=args.timeout))
+    print(f"SHARDLB_REDIS_URL={cluster.url}")
+    return 0
+
+
+def cluster_status(args: argparse.Namespace) -> int:
+    """Show the cluster recorded in --dir; non-zero unless it is ok."""
+    status = LocalCluster.from_state(args.dir).status()
+    print(status)
+    return 0 if status.ok else 1
+
+
+def cluster_down(args: argparse.Namespace) -> int:
+    """Stop the nodes recorded in --dir; nothing to stop is not an error (`make stop` may run twice)."""
+    if not (args.dir / STATE_FILE).exists():
+        print(f"no cluster state in {args.dir}: nothing to stop")
+        return 0
+    LocalCluster.from_state(args.dir).down()
+    print(f"cluster in {args.dir} stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the `shardlb` command line; return the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ClusterError as e:
+        print(f"shardlb: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code

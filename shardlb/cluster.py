@@ -1,0 +1,515 @@
+"""A local Redis Cluster for development, tests and benchmarks: start, form, check and stop it.
+
+`LocalCluster.up()` starts one `redis-server` per node on loopback, forms the cluster itself
+(MEET, ADDSLOTSRANGE, REPLICATE) and returns only once every node agrees it is healthy. The pids
+go to a JSON state file in the cluster's directory, so `status()` and `down()` work from any
+process, and `down()` stops exactly those processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+SLOTS = 16384
+STATE_FILE = "state.json"
+# Redis Cluster's node-to-node bus listens on port + 10000; it must be free as well.
+BUS_PORT_OFFSET = 10000
+# Somebody else's plain Redis usually lives on the default port: never start a node there.
+_RESERVED_PORT = 6379
+_POLL_INTERVAL = 0.1
+_STOP_TIMEOUT = 10.0
+
+# The nodes this process started. Holding the Popen objects lets us reap them (no zombies that
+# still look alive) and keeps subprocess from warning that a child outlived its handle.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+# A node's view of the slot map: (first slot, last slot, master port, replica ports) per range.
+SlotMap = tuple[tuple[int, int, int, tuple[int, ...]], ...]
+
+
+class ClusterError(Exception):
+    """The local cluster could not be started, formed, checked or stopped."""
+
+
+def master_slots(masters: int) -> list[tuple[int, int]]:
+    """Slot range (first, last) of each master: the 16384 slots split evenly, in order."""
+    return [(i * SLOTS // masters, (i + 1) * SLOTS // masters - 1) for i in range(masters)]
+
+
+def free_port_block(count: int, start: int = 20000) -> int:
+    """Return the lowest base port >= start with `count` consecutive free ports on 127.0.0.1.
+
+    Each port's cluster bus port (port + 10000) must be free too. A block never contains 6379.
+    Free means a bind succeeds now; another process can still take a port before a node binds it.
+    """
+    base = start
+    while base + count - 1 + BUS_PORT_OFFSET <= 65535:
+        block = range(base, base + count)
+        if _RESERVED_PORT in block:
+            base = _RESERVED_PORT + 1
+            continue
+        taken = next((p for p in block if not _ports_free("127.0.0.1", p)), None)
+        if taken is None:
+            return base
+        base = taken + 1
+    raise ClusterError(f"no block of {count} free ports from {start} on 127.0.0.1")
+
+
+def _ports_free(host: str, port: int) -> bool:
+    """Whether a node could listen on port and its bus port (bound the way redis-server binds)."""
+    for p in (port, port + BUS_PORT_OFFSET):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # redis-server sets SO_REUSEADDR, so TIME_WAIT leftovers do not stop it: ignore them too.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, p))
+            except OSError:
+                return False
+    return True
+
+
+@dataclass
+class NodeStatus:
+    """One node as seen by itself; fields past `running` are None or empty when it is unreachable."""
+
+    port: int
+    pid: int | None
+    running: bool
+    role: str | None = None  # "master" or "replica"
+    master_port: int | None = None  # a replica's master
+    link: str | None = None  # a replica's master_link_status: "up" once in sync
+    slots: list[tuple[int, int]] = field(default_factory=list)  # ranges it serves as master
+    cluster_state: str | None = None  # "ok" or "fail"
+
+
+@dataclass
+class ClusterStatus:
+    """Every node of a local cluster, and what (if anything) keeps the cluster from being ok."""
+
+    nodes: list[NodeStatus]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """All nodes run, report cluster_state ok, agree on the slot map, and replicas are in sync."""
+        return not self.problems
+
+    def __str__(self) -> str:
+        masters = sum(n.role == "master" for n in self.nodes)
+        head = f"cluster ok: {len(self.nodes)} nodes, {masters} masters" if self.ok else "cluster NOT ok"
+        lines = [head, *(f"  ! {p}" for p in self.problems)]
+        lines.append(f"  {'port':<6} {'pid':<8} {'process':<8} {'role':<8} {'state':<6} serves")
+        for n in self.nodes:
+            if n.role == "replica":
+                serves = f"replica of {n.master_port} (link {n.link})"
+            else:
+                serves = ", ".join(f"slots {a}-{b}" for a, b in n.slots) or "-"
+            lines.append(
+                f"  {n.port:<6} {n.pid or '-'!s:<8} {'running' if n.running else 'stopped':<8} "
+                f"{n.role or '-':<8} {n.cluster_state or '-':<6} {serves}"
+            )
+        return "\n".join(lines)
+
+
+@dataclass
+class LocalCluster:
+    """A Redis Cluster of `masters` masters with `replicas` replicas each on consecutive ports.
+
+    Masters take the first ports (master i on port + i) and own the slots of `master_slots`;
+    replica j of master i is on port + masters + i * replicas + j. Each node lives in
+    `dir/node-<port>/` (redis.conf, nodes.conf, redis.log); `dir/state.json` records the pids.
+    """
+
+    masters: int = 3
+    replicas: int = 1
+    port: int = 7000
+    dir: Path = Path(".shardlb/cluster")
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        self.dir = Path(self.dir)
+        if self.masters < 1 or self.replicas < 0:
+            raise ClusterError(f"need masters >= 1 and replicas >= 0, got {self.masters}, {self.replicas}")
+        if self.port < 1 or self.ports[-1] + BUS_PORT_OFFSET > 65535:
+            raise ClusterError(
+                f"ports {self.port}-{self.ports[-1]} (+{BUS_PORT_OFFSET} for the bus) out of range"
+            )
+        if _RESERVED_PORT in self.ports:
+            raise ClusterError(
+                f"ports {self.port}-{self.ports[-1]} include {_RESERVED_PORT}; pick another --port"
+            )
+
+    @classmethod
+    def from_state(cls, dir: Path) -> LocalCluster:
+        """The cluster last started in dir, rebuilt from its state file."""
+        state = _read_state(Path(dir))
+        if state is None:
+            raise ClusterError(f"no cluster state in {dir} (start one with `shardlb cluster up --dir {dir}`)")
+        return cls(state["masters"], state["replicas"], state["port"], Path(dir), state["host"])
+
+    @property
+    def ports(self) -> list[int]:
+        """Every node's port: masters first, then replicas."""
+        return list(range(self.port, self.port + self.masters * (1 + self.replicas)))
+
+    @property
+    def url(self) -> str:
+        """All nodes as one URL: redis://host:port,host:port,..."""
+        return "redis://" + ",".join(f"{self.host}:{p}" for p in self.ports)
+
+    def up(self, timeout: float = 60.0) -> ClusterStatus:
+        """Start and form the cluster, or return the status of the one already running healthy in dir.
+
+        Nodes left over from an earlier start where some died are stopped and the cluster is
+        formed afresh (a dev cluster: its data is not kept). Raises ClusterError when redis-server
+        is missing, a port is taken, or the cluster is not healthy within `timeout` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self._lock():
+            state = _read_state(self.dir)
+            if state is not None:
+                alive = self._live_pids(state)
+                if alive and self._layout() != {k: state[k] for k in self._layout()}:
+                    raise ClusterError(
+                        f"{self.dir} holds a running cluster with another layout; "
+                        f"run `shardlb cluster down --dir {self.dir}` first"
+                    )
+                if alive and len(alive) == len(self.ports):
+                    return self._wait_healthy(
+                        deadline,
+                        f"the cluster already running in {self.dir} to become healthy "
+                        f"(`shardlb cluster down --dir {self.dir}` stops it)",
+                    )
+                self._stop(alive)
+            return self._start(deadline)
+
+    def status(self) -> ClusterStatus:
+        """Ask every node how it sees the cluster (no process is started or stopped)."""
+        state = _read_state(self.dir)
+        pids = self._recorded_pids(state) if state is not None else {}
+        probes = [self._probe(port, pids.get(port)) for port in self.ports]
+        nodes = [node for node, _, _ in probes]
+        problems = [problem for _, problem, _ in probes if problem]
+        views = {view for _, _, view in probes if view is not None}
+        if len(views) > 1:
+            problems.append("nodes disagree on the slot map")
+        elif views:
+            (view,) = views
+            covered = sum(last - first + 1 for first, last, _, _ in view)
+            members = {m for *_, master, replicas in view for m in (master, *replicas)}
+            if covered != SLOTS:
+                problems.append(f"{covered} of {SLOTS} slots assigned")
+            if missing := sorted(set(self.ports) - members):
+                problems.append(f"nodes missing from the slot map: {missing}")
+        return ClusterStatus(nodes, problems)
+
+    def down(self) -> None:
+        """Stop the processes recorded in dir's state file that are still ours; remove no files."""
+        with self._lock():
+            state = _read_state(self.dir)
+            if state is not None:
+                self._stop(self._live_pids(state))
+
+    def _layout(self) -> dict[str, Any]:
+        return {"host": self.host, "port": self.port, "masters": self.masters, "replicas": self.replicas}
+
+    def _node_dir(self, port: int) -> Path:
+        return self.dir / f"node-{port}"
+
+    def _recorded_pids(self, state: dict[str, Any]) -> dict[int, int]:
+        return {int(n["port"]): int(n["pid"]) for n in state["nodes"]}
+
+    def _live_pids(self, state: dict[str, Any]) -> dict[int, int]:
+        return {
+            port: pid
+            for port, pid in self._recorded_pids(state).items()
+            if _is_node_process(pid, self._node_dir(port))
+        }
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        # Two `up`s on one dir at once would start two sets of nodes on the same ports.
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / ".lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    @contextlib.contextmanager
+    def _client(self, port: int) -> Iterator[redis.Redis]:
+        # No client retries: every caller polls on its own deadline.
+        client = redis.Redis(
+            host=self.host,
+            port=port,
+            socket_timeout=2.0,
+            socket_connect_timeout=1.0,
+            decode_responses=True,
+            retry=Retry(NoBackoff(), 0),
+        )
+        try:
+            yield client
+        finally:
+            client.close()
+
+    def _start(self, deadline: float) -> ClusterStatus:
+        server = _find_redis_server()
+        for port in self.ports:
+            if not _ports_free(self.host, port):
+                raise ClusterError(
+                    f"port {port} or its bus port {port + BUS_PORT_OFFSET} on {self.host} is taken "
+                    "by another process; pick another --port"
+                )
+        pids: dict[int, int] = {}
+        try:
+            for port in self.ports:
+                pids[port] = self._spawn(server, port)
+            _write_state(
+                self.dir, {**self._layout(), "nodes": [{"port": p, "pid": pid} for p, pid in pids.items()]}
+            )
+            for port, pid in pids.items():
+                self._wait_for(
+                    f"node {port} to accept connections", deadline, port, pid, lambda c: bool(c.ping())
+                )
+            self._form(deadline, pids)
+            return self._wait_healthy(deadline, "the new cluster to become healthy")
+        except BaseException:
+            # Leave nothing half-formed behind: the next up() starts from a clean slate.
+            self._stop(pids)
+            raise
+
+    def _spawn(self, server: str, port: int) -> int:
+        node_dir = self._node_dir(port)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        # Start empty: an old nodes.conf would rejoin a cluster that no longer exists, and a
+        # replica must hold no data before it may replicate.
+        for leftover in ("nodes.conf", "dump.rdb"):
+            (node_dir / leftover).unlink(missing_ok=True)
+        (node_dir / "redis.conf").write_text(
+            "# Written by shardlb.cluster on every start; edits are lost.\n"
+            f"port {port}\n"
+            f"bind {self.host}\n"
+            "dir .\n"
+            "daemonize no\n"
+            'logfile ""\n'
+            "cluster-enabled yes\n"
+            "cluster-config-file nodes.conf\n"
+            "cluster-node-timeout 5000\n"
+            'save ""\n'
+            "appendonly no\n"
+            # Replicas would otherwise wait 5 s for their first full sync,
+            "repl-diskless-sync-delay 0\n"
+            # and write it to a dump.rdb they do not need.
+            "repl-diskless-load on-empty-db\n"
+            # CLUSTER SLOTS lists a replica only once its offset moves, which on an idle master
+            # takes a ping to the replicas: every 10 s by default.
+            "repl-ping-replica-period 1\n"
+        )
+        with open(node_dir / "redis.log", "ab") as log:
+            proc = subprocess.Popen(
+                [server, "redis.conf"],
+                cwd=node_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # outlives the CLI and does not get its Ctrl-C
+            )
+        _children[proc.pid] = proc
+        return proc.pid
+
+    def _form(self, deadline: float, pids: dict[int, int]) -> None:
+        ports = self.ports
+        ids: dict[int, str] = {}
+        for epoch, port in enumerate(ports, start=1):
+            with self._client(port) as c:
+                # Distinct epochs up front spare the nodes a round of epoch-collision resolution.
+                _command(c, "CLUSTER SET-CONFIG-EPOCH", epoch)
+                ids[port] = _command(c, "CLUSTER MYID")
+        with self._client(ports[0]) as first:
+            for port in ports[1:]:
+                _command(first, "CLUSTER MEET", self.host, port)
+        for port, (first_slot, last_slot) in zip(
+            ports[: self.masters], master_slots(self.masters), strict=True
+        ):
+            with self._client(port) as c:
+                _command(c, "CLUSTER ADDSLOTSRANGE", first_slot, last_slot)
+        for i, master in enumerate(ports[: self.masters]):
+            for j in range(self.replicas):
+                replica = self.port + self.masters + i * self.replicas + j
+                self._attach(replica, pids[replica], master, ids[master], deadline)
+
+    def _attach(self, replica: int, pid: int, master: int, master_id: str, deadline: float) -> None:
+        # REPLICATE fails with "Unknown node" until gossip has introduced the master to the replica.
+        self._wait_for(
+            f"node {replica} to replicate {master}",
+            deadline,
+            replica,
+            pid,
+            lambda c: bool(_command(c, "CLUSTER REPLICATE", master_id)),
+        )
+
+    def _wait_for(
+        self, what: str, deadline: float, port: int, pid: int, check: Callable[[redis.Redis], bool]
+    ) -> None:
+        """Poll check against the node on port until it is true; fail fast if the node died."""
+        last_error = ""
+        while True:
+            proc = _children.get(pid)
+            if proc is not None and proc.poll() is not None:
+                raise ClusterError(
+                    f"redis-server on port {port} exited with code {proc.returncode}\n{self._log_tail(port)}"
+                )
+            try:
+                with self._client(port) as c:
+                    if check(c):
+                        return
+            except redis.RedisError as e:
+                last_error = f" (last error: {e})"
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"timed out waiting for {what}{last_error}\n{self._log_tail(port)}")
+            time.sleep(_POLL_INTERVAL)
+
+    def _wait_healthy(self, deadline: float, what: str) -> ClusterStatus:
+        while True:
+            status = self.status()
+            if status.ok:
+                return status
+            if time.monotonic() >= deadline:
+                bad = next(
+                    (n.port for n in status.nodes if not n.running or n.cluster_state != "ok"), self.port
+                )
+                raise ClusterError(
+                    f"timed out waiting for {what}: {'; '.join(status.problems)}\n{self._log_tail(bad)}"
+                )
+            time.sleep(_POLL_INTERVAL)
+
+    def _probe(self, port: int, pid: int | None) -> tuple[NodeStatus, str | None, SlotMap | None]:
+        """The node on port, what is wrong with it if anything, and the slot map it sees."""
+        node = NodeStatus(port, pid, pid is not None and _is_node_process(pid, self._node_dir(port)))
+        if not node.running:
+            return node, f"node {port}: not running", None
+        try:
+            with self._client(port) as c:
+                info = _command(c, "CLUSTER INFO")
+                replication = c.info("replication")
+                slots = _command(c, "CLUSTER SLOTS")
+        except redis.RedisError as e:
+            return node, f"node {port}: unreachable ({e})", None
+        node.cluster_state = info.get("cluster_state")
+        node.role = "replica" if replication["role"] == "slave" else "master"
+        if node.role == "replica":
+            node.master_port = int(replication["master_port"])
+            node.link = replication["master_link_status"]
+        # One entry per range: (first, last, master port, replica ports); replica order varies by node.
+        view: SlotMap = tuple(
+            sorted((r[0], r[1], int(r[2][1]), tuple(sorted(int(x[1]) for x in r[3:]))) for r in slots)
+        )
+        node.slots = [(first, last) for first, last, master, _ in view if master == port]
+        if node.cluster_state != "ok":
+            return node, f"node {port}: cluster_state {node.cluster_state}", view
+        if node.role == "replica" and node.link != "up":
+            return node, f"node {port}: replica link to {node.master_port} is {node.link}", view
+        return node, None, view
+
+    def _stop(self, pids: dict[int, int]) -> None:
+        """SIGTERM the given nodes, SIGKILL those still there after a grace period, wait for all."""
+        for sig, grace in ((signal.SIGTERM, _STOP_TIMEOUT), (signal.SIGKILL, _STOP_TIMEOUT)):
+            pids = {p: pid for p, pid in pids.items() if _is_node_process(pid, self._node_dir(p))}
+            for pid in pids.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            end = time.monotonic() + grace
+            while pids and time.monotonic() < end:
+                pids = {p: pid for p, pid in pids.items() if _is_node_process(pid, self._node_dir(p))}
+                time.sleep(_POLL_INTERVAL / 2)
+            if not pids:
+                return
+        raise ClusterError(f"could not stop redis-server pids {sorted(pids.values())}")
+
+    def _log_tail(self, port: int, lines: int = 15) -> str:
+        log = self._node_dir(port) / "redis.log"
+        try:
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return f"  (no log at {log})"
+        return f"  last lines of {log}:\n" + "\n".join(f"  | {line}" for line in tail)
+
+
+def _command(client: redis.Redis, *args: str | int) -> Any:
+    # redis-py leaves execute_command untyped; this is the one place that has to say so.
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def _find_redis_server() -> str:
+    server = shutil.which("redis-server")
+    if server is None:
+        raise ClusterError("redis-server not found on PATH; install Redis 7 or newer (`make redis-server`)")
+    version = subprocess.run([server, "--version"], capture_output=True, text=True, check=False).stdout
+    major = version.partition("v=")[2].partition(".")[0]
+    if not major.isdigit() or int(major) < 7:
+        raise ClusterError(
+            f"need redis-server 7.0 or newer for CLUSTER ADDSLOTSRANGE, found: {version.strip()}"
+        )
+    return server
+
+
+def _is_node_process(pid: int, node_dir: Path) -> bool:
+    """Whether pid is a live redis-server running in node_dir: a bare pid may have been reused."""
+    child = _children.get(pid)
+    if child is not None:
+        # Our own child cannot have a reused pid before we reap it, and poll() is the only check
+        # that is right while it exits (procfs drops its cwd before the pid is gone).
+        if child.poll() is None:
+            return True
+        del _children[pid]
+        return False
+    proc = Path("/proc", str(pid))
+    if not Path("/proc/self").exists():  # no procfs (macOS): the pid alone has to do
+        try:
+            os.kill(pid, 0)
+        except OSError:  # gone, or another user's process: not a node we started either way
+            return False
+        return True
+    try:
+        stat = (proc / "stat").read_text()
+        name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
+        # A zombie keeps its pid until reaped, but it is no longer serving anything.
+        return (
+            name == "redis-server"
+            and state not in "ZX"
+            and Path(os.readlink(proc / "cwd")) == node_dir.resolve()
+        )
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _read_state(dir: Path) -> dict[str, Any] | None:
+    path = dir / STATE_FILE
+    try:
+        state: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ClusterError(f"cannot read {path}: {e}") from e
+    return state
+
+
+def _write_state(dir: Path, state: dict[str, Any]) -> None:
+    tmp = dir / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(dir / STATE_FILE)  # atomic: a reader never sees half a file

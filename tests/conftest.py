@@ -1,0 +1,36 @@
+"""Shared fixtures: the suite's own Redis Cluster, started by the same code as `shardlb cluster up`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from shardlb.cluster import LocalCluster, free_port_block
+
+
+def _free_ports(count: int) -> int:
+    # Searching from a pid-dependent start keeps test sessions running side by side from racing
+    # for one block; bus ports (+10000) stay below Linux's ephemeral range (32768 and up).
+    return free_port_block(count, start=20000 + os.getpid() % 200 * 10)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A healthy cluster of 3 masters with 1 replica each for the whole session; stopped at the end."""
+    local = LocalCluster(masters=3, replicas=1, port=_free_ports(6), dir=tmp_path_factory.mktemp("cluster"))
+    local.up()
+    try:
+        yield local
+    finally:
+        local.down()
+
+
+@pytest.fixture(scope="session")
+def cluster_url(cluster: LocalCluster) -> str:
+    """`redis://host:port,...` listing every node of the session cluster."""
+    return cluster.url
+
+
+pytest_plugins = ["tests.store_fixture"]
