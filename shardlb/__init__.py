@@ -5,4 +5,14 @@ from shardlb.client import Scripts, connect
 from shardlb.config import BoardConfig
 from shardlb.store import BoardStore
 
-__all__ = ["Board", "BoardConfig", "BoardStore", "Entry", "PlayerEntry", "Result", "Score", "Scripts", "connect"]
+__all__ = [
+    "Board",
+    "BoardConfig",
+    "BoardStore",
+    "Entry",
+    "PlayerEntry",
+    "Result",
+    "Score",
+    "Scripts",
+    "connect",
+]

@@ -251,6 +251,8 @@ class Board:
     async def entries(
         self, offset: int, limit: int, period: str = "total", region: str | None = None
     ) -> list[Entry]:
+        if offset < 0 or limit < 1:
+            raise InvalidInput("offset must be >= 0 and limit >= 1", "offset" if offset < 0 else "limit")
         rows = await self.view(period, region).page(offset, limit)
         return [self.entry(offset + i + 1, row) for i, row in enumerate(rows)]
 

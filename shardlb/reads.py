@@ -101,37 +101,66 @@ class View:
             return (await self.top(offset + limit))[offset:]
         if self.banded:
             return await self._band_page(offset, limit)
-        cut, above = await self._cut(offset, limit)
+        sizes = await self.sizes()
+        if offset >= sum(sizes):
+            return []
+        cut, above = await self._cut(offset, limit, sizes)
         skip = offset - above
         lists = await self._each("zrevrangebyscore", _score(cut), "-inf", 0, skip + limit, True)
         return merge(rows(pairs) for pairs in lists)[skip : skip + limit]
 
-    async def _above(self, value: int) -> int:
-        return sum(int(n) for n in await self._each("zcount", f"({value}", "+inf"))
+    async def _counts_above(self, value: int) -> list[int]:
+        return [int(n) for n in await self._each("zcount", f"({value}", "+inf")]
 
-    async def _cut(self, offset: int, limit: int) -> tuple[int, int]:
-        """A score ``hi`` with offset - limit <= G(hi) <= offset, or the tie block holding ``offset``."""
+    async def _cut(self, offset: int, limit: int, sizes: list[int]) -> tuple[int, int]:
+        """A score ``hi`` with offset - limit <= G(hi) <= offset, or the tie block holding ``offset``.
+
+        The bracket (lo, hi] is kept with per-shard counts above each end. Each round reads, from every
+        shard, the row at the interpolated index inside its part of the bracket and cuts at the
+        weighted median of those scores: on any score distribution this lands close to the target
+        rank, so pages take a few rounds. Every third round halves the bracket to bound the worst case.
+        """
         firsts = await self._each("zrevrange", 0, 0, withscores=True)
         lasts = await self._each("zrange", 0, 0, withscores=True)
         hi = max(int(p[0][1]) for p in firsts if p)
         lo = min(int(p[0][1]) for p in lasts if p) - 1
-        g_hi, g_lo = await self._above(hi), sum(await self.sizes())
+        c_hi, c_lo = [0] * len(self.keys), list(sizes)
+        target = offset - limit // 2
         for step in range(MAX_BISECT_ROUNDS):
+            g_hi, g_lo = sum(c_hi), sum(c_lo)
             if hi - lo <= 1 or offset - g_hi <= limit:
                 break
-            target = offset - limit // 2
-            if step % 2 == 0 and g_lo > g_hi:
-                # Interpolate on the counts; alternate with plain halving so the worst case stays log2.
-                guess = lo + int((hi - lo) * (g_lo - target) / (g_lo - g_hi))
+            mid = (
+                (lo + hi) // 2
+                if step % 3 == 2
+                else await self._pivot(c_hi, c_lo, (target - g_hi) / (g_lo - g_hi))
+            )
+            mid = min(max(mid, lo + 1), hi - 1)
+            c_mid = await self._counts_above(mid)
+            if sum(c_mid) <= offset:
+                hi, c_hi = mid, c_mid
             else:
-                guess = (lo + hi) // 2
-            mid = min(max(guess, lo + 1), hi - 1)
-            g_mid = await self._above(mid)
-            if g_mid <= offset:
-                hi, g_hi = mid, g_mid
-            else:
-                lo, g_lo = mid, g_mid
-        return hi, g_hi
+                lo, c_lo = mid, c_mid
+        return hi, sum(c_hi)
+
+    async def _pivot(self, c_hi: list[int], c_lo: list[int], fraction: float) -> int:
+        """Weighted median of each shard's score at ``fraction`` of its rows inside the bracket."""
+        pipe = self.client.pipeline(transaction=False)
+        weights = []
+        for key, top, bottom in zip(self.keys, c_hi, c_lo, strict=True):
+            if bottom > top:
+                index = min(top + int(fraction * (bottom - top)), bottom - 1)
+                pipe.zrevrange(key, index, index, withscores=True)
+                weights.append(bottom - top)
+        found = sorted(
+            (int(pairs[0][1]), w) for pairs, w in zip(await pipe.execute(), weights, strict=True) if pairs
+        )
+        half, seen = sum(w for _, w in found) / 2, 0
+        for value, weight in found:
+            seen += weight
+            if seen >= half:
+                return value
+        return found[-1][0]
 
     async def _band_page(self, offset: int, limit: int) -> list[Row]:
         """Band boards: band sizes place the page in one or two bands; read those by index."""
