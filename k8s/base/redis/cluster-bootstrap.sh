@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Form the Redis Cluster once: the redis-cluster-bootstrap Job runs this.
+#
+#   - waits until every listed node answers PING;
+#   - if any node already belongs to a cluster (knows other nodes or owns slots) it changes
+#     nothing: it waits for cluster_state:ok (a restart may still be settling) and exits 0, or
+#     exits 1 after REDIS_BOOTSTRAP_TIMEOUT with a hint, never touching the cluster;
+#   - otherwise all nodes are empty: `redis-cli --cluster create` makes
+#     N / (REDIS_REPLICAS + 1) masters with REDIS_REPLICAS replicas each, then it waits until every
+#     node reports cluster_state:ok.
+# So running it again (the Job re-applied, a retried pod) is always safe.
+#
+# Settings (environment):
+#   REDIS_NODES              required: host:port of every node, comma- or space-separated
+#   REDIS_REPLICAS           replicas per master (1)
+#   REDIS_BOOTSTRAP_TIMEOUT  seconds to wait for the nodes and for cluster_state:ok (600)
+#   REDIS_POLL_INTERVAL      seconds between checks (2)
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=redis-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/redis-lib.sh"
+
+: "${REDIS_NODES:?set REDIS_NODES to host:port of every node}"
+REDIS_REPLICAS="${REDIS_REPLICAS:-1}"
+REDIS_BOOTSTRAP_TIMEOUT="${REDIS_BOOTSTRAP_TIMEOUT:-600}"
+REDIS_POLL_INTERVAL="${REDIS_POLL_INTERVAL:-2}"
+
+read -r -a nodes <<<"${REDIS_NODES//,/ }"
+need=$((3 * (REDIS_REPLICAS + 1)))
+((${#nodes[@]} >= need)) ||
+    die "${#nodes[@]} nodes listed; $REDIS_REPLICAS replica(s) per master needs at least $need (3 masters)"
+deadline=$((SECONDS + REDIS_BOOTSTRAP_TIMEOUT))
+
+# cluster_info IP PORT: CLUSTER INFO of one node ("" when it does not answer)
+cluster_info() {
+    rcli -h "$1" -p "$2" cluster info 2>/dev/null | tr -d '\r' || true
+}
+
+# wait_ok IP:PORT...: wait until every given node reports cluster_state:ok
+wait_ok() {
+    local a info pending
+    while :; do
+        pending=""
+        for a in "$@"; do
+            info=$(cluster_info "${a%:*}" "${a##*:}")
+            [[ $(info_field "$info" cluster_state) == ok ]] || pending+=" $a"
+        done
+        [[ -z $pending ]] && return 0
+        ((SECONDS < deadline)) || {
+            log "cluster_state is not ok on:$pending"
+            return 1
+        }
+        sleep "$REDIS_POLL_INTERVAL"
+    done
+}
+
+# 1. Wait for every node; stop early if any of them is already part of a cluster.
+while :; do
+    addrs=()
+    waiting=""
+    for node in "${nodes[@]}"; do
+        host=${node%:*}
+        port=${node##*:}
+        ip=$(resolve "$host")
+        if [[ -z $ip || $(rcli -h "$ip" -p "$port" ping 2>/dev/null | tr -d '\r') != PONG ]]; then
+            waiting+=" $node"
+            continue
+        fi
+        addrs+=("$ip:$port")
+        info=$(cluster_info "$ip" "$port")
+        [[ -n $(info_field "$info" cluster_state) ]] || die "$node is not running in cluster mode"
+        known=$(info_field "$info" cluster_known_nodes)
+        assigned=$(info_field "$info" cluster_slots_assigned)
+        if ((${known:-1} > 1 || ${assigned:-0} > 0)); then
+            log "already formed: $node knows $known nodes and $assigned slots are assigned; nothing to do"
+            if wait_ok "$ip:$port"; then
+                log "cluster_state:ok"
+                exit 0
+            fi
+            die "the cluster exists but is not ok; inspect it with: redis-cli --cluster check $ip:$port" \
+                "(and redis-cli --cluster fix $ip:$port if slots are open or uncovered)"
+        fi
+    done
+    [[ -z $waiting ]] && break
+    ((SECONDS < deadline)) || die "no answer within ${REDIS_BOOTSTRAP_TIMEOUT}s from:$waiting"
+    log "waiting for:$waiting"
+    sleep "$REDIS_POLL_INTERVAL"
+done
+
+# 2. Every node answers and none is in a cluster: create it.
+log "creating the cluster: ${#addrs[@]} nodes, $REDIS_REPLICAS replica(s) per master: ${addrs[*]}"
+rcli --cluster create "${addrs[@]}" --cluster-replicas "$REDIS_REPLICAS" --cluster-yes
+
+# 3. Wait until every node agrees.
+wait_ok "${addrs[@]}" || die "the cluster was created but did not reach cluster_state:ok in time"
+rcli --cluster check "${addrs[0]}" >/dev/null || die "redis-cli --cluster check ${addrs[0]} failed"
+log "cluster formed: cluster_state:ok on all ${#addrs[@]} nodes"

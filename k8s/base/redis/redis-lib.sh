@@ -1,0 +1,70 @@
+# shellcheck shell=bash
+# Helpers shared by redis-node.sh, cluster-bootstrap.sh and redis-probe.sh (sourced, not run).
+#
+# Everything is driven by environment variables so the same files run in the pods and, in
+# tests/test_k8s_scripts.py, against redis-server processes on loopback addresses:
+#   REDIS_CLI         redis-cli binary (default: redis-cli on PATH)
+#   REDIS_HOSTS_FILE  resolve host names from this /etc/hosts-style file instead of DNS (tests only)
+
+REDIS_CLI="${REDIS_CLI:-redis-cli}"
+
+log() {
+    printf '%s %s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${0##*/}" "$*" >&2
+}
+
+die() {
+    log "ERROR: $*"
+    exit 1
+}
+
+rcli() {
+    "$REDIS_CLI" "$@"
+}
+
+# resolve NAME: print the address NAME resolves to now (nothing when it does not resolve).
+# An IP address resolves to itself. In the pods the headless Service publishes every pod's name,
+# even before it is ready (publishNotReadyAddresses), so a restarted pod's new IP shows up at once.
+resolve() {
+    local name=$1
+    if [[ $name =~ ^[0-9]+(\.[0-9]+){3}$ || $name == *:* ]]; then
+        printf '%s\n' "$name"
+    elif [[ -n ${REDIS_HOSTS_FILE:-} ]]; then
+        awk -v h="$name" '$1 !~ /^#/ { for (i = 2; i <= NF; i++) if ($i == h) { print $1; exit } }' \
+            "$REDIS_HOSTS_FILE" 2>/dev/null || true
+    else
+        getent hosts "$name" 2>/dev/null | awk 'NR == 1 { print $1 }' || true
+    fi
+}
+
+# info_field TEXT NAME: the value of NAME in the output of INFO / CLUSTER INFO.
+info_field() {
+    printf '%s\n' "$1" | tr -d '\r' | awk -F: -v k="$2" '$1 == k { print $2; exit }'
+}
+
+# shellcheck disable=SC2034  # the NODE_* globals are this function's output, used by the callers
+# split_node_address FIELD: split the address field of a CLUSTER NODES / nodes.conf line,
+# `ip:port@cport[,hostname][,aux=value...]` (IPv6 addresses keep their colons), into the globals
+#   NODE_IP NODE_PORT NODE_CPORT NODE_HOSTNAME NODE_ADDR_SUFFIX (everything after `ip:port@cport`).
+split_node_address() {
+    local field=$1 addr ports
+    addr=${field%%,*}
+    NODE_ADDR_SUFFIX=${field:${#addr}}
+    NODE_HOSTNAME=${NODE_ADDR_SUFFIX#,}
+    NODE_HOSTNAME=${NODE_HOSTNAME%%,*}
+    [[ $NODE_HOSTNAME == *=* ]] && NODE_HOSTNAME=""
+    NODE_IP=${addr%:*}
+    ports=${addr##*:}
+    NODE_PORT=${ports%@*}
+    NODE_CPORT=${ports#*@}
+}
+
+# local_host: the address this node's own redis-cli calls use (the first bind address).
+local_host() {
+    local first
+    read -r first _ <<<"${REDIS_BIND:-0.0.0.0}"
+    case $first in
+        '' | '*' | '-*' | 0.0.0.0) printf '127.0.0.1\n' ;;
+        '::' | '-::*' | '::*') printf '::1\n' ;;
+        *) printf '%s\n' "${first#-}" ;;
+    esac
+}

