@@ -8,6 +8,7 @@ exit code. To add a subcommand, write both and call the adder from `build_parser
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -15,12 +16,24 @@ from shardlb.cluster import STATE_FILE, ClusterError, LocalCluster
 
 DEFAULT_CLUSTER_DIR = Path(".shardlb/cluster")
 
+# Subcommands that live outside the library and own their own argument parsing. They are imported
+# only when run, so the library never depends on the router or the bench code.
+DELEGATED = {
+    "serve": ("router.server", "run the HTTP router under uvicorn (see `shardlb serve --help`)"),
+    "plan": (
+        "bench.plan",
+        "recommend masters, shards and routers from the last bench (see `shardlb plan --help`)",
+    ),
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser for every `shardlb` subcommand."""
     parser = argparse.ArgumentParser(prog="shardlb", description="A sharded leaderboard on Redis Cluster.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_cluster_command(commands)
+    for name, (_, text) in DELEGATED.items():
+        commands.add_parser(name, help=text, add_help=False)
     return parser
 
 
@@ -82,9 +95,14 @@ def cluster_down(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the `shardlb` command line; return the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        delegate = importlib.import_module(DELEGATED[argv[0]][0])
+        code: int = delegate.main(argv[1:])
+        return code
     args = build_parser().parse_args(argv)
     try:
-        code: int = args.func(args)
+        code = args.func(args)
     except ClusterError as e:
         print(f"shardlb: error: {e}", file=sys.stderr)
         return 1
