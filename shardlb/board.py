@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from shardlb.sharding import Layout
 
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow"}
 MAX_FUTURE_MS = 5 * 60_000
+QUARTER_HOUR_MS = 15 * 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,8 @@ class Board:
             keys.shard_prefix(config.id, i, self.layout.physical) for i in range(self.layout.physical)
         ]
         self._dedup_bucket_ms = config.dedup_window_s * 1000 // 4
+        self._period_names = functools.lru_cache(maxsize=4096)(self._names_in_quarter_hour)
+        self._expiry = functools.lru_cache(maxsize=4096)(self._period_expiry)
         # Pages that start within this many rows are cut from a merged top; deeper ones bisect.
         self.shallow = SHALLOW
 
@@ -117,7 +121,7 @@ class Board:
                     units,
                     self.codec.encode_units(points, units),
                     shard,
-                    tuple(periods.names_at(achieved, self.config.periods, self.tz)),
+                    self._period_names(achieved // QUARTER_HOUR_MS),
                 )
             )
         return out
@@ -192,7 +196,12 @@ class Board:
             await self._move_bands(moves)
         return results
 
-    def _expiry(self, name: str) -> int:
+    def _names_in_quarter_hour(self, quarter: int) -> tuple[str, ...]:
+        # Every zone offset in use is a multiple of 15 minutes, so a local day never starts inside
+        # a quarter hour: one lookup serves every result achieved in it.
+        return tuple(periods.names_at(quarter * QUARTER_HOUR_MS, self.config.periods, self.tz))
+
+    def _period_expiry(self, name: str) -> int:
         if name == "total":
             return 0
         kind = periods.first_day(name)[0]

@@ -15,7 +15,7 @@ where ``t`` is the achieved time in resolution units since the board's epoch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardlb.errors import OutOfRange
 
@@ -24,7 +24,7 @@ RESOLUTION_MS = {"s": 1000, "ms": 1}
 MIN_TIME_SPAN_MS = 30 * 86_400_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ScoreCodec:
     """Encode and decode scores for one board's settings. Raises OutOfRange, never wraps or rounds."""
 
@@ -33,6 +33,11 @@ class ScoreCodec:
     tiebreak: str = "earliest"
     resolution: str = "s"
     epoch_ms: int = 0
+    # Derived once: the write path encodes every score, and these sit on its hot loop.
+    points_bits: int = field(init=False, repr=False, compare=False)
+    time_bits: int = field(init=False, repr=False, compare=False)
+    time_max: int = field(init=False, repr=False, compare=False)
+    unit_ms: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.order not in ("desc", "asc"):
@@ -43,29 +48,17 @@ class ScoreCodec:
             raise OutOfRange(f"resolution must be 's' or 'ms', not {self.resolution!r}", "resolution")
         if not 1 <= self.points_max < 2**SCORE_BITS:
             raise OutOfRange("points_max must be between 1 and 2**53 - 1", "points_max")
+        derive = object.__setattr__
+        derive(self, "points_bits", self.points_max.bit_length())
+        derive(self, "time_bits", SCORE_BITS - self.points_bits)
+        derive(self, "time_max", (1 << self.time_bits) - 1)
+        derive(self, "unit_ms", RESOLUTION_MS[self.resolution])
         if self.time_max * self.unit_ms < MIN_TIME_SPAN_MS:
             raise OutOfRange(
                 f"points_max {self.points_max} leaves {self.time_bits} bits of time, under 30 days "
                 f"at resolution {self.resolution!r}; lower points_max or use resolution 's'",
                 "points_max",
             )
-
-    @property
-    def points_bits(self) -> int:
-        return self.points_max.bit_length()
-
-    @property
-    def time_bits(self) -> int:
-        return SCORE_BITS - self.points_bits
-
-    @property
-    def time_max(self) -> int:
-        """The largest time value in resolution units since the epoch."""
-        return (1 << self.time_bits) - 1
-
-    @property
-    def unit_ms(self) -> int:
-        return RESOLUTION_MS[self.resolution]
 
     @property
     def last_ms(self) -> int:
