@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys, periods, times
@@ -181,7 +182,7 @@ class Board:
             len(dedup),
             *dedup,
             *expiry,
-            *items,
+            msgpack.packb(items),
         ]
         reply = await self.scripts.write(keys=key_list, args=args)
         results = []

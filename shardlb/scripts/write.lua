@@ -5,7 +5,9 @@
 -- ARGV: mode, time_bits, points_max, order, tiebreak, now_ms, periods_per_result, version_key_index,
 --       dedup_bucket_count, <dedup key indices: older buckets first, current bucket last>,
 --       <expiry ms for each KEYS[i], i = 1..#KEYS, 0 = never>,
---       then per result: player, score, points, time_units, dedup_member, <period key indices, total first>
+--       then ONE MessagePack array, flat: per result player, score, points, time_units, dedup_member,
+--       <period key indices, total first>. (One packed argument instead of thousands: the client
+--       spends most of its time encoding arguments one by one.)
 -- Returns per result: status (i improved, u unchanged, d duplicate, o overflow), total score after,
 --       version (band boards, 0 when the total did not change), total score before ('' when none).
 -- Scores are integers below 2^53, which Lua doubles hold exactly; they are formatted with %.0f
@@ -23,7 +25,8 @@ local ndd = tonumber(ARGV[9])
 local dd = {}
 for i = 1, ndd do dd[i] = KEYS[tonumber(ARGV[9 + i])] end
 local exp_base = 9 + ndd
-local pos = exp_base + #KEYS + 1
+local items = cmsgpack.unpack(ARGV[exp_base + #KEYS + 1])
+local pos = 1
 local tmax = T - 1
 
 local function fmt(x) return string.format('%.0f', x) end
@@ -47,11 +50,12 @@ end
 
 local touched = {}
 local out = {}
-while pos <= #ARGV do
-  local player, score_text, score = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 1])
-  local points, units, member = tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3]), ARGV[pos + 4]
+while pos <= #items do
+  local player, score = items[pos], items[pos + 1]
+  local score_text = fmt(score)
+  local points, units, member = items[pos + 2], items[pos + 3], items[pos + 4]
   local pk = {}
-  for j = 1, P do pk[j] = tonumber(ARGV[pos + 4 + j]) end
+  for j = 1, P do pk[j] = items[pos + 4 + j] end
   pos = pos + 5 + P
   local total = KEYS[pk[1]]
   local before = zscore(total, player)
