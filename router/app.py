@@ -1,0 +1,79 @@
+"""The Starlette application: routes, the one middleware, error handlers and the worker lifespan."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from redis import exceptions as rx
+from redis.utils import HIREDIS_AVAILABLE
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from router import logs, metrics, probes, routes
+from router.errors import ApiError, to_api_error
+from router.media import error_response
+from router.middleware import Observe
+from router.service import Service
+from router.settings import Settings
+from shardlb.errors import ShardlbError
+
+log = logging.getLogger("shardlb.router")
+HIREDIS_WARNING = (
+    "hiredis is NOT available: redis-py falls back to its pure-Python reply parser, several times "
+    "slower; install hiredis>=3.2 (pip install 'redis[hiredis]')"
+)
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    error = to_api_error(exc)
+    if error.status >= 500:
+        request.state.cause = exc  # the access middleware logs its traceback with the request id
+    return error_response(request, error)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    message = "no such route" if exc.status_code == 404 else str(exc.detail)
+    return error_response(request, ApiError(exc.status_code, code, message, headers=dict(exc.headers or {})))
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """The router app. Settings come from the environment when not given (uvicorn's factory call)."""
+    settings = settings if settings is not None else Settings.from_env()
+    logs.configure(settings.log_level)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if not HIREDIS_AVAILABLE:
+            log.warning(HIREDIS_WARNING)
+        app.state.service = await Service.start(settings)
+        log.info("router ready", extra={"fields": {"pid": os.getpid(), "redis_url": settings.redis_url}})
+        try:
+            yield
+        finally:
+            await app.state.service.stop()
+            metrics.worker_exit(os.getpid())
+
+    app = Starlette(
+        routes=[*routes.ROUTES, *probes.ROUTES],
+        middleware=[Middleware(Observe, access_log=settings.access_log)],
+        exception_handlers={
+            ApiError: _api_error,
+            ShardlbError: _api_error,
+            rx.RedisError: _api_error,
+            rx.RedisClusterException: _api_error,
+            HTTPException: _http_error,
+        },
+        lifespan=lifespan,
+    )
+    # A trailing slash is another path, answered 404, not a redirect that clients would follow blindly.
+    app.router.redirect_slashes = False
+    return app

@@ -1,0 +1,97 @@
+"""Bearer keys and their scopes: admin > write > read, each including the ones below it.
+
+Keys come from SHARDLB_ADMIN_KEYS / SHARDLB_WRITE_KEYS / SHARDLB_READ_KEYS. A presented key is
+hashed and compared with every configured key's hash by ``hmac.compare_digest``, all of them every
+time, so neither the timing of a comparison nor the position of a match tells an attacker anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from enum import IntEnum
+
+from starlette.datastructures import Headers
+
+from router.errors import ApiError
+from router.settings import Settings
+
+
+class Scope(IntEnum):
+    READ = 1
+    WRITE = 2
+    ADMIN = 3
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: the scope granted and a stable id for rate limiting (no key material)."""
+
+    scope: Scope | None
+    client: str
+
+
+_CHALLENGE = {"www-authenticate": 'Bearer realm="shardlb"'}
+
+
+class Keys:
+    """The configured keys, hashed, and the checks each route asks for."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.open_access = settings.open_access
+        self.reads_require_key = settings.reads_require_key
+        granted: dict[bytes, Scope] = {}
+        for scope, keys in (
+            (Scope.READ, settings.read_keys),
+            (Scope.WRITE, settings.write_keys),
+            (Scope.ADMIN, settings.admin_keys),
+        ):
+            for key in keys:
+                digest = _digest(key)
+                granted[digest] = max(scope, granted.get(digest, scope))  # a key in two lists: the higher
+        self._keys = list(granted.items())
+
+    def scope_of(self, key: str) -> Scope | None:
+        """The scope of ``key``, or None when it is not configured. Constant time in the key."""
+        presented = _digest(key)
+        found = 0
+        for digest, scope in self._keys:
+            # No early exit: every configured key is compared, whichever matches.
+            found |= int(scope) * hmac.compare_digest(digest, presented)
+        return Scope(found) if found else None
+
+    def require(self, headers: Headers, peer: str, need: Scope) -> Caller:
+        """Check the request's key against ``need``: 401 without a valid key, 403 with too small a scope."""
+        header = headers.get("authorization")
+        if self.open_access:
+            return Caller(Scope.ADMIN, f"ip:{peer}")
+        if header is None:
+            if need is Scope.READ and not self.reads_require_key:
+                return Caller(None, f"ip:{peer}")
+            raise ApiError(
+                401,
+                "unauthorized",
+                f"this call needs a {need.name.lower()} key: send 'Authorization: Bearer <key>'",
+                headers=_CHALLENGE,
+            )
+        kind, _, key = header.partition(" ")
+        key = key.strip()
+        if kind.lower() != "bearer" or not key:
+            raise ApiError(
+                401, "unauthorized", "the Authorization header must be 'Bearer <key>'", headers=_CHALLENGE
+            )
+        scope = self.scope_of(key)
+        if scope is None:
+            raise ApiError(401, "unauthorized", "this key is not valid", headers=_CHALLENGE)
+        if scope < need:
+            raise ApiError(
+                403,
+                "forbidden",
+                f"a {scope.name.lower()} key may not do this; it needs a {need.name.lower()} key",
+            )
+        return Caller(scope, "key:" + _digest(key)[:12].hex())
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()

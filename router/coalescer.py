@@ -1,0 +1,219 @@
+"""The write coalescer: scores from concurrent requests, applied with one script call per shard.
+
+Requests hand in validated scores (``Prepared``). Each score joins the queue of its (board, shard)
+group. A tick closes ``delay_s`` after the first score of an idle period arrives, or at once when a
+group reaches ``max_batch``; then every waiting group sends what it holds as ONE ``apply_shard``
+call (up to ``max_batch`` scores). A group has at most one call in flight: scores that arrive
+meanwhile are sent together right after it, so under load batches grow instead of calls, and one
+request's scores for a shard are applied in the order it gave them. Each request waits for its own
+scores only, and gets their statuses in its order.
+
+Back-pressure: at most ``limit`` scores may be accepted and not yet applied; a request that would pass
+it is refused at once (Overloaded, 503 with Retry-After) rather than queued. A semaphore per cluster
+primary bounds the script calls in flight to it, below redis-py's per-node connection cap. ``close``
+refuses new scores and applies everything accepted, within a time bound (SIGTERM drain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from router import metrics
+from router.errors import shutting_down
+from shardlb import keys
+from shardlb.board import Board, Prepared, Result
+from shardlb.errors import Overloaded
+
+log = logging.getLogger("shardlb.router")
+
+
+class _Ticket:
+    """One request's scores: each result lands at its index; the future resolves with all of them."""
+
+    __slots__ = ("future", "remaining", "results")
+
+    def __init__(self, n: int, future: asyncio.Future[list[Result]]) -> None:
+        self.results: list[Result | None] = [None] * n
+        self.remaining = n
+        self.future = future
+
+    def fill(self, index: int, result: Result) -> None:
+        self.results[index] = result
+        self.remaining -= 1
+        if self.remaining == 0 and not self.future.done():
+            self.future.set_result([r for r in self.results if r is not None])
+
+    def fail(self, exc: BaseException) -> None:
+        # A request whose scores span shards fails as a whole on the first failed shard call; the
+        # calls that did succeed stay applied (shards are not atomic together; retries are safe).
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+_Item = tuple[Prepared, _Ticket, int]
+_Key = tuple[str, int, int]
+
+
+@dataclass(eq=False)
+class _Group:
+    key: _Key
+    board: Board
+    shard: int
+    queue: deque[_Item] = field(default_factory=deque)
+    running: bool = False
+
+
+def primary_of(board: Board, shard: int) -> str:
+    """The name of the primary that serves ``shard`` of ``board`` in the client's slot map."""
+    try:
+        return str(board.client.nodes_manager.get_node_from_slot(keys.slot_of(board.prefixes[shard])).name)
+    except Exception:
+        return "unknown"  # slot map being refreshed: share one bound until it is known again
+
+
+class Coalescer:
+    """Batches scores per (board, shard); see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        delay_s: float = 0.0015,
+        max_batch: int = 500,
+        limit: int = 20_000,
+        node_concurrency: int = 16,
+        node_of: Callable[[Board, int], str] = primary_of,
+    ) -> None:
+        self.delay_s = delay_s
+        self.max_batch = max_batch
+        self.limit = limit
+        self.node_concurrency = node_concurrency
+        self.node_of = node_of
+        self.closing = False
+        self._groups: dict[_Key, _Group] = {}
+        self._nodes: dict[str, asyncio.Semaphore] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._depth = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def depth(self) -> int:
+        """Scores accepted and not yet applied."""
+        return self._depth
+
+    async def submit(self, board: Board, prepared: Sequence[Prepared]) -> list[Result]:
+        """Queue validated scores of one request; return their results in order once all are applied.
+
+        Raises Overloaded at once when the queue is full, ApiError 503 when the router is closing,
+        and the error of a failed shard call (scores on other shards may then have been applied).
+        """
+        if self.closing:
+            metrics.REJECTED.labels("shutting_down").inc()
+            raise shutting_down()
+        n = len(prepared)
+        if n == 0:
+            return []
+        if self._depth + n > self.limit:
+            metrics.REJECTED.labels("queue_full").inc()
+            raise Overloaded(f"the write queue is full ({self._depth} scores waiting); retry shortly", 1.0)
+        loop = asyncio.get_running_loop()
+        ticket = _Ticket(n, loop.create_future())
+        self._count(n)
+        config_id = id(board.config)
+        for i, p in enumerate(prepared):
+            key = (board.config.id, p.shard, config_id)
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = _Group(key, board, p.shard)
+            group.queue.append((p, ticket, i))
+            if len(group.queue) >= self.max_batch and not group.running:
+                self._start(group)
+        if self._timer is None:
+            self._timer = loop.call_later(self.delay_s, self._tick)
+        return await ticket.future
+
+    async def close(self, timeout: float) -> int:
+        """Refuse new scores, apply every accepted one within ``timeout`` s; return how many were not."""
+        self.closing = True
+        self._tick()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        left = self._depth
+        if left:
+            log.error("coalescer drain timed out", extra={"fields": {"scores_not_applied": left}})
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        return left
+
+    def _tick(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+        for group in list(self._groups.values()):
+            if group.queue and not group.running:
+                self._start(group)
+
+    def _start(self, group: _Group) -> None:
+        group.running = True
+        task = asyncio.create_task(self._run(group))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, group: _Group) -> None:
+        try:
+            while group.queue:
+                size = min(len(group.queue), self.max_batch)
+                batch = [group.queue.popleft() for _ in range(size)]
+                await self._apply(group, batch)
+        finally:
+            group.running = False
+            if not group.queue and self._groups.get(group.key) is group:
+                del self._groups[group.key]
+
+    async def _apply(self, group: _Group, batch: list[_Item]) -> None:
+        node = self.node_of(group.board, group.shard)
+        bound = self._nodes.get(node)
+        if bound is None:
+            bound = self._nodes[node] = asyncio.Semaphore(self.node_concurrency)
+        try:
+            async with bound, metrics.redis_call("apply"):
+                results = await group.board.apply_shard(group.shard, [item[0] for item in batch])
+        except BaseException as e:
+            failure = shutting_down() if isinstance(e, asyncio.CancelledError) else e
+            for _, ticket, _ in batch:
+                ticket.fail(failure)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            log.warning(
+                "shard write failed",
+                extra={
+                    "fields": {
+                        "board": group.board.config.id,
+                        "shard": group.shard,
+                        "scores": len(batch),
+                        "error": repr(e),
+                    }
+                },
+            )
+        else:
+            metrics.BATCH_SIZE.observe(len(batch))
+            for (_, ticket, index), result in zip(batch, results, strict=True):
+                ticket.fill(index, result)
+            for status, count in Counter(r.status for r in results).items():
+                metrics.SCORES.labels(status).inc(count)
+        finally:
+            self._count(-len(batch))
+
+    def _count(self, delta: int) -> None:
+        self._depth += delta
+        metrics.QUEUE_DEPTH.set(self._depth)
+        if self._depth:
+            self._idle.clear()
+        else:
+            self._idle.set()

@@ -1,0 +1,171 @@
+"""Rank estimates from per-shard score histograms held in RAM (``estimate=true`` on player reads).
+
+For each view asked about, every shard of the view is sampled by ``sample.lua``: its size and the rows
+at ranks 0, s, 2s, ..., last (an equi-depth histogram: each bucket holds the same number of players,
+so the error is even over the whole board). A row (score, player) then has, in each shard, a number
+of players ahead between L (one past the rank of the worst sampled row above it) and U (the rank of
+the best sampled row not above it), and its board rank lies in [1 + sum L, 1 + sum U]. The estimate is
+the middle of that interval and ``rank_error`` half its width, rounded up: a guaranteed bound on the
+distance from the exact rank *as of the snapshot* (``as_of``). Writes after ``as_of`` are not in it.
+
+With ``samples`` K per shard the error is at most about N / (2K) for a board of N players, whatever
+the number of shards; shards of at most K + 1 players are sampled whole, so small boards are exact.
+The snapshots are refreshed every ``refresh_s`` seconds by one task per worker, and dropped when idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from importlib import resources
+
+from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
+
+from router import metrics
+from router.cache import api_period
+from shardlb import times
+from shardlb.board import Board
+from shardlb.merge import Row
+
+log = logging.getLogger("shardlb.router")
+_HIT, _MISS = metrics.CACHE.labels("histogram", "hit"), metrics.CACHE.labels("histogram", "miss")
+MAX_VIEWS = 1_000
+
+_Key = tuple[str, str, str | None]
+
+
+@dataclass(frozen=True)
+class ShardSample:
+    """One shard's size and sampled rows, worst first (ascending, for bisect), with best-first ranks."""
+
+    size: int
+    rows: list[Row]
+    ranks: list[int]
+
+    def ahead(self, row: Row) -> tuple[int, int]:
+        """Bounds (L, U) on how many of this shard's rows rank ahead of ``row``."""
+        i = bisect.bisect_right(self.rows, row)
+        low = self.ranks[i] + 1 if i < len(self.rows) else 0
+        high = self.ranks[i - 1] if i > 0 else self.size
+        return low, high
+
+
+@dataclass(frozen=True)
+class Estimate:
+    rank: int
+    error: int
+    players: int
+    as_of_ms: int
+
+    @property
+    def percentile(self) -> float:
+        return 100.0 * (self.players - self.rank) / self.players if self.players else 0.0
+
+
+@dataclass
+class Snapshot:
+    board: Board
+    shards: list[ShardSample]
+    as_of_ms: int
+    read_at: float
+
+    def estimate(self, row: Row) -> Estimate:
+        """Rank of ``row`` from the samples: the middle of the guaranteed interval, and its half-width."""
+        low = high = 0
+        for shard in self.shards:
+            lo, hi = shard.ahead(row)
+            low += lo
+            high += hi
+        ahead = (low + high) // 2
+        players = max(sum(s.size for s in self.shards), high + 1)
+        return Estimate(ahead + 1, max(ahead - low, high - ahead), players, self.as_of_ms)
+
+
+def parse_sample(reply: list[object]) -> ShardSample:
+    """``sample.lua``'s flat reply as a ShardSample."""
+    size = int(str(reply[0]))
+    members, scores, ranks = reply[1::3], reply[2::3], reply[3::3]
+    rows = [(float(str(s)), str(m)) for m, s in zip(members, scores, strict=True)][::-1]
+    return ShardSample(size, rows, [int(str(r)) for r in ranks][::-1])
+
+
+class Histograms:
+    """Per-worker equi-depth histograms of the views read with ``estimate=true``."""
+
+    def __init__(
+        self, client: RedisCluster, samples: int = 1024, refresh_s: float = 5.0, idle_s: float = 300.0
+    ) -> None:
+        self.script: AsyncScript = client.register_script(
+            resources.files("router").joinpath("sample.lua").read_text()
+        )
+        self.samples = samples
+        self.refresh_s = refresh_s
+        self.idle_s = idle_s
+        self._views: dict[_Key, Snapshot] = {}
+        self._loading: dict[_Key, asyncio.Future[Snapshot]] = {}
+
+    async def load_script(self, client: RedisCluster) -> None:
+        """Put the sampling script on every primary (at start-up, with the library's scripts)."""
+        self.script.sha = await client.script_load(self.script.script)
+
+    async def estimate(self, board: Board, period: str, region: str | None, row: Row) -> Estimate:
+        """The estimated rank of ``row`` in a view, from the kept snapshot (built on first use)."""
+        key = (board.config.id, period, region)
+        kept = self._views.get(key)
+        if kept is not None and (kept.board is board or kept.board.config == board.config):
+            _HIT.inc()
+            kept.read_at = time.monotonic()
+            return kept.estimate(row)
+        _MISS.inc()
+        loading = self._loading.get(key)
+        if loading is None or loading.done():
+            loading = self._loading[key] = asyncio.ensure_future(self._load(key, board))
+        try:
+            snapshot = await asyncio.shield(loading)
+        finally:
+            if loading.done() and self._loading.get(key) is loading:
+                del self._loading[key]
+        return snapshot.estimate(row)
+
+    async def run(self) -> None:
+        """Refresh every kept snapshot forever, dropping idle ones and ones that keep failing."""
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            now = time.monotonic()
+            for key, kept in list(self._views.items()):
+                if now - kept.read_at > self.idle_s:
+                    self._views.pop(key, None)
+            keys = list(self._views)
+            outcomes = await asyncio.gather(
+                *(self._load(key, self._views[key].board) for key in keys), return_exceptions=True
+            )
+            for key, outcome in zip(keys, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    # A snapshot that cannot be refreshed would state a bound for an ever older board.
+                    self._views.pop(key, None)
+                    log.warning(
+                        "histogram refresh failed", extra={"fields": {"view": key, "error": repr(outcome)}}
+                    )
+
+    async def _load(self, key: _Key, board: Board) -> Snapshot:
+        as_of = times.now_ms()
+        view = board.view(api_period(key[1]), key[2])
+        async with metrics.redis_call("histogram"):
+            replies = await asyncio.gather(*(self.script(keys=[k], args=[self.samples]) for k in view.keys))
+        previous = self._views.get(key)
+        snapshot = Snapshot(
+            board,
+            [parse_sample(r) for r in replies],
+            as_of,
+            previous.read_at if previous is not None else time.monotonic(),
+        )
+        if previous is None and len(self._views) >= MAX_VIEWS:
+            with contextlib.suppress(ValueError):
+                self._views.pop(min(self._views, key=lambda k: self._views[k].read_at))
+        self._views[key] = snapshot
+        return snapshot

@@ -1,0 +1,124 @@
+"""Request and response bodies: JSON or MessagePack, by Content-Type in and by Accept out.
+
+Responses are rendered by orjson or msgpack straight to bytes. A request body is read with a byte cap
+(413 past it) before it is decoded, so an oversized upload never reaches the parser.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from router.errors import ApiError
+from shardlb import times
+from shardlb.board import Entry
+
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+# application/x-msgpack and vnd.msgpack are what older clients send for the same format.
+_MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
+_JSON_TYPES = frozenset({JSON, "application/*", "*/*"})
+
+
+def wants_msgpack(accept: str | None) -> bool:
+    """True when Accept prefers MessagePack over JSON (q-values honoured; JSON wins ties and absence)."""
+    if not accept:
+        return False
+    best_json = best_msgpack = -1.0
+    for part in accept.split(","):
+        media, _, params = part.strip().partition(";")
+        media = media.strip().lower()
+        q = 1.0
+        for param in params.split(";"):
+            name, _, value = param.strip().partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if media in _MSGPACK_TYPES:
+            best_msgpack = max(best_msgpack, q)
+        elif media in _JSON_TYPES or media.endswith("+json"):
+            best_json = max(best_json, q)
+    return best_msgpack > 0 and best_msgpack > best_json
+
+
+def entry_body(entry: Entry) -> dict[str, Any]:
+    """An entry as api.md spells it (``achieved_at`` in RFC 3339)."""
+    return {
+        "rank": entry.rank,
+        "player_id": entry.player_id,
+        "points": entry.points,
+        "achieved_at": times.format_ms(entry.achieved_ms),
+    }
+
+
+def encode(data: Any, msgpack_body: bool) -> bytes:
+    return msgpack.packb(data, use_bin_type=True) if msgpack_body else orjson.dumps(data)
+
+
+def render(request: Request, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """``data`` rendered in the format the request's Accept header asks for."""
+    packed = wants_msgpack(request.headers.get("accept"))
+    return Response(encode(data, packed), status, headers, MSGPACK if packed else JSON)
+
+
+def error_response(request: Request, error: ApiError) -> Response:
+    """The error body; remembered in the request state so the access middleware can log it."""
+    request.state.error = error
+    return render(request, error.body(), error.status, error.headers)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused with 413 once it passes ``limit`` bytes (declared or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect as e:  # nobody will read the answer; keep it out of the 5xx logs
+        raise ApiError(400, "malformed_body", "the client closed the connection before the body ended") from e
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, "body_too_large", f"the request body is larger than {limit} bytes")
+
+
+def decode(body: bytes, content_type: str | None, empty: Any = None) -> Any:
+    """Decode a request body by its Content-Type: 415 for other types, 400 when it does not parse.
+
+    A missing Content-Type is read as JSON (curl-friendly); an empty body is ``empty`` when given.
+    """
+    media = (content_type or JSON).partition(";")[0].strip().lower()
+    if media not in _MSGPACK_TYPES and media != JSON and not media.endswith("+json"):
+        raise ApiError(
+            415, "unsupported_media_type", f"send {JSON} or {MSGPACK}, not {media or 'an empty Content-Type'}"
+        )
+    if not body.strip() and empty is not None:
+        return empty
+    try:
+        if media in _MSGPACK_TYPES:
+            return msgpack.unpackb(body, raw=False, strict_map_key=True)
+        return orjson.loads(body)
+    except Exception as e:  # only decoding is inside the try: any failure is a malformed body
+        kind = "MessagePack" if media in _MSGPACK_TYPES else "JSON"
+        raise ApiError(400, "malformed_body", f"the body is not valid {kind}: {e}") from e
+
+
+async def read_object(request: Request, limit: int, empty: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Read, cap and decode a body that must be a JSON/MessagePack object (map)."""
+    data = decode(await read_body(request, limit), request.headers.get("content-type"), empty)
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_body", "the body must be an object")
+    return data

@@ -1,0 +1,95 @@
+"""Prometheus metrics of the router, and the /metrics rendering.
+
+With several workers, ``router.server`` points PROMETHEUS_MULTIPROC_DIR at a fresh directory before
+any worker starts, and /metrics then sums every worker's values (prometheus-client multiprocess
+mode), so a scrape sees the whole process group whichever worker answers it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+from router.errors import redis_error_kind
+from shardlb.errors import ShardlbError
+
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+REQUEST_SECONDS = Histogram(
+    "shardlb_http_request_duration_seconds",
+    "Time to answer an HTTP request, by route template.",
+    ["method", "route"],
+    buckets=_FAST,
+)
+RESPONSES = Counter(
+    "shardlb_http_responses_total", "HTTP responses by route and status.", ["route", "status"]
+)
+SCORES = Counter(
+    "shardlb_scores_applied_total", "Scores applied to the cluster, by result status.", ["status"]
+)
+BATCH_SIZE = Histogram(
+    "shardlb_coalescer_batch_size",
+    "Scores per shard script call made by the write coalescer.",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000),
+)
+QUEUE_DEPTH = Gauge(
+    "shardlb_coalescer_queue_depth",
+    "Scores accepted by the coalescer and not yet applied.",
+    multiprocess_mode="livesum",
+)
+REJECTED = Counter("shardlb_coalescer_rejected_total", "Write requests refused by back-pressure.", ["reason"])
+REDIS_SECONDS = Histogram(
+    "shardlb_redis_call_duration_seconds",
+    "Time of the router's calls to the cluster, by operation.",
+    ["op"],
+    buckets=_FAST,
+)
+REDIS_ERRORS = Counter(
+    "shardlb_redis_errors_total", "Failed cluster calls, by operation and error kind.", ["op", "kind"]
+)
+CACHE = Counter(
+    "shardlb_cache_requests_total", "Read cache lookups, by cache and result.", ["cache", "result"]
+)
+RATE_LIMITED = Counter("shardlb_rate_limited_total", "Reads refused by the per-client rate limit.")
+
+
+@asynccontextmanager
+async def redis_call(op: str) -> AsyncIterator[None]:
+    """Time a cluster call and count its failure by kind."""
+    start = time.perf_counter()
+    try:
+        yield
+    except Exception as e:
+        if not isinstance(e, ShardlbError):  # a missing board or player is an answer, not a failure
+            REDIS_ERRORS.labels(op, redis_error_kind(e)).inc()
+        raise
+    finally:
+        REDIS_SECONDS.labels(op).observe(time.perf_counter() - start)
+
+
+def render() -> tuple[bytes, str]:
+    """The metrics text and its content type: every worker's values in multiprocess mode."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def worker_exit(pid: int) -> None:
+    """Drop a finished worker's live gauges in multiprocess mode."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

@@ -1,0 +1,551 @@
+"""The OpenAPI 3.1 document of every route, body and error, served at /openapi.json.
+
+Written as data. Every body is offered as JSON and as MessagePack with the same schema; every error is
+the ``Error`` body. Additions to api.md are marked "Addition" in their descriptions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ID_PATTERN = r"^[A-Za-z0-9_\-.:]{1,64}$"
+MEDIA = ("application/json", "application/msgpack")
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _content(schema: dict[str, Any]) -> dict[str, Any]:
+    return {media: {"schema": schema} for media in MEDIA}
+
+
+def _ok(description: str, schema_name: str) -> dict[str, Any]:
+    return {"description": description, "content": _content(_ref(schema_name))}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in statuses}
+
+
+def _param(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/parameters/{name}"}
+
+
+_ID = {"type": "string", "pattern": ID_PATTERN, "minLength": 1, "maxLength": 64}
+_TIME_IN = {
+    "oneOf": [
+        {"type": "string", "format": "date-time", "description": "RFC 3339 with an offset"},
+        {"type": "integer", "minimum": 0, "description": "epoch milliseconds"},
+    ]
+}
+_TIME_OUT = {"type": "string", "format": "date-time"}
+# A board or player id of "." or ".." is valid, but clients resolve it as a path segment (RFC 3986)
+# unless it is percent-encoded, and the request then reaches another route or none: 404 or 405.
+_PATH = (404, 405)
+_READ_ERRORS = (401, 403, *_PATH, 422, 429, 503)
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message", "field"],
+                "properties": {
+                    "code": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"},
+                    "message": {"type": "string"},
+                    "field": {
+                        "type": ["string", "null"],
+                        "description": "the offending field, e.g. scores[3].points, or null",
+                    },
+                },
+            }
+        },
+    },
+    "Sharding": {
+        "oneOf": [
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["strategy"],
+                "properties": {
+                    "strategy": {"const": "hash"},
+                    "shards": {"type": "integer", "minimum": 1, "maximum": 1024},
+                },
+            },
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["strategy", "regions"],
+                "properties": {
+                    "strategy": {"const": "region"},
+                    "regions": {"type": "array", "items": _ID, "minItems": 1, "uniqueItems": True},
+                    "shards_per_region": {"type": "integer", "minimum": 1, "maximum": 1024},
+                },
+            },
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["strategy", "bands"],
+                "properties": {
+                    "strategy": {"const": "band"},
+                    "bands": {
+                        "type": "array",
+                        "items": {"type": "integer", "minimum": 0},
+                        "minItems": 1,
+                        "maxItems": 256,
+                        "description": "increasing band starts, the first 0",
+                    },
+                    "shards": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": 1023,
+                        "description": "Addition: hash shards that hold the players' records",
+                    },
+                },
+            },
+        ]
+    },
+    "BoardSettings": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "Board settings; every field is optional on PUT.",
+        "properties": {
+            "board": {**_ID, "description": "must equal the path's board id when given"},
+            "mode": {"enum": ["best", "incr", "set"], "default": "best"},
+            "order": {"enum": ["desc", "asc"], "default": "desc"},
+            "tiebreak": {"enum": ["earliest", "latest"], "default": "earliest"},
+            "periods": {
+                "type": "array",
+                "items": {"enum": ["total", "daily", "weekly", "monthly"]},
+                "default": ["total"],
+            },
+            "timezone": {"type": "string", "default": "UTC", "description": "IANA name"},
+            "retention_days": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    k: {"type": "integer", "minimum": 0, "maximum": 36500}
+                    for k in ("daily", "weekly", "monthly")
+                },
+            },
+            "points_max": {"type": "integer", "minimum": 1, "maximum": 2**53 - 1, "default": 2097151},
+            "epoch": _TIME_IN,
+            "resolution": {
+                "enum": ["s", "ms"],
+                "default": "s",
+                "description": "Addition: the time resolution of the tie-break",
+            },
+            "dedup_window_s": {
+                "type": "integer",
+                "minimum": 60,
+                "maximum": 2592000,
+                "default": 86400,
+                "description": "Addition: how long incr boards remember a match",
+            },
+            "sharding": _ref("Sharding"),
+        },
+    },
+    "Board": {
+        "type": "object",
+        "required": [
+            "board",
+            "mode",
+            "order",
+            "tiebreak",
+            "periods",
+            "timezone",
+            "retention_days",
+            "points_max",
+            "epoch",
+            "resolution",
+            "dedup_window_s",
+            "sharding",
+        ],
+        "properties": {
+            "board": _ID,
+            "mode": {"enum": ["best", "incr", "set"]},
+            "order": {"enum": ["desc", "asc"]},
+            "tiebreak": {"enum": ["earliest", "latest"]},
+            "periods": {"type": "array", "items": {"enum": ["total", "daily", "weekly", "monthly"]}},
+            "timezone": {"type": "string"},
+            "retention_days": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "points_max": {"type": "integer"},
+            "epoch": _TIME_OUT,
+            "resolution": {"enum": ["s", "ms"]},
+            "dedup_window_s": {"type": "integer"},
+            "sharding": {"type": "object", "required": ["strategy"]},
+        },
+    },
+    "BoardWithPlayers": {
+        "allOf": [
+            _ref("Board"),
+            {
+                "type": "object",
+                "required": ["players"],
+                "properties": {
+                    "players": {
+                        "type": "object",
+                        "description": "players per kept period (the current one)",
+                        "required": ["total"],
+                        "additionalProperties": {"type": "integer", "minimum": 0},
+                    }
+                },
+            },
+        ]
+    },
+    "BoardList": {
+        "type": "object",
+        "required": ["boards"],
+        "properties": {"boards": {"type": "array", "items": _ref("Board")}},
+    },
+    "Score": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["player_id", "points", "match_id"],
+        "properties": {
+            "player_id": _ID,
+            "points": {"type": "integer", "minimum": 0, "description": "at most the board's points_max"},
+            "match_id": {"type": "string", "minLength": 1, "maxLength": 128},
+            "achieved_at": _TIME_IN,
+            "region": {**_ID, "description": "required on region boards, ignored elsewhere"},
+        },
+    },
+    "ScoresRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["scores"],
+        "properties": {"scores": {"type": "array", "maxItems": 1000, "items": _ref("Score")}},
+    },
+    "ScoreResult": {
+        "type": "object",
+        "required": ["player_id", "match_id", "status", "points"],
+        "properties": {
+            "player_id": _ID,
+            "match_id": {"type": "string"},
+            "status": {
+                "enum": ["improved", "unchanged", "duplicate", "overflow"],
+                "description": "Addition: 'overflow' (incr boards) when the sum would pass points_max; "
+                "nothing was written for that score.",
+            },
+            "points": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "the player's total after the write (0 when they have none)",
+            },
+        },
+    },
+    "ScoresResponse": {
+        "type": "object",
+        "required": ["results"],
+        "properties": {"results": {"type": "array", "items": _ref("ScoreResult")}},
+    },
+    "Entry": {
+        "type": "object",
+        "required": ["rank", "player_id", "points", "achieved_at"],
+        "properties": {
+            "rank": {"type": "integer", "minimum": 1},
+            "player_id": _ID,
+            "points": {"type": "integer", "minimum": 0},
+            "achieved_at": _TIME_OUT,
+        },
+    },
+    "Page": {
+        "type": "object",
+        "required": ["board", "period", "entries", "as_of"],
+        "properties": {
+            "board": _ID,
+            "period": {"type": "string", "description": "the period read, e.g. daily:2026-11-30"},
+            "entries": {"type": "array", "items": _ref("Entry")},
+            "as_of": {**_TIME_OUT, "description": "when these entries were read from the cluster"},
+        },
+    },
+    "Player": {
+        "type": "object",
+        "required": ["player_id", "rank", "points", "achieved_at", "players", "percentile"],
+        "properties": {
+            "player_id": _ID,
+            "rank": {"type": "integer", "minimum": 1},
+            "points": {"type": "integer", "minimum": 0},
+            "achieved_at": _TIME_OUT,
+            "players": {"type": "integer", "minimum": 0},
+            "percentile": {"type": "number", "minimum": 0, "maximum": 100},
+            "rank_error": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "estimate=true only: the exact rank (as of as_of) is within rank ± rank_error",
+            },
+            "as_of": {**_TIME_OUT, "description": "Addition, estimate=true only: the histogram's time"},
+        },
+    },
+    "Entries": {
+        "type": "object",
+        "required": ["entries"],
+        "properties": {
+            "board": _ID,
+            "period": {"type": "string"},
+            "entries": {"type": "array", "items": _ref("Entry")},
+        },
+    },
+    "Query": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["player_ids"],
+        "properties": {
+            "player_ids": {"type": "array", "maxItems": 1000, "items": _ID},
+            "period": {"type": "string", "default": "total"},
+            "region": _ID,
+        },
+    },
+    "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
+}
+
+_ERROR_TEXT = {
+    400: "Malformed body: not valid JSON or MessagePack (code malformed_body).",
+    401: "Missing or unknown key (code unauthorized).",
+    403: "The key's scope does not allow this (code forbidden).",
+    404: "Unknown board, player or route (board_not_found, player_not_found, not_found).",
+    405: "Method not allowed on this route (method_not_allowed).",
+    409: "The board exists with other settings (board_conflict).",
+    413: "The body is larger than SHARDLB_MAX_BODY_BYTES (body_too_large).",
+    415: "Content-Type is neither application/json nor application/msgpack (unsupported_media_type).",
+    422: "A well-formed request with an invalid value; `field` names it (e.g. scores[3].points).",
+    429: "This client's read rate limit is used up (rate_limited); see Retry-After.",
+    503: "Overloaded, shutting down, or the cluster is unavailable; see Retry-After.",
+}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "seconds to wait before retrying",
+        "schema": {"type": "integer", "minimum": 1},
+        "required": True,
+    }
+}
+
+
+def _error_response(status: int) -> dict[str, Any]:
+    response: dict[str, Any] = {"description": _ERROR_TEXT[status], "content": _content(_ref("Error"))}
+    if status in (429, 503):
+        response["headers"] = _RETRY_AFTER
+    return response
+
+
+_PARAMETERS: dict[str, Any] = {
+    "board": {"name": "board", "in": "path", "required": True, "schema": _ID},
+    "player": {"name": "player", "in": "path", "required": True, "schema": _ID},
+    "period": {
+        "name": "period",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string", "default": "total"},
+        "description": "total, daily, weekly, monthly (the current one), or daily:2026-11-30, "
+        "weekly:2026-W48, monthly:2026-11",
+    },
+    "region": {
+        "name": "region",
+        "in": "query",
+        "required": False,
+        "schema": _ID,
+        "description": "limit a region board to one region; ignored on other boards",
+    },
+    "limit": {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+    },
+    "offset": {
+        "name": "offset",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 0, "maximum": 10**12, "default": 0},
+    },
+    "radius": {
+        "name": "radius",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 0, "maximum": 100, "default": 5},
+    },
+    "estimate": {
+        "name": "estimate",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "boolean", "default": False},
+        "description": "rank and percentile from the router's in-RAM histograms, with rank_error",
+    },
+}
+
+_ADMIN: list[dict[str, list[str]]] = [{"bearer": []}]
+_WRITE: list[dict[str, list[str]]] = [{"bearer": []}]
+_READ: list[dict[str, list[str]]] = [{}, {"bearer": []}]  # open unless SHARDLB_READS_REQUIRE_KEY
+
+SPEC: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "shardlb",
+        "version": "1",
+        "description": "A sharded leaderboard on Redis Cluster. Bodies are JSON or MessagePack, chosen "
+        "by Content-Type (requests) and Accept (responses). Keys: admin > write > read.",
+    },
+    "servers": [{"url": "/"}],
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": _SCHEMAS,
+        "parameters": _PARAMETERS,
+        "responses": {f"E{s}": _error_response(s) for s in _ERROR_TEXT},
+    },
+    "paths": {
+        "/v1/boards": {
+            "get": {
+                "operationId": "listBoards",
+                "summary": "List boards",
+                "security": _READ,
+                "responses": {
+                    "200": _ok("Every board's settings", "BoardList"),
+                    **_errors(401, 403, 429, 503),
+                },
+            }
+        },
+        "/v1/boards/{board}": {
+            "parameters": [_param("board")],
+            "put": {
+                "operationId": "putBoard",
+                "summary": "Create or confirm a board",
+                "security": _ADMIN,
+                "requestBody": {"required": False, "content": _content(_ref("BoardSettings"))},
+                "responses": {
+                    "200": _ok("An identical board exists", "Board"),
+                    "201": _ok("Created", "Board"),
+                    **_errors(400, 401, 403, *_PATH, 409, 413, 415, 422, 503),
+                },
+            },
+            "get": {
+                "operationId": "getBoard",
+                "summary": "A board's settings and sizes",
+                "security": _READ,
+                "responses": {
+                    "200": _ok("Settings and players per kept period", "BoardWithPlayers"),
+                    **_errors(*_READ_ERRORS),
+                },
+            },
+            "delete": {
+                "operationId": "deleteBoard",
+                "summary": "Remove a board and all its keys",
+                "security": _ADMIN,
+                "responses": {"204": {"description": "Deleted"}, **_errors(401, 403, *_PATH, 422, 503)},
+            },
+        },
+        "/v1/boards/{board}/scores": {
+            "parameters": [_param("board")],
+            "post": {
+                "operationId": "postScores",
+                "summary": "Post match results (at most 1000)",
+                "security": _WRITE,
+                "requestBody": {"required": True, "content": _content(_ref("ScoresRequest"))},
+                "responses": {
+                    "200": _ok("One result per score, in order", "ScoresResponse"),
+                    **_errors(400, 401, 403, *_PATH, 413, 415, 422, 503),
+                },
+            },
+        },
+        "/v1/boards/{board}/top": {
+            "parameters": [_param("board")],
+            "get": {
+                "operationId": "top",
+                "summary": "The top of a board (served from a cache refreshed each second)",
+                "security": _READ,
+                "parameters": [_param("limit"), _param("period"), _param("region")],
+                "responses": {"200": _ok("The best entries", "Page"), **_errors(*_READ_ERRORS)},
+            },
+        },
+        "/v1/boards/{board}/entries": {
+            "parameters": [_param("board")],
+            "get": {
+                "operationId": "entries",
+                "summary": "A page at any depth",
+                "security": _READ,
+                "parameters": [_param("offset"), _param("limit"), _param("period"), _param("region")],
+                "responses": {"200": _ok("Ranks offset+1 .. offset+limit", "Page"), **_errors(*_READ_ERRORS)},
+            },
+        },
+        "/v1/boards/{board}/players/{player}": {
+            "parameters": [_param("board"), _param("player")],
+            "get": {
+                "operationId": "player",
+                "summary": "A player's rank, points and percentile",
+                "security": _READ,
+                "parameters": [_param("period"), _param("region"), _param("estimate")],
+                "responses": {"200": _ok("The player's standing", "Player"), **_errors(*_READ_ERRORS)},
+            },
+        },
+        "/v1/boards/{board}/players/{player}/around": {
+            "parameters": [_param("board"), _param("player")],
+            "get": {
+                "operationId": "around",
+                "summary": "Entries around a player",
+                "security": _READ,
+                "parameters": [_param("radius"), _param("period"), _param("region")],
+                "responses": {
+                    "200": _ok("Up to radius entries above and below, the player included", "Entries"),
+                    **_errors(*_READ_ERRORS),
+                },
+            },
+        },
+        "/v1/boards/{board}/players:query": {
+            "parameters": [_param("board")],
+            "post": {
+                "operationId": "queryPlayers",
+                "summary": "Many players (friends) with global ranks",
+                "security": _READ,
+                "requestBody": {"required": True, "content": _content(_ref("Query"))},
+                "responses": {
+                    "200": _ok("The players with a score, by rank", "Entries"),
+                    **_errors(400, 413, 415, *_READ_ERRORS),
+                },
+            },
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "The process is up",
+                "security": [],
+                "responses": {"200": _ok("Up", "Status")},
+            },
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "security": [],
+                "summary": "Ready: the cluster answers and serves every slot; 503 otherwise or draining",
+                "responses": {"200": _ok("Ready", "Status"), **_errors(503)},
+            },
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            },
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3.1",
+                        "content": _content({"type": "object", "required": ["openapi", "paths"]}),
+                    }
+                },
+            },
+        },
+    },
+}

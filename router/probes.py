@@ -1,0 +1,43 @@
+"""Service endpoints: liveness, readiness, Prometheus metrics and the OpenAPI document."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from router import metrics
+from router.errors import ApiError
+from router.media import error_response, render
+from router.openapi import SPEC
+from router.routes import service
+
+
+async def healthz(request: Request) -> Response:
+    """The process is up and serving (no cluster call: a cluster outage must not restart routers)."""
+    return render(request, {"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """Ready when not draining, every primary answers, and all 16384 slots are served."""
+    problem = await service(request).problem()
+    if problem is not None:
+        return error_response(request, ApiError(503, "not_ready", problem, retry_after=1))
+    return render(request, {"status": "ready"})
+
+
+async def prometheus(request: Request) -> Response:
+    body, content_type = metrics.render()
+    return Response(body, headers={"content-type": content_type})
+
+
+async def openapi(request: Request) -> Response:
+    return render(request, SPEC)
+
+
+ROUTES = [
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+    Route("/metrics", prometheus, methods=["GET"]),
+    Route("/openapi.json", openapi, methods=["GET"]),
+]

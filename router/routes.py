@@ -1,0 +1,330 @@
+"""The /v1 endpoints of api.md: boards (admin), scores (write) and reads (public unless configured).
+
+Each handler checks the caller's key first, then reads and validates the whole request before it
+touches the cluster, so a request that fails validation writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from router import metrics
+from router.auth import Scope
+from router.cache import api_period
+from router.errors import ApiError, shutting_down
+from router.media import entry_body, read_object, render
+from router.service import Service
+from shardlb import times
+from shardlb.board import Board, Score
+from shardlb.config import BoardConfig, check_id
+from shardlb.errors import InvalidInput, PlayerNotFound
+
+MAX_ITEMS = 1000
+MAX_OFFSET = 10**12
+SCORE_FIELDS = frozenset({"player_id", "points", "match_id", "achieved_at", "region"})
+SCORE_REQUIRED = ("player_id", "points", "match_id")
+
+
+def service(request: Request) -> Service:
+    return cast(Service, request.app.state.service)
+
+
+def _peer(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def _allow(request: Request, need: Scope) -> Service:
+    svc = service(request)
+    svc.keys.require(request.headers, _peer(request), need)
+    return svc
+
+
+def _allow_read(request: Request) -> Service:
+    """Key check for reads, then the caller's token bucket (429 with Retry-After when empty)."""
+    svc = service(request)
+    caller = svc.keys.require(request.headers, _peer(request), Scope.READ)
+    wait = svc.limiter.take(caller.client)
+    if wait > 0:
+        metrics.RATE_LIMITED.inc()
+        raise ApiError(429, "rate_limited", "too many reads from this client; slow down", retry_after=wait)
+    return svc
+
+
+async def _board(svc: Service, request: Request) -> Board:
+    # Not timed: the store answers from its own cache almost always (an HGET every 5 s per board).
+    return await svc.store.get(request.path_params["board"])
+
+
+def _int(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = lo - 1
+    if not lo <= value <= hi:
+        raise InvalidInput(f"{name} must be an integer from {lo} to {hi}", name, "invalid_parameter")
+    return value
+
+
+def _flag(request: Request, name: str) -> bool:
+    raw = request.query_params.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise InvalidInput(f"{name} must be true or false", name, "invalid_parameter")
+    return raw in ("true", "1")
+
+
+def _view(board: Board, period: object, region: object) -> tuple[str, str | None]:
+    """The board's period name and the region a read is limited to (None: the whole board)."""
+    if not isinstance(period, str):
+        raise InvalidInput(
+            "period must be a string such as 'total' or 'daily:2026-11-30'",
+            "period",
+            "invalid_period",
+        )
+    try:
+        name = board.period(period)
+    except InvalidInput as e:
+        raise InvalidInput(e.message, "period", e.code) from e
+    if board.layout.strategy != "region" or region is None:
+        return name, None  # region is ignored elsewhere: one cache entry per view, not per spelling
+    if not isinstance(region, str):
+        raise InvalidInput("region must be a string", "region", "invalid_region")
+    board.layout.region_index(region, "region")
+    return name, region
+
+
+def _query_view(board: Board, request: Request) -> tuple[str, str | None]:
+    return _view(board, request.query_params.get("period", "total"), request.query_params.get("region"))
+
+
+# ---- boards (admin) --------------------------------------------------------------------------
+
+
+async def put_board(request: Request) -> Response:
+    svc = _allow(request, Scope.ADMIN)
+    board_id = request.path_params["board"]
+    body = await read_object(request, svc.settings.max_body_bytes, empty={})
+    if body.get("board", board_id) != board_id:
+        raise InvalidInput("the body names another board than the path", "board", "board_mismatch")
+    config = BoardConfig.from_dict(board_id, body)
+    async with metrics.redis_call("create_board"):
+        board, created = await svc.store.create(config)
+    return render(request, board.config.to_dict(), 201 if created else 200)
+
+
+async def list_boards(request: Request) -> Response:
+    svc = _allow_read(request)
+    async with svc.reads, metrics.redis_call("list_boards"):
+        configs = await svc.store.list()
+    return render(request, {"boards": [c.to_dict() for c in configs]})
+
+
+async def get_board(request: Request) -> Response:
+    svc = _allow_read(request)
+    board = await _board(svc, request)
+    kinds = board.config.periods
+    async with svc.reads, metrics.redis_call("size"):
+        sizes = await asyncio.gather(*(board.size(kind) for kind in kinds))
+    return render(request, {**board.config.to_dict(), "players": dict(zip(kinds, sizes, strict=True))})
+
+
+async def delete_board(request: Request) -> Response:
+    svc = _allow(request, Scope.ADMIN)
+    async with metrics.redis_call("delete_board"):
+        await svc.store.delete(request.path_params["board"])
+    return Response(status_code=204)
+
+
+async def board_route(request: Request) -> Response:
+    """One route for the three methods, so a 405 on it lists them all in Allow."""
+    handler = {"PUT": put_board, "DELETE": delete_board}.get(request.method, get_board)
+    return await handler(request)
+
+
+# ---- scores (write) --------------------------------------------------------------------------
+
+
+def parse_scores(body: dict[str, Any]) -> list[Score]:
+    """The ``scores`` of a POST body as Score values; shape errors name their field (422)."""
+    for name in body:
+        if name != "scores":
+            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+    items = body.get("scores")
+    if not isinstance(items, list):
+        raise InvalidInput("scores must be a list of score objects", "scores", "invalid_input")
+    if len(items) > MAX_ITEMS:
+        raise InvalidInput(f"at most {MAX_ITEMS} scores per request, got {len(items)}", "scores", "too_many")
+    scores = []
+    for i, item in enumerate(items):
+        where = f"scores[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidInput("each score must be an object", where, "invalid_input")
+        for name in item:
+            if name not in SCORE_FIELDS:
+                raise InvalidInput(f"unknown field {name!r}", f"{where}.{name}", "unknown_field")
+        for name in SCORE_REQUIRED:
+            if item.get(name) is None:
+                raise InvalidInput(f"{name} is required", f"{where}.{name}", "missing_field")
+        achieved = item.get("achieved_at")
+        region = item.get("region")
+        if region is not None and not isinstance(region, str):
+            raise InvalidInput("region must be a string", f"{where}.region", "invalid_region")
+        scores.append(
+            Score(
+                player_id=item["player_id"],
+                points=item["points"],
+                match_id=item["match_id"],
+                achieved_ms=None if achieved is None else times.parse(achieved, f"{where}.achieved_at"),
+                region=region,
+            )
+        )
+    return scores
+
+
+async def post_scores(request: Request) -> Response:
+    svc = _allow(request, Scope.WRITE)
+    if svc.draining:
+        raise shutting_down()  # before reading the body: it would be refused after that anyway
+    body = await read_object(request, svc.settings.max_body_bytes)
+    scores = parse_scores(body)
+    board = await _board(svc, request)
+    prepared = board.prepare(scores)
+    results = await svc.coalescer.submit(board, prepared)
+    return render(
+        request,
+        {
+            "results": [
+                {"player_id": r.player_id, "match_id": r.match_id, "status": r.status, "points": r.points}
+                for r in results
+            ]
+        },
+    )
+
+
+# ---- reads -----------------------------------------------------------------------------------
+
+
+async def top(request: Request) -> Response:
+    svc = _allow_read(request)
+    board = await _board(svc, request)
+    limit = _int(request, "limit", 100, 1, MAX_ITEMS)
+    period, region = _query_view(board, request)
+    best, as_of = await svc.tops.top(board, period, region, limit)
+    return render(
+        request,
+        {
+            "board": board.config.id,
+            "period": api_period(period),
+            "entries": best,
+            "as_of": times.format_ms(as_of),
+        },
+    )
+
+
+async def entries(request: Request) -> Response:
+    svc = _allow_read(request)
+    board = await _board(svc, request)
+    offset = _int(request, "offset", 0, 0, MAX_OFFSET)
+    limit = _int(request, "limit", 100, 1, MAX_ITEMS)
+    period, region = _query_view(board, request)
+    as_of = times.now_ms()
+    async with svc.reads, metrics.redis_call("entries"):
+        found = await board.entries(offset, limit, api_period(period), region)
+    return render(
+        request,
+        {
+            "board": board.config.id,
+            "period": api_period(period),
+            "entries": [entry_body(e) for e in found],
+            "as_of": times.format_ms(as_of),
+        },
+    )
+
+
+async def player(request: Request) -> Response:
+    svc = _allow_read(request)
+    board = await _board(svc, request)
+    player_id = check_id(request.path_params["player"], "player")
+    period, region = _query_view(board, request)
+    if not _flag(request, "estimate"):
+        async with svc.reads, metrics.redis_call("player"):
+            found = await board.player(player_id, api_period(period), region)
+        return render(
+            request, {**entry_body(found.entry), "players": found.players, "percentile": found.percentile}
+        )
+    # One ZMSCORE on the player's home shard; the rank then comes from RAM, not from every shard.
+    async with svc.reads, metrics.redis_call("player_score"):
+        scores = await board.scores([player_id], api_period(period), region)
+    if player_id not in scores:
+        raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
+    row = (scores[player_id], player_id)
+    guess = await svc.histograms.estimate(board, period, region, row)
+    return render(
+        request,
+        {
+            **entry_body(board.entry(guess.rank, row)),
+            "players": guess.players,
+            "percentile": guess.percentile,
+            "rank_error": guess.error,
+            "as_of": times.format_ms(guess.as_of_ms),
+        },
+    )
+
+
+async def around(request: Request) -> Response:
+    svc = _allow_read(request)
+    board = await _board(svc, request)
+    player_id = check_id(request.path_params["player"], "player")
+    radius = _int(request, "radius", 5, 0, 100)
+    period, region = _query_view(board, request)
+    async with svc.reads, metrics.redis_call("around"):
+        found = await board.around(player_id, radius, api_period(period), region)
+    return render(
+        request,
+        {"board": board.config.id, "period": api_period(period), "entries": [entry_body(e) for e in found]},
+    )
+
+
+async def query(request: Request) -> Response:
+    svc = _allow_read(request)
+    body = await read_object(request, svc.settings.max_body_bytes)
+    for name in body:
+        if name not in ("player_ids", "period", "region"):
+            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+    ids = body.get("player_ids")
+    if not isinstance(ids, list):
+        raise InvalidInput("player_ids must be a list of player ids", "player_ids", "invalid_input")
+    if len(ids) > MAX_ITEMS:
+        raise InvalidInput(
+            f"at most {MAX_ITEMS} player ids per request, got {len(ids)}", "player_ids", "too_many"
+        )
+    for i, value in enumerate(ids):
+        check_id(value, f"player_ids[{i}]")
+    board = await _board(svc, request)
+    period = body.get("period")
+    period, region = _view(board, "total" if period is None else period, body.get("region"))
+    async with svc.reads, metrics.redis_call("query"):
+        found = await board.query(ids, api_period(period), region)
+    return render(
+        request,
+        {"board": board.config.id, "period": api_period(period), "entries": [entry_body(e) for e in found]},
+    )
+
+
+ROUTES = [
+    Route("/v1/boards", list_boards, methods=["GET"]),
+    Route("/v1/boards/{board}", board_route, methods=["GET", "PUT", "DELETE"]),
+    Route("/v1/boards/{board}/scores", post_scores, methods=["POST"]),
+    Route("/v1/boards/{board}/top", top, methods=["GET"]),
+    Route("/v1/boards/{board}/entries", entries, methods=["GET"]),
+    Route("/v1/boards/{board}/players:query", query, methods=["POST"]),
+    Route("/v1/boards/{board}/players/{player}", player, methods=["GET"]),
+    Route("/v1/boards/{board}/players/{player}/around", around, methods=["GET"]),
+]

@@ -1,0 +1,88 @@
+"""`shardlb serve`: run the router under uvicorn (uvloop, httptools), one cluster client per worker.
+
+Usage: ``python -m router.server [serve] [--host H] [--port P] [--workers N]``. Flags override
+SHARDLB_HOST / SHARDLB_PORT / SHARDLB_WORKERS; every other setting comes from the environment and is
+checked before anything starts (exit status 2 naming the bad variable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+import uvicorn
+from redis.utils import HIREDIS_AVAILABLE
+
+from router.app import HIREDIS_WARNING
+from router.settings import Settings, SettingsError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardlb serve",
+        description="Serve the shardlb HTTP API. Settings come from SHARDLB_* variables (router/README.md).",
+    )
+    parser.add_argument("--host", help="address to listen on (SHARDLB_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (SHARDLB_PORT, default 8000)")
+    parser.add_argument("--workers", type=int, help="worker processes (SHARDLB_WORKERS, default 1)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the router until it is stopped; return the exit status (2: bad settings, 3: start failed)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["serve"]:
+        args = args[1:]
+    options = build_parser().parse_args(args)
+    # Workers are fresh processes that build their settings from the environment: put the flags there.
+    for name, value in (
+        ("SHARDLB_HOST", options.host),
+        ("SHARDLB_PORT", options.port),
+        ("SHARDLB_WORKERS", options.workers),
+    ):
+        if value is not None:
+            os.environ[name] = str(value)
+    try:
+        settings = Settings.from_env()
+    except SettingsError as e:
+        print(f"shardlb serve: error: {e}", file=sys.stderr)
+        return 2
+    if not HIREDIS_AVAILABLE:
+        print(f"\n{'!' * 78}\nWARNING: {HIREDIS_WARNING}\n{'!' * 78}\n", file=sys.stderr)
+    metrics_dir = None
+    if settings.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        metrics_dir = tempfile.mkdtemp(prefix="shardlb-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    # uvicorn drains on SIGTERM, then raises the signal again under the handler found at start. An
+    # orderly drain is a clean exit: with this no-op the process returns 0 instead of dying by signal.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        uvicorn.run(
+            "router.app:create_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+            access_log=False,  # the router's own JSON access lines, when SHARDLB_ACCESS_LOG is on
+            log_level=settings.log_level,
+            server_header=False,
+            timeout_graceful_shutdown=math.ceil(settings.drain_seconds),
+        )
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

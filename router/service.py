@@ -1,0 +1,126 @@
+"""What one worker runs: its cluster client, board store, write coalescer, caches and limits.
+
+``Service.start`` connects, loads every Lua script on every primary (retrying until the cluster
+answers or SHARDLB_STARTUP_TIMEOUT_S passes) and starts the cache refresh tasks; only then does the
+worker take requests. ``Service.stop`` refuses new writes, drains the coalescer within
+SHARDLB_DRAIN_SECONDS, and closes the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis import exceptions as rx
+from redis.asyncio.cluster import RedisCluster
+
+from router import metrics
+from router.auth import Keys
+from router.cache import Rendered, TopCache, api_period
+from router.coalescer import Coalescer
+from router.gate import Gate
+from router.histogram import Histograms
+from router.limiter import RateLimiter
+from router.media import entry_body
+from router.settings import Settings
+from shardlb.board import Board
+from shardlb.client import Scripts, connect
+from shardlb.errors import ClusterUnavailable
+from shardlb.store import BoardStore
+
+log = logging.getLogger("shardlb.router")
+SLOTS = 16384
+READY_TIMEOUT_S = 2.0
+
+
+@dataclass
+class Service:
+    settings: Settings
+    client: RedisCluster
+    store: BoardStore
+    keys: Keys
+    limiter: RateLimiter
+    reads: Gate
+    coalescer: Coalescer
+    tops: TopCache
+    histograms: Histograms
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    draining: bool = False
+
+    @classmethod
+    async def start(cls, settings: Settings) -> Service:
+        """Connect and load scripts (retrying up to the start-up timeout), then start the refreshers."""
+        client = connect(settings.redis_url, settings.redis_max_connections, settings.redis_timeout_s)
+        scripts = Scripts.register(client)
+        histograms = Histograms(client, settings.histogram_samples, settings.histogram_refresh_s)
+        deadline = time.monotonic() + settings.startup_timeout_s
+        while True:
+            try:
+                await scripts.load(client)
+                await histograms.load_script(client)
+                break
+            except (rx.RedisError, rx.RedisClusterException, OSError) as e:
+                if time.monotonic() >= deadline:
+                    await client.aclose()
+                    raise ClusterUnavailable(f"no cluster at {settings.redis_url}: {e}") from e
+                log.warning("cluster not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
+                await asyncio.sleep(0.5)
+        reads = Gate(settings.read_concurrency, settings.read_queue)
+
+        async def fetch_top(board: Board, period: str, region: str | None, limit: int) -> Rendered:
+            async with reads, metrics.redis_call("top"):
+                found = await board.top(limit, api_period(period), region)
+            return [entry_body(e) for e in found]
+
+        service = cls(
+            settings=settings,
+            client=client,
+            store=BoardStore(client, scripts),
+            keys=Keys(settings),
+            limiter=RateLimiter(settings.read_rate, settings.burst, settings.rate_clients),
+            reads=reads,
+            coalescer=Coalescer(
+                settings.coalesce_delay_ms / 1000,
+                settings.coalesce_max_batch,
+                settings.queue_limit,
+                settings.node_concurrency,
+            ),
+            tops=TopCache(fetch_top, settings.top_refresh_s, settings.top_idle_s),
+            histograms=histograms,
+        )
+        service.tasks = [asyncio.create_task(service.tops.run()), asyncio.create_task(histograms.run())]
+        return service
+
+    async def stop(self) -> None:
+        """Refuse writes, apply what was accepted (bounded by SHARDLB_DRAIN_SECONDS), then disconnect."""
+        self.draining = True
+        left = await self.coalescer.close(self.settings.drain_seconds)
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.client.aclose()
+        log.info("router stopped", extra={"fields": {"scores_not_applied": left}})
+
+    async def problem(self) -> str | None:
+        """Why this worker should not get traffic now (None when ready): draining, cluster down or
+        unreachable, or slots not all served, as each primary's CLUSTER INFO says."""
+        if self.draining:
+            return "the router is shutting down"
+        try:
+            async with metrics.redis_call("cluster_info"):
+                infos: Any = await asyncio.wait_for(
+                    self.client.cluster_info(target_nodes=self.client.get_primaries()), READY_TIMEOUT_S
+                )
+        except (rx.RedisError, rx.RedisClusterException, OSError, TimeoutError) as e:
+            return f"the cluster is not reachable ({type(e).__name__})"
+        # One node's reply is the info itself; several come as {node name: info}.
+        replies: list[dict[str, str]] = [infos] if "cluster_state" in infos else list(infos.values())
+        for info in replies:
+            if info.get("cluster_state") != "ok":
+                return f"cluster_state is {info.get('cluster_state')}"
+            if int(info.get("cluster_slots_ok", 0)) != SLOTS:
+                return f"only {info.get('cluster_slots_ok')} of {SLOTS} slots are served"
+        return None

@@ -1,0 +1,196 @@
+"""The router's settings: one frozen dataclass built from ``SHARDLB_*`` environment variables.
+
+Every variable is read and checked in ``Settings.from_env``; a bad value raises SettingsError with a
+message that names the variable, so a misconfigured deployment fails at start-up, not on a request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from shardlb.client import parse_url
+from shardlb.errors import InvalidInput
+
+MIB = 1024 * 1024
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+class SettingsError(ValueError):
+    """A SHARDLB_* variable has a value the router cannot run with."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(f"{variable}: {message}")
+        self.variable = variable
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the router reads from its environment. Field ``x`` comes from ``SHARDLB_X``."""
+
+    redis_url: str = "redis://127.0.0.1:7000"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    admin_keys: tuple[str, ...] = ()
+    write_keys: tuple[str, ...] = ()
+    read_keys: tuple[str, ...] = ()
+    reads_require_key: bool = False
+    # With no admin or write key at all, the router refuses to start unless this is set: then every
+    # request may do everything (a laptop, never a shared network).
+    insecure_dev: bool = False
+    read_rate: float = 0.0
+    read_burst: int = 0
+    rate_clients: int = 100_000
+    coalesce_delay_ms: float = 1.5
+    coalesce_max_batch: int = 500
+    queue_limit: int = 20_000
+    node_concurrency: int = 16
+    read_concurrency: int = 32
+    read_queue: int = 2_000
+    redis_max_connections: int = 64
+    redis_timeout_s: float = 2.0
+    startup_timeout_s: float = 30.0
+    drain_seconds: float = 10.0
+    max_body_bytes: int = MIB
+    top_refresh_s: float = 1.0
+    top_idle_s: float = 60.0
+    histogram_samples: int = 1024
+    histogram_refresh_s: float = 5.0
+    access_log: bool = False
+    log_level: str = "info"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read and check every ``SHARDLB_*`` variable; raise SettingsError naming a bad one."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = "SHARDLB_" + f.name.upper()
+            raw = env.get(name)
+            if raw is None:
+                continue
+            values[f.name] = _PARSERS[f.name](name, raw.strip())
+        settings = cls(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Cross-field checks and ranges; raise SettingsError naming the variable at fault."""
+        try:
+            parse_url(self.redis_url)
+        except InvalidInput as e:
+            raise SettingsError("SHARDLB_REDIS_URL", e.message) from e
+        _range("SHARDLB_PORT", self.port, 1, 65535)
+        _range("SHARDLB_WORKERS", self.workers, 1, 256)
+        _range("SHARDLB_READ_RATE", self.read_rate, 0, 1e9)
+        _range("SHARDLB_READ_BURST", self.read_burst, 0, 10**9)
+        _range("SHARDLB_RATE_CLIENTS", self.rate_clients, 1, 10**8)
+        _range("SHARDLB_COALESCE_DELAY_MS", self.coalesce_delay_ms, 0, 1000)
+        _range("SHARDLB_COALESCE_MAX_BATCH", self.coalesce_max_batch, 1, 10_000)
+        _range("SHARDLB_QUEUE_LIMIT", self.queue_limit, 1000, 10**8)
+        _range("SHARDLB_REDIS_MAX_CONNECTIONS", self.redis_max_connections, 4, 10_000)
+        # Leave connections for reads and for the second call of band moves: a full pool fails at once.
+        _range("SHARDLB_NODE_CONCURRENCY", self.node_concurrency, 1, self.redis_max_connections // 2)
+        _range("SHARDLB_READ_CONCURRENCY", self.read_concurrency, 1, self.redis_max_connections)
+        _range("SHARDLB_READ_QUEUE", self.read_queue, 0, 10**7)
+        _range("SHARDLB_REDIS_TIMEOUT_S", self.redis_timeout_s, 0.05, 60)
+        _range("SHARDLB_STARTUP_TIMEOUT_S", self.startup_timeout_s, 0, 3600)
+        _range("SHARDLB_DRAIN_SECONDS", self.drain_seconds, 0, 3600)
+        _range("SHARDLB_MAX_BODY_BYTES", self.max_body_bytes, 1024, 1024 * MIB)
+        _range("SHARDLB_TOP_REFRESH_S", self.top_refresh_s, 0.05, 3600)
+        _range("SHARDLB_TOP_IDLE_S", self.top_idle_s, 1, 86_400)
+        _range("SHARDLB_HISTOGRAM_SAMPLES", self.histogram_samples, 2, 100_000)
+        _range("SHARDLB_HISTOGRAM_REFRESH_S", self.histogram_refresh_s, 0.05, 3600)
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise SettingsError("SHARDLB_LOG_LEVEL", "must be one of debug, info, warning, error")
+        for name, keys in (
+            ("SHARDLB_ADMIN_KEYS", self.admin_keys),
+            ("SHARDLB_WRITE_KEYS", self.write_keys),
+            ("SHARDLB_READ_KEYS", self.read_keys),
+        ):
+            for key in keys:
+                if not key.isprintable() or any(c.isspace() for c in key):
+                    raise SettingsError(name, "keys are printable characters without spaces")
+        if not (self.admin_keys or self.write_keys) and not self.insecure_dev:
+            raise SettingsError(
+                "SHARDLB_ADMIN_KEYS",
+                "no admin or write key is configured, so anybody could write and delete boards; set "
+                "SHARDLB_ADMIN_KEYS and SHARDLB_WRITE_KEYS, or SHARDLB_INSECURE_DEV=true on a "
+                "development machine to run without keys",
+            )
+        if self.reads_require_key and not (self.read_keys or self.write_keys or self.admin_keys):
+            raise SettingsError("SHARDLB_READS_REQUIRE_KEY", "reads require a key but no key is configured")
+
+    @property
+    def open_access(self) -> bool:
+        """No keys at all, explicitly allowed: every request gets the admin scope."""
+        return self.insecure_dev and not (self.admin_keys or self.write_keys or self.read_keys)
+
+    @property
+    def burst(self) -> int:
+        """Read bucket size: SHARDLB_READ_BURST, or one second of SHARDLB_READ_RATE when unset."""
+        return self.read_burst or max(1, int(self.read_rate))
+
+
+def _range(name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise SettingsError(name, f"must be between {lo:g} and {hi:g}, got {value:g}")
+
+
+def _int(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise SettingsError(name, f"expected an integer, got {raw!r}") from e
+
+
+def _float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError as e:
+        raise SettingsError(name, f"expected a number, got {raw!r}") from e
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SettingsError(name, f"expected a finite number, got {raw!r}")
+    return value
+
+
+def _bool(name: str, raw: str) -> bool:
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise SettingsError(name, f"expected true or false, got {raw!r}")
+
+
+def _keys(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(k.strip() for k in raw.split(",") if k.strip()))
+
+
+def _text(name: str, raw: str) -> str:
+    if not raw:
+        raise SettingsError(name, "must not be empty")
+    return raw
+
+
+def _lower(name: str, raw: str) -> str:
+    return _text(name, raw).lower()
+
+
+def _parsers() -> dict[str, Callable[[str, str], Any]]:
+    by_type: dict[str, Callable[[str, str], Any]] = {
+        "int": _int,
+        "float": _float,
+        "bool": _bool,
+        "str": _text,
+        "tuple[str, ...]": _keys,
+    }
+    out = {f.name: by_type[str(f.type)] for f in fields(Settings)}
+    out["log_level"] = _lower
+    return out
+
+
+_PARSERS = _parsers()

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# `make run`: a local Redis Cluster (3 masters, 1 replica each), a `demo` board and the router on
+# :8000 in the background. Keys and the cluster's port block are made once, kept in .shardlb/dev.env
+# and reused; running it again restarts the router (new code) and keeps the cluster and its data.
+# `make stop` (scripts/dev-stop.sh) stops both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STATE=.shardlb
+CLUSTER_DIR=$STATE/cluster
+ENV_FILE=$STATE/dev.env
+PID_FILE=$STATE/router.pid
+LOG=$STATE/router.log
+PY=.venv/bin/python
+HOST=127.0.0.1
+PORT=${SHARDLB_PORT:-8000}
+BOARD=demo
+mkdir -p "$STATE"
+
+# A free block of 6 ports (and their bus ports, +10000) from $1 on, never 6379.
+free_block() { "$PY" -c "from shardlb.cluster import free_port_block; print(free_port_block(6, $1))"; }
+
+if [ ! -f "$ENV_FILE" ]; then
+    admin=$("$PY" -c 'import secrets; print("admin_" + secrets.token_urlsafe(24))')
+    write=$("$PY" -c 'import secrets; print("write_" + secrets.token_urlsafe(24))')
+    ( umask 077; cat >"$ENV_FILE" <<EOF
+# Made by scripts/dev-run.sh on the first \`make run\` and reused since; delete it for new keys.
+SHARDLB_ADMIN_KEYS=$admin
+SHARDLB_WRITE_KEYS=$write
+SHARDLB_CLUSTER_PORT=$(free_block 7000)
+EOF
+    )
+fi
+set -a
+# shellcheck source=/dev/null
+. "$ENV_FILE"
+set +a
+
+# The cluster: `cluster up` finds it running, restarts what died, or forms it afresh. When another
+# process took our ports since last time, move to a free block and remember it.
+if ! up=$("$PY" -m shardlb cluster up --dir "$CLUSTER_DIR" --port "$SHARDLB_CLUSTER_PORT" 2>&1); then
+    if ! grep -q "is taken" <<<"$up"; then
+        echo "$up" >&2
+        exit 1
+    fi
+    moved=$(free_block $((SHARDLB_CLUSTER_PORT + 6)))
+    echo "ports from $SHARDLB_CLUSTER_PORT are taken by another process: the cluster moves to $moved" >&2
+    sed -i.bak "s/^SHARDLB_CLUSTER_PORT=.*/SHARDLB_CLUSTER_PORT=$moved/" "$ENV_FILE" && rm -f "$ENV_FILE.bak"
+    SHARDLB_CLUSTER_PORT=$moved
+    up=$("$PY" -m shardlb cluster up --dir "$CLUSTER_DIR" --port "$SHARDLB_CLUSTER_PORT")
+fi
+SHARDLB_REDIS_URL=$(sed -n 's/^SHARDLB_REDIS_URL=//p' <<<"$up")
+export SHARDLB_REDIS_URL
+
+# The router: restart ours if it runs; refuse if someone else holds the port.
+bash scripts/dev-stop.sh --router-only
+# SO_REUSEADDR as uvicorn sets it: the connections of a router just stopped do not count.
+if ! "$PY" -c "import socket as so; s = so.socket(); s.setsockopt(so.SOL_SOCKET, so.SO_REUSEADDR, 1)
+s.bind(('$HOST', $PORT))" 2>/dev/null; then
+    echo "port $PORT on $HOST is taken by another process; free it or run: SHARDLB_PORT=8001 make run" >&2
+    exit 1
+fi
+echo "--- $(date -u +%FT%TZ) make run" >>"$LOG"
+SHARDLB_HOST=$HOST SHARDLB_PORT=$PORT nohup "$PY" -m router.server serve </dev/null >>"$LOG" 2>&1 &
+echo $! >"$PID_FILE"
+
+URL="http://$HOST:$PORT"
+"$PY" - "$URL" "$LOG" <<'EOF' || { echo "the router did not become ready; last lines of its log:" >&2; tail -n 20 "$LOG" >&2; exit 1; }
+import sys, time, urllib.request
+url, deadline = sys.argv[1], time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
+            if r.status == 200:
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.2)
+sys.exit(1)
+EOF
+
+created=$("$PY" - "$URL/v1/boards/$BOARD" "$SHARDLB_ADMIN_KEYS" <<'EOF'
+import json, sys, urllib.error, urllib.request
+url, key = sys.argv[1], sys.argv[2].split(",")[0]
+body = json.dumps({"periods": ["total", "daily", "weekly", "monthly"]}).encode()
+request = urllib.request.Request(url, body, method="PUT", headers={
+    "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(request, timeout=10) as r:
+        print("created" if r.status == 201 else "already there")
+except urllib.error.HTTPError as e:
+    print(f"exists with other settings ({e.code})" if e.code == 409 else f"not created: HTTP {e.code}")
+EOF
+)
+
+cat <<EOF
+
+shardlb is running (router pid $(cat "$PID_FILE"))
+  API        $URL        OpenAPI: $URL/openapi.json   metrics: $URL/metrics
+  board      $BOARD ($created)
+  admin key  $SHARDLB_ADMIN_KEYS
+  write key  $SHARDLB_WRITE_KEYS
+  cluster    $SHARDLB_REDIS_URL
+  files      keys in $ENV_FILE, router log in $LOG, nodes in $CLUSTER_DIR
+  stop       make stop
+
+Try it (router/README.md has a longer first session):
+  curl -s -X POST $URL/v1/boards/$BOARD/scores -H 'Authorization: Bearer $SHARDLB_WRITE_KEYS' \\
+       -H 'Content-Type: application/json' \\
+       -d '{"scores": [{"player_id": "42", "points": 1520, "match_id": "match-1"}]}'
+  curl -s $URL/v1/boards/$BOARD/top
+EOF

@@ -1,0 +1,138 @@
+"""Keys and scopes, reads that require a key, the insecure dev mode, and the read rate limit."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from router.auth import Keys, Scope
+from router.limiter import RateLimiter
+from router.settings import Settings
+from shardlb.cluster import LocalCluster
+from tests.router_support import ADMIN, AS_ADMIN, AS_WRITER, READ, WRITE, board_name, running
+
+KEYS = {"none": None, "read": READ, "write": WRITE, "admin": ADMIN, "wrong": "not-a-configured-key"}
+
+
+def auth(key: str | None) -> dict[str, str]:
+    return {} if key is None else {"Authorization": f"Bearer {key}"}
+
+
+# ---- pure ----------------------------------------------------------------------------------------
+
+
+def test_scope_of_each_key_and_the_highest_wins() -> None:
+    keys = Keys(Settings(admin_keys=("a-key", "both"), write_keys=("w-key", "both"), read_keys=("r-key",)))
+    assert keys.scope_of("a-key") is Scope.ADMIN
+    assert keys.scope_of("w-key") is Scope.WRITE
+    assert keys.scope_of("r-key") is Scope.READ
+    assert keys.scope_of("both") is Scope.ADMIN
+    assert keys.scope_of("a-ke") is None and keys.scope_of("") is None and keys.scope_of("a-key ") is None
+
+
+def test_token_bucket_refills_and_forgets_old_clients() -> None:
+    limiter = RateLimiter(rate=2.0, burst=3, max_clients=100)
+    assert [limiter.take("c", now=0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limiter.take("c", now=0.0) == pytest.approx(0.5)
+    assert limiter.take("other", now=0.0) == 0.0  # a bucket per client
+    assert limiter.take("c", now=0.5) == 0.0  # one token back after 1 / rate seconds
+    assert limiter.take("c", now=0.5) > 0
+    for i in range(1000):
+        limiter.take(f"client-{i}", now=1.0)
+    assert len(limiter) == 100
+    assert RateLimiter(0.0, 0).take("anyone") == 0.0
+
+
+# ---- through the app -----------------------------------------------------------------------------
+
+
+@pytest.mark.cluster
+async def test_scopes(cluster: LocalCluster) -> None:
+    async with running(cluster.url) as (_, client):
+        board = board_name()
+        assert (await client.put(f"/v1/boards/{board}", headers=AS_ADMIN)).status_code == 201
+
+        async def as_admin_op(key: str | None) -> httpx.Response:
+            return await client.put(f"/v1/boards/{board}", headers=auth(key))
+
+        async def as_write_op(key: str | None) -> httpx.Response:
+            body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
+            return await client.post(f"/v1/boards/{board}/scores", json=body, headers=auth(key))
+
+        async def as_read_op(key: str | None) -> httpx.Response:
+            return await client.get(f"/v1/boards/{board}/top", headers=auth(key))
+
+        expected = {
+            "admin": {"none": 401, "read": 403, "write": 403, "admin": 200, "wrong": 401},
+            "write": {"none": 401, "read": 403, "write": 200, "admin": 200, "wrong": 401},
+            "read": {"none": 200, "read": 200, "write": 200, "admin": 200, "wrong": 401},
+        }
+        ops = {"admin": as_admin_op, "write": as_write_op, "read": as_read_op}
+        seen = {op: {who: (await ops[op](key)).status_code for who, key in KEYS.items()} for op in ops}
+        assert seen == expected
+
+        denied = await as_write_op(None)
+        assert denied.headers["www-authenticate"].startswith("Bearer")
+        assert denied.json()["error"]["code"] == "unauthorized"
+        assert (await as_admin_op(WRITE)).json()["error"]["code"] == "forbidden"
+        for header in (f"Basic {ADMIN}", "Bearer", "Bearer  ", ADMIN):
+            r = await client.delete(f"/v1/boards/{board}", headers={"Authorization": header})
+            assert r.status_code == 401, header
+        assert (await client.delete(f"/v1/boards/{board}", headers=AS_WRITER)).status_code == 403
+        assert (
+            await client.delete(f"/v1/boards/{board}", headers={"Authorization": f"bearer {ADMIN}"})
+        ).status_code == 204
+
+
+@pytest.mark.cluster
+async def test_reads_can_require_a_key(cluster: LocalCluster) -> None:
+    async with running(cluster.url, reads_require_key=True) as (_, client):
+        board = board_name()
+        await client.put(f"/v1/boards/{board}", headers=AS_ADMIN)
+        assert (await client.get(f"/v1/boards/{board}/top")).status_code == 401
+        assert (await client.get("/v1/boards")).status_code == 401
+        r = await client.post(f"/v1/boards/{board}/players:query", json={"player_ids": []})
+        assert r.status_code == 401
+        for key in (READ, WRITE, ADMIN):
+            assert (await client.get(f"/v1/boards/{board}/top", headers=auth(key))).status_code == 200
+        # Service endpoints stay open: probes and scrapers carry no key.
+        for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+            assert (await client.get(path)).status_code == 200
+        await client.delete(f"/v1/boards/{board}", headers=AS_ADMIN)
+
+
+@pytest.mark.cluster
+async def test_insecure_dev_mode_opens_everything(cluster: LocalCluster) -> None:
+    async with running(cluster.url, admin_keys=(), write_keys=(), read_keys=(), insecure_dev=True) as (
+        _,
+        client,
+    ):
+        board = board_name()
+        assert (await client.put(f"/v1/boards/{board}")).status_code == 201
+        body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
+        assert (await client.post(f"/v1/boards/{board}/scores", json=body)).status_code == 200
+        assert (await client.delete(f"/v1/boards/{board}")).status_code == 204
+
+
+@pytest.mark.cluster
+async def test_read_rate_limit_per_client(cluster: LocalCluster) -> None:
+    async with running(cluster.url, read_rate=0.5, read_burst=3) as (_, client):
+        board = board_name()
+        await client.put(f"/v1/boards/{board}", headers=AS_ADMIN)
+        url = f"/v1/boards/{board}/top"
+        assert [(await client.get(url)).status_code for _ in range(3)] == [200, 200, 200]
+        limited = await client.get(url)
+        assert limited.status_code == 429
+        assert limited.json()["error"]["code"] == "rate_limited"
+        assert int(limited.headers["retry-after"]) >= 1
+        other = await client.post(f"/v1/boards/{board}/players:query", json={"player_ids": []})
+        assert other.status_code == 429  # every read counts against the same bucket
+        # A key is its own client, apart from the anonymous bucket of this address.
+        assert (await client.get(url, headers=auth(READ))).status_code == 200
+        # Writes and service endpoints are not reads.
+        body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
+        assert (
+            await client.post(f"/v1/boards/{board}/scores", json=body, headers=AS_WRITER)
+        ).status_code == 200
+        assert (await client.get("/healthz")).status_code == 200
+        await client.delete(f"/v1/boards/{board}", headers=AS_ADMIN)

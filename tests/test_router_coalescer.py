@@ -1,0 +1,191 @@
+"""The write coalescer: many concurrent writers against a reference model, back-pressure, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import REGISTRY
+
+from router.app import create_app
+from shardlb import times
+from shardlb.board import Score
+from shardlb.cluster import LocalCluster
+from shardlb.config import BoardConfig
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of, settings_for
+
+pytestmark = pytest.mark.cluster
+
+T0 = 1_790_000_000_000
+
+
+def batch_totals() -> tuple[float, float]:
+    """(script calls, scores) the coalescer has sent so far in this process."""
+    calls = REGISTRY.get_sample_value("shardlb_coalescer_batch_size_count") or 0.0
+    scores = REGISTRY.get_sample_value("shardlb_coalescer_batch_size_sum") or 0.0
+    return calls, scores
+
+
+def as_body(scores: list[Score]) -> dict[str, Any]:
+    return {
+        "scores": [
+            {
+                "player_id": s.player_id,
+                "points": s.points,
+                "match_id": s.match_id,
+                "achieved_at": s.achieved_ms,
+            }
+            for s in scores
+        ]
+    }
+
+
+@pytest.mark.parametrize("mode", ["incr", "best", "set"])
+async def test_concurrent_writers_match_the_reference(cluster: LocalCluster, mode: str) -> None:
+    """Writers own disjoint players, so each writer's statuses are those of applying its requests in
+    its own order, whatever the interleaving; the final board is the reference's."""
+    rng = random.Random(f"coalescer-{mode}")
+    settings = {"mode": mode, "sharding": {"strategy": "hash", "shards": 8}}
+    name = board_name()
+    reference = ReferenceBoard(BoardConfig.from_dict(name, settings))
+    writers, requests_each = 16, 10
+    plans: list[list[tuple[list[Score], list[tuple[str, int]]]]] = []
+    for w in range(writers):
+        plan = []
+        for _ in range(requests_each):
+            scores = [
+                Score(
+                    f"w{w}-p{rng.randrange(8)}",
+                    rng.randrange(60),
+                    f"m{rng.randrange(25)}",
+                    T0 + rng.randrange(0, 3_600_000, 1000),
+                )
+                for _ in range(rng.randrange(1, 40))
+            ]
+            plan.append((scores, reference.submit(scores, T0)))
+        plans.append(plan)
+
+    async with running(cluster.url, coalesce_delay_ms=2.0) as (_, client):
+        assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+        calls_before, scores_before = batch_totals()
+
+        async def writer(plan: list[tuple[list[Score], list[tuple[str, int]]]]) -> None:
+            for scores, expected in plan:
+                r = await client.post(f"/v1/boards/{name}/scores", json=as_body(scores), headers=AS_WRITER)
+                assert r.status_code == 200, r.text
+                got = [(x["status"], x["points"]) for x in r.json()["results"]]
+                assert got == expected
+                assert [x["player_id"] for x in r.json()["results"]] == [s.player_id for s in scores]
+
+        await asyncio.gather(*(writer(plan) for plan in plans))
+        calls, sent = (a - b for a, b in zip(batch_totals(), (calls_before, scores_before), strict=True))
+        total = sum(len(scores) for plan in plans for scores, _ in plan)
+        assert sent == total
+        assert sent / calls > 2, "concurrent requests should share script calls"
+
+        top = (await client.get(f"/v1/boards/{name}/entries", params={"limit": 1000})).json()["entries"]
+        codec = reference.codec
+        assert [(e["rank"], e["player_id"], e["points"], e["achieved_at"]) for e in top] == [
+            (i + 1, player, points, times.format_ms(codec.units_to_ms(units)))
+            for i, (_, player, points, units) in enumerate(reference.order())
+        ]
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_full_queue_answers_503_at_once(cluster: LocalCluster) -> None:
+    # A long tick keeps accepted scores queued, so the queue is visibly full when the third arrives.
+    async with running(cluster.url, queue_limit=1000, coalesce_delay_ms=1000, coalesce_max_batch=5000) as (
+        _,
+        client,
+    ):
+        name = board_name()
+        await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+        def body(request: int) -> dict[str, Any]:
+            return {
+                "scores": [{"player_id": f"r{request}-{i}", "points": i, "match_id": "m"} for i in range(400)]
+            }
+
+        async def send(request: int) -> tuple[int, httpx.Response]:
+            return request, await client.post(
+                f"/v1/boards/{name}/scores", json=body(request), headers=AS_WRITER
+            )
+
+        pending = {asyncio.create_task(send(i)) for i in range(3)}
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        (first,) = done
+        refused, response = first.result()
+        assert response.status_code == 503 and response.json()["error"]["code"] == "overloaded"
+        assert int(response.headers["retry-after"]) >= 1
+        assert len(pending) == 2, "the refusal must not wait for the queued scores to be applied"
+        accepted = [await task for task in pending]
+        assert all(r.status_code == 200 for _, r in accepted)
+
+        entries = (await client.get(f"/v1/boards/{name}/entries", params={"limit": 1000})).json()["entries"]
+        on_board = {e["player_id"]: e["points"] for e in entries}
+        assert len(on_board) == 800
+        for request, _ in accepted:
+            assert all(on_board[f"r{request}-{i}"] == i for i in range(400))
+        assert not any(p.startswith(f"r{refused}-") for p in on_board)
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_saturated_writers_lose_nothing_acknowledged(cluster: LocalCluster, store: BoardStore) -> None:
+    async with running(cluster.url, queue_limit=1000, coalesce_delay_ms=20, node_concurrency=1) as (
+        _,
+        client,
+    ):
+        name = board_name()
+        await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+        async def send(request: int) -> tuple[int, httpx.Response]:
+            scores = [
+                {"player_id": f"r{request}-{i}", "points": request, "match_id": "m"} for i in range(150)
+            ]
+            return request, await client.post(
+                f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER
+            )
+
+        outcomes = await asyncio.gather(*(send(i) for i in range(40)))
+        assert {r.status_code for _, r in outcomes} == {200, 503}
+        assert all(int(r.headers["retry-after"]) >= 1 for _, r in outcomes if r.status_code == 503)
+    board = await store.get(name, fresh=True)
+    acknowledged = {f"r{q}-{i}": q for q, r in outcomes if r.status_code == 200 for i in range(150)}
+    found = await board.scores([f"r{q}-{i}" for q in range(40) for i in range(150)])
+    assert {player: board.codec.decode(value)[0] for player, value in found.items()} == acknowledged
+    assert await board.size() == len(acknowledged)
+    await store.delete(name)
+
+
+async def test_shutdown_applies_what_was_accepted(cluster: LocalCluster, store: BoardStore) -> None:
+    app = create_app(settings_for(cluster.url, coalesce_delay_ms=1000, drain_seconds=5))
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    name = board_name()
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://router.test"
+    ) as client:
+        await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+        async def send(request: int) -> httpx.Response:
+            scores = [{"player_id": f"r{request}-{i}", "points": 7, "match_id": "m"} for i in range(50)]
+            return await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+
+        tasks = [asyncio.create_task(send(i)) for i in range(4)]
+        while service_of(app).coalescer.depth < 200:  # all four accepted, waiting for a 1 s tick
+            await asyncio.sleep(0.005)
+        assert not any(t.done() for t in tasks)
+        await lifespan.__aexit__(None, None, None)  # what uvicorn runs on SIGTERM
+        responses = await asyncio.gather(*tasks)
+        assert [r.status_code for r in responses] == [200] * 4
+        late = await send(9)
+        assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+        assert (await client.get("/readyz")).status_code == 503
+    board = await store.get(name, fresh=True)
+    assert await board.size() == 200
+    await store.delete(name)

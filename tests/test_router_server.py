@@ -1,0 +1,291 @@
+"""The router as a process (`python -m router.server`): start-up checks, schemathesis against its own
+/openapi.json, the SIGTERM drain, and readiness through a cluster outage."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from router import probes, routes
+from router.openapi import SPEC
+from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.store import BoardStore
+from tests.router_support import ADMIN, AS_ADMIN, AS_WRITER, READ, WRITE, board_name, running
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@schemathesis.deserializer("application/msgpack")
+def _unpack(ctx: Any, response: Any) -> Any:
+    return msgpack.unpackb(response.content)
+
+
+def _pack(ctx: Any, value: Any) -> bytes:
+    try:
+        return bytes(msgpack.packb(value))
+    except (OverflowError, TypeError, ValueError):
+        return b"\xc1"  # not representable (an integer past 64 bits): send a byte msgpack never uses
+
+
+schemathesis.serializer("application/msgpack")(_pack)
+
+
+def free_port() -> int:
+    """A free TCP port below the ephemeral range (the workplace rule), away from the clusters' blocks."""
+    for port in range(24000 + os.getpid() % 400 * 10, 32000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
+
+
+class Server:
+    """``python -m router.server serve`` in a child process."""
+
+    def __init__(self, url: str, log: Path, workers: int = 1, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDLB_", "PROMETHEUS_"))}
+        environ.update(
+            {
+                "SHARDLB_REDIS_URL": url,
+                "SHARDLB_ADMIN_KEYS": ADMIN,
+                "SHARDLB_WRITE_KEYS": WRITE,
+                "SHARDLB_READ_KEYS": READ,
+                **env,
+            }
+        )
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "router.server",
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    "--workers",
+                    str(workers),
+                ],
+                cwd=ROOT,
+                env=environ,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"router not ready:\n{log.read_text()}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running_server = Server(cluster.url, tmp_path_factory.mktemp("router") / "router.log")
+    yield running_server
+    assert running_server.stop() == 0
+
+
+def test_bad_settings_exit_2_naming_the_variable() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLB_")}
+    for extra, variable in (
+        ({"SHARDLB_WRITE_KEYS": "k", "SHARDLB_QUEUE_LIMIT": "many"}, "SHARDLB_QUEUE_LIMIT"),
+        ({}, "SHARDLB_ADMIN_KEYS"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "router.server", "serve"],
+            cwd=ROOT,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 2
+        assert done.stderr.startswith(f"shardlb serve: error: {variable}: ")
+
+
+def test_openapi_document_is_valid_and_complete() -> None:
+    schemathesis.openapi.from_dict(SPEC).validate()
+    served = {
+        (path, method.lower())
+        for route in [*routes.ROUTES, *probes.ROUTES]
+        for path, method in ((route.path, m) for m in route.methods or ())
+        if method != "HEAD"
+    }
+    documented = {
+        (path, method) for path, item in SPEC["paths"].items() for method in item if method != "parameters"
+    }
+    assert served == documented
+    for path, method in documented:
+        responses = SPEC["paths"][path][method]["responses"]
+        assert any(code.startswith("2") for code in responses), (path, method)
+
+
+@pytest.mark.cluster
+def test_schemathesis_finds_no_5xx_and_no_schema_break(server: Server) -> None:
+    """Every operation of /openapi.json, 30 valid and 15 invalid generated requests each, with an admin
+    key; half the valid ones aimed at a board that has players so reads get past 404."""
+    main = board_name("st")
+    assert httpx.put(f"{server.url}/v1/boards/{main}", headers=AS_ADMIN).status_code == 201
+    players = [{"player_id": f"p{i}", "points": i * 10, "match_id": "m"} for i in range(30)]
+    httpx.post(f"{server.url}/v1/boards/{main}/scores", json={"scores": players}, headers=AS_WRITER)
+    before = {b["board"] for b in httpx.get(f"{server.url}/v1/boards").json()["boards"]}
+
+    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+    checks = [
+        not_a_server_error,
+        status_code_conformance,
+        content_type_conformance,
+        response_schema_conformance,
+        response_headers_conformance,
+    ]
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 13  # schemathesis leaves out the document's own path
+    try:
+        for operation in operations:
+            for mode, examples in ((GenerationMode.POSITIVE, 30), (GenerationMode.NEGATIVE, 15)):
+
+                @settings(
+                    max_examples=examples,
+                    deadline=None,
+                    database=None,
+                    phases=[Phase.generate],
+                    suppress_health_check=list(HealthCheck),
+                )
+                @given(case=operation.as_strategy(generation_mode=mode), aim=st.booleans(), data=st.data())
+                def check(case: Any, aim: bool, data: st.DataObject) -> None:
+                    if aim and case.method != "DELETE" and "board" in (case.path_parameters or {}):
+                        case.path_parameters["board"] = main
+                        if "player" in case.path_parameters:
+                            case.path_parameters["player"] = data.draw(
+                                st.sampled_from(["p1", "p29", "nobody"])
+                            )
+                    response = case.call(base_url=server.url, headers=AS_ADMIN, timeout=10)
+                    case.validate_response(response, checks=checks)
+
+                try:
+                    check()
+                except Unsatisfiable:
+                    # No parameter and no body: there is nothing to make invalid.
+                    assert mode is GenerationMode.NEGATIVE, operation.label
+    finally:
+        for board in {b["board"] for b in httpx.get(f"{server.url}/v1/boards").json()["boards"]} - before | {
+            main
+        }:
+            httpx.delete(f"{server.url}/v1/boards/{board}", headers=AS_ADMIN)
+
+
+@pytest.mark.cluster
+async def test_sigterm_drains_accepted_writes(
+    cluster: LocalCluster, store: BoardStore, tmp_path: Path
+) -> None:
+    """Writers keep posting while the router (two workers) gets SIGTERM: every acknowledged score is
+    on the board, later writes are refused or find the port closed, and the process exits 0."""
+    server = await asyncio.to_thread(
+        Server,
+        cluster.url,
+        tmp_path / "router.log",
+        2,
+        SHARDLB_COALESCE_DELAY_MS="50",
+        SHARDLB_DRAIN_SECONDS="5",
+    )
+    name = board_name()
+    acknowledged: dict[str, int] = {}
+    async with httpx.AsyncClient(base_url=server.url, headers=AS_WRITER, timeout=20) as client:
+        assert (await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+
+        async def writer(w: int) -> None:
+            for n in range(10_000):
+                scores = [{"player_id": f"w{w}-{n}-{i}", "points": w + 1, "match_id": "m"} for i in range(20)]
+                try:
+                    r = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores})
+                except httpx.TransportError:
+                    return  # the listening socket is gone: the router is on its way out
+                if r.status_code != 200:
+                    assert r.status_code == 503, r.text
+                    return
+                acknowledged.update((s["player_id"], s["points"]) for s in scores)
+
+        async def terminate() -> None:
+            await asyncio.sleep(1.0)
+            server.proc.send_signal(signal.SIGTERM)
+
+        await asyncio.gather(terminate(), *(writer(w) for w in range(8)))
+    assert await asyncio.to_thread(server.proc.wait, 30) == 0
+    assert len(acknowledged) > 100
+    assert server.log.read_text().count('"scores_not_applied":0') == 2
+    board = await store.get(name, fresh=True)
+    found = await board.scores(list(acknowledged))
+    assert {player: board.codec.decode(value)[0] for player, value in found.items()} == acknowledged
+    await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_outage_is_503_and_not_ready(tmp_path: Path) -> None:
+    """A cluster of its own, stopped under a running router: reads, writes and /readyz answer 503.
+    (Its bus port, +10000, stays below the ephemeral range.)"""
+    small = LocalCluster(
+        masters=1,
+        replicas=0,
+        port=free_port_block(1, start=22000 + os.getpid() % 70 * 10),
+        dir=tmp_path / "cluster",
+    )
+    small.up()
+    try:
+        async with running(small.url, redis_timeout_s=0.2) as (_, client):
+            name = board_name()
+            assert (await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+            body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
+            assert (
+                await client.post(f"/v1/boards/{name}/scores", json=body, headers=AS_WRITER)
+            ).status_code == 200
+            assert (await client.get("/readyz")).status_code == 200
+            small.down()
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["error"]["code"] == "not_ready"
+            assert int(ready.headers["retry-after"]) >= 1
+            read = await client.get(f"/v1/boards/{name}/players/p")
+            assert read.status_code == 503 and read.json()["error"]["code"] == "cluster_unavailable"
+            write = await client.post(f"/v1/boards/{name}/scores", json=body, headers=AS_WRITER)
+            assert write.status_code == 503
+            assert (await client.get("/healthz")).status_code == 200
+    finally:
+        small.down()

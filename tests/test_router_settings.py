@@ -1,0 +1,182 @@
+"""Settings from SHARDLB_* variables, content negotiation, and the rank estimate's arithmetic (no cluster)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from router.cache import api_period
+from router.histogram import ShardSample, Snapshot, parse_sample
+from router.media import wants_msgpack
+from router.settings import MIB, Settings, SettingsError
+
+KEYED = {"SHARDLB_ADMIN_KEYS": "adm", "SHARDLB_WRITE_KEYS": "wr1, wr2 ,,"}
+
+
+def test_defaults_and_every_variable() -> None:
+    s = Settings.from_env(KEYED)
+    assert (s.redis_url, s.host, s.port, s.workers) == ("redis://127.0.0.1:7000", "127.0.0.1", 8000, 1)
+    assert s.admin_keys == ("adm",) and s.write_keys == ("wr1", "wr2") and s.read_keys == ()
+    assert (s.coalesce_delay_ms, s.coalesce_max_batch, s.drain_seconds, s.max_body_bytes) == (
+        1.5,
+        500,
+        10.0,
+        MIB,
+    )
+    assert (s.top_refresh_s, s.access_log, s.reads_require_key, s.read_rate) == (1.0, False, False, 0.0)
+    env = {
+        **KEYED,
+        "SHARDLB_REDIS_URL": "redis://10.0.0.1:7000,10.0.0.2:7001",
+        "SHARDLB_HOST": "0.0.0.0",
+        "SHARDLB_PORT": "9000",
+        "SHARDLB_WORKERS": "4",
+        "SHARDLB_READ_KEYS": "r",
+        "SHARDLB_READS_REQUIRE_KEY": "TRUE",
+        "SHARDLB_READ_RATE": "50",
+        "SHARDLB_READ_BURST": "100",
+        "SHARDLB_COALESCE_DELAY_MS": "2",
+        "SHARDLB_COALESCE_MAX_BATCH": "1000",
+        "SHARDLB_QUEUE_LIMIT": "5000",
+        "SHARDLB_DRAIN_SECONDS": "15",
+        "SHARDLB_MAX_BODY_BYTES": "2048",
+        "SHARDLB_TOP_REFRESH_S": "0.5",
+        "SHARDLB_ACCESS_LOG": "on",
+        "SHARDLB_STARTUP_TIMEOUT_S": "240",
+    }
+    s = Settings.from_env(env)
+    assert (s.host, s.port, s.workers, s.read_keys, s.reads_require_key) == ("0.0.0.0", 9000, 4, ("r",), True)
+    assert (s.read_rate, s.burst, s.coalesce_delay_ms, s.coalesce_max_batch, s.queue_limit) == (
+        50.0,
+        100,
+        2.0,
+        1000,
+        5000,
+    )
+    assert (s.drain_seconds, s.max_body_bytes, s.top_refresh_s, s.access_log, s.startup_timeout_s) == (
+        15.0,
+        2048,
+        0.5,
+        True,
+        240.0,
+    )
+    assert Settings.from_env({**KEYED, "SHARDLB_READ_RATE": "20"}).burst == 20
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SHARDLB_PORT", "http"),
+        ("SHARDLB_PORT", "70000"),
+        ("SHARDLB_WORKERS", "0"),
+        ("SHARDLB_REDIS_URL", "http://localhost:7000"),
+        ("SHARDLB_REDIS_URL", "redis://host:port"),
+        ("SHARDLB_READS_REQUIRE_KEY", "maybe"),
+        ("SHARDLB_READ_RATE", "-1"),
+        ("SHARDLB_READ_RATE", "nan"),
+        ("SHARDLB_COALESCE_DELAY_MS", "fast"),
+        ("SHARDLB_COALESCE_MAX_BATCH", "0"),
+        ("SHARDLB_QUEUE_LIMIT", "10"),
+        ("SHARDLB_DRAIN_SECONDS", "-5"),
+        ("SHARDLB_MAX_BODY_BYTES", "1"),
+        ("SHARDLB_TOP_REFRESH_S", "0"),
+        ("SHARDLB_ACCESS_LOG", "sometimes"),
+        ("SHARDLB_HOST", ""),
+        ("SHARDLB_ADMIN_KEYS", "has space"),
+        ("SHARDLB_NODE_CONCURRENCY", "1000"),
+        ("SHARDLB_LOG_LEVEL", "loud"),
+    ],
+)
+def test_a_bad_value_names_its_variable(variable: str, value: str) -> None:
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({**KEYED, variable: value})
+    assert e.value.variable == variable
+    assert str(e.value).startswith(f"{variable}: ")
+
+
+def test_no_keys_refuses_to_start_unless_insecure_dev() -> None:
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({})
+    assert e.value.variable == "SHARDLB_ADMIN_KEYS" and "SHARDLB_INSECURE_DEV" in str(e.value)
+    assert Settings.from_env({"SHARDLB_INSECURE_DEV": "true"}).open_access
+    assert not Settings.from_env({**KEYED, "SHARDLB_INSECURE_DEV": "true"}).open_access
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({"SHARDLB_INSECURE_DEV": "true", "SHARDLB_READS_REQUIRE_KEY": "true"})
+    assert e.value.variable == "SHARDLB_READS_REQUIRE_KEY"
+
+
+@pytest.mark.parametrize(
+    ("accept", "packed"),
+    [
+        (None, False),
+        ("", False),
+        ("application/json", False),
+        ("*/*", False),
+        ("application/msgpack", True),
+        ("application/x-msgpack", True),
+        ("application/json, application/msgpack", False),
+        ("application/json;q=0.5, application/msgpack", True),
+        ("application/msgpack;q=0.9, */*;q=0.1", True),
+        ("application/msgpack;q=0", False),
+        ("text/html", False),
+    ],
+)
+def test_accept_negotiation(accept: str | None, packed: bool) -> None:
+    assert wants_msgpack(accept) is packed
+
+
+def test_api_period_names() -> None:
+    assert [api_period(n) for n in ("total", "d:2026-11-30", "w:2026-W48", "m:2026-11")] == [
+        "total",
+        "daily:2026-11-30",
+        "weekly:2026-W48",
+        "monthly:2026-11",
+    ]
+
+
+@st.composite
+def shards(draw: st.DrawFn) -> list[list[tuple[float, str]]]:
+    """A few shards of distinct rows (score, player), some with tied scores."""
+    count = draw(st.integers(1, 4))
+    out = []
+    for s in range(count):
+        scores = draw(st.lists(st.integers(0, 30), max_size=60))
+        out.append(sorted(((float(v), f"s{s}p{i}") for i, v in enumerate(scores)), reverse=True))
+    return out
+
+
+def sample_reply(rows: list[tuple[float, str]], k: int) -> list[object]:
+    """What sample.lua returns for a shard whose rows are ``rows`` (best first)."""
+    n = len(rows)
+    ranks = list(range(n)) if n <= k + 1 else sorted({i * (n - 1) // k for i in range(k + 1)})
+    reply: list[object] = [n]
+    for r in ranks:
+        reply += [rows[r][1], repr(rows[r][0]), r]
+    return reply
+
+
+@given(shards(), st.integers(1, 8), st.data())
+def test_estimate_is_within_its_error(
+    boards: list[list[tuple[float, str]]], k: int, data: st.DataObject
+) -> None:
+    everyone = sorted((row for rows in boards for row in rows), reverse=True)
+    if not everyone:
+        return
+    snapshot = Snapshot(None, [parse_sample(sample_reply(rows, k)) for rows in boards], 0, 0.0)  # type: ignore[arg-type]
+    target = data.draw(st.sampled_from(everyone))
+    exact = everyone.index(target) + 1
+    guess = snapshot.estimate(target)
+    assert abs(guess.rank - exact) <= guess.error
+    assert guess.players == len(everyone)
+    # The bound is at most half a bucket per shard: never worse than sampling promises.
+    assert guess.error <= sum(-(-len(rows) // k) for rows in boards) // 2 + len(boards)
+    if all(len(rows) <= k + 1 for rows in boards):
+        assert guess.error == 0 and guess.rank == exact
+
+
+def test_shard_sample_bounds() -> None:
+    sample = ShardSample(10, [(1.0, "z"), (5.0, "m"), (9.0, "a")], [9, 5, 0])
+    assert sample.ahead((9.5, "x")) == (0, 0)
+    assert sample.ahead((9.0, "a")) == (0, 0)
+    assert sample.ahead((7.0, "x")) == (1, 5)
+    assert sample.ahead((0.5, "x")) == (10, 10)
