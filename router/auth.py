@@ -88,7 +88,7 @@ class Keys:
             raise ApiError(
                 403,
                 "forbidden",
-                f"a {scope.name.lower()} key may not do this; it needs a {need.name.lower()} key",
+                f"a {scope.name.lower()} key may not do this; it needs the {need.name.lower()} scope",
             )
         return Caller(scope, "key:" + _digest(key)[:12].hex())
 
