@@ -95,7 +95,9 @@ class View:
         """Rows ``offset`` .. ``offset + limit - 1`` of the merged order, at any depth.
 
         Bisects on the score to find a cut ``v`` with G(v) = rows strictly above v just at or below
-        ``offset`` (per-shard ZCOUNT sums), then reads a bounded window below v from each shard.
+        ``offset`` (per-shard ZCOUNT sums), then reads a bounded window below v from each shard. When
+        more than ``limit`` players share the score ``v`` itself, the cut is refined by player id inside
+        that tie block, so the window stays bounded there too.
         """
         if offset + limit <= self.shallow:
             return (await self.top(offset + limit))[offset:]
@@ -105,9 +107,53 @@ class View:
         if offset >= sum(sizes):
             return []
         cut, above = await self._cut(offset, limit, sizes)
-        skip = offset - above
-        lists = await self._each("zrevrangebyscore", _score(cut), "-inf", 0, skip + limit, True)
-        return merge(rows(pairs) for pairs in lists)[skip : skip + limit]
+        if offset - above <= limit:
+            skip = offset - above
+            lists = await self._each("zrevrangebyscore", _score(cut), "-inf", 0, skip + limit, True)
+            return merge(rows(pairs) for pairs in lists)[skip : skip + limit]
+        starts = await self._cut_tie_block(cut, offset - above, limit)
+        skip = offset - sum(starts)
+        pipe = self.client.pipeline(transaction=False)
+        for key, start in zip(self.keys, starts, strict=True):
+            pipe.zrevrange(key, start, start + skip + limit - 1, withscores=True)
+        return merge(rows(pairs) for pairs in await pipe.execute())[skip : skip + limit]
+
+    async def _cut_tie_block(self, score: int, within: int, limit: int) -> list[int]:
+        """Per shard, the index where the merged page starts inside the tie block at ``score``.
+
+        Same bracketing as ``_cut``, over player ids instead of scores: pivots are ids read at the
+        interpolated index of each shard's part of the block, counted with ``ties.lua``.
+        """
+        text = _score(score)
+        pipe = self.client.pipeline(transaction=False)
+        for key in self.keys:
+            pipe.zcount(key, f"({text}", "+inf")
+            pipe.zcount(key, text, text)
+        replies = [int(x) for x in await pipe.execute()]
+        base, tied = replies[0::2], replies[1::2]
+        top, bottom = [0] * len(self.keys), list(tied)
+        target = within - limit // 2
+        for _ in range(MAX_BISECT_ROUNDS):
+            if within - sum(top) <= limit or sum(bottom) - sum(top) <= 1:
+                break
+            fraction = (target - sum(top)) / (sum(bottom) - sum(top))
+            pivot = await self._pivot(
+                [b + t for b, t in zip(base, top, strict=True)],
+                [b + t for b, t in zip(base, bottom, strict=True)],
+                fraction,
+                member=True,
+            )
+            ahead = [
+                int(n) for n in await _gather(self.ties(keys=[key], args=[text, pivot]) for key in self.keys)
+            ]
+            before = (top, bottom)
+            if sum(ahead) <= within:
+                top = [max(a, t) for a, t in zip(ahead, top, strict=True)]
+            else:
+                bottom = [min(a, b) for a, b in zip(ahead, bottom, strict=True)]
+            if (top, bottom) == before:
+                break  # the pivot sat on the bracket's edge: read the (correct, wider) window from here
+        return [b + t for b, t in zip(base, top, strict=True)]
 
     async def _counts_above(self, value: int) -> list[int]:
         return [int(n) for n in await self._each("zcount", f"({value}", "+inf")]
@@ -143,8 +189,9 @@ class View:
                 lo, c_lo = mid, c_mid
         return hi, sum(c_hi)
 
-    async def _pivot(self, c_hi: list[int], c_lo: list[int], fraction: float) -> int:
-        """Weighted median of each shard's score at ``fraction`` of its rows inside the bracket."""
+    async def _pivot(self, c_hi: list[int], c_lo: list[int], fraction: float, member: bool = False) -> Any:
+        """Weighted median of each shard's score (or player id) at ``fraction`` of its rows inside
+        the bracket."""
         pipe = self.client.pipeline(transaction=False)
         weights = []
         for key, top, bottom in zip(self.keys, c_hi, c_lo, strict=True):
@@ -153,7 +200,9 @@ class View:
                 pipe.zrevrange(key, index, index, withscores=True)
                 weights.append(bottom - top)
         found = sorted(
-            (int(pairs[0][1]), w) for pairs, w in zip(await pipe.execute(), weights, strict=True) if pairs
+            (pairs[0][0] if member else int(pairs[0][1]), w)
+            for pairs, w in zip(await pipe.execute(), weights, strict=True)
+            if pairs
         )
         half, seen = sum(w for _, w in found) / 2, 0
         for value, weight in found:

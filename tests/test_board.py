@@ -124,3 +124,25 @@ async def test_random_workload_matches_reference(
                 await check_view(board, ref, "total", "total", regions[-1], rng)
     finally:
         await store.delete(board_id)
+
+
+@pytest.mark.parametrize("shards", [1, 3, 16])
+async def test_deep_pages_inside_a_large_tie_block(store: BoardStore, shards: int) -> None:
+    """Hundreds of players on one exact score (same points, same second): pages inside that block
+    are cut by player id, and still equal the reference order."""
+    config = BoardConfig.from_dict(f"ties-{shards}", {"sharding": {"strategy": "hash", "shards": shards}})
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    ref = ReferenceBoard(config)
+    scores = [Score(f"tied-{i:04d}", 500, f"m{i}", now) for i in range(400)]
+    scores += [Score(f"above-{i}", 900 + i, f"a{i}", now) for i in range(30)]
+    scores += [Score(f"below-{i}", i, f"b{i}", now) for i in range(30)]
+    try:
+        await board.submit(scores, now_ms=now)
+        ref.submit(scores, now_ms=now)
+        want = expected_entries(ref, "total", None)
+        board.shallow = 0
+        for offset in (0, 25, 31, 100, 217, 399, 420, 455):
+            assert await board.entries(offset, 7) == want[offset : offset + 7], offset
+    finally:
+        await store.delete(config.id)
