@@ -1,0 +1,210 @@
+"""Locust load test for a shardlb router: game servers post match results, players read the board.
+
+    locust -f bench/locustfile.py --host http://127.0.0.1:8000 GameServer Player
+
+Users (pick on the command line; both by default):
+- ``GameServer`` posts one match per request: SHARDLB_MATCH_PLAYERS players (default 10) drawn from
+  SHARDLB_PLAYERS with a Zipf-like skew (SHARDLB_SKEW), points from SHARDLB_POINTS, a unique match id;
+  a share SHARDLB_RETRY_SHARE (default 0.05) of posts repeat one of the user's recent posts verbatim.
+  Paced at SHARDLB_USER_RPS requests/s per user (default 10; or, with SHARDLB_USERS set and no
+  SHARDLB_USER_RPS, so that that many users offer SHARDLB_TARGET_WRITES player-scores a second).
+- ``Player`` reads in the mix SHARDLB_READ_MIX (default ``top:30,rank:35,around:15,friends:15,page:5``):
+  top-100, my rank, around me, friends (20-200 ids, POST players:query), a page. Paced at
+  SHARDLB_READER_RPS requests/s per user (default 5).
+See bench/workload.py for every distribution.
+
+Writes are counted in player-scores, not only requests: every accepted post also fires a request
+event of type ``WRITE`` named ``player-scores`` whose response length is the number of scores it
+carried. In the CSVs, that entry's Request Count x Average Content Size is the scores written.
+
+Shapes (SHARDLB_SHAPE; unset: Locust's own -u/-r/-t): ``ramp`` to SHARDLB_TARGET_WRITES player-score
+writes/s in SHARDLB_STEPS steps, ``soak`` at the target, ``spike`` 10x for 30 s (see bench/shapes.py);
+SHARDLB_DURATION seconds. Keys: SHARDLB_WRITE_KEY (writes), SHARDLB_READ_KEY (reads, when required),
+SHARDLB_ADMIN_KEY (when set, the board SHARDLB_BOARD is created at test start with PUT, idempotent).
+SHARDLB_CONTENT=msgpack sends and accepts MessagePack instead of JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import urllib.request
+from collections import deque
+from typing import Any
+
+import locust.runners
+import msgpack
+import orjson
+from locust import FastHttpUser, LoadTestShape, constant_throughput, events, task
+from locust.runners import WorkerRunner
+
+from bench import shapes
+from bench.workload import Workload
+
+WORKLOAD = Workload.from_env()
+BOARD = WORKLOAD.board
+READER_RPS = float(os.environ.get("SHARDLB_READER_RPS", "5"))
+SHAPE = os.environ.get("SHARDLB_SHAPE", "")
+TARGET_WRITES = float(os.environ.get("SHARDLB_TARGET_WRITES", "20000"))
+USERS = os.environ.get("SHARDLB_USERS", "")
+# Without a shape, SHARDLB_USERS users together offer SHARDLB_TARGET_WRITES player-scores a second
+# (the Kubernetes ConfigMap's contract); otherwise each user posts SHARDLB_USER_RPS requests a second.
+USER_RPS = float(
+    os.environ.get("SHARDLB_USER_RPS")
+    or (TARGET_WRITES / max(1, int(USERS)) / WORKLOAD.players_per_match if USERS.isdigit() else 10)
+)
+DURATION = float(os.environ["SHARDLB_DURATION"]) if os.environ.get("SHARDLB_DURATION") else None
+STEPS = int(os.environ.get("SHARDLB_STEPS", "6"))
+MSGPACK = os.environ.get("SHARDLB_CONTENT", "json") == "msgpack"
+CONTENT_TYPE = "application/msgpack" if MSGPACK else "application/json"
+RECENT_POSTS = 64
+# Workers report to the master every 3 s by default; every second makes the CSV history (and so the
+# per-step rates of a ramp) three times finer, for a negligible cost.
+locust.runners.WORKER_REPORT_INTERVAL = 1.0
+
+
+def _auth(variable: str) -> dict[str, str]:
+    key = os.environ.get(variable, "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+WRITE_HEADERS = {"Content-Type": CONTENT_TYPE, "Accept": CONTENT_TYPE, **_auth("SHARDLB_WRITE_KEY")}
+READ_HEADERS = {"Accept": CONTENT_TYPE, **_auth("SHARDLB_READ_KEY")}
+QUERY_HEADERS = {**READ_HEADERS, "Content-Type": CONTENT_TYPE}
+BASE = f"/v1/boards/{BOARD}"
+
+
+def encode(body: Any) -> bytes:
+    return msgpack.packb(body) if MSGPACK else orjson.dumps(body)
+
+
+class GameServer(FastHttpUser):
+    """A game server posting match results."""
+
+    wait_time = constant_throughput(USER_RPS)
+
+    def on_start(self) -> None:
+        self.rng = random.Random()
+        self.recent: deque[tuple[bytes, int]] = deque(maxlen=RECENT_POSTS)
+
+    @task
+    def post_match(self) -> None:
+        if self.recent and self.rng.random() < WORKLOAD.retry_share:
+            body, count = self.rng.choice(self.recent)
+        else:
+            match_id, players = WORKLOAD.match(self.rng)
+            count = len(players)
+            body = encode(
+                {"scores": [{"player_id": p, "points": s, "match_id": match_id} for p, s in players]}
+            )
+            self.recent.append((body, count))
+        t0 = time.perf_counter()
+        with self.client.post(
+            f"{BASE}/scores",
+            data=body,
+            headers=WRITE_HEADERS,
+            catch_response=True,
+            name="/v1/boards/[board]/scores",
+        ) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
+                return
+            response.success()
+        self.environment.events.request.fire(
+            request_type="WRITE",
+            name="player-scores",
+            response_time=(time.perf_counter() - t0) * 1000,
+            response_length=count,
+            exception=None,
+            context={},
+        )
+
+
+class Player(FastHttpUser):
+    """A player looking at the board: top, own rank, neighbours, friends, pages."""
+
+    wait_time = constant_throughput(READER_RPS)
+
+    def on_start(self) -> None:
+        self.rng = random.Random()
+
+    def _get(self, path: str, name: str, missing_ok: bool = False) -> None:
+        with self.client.get(path, headers=READ_HEADERS, name=name, catch_response=True) as response:
+            if response.status_code == 200 or (missing_ok and response.status_code == 404):
+                response.success()
+            else:
+                response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
+
+    @task
+    def read(self) -> None:
+        kind = WORKLOAD.read_kind(self.rng)
+        if kind == "top":
+            self._get(f"{BASE}/top?limit=100", "/v1/boards/[board]/top")
+        elif kind == "rank":
+            # A player without a score (a small test population) is a correct 404, not a failure.
+            self._get(
+                f"{BASE}/players/{WORKLOAD.player(self.rng)}",
+                "/v1/boards/[board]/players/[id]",
+                missing_ok=True,
+            )
+        elif kind == "around":
+            self._get(
+                f"{BASE}/players/{WORKLOAD.player(self.rng)}/around?radius={WORKLOAD.around_radius}",
+                "/v1/boards/[board]/players/[id]/around",
+                missing_ok=True,
+            )
+        elif kind == "friends":
+            body = encode({"player_ids": WORKLOAD.friends(self.rng)})
+            with self.client.post(
+                f"{BASE}/players:query",
+                data=body,
+                headers=QUERY_HEADERS,
+                name="/v1/boards/[board]/players:query",
+                catch_response=True,
+            ) as response:
+                if response.status_code == 200:
+                    response.success()
+                else:
+                    response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
+        else:
+            offset = WORKLOAD.page_offset(self.rng)
+            self._get(
+                f"{BASE}/entries?offset={offset}&limit={WORKLOAD.page_limit}", "/v1/boards/[board]/entries"
+            )
+
+
+class BenchShape(LoadTestShape):
+    """The shape SHARDLB_SHAPE names (bench/shapes.py); absent when the variable is unset."""
+
+    abstract = not SHAPE
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stages = shapes.schedule(
+            SHAPE or "ramp", TARGET_WRITES, DURATION, USER_RPS, WORKLOAD.players_per_match, STEPS
+        )
+
+    def tick(self) -> tuple[int, float] | None:
+        stage = shapes.at(self.stages, self.get_run_time())
+        return None if stage is None else (stage.users, stage.spawn_rate)
+
+
+@events.test_start.add_listener
+def create_board(environment: Any, **_: Any) -> None:
+    """With SHARDLB_ADMIN_KEY set, create the board once (on the master) before any user starts."""
+    admin = os.environ.get("SHARDLB_ADMIN_KEY")
+    if not admin or not environment.host or isinstance(environment.runner, WorkerRunner):
+        return
+    body = orjson.dumps(
+        {"sharding": {"strategy": "hash", "shards": int(os.environ.get("SHARDLB_SHARDS", "16"))}}
+    )
+    request = urllib.request.Request(
+        f"{environment.host}{BASE}",
+        data=body,
+        method="PUT",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {admin}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        if response.status not in (200, 201):
+            raise RuntimeError(f"PUT {BASE} answered {response.status}")

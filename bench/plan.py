@@ -1,0 +1,216 @@
+"""`shardlb plan`: size a deployment from the per-operation costs the last bench measured.
+
+    shardlb plan --players 50000000 --writes 20000 --reads 5000 [--replicas 1] [--periods total,daily]
+
+The costs (CPU microseconds per write and per read on a Redis master and in the router, bytes per
+player) come from bench/results/latest/summary.json, written by `make bench`; without it, the
+DEFAULTS below (from a run on the 2-core development machine) are used and the output says so.
+The model is deliberately simple and printed in full: every number can be checked by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LATEST = Path(__file__).resolve().parent / "results" / "latest" / "summary.json"
+
+# Measured by `make bench` on the 2-core development machine (bench/results/latest, 2026-11-30 06:33).
+DEFAULTS: dict[str, float] = {
+    "bytes_per_player": 113.0,
+    "redis_master_us_per_write": 10.4,
+    "redis_replica_us_per_write": 1.6,
+    "router_us_per_write": 52.5,
+    "redis_master_us_per_read": 4473.0,
+    "router_us_per_read": 25437.0,
+}
+BENCH_SHARDS = 16  # the board the costs were measured on
+
+MASTER_UTILISATION = 0.5  # a Redis master runs commands on one core; keep half of it free
+ROUTER_UTILISATION = 0.6  # a router process is one Python core; keep 40% for bursts and GC
+MAX_DATA_PER_MASTER = 25 * 2**30  # beyond this, a full resync or a restart takes too long
+MAX_PLAYERS_PER_SHARD = 50_000_000  # one sorted set stays one slot: keep it small enough to move
+# A board's shard count is fixed at creation, and a shard never splits over masters: keep at least the
+# default 16 so the cluster can grow to 16 masters without re-creating the board.
+MIN_SHARDS = 16
+FRAGMENTATION = 1.2  # jemalloc fragmentation and overhead over used_memory
+FORK_HEADROOM = 2.0  # RAM per node over the data: a fork (replica sync, snapshot) may copy every page
+EXTRA_PERIOD_WRITE_COST = 0.5  # each extra period adds one ZADD to a write's script: half a write
+
+# Sorted sets alive at once per dated kind (the current one plus those kept by the default
+# retention: daily 3 days, weekly 35 days, monthly 400 days) times the share of players active in one.
+PERIOD_SETS = {"daily": (4, 0.10), "weekly": (6, 0.25), "monthly": (14, 0.40)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    masters: int
+    replicas: int
+    shards: int
+    routers: int
+    memory_per_node_bytes: int
+    data_bytes: float
+    redis_cores: float
+    router_cores: float
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+def memory_factor(periods: list[str]) -> float:
+    """Player entries kept per player, relative to the total board alone."""
+    return 1.0 + sum(live * active for kind, (live, active) in PERIOD_SETS.items() if kind in periods)
+
+
+def plan(
+    players: int, writes: float, reads: float, replicas: int, periods: list[str], costs: dict[str, float]
+) -> Plan:
+    """The sizing model (pure arithmetic; ``main`` prints it with its assumptions)."""
+    c = {**DEFAULTS, **{k: v for k, v in costs.items() if v is not None}}
+    extra = len([p for p in periods if p != "total"])
+    write_us = c["redis_master_us_per_write"] * (1 + EXTRA_PERIOD_WRITE_COST * extra)
+    data = players * c["bytes_per_player"] * memory_factor(periods) * FRAGMENTATION
+    by_memory = math.ceil(data / MAX_DATA_PER_MASTER)
+    # A hash board's read touches every shard, so every master serves a slice of EVERY read: adding
+    # masters spreads writes but not reads. Per master: writes x w / masters + reads x r x k <= budget,
+    # with r the Redis cost of one read on one shard and k the shards per master.
+    per_shard_read = c["redis_master_us_per_read"] / BENCH_SHARDS / 1e6
+    per_master, masters = MIN_SHARDS, 1
+    for _ in range(5):
+        read_load = reads * per_shard_read * per_master
+        budget = MASTER_UTILISATION - read_load
+        # Over budget, reads cannot be planned away: size for the writes alone and say so.
+        usable = budget if budget > 0.05 else MASTER_UTILISATION
+        by_cpu = math.ceil(writes * write_us / 1e6 / usable)
+        masters = max(1, by_cpu, by_memory)
+        new_per_master = max(
+            math.ceil(MIN_SHARDS / masters), math.ceil(players / (masters * MAX_PLAYERS_PER_SHARD))
+        )
+        if new_per_master == per_master:
+            break
+        per_master = new_per_master
+    shards = min(1024, masters * per_master)
+    redis_cores = (writes * write_us / 1e6) + reads * per_shard_read * shards
+    router_cores = (writes * c["router_us_per_write"] + reads * c["router_us_per_read"]) / 1e6
+    routers = max(1, math.ceil(router_cores / ROUTER_UTILISATION))
+    reasons = {
+        "masters": "memory" if by_memory >= by_cpu and by_memory > 1 else "CPU",
+        "shards": f"{shards // masters} per master: at least {MIN_SHARDS} in all, at most "
+        f"{MAX_PLAYERS_PER_SHARD:,} players a shard",
+        "reads": f"reads take {read_load:.2f} of each master's {MASTER_UTILISATION:g}-core budget"
+        + (
+            " -- OVER BUDGET: more masters do not help a fan-out read; cache reads in the routers, "
+            "use fewer shards, or serve reads from replicas"
+            if read_load >= MASTER_UTILISATION
+            else ""
+        ),
+    }
+    memory_per_node = int(data / masters * FORK_HEADROOM)
+    return Plan(masters, replicas, shards, routers, memory_per_node, data, redis_cores, router_cores, reasons)
+
+
+def load_costs(path: Path) -> tuple[dict[str, float], str]:
+    """(costs, where they came from). Missing or unreadable results fall back to DEFAULTS."""
+    try:
+        summary: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return dict(DEFAULTS), f"no bench results at {path}: using the documented defaults (run `make bench`)"
+    costs = {k: float(v) for k, v in summary.get("costs", {}).items() if isinstance(v, int | float)}
+    missing = sorted(set(DEFAULTS) - set(costs))
+    source = f"measured by the bench of {summary.get('started', '?')} ({path})"
+    if missing:
+        source += f"; defaults for {', '.join(missing)}"
+    return {**DEFAULTS, **costs}, source
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def render(
+    p: Plan,
+    players: int,
+    writes: float,
+    reads: float,
+    periods: list[str],
+    costs: dict[str, float],
+    source: str,
+) -> str:
+    nodes = p.masters * (1 + p.replicas)
+    return "\n".join(
+        [
+            f"Plan for {players:,} players, {writes:,.0f} player-score writes/s, {reads:,.0f} reads/s, "
+            f"periods {','.join(periods)}, {p.replicas} replica(s) per master",
+            "",
+            f"  Redis masters        {p.masters}  ({p.reasons['masters']}-bound; "
+            f"{nodes} nodes with replicas)",
+            f"  shards per board     {p.shards}  ({p.reasons['shards']})",
+            f"  router processes     {p.routers}  (one core each)",
+            f"  memory per node      {_gib(p.memory_per_node_bytes)}  (data {_gib(p.data_bytes / p.masters)} "
+            f"per master x {FORK_HEADROOM:g} for fork copy-on-write)",
+            "",
+            f"Costs: {source}",
+            *(f"  {k} = {v:g}" for k, v in sorted(costs.items())),
+            "",
+            "Model:",
+            f"  w = redis_master_us_per_write x (1 + {EXTRA_PERIOD_WRITE_COST:g} per extra period); "
+            f"r = redis_master_us_per_read / {BENCH_SHARDS} (one read on one shard)",
+            "  every read touches every shard: per master, writes x w / masters"
+            " + reads x r x shards per master"
+            f" <= {MASTER_UTILISATION:g} core",
+            f"  {p.reasons['reads']}",
+            f"  masters = max(that CPU bound, data / {_gib(MAX_DATA_PER_MASTER)} per master); "
+            f"Redis CPU in all = {p.redis_cores:.2f} cores",
+            f"  data = players x bytes_per_player x {memory_factor(periods):.2f} (entries per player for the "
+            f"periods) x {FRAGMENTATION:g} fragmentation = {_gib(p.data_bytes)}",
+            "  router CPU = writes x router_us_per_write + reads x router_us_per_read"
+            f" = {p.router_cores:.2f} cores;"
+            f" routers = that / {ROUTER_UTILISATION:g}",
+            "",
+            "Assumptions:",
+            "  - the per-operation costs scale linearly from the bench (same read mix, same players",
+            "    per match, same script); reads fan out to every shard, so their Redis cost grows",
+            "    with the shards;",
+            "  - dated periods keep, alive at once and active: "
+            + "; ".join(f"{k} {n} sets x {a:.0%}" for k, (n, a) in PERIOD_SETS.items())
+            + ";",
+            "  - replicas double memory and add redis_replica_us_per_write on their own cores;",
+            "  - a board's shard count is fixed when it is created: size it for the most masters you expect",
+            f"    (at least {MIN_SHARDS}); more shards make every read touch more of them;",
+            "  - a 2-core bench machine shares its cores between everything: treat its costs as upper bounds",
+            "    for dedicated hosts, and re-run `make bench` on hardware like production's before",
+            "    buying it.",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`plan --players N --writes W --reads R [--replicas 1] [--periods total,daily,...]`."""
+    parser = argparse.ArgumentParser(prog="shardlb plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--players", type=int, required=True, help="players on the largest board")
+    parser.add_argument("--writes", type=float, required=True, help="player-score writes a second at peak")
+    parser.add_argument("--reads", type=float, required=True, help="reads a second at peak (the bench's mix)")
+    parser.add_argument("--replicas", type=int, default=1, help="replicas per master (default 1)")
+    parser.add_argument(
+        "--periods", default="total", help="kept periods, e.g. total,daily,weekly (default total)"
+    )
+    parser.add_argument(
+        "--summary", type=Path, default=LATEST, help=f"bench summary to read (default {LATEST})"
+    )
+    args = parser.parse_args(argv)
+    periods = [p.strip() for p in args.periods.split(",") if p.strip()]
+    unknown = sorted(set(periods) - {"total", *PERIOD_SETS})
+    if unknown or args.players < 1 or args.writes < 0 or args.reads < 0 or args.replicas < 0:
+        parser.error(f"bad arguments{': unknown periods ' + ', '.join(unknown) if unknown else ''}")
+    if "total" not in periods:
+        periods.insert(0, "total")
+    costs, source = load_costs(args.summary)
+    p = plan(args.players, args.writes, args.reads, args.replicas, periods, costs)
+    print(render(p, args.players, args.writes, args.reads, periods, costs, source))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

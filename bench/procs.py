@@ -1,0 +1,137 @@
+"""CPU seconds of the processes a bench phase involves, read from /proc/<pid>/stat before and after.
+
+On a 2-core machine every process (router, Redis nodes, Locust, drivers) competes for the same two
+cores, so a throughput figure only means something next to where the CPU went. Processes that come
+and go during a phase (Locust's forked workers, router workers) are found by walking the process
+tree from a root pid, on a background thread, so their CPU is caught before they exit.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields after the parenthesised command name (which may hold spaces): state is fields[0].
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of one process, or None once it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds spent by the whole machine (all cores, all processes; idle and iowait excluded)."""
+    values = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(values) - values[3] - values[4]) / TICKS
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it (one scan of /proc)."""
+    parent_of: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields is not None:
+                parent_of[int(entry.name)] = int(fields[1])
+    found = [root]
+    frontier = [root]
+    while frontier:
+        current = frontier.pop()
+        kids = [p for p, parent in parent_of.items() if parent == current]
+        found += kids
+        frontier += kids
+    return found
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds per named group of processes between ``start()`` and ``stop()``.
+
+    ``groups`` maps a name to root pids; with ``trees`` the roots' descendants count too. A pid seen
+    for the first time after start counts from zero (it was born during the phase).
+    """
+
+    groups: Mapping[str, list[int]]
+    trees: bool = True
+    interval: float = 0.5
+    first: dict[int, float] = field(default_factory=dict)
+    last: dict[int, float] = field(default_factory=dict)
+    owner: dict[int, str] = field(default_factory=dict)
+    machine0: float = 0.0
+    wall0: float = 0.0
+    wall: float = 0.0
+    machine: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _sample(self, initial: bool = False) -> None:
+        for name, roots in self.groups.items():
+            for root in roots:
+                for pid in descendants(root) if self.trees else [root]:
+                    value = cpu_seconds(pid)
+                    if value is None:
+                        continue
+                    if pid not in self.first:
+                        self.first[pid] = value if initial else 0.0
+                        self.owner[pid] = name
+                    self.last[pid] = value
+
+    def start(self) -> CpuMeter:
+        # This process and its children not claimed by a group (driver processes, the sampler itself):
+        # listed last, so every named group claims its own processes first.
+        self.groups = {**self.groups, "harness": [os.getpid()]}
+        self._sample(initial=True)
+        self.machine0, self.wall0 = machine_cpu_seconds(), time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def stop(self) -> dict[str, Any]:
+        """Stop sampling; CPU seconds per group, per process, the machine's total, and wall seconds."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+        self.wall = time.monotonic() - self.wall0
+        self.machine = machine_cpu_seconds() - self.machine0
+        return self.report()
+
+    def report(self) -> dict[str, Any]:
+        per_group: dict[str, float] = {name: 0.0 for name in self.groups}
+        busiest: dict[str, float] = {name: 0.0 for name in self.groups}
+        for pid, value in self.last.items():
+            used = value - self.first[pid]
+            per_group[self.owner[pid]] += used
+            busiest[self.owner[pid]] = max(busiest[self.owner[pid]], used)
+        return {
+            "wall_s": round(self.wall, 2),
+            "machine_cpu_s": round(self.machine, 2),
+            # CPU that none of the metered processes spent: other work on the machine during the phase.
+            "other_cpu_s": round(max(0.0, self.machine - sum(per_group.values())), 2),
+            "cores": os.cpu_count(),
+            "cpu_s": {name: round(v, 2) for name, v in per_group.items()},
+            # The busiest single process of a group as a share of one core: near 1.0 it was CPU-bound.
+            "busiest_process_share": {
+                name: round(v / self.wall, 2) if self.wall else 0.0 for name, v in busiest.items()
+            },
+            "processes": {name: sum(1 for p in self.owner.values() if p == name) for name in self.groups},
+        }

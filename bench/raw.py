@@ -1,0 +1,116 @@
+"""The raw limit: the same writes and reads as the HTTP bench, straight at the cluster through the
+library, no HTTP. This is the ceiling the router can approach, measured on the same cluster and data.
+
+Writes are batched the way the router's coalescer batches them: many matches' scores are prepared
+together, grouped by shard, and every shard gets one ``apply_shard`` script call, all concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+
+from bench.latency import Phase, elapsed_ms, run_phase
+from bench.workload import Workload
+from shardlb.board import Board, Prepared, Score
+
+POOL_MATCHES = 20_000
+
+
+class MatchPool:
+    """Pre-drawn matches, so the timed loop measures the library, not the random number generator.
+
+    ``take`` hands out ``n`` matches; a ``retry_share`` of them repeat an earlier match (same match id,
+    same scores), as a game server retrying a post whose reply it lost.
+    """
+
+    def __init__(self, workload: Workload, seed: int, size: int = POOL_MATCHES) -> None:
+        rng = random.Random(seed)
+        self.workload = workload
+        self.rng = rng
+        self.matches = [workload.match(rng) for _ in range(size)]
+        self.next = 0
+
+    def take(self, n: int) -> list[Score]:
+        """The scores of ``n`` matches. Once the pool wraps, its matches come back under new ids."""
+        out: list[Score] = []
+        size = len(self.matches)
+        for _ in range(n):
+            if self.next and self.rng.random() < self.workload.retry_share:
+                seq = self.rng.randrange(max(0, self.next - size), self.next)
+            else:
+                seq = self.next
+                self.next += 1
+            match_id, players = self.matches[seq % size]
+            if seq >= size:
+                match_id = f"{match_id}.{seq // size}"
+            out.extend(Score(player, points, match_id) for player, points in players)
+        return out
+
+
+async def write_batch(board: Board, scores: Sequence[Score]) -> int:
+    """Prepare, group by shard, one script call per shard, concurrently. Returns scores applied."""
+    prepared = board.prepare(scores)
+    by_shard: dict[int, list[Prepared]] = defaultdict(list)
+    for p in prepared:
+        by_shard[p.shard].append(p)
+    replies = await asyncio.gather(*(board.apply_shard(shard, items) for shard, items in by_shard.items()))
+    return sum(len(r) for r in replies)
+
+
+async def writes(
+    board: Board,
+    workload: Workload,
+    seconds: float,
+    concurrency: int = 8,
+    batch_matches: int = 50,
+    seed: int = 1,
+    name: str = "raw writes",
+) -> Phase:
+    """Batched writes for ``seconds``; one latency sample per batch of ``batch_matches`` matches."""
+    pool = MatchPool(workload, seed)
+
+    async def step(phase: Phase, _: int) -> None:
+        batch = pool.take(batch_matches)
+        t0 = time.perf_counter()
+        applied = await write_batch(board, batch)
+        phase.record("write batch", elapsed_ms(t0), applied)
+
+    return await run_phase(Phase(name), seconds, concurrency, step)
+
+
+async def read_one(board: Board, workload: Workload, rng: random.Random, kind: str) -> None:
+    """One read of the mix, as the HTTP routes would issue it."""
+    if kind == "top":
+        await board.top(100)
+    elif kind == "rank":
+        await board.player(workload.player(rng))
+    elif kind == "around":
+        await board.around(workload.player(rng), workload.around_radius)
+    elif kind == "friends":
+        await board.query(workload.friends(rng))
+    else:
+        await board.entries(workload.page_offset(rng), workload.page_limit)
+
+
+async def reads(
+    board: Board,
+    workload: Workload,
+    seconds: float,
+    concurrency: int = 16,
+    seed: int = 2,
+    name: str = "raw reads",
+) -> Phase:
+    """The read mix for ``seconds``: one latency sample per read, per kind."""
+    rng = random.Random(seed)
+
+    async def step(phase: Phase, _: int) -> None:
+        kind = workload.read_kind(rng)
+        t0 = time.perf_counter()
+        await read_one(board, workload, rng, kind)
+        phase.record(kind, elapsed_ms(t0))
+
+    return await run_phase(Phase(name), seconds, concurrency, step)

@@ -1,0 +1,377 @@
+"""Turning a run's measurements into summary.json numbers, summary.md text and the derived costs
+that ``bench.plan`` sizes a deployment from."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from bench import locust_csv
+from bench.shapes import Stage
+
+SPAWN_SETTLE_S = 2.0  # the first seconds of a ramp step still spawn users; leave them out
+LOCUST_BOUND_SHARE = 0.9  # Locust's own warning threshold (90% of a core)
+OTHER_LOAD = 0.2  # cores used by processes outside the bench, above which a phase's figure is suspect
+
+
+def _endpoints(run_stats: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for e in locust_csv.read_stats(run_stats):
+        out[e.key or "Aggregated"] = {
+            "requests": e.requests,
+            "failures": e.failures,
+            "rps": round(e.rps, 1),
+            "p50": e.p50,
+            "p95": e.p95,
+            "p99": e.p99,
+            "max": round(e.max, 1),
+        }
+    return out
+
+
+def _history_start(history: Path) -> float:
+    samples = locust_csv.read_history(history, "", "Aggregated")
+    return samples[0].t if samples else 0.0
+
+
+def _locust(run: Any) -> dict[str, Any]:
+    share = run.cpu["busiest_process_share"].get("locust", 0.0)
+    return {
+        "returncode": run.returncode,
+        "cpu": run.cpu,
+        "locust_cpu_bound": bool(run.warnings) or share >= LOCUST_BOUND_SHARE,
+        "locust_warnings": run.warnings,
+    }
+
+
+def http_writes(run: Any, stages: list[Stage]) -> dict[str, Any]:
+    """The write ramp: sustained writes/s (best 10 s window), each step's offered vs achieved."""
+    endpoints = _endpoints(run.stats)
+    history = locust_csv.read_history(run.history, locust_csv.SCORES_TYPE, locust_csv.SCORES_NAME)
+    posts = locust_csv.read_history(run.history, "POST", "/v1/boards/[board]/scores")
+    t0 = _history_start(run.history)
+    steps = []
+    begin = 0.0
+    for stage in stages:
+        achieved = locust_csv.rate_between(history, t0 + begin + SPAWN_SETTLE_S, t0 + stage.until)
+        at_end = [p for p in posts if p.t <= t0 + stage.until]
+        steps.append(
+            {
+                "until_s": stage.until,
+                "users": stage.users,
+                "offered": round(stage.offered),
+                "achieved": round(achieved),
+                "p99_ms": at_end[-1].p99_recent if at_end else math.nan,
+            }
+        )
+        begin = stage.until
+    written = locust_csv.scores_written(locust_csv.read_stats(run.stats))
+    return {
+        "sustained_writes_per_s": round(locust_csv.best_window(history, 10.0)),
+        "scores_written": written,
+        "failures": sum(v["failures"] for k, v in endpoints.items() if k != "Aggregated"),
+        "steps": steps,
+        "endpoints": endpoints,
+        **_locust(run),
+    }
+
+
+def http_reads(run: Any) -> dict[str, Any]:
+    endpoints = _endpoints(run.stats)
+    total = endpoints.get("Aggregated", {})
+    return {
+        "reads_per_s": total.get("rps", 0.0),
+        "failures": total.get("failures", 0),
+        "endpoints": endpoints,
+        **_locust(run),
+    }
+
+
+def sweep_point(run: Any, window: float) -> dict[str, Any]:
+    history = locust_csv.read_history(run.history, locust_csv.SCORES_TYPE, locust_csv.SCORES_NAME)
+    post = _endpoints(run.stats).get("POST /v1/boards/[board]/scores", {})
+    return {
+        "writes_per_s": round(locust_csv.best_window(history, window)),
+        "p99_ms": post.get("p99"),
+        "failures": post.get("failures", 0),
+        **_locust(run),
+    }
+
+
+def _per(cpu_s: float | None, count: float) -> float | None:
+    return round(cpu_s / count * 1e6, 1) if cpu_s is not None and count else None
+
+
+def costs(summary: dict[str, Any]) -> dict[str, Any]:
+    """CPU microseconds per operation and bytes per player, as measured in this run."""
+    out: dict[str, Any] = {"bytes_per_player": summary.get("population", {}).get("board_bytes_per_player")}
+    raw = summary.get("raw", {})
+    if "writes" in raw:
+        w = raw["writes"]
+        out["redis_master_us_per_write"] = _per(w["cpu"]["cpu_s"].get("redis masters"), w["items"])
+        out["redis_replica_us_per_write"] = _per(w["cpu"]["cpu_s"].get("redis replicas"), w["items"])
+        out["library_us_per_write"] = _per(w["driver_cpu_seconds"], w["items"])
+    if "reads" in raw:
+        r = raw["reads"]
+        out["redis_master_us_per_read"] = _per(r["cpu"]["cpu_s"].get("redis masters"), r["ops"])
+        out["library_us_per_read"] = _per(r["driver_cpu_seconds"], r["ops"])
+    http = summary.get("http", {})
+    if "writes" in http:
+        w = http["writes"]
+        out["router_us_per_write"] = _per(w["cpu"]["cpu_s"].get("router"), w["scores_written"])
+        out["locust_us_per_write"] = _per(w["cpu"]["cpu_s"].get("locust"), w["scores_written"])
+    if "reads" in http:
+        r = http["reads"]
+        count = r["endpoints"].get("Aggregated", {}).get("requests", 0)
+        out["router_us_per_read"] = _per(r["cpu"]["cpu_s"].get("router"), count)
+    return out
+
+
+def finish(summary: dict[str, Any]) -> None:
+    """Add the ratios, the goal check (reported, never asserted) and the costs."""
+    raw_w = summary.get("raw", {}).get("writes", {}).get("items_per_s")
+    raw_r = summary.get("raw", {}).get("reads", {}).get("items_per_s")
+    http = summary.get("http", {})
+    http_w = http.get("writes", {}).get("sustained_writes_per_s")
+    http_r = http.get("reads", {}).get("reads_per_s")
+    ratios = {
+        "router_over_raw_writes": round(http_w / raw_w, 2) if http_w is not None and raw_w else None,
+        "router_over_raw_reads": round(http_r / raw_r, 2) if http_r is not None and raw_r else None,
+    }
+    summary["ratios"] = ratios
+    goal = summary["goal"]
+    goal["writes_met"] = http_w is not None and http_w >= goal["writes_per_s"]
+    goal["ratio_met"] = ratios["router_over_raw_writes"] is not None and (
+        ratios["router_over_raw_writes"] >= goal["router_over_raw"]
+    )
+    summary["costs"] = costs(summary)
+    summary["contaminated"] = contaminated(summary)
+
+
+def _phases(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for group in ("http", "raw", "textbook", "postgres"):
+        for part in ("writes", "reads"):
+            cpu = summary.get(group, {}).get(part, {}).get("cpu")
+            if cpu:
+                out.append((f"{group} {part}", cpu))
+    return out
+
+
+def contaminated(summary: dict[str, Any]) -> dict[str, float]:
+    """Phases during which processes outside the bench used more than OTHER_LOAD cores on average."""
+    return {
+        name: round(cpu["other_cpu_s"] / cpu["wall_s"], 2)
+        for name, cpu in _phases(summary)
+        if cpu.get("wall_s") and cpu.get("other_cpu_s", 0) / cpu["wall_s"] > OTHER_LOAD
+    }
+
+
+# ---- markdown ------------------------------------------------------------------------------------
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:g}"
+
+
+def _rate(value: Any) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _lat(lat: dict[str, Any]) -> str:
+    return f"{_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {_ms(lat.get('p99'))}" if lat else "-"
+
+
+def server_us(phase: dict[str, Any], count: float) -> float | None:
+    """Store-side CPU µs per operation: Redis masters + replicas, or PostgreSQL's processes."""
+    cpu = phase.get("cpu", {}).get("cpu_s", {})
+    used = [cpu[k] for k in ("redis masters", "redis replicas", "postgres") if k in cpu]
+    return round(sum(used) / count * 1e6, 1) if used and count else None
+
+
+def _phase_row(name: str, phases: dict[str, Any], write_kind: str) -> str:
+    if "skipped" in phases:
+        return f"| {name} | skipped: {phases['skipped']} | | | | | | |"
+    w, r = phases.get("writes", {}), phases.get("reads", {})
+    read_p99 = max((v["p99"] for v in r.get("latency_ms", {}).values()), default=None)
+    return (
+        f"| {name} | {_rate(w.get('items_per_s'))} | {_lat(w.get('latency_ms', {}).get(write_kind, {}))} "
+        f"| {_ms(server_us(w, w.get('items', 0)))} | {_rate(r.get('items_per_s'))} | {_ms(read_p99)} "
+        f"| {_ms(server_us(r, r.get('ops', 0)))} | {w.get('errors', 0) + r.get('errors', 0)} |"
+    )
+
+
+def _cpu_row(name: str, cpu: dict[str, Any] | None) -> str:
+    if not cpu:
+        return f"| {name} | - | - | - | - | - | - | - | - | - |"
+    c = cpu["cpu_s"]
+    return (
+        f"| {name} | {cpu['wall_s']} | {c.get('router', '-')} | {c.get('redis masters', '-')} "
+        f"| {c.get('redis replicas', '-')} | {c.get('postgres', '-')} | {c.get('locust', '-')} "
+        f"| {c.get('driver', '-')} | {cpu.get('other_cpu_s', '-')} | {cpu['machine_cpu_s']} |"
+    )
+
+
+def markdown(summary: dict[str, Any], name: str) -> str:
+    m = summary["machine"]
+    s = summary["settings"]
+    http = summary.get("http", {})
+    lines = [
+        f"# shardlb bench {name}",
+        "",
+        f"Machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gb']} GB, Linux {m['kernel']}, "
+        f"Python {m['python']}, {m['redis']}. Everything (cluster, router, Locust, drivers, PostgreSQL) "
+        "shares these cores, so every figure below is one slice of the same two cores.",
+        f"Cluster: {s['masters']} masters x {s['replicas']} replica; board of {s['shards']} hash shards; "
+        f"{summary.get('population', {}).get('players', 0):,} players preloaded; "
+        f"{summary['workload']['players_per_match']} players per match; run took {summary.get('seconds')} s.",
+        "",
+        *(
+            [
+                "**Other load on the machine** (cores used by processes outside the bench, on average): "
+                + ", ".join(f"{k} {v}" for k, v in summary["contaminated"].items())
+                + ". Those phases had less than the whole machine; compare their figures with care.",
+                "",
+            ]
+            if summary.get("contaminated")
+            else []
+        ),
+        "## Writes and reads, same run, same data",
+        "",
+        "| contender | writes/s | write latency p50 / p95 / p99 ms | store CPU µs/write | reads/s "
+        "| worst read p99 ms | store CPU µs/read | errors |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    if "skipped" in http:
+        lines.append(f"| shardlb over HTTP | skipped: {http['skipped']} | | | | | | |")
+    else:
+        w, r = http.get("writes", {}), http.get("reads", {})
+        post = w.get("endpoints", {}).get("POST /v1/boards/[board]/scores", {})
+        read_p99 = max(
+            (v["p99"] for k, v in r.get("endpoints", {}).items() if k != "Aggregated"), default=None
+        )
+        lines.append(
+            f"| shardlb over HTTP ({http.get('router_workers')} router processes) "
+            f"| {_rate(w.get('sustained_writes_per_s'))} | {_lat(post)} (per request of "
+            f"{summary['workload']['players_per_match']}) | {_ms(server_us(w, w.get('scores_written', 0)))} "
+            f"| {_rate(r.get('reads_per_s'))} | {_ms(read_p99)} "
+            f"| {_ms(server_us(r, r.get('endpoints', {}).get('Aggregated', {}).get('requests', 0)))} "
+            f"| {w.get('failures', 0) + r.get('failures', 0)} |"
+        )
+    lines += [
+        _phase_row("raw limit: library straight at the cluster", summary.get("raw", {}), "write batch"),
+        _phase_row("textbook: one sorted set, one Lua call per write", summary.get("textbook", {}), "write"),
+        _phase_row("PostgreSQL: indexed table, COUNT(*) rank", summary.get("postgres", {}), "write match"),
+        "",
+        "Store CPU is what the Redis masters and replicas (or PostgreSQL) spent per operation: the cost "
+        "of each design on the server side, whatever the client could drive. "
+        "Write latency is per HTTP request for the router, per batch of "
+        f"{s['batch_matches']} matches for the raw limit, per score for the textbook, "
+        "per match for PostgreSQL.",
+        "",
+    ]
+    ratios, goal = summary.get("ratios", {}), summary["goal"]
+    lines += [
+        f"- router / raw limit, writes: **{_ms(ratios.get('router_over_raw_writes'))}**; reads: "
+        f"**{_ms(ratios.get('router_over_raw_reads'))}** (goal: writes >= {goal['router_over_raw']}: "
+        f"{'met' if goal.get('ratio_met') else 'not met'})",
+        f"- goal {goal['writes_per_s']:,} player-score writes/s through HTTP: "
+        f"{'met' if goal.get('writes_met') else 'not met'} on this machine",
+        "",
+    ]
+    if "writes" in http:
+        w = http["writes"]
+        lines += [
+            "## HTTP write ramp",
+            "",
+            "| until s | users | offered writes/s | achieved | p99 ms (recent) |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {st['until_s']:g} | {st['users']} | {st['offered']:,} | {st['achieved']:,} "
+            f"| {_ms(st['p99_ms'])} |"
+            for st in w["steps"]
+        ]
+        lines += [
+            "",
+            f"Locust CPU-bound: {'YES' if w['locust_cpu_bound'] else 'no'} "
+            f"(busiest Locust process {w['cpu']['busiest_process_share'].get('locust')} of a core)"
+            + (f"; warnings: {'; '.join(w['locust_warnings'])}" if w["locust_warnings"] else ""),
+            "",
+        ]
+        lines += [
+            "## HTTP endpoints",
+            "",
+            "| endpoint | requests | failures | req/s | p50 | p95 | p99 ms |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for part in ("writes", "reads"):
+            for key, e in http.get(part, {}).get("endpoints", {}).items():
+                if key != "Aggregated":
+                    lines.append(
+                        f"| {key} | {e['requests']:,} | {e['failures']} | {e['rps']} | {_ms(e['p50'])} "
+                        f"| {_ms(e['p95'])} | {_ms(e['p99'])} |"
+                    )
+        lines.append("")
+    lines += [
+        "## CPU seconds per phase",
+        "",
+        "| phase | wall s | router | Redis masters | Redis replicas | PostgreSQL | Locust | driver | other "
+        "| whole machine |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines.append(_cpu_row("HTTP writes", http.get("writes", {}).get("cpu")))
+    lines.append(_cpu_row("HTTP reads", http.get("reads", {}).get("cpu")))
+    for group in ("raw", "textbook", "postgres"):
+        for part in ("writes", "reads"):
+            lines.append(_cpu_row(f"{group} {part}", summary.get(group, {}).get(part, {}).get("cpu")))
+    lines += [
+        "",
+        "CPU seconds over the phase (driver phases: wall includes ~3 s of driver start-up). "
+        "`other` is CPU that none of these processes spent: anything else running on the machine. "
+        "A process near 1 CPU second per second was itself a limit of its phase.",
+        "",
+    ]
+    sweeps = summary.get("sweeps", {})
+    if sweeps.get("masters"):
+        lines += [
+            "## Sweep: cluster masters (raw writes)",
+            "",
+            "| masters | writes/s | p99 ms per batch |",
+            "|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {p['masters']} | {_rate(p['writes_per_s'])} | {_ms(p['p99_ms'])} |" for p in sweeps["masters"]
+        ]
+        lines.append("")
+    if sweeps.get("routers"):
+        lines += [
+            f"## Sweep: router processes (HTTP writes, {_rate(sweeps.get('router_offered_writes'))} offered)",
+            "",
+            "| router processes | writes/s | p99 ms |",
+            "|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {p['router_workers']} | {_rate(p['writes_per_s'])} | {_ms(p['p99_ms'])} |"
+            for p in sweeps["routers"]
+        ]
+        lines.append("")
+    pop = summary.get("population", {})
+    c = summary.get("costs", {})
+    lines += [
+        "## Costs measured (what `shardlb plan` sizes from)",
+        "",
+        *(f"- {k}: {_ms(v)}" for k, v in c.items()),
+        "",
+        f"Preload: board {pop.get('board_load_s')} s, textbook {pop.get('textbook_load_s')} s, "
+        f"PostgreSQL {summary.get('postgres_load')}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plots(summary: dict[str, Any], out: Path) -> list[Path]:
+    from bench import plots as plotting
+
+    return plotting.sweeps(summary, out)

@@ -1,0 +1,379 @@
+"""`make bench`: one ~3 minute headless run that puts shardlb's HTTP figures beside their limit and
+their rivals, all measured in the same run, on the same cluster and the same preloaded players.
+
+    python -m bench.run            # settings: SHARDLB_BENCH_* variables, see Settings
+
+Steps: start a local cluster; preload the population into the sharded board, the textbook sorted
+set and PostgreSQL; HTTP write ramp and read mix through the router with Locust; the raw limit
+(same writes and reads through the library, no HTTP); the textbook design; PostgreSQL; short sweeps
+over router processes and cluster masters. Results go to bench/results/<timestamp>/ and
+summary.md/summary.json are copied to bench/results/latest/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bench import drivers, report, shapes
+from bench.drivers import Job
+from bench.procs import CpuMeter, machine_cpu_seconds
+from bench.services import Router, free_port, router_missing, run_locust
+from bench.testbed import create_board, machine, node_pids, pg_preload, postgres_pids, preload, start_cluster
+from bench.workload import Workload
+from shardlb.cluster import LocalCluster
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ADMIN_KEY = "bench-admin"
+WRITE_KEY = "bench-write"
+GOAL_WRITES = 50_000
+GOAL_RATIO = 0.6
+QUIET_CORES = 0.3
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of a run; ``from_env`` reads SHARDLB_BENCH_<NAME> (e.g. SHARDLB_BENCH_PLAYERS)."""
+
+    players: int = 1_000_000
+    shards: int = 16
+    masters: int = 3
+    replicas: int = 1
+    router_workers: int = 2
+    locust_processes: int = 2
+    driver_processes: int = 2
+    target_writes: int = 50_000
+    ramp_seconds: float = 48.0
+    ramp_steps: int = 6
+    user_rps: float = 5.0
+    read_seconds: float = 15.0
+    read_users: int = 40
+    raw_seconds: float = 8.0
+    peer_seconds: float = 6.0
+    sweep_seconds: float = 8.0
+    sweep_masters: str = "1,2,3"
+    sweep_routers: str = "1,2"
+    write_concurrency: int = 4
+    batch_matches: int = 100
+    read_concurrency: int = 16
+    pg_dsn: str = "host=127.0.0.1 port=5432 user=postgres dbname=test"
+    quiet_wait: float = 0.0  # wait up to this many seconds for other load to fall below QUIET_CORES
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ) if env is None else env
+        values: dict[str, Any] = {}
+        for name, default in asdict(cls()).items():
+            raw = env.get(f"SHARDLB_BENCH_{name.upper()}")
+            if raw is None or raw == "":
+                continue
+            try:
+                values[name] = type(default)(raw)
+            except ValueError as e:
+                raise SystemExit(
+                    f"SHARDLB_BENCH_{name.upper()}: expected {type(default).__name__}, got {raw!r}"
+                ) from e
+        return cls(**values)
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def measured(groups: dict[str, list[int]], action: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+    """Run ``action`` while metering the CPU of ``groups``."""
+    meter = CpuMeter(groups).start()
+    try:
+        result = action()
+    finally:
+        cpu = meter.stop()
+    return result, cpu
+
+
+def driver_phase(job: Job, processes: int, groups: dict[str, list[int]]) -> dict[str, Any]:
+    log(f"{job.kind}: {processes} processes x {job.concurrency} callers, {job.seconds:.0f} s")
+    (phase, _), cpu = measured(groups, lambda: drivers.fan_out(job, processes))
+    out = phase.report()
+    # The drivers are this process's children: "harness" holds them, start-up included; the driver's
+    # own count (phase only) is what the costs use.
+    cpu["cpu_s"]["driver"] = cpu["cpu_s"].pop("harness")
+    cpu["cores_during_phase"] = {k: round(v / phase.seconds, 2) for k, v in cpu["cpu_s"].items()}
+    out["cpu"] = cpu
+    log(f"{job.kind}: {out['items_per_s']:.0f}/s, {out['errors']} errors")
+    return out
+
+
+def locust_env(s: Settings, workload: Workload, extra: dict[str, str]) -> dict[str, str]:
+    return {
+        "SHARDLB_BOARD": workload.board,
+        "SHARDLB_PLAYERS": str(workload.players),
+        "SHARDLB_WRITE_KEY": WRITE_KEY,
+        "SHARDLB_ADMIN_KEY": "",
+        "SHARDLB_USER_RPS": str(s.user_rps),
+        **extra,
+    }
+
+
+def http_phases(
+    s: Settings, workload: Workload, cluster: LocalCluster, out: Path, redis: dict[str, list[int]]
+) -> dict[str, Any]:
+    """The HTTP write ramp and read mix with s.router_workers router processes."""
+    missing = router_missing()
+    if missing:
+        log(missing)
+        return {"skipped": missing}
+    result: dict[str, Any] = {"router_workers": s.router_workers, "locust_processes": s.locust_processes}
+    router = Router(cluster.url, free_port(22400), s.router_workers, out / "router.log", router_env())
+    with router:
+        groups = {**redis, "router": [router.proc.pid] if router.proc else []}
+        log(
+            f"HTTP write ramp to {s.target_writes} writes/s over {s.ramp_seconds:.0f} s "
+            f"({s.router_workers} router workers, {s.locust_processes} Locust processes)"
+        )
+        run = run_locust(
+            out / "http-writes",
+            router.url,
+            ["GameServer"],
+            locust_env(
+                s,
+                workload,
+                {
+                    "SHARDLB_SHAPE": "ramp",
+                    "SHARDLB_TARGET_WRITES": str(s.target_writes),
+                    "SHARDLB_DURATION": str(s.ramp_seconds),
+                    "SHARDLB_STEPS": str(s.ramp_steps),
+                },
+            ),
+            s.locust_processes,
+            [],
+            groups,
+            s.ramp_seconds + 90,
+        )
+        stages = shapes.schedule(
+            "ramp", s.target_writes, s.ramp_seconds, s.user_rps, workload.players_per_match, s.ramp_steps
+        )
+        result["writes"] = report.http_writes(run, stages)
+        log(f"HTTP writes: sustained {result['writes']['sustained_writes_per_s']:.0f}/s")
+        log(f"HTTP read mix: {s.read_users} users for {s.read_seconds:.0f} s")
+        run = run_locust(
+            out / "http-reads",
+            router.url,
+            ["Player"],
+            locust_env(s, workload, {"SHARDLB_READER_RPS": "1000"}),
+            s.locust_processes,
+            ["-u", str(s.read_users), "-r", str(s.read_users), "-t", f"{s.read_seconds:.0f}s"],
+            groups,
+            s.read_seconds + 60,
+        )
+        result["reads"] = report.http_reads(run)
+        log(f"HTTP reads: {result['reads']['reads_per_s']:.0f}/s")
+    return result
+
+
+def router_env() -> dict[str, str]:
+    return {"SHARDLB_ADMIN_KEYS": ADMIN_KEY, "SHARDLB_WRITE_KEYS": WRITE_KEY}
+
+
+def router_sweep(
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    out: Path,
+    redis: dict[str, list[int]],
+    offered: int,
+) -> list[dict[str, Any]]:
+    """Short HTTP write steps at ``offered`` writes/s with 1, 2, ... router processes."""
+    if router_missing():
+        return []
+    points = []
+    for workers in [int(x) for x in s.sweep_routers.split(",") if x.strip()]:
+        router = Router(cluster.url, free_port(22400), workers, out / f"router-{workers}.log", router_env())
+        with router:
+            log(f"router sweep: {workers} workers, {s.sweep_seconds + 4:.0f} s at {offered} writes/s offered")
+            run = run_locust(
+                out / f"sweep-router-{workers}",
+                router.url,
+                ["GameServer"],
+                locust_env(
+                    s,
+                    workload,
+                    {
+                        "SHARDLB_SHAPE": "soak",
+                        "SHARDLB_TARGET_WRITES": str(offered),
+                        "SHARDLB_DURATION": str(s.sweep_seconds + 4),
+                    },
+                ),
+                s.locust_processes,
+                [],
+                {**redis, "router": [router.proc.pid] if router.proc else []},
+                s.sweep_seconds + 60,
+            )
+        point = report.sweep_point(run, window=max(3.0, s.sweep_seconds - 2))
+        points.append({"router_workers": workers, **point})
+        log(f"router sweep: {workers} workers -> {point['writes_per_s']:.0f} writes/s")
+    return points
+
+
+def masters_sweep(s: Settings, workload: Workload, main: LocalCluster, out: Path) -> list[dict[str, Any]]:
+    """Short raw-write steps on clusters of 1, 2, ... masters (fresh, empty boards but the main one)."""
+    points = []
+    for masters in [int(x) for x in s.sweep_masters.split(",") if x.strip()]:
+        cluster = (
+            main
+            if masters == main.masters
+            else start_cluster(masters, s.replicas, out / f"cluster-{masters}", start=22200)
+        )
+        try:
+            if cluster is not main:
+                asyncio.run(create_board(cluster.url, workload, s.shards))
+            m, r = node_pids(cluster)
+            job = Job(
+                "raw writes",
+                cluster.url,
+                workload,
+                s.sweep_seconds,
+                s.write_concurrency,
+                s.batch_matches,
+                seed=7,
+            )
+            phase = driver_phase(job, s.driver_processes, {"redis masters": m, "redis replicas": r})
+            lat = phase["latency_ms"].get("write batch", {})
+            points.append(
+                {
+                    "masters": masters,
+                    "writes_per_s": phase["items_per_s"],
+                    "p99_ms": lat.get("p99"),
+                    "errors": phase["errors"],
+                    "cpu": phase["cpu"],
+                }
+            )
+        finally:
+            if cluster is not main:
+                cluster.down()
+    return points
+
+
+def wait_for_quiet(seconds: float) -> float:
+    """On a shared machine, wait (up to ``seconds``) until the machine as a whole uses under
+    QUIET_CORES for 5 s, so the contenders get the same machine. Returns the load last seen."""
+    deadline = time.monotonic() + seconds
+    while True:
+        before = machine_cpu_seconds()
+        time.sleep(5)
+        load = (machine_cpu_seconds() - before) / 5
+        if load < QUIET_CORES or time.monotonic() >= deadline:
+            return load
+        log(f"machine busy ({load:.2f} cores used by others); waiting for it to quieten")
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = Settings.from_env()
+    workload = replace(Workload.from_env(), players=s.players)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = RESULTS / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"results in {out}")
+    summary: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        "settings": asdict(s),
+        "workload": {
+            "players_per_match": workload.players_per_match,
+            "skew": workload.skew,
+            "points": asdict(workload.points),
+            "retry_share": workload.retry_share,
+            "read_mix": dict(workload.read_mix),
+        },
+        "goal": {"writes_per_s": GOAL_WRITES, "router_over_raw": GOAL_RATIO},
+    }
+    if s.quiet_wait > 0:
+        summary["load_before_start_cores"] = round(wait_for_quiet(s.quiet_wait), 2)
+    t_start = time.monotonic()
+    cluster = start_cluster(s.masters, s.replicas, out / "cluster", start=22100)
+    try:
+        masters, replicas = node_pids(cluster)
+        redis = {"redis masters": masters, "redis replicas": replicas}
+        log(f"cluster up: {cluster.url}; preloading {s.players} players")
+        asyncio.run(create_board(cluster.url, workload, s.shards))
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(1) as pool:
+            pg = pool.apply_async(pg_preload, (s.pg_dsn, workload, cluster.url))
+            summary["population"] = preload(cluster.url, workload, s.driver_processes)
+            summary["postgres_load"] = pg.get(timeout=600)
+        log(f"preloaded: {summary['population']}, postgres {summary['postgres_load']}")
+        summary["http"] = http_phases(s, workload, cluster, out, redis)
+        base = Job(
+            "raw writes", cluster.url, workload, s.raw_seconds, s.write_concurrency, s.batch_matches, s.pg_dsn
+        )
+        summary["raw"] = {
+            "writes": driver_phase(base, s.driver_processes, redis),
+            "reads": driver_phase(
+                replace(base, kind="raw reads", concurrency=s.read_concurrency), s.driver_processes, redis
+            ),
+        }
+        peer = replace(base, seconds=s.peer_seconds)
+        summary["textbook"] = {
+            "writes": driver_phase(
+                replace(peer, kind="textbook writes", concurrency=64), s.driver_processes, redis
+            ),
+            "reads": driver_phase(
+                replace(peer, kind="textbook reads", concurrency=s.read_concurrency),
+                s.driver_processes,
+                redis,
+            ),
+        }
+        if "skipped" in summary["postgres_load"]:
+            summary["postgres"] = {"skipped": summary["postgres_load"]["skipped"]}
+            log(f"PostgreSQL skipped: {summary['postgres']['skipped']}")
+        else:
+            summary["postgres"] = {
+                "writes": driver_phase(
+                    replace(peer, kind="postgres writes", concurrency=16),
+                    s.driver_processes,
+                    {"postgres": postgres_pids()},
+                ),
+                "reads": driver_phase(
+                    replace(peer, kind="postgres reads", concurrency=8),
+                    s.driver_processes,
+                    {"postgres": postgres_pids()},
+                ),
+            }
+        # A little above what the ramp sustained: enough to saturate, not so much that the steps
+        # measure overload collapse (a queue of a thousand users) instead of capacity.
+        sustained = summary["http"].get("writes", {}).get("sustained_writes_per_s", 0)
+        offered = round(1.25 * sustained) if sustained else s.target_writes
+        summary["sweeps"] = {"routers": router_sweep(s, workload, cluster, out, redis, offered)}
+        summary["sweeps"]["router_offered_writes"] = offered
+        summary["sweeps"]["masters"] = masters_sweep(s, workload, cluster, out)
+    finally:
+        cluster.down()
+    summary["seconds"] = round(time.monotonic() - t_start, 1)
+    report.finish(summary)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / "summary.md").write_text(report.markdown(summary, out.name))
+    report.plots(summary, out)
+    latest = RESULTS / "latest"
+    latest.mkdir(exist_ok=True)
+    for name in ("summary.md", "summary.json"):
+        shutil.copy(out / name, latest / name)
+    for png in out.glob("*.png"):
+        shutil.copy(png, latest / png.name)
+    shutil.rmtree(out / "cluster", ignore_errors=True)
+    for extra in out.glob("cluster-*"):
+        shutil.rmtree(extra, ignore_errors=True)
+    print((out / "summary.md").read_text())
+    log(f"done in {summary['seconds']:.0f} s: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

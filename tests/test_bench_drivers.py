@@ -1,0 +1,103 @@
+"""The bench's drivers on the session cluster, on a tiny population: they load, write and read what
+they claim, and every store agrees on the same order (sharded board, textbook set, PostgreSQL)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+
+from bench import peers, population, raw
+from bench.workload import Workload
+from shardlb.board import Board
+from shardlb.config import BoardConfig
+from shardlb.store import BoardStore
+
+pytestmark = pytest.mark.cluster
+
+PG_DSN = os.environ.get("SHARDLB_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=test")
+# Small friend lists: the board's friends query makes one call per tied shard, all at once.
+W = Workload(board="bench-t", players=300, friends_min=3, friends_max=8, page_limit=10)
+
+
+@pytest.fixture(scope="module")
+async def board(store: BoardStore) -> Board:
+    config = BoardConfig.from_dict(W.board, {"sharding": {"strategy": "hash", "shards": 4}})
+    made, _ = await store.create(config)
+    assert await population.load_board(made, W) == W.players
+    await population.load_textbook(made.client, peers.textbook_key(W.board), made, W)
+    return made
+
+
+async def test_preload_gives_every_player_its_initial_points(board: Board) -> None:
+    assert await board.size() == W.players
+    top = await board.top(W.players)
+    assert [e.rank for e in top] == list(range(1, W.players + 1))
+    assert {e.player_id: e.points for e in top} == {f"p{i}": W.initial_points(i) for i in range(W.players)}
+    # A reloaded player keeps its score (ZADD GT), and the key index lists the loaded key.
+    await population.load_board(board, W, 0, 10)
+    assert await board.size() == W.players
+    assert await board.client.zcard(board.prefixes[0] + "idx") == 1
+
+
+async def test_the_textbook_set_holds_the_same_order(board: Board) -> None:
+    key = peers.textbook_key(W.board)
+    for player in ("p0", "p17", "p299"):
+        rank = await board.client.zrevrank(key, player)
+        assert rank + 1 == (await board.player(player)).entry.rank
+
+
+async def test_raw_writes_apply_batches_and_keep_the_best(board: Board) -> None:
+    pool = raw.MatchPool(W, seed=5, size=20)
+    scores = pool.take(30)  # wraps the pool: later matches come back under new ids
+    assert len({s.match_id for s in scores}) > 20
+    assert await raw.write_batch(board, scores) == len(scores)
+    best: dict[str, int] = {}
+    for s in scores:
+        best[s.player_id] = max(best.get(s.player_id, 0), s.points)
+    got = {e.player_id: e.points for e in await board.query(list(best)[:20])}
+    for player, points in got.items():
+        assert points >= best[player]
+    phase = await raw.writes(board, W, seconds=0.5, concurrency=2, batch_matches=5)
+    assert phase.errors == 0 and phase.items > 0 and phase.items % W.players_per_match == 0
+    assert phase.report()["latency_ms"]["write batch"]["count"] == phase.ops
+
+
+async def test_raw_and_textbook_reads_run_the_mix_without_errors(board: Board) -> None:
+    phase = await raw.reads(board, W, seconds=0.5, concurrency=2)
+    assert phase.errors == 0, phase.error_samples
+    assert set(phase.latencies) <= set(W.read_mix) and phase.ops > 5
+    phase = await peers.textbook_reads(board.client, W.board, W, seconds=0.3, concurrency=2)
+    assert phase.errors == 0, phase.error_samples
+    written = await peers.textbook_writes(board.client, W.board, board.codec, W, seconds=0.3, concurrency=4)
+    assert written.errors == 0 and written.items > 0
+
+
+async def test_postgres_holds_the_same_ranks(board: Board) -> None:
+    reason = await peers.pg_available(PG_DSN)
+    if reason:
+        pytest.skip(reason)
+    small = replace(W, board="bench-pg-t")
+    assert await peers.pg_load(PG_DSN, small.board, board.codec, small) == small.players
+    conn = await peers.pg_connect(PG_DSN)
+    try:
+        table = peers.pg_table(small.board)
+        for player in ("p0", "p42"):
+            cur = await conn.execute(
+                f"SELECT 1 + (SELECT count(*) FROM {table} WHERE score > me.score) FROM {table} me "
+                "WHERE player_id = %s",
+                (player,),
+            )
+            (rank,) = await cur.fetchone()
+            # Every store packs (points, earliest first) into one score; the load instant shifts all alike.
+            me = int(player[1:])
+            key = [(small.initial_points(i), small.initial_age_s(i)) for i in range(small.players)]
+            assert rank == 1 + sum(1 for k in key if k > key[me])
+        reads = await peers.pg_reads(PG_DSN, small.board, small, seconds=0.3, concurrency=2)
+        assert reads.errors == 0 and reads.ops > 0
+        writes = await peers.pg_writes(PG_DSN, small.board, board.codec, small, seconds=0.3, concurrency=2)
+        assert writes.errors == 0 and writes.items > 0
+    finally:
+        await conn.execute(f"DROP TABLE IF EXISTS {peers.pg_table(small.board)}")
+        await conn.close()

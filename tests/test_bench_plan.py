@@ -1,0 +1,92 @@
+"""The capacity planner's arithmetic on known costs, and its fallback without bench results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import plan
+
+COSTS = {
+    "bytes_per_player": 100.0,
+    "redis_master_us_per_write": 10.0,
+    "redis_replica_us_per_write": 2.0,
+    "router_us_per_write": 50.0,
+    "redis_master_us_per_read": 1600.0,
+    "router_us_per_read": 1000.0,
+}
+
+
+def test_writes_and_memory_size_the_masters() -> None:
+    # Writes: 100k x 10 us = 1 core; reads: 100/s x 100 us per shard x 6 shards per master (16 shards
+    # at least, a multiple of 3) = 0.06 core per master, leaving 0.44 for writes: ceil(1 / 0.44) = 3.
+    p = plan.plan(players=1_000_000, writes=100_000, reads=100, replicas=1, periods=["total"], costs=COSTS)
+    assert (p.masters, p.shards, p.reasons["masters"]) == (3, 18, "CPU")
+    assert p.router_cores == pytest.approx(100_000 * 50e-6 + 100 * 1e-3)
+    assert p.routers == 9  # 5.1 cores / 0.6
+    assert p.data_bytes == pytest.approx(1_000_000 * 100 * 1.2)
+    assert p.memory_per_node_bytes == int(p.data_bytes / 3 * 2)
+    # 2 billion players: 2e9 x 100 B x 1.2 = 223.5 GiB -> 9 masters of at most 25 GiB, 5 shards each.
+    big = plan.plan(players=2_000_000_000, writes=1, reads=0, replicas=1, periods=["total"], costs=COSTS)
+    assert (big.masters, big.reasons["masters"]) == (9, "memory")
+    assert big.shards == 9 * 5
+
+
+def test_periods_cost_memory_and_write_cpu() -> None:
+    assert plan.memory_factor(["total"]) == 1.0
+    assert plan.memory_factor(["total", "daily", "monthly"]) == pytest.approx(1 + 4 * 0.1 + 14 * 0.4)
+    one = plan.plan(1000, 100_000, 0, 1, ["total"], COSTS)
+    two = plan.plan(1000, 100_000, 0, 1, ["total", "daily"], COSTS)
+    assert two.redis_cores == pytest.approx(one.redis_cores * 1.5)
+
+
+def test_reads_over_budget_are_flagged() -> None:
+    p = plan.plan(1000, 1000, 10_000, 1, ["total"], COSTS)  # 10k x 100 us = 1 core on every master
+    assert "OVER BUDGET" in p.reasons["reads"]
+
+
+def test_main_reads_the_latest_summary_or_says_it_has_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        plan.main(
+            [
+                "--players",
+                "1000000",
+                "--writes",
+                "5000",
+                "--reads",
+                "10",
+                "--summary",
+                str(tmp_path / "none.json"),
+            ]
+        )
+        == 0
+    )
+    assert "using the documented defaults" in capsys.readouterr().out
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"started": "then", "costs": {**COSTS, "router_us_per_read": None}}))
+    assert (
+        plan.main(
+            [
+                "--players",
+                "1000000",
+                "--writes",
+                "100000",
+                "--reads",
+                "100",
+                "--periods",
+                "daily",
+                "--summary",
+                str(summary),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "measured by the bench of then" in out and "defaults for router_us_per_read" in out
+    assert "periods total,daily" in out
+    with pytest.raises(SystemExit):
+        plan.main(["--players", "1", "--writes", "1", "--reads", "1", "--periods", "hourly"])
