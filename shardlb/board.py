@@ -246,7 +246,7 @@ class Board:
         return View(
             self.client,
             [keys.period_key(self.prefixes[s], name) for s in shards],
-            self.scripts.ties,
+            self.scripts.counts,
             banded,
             self.shallow,
         )

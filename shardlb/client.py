@@ -52,17 +52,17 @@ class Scripts:
 
     write: AsyncScript
     band: AsyncScript
-    ties: AsyncScript
+    counts: AsyncScript
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:
         return cls(
             write=client.register_script(_source("write.lua")),
             band=client.register_script(_source("band.lua")),
-            ties=client.register_script(_source("ties.lua")),
+            counts=client.register_script(_source("counts.lua")),
         )
 
     async def load(self, client: RedisCluster) -> None:
         await client.initialize()
-        for script in (self.write, self.band, self.ties):
+        for script in (self.write, self.band, self.counts):
             script.sha = await client.script_load(script.script)

@@ -20,6 +20,8 @@ from shardlb.merge import Row, merge, rows, unique
 # A page whose start lies in the first SHALLOW rows is read as top(offset + limit): cheaper than bisecting.
 SHALLOW = 1000
 MAX_BISECT_ROUNDS = 120
+# Script calls one read sends at once (one connection each); pipelines need only one per node.
+SCRIPT_CALLS_IN_FLIGHT = 8
 
 
 @dataclass
@@ -28,7 +30,7 @@ class View:
 
     client: RedisCluster
     keys: list[str]
-    ties: AsyncScript
+    counts: AsyncScript
     banded: bool = False
     shallow: int = SHALLOW
 
@@ -56,31 +58,35 @@ class View:
         return merge(rows(pairs) for pairs in lists)[:n]
 
     async def counts_ahead(self, row: Row) -> list[int]:
-        """Per shard, how many rows rank ahead of ``row``: ZCOUNT of better scores plus the tie rule."""
-        return (await self.counts_ahead_many([row]))[0]
+        """Per shard, how many rows rank ahead of ``row``: ZCOUNT of better scores plus the tie rule.
+
+        One pipeline (per node, nodes in parallel) of ZCOUNT above, ZCOUNT equal and the row's own
+        ZSCORE; only a shard where someone other than the row shares its exact score needs the
+        tie-resolving script.
+        """
+        score, member = row
+        text = _score(score)
+        pipe = self.client.pipeline(transaction=False)
+        for key in self.keys:
+            pipe.zcount(key, f"({text}", "+inf")
+            pipe.zcount(key, text, text)
+            pipe.zscore(key, member)
+        replies = await pipe.execute()
+        counts = [int(n) for n in replies[0::3]]
+        others = [int(t) - (own == score) for t, own in zip(replies[1::3], replies[2::3], strict=True)]
+        tied = [i for i, n in enumerate(others) if n > 0]
+        exact = await _gather(self.counts(keys=[self.keys[i]], args=[text, member]) for i in tied)
+        for i, reply in zip(tied, exact, strict=True):
+            counts[i] = int(reply[0])
+        return counts
 
     async def counts_ahead_many(self, targets: Sequence[Row]) -> list[list[int]]:
-        """``counts_ahead`` for many rows with one pipeline (ties resolved by script where present)."""
-        pipe = self.client.pipeline(transaction=False)
-        for score, _ in targets:
-            text = _score(score)
-            for key in self.keys:
-                pipe.zcount(key, f"({text}", "+inf")
-                pipe.zcount(key, text, text)
-        replies = [int(x) for x in await pipe.execute()] if targets else []
-        width = 2 * len(self.keys)
-        out = []
-        tied: list[tuple[int, int]] = []
-        for t in range(len(targets)):
-            part = replies[t * width : (t + 1) * width]
-            out.append(part[0::2])
-            tied += [(t, i) for i, n in enumerate(part[1::2]) if n]
-        extra = await asyncio.gather(
-            *(self.ties(keys=[self.keys[i]], args=[_score(targets[t][0]), targets[t][1]]) for t, i in tied)
-        )
-        for (t, i), n in zip(tied, extra, strict=True):
-            out[t][i] += int(n)
-        return out
+        """``counts_ahead`` for many rows: one script call per shard counting all of them inside Redis."""
+        if not targets:
+            return []
+        args = [x for score, member in targets for x in (_score(score), member)]
+        replies = await _gather(self.counts(keys=[key], args=args) for key in self.keys)
+        return [[int(reply[t]) for reply in replies] for t in range(len(targets))]
 
     async def around(self, row: Row, counts: list[int], radius: int) -> tuple[list[Row], int]:
         """Up to ``radius`` rows above and below ``row``; returns the rows and the index of ``row``."""
@@ -122,7 +128,7 @@ class View:
         """Per shard, the index where the merged page starts inside the tie block at ``score``.
 
         Same bracketing as ``_cut``, over player ids instead of scores: pivots are ids read at the
-        interpolated index of each shard's part of the block, counted with ``ties.lua``.
+        interpolated index of each shard's part of the block, counted with ``counts.lua``.
         """
         text = _score(score)
         pipe = self.client.pipeline(transaction=False)
@@ -143,9 +149,8 @@ class View:
                 fraction,
                 member=True,
             )
-            ahead = [
-                int(n) for n in await _gather(self.ties(keys=[key], args=[text, pivot]) for key in self.keys)
-            ]
+            counted = await _gather(self.counts(keys=[key], args=[text, pivot]) for key in self.keys)
+            ahead = [int(reply[0]) - b for reply, b in zip(counted, base, strict=True)]
             before = (top, bottom)
             if sum(ahead) <= within:
                 top = [max(a, t) for a, t in zip(ahead, top, strict=True)]
@@ -232,5 +237,12 @@ def _score(value: float) -> str:
     return str(int(value))
 
 
-async def _gather(calls: Iterable[Awaitable[Any]]) -> list[Any]:
-    return list(await asyncio.gather(*calls))
+async def _gather(calls: Iterable[Awaitable[Any]], limit: int = SCRIPT_CALLS_IN_FLIGHT) -> list[Any]:
+    """Await calls concurrently, at most ``limit`` at once: one read must not take every connection."""
+    gate = asyncio.Semaphore(limit)
+
+    async def bounded(call: Awaitable[Any]) -> Any:
+        async with gate:
+            return await call
+
+    return list(await asyncio.gather(*(bounded(c) for c in calls)))
