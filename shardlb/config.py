@@ -18,6 +18,11 @@ DEFAULT_EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
 DEFAULT_RETENTION = {"daily": 3, "weekly": 35, "monthly": 400}
 MAX_SHARDS = 1024
 DEFAULT_SHARDS = 16
+# Every field of a board's settings, in the order ``BoardConfig.to_dict`` writes them.
+SETTINGS = (
+    "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max", "epoch",
+    "resolution", "dedup_window_s", "sharding",
+)  # fmt: skip
 
 
 def check_id(value: object, field_name: str) -> str:
@@ -88,22 +93,8 @@ class BoardConfig:
         check_id(board_id, "board")
         if not isinstance(body, dict):
             raise InvalidInput("the board settings must be an object", None)
-        known = {
-            "board",
-            "mode",
-            "order",
-            "tiebreak",
-            "periods",
-            "timezone",
-            "retention_days",
-            "points_max",
-            "epoch",
-            "resolution",
-            "dedup_window_s",
-            "sharding",
-        }
         for name in body:
-            if name not in known:
+            if name not in SETTINGS:
                 raise InvalidInput(f"unknown setting {name!r}", name, "unknown_field")
         mode = _choice(body, "mode", MODES, "best")
         order = _choice(body, "order", ("desc", "asc"), "desc")

@@ -88,3 +88,9 @@ def test_region_layout() -> None:
     assert layout.candidates("p1") == [layout.home("p1", "eu"), layout.home("p1", "na")]
     with pytest.raises(InvalidInput):
         layout.home("p1", "mars")
+
+
+def test_settings_lists_every_field_in_to_dict_order() -> None:
+    from shardlb.config import SETTINGS
+
+    assert tuple(BoardConfig.from_dict("b", {}).to_dict()) == SETTINGS
