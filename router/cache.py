@@ -1,10 +1,13 @@
 """The top-N cache: the top of each board/period/region that is read, kept in RAM and refreshed.
 
 The first read of a view fetches its top live (at least ``MIN_FETCH`` rows, or the limit asked for
-if larger) and keeps it; from then on one task per worker re-reads every kept view about once every
-``refresh_s`` seconds, at the largest limit fetched so far, and reads slice it. ``as_of`` is the time
-the kept copy was read. A view nobody read for ``idle_s`` seconds is dropped, as is a copy that could
-not be refreshed for ``STALE_REFRESHES`` rounds, so a broken cluster is reported, not hidden.
+if larger; through ``live``, the read gate) and keeps it; from then on one task per worker re-reads
+every kept view about once every ``refresh_s`` seconds, at the largest limit fetched so far, and
+reads slice it. The refresh reads one view at a time, outside the read gate: it takes one
+connection per primary, and a flood of reads can neither starve it nor be crowded by it. ``as_of``
+is the time the kept copy was read. A view nobody read for ``idle_s`` seconds is dropped, as is a
+copy that could not be refreshed for ``STALE_REFRESHES`` rounds, so a broken cluster is reported,
+not hidden.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router import metrics
+from router.gate import Gate
 from shardlb import times
 from shardlb.board import Board
 
@@ -53,8 +57,11 @@ class _Top:
 class TopCache:
     """Per-worker cache of top-N lists keyed by (board, period name, region)."""
 
-    def __init__(self, fetch: Fetch, refresh_s: float = 1.0, idle_s: float = 60.0) -> None:
+    def __init__(
+        self, fetch: Fetch, refresh_s: float = 1.0, idle_s: float = 60.0, live: Gate | None = None
+    ) -> None:
         self.fetch = fetch
+        self.live = live
         self.refresh_s = refresh_s
         self.idle_s = idle_s
         self._views: dict[_Key, _Top] = {}
@@ -77,7 +84,7 @@ class TopCache:
         )
         loading = self._loading.get(key)
         if loading is None or loading.done():
-            loading = asyncio.ensure_future(self._load(key, board, want))
+            loading = asyncio.ensure_future(self._load(key, board, want, live=True))
             self._loading[key] = loading
         try:
             fresh = await asyncio.shield(loading)
@@ -85,7 +92,7 @@ class TopCache:
             if loading.done() and self._loading.get(key) is loading:
                 del self._loading[key]
         if not self._fits(fresh, board, limit):
-            fresh = await self._load(key, board, max(want, limit))
+            fresh = await self._load(key, board, max(want, limit), live=True)
         return fresh.entries[:limit], fresh.as_of_ms
 
     async def run(self) -> None:
@@ -97,13 +104,13 @@ class TopCache:
             for key, kept in list(self._views.items()):
                 if now - kept.read_at > self.idle_s:
                     self._views.pop(key, None)
-            keys = list(self._views)
-            outcomes = await asyncio.gather(
-                *(self._load(key, self._views[key].board, self._views[key].limit) for key in keys),
-                return_exceptions=True,
-            )
-            for key, outcome in zip(keys, outcomes, strict=True):
-                if isinstance(outcome, BaseException):
+            for key in list(self._views):
+                view = self._views.get(key)
+                if view is None:
+                    continue
+                try:
+                    await self._load(key, view.board, view.limit)
+                except Exception as outcome:
                     failures[key] = failures.get(key, 0) + 1
                     if failures[key] >= STALE_REFRESHES:
                         self._views.pop(key, None)
@@ -117,9 +124,13 @@ class TopCache:
                 if key not in self._views:
                     del failures[key]
 
-    async def _load(self, key: _Key, board: Board, limit: int) -> _Top:
+    async def _load(self, key: _Key, board: Board, limit: int, live: bool = False) -> _Top:
         as_of = times.now_ms()
-        entries = await self.fetch(board, key[1], key[2], limit)
+        if live and self.live is not None:
+            async with self.live:
+                entries = await self.fetch(board, key[1], key[2], limit)
+        else:
+            entries = await self.fetch(board, key[1], key[2], limit)
         previous = self._views.get(key)
         read_at = previous.read_at if previous is not None else time.monotonic()
         kept = _Top(board, limit, entries, as_of, read_at)

@@ -9,9 +9,11 @@ request's scores for a shard are applied in the order it gave them. Each request
 scores only, and gets their statuses in its order.
 
 Back-pressure: at most ``limit`` scores may be accepted and not yet applied; a request that would pass
-it is refused at once (Overloaded, 503 with Retry-After) rather than queued. A semaphore per cluster
-primary bounds the script calls in flight to it, below redis-py's per-node connection cap. ``close``
-refuses new scores and applies everything accepted, within a time bound (SIGTERM drain).
+it is refused at once (Overloaded, 503 with Retry-After) rather than queued. A gate per cluster
+primary bounds the script calls in flight to it (its share of redis-py's per-node connection cap,
+router/budget.py); a group that cannot get a permit within ``wait_s`` fails its batch with 503
+rather than wait on. ``close`` refuses new scores and applies everything accepted, within a time
+bound (SIGTERM drain).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from router import metrics
+from router.budget import node_name
 from router.errors import shutting_down
-from shardlb import keys
+from router.gate import NodeGates
 from shardlb.board import Board, Prepared, Result
 from shardlb.errors import Overloaded
 
@@ -70,10 +73,7 @@ class _Group:
 
 def primary_of(board: Board, shard: int) -> str:
     """The name of the primary that serves ``shard`` of ``board`` in the client's slot map."""
-    try:
-        return str(board.client.nodes_manager.get_node_from_slot(keys.slot_of(board.prefixes[shard])).name)
-    except Exception:
-        return "unknown"  # slot map being refreshed: share one bound until it is known again
+    return node_name(board.client, board.prefixes[shard])
 
 
 class Coalescer:
@@ -86,15 +86,16 @@ class Coalescer:
         limit: int = 20_000,
         node_concurrency: int = 16,
         node_of: Callable[[Board, int], str] = primary_of,
+        wait_s: float = 2.0,
     ) -> None:
         self.delay_s = delay_s
         self.max_batch = max_batch
         self.limit = limit
-        self.node_concurrency = node_concurrency
         self.node_of = node_of
         self.closing = False
+        self.nodes = NodeGates(node_concurrency, wait_s, "score writes")
+        self._drain_s: float | None = None  # while draining, how long a batch may wait its turn
         self._groups: dict[_Key, _Group] = {}
-        self._nodes: dict[str, asyncio.Semaphore] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._depth = 0
@@ -140,6 +141,7 @@ class Coalescer:
     async def close(self, timeout: float) -> int:
         """Refuse new scores, apply every accepted one within ``timeout`` s; return how many were not."""
         self.closing = True
+        self._drain_s = timeout
         self._tick()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout)
@@ -177,13 +179,14 @@ class Coalescer:
                 del self._groups[group.key]
 
     async def _apply(self, group: _Group, batch: list[_Item]) -> None:
-        node = self.node_of(group.board, group.shard)
-        bound = self._nodes.get(node)
-        if bound is None:
-            bound = self._nodes[node] = asyncio.Semaphore(self.node_concurrency)
+        gate = self.nodes(self.node_of(group.board, group.shard))
         try:
-            async with bound, metrics.redis_call("apply"):
-                results = await group.board.apply_shard(group.shard, [item[0] for item in batch])
+            await gate.acquire(self._drain_s)
+            try:
+                async with metrics.redis_call("apply"):
+                    results = await group.board.apply_shard(group.shard, [item[0] for item in batch])
+            finally:
+                gate.release()
         except BaseException as e:
             failure = shutting_down() if isinstance(e, asyncio.CancelledError) else e
             for _, ticket, _ in batch:

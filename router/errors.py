@@ -1,13 +1,16 @@
 """HTTP errors: the one table from library and Redis exceptions to status codes and error bodies.
 
 Every error leaves the router as ``{"error": {"code", "message", "field"}}`` with the status below.
-A 5xx is only ever the router's or the cluster's fault: anything a client sent maps to a 4xx.
+A 5xx is only ever the router's or the cluster's fault: anything a client sent maps to a 4xx, and
+trouble with the cluster is a 503 with Retry-After, which a client may retry.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import redis
 from redis import exceptions as rx
 
 from shardlb.errors import (
@@ -20,25 +23,34 @@ from shardlb.errors import (
     ShardlbError,
 )
 
-# Library errors by class; the most specific class listed first wins.
-STATUS: tuple[tuple[type[ShardlbError], int], ...] = (
-    (InvalidInput, 422),
-    (BoardNotFound, 404),
-    (PlayerNotFound, 404),
-    (BoardConflict, 409),
-    (Overloaded, 503),
-    (ClusterUnavailable, 503),
+CLUSTER_UNAVAILABLE = "cluster_unavailable"
+
+# Exception class -> (status, code); None keeps the library error's own code. The first row whose
+# class matches wins, so a subclass comes before its base. No redis-py error is the client's fault:
+# each means the cluster is busy, moving or unreachable, so each is 503 cluster_unavailable.
+TABLE: tuple[tuple[type[BaseException], int, str | None], ...] = (
+    (InvalidInput, 422, None),
+    (BoardNotFound, 404, None),
+    (PlayerNotFound, 404, None),
+    (BoardConflict, 409, None),
+    (Overloaded, 503, None),
+    (ClusterUnavailable, 503, None),
+    (rx.MaxConnectionsError, 503, CLUSTER_UNAVAILABLE),  # a node's connection pool was full
+    (rx.ConnectionError, 503, CLUSTER_UNAVAILABLE),  # refused, reset, closed mid-call, still loading
+    (rx.TimeoutError, 503, CLUSTER_UNAVAILABLE),  # socket or connect timeout
+    (rx.ClusterDownError, 503, CLUSTER_UNAVAILABLE),  # CLUSTERDOWN, MASTERDOWN: a failover under way
+    (rx.TryAgainError, 503, CLUSTER_UNAVAILABLE),  # TRYAGAIN: the slot is being migrated
+    (rx.ClusterError, 503, CLUSTER_UNAVAILABLE),  # redirects outlasted the client's retry budget
+    (rx.ResponseError, 503, CLUSTER_UNAVAILABLE),  # other error replies: MOVED/ASK left, READONLY, OOM
+    (rx.RedisError, 503, CLUSTER_UNAVAILABLE),  # whatever else redis-py raises on purpose
+    (rx.RedisClusterException, 503, CLUSTER_UNAVAILABLE),  # slot not covered, no node for a command
+    (OSError, 503, CLUSTER_UNAVAILABLE),  # a socket error or timeout that escaped redis-py's wrapping
 )
 
-# Redis replies that mean "the cluster is busy or moving", not "the router sent nonsense".
-_TRANSIENT_REPLIES = (
-    rx.ClusterDownError,
-    rx.TryAgainError,
-    rx.ReadOnlyError,
-    rx.OutOfMemoryError,
-    rx.BusyLoadingError,
-    rx.AskError,
-)
+# redis-py has been seen failing inside itself when its cluster pipeline closes every connection to
+# retry (AttributeError on a closed writer, RuntimeError from a closed transport): the calls that
+# were using those connections get that, not a RedisError. Raised in its code, it is cluster trouble.
+_REDIS_CODE = str(Path(redis.__file__).parent)
 
 
 class ApiError(Exception):
@@ -74,22 +86,38 @@ def to_api_error(exc: BaseException) -> ApiError:
     """Map any exception to the ApiError the client sees. Unknown exceptions become a plain 500."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, ShardlbError):
-        for kind, status in STATUS:
-            if isinstance(exc, kind):
-                retry = getattr(exc, "retry_after", 1.0) if status == 503 else None
-                return ApiError(status, exc.code, exc.message, exc.field, retry_after=retry)
-    if isinstance(exc, rx.MaxConnectionsError):
-        return ApiError(503, "overloaded", "too many calls in flight to the cluster", retry_after=1)
-    if isinstance(exc, _TRANSIENT_REPLIES) or (
-        isinstance(exc, rx.RedisError | rx.RedisClusterException) and not isinstance(exc, rx.ResponseError)
-    ):
-        return ApiError(
-            503, "cluster_unavailable", f"the cluster is unavailable ({type(exc).__name__})", retry_after=1
-        )
-    return ApiError(500, "internal_error", "the router failed on this request; it has been logged")
+    row = next((row for row in TABLE if isinstance(exc, row[0])), None)
+    if row is None:
+        if not raised_in_redis(exc):
+            return ApiError(500, "internal_error", "the router failed on this request; it has been logged")
+        row = (type(exc), 503, CLUSTER_UNAVAILABLE)
+    _, status, code = row
+    if isinstance(exc, ShardlbError) and code is None:
+        retry = getattr(exc, "retry_after", 1.0) if status == 503 else None
+        return ApiError(status, exc.code, exc.message, exc.field, retry_after=retry)
+    return ApiError(
+        status,
+        code or CLUSTER_UNAVAILABLE,
+        f"the cluster is unavailable ({type(exc).__name__}); retry shortly",
+        retry_after=1,
+    )
+
+
+def raised_in_redis(exc: BaseException) -> bool:
+    """Whether the innermost frame of the exception's traceback is redis-py's own code."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_REDIS_CODE)
+
+
+def is_cluster_trouble(exc: BaseException) -> bool:
+    """A failure of the cluster or of the connection to it (the 503 cluster_unavailable rows)."""
+    return to_api_error(exc).code == CLUSTER_UNAVAILABLE
 
 
 def redis_error_kind(exc: BaseException) -> str:
     """A short, bounded label for an exception from a cluster call (a metrics label)."""
-    return type(exc).__name__ if isinstance(exc, rx.RedisError | rx.RedisClusterException) else "other"
+    return type(exc).__name__ if is_cluster_trouble(exc) else "other"

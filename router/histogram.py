@@ -10,7 +10,8 @@ distance from the exact rank *as of the snapshot* (``as_of``). Writes after ``as
 
 With ``samples`` K per shard the error is at most about N / (2K) for a board of N players, whatever
 the number of shards; shards of at most K + 1 players are sampled whole, so small boards are exact.
-The snapshots are refreshed every ``refresh_s`` seconds by one task per worker, and dropped when idle.
+The snapshots are refreshed every ``refresh_s`` seconds by one task per worker, one view at a time,
+and dropped when idle. Each sampling call holds a permit of its primary's script gate.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from dataclasses import dataclass
 from importlib import resources
 
 from redis.asyncio.cluster import RedisCluster
-from redis.commands.core import AsyncScript
 
 from router import metrics
+from router.budget import BoundedScript
 from router.cache import api_period
+from router.gate import NodeGates
 from shardlb import times
 from shardlb.board import Board
 from shardlb.merge import Row
@@ -98,11 +100,15 @@ class Histograms:
     """Per-worker equi-depth histograms of the views read with ``estimate=true``."""
 
     def __init__(
-        self, client: RedisCluster, samples: int = 1024, refresh_s: float = 5.0, idle_s: float = 300.0
+        self,
+        client: RedisCluster,
+        gates: NodeGates,
+        samples: int = 1024,
+        refresh_s: float = 5.0,
+        idle_s: float = 300.0,
     ) -> None:
-        self.script: AsyncScript = client.register_script(
-            resources.files("router").joinpath("sample.lua").read_text()
-        )
+        source = resources.files("router").joinpath("sample.lua").read_text()
+        self.script = BoundedScript(client, source, gates)
         self.samples = samples
         self.refresh_s = refresh_s
         self.idle_s = idle_s
@@ -140,12 +146,13 @@ class Histograms:
             for key, kept in list(self._views.items()):
                 if now - kept.read_at > self.idle_s:
                     self._views.pop(key, None)
-            keys = list(self._views)
-            outcomes = await asyncio.gather(
-                *(self._load(key, self._views[key].board) for key in keys), return_exceptions=True
-            )
-            for key, outcome in zip(keys, outcomes, strict=True):
-                if isinstance(outcome, BaseException):
+            for key in list(self._views):
+                view = self._views.get(key)
+                if view is None:
+                    continue
+                try:
+                    await self._load(key, view.board)
+                except Exception as outcome:
                     # A snapshot that cannot be refreshed would state a bound for an ever older board.
                     self._views.pop(key, None)
                     log.warning(

@@ -93,7 +93,13 @@ class Observe:
         }
         if isinstance(error, ApiError):
             fields.update(code=error.code, error=error.message, field=error.field)
-        if failure is not None or status >= 500:
+        if status == 503:
+            # Back-pressure or cluster trouble: expected under load, and a storm of them must not
+            # cost a traceback each. One line names the cause; the metrics count them.
+            if failure is not None:
+                fields["cause"] = f"{type(failure).__name__}: {str(failure)[:300]}"
+            log.warning("request refused", extra={"fields": fields})
+        elif failure is not None or status >= 500:
             log.error("request failed", exc_info=failure, extra={"fields": fields})
         elif status >= 400:
             log.info("request refused", extra={"fields": fields})

@@ -4,11 +4,15 @@
 answers or SHARDLB_STARTUP_TIMEOUT_S passes) and starts the cache refresh tasks; only then does the
 worker take requests. ``Service.stop`` refuses new writes, drains the coalescer within
 SHARDLB_DRAIN_SECONDS, and closes the client.
+
+Every path to the cluster goes through one of the gates made here; router/budget.py adds up what
+they allow per primary, which the settings check keeps within the client's connection cap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,9 +23,11 @@ from redis.asyncio.cluster import RedisCluster
 
 from router import metrics
 from router.auth import Keys
+from router.boards import Boards
+from router.budget import REGISTRY_LANES, BoundedScript
 from router.cache import Rendered, TopCache, api_period
 from router.coalescer import Coalescer
-from router.gate import Gate
+from router.gate import Gate, NodeGates
 from router.histogram import Histograms
 from router.limiter import RateLimiter
 from router.media import entry_body
@@ -40,22 +46,29 @@ READY_TIMEOUT_S = 2.0
 class Service:
     settings: Settings
     client: RedisCluster
-    store: BoardStore
+    boards: Boards
     keys: Keys
     limiter: RateLimiter
     reads: Gate
+    scripts: NodeGates
     coalescer: Coalescer
     tops: TopCache
     histograms: Histograms
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     draining: bool = False
+    _probe: asyncio.Future[str | None] | None = None
 
     @classmethod
     async def start(cls, settings: Settings) -> Service:
         """Connect and load scripts (retrying up to the start-up timeout), then start the refreshers."""
         client = connect(settings.redis_url, settings.redis_max_connections, settings.redis_timeout_s)
-        scripts = Scripts.register(client)
-        histograms = Histograms(client, settings.histogram_samples, settings.histogram_refresh_s)
+        # A call already under way waits for a script permit as long as for a reply; new requests
+        # wait for the read gate or the registry only SHARDLB_QUEUE_WAIT_S.
+        script_gates = NodeGates(settings.script_concurrency, settings.redis_timeout_s, "script calls")
+        scripts = _bounded(Scripts.register(client), client, script_gates)
+        histograms = Histograms(
+            client, script_gates, settings.histogram_samples, settings.histogram_refresh_s
+        )
         deadline = time.monotonic() + settings.startup_timeout_s
         while True:
             try:
@@ -68,27 +81,30 @@ class Service:
                     raise ClusterUnavailable(f"no cluster at {settings.redis_url}: {e}") from e
                 log.warning("cluster not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
                 await asyncio.sleep(0.5)
-        reads = Gate(settings.read_concurrency, settings.read_queue)
+        reads = Gate(settings.read_concurrency, settings.read_queue, settings.queue_wait_s, "reads")
+        registry = Gate(REGISTRY_LANES, settings.read_queue, settings.queue_wait_s, "board lookups")
 
         async def fetch_top(board: Board, period: str, region: str | None, limit: int) -> Rendered:
-            async with reads, metrics.redis_call("top"):
+            async with metrics.redis_call("top"):
                 found = await board.top(limit, api_period(period), region)
             return [entry_body(e) for e in found]
 
         service = cls(
             settings=settings,
             client=client,
-            store=BoardStore(client, scripts),
+            boards=Boards(BoardStore(client, scripts), registry),
             keys=Keys(settings),
             limiter=RateLimiter(settings.read_rate, settings.burst, settings.rate_clients),
             reads=reads,
+            scripts=script_gates,
             coalescer=Coalescer(
                 settings.coalesce_delay_ms / 1000,
                 settings.coalesce_max_batch,
                 settings.queue_limit,
                 settings.node_concurrency,
+                wait_s=settings.redis_timeout_s,
             ),
-            tops=TopCache(fetch_top, settings.top_refresh_s, settings.top_idle_s),
+            tops=TopCache(fetch_top, settings.top_refresh_s, settings.top_idle_s, live=reads),
             histograms=histograms,
         )
         service.tasks = [asyncio.create_task(service.tops.run()), asyncio.create_task(histograms.run())]
@@ -106,9 +122,15 @@ class Service:
 
     async def problem(self) -> str | None:
         """Why this worker should not get traffic now (None when ready): draining, cluster down or
-        unreachable, or slots not all served, as each primary's CLUSTER INFO says."""
+        unreachable, or slots not all served, as each primary's CLUSTER INFO says. Probes arriving
+        while one is under way share its answer: one CLUSTER INFO per primary at a time."""
         if self.draining:
             return "the router is shutting down"
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._cluster_problem())
+        return await asyncio.shield(self._probe)
+
+    async def _cluster_problem(self) -> str | None:
         try:
             async with metrics.redis_call("cluster_info"):
                 infos: Any = await asyncio.wait_for(
@@ -124,3 +146,15 @@ class Service:
             if int(info.get("cluster_slots_ok", 0)) != SLOTS:
                 return f"only {info.get('cluster_slots_ok')} of {SLOTS} slots are served"
         return None
+
+
+def _bounded(scripts: Scripts, client: RedisCluster, gates: NodeGates) -> Scripts:
+    """The library's scripts, each call under its primary's script gate; write.lua is bounded by
+    the coalescer's own gates (it is only called from there), so it only gets the one-node reload."""
+    return dataclasses.replace(
+        scripts,
+        **{
+            f.name: BoundedScript.of(getattr(scripts, f.name), client, None if f.name == "write" else gates)
+            for f in dataclasses.fields(scripts)
+        },
+    )

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from router.budget import LANES, READ_PIPELINES, RESERVE, connections_needed
 from shardlb.client import parse_url
 from shardlb.errors import InvalidInput
 
@@ -49,8 +50,10 @@ class Settings:
     coalesce_max_batch: int = 500
     queue_limit: int = 20_000
     node_concurrency: int = 16
-    read_concurrency: int = 32
+    script_concurrency: int = 8
+    read_concurrency: int = 16
     read_queue: int = 2_000
+    queue_wait_s: float = 0.5
     redis_max_connections: int = 64
     redis_timeout_s: float = 2.0
     startup_timeout_s: float = 30.0
@@ -93,10 +96,21 @@ class Settings:
         _range("SHARDLB_COALESCE_MAX_BATCH", self.coalesce_max_batch, 1, 10_000)
         _range("SHARDLB_QUEUE_LIMIT", self.queue_limit, 1000, 10**8)
         _range("SHARDLB_REDIS_MAX_CONNECTIONS", self.redis_max_connections, 4, 10_000)
-        # Leave connections for reads and for the second call of band moves: a full pool fails at once.
         _range("SHARDLB_NODE_CONCURRENCY", self.node_concurrency, 1, self.redis_max_connections // 2)
-        _range("SHARDLB_READ_CONCURRENCY", self.read_concurrency, 1, self.redis_max_connections)
+        _range("SHARDLB_SCRIPT_CONCURRENCY", self.script_concurrency, 1, self.redis_max_connections // 2)
+        _range("SHARDLB_READ_CONCURRENCY", self.read_concurrency, 1, self.redis_max_connections // 2)
         _range("SHARDLB_READ_QUEUE", self.read_queue, 0, 10**7)
+        _range("SHARDLB_QUEUE_WAIT_S", self.queue_wait_s, 0.001, 60)
+        # A full redis-py pool fails at once (and its pipelines then reset the whole client), so the
+        # router's own bounds must add up to no more than the pool: see router/budget.py.
+        needed = connections_needed(self.node_concurrency, self.script_concurrency, self.read_concurrency)
+        if needed > self.redis_max_connections:
+            raise SettingsError(
+                "SHARDLB_REDIS_MAX_CONNECTIONS",
+                f"must be at least NODE_CONCURRENCY + SCRIPT_CONCURRENCY + {READ_PIPELINES} x "
+                f"READ_CONCURRENCY + {LANES + RESERVE} = {needed} (connections per primary the router "
+                f"may use at once), got {self.redis_max_connections}",
+            )
         _range("SHARDLB_REDIS_TIMEOUT_S", self.redis_timeout_s, 0.05, 60)
         _range("SHARDLB_STARTUP_TIMEOUT_S", self.startup_timeout_s, 0, 3600)
         _range("SHARDLB_DRAIN_SECONDS", self.drain_seconds, 0, 3600)

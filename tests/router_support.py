@@ -31,18 +31,22 @@ def board_name(prefix: str = "rt") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-def settings_for(url: str, **overrides: Any) -> Settings:
-    """Test settings: all three kinds of key, everything else default unless overridden."""
+def settings_for(url: str, check: bool = True, **overrides: Any) -> Settings:
+    """Test settings: all three kinds of key, everything else default unless overridden. With
+    ``check=False`` they may break the start-up checks (to provoke what those checks prevent)."""
     base = Settings(redis_url=url, admin_keys=(ADMIN,), write_keys=(WRITE,), read_keys=(READ,))
     settings = dataclasses.replace(base, **overrides)
-    settings.check()
+    if check:
+        settings.check()
     return settings
 
 
 @asynccontextmanager
-async def running(url: str, **overrides: Any) -> AsyncIterator[tuple[Starlette, httpx.AsyncClient]]:
+async def running(
+    url: str, check: bool = True, **overrides: Any
+) -> AsyncIterator[tuple[Starlette, httpx.AsyncClient]]:
     """The app with its lifespan entered, and a client for it; the lifespan exits (drains) after."""
-    app = create_app(settings_for(url, **overrides))
+    app = create_app(settings_for(url, check, **overrides))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(

@@ -84,6 +84,10 @@ def test_defaults_and_every_variable() -> None:
         ("SHARDLB_HOST", ""),
         ("SHARDLB_ADMIN_KEYS", "has space"),
         ("SHARDLB_NODE_CONCURRENCY", "1000"),
+        ("SHARDLB_SCRIPT_CONCURRENCY", "0"),
+        ("SHARDLB_READ_CONCURRENCY", "40"),
+        ("SHARDLB_QUEUE_WAIT_S", "0"),
+        ("SHARDLB_REDIS_MAX_CONNECTIONS", "40"),
         ("SHARDLB_LOG_LEVEL", "loud"),
     ],
 )
