@@ -12,8 +12,6 @@ import hmac
 from dataclasses import dataclass
 from enum import IntEnum
 
-from starlette.datastructures import Headers
-
 from router.errors import ApiError
 from router.settings import Settings
 
@@ -61,9 +59,9 @@ class Keys:
             found |= int(scope) * hmac.compare_digest(digest, presented)
         return Scope(found) if found else None
 
-    def require(self, headers: Headers, peer: str, need: Scope) -> Caller:
-        """Check the request's key against ``need``: 401 without a valid key, 403 with too small a scope."""
-        header = headers.get("authorization")
+    def require(self, header: str | None, peer: str, need: Scope) -> Caller:
+        """Check the Authorization header's key against ``need``: 401 without a valid key, 403 with
+        too small a scope."""
         if self.open_access:
             return Caller(Scope.ADMIN, f"ip:{peer}")
         if header is None:

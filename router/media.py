@@ -6,6 +6,7 @@ Responses are rendered by orjson or msgpack straight to bytes. A request body is
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
@@ -75,20 +76,24 @@ def error_response(request: Request, error: ApiError) -> Response:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The raw body, refused with 413 once it passes ``limit`` bytes (declared or streamed)."""
-    declared = request.headers.get("content-length")
+    return await read_limited(request.stream(), request.headers.get("content-length"), limit)
+
+
+async def read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
+    """Join a body's chunks; 413 as soon as the declared length or the bytes so far pass ``limit``."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
-    chunks = []
+    parts = []
     size = 0
     try:
-        async for chunk in request.stream():
+        async for chunk in chunks:
             size += len(chunk)
             if size > limit:
                 raise _too_large(limit)
-            chunks.append(chunk)
+            parts.append(chunk)
     except ClientDisconnect as e:  # nobody will read the answer; keep it out of the 5xx logs
         raise ApiError(400, "malformed_body", "the client closed the connection before the body ended") from e
-    return b"".join(chunks)
+    return b"".join(parts)
 
 
 def _too_large(limit: int) -> ApiError:
@@ -118,7 +123,14 @@ def decode(body: bytes, content_type: str | None, empty: Any = None) -> Any:
 
 async def read_object(request: Request, limit: int, empty: dict[str, Any] | None = None) -> dict[str, Any]:
     """Read, cap and decode a body that must be a JSON/MessagePack object (map)."""
-    data = decode(await read_body(request, limit), request.headers.get("content-type"), empty)
+    return decode_object(await read_body(request, limit), request.headers.get("content-type"), empty)
+
+
+def decode_object(
+    body: bytes, content_type: str | None, empty: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Decode a body that must be an object (map): 422 ``invalid_body`` for any other value."""
+    data = decode(body, content_type, empty)
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_body", "the body must be an object")
     return data

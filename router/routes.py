@@ -6,27 +6,25 @@ touches the cluster, so a request that fails validation writes nothing.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from router import metrics
+from router import metrics, scores
 from router.auth import Scope
 from router.cache import api_period
-from router.errors import ApiError, shutting_down
+from router.errors import ApiError
 from router.media import entry_body, read_object, render
+from router.scores import MAX_ITEMS, ScoresEndpoint
 from router.service import Service
 from shardlb import times
-from shardlb.board import Board, Score
+from shardlb.board import Board
 from shardlb.config import BoardConfig, check_id
 from shardlb.errors import InvalidInput, PlayerNotFound
 
-MAX_ITEMS = 1000
 MAX_OFFSET = 10**12
-SCORE_FIELDS = frozenset({"player_id", "points", "match_id", "achieved_at", "region"})
-SCORE_REQUIRED = ("player_id", "points", "match_id")
 
 
 def service(request: Request) -> Service:
@@ -39,14 +37,14 @@ def _peer(request: Request) -> str:
 
 def _allow(request: Request, need: Scope) -> Service:
     svc = service(request)
-    svc.keys.require(request.headers, _peer(request), need)
+    svc.keys.require(request.headers.get("authorization"), _peer(request), need)
     return svc
 
 
 def _allow_read(request: Request) -> Service:
     """Key check for reads, then the caller's token bucket (429 with Retry-After when empty)."""
     svc = service(request)
-    caller = svc.keys.require(request.headers, _peer(request), Scope.READ)
+    caller = svc.keys.require(request.headers.get("authorization"), _peer(request), Scope.READ)
     wait = svc.limiter.take(caller.client)
     if wait > 0:
         metrics.RATE_LIMITED.inc()
@@ -146,66 +144,6 @@ async def board_route(request: Request) -> Response:
     """One route for the three methods, so a 405 on it lists them all in Allow."""
     handler = {"PUT": put_board, "DELETE": delete_board}.get(request.method, get_board)
     return await handler(request)
-
-
-# ---- scores (write) --------------------------------------------------------------------------
-
-
-def parse_scores(body: dict[str, Any]) -> list[Score]:
-    """The ``scores`` of a POST body as Score values; shape errors name their field (422)."""
-    for name in body:
-        if name != "scores":
-            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
-    items = body.get("scores")
-    if not isinstance(items, list):
-        raise InvalidInput("scores must be a list of score objects", "scores", "invalid_input")
-    if len(items) > MAX_ITEMS:
-        raise InvalidInput(f"at most {MAX_ITEMS} scores per request, got {len(items)}", "scores", "too_many")
-    scores = []
-    for i, item in enumerate(items):
-        where = f"scores[{i}]"
-        if not isinstance(item, dict):
-            raise InvalidInput("each score must be an object", where, "invalid_input")
-        for name in item:
-            if name not in SCORE_FIELDS:
-                raise InvalidInput(f"unknown field {name!r}", f"{where}.{name}", "unknown_field")
-        for name in SCORE_REQUIRED:
-            if item.get(name) is None:
-                raise InvalidInput(f"{name} is required", f"{where}.{name}", "missing_field")
-        achieved = item.get("achieved_at")
-        region = item.get("region")
-        if region is not None and not isinstance(region, str):
-            raise InvalidInput("region must be a string", f"{where}.region", "invalid_region")
-        scores.append(
-            Score(
-                player_id=item["player_id"],
-                points=item["points"],
-                match_id=item["match_id"],
-                achieved_ms=None if achieved is None else times.parse(achieved, f"{where}.achieved_at"),
-                region=region,
-            )
-        )
-    return scores
-
-
-async def post_scores(request: Request) -> Response:
-    svc = _allow(request, Scope.WRITE)
-    if svc.draining:
-        raise shutting_down()  # before reading the body: it would be refused after that anyway
-    body = await read_object(request, svc.settings.max_body_bytes)
-    scores = parse_scores(body)
-    board = await _board(svc, request)
-    prepared = board.prepare(scores)
-    results = await svc.coalescer.submit(board, prepared)
-    return render(
-        request,
-        {
-            "results": [
-                {"player_id": r.player_id, "match_id": r.match_id, "status": r.status, "points": r.points}
-                for r in results
-            ]
-        },
-    )
 
 
 # ---- reads -----------------------------------------------------------------------------------
@@ -321,7 +259,7 @@ async def query(request: Request) -> Response:
 ROUTES = [
     Route("/v1/boards", list_boards, methods=["GET"]),
     Route("/v1/boards/{board}", board_route, methods=["GET", "PUT", "DELETE"]),
-    Route("/v1/boards/{board}/scores", post_scores, methods=["POST"]),
+    Route(scores.PATH, ScoresEndpoint(), methods=["POST"]),
     Route("/v1/boards/{board}/top", top, methods=["GET"]),
     Route("/v1/boards/{board}/entries", entries, methods=["GET"]),
     Route("/v1/boards/{board}/players:query", query, methods=["POST"]),

@@ -1,0 +1,141 @@
+"""POST /v1/boards/{board}/scores: the write endpoint, as a plain ASGI app.
+
+Writes are most of a router's traffic, so this one endpoint skips Starlette's request machinery: the
+app (router/app.py) hands a POST to this path straight to ``ScoresEndpoint`` wrapped in the access
+middleware, and Starlette's router holds the same object for every other method (its 405 lists
+POST). The rules are those of every other route: the key is checked first, then the whole body is
+read (capped), decoded and validated before anything reaches the cluster, so a request that fails
+validation writes nothing; every error leaves as api.md's error body with its 4xx or 503.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
+
+from router.auth import Scope as KeyScope
+from router.errors import shutting_down, to_api_error
+from router.media import JSON, MSGPACK, decode_object, encode, read_limited, wants_msgpack
+from router.service import Service
+from shardlb import times
+from shardlb.board import Score
+from shardlb.errors import InvalidInput
+
+PATH = "/v1/boards/{board}/scores"
+PATH_PATTERN = re.compile(r"/v1/boards/([^/]+)/scores")
+MAX_ITEMS = 1000
+SCORE_FIELDS = frozenset({"player_id", "points", "match_id", "achieved_at", "region"})
+SCORE_REQUIRED = ("player_id", "points", "match_id")
+_WANTED = frozenset({b"authorization", b"content-type", b"content-length", b"accept"})
+
+
+def parse_scores(body: dict[str, Any]) -> list[Score]:
+    """The ``scores`` of a POST body as Score values; shape errors name their field (422)."""
+    for name in body:
+        if name != "scores":
+            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+    items = body.get("scores")
+    if not isinstance(items, list):
+        raise InvalidInput("scores must be a list of score objects", "scores", "invalid_input")
+    if len(items) > MAX_ITEMS:
+        raise InvalidInput(f"at most {MAX_ITEMS} scores per request, got {len(items)}", "scores", "too_many")
+    scores = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidInput("each score must be an object", f"scores[{i}]", "invalid_input")
+        if not item.keys() <= SCORE_FIELDS:
+            name = next(name for name in item if name not in SCORE_FIELDS)
+            raise InvalidInput(f"unknown field {name!r}", f"scores[{i}].{name}", "unknown_field")
+        player_id, points, match_id = item.get("player_id"), item.get("points"), item.get("match_id")
+        if player_id is None or points is None or match_id is None:
+            name = next(name for name in SCORE_REQUIRED if item.get(name) is None)
+            raise InvalidInput(f"{name} is required", f"scores[{i}].{name}", "missing_field")
+        achieved = item.get("achieved_at")
+        region = item.get("region")
+        if region is not None and not isinstance(region, str):
+            raise InvalidInput("region must be a string", f"scores[{i}].region", "invalid_region")
+        scores.append(
+            Score(
+                player_id,
+                points,
+                match_id,
+                None if achieved is None else times.parse(achieved, f"scores[{i}].achieved_at"),
+                region,
+            )
+        )
+    return scores
+
+
+class ScoresEndpoint:
+    """The write endpoint. ``scope["path_params"]["board"]`` names the board; the Service comes from
+    ``scope["app"].state.service``. It answers every request itself, errors included (remembered
+    in the request state for the access middleware, as Starlette's error handlers do)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope["headers"]:
+            if name in _WANTED and name not in headers:
+                headers[name] = value
+        accept = headers.get(b"accept")
+        packed = accept is not None and wants_msgpack(accept.decode("latin-1"))
+        extra: dict[str, str] = {}
+        try:
+            status, data = 200, await self._write(scope, receive, headers)
+        except Exception as e:
+            error = to_api_error(e)
+            state = scope.setdefault("state", {})
+            state["error"] = error
+            if error.status >= 500:
+                state["cause"] = e  # the access middleware logs it with the request id
+            status, data, extra = error.status, error.body(), error.headers
+        body = encode(data, packed)
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+        raw.append((b"content-length", str(len(body)).encode()))
+        raw.append((b"content-type", MSGPACK.encode() if packed else JSON.encode()))
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _write(self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]) -> dict[str, Any]:
+        svc: Service = scope["app"].state.service
+        client = scope.get("client")
+        authorization = headers.get(b"authorization")
+        svc.keys.require(
+            None if authorization is None else authorization.decode("latin-1"),
+            client[0] if client else "unknown",
+            KeyScope.WRITE,
+        )
+        if svc.draining:
+            raise shutting_down()  # before reading the body: it would be refused after that anyway
+        declared = headers.get(b"content-length")
+        raw = await read_limited(
+            _chunks(receive),
+            None if declared is None else declared.decode("latin-1"),
+            svc.settings.max_body_bytes,
+        )
+        content_type = headers.get(b"content-type")
+        scores = parse_scores(
+            decode_object(raw, None if content_type is None else content_type.decode("latin-1"))
+        )
+        board = await svc.boards.get(scope["path_params"]["board"])
+        results = await svc.coalescer.submit(board, board.prepare(scores))
+        return {
+            "results": [
+                {"player_id": r.player_id, "match_id": r.match_id, "status": r.status, "points": r.points}
+                for r in results
+            ]
+        }
+
+
+async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """The request body's chunks as they arrive; ClientDisconnect when the client goes first."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
