@@ -50,7 +50,15 @@ class Points:
         return cls(kind, a, b)
 
     def draw(self, rng: random.Random) -> int:
-        return self.at(rng.random())
+        """A random draw: the same distribution as ``at`` of a uniform, from the C-backed generators
+        (a load generator draws ten of these per match; the inverse CDF is pure Python)."""
+        if self.kind == "uniform":
+            value = rng.uniform(self.a, self.b)
+        elif self.kind == "normal":
+            value = rng.gauss(self.a, self.b)
+        else:
+            value = math.exp(min(rng.gauss(self.a, self.b), 700.0))
+        return min(POINTS_MAX, max(0, int(value)))
 
     def at(self, u: float) -> int:
         """The points at quantile ``u`` (0 < u < 1): inverse-CDF sampling, so a hash can drive it."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from shardlb.board import Board, Prepared, Result
 from shardlb.errors import Overloaded
 
 log = logging.getLogger("shardlb.router")
+GAUGE_S = 0.05
 
 
 class _Ticket:
@@ -99,6 +101,7 @@ class Coalescer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._depth = 0
+        self._gauge_at = 0.0
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -215,8 +218,12 @@ class Coalescer:
 
     def _count(self, delta: int) -> None:
         self._depth += delta
-        metrics.QUEUE_DEPTH.set(self._depth)
         if self._depth:
             self._idle.clear()
+            now = time.monotonic()
+            if now >= self._gauge_at:  # the gauge at most every GAUGE_S while busy: it costs a lock
+                self._gauge_at = now + GAUGE_S
+                metrics.QUEUE_DEPTH.set(self._depth)
         else:
             self._idle.set()
+            metrics.QUEUE_DEPTH.set(0)

@@ -7,6 +7,8 @@ line with that id; access lines for every request only when SHARDLB_ACCESS_LOG i
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import os
 import re
@@ -68,8 +70,8 @@ class Observe:
         finally:
             elapsed = time.perf_counter() - start
             route = getattr(scope.get("route"), "path", "unmatched")
-            metrics.REQUEST_SECONDS.labels(scope["method"], route).observe(elapsed)
-            metrics.RESPONSES.labels(route, str(status)).inc()
+            _timer(scope["method"], route).observe(elapsed)
+            _counter(route, status).inc()
             if status >= 400 or failure is not None or self.access_log:
                 self._log(
                     scope, request_id, status, elapsed, state.get("error"), failure or state.get("cause")
@@ -109,6 +111,30 @@ class Observe:
 
 def _request_id(scope: Scope) -> str:
     for name, value in scope["headers"]:
-        if name == b"x-request-id" and _REQUEST_ID.match(value):
+        if name == b"x-request-id" and _REQUEST_ID.fullmatch(value):
             return str(value.decode())
-    return os.urandom(16).hex()  # as unique as a uuid4, without building one
+    # 64 random bits per process and a counter: unique across workers and restarts, with no
+    # system call per request.
+    return f"{_prefix}{next(_sequence):016x}"
+
+
+def _new_prefix() -> None:
+    global _prefix
+    _prefix = os.urandom(8).hex()
+
+
+_prefix = ""
+_new_prefix()
+os.register_at_fork(after_in_child=_new_prefix)  # a forked worker must not repeat its parent's ids
+_sequence = itertools.count()
+
+
+@functools.lru_cache(maxsize=1024)
+def _timer(method: str, route: str) -> Any:
+    """The labelled histogram child (looking labels up costs more than observing)."""
+    return metrics.REQUEST_SECONDS.labels(method, route)
+
+
+@functools.lru_cache(maxsize=1024)
+def _counter(route: str, status: int) -> Any:
+    return metrics.RESPONSES.labels(route, str(status))

@@ -7,26 +7,25 @@ import functools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys, periods, times
 from shardlb.client import Scripts
-from shardlb.config import BoardConfig, check_id
+from shardlb.config import ID_PATTERN, BoardConfig, check_id
 from shardlb.errors import InvalidInput, PlayerNotFound
 from shardlb.merge import Row
 from shardlb.reads import SHALLOW, View
-from shardlb.sharding import Layout
+from shardlb.sharding import Layout, player_hash
 
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow"}
 MAX_FUTURE_MS = 5 * 60_000
 QUARTER_HOUR_MS = 15 * 60_000
 
 
-@dataclass(frozen=True, slots=True)
-class Score:
+class Score(NamedTuple):
     """One match result for one player, as a game server posts it."""
 
     player_id: str
@@ -36,8 +35,9 @@ class Score:
     region: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
+# Prepared and Result are made once per score on the write path: tuples build several times faster
+# than frozen dataclasses, and read the same.
+class Prepared(NamedTuple):
     """A checked Score with its home shard and packed score, ready for a shard's script call."""
 
     player_id: str
@@ -49,8 +49,7 @@ class Prepared:
     periods: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
+class Result(NamedTuple):
     player_id: str
     match_id: str
     status: str
@@ -98,34 +97,55 @@ class Board:
     ) -> list[Prepared]:
         """Check every score; raise InvalidInput naming the first bad field. Writes nothing."""
         now = times.now_ms() if now_ms is None else now_ms
+        codec = self.codec
+        lowest, highest = codec.epoch_ms, min(now + MAX_FUTURE_MS, codec.last_ms)
+        by_region = self.layout.strategy == "region"
+        shards = self.layout.sharding.shards
         out = []
         for i, s in enumerate(scores):
-            where = f"{field}[{i}]"
-            check_id(s.player_id, f"{where}.player_id")
-            if not isinstance(s.match_id, str) or not 1 <= len(s.match_id) <= 128:
-                raise InvalidInput(
-                    "match_id must be 1-128 characters", f"{where}.match_id", "invalid_match_id"
-                )
-            points = self.codec.check_points(s.points, f"{where}.points")
+            player, match, points = s.player_id, s.match_id, s.points
             achieved = now if s.achieved_ms is None else s.achieved_ms
-            if achieved > now + MAX_FUTURE_MS:
-                raise InvalidInput(
-                    "achieved_at is more than 5 minutes in the future", f"{where}.achieved_at", "out_of_range"
-                )
-            units = self.codec.time_units(achieved, f"{where}.achieved_at")
-            shard = self.layout.home(s.player_id, s.region, f"{where}.region")
+            # One test for the common case of a good score; _refuse says what is wrong, if anything.
+            if not (
+                type(player) is str
+                and ID_PATTERN.fullmatch(player) is not None
+                and type(match) is str
+                and 0 < len(match) <= 128
+                and type(points) is int
+                and 0 <= points <= codec.points_max
+                and lowest <= achieved <= highest
+            ):
+                points = self._refuse(s, achieved, now, f"{field}[{i}]")
+            units = (achieved - lowest) // codec.unit_ms
+            if by_region:
+                shard = self.layout.home(player, s.region, f"{field}[{i}].region")
+            else:
+                shard = player_hash(player) % shards
             out.append(
                 Prepared(
-                    s.player_id,
-                    s.match_id,
+                    player,
+                    match,
                     points,
                     units,
-                    self.codec.encode_units(points, units),
+                    codec.encode_units(points, units),
                     shard,
                     self._period_names(achieved // QUARTER_HOUR_MS),
                 )
             )
         return out
+
+    def _refuse(self, s: Score, achieved: int, now: int, where: str) -> int:
+        """Raise InvalidInput for the first bad field of ``s``; return its points when all are good."""
+        check_id(s.player_id, f"{where}.player_id")
+        if not isinstance(s.match_id, str) or not 1 <= len(s.match_id) <= 128:
+            raise InvalidInput("match_id must be 1-128 characters", f"{where}.match_id", "invalid_match_id")
+        points = self.codec.check_points(s.points, f"{where}.points")
+        if achieved > now + MAX_FUTURE_MS:
+            raise InvalidInput(
+                "achieved_at is more than 5 minutes in the future", f"{where}.achieved_at", "out_of_range"
+            )
+        self.codec.time_units(achieved, f"{where}.achieved_at")
+        return int(points)
 
     async def submit(self, scores: Sequence[Score], now_ms: int | None = None) -> list[Result]:
         """Validate, then apply per shard (atomic per shard, concurrent across shards, not atomic across)."""
@@ -167,9 +187,14 @@ class Board:
                 dedup.append(key_index(keys.dedup_key(prefix, bucket), (bucket + 1) * b + window))
         version = key_index(keys.version_key(prefix), 0) if self.layout.strategy == "band" else 0
         items: list[Any] = []
+        indices: dict[tuple[str, ...], list[int]] = {}  # a batch's scores mostly share their periods
         for p in batch:
-            items += [p.player_id, p.score, p.points, p.units, f"{p.match_id}\x00{p.player_id}"]
-            items += [key_index(keys.period_key(prefix, name), self._expiry(name)) for name in p.periods]
+            index = indices.get(p.periods)
+            if index is None:
+                index = indices[p.periods] = [
+                    key_index(keys.period_key(prefix, name), self._expiry(name)) for name in p.periods
+                ]
+            items += [p.player_id, p.score, p.points, p.units, f"{p.match_id}\x00{p.player_id}", *index]
         args = [
             self.config.mode,
             self.codec.time_bits,
@@ -187,9 +212,12 @@ class Board:
         reply = await self.scripts.write(keys=key_list, args=args)
         results = []
         moves = []
+        shift, desc, points_max = self.codec.time_bits, self.codec.order == "desc", self.codec.points_max
         for n, p in enumerate(batch):
             status, after, ver, before = reply[4 * n : 4 * n + 4]
-            points = self.codec.decode_units(int(after))[0] if after else 0
+            points = int(after) >> shift if after else 0  # the points part of the total after
+            if after and not desc:
+                points = points_max - points
             results.append(Result(p.player_id, p.match_id, STATUS[status], points))
             if int(ver):
                 moves.append((p.player_id, int(after), int(ver), int(before) if before else None))

@@ -26,7 +26,7 @@ SETTINGS = (
 
 
 def check_id(value: object, field_name: str) -> str:
-    if not isinstance(value, str) or not ID_PATTERN.match(value):
+    if not isinstance(value, str) or ID_PATTERN.fullmatch(value) is None:
         raise InvalidInput("ids are 1-64 characters of A-Z a-z 0-9 _ - . :", field_name, "invalid_id")
     return value
 

@@ -95,7 +95,7 @@ def parse(text: str, kinds: tuple[str, ...], tz: ZoneInfo, now_ms: int) -> str:
         return "total"
     if not given:
         return name_for(kind, local_day(now_ms, tz))
-    match = _PATTERNS[kind].match(given)
+    match = _PATTERNS[kind].fullmatch(given)
     try:
         if match is None:
             raise ValueError(given)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from shardlb.errors import InvalidInput
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+ONE_MS = timedelta(milliseconds=1)
+END_MS = 253_402_300_800_000  # 10000-01-01T00:00:00Z: every time is within years 1970-9999 UTC
 
 
 def now_ms() -> int:
@@ -19,7 +23,7 @@ def parse(value: object, field: str) -> int:
             "a time is an RFC 3339 string or integer epoch milliseconds", field, "invalid_time"
         )
     if isinstance(value, int):
-        if not 0 <= value < 253_402_300_800_000:
+        if not 0 <= value < END_MS:
             raise InvalidInput("epoch milliseconds out of range", field, "invalid_time")
         return value
     if isinstance(value, str) and "T" in value.upper():
@@ -29,7 +33,11 @@ def parse(value: object, field: str) -> int:
             raise InvalidInput(f"{value!r} is not an RFC 3339 time", field, "invalid_time") from e
         if parsed.tzinfo is None:
             raise InvalidInput("an RFC 3339 time needs an offset, e.g. 'Z'", field, "invalid_time")
-        return int(parsed.timestamp() * 1000)
+        # Exact integer arithmetic: float seconds would round some milliseconds down by one.
+        ms = (parsed - EPOCH) // ONE_MS
+        if not 0 <= ms < END_MS:
+            raise InvalidInput("a time must fall in the years 1970 to 9999 (UTC)", field, "invalid_time")
+        return ms
     raise InvalidInput("a time is an RFC 3339 string or integer epoch milliseconds", field, "invalid_time")
 
 

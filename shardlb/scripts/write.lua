@@ -110,7 +110,12 @@ while pos <= #items do
     end
   end
 
-  local after = zscore(total, player)
+  local after
+  if mode == 'best' then
+    after = (before == nil or score > before) and score or before  -- what ZADD GT left
+  else
+    after = zscore(total, player)
+  end
   local version = 0
   if vk > 0 and after ~= before then
     version = redis.call('HINCRBY', KEYS[vk], player, 1)
