@@ -18,13 +18,17 @@ from bench.workload import Workload
 from shardlb.board import Board, Prepared, Score
 
 POOL_MATCHES = 20_000
+LAP_STRIDE = 7919  # a prime: lap k pairs match i's players with match i + k * LAP_STRIDE's points
 
 
 class MatchPool:
     """Pre-drawn matches, so the timed loop measures the library, not the random number generator.
 
     ``take`` hands out ``n`` matches; a ``retry_share`` of them repeat an earlier match (same match id,
-    same scores), as a game server retrying a post whose reply it lost.
+    same scores), as a game server retrying a post whose reply it lost. Once the pool wraps, a match
+    comes back under a new id with its players paired with another match's points, different on each
+    lap: replaying the same (player, points) pairs would make most writes of a long phase no-ops for a
+    ``best`` board, which cost the cluster far less than the fresh results Locust posts.
     """
 
     def __init__(self, workload: Workload, seed: int, size: int = POOL_MATCHES) -> None:
@@ -45,8 +49,11 @@ class MatchPool:
                 seq = self.next
                 self.next += 1
             match_id, players = self.matches[seq % size]
-            if seq >= size:
-                match_id = f"{match_id}.{seq // size}"
+            lap = seq // size
+            if lap:
+                match_id = f"{match_id}.{lap}"
+                _, other = self.matches[(seq + lap * LAP_STRIDE) % size]
+                players = [(player, points) for (player, _), (_, points) in zip(players, other, strict=False)]
             out.extend(Score(player, points, match_id) for player, points in players)
         return out
 

@@ -52,6 +52,10 @@ async def test_raw_writes_apply_batches_and_keep_the_best(board: Board) -> None:
     pool = raw.MatchPool(W, seed=5, size=20)
     scores = pool.take(30)  # wraps the pool: later matches come back under new ids
     assert len({s.match_id for s in scores}) > 20
+    # ...and with fresh points: a replayed (player, points) pair would be a no-op on a best board.
+    firsts = {(s.player_id, s.points) for s in scores[: 20 * W.players_per_match]}
+    fresh = [s for s in scores[20 * W.players_per_match :] if s.match_id.count(".") == 1]
+    assert fresh and sum((s.player_id, s.points) not in firsts for s in fresh) > len(fresh) // 2
     assert await raw.write_batch(board, scores) == len(scores)
     best: dict[str, int] = {}
     for s in scores:

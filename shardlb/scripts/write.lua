@@ -62,11 +62,13 @@ while pos <= #items do
   local status = 'u'
 
   if mode == 'best' then
-    for j = 1, P do
+    if before == nil or score > before then status = 'i' end
+    -- The total needs no ZADD when the score does not beat it (most results of a regular player);
+    -- period boards may hold less than the total, so each gets its ZADD GT.
+    for j = (status == 'i') and 1 or 2, P do
       redis.call('ZADD', KEYS[pk[j]], 'GT', score_text, player)
       touched[pk[j]] = true
     end
-    if before == nil or score > before then status = 'i' end
   elseif mode == 'set' then
     for j = 1, P do
       local key = KEYS[pk[j]]
