@@ -19,14 +19,14 @@ from typing import Any
 
 LATEST = Path(__file__).resolve().parent / "results" / "latest" / "summary.json"
 
-# Measured by `make bench` on the 2-core development machine (bench/results/latest, 2026-11-30 06:33).
+# Measured by `make bench` on the 2-core development machine (bench/results/latest, 2026-11-30 09:15).
 DEFAULTS: dict[str, float] = {
-    "bytes_per_player": 113.0,
-    "redis_master_us_per_write": 10.4,
-    "redis_replica_us_per_write": 1.6,
-    "router_us_per_write": 52.5,
-    "redis_master_us_per_read": 4473.0,
-    "router_us_per_read": 25437.0,
+    "bytes_per_player": 112.5,
+    "redis_master_us_per_write": 6.8,
+    "redis_replica_us_per_write": 1.9,
+    "router_us_per_write": 31.5,
+    "redis_master_us_per_read": 1887.2,
+    "router_us_per_read": 2972.9,
 }
 BENCH_SHARDS = 16  # the board the costs were measured on
 
@@ -37,6 +37,7 @@ MAX_PLAYERS_PER_SHARD = 50_000_000  # one sorted set stays one slot: keep it sma
 # A board's shard count is fixed at creation, and a shard never splits over masters: keep at least the
 # default 16 so the cluster can grow to 16 masters without re-creating the board.
 MIN_SHARDS = 16
+MAX_MASTERS = 1024  # one shard per master at most: a board has at most 1024 shards
 FRAGMENTATION = 1.2  # jemalloc fragmentation and overhead over used_memory
 FORK_HEADROOM = 2.0  # RAM per node over the data: a fork (replica sync, snapshot) may copy every page
 EXTRA_PERIOD_WRITE_COST = 0.5  # each extra period adds one ZADD to a write's script: half a write
@@ -73,24 +74,31 @@ def plan(
     write_us = c["redis_master_us_per_write"] * (1 + EXTRA_PERIOD_WRITE_COST * extra)
     data = players * c["bytes_per_player"] * memory_factor(periods) * FRAGMENTATION
     by_memory = math.ceil(data / MAX_DATA_PER_MASTER)
-    # A hash board's read touches every shard, so every master serves a slice of EVERY read: adding
-    # masters spreads writes but not reads. Per master: writes x w / masters + reads x r x k <= budget,
-    # with r the Redis cost of one read on one shard and k the shards per master.
+    # A hash board's read touches every shard, so every master serves a slice of EVERY read, the
+    # slice of the k shards it holds. Per master: writes x w / masters + reads x r x k <= budget, with
+    # r the Redis cost of one read on one shard. More masters lower k (down to one shard each) and
+    # each master's share of the writes: take the fewest masters that fit both.
     per_shard_read = c["redis_master_us_per_read"] / BENCH_SHARDS / 1e6
-    per_master, masters = MIN_SHARDS, 1
-    for _ in range(5):
-        read_load = reads * per_shard_read * per_master
-        budget = MASTER_UTILISATION - read_load
-        # Over budget, reads cannot be planned away: size for the writes alone and say so.
-        usable = budget if budget > 0.05 else MASTER_UTILISATION
-        by_cpu = math.ceil(writes * write_us / 1e6 / usable)
-        masters = max(1, by_cpu, by_memory)
-        new_per_master = max(
-            math.ceil(MIN_SHARDS / masters), math.ceil(players / (masters * MAX_PLAYERS_PER_SHARD))
-        )
-        if new_per_master == per_master:
+    write_cores = writes * write_us / 1e6
+
+    def shards_each(m: int) -> int:
+        return max(math.ceil(MIN_SHARDS / m), math.ceil(players / (m * MAX_PLAYERS_PER_SHARD)))
+
+    fits = None
+    for m in range(max(1, by_memory), MAX_MASTERS + 1):
+        read_load = reads * per_shard_read * shards_each(m)
+        if read_load + write_cores / m <= MASTER_UTILISATION:
+            fits = m
             break
-        per_master = new_per_master
+    if fits is None:
+        # Reads do not fit even at one shard per master: spread the board that far, size for the
+        # writes, and say how many reads of this mix a master can take.
+        masters = max(by_memory, MIN_SHARDS, math.ceil(write_cores / MASTER_UTILISATION))
+    else:
+        masters = fits
+    by_cpu = math.ceil(write_cores / MASTER_UTILISATION)
+    per_master = shards_each(masters)
+    read_load = reads * per_shard_read * per_master
     shards = min(1024, masters * per_master)
     redis_cores = (writes * write_us / 1e6) + reads * per_shard_read * shards
     router_cores = (writes * c["router_us_per_write"] + reads * c["router_us_per_read"]) / 1e6
@@ -101,9 +109,10 @@ def plan(
         f"{MAX_PLAYERS_PER_SHARD:,} players a shard",
         "reads": f"reads take {read_load:.2f} of each master's {MASTER_UTILISATION:g}-core budget"
         + (
-            " -- OVER BUDGET: more masters do not help a fan-out read; cache reads in the routers, "
-            "use fewer shards, or serve reads from replicas"
-            if read_load >= MASTER_UTILISATION
+            f" -- OVER BUDGET: a read of this mix touches every shard, and even at one shard per "
+            f"master about {MASTER_UTILISATION / per_shard_read:,.0f} reads/s fit; cache reads in the "
+            "routers, use fewer shards, or serve reads from replicas"
+            if fits is None and reads > 0
             else ""
         ),
     }

@@ -45,6 +45,17 @@ def test_periods_cost_memory_and_write_cpu() -> None:
 def test_reads_over_budget_are_flagged() -> None:
     p = plan.plan(1000, 1000, 10_000, 1, ["total"], COSTS)  # 10k x 100 us = 1 core on every master
     assert "OVER BUDGET" in p.reasons["reads"]
+    assert "about 5,000 reads/s fit" in p.reasons["reads"]  # 0.5 core / 100 us per shard
+    assert (p.masters, p.shards) == (16, 16)  # spread as far as a fan-out read allows: one shard each
+
+
+def test_reads_spread_over_more_masters_until_one_shard_each() -> None:
+    # 2,000 reads/s x 100 us = 0.2 core per shard held: 16 shards fit on 8 masters (2 each, 0.4 core).
+    p = plan.plan(1000, 1, 2_000, 1, ["total"], COSTS)
+    assert (p.masters, p.shards) == (8, 16)
+    assert "OVER BUDGET" not in p.reasons["reads"]
+    no_reads = plan.plan(1000, 1, 0, 1, ["total"], COSTS)
+    assert no_reads.masters == 1
 
 
 def test_main_reads_the_latest_summary_or_says_it_has_none(

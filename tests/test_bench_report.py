@@ -50,7 +50,11 @@ def test_markdown_states_ratio_goals_and_cpu_split(summary: dict[str, Any]) -> N
     text = report.markdown(summary, "test")
     ratio = summary["ratios"]["router_over_raw_writes"]
     assert f"router / raw limit, writes: **{ratio}**" in text
-    assert "CPU per player-score write, whole machine: HTTP = router" in text
+    assert "CPU per player-score write, whole machine (phase averages): HTTP = router" in text
+    per = summary["cpu_per_write"]
+    bound = (per["raw"]["library"] + per["raw"]["store"]) / (per["http"]["locust"] + per["http"]["store"])
+    assert report.zero_cost_router_bound(per) == round(bound, 2)
+    assert f"would be about {round(bound, 2):.2f} even for a router that cost nothing" in text
     met = "met" if summary["goal"]["writes_met"] else "not met"
     assert f"player-score writes/s through HTTP: {met} on this machine" in text
     for endpoint in summary["http"]["writes"]["endpoints"]:
