@@ -16,6 +16,7 @@ from shardlb import keys, periods, times
 from shardlb.client import Scripts
 from shardlb.config import ID_PATTERN, BoardConfig, check_id
 from shardlb.errors import InvalidInput, PlayerNotFound
+from shardlb.fanout import batch
 from shardlb.merge import Row
 from shardlb.reads import SHALLOW, View
 from shardlb.sharding import Layout, player_hash
@@ -306,7 +307,7 @@ class Board:
         for player in player_ids:
             for shard in self.layout.candidates(player, region):
                 groups[shard].append(player)
-        pipe = self.client.pipeline(transaction=False)
+        pipe = batch(self.client)
         for shard, members in groups.items():
             pipe.zmscore(keys.period_key(self.prefixes[shard], name), members)
         found: dict[str, float] = {}

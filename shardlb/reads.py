@@ -1,6 +1,6 @@
 """Cross-shard reads over one period's sorted sets: top, rank counts, neighbours, pages at any depth.
 
-Every function here reads several shards with per-node pipelines that redis-py sends concurrently,
+Every function here reads several shards with per-node pipelines sent concurrently (``fanout.Batch``),
 then reassembles locally. None of it is atomic across shards: under concurrent writes an answer can
 be off by the writes in flight, and is exact once writes are quiescent.
 """
@@ -12,14 +12,18 @@ from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
+from shardlb import fanout
+from shardlb.fanout import batch
 from shardlb.merge import Row, merge, rows, unique
 
 # A page whose start lies in the first SHALLOW rows is read as top(offset + limit): cheaper than bisecting.
 SHALLOW = 1000
 MAX_BISECT_ROUNDS = 120
+TOP_SLACK = 8  # rows read from each shard for a top n beyond its expected share, 2 n / shards
 # Script calls one read sends at once (one connection each); pipelines need only one per node.
 SCRIPT_CALLS_IN_FLIGHT = 8
 
@@ -35,7 +39,7 @@ class View:
     shallow: int = SHALLOW
 
     async def _each(self, command: str, *args: Any, **kwargs: Any) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
+        pipe = batch(self.client)
         for key in self.keys:
             getattr(pipe, command)(key, *args, **kwargs)
         return list(await pipe.execute())
@@ -44,7 +48,7 @@ class View:
         return [int(n) for n in await self._each("zcard")]
 
     async def top(self, n: int) -> list[Row]:
-        """The best ``n`` rows: each shard's top n, k-way merged (band boards: best band down)."""
+        """The best ``n`` rows, k-way merged from each shard's best (band boards: best band down)."""
         if n <= 0:
             return []
         if self.banded:
@@ -54,8 +58,27 @@ class View:
                 if len(out) >= n:
                     break
             return out[:n]
-        lists = await self._each("zrevrange", 0, n - 1, withscores=True)
-        return merge(rows(pairs) for pairs in lists)[:n]
+        # A hash shard holds about n / shards of the top n: read twice that (plus slack) from each,
+        # then read further only from shards whose every row read so far is in the merged top n.
+        # Their next rows rank below all they sent, so any other shard's unread rows cannot make it.
+        asked = [n if len(self.keys) == 1 else min(n, 2 * n // len(self.keys) + TOP_SLACK)] * len(self.keys)
+        got = [rows(pairs) for pairs in await self._each("zrevrange", 0, asked[0] - 1, withscores=True)]
+        while True:
+            best = merge(got)[:n]
+            cutoff = best[-1] if len(best) == n else None
+            more = [
+                i
+                for i, part in enumerate(got)
+                if len(part) == asked[i] < n and (cutoff is None or part[-1] >= cutoff)
+            ]
+            if not more:
+                return best
+            pipe = batch(self.client)
+            for i in more:
+                pipe.zrevrange(self.keys[i], asked[i], min(n, 2 * asked[i]) - 1, withscores=True)
+            for i, pairs in zip(more, await pipe.execute(), strict=True):
+                got[i] += rows(pairs)
+                asked[i] = min(n, 2 * asked[i])
 
     async def counts_ahead(self, row: Row) -> list[int]:
         """Per shard, how many rows rank ahead of ``row``: ZCOUNT of better scores plus the tie rule.
@@ -66,7 +89,7 @@ class View:
         """
         score, member = row
         text = _score(score)
-        pipe = self.client.pipeline(transaction=False)
+        pipe = batch(self.client)
         for key in self.keys:
             pipe.zcount(key, f"({text}", "+inf")
             pipe.zcount(key, text, text)
@@ -75,7 +98,7 @@ class View:
         counts = [int(n) for n in replies[0::3]]
         others = [int(t) - (own == score) for t, own in zip(replies[1::3], replies[2::3], strict=True)]
         tied = [i for i, n in enumerate(others) if n > 0]
-        exact = await _gather(self.counts(keys=[self.keys[i]], args=[text, member]) for i in tied)
+        exact = await self._count_calls([(self.keys[i], _pack([text, member])) for i in tied])
         for i, reply in zip(tied, exact, strict=True):
             counts[i] = int(reply[0])
         return counts
@@ -84,13 +107,25 @@ class View:
         """``counts_ahead`` for many rows: one script call per shard counting all of them inside Redis."""
         if not targets:
             return []
-        args = [x for score, member in targets for x in (_score(score), member)]
-        replies = await _gather(self.counts(keys=[key], args=args) for key in self.keys)
+        packed = _pack([x for score, member in targets for x in (_score(score), member)])
+        replies = await self._count_calls([(key, packed) for key in self.keys])
         return [[int(reply[t]) for reply in replies] for t in range(len(targets))]
+
+    async def _count_calls(self, calls: list[tuple[str, bytes]]) -> list[Any]:
+        """counts.lua on several shards, each with its packed (score, member) list: one EVALSHA per
+        shard through per-node pipelines, or, when that fails, through the script object (which
+        reloads the script on NOSCRIPT and, in the router, holds its primary's permit)."""
+        batch = fanout.batch(self.client)
+        for key, packed in calls:
+            batch.execute_command("EVALSHA", self.counts.sha, 1, key, packed)
+        replies: list[Any] | None = await batch.direct()
+        if replies is None:
+            replies = await _gather(self.counts(keys=[key], args=[packed]) for key, packed in calls)
+        return replies
 
     async def around(self, row: Row, counts: list[int], radius: int) -> tuple[list[Row], int]:
         """Up to ``radius`` rows above and below ``row``; returns the rows and the index of ``row``."""
-        pipe = self.client.pipeline(transaction=False)
+        pipe = batch(self.client)
         for key, ahead in zip(self.keys, counts, strict=True):
             pipe.zrevrange(key, max(0, ahead - radius), ahead + radius, withscores=True)
         merged = [r for r in unique(merge(rows(pairs) for pairs in await pipe.execute())) if r[1] != row[1]]
@@ -119,7 +154,7 @@ class View:
             return merge(rows(pairs) for pairs in lists)[skip : skip + limit]
         starts = await self._cut_tie_block(cut, offset - above, limit)
         skip = offset - sum(starts)
-        pipe = self.client.pipeline(transaction=False)
+        pipe = batch(self.client)
         for key, start in zip(self.keys, starts, strict=True):
             pipe.zrevrange(key, start, start + skip + limit - 1, withscores=True)
         return merge(rows(pairs) for pairs in await pipe.execute())[skip : skip + limit]
@@ -131,7 +166,7 @@ class View:
         interpolated index of each shard's part of the block, counted with ``counts.lua``.
         """
         text = _score(score)
-        pipe = self.client.pipeline(transaction=False)
+        pipe = batch(self.client)
         for key in self.keys:
             pipe.zcount(key, f"({text}", "+inf")
             pipe.zcount(key, text, text)
@@ -149,7 +184,7 @@ class View:
                 fraction,
                 member=True,
             )
-            counted = await _gather(self.counts(keys=[key], args=[text, pivot]) for key in self.keys)
+            counted = await self._count_calls([(key, _pack([text, pivot])) for key in self.keys])
             ahead = [int(reply[0]) - b for reply, b in zip(counted, base, strict=True)]
             before = (top, bottom)
             if sum(ahead) <= within:
@@ -197,7 +232,7 @@ class View:
     async def _pivot(self, c_hi: list[int], c_lo: list[int], fraction: float, member: bool = False) -> Any:
         """Weighted median of each shard's score (or player id) at ``fraction`` of its rows inside
         the bracket."""
-        pipe = self.client.pipeline(transaction=False)
+        pipe = batch(self.client)
         weights = []
         for key, top, bottom in zip(self.keys, c_hi, c_lo, strict=True):
             if bottom > top:
@@ -235,6 +270,12 @@ class View:
 
 def _score(value: float) -> str:
     return str(int(value))
+
+
+def _pack(flat: list[str]) -> bytes:
+    """counts.lua's one argument: the flat (score, member, ...) list as MessagePack (one argument to
+    encode instead of two per row: redis-py encodes arguments one by one, in Python)."""
+    return bytes(msgpack.packb(flat))
 
 
 async def _gather(calls: Iterable[Awaitable[Any]], limit: int = SCRIPT_CALLS_IN_FLIGHT) -> list[Any]:

@@ -146,3 +146,28 @@ async def test_deep_pages_inside_a_large_tie_block(store: BoardStore, shards: in
             assert await board.entries(offset, 7) == want[offset : offset + 7], offset
     finally:
         await store.delete(config.id)
+
+
+@pytest.mark.parametrize("shards", [3, 16])
+async def test_top_reads_further_from_a_shard_that_holds_most_of_the_best(
+    store: BoardStore, shards: int
+) -> None:
+    """A top n reads about 2 n / shards rows from each shard first; when one shard holds nearly the
+    whole top (players that hash together), it must be read again, in rounds, until the answer is
+    exact. Ties at the cut and fewer players than n are included."""
+    config = BoardConfig.from_dict(f"skew-{shards}", {"sharding": {"strategy": "hash", "shards": shards}})
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    ref = ReferenceBoard(config)
+    home = [f"star-{i}" for i in range(2000) if board.layout.home(f"star-{i}") == 0][:150]
+    scores = [Score(p, 1000 + i % 40, f"s{i}", now) for i, p in enumerate(home)]  # ties every 40
+    scores += [Score(f"rest-{i}", i % 900, f"r{i}", now) for i in range(300)]
+    try:
+        await board.submit(scores, now_ms=now)
+        ref.submit(scores, now_ms=now)
+        want = expected_entries(ref, "total", None)
+        for n in (1, 10, 37, 100, 149, 150, 151, 400, len(want), len(want) + 9):
+            assert await board.top(n) == want[:n], n
+        assert await board.entries(120, 50) == want[120:170]  # a shallow page is a merged top too
+    finally:
+        await store.delete(config.id)

@@ -1,4 +1,5 @@
--- For each (score, member) pair in ARGV, how many members of KEYS[1] rank ahead of it: a higher
+-- ARGV[1]: a MessagePack array, flat: score (a decimal string), member, score, member...
+-- For each (score, member) pair, how many members of KEYS[1] rank ahead of it: a higher
 -- score, or the same score and a larger member (bytes compared) -- the order ZREVRANGE returns.
 -- Equal scores are resolved by bisecting the tie block by index, O(log(ties) * log(N)). Bytes are
 -- compared by hand: Lua's '<' on strings follows the server's locale (strcoll).
@@ -11,9 +12,10 @@ local function after(a, b)
   return #a > #b
 end
 local key = KEYS[1]
+local rows = cmsgpack.unpack(ARGV[1])
 local out = {}
-for i = 1, #ARGV, 2 do
-  local score, me = ARGV[i], ARGV[i + 1]
+for i = 1, #rows, 2 do
+  local score, me = rows[i], rows[i + 1]
   local lo = redis.call('ZCOUNT', key, '(' .. score, '+inf')
   local a, b = lo, lo + redis.call('ZCOUNT', key, score, score)
   while a < b do
