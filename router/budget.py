@@ -6,7 +6,8 @@ failing every other call in flight). So the router bounds each path in front of 
 bounds add up to at most the pool cap per primary:
 
     NODE_CONCURRENCY            write.lua calls of the coalescer (a permit per call, per primary)
-  + SCRIPT_CONCURRENCY          every other script call: band moves, rank ties, histogram samples
+  + SCRIPT_CONCURRENCY          every other script call: band moves, histogram samples, counts.lua
+                                when a read's pipeline failed and it is retried call by call
   + READ_PIPELINES * READ_CONCURRENCY
                                 reads in flight; a read runs at most two pipelines at once
                                 (``Board.player``: counts and sizes), one connection per primary each
