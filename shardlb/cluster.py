@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -26,62 +23,41 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from shardlb.nodes import (
+    BUS_PORT_OFFSET,
+    RESERVED_PORT,
+    STATE_FILE,
+    ClusterError,
+    children,
+    find_redis_server,
+    free_port_block,
+    is_node_process,
+    ports_free,
+    read_state,
+    write_state,
+)
+
+__all__ = [
+    "SLOTS",
+    "STATE_FILE",
+    "ClusterError",
+    "ClusterStatus",
+    "LocalCluster",
+    "free_port_block",
+    "master_slots",
+]
+
 SLOTS = 16384
-STATE_FILE = "state.json"
-# Redis Cluster's node-to-node bus listens on port + 10000; it must be free as well.
-BUS_PORT_OFFSET = 10000
-# Somebody else's plain Redis usually lives on the default port: never start a node there.
-_RESERVED_PORT = 6379
 _POLL_INTERVAL = 0.1
 _STOP_TIMEOUT = 10.0
-
-# The nodes this process started. Holding the Popen objects lets us reap them (no zombies that
-# still look alive) and keeps subprocess from warning that a child outlived its handle.
-_children: dict[int, subprocess.Popen[bytes]] = {}
 
 # A node's view of the slot map: (first slot, last slot, master port, replica ports) per range.
 SlotMap = tuple[tuple[int, int, int, tuple[int, ...]], ...]
 
 
-class ClusterError(Exception):
-    """The local cluster could not be started, formed, checked or stopped."""
-
-
 def master_slots(masters: int) -> list[tuple[int, int]]:
     """Slot range (first, last) of each master: the 16384 slots split evenly, in order."""
     return [(i * SLOTS // masters, (i + 1) * SLOTS // masters - 1) for i in range(masters)]
-
-
-def free_port_block(count: int, start: int = 20000) -> int:
-    """Return the lowest base port >= start with `count` consecutive free ports on 127.0.0.1.
-
-    Each port's cluster bus port (port + 10000) must be free too. A block never contains 6379.
-    Free means a bind succeeds now; another process can still take a port before a node binds it.
-    """
-    base = start
-    while base + count - 1 + BUS_PORT_OFFSET <= 65535:
-        block = range(base, base + count)
-        if _RESERVED_PORT in block:
-            base = _RESERVED_PORT + 1
-            continue
-        taken = next((p for p in block if not _ports_free("127.0.0.1", p)), None)
-        if taken is None:
-            return base
-        base = taken + 1
-    raise ClusterError(f"no block of {count} free ports from {start} on 127.0.0.1")
-
-
-def _ports_free(host: str, port: int) -> bool:
-    """Whether a node could listen on port and its bus port (bound the way redis-server binds)."""
-    for p in (port, port + BUS_PORT_OFFSET):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            # redis-server sets SO_REUSEADDR, so TIME_WAIT leftovers do not stop it: ignore them too.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, p))
-            except OSError:
-                return False
-    return True
 
 
 @dataclass
@@ -150,15 +126,15 @@ class LocalCluster:
             raise ClusterError(
                 f"ports {self.port}-{self.ports[-1]} (+{BUS_PORT_OFFSET} for the bus) out of range"
             )
-        if _RESERVED_PORT in self.ports:
+        if RESERVED_PORT in self.ports:
             raise ClusterError(
-                f"ports {self.port}-{self.ports[-1]} include {_RESERVED_PORT}; pick another --port"
+                f"ports {self.port}-{self.ports[-1]} include {RESERVED_PORT}; pick another --port"
             )
 
     @classmethod
     def from_state(cls, dir: Path) -> LocalCluster:
         """The cluster last started in dir, rebuilt from its state file."""
-        state = _read_state(Path(dir))
+        state = read_state(Path(dir))
         if state is None:
             raise ClusterError(f"no cluster state in {dir} (start one with `shardlb cluster up --dir {dir}`)")
         return cls(state["masters"], state["replicas"], state["port"], Path(dir), state["host"])
@@ -183,7 +159,7 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         self.dir.mkdir(parents=True, exist_ok=True)
         with self._lock():
-            state = _read_state(self.dir)
+            state = read_state(self.dir)
             if state is not None:
                 alive = self._live_pids(state)
                 if alive and self._layout() != {k: state[k] for k in self._layout()}:
@@ -202,7 +178,7 @@ class LocalCluster:
 
     def status(self) -> ClusterStatus:
         """Ask every node how it sees the cluster (no process is started or stopped)."""
-        state = _read_state(self.dir)
+        state = read_state(self.dir)
         pids = self._recorded_pids(state) if state is not None else {}
         probes = [self._probe(port, pids.get(port)) for port in self.ports]
         nodes = [node for node, _, _ in probes]
@@ -223,7 +199,7 @@ class LocalCluster:
     def down(self) -> None:
         """Stop the processes recorded in dir's state file that are still ours; remove no files."""
         with self._lock():
-            state = _read_state(self.dir)
+            state = read_state(self.dir)
             if state is not None:
                 self._stop(self._live_pids(state))
 
@@ -240,7 +216,7 @@ class LocalCluster:
         return {
             port: pid
             for port, pid in self._recorded_pids(state).items()
-            if _is_node_process(pid, self._node_dir(port))
+            if is_node_process(pid, self._node_dir(port))
         }
 
     @contextlib.contextmanager
@@ -268,9 +244,9 @@ class LocalCluster:
             client.close()
 
     def _start(self, deadline: float) -> ClusterStatus:
-        server = _find_redis_server()
+        server = find_redis_server()
         for port in self.ports:
-            if not _ports_free(self.host, port):
+            if not ports_free(self.host, port):
                 raise ClusterError(
                     f"port {port} or its bus port {port + BUS_PORT_OFFSET} on {self.host} is taken "
                     "by another process; pick another --port"
@@ -279,7 +255,7 @@ class LocalCluster:
         try:
             for port in self.ports:
                 pids[port] = self._spawn(server, port)
-            _write_state(
+            write_state(
                 self.dir, {**self._layout(), "nodes": [{"port": p, "pid": pid} for p, pid in pids.items()]}
             )
             for port, pid in pids.items():
@@ -329,7 +305,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # outlives the CLI and does not get its Ctrl-C
             )
-        _children[proc.pid] = proc
+        children[proc.pid] = proc
         return proc.pid
 
     def _form(self, deadline: float, pids: dict[int, int]) -> None:
@@ -369,7 +345,7 @@ class LocalCluster:
         """Poll check against the node on port until it is true; fail fast if the node died."""
         last_error = ""
         while True:
-            proc = _children.get(pid)
+            proc = children.get(pid)
             if proc is not None and proc.poll() is not None:
                 raise ClusterError(
                     f"redis-server on port {port} exited with code {proc.returncode}\n{self._log_tail(port)}"
@@ -400,7 +376,7 @@ class LocalCluster:
 
     def _probe(self, port: int, pid: int | None) -> tuple[NodeStatus, str | None, SlotMap | None]:
         """The node on port, what is wrong with it if anything, and the slot map it sees."""
-        node = NodeStatus(port, pid, pid is not None and _is_node_process(pid, self._node_dir(port)))
+        node = NodeStatus(port, pid, pid is not None and is_node_process(pid, self._node_dir(port)))
         if not node.running:
             return node, f"node {port}: not running", None
         try:
@@ -429,13 +405,13 @@ class LocalCluster:
     def _stop(self, pids: dict[int, int]) -> None:
         """SIGTERM the given nodes, SIGKILL those still there after a grace period, wait for all."""
         for sig, grace in ((signal.SIGTERM, _STOP_TIMEOUT), (signal.SIGKILL, _STOP_TIMEOUT)):
-            pids = {p: pid for p, pid in pids.items() if _is_node_process(pid, self._node_dir(p))}
+            pids = {p: pid for p, pid in pids.items() if is_node_process(pid, self._node_dir(p))}
             for pid in pids.values():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             end = time.monotonic() + grace
             while pids and time.monotonic() < end:
-                pids = {p: pid for p, pid in pids.items() if _is_node_process(pid, self._node_dir(p))}
+                pids = {p: pid for p, pid in pids.items() if is_node_process(pid, self._node_dir(p))}
                 time.sleep(_POLL_INTERVAL / 2)
             if not pids:
                 return
@@ -453,63 +429,3 @@ class LocalCluster:
 def _command(client: redis.Redis, *args: str | int) -> Any:
     # redis-py leaves execute_command untyped; this is the one place that has to say so.
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
-
-
-def _find_redis_server() -> str:
-    server = shutil.which("redis-server")
-    if server is None:
-        raise ClusterError("redis-server not found on PATH; install Redis 7 or newer (`make redis-server`)")
-    version = subprocess.run([server, "--version"], capture_output=True, text=True, check=False).stdout
-    major = version.partition("v=")[2].partition(".")[0]
-    if not major.isdigit() or int(major) < 7:
-        raise ClusterError(
-            f"need redis-server 7.0 or newer for CLUSTER ADDSLOTSRANGE, found: {version.strip()}"
-        )
-    return server
-
-
-def _is_node_process(pid: int, node_dir: Path) -> bool:
-    """Whether pid is a live redis-server running in node_dir: a bare pid may have been reused."""
-    child = _children.get(pid)
-    if child is not None:
-        # Our own child cannot have a reused pid before we reap it, and poll() is the only check
-        # that is right while it exits (procfs drops its cwd before the pid is gone).
-        if child.poll() is None:
-            return True
-        del _children[pid]
-        return False
-    proc = Path("/proc", str(pid))
-    if not Path("/proc/self").exists():  # no procfs (macOS): the pid alone has to do
-        try:
-            os.kill(pid, 0)
-        except OSError:  # gone, or another user's process: not a node we started either way
-            return False
-        return True
-    try:
-        stat = (proc / "stat").read_text()
-        name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
-        # A zombie keeps its pid until reaped, but it is no longer serving anything.
-        return (
-            name == "redis-server"
-            and state not in "ZX"
-            and Path(os.readlink(proc / "cwd")) == node_dir.resolve()
-        )
-    except (OSError, ValueError, IndexError):
-        return False
-
-
-def _read_state(dir: Path) -> dict[str, Any] | None:
-    path = dir / STATE_FILE
-    try:
-        state: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        raise ClusterError(f"cannot read {path}: {e}") from e
-    return state
-
-
-def _write_state(dir: Path, state: dict[str, Any]) -> None:
-    tmp = dir / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(dir / STATE_FILE)  # atomic: a reader never sees half a file
