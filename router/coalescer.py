@@ -83,7 +83,7 @@ class Coalescer:
 
     def __init__(
         self,
-        delay_s: float = 0.0015,
+        delay_s: float = 0.005,
         max_batch: int = 500,
         limit: int = 20_000,
         node_concurrency: int = 16,
