@@ -32,6 +32,7 @@ from router.errors import shutting_down
 from router.gate import NodeGates
 from shardlb.board import Board, Prepared, Result
 from shardlb.errors import Overloaded
+from shardlb.fanout import ScriptPipeline
 
 log = logging.getLogger("shardlb.router")
 GAUGE_S = 0.05
@@ -83,17 +84,19 @@ class Coalescer:
 
     def __init__(
         self,
-        delay_s: float = 0.005,
+        delay_s: float = 0.0015,
         max_batch: int = 500,
         limit: int = 20_000,
         node_concurrency: int = 16,
         node_of: Callable[[Board, int], str] = primary_of,
         wait_s: float = 2.0,
+        pipeline: ScriptPipeline | None = None,
     ) -> None:
         self.delay_s = delay_s
         self.max_batch = max_batch
         self.limit = limit
         self.node_of = node_of
+        self.pipeline = pipeline  # a tick's calls to one primary go out as one pipeline
         self.closing = False
         self.nodes = NodeGates(node_concurrency, wait_s, "score writes")
         self._drain_s: float | None = None  # while draining, how long a batch may wait its turn
@@ -187,7 +190,9 @@ class Coalescer:
             await gate.acquire(self._drain_s)
             try:
                 async with metrics.redis_call("apply"):
-                    results = await group.board.apply_shard(group.shard, [item[0] for item in batch])
+                    results = await group.board.apply_shard(
+                        group.shard, [item[0] for item in batch], pipeline=self.pipeline
+                    )
             finally:
                 gate.release()
         except BaseException as e:

@@ -35,6 +35,7 @@ from router.settings import Settings
 from shardlb.board import Board
 from shardlb.client import Scripts, connect
 from shardlb.errors import ClusterUnavailable
+from shardlb.fanout import ScriptPipeline
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.router")
@@ -103,6 +104,7 @@ class Service:
                 settings.queue_limit,
                 settings.node_concurrency,
                 wait_s=settings.redis_timeout_s,
+                pipeline=ScriptPipeline(client),
             ),
             tops=TopCache(fetch_top, settings.top_refresh_s, settings.top_idle_s, live=reads),
             histograms=histograms,

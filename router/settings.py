@@ -46,7 +46,7 @@ class Settings:
     read_rate: float = 0.0
     read_burst: int = 0
     rate_clients: int = 100_000
-    coalesce_delay_ms: float = 5.0
+    coalesce_delay_ms: float = 1.5
     coalesce_max_batch: int = 500
     queue_limit: int = 20_000
     node_concurrency: int = 16

@@ -16,7 +16,7 @@ from shardlb import keys, periods, times
 from shardlb.client import Scripts
 from shardlb.config import ID_PATTERN, BoardConfig, check_id
 from shardlb.errors import InvalidInput, PlayerNotFound
-from shardlb.fanout import batch
+from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
 from shardlb.reads import SHALLOW, View
 from shardlb.sharding import Layout, player_hash
@@ -164,9 +164,18 @@ class Board:
         return [r for r in results if r is not None]
 
     async def apply_shard(
-        self, shard: int, batch: Sequence[Prepared], now_ms: int | None = None
+        self,
+        shard: int,
+        batch: Sequence[Prepared],
+        now_ms: int | None = None,
+        pipeline: ScriptPipeline | None = None,
     ) -> list[Result]:
-        """Apply prepared results that all live on ``shard`` with one script call (plus band moves)."""
+        """Apply prepared results that all live on ``shard`` with one script call (plus band moves).
+
+        With ``pipeline``, the call rides the per-node pipeline of the calls made in the same turn
+        (the router's coalescer sends every shard's batch of a tick that way); if that fails, it is
+        made again on its own through the script object.
+        """
         now = times.now_ms() if now_ms is None else now_ms
         prefix = self.prefixes[shard]
         key_list = [keys.index_key(prefix)]
@@ -210,7 +219,14 @@ class Board:
             *expiry,
             msgpack.packb(items),
         ]
-        reply = await self.scripts.write(keys=key_list, args=args)
+        reply = None
+        if pipeline is not None:
+            try:
+                reply = await pipeline.call(self.scripts.write.sha, key_list, args)
+            except Exception:
+                reply = None  # NOSCRIPT, a redirect, a lost connection: the script object handles it
+        if reply is None:
+            reply = await self.scripts.write(keys=key_list, args=args)
         results = []
         moves = []
         shift, desc, points_max = self.codec.time_bits, self.codec.order == "desc", self.codec.points_max

@@ -9,6 +9,9 @@ names, the node from the client's slot map, and sends one pipeline per node (wha
 ``ClusterNode.execute_pipeline`` does, which ClusterPipeline ends with, but under one timeout per
 pipeline rather than one per reply), all nodes at once.
 
+``ScriptPipeline`` does the same for the write coalescer's script calls: those made in one turn of
+the event loop leave as one pipeline per node.
+
 Any error on that path (a redirect after a slot moved, a closed connection, a full pool) sends the
 whole batch again through redis-py's ClusterPipeline, which follows redirects, refreshes the slot map
 and applies the client's retry policy. Reads are idempotent, so the fast path never changes an
@@ -61,16 +64,19 @@ class Batch(SortedSetCommands):
         """The replies through one pipeline per node, or None when anything did not succeed (the
         caller then retries the whole batch its own way)."""
         try:
-            return await self._direct()
+            replies = await self.outcomes()
         except Exception:
             return None
+        return None if any(isinstance(r, Exception) for r in replies) else replies
 
-    async def _direct(self) -> list[Any] | None:
+    async def outcomes(self) -> list[Any]:
+        """Each command's reply, or the exception it met: its own error reply, or the failure of its
+        node's whole pipeline (a command there may or may not have run)."""
         by_node: dict[str, tuple[ClusterNode, list[PipelineCommand]]] = {}
         commands: list[PipelineCommand] = []
         nodes = self.client.nodes_manager
         for position, (args, options) in enumerate(self.calls):
-            key = args[3] if args[0] in ("EVALSHA", "EVAL") else args[1]  # EVALSHA sha 1 key ...
+            key = args[3] if args[0] in ("EVALSHA", "EVAL") else args[1]  # EVALSHA sha numkeys key ...
             node = nodes.get_node_from_slot(slot_of(key))
             command = PipelineCommand(position, *args, **options)
             commands.append(command)
@@ -79,9 +85,65 @@ class Batch(SortedSetCommands):
             *(_pipeline(node, queue, self.timeout) for node, queue in by_node.values()),
             return_exceptions=True,
         )
-        if any(f is not False for f in failed):  # True: a command failed; an exception: the node did
-            return None
+        for (_, queue), outcome in zip(by_node.values(), failed, strict=True):
+            if isinstance(outcome, BaseException):
+                for c in queue:
+                    c.result = outcome
         return [c.result for c in commands]
+
+
+class ScriptPipeline:
+    """Script calls made in the same turn of the event loop, sent as one pipeline per node.
+
+    ``call`` queues an EVALSHA and returns its reply once the pipeline that carried it is read; the
+    first call of a turn schedules the send right after the calls already due in that turn (the
+    write coalescer starts every shard's call of a tick in one turn). A call whose command failed
+    raises: the caller retries it its own way (the script object reloads on NOSCRIPT and follows
+    redirects). Writes are idempotent, so a retry of a call that did run changes no data; its
+    statuses then say unchanged or duplicate.
+    """
+
+    def __init__(self, client: RedisCluster) -> None:
+        self.client = client
+        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def call(self, sha: str, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self._queued:
+            loop.call_soon(self._flush)
+        self._queued.append((("EVALSHA", sha, len(keys), *keys, *args), future))
+        return future
+
+    def _flush(self) -> None:
+        queued, self._queued = self._queued, []
+        task = asyncio.create_task(self._send(queued))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, queued: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        pipe = batch(self.client)
+        for command, _ in queued:
+            pipe.execute_command(*command)
+        cancelled = None
+        try:
+            outcomes = await pipe.outcomes()
+        except asyncio.CancelledError as e:  # every waiter must hear of it before the task ends
+            outcomes, cancelled = [e] * len(queued), e
+        except Exception as e:
+            outcomes = [e] * len(queued)
+        for (_, future), outcome in zip(queued, outcomes, strict=True):
+            if future.done():
+                continue
+            if isinstance(outcome, asyncio.CancelledError):
+                future.cancel()
+            elif isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        if cancelled is not None:
+            raise cancelled
 
 
 async def _pipeline(node: ClusterNode, commands: list[PipelineCommand], timeout: float | None) -> bool:

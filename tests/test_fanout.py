@@ -4,9 +4,11 @@ the same answers."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from redis.exceptions import NoScriptError
 
 from shardlb import fanout
 from shardlb.board import Score
@@ -75,5 +77,56 @@ async def test_counts_survive_an_empty_script_cache(store: BoardStore) -> None:
         await store.client.execute_command("SCRIPT FLUSH", target_nodes=store.client.PRIMARIES)
         assert await board.query([f"p{i}" for i in range(0, 60, 7)]) == before
         assert [(await board.player(f"p{i}")).entry.rank for i in range(0, 60, 11)] == ranks
+    finally:
+        await store.delete(config.id)
+
+
+async def test_script_calls_of_one_turn_share_a_pipeline_and_failures_are_per_call(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls made in one turn of the loop go out together, one pipeline per node; each gets its own
+    reply, and a call whose command failed (here NOSCRIPT: an unknown sha) raises for that call
+    only, while the others still get theirs."""
+    client = store.client
+    sha = await client.script_load("return {KEYS[1], ARGV[1]}")
+    sent: list[int] = []
+    real = fanout._pipeline
+
+    async def counting(node: Any, commands: list[Any], timeout: float | None) -> bool:
+        sent.append(len(commands))
+        return await real(node, commands, timeout)
+
+    monkeypatch.setattr(fanout, "_pipeline", counting)
+    pipeline = fanout.ScriptPipeline(client)
+    keys = [f"fanout:{{s{i}}}" for i in range(9)]
+    calls = [pipeline.call(sha, [key], [f"arg{i}"]) for i, key in enumerate(keys)]
+    calls.append(pipeline.call("0" * 40, [keys[0]], ["nope"]))
+    got = await asyncio.gather(*calls, return_exceptions=True)
+    assert got[:9] == [[key, f"arg{i}"] for i, key in enumerate(keys)]
+    assert isinstance(got[9], NoScriptError)
+    assert sum(sent) == 10
+    assert len(sent) <= len(client.get_primaries())  # one pipeline per primary, not one per call
+
+
+async def test_a_write_whose_pipelined_call_fails_is_made_again_on_its_own(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coalescer's path: apply_shard with a pipeline. When the pipeline cannot carry the call
+    (here every pipeline fails), the script object makes it, and the result is the same."""
+    config = BoardConfig.from_dict("fanout-writes", {"sharding": {"strategy": "hash", "shards": 4}})
+    board, _ = await store.create(config)
+
+    async def broken(*_: Any) -> bool:
+        raise ConnectionError("node went away")
+
+    try:
+        pipeline = fanout.ScriptPipeline(store.client)
+        prepared = board.prepare([Score("w1", 10, "m1"), Score("w1", 20, "m2")])
+        first = await board.apply_shard(prepared[0].shard, prepared[:1], pipeline=pipeline)
+        assert [r.status for r in first] == ["improved"]
+        monkeypatch.setattr(fanout, "_pipeline", broken)
+        second = await board.apply_shard(prepared[1].shard, prepared[1:], pipeline=pipeline)
+        assert [(r.status, r.points) for r in second] == [("improved", 20)]
+        assert (await board.player("w1")).entry.points == 20
     finally:
         await store.delete(config.id)

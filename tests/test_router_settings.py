@@ -19,7 +19,7 @@ def test_defaults_and_every_variable() -> None:
     assert (s.redis_url, s.host, s.port, s.workers) == ("redis://127.0.0.1:7000", "127.0.0.1", 8000, 1)
     assert s.admin_keys == ("adm",) and s.write_keys == ("wr1", "wr2") and s.read_keys == ()
     assert (s.coalesce_delay_ms, s.coalesce_max_batch, s.drain_seconds, s.max_body_bytes) == (
-        5.0,
+        1.5,
         500,
         10.0,
         MIB,
