@@ -19,14 +19,14 @@ from typing import Any
 
 LATEST = Path(__file__).resolve().parent / "results" / "latest" / "summary.json"
 
-# Measured by `make bench` on the 2-core development machine (bench/results/latest, 2026-11-30 09:28).
+# Measured by `make bench` on the 2-core development machine (bench/results/latest, 2026-11-30 10:06).
 DEFAULTS: dict[str, float] = {
     "bytes_per_player": 112.6,
-    "redis_master_us_per_write": 6.6,
-    "redis_replica_us_per_write": 1.9,
-    "router_us_per_write": 25.7,
-    "redis_master_us_per_read": 1366.6,
-    "router_us_per_read": 1409.2,
+    "redis_master_us_per_write": 7.0,
+    "redis_replica_us_per_write": 2.0,
+    "router_us_per_write": 21.1,
+    "redis_master_us_per_read": 1490.3,
+    "router_us_per_read": 1254.8,
 }
 BENCH_SHARDS = 16  # the board the costs were measured on
 
