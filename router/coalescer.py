@@ -3,7 +3,8 @@
 Requests hand in validated scores (``Prepared``). Each score joins the queue of its (board, shard)
 group. A tick closes ``delay_s`` after the first score of an idle period arrives, or at once when a
 group reaches ``max_batch``; then every waiting group sends what it holds as ONE ``apply_shard``
-call (up to ``max_batch`` scores). A group has at most one call in flight: scores that arrive
+call (up to ``max_batch`` scores); with a ``pipeline``, the calls started in one turn of the loop
+leave as one pipeline per primary. A group has at most one call in flight: scores that arrive
 meanwhile are sent together right after it, so under load batches grow instead of calls, and one
 request's scores for a shard are applied in the order it gave them. Each request waits for its own
 scores only, and gets their statuses in its order.

@@ -19,7 +19,7 @@ from shardlb.errors import InvalidInput, PlayerNotFound
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
 from shardlb.reads import SHALLOW, View
-from shardlb.sharding import Layout, player_hash
+from shardlb.sharding import Layout
 
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow"}
 MAX_FUTURE_MS = 5 * 60_000
@@ -101,7 +101,6 @@ class Board:
         codec = self.codec
         lowest, highest = codec.epoch_ms, min(now + MAX_FUTURE_MS, codec.last_ms)
         by_region = self.layout.strategy == "region"
-        shards = self.layout.sharding.shards
         out = []
         for i, s in enumerate(scores):
             player, match, points = s.player_id, s.match_id, s.points
@@ -121,7 +120,7 @@ class Board:
             if by_region:
                 shard = self.layout.home(player, s.region, f"{field}[{i}].region")
             else:
-                shard = player_hash(player) % shards
+                shard = self.layout.home(player)
             out.append(
                 Prepared(
                     player,

@@ -16,7 +16,6 @@ import msgpack
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
-from shardlb import fanout
 from shardlb.fanout import batch
 from shardlb.merge import Row, merge, rows, unique
 
@@ -115,10 +114,12 @@ class View:
         """counts.lua on several shards, each with its packed (score, member) list: one EVALSHA per
         shard through per-node pipelines, or, when that fails, through the script object (which
         reloads the script on NOSCRIPT and, in the router, holds its primary's permit)."""
-        batch = fanout.batch(self.client)
+        if not calls:
+            return []
+        pipe = batch(self.client)
         for key, packed in calls:
-            batch.execute_command("EVALSHA", self.counts.sha, 1, key, packed)
-        replies: list[Any] | None = await batch.direct()
+            pipe.execute_command("EVALSHA", self.counts.sha, 1, key, packed)
+        replies: list[Any] | None = await pipe.direct()
         if replies is None:
             replies = await _gather(self.counts(keys=[key], args=[packed]) for key, packed in calls)
         return replies
