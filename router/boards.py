@@ -1,6 +1,7 @@
 """The board registry as requests see it: cached, one fetch per board at a time, bounded.
 
-Every request names a board. Its settings are kept for ``ttl_s`` seconds (as ``BoardStore`` does);
+Every request names a board. Its settings are kept for ``ttl_s`` seconds, or until a write finds
+this incarnation deleted (``Board.deleted``: another process deleted it; a new one may exist);
 when they expire, the first request fetches them and the requests arriving meanwhile wait for that
 same fetch instead of sending one each (a thousand writers must not all HGET the registry at once,
 on one primary). Fetches, listing, creating and deleting boards share one small Gate, so the
@@ -32,7 +33,7 @@ class Boards:
     async def get(self, board_id: str) -> Board:
         """The board (BoardNotFound when there is none; InvalidInput for a malformed id)."""
         kept = self._kept.get(board_id)
-        if kept is not None and time.monotonic() - kept[0] < self.ttl_s:
+        if kept is not None and time.monotonic() - kept[0] < self.ttl_s and not kept[1].deleted:
             return kept[1]
         check_id(board_id, "board")  # a malformed id is the client's 422, never a wait for the gate
         loading = self._loading.get(board_id)
@@ -58,7 +59,7 @@ class Boards:
 
     async def _fetch(self, board_id: str) -> Board:
         async with self.gate, metrics.redis_call("board"):
-            board = await self.store.get(board_id, fresh=True)
+            board = await self.store.get(board_id)
         if len(self._kept) >= MAX_BOARDS:
             self._kept.clear()
         self._kept[board_id] = (time.monotonic(), board)

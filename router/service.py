@@ -82,6 +82,10 @@ class Service:
                     raise ClusterUnavailable(f"no cluster at {settings.redis_url}: {e}") from e
                 log.warning("cluster not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
                 await asyncio.sleep(0.5)
+        store = BoardStore(client, scripts)
+        finished = await store.reclaim()  # deletions some process left half done
+        if finished:
+            log.warning("finished interrupted board deletions", extra={"fields": {"boards": finished}})
         reads = Gate(settings.read_concurrency, settings.read_queue, settings.queue_wait_s, "reads")
         registry = Gate(REGISTRY_LANES, settings.read_queue, settings.queue_wait_s, "board lookups")
 
@@ -93,7 +97,7 @@ class Service:
         service = cls(
             settings=settings,
             client=client,
-            boards=Boards(BoardStore(client, scripts), registry),
+            boards=Boards(store, registry),
             keys=Keys(settings),
             limiter=RateLimiter(settings.read_rate, settings.burst, settings.rate_clients),
             reads=reads,

@@ -11,17 +11,20 @@ from typing import Any, NamedTuple
 
 import msgpack
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
 
 from shardlb import keys, periods, times
+from shardlb.bands import BandMoves, Move
 from shardlb.client import Scripts
 from shardlb.config import ID_PATTERN, BoardConfig, check_id
-from shardlb.errors import InvalidInput, PlayerNotFound
+from shardlb.errors import BoardNotFound, InvalidInput, PlayerNotFound
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
 from shardlb.reads import SHALLOW, View
 from shardlb.sharding import Layout
 
-STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow"}
+STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow", "r": "region_conflict"}
+GONE = "BOARDGONE"  # the error write.lua and band.lua answer with once the board was deleted
 MAX_FUTURE_MS = 5 * 60_000
 QUARTER_HOUR_MS = 15 * 60_000
 
@@ -48,6 +51,7 @@ class Prepared(NamedTuple):
     score: int
     shard: int
     periods: tuple[str, ...]
+    server_time: bool = False  # no achieved time was sent: the write pins the server's (see write.lua)
 
 
 class Result(NamedTuple):
@@ -75,16 +79,23 @@ class PlayerEntry:
 class Board:
     """A board: its settings, its shards' key names, and the calls that read and write it."""
 
-    def __init__(self, client: RedisCluster, config: BoardConfig, scripts: Scripts) -> None:
+    def __init__(
+        self, client: RedisCluster, config: BoardConfig, scripts: Scripts, incarnation: str = "0"
+    ) -> None:
         self.client = client
         self.config = config
         self.scripts = scripts
+        self.incarnation = incarnation
         self.codec = config.codec()
-        self.layout = Layout(config.sharding, config.order)
+        self.layout = layout = Layout(config.sharding, config.order)
         self.tz = periods.zone(config.timezone)
         self.prefixes = [
-            keys.shard_prefix(config.id, i, self.layout.physical) for i in range(self.layout.physical)
+            keys.shard_prefix(config.id, i, layout.physical, incarnation, layout.slot_group(i))
+            for i in range(layout.physical)
         ]
+        # Set once a script reports this incarnation deleted: a cache holding the board drops it.
+        self.deleted = False
+        self.bands = BandMoves(self)
         self._dedup_bucket_ms = config.dedup_window_s * 1000 // 4
         self._period_names = functools.lru_cache(maxsize=4096)(self._names_in_quarter_hour)
         self._expiry = functools.lru_cache(maxsize=4096)(self._period_expiry)
@@ -130,9 +141,20 @@ class Board:
                     codec.encode_units(points, units),
                     shard,
                     self._period_names(achieved // QUARTER_HOUR_MS),
+                    s.achieved_ms is None,
                 )
             )
         return out
+
+    def at_units(self, p: Prepared, units: int) -> Prepared:
+        """``p`` as if it had been sent with the time ``units`` (a pinned first server time)."""
+        achieved = self.codec.epoch_ms + units * self.codec.unit_ms
+        return p._replace(
+            units=units,
+            score=self.codec.encode_units(p.points, units),
+            periods=self._period_names(achieved // QUARTER_HOUR_MS),
+            server_time=False,
+        )
 
     def _refuse(self, s: Score, achieved: int, now: int, where: str) -> int:
         """Raise InvalidInput for the first bad field of ``s``; return its points when all are good."""
@@ -173,12 +195,51 @@ class Board:
 
         With ``pipeline``, the call rides the per-node pipeline of the calls made in the same turn
         (the router's coalescer sends every shard's batch of a tick that way); if that fails, it is
-        made again on its own through the script object.
+        made again on its own through the script object. Raises BoardNotFound once the board was
+        deleted (this incarnation's shards refuse every write from then on).
         """
         now = times.now_ms() if now_ms is None else now_ms
+        key_list, args = self._script_call(shard, batch, now)
+        reply = None
+        if pipeline is not None:
+            try:
+                reply = await pipeline.call(self.scripts.write.sha, key_list, args)
+            except Exception:
+                reply = None  # NOSCRIPT, a redirect, a lost connection: the script object handles it
+        if reply is None:
+            try:
+                reply = await self.scripts.write(keys=key_list, args=args)
+            except ResponseError as e:
+                raise self.gone(e) from e
+        results: list[Result | None] = []
+        moves = []
+        repin: dict[int, Prepared] = {}
+        shift, desc, points_max = self.codec.time_bits, self.codec.order == "desc", self.codec.points_max
+        for n, p in enumerate(batch):
+            status, after, version, pending = reply[4 * n : 4 * n + 4]
+            if status == "p":  # sent before without a time: again, with the time it was first seen at
+                repin[n] = self.at_units(p, int(after))
+                results.append(None)
+                continue
+            points = int(after) >> shift if after else 0  # the points part of the total after
+            if after and not desc:
+                points = points_max - points
+            results.append(Result(p.player_id, p.match_id, STATUS[status], points))
+            if pending != "-":
+                moves.append(Move(p.player_id, int(after), int(version), pending))
+        if moves:
+            await self.bands.finish(shard, moves)
+        if repin:
+            again = await self.apply_shard(shard, list(repin.values()), now_ms, pipeline)
+            for n, result in zip(repin, again, strict=True):
+                results[n] = result
+        return [r for r in results if r is not None]
+
+    def _script_call(self, shard: int, batch: Sequence[Prepared], now: int) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of write.lua for ``batch`` on ``shard`` (see the script's header)."""
         prefix = self.prefixes[shard]
-        key_list = [keys.index_key(prefix)]
-        expiry = [0]
+        key_list = [keys.index_key(prefix), keys.gone_key(prefix)]
+        expiry = [0, 0]
         slot: dict[str, int] = {}
 
         def key_index(name: str, expire_at: int) -> int:
@@ -188,13 +249,19 @@ class Board:
                 slot[name] = len(key_list)
             return slot[name]
 
-        dedup: list[int] = []
+        b, window = self._dedup_bucket_ms, self.config.dedup_window_s * 1000
+        buckets = range((now - window) // b, now // b + 1)
+        dedup = []
         if self.config.mode == "incr":
-            b = self._dedup_bucket_ms
-            window = self.config.dedup_window_s * 1000
-            for bucket in range((now - window) // b, now // b + 1):
-                dedup.append(key_index(keys.dedup_key(prefix, bucket), (bucket + 1) * b + window))
-        version = key_index(keys.version_key(prefix), 0) if self.layout.strategy == "band" else 0
+            dedup = [key_index(keys.dedup_key(prefix, k), (k + 1) * b + window) for k in buckets]
+        pins = []
+        if any(p.server_time for p in batch):
+            pins = [key_index(keys.pin_key(prefix, k), (k + 1) * b + window) for k in buckets]
+        rivals = [key_index(keys.period_key(self.prefixes[r], "total"), 0) for r in self.layout.rivals(shard)]
+        version = pending = 0
+        if self.layout.strategy == "band":
+            version = key_index(keys.version_key(prefix), 0)
+            pending = key_index(keys.pending_key(prefix), 0)
         items: list[Any] = []
         indices: dict[tuple[str, ...], list[int]] = {}  # a batch's scores mostly share their periods
         for p in batch:
@@ -203,43 +270,25 @@ class Board:
                 index = indices[p.periods] = [
                     key_index(keys.period_key(prefix, name), self._expiry(name)) for name in p.periods
                 ]
-            items += [p.player_id, p.score, p.points, p.units, f"{p.match_id}\x00{p.player_id}", *index]
-        args = [
-            self.config.mode,
-            self.codec.time_bits,
-            self.codec.points_max,
-            self.config.order,
-            self.config.tiebreak,
-            now,
-            len(self.config.periods),
-            version,
-            len(dedup),
-            *dedup,
-            *expiry,
-            msgpack.packb(items),
-        ]
-        reply = None
-        if pipeline is not None:
-            try:
-                reply = await pipeline.call(self.scripts.write.sha, key_list, args)
-            except Exception:
-                reply = None  # NOSCRIPT, a redirect, a lost connection: the script object handles it
-        if reply is None:
-            reply = await self.scripts.write(keys=key_list, args=args)
-        results = []
-        moves = []
-        shift, desc, points_max = self.codec.time_bits, self.codec.order == "desc", self.codec.points_max
-        for n, p in enumerate(batch):
-            status, after, ver, before = reply[4 * n : 4 * n + 4]
-            points = int(after) >> shift if after else 0  # the points part of the total after
-            if after and not desc:
-                points = points_max - points
-            results.append(Result(p.player_id, p.match_id, STATUS[status], points))
-            if int(ver):
-                moves.append((p.player_id, int(after), int(ver), int(before) if before else None))
-        if moves:
-            await self._move_bands(moves)
-        return results
+            member = f"{p.match_id}\x00{p.player_id}"
+            items += [p.player_id, p.score, p.points, p.units, member, int(p.server_time), *index]
+        c = self.codec
+        header = [
+            self.config.mode, c.time_bits, c.points_max, c.order, c.tiebreak, now, len(self.config.periods),
+            version, pending, dedup, pins, rivals, list(self.config.sharding.bands), expiry,
+        ]  # fmt: skip
+        return key_list, [msgpack.packb(header), msgpack.packb(items)]
+
+    def gone(self, e: ResponseError) -> Exception:
+        """BoardNotFound for a script's BOARDGONE reply (and the board marked deleted); else ``e``."""
+        if not str(e).startswith(GONE):
+            return e
+        self.deleted = True
+        return BoardNotFound(f"board {self.config.id!r} was deleted", "board")
+
+    async def repair(self) -> int:
+        """Finish band moves that a failed call left pending (band boards); return how many."""
+        return await self.bands.repair() if self.layout.strategy == "band" else 0
 
     def _names_in_quarter_hour(self, quarter: int) -> tuple[str, ...]:
         # Every zone offset in use is a multiple of 15 minutes, so a local day never starts inside
@@ -251,29 +300,6 @@ class Board:
             return 0
         kind = periods.first_day(name)[0]
         return periods.end_ms(name, self.tz) + self.config.retention_days[kind] * 86_400_000
-
-    async def _move_bands(self, moves: list[tuple[str, int, int, int | None]]) -> None:
-        ops: dict[int, list[Any]] = defaultdict(list)
-        for player, after, version, before in moves:
-            new = self.layout.band_shard(self.codec.decode_units(after)[0])
-            ops[new] += ["a", player, after, version]
-            if before is not None:
-                old = self.layout.band_shard(self.codec.decode_units(before)[0])
-                if old != new:
-                    ops[old] += ["r", player, 0, version]
-        await asyncio.gather(
-            *(
-                self.scripts.band(
-                    keys=[
-                        keys.period_key(self.prefixes[s], "total"),
-                        keys.version_key(self.prefixes[s]),
-                        keys.index_key(self.prefixes[s]),
-                    ],
-                    args=args,
-                )
-                for s, args in ops.items()
-            )
-        )
 
     # ---- reads ----------------------------------------------------------------------------
 

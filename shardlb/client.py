@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from urllib.parse import urlsplit
 
@@ -52,17 +52,17 @@ class Scripts:
 
     write: AsyncScript
     band: AsyncScript
+    settle: AsyncScript
     counts: AsyncScript
+    drop: AsyncScript
+    registry: AsyncScript
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:
-        return cls(
-            write=client.register_script(_source("write.lua")),
-            band=client.register_script(_source("band.lua")),
-            counts=client.register_script(_source("counts.lua")),
-        )
+        return cls(**{f.name: client.register_script(_source(f"{f.name}.lua")) for f in fields(cls)})
 
     async def load(self, client: RedisCluster) -> None:
         await client.initialize()
-        for script in (self.write, self.band, self.counts):
+        for f in fields(self):
+            script = getattr(self, f.name)
             script.sha = await client.script_load(script.script)

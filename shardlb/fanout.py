@@ -99,8 +99,9 @@ class ScriptPipeline:
     first call of a turn schedules the send right after the calls already due in that turn (the
     write coalescer starts every shard's call of a tick in one turn). A call whose command failed
     raises: the caller retries it its own way (the script object reloads on NOSCRIPT and follows
-    redirects). Writes are idempotent, so a retry of a call that did run changes no data; its
-    statuses then say unchanged or duplicate.
+    redirects). A write script applied twice leaves the state of one call (its statuses then say
+    unchanged or duplicate, and a band move the first call left pending is finished by the second:
+    shardlb/bands.py).
     """
 
     def __init__(self, client: RedisCluster) -> None:

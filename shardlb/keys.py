@@ -3,16 +3,25 @@
 All keys of one shard share one hash tag, so one Lua call can touch every period of the shard, its
 dedup buckets and its key index atomically:
 
-    lb:{<tag>}:<board>:<shard>:total                          sorted set, the all-time board
-    lb:{<tag>}:<board>:<shard>:d:2026-11-30 / w:2026-W48 / m:2026-11   dated period boards
-    lb:{<tag>}:<board>:<shard>:dd:<bucket>                    incr dedup set for one time bucket
-    lb:{<tag>}:<board>:<shard>:idx                            this shard's keys, scored by expiry
-    lb:{<tag>}:<board>:<shard>:ver                            band boards: per-player versions
+    lb:{<tag>}:<board>:<inc>:<shard>:total                    sorted set, the all-time board
+    lb:{<tag>}:<board>:<inc>:<shard>:d:2026-11-30 / w:2026-W48 / m:2026-11   dated period boards
+    lb:{<tag>}:<board>:<inc>:<shard>:dd:<bucket>              incr dedup set for one time bucket
+    lb:{<tag>}:<board>:<inc>:<shard>:pin:<bucket>             first server time of results sent without one
+    lb:{<tag>}:<board>:<inc>:<shard>:idx                      this shard's keys, scored by expiry
+    lb:{<tag>}:<board>:<inc>:<shard>:ver / :pend              band boards: versions, unfinished band moves
+    lb:{<tag>}:<board>:<inc>:<shard>:gone                     set (with a TTL) when the board is deleted
+
+``<inc>`` is the board's incarnation, a token drawn when the board is created: a board deleted and
+created again under the same id never shares a key with its former self, so a router that still
+holds the old one can neither see nor revive the new one's data (and the old one's ``gone`` marker
+refuses its writes).
 
 ``<tag>`` is a short token chosen from a table of one token per slot, so shard i of N lands exactly
 where we want it: inside the middle quarter of the i-th N-th of the 16384 slots (offset by a hash of
 the board id, so many boards do not pile onto the same slots). Shards then spread over the masters
-by construction instead of by CRC16 chance.
+by construction instead of by CRC16 chance. A layout may place several shards on one slot on
+purpose (``group``): a region board puts the shards a player could live in under one tag, so one
+script call can see all of them.
 """
 
 from __future__ import annotations
@@ -66,10 +75,18 @@ def shard_slot(board: str, shard: int, shards: int) -> int:
     return lo + zlib.crc32(board.encode()) % (hi - lo + 1)
 
 
-def shard_prefix(board: str, shard: int, shards: int) -> str:
-    """The common start of every key of shard ``shard`` of ``shards`` of ``board``."""
-    tag = slot_tokens()[shard_slot(board, shard, shards)]
-    return f"lb:{{{tag}}}:{board}:{shard}:"
+def shard_prefix(
+    board: str, shard: int, shards: int, incarnation: str = "0", group: tuple[int, int] | None = None
+) -> str:
+    """The common start of every key of shard ``shard`` of ``shards`` of ``board``.
+
+    ``group`` (index, count) places the shard's slot as that index of that many instead of as
+    ``shard`` of ``shards``.
+    """
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} of {shards} is out of range")
+    tag = slot_tokens()[shard_slot(board, *(group or (shard, shards)))]
+    return f"lb:{{{tag}}}:{board}:{incarnation}:{shard}:"
 
 
 def period_key(prefix: str, period: str) -> str:
@@ -87,3 +104,15 @@ def index_key(prefix: str) -> str:
 
 def version_key(prefix: str) -> str:
     return prefix + "ver"
+
+
+def pending_key(prefix: str) -> str:
+    return prefix + "pend"
+
+
+def pin_key(prefix: str, bucket: int) -> str:
+    return f"{prefix}pin:{bucket}"
+
+
+def gone_key(prefix: str) -> str:
+    return prefix + "gone"

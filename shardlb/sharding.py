@@ -9,6 +9,12 @@ A board owns ``physical`` shards, numbered 0..physical-1 and placed on slots by 
   shard per points band that indexes the ``total`` board by band. The band index makes top-N one call
   and rank a sum of band sizes plus a rank inside one band. A player whose total crosses a boundary is
   moved between band shards under a per-player version, so late moves can never resurrect an old entry.
+  The home shard records each move until every band shard has taken it (``Board`` finishes it on the
+  player's next write, on a retry, or in ``Board.repair``), so a lost band call never loses a move.
+
+On a region board a player has one home: the first region they post under. The shards a player may
+live in (the same index in every region) share one slot, so the write script sees all of them and
+refuses a result under a second region (``region_conflict``) atomically.
 """
 
 from __future__ import annotations
@@ -61,6 +67,22 @@ class Layout:
             offset = player_hash(player) % per
             return [r * per + offset for r in range(len(self.sharding.regions))]
         return [self.home(player, region)]
+
+    def slot_group(self, shard: int) -> tuple[int, int]:
+        """Where ``shard``'s slot is placed, as (index, count) of the board's slot windows. Region
+        boards give the shards of one index in every region one slot (see the module docstring)."""
+        if self.strategy == "region":
+            per = self.sharding.shards_per_region
+            return shard % per, per
+        return shard, self.physical
+
+    def rivals(self, shard: int) -> list[int]:
+        """The other regions' shards that a player of ``shard`` could also live in (region boards)."""
+        if self.strategy != "region":
+            return []
+        per = self.sharding.shards_per_region
+        offset = shard % per
+        return [r * per + offset for r in range(len(self.sharding.regions)) if r * per + offset != shard]
 
     def view(self, total: bool, region: str | None = None) -> list[int]:
         """The shards a read merges. For the band total these are the band shards, best band first."""

@@ -1,8 +1,21 @@
-"""The board registry: create, confirm, list, fetch and delete boards."""
+"""The board registry: create, confirm, list, fetch and delete boards.
+
+Boards live in one registry hash (``lb:boards``: id -> record JSON, the settings plus the board's
+incarnation). The incarnation is drawn at creation and is part of every key name of the board
+(shardlb/keys.py), so a board deleted and created again never meets its former data.
+
+Deleting is retry-safe and leaves nothing behind: the record is first marked ``deleting`` (from then
+on the board reads as missing), then every shard is dropped by drop.lua, which sets the shard's
+``gone`` marker and unlinks its keys in one call (a late write from a router that still holds the
+board is refused by the marker), and only then is the record removed. A delete that stopped half
+way is finished by the next delete or create of that id, or by ``reclaim``.
+"""
 
 from __future__ import annotations
 
-import time
+import asyncio
+import secrets
+from typing import Any
 
 import orjson
 from redis.asyncio.cluster import RedisCluster
@@ -13,60 +26,89 @@ from shardlb.client import Scripts
 from shardlb.config import BoardConfig, check_id
 from shardlb.errors import BoardConflict, BoardNotFound
 
+# How long routers may cache a board's settings (router/boards.py). A board deleted through one
+# process keeps its shards' `gone` markers far longer, so no cached copy can write after it.
 CACHE_SECONDS = 5.0
+GONE_MS = 86_400_000
+_RECORD = ("incarnation", "state")  # registry fields that are not board settings
 
 
 class BoardStore:
-    """Boards live in one registry hash (``lb:boards``: id -> settings JSON). Fetched boards are kept
-    for CACHE_SECONDS, so a board deleted through another process may take writes that long."""
-
     def __init__(self, client: RedisCluster, scripts: Scripts) -> None:
         self.client = client
         self.scripts = scripts
-        self._cache: dict[str, tuple[float, Board]] = {}
 
     async def create(self, config: BoardConfig) -> tuple[Board, bool]:
         """Create the board, or confirm an identical one. Returns (board, created)."""
-        body = orjson.dumps(config.to_dict())
-        created = bool(await self.client.hsetnx(keys.BOARDS, config.id, body))
-        if not created:
-            existing = await self.get(config.id, fresh=True)
+        while True:
+            record = {**config.to_dict(), "incarnation": secrets.token_hex(4)}
+            if await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
+                return self._board(config.id, record), True
+            raw = await self.client.hget(keys.BOARDS, config.id)
+            if raw is None:
+                continue  # deleted meanwhile
+            found = orjson.loads(raw)
+            if found.get("state") == "deleting":
+                await self._drop(config.id, raw, found)
+                continue
+            existing = self._board(config.id, found)
             if existing.config != config:
                 raise BoardConflict(f"board {config.id!r} exists with other settings", "board")
             return existing, False
-        board = Board(self.client, config, self.scripts)
-        self._cache[config.id] = (time.monotonic(), board)
-        return board, True
 
-    async def get(self, board_id: str, fresh: bool = False) -> Board:
+    async def get(self, board_id: str) -> Board:
         check_id(board_id, "board")
-        hit = self._cache.get(board_id)
-        if hit and not fresh and time.monotonic() - hit[0] < CACHE_SECONDS:
-            return hit[1]
         raw = await self.client.hget(keys.BOARDS, board_id)
-        if raw is None:
-            self._cache.pop(board_id, None)
+        record = None if raw is None else orjson.loads(raw)
+        if record is None or record.get("state") == "deleting":
             raise BoardNotFound(f"no board {board_id!r}", "board")
-        board = Board(self.client, BoardConfig.from_dict(board_id, orjson.loads(raw)), self.scripts)
-        self._cache[board_id] = (time.monotonic(), board)
-        return board
+        return self._board(board_id, record)
 
     async def list(self) -> list[BoardConfig]:
         raw = await self.client.hgetall(keys.BOARDS)
-        configs = (BoardConfig.from_dict(str(k), orjson.loads(v)) for k, v in raw.items())
+        records = ((str(k), orjson.loads(v)) for k, v in raw.items())
+        configs = (self._board(k, r).config for k, r in records if r.get("state") != "deleting")
         return sorted(configs, key=lambda c: c.id)
 
     async def delete(self, board_id: str) -> None:
-        """Unregister the board, then UNLINK every key its shards' key indexes list."""
-        board = await self.get(board_id, fresh=True)
-        await self.client.hdel(keys.BOARDS, board_id)
-        self._cache.pop(board_id, None)
-        pipe = self.client.pipeline(transaction=False)
-        for prefix in board.prefixes:
-            pipe.zrange(keys.index_key(prefix), 0, -1)
-        listed = await pipe.execute()
-        pipe = self.client.pipeline(transaction=False)
-        for prefix, names in zip(board.prefixes, listed, strict=True):
-            for name in [*names, keys.index_key(prefix)]:
-                pipe.execute_command("UNLINK", name)
-        await pipe.execute()
+        """Mark the board deleting, drop every shard, then remove its record (see the module docstring)."""
+        check_id(board_id, "board")
+        while True:
+            raw = await self.client.hget(keys.BOARDS, board_id)
+            if raw is None:
+                raise BoardNotFound(f"no board {board_id!r}", "board")
+            record = orjson.loads(raw)
+            if record.get("state") != "deleting":
+                marked = orjson.dumps({**record, "state": "deleting"})
+                if not await self._swap(board_id, raw, marked):
+                    continue  # changed meanwhile: look again
+                raw = marked
+            await self._drop(board_id, raw, record)
+            return
+
+    async def reclaim(self) -> int:
+        """Finish every deletion that stopped half way; return how many."""
+        raw = await self.client.hgetall(keys.BOARDS)
+        left = [(str(k), v) for k, v in raw.items() if orjson.loads(v).get("state") == "deleting"]
+        for board_id, record in left:
+            await self._drop(board_id, record, orjson.loads(record))
+        return len(left)
+
+    def _board(self, board_id: str, record: dict[str, Any]) -> Board:
+        settings = {k: v for k, v in record.items() if k not in _RECORD}
+        config = BoardConfig.from_dict(board_id, settings)
+        return Board(self.client, config, self.scripts, str(record.get("incarnation", "0")))
+
+    async def _drop(self, board_id: str, raw: bytes | str, record: dict[str, Any]) -> None:
+        """Drop every shard of the marked record ``raw`` (idempotent), then remove the record."""
+        board = self._board(board_id, record)
+        await asyncio.gather(
+            *(
+                self.scripts.drop(keys=[keys.index_key(p), keys.gone_key(p)], args=[GONE_MS])
+                for p in board.prefixes
+            )
+        )
+        await self._swap(board_id, raw, b"")
+
+    async def _swap(self, board_id: str, expected: bytes | str, new: bytes) -> bool:
+        return bool(await self.scripts.registry(keys=[keys.BOARDS], args=[board_id, expected, new]))

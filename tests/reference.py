@@ -32,13 +32,14 @@ class ReferenceBoard:
         for s in scores:
             achieved = now_ms if s.achieved_ms is None else s.achieved_ms
             units = codec.time_units(achieved)
-            if s.region is not None:
-                self.region_of[s.player_id] = s.region
             names = periods.names_at(achieved, self.config.periods, tz)
             total = self.boards.setdefault("total", {})
             before = total.get(s.player_id)
             status = "unchanged"
-            if self.config.mode == "incr":
+            home = self.region_of.get(s.player_id)
+            if s.region is not None and before is not None and home != s.region:
+                status = "region_conflict"  # a player's first region sticks: nothing is written
+            elif self.config.mode == "incr":
                 if (s.match_id, s.player_id) in self.seen:
                     status = "duplicate"
                 else:
@@ -68,6 +69,8 @@ class ReferenceBoard:
                         if name == "total" and new != old_score:
                             status = "improved"
             after = total.get(s.player_id)
+            if after is not None and s.region is not None:
+                self.region_of.setdefault(s.player_id, s.region)
             out.append((status, after[0] if after else 0))
         return out
 

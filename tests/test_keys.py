@@ -9,6 +9,8 @@ import redis
 
 from shardlb import keys
 from shardlb.cluster import LocalCluster
+from shardlb.config import Sharding
+from shardlb.sharding import Layout
 
 
 @pytest.mark.parametrize("shards", range(1, 257))
@@ -19,7 +21,7 @@ def test_shard_i_of_n_lands_in_the_ith_nth_of_the_slots(shards: int) -> None:
 
 
 def test_all_keys_of_a_shard_share_one_slot() -> None:
-    prefix = keys.shard_prefix("b", 5, 16)
+    prefix = keys.shard_prefix("b", 5, 16, "c0ffee00")
     names = [
         keys.period_key(prefix, "total"),
         keys.period_key(prefix, "d:2026-11-30"),
@@ -28,9 +30,26 @@ def test_all_keys_of_a_shard_share_one_slot() -> None:
         keys.dedup_key(prefix, 123),
         keys.index_key(prefix),
         keys.version_key(prefix),
+        keys.pending_key(prefix),
+        keys.pin_key(prefix, 123),
+        keys.gone_key(prefix),
     ]
     assert len({keys.slot_of(n) for n in names}) == 1
-    assert all(n.startswith("lb:{") and ":b:5:" in n for n in names)
+    assert len(set(names)) == len(names)
+    assert all(n.startswith("lb:{") and ":b:c0ffee00:5:" in n for n in names)
+
+
+def test_a_region_boards_shards_of_one_index_share_a_slot() -> None:
+    """A player may live in shard i of any region: those shards share one slot (one script call)."""
+    layout = Layout(Sharding("region", 12, ("eu", "na", "asia"), 4))
+    for shard in range(12):
+        group = {
+            keys.slot_of(keys.shard_prefix("r", s, 12, "1", layout.slot_group(s)))
+            for s in [shard, *layout.rivals(shard)]
+        }
+        assert len(group) == 1
+    slots = {keys.slot_of(keys.shard_prefix("r", s, 12, "1", layout.slot_group(s))) for s in range(12)}
+    assert len(slots) == 4
 
 
 def test_slot_of_matches_redis_py() -> None:

@@ -154,7 +154,7 @@ async def test_saturated_writers_lose_nothing_acknowledged(cluster: LocalCluster
         outcomes = await asyncio.gather(*(send(i) for i in range(40)))
         assert {r.status_code for _, r in outcomes} == {200, 503}
         assert all(int(r.headers["retry-after"]) >= 1 for _, r in outcomes if r.status_code == 503)
-    board = await store.get(name, fresh=True)
+    board = await store.get(name)
     acknowledged = {f"r{q}-{i}": q for q, r in outcomes if r.status_code == 200 for i in range(150)}
     found = await board.scores([f"r{q}-{i}" for q in range(40) for i in range(150)])
     assert {player: board.codec.decode(value)[0] for player, value in found.items()} == acknowledged
@@ -186,6 +186,6 @@ async def test_shutdown_applies_what_was_accepted(cluster: LocalCluster, store: 
         late = await send(9)
         assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
         assert (await client.get("/readyz")).status_code == 503
-    board = await store.get(name, fresh=True)
+    board = await store.get(name)
     assert await board.size() == 200
     await store.delete(name)

@@ -252,7 +252,7 @@ async def test_sigterm_drains_accepted_writes(
     assert await asyncio.to_thread(server.proc.wait, 30) == 0
     assert len(acknowledged) > 100
     assert server.log.read_text().count('"scores_not_applied":0') == 2
-    board = await store.get(name, fresh=True)
+    board = await store.get(name)
     found = await board.scores(list(acknowledged))
     assert {player: board.codec.decode(value)[0] for player, value in found.items()} == acknowledged
     await store.delete(name)

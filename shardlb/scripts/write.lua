@@ -1,31 +1,37 @@
 -- Apply a batch of results to ONE shard atomically. All KEYS share the shard's hash tag.
 --
 -- KEYS[1]     the shard's key index (sorted set: key name -> expiry ms, +inf for none)
--- KEYS[2..]   period boards, dedup buckets and (band boards) the version hash
--- ARGV: mode, time_bits, points_max, order, tiebreak, now_ms, periods_per_result, version_key_index,
---       dedup_bucket_count, <dedup key indices: older buckets first, current bucket last>,
---       <expiry ms for each KEYS[i], i = 1..#KEYS, 0 = never>,
---       then ONE MessagePack array, flat: per result player, score, points, time_units, dedup_member,
---       <period key indices, total first>. (One packed argument instead of thousands: the client
---       spends most of its time encoding arguments one by one.)
--- Returns per result: status (i improved, u unchanged, d duplicate, o overflow), total score after,
---       version (band boards, 0 when the total did not change), total score before ('' when none).
+-- KEYS[2]     the shard's `gone` marker: set when the board was deleted; then nothing is written
+-- KEYS[3..]   period boards, dedup and pin buckets, other regions' totals, band bookkeeping
+-- ARGV[1]     a MessagePack array: mode, time_bits, points_max, order, tiebreak, now_ms,
+--             periods_per_result, version key index (0: none), pending key index (0: none),
+--             {dedup key indices, current bucket last}, {pin key indices, current bucket last},
+--             {indices of the other regions' totals a player of this shard could live in},
+--             {band start points (band boards)}, {expiry ms of each KEYS[i], 0 = never}
+-- ARGV[2]     ONE MessagePack array, flat: per result player, score, points, time_units,
+--             dedup_member, server_time (1 when the caller sent no achieved time), <period key
+--             indices, total first>. (One packed argument instead of thousands: the client spends
+--             most of its time encoding arguments one by one.)
+-- Returns per result: status, total score after, version, pending band moves.
+--   status: i improved, u unchanged, d duplicate, o overflow (incr past points_max),
+--           r region conflict (nothing written; `after` is the player's total in their region),
+--           p pinned (nothing written; `after` is the time units this (match, player) was first
+--             seen with: the caller sends the result again with that time)
+--   version, pending (band boards): the player's version and the comma-separated band indices
+--           that may still hold a stale row, when a band move is unfinished; 0 and '-' otherwise.
 -- Scores are integers below 2^53, which Lua doubles hold exactly; they are formatted with %.0f
 -- because Lua's default number formatting keeps only 14 digits.
 
-local mode = ARGV[1]
-local T = 2 ^ tonumber(ARGV[2])
-local pmax = tonumber(ARGV[3])
-local desc = ARGV[4] == 'desc'
-local earliest = ARGV[5] == 'earliest'
-local now = tonumber(ARGV[6])
-local P = tonumber(ARGV[7])
-local vk = tonumber(ARGV[8])
-local ndd = tonumber(ARGV[9])
-local dd = {}
-for i = 1, ndd do dd[i] = KEYS[tonumber(ARGV[9 + i])] end
-local exp_base = 9 + ndd
-local items = cmsgpack.unpack(ARGV[exp_base + #KEYS + 1])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return redis.error_reply('BOARDGONE this board was deleted')
+end
+
+local h = cmsgpack.unpack(ARGV[1])
+local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
+local now, P, vk, pendk = h[6], h[7], h[8], h[9]
+local dd, pins, rivals, bands, expiry = h[10], h[11], h[12], h[13], h[14]
+local ndd = #dd
+local items = cmsgpack.unpack(ARGV[2])
 local pos = 1
 local tmax = T - 1
 
@@ -47,22 +53,61 @@ local function zscore(key, member)
   if s then return tonumber(s) end
   return nil
 end
+local function band_of(score)
+  local points = split(score)
+  local b = 0
+  for i = 1, #bands do
+    if bands[i] <= points then b = i - 1 end
+  end
+  return b
+end
 
 local touched = {}
 local out = {}
 while pos <= #items do
   local player, score = items[pos], items[pos + 1]
   local score_text = fmt(score)
-  local points, units, member = items[pos + 2], items[pos + 3], items[pos + 4]
+  local points, units, member, server_time = items[pos + 2], items[pos + 3], items[pos + 4], items[pos + 5]
   local pk = {}
-  for j = 1, P do pk[j] = items[pos + 4 + j] end
-  pos = pos + 5 + P
+  for j = 1, P do pk[j] = items[pos + 5 + j] end
+  pos = pos + 6 + P
   local total = KEYS[pk[1]]
   local before = zscore(total, player)
   local status = 'u'
+  local after = before
 
-  if mode == 'best' then
-    if before == nil or score > before then status = 'i' end
+  -- A player already on this shard lives nowhere else; a new one may live in another region.
+  local elsewhere = nil
+  if before == nil then
+    for i = 1, #rivals do
+      elsewhere = zscore(KEYS[rivals[i]], player)
+      if elsewhere then break end
+    end
+  end
+  -- A result sent without a time is pinned to the first server time it was seen with, so its
+  -- retries land in the same periods with the same time.
+  local pinned = nil
+  if elsewhere == nil and server_time == 1 then
+    for i = 1, #pins do
+      local v = redis.call('HGET', KEYS[pins[i]], member)
+      if v then pinned = tonumber(v) break end
+    end
+    if pinned == nil then
+      redis.call('HSET', KEYS[pins[#pins]], member, units)
+      touched[pins[#pins]] = true
+    elseif pinned == units then
+      pinned = nil
+    end
+  end
+
+  if elsewhere then
+    status, after = 'r', elsewhere
+  elseif pinned then
+    status, after = 'p', pinned
+  elseif mode == 'best' then
+    if before == nil or score > before then
+      status, after = 'i', score
+    end
     -- The total needs no ZADD when the score does not beat it (most results of a regular player);
     -- period boards may hold less than the total, so each gets its ZADD GT.
     for j = (status == 'i') and 1 or 2, P do
@@ -81,13 +126,16 @@ while pos <= #items do
       if replace then
         redis.call('ZADD', key, score_text, player)
         touched[pk[j]] = true
-        if j == 1 and score ~= old then status = 'i' end
+        if j == 1 then
+          after = score
+          if score ~= old then status = 'i' end
+        end
       end
     end
   else
     local seen = false
     for i = 1, ndd do
-      if redis.call('SISMEMBER', dd[i], member) == 1 then seen = true break end
+      if redis.call('SISMEMBER', KEYS[dd[i]], member) == 1 then seen = true break end
     end
     if seen then
       status = 'd'
@@ -105,32 +153,46 @@ while pos <= #items do
           redis.call('ZADD', KEYS[pk[j]], fmt(new[j]), player)
           touched[pk[j]] = true
         end
-        redis.call('SADD', dd[ndd], member)
-        touched[tonumber(ARGV[9 + ndd])] = true
+        after = new[1]
+        redis.call('SADD', KEYS[dd[ndd]], member)
+        touched[dd[ndd]] = true
         if points > 0 or before == nil then status = 'i' end
       end
     end
   end
 
-  local after
-  if mode == 'best' then
-    after = (before == nil or score > before) and score or before  -- what ZADD GT left
-  else
-    after = zscore(total, player)
-  end
-  local version = 0
-  if vk > 0 and after ~= before then
-    version = redis.call('HINCRBY', KEYS[vk], player, 1)
-    touched[vk] = true
+  -- Band boards: every change of the total is a move to finish on the band shards. It stays
+  -- recorded here (pending) until the caller confirms every band shard took it, so a lost band
+  -- call is finished by the next write of the player, a retry, or a repair pass.
+  local version, pending = 0, '-'
+  if vk > 0 and status ~= 'r' and status ~= 'p' then
+    local p = redis.call('HGET', KEYS[pendk], player)
+    if after ~= before then
+      version = redis.call('HINCRBY', KEYS[vk], player, 1)
+      touched[vk] = true
+      p = p or ''
+      if before ~= nil then
+        local old = tostring(band_of(before))
+        if old ~= tostring(band_of(after)) and not string.find(',' .. p .. ',', ',' .. old .. ',', 1, true) then
+          p = (p == '') and old or (p .. ',' .. old)
+        end
+      end
+      redis.call('HSET', KEYS[pendk], player, p)
+      touched[pendk] = true
+      pending = p
+    elseif p then
+      version = tonumber(redis.call('HGET', KEYS[vk], player))
+      pending = p
+    end
   end
   out[#out + 1] = status
   out[#out + 1] = after and fmt(after) or ''
   out[#out + 1] = version
-  out[#out + 1] = before and fmt(before) or ''
+  out[#out + 1] = pending
 end
 
 for i, _ in pairs(touched) do
-  local expire_at = tonumber(ARGV[exp_base + i])
+  local expire_at = expiry[i]
   if expire_at > 0 then
     redis.call('PEXPIREAT', KEYS[i], expire_at)
     redis.call('ZADD', KEYS[1], expire_at, KEYS[i])

@@ -1,0 +1,175 @@
+"""Writes that fail half way or are retried converge to the state of one call (issue 9, items 1 and 4).
+
+Each test provokes the fault on a real cluster (a band call that fails once, a replay after the
+period turned) and compares every read with the in-memory reference board fed each result once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from shardlb import keys, periods, times
+from shardlb.board import Board, Score
+from shardlb.config import BoardConfig
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+from tests.test_board import expected_entries
+
+pytestmark = pytest.mark.cluster
+
+BANDS = [0, 100, 1000]
+
+
+class FailOnce:
+    """A script that raises the first time it is called, as a lost connection would, then works."""
+
+    def __init__(self, script: Callable[..., Awaitable[Any]]) -> None:
+        self.script = script
+        self.failures = 0
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures == 0:
+            self.failures += 1
+            raise ConnectionError("the band call was lost")
+        return await self.script(*args, **kwargs)
+
+
+def fail_band_once(board: Board) -> FailOnce:
+    failing = FailOnce(board.scripts.band)
+    board.scripts = dataclasses.replace(board.scripts, band=failing)
+    return failing
+
+
+async def assert_board_equals(board: Board, ref: ReferenceBoard) -> None:
+    """Top, every page, every rank and the band shards' own rows agree with the reference."""
+    want = expected_entries(ref, "total", None)
+    assert await board.top(100) == want
+    board.shallow = 0
+    try:
+        for offset in range(len(want) + 1):
+            assert await board.entries(offset, 2) == want[offset : offset + 2], offset
+    finally:
+        board.shallow = 1000
+    for e in want:
+        got = await board.player(e.player_id)
+        assert got.entry == e and got.players == len(want)
+    rows: list[str] = []
+    for prefix in board.prefixes[board.config.sharding.shards :]:
+        rows += await board.client.zrange(keys.period_key(prefix, "total"), 0, -1)
+    assert sorted(rows) == sorted(e.player_id for e in want)
+
+
+async def band_board(store: BoardStore, name: str, mode: str = "best") -> tuple[Board, ReferenceBoard]:
+    config = BoardConfig.from_dict(
+        name, {"mode": mode, "sharding": {"strategy": "band", "bands": BANDS, "shards": 3}}
+    )
+    board, _ = await store.create(config)
+    return board, ReferenceBoard(config)
+
+
+async def test_a_band_move_that_failed_is_finished_by_the_retry(store: BoardStore) -> None:
+    board, ref = await band_board(store, "retry-band-move")
+    now = times.now_ms()
+    try:
+        first = [Score("p1", 50, "m1", now), Score("p2", 70, "m1", now)]
+        await board.submit(first, now_ms=now)
+        ref.submit(first, now_ms=now)
+
+        moving = [Score("p1", 500, "m2", now)]  # band 0 -> band 1
+        failing = fail_band_once(board)
+        with pytest.raises(ConnectionError):
+            await board.submit(moving, now_ms=now)
+        assert failing.failures == 1
+        got = await board.submit(moving, now_ms=now)  # the client's retry
+        ref.submit(moving, now_ms=now)
+        assert got[0].points == 500
+        await assert_board_equals(board, ref)
+
+        later = [Score("p1", 5000, "m3", now)]  # band 1 -> band 2: no stale row may stay behind
+        await board.submit(later, now_ms=now)
+        ref.submit(later, now_ms=now)
+        await assert_board_equals(board, ref)
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+async def test_a_band_move_that_failed_is_finished_by_the_next_write(store: BoardStore, mode: str) -> None:
+    board, ref = await band_board(store, f"next-band-move-{mode}", mode)
+    now = times.now_ms()
+    try:
+        await board.submit([Score("p1", 50, "m1", now)], now_ms=now)
+        ref.submit([Score("p1", 50, "m1", now)], now_ms=now)
+        fail_band_once(board)
+        with pytest.raises(ConnectionError):
+            await board.submit([Score("p1", 600, "m2", now + 1000)], now_ms=now + 1000)
+        ref.submit([Score("p1", 600, "m2", now + 1000)], now_ms=now + 1000)
+        # Another player's write on the same home shard, then the player's own unchanged result.
+        other = next(f"o{i}" for i in range(100) if board.layout.home(f"o{i}") == board.layout.home("p1"))
+        for s in (Score(other, 20, "m3", now + 2000), Score("p1", 0 if mode == "incr" else 1, "m4", now)):
+            await board.submit([s], now_ms=now + 2000)
+            ref.submit([s], now_ms=now + 2000)
+        await assert_board_equals(board, ref)
+    finally:
+        await store.delete(board.config.id)
+
+
+async def test_repair_finishes_a_move_nobody_retried(store: BoardStore) -> None:
+    board, ref = await band_board(store, "repair-band-move")
+    now = times.now_ms()
+    try:
+        await board.submit([Score("p1", 50, "m1", now), Score("p2", 500, "m1", now)], now_ms=now)
+        ref.submit([Score("p1", 50, "m1", now), Score("p2", 500, "m1", now)], now_ms=now)
+        fail_band_once(board)
+        with pytest.raises(ConnectionError):
+            await board.submit([Score("p1", 5000, "m2", now)], now_ms=now)
+        ref.submit([Score("p1", 5000, "m2", now)], now_ms=now)
+        assert await board.repair() == 1
+        await assert_board_equals(board, ref)
+        assert await board.repair() == 0  # nothing is left pending
+    finally:
+        await store.delete(board.config.id)
+
+
+# ---- retries without achieved_at (item 4) -------------------------------------------------------
+
+
+def _midnight_after(now: int) -> int:
+    day = 86_400_000
+    return (now // day + 1) * day
+
+
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+async def test_a_retry_without_achieved_at_lands_where_the_first_call_did(
+    store: BoardStore, mode: str
+) -> None:
+    """The first call is made a second before midnight UTC, the retry two seconds later: the retry
+    must change nothing, neither the next day's board nor (in ``set``) a newer result."""
+    name = f"pin-{mode}"
+    config = BoardConfig.from_dict(name, {"mode": mode, "periods": ["daily"]})
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    midnight = _midnight_after(times.now_ms()) - 86_400_000  # the last midnight: inside every window
+    before, newer, after = midnight - 1000, midnight - 500, midnight + 1000
+    first = Score("p1", 300, "match-a", None)
+    try:
+        await board.submit([first], now_ms=before)
+        ref.submit([first], now_ms=before)
+        second = Score("p1", 100, "match-b", None)  # a newer (worse) result, also without a time
+        await board.submit([second], now_ms=newer)
+        ref.submit([second], now_ms=newer)
+        replay = await board.submit([first], now_ms=after)  # the retry of match-a
+        assert replay[0].status in ("unchanged", "duplicate")
+        assert replay[0].points == ref.boards["total"]["p1"][0]
+        want = expected_entries(ref, "total", None)
+        assert await board.top(10) == want
+        today = periods.names_at(after, config.periods, board.tz)[1]
+        assert await board.top(10, "daily:" + today[2:]) == []
+        yesterday = periods.names_at(before, config.periods, board.tz)[1]
+        assert await board.top(10, "daily:" + yesterday[2:]) == expected_entries(ref, yesterday, None)
+    finally:
+        await store.delete(name)
