@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install redis-server run stop test lint format typecheck bench bench-scale k8s-check clean
+.PHONY: help install redis-server run stop test lint format typecheck bench bench-scale bench-dedup k8s-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ bench: install redis-server ## ~3 min headless load test; writes bench/results/<
 
 bench-scale: install redis-server ## long: 10M players on 16 shards, memory and latency at 1M and 10M
 	$(BIN)/python -m bench.scale
+
+bench-dedup: install redis-server ## ~2 min: bytes per incr dedup record and the CPU of dedup buckets
+	$(BIN)/python -m bench.dedup
 
 k8s-check: install redis-server ## offline checks of Dockerfile and k8s/ (render, validate, lint, pod scripts)
 	$(BIN)/pytest -q tests/test_k8s_manifests.py tests/test_k8s_scripts.py

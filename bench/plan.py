@@ -1,11 +1,14 @@
 """`shardlb plan`: size a deployment from the per-operation costs the last bench measured.
 
     shardlb plan --players 50000000 --writes 20000 --reads 5000 [--replicas 1] [--periods total,daily]
+                 [--incr 0.5] [--dedup-window 86400]
 
 The costs (CPU microseconds per write and per read on a Redis master and in the router, bytes per
-player) come from bench/results/latest/summary.json, written by `make bench`; without it, the
-DEFAULTS below (from a run on the 2-core development machine) are used and the output says so.
-The model is deliberately simple and printed in full: every number can be checked by hand.
+player) come from bench/results/latest/summary.json, written by `make bench`, and the bytes per incr
+dedup record and the CPU of a dedup lookup from bench/results/latest/dedup.json, written by `make
+bench-dedup`; without them, the DEFAULTS below (from runs on the 2-core development machine) are used
+and the output says so. The model is deliberately simple and printed in full: every number can be
+checked by hand.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardlb.config import DEDUP_BUCKETS, DEFAULT_DEDUP_WINDOW_S
+
 LATEST = Path(__file__).resolve().parent / "results" / "latest" / "summary.json"
+DEDUP_SUMMARY = "dedup.json"  # beside summary.json
 
 # Measured by `make bench` on the 2-core development machine (bench/results/latest, 2026-11-30 10:06).
 DEFAULTS: dict[str, float] = {
@@ -27,6 +33,10 @@ DEFAULTS: dict[str, float] = {
     "router_us_per_write": 21.1,
     "redis_master_us_per_read": 1490.3,
     "router_us_per_read": 1254.8,
+    # `make bench-dedup` (bench/results/latest/dedup.json, 2026-12-01): one `<uuid>\0<17-digit id>`
+    # member of a large dedup set, and one SISMEMBER of a new result in write.lua.
+    "bytes_per_dedup_member": 108.7,
+    "redis_master_us_per_dedup_lookup": 0.3,
 }
 BENCH_SHARDS = 16  # the board the costs were measured on
 
@@ -45,6 +55,8 @@ EXTRA_PERIOD_WRITE_COST = 0.5  # each extra period adds one ZADD to a write's sc
 # Sorted sets alive at once per dated kind (the current one plus those kept by the default
 # retention: daily 3 days, weekly 35 days, monthly 400 days) times the share of players active in one.
 PERIOD_SETS = {"daily": (4, 0.10), "weekly": (6, 0.25), "monthly": (14, 0.40)}
+# An incr result's dedup record lives one window plus at most one bucket (shardlb/config.py).
+DEDUP_LIFETIME = 1 + 1 / DEDUP_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,7 @@ class Plan:
     routers: int
     memory_per_node_bytes: int
     data_bytes: float
+    dedup_bytes: float
     redis_cores: float
     router_cores: float
     reasons: dict[str, str] = field(default_factory=dict)
@@ -65,14 +78,32 @@ def memory_factor(periods: list[str]) -> float:
     return 1.0 + sum(live * active for kind, (live, active) in PERIOD_SETS.items() if kind in periods)
 
 
+def dedup_members(writes: float, incr: float, window_s: int) -> float:
+    """Incr dedup records alive at the peak: every incr result of one window plus one bucket."""
+    return writes * incr * window_s * DEDUP_LIFETIME
+
+
 def plan(
-    players: int, writes: float, reads: float, replicas: int, periods: list[str], costs: dict[str, float]
+    players: int,
+    writes: float,
+    reads: float,
+    replicas: int,
+    periods: list[str],
+    costs: dict[str, float],
+    incr: float = 0.0,
+    dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S,
 ) -> Plan:
-    """The sizing model (pure arithmetic; ``main`` prints it with its assumptions)."""
+    """The sizing model (pure arithmetic; ``main`` prints it with its assumptions).
+
+    ``incr`` is the share of the writes that go to incr boards, whose dedup records stay in memory
+    for ``dedup_window_s`` (their boards' window) and a bucket more.
+    """
     c = {**DEFAULTS, **{k: v for k, v in costs.items() if v is not None}}
     extra = len([p for p in periods if p != "total"])
     write_us = c["redis_master_us_per_write"] * (1 + EXTRA_PERIOD_WRITE_COST * extra)
-    data = players * c["bytes_per_player"] * memory_factor(periods) * FRAGMENTATION
+    write_us += incr * (DEDUP_BUCKETS + 1) * c["redis_master_us_per_dedup_lookup"]
+    dedup = dedup_members(writes, incr, dedup_window_s) * c["bytes_per_dedup_member"] * FRAGMENTATION
+    data = players * c["bytes_per_player"] * memory_factor(periods) * FRAGMENTATION + dedup
     by_memory = math.ceil(data / MAX_DATA_PER_MASTER)
     # A hash board's read touches every shard, so every master serves a slice of EVERY read, the
     # slice of the k shards it holds. Per master: writes x w / masters + reads x r x k <= budget, with
@@ -117,21 +148,54 @@ def plan(
         ),
     }
     memory_per_node = int(data / masters * FORK_HEADROOM)
-    return Plan(masters, replicas, shards, routers, memory_per_node, data, redis_cores, router_cores, reasons)
+    return Plan(
+        masters, replicas, shards, routers, memory_per_node, data, dedup, redis_cores, router_cores, reasons
+    )
 
 
 def load_costs(path: Path) -> tuple[dict[str, float], str]:
-    """(costs, where they came from). Missing or unreadable results fall back to DEFAULTS."""
+    """(costs, where they came from). Missing or unreadable results fall back to DEFAULTS.
+
+    The dedup costs come from ``dedup.json`` beside ``path`` (`make bench-dedup`) when it is there.
+    """
+    dedup = _dedup_costs(path.parent / DEDUP_SUMMARY)
     try:
         summary: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError):
-        return dict(DEFAULTS), f"no bench results at {path}: using the documented defaults (run `make bench`)"
+        source = f"no bench results at {path}: using the documented defaults (run `make bench`)"
+        summary = {}
+    else:
+        source = f"measured by the bench of {summary.get('started', '?')} ({path})"
     costs = {k: float(v) for k, v in summary.get("costs", {}).items() if isinstance(v, int | float)}
+    costs.update(dedup)
+    if dedup:
+        source += f"; dedup costs from {path.parent / DEDUP_SUMMARY}"
     missing = sorted(set(DEFAULTS) - set(costs))
-    source = f"measured by the bench of {summary.get('started', '?')} ({path})"
-    if missing:
+    if summary and missing:
         source += f"; defaults for {', '.join(missing)}"
     return {**DEFAULTS, **costs}, source
+
+
+def _dedup_costs(path: Path) -> dict[str, float]:
+    """bytes_per_dedup_member and the CPU of one dedup lookup (the slope between the bucket counts)."""
+    try:
+        result: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    if isinstance(result.get("bytes_per_dedup_member"), int | float):
+        out["bytes_per_dedup_member"] = float(result["bytes_per_dedup_member"])
+    cpu = sorted(
+        (c["lookups"], c["redis_us_per_result"])
+        for c in result.get("cpu", [])
+        if isinstance(c, dict)
+        and isinstance(c.get("lookups"), int)
+        and isinstance(c.get("redis_us_per_result"), int | float)
+    )
+    if len(cpu) >= 2 and cpu[-1][0] > cpu[0][0]:
+        slope = (cpu[-1][1] - cpu[0][1]) / (cpu[-1][0] - cpu[0][0])
+        out["redis_master_us_per_dedup_lookup"] = round(max(0.0, slope), 3)
+    return out
 
 
 def _gib(n: float) -> str:
@@ -146,11 +210,24 @@ def render(
     periods: list[str],
     costs: dict[str, float],
     source: str,
+    incr: float = 0.0,
+    dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S,
 ) -> str:
     nodes = p.masters * (1 + p.replicas)
+    members = dedup_members(writes, incr, dedup_window_s)
+    per_member = costs["bytes_per_dedup_member"] * FRAGMENTATION
+    dedup_line = (
+        f"  dedup = writes x {incr:g} incr share x {dedup_window_s:,} s window x {DEDUP_LIFETIME:.3f} "
+        f"(one window and one of {DEDUP_BUCKETS} buckets) = {members:,.0f} records x "
+        f"bytes_per_dedup_member x {FRAGMENTATION:g} = {_gib(p.dedup_bytes)}"
+    )
+    if incr == 0:
+        everything = dedup_members(writes, 1.0, dedup_window_s) * per_member
+        dedup_line += f" (with --incr 1, every write to incr boards: {_gib(everything)})"
     return "\n".join(
         [
-            f"Plan for {players:,} players, {writes:,.0f} player-score writes/s, {reads:,.0f} reads/s, "
+            f"Plan for {players:,} players, {writes:,.0f} player-score writes/s ({incr:.0%} to incr boards, "
+            f"dedup window {dedup_window_s / 3600:g} h), {reads:,.0f} reads/s, "
             f"periods {','.join(periods)}, {p.replicas} replica(s) per master",
             "",
             f"  Redis masters        {p.masters}  ({p.reasons['masters']}-bound; "
@@ -159,12 +236,15 @@ def render(
             f"  router processes     {p.routers}  (one core each)",
             f"  memory per node      {_gib(p.memory_per_node_bytes)}  (data {_gib(p.data_bytes / p.masters)} "
             f"per master x {FORK_HEADROOM:g} for fork copy-on-write)",
+            f"  maxmemory            {_gib(p.data_bytes / p.masters)} per master, policy noeviction "
+            "(a full master refuses writes: 503 out_of_memory)",
             "",
             f"Costs: {source}",
             *(f"  {k} = {v:g}" for k, v in sorted(costs.items())),
             "",
             "Model:",
-            f"  w = redis_master_us_per_write x (1 + {EXTRA_PERIOD_WRITE_COST:g} per extra period); "
+            f"  w = redis_master_us_per_write x (1 + {EXTRA_PERIOD_WRITE_COST:g} per extra period)"
+            f" + incr share x {DEDUP_BUCKETS + 1} x redis_master_us_per_dedup_lookup; "
             f"r = redis_master_us_per_read / {BENCH_SHARDS} (one read on one shard)",
             "  every read touches every shard: per master, writes x w / masters"
             " + reads x r x shards per master"
@@ -173,7 +253,8 @@ def render(
             f"  masters = max(that CPU bound, data / {_gib(MAX_DATA_PER_MASTER)} per master); "
             f"Redis CPU in all = {p.redis_cores:.2f} cores",
             f"  data = players x bytes_per_player x {memory_factor(periods):.2f} (entries per player for the "
-            f"periods) x {FRAGMENTATION:g} fragmentation = {_gib(p.data_bytes)}",
+            f"periods) x {FRAGMENTATION:g} fragmentation + dedup = {_gib(p.data_bytes)}",
+            dedup_line,
             "  router CPU = writes x router_us_per_write + reads x router_us_per_read"
             f" = {p.router_cores:.2f} cores;"
             f" routers = that / {ROUTER_UTILISATION:g}",
@@ -196,7 +277,8 @@ def render(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`plan --players N --writes W --reads R [--replicas 1] [--periods total,daily,...]`."""
+    """`plan --players N --writes W --reads R [--replicas 1] [--periods total,daily,...] [--incr S]
+    [--dedup-window SECONDS]`."""
     parser = argparse.ArgumentParser(prog="shardlb plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--players", type=int, required=True, help="players on the largest board")
     parser.add_argument("--writes", type=float, required=True, help="player-score writes a second at peak")
@@ -206,6 +288,18 @@ def main(argv: list[str] | None = None) -> int:
         "--periods", default="total", help="kept periods, e.g. total,daily,weekly (default total)"
     )
     parser.add_argument(
+        "--incr",
+        type=float,
+        default=0.0,
+        help="share of the writes that go to incr boards, 0 to 1 (default 0); each keeps a dedup record",
+    )
+    parser.add_argument(
+        "--dedup-window",
+        type=int,
+        default=DEFAULT_DEDUP_WINDOW_S,
+        help=f"the incr boards' dedup_window_s (default {DEFAULT_DEDUP_WINDOW_S})",
+    )
+    parser.add_argument(
         "--summary", type=Path, default=LATEST, help=f"bench summary to read (default {LATEST})"
     )
     args = parser.parse_args(argv)
@@ -213,11 +307,19 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(periods) - {"total", *PERIOD_SETS})
     if unknown or args.players < 1 or args.writes < 0 or args.reads < 0 or args.replicas < 0:
         parser.error(f"bad arguments{': unknown periods ' + ', '.join(unknown) if unknown else ''}")
+    if not 0 <= args.incr <= 1:
+        parser.error("--incr is a share of the writes, from 0 to 1")
+    if not 60 <= args.dedup_window <= 30 * 86_400:
+        parser.error("--dedup-window is a board's dedup_window_s: 60 to 2592000 seconds")
     if "total" not in periods:
         periods.insert(0, "total")
     costs, source = load_costs(args.summary)
-    p = plan(args.players, args.writes, args.reads, args.replicas, periods, costs)
-    print(render(p, args.players, args.writes, args.reads, periods, costs, source))
+    p = plan(
+        args.players, args.writes, args.reads, args.replicas, periods, costs, args.incr, args.dedup_window
+    )
+    print(
+        render(p, args.players, args.writes, args.reads, periods, costs, source, args.incr, args.dedup_window)
+    )
     return 0
 
 

@@ -24,6 +24,12 @@ from shardlb.errors import (
 )
 
 CLUSTER_UNAVAILABLE = "cluster_unavailable"
+OUT_OF_MEMORY = "out_of_memory"
+# A master at `maxmemory` (policy noeviction) refuses commands that may grow memory: the board's
+# writes that land on it, never its reads or other masters' shards. Memory comes back as dedup
+# buckets and period boards expire, or when an operator adds memory or masters: minutes, not the
+# second that a failover takes, so clients are asked to wait longer.
+OUT_OF_MEMORY_RETRY_S = 10
 
 # Exception class -> (status, code); None keeps the library error's own code. The first row whose
 # class matches wins, so a subclass comes before its base. No redis-py error is the client's fault:
@@ -40,6 +46,7 @@ TABLE: tuple[tuple[type[BaseException], int, str | None], ...] = (
     (rx.TimeoutError, 503, CLUSTER_UNAVAILABLE),  # socket or connect timeout
     (rx.ClusterDownError, 503, CLUSTER_UNAVAILABLE),  # CLUSTERDOWN, MASTERDOWN: a failover under way
     (rx.TryAgainError, 503, CLUSTER_UNAVAILABLE),  # TRYAGAIN: the slot is being migrated
+    (rx.OutOfMemoryError, 503, OUT_OF_MEMORY),  # OOM: the shard's master is at maxmemory
     (rx.ClusterError, 503, CLUSTER_UNAVAILABLE),  # redirects outlasted the client's retry budget
     (rx.ResponseError, 503, CLUSTER_UNAVAILABLE),  # other error replies: MOVED/ASK left, READONLY, OOM
     (rx.RedisError, 503, CLUSTER_UNAVAILABLE),  # whatever else redis-py raises on purpose
@@ -95,6 +102,14 @@ def to_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ShardlbError) and code is None:
         retry = getattr(exc, "retry_after", 1.0) if status == 503 else None
         return ApiError(status, exc.code, exc.message, exc.field, retry_after=retry)
+    if code == OUT_OF_MEMORY:
+        return ApiError(
+            503,
+            OUT_OF_MEMORY,
+            "the Redis node holding this board's shard is out of memory (maxmemory): writes to it are "
+            "refused until memory is freed; reads still work",
+            retry_after=OUT_OF_MEMORY_RETRY_S,
+        )
     return ApiError(
         status,
         code or CLUSTER_UNAVAILABLE,
@@ -114,8 +129,9 @@ def raised_in_redis(exc: BaseException) -> bool:
 
 
 def is_cluster_trouble(exc: BaseException) -> bool:
-    """A failure of the cluster or of the connection to it (the 503 cluster_unavailable rows)."""
-    return to_api_error(exc).code == CLUSTER_UNAVAILABLE
+    """A failure of the cluster or of the connection to it (the 503 cluster_unavailable rows), or a
+    node out of memory."""
+    return to_api_error(exc).code in (CLUSTER_UNAVAILABLE, OUT_OF_MEMORY)
 
 
 def redis_error_kind(exc: BaseException) -> str:

@@ -18,6 +18,14 @@ DEFAULT_EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
 DEFAULT_RETENTION = {"daily": 3, "weekly": 35, "monthly": 400}
 MAX_SHARDS = 1024
 DEFAULT_SHARDS = 16
+DEFAULT_DEDUP_WINDOW_S = 86_400  # api.md: "within the board's dedup window, default 24 h"
+# An incr board's dedup window is kept in this many time buckets, one set each per shard. A bucket
+# expires a window after it ends, so a member lives between one window and one window plus a
+# bucket: memory peaks at (1 + 1/DEDUP_BUCKETS) windows of writes. Each bucket costs one more
+# SISMEMBER per new result; at 24 (hourly for the default window) the peak is 1.04 windows against
+# 1.25 with 4, for ~5.5 us more Redis CPU per incr result (bench/dedup.py). With a 24 h window,
+# dedup memory, not CPU, bounds what an incr master takes, by ten times or more (README, "Memory").
+DEDUP_BUCKETS = 24
 # Every field of a board's settings, in the order ``BoardConfig.to_dict`` writes them.
 SETTINGS = (
     "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max", "epoch",
@@ -65,8 +73,13 @@ class BoardConfig:
     points_max: int = 2_097_151
     epoch_ms: int = DEFAULT_EPOCH_MS
     resolution: str = "s"
-    dedup_window_s: int = 86_400
+    dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
     sharding: Sharding = field(default_factory=Sharding)
+
+    @property
+    def dedup_bucket_ms(self) -> int:
+        """How long one incr dedup bucket covers (see DEDUP_BUCKETS)."""
+        return self.dedup_window_s * 1000 // DEDUP_BUCKETS
 
     def codec(self) -> ScoreCodec:
         return ScoreCodec(self.points_max, self.order, self.tiebreak, self.resolution, self.epoch_ms)
@@ -116,7 +129,7 @@ class BoardConfig:
         retention = {kind: days for kind, days in retention.items() if kind in kept}
         points_max = _int(body.get("points_max", 2_097_151), "points_max", 1, 2**53 - 1)
         epoch_ms = times.parse(body["epoch"], "epoch") if body.get("epoch") is not None else DEFAULT_EPOCH_MS
-        dedup = _int(body.get("dedup_window_s", 86_400), "dedup_window_s", 60, 30 * 86_400)
+        dedup = _int(body.get("dedup_window_s", DEFAULT_DEDUP_WINDOW_S), "dedup_window_s", 60, 30 * 86_400)
         config = cls(
             id=board_id,
             mode=mode,

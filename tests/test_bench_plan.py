@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import plan
+from shardlb.config import DEDUP_BUCKETS
 
 COSTS = {
     "bytes_per_player": 100.0,
@@ -16,7 +17,10 @@ COSTS = {
     "router_us_per_write": 50.0,
     "redis_master_us_per_read": 1600.0,
     "router_us_per_read": 1000.0,
+    "bytes_per_dedup_member": 100.0,
+    "redis_master_us_per_dedup_lookup": 0.5,
 }
+GIB = 2**30
 
 
 def test_writes_and_memory_size_the_masters() -> None:
@@ -97,7 +101,72 @@ def test_main_reads_the_latest_summary_or_says_it_has_none(
         == 0
     )
     out = capsys.readouterr().out
-    assert "measured by the bench of then" in out and "defaults for router_us_per_read" in out
+    assert "measured by the bench of then" in out
+    assert "router_us_per_read" in out.split("defaults for ", 1)[1].splitlines()[0]
     assert "periods total,daily" in out
     with pytest.raises(SystemExit):
         plan.main(["--players", "1", "--writes", "1", "--reads", "1", "--periods", "hourly"])
+
+
+def test_incr_dedup_records_size_the_masters_by_memory() -> None:
+    # 10k incr writes/s, a 24 h window: 10,000 x 86,400 x (1 + 1/24) = 900M records x 100 B x 1.2
+    # = 100.6 GiB, over 25 GiB a master: 5 masters, where the same writes to best boards need 1.
+    best = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS)
+    incr = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS, incr=1.0, dedup_window_s=86_400)
+    members = 10_000 * 86_400 * (1 + 1 / DEDUP_BUCKETS)
+    assert plan.dedup_members(10_000, 1.0, 86_400) == pytest.approx(members)
+    assert best.dedup_bytes == 0 and best.masters == 1
+    assert incr.dedup_bytes == pytest.approx(members * 100 * 1.2)
+    assert (incr.masters, incr.reasons["masters"]) == (5, "memory")
+    assert incr.data_bytes == pytest.approx(best.data_bytes + incr.dedup_bytes)
+    # Each new incr result looks in every bucket of the window and the current one.
+    assert incr.redis_cores - best.redis_cores == pytest.approx(10_000 * (DEDUP_BUCKETS + 1) * 0.5e-6)
+    # Half the writes to incr boards, or a window of an hour, shrink the records in proportion.
+    half = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS, incr=0.5)
+    hour = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS, incr=1.0, dedup_window_s=3600)
+    assert half.dedup_bytes == pytest.approx(incr.dedup_bytes / 2)
+    assert hour.dedup_bytes == pytest.approx(incr.dedup_bytes / 24)
+    assert hour.masters == 1
+
+
+def test_main_takes_incr_flags_and_the_dedup_bench(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    (tmp_path / "dedup.json").write_text(
+        json.dumps(
+            {
+                "bytes_per_dedup_member": 80.0,
+                "cpu": [
+                    {"buckets": 24, "lookups": 25, "redis_us_per_result": 14.0},
+                    {"buckets": 4, "lookups": 5, "redis_us_per_result": 8.0},
+                ],
+            }
+        )
+    )
+    costs, source = plan.load_costs(tmp_path / "summary.json")
+    assert costs["bytes_per_dedup_member"] == 80.0
+    assert costs["redis_master_us_per_dedup_lookup"] == pytest.approx(0.3)  # (14 - 8) / 20 lookups
+    assert "dedup costs from" in source and "defaults for" not in source
+    args = [
+        "--players",
+        "1000",
+        "--writes",
+        "10000",
+        "--reads",
+        "0",
+        "--summary",
+        str(tmp_path / "summary.json"),
+    ]
+    assert plan.main([*args, "--incr", "1", "--dedup-window", "86400"]) == 0
+    out = capsys.readouterr().out
+    members = 10_000 * 86_400 * (1 + 1 / DEDUP_BUCKETS)
+    assert f"= {members:,.0f} records" in out
+    assert f"= {members * 80 * 1.2 / GIB:.1f} GiB" in out
+    assert "Redis masters        4  (memory-bound" in out  # 80.5 GiB / 25 GiB a master
+    assert "noeviction" in out
+    assert plan.main(args) == 0
+    assert "Redis masters        1  (CPU-bound" in capsys.readouterr().out
+    for bad in (["--incr", "1.5"], ["--incr", "-0.1"], ["--dedup-window", "30"]):
+        with pytest.raises(SystemExit):
+            plan.main([*args, *bad])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
@@ -39,5 +41,45 @@ async def test_bytes_per_player_at_100k(store: BoardStore) -> None:
         per_player = (await used_memory(store.client) - before) / PLAYERS
         print(f"\nmemory: {per_player:.1f} bytes per player (total period, 100k players, 16 shards)")
         assert 0 < per_player < BYTES_PER_PLAYER_BOUND
+    finally:
+        await store.delete(config.id)
+
+
+DEDUP_RESULTS = 100_000
+# A dedup record of a UUID match and a 17-digit player (54 bytes) measured 96-109 bytes by MEMORY
+# USAGE (bench/dedup.py; the hash table's fill moves it). Past this bound a record costs more than
+# the planner's bytes_per_dedup_member says.
+BYTES_PER_DEDUP_RECORD_BOUND = 160
+
+
+async def test_bytes_per_incr_dedup_record_at_100k(store: BoardStore) -> None:
+    config = BoardConfig.from_dict(
+        "memory-dedup-100k", {"mode": "incr", "sharding": {"strategy": "hash", "shards": 4}}
+    )
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        for start in range(0, DEDUP_RESULTS, 5000):
+            batch = [
+                Score(str(76_561_197_960_265_728 + i % 1000), 1, str(uuid.UUID(int=i)), now)
+                for i in range(start, start + 5000)
+            ]
+            await board.submit(batch, now_ms=now)
+        members = size = 0
+        for prefix in board.prefixes:
+            node = store.client.get_node_from_key(prefix)
+            dd = [
+                k
+                async for k in store.client.scan_iter(
+                    match=prefix.replace("{", "[{]") + "dd:*", target_nodes=node
+                )
+            ]
+            for key in dd:
+                members += await store.client.scard(key)
+                size += await store.client.memory_usage(key, samples=0)
+        assert members == DEDUP_RESULTS
+        per_record = size / members
+        print(f"\nmemory: {per_record:.1f} bytes per incr dedup record (100k results, 4 shards)")
+        assert 54 < per_record < BYTES_PER_DEDUP_RECORD_BOUND
     finally:
         await store.delete(config.id)
