@@ -96,7 +96,7 @@ class Board:
         # Set once a script reports this incarnation deleted: a cache holding the board drops it.
         self.deleted = False
         self.bands = BandMoves(self)
-        self._dedup_bucket_ms = config.dedup_window_s * 1000 // 4
+        self._dedup_bucket_ms = config.dedup_bucket_ms
         self._period_names = functools.lru_cache(maxsize=4096)(self._names_in_quarter_hour)
         self._expiry = functools.lru_cache(maxsize=4096)(self._period_expiry)
         # Pages that start within this many rows are cut from a merged top; deeper ones bisect.
