@@ -19,9 +19,9 @@ from shardlb import times
 from shardlb.board import Score
 from shardlb.client import Scripts, connect, parse_url
 from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.config import BoardConfig
 from shardlb.errors import InvalidInput
 from shardlb.fanout import ScriptPipeline
-from shardlb.config import BoardConfig
 from shardlb.store import BoardStore
 
 PASSWORD = secrets.token_hex(16)
@@ -108,7 +108,7 @@ async def test_password_in_the_url_reaches_every_node(protected: LocalCluster, s
 async def test_without_the_password_the_cluster_refuses(protected: LocalCluster) -> None:
     for url in (f"redis://{protected.host}:{protected.port}", authed_url(protected, "wrong" + PASSWORD)):
         client = connect(url)
-        with pytest.raises(RedisClusterException, match="authenticated|username-password"):
+        with pytest.raises(RedisClusterException, match=r"authenticated|username-password"):
             await client.initialize()
         await client.aclose()
 

@@ -530,7 +530,9 @@ def test_node_script_requires_its_name(tmp_path: Path) -> None:
     ("password", "complaint"),
     [(None, "REDIS_PASSWORD"), ("", "REDIS_PASSWORD"), ("has@and:in/it", "letters, digits")],
 )
-def test_node_script_requires_a_url_safe_password(tmp_path: Path, password: str | None, complaint: str) -> None:
+def test_node_script_requires_a_url_safe_password(
+    tmp_path: Path, password: str | None, complaint: str
+) -> None:
     # the router takes the same password inside its redis:// URL, unescaped
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDIS")}
     env.update(REDIS_DATA_DIR=str(tmp_path), REDIS_ANNOUNCE_HOSTNAME="redis-cluster-0.test", REDIS_PORT="1")
