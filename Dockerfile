@@ -1,5 +1,5 @@
 # shardlb: the router (`shardlb serve`, the entry point) and, with the bench extra, Locust for the
-# in-cluster load test (k8s/base/locust runs `locust` from this same image).
+# in-cluster load test (k8s/components/locust runs `locust` from this same image).
 #
 #   docker build -t shardlb:0.1.0 .
 #   docker run --rm -p 8000:8000 -e SHARDLB_REDIS_URL=redis://host:6379 shardlb:0.1.0
@@ -26,6 +26,11 @@ COPY bench ./bench
 # bounds live in pyproject.toml
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[bench]"
+# The Locust pods (k8s/components/locust) run the locustfile installed above, at a fixed path; the
+# build fails here if the package ever stops shipping it.
+RUN ln -s "$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/bench/locustfile.py" \
+        /opt/venv/locustfile.py \
+    && test -f /opt/venv/locustfile.py
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="shardlb" \

@@ -9,8 +9,8 @@ tools come from the virtualenv that runs the tests (installed by the project's t
 
 from __future__ import annotations
 
-import ast
 import functools
+import math
 import re
 import shlex
 import subprocess
@@ -27,15 +27,20 @@ BIN = Path(sys.executable).parent  # the venv's bin dir (not resolved: that woul
 
 # The Kubernetes minor version the manifests are validated against; k8s/README.md states it too.
 KUBERNETES_VERSION = "1.33"
-OVERLAYS = ("dev", "prod")
-NAMESPACES = {"dev": "shardlb-dev", "prod": "shardlb"}
-RENDER = ["kustomize", "--load-restrictor", "LoadRestrictionsNone"]
+OVERLAYS = ("dev", "prod", "prod-loadtest")
+# Locust (a web UI without login, pods holding admin and write keys) runs only where asked for
+LOCUST_OVERLAYS = ("dev", "prod-loadtest")
+NAMESPACES = {"dev": "shardlb-dev", "prod": "shardlb", "prod-loadtest": "shardlb"}
+# Exactly what `kubectl apply -k`, Argo CD and Flux run: kustomize with its default load restrictor
+# (LoadRestrictionsRootOnly), so no file may come from outside k8s/.
+RENDER = ["kustomize"]
 
 ROUTER = "shardlb-router"
 ROUTER_PORT = 8000
 REDIS = "redis-cluster"
 SECRET = "shardlb-keys"
-LOCUSTFILE = ROOT / "bench" / "locustfile.py"
+REDIS_SECRET = {"name": "redis-auth", "key": "REDIS_PASSWORD"}
+REDIS_CLIENT_LABEL = ("shardlb.io/redis-client", "true")
 POD_OWNERS = {"Deployment", "StatefulSet", "Job", "DaemonSet", "ReplicaSet"}
 
 
@@ -142,6 +147,75 @@ def config_data(overlay: str, c: dict[str, Any]) -> dict[str, str]:
     return data
 
 
+def secret_env(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The container's variables that come from a Secret key: name -> secretKeyRef."""
+    return {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in c.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+
+
+def expand(c: dict[str, Any], value: str, known: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion of an env value: only variables defined earlier in `env` count."""
+    defined = []
+    for e in c.get("env", []):
+        if e.get("value") == value:
+            break
+        defined.append(e["name"])
+    return re.sub(r"\$\((\w+)\)", lambda m: known[m.group(1)] if m.group(1) in defined else m.group(0), value)
+
+
+def policies(overlay: str, labels: dict[str, str], direction: str) -> list[dict[str, Any]]:
+    """NetworkPolicies that select pods with these labels and isolate them in direction."""
+    return [
+        p
+        for p in objects(overlay, "NetworkPolicy")
+        if selects(p["spec"]["podSelector"], labels) and direction in p["spec"].get("policyTypes", [])
+    ]
+
+
+def _rule_allows(rule: dict[str, Any], peers_key: str, labels: dict[str, str] | None, port: int) -> bool:
+    ports = rule.get("ports")
+    if ports is not None and not any(p.get("port") in (port, None) for p in ports):
+        return False
+    peers = rule.get(peers_key)
+    if not peers:  # no peer list: every source / destination
+        return True
+    # labels None: a peer outside every pod of the namespace (another namespace, an outside address)
+    return any(
+        "ipBlock" in peer or "namespaceSelector" in peer
+        if labels is None
+        else "podSelector" in peer
+        and "namespaceSelector" not in peer
+        and selects(peer["podSelector"], labels)
+        for peer in peers
+    )
+
+
+def admits(overlay: str, source: dict[str, str] | None, target: dict[str, str], port: int) -> bool:
+    """May a pod with labels `source` (None: anything outside the namespace) connect to `target` on port?
+    Both ends' policies must allow it: the target's ingress and the source's egress."""
+    ingress = policies(overlay, target, "Ingress")
+    allowed = not ingress or any(
+        _rule_allows(rule, "from", source, port) for p in ingress for rule in p["spec"].get("ingress", [])
+    )
+    if source is not None:
+        egress = policies(overlay, source, "Egress")
+        allowed &= not egress or any(
+            _rule_allows(rule, "to", target, port) for p in egress for rule in p["spec"].get("egress", [])
+        )
+    return allowed
+
+
+def egress_outside(overlay: str, source: dict[str, str], port: int) -> bool:
+    """May a pod with these labels connect to an address outside the namespace on port (e.g. DNS)?"""
+    egress = policies(overlay, source, "Egress")
+    return not egress or any(
+        _rule_allows(rule, "to", None, port) for p in egress for rule in p["spec"].get("egress", [])
+    )
+
+
 def kubernetes_validate(path: Path) -> tuple[int, list[str]]:
     """Validate every document of a file; returns (documents passed, problems)."""
     result = run(tool("kubernetes-validate"), "--strict", "-k", f"{KUBERNETES_VERSION}.0", str(path))
@@ -172,17 +246,39 @@ def test_overlay_renders_everything(overlay: str) -> None:
         "NetworkPolicy",
     ):
         assert kind in kinds, f"{overlay} renders no {kind}"
-    assert {o["metadata"]["name"] for o in objects(overlay, "Deployment")} == {
-        ROUTER,
-        "locust-master",
-        "locust-worker",
-    }
+    locust = {"locust-master", "locust-worker"} if overlay in LOCUST_OVERLAYS else set()
+    assert {o["metadata"]["name"] for o in objects(overlay, "Deployment")} == {ROUTER, *locust}
     namespace = NAMESPACES[overlay]
     assert [o["metadata"]["name"] for o in objects(overlay, "Namespace")] == [namespace]
     for o in rendered(overlay):
         if o["kind"] != "Namespace":
             assert o["metadata"].get("namespace") == namespace, f"{o['kind']}/{o['metadata']['name']}"
         assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "shardlb"
+
+
+def test_overlays_render_with_the_default_load_restrictor() -> None:
+    # `kubectl apply -k` has no flag to loosen it: an overlay that needs one does not apply at all
+    for overlay in OVERLAYS:
+        result = run(
+            tool("kubectl"),
+            "kustomize",
+            "--load-restrictor",
+            "LoadRestrictionsRootOnly",
+            str(K8S / "overlays" / overlay),
+        )
+        assert result.returncode == 0, f"{overlay}: {result.stderr}"
+        assert result.stdout == render_text(overlay)
+
+
+def test_prod_has_no_locust() -> None:
+    # Locust's web UI has no login and its pods hold admin and write keys: never in plain prod
+    for o in rendered("prod"):
+        text = yaml.safe_dump(o).lower()
+        assert "locust" not in text, f"{o['kind']}/{o['metadata']['name']}"
+    assert "locust" in render_text("prod-loadtest") and "locust" in render_text("dev")
+    # the pre-launch load test runs against exactly the prod shape, plus Locust
+    loadtest = rendered("prod-loadtest")
+    assert all(o in loadtest for o in rendered("prod"))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -194,10 +290,17 @@ def test_overlay_validates_strictly(overlay: str, tmp_path: Path) -> None:
     assert passed == len(rendered(overlay))
 
 
-def test_secret_example_validates_and_is_in_no_kustomization() -> None:
-    example = K8S / "base" / "router" / "secret.example.yaml"
-    passed, problems = kubernetes_validate(example)
-    assert not problems and passed == 1, problems
+def secret_examples() -> dict[str, dict[str, Any]]:
+    """The Secrets' shapes (secret.example.yaml files) by Secret name."""
+    docs = [yaml.safe_load(p.read_text()) for p in sorted(K8S.rglob("secret.example.yaml"))]
+    return {d["metadata"]["name"]: d for d in docs}
+
+
+def test_secret_examples_validate_and_are_in_no_kustomization() -> None:
+    assert set(secret_examples()) == {SECRET, REDIS_SECRET["name"]}
+    for example in K8S.rglob("secret.example.yaml"):
+        passed, problems = kubernetes_validate(example)
+        assert not problems and passed == 1, problems
     for kustomization in K8S.rglob("kustomization.yaml"):
         doc = yaml.safe_load(kustomization.read_text())
         listed = [*doc.get("resources", []), *doc.get("components", [])]
@@ -296,19 +399,6 @@ def test_dockerignore_keeps_the_context_to_the_package() -> None:
 # ---------------------------------------------------------------- the router
 
 
-def router_route_paths() -> set[str] | None:
-    """String constants that look like paths in the router package (None while it has no code)."""
-    sources = [p for p in (ROOT / "router").rglob("*.py") if p.stat().st_size > 0]
-    if not sources:
-        return None
-    paths = set()
-    for source in sources:
-        for node in ast.walk(ast.parse(source.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/"):
-                paths.add(node.value)
-    return paths
-
-
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_router_probes_hit_the_health_routes(overlay: str) -> None:
     deployment = get(overlay, "Deployment", ROUTER)
@@ -327,10 +417,15 @@ def test_router_probes_hit_the_health_routes(overlay: str) -> None:
 
 
 def test_router_health_routes_exist_in_the_router() -> None:
-    paths = router_route_paths()
-    if paths is None:
-        pytest.skip("router/ has no code yet: the probe paths follow the API contract (/healthz, /readyz)")
-    assert {"/healthz", "/readyz"} <= paths
+    # the live app's GET routes, not strings that the OpenAPI document repeats
+    from starlette.routing import Route
+
+    from router.app import create_app
+    from router.settings import Settings
+
+    app = create_app(Settings(insecure_dev=True))
+    served = {r.path for r in app.routes if isinstance(r, Route) and "GET" in (r.methods or ())}
+    assert {"/healthz", "/readyz"} <= served
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -345,7 +440,7 @@ def test_router_settings_and_keys(overlay: str) -> None:
     pods = {f"{REDIS}-{i}.{sts['spec']['serviceName']}:6379" for i in range(sts["spec"]["replicas"])}
     url = settings["SHARDLB_REDIS_URL"]
     assert url.startswith("redis://")
-    seeds = url.removeprefix("redis://").split(",")
+    seeds = url.removeprefix("redis://").partition("@")[2].split(",")
     assert len(seeds) >= 3 and set(seeds) <= pods, seeds
     # keys come from the Secret, which is referenced, required and never rendered
     refs = [s["secretRef"] for s in c["envFrom"] if "secretRef" in s]
@@ -357,24 +452,52 @@ def test_router_settings_and_keys(overlay: str) -> None:
 def test_no_secret_is_rendered(overlay: str) -> None:
     assert objects(overlay, "Secret") == []
     text = render_text(overlay)
-    example = yaml.safe_load((K8S / "base" / "router" / "secret.example.yaml").read_text())
-    for value in example["stringData"].values():
-        for key in filter(None, value.split(",")):
-            assert key not in text
+    for example in secret_examples().values():
+        for value in example["stringData"].values():
+            for key in filter(None, value.split(",")):
+                assert key not in text
+
+
+SHUTDOWN_MARGIN_S = 5
+
+
+def shutdown_budget(overlay: str) -> tuple[int, int, int, float]:
+    """(preStop sleep, server drain, coalescer drain, grace period) of the router's pods, in seconds.
+
+    After the preStop sleep, SIGTERM: uvicorn waits up to ceil(SHARDLB_DRAIN_SECONDS) for requests
+    under way (router/server.py, timeout_graceful_shutdown), then the lifespan's Service.stop gives
+    the write coalescer SHARDLB_DRAIN_SECONDS more (router/service.py): two drains, one after the
+    other."""
+    from router.settings import Settings
+
+    deployment = get(overlay, "Deployment", ROUTER)
+    c = container(deployment, "router")
+    command = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    raw = config_data(overlay, c).get("SHARDLB_DRAIN_SECONDS")
+    drain = Settings.from_env(
+        {"SHARDLB_INSECURE_DEV": "true", **({"SHARDLB_DRAIN_SECONDS": raw} if raw else {})}
+    )
+    grace = pod_spec(deployment)["terminationGracePeriodSeconds"]
+    return int(command[1]), math.ceil(drain.drain_seconds), math.ceil(drain.drain_seconds), grace
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_router_shuts_down_gracefully(overlay: str) -> None:
-    deployment = get(overlay, "Deployment", ROUTER)
-    spec = pod_spec(deployment)
-    c = container(deployment, "router")
-    command = c["lifecycle"]["preStop"]["exec"]["command"]
-    assert command[0] == "sleep"
-    pre_stop = int(command[1])
-    drain = float(config_data(overlay, c)["SHARDLB_DRAIN_SECONDS"])
+    pre_stop, server, coalescer, grace = shutdown_budget(overlay)
     assert pre_stop >= 5
-    # preStop sleep, then SIGTERM and the drain, with time to spare before SIGKILL
-    assert spec["terminationGracePeriodSeconds"] >= pre_stop + drain + 5
+    assert grace >= pre_stop + server + coalescer + SHUTDOWN_MARGIN_S
+
+
+def test_router_shutdown_comment_adds_up() -> None:
+    # the comment above terminationGracePeriodSeconds says how it is made up; it must be the truth
+    text = (K8S / "base" / "router" / "deployment.yaml").read_text()
+    sums = re.findall(r"(\d+(?: \+ \d+)+) = (\d+) s", text)
+    assert len(sums) == 1, sums
+    terms, total = [int(t) for t in sums[0][0].split(" + ")], int(sums[0][1])
+    pre_stop, server, coalescer, grace = shutdown_budget("dev")
+    assert sum(terms) == total == grace
+    assert terms[:3] == [pre_stop, server, coalescer] and terms[3] >= SHUTDOWN_MARGIN_S
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -399,7 +522,9 @@ def test_router_accepts_its_settings(overlay: str) -> None:
     assert not unknown, f"settings the router does not read: {unknown}"
     # with keys shaped like the README's (openssl rand -hex 32), the router starts with them
     keys = {"SHARDLB_ADMIN_KEYS": "a" * 64, "SHARDLB_WRITE_KEYS": "b" * 64, "SHARDLB_READ_KEYS": "c" * 64}
-    parsed = Settings.from_env({**settings, **keys})
+    c = container(get(overlay, "Deployment", ROUTER), "router")
+    url = expand(c, settings["SHARDLB_REDIS_URL"], {"REDIS_PASSWORD": "d" * 64})
+    parsed = Settings.from_env({**settings, **keys, "SHARDLB_REDIS_URL": url})
     assert parsed.port == ROUTER_PORT and parsed.host == "0.0.0.0"
 
 
@@ -523,7 +648,7 @@ def test_bootstrap_job_lists_every_node(overlay: str) -> None:
     c = container(job, "bootstrap")
     assert c["command"] == ["bash", "/scripts/cluster-bootstrap.sh"]
     assert c["image"] == container(sts, "redis")["image"]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
     nodes = env["REDIS_NODES"].replace(",", " ").split()
     replicas = sts["spec"]["replicas"]
     assert nodes == [f"{REDIS}-{i}.{sts['spec']['serviceName']}:6379" for i in range(replicas)]
@@ -533,52 +658,147 @@ def test_bootstrap_job_lists_every_node(overlay: str) -> None:
     assert job["spec"]["ttlSecondsAfterFinished"] > 0  # so a later `kubectl apply` can re-create it
 
 
+def redis_clients(overlay: str) -> list[dict[str, Any]]:
+    """Pod owners whose pods carry the label that the Redis NetworkPolicy admits."""
+    key, value = REDIS_CLIENT_LABEL
+    return [o for o in pod_owners(overlay) if pod_labels(o).get(key) == value]
+
+
+def redis_password_ref(c: dict[str, Any]) -> dict[str, Any]:
+    ref = secret_env(c).get("REDIS_PASSWORD")
+    assert ref is not None, f"{c['name']} has no REDIS_PASSWORD from a Secret"
+    return ref
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_network_policy_admits_the_redis_clients(overlay: str) -> None:
-    policy = get(overlay, "NetworkPolicy", REDIS)
-    sts = get(overlay, "StatefulSet", REDIS)
-    assert selects(policy["spec"]["podSelector"], pod_labels(sts))
+def test_redis_nodes_require_the_password_from_the_secret(overlay: str) -> None:
+    c = container(get(overlay, "StatefulSet", REDIS), "redis")
+    # required (not optional): a node never starts without it, and redis-node.sh refuses to as well
+    assert redis_password_ref(c) == REDIS_SECRET
+    # redis-cli in the pod (probes, `kubectl exec ... redis-cli`) authenticates with the same one
+    env = {e["name"]: e for e in c["env"]}
+    assert expand(c, env["REDISCLI_AUTH"]["value"], {"REDIS_PASSWORD": "p" * 64}) == "p" * 64
+    assert "REDIS_PASSWORD" not in config_data(overlay, c)
 
-    def admitted(labels: dict[str, str], port: int) -> bool:
-        return any(
-            any(selects(f.get("podSelector", {}), labels) for f in rule["from"])
-            and any(p["port"] == port for p in rule["ports"])
-            for rule in policy["spec"]["ingress"]
-        )
 
-    for owner, port in (
-        (get(overlay, "Deployment", ROUTER), 6379),
-        (get(overlay, "Job", "redis-cluster-bootstrap"), 6379),
-        (sts, 16379),
-    ):
-        assert admitted(pod_labels(owner), port), owner["metadata"]["name"]
-    assert not admitted(pod_labels(get(overlay, "Deployment", "locust-worker")), 6379)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_redis_client_has_the_password(overlay: str) -> None:
+    clients = redis_clients(overlay)
+    names = {o["metadata"]["name"] for o in clients}
+    assert {ROUTER, "redis-cluster-bootstrap"} <= names, names
+    for owner in clients:
+        for c in containers(pod_spec(owner)):
+            assert redis_password_ref(c) == REDIS_SECRET, f"{owner['metadata']['name']}/{c['name']}"
+    # the router takes it in its URL, as redis://:PASSWORD@seed,seed,...; the ConfigMap holds no
+    # password, and the client made from the URL carries it to every node it connects to
+    from shardlb.client import connect
+
+    c = container(get(overlay, "Deployment", ROUTER), "router")
+    raw = config_data(overlay, c)["SHARDLB_REDIS_URL"]
+    assert raw.startswith("redis://:$(REDIS_PASSWORD)@"), raw
+    client = connect(expand(c, raw, {"REDIS_PASSWORD": "e" * 64}))
+    assert client.get_connection_kwargs()["password"] == "e" * 64
+    for name, data in ((o["metadata"]["name"], o.get("data", {})) for o in objects(overlay, "ConfigMap")):
+        assert not any(re.search(r"rediss?://[^\s/@,]*@", v) for v in data.values()), name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_is_isolated_by_network_policies(overlay: str) -> None:
+    for owner in pod_owners(overlay):
+        labels = pod_labels(owner)
+        for direction in ("Ingress", "Egress"):
+            assert policies(overlay, labels, direction), f"{owner['metadata']['name']}: no {direction} policy"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_admit_the_redis_clients_only(overlay: str) -> None:
+    redis = pod_labels(get(overlay, "StatefulSet", REDIS))
+    router = pod_labels(get(overlay, "Deployment", ROUTER))
+    bootstrap = pod_labels(get(overlay, "Job", "redis-cluster-bootstrap"))
+    for source in (router, bootstrap, redis):
+        assert admits(overlay, source, redis, 6379)
+    assert admits(overlay, redis, redis, 16379)  # the cluster bus
+    assert not admits(overlay, router, redis, 16379)
+    assert not admits(overlay, None, redis, 6379)
+    for owner in pod_owners(overlay):
+        if owner["kind"] != "StatefulSet":
+            labels = pod_labels(owner)
+            assert admits(overlay, labels, redis, 6379) == (owner in redis_clients(overlay)), owner[
+                "metadata"
+            ]["name"]
+    # every pod that resolves names may ask DNS
+    for labels in (router, bootstrap, redis):
+        assert egress_outside(overlay, labels, 53)
+        assert not egress_outside(overlay, labels, 443)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_of_the_router(overlay: str) -> None:
+    router = pod_labels(get(overlay, "Deployment", ROUTER))
+    redis = pod_labels(get(overlay, "StatefulSet", REDIS))
+    # the API is reached from anywhere (ingress controller, other namespaces), on its port only
+    assert admits(overlay, None, router, ROUTER_PORT)
+    assert admits(overlay, {"app": "any-pod"}, router, ROUTER_PORT)
+    assert not admits(overlay, None, router, 9090)
+    # and it talks to Redis and DNS only
+    assert not admits(overlay, router, {"app": "any-pod"}, 6379)
+    assert not admits(overlay, router, redis, 16379)
+    assert not egress_outside(overlay, router, 6379)
+
+
+@pytest.mark.parametrize("overlay", LOCUST_OVERLAYS)
+def test_network_policy_of_locust(overlay: str) -> None:
+    master = pod_labels(get(overlay, "Deployment", "locust-master"))
+    worker = pod_labels(get(overlay, "Deployment", "locust-worker"))
+    router = pod_labels(get(overlay, "Deployment", ROUTER))
+    redis = pod_labels(get(overlay, "StatefulSet", REDIS))
+    # the web UI has no login: no pod and nothing outside reaches it (kubectl port-forward does)
+    for source in (None, router, worker, master, {"app": "any-pod"}):
+        assert not admits(overlay, source, master, 8089), source
+    # workers reach the master's port 5557, nobody else does; workers accept nothing
+    assert admits(overlay, worker, master, 5557)
+    for source in (None, router, {"app": "any-pod"}):
+        assert not admits(overlay, source, master, 5557)
+        assert not admits(overlay, source, worker, 5557)
+    # Locust sends load to the router and nowhere else (never to Redis)
+    for source in (master, worker):
+        assert admits(overlay, source, router, ROUTER_PORT)
+        assert not admits(overlay, source, redis, 6379)
+        assert not admits(overlay, source, {"app": "any-pod"}, ROUTER_PORT)
+        assert egress_outside(overlay, source, 53) and not egress_outside(overlay, source, ROUTER_PORT)
 
 
 # ---------------------------------------------------------------- Locust
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_locustfile_configmap_is_the_real_file(overlay: str) -> None:
-    cm = generated(overlay, "ConfigMap", "locustfile")
-    content = cm.get("data", {}).get("locustfile.py")
-    if content is None:  # kustomize puts non-UTF-8 files under binaryData
-        import base64
+def image_locustfile() -> str:
+    """Where the image puts the locustfile installed with the bench package (Dockerfile, builder)."""
+    builder = dockerfile_stages()[0]
+    links = [
+        re.search(r"ln -s .+?/bench/locustfile\.py\"? +(\S+)", i) for i in builder if i.startswith("RUN ")
+    ]
+    found = [m.group(1) for m in links if m]
+    assert len(found) == 1, "the builder links the installed bench/locustfile.py to a fixed path"
+    path = found[0]
+    assert any(f"test -f {path}" in i for i in builder), "the build fails when the link points nowhere"
+    assert path.startswith("/opt/venv/"), "inside the virtualenv that the final stage copies"
+    return path
 
-        shipped = base64.b64decode(cm["binaryData"]["locustfile.py"])
-    else:
-        shipped = content.encode()
-    assert shipped == LOCUSTFILE.read_bytes()
+
+@pytest.mark.parametrize("overlay", LOCUST_OVERLAYS)
+def test_locust_runs_the_locustfile_of_its_image(overlay: str) -> None:
+    # The locustfile imports bench.shapes and bench.workload from the image; running the image's
+    # own copy keeps the three in step, and nothing outside k8s/ is read at render time.
+    path = image_locustfile()
+    assert not [o for o in objects(overlay, "ConfigMap") if o["metadata"]["name"].startswith("locustfile")]
     for name in ("locust-master", "locust-worker"):
-        deployment = get(overlay, "Deployment", name)
-        volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
-        c = container(deployment, "locust")
-        mount = next(m for m in c["volumeMounts"] if m["name"] == "locustfile")
-        assert volumes["locustfile"]["configMap"]["name"] == cm["metadata"]["name"]
-        assert f"--locustfile={mount['mountPath']}/locustfile.py" in c["args"]
+        c = container(get(overlay, "Deployment", name), "locust")
+        assert f"--locustfile={path}" in c["args"], c["args"]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'packages = \[[^]]*"bench"', pyproject), "the wheel ships the bench package"
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", LOCUST_OVERLAYS)
 def test_locust_targets_the_router(overlay: str) -> None:
     master = get(overlay, "Deployment", "locust-master")
     worker = get(overlay, "Deployment", "locust-worker")
@@ -633,9 +853,12 @@ def test_overlay_sizes() -> None:
 def test_readme_states_the_facts_the_tests_check() -> None:
     readme = (K8S / "README.md").read_text()
     assert f"Kubernetes {KUBERNETES_VERSION}" in readme
-    assert "--load-restrictor LoadRestrictionsNone" in readme
+    assert "kubectl apply -k k8s/overlays/" in readme
+    for doc in (ROOT / "README.md", *K8S.rglob("*.md"), *K8S.rglob("*.yaml")):
+        assert "LoadRestrictionsNone" not in doc.read_text(), doc
     prod_max = get("prod", "HorizontalPodAutoscaler", ROUTER)["spec"]["maxReplicas"]
     assert re.search(rf"\b{prod_max}\b routers", readme), "the prod maximum is documented"
-    assert re.search(rf"kubectl (-n \S+ )?create secret generic {SECRET}", readme)
+    for secret in secret_examples():
+        assert re.search(rf"kubectl (-n \S+ )?create secret generic {secret}", readme), secret
     for needle in ("--cluster add-node", "--cluster rebalance", "shardlb plan --players"):
         assert needle in readme, needle

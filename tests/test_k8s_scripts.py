@@ -10,7 +10,10 @@ cluster (the Job), redis-probe.sh is the readiness/liveness probe. The scenarios
   nodes and the same data; once with the names already pointing at the new addresses when the nodes
   start (nodes.conf is rewritten before Redis starts), once with the names updated only after the
   nodes started (DNS lag: the rejoin loop finds them by name later);
-- one node moving while the others stay up.
+- one node moving while the others stay up;
+- AUTH: the nodes run with the password from REDIS_PASSWORD (requirepass, and masterauth so that
+  replicas can sync), refuse clients without it, and keep it off their command line; the bootstrap,
+  the probe and the rejoin loop authenticate with it.
 
 How pods and their DNS are simulated on one machine, without touching anything that runs here:
 on Linux the whole 127.0.0.0/8 is loopback, so each "pod" gets its own address (127.0.0.2-7,
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -50,6 +54,8 @@ REPLICAS = 1
 SLOTS = 16384
 NODE_TIMEOUT_MS = 2000
 CONVERGE_S = 40.0
+# what the redis-auth Secret holds in a pod (README: openssl rand -hex 32)
+PASSWORD = secrets.token_hex(32)
 
 
 def _require_redis() -> None:
@@ -76,8 +82,13 @@ def _free_port() -> int:
     raise RuntimeError("no free port pair (P, P + 10000) found")
 
 
-def _cli(*args: str, timeout: float = 5) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["redis-cli", *args], capture_output=True, text=True, timeout=timeout, check=False)
+def _cli(*args: str, password: str | None = PASSWORD, timeout: float = 5) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "REDISCLI_AUTH"}
+    if password is not None:
+        env["REDISCLI_AUTH"] = password  # as the pods' redis-cli gets it: not on the command line
+    return subprocess.run(
+        ["redis-cli", *args], capture_output=True, text=True, timeout=timeout, check=False, env=env
+    )
 
 
 def _info(text: str) -> dict[str, str]:
@@ -140,6 +151,7 @@ class LoopbackCluster:
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("REDIS")}
         env["REDIS_HOSTS_FILE"] = str(self.hosts_file)
+        env["REDIS_PASSWORD"] = PASSWORD  # from the redis-auth Secret in the pods
         env.update(extra)
         return env
 
@@ -291,7 +303,9 @@ class LoopbackCluster:
                     return parts[0], port
             return host, port
 
-        return RedisCluster(host=self.addresses[0], port=self.port, address_remap=remap, socket_timeout=5)
+        return RedisCluster(
+            host=self.addresses[0], port=self.port, address_remap=remap, socket_timeout=5, password=PASSWORD
+        )
 
 
 @pytest.fixture(scope="module")
@@ -360,7 +374,7 @@ def test_first_bootstrap_forms_the_cluster(formed: LoopbackCluster, first_bootst
     # every node announces its stable name, and clients are given names, not IPs
     views = c.cluster_nodes(0)
     assert sorted(v.hostname for v in views.values()) == sorted(c.hostname(i) for i in range(NODES))
-    with redis.Redis(host=c.addresses[0], port=c.port) as node:
+    with redis.Redis(host=c.addresses[0], port=c.port, password=PASSWORD) as node:
         slots = node.execute_command("CLUSTER SLOTS")
     endpoints = {
         (ep[0].decode() if isinstance(ep[0], bytes) else ep[0]) for entry in slots for ep in entry[2:]
@@ -375,6 +389,33 @@ def test_first_bootstrap_forms_the_cluster(formed: LoopbackCluster, first_bootst
     with c.client() as r:
         for key, value in KEYS.items():
             r.set(key, value)
+
+
+def test_nodes_require_the_password(formed: LoopbackCluster) -> None:
+    c = formed
+    _roles_settle(c)
+    for i, ip in enumerate(c.addresses):
+        port = str(c.port)
+        assert "NOAUTH" in _cli("-h", ip, "-p", port, "ping", password=None).stdout, i
+        wrong = _cli("-h", ip, "-p", port, "ping", password=PASSWORD[::-1])
+        assert "PONG" not in wrong.stdout and "WRONGPASS" in wrong.stdout + wrong.stderr, i
+        assert _cli("-h", ip, "-p", port, "ping").stdout.strip() == "PONG"
+        assert _cli("-h", ip, "-p", port, "config", "get", "protected-mode").stdout.split() == [
+            "protected-mode",
+            "yes",
+        ]
+        # replicas authenticate to their masters (masterauth): their sync is up
+        replication = _info(_cli("-h", ip, "-p", port, "info", "replication").stdout)
+        if replication["role"] == "slave":
+            deadline = time.monotonic() + CONVERGE_S
+            while replication.get("master_link_status") != "up" and time.monotonic() < deadline:
+                time.sleep(0.25)
+                replication = _info(_cli("-h", ip, "-p", port, "info", "replication").stdout)
+            assert replication["master_link_status"] == "up", i
+        # and the password is on no command line (ps shows those to every user of the machine)
+        proc = c.procs[i]
+        assert proc is not None
+        assert PASSWORD.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), i
 
 
 def test_second_bootstrap_changes_nothing(formed: LoopbackCluster) -> None:
@@ -451,6 +492,14 @@ def test_probe_script(formed: LoopbackCluster) -> None:
 
     assert run("ready", c.addresses[0]) == 0
     assert run("alive", c.addresses[0]) == 0
+
+    def run_with(password: str, mode: str) -> int:
+        env = c.env(REDIS_BIND=c.addresses[0], REDIS_PORT=str(c.port), REDIS_PASSWORD=password)
+        return subprocess.run(["bash", probe, mode], env=env, capture_output=True, timeout=10).returncode
+
+    # an answer that only says the password is wrong is no sign of a working node
+    assert run_with("wrong", "ready") != 0
+    assert run_with("wrong", "alive") != 0
     assert run("ready", "127.0.0.254") != 0  # nothing listens there
     assert run("alive", "127.0.0.254") != 0
     assert run("bogus", c.addresses[0]) == 2
@@ -475,6 +524,25 @@ def test_node_script_requires_its_name(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "REDIS_ANNOUNCE_HOSTNAME" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("password", "complaint"),
+    [(None, "REDIS_PASSWORD"), ("", "REDIS_PASSWORD"), ("has@and:in/it", "letters, digits")],
+)
+def test_node_script_requires_a_url_safe_password(
+    tmp_path: Path, password: str | None, complaint: str
+) -> None:
+    # the router takes the same password inside its redis:// URL, unescaped
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDIS")}
+    env.update(REDIS_DATA_DIR=str(tmp_path), REDIS_ANNOUNCE_HOSTNAME="redis-cluster-0.test", REDIS_PORT="1")
+    if password is not None:
+        env["REDIS_PASSWORD"] = password
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "redis-node.sh")], env=env, capture_output=True, text=True, timeout=10
+    )
+    assert result.returncode != 0
+    assert complaint in result.stderr
 
 
 def test_scripts_parse_and_lint() -> None:

@@ -12,6 +12,7 @@
 #
 # Settings (environment):
 #   REDIS_NODES              required: host:port of every node, comma- or space-separated
+#   REDIS_PASSWORD           the nodes' password (redis-auth Secret)
 #   REDIS_REPLICAS           replicas per master (1)
 #   REDIS_BOOTSTRAP_TIMEOUT  seconds to wait for the nodes and for cluster_state:ok (600)
 #   REDIS_POLL_INTERVAL      seconds between checks (2)

@@ -4,9 +4,15 @@
 # Everything is driven by environment variables so the same files run in the pods and, in
 # tests/test_k8s_scripts.py, against redis-server processes on loopback addresses:
 #   REDIS_CLI         redis-cli binary (default: redis-cli on PATH)
+#   REDIS_PASSWORD    the nodes' password (from the redis-auth Secret); every redis-cli call uses it
 #   REDIS_HOSTS_FILE  resolve host names from this /etc/hosts-style file instead of DNS (tests only)
 
 REDIS_CLI="${REDIS_CLI:-redis-cli}"
+# redis-cli (and `redis-cli --cluster`) read the password from REDISCLI_AUTH: unlike -a it stays
+# off the command line, which every user of the machine can read
+if [[ -n ${REDIS_PASSWORD:-} ]]; then
+    export REDISCLI_AUTH="$REDIS_PASSWORD"
+fi
 
 log() {
     printf '%s %s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${0##*/}" "$*" >&2

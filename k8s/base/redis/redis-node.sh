@@ -14,8 +14,14 @@
 #      then updates the known node's address in place: same node id, same slots). This covers DNS
 #      that lags behind the pods, and a single pod that moves while the others stay up.
 #
+# Clients must authenticate: REDIS_PASSWORD (the redis-auth Secret) becomes requirepass, and
+# masterauth so that replicas authenticate to their masters. It is handed to redis-server on its
+# standard input, not on the command line.
+#
 # Settings (environment):
 #   REDIS_ANNOUNCE_HOSTNAME  required: this node's stable name (pod-N.<headless service>)
+#   REDIS_PASSWORD           required: the password clients and replicas give; letters, digits and
+#                            . _ ~ - only, because the router takes it unescaped inside its redis:// URL
 #   REDIS_ANNOUNCE_IP        the pod's IP (downward API); announced on the cluster bus
 #   REDIS_PORT               client port (6379); the bus port is REDIS_PORT + 10000
 #   REDIS_BIND               addresses to listen on ("* -::*": every IPv4 and IPv6 address)
@@ -32,6 +38,10 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/redis-lib.sh"
 
 : "${REDIS_ANNOUNCE_HOSTNAME:?set REDIS_ANNOUNCE_HOSTNAME to the stable DNS name of this node}"
+: "${REDIS_PASSWORD:?set REDIS_PASSWORD (the redis-auth Secret): the nodes never run without AUTH}"
+[[ $REDIS_PASSWORD =~ ^[A-Za-z0-9._~-]+$ ]] ||
+    die "REDIS_PASSWORD may hold only letters, digits and . _ ~ - (e.g. openssl rand -hex 32):" \
+        "the router takes it unescaped in its redis:// URL"
 REDIS_ANNOUNCE_IP="${REDIS_ANNOUNCE_IP:-}"
 REDIS_PORT="${REDIS_PORT:-6379}"
 REDIS_BIND="${REDIS_BIND:-* -::*}"
@@ -110,7 +120,8 @@ read -r -a extra_args <<<"$REDIS_EXTRA_ARGS"
 args=(
     --port "$REDIS_PORT"
     --bind "${bind_addrs[@]}"
-    --protected-mode no
+    # with a password set this changes nothing; without one, only loopback clients would get in
+    --protected-mode yes
     --dir "$REDIS_DATA_DIR"
     --cluster-enabled yes
     --cluster-config-file "$NODES_CONF"
@@ -130,4 +141,8 @@ args+=("${extra_args[@]}")
 # shell), which stays pid 1 of the container and gets SIGTERM directly.
 rejoin_loop "$$" &
 log "starting redis-server as $REDIS_ANNOUNCE_HOSTNAME ${REDIS_ANNOUNCE_IP:+($REDIS_ANNOUNCE_IP) }on port $REDIS_PORT"
-exec "$REDIS_SERVER" "${args[@]}"
+# `-` as the last argument: read more configuration from standard input, here the password
+exec "$REDIS_SERVER" "${args[@]}" - <<EOF
+requirepass $REDIS_PASSWORD
+masterauth $REDIS_PASSWORD
+EOF

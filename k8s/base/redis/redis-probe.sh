@@ -5,7 +5,8 @@
 #                          AOF being replayed after a restart does not get the pod killed
 # Readiness does not wait for cluster_state:ok: the bootstrap Job and the other nodes reach the
 # pods through the headless Service, which publishes them before they are ready anyway.
-# Settings: REDIS_PORT (6379), REDIS_BIND (its first address is the one asked; * = 127.0.0.1).
+# Settings: REDIS_PORT (6379), REDIS_BIND (its first address is the one asked; * = 127.0.0.1),
+# REDIS_PASSWORD (NOAUTH or WRONGPASS is no sign of life: such a node is neither ready nor alive).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=redis-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/redis-lib.sh"

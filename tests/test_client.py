@@ -1,0 +1,119 @@
+"""The cluster client (`shardlb/client.py`): URL parsing, and AUTH against a password-protected cluster.
+
+The session cluster has no password, so this module starts its own small cluster and turns AUTH on
+(requirepass, as the Kubernetes Redis nodes run): the client must authenticate to the seed node and
+to every node it discovers from it, on the plain command path and on the per-node script pipelines.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+from redis.exceptions import RedisClusterException
+
+from shardlb import times
+from shardlb.board import Score
+from shardlb.client import Scripts, connect, parse_url
+from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.config import BoardConfig
+from shardlb.errors import InvalidInput
+from shardlb.fanout import ScriptPipeline
+from shardlb.store import BoardStore
+
+PASSWORD = secrets.token_hex(16)
+
+
+def test_parse_url_lists_the_nodes() -> None:
+    url = "redis://:pw@a:7000,b:7001,c"
+    assert parse_url(url) == [("a", 7000), ("b", 7001), ("c", 6379)]
+    assert parse_url("redis://a:1") == [("a", 1)]
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://:s3cret@a:70000", "redis://:s3cret@:7000", "http://:s3cret@a:7000", "redis://:s3cret@a:1,b:x"],
+)
+def test_bad_urls_do_not_echo_the_password(url: str) -> None:
+    # the message ends up in start-up errors and logs
+    with pytest.raises(InvalidInput) as e:
+        parse_url(url)
+    assert "s3cret" not in e.value.message and e.value.field == "SHARDLB_REDIS_URL"
+
+
+def test_credentials_come_once_before_the_first_node() -> None:
+    with pytest.raises(InvalidInput, match="before the first"):
+        parse_url("redis://a:1,:s3cret@b:2")
+
+
+@pytest.fixture(scope="module")
+def protected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """3 masters, 1 replica each, whose nodes require PASSWORD from clients (and replicas use it)."""
+    local = LocalCluster(
+        masters=3,
+        replicas=1,
+        port=free_port_block(6, start=24000 + os.getpid() % 200 * 10),
+        dir=tmp_path_factory.mktemp("protected"),
+    )
+    local.up()
+    try:
+        for port in local.ports:
+            with redis.Redis(host=local.host, port=port) as node:
+                node.config_set("masterauth", PASSWORD)
+                node.config_set("requirepass", PASSWORD)
+        yield local
+    finally:
+        local.down()
+
+
+def authed_url(cluster: LocalCluster, password: str) -> str:
+    # one seed node only: the others are found through CLUSTER SLOTS and must get the password too
+    return f"redis://:{password}@{cluster.host}:{cluster.port}"
+
+
+@pytest.fixture
+async def store(protected: LocalCluster) -> AsyncIterator[BoardStore]:
+    client = connect(authed_url(protected, PASSWORD))
+    scripts = Scripts.register(client)
+    await scripts.load(client)  # SCRIPT LOAD on every primary
+    yield BoardStore(client, scripts)
+    await client.aclose()
+
+
+async def test_password_in_the_url_reaches_every_node(protected: LocalCluster, store: BoardStore) -> None:
+    config = BoardConfig.from_dict("auth", {"mode": "best", "sharding": {"strategy": "hash", "shards": 16}})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        scores = [Score(f"p{i}", i, f"m{i}", now, None) for i in range(200)]
+        results = await board.submit(scores, now_ms=now)
+        assert len(results) == len(scores)
+        # the coalescer's path: one pipeline per primary, on the nodes' own connections
+        pipeline = ScriptPipeline(store.client)
+        prepared = board.prepare([Score("late", 999, "m-late", now, None)], now_ms=now)
+        (p,) = prepared
+        await board.apply_shard(p.shard, prepared, now_ms=now, pipeline=pipeline)
+        top = await board.top(3)
+        assert [e.player_id for e in top] == ["late", "p199", "p198"]
+    finally:
+        await store.delete("auth")
+    # every primary holds a part of the 16 shards: all of them were reached with the password
+    with redis.Redis(host=protected.host, port=protected.port, password=PASSWORD) as node:
+        assert len(node.execute_command("CLUSTER SLOTS")) == 3
+
+
+async def test_without_the_password_the_cluster_refuses(protected: LocalCluster) -> None:
+    for url in (f"redis://{protected.host}:{protected.port}", authed_url(protected, "wrong" + PASSWORD)):
+        client = connect(url)
+        with pytest.raises(RedisClusterException, match=r"authenticated|username-password"):
+            await client.initialize()
+        await client.aclose()
+
+
+def test_percent_encoded_credentials() -> None:
+    client = connect("redis://user%40x:p%2Cw%40d@a:7000,b:7001")
+    assert client.get_connection_kwargs()["password"] == "p,w@d"
+    assert client.get_connection_kwargs()["username"] == "user@x"
