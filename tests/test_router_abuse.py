@@ -318,7 +318,10 @@ async def test_forwarded_for_keys_clients_only_behind_a_trusted_proxy(cluster: L
                 (await client.get(url, headers={"X-Forwarded-For": f"198.51.100.{i}"})).status_code
                 for i in range(6)
             ]
-            assert statuses == ([200] * 6 if separate else [200, 200, 429, 429, 429, 429]), trusted
+            if separate:
+                assert statuses == [200] * 6
+            else:  # a bucket of 2 refilled at 1/s: a slow machine may see one token come back
+                assert statuses[:2] == [200, 200] and statuses.count(429) >= 3, statuses
             await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
