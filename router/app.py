@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from router import logs, metrics, probes, routes, scores
 from router.errors import ApiError, to_api_error
+from router.gate import Admission
 from router.media import error_response
 from router.middleware import Observe
 from router.scores import ScoresEndpoint
@@ -54,10 +55,10 @@ class RouterApp(Starlette):
     exception middlewares, router and Request objects, which cost as much CPU as the write itself.
     Every other request takes Starlette's path."""
 
-    def __init__(self, *args: Any, access_log: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, observe: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(middleware=[Middleware(Observe, **observe)], **kwargs)
         self._scores_route = next(r for r in routes.ROUTES if getattr(r, "path", None) == scores.PATH)
-        self._scores = Observe(ScoresEndpoint(), access_log=access_log)
+        self._scores = Observe(ScoresEndpoint(), **observe)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
@@ -89,9 +90,13 @@ def create_app(settings: Settings | None = None) -> RouterApp:
             metrics.worker_exit(os.getpid())
 
     app = RouterApp(
-        access_log=settings.access_log,
+        # Both ways in share one Admission: the bound is on everything the worker handles at once.
+        observe={
+            "access_log": settings.access_log,
+            "admission": Admission(settings.max_requests),
+            "proxies": settings.trusted_proxies,
+        },
         routes=[*routes.ROUTES, *probes.ROUTES],
-        middleware=[Middleware(Observe, access_log=settings.access_log)],
         exception_handlers={
             ApiError: _api_error,
             ShardlbError: _api_error,

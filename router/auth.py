@@ -30,6 +30,8 @@ class Caller:
     client: str
 
 
+# Rate-limiting ids of keyed clients start with this; clients without a key are "ip:<address>".
+KEY_CLIENT = "key:"
 _CHALLENGE = {"www-authenticate": 'Bearer realm="shardlb"'}
 
 
@@ -88,7 +90,7 @@ class Keys:
                 "forbidden",
                 f"a {scope.name.lower()} key may not do this; it needs the {need.name.lower()} scope",
             )
-        return Caller(scope, "key:" + _digest(key)[:12].hex())
+        return Caller(scope, KEY_CLIENT + _digest(key)[:12].hex())
 
 
 def _digest(key: str) -> bytes:

@@ -6,46 +6,82 @@ when they expire, the first request fetches them and the requests arriving meanw
 same fetch instead of sending one each (a thousand writers must not all HGET the registry at once,
 on one primary). Fetches, listing, creating and deleting boards share one small Gate, so the
 registry takes at most ``gate.limit`` connections, on the one primary that holds it.
+
+Public reads (``lookup``) must not be able to crowd writes out of that gate with a flood of board
+ids that do not exist: their fetches and listings first take the read lane, a gate of one permit
+with the registry gate's queue and wait, so they hold at most one registry permit and a write's
+fetch waits behind at most one of them. A write never waits for a fetch a read started. A board
+a read found missing is remembered as missing for ``missing_ttl_s`` (at most ``max_missing`` ids,
+the oldest forgotten first); writes do not trust that memory, and a create through this router
+clears it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 
 from router import metrics
 from router.gate import Gate
 from shardlb.board import Board
 from shardlb.config import BoardConfig, check_id
+from shardlb.errors import BoardNotFound
 from shardlb.store import CACHE_SECONDS, BoardStore
 
 MAX_BOARDS = 10_000
+MAX_MISSING = 10_000
+MISSING_TTL_S = 1.0
 
 
 class Boards:
-    def __init__(self, store: BoardStore, gate: Gate, ttl_s: float = CACHE_SECONDS) -> None:
+    def __init__(
+        self,
+        store: BoardStore,
+        gate: Gate,
+        ttl_s: float = CACHE_SECONDS,
+        missing_ttl_s: float = MISSING_TTL_S,
+        max_missing: int = MAX_MISSING,
+    ) -> None:
         self.store = store
         self.gate = gate
+        self.read_lane = Gate(1, gate.queue, gate.wait_s, "lookups of boards not cached")
         self.ttl_s = ttl_s
+        self.missing_ttl_s = missing_ttl_s
+        self.max_missing = max_missing
+        self.missing: OrderedDict[str, float] = OrderedDict()  # board id -> when it was found missing
         self._kept: dict[str, tuple[float, Board]] = {}
-        self._loading: dict[str, asyncio.Future[Board]] = {}
+        self._loading: dict[str, asyncio.Future[Board]] = {}  # fetches for writes
+        self._reading: dict[str, asyncio.Future[Board]] = {}  # fetches for reads, through the read lane
 
     async def get(self, board_id: str) -> Board:
-        """The board (BoardNotFound when there is none; InvalidInput for a malformed id)."""
+        """The board for a write (BoardNotFound when there is none; InvalidInput for a malformed id)."""
         kept = self._kept.get(board_id)
         if kept is not None and time.monotonic() - kept[0] < self.ttl_s and not kept[1].deleted:
             return kept[1]
         check_id(board_id, "board")  # a malformed id is the client's 422, never a wait for the gate
-        loading = self._loading.get(board_id)
-        if loading is None:
-            loading = self._loading[board_id] = asyncio.ensure_future(self._fetch(board_id))
-            loading.add_done_callback(lambda done: self._done(board_id, done))
-        return await asyncio.shield(loading)
+        return await self._join(self._loading, board_id, False)
+
+    async def lookup(self, board_id: str) -> Board:
+        """The board for a public read: as ``get``, but a board found missing stays missing for a
+        moment, and a fetch goes through the read lane."""
+        kept = self._kept.get(board_id)
+        now = time.monotonic()
+        if kept is not None and now - kept[0] < self.ttl_s and not kept[1].deleted:
+            return kept[1]
+        check_id(board_id, "board")
+        missed = self.missing.get(board_id)
+        if missed is not None and now - missed < self.missing_ttl_s:
+            raise BoardNotFound(f"no board {board_id!r}", "board")
+        if board_id in self._loading:
+            return await asyncio.shield(self._loading[board_id])
+        return await self._join(self._reading, board_id, True)
 
     async def create(self, config: BoardConfig) -> tuple[Board, bool]:
         async with self.gate, metrics.redis_call("create_board"):
             made = await self.store.create(config)
         self._kept.pop(config.id, None)
+        self.missing.pop(config.id, None)
         return made
 
     async def delete(self, board_id: str) -> None:
@@ -54,19 +90,46 @@ class Boards:
         self._kept.pop(board_id, None)
 
     async def list(self) -> list[BoardConfig]:
-        async with self.gate, metrics.redis_call("list_boards"):
+        """Every board's settings (a public read: through the read lane)."""
+        async with self.read_lane, self.gate, metrics.redis_call("list_boards"):
             return await self.store.list()
 
-    async def _fetch(self, board_id: str) -> Board:
-        async with self.gate, metrics.redis_call("board"):
-            board = await self.store.get(board_id)
+    async def _join(self, loading: dict[str, asyncio.Future[Board]], board_id: str, read: bool) -> Board:
+        """Wait for the fetch of ``board_id`` under way in ``loading``, starting it if there is none."""
+        future = loading.get(board_id)
+        if future is None:
+            future = loading[board_id] = asyncio.ensure_future(self._fetch(board_id, read))
+            future.add_done_callback(lambda done: self._done(loading, board_id, done))
+        return await asyncio.shield(future)
+
+    async def _fetch(self, board_id: str, read: bool) -> Board:
+        try:
+            if read:
+                async with self.read_lane, self.gate, metrics.redis_call("board"):
+                    board = await self.store.get(board_id)
+            else:
+                async with self.gate, metrics.redis_call("board"):
+                    board = await self.store.get(board_id)
+        except BoardNotFound:
+            if read:
+                self._missing(board_id)
+            raise
+        self.missing.pop(board_id, None)
         if len(self._kept) >= MAX_BOARDS:
             self._kept.clear()
         self._kept[board_id] = (time.monotonic(), board)
         return board
 
-    def _done(self, board_id: str, done: asyncio.Future[Board]) -> None:
-        if self._loading.get(board_id) is done:
-            del self._loading[board_id]
+    def _missing(self, board_id: str) -> None:
+        self.missing.pop(board_id, None)
+        self.missing[board_id] = time.monotonic()
+        while len(self.missing) > self.max_missing:
+            self.missing.popitem(last=False)
+
+    def _done(
+        self, loading: dict[str, asyncio.Future[Board]], board_id: str, done: asyncio.Future[Board]
+    ) -> None:
+        if loading.get(board_id) is done:
+            del loading[board_id]
         if not done.cancelled():
             done.exception()  # its waiters have it; this only marks it retrieved when none are left

@@ -3,7 +3,8 @@
 A Gate lets at most ``limit`` holders in at once and at most ``queue`` wait, each for at most
 ``wait_s`` seconds; past either bound ``acquire`` raises Overloaded (503 with Retry-After) instead of
 waiting longer. Waiters are served first come, first served. NodeGates keeps one Gate per cluster
-primary. router/README.md ("Connections per primary") adds up what the gates allow.
+primary. router/README.md ("Connections per primary") adds up what the gates allow. Admission bounds
+the requests a worker handles at once, and never waits.
 """
 
 from __future__ import annotations
@@ -107,3 +108,22 @@ class NodeGates:
     def held(self) -> dict[str, int]:
         """Permits held now, per node (for tests and debugging)."""
         return {node: gate.held for node, gate in self._gates.items()}
+
+
+class Admission:
+    """At most ``limit`` requests handled at once; one more is refused (Overloaded) without waiting,
+    since a request that waits here already holds its connection and its body."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def __enter__(self) -> None:
+        if self.held >= self.limit:
+            raise Overloaded(f"more than {self.limit} requests at once; retry shortly", retry_after=1.0)
+        self.held += 1
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.held -= 1

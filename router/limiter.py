@@ -1,14 +1,20 @@
-"""Per-client token buckets for reads, in bounded memory.
+"""Per-client token buckets for reads, in bounded memory, and who the client is behind a proxy.
 
-A client (its key, else its IP address) gets a bucket of ``burst`` tokens refilled at ``rate`` a
-second; a read takes one. At most ``max_clients`` buckets are kept: the least recently seen client
-is forgotten first, which only ever lets that client start again with a full bucket.
+A client gets a bucket of ``burst`` tokens refilled at ``rate`` a second; a read takes one. At most
+``max_clients`` buckets are kept: the least recently seen client is forgotten first, which only ever
+lets that client start again with a full bucket. A client is its key when it sends one, else its
+address: the peer's, or the one a trusted proxy put in X-Forwarded-For (``client_address``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
+
+from router.auth import KEY_CLIENT
+from router.settings import Network, Settings
 
 
 class RateLimiter:
@@ -43,3 +49,50 @@ class RateLimiter:
         if len(self._buckets) > self.max_clients:
             self._buckets.popitem(last=False)
         return wait
+
+
+class ReadLimits:
+    """The read limits of one worker: clients without a key by address (SHARDLB_READ_RATE, on by
+    default), clients with a key by key (SHARDLB_KEY_READ_RATE, off by default)."""
+
+    def __init__(self, anonymous: RateLimiter, keyed: RateLimiter) -> None:
+        self.anonymous = anonymous
+        self.keyed = keyed
+
+    @classmethod
+    def of(cls, settings: Settings) -> ReadLimits:
+        return cls(
+            RateLimiter(settings.read_rate, settings.burst, settings.rate_clients),
+            RateLimiter(settings.key_read_rate, settings.key_burst, settings.rate_clients),
+        )
+
+    def take(self, client: str) -> float:
+        """A token for ``client`` (an id from ``router.auth.Caller``): 0.0, or the seconds to wait."""
+        return (self.keyed if client.startswith(KEY_CLIENT) else self.anonymous).take(client)
+
+
+def client_address(peer: str, forwarded: str | None, proxies: Sequence[Network]) -> str:
+    """The client's address: ``peer``, unless the peer is a trusted proxy and sent X-Forwarded-For
+    (``forwarded``, its values joined by commas). Then it is the right-most address of that list
+    that is not itself a trusted proxy: each proxy appends the address it saw, so everything left of
+    the first untrusted hop may be the client's own invention. With every hop trusted, the left-most.
+    An entry that is not an address (a proxy passing garbage on) leaves the peer's own address."""
+    if not proxies or not forwarded or not _trusted(peer, proxies):
+        return peer
+    hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
+    for hop in reversed(hops):
+        if not _trusted(hop, proxies):
+            return hop if _address(hop) is not None else peer
+    return hops[0] if hops else peer
+
+
+def _trusted(host: str, proxies: Sequence[Network]) -> bool:
+    address = _address(host)
+    return address is not None and any(address in network for network in proxies)
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None

@@ -1,7 +1,12 @@
 """Request and response bodies: JSON or MessagePack, by Content-Type in and by Accept out.
 
 Responses are rendered by orjson or msgpack straight to bytes. A request body is read with a byte cap
-(413 past it) before it is decoded, so an oversized upload never reaches the parser.
+(413 past it) before it is decoded, so an oversized upload never reaches the parser. The cap is what
+bounds the memory a decoded body takes: a byte of MessagePack can become a 64-byte empty dict, and
+JSON's ``[],`` a 56-byte empty list (a MiB of either decodes to 20 to 70 MiB of objects). Public read
+bodies therefore get their own small cap (SHARDLB_MAX_READ_BODY_BYTES), and MessagePack is decoded
+with bounds on each container and string (``MSGPACK_LIMITS``): no single length prefix may ask for
+more than a valid request holds.
 """
 
 from __future__ import annotations
@@ -23,6 +28,17 @@ MSGPACK = "application/msgpack"
 # application/x-msgpack and vnd.msgpack are what older clients send for the same format.
 _MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
 _JSON_TYPES = frozenset({JSON, "application/*", "*/*"})
+# The most a valid body holds: 1000 scores or player ids, 1024 regions of a board; five fields in a
+# score (the room above lets an unknown field still be named by a 422); ids of 64 and match ids of
+# 128 characters. Nothing valid is binary or an extension type but a MessagePack timestamp, which
+# then gets its own 422 as a time.
+MSGPACK_LIMITS: dict[str, int] = {
+    "max_array_len": 1024,
+    "max_map_len": 32,
+    "max_str_len": 4096,
+    "max_bin_len": 4096,
+    "max_ext_len": 16,
+}
 
 
 def wants_msgpack(accept: str | None) -> bool:
@@ -114,7 +130,7 @@ def decode(body: bytes, content_type: str | None, empty: Any = None) -> Any:
         return empty
     try:
         if media in _MSGPACK_TYPES:
-            return msgpack.unpackb(body, raw=False, strict_map_key=True)
+            return msgpack.unpackb(body, raw=False, strict_map_key=True, **MSGPACK_LIMITS)
         return orjson.loads(body)
     except Exception as e:  # only decoding is inside the try: any failure is a malformed body
         kind = "MessagePack" if media in _MSGPACK_TYPES else "JSON"

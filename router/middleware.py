@@ -1,8 +1,12 @@
-"""The one ASGI middleware: request ids, latency and status metrics, error log lines, last-resort 500.
+"""The one ASGI middleware: request ids, latency and status metrics, error log lines, last-resort 500,
+the bound on requests at once, and the client's address behind a trusted proxy.
 
 Pure ASGI (no BaseHTTPMiddleware, which costs a large share of throughput). Every response carries
 ``X-Request-Id`` (the client's, when it sent a sane one); every error response is logged as one JSON
-line with that id; access lines for every request only when SHARDLB_ACCESS_LOG is on.
+line with that id; access lines for every request only when SHARDLB_ACCESS_LOG is on. A request to
+the API (``/v1/``) past SHARDLB_MAX_REQUESTS in progress is answered 503 at once; probes and metrics
+always pass, so an overloaded router is not also restarted. When the peer is one of
+SHARDLB_TRUSTED_PROXIES, ``scope["client"]`` becomes the address it forwarded (router/limiter.py).
 """
 
 from __future__ import annotations
@@ -13,22 +17,34 @@ import logging
 import os
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import metrics
 from router.errors import ApiError, to_api_error
+from router.gate import Admission
+from router.limiter import client_address
 from router.media import encode
+from router.settings import Network
 
 log = logging.getLogger("shardlb.router")
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 class Observe:
-    def __init__(self, app: ASGIApp, access_log: bool = False) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        access_log: bool = False,
+        admission: Admission | None = None,
+        proxies: Sequence[Network] = (),
+    ) -> None:
         self.app = app
         self.access_log = access_log
+        self.admission = admission  # shared by every Observe of one app
+        self.proxies = tuple(proxies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,6 +55,8 @@ class Observe:
         state: dict[str, Any] = scope.setdefault("state", {})
         state["request_id"] = request_id
         status = 0
+        if self.proxies:
+            _forwarded_client(scope, self.proxies)
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -49,7 +67,11 @@ class Observe:
 
         failure: BaseException | None = None
         try:
-            await self.app(scope, receive, send_with_id)
+            if self.admission is None or not scope["path"].startswith("/v1/"):
+                await self.app(scope, receive, send_with_id)
+            else:
+                with self.admission:
+                    await self.app(scope, receive, send_with_id)
         except Exception as e:
             failure = e
             if status == 0:  # nothing sent yet: the client still gets a proper error body
@@ -107,6 +129,16 @@ class Observe:
             log.info("request refused", extra={"fields": fields})
         else:
             log.info("request", extra={"fields": fields})
+
+
+def _forwarded_client(scope: Scope, proxies: tuple[Network, ...]) -> None:
+    client = scope.get("client")
+    if not client:
+        return
+    forwarded = b",".join(value for name, value in scope["headers"] if name == b"x-forwarded-for")
+    address = client_address(client[0], forwarded.decode("latin-1"), proxies)
+    if address != client[0]:
+        scope["client"] = (address, 0)
 
 
 def _request_id(scope: Scope) -> str:

@@ -53,7 +53,7 @@ def _allow_read(request: Request) -> Service:
 
 
 async def _board(svc: Service, request: Request) -> Board:
-    return await svc.boards.get(request.path_params["board"])
+    return await svc.boards.lookup(request.path_params["board"])
 
 
 def _int(request: Request, name: str, default: int, lo: int, hi: int) -> int:
@@ -232,7 +232,7 @@ async def around(request: Request) -> Response:
 
 async def query(request: Request) -> Response:
     svc = _allow_read(request)
-    body = await read_object(request, svc.settings.max_body_bytes)
+    body = await read_object(request, svc.settings.max_read_body_bytes)
     for name in body:
         if name not in ("player_ids", "period", "region"):
             raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
@@ -245,9 +245,14 @@ async def query(request: Request) -> Response:
         )
     for i, value in enumerate(ids):
         check_id(value, f"player_ids[{i}]")
+    # Only checked or small values may wait for the board below (a public body can decode to MiBs of
+    # objects): a period or region that is not a string is kept as 0, which _view refuses alike.
+    period, region = (
+        v if v is None or isinstance(v, str) else 0 for v in (body.get("period"), body.get("region"))
+    )
+    del body
     board = await _board(svc, request)
-    period = body.get("period")
-    period, region = _view(board, "total" if period is None else period, body.get("region"))
+    period, region = _view(board, "total" if period is None else period, region)
     async with svc.reads, metrics.redis_call("query"):
         found = await board.query(ids, api_period(period), region)
     return render(

@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             http="httptools",
             lifespan="on",
             access_log=False,  # the router's own JSON access lines, when SHARDLB_ACCESS_LOG is on
+            # uvicorn would take X-Forwarded-For from 127.0.0.1 (or FORWARDED_ALLOW_IPS) and rewrite
+            # the peer; the app does that itself, only for SHARDLB_TRUSTED_PROXIES.
+            proxy_headers=False,
             log_level=settings.log_level,
             server_header=False,
             timeout_graceful_shutdown=math.ceil(settings.drain_seconds),

@@ -29,7 +29,7 @@ from router.cache import Rendered, TopCache, api_period
 from router.coalescer import Coalescer
 from router.gate import Gate, NodeGates
 from router.histogram import Histograms
-from router.limiter import RateLimiter
+from router.limiter import ReadLimits
 from router.media import entry_body
 from router.settings import Settings
 from shardlb.board import Board
@@ -49,7 +49,7 @@ class Service:
     client: RedisCluster
     boards: Boards
     keys: Keys
-    limiter: RateLimiter
+    limiter: ReadLimits
     reads: Gate
     scripts: NodeGates
     coalescer: Coalescer
@@ -99,7 +99,7 @@ class Service:
             client=client,
             boards=Boards(store, registry),
             keys=Keys(settings),
-            limiter=RateLimiter(settings.read_rate, settings.burst, settings.rate_clients),
+            limiter=ReadLimits.of(settings),
             reads=reads,
             scripts=script_gates,
             coalescer=Coalescer(

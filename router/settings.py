@@ -6,6 +6,7 @@ message that names the variable, so a misconfigured deployment fails at start-up
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -16,6 +17,8 @@ from shardlb.client import parse_url
 from shardlb.errors import InvalidInput
 
 MIB = 1024 * 1024
+KIB = 1024
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -43,9 +46,16 @@ class Settings:
     # With no admin or write key at all, the router refuses to start unless this is set: then every
     # request may do everything (a laptop, never a shared network).
     insecure_dev: bool = False
-    read_rate: float = 0.0
+    # Reads a second per client without a key (its address); keyed clients have their own rate, off
+    # by default: the operator handed those keys out and can take them back.
+    read_rate: float = 100.0
     read_burst: int = 0
+    key_read_rate: float = 0.0
     rate_clients: int = 100_000
+    # Peers whose X-Forwarded-For names the client (an ingress, a load balancer); nobody by default.
+    trusted_proxies: tuple[Network, ...] = ()
+    # Requests handled at once by a worker; past it, 503 at once (router/middleware.py).
+    max_requests: int = 1000
     coalesce_delay_ms: float = 1.5
     coalesce_max_batch: int = 500
     queue_limit: int = 20_000
@@ -59,6 +69,8 @@ class Settings:
     startup_timeout_s: float = 30.0
     drain_seconds: float = 10.0
     max_body_bytes: int = MIB
+    # Read bodies (players:query) are public: 1000 ids of 64 characters need about 70 KB as JSON.
+    max_read_body_bytes: int = 96 * KIB
     top_refresh_s: float = 1.0
     top_idle_s: float = 60.0
     histogram_samples: int = 1024
@@ -91,6 +103,8 @@ class Settings:
         _range("SHARDLB_WORKERS", self.workers, 1, 256)
         _range("SHARDLB_READ_RATE", self.read_rate, 0, 1e9)
         _range("SHARDLB_READ_BURST", self.read_burst, 0, 10**9)
+        _range("SHARDLB_KEY_READ_RATE", self.key_read_rate, 0, 1e9)
+        _range("SHARDLB_MAX_REQUESTS", self.max_requests, 1, 10**7)
         _range("SHARDLB_RATE_CLIENTS", self.rate_clients, 1, 10**8)
         _range("SHARDLB_COALESCE_DELAY_MS", self.coalesce_delay_ms, 0, 1000)
         _range("SHARDLB_COALESCE_MAX_BATCH", self.coalesce_max_batch, 1, 10_000)
@@ -115,6 +129,7 @@ class Settings:
         _range("SHARDLB_STARTUP_TIMEOUT_S", self.startup_timeout_s, 0, 3600)
         _range("SHARDLB_DRAIN_SECONDS", self.drain_seconds, 0, 3600)
         _range("SHARDLB_MAX_BODY_BYTES", self.max_body_bytes, 1024, 1024 * MIB)
+        _range("SHARDLB_MAX_READ_BODY_BYTES", self.max_read_body_bytes, 1024, 1024 * MIB)
         _range("SHARDLB_TOP_REFRESH_S", self.top_refresh_s, 0.05, 3600)
         _range("SHARDLB_TOP_IDLE_S", self.top_idle_s, 1, 86_400)
         _range("SHARDLB_HISTOGRAM_SAMPLES", self.histogram_samples, 2, 100_000)
@@ -148,6 +163,11 @@ class Settings:
     def burst(self) -> int:
         """Read bucket size: SHARDLB_READ_BURST, or one second of SHARDLB_READ_RATE when unset."""
         return self.read_burst or max(1, int(self.read_rate))
+
+    @property
+    def key_burst(self) -> int:
+        """Bucket size of a keyed client: one second of SHARDLB_KEY_READ_RATE."""
+        return max(1, int(self.key_read_rate))
 
 
 def _range(name: str, value: float, lo: float, hi: float) -> None:
@@ -184,6 +204,18 @@ def _keys(name: str, raw: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(k.strip() for k in raw.split(",") if k.strip()))
 
 
+def _networks(name: str, raw: str) -> tuple[Network, ...]:
+    """Comma-separated addresses or CIDR blocks (``10.0.0.0/8, 192.168.1.7, fd00::/8``)."""
+    out = []
+    for part in raw.split(","):
+        if part.strip():
+            try:
+                out.append(ipaddress.ip_network(part.strip(), strict=False))
+            except ValueError as e:
+                raise SettingsError(name, f"expected addresses or CIDR blocks, got {part.strip()!r}") from e
+    return tuple(out)
+
+
 def _text(name: str, raw: str) -> str:
     if not raw:
         raise SettingsError(name, "must not be empty")
@@ -201,6 +233,7 @@ def _parsers() -> dict[str, Callable[[str, str], Any]]:
         "bool": _bool,
         "str": _text,
         "tuple[str, ...]": _keys,
+        "tuple[Network, ...]": _networks,
     }
     out = {f.name: by_type[str(f.type)] for f in fields(Settings)}
     out["log_level"] = _lower

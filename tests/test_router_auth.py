@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from router.auth import Keys, Scope
-from router.limiter import RateLimiter
+from router.limiter import RateLimiter, ReadLimits
 from router.settings import Settings
 from shardlb.cluster import LocalCluster
 from tests.router_support import ADMIN, AS_ADMIN, AS_WRITER, READ, WRITE, board_name, running
@@ -41,6 +41,18 @@ def test_token_bucket_refills_and_forgets_old_clients() -> None:
         limiter.take(f"client-{i}", now=1.0)
     assert len(limiter) == 100
     assert RateLimiter(0.0, 0).take("anyone") == 0.0
+
+
+def test_keyed_and_anonymous_clients_have_their_own_rates() -> None:
+    keys = Keys(Settings(write_keys=(WRITE,)))
+    anonymous = keys.require(None, "10.0.0.1", Scope.READ).client
+    keyed = keys.require(f"Bearer {WRITE}", "10.0.0.1", Scope.READ).client
+    limits = ReadLimits.of(Settings(write_keys=(WRITE,), read_rate=1.0, read_burst=2))
+    assert [limits.take(anonymous) > 0 for _ in range(3)] == [False, False, True]
+    assert not any(limits.take(keyed) > 0 for _ in range(100))  # keys: off unless set
+    limits = ReadLimits.of(Settings(write_keys=(WRITE,), read_rate=0.0, key_read_rate=2.0))
+    assert [limits.take(keyed) > 0 for _ in range(3)] == [False, False, True]
+    assert not any(limits.take(anonymous) > 0 for _ in range(100))
 
 
 # ---- through the app -----------------------------------------------------------------------------

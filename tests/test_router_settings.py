@@ -24,7 +24,9 @@ def test_defaults_and_every_variable() -> None:
         10.0,
         MIB,
     )
-    assert (s.top_refresh_s, s.access_log, s.reads_require_key, s.read_rate) == (1.0, False, False, 0.0)
+    assert (s.top_refresh_s, s.access_log, s.reads_require_key, s.read_rate) == (1.0, False, False, 100.0)
+    assert (s.burst, s.key_read_rate, s.trusted_proxies, s.max_requests) == (100, 0.0, (), 1000)
+    assert s.max_read_body_bytes == 96 * 1024
     env = {
         **KEYED,
         "SHARDLB_REDIS_URL": "redis://10.0.0.1:7000,10.0.0.2:7001",
@@ -43,6 +45,10 @@ def test_defaults_and_every_variable() -> None:
         "SHARDLB_TOP_REFRESH_S": "0.5",
         "SHARDLB_ACCESS_LOG": "on",
         "SHARDLB_STARTUP_TIMEOUT_S": "240",
+        "SHARDLB_KEY_READ_RATE": "1000.5",
+        "SHARDLB_TRUSTED_PROXIES": " 10.0.0.0/8, 192.168.1.7 ,fd00::/8,",
+        "SHARDLB_MAX_REQUESTS": "64",
+        "SHARDLB_MAX_READ_BODY_BYTES": "4096",
     }
     s = Settings.from_env(env)
     assert (s.host, s.port, s.workers, s.read_keys, s.reads_require_key) == ("0.0.0.0", 9000, 4, ("r",), True)
@@ -60,7 +66,10 @@ def test_defaults_and_every_variable() -> None:
         True,
         240.0,
     )
+    assert (s.key_read_rate, s.key_burst, s.max_requests, s.max_read_body_bytes) == (1000.5, 1000, 64, 4096)
+    assert [str(n) for n in s.trusted_proxies] == ["10.0.0.0/8", "192.168.1.7/32", "fd00::/8"]
     assert Settings.from_env({**KEYED, "SHARDLB_READ_RATE": "20"}).burst == 20
+    assert Settings.from_env({**KEYED, "SHARDLB_READ_RATE": "0"}).read_rate == 0.0  # off
 
 
 @pytest.mark.parametrize(
@@ -89,6 +98,11 @@ def test_defaults_and_every_variable() -> None:
         ("SHARDLB_QUEUE_WAIT_S", "0"),
         ("SHARDLB_REDIS_MAX_CONNECTIONS", "40"),
         ("SHARDLB_LOG_LEVEL", "loud"),
+        ("SHARDLB_KEY_READ_RATE", "-2"),
+        ("SHARDLB_TRUSTED_PROXIES", "10.0.0.0/8, ingress"),
+        ("SHARDLB_TRUSTED_PROXIES", "10.0.0.0/33"),
+        ("SHARDLB_MAX_REQUESTS", "0"),
+        ("SHARDLB_MAX_READ_BODY_BYTES", "100"),
     ],
 )
 def test_a_bad_value_names_its_variable(variable: str, value: str) -> None:
