@@ -25,6 +25,7 @@ from router.middleware import Observe
 from router.scores import ScoresEndpoint
 from router.service import Service
 from router.settings import Settings
+from shardlb.client import redacted
 from shardlb.errors import ShardlbError
 
 log = logging.getLogger("shardlb.router")
@@ -82,7 +83,9 @@ def create_app(settings: Settings | None = None) -> RouterApp:
         if not HIREDIS_AVAILABLE:
             log.warning(HIREDIS_WARNING)
         app.state.service = await Service.start(settings)
-        log.info("router ready", extra={"fields": {"pid": os.getpid(), "redis_url": settings.redis_url}})
+        log.info(
+            "router ready", extra={"fields": {"pid": os.getpid(), "redis_url": redacted(settings.redis_url)}}
+        )
         try:
             yield
         finally:

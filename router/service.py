@@ -33,7 +33,7 @@ from router.limiter import ReadLimits
 from router.media import entry_body
 from router.settings import Settings
 from shardlb.board import Board
-from shardlb.client import Scripts, connect
+from shardlb.client import Scripts, connect, redacted
 from shardlb.errors import ClusterUnavailable
 from shardlb.fanout import ScriptPipeline
 from shardlb.store import BoardStore
@@ -79,7 +79,7 @@ class Service:
             except (rx.RedisError, rx.RedisClusterException, OSError) as e:
                 if time.monotonic() >= deadline:
                     await client.aclose()
-                    raise ClusterUnavailable(f"no cluster at {settings.redis_url}: {e}") from e
+                    raise ClusterUnavailable(f"no cluster at {redacted(settings.redis_url)}: {e}") from e
                 log.warning("cluster not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
                 await asyncio.sleep(0.5)
         store = BoardStore(client, scripts)

@@ -17,6 +17,13 @@ def parse_url(url: str) -> list[tuple[str, int]]:
     return _split_url(url)[0]
 
 
+def redacted(url: str) -> str:
+    """The URL with its credentials replaced by ``***``: the form to log or show."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hosts = rest.rpartition("@")
+    return f"{scheme}{sep}***@{hosts}" if at else url
+
+
 def _split_url(url: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
     """The seed nodes, the user name and the password of a cluster URL.
 

@@ -15,12 +15,14 @@ import pytest
 import redis
 from redis.exceptions import RedisClusterException
 
+from router.service import Service
+from router.settings import Settings
 from shardlb import times
 from shardlb.board import Score
-from shardlb.client import Scripts, connect, parse_url
+from shardlb.client import Scripts, connect, parse_url, redacted
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.config import BoardConfig
-from shardlb.errors import InvalidInput
+from shardlb.errors import ClusterUnavailable, InvalidInput
 from shardlb.fanout import ScriptPipeline
 from shardlb.store import BoardStore
 
@@ -117,3 +119,20 @@ def test_percent_encoded_credentials() -> None:
     client = connect("redis://user%40x:p%2Cw%40d@a:7000,b:7001")
     assert client.get_connection_kwargs()["password"] == "p,w@d"
     assert client.get_connection_kwargs()["username"] == "user@x"
+
+
+def test_redacted_hides_the_credentials_only() -> None:
+    assert redacted("redis://:s3cret@a:1,b:2") == "redis://***@a:1,b:2"
+    assert redacted("redis://user:s3cret@a:1") == "redis://***@a:1"
+    assert redacted("redis://a:1,b:2") == "redis://a:1,b:2"
+
+
+async def test_the_routers_start_up_error_does_not_show_the_password() -> None:
+    settings = Settings(
+        redis_url=f"redis://:s3cret-pw@127.0.0.1:{free_port_block(1)}",
+        startup_timeout_s=0.2,
+        insecure_dev=True,
+    )
+    with pytest.raises(ClusterUnavailable) as caught:
+        await Service.start(settings)
+    assert "s3cret-pw" not in str(caught.value) and "***@127.0.0.1" in str(caught.value)

@@ -209,9 +209,9 @@ async def test_unknown_boards_are_remembered_as_missing(cluster: LocalCluster, s
         fetched: list[str] = []
         real_get = boards.store.get
 
-        async def counting_get(board_id: str, fresh: bool = False) -> Any:
+        async def counting_get(board_id: str) -> Any:
             fetched.append(board_id)
-            return await real_get(board_id, fresh)
+            return await real_get(board_id)
 
         boards.store.get = counting_get  # type: ignore[method-assign]
         name = board_name()
