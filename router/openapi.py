@@ -65,6 +65,9 @@ _PERIOD = {
     "description": "total, daily, weekly, monthly (the current one), or one given by its date: "
     "daily:2026-11-30, weekly:2026-W48, monthly:2026-11; a kind the board does not keep is 422",
 }
+# Optional fields that the server reads as absent when they are null (clients send unset ones so).
+_TIME_OR_NULL = {"oneOf": [*_TIME_IN["oneOf"], {"type": "null"}]}
+_ID_OR_NULL = {**_ID, "type": ["string", "null"]}
 _COUNT = {"type": "integer", "minimum": 1, "maximum": MAX_SHARDS}
 _TIME_OUT = {"type": "string", "format": "date-time"}
 # A board or player id of "." or ".." is valid, but clients resolve it as a path segment (RFC 3986)
@@ -165,7 +168,7 @@ _SCHEMAS: dict[str, Any] = {
                 "default": 2097151,
                 "description": "with resolution ms, small enough to leave 30 days of time bits",
             },
-            "epoch": _TIME_IN,
+            "epoch": _TIME_OR_NULL,
             "resolution": {
                 "enum": list(RESOLUTION_MS),
                 "default": "s",
@@ -248,12 +251,12 @@ _SCHEMAS: dict[str, Any] = {
             },
             "match_id": {"type": "string", "minLength": 1, "maxLength": MATCH_ID_MAX},
             "achieved_at": {
-                **_TIME_IN,
+                **_TIME_OR_NULL,
                 "description": "default: the server's time; not before the board's epoch nor more "
                 "than 5 minutes ahead of the server's clock",
             },
             "region": {
-                **_ID,
+                **_ID_OR_NULL,
                 "description": "one of the board's regions, required on region boards; ignored elsewhere",
             },
         },
@@ -342,10 +345,11 @@ _SCHEMAS: dict[str, Any] = {
             "player_ids": {"type": "array", "maxItems": MAX_ITEMS, "items": _ID},
             "period": {
                 **_PERIOD,
+                "type": ["string", "null"],
                 "default": "total",
                 "description": "or the query parameter (not both unequal)",
             },
-            "region": {**_ID, "description": "or the query parameter (not both unequal)"},
+            "region": {**_ID_OR_NULL, "description": "or the query parameter (not both unequal)"},
         },
     },
     "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from router.errors import ApiError
 from shardlb.errors import InvalidInput
@@ -46,3 +47,18 @@ def flag(params: Mapping[str, str], name: str) -> bool:
     if raw not in _FLAGS:
         raise InvalidInput(f"{name} must be true or false", name, "invalid_parameter")
     return _FLAGS[raw]
+
+
+def integral(value: Any) -> Any:
+    """``value`` with every float that holds an integer (``5.0``) made an int, in lists and maps too.
+
+    JSON has one number type, and JSON Schema calls 5.0 an integer: a client whose encoder writes
+    every number with a decimal point sends integers all the same.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: integral(v) for k, v in value.items()}
+    return value

@@ -93,14 +93,16 @@ def _query(request: Request, *allowed: str) -> dict[str, str]:
 
 
 def _one_of(body: dict[str, object], query: dict[str, str], name: str) -> object:
-    """A value the body or the query string may give; both may, if they agree."""
-    if name in body and name in query and body[name] != query[name]:
+    """A value the body or the query string may give (null in the body is not given); both may, if
+    they agree."""
+    given = body.get(name)
+    if given is not None and name in query and given != query[name]:
         raise InvalidInput(
             f"{name} is given in the body and in the query string with different values",
             name,
             "conflicting_parameter",
         )
-    return body[name] if name in body else query.get(name)
+    return query.get(name) if given is None else given
 
 
 # ---- boards (admin) --------------------------------------------------------------------------
@@ -110,7 +112,7 @@ async def put_board(request: Request) -> Response:
     svc = _allow(request, Scope.ADMIN)
     _query(request)
     board_id = request.path_params["board"]
-    body = await read_object(request, svc.settings.max_body_bytes, empty={})
+    body = params.integral(await read_object(request, svc.settings.max_body_bytes, empty={}))
     if body.get("board", board_id) != board_id:
         raise InvalidInput("the body names another board than the path", "board", "board_mismatch")
     config = BoardConfig.from_dict(board_id, body)

@@ -54,11 +54,12 @@ def parse_scores(body: dict[str, Any]) -> list[Score]:
         if not item.keys() <= SCORE_FIELDS:
             name = next(name for name in item if name not in SCORE_FIELDS)
             raise InvalidInput(f"unknown field {name!r}", f"scores[{i}].{name}", "unknown_field")
-        player_id, points, match_id = item.get("player_id"), item.get("points"), item.get("match_id")
+        player_id, match_id = item.get("player_id"), item.get("match_id")
+        points = params.integral(item.get("points"))
         if player_id is None or points is None or match_id is None:
             name = next(name for name in SCORE_REQUIRED if item.get(name) is None)
             raise InvalidInput(f"{name} is required", f"scores[{i}].{name}", "missing_field")
-        achieved = item.get("achieved_at")
+        achieved = params.integral(item.get("achieved_at"))
         region = item.get("region")
         if region is not None and (not isinstance(region, str) or ID_PATTERN.fullmatch(region) is None):
             # Refused on every board, though only region boards use it: it could not name a region.

@@ -53,7 +53,8 @@ def test_parse_current_and_given_periods() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["yearly", "daily:2026-13-01", "weekly:2026-W60", "total:2026", "monthly:26-1", "total:", "daily:"]
+    "text",
+    ["yearly", "daily:2026-13-01", "weekly:2026-W60", "total:2026", "monthly:26-1", "total:", "daily:"],
 )
 def test_bad_periods_rejected(text: str) -> None:
     with pytest.raises(InvalidInput) as err:
