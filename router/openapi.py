@@ -8,8 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
-ID_PATTERN = r"^[A-Za-z0-9_\-.:]{1,64}$"
+from router.routes import MAX_OFFSET, MAX_RADIUS
+from router.scores import MAX_ITEMS
+from shardlb import periods, times
+from shardlb.board import STATUS
+from shardlb.codec import RESOLUTION_MS
+from shardlb.config import (
+    DEDUP_WINDOW_S,
+    ID_PATTERN,
+    MAX_BANDS,
+    MAX_POINTS,
+    MAX_RETENTION_DAYS,
+    MAX_SHARDS,
+    MODES,
+)
+
 MEDIA = ("application/json", "application/msgpack")
+MATCH_ID_MAX = 128  # Board.prepare's limit (api.md: 1-128 characters)
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -32,18 +47,34 @@ def _param(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/parameters/{name}"}
 
 
-_ID = {"type": "string", "pattern": ID_PATTERN, "minLength": 1, "maxLength": 64}
+_ID = {"type": "string", "pattern": ID_PATTERN.pattern, "minLength": 1, "maxLength": 64}
 _TIME_IN = {
     "oneOf": [
-        {"type": "string", "format": "date-time", "description": "RFC 3339 with an offset"},
-        {"type": "integer", "minimum": 0, "description": "epoch milliseconds"},
+        {
+            "type": "string",
+            "format": "date-time",
+            "pattern": times.RFC3339_PATTERN,
+            "description": "RFC 3339 with an offset, years 1970-9999 (in UTC too)",
+        },
+        {"type": "integer", "minimum": 0, "maximum": times.END_MS - 1, "description": "epoch milliseconds"},
     ]
 }
+_PERIOD = {
+    "type": "string",
+    "pattern": periods.API_PATTERN,
+    "description": "total, daily, weekly, monthly (the current one), or one given by its date: "
+    "daily:2026-11-30, weekly:2026-W48, monthly:2026-11; a kind the board does not keep is 422",
+}
+# Optional fields that the server reads as absent when they are null (clients send unset ones so).
+_TIME_OR_NULL = {"oneOf": [*_TIME_IN["oneOf"], {"type": "null"}]}
+_ID_OR_NULL = {**_ID, "type": ["string", "null"]}
+_COUNT = {"type": "integer", "minimum": 1, "maximum": MAX_SHARDS}
 _TIME_OUT = {"type": "string", "format": "date-time"}
 # A board or player id of "." or ".." is valid, but clients resolve it as a path segment (RFC 3986)
 # unless it is percent-encoded, and the request then reaches another route or none: 404 or 405.
 _PATH = (404, 405)
-_READ_ERRORS = (401, 403, *_PATH, 422, 429, 503)
+# 400: an unknown or repeated query parameter (and a malformed body where there is one).
+_READ_ERRORS = (400, 401, 403, *_PATH, 422, 429, 503)
 
 _SCHEMAS: dict[str, Any] = {
     "Error": {
@@ -72,7 +103,7 @@ _SCHEMAS: dict[str, Any] = {
                 "required": ["strategy"],
                 "properties": {
                     "strategy": {"const": "hash"},
-                    "shards": {"type": "integer", "minimum": 1, "maximum": 1024},
+                    "shards": _COUNT,
                 },
             },
             {
@@ -82,7 +113,10 @@ _SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "strategy": {"const": "region"},
                     "regions": {"type": "array", "items": _ID, "minItems": 1, "uniqueItems": True},
-                    "shards_per_region": {"type": "integer", "minimum": 1, "maximum": 1024},
+                    "shards_per_region": {
+                        **_COUNT,
+                        "description": f"times the number of regions, at most {MAX_SHARDS}",
+                    },
                 },
             },
             {
@@ -93,16 +127,17 @@ _SCHEMAS: dict[str, Any] = {
                     "strategy": {"const": "band"},
                     "bands": {
                         "type": "array",
-                        "items": {"type": "integer", "minimum": 0},
+                        "items": {"type": "integer", "minimum": 0, "maximum": MAX_POINTS},
                         "minItems": 1,
-                        "maxItems": 256,
-                        "description": "increasing band starts, the first 0",
+                        "maxItems": MAX_BANDS,
+                        "description": "increasing band starts, the first 0, the last at most points_max",
                     },
                     "shards": {
                         "type": "integer",
                         "minimum": 1,
-                        "maximum": 1023,
-                        "description": "Addition: hash shards that hold the players' records",
+                        "maximum": MAX_SHARDS - 1,
+                        "description": "Addition: hash shards that hold the players' records; "
+                        f"with the bands at most {MAX_SHARDS}",
                     },
                 },
             },
@@ -111,37 +146,38 @@ _SCHEMAS: dict[str, Any] = {
     "BoardSettings": {
         "type": "object",
         "additionalProperties": False,
-        "description": "Board settings; every field is optional on PUT.",
+        "description": "Board settings; every field is optional on PUT. (A `board` field equal to the "
+        "path's id is tolerated, so that a listed board can be sent back as it is; any other is 422.)",
         "properties": {
-            "board": {**_ID, "description": "must equal the path's board id when given"},
-            "mode": {"enum": ["best", "incr", "set"], "default": "best"},
+            "mode": {"enum": list(MODES), "default": "best"},
             "order": {"enum": ["desc", "asc"], "default": "desc"},
             "tiebreak": {"enum": ["earliest", "latest"], "default": "earliest"},
-            "periods": {
-                "type": "array",
-                "items": {"enum": ["total", "daily", "weekly", "monthly"]},
-                "default": ["total"],
-            },
-            "timezone": {"type": "string", "default": "UTC", "description": "IANA name"},
+            "periods": {"type": "array", "items": {"enum": list(periods.KINDS)}, "default": ["total"]},
+            "timezone": {"enum": sorted(periods.zone_names()), "default": "UTC", "description": "IANA name"},
             "retention_days": {
                 "type": "object",
                 "additionalProperties": False,
                 "properties": {
-                    k: {"type": "integer", "minimum": 0, "maximum": 36500}
-                    for k in ("daily", "weekly", "monthly")
+                    k: {"type": "integer", "minimum": 0, "maximum": MAX_RETENTION_DAYS} for k in periods.DATED
                 },
             },
-            "points_max": {"type": "integer", "minimum": 1, "maximum": 2**53 - 1, "default": 2097151},
-            "epoch": _TIME_IN,
+            "points_max": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_POINTS,
+                "default": 2097151,
+                "description": "with resolution ms, small enough to leave 30 days of time bits",
+            },
+            "epoch": _TIME_OR_NULL,
             "resolution": {
-                "enum": ["s", "ms"],
+                "enum": list(RESOLUTION_MS),
                 "default": "s",
                 "description": "Addition: the time resolution of the tie-break",
             },
             "dedup_window_s": {
                 "type": "integer",
-                "minimum": 60,
-                "maximum": 2592000,
+                "minimum": DEDUP_WINDOW_S[0],
+                "maximum": DEDUP_WINDOW_S[1],
                 "default": 86400,
                 "description": "Addition: how long incr boards remember a match",
             },
@@ -166,15 +202,15 @@ _SCHEMAS: dict[str, Any] = {
         ],
         "properties": {
             "board": _ID,
-            "mode": {"enum": ["best", "incr", "set"]},
+            "mode": {"enum": list(MODES)},
             "order": {"enum": ["desc", "asc"]},
             "tiebreak": {"enum": ["earliest", "latest"]},
-            "periods": {"type": "array", "items": {"enum": ["total", "daily", "weekly", "monthly"]}},
+            "periods": {"type": "array", "items": {"enum": list(periods.KINDS)}},
             "timezone": {"type": "string"},
             "retention_days": {"type": "object", "additionalProperties": {"type": "integer"}},
             "points_max": {"type": "integer"},
             "epoch": _TIME_OUT,
-            "resolution": {"enum": ["s", "ms"]},
+            "resolution": {"enum": list(RESOLUTION_MS)},
             "dedup_window_s": {"type": "integer"},
             "sharding": {"type": "object", "required": ["strategy"]},
         },
@@ -207,17 +243,29 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["player_id", "points", "match_id"],
         "properties": {
             "player_id": _ID,
-            "points": {"type": "integer", "minimum": 0, "description": "at most the board's points_max"},
-            "match_id": {"type": "string", "minLength": 1, "maxLength": 128},
-            "achieved_at": _TIME_IN,
-            "region": {**_ID, "description": "required on region boards, ignored elsewhere"},
+            "points": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": MAX_POINTS,
+                "description": "at most the board's points_max",
+            },
+            "match_id": {"type": "string", "minLength": 1, "maxLength": MATCH_ID_MAX},
+            "achieved_at": {
+                **_TIME_OR_NULL,
+                "description": "default: the server's time; not before the board's epoch nor more "
+                "than 5 minutes ahead of the server's clock",
+            },
+            "region": {
+                **_ID_OR_NULL,
+                "description": "one of the board's regions, required on region boards; ignored elsewhere",
+            },
         },
     },
     "ScoresRequest": {
         "type": "object",
         "additionalProperties": False,
         "required": ["scores"],
-        "properties": {"scores": {"type": "array", "maxItems": 1000, "items": _ref("Score")}},
+        "properties": {"scores": {"type": "array", "maxItems": MAX_ITEMS, "items": _ref("Score")}},
     },
     "ScoreResult": {
         "type": "object",
@@ -226,7 +274,7 @@ _SCHEMAS: dict[str, Any] = {
             "player_id": _ID,
             "match_id": {"type": "string"},
             "status": {
-                "enum": ["improved", "unchanged", "duplicate", "overflow"],
+                "enum": list(STATUS.values()),
                 "description": "Addition: 'overflow' (incr boards) when the sum would pass points_max; "
                 "nothing was written for that score.",
             },
@@ -294,16 +342,22 @@ _SCHEMAS: dict[str, Any] = {
         "additionalProperties": False,
         "required": ["player_ids"],
         "properties": {
-            "player_ids": {"type": "array", "maxItems": 1000, "items": _ID},
-            "period": {"type": "string", "default": "total"},
-            "region": _ID,
+            "player_ids": {"type": "array", "maxItems": MAX_ITEMS, "items": _ID},
+            "period": {
+                **_PERIOD,
+                "type": ["string", "null"],
+                "default": "total",
+                "description": "or the query parameter (not both unequal)",
+            },
+            "region": {**_ID_OR_NULL, "description": "or the query parameter (not both unequal)"},
         },
     },
     "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
 }
 
 _ERROR_TEXT = {
-    400: "Malformed body: not valid JSON or MessagePack (code malformed_body).",
+    400: "Malformed body: not valid JSON or MessagePack (malformed_body); a query parameter the "
+    "operation does not take (unknown_parameter) or one given twice (repeated_parameter).",
     401: "Missing or unknown key (code unauthorized).",
     403: "The key's scope does not allow this (code forbidden).",
     404: "Unknown board, player or route (board_not_found, player_not_found, not_found).",
@@ -338,9 +392,7 @@ _PARAMETERS: dict[str, Any] = {
         "name": "period",
         "in": "query",
         "required": False,
-        "schema": {"type": "string", "default": "total"},
-        "description": "total, daily, weekly, monthly (the current one), or daily:2026-11-30, "
-        "weekly:2026-W48, monthly:2026-11",
+        "schema": {**_PERIOD, "default": "total"},
     },
     "region": {
         "name": "region",
@@ -353,19 +405,19 @@ _PARAMETERS: dict[str, Any] = {
         "name": "limit",
         "in": "query",
         "required": False,
-        "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_ITEMS, "default": 100},
     },
     "offset": {
         "name": "offset",
         "in": "query",
         "required": False,
-        "schema": {"type": "integer", "minimum": 0, "maximum": 10**12, "default": 0},
+        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "default": 0},
     },
     "radius": {
         "name": "radius",
         "in": "query",
         "required": False,
-        "schema": {"type": "integer", "minimum": 0, "maximum": 100, "default": 5},
+        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_RADIUS, "default": 5},
     },
     "estimate": {
         "name": "estimate",
@@ -403,7 +455,7 @@ SPEC: dict[str, Any] = {
                 "security": _READ,
                 "responses": {
                     "200": _ok("Every board's settings", "BoardList"),
-                    **_errors(401, 403, 429, 503),
+                    **_errors(400, 401, 403, 429, 503),
                 },
             }
         },
@@ -433,14 +485,14 @@ SPEC: dict[str, Any] = {
                 "operationId": "deleteBoard",
                 "summary": "Remove a board and all its keys",
                 "security": _ADMIN,
-                "responses": {"204": {"description": "Deleted"}, **_errors(401, 403, *_PATH, 422, 503)},
+                "responses": {"204": {"description": "Deleted"}, **_errors(400, 401, 403, *_PATH, 422, 503)},
             },
         },
         "/v1/boards/{board}/scores": {
             "parameters": [_param("board")],
             "post": {
                 "operationId": "postScores",
-                "summary": "Post match results (at most 1000)",
+                "summary": f"Post match results (at most {MAX_ITEMS})",
                 "security": _WRITE,
                 "requestBody": {"required": True, "content": _content(_ref("ScoresRequest"))},
                 "responses": {
@@ -501,7 +553,7 @@ SPEC: dict[str, Any] = {
                 "requestBody": {"required": True, "content": _content(_ref("Query"))},
                 "responses": {
                     "200": _ok("The players with a score, by rank", "Entries"),
-                    **_errors(400, 413, 415, *_READ_ERRORS),
+                    **_errors(413, 415, *_READ_ERRORS),
                 },
             },
         },

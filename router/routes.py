@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from router import metrics, scores
+from router import metrics, params, scores
 from router.auth import Scope
 from router.cache import api_period
 from router.errors import ApiError
@@ -21,10 +21,12 @@ from router.scores import MAX_ITEMS, ScoresEndpoint
 from router.service import Service
 from shardlb import times
 from shardlb.board import Board
-from shardlb.config import BoardConfig, check_id
+from shardlb.config import ID_PATTERN, BoardConfig, check_id
 from shardlb.errors import InvalidInput, PlayerNotFound
 
 MAX_OFFSET = 10**12
+MAX_RADIUS = 100
+QUERY_FIELDS = ("player_ids", "period", "region")
 
 
 def service(request: Request) -> Service:
@@ -56,26 +58,6 @@ async def _board(svc: Service, request: Request) -> Board:
     return await svc.boards.lookup(request.path_params["board"])
 
 
-def _int(request: Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = lo - 1
-    if not lo <= value <= hi:
-        raise InvalidInput(f"{name} must be an integer from {lo} to {hi}", name, "invalid_parameter")
-    return value
-
-
-def _flag(request: Request, name: str) -> bool:
-    raw = request.query_params.get(name, "false").lower()
-    if raw not in ("true", "false", "1", "0"):
-        raise InvalidInput(f"{name} must be true or false", name, "invalid_parameter")
-    return raw in ("true", "1")
-
-
 def _view(board: Board, period: object, region: object) -> tuple[str, str | None]:
     """The board's period name and the region a read is limited to (None: the whole board)."""
     if not isinstance(period, str):
@@ -88,16 +70,39 @@ def _view(board: Board, period: object, region: object) -> tuple[str, str | None
         name = board.period(period)
     except InvalidInput as e:
         raise InvalidInput(e.message, "period", e.code) from e
-    if board.layout.strategy != "region" or region is None:
+    if region is None:
+        return name, None
+    if not isinstance(region, str) or ID_PATTERN.fullmatch(region) is None:
+        # Refused on every board: a region that could not name one is a mistake wherever it is sent.
+        raise InvalidInput(
+            "region must be an id: 1-64 characters of A-Z a-z 0-9 _ - . :", "region", "invalid_region"
+        )
+    if board.layout.strategy != "region":
         return name, None  # region is ignored elsewhere: one cache entry per view, not per spelling
-    if not isinstance(region, str):
-        raise InvalidInput("region must be a string", "region", "invalid_region")
     board.layout.region_index(region, "region")
     return name, region
 
 
-def _query_view(board: Board, request: Request) -> tuple[str, str | None]:
-    return _view(board, request.query_params.get("period", "total"), request.query_params.get("region"))
+def _query_view(board: Board, query: dict[str, str]) -> tuple[str, str | None]:
+    return _view(board, query.get("period", "total"), query.get("region"))
+
+
+def _query(request: Request, *allowed: str) -> dict[str, str]:
+    """The request's query parameters, when they are all among ``allowed`` (400 otherwise)."""
+    return params.checked(request.query_params.multi_items(), frozenset(allowed))
+
+
+def _one_of(body: dict[str, object], query: dict[str, str], name: str) -> object:
+    """A value the body or the query string may give (null in the body is not given); both may, if
+    they agree."""
+    given = body.get(name)
+    if given is not None and name in query and given != query[name]:
+        raise InvalidInput(
+            f"{name} is given in the body and in the query string with different values",
+            name,
+            "conflicting_parameter",
+        )
+    return query.get(name) if given is None else given
 
 
 # ---- boards (admin) --------------------------------------------------------------------------
@@ -105,8 +110,9 @@ def _query_view(board: Board, request: Request) -> tuple[str, str | None]:
 
 async def put_board(request: Request) -> Response:
     svc = _allow(request, Scope.ADMIN)
+    _query(request)
     board_id = request.path_params["board"]
-    body = await read_object(request, svc.settings.max_body_bytes, empty={})
+    body = params.integral(await read_object(request, svc.settings.max_body_bytes, empty={}))
     if body.get("board", board_id) != board_id:
         raise InvalidInput("the body names another board than the path", "board", "board_mismatch")
     config = BoardConfig.from_dict(board_id, body)
@@ -121,12 +127,14 @@ async def put_board(request: Request) -> Response:
 
 async def list_boards(request: Request) -> Response:
     svc = _allow_read(request)
+    _query(request)
     configs = await svc.boards.list()
     return render(request, {"boards": [c.to_dict() for c in configs]})
 
 
 async def get_board(request: Request) -> Response:
     svc = _allow_read(request)
+    _query(request)
     board = await _board(svc, request)
     kinds = board.config.periods
     async with svc.reads, metrics.redis_call("size"):
@@ -136,6 +144,7 @@ async def get_board(request: Request) -> Response:
 
 async def delete_board(request: Request) -> Response:
     svc = _allow(request, Scope.ADMIN)
+    _query(request)
     await svc.boards.delete(request.path_params["board"])
     return Response(status_code=204)
 
@@ -151,9 +160,10 @@ async def board_route(request: Request) -> Response:
 
 async def top(request: Request) -> Response:
     svc = _allow_read(request)
+    query = _query(request, "limit", "period", "region")
     board = await _board(svc, request)
-    limit = _int(request, "limit", 100, 1, MAX_ITEMS)
-    period, region = _query_view(board, request)
+    limit = params.integer(query, "limit", 100, 1, MAX_ITEMS)
+    period, region = _query_view(board, query)
     best, as_of = await svc.tops.top(board, period, region, limit)
     return render(
         request,
@@ -168,10 +178,11 @@ async def top(request: Request) -> Response:
 
 async def entries(request: Request) -> Response:
     svc = _allow_read(request)
+    query = _query(request, "offset", "limit", "period", "region")
     board = await _board(svc, request)
-    offset = _int(request, "offset", 0, 0, MAX_OFFSET)
-    limit = _int(request, "limit", 100, 1, MAX_ITEMS)
-    period, region = _query_view(board, request)
+    offset = params.integer(query, "offset", 0, 0, MAX_OFFSET)
+    limit = params.integer(query, "limit", 100, 1, MAX_ITEMS)
+    period, region = _query_view(board, query)
     as_of = times.now_ms()
     async with svc.reads, metrics.redis_call("entries"):
         found = await board.entries(offset, limit, api_period(period), region)
@@ -188,10 +199,11 @@ async def entries(request: Request) -> Response:
 
 async def player(request: Request) -> Response:
     svc = _allow_read(request)
+    query = _query(request, "period", "region", "estimate")
     board = await _board(svc, request)
     player_id = check_id(request.path_params["player"], "player")
-    period, region = _query_view(board, request)
-    if not _flag(request, "estimate"):
+    period, region = _query_view(board, query)
+    if not params.flag(query, "estimate"):
         async with svc.reads, metrics.redis_call("player"):
             found = await board.player(player_id, api_period(period), region)
         return render(
@@ -218,10 +230,11 @@ async def player(request: Request) -> Response:
 
 async def around(request: Request) -> Response:
     svc = _allow_read(request)
+    query = _query(request, "radius", "period", "region")
     board = await _board(svc, request)
     player_id = check_id(request.path_params["player"], "player")
-    radius = _int(request, "radius", 5, 0, 100)
-    period, region = _query_view(board, request)
+    radius = params.integer(query, "radius", 5, 0, MAX_RADIUS)
+    period, region = _query_view(board, query)
     async with svc.reads, metrics.redis_call("around"):
         found = await board.around(player_id, radius, api_period(period), region)
     return render(
@@ -232,9 +245,10 @@ async def around(request: Request) -> Response:
 
 async def query(request: Request) -> Response:
     svc = _allow_read(request)
+    query = _query(request, "period", "region")
     body = await read_object(request, svc.settings.max_read_body_bytes)
     for name in body:
-        if name not in ("player_ids", "period", "region"):
+        if name not in QUERY_FIELDS:
             raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
     ids = body.get("player_ids")
     if not isinstance(ids, list):
@@ -248,7 +262,8 @@ async def query(request: Request) -> Response:
     # Only checked or small values may wait for the board below (a public body can decode to MiBs of
     # objects): a period or region that is not a string is kept as 0, which _view refuses alike.
     period, region = (
-        v if v is None or isinstance(v, str) else 0 for v in (body.get("period"), body.get("region"))
+        v if v is None or isinstance(v, str) else 0
+        for v in (_one_of(body, query, "period"), _one_of(body, query, "region"))
     )
     del body
     board = await _board(svc, request)

@@ -13,16 +13,19 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from router import params
 from router.auth import Scope as KeyScope
 from router.errors import shutting_down, to_api_error
 from router.media import JSON, MSGPACK, decode_object, encode, read_limited, wants_msgpack
 from router.service import Service
 from shardlb import times
 from shardlb.board import Score
+from shardlb.config import ID_PATTERN
 from shardlb.errors import InvalidInput
 
 PATH = "/v1/boards/{board}/scores"
@@ -30,6 +33,7 @@ PATH_PATTERN = re.compile(r"/v1/boards/([^/]+)/scores")
 MAX_ITEMS = 1000
 SCORE_FIELDS = frozenset({"player_id", "points", "match_id", "achieved_at", "region"})
 SCORE_REQUIRED = ("player_id", "points", "match_id")
+NO_PARAMETERS: frozenset[str] = frozenset()
 _WANTED = frozenset({b"authorization", b"content-type", b"content-length", b"accept"})
 
 
@@ -50,14 +54,20 @@ def parse_scores(body: dict[str, Any]) -> list[Score]:
         if not item.keys() <= SCORE_FIELDS:
             name = next(name for name in item if name not in SCORE_FIELDS)
             raise InvalidInput(f"unknown field {name!r}", f"scores[{i}].{name}", "unknown_field")
-        player_id, points, match_id = item.get("player_id"), item.get("points"), item.get("match_id")
+        player_id, match_id = item.get("player_id"), item.get("match_id")
+        points = params.integral(item.get("points"))
         if player_id is None or points is None or match_id is None:
             name = next(name for name in SCORE_REQUIRED if item.get(name) is None)
             raise InvalidInput(f"{name} is required", f"scores[{i}].{name}", "missing_field")
-        achieved = item.get("achieved_at")
+        achieved = params.integral(item.get("achieved_at"))
         region = item.get("region")
-        if region is not None and not isinstance(region, str):
-            raise InvalidInput("region must be a string", f"scores[{i}].region", "invalid_region")
+        if region is not None and (not isinstance(region, str) or ID_PATTERN.fullmatch(region) is None):
+            # Refused on every board, though only region boards use it: it could not name a region.
+            raise InvalidInput(
+                "region must be an id: 1-64 characters of A-Z a-z 0-9 _ - . :",
+                f"scores[{i}].region",
+                "invalid_region",
+            )
         scores.append(
             Score(
                 player_id,
@@ -107,6 +117,9 @@ class ScoresEndpoint:
             None if authorization is None else authorization.decode("latin-1"),
             client[0] if client else "unknown",
             KeyScope.WRITE,
+        )
+        params.checked(
+            parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True), NO_PARAMETERS
         )
         if svc.draining:
             raise shutting_down()  # before reading the body: it would be refused after that anyway

@@ -20,7 +20,7 @@ def parse_url(url: str) -> list[tuple[str, int]]:
 def redacted(url: str) -> str:
     """The URL with its credentials replaced by ``***``: the form to log or show."""
     scheme, sep, rest = url.partition("://")
-    userinfo, at, hosts = rest.rpartition("@")
+    _, at, hosts = rest.rpartition("@")
     return f"{scheme}{sep}***@{hosts}" if at else url
 
 

@@ -11,12 +11,16 @@ from shardlb import periods, times
 from shardlb.codec import ScoreCodec
 from shardlb.errors import InvalidInput
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9_\-.:]{1,64}$")
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_\-.:]{1,64}$", re.ASCII)
 MODES = ("best", "incr", "set")
 STRATEGIES = ("hash", "region", "band")
 DEFAULT_EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
 DEFAULT_RETENTION = {"daily": 3, "weekly": 35, "monthly": 400}
 MAX_SHARDS = 1024
+MAX_BANDS = 256
+MAX_POINTS = 2**53 - 1  # the largest points_max: a packed score must stay below 2**53
+MAX_RETENTION_DAYS = 36_500
+DEDUP_WINDOW_S = (60, 30 * 86_400)  # the shortest and longest dedup window of an incr board
 DEFAULT_SHARDS = 16
 DEFAULT_DEDUP_WINDOW_S = 86_400  # api.md: "within the board's dedup window, default 24 h"
 # An incr board's dedup window is kept in this many time buckets, one set each per shard. A bucket
@@ -125,11 +129,11 @@ class BoardConfig:
         for kind, days in given.items():
             if kind not in periods.DATED:
                 raise InvalidInput(f"no retention for {kind!r}", f"retention_days.{kind}")
-            retention[kind] = _int(days, f"retention_days.{kind}", 0, 36_500)
+            retention[kind] = _int(days, f"retention_days.{kind}", 0, MAX_RETENTION_DAYS)
         retention = {kind: days for kind, days in retention.items() if kind in kept}
-        points_max = _int(body.get("points_max", 2_097_151), "points_max", 1, 2**53 - 1)
+        points_max = _int(body.get("points_max", 2_097_151), "points_max", 1, MAX_POINTS)
         epoch_ms = times.parse(body["epoch"], "epoch") if body.get("epoch") is not None else DEFAULT_EPOCH_MS
-        dedup = _int(body.get("dedup_window_s", DEFAULT_DEDUP_WINDOW_S), "dedup_window_s", 60, 30 * 86_400)
+        dedup = _int(body.get("dedup_window_s", DEFAULT_DEDUP_WINDOW_S), "dedup_window_s", *DEDUP_WINDOW_S)
         config = cls(
             id=board_id,
             mode=mode,
@@ -203,7 +207,7 @@ def _sharding(value: object) -> Sharding:
     bands = value.get("bands")
     if (
         not isinstance(bands, list)
-        or not 1 <= len(bands) <= 256
+        or not 1 <= len(bands) <= MAX_BANDS
         or not all(isinstance(b, int) and not isinstance(b, bool) for b in bands)
         or bands[0] != 0
         or any(a >= b for a, b in itertools.pairwise(bands))

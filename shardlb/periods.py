@@ -7,9 +7,10 @@ so a replay lands on the same keys. Names are the key suffixes: ``total``, ``d:2
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, date, datetime, timedelta
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from shardlb.errors import InvalidInput
 
@@ -17,14 +18,52 @@ KINDS = ("total", "daily", "weekly", "monthly")
 DATED = ("daily", "weekly", "monthly")
 _PREFIX = {"daily": "d", "weekly": "w", "monthly": "m"}
 _KIND_OF_PREFIX = {v: k for k, v in _PREFIX.items()}
-_PATTERNS = {
-    "daily": re.compile(r"^(\d{4})-(\d{2})-(\d{2})$"),
-    "weekly": re.compile(r"^(\d{4})-W(\d{2})$"),
-    "monthly": re.compile(r"^(\d{4})-(\d{2})$"),
-}
+
+
+def _alternation(values: list[str]) -> str:
+    return f"({'|'.join(values)})"
+
+
+def _api_pattern() -> str:
+    """The regular expression of every API period name whose date exists in the calendar.
+
+    Exact, so that the OpenAPI document can carry it and a client can tell a good name from a bad one
+    without asking: ASCII digits only, years 0001-9999, days that exist (29 February in leap years),
+    and week 53 only in the years that have one. The calendar repeats every 400 years, so a year's
+    week count follows from its century modulo 4 and its last two digits.
+    """
+    year = "([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})"
+    month = "(0[1-9]|1[0-2])"
+    leap = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+    day = (
+        f"{year}-((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
+        f"|{leap}-02-29"
+    )
+    long_years = []
+    for century in range(4):
+        tails = [
+            f"{t:02d}" for t in range(100) if date(2000 + 100 * century + t, 12, 28).isocalendar()[1] == 53
+        ]
+        centuries = [f"{c:02d}" for c in range(century, 100, 4)]
+        long_years.append(_alternation(centuries) + _alternation(tails))
+    week = f"{year}-W(0[1-9]|[1-4][0-9]|5[0-2])|{_alternation(long_years)}-W53"
+    return f"^(total|daily|weekly|monthly|daily:({day})|weekly:({week})|monthly:{year}-{month})$"
+
+
+API_PATTERN = _api_pattern()
+_API_NAME = re.compile(API_PATTERN)
+
+
+@functools.cache
+def zone_names() -> frozenset[str]:
+    """The IANA names a board may use: ZoneInfo also opens other files of the database (such as
+    "posixrules"), which no client means and the OpenAPI document cannot list."""
+    return frozenset(available_timezones())
 
 
 def zone(name: str) -> ZoneInfo:
+    if name not in zone_names():
+        raise InvalidInput(f"unknown timezone {name!r}", "timezone")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as e:
@@ -82,28 +121,22 @@ def end_ms(name: str, tz: ZoneInfo) -> int:
 
 def parse(text: str, kinds: tuple[str, ...], tz: ZoneInfo, now_ms: int) -> str:
     """Resolve an API period (``weekly``, ``daily:2026-11-30``, ...) to a name this board keeps."""
-    kind, _, given = text.partition(":")
+    kind, dated, given = text.partition(":")
     if kind not in KINDS:
         raise InvalidInput(
             f"period must be one of {', '.join(KINDS)}, optionally with ':<date>'", "period", "invalid_period"
         )
     if kind not in kinds:
         raise InvalidInput(f"this board does not keep the {kind} period", "period", "invalid_period")
-    if kind == "total":
-        if given:
+    if _API_NAME.fullmatch(text) is None:
+        if kind == "total":
             raise InvalidInput("the total period takes no date", "period", "invalid_period")
-        return "total"
-    if not given:
-        return name_for(kind, local_day(now_ms, tz))
-    match = _PATTERNS[kind].fullmatch(given)
-    try:
-        if match is None:
-            raise ValueError(given)
-        name = f"{_PREFIX[kind]}:{given}"
-        first_day(name)
-    except ValueError as e:
         example = {"daily": "2026-11-30", "weekly": "2026-W48", "monthly": "2026-11"}[kind]
         raise InvalidInput(
             f"bad {kind} period {given!r}; expected e.g. {kind}:{example}", "period", "invalid_period"
-        ) from e
-    return name
+        )
+    if kind == "total":
+        return "total"
+    if not dated:
+        return name_for(kind, local_day(now_ms, tz))
+    return f"{_PREFIX[kind]}:{given}"

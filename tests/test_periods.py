@@ -53,7 +53,8 @@ def test_parse_current_and_given_periods() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["yearly", "daily:2026-13-01", "weekly:2026-W60", "total:2026", "monthly:26-1"]
+    "text",
+    ["yearly", "daily:2026-13-01", "weekly:2026-W60", "total:2026", "monthly:26-1", "total:", "daily:"],
 )
 def test_bad_periods_rejected(text: str) -> None:
     with pytest.raises(InvalidInput) as err:
@@ -69,3 +70,18 @@ def test_period_the_board_does_not_keep() -> None:
 def test_unknown_timezone() -> None:
     with pytest.raises(InvalidInput):
         periods.zone("Mars/Olympus")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "weekly:٢٠٢٦-W48",  # Arabic-Indic digits: int() and \d take them
+        "daily:２０２６-11-30",  # fullwidth digits
+        "monthly:2026-1١",
+        "weekly:2026-W٤8",
+    ],
+)
+def test_only_ascii_digits_name_a_period(text: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        periods.parse(text, KINDS, periods.zone("UTC"), 0)
+    assert err.value.code == "invalid_period"

@@ -524,3 +524,106 @@ async def test_errors_are_logged_once_as_json(
     assert fields["status"] == 404 and fields["code"] == "board_not_found"
     parsed = orjson.loads(JsonFormatter().format(lines[0]))
     assert parsed["request_id"] == "log-me" and parsed["status"] == 404
+
+
+# ---- what a request names is never ignored -------------------------------------------------------
+
+
+async def test_players_query_takes_period_and_region_as_query_parameters(client: httpx.AsyncClient) -> None:
+    name = await make_board(
+        client,
+        {
+            "periods": ["total", "daily"],
+            "sharding": {"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 2},
+        },
+    )
+    await post(
+        client,
+        name,
+        [
+            score("e1", 10, "m", region="eu"),
+            score("n1", 20, "m", region="na"),
+            score("e2", 5, "m", region="eu"),
+        ],
+    )
+    query = f"/v1/boards/{name}/players:query"
+    ids = {"player_ids": ["e1", "e2", "n1"]}
+    world = await client.post(query, json=ids)
+    assert [(e["rank"], e["player_id"]) for e in world.json()["entries"]] == [(1, "n1"), (2, "e1"), (3, "e2")]
+    eu = await client.post(query, params={"region": "eu"}, json=ids)
+    assert eu.status_code == 200, eu.text
+    assert [(e["rank"], e["player_id"]) for e in eu.json()["entries"]] == [(1, "e1"), (2, "e2")]
+    both = await client.post(
+        query, params={"region": "eu", "period": "total"}, json={**ids, "period": "total"}
+    )
+    assert both.status_code == 200 and both.json()["period"] == "total"
+    assert [e["player_id"] for e in both.json()["entries"]] == ["e1", "e2"]
+    assert_error(
+        await client.post(query, params={"region": "eu"}, json={**ids, "region": "na"}),
+        422,
+        "conflicting_parameter",
+        "region",
+    )
+    assert_error(
+        await client.post(query, params={"period": "total"}, json={**ids, "period": "daily"}),
+        422,
+        "conflicting_parameter",
+        "period",
+    )
+
+
+async def test_unknown_query_parameters_are_400_naming_them(client: httpx.AsyncClient) -> None:
+    name = await make_board(client)
+    await post(client, name, [score("p", 1, "m")])
+    base = f"/v1/boards/{name}"
+    requests: list[tuple[str, str, dict[str, Any]]] = [
+        ("GET", "/v1/boards", {}),
+        ("GET", base, {}),
+        ("PUT", base, {"json": {}, "headers": AS_ADMIN}),
+        ("DELETE", base, {"headers": AS_ADMIN}),
+        ("POST", f"{base}/scores", {"json": {"scores": []}, "headers": AS_WRITER}),
+        ("GET", f"{base}/top", {}),
+        ("GET", f"{base}/entries", {}),
+        ("GET", f"{base}/players/p", {}),
+        ("GET", f"{base}/players/p/around", {}),
+        ("POST", f"{base}/players:query", {"json": {"player_ids": ["p"]}}),
+    ]
+    for method, path, extra in requests:
+        r = await client.request(method, path, params={"limit": "5", "regoin": "eu"}, **extra)
+        if path.endswith(("/top", "/entries")):
+            assert_error(r, 400, "unknown_parameter", "regoin")
+        else:  # limit is not a parameter of these either: the first unknown one is named
+            assert r.status_code == 400, (method, path, r.text)
+            assert r.json()["error"]["code"] == "unknown_parameter"
+            assert r.json()["error"]["field"] in ("limit", "regoin")
+    twice = await client.get(f"{base}/top", params=[("limit", "5"), ("limit", "6")])
+    assert_error(twice, 400, "repeated_parameter", "limit")
+    assert (await client.get(f"{base}/top", params={"limit": "5"})).status_code == 200
+    assert (await client.get(f"{base}/players/p")).status_code == 200
+
+
+async def test_only_ascii_digits_are_numbers_and_periods(client: httpx.AsyncClient) -> None:
+    name = await make_board(client, {"periods": ["total", "weekly"]})
+    base = f"/v1/boards/{name}"
+    assert_error(
+        await client.get(f"{base}/top", params={"period": "weekly:٢٠٢٦-W48"}), 422, "invalid_period", "period"
+    )
+    assert (await client.get(f"{base}/top", params={"period": "weekly:2026-W48"})).status_code == 200
+    for value in ("٣", "1_0", " 5", "+5", "５"):
+        assert_error(
+            await client.get(f"{base}/top", params={"limit": value}), 422, "invalid_parameter", "limit"
+        )
+
+
+async def test_region_is_an_id_on_every_board(client: httpx.AsyncClient) -> None:
+    """A hash board ignores a region, but not a malformed one: it is refused as on a region board."""
+    name = await make_board(client)
+    long = "r" * 65
+    assert_error(
+        await client.get(f"/v1/boards/{name}/top", params={"region": long}), 422, "invalid_region", "region"
+    )
+    r = await client.post(
+        f"/v1/boards/{name}/scores", headers=AS_WRITER, json={"scores": [score("x", 1, "m", region=long)]}
+    )
+    assert_error(r, 422, "invalid_region", "scores[0].region")
+    assert (await client.get(f"/v1/boards/{name}/top", params={"region": "r" * 64})).status_code == 200

@@ -36,6 +36,18 @@ def test_rfc3339_to_epoch_ms(text: str, ms: int) -> None:
         "2026-11-30T08:00:00",  # no offset
         "2026-11-30",
         "yesterday",
+        # ISO 8601 forms that Python's fromisoformat takes and RFC 3339 does not:
+        "20261130T050000Z",
+        "2026-11-30T05:00Z",
+        "2026-11-30T05Z",
+        "2026-11-30 05:00:00Z",
+        "2026-11-30T05:00:00,5Z",
+        "2026-W48-1T05:00:00Z",
+        "2026-11-30T05:00:00+0200",
+        "2026-11-30T0٥:00:00Z",  # a non-ASCII digit
+        "2026-02-30T05:00:00Z",  # no such day
+        "2026-11-30T24:00:00Z",
+        "2026-11-30T23:59:60Z",  # a leap second: RFC 3339 grammar, but no instant Python can hold
         True,
         -1,
         times.END_MS,

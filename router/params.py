@@ -1,0 +1,64 @@
+"""Query parameters: the names each route takes, and strict integers and flags.
+
+Nothing a request names is ignored: a parameter a route does not take, or one given twice, is 400
+(a typo such as ``regoin=eu`` would otherwise quietly return the global board). Numbers are ASCII
+digits only: Python's ``int()`` also takes "٣", "1_0" and " 5", which no client means and the OpenAPI
+document does not allow.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from router.errors import ApiError
+from shardlb.errors import InvalidInput
+
+_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+_FLAGS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def checked(pairs: Iterable[tuple[str, str]], allowed: frozenset[str]) -> dict[str, str]:
+    """The query's parameters by name; 400 naming the first one not ``allowed`` or given twice."""
+    found: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in allowed:
+            raise ApiError(400, "unknown_parameter", f"this route takes no query parameter {name!r}", name)
+        if name in found:
+            raise ApiError(400, "repeated_parameter", f"the query parameter {name!r} is given twice", name)
+        found[name] = value
+    return found
+
+
+def integer(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    # Past 19 digits it is out of every range (and int() refuses strings of thousands of digits).
+    value = int(raw) if len(raw) <= 20 and _INTEGER.fullmatch(raw) else lo - 1
+    if not lo <= value <= hi:
+        raise InvalidInput(f"{name} must be an integer from {lo} to {hi}", name, "invalid_parameter")
+    return value
+
+
+def flag(params: Mapping[str, str], name: str) -> bool:
+    raw = params.get(name, "false").lower()
+    if raw not in _FLAGS:
+        raise InvalidInput(f"{name} must be true or false", name, "invalid_parameter")
+    return _FLAGS[raw]
+
+
+def integral(value: Any) -> Any:
+    """``value`` with every float that holds an integer (``5.0``) made an int, in lists and maps too.
+
+    JSON has one number type, and JSON Schema calls 5.0 an integer: a client whose encoder writes
+    every number with a decimal point sends integers all the same.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: integral(v) for k, v in value.items()}
+    return value

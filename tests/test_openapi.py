@@ -1,0 +1,148 @@
+"""/openapi.json against the server: what the document calls valid, the router accepts, and the rest
+it refuses. Each value is judged by the served document (jsonschema) and by the router on the suite's
+cluster, and the two verdicts must agree; then schemathesis runs every check it has on every operation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from jsonschema import Draft202012Validator
+
+from shardlb import times
+from shardlb.cluster import LocalCluster
+from shardlb.errors import InvalidInput
+from tests.router_support import ADMIN, AS_ADMIN, AS_WRITER, board_name, running
+from tests.test_router_server import ROOT, Server
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+async def client(cluster: LocalCluster) -> AsyncIterator[httpx.AsyncClient]:
+    async with running(cluster.url) as (_, c):
+        yield c
+
+
+@pytest.fixture(scope="module")
+async def document(client: httpx.AsyncClient) -> dict[str, Any]:
+    served: dict[str, Any] = (await client.get("/openapi.json")).json()
+    return served
+
+
+@pytest.fixture(scope="module")
+def server(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running_server = Server(cluster.url, tmp_path_factory.mktemp("router") / "router.log")
+    yield running_server
+    assert running_server.stop() == 0
+
+
+def valid(document: dict[str, Any], schema: dict[str, Any], value: object) -> bool:
+    """Whether ``value`` is valid against ``schema``, whose $refs point into the served document."""
+    return Draft202012Validator({**document, **schema}).is_valid(value)
+
+
+def parameter(document: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any] = document["components"]["parameters"][name]["schema"]
+    return found
+
+
+async def test_period_schema_is_what_the_server_takes(
+    client: httpx.AsyncClient, document: dict[str, Any]
+) -> None:
+    name = board_name()
+    every = {"periods": ["total", "daily", "weekly", "monthly"]}
+    assert (await client.put(f"/v1/boards/{name}", json=every, headers=AS_ADMIN)).status_code == 201
+    schema = parameter(document, "period")
+    for period in [
+        "total", "daily", "weekly", "monthly", "daily:2026-11-30", "weekly:2026-W48", "monthly:2026-11",
+        "m", "", "total:", "daily:", "Daily", "daily:2026-11-30 ", "weekly:2026-w48", "monthly:2026-11-01",
+        "weekly:٢٠٢٦-W48", "daily:2026-13-01", "weekly:2026-W00", "yearly", "total:2026",
+    ]:  # fmt: skip
+        r = await client.get(f"/v1/boards/{name}/top", params={"period": period})
+        assert r.status_code in (200, 422), r.text
+        assert valid(document, schema, period) == (r.status_code == 200), (period, r.text)
+
+
+async def test_achieved_at_schema_is_the_range_the_server_takes(
+    client: httpx.AsyncClient, document: dict[str, Any]
+) -> None:
+    """Judged by the parser every time value goes through (a board adds its own epoch and clock)."""
+    schema = document["components"]["schemas"]["Score"]["properties"]["achieved_at"]
+    for value in [
+        "1970-01-01T00:00:00Z", "2026-11-30T05:00:00.5+02:00", "9999-12-31T23:59:59.999Z", 0,
+        times.END_MS - 1, "0194-11-30T05:00:00Z", "1969-12-31T23:59:59Z", "10000-01-01T00:00:00Z",
+        "2026-11-30T05:00Z", "20261130T050000Z", "2026-11-30 05:00:00Z", -1, times.END_MS,
+    ]:  # fmt: skip
+        try:
+            times.parse(value, "achieved_at")
+            accepted = True
+        except InvalidInput:
+            accepted = False
+        assert valid(document, schema, value) == accepted, value
+
+
+async def test_board_settings_schema_names_no_other_board(
+    client: httpx.AsyncClient, document: dict[str, Any]
+) -> None:
+    """A body naming another board than the path is refused, so the PUT schema must not offer one."""
+    name = board_name()
+    body = {"board": "another-board"}
+    schema = document["paths"]["/v1/boards/{board}"]["put"]["requestBody"]["content"]["application/json"]
+    r = await client.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "board_mismatch"
+    assert not valid(document, schema["schema"], body)
+    assert valid(document, schema["schema"], {"mode": "incr"})
+
+
+async def test_region_schema_is_what_the_server_takes(
+    client: httpx.AsyncClient, document: dict[str, Any]
+) -> None:
+    name = board_name()
+    assert (await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+    schema = parameter(document, "region")
+    for region in ["eu", "r" * 64, "r" * 65, "", "e u", "é"]:
+        read = await client.get(f"/v1/boards/{name}/top", params={"region": region})
+        body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m", "region": region}]}
+        write = await client.post(f"/v1/boards/{name}/scores", json=body, headers=AS_WRITER)
+        assert read.status_code == write.status_code == (200 if valid(document, schema, region) else 422)
+
+
+def test_schemathesis_with_every_check(server: Server, tmp_path: Path) -> None:
+    """schemathesis run --checks all on the served document, all phases (coverage, fuzzing, stateful),
+    with an admin key so every operation gets past auth; deterministic (no seed, no example database),
+    one worker, 20 examples per operation. Its one narrowed check is in tests/openapi_hooks.py: a
+    schema-valid request may still be 422 for what only the named board or the clock decides."""
+    before = {b["board"] for b in httpx.get(f"{server.url}/v1/boards").json()["boards"]}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SCHEMATHESIS_HOOKS": "tests.openapi_hooks"}
+    try:
+        done = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "schemathesis"),
+                "run",
+                f"{server.url}/openapi.json",
+                "--checks=all",
+                "--exclude-checks=positive_data_acceptance",
+                f"--header=Authorization: Bearer {ADMIN}",
+                "--max-examples=20",
+                "--generation-deterministic",
+                "--workers=1",
+                "--request-timeout=10",
+                "--no-color",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        for board in {b["board"] for b in httpx.get(f"{server.url}/v1/boards").json()["boards"]} - before:
+            httpx.delete(f"{server.url}/v1/boards/{board}", headers=AS_ADMIN)
+    assert done.returncode == 0, done.stdout[-20_000:] + done.stderr[-5_000:]
