@@ -48,7 +48,9 @@ class Settings:
     insecure_dev: bool = False
     # Reads a second per client without a key (its address); keyed clients have their own rate, off
     # by default: the operator handed those keys out and can take them back.
-    read_rate: float = 100.0
+    # Per address, without a key: a player polls a few reads a second, a shared NAT or a test client
+    # many more; one address still gets well under a worker's share of uncached reads.
+    read_rate: float = 300.0
     read_burst: int = 0
     key_read_rate: float = 0.0
     rate_clients: int = 100_000
@@ -161,8 +163,8 @@ class Settings:
 
     @property
     def burst(self) -> int:
-        """Read bucket size: SHARDLB_READ_BURST, or one second of SHARDLB_READ_RATE when unset."""
-        return self.read_burst or max(1, int(self.read_rate))
+        """Read bucket size: SHARDLB_READ_BURST, or five seconds of SHARDLB_READ_RATE when unset."""
+        return self.read_burst or max(1, int(5 * self.read_rate))
 
     @property
     def key_burst(self) -> int:

@@ -24,8 +24,8 @@ def test_defaults_and_every_variable() -> None:
         10.0,
         MIB,
     )
-    assert (s.top_refresh_s, s.access_log, s.reads_require_key, s.read_rate) == (1.0, False, False, 100.0)
-    assert (s.burst, s.key_read_rate, s.trusted_proxies, s.max_requests) == (100, 0.0, (), 1000)
+    assert (s.top_refresh_s, s.access_log, s.reads_require_key, s.read_rate) == (1.0, False, False, 300.0)
+    assert (s.burst, s.key_read_rate, s.trusted_proxies, s.max_requests) == (1500, 0.0, (), 1000)
     assert s.max_read_body_bytes == 96 * 1024
     env = {
         **KEYED,
@@ -68,7 +68,7 @@ def test_defaults_and_every_variable() -> None:
     )
     assert (s.key_read_rate, s.key_burst, s.max_requests, s.max_read_body_bytes) == (1000.5, 1000, 64, 4096)
     assert [str(n) for n in s.trusted_proxies] == ["10.0.0.0/8", "192.168.1.7/32", "fd00::/8"]
-    assert Settings.from_env({**KEYED, "SHARDLB_READ_RATE": "20"}).burst == 20
+    assert Settings.from_env({**KEYED, "SHARDLB_READ_RATE": "20"}).burst == 100  # five seconds
     assert Settings.from_env({**KEYED, "SHARDLB_READ_RATE": "0"}).read_rate == 0.0  # off
 
 
