@@ -42,8 +42,8 @@ from bench.run import RESULTS, log
 from bench.testbed import machine, start_cluster
 from shardlb import keys, times
 from shardlb.board import Board, Score
-from shardlb.client import Scripts, connect
 from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
 from shardlb.store import BoardStore
 
 BATCH = 5000

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from bench import peers, raw
 from bench.latency import Phase
 from bench.workload import Workload
-from shardlb.client import Scripts, connect
+from shardlb.connection import Scripts, connect
 from shardlb.store import BoardStore
 
 KINDS = ("raw writes", "raw reads", "textbook writes", "textbook reads", "postgres writes", "postgres reads")

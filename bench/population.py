@@ -23,7 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 from bench.workload import Workload
 from shardlb import keys, periods
 from shardlb.board import Board
-from shardlb.client import Scripts, connect
+from shardlb.connection import Scripts, connect
 from shardlb.store import BoardStore
 
 CHUNK = 2000

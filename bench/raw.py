@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 
 from bench.latency import Phase, elapsed_ms, run_phase
 from bench.workload import Workload
-from shardlb.board import Board, Prepared, Score
+from shardlb.board import Board, Score, by_shard
 
 POOL_MATCHES = 20_000
 LAP_STRIDE = 7919  # a prime: lap k pairs match i's players with match i + k * LAP_STRIDE's points
@@ -61,10 +60,10 @@ class MatchPool:
 async def write_batch(board: Board, scores: Sequence[Score]) -> int:
     """Prepare, group by shard, one script call per shard, concurrently. Returns scores applied."""
     prepared = board.prepare(scores)
-    by_shard: dict[int, list[Prepared]] = defaultdict(list)
-    for p in prepared:
-        by_shard[p.shard].append(p)
-    replies = await asyncio.gather(*(board.apply_shard(shard, items) for shard, items in by_shard.items()))
+    groups = by_shard(prepared)
+    replies = await asyncio.gather(
+        *(board.apply_shard(shard, [prepared[i] for i in idx]) for shard, idx in groups.items())
+    )
     return sum(len(r) for r in replies)
 
 

@@ -33,7 +33,7 @@ from bench.run import RESULTS, log
 from bench.testbed import create_board, machine, masters_memory, start_cluster
 from bench.workload import Workload
 from shardlb.board import Board
-from shardlb.client import Scripts, connect
+from shardlb.connection import Scripts, connect
 from shardlb.store import BoardStore
 
 PAGE_OFFSET = 5_000_000

@@ -15,9 +15,9 @@ from typing import Any
 from bench import peers, population
 from bench.services import MAX_NODE_PORT
 from bench.workload import Workload
-from shardlb.client import Scripts, connect
 from shardlb.cluster import STATE_FILE, LocalCluster, free_port_block
 from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
 from shardlb.store import BoardStore
 
 

@@ -25,7 +25,7 @@ from router.middleware import Observe
 from router.scores import ScoresEndpoint
 from router.service import Service
 from router.settings import Settings
-from shardlb.client import redacted
+from shardlb.connection import redacted
 from shardlb.errors import ShardlbError
 
 log = logging.getLogger("shardlb.router")

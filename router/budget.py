@@ -20,15 +20,12 @@ bounds add up to at most the pool cap per primary:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
-from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
-from redis.typing import EncodableT, KeyT
 
 from router.gate import NodeGates
+from shardlb.connection import Script, primary_name
 
 READ_PIPELINES = 2
 REFRESH_LANES = 1
@@ -43,54 +40,23 @@ def connections_needed(node_concurrency: int, script_concurrency: int, read_conc
     return node_concurrency + script_concurrency + READ_PIPELINES * read_concurrency + LANES + RESERVE
 
 
-def node_name(client: RedisCluster, key: str) -> str:
-    """The name of the primary serving ``key`` in the client's slot map ("unknown" while it is
-    being refreshed: those calls then share one bound)."""
-    try:
-        node = client.nodes_manager.get_node_from_slot(client.keyslot(key))
-    except Exception:
-        return "unknown"
-    return str(node.name)
-
-
-class BoundedScript(AsyncScript):
+class BoundedScript(Script):
     """A Lua script whose every call holds a permit of its primary's gate (when ``gates`` is set; the
-    coalescer bounds write.lua itself). On NOSCRIPT (a promoted replica starts with an empty script
-    cache) the script is loaded on that primary only, under the same permit, so a reload takes one
-    connection, not one on every primary as ``AsyncScript`` does."""
+    coalescer bounds write.lua itself). Its NOSCRIPT reload (``Script``) runs under the same permit."""
 
     def __init__(self, client: RedisCluster, script: str, gates: NodeGates | None) -> None:
         super().__init__(client, script)
-        self.cluster = client
         self.gates = gates
 
     @classmethod
-    def of(cls, script: AsyncScript, client: RedisCluster, gates: NodeGates | None) -> BoundedScript:
+    def of(cls, script: Script, client: RedisCluster, gates: NodeGates | None) -> BoundedScript:
         text = script.script
         bounded = cls(client, text if isinstance(text, str) else bytes(text).decode(), gates)
         bounded.sha = script.sha
         return bounded
 
-    async def __call__(
-        self,
-        keys: Sequence[KeyT] | None = None,
-        args: Iterable[EncodableT] | None = None,
-        client: Any = None,
-    ) -> Any:
-        names = list(keys or [])
-        values = [*names, *(args or [])]
-        if self.gates is None or not names:
-            return await self._run(len(names), values)
-        async with self.gates(node_name(self.cluster, str(names[0]))):
-            return await self._run(len(names), values)
-
-    async def _run(self, numkeys: int, values: list[Any]) -> Any:
-        try:
-            return await self.cluster.evalsha(self.sha, numkeys, *values)
-        except NoScriptError:
-            node = self.cluster.get_node_from_key(str(values[0])) if numkeys else None
-            if node is None:
-                self.sha = await self.cluster.script_load(self.script)
-            else:
-                self.sha = await self.cluster.execute_command("SCRIPT LOAD", self.script, target_nodes=node)
-            return await self.cluster.evalsha(self.sha, numkeys, *values)
+    async def run(self, numkeys: int, values: list[Any]) -> Any:
+        if self.gates is None or not numkeys:
+            return await super().run(numkeys, values)
+        async with self.gates(primary_name(self.cluster, str(values[0]))):
+            return await super().run(numkeys, values)

@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from router import metrics
-from router.budget import node_name
 from router.errors import shutting_down
 from router.gate import NodeGates
-from shardlb.board import Board, Prepared, Result
+from shardlb.board import Board, Prepared, Result, by_shard
+from shardlb.connection import primary_name
 from shardlb.errors import Overloaded
 from shardlb.fanout import ScriptPipeline
 
@@ -77,7 +77,7 @@ class _Group:
 
 def primary_of(board: Board, shard: int) -> str:
     """The name of the primary that serves ``shard`` of ``board`` in the client's slot map."""
-    return node_name(board.client, board.prefixes[shard])
+    return primary_name(board.client, board.prefixes[shard])
 
 
 class Coalescer:
@@ -133,12 +133,12 @@ class Coalescer:
         ticket = _Ticket(n, loop.create_future())
         self._count(n)
         config_id = id(board.config)
-        for i, p in enumerate(prepared):
-            key = (board.config.id, p.shard, config_id)
+        for shard, positions in by_shard(prepared).items():
+            key = (board.config.id, shard, config_id)
             group = self._groups.get(key)
             if group is None:
-                group = self._groups[key] = _Group(key, board, p.shard)
-            group.queue.append((p, ticket, i))
+                group = self._groups[key] = _Group(key, board, shard)
+            group.queue.extend((prepared[i], ticket, i) for i in positions)
             if len(group.queue) >= self.max_batch and not group.running:
                 self._start(group)
         if self._timer is None:

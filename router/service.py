@@ -33,13 +33,13 @@ from router.limiter import ReadLimits
 from router.media import entry_body
 from router.settings import Settings
 from shardlb.board import Board
-from shardlb.client import Scripts, connect, redacted
+from shardlb.connection import Scripts, connect, redacted
 from shardlb.errors import ClusterUnavailable
 from shardlb.fanout import ScriptPipeline
+from shardlb.keys import SLOTS
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.router")
-SLOTS = 16384
 READY_TIMEOUT_S = 2.0
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from router.budget import LANES, READ_PIPELINES, RESERVE, connections_needed
-from shardlb.client import parse_url
+from shardlb.connection import parse_url
 from shardlb.errors import InvalidInput
 
 MIB = 1024 * 1024

@@ -1,8 +1,8 @@
 """shardlb: one leaderboard spread over many Redis Cluster shards that reads like one sorted list."""
 
 from shardlb.board import Board, Entry, PlayerEntry, Result, Score
-from shardlb.client import Scripts, connect
 from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
 from shardlb.store import BoardStore
 
 __all__ = [

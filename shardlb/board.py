@@ -15,8 +15,8 @@ from redis.exceptions import ResponseError
 
 from shardlb import keys, periods, times
 from shardlb.bands import BandMoves, Move
-from shardlb.client import Scripts
 from shardlb.config import ID_PATTERN, BoardConfig, check_id
+from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound, InvalidInput, PlayerNotFound
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
@@ -74,6 +74,14 @@ class PlayerEntry:
     entry: Entry
     players: int
     percentile: float
+
+
+def by_shard(prepared: Sequence[Prepared]) -> dict[int, list[int]]:
+    """The positions of ``prepared`` grouped by home shard, in their order within each shard."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(prepared):
+        groups[p.shard].append(i)
+    return groups
 
 
 class Board:
@@ -172,14 +180,12 @@ class Board:
     async def submit(self, scores: Sequence[Score], now_ms: int | None = None) -> list[Result]:
         """Validate, then apply per shard (atomic per shard, concurrent across shards, not atomic across)."""
         prepared = self.prepare(scores, now_ms)
-        by_shard: dict[int, list[int]] = defaultdict(list)
-        for i, p in enumerate(prepared):
-            by_shard[p.shard].append(i)
+        groups = by_shard(prepared)
         replies = await asyncio.gather(
-            *(self.apply_shard(shard, [prepared[i] for i in idx], now_ms) for shard, idx in by_shard.items())
+            *(self.apply_shard(shard, [prepared[i] for i in idx], now_ms) for shard, idx in groups.items())
         )
         results: list[Result | None] = [None] * len(prepared)
-        for idx, shard_results in zip(by_shard.values(), replies, strict=True):
+        for idx, shard_results in zip(groups.values(), replies, strict=True):
             for i, r in zip(idx, shard_results, strict=True):
                 results[i] = r
         return [r for r in results if r is not None]
@@ -200,17 +206,13 @@ class Board:
         """
         now = times.now_ms() if now_ms is None else now_ms
         key_list, args = self._script_call(shard, batch, now)
-        reply = None
-        if pipeline is not None:
-            try:
-                reply = await pipeline.call(self.scripts.write.sha, key_list, args)
-            except Exception:
-                reply = None  # NOSCRIPT, a redirect, a lost connection: the script object handles it
-        if reply is None:
-            try:
+        try:
+            if pipeline is None:
                 reply = await self.scripts.write(keys=key_list, args=args)
-            except ResponseError as e:
-                raise self.gone(e) from e
+            else:
+                reply = await pipeline.call(self.scripts.write, key_list, args)
+        except ResponseError as e:
+            raise self.gone(e) from e
         results: list[Result | None] = []
         moves = []
         repin: dict[int, Prepared] = {}

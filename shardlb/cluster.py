@@ -23,6 +23,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from shardlb.keys import SLOTS
 from shardlb.nodes import (
     BUS_PORT_OFFSET,
     RESERVED_PORT,
@@ -38,7 +39,6 @@ from shardlb.nodes import (
 )
 
 __all__ = [
-    "SLOTS",
     "STATE_FILE",
     "ClusterError",
     "ClusterStatus",
@@ -47,7 +47,6 @@ __all__ = [
     "master_slots",
 ]
 
-SLOTS = 16384
 _POLL_INTERVAL = 0.1
 _STOP_TIMEOUT = 10.0
 

@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.commands.core import SortedSetCommands
-from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-_SLOTS: dict[str, int] = {}
-_MAX_SLOT_CACHE = 100_000
+from shardlb.connection import Script, slot_of
+
+SCRIPT_CALLS_IN_FLIGHT = 8
 
 
 class Batch(SortedSetCommands):
@@ -92,16 +93,35 @@ class Batch(SortedSetCommands):
         return [c.result for c in commands]
 
 
+async def script_calls(client: RedisCluster, script: Script, calls: Sequence[tuple[str, Any]]) -> list[Any]:
+    """``script`` on several keys, one (key, argument) each: through per-node pipelines, or, when
+    anything fails there, call by call through ``script`` (which reloads it on NOSCRIPT)."""
+    if not calls:
+        return []
+    pipe = batch(client)
+    for key, arg in calls:
+        pipe.execute_command("EVALSHA", script.sha, 1, key, arg)
+    replies: list[Any] | None = await pipe.direct()
+    if replies is None:
+        gate = asyncio.Semaphore(SCRIPT_CALLS_IN_FLIGHT)  # one read must not take every connection
+
+        async def one(key: str, arg: Any) -> Any:
+            async with gate:
+                return await script(keys=[key], args=[arg])
+
+        replies = list(await asyncio.gather(*(one(key, arg) for key, arg in calls)))
+    return replies
+
+
 class ScriptPipeline:
     """Script calls made in the same turn of the event loop, sent as one pipeline per node.
 
     ``call`` queues an EVALSHA and returns its reply once the pipeline that carried it is read; the
     first call of a turn schedules the send right after the calls already due in that turn (the
     write coalescer starts every shard's call of a tick in one turn). A call whose command failed
-    raises: the caller retries it its own way (the script object reloads on NOSCRIPT and follows
-    redirects). A write script applied twice leaves the state of one call (its statuses then say
-    unchanged or duplicate, and a band move the first call left pending is finished by the second:
-    shardlb/bands.py).
+    there is made again on its own through the script object (NOSCRIPT reload, redirects). A write
+    script applied twice leaves the state of one call (its statuses then say unchanged or duplicate,
+    and a band move the first call left pending is finished by the second: shardlb/bands.py).
     """
 
     def __init__(self, client: RedisCluster) -> None:
@@ -109,7 +129,15 @@ class ScriptPipeline:
         self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
         self._sending: set[asyncio.Task[None]] = set()
 
-    def call(self, sha: str, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
+    async def call(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        """``script``'s reply for ``keys`` and ``args``, through the turn's pipeline or on its own."""
+        try:
+            return await self.queue(script.sha, keys, args)
+        except Exception:
+            return await script(keys=keys, args=args)
+
+    def queue(self, sha: str, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
+        """Queue an EVALSHA for the turn's pipeline; the future fails with whatever it met there."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         if not self._queued:
@@ -181,13 +209,3 @@ async def _pipeline(node: ClusterNode, commands: list[PipelineCommand], timeout:
 def batch(client: RedisCluster) -> Any:
     """A new Batch, typed loosely: redis-py types its command mixins for its own client classes only."""
     return Batch(client)  # type: ignore[abstract]
-
-
-def slot_of(key: str) -> int:
-    """The cluster slot of ``key`` (hash tag rules included), cached: a board's keys recur."""
-    slot = _SLOTS.get(key)
-    if slot is None:
-        if len(_SLOTS) >= _MAX_SLOT_CACHE:
-            _SLOTS.clear()
-        slot = _SLOTS[key] = key_slot(key.encode())
-    return slot

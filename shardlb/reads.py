@@ -7,16 +7,15 @@ be off by the writes in flight, and is exact once writes are quiescent.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 from redis.asyncio.cluster import RedisCluster
-from redis.commands.core import AsyncScript
 
-from shardlb.fanout import batch
+from shardlb.connection import Script
+from shardlb.fanout import batch, script_calls
 from shardlb.merge import Row, merge, rows, unique
 
 # A page whose start lies in the first SHALLOW rows is read as top(offset + limit): cheaper than bisecting.
@@ -24,7 +23,6 @@ SHALLOW = 1000
 MAX_BISECT_ROUNDS = 120
 TOP_SLACK = 8  # rows read from each shard for a top n beyond its expected share, 2 n / shards
 # Script calls one read sends at once (one connection each); pipelines need only one per node.
-SCRIPT_CALLS_IN_FLIGHT = 8
 
 
 @dataclass
@@ -33,7 +31,7 @@ class View:
 
     client: RedisCluster
     keys: list[str]
-    counts: AsyncScript
+    counts: Script
     banded: bool = False
     shallow: int = SHALLOW
 
@@ -111,18 +109,8 @@ class View:
         return [[int(reply[t]) for reply in replies] for t in range(len(targets))]
 
     async def _count_calls(self, calls: list[tuple[str, bytes]]) -> list[Any]:
-        """counts.lua on several shards, each with its packed (score, member) list: one EVALSHA per
-        shard through per-node pipelines, or, when that fails, through the script object (which
-        reloads the script on NOSCRIPT and, in the router, holds its primary's permit)."""
-        if not calls:
-            return []
-        pipe = batch(self.client)
-        for key, packed in calls:
-            pipe.execute_command("EVALSHA", self.counts.sha, 1, key, packed)
-        replies: list[Any] | None = await pipe.direct()
-        if replies is None:
-            replies = await _gather(self.counts(keys=[key], args=[packed]) for key, packed in calls)
-        return replies
+        """counts.lua on several shards, each with its packed (score, member) list."""
+        return await script_calls(self.client, self.counts, calls)
 
     async def around(self, row: Row, counts: list[int], radius: int) -> tuple[list[Row], int]:
         """Up to ``radius`` rows above and below ``row``; returns the rows and the index of ``row``."""
@@ -277,14 +265,3 @@ def _pack(flat: list[str]) -> bytes:
     """counts.lua's one argument: the flat (score, member, ...) list as MessagePack (one argument to
     encode instead of two per row: redis-py encodes arguments one by one, in Python)."""
     return bytes(msgpack.packb(flat))
-
-
-async def _gather(calls: Iterable[Awaitable[Any]], limit: int = SCRIPT_CALLS_IN_FLIGHT) -> list[Any]:
-    """Await calls concurrently, at most ``limit`` at once: one read must not take every connection."""
-    gate = asyncio.Semaphore(limit)
-
-    async def bounded(call: Awaitable[Any]) -> Any:
-        async with gate:
-            return await call
-
-    return list(await asyncio.gather(*(bounded(c) for c in calls)))

@@ -22,8 +22,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys
 from shardlb.board import Board
-from shardlb.client import Scripts
 from shardlb.config import BoardConfig, check_id
+from shardlb.connection import Scripts
 from shardlb.errors import BoardConflict, BoardNotFound
 
 # How long routers may cache a board's settings (router/boards.py). A board deleted through one

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from shardlb.client import Scripts, connect
 from shardlb.cluster import LocalCluster
+from shardlb.connection import Scripts, connect
 from shardlb.store import BoardStore
 
 

@@ -17,7 +17,8 @@ import pytest
 import redis
 
 from shardlb.cli import main
-from shardlb.cluster import SLOTS, ClusterError, ClusterStatus, LocalCluster, free_port_block, master_slots
+from shardlb.cluster import ClusterError, ClusterStatus, LocalCluster, free_port_block, master_slots
+from shardlb.keys import SLOTS
 
 
 def _free_ports(count: int) -> int:

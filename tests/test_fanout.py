@@ -99,8 +99,8 @@ async def test_script_calls_of_one_turn_share_a_pipeline_and_failures_are_per_ca
     monkeypatch.setattr(fanout, "_pipeline", counting)
     pipeline = fanout.ScriptPipeline(client)
     keys = [f"fanout:{{s{i}}}" for i in range(9)]
-    calls = [pipeline.call(sha, [key], [f"arg{i}"]) for i, key in enumerate(keys)]
-    calls.append(pipeline.call("0" * 40, [keys[0]], ["nope"]))
+    calls = [pipeline.queue(sha, [key], [f"arg{i}"]) for i, key in enumerate(keys)]
+    calls.append(pipeline.queue("0" * 40, [keys[0]], ["nope"]))
     got = await asyncio.gather(*calls, return_exceptions=True)
     assert got[:9] == [[key, f"arg{i}"] for i, key in enumerate(keys)]
     assert isinstance(got[9], NoScriptError)

@@ -691,7 +691,7 @@ def test_every_redis_client_has_the_password(overlay: str) -> None:
             assert redis_password_ref(c) == REDIS_SECRET, f"{owner['metadata']['name']}/{c['name']}"
     # the router takes it in its URL, as redis://:PASSWORD@seed,seed,...; the ConfigMap holds no
     # password, and the client made from the URL carries it to every node it connects to
-    from shardlb.client import connect
+    from shardlb.connection import connect
 
     c = container(get(overlay, "Deployment", ROUTER), "router")
     raw = config_data(overlay, c)["SHARDLB_REDIS_URL"]

@@ -17,8 +17,8 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys
-from shardlb.client import connect
 from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.connection import connect
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

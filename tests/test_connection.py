@@ -1,4 +1,4 @@
-"""The cluster client (`shardlb/client.py`): URL parsing, and AUTH against a password-protected cluster.
+"""The cluster connection (shardlb/connection.py): URL parsing, AUTH on a password-protected cluster.
 
 The session cluster has no password, so this module starts its own small cluster and turns AUTH on
 (requirepass, as the Kubernetes Redis nodes run): the client must authenticate to the seed node and
@@ -19,9 +19,9 @@ from router.service import Service
 from router.settings import Settings
 from shardlb import times
 from shardlb.board import Score
-from shardlb.client import Scripts, connect, parse_url, redacted
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect, parse_url, redacted
 from shardlb.errors import ClusterUnavailable, InvalidInput
 from shardlb.fanout import ScriptPipeline
 from shardlb.store import BoardStore

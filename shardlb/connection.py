@@ -1,15 +1,30 @@
-"""The cluster client and the Lua scripts, set up once per process before any request."""
+"""The cluster connection: the client, where a key lives, and the Lua scripts with their reload.
+
+Everything that needs a key's slot or node, or runs a script, comes here: ``slot_of`` and
+``primary_name`` read the client's slot map, and ``Script`` is the one NOSCRIPT policy (a promoted
+replica starts with an empty script cache: the script is loaded again on that node only, and the
+call made again). shardlb/fanout.py sends script calls through per-node pipelines first and falls
+back to ``Script`` calls.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from importlib import resources
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
+from redis.typing import EncodableT, KeyT
 
+from shardlb import keys
 from shardlb.errors import InvalidInput
+
+_SLOTS: dict[str, int] = {}
+_MAX_SLOT_CACHE = 100_000
 
 
 def parse_url(url: str) -> list[tuple[str, int]]:
@@ -76,25 +91,78 @@ def connect(url: str, max_connections: int = 64, timeout: float = 2.0) -> RedisC
     )
 
 
+def slot_of(key: str) -> int:
+    """The cluster slot of ``key`` (``keys.slot_of``), cached: a board's keys recur on every call."""
+    slot = _SLOTS.get(key)
+    if slot is None:
+        if len(_SLOTS) >= _MAX_SLOT_CACHE:
+            _SLOTS.clear()
+        slot = _SLOTS[key] = keys.slot_of(key)
+    return slot
+
+
+def node_of(client: RedisCluster, key: str) -> ClusterNode:
+    """The primary serving ``key`` in the client's slot map."""
+    return client.nodes_manager.get_node_from_slot(slot_of(key))
+
+
+def primary_name(client: RedisCluster, key: str) -> str:
+    """The name of the primary serving ``key`` ("unknown" while the slot map is being refreshed:
+    callers that bound work per primary then share one bound)."""
+    try:
+        return str(node_of(client, key).name)
+    except Exception:
+        return "unknown"
+
+
+class Script(AsyncScript):
+    """A Lua script of a cluster. On NOSCRIPT it is loaded again on the node that answered only (one
+    connection, where ``AsyncScript`` loads it on every primary) and the call is made again."""
+
+    def __init__(self, client: RedisCluster, script: str) -> None:
+        super().__init__(client, script)
+        self.cluster = client
+
+    async def __call__(
+        self,
+        keys: Sequence[KeyT] | None = None,
+        args: Iterable[EncodableT] | None = None,
+        client: Any = None,
+    ) -> Any:
+        names = list(keys or [])
+        return await self.run(len(names), [*names, *(args or [])])
+
+    async def run(self, numkeys: int, values: list[Any]) -> Any:
+        try:
+            return await self.cluster.evalsha(self.sha, numkeys, *values)
+        except NoScriptError:
+            if numkeys:
+                node = node_of(self.cluster, str(values[0]))
+                self.sha = await self.cluster.execute_command("SCRIPT LOAD", self.script, target_nodes=node)
+            else:
+                self.sha = await self.cluster.script_load(self.script)
+            return await self.cluster.evalsha(self.sha, numkeys, *values)
+
+
 def _source(name: str) -> str:
     return resources.files("shardlb.scripts").joinpath(name).read_text()
 
 
 @dataclass
 class Scripts:
-    """The board's Lua scripts. ``load`` puts them on every primary; AsyncScript reloads on NOSCRIPT
-    (a promoted replica starts with an empty script cache)."""
+    """The board's Lua scripts (shardlb/scripts/*.lua). ``load`` puts them on every primary before
+    the first call (concurrent first uses would race, redis-py #3935)."""
 
-    write: AsyncScript
-    band: AsyncScript
-    settle: AsyncScript
-    counts: AsyncScript
-    drop: AsyncScript
-    registry: AsyncScript
+    write: Script
+    band: Script
+    settle: Script
+    counts: Script
+    drop: Script
+    registry: Script
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:
-        return cls(**{f.name: client.register_script(_source(f"{f.name}.lua")) for f in fields(cls)})
+        return cls(**{f.name: Script(client, _source(f"{f.name}.lua")) for f in fields(cls)})
 
     async def load(self, client: RedisCluster) -> None:
         await client.initialize()
