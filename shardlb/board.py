@@ -17,7 +17,7 @@ from shardlb import keys, periods, times
 from shardlb.bands import BandMoves, Move
 from shardlb.config import ID_PATTERN, BoardConfig, check_id
 from shardlb.connection import Scripts
-from shardlb.errors import BoardNotFound, InvalidInput, PlayerNotFound
+from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
 from shardlb.reads import SHALLOW, View
@@ -25,6 +25,10 @@ from shardlb.sharding import Layout
 
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow", "r": "region_conflict"}
 GONE = "BOARDGONE"  # the error write.lua and band.lua answer with once the board was deleted
+JOURNAL_FULL = "JOURNALFULL"  # write.lua's error when the shard's journal is at its bound
+# Entries (script calls) a shard's journal may hold before writes are refused: the buffer while
+# PostgreSQL or the archiver is down (router setting SHARDLB_JOURNAL_MAX_ENTRIES).
+JOURNAL_MAX_ENTRIES = 50_000
 MAX_FUTURE_MS = 5 * 60_000
 QUARTER_HOUR_MS = 15 * 60_000
 
@@ -104,6 +108,7 @@ class Board:
         # Set once a script reports this incarnation deleted: a cache holding the board drops it.
         self.deleted = False
         self.bands = BandMoves(self)
+        self.journal_max = JOURNAL_MAX_ENTRIES
         self._dedup_bucket_ms = config.dedup_bucket_ms
         self._period_names = functools.lru_cache(maxsize=4096)(self._names_in_quarter_hour)
         self._expiry = functools.lru_cache(maxsize=4096)(self._period_expiry)
@@ -274,19 +279,24 @@ class Board:
                 ]
             member = f"{p.match_id}\x00{p.player_id}"
             items += [p.player_id, p.score, p.points, p.units, member, int(p.server_time), *index]
+        journal = key_index(keys.journal_key(prefix), 0) if self.config.durability == "journal" else 0
         c = self.codec
         header = [
             self.config.mode, c.time_bits, c.points_max, c.order, c.tiebreak, now, len(self.config.periods),
             version, pending, dedup, pins, rivals, list(self.config.sharding.bands), expiry,
+            journal, self.journal_max, self.config.id, self.incarnation, shard,
         ]  # fmt: skip
         return key_list, [msgpack.packb(header), msgpack.packb(items)]
 
     def gone(self, e: ResponseError) -> Exception:
-        """BoardNotFound for a script's BOARDGONE reply (and the board marked deleted); else ``e``."""
-        if not str(e).startswith(GONE):
-            return e
-        self.deleted = True
-        return BoardNotFound(f"board {self.config.id!r} was deleted", "board")
+        """The library's error for a script's own error reply: BoardNotFound for BOARDGONE (and the
+        board marked deleted), Overloaded for JOURNALFULL; any other reply stays ``e``."""
+        if str(e).startswith(GONE):
+            self.deleted = True
+            return BoardNotFound(f"board {self.config.id!r} was deleted", "board")
+        if str(e).startswith(JOURNAL_FULL):
+            return Overloaded("the board's journal is full: PostgreSQL or the archiver is behind", 5.0)
+        return e
 
     async def repair(self) -> int:
         """Finish band moves that a failed call left pending (band boards); return how many."""

@@ -13,6 +13,7 @@ from shardlb.errors import InvalidInput
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_\-.:]{1,64}$", re.ASCII)
 MODES = ("best", "incr", "set")
+DURABILITY = ("journal", "memory")
 STRATEGIES = ("hash", "region", "band")
 DEFAULT_EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
 DEFAULT_RETENTION = {"daily": 3, "weekly": 35, "monthly": 400}
@@ -33,7 +34,7 @@ DEDUP_BUCKETS = 24
 # Every field of a board's settings, in the order ``BoardConfig.to_dict`` writes them.
 SETTINGS = (
     "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max", "epoch",
-    "resolution", "dedup_window_s", "sharding",
+    "resolution", "dedup_window_s", "durability", "sharding",
 )  # fmt: skip
 
 
@@ -78,6 +79,9 @@ class BoardConfig:
     epoch_ms: int = DEFAULT_EPOCH_MS
     resolution: str = "s"
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
+    # "journal": every applied result is journaled in the same script call and archived in
+    # PostgreSQL (shardlb/archive.py); "memory": Redis only, lost with it (a board that can be lost).
+    durability: str = "journal"
     sharding: Sharding = field(default_factory=Sharding)
 
     @property
@@ -101,6 +105,7 @@ class BoardConfig:
             "epoch": times.format_ms(self.epoch_ms),
             "resolution": self.resolution,
             "dedup_window_s": self.dedup_window_s,
+            "durability": self.durability,
             "sharding": self.sharding.to_dict(),
         }
 
@@ -146,6 +151,7 @@ class BoardConfig:
             epoch_ms=epoch_ms,
             resolution=resolution,
             dedup_window_s=dedup,
+            durability=_choice(body, "durability", DURABILITY, "journal"),
             sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
         )
         config.codec()

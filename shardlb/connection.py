@@ -74,17 +74,18 @@ def _split_url(url: str) -> tuple[list[tuple[str, int]], str | None, str | None]
     return nodes, unquote(user) or None, unquote(password) if colon else None
 
 
-def connect(url: str, max_connections: int = 64, timeout: float = 2.0) -> RedisCluster:
+def connect(url: str, max_connections: int = 64, timeout: float = 2.0, decode: bool = True) -> RedisCluster:
     """A cluster client with deliberate timeouts and a connection cap (we queue in front of it).
 
     The URL's user name and password go to every node: redis-py gives each node it discovers,
-    and each per-node pipeline connection, the connection settings given here."""
+    and each per-node pipeline connection, the connection settings given here. ``decode=False``
+    leaves replies as bytes (the journal's entries carry MessagePack)."""
     nodes, username, password = _split_url(url)
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],
         username=username,
         password=password,
-        decode_responses=True,
+        decode_responses=decode,
         max_connections=max_connections,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,

@@ -10,6 +10,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:idx                      this shard's keys, scored by expiry
     lb:{<tag>}:<board>:<inc>:<shard>:ver / :pend              band boards: versions, unfinished band moves
     lb:{<tag>}:<board>:<inc>:<shard>:gone                     set (with a TTL) when the board is deleted
+    lb:{<tag>}:<board>:<inc>:<shard>:log                      the journal: a stream of applied results
 
 ``<inc>`` is the board's incarnation, a token drawn when the board is created: a board deleted and
 created again under the same id never shares a key with its former self, so a router that still
@@ -116,3 +117,7 @@ def pin_key(prefix: str, bucket: int) -> str:
 
 def gone_key(prefix: str) -> str:
     return prefix + "gone"
+
+
+def journal_key(prefix: str) -> str:
+    return prefix + "log"

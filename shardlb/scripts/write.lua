@@ -7,7 +7,9 @@
 --             periods_per_result, version key index (0: none), pending key index (0: none),
 --             {dedup key indices, current bucket last}, {pin key indices, current bucket last},
 --             {indices of the other regions' totals a player of this shard could live in},
---             {band start points (band boards)}, {expiry ms of each KEYS[i], 0 = never}
+--             {band start points (band boards)}, {expiry ms of each KEYS[i], 0 = never},
+--             journal key index (0: the board keeps no journal), journal bound (entries),
+--             board id, incarnation, shard (written into each journal entry)
 -- ARGV[2]     ONE MessagePack array, flat: per result player, score, points, time_units,
 --             dedup_member, server_time (1 when the caller sent no achieved time), <period key
 --             indices, total first>. (One packed argument instead of thousands: the client spends
@@ -19,6 +21,11 @@
 --             seen with: the caller sends the result again with that time)
 --   version, pending (band boards): the player's version and the comma-separated band indices
 --           that may still hold a stale row, when a band move is unfinished; 0 and '-' otherwise.
+-- Journal: every result that was applied (any status but d, o, r, p) is appended, in this same
+--   call, to the shard's stream as ONE entry: b board, i incarnation, s shard, r a MessagePack
+--   array, flat: dedup_member (match_id NUL player_id), points, time_units per result. So a
+--   result is on the board if and only if it is in the journal. A journal at its bound refuses the
+--   whole call (JOURNALFULL): nothing is applied, and the caller answers 503.
 -- Scores are integers below 2^53, which Lua doubles hold exactly; they are formatted with %.0f
 -- because Lua's default number formatting keeps only 14 digits.
 
@@ -30,6 +37,11 @@ local h = cmsgpack.unpack(ARGV[1])
 local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
 local now, P, vk, pendk = h[6], h[7], h[8], h[9]
 local dd, pins, rivals, bands, expiry = h[10], h[11], h[12], h[13], h[14]
+local jk, jmax = h[15], h[16]
+if jk > 0 and redis.call('XLEN', KEYS[jk]) >= jmax then
+  return redis.error_reply('JOURNALFULL the journal of this shard is at its bound; the archiver is behind')
+end
+local journal = {}
 local ndd = #dd
 local items = cmsgpack.unpack(ARGV[2])
 local pos = 1
@@ -185,12 +197,21 @@ while pos <= #items do
       pending = p
     end
   end
+  if jk > 0 and status ~= 'd' and status ~= 'o' and status ~= 'r' and status ~= 'p' then
+    journal[#journal + 1] = member
+    journal[#journal + 1] = points
+    journal[#journal + 1] = units
+  end
   out[#out + 1] = status
   out[#out + 1] = after and fmt(after) or ''
   out[#out + 1] = version
   out[#out + 1] = pending
 end
 
+if #journal > 0 then
+  redis.call('XADD', KEYS[jk], '*', 'b', h[17], 'i', h[18], 's', h[19], 'r', cmsgpack.pack(journal))
+  touched[jk] = true
+end
 for i, _ in pairs(touched) do
   local expire_at = expiry[i]
   if expire_at > 0 then

@@ -1,0 +1,49 @@
+"""The journal: each shard's stream of applied results, as write.lua appends them.
+
+One entry per script call that applied anything: ``b`` board, ``i`` incarnation, ``s`` shard and
+``r``, a MessagePack array of (dedup member, points, time units) per applied result, in the order
+applied. A result is on the board if and only if it is in its shard's journal (the script does
+both in one atomic call). The archiver (shardlb/archive.py) copies entries into PostgreSQL and
+trims what it committed; a rebuild replays the entries written after its snapshot.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgpack
+
+GROUP = "archiver"  # the consumer group every archiver reads the journals with
+
+
+class Applied(NamedTuple):
+    """One applied result as journaled: what a game server sent, with the time the board used."""
+
+    match_id: str
+    player_id: str
+    points: int
+    units: int
+
+
+class Entry(NamedTuple):
+    id: str
+    board: str
+    incarnation: str
+    shard: int
+    results: list[Applied]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
+    """An entry as XRANGE / XREADGROUP return it (from a client that does not decode replies)."""
+    get = {_text(k): v for k, v in fields.items()}
+    flat = msgpack.unpackb(get["r"], raw=False)
+    results = []
+    for n in range(0, len(flat), 3):
+        member = flat[n] if isinstance(flat[n], str) else bytes(flat[n]).decode()
+        match, _, player = member.rpartition("\x00")  # player ids never hold NUL; match ids may
+        results.append(Applied(match, player, int(flat[n + 1]), int(flat[n + 2])))
+    return Entry(_text(entry_id), _text(get["b"]), _text(get["i"]), int(_text(get["s"])), results)

@@ -1,0 +1,121 @@
+"""The journal agrees with the board (issue 11, item 1): replaying every shard's journal into the
+reference board gives exactly what the cluster's board shows, for every mode and strategy, with
+retries, duplicates, overflows and region conflicts in the workload; and a full journal refuses
+the whole call, applying nothing."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shardlb import keys, periods, times
+from shardlb.board import Board, Score
+from shardlb.config import BoardConfig
+from shardlb.connection import connect
+from shardlb.errors import Overloaded
+from shardlb.journal import decode
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+from tests.test_board import HOUR, expected_entries, sharding
+
+pytestmark = pytest.mark.cluster
+
+
+async def journal_of(board: Board, url: str) -> list[Score]:
+    """Every journaled result of the board, as the Scores that would apply it again."""
+    raw = connect(url, decode=False)
+    codec, layout = board.codec, board.layout
+    out = []
+    try:
+        for shard, prefix in enumerate(board.prefixes):
+            for entry_id, fields in await raw.xrange(keys.journal_key(prefix)):
+                entry = decode(entry_id, fields)
+                assert (entry.board, entry.incarnation, entry.shard) == (
+                    board.config.id,
+                    board.incarnation,
+                    shard,
+                )
+                region = None
+                if layout.strategy == "region":
+                    region = layout.sharding.regions[shard // layout.sharding.shards_per_region]
+                for r in entry.results:
+                    achieved = codec.epoch_ms + r.units * codec.unit_ms
+                    out.append(Score(r.player_id, r.points, r.match_id, achieved, region))
+    finally:
+        await raw.aclose()
+    return out
+
+
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+@pytest.mark.parametrize("strategy", ["hash", "region", "band"])
+async def test_replaying_the_journal_gives_the_board(
+    store: BoardStore, cluster_url: str, strategy: str, mode: str
+) -> None:
+    rng = random.Random(f"journal/{strategy}/{mode}")
+    config = BoardConfig.from_dict(
+        f"journal-{strategy}-{mode}",
+        {"mode": mode, "periods": ["daily"], "points_max": 500, "sharding": sharding(strategy, 3)},
+    )
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    regions = list(config.sharding.regions)
+    players = [f"p{i:02d}" for i in range(40)]
+    sent: list[Score] = []
+    try:
+        for batch_no in range(5):
+            where = {p: rng.choice(regions) for p in players} if regions else {}
+            batch = []
+            for _ in range(40):
+                if sent and rng.random() < 0.2:
+                    old = rng.choice(sent)
+                    batch.append(old._replace(region=where.get(old.player_id)))
+                    continue
+                player = rng.choice(players)
+                at = None if rng.random() < 0.2 else now - rng.choice([0, 1, 30]) * HOUR
+                batch.append(
+                    Score(player, rng.randrange(0, 300), f"m{batch_no}-{len(sent)}", at, where.get(player))
+                )
+                sent.append(batch[-1])
+            await board.submit(batch, now_ms=now + batch_no)
+        replayed = ReferenceBoard(config)
+        replayed.submit(await journal_of(board, cluster_url), now_ms=now)
+        want = expected_entries(replayed, "total", None)
+        assert want and await board.top(len(want) + 5) == want
+        day = periods.names_at(now - 30 * HOUR, config.periods, board.tz)[1]
+        want_day = expected_entries(replayed, day, None)
+        assert await board.top(len(want_day) + 5, "daily:" + day[2:]) == want_day
+    finally:
+        await store.delete(config.id)
+
+
+async def test_a_full_journal_refuses_the_whole_call(store: BoardStore) -> None:
+    config = BoardConfig.from_dict("journal-full", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    board.journal_max = 2
+    now = times.now_ms()
+    try:
+        await board.submit([Score("a", 1, "m1", now)], now_ms=now)
+        await board.submit([Score("b", 2, "m2", now)], now_ms=now)
+        with pytest.raises(Overloaded):
+            await board.submit([Score("c", 3, "m3", now), Score("a", 9, "m3", now)], now_ms=now)
+        assert [(e.player_id, e.points) for e in await board.top(10)] == [("b", 2), ("a", 1)]
+        board.journal_max = 3
+        await board.submit([Score("c", 3, "m3", now)], now_ms=now)
+        assert await board.size() == 3
+    finally:
+        await store.delete(config.id)
+
+
+async def test_a_memory_board_keeps_no_journal(store: BoardStore, cluster_url: str) -> None:
+    config = BoardConfig.from_dict(
+        "journal-none", {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    )
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    try:
+        await board.submit([Score(f"p{i}", i, "m", now) for i in range(10)], now_ms=now)
+        assert await board.size() == 10
+        assert await journal_of(board, cluster_url) == []
+    finally:
+        await store.delete(config.id)
