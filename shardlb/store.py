@@ -64,11 +64,14 @@ class BoardStore:
             raise BoardNotFound(f"no board {board_id!r}", "board")
         return self._board(board_id, record)
 
-    async def list(self) -> list[BoardConfig]:
+    async def boards(self) -> list[Board]:
+        """Every board of the registry (not those being deleted)."""
         raw = await self.client.hgetall(keys.BOARDS)
         records = ((str(k), orjson.loads(v)) for k, v in raw.items())
-        configs = (self._board(k, r).config for k, r in records if r.get("state") != "deleting")
-        return sorted(configs, key=lambda c: c.id)
+        return [self._board(k, r) for k, r in records if r.get("state") != "deleting"]
+
+    async def list(self) -> list[BoardConfig]:
+        return sorted((b.config for b in await self.boards()), key=lambda c: c.id)
 
     async def delete(self, board_id: str) -> None:
         """Mark the board deleting, drop every shard, then remove its record (see the module docstring)."""

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.postgres import LocalPostgres
 
 
 def _free_ports(count: int) -> int:
@@ -31,6 +32,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def cluster_url(cluster: LocalCluster) -> str:
     """`redis://host:port,...` listing every node of the session cluster."""
     return cluster.url
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """SHARDLB_POSTGRES_URL, or a private PostgreSQL server for the session (stopped at the end)."""
+    given = os.environ.get("SHARDLB_POSTGRES_URL")
+    if given:
+        yield given
+        return
+    server = LocalPostgres(tmp_path_factory.mktemp("postgres"), fast=True)
+    url = server.up()
+    try:
+        yield url
+    finally:
+        server.destroy()
 
 
 pytest_plugins = ["tests.store_fixture"]

@@ -1,0 +1,291 @@
+"""The archiver: every shard's journal drained into PostgreSQL, the source of truth.
+
+Each journal (shardlb/journal.py) is read with one consumer group, ``archiver``; several archivers
+may run at once under different consumer names and share the entries. One round reads a batch of
+new entries from every journal (XREADGROUP), takes over entries another consumer left unacknowledged
+for ``claim_idle_s`` (XAUTOCLAIM: a dead archiver's), writes them all in ONE transaction (COPY into a
+temporary table, then an upsert into ``match_results``), and only after the commit acknowledges them
+(XACK) and trims each journal up to its oldest entry not yet acknowledged. A crash anywhere leaves
+entries to read again; the upsert makes a replay harmless:
+
+- rows are keyed by (board, incarnation, match_id, player_id), one per result as the game sent it;
+- ``best`` keeps the better score of a key sent twice, ``set`` the later time, ``incr`` the first:
+  the same rule the board applied (an incr board's dedup window lets Redis count a replay that
+  comes after the window; PostgreSQL counts it once, and reconcile reports the difference).
+
+psycopg 3 is the driver: it is async, its COPY streams rows without building one big statement, it
+ships binary wheels, and the bench already used it for its PostgreSQL rival (one driver, not two).
+Board settings are kept in ``boards`` too, so a total loss of Redis can be rebuilt from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import orjson
+import psycopg
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from shardlb import keys
+from shardlb.board import Board
+from shardlb.journal import GROUP, Entry, decode
+from shardlb.store import BoardStore
+
+log = logging.getLogger("shardlb.archive")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS boards (
+    board text NOT NULL,
+    incarnation text NOT NULL,
+    settings jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    deleted_at timestamptz,
+    PRIMARY KEY (board, incarnation)
+);
+CREATE TABLE IF NOT EXISTS match_results (
+    board text NOT NULL,
+    incarnation text NOT NULL,
+    match_id text NOT NULL,
+    player_id text NOT NULL,
+    points bigint NOT NULL,
+    achieved_ms bigint NOT NULL,
+    score bigint NOT NULL,
+    shard integer NOT NULL,
+    journal_id text NOT NULL,
+    archived_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (board, incarnation, match_id, player_id)
+);
+CREATE INDEX IF NOT EXISTS match_results_by_shard ON match_results (board, incarnation, shard);
+"""
+
+_COLUMNS = "board, incarnation, match_id, player_id, points, achieved_ms, score, shard, journal_id"
+# What a second row of one key does, per board mode: the rule the board itself applied.
+_ON_CONFLICT = {
+    "best": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
+    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id WHERE EXCLUDED.score > match_results.score",
+    "set": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
+    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id "
+    "WHERE (EXCLUDED.achieved_ms, EXCLUDED.score) > (match_results.achieved_ms, match_results.score)",
+    "incr": "DO NOTHING",
+}
+# Which of one key's rows in a batch goes in: the same rule.
+_FIRST = {"best": "score DESC", "set": "achieved_ms DESC, score DESC", "incr": "achieved_ms"}
+
+
+async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
+    """A connection with the schema in place (idempotent)."""
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=False)
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(7427466)")  # one CREATE at a time
+        await conn.execute(SCHEMA)
+    return conn
+
+
+class Lag(NamedTuple):
+    """How far the archive is behind one journal: entries not yet acknowledged, and the age of the
+    oldest of them (seconds; 0 when there are none)."""
+
+    entries: int
+    seconds: float
+
+
+class Archiver:
+    """Drains the journals of every board in the registry; see the module docstring."""
+
+    def __init__(
+        self,
+        client: RedisCluster,
+        store: BoardStore,
+        db: psycopg.AsyncConnection[Any],
+        name: str,
+        count: int = 500,
+        claim_idle_s: float = 30.0,
+    ) -> None:
+        self.client = client  # replies as bytes: entries carry MessagePack
+        self.store = store
+        self.db = db
+        self.name = name
+        self.count = count
+        self.claim_idle_ms = int(claim_idle_s * 1000)
+        self.boards: dict[tuple[str, str], Board] = {}
+        self._groups: set[str] = set()
+        self._known: set[tuple[str, str]] = set()
+        self._failed = False
+
+    async def refresh(self) -> None:
+        """Learn the registry's boards (and record their settings in PostgreSQL)."""
+        found = await self.store.boards()
+        self.boards = {(b.config.id, b.incarnation): b for b in found if b.config.durability == "journal"}
+        new = [b for key, b in self.boards.items() if key not in self._known]
+        if new:
+            async with self.db.transaction():
+                for b in new:
+                    await self.db.execute(
+                        "INSERT INTO boards (board, incarnation, settings) VALUES (%s, %s, %s) "
+                        "ON CONFLICT DO NOTHING",
+                        (b.config.id, b.incarnation, orjson.dumps(b.config.to_dict()).decode()),
+                    )
+            self._known.update((b.config.id, b.incarnation) for b in new)
+
+    async def round(self) -> int:
+        """One pass over every journal; returns how many results it archived."""
+        streams = [(board, keys.journal_key(p)) for board in self.boards.values() for p in board.prefixes]
+        batches = await asyncio.gather(*(self._read(key) for _, key in streams))
+        self._failed = True  # until this round's entries are committed and acknowledged
+        entries = [(board, key, e) for (board, key), got in zip(streams, batches, strict=True) for e in got]
+        if not entries:
+            self._failed = False
+            return 0
+        rows = [row for board, _, entry in entries for row in _rows(board, entry)]
+        await self._write(rows)
+        acked: dict[str, list[str]] = {}
+        for _, key, entry in entries:
+            acked.setdefault(key, []).append(entry.id)
+        await asyncio.gather(*(self._ack(key, ids) for key, ids in acked.items()))
+        self._failed = False
+        return len(rows)
+
+    async def run(self, stop: asyncio.Event, idle_s: float = 0.2, refresh_s: float = 2.0) -> None:
+        """Archive until ``stop`` is set, refreshing the board list every ``refresh_s``; errors are
+        logged and retried after a pause (the entries stay in the journals meanwhile)."""
+        refreshed = 0.0
+        while not stop.is_set():
+            try:
+                if time.monotonic() - refreshed > refresh_s:
+                    await self.refresh()
+                    refreshed = time.monotonic()
+                if await self.round():
+                    continue
+            except (psycopg.Error, OSError, ResponseError) as e:
+                log.warning("archive round failed; retrying", extra={"fields": {"error": repr(e)}})
+                with contextlib.suppress(psycopg.Error):
+                    await self.db.rollback()
+                await _sleep(stop, 1.0)
+                continue
+            await _sleep(stop, idle_s)
+
+    async def lag(self) -> dict[str, Lag]:
+        """The lag of every journal this archiver knows, by journal key."""
+        out = {}
+        for board in self.boards.values():
+            for prefix in board.prefixes:
+                key = keys.journal_key(prefix)
+                out[key] = await journal_lag(self.client, key)
+        return out
+
+    async def _read(self, key: str) -> list[Entry]:
+        if key not in self._groups:
+            with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists
+                await self.client.xgroup_create(key, GROUP, id="0", mkstream=True)
+            self._groups.add(key)
+        try:
+            claimed: Any = await self.client.xautoclaim(
+                key, GROUP, self.name, self.claim_idle_ms, count=self.count
+            )
+            # After a failed round this consumer's own unacknowledged entries come first ("0").
+            start = "0" if self._failed else ">"
+            fresh: Any = await self.client.xreadgroup(GROUP, self.name, {key: start}, count=self.count)
+        except ResponseError as e:
+            if "NOGROUP" in str(e):  # the journal went with its board, or was trimmed away whole
+                self._groups.discard(key)
+                return []
+            raise
+        got = [decode(i, f) for i, f in claimed[1] if f]
+        for _, items in fresh or []:
+            got += [decode(i, f) for i, f in items if f]
+        return got
+
+    async def _write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        async with self.db.transaction(), self.db.cursor() as cur:
+            await cur.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS incoming (LIKE match_results INCLUDING DEFAULTS) "
+                "ON COMMIT DELETE ROWS"
+            )
+            async with cur.copy(f"COPY incoming ({_COLUMNS}) FROM STDIN") as copy:
+                for row in rows:
+                    await copy.write_row(row[1:])
+            for mode, rule in _ON_CONFLICT.items():
+                boards = sorted({(r[1], r[2]) for r in rows if r[0] == mode})
+                if not boards:
+                    continue
+                await cur.execute(
+                    f"INSERT INTO match_results ({_COLUMNS}) "
+                    f"SELECT DISTINCT ON (board, incarnation, match_id, player_id) {_COLUMNS} FROM incoming "
+                    "WHERE (board, incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+                    f"ORDER BY board, incarnation, match_id, player_id, {_FIRST[mode]} "
+                    f"ON CONFLICT (board, incarnation, match_id, player_id) {rule}",
+                    ([b for b, _ in boards], [i for _, i in boards]),
+                )
+
+    async def _ack(self, key: str, ids: list[str]) -> None:
+        await self.client.xack(key, GROUP, *ids)
+        await trim(self.client, key)
+
+
+def _rows(board: Board, entry: Entry) -> list[tuple[Any, ...]]:
+    """``match_results`` rows of one journal entry, each led by the board's mode."""
+    codec, mode = board.codec, board.config.mode
+    out = []
+    for r in entry.results:
+        achieved = codec.epoch_ms + r.units * codec.unit_ms
+        score = codec.encode_units(r.points, r.units)
+        out.append((mode, entry.board, entry.incarnation, r.match_id, r.player_id, r.points, achieved, score,
+                    entry.shard, entry.id))  # fmt: skip
+    return out
+
+
+async def trim(client: RedisCluster, key: str) -> None:
+    """Drop the journal's entries that every consumer has acknowledged: those older than its oldest
+    pending entry, or, with none pending, up to what the group has been given."""
+    # What the group has handed out is read BEFORE what is pending: an entry handed out in between
+    # is newer than that mark, so it is kept whether or not its consumer has acknowledged it yet.
+    groups = await client.xinfo_groups(key)
+    last = next((g for g in groups if _text(g["name"]) == GROUP), None)
+    if last is None:
+        return
+    floor = _next(_id(last["last-delivered-id"]))
+    pending = await client.xpending(key, GROUP)
+    if pending["pending"]:
+        oldest = _id(pending["min"])
+        floor = min(floor, oldest, key=_order)
+    await client.xtrim(key, minid=floor, approximate=False)
+
+
+async def journal_lag(client: RedisCluster, key: str) -> Lag:
+    """Entries not yet acknowledged by the archive (all of them when no archiver ever ran), and the
+    age of the oldest in seconds: after ``trim`` the stream holds exactly those."""
+    first = await client.xrange(key, count=1)
+    if not first:
+        return Lag(0, 0.0)
+    entries = await client.xlen(key)
+    ms = int(_id(first[0][0]).split("-")[0])
+    return Lag(int(entries), max(0.0, time.time() - ms / 1000))
+
+
+def _id(value: Any) -> str:
+    return _text(value)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _next(entry_id: str) -> str:
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

@@ -1,0 +1,163 @@
+"""A private PostgreSQL server for the archive, started the way the local Redis nodes are.
+
+``make run``, the tests and the bench use ``SHARDLB_POSTGRES_URL`` when it is set, and otherwise a
+server of their own: ``initdb`` once into a data directory, ``pg_ctl start`` on a free loopback port,
+trust authentication on loopback only, ``pg_ctl stop`` at the end. PostgreSQL refuses to run as
+root, so as root the server runs as the ``postgres`` user of the machine's PostgreSQL package, with
+its data directory in a folder that user owns (``/tmp/shardlb-postgres-<name>``; the state file in
+our directory points at it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from shardlb.nodes import ClusterError, free_port_block
+
+INSTALL_HINT = (
+    "PostgreSQL's server programs (initdb, pg_ctl) are not installed: install them "
+    "(Debian/Ubuntu: apt-get install postgresql) or set SHARDLB_POSTGRES_URL to a server"
+)
+STATE = "postgres.json"
+USER = "shardlb"
+DATABASE = "postgres"
+
+
+def binary(name: str) -> str:
+    """``initdb`` or ``pg_ctl``: on PATH, or in the newest /usr/lib/postgresql/<version>/bin."""
+    found = shutil.which(name)
+    if found:
+        return found
+    versions = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=_version)
+    if not versions:
+        raise ClusterError(INSTALL_HINT)
+    return versions[-1]
+
+
+def _version(path: str) -> float:
+    try:
+        return float(Path(path).parent.parent.name)
+    except ValueError:
+        return 0.0
+
+
+class LocalPostgres:
+    """One private server whose state lives in ``dir`` (see the module docstring)."""
+
+    def __init__(self, dir: Path | str, port: int = 0, fast: bool = False) -> None:
+        self.dir = Path(dir).resolve()
+        self.port = port
+        # Tests trade crash safety for speed; `make run` keeps fsync on: the archive is the truth.
+        self.fast = fast
+        self.owner = _server_user()
+        if self.owner is None:
+            self.data = self.dir / "postgres"
+        else:
+            digest = hashlib.sha1(str(self.dir).encode()).hexdigest()[:12]
+            self.data = Path(f"/tmp/shardlb-postgres-{digest}")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{USER}@127.0.0.1:{self.port}/{DATABASE}"
+
+    def up(self) -> str:
+        """Start the server (initialising it the first time) and return its URL; idempotent."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        state = self.dir / STATE
+        if state.exists() and not self.port:
+            self.port = int(json.loads(state.read_text())["port"])
+        if self._running():
+            return self.url
+        if not (self.data / "PG_VERSION").exists():
+            self._init()
+        if not self.port or not _free(self.port):
+            self.port = free_port_block(1, start=self.port or 25432)
+        options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1"
+        if self.fast:
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        self._run(binary("pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.data / "server.log"),
+                  "-w", "-t", "60", "start")  # fmt: skip
+        state.write_text(json.dumps({"port": self.port, "data": str(self.data)}))
+        return self.url
+
+    def down(self) -> None:
+        """Stop the server if it runs; the data stays for the next ``up``."""
+        if self._running():
+            self._run(binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def destroy(self) -> None:
+        """Stop the server and remove its data."""
+        self.down()
+        shutil.rmtree(self.data, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / STATE).unlink()
+
+    def _init(self) -> None:
+        self.data.mkdir(parents=True, exist_ok=True)
+        if self.owner is not None:
+            os.chown(self.data, self.owner.pw_uid, self.owner.pw_gid)
+        self.data.chmod(0o700)
+        self._run(binary("initdb"), "-D", str(self.data), "-U", USER, "--auth=trust", "-E", "UTF8",
+                  "--locale=C", "--no-sync")  # fmt: skip
+
+    def _running(self) -> bool:
+        if not (self.data / "postmaster.pid").exists():
+            return False
+        done = subprocess.run(
+            [binary("pg_ctl"), "-D", str(self.data), "status"], capture_output=True, **self._as_owner()
+        )
+        return done.returncode == 0
+
+    def _run(self, *argv: str) -> None:
+        done = subprocess.run(list(argv), capture_output=True, text=True, **self._as_owner())
+        if done.returncode != 0:
+            log = self.data / "server.log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise ClusterError(f"{Path(argv[0]).name} failed: {done.stderr.strip()}\n{tail}")
+
+    def _as_owner(self) -> dict[str, Any]:
+        if self.owner is None:
+            return {}
+        return {"user": self.owner.pw_uid, "group": self.owner.pw_gid, "cwd": "/tmp"}
+
+
+def _server_user() -> pwd.struct_passwd | None:
+    """Whom the server runs as: this user, or ``postgres`` when this is root."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError as e:
+        raise ClusterError(
+            "PostgreSQL does not run as root and there is no 'postgres' user: install PostgreSQL's "
+            "package (apt-get install postgresql) or set SHARDLB_POSTGRES_URL"
+        ) from e
+
+
+def _free(port: int) -> bool:
+    return free_port_block(1, start=port) == port
+
+
+def wait_until_ready(url: str, timeout_s: float = 30.0) -> None:
+    """Block until the server at ``url`` accepts a connection."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with psycopg.connect(url, connect_timeout=2):
+                return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

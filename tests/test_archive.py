@@ -1,0 +1,193 @@
+"""The archiver (issue 11, item 2) against the suite's cluster and a real PostgreSQL: what it
+archives gives the board back, a replay or a second archiver changes nothing, a dead archiver's
+entries are taken over, and while PostgreSQL is away the journals buffer up to their bound, past
+which writes are refused, never dropped."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from shardlb import keys, times
+from shardlb.archive import Archiver, connect_db, journal_lag
+from shardlb.board import Board, Score
+from shardlb.config import BoardConfig
+from shardlb.connection import connect
+from shardlb.errors import Overloaded
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+from tests.test_board import HOUR, expected_entries, sharding
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+async def raw(cluster_url: str) -> AsyncIterator[Any]:
+    client = connect(cluster_url, decode=False)
+    yield client
+    await client.aclose()
+
+
+async def archiver(raw: Any, store: BoardStore, postgres_url: str, name: str = "a1", **kw: Any) -> Archiver:
+    a = Archiver(raw, store, await connect_db(postgres_url), name, **kw)
+    await a.refresh()
+    return a
+
+
+async def drain(a: Archiver) -> int:
+    total = 0
+    while n := await a.round():
+        total += n
+    return total
+
+
+async def archived(postgres_url: str, board: Board) -> list[Score]:
+    """The board's rows in PostgreSQL, as Scores (region from the shard, as the board placed them)."""
+    layout = board.layout
+    async with await psycopg.AsyncConnection.connect(postgres_url) as db:
+        cur = await db.execute(
+            "SELECT match_id, player_id, points, achieved_ms, shard FROM match_results "
+            "WHERE board = %s AND incarnation = %s ORDER BY journal_id",
+            (board.config.id, board.incarnation),
+        )
+        rows = await cur.fetchall()
+    out = []
+    for match, player, points, achieved, shard in rows:
+        region = None
+        if layout.strategy == "region":
+            region = layout.sharding.regions[shard // layout.sharding.shards_per_region]
+        out.append(Score(player, points, match, achieved, region))
+    return out
+
+
+async def write_random(board: Board, rng: random.Random, batches: int = 4) -> None:
+    now = times.now_ms()
+    regions = list(board.config.sharding.regions)
+    players = [f"p{i:02d}" for i in range(30)]
+    sent: list[Score] = []
+    for batch_no in range(batches):
+        where = {p: rng.choice(regions) for p in players} if regions else {}
+        batch = []
+        for _ in range(30):
+            if sent and rng.random() < 0.25:
+                old = rng.choice(sent)  # a client's retry
+                batch.append(old._replace(region=where.get(old.player_id)))
+                continue
+            player = rng.choice(players)
+            at = now - rng.choice([0, 1, 30]) * HOUR
+            batch.append(
+                Score(player, rng.randrange(0, 300), f"m{batch_no}-{len(sent)}", at, where.get(player))
+            )
+            sent.append(batch[-1])
+        await board.submit(batch, now_ms=now)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+@pytest.mark.parametrize("strategy", ["hash", "region", "band"])
+async def test_the_archive_gives_the_board_back(
+    store: BoardStore, raw: Any, postgres_url: str, strategy: str, mode: str
+) -> None:
+    config = BoardConfig.from_dict(
+        f"archive-{strategy}-{mode}", {"mode": mode, "points_max": 500, "sharding": sharding(strategy, 3)}
+    )
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        await write_random(board, random.Random(f"archive/{strategy}/{mode}"))
+        assert await drain(a) > 0
+        ref = ReferenceBoard(config)
+        ref.submit(await archived(postgres_url, board), now_ms=times.now_ms())
+        want = expected_entries(ref, "total", None)
+        assert want and await board.top(len(want) + 5) == want
+        for prefix in board.prefixes:  # every archived entry was trimmed from its journal
+            assert await journal_lag(raw, keys.journal_key(prefix)) == (0, 0.0)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_a_replay_and_a_second_archiver_change_nothing(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    config = BoardConfig.from_dict(
+        "archive-replay", {"mode": "incr", "sharding": {"strategy": "hash", "shards": 4}}
+    )
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url, "a1", claim_idle_s=0)
+    b = await archiver(raw, store, postgres_url, "b1", claim_idle_s=0)
+    try:
+        await write_random(board, random.Random("replay"))
+        # a reads and commits, but dies before it acknowledges: b takes the entries over
+        real_ack = a._ack
+
+        async def lost(*_: Any) -> None:
+            raise ConnectionError("archiver a died after its commit")
+
+        a._ack = lost  # type: ignore[method-assign]
+        with pytest.raises(ConnectionError):
+            await a.round()
+        first = await archived(postgres_url, board)
+        assert first
+        assert await drain(b) > 0  # the same entries again, through the upsert
+        a._ack = real_ack  # type: ignore[method-assign]
+        await drain(a)
+        again = await archived(postgres_url, board)
+        assert sorted(again) == sorted(first)
+        ref = ReferenceBoard(config)
+        ref.submit(again, now_ms=times.now_ms())
+        assert await board.top(100) == expected_entries(ref, "total", None)
+    finally:
+        await a.db.close()
+        await b.db.close()
+        await store.delete(config.id)
+
+
+async def test_a_dead_archivers_unread_entries_are_taken_over(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    config = BoardConfig.from_dict("archive-dead", {"sharding": {"strategy": "hash", "shards": 2}})
+    board, _ = await store.create(config)
+    dead = await archiver(raw, store, postgres_url, "dead")
+    alive = await archiver(raw, store, postgres_url, "alive", claim_idle_s=0)
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(20)], now_ms=now)
+        for prefix in board.prefixes:  # delivered to `dead`, which never writes them
+            assert await dead._read(keys.journal_key(prefix))
+        assert await drain(alive) == 20
+        assert len(await archived(postgres_url, board)) == 20
+    finally:
+        await dead.db.close()
+        await alive.db.close()
+        await store.delete(config.id)
+
+
+async def test_without_postgres_the_journal_buffers_then_refuses(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    config = BoardConfig.from_dict("archive-down", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    board.journal_max = 3
+    a = await archiver(raw, store, postgres_url)
+    try:
+        await a.db.close()  # PostgreSQL is gone
+        now = times.now_ms()
+        for i in range(3):
+            await board.submit([Score(f"p{i}", 10 + i, f"m{i}", now)], now_ms=now)
+        with pytest.raises(psycopg.Error):
+            await a.round()
+        with pytest.raises(Overloaded):  # refused, not accepted and dropped
+            await board.submit([Score("late", 99, "m9", now)], now_ms=now)
+        assert (await journal_lag(raw, keys.journal_key(board.prefixes[0]))).entries == 3
+        a.db = await connect_db(postgres_url)  # PostgreSQL is back
+        assert await drain(a) == 3
+        await board.submit([Score("late", 99, "m9", now)], now_ms=now)
+        assert await drain(a) == 1
+        assert {s.player_id for s in await archived(postgres_url, board)} == {"p0", "p1", "p2", "late"}
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
