@@ -158,16 +158,15 @@ def finish(summary: dict[str, Any]) -> None:
 def cpu_per_write(summary: dict[str, Any]) -> dict[str, dict[str, float | None]]:
     """Whole-machine CPU µs per player-score write, by process kind, for the HTTP path and the raw
     limit: on one shared machine the ratio of their rates is bounded by the ratio of these sums."""
+    c = costs(summary)
     out: dict[str, dict[str, float | None]] = {}
     w = summary.get("http", {}).get("writes")
     if w:
-        n = w.get("scores_written", 0)
-        cpu = w["cpu"]["cpu_s"]
-        out["http"] = {"router": _per(cpu.get("router"), n), "locust": _per(cpu.get("locust"), n)}
-        out["http"]["store"] = server_us(w, n)
+        store = server_us(w, w["scores_written"])
+        out["http"] = {"router": c["router_us_per_write"], "locust": c["locust_us_per_write"], "store": store}
     w = summary.get("raw", {}).get("writes")
     if w:
-        out["raw"] = {"library": _per(w["driver_cpu_seconds"], w["items"]), "store": server_us(w, w["items"])}
+        out["raw"] = {"library": c["library_us_per_write"], "store": server_us(w, w["items"])}
     return out
 
 
