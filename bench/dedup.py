@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import random
 import shutil
 import sys
@@ -38,7 +37,7 @@ from typing import Any
 
 import redis
 
-from bench.run import RESULTS, log
+from bench.harness import env_int, env_ints, log, publish, run_dir
 from bench.testbed import machine, start_cluster
 from shardlb import keys, times
 from shardlb.board import Board, Score
@@ -50,26 +49,6 @@ BATCH = 5000
 CHECKPOINTS = 10
 INTSET_FILL = 256  # members per small set: half of set-max-intset-entries, so none passes 512
 STEAM_BASE = 76_561_197_960_265_728  # player ids shaped like 17-digit platform account ids
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise SystemExit(f"{name}: expected a positive integer, got {raw!r}")
-    return int(raw)
-
-
-def _env_ints(name: str, default: str) -> list[int]:
-    raw = os.environ.get(name, "") or default
-    try:
-        values = [int(v) for v in raw.split(",") if v.strip()]
-    except ValueError:
-        raise SystemExit(f"{name}: expected comma-separated integers, got {raw!r}") from None
-    if not values or min(values) < 1:
-        raise SystemExit(f"{name}: expected positive integers, got {raw!r}")
-    return values
 
 
 def results_batch(rng: random.Random, n: int, players: int) -> list[Score]:
@@ -267,13 +246,12 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    results = _env_int("SHARDLB_DEDUP_RESULTS", 1_000_000)
-    players = _env_int("SHARDLB_DEDUP_PLAYERS", 10_000)
-    cpu_results = _env_int("SHARDLB_DEDUP_CPU_RESULTS", 200_000)
-    counts = _env_ints("SHARDLB_DEDUP_BUCKETS", "4,24")
+    results = env_int("SHARDLB_DEDUP_RESULTS", 1_000_000)
+    players = env_int("SHARDLB_DEDUP_PLAYERS", 10_000)
+    cpu_results = env_int("SHARDLB_DEDUP_CPU_RESULTS", 200_000)
+    counts = env_ints("SHARDLB_DEDUP_BUCKETS", "4,24")
     name = time.strftime("dedup-%Y%m%d-%H%M%S")
-    out = RESULTS / name
-    out.mkdir(parents=True, exist_ok=True)
+    out = run_dir(name)
     cluster = start_cluster(1, 0, out / "cluster", start=22100)
     node = node_client(cluster.url)
     try:
@@ -298,10 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "dedup.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "dedup.md").write_text(markdown(result))
-    latest = RESULTS / "latest"
-    latest.mkdir(exist_ok=True)
-    for f in ("dedup.json", "dedup.md"):
-        shutil.copy(out / f, latest / f)
+    publish(out, ("dedup.json", "dedup.md"))
     print((out / "dedup.md").read_text())
     return 0
 

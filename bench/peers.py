@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
 from bench.latency import Phase, elapsed_ms, run_phase
-from bench.raw import MatchPool
+from bench.raw import MatchPool, read_mix
 from bench.workload import Workload
 from shardlb.codec import ScoreCodec
 
@@ -92,15 +93,11 @@ async def textbook_reads(
     client: RedisCluster, board: str, workload: Workload, seconds: float, concurrency: int = 16, seed: int = 4
 ) -> Phase:
     key = textbook_key(board)
-    rng = random.Random(seed)
 
-    async def step(phase: Phase, _: int) -> None:
-        kind = workload.read_kind(rng)
-        t0 = time.perf_counter()
-        await textbook_read(client, key, workload, rng, kind)
-        phase.record(kind, elapsed_ms(t0))
+    def read(rng: random.Random, kind: str) -> Awaitable[None]:
+        return textbook_read(client, key, workload, rng, kind)
 
-    return await run_phase(Phase("textbook reads"), seconds, concurrency, step)
+    return await read_mix("textbook reads", workload, seconds, concurrency, seed, read)
 
 
 # ---- PostgreSQL ---------------------------------------------------------------------------------

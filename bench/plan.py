@@ -111,16 +111,7 @@ def plan(
     # each master's share of the writes: take the fewest masters that fit both.
     per_shard_read = c["redis_master_us_per_read"] / BENCH_SHARDS / 1e6
     write_cores = writes * write_us / 1e6
-
-    def shards_each(m: int) -> int:
-        return max(math.ceil(MIN_SHARDS / m), math.ceil(players / (m * MAX_PLAYERS_PER_SHARD)))
-
-    fits = None
-    for m in range(max(1, by_memory), MAX_MASTERS + 1):
-        read_load = reads * per_shard_read * shards_each(m)
-        if read_load + write_cores / m <= MASTER_UTILISATION:
-            fits = m
-            break
+    fits = fewest_masters(players, reads * per_shard_read, write_cores, max(1, by_memory))
     if fits is None:
         # Reads do not fit even at one shard per master: spread the board that far, size for the
         # writes, and say how many reads of this mix a master can take.
@@ -128,7 +119,7 @@ def plan(
     else:
         masters = fits
     by_cpu = math.ceil(write_cores / MASTER_UTILISATION)
-    per_master = shards_each(masters)
+    per_master = shards_per_master(players, masters)
     read_load = reads * per_shard_read * per_master
     shards = min(1024, masters * per_master)
     redis_cores = (writes * write_us / 1e6) + reads * per_shard_read * shards
@@ -138,18 +129,37 @@ def plan(
         "masters": "memory" if by_memory >= by_cpu and by_memory > 1 else "CPU",
         "shards": f"{shards // masters} per master: at least {MIN_SHARDS} in all, at most "
         f"{MAX_PLAYERS_PER_SHARD:,} players a shard",
-        "reads": f"reads take {read_load:.2f} of each master's {MASTER_UTILISATION:g}-core budget"
-        + (
-            f" -- OVER BUDGET: a read of this mix touches every shard, and even at one shard per "
-            f"master about {MASTER_UTILISATION / per_shard_read:,.0f} reads/s fit; cache reads in the "
-            "routers, use fewer shards, or serve reads from replicas"
-            if fits is None and reads > 0
-            else ""
-        ),
+        "reads": _reads_reason(read_load, per_shard_read, over_budget=fits is None and reads > 0),
     }
     memory_per_node = int(data / masters * FORK_HEADROOM)
     return Plan(
         masters, replicas, shards, routers, memory_per_node, data, dedup, redis_cores, router_cores, reasons
+    )
+
+
+def shards_per_master(players: int, masters: int) -> int:
+    """At least MIN_SHARDS in all, and no shard over MAX_PLAYERS_PER_SHARD players."""
+    return max(math.ceil(MIN_SHARDS / masters), math.ceil(players / (masters * MAX_PLAYERS_PER_SHARD)))
+
+
+def fewest_masters(players: int, read_cores_per_shard: float, write_cores: float, least: int) -> int | None:
+    """The fewest masters, ``least`` or more, on which each master's share of the writes and its
+    shards' slice of every read fit its budget; None when the reads do not fit even at one shard per
+    master."""
+    for m in range(least, MAX_MASTERS + 1):
+        if read_cores_per_shard * shards_per_master(players, m) + write_cores / m <= MASTER_UTILISATION:
+            return m
+    return None
+
+
+def _reads_reason(read_load: float, per_shard_read: float, over_budget: bool) -> str:
+    reason = f"reads take {read_load:.2f} of each master's {MASTER_UTILISATION:g}-core budget"
+    if not over_budget:
+        return reason
+    return (
+        f"{reason} -- OVER BUDGET: a read of this mix touches every shard, and even at one shard per "
+        f"master about {MASTER_UTILISATION / per_shard_read:,.0f} reads/s fit; cache reads "
+        "in the routers, use fewer shards, or serve reads from replicas"
     )
 
 
@@ -202,6 +212,22 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
+ASSUMPTIONS = (
+    "  - the per-operation costs scale linearly from the bench (same read mix, same players",
+    "    per match, same script); reads fan out to every shard, so their Redis cost grows",
+    "    with the shards;",
+    "  - dated periods keep, alive at once and active: "
+    + "; ".join(f"{k} {n} sets x {a:.0%}" for k, (n, a) in PERIOD_SETS.items())
+    + ";",
+    "  - replicas double memory and add redis_replica_us_per_write on their own cores;",
+    "  - a board's shard count is fixed when it is created: size it for the most masters you expect",
+    f"    (at least {MIN_SHARDS}); more shards make every read touch more of them;",
+    "  - a 2-core bench machine shares its cores between everything: treat its costs as upper bounds",
+    "    for dedicated hosts, and re-run `make bench` on hardware like production's before",
+    "    buying it.",
+)
+
+
 def render(
     p: Plan,
     players: int,
@@ -213,17 +239,8 @@ def render(
     incr: float = 0.0,
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S,
 ) -> str:
+    """The plan, the costs it used, the model with its figures, and the assumptions behind it."""
     nodes = p.masters * (1 + p.replicas)
-    members = dedup_members(writes, incr, dedup_window_s)
-    per_member = costs["bytes_per_dedup_member"] * FRAGMENTATION
-    dedup_line = (
-        f"  dedup = writes x {incr:g} incr share x {dedup_window_s:,} s window x {DEDUP_LIFETIME:.3f} "
-        f"(one window and one of {DEDUP_BUCKETS} buckets) = {members:,.0f} records x "
-        f"bytes_per_dedup_member x {FRAGMENTATION:g} = {_gib(p.dedup_bytes)}"
-    )
-    if incr == 0:
-        everything = dedup_members(writes, 1.0, dedup_window_s) * per_member
-        dedup_line += f" (with --incr 1, every write to incr boards: {_gib(everything)})"
     return "\n".join(
         [
             f"Plan for {players:,} players, {writes:,.0f} player-score writes/s ({incr:.0%} to incr boards, "
@@ -243,37 +260,45 @@ def render(
             *(f"  {k} = {v:g}" for k, v in sorted(costs.items())),
             "",
             "Model:",
-            f"  w = redis_master_us_per_write x (1 + {EXTRA_PERIOD_WRITE_COST:g} per extra period)"
-            f" + incr share x {DEDUP_BUCKETS + 1} x redis_master_us_per_dedup_lookup; "
-            f"r = redis_master_us_per_read / {BENCH_SHARDS} (one read on one shard)",
-            "  every read touches every shard: per master, writes x w / masters"
-            " + reads x r x shards per master"
-            f" <= {MASTER_UTILISATION:g} core",
-            f"  {p.reasons['reads']}",
-            f"  masters = max(that CPU bound, data / {_gib(MAX_DATA_PER_MASTER)} per master); "
-            f"Redis CPU in all = {p.redis_cores:.2f} cores",
-            f"  data = players x bytes_per_player x {memory_factor(periods):.2f} (entries per player for the "
-            f"periods) x {FRAGMENTATION:g} fragmentation + dedup = {_gib(p.data_bytes)}",
-            dedup_line,
-            "  router CPU = writes x router_us_per_write + reads x router_us_per_read"
-            f" = {p.router_cores:.2f} cores;"
-            f" routers = that / {ROUTER_UTILISATION:g}",
+            *_model(p, writes, periods, costs, incr, dedup_window_s),
             "",
             "Assumptions:",
-            "  - the per-operation costs scale linearly from the bench (same read mix, same players",
-            "    per match, same script); reads fan out to every shard, so their Redis cost grows",
-            "    with the shards;",
-            "  - dated periods keep, alive at once and active: "
-            + "; ".join(f"{k} {n} sets x {a:.0%}" for k, (n, a) in PERIOD_SETS.items())
-            + ";",
-            "  - replicas double memory and add redis_replica_us_per_write on their own cores;",
-            "  - a board's shard count is fixed when it is created: size it for the most masters you expect",
-            f"    (at least {MIN_SHARDS}); more shards make every read touch more of them;",
-            "  - a 2-core bench machine shares its cores between everything: treat its costs as upper bounds",
-            "    for dedicated hosts, and re-run `make bench` on hardware like production's before",
-            "    buying it.",
+            *ASSUMPTIONS,
         ]
     )
+
+
+def _model(
+    p: Plan, writes: float, periods: list[str], costs: dict[str, float], incr: float, dedup_window_s: int
+) -> list[str]:
+    """The model's formulas with this plan's figures, so that each can be checked by hand."""
+    members = dedup_members(writes, incr, dedup_window_s)
+    dedup_line = (
+        f"  dedup = writes x {incr:g} incr share x {dedup_window_s:,} s window x {DEDUP_LIFETIME:.3f} "
+        f"(one window and one of {DEDUP_BUCKETS} buckets) = {members:,.0f} records x "
+        f"bytes_per_dedup_member x {FRAGMENTATION:g} = {_gib(p.dedup_bytes)}"
+    )
+    if incr == 0:
+        per_member = costs["bytes_per_dedup_member"] * FRAGMENTATION
+        everything = dedup_members(writes, 1.0, dedup_window_s) * per_member
+        dedup_line += f" (with --incr 1, every write to incr boards: {_gib(everything)})"
+    return [
+        f"  w = redis_master_us_per_write x (1 + {EXTRA_PERIOD_WRITE_COST:g} per extra period)"
+        f" + incr share x {DEDUP_BUCKETS + 1} x redis_master_us_per_dedup_lookup; "
+        f"r = redis_master_us_per_read / {BENCH_SHARDS} (one read on one shard)",
+        "  every read touches every shard: per master, writes x w / masters"
+        " + reads x r x shards per master"
+        f" <= {MASTER_UTILISATION:g} core",
+        f"  {p.reasons['reads']}",
+        f"  masters = max(that CPU bound, data / {_gib(MAX_DATA_PER_MASTER)} per master); "
+        f"Redis CPU in all = {p.redis_cores:.2f} cores",
+        f"  data = players x bytes_per_player x {memory_factor(periods):.2f} (entries per player for the "
+        f"periods) x {FRAGMENTATION:g} fragmentation + dedup = {_gib(p.data_bytes)}",
+        dedup_line,
+        "  router CPU = writes x router_us_per_write + reads x router_us_per_read"
+        f" = {p.router_cores:.2f} cores;"
+        f" routers = that / {ROUTER_UTILISATION:g}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

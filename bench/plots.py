@@ -29,34 +29,21 @@ def _twin(path: Path, title: str, xlabel: str, xs: list[Any], rates: list[Any], 
     return path
 
 
+# (sweep in summary.json, PNG, title, x axis label, x field of a point)
+_SWEEPS = (
+    ("masters", "sweep_masters.png", "Raw writes vs cluster masters (same 2 cores)", "masters", "masters"),
+    ("routers", "sweep_routers.png", "HTTP writes vs router processes", "router processes", "router_workers"),
+)
+
+
 def sweeps(summary: dict[str, Any], out: Path) -> list[Path]:
     """writes/s and p99 against cluster masters and against router processes."""
     made = []
-    sw = summary.get("sweeps", {})
-    if sw.get("masters"):
-        pts = sw["masters"]
-        made.append(
-            _twin(
-                out / "sweep_masters.png",
-                "Raw writes vs cluster masters (same 2 cores)",
-                "masters",
-                [p["masters"] for p in pts],
-                [p["writes_per_s"] for p in pts],
-                [p["p99_ms"] for p in pts],
-            )
-        )
-    if sw.get("routers"):
-        pts = sw["routers"]
-        made.append(
-            _twin(
-                out / "sweep_routers.png",
-                "HTTP writes vs router processes",
-                "router processes",
-                [p["router_workers"] for p in pts],
-                [p["writes_per_s"] for p in pts],
-                [p["p99_ms"] for p in pts],
-            )
-        )
+    for sweep, file, title, x_label, x in _SWEEPS:
+        pts = summary.get("sweeps", {}).get(sweep)
+        if pts:
+            writes, p99 = [p["writes_per_s"] for p in pts], [p["p99_ms"] for p in pts]
+            made.append(_twin(out / file, title, x_label, [p[x] for p in pts], writes, p99))
     return made
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from bench.latency import Phase, elapsed_ms, run_phase
 from bench.workload import Workload
@@ -111,12 +111,29 @@ async def reads(
     name: str = "raw reads",
 ) -> Phase:
     """The read mix for ``seconds``: one latency sample per read, per kind."""
+
+    def read(rng: random.Random, kind: str) -> Awaitable[None]:
+        return read_one(board, workload, rng, kind)
+
+    return await read_mix(name, workload, seconds, concurrency, seed, read)
+
+
+async def read_mix(
+    name: str,
+    workload: Workload,
+    seconds: float,
+    concurrency: int,
+    seed: int,
+    read: Callable[[random.Random, str], Awaitable[None]],
+) -> Phase:
+    """``read(rng, kind)`` for each read of the workload's mix, for ``seconds``, ``concurrency`` at a
+    time: one latency sample per read, per kind. The raw limit and the textbook read through this."""
     rng = random.Random(seed)
 
     async def step(phase: Phase, _: int) -> None:
         kind = workload.read_kind(rng)
         t0 = time.perf_counter()
-        await read_one(board, workload, rng, kind)
+        await read(rng, kind)
         phase.record(kind, elapsed_ms(t0))
 
     return await run_phase(Phase(name), seconds, concurrency, step)

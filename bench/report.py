@@ -99,6 +99,12 @@ def sweep_point(run: Any, window: float) -> dict[str, Any]:
     }
 
 
+def _http_read_count(reads: dict[str, Any]) -> int:
+    """Requests of the HTTP read phase, every endpoint together."""
+    count: int = reads.get("endpoints", {}).get("Aggregated", {}).get("requests", 0)
+    return count
+
+
 def _per(cpu_s: float | None, count: float) -> float | None:
     return round(cpu_s / count * 1e6, 1) if cpu_s is not None and count else None
 
@@ -123,8 +129,7 @@ def costs(summary: dict[str, Any]) -> dict[str, Any]:
         out["locust_us_per_write"] = _per(w["cpu"]["cpu_s"].get("locust"), w["scores_written"])
     if "reads" in http:
         r = http["reads"]
-        count = r["endpoints"].get("Aggregated", {}).get("requests", 0)
-        out["router_us_per_read"] = _per(r["cpu"]["cpu_s"].get("router"), count)
+        out["router_us_per_read"] = _per(r["cpu"]["cpu_s"].get("router"), _http_read_count(r))
     return out
 
 
@@ -153,16 +158,15 @@ def finish(summary: dict[str, Any]) -> None:
 def cpu_per_write(summary: dict[str, Any]) -> dict[str, dict[str, float | None]]:
     """Whole-machine CPU µs per player-score write, by process kind, for the HTTP path and the raw
     limit: on one shared machine the ratio of their rates is bounded by the ratio of these sums."""
+    c = costs(summary)
     out: dict[str, dict[str, float | None]] = {}
     w = summary.get("http", {}).get("writes")
     if w:
-        n = w.get("scores_written", 0)
-        cpu = w["cpu"]["cpu_s"]
-        out["http"] = {"router": _per(cpu.get("router"), n), "locust": _per(cpu.get("locust"), n)}
-        out["http"]["store"] = server_us(w, n)
+        store = server_us(w, w["scores_written"])
+        out["http"] = {"router": c["router_us_per_write"], "locust": c["locust_us_per_write"], "store": store}
     w = summary.get("raw", {}).get("writes")
     if w:
-        out["raw"] = {"library": _per(w["driver_cpu_seconds"], w["items"]), "store": server_us(w, w["items"])}
+        out["raw"] = {"library": c["library_us_per_write"], "store": server_us(w, w["items"])}
     return out
 
 
@@ -242,9 +246,22 @@ def _cpu_row(name: str, cpu: dict[str, Any] | None) -> str:
 
 
 def markdown(summary: dict[str, Any], name: str) -> str:
-    m = summary["machine"]
-    s = summary["settings"]
-    http = summary.get("http", {})
+    """summary.md: the contenders side by side, then the HTTP ramp, CPU per phase, sweeps and costs."""
+    return "\n".join(
+        [
+            *_overview(summary, name),
+            *_contenders(summary),
+            *_goals(summary),
+            *_http_details(summary.get("http", {})),
+            *_cpu_table(summary),
+            *_sweeps(summary.get("sweeps", {})),
+            *_costs_measured(summary),
+        ]
+    )
+
+
+def _overview(summary: dict[str, Any], name: str) -> list[str]:
+    m, s = summary["machine"], summary["settings"]
     lines = [
         f"# shardlb bench {name}",
         "",
@@ -255,39 +272,25 @@ def markdown(summary: dict[str, Any], name: str) -> str:
         f"{summary.get('population', {}).get('players', 0):,} players preloaded; "
         f"{summary['workload']['players_per_match']} players per match; run took {summary.get('seconds')} s.",
         "",
-        *(
-            [
-                "**Other load on the machine** (cores used by processes outside the bench, on average): "
-                + ", ".join(f"{k} {v}" for k, v in summary["contaminated"].items())
-                + ". Those phases had less than the whole machine; compare their figures with care.",
-                "",
-            ]
-            if summary.get("contaminated")
-            else []
-        ),
+    ]
+    if summary.get("contaminated"):
+        lines += [
+            "**Other load on the machine** (cores used by processes outside the bench, on average): "
+            + ", ".join(f"{k} {v}" for k, v in summary["contaminated"].items())
+            + ". Those phases had less than the whole machine; compare their figures with care.",
+            "",
+        ]
+    return lines
+
+
+def _contenders(summary: dict[str, Any]) -> list[str]:
+    return [
         "## Writes and reads, same run, same data",
         "",
         "| contender | writes/s | write latency p50 / p95 / p99 ms | store CPU µs/write | reads/s "
         "| worst read p99 ms | store CPU µs/read | errors |",
         "|---|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    if "skipped" in http:
-        lines.append(f"| shardlb over HTTP | skipped: {http['skipped']} | | | | | | |")
-    else:
-        w, r = http.get("writes", {}), http.get("reads", {})
-        post = w.get("endpoints", {}).get("POST /v1/boards/[board]/scores", {})
-        read_p99 = max(
-            (v["p99"] for k, v in r.get("endpoints", {}).items() if k != "Aggregated"), default=None
-        )
-        lines.append(
-            f"| shardlb over HTTP ({http.get('router_workers')} router processes) "
-            f"| {_rate(w.get('sustained_writes_per_s'))} | {_lat(post)} (per request of "
-            f"{summary['workload']['players_per_match']}) | {_ms(server_us(w, w.get('scores_written', 0)))} "
-            f"| {_rate(r.get('reads_per_s'))} | {_ms(read_p99)} "
-            f"| {_ms(server_us(r, r.get('endpoints', {}).get('Aggregated', {}).get('requests', 0)))} "
-            f"| {w.get('failures', 0) + r.get('failures', 0)} |"
-        )
-    lines += [
+        _http_row(summary),
         _phase_row("raw limit: library straight at the cluster", summary.get("raw", {}), "write batch"),
         _phase_row("textbook: one sorted set, one Lua call per write", summary.get("textbook", {}), "write"),
         _phase_row("PostgreSQL: indexed table, COUNT(*) rank", summary.get("postgres", {}), "write match"),
@@ -295,12 +298,31 @@ def markdown(summary: dict[str, Any], name: str) -> str:
         "Store CPU is what the Redis masters and replicas (or PostgreSQL) spent per operation: the cost "
         "of each design on the server side, whatever the client could drive. "
         "Write latency is per HTTP request for the router, per batch of "
-        f"{s['batch_matches']} matches for the raw limit, per score for the textbook, "
+        f"{summary['settings']['batch_matches']} matches for the raw limit, per score for the textbook, "
         "per match for PostgreSQL.",
         "",
     ]
+
+
+def _http_row(summary: dict[str, Any]) -> str:
+    http = summary.get("http", {})
+    if "skipped" in http:
+        return f"| shardlb over HTTP | skipped: {http['skipped']} | | | | | | |"
+    w, r = http.get("writes", {}), http.get("reads", {})
+    post = w.get("endpoints", {}).get("POST /v1/boards/[board]/scores", {})
+    read_p99 = max((v["p99"] for k, v in r.get("endpoints", {}).items() if k != "Aggregated"), default=None)
+    return (
+        f"| shardlb over HTTP ({http.get('router_workers')} router processes) "
+        f"| {_rate(w.get('sustained_writes_per_s'))} | {_lat(post)} (per request of "
+        f"{summary['workload']['players_per_match']}) | {_ms(server_us(w, w.get('scores_written', 0)))} "
+        f"| {_rate(r.get('reads_per_s'))} | {_ms(read_p99)} | {_ms(server_us(r, _http_read_count(r)))} "
+        f"| {w.get('failures', 0) + r.get('failures', 0)} |"
+    )
+
+
+def _goals(summary: dict[str, Any]) -> list[str]:
     ratios, goal = summary.get("ratios", {}), summary["goal"]
-    lines += [
+    lines = [
         f"- router / raw limit, writes: **{_ms(ratios.get('router_over_raw_writes'))}**; reads: "
         f"**{_ms(ratios.get('router_over_raw_reads'))}** (goal: writes >= {goal['router_over_raw']}: "
         f"{'met' if goal.get('ratio_met') else 'not met'})",
@@ -322,96 +344,107 @@ def markdown(summary: dict[str, Any], name: str) -> str:
                 f"would be about {bound:.2f} even for a router that cost nothing."
             )
         lines.append(line)
-    lines.append("")
-    if "writes" in http:
-        w = http["writes"]
-        lines += [
-            "## HTTP write ramp",
-            "",
-            "| until s | users | offered writes/s | achieved | p99 ms (recent) |",
-            "|---:|---:|---:|---:|---:|",
-        ]
-        lines += [
+    return [*lines, ""]
+
+
+def _http_details(http: dict[str, Any]) -> list[str]:
+    """The write ramp step by step, whether Locust was the limit, and every endpoint's figures."""
+    if "writes" not in http:
+        return []
+    w = http["writes"]
+    lines = [
+        "## HTTP write ramp",
+        "",
+        "| until s | users | offered writes/s | achieved | p99 ms (recent) |",
+        "|---:|---:|---:|---:|---:|",
+        *(
             f"| {st['until_s']:g} | {st['users']} | {st['offered']:,} | {st['achieved']:,} "
             f"| {_ms(st['p99_ms'])} |"
             for st in w["steps"]
-        ]
-        lines += [
-            "",
-            f"Locust CPU-bound: {'YES' if w['locust_cpu_bound'] else 'no'} "
-            f"(busiest Locust process {w['cpu']['busiest_process_share'].get('locust')} of a core)"
-            + (f"; warnings: {'; '.join(w['locust_warnings'])}" if w["locust_warnings"] else ""),
-            "",
-        ]
-        lines += [
-            "## HTTP endpoints",
-            "",
-            "| endpoint | requests | failures | req/s | p50 | p95 | p99 ms |",
-            "|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        for part in ("writes", "reads"):
-            for key, e in http.get(part, {}).get("endpoints", {}).items():
-                if key != "Aggregated":
-                    lines.append(
-                        f"| {key} | {e['requests']:,} | {e['failures']} | {e['rps']} | {_ms(e['p50'])} "
-                        f"| {_ms(e['p95'])} | {_ms(e['p99'])} |"
-                    )
-        lines.append("")
-    lines += [
+        ),
+        "",
+        f"Locust CPU-bound: {'YES' if w['locust_cpu_bound'] else 'no'} "
+        f"(busiest Locust process {w['cpu']['busiest_process_share'].get('locust')} of a core)"
+        + (f"; warnings: {'; '.join(w['locust_warnings'])}" if w["locust_warnings"] else ""),
+        "",
+        "## HTTP endpoints",
+        "",
+        "| endpoint | requests | failures | req/s | p50 | p95 | p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for part in ("writes", "reads"):
+        for key, e in http.get(part, {}).get("endpoints", {}).items():
+            if key != "Aggregated":
+                lines.append(
+                    f"| {key} | {e['requests']:,} | {e['failures']} | {e['rps']} | {_ms(e['p50'])} "
+                    f"| {_ms(e['p95'])} | {_ms(e['p99'])} |"
+                )
+    return [*lines, ""]
+
+
+def _cpu_table(summary: dict[str, Any]) -> list[str]:
+    http = summary.get("http", {})
+    return [
         "## CPU seconds per phase",
         "",
         "| phase | wall s | router | Redis masters | Redis replicas | PostgreSQL | Locust | driver | other "
         "| whole machine |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    lines.append(_cpu_row("HTTP writes", http.get("writes", {}).get("cpu")))
-    lines.append(_cpu_row("HTTP reads", http.get("reads", {}).get("cpu")))
-    for group in ("raw", "textbook", "postgres"):
-        for part in ("writes", "reads"):
-            lines.append(_cpu_row(f"{group} {part}", summary.get(group, {}).get(part, {}).get("cpu")))
-    lines += [
+        _cpu_row("HTTP writes", http.get("writes", {}).get("cpu")),
+        _cpu_row("HTTP reads", http.get("reads", {}).get("cpu")),
+        *(
+            _cpu_row(f"{group} {part}", summary.get(group, {}).get(part, {}).get("cpu"))
+            for group in ("raw", "textbook", "postgres")
+            for part in ("writes", "reads")
+        ),
         "",
         "CPU seconds over the phase (driver phases: wall includes ~3 s of driver start-up). "
         "`other` is CPU that none of these processes spent: anything else running on the machine. "
         "A process near 1 CPU second per second was itself a limit of its phase.",
         "",
     ]
-    sweeps = summary.get("sweeps", {})
+
+
+def _sweeps(sweeps: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     if sweeps.get("masters"):
         lines += [
             "## Sweep: cluster masters (raw writes)",
             "",
             "| masters | writes/s | p99 ms per batch |",
             "|---:|---:|---:|",
+            *(
+                f"| {p['masters']} | {_rate(p['writes_per_s'])} | {_ms(p['p99_ms'])} |"
+                for p in sweeps["masters"]
+            ),
+            "",
         ]
-        lines += [
-            f"| {p['masters']} | {_rate(p['writes_per_s'])} | {_ms(p['p99_ms'])} |" for p in sweeps["masters"]
-        ]
-        lines.append("")
     if sweeps.get("routers"):
         lines += [
             f"## Sweep: router processes (HTTP writes, {_rate(sweeps.get('router_offered_writes'))} offered)",
             "",
             "| router processes | writes/s | p99 ms |",
             "|---:|---:|---:|",
+            *(
+                f"| {p['router_workers']} | {_rate(p['writes_per_s'])} | {_ms(p['p99_ms'])} |"
+                for p in sweeps["routers"]
+            ),
+            "",
         ]
-        lines += [
-            f"| {p['router_workers']} | {_rate(p['writes_per_s'])} | {_ms(p['p99_ms'])} |"
-            for p in sweeps["routers"]
-        ]
-        lines.append("")
+    return lines
+
+
+def _costs_measured(summary: dict[str, Any]) -> list[str]:
     pop = summary.get("population", {})
-    c = summary.get("costs", {})
-    lines += [
+    return [
         "## Costs measured (what `shardlb plan` sizes from)",
         "",
-        *(f"- {k}: {_ms(v)}" for k, v in c.items()),
+        *(f"- {k}: {_ms(v)}" for k, v in summary.get("costs", {}).items()),
         "",
         f"Preload: board {pop.get('board_load_s')} s, textbook {pop.get('textbook_load_s')} s, "
         f"PostgreSQL {summary.get('postgres_load')}.",
         "",
     ]
-    return "\n".join(lines)
 
 
 def plots(summary: dict[str, Any], out: Path) -> list[Path]:

@@ -26,13 +26,13 @@ from typing import Any
 
 from bench import drivers, report, shapes
 from bench.drivers import Job
+from bench.harness import int_list, log, publish, run_dir
 from bench.procs import CpuMeter, machine_cpu_seconds
 from bench.services import Router, free_port, router_missing, run_locust
 from bench.testbed import create_board, machine, node_pids, pg_preload, postgres_pids, preload, start_cluster
 from bench.workload import Workload
 from shardlb.cluster import LocalCluster
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ADMIN_KEY = "bench-admin"
 WRITE_KEY = "bench-write"
 GOAL_WRITES = 50_000
@@ -83,10 +83,6 @@ class Settings:
                     f"SHARDLB_BENCH_{name.upper()}: expected {type(default).__name__}, got {raw!r}"
                 ) from e
         return cls(**values)
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def measured(groups: dict[str, list[int]], action: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
@@ -196,7 +192,7 @@ def router_sweep(
     if router_missing():
         return []
     points = []
-    for workers in [int(x) for x in s.sweep_routers.split(",") if x.strip()]:
+    for workers in int_list(s.sweep_routers):
         router = Router(cluster.url, free_port(22400), workers, out / f"router-{workers}.log", router_env())
         with router:
             log(f"router sweep: {workers} workers, {s.sweep_seconds + 4:.0f} s at {offered} writes/s offered")
@@ -227,7 +223,7 @@ def router_sweep(
 def masters_sweep(s: Settings, workload: Workload, main: LocalCluster, out: Path) -> list[dict[str, Any]]:
     """Short raw-write steps on clusters of 1, 2, ... masters (fresh, empty boards but the main one)."""
     points = []
-    for masters in [int(x) for x in s.sweep_masters.split(",") if x.strip()]:
+    for masters in int_list(s.sweep_masters):
         cluster = (
             main
             if masters == main.masters
@@ -276,14 +272,9 @@ def wait_for_quiet(seconds: float) -> float:
         log(f"machine busy ({load:.2f} cores used by others); waiting for it to quieten")
 
 
-def main(argv: list[str] | None = None) -> int:
-    s = Settings.from_env()
-    workload = replace(Workload.from_env(), players=s.players)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = RESULTS / stamp
-    out.mkdir(parents=True, exist_ok=True)
-    log(f"results in {out}")
-    summary: dict[str, Any] = {
+def new_summary(s: Settings, workload: Workload) -> dict[str, Any]:
+    """What summary.json says before anything is measured: the machine, the knobs and the goal."""
+    return {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine(),
         "settings": asdict(s),
@@ -296,6 +287,98 @@ def main(argv: list[str] | None = None) -> int:
         },
         "goal": {"writes_per_s": GOAL_WRITES, "router_over_raw": GOAL_RATIO},
     }
+
+
+def preload_all(
+    s: Settings, workload: Workload, cluster: LocalCluster
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The same players into the board and the textbook set, and meanwhile into PostgreSQL (in another
+    process): (the population's figures, PostgreSQL's load or why it was skipped)."""
+    asyncio.run(create_board(cluster.url, workload, s.shards))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        pg = pool.apply_async(pg_preload, (s.pg_dsn, workload, cluster.url))
+        population = preload(cluster.url, workload, s.driver_processes)
+        pg_load: dict[str, Any] = pg.get(timeout=600)
+    return population, pg_load
+
+
+def driver_phases(
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    redis: dict[str, list[int]],
+    pg_load: dict[str, Any],
+) -> dict[str, Any]:
+    """The raw limit, the textbook design and PostgreSQL, each writes then reads, with no HTTP."""
+    raw = Job(
+        "raw writes", cluster.url, workload, s.raw_seconds, s.write_concurrency, s.batch_matches, s.pg_dsn
+    )
+    peer = replace(raw, seconds=s.peer_seconds)
+
+    def run(job: Job, kind: str, concurrency: int, groups: dict[str, list[int]]) -> dict[str, Any]:
+        return driver_phase(replace(job, kind=kind, concurrency=concurrency), s.driver_processes, groups)
+
+    phases: dict[str, Any] = {
+        "raw": {
+            "writes": run(raw, "raw writes", s.write_concurrency, redis),
+            "reads": run(raw, "raw reads", s.read_concurrency, redis),
+        },
+        "textbook": {
+            "writes": run(peer, "textbook writes", 64, redis),
+            "reads": run(peer, "textbook reads", s.read_concurrency, redis),
+        },
+    }
+    if "skipped" in pg_load:
+        phases["postgres"] = {"skipped": pg_load["skipped"]}
+        log(f"PostgreSQL skipped: {pg_load['skipped']}")
+    else:
+        phases["postgres"] = {
+            "writes": run(peer, "postgres writes", 16, {"postgres": postgres_pids()}),
+            "reads": run(peer, "postgres reads", 8, {"postgres": postgres_pids()}),
+        }
+    return phases
+
+
+def sweeps(
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    out: Path,
+    redis: dict[str, list[int]],
+    http: dict[str, Any],
+) -> dict[str, Any]:
+    # A little above what the ramp sustained: enough to saturate, not so much that the steps
+    # measure overload collapse (a queue of a thousand users) instead of capacity.
+    sustained = http.get("writes", {}).get("sustained_writes_per_s", 0)
+    offered = round(1.25 * sustained) if sustained else s.target_writes
+    return {
+        "routers": router_sweep(s, workload, cluster, out, redis, offered),
+        "router_offered_writes": offered,
+        "masters": masters_sweep(s, workload, cluster, out),
+    }
+
+
+def write_results(summary: dict[str, Any], out: Path) -> None:
+    """summary.json, summary.md and the plots in ``out``, copied to bench/results/latest/; the
+    clusters' data removed; summary.md printed."""
+    report.finish(summary)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / "summary.md").write_text(report.markdown(summary, out.name))
+    report.plots(summary, out)
+    publish(out, ["summary.md", "summary.json", *(png.name for png in out.glob("*.png"))])
+    shutil.rmtree(out / "cluster", ignore_errors=True)
+    for extra in out.glob("cluster-*"):
+        shutil.rmtree(extra, ignore_errors=True)
+    print((out / "summary.md").read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = Settings.from_env()
+    workload = replace(Workload.from_env(), players=s.players)
+    out = run_dir(time.strftime("%Y%m%d-%H%M%S"))
+    log(f"results in {out}")
+    summary = new_summary(s, workload)
     if s.quiet_wait > 0:
         summary["load_before_start_cores"] = round(wait_for_quiet(s.quiet_wait), 2)
     t_start = time.monotonic()
@@ -304,74 +387,15 @@ def main(argv: list[str] | None = None) -> int:
         masters, replicas = node_pids(cluster)
         redis = {"redis masters": masters, "redis replicas": replicas}
         log(f"cluster up: {cluster.url}; preloading {s.players} players")
-        asyncio.run(create_board(cluster.url, workload, s.shards))
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(1) as pool:
-            pg = pool.apply_async(pg_preload, (s.pg_dsn, workload, cluster.url))
-            summary["population"] = preload(cluster.url, workload, s.driver_processes)
-            summary["postgres_load"] = pg.get(timeout=600)
+        summary["population"], summary["postgres_load"] = preload_all(s, workload, cluster)
         log(f"preloaded: {summary['population']}, postgres {summary['postgres_load']}")
         summary["http"] = http_phases(s, workload, cluster, out, redis)
-        base = Job(
-            "raw writes", cluster.url, workload, s.raw_seconds, s.write_concurrency, s.batch_matches, s.pg_dsn
-        )
-        summary["raw"] = {
-            "writes": driver_phase(base, s.driver_processes, redis),
-            "reads": driver_phase(
-                replace(base, kind="raw reads", concurrency=s.read_concurrency), s.driver_processes, redis
-            ),
-        }
-        peer = replace(base, seconds=s.peer_seconds)
-        summary["textbook"] = {
-            "writes": driver_phase(
-                replace(peer, kind="textbook writes", concurrency=64), s.driver_processes, redis
-            ),
-            "reads": driver_phase(
-                replace(peer, kind="textbook reads", concurrency=s.read_concurrency),
-                s.driver_processes,
-                redis,
-            ),
-        }
-        if "skipped" in summary["postgres_load"]:
-            summary["postgres"] = {"skipped": summary["postgres_load"]["skipped"]}
-            log(f"PostgreSQL skipped: {summary['postgres']['skipped']}")
-        else:
-            summary["postgres"] = {
-                "writes": driver_phase(
-                    replace(peer, kind="postgres writes", concurrency=16),
-                    s.driver_processes,
-                    {"postgres": postgres_pids()},
-                ),
-                "reads": driver_phase(
-                    replace(peer, kind="postgres reads", concurrency=8),
-                    s.driver_processes,
-                    {"postgres": postgres_pids()},
-                ),
-            }
-        # A little above what the ramp sustained: enough to saturate, not so much that the steps
-        # measure overload collapse (a queue of a thousand users) instead of capacity.
-        sustained = summary["http"].get("writes", {}).get("sustained_writes_per_s", 0)
-        offered = round(1.25 * sustained) if sustained else s.target_writes
-        summary["sweeps"] = {"routers": router_sweep(s, workload, cluster, out, redis, offered)}
-        summary["sweeps"]["router_offered_writes"] = offered
-        summary["sweeps"]["masters"] = masters_sweep(s, workload, cluster, out)
+        summary.update(driver_phases(s, workload, cluster, redis, summary["postgres_load"]))
+        summary["sweeps"] = sweeps(s, workload, cluster, out, redis, summary["http"])
     finally:
         cluster.down()
     summary["seconds"] = round(time.monotonic() - t_start, 1)
-    report.finish(summary)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (out / "summary.md").write_text(report.markdown(summary, out.name))
-    report.plots(summary, out)
-    latest = RESULTS / "latest"
-    latest.mkdir(exist_ok=True)
-    for name in ("summary.md", "summary.json"):
-        shutil.copy(out / name, latest / name)
-    for png in out.glob("*.png"):
-        shutil.copy(png, latest / png.name)
-    shutil.rmtree(out / "cluster", ignore_errors=True)
-    for extra in out.glob("cluster-*"):
-        shutil.rmtree(extra, ignore_errors=True)
-    print((out / "summary.md").read_text())
+    write_results(summary, out)
     log(f"done in {summary['seconds']:.0f} s: {out}")
     return 0
 

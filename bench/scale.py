@@ -28,8 +28,8 @@ from dataclasses import replace
 from typing import Any
 
 from bench import plots, population
+from bench.harness import env_int, log, publish, run_dir
 from bench.latency import percentile
-from bench.run import RESULTS, log
 from bench.testbed import create_board, machine, masters_memory, start_cluster
 from bench.workload import Workload
 from shardlb.board import Board
@@ -38,15 +38,6 @@ from shardlb.store import BoardStore
 
 PAGE_OFFSET = 5_000_000
 CHECKPOINT = 1_000_000
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise SystemExit(f"{name}: expected a positive integer, got {raw!r}")
-    return int(raw)
 
 
 def checkpoints(players: int) -> list[int]:
@@ -129,16 +120,15 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    players = _env_int("SHARDLB_SCALE_PLAYERS", 10_000_000)
-    shards = _env_int("SHARDLB_SCALE_SHARDS", 16)
-    masters = _env_int("SHARDLB_SCALE_MASTERS", 3)
+    players = env_int("SHARDLB_SCALE_PLAYERS", 10_000_000)
+    shards = env_int("SHARDLB_SCALE_SHARDS", 16)
+    masters = env_int("SHARDLB_SCALE_MASTERS", 3)
     replicas = int(os.environ.get("SHARDLB_SCALE_REPLICAS", "0") or 0)
-    samples = _env_int("SHARDLB_SCALE_SAMPLES", 200)
-    processes = _env_int("SHARDLB_SCALE_PROCESSES", 2)
+    samples = env_int("SHARDLB_SCALE_SAMPLES", 200)
+    processes = env_int("SHARDLB_SCALE_PROCESSES", 2)
     workload = replace(Workload.from_env(), board="scale", players=players)
     name = time.strftime("scale-%Y%m%d-%H%M%S")
-    out = RESULTS / name
-    out.mkdir(parents=True, exist_ok=True)
+    out = run_dir(name)
     result: dict[str, Any] = {
         "name": name,
         "machine": machine(),
@@ -174,10 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "scale.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "scale.md").write_text(markdown(result))
     plots.latency_vs_players(result, out / "latency_players.png")
-    latest = RESULTS / "latest"
-    latest.mkdir(exist_ok=True)
-    for f in ("scale.json", "scale.md", "latency_players.png"):
-        shutil.copy(out / f, latest / f)
+    publish(out, ("scale.json", "scale.md", "latency_players.png"))
     print((out / "scale.md").read_text())
     return 0
 

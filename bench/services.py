@@ -160,7 +160,34 @@ def run_locust(
     ``meter_groups`` are the other processes whose CPU to count over the run; Locust's own tree is
     added as ``locust``. Locust exits 1 when any request failed: that is a result, not an error here.
     """
-    cmd = [
+    log = Path(f"{prefix}.log")
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            _locust_command(prefix, host, users, processes, args),
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        meter = CpuMeter({**meter_groups, "locust": [proc.pid]}).start()
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            code = proc.wait(10)
+        cpu = meter.stop()
+    text = log.read_text(errors="replace")
+    warnings = sorted({line.strip()[:240] for line in text.splitlines() if "CPU usage" in line})
+    return LocustRun(prefix, code, time.monotonic() - started, cpu, warnings)
+
+
+def _locust_command(
+    prefix: Path, host: str, users: Sequence[str], processes: int, args: Sequence[str]
+) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "locust",
@@ -185,25 +212,3 @@ def run_locust(
         *args,
         *users,
     ]
-    log = Path(f"{prefix}.log")
-    started = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env={**os.environ, **env},
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        meter = CpuMeter({**meter_groups, "locust": [proc.pid]}).start()
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            code = proc.wait(10)
-        cpu = meter.stop()
-    text = log.read_text(errors="replace")
-    warnings = sorted({line.strip()[:240] for line in text.splitlines() if "CPU usage" in line})
-    return LocustRun(prefix, code, time.monotonic() - started, cpu, warnings)

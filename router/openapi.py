@@ -11,20 +11,25 @@ from typing import Any
 from router.routes import MAX_OFFSET, MAX_RADIUS
 from router.scores import MAX_ITEMS
 from shardlb import periods, times
-from shardlb.board import STATUS
+from shardlb.board import MAX_FUTURE_MS, STATUS
 from shardlb.codec import RESOLUTION_MS
 from shardlb.config import (
     DEDUP_WINDOW_S,
+    ID_MAX,
     ID_PATTERN,
+    MATCH_ID_MAX,
     MAX_BANDS,
     MAX_POINTS,
     MAX_RETENTION_DAYS,
     MAX_SHARDS,
     MODES,
+    ORDERS,
+    TIEBREAKS,
+    BoardConfig,
 )
 
 MEDIA = ("application/json", "application/msgpack")
-MATCH_ID_MAX = 128  # Board.prepare's limit (api.md: 1-128 characters)
+_DEFAULT = BoardConfig("default")  # the settings a PUT leaves out
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -47,7 +52,7 @@ def _param(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/parameters/{name}"}
 
 
-_ID = {"type": "string", "pattern": ID_PATTERN.pattern, "minLength": 1, "maxLength": 64}
+_ID = {"type": "string", "pattern": ID_PATTERN.pattern, "minLength": 1, "maxLength": ID_MAX}
 _TIME_IN = {
     "oneOf": [
         {
@@ -149,11 +154,19 @@ _SCHEMAS: dict[str, Any] = {
         "description": "Board settings; every field is optional on PUT. (A `board` field equal to the "
         "path's id is tolerated, so that a listed board can be sent back as it is; any other is 422.)",
         "properties": {
-            "mode": {"enum": list(MODES), "default": "best"},
-            "order": {"enum": ["desc", "asc"], "default": "desc"},
-            "tiebreak": {"enum": ["earliest", "latest"], "default": "earliest"},
-            "periods": {"type": "array", "items": {"enum": list(periods.KINDS)}, "default": ["total"]},
-            "timezone": {"enum": sorted(periods.zone_names()), "default": "UTC", "description": "IANA name"},
+            "mode": {"enum": list(MODES), "default": _DEFAULT.mode},
+            "order": {"enum": list(ORDERS), "default": _DEFAULT.order},
+            "tiebreak": {"enum": list(TIEBREAKS), "default": _DEFAULT.tiebreak},
+            "periods": {
+                "type": "array",
+                "items": {"enum": list(periods.KINDS)},
+                "default": list(_DEFAULT.periods),
+            },
+            "timezone": {
+                "enum": sorted(periods.zone_names()),
+                "default": _DEFAULT.timezone,
+                "description": "IANA name",
+            },
             "retention_days": {
                 "type": "object",
                 "additionalProperties": False,
@@ -165,20 +178,20 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "integer",
                 "minimum": 1,
                 "maximum": MAX_POINTS,
-                "default": 2097151,
+                "default": _DEFAULT.points_max,
                 "description": "with resolution ms, small enough to leave 30 days of time bits",
             },
             "epoch": _TIME_OR_NULL,
             "resolution": {
                 "enum": list(RESOLUTION_MS),
-                "default": "s",
+                "default": _DEFAULT.resolution,
                 "description": "Addition: the time resolution of the tie-break",
             },
             "dedup_window_s": {
                 "type": "integer",
                 "minimum": DEDUP_WINDOW_S[0],
                 "maximum": DEDUP_WINDOW_S[1],
-                "default": 86400,
+                "default": _DEFAULT.dedup_window_s,
                 "description": "Addition: how long incr boards remember a match",
             },
             "sharding": _ref("Sharding"),
@@ -203,8 +216,8 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "board": _ID,
             "mode": {"enum": list(MODES)},
-            "order": {"enum": ["desc", "asc"]},
-            "tiebreak": {"enum": ["earliest", "latest"]},
+            "order": {"enum": list(ORDERS)},
+            "tiebreak": {"enum": list(TIEBREAKS)},
             "periods": {"type": "array", "items": {"enum": list(periods.KINDS)}},
             "timezone": {"type": "string"},
             "retention_days": {"type": "object", "additionalProperties": {"type": "integer"}},
@@ -253,7 +266,7 @@ _SCHEMAS: dict[str, Any] = {
             "achieved_at": {
                 **_TIME_OR_NULL,
                 "description": "default: the server's time; not before the board's epoch nor more "
-                "than 5 minutes ahead of the server's clock",
+                f"than {MAX_FUTURE_MS // 60_000} minutes ahead of the server's clock",
             },
             "region": {
                 **_ID_OR_NULL,

@@ -15,7 +15,7 @@ from redis.exceptions import ResponseError
 
 from shardlb import keys, periods, times
 from shardlb.bands import BandMoves, Move
-from shardlb.config import ID_PATTERN, BoardConfig, check_id
+from shardlb.config import ID_PATTERN, MATCH_ID_MAX, BoardConfig, check_id
 from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound
 from shardlb.fanout import ScriptPipeline, batch
@@ -134,7 +134,7 @@ class Board:
                 type(player) is str
                 and ID_PATTERN.fullmatch(player) is not None
                 and type(match) is str
-                and 0 < len(match) <= 128
+                and 0 < len(match) <= MATCH_ID_MAX
                 and type(points) is int
                 and 0 <= points <= codec.points_max
                 and lowest <= achieved <= highest
@@ -172,8 +172,10 @@ class Board:
     def _refuse(self, s: Score, achieved: int, now: int, where: str) -> int:
         """Raise InvalidInput for the first bad field of ``s``; return its points when all are good."""
         check_id(s.player_id, f"{where}.player_id")
-        if not isinstance(s.match_id, str) or not 1 <= len(s.match_id) <= 128:
-            raise InvalidInput("match_id must be 1-128 characters", f"{where}.match_id", "invalid_match_id")
+        if not isinstance(s.match_id, str) or not 1 <= len(s.match_id) <= MATCH_ID_MAX:
+            raise InvalidInput(
+                f"match_id must be 1-{MATCH_ID_MAX} characters", f"{where}.match_id", "invalid_match_id"
+            )
         points = self.codec.check_points(s.points, f"{where}.points")
         if achieved > now + MAX_FUTURE_MS:
             raise InvalidInput(

@@ -11,9 +11,13 @@ from shardlb import periods, times
 from shardlb.codec import ScoreCodec
 from shardlb.errors import InvalidInput
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9_\-.:]{1,64}$", re.ASCII)
+ID_MAX = 64  # characters in a board, player or region id
+ID_PATTERN = re.compile(rf"^[A-Za-z0-9_\-.:]{{1,{ID_MAX}}}$", re.ASCII)
+MATCH_ID_MAX = 128  # characters in a match id (api.md: 1-128)
 MODES = ("best", "incr", "set")
 DURABILITY = ("journal", "memory")
+ORDERS = ("desc", "asc")
+TIEBREAKS = ("earliest", "latest")
 STRATEGIES = ("hash", "region", "band")
 DEFAULT_EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
 DEFAULT_RETENTION = {"daily": 3, "weekly": 35, "monthly": 400}
@@ -23,6 +27,7 @@ MAX_POINTS = 2**53 - 1  # the largest points_max: a packed score must stay below
 MAX_RETENTION_DAYS = 36_500
 DEDUP_WINDOW_S = (60, 30 * 86_400)  # the shortest and longest dedup window of an incr board
 DEFAULT_SHARDS = 16
+DEFAULT_POINTS_MAX = 2_097_151  # with resolution ms, small enough to leave 30 days of time bits
 DEFAULT_DEDUP_WINDOW_S = 86_400  # api.md: "within the board's dedup window, default 24 h"
 # An incr board's dedup window is kept in this many time buckets, one set each per shard. A bucket
 # expires a window after it ends, so a member lives between one window and one window plus a
@@ -40,7 +45,7 @@ SETTINGS = (
 
 def check_id(value: object, field_name: str) -> str:
     if not isinstance(value, str) or ID_PATTERN.fullmatch(value) is None:
-        raise InvalidInput("ids are 1-64 characters of A-Z a-z 0-9 _ - . :", field_name, "invalid_id")
+        raise InvalidInput(f"ids are 1-{ID_MAX} characters of A-Z a-z 0-9 _ - . :", field_name, "invalid_id")
     return value
 
 
@@ -75,7 +80,7 @@ class BoardConfig:
     periods: tuple[str, ...] = ("total",)
     timezone: str = "UTC"
     retention_days: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_RETENTION))
-    points_max: int = 2_097_151
+    points_max: int = DEFAULT_POINTS_MAX
     epoch_ms: int = DEFAULT_EPOCH_MS
     resolution: str = "s"
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S
@@ -119,8 +124,8 @@ class BoardConfig:
             if name not in SETTINGS:
                 raise InvalidInput(f"unknown setting {name!r}", name, "unknown_field")
         mode = _choice(body, "mode", MODES, "best")
-        order = _choice(body, "order", ("desc", "asc"), "desc")
-        tiebreak = _choice(body, "tiebreak", ("earliest", "latest"), "earliest")
+        order = _choice(body, "order", ORDERS, "desc")
+        tiebreak = _choice(body, "tiebreak", TIEBREAKS, "earliest")
         resolution = _choice(body, "resolution", ("s", "ms"), "s")
         kept = _periods(body.get("periods", ["total"]))
         tz_name = body.get("timezone", "UTC")
@@ -136,7 +141,7 @@ class BoardConfig:
                 raise InvalidInput(f"no retention for {kind!r}", f"retention_days.{kind}")
             retention[kind] = _int(days, f"retention_days.{kind}", 0, MAX_RETENTION_DAYS)
         retention = {kind: days for kind, days in retention.items() if kind in kept}
-        points_max = _int(body.get("points_max", 2_097_151), "points_max", 1, MAX_POINTS)
+        points_max = _int(body.get("points_max", DEFAULT_POINTS_MAX), "points_max", 1, MAX_POINTS)
         epoch_ms = times.parse(body["epoch"], "epoch") if body.get("epoch") is not None else DEFAULT_EPOCH_MS
         dedup = _int(body.get("dedup_window_s", DEFAULT_DEDUP_WINDOW_S), "dedup_window_s", *DEDUP_WINDOW_S)
         config = cls(

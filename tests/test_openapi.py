@@ -114,6 +114,18 @@ async def test_region_schema_is_what_the_server_takes(
         assert read.status_code == write.status_code == (200 if valid(document, schema, region) else 422)
 
 
+async def test_score_id_lengths_in_the_schema_are_what_the_server_takes(
+    client: httpx.AsyncClient, document: dict[str, Any]
+) -> None:
+    name = board_name()
+    assert (await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+    schema = document["components"]["schemas"]["Score"]
+    for player, match in [("p", "m" * 128), ("p", "m" * 129), ("p", ""), ("p" * 64, "m"), ("p" * 65, "m")]:
+        score = {"player_id": player, "points": 1, "match_id": match}
+        r = await client.post(f"/v1/boards/{name}/scores", json={"scores": [score]}, headers=AS_WRITER)
+        assert r.status_code == (200 if valid(document, schema, score) else 422), (len(player), len(match))
+
+
 def test_schemathesis_with_every_check(server: Server, tmp_path: Path) -> None:
     """schemathesis run --checks all on the served document, all phases (coverage, fuzzing, stateful),
     with an admin key so every operation gets past auth; deterministic (no seed, no example database),
