@@ -52,7 +52,7 @@ def test_parse_current_and_given_periods() -> None:
     assert periods.parse("total", KINDS, tz, now) == "total"
 
 
-def test_api_period_names() -> None:
+def test_api_names_spell_what_parse_reads() -> None:
     assert [periods.api_name(n) for n in ("total", "d:2026-11-30", "w:2026-W48", "m:2026-11")] == [
         "total",
         "daily:2026-11-30",
