@@ -24,6 +24,7 @@ from router import metrics
 from router.gate import Gate
 from shardlb import times
 from shardlb.board import Board
+from shardlb.reads import ResolvedView
 
 log = logging.getLogger("shardlb.router")
 _HIT, _MISS = metrics.CACHE.labels("top", "hit"), metrics.CACHE.labels("top", "miss")
@@ -33,16 +34,10 @@ MAX_LIMIT = 1000
 MAX_VIEWS = 10_000
 STALE_REFRESHES = 10
 
-_Key = tuple[str, str, str | None]
+_Key = ResolvedView
 # Entries are kept rendered (api.md's dicts): a hit then only slices and serializes.
 Rendered = list[dict[str, Any]]
-Fetch = Callable[[Board, str, str | None, int], Awaitable[Rendered]]
-
-
-def api_period(name: str) -> str:
-    """A stored period name (``d:2026-11-30``) in the API's spelling (``daily:2026-11-30``)."""
-    kind = {"d": "daily", "w": "weekly", "m": "monthly"}.get(name[:1]) if name[1:2] == ":" else None
-    return f"{kind}:{name[2:]}" if kind else name
+Fetch = Callable[[Board, ResolvedView, int], Awaitable[Rendered]]
 
 
 @dataclass
@@ -55,7 +50,7 @@ class _Top:
 
 
 class TopCache:
-    """Per-worker cache of top-N lists keyed by (board, period name, region)."""
+    """Per-worker cache of top-N lists keyed by resolved view."""
 
     def __init__(
         self, fetch: Fetch, refresh_s: float = 1.0, idle_s: float = 60.0, live: Gate | None = None
@@ -70,9 +65,9 @@ class TopCache:
     def __len__(self) -> int:
         return len(self._views)
 
-    async def top(self, board: Board, period: str, region: str | None, limit: int) -> tuple[Rendered, int]:
+    async def top(self, board: Board, view: ResolvedView, limit: int) -> tuple[Rendered, int]:
         """The best ``limit`` entries of a view and the epoch ms they were read at (cached or live)."""
-        key = (board.config.id, period, region)
+        key = view  # equal views (two spellings of one period) share one entry
         kept = self._views.get(key)
         if kept is not None and self._fits(kept, board, limit):
             kept.read_at = time.monotonic()
@@ -128,9 +123,9 @@ class TopCache:
         as_of = times.now_ms()
         if live and self.live is not None:
             async with self.live:
-                entries = await self.fetch(board, key[1], key[2], limit)
+                entries = await self.fetch(board, key, limit)
         else:
-            entries = await self.fetch(board, key[1], key[2], limit)
+            entries = await self.fetch(board, key, limit)
         previous = self._views.get(key)
         read_at = previous.read_at if previous is not None else time.monotonic()
         kept = _Top(board, limit, entries, as_of, read_at)

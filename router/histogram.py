@@ -28,17 +28,17 @@ from redis.asyncio.cluster import RedisCluster
 
 from router import metrics
 from router.budget import BoundedScript
-from router.cache import api_period
 from router.gate import NodeGates
 from shardlb import times
 from shardlb.board import Board
 from shardlb.merge import Row
+from shardlb.reads import ResolvedView
 
 log = logging.getLogger("shardlb.router")
 _HIT, _MISS = metrics.CACHE.labels("histogram", "hit"), metrics.CACHE.labels("histogram", "miss")
 MAX_VIEWS = 1_000
 
-_Key = tuple[str, str, str | None]
+_Key = ResolvedView
 
 
 @dataclass(frozen=True)
@@ -119,9 +119,9 @@ class Histograms:
         """Put the sampling script on every primary (at start-up, with the library's scripts)."""
         self.script.sha = await client.script_load(self.script.script)
 
-    async def estimate(self, board: Board, period: str, region: str | None, row: Row) -> Estimate:
+    async def estimate(self, board: Board, view: ResolvedView, row: Row) -> Estimate:
         """The estimated rank of ``row`` in a view, from the kept snapshot (built on first use)."""
-        key = (board.config.id, period, region)
+        key = view  # equal views (two spellings of one period) share one entry
         kept = self._views.get(key)
         if kept is not None and (kept.board is board or kept.board.config == board.config):
             _HIT.inc()
@@ -161,9 +161,8 @@ class Histograms:
 
     async def _load(self, key: _Key, board: Board) -> Snapshot:
         as_of = times.now_ms()
-        view = board.view(api_period(key[1]), key[2])
         async with metrics.redis_call("histogram"):
-            replies = await asyncio.gather(*(self.script(keys=[k], args=[self.samples]) for k in view.keys))
+            replies = await asyncio.gather(*(self.script(keys=[k], args=[self.samples]) for k in key.keys))
         previous = self._views.get(key)
         snapshot = Snapshot(
             board,

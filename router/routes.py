@@ -14,7 +14,6 @@ from starlette.routing import Route
 
 from router import metrics, params, scores
 from router.auth import Scope
-from router.cache import api_period
 from router.errors import ApiError
 from router.media import entry_body, read_object, render
 from router.scores import MAX_ITEMS, ScoresEndpoint
@@ -23,6 +22,7 @@ from shardlb import times
 from shardlb.board import Board
 from shardlb.config import ID_PATTERN, BoardConfig, check_id
 from shardlb.errors import InvalidInput, PlayerNotFound
+from shardlb.reads import ResolvedView
 
 MAX_OFFSET = 10**12
 MAX_RADIUS = 100
@@ -58,32 +58,23 @@ async def _board(svc: Service, request: Request) -> Board:
     return await svc.boards.lookup(request.path_params["board"])
 
 
-def _view(board: Board, period: object, region: object) -> tuple[str, str | None]:
-    """The board's period name and the region a read is limited to (None: the whole board)."""
+def _view(board: Board, period: object, region: object) -> ResolvedView:
+    """The view a read covers (``Board.resolve``), once the period and region are strings."""
     if not isinstance(period, str):
         raise InvalidInput(
             "period must be a string such as 'total' or 'daily:2026-11-30'",
             "period",
             "invalid_period",
         )
-    try:
-        name = board.period(period)
-    except InvalidInput as e:
-        raise InvalidInput(e.message, "period", e.code) from e
-    if region is None:
-        return name, None
-    if not isinstance(region, str) or ID_PATTERN.fullmatch(region) is None:
+    if region is not None and (not isinstance(region, str) or ID_PATTERN.fullmatch(region) is None):
         # Refused on every board: a region that could not name one is a mistake wherever it is sent.
         raise InvalidInput(
             "region must be an id: 1-64 characters of A-Z a-z 0-9 _ - . :", "region", "invalid_region"
         )
-    if board.layout.strategy != "region":
-        return name, None  # region is ignored elsewhere: one cache entry per view, not per spelling
-    board.layout.region_index(region, "region")
-    return name, region
+    return board.resolve(period, region)
 
 
-def _query_view(board: Board, query: dict[str, str]) -> tuple[str, str | None]:
+def _query_view(board: Board, query: dict[str, str]) -> ResolvedView:
     return _view(board, query.get("period", "total"), query.get("region"))
 
 
@@ -138,7 +129,7 @@ async def get_board(request: Request) -> Response:
     board = await _board(svc, request)
     kinds = board.config.periods
     async with svc.reads, metrics.redis_call("size"):
-        sizes = [await board.size(kind) for kind in kinds]  # one after another: a read's share
+        sizes = [await board.size(board.resolve(kind)) for kind in kinds]  # one after another: a read's share
     return render(request, {**board.config.to_dict(), "players": dict(zip(kinds, sizes, strict=True))})
 
 
@@ -163,13 +154,13 @@ async def top(request: Request) -> Response:
     query = _query(request, "limit", "period", "region")
     board = await _board(svc, request)
     limit = params.integer(query, "limit", 100, 1, MAX_ITEMS)
-    period, region = _query_view(board, query)
-    best, as_of = await svc.tops.top(board, period, region, limit)
+    view = _query_view(board, query)
+    best, as_of = await svc.tops.top(board, view, limit)
     return render(
         request,
         {
             "board": board.config.id,
-            "period": api_period(period),
+            "period": view.api,
             "entries": best,
             "as_of": times.format_ms(as_of),
         },
@@ -182,15 +173,15 @@ async def entries(request: Request) -> Response:
     board = await _board(svc, request)
     offset = params.integer(query, "offset", 0, 0, MAX_OFFSET)
     limit = params.integer(query, "limit", 100, 1, MAX_ITEMS)
-    period, region = _query_view(board, query)
+    view = _query_view(board, query)
     as_of = times.now_ms()
     async with svc.reads, metrics.redis_call("entries"):
-        found = await board.entries(offset, limit, api_period(period), region)
+        found = await board.entries(offset, limit, view)
     return render(
         request,
         {
             "board": board.config.id,
-            "period": api_period(period),
+            "period": view.api,
             "entries": [entry_body(e) for e in found],
             "as_of": times.format_ms(as_of),
         },
@@ -202,20 +193,20 @@ async def player(request: Request) -> Response:
     query = _query(request, "period", "region", "estimate")
     board = await _board(svc, request)
     player_id = check_id(request.path_params["player"], "player")
-    period, region = _query_view(board, query)
+    view = _query_view(board, query)
     if not params.flag(query, "estimate"):
         async with svc.reads, metrics.redis_call("player"):
-            found = await board.player(player_id, api_period(period), region)
+            found = await board.player(player_id, view)
         return render(
             request, {**entry_body(found.entry), "players": found.players, "percentile": found.percentile}
         )
     # One ZMSCORE on the player's home shard; the rank then comes from RAM, not from every shard.
     async with svc.reads, metrics.redis_call("player_score"):
-        scores = await board.scores([player_id], api_period(period), region)
+        scores = await board.scores([player_id], view)
     if player_id not in scores:
         raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
     row = (scores[player_id], player_id)
-    guess = await svc.histograms.estimate(board, period, region, row)
+    guess = await svc.histograms.estimate(board, view, row)
     return render(
         request,
         {
@@ -234,12 +225,12 @@ async def around(request: Request) -> Response:
     board = await _board(svc, request)
     player_id = check_id(request.path_params["player"], "player")
     radius = params.integer(query, "radius", 5, 0, MAX_RADIUS)
-    period, region = _query_view(board, query)
+    view = _query_view(board, query)
     async with svc.reads, metrics.redis_call("around"):
-        found = await board.around(player_id, radius, api_period(period), region)
+        found = await board.around(player_id, radius, view)
     return render(
         request,
-        {"board": board.config.id, "period": api_period(period), "entries": [entry_body(e) for e in found]},
+        {"board": board.config.id, "period": view.api, "entries": [entry_body(e) for e in found]},
     )
 
 
@@ -267,12 +258,12 @@ async def query(request: Request) -> Response:
     )
     del body
     board = await _board(svc, request)
-    period, region = _view(board, "total" if period is None else period, region)
+    view = _view(board, "total" if period is None else period, region)
     async with svc.reads, metrics.redis_call("query"):
-        found = await board.query(ids, api_period(period), region)
+        found = await board.query(ids, view)
     return render(
         request,
-        {"board": board.config.id, "period": api_period(period), "entries": [entry_body(e) for e in found]},
+        {"board": board.config.id, "period": view.api, "entries": [entry_body(e) for e in found]},
     )
 
 

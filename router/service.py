@@ -25,7 +25,7 @@ from router import metrics
 from router.auth import Keys
 from router.boards import Boards
 from router.budget import REGISTRY_LANES, BoundedScript
-from router.cache import Rendered, TopCache, api_period
+from router.cache import Rendered, TopCache
 from router.coalescer import Coalescer
 from router.gate import Gate, NodeGates
 from router.histogram import Histograms
@@ -37,6 +37,7 @@ from shardlb.connection import Scripts, connect, redacted
 from shardlb.errors import ClusterUnavailable
 from shardlb.fanout import ScriptPipeline
 from shardlb.keys import SLOTS
+from shardlb.reads import ResolvedView
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.router")
@@ -89,9 +90,9 @@ class Service:
         reads = Gate(settings.read_concurrency, settings.read_queue, settings.queue_wait_s, "reads")
         registry = Gate(REGISTRY_LANES, settings.read_queue, settings.queue_wait_s, "board lookups")
 
-        async def fetch_top(board: Board, period: str, region: str | None, limit: int) -> Rendered:
+        async def fetch_top(board: Board, view: ResolvedView, limit: int) -> Rendered:
             async with metrics.redis_call("top"):
-                found = await board.top(limit, api_period(period), region)
+                found = await board.top(limit, view)
             return [entry_body(e) for e in found]
 
         service = cls(

@@ -20,7 +20,7 @@ from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
-from shardlb.reads import SHALLOW, View
+from shardlb.reads import SHALLOW, ResolvedView, View
 from shardlb.sharding import Layout
 
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow", "r": "region_conflict"}
@@ -317,54 +317,61 @@ class Board:
 
     # ---- reads ----------------------------------------------------------------------------
 
-    def period(self, period: str = "total", now_ms: int | None = None) -> str:
-        """Resolve an API period (``weekly``, ``daily:2026-11-30``...) to this board's period name."""
-        return periods.parse(
+    def resolve(
+        self, period: str = "total", region: str | None = None, now_ms: int | None = None
+    ) -> ResolvedView:
+        """The view a read covers: an API period (``weekly``, ``daily:2026-11-30``...) and a region,
+        checked (InvalidInput naming ``period`` or ``region``) and resolved once, for every read to take.
+
+        A board without regions ignores ``region`` (its view is the whole board's); a region board
+        limits the read to that region's shards, or reads all of them without one. A read given
+        no view reads ``resolve()``: the whole board's total.
+        """
+        name = periods.parse(
             period, self.config.periods, self.tz, times.now_ms() if now_ms is None else now_ms
         )
-
-    def view(self, period: str = "total", region: str | None = None) -> View:
-        name = self.period(period)
-        shards = self.layout.view(name == "total", region)
-        banded = self.layout.strategy == "band" and name == "total"
-        return View(
-            self.client,
-            [keys.period_key(self.prefixes[s], name) for s in shards],
-            self.scripts.counts,
-            banded,
-            self.shallow,
+        if self.layout.strategy != "region":
+            region = None
+        total = name == "total"
+        return ResolvedView(
+            self.config.id,
+            name,
+            periods.api_name(name),
+            region,
+            tuple(keys.period_key(self.prefixes[s], name) for s in self.layout.view(total, region)),
+            self.layout.strategy == "band" and total,
         )
+
+    def _merged(self, view: ResolvedView) -> View:
+        return View(self.client, view.keys, self.scripts.counts, view.banded, self.shallow)
 
     def entry(self, rank: int, row: Row) -> Entry:
         points, achieved = self.codec.decode(row[0])
         return Entry(rank, row[1], points, achieved)
 
-    async def top(self, n: int = 100, period: str = "total", region: str | None = None) -> list[Entry]:
-        return [self.entry(i + 1, row) for i, row in enumerate(await self.view(period, region).top(n))]
+    async def top(self, n: int = 100, view: ResolvedView | None = None) -> list[Entry]:
+        rows = await self._merged(view or self.resolve()).top(n)
+        return [self.entry(i + 1, row) for i, row in enumerate(rows)]
 
-    async def entries(
-        self, offset: int, limit: int, period: str = "total", region: str | None = None
-    ) -> list[Entry]:
+    async def entries(self, offset: int, limit: int, view: ResolvedView | None = None) -> list[Entry]:
         if offset < 0 or limit < 1:
             raise InvalidInput("offset must be >= 0 and limit >= 1", "offset" if offset < 0 else "limit")
-        rows = await self.view(period, region).page(offset, limit)
+        rows = await self._merged(view or self.resolve()).page(offset, limit)
         return [self.entry(offset + i + 1, row) for i, row in enumerate(rows)]
 
-    async def size(self, period: str = "total", region: str | None = None) -> int:
-        return sum(await self.view(period, region).sizes())
+    async def size(self, view: ResolvedView | None = None) -> int:
+        return sum(await self._merged(view or self.resolve()).sizes())
 
-    async def scores(
-        self, player_ids: Sequence[str], period: str = "total", region: str | None = None
-    ) -> dict[str, float]:
-        """Each player's score in a period, from their home shard(s); players without one are left out."""
-        name = self.period(period)
+    async def scores(self, player_ids: Sequence[str], view: ResolvedView | None = None) -> dict[str, float]:
+        """Each player's score in a view, from their home shard(s); players without one are left out."""
+        view = view or self.resolve()
         groups: dict[int, list[str]] = defaultdict(list)
         for player in player_ids:
-            for shard in self.layout.candidates(player, region):
+            for shard in self.layout.candidates(player, view.region):
                 groups[shard].append(player)
         pipe = batch(self.client)
         for shard, members in groups.items():
-            pipe.zmscore(keys.period_key(self.prefixes[shard], name), members)
+            pipe.zmscore(keys.period_key(self.prefixes[shard], view.period), members)
         found: dict[str, float] = {}
         for members, values in zip(groups.values(), await pipe.execute(), strict=True):
             for player, value in zip(members, values, strict=True):
@@ -372,44 +379,43 @@ class Board:
                     found[player] = value
         return found
 
-    async def _row(self, player_id: str, period: str, region: str | None) -> Row:
+    async def _row(self, player_id: str, view: ResolvedView) -> Row:
         check_id(player_id, "player")
-        found = await self.scores([player_id], period, region)
+        found = await self.scores([player_id], view)
         if player_id not in found:
             raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
         return found[player_id], player_id
 
-    async def player(self, player_id: str, period: str = "total", region: str | None = None) -> PlayerEntry:
+    async def player(self, player_id: str, view: ResolvedView | None = None) -> PlayerEntry:
         """The player's exact rank (summed per-shard counts), points, board size and percentile."""
-        view = self.view(period, region)
-        row = await self._row(player_id, period, region)
-        counts, sizes = await asyncio.gather(view.counts_ahead(row), view.sizes())
+        view = view or self.resolve()
+        reader = self._merged(view)
+        row = await self._row(player_id, view)
+        counts, sizes = await asyncio.gather(reader.counts_ahead(row), reader.sizes())
         players = sum(sizes)
         rank = sum(counts) + 1
         return PlayerEntry(
             self.entry(rank, row), players, 100.0 * (players - rank) / players if players else 0.0
         )
 
-    async def around(
-        self, player_id: str, radius: int = 5, period: str = "total", region: str | None = None
-    ) -> list[Entry]:
-        view = self.view(period, region)
-        row = await self._row(player_id, period, region)
-        counts = await view.counts_ahead(row)
+    async def around(self, player_id: str, radius: int = 5, view: ResolvedView | None = None) -> list[Entry]:
+        view = view or self.resolve()
+        reader = self._merged(view)
+        row = await self._row(player_id, view)
+        counts = await reader.counts_ahead(row)
         rank = sum(counts) + 1
-        rows, at = await view.around(row, counts, radius)
+        rows, at = await reader.around(row, counts, radius)
         return [self.entry(rank - at + i, r) for i, r in enumerate(rows)]
 
-    async def query(
-        self, player_ids: Sequence[str], period: str = "total", region: str | None = None
-    ) -> list[Entry]:
+    async def query(self, player_ids: Sequence[str], view: ResolvedView | None = None) -> list[Entry]:
         """Scores of many players (friends), sorted by rank, each with its global rank."""
         for i, player in enumerate(player_ids):
             check_id(player, f"player_ids[{i}]")
-        view = self.view(period, region)
+        view = view or self.resolve()
+        reader = self._merged(view)
         found = sorted(
-            ((s, p) for p, s in (await self.scores(list(dict.fromkeys(player_ids)), period, region)).items()),
+            ((s, p) for p, s in (await self.scores(list(dict.fromkeys(player_ids)), view)).items()),
             reverse=True,
         )
-        counts = await view.counts_ahead_many(found)
+        counts = await reader.counts_ahead_many(found)
         return [self.entry(sum(c) + 1, row) for row, c in zip(found, counts, strict=True)]

@@ -119,6 +119,12 @@ def end_ms(name: str, tz: ZoneInfo) -> int:
     return int(datetime(nxt.year, nxt.month, nxt.day, tzinfo=tz).timestamp() * 1000)
 
 
+def api_name(name: str) -> str:
+    """A period name (``d:2026-11-30``) as the API spells it (``daily:2026-11-30``): ``parse`` undone."""
+    kind = _KIND_OF_PREFIX.get(name[:1]) if name[1:2] == ":" else None
+    return f"{kind}:{name[2:]}" if kind else name
+
+
 def parse(text: str, kinds: tuple[str, ...], tz: ZoneInfo, now_ms: int) -> str:
     """Resolve an API period (``weekly``, ``daily:2026-11-30``, ...) to a name this board keeps."""
     kind, dated, given = text.partition(":")

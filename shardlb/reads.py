@@ -25,12 +25,27 @@ TOP_SLACK = 8  # rows read from each shard for a top n beyond its expected share
 # Script calls one read sends at once (one connection each); pipelines need only one per node.
 
 
+@dataclass(frozen=True, slots=True)
+class ResolvedView:
+    """What one read of a board covers, resolved once from the request's period and region
+    (``Board.resolve``). Every read takes it, and the router's caches key on it: two spellings of
+    one period, or a region on a board without regions, resolve to equal views, and the keys name
+    the board's incarnation, so a board re-created under its id is a different view."""
+
+    board: str
+    period: str  # the board's period name: the keys' suffix (total, d:2026-11-30)
+    api: str  # the same period as answers spell it (total, daily:2026-11-30)
+    region: str | None  # the region the read is limited to; None: the whole board
+    keys: tuple[str, ...]  # one per shard merged (band boards' total: the band keys, best band first)
+    banded: bool = False
+
+
 @dataclass
 class View:
-    """The sorted sets one read merges: one key per shard (band boards: band keys, best band first)."""
+    """Reads over the sorted sets of one ResolvedView (its ``keys``), merged across shards."""
 
     client: RedisCluster
-    keys: list[str]
+    keys: Sequence[str]
     counts: Script
     banded: bool = False
     shallow: int = SHALLOW

@@ -12,9 +12,10 @@ import random
 
 import pytest
 
-from shardlb import periods, times
+from shardlb import keys, periods, times
 from shardlb.board import Board, Entry, Score
 from shardlb.config import BoardConfig
+from shardlb.errors import InvalidInput
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 
@@ -45,27 +46,28 @@ async def check_view(
 ) -> None:
     want = expected_entries(ref, name, region)
     n = len(want)
-    assert await board.top(10, api, region) == want[:10]
-    assert await board.top(n + 5, api, region) == want
-    assert await board.size(api, region) == n
+    view = board.resolve(api, region)
+    assert await board.top(10, view) == want[:10]
+    assert await board.top(n + 5, view) == want
+    assert await board.size(view) == n
     board.shallow = 0  # every page below goes through the score bisection, not a merged top
     try:
         for offset in sorted({0, 1, 7, n // 3, n // 2, max(n - 6, 0), max(n - 1, 0), n, n + 3}):
-            assert await board.entries(offset, 6, api, region) == want[offset : offset + 6], offset
+            assert await board.entries(offset, 6, view) == want[offset : offset + 6], offset
     finally:
         board.shallow = 1000
     for e in want:
-        got = await board.player(e.player_id, api, region)
+        got = await board.player(e.player_id, view)
         assert got.entry == e
         assert got.players == n
         assert got.percentile == pytest.approx(100.0 * (n - e.rank) / n)
     for e in rng.sample(want, min(5, n)):
         radius = rng.choice([0, 1, 3, 8])
         lo = max(0, e.rank - 1 - radius)
-        assert await board.around(e.player_id, radius, api, region) == want[lo : e.rank + radius]
+        assert await board.around(e.player_id, radius, view) == want[lo : e.rank + radius]
     ids = [e.player_id for e in rng.sample(want, min(12, n))] + ["nobody", "ghost-1"]
     rng.shuffle(ids)
-    assert await board.query(ids, api, region) == [e for e in want if e.player_id in ids]
+    assert await board.query(ids, view) == [e for e in want if e.player_id in ids]
 
 
 @pytest.mark.parametrize("order", ["desc", "asc"])
@@ -171,3 +173,47 @@ async def test_top_reads_further_from_a_shard_that_holds_most_of_the_best(
         assert await board.entries(120, 50) == want[120:170]  # a shallow page is a merged top too
     finally:
         await store.delete(config.id)
+
+
+async def test_a_read_resolves_its_view_once(store: BoardStore) -> None:
+    """Board.resolve turns (period, region) into the value every read takes and the router's caches
+    key on: spellings of one period, and a region a board has no use for, give equal views."""
+    now = times.parse("2026-11-30T05:00:00Z", "now")
+
+    def board(sharding: dict[str, object], incarnation: str = "7") -> Board:
+        config = BoardConfig.from_dict("views", {"periods": ["daily", "weekly"], "sharding": sharding})
+        return Board(store.client, config, store.scripts, incarnation)
+
+    def shard_keys(b: Board, shards: list[int], name: str) -> tuple[str, ...]:
+        return tuple(keys.period_key(b.prefixes[s], name) for s in shards)
+
+    hashed = board({"strategy": "hash", "shards": 4})
+    week = hashed.resolve("weekly", now_ms=now)
+    assert (week.board, week.period, week.api, week.region) == (
+        "views",
+        "w:2026-W49",
+        "weekly:2026-W49",
+        None,
+    )
+    assert week.keys == shard_keys(hashed, [0, 1, 2, 3], "w:2026-W49") and not week.banded
+    assert hashed.resolve("weekly:2026-W49", "eu", now_ms=now) == week
+    assert hashed.resolve("weekly:2026-W48", now_ms=now) != week
+    assert board({"strategy": "hash", "shards": 4}, "8").resolve("weekly", now_ms=now) != week  # re-created
+    assert hashed.resolve("daily", now_ms=now).api == "daily:2026-11-30"
+
+    regional = board({"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 2})
+    na = regional.resolve("total", "na")
+    assert (na.region, na.keys) == ("na", shard_keys(regional, [2, 3], "total"))
+    assert regional.resolve().keys == shard_keys(regional, [0, 1, 2, 3], "total")
+    with pytest.raises(InvalidInput) as err:
+        regional.resolve("total", "mars")
+    assert (err.value.field, err.value.code) == ("region", "invalid_region")
+
+    banded = board({"strategy": "band", "bands": [0, 40, 120], "shards": 2})
+    total = banded.resolve()
+    assert total.banded and total.keys == shard_keys(banded, [4, 3, 2], "total")  # best band first
+    daily = banded.resolve("daily", now_ms=now)
+    assert not daily.banded and daily.keys == shard_keys(banded, [0, 1], "d:2026-11-30")
+    with pytest.raises(InvalidInput) as err:
+        banded.resolve("monthly")
+    assert (err.value.field, err.value.code) == ("period", "invalid_period")

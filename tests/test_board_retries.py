@@ -168,8 +168,10 @@ async def test_a_retry_without_achieved_at_lands_where_the_first_call_did(
         want = expected_entries(ref, "total", None)
         assert await board.top(10) == want
         today = periods.names_at(after, config.periods, board.tz)[1]
-        assert await board.top(10, "daily:" + today[2:]) == []
+        assert await board.top(10, board.resolve("daily:" + today[2:])) == []
         yesterday = periods.names_at(before, config.periods, board.tz)[1]
-        assert await board.top(10, "daily:" + yesterday[2:]) == expected_entries(ref, yesterday, None)
+        assert await board.top(10, board.resolve("daily:" + yesterday[2:])) == expected_entries(
+            ref, yesterday, None
+        )
     finally:
         await store.delete(name)

@@ -52,6 +52,18 @@ def test_parse_current_and_given_periods() -> None:
     assert periods.parse("total", KINDS, tz, now) == "total"
 
 
+def test_api_names_spell_what_parse_reads() -> None:
+    assert [periods.api_name(n) for n in ("total", "d:2026-11-30", "w:2026-W48", "m:2026-11")] == [
+        "total",
+        "daily:2026-11-30",
+        "weekly:2026-W48",
+        "monthly:2026-11",
+    ]
+    now, tz = ms("2026-11-30T05:00:00Z"), periods.zone("UTC")
+    for text in ("total", "daily:2026-11-29", "weekly:2026-W53", "monthly:2026-01"):
+        assert periods.api_name(periods.parse(text, KINDS, tz, now)) == text
+
+
 @pytest.mark.parametrize(
     "text",
     ["yearly", "daily:2026-13-01", "weekly:2026-W60", "total:2026", "monthly:26-1", "total:", "daily:"],

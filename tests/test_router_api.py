@@ -12,9 +12,10 @@ import httpx
 import msgpack
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from router.logs import JsonFormatter
-from shardlb import times
+from shardlb import periods, times
 from shardlb.cluster import LocalCluster
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running
 
@@ -235,6 +236,30 @@ async def test_top_is_cached_and_refreshed(client: httpx.AsyncClient) -> None:
     assert datetime.fromisoformat(fresh["as_of"]) > datetime.fromisoformat(first["as_of"])
     wide = (await client.get(f"/v1/boards/{name}/top", params={"limit": 1000})).json()
     assert [e["player_id"] for e in wide["entries"]] == ["b", "a"]
+
+
+async def test_spellings_of_one_view_share_its_cache_entries(client: httpx.AsyncClient) -> None:
+    """``weekly`` and ``weekly:<this week>``, with or without a region on a board that has none, are
+    one view: after the first read, the others hit the top cache and the histograms' one entry."""
+    name = await make_board(client, {"periods": ["total", "weekly"]})
+    now = times.now_ms()
+    await post(client, name, [score("a", 10, "m", now)])
+    week = periods.api_name(periods.names_at(now, ("weekly",), periods.zone("UTC"))[0])
+
+    def hits(cache: str) -> float:
+        found = REGISTRY.get_sample_value("shardlb_cache_requests_total", {"cache": cache, "result": "hit"})
+        return found or 0.0
+
+    spellings = [{"period": week}, {"period": week, "region": "eu"}, {"period": "weekly", "region": "eu"}]
+    for cache, path, extra in (("top", "top", {}), ("histogram", "players/a", {"estimate": "true"})):
+        first = await client.get(f"/v1/boards/{name}/{path}", params={"period": "weekly", **extra})
+        assert first.status_code == 200, first.text
+        before = hits(cache)
+        for spelling in spellings:
+            again = await client.get(f"/v1/boards/{name}/{path}", params={**spelling, **extra})
+            assert again.status_code == 200, again.text
+            assert again.json().get("period", week) == week  # top names its period; a player, none
+        assert hits(cache) == before + len(spellings), cache
 
 
 async def test_estimated_rank_is_within_its_stated_error(client: httpx.AsyncClient) -> None:

@@ -47,3 +47,31 @@ async def test_writes_through_a_stale_router_after_delete_are_refused(cluster: L
         top = (await a.get(f"/v1/boards/{name}/entries")).json()["entries"]  # entries: never cached
         assert [(e["player_id"], e["points"]) for e in top] == [("p2", 12), ("p1", 11), ("p0", 10)]
         await a.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_board_re_created_under_its_id_is_not_read_from_the_old_ones_caches(
+    cluster: LocalCluster,
+) -> None:
+    """The top cache and the histograms are keyed on the resolved view, whose keys carry the
+    incarnation: a router that cached the old board's top must not serve it for the new board."""
+    name = board_name("recached")
+    body = {"sharding": {"strategy": "hash", "shards": 4}}
+    async with running(cluster.url, top_refresh_s=60, histogram_refresh_s=60) as (_, a):
+        assert (await a.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)).status_code == 201
+        assert (
+            await a.post(f"/v1/boards/{name}/scores", json=scores(3, "m0"), headers=AS_WRITER)
+        ).status_code == 200
+        old = (await a.get(f"/v1/boards/{name}/top")).json()["entries"]
+        assert [e["player_id"] for e in old] == ["p2", "p1", "p0"]
+        guess = (await a.get(f"/v1/boards/{name}/players/p0", params={"estimate": "true"})).json()
+        assert guess["rank"] == 3
+        assert (await a.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+
+        assert (await a.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)).status_code == 201
+        reborn = {"scores": [{"player_id": "q", "points": 5, "match_id": "m1"}, *scores(1, "m1")["scores"]]}
+        assert (await a.post(f"/v1/boards/{name}/scores", json=reborn, headers=AS_WRITER)).status_code == 200
+        new = (await a.get(f"/v1/boards/{name}/top")).json()["entries"]
+        assert [(e["player_id"], e["points"]) for e in new] == [("p0", 10), ("q", 5)]
+        guess = (await a.get(f"/v1/boards/{name}/players/p0", params={"estimate": "true"})).json()
+        assert (guess["rank"], guess["players"]) == (1, 2)
+        await a.delete(f"/v1/boards/{name}", headers=AS_ADMIN)

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.cache import api_period
 from router.histogram import ShardSample, Snapshot, parse_sample
 from router.media import wants_msgpack
 from router.settings import MIB, Settings, SettingsError
@@ -141,15 +140,6 @@ def test_no_keys_refuses_to_start_unless_insecure_dev() -> None:
 )
 def test_accept_negotiation(accept: str | None, packed: bool) -> None:
     assert wants_msgpack(accept) is packed
-
-
-def test_api_period_names() -> None:
-    assert [api_period(n) for n in ("total", "d:2026-11-30", "w:2026-W48", "m:2026-11")] == [
-        "total",
-        "daily:2026-11-30",
-        "weekly:2026-W48",
-        "monthly:2026-11",
-    ]
 
 
 @st.composite
