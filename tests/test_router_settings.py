@@ -180,7 +180,7 @@ def test_estimate_is_within_its_error(
     everyone = sorted((row for rows in boards for row in rows), reverse=True)
     if not everyone:
         return
-    snapshot = Snapshot(None, [parse_sample(sample_reply(rows, k)) for rows in boards], 0, 0.0)  # type: ignore[arg-type]
+    snapshot = Snapshot(None, [parse_sample(sample_reply(rows, k)) for rows in boards], 0)  # type: ignore[arg-type]
     target = data.draw(st.sampled_from(everyone))
     exact = everyone.index(target) + 1
     guess = snapshot.estimate(target)
