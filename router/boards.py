@@ -3,9 +3,10 @@
 Every request names a board. Its settings are kept for ``ttl_s`` seconds, or until a write finds
 this incarnation deleted (``Board.deleted``: another process deleted it; a new one may exist);
 when they expire, the first request fetches them and the requests arriving meanwhile wait for that
-same fetch instead of sending one each (a thousand writers must not all HGET the registry at once,
-on one primary). Fetches, listing, creating and deleting boards share one small Gate, so the
-registry takes at most ``gate.limit`` connections, on the one primary that holds it.
+same fetch (router/refresh.py) instead of sending one each (a thousand writers must not all HGET
+the registry at once, on one primary). Fetches, listing, creating and deleting boards share one
+small Gate, so the registry takes at most ``gate.limit`` connections, on the one primary that holds
+it.
 
 Public reads (``lookup``) must not be able to crowd writes out of that gate with a flood of board
 ids that do not exist: their fetches and listings first take the read lane, a gate of one permit
@@ -18,12 +19,12 @@ clears it.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import OrderedDict
 
 from router import metrics
 from router.gate import Gate
+from router.refresh import SingleFlight
 from shardlb.board import Board
 from shardlb.config import BoardConfig, check_id
 from shardlb.errors import BoardNotFound
@@ -51,8 +52,8 @@ class Boards:
         self.max_missing = max_missing
         self.missing: OrderedDict[str, float] = OrderedDict()  # board id -> when it was found missing
         self._kept: dict[str, tuple[float, Board]] = {}
-        self._loading: dict[str, asyncio.Future[Board]] = {}  # fetches for writes
-        self._reading: dict[str, asyncio.Future[Board]] = {}  # fetches for reads, through the read lane
+        self._writes: SingleFlight[str, Board] = SingleFlight()  # fetches for writes
+        self._reads: SingleFlight[str, Board] = SingleFlight()  # fetches for reads, through the read lane
 
     async def get(self, board_id: str) -> Board:
         """The board for a write (BoardNotFound when there is none; InvalidInput for a malformed id)."""
@@ -60,7 +61,7 @@ class Boards:
         if kept is not None and time.monotonic() - kept[0] < self.ttl_s and not kept[1].deleted:
             return kept[1]
         check_id(board_id, "board")  # a malformed id is the client's 422, never a wait for the gate
-        return await self._join(self._loading, board_id, False)
+        return await self._writes.join(board_id, lambda: self._fetch(board_id, False))
 
     async def lookup(self, board_id: str) -> Board:
         """The board for a public read: as ``get``, but a board found missing stays missing for a
@@ -73,9 +74,9 @@ class Boards:
         missed = self.missing.get(board_id)
         if missed is not None and now - missed < self.missing_ttl_s:
             raise BoardNotFound(f"no board {board_id!r}", "board")
-        if board_id in self._loading:
-            return await asyncio.shield(self._loading[board_id])
-        return await self._join(self._reading, board_id, True)
+        if board_id in self._writes:  # a write's fetch is under way: its answer serves this read too
+            return await self._writes.join(board_id, lambda: self._fetch(board_id, False))
+        return await self._reads.join(board_id, lambda: self._fetch(board_id, True))
 
     async def create(self, config: BoardConfig) -> tuple[Board, bool]:
         async with self.gate, metrics.redis_call("create_board"):
@@ -93,14 +94,6 @@ class Boards:
         """Every board's settings (a public read: through the read lane)."""
         async with self.read_lane, self.gate, metrics.redis_call("list_boards"):
             return await self.store.list()
-
-    async def _join(self, loading: dict[str, asyncio.Future[Board]], board_id: str, read: bool) -> Board:
-        """Wait for the fetch of ``board_id`` under way in ``loading``, starting it if there is none."""
-        future = loading.get(board_id)
-        if future is None:
-            future = loading[board_id] = asyncio.ensure_future(self._fetch(board_id, read))
-            future.add_done_callback(lambda done: self._done(loading, board_id, done))
-        return await asyncio.shield(future)
 
     async def _fetch(self, board_id: str, read: bool) -> Board:
         try:
@@ -125,11 +118,3 @@ class Boards:
         self.missing[board_id] = time.monotonic()
         while len(self.missing) > self.max_missing:
             self.missing.popitem(last=False)
-
-    def _done(
-        self, loading: dict[str, asyncio.Future[Board]], board_id: str, done: asyncio.Future[Board]
-    ) -> None:
-        if loading.get(board_id) is done:
-            del loading[board_id]
-        if not done.cancelled():
-            done.exception()  # its waiters have it; this only marks it retrieved when none are left

@@ -12,21 +12,17 @@ not hidden.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from router import metrics
 from router.gate import Gate
+from router.refresh import Refreshed
 from shardlb import times
 from shardlb.board import Board
 from shardlb.reads import ResolvedView
 
-log = logging.getLogger("shardlb.router")
 _HIT, _MISS = metrics.CACHE.labels("top", "hit"), metrics.CACHE.labels("top", "miss")
 
 MIN_FETCH = 100
@@ -46,7 +42,6 @@ class _Top:
     limit: int
     entries: Rendered
     as_of_ms: int
-    read_at: float
 
 
 class TopCache:
@@ -57,10 +52,9 @@ class TopCache:
     ) -> None:
         self.fetch = fetch
         self.live = live
-        self.refresh_s = refresh_s
-        self.idle_s = idle_s
-        self._views: dict[_Key, _Top] = {}
-        self._loading: dict[_Key, asyncio.Future[_Top]] = {}
+        self._views: Refreshed[_Key, _Top] = Refreshed(
+            "top", self._refetch, refresh_s, idle_s, MAX_VIEWS, STALE_REFRESHES
+        )
 
     def __len__(self) -> int:
         return len(self._views)
@@ -70,71 +64,32 @@ class TopCache:
         key = view  # equal views (two spellings of one period) share one entry
         kept = self._views.get(key)
         if kept is not None and self._fits(kept, board, limit):
-            kept.read_at = time.monotonic()
             _HIT.inc()
             return kept.entries[:limit], kept.as_of_ms
         _MISS.inc()
         want = max(
             limit, MIN_FETCH, kept.limit if kept is not None and kept.board.config == board.config else 0
         )
-        loading = self._loading.get(key)
-        if loading is None or loading.done():
-            loading = asyncio.ensure_future(self._load(key, board, want, live=True))
-            self._loading[key] = loading
-        try:
-            fresh = await asyncio.shield(loading)
-        finally:
-            if loading.done() and self._loading.get(key) is loading:
-                del self._loading[key]
+        fresh = await self._views.load(key, lambda: self._read(key, board, want, live=True))
         if not self._fits(fresh, board, limit):
-            fresh = await self._load(key, board, max(want, limit), live=True)
+            fresh = await self._views.fetch(key, lambda: self._read(key, board, max(want, limit), live=True))
         return fresh.entries[:limit], fresh.as_of_ms
 
     async def run(self) -> None:
-        """Refresh every kept view forever, dropping idle ones (one task per worker runs this)."""
-        failures: dict[_Key, int] = {}
-        while True:
-            await asyncio.sleep(self.refresh_s)
-            now = time.monotonic()
-            for key, kept in list(self._views.items()):
-                if now - kept.read_at > self.idle_s:
-                    self._views.pop(key, None)
-            for key in list(self._views):
-                view = self._views.get(key)
-                if view is None:
-                    continue
-                try:
-                    await self._load(key, view.board, view.limit)
-                except Exception as outcome:
-                    failures[key] = failures.get(key, 0) + 1
-                    if failures[key] >= STALE_REFRESHES:
-                        self._views.pop(key, None)
-                    if failures[key] == 1:
-                        log.warning(
-                            "top refresh failed", extra={"fields": {"view": key, "error": repr(outcome)}}
-                        )
-                else:
-                    failures.pop(key, None)
-            for key in list(failures):
-                if key not in self._views:
-                    del failures[key]
+        """Refresh every kept view forever (router/refresh.py); one task per worker runs this."""
+        await self._views.run()
 
-    async def _load(self, key: _Key, board: Board, limit: int, live: bool = False) -> _Top:
+    async def _refetch(self, key: _Key, kept: _Top) -> _Top:
+        return await self._read(key, kept.board, kept.limit)
+
+    async def _read(self, key: _Key, board: Board, limit: int, live: bool = False) -> _Top:
         as_of = times.now_ms()
         if live and self.live is not None:
             async with self.live:
                 entries = await self.fetch(board, key, limit)
         else:
             entries = await self.fetch(board, key, limit)
-        previous = self._views.get(key)
-        read_at = previous.read_at if previous is not None else time.monotonic()
-        kept = _Top(board, limit, entries, as_of, read_at)
-        if previous is None or previous.as_of_ms <= as_of:
-            if previous is None and len(self._views) >= MAX_VIEWS:
-                with contextlib.suppress(StopIteration):
-                    self._views.pop(min(self._views, key=lambda k: self._views[k].read_at))
-            self._views[key] = kept
-        return kept
+        return _Top(board, limit, entries, as_of)
 
     @staticmethod
     def _fits(kept: _Top, board: Board, limit: int) -> bool:

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
-import logging
-import time
 from dataclasses import dataclass
 from importlib import resources
 
@@ -29,12 +26,12 @@ from redis.asyncio.cluster import RedisCluster
 from router import metrics
 from router.budget import BoundedScript
 from router.gate import NodeGates
+from router.refresh import Refreshed
 from shardlb import times
 from shardlb.board import Board
 from shardlb.merge import Row
 from shardlb.reads import ResolvedView
 
-log = logging.getLogger("shardlb.router")
 _HIT, _MISS = metrics.CACHE.labels("histogram", "hit"), metrics.CACHE.labels("histogram", "miss")
 MAX_VIEWS = 1_000
 
@@ -74,7 +71,6 @@ class Snapshot:
     board: Board
     shards: list[ShardSample]
     as_of_ms: int
-    read_at: float
 
     def estimate(self, row: Row) -> Estimate:
         """Rank of ``row`` from the samples: the middle of the guaranteed interval, and its half-width."""
@@ -110,10 +106,9 @@ class Histograms:
         source = resources.files("router").joinpath("sample.lua").read_text()
         self.script = BoundedScript(client, source, gates)
         self.samples = samples
-        self.refresh_s = refresh_s
-        self.idle_s = idle_s
-        self._views: dict[_Key, Snapshot] = {}
-        self._loading: dict[_Key, asyncio.Future[Snapshot]] = {}
+        self._views: Refreshed[_Key, Snapshot] = Refreshed(
+            "histogram", self._refetch, refresh_s, idle_s, MAX_VIEWS, drop_after=1
+        )
 
     async def load_script(self, client: RedisCluster) -> None:
         """Put the sampling script on every primary (at start-up, with the library's scripts)."""
@@ -125,53 +120,21 @@ class Histograms:
         kept = self._views.get(key)
         if kept is not None and (kept.board is board or kept.board.config == board.config):
             _HIT.inc()
-            kept.read_at = time.monotonic()
             return kept.estimate(row)
         _MISS.inc()
-        loading = self._loading.get(key)
-        if loading is None or loading.done():
-            loading = self._loading[key] = asyncio.ensure_future(self._load(key, board))
-        try:
-            snapshot = await asyncio.shield(loading)
-        finally:
-            if loading.done() and self._loading.get(key) is loading:
-                del self._loading[key]
+        snapshot = await self._views.load(key, lambda: self._sample(key, board))
         return snapshot.estimate(row)
 
     async def run(self) -> None:
-        """Refresh every kept snapshot forever, dropping idle ones and ones that keep failing."""
-        while True:
-            await asyncio.sleep(self.refresh_s)
-            now = time.monotonic()
-            for key, kept in list(self._views.items()):
-                if now - kept.read_at > self.idle_s:
-                    self._views.pop(key, None)
-            for key in list(self._views):
-                view = self._views.get(key)
-                if view is None:
-                    continue
-                try:
-                    await self._load(key, view.board)
-                except Exception as outcome:
-                    # A snapshot that cannot be refreshed would state a bound for an ever older board.
-                    self._views.pop(key, None)
-                    log.warning(
-                        "histogram refresh failed", extra={"fields": {"view": key, "error": repr(outcome)}}
-                    )
+        """Refresh every kept snapshot forever (router/refresh.py). One that cannot be refreshed is
+        dropped at once: it would state a bound for an ever older board."""
+        await self._views.run()
 
-    async def _load(self, key: _Key, board: Board) -> Snapshot:
+    async def _refetch(self, key: _Key, kept: Snapshot) -> Snapshot:
+        return await self._sample(key, kept.board)
+
+    async def _sample(self, key: _Key, board: Board) -> Snapshot:
         as_of = times.now_ms()
         async with metrics.redis_call("histogram"):
             replies = await asyncio.gather(*(self.script(keys=[k], args=[self.samples]) for k in key.keys))
-        previous = self._views.get(key)
-        snapshot = Snapshot(
-            board,
-            [parse_sample(r) for r in replies],
-            as_of,
-            previous.read_at if previous is not None else time.monotonic(),
-        )
-        if previous is None and len(self._views) >= MAX_VIEWS:
-            with contextlib.suppress(ValueError):
-                self._views.pop(min(self._views, key=lambda k: self._views[k].read_at))
-        self._views[key] = snapshot
-        return snapshot
+        return Snapshot(board, [parse_sample(r) for r in replies], as_of)

@@ -1,7 +1,8 @@
 """Request and response bodies: JSON or MessagePack, by Content-Type in and by Accept out.
 
-Responses are rendered by orjson or msgpack straight to bytes. A request body is read with a byte cap
-(413 past it) before it is decoded, so an oversized upload never reaches the parser. The cap is what
+Responses are rendered by orjson or msgpack straight to bytes, in one place (``rendered``) for
+Starlette's path and the raw ASGI paths alike. A request body is read with a byte cap (413 past it)
+before it is decoded, so an oversized upload never reaches the parser. The cap is what
 bounds the memory a decoded body takes: a byte of MessagePack can become a 64-byte empty dict, and
 JSON's ``[],`` a 56-byte empty list (a MiB of either decodes to 20 to 70 MiB of objects). Public read
 bodies therefore get their own small cap (SHARDLB_MAX_READ_BODY_BYTES), and MessagePack is decoded
@@ -11,13 +12,14 @@ more than a valid request holds.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgpack
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Send
 
 from router.errors import ApiError
 from shardlb import times
@@ -28,6 +30,7 @@ MSGPACK = "application/msgpack"
 # application/x-msgpack and vnd.msgpack are what older clients send for the same format.
 _MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
 _JSON_TYPES = frozenset({JSON, "application/*", "*/*"})
+_JSON_BYTES, _MSGPACK_BYTES = JSON.encode(), MSGPACK.encode()
 # The most a valid body holds: 1000 scores or player ids, 1024 regions of a board; five fields in a
 # score (the room above lets an unknown field still be named by a 422); ids of 64 and match ids of
 # 128 characters. Nothing valid is binary or an extension type but a MessagePack timestamp, which
@@ -74,20 +77,49 @@ def entry_body(entry: Entry) -> dict[str, Any]:
     }
 
 
-def encode(data: Any, msgpack_body: bool) -> bytes:
-    return msgpack.packb(data, use_bin_type=True) if msgpack_body else orjson.dumps(data)
+RawHeaders = list[tuple[bytes, bytes]]
+
+
+def rendered(
+    data: Any, packed: bool, status: int = 200, headers: Mapping[str, str] | None = None
+) -> tuple[int, RawHeaders, bytes]:
+    """A response as ASGI sends it: status, headers (with Content-Type and Content-Length) and body.
+    Every body the router sends is rendered here, on Starlette's path and on the raw ASGI ones."""
+    body = msgpack.packb(data, use_bin_type=True) if packed else orjson.dumps(data)
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    raw.append((b"content-length", str(len(body)).encode()))
+    raw.append((b"content-type", _MSGPACK_BYTES if packed else _JSON_BYTES))
+    return status, raw, body
+
+
+def rendered_error(error: ApiError, packed: bool) -> tuple[int, RawHeaders, bytes]:
+    """An error as api.md spells it: ``{"error": {"code", "message", "field"}}``, its status and headers."""
+    return rendered(error.body(), packed, error.status, error.headers)
+
+
+async def send_rendered(send: Send, response: tuple[int, RawHeaders, bytes]) -> None:
+    """Send a rendered response on a raw ASGI path."""
+    status, headers, body = response
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _response(parts: tuple[int, RawHeaders, bytes]) -> Response:
+    status, headers, body = parts
+    response = Response(body, status)
+    response.raw_headers = headers  # already complete: Starlette's own would only repeat them
+    return response
 
 
 def render(request: Request, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """``data`` rendered in the format the request's Accept header asks for."""
-    packed = wants_msgpack(request.headers.get("accept"))
-    return Response(encode(data, packed), status, headers, MSGPACK if packed else JSON)
+    return _response(rendered(data, wants_msgpack(request.headers.get("accept")), status, headers))
 
 
 def error_response(request: Request, error: ApiError) -> Response:
     """The error body; remembered in the request state so the access middleware can log it."""
     request.state.error = error
-    return render(request, error.body(), error.status, error.headers)
+    return _response(rendered_error(error, wants_msgpack(request.headers.get("accept"))))
 
 
 async def read_body(request: Request, limit: int) -> bytes:

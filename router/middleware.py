@@ -26,7 +26,7 @@ from router import metrics
 from router.errors import ApiError, to_api_error
 from router.gate import Admission
 from router.limiter import client_address
-from router.media import encode
+from router.media import rendered_error, send_rendered, wants_msgpack
 from router.settings import Network
 
 log = logging.getLogger("shardlb.router")
@@ -78,17 +78,7 @@ class Observe:
                 error = to_api_error(e)
                 state["error"] = error
                 status = error.status
-                await send_with_id(
-                    {
-                        "type": "http.response.start",
-                        "status": error.status,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            *((k.encode(), v.encode()) for k, v in error.headers.items()),
-                        ],
-                    }
-                )
-                await send_with_id({"type": "http.response.body", "body": encode(error.body(), False)})
+                await send_rendered(send_with_id, rendered_error(error, _wants_msgpack(scope)))
         finally:
             elapsed = time.perf_counter() - start
             route = getattr(scope.get("route"), "path", "unmatched")
@@ -139,6 +129,11 @@ def _forwarded_client(scope: Scope, proxies: tuple[Network, ...]) -> None:
     address = client_address(client[0], forwarded.decode("latin-1"), proxies)
     if address != client[0]:
         scope["client"] = (address, 0)
+
+
+def _wants_msgpack(scope: Scope) -> bool:
+    accept = next((value for name, value in scope["headers"] if name == b"accept"), None)
+    return accept is not None and wants_msgpack(accept.decode("latin-1"))
 
 
 def _request_id(scope: Scope) -> str:

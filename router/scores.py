@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 from router import params
 from router.auth import Scope as KeyScope
 from router.errors import shutting_down, to_api_error
-from router.media import JSON, MSGPACK, decode_object, encode, read_limited, wants_msgpack
+from router.media import decode_object, read_limited, rendered, rendered_error, send_rendered, wants_msgpack
 from router.service import Service
 from shardlb import times
 from shardlb.board import Score
@@ -92,22 +92,16 @@ class ScoresEndpoint:
                 headers[name] = value
         accept = headers.get(b"accept")
         packed = accept is not None and wants_msgpack(accept.decode("latin-1"))
-        extra: dict[str, str] = {}
         try:
-            status, data = 200, await self._write(scope, receive, headers)
+            response = rendered(await self._write(scope, receive, headers), packed)
         except Exception as e:
             error = to_api_error(e)
             state = scope.setdefault("state", {})
             state["error"] = error
             if error.status >= 500:
                 state["cause"] = e  # the access middleware logs it with the request id
-            status, data, extra = error.status, error.body(), error.headers
-        body = encode(data, packed)
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
-        raw.append((b"content-length", str(len(body)).encode()))
-        raw.append((b"content-type", MSGPACK.encode() if packed else JSON.encode()))
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": body})
+            response = rendered_error(error, packed)
+        await send_rendered(send, response)
 
     async def _write(self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]) -> dict[str, Any]:
         svc: Service = scope["app"].state.service

@@ -84,7 +84,7 @@ async def test_replaying_the_journal_gives_the_board(
         assert want and await board.top(len(want) + 5) == want
         day = periods.names_at(now - 30 * HOUR, config.periods, board.tz)[1]
         want_day = expected_entries(replayed, day, None)
-        assert await board.top(len(want_day) + 5, "daily:" + day[2:]) == want_day
+        assert await board.top(len(want_day) + 5, board.resolve("daily:" + day[2:])) == want_day
     finally:
         await store.delete(config.id)
 

@@ -1,4 +1,5 @@
-"""Keys and scopes, reads that require a key, the insecure dev mode, and the read rate limit."""
+"""router/auth.py: keys and scopes, reads that require a key, the insecure dev mode (the read rate
+limit is in test_router_limiter.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import httpx
 import pytest
 
 from router.auth import Keys, Scope
-from router.limiter import RateLimiter, ReadLimits
 from router.settings import Settings
 from shardlb.cluster import LocalCluster
 from tests.router_support import ADMIN, AS_ADMIN, AS_WRITER, READ, WRITE, board_name, running
@@ -18,9 +18,6 @@ def auth(key: str | None) -> dict[str, str]:
     return {} if key is None else {"Authorization": f"Bearer {key}"}
 
 
-# ---- pure ----------------------------------------------------------------------------------------
-
-
 def test_scope_of_each_key_and_the_highest_wins() -> None:
     keys = Keys(Settings(admin_keys=("a-key", "both"), write_keys=("w-key", "both"), read_keys=("r-key",)))
     assert keys.scope_of("a-key") is Scope.ADMIN
@@ -28,34 +25,6 @@ def test_scope_of_each_key_and_the_highest_wins() -> None:
     assert keys.scope_of("r-key") is Scope.READ
     assert keys.scope_of("both") is Scope.ADMIN
     assert keys.scope_of("a-ke") is None and keys.scope_of("") is None and keys.scope_of("a-key ") is None
-
-
-def test_token_bucket_refills_and_forgets_old_clients() -> None:
-    limiter = RateLimiter(rate=2.0, burst=3, max_clients=100)
-    assert [limiter.take("c", now=0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert limiter.take("c", now=0.0) == pytest.approx(0.5)
-    assert limiter.take("other", now=0.0) == 0.0  # a bucket per client
-    assert limiter.take("c", now=0.5) == 0.0  # one token back after 1 / rate seconds
-    assert limiter.take("c", now=0.5) > 0
-    for i in range(1000):
-        limiter.take(f"client-{i}", now=1.0)
-    assert len(limiter) == 100
-    assert RateLimiter(0.0, 0).take("anyone") == 0.0
-
-
-def test_keyed_and_anonymous_clients_have_their_own_rates() -> None:
-    keys = Keys(Settings(write_keys=(WRITE,)))
-    anonymous = keys.require(None, "10.0.0.1", Scope.READ).client
-    keyed = keys.require(f"Bearer {WRITE}", "10.0.0.1", Scope.READ).client
-    limits = ReadLimits.of(Settings(write_keys=(WRITE,), read_rate=1.0, read_burst=2))
-    assert [limits.take(anonymous) > 0 for _ in range(3)] == [False, False, True]
-    assert not any(limits.take(keyed) > 0 for _ in range(100))  # keys: off unless set
-    limits = ReadLimits.of(Settings(write_keys=(WRITE,), read_rate=0.0, key_read_rate=2.0))
-    assert [limits.take(keyed) > 0 for _ in range(3)] == [False, False, True]
-    assert not any(limits.take(anonymous) > 0 for _ in range(100))
-
-
-# ---- through the app -----------------------------------------------------------------------------
 
 
 @pytest.mark.cluster
@@ -124,27 +93,3 @@ async def test_insecure_dev_mode_opens_everything(cluster: LocalCluster) -> None
         body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
         assert (await client.post(f"/v1/boards/{board}/scores", json=body)).status_code == 200
         assert (await client.delete(f"/v1/boards/{board}")).status_code == 204
-
-
-@pytest.mark.cluster
-async def test_read_rate_limit_per_client(cluster: LocalCluster) -> None:
-    async with running(cluster.url, read_rate=0.5, read_burst=3) as (_, client):
-        board = board_name()
-        await client.put(f"/v1/boards/{board}", headers=AS_ADMIN)
-        url = f"/v1/boards/{board}/top"
-        assert [(await client.get(url)).status_code for _ in range(3)] == [200, 200, 200]
-        limited = await client.get(url)
-        assert limited.status_code == 429
-        assert limited.json()["error"]["code"] == "rate_limited"
-        assert int(limited.headers["retry-after"]) >= 1
-        other = await client.post(f"/v1/boards/{board}/players:query", json={"player_ids": []})
-        assert other.status_code == 429  # every read counts against the same bucket
-        # A key is its own client, apart from the anonymous bucket of this address.
-        assert (await client.get(url, headers=auth(READ))).status_code == 200
-        # Writes and service endpoints are not reads.
-        body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
-        assert (
-            await client.post(f"/v1/boards/{board}/scores", json=body, headers=AS_WRITER)
-        ).status_code == 200
-        assert (await client.get("/healthz")).status_code == 200
-        await client.delete(f"/v1/boards/{board}", headers=AS_ADMIN)

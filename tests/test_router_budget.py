@@ -1,5 +1,6 @@
-"""Overload and cluster trouble: the gates in front of Redis, the connection budget per primary, and
-the mapping of every redis-py error to 503 (never a 500), on the suite's cluster."""
+"""router/budget.py: the connections each path may take per primary, and the router under overload
+and cluster trouble on the suite's cluster (the gates alone are in test_router_gate.py, the error
+table in test_router_errors.py)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,11 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client import REGISTRY
-from redis import exceptions as rx
-from redis.asyncio.connection import Connection
 from starlette.applications import Starlette
 
 from router.budget import RESERVE, connections_needed
-from router.errors import to_api_error
-from router.gate import Gate
 from router.settings import Settings, SettingsError
 from shardlb.cluster import LocalCluster
-from shardlb.errors import ClusterUnavailable, Overloaded
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
 
 T0 = 1_790_000_000_000
@@ -110,55 +106,6 @@ async def run_all(calls: list[Call]) -> Counter[tuple[str, int, str]]:
     return Counter(await asyncio.gather(*(one(kind, call) for kind, call in calls)))
 
 
-# ---- the gate ------------------------------------------------------------------------------------
-
-
-async def test_gate_refuses_past_its_queue_and_past_its_wait() -> None:
-    gate = Gate(1, queue=1, wait_s=0.05)
-    await gate.acquire()
-    waiter = asyncio.ensure_future(gate.acquire())
-    await asyncio.sleep(0)
-    assert gate.waiting == 1
-    with pytest.raises(Overloaded):
-        await gate.acquire()  # the queue is full: refused at once
-    start = time.monotonic()
-    with pytest.raises(Overloaded):
-        await waiter  # nobody released within wait_s
-    assert time.monotonic() - start < 1 and gate.waiting == 0 and gate.held == 1
-    gate.release()
-    assert gate.held == 0
-
-
-async def test_gate_serves_in_order_and_loses_no_permit_to_cancellation() -> None:
-    gate = Gate(1, wait_s=5)
-    await gate.acquire()
-    order: list[int] = []
-
-    async def take(i: int) -> None:
-        await gate.acquire()
-        order.append(i)
-        gate.release()
-
-    first, doomed, last = (asyncio.ensure_future(take(i)) for i in range(3))
-    await asyncio.sleep(0)
-    doomed.cancel()  # gives up while waiting
-    await asyncio.sleep(0)
-    gate.release()
-    await asyncio.gather(first, last)
-    assert order == [0, 2] and gate.held == 0 and gate.waiting == 0
-
-    # A permit handed over in the same tick as a cancellation goes on to the next waiter.
-    await gate.acquire()
-    handed, next_in_line = asyncio.ensure_future(gate.acquire()), asyncio.ensure_future(gate.acquire())
-    await asyncio.sleep(0)
-    gate.release()
-    handed.cancel()
-    await asyncio.wait_for(next_in_line, 1)
-    assert handed.cancelled() and gate.held == 1
-    gate.release()
-    assert gate.held == 0
-
-
 def test_settings_keep_the_router_within_the_pool() -> None:
     keyed = {"SHARDLB_ADMIN_KEYS": "adm"}
     s = Settings.from_env(keyed)
@@ -169,57 +116,6 @@ def test_settings_keep_the_router_within_the_pool() -> None:
     assert e.value.variable == "SHARDLB_REDIS_MAX_CONNECTIONS" and str(needed) in str(e.value)
     roomy = {**keyed, "SHARDLB_REDIS_MAX_CONNECTIONS": "200", "SHARDLB_READ_CONCURRENCY": "60"}
     assert Settings.from_env(roomy).read_concurrency == 60
-
-
-# ---- the error table -----------------------------------------------------------------------------
-
-
-async def _error_inside_redis_py() -> BaseException:
-    """What a call gets when redis-py's cluster pipeline closed its connection under it: a plain
-    AttributeError from redis-py's own code (seen in the load test)."""
-    try:
-        await Connection()._send_packed_command([b"PING"])
-    except Exception as e:
-        return e
-    raise AssertionError("expected a failure")
-
-
-@pytest.mark.parametrize(
-    "exc",
-    [
-        rx.MaxConnectionsError(),
-        rx.ConnectionError("Connection reset by peer"),
-        rx.TimeoutError("Timeout reading from socket"),
-        rx.ClusterDownError("CLUSTERDOWN The cluster is down"),
-        rx.TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"),
-        rx.ClusterError("TTL exhausted."),
-        rx.ResponseError("LOADING Redis is loading the dataset in memory"),
-        rx.ResponseError("Command # 1 (ZCOUNT k 1 +inf) of pipeline caused error: MOVED 42 10.0.0.1:7000"),
-        rx.MovedError("42 127.0.0.1:7001"),
-        rx.ReadOnlyError("READONLY You can't write against a read only replica."),
-        rx.RedisClusterException("No targets were found to execute ('EVALSHA',) command on"),
-        rx.SlotNotCoveredError('Slot "42" is not covered by the cluster.'),
-        ConnectionResetError(104, "Connection reset by peer"),
-        TimeoutError(),
-        ClusterUnavailable("no cluster"),
-    ],
-    ids=lambda e: type(e).__name__,
-)
-def test_every_redis_error_is_503_cluster_unavailable(exc: BaseException) -> None:
-    error = to_api_error(exc)
-    assert (error.status, error.code, error.headers["retry-after"]) == (503, "cluster_unavailable", "1")
-
-
-async def test_a_failure_inside_redis_py_is_503_and_other_bugs_stay_500() -> None:
-    inside = await _error_inside_redis_py()
-    assert isinstance(inside, AttributeError)
-    assert (to_api_error(inside).status, to_api_error(inside).code) == (503, "cluster_unavailable")
-    try:
-        raise AttributeError("a bug of the router")
-    except AttributeError as e:
-        assert (to_api_error(e).status, to_api_error(e).code) == (500, "internal_error")
-    busy = to_api_error(Overloaded("too many reads", 2.5))
-    assert (busy.status, busy.code, busy.headers["retry-after"]) == (503, "overloaded", "3")
 
 
 # ---- on the cluster ------------------------------------------------------------------------------

@@ -1,13 +1,9 @@
-"""Settings from SHARDLB_* variables, content negotiation, and the rank estimate's arithmetic (no cluster)."""
+"""router/settings.py: settings from SHARDLB_* variables, checked at start-up (no cluster)."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from router.histogram import ShardSample, Snapshot, parse_sample
-from router.media import wants_msgpack
 from router.settings import MIB, Settings, SettingsError
 
 KEYED = {"SHARDLB_ADMIN_KEYS": "adm", "SHARDLB_WRITE_KEYS": "wr1, wr2 ,,"}
@@ -120,71 +116,3 @@ def test_no_keys_refuses_to_start_unless_insecure_dev() -> None:
     with pytest.raises(SettingsError) as e:
         Settings.from_env({"SHARDLB_INSECURE_DEV": "true", "SHARDLB_READS_REQUIRE_KEY": "true"})
     assert e.value.variable == "SHARDLB_READS_REQUIRE_KEY"
-
-
-@pytest.mark.parametrize(
-    ("accept", "packed"),
-    [
-        (None, False),
-        ("", False),
-        ("application/json", False),
-        ("*/*", False),
-        ("application/msgpack", True),
-        ("application/x-msgpack", True),
-        ("application/json, application/msgpack", False),
-        ("application/json;q=0.5, application/msgpack", True),
-        ("application/msgpack;q=0.9, */*;q=0.1", True),
-        ("application/msgpack;q=0", False),
-        ("text/html", False),
-    ],
-)
-def test_accept_negotiation(accept: str | None, packed: bool) -> None:
-    assert wants_msgpack(accept) is packed
-
-
-@st.composite
-def shards(draw: st.DrawFn) -> list[list[tuple[float, str]]]:
-    """A few shards of distinct rows (score, player), some with tied scores."""
-    count = draw(st.integers(1, 4))
-    out = []
-    for s in range(count):
-        scores = draw(st.lists(st.integers(0, 30), max_size=60))
-        out.append(sorted(((float(v), f"s{s}p{i}") for i, v in enumerate(scores)), reverse=True))
-    return out
-
-
-def sample_reply(rows: list[tuple[float, str]], k: int) -> list[object]:
-    """What sample.lua returns for a shard whose rows are ``rows`` (best first)."""
-    n = len(rows)
-    ranks = list(range(n)) if n <= k + 1 else sorted({i * (n - 1) // k for i in range(k + 1)})
-    reply: list[object] = [n]
-    for r in ranks:
-        reply += [rows[r][1], repr(rows[r][0]), r]
-    return reply
-
-
-@given(shards(), st.integers(1, 8), st.data())
-def test_estimate_is_within_its_error(
-    boards: list[list[tuple[float, str]]], k: int, data: st.DataObject
-) -> None:
-    everyone = sorted((row for rows in boards for row in rows), reverse=True)
-    if not everyone:
-        return
-    snapshot = Snapshot(None, [parse_sample(sample_reply(rows, k)) for rows in boards], 0, 0.0)  # type: ignore[arg-type]
-    target = data.draw(st.sampled_from(everyone))
-    exact = everyone.index(target) + 1
-    guess = snapshot.estimate(target)
-    assert abs(guess.rank - exact) <= guess.error
-    assert guess.players == len(everyone)
-    # The bound is at most half a bucket per shard: never worse than sampling promises.
-    assert guess.error <= sum(-(-len(rows) // k) for rows in boards) // 2 + len(boards)
-    if all(len(rows) <= k + 1 for rows in boards):
-        assert guess.error == 0 and guess.rank == exact
-
-
-def test_shard_sample_bounds() -> None:
-    sample = ShardSample(10, [(1.0, "z"), (5.0, "m"), (9.0, "a")], [9, 5, 0])
-    assert sample.ahead((9.5, "x")) == (0, 0)
-    assert sample.ahead((9.0, "a")) == (0, 0)
-    assert sample.ahead((7.0, "x")) == (1, 5)
-    assert sample.ahead((0.5, "x")) == (10, 10)

@@ -1,0 +1,153 @@
+"""One fetch per key at a time, and values kept per key and refreshed in the background.
+
+``SingleFlight`` is the mechanism every cache of the router shares: while a fetch for a key is under
+way, callers asking for that key wait for the same result (or the same error) instead of sending a
+fetch each; a caller that gives up does not cancel it for the others. ``Refreshed`` keeps what was
+fetched: one task re-fetches every kept value each ``refresh_s`` seconds, one key at a time; a key
+nobody read for ``idle_s`` seconds is dropped, as is one whose refresh failed ``drop_after`` times in
+a row (a cache must report a broken cluster, not hide it); past ``max_kept`` keys the least recently
+read goes first. The board cache (router/boards.py) uses only the single flight: its entries expire
+instead of being refreshed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+log = logging.getLogger("shardlb.router")
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class SingleFlight(Generic[K, V]):
+    """At most one fetch per key at a time; callers arriving meanwhile share its outcome."""
+
+    def __init__(self) -> None:
+        self._running: dict[K, asyncio.Future[V]] = {}
+
+    def __contains__(self, key: K) -> bool:
+        """Whether a fetch for ``key`` is under way."""
+        future = self._running.get(key)
+        return future is not None and not future.done()
+
+    async def join(self, key: K, fetch: Callable[[], Awaitable[V]]) -> V:
+        """The outcome of the fetch under way for ``key``, starting ``fetch()`` when none is."""
+        future = self._running.get(key)
+        if future is None or future.done():
+            future = self._running[key] = asyncio.ensure_future(fetch())
+            future.add_done_callback(functools.partial(self._done, key))
+        return await asyncio.shield(future)
+
+    def _done(self, key: K, done: asyncio.Future[V]) -> None:
+        # A failure nobody waits for any more is not logged as never retrieved: asyncio.shield
+        # marks it retrieved for each waiter that gave up.
+        if self._running.get(key) is done:
+            del self._running[key]
+
+
+@dataclass
+class _Kept(Generic[V]):
+    value: V
+    started: float  # when the fetch that got ``value`` started: an older one never replaces it
+    read_at: float
+
+
+class Refreshed(Generic[K, V]):
+    """Values by key, fetched once at a time, refreshed by ``run`` with ``refetch(key, value)``."""
+
+    def __init__(
+        self,
+        name: str,
+        refetch: Callable[[K, V], Awaitable[V]],
+        refresh_s: float,
+        idle_s: float,
+        max_kept: int,
+        drop_after: int,
+    ) -> None:
+        self.name = name
+        self.refetch = refetch
+        self.refresh_s = refresh_s
+        self.idle_s = idle_s
+        self.max_kept = max_kept
+        self.drop_after = drop_after
+        self._kept: OrderedDict[K, _Kept[V]] = OrderedDict()  # least recently read first
+        self._flights: SingleFlight[K, V] = SingleFlight()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, key: K) -> V | None:
+        """The kept value of ``key`` (None when there is none), counted as read now."""
+        kept = self._kept.get(key)
+        if kept is None:
+            return None
+        kept.read_at = time.monotonic()
+        self._kept.move_to_end(key)
+        return kept.value
+
+    async def load(self, key: K, fetch: Callable[[], Awaitable[V]]) -> V:
+        """``fetch()``'s value, kept for ``key``; callers loading ``key`` meanwhile share it."""
+        return await self._flights.join(key, lambda: self.fetch(key, fetch))
+
+    async def fetch(self, key: K, fetch: Callable[[], Awaitable[V]]) -> V:
+        """``fetch()``'s value, kept for ``key`` unless a fetch started later was kept first; not shared."""
+        started = time.monotonic()
+        value = await fetch()
+        self._keep(key, value, started, add=True)
+        return value
+
+    async def run(self) -> None:
+        """Refresh every kept value forever, dropping idle ones and ones that keep failing (one task
+        per worker runs this)."""
+        failures: dict[K, int] = {}
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            self._drop_idle(time.monotonic())
+            for key in list(self._kept):
+                kept = self._kept.get(key)
+                if kept is None:
+                    continue
+                started = time.monotonic()
+                try:
+                    value = await self.refetch(key, kept.value)
+                except Exception as outcome:
+                    failures[key] = failures.get(key, 0) + 1
+                    if failures[key] >= self.drop_after:
+                        self._kept.pop(key, None)
+                    if failures[key] == 1:
+                        log.warning(
+                            f"{self.name} refresh failed",
+                            extra={"fields": {"view": key, "error": repr(outcome)}},
+                        )
+                else:
+                    failures.pop(key, None)
+                    self._keep(key, value, started, add=False)  # one dropped meanwhile stays dropped
+            for key in list(failures):
+                if key not in self._kept:
+                    del failures[key]
+
+    def _keep(self, key: K, value: V, started: float, add: bool) -> None:
+        kept = self._kept.get(key)
+        if kept is None:
+            if not add:
+                return
+            if len(self._kept) >= self.max_kept:
+                self._kept.popitem(last=False)
+            self._kept[key] = _Kept(value, started, time.monotonic())
+        elif kept.started <= started:
+            kept.value, kept.started = value, started
+
+    def _drop_idle(self, now: float) -> None:
+        while self._kept:
+            key, kept = next(iter(self._kept.items()))
+            if now - kept.read_at <= self.idle_s:
+                return  # the rest were read later
+            del self._kept[key]

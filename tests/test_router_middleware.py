@@ -1,0 +1,72 @@
+"""router/middleware.py: the bound on requests at once, and the error body it sends itself when
+nothing else answered."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgpack
+import pytest
+
+from shardlb.cluster import LocalCluster
+from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
+
+
+@pytest.mark.cluster
+async def test_a_last_resort_500_is_in_the_format_the_client_asked_for(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug under a Starlette route escapes every handler; the middleware answers it, in MessagePack
+    when Accept asks for it (api.md: the response format follows Accept), with its length."""
+    async with running(cluster.url) as (app, client):
+        name = board_name()
+        assert (await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+
+        async def broken(*_: Any) -> Any:
+            raise RuntimeError("a bug in the router")
+
+        monkeypatch.setattr(service_of(app).tops, "top", broken)
+        packed = await client.get(f"/v1/boards/{name}/top", headers={"Accept": "application/msgpack"})
+        assert packed.status_code == 500 and packed.headers["content-type"] == "application/msgpack"
+        assert msgpack.unpackb(packed.content)["error"]["code"] == "internal_error"
+        assert int(packed.headers["content-length"]) == len(packed.content)
+        assert packed.headers["x-request-id"]
+        plain = await client.get(f"/v1/boards/{name}/top")
+        assert plain.status_code == 500 and plain.headers["content-type"] == "application/json"
+        assert plain.json()["error"]["code"] == "internal_error"
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+@pytest.mark.cluster
+async def test_requests_past_the_concurrency_limit_get_503(cluster: LocalCluster) -> None:
+    async with running(cluster.url, max_requests=2) as (_, client):
+        name = board_name()
+        assert (await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+        release = asyncio.Event()
+        started = asyncio.Semaphore(0)
+
+        async def slow_body() -> AsyncIterator[bytes]:
+            started.release()
+            await release.wait()
+            yield b'{"player_ids": []}'
+
+        held = [
+            asyncio.create_task(client.post(f"/v1/boards/{name}/players:query", content=slow_body()))
+            for _ in range(2)
+        ]
+        for _ in held:
+            await asyncio.wait_for(started.acquire(), 10)
+        refused = await client.get(f"/v1/boards/{name}/top")
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "overloaded"
+        assert int(refused.headers["retry-after"]) >= 1
+        body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
+        write = await client.post(f"/v1/boards/{name}/scores", json=body, headers=AS_WRITER)
+        assert write.status_code == 503  # writes count too: the bound is on the whole worker
+        assert (await client.get("/healthz")).status_code == 200  # probes are never refused
+        assert (await client.get("/readyz")).status_code == 200
+        release.set()
+        assert [(await task).status_code for task in held] == [200, 200]
+        assert (await client.get(f"/v1/boards/{name}/top")).status_code == 200
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)

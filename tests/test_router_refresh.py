@@ -1,0 +1,172 @@
+"""router/refresh.py without a server: one fetch per key at a time, and the kept values' refresh,
+idle drop, failure drop and bound."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from router.refresh import Refreshed, SingleFlight
+
+WAIT_S = 10.0  # how long a background effect may take on a loaded machine before the test fails
+
+
+class Source:
+    """A fetch that counts its calls and, while ``gate`` is clear, waits for it to be set."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail: BaseException | None = None
+
+    def fetch(self, value: str) -> Callable[[], Awaitable[str]]:
+        async def run() -> str:
+            self.calls += 1
+            await self.gate.wait()
+            if self.fail is not None:
+                raise self.fail
+            return value
+
+        return run
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "the condition never came true"
+        await asyncio.sleep(0.005)
+
+
+async def test_callers_during_a_fetch_share_it_and_later_callers_fetch_again() -> None:
+    flights: SingleFlight[str, str] = SingleFlight()
+    source = Source()
+    source.gate.clear()
+    waiters = [asyncio.ensure_future(flights.join("k", source.fetch(f"v{i}"))) for i in range(5)]
+    await until(lambda: source.calls == 1)
+    assert "k" in flights and "other" not in flights
+    other = asyncio.ensure_future(flights.join("other", source.fetch("o")))  # another key: its own fetch
+    source.gate.set()
+    assert await asyncio.gather(*waiters) == ["v0"] * 5
+    assert await other == "o" and source.calls == 2
+    assert "k" not in flights
+    assert await flights.join("k", source.fetch("again")) == "again" and source.calls == 3
+
+
+async def test_a_failure_reaches_every_waiter_and_a_waiter_giving_up_cancels_nothing() -> None:
+    flights: SingleFlight[str, str] = SingleFlight()
+    source = Source()
+    source.gate.clear()
+    source.fail = RuntimeError("no answer")
+    waiters = [asyncio.ensure_future(flights.join("k", source.fetch("v"))) for _ in range(3)]
+    await until(lambda: source.calls == 1)
+    waiters[0].cancel()
+    source.gate.set()
+    outcomes = await asyncio.gather(*waiters, return_exceptions=True)
+    assert isinstance(outcomes[0], asyncio.CancelledError)
+    assert [str(o) for o in outcomes[1:]] == ["no answer", "no answer"]
+    source.fail = None
+    assert await flights.join("k", source.fetch("v")) == "v" and source.calls == 2
+
+
+def refreshed(source: Source, **overrides: float) -> Refreshed[str, str]:
+    settings: dict[str, float] = {"refresh_s": 0.01, "idle_s": 60.0, "max_kept": 100, "drop_after": 1}
+    settings.update(overrides)
+
+    async def refetch(key: str, value: str) -> str:
+        return await source.fetch(value + "+")()
+
+    return Refreshed(
+        "test",
+        refetch,
+        settings["refresh_s"],
+        settings["idle_s"],
+        int(settings["max_kept"]),
+        int(settings["drop_after"]),
+    )
+
+
+async def test_values_are_kept_and_refreshed_in_the_background() -> None:
+    source = Source()
+    kept = refreshed(source)
+    assert kept.get("k") is None
+    assert await kept.load("k", source.fetch("v")) == "v"
+    assert kept.get("k") == "v" and len(kept) == 1
+    task = asyncio.ensure_future(kept.run())
+    try:
+        await until(lambda: (kept.get("k") or "").startswith("v++"))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_idle_values_are_dropped_and_read_ones_kept() -> None:
+    source = Source()
+    kept = refreshed(source, idle_s=0.2)
+    await kept.load("read", source.fetch("r"))
+    await kept.load("idle", source.fetch("i"))
+    task = asyncio.ensure_future(kept.run())
+    try:
+
+        async def idle_is_gone() -> None:
+            while kept.get("read") is not None and len(kept) == 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(idle_is_gone(), WAIT_S)
+        assert kept.get("read") is not None and len(kept) == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+async def test_a_value_that_keeps_failing_is_dropped_after_drop_after_rounds_and_logged_once() -> None:
+    source = Source()
+    kept = refreshed(source, drop_after=3)
+    await kept.load("k", source.fetch("v"))
+    source.fail = RuntimeError("cluster down")
+    calls = source.calls
+    logger = logging.getLogger("shardlb.router")
+    lines = Lines()
+    logger.addHandler(lines)
+    task = asyncio.ensure_future(kept.run())
+    try:
+        await until(lambda: len(kept) == 0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        logger.removeHandler(lines)
+    assert source.calls - calls == 3
+    assert lines.lines == ["test refresh failed"]
+
+
+async def test_the_least_recently_read_goes_first_past_the_bound() -> None:
+    source = Source()
+    kept = refreshed(source, max_kept=2)
+    await kept.load("a", source.fetch("a"))
+    await kept.load("b", source.fetch("b"))
+    assert kept.get("a") == "a"  # "b" is now the least recently read
+    await kept.load("c", source.fetch("c"))
+    assert (kept.get("a"), kept.get("b"), kept.get("c")) == ("a", None, "c")
+
+
+async def test_a_fetch_started_earlier_never_replaces_one_started_later() -> None:
+    source = Source()
+    kept = refreshed(source)
+    slow_source = Source()
+    slow_source.gate.clear()
+    slow = asyncio.ensure_future(kept.fetch("k", slow_source.fetch("old")))
+    await until(lambda: slow_source.calls == 1)
+    assert await kept.fetch("k", source.fetch("new")) == "new"
+    slow_source.gate.set()
+    assert await slow == "old"  # its caller gets what it read ...
+    assert kept.get("k") == "new"  # ... but the kept copy stays the later one
