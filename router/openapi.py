@@ -15,6 +15,7 @@ from shardlb.board import MAX_FUTURE_MS, STATUS
 from shardlb.codec import RESOLUTION_MS
 from shardlb.config import (
     DEDUP_WINDOW_S,
+    DURABILITY,
     ID_MAX,
     ID_PATTERN,
     MATCH_ID_MAX,
@@ -194,6 +195,11 @@ _SCHEMAS: dict[str, Any] = {
                 "default": _DEFAULT.dedup_window_s,
                 "description": "Addition: how long incr boards remember a match",
             },
+            "durability": {
+                "enum": list(DURABILITY),
+                "default": _DEFAULT.durability,
+                "description": "Addition: `journal` (every result archived in PostgreSQL) or `memory`",
+            },
             "sharding": _ref("Sharding"),
         },
     },
@@ -211,6 +217,7 @@ _SCHEMAS: dict[str, Any] = {
             "epoch",
             "resolution",
             "dedup_window_s",
+            "durability",
             "sharding",
         ],
         "properties": {
@@ -225,6 +232,7 @@ _SCHEMAS: dict[str, Any] = {
             "epoch": _TIME_OUT,
             "resolution": {"enum": list(RESOLUTION_MS)},
             "dedup_window_s": {"type": "integer"},
+            "durability": {"enum": list(DURABILITY)},
             "sharding": {"type": "object", "required": ["strategy"]},
         },
     },
