@@ -20,20 +20,26 @@ Board settings are kept in ``boards`` too, so a total loss of Redis can be rebui
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
+import os
+import signal
+import socket
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import orjson
 import psycopg
+from prometheus_client import Counter, Gauge, start_http_server
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from shardlb import keys
 from shardlb.board import Board
+from shardlb.connection import Scripts, connect, redacted
 from shardlb.journal import GROUP, Entry, decode
 from shardlb.store import BoardStore
 
@@ -160,9 +166,12 @@ class Archiver:
                 if time.monotonic() - refreshed > refresh_s:
                     await self.refresh()
                     refreshed = time.monotonic()
-                if await self.round():
+                done = await self.round()
+                if done:
+                    ARCHIVED.inc(done)
                     continue
             except (psycopg.Error, OSError, ResponseError) as e:
+                FAILED_ROUNDS.inc()
                 log.warning("archive round failed; retrying", extra={"fields": {"error": repr(e)}})
                 with contextlib.suppress(psycopg.Error):
                     await self.db.rollback()
@@ -289,3 +298,69 @@ def _next(entry_id: str) -> str:
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
+
+
+# ---- the `shardlb archive` process ------------------------------------------------------------
+
+ARCHIVED = Counter("shardlb_archive_results_total", "results copied from the journals into PostgreSQL")
+FAILED_ROUNDS = Counter("shardlb_archive_failed_rounds_total", "archive rounds that failed and were retried")
+LAG_ENTRIES = Gauge("shardlb_archive_lag_entries", "journal entries not yet archived, largest over journals")
+LAG_SECONDS = Gauge("shardlb_archive_lag_seconds", "age of the oldest journal entry not yet archived")
+
+
+async def serve(
+    redis_url: str, postgres_url: str, name: str, stop: asyncio.Event, lag_every_s: float = 5.0
+) -> None:
+    """Archive every journaled board until ``stop`` is set, keeping the lag gauges current."""
+    raw = connect(redis_url, decode=False)
+    client = connect(redis_url)
+    scripts = Scripts.register(client)
+    await scripts.load(client)
+    db = await connect_db(postgres_url)
+    archiver = Archiver(raw, BoardStore(client, scripts), db, name)
+    watch = asyncio.create_task(_watch_lag(archiver, stop, lag_every_s))
+    log.info("archiver running", extra={"fields": {"name": name, "redis": redacted(redis_url)}})
+    try:
+        await archiver.run(stop)
+    finally:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        await db.close()
+        await raw.aclose()
+        await client.aclose()
+
+
+async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) -> None:
+    while not stop.is_set():
+        try:
+            lags = list((await archiver.lag()).values())
+            LAG_ENTRIES.set(max((lag.entries for lag in lags), default=0))
+            LAG_SECONDS.set(max((lag.seconds for lag in lags), default=0.0))
+        except (OSError, ResponseError) as e:
+            log.warning("journal lag not read", extra={"fields": {"error": repr(e)}})
+        await _sleep(stop, every_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`shardlb archive`: run one archiver until SIGTERM or SIGINT (several may run at once)."""
+    parser = argparse.ArgumentParser(prog="shardlb archive", description=main.__doc__)
+    parser.add_argument("--redis", default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"))
+    parser.add_argument("--postgres", default=os.environ.get("SHARDLB_POSTGRES_URL"))
+    parser.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}", help="consumer name")
+    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
+    args = parser.parse_args(argv)
+    if not args.postgres:
+        parser.error("give --postgres or SHARDLB_POSTGRES_URL")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr="0.0.0.0")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(args.redis, args.postgres, args.name, stop)
+
+    asyncio.run(run())
+    return 0

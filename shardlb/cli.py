@@ -13,13 +13,19 @@ import sys
 from pathlib import Path
 
 from shardlb.cluster import STATE_FILE, ClusterError, LocalCluster
+from shardlb.postgres import LocalPostgres
 
 DEFAULT_CLUSTER_DIR = Path(".shardlb/cluster")
+DEFAULT_POSTGRES_DIR = Path(".shardlb/postgres")
 
 # Subcommands that live outside the library and own their own argument parsing. They are imported
 # only when run, so the library never depends on the router or the bench code.
 DELEGATED = {
     "serve": ("router.server", "run the HTTP router under uvicorn (see `shardlb serve --help`)"),
+    "archive": (
+        "shardlb.archive",
+        "copy the boards' journals into PostgreSQL until stopped (see `shardlb archive --help`)",
+    ),
     "plan": (
         "bench.plan",
         "recommend masters, shards and routers from the last bench (see `shardlb plan --help`)",
@@ -32,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardlb", description="A sharded leaderboard on Redis Cluster.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_cluster_command(commands)
+    add_postgres_command(commands)
     for name, (_, text) in DELEGATED.items():
         commands.add_parser(name, help=text, add_help=False)
     return parser
@@ -90,6 +97,34 @@ def cluster_down(args: argparse.Namespace) -> int:
         return 0
     LocalCluster.from_state(args.dir).down()
     print(f"cluster in {args.dir} stopped")
+    return 0
+
+
+def add_postgres_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`shardlb postgres up|down`: the private PostgreSQL server of the archive (shardlb/postgres.py)."""
+    postgres = commands.add_parser("postgres", help="start or stop the private PostgreSQL of the archive")
+    actions = postgres.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = actions.add_parser("up", help="start it (initialising it the first time); print its URL")
+    up.set_defaults(func=postgres_up)
+    down = actions.add_parser("down", help="stop it; its data stays")
+    down.set_defaults(func=postgres_down)
+    for action in (up, down):
+        action.add_argument(
+            "--dir",
+            type=Path,
+            default=DEFAULT_POSTGRES_DIR,
+            help=f"its state (default {DEFAULT_POSTGRES_DIR})",
+        )
+
+
+def postgres_up(args: argparse.Namespace) -> int:
+    print(f"SHARDLB_POSTGRES_URL={LocalPostgres(args.dir).up()}")
+    return 0
+
+
+def postgres_down(args: argparse.Namespace) -> int:
+    LocalPostgres(args.dir).down()
+    print(f"PostgreSQL of {args.dir} stopped")
     return 0
 
 

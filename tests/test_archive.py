@@ -5,8 +5,14 @@ which writes are refused, never dropped."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -190,4 +196,35 @@ async def test_without_postgres_the_journal_buffers_then_refuses(
         assert {s.player_id for s in await archived(postgres_url, board)} == {"p0", "p1", "p2", "late"}
     finally:
         await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_shardlb_archive_runs_until_sigterm(
+    store: BoardStore, cluster_url: str, postgres_url: str, tmp_path: Path
+) -> None:
+    """The `shardlb archive` process archives what is written while it runs and exits 0 on SIGTERM."""
+    config = BoardConfig.from_dict("archive-process", {"sharding": {"strategy": "hash", "shards": 3}})
+    board, _ = await store.create(config)
+    await (await connect_db(postgres_url)).close()  # the tables exist before we look
+    output = tmp_path / "archive.log"
+    with output.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "shardlb", "archive", "--redis", cluster_url, "--postgres", postgres_url],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(25)], now_ms=now)
+        deadline = time.monotonic() + 30
+        while len(await archived(postgres_url, board)) < 25:
+            assert process.poll() is None, output.read_text()
+            assert time.monotonic() < deadline, "the archiver did not archive within 30 s"
+            await asyncio.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
         await store.delete(config.id)
