@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install redis-server run stop test lint format typecheck bench bench-scale bench-dedup k8s-check clean
+.PHONY: help install redis-server postgres run stop test lint format typecheck bench bench-scale bench-dedup k8s-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -20,16 +20,19 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install shardlb with its test and bench extras
 
+postgres: ## make sure PostgreSQL's initdb/pg_ctl are here, unless SHARDLB_POSTGRES_URL is set
+	@bash scripts/ensure-postgres.sh
+
 redis-server: ## make sure redis-server >= 7 is on PATH (installs it with apt-get when root)
 	@bash scripts/ensure-redis.sh
 
-run: install redis-server ## start a local Redis Cluster, a `demo` board and the router on :8000
+run: install redis-server postgres ## start a local Redis Cluster, a `demo` board and the router on :8000
 	@bash scripts/dev-run.sh
 
 stop: ## stop the router and the local cluster that `make run` started
 	@bash scripts/dev-stop.sh
 
-test: install redis-server ## run lint, type checks and the whole test suite (starts its own cluster)
+test: install redis-server postgres ## run lint, type checks and the whole test suite (starts its own cluster)
 	$(BIN)/ruff check shardlb router bench tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q

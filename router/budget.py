@@ -15,7 +15,8 @@ bounds add up to at most the pool cap per primary:
   + RESERVE                     left free for transients (see README)
   <= SHARDLB_REDIS_MAX_CONNECTIONS
 
-``Settings.check`` refuses settings that break the sum; router/README.md has the reasoning.
+``Settings.check`` refuses settings that break the sum; router/README.md has the reasoning. The
+journal watcher (router/journals.py) has a client of its own, two connections a node, outside it.
 """
 
 from __future__ import annotations

@@ -63,6 +63,16 @@ REDIS_ERRORS = Counter(
 CACHE = Counter(
     "shardlb_cache_requests_total", "Read cache lookups, by cache and result.", ["cache", "result"]
 )
+JOURNAL_ENTRIES = Gauge(
+    "shardlb_journal_lag_entries",
+    "Journal entries not yet archived in PostgreSQL, in the journal furthest behind.",
+    multiprocess_mode="max",
+)
+JOURNAL_SECONDS = Gauge(
+    "shardlb_journal_lag_seconds",
+    "Age of the oldest journal entry not yet archived in PostgreSQL.",
+    multiprocess_mode="max",
+)
 RATE_LIMITED = Counter("shardlb_rate_limited_total", "Reads refused by the per-client rate limit.")
 
 

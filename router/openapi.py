@@ -106,7 +106,7 @@ _SCHEMAS: dict[str, Any] = {
             {
                 "type": "object",
                 "additionalProperties": False,
-                "required": ["strategy"],
+                "description": "hash sharding is the default: `strategy` may be left out",
                 "properties": {
                     "strategy": {"const": "hash"},
                     "shards": _COUNT,
@@ -374,6 +374,23 @@ _SCHEMAS: dict[str, Any] = {
         },
     },
     "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
+    "Ready": {
+        "type": "object",
+        "required": ["status", "journal"],
+        "properties": {
+            "status": {"type": "string"},
+            "journal": {
+                "type": "object",
+                "required": ["board", "entries", "seconds", "bound"],
+                "properties": {
+                    "board": {"type": ["string", "null"]},
+                    "entries": {"type": "integer", "minimum": 0},
+                    "seconds": {"type": "number", "minimum": 0},
+                    "bound": {"type": "integer", "minimum": 1},
+                },
+            },
+        },
+    },
 }
 
 _ERROR_TEXT = {
@@ -591,7 +608,10 @@ SPEC: dict[str, Any] = {
                 "operationId": "readyz",
                 "security": [],
                 "summary": "Ready: the cluster answers and serves every slot; 503 otherwise or draining",
-                "responses": {"200": _ok("Ready", "Status"), **_errors(503)},
+                "responses": {
+                    "200": _ok("Ready; `journal` names the journal furthest behind the archive", "Ready"),
+                    **_errors(503),
+                },
             },
         },
         "/metrics": {

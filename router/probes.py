@@ -19,11 +19,14 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready when not draining, every primary answers, and all 16384 slots are served."""
-    problem = await service(request).problem()
+    """Ready when not draining, every primary answers, and all 16384 slots are served. The body
+    also shows the journal furthest behind the archive (it does not make the router unready:
+    writes to that board's full shards are refused on their own)."""
+    svc = service(request)
+    problem = await svc.problem()
     if problem is not None:
         return error_response(request, ApiError(503, "not_ready", problem, retry_after=1))
-    return render(request, {"status": "ready"})
+    return render(request, {"status": "ready", "journal": svc.journals.worst.body()})
 
 
 async def prometheus(request: Request) -> Response:

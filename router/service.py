@@ -29,6 +29,7 @@ from router.cache import Rendered, TopCache
 from router.coalescer import Coalescer
 from router.gate import Gate, NodeGates
 from router.histogram import Histograms
+from router.journals import JournalWatch
 from router.limiter import ReadLimits
 from router.media import entry_body
 from router.settings import Settings
@@ -56,6 +57,7 @@ class Service:
     coalescer: Coalescer
     tops: TopCache
     histograms: Histograms
+    journals: JournalWatch
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     draining: bool = False
     _probe: asyncio.Future[str | None] | None = None
@@ -83,7 +85,7 @@ class Service:
                     raise ClusterUnavailable(f"no cluster at {redacted(settings.redis_url)}: {e}") from e
                 log.warning("cluster not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
                 await asyncio.sleep(0.5)
-        store = BoardStore(client, scripts)
+        store = BoardStore(client, scripts, settings.journal_max_entries)
         finished = await store.reclaim()  # deletions some process left half done
         if finished:
             log.warning("finished interrupted board deletions", extra={"fields": {"boards": finished}})
@@ -113,18 +115,30 @@ class Service:
             ),
             tops=TopCache(fetch_top, settings.top_refresh_s, settings.top_idle_s, live=reads),
             histograms=histograms,
+            # Journal entries carry MessagePack: the watcher reads them through its own small client.
+            journals=JournalWatch(
+                connect(settings.redis_url, 2, settings.redis_timeout_s, decode=False),
+                store,
+                settings.journal_max_entries,
+            ),
         )
-        service.tasks = [asyncio.create_task(service.tops.run()), asyncio.create_task(histograms.run())]
+        service.tasks = [
+            asyncio.create_task(service.tops.run()),
+            asyncio.create_task(histograms.run()),
+            asyncio.create_task(service.journals.run()),
+        ]
         return service
 
     async def stop(self) -> None:
         """Refuse writes, apply what was accepted (bounded by SHARDLB_DRAIN_SECONDS), then disconnect."""
         self.draining = True
         left = await self.coalescer.close(self.settings.drain_seconds)
+        self.journals.closed = True
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         await self.client.aclose()
+        await self.journals.raw.aclose()
         log.info("router stopped", extra={"fields": {"scores_not_applied": left}})
 
     async def problem(self) -> str | None:

@@ -11,6 +11,8 @@ CLUSTER_DIR=$STATE/cluster
 ENV_FILE=$STATE/dev.env
 PID_FILE=$STATE/router.pid
 LOG=$STATE/router.log
+ARCHIVE_PID_FILE=$STATE/archive.pid
+ARCHIVE_LOG=$STATE/archive.log
 PY=.venv/bin/python
 HOST=127.0.0.1
 PORT=${SHARDLB_PORT:-8000}
@@ -51,6 +53,20 @@ if ! up=$("$PY" -m shardlb cluster up --dir "$CLUSTER_DIR" --port "$SHARDLB_CLUS
 fi
 SHARDLB_REDIS_URL=$(sed -n 's/^SHARDLB_REDIS_URL=//p' <<<"$up")
 export SHARDLB_REDIS_URL
+
+# PostgreSQL, the archive's source of truth: SHARDLB_POSTGRES_URL when given, else our own server.
+if [ -z "${SHARDLB_POSTGRES_URL:-}" ]; then
+    pg=$("$PY" -m shardlb postgres up --dir "$STATE/postgres")
+    SHARDLB_POSTGRES_URL=$(sed -n 's/^SHARDLB_POSTGRES_URL=//p' <<<"$pg")
+fi
+export SHARDLB_POSTGRES_URL
+
+# The archiver beside the router: restarted like it (the journals wait for it meanwhile).
+bash scripts/dev-stop.sh --archiver-only
+echo "--- $(date -u +%FT%TZ) make run" >>"$ARCHIVE_LOG"
+nohup "$PY" -m shardlb archive --redis "$SHARDLB_REDIS_URL" --postgres "$SHARDLB_POSTGRES_URL" \
+    </dev/null >>"$ARCHIVE_LOG" 2>&1 &
+echo $! >"$ARCHIVE_PID_FILE"
 
 # The router: restart ours if it runs; refuse if someone else holds the port.
 bash scripts/dev-stop.sh --router-only
@@ -95,13 +111,14 @@ EOF
 
 cat <<EOF
 
-shardlb is running (router pid $(cat "$PID_FILE"))
+shardlb is running (router pid $(cat "$PID_FILE"), archiver pid $(cat "$ARCHIVE_PID_FILE"))
   API        $URL        OpenAPI: $URL/openapi.json   metrics: $URL/metrics
   board      $BOARD ($created)
   admin key  $SHARDLB_ADMIN_KEYS
   write key  $SHARDLB_WRITE_KEYS
   cluster    $SHARDLB_REDIS_URL
-  files      keys in $ENV_FILE, router log in $LOG, nodes in $CLUSTER_DIR
+  archive    $SHARDLB_POSTGRES_URL (every result; shardlb archive runs beside the router)
+  files      keys in $ENV_FILE, logs in $LOG and $ARCHIVE_LOG, nodes in $CLUSTER_DIR
   stop       make stop
 
 Try it (router/README.md has a longer first session):

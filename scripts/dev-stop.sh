@@ -1,37 +1,50 @@
 #!/usr/bin/env bash
 # `make stop`: stop the router that `make run` started (SIGTERM: it drains accepted writes first),
-# then the local cluster. Safe to run when nothing runs. `--router-only` leaves the cluster up.
+# the archiver, then the local cluster and the private PostgreSQL. Safe to run when nothing runs.
+# `--router-only` / `--archiver-only` stop just that process and leave the rest up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 STATE=.shardlb
-PID_FILE=$STATE/router.pid
 
-if [ -f "$PID_FILE" ]; then
-    pid=$(cat "$PID_FILE")
-    # Only our router: after a reboot the pid may belong to anything.
-    if kill -0 "$pid" 2>/dev/null && ps -p "$pid" -o command= | grep -q "router.server"; then
+# stop NAME PID_FILE PATTERN: SIGTERM the pid in PID_FILE if it is still our process (after a
+# reboot the pid may belong to anything), wait up to 30 s, then SIGKILL.
+stop() {
+    local name=$1 pid_file=$2 pattern=$3 pid
+    [ -f "$pid_file" ] || return 0
+    pid=$(cat "$pid_file")
+    if kill -0 "$pid" 2>/dev/null && ps -p "$pid" -o command= | grep -q -- "$pattern"; then
         kill -TERM "$pid"
         for _ in $(seq 1 150); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.2
         done
         if kill -0 "$pid" 2>/dev/null; then
-            echo "router $pid did not stop within 30 s: killing it" >&2
+            echo "$name $pid did not stop within 30 s: killing it" >&2
             kill -KILL "$pid"
         fi
-        echo "router stopped"
+        echo "$name stopped"
     fi
-    rm -f "$PID_FILE"
-fi
+    rm -f "$pid_file"
+}
 
-[ "${1:-}" = "--router-only" ] && exit 0
+case "${1:-}" in
+--router-only) stop router "$STATE/router.pid" "router.server"; exit 0 ;;
+--archiver-only) stop archiver "$STATE/archive.pid" "shardlb archive"; exit 0 ;;
+esac
+stop router "$STATE/router.pid" "router.server"
+stop archiver "$STATE/archive.pid" "shardlb archive"
 
-if [ -f "$STATE/cluster/state.json" ]; then
-    if [ -x .venv/bin/python ]; then
-        .venv/bin/python -m shardlb cluster down --dir "$STATE/cluster"
-    else
-        echo "no .venv: cannot stop the cluster in $STATE/cluster (run make install, then make stop)" >&2
+if [ ! -x .venv/bin/python ]; then
+    if [ -f "$STATE/cluster/state.json" ] || [ -f "$STATE/postgres/postgres.json" ]; then
+        echo "no .venv: cannot stop the cluster or PostgreSQL in $STATE (run make install, then make stop)" >&2
         exit 1
     fi
+    exit 0
+fi
+if [ -f "$STATE/cluster/state.json" ]; then
+    .venv/bin/python -m shardlb cluster down --dir "$STATE/cluster"
+fi
+if [ -f "$STATE/postgres/postgres.json" ]; then
+    .venv/bin/python -m shardlb postgres down --dir "$STATE/postgres"
 fi

@@ -29,18 +29,18 @@ import signal
 import socket
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 import psycopg
 from prometheus_client import Counter, Gauge, start_http_server
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from shardlb import keys
 from shardlb.board import Board
 from shardlb.connection import Scripts, connect, redacted
-from shardlb.journal import GROUP, Entry, decode
+from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.archive")
@@ -93,14 +93,6 @@ async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
     return conn
 
 
-class Lag(NamedTuple):
-    """How far the archive is behind one journal: entries not yet acknowledged, and the age of the
-    oldest of them (seconds; 0 when there are none)."""
-
-    entries: int
-    seconds: float
-
-
 class Archiver:
     """Drains the journals of every board in the registry; see the module docstring."""
 
@@ -123,21 +115,31 @@ class Archiver:
         self._groups: set[str] = set()
         self._known: set[tuple[str, str]] = set()
         self._failed = False
+        self._ready = False
 
     async def refresh(self) -> None:
         """Learn the registry's boards (and record their settings in PostgreSQL)."""
+        if not self._ready:
+            # redis-py's cluster client must know the slots before commands run concurrently.
+            await self.client.initialize()
+            self._ready = True
         found = await self.store.boards()
         self.boards = {(b.config.id, b.incarnation): b for b in found if b.config.durability == "journal"}
         new = [b for key, b in self.boards.items() if key not in self._known]
-        if new:
-            async with self.db.transaction():
-                for b in new:
-                    await self.db.execute(
-                        "INSERT INTO boards (board, incarnation, settings) VALUES (%s, %s, %s) "
-                        "ON CONFLICT DO NOTHING",
-                        (b.config.id, b.incarnation, orjson.dumps(b.config.to_dict()).decode()),
-                    )
-            self._known.update((b.config.id, b.incarnation) for b in new)
+        async with self.db.transaction():
+            for b in new:
+                await self.db.execute(
+                    "INSERT INTO boards (board, incarnation, settings) VALUES (%s, %s, %s) "
+                    "ON CONFLICT DO NOTHING",
+                    (b.config.id, b.incarnation, orjson.dumps(b.config.to_dict()).decode()),
+                )
+            # A board gone from the registry was deleted: `rebuild --all` must not bring it back.
+            await self.db.execute(
+                "UPDATE boards SET deleted_at = now() WHERE deleted_at IS NULL AND (board, incarnation) "
+                "NOT IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+                ([b.config.id for b in found], [b.incarnation for b in found]),
+            )
+        self._known.update((b.config.id, b.incarnation) for b in new)
 
     async def round(self) -> int:
         """One pass over every journal; returns how many results it archived."""
@@ -170,7 +172,7 @@ class Archiver:
                 if done:
                     ARCHIVED.inc(done)
                     continue
-            except (psycopg.Error, OSError, ResponseError) as e:
+            except (psycopg.Error, OSError, RedisError, RedisClusterException) as e:
                 FAILED_ROUNDS.inc()
                 log.warning("archive round failed; retrying", extra={"fields": {"error": repr(e)}})
                 with contextlib.suppress(psycopg.Error):
@@ -266,17 +268,6 @@ async def trim(client: RedisCluster, key: str) -> None:
     await client.xtrim(key, minid=floor, approximate=False)
 
 
-async def journal_lag(client: RedisCluster, key: str) -> Lag:
-    """Entries not yet acknowledged by the archive (all of them when no archiver ever ran), and the
-    age of the oldest in seconds: after ``trim`` the stream holds exactly those."""
-    first = await client.xrange(key, count=1)
-    if not first:
-        return Lag(0, 0.0)
-    entries = await client.xlen(key)
-    ms = int(_id(first[0][0]).split("-")[0])
-    return Lag(int(entries), max(0.0, time.time() - ms / 1000))
-
-
 def _id(value: Any) -> str:
     return _text(value)
 
@@ -316,7 +307,17 @@ async def serve(
     client = connect(redis_url)
     scripts = Scripts.register(client)
     await scripts.load(client)
-    db = await connect_db(postgres_url)
+    db = None
+    while db is None:  # PostgreSQL may come up after us: the journals wait meanwhile
+        try:
+            db = await connect_db(postgres_url)
+        except (psycopg.Error, OSError) as e:
+            log.warning("PostgreSQL not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
+            await _sleep(stop, 2.0)
+            if stop.is_set():
+                await raw.aclose()
+                await client.aclose()
+                return
     archiver = Archiver(raw, BoardStore(client, scripts), db, name)
     watch = asyncio.create_task(_watch_lag(archiver, stop, lag_every_s))
     log.info("archiver running", extra={"fields": {"name": name, "redis": redacted(redis_url)}})
@@ -336,7 +337,7 @@ async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) ->
             lags = list((await archiver.lag()).values())
             LAG_ENTRIES.set(max((lag.entries for lag in lags), default=0))
             LAG_SECONDS.set(max((lag.seconds for lag in lags), default=0.0))
-        except (OSError, ResponseError) as e:
+        except (OSError, RedisError, RedisClusterException) as e:
             log.warning("journal lag not read", extra={"fields": {"error": repr(e)}})
         await _sleep(stop, every_s)
 

@@ -9,9 +9,11 @@ trims what it committed; a rebuild replays the entries written after its snapsho
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple
 
 import msgpack
+from redis.asyncio.cluster import RedisCluster
 
 GROUP = "archiver"  # the consumer group every archiver reads the journals with
 
@@ -47,3 +49,23 @@ def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
         match, _, player = member.rpartition("\x00")  # player ids never hold NUL; match ids may
         results.append(Applied(match, player, int(flat[n + 1]), int(flat[n + 2])))
     return Entry(_text(entry_id), _text(get["b"]), _text(get["i"]), int(_text(get["s"])), results)
+
+
+class Lag(NamedTuple):
+    """How far the archive is behind one journal: entries not yet acknowledged, and the age of the
+    oldest of them (seconds; 0 when there are none)."""
+
+    entries: int
+    seconds: float
+
+
+async def journal_lag(client: RedisCluster, key: str) -> Lag:
+    """Entries not yet acknowledged by the archive (all of them when no archiver ever ran), and the
+    age of the oldest in seconds: after ``trim`` the stream holds exactly those. ``client`` must
+    leave replies undecoded (``connect(url, decode=False)``): entries carry MessagePack."""
+    first = await client.xrange(key, count=1)
+    if not first:
+        return Lag(0, 0.0)
+    entries = await client.xlen(key)
+    ms = int(_text(first[0][0]).split("-")[0])
+    return Lag(int(entries), max(0.0, time.time() - ms / 1000))

@@ -21,7 +21,7 @@ import orjson
 from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys
-from shardlb.board import Board
+from shardlb.board import JOURNAL_MAX_ENTRIES, Board
 from shardlb.config import BoardConfig, check_id
 from shardlb.connection import Scripts
 from shardlb.errors import BoardConflict, BoardNotFound
@@ -34,9 +34,12 @@ _RECORD = ("incarnation", "state")  # registry fields that are not board setting
 
 
 class BoardStore:
-    def __init__(self, client: RedisCluster, scripts: Scripts) -> None:
+    def __init__(
+        self, client: RedisCluster, scripts: Scripts, journal_max: int = JOURNAL_MAX_ENTRIES
+    ) -> None:
         self.client = client
         self.scripts = scripts
+        self.journal_max = journal_max  # given to every Board made here (Board.journal_max)
 
     async def create(self, config: BoardConfig) -> tuple[Board, bool]:
         """Create the board, or confirm an identical one. Returns (board, created)."""
@@ -100,7 +103,9 @@ class BoardStore:
     def _board(self, board_id: str, record: dict[str, Any]) -> Board:
         settings = {k: v for k, v in record.items() if k not in _RECORD}
         config = BoardConfig.from_dict(board_id, settings)
-        return Board(self.client, config, self.scripts, str(record.get("incarnation", "0")))
+        board = Board(self.client, config, self.scripts, str(record.get("incarnation", "0")))
+        board.journal_max = self.journal_max
+        return board
 
     async def _drop(self, board_id: str, raw: bytes | str, record: dict[str, Any]) -> None:
         """Drop every shard of the marked record ``raw`` (idempotent), then remove the record."""

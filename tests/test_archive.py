@@ -19,7 +19,8 @@ import psycopg
 import pytest
 
 from shardlb import keys, times
-from shardlb.archive import Archiver, connect_db, journal_lag
+from shardlb.archive import Archiver, connect_db
+from shardlb.journal import journal_lag
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.connection import connect

@@ -1,0 +1,72 @@
+"""How far the archive is behind, as this router sees the journals: for /metrics and /readyz.
+
+Every ``every_s`` seconds the watcher reads each journaled board's shards (XLEN and the oldest
+entry's id, through a small client of its own that leaves replies undecoded) and keeps the worst
+journal: its entries not yet archived and the age of the oldest. Writes to a shard whose journal
+reaches its bound are refused with 503 (write.lua); the gauges show it coming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+
+from router import metrics
+from shardlb import keys
+from shardlb.journal import Lag, journal_lag
+from shardlb.store import BoardStore
+
+log = logging.getLogger("shardlb.router")
+
+
+@dataclass
+class Worst:
+    """The journal furthest behind (None when no board keeps one), and the bound writes stop at."""
+
+    board: str | None
+    lag: Lag
+    bound: int
+
+    def body(self) -> dict[str, Any]:
+        return {"board": self.board, "entries": self.lag.entries, "seconds": round(self.lag.seconds, 1),
+                "bound": self.bound}  # fmt: skip
+
+
+class JournalWatch:
+    def __init__(self, raw: RedisCluster, store: BoardStore, bound: int, every_s: float = 5.0) -> None:
+        self.raw = raw
+        self.store = store
+        self.every_s = every_s
+        self.worst = Worst(None, Lag(0, 0.0), bound)
+        # redis-py has been seen swallowing a task's cancellation inside its retries: the loop also
+        # ends on this flag, which Service.stop sets before it cancels.
+        self.closed = False
+
+    async def check(self) -> Worst:
+        """Read every journal once; keep and return the worst."""
+        worst = Worst(None, Lag(0, 0.0), self.worst.bound)
+        for board in await self.store.boards():
+            if self.closed:
+                break
+            if board.config.durability != "journal":
+                continue
+            for prefix in board.prefixes:  # one call at a time: the client has two connections a node
+                lag = await journal_lag(self.raw, keys.journal_key(prefix))
+                if (lag.entries, lag.seconds) > (worst.lag.entries, worst.lag.seconds):
+                    worst = Worst(board.config.id, lag, worst.bound)
+        self.worst = worst
+        metrics.JOURNAL_ENTRIES.set(worst.lag.entries)
+        metrics.JOURNAL_SECONDS.set(worst.lag.seconds)
+        return worst
+
+    async def run(self) -> None:
+        while not self.closed:
+            try:
+                await self.check()
+            except Exception as e:  # the cluster is in trouble: /readyz says so on its own
+                log.warning("journal lag not read", extra={"fields": {"error": repr(e)}})
+            await asyncio.sleep(self.every_s)

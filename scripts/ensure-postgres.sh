@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Make sure PostgreSQL's server programs (initdb, pg_ctl) are here for the archive's private server,
+# unless SHARDLB_POSTGRES_URL names a server to use instead; install them when we can.
+set -euo pipefail
+[ -n "${SHARDLB_POSTGRES_URL:-}" ] && exit 0
+have() { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }
+if have; then exit 0; fi
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "PostgreSQL's initdb not found: installing postgresql with apt-get" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    have && exit 0
+fi
+cat >&2 <<'MSG'
+shardlb keeps every result in PostgreSQL and starts a private server of its own (initdb, pg_ctl).
+Install PostgreSQL's server programs, then run the command again:
+  Debian/Ubuntu:  sudo apt-get install postgresql
+  Fedora:         sudo dnf install postgresql-server
+  macOS:          brew install postgresql
+or point SHARDLB_POSTGRES_URL at a server you have (postgresql://user@host:port/db).
+MSG
+exit 1
