@@ -20,11 +20,11 @@ import pytest
 
 from shardlb import keys, times
 from shardlb.archive import Archiver, connect_db
-from shardlb.journal import journal_lag
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.connection import connect
 from shardlb.errors import Overloaded
+from shardlb.journal import journal_lag
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import HOUR, expected_entries, sharding
