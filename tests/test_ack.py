@@ -199,7 +199,7 @@ async def test_primary_mode_sends_no_wait(cluster: LocalCluster, store: BoardSto
         await store.delete(config.id)
 
 
-def test_ack_settings_are_checked_at_start_up() -> None:
+def test_ack_and_password_settings_are_checked_at_start_up() -> None:
     base = {"SHARDLB_INSECURE_DEV": "true"}
     assert Settings.from_env(base).ack == "primary"
     assert Settings.from_env({**base, "SHARDLB_ACK": "Replica"}).ack == "replica"
@@ -207,3 +207,7 @@ def test_ack_settings_are_checked_at_start_up() -> None:
         Settings.from_env({**base, "SHARDLB_ACK": "all"})
     with pytest.raises(SettingsError, match=r"^SHARDLB_ACK_TIMEOUT_MS"):
         Settings.from_env({**base, "SHARDLB_ACK_TIMEOUT_MS": "0"})  # WAIT 1 0 would wait forever
+    with pytest.raises(SettingsError, match=r"^SHARDLB_REDIS_PASSWORD: .* give it once"):
+        Settings.from_env({**base, "SHARDLB_REDIS_URL": "redis://:pw@h:1", "SHARDLB_REDIS_PASSWORD": "x"})
+    settings = Settings.from_env({**base, "SHARDLB_REDIS_PASSWORD": "s3cret-pw"})
+    assert settings.redis_password == "s3cret-pw" and "s3cret-pw" not in repr(settings)
