@@ -49,8 +49,14 @@ ACK_LEVELS = {"primary": 0, "replica": 1}
 MARKER_TTL_MS = 60_000  # the ack marker only has to replicate; it expires when writes stop
 ACKED_ATTEMPTS = 3  # an acknowledged call alone: the first try and two after NOSCRIPT or a redirect
 # Failures after which the key's primary is looked up again: a slot moved or a node went away.
-_MOVED_OR_BROKEN = (rx.MovedError, rx.AskError, rx.TryAgainError, rx.ClusterDownError, rx.ConnectionError,
-                    rx.TimeoutError, OSError)  # fmt: skip
+_MOVED_OR_BROKEN = (
+    rx.AskError,
+    rx.TryAgainError,
+    rx.ClusterDownError,
+    rx.ConnectionError,
+    rx.TimeoutError,
+    OSError,
+)
 
 
 class Ack(NamedTuple):
