@@ -36,7 +36,7 @@ from router.settings import Settings
 from shardlb.board import Board
 from shardlb.connection import Scripts, connect, redacted
 from shardlb.errors import ClusterUnavailable
-from shardlb.fanout import ScriptPipeline
+from shardlb.fanout import Ack, ScriptPipeline, acknowledged
 from shardlb.keys import SLOTS
 from shardlb.reads import ResolvedView
 from shardlb.store import BoardStore
@@ -65,11 +65,17 @@ class Service:
     @classmethod
     async def start(cls, settings: Settings) -> Service:
         """Connect and load scripts (retrying up to the start-up timeout), then start the refreshers."""
-        client = connect(settings.redis_url, settings.redis_max_connections, settings.redis_timeout_s)
+        client = connect(
+            settings.redis_url,
+            settings.redis_max_connections,
+            settings.redis_timeout_s,
+            password=settings.redis_password,
+        )
         # A call already under way waits for a script permit as long as for a reply; new requests
         # wait for the read gate or the registry only SHARDLB_QUEUE_WAIT_S.
         script_gates = NodeGates(settings.script_concurrency, settings.redis_timeout_s, "script calls")
-        scripts = _bounded(Scripts.register(client), client, script_gates)
+        ack = Ack.of(settings.ack, settings.ack_timeout_ms)
+        scripts = acknowledged(_bounded(Scripts.register(client), client, script_gates), ack)
         histograms = Histograms(
             client, script_gates, settings.histogram_samples, settings.histogram_refresh_s
         )

@@ -9,13 +9,14 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from router.budget import LANES, READ_PIPELINES, RESERVE, connections_needed
 from shardlb.board import JOURNAL_MAX_ENTRIES
-from shardlb.connection import parse_url
+from shardlb.connection import has_password, parse_url
 from shardlb.errors import InvalidInput
+from shardlb.fanout import ACK_LEVELS
 
 MIB = 1024 * 1024
 KIB = 1024
@@ -37,6 +38,11 @@ class Settings:
     """Everything the router reads from its environment. Field ``x`` comes from ``SHARDLB_X``."""
 
     redis_url: str = "redis://127.0.0.1:7000"
+    # The cluster's password when the URL carries none (kept out of the URL, and of repr()).
+    redis_password: str | None = field(default=None, repr=False)
+    # "replica": a write is answered once a replica of its primary has it (WAIT), else 503.
+    ack: str = "primary"
+    ack_timeout_ms: int = 500
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1
@@ -103,6 +109,13 @@ class Settings:
             parse_url(self.redis_url)
         except InvalidInput as e:
             raise SettingsError("SHARDLB_REDIS_URL", e.message) from e
+        if self.redis_password is not None and has_password(self.redis_url):
+            raise SettingsError(
+                "SHARDLB_REDIS_PASSWORD", "SHARDLB_REDIS_URL carries a password already: give it once"
+            )
+        if self.ack not in ACK_LEVELS:
+            raise SettingsError("SHARDLB_ACK", f"must be one of {', '.join(ACK_LEVELS)}, got {self.ack!r}")
+        _range("SHARDLB_ACK_TIMEOUT_MS", self.ack_timeout_ms, 1, 60_000)
         _range("SHARDLB_PORT", self.port, 1, 65535)
         _range("SHARDLB_WORKERS", self.workers, 1, 256)
         _range("SHARDLB_READ_RATE", self.read_rate, 0, 1e9)
@@ -240,8 +253,10 @@ def _parsers() -> dict[str, Callable[[str, str], Any]]:
         "tuple[str, ...]": _keys,
         "tuple[Network, ...]": _networks,
     }
-    out = {f.name: by_type[str(f.type)] for f in fields(Settings)}
+    out = {f.name: by_type[str(f.type)] for f in fields(Settings) if f.name != "redis_password"}
     out["log_level"] = _lower
+    out["ack"] = _lower
+    out["redis_password"] = _text
     return out
 
 

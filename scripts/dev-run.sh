@@ -40,7 +40,7 @@ set +a
 
 # The cluster: `cluster up` finds it running, restarts what died, or forms it afresh. When another
 # process took our ports since last time, move to a free block and remember it.
-if ! up=$("$PY" -m shardlb cluster up --dir "$CLUSTER_DIR" --port "$SHARDLB_CLUSTER_PORT" 2>&1); then
+if ! up=$("$PY" -m shardlb cluster up --durable --dir "$CLUSTER_DIR" --port "$SHARDLB_CLUSTER_PORT" 2>&1); then
     if ! grep -q "is taken" <<<"$up"; then
         echo "$up" >&2
         exit 1
@@ -49,7 +49,7 @@ if ! up=$("$PY" -m shardlb cluster up --dir "$CLUSTER_DIR" --port "$SHARDLB_CLUS
     echo "ports from $SHARDLB_CLUSTER_PORT are taken by another process: the cluster moves to $moved" >&2
     sed -i.bak "s/^SHARDLB_CLUSTER_PORT=.*/SHARDLB_CLUSTER_PORT=$moved/" "$ENV_FILE" && rm -f "$ENV_FILE.bak"
     SHARDLB_CLUSTER_PORT=$moved
-    up=$("$PY" -m shardlb cluster up --dir "$CLUSTER_DIR" --port "$SHARDLB_CLUSTER_PORT")
+    up=$("$PY" -m shardlb cluster up --durable --dir "$CLUSTER_DIR" --port "$SHARDLB_CLUSTER_PORT")
 fi
 SHARDLB_REDIS_URL=$(sed -n 's/^SHARDLB_REDIS_URL=//p' <<<"$up")
 export SHARDLB_REDIS_URL

@@ -58,6 +58,15 @@ def add_cluster_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     up.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for a healthy cluster (default 60)"
     )
+    up.add_argument(
+        "--durable",
+        action="store_true",
+        help="append-only files (fsync every second) kept across restarts: `up` after `down` "
+        "brings the same data back",
+    )
+    up.add_argument(
+        "--password", help="nodes require this password (requirepass, masterauth); the URL carries it"
+    )
     up.set_defaults(func=cluster_up)
 
     status = actions.add_parser("status", help="show every node; exit status 1 if the cluster is not ok")
@@ -77,7 +86,14 @@ def add_cluster_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
 
 def cluster_up(args: argparse.Namespace) -> int:
     """Start the cluster (or find it up), show it, and print the URL to connect to."""
-    cluster = LocalCluster(masters=args.masters, replicas=args.replicas, port=args.port, dir=args.dir)
+    cluster = LocalCluster(
+        masters=args.masters,
+        replicas=args.replicas,
+        port=args.port,
+        dir=args.dir,
+        durable=args.durable,
+        password=args.password,
+    )
     print(cluster.up(timeout=args.timeout))
     print(f"SHARDLB_REDIS_URL={cluster.url}")
     return 0

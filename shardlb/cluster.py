@@ -4,6 +4,10 @@
 (MEET, ADDSLOTSRANGE, REPLICATE) and returns only once every node agrees it is healthy. The pids
 go to a JSON state file in the cluster's directory, so `status()` and `down()` work from any
 process, and `down()` stops exactly those processes.
+
+A durable cluster (`durable=True`, `shardlb cluster up --durable`) keeps its data: every node
+writes an append-only file (fsync every second) and keeps it, with its nodes.conf, across a stop.
+`up()` then starts the stopped nodes from their files, and they rejoin the cluster they were in.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -18,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import redis
 from redis.backoff import NoBackoff
@@ -108,7 +114,9 @@ class LocalCluster:
 
     Masters take the first ports (master i on port + i) and own the slots of `master_slots`;
     replica j of master i is on port + masters + i * replicas + j. Each node lives in
-    `dir/node-<port>/` (redis.conf, nodes.conf, redis.log); `dir/state.json` records the pids.
+    `dir/node-<port>/` (redis.conf, nodes.conf, redis.log, appendonlydir/ when durable);
+    `dir/state.json` records the pids. With `password`, every node requires it (requirepass, and
+    masterauth for its replication link) and `url` carries it.
     """
 
     masters: int = 3
@@ -116,6 +124,8 @@ class LocalCluster:
     port: int = 7000
     dir: Path = Path(".shardlb/cluster")
     host: str = "127.0.0.1"
+    durable: bool = False
+    password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.dir = Path(self.dir)
@@ -136,7 +146,15 @@ class LocalCluster:
         state = read_state(Path(dir))
         if state is None:
             raise ClusterError(f"no cluster state in {dir} (start one with `shardlb cluster up --dir {dir}`)")
-        return cls(state["masters"], state["replicas"], state["port"], Path(dir), state["host"])
+        return cls(
+            state["masters"],
+            state["replicas"],
+            state["port"],
+            Path(dir),
+            state["host"],
+            state.get("durable", False),
+            state.get("password"),
+        )
 
     @property
     def ports(self) -> list[int]:
@@ -145,15 +163,18 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        """All nodes as one URL: redis://host:port,host:port,..."""
-        return "redis://" + ",".join(f"{self.host}:{p}" for p in self.ports)
+        """All nodes as one URL: redis://[:password@]host:port,host:port,..."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}" + ",".join(f"{self.host}:{p}" for p in self.ports)
 
     def up(self, timeout: float = 60.0) -> ClusterStatus:
         """Start and form the cluster, or return the status of the one already running healthy in dir.
 
         Nodes left over from an earlier start where some died are stopped and the cluster is
-        formed afresh (a dev cluster: its data is not kept). Raises ClusterError when redis-server
-        is missing, a port is taken, or the cluster is not healthy within `timeout` seconds.
+        formed afresh (its data is not kept), unless the cluster is durable: then the stopped
+        nodes start again from their files. Raises ClusterError when redis-server is missing, a
+        port is taken, the directory keeps a durable cluster of another layout, or the cluster is
+        not healthy within `timeout` seconds.
         """
         deadline = time.monotonic() + timeout
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -161,7 +182,8 @@ class LocalCluster:
             state = read_state(self.dir)
             if state is not None:
                 alive = self._live_pids(state)
-                if alive and self._layout() != {k: state[k] for k in self._layout()}:
+                same = self._layout() == {k: state.get(k, False) for k in self._layout()}
+                if alive and not same:
                     raise ClusterError(
                         f"{self.dir} holds a running cluster with another layout; "
                         f"run `shardlb cluster down --dir {self.dir}` first"
@@ -172,6 +194,15 @@ class LocalCluster:
                         f"the cluster already running in {self.dir} to become healthy "
                         f"(`shardlb cluster down --dir {self.dir}` stops it)",
                     )
+                if state.get("durable") and self._kept(state):
+                    if not same:
+                        raise ClusterError(
+                            f"{self.dir} keeps the data of a durable cluster of another layout "
+                            f"({state['masters']} masters, {state['replicas']} replicas from port "
+                            f"{state['port']}, durable); start it with that layout, or remove the "
+                            "directory to start afresh"
+                        )
+                    return self._resume(deadline, alive)
                 self._stop(alive)
             return self._start(deadline)
 
@@ -203,7 +234,23 @@ class LocalCluster:
                 self._stop(self._live_pids(state))
 
     def _layout(self) -> dict[str, Any]:
-        return {"host": self.host, "port": self.port, "masters": self.masters, "replicas": self.replicas}
+        return {
+            "host": self.host,
+            "port": self.port,
+            "masters": self.masters,
+            "replicas": self.replicas,
+            "durable": self.durable,
+        }
+
+    def _kept(self, state: dict[str, Any]) -> bool:
+        """Whether every node of the recorded cluster left its nodes.conf to start again from."""
+        return all((self.dir / f"node-{n['port']}" / "nodes.conf").exists() for n in state["nodes"])
+
+    def _record(self, pids: dict[int, int]) -> None:
+        state = {**self._layout(), "nodes": [{"port": p, "pid": pid} for p, pid in sorted(pids.items())]}
+        if self.password:
+            state["password"] = self.password  # for `status` from another process; the file is 0600
+        write_state(self.dir, state)
 
     def _node_dir(self, port: int) -> Path:
         return self.dir / f"node-{port}"
@@ -232,6 +279,7 @@ class LocalCluster:
         client = redis.Redis(
             host=self.host,
             port=port,
+            password=self.password,
             socket_timeout=2.0,
             socket_connect_timeout=1.0,
             decode_responses=True,
@@ -253,10 +301,8 @@ class LocalCluster:
         pids: dict[int, int] = {}
         try:
             for port in self.ports:
-                pids[port] = self._spawn(server, port)
-            write_state(
-                self.dir, {**self._layout(), "nodes": [{"port": p, "pid": pid} for p, pid in pids.items()]}
-            )
+                pids[port] = self._spawn(server, port, keep=False)
+            self._record(pids)
             for port, pid in pids.items():
                 self._wait_for(
                     f"node {port} to accept connections", deadline, port, pid, lambda c: bool(c.ping())
@@ -268,14 +314,44 @@ class LocalCluster:
             self._stop(pids)
             raise
 
-    def _spawn(self, server: str, port: int) -> int:
+    def _resume(self, deadline: float, alive: dict[int, int]) -> ClusterStatus:
+        """Start the stopped nodes of a durable cluster from their files; they rejoin by nodes.conf."""
+        server = find_redis_server()
+        pids = dict(alive)
+        started: dict[int, int] = {}
+        try:
+            for port in self.ports:
+                if port not in pids:
+                    pids[port] = started[port] = self._spawn(server, port, keep=True)
+            self._record(pids)
+            for port, pid in started.items():
+                # A node answers LOADING until its append-only file is read: polled like a refusal.
+                self._wait_for(f"node {port} to load its data", deadline, port, pid, lambda c: bool(c.ping()))
+            return self._wait_healthy(deadline, f"the durable cluster in {self.dir} to become healthy")
+        except BaseException:
+            self._stop(started)  # their files stay: the next up() tries again
+            raise
+
+    def _spawn(self, server: str, port: int, keep: bool) -> int:
         node_dir = self._node_dir(port)
         node_dir.mkdir(parents=True, exist_ok=True)
-        # Start empty: an old nodes.conf would rejoin a cluster that no longer exists, and a
-        # replica must hold no data before it may replicate.
-        for leftover in ("nodes.conf", "dump.rdb"):
-            (node_dir / leftover).unlink(missing_ok=True)
-        (node_dir / "redis.conf").write_text(
+        if not keep:
+            # Start empty: an old nodes.conf would rejoin a cluster that no longer exists, and a
+            # replica must hold no data before it may replicate.
+            for leftover in ("nodes.conf", "dump.rdb"):
+                (node_dir / leftover).unlink(missing_ok=True)
+            shutil.rmtree(node_dir / "appendonlydir", ignore_errors=True)
+        auth = (
+            f"requirepass {_quoted(self.password)}\nmasterauth {_quoted(self.password)}\n"
+            if self.password
+            else ""
+        )
+        # Durable: every write goes to the append-only file, fsynced once a second (a crash of the
+        # machine loses at most that second; a crash of the process alone loses nothing).
+        persistence = "appendonly yes\nappendfsync everysec\n" if self.durable else "appendonly no\n"
+        conf = node_dir / "redis.conf"
+        conf.touch(mode=0o600)  # it may hold the password
+        conf.write_text(
             "# Written by shardlb.cluster on every start; edits are lost.\n"
             f"port {port}\n"
             f"bind {self.host}\n"
@@ -286,7 +362,7 @@ class LocalCluster:
             "cluster-config-file nodes.conf\n"
             "cluster-node-timeout 5000\n"
             'save ""\n'
-            "appendonly no\n"
+            f"{persistence}{auth}"
             # Replicas would otherwise wait 5 s for their first full sync,
             "repl-diskless-sync-delay 0\n"
             # and write it to a dump.rdb they do not need.
@@ -423,6 +499,11 @@ class LocalCluster:
         except OSError:
             return f"  (no log at {log})"
         return f"  last lines of {log}:\n" + "\n".join(f"  | {line}" for line in tail)
+
+
+def _quoted(value: str) -> str:
+    """A redis.conf argument in double quotes, whatever it holds."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _command(client: redis.Redis, *args: str | int) -> Any:

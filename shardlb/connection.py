@@ -74,13 +74,26 @@ def _split_url(url: str) -> tuple[list[tuple[str, int]], str | None, str | None]
     return nodes, unquote(user) or None, unquote(password) if colon else None
 
 
-def connect(url: str, max_connections: int = 64, timeout: float = 2.0, decode: bool = True) -> RedisCluster:
+def has_password(url: str) -> bool:
+    """Whether the URL carries a password."""
+    return _split_url(url)[2] is not None
+
+
+def connect(
+    url: str,
+    max_connections: int = 64,
+    timeout: float = 2.0,
+    decode: bool = True,
+    password: str | None = None,
+) -> RedisCluster:
     """A cluster client with deliberate timeouts and a connection cap (we queue in front of it).
 
-    The URL's user name and password go to every node: redis-py gives each node it discovers,
-    and each per-node pipeline connection, the connection settings given here. ``decode=False``
-    leaves replies as bytes (the journal's entries carry MessagePack)."""
-    nodes, username, password = _split_url(url)
+    The URL's user name and password (or ``password``, SHARDLB_REDIS_PASSWORD, when the URL has
+    none) go to every node: redis-py gives each node it discovers, and each per-node pipeline
+    connection, the connection settings given here. ``decode=False`` leaves replies as bytes (the
+    journal's entries carry MessagePack)."""
+    nodes, username, url_password = _split_url(url)
+    password = url_password if url_password is not None else password
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],
         username=username,
@@ -137,12 +150,16 @@ class Script(AsyncScript):
         try:
             return await self.cluster.evalsha(self.sha, numkeys, *values)
         except NoScriptError:
-            if numkeys:
-                node = node_of(self.cluster, str(values[0]))
-                self.sha = await self.cluster.execute_command("SCRIPT LOAD", self.script, target_nodes=node)
-            else:
-                self.sha = await self.cluster.script_load(self.script)
+            await self.reload(str(values[0]) if numkeys else None)
             return await self.cluster.evalsha(self.sha, numkeys, *values)
+
+    async def reload(self, key: str | None) -> None:
+        """Load the script again on the primary of ``key`` (on every primary without a key)."""
+        if key is None:
+            self.sha = await self.cluster.script_load(self.script)
+        else:
+            node = node_of(self.cluster, key)
+            self.sha = await self.cluster.execute_command("SCRIPT LOAD", self.script, target_nodes=node)
 
 
 def _source(name: str) -> str:

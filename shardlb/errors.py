@@ -59,3 +59,8 @@ class Overloaded(ShardlbError):
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class NotAcknowledged(ClusterUnavailable):
+    """A write was applied on its shard's primary, but no replica confirmed it in time (the
+    ``replica`` acknowledgement level): it could still be lost in a failover. Retrying is safe."""

@@ -12,6 +12,15 @@ pipeline rather than one per reply), all nodes at once.
 ``ScriptPipeline`` does the same for the write coalescer's script calls: those made in one turn of
 the event loop leave as one pipeline per node.
 
+Acknowledgement (``Ack``, router setting SHARDLB_ACK): in ``replica`` mode each node's pipeline of
+write calls ends with a marker write and ``WAIT 1 <timeout>`` on the same connection. WAIT counts
+the replicas that have everything *its own connection* wrote, so it has to follow the writes on
+their connection (redis-py's cluster client would send it to any node); the marker (a SET, which
+always replicates) makes it cover every earlier write to that primary, including what a call that
+changes nothing (a retry) found already applied by another connection. A reply below the level
+fails every call of that pipeline with NotAcknowledged: applied on the primary, not yet confirmed.
+``AckedScript`` makes a single call the same way (the fallback, and ``Board`` without a pipeline).
+
 Any error on that path (a redirect after a slot moved, a closed connection, a full pool) sends the
 whole batch again through redis-py's ClusterPipeline, which follows redirects, refreshes the slot map
 and applies the client's retry policy. Reads are idempotent, so the fast path never changes an
@@ -21,27 +30,60 @@ answer, only what a good one costs; when the cluster is in trouble it costs one 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.commands.core import SortedSetCommands
-from redis.exceptions import ResponseError
 
-from shardlb.connection import Script, slot_of
+from shardlb import keys
+from shardlb.connection import Script, Scripts, slot_of
+from shardlb.errors import NotAcknowledged
 
 SCRIPT_CALLS_IN_FLIGHT = 8
+# SHARDLB_ACK: the replicas that must confirm a write before it is answered.
+ACK_LEVELS = {"primary": 0, "replica": 1}
+MARKER_TTL_MS = 60_000  # the ack marker only has to replicate; it expires when writes stop
+ACKED_ATTEMPTS = 3  # an acknowledged call alone: the first try and two after NOSCRIPT or a redirect
+# Failures after which the key's primary is looked up again: a slot moved or a node went away.
+_MOVED_OR_BROKEN = (
+    rx.AskError,
+    rx.TryAgainError,
+    rx.ClusterDownError,
+    rx.ConnectionError,
+    rx.TimeoutError,
+    OSError,
+)
+
+
+class Ack(NamedTuple):
+    """How a write is confirmed: by ``replicas`` replicas of its primary within ``timeout_ms``
+    (0 replicas: by the primary alone, no WAIT)."""
+
+    replicas: int
+    timeout_ms: int
+
+    @classmethod
+    def of(cls, level: str, timeout_ms: int) -> Ack:
+        """The Ack of a SHARDLB_ACK level ("primary" or "replica")."""
+        return cls(ACK_LEVELS[level], timeout_ms)
 
 
 class Batch(SortedSetCommands):
     """Sorted-set commands on any keys of one cluster, sent per node. Use the redis-py command
     methods (``zcount``, ``zrevrange``...), then ``await execute()`` for the replies in order."""
 
-    def __init__(self, client: RedisCluster) -> None:
+    def __init__(self, client: RedisCluster, ack: Ack | None = None) -> None:
         self.client = client
-        # One bound for the whole per-node pipeline: the client's socket timeout, as for one reply.
+        # One bound for the whole per-node pipeline: the client's socket timeout, as for one reply
+        # (plus the WAIT's own timeout when there is one).
         self.timeout: float | None = client.get_connection_kwargs().get("socket_timeout")
+        self.ack = ack if ack is not None and ack.replicas > 0 else None
+        if self.ack is not None and self.timeout is not None:
+            self.timeout += self.ack.timeout_ms / 1000
         self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
@@ -73,24 +115,52 @@ class Batch(SortedSetCommands):
     async def outcomes(self) -> list[Any]:
         """Each command's reply, or the exception it met: its own error reply, or the failure of its
         node's whole pipeline (a command there may or may not have run)."""
-        by_node: dict[str, tuple[ClusterNode, list[PipelineCommand]]] = {}
+        by_node: dict[str, tuple[ClusterNode, list[PipelineCommand], int]] = {}
         commands: list[PipelineCommand] = []
         nodes = self.client.nodes_manager
         for position, (args, options) in enumerate(self.calls):
             key = args[3] if args[0] in ("EVALSHA", "EVAL") else args[1]  # EVALSHA sha numkeys key ...
-            node = nodes.get_node_from_slot(slot_of(key))
+            slot = slot_of(key)
+            node = nodes.get_node_from_slot(slot)
             command = PipelineCommand(position, *args, **options)
             commands.append(command)
-            by_node.setdefault(node.name, (node, []))[1].append(command)
+            by_node.setdefault(node.name, (node, [], slot))[1].append(command)
+        ack = self.ack
+        if ack is not None:
+            for _, queue, slot in by_node.values():
+                queue.append(PipelineCommand(-1, "SET", keys.ack_key(slot), 1, "PX", MARKER_TTL_MS))
+                queue.append(PipelineCommand(-1, "WAIT", ack.replicas, ack.timeout_ms))
         failed = await asyncio.gather(
-            *(_pipeline(node, queue, self.timeout) for node, queue in by_node.values()),
+            *(_pipeline(node, queue, self.timeout) for node, queue, _ in by_node.values()),
             return_exceptions=True,
         )
-        for (_, queue), outcome in zip(by_node.values(), failed, strict=True):
+        for (_, queue, _), outcome in zip(by_node.values(), failed, strict=True):
             if isinstance(outcome, BaseException):
                 for c in queue:
                     c.result = outcome
+            elif ack is not None:
+                _confirm(ack, queue)
         return [c.result for c in commands]
+
+
+def _confirm(ack: Ack, queue: list[PipelineCommand]) -> None:
+    """Fail every call of a node's pipeline that got a reply, unless its marker and WAIT say that
+    ``ack.replicas`` replicas have its writes."""
+    *calls, marker, wait = queue
+    problem: Exception | None = next(
+        (c.result for c in (marker, wait) if isinstance(c.result, Exception)), None
+    )
+    confirmed: Any = wait.result
+    if problem is None and int(confirmed) < ack.replicas:
+        problem = NotAcknowledged(
+            f"{confirmed} of {ack.replicas} replicas confirmed the write within {ack.timeout_ms} ms "
+            "(acknowledgement level replica): it is applied on the primary but a failover could still "
+            "lose it; retrying is safe"
+        )
+    if problem is not None:
+        for c in calls:
+            if not isinstance(c.result, Exception):
+                c.result = problem
 
 
 async def script_calls(client: RedisCluster, script: Script, calls: Sequence[tuple[str, Any]]) -> list[Any]:
@@ -126,23 +196,30 @@ class ScriptPipeline:
 
     def __init__(self, client: RedisCluster) -> None:
         self.client = client
-        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._queued: list[_Queued] = []
         self._sending: set[asyncio.Task[None]] = set()
 
     async def call(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """``script``'s reply for ``keys`` and ``args``, through the turn's pipeline or on its own."""
+        """``script``'s reply for ``keys`` and ``args``, through the turn's pipeline or on its own
+        (an AckedScript's call is confirmed either way)."""
+        ack = script.ack if isinstance(script, AckedScript) else None
         try:
-            return await self.queue(script.sha, keys, args)
+            return await self.queue(script.sha, keys, args, ack)
+        except NotAcknowledged:
+            raise  # applied, and made again alone it would wait as long again
         except Exception:
             return await script(keys=keys, args=args)
 
-    def queue(self, sha: str, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
-        """Queue an EVALSHA for the turn's pipeline; the future fails with whatever it met there."""
+    def queue(
+        self, sha: str, keys: list[str], args: list[Any], ack: Ack | None = None
+    ) -> asyncio.Future[Any]:
+        """Queue an EVALSHA for the turn's pipeline (confirmed as ``ack`` asks); the future fails with
+        whatever it met there."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         if not self._queued:
             loop.call_soon(self._flush)
-        self._queued.append((("EVALSHA", sha, len(keys), *keys, *args), future))
+        self._queued.append((("EVALSHA", sha, len(keys), *keys, *args), future, ack))
         return future
 
     def _flush(self) -> None:
@@ -151,18 +228,21 @@ class ScriptPipeline:
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send(self, queued: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
-        pipe = batch(self.client)
-        for command, _ in queued:
-            pipe.execute_command(*command)
+    async def _send(self, queued: list[_Queued]) -> None:
+        # One batch per acknowledgement level (one in practice: only write.lua comes here).
+        levels: dict[Ack | None, list[_Queued]] = {}
+        for item in queued:
+            levels.setdefault(item[2], []).append(item)
+        queued = [item for items in levels.values() for item in items]
         cancelled = None
         try:
-            outcomes = await pipe.outcomes()
+            parts = await asyncio.gather(*(self._outcomes(ack, items) for ack, items in levels.items()))
+            outcomes = [outcome for part in parts for outcome in part]
         except asyncio.CancelledError as e:  # every waiter must hear of it before the task ends
             outcomes, cancelled = [e] * len(queued), e
         except Exception as e:
             outcomes = [e] * len(queued)
-        for (_, future), outcome in zip(queued, outcomes, strict=True):
+        for (_, future, _), outcome in zip(queued, outcomes, strict=True):
             if future.done():
                 continue
             if isinstance(outcome, asyncio.CancelledError):
@@ -173,6 +253,66 @@ class ScriptPipeline:
                 future.set_result(outcome)
         if cancelled is not None:
             raise cancelled
+
+    async def _outcomes(self, ack: Ack | None, items: list[_Queued]) -> list[Any]:
+        pipe = batch(self.client, ack)
+        for command, _, _ in items:
+            pipe.execute_command(*command)
+        outcomes: list[Any] = await pipe.outcomes()
+        return outcomes
+
+
+_Queued = tuple[tuple[Any, ...], asyncio.Future[Any], Ack | None]
+
+
+class AckedScript(Script):
+    """A script whose every call with keys is confirmed as ``ack`` asks: the EVALSHA, the marker and
+    WAIT go to the key's primary as one pipeline on one connection (``Batch``).
+
+    NOSCRIPT loads the script again on that primary (``Script.reload``); after a redirect or a
+    broken connection, a keyed read through the cluster client lets it follow the redirect and
+    refresh its slot map under its own retry policy; then the call is made again (a write script
+    applied twice leaves the state of one call). Other error replies, and NotAcknowledged, raise.
+    """
+
+    def __init__(self, client: RedisCluster, script: str, ack: Ack) -> None:
+        super().__init__(client, script)
+        self.ack = ack
+
+    @classmethod
+    def of(cls, script: Script, ack: Ack) -> AckedScript:
+        text = script.script
+        acked = cls(script.cluster, text if isinstance(text, str) else bytes(text).decode(), ack)
+        acked.sha = script.sha
+        return acked
+
+    async def run(self, numkeys: int, values: list[Any]) -> Any:
+        if not numkeys or not self.ack.replicas:
+            return await super().run(numkeys, values)
+        key = str(values[0])
+        reply: Any = None
+        for _ in range(ACKED_ATTEMPTS):
+            pipe = batch(self.cluster, self.ack)
+            pipe.execute_command("EVALSHA", self.sha, numkeys, *values)
+            [reply] = await pipe.outcomes()
+            if not isinstance(reply, BaseException):
+                return reply
+            if isinstance(reply, rx.NoScriptError):
+                await self.reload(key)
+            elif isinstance(reply, _MOVED_OR_BROKEN):
+                await self.cluster.exists(key)
+            else:
+                raise reply
+        raise reply
+
+
+def acknowledged(scripts: Scripts, ack: Ack) -> Scripts:
+    """``scripts`` with every write.lua call confirmed as ``ack`` asks. band.lua and settle.lua keep
+    their plain calls: what they write is derived from the home shard (router/README.md,
+    "Acknowledgement levels")."""
+    if not ack.replicas:
+        return scripts
+    return dataclasses.replace(scripts, write=AckedScript.of(scripts.write, ack))
 
 
 async def _pipeline(node: ClusterNode, commands: list[PipelineCommand], timeout: float | None) -> bool:
@@ -190,7 +330,7 @@ async def _pipeline(node: ClusterNode, commands: list[PipelineCommand], timeout:
             for c in commands:
                 try:
                     reply = await connection.read_response(timeout=math.inf)
-                except ResponseError as e:
+                except rx.ResponseError as e:
                     c.result, failed = e, True
                     continue
                 parse = node.response_callbacks.get(c.args[0])
@@ -206,6 +346,6 @@ async def _pipeline(node: ClusterNode, commands: list[PipelineCommand], timeout:
         node.release(connection)
 
 
-def batch(client: RedisCluster) -> Any:
+def batch(client: RedisCluster, ack: Ack | None = None) -> Any:
     """A new Batch, typed loosely: redis-py types its command mixins for its own client classes only."""
-    return Batch(client)  # type: ignore[abstract]
+    return Batch(client, ack)  # type: ignore[abstract]

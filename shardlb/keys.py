@@ -11,6 +11,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:ver / :pend              band boards: versions, unfinished band moves
     lb:{<tag>}:<board>:<inc>:<shard>:gone                     set (with a TTL) when the board is deleted
     lb:{<tag>}:<board>:<inc>:<shard>:log                      the journal: a stream of applied results
+    lb:{<tag>}:ack                                            a replica-acknowledged write's marker (expires)
 
 ``<inc>`` is the board's incarnation, a token drawn when the board is created: a board deleted and
 created again under the same id never shares a key with its former self, so a router that still
@@ -121,3 +122,9 @@ def gone_key(prefix: str) -> str:
 
 def journal_key(prefix: str) -> str:
     return prefix + "log"
+
+
+def ack_key(slot: int) -> str:
+    """The marker a replica-acknowledged write sets on ``slot`` right before its WAIT, so the WAIT
+    covers every earlier write to that primary (shardlb/fanout.py). One per slot, with a TTL."""
+    return f"lb:{{{slot_tokens()[slot]}}}:ack"

@@ -114,5 +114,7 @@ def read_state(dir: Path) -> dict[str, Any] | None:
 
 def write_state(dir: Path, state: dict[str, Any]) -> None:
     tmp = dir / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    # Owner only: it holds the cluster's password when there is one.
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(json.dumps(state, indent=2) + "\n")
     tmp.replace(dir / STATE_FILE)  # atomic: a reader never sees half a file

@@ -16,9 +16,15 @@ from pathlib import Path
 import pytest
 import redis
 
+from shardlb.board import Score
 from shardlb.cli import main
 from shardlb.cluster import ClusterError, ClusterStatus, LocalCluster, free_port_block, master_slots
+from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
 from shardlb.keys import SLOTS
+from shardlb.store import BoardStore
+
+PASSWORD = "dur-able/pass"  # a / to show the URL percent-encodes it
 
 
 def _free_ports(count: int) -> int:
@@ -237,3 +243,49 @@ def test_python_m_shardlb_runs_the_cli(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "nothing to stop" in done.stdout
+
+
+@pytest.mark.cluster
+async def test_a_durable_cluster_keeps_its_boards_across_a_stop_and_start_of_every_node(
+    cluster_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cluster up --durable --password`: AOF on, data kept across a restart; the nodes require the
+    password, which the router takes from SHARDLB_REDIS_PASSWORD (``connect(password=)``)."""
+    base = _free_ports(2)
+    where = ["--dir", str(cluster_dir)]
+    up = ["cluster", "up", "--masters", "1", "--replicas", "1", "--port", str(base), "--durable", *where]
+    assert main([*up, "--password", PASSWORD]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"SHARDLB_REDIS_URL=redis://:dur-able%2Fpass@127.0.0.1:{base},127.0.0.1:{base + 1}"
+    )
+    local = LocalCluster.from_state(cluster_dir)
+    first = _pids(local.status())
+    url = f"redis://127.0.0.1:{base}"
+    try:
+        with pytest.raises(redis.AuthenticationError), redis.Redis(port=base) as anonymous:
+            anonymous.ping()
+        config = BoardConfig.from_dict("kept", {"mode": "incr", "sharding": {"shards": 4}})
+        store = await _store(url)
+        board, _ = await store.create(config)
+        await board.submit([Score(f"p{i}", i, "m1") for i in range(1, 41)])
+        want = await board.top(40)
+        await store.client.aclose()
+
+        assert main(["cluster", "down", *where]) == 0
+        assert not any(_alive(pid) for pid in first)
+        assert main([*up, "--password", PASSWORD]) == 0
+        second = _pids(LocalCluster.from_state(cluster_dir).status())
+        assert not set(first) & set(second)
+
+        store = await _store(url)
+        assert await (await store.get("kept")).top(40) == want
+        await store.client.aclose()
+    finally:
+        main(["cluster", "down", *where])
+
+
+async def _store(url: str) -> BoardStore:
+    client = connect(url, password=PASSWORD)
+    scripts = Scripts.register(client)
+    await scripts.load(client)
+    return BoardStore(client, scripts)

@@ -1,0 +1,213 @@
+"""Acknowledgement levels (SHARDLB_ACK): in `replica` mode a write is answered only once a replica of
+its shard's primary has it (WAIT on the connection that made the write), else 503; `primary` mode
+answers as soon as the primary applied it.
+
+The replica of one master of the suite's cluster is stopped (SIGSTOP) for a moment: it stays
+connected, so its primary still counts it, but it acknowledges nothing until it is resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio.cluster import RedisCluster
+
+from router.errors import to_api_error
+from router.settings import Settings, SettingsError
+from shardlb import fanout, keys, times
+from shardlb.board import Score
+from shardlb.cluster import LocalCluster
+from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
+from shardlb.errors import NotAcknowledged
+from shardlb.store import BoardStore
+from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running
+
+pytestmark = pytest.mark.cluster
+
+ACK_MS = 300  # short: every write to the stopped replica's primary waits this long
+
+
+def replica_pid(cluster: LocalCluster, board: str) -> int:
+    """The pid of the replica of the master that holds the only shard of a one-shard board."""
+    slot = keys.slot_of(keys.shard_prefix(board, 0, 1))
+    status = cluster.status()
+    master = next(n.port for n in status.nodes if any(a <= slot <= b for a, b in n.slots))
+    pid = next(n.pid for n in status.nodes if n.role == "replica" and n.master_port == master)
+    assert pid is not None
+    return pid
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """The process stopped (not killed: its connections stay open) for the block, then resumed.
+    Kept well under the cluster's node timeout (5 s), so nobody marks the replica as failed."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def one_score(player: str, match: str, points: int = 10) -> dict[str, Any]:
+    return {"scores": [{"player_id": player, "points": points, "match_id": match}]}
+
+
+async def make_board(client: httpx.AsyncClient) -> str:
+    name = board_name("ack")
+    r = await client.put(
+        f"/v1/boards/{name}", json={"mode": "incr", "sharding": {"shards": 1}}, headers=AS_ADMIN
+    )
+    assert r.status_code == 201, r.text
+    return name
+
+
+async def wait_count(client: RedisCluster, board: str) -> int:
+    """WAIT commands the primary of the board's shard has served so far."""
+    node = client.get_node_from_key(keys.shard_prefix(board, 0, 1))
+    stats = await client.info("commandstats", target_nodes=node)
+    return int(stats.get("cmdstat_wait", {}).get("calls", 0))
+
+
+async def test_replica_mode_writes_succeed_and_wait_on_the_shards_primary(cluster: LocalCluster) -> None:
+    async with running(cluster.url, ack="replica", ack_timeout_ms=ACK_MS) as (_, client):
+        board = await make_board(client)
+        redis_client = connect(cluster.url)
+        try:
+            await redis_client.initialize()
+            before = await wait_count(redis_client, board)
+            r = await client.post(f"/v1/boards/{board}/scores", json=one_score("p1", "m1"), headers=AS_WRITER)
+            assert r.status_code == 200, r.text
+            assert [x["status"] for x in r.json()["results"]] == ["improved"]
+            assert await wait_count(redis_client, board) > before
+        finally:
+            await redis_client.aclose()
+        r = await client.get(f"/v1/boards/{board}/players/p1")
+        assert r.json()["points"] == 10
+
+
+async def test_a_write_no_replica_confirms_is_503_in_replica_mode_and_200_in_primary_mode(
+    cluster: LocalCluster,
+) -> None:
+    async with (
+        running(cluster.url, ack="replica", ack_timeout_ms=ACK_MS) as (_, acked),
+        running(cluster.url) as (_, plain),
+    ):
+        board = await make_board(acked)
+        pid = replica_pid(cluster, board)
+        url = f"/v1/boards/{board}/scores"
+        with stopped(pid):
+            r = await acked.post(url, json=one_score("p1", "m1"), headers=AS_WRITER)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "cluster_unavailable"
+            assert "replica" in r.json()["error"]["message"] and "retry" in r.json()["error"]["message"]
+            assert int(r.headers["retry-after"]) >= 1
+            r = await plain.post(url, json=one_score("p2", "m2"), headers=AS_WRITER)
+            assert r.status_code == 200, r.text
+        # The refused write was applied on the primary: the client's retry, once a replica answers
+        # again, changes nothing and is acknowledged.
+        r = await acked.post(url, json=one_score("p1", "m1"), headers=AS_WRITER)
+        assert r.status_code == 200, r.text
+        assert [x["status"] for x in r.json()["results"]] == ["duplicate"]
+        r = await acked.get(f"/v1/boards/{board}/players/p1")
+        assert r.json()["points"] == 10
+
+
+@pytest.fixture
+async def acked_store(cluster: LocalCluster) -> AsyncIterator[BoardStore]:
+    """A library user's store whose writes wait for one replica (fanout.acknowledged)."""
+    client = connect(cluster.url)
+    scripts = fanout.acknowledged(Scripts.register(client), fanout.Ack(1, ACK_MS))
+    await scripts.load(client)
+    yield BoardStore(client, scripts)
+    await client.aclose()
+
+
+async def test_a_retry_on_another_connection_waits_for_the_first_write(
+    cluster: LocalCluster, acked_store: BoardStore
+) -> None:
+    """A retry from another router (other connections) that finds the write already applied is
+    refused as long as no replica has it, and acknowledged once one has. WAIT counts what its own
+    connection wrote; the marker written before each WAIT makes that cover the first call's write
+    (Redis 7.0 also stamps the connection's offset after every command; later versions only after
+    a command that replicated something, so there the marker is what keeps this test green)."""
+    config = BoardConfig.from_dict(board_name("ack"), {"mode": "incr", "sharding": {"shards": 1}})
+    board, _ = await acked_store.create(config)
+    other = connect(cluster.url)  # another router process: its own connections
+    try:
+        scripts = fanout.acknowledged(Scripts.register(other), fanout.Ack(1, ACK_MS))
+        await scripts.load(other)
+        again, _ = await BoardStore(other, scripts).create(config)
+        await again.submit([Score("p0", 1, "m0")])  # its connection's last write is confirmed
+        score = Score("p1", 5, "m1", achieved_ms=times.now_ms())
+        with stopped(replica_pid(cluster, config.id)):
+            with pytest.raises(NotAcknowledged):
+                await board.submit([score])  # Board.submit: no pipeline
+            with pytest.raises(NotAcknowledged):
+                await again.submit([score])
+        assert [r.status for r in await again.submit([score])] == ["duplicate"]
+    finally:
+        await other.aclose()
+        await acked_store.delete(config.id)
+
+
+async def test_the_fallback_path_waits_and_reloads_scripts(
+    cluster: LocalCluster, acked_store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the turn's pipeline fails, the write is made alone, still with its WAIT on the same
+    connection; an empty script cache (a promoted replica) is reloaded on the way."""
+    config = BoardConfig.from_dict(board_name("ack"), {"mode": "incr", "sharding": {"shards": 1}})
+    board, _ = await acked_store.create(config)
+    client = acked_store.client
+    real = fanout._pipeline
+    failures = [ConnectionError("the turn's pipeline broke")]
+
+    async def once_broken(node: Any, commands: list[Any], timeout: float | None) -> bool:
+        if failures:
+            raise failures.pop()
+        return await real(node, commands, timeout)
+
+    try:
+        pipeline = fanout.ScriptPipeline(client)
+        await client.execute_command("SCRIPT FLUSH", target_nodes=client.PRIMARIES)
+        monkeypatch.setattr(fanout, "_pipeline", once_broken)
+        prepared = board.prepare([Score("p1", 7, "m1")])
+        results = await board.apply_shard(0, prepared, pipeline=pipeline)
+        assert [r.status for r in results] == ["improved"] and not failures
+        with stopped(replica_pid(cluster, config.id)), pytest.raises(NotAcknowledged) as refused:
+            await board.apply_shard(0, board.prepare([Score("p1", 7, "m2")]), pipeline=pipeline)
+        assert to_api_error(refused.value).status == 503
+    finally:
+        await acked_store.delete(config.id)
+
+
+async def test_primary_mode_sends_no_wait(cluster: LocalCluster, store: BoardStore) -> None:
+    config = BoardConfig.from_dict(board_name("ack"), {"mode": "incr", "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    try:
+        before = await wait_count(store.client, config.id)
+        await asyncio.gather(board.submit([Score("p1", 1, "m1")]), board.submit([Score("p2", 1, "m1")]))
+        assert await wait_count(store.client, config.id) == before
+    finally:
+        await store.delete(config.id)
+
+
+def test_ack_and_password_settings_are_checked_at_start_up() -> None:
+    base = {"SHARDLB_INSECURE_DEV": "true"}
+    assert Settings.from_env(base).ack == "primary"
+    assert Settings.from_env({**base, "SHARDLB_ACK": "Replica"}).ack == "replica"
+    with pytest.raises(SettingsError, match=r"^SHARDLB_ACK: must be one of primary, replica"):
+        Settings.from_env({**base, "SHARDLB_ACK": "all"})
+    with pytest.raises(SettingsError, match=r"^SHARDLB_ACK_TIMEOUT_MS"):
+        Settings.from_env({**base, "SHARDLB_ACK_TIMEOUT_MS": "0"})  # WAIT 1 0 would wait forever
+    with pytest.raises(SettingsError, match=r"^SHARDLB_REDIS_PASSWORD: .* give it once"):
+        Settings.from_env({**base, "SHARDLB_REDIS_URL": "redis://:pw@h:1", "SHARDLB_REDIS_PASSWORD": "x"})
+    settings = Settings.from_env({**base, "SHARDLB_REDIS_PASSWORD": "s3cret-pw"})
+    assert settings.redis_password == "s3cret-pw" and "s3cret-pw" not in repr(settings)
