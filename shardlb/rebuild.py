@@ -45,7 +45,7 @@ from shardlb.board import GONE, QUARTER_HOUR_MS, Board
 from shardlb.config import BoardConfig
 from shardlb.connection import Script, Scripts, connect
 from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput
-from shardlb.journal import Applied, decode
+from shardlb.journal import Applied, Entry, decode
 from shardlb.store import BoardStore
 
 Id = tuple[int, int]  # a journal entry id, (ms, seq): ordered as Redis orders them
@@ -136,12 +136,12 @@ class Fold:
 
 class Mark(NamedTuple):
     """A shard's journal position: ``last`` its last-generated id as Redis spells it; every result
-    applied so far has an id <= ``position``, every later one a larger id; ``deleted`` the largest
-    id trimmed from it."""
+    applied so far has an id <= ``position``, every later one a larger id; ``first`` the id of its
+    first entry (None when it has none): every entry before it was archived and trimmed."""
 
     last: str
     position: Id
-    deleted: Id
+    first: Id | None
 
 
 class Snapshot(NamedTuple):
@@ -237,13 +237,13 @@ class Rebuilder:
         while True:
             report.tries += 1
             force = report.tries > self.swap_tries
-            status, last, deleted = await self._call(board, shard, "swap", pairs, mark.last, force, items)
+            status, last = await self._call(board, shard, "swap", pairs, mark.last, force, items)
             if last == mark.last:
                 break
             # Written meanwhile: results after the snapshot's position, up to the journal's new end.
-            new = await self.since(board, shard, mark.position, parse_id(last), parse_id(deleted))
+            new = await self.since(board, shard, mark.position, parse_id(last))
             report.journal += len(new)
-            mark = Mark(last, parse_id(last), parse_id(deleted))
+            mark = Mark(last, parse_id(last), None)
             if status == "ok":  # forced: the swap is done, and these go onto the live keys, once
                 live = {name: keys.period_key(prefix, name) for r in new for name in fold.names(r.units)}
                 await self._call(board, shard, "apply", live, last, True, self._items(fold, new, live))
@@ -354,7 +354,7 @@ class Rebuilder:
         incr = board.config.mode == "incr"
         seen: set[tuple[str, str]] = set()
         journal = rows = 0
-        for r in await self._entries(prefix, None, mark.position):
+        for r in (r for entry in await self._entries(prefix, None, mark.position) for r in entry.results):
             if incr:
                 if (r.match_id, r.player_id) in seen:
                     continue  # applied again after the dedup window: PostgreSQL counts it once too
@@ -369,23 +369,28 @@ class Rebuilder:
         return Snapshot(mark, rows, journal)
 
     async def mark(self, prefix: str) -> Mark:
-        last, deleted, seconds, micros = await self.script(
+        last, first, seconds, micros = await self.script(
             keys=[keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix)], args=["mark"]
         )
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         # A journal that does not exist (or exists empty) still gets ids from the clock: any entry
         # added after this call has an id of at least now_ms.
         position = max(parse_id(last), (now_ms - 1, SEQ_MAX))
-        return Mark(_text(last), position, parse_id(deleted))
+        return Mark(_text(last), position, parse_id(first) if first else None)
 
-    async def since(self, board: Board, shard: int, after: Id, upto: Id, deleted: Id) -> list[Applied]:
-        """The shard's results with journal ids in (after, upto]: from the journal, and from
-        PostgreSQL for those the archiver trimmed away meanwhile."""
+    async def since(self, board: Board, shard: int, after: Id, upto: Id) -> list[Applied]:
+        """The shard's results with journal ids in (after, upto]: from the journal, then from
+        PostgreSQL those the archiver trimmed away before the journal was read. The archiver trims
+        from the start, so whether it trimmed into the range is asked after the read (an entry
+        trimmed during the read is then found in PostgreSQL; one found in both is taken once)."""
         prefix = board.prefixes[shard]
-        if deleted <= after:
-            return await self._entries(prefix, after, upto)
-        trimmed = await self._rows(board, shard, after, min(deleted, upto))
-        return trimmed + await self._entries(prefix, max(after, deleted), upto)
+        read = await self._entries(prefix, after, upto)
+        first = (await self.mark(prefix)).first
+        found = [r for entry in read for r in entry.results]
+        if first is None or first > after:
+            ids = {entry.id for entry in read}
+            found += await self._rows(board, shard, after, upto, skip=ids)
+        return found
 
     async def members(self, key: str) -> dict[str, int]:
         """A sorted set as player -> score, read with ZSCAN (a member present all along is seen)."""
@@ -394,22 +399,24 @@ class Rebuilder:
             out[_text(member)] = int(score)
         return out
 
-    async def _entries(self, prefix: str, after: Id | None, upto: Id) -> list[Applied]:
+    async def _entries(self, prefix: str, after: Id | None, upto: Id) -> list[Entry]:
         key = keys.journal_key(prefix)
         start = "-" if after is None else "(" + format_id(after)
-        out: list[Applied] = []
+        out: list[Entry] = []
         while True:
             got: Any = await self.client.xrange(key, min=start, max=format_id(upto), count=PAGE)
             for entry_id, fields in got:
                 if fields:
-                    out += decode(entry_id, fields).results
+                    out.append(decode(entry_id, fields))
             if len(got) < PAGE:
                 return out
             start = "(" + _text(got[-1][0])
 
-    async def _rows(self, board: Board, shard: int, after: Id | None, upto: Id | None) -> list[Applied]:
+    async def _rows(
+        self, board: Board, shard: int, after: Id | None, upto: Id | None, skip: set[str] | None = None
+    ) -> list[Applied]:
         sql = (
-            "SELECT match_id, player_id, points, achieved_ms FROM match_results "
+            "SELECT match_id, player_id, points, achieved_ms, journal_id FROM match_results "
             "WHERE board = %s AND incarnation = %s AND shard = %s"
         )
         params: list[Any] = [board.config.id, board.incarnation, shard]
@@ -424,7 +431,12 @@ class Rebuilder:
             cur = await self.db.execute(sql, params)
             found = await cur.fetchall()
         codec = board.codec
-        return [Applied(m, p, points, (at - codec.epoch_ms) // codec.unit_ms) for m, p, points, at in found]
+        skip = skip or set()
+        return [
+            Applied(m, p, points, (at - codec.epoch_ms) // codec.unit_ms)
+            for m, p, points, at, entry_id in found
+            if entry_id not in skip
+        ]
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -472,7 +484,7 @@ class Rebuilder:
         expected: str,
         force: bool,
         items: Sequence[Any],
-    ) -> tuple[str, str, str]:
+    ) -> tuple[str, str]:
         """rebuild.lua's ``swap`` (targets: the temporary keys) or ``apply`` (the live keys)."""
         prefix = board.prefixes[shard]
         targets = [
@@ -492,7 +504,7 @@ class Rebuilder:
         expected: str = "",
         force: bool = True,
         items: Sequence[Any] = (),
-    ) -> tuple[str, str, str]:
+    ) -> tuple[str, str]:
         c = None if board is None else board.codec
         header = [
             board.config.mode if board else "best", c.time_bits if c else 0, c.points_max if c else 0,
@@ -503,14 +515,14 @@ class Rebuilder:
         for target, live, _ in targets:
             names += [target, live]
         try:
-            status, last, deleted = await self.script(
+            status, last = await self.script(
                 keys=names, args=[op, msgpack.packb(header), msgpack.packb(list(items))]
             )
         except ResponseError as e:
             if str(e).startswith(GONE):
                 raise BoardNotFound("the board was deleted during the rebuild", "board") from e
             raise
-        return _text(status), _text(last), _text(deleted)
+        return _text(status), _text(last)
 
 
 def _text(value: Any) -> str:

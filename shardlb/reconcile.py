@@ -89,7 +89,7 @@ async def _written_since(rebuilder: Rebuilder, board: Board, shard: int, mark: M
     now = await rebuilder.mark(board.prefixes[shard])
     if now.last == mark.last:
         return set()
-    new = await rebuilder.since(board, shard, mark.position, parse_id(now.last), now.deleted)
+    new = await rebuilder.since(board, shard, mark.position, parse_id(now.last))
     return {r.player_id for r in new}
 
 

@@ -3,13 +3,13 @@
 -- KEYS[1] the shard's key index, KEYS[2] its `gone` marker, KEYS[3] its journal,
 -- KEYS[4..]  pairs (target, live): the key results are applied to, and the period board it becomes
 -- ARGV[1]    'mark', 'swap' or 'apply'
---   mark:  returns {last-generated journal id, largest trimmed journal id, TIME seconds, TIME micros}
---          ('0-0' for ids of a journal that does not exist)
+--   mark:  returns {last-generated journal id ('0-0' for no journal), id of its first entry ('' for
+--          none: the archiver trims the journal from the start), TIME seconds, TIME micros}
 --   swap:  if the journal's last-generated id is still ARGV[2]'s `expected` (or `force` is 1):
 --          apply ARGV[3]'s results to the targets, then RENAME every target that exists over its
 --          live key (and UNLINK a live key whose target does not exist), registering each in the
 --          key index with its expiry as write.lua does. Otherwise change nothing. Returns
---          {'ok' or 'moved', last-generated id, largest trimmed id}.
+--          {'ok' or 'moved', last-generated id}.
 --   apply: apply ARGV[3]'s results to the targets (the live keys themselves) and register them.
 -- ARGV[2]    MessagePack: mode, time_bits, points_max, order, tiebreak, expected id, force,
 --            {expiry ms of each pair's live key, 0 = never}
@@ -18,22 +18,20 @@
 -- by score; incr: the sum, the latest time). They were journaled and counted once already, so there
 -- is no dedup, overflow check, band bookkeeping or journaling here.
 
-local function stream_ids(key)
-  if redis.call('EXISTS', key) == 0 then return '0-0', '0-0' end
+local function last_id(key)
+  if redis.call('EXISTS', key) == 0 then return '0-0' end
   local info = redis.call('XINFO', 'STREAM', key)
-  local last, deleted = '0-0', '0-0'
   for i = 1, #info, 2 do
-    if info[i] == 'last-generated-id' then last = info[i + 1] end
-    if info[i] == 'max-deleted-entry-id' then deleted = info[i + 1] end
+    if info[i] == 'last-generated-id' then return info[i + 1] end
   end
-  return last, deleted
+  return '0-0'
 end
 
 local op = ARGV[1]
 if op == 'mark' then
-  local last, deleted = stream_ids(KEYS[3])
+  local first = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
   local t = redis.call('TIME')
-  return {last, deleted, t[1], t[2]}
+  return {last_id(KEYS[3]), first[1] and first[1][1] or '', t[1], t[2]}
 end
 
 local npairs = (#KEYS - 3) / 2
@@ -48,9 +46,9 @@ local h = cmsgpack.unpack(ARGV[2])
 local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
 local expected, force, expiry = h[6], h[7], h[8]
 local tmax = T - 1
-local last, deleted = stream_ids(KEYS[3])
+local last = last_id(KEYS[3])
 if op == 'swap' and last ~= expected and force == 0 then
-  return {'moved', last, deleted}
+  return {'moved', last}
 end
 
 local function fmt(x) return string.format('%.0f', x) end
@@ -70,7 +68,8 @@ for pos = 1, #items, 5 do
   local player, score, points, units = items[pos], items[pos + 1], items[pos + 2], items[pos + 3]
   local key = KEYS[2 + 2 * items[pos + 4]]
   local s = redis.call('ZSCORE', key, player)
-  local old = s and tonumber(s)
+  local old = nil
+  if s then old = tonumber(s) end
   local new = nil
   if mode == 'best' then
     if old == nil or score > old then new = score end
@@ -105,4 +104,4 @@ for i = 1, npairs do
     end
   end
 end
-return {'ok', last, deleted}
+return {'ok', last}
