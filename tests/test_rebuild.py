@@ -26,6 +26,7 @@ from shardlb.errors import BoardConflict
 from shardlb.rebuild import Rebuilder
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
+from tests.router_support import AS_ADMIN, AS_WRITER, running
 from tests.test_archive import archived
 from tests.test_board import HOUR, expected_entries, sharding
 
@@ -267,4 +268,38 @@ async def test_a_memory_board_cannot_be_rebuilt(store: BoardStore, rebuilder: Re
         with pytest.raises(BoardConflict):
             await rebuilder.rebuild(board)
     finally:
+        await store.delete(config.id)
+
+
+async def test_the_admin_endpoint_rebuilds_a_board(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    config = BoardConfig.from_dict("rebuild-api", {"periods": ["daily"], "sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    path = f"/v1/boards/{config.id}:rebuild"
+    try:
+        w = Writer(board, "rebuild/api")
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        await damage(board, raw)
+        async with running(cluster_url) as (_, client):
+            refused = await client.post(path, headers=AS_ADMIN)  # no PostgreSQL configured
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "archive_unavailable"
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            assert (await client.post(path, headers=AS_WRITER)).status_code == 403
+            bad = await client.post(path, params={"shard": "3"}, headers=AS_ADMIN)
+            assert (bad.status_code, bad.json()["error"]["field"]) == (422, "shard")
+            missing = await client.post("/v1/boards/rebuild-nobody:rebuild", headers=AS_ADMIN)
+            assert missing.status_code == 404
+            done = await client.post(path, headers=AS_ADMIN)
+            assert done.status_code == 200, done.text
+            body = done.json()
+            assert [s["shard"] for s in body["shards"]] == [0, 1, 2]
+            assert sum(s["players"] for s in body["shards"]) == len(w.ref.boards["total"])
+        await check(board, w.ref)
+    finally:
+        await a.db.close()
         await store.delete(config.id)
