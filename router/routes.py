@@ -151,9 +151,8 @@ async def rebuild_board(request: Request) -> Response:
     shard = params.integer(query, "shard", -1, 0, MAX_SHARDS - 1)
     url = svc.settings.postgres_url
     if not url:
-        raise ApiError(
-            503, "archive_unavailable", "this router has no PostgreSQL archive (SHARDLB_POSTGRES_URL)"
-        )
+        # A setting of this router, not a passing state: a retry would not help, so not a 503.
+        raise ApiError(409, "archive_not_configured", "this router has no PostgreSQL (SHARDLB_POSTGRES_URL)")
     start = time.perf_counter()
     try:
         async with rebuild.connected(svc.settings.redis_url, url) as (rebuilder, _):

@@ -36,7 +36,7 @@ class Settings:
     """Everything the router reads from its environment. Field ``x`` comes from ``SHARDLB_X``."""
 
     redis_url: str = "redis://127.0.0.1:7000"
-    # The archive (shardlb/archive.py): only the admin rebuild endpoint uses it; unset, it answers 503.
+    # The archive (shardlb/archive.py): only the admin rebuild endpoint uses it; unset, it answers 409.
     postgres_url: str = ""
     host: str = "127.0.0.1"
     port: int = 8000

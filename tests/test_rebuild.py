@@ -286,8 +286,8 @@ async def test_the_admin_endpoint_rebuilds_a_board(
         await damage(board, raw)
         async with running(cluster_url) as (_, client):
             refused = await client.post(path, headers=AS_ADMIN)  # no PostgreSQL configured
-            assert refused.status_code == 503
-            assert refused.json()["error"]["code"] == "archive_unavailable"
+            assert refused.status_code == 409
+            assert refused.json()["error"]["code"] == "archive_not_configured"
         async with running(cluster_url, postgres_url=postgres_url) as (_, client):
             assert (await client.post(path, headers=AS_WRITER)).status_code == 403
             bad = await client.post(path, params={"shard": "3"}, headers=AS_ADMIN)
