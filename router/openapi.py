@@ -391,6 +391,35 @@ _SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "Rebuild": {
+        "type": "object",
+        "description": "Addition: what a rebuild did, per shard (shardlb/rebuild.py)",
+        "required": ["board", "period", "shards", "seconds"],
+        "properties": {
+            "board": {"type": "string"},
+            "period": {"type": ["string", "null"], "description": "the period rebuilt; null for all"},
+            "shards": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["shard", "players", "rows", "journal", "tries", "seconds"],
+                    "properties": {
+                        "shard": {"type": "integer", "minimum": 0},
+                        "players": {"type": "integer", "minimum": 0, "description": "on the shard after"},
+                        "rows": {"type": "integer", "minimum": 0, "description": "results from PostgreSQL"},
+                        "journal": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "description": "results from the journal",
+                        },
+                        "tries": {"type": "integer", "minimum": 0, "description": "swap attempts"},
+                        "seconds": {"type": "number", "minimum": 0},
+                    },
+                },
+            },
+            "seconds": {"type": "number", "minimum": 0},
+        },
+    },
 }
 
 _ERROR_TEXT = {
@@ -524,6 +553,34 @@ SPEC: dict[str, Any] = {
                 "summary": "Remove a board and all its keys",
                 "security": _ADMIN,
                 "responses": {"204": {"description": "Deleted"}, **_errors(400, 401, 403, *_PATH, 422, 503)},
+            },
+        },
+        "/v1/boards/{board}:rebuild": {
+            "parameters": [_param("board")],
+            "post": {
+                "operationId": "rebuildBoard",
+                "summary": "Addition: recompute a board from PostgreSQL while writes go on (admin)",
+                "security": _ADMIN,
+                "parameters": [
+                    {
+                        "name": "period",
+                        "in": "query",
+                        "required": False,
+                        "schema": _PARAMETERS["period"]["schema"],
+                        "description": "one period only (default: every period the board keeps)",
+                    },
+                    {
+                        "name": "shard",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SHARDS - 1},
+                        "description": "one shard only (default: every shard)",
+                    },
+                ],
+                "responses": {
+                    "200": _ok("Every shard rebuilt and swapped in", "Rebuild"),
+                    **_errors(400, 401, 403, *_PATH, 409, 422, 503),
+                },
             },
         },
         "/v1/boards/{board}/scores": {

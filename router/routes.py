@@ -6,8 +6,10 @@ touches the cluster, so a request that fails validation writes nothing.
 
 from __future__ import annotations
 
+import time
 from typing import cast
 
+import psycopg
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -18,9 +20,9 @@ from router.errors import ApiError
 from router.media import entry_body, read_object, render
 from router.scores import MAX_ITEMS, ScoresEndpoint
 from router.service import Service
-from shardlb import times
+from shardlb import rebuild, times
 from shardlb.board import Board
-from shardlb.config import ID_PATTERN, BoardConfig, check_id
+from shardlb.config import ID_PATTERN, MAX_SHARDS, BoardConfig, check_id
 from shardlb.errors import InvalidInput, PlayerNotFound
 from shardlb.reads import ResolvedView
 
@@ -138,6 +140,36 @@ async def delete_board(request: Request) -> Response:
     _query(request)
     await svc.boards.delete(request.path_params["board"])
     return Response(status_code=204)
+
+
+async def rebuild_board(request: Request) -> Response:
+    """Recompute the board from PostgreSQL while writes go on (shardlb/rebuild.py); answers when
+    every shard is swapped in, with a line per shard."""
+    svc = _allow(request, Scope.ADMIN)
+    query = _query(request, "period", "shard")
+    board = await _board(svc, request)
+    shard = params.integer(query, "shard", -1, 0, MAX_SHARDS - 1)
+    url = svc.settings.postgres_url
+    if not url:
+        # A setting of this router, not a passing state: a retry would not help, so not a 503.
+        raise ApiError(409, "archive_not_configured", "this router has no PostgreSQL (SHARDLB_POSTGRES_URL)")
+    start = time.perf_counter()
+    try:
+        async with rebuild.connected(svc.settings.redis_url, url) as (rebuilder, _):
+            reports = await rebuilder.rebuild(board, query.get("period"), None if shard < 0 else shard)
+    except psycopg.Error as e:
+        raise ApiError(
+            503, "archive_unavailable", f"PostgreSQL failed: {type(e).__name__}", retry_after=5
+        ) from e
+    return render(
+        request,
+        {
+            "board": board.config.id,
+            "period": query.get("period"),
+            "shards": [r.to_dict() for r in reports],
+            "seconds": round(time.perf_counter() - start, 3),
+        },
+    )
 
 
 async def board_route(request: Request) -> Response:
@@ -269,6 +301,7 @@ async def query(request: Request) -> Response:
 
 ROUTES = [
     Route("/v1/boards", list_boards, methods=["GET"]),
+    Route("/v1/boards/{board}:rebuild", rebuild_board, methods=["POST"]),
     Route("/v1/boards/{board}", board_route, methods=["GET", "PUT", "DELETE"]),
     Route(scores.PATH, ScoresEndpoint(), methods=["POST"]),
     Route("/v1/boards/{board}/top", top, methods=["GET"]),

@@ -43,6 +43,8 @@ class Settings:
     # "replica": a write is answered once a replica of its primary has it (WAIT), else 503.
     ack: str = "primary"
     ack_timeout_ms: int = 500
+    # The archive (shardlb/archive.py): only the admin rebuild endpoint uses it; unset, it answers 409.
+    postgres_url: str = ""
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1

@@ -8,11 +8,14 @@ exit code. To add a subcommand, write both and call the adder from `build_parser
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
+import os
 import sys
 from pathlib import Path
 
 from shardlb.cluster import STATE_FILE, ClusterError, LocalCluster
+from shardlb.errors import ShardlbError
 from shardlb.postgres import LocalPostgres
 
 DEFAULT_CLUSTER_DIR = Path(".shardlb/cluster")
@@ -39,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_cluster_command(commands)
     add_postgres_command(commands)
+    add_rebuild_command(commands)
+    add_reconcile_command(commands)
     for name, (_, text) in DELEGATED.items():
         commands.add_parser(name, help=text, add_help=False)
     return parser
@@ -144,6 +149,90 @@ def postgres_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _connections(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--redis",
+        default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"),
+        help="the cluster (default $SHARDLB_REDIS_URL or redis://127.0.0.1:7000)",
+    )
+    command.add_argument(
+        "--postgres",
+        default=os.environ.get("SHARDLB_POSTGRES_URL"),
+        help="the archive (default $SHARDLB_POSTGRES_URL)",
+    )
+    command.add_argument(
+        "--period", help="one API period: total, daily, daily:2026-11-30, weekly... (default all)"
+    )
+
+
+def add_rebuild_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`shardlb rebuild BOARD | --all`: recompute boards from PostgreSQL and their journals."""
+    rebuild = commands.add_parser(
+        "rebuild", help="recompute a board from PostgreSQL, shard by shard, while writes go on"
+    )
+    rebuild.add_argument("board", nargs="?", help="the board (or --all)")
+    rebuild.add_argument(
+        "--all", action="store_true", help="every board PostgreSQL knows, put back in the registry if missing"
+    )
+    rebuild.add_argument("--shard", type=int, help="one shard only")
+    _connections(rebuild)
+    rebuild.set_defaults(func=rebuild_boards)
+
+
+def rebuild_boards(args: argparse.Namespace) -> int:
+    """Rebuild and print a line per shard as it goes."""
+    from shardlb import rebuild  # imported when run: the cluster commands need no PostgreSQL driver
+
+    if bool(args.board) == bool(args.all) or not args.postgres:
+        print(
+            "shardlb rebuild: give a BOARD or --all, and --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr
+        )
+        return 2
+    boards = None if args.all else [args.board]
+    done = asyncio.run(rebuild.run(args.redis, args.postgres, boards, args.period, args.shard, print))
+    print(f"rebuilt {len(done)} board(s)")
+    return 0
+
+
+def add_reconcile_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`shardlb reconcile BOARD`: compare Redis with PostgreSQL per shard; exit 1 on drift."""
+    reconcile = commands.add_parser(
+        "reconcile", help="compare a board in Redis with PostgreSQL per shard; exit status 1 on drift"
+    )
+    reconcile.add_argument("board")
+    reconcile.add_argument("--repair", action="store_true", help="rebuild the shards that drift")
+    reconcile.add_argument(
+        "--metrics-file", type=Path, help="write the result here as Prometheus text (textfile collector)"
+    )
+    _connections(reconcile)
+    reconcile.set_defaults(func=reconcile_board)
+
+
+def reconcile_board(args: argparse.Namespace) -> int:
+    """Print the table; with --repair, rebuild what drifts and check again."""
+    from shardlb import rebuild, reconcile
+
+    if not args.postgres:
+        print("shardlb reconcile: give --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr)
+        return 2
+    period = args.period or "total"
+
+    async def run() -> bool:
+        async with rebuild.connected(args.redis, args.postgres, print) as (rebuilder, store):
+            board = await store.get(args.board)
+            checks = await reconcile.reconcile(rebuilder, board, period)
+            print(reconcile.table(checks))
+            if args.repair and any(c.drift for c in checks):
+                await reconcile.repair(rebuilder, board, checks, period)
+                checks = await reconcile.reconcile(rebuilder, board, period)
+                print(reconcile.table(checks))
+            if args.metrics_file:
+                reconcile.write_metrics(args.metrics_file, board, period, checks)
+            return any(c.drift for c in checks)
+
+    return 1 if asyncio.run(run()) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the `shardlb` command line; return the exit code."""
     argv = sys.argv[1:] if argv is None else argv
@@ -154,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)
-    except ClusterError as e:
+    except (ClusterError, ShardlbError) as e:
         print(f"shardlb: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -177,6 +177,7 @@ class Scripts:
     counts: Script
     drop: Script
     registry: Script
+    rebuild: Script
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:

@@ -59,6 +59,16 @@ class BoardStore:
                 raise BoardConflict(f"board {config.id!r} exists with other settings", "board")
             return existing, False
 
+    async def restore(self, config: BoardConfig, incarnation: str) -> tuple[Board, bool]:
+        """Register a board under the incarnation it had (a rebuild after Redis lost the registry,
+        shardlb/rebuild.py), so its keys and its rows in PostgreSQL are found again. Returns (board,
+        registered); a board already in the registry is returned as it is there, whatever its
+        incarnation."""
+        record = {**config.to_dict(), "incarnation": incarnation}
+        if await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
+            return self._board(config.id, record), True
+        return await self.get(config.id), False
+
     async def get(self, board_id: str) -> Board:
         check_id(board_id, "board")
         raw = await self.client.hget(keys.BOARDS, board_id)

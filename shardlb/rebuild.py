@@ -1,0 +1,565 @@
+"""Rebuild: a board recomputed from PostgreSQL and its journals, swapped in shard by shard.
+
+For each home shard, one after another (the design and its reasons: docs/design-notes.md,
+"Rebuild and reconcile"):
+
+1. ``mark`` (shardlb/scripts/rebuild.lua) notes the journal's position X: every result the shard
+   applied so far has a journal id <= X, every later one a larger id.
+2. The snapshot is every result up to X: the journal's entries up to X, then the shard's rows of
+   ``match_results``. The journal is read first: an entry trimmed meanwhile was trimmed only after
+   the archiver committed it, so it is among the rows read after. An incr board takes only rows with
+   ids <= X (it counts each result once); best and set take every row (applying a result twice
+   changes nothing for them).
+3. ``Fold`` folds the snapshot per period by the board's rule and the boards go into temporary keys
+   in the shard's slot (``<prefix>tmp:<token>:<period>``, expiring in an hour should the rebuild die).
+4. ``swap`` RENAMEs them over the live keys in one call, but only while the journal is still at X.
+   Otherwise the new entries are read and sent with the next attempt, which applies them to the
+   temporary keys first: the live board goes from its state at X' to the rebuilt state at X' in one
+   atomic call, and readers never see an empty or partial board. After ``swap_tries`` attempts the
+   swap is forced, and the few results written between the last attempt and the swap are applied to
+   the live keys right after it, each once.
+
+Band boards then rebuild their band shards from the rebuilt totals (``rebuild_bands``).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import msgpack
+import psycopg
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from shardlb import keys, periods, times
+from shardlb.bands import Move
+from shardlb.board import GONE, QUARTER_HOUR_MS, Board
+from shardlb.config import BoardConfig
+from shardlb.connection import Script, Scripts, connect
+from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput
+from shardlb.journal import Applied, Entry, decode
+from shardlb.store import BoardStore
+
+Id = tuple[int, int]  # a journal entry id, (ms, seq): ordered as Redis orders them
+SEQ_MAX = 2**64 - 1
+TMP_TTL_MS = 3_600_000
+SWAP_TRIES = 50
+PAGE = 2000
+DAY_MS = 86_400_000
+_PERIOD = re.compile(r"total|[dwm]:.+")
+
+
+def parse_id(value: Any) -> Id:
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def format_id(entry_id: Id) -> str:
+    return f"{entry_id[0]}-{entry_id[1]}"
+
+
+def period_expiry(board: Board, name: str) -> int:
+    """When a period board's key expires (epoch ms; 0 for the total): its end plus its retention."""
+    if name == "total":
+        return 0
+    kind = periods.first_day(name)[0]
+    return periods.end_ms(name, board.tz) + board.config.retention_days[kind] * DAY_MS
+
+
+def wanted_periods(board: Board, period: str | None, now_ms: int) -> Callable[[str], bool]:
+    """Which period boards a rebuild writes: ``period`` alone when given, and no dated period past
+    its retention (its key is gone or going; a rebuild must not bring it back)."""
+
+    def keep(name: str) -> bool:
+        if period is not None and name != period:
+            return False
+        return name == "total" or period_expiry(board, name) > now_ms
+
+    return keep
+
+
+class Fold:
+    """One shard's period boards folded from results in any order by the board's rule: write.lua's
+    rule in a form that does not depend on order (best: the highest score; set: the latest time,
+    then the highest score; incr: the sum of points and the latest time)."""
+
+    def __init__(self, board: Board, wanted: Callable[[str], bool]) -> None:
+        self.mode = board.config.mode
+        self.codec = board.codec
+        self.boards: dict[str, dict[str, Any]] = {}
+        kinds, tz = board.config.periods, board.tz
+
+        def names(quarter: int) -> tuple[str, ...]:
+            # Zone offsets are multiples of 15 minutes: one lookup serves a quarter hour (as in Board).
+            return tuple(n for n in periods.names_at(quarter * QUARTER_HOUR_MS, kinds, tz) if wanted(n))
+
+        self._names = lru_cache(maxsize=4096)(names)
+
+    def names(self, units: int) -> tuple[str, ...]:
+        """The wanted period boards a result achieved at ``units`` counts in."""
+        return self._names(self.codec.units_to_ms(units) // QUARTER_HOUR_MS)
+
+    def add(self, r: Applied) -> None:
+        score = self.codec.encode_units(r.points, r.units)
+        for name in self.names(r.units):
+            board = self.boards.setdefault(name, {})
+            old = board.get(r.player_id)
+            if self.mode == "best":
+                if old is None or score > old:
+                    board[r.player_id] = score
+            elif self.mode == "set":
+                if old is None or (r.units, score) > old:
+                    board[r.player_id] = (r.units, score)
+            else:
+                board[r.player_id] = (
+                    (r.points, r.units) if old is None else (old[0] + r.points, max(old[1], r.units))
+                )
+
+    def scores(self, name: str) -> dict[str, int]:
+        """The period board ``name`` as player -> encoded score."""
+        board = self.boards.get(name, {})
+        if self.mode == "best":
+            return dict(board)
+        if self.mode == "set":
+            return {p: v[1] for p, v in board.items()}
+        return {p: self.codec.encode_units(*v) for p, v in board.items()}
+
+
+class Mark(NamedTuple):
+    """A shard's journal position: ``last`` its last-generated id as Redis spells it; every result
+    applied so far has an id <= ``position``, every later one a larger id; ``first`` the id of its
+    first entry (None when it has none): every entry before it was archived and trimmed."""
+
+    last: str
+    position: Id
+    first: Id | None
+
+
+class Snapshot(NamedTuple):
+    mark: Mark
+    rows: int  # results taken from PostgreSQL
+    journal: int  # results taken from the journal
+
+
+@dataclass
+class ShardReport:
+    shard: int
+    players: int = 0  # on the rebuilt board after the swap (the total, or the one period rebuilt)
+    rows: int = 0  # results read from PostgreSQL
+    journal: int = 0  # results read from the journal, the snapshot's and those caught up
+    tries: int = 0  # swap attempts (more than one when writes moved the journal meanwhile)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard,
+            "players": self.players,
+            "rows": self.rows,
+            "journal": self.journal,
+            "tries": self.tries,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+class Rebuilder:
+    """Rebuilds boards of one cluster from one PostgreSQL archive; see the module docstring.
+
+    ``client`` must leave replies as bytes (``connect(url, decode=False)``: journal entries carry
+    MessagePack) and ``script`` is rebuild.lua on that client (``Scripts.register(client).rebuild``).
+    ``progress`` gets a line per shard.
+    """
+
+    def __init__(
+        self,
+        client: RedisCluster,
+        script: Script,
+        db: psycopg.AsyncConnection[Any],
+        progress: Callable[[str], None] | None = None,
+        swap_tries: int = SWAP_TRIES,
+    ) -> None:
+        self.client = client
+        self.script = script
+        self.db = db
+        self.progress = progress or (lambda _: None)
+        self.swap_tries = swap_tries
+
+    async def rebuild(
+        self, board: Board, period: str | None = None, shard: int | None = None
+    ) -> list[ShardReport]:
+        """Rebuild ``board`` (one API period such as ``daily:2026-11-30`` or all, one shard or all).
+        Shards are rebuilt one after another; each swap is atomic on its shard, the board as a whole
+        is not rebuilt at one instant (a read across shards may see some rebuilt and some not yet)."""
+        if board.config.durability != "journal":
+            raise BoardConflict(
+                f"board {board.config.id!r} keeps no journal (durability memory): nothing to rebuild it from",
+                "board",
+            )
+        layout = board.layout
+        now = times.now_ms()
+        name = None if period is None else periods.parse(period, board.config.periods, board.tz, now)
+        if shard is not None and not 0 <= shard < layout.physical:
+            raise InvalidInput(f"shard must be from 0 to {layout.physical - 1}", "shard")
+        homes = range(board.config.sharding.shards)
+        if shard is not None and shard not in homes and name not in (None, "total"):
+            raise InvalidInput(f"shard {shard} is a band shard: it holds the total only", "shard")
+        wanted = wanted_periods(board, name, now)
+        reports = []
+        for home in homes if shard is None else [s for s in [shard] if s in homes]:
+            reports.append(await self.rebuild_shard(board, home, wanted))
+        # A band board's band shards index the totals: rebuilt whenever a total may have changed.
+        if layout.strategy == "band" and name in (None, "total"):
+            reports += await self.rebuild_bands(board)
+        return reports
+
+    async def rebuild_shard(self, board: Board, shard: int, wanted: Callable[[str], bool]) -> ShardReport:
+        """Rebuild the wanted period boards of one home shard (steps 1-4 of the module docstring)."""
+        start = time.perf_counter()
+        prefix = board.prefixes[shard]
+        fold = Fold(board, wanted)
+        snap = await self.snapshot(board, shard, fold)
+        token = secrets.token_hex(4)
+        names = set(fold.boards) | await self._live_periods(prefix, wanted)
+        for name in fold.boards:
+            await self._fill(f"{prefix}tmp:{token}:{name}", fold.scores(name))
+        fold.boards = {}  # the temporary keys hold them now
+        report = ShardReport(shard, rows=snap.rows, journal=snap.journal)
+        pairs = {name: f"{prefix}tmp:{token}:{name}" for name in sorted(names)}
+        mark, items = snap.mark, list[Any]()
+        while True:
+            report.tries += 1
+            force = report.tries > self.swap_tries
+            status, last = await self._call(board, shard, "swap", pairs, mark.last, force, items)
+            if last == mark.last:
+                break
+            # Written meanwhile: results after the snapshot's position, up to the journal's new end.
+            new = await self.since(board, shard, mark.position, parse_id(last))
+            report.journal += len(new)
+            mark = Mark(last, parse_id(last), None)
+            if status == "ok":  # forced: the swap is done, and these go onto the live keys, once
+                live = {name: keys.period_key(prefix, name) for r in new for name in fold.names(r.units)}
+                await self._call(board, shard, "apply", live, last, True, self._items(fold, new, live))
+                break
+            for r in new:
+                for name in fold.names(r.units):
+                    pairs.setdefault(name, f"{prefix}tmp:{token}:{name}")
+            items = [*items, *self._items(fold, new, pairs)]
+        counted = "total" if wanted("total") else next(iter(sorted(pairs)), "total")
+        report.players = int(await self.client.zcard(keys.period_key(prefix, counted)))
+        report.seconds = time.perf_counter() - start
+        self.progress(
+            f"{board.config.id} shard {shard + 1}/{board.layout.physical}: {report.players} players, "
+            f"{report.rows} results from PostgreSQL, {report.journal} from the journal, "
+            f"swapped on try {report.tries}, {report.seconds:.2f}s"
+        )
+        return report
+
+    async def rebuild_bands(self, board: Board) -> list[ShardReport]:
+        """Rebuild a band board's band shards from its home shards' totals (and versions).
+
+        Each home's versions are read BEFORE its total, so a band row never carries a version newer
+        than its score. Every band shard gets every player's version, as band.lua keeps them: a
+        late move older than the rebuild must not add a player back to a band they left. A move made
+        while the band shards were being replaced may have been overwritten: every player whose
+        version changed since it was read is sent again (band.lua takes a move only with a newer
+        version than it holds, so nothing goes back in time)."""
+        start = time.perf_counter()
+        layout, codec = board.layout, board.codec
+        homes = range(board.config.sharding.shards)
+        seen: dict[int, dict[str, int]] = {}
+        members: dict[int, dict[str, int]] = defaultdict(dict)
+        versions: dict[str, int] = {}
+        placed: dict[str, int] = {}
+        for home in homes:
+            prefix = board.prefixes[home]
+            seen[home] = await self._versions(prefix)
+            for player, score in (await self.members(keys.period_key(prefix, "total"))).items():
+                band = layout.band_shard(codec.decode_units(score)[0])
+                members[band][player] = score
+                placed[player] = band
+            versions.update(seen[home])
+        reports = []
+        for band in range(board.config.sharding.shards, layout.physical):
+            prefix, token = board.prefixes[band], secrets.token_hex(4)
+            total, ver = f"{prefix}tmp:{token}:total", f"{prefix}tmp:{token}:ver"
+            await self._fill(total, members[band])
+            await self._fill(ver, versions, hash=True)
+            targets = [(total, keys.period_key(prefix, "total"), 0), (ver, keys.version_key(prefix), 0)]
+            await self._swap_keys(prefix, targets)
+            reports.append(ShardReport(band, players=len(members[band]), tries=1))
+        for home in homes:
+            prefix = board.prefixes[home]
+            now = await self._versions(prefix)
+            changed = [p for p, v in now.items() if seen[home].get(p) != v]
+            if not changed:
+                continue
+            totals = await self.client.zmscore(keys.period_key(prefix, "total"), changed)
+            moves = []
+            for player, found in zip(changed, totals, strict=True):
+                if found is None:
+                    continue
+                after = int(found)
+                band = layout.band_shard(codec.decode_units(after)[0])
+                old = placed.get(player, band)
+                pending = str(old - board.config.sharding.shards) if old != band else ""
+                moves.append(Move(player, after, now[player], pending))
+            await board.bands.finish(home, moves)
+        elapsed = time.perf_counter() - start
+        for r in reports:
+            r.seconds = elapsed / len(reports)
+            self.progress(
+                f"{board.config.id} band shard {r.shard + 1}/{layout.physical}: {r.players} players"
+            )
+        return reports
+
+    async def restore(self, store: BoardStore) -> list[Board]:
+        """Put every board that PostgreSQL knows and the registry lacks back in the registry, with
+        its incarnation (a total loss of Redis); return the boards to rebuild. A board whose id the
+        registry holds under another incarnation, or whose shards say it was deleted, is left out."""
+        async with self.db.transaction():
+            cur = await self.db.execute(
+                "SELECT DISTINCT ON (board) board, incarnation, settings FROM boards "
+                "WHERE deleted_at IS NULL ORDER BY board, created_at DESC"
+            )
+            found = await cur.fetchall()
+        out = []
+        for board_id, incarnation, settings in found:
+            config = BoardConfig.from_dict(board_id, settings)
+            former = Board(store.client, config, store.scripts, incarnation)
+            if await self.client.exists(keys.gone_key(former.prefixes[0])):
+                self.progress(f"{board_id}: deleted; left alone")
+                continue
+            board, created = await store.restore(config, incarnation)
+            if board.incarnation != incarnation:
+                self.progress(f"{board_id}: the registry holds another incarnation; left alone")
+                continue
+            self.progress(f"{board_id}: {'restored to' if created else 'found in'} the registry")
+            out.append(board)
+        return out
+
+    # ---- reading the snapshot ------------------------------------------------------------
+
+    async def snapshot(self, board: Board, shard: int, fold: Fold) -> Snapshot:
+        """Fold every result of ``shard`` up to its journal's position now (steps 1-2)."""
+        prefix = board.prefixes[shard]
+        mark = await self.mark(prefix)
+        incr = board.config.mode == "incr"
+        seen: set[tuple[str, str]] = set()
+        journal = rows = 0
+        for r in (r for entry in await self._entries(prefix, None, mark.position) for r in entry.results):
+            if incr:
+                if (r.match_id, r.player_id) in seen:
+                    continue  # applied again after the dedup window: PostgreSQL counts it once too
+                seen.add((r.match_id, r.player_id))
+            fold.add(r)
+            journal += 1
+        for r in await self._rows(board, shard, None, mark.position if incr else None):
+            if incr and (r.match_id, r.player_id) in seen:
+                continue  # archived, and still in the journal
+            fold.add(r)
+            rows += 1
+        return Snapshot(mark, rows, journal)
+
+    async def mark(self, prefix: str) -> Mark:
+        last, first, seconds, micros = await self.script(
+            keys=[keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix)], args=["mark"]
+        )
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        # A journal that does not exist (or exists empty) still gets ids from the clock: any entry
+        # added after this call has an id of at least now_ms.
+        position = max(parse_id(last), (now_ms - 1, SEQ_MAX))
+        return Mark(_text(last), position, parse_id(first) if first else None)
+
+    async def since(self, board: Board, shard: int, after: Id, upto: Id) -> list[Applied]:
+        """The shard's results with journal ids in (after, upto]: from the journal, then from
+        PostgreSQL those the archiver trimmed away before the journal was read. The archiver trims
+        from the start, so whether it trimmed into the range is asked after the read (an entry
+        trimmed during the read is then found in PostgreSQL; one found in both is taken once)."""
+        prefix = board.prefixes[shard]
+        read = await self._entries(prefix, after, upto)
+        first = (await self.mark(prefix)).first
+        found = [r for entry in read for r in entry.results]
+        if first is None or first > after:
+            ids = {entry.id for entry in read}
+            found += await self._rows(board, shard, after, upto, skip=ids)
+        return found
+
+    async def members(self, key: str) -> dict[str, int]:
+        """A sorted set as player -> score, read with ZSCAN (a member present all along is seen)."""
+        out: dict[str, int] = {}
+        async for member, score in self.client.zscan_iter(key, count=PAGE):
+            out[_text(member)] = int(score)
+        return out
+
+    async def _entries(self, prefix: str, after: Id | None, upto: Id) -> list[Entry]:
+        key = keys.journal_key(prefix)
+        start = "-" if after is None else "(" + format_id(after)
+        out: list[Entry] = []
+        while True:
+            got: Any = await self.client.xrange(key, min=start, max=format_id(upto), count=PAGE)
+            for entry_id, fields in got:
+                if fields:
+                    out.append(decode(entry_id, fields))
+            if len(got) < PAGE:
+                return out
+            start = "(" + _text(got[-1][0])
+
+    async def _rows(
+        self, board: Board, shard: int, after: Id | None, upto: Id | None, skip: set[str] | None = None
+    ) -> list[Applied]:
+        sql = (
+            "SELECT match_id, player_id, points, achieved_ms, journal_id FROM match_results "
+            "WHERE board = %s AND incarnation = %s AND shard = %s"
+        )
+        params: list[Any] = [board.config.id, board.incarnation, shard]
+        position = "(split_part(journal_id, '-', 1)::numeric, split_part(journal_id, '-', 2)::numeric)"
+        if after is not None:
+            sql += f" AND {position} > (%s, %s)"
+            params += after
+        if upto is not None:
+            sql += f" AND {position} <= (%s, %s)"
+            params += upto
+        async with self.db.transaction():
+            cur = await self.db.execute(sql, params)
+            found = await cur.fetchall()
+        codec = board.codec
+        skip = skip or set()
+        return [
+            Applied(m, p, points, (at - codec.epoch_ms) // codec.unit_ms)
+            for m, p, points, at, entry_id in found
+            if entry_id not in skip
+        ]
+
+    # ---- writing -------------------------------------------------------------------------
+
+    async def _fill(self, key: str, members: dict[str, int], hash: bool = False) -> None:
+        """A temporary sorted set (or hash) in the shard's slot, expiring should the rebuild not
+        swap it in."""
+        if not members:
+            return
+        items = list(members.items())
+        pipe = self.client.pipeline()
+        for i in range(0, len(items), PAGE):
+            if hash:
+                pipe.hset(key, mapping=dict(items[i : i + PAGE]))
+            else:
+                pipe.zadd(key, dict(items[i : i + PAGE]))
+        pipe.pexpire(key, TMP_TTL_MS)
+        await pipe.execute()
+
+    async def _versions(self, prefix: str) -> dict[str, int]:
+        raw: dict[Any, Any] = await self.client.hgetall(keys.version_key(prefix))
+        return {_text(p): int(v) for p, v in raw.items()}
+
+    async def _live_periods(self, prefix: str, wanted: Callable[[str], bool]) -> set[str]:
+        """The wanted period boards the shard holds now (a rebuild that finds none removes them)."""
+        listed = await self.client.zrange(keys.index_key(prefix), 0, -1)
+        names = (_text(k)[len(prefix) :] for k in listed if _text(k).startswith(prefix))
+        return {n for n in names if _PERIOD.fullmatch(n) and wanted(n)}
+
+    def _items(self, fold: Fold, results: Iterable[Applied], pairs: dict[str, str]) -> list[Any]:
+        numbers = {name: i + 1 for i, name in enumerate(pairs)}
+        codec = fold.codec
+        out: list[Any] = []
+        for r in results:
+            score = codec.encode_units(r.points, r.units)
+            for name in fold.names(r.units):
+                out += [r.player_id, score, r.points, r.units, numbers[name]]
+        return out
+
+    async def _call(
+        self,
+        board: Board,
+        shard: int,
+        op: str,
+        pairs: dict[str, str],
+        expected: str,
+        force: bool,
+        items: Sequence[Any],
+    ) -> tuple[str, str]:
+        """rebuild.lua's ``swap`` (targets: the temporary keys) or ``apply`` (the live keys)."""
+        prefix = board.prefixes[shard]
+        targets = [
+            (target, keys.period_key(prefix, name), period_expiry(board, name))
+            for name, target in pairs.items()
+        ]
+        if op == "apply":
+            targets = [(live, live, expiry) for _, live, expiry in targets]
+        return await self._swap_keys(prefix, targets, op, board, expected, force, items)
+
+    async def _swap_keys(
+        self,
+        prefix: str,
+        targets: Sequence[tuple[str, str, int]],
+        op: str = "swap",
+        board: Board | None = None,
+        expected: str = "",
+        force: bool = True,
+        items: Sequence[Any] = (),
+    ) -> tuple[str, str]:
+        c = None if board is None else board.codec
+        header = [
+            board.config.mode if board else "best", c.time_bits if c else 0, c.points_max if c else 0,
+            c.order if c else "desc", c.tiebreak if c else "earliest", expected, int(force),
+            [expiry for _, _, expiry in targets],
+        ]  # fmt: skip
+        names = [keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix)]
+        for target, live, _ in targets:
+            names += [target, live]
+        try:
+            status, last = await self.script(
+                keys=names, args=[op, msgpack.packb(header), msgpack.packb(list(items))]
+            )
+        except ResponseError as e:
+            if str(e).startswith(GONE):
+                raise BoardNotFound("the board was deleted during the rebuild", "board") from e
+            raise
+        return _text(status), _text(last)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@asynccontextmanager
+async def connected(
+    redis_url: str, postgres_url: str, progress: Callable[[str], None] | None = None
+) -> AsyncIterator[tuple[Rebuilder, BoardStore]]:
+    """A Rebuilder and the board registry on fresh connections (closed on exit): what `shardlb
+    rebuild`, `shardlb reconcile` and the router's admin endpoint work with."""
+    raw, client = connect(redis_url, decode=False, timeout=30.0), connect(redis_url)
+    try:
+        db = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+        try:
+            yield (
+                Rebuilder(raw, Scripts.register(raw).rebuild, db, progress),
+                BoardStore(client, Scripts.register(client)),
+            )
+        finally:
+            await db.close()
+    finally:
+        await raw.aclose()
+        await client.aclose()
+
+
+async def run(
+    redis_url: str,
+    postgres_url: str,
+    boards: Sequence[str] | None,
+    period: str | None = None,
+    shard: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, list[ShardReport]]:
+    """Rebuild ``boards``, or, when None, every board PostgreSQL knows (put back in the registry
+    first when it is missing there)."""
+    async with connected(redis_url, postgres_url, progress) as (rebuilder, store):
+        targets = await rebuilder.restore(store) if boards is None else [await store.get(b) for b in boards]
+        return {b.config.id: await rebuilder.rebuild(b, period, shard) for b in targets}

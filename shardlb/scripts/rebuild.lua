@@ -1,0 +1,107 @@
+-- A rebuild's steps on ONE shard (shardlb/rebuild.py). All KEYS share the shard's hash tag.
+--
+-- KEYS[1] the shard's key index, KEYS[2] its `gone` marker, KEYS[3] its journal,
+-- KEYS[4..]  pairs (target, live): the key results are applied to, and the period board it becomes
+-- ARGV[1]    'mark', 'swap' or 'apply'
+--   mark:  returns {last-generated journal id ('0-0' for no journal), id of its first entry ('' for
+--          none: the archiver trims the journal from the start), TIME seconds, TIME micros}
+--   swap:  if the journal's last-generated id is still ARGV[2]'s `expected` (or `force` is 1):
+--          apply ARGV[3]'s results to the targets, then RENAME every target that exists over its
+--          live key (and UNLINK a live key whose target does not exist), registering each in the
+--          key index with its expiry as write.lua does. Otherwise change nothing. Returns
+--          {'ok' or 'moved', last-generated id}.
+--   apply: apply ARGV[3]'s results to the targets (the live keys themselves) and register them.
+-- ARGV[2]    MessagePack: mode, time_bits, points_max, order, tiebreak, expected id, force,
+--            {expiry ms of each pair's live key, 0 = never}
+-- ARGV[3]    MessagePack, flat: per result and period, player, score, points, time_units, pair number
+-- The results are applied with write.lua's rules (best: the higher score; set: the later time, ties
+-- by score; incr: the sum, the latest time). They were journaled and counted once already, so there
+-- is no dedup, overflow check, band bookkeeping or journaling here.
+
+local function last_id(key)
+  if redis.call('EXISTS', key) == 0 then return '0-0' end
+  local info = redis.call('XINFO', 'STREAM', key)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then return info[i + 1] end
+  end
+  return '0-0'
+end
+
+local op = ARGV[1]
+if op == 'mark' then
+  local first = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
+  local t = redis.call('TIME')
+  return {last_id(KEYS[3]), first[1] and first[1][1] or '', t[1], t[2]}
+end
+
+local npairs = (#KEYS - 3) / 2
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  if op == 'swap' then
+    for i = 1, npairs do redis.call('UNLINK', KEYS[2 + 2 * i]) end
+  end
+  return redis.error_reply('BOARDGONE this board was deleted')
+end
+
+local h = cmsgpack.unpack(ARGV[2])
+local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
+local expected, force, expiry = h[6], h[7], h[8]
+local tmax = T - 1
+local last = last_id(KEYS[3])
+if op == 'swap' and last ~= expected and force == 0 then
+  return {'moved', last}
+end
+
+local function fmt(x) return string.format('%.0f', x) end
+local function split(score)
+  local pp = math.floor(score / T)
+  local tp = score - pp * T
+  return desc and pp or (pmax - pp), earliest and (tmax - tp) or tp
+end
+local function join(points, units)
+  local pp = desc and points or (pmax - points)
+  local tp = earliest and (tmax - units) or units
+  return pp * T + tp
+end
+
+local items = cmsgpack.unpack(ARGV[3])
+for pos = 1, #items, 5 do
+  local player, score, points, units = items[pos], items[pos + 1], items[pos + 2], items[pos + 3]
+  local key = KEYS[2 + 2 * items[pos + 4]]
+  local s = redis.call('ZSCORE', key, player)
+  local old = nil
+  if s then old = tonumber(s) end
+  local new = nil
+  if mode == 'best' then
+    if old == nil or score > old then new = score end
+  elseif mode == 'set' then
+    local _, old_units = 0, 0
+    if old ~= nil then _, old_units = split(old) end
+    if old == nil or units > old_units or (units == old_units and score > old) then new = score end
+  else
+    local op_, ou = 0, units
+    if old ~= nil then op_, ou = split(old) end
+    new = join(op_ + points, math.max(ou, units))
+  end
+  if new ~= nil then redis.call('ZADD', key, fmt(new), player) end
+end
+
+for i = 1, npairs do
+  local target, live = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
+  local present = redis.call('EXISTS', target) == 1
+  if op == 'swap' and present and target ~= live then
+    redis.call('RENAME', target, live)
+  elseif op == 'swap' and not present then
+    redis.call('UNLINK', live)
+    redis.call('ZREM', KEYS[1], live)
+  end
+  if present then
+    if expiry[i] > 0 then
+      redis.call('PEXPIREAT', live, expiry[i])
+      redis.call('ZADD', KEYS[1], expiry[i], live)
+    else
+      redis.call('PERSIST', live)
+      redis.call('ZADD', KEYS[1], '+inf', live)
+    end
+  end
+end
+return {'ok', last}

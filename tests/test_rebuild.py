@@ -1,0 +1,305 @@
+"""Rebuild (issue 11, item 3) against the suite's cluster and a real PostgreSQL: a board damaged in
+Redis comes back as the reference board says, for every mode and strategy, with part of its results
+archived and part still in the journals; a rebuild while writers keep writing (and the archiver keeps
+trimming) loses and doubles nothing, and readers never see the board shrink; `rebuild --all` puts
+boards whose every key was lost back in the registry with their incarnation, then their players."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+import redis.exceptions
+
+from shardlb import keys, times
+from shardlb.archive import Archiver, connect_db
+from shardlb.board import Board, Score
+from shardlb.cli import main
+from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
+from shardlb.errors import BoardConflict
+from shardlb.rebuild import Rebuilder
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+from tests.router_support import AS_ADMIN, AS_WRITER, running
+from tests.test_archive import archived
+from tests.test_board import HOUR, expected_entries, sharding
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+async def raw(cluster_url: str) -> AsyncIterator[Any]:
+    client = connect(cluster_url, decode=False)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def rebuilder(raw: Any, postgres_url: str) -> AsyncIterator[Rebuilder]:
+    db = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+    yield Rebuilder(raw, Scripts.register(raw).rebuild, db)
+    await db.close()
+
+
+async def archiver(raw: Any, store: BoardStore, postgres_url: str) -> Archiver:
+    a = Archiver(raw, store, await connect_db(postgres_url), "rebuild-tests", claim_idle_s=0)
+    await a.refresh()
+    return a
+
+
+async def archive_round(a: Archiver) -> int:
+    """One archive round, made again after a dropped connection, as ``Archiver.run`` would (a failed
+    round leaves its entries to read again)."""
+    for _ in range(10):
+        try:
+            return await a.round()
+        except redis.exceptions.ConnectionError:
+            await asyncio.sleep(0.05)
+    return await a.round()
+
+
+async def drain(a: Archiver) -> None:
+    while await archive_round(a):
+        pass
+
+
+async def archive_until(a: Archiver, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        if not await archive_round(a):
+            await asyncio.sleep(0.005)
+
+
+class Writer:
+    """Random batches sent to the board and fed to the reference in the order they were answered."""
+
+    def __init__(self, board: Board, seed: str, players: int = 30) -> None:
+        self.board = board
+        self.ref = ReferenceBoard(board.config)
+        self.rng = random.Random(seed)
+        self.players = [f"p{i:03d}" for i in range(players)]
+        self.regions = list(board.config.sharding.regions)
+        self.home: dict[str, str] = {}
+        self.sent: list[Score] = []
+
+    async def batch(self, size: int = 30) -> None:
+        now = times.now_ms()
+        batch = []
+        for _ in range(size):
+            if self.sent and self.rng.random() < 0.2:
+                batch.append(self.rng.choice(self.sent))  # a client's retry
+                continue
+            player = self.rng.choice(self.players)
+            region = self.home.setdefault(player, self.rng.choice(self.regions)) if self.regions else None
+            at = now - self.rng.choice([0, 1, 30]) * HOUR
+            batch.append(Score(player, self.rng.randrange(0, 300), f"m{len(self.sent)}", at, region))
+            self.sent.append(batch[-1])
+        await self.board.submit(batch, now_ms=now)
+        self.ref.submit(batch, now_ms=now)
+
+
+async def check(board: Board, ref: ReferenceBoard) -> None:
+    """Every period board the reference holds, through the board's reads (band shards included)."""
+    assert ref.boards
+    for name in ref.boards:
+        api = "total" if name == "total" else {"d": "daily"}[name[0]] + ":" + name[2:]
+        want = expected_entries(ref, name, None)
+        assert await board.top(len(want) + 5, board.resolve(api)) == want, name
+
+
+async def damage(board: Board, client: Any) -> None:
+    """Lose one shard's total, add a stranger to another, and change a score in a period board."""
+    first, second = board.prefixes[0], board.prefixes[1 % len(board.prefixes)]
+    await client.delete(keys.period_key(first, "total"))
+    await client.zadd(keys.period_key(second, "total"), {"stranger": 123})
+    for name in await client.zrange(keys.index_key(second), 0, -1):
+        if name.startswith(second.encode() + b"d:"):
+            members = await client.zrange(name, 0, 0)
+            if members:
+                await client.zadd(name, {members[0]: 7})
+
+
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+@pytest.mark.parametrize("strategy", ["hash", "region", "band"])
+async def test_a_damaged_board_is_rebuilt_as_the_reference_says(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, strategy: str, mode: str
+) -> None:
+    config = BoardConfig.from_dict(
+        f"rebuild-{strategy}-{mode}",
+        {"mode": mode, "periods": ["daily"], "points_max": 500, "sharding": sharding(strategy, 3)},
+    )
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        w = Writer(board, f"rebuild/{strategy}/{mode}")
+        for _ in range(3):
+            await w.batch()
+        await drain(a)  # archived and trimmed ...
+        for _ in range(2):
+            await w.batch()  # ... and still only in the journals
+        await check(board, w.ref)
+        await damage(board, raw)
+        with pytest.raises(AssertionError):
+            await check(board, w.ref)
+        reports = await rebuilder.rebuild(board)
+        assert sum(r.rows for r in reports) > 0 and sum(r.journal for r in reports) > 0
+        await check(board, w.ref)
+        await w.batch()  # the rebuilt board takes writes as before
+        await check(board, w.ref)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+@pytest.mark.parametrize("swap_tries", [50, 1])
+@pytest.mark.parametrize(("mode", "strategy"), [("incr", "hash"), ("best", "band"), ("set", "region")])
+async def test_a_rebuild_under_writes_loses_and_doubles_nothing(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    postgres_url: str,
+    cluster_url: str,
+    mode: str,
+    strategy: str,
+    swap_tries: int,
+) -> None:
+    """Writers and the archiver go on throughout; with one swap try the swap is forced and the
+    results written meanwhile are applied after it (the fallback path)."""
+    config = BoardConfig.from_dict(
+        f"rebuild-live-{mode}-{strategy}-{swap_tries}",
+        {"mode": mode, "periods": ["daily"], "points_max": 100_000, "sharding": sharding(strategy, 3)},
+    )
+    board, _ = await store.create(config)
+    own = connect(cluster_url, decode=False)  # the archiver's own connections, as in production
+    a = await archiver(own, store, postgres_url)
+    stop = asyncio.Event()
+    archiving = asyncio.create_task(archive_until(a, stop))
+    w = Writer(board, f"live/{mode}/{swap_tries}", players=200)
+    for _ in range(5):
+        await w.batch()
+    floor = await board.size()
+    sizes: list[int] = []
+
+    async def write() -> None:
+        while not stop.is_set():
+            await w.batch(10)
+            await asyncio.sleep(0)
+
+    async def read() -> None:
+        while not stop.is_set():
+            sizes.append(await board.size())
+            await asyncio.sleep(0.001)
+
+    tasks = [asyncio.create_task(write()), asyncio.create_task(write()), asyncio.create_task(read())]
+    try:
+        rebuilder.swap_tries = swap_tries
+        for _ in range(2):
+            reports = await rebuilder.rebuild(board)
+        stop.set()
+        await asyncio.gather(*tasks, archiving)
+        assert len(w.sent) > 100 and sizes
+        assert min(sizes) >= floor  # never empty, never a shard missing
+        if swap_tries == 1:
+            assert any(r.tries > 1 for r in reports) or all(r.journal == 0 for r in reports)
+        await check(board, w.ref)
+    finally:
+        stop.set()
+        for t in tasks:
+            t.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*tasks, archiving)
+        await a.db.close()
+        await own.aclose()
+        await store.delete(config.id)
+
+
+async def test_rebuild_all_restores_boards_whose_keys_were_all_lost(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configs = [
+        BoardConfig.from_dict(
+            "rebuild-all-band", {"mode": "incr", "points_max": 100_000, "sharding": sharding("band", 3)}
+        ),
+        BoardConfig.from_dict(
+            "rebuild-all-region", {"periods": ["daily"], "sharding": sharding("region", 3)}
+        ),
+    ]
+    boards = [(await store.create(c))[0] for c in configs]
+    writers = [Writer(b, f"all/{b.config.id}") for b in boards]
+    a = await archiver(raw, store, postgres_url)
+    try:
+        for w in writers:
+            for _ in range(3):
+                await w.batch()
+        await drain(a)
+        await writers[0].batch()  # in the journal only: lost with Redis, as PostgreSQL never had it
+        lost_incarnations = [b.incarnation for b in boards]
+        for board in boards:  # everything of the boards goes, as in a total loss of Redis
+            for prefix in board.prefixes:
+                listed = await raw.zrange(keys.index_key(prefix), 0, -1)
+                await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
+            await raw.hdel(keys.BOARDS, board.config.id)
+        command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", postgres_url]
+        assert await asyncio.to_thread(main, command) == 0  # the command runs its own event loop
+        out = capsys.readouterr().out
+        for board, incarnation in zip(boards, lost_incarnations, strict=True):
+            assert f"{board.config.id}: restored to the registry" in out
+            back = await store.get(board.config.id)
+            assert back.incarnation == incarnation
+            ref = ReferenceBoard(board.config)
+            ref.submit(await archived(postgres_url, back), now_ms=times.now_ms())
+            await check(back, ref)
+    finally:
+        await a.db.close()
+        for c in configs:
+            with contextlib.suppress(Exception):
+                await store.delete(c.id)
+
+
+async def test_a_memory_board_cannot_be_rebuilt(store: BoardStore, rebuilder: Rebuilder) -> None:
+    config = BoardConfig.from_dict("rebuild-memory", {"durability": "memory"})
+    board, _ = await store.create(config)
+    try:
+        with pytest.raises(BoardConflict):
+            await rebuilder.rebuild(board)
+    finally:
+        await store.delete(config.id)
+
+
+async def test_the_admin_endpoint_rebuilds_a_board(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    config = BoardConfig.from_dict("rebuild-api", {"periods": ["daily"], "sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    path = f"/v1/boards/{config.id}:rebuild"
+    try:
+        w = Writer(board, "rebuild/api")
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        await damage(board, raw)
+        async with running(cluster_url) as (_, client):
+            refused = await client.post(path, headers=AS_ADMIN)  # no PostgreSQL configured
+            assert refused.status_code == 409
+            assert refused.json()["error"]["code"] == "archive_not_configured"
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            assert (await client.post(path, headers=AS_WRITER)).status_code == 403
+            bad = await client.post(path, params={"shard": "3"}, headers=AS_ADMIN)
+            assert (bad.status_code, bad.json()["error"]["field"]) == (422, "shard")
+            missing = await client.post("/v1/boards/rebuild-nobody:rebuild", headers=AS_ADMIN)
+            assert missing.status_code == 404
+            done = await client.post(path, headers=AS_ADMIN)
+            assert done.status_code == 200, done.text
+            body = done.json()
+            assert [s["shard"] for s in body["shards"]] == [0, 1, 2]
+            assert sum(s["players"] for s in body["shards"]) == len(w.ref.boards["total"])
+        await check(board, w.ref)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)

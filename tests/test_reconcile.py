@@ -1,0 +1,148 @@
+"""Reconcile (issue 11, item 4) against the suite's cluster and a real PostgreSQL: a board that
+agrees with its archive reports no drift (with results still only in the journals, and while
+writers write); a corrupted shard is found, and only it; `--repair` rebuilds it and the next run
+is clean; the command's exit status and its metrics file say the same."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from shardlb import keys
+from shardlb.cli import main
+from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
+from shardlb.rebuild import Rebuilder
+from shardlb.reconcile import checksum, reconcile, repair
+from shardlb.store import BoardStore
+from tests.test_board import sharding
+from tests.test_rebuild import Writer, archiver, check, drain
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+async def raw(cluster_url: str) -> AsyncIterator[Any]:
+    client = connect(cluster_url, decode=False)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def rebuilder(raw: Any, postgres_url: str) -> AsyncIterator[Rebuilder]:
+    db = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+    yield Rebuilder(raw, Scripts.register(raw).rebuild, db)
+    await db.close()
+
+
+def test_the_checksum_ignores_order_and_sees_any_change() -> None:
+    rng = random.Random("checksum")
+    board = {f"p{i}": rng.randrange(2**53) for i in range(500)}
+    shuffled = dict(rng.sample(list(board.items()), len(board)))
+    assert checksum(board) == checksum(shuffled)
+    assert checksum({**board, "p1": board["p1"] + 1}) != checksum(board)
+    assert checksum({k: v for k, v in board.items() if k != "p2"}) != checksum(board)
+    assert checksum({}) == 0
+
+
+@pytest.mark.parametrize(("mode", "strategy"), [("incr", "hash"), ("best", "band"), ("set", "region")])
+async def test_reconcile_finds_the_corrupted_shard_and_repair_fixes_it(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, mode: str, strategy: str
+) -> None:
+    config = BoardConfig.from_dict(
+        f"reconcile-{mode}-{strategy}",
+        {"mode": mode, "periods": ["daily"], "points_max": 100_000, "sharding": sharding(strategy, 3)},
+    )
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        w = Writer(board, f"reconcile/{mode}/{strategy}")
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        await w.batch()  # some results only in the journals
+        clean = await reconcile(rebuilder, board)
+        assert len(clean) == board.layout.physical  # the band shards too
+        assert not any(c.drift for c in clean)
+        assert sum(c.postgres_players for c in clean) >= len(w.ref.boards["total"])
+        # one player's total changes on shard 1 behind the board's back
+        prefix = board.prefixes[1]
+        player, score = (await raw.zrange(keys.period_key(prefix, "total"), 0, 0, withscores=True))[0]
+        await raw.zadd(keys.period_key(prefix, "total"), {player: int(score) + 1})
+        found = await reconcile(rebuilder, board)
+        assert [c.shard for c in found if c.drift] == [1]
+        assert await repair(rebuilder, board, found)
+        assert not any(c.drift for c in await reconcile(rebuilder, board))
+        await check(board, w.ref)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_reconcile_under_writes_reports_no_drift(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
+) -> None:
+    config = BoardConfig.from_dict("reconcile-live", {"mode": "incr", "sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    w = Writer(board, "reconcile/live", players=300)
+    stop = asyncio.Event()
+
+    async def write() -> None:
+        while not stop.is_set():
+            await w.batch(10)
+            await asyncio.sleep(0)
+
+    try:
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        writing = asyncio.create_task(write())
+        checks = [c for _ in range(3) for c in await reconcile(rebuilder, board)]
+        stop.set()
+        await writing
+        assert not any(c.drift for c in checks)
+        assert any(c.busy for c in checks)  # written meanwhile, and left out rather than misread
+    finally:
+        stop.set()
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_the_command_exits_1_on_drift_and_repairs(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, tmp_path: Path
+) -> None:
+    config = BoardConfig.from_dict("reconcile-cli", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    metrics = tmp_path / "reconcile.prom"
+    base = ["reconcile", config.id, "--redis", cluster_url, "--postgres", postgres_url]
+    base += ["--metrics-file", str(metrics)]
+
+    def drifting() -> dict[str, float]:
+        families = text_string_to_metric_families(metrics.read_text())
+        return {s.name: s.value for f in families for s in f.samples if s.labels["board"] == config.id}
+
+    try:
+        w = Writer(board, "reconcile/cli")
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        assert await asyncio.to_thread(main, base) == 0
+        assert drifting()["shardlb_reconcile_drifting_shards"] == 0
+        await raw.zadd(keys.period_key(board.prefixes[2], "total"), {"stranger": 5})
+        assert await asyncio.to_thread(main, base) == 1
+        assert drifting()["shardlb_reconcile_drifting_shards"] == 1
+        assert await asyncio.to_thread(main, [*base, "--repair"]) == 0
+        assert drifting()["shardlb_reconcile_drifting_shards"] == 0
+        assert await raw.zscore(keys.period_key(board.prefixes[2], "total"), "stranger") is None
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
