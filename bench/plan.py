@@ -38,11 +38,11 @@ DEFAULTS: dict[str, float] = {
     # member of a large dedup set, and one SISMEMBER of a new result in write.lua.
     "bytes_per_dedup_member": 108.7,
     "redis_master_us_per_dedup_lookup": 0.3,
-    # `make bench` (journal memory and the journaled HTTP phase, 2026-12-01): a journal entry's own
+    # `make bench` (journal memory and the journaled HTTP phase, 2026-12-01 07:03): a journal entry's own
     # bytes and each result's, and the write-script calls a shard saw per second.
-    "bytes_per_journal_entry": 216.5,
+    "bytes_per_journal_entry": 216.6,
     "bytes_per_journaled_result": 67.0,
-    "journal_calls_per_shard_s": 150.0,
+    "journal_calls_per_shard_s": 52.3,
 }
 BENCH_SHARDS = 16  # the board the costs were measured on
 

@@ -1,13 +1,15 @@
-"""`make bench`: one ~3 minute headless run that puts shardlb's HTTP figures beside their limit and
-their rivals, all measured in the same run, on the same cluster and the same preloaded players.
+"""`make bench`: one ~6 minute headless run that puts shardlb's HTTP figures beside their limit and
+their rivals, and the journal's cost beside a board without one, all measured in the same run, on
+the same cluster and the same preloaded players.
 
     python -m bench.run            # settings: SHARDLB_BENCH_* variables, see Settings
 
 Steps: start a local cluster; preload the population into the sharded board, the textbook sorted
 set and PostgreSQL; HTTP write ramp and read mix through the router with Locust; the raw limit
 (same writes and reads through the library, no HTTP); the textbook design; PostgreSQL; short sweeps
-over router processes and cluster masters. Results go to bench/results/<timestamp>/ and
-summary.md/summary.json are copied to bench/results/latest/.
+over router processes and cluster masters; the durability phases (journal and archiver on beside
+off, replica acknowledgement beside primary) and the journal's memory per result. Results go to
+bench/results/<timestamp>/ and summary.md/summary.json are copied to bench/results/latest/.
 """
 
 from __future__ import annotations
