@@ -46,7 +46,7 @@ format: install ## fix style in place
 	$(BIN)/ruff check --fix shardlb router bench tests
 	$(BIN)/ruff format shardlb router bench tests
 
-bench: install redis-server ## ~3 min headless load test; writes bench/results/<timestamp>/
+bench: install redis-server ## ~6 min headless load test, journal and archiver costs included; bench/results/<timestamp>/
 	$(BIN)/python -m bench.run
 
 bench-scale: install redis-server ## long: 10M players on 16 shards, memory and latency at 1M and 10M

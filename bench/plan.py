@@ -1,7 +1,7 @@
 """`shardlb plan`: size a deployment from the per-operation costs the last bench measured.
 
     shardlb plan --players 50000000 --writes 20000 --reads 5000 [--replicas 1] [--periods total,daily]
-                 [--incr 0.5] [--dedup-window 86400]
+                 [--incr 0.5] [--dedup-window 86400] [--journaled 1] [--journal-max-entries 50000]
 
 The costs (CPU microseconds per write and per read on a Redis master and in the router, bytes per
 player) come from bench/results/latest/summary.json, written by `make bench`, and the bytes per incr
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardlb.board import JOURNAL_MAX_ENTRIES
 from shardlb.config import DEDUP_BUCKETS, DEFAULT_DEDUP_WINDOW_S
 
 LATEST = Path(__file__).resolve().parent / "results" / "latest" / "summary.json"
@@ -37,6 +38,11 @@ DEFAULTS: dict[str, float] = {
     # member of a large dedup set, and one SISMEMBER of a new result in write.lua.
     "bytes_per_dedup_member": 108.7,
     "redis_master_us_per_dedup_lookup": 0.3,
+    # `make bench` (journal memory and the journaled HTTP phase, 2026-12-01 07:03): a journal entry's own
+    # bytes and each result's, and the write-script calls a shard saw per second.
+    "bytes_per_journal_entry": 216.6,
+    "bytes_per_journaled_result": 67.0,
+    "journal_calls_per_shard_s": 52.3,
 }
 BENCH_SHARDS = 16  # the board the costs were measured on
 
@@ -50,6 +56,9 @@ MIN_SHARDS = 16
 MAX_MASTERS = 1024  # one shard per master at most: a board has at most 1024 shards
 FRAGMENTATION = 1.2  # jemalloc fragmentation and overhead over used_memory
 FORK_HEADROOM = 2.0  # RAM per node over the data: a fork (replica sync, snapshot) may copy every page
+# A journal entry is one write-script call: the router's batch for one shard, at most its
+# SHARDLB_COALESCE_MAX_BATCH (500 by default) results.
+MAX_RESULTS_PER_ENTRY = 500
 EXTRA_PERIOD_WRITE_COST = 0.5  # each extra period adds one ZADD to a write's script: half a write
 
 # Sorted sets alive at once per dated kind (the current one plus those kept by the default
@@ -70,7 +79,37 @@ class Plan:
     dedup_bytes: float
     redis_cores: float
     router_cores: float
+    journal: Journal
     reasons: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Journal:
+    """The journals of one board at their entry bound (while PostgreSQL or the archiver is down)."""
+
+    results_per_entry: float
+    bytes_per_shard: float
+    bytes_per_master: float
+    buffer_s: float  # how long the bound holds the planned writes before writes are refused
+
+
+def journal_batch(writes: float, shards: int, calls_per_shard_s: float) -> float:
+    """Results per journal entry at ``writes``/s: the bench's script calls per shard a second held,
+    so a busier shard gets bigger batches (1 to MAX_RESULTS_PER_ENTRY)."""
+    if calls_per_shard_s <= 0:
+        return float(MAX_RESULTS_PER_ENTRY)
+    return min(float(MAX_RESULTS_PER_ENTRY), max(1.0, writes / shards / calls_per_shard_s))
+
+
+def journal_at_bound(
+    writes: float, shards: int, per_master: int, costs: dict[str, float], max_entries: int
+) -> Journal:
+    """A full journal per shard: ``max_entries`` entries of the batch at this write rate."""
+    batch = journal_batch(writes, shards, costs["journal_calls_per_shard_s"])
+    per_entry = costs["bytes_per_journal_entry"] + batch * costs["bytes_per_journaled_result"]
+    per_shard = max_entries * per_entry * FRAGMENTATION
+    buffer_s = max_entries * batch / (writes / shards) if writes else math.inf
+    return Journal(batch, per_shard, per_shard * per_master, buffer_s)
 
 
 def memory_factor(periods: list[str]) -> float:
@@ -92,11 +131,16 @@ def plan(
     costs: dict[str, float],
     incr: float = 0.0,
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S,
+    journaled: float = 1.0,
+    journal_max_entries: int = JOURNAL_MAX_ENTRIES,
 ) -> Plan:
     """The sizing model (pure arithmetic; ``main`` prints it with its assumptions).
 
     ``incr`` is the share of the writes that go to incr boards, whose dedup records stay in memory
-    for ``dedup_window_s`` (their boards' window) and a bucket more.
+    for ``dedup_window_s`` (their boards' window) and a bucket more. ``journaled`` is the share that
+    goes to journaled boards (not ``durability: memory``): their journals may fill to
+    ``journal_max_entries`` entries per shard while the archive is down, and each master keeps room
+    for its shards' full journals (they do not change the master count: a buffer, not data).
     """
     c = {**DEFAULTS, **{k: v for k, v in costs.items() if v is not None}}
     extra = len([p for p in periods if p != "total"])
@@ -131,10 +175,14 @@ def plan(
         f"{MAX_PLAYERS_PER_SHARD:,} players a shard",
         "reads": _reads_reason(read_load, per_shard_read, over_budget=fits is None and reads > 0),
     }
-    memory_per_node = int(data / masters * FORK_HEADROOM)
+    journal = journal_at_bound(writes * journaled, shards, per_master, c, journal_max_entries)
+    if not journaled:
+        journal = Journal(0.0, 0.0, 0.0, 0.0)
+    memory_per_node = int((data / masters + journal.bytes_per_master) * FORK_HEADROOM)
     return Plan(
-        masters, replicas, shards, routers, memory_per_node, data, dedup, redis_cores, router_cores, reasons
-    )
+        masters, replicas, shards, routers, memory_per_node, data, dedup, redis_cores, router_cores, journal,
+        reasons,
+    )  # fmt: skip
 
 
 def shards_per_master(players: int, masters: int) -> int:
@@ -212,6 +260,10 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
+def _size(n: float) -> str:
+    return _gib(n) if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
 ASSUMPTIONS = (
     "  - the per-operation costs scale linearly from the bench (same read mix, same players",
     "    per match, same script); reads fan out to every shard, so their Redis cost grows",
@@ -238,13 +290,15 @@ def render(
     source: str,
     incr: float = 0.0,
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S,
+    journaled: float = 1.0,
+    journal_max_entries: int = JOURNAL_MAX_ENTRIES,
 ) -> str:
     """The plan, the costs it used, the model with its figures, and the assumptions behind it."""
     nodes = p.masters * (1 + p.replicas)
     return "\n".join(
         [
             f"Plan for {players:,} players, {writes:,.0f} player-score writes/s ({incr:.0%} to incr boards, "
-            f"dedup window {dedup_window_s / 3600:g} h), {reads:,.0f} reads/s, "
+            f"dedup window {dedup_window_s / 3600:g} h; {journaled:.0%} journaled), {reads:,.0f} reads/s, "
             f"periods {','.join(periods)}, {p.replicas} replica(s) per master",
             "",
             f"  Redis masters        {p.masters}  ({p.reasons['masters']}-bound; "
@@ -252,15 +306,21 @@ def render(
             f"  shards per board     {p.shards}  ({p.reasons['shards']})",
             f"  router processes     {p.routers}  (one core each)",
             f"  memory per node      {_gib(p.memory_per_node_bytes)}  (data {_gib(p.data_bytes / p.masters)} "
-            f"per master x {FORK_HEADROOM:g} for fork copy-on-write)",
-            f"  maxmemory            {_gib(p.data_bytes / p.masters)} per master, policy noeviction "
-            "(a full master refuses writes: 503 out_of_memory)",
+            f"+ full journals {_size(p.journal.bytes_per_master)} per master x {FORK_HEADROOM:g} for fork "
+            "copy-on-write)",
+            f"  maxmemory            {_gib(p.data_bytes / p.masters + p.journal.bytes_per_master)} per "
+            "master, policy noeviction (a full master refuses writes: 503 out_of_memory)",
+            f"  journal bound        {_journal_line(p.journal, journal_max_entries)}",
             "",
             f"Costs: {source}",
             *(f"  {k} = {v:g}" for k, v in sorted(costs.items())),
             "",
             "Model:",
             *_model(p, writes, periods, costs, incr, dedup_window_s),
+            f"  journal = shards per master x {journal_max_entries:,} entries x (bytes_per_journal_entry + "
+            f"results per entry x bytes_per_journaled_result) x {FRAGMENTATION:g}; results per entry = "
+            "journaled writes / shards / journal_calls_per_shard_s (the bench's script calls per shard a "
+            f"second), 1 to {MAX_RESULTS_PER_ENTRY}",
             "",
             "Assumptions:",
             *ASSUMPTIONS,
@@ -301,6 +361,16 @@ def _model(
     ]
 
 
+def _journal_line(j: Journal, max_entries: int) -> str:
+    if not j.bytes_per_master:
+        return "none (no journaled board)"
+    return (
+        f"{_size(j.bytes_per_master)} per master at {max_entries:,} entries a shard of "
+        f"{j.results_per_entry:,.0f} results ({_size(j.bytes_per_shard)} a shard); at this rate the bound "
+        f"holds {j.buffer_s:,.0f} s of writes while PostgreSQL or the archiver is down, then writes get 503"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """`plan --players N --writes W --reads R [--replicas 1] [--periods total,daily,...] [--incr S]
     [--dedup-window SECONDS]`."""
@@ -325,6 +395,18 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the incr boards' dedup_window_s (default {DEFAULT_DEDUP_WINDOW_S})",
     )
     parser.add_argument(
+        "--journaled",
+        type=float,
+        default=1.0,
+        help="share of the writes that go to journaled boards (not durability: memory), 0 to 1 (default 1)",
+    )
+    parser.add_argument(
+        "--journal-max-entries",
+        type=int,
+        default=JOURNAL_MAX_ENTRIES,
+        help=f"the routers' SHARDLB_JOURNAL_MAX_ENTRIES (default {JOURNAL_MAX_ENTRIES:,})",
+    )
+    parser.add_argument(
         "--summary", type=Path, default=LATEST, help=f"bench summary to read (default {LATEST})"
     )
     args = parser.parse_args(argv)
@@ -336,14 +418,29 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--incr is a share of the writes, from 0 to 1")
     if not 60 <= args.dedup_window <= 30 * 86_400:
         parser.error("--dedup-window is a board's dedup_window_s: 60 to 2592000 seconds")
+    if not 0 <= args.journaled <= 1 or args.journal_max_entries < 1:
+        parser.error("--journaled is a share of the writes, from 0 to 1; --journal-max-entries at least 1")
     if "total" not in periods:
         periods.insert(0, "total")
     costs, source = load_costs(args.summary)
     p = plan(
-        args.players, args.writes, args.reads, args.replicas, periods, costs, args.incr, args.dedup_window
-    )
+        args.players, args.writes, args.reads, args.replicas, periods, costs, args.incr, args.dedup_window,
+        args.journaled, args.journal_max_entries,
+    )  # fmt: skip
     print(
-        render(p, args.players, args.writes, args.reads, periods, costs, source, args.incr, args.dedup_window)
+        render(
+            p,
+            args.players,
+            args.writes,
+            args.reads,
+            periods,
+            costs,
+            source,
+            args.incr,
+            args.dedup_window,
+            args.journaled,
+            args.journal_max_entries,
+        )
     )
     return 0
 

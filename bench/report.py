@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench import locust_csv
+from bench import durability_report, locust_csv
 from bench.shapes import Stage
 
 SPAWN_SETTLE_S = 2.0  # the first seconds of a ramp step still spawn users; leave them out
@@ -93,6 +93,7 @@ def sweep_point(run: Any, window: float) -> dict[str, Any]:
     post = _endpoints(run.stats).get("POST /v1/boards/[board]/scores", {})
     return {
         "writes_per_s": round(locust_csv.best_window(history, window)),
+        "scores_written": locust_csv.scores_written(locust_csv.read_stats(run.stats)),
         "p99_ms": post.get("p99"),
         "failures": post.get("failures", 0),
         **_locust(run),
@@ -130,6 +131,7 @@ def costs(summary: dict[str, Any]) -> dict[str, Any]:
     if "reads" in http:
         r = http["reads"]
         out["router_us_per_read"] = _per(r["cpu"]["cpu_s"].get("router"), _http_read_count(r))
+    out.update(durability_report.costs(summary))
     return out
 
 
@@ -153,6 +155,7 @@ def finish(summary: dict[str, Any]) -> None:
     summary["costs"] = costs(summary)
     summary["cpu_per_write"] = cpu_per_write(summary)
     summary["contaminated"] = contaminated(summary)
+    durability_report.finish(summary)
 
 
 def cpu_per_write(summary: dict[str, Any]) -> dict[str, dict[str, float | None]]:
@@ -255,6 +258,7 @@ def markdown(summary: dict[str, Any], name: str) -> str:
             *_http_details(summary.get("http", {})),
             *_cpu_table(summary),
             *_sweeps(summary.get("sweeps", {})),
+            *durability_report.markdown(summary),
             *_costs_measured(summary),
         ]
     )

@@ -1,13 +1,15 @@
-"""`make bench`: one ~3 minute headless run that puts shardlb's HTTP figures beside their limit and
-their rivals, all measured in the same run, on the same cluster and the same preloaded players.
+"""`make bench`: one ~6 minute headless run that puts shardlb's HTTP figures beside their limit and
+their rivals, and the journal's cost beside a board without one, all measured in the same run, on
+the same cluster and the same preloaded players.
 
     python -m bench.run            # settings: SHARDLB_BENCH_* variables, see Settings
 
 Steps: start a local cluster; preload the population into the sharded board, the textbook sorted
 set and PostgreSQL; HTTP write ramp and read mix through the router with Locust; the raw limit
 (same writes and reads through the library, no HTTP); the textbook design; PostgreSQL; short sweeps
-over router processes and cluster masters. Results go to bench/results/<timestamp>/ and
-summary.md/summary.json are copied to bench/results/latest/.
+over router processes and cluster masters; the durability phases (journal and archiver on beside
+off, replica acknowledgement beside primary) and the journal's memory per result. Results go to
+bench/results/<timestamp>/ and summary.md/summary.json are copied to bench/results/latest/.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench import drivers, report, shapes
+from bench import drivers, journal, report, shapes
 from bench.drivers import Job
+from bench.durability import ArchiveDatabase, ArchiverProcess, JournalPhase, router_knows
 from bench.harness import int_list, log, publish, run_dir
+from bench.population import load_parallel as population_load
 from bench.procs import CpuMeter, machine_cpu_seconds
 from bench.services import Router, free_port, router_missing, run_locust
 from bench.testbed import create_board, machine, node_pids, pg_preload, postgres_pids, preload, start_cluster
 from bench.workload import Workload
 from shardlb.cluster import LocalCluster
+from shardlb.nodes import ClusterError
 
 ADMIN_KEY = "bench-admin"
 WRITE_KEY = "bench-write"
@@ -60,6 +65,8 @@ class Settings:
     raw_seconds: float = 8.0
     peer_seconds: float = 6.0
     sweep_seconds: float = 8.0
+    durability_seconds: float = 8.0  # each phase of the durability comparison
+    drain_wait: float = 60.0  # after a journaled phase, wait up to this long for the archive to catch up
     sweep_masters: str = "1,2,3"
     sweep_routers: str = "1,2"
     write_concurrency: int = 4
@@ -180,6 +187,47 @@ def router_env() -> dict[str, str]:
     return {"SHARDLB_ADMIN_KEYS": ADMIN_KEY, "SHARDLB_WRITE_KEYS": WRITE_KEY, "SHARDLB_READ_RATE": "0"}
 
 
+def soak(
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    name: str,
+    out: Path,
+    groups: dict[str, list[int]],
+    offered: int,
+    workers: int,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A short HTTP write step at ``offered`` writes/s through a router of ``workers`` processes
+    started for it with ``env`` added to its settings; CPU metered over ``groups`` and the router."""
+    router = Router(
+        cluster.url, free_port(22400), workers, out / f"{name}-router.log", {**router_env(), **(env or {})}
+    )
+    with router:
+        log(f"{name}: {workers} router workers, {s.sweep_seconds + 4:.0f} s at {offered} writes/s offered")
+        run = run_locust(
+            out / name,
+            router.url,
+            ["GameServer"],
+            locust_env(
+                s,
+                workload,
+                {
+                    "SHARDLB_SHAPE": "soak",
+                    "SHARDLB_TARGET_WRITES": str(offered),
+                    "SHARDLB_DURATION": str(s.sweep_seconds + 4),
+                },
+            ),
+            s.locust_processes,
+            [],
+            {**groups, "router": [router.proc.pid] if router.proc else []},
+            s.sweep_seconds + 60,
+        )
+    point = report.sweep_point(run, window=max(3.0, s.sweep_seconds - 2))
+    log(f"{name}: {point['writes_per_s']:.0f} writes/s, {point['failures']} failures")
+    return point
+
+
 def router_sweep(
     s: Settings,
     workload: Workload,
@@ -191,33 +239,13 @@ def router_sweep(
     """Short HTTP write steps at ``offered`` writes/s with 1, 2, ... router processes."""
     if router_missing():
         return []
-    points = []
-    for workers in int_list(s.sweep_routers):
-        router = Router(cluster.url, free_port(22400), workers, out / f"router-{workers}.log", router_env())
-        with router:
-            log(f"router sweep: {workers} workers, {s.sweep_seconds + 4:.0f} s at {offered} writes/s offered")
-            run = run_locust(
-                out / f"sweep-router-{workers}",
-                router.url,
-                ["GameServer"],
-                locust_env(
-                    s,
-                    workload,
-                    {
-                        "SHARDLB_SHAPE": "soak",
-                        "SHARDLB_TARGET_WRITES": str(offered),
-                        "SHARDLB_DURATION": str(s.sweep_seconds + 4),
-                    },
-                ),
-                s.locust_processes,
-                [],
-                {**redis, "router": [router.proc.pid] if router.proc else []},
-                s.sweep_seconds + 60,
-            )
-        point = report.sweep_point(run, window=max(3.0, s.sweep_seconds - 2))
-        points.append({"router_workers": workers, **point})
-        log(f"router sweep: {workers} workers -> {point['writes_per_s']:.0f} writes/s")
-    return points
+    return [
+        {
+            "router_workers": workers,
+            **soak(s, workload, cluster, f"sweep-router-{workers}", out, redis, offered, workers),
+        }
+        for workers in int_list(s.sweep_routers)
+    ]
 
 
 def masters_sweep(s: Settings, workload: Workload, main: LocalCluster, out: Path) -> list[dict[str, Any]]:
@@ -259,6 +287,93 @@ def masters_sweep(s: Settings, workload: Workload, main: LocalCluster, out: Path
     return points
 
 
+def journal_twin(workload: Workload) -> Workload:
+    """The same players on a board of their own whose results are journaled and archived."""
+    return replace(workload, board=f"{workload.board}-journal")
+
+
+def durability_phases(
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    out: Path,
+    redis: dict[str, list[int]],
+    offered: int,
+) -> dict[str, Any]:
+    """Writes with the journal and the archiver on beside the journal off, raw and over HTTP, and
+    replica acknowledgement beside primary: bench/durability.py. The memory phases run first, with
+    no archiver; the journaled phases each end with a wait until the archive has caught up."""
+    try:
+        db = ArchiveDatabase(out / "archive").up()
+    except ClusterError as e:
+        log(f"durability phases skipped: {e}")
+        return {"skipped": str(e)}
+    twin = journal_twin(workload)
+    archiver = ArchiverProcess(cluster.url, db.url, out / "archiver.log")
+    result: dict[str, Any] = {
+        "postgres": db.describe(),
+        "memory_board": workload.board,
+        "journal_board": twin.board,
+        "offered_writes": offered,
+        "router_workers": s.router_workers,
+    }
+    try:
+        pg = {"postgres": db.pids()}
+        job = Job(
+            "raw writes", cluster.url, workload, s.durability_seconds, s.write_concurrency, s.batch_matches
+        )
+        http = replace(s, sweep_seconds=s.durability_seconds)
+        result["raw"] = {"memory": driver_phase(job, s.driver_processes, {**redis, **pg})}
+        if not router_missing():
+            result["http"] = {
+                "memory": soak(http, workload, cluster, "durability-memory", out, {**redis, **pg}, offered,
+                               s.router_workers),
+            }  # fmt: skip
+        archiver.start()
+        groups = {**redis, "archiver": archiver.pids, **pg}
+        phase = JournalPhase(cluster.url, twin.board, db, groups, s.drain_wait)
+        result["raw"]["journal"] = phase.run(
+            lambda: driver_phase(replace(job, workload=twin), s.driver_processes, groups)
+        )
+        if "http" in result:
+            result["http"]["journal"] = phase.run(
+                lambda: soak(
+                    http, twin, cluster, "durability-journal", out, groups, offered, s.router_workers
+                )
+            )
+            result["http"]["replica"] = replica_phase(http, twin, cluster, out, groups, offered, phase)
+        if archiver.exit_code() is not None:
+            result["archiver_died"] = f"exit status {archiver.exit_code()}; see {out / 'archiver.log'}"
+    finally:
+        archiver.stop()
+        db.down()
+    return result
+
+
+def replica_phase(
+    s: Settings,
+    twin: Workload,
+    cluster: LocalCluster,
+    out: Path,
+    groups: dict[str, list[int]],
+    offered: int,
+    phase: JournalPhase,
+) -> dict[str, Any]:
+    """The journaled HTTP phase again with SHARDLB_ACK=replica; skipped, with the reason, while the
+    router has no such setting (it ignores SHARDLB_* variables it does not know)."""
+    if not router_knows("ack"):
+        reason = (
+            "the router has no SHARDLB_ACK setting yet (router/settings.py): "
+            "replica acknowledgement not measured"
+        )
+        log(reason)
+        return {"skipped": reason}
+    return phase.run(
+        lambda: soak(s, twin, cluster, "durability-replica", out, groups, offered, s.router_workers,
+                     {"SHARDLB_ACK": "replica"})
+    )  # fmt: skip
+
+
 def wait_for_quiet(seconds: float) -> float:
     """On a shared machine, wait (up to ``seconds``) until the machine as a whole uses under
     QUIET_CORES for 5 s, so the contenders get the same machine. Returns the load last seen."""
@@ -292,13 +407,19 @@ def new_summary(s: Settings, workload: Workload) -> dict[str, Any]:
 def preload_all(
     s: Settings, workload: Workload, cluster: LocalCluster
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The same players into the board and the textbook set, and meanwhile into PostgreSQL (in another
-    process): (the population's figures, PostgreSQL's load or why it was skipped)."""
+    """The same players into the board, its journaled twin and the textbook set, and meanwhile into
+    PostgreSQL (in another process): (the population's figures, PostgreSQL's load or why it was
+    skipped)."""
+    twin = journal_twin(workload)
     asyncio.run(create_board(cluster.url, workload, s.shards))
+    asyncio.run(create_board(cluster.url, twin, s.shards, durability="journal"))
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
         pg = pool.apply_async(pg_preload, (s.pg_dsn, workload, cluster.url))
         population = preload(cluster.url, workload, s.driver_processes)
+        population["journal_board_load_s"] = round(
+            population_load(cluster.url, twin, 0, twin.players, s.driver_processes), 1
+        )
         pg_load: dict[str, Any] = pg.get(timeout=600)
     return population, pg_load
 
@@ -392,6 +513,11 @@ def main(argv: list[str] | None = None) -> int:
         summary["http"] = http_phases(s, workload, cluster, out, redis)
         summary.update(driver_phases(s, workload, cluster, redis, summary["postgres_load"]))
         summary["sweeps"] = sweeps(s, workload, cluster, out, redis, summary["http"])
+        summary["durability"] = durability_phases(
+            s, workload, cluster, out, redis, summary["sweeps"]["router_offered_writes"]
+        )
+        log("journal memory per entry and per result")
+        summary["journal_memory"] = asyncio.run(journal.measure(cluster.url))
     finally:
         cluster.down()
     summary["seconds"] = round(time.monotonic() - t_start, 1)

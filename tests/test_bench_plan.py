@@ -19,6 +19,9 @@ COSTS = {
     "router_us_per_read": 1000.0,
     "bytes_per_dedup_member": 100.0,
     "redis_master_us_per_dedup_lookup": 0.5,
+    "bytes_per_journal_entry": 200.0,
+    "bytes_per_journaled_result": 70.0,
+    "journal_calls_per_shard_s": 100.0,
 }
 GIB = 2**30
 
@@ -31,7 +34,7 @@ def test_writes_and_memory_size_the_masters() -> None:
     assert p.router_cores == pytest.approx(100_000 * 50e-6 + 100 * 1e-3)
     assert p.routers == 9  # 5.1 cores / 0.6
     assert p.data_bytes == pytest.approx(1_000_000 * 100 * 1.2)
-    assert p.memory_per_node_bytes == int(p.data_bytes / 3 * 2)
+    assert p.memory_per_node_bytes == int((p.data_bytes / 3 + p.journal.bytes_per_master) * 2)
     # 2 billion players: 2e9 x 100 B x 1.2 = 223.5 GiB -> 9 masters of at most 25 GiB, 5 shards each.
     big = plan.plan(players=2_000_000_000, writes=1, reads=0, replicas=1, periods=["total"], costs=COSTS)
     assert (big.masters, big.reasons["masters"]) == (9, "memory")
@@ -168,5 +171,52 @@ def test_main_takes_incr_flags_and_the_dedup_bench(
     assert plan.main(args) == 0
     assert "Redis masters        1  (CPU-bound" in capsys.readouterr().out
     for bad in (["--incr", "1.5"], ["--incr", "-0.1"], ["--dedup-window", "30"]):
+        with pytest.raises(SystemExit):
+            plan.main([*args, *bad])
+
+
+def test_full_journals_are_counted_per_master() -> None:
+    # 32k writes/s: one master holds all 16 shards; 2,000 writes/s a shard at 100 script calls a
+    # second make entries of 20 results: 50,000 x (200 + 20 x 70) B x 1.2 = 96 MB a shard.
+    p = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS)
+    assert (p.masters, p.shards) == (1, 16)
+    assert p.journal.results_per_entry == 20
+    assert p.journal.bytes_per_shard == pytest.approx(50_000 * 1600 * 1.2)
+    assert p.journal.bytes_per_master == pytest.approx(16 * p.journal.bytes_per_shard)
+    assert p.journal.buffer_s == pytest.approx(50_000 * 20 / 2000)  # entries x batch / writes a shard
+    assert p.memory_per_node_bytes == int((p.data_bytes + p.journal.bytes_per_master) * 2)
+    # Half the writes journaled: half the batch; none: no journal; a smaller bound, less memory.
+    half = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journaled=0.5)
+    assert half.journal.bytes_per_shard == pytest.approx(50_000 * (200 + 10 * 70) * 1.2)
+    assert plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journaled=0).journal.bytes_per_master == 0
+    small = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journal_max_entries=5000)
+    assert small.journal.bytes_per_master == pytest.approx(p.journal.bytes_per_master / 10)
+    # A batch is one script call: at least one result, at most the router's largest batch.
+    assert plan.journal_batch(1, 16, 100.0) == 1
+    assert plan.journal_batch(10**9, 16, 100.0) == plan.MAX_RESULTS_PER_ENTRY
+
+
+def test_main_prints_the_journal_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    args = [
+        "--players",
+        "1000",
+        "--writes",
+        "32000",
+        "--reads",
+        "0",
+        "--summary",
+        str(tmp_path / "summary.json"),
+    ]
+    assert plan.main(args) == 0
+    out = capsys.readouterr().out
+    assert (
+        "journal bound        1.4 GiB per master at 50,000 entries a shard of 20 results (92 MiB a shard)"
+        in out
+    )
+    assert "holds 500 s of writes" in out
+    assert plan.main([*args, "--journaled", "0"]) == 0
+    assert "journal bound        none (no journaled board)" in capsys.readouterr().out
+    for bad in (["--journaled", "2"], ["--journal-max-entries", "0"]):
         with pytest.raises(SystemExit):
             plan.main([*args, *bad])
