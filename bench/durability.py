@@ -4,7 +4,7 @@ replica (router setting SHARDLB_ACK=replica) beside writes acknowledged by the p
 
 ``bench.run`` drives the phases; this module holds what only the durability phases need: the
 archive's PostgreSQL (a private server, or SHARDLB_POSTGRES_URL), the archiver as a process of its
-own (``python -m bench.archiver``, metered like the router), the journals' state before and after a
+own (``shardlb archive``, metered like the router), the journals' state before and after a
 phase (entries added, lag), the wait until the archive has caught up, and whether the router knows
 the ``ack`` setting at all.
 """
@@ -29,7 +29,7 @@ from bench.harness import log
 from bench.procs import CpuMeter
 from bench.testbed import postgres_pids
 from shardlb import keys
-from shardlb.archive import journal_lag
+from shardlb.journal import journal_lag
 from shardlb.connection import Scripts, connect
 from shardlb.postgres import LocalPostgres
 
@@ -91,7 +91,7 @@ class ArchiveDatabase:
 
 @dataclass
 class ArchiverProcess:
-    """``python -m bench.archiver`` in its own session; SIGTERM stops it after its current round."""
+    """``shardlb archive`` in its own session; SIGTERM stops it after its current round."""
 
     redis_url: str
     postgres_url: str
@@ -101,7 +101,7 @@ class ArchiverProcess:
     def start(self) -> ArchiverProcess:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bench.archiver", "--redis", self.redis_url,
+                [sys.executable, "-m", "shardlb", "archive", "--redis", self.redis_url,
                  "--postgres", self.postgres_url, "--name", "bench"],
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
