@@ -29,8 +29,8 @@ from bench.harness import log
 from bench.procs import CpuMeter
 from bench.testbed import postgres_pids
 from shardlb import keys
-from shardlb.journal import journal_lag
 from shardlb.connection import Scripts, connect
+from shardlb.journal import journal_lag
 from shardlb.postgres import LocalPostgres
 
 ROOT = Path(__file__).resolve().parent.parent
