@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import psycopg
 
 from bench.harness import log
 from bench.procs import CpuMeter
+from bench.services import stop_group
 from bench.testbed import postgres_pids
 from shardlb import keys
 from shardlb.connection import Scripts, connect
@@ -120,16 +120,7 @@ class ArchiverProcess:
         return None if self.proc is None else self.proc.poll()
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
+        stop_group(self.proc)
 
 
 async def _journals(url: str, board_id: str) -> dict[str, Any]:

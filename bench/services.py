@@ -40,6 +40,21 @@ def free_port(start: int, stop: int = 32767) -> int:
     raise RuntimeError(f"no free port in {start}-{stop}")
 
 
+def stop_group(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM the process group ``proc`` leads (a router drains, an archiver ends its round), then
+    SIGKILL it if it is still there after 15 s. Nothing to do when it already ended."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
 def router_missing() -> str | None:
     """None when the router can be started, else why it cannot (the summary prints it)."""
     if not ROUTER_MODULE.exists():
@@ -100,16 +115,7 @@ class Router:
 
     def stop(self) -> None:
         """SIGTERM the router's process group (it drains), SIGKILL it after 15 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
+        stop_group(self.proc)
 
     def __enter__(self) -> Router:
         return self.start()

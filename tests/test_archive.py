@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from shardlb import keys, times
 from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
-from shardlb.connection import connect
 from shardlb.errors import Overloaded
 from shardlb.journal import journal_lag
 from shardlb.store import BoardStore
@@ -30,13 +28,6 @@ from tests.reference import ReferenceBoard
 from tests.test_board import HOUR, expected_entries, sharding
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-async def raw(cluster_url: str) -> AsyncIterator[Any]:
-    client = connect(cluster_url, decode=False)
-    yield client
-    await client.aclose()
 
 
 async def archiver(raw: Any, store: BoardStore, postgres_url: str, name: str = "a1", **kw: Any) -> Archiver:

@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
 from typing import Any
 
-import psycopg
 import pytest
 import redis.exceptions
 
@@ -21,7 +19,7 @@ from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
-from shardlb.connection import Scripts, connect
+from shardlb.connection import connect
 from shardlb.errors import BoardConflict
 from shardlb.rebuild import Rebuilder
 from shardlb.store import BoardStore
@@ -31,20 +29,6 @@ from tests.test_archive import archived
 from tests.test_board import HOUR, expected_entries, sharding
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-async def raw(cluster_url: str) -> AsyncIterator[Any]:
-    client = connect(cluster_url, decode=False)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def rebuilder(raw: Any, postgres_url: str) -> AsyncIterator[Rebuilder]:
-    db = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
-    yield Rebuilder(raw, Scripts.register(raw).rebuild, db)
-    await db.close()
 
 
 async def archiver(raw: Any, store: BoardStore, postgres_url: str) -> Archiver:

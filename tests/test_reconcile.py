@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shardlb import keys
 from shardlb.cli import main
 from shardlb.config import BoardConfig
-from shardlb.connection import Scripts, connect
 from shardlb.rebuild import Rebuilder
 from shardlb.reconcile import checksum, reconcile, repair
 from shardlb.store import BoardStore
@@ -26,20 +23,6 @@ from tests.test_board import sharding
 from tests.test_rebuild import Writer, archiver, check, drain
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-async def raw(cluster_url: str) -> AsyncIterator[Any]:
-    client = connect(cluster_url, decode=False)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def rebuilder(raw: Any, postgres_url: str) -> AsyncIterator[Rebuilder]:
-    db = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
-    yield Rebuilder(raw, Scripts.register(raw).rebuild, db)
-    await db.close()
 
 
 def test_the_checksum_ignores_order_and_sees_any_change() -> None:
