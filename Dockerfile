@@ -1,8 +1,15 @@
-# shardlb: the router (`shardlb serve`, the entry point) and, with the bench extra, Locust for the
-# in-cluster load test (k8s/components/locust runs `locust` from this same image).
+# shardlb: the router (`shardlb serve`, the entry point), the archiver and the maintenance commands
+# (`shardlb archive`, `rebuild`, `reconcile`: k8s/base/archiver sets the command) and, with the bench
+# extra, Locust for the in-cluster load test (k8s/components/locust runs `locust` from this image).
+# PostgreSQL's client library comes with the psycopg[binary] wheel: nothing to install for it.
 #
 #   docker build -t shardlb:0.1.0 .
 #   docker run --rm -p 8000:8000 -e SHARDLB_REDIS_URL=redis://host:6379 shardlb:0.1.0
+#   docker run --rm --no-healthcheck --entrypoint shardlb -e SHARDLB_REDIS_URL=redis://host:6379 \
+#     -e SHARDLB_POSTGRES_URL=postgresql://user:pw@host/db shardlb:0.1.0 archive --metrics-port 9102
+#
+# (the HEALTHCHECK asks the router's /healthz, hence --no-healthcheck for the archiver; Kubernetes
+# ignores HEALTHCHECK and probes /metrics instead)
 #
 # Two stages: the builder installs the checkout with its bench extra into a virtualenv; the final
 # image gets only that virtualenv on the same slim Python, so pip's build dependencies and caches
@@ -34,7 +41,7 @@ RUN ln -s "$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="shardlb" \
-      org.opencontainers.image.description="Sharded leaderboard router on Redis Cluster" \
+      org.opencontainers.image.description="Sharded leaderboard router and archiver on Redis Cluster" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --system --gid 10001 shardlb \
     && useradd --system --uid 10001 --gid shardlb --no-create-home --home-dir /nonexistent \

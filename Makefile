@@ -58,7 +58,7 @@ bench-dedup: install redis-server ## ~2 min: bytes per incr dedup record and the
 bench-rebuild: install redis-server ## ~1 min: rebuild a 1M-player board from PostgreSQL (SHARDLB_REBUILD_PLAYERS)
 	$(BIN)/python -m bench.rebuild
 
-k8s-check: install redis-server ## offline checks of Dockerfile and k8s/ (render, validate, lint, pod scripts)
+k8s-check: install redis-server postgres ## offline checks of Dockerfile and k8s/ (render, validate, lint, pod scripts, archiver)
 	$(BIN)/pytest -q tests/test_k8s_manifests.py tests/test_k8s_scripts.py
 
 clean: stop ## remove the virtualenv and local state

@@ -9,17 +9,26 @@ tools come from the virtualenv that runs the tests (installed by the project's t
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import functools
 import math
+import os
 import re
 import shlex
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from psycopg.conninfo import conninfo_to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -37,11 +46,18 @@ RENDER = ["kustomize"]
 
 ROUTER = "shardlb-router"
 ROUTER_PORT = 8000
+ARCHIVER = "shardlb-archiver"
+RECONCILE = "shardlb-reconcile"
 REDIS = "redis-cluster"
+POSTGRES = "shardlb-postgres"  # the dev overlay's PostgreSQL (StatefulSet and Service)
 SECRET = "shardlb-keys"
 REDIS_SECRET = {"name": "redis-auth", "key": "REDIS_PASSWORD"}
+POSTGRES_SECRET = "shardlb-postgres"  # key SHARDLB_POSTGRES_URL; dev generates it (name + hash)
 REDIS_CLIENT_LABEL = ("shardlb.io/redis-client", "true")
-POD_OWNERS = {"Deployment", "StatefulSet", "Job", "DaemonSet", "ReplicaSet"}
+POSTGRES_CLIENT_LABEL = ("shardlb.io/postgres-client", "true")
+POD_OWNERS = {"Deployment", "StatefulSet", "Job", "CronJob", "DaemonSet", "ReplicaSet"}
+# the prod overlays expect an external PostgreSQL; only dev runs one
+POSTGRES_OVERLAYS = ("dev",)
 
 
 def tool(name: str) -> str:
@@ -89,8 +105,16 @@ def generated(overlay: str, kind: str, base_name: str) -> dict[str, Any]:
     return found[0]
 
 
+def pod_template(obj: dict[str, Any]) -> dict[str, Any]:
+    """The pod template of a Deployment, StatefulSet or Job, or of a CronJob's Jobs."""
+    spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+    template: dict[str, Any] = spec["template"]
+    return template
+
+
 def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
-    return obj["spec"]["template"]["spec"]
+    spec: dict[str, Any] = pod_template(obj)["spec"]
+    return spec
 
 
 def pod_owners(overlay: str) -> list[dict[str, Any]]:
@@ -98,7 +122,7 @@ def pod_owners(overlay: str) -> list[dict[str, Any]]:
 
 
 def pod_labels(obj: dict[str, Any]) -> dict[str, str]:
-    labels: dict[str, str] = obj["spec"]["template"]["metadata"]["labels"]
+    labels: dict[str, str] = pod_template(obj)["metadata"]["labels"]
     return labels
 
 
@@ -111,9 +135,8 @@ def container(obj: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    """Does a label selector (matchLabels / matchExpressions) select these labels?"""
-    if not selector:
-        return False
+    """Does a label selector (matchLabels / matchExpressions) select these labels? An empty one
+    selects everything, as in a NetworkPolicy (`podSelector: {}`: every pod of the namespace)."""
     ok = all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
     for expr in selector.get("matchExpressions", []):
         key, op, values = expr["key"], expr["operator"], expr.get("values", [])
@@ -244,10 +267,13 @@ def test_overlay_renders_everything(overlay: str) -> None:
         "Job",
         "ConfigMap",
         "NetworkPolicy",
+        "CronJob",
     ):
         assert kind in kinds, f"{overlay} renders no {kind}"
     locust = {"locust-master", "locust-worker"} if overlay in LOCUST_OVERLAYS else set()
-    assert {o["metadata"]["name"] for o in objects(overlay, "Deployment")} == {ROUTER, *locust}
+    assert {o["metadata"]["name"] for o in objects(overlay, "Deployment")} == {ROUTER, ARCHIVER, *locust}
+    postgres = {POSTGRES} if overlay in POSTGRES_OVERLAYS else set()
+    assert {o["metadata"]["name"] for o in objects(overlay, "StatefulSet")} == {REDIS, *postgres}
     namespace = NAMESPACES[overlay]
     assert [o["metadata"]["name"] for o in objects(overlay, "Namespace")] == [namespace]
     for o in rendered(overlay):
@@ -297,7 +323,7 @@ def secret_examples() -> dict[str, dict[str, Any]]:
 
 
 def test_secret_examples_validate_and_are_in_no_kustomization() -> None:
-    assert set(secret_examples()) == {SECRET, REDIS_SECRET["name"]}
+    assert set(secret_examples()) == {SECRET, REDIS_SECRET["name"], POSTGRES_SECRET}
     for example in K8S.rglob("secret.example.yaml"):
         passed, problems = kubernetes_validate(example)
         assert not problems and passed == 1, problems
@@ -380,6 +406,15 @@ def test_dockerfile_shape() -> None:
     assert "CMD [" in health[0], "exec form"
 
 
+def test_the_image_brings_its_own_libpq() -> None:
+    # The final stage installs nothing (test_dockerfile_shape) and the slim base has no libpq, so
+    # the archiver's PostgreSQL driver must ship its own: psycopg's binary wheel.
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(re.fullmatch(r"psycopg\[[^]]*\bbinary\b[^]]*\]\S*", d.replace(" ", "")) for d in deps), deps
+
+
 def test_dockerignore_keeps_the_context_to_the_package() -> None:
     patterns = [
         line.strip()
@@ -450,7 +485,15 @@ def test_router_settings_and_keys(overlay: str) -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_no_secret_is_rendered(overlay: str) -> None:
-    assert objects(overlay, "Secret") == []
+    # the one exception: dev's generated PostgreSQL Secret, which holds nothing but that server's
+    # password and URL (test_dev_runs_its_own_postgres)
+    secrets = objects(overlay, "Secret")
+    if overlay in POSTGRES_OVERLAYS:
+        (secret,) = secrets
+        assert secret["metadata"]["name"] == postgres_secret_name(overlay)
+        assert set(secret["data"]) == {"POSTGRES_PASSWORD", "SHARDLB_POSTGRES_URL"}
+    else:
+        assert secrets == []
     text = render_text(overlay)
     for example in secret_examples().values():
         for value in example["stringData"].values():
@@ -605,6 +648,8 @@ def test_redis_statefulset(overlay: str) -> None:
     data_mount = next(m for m in c["volumeMounts"] if m["name"] == claim["metadata"]["name"])
     assert data_mount["mountPath"] == settings["REDIS_DATA_DIR"]
     assert "--appendonly yes" in (K8S / "base" / "redis" / "redis-node.sh").read_text()
+    # a full shard refuses writes (503) rather than evict scores or journal entries
+    assert settings["REDIS_MAXMEMORY_POLICY"] == "noeviction"
     # the stable name each node announces is its pod's name under the headless Service
     env = {e["name"]: e for e in c["env"]}
     headless = get(overlay, "Service", spec["serviceName"])
@@ -719,7 +764,7 @@ def test_network_policies_admit_the_redis_clients_only(overlay: str) -> None:
     assert not admits(overlay, router, redis, 16379)
     assert not admits(overlay, None, redis, 6379)
     for owner in pod_owners(overlay):
-        if owner["kind"] != "StatefulSet":
+        if owner["metadata"]["name"] != REDIS:
             labels = pod_labels(owner)
             assert admits(overlay, labels, redis, 6379) == (owner in redis_clients(overlay)), owner[
                 "metadata"
@@ -738,10 +783,12 @@ def test_network_policy_of_the_router(overlay: str) -> None:
     assert admits(overlay, None, router, ROUTER_PORT)
     assert admits(overlay, {"app": "any-pod"}, router, ROUTER_PORT)
     assert not admits(overlay, None, router, 9090)
-    # and it talks to Redis and DNS only
+    # and it talks to Redis, PostgreSQL (the admin rebuild endpoint) and DNS only
     assert not admits(overlay, router, {"app": "any-pod"}, 6379)
     assert not admits(overlay, router, redis, 16379)
     assert not egress_outside(overlay, router, 6379)
+    assert egress_outside(overlay, router, 5432) and egress_outside(overlay, router, 53)
+    assert not egress_outside(overlay, router, 443)
 
 
 @pytest.mark.parametrize("overlay", LOCUST_OVERLAYS)
@@ -764,6 +811,298 @@ def test_network_policy_of_locust(overlay: str) -> None:
         assert not admits(overlay, source, redis, 6379)
         assert not admits(overlay, source, {"app": "any-pod"}, ROUTER_PORT)
         assert egress_outside(overlay, source, 53) and not egress_outside(overlay, source, ROUTER_PORT)
+
+
+# ---------------------------------------------------------------- the archive
+
+
+def postgres_secret_name(overlay: str) -> str:
+    """The Secret holding SHARDLB_POSTGRES_URL: made by hand in prod, generated (name + hash) in dev."""
+    if overlay in POSTGRES_OVERLAYS:
+        name: str = generated(overlay, "Secret", POSTGRES_SECRET)["metadata"]["name"]
+        return name
+    return POSTGRES_SECRET
+
+
+def arg_value(args: list[str], flag: str) -> str:
+    """The value of `--flag=value` or `--flag value` in a container's args (exactly one of them)."""
+    found = [a.partition("=")[2] for a in args if a.startswith(f"{flag}=")]
+    found += [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+    assert len(found) == 1, f"{flag} in {args}"
+    return found[0]
+
+
+def expand_arg(c: dict[str, Any], value: str, known: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion of command and args: any variable of the container's env."""
+    defined = {e["name"] for e in c.get("env", [])}
+    return re.sub(r"\$\((\w+)\)", lambda m: known[m.group(1)] if m.group(1) in defined else m.group(0), value)
+
+
+def metrics_port(c: dict[str, Any]) -> int:
+    """The port the archiver serves /metrics on (its --metrics-port), which must be a container port."""
+    port = int(arg_value(c["args"], "--metrics-port"))
+    assert container_port(c, port) == port
+    return port
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_archiver_runs_in_every_overlay(overlay: str) -> None:
+    from shardlb.cli import DELEGATED
+
+    deployment = get(overlay, "Deployment", ARCHIVER)
+    c = container(deployment, "archiver")
+    # the image's `shardlb` with its archive subcommand, more than one at once, on the router's image
+    assert c["command"] == ["shardlb", "archive"] and "archive" in DELEGATED
+    assert c["image"] == container(get(overlay, "Deployment", ROUTER), "router")["image"]
+    assert deployment["spec"]["replicas"] >= 2
+    # each pod is its own consumer in the journals' group: its name is the pod's name
+    env = {e["name"]: e for e in c["env"]}
+    name = arg_value(c["args"], "--name")
+    (variable,) = re.fullmatch(r"\$\((\w+)\)", name).groups()  # type: ignore[union-attr]
+    assert env[variable]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # the Redis password from redis-auth, in the router's URL with the router's seeds
+    assert redis_password_ref(c) == REDIS_SECRET
+    router = container(get(overlay, "Deployment", ROUTER), "router")
+    assert env["SHARDLB_REDIS_URL"]["value"] == config_data(overlay, router)["SHARDLB_REDIS_URL"]
+    from shardlb.connection import connect
+
+    client = connect(expand(c, env["SHARDLB_REDIS_URL"]["value"], {"REDIS_PASSWORD": "f" * 64}))
+    assert client.get_connection_kwargs()["password"] == "f" * 64
+    # PostgreSQL's URL from its Secret, required
+    url = secret_env(c)["SHARDLB_POSTGRES_URL"]
+    assert url == {"name": postgres_secret_name(overlay), "key": "SHARDLB_POSTGRES_URL"}
+    # no HTTP server but the metrics one: both probes ask it
+    port = metrics_port(c)
+    for probe in ("livenessProbe", "readinessProbe"):
+        http = c[probe]["httpGet"]
+        assert http["path"] == "/metrics" and container_port(c, http["port"]) == port, probe
+    # run like the router: same pod and container security settings
+    router_spec = pod_spec(get(overlay, "Deployment", ROUTER))
+    assert pod_spec(deployment)["securityContext"] == router_spec["securityContext"]
+    assert c["securityContext"] == router["securityContext"]
+    # a drain takes one archiver at a time, and the budget covers only archivers
+    pdbs = [
+        p
+        for p in objects(overlay, "PodDisruptionBudget")
+        if selects(p["spec"]["selector"], pod_labels(deployment))
+    ]
+    assert [p["metadata"]["name"] for p in pdbs] == [ARCHIVER]
+    assert pdbs[0]["spec"]["maxUnavailable"] == 1
+    for other in pod_owners(overlay):
+        if other is not deployment:
+            assert not selects(pdbs[0]["spec"]["selector"], pod_labels(other)), other["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_postgres_client_has_the_archive_url(overlay: str) -> None:
+    key, value = POSTGRES_CLIENT_LABEL
+    refs: dict[str, dict[str, Any]] = {}
+    for owner in pod_owners(overlay):
+        for c in containers(pod_spec(owner)):
+            ref = secret_env(c).get("SHARDLB_POSTGRES_URL")
+            if ref is not None:
+                refs[owner["metadata"]["name"]] = ref
+                # labelled, so that dev's PostgreSQL NetworkPolicy lets it in
+                assert pod_labels(owner).get(key) == value, owner["metadata"]["name"]
+                assert ref["name"] == postgres_secret_name(overlay) and ref["key"] == "SHARDLB_POSTGRES_URL"
+    assert set(refs) == {ROUTER, ARCHIVER, RECONCILE}
+    # the router runs without it (its admin rebuild endpoint then answers 409); the others need it
+    assert refs[ROUTER].get("optional") is True
+    assert not refs[ARCHIVER].get("optional") and not refs[RECONCILE].get("optional")
+    from router.settings import Settings
+
+    url = "postgresql://shardlb:pw@db.example.com:5432/shardlb"
+    parsed = Settings.from_env({"SHARDLB_INSECURE_DEV": "true", "SHARDLB_POSTGRES_URL": url})
+    assert parsed.postgres_url == url
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_of_the_archive(overlay: str) -> None:
+    archiver_owner = get(overlay, "Deployment", ARCHIVER)
+    archiver = pod_labels(archiver_owner)
+    reconcile = pod_labels(get(overlay, "CronJob", RECONCILE))
+    router = pod_labels(get(overlay, "Deployment", ROUTER))
+    redis = pod_labels(get(overlay, "StatefulSet", REDIS))
+    # both talk to Redis' client port, PostgreSQL (at any address: prod's is outside) and DNS only
+    for source in (archiver, reconcile):
+        assert admits(overlay, source, redis, 6379)
+        assert not admits(overlay, source, redis, 16379)
+        assert egress_outside(overlay, source, 5432) and egress_outside(overlay, source, 53)
+        assert not egress_outside(overlay, source, 443) and not egress_outside(overlay, source, 6379)
+        assert not admits(overlay, source, router, ROUTER_PORT)
+        assert not admits(overlay, source, {"app": "any-pod"}, 6379)
+    # the archiver's metrics: pods of its namespace and the monitoring namespace, that port only
+    port = metrics_port(container(archiver_owner, "archiver"))
+    assert admits(overlay, {"app": "prometheus"}, archiver, port)
+    assert not admits(overlay, {"app": "prometheus"}, archiver, ROUTER_PORT)
+    assert not admits(overlay, None, archiver, ROUTER_PORT)
+    peers = [
+        peer
+        for p in policies(overlay, archiver, "Ingress")
+        for rule in p["spec"].get("ingress", [])
+        for peer in rule.get("from", [{"ipBlock": "anywhere"}])
+    ]
+    outside = [peer for peer in peers if "podSelector" not in peer]
+    assert outside == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    # nothing connects to the reconcile Job
+    for source in (None, router, archiver, {"app": "any-pod"}):
+        assert not admits(overlay, source, reconcile, port)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_reconcile_runs_nightly_one_at_a_time(overlay: str) -> None:
+    cron = get(overlay, "CronJob", RECONCILE)
+    assert len(cron["spec"]["schedule"].split()) == 5
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    c = container(cron, "reconcile")
+    assert redis_password_ref(c) == REDIS_SECRET
+    # the archiver's Redis URL (the router's seeds, test_the_archiver_runs_in_every_overlay)
+    archiver = container(get(overlay, "Deployment", ARCHIVER), "archiver")
+    assert config_data(overlay, c)["SHARDLB_REDIS_URL"] == config_data(overlay, archiver)["SHARDLB_REDIS_URL"]
+    settings = config_data(overlay, c)
+    assert {"SHARDLB_RECONCILE_BOARDS", "SHARDLB_RECONCILE_ARGS"} <= set(settings)
+
+
+def test_reconcile_job_checks_every_board_and_fails_on_any_drift(tmp_path: Path) -> None:
+    # The Job's shell script, run as the pod would, with a `shardlb` that records its arguments and
+    # reports drift (exit 1) for the board named "drifting".
+    c = container(get("prod", "CronJob", RECONCILE), "reconcile")
+    assert c["command"][:2] == ["sh", "-c"]
+    script = c["command"][2]
+    log = tmp_path / "calls"
+    stub = tmp_path / "shardlb"
+    stub.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$2" != drifting ]\n')
+    stub.chmod(0o755)
+
+    def job(boards: str, args: str = "") -> tuple[int, list[str]]:
+        log.write_text("")
+        env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+        env |= {"SHARDLB_RECONCILE_BOARDS": boards, "SHARDLB_RECONCILE_ARGS": args}
+        result = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=False)
+        return result.returncode, log.read_text().splitlines()
+
+    assert job("") == (0, [])
+    assert job("weekly daily-cup") == (0, ["reconcile weekly", "reconcile daily-cup"])
+    code, calls = job("a drifting b", "--repair --period daily")
+    assert code == 1
+    assert calls == [f"reconcile {b} --repair --period daily" for b in ("a", "drifting", "b")]
+
+
+def test_dev_runs_its_own_postgres() -> None:
+    sts = get("dev", "StatefulSet", POSTGRES)
+    c = container(sts, "postgres")
+    assert re.fullmatch(r"postgres:\d+\.\d+", c["image"]), "the official image, pinned"
+    assert sts["spec"]["replicas"] == 1
+    # the data lives on its volume, in a directory below the mount (whose root may hold lost+found)
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    env = {e["name"]: e for e in c["env"]}
+    mount = next(m for m in c["volumeMounts"] if m["name"] == claim["metadata"]["name"])
+    assert env["PGDATA"]["value"].startswith(mount["mountPath"].rstrip("/") + "/")
+    # the URL its clients get names this server, its user, database and password
+    secret = generated("dev", "Secret", POSTGRES_SECRET)
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert secret_env(c)["POSTGRES_PASSWORD"] == {
+        "name": secret["metadata"]["name"],
+        "key": "POSTGRES_PASSWORD",
+    }
+    url = conninfo_to_dict(data["SHARDLB_POSTGRES_URL"])
+    service = get("dev", "Service", sts["spec"]["serviceName"])
+    assert url["host"] == service["metadata"]["name"]
+    (port,) = service["spec"]["ports"]
+    assert int(url["port"]) == port["port"] == container_port(c, port["targetPort"])
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels(sts))
+    assert (url["user"], url["dbname"]) == (env["POSTGRES_USER"]["value"], env["POSTGRES_DB"]["value"])
+    assert url["password"] == data["POSTGRES_PASSWORD"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["exec"]["command"][0] == "pg_isready", probe
+    # only the archive's clients reach it; it reaches nothing, not even DNS
+    postgres = pod_labels(sts)
+    clients = {ROUTER, ARCHIVER, RECONCILE}
+    for owner in pod_owners("dev"):
+        if owner is not sts:
+            allowed = admits("dev", pod_labels(owner), postgres, 5432)
+            assert allowed == (owner["metadata"]["name"] in clients), owner["metadata"]["name"]
+    assert not admits("dev", None, postgres, 5432)
+    assert not egress_outside("dev", postgres, 53)
+
+
+@pytest.mark.parametrize("overlay", [o for o in OVERLAYS if o not in POSTGRES_OVERLAYS])
+def test_prod_expects_an_external_postgres(overlay: str) -> None:
+    for owner in pod_owners(overlay):
+        for c in containers(pod_spec(owner)):
+            assert not c["image"].startswith("postgres"), owner["metadata"]["name"]
+    assert not [o for o in rendered(overlay) if o["metadata"]["name"].startswith(POSTGRES)]
+    assert objects(overlay, "Secret") == []
+
+
+@pytest.mark.cluster
+async def test_the_archiver_container_runs_as_rendered(
+    store: Any, cluster_url: str, postgres_url: str, tmp_path: Path
+) -> None:
+    """The rendered archiver container's command and args, run against the suite's cluster and
+    PostgreSQL: it archives under the pod's name as its consumer name, answers its probes on the
+    metrics port, and exits 0 on SIGTERM within the grace period."""
+    from shardlb import keys, times
+    from shardlb.board import Score
+    from shardlb.config import BoardConfig
+    from shardlb.connection import connect
+    from shardlb.journal import GROUP
+
+    deployment = get("prod", "Deployment", ARCHIVER)
+    c = container(deployment, "archiver")
+    pod = "shardlb-archiver-5d8f7c9b6-x2x4q"
+    port = metrics_port(c)
+    with socket.socket() as s:  # the test's own port: other test sessions may run beside this one
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    args = [expand_arg(c, a, {"POD_NAME": pod}) for a in c["args"]]
+    args = [a.replace(f"--metrics-port={port}", f"--metrics-port={free}") for a in args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLB_")}
+    env |= {"SHARDLB_REDIS_URL": cluster_url, "SHARDLB_POSTGRES_URL": postgres_url}
+
+    config = BoardConfig.from_dict("k8s-archiver", {"sharding": {"strategy": "hash", "shards": 3}})
+    board, _ = await store.create(config)
+    raw = connect(cluster_url, decode=False)
+    output = tmp_path / "archiver.log"
+    with output.open("wb") as sink:
+        process = subprocess.Popen(
+            [tool(c["command"][0]), *c["command"][1:], *args], env=env, stdout=sink, stderr=subprocess.STDOUT
+        )
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(20)], now_ms=now)
+        journals = [keys.journal_key(p) for p in board.prefixes]
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, output.read_text()
+            assert time.monotonic() < deadline, (
+                "the archiver did not consume within 30 s:\n" + output.read_text()
+            )
+            consumers: set[bytes] = set()
+            for key in journals:
+                if await raw.exists(key):
+                    groups = {g["name"] for g in await raw.xinfo_groups(key)}
+                    if GROUP.encode() in groups:
+                        consumers |= {x["name"] for x in await raw.xinfo_consumers(key, GROUP)}
+            if pod.encode() in consumers:
+                break
+            await asyncio.sleep(0.2)
+        # what the probes see: 200 from /metrics, with the archive's own metrics
+        http = c["livenessProbe"]["httpGet"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{free}{http['path']}", timeout=5) as reply:
+            assert reply.status == 200
+            names = {family.name for family in text_string_to_metric_families(reply.read().decode())}
+        assert {"shardlb_archive_lag_entries", "shardlb_archive_lag_seconds"} <= names
+        process.send_signal(signal.SIGTERM)
+        grace = pod_spec(deployment)["terminationGracePeriodSeconds"]
+        assert await asyncio.to_thread(process.wait, grace) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        await raw.aclose()
+        await store.delete(config.id)
 
 
 # ---------------------------------------------------------------- Locust
