@@ -86,7 +86,7 @@ _FIRST = {"best": "score DESC", "set": "achieved_ms DESC, score DESC", "incr": "
 
 async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
     """A connection with the schema in place (idempotent)."""
-    conn = await psycopg.AsyncConnection.connect(url, autocommit=False)
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=False, application_name="shardlb-archive")
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(7427466)")  # one CREATE at a time
         await conn.execute(SCHEMA)
@@ -104,10 +104,12 @@ class Archiver:
         name: str,
         count: int = 500,
         claim_idle_s: float = 30.0,
+        db_url: str | None = None,
     ) -> None:
         self.client = client  # replies as bytes: entries carry MessagePack
         self.store = store
         self.db = db
+        self.db_url = db_url  # to open a new connection when PostgreSQL drops this one
         self.name = name
         self.count = count
         self.claim_idle_ms = int(claim_idle_s * 1000)
@@ -178,8 +180,18 @@ class Archiver:
                 with contextlib.suppress(psycopg.Error):
                     await self.db.rollback()
                 await _sleep(stop, 1.0)
+                await self._reconnect()
                 continue
             await _sleep(stop, idle_s)
+
+    async def _reconnect(self) -> None:
+        """A new connection when PostgreSQL closed ours (a restart, a failover, a proxy's timeout)."""
+        if not self.db.closed or self.db_url is None:
+            return
+        try:
+            self.db = await connect_db(self.db_url)
+        except (psycopg.Error, OSError) as e:
+            log.warning("PostgreSQL not reachable; retrying", extra={"fields": {"error": repr(e)}})
 
     async def lag(self) -> dict[str, Lag]:
         """The lag of every journal this archiver knows, by journal key."""
@@ -318,7 +330,7 @@ async def serve(
                 await raw.aclose()
                 await client.aclose()
                 return
-    archiver = Archiver(raw, BoardStore(client, scripts), db, name)
+    archiver = Archiver(raw, BoardStore(client, scripts), db, name, db_url=postgres_url)
     watch = asyncio.create_task(_watch_lag(archiver, stop, lag_every_s))
     log.info("archiver running", extra={"fields": {"name": name, "redis": redacted(redis_url)}})
     try:

@@ -220,3 +220,38 @@ async def test_shardlb_archive_runs_until_sigterm(
             process.kill()
             process.wait()
         await store.delete(config.id)
+
+
+async def test_the_archiver_reconnects_when_postgres_drops_it(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A PostgreSQL restart or failover closes the archiver's connection: `run` must open a new one
+    and go on, not fail every round from then on."""
+    config = BoardConfig.from_dict("archive-reconnect", {"sharding": {"strategy": "hash", "shards": 2}})
+    board, _ = await store.create(config)
+    a = Archiver(raw, store, await connect_db(postgres_url), "reconnect", db_url=postgres_url)
+    stop = asyncio.Event()
+    task = asyncio.create_task(a.run(stop, idle_s=0.05, refresh_s=0.2))
+    try:
+        now = times.now_ms()
+        await board.submit([Score("before", 1, "m1", now)], now_ms=now)
+        await wait_archived(postgres_url, board, 1)
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE pid <> pg_backend_pid() AND application_name = 'shardlb-archive'"
+            )
+        await board.submit([Score("after", 2, "m2", now)], now_ms=now)
+        await wait_archived(postgres_url, board, 2)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def wait_archived(postgres_url: str, board: Board, count: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(await archived(postgres_url, board)) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} results archived within {timeout_s} s"
+        await asyncio.sleep(0.1)
