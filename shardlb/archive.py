@@ -39,7 +39,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from shardlb import keys
 from shardlb.board import Board
-from shardlb.connection import Scripts, connect, redacted
+from shardlb.connection import Scripts, connect, raised_in_redis, redacted
 from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
 from shardlb.store import BoardStore
 
@@ -172,7 +172,9 @@ class Archiver:
                 if done:
                     ARCHIVED.inc(done)
                     continue
-            except (psycopg.Error, OSError, RedisError, RedisClusterException) as e:
+            except Exception as e:
+                if not _passing(e):
+                    raise
                 FAILED_ROUNDS.inc()
                 log.warning("archive round failed; retrying", extra={"fields": {"error": repr(e)}})
                 with contextlib.suppress(psycopg.Error):
@@ -286,6 +288,12 @@ def _next(entry_id: str) -> str:
     return f"{ms}-{int(seq or 0) + 1}"
 
 
+def _passing(e: Exception) -> bool:
+    """Whether the archiver may retry after ``e``: trouble with PostgreSQL or the cluster, including
+    a failover breaking redis-py inside itself (shardlb/connection.py, ``raised_in_redis``)."""
+    return isinstance(e, (psycopg.Error, OSError, RedisError, RedisClusterException)) or raised_in_redis(e)
+
+
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
@@ -337,7 +345,9 @@ async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) ->
             lags = list((await archiver.lag()).values())
             LAG_ENTRIES.set(max((lag.entries for lag in lags), default=0))
             LAG_SECONDS.set(max((lag.seconds for lag in lags), default=0.0))
-        except (OSError, RedisError, RedisClusterException) as e:
+        except Exception as e:
+            if not _passing(e):
+                raise
             log.warning("journal lag not read", extra={"fields": {"error": repr(e)}})
         await _sleep(stop, every_s)
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from importlib import resources
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
@@ -25,6 +27,20 @@ from shardlb.errors import InvalidInput
 
 _SLOTS: dict[str, int] = {}
 _MAX_SLOT_CACHE = 100_000
+# redis-py has been seen failing inside itself when a connection was closed under it (AttributeError
+# on a closed writer after a failover, RuntimeError from a closed transport): the calls that were
+# using that connection get that, not a RedisError. Raised in its code, it is cluster trouble.
+_REDIS_CODE = str(Path(redis.__file__).parent)
+
+
+def raised_in_redis(exc: BaseException) -> bool:
+    """Whether the innermost frame of the exception's traceback is redis-py's own code."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_REDIS_CODE)
 
 
 def parse_url(url: str) -> list[tuple[str, int]]:

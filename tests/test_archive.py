@@ -229,3 +229,43 @@ async def test_shardlb_archive_runs_until_sigterm(
             process.kill()
             process.wait()
         await store.delete(config.id)
+
+
+async def test_a_failure_inside_redis_py_does_not_stop_the_archiver(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writing on a pooled connection that a failover closed makes redis-py fail inside itself with
+    an AttributeError, not a RedisError (seen under `make chaos`, where it ended the archiver and its
+    journals went undrained). The round is retried like any other cluster failure."""
+    from redis.asyncio.connection import Connection
+
+    config = BoardConfig.from_dict("archive-leak", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    real = a.round
+    failures = [Connection()]
+
+    async def first_round_breaks() -> int:
+        if failures:
+            closed = failures.pop()  # its writer is gone, as after the peer closed it
+            await closed._send_packed_command([b"PING"])
+        return await real()
+
+    monkeypatch.setattr(a, "round", first_round_breaks)
+    stop = asyncio.Event()
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(5)], now_ms=now)
+        running = asyncio.create_task(a.run(stop, idle_s=0.05))
+        deadline = time.monotonic() + 20
+        while len(await archived(postgres_url, board)) < 5:
+            assert not running.done(), running.exception()
+            assert time.monotonic() < deadline, "nothing archived after the failure"
+            await asyncio.sleep(0.1)
+        assert not failures
+        stop.set()
+        await running
+    finally:
+        stop.set()
+        await a.db.close()
+        await store.delete(config.id)
