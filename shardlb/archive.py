@@ -45,6 +45,10 @@ from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.archive")
 
+# Journals read (or acknowledged) at once: each call holds a connection to the journal's node, and
+# a board may have hundreds of shards; all at once would outrun the client's connections per node.
+JOURNALS_IN_FLIGHT = 16
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS boards (
     board text NOT NULL,
@@ -144,7 +148,17 @@ class Archiver:
     async def round(self) -> int:
         """One pass over every journal; returns how many results it archived."""
         streams = [(board, keys.journal_key(p)) for board in self.boards.values() for p in board.prefixes]
-        batches = await asyncio.gather(*(self._read(key) for _, key in streams))
+        gate = asyncio.Semaphore(JOURNALS_IN_FLIGHT)
+
+        async def read(key: str) -> list[Entry]:
+            async with gate:
+                return await self._read(key)
+
+        async def ack(key: str, ids: list[str]) -> None:
+            async with gate:
+                await self._ack(key, ids)
+
+        batches = await asyncio.gather(*(read(key) for _, key in streams))
         self._failed = True  # until this round's entries are committed and acknowledged
         entries = [(board, key, e) for (board, key), got in zip(streams, batches, strict=True) for e in got]
         if not entries:
@@ -155,7 +169,7 @@ class Archiver:
         acked: dict[str, list[str]] = {}
         for _, key, entry in entries:
             acked.setdefault(key, []).append(entry.id)
-        await asyncio.gather(*(self._ack(key, ids) for key, ids in acked.items()))
+        await asyncio.gather(*(ack(key, ids) for key, ids in acked.items()))
         self._failed = False
         return len(rows)
 

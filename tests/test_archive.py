@@ -269,3 +269,21 @@ async def test_a_failure_inside_redis_py_does_not_stop_the_archiver(
         stop.set()
         await a.db.close()
         await store.delete(config.id)
+
+
+async def test_an_archiver_reads_more_journals_than_a_node_has_connections(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A round reads every journal. Reading them all at once, a node holding more journals than the
+    client has connections to it (64, `connect`) failed every round with MaxConnectionsError, and
+    the archive stopped for good (seen under `make chaos`: 12 boards of 16 shards)."""
+    config = BoardConfig.from_dict("archive-wide", {"sharding": {"strategy": "hash", "shards": 256}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(300)], now_ms=now)
+        assert await drain(a) == 300
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
