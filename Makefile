@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install redis-server postgres run stop test lint format typecheck bench bench-scale bench-dedup bench-rebuild k8s-check clean
+.PHONY: help install redis-server postgres run stop test lint format typecheck bench bench-scale bench-dedup bench-rebuild chaos k8s-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ bench-dedup: install redis-server ## ~2 min: bytes per incr dedup record and the
 
 bench-rebuild: install redis-server ## ~1 min: rebuild a 1M-player board from PostgreSQL (SHARDLB_REBUILD_PLAYERS)
 	$(BIN)/python -m bench.rebuild
+
+chaos: install redis-server postgres ## ~5 min failover test that counts acknowledged writes; bench/results/chaos-<timestamp>/
+	$(BIN)/python -m bench.chaos
 
 k8s-check: install redis-server postgres ## offline checks of Dockerfile and k8s/ (render, validate, lint, pod scripts, archiver)
 	$(BIN)/pytest -q tests/test_k8s_manifests.py tests/test_k8s_scripts.py

@@ -8,11 +8,10 @@ trouble with the cluster is a 503 with Retry-After, which a client may retry.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-import redis
 from redis import exceptions as rx
 
+from shardlb.connection import raised_in_redis
 from shardlb.errors import (
     BoardConflict,
     BoardNotFound,
@@ -54,11 +53,6 @@ TABLE: tuple[tuple[type[BaseException], int, str | None], ...] = (
     (OSError, 503, CLUSTER_UNAVAILABLE),  # a socket error or timeout that escaped redis-py's wrapping
 )
 
-# redis-py has been seen failing inside itself when its cluster pipeline closes every connection to
-# retry (AttributeError on a closed writer, RuntimeError from a closed transport): the calls that
-# were using those connections get that, not a RedisError. Raised in its code, it is cluster trouble.
-_REDIS_CODE = str(Path(redis.__file__).parent)
-
 
 class ApiError(Exception):
     """An error with its HTTP status, raised by the router itself or mapped from another exception."""
@@ -95,7 +89,7 @@ def to_api_error(exc: BaseException) -> ApiError:
         return exc
     row = next((row for row in TABLE if isinstance(exc, row[0])), None)
     if row is None:
-        if not raised_in_redis(exc):
+        if not raised_in_redis(exc):  # a failure inside redis-py is cluster trouble (shardlb/connection.py)
             return ApiError(500, "internal_error", "the router failed on this request; it has been logged")
         row = (type(exc), 503, CLUSTER_UNAVAILABLE)
     _, status, code = row
@@ -116,16 +110,6 @@ def to_api_error(exc: BaseException) -> ApiError:
         f"the cluster is unavailable ({type(exc).__name__}); retry shortly",
         retry_after=1,
     )
-
-
-def raised_in_redis(exc: BaseException) -> bool:
-    """Whether the innermost frame of the exception's traceback is redis-py's own code."""
-    tb = exc.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb.tb_frame.f_code.co_filename.startswith(_REDIS_CODE)
 
 
 def is_cluster_trouble(exc: BaseException) -> bool:

@@ -39,11 +39,15 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from shardlb import keys
 from shardlb.board import Board
-from shardlb.connection import Scripts, connect, redacted
+from shardlb.connection import Scripts, connect, raised_in_redis, redacted
 from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.archive")
+
+# Journals read (or acknowledged) at once: each call holds a connection to the journal's node, and
+# a board may have hundreds of shards; all at once would outrun the client's connections per node.
+JOURNALS_IN_FLIGHT = 16
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS boards (
@@ -146,7 +150,17 @@ class Archiver:
     async def round(self) -> int:
         """One pass over every journal; returns how many results it archived."""
         streams = [(board, keys.journal_key(p)) for board in self.boards.values() for p in board.prefixes]
-        batches = await asyncio.gather(*(self._read(key) for _, key in streams))
+        gate = asyncio.Semaphore(JOURNALS_IN_FLIGHT)
+
+        async def read(key: str) -> list[Entry]:
+            async with gate:
+                return await self._read(key)
+
+        async def ack(key: str, ids: list[str]) -> None:
+            async with gate:
+                await self._ack(key, ids)
+
+        batches = await asyncio.gather(*(read(key) for _, key in streams))
         self._failed = True  # until this round's entries are committed and acknowledged
         entries = [(board, key, e) for (board, key), got in zip(streams, batches, strict=True) for e in got]
         if not entries:
@@ -157,7 +171,7 @@ class Archiver:
         acked: dict[str, list[str]] = {}
         for _, key, entry in entries:
             acked.setdefault(key, []).append(entry.id)
-        await asyncio.gather(*(self._ack(key, ids) for key, ids in acked.items()))
+        await asyncio.gather(*(ack(key, ids) for key, ids in acked.items()))
         self._failed = False
         return len(rows)
 
@@ -174,7 +188,9 @@ class Archiver:
                 if done:
                     ARCHIVED.inc(done)
                     continue
-            except (psycopg.Error, OSError, RedisError, RedisClusterException) as e:
+            except Exception as e:
+                if not _passing(e):
+                    raise
                 FAILED_ROUNDS.inc()
                 log.warning("archive round failed; retrying", extra={"fields": {"error": repr(e)}})
                 with contextlib.suppress(psycopg.Error):
@@ -298,6 +314,12 @@ def _next(entry_id: str) -> str:
     return f"{ms}-{int(seq or 0) + 1}"
 
 
+def _passing(e: Exception) -> bool:
+    """Whether the archiver may retry after ``e``: trouble with PostgreSQL or the cluster, including
+    a failover breaking redis-py inside itself (shardlb/connection.py, ``raised_in_redis``)."""
+    return isinstance(e, (psycopg.Error, OSError, RedisError, RedisClusterException)) or raised_in_redis(e)
+
+
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
@@ -349,7 +371,9 @@ async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) ->
             lags = list((await archiver.lag()).values())
             LAG_ENTRIES.set(max((lag.entries for lag in lags), default=0))
             LAG_SECONDS.set(max((lag.seconds for lag in lags), default=0.0))
-        except (OSError, RedisError, RedisClusterException) as e:
+        except Exception as e:
+            if not _passing(e):
+                raise
             log.warning("journal lag not read", extra={"fields": {"error": repr(e)}})
         await _sleep(stop, every_s)
 

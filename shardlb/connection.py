@@ -9,12 +9,15 @@ back to ``Script`` calls.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from importlib import resources
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
@@ -25,6 +28,25 @@ from shardlb.errors import InvalidInput
 
 _SLOTS: dict[str, int] = {}
 _MAX_SLOT_CACHE = 100_000
+# redis-py has been seen failing inside itself when a connection was closed under it (AttributeError
+# on a closed writer after a failover; RuntimeError from uvloop's closed transport, raised in the
+# event loop's code under redis-py's write): the calls that were using that connection get that,
+# not a RedisError. Raised in its code, it is cluster trouble.
+_REDIS_CODE = str(Path(redis.__file__).parent)
+_LOOP_CODE = str(Path(asyncio.__file__).parent)
+
+
+def raised_in_redis(exc: BaseException) -> bool:
+    """Whether the innermost frame of the exception's traceback, past the event loop's own code
+    (asyncio, uvloop), is redis-py's."""
+    files = []
+    tb = exc.__traceback__
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    while files and (files[-1].startswith(_LOOP_CODE) or "uvloop" in Path(files[-1]).parts):
+        files.pop()
+    return bool(files) and files[-1].startswith(_REDIS_CODE)
 
 
 def parse_url(url: str) -> list[tuple[str, int]]:

@@ -30,6 +30,9 @@ from shardlb.errors import BoardConflict, BoardNotFound
 # process keeps its shards' `gone` markers far longer, so no cached copy can write after it.
 CACHE_SECONDS = 5.0
 GONE_MS = 86_400_000
+# Shards dropped at once: each call holds a connection to its node, and a board may have up to
+# 1024 shards; all at once would outrun the client's connections per node.
+DROPS_IN_FLIGHT = 16
 _RECORD = ("incarnation", "state")  # registry fields that are not board settings
 
 
@@ -120,12 +123,13 @@ class BoardStore:
     async def _drop(self, board_id: str, raw: bytes | str, record: dict[str, Any]) -> None:
         """Drop every shard of the marked record ``raw`` (idempotent), then remove the record."""
         board = self._board(board_id, record)
-        await asyncio.gather(
-            *(
-                self.scripts.drop(keys=[keys.index_key(p), keys.gone_key(p)], args=[GONE_MS])
-                for p in board.prefixes
-            )
-        )
+        gate = asyncio.Semaphore(DROPS_IN_FLIGHT)
+
+        async def drop(prefix: str) -> None:
+            async with gate:
+                await self.scripts.drop(keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[GONE_MS])
+
+        await asyncio.gather(*(drop(p) for p in board.prefixes))
         await self._swap(board_id, raw, b"")
 
     async def _swap(self, board_id: str, expected: bytes | str, new: bytes) -> bool:

@@ -250,8 +250,66 @@ async def test_the_archiver_reconnects_when_postgres_drops_it(
         await store.delete(config.id)
 
 
+async def test_a_failure_inside_redis_py_does_not_stop_the_archiver(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writing on a pooled connection that a failover closed makes redis-py fail inside itself with
+    an AttributeError, not a RedisError (seen under `make chaos`, where it ended the archiver and its
+    journals went undrained). The round is retried like any other cluster failure."""
+    from redis.asyncio.connection import Connection
+
+    config = BoardConfig.from_dict("archive-leak", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    real = a.round
+    failures = [Connection()]
+
+    async def first_round_breaks() -> int:
+        if failures:
+            closed = failures.pop()  # its writer is gone, as after the peer closed it
+            await closed._send_packed_command([b"PING"])
+        return await real()
+
+    monkeypatch.setattr(a, "round", first_round_breaks)
+    stop = asyncio.Event()
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(5)], now_ms=now)
+        running = asyncio.create_task(a.run(stop, idle_s=0.05))
+        deadline = time.monotonic() + 20
+        while len(await archived(postgres_url, board)) < 5:
+            assert not running.done(), running.exception()
+            assert time.monotonic() < deadline, "nothing archived after the failure"
+            await asyncio.sleep(0.1)
+        assert not failures
+        stop.set()
+        await running
+    finally:
+        stop.set()
+        await a.db.close()
+        await store.delete(config.id)
+
+
 async def wait_archived(postgres_url: str, board: Board, count: int, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while len(await archived(postgres_url, board)) < count:
         assert time.monotonic() < deadline, f"fewer than {count} results archived within {timeout_s} s"
         await asyncio.sleep(0.1)
+
+
+async def test_an_archiver_reads_more_journals_than_a_node_has_connections(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A round reads every journal. Reading them all at once, a node holding more journals than the
+    client has connections to it (64, `connect`) failed every round with MaxConnectionsError, and
+    the archive stopped for good (seen under `make chaos`: 12 boards of 16 shards)."""
+    config = BoardConfig.from_dict("archive-wide", {"sharding": {"strategy": "hash", "shards": 256}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(300)], now_ms=now)
+        assert await drain(a) == 300
+    finally:
+        await a.db.close()
+        await store.delete(config.id)

@@ -7,9 +7,11 @@ to every node it discovers from it, on the plain command path and on the per-nod
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -21,12 +23,48 @@ from shardlb import times
 from shardlb.board import Score
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.config import BoardConfig
-from shardlb.connection import Scripts, connect, parse_url, redacted
+from shardlb.connection import Scripts, connect, parse_url, raised_in_redis, redacted
 from shardlb.errors import ClusterUnavailable, InvalidInput
 from shardlb.fanout import ScriptPipeline
 from shardlb.store import BoardStore
 
 PASSWORD = secrets.token_hex(16)
+
+
+def raise_through(*files: str) -> BaseException:
+    """The RuntimeError raised in a call chain whose functions are compiled as if they came from
+    ``files``, outermost first, and raised in the last (the shape of a traceback; the code itself
+    is a stand-in)."""
+    source = (
+        "def step(rest):\n"
+        "    if rest:\n"
+        "        return rest[0](rest[1:])\n"
+        "    raise RuntimeError('unable to perform operation on <TCPTransport closed=True>')\n"
+    )
+    steps = []
+    for file in files:
+        scope: dict[str, Any] = {}
+        exec(compile(source, file, "exec"), scope)
+        steps.append(scope["step"])
+    try:
+        steps[0](steps[1:])
+    except RuntimeError as e:
+        return e
+    raise AssertionError("nothing raised")
+
+
+def test_a_failure_in_the_event_loop_under_redis_py_is_redis_pys() -> None:
+    """A write on a transport that a failover closed fails inside the event loop (uvloop's
+    RuntimeError) under redis-py's own write: cluster trouble, a 503 and not a 500. The same error
+    under our own code is ours."""
+    redis_code = os.path.join(os.path.dirname(redis.__file__), "asyncio", "connection.py")
+    streams = os.path.join(os.path.dirname(asyncio.__file__), "streams.py")
+    ours = os.path.join(os.path.dirname(times.__file__), "board.py")
+    loop = ["uvloop/handles/stream.pyx", "uvloop/handles/handle.pyx"]
+    assert raised_in_redis(raise_through(ours, redis_code, streams, *loop))
+    assert raised_in_redis(raise_through(ours, redis_code))
+    assert not raised_in_redis(raise_through(redis_code, ours, streams, *loop))
+    assert not raised_in_redis(raise_through(ours, *loop))
 
 
 def test_parse_url_lists_the_nodes() -> None:

@@ -93,3 +93,14 @@ async def test_a_delete_that_stopped_half_way_is_finished(store: BoardStore) -> 
     again, created = await store.create(config)
     assert created and await again.size() == 0
     await store.delete(config.id)
+
+
+async def test_a_board_with_more_shards_than_connections_per_node_is_deleted(store: BoardStore) -> None:
+    """Dropping every shard at once ran out of the client's connections to a node (64, `connect`)
+    on a board of a few hundred shards, and the delete failed every time."""
+    config = BoardConfig.from_dict("store-wide", {"sharding": {"strategy": "hash", "shards": 256}})
+    board, _ = await store.create(config)
+    await board.submit([Score(f"p{i}", i, "m1") for i in range(300)])
+    await store.delete(config.id)
+    with pytest.raises(BoardNotFound):
+        await store.get(config.id)

@@ -1,0 +1,97 @@
+"""The failover test that counts (issue 11, item 7): the short form of `make chaos` (bench/chaos.py).
+
+On a durable cluster of its own (3 masters, 1 replica each), a router process in `replica` mode
+takes writes from several clients, which keep a ledger of every acknowledged result; a master is
+killed -9 while its replica lags behind (stopped for `chaos.LAG_S` seconds), and then, separately,
+a replica takes over with CLUSTER FAILOVER. Every acknowledged result must still be on the boards,
+none counted twice: that is what `SHARDLB_ACK=replica` promises. (The same kill with the router in
+`primary` mode loses thousands of acknowledged results: `make chaos` reports it.) Then every node
+is stopped and emptied, and `shardlb rebuild --all` must give back boards equal to what they were.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from bench import chaos
+from bench.durability import ArchiverProcess
+from bench.services import Router, free_port
+from shardlb.cluster import LocalCluster, free_port_block
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+LOAD = {"tasks": 12, "players": 50, "batch": 20, "settle_s": 30.0}  # enough to outrun the socket buffers
+WRITE_S = 2.0  # of writes before the fault, and again once the cluster is healthy
+
+
+@pytest.fixture(scope="module")
+def durable_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    # Bus ports (+10000) stay below 32768, away from the session cluster's and test_router_oom's blocks.
+    port = free_port_block(6, start=22600 + os.getpid() % 50 * 10)
+    local = LocalCluster(3, 1, port, Path(tmp_path_factory.mktemp("chaos")), durable=True)
+    local.up()
+    try:
+        yield local
+    finally:
+        local.down()
+
+
+@pytest.fixture(scope="module")
+async def runs(
+    durable_cluster: LocalCluster, postgres_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[list[chaos.Scenario], dict[str, object]]]:
+    """Both faults under replica-mode writes, then the total loss: what each measured."""
+    logs = Path(tmp_path_factory.mktemp("chaos-logs"))
+    archiver = ArchiverProcess(durable_cluster.url, postgres_url, logs / "archiver.log").start()
+    try:
+        port = free_port(26000 + os.getpid() % 300 * 10)
+        with Router(durable_cluster.url, port, 1, logs / "router.log", chaos.router_env("replica")) as r:
+            scenarios = [
+                await chaos.scenario(r.url, durable_cluster, "replica", fault, WRITE_S, WRITE_S, **LOAD)
+                for fault in ("kill-lagging", "failover")
+            ]
+        loss = await chaos.total_loss(durable_cluster, postgres_url, archiver, scenarios, logs)
+        yield scenarios, loss
+    finally:
+        archiver.stop()
+
+
+def check_no_acknowledged_result_lost(scenario: chaos.Scenario, cluster: LocalCluster) -> None:
+    report = scenario.report
+    assert report["acknowledged"] > 0 and report["unsettled_writes"] == 0, report
+    assert (report["lost"], report["doubled"]) == (0, 0), report
+    assert (report["best_lost"], report["best_unknown"]) == (0, 0), report
+    assert report["recovery_s"] is not None, report  # writes succeeded again after the fault
+
+
+async def test_replica_mode_loses_nothing_when_a_lagging_master_is_killed(
+    runs: tuple[list[chaos.Scenario], dict[str, object]], durable_cluster: LocalCluster
+) -> None:
+    killed = runs[0][0]
+    assert killed.fault == "kill-lagging"
+    # The fault was real: writes failed while the replica lagged and until it was promoted.
+    assert killed.report["5xx"] + killed.report["transport_errors"] > 0, killed.report
+    check_no_acknowledged_result_lost(killed, durable_cluster)
+
+
+async def test_replica_mode_loses_nothing_through_a_cluster_failover(
+    runs: tuple[list[chaos.Scenario], dict[str, object]], durable_cluster: LocalCluster
+) -> None:
+    handed_over = runs[0][1]
+    assert handed_over.fault == "failover"
+    check_no_acknowledged_result_lost(handed_over, durable_cluster)
+
+
+async def test_a_total_loss_of_redis_is_rebuilt_from_postgresql(
+    runs: tuple[list[chaos.Scenario], dict[str, object]],
+) -> None:
+    scenarios, loss = runs
+    assert loss["boards"] == sum(len(s.boards) for s in scenarios) == 4
+    for board, sums in loss["checksums"].items():  # type: ignore[attr-defined]
+        assert sums["before"][0] > 0, board  # players on the board before the loss
+        assert sums["after"] == sums["before"], board
+    assert loss["lost_after"] == {"replica": 0, "primary": 0}
