@@ -21,6 +21,7 @@ from shardlb import keys, times
 from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
 from shardlb.errors import Overloaded
 from shardlb.journal import journal_lag
 from shardlb.store import BoardStore
@@ -298,11 +299,17 @@ async def wait_archived(postgres_url: str, board: Board, count: int, timeout_s: 
 
 
 async def test_an_archiver_reads_more_journals_than_a_node_has_connections(
-    store: BoardStore, raw: Any, postgres_url: str
+    cluster_url: str, raw: Any, postgres_url: str
 ) -> None:
     """A round reads every journal. Reading them all at once, a node holding more journals than the
     client has connections to it (64, `connect`) failed every round with MaxConnectionsError, and
     the archive stopped for good (seen under `make chaos`: 12 boards of 16 shards)."""
+    # A store of its own: writing 256 shards fills its pool, which the session's must not keep
+    # (test_memory counts the buffers of the session client's connections).
+    client = connect(cluster_url)
+    scripts = Scripts.register(client)
+    await scripts.load(client)
+    store = BoardStore(client, scripts)
     config = BoardConfig.from_dict("archive-wide", {"sharding": {"strategy": "hash", "shards": 256}})
     board, _ = await store.create(config)
     a = await archiver(raw, store, postgres_url)
@@ -313,3 +320,4 @@ async def test_an_archiver_reads_more_journals_than_a_node_has_connections(
     finally:
         await a.db.close()
         await store.delete(config.id)
+        await client.aclose()

@@ -60,7 +60,7 @@ async def runs(
         archiver.stop()
 
 
-def check_no_acknowledged_result_lost(scenario: chaos.Scenario, cluster: LocalCluster) -> None:
+def check_no_acknowledged_result_lost(scenario: chaos.Scenario) -> None:
     report = scenario.report
     assert report["acknowledged"] > 0 and report["unsettled_writes"] == 0, report
     assert (report["lost"], report["doubled"]) == (0, 0), report
@@ -69,21 +69,21 @@ def check_no_acknowledged_result_lost(scenario: chaos.Scenario, cluster: LocalCl
 
 
 async def test_replica_mode_loses_nothing_when_a_lagging_master_is_killed(
-    runs: tuple[list[chaos.Scenario], dict[str, object]], durable_cluster: LocalCluster
+    runs: tuple[list[chaos.Scenario], dict[str, object]],
 ) -> None:
     killed = runs[0][0]
     assert killed.fault == "kill-lagging"
     # The fault was real: writes failed while the replica lagged and until it was promoted.
     assert killed.report["5xx"] + killed.report["transport_errors"] > 0, killed.report
-    check_no_acknowledged_result_lost(killed, durable_cluster)
+    check_no_acknowledged_result_lost(killed)
 
 
 async def test_replica_mode_loses_nothing_through_a_cluster_failover(
-    runs: tuple[list[chaos.Scenario], dict[str, object]], durable_cluster: LocalCluster
+    runs: tuple[list[chaos.Scenario], dict[str, object]],
 ) -> None:
     handed_over = runs[0][1]
     assert handed_over.fault == "failover"
-    check_no_acknowledged_result_lost(handed_over, durable_cluster)
+    check_no_acknowledged_result_lost(handed_over)
 
 
 async def test_a_total_loss_of_redis_is_rebuilt_from_postgresql(

@@ -13,6 +13,7 @@ import pytest
 from shardlb import times
 from shardlb.board import Score
 from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
 from shardlb.errors import BoardNotFound
 from shardlb.store import BoardStore
 from tests.test_board_retries import FailOnce
@@ -95,12 +96,19 @@ async def test_a_delete_that_stopped_half_way_is_finished(store: BoardStore) -> 
     await store.delete(config.id)
 
 
-async def test_a_board_with_more_shards_than_connections_per_node_is_deleted(store: BoardStore) -> None:
+async def test_a_board_with_more_shards_than_connections_per_node_is_deleted(cluster_url: str) -> None:
     """Dropping every shard at once ran out of the client's connections to a node (64, `connect`)
     on a board of a few hundred shards, and the delete failed every time."""
-    config = BoardConfig.from_dict("store-wide", {"sharding": {"strategy": "hash", "shards": 256}})
-    board, _ = await store.create(config)
-    await board.submit([Score(f"p{i}", i, "m1") for i in range(300)])
-    await store.delete(config.id)
-    with pytest.raises(BoardNotFound):
-        await store.get(config.id)
+    client = connect(cluster_url)  # its own: the session store's pool stays as small as it was
+    scripts = Scripts.register(client)
+    await scripts.load(client)
+    store = BoardStore(client, scripts)
+    try:
+        config = BoardConfig.from_dict("store-wide", {"sharding": {"strategy": "hash", "shards": 256}})
+        board, _ = await store.create(config)
+        await board.submit([Score(f"p{i}", i, "m1") for i in range(300)])
+        await store.delete(config.id)
+        with pytest.raises(BoardNotFound):
+            await store.get(config.id)
+    finally:
+        await client.aclose()
