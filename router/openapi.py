@@ -25,6 +25,7 @@ from shardlb.config import (
     MAX_SHARDS,
     MODES,
     ORDERS,
+    TIE_AWARDS,
     TIEBREAKS,
     BoardConfig,
 )
@@ -201,6 +202,12 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Addition: `journal` (every result archived in PostgreSQL) or `memory`",
             },
             "sharding": _ref("Sharding"),
+            "tie_awards": {
+                "enum": list(TIE_AWARDS),
+                "default": _DEFAULT.tie_awards,
+                "description": "Addition: how a settlement pays equal points at a reward boundary: `cut` "
+                "by the unique rank, `all` by competition rank",
+            },
         },
     },
     "Board": {
@@ -219,6 +226,7 @@ _SCHEMAS: dict[str, Any] = {
             "dedup_window_s",
             "durability",
             "sharding",
+            "tie_awards",
         ],
         "properties": {
             "board": _ID,
@@ -234,6 +242,7 @@ _SCHEMAS: dict[str, Any] = {
             "dedup_window_s": {"type": "integer"},
             "durability": {"enum": list(DURABILITY)},
             "sharding": {"type": "object", "required": ["strategy"]},
+            "tie_awards": {"enum": list(TIE_AWARDS)},
         },
     },
     "BoardWithPlayers": {

@@ -11,7 +11,9 @@ import argparse
 import asyncio
 import importlib
 import os
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from shardlb.cluster import STATE_FILE, ClusterError, LocalCluster
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_postgres_command(commands)
     add_rebuild_command(commands)
     add_reconcile_command(commands)
+    add_settle_command(commands)
     for name, (_, text) in DELEGATED.items():
         commands.add_parser(name, help=text, add_help=False)
     return parser
@@ -231,6 +234,77 @@ def reconcile_board(args: argparse.Namespace) -> int:
             return any(c.drift for c in checks)
 
     return 1 if asyncio.run(run()) else 0
+
+
+def add_settle_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`shardlb settle BOARD PERIOD --id ID --rewards FILE|JSON`: pay a closed period once."""
+    settle = commands.add_parser(
+        "settle", help="freeze a closed period, order it from PostgreSQL, check it and store its awards once"
+    )
+    settle.add_argument("board")
+    settle.add_argument("period", help="a dated API period, e.g. daily:2026-11-30")
+    settle.add_argument("--id", required=True, help="the settlement id: the same id never pays twice")
+    settle.add_argument(
+        "--rewards",
+        required=True,
+        help="the reward table as JSON, or a file holding it (docs/design-notes.md)",
+    )
+    settle.add_argument("--top-n", type=int, default=1000, help="ranks kept in the snapshot (default 1000)")
+    settle.add_argument("--force", action="store_true", help="pay from PostgreSQL even if Redis differs")
+    settle.add_argument("--webhook", help="POST each award to this URL (signed with $SHARDLB_WEBHOOK_SECRET)")
+    settle.add_argument(
+        "--wait", type=float, default=30.0, help="seconds to wait for the archiver to catch up (default 30)"
+    )
+    _connections(settle)
+    settle.set_defaults(func=settle_period)
+
+
+def settle_period(args: argparse.Namespace) -> int:
+    """Settle, deliver the webhook when one is given, and print the result as JSON."""
+    import orjson
+
+    from shardlb import settlement, settlement_delivery
+
+    if not args.postgres:
+        print("shardlb settle: give --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr)
+        return 2
+    text = Path(args.rewards).read_text() if Path(args.rewards).is_file() else args.rewards
+    try:
+        rewards = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        print(f"shardlb settle: --rewards is neither a file nor JSON: {e}", file=sys.stderr)
+        return 2
+    body = {"settlement_id": args.id, "rewards": rewards, "top_n": args.top_n, "force": args.force}
+    if args.webhook:
+        body["webhook_url"] = args.webhook
+    request = settlement.Request.of(body)
+
+    async def run() -> dict[str, object]:
+        result = await settlement.run(
+            args.redis, args.postgres, args.board, args.period, request, _crash_hook(), args.wait
+        )
+        if args.webhook:
+            result["delivery"] = await settlement_delivery.deliver_all(
+                args.postgres, os.environ.get("SHARDLB_WEBHOOK_SECRET", ""), args.id
+            )
+        return result
+
+    print(orjson.dumps(asyncio.run(run()), option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+def _crash_hook() -> Callable[[str], None] | None:
+    """SHARDLB_SETTLE_KILL_AFTER=<step> makes the process die by SIGKILL once that step is done: how
+    the crash tests stop a settlement between two steps (shardlb/settlement.py, STEPS)."""
+    kill_after = os.environ.get("SHARDLB_SETTLE_KILL_AFTER")
+    if not kill_after:
+        return None
+
+    def step(name: str) -> None:
+        if name == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return step
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ DURABILITY = ("journal", "memory")
 ORDERS = ("desc", "asc")
 TIEBREAKS = ("earliest", "latest")
 STRATEGIES = ("hash", "region", "band")
+TIE_AWARDS = ("cut", "all")  # how a settlement pays ties at a reward boundary (shardlb/settlement_rewards.py)
 DEFAULT_EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
 DEFAULT_RETENTION = {"daily": 3, "weekly": 35, "monthly": 400}
 MAX_SHARDS = 1024
@@ -39,7 +40,7 @@ DEDUP_BUCKETS = 24
 # Every field of a board's settings, in the order ``BoardConfig.to_dict`` writes them.
 SETTINGS = (
     "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max", "epoch",
-    "resolution", "dedup_window_s", "durability", "sharding",
+    "resolution", "dedup_window_s", "durability", "sharding", "tie_awards",
 )  # fmt: skip
 
 
@@ -88,6 +89,7 @@ class BoardConfig:
     # PostgreSQL (shardlb/archive.py); "memory": Redis only, lost with it (a board that can be lost).
     durability: str = "journal"
     sharding: Sharding = field(default_factory=Sharding)
+    tie_awards: str = "cut"
 
     @property
     def dedup_bucket_ms(self) -> int:
@@ -112,6 +114,7 @@ class BoardConfig:
             "dedup_window_s": self.dedup_window_s,
             "durability": self.durability,
             "sharding": self.sharding.to_dict(),
+            "tie_awards": self.tie_awards,
         }
 
     @classmethod
@@ -158,6 +161,7 @@ class BoardConfig:
             dedup_window_s=dedup,
             durability=_choice(body, "durability", DURABILITY, "journal"),
             sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
+            tie_awards=_choice(body, "tie_awards", TIE_AWARDS, "cut"),
         )
         config.codec()
         if config.sharding.bands and config.sharding.bands[-1] > points_max:

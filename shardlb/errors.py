@@ -64,3 +64,26 @@ class Overloaded(ShardlbError):
 class NotAcknowledged(ClusterUnavailable):
     """A write was applied on its shard's primary, but no replica confirmed it in time (the
     ``replica`` acknowledgement level): it could still be lost in a failover. Retrying is safe."""
+
+
+class SettlementNotFound(BoardNotFound):
+    code = "settlement_not_found"
+
+
+class SettlementConflict(BoardConflict):
+    """A settlement that cannot go on as asked: its id names another period or reward table, the
+    period is not closed yet or was settled under another id, or Redis and PostgreSQL disagree."""
+
+    code = "settlement_conflict"
+
+    def __init__(self, message: str, field: str | None = None, code: str | None = None) -> None:
+        super().__init__(message, field)
+        if code is not None:
+            self.code = code
+
+
+class ArchiveBehind(Overloaded):
+    """The archiver has not yet copied every journaled result of a frozen period into PostgreSQL:
+    retry once it has (the settlement has changed nothing that a retry would repeat)."""
+
+    code = "archive_behind"

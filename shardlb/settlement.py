@@ -1,0 +1,489 @@
+"""Settlement: a closed period frozen, ordered from PostgreSQL, checked against Redis, and paid once.
+
+``Settler.settle`` runs these steps; each is idempotent, so a settlement killed between any two of
+them (or inside the last, whose transaction then rolls back) and run again with the same id ends in
+the same state as one uninterrupted run (tests/test_settlement.py kills a real process at each):
+
+1. ``begin``: the settlement row is inserted, or the one stored under the id is compared with the
+   request (another board, period, reward table or top N: 409; already settled: its stored result
+   is returned and nothing else happens). One settlement per (board, incarnation, period).
+2. ``freeze``: the period is frozen on every shard (``freeze``: no write changes it from then on;
+   reads go on).
+3. ``drain``: the journals are read for their position after the freeze; every result the period
+   holds was journaled before it. Settling waits until the archiver has copied the journals up to
+   there into PostgreSQL (each journal's first entry is past that position), or raises
+   ArchiveBehind, which a caller retries.
+4. ``compute``: the final order from ``match_results`` (the source of truth), folded per player by
+   the board's rule (as shardlb/rebuild.py's ``Fold``), in the codec's unique order.
+5. ``check``: per shard, the member count and checksum of that order against the frozen Redis board
+   (shardlb/reconcile.py's checksum). A difference stops the settlement with the report (stored on
+   the row, state ``mismatch``) unless ``force`` is given; PostgreSQL's order is the one paid.
+6. ``store``: ONE transaction writes the snapshot (ranks 1 to top N and every rewarded rank), the
+   awards (UNIQUE (settlement, player)), the webhook deliveries, and marks the row ``settled`` with
+   the result. Before the commit nothing is paid; after it, a re-run only returns the result.
+
+Two runs of one id at once are kept apart by a PostgreSQL advisory lock held for the run (the second
+gets 409 ``settlement_busy``); a killed run's lock goes with its connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import orjson
+import psycopg
+
+from shardlb import archive, keys, periods, rebuild, settlement_rewards, times
+from shardlb.board import Board
+from shardlb.config import check_id
+from shardlb.errors import ArchiveBehind, InvalidInput, SettlementConflict
+from shardlb.rebuild import Rebuilder
+from shardlb.reconcile import ShardCheck, checksum
+from shardlb.settlement_rewards import Tier
+
+DEFAULT_TOP_N = 1000
+MAX_TOP_N = 100_000
+CLOSE_GRACE_S = 300  # until the board setting close_grace lands: a period is closed this long after its end
+DRAIN_WAIT_S = 30.0
+MAX_PAGE = 1000
+STEPS = ("begin", "freeze", "drain", "compute", "check", "snapshot", "awards", "commit")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS settlements (
+    settlement_id text PRIMARY KEY,
+    board text NOT NULL,
+    incarnation text NOT NULL,
+    period text NOT NULL,
+    rewards jsonb NOT NULL,
+    top_n integer NOT NULL,
+    tie_awards text NOT NULL,
+    webhook_url text,
+    state text NOT NULL,
+    report jsonb,
+    result jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    settled_at timestamptz,
+    UNIQUE (board, incarnation, period)
+);
+CREATE TABLE IF NOT EXISTS settlement_snapshots (
+    settlement_id text NOT NULL REFERENCES settlements,
+    rank bigint NOT NULL,
+    player_id text NOT NULL,
+    points bigint NOT NULL,
+    achieved_ms bigint NOT NULL,
+    score bigint NOT NULL,
+    PRIMARY KEY (settlement_id, rank)
+);
+CREATE INDEX IF NOT EXISTS settlement_snapshots_by_player ON settlement_snapshots (player_id, settlement_id);
+CREATE TABLE IF NOT EXISTS settlement_awards (
+    award_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    settlement_id text NOT NULL REFERENCES settlements,
+    rank bigint NOT NULL,
+    player_id text NOT NULL,
+    points bigint NOT NULL,
+    reward text NOT NULL,
+    UNIQUE (settlement_id, player_id)
+);
+CREATE INDEX IF NOT EXISTS settlement_awards_by_rank ON settlement_awards (settlement_id, rank);
+CREATE TABLE IF NOT EXISTS settlement_acks (
+    award_id bigint PRIMARY KEY REFERENCES settlement_awards,
+    acked_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS settlement_deliveries (
+    award_id bigint PRIMARY KEY REFERENCES settlement_awards,
+    url text NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    next_at timestamptz NOT NULL DEFAULT now(),
+    delivered_at timestamptz,
+    last_error text
+);
+CREATE INDEX IF NOT EXISTS settlement_deliveries_due ON settlement_deliveries (next_at)
+    WHERE delivered_at IS NULL;
+CREATE INDEX IF NOT EXISTS match_results_by_player
+    ON match_results (board, incarnation, player_id, achieved_ms);
+"""
+
+
+async def ensure_schema(db: psycopg.AsyncConnection[Any]) -> None:
+    """The archive's tables and the settlement's (idempotent; one creator at a time)."""
+    async with db.transaction():
+        await db.execute("SELECT pg_advisory_xact_lock(7427466)")
+        await db.execute(archive.SCHEMA)
+        await db.execute(SCHEMA)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a caller asks: ``rewards`` is the parsed table (shardlb/settlement_rewards.py)."""
+
+    settlement_id: str
+    rewards: tuple[Tier, ...]
+    top_n: int = DEFAULT_TOP_N
+    force: bool = False
+    webhook_url: str | None = None
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Request:
+        """A request from its JSON body (the endpoint's and the command's); InvalidInput if bad."""
+        allowed = ("settlement_id", "rewards", "top_n", "force", "webhook_url")
+        for name in body:
+            if name not in allowed:
+                raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+        settlement_id = check_id(body.get("settlement_id"), "settlement_id")
+        top_n = body.get("top_n", DEFAULT_TOP_N)
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or not 0 <= top_n <= MAX_TOP_N:
+            raise InvalidInput(f"top_n must be an integer from 0 to {MAX_TOP_N}", "top_n")
+        force = body.get("force", False)
+        if not isinstance(force, bool):
+            raise InvalidInput("force must be true or false", "force")
+        url = body.get("webhook_url")
+        if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
+            raise InvalidInput("webhook_url must be an http:// or https:// URL", "webhook_url")
+        return cls(settlement_id, settlement_rewards.parse(body.get("rewards")), top_n, force, url)
+
+
+class Standing(NamedTuple):
+    """One player's final place: ``score`` packs points and time as the board's codec does."""
+
+    score: int
+    player_id: str
+    shard: int
+
+
+def period_bounds(board: Board, name: str) -> tuple[int, int]:
+    """[start, end) of a dated period in epoch ms, in the board's time zone."""
+    first = periods.first_day(name)[1]
+    start = int(datetime(first.year, first.month, first.day, tzinfo=board.tz).timestamp() * 1000)
+    return start, periods.end_ms(name, board.tz)
+
+
+def closes_at(board: Board, name: str) -> int:
+    """When a dated period is closed: its end plus the grace in which late results still count."""
+    return periods.end_ms(name, board.tz) + CLOSE_GRACE_S * 1000
+
+
+async def freeze(board: Board, name: str) -> None:
+    """Freeze the period on every shard: the one call the settlement makes for it.
+
+    The freeze itself (a per-shard marker write.lua checks) belongs to the period lifecycle; until
+    it is on main this does nothing, and a settled period is guarded by its closing alone."""
+    del board, name
+
+
+class Settler:
+    """Settles periods of one cluster against one archive; see the module docstring.
+
+    ``step`` is called with each step's name once it is done (the crash tests stop a process there).
+    """
+
+    def __init__(
+        self,
+        rebuilder: Rebuilder,
+        step: Callable[[str], None] | None = None,
+        drain_wait_s: float = DRAIN_WAIT_S,
+    ) -> None:
+        self.rebuilder = rebuilder
+        self.db = rebuilder.db  # autocommit; transactions are explicit
+        self.step = step or (lambda _: None)
+        self.drain_wait_s = drain_wait_s
+
+    async def settle(
+        self, board: Board, period: str, request: Request, now_ms: int | None = None
+    ) -> dict[str, Any]:
+        """Settle ``board``'s API period (``daily:2026-11-30``...) as ``request`` says; return the
+        result, the same one on every run of the same id."""
+        if board.config.durability != "journal":
+            raise SettlementConflict(
+                f"board {board.config.id!r} keeps no journal (durability memory): nothing to settle from",
+                "board",
+                "not_journaled",
+            )
+        now = times.now_ms() if now_ms is None else now_ms
+        name = periods.parse(period, board.config.periods, board.tz, now)
+        if name == "total":
+            raise InvalidInput(
+                "the total period never closes: settle a dated period (or archive the board)",
+                "period",
+                "invalid_period",
+            )
+        if now < closes_at(board, name):
+            raise SettlementConflict(
+                f"period {periods.api_name(name)} is not closed yet: it closes at "
+                f"{times.format_ms(closes_at(board, name))}",
+                "period",
+                "period_open",
+            )
+        await ensure_schema(self.db)
+        lock = _lock_key(request.settlement_id)
+        cur = await self.db.execute("SELECT pg_try_advisory_lock(%s)", (lock,))
+        if not (await cur.fetchone() or (False,))[0]:
+            raise SettlementConflict(
+                f"settlement {request.settlement_id!r} is running now; try again when it ends",
+                "settlement_id",
+                "settlement_busy",
+            )
+        try:
+            return await self._run(board, name, request)
+        finally:
+            await self.db.execute("SELECT pg_advisory_unlock(%s)", (lock,))
+
+    async def _run(self, board: Board, name: str, request: Request) -> dict[str, Any]:
+        stored = await self._begin(board, name, request)
+        if stored is not None:
+            return stored
+        self.step("begin")
+        await freeze(board, name)
+        self.step("freeze")
+        await self.drained(board, name)
+        self.step("drain")
+        order = await self.final_order(board, name)
+        self.step("compute")
+        checks = await self.check(board, name, order)
+        self.step("check")
+        drifting = [c for c in checks if c.drift]
+        if drifting and not request.force:
+            report = check_report(checks)
+            await self.db.execute(
+                "UPDATE settlements SET state = 'mismatch', report = %s WHERE settlement_id = %s",
+                (orjson.dumps(report).decode(), request.settlement_id),
+            )
+            raise SettlementConflict(
+                f"Redis and PostgreSQL disagree on {len(drifting)} of {len(checks)} shards ("
+                + "; ".join(
+                    f"shard {c.shard}: redis {c.redis_players} players, postgres {c.postgres_players}"
+                    for c in drifting[:5]
+                )
+                + "): nothing was paid; see GET /v1/settlements/{id}, or settle again with force",
+                "period",
+                "settlement_mismatch",
+            )
+        return await self._store(board, name, request, order, checks)
+
+    async def _begin(self, board: Board, name: str, request: Request) -> dict[str, Any] | None:
+        """Step 1: the row, inserted or compared; the stored result when it is settled already."""
+        rewards = settlement_rewards.to_json(request.rewards)
+        values = (board.config.id, board.incarnation, name, rewards, request.top_n)
+        await self.db.execute(
+            "INSERT INTO settlements (settlement_id, board, incarnation, period, rewards, top_n, tie_awards, "
+            "webhook_url, state) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'started') ON CONFLICT DO NOTHING",
+            (
+                request.settlement_id,
+                board.config.id,
+                board.incarnation,
+                name,
+                orjson.dumps(rewards).decode(),
+                request.top_n,
+                board.config.tie_awards,
+                request.webhook_url,
+            ),
+        )
+        cur = await self.db.execute(
+            "SELECT board, incarnation, period, rewards, top_n, state, result FROM settlements "
+            "WHERE settlement_id = %s",
+            (request.settlement_id,),
+        )
+        row = await cur.fetchone()
+        if row is None:
+            cur = await self.db.execute(
+                "SELECT settlement_id FROM settlements WHERE board = %s AND incarnation = %s AND period = %s",
+                (board.config.id, board.incarnation, name),
+            )
+            other = await cur.fetchone()
+            raise SettlementConflict(
+                f"period {periods.api_name(name)} of board {board.config.id!r} has settlement "
+                f"{other[0] if other else '?'!r} already: run that one again",
+                "settlement_id",
+                "period_settled",
+            )
+        if tuple(row[:5]) != values:
+            raise SettlementConflict(
+                f"settlement {request.settlement_id!r} was made for another board, period, reward table "
+                "or top_n: a settlement id is used for one settlement only",
+                "settlement_id",
+            )
+        state, result = row[5], row[6]
+        if state == "settled":
+            return dict(result)
+        return None
+
+    async def drained(self, board: Board, name: str) -> None:
+        """Step 3: wait until every result journaled before the freeze is in PostgreSQL."""
+        prefixes = [board.prefixes[s] for s in board.layout.view(False)]
+        marks = [await self.rebuilder.mark(p) for p in prefixes]
+        deadline = time.monotonic() + self.drain_wait_s
+        while True:
+            behind = 0
+            for prefix, mark in zip(prefixes, marks, strict=True):
+                first = (await self.rebuilder.mark(prefix)).first
+                behind += first is not None and first <= mark.position
+            if not behind:
+                return
+            if time.monotonic() >= deadline:
+                raise ArchiveBehind(
+                    f"the archiver has not yet copied {behind} shard journal(s) of board "
+                    f"{board.config.id!r} up to the freeze into PostgreSQL; retry shortly "
+                    "(is `shardlb archive` running?)",
+                    5.0,
+                )
+            await asyncio.sleep(0.2)
+
+    async def final_order(self, board: Board, name: str) -> list[Standing]:
+        """Step 4: every player of the period from ``match_results``, best first (the codec's
+        unique order: a higher score, then the larger player id, as shardlb/merge.py)."""
+        start, end = period_bounds(board, name)
+        where = "WHERE board = %s AND incarnation = %s AND achieved_ms >= %s AND achieved_ms < %s"
+        params = (board.config.id, board.incarnation, start, end)
+        mode, codec = board.config.mode, board.codec
+        if mode == "best":
+            sql = f"SELECT max(score), player_id, shard FROM match_results {where} GROUP BY player_id, shard"
+        elif mode == "set":  # the latest result, the better of two at one time (write.lua's rule)
+            sql = (
+                f"SELECT DISTINCT ON (player_id, shard) score, player_id, shard FROM match_results {where} "
+                "ORDER BY player_id, shard, achieved_ms DESC, score DESC"
+            )
+        else:
+            sql = (
+                f"SELECT sum(points), player_id, shard, max(achieved_ms) FROM match_results {where} "
+                "GROUP BY player_id, shard"
+            )
+        async with self.db.transaction():
+            cur = await self.db.execute(sql, params)
+            found = await cur.fetchall()
+        if mode == "incr":
+            out = [
+                Standing(codec.encode_units(int(total), (last - codec.epoch_ms) // codec.unit_ms), p, s)
+                for total, p, s, last in found
+            ]
+        else:
+            out = [Standing(int(score), p, s) for score, p, s in found]
+        out.sort(reverse=True)
+        return out
+
+    async def check(self, board: Board, name: str, order: Sequence[Standing]) -> list[ShardCheck]:
+        """Step 5: each shard's frozen Redis board against its share of ``order``."""
+        expected: dict[int, dict[str, int]] = defaultdict(dict)
+        for s in order:
+            expected[s.shard][s.player_id] = s.score
+        checks = []
+        for shard in board.layout.view(False):
+            actual = await self.rebuilder.members(keys.period_key(board.prefixes[shard], name))
+            mine = expected.get(shard, {})
+            checks.append(ShardCheck(shard, len(actual), len(mine), checksum(actual), checksum(mine), 0))
+        return checks
+
+    async def _store(
+        self, board: Board, name: str, request: Request, order: Sequence[Standing], checks: list[ShardCheck]
+    ) -> dict[str, Any]:
+        """Step 6: snapshot, awards, deliveries and the settled mark in one transaction."""
+        codec = board.codec
+        points = [codec.decode_units(s.score)[0] for s in order]
+        awards = settlement_rewards.assign(request.rewards, points, board.config.tie_awards)
+        kept = sorted({*range(1, min(request.top_n, len(order)) + 1), *(a.rank for a in awards)})
+        sid = request.settlement_id
+        by_reward = Counter(a.reward for a in awards)
+        result = {
+            "settlement_id": sid,
+            "board": board.config.id,
+            "period": periods.api_name(name),
+            "state": "settled",
+            "players": len(order),
+            "top_n": request.top_n,
+            "rewards": settlement_rewards.to_json(request.rewards),
+            "tie_awards": board.config.tie_awards,
+            "awards": {"total": len(awards), "by_reward": dict(sorted(by_reward.items()))},
+            "forced": any(c.drift for c in checks),
+            "check": check_report(checks),
+            "webhook_url": request.webhook_url,
+        }
+        async with self.db.transaction(), self.db.cursor() as cur:
+            await cur.execute("SELECT state FROM settlements WHERE settlement_id = %s FOR UPDATE", (sid,))
+            row = await cur.fetchone()
+            if row is None or row[0] == "settled":  # settled meanwhile (the lock makes this rare)
+                raise SettlementConflict(
+                    f"settlement {sid!r} changed while it ran; run it again", "settlement_id"
+                )
+            async with cur.copy(
+                "COPY settlement_snapshots (settlement_id, rank, player_id, points, achieved_ms, score) "
+                "FROM STDIN"
+            ) as copy:
+                for rank in kept:
+                    s = order[rank - 1]
+                    p, at = codec.decode(s.score)
+                    await copy.write_row((sid, rank, s.player_id, p, at, s.score))
+            self.step("snapshot")
+            async with cur.copy(
+                "COPY settlement_awards (settlement_id, rank, player_id, points, reward) FROM STDIN"
+            ) as copy:
+                for a in awards:
+                    await copy.write_row(
+                        (sid, a.rank, order[a.rank - 1].player_id, points[a.rank - 1], a.reward)
+                    )
+            self.step("awards")
+            if request.webhook_url:
+                await cur.execute(
+                    "INSERT INTO settlement_deliveries (award_id, url) "
+                    "SELECT award_id, %s FROM settlement_awards WHERE settlement_id = %s",
+                    (request.webhook_url, sid),
+                )
+            await cur.execute(
+                "UPDATE settlements SET state = 'settled', settled_at = now(), report = %s, result = %s, "
+                "webhook_url = %s WHERE settlement_id = %s",
+                (
+                    orjson.dumps(result["check"]).decode(),
+                    orjson.dumps(result).decode(),
+                    request.webhook_url,
+                    sid,
+                ),
+            )
+        self.step("commit")
+        return result
+
+
+def check_report(checks: Sequence[ShardCheck]) -> dict[str, Any]:
+    """The check as stored and returned: shards compared, and those that differ."""
+    return {
+        "shards": len(checks),
+        "players": {
+            "redis": sum(c.redis_players for c in checks),
+            "postgres": sum(c.postgres_players for c in checks),
+        },
+        "drifting": [
+            {
+                "shard": c.shard,
+                "redis_players": c.redis_players,
+                "postgres_players": c.postgres_players,
+                "redis_sum": f"{c.redis_sum:016x}",
+                "postgres_sum": f"{c.postgres_sum:016x}",
+            }
+            for c in checks
+            if c.drift
+        ],
+    }
+
+
+def _lock_key(settlement_id: str) -> int:
+    """A signed 64-bit advisory lock key for a settlement id (the same in every process)."""
+    digest = hashlib.blake2b(f"settlement\x00{settlement_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+async def run(
+    redis_url: str,
+    postgres_url: str,
+    board_id: str,
+    period: str,
+    request: Request,
+    step: Callable[[str], None] | None = None,
+    drain_wait_s: float = DRAIN_WAIT_S,
+) -> dict[str, Any]:
+    """Settle on fresh connections (closed on exit): what `shardlb settle` and the endpoint run."""
+    async with rebuild.connected(redis_url, postgres_url) as (rebuilder, store):
+        board = await store.get(board_id)
+        return await Settler(rebuilder, step, drain_wait_s).settle(board, period, request)
