@@ -1,0 +1,422 @@
+"""Settlement (issue 12, items 2-3) against the suite's cluster and a real PostgreSQL: the awards
+follow the reference board's final order, an id pays once, the bad requests are refused before
+anything is paid, a drifting Redis board stops the settlement unless forced, and a `shardlb settle`
+process killed by SIGKILL after each step and run again ends with exactly one award per winner."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from threading import Thread
+from typing import Any
+
+import psycopg
+import pytest
+
+from shardlb import keys, periods, settlement_delivery, times
+from shardlb.archive import Archiver, connect_db
+from shardlb.board import Board, Score
+from shardlb.config import BoardConfig
+from shardlb.errors import ArchiveBehind, BoardNotFound, InvalidInput, SettlementConflict, SettlementNotFound
+from shardlb.rebuild import Rebuilder
+from shardlb.settlement import STEPS, Request, Settler, period_bounds
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+
+pytestmark = pytest.mark.cluster
+
+TABLE = [
+    {"rank": 1, "reward": "gold"},
+    {"ranks": [2, 5], "reward": "silver"},
+    {"top_percent": 20, "reward": "bronze"},
+]
+
+
+def day_ago(days: int) -> str:
+    """The API name of the UTC day ``days`` ago (closed for a day or more when days >= 2)."""
+    return "daily:" + (datetime.now(UTC).date() - timedelta(days=days)).isoformat()
+
+
+async def written(
+    board: Board, period: str, seed: str, players: int = 40, results: int = 120
+) -> ReferenceBoard:
+    """Random results achieved inside ``period`` (with retries of earlier ones), fed to the board
+    and to the reference in the order they were answered."""
+    rng = random.Random(seed)
+    ref = ReferenceBoard(board.config)
+    start, end = period_bounds(board, periods.parse(period, board.config.periods, board.tz, times.now_ms()))
+    end = min(end, times.now_ms())
+    sent: list[Score] = []
+    for batch_no in range(results // 30):
+        batch = []
+        for n in range(30):
+            if sent and rng.random() < 0.2:
+                batch.append(rng.choice(sent))
+                continue
+            at = rng.randrange(start, end, 1000)
+            batch.append(
+                Score(f"p{rng.randrange(players):03d}", rng.randrange(0, 50), f"{seed}-m{batch_no}-{n}", at)
+            )
+            sent.append(batch[-1])
+        now = times.now_ms()
+        await board.submit(batch, now_ms=now)
+        ref.submit(batch, now_ms=now)
+    return ref
+
+
+async def drain(raw: Any, store: BoardStore, postgres_url: str) -> None:
+    a = Archiver(raw, store, await connect_db(postgres_url), "settle-tests", claim_idle_s=0)
+    try:
+        await a.refresh()
+        while await a.round():
+            pass
+    finally:
+        await a.db.close()
+
+
+@pytest.fixture
+async def db(postgres_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    conn = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+    yield conn
+    await conn.close()
+
+
+async def new_board(store: BoardStore, name: str, mode: str = "best", **settings: Any) -> Board:
+    body = {"mode": mode, "periods": ["daily"], "retention_days": {"daily": 30}, "sharding": {"shards": 3}}
+    board, _ = await store.create(BoardConfig.from_dict(name, {**body, **settings}))
+    return board
+
+
+async def awards_of(db: psycopg.AsyncConnection[Any], settlement_id: str) -> list[tuple[int, str, str]]:
+    cur = await db.execute(
+        "SELECT rank, player_id, reward FROM settlement_awards WHERE settlement_id = %s ORDER BY rank",
+        (settlement_id,),
+    )
+    return [tuple(row) for row in await cur.fetchall()]  # type: ignore[misc]
+
+
+def expected_awards(
+    ref: ReferenceBoard, period: str, board: Board, rule: str = "cut"
+) -> list[tuple[int, str, str]]:
+    from shardlb.settlement_rewards import assign, parse
+
+    name = periods.parse(period, board.config.periods, board.tz, times.now_ms())
+    order = ref.order(name)
+    return [
+        (a.rank, order[a.rank - 1][1], a.reward) for a in assign(parse(TABLE), [o[2] for o in order], rule)
+    ]
+
+
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+async def test_awards_follow_the_reference_order(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], mode: str
+) -> None:
+    board = await new_board(store, f"settle-ref-{mode}", mode)
+    period = day_ago(2)
+    try:
+        ref = await written(board, period, f"ref/{mode}")
+        await written(board, day_ago(0), f"today/{mode}")  # another period: not part of it
+        await drain(raw, store, rebuilder.db.info.dsn)
+        result = await Settler(rebuilder).settle(
+            board, period, Request.of({"settlement_id": f"ref-{mode}", "rewards": TABLE, "top_n": 7})
+        )
+        want = expected_awards(ref, period, board)
+        assert want and await awards_of(db, f"ref-{mode}") == want
+        name = periods.parse(period, board.config.periods, board.tz, times.now_ms())
+        assert result["players"] == len(ref.order(name))
+        assert result["check"]["drifting"] == [] and result["forced"] is False
+        cur = await db.execute(
+            "SELECT rank, player_id, points FROM settlement_snapshots WHERE settlement_id = %s ORDER BY rank",
+            (f"ref-{mode}",),
+        )
+        kept = await cur.fetchall()
+        order = ref.order(name)
+        ranks = sorted({*range(1, 8), *(r for r, _, _ in want)})
+        assert [tuple(k) for k in kept] == [(r, order[r - 1][1], order[r - 1][2]) for r in ranks]
+    finally:
+        await store.delete(board.config.id)
+
+
+async def test_an_id_pays_once_and_names_one_settlement(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any]
+) -> None:
+    board = await new_board(store, "settle-once")
+    period = day_ago(3)
+    try:
+        await written(board, period, "once")
+        await drain(raw, store, rebuilder.db.info.dsn)
+        settler = Settler(rebuilder)
+        request = Request.of({"settlement_id": "once-1", "rewards": TABLE})
+        first = await settler.settle(board, period, request)
+        paid = await awards_of(db, "once-1")
+        assert await settler.settle(board, period, request) == first
+        assert await awards_of(db, "once-1") == paid
+        other_table = Request.of({"settlement_id": "once-1", "rewards": TABLE[:1]})
+        with pytest.raises(SettlementConflict) as e:
+            await settler.settle(board, period, other_table)
+        assert e.value.code == "settlement_conflict"
+        with pytest.raises(SettlementConflict):  # the same id for another period
+            await settler.settle(board, day_ago(4), request)
+        with pytest.raises(SettlementConflict) as e:  # another id for a settled period
+            await settler.settle(board, period, Request.of({"settlement_id": "once-2", "rewards": TABLE}))
+        assert e.value.code == "period_settled"
+        assert await awards_of(db, "once-1") == paid and await awards_of(db, "once-2") == []
+    finally:
+        await store.delete(board.config.id)
+
+
+async def test_bad_requests_pay_nothing(store: BoardStore, rebuilder: Rebuilder) -> None:
+    board = await new_board(store, "settle-bad")
+    settler = Settler(rebuilder)
+    request = Request.of({"settlement_id": "bad-1", "rewards": TABLE})
+    try:
+        with pytest.raises(SettlementConflict) as e:
+            await settler.settle(board, day_ago(0), request)
+        assert e.value.code == "period_open"
+        for period in ("total", "daily:2026-02-30", "weekly:2026-W01", "moon"):
+            with pytest.raises(InvalidInput):
+                await settler.settle(board, period, request)
+        for body in (
+            {"settlement_id": "x", "rewards": {"1": "gold"}},
+            {"settlement_id": "no spaces", "rewards": TABLE},
+            {"settlement_id": "x", "rewards": TABLE, "top_n": -1},
+            {"rewards": TABLE},
+            {"settlement_id": "x", "rewards": TABLE, "webhook_url": "ftp://x"},
+        ):
+            with pytest.raises(InvalidInput):
+                Request.of(body)
+        with pytest.raises(SettlementNotFound):
+            await settlement_delivery.get(rebuilder.db, "bad-1")
+    finally:
+        await store.delete(board.config.id)
+    with pytest.raises(BoardNotFound):
+        await store.get("settle-bad")
+
+
+async def test_a_drifting_board_stops_the_settlement_unless_forced(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any]
+) -> None:
+    board = await new_board(store, "settle-drift")
+    period = day_ago(2)
+    name = periods.parse(period, board.config.periods, board.tz, times.now_ms())
+    try:
+        ref = await written(board, period, "drift")
+        await drain(raw, store, rebuilder.db.info.dsn)
+        await raw.zadd(keys.period_key(board.prefixes[1], name), {"intruder": 2**40})  # not in PostgreSQL
+        settler = Settler(rebuilder)
+        with pytest.raises(SettlementConflict) as e:
+            await settler.settle(board, period, Request.of({"settlement_id": "drift-1", "rewards": TABLE}))
+        assert e.value.code == "settlement_mismatch"
+        assert await awards_of(db, "drift-1") == []
+        stored = await settlement_delivery.get(db, "drift-1")
+        assert stored["state"] == "mismatch" and [d["shard"] for d in stored["report"]["drifting"]] == [1]
+        forced = Request.of({"settlement_id": "drift-1", "rewards": TABLE, "force": True})
+        result = await settler.settle(board, period, forced)
+        assert result["forced"] is True
+        assert await awards_of(db, "drift-1") == expected_awards(ref, period, board)  # PostgreSQL's order
+    finally:
+        await store.delete(board.config.id)
+
+
+async def test_a_settlement_waits_for_the_archiver(store: BoardStore, raw: Any, rebuilder: Rebuilder) -> None:
+    board = await new_board(store, "settle-behind")
+    period = day_ago(2)
+    try:
+        await written(board, period, "behind")
+        with pytest.raises(ArchiveBehind):
+            await Settler(rebuilder, drain_wait_s=0.3).settle(
+                board, period, Request.of({"settlement_id": "behind-1", "rewards": TABLE})
+            )
+        await drain(raw, store, rebuilder.db.info.dsn)
+        result = await Settler(rebuilder).settle(
+            board, period, Request.of({"settlement_id": "behind-1", "rewards": TABLE})
+        )
+        assert result["state"] == "settled"
+    finally:
+        await store.delete(board.config.id)
+
+
+async def test_all_pays_every_tie_at_a_boundary(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any]
+) -> None:
+    period = day_ago(2)
+    ties = {"a": 90, "b": 80, "c": 80, "d": 80, "e": 70}
+    got = {}
+    for rule in ("cut", "all"):
+        board = await new_board(store, f"settle-ties-{rule}", tie_awards=rule)
+        start, _ = period_bounds(board, periods.parse(period, ("total", "daily"), board.tz, times.now_ms()))
+        try:
+            await board.submit([Score(p, v, "m1", start + 1000 * i) for i, (p, v) in enumerate(ties.items())])
+            await drain(raw, store, rebuilder.db.info.dsn)
+            table = [{"rank": 1, "reward": "gold"}, {"ranks": [2, 3], "reward": "silver"}]
+            await Settler(rebuilder).settle(
+                board, period, Request.of({"settlement_id": f"ties-{rule}", "rewards": table})
+            )
+            got[rule] = [(p, r) for _, p, r in await awards_of(db, f"ties-{rule}")]
+        finally:
+            await store.delete(board.config.id)
+    assert got["cut"] == [("a", "gold"), ("b", "silver"), ("c", "silver")]  # earliest first: b, c in, d out
+    assert got["all"] == [("a", "gold"), ("b", "silver"), ("c", "silver"), ("d", "silver")]
+
+
+async def test_awards_page_by_cursor_and_acknowledged_ones_are_not_offered_again(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any]
+) -> None:
+    board = await new_board(store, "settle-pages")
+    period = day_ago(2)
+    try:
+        await written(board, period, "pages")
+        await drain(raw, store, rebuilder.db.info.dsn)
+        await Settler(rebuilder).settle(
+            board, period, Request.of({"settlement_id": "pages-1", "rewards": TABLE})
+        )
+        every = await awards_of(db, "pages-1")
+        seen, after = [], None
+        while True:
+            page = await settlement_delivery.awards(db, "pages-1", after, 3)
+            seen += page["awards"]
+            after = page["next"]
+            if after is None:
+                break
+        assert [(a["rank"], a["player_id"], a["reward"]) for a in seen] == every
+        paid = [a["award_id"] for a in seen[:4]]
+        assert (await settlement_delivery.ack(db, "pages-1", paid))["acknowledged"] == 4
+        assert (await settlement_delivery.ack(db, "pages-1", paid)) == {
+            "settlement_id": "pages-1",
+            "acknowledged": 0,
+            "already": 4,
+        }
+        left = await settlement_delivery.awards(db, "pages-1", None, 1000)
+        assert [a["award_id"] for a in left["awards"]] == [a["award_id"] for a in seen[4:]]
+        assert (await settlement_delivery.get(db, "pages-1"))["acknowledged"] == 4
+        for bad in (["999999999"], [1], "1", []):
+            with pytest.raises(InvalidInput):
+                await settlement_delivery.ack(db, "pages-1", bad)
+        with pytest.raises(InvalidInput):
+            await settlement_delivery.awards(db, "pages-1", "x", 10)
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.slow
+async def test_killed_after_each_step_and_run_again_pays_each_winner_once(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    db: psycopg.AsyncConnection[Any],
+    cluster_url: str,
+    postgres_url: str,
+) -> None:
+    """`shardlb settle` dies by SIGKILL right after each step (inside the storing transaction for
+    `snapshot` and `awards`); the same command run again finishes, and a third run changes nothing."""
+    board = await new_board(store, "settle-kill")
+    days = {step: day_ago(2 + i) for i, step in enumerate(STEPS)}
+    try:
+        refs = {step: await written(board, period, f"kill/{step}") for step, period in days.items()}
+        await drain(raw, store, postgres_url)
+        for step, period in days.items():
+            argv = [
+                sys.executable,
+                "-m",
+                "shardlb",
+                "settle",
+                board.config.id,
+                period,
+                "--id",
+                f"kill-{step}",
+                "--rewards",
+                json.dumps(TABLE),
+                "--redis",
+                cluster_url,
+                "--postgres",
+                postgres_url,
+            ]
+            env = {**os.environ, "SHARDLB_SETTLE_KILL_AFTER": step}
+            killed = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, timeout=120)
+            assert killed.returncode == -9, killed.stderr.decode()
+            again = await asyncio.to_thread(subprocess.run, argv, capture_output=True, timeout=120)
+            assert again.returncode == 0, again.stderr.decode()
+            want = expected_awards(refs[step], period, board)
+            assert want and await awards_of(db, f"kill-{step}") == want, step
+            third = await asyncio.to_thread(subprocess.run, argv, capture_output=True, timeout=120)
+            assert json.loads(third.stdout) == json.loads(again.stdout)
+            assert await awards_of(db, f"kill-{step}") == want
+    finally:
+        await store.delete(board.config.id)
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1 that fails each award's first POST, then takes it; it
+    checks the signature and counts POSTs per idempotency key."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+        self.posts: dict[str, int] = {}
+        self.bodies: dict[str, dict[str, Any]] = {}
+        self.bad_signatures = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                want = "sha256=" + hmac.new(owner.secret.encode(), body, hashlib.sha256).hexdigest()
+                if not hmac.compare_digest(want, self.headers.get("x-shardlb-signature", "")):
+                    owner.bad_signatures += 1
+                key = self.headers["idempotency-key"]
+                owner.posts[key] = owner.posts.get(key, 0) + 1
+                owner.bodies[key] = json.loads(body)
+                self.send_response(503 if owner.posts[key] == 1 else 200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/awards"
+        self.thread = Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Receiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_the_webhook_delivers_every_award_signed_and_retried(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any]
+) -> None:
+    board = await new_board(store, "settle-hook")
+    period = day_ago(2)
+    try:
+        await written(board, period, "hook")
+        await drain(raw, store, rebuilder.db.info.dsn)
+        with Receiver("s3cret") as receiver:
+            body = {"settlement_id": "hook-1", "rewards": TABLE, "webhook_url": receiver.url}
+            await Settler(rebuilder).settle(board, period, Request.of(body))
+            counts = await settlement_delivery.deliver_until_done(
+                db, "s3cret", "hook-1", deadline_s=60, base_s=0.05
+            )
+        ids = {
+            str(row[0])
+            for row in await (
+                await db.execute("SELECT award_id FROM settlement_awards WHERE settlement_id = 'hook-1'")
+            ).fetchall()
+        }
+        assert counts == {"delivered": len(ids), "pending": 0, "failed": 0}
+        assert set(receiver.posts) == ids and set(receiver.posts.values()) == {2}  # failed once, then taken
+        assert receiver.bad_signatures == 0
+        assert {b["award_id"] for b in receiver.bodies.values()} == ids
+    finally:
+        await store.delete(board.config.id)
