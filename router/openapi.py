@@ -438,7 +438,10 @@ _ERROR_TEXT = {
     403: "The key's scope does not allow this (code forbidden).",
     404: "Unknown board, player or route (board_not_found, player_not_found, not_found).",
     405: "Method not allowed on this route (method_not_allowed).",
-    409: "The board exists with other settings (board_conflict).",
+    409: "The board exists with other settings (board_conflict); settlements: the id names another "
+    "settlement (settlement_conflict), the period is open (period_open) or settled under another id "
+    "(period_settled), Redis and PostgreSQL disagree (settlement_mismatch), the id is running "
+    "(settlement_busy) or not settled (not_settled); no PostgreSQL (archive_not_configured).",
     413: "The body is larger than SHARDLB_MAX_BODY_BYTES (body_too_large).",
     415: "Content-Type is neither application/json nor application/msgpack (unsupported_media_type).",
     422: "A well-formed request with an invalid value; `field` names it (e.g. scores[3].points).",
@@ -508,6 +511,260 @@ _ADMIN: list[dict[str, list[str]]] = [{"bearer": []}]
 _WRITE: list[dict[str, list[str]]] = [{"bearer": []}]
 _READ: list[dict[str, list[str]]] = [{}, {"bearer": []}]  # open unless SHARDLB_READS_REQUIRE_KEY
 
+# ---- Additions: settlement and history (router/settlements.py, shardlb/settlement.py) ----------
+_SETTLEMENT_ID = {"name": "settlement", "in": "path", "required": True, "schema": _ID}
+_RANK = {"type": "integer", "minimum": 1, "maximum": 10**9}
+_SETTLEMENT_SCHEMAS: dict[str, Any] = {
+    "RewardTier": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "One tier of a reward table: the first tier covering a rank pays it",
+        "required": ["reward"],
+        "properties": {
+            "rank": _RANK,
+            "ranks": {"type": "array", "items": _RANK, "minItems": 2, "maxItems": 2},
+            "top_percent": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+            "reward": _ID,
+        },
+        "oneOf": [{"required": ["rank"]}, {"required": ["ranks"]}, {"required": ["top_percent"]}],
+    },
+    "SettleRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["settlement_id", "rewards"],
+        "properties": {
+            "settlement_id": {**_ID, "description": "the same id never pays twice"},
+            "rewards": {"type": "array", "items": _ref("RewardTier"), "minItems": 1, "maxItems": 100},
+            "top_n": {"type": "integer", "minimum": 0, "maximum": 100_000, "default": 1000},
+            "force": {"type": "boolean", "default": False, "description": "pay even if Redis differs"},
+            "webhook_url": {"type": "string", "pattern": "^https?://", "description": "POST each award here"},
+        },
+    },
+    "Settlement": {
+        "type": "object",
+        "required": ["settlement_id", "board", "period", "state"],
+        "properties": {
+            "settlement_id": _ID,
+            "board": _ID,
+            "period": {"type": "string"},
+            "state": {"enum": ["started", "mismatch", "settled"]},
+            "players": {"type": "integer", "minimum": 0},
+            "top_n": {"type": "integer", "minimum": 0},
+            "rewards": {"type": "array", "items": _ref("RewardTier")},
+            "tie_awards": {"enum": list(TIE_AWARDS)},
+            "awards": {
+                "type": "object",
+                "properties": {"total": {"type": "integer"}, "by_reward": {"type": "object"}},
+            },
+            "forced": {"type": "boolean"},
+            "check": {"type": "object", "description": "shards compared with Redis, and those that differ"},
+            "report": {"type": ["object", "null"], "description": "before it is settled: the last check"},
+            "acknowledged": {"type": "integer", "minimum": 0},
+            "archived": {"type": "boolean"},
+            "delivery": {"type": "object"},
+        },
+    },
+    "Award": {
+        "type": "object",
+        "required": ["award_id", "rank", "player_id", "points", "reward"],
+        "properties": {
+            "award_id": {"type": "string", "pattern": "^[0-9]+$"},
+            "rank": {"type": "integer", "minimum": 1},
+            "player_id": _ID,
+            "points": {"type": "integer", "minimum": 0},
+            "reward": _ID,
+        },
+    },
+    "AwardsPage": {
+        "type": "object",
+        "required": ["settlement_id", "awards", "next"],
+        "properties": {
+            "settlement_id": _ID,
+            "awards": {"type": "array", "items": _ref("Award")},
+            "next": {"type": ["string", "null"], "description": "the cursor of the next page (after=)"},
+        },
+    },
+    "AckRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["award_ids"],
+        "properties": {
+            "award_ids": {
+                "type": "array",
+                "items": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+                "minItems": 1,
+                "maxItems": 1000,
+            }
+        },
+    },
+    "AckResult": {
+        "type": "object",
+        "required": ["settlement_id", "acknowledged", "already"],
+        "properties": {
+            "settlement_id": _ID,
+            "acknowledged": {"type": "integer", "minimum": 0},
+            "already": {"type": "integer", "minimum": 0},
+        },
+    },
+    "Periods": {
+        "type": "object",
+        "required": ["board", "periods"],
+        "properties": {
+            "board": _ID,
+            "periods": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["period", "ends_at", "closed", "kept", "settled", "settlement_id"],
+                    "properties": {
+                        "period": {"type": "string"},
+                        "ends_at": _TIME_OUT,
+                        "closed": {"type": "boolean"},
+                        "kept": {"type": "boolean", "description": "its keys are still in Redis"},
+                        "settled": {"type": "boolean"},
+                        "settlement_id": {"type": ["string", "null"]},
+                    },
+                },
+            },
+        },
+    },
+    "History": {
+        "type": "object",
+        "required": ["board", "player_id", "results"],
+        "properties": {
+            "board": _ID,
+            "player_id": _ID,
+            "results": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["match_id", "points", "achieved_at", "periods", "final"],
+                    "properties": {
+                        "match_id": {"type": "string"},
+                        "points": {"type": "integer"},
+                        "achieved_at": _TIME_OUT,
+                        "periods": {"type": "array", "items": {"type": "string"}},
+                        "final": {
+                            "type": "object",
+                            "description": "per settled period: the final rank and points reached",
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+_SETTLE_BODY = {"required": True, "content": _content(_ref("SettleRequest"))}
+_SETTLEMENT_PATHS: dict[str, Any] = {
+    "/v1/boards/{board}/periods/{period}:settle": {
+        "parameters": [
+            _param("board"),
+            {"name": "period", "in": "path", "required": True, "schema": _PERIOD},
+        ],
+        "post": {
+            "operationId": "settlePeriod",
+            "summary": "Addition: freeze a closed period, order it from PostgreSQL and pay its awards once",
+            "security": _ADMIN,
+            "requestBody": _SETTLE_BODY,
+            "responses": {
+                "200": _ok("Settled (now, or by an earlier run of the same id)", "Settlement"),
+                **_errors(400, 401, 403, *_PATH, 409, 413, 415, 422, 503),
+            },
+        },
+    },
+    "/v1/boards/{board}:archive": {
+        "parameters": [_param("board")],
+        "post": {
+            "operationId": "archiveBoard",
+            "summary": "Addition: season end: settle the total, then delete the board; its history stays",
+            "security": _ADMIN,
+            "requestBody": _SETTLE_BODY,
+            "responses": {
+                "200": _ok("Settled and deleted", "Settlement"),
+                **_errors(400, 401, 403, *_PATH, 409, 413, 415, 422, 503),
+            },
+        },
+    },
+    "/v1/boards/{board}/periods": {
+        "parameters": [_param("board")],
+        "get": {
+            "operationId": "listPeriods",
+            "summary": "Addition: the dated periods kept in Redis and those settled, newest first",
+            "security": _READ,
+            "responses": {"200": _ok("The periods", "Periods"), **_errors(409, *_READ_ERRORS)},
+        },
+    },
+    "/v1/boards/{board}/players/{player}/history": {
+        "parameters": [_param("board"), _param("player")],
+        "get": {
+            "operationId": "playerHistory",
+            "summary": "Addition: a player's results from PostgreSQL, latest first",
+            "security": _READ,
+            "parameters": [
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+                }
+            ],
+            "responses": {"200": _ok("The results", "History"), **_errors(409, *_READ_ERRORS)},
+        },
+    },
+    "/v1/settlements/{settlement}": {
+        "parameters": [_SETTLEMENT_ID],
+        "get": {
+            "operationId": "getSettlement",
+            "summary": "Addition: a settlement: its result, or its state and last check before",
+            "security": _WRITE,
+            "responses": {
+                "200": _ok("The settlement", "Settlement"),
+                **_errors(400, 401, 403, *_PATH, 409, 422, 503),
+            },
+        },
+    },
+    "/v1/settlements/{settlement}/awards": {
+        "parameters": [_SETTLEMENT_ID],
+        "get": {
+            "operationId": "listAwards",
+            "summary": "Addition: the awards not acknowledged yet, by rank, a page at a time",
+            "security": _WRITE,
+            "parameters": [
+                {
+                    "name": "after",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "string"},
+                    "description": "the `next` of the previous page",
+                },
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+                },
+            ],
+            "responses": {
+                "200": _ok("A page of awards", "AwardsPage"),
+                **_errors(400, 401, 403, *_PATH, 409, 422, 503),
+            },
+        },
+    },
+    "/v1/settlements/{settlement}/awards:ack": {
+        "parameters": [_SETTLEMENT_ID],
+        "post": {
+            "operationId": "ackAwards",
+            "summary": "Addition: acknowledge paid awards (never offered again)",
+            "security": _ADMIN,
+            "requestBody": {"required": True, "content": _content(_ref("AckRequest"))},
+            "responses": {
+                "200": _ok("Acknowledged", "AckResult"),
+                **_errors(400, 401, 403, *_PATH, 409, 413, 415, 422, 503),
+            },
+        },
+    },
+}
+
 SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {
@@ -519,7 +776,7 @@ SPEC: dict[str, Any] = {
     "servers": [{"url": "/"}],
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "schemas": _SCHEMAS,
+        "schemas": {**_SCHEMAS, **_SETTLEMENT_SCHEMAS},
         "parameters": _PARAMETERS,
         "responses": {f"E{s}": _error_response(s) for s in _ERROR_TEXT},
     },
@@ -661,6 +918,7 @@ SPEC: dict[str, Any] = {
                 },
             },
         },
+        **_SETTLEMENT_PATHS,
         "/healthz": {
             "get": {
                 "operationId": "healthz",

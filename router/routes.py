@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from router import metrics, params, scores
+from router import history, metrics, params, scores
 from router.auth import Scope
 from router.errors import ApiError
 from router.media import entry_body, read_object, render
@@ -187,6 +187,9 @@ async def top(request: Request) -> Response:
     board = await _board(svc, request)
     limit = params.integer(query, "limit", 100, 1, MAX_ITEMS)
     view = _query_view(board, query)
+    settled = await history.settled_top(svc, board, view, limit)  # a settled period: its snapshot
+    if settled is not None:
+        return render(request, settled)
     best, as_of = await svc.tops.top(board, view, limit)
     return render(
         request,
@@ -226,6 +229,9 @@ async def player(request: Request) -> Response:
     board = await _board(svc, request)
     player_id = check_id(request.path_params["player"], "player")
     view = _query_view(board, query)
+    settled = await history.settled_player(svc, board, view, player_id)  # a settled period: its snapshot
+    if settled is not None:
+        return render(request, settled)
     if not params.flag(query, "estimate"):
         async with svc.reads, metrics.redis_call("player"):
             found = await board.player(player_id, view)

@@ -45,6 +45,10 @@ class Settings:
     ack_timeout_ms: int = 500
     # The archive (shardlb/archive.py): only the admin rebuild endpoint uses it; unset, it answers 409.
     postgres_url: str = ""
+    # Settlement webhooks (shardlb/settlement_delivery.py): the secret signing every body, and the
+    # URL used when a settle request names none (none: no webhook unless a request names one).
+    webhook_secret: str = field(default="", repr=False)
+    settlement_webhook_url: str = ""
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1

@@ -32,7 +32,7 @@ import asyncio
 import hashlib
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -43,7 +43,7 @@ import psycopg
 from shardlb import archive, keys, periods, rebuild, settlement_rewards, times
 from shardlb.board import Board
 from shardlb.config import check_id
-from shardlb.errors import ArchiveBehind, InvalidInput, SettlementConflict
+from shardlb.errors import ArchiveBehind, BoardNotFound, InvalidInput, SettlementConflict
 from shardlb.rebuild import Rebuilder
 from shardlb.reconcile import ShardCheck, checksum
 from shardlb.settlement_rewards import Tier
@@ -52,7 +52,6 @@ DEFAULT_TOP_N = 1000
 MAX_TOP_N = 100_000
 CLOSE_GRACE_S = 300  # until the board setting close_grace lands: a period is closed this long after its end
 DRAIN_WAIT_S = 30.0
-MAX_PAGE = 1000
 STEPS = ("begin", "freeze", "drain", "compute", "check", "snapshot", "awards", "commit")
 
 SCHEMA = """
@@ -195,10 +194,11 @@ class Settler:
         self.drain_wait_s = drain_wait_s
 
     async def settle(
-        self, board: Board, period: str, request: Request, now_ms: int | None = None
+        self, board: Board, period: str, request: Request, now_ms: int | None = None, season: bool = False
     ) -> dict[str, Any]:
         """Settle ``board``'s API period (``daily:2026-11-30``...) as ``request`` says; return the
-        result, the same one on every run of the same id."""
+        result, the same one on every run of the same id. ``season`` settles the total instead (a
+        board archived at its season's end: ``archive_season``), which never closes by itself."""
         if board.config.durability != "journal":
             raise SettlementConflict(
                 f"board {board.config.id!r} keeps no journal (durability memory): nothing to settle from",
@@ -206,14 +206,14 @@ class Settler:
                 "not_journaled",
             )
         now = times.now_ms() if now_ms is None else now_ms
-        name = periods.parse(period, board.config.periods, board.tz, now)
-        if name == "total":
+        name = "total" if season else periods.parse(period, board.config.periods, board.tz, now)
+        if name == "total" and not season:
             raise InvalidInput(
                 "the total period never closes: settle a dated period (or archive the board)",
                 "period",
                 "invalid_period",
             )
-        if now < closes_at(board, name):
+        if not season and now < closes_at(board, name):
             raise SettlementConflict(
                 f"period {periods.api_name(name)} is not closed yet: it closes at "
                 f"{times.format_ms(closes_at(board, name))}",
@@ -337,7 +337,7 @@ class Settler:
     async def final_order(self, board: Board, name: str) -> list[Standing]:
         """Step 4: every player of the period from ``match_results``, best first (the codec's
         unique order: a higher score, then the larger player id, as shardlb/merge.py)."""
-        start, end = period_bounds(board, name)
+        start, end = (0, 2**62) if name == "total" else period_bounds(board, name)
         where = "WHERE board = %s AND incarnation = %s AND achieved_ms >= %s AND achieved_ms < %s"
         params = (board.config.id, board.incarnation, start, end)
         mode, codec = board.config.mode, board.codec
@@ -487,3 +487,35 @@ async def run(
     async with rebuild.connected(redis_url, postgres_url) as (rebuilder, store):
         board = await store.get(board_id)
         return await Settler(rebuilder, step, drain_wait_s).settle(board, period, request)
+
+
+async def archive_season(
+    redis_url: str,
+    postgres_url: str,
+    board_id: str,
+    request: Request,
+    step: Callable[[str], None] | None = None,
+    drain_wait_s: float = DRAIN_WAIT_S,
+    delete: Callable[[str], Awaitable[None]] | None = None,
+) -> dict[str, Any]:
+    """A board's season ended: settle its total (snapshot, awards) like a period, then delete the
+    board (every key UNLINKed, shardlb/store.py); the settlement and its snapshot stay in PostgreSQL.
+    Run again with the same id after a crash, it finishes what is left and returns the same result."""
+    async with rebuild.connected(redis_url, postgres_url) as (rebuilder, store):
+        try:
+            board = await store.get(board_id)
+        except BoardNotFound:
+            # Deleted already: by this archive (its stored result), or it never existed.
+            await ensure_schema(rebuilder.db)
+            cur = await rebuilder.db.execute(
+                "SELECT result FROM settlements WHERE settlement_id = %s AND board = %s AND period = 'total' "
+                "AND state = 'settled'",
+                (request.settlement_id, board_id),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise
+            return {**row[0], "archived": True}
+        result = await Settler(rebuilder, step, drain_wait_s).settle(board, "total", request, season=True)
+        await (delete or store.delete)(board_id)  # the router's, so that its cache forgets the board
+        return {**result, "archived": True}

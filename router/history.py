@@ -1,0 +1,121 @@
+"""Reads of settled periods, served from their snapshots in PostgreSQL (shardlb/settlement_history.py).
+
+``settled_top`` and ``settled_player`` answer a read of a period that is settled, or return None for
+the live path to answer it. Only a closed dated period can be settled, so reads of an open period
+(nearly all reads) never wait for PostgreSQL. Whether a closed period is settled is kept per process:
+a settled answer for good (a settlement is final), an unsettled one for ``UNSETTLED_TTL_S``; a
+snapshot's top, immutable too, is kept in a small LRU. PostgreSQL is reached on a connection per
+miss, as the admin endpoints do, from SHARDLB_POSTGRES_URL; without it reads stay live.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+
+from router.errors import ApiError
+from router.media import entry_body
+from router.service import Service
+from shardlb import settlement, settlement_history, times
+from shardlb.board import Board, Entry
+from shardlb.reads import ResolvedView
+from shardlb.settlement_history import Settled, Standing
+
+UNSETTLED_TTL_S = 5.0
+TOPS_KEPT = 256
+
+_settled: dict[tuple[str, str, str], tuple[Settled | None, float]] = {}
+_tops: OrderedDict[tuple[str, int], list[Standing]] = OrderedDict()
+_schema: set[str] = set()
+
+
+@asynccontextmanager
+async def archive_db(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A connection to the archive with the settlement tables in place: 409 when this router has
+    no PostgreSQL, 503 (retry) when it cannot be reached or fails."""
+    url = svc.settings.postgres_url
+    if not url:
+        # A setting of this router, not a passing state: a retry would not help, so not a 503.
+        raise ApiError(409, "archive_not_configured", "this router has no PostgreSQL (SHARDLB_POSTGRES_URL)")
+    try:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=5) as db:
+            if url not in _schema:
+                await settlement.ensure_schema(db)
+                _schema.add(url)
+            yield db
+    except psycopg.Error as e:
+        raise ApiError(
+            503, "archive_unavailable", f"PostgreSQL failed: {type(e).__name__}", retry_after=5
+        ) from e
+
+
+async def _lookup(svc: Service, board: Board, view: ResolvedView) -> Settled | None:
+    if not svc.settings.postgres_url or view.period == "total" or view.region is not None:
+        return None
+    if times.now_ms() < settlement.closes_at(board, view.period):
+        return None
+    key = (board.config.id, board.incarnation, view.period)
+    found = _settled.get(key)
+    if found is not None and (found[0] is not None or time.monotonic() < found[1]):
+        return found[0]
+    async with archive_db(svc) as db:
+        done = await settlement_history.settled(db, board, view.period)
+    _settled[key] = (done, time.monotonic() + UNSETTLED_TTL_S)
+    return done
+
+
+def _entry(s: Standing) -> dict[str, Any]:
+    body = entry_body(Entry(s.rank, s.player_id, s.points, s.achieved_ms))
+    if s.reward is not None:
+        body["reward"] = s.reward
+    return body
+
+
+async def settled_top(svc: Service, board: Board, view: ResolvedView, limit: int) -> dict[str, Any] | None:
+    """The top of a settled period from its snapshot (at most its top N), or None."""
+    done = await _lookup(svc, board, view)
+    if done is None:
+        return None
+    key = (done.settlement_id, limit)
+    rows = _tops.get(key)
+    if rows is None:
+        async with archive_db(svc) as db:
+            rows = await settlement_history.top(db, done.settlement_id, limit)
+        _tops[key] = rows
+        while len(_tops) > TOPS_KEPT:
+            _tops.popitem(last=False)
+    return {
+        "board": board.config.id,
+        "period": view.api,
+        "entries": [_entry(s) for s in rows],
+        "as_of": times.format_ms(times.now_ms()),
+        "settled": True,
+        "settlement_id": done.settlement_id,
+    }
+
+
+async def settled_player(
+    svc: Service, board: Board, view: ResolvedView, player_id: str
+) -> dict[str, Any] | None:
+    """A player's final rank in a settled period from its snapshot, or None (not settled, or the
+    player is not in the snapshot: the frozen board answers while it is kept)."""
+    done = await _lookup(svc, board, view)
+    if done is None:
+        return None
+    async with archive_db(svc) as db:
+        found = await settlement_history.player(db, done.settlement_id, player_id)
+    if found is None:
+        return None
+    players = done.players
+    return {
+        **_entry(found),
+        "players": players,
+        "percentile": 100.0 * (players - found.rank) / players if players else 0.0,
+        "settled": True,
+        "settlement_id": done.settlement_id,
+    }

@@ -1,0 +1,209 @@
+"""Endpoints of settlement and history (issue 12, items 2-4; the mechanism: shardlb/settlement.py).
+
+Settling and archiving (admin) run on connections of their own to the cluster and PostgreSQL, as a
+rebuild does; every other handler opens one connection to PostgreSQL (router/history.py). A
+settlement with a webhook gets its deliveries sent by a task of this worker after the answer; any
+left when the worker stops are sent when the same settlement is requested again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+import psycopg
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from router import params, routes
+from router.auth import Scope
+from router.errors import ApiError
+from router.history import archive_db
+from router.media import read_object, render
+from router.service import Service
+from shardlb import periods, settlement, settlement_delivery, settlement_history, times
+from shardlb.config import check_id
+from shardlb.errors import InvalidInput
+
+log = logging.getLogger("shardlb.router")
+MAX_HISTORY = settlement_history.MAX_HISTORY
+MAX_PAGE = 1000  # awards per page
+_deliveries: set[asyncio.Task[None]] = set()
+
+
+def _request(svc: Service, body: dict[str, object]) -> settlement.Request:
+    request = settlement.Request.of(params.integral(body))
+    url = request.webhook_url or svc.settings.settlement_webhook_url or None
+    if url and not svc.settings.webhook_secret:
+        raise ApiError(
+            409, "webhook_not_configured", "a webhook needs SHARDLB_WEBHOOK_SECRET set on this router"
+        )
+    return settlement.Request(request.settlement_id, request.rewards, request.top_n, request.force, url)
+
+
+def _deliver_later(svc: Service, result: dict[str, Any]) -> None:
+    """Send the settlement's due webhook deliveries after the answer (at-least-once: what a stopped
+    worker leaves is sent on the next request for the same settlement)."""
+    if not result.get("webhook_url"):
+        return
+
+    async def deliver() -> None:
+        try:
+            counts = await settlement_delivery.deliver_all(
+                svc.settings.postgres_url, svc.settings.webhook_secret, str(result["settlement_id"])
+            )
+            log.info(
+                "webhook deliveries", extra={"fields": {"settlement": result["settlement_id"], **counts}}
+            )
+        except (psycopg.Error, OSError) as e:
+            log.warning("webhook deliveries stopped", extra={"fields": {"error": repr(e)}})
+
+    task = asyncio.create_task(deliver())
+    _deliveries.add(task)
+    task.add_done_callback(_deliveries.discard)
+
+
+async def _run(svc: Service, work: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    try:
+        result = await work
+    except psycopg.Error as e:
+        raise ApiError(
+            503, "archive_unavailable", f"PostgreSQL failed: {type(e).__name__}", retry_after=5
+        ) from e
+    _deliver_later(svc, result)
+    return result
+
+
+async def settle(request: Request) -> Response:
+    """Freeze, order from PostgreSQL, check against Redis and store the awards of a closed period."""
+    svc = routes._allow(request, Scope.ADMIN)
+    routes._query(request)
+    body = await read_object(request, svc.settings.max_body_bytes)
+    wanted = _request(svc, body)
+    board = await routes._board(svc, request)
+    period = request.path_params["period"]
+    periods.parse(period, board.config.periods, board.tz, times.now_ms())  # a bad period: 422 first
+    async with archive_db(svc):  # 409 without PostgreSQL; the tables in place
+        pass
+    url = svc.settings.postgres_url
+    result = await _run(svc, settlement.run(svc.settings.redis_url, url, board.config.id, period, wanted))
+    return render(request, result)
+
+
+async def archive(request: Request) -> Response:
+    """Season end: settle the board's total, then delete the board; its history stays."""
+    svc = routes._allow(request, Scope.ADMIN)
+    routes._query(request)
+    body = await read_object(request, svc.settings.max_body_bytes)
+    wanted = _request(svc, body)
+    board_id = check_id(request.path_params["board"], "board")
+    async with archive_db(svc):
+        pass
+    url = svc.settings.postgres_url
+    work = settlement.archive_season(svc.settings.redis_url, url, board_id, wanted, delete=svc.boards.delete)
+    result = await _run(svc, work)
+    return render(request, result)
+
+
+async def get_settlement(request: Request) -> Response:
+    svc = routes._allow(request, Scope.WRITE)
+    routes._query(request)
+    settlement_id = check_id(request.path_params["settlement"], "settlement")
+    async with archive_db(svc) as db:
+        found = await settlement_delivery.get(db, settlement_id)
+    return render(request, found)
+
+
+async def list_awards(request: Request) -> Response:
+    """A page of the awards not yet acknowledged, by rank; ``next`` is the cursor of the next page."""
+    svc = routes._allow(request, Scope.WRITE)
+    query = routes._query(request, "after", "limit")
+    settlement_id = check_id(request.path_params["settlement"], "settlement")
+    limit = params.integer(query, "limit", 100, 1, MAX_PAGE)
+    async with archive_db(svc) as db:
+        page = await settlement_delivery.awards(db, settlement_id, query.get("after"), limit)
+    return render(request, page)
+
+
+async def ack_awards(request: Request) -> Response:
+    """Acknowledge paid awards: never offered again."""
+    svc = routes._allow(request, Scope.ADMIN)
+    routes._query(request)
+    settlement_id = check_id(request.path_params["settlement"], "settlement")
+    body = await read_object(request, svc.settings.max_body_bytes)
+    for name in body:
+        if name != "award_ids":
+            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+    async with archive_db(svc) as db:
+        done = await settlement_delivery.ack(db, settlement_id, body.get("award_ids"))
+    return render(request, done)
+
+
+async def list_periods(request: Request) -> Response:
+    """The dated periods a board keeps in Redis and those settled, newest first."""
+    svc = routes._allow_read(request)
+    routes._query(request)
+    board = await routes._board(svc, request)
+    kept = await settlement_history.kept(board)
+    settled: dict[str, dict[str, object]] = {}
+    if svc.settings.postgres_url:
+        async with archive_db(svc) as db:
+            every = await settlement_history.settled_periods(db, board.config.id)
+        settled = {p: s for p, s in every.items() if s["incarnation"] == board.incarnation and p != "total"}
+    now = times.now_ms()
+    out = []
+    for name in sorted(kept | set(settled), key=lambda n: periods.end_ms(n, board.tz), reverse=True):
+        found = settled.get(name)
+        out.append(
+            {
+                "period": periods.api_name(name),
+                "ends_at": times.format_ms(periods.end_ms(name, board.tz)),
+                "closed": now >= settlement.closes_at(board, name),
+                "kept": name in kept,
+                "settled": found is not None and found["state"] == "settled",
+                "settlement_id": None if found is None else found["settlement_id"],
+            }
+        )
+    return render(request, {"board": board.config.id, "periods": out})
+
+
+async def player_history(request: Request) -> Response:
+    """A player's results on a board from PostgreSQL, latest first, with final ranks where settled."""
+    svc = routes._allow_read(request)
+    query = routes._query(request, "limit")
+    board = await routes._board(svc, request)
+    player_id = check_id(request.path_params["player"], "player")
+    limit = params.integer(query, "limit", 100, 1, MAX_HISTORY)
+    async with archive_db(svc) as db:
+        found = await settlement_history.player_history(db, board, player_id, limit)
+    return render(
+        request,
+        {
+            "board": board.config.id,
+            "player_id": player_id,
+            "results": [
+                {
+                    "match_id": r["match_id"],
+                    "points": r["points"],
+                    "achieved_at": times.format_ms(r["achieved_ms"]),
+                    "periods": r["periods"],
+                    "final": r["final"],
+                }
+                for r in found
+            ],
+        },
+    )
+
+
+ROUTES = [
+    Route("/v1/boards/{board}:archive", archive, methods=["POST"]),
+    Route("/v1/boards/{board}/periods", list_periods, methods=["GET"]),
+    Route("/v1/boards/{board}/periods/{period}:settle", settle, methods=["POST"]),
+    Route("/v1/boards/{board}/players/{player}/history", player_history, methods=["GET"]),
+    Route("/v1/settlements/{settlement}", get_settlement, methods=["GET"]),
+    Route("/v1/settlements/{settlement}/awards", list_awards, methods=["GET"]),
+    Route("/v1/settlements/{settlement}/awards:ack", ack_awards, methods=["POST"]),
+]

@@ -1,0 +1,136 @@
+"""History: settled periods read back from their snapshots, the periods a board keeps, and a
+player's results from PostgreSQL (issue 12, item 4).
+
+A settled period's snapshot is final (shardlb/settlement.py): its top and a player's final rank are
+read from it, whether or not the period's Redis keys still exist. A player outside the snapshot
+(below top N and unrewarded) has a final rank only while the frozen Redis board is kept.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+import psycopg
+
+from shardlb import keys, periods
+from shardlb.board import Board
+
+_DATED = re.compile(r"[dwm]:.+")
+MAX_HISTORY = 1000
+
+
+class Settled(NamedTuple):
+    settlement_id: str
+    players: int
+    top_n: int
+
+
+class Standing(NamedTuple):
+    rank: int
+    player_id: str
+    points: int
+    achieved_ms: int
+    reward: str | None = None
+
+
+async def settled(db: psycopg.AsyncConnection[Any], board: Board, name: str) -> Settled | None:
+    """The settlement of a board's period, when it is settled."""
+    cur = await db.execute(
+        "SELECT settlement_id, (result->>'players')::bigint, top_n FROM settlements "
+        "WHERE board = %s AND incarnation = %s AND period = %s AND state = 'settled'",
+        (board.config.id, board.incarnation, name),
+    )
+    row = await cur.fetchone()
+    return None if row is None else Settled(row[0], int(row[1]), int(row[2]))
+
+
+async def top(db: psycopg.AsyncConnection[Any], settlement_id: str, limit: int) -> list[Standing]:
+    """Ranks 1 to ``limit`` of a snapshot (it keeps 1 to top N, and the rewarded ranks)."""
+    cur = await db.execute(
+        "SELECT s.rank, s.player_id, s.points, s.achieved_ms, a.reward FROM settlement_snapshots s "
+        "LEFT JOIN settlement_awards a USING (settlement_id, player_id) "
+        "WHERE s.settlement_id = %s AND s.rank <= %s ORDER BY s.rank",
+        (settlement_id, limit),
+    )
+    out = []
+    for n, row in enumerate(await cur.fetchall()):
+        if row[0] != n + 1:
+            break  # past the contiguous top: rewarded ranks further down are not a page of it
+        out.append(Standing(*row))
+    return out
+
+
+async def player(db: psycopg.AsyncConnection[Any], settlement_id: str, player_id: str) -> Standing | None:
+    cur = await db.execute(
+        "SELECT s.rank, s.player_id, s.points, s.achieved_ms, a.reward FROM settlement_snapshots s "
+        "LEFT JOIN settlement_awards a USING (settlement_id, player_id) "
+        "WHERE s.settlement_id = %s AND s.player_id = %s",
+        (settlement_id, player_id),
+    )
+    row = await cur.fetchone()
+    return None if row is None else Standing(*row)
+
+
+async def kept(board: Board) -> set[str]:
+    """The dated periods whose keys some home shard of the board still holds (its key index)."""
+    found: set[str] = set()
+    for shard in board.layout.view(False):
+        prefix = board.prefixes[shard]
+        for key in await board.client.zrange(keys.index_key(prefix), 0, -1):
+            name = (key.decode() if isinstance(key, bytes) else str(key))[len(prefix) :]
+            if _DATED.fullmatch(name):
+                found.add(name)
+    return found
+
+
+async def settled_periods(db: psycopg.AsyncConnection[Any], board_id: str) -> dict[str, dict[str, Any]]:
+    """Every settlement of a board id (all incarnations, the board archived or not), by period."""
+    cur = await db.execute(
+        "SELECT period, settlement_id, state, settled_at, incarnation FROM settlements WHERE board = %s "
+        "ORDER BY created_at",
+        (board_id,),
+    )
+    return {
+        period: {"settlement_id": sid, "state": state, "settled_at": at, "incarnation": inc}
+        for period, sid, state, at, inc in await cur.fetchall()
+    }
+
+
+async def player_history(
+    db: psycopg.AsyncConnection[Any], board: Board, player_id: str, limit: int
+) -> list[dict[str, Any]]:
+    """The player's results on this board, latest achieved first, each with the periods it counts
+    in and, for each of those that is settled, the final rank and points the player reached there
+    (the rank is known when the player is in the snapshot)."""
+    cur = await db.execute(
+        "SELECT match_id, points, achieved_ms FROM match_results "
+        "WHERE board = %s AND incarnation = %s AND player_id = %s "
+        "ORDER BY achieved_ms DESC, match_id LIMIT %s",
+        (board.config.id, board.incarnation, player_id, limit),
+    )
+    results = await cur.fetchall()
+    cur = await db.execute(
+        "SELECT t.period, s.rank, s.points FROM settlements t "
+        "JOIN settlement_snapshots s USING (settlement_id) "
+        "WHERE t.board = %s AND t.incarnation = %s AND t.state = 'settled' AND s.player_id = %s",
+        (board.config.id, board.incarnation, player_id),
+    )
+    final = {period: (rank, points) for period, rank, points in await cur.fetchall()}
+    out = []
+    for match_id, points, achieved in results:
+        names = periods.names_at(achieved, board.config.periods, board.tz)
+        out.append(
+            {
+                "match_id": match_id,
+                "points": points,
+                "achieved_ms": achieved,
+                "periods": [periods.api_name(n) for n in names],
+                "final": {
+                    periods.api_name(n): {"rank": final[n][0], "points": final[n][1]}
+                    for n in names
+                    if n in final
+                },
+            }
+        )
+    return out
