@@ -1,0 +1,191 @@
+"""The settlement and history endpoints (router/settlements.py, router/history.py) on the suite's
+cluster and PostgreSQL: each happy path, and the bad requests answered 4xx with nothing paid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from shardlb import periods, times
+from shardlb.board import Score
+from shardlb.store import BoardStore
+from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running
+from tests.test_settlement import TABLE, day_ago, drain, expected_awards, new_board, written
+
+pytestmark = pytest.mark.cluster
+
+
+async def settle(client: httpx.AsyncClient, board: str, period: str, **body: Any) -> httpx.Response:
+    return await client.post(f"/v1/boards/{board}/periods/{period}:settle", json=body, headers=AS_ADMIN)
+
+
+async def test_settle_read_page_and_ack_over_http(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    name = board_name("settle")
+    board = await new_board(store, name)
+    period = day_ago(2)
+    sid = f"http-{name}"
+    try:
+        ref = await written(board, period, name)
+        await drain(raw, store, postgres_url)
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            first = await settle(client, name, period, settlement_id=sid, rewards=TABLE, top_n=5)
+            assert first.status_code == 200, first.text
+            assert first.json()["state"] == "settled"
+            again = await settle(client, name, period, settlement_id=sid, rewards=TABLE, top_n=5)
+            assert again.json() == first.json()
+            got = await client.get(f"/v1/settlements/{sid}", headers=AS_WRITER)
+            assert got.json()["acknowledged"] == 0 and got.json()["awards"] == first.json()["awards"]
+
+            want = expected_awards(ref, period, board)
+            seen: list[dict[str, Any]] = []
+            after: str | None = None
+            while True:
+                query = {"limit": "4", **({"after": after} if after else {})}
+                page = (
+                    await client.get(f"/v1/settlements/{sid}/awards", params=query, headers=AS_WRITER)
+                ).json()
+                seen += page["awards"]
+                after = page["next"]
+                if after is None:
+                    break
+            assert [(a["rank"], a["player_id"], a["reward"]) for a in seen] == want
+            ack = await client.post(
+                f"/v1/settlements/{sid}/awards:ack",
+                json={"award_ids": [seen[0]["award_id"]]},
+                headers=AS_ADMIN,
+            )
+            assert ack.json() == {"settlement_id": sid, "acknowledged": 1, "already": 0}
+            left = (await client.get(f"/v1/settlements/{sid}/awards", headers=AS_WRITER)).json()["awards"]
+            assert [a["award_id"] for a in left] == [a["award_id"] for a in seen[1:]]
+
+            # reads of the settled period come from the snapshot, marked settled
+            top = (await client.get(f"/v1/boards/{name}/top", params={"period": period, "limit": 3})).json()
+            order = ref.order(periods.parse(period, board.config.periods, board.tz, times.now_ms()))
+            assert top["settled"] is True and top["settlement_id"] == sid
+            assert [(e["rank"], e["player_id"], e["points"]) for e in top["entries"]] == [
+                (i + 1, o[1], o[2]) for i, o in enumerate(order[:3])
+            ]
+            assert top["entries"][0]["reward"] == "gold"
+            winner = order[0][1]
+            mine = (await client.get(f"/v1/boards/{name}/players/{winner}", params={"period": period})).json()
+            assert (mine["rank"], mine["settled"], mine["players"]) == (1, True, len(order))
+            live = (await client.get(f"/v1/boards/{name}/top", params={"period": day_ago(0)})).json()
+            assert "settled" not in live
+
+            listed = (await client.get(f"/v1/boards/{name}/periods")).json()["periods"]
+            row = next(p for p in listed if p["period"] == period)
+            assert row == {**row, "kept": True, "closed": True, "settled": True, "settlement_id": sid}
+
+            history = (
+                await client.get(f"/v1/boards/{name}/players/{winner}/history", params={"limit": 500})
+            ).json()
+            assert history["results"] and all(r["final"][period]["rank"] == 1 for r in history["results"])
+    finally:
+        await store.delete(name)
+
+
+async def test_bad_settlement_requests_are_4xx_and_pay_nothing(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    name = board_name("settle-bad")
+    board = await new_board(store, name)
+    period = day_ago(2)
+    try:
+        await written(board, period, name)
+        await drain(raw, store, postgres_url)
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            good = {"settlement_id": "b1", "rewards": TABLE}
+            cases = [
+                (name, day_ago(0), good, 409, "period_open"),
+                (name, "daily:2026-02-30", good, 422, "invalid_period"),
+                (name, "total", good, 422, "invalid_period"),
+                ("no-such-board", period, good, 404, "board_not_found"),
+                (name, period, {**good, "rewards": {"1": "gold"}}, 422, "invalid_rewards"),
+                (name, period, {**good, "rewards": [{"rank": 0, "reward": "x"}]}, 422, "invalid_rewards"),
+                (name, period, {**good, "extra": 1}, 422, "unknown_field"),
+                (
+                    name,
+                    period,
+                    {**good, "webhook_url": "http://127.0.0.1:9/x"},
+                    409,
+                    "webhook_not_configured",
+                ),
+            ]
+            for board_id, when, body, status, code in cases:
+                answer = await settle(client, board_id, when, **body)
+                assert (answer.status_code, answer.json()["error"]["code"]) == (status, code), answer.text
+            missing = await client.get("/v1/settlements/nobody", headers=AS_WRITER)
+            assert (missing.status_code, missing.json()["error"]["code"]) == (404, "settlement_not_found")
+            forbidden = await client.post(
+                f"/v1/boards/{name}/periods/{period}:settle",
+                json={"settlement_id": "b1", "rewards": TABLE},
+                headers=AS_WRITER,
+            )
+            assert forbidden.status_code == 403
+            assert (await client.get("/v1/settlements/b1", headers=AS_READER)).status_code == 403
+
+            ok = await settle(client, name, period, settlement_id="b1", rewards=TABLE)
+            assert ok.status_code == 200
+            other = await settle(client, name, period, settlement_id="b1", rewards=TABLE[:1])
+            assert (other.status_code, other.json()["error"]["code"]) == (409, "settlement_conflict")
+            second = await settle(client, name, period, settlement_id="b2", rewards=TABLE)
+            assert (second.status_code, second.json()["error"]["code"]) == (409, "period_settled")
+            awards = await client.get("/v1/settlements/b1/awards", params={"after": "x"}, headers=AS_WRITER)
+            assert awards.status_code == 422
+            unknown = await client.post(
+                "/v1/settlements/b1/awards:ack", json={"award_ids": ["123456789"]}, headers=AS_ADMIN
+            )
+            assert (unknown.status_code, unknown.json()["error"]["code"]) == (422, "unknown_award")
+            total = (await client.get("/v1/settlements/b1", headers=AS_WRITER)).json()["awards"]["total"]
+            assert total == len(
+                (await client.get("/v1/settlements/b1/awards", headers=AS_WRITER)).json()["awards"]
+            )
+        async with running(cluster_url) as (_, client):  # no PostgreSQL: 409, reads stay live
+            none = await settle(client, name, period, settlement_id="b3", rewards=TABLE)
+            assert (none.status_code, none.json()["error"]["code"]) == (409, "archive_not_configured")
+            top = (await client.get(f"/v1/boards/{name}/top", params={"period": period})).json()
+            assert "settled" not in top and top["entries"]
+    finally:
+        await store.delete(name)
+
+
+async def test_a_board_archived_at_season_end_keeps_its_history(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    name = board_name("season")
+    board = await new_board(store, name)
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", 10 * i, f"{name}-m{i}", now - 1000) for i in range(1, 6)])
+        await drain(raw, store, postgres_url)
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            body = {"settlement_id": f"season-{name}", "rewards": [{"ranks": [1, 2], "reward": "crown"}]}
+            done = await client.post(f"/v1/boards/{name}:archive", json=body, headers=AS_ADMIN)
+            assert done.status_code == 200, done.text
+            assert (done.json()["archived"], done.json()["period"], done.json()["awards"]["total"]) == (
+                True,
+                "total",
+                2,
+            )
+            assert (await client.get(f"/v1/boards/{name}")).status_code == 404
+            left = await raw.keys(f"*{name}*")  # the deletion marker and the journal stay (shardlb/store.py)
+            assert [k for k in left if not k.endswith((b":gone", b":log"))] == []
+            again = await client.post(f"/v1/boards/{name}:archive", json=body, headers=AS_ADMIN)
+            assert again.json() == done.json()
+            awards = (await client.get(f"/v1/settlements/season-{name}/awards", headers=AS_WRITER)).json()[
+                "awards"
+            ]
+            assert [(a["player_id"], a["reward"]) for a in awards] == [("p5", "crown"), ("p4", "crown")]
+        async with await psycopg.AsyncConnection.connect(postgres_url) as db:
+            cur = await db.execute(
+                "SELECT count(*) FROM settlement_snapshots WHERE settlement_id = %s", (f"season-{name}",)
+            )
+            assert (await cur.fetchone()) == (5,)
+    finally:
+        if name in {c.id for c in await store.list()}:
+            await store.delete(name)
