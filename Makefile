@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install redis-server postgres run stop test lint format typecheck bench bench-scale bench-dedup bench-rebuild chaos k8s-check clean
+.PHONY: help install redis-server postgres run stop test lint format typecheck bench bench-scale bench-dedup bench-rebuild bench-settle chaos k8s-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ bench-dedup: install redis-server ## ~2 min: bytes per incr dedup record and the
 
 bench-rebuild: install redis-server ## ~1 min: rebuild a 1M-player board from PostgreSQL (SHARDLB_REBUILD_PLAYERS)
 	$(BIN)/python -m bench.rebuild
+
+bench-settle: install redis-server ## ~5 min: settle a 1M-player daily board, steps timed; killed after each step (SHARDLB_SETTLE_PLAYERS)
+	$(BIN)/python -m bench.settle
 
 chaos: install redis-server postgres ## ~5 min failover test that counts acknowledged writes; bench/results/chaos-<timestamp>/
 	$(BIN)/python -m bench.chaos
