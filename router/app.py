@@ -99,7 +99,9 @@ def create_app(settings: Settings | None = None) -> RouterApp:
             "admission": Admission(settings.max_requests),
             "proxies": settings.trusted_proxies,
         },
-        routes=[*routes.ROUTES, *settlements.ROUTES, *probes.ROUTES],
+        # Settlement routes first: `/v1/boards/{board}:archive` must be tried before `/v1/boards/{board}`
+        # (whose pattern also matches it), so that a wrong method on it gets the right Allow header.
+        routes=[*settlements.ROUTES, *routes.ROUTES, *probes.ROUTES],
         exception_handlers={
             ApiError: _api_error,
             ShardlbError: _api_error,

@@ -37,6 +37,7 @@ _SETTINGS_FIELDS = {
     "board",
 }
 _SCORE_FIELD = re.compile(r"scores\[(\d+)\]\.(points|achieved_at|region)")
+_RANKS_FIELD = re.compile(r"rewards\[(\d+)\]\.ranks")
 
 
 @schemathesis.deserializer("application/msgpack")
@@ -67,6 +68,10 @@ def _board_rule(case: Any, response: Any) -> bool:
     field, code = error["field"], error["code"]
     if case.method == "PUT":
         return field in _SETTINGS_FIELDS
+    ranks = _RANKS_FIELD.fullmatch(field or "")
+    if ranks is not None and code == "invalid_rewards":  # a reward tier's [first, last] needs first <= last
+        first, last = case.body["rewards"][int(ranks[1])]["ranks"]
+        return bool(first > last)
     board = _settings(response, case.path_parameters["board"])
     if board is None:
         return False
