@@ -19,6 +19,7 @@ DURABILITY = ("journal", "memory")
 ORDERS = ("desc", "asc")
 TIEBREAKS = ("earliest", "latest")
 STRATEGIES = ("hash", "region", "band")
+RANK_MODES = ("unique", "competition")  # how reads number players of equal points (reads.py)
 DEFAULT_EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
 DEFAULT_RETENTION = {"daily": 3, "weekly": 35, "monthly": 400}
 MAX_SHARDS = 1024
@@ -39,7 +40,7 @@ DEDUP_BUCKETS = 24
 # Every field of a board's settings, in the order ``BoardConfig.to_dict`` writes them.
 SETTINGS = (
     "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max", "epoch",
-    "resolution", "dedup_window_s", "durability", "sharding",
+    "resolution", "dedup_window_s", "durability", "sharding", "rank_mode",
 )  # fmt: skip
 
 
@@ -88,6 +89,7 @@ class BoardConfig:
     # PostgreSQL (shardlb/archive.py); "memory": Redis only, lost with it (a board that can be lost).
     durability: str = "journal"
     sharding: Sharding = field(default_factory=Sharding)
+    rank_mode: str = "unique"  # the reads' default; a read may ask for the other (RANK_MODES)
 
     @property
     def dedup_bucket_ms(self) -> int:
@@ -112,6 +114,7 @@ class BoardConfig:
             "dedup_window_s": self.dedup_window_s,
             "durability": self.durability,
             "sharding": self.sharding.to_dict(),
+            "rank_mode": self.rank_mode,
         }
 
     @classmethod
@@ -158,6 +161,7 @@ class BoardConfig:
             dedup_window_s=dedup,
             durability=_choice(body, "durability", DURABILITY, "journal"),
             sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
+            rank_mode=_choice(body, "rank_mode", RANK_MODES, "unique"),
         )
         config.codec()
         if config.sharding.bands and config.sharding.bands[-1] > points_max:
