@@ -21,7 +21,7 @@ import psycopg
 from router.errors import ApiError
 from router.media import entry_body
 from router.service import Service
-from shardlb import settlement, settlement_history, times
+from shardlb import merge, settlement, settlement_history, times
 from shardlb.board import Board, Entry
 from shardlb.reads import ResolvedView
 from shardlb.settlement_history import Settled, Standing
@@ -69,14 +69,16 @@ async def _lookup(svc: Service, board: Board, view: ResolvedView) -> Settled | N
     return done
 
 
-def _entry(s: Standing) -> dict[str, Any]:
-    body = entry_body(Entry(s.rank, s.player_id, s.points, s.achieved_ms))
+def _entry(s: Standing, rank: int) -> dict[str, Any]:
+    body = entry_body(Entry(rank, s.player_id, s.points, s.achieved_ms))
     if s.reward is not None:
         body["reward"] = s.reward
     return body
 
 
-async def settled_top(svc: Service, board: Board, view: ResolvedView, limit: int) -> dict[str, Any] | None:
+async def settled_top(
+    svc: Service, board: Board, view: ResolvedView, limit: int, competition: bool = False
+) -> dict[str, Any] | None:
     """The top of a settled period from its snapshot (at most its top N), or None."""
     done = await _lookup(svc, board, view)
     if done is None:
@@ -89,10 +91,13 @@ async def settled_top(svc: Service, board: Board, view: ResolvedView, limit: int
         _tops[key] = rows
         while len(_tops) > TOPS_KEPT:
             _tops.popitem(last=False)
+    ranks = [s.rank for s in rows]
+    if competition:  # a snapshot's top starts at rank 1: its runs of equal points are all in it
+        ranks = merge.competition([s.points for s in rows], 1, 1)
     return {
         "board": board.config.id,
         "period": view.api,
-        "entries": [_entry(s) for s in rows],
+        "entries": [_entry(s, rank) for s, rank in zip(rows, ranks, strict=True)],
         "as_of": times.format_ms(times.now_ms()),
         "settled": True,
         "settlement_id": done.settlement_id,
@@ -100,7 +105,7 @@ async def settled_top(svc: Service, board: Board, view: ResolvedView, limit: int
 
 
 async def settled_player(
-    svc: Service, board: Board, view: ResolvedView, player_id: str
+    svc: Service, board: Board, view: ResolvedView, player_id: str, rank_mode: str = "unique"
 ) -> dict[str, Any] | None:
     """A player's final rank in a settled period from its snapshot, or None (not settled, or the
     player is not in the snapshot: the frozen board answers while it is kept)."""
@@ -109,11 +114,18 @@ async def settled_player(
         return None
     async with archive_db(svc) as db:
         found = await settlement_history.player(db, done.settlement_id, player_id)
-    if found is None:
-        return None
+        if found is None:
+            return None
+        rank = found.rank
+        if rank_mode == "competition":
+            if found.rank > done.top_n:
+                # Only the snapshot's contiguous top holds a player's whole run of equal points; a
+                # rewarded rank below it is answered by the frozen board.
+                return None
+            rank = await settlement_history.run_start(db, done.settlement_id, found)
     players = done.players
     return {
-        **_entry(found),
+        **_entry(found, rank),
         "players": players,
         "percentile": 100.0 * (players - found.rank) / players if players else 0.0,
         "settled": True,

@@ -25,6 +25,7 @@ from shardlb.config import (
     MAX_SHARDS,
     MODES,
     ORDERS,
+    RANK_MODES,
     TIE_AWARDS,
     TIEBREAKS,
     BoardConfig,
@@ -202,6 +203,11 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Addition: `journal` (every result archived in PostgreSQL) or `memory`",
             },
             "sharding": _ref("Sharding"),
+            "rank_mode": {
+                "enum": list(RANK_MODES),
+                "default": _DEFAULT.rank_mode,
+                "description": "Addition: the reads' rank mode unless a read asks (see rank_mode)",
+            },
             "tie_awards": {
                 "enum": list(TIE_AWARDS),
                 "default": _DEFAULT.tie_awards,
@@ -226,6 +232,7 @@ _SCHEMAS: dict[str, Any] = {
             "dedup_window_s",
             "durability",
             "sharding",
+            "rank_mode",
             "tie_awards",
         ],
         "properties": {
@@ -242,6 +249,7 @@ _SCHEMAS: dict[str, Any] = {
             "dedup_window_s": {"type": "integer"},
             "durability": {"enum": list(DURABILITY)},
             "sharding": {"type": "object", "required": ["strategy"]},
+            "rank_mode": {"enum": list(RANK_MODES)},
             "tie_awards": {"enum": list(TIE_AWARDS)},
         },
     },
@@ -328,6 +336,7 @@ _SCHEMAS: dict[str, Any] = {
             "player_id": _ID,
             "points": {"type": "integer", "minimum": 0},
             "achieved_at": _TIME_OUT,
+            "reward": {**_ID, "description": "Addition: in a settled period, the reward paid for this rank"},
         },
     },
     "Page": {
@@ -338,6 +347,8 @@ _SCHEMAS: dict[str, Any] = {
             "period": {"type": "string", "description": "the period read, e.g. daily:2026-11-30"},
             "entries": {"type": "array", "items": _ref("Entry")},
             "as_of": {**_TIME_OUT, "description": "when these entries were read from the cluster"},
+            "settled": {"type": "boolean", "description": "Addition: read from a settled period's snapshot"},
+            "settlement_id": {**_ID, "description": "Addition: with settled, the settlement"},
         },
     },
     "Player": {
@@ -356,6 +367,9 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "estimate=true only: the exact rank (as of as_of) is within rank ± rank_error",
             },
             "as_of": {**_TIME_OUT, "description": "Addition, estimate=true only: the histogram's time"},
+            "settled": {"type": "boolean", "description": "Addition: the final rank in a settled period"},
+            "settlement_id": {**_ID, "description": "Addition: with settled, the settlement"},
+            "reward": {**_ID, "description": "Addition: with settled, the reward paid to the player"},
         },
     },
     "Entries": {
@@ -504,6 +518,14 @@ _PARAMETERS: dict[str, Any] = {
         "required": False,
         "schema": {"type": "boolean", "default": False},
         "description": "rank and percentile from the router's in-RAM histograms, with rank_error",
+    },
+    "rank_mode": {
+        "name": "rank_mode",
+        "in": "query",
+        "required": False,
+        "schema": {"enum": list(RANK_MODES)},
+        "description": "Addition: `unique` ranks 1..N in the board order; `competition` gives equal "
+        "points equal ranks (1, 1, 3), the order unchanged. Default: the board's rank_mode",
     },
 }
 
@@ -868,7 +890,7 @@ SPEC: dict[str, Any] = {
                 "operationId": "top",
                 "summary": "The top of a board (served from a cache refreshed each second)",
                 "security": _READ,
-                "parameters": [_param("limit"), _param("period"), _param("region")],
+                "parameters": [_param("limit"), _param("period"), _param("region"), _param("rank_mode")],
                 "responses": {"200": _ok("The best entries", "Page"), **_errors(*_READ_ERRORS)},
             },
         },
@@ -878,7 +900,13 @@ SPEC: dict[str, Any] = {
                 "operationId": "entries",
                 "summary": "A page at any depth",
                 "security": _READ,
-                "parameters": [_param("offset"), _param("limit"), _param("period"), _param("region")],
+                "parameters": [
+                    _param("offset"),
+                    _param("limit"),
+                    _param("period"),
+                    _param("region"),
+                    _param("rank_mode"),
+                ],
                 "responses": {"200": _ok("Ranks offset+1 .. offset+limit", "Page"), **_errors(*_READ_ERRORS)},
             },
         },
@@ -888,7 +916,7 @@ SPEC: dict[str, Any] = {
                 "operationId": "player",
                 "summary": "A player's rank, points and percentile",
                 "security": _READ,
-                "parameters": [_param("period"), _param("region"), _param("estimate")],
+                "parameters": [_param("period"), _param("region"), _param("estimate"), _param("rank_mode")],
                 "responses": {"200": _ok("The player's standing", "Player"), **_errors(*_READ_ERRORS)},
             },
         },
@@ -898,7 +926,7 @@ SPEC: dict[str, Any] = {
                 "operationId": "around",
                 "summary": "Entries around a player",
                 "security": _READ,
-                "parameters": [_param("radius"), _param("period"), _param("region")],
+                "parameters": [_param("radius"), _param("period"), _param("region"), _param("rank_mode")],
                 "responses": {
                     "200": _ok("Up to radius entries above and below, the player included", "Entries"),
                     **_errors(*_READ_ERRORS),
@@ -911,6 +939,7 @@ SPEC: dict[str, Any] = {
                 "operationId": "queryPlayers",
                 "summary": "Many players (friends) with global ranks",
                 "security": _READ,
+                "parameters": [_param("rank_mode")],
                 "requestBody": {"required": True, "content": _content(_ref("Query"))},
                 "responses": {
                     "200": _ok("The players with a score, by rank", "Entries"),

@@ -19,6 +19,7 @@ DURABILITY = ("journal", "memory")
 ORDERS = ("desc", "asc")
 TIEBREAKS = ("earliest", "latest")
 STRATEGIES = ("hash", "region", "band")
+RANK_MODES = ("unique", "competition")  # how reads number players of equal points (reads.py)
 TIE_AWARDS = ("cut", "all")  # how a settlement pays ties at a reward boundary (shardlb/settlement_rewards.py)
 DEFAULT_EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
 DEFAULT_RETENTION = {"daily": 3, "weekly": 35, "monthly": 400}
@@ -40,7 +41,7 @@ DEDUP_BUCKETS = 24
 # Every field of a board's settings, in the order ``BoardConfig.to_dict`` writes them.
 SETTINGS = (
     "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max", "epoch",
-    "resolution", "dedup_window_s", "durability", "sharding", "tie_awards",
+    "resolution", "dedup_window_s", "durability", "sharding", "rank_mode", "tie_awards",
 )  # fmt: skip
 
 
@@ -89,6 +90,7 @@ class BoardConfig:
     # PostgreSQL (shardlb/archive.py); "memory": Redis only, lost with it (a board that can be lost).
     durability: str = "journal"
     sharding: Sharding = field(default_factory=Sharding)
+    rank_mode: str = "unique"  # the reads' default; a read may ask for the other (RANK_MODES)
     tie_awards: str = "cut"
 
     @property
@@ -114,6 +116,7 @@ class BoardConfig:
             "dedup_window_s": self.dedup_window_s,
             "durability": self.durability,
             "sharding": self.sharding.to_dict(),
+            "rank_mode": self.rank_mode,
             "tie_awards": self.tie_awards,
         }
 
@@ -161,6 +164,7 @@ class BoardConfig:
             dedup_window_s=dedup,
             durability=_choice(body, "durability", DURABILITY, "journal"),
             sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
+            rank_mode=_choice(body, "rank_mode", RANK_MODES, "unique"),
             tie_awards=_choice(body, "tie_awards", TIE_AWARDS, "cut"),
         )
         config.codec()

@@ -72,6 +72,17 @@ async def player(db: psycopg.AsyncConnection[Any], settlement_id: str, player_id
     return None if row is None else Standing(*row)
 
 
+async def run_start(db: psycopg.AsyncConnection[Any], settlement_id: str, s: Standing) -> int:
+    """The competition rank of ``s`` (a row of the snapshot's contiguous top): the first rank of its
+    run of equal points."""
+    cur = await db.execute(
+        "SELECT min(rank) FROM settlement_snapshots WHERE settlement_id = %s AND points = %s AND rank <= %s",
+        (settlement_id, s.points, s.rank),
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row and row[0] is not None else s.rank
+
+
 async def kept(board: Board) -> set[str]:
     """The dated periods whose keys some home shard of the board still holds (its key index)."""
     found: set[str] = set()
