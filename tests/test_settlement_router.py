@@ -71,6 +71,14 @@ async def test_settle_read_page_and_ack_over_http(
                 (i + 1, o[1], o[2]) for i, o in enumerate(order[:3])
             ]
             assert top["entries"][0]["reward"] == "gold"
+            every = (await client.get(f"/v1/boards/{name}/top", params={"period": period, "limit": 5})).json()
+            ranked = await client.get(
+                f"/v1/boards/{name}/top", params={"period": period, "limit": 5, "rank_mode": "competition"}
+            )
+            points = [e["points"] for e in every["entries"]]
+            assert [e["rank"] for e in ranked.json()["entries"]] == [
+                1 + sum(p > mine for p in points) for mine in points
+            ]
             winner = order[0][1]
             mine = (await client.get(f"/v1/boards/{name}/players/{winner}", params={"period": period})).json()
             assert (mine["rank"], mine["settled"], mine["players"]) == (1, True, len(order))
