@@ -37,7 +37,7 @@ from prometheus_client import Counter, Gauge, start_http_server
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from shardlb import keys
+from shardlb import keys, moderation
 from shardlb.board import Board
 from shardlb.connection import Scripts, connect, raised_in_redis, redacted
 from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
@@ -94,6 +94,7 @@ async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(7427466)")  # one CREATE at a time
         await conn.execute(SCHEMA)
+        await moderation.create_schema(conn)
     return conn
 
 
@@ -167,13 +168,14 @@ class Archiver:
             self._failed = False
             return 0
         rows = [row for board, _, entry in entries for row in _rows(board, entry)]
-        await self._write(rows)
+        removals = [(e.board, e.incarnation, e.shard, p, e.id) for _, _, e in entries for p in e.removed]
+        await self._write(rows, removals)
         acked: dict[str, list[str]] = {}
         for _, key, entry in entries:
             acked.setdefault(key, []).append(entry.id)
         await asyncio.gather(*(ack(key, ids) for key, ids in acked.items()))
         self._failed = False
-        return len(rows)
+        return len(rows) + len(removals)
 
     async def run(self, stop: asyncio.Event, idle_s: float = 0.2, refresh_s: float = 2.0) -> None:
         """Archive until ``stop`` is set, refreshing the board list every ``refresh_s``; errors are
@@ -240,8 +242,16 @@ class Archiver:
             got += [decode(i, f) for i, f in items if f]
         return got
 
-    async def _write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+    async def _write(self, rows: Sequence[tuple[Any, ...]], removals: Sequence[tuple[Any, ...]] = ()) -> None:
         async with self.db.transaction(), self.db.cursor() as cur:
+            if removals:  # delete entries (shardlb/moderation.py): a rebuild drops the results before them
+                await cur.executemany(
+                    "INSERT INTO player_removals (board, incarnation, shard, player_id, journal_id) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    removals,
+                )
+            if not rows:
+                return
             await cur.execute(
                 "CREATE TEMP TABLE IF NOT EXISTS incoming (LIKE match_results INCLUDING DEFAULTS) "
                 "ON COMMIT DELETE ROWS"
