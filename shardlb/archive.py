@@ -75,17 +75,28 @@ CREATE INDEX IF NOT EXISTS match_results_by_shard ON match_results (board, incar
 """
 
 _COLUMNS = "board, incarnation, match_id, player_id, points, achieved_ms, score, shard, journal_id"
-# What a second row of one key does, per board mode: the rule the board itself applied.
+# What a second row of one key does, per board mode: the rule the board itself applied. The same
+# result applied again later (best and set take a retry again) keeps the later journal id: after a
+# removal of its player (shardlb/moderation.py) it is on the board again, and a rebuild must agree.
+_POSITION = "(split_part({0}.journal_id, '-', 1)::numeric, split_part({0}.journal_id, '-', 2)::numeric)"
+_LATER = f"{_POSITION.format('EXCLUDED')} > {_POSITION.format('match_results')}"
 _ON_CONFLICT = {
     "best": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
-    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id WHERE EXCLUDED.score > match_results.score",
+    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id WHERE EXCLUDED.score > match_results.score "
+    f"OR (EXCLUDED.score = match_results.score AND {_LATER})",
     "set": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
     "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id "
-    "WHERE (EXCLUDED.achieved_ms, EXCLUDED.score) > (match_results.achieved_ms, match_results.score)",
+    "WHERE (EXCLUDED.achieved_ms, EXCLUDED.score) > (match_results.achieved_ms, match_results.score) "
+    "OR ((EXCLUDED.achieved_ms, EXCLUDED.score) = (match_results.achieved_ms, match_results.score) "
+    f"AND {_LATER})",
     "incr": "DO NOTHING",
 }
 # Which of one key's rows in a batch goes in: the same rule.
-_FIRST = {"best": "score DESC", "set": "achieved_ms DESC, score DESC", "incr": "achieved_ms"}
+_FIRST = {
+    "best": f"score DESC, {_POSITION.format('incoming')} DESC",
+    "set": f"achieved_ms DESC, score DESC, {_POSITION.format('incoming')} DESC",
+    "incr": "achieved_ms",
+}
 
 
 async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:

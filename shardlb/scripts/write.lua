@@ -199,7 +199,7 @@ while pos <= #items do
     end
   end
   if ak > 0 and status ~= 'd' and status ~= 'o' and status ~= 'r' and status ~= 'p' then
-    redis.call('ZADD', KEYS[ak], now, player)
+    redis.call('ZADD', KEYS[ak], 'GT', now, player)
     touched[ak] = true
   end
   if jk > 0 and status ~= 'd' and status ~= 'o' and status ~= 'r' and status ~= 'p' then
