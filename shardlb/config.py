@@ -36,7 +36,7 @@ DEFAULT_DEDUP_WINDOW_S = 86_400  # api.md: "within the board's dedup window, def
 # 1.25 with 4, for ~5.5 us more Redis CPU per incr result (bench/dedup.py). With a 24 h window,
 # dedup memory, not CPU, bounds what an incr master takes, by ten times or more (README, "Memory").
 DEDUP_BUCKETS = 24
-# Optional moderation settings (shardlb/moderation.py) and their largest values; written only when set.
+# Optional moderation settings (shardlb/moderation.py; null: off) and their largest values.
 MODERATION = ("max_points_per_result", "max_results_per_player_per_minute", "inactive_after")
 
 # Every field of a board's settings, in the order ``BoardConfig.to_dict`` writes them.
@@ -122,7 +122,7 @@ class BoardConfig:
             "dedup_window_s": self.dedup_window_s,
             "durability": self.durability,
             "sharding": self.sharding.to_dict(),
-            **{name: getattr(self, name) for name in MODERATION if getattr(self, name) is not None},
+            **{name: getattr(self, name) for name in MODERATION},
         }
 
     @classmethod
