@@ -355,7 +355,12 @@ LAG_SECONDS = Gauge("shardlb_archive_lag_seconds", "age of the oldest journal en
 
 
 async def serve(
-    redis_url: str, postgres_url: str, name: str, stop: asyncio.Event, lag_every_s: float = 5.0
+    redis_url: str,
+    postgres_url: str,
+    name: str,
+    stop: asyncio.Event,
+    lag_every_s: float = 5.0,
+    cleanup_every_s: float = 0.0,
 ) -> None:
     """Archive every journaled board until ``stop`` is set, keeping the lag gauges current."""
     raw = connect(redis_url, decode=False)
@@ -375,12 +380,15 @@ async def serve(
                 return
     archiver = Archiver(raw, BoardStore(client, scripts), db, name, db_url=postgres_url)
     watch = asyncio.create_task(_watch_lag(archiver, stop, lag_every_s))
+    sweep = asyncio.create_task(_cleanup(archiver.store, stop, cleanup_every_s)) if cleanup_every_s else None
     log.info("archiver running", extra={"fields": {"name": name, "redis": redacted(redis_url)}})
     try:
         await archiver.run(stop)
     finally:
-        watch.cancel()
-        await asyncio.gather(watch, return_exceptions=True)
+        for task in (watch, sweep):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (watch, sweep) if t is not None), return_exceptions=True)
         await db.close()
         await raw.aclose()
         await client.aclose()
@@ -399,6 +407,21 @@ async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) ->
         await _sleep(stop, every_s)
 
 
+async def _cleanup(store: BoardStore, stop: asyncio.Event, every_s: float) -> None:
+    """The inactive-player cleanup (shardlb/moderation.py), one bounded pass every ``every_s``. Several
+    archivers may run it at once: a removal is idempotent and checks the player's idleness itself."""
+    while not stop.is_set():
+        await _sleep(stop, every_s)
+        try:
+            done = await moderation.cleanup_pass(store)
+            if any(done.values()):
+                log.info("inactive players removed", extra={"fields": done})
+        except Exception as e:
+            if not _passing(e):
+                raise
+            log.warning("inactive cleanup failed; retrying", extra={"fields": {"error": repr(e)}})
+
+
 def main(argv: list[str] | None = None) -> int:
     """`shardlb archive`: run one archiver until SIGTERM or SIGINT (several may run at once)."""
     parser = argparse.ArgumentParser(prog="shardlb archive", description=main.__doc__)
@@ -406,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--postgres", default=os.environ.get("SHARDLB_POSTGRES_URL"))
     parser.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}", help="consumer name")
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--cleanup-every", type=float, default=60.0, help="seconds between inactive-player cleanups (0: none)"
+    )
     args = parser.parse_args(argv)
     if not args.postgres:
         parser.error("give --postgres or SHARDLB_POSTGRES_URL")
@@ -418,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(args.redis, args.postgres, args.name, stop)
+        await serve(args.redis, args.postgres, args.name, stop, cleanup_every_s=args.cleanup_every)
 
     asyncio.run(run())
     return 0

@@ -24,7 +24,9 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -39,7 +41,9 @@ from redis.exceptions import ResponseError
 from shardlb import keys, times
 from shardlb.board import Board, Prepared
 from shardlb.config import check_id
+from shardlb.connection import Scripts, connect
 from shardlb.errors import BoardConflict, InvalidInput
+from shardlb.store import BoardStore
 
 # Per-score statuses of results refused before they were written (the write's other statuses are
 # board.STATUS). Nothing of a refused result is written; its `points` are 0.
@@ -212,6 +216,39 @@ async def cleanup(board: Board, now_ms: int | None = None, limit: int = CLEANUP_
         if stale:
             done += len(await remove_on_shard(board, shard, [_text(p) for p in stale], cutoff))
     return done
+
+
+async def cleanup_pass(
+    store: BoardStore, names: Sequence[str] = (), limit: int = CLEANUP_LIMIT
+) -> dict[str, int]:
+    """One cleanup pass over the boards ``names`` (all with ``inactive_after`` when empty): players
+    removed per board. `shardlb cleanup` runs one; the archiver runs one every ``--cleanup-every``."""
+    boards = [await store.get(n) for n in names] if names else await store.boards()
+    return {b.config.id: await cleanup(b, limit=limit) for b in boards if b.config.inactive_after}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`shardlb cleanup`: one pass of the inactive-player cleanup (boards with inactive_after)."""
+    parser = argparse.ArgumentParser(prog="shardlb cleanup", description=main.__doc__)
+    parser.add_argument("boards", nargs="*", help="these boards only (default: every board with the setting)")
+    parser.add_argument("--limit", type=int, default=CLEANUP_LIMIT, help="players removed per shard at most")
+    parser.add_argument("--redis", default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"))
+    args = parser.parse_args(argv)
+    if args.limit < 1:
+        parser.error("--limit must be at least 1")
+
+    async def run() -> dict[str, int]:
+        client = connect(args.redis)
+        try:
+            scripts = Scripts.register(client)
+            await scripts.load(client)
+            return await cleanup_pass(BoardStore(client, scripts), args.boards, args.limit)
+        finally:
+            await client.aclose()
+
+    for board, removed in asyncio.run(run()).items():
+        print(f"{board}: {removed} inactive player(s) removed")
+    return 0
 
 
 # ---- bans ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ players, a bounded number per pass, journaled so that a rebuild agrees."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from shardlb import journal, keys, moderation, times
 from shardlb.board import Board, Score
+from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.errors import PlayerNotFound
 from shardlb.rebuild import Rebuilder
@@ -200,4 +202,20 @@ async def test_the_inactive_cleanup_removes_exactly_the_stale_players_a_bounded_
         await check(board, ref)
     finally:
         await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_shardlb_cleanup_runs_one_pass(
+    store: BoardStore, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = BoardConfig.from_dict("moderation-cli", {"inactive_after": 60, "sharding": sharding("hash", 2)})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        await board.submit([Score("old", 5, "m1", now - HOUR)], now_ms=now - HOUR)
+        await board.submit([Score("new", 5, "m2", now)], now_ms=now)
+        assert await asyncio.to_thread(main, ["cleanup", config.id, "--redis", cluster_url]) == 0
+        assert f"{config.id}: 1 inactive player(s) removed" in capsys.readouterr().out
+        assert [e.player_id for e in await board.top(10)] == ["new"]
+    finally:
         await store.delete(config.id)
