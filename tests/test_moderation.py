@@ -219,3 +219,43 @@ async def test_shardlb_cleanup_runs_one_pass(
         assert [e.player_id for e in await board.top(10)] == ["new"]
     finally:
         await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_removal_during_a_rebuild_holds_after_the_swap(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, mode: str
+) -> None:
+    """The removal (and a later result of the player) lands after the rebuild's snapshot position:
+    the catch-up applies the removal to the new keys before the later result."""
+    config = BoardConfig.from_dict(
+        f"moderation-catch-up-{mode}", {"mode": mode, "periods": ["daily"], "sharding": sharding("hash", 2)}
+    )
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        w = Writer(board, f"catch-up/{mode}", players=12)
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        victim = sorted(w.ref.boards["total"])[0]
+        home = board.layout.home(victim)
+        snapshot = rebuilder.snapshot
+        now = times.now_ms()
+        later = Score(victim, 1, "after-removal", now)
+
+        async def snapshot_then_remove(b: Board, shard: int, fold: Any) -> Any:
+            taken = await snapshot(b, shard, fold)
+            if shard == home:
+                assert await moderation.remove(board, [victim]) == {victim}
+                await board.submit([later], now_ms=now)
+            return taken
+
+        rebuilder.snapshot = snapshot_then_remove  # type: ignore[method-assign]
+        reports = await rebuilder.rebuild(board)
+        assert reports[home].tries > 1  # the swap saw the journal move, and caught up
+        forget(w.ref, victim)
+        w.ref.submit([later], now_ms=now)
+        await check(board, w.ref)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
