@@ -6,8 +6,8 @@ applied. A result is on the board if and only if it is in its shard's journal (t
 both in one atomic call). A removal (shardlb/moderation.py, remove.lua) is an entry with ``x``
 instead of ``r``: a MessagePack array of the player ids removed from every period of the shard at
 that id; results of those players with smaller ids on this shard no longer count. The archiver
-(shardlb/archive.py) copies entries into PostgreSQL and
-trims what it committed; a rebuild replays the entries written after its snapshot.
+(shardlb/archive.py) copies entries into PostgreSQL and trims what it committed; a rebuild replays
+the entries written after its snapshot.
 """
 
 from __future__ import annotations
