@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardlb import journal, keys, moderation, times
+from shardlb import journal, keys, moderation, reconcile, times
 from shardlb.board import Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
@@ -91,6 +91,8 @@ async def test_a_removed_player_is_absent_from_every_read_and_from_a_rebuild(
         await check(board, w.ref)
         await drain(a)  # the delete entries reach PostgreSQL between results before and after them
         await w.batch()
+        for period in ("total", "daily"):  # Redis after the removal agrees with PostgreSQL's rule
+            assert not any(c.drift for c in await reconcile.reconcile(rebuilder, board, period))
         await damage(board, raw)
         await rebuilder.rebuild(board)
         await check(board, w.ref)
