@@ -23,6 +23,8 @@ from shardlb.config import (
     MAX_POINTS,
     MAX_RETENTION_DAYS,
     MAX_SHARDS,
+    MODERATION,
+    MODERATION_MAX,
     MODES,
     ORDERS,
     RANK_MODES,
@@ -30,9 +32,26 @@ from shardlb.config import (
     TIEBREAKS,
     BoardConfig,
 )
+from shardlb.moderation import REASON_MAX, REFUSED
 
 MEDIA = ("application/json", "application/msgpack")
 _DEFAULT = BoardConfig("default")  # the settings a PUT leaves out
+_MODERATION_TEXT = {
+    "max_points_per_result": "a result with more points is refused (status points_limit)",
+    "max_results_per_player_per_minute": "results of a player past this many in a minute (of the "
+    "server's clock; a match counted once however often it is sent) are refused (status rate_limit)",
+    "inactive_after": "seconds: players with no result for this long are removed by the rolling cleanup",
+}
+_MODERATION_SETTINGS = {
+    name: {
+        "type": ["integer", "null"],
+        "minimum": 1,
+        "maximum": MODERATION_MAX[name],
+        "default": None,
+        "description": f"Addition (moderation): {_MODERATION_TEXT[name]}; null: off",
+    }
+    for name in MODERATION
+}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -208,6 +227,7 @@ _SCHEMAS: dict[str, Any] = {
                 "default": _DEFAULT.rank_mode,
                 "description": "Addition: the reads' rank mode unless a read asks (see rank_mode)",
             },
+            **_MODERATION_SETTINGS,
             "tie_awards": {
                 "enum": list(TIE_AWARDS),
                 "default": _DEFAULT.tie_awards,
@@ -233,6 +253,7 @@ _SCHEMAS: dict[str, Any] = {
             "durability",
             "sharding",
             "rank_mode",
+            *MODERATION,
             "tie_awards",
         ],
         "properties": {
@@ -250,6 +271,7 @@ _SCHEMAS: dict[str, Any] = {
             "durability": {"enum": list(DURABILITY)},
             "sharding": {"type": "object", "required": ["strategy"]},
             "rank_mode": {"enum": list(RANK_MODES)},
+            **{name: {"type": ["integer", "null"]} for name in MODERATION},
             "tie_awards": {"enum": list(TIE_AWARDS)},
         },
     },
@@ -312,9 +334,10 @@ _SCHEMAS: dict[str, Any] = {
             "player_id": _ID,
             "match_id": {"type": "string"},
             "status": {
-                "enum": list(STATUS.values()),
+                "enum": [*STATUS.values(), *REFUSED.values()],
                 "description": "Addition: 'overflow' (incr boards) when the sum would pass points_max; "
-                "nothing was written for that score.",
+                "nothing was written for that score. Addition (moderation): 'banned', 'points_limit', "
+                "'rate_limit': refused before anything was written (points 0).",
             },
             "points": {
                 "type": "integer",
@@ -443,6 +466,67 @@ _SCHEMAS: dict[str, Any] = {
             "seconds": {"type": "number", "minimum": 0},
         },
     },
+    "Removal": {
+        "type": "object",
+        "description": "Addition (moderation): a removal of a player from every period of a board",
+        "required": ["board", "player_id", "removed"],
+        "properties": {
+            "board": _ID,
+            "player_id": _ID,
+            "removed": {"type": "boolean", "description": "false: the player had no entry (nothing to do)"},
+        },
+    },
+    "BanRequest": {
+        "oneOf": [
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["scope", "board"],
+                "properties": {
+                    "scope": {"const": "board"},
+                    "board": _ID,
+                    "reason": {"type": ["string", "null"], "maxLength": REASON_MAX},
+                },
+            },
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["scope"],
+                "properties": {
+                    "scope": {"const": "all"},
+                    "board": {"type": "null"},
+                    "reason": {"type": ["string", "null"], "maxLength": REASON_MAX},
+                },
+            },
+        ]
+    },
+    "Ban": {
+        "type": "object",
+        "required": ["player_id", "scope", "board", "reason", "by", "banned_at"],
+        "properties": {
+            "player_id": _ID,
+            "scope": {"enum": ["board", "all"]},
+            "board": {"type": ["string", "null"]},
+            "reason": {"type": "string"},
+            "by": {"type": "string", "description": "the admin key's client id"},
+            "banned_at": _TIME_OUT,
+            "removed_from": {
+                "type": "array",
+                "items": _ID,
+                "description": "the boards the player's entries were removed from (POST :ban only)",
+            },
+        },
+    },
+    "BanList": {
+        "type": "object",
+        "required": ["bans"],
+        "properties": {"bans": {"type": "array", "items": _ref("Ban")}},
+    },
+    "Unban": {
+        "type": "object",
+        "required": ["player_id", "lifted"],
+        "properties": {"player_id": _ID, "lifted": {"type": "boolean"}},
+    },
 }
 
 _ERROR_TEXT = {
@@ -452,10 +536,11 @@ _ERROR_TEXT = {
     403: "The key's scope does not allow this (code forbidden).",
     404: "Unknown board, player or route (board_not_found, player_not_found, not_found).",
     405: "Method not allowed on this route (method_not_allowed).",
-    409: "The board exists with other settings (board_conflict); settlements: the id names another "
-    "settlement (settlement_conflict), the period is open (period_open) or settled under another id "
-    "(period_settled), Redis and PostgreSQL disagree (settlement_mismatch), the id is running "
-    "(settlement_busy) or not settled (not_settled); no PostgreSQL (archive_not_configured).",
+    409: "The board exists with other settings (board_conflict); this router has no PostgreSQL "
+    "(archive_not_configured); settlements: the id names another settlement (settlement_conflict), "
+    "the period is open (period_open) or settled under another id (period_settled), Redis and "
+    "PostgreSQL disagree (settlement_mismatch), the id is running (settlement_busy) or not "
+    "settled (not_settled).",
     413: "The body is larger than SHARDLB_MAX_BODY_BYTES (body_too_large).",
     415: "Content-Type is neither application/json nor application/msgpack (unsupported_media_type).",
     422: "A well-formed request with an invalid value; `field` names it (e.g. scores[3].points).",
@@ -871,6 +956,50 @@ SPEC: dict[str, Any] = {
                 },
             },
         },
+        "/v1/players/{player}:ban": {
+            "parameters": [_param("player")],
+            "post": {
+                "operationId": "banPlayer",
+                "summary": "Addition: ban a player on one board or all (admin); later scores are refused "
+                "(status banned) and the player's entries are removed",
+                "security": _ADMIN,
+                "requestBody": {"required": True, "content": _content(_ref("BanRequest"))},
+                "responses": {
+                    "200": _ok("Banned (again: the first ban is kept)", "Ban"),
+                    **_errors(400, 401, 403, *_PATH, 409, 413, 415, 422, 503),
+                },
+            },
+        },
+        "/v1/players/{player}:unban": {
+            "parameters": [_param("player")],
+            "post": {
+                "operationId": "unbanPlayer",
+                "summary": "Addition: lift a ban of that scope (admin)",
+                "security": _ADMIN,
+                "requestBody": {"required": True, "content": _content(_ref("BanRequest"))},
+                "responses": {
+                    "200": _ok("Lifted, or there was none", "Unban"),
+                    **_errors(400, 401, 403, *_PATH, 409, 413, 415, 422, 503),
+                },
+            },
+        },
+        "/v1/bans": {
+            "get": {
+                "operationId": "listBans",
+                "summary": "Addition: the bans in force (admin)",
+                "security": _ADMIN,
+                "parameters": [
+                    {
+                        "name": "player",
+                        "in": "query",
+                        "required": False,
+                        "schema": _ID,
+                        "description": "one player's",
+                    }
+                ],
+                "responses": {"200": _ok("Bans", "BanList"), **_errors(400, 401, 403, 422, 503)},
+            },
+        },
         "/v1/boards/{board}/scores": {
             "parameters": [_param("board")],
             "post": {
@@ -918,6 +1047,24 @@ SPEC: dict[str, Any] = {
                 "security": _READ,
                 "parameters": [_param("period"), _param("region"), _param("estimate"), _param("rank_mode")],
                 "responses": {"200": _ok("The player's standing", "Player"), **_errors(*_READ_ERRORS)},
+            },
+            "delete": {
+                "operationId": "removePlayer",
+                "summary": "Addition: remove a player from every period of the board (admin, audited)",
+                "security": _ADMIN,
+                "parameters": [
+                    {
+                        "name": "reason",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "maxLength": REASON_MAX},
+                        "description": "why, kept in the audit",
+                    }
+                ],
+                "responses": {
+                    "200": _ok("Removed (or absent already)", "Removal"),
+                    **_errors(400, 401, 403, *_PATH, 409, 422, 503),
+                },
             },
         },
         "/v1/boards/{board}/players/{player}/around": {

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from router import history, metrics, params, scores
+from router import history, metrics, moderation, params, scores
 from router.auth import Scope
 from router.errors import ApiError
 from router.histogram import Estimate
@@ -188,6 +188,11 @@ async def rebuild_board(request: Request) -> Response:
     )
 
 
+async def player_route(request: Request) -> Response:
+    """GET reads a player, DELETE removes one (router/moderation.py): one route, one Allow header."""
+    return await (moderation.remove_player if request.method == "DELETE" else player)(request)
+
+
 async def board_route(request: Request) -> Response:
     """One route for the three methods, so a 405 on it lists them all in Allow."""
     handler = {"PUT": put_board, "DELETE": delete_board}.get(request.method, get_board)
@@ -341,6 +346,9 @@ ROUTES = [
     Route("/v1/boards/{board}/top", top, methods=["GET"]),
     Route("/v1/boards/{board}/entries", entries, methods=["GET"]),
     Route("/v1/boards/{board}/players:query", query, methods=["POST"]),
-    Route("/v1/boards/{board}/players/{player}", player, methods=["GET"]),
+    Route("/v1/boards/{board}/players/{player}", player_route, methods=["GET", "DELETE"]),
+    Route("/v1/players/{player}:ban", moderation.ban, methods=["POST"]),
+    Route("/v1/players/{player}:unban", moderation.unban, methods=["POST"]),
+    Route("/v1/bans", moderation.list_bans, methods=["GET"]),
     Route("/v1/boards/{board}/players/{player}/around", around, methods=["GET"]),
 ]

@@ -128,7 +128,8 @@ class ScoresEndpoint:
             decode_object(raw, None if content_type is None else content_type.decode("latin-1"))
         )
         board = await svc.boards.get(scope["path_params"]["board"])
-        results = await svc.coalescer.submit(board, board.prepare(scores))
+        request_id = scope.get("state", {}).get("request_id")
+        results = await svc.moderation.submit(board, board.prepare(scores), request_id, svc.coalescer)
         return {
             "results": [
                 {"player_id": r.player_id, "match_id": r.match_id, "status": r.status, "points": r.points}

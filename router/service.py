@@ -32,12 +32,14 @@ from router.histogram import Histograms
 from router.journals import JournalWatch
 from router.limiter import ReadLimits
 from router.media import entry_body
+from router.moderation import BanCache, Moderation, RefusalLog
 from router.settings import Settings
 from shardlb.board import Board
 from shardlb.connection import Scripts, connect, redacted
 from shardlb.errors import ClusterUnavailable
 from shardlb.fanout import Ack, ScriptPipeline, acknowledged
 from shardlb.keys import SLOTS
+from shardlb.moderation import Bans
 from shardlb.reads import ResolvedView
 from shardlb.store import BoardStore
 
@@ -58,6 +60,7 @@ class Service:
     tops: TopCache
     histograms: Histograms
     journals: JournalWatch
+    moderation: Moderation
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     draining: bool = False
     _probe: asyncio.Future[str | None] | None = None
@@ -98,6 +101,9 @@ class Service:
         reads = Gate(settings.read_concurrency, settings.read_queue, settings.queue_wait_s, "reads")
         registry = Gate(REGISTRY_LANES, settings.read_queue, settings.queue_wait_s, "board lookups")
 
+        bans = BanCache(Bans(client))
+        await bans.refresh()  # before the first request: a ban in force is never missed at start
+
         async def fetch_top(board: Board, view: ResolvedView, limit: int) -> Rendered:
             async with metrics.redis_call("top"):
                 found = await board.top(limit, view, "unique")  # a read asking competition re-ranks
@@ -127,11 +133,14 @@ class Service:
                 store,
                 settings.journal_max_entries,
             ),
+            moderation=Moderation(bans, RefusalLog(settings.postgres_url)),
         )
         service.tasks = [
             asyncio.create_task(service.tops.run()),
             asyncio.create_task(histograms.run()),
             asyncio.create_task(service.journals.run()),
+            asyncio.create_task(bans.run()),
+            asyncio.create_task(service.moderation.refusals.run()),
         ]
         return service
 
@@ -140,6 +149,7 @@ class Service:
         self.draining = True
         left = await self.coalescer.close(self.settings.drain_seconds)
         self.journals.closed = True
+        self.moderation.bans.closed = self.moderation.refusals.closed = True
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

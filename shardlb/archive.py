@@ -37,7 +37,7 @@ from prometheus_client import Counter, Gauge, start_http_server
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from shardlb import keys
+from shardlb import keys, moderation
 from shardlb.board import Board
 from shardlb.connection import Scripts, connect, raised_in_redis, redacted
 from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
@@ -75,17 +75,28 @@ CREATE INDEX IF NOT EXISTS match_results_by_shard ON match_results (board, incar
 """
 
 _COLUMNS = "board, incarnation, match_id, player_id, points, achieved_ms, score, shard, journal_id"
-# What a second row of one key does, per board mode: the rule the board itself applied.
+# What a second row of one key does, per board mode: the rule the board itself applied. The same
+# result applied again later (best and set take a retry again) keeps the later journal id: after a
+# removal of its player (shardlb/moderation.py) it is on the board again, and a rebuild must agree.
+_POSITION = "(split_part({0}.journal_id, '-', 1)::numeric, split_part({0}.journal_id, '-', 2)::numeric)"
+_LATER = f"{_POSITION.format('EXCLUDED')} > {_POSITION.format('match_results')}"
 _ON_CONFLICT = {
     "best": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
-    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id WHERE EXCLUDED.score > match_results.score",
+    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id WHERE EXCLUDED.score > match_results.score "
+    f"OR (EXCLUDED.score = match_results.score AND {_LATER})",
     "set": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
     "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id "
-    "WHERE (EXCLUDED.achieved_ms, EXCLUDED.score) > (match_results.achieved_ms, match_results.score)",
+    "WHERE (EXCLUDED.achieved_ms, EXCLUDED.score) > (match_results.achieved_ms, match_results.score) "
+    "OR ((EXCLUDED.achieved_ms, EXCLUDED.score) = (match_results.achieved_ms, match_results.score) "
+    f"AND {_LATER})",
     "incr": "DO NOTHING",
 }
 # Which of one key's rows in a batch goes in: the same rule.
-_FIRST = {"best": "score DESC", "set": "achieved_ms DESC, score DESC", "incr": "achieved_ms"}
+_FIRST = {
+    "best": f"score DESC, {_POSITION.format('incoming')} DESC",
+    "set": f"achieved_ms DESC, score DESC, {_POSITION.format('incoming')} DESC",
+    "incr": "achieved_ms",
+}
 
 
 async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
@@ -94,6 +105,7 @@ async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(7427466)")  # one CREATE at a time
         await conn.execute(SCHEMA)
+        await moderation.create_schema(conn)
     return conn
 
 
@@ -167,13 +179,14 @@ class Archiver:
             self._failed = False
             return 0
         rows = [row for board, _, entry in entries for row in _rows(board, entry)]
-        await self._write(rows)
+        removals = [(e.board, e.incarnation, e.shard, p, e.id) for _, _, e in entries for p in e.removed]
+        await self._write(rows, removals)
         acked: dict[str, list[str]] = {}
         for _, key, entry in entries:
             acked.setdefault(key, []).append(entry.id)
         await asyncio.gather(*(ack(key, ids) for key, ids in acked.items()))
         self._failed = False
-        return len(rows)
+        return len(rows) + len(removals)
 
     async def run(self, stop: asyncio.Event, idle_s: float = 0.2, refresh_s: float = 2.0) -> None:
         """Archive until ``stop`` is set, refreshing the board list every ``refresh_s``; errors are
@@ -240,8 +253,16 @@ class Archiver:
             got += [decode(i, f) for i, f in items if f]
         return got
 
-    async def _write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+    async def _write(self, rows: Sequence[tuple[Any, ...]], removals: Sequence[tuple[Any, ...]] = ()) -> None:
         async with self.db.transaction(), self.db.cursor() as cur:
+            if removals:  # delete entries (shardlb/moderation.py): a rebuild drops the results before them
+                await cur.executemany(
+                    "INSERT INTO player_removals (board, incarnation, shard, player_id, journal_id) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    removals,
+                )
+            if not rows:
+                return
             await cur.execute(
                 "CREATE TEMP TABLE IF NOT EXISTS incoming (LIKE match_results INCLUDING DEFAULTS) "
                 "ON COMMIT DELETE ROWS"
@@ -334,7 +355,12 @@ LAG_SECONDS = Gauge("shardlb_archive_lag_seconds", "age of the oldest journal en
 
 
 async def serve(
-    redis_url: str, postgres_url: str, name: str, stop: asyncio.Event, lag_every_s: float = 5.0
+    redis_url: str,
+    postgres_url: str,
+    name: str,
+    stop: asyncio.Event,
+    lag_every_s: float = 5.0,
+    cleanup_every_s: float = 0.0,
 ) -> None:
     """Archive every journaled board until ``stop`` is set, keeping the lag gauges current."""
     raw = connect(redis_url, decode=False)
@@ -354,12 +380,15 @@ async def serve(
                 return
     archiver = Archiver(raw, BoardStore(client, scripts), db, name, db_url=postgres_url)
     watch = asyncio.create_task(_watch_lag(archiver, stop, lag_every_s))
+    sweep = asyncio.create_task(_cleanup(archiver.store, stop, cleanup_every_s)) if cleanup_every_s else None
     log.info("archiver running", extra={"fields": {"name": name, "redis": redacted(redis_url)}})
     try:
         await archiver.run(stop)
     finally:
-        watch.cancel()
-        await asyncio.gather(watch, return_exceptions=True)
+        for task in (watch, sweep):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (watch, sweep) if t is not None), return_exceptions=True)
         await db.close()
         await raw.aclose()
         await client.aclose()
@@ -378,6 +407,21 @@ async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) ->
         await _sleep(stop, every_s)
 
 
+async def _cleanup(store: BoardStore, stop: asyncio.Event, every_s: float) -> None:
+    """The inactive-player cleanup (shardlb/moderation.py), one bounded pass every ``every_s``. Several
+    archivers may run it at once: a removal is idempotent and checks the player's idleness itself."""
+    while not stop.is_set():
+        await _sleep(stop, every_s)
+        try:
+            done = await moderation.cleanup_pass(store)
+            if any(done.values()):
+                log.info("inactive players removed", extra={"fields": done})
+        except Exception as e:
+            if not _passing(e):
+                raise
+            log.warning("inactive cleanup failed; retrying", extra={"fields": {"error": repr(e)}})
+
+
 def main(argv: list[str] | None = None) -> int:
     """`shardlb archive`: run one archiver until SIGTERM or SIGINT (several may run at once)."""
     parser = argparse.ArgumentParser(prog="shardlb archive", description=main.__doc__)
@@ -385,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--postgres", default=os.environ.get("SHARDLB_POSTGRES_URL"))
     parser.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}", help="consumer name")
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--cleanup-every", type=float, default=60.0, help="seconds between inactive-player cleanups (0: none)"
+    )
     args = parser.parse_args(argv)
     if not args.postgres:
         parser.error("give --postgres or SHARDLB_POSTGRES_URL")
@@ -397,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(args.redis, args.postgres, args.name, stop)
+        await serve(args.redis, args.postgres, args.name, stop, cleanup_every_s=args.cleanup_every)
 
     asyncio.run(run())
     return 0

@@ -282,11 +282,12 @@ class Board:
             member = f"{p.match_id}\x00{p.player_id}"
             items += [p.player_id, p.score, p.points, p.units, member, int(p.server_time), *index]
         journal = key_index(keys.journal_key(prefix), 0) if self.config.durability == "journal" else 0
+        activity = key_index(keys.activity_key(prefix), 0) if self.config.inactive_after else 0
         c = self.codec
         header = [
             self.config.mode, c.time_bits, c.points_max, c.order, c.tiebreak, now, len(self.config.periods),
             version, pending, dedup, pins, rivals, list(self.config.sharding.bands), expiry,
-            journal, self.journal_max, self.config.id, self.incarnation, shard,
+            journal, self.journal_max, self.config.id, self.incarnation, shard, activity,
         ]  # fmt: skip
         return key_list, [msgpack.packb(header), msgpack.packb(items)]
 

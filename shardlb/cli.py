@@ -31,6 +31,7 @@ DELEGATED = {
         "shardlb.archive",
         "copy the boards' journals into PostgreSQL until stopped (see `shardlb archive --help`)",
     ),
+    "cleanup": ("shardlb.moderation", "remove inactive players once (see `shardlb cleanup --help`)"),
     "plan": (
         "bench.plan",
         "recommend masters, shards and routers from the last bench (see `shardlb plan --help`)",

@@ -38,11 +38,16 @@ DEFAULT_DEDUP_WINDOW_S = 86_400  # api.md: "within the board's dedup window, def
 # 1.25 with 4, for ~5.5 us more Redis CPU per incr result (bench/dedup.py). With a 24 h window,
 # dedup memory, not CPU, bounds what an incr master takes, by ten times or more (README, "Memory").
 DEDUP_BUCKETS = 24
+# Optional moderation settings (shardlb/moderation.py; null: off) and their largest values.
+MODERATION = ("max_points_per_result", "max_results_per_player_per_minute", "inactive_after")
+
 # Every field of a board's settings, in the order ``BoardConfig.to_dict`` writes them.
 SETTINGS = (
     "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max", "epoch",
-    "resolution", "dedup_window_s", "durability", "sharding", "rank_mode", "tie_awards",
+    "resolution", "dedup_window_s", "durability", "sharding", "rank_mode", "tie_awards", *MODERATION,
 )  # fmt: skip
+MODERATION_MAX = {"max_points_per_result": MAX_POINTS, "max_results_per_player_per_minute": 100_000,
+                  "inactive_after": 10 * 365 * 86_400}  # fmt: skip
 
 
 def check_id(value: object, field_name: str) -> str:
@@ -92,6 +97,11 @@ class BoardConfig:
     sharding: Sharding = field(default_factory=Sharding)
     rank_mode: str = "unique"  # the reads' default; a read may ask for the other (RANK_MODES)
     tie_awards: str = "cut"
+    # Moderation (shardlb/moderation.py), each off when None: results above these points or past this
+    # many per player and minute are refused; players idle this many seconds leave the total board.
+    max_points_per_result: int | None = None
+    max_results_per_player_per_minute: int | None = None
+    inactive_after: int | None = None
 
     @property
     def dedup_bucket_ms(self) -> int:
@@ -118,6 +128,7 @@ class BoardConfig:
             "sharding": self.sharding.to_dict(),
             "rank_mode": self.rank_mode,
             "tie_awards": self.tie_awards,
+            **{name: getattr(self, name) for name in MODERATION},
         }
 
     @classmethod
@@ -166,6 +177,9 @@ class BoardConfig:
             sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
             rank_mode=_choice(body, "rank_mode", RANK_MODES, "unique"),
             tie_awards=_choice(body, "tie_awards", TIE_AWARDS, "cut"),
+            **{
+                n: None if body.get(n) is None else _int(body[n], n, 1, MODERATION_MAX[n]) for n in MODERATION
+            },
         )
         config.codec()
         if config.sharding.bands and config.sharding.bands[-1] > points_max:

@@ -200,6 +200,8 @@ class Scripts:
     drop: Script
     registry: Script
     rebuild: Script
+    remove: Script
+    rate: Script
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:

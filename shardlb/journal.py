@@ -3,8 +3,11 @@
 One entry per script call that applied anything: ``b`` board, ``i`` incarnation, ``s`` shard and
 ``r``, a MessagePack array of (dedup member, points, time units) per applied result, in the order
 applied. A result is on the board if and only if it is in its shard's journal (the script does
-both in one atomic call). The archiver (shardlb/archive.py) copies entries into PostgreSQL and
-trims what it committed; a rebuild replays the entries written after its snapshot.
+both in one atomic call). A removal (shardlb/moderation.py, remove.lua) is an entry with ``x``
+instead of ``r``: a MessagePack array of the player ids removed from every period of the shard at
+that id; results of those players with smaller ids on this shard no longer count. The archiver
+(shardlb/archive.py) copies entries into PostgreSQL and trims what it committed; a rebuild replays
+the entries written after its snapshot.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class Entry(NamedTuple):
     incarnation: str
     shard: int
     results: list[Applied]
+    removed: tuple[str, ...] = ()  # a delete entry's players (its results are then empty)
 
 
 def _text(value: Any) -> str:
@@ -42,13 +46,16 @@ def _text(value: Any) -> str:
 def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
     """An entry as XRANGE / XREADGROUP return it (from a client that does not decode replies)."""
     get = {_text(k): v for k, v in fields.items()}
+    head = (_text(entry_id), _text(get["b"]), _text(get["i"]), int(_text(get["s"])))
+    if "x" in get:
+        return Entry(*head, [], tuple(_text(p) for p in msgpack.unpackb(get["x"], raw=False)))
     flat = msgpack.unpackb(get["r"], raw=False)
     results = []
     for n in range(0, len(flat), 3):
         member = flat[n] if isinstance(flat[n], str) else bytes(flat[n]).decode()
         match, _, player = member.rpartition("\x00")  # player ids never hold NUL; match ids may
         results.append(Applied(match, player, int(flat[n + 1]), int(flat[n + 2])))
-    return Entry(_text(entry_id), _text(get["b"]), _text(get["i"]), int(_text(get["s"])), results)
+    return Entry(*head, results)
 
 
 class Lag(NamedTuple):

@@ -11,6 +11,9 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:ver / :pend              band boards: versions, unfinished band moves
     lb:{<tag>}:<board>:<inc>:<shard>:gone                     set (with a TTL) when the board is deleted
     lb:{<tag>}:<board>:<inc>:<shard>:log                      the journal: a stream of applied results
+    lb:{<tag>}:<board>:<inc>:<shard>:seen                     inactive_after boards: player -> last post ms
+    lb:{<tag>}:<board>:<inc>:<shard>:rate:<minute> / rated:<minute>   per-minute result counts (sanity)
+    lb:bans / lb:bans:v                                       banned players (scope/player -> record), version
     lb:{<tag>}:ack                                            a replica-acknowledged write's marker (expires)
 
 ``<inc>`` is the board's incarnation, a token drawn when the board is created: a board deleted and
@@ -34,6 +37,8 @@ from functools import lru_cache
 
 SLOTS = 16384
 BOARDS = "lb:boards"
+BANS = "lb:bans"  # hash "<board or *>/<player>" -> ban record JSON (shardlb/moderation.py)
+BANS_VERSION = "lb:bans:v"  # bumped on every change of BANS: routers reload the set when it moves
 
 
 def slot_of(key: str) -> int:
@@ -122,6 +127,15 @@ def gone_key(prefix: str) -> str:
 
 def journal_key(prefix: str) -> str:
     return prefix + "log"
+
+
+def activity_key(prefix: str) -> str:
+    return prefix + "seen"
+
+
+def rate_keys(prefix: str, minute: int) -> tuple[str, str]:
+    """The per-minute sanity counters of a shard: (match, player) pairs counted, and counts per player."""
+    return f"{prefix}rated:{minute}", f"{prefix}rate:{minute}"
 
 
 def ack_key(slot: int) -> str:

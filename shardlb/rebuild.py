@@ -39,7 +39,7 @@ import psycopg
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from shardlb import keys, periods, times
+from shardlb import keys, moderation, periods, times
 from shardlb.bands import Move
 from shardlb.board import GONE, QUARTER_HOUR_MS, Board
 from shardlb.config import BoardConfig
@@ -240,18 +240,22 @@ class Rebuilder:
             status, last = await self._call(board, shard, "swap", pairs, mark.last, force, items)
             if last == mark.last:
                 break
-            # Written meanwhile: results after the snapshot's position, up to the journal's new end.
-            new = await self.since(board, shard, mark.position, parse_id(last))
+            # Written meanwhile: results after the snapshot's position, up to the journal's new end,
+            # and removals (each removal's ZREM goes before the player's results kept after it).
+            new, cuts = await self.changes(board, shard, mark.position, parse_id(last))
             report.journal += len(new)
             mark = Mark(last, parse_id(last), None)
+            removals = [v for player in cuts for v in (player, 0, 0, 0, 0)]
             if status == "ok":  # forced: the swap is done, and these go onto the live keys, once
-                live = {name: keys.period_key(prefix, name) for r in new for name in fold.names(r.units)}
-                await self._call(board, shard, "apply", live, last, True, self._items(fold, new, live))
+                live = {name: keys.period_key(prefix, name) for name in (pairs if cuts else ())}
+                live |= {name: keys.period_key(prefix, name) for r in new for name in fold.names(r.units)}
+                items = [*removals, *self._items(fold, new, live)]
+                await self._call(board, shard, "apply", live, last, True, items)
                 break
             for r in new:
                 for name in fold.names(r.units):
                     pairs.setdefault(name, f"{prefix}tmp:{token}:{name}")
-            items = [*items, *self._items(fold, new, pairs)]
+            items = [*items, *removals, *self._items(fold, new, pairs)]
         counted = "total" if wanted("total") else next(iter(sorted(pairs)), "total")
         report.players = int(await self.client.zcard(keys.period_key(prefix, counted)))
         report.seconds = time.perf_counter() - start
@@ -354,14 +358,20 @@ class Rebuilder:
         incr = board.config.mode == "incr"
         seen: set[tuple[str, str]] = set()
         journal = rows = 0
-        for r in (r for entry in await self._entries(prefix, None, mark.position) for r in entry.results):
+        entries = await self._entries(prefix, None, mark.position)
+        # Removed players' results journaled before the removal, and banned players', are left out
+        # (PostgreSQL's own removals and bans are left out by the query in _rows).
+        kept = _kept(_cuts(entries), await moderation.banned_in(self.db, board.config.id))
+        for r in (r for entry in entries for r in entry.results if kept(parse_id(entry.id), r)):
             if incr:
                 if (r.match_id, r.player_id) in seen:
                     continue  # applied again after the dedup window: PostgreSQL counts it once too
                 seen.add((r.match_id, r.player_id))
             fold.add(r)
             journal += 1
-        for r in await self._rows(board, shard, None, mark.position if incr else None):
+        for r in (
+            r for i, r in await self._rows(board, shard, None, mark.position if incr else None) if kept(i, r)
+        ):
             if incr and (r.match_id, r.player_id) in seen:
                 continue  # archived, and still in the journal
             fold.add(r)
@@ -383,14 +393,39 @@ class Rebuilder:
         PostgreSQL those the archiver trimmed away before the journal was read. The archiver trims
         from the start, so whether it trimmed into the range is asked after the read (an entry
         trimmed during the read is then found in PostgreSQL; one found in both is taken once)."""
+        return (await self.changes(board, shard, after, upto))[0]
+
+    async def changes(
+        self, board: Board, shard: int, after: Id, upto: Id
+    ) -> tuple[list[Applied], dict[str, Id]]:
+        """``since``, without the results of removed (before their removal) or banned players, and
+        the removals in the range: player -> the id of the latest."""
         prefix = board.prefixes[shard]
         read = await self._entries(prefix, after, upto)
         first = (await self.mark(prefix)).first
-        found = [r for entry in read for r in entry.results]
+        found = [(parse_id(entry.id), r) for entry in read for r in entry.results]
+        cuts = _cuts(read)
         if first is None or first > after:
             ids = {entry.id for entry in read}
             found += await self._rows(board, shard, after, upto, skip=ids)
-        return found
+            for player, cut in (await self._removals(board, shard, after, upto)).items():
+                cuts[player] = max(cut, cuts.get(player, cut))
+        kept = _kept(cuts, await moderation.banned_in(self.db, board.config.id))
+        return [r for i, r in found if kept(i, r)], cuts
+
+    async def _removals(self, board: Board, shard: int, after: Id, upto: Id) -> dict[str, Id]:
+        """Removals the archiver recorded for the shard with ids in (after, upto]."""
+        position = _position("journal_id")
+        async with self.db.transaction():
+            cur = await self.db.execute(
+                "SELECT player_id, journal_id FROM player_removals WHERE board = %s AND incarnation = %s "
+                f"AND shard = %s AND {position} > (%s, %s) AND {position} <= (%s, %s)",
+                [board.config.id, board.incarnation, shard, *after, *upto],
+            )
+            cuts: dict[str, Id] = {}
+            for player, entry_id in await cur.fetchall():
+                cuts[player] = max(parse_id(entry_id), cuts.get(player, (0, 0)))
+        return cuts
 
     async def members(self, key: str) -> dict[str, int]:
         """A sorted set as player -> score, read with ZSCAN (a member present all along is seen)."""
@@ -414,13 +449,21 @@ class Rebuilder:
 
     async def _rows(
         self, board: Board, shard: int, after: Id | None, upto: Id | None, skip: set[str] | None = None
-    ) -> list[Applied]:
+    ) -> list[tuple[Id, Applied]]:
+        """The shard's rows with journal ids in (after, upto], without those of banned players and
+        those journaled before a removal of their player on this shard (shardlb/moderation.py)."""
+        position = _position("m.journal_id")
         sql = (
-            "SELECT match_id, player_id, points, achieved_ms, journal_id FROM match_results "
-            "WHERE board = %s AND incarnation = %s AND shard = %s"
+            "SELECT m.match_id, m.player_id, m.points, m.achieved_ms, m.journal_id FROM match_results m "
+            "WHERE m.board = %s AND m.incarnation = %s AND m.shard = %s "
+            "AND NOT EXISTS (SELECT 1 FROM bans b "
+            "WHERE b.player_id = m.player_id AND b.board IN (m.board, %s)) "
+            "AND NOT EXISTS (SELECT 1 FROM player_removals x "
+            "WHERE (x.board, x.incarnation, x.shard, x.player_id) "
+            "= (m.board, m.incarnation, m.shard, m.player_id) "
+            f"AND {_position('x.journal_id')} > {position})"
         )
-        params: list[Any] = [board.config.id, board.incarnation, shard]
-        position = "(split_part(journal_id, '-', 1)::numeric, split_part(journal_id, '-', 2)::numeric)"
+        params: list[Any] = [board.config.id, board.incarnation, shard, moderation.ALL]
         if after is not None:
             sql += f" AND {position} > (%s, %s)"
             params += after
@@ -433,7 +476,7 @@ class Rebuilder:
         codec = board.codec
         skip = skip or set()
         return [
-            Applied(m, p, points, (at - codec.epoch_ms) // codec.unit_ms)
+            (parse_id(entry_id), Applied(m, p, points, (at - codec.epoch_ms) // codec.unit_ms))
             for m, p, points, at, entry_id in found
             if entry_id not in skip
         ]
@@ -527,6 +570,30 @@ class Rebuilder:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _position(column: str) -> str:
+    """A journal id column as a (ms, seq) row value that PostgreSQL orders as Redis does."""
+    return f"(split_part({column}, '-', 1)::numeric, split_part({column}, '-', 2)::numeric)"
+
+
+def _cuts(entries: Iterable[Entry]) -> dict[str, Id]:
+    """The journal's removals (delete entries): player -> the id of the latest."""
+    cuts: dict[str, Id] = {}
+    for entry in entries:
+        for player in entry.removed:
+            cuts[player] = max(parse_id(entry.id), cuts.get(player, (0, 0)))
+    return cuts
+
+
+def _kept(cuts: dict[str, Id], banned: set[str]) -> Callable[[Id, Applied], bool]:
+    """Whether a result journaled at an id counts: its player is not banned, nor removed after it."""
+
+    def kept(entry_id: Id, r: Applied) -> bool:
+        cut = cuts.get(r.player_id)
+        return r.player_id not in banned and (cut is None or entry_id > cut)
+
+    return kept
 
 
 @asynccontextmanager

@@ -85,12 +85,12 @@ async def reconcile(rebuilder: Rebuilder, board: Board, period: str = "total") -
 
 
 async def _written_since(rebuilder: Rebuilder, board: Board, shard: int, mark: Mark) -> set[str]:
-    """The players ``shard``'s journal names after ``mark``."""
+    """The players ``shard``'s journal names after ``mark`` (results and removals)."""
     now = await rebuilder.mark(board.prefixes[shard])
     if now.last == mark.last:
         return set()
-    new = await rebuilder.since(board, shard, mark.position, parse_id(now.last))
-    return {r.player_id for r in new}
+    new, removed = await rebuilder.changes(board, shard, mark.position, parse_id(now.last))
+    return {r.player_id for r in new} | set(removed)
 
 
 async def _bands(

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 
-from shardlb import archive, keys, periods, rebuild, settlement_rewards, times
+from shardlb import archive, keys, moderation, periods, rebuild, settlement_rewards, times
 from shardlb.board import Board
 from shardlb.config import check_id
 from shardlb.errors import ArchiveBehind, BoardNotFound, InvalidInput, SettlementConflict
@@ -110,11 +110,24 @@ CREATE INDEX IF NOT EXISTS match_results_by_player
 """
 
 
+# The rows a rebuild keeps (shardlb/rebuild.py, ``_rows``): none of a banned player's, none journaled
+# before a removal of their player on that shard (shardlb/moderation.py). A removed or banned player
+# is therefore neither ranked nor rewarded, and Redis (which the removal emptied too) agrees.
+MODERATED = (
+    "AND NOT EXISTS (SELECT 1 FROM bans b WHERE b.player_id = m.player_id AND b.board IN (m.board, %s)) "
+    "AND NOT EXISTS (SELECT 1 FROM player_removals x "
+    "WHERE (x.board, x.incarnation, x.shard, x.player_id) = (m.board, m.incarnation, m.shard, m.player_id) "
+    "AND (split_part(x.journal_id, '-', 1)::numeric, split_part(x.journal_id, '-', 2)::numeric) "
+    "> (split_part(m.journal_id, '-', 1)::numeric, split_part(m.journal_id, '-', 2)::numeric))"
+)
+
+
 async def ensure_schema(db: psycopg.AsyncConnection[Any]) -> None:
-    """The archive's tables and the settlement's (idempotent; one creator at a time)."""
+    """The archive's and moderation's tables and the settlement's (idempotent; one creator at a time)."""
     async with db.transaction():
         await db.execute("SELECT pg_advisory_xact_lock(7427466)")
         await db.execute(archive.SCHEMA)
+        await moderation.create_schema(db)
         await db.execute(SCHEMA)
 
 
@@ -338,19 +351,23 @@ class Settler:
         """Step 4: every player of the period from ``match_results``, best first (the codec's
         unique order: a higher score, then the larger player id, as shardlb/merge.py)."""
         start, end = (0, 2**62) if name == "total" else period_bounds(board, name)
-        where = "WHERE board = %s AND incarnation = %s AND achieved_ms >= %s AND achieved_ms < %s"
-        params = (board.config.id, board.incarnation, start, end)
+        where = (
+            "WHERE board = %s AND incarnation = %s AND achieved_ms >= %s AND achieved_ms < %s " + MODERATED
+        )
+        params = (board.config.id, board.incarnation, start, end, moderation.ALL)
         mode, codec = board.config.mode, board.codec
         if mode == "best":
-            sql = f"SELECT max(score), player_id, shard FROM match_results {where} GROUP BY player_id, shard"
+            sql = (
+                f"SELECT max(score), player_id, shard FROM match_results m {where} GROUP BY player_id, shard"
+            )
         elif mode == "set":  # the latest result, the better of two at one time (write.lua's rule)
             sql = (
-                f"SELECT DISTINCT ON (player_id, shard) score, player_id, shard FROM match_results {where} "
+                f"SELECT DISTINCT ON (player_id, shard) score, player_id, shard FROM match_results m {where} "
                 "ORDER BY player_id, shard, achieved_ms DESC, score DESC"
             )
         else:
             sql = (
-                f"SELECT sum(points), player_id, shard, max(achieved_ms) FROM match_results {where} "
+                f"SELECT sum(points), player_id, shard, max(achieved_ms) FROM match_results m {where} "
                 "GROUP BY player_id, shard"
             )
         async with self.db.transaction():

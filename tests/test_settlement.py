@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardlb import keys, periods, settlement_delivery, times
+from shardlb import keys, moderation, periods, settlement_delivery, times
 from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
@@ -418,5 +418,28 @@ async def test_the_webhook_delivers_every_award_signed_and_retried(
         assert set(receiver.posts) == ids and set(receiver.posts.values()) == {2}  # failed once, then taken
         assert receiver.bad_signatures == 0
         assert {b["award_id"] for b in receiver.bodies.values()} == ids
+    finally:
+        await store.delete(board.config.id)
+
+
+async def test_a_removed_player_is_neither_ranked_nor_rewarded(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any]
+) -> None:
+    board = await new_board(store, "settle-removed")
+    period = day_ago(2)
+    name = periods.parse(period, board.config.periods, board.tz, times.now_ms())
+    try:
+        ref = await written(board, period, "removed")
+        cheater = ref.order(name)[0][1]
+        await moderation.remove(board, [cheater])
+        await drain(raw, store, rebuilder.db.info.dsn)
+        result = await Settler(rebuilder).settle(
+            board, period, Request.of({"settlement_id": "removed-1", "rewards": TABLE})
+        )
+        del ref.boards[name][cheater]
+        assert result["check"]["drifting"] == [] and result["players"] == len(ref.order(name))
+        paid = await awards_of(db, "removed-1")
+        assert cheater not in {p for _, p, _ in paid}
+        assert paid == expected_awards(ref, period, board)
     finally:
         await store.delete(board.config.id)

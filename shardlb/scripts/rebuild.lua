@@ -13,7 +13,8 @@
 --   apply: apply ARGV[3]'s results to the targets (the live keys themselves) and register them.
 -- ARGV[2]    MessagePack: mode, time_bits, points_max, order, tiebreak, expected id, force,
 --            {expiry ms of each pair's live key, 0 = never}
--- ARGV[3]    MessagePack, flat: per result and period, player, score, points, time_units, pair number
+-- ARGV[3]    MessagePack, flat: per result and period, player, score, points, time_units, pair number;
+--            pair number 0 removes the player from every target (a removal, shardlb/moderation.py)
 -- The results are applied with write.lua's rules (best: the higher score; set: the later time, ties
 -- by score; incr: the sum, the latest time). They were journaled and counted once already, so there
 -- is no dedup, overflow check, band bookkeeping or journaling here.
@@ -66,23 +67,27 @@ end
 local items = cmsgpack.unpack(ARGV[3])
 for pos = 1, #items, 5 do
   local player, score, points, units = items[pos], items[pos + 1], items[pos + 2], items[pos + 3]
-  local key = KEYS[2 + 2 * items[pos + 4]]
-  local s = redis.call('ZSCORE', key, player)
-  local old = nil
-  if s then old = tonumber(s) end
-  local new = nil
-  if mode == 'best' then
-    if old == nil or score > old then new = score end
-  elseif mode == 'set' then
-    local _, old_units = 0, 0
-    if old ~= nil then _, old_units = split(old) end
-    if old == nil or units > old_units or (units == old_units and score > old) then new = score end
+  if items[pos + 4] == 0 then
+    for i = 1, npairs do redis.call('ZREM', KEYS[2 + 2 * i], player) end
   else
-    local op_, ou = 0, units
-    if old ~= nil then op_, ou = split(old) end
-    new = join(op_ + points, math.max(ou, units))
+    local key = KEYS[2 + 2 * items[pos + 4]]
+    local s = redis.call('ZSCORE', key, player)
+    local old = nil
+    if s then old = tonumber(s) end
+    local new = nil
+    if mode == 'best' then
+      if old == nil or score > old then new = score end
+    elseif mode == 'set' then
+      local _, old_units = 0, 0
+      if old ~= nil then _, old_units = split(old) end
+      if old == nil or units > old_units or (units == old_units and score > old) then new = score end
+    else
+      local op_, ou = 0, units
+      if old ~= nil then op_, ou = split(old) end
+      new = join(op_ + points, math.max(ou, units))
+    end
+    if new ~= nil then redis.call('ZADD', key, fmt(new), player) end
   end
-  if new ~= nil then redis.call('ZADD', key, fmt(new), player) end
 end
 
 for i = 1, npairs do

@@ -9,7 +9,8 @@
 --             {indices of the other regions' totals a player of this shard could live in},
 --             {band start points (band boards)}, {expiry ms of each KEYS[i], 0 = never},
 --             journal key index (0: the board keeps no journal), journal bound (entries),
---             board id, incarnation, shard (written into each journal entry)
+--             board id, incarnation, shard (written into each journal entry),
+--             activity key index (0: none; inactive_after boards: player -> last applied post, ms)
 -- ARGV[2]     ONE MessagePack array, flat: per result player, score, points, time_units,
 --             dedup_member, server_time (1 when the caller sent no achieved time), <period key
 --             indices, total first>. (One packed argument instead of thousands: the client spends
@@ -37,7 +38,7 @@ local h = cmsgpack.unpack(ARGV[1])
 local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
 local now, P, vk, pendk = h[6], h[7], h[8], h[9]
 local dd, pins, rivals, bands, expiry = h[10], h[11], h[12], h[13], h[14]
-local jk, jmax = h[15], h[16]
+local jk, jmax, ak = h[15], h[16], h[20] or 0
 if jk > 0 and redis.call('XLEN', KEYS[jk]) >= jmax then
   return redis.error_reply('JOURNALFULL the journal of this shard is at its bound; the archiver is behind')
 end
@@ -196,6 +197,10 @@ while pos <= #items do
       version = tonumber(redis.call('HGET', KEYS[vk], player))
       pending = p
     end
+  end
+  if ak > 0 and status ~= 'd' and status ~= 'o' and status ~= 'r' and status ~= 'p' then
+    redis.call('ZADD', KEYS[ak], 'GT', now, player)
+    touched[ak] = true
   end
   if jk > 0 and status ~= 'd' and status ~= 'o' and status ~= 'r' and status ~= 'p' then
     journal[#journal + 1] = member

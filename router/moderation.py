@@ -1,0 +1,248 @@
+"""Moderation over HTTP (router/README.md, "Additions: moderation"): removing a player from a board,
+bans, and the write path's screen of banned players and sanity limits (shardlb/moderation.py).
+
+Every router holds the ban list in memory (``BanCache``) and checks each score against it before it
+is queued. The list is refreshed every ``REFRESH_S``: one GET of the list's version, and a reload of
+the whole list only when it moved. So a ban reaches every router within about ``REFRESH_S`` (plus a
+reload). A ban request therefore stores the ban, waits ``PROPAGATION_S`` (two refreshes), and only
+then removes the player's entries: a score that a router accepted before it learnt of the ban has
+been written by then, and the removal takes it away too. A router that cannot reach Redis keeps its
+last list (and cannot write either).
+
+Refused results (``banned``, ``points_limit``, ``rate_limit``) are logged to PostgreSQL's
+``refused_results`` by a background task, in batches, off the write path; at most ``LOG_MAX`` wait,
+more are dropped and counted (a flood of refusals must not hold memory or slow writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import psycopg
+from starlette.requests import Request
+from starlette.responses import Response
+
+from router import params
+from router.auth import Scope
+from router.errors import ApiError
+from router.media import read_object, render
+from shardlb import moderation, times
+from shardlb.archive import connect_db
+from shardlb.board import Board, Prepared, Result
+from shardlb.config import check_id
+from shardlb.moderation import ALL, Ban, Bans, Screen
+
+if TYPE_CHECKING:
+    from router.service import Service
+
+log = logging.getLogger("shardlb.router")
+REFRESH_S = 1.0
+PROPAGATION_S = 2 * REFRESH_S + 0.5
+LOG_MAX = 10_000
+LOG_BATCH = 500
+
+
+class BanCache:
+    """The ban list as this router knows it (see the module docstring)."""
+
+    def __init__(self, bans: Bans, every_s: float = REFRESH_S) -> None:
+        self.bans = bans
+        self.every_s = every_s
+        self.version = -1
+        self.fields: frozenset[str] = frozenset()
+        self.closed = False
+
+    def banned(self, board: str, player: str) -> bool:
+        fields = self.fields
+        return bool(fields) and (
+            moderation.ban_field(board, player) in fields or moderation.ban_field(ALL, player) in fields
+        )
+
+    async def refresh(self) -> None:
+        version = await self.bans.version()
+        if version != self.version:
+            self.fields = frozenset(moderation.ban_field(b.board, b.player) for b in await self.bans.all())
+            self.version = version
+
+    async def run(self) -> None:
+        while not self.closed:
+            try:
+                await self.refresh()
+            except Exception as e:  # the cluster is in trouble: keep the last list meanwhile
+                log.warning("ban list not refreshed", extra={"fields": {"error": repr(e)}})
+            await asyncio.sleep(self.every_s)
+
+
+class RefusalLog:
+    """Refused results on their way to ``refused_results`` (see the module docstring)."""
+
+    def __init__(self, postgres_url: str) -> None:
+        self.url = postgres_url
+        self.rows: list[tuple[str, str, str, int, str, str | None]] = []
+        self.dropped = 0
+        self.ready = asyncio.Event()
+        self.closed = False
+
+    def add(self, rows: Sequence[tuple[str, str, str, int, str, str | None]]) -> None:
+        for row in rows:
+            log.info("result refused", extra={"fields": dict(zip(_ROW, row, strict=True))})
+        room = LOG_MAX - len(self.rows)
+        self.rows += rows[:room]
+        self.dropped += max(0, len(rows) - room)
+        self.ready.set()
+
+    async def run(self) -> None:
+        db: psycopg.AsyncConnection[Any] | None = None
+        try:
+            while not self.closed:
+                await self.ready.wait()
+                self.ready.clear()
+                if not self.url:
+                    self.rows.clear()  # no archive: the log lines are the record
+                    continue
+                while self.rows:
+                    batch = self.rows[:LOG_BATCH]
+                    try:
+                        db = db if db is not None and not db.closed else await connect_db(self.url)
+                        await moderation.record_refusals(db, batch)
+                    except (psycopg.Error, OSError) as e:
+                        log.warning(
+                            "refused results not recorded; retrying", extra={"fields": {"error": repr(e)}}
+                        )
+                        await asyncio.sleep(1.0)
+                        continue
+                    del self.rows[: len(batch)]
+        finally:
+            if db is not None:
+                await db.close()
+
+
+_ROW = ("board", "player_id", "match_id", "points", "status", "request_id")
+
+
+class Moderation:
+    """What the write path asks before it queues a request's scores."""
+
+    def __init__(self, bans: BanCache, refusals: RefusalLog) -> None:
+        self.bans = bans
+        self.refusals = refusals
+        self.screen = Screen(bans.banned)
+
+    async def submit(
+        self, board: Board, prepared: Sequence[Prepared], request_id: str | None, coalescer: Any
+    ) -> list[Result]:
+        """The request's results in order: refused ones with their status (nothing of them is
+        written), the others as the coalescer applied them."""
+        if not self.screen.needed(board, bool(self.bans.fields)):
+            return cast(list[Result], await coalescer.submit(board, prepared))
+        refused = {r.position: r.status for r in await self.screen.refusals(board, prepared)}
+        if not refused:
+            return cast(list[Result], await coalescer.submit(board, prepared))
+        self.refusals.add(
+            [
+                (board.config.id, p.player_id, p.match_id, p.points, refused[i], request_id)
+                for i, p in enumerate(prepared)
+                if i in refused
+            ]
+        )
+        allowed = [p for i, p in enumerate(prepared) if i not in refused]
+        applied = iter(await coalescer.submit(board, allowed) if allowed else [])
+        return [
+            Result(p.player_id, p.match_id, refused[i], 0) if i in refused else next(applied)
+            for i, p in enumerate(prepared)
+        ]
+
+
+# ---- endpoints (admin) -------------------------------------------------------------------------
+
+
+def _service(request: Request) -> Service:
+    return cast("Service", request.app.state.service)
+
+
+def _admin(request: Request) -> tuple[Service, str, str | None]:
+    """The service, who is asking (the key's client id) and the request id, once the key is admin."""
+    svc = _service(request)
+    peer = request.client.host if request.client else "unknown"
+    caller = svc.keys.require(request.headers.get("authorization"), peer, Scope.ADMIN)
+    return svc, caller.client, getattr(request.state, "request_id", None)
+
+
+@contextlib.asynccontextmanager
+async def _archive(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A connection to PostgreSQL, where bans and the audit live (409 when this router has none)."""
+    if not svc.settings.postgres_url:
+        raise ApiError(409, "archive_not_configured", "this router has no PostgreSQL (SHARDLB_POSTGRES_URL)")
+    try:
+        db = await connect_db(svc.settings.postgres_url)
+    except (psycopg.Error, OSError) as e:
+        raise ApiError(
+            503, "archive_unavailable", f"PostgreSQL failed: {type(e).__name__}", retry_after=5
+        ) from e
+    try:
+        yield db
+    except psycopg.Error as e:
+        raise ApiError(
+            503, "archive_unavailable", f"PostgreSQL failed: {type(e).__name__}", retry_after=5
+        ) from e
+    finally:
+        await db.close()
+
+
+async def remove_player(request: Request) -> Response:
+    """DELETE /v1/boards/{board}/players/{player}?reason=...: audited first, then removed."""
+    svc, actor, request_id = _admin(request)
+    query = params.checked(request.query_params.multi_items(), frozenset({"reason"}))
+    reason = moderation.check_reason(query.get("reason"), required=False)
+    board = await svc.boards.get(request.path_params["board"])
+    player = check_id(request.path_params["player"], "player")
+    async with _archive(svc) as db, db.transaction():
+        await moderation.audit(db, "remove", board.config.id, player, actor, reason, request_id)
+    removed = await moderation.remove(board, [player])
+    return render(request, {"board": board.config.id, "player_id": player, "removed": player in removed})
+
+
+async def _ban_body(request: Request, svc: Service) -> tuple[str, str, str]:
+    params.checked(request.query_params.multi_items(), frozenset())
+    player = check_id(request.path_params["player"], "player")
+    body = params.integral(await read_object(request, svc.settings.max_body_bytes))
+    scope, reason = moderation.parse_scope(body)
+    return player, scope, reason
+
+
+async def ban(request: Request) -> Response:
+    """POST /v1/players/{player}:ban: store the ban, let every router learn it, then remove the
+    player's entries from the boards in its scope."""
+    svc, actor, request_id = _admin(request)
+    player, scope, reason = await _ban_body(request, svc)
+    boards = [await svc.boards.get(scope)] if scope != ALL else await svc.boards.store.boards()
+    record = Ban(player, scope, reason, actor, times.now_ms())
+    async with _archive(svc) as db:
+        await moderation.Bans(svc.client).add(db, record, request_id)
+    await svc.moderation.bans.refresh()
+    await asyncio.sleep(PROPAGATION_S)
+    removed = [b.config.id for b in boards if await moderation.remove(b, [player])]
+    return render(request, {**record.body(), "removed_from": sorted(removed)})
+
+
+async def unban(request: Request) -> Response:
+    """POST /v1/players/{player}:unban: lift a ban of that scope (later scores count again)."""
+    svc, actor, request_id = _admin(request)
+    player, scope, reason = await _ban_body(request, svc)
+    async with _archive(svc) as db:
+        lifted = await moderation.Bans(svc.client).lift(db, player, scope, actor, reason, request_id)
+    await svc.moderation.bans.refresh()
+    return render(request, {"player_id": player, "lifted": lifted})
+
+
+async def list_bans(request: Request) -> Response:
+    """GET /v1/bans[?player=]: every ban in force, or one player's."""
+    svc, _, _ = _admin(request)
+    query = params.checked(request.query_params.multi_items(), frozenset({"player"}))
+    player = None if "player" not in query else check_id(query["player"], "player")
+    found = await moderation.Bans(svc.client).all()
+    return render(request, {"bans": [b.body() for b in found if player is None or b.player == player]})

@@ -1,0 +1,466 @@
+"""Moderation: removing players, banning them, refusing results past a board's sanity limits, and
+the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
+
+- **Removal** (``remove``): remove.lua runs once on every shard the player may live on (the home
+  shard; every region's on a region board), each call atomic on its shard: the player leaves every
+  period board there, and a delete entry joins the shard's journal in the same call. The archiver
+  records delete entries in ``player_removals``; a rebuild drops the shard's results of that player
+  journaled before the entry. On band boards the call also bumps the player's version and records
+  every band as pending, and the band shards then drop the player at that version (band.lua), so a
+  retry converges and a late band move cannot bring the player back. Removing again is harmless.
+- **Bans** (``Bans``): PostgreSQL keeps them (``bans``, the truth that a rebuild reads), and Redis
+  keeps the list routers cache (``lb:bans``, a hash ``<board or *>/<player>`` -> record, and a
+  version ``lb:bans:v`` that moves with every change, so a router reloads the list only when it
+  changed). A ban also removes the player's entries, so Redis and a rebuild agree.
+- **Sanity limits** (``Screen``): per score, before anything is written, ``banned``, then
+  ``points_limit`` (points above ``max_points_per_result``), then ``rate_limit`` (past
+  ``max_results_per_player_per_minute``; rate.lua counts (match, player) pairs, so a retry is not a
+  second result). Refused results are written to ``refused_results`` with the request id.
+- **Inactive players** (``cleanup``): boards with ``inactive_after`` keep a per-shard activity set
+  (player -> last applied post, written by write.lua); a pass removes at most ``limit`` players per
+  shard whose last post is older, each removal checked against the set inside remove.lua (a player
+  who posts meanwhile stays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import msgpack
+import orjson
+import psycopg
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from shardlb import keys, times
+from shardlb.board import Board, Prepared
+from shardlb.config import check_id
+from shardlb.connection import Scripts, connect
+from shardlb.errors import BoardConflict, InvalidInput
+from shardlb.store import BoardStore
+
+# Per-score statuses of results refused before they were written (the write's other statuses are
+# board.STATUS). Nothing of a refused result is written; its `points` are 0.
+REFUSED = {"banned": "banned", "points": "points_limit", "rate": "rate_limit"}
+ALL = "*"  # the scope of a ban on every board
+MAX_BANS = 1_000_000  # bans kept at once: every router holds the whole list in memory
+REASON_MAX = 500
+STALE_TRIES = 10  # key-index reads before a removal gives up (a period begins at most every day)
+SHARDS_IN_FLIGHT = 16
+CLEANUP_LIMIT = 1000  # players removed per shard and cleanup pass
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS player_removals (
+    board text NOT NULL,
+    incarnation text NOT NULL,
+    shard integer NOT NULL,
+    player_id text NOT NULL,
+    journal_id text NOT NULL,
+    archived_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (board, incarnation, shard, player_id, journal_id)
+);
+CREATE TABLE IF NOT EXISTS bans (
+    player_id text NOT NULL,
+    board text NOT NULL,
+    reason text NOT NULL,
+    banned_by text NOT NULL,
+    request_id text,
+    banned_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (player_id, board)
+);
+CREATE TABLE IF NOT EXISTS moderation_audit (
+    id bigserial PRIMARY KEY,
+    action text NOT NULL,
+    board text,
+    player_id text NOT NULL,
+    actor text NOT NULL,
+    reason text NOT NULL,
+    request_id text,
+    detail jsonb,
+    at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS refused_results (
+    id bigserial PRIMARY KEY,
+    board text NOT NULL,
+    player_id text NOT NULL,
+    match_id text NOT NULL,
+    points bigint NOT NULL,
+    status text NOT NULL,
+    request_id text,
+    at timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+
+async def create_schema(db: psycopg.AsyncConnection[Any]) -> None:
+    await db.execute(SCHEMA)
+
+
+# ---- removal ------------------------------------------------------------------------------
+
+
+async def remove(board: Board, players: Sequence[str]) -> set[str]:
+    """Remove ``players`` from every period of ``board``; return those that had an entry anywhere.
+    One remove.lua call per shard, atomic on its shard, concurrent across shards (not atomic across
+    them); a retry after any failure converges to the state of one call."""
+    for i, player in enumerate(players):
+        check_id(player, f"players[{i}]")
+    groups: dict[int, list[str]] = defaultdict(list)
+    for player in dict.fromkeys(players):
+        for shard in board.layout.candidates(player):
+            groups[shard].append(player)
+    gate = asyncio.Semaphore(SHARDS_IN_FLIGHT)
+
+    async def one(shard: int, members: list[str]) -> list[str]:
+        async with gate:
+            return await remove_on_shard(board, shard, members)
+
+    found = await asyncio.gather(*(one(s, m) for s, m in groups.items()))
+    return {p for got in found for p in got}
+
+
+async def remove_on_shard(
+    board: Board, shard: int, players: Sequence[str], stale_before_ms: int = 0
+) -> list[str]:
+    """remove.lua on one shard (see the module docstring); returns the players it removed. With
+    ``stale_before_ms``, only players whose last post (activity set) is at or before it."""
+    prefix = board.prefixes[shard]
+    fixed = [
+        keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix),
+        keys.version_key(prefix), keys.pending_key(prefix), keys.activity_key(prefix),
+    ]  # fmt: skip
+    banded = board.layout.strategy == "band"
+    header = msgpack.packb(
+        [
+            int(board.config.durability == "journal"),
+            len(board.config.sharding.bands) if banded else 0,
+            board.config.id,
+            board.incarnation,
+            shard,
+            stale_before_ms,
+        ]
+    )
+    args = [header, msgpack.packb(list(players))]
+    for _ in range(STALE_TRIES):
+        listed = [_text(k) for k in await board.client.zrange(keys.index_key(prefix), 0, -1)]
+        names = fixed + [k for k in dict.fromkeys(listed) if k not in fixed]
+        try:
+            reply = await board.scripts.remove(keys=names, args=args)
+        except ResponseError as e:
+            raise board.gone(e) from e
+        if _text(reply[0]) == "ok":
+            break
+    else:
+        raise BoardConflict("the board's key index kept changing during the removal; retry", "board")
+    removed, versions = [], []
+    for n, player in enumerate(players):
+        flag, version = int(reply[2 + 2 * n]), int(reply[3 + 2 * n])
+        if flag:
+            removed.append(player)
+        if version:
+            versions.append((player, version))
+    if versions:
+        await _remove_from_bands(board, shard, versions)
+    return removed
+
+
+async def _remove_from_bands(board: Board, home: int, versions: Sequence[tuple[str, int]]) -> None:
+    """Drop the players from every band shard at their new version, then confirm on the home shard."""
+    ops: list[Any] = []
+    for player, version in versions:
+        ops += ["r", player, 0, version]
+    prefixes = board.prefixes
+    bands = range(board.config.sharding.shards, board.layout.physical)
+    try:
+        await asyncio.gather(
+            *(
+                board.scripts.band(
+                    keys=[
+                        keys.period_key(prefixes[s], "total"),
+                        keys.version_key(prefixes[s]),
+                        keys.index_key(prefixes[s]),
+                        keys.gone_key(prefixes[s]),
+                    ],
+                    args=ops,
+                )
+                for s in bands
+            )
+        )
+    except ResponseError as e:
+        raise board.gone(e) from e
+    confirm: list[Any] = [v for pair in versions for v in pair]
+    prefix = prefixes[home]
+    await board.scripts.settle(keys=[keys.version_key(prefix), keys.pending_key(prefix)], args=confirm)
+
+
+# ---- inactive players --------------------------------------------------------------------
+
+
+async def cleanup(board: Board, now_ms: int | None = None, limit: int = CLEANUP_LIMIT) -> int:
+    """One pass of the rolling cleanup of a board with ``inactive_after``: per home shard, at most
+    ``limit`` players whose last post is older than that are removed. Returns how many."""
+    idle = board.config.inactive_after
+    if not idle:
+        return 0
+    cutoff = (times.now_ms() if now_ms is None else now_ms) - idle * 1000
+    done = 0
+    for shard in range(board.config.sharding.shards):
+        key = keys.activity_key(board.prefixes[shard])
+        stale = await board.client.zrangebyscore(key, "-inf", cutoff, start=0, num=limit)
+        if stale:
+            done += len(await remove_on_shard(board, shard, [_text(p) for p in stale], cutoff))
+    return done
+
+
+async def cleanup_pass(
+    store: BoardStore, names: Sequence[str] = (), limit: int = CLEANUP_LIMIT
+) -> dict[str, int]:
+    """One cleanup pass over the boards ``names`` (all with ``inactive_after`` when empty): players
+    removed per board. `shardlb cleanup` runs one; the archiver runs one every ``--cleanup-every``."""
+    boards = [await store.get(n) for n in names] if names else await store.boards()
+    return {b.config.id: await cleanup(b, limit=limit) for b in boards if b.config.inactive_after}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`shardlb cleanup`: one pass of the inactive-player cleanup (boards with inactive_after)."""
+    parser = argparse.ArgumentParser(prog="shardlb cleanup", description=main.__doc__)
+    parser.add_argument("boards", nargs="*", help="these boards only (default: every board with the setting)")
+    parser.add_argument("--limit", type=int, default=CLEANUP_LIMIT, help="players removed per shard at most")
+    parser.add_argument("--redis", default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"))
+    args = parser.parse_args(argv)
+    if args.limit < 1:
+        parser.error("--limit must be at least 1")
+
+    async def run() -> dict[str, int]:
+        client = connect(args.redis)
+        try:
+            scripts = Scripts.register(client)
+            await scripts.load(client)
+            return await cleanup_pass(BoardStore(client, scripts), args.boards, args.limit)
+        finally:
+            await client.aclose()
+
+    for board, removed in asyncio.run(run()).items():
+        print(f"{board}: {removed} inactive player(s) removed")
+    return 0
+
+
+# ---- bans ---------------------------------------------------------------------------------
+
+
+class Ban(NamedTuple):
+    player: str
+    board: str  # a board id, or ALL
+    reason: str
+    by: str
+    at_ms: int
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "player_id": self.player,
+            "scope": "all" if self.board == ALL else "board",
+            "board": None if self.board == ALL else self.board,
+            "reason": self.reason,
+            "by": self.by,
+            "banned_at": times.format_ms(self.at_ms),
+        }
+
+
+def ban_field(board: str, player: str) -> str:
+    return f"{board}/{player}"
+
+
+def parse_scope(body: dict[str, Any]) -> tuple[str, str]:
+    """(board or ALL, reason) of a ban or unban body: {"scope": "board", "board": ..., "reason": ...}
+    or {"scope": "all", ...}. Raises InvalidInput naming the field."""
+    for name in body:
+        if name not in ("scope", "board", "reason"):
+            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+    scope = body.get("scope")
+    if scope not in ("board", "all"):
+        raise InvalidInput("scope must be 'board' or 'all'", "scope")
+    board = body.get("board")
+    if scope == "board":
+        board = check_id(board, "board")
+    elif board is not None:
+        raise InvalidInput("a ban of scope 'all' names no board", "board")
+    return (ALL if scope == "all" else str(board)), check_reason(body.get("reason"), required=False)
+
+
+def check_reason(value: object, required: bool) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or len(value) > REASON_MAX or (required and not value.strip()):
+        raise InvalidInput(f"reason must be a string of at most {REASON_MAX} characters", "reason")
+    return value
+
+
+class Bans:
+    """The ban list: PostgreSQL (the truth, read by rebuilds) and Redis (what routers cache)."""
+
+    def __init__(self, client: RedisCluster) -> None:
+        self.client = client
+
+    async def add(self, db: psycopg.AsyncConnection[Any], ban: Ban, request_id: str | None) -> None:
+        """Store the ban (again: idempotent, the first one's time and reason are kept)."""
+        if await self.client.hlen(keys.BANS) >= MAX_BANS:
+            raise BoardConflict(f"at most {MAX_BANS} bans are kept", "player")
+        async with db.transaction():
+            await db.execute(
+                "INSERT INTO bans (player_id, board, reason, banned_by, request_id) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (ban.player, ban.board, ban.reason, ban.by, request_id),
+            )
+            await audit(db, "ban", None if ban.board == ALL else ban.board, ban.player, ban.by, ban.reason,
+                        request_id, {"scope": ban.board})  # fmt: skip
+        record = orjson.dumps({"reason": ban.reason, "by": ban.by, "at": ban.at_ms})
+        if await self.client.hsetnx(keys.BANS, ban_field(ban.board, ban.player), record):
+            await self.client.incr(keys.BANS_VERSION)
+
+    async def lift(
+        self,
+        db: psycopg.AsyncConnection[Any],
+        player: str,
+        board: str,
+        by: str,
+        reason: str,
+        request_id: str | None,
+    ) -> bool:
+        """Lift a ban; return whether there was one."""
+        async with db.transaction():
+            cur = await db.execute("DELETE FROM bans WHERE player_id = %s AND board = %s", (player, board))
+            await audit(db, "unban", None if board == ALL else board, player, by, reason, request_id,
+                        {"scope": board})  # fmt: skip
+        gone = bool(await self.client.hdel(keys.BANS, ban_field(board, player)))
+        await self.client.incr(keys.BANS_VERSION)
+        return gone or cur.rowcount > 0
+
+    async def version(self) -> int:
+        return int(await self.client.get(keys.BANS_VERSION) or 0)
+
+    async def all(self) -> list[Ban]:
+        raw = await self.client.hgetall(keys.BANS)
+        out = []
+        for name, record in raw.items():
+            board, _, player = _text(name).partition("/")
+            r = orjson.loads(record)
+            out.append(Ban(player, board, str(r["reason"]), str(r["by"]), int(r["at"])))
+        return sorted(out, key=lambda b: (b.player, b.board))
+
+
+async def banned_in(db: psycopg.AsyncConnection[Any], board: str) -> set[str]:
+    """The players banned on ``board`` or everywhere, as PostgreSQL has them (for a rebuild)."""
+    async with db.transaction():
+        cur = await db.execute("SELECT player_id FROM bans WHERE board = %s OR board = %s", (board, ALL))
+        return {row[0] for row in await cur.fetchall()}
+
+
+async def audit(
+    db: psycopg.AsyncConnection[Any],
+    action: str,
+    board: str | None,
+    player: str,
+    actor: str,
+    reason: str,
+    request_id: str | None,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    await db.execute(
+        "INSERT INTO moderation_audit (action, board, player_id, actor, reason, request_id, detail) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        (
+            action,
+            board,
+            player,
+            actor,
+            reason,
+            request_id,
+            None if detail is None else orjson.dumps(detail).decode(),
+        ),
+    )
+
+
+# ---- sanity limits ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Refusal:
+    position: int  # in the request
+    status: str  # a value of REFUSED
+
+
+class Screen:
+    """Refusals of a batch of prepared results (see the module docstring). ``banned(board, player)``
+    answers from the caller's ban list (a router's cache)."""
+
+    def __init__(self, banned: Callable[[str, str], bool]) -> None:
+        self.banned = banned
+
+    def needed(self, board: Board, any_bans: bool) -> bool:
+        c = board.config
+        return (
+            any_bans or c.max_points_per_result is not None or c.max_results_per_player_per_minute is not None
+        )
+
+    async def refusals(
+        self, board: Board, prepared: Sequence[Prepared], now_ms: int | None = None
+    ) -> list[Refusal]:
+        c, board_id = board.config, board.config.id
+        out: list[Refusal] = []
+        counted: list[int] = []
+        for i, p in enumerate(prepared):
+            if self.banned(board_id, p.player_id):
+                out.append(Refusal(i, REFUSED["banned"]))
+            elif c.max_points_per_result is not None and p.points > c.max_points_per_result:
+                out.append(Refusal(i, REFUSED["points"]))
+            else:
+                counted.append(i)
+        limit = c.max_results_per_player_per_minute
+        if limit is not None and counted:
+            over = await _over_rate(board, [prepared[i] for i in counted], limit, now_ms)
+            out += [Refusal(counted[n], REFUSED["rate"]) for n in over]
+        return sorted(out, key=lambda r: r.position)
+
+
+async def _over_rate(board: Board, prepared: Sequence[Prepared], limit: int, now_ms: int | None) -> list[int]:
+    """Positions in ``prepared`` past the per-minute limit (rate.lua per shard, concurrently)."""
+    now = times.now_ms() if now_ms is None else now_ms
+    minute = now // 60_000
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(prepared):
+        groups[p.shard].append(i)
+
+    async def one(shard: int, idx: list[int]) -> list[int]:
+        prefix = board.prefixes[shard]
+        counted, counts = keys.rate_keys(prefix, minute)
+        previous, _ = keys.rate_keys(prefix, minute - 1)
+        args: list[Any] = [limit, (minute + 2) * 60_000]
+        for i in idx:
+            args += [f"{prepared[i].match_id}\x00{prepared[i].player_id}", prepared[i].player_id]
+        reply = await board.scripts.rate(keys=[keys.index_key(prefix), counted, counts, previous], args=args)
+        return [i for i, ok in zip(idx, reply, strict=True) if not int(ok)]
+
+    found = await asyncio.gather(*(one(s, idx) for s, idx in groups.items()))
+    return sorted(i for got in found for i in got)
+
+
+async def record_refusals(
+    db: psycopg.AsyncConnection[Any], rows: Iterable[tuple[str, str, str, int, str, str | None]]
+) -> None:
+    """Rows (board, player, match, points, status, request id) into ``refused_results``."""
+    async with db.transaction(), db.cursor() as cur:
+        await cur.executemany(
+            "INSERT INTO refused_results (board, player_id, match_id, points, status, request_id) "
+            "VALUES (%s, %s, %s, %s, %s, %s)",
+            list(rows),
+        )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

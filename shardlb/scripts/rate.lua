@@ -1,0 +1,29 @@
+-- Count results per player and minute on ONE shard, for a board's max_results_per_player_per_minute
+-- (shardlb/moderation.py). All KEYS share the shard's hash tag.
+--
+-- KEYS[1] the shard's key index, KEYS[2] this minute's counted (match, player) pairs (a set),
+-- KEYS[3] this minute's counts per player (a hash), KEYS[4] the previous minute's pairs
+-- ARGV[1] the limit, ARGV[2] when this minute's keys expire (ms), then per result: member
+--         (match_id NUL player_id), player
+-- Returns per result 1 (allowed) or 0 (past the limit: not counted). A pair counted already, this
+-- minute or the one before, is allowed and not counted again: a retry of a match is one result.
+local limit, expire_at = tonumber(ARGV[1]), ARGV[2]
+local out = {}
+for i = 3, #ARGV, 2 do
+  local member, player = ARGV[i], ARGV[i + 1]
+  local ok = 1
+  if redis.call('SISMEMBER', KEYS[2], member) == 0 and redis.call('SISMEMBER', KEYS[4], member) == 0 then
+    if tonumber(redis.call('HGET', KEYS[3], player) or '0') >= limit then
+      ok = 0
+    else
+      redis.call('SADD', KEYS[2], member)
+      redis.call('HINCRBY', KEYS[3], player, 1)
+    end
+  end
+  out[#out + 1] = ok
+end
+for k = 2, 3 do
+  redis.call('PEXPIREAT', KEYS[k], expire_at)
+  redis.call('ZADD', KEYS[1], expire_at, KEYS[k])
+end
+return out

@@ -1,0 +1,66 @@
+-- Remove players from every period of ONE shard (shardlb/moderation.py). All KEYS share the tag.
+--
+-- KEYS[1] the shard's key index, KEYS[2] its `gone` marker, KEYS[3] its journal,
+-- KEYS[4] its version hash, KEYS[5] its pending band moves (band boards), KEYS[6..] every key the
+--         caller found in the key index (period boards, activity set, dedup sets...).
+-- ARGV[1] MessagePack: journal (1: append a delete entry), bands (how many band shards; 0: none),
+--         board id, incarnation, shard, stale_before (ms; 0: remove unconditionally; otherwise a
+--         player is removed only if the activity set, KEYS[6], has them at or before it)
+-- ARGV[2] MessagePack array of player ids
+-- Returns {'stale'} when the key index lists a key the caller did not pass (a period began since it
+-- read the index: it reads again), else {'ok', journal id or '', per player: 1 removed / 0 absent,
+-- band version (0 when not a band board)}.
+-- Sorted sets among KEYS[6..] lose the players; nothing else changes, except on band boards: the
+-- player's version is bumped and every band index recorded as pending, so the band shards' removal
+-- (band.lua 'r' ops at that version) is sent again by a retry, and a later write re-adds cleanly.
+-- The delete entry (`x`: the players actually removed) goes in the same call: the archiver records
+-- it, and a rebuild drops this shard's results of those players journaled before it.
+
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return redis.error_reply('BOARDGONE this board was deleted')
+end
+local given = {}
+for i = 6, #KEYS do given[KEYS[i]] = true end
+for _, name in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if not given[name] and name ~= KEYS[3] and name ~= KEYS[4] and name ~= KEYS[5] then
+    return {'stale'}
+  end
+end
+
+local h = cmsgpack.unpack(ARGV[1])
+local journal, bands, stale_before = h[1], h[2], h[6]
+local players = cmsgpack.unpack(ARGV[2])
+local sets = {}
+for i = 6, #KEYS do
+  if redis.call('TYPE', KEYS[i])['ok'] == 'zset' then sets[#sets + 1] = KEYS[i] end
+end
+local all_bands = {}
+for b = 0, bands - 1 do all_bands[#all_bands + 1] = tostring(b) end
+all_bands = table.concat(all_bands, ',')
+
+local out, removed = {'ok', ''}, {}
+for _, player in ipairs(players) do
+  local go = true
+  if stale_before > 0 then
+    local seen = redis.call('ZSCORE', KEYS[6], player)
+    go = seen ~= false and tonumber(seen) <= stale_before
+  end
+  local n = 0
+  if go then
+    for _, key in ipairs(sets) do n = n + redis.call('ZREM', key, player) end
+  end
+  local version = 0
+  if go and bands > 0 then
+    version = redis.call('HINCRBY', KEYS[4], player, 1)
+    redis.call('HSET', KEYS[5], player, all_bands)
+    redis.call('ZADD', KEYS[1], '+inf', KEYS[4], '+inf', KEYS[5])
+  end
+  if n > 0 then removed[#removed + 1] = player end
+  out[#out + 1] = (n > 0) and 1 or 0
+  out[#out + 1] = version
+end
+if journal == 1 and #removed > 0 then
+  out[2] = redis.call('XADD', KEYS[3], '*', 'b', h[3], 'i', h[4], 's', h[5], 'x', cmsgpack.pack(removed))
+  redis.call('ZADD', KEYS[1], '+inf', KEYS[3])
+end
+return out

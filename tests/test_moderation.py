@@ -1,0 +1,263 @@
+"""Moderation in the library (shardlb/moderation.py) against the suite's cluster and PostgreSQL: a
+removed player is absent from every read of every period and from a rebuild, as the reference board
+says after the same removal, on random workloads of every strategy; a retried or half-applied removal
+converges; a banned player is left out of a rebuild; the inactive cleanup removes exactly the stale
+players, a bounded number per pass, journaled so that a rebuild agrees."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import psycopg
+import pytest
+
+from shardlb import journal, keys, moderation, reconcile, times
+from shardlb.board import Board, Score
+from shardlb.cli import main
+from shardlb.config import BoardConfig
+from shardlb.errors import PlayerNotFound
+from shardlb.rebuild import Rebuilder
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+from tests.test_board import HOUR, sharding
+from tests.test_board_retries import fail_band_once
+from tests.test_rebuild import Writer, archiver, check, damage, drain
+
+pytestmark = pytest.mark.cluster
+
+
+def forget(ref: ReferenceBoard, player: str) -> None:
+    """The reference's removal: the player leaves every period (an incr board's dedup stays)."""
+    for board in ref.boards.values():
+        board.pop(player, None)
+    ref.region_of.pop(player, None)
+
+
+async def assert_absent(board: Board, ref: ReferenceBoard, player: str) -> None:
+    """No read of any period finds ``player``: the player reads, around and query included."""
+    for name in ref.boards:
+        api = "total" if name == "total" else "daily:" + name[2:]
+        view = board.resolve(api)
+        with pytest.raises(PlayerNotFound):
+            await board.player(player, view)
+        with pytest.raises(PlayerNotFound):
+            await board.around(player, 3, view)
+        assert player not in {e.player_id for e in await board.query([player, "p000"], view)}
+        assert player not in {e.player_id for e in await board.entries(0, 1000, view)}
+
+
+async def delete_entries(raw: Any, board: Board) -> list[journal.Entry]:
+    found = []
+    for prefix in board.prefixes:
+        for entry_id, fields in await raw.xrange(keys.journal_key(prefix)):
+            entry = journal.decode(entry_id, fields)
+            if entry.removed:
+                found.append(entry)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("strategy", "mode"), [("hash", "best"), ("region", "set"), ("band", "incr"), ("band", "best")]
+)
+async def test_a_removed_player_is_absent_from_every_read_and_from_a_rebuild(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, strategy: str, mode: str
+) -> None:
+    config = BoardConfig.from_dict(
+        f"moderation-{strategy}-{mode}",
+        {"mode": mode, "periods": ["daily"], "points_max": 500, "sharding": sharding(strategy, 3)},
+    )
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        w = Writer(board, f"remove/{strategy}/{mode}")
+        for _ in range(3):
+            await w.batch()
+        await drain(a)  # some results archived and trimmed ...
+        await w.batch()  # ... some only in the journals
+        present = sorted(w.ref.boards["total"])
+        gone = present[:2] + present[-2:]
+        assert await moderation.remove(board, gone) == set(gone)
+        for player in gone:
+            forget(w.ref, player)
+            await assert_absent(board, w.ref, player)
+        await check(board, w.ref)
+        assert await moderation.remove(board, gone) == set()  # again: nothing more to remove
+        removed = [p for e in await delete_entries(raw, board) for p in e.removed]
+        assert sorted(removed) == sorted(gone)  # one delete entry per player and shard, journaled once
+        for _ in range(2):
+            await w.batch()  # later results (retries of earlier ones among them) count again
+        await check(board, w.ref)
+        await drain(a)  # the delete entries reach PostgreSQL between results before and after them
+        await w.batch()
+        for period in ("total", "daily"):  # Redis after the removal agrees with PostgreSQL's rule
+            assert not any(c.drift for c in await reconcile.reconcile(rebuilder, board, period))
+        await damage(board, raw)
+        await rebuilder.rebuild(board)
+        await check(board, w.ref)
+        still_gone = [p for p in gone if p not in w.ref.boards["total"]]
+        for player in still_gone:
+            await assert_absent(board, w.ref, player)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_a_removal_that_failed_half_way_converges_when_retried(store: BoardStore) -> None:
+    """The band shards' part of a removal is lost once: the player is then still in a band shard,
+    and the retry of the same removal finishes it, as one call would have."""
+    config = BoardConfig.from_dict("moderation-retry", {"sharding": sharding("band", 3)})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        players = [f"p{i}" for i in range(20)]
+        await board.submit([Score(p, 10 * i, f"m{i}", now) for i, p in enumerate(players)], now)
+        ref = ReferenceBoard(config)
+        ref.submit([Score(p, 10 * i, f"m{i}", now) for i, p in enumerate(players)], now)
+        failing = fail_band_once(board)
+        with pytest.raises(ConnectionError):
+            await moderation.remove(board, ["p7"])
+        assert failing.failures == 1
+        home = board.prefixes[board.layout.home("p7")]
+        assert await store.client.hget(keys.pending_key(home), "p7") is not None  # recorded as unfinished
+        assert await moderation.remove(board, ["p7"]) == set()  # the home shard had nothing left ...
+        assert await store.client.hget(keys.pending_key(home), "p7") is None
+        version = await store.client.hget(keys.version_key(home), "p7")
+        for band in board.prefixes[config.sharding.shards :]:
+            assert await store.client.hget(keys.version_key(band), "p7") == version  # every band took it
+        forget(ref, "p7")
+        assert [e.player_id for e in await board.top(100)] == [row[1] for row in ref.order()]  # ... done
+        await board.submit([Score("p7", 3, "m-again", now)], now)  # a later result re-adds cleanly
+        ref.submit([Score("p7", 3, "m-again", now)], now)
+        assert [(e.player_id, e.points) for e in await board.top(100)] == [(r[1], r[2]) for r in ref.order()]
+        assert await board.repair() == 0
+    finally:
+        await store.delete(config.id)
+
+
+async def test_a_banned_player_is_left_out_of_a_rebuild(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
+) -> None:
+    config = BoardConfig.from_dict("moderation-ban", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    db = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+    bans = moderation.Bans(store.client)
+    try:
+        w = Writer(board, "ban", players=10)
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        await w.batch()
+        cheat, other = sorted(w.ref.boards["total"])[:2]
+        await bans.add(db, moderation.Ban(cheat, config.id, "aimbot", "test", times.now_ms()), "req-1")
+        await bans.add(db, moderation.Ban(other, "another-board", "", "test", times.now_ms()), None)
+        await rebuilder.rebuild(board)  # the ban alone (no removal): the rebuild leaves the player out
+        forget(w.ref, cheat)
+        await check(board, w.ref)
+        assert await bans.lift(db, cheat, config.id, "test", "appeal", None)
+        assert not await bans.lift(db, cheat, config.id, "test", "again", None)
+        assert {(b.player, b.board) for b in await bans.all()} >= {(other, "another-board")}
+    finally:
+        await bans.lift(db, other, "another-board", "test", "cleanup", None)
+        await db.close()
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_the_inactive_cleanup_removes_exactly_the_stale_players_a_bounded_number_per_pass(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
+) -> None:
+    config = BoardConfig.from_dict(
+        "moderation-idle", {"mode": "incr", "inactive_after": 3600, "sharding": sharding("hash", 3)}
+    )
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    rng = random.Random("idle")
+    try:
+        now = times.now_ms()
+        ref = ReferenceBoard(config)
+        last: dict[str, int] = {}
+        for n in range(300):
+            player, at = f"p{rng.randrange(60):02d}", now - rng.randrange(0, 5) * HOUR
+            score = Score(player, rng.randrange(1, 50), f"m{n}", at)
+            # The activity set keeps the arrival time of each player's last applied result.
+            await board.submit([score], now_ms=at)
+            ref.submit([score], now_ms=at)
+            last[player] = max(last.get(player, 0), at)
+        await drain(a)
+        cutoff = now - 3600 * 1000
+        stale = {p for p, at in last.items() if at <= cutoff}
+        assert stale and len(stale) < len(last)
+        passes = []
+        while removed := await moderation.cleanup(board, now_ms=now, limit=2):
+            assert removed <= 2 * config.sharding.shards  # bounded work per pass
+            passes.append(removed)
+        assert sum(passes) == len(stale) and len(passes) > 1
+        for player in stale:
+            forget(ref, player)
+        await check(board, ref)
+        await drain(a)
+        await damage(board, raw)
+        await rebuilder.rebuild(board)  # the cleanup's delete entries hold in the rebuild too
+        await check(board, ref)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_shardlb_cleanup_runs_one_pass(
+    store: BoardStore, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = BoardConfig.from_dict("moderation-cli", {"inactive_after": 60, "sharding": sharding("hash", 2)})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        await board.submit([Score("old", 5, "m1", now - HOUR)], now_ms=now - HOUR)
+        await board.submit([Score("new", 5, "m2", now)], now_ms=now)
+        assert await asyncio.to_thread(main, ["cleanup", config.id, "--redis", cluster_url]) == 0
+        assert f"{config.id}: 1 inactive player(s) removed" in capsys.readouterr().out
+        assert [e.player_id for e in await board.top(10)] == ["new"]
+    finally:
+        await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_removal_during_a_rebuild_holds_after_the_swap(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, mode: str
+) -> None:
+    """The removal (and a later result of the player) lands after the rebuild's snapshot position:
+    the catch-up applies the removal to the new keys before the later result."""
+    config = BoardConfig.from_dict(
+        f"moderation-catch-up-{mode}", {"mode": mode, "periods": ["daily"], "sharding": sharding("hash", 2)}
+    )
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        w = Writer(board, f"catch-up/{mode}", players=12)
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        victim = sorted(w.ref.boards["total"])[0]
+        home = board.layout.home(victim)
+        snapshot = rebuilder.snapshot
+        now = times.now_ms()
+        later = Score(victim, 1, "after-removal", now)
+
+        async def snapshot_then_remove(b: Board, shard: int, fold: Any) -> Any:
+            taken = await snapshot(b, shard, fold)
+            if shard == home:
+                assert await moderation.remove(board, [victim]) == {victim}
+                await board.submit([later], now_ms=now)
+            return taken
+
+        rebuilder.snapshot = snapshot_then_remove  # type: ignore[method-assign]
+        reports = await rebuilder.rebuild(board)
+        assert reports[home].tries > 1  # the swap saw the journal move, and caught up
+        forget(w.ref, victim)
+        w.ref.submit([later], now_ms=now)
+        await check(board, w.ref)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)

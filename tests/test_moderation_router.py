@@ -1,0 +1,231 @@
+"""Moderation through the router (router/moderation.py) on the suite's cluster and PostgreSQL: a
+removal over HTTP is absent from every read and audited with who, why and the request id; bans refuse
+later scores per score (`banned`, nothing written) in every router process once it refreshed its list,
+and a rebuild leaves banned players out; sanity limits refuse and log with the request id, and a retry
+of a counted match is not a second result; bad inputs are 4xx and write nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from shardlb import times
+from shardlb.board import Score
+from shardlb.moderation import Screen
+from shardlb.store import BoardStore
+from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
+
+pytestmark = pytest.mark.cluster
+
+
+def score(player: str, points: int, match: str, at: int | None = None) -> dict[str, Any]:
+    return {"player_id": player, "points": points, "match_id": match, "achieved_at": at or times.now_ms()}
+
+
+async def post(
+    client: httpx.AsyncClient, board: str, scores: list[dict[str, Any]], **headers: str
+) -> list[str]:
+    r = await client.post(
+        f"/v1/boards/{board}/scores", json={"scores": scores}, headers={**AS_WRITER, **headers}
+    )
+    assert r.status_code == 200, r.text
+    return [result["status"] for result in r.json()["results"]]
+
+
+async def rows(postgres_url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as db:
+        cur = await db.execute(sql, args)
+        return await cur.fetchall()
+
+
+async def make_board(client: httpx.AsyncClient, **settings: Any) -> str:
+    name = board_name("mod")
+    r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"], **settings}, headers=AS_ADMIN)
+    assert r.status_code == 201, r.text
+    return name
+
+
+async def test_a_removal_is_absent_from_every_read_audited_and_retry_safe(
+    cluster_url: str, postgres_url: str
+) -> None:
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client)
+        await post(client, name, [score(f"p{i}", 10 * i, f"m{i}") for i in range(10)])
+        r = await client.delete(
+            f"/v1/boards/{name}/players/p4?reason=cheating", headers={**AS_ADMIN, "X-Request-Id": "del-1"}
+        )
+        assert r.status_code == 200 and r.json() == {"board": name, "player_id": "p4", "removed": True}
+        for period in ("total", "daily"):
+            assert (await client.get(f"/v1/boards/{name}/players/p4?period={period}")).status_code == 404
+            assert (
+                await client.get(f"/v1/boards/{name}/players/p4/around?period={period}")
+            ).status_code == 404
+            for path in ("top", "entries"):
+                got = (await client.get(f"/v1/boards/{name}/{path}?period={period}")).json()["entries"]
+                assert [e["player_id"] for e in got] == [f"p{i}" for i in (9, 8, 7, 6, 5, 3, 2, 1, 0)]
+                assert [e["rank"] for e in got] == list(range(1, 10))
+            found = await client.post(
+                f"/v1/boards/{name}/players:query", json={"player_ids": ["p4", "p5"], "period": period}
+            )
+            assert [e["player_id"] for e in found.json()["entries"]] == ["p5"]
+        again = await client.delete(f"/v1/boards/{name}/players/p4", headers=AS_ADMIN)  # a retry converges
+        assert again.status_code == 200 and again.json()["removed"] is False
+        audit = await rows(
+            postgres_url,
+            "SELECT action, board, player_id, actor, reason, request_id FROM moderation_audit "
+            "WHERE board = %s ORDER BY id",
+            name,
+        )
+        assert [a[:3] for a in audit] == [("remove", name, "p4")] * 2
+        assert audit[0][3].startswith("key:") and audit[0][4:] == ("cheating", "del-1")
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_bad_removals_are_refused_and_write_nothing(cluster_url: str, postgres_url: str) -> None:
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client)
+        await post(client, name, [score("p1", 5, "m1")])
+        before = await rows(postgres_url, "SELECT count(*) FROM moderation_audit")
+        cases = [
+            (f"/v1/boards/{name}/players/p1", AS_WRITER, 403),
+            (f"/v1/boards/{name}/players/p1", {}, 401),
+            (f"/v1/boards/{name}/players/p!1", AS_ADMIN, 422),
+            (f"/v1/boards/{name}/players/p1?reason={'x' * 501}", AS_ADMIN, 422),
+            (f"/v1/boards/{name}/players/p1?why=x", AS_ADMIN, 400),
+            ("/v1/boards/mod-nobody/players/p1", AS_ADMIN, 404),
+        ]
+        for path, headers, status in cases:
+            assert (await client.delete(path, headers=headers)).status_code == status, path
+        assert await rows(postgres_url, "SELECT count(*) FROM moderation_audit") == before
+        assert (await client.get(f"/v1/boards/{name}/players/p1")).json()["points"] == 5
+    async with running(cluster_url) as (_, client):  # no PostgreSQL: no audit, so no removal
+        r = await client.delete(f"/v1/boards/{name}/players/p1", headers=AS_ADMIN)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "archive_not_configured"
+        assert (await client.get(f"/v1/boards/{name}/players/p1")).status_code == 200
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_ban_refuses_later_scores_in_every_router_and_a_rebuild_leaves_the_player_out(
+    cluster_url: str, postgres_url: str
+) -> None:
+    async with (
+        running(cluster_url, postgres_url=postgres_url) as (_, client),
+        running(cluster_url, postgres_url=postgres_url) as (other_app, other),
+    ):
+        name = await make_board(client)
+        await post(client, name, [score("cheat", 50, "m1"), score("fair", 40, "m2")])
+        bad = [
+            ({"scope": "board"}, 422),
+            ({"scope": "all", "board": name}, 422),
+            ({"scope": "everywhere"}, 422),
+            ({"scope": "board", "board": name, "why": "x"}, 422),
+            ({"scope": "board", "board": "mod-nobody"}, 404),
+        ]
+        for body, status in bad:
+            assert (
+                await client.post("/v1/players/cheat:ban", json=body, headers=AS_ADMIN)
+            ).status_code == status
+        assert (
+            await client.post("/v1/players/cheat:ban", json={"scope": "all"}, headers=AS_WRITER)
+        ).status_code == 403
+        assert (await client.get("/v1/bans?player=cheat", headers=AS_ADMIN)).json() == {"bans": []}
+        r = await client.post(
+            "/v1/players/cheat:ban",
+            json={"scope": "board", "board": name, "reason": "aimbot"},
+            headers=AS_ADMIN,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["removed_from"] == [name] and r.json()["reason"] == "aimbot"
+        await service_of(other_app).moderation.bans.refresh()  # what its refresh task does every second
+        for n, c in enumerate((client, other)):
+            statuses = await post(c, name, [score("cheat", 90, f"c{n}"), score("fair", 45 + n, f"f{n}")])
+            assert statuses == ["banned", "improved"]
+        assert (await client.get(f"/v1/boards/{name}/players/cheat")).status_code == 404  # nothing written
+        listed = (await client.get("/v1/bans?player=cheat", headers=AS_ADMIN)).json()["bans"]
+        assert [(b["player_id"], b["scope"], b["board"]) for b in listed] == [("cheat", "board", name)]
+        rebuilt = await client.post(f"/v1/boards/{name}:rebuild", headers=AS_ADMIN)
+        assert rebuilt.status_code == 200, rebuilt.text
+        assert [
+            e["player_id"] for e in (await client.get(f"/v1/boards/{name}/entries")).json()["entries"]
+        ] == ["fair"]
+        lifted = await client.post(
+            "/v1/players/cheat:unban", json={"scope": "board", "board": name}, headers=AS_ADMIN
+        )
+        assert lifted.json() == {"player_id": "cheat", "lifted": True}
+        assert await post(client, name, [score("cheat", 20, "m5")]) == ["improved"]
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_sanity_limits_refuse_and_log_with_the_request_id(cluster_url: str, postgres_url: str) -> None:
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client, max_points_per_result=100, max_results_per_player_per_minute=3)
+        board = (await client.get(f"/v1/boards/{name}")).json()
+        assert board["max_points_per_result"] == 100 and board["inactive_after"] is None
+        at = times.now_ms()
+        statuses = await post(
+            client,
+            name,
+            [
+                score("p1", 101, "big", at),
+                *(score("p1", i, f"m{i}", at) for i in range(1, 6)),
+                score("p2", 7, "x", at),
+            ],
+            **{"X-Request-Id": "sanity-1"},
+        )
+        assert statuses == [
+            "points_limit",
+            "improved",
+            "improved",
+            "improved",
+            "rate_limit",
+            "rate_limit",
+            "improved",
+        ]
+        assert (await client.get(f"/v1/boards/{name}/players/p1")).json()["points"] == 3
+        for _ in range(100):  # the log is written off the write path, by a background task
+            logged = await rows(
+                postgres_url,
+                "SELECT player_id, match_id, status, request_id FROM refused_results "
+                "WHERE board = %s ORDER BY id",
+                name,
+            )
+            if len(logged) == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert logged == [
+            ("p1", "big", "points_limit", "sanity-1"),
+            ("p1", "m4", "rate_limit", "sanity-1"),
+            ("p1", "m5", "rate_limit", "sanity-1"),
+        ]
+        bad = await client.put(
+            f"/v1/boards/{board_name()}", json={"max_points_per_result": 0}, headers=AS_ADMIN
+        )
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "max_points_per_result"
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_retried_match_counts_once_against_the_per_minute_limit(store: BoardStore) -> None:
+    from shardlb.config import BoardConfig
+
+    config = BoardConfig.from_dict(
+        "mod-rate", {"max_results_per_player_per_minute": 2, "sharding": {"shards": 2}}
+    )
+    board, _ = await store.create(config)
+    try:
+        screen = Screen(lambda board, player: False)
+        now = 1_790_000_000_000  # one fixed minute (and the next)
+        first = board.prepare([Score("p", 1, "a"), Score("p", 2, "b"), Score("q", 1, "a")], now)
+        assert await screen.refusals(board, first, now) == []
+        again = board.prepare([Score("p", 2, "b"), Score("p", 1, "a"), Score("p", 3, "c")], now + 1000)
+        assert [(r.position, r.status) for r in await screen.refusals(board, again, now + 1000)] == [
+            (2, "rate_limit")
+        ]
+        # A retry of a counted match a minute later is still the same result; a new one counts anew.
+        later = board.prepare([Score("p", 1, "a"), Score("p", 3, "c")], now + 60_000)
+        assert await screen.refusals(board, later, now + 60_000) == []
+    finally:
+        await store.delete(config.id)
