@@ -52,6 +52,7 @@ DEFAULT_TOP_N = 1000
 MAX_TOP_N = 100_000
 CLOSE_GRACE_S = 300  # until the board setting close_grace lands: a period is closed this long after its end
 DRAIN_WAIT_S = 30.0
+SHARDS_IN_FLIGHT = 8  # shards read at once by the check (each a ZSCAN on its own connection)
 STEPS = ("begin", "freeze", "drain", "compute", "check", "snapshot", "awards", "commit")
 
 SCHEMA = """
@@ -388,20 +389,28 @@ class Settler:
         expected: dict[int, dict[str, int]] = defaultdict(dict)
         for s in order:
             expected[s.shard][s.player_id] = s.score
-        checks = []
-        for shard in board.layout.view(False):
-            actual = await self.rebuilder.members(keys.period_key(board.prefixes[shard], name))
+        gate = asyncio.Semaphore(SHARDS_IN_FLIGHT)
+
+        async def one(shard: int) -> ShardCheck:
+            async with gate:
+                actual = await self.rebuilder.members(keys.period_key(board.prefixes[shard], name))
             mine = expected.get(shard, {})
-            checks.append(ShardCheck(shard, len(actual), len(mine), checksum(actual), checksum(mine), 0))
-        return checks
+            return ShardCheck(shard, len(actual), len(mine), checksum(actual), checksum(mine), 0)
+
+        return list(await asyncio.gather(*(one(s) for s in board.layout.view(False))))
 
     async def _store(
         self, board: Board, name: str, request: Request, order: Sequence[Standing], checks: list[ShardCheck]
     ) -> dict[str, Any]:
         """Step 6: snapshot, awards, deliveries and the settled mark in one transaction."""
         codec = board.codec
-        points = [codec.decode_units(s.score)[0] for s in order]
-        awards = settlement_rewards.assign(request.rewards, points, board.config.tie_awards)
+        # Only the ranks the table reaches are decoded (and the ties after its last), not every player.
+        reach = min(settlement_rewards.deepest(request.rewards, len(order)), len(order))
+        points = [codec.decode_units(s.score)[0] for s in order[:reach]]
+        while points and reach < len(order) and codec.decode_units(order[reach].score)[0] == points[-1]:
+            points.append(points[-1])
+            reach += 1
+        awards = settlement_rewards.assign(request.rewards, points, board.config.tie_awards, len(order))
         kept = sorted({*range(1, min(request.top_n, len(order)) + 1), *(a.rank for a in awards)})
         sid = request.settlement_id
         by_reward = Counter(a.reward for a in awards)

@@ -115,23 +115,31 @@ class Award(NamedTuple):
     reward: str
 
 
-def assign(tiers: Sequence[Tier], points: Sequence[int], rule: str) -> list[Award]:
-    """The awards of a board whose players, in final order, have ``points`` (rank i + 1 at index
-    i): one per rewarded player, by the first tier covering their rank. Under ``cut`` that rank is
-    the unique one; under ``all`` it is the competition rank (1 + the players with more points), so
-    equal points earn equal rewards."""
+def deepest(tiers: Sequence[Tier], players: int) -> int:
+    """The last rank any tier names on a board of ``players``."""
+    return max((t.ranks(players)[1] for t in tiers), default=0)
+
+
+def assign(
+    tiers: Sequence[Tier], points: Sequence[int], rule: str, players: int | None = None
+) -> list[Award]:
+    """The awards of a board of ``players`` (default ``len(points)``) whose players, in final order,
+    have ``points`` (rank i + 1 at index i; a prefix is enough when it reaches ``deepest`` and every
+    following player with the points of that rank): one per rewarded player, by the first tier
+    covering their rank. Under ``cut`` that rank is the unique one; under ``all`` it is the
+    competition rank (1 + the players with more points), so equal points earn equal rewards."""
     if rule not in TIE_RULES:
         raise InvalidInput(f"tie_awards must be one of {', '.join(TIE_RULES)}", "tie_awards")
-    players = len(points)
+    players = len(points) if players is None else players
     spans = [t.ranks(players) for t in tiers]
-    deepest = max((last for _, last in spans), default=0)
+    last_paid = max((last for _, last in spans), default=0)
     out: list[Award] = []
     counted = 1
-    for i in range(players):
+    for i in range(len(points)):
         if rule == "all" and i and points[i] != points[i - 1]:
             counted = i + 1
         rank = counted if rule == "all" else i + 1
-        if rank > deepest:
+        if rank > last_paid:
             break
         reward = next((t.reward for t, (a, b) in zip(tiers, spans, strict=True) if a <= rank <= b), None)
         if reward is not None:

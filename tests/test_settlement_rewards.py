@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardlb.errors import InvalidInput
-from shardlb.settlement_rewards import Award, assign, parse, to_json
+from shardlb.settlement_rewards import TIE_RULES, Award, assign, deepest, parse, to_json
 
 TABLE = [
     {"rank": 1, "reward": "gold"},
@@ -92,3 +92,20 @@ def test_all_pays_equal_points_alike_and_cut_pays_exactly_the_ranks(
     for rank in range(1, len(points) + 1):
         competition = 1 + sum(p > points[rank - 1] for p in points)
         assert (rank in every) == (first <= competition <= first + span)
+
+
+@given(
+    st.lists(st.integers(0, 5), max_size=40),
+    st.integers(1, 10),
+    st.integers(0, 10),
+    st.sampled_from(TIE_RULES),
+)
+def test_the_prefix_to_the_deepest_rank_and_its_ties_pays_the_same(
+    raw: list[int], first: int, span: int, rule: str
+) -> None:
+    points = sorted(raw, reverse=True)
+    table = parse([{"ranks": [first, first + span], "reward": "r"}, {"top_percent": 50, "reward": "h"}])
+    reach = min(deepest(table, len(points)), len(points))
+    while 0 < reach < len(points) and points[reach] == points[reach - 1]:
+        reach += 1
+    assert assign(table, points[:reach], rule, len(points)) == assign(table, points, rule)
