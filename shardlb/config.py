@@ -36,10 +36,14 @@ DEFAULT_DEDUP_WINDOW_S = 86_400  # api.md: "within the board's dedup window, def
 # 1.25 with 4, for ~5.5 us more Redis CPU per incr result (bench/dedup.py). With a 24 h window,
 # dedup memory, not CPU, bounds what an incr master takes, by ten times or more (README, "Memory").
 DEDUP_BUCKETS = 24
+# A dated period takes results until its end plus close_grace seconds, then it is closed: 5 minutes
+# by default, up to 7 days (a later close would outlive a short retention for nothing).
+DEFAULT_CLOSE_GRACE_S = 300
+CLOSE_GRACE_S = (0, 7 * 86_400)
 # Every field of a board's settings, in the order ``BoardConfig.to_dict`` writes them.
 SETTINGS = (
     "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max", "epoch",
-    "resolution", "dedup_window_s", "durability", "sharding",
+    "resolution", "dedup_window_s", "durability", "sharding", "close_grace", "week_start",
 )  # fmt: skip
 
 
@@ -88,6 +92,8 @@ class BoardConfig:
     # PostgreSQL (shardlb/archive.py); "memory": Redis only, lost with it (a board that can be lost).
     durability: str = "journal"
     sharding: Sharding = field(default_factory=Sharding)
+    close_grace_s: int = DEFAULT_CLOSE_GRACE_S
+    week_start: str = "monday"  # the local weekday weekly periods start on (shardlb/periods.py)
 
     @property
     def dedup_bucket_ms(self) -> int:
@@ -112,6 +118,8 @@ class BoardConfig:
             "dedup_window_s": self.dedup_window_s,
             "durability": self.durability,
             "sharding": self.sharding.to_dict(),
+            "close_grace": self.close_grace_s,
+            "week_start": self.week_start,
         }
 
     @classmethod
@@ -158,6 +166,8 @@ class BoardConfig:
             dedup_window_s=dedup,
             durability=_choice(body, "durability", DURABILITY, "journal"),
             sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
+            close_grace_s=_int(body.get("close_grace", DEFAULT_CLOSE_GRACE_S), "close_grace", *CLOSE_GRACE_S),
+            week_start=_choice(body, "week_start", periods.WEEKDAYS, "monday"),
         )
         config.codec()
         if config.sharding.bands and config.sharding.bands[-1] > points_max:

@@ -200,6 +200,7 @@ class Scripts:
     drop: Script
     registry: Script
     rebuild: Script
+    freeze: Script
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:

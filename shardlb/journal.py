@@ -2,9 +2,11 @@
 
 One entry per script call that applied anything: ``b`` board, ``i`` incarnation, ``s`` shard and
 ``r``, a MessagePack array of (dedup member, points, time units) per applied result, in the order
-applied. A result is on the board if and only if it is in its shard's journal (the script does
-both in one atomic call). The archiver (shardlb/archive.py) copies entries into PostgreSQL and
-trims what it committed; a rebuild replays the entries written after its snapshot.
+applied, and ``x`` when some result was not applied to a closed or frozen period of its own: the
+names of those periods per result (write.lua's header). A result is on the board if and only if
+it is in its shard's journal (the script does both in one atomic call). The archiver
+(shardlb/archive.py) copies entries into PostgreSQL and trims what it committed; a rebuild replays
+the entries written after its snapshot.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Applied(NamedTuple):
     player_id: str
     points: int
     units: int
+    skipped: tuple[str, ...] = ()  # its periods it was NOT applied to (closed or frozen), by name
 
 
 class Entry(NamedTuple):
@@ -43,11 +46,14 @@ def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
     """An entry as XRANGE / XREADGROUP return it (from a client that does not decode replies)."""
     get = {_text(k): v for k, v in fields.items()}
     flat = msgpack.unpackb(get["r"], raw=False)
+    skips = msgpack.unpackb(get["x"], raw=False) if "x" in get else [""] * (len(flat) // 3)
     results = []
     for n in range(0, len(flat), 3):
         member = flat[n] if isinstance(flat[n], str) else bytes(flat[n]).decode()
         match, _, player = member.rpartition("\x00")  # player ids never hold NUL; match ids may
-        results.append(Applied(match, player, int(flat[n + 1]), int(flat[n + 2])))
+        skipped = _text(skips[n // 3])
+        closed = tuple(skipped.split(",")) if skipped else ()
+        results.append(Applied(match, player, int(flat[n + 1]), int(flat[n + 2]), closed))
     return Entry(_text(entry_id), _text(get["b"]), _text(get["i"]), int(_text(get["s"])), results)
 
 

@@ -11,6 +11,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:ver / :pend              band boards: versions, unfinished band moves
     lb:{<tag>}:<board>:<inc>:<shard>:gone                     set (with a TTL) when the board is deleted
     lb:{<tag>}:<board>:<inc>:<shard>:log                      the journal: a stream of applied results
+    lb:{<tag>}:<board>:<inc>:<shard>:frozen:d:2026-11-30      set once that period is frozen (expires with it)
     lb:{<tag>}:ack                                            a replica-acknowledged write's marker (expires)
 
 ``<inc>`` is the board's incarnation, a token drawn when the board is created: a board deleted and
@@ -122,6 +123,12 @@ def gone_key(prefix: str) -> str:
 
 def journal_key(prefix: str) -> str:
     return prefix + "log"
+
+
+def frozen_key(prefix: str, period: str) -> str:
+    """The marker that ``period`` (``d:2026-11-30``) is frozen on this shard: write.lua applies
+    nothing more to it. It lives in the shard's slot and expires with the period's key."""
+    return f"{prefix}frozen:{period}"
 
 
 def ack_key(slot: int) -> str:
