@@ -7,6 +7,7 @@ still open, the results say which periods they missed, and the journal says exac
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -16,9 +17,11 @@ from shardlb.config import BoardConfig
 from shardlb.connection import connect
 from shardlb.errors import BoardNotFound, InvalidInput
 from shardlb.journal import Applied, decode
+from shardlb.rebuild import Rebuilder
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import HOUR, expected_entries, sharding
+from tests.test_rebuild import archiver, damage, drain
 
 pytestmark = pytest.mark.cluster
 
@@ -196,4 +199,44 @@ async def test_only_a_kept_dated_period_can_be_frozen(store: BoardStore, name: s
         with pytest.raises(InvalidInput):
             await board.frozen(name)
     finally:
+        await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+async def test_a_rebuild_leaves_skipped_periods_as_they_were(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, mode: str
+) -> None:
+    """What a closed or frozen period skipped stays skipped after a rebuild from PostgreSQL (the
+    archived rows) and the journals (the entries not archived yet)."""
+    rng = random.Random(f"rebuild-skips/{mode}")
+    config = BoardConfig.from_dict(
+        f"rebuild-skips-{mode}",
+        {"mode": mode, "periods": ["daily", "weekly"], "sharding": sharding("hash", 3)},
+    )
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    a = await archiver(raw, store, postgres_url)
+    now = times.now_ms()
+    day = periods.names_at(now, config.periods, board.tz)[1]
+    at = [now, now - 1000, now - 20 * HOUR, now - 50 * HOUR]  # today, and days closed by the clock
+
+    async def write(tag: str) -> None:
+        scores = workload(board, rng, tag, at)
+        got = await board.submit(scores, now_ms=now)
+        assert [(r.status, r.points) for r in got] == ref.submit(scores, now_ms=now)
+
+    try:
+        await write("a")
+        await board.freeze(day)
+        ref.frozen.add(day)
+        await write("b")
+        await drain(a)  # archived, with what each result skipped ...
+        await write("c")  # ... and still only in the journals
+        names = sorted(ref.boards)
+        await assert_matches(board, ref, names)
+        await damage(board, raw)
+        await rebuilder.rebuild(board)
+        await assert_matches(board, ref, names)
+    finally:
+        await a.db.close()
         await store.delete(config.id)
