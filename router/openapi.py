@@ -14,6 +14,7 @@ from shardlb import periods, times
 from shardlb.board import MAX_FUTURE_MS, STATUS
 from shardlb.codec import RESOLUTION_MS
 from shardlb.config import (
+    CLOSE_GRACE_S,
     DEDUP_WINDOW_S,
     DURABILITY,
     ID_MAX,
@@ -31,6 +32,15 @@ from shardlb.config import (
 
 MEDIA = ("application/json", "application/msgpack")
 _DEFAULT = BoardConfig("default")  # the settings a PUT leaves out
+
+
+# Addition (period lifecycle): when the period read ends, in the board's UTC offset; null for total.
+_RESETS_AT = {
+    "type": ["string", "null"],
+    "format": "date-time",
+    "description": "Addition: when the period read ends (RFC 3339, the board's UTC offset at that "
+    "instant); null for total",
+}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -201,6 +211,20 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Addition: `journal` (every result archived in PostgreSQL) or `memory`",
             },
             "sharding": _ref("Sharding"),
+            "close_grace": {
+                "type": "integer",
+                "minimum": CLOSE_GRACE_S[0],
+                "maximum": CLOSE_GRACE_S[1],
+                "default": _DEFAULT.close_grace_s,
+                "description": "Addition: seconds after its end a dated period still takes results "
+                "achieved inside it; then it is closed",
+            },
+            "week_start": {
+                "enum": list(periods.WEEKDAYS),
+                "default": _DEFAULT.week_start,
+                "description": "Addition: the local weekday weekly periods start on; weekly:YYYY-Www "
+                "names the week that contains the Monday of ISO week YYYY-Www",
+            },
         },
     },
     "Board": {
@@ -219,6 +243,8 @@ _SCHEMAS: dict[str, Any] = {
             "dedup_window_s",
             "durability",
             "sharding",
+            "close_grace",
+            "week_start",
         ],
         "properties": {
             "board": _ID,
@@ -234,6 +260,8 @@ _SCHEMAS: dict[str, Any] = {
             "dedup_window_s": {"type": "integer"},
             "durability": {"enum": list(DURABILITY)},
             "sharding": {"type": "object", "required": ["strategy"]},
+            "close_grace": {"type": "integer"},
+            "week_start": {"enum": list(periods.WEEKDAYS)},
         },
     },
     "BoardWithPlayers": {
@@ -241,14 +269,20 @@ _SCHEMAS: dict[str, Any] = {
             _ref("Board"),
             {
                 "type": "object",
-                "required": ["players"],
+                "required": ["players", "resets_at"],
                 "properties": {
                     "players": {
                         "type": "object",
                         "description": "players per kept period (the current one)",
                         "required": ["total"],
                         "additionalProperties": {"type": "integer", "minimum": 0},
-                    }
+                    },
+                    "resets_at": {
+                        "type": "object",
+                        "description": "Addition: per kept dated period kind, when its current period "
+                        "ends (RFC 3339, the board's UTC offset at that instant)",
+                        "additionalProperties": {"type": "string", "format": "date-time"},
+                    },
                 },
             },
         ]
@@ -304,6 +338,14 @@ _SCHEMAS: dict[str, Any] = {
                 "minimum": 0,
                 "description": "the player's total after the write (0 when they have none)",
             },
+            "closed_periods": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": 1,
+                "description": "Addition, present only when not empty: the periods of the score's "
+                "achieved time (e.g. daily:2026-11-29) it was NOT counted in because they were closed "
+                "(past their end plus close_grace) or frozen; it counts in the total and the others",
+            },
         },
     },
     "ScoresResponse": {
@@ -323,17 +365,18 @@ _SCHEMAS: dict[str, Any] = {
     },
     "Page": {
         "type": "object",
-        "required": ["board", "period", "entries", "as_of"],
+        "required": ["board", "period", "entries", "as_of", "resets_at"],
         "properties": {
             "board": _ID,
             "period": {"type": "string", "description": "the period read, e.g. daily:2026-11-30"},
             "entries": {"type": "array", "items": _ref("Entry")},
             "as_of": {**_TIME_OUT, "description": "when these entries were read from the cluster"},
+            "resets_at": _RESETS_AT,
         },
     },
     "Player": {
         "type": "object",
-        "required": ["player_id", "rank", "points", "achieved_at", "players", "percentile"],
+        "required": ["player_id", "rank", "points", "achieved_at", "players", "percentile", "resets_at"],
         "properties": {
             "player_id": _ID,
             "rank": {"type": "integer", "minimum": 1},
@@ -347,15 +390,17 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "estimate=true only: the exact rank (as of as_of) is within rank ± rank_error",
             },
             "as_of": {**_TIME_OUT, "description": "Addition, estimate=true only: the histogram's time"},
+            "resets_at": _RESETS_AT,
         },
     },
     "Entries": {
         "type": "object",
-        "required": ["entries"],
+        "required": ["entries", "resets_at"],
         "properties": {
             "board": _ID,
             "period": {"type": "string"},
             "entries": {"type": "array", "items": _ref("Entry")},
+            "resets_at": _RESETS_AT,
         },
     },
     "Query": {

@@ -132,7 +132,10 @@ async def get_board(request: Request) -> Response:
     kinds = board.config.periods
     async with svc.reads, metrics.redis_call("size"):
         sizes = [await board.size(board.resolve(kind)) for kind in kinds]  # one after another: a read's share
-    return render(request, {**board.config.to_dict(), "players": dict(zip(kinds, sizes, strict=True))})
+    # Addition (period lifecycle): when each kept dated period's current period ends.
+    resets = {kind: board.resets_at(board.resolve(kind).period) for kind in kinds if kind != "total"}
+    body = {**board.config.to_dict(), "players": dict(zip(kinds, sizes, strict=True)), "resets_at": resets}
+    return render(request, body)
 
 
 async def delete_board(request: Request) -> Response:
@@ -195,6 +198,7 @@ async def top(request: Request) -> Response:
             "period": view.api,
             "entries": best,
             "as_of": times.format_ms(as_of),
+            "resets_at": board.resets_at(view.period),
         },
     )
 
@@ -216,6 +220,7 @@ async def entries(request: Request) -> Response:
             "period": view.api,
             "entries": [entry_body(e) for e in found],
             "as_of": times.format_ms(as_of),
+            "resets_at": board.resets_at(view.period),
         },
     )
 
@@ -229,9 +234,8 @@ async def player(request: Request) -> Response:
     if not params.flag(query, "estimate"):
         async with svc.reads, metrics.redis_call("player"):
             found = await board.player(player_id, view)
-        return render(
-            request, {**entry_body(found.entry), "players": found.players, "percentile": found.percentile}
-        )
+        body = {**entry_body(found.entry), "players": found.players, "percentile": found.percentile}
+        return render(request, {**body, "resets_at": board.resets_at(view.period)})
     # One ZMSCORE on the player's home shard; the rank then comes from RAM, not from every shard.
     async with svc.reads, metrics.redis_call("player_score"):
         scores = await board.scores([player_id], view)
@@ -247,6 +251,7 @@ async def player(request: Request) -> Response:
             "percentile": guess.percentile,
             "rank_error": guess.error,
             "as_of": times.format_ms(guess.as_of_ms),
+            "resets_at": board.resets_at(view.period),
         },
     )
 
@@ -262,7 +267,12 @@ async def around(request: Request) -> Response:
         found = await board.around(player_id, radius, view)
     return render(
         request,
-        {"board": board.config.id, "period": view.api, "entries": [entry_body(e) for e in found]},
+        {
+            "board": board.config.id,
+            "period": view.api,
+            "entries": [entry_body(e) for e in found],
+            "resets_at": board.resets_at(view.period),
+        },
     )
 
 
@@ -295,7 +305,12 @@ async def query(request: Request) -> Response:
         found = await board.query(ids, view)
     return render(
         request,
-        {"board": board.config.id, "period": view.api, "entries": [entry_body(e) for e in found]},
+        {
+            "board": board.config.id,
+            "period": view.api,
+            "entries": [entry_body(e) for e in found],
+            "resets_at": board.resets_at(view.period),
+        },
     )
 
 

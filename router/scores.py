@@ -24,7 +24,7 @@ from router.errors import shutting_down, to_api_error
 from router.media import decode_object, read_limited, rendered, rendered_error, send_rendered, wants_msgpack
 from router.service import Service
 from shardlb import times
-from shardlb.board import Score
+from shardlb.board import Result, Score
 from shardlb.config import ID_PATTERN
 from shardlb.errors import InvalidInput
 
@@ -129,12 +129,20 @@ class ScoresEndpoint:
         )
         board = await svc.boards.get(scope["path_params"]["board"])
         results = await svc.coalescer.submit(board, board.prepare(scores))
-        return {
-            "results": [
-                {"player_id": r.player_id, "match_id": r.match_id, "status": r.status, "points": r.points}
-                for r in results
-            ]
-        }
+        return {"results": [result_body(r) for r in results]}
+
+
+def result_body(r: Result) -> dict[str, Any]:
+    """One score's result as api.md spells it, plus ``closed_periods`` when it has any."""
+    body: dict[str, Any] = {
+        "player_id": r.player_id,
+        "match_id": r.match_id,
+        "status": r.status,
+        "points": r.points,
+    }
+    if r.closed:
+        body["closed_periods"] = list(r.closed)
+    return body
 
 
 async def _chunks(receive: Receive) -> AsyncIterator[bytes]:

@@ -391,6 +391,11 @@ class Board:
             self.layout.strategy == "band" and total,
         )
 
+    def resets_at(self, name: str) -> str | None:
+        """When the period ``name`` (a view's ``period``) ends, in RFC 3339 with the board's UTC
+        offset at that instant; None for the total."""
+        return periods.resets_at(name, self.tz, self.config.week_start)
+
     def _merged(self, view: ResolvedView) -> View:
         return View(self.client, view.keys, self.scripts.counts, view.banded, self.shallow)
 
