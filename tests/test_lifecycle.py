@@ -240,3 +240,28 @@ async def test_a_rebuild_leaves_skipped_periods_as_they_were(
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+async def test_a_freeze_that_stopped_halfway_is_finished_by_running_it_again(store: BoardStore) -> None:
+    config = BoardConfig.from_dict("freeze-halfway", {"periods": ["daily"], "sharding": sharding("hash", 4)})
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    day = periods.names_at(now, config.periods, board.tz)[1]
+    names = (f"p{i}" for i in range(100))
+    frozen_home = next(p for p in names if board.layout.home(p) == 2)
+    other = next(p for p in names if board.layout.home(p) != 2)
+    try:
+        prefix = board.prefixes[2]  # the one shard an interrupted first freeze reached
+        marker = [keys.index_key(prefix), keys.gone_key(prefix), keys.frozen_key(prefix, day)]
+        assert await board.scripts.freeze(keys=marker, args=[now + DAY, now]) == 1
+        assert not await board.frozen(day)
+        got = await board.submit([Score(frozen_home, 5, "m1", now), Score(other, 5, "m1", now)], now_ms=now)
+        assert [r.closed for r in got] == [(periods.api_name(day),), ()]
+        assert await board.freeze(day) == 3  # the three shards left
+        assert await board.frozen(day)
+        got = await board.submit([Score(frozen_home, 9, "m2", now), Score(other, 9, "m2", now)], now_ms=now)
+        assert [r.closed for r in got] == [(periods.api_name(day),)] * 2
+        top = await board.top(10, board.resolve(periods.api_name(day)))
+        assert [(e.player_id, e.points) for e in top] == [(other, 5)]
+    finally:
+        await store.delete(config.id)
