@@ -26,6 +26,7 @@ from shardlb.config import (
     MAX_SHARDS,
     MODES,
     ORDERS,
+    RANK_MODES,
     TIEBREAKS,
     BoardConfig,
 )
@@ -211,6 +212,11 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Addition: `journal` (every result archived in PostgreSQL) or `memory`",
             },
             "sharding": _ref("Sharding"),
+            "rank_mode": {
+                "enum": list(RANK_MODES),
+                "default": _DEFAULT.rank_mode,
+                "description": "Addition: the reads' rank mode unless a read asks (see rank_mode)",
+            },
             "close_grace": {
                 "type": "integer",
                 "minimum": CLOSE_GRACE_S[0],
@@ -243,6 +249,7 @@ _SCHEMAS: dict[str, Any] = {
             "dedup_window_s",
             "durability",
             "sharding",
+            "rank_mode",
             "close_grace",
             "week_start",
         ],
@@ -260,6 +267,7 @@ _SCHEMAS: dict[str, Any] = {
             "dedup_window_s": {"type": "integer"},
             "durability": {"enum": list(DURABILITY)},
             "sharding": {"type": "object", "required": ["strategy"]},
+            "rank_mode": {"enum": list(RANK_MODES)},
             "close_grace": {"type": "integer"},
             "week_start": {"enum": list(periods.WEEKDAYS)},
         },
@@ -538,6 +546,14 @@ _PARAMETERS: dict[str, Any] = {
         "schema": {"type": "boolean", "default": False},
         "description": "rank and percentile from the router's in-RAM histograms, with rank_error",
     },
+    "rank_mode": {
+        "name": "rank_mode",
+        "in": "query",
+        "required": False,
+        "schema": {"enum": list(RANK_MODES)},
+        "description": "Addition: `unique` ranks 1..N in the board order; `competition` gives equal "
+        "points equal ranks (1, 1, 3), the order unchanged. Default: the board's rank_mode",
+    },
 }
 
 _ADMIN: list[dict[str, list[str]]] = [{"bearer": []}]
@@ -647,7 +663,7 @@ SPEC: dict[str, Any] = {
                 "operationId": "top",
                 "summary": "The top of a board (served from a cache refreshed each second)",
                 "security": _READ,
-                "parameters": [_param("limit"), _param("period"), _param("region")],
+                "parameters": [_param("limit"), _param("period"), _param("region"), _param("rank_mode")],
                 "responses": {"200": _ok("The best entries", "Page"), **_errors(*_READ_ERRORS)},
             },
         },
@@ -657,7 +673,13 @@ SPEC: dict[str, Any] = {
                 "operationId": "entries",
                 "summary": "A page at any depth",
                 "security": _READ,
-                "parameters": [_param("offset"), _param("limit"), _param("period"), _param("region")],
+                "parameters": [
+                    _param("offset"),
+                    _param("limit"),
+                    _param("period"),
+                    _param("region"),
+                    _param("rank_mode"),
+                ],
                 "responses": {"200": _ok("Ranks offset+1 .. offset+limit", "Page"), **_errors(*_READ_ERRORS)},
             },
         },
@@ -667,7 +689,7 @@ SPEC: dict[str, Any] = {
                 "operationId": "player",
                 "summary": "A player's rank, points and percentile",
                 "security": _READ,
-                "parameters": [_param("period"), _param("region"), _param("estimate")],
+                "parameters": [_param("period"), _param("region"), _param("estimate"), _param("rank_mode")],
                 "responses": {"200": _ok("The player's standing", "Player"), **_errors(*_READ_ERRORS)},
             },
         },
@@ -677,7 +699,7 @@ SPEC: dict[str, Any] = {
                 "operationId": "around",
                 "summary": "Entries around a player",
                 "security": _READ,
-                "parameters": [_param("radius"), _param("period"), _param("region")],
+                "parameters": [_param("radius"), _param("period"), _param("region"), _param("rank_mode")],
                 "responses": {
                     "200": _ok("Up to radius entries above and below, the player included", "Entries"),
                     **_errors(*_READ_ERRORS),
@@ -690,6 +712,7 @@ SPEC: dict[str, Any] = {
                 "operationId": "queryPlayers",
                 "summary": "Many players (friends) with global ranks",
                 "security": _READ,
+                "parameters": [_param("rank_mode")],
                 "requestBody": {"required": True, "content": _content(_ref("Query"))},
                 "responses": {
                     "200": _ok("The players with a score, by rank", "Entries"),

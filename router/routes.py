@@ -17,13 +17,15 @@ from starlette.routing import Route
 from router import metrics, params, scores
 from router.auth import Scope
 from router.errors import ApiError
+from router.histogram import Estimate
 from router.media import entry_body, read_object, render
 from router.scores import MAX_ITEMS, ScoresEndpoint
 from router.service import Service
-from shardlb import rebuild, times
+from shardlb import merge, rebuild, times
 from shardlb.board import Board
 from shardlb.config import ID_PATTERN, MAX_SHARDS, BoardConfig, check_id
 from shardlb.errors import InvalidInput, PlayerNotFound
+from shardlb.merge import Row
 from shardlb.reads import ResolvedView
 
 MAX_OFFSET = 10**12
@@ -96,6 +98,20 @@ def _one_of(body: dict[str, object], query: dict[str, str], name: str) -> object
             "conflicting_parameter",
         )
     return query.get(name) if given is None else given
+
+
+async def _estimate_competition(
+    svc: Service, board: Board, view: ResolvedView, row: Row
+) -> tuple[Estimate, float]:
+    """``estimate=true`` in competition mode, from the same histogram as a unique estimate: the rank
+    is 1 + the estimated rows at or above the first score with better points (no row sorts below
+    the id ""), with that estimate's guaranteed bound; the percentile is the estimated share of rows
+    below the player's points (rows at or above the points' lowest score, likewise)."""
+    span = board.codec.scores_of(board.codec.decode_units(row[0])[0])
+    guess = await svc.histograms.estimate(board, view, (span.stop, ""))
+    level = await svc.histograms.estimate(board, view, (span.start, ""))
+    below = max(guess.players - (level.rank - 1), 0)
+    return guess, 100.0 * below / guess.players if guess.players else 0.0
 
 
 # ---- boards (admin) --------------------------------------------------------------------------
@@ -186,11 +202,15 @@ async def board_route(request: Request) -> Response:
 
 async def top(request: Request) -> Response:
     svc = _allow_read(request)
-    query = _query(request, "limit", "period", "region")
+    query = _query(request, "limit", "period", "region", "rank_mode")
     board = await _board(svc, request)
     limit = params.integer(query, "limit", 100, 1, MAX_ITEMS)
     view = _query_view(board, query)
+    competition = board.rank_mode(query.get("rank_mode")) == "competition"
     best, as_of = await svc.tops.top(board, view, limit)
+    if competition:  # the cache keeps unique ranks; a top starts at rank 1, so its runs are all in it
+        ranks = merge.competition([e["points"] for e in best], 1, 1)
+        best = [{**e, "rank": rank} for e, rank in zip(best, ranks, strict=True)]
     return render(
         request,
         {
@@ -205,14 +225,15 @@ async def top(request: Request) -> Response:
 
 async def entries(request: Request) -> Response:
     svc = _allow_read(request)
-    query = _query(request, "offset", "limit", "period", "region")
+    query = _query(request, "offset", "limit", "period", "region", "rank_mode")
     board = await _board(svc, request)
     offset = params.integer(query, "offset", 0, 0, MAX_OFFSET)
     limit = params.integer(query, "limit", 100, 1, MAX_ITEMS)
     view = _query_view(board, query)
+    rank_mode = board.rank_mode(query.get("rank_mode"))
     as_of = times.now_ms()
     async with svc.reads, metrics.redis_call("entries"):
-        found = await board.entries(offset, limit, view)
+        found = await board.entries(offset, limit, view, rank_mode)
     return render(
         request,
         {
@@ -227,13 +248,14 @@ async def entries(request: Request) -> Response:
 
 async def player(request: Request) -> Response:
     svc = _allow_read(request)
-    query = _query(request, "period", "region", "estimate")
+    query = _query(request, "period", "region", "estimate", "rank_mode")
     board = await _board(svc, request)
     player_id = check_id(request.path_params["player"], "player")
     view = _query_view(board, query)
+    rank_mode = board.rank_mode(query.get("rank_mode"))
     if not params.flag(query, "estimate"):
         async with svc.reads, metrics.redis_call("player"):
-            found = await board.player(player_id, view)
+            found = await board.player(player_id, view, rank_mode)
         body = {**entry_body(found.entry), "players": found.players, "percentile": found.percentile}
         return render(request, {**body, "resets_at": board.resets_at(view.period)})
     # One ZMSCORE on the player's home shard; the rank then comes from RAM, not from every shard.
@@ -242,13 +264,17 @@ async def player(request: Request) -> Response:
     if player_id not in scores:
         raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
     row = (scores[player_id], player_id)
-    guess = await svc.histograms.estimate(board, view, row)
+    if rank_mode == "unique":
+        guess = await svc.histograms.estimate(board, view, row)
+        percentile = guess.percentile
+    else:
+        guess, percentile = await _estimate_competition(svc, board, view, row)
     return render(
         request,
         {
             **entry_body(board.entry(guess.rank, row)),
             "players": guess.players,
-            "percentile": guess.percentile,
+            "percentile": percentile,
             "rank_error": guess.error,
             "as_of": times.format_ms(guess.as_of_ms),
             "resets_at": board.resets_at(view.period),
@@ -258,13 +284,14 @@ async def player(request: Request) -> Response:
 
 async def around(request: Request) -> Response:
     svc = _allow_read(request)
-    query = _query(request, "radius", "period", "region")
+    query = _query(request, "radius", "period", "region", "rank_mode")
     board = await _board(svc, request)
     player_id = check_id(request.path_params["player"], "player")
     radius = params.integer(query, "radius", 5, 0, MAX_RADIUS)
     view = _query_view(board, query)
+    rank_mode = board.rank_mode(query.get("rank_mode"))
     async with svc.reads, metrics.redis_call("around"):
-        found = await board.around(player_id, radius, view)
+        found = await board.around(player_id, radius, view, rank_mode)
     return render(
         request,
         {
@@ -278,7 +305,7 @@ async def around(request: Request) -> Response:
 
 async def query(request: Request) -> Response:
     svc = _allow_read(request)
-    query = _query(request, "period", "region")
+    query = _query(request, "period", "region", "rank_mode")
     body = await read_object(request, svc.settings.max_read_body_bytes)
     for name in body:
         if name not in QUERY_FIELDS:
@@ -301,8 +328,9 @@ async def query(request: Request) -> Response:
     del body
     board = await _board(svc, request)
     view = _view(board, "total" if period is None else period, region)
+    rank_mode = board.rank_mode(query.get("rank_mode"))
     async with svc.reads, metrics.redis_call("query"):
-        found = await board.query(ids, view)
+        found = await board.query(ids, view, rank_mode)
     return render(
         request,
         {

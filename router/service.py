@@ -100,7 +100,7 @@ class Service:
 
         async def fetch_top(board: Board, view: ResolvedView, limit: int) -> Rendered:
             async with metrics.redis_call("top"):
-                found = await board.top(limit, view)
+                found = await board.top(limit, view, "unique")  # a read asking competition re-ranks
             return [entry_body(e) for e in found]
 
         service = cls(

@@ -13,9 +13,9 @@ import msgpack
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from shardlb import keys, periods, times
+from shardlb import keys, merge, periods, times
 from shardlb.bands import BandMoves, Move
-from shardlb.config import ID_PATTERN, MATCH_ID_MAX, BoardConfig, check_id
+from shardlb.config import ID_PATTERN, MATCH_ID_MAX, RANK_MODES, BoardConfig, check_id
 from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound
 from shardlb.fanout import ScriptPipeline, batch
@@ -403,15 +403,69 @@ class Board:
         points, achieved = self.codec.decode(row[0])
         return Entry(rank, row[1], points, achieved)
 
-    async def top(self, n: int = 100, view: ResolvedView | None = None) -> list[Entry]:
-        rows = await self._merged(view or self.resolve()).top(n)
-        return [self.entry(i + 1, row) for i, row in enumerate(rows)]
+    def rank_mode(self, asked: object = None) -> str:
+        """The rank mode of a read: ``asked`` (a request's ``rank_mode``), else the board's setting.
 
-    async def entries(self, offset: int, limit: int, view: ResolvedView | None = None) -> list[Entry]:
+        ``unique`` numbers players 1..N in the board order; ``competition`` gives equal points equal
+        ranks (1, 1, 3): 1 + the players with strictly better points, whatever their time. The order
+        of the listing is the same in both. InvalidInput for any other value.
+        """
+        if asked is None:
+            return self.config.rank_mode
+        if asked not in RANK_MODES:
+            raise InvalidInput(
+                f"rank_mode must be one of {', '.join(RANK_MODES)}", "rank_mode", "invalid_parameter"
+            )
+        return str(asked)
+
+    def _listed(self, rows: Sequence[Row], start: int, first: int | None = None) -> list[Entry]:
+        """Entries of consecutive rows of the board order, the first at unique rank ``start``; given
+        ``first``, the first row's competition rank, they carry competition ranks."""
+        decoded = [self.codec.decode(score) for score, _ in rows]
+        ranks: Sequence[int] = range(start, start + len(rows))
+        if first is not None:
+            ranks = merge.competition([points for points, _ in decoded], start, first)
+        return [
+            Entry(rank, row[1], points, achieved)
+            for rank, row, (points, achieved) in zip(ranks, rows, decoded, strict=True)
+        ]
+
+    def _span(self, score: float) -> range:
+        """The scores that carry the points of ``score`` (codec.scores_of)."""
+        return self.codec.scores_of(self.codec.decode_units(score)[0])
+
+    async def _first_rank(self, reader: View, rows: Sequence[Row], start: int) -> int:
+        """The competition rank of ``rows[0]``, at unique rank ``start``: 1 + the players with better
+        points, one ZCOUNT per shard (none at the top)."""
+        if start == 1 or not rows:
+            return 1
+        [better] = await reader.at_least([self._span(rows[0][0]).stop])
+        return better + 1
+
+    async def top(
+        self, n: int = 100, view: ResolvedView | None = None, rank_mode: str | None = None
+    ) -> list[Entry]:
+        """The best ``n`` entries. Competition ranks come from the listing itself: it starts at 1."""
+        competition = self.rank_mode(rank_mode) == "competition"
+        rows = await self._merged(view or self.resolve()).top(n)
+        return self._listed(rows, 1, 1 if competition else None)
+
+    async def entries(
+        self, offset: int, limit: int, view: ResolvedView | None = None, rank_mode: str | None = None
+    ) -> list[Entry]:
+        """Ranks ``offset + 1`` .. ``offset + limit`` of the order. Competition ranks: a shallow page
+        is cut from a merged top, which holds every run it continues; a deep one costs one ZCOUNT per
+        shard more, for its first entry's rank."""
         if offset < 0 or limit < 1:
             raise InvalidInput("offset must be >= 0 and limit >= 1", "offset" if offset < 0 else "limit")
-        rows = await self._merged(view or self.resolve()).page(offset, limit)
-        return [self.entry(offset + i + 1, row) for i, row in enumerate(rows)]
+        competition = self.rank_mode(rank_mode) == "competition"
+        reader = self._merged(view or self.resolve())
+        if not competition:
+            return self._listed(await reader.page(offset, limit), offset + 1)
+        if offset + limit <= reader.shallow:
+            return self._listed(await reader.top(offset + limit), 1, 1)[offset:]
+        rows = await reader.page(offset, limit)
+        return self._listed(rows, offset + 1, await self._first_rank(reader, rows, offset + 1))
 
     async def size(self, view: ResolvedView | None = None) -> int:
         return sum(await self._merged(view or self.resolve()).sizes())
@@ -440,36 +494,79 @@ class Board:
             raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
         return found[player_id], player_id
 
-    async def player(self, player_id: str, view: ResolvedView | None = None) -> PlayerEntry:
-        """The player's exact rank (summed per-shard counts), points, board size and percentile."""
-        view = view or self.resolve()
-        reader = self._merged(view)
-        row = await self._row(player_id, view)
-        counts, sizes = await asyncio.gather(reader.counts_ahead(row), reader.sizes())
-        players = sum(sizes)
-        rank = sum(counts) + 1
-        return PlayerEntry(
-            self.entry(rank, row), players, 100.0 * (players - rank) / players if players else 0.0
-        )
+    async def player(
+        self, player_id: str, view: ResolvedView | None = None, rank_mode: str | None = None
+    ) -> PlayerEntry:
+        """The player's exact rank (summed per-shard counts), points, board size and percentile.
 
-    async def around(self, player_id: str, radius: int = 5, view: ResolvedView | None = None) -> list[Entry]:
+        The percentile is the share of the board ranked below the player: in unique mode the players
+        after them in the order, in competition mode those with strictly worse points (players of
+        equal points share it, as they share the rank). A competition rank needs no tie resolution:
+        one pipeline of three ZCOUNTs per shard (better points, at least equal points, every row).
+        """
         view = view or self.resolve()
         reader = self._merged(view)
+        competition = self.rank_mode(rank_mode) == "competition"
         row = await self._row(player_id, view)
-        counts = await reader.counts_ahead(row)
+        if competition:
+            span = self._span(row[0])
+            better, level, players = await reader.at_least([span.stop, span.start, 0])
+            rank, below = better + 1, max(players - level, 0)  # clamped: shards are read one by one
+        else:
+            (counts, _), sizes = await asyncio.gather(reader.counts_ahead(row), reader.sizes())
+            players = sum(sizes)
+            rank = sum(counts) + 1
+            below = players - rank
+        return PlayerEntry(self.entry(rank, row), players, 100.0 * below / players if players else 0.0)
+
+    async def around(
+        self,
+        player_id: str,
+        radius: int = 5,
+        view: ResolvedView | None = None,
+        rank_mode: str | None = None,
+    ) -> list[Entry]:
+        """Up to ``radius`` entries above and below the player. Competition ranks: the player's own
+        count of better points rides the pipeline of the per-shard counts; a first entry with other
+        points than the player's costs one ZCOUNT per shard more."""
+        view = view or self.resolve()
+        reader = self._merged(view)
+        competition = self.rank_mode(rank_mode) == "competition"
+        row = await self._row(player_id, view)
+        span = self._span(row[0])
+        counts, better = await reader.counts_ahead(row, [span.stop] if competition else [])
         rank = sum(counts) + 1
         rows, at = await reader.around(row, counts, radius)
-        return [self.entry(rank - at + i, r) for i, r in enumerate(rows)]
+        if not competition:
+            return self._listed(rows, rank - at)
+        if int(rows[0][0]) in span:
+            first = better[0] + 1
+        else:
+            first = await self._first_rank(reader, rows, rank - at)
+        return self._listed(rows, rank - at, first)
 
-    async def query(self, player_ids: Sequence[str], view: ResolvedView | None = None) -> list[Entry]:
-        """Scores of many players (friends), sorted by rank, each with its global rank."""
+    async def query(
+        self, player_ids: Sequence[str], view: ResolvedView | None = None, rank_mode: str | None = None
+    ) -> list[Entry]:
+        """Scores of many players (friends), sorted by rank, each with its global rank.
+
+        Competition ranks count, for each distinct points value among them, the rows at or above the
+        first score with better points: ``counts.lua`` given (that score, "") counts exactly those,
+        as no id sorts below the empty one.
+        """
         for i, player in enumerate(player_ids):
             check_id(player, f"player_ids[{i}]")
         view = view or self.resolve()
         reader = self._merged(view)
+        competition = self.rank_mode(rank_mode) == "competition"
         found = sorted(
             ((s, p) for p, s in (await self.scores(list(dict.fromkeys(player_ids)), view)).items()),
             reverse=True,
         )
-        counts = await reader.counts_ahead_many(found)
-        return [self.entry(sum(c) + 1, row) for row, c in zip(found, counts, strict=True)]
+        if not competition:
+            counts = await reader.counts_ahead_many(found)
+            return [self.entry(sum(c) + 1, row) for row, c in zip(found, counts, strict=True)]
+        stops = list(dict.fromkeys(self._span(score).stop for score, _ in found))
+        counts = await reader.counts_ahead_many([(stop, "") for stop in stops])
+        ahead = {stop: sum(c) for stop, c in zip(stops, counts, strict=True)}
+        return [self.entry(ahead[self._span(row[0]).stop] + 1, row) for row in found]

@@ -93,6 +93,13 @@ class ScoreCodec:
         """Pack points and an achieved time (epoch ms) into one exact score."""
         return self.encode_units(self.check_points(points), self.time_units(achieved_ms))
 
+    def scores_of(self, points: int) -> range:
+        """Every score that carries ``points``, whatever its achieved time: one contiguous range, as the
+        points sit in the high bits. Every score from the range's ``stop`` up has strictly better points
+        (so ZCOUNT from ``stop`` counts the players ahead on points alone: competition ranks)."""
+        part = points if self.order == "desc" else self.points_max - points
+        return range(part << self.time_bits, (part + 1) << self.time_bits)
+
     def decode_units(self, score: float | int) -> tuple[int, int]:
         value = int(score)
         if value != score or not 0 <= value < 1 << SCORE_BITS:

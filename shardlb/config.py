@@ -19,6 +19,7 @@ DURABILITY = ("journal", "memory")
 ORDERS = ("desc", "asc")
 TIEBREAKS = ("earliest", "latest")
 STRATEGIES = ("hash", "region", "band")
+RANK_MODES = ("unique", "competition")  # how reads number players of equal points (reads.py)
 DEFAULT_EPOCH_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
 DEFAULT_RETENTION = {"daily": 3, "weekly": 35, "monthly": 400}
 MAX_SHARDS = 1024
@@ -43,7 +44,7 @@ CLOSE_GRACE_S = (0, 7 * 86_400)
 # Every field of a board's settings, in the order ``BoardConfig.to_dict`` writes them.
 SETTINGS = (
     "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max", "epoch",
-    "resolution", "dedup_window_s", "durability", "sharding", "close_grace", "week_start",
+    "resolution", "dedup_window_s", "durability", "sharding", "rank_mode", "close_grace", "week_start",
 )  # fmt: skip
 
 
@@ -92,6 +93,7 @@ class BoardConfig:
     # PostgreSQL (shardlb/archive.py); "memory": Redis only, lost with it (a board that can be lost).
     durability: str = "journal"
     sharding: Sharding = field(default_factory=Sharding)
+    rank_mode: str = "unique"  # the reads' default; a read may ask for the other (RANK_MODES)
     close_grace_s: int = DEFAULT_CLOSE_GRACE_S
     week_start: str = "monday"  # the local weekday weekly periods start on (shardlb/periods.py)
 
@@ -118,6 +120,7 @@ class BoardConfig:
             "dedup_window_s": self.dedup_window_s,
             "durability": self.durability,
             "sharding": self.sharding.to_dict(),
+            "rank_mode": self.rank_mode,
             "close_grace": self.close_grace_s,
             "week_start": self.week_start,
         }
@@ -166,6 +169,7 @@ class BoardConfig:
             dedup_window_s=dedup,
             durability=_choice(body, "durability", DURABILITY, "journal"),
             sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
+            rank_mode=_choice(body, "rank_mode", RANK_MODES, "unique"),
             close_grace_s=_int(body.get("close_grace", DEFAULT_CLOSE_GRACE_S), "close_grace", *CLOSE_GRACE_S),
             week_start=_choice(body, "week_start", periods.WEEKDAYS, "monday"),
         )

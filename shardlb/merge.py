@@ -33,3 +33,20 @@ def unique(merged: Iterable[Row]) -> list[Row]:
             seen.add(row[1])
             out.append(row)
     return out
+
+
+def competition(points: Sequence[int], start: int, first: int) -> list[int]:
+    """Competition ranks (1, 1, 3) of consecutive rows of the board order, from their points.
+
+    ``start`` is the unique rank of the first row and ``first`` its competition rank (its run of
+    equal points may begin above the listing). A later row with the points of the row before it
+    shares that row's rank; any other row begins a run, and everyone ahead of it in the order has
+    strictly better points, so its competition rank is its unique rank.
+    """
+    out: list[int] = []
+    for i, value in enumerate(points):
+        if i == 0:
+            out.append(first)
+        else:
+            out.append(out[-1] if value == points[i - 1] else start + i)
+    return out

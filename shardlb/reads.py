@@ -92,12 +92,13 @@ class View:
                 got[i] += rows(pairs)
                 asked[i] = min(n, 2 * asked[i])
 
-    async def counts_ahead(self, row: Row) -> list[int]:
-        """Per shard, how many rows rank ahead of ``row``: ZCOUNT of better scores plus the tie rule.
+    async def counts_ahead(self, row: Row, floors: Sequence[int] = ()) -> tuple[list[int], list[int]]:
+        """Per shard, how many rows rank ahead of ``row``: ZCOUNT of better scores plus the tie rule;
+        and, summed over shards, how many rows score at least each of ``floors`` (``at_least``).
 
         One pipeline (per node, nodes in parallel) of ZCOUNT above, ZCOUNT equal and the row's own
-        ZSCORE; only a shard where someone other than the row shares its exact score needs the
-        tie-resolving script.
+        ZSCORE, plus one ZCOUNT per floor; only a shard where someone other than the row shares its
+        exact score needs the tie-resolving script.
         """
         score, member = row
         text = _score(score)
@@ -106,14 +107,27 @@ class View:
             pipe.zcount(key, f"({text}", "+inf")
             pipe.zcount(key, text, text)
             pipe.zscore(key, member)
+            for floor in floors:
+                pipe.zcount(key, floor, "+inf")
         replies = await pipe.execute()
-        counts = [int(n) for n in replies[0::3]]
-        others = [int(t) - (own == score) for t, own in zip(replies[1::3], replies[2::3], strict=True)]
+        step = 3 + len(floors)
+        counts = [int(n) for n in replies[0::step]]
+        others = [int(t) - (own == score) for t, own in zip(replies[1::step], replies[2::step], strict=True)]
         tied = [i for i, n in enumerate(others) if n > 0]
         exact = await self._count_calls([(self.keys[i], _pack([text, member])) for i in tied])
         for i, reply in zip(tied, exact, strict=True):
             counts[i] = int(reply[0])
-        return counts
+        return counts, [sum(int(n) for n in replies[3 + f :: step]) for f in range(len(floors))]
+
+    async def at_least(self, floors: Sequence[int]) -> list[int]:
+        """Summed over shards, how many rows score at least each of ``floors``: one ZCOUNT per shard
+        and floor, in one pipeline. (Every score is at least 0: a floor of 0 counts the view.)"""
+        pipe = batch(self.client)
+        for key in self.keys:
+            for floor in floors:
+                pipe.zcount(key, floor, "+inf")
+        replies = await pipe.execute()
+        return [sum(int(n) for n in replies[f :: len(floors)]) for f in range(len(floors))]
 
     async def counts_ahead_many(self, targets: Sequence[Row]) -> list[list[int]]:
         """``counts_ahead`` for many rows: one script call per shard counting all of them inside Redis."""

@@ -95,3 +95,16 @@ class ReferenceBoard:
             if region is None or self.region_of.get(player) == region
         ]
         return sorted(rows, reverse=True)
+
+    def competition(self, name: str = "total", region: str | None = None) -> dict[str, tuple[int, int]]:
+        """Each player's competition rank (1 + the players with strictly better points, whatever
+        their time: more points on a desc board, fewer on asc) and how many have strictly worse."""
+        listed = [points for _, _, points, _ in self.order(name, region)]
+        sign = 1 if self.config.order == "desc" else -1
+        return {
+            player: (
+                1 + sum(sign * other > sign * points for other in listed),
+                sum(sign * other < sign * points for other in listed),
+            )
+            for _, player, points, _ in self.order(name, region)
+        }

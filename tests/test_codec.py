@@ -6,6 +6,8 @@ import itertools
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shardlb.codec import ScoreCodec
 from shardlb.errors import OutOfRange
@@ -134,3 +136,25 @@ def test_decode_refuses_foreign_values() -> None:
     for bad in (-1, 2**53, 1.5):
         with pytest.raises(OutOfRange):
             c.decode(bad)
+
+
+@given(
+    st.sampled_from(["desc", "asc"]),
+    st.sampled_from(["earliest", "latest"]),
+    st.sampled_from([1, 1000, 2_097_151, 2**30]),
+    st.data(),
+)
+def test_scores_of_one_points_value_are_one_range_below_every_better_value(
+    order: str, tiebreak: str, points_max: int, data: st.DataObject
+) -> None:
+    c = codec(order=order, tiebreak=tiebreak, points_max=points_max)
+    points = data.draw(st.integers(0, points_max))
+    other = data.draw(st.integers(0, points_max))
+    units = data.draw(st.integers(0, c.time_max))
+    span = c.scores_of(points)
+    assert c.encode_units(points, units) in span
+    assert span.stop <= 2**53  # the first better score is a double too: ZCOUNT takes it exactly
+    other_score = c.encode_units(other, data.draw(st.integers(0, c.time_max)))
+    better = other > points if order == "desc" else other < points
+    assert (other_score >= span.stop) == better
+    assert (other_score in span) == (other == points)

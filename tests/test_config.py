@@ -19,6 +19,7 @@ def test_defaults() -> None:
         2_097_151,
     )
     assert c.sharding.strategy == "hash" and c.sharding.shards == 16
+    assert c.rank_mode == "unique"
 
 
 def test_round_trip_through_to_dict_is_the_same_board() -> None:
@@ -32,6 +33,7 @@ def test_round_trip_through_to_dict_is_the_same_board() -> None:
         "points_max": 100_000,
         "epoch": "2026-09-01T00:00:00Z",
         "sharding": {"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 3},
+        "rank_mode": "competition",
     }
     c = BoardConfig.from_dict("season-1", body)
     assert c.periods == ("total", "daily", "monthly")
@@ -54,6 +56,7 @@ def test_round_trip_through_to_dict_is_the_same_board() -> None:
         ({"sharding": {"strategy": "band", "bands": [0, 10**7]}}, "sharding.bands"),
         ({"sharding": {"strategy": "moon"}}, "sharding.strategy"),
         ({"colour": "red"}, "colour"),
+        ({"rank_mode": "dense"}, "rank_mode"),
     ],
 )
 def test_bad_settings_name_their_field(body: dict[str, object], field: str) -> None:
