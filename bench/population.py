@@ -50,7 +50,7 @@ async def load_board(
     stop = workload.players if stop is None else stop
     now = int(time.time() * 1000) if now_ms is None else now_ms
     units = board.codec.time_units(now)
-    names = periods.names_at(now, board.config.periods, board.tz)
+    names = periods.names_at(now, board.config.periods, board.tz, board.config.week_start)
     layout = board.layout
     touched: set[int] = set()
     pending: list[tuple[int, dict[str, int]]] = []

@@ -28,7 +28,6 @@ from typing import Any
 import orjson
 import psycopg
 
-from shardlb import periods
 from shardlb.board import Board
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.config import BoardConfig
@@ -51,7 +50,7 @@ def day(days_ago: int) -> str:
 async def load(board: Board, db: psycopg.AsyncConnection[Any], players: int, period: str, tag: str) -> None:
     """One result per player inside ``period``; points repeat, so ties are many."""
     codec, layout = board.codec, board.layout
-    start, end = period_bounds(board, periods.parse(period, board.config.periods, board.tz, 0))
+    start, end = period_bounds(board, board.resolve(period).period)
     span = (end - start) // 1000
     async with db.transaction(), db.cursor() as cur:
         columns = "board, incarnation, match_id, player_id, points, achieved_ms, score, shard, journal_id"

@@ -14,6 +14,7 @@ from shardlb import periods, times
 from shardlb.board import MAX_FUTURE_MS, STATUS
 from shardlb.codec import RESOLUTION_MS
 from shardlb.config import (
+    CLOSE_GRACE_S,
     DEDUP_WINDOW_S,
     DURABILITY,
     ID_MAX,
@@ -51,6 +52,15 @@ _MODERATION_SETTINGS = {
         "description": f"Addition (moderation): {_MODERATION_TEXT[name]}; null: off",
     }
     for name in MODERATION
+}
+
+
+# Addition (period lifecycle): when the period read ends, in the board's UTC offset; null for total.
+_RESETS_AT = {
+    "type": ["string", "null"],
+    "format": "date-time",
+    "description": "Addition: when the period read ends (RFC 3339, the board's UTC offset at that "
+    "instant); null for total",
 }
 
 
@@ -228,6 +238,20 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Addition: the reads' rank mode unless a read asks (see rank_mode)",
             },
             **_MODERATION_SETTINGS,
+            "close_grace": {
+                "type": "integer",
+                "minimum": CLOSE_GRACE_S[0],
+                "maximum": CLOSE_GRACE_S[1],
+                "default": _DEFAULT.close_grace_s,
+                "description": "Addition: seconds after its end a dated period still takes results "
+                "achieved inside it; then it is closed",
+            },
+            "week_start": {
+                "enum": list(periods.WEEKDAYS),
+                "default": _DEFAULT.week_start,
+                "description": "Addition: the local weekday weekly periods start on; weekly:YYYY-Www "
+                "names the week that contains the Monday of ISO week YYYY-Www",
+            },
             "tie_awards": {
                 "enum": list(TIE_AWARDS),
                 "default": _DEFAULT.tie_awards,
@@ -254,6 +278,8 @@ _SCHEMAS: dict[str, Any] = {
             "sharding",
             "rank_mode",
             *MODERATION,
+            "close_grace",
+            "week_start",
             "tie_awards",
         ],
         "properties": {
@@ -272,6 +298,8 @@ _SCHEMAS: dict[str, Any] = {
             "sharding": {"type": "object", "required": ["strategy"]},
             "rank_mode": {"enum": list(RANK_MODES)},
             **{name: {"type": ["integer", "null"]} for name in MODERATION},
+            "close_grace": {"type": "integer"},
+            "week_start": {"enum": list(periods.WEEKDAYS)},
             "tie_awards": {"enum": list(TIE_AWARDS)},
         },
     },
@@ -280,14 +308,20 @@ _SCHEMAS: dict[str, Any] = {
             _ref("Board"),
             {
                 "type": "object",
-                "required": ["players"],
+                "required": ["players", "resets_at"],
                 "properties": {
                     "players": {
                         "type": "object",
                         "description": "players per kept period (the current one)",
                         "required": ["total"],
                         "additionalProperties": {"type": "integer", "minimum": 0},
-                    }
+                    },
+                    "resets_at": {
+                        "type": "object",
+                        "description": "Addition: per kept dated period kind, when its current period "
+                        "ends (RFC 3339, the board's UTC offset at that instant)",
+                        "additionalProperties": {"type": "string", "format": "date-time"},
+                    },
                 },
             },
         ]
@@ -344,6 +378,14 @@ _SCHEMAS: dict[str, Any] = {
                 "minimum": 0,
                 "description": "the player's total after the write (0 when they have none)",
             },
+            "closed_periods": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": 1,
+                "description": "Addition, present only when not empty: the periods of the score's "
+                "achieved time (e.g. daily:2026-11-29) it was NOT counted in because they were closed "
+                "(past their end plus close_grace) or frozen; it counts in the total and the others",
+            },
         },
     },
     "ScoresResponse": {
@@ -364,19 +406,20 @@ _SCHEMAS: dict[str, Any] = {
     },
     "Page": {
         "type": "object",
-        "required": ["board", "period", "entries", "as_of"],
+        "required": ["board", "period", "entries", "as_of", "resets_at"],
         "properties": {
             "board": _ID,
             "period": {"type": "string", "description": "the period read, e.g. daily:2026-11-30"},
             "entries": {"type": "array", "items": _ref("Entry")},
             "as_of": {**_TIME_OUT, "description": "when these entries were read from the cluster"},
+            "resets_at": _RESETS_AT,
             "settled": {"type": "boolean", "description": "Addition: read from a settled period's snapshot"},
             "settlement_id": {**_ID, "description": "Addition: with settled, the settlement"},
         },
     },
     "Player": {
         "type": "object",
-        "required": ["player_id", "rank", "points", "achieved_at", "players", "percentile"],
+        "required": ["player_id", "rank", "points", "achieved_at", "players", "percentile", "resets_at"],
         "properties": {
             "player_id": _ID,
             "rank": {"type": "integer", "minimum": 1},
@@ -390,6 +433,7 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "estimate=true only: the exact rank (as of as_of) is within rank ± rank_error",
             },
             "as_of": {**_TIME_OUT, "description": "Addition, estimate=true only: the histogram's time"},
+            "resets_at": _RESETS_AT,
             "settled": {"type": "boolean", "description": "Addition: the final rank in a settled period"},
             "settlement_id": {**_ID, "description": "Addition: with settled, the settlement"},
             "reward": {**_ID, "description": "Addition: with settled, the reward paid to the player"},
@@ -397,11 +441,12 @@ _SCHEMAS: dict[str, Any] = {
     },
     "Entries": {
         "type": "object",
-        "required": ["entries"],
+        "required": ["entries", "resets_at"],
         "properties": {
             "board": _ID,
             "period": {"type": "string"},
             "entries": {"type": "array", "items": _ref("Entry")},
+            "resets_at": _RESETS_AT,
         },
     },
     "Query": {

@@ -148,7 +148,10 @@ async def get_board(request: Request) -> Response:
     kinds = board.config.periods
     async with svc.reads, metrics.redis_call("size"):
         sizes = [await board.size(board.resolve(kind)) for kind in kinds]  # one after another: a read's share
-    return render(request, {**board.config.to_dict(), "players": dict(zip(kinds, sizes, strict=True))})
+    # Addition (period lifecycle): when each kept dated period's current period ends.
+    resets = {kind: board.resets_at(board.resolve(kind).period) for kind in kinds if kind != "total"}
+    body = {**board.config.to_dict(), "players": dict(zip(kinds, sizes, strict=True)), "resets_at": resets}
+    return render(request, body)
 
 
 async def delete_board(request: Request) -> Response:
@@ -223,6 +226,7 @@ async def top(request: Request) -> Response:
             "period": view.api,
             "entries": best,
             "as_of": times.format_ms(as_of),
+            "resets_at": board.resets_at(view.period),
         },
     )
 
@@ -245,6 +249,7 @@ async def entries(request: Request) -> Response:
             "period": view.api,
             "entries": [entry_body(e) for e in found],
             "as_of": times.format_ms(as_of),
+            "resets_at": board.resets_at(view.period),
         },
     )
 
@@ -262,9 +267,8 @@ async def player(request: Request) -> Response:
     if not params.flag(query, "estimate"):
         async with svc.reads, metrics.redis_call("player"):
             found = await board.player(player_id, view, rank_mode)
-        return render(
-            request, {**entry_body(found.entry), "players": found.players, "percentile": found.percentile}
-        )
+        body = {**entry_body(found.entry), "players": found.players, "percentile": found.percentile}
+        return render(request, {**body, "resets_at": board.resets_at(view.period)})
     # One ZMSCORE on the player's home shard; the rank then comes from RAM, not from every shard.
     async with svc.reads, metrics.redis_call("player_score"):
         scores = await board.scores([player_id], view)
@@ -284,6 +288,7 @@ async def player(request: Request) -> Response:
             "percentile": percentile,
             "rank_error": guess.error,
             "as_of": times.format_ms(guess.as_of_ms),
+            "resets_at": board.resets_at(view.period),
         },
     )
 
@@ -300,7 +305,12 @@ async def around(request: Request) -> Response:
         found = await board.around(player_id, radius, view, rank_mode)
     return render(
         request,
-        {"board": board.config.id, "period": view.api, "entries": [entry_body(e) for e in found]},
+        {
+            "board": board.config.id,
+            "period": view.api,
+            "entries": [entry_body(e) for e in found],
+            "resets_at": board.resets_at(view.period),
+        },
     )
 
 
@@ -334,7 +344,12 @@ async def query(request: Request) -> Response:
         found = await board.query(ids, view, rank_mode)
     return render(
         request,
-        {"board": board.config.id, "period": view.api, "entries": [entry_body(e) for e in found]},
+        {
+            "board": board.config.id,
+            "period": view.api,
+            "entries": [entry_body(e) for e in found],
+            "resets_at": board.resets_at(view.period),
+        },
     )
 
 

@@ -24,7 +24,7 @@ from router.errors import shutting_down, to_api_error
 from router.media import decode_object, read_limited, rendered, rendered_error, send_rendered, wants_msgpack
 from router.service import Service
 from shardlb import times
-from shardlb.board import Score
+from shardlb.board import Result, Score
 from shardlb.config import ID_PATTERN
 from shardlb.errors import InvalidInput
 
@@ -130,12 +130,20 @@ class ScoresEndpoint:
         board = await svc.boards.get(scope["path_params"]["board"])
         request_id = scope.get("state", {}).get("request_id")
         results = await svc.moderation.submit(board, board.prepare(scores), request_id, svc.coalescer)
-        return {
-            "results": [
-                {"player_id": r.player_id, "match_id": r.match_id, "status": r.status, "points": r.points}
-                for r in results
-            ]
-        }
+        return {"results": [result_body(r) for r in results]}
+
+
+def result_body(r: Result) -> dict[str, Any]:
+    """One score's result as api.md spells it, plus ``closed_periods`` when it has any."""
+    body: dict[str, Any] = {
+        "player_id": r.player_id,
+        "match_id": r.match_id,
+        "status": r.status,
+        "points": r.points,
+    }
+    if r.closed:
+        body["closed_periods"] = list(r.closed)
+    return body
 
 
 async def _chunks(receive: Receive) -> AsyncIterator[bytes]:

@@ -85,7 +85,7 @@ async def settle(request: Request) -> Response:
     wanted = _request(svc, body)
     board = await routes._board(svc, request)
     period = request.path_params["period"]
-    periods.parse(period, board.config.periods, board.tz, times.now_ms())  # a bad period: 422 first
+    board.resolve(period)  # a bad period: 422 before anything else
     async with archive_db(svc):  # 409 without PostgreSQL; the tables in place
         pass
     url = svc.settings.postgres_url
@@ -153,14 +153,16 @@ async def list_periods(request: Request) -> Response:
         async with archive_db(svc) as db:
             every = await settlement_history.settled_periods(db, board.config.id)
         settled = {p: s for p, s in every.items() if s["incarnation"] == board.incarnation and p != "total"}
-    now = times.now_ms()
+    now, week_start = times.now_ms(), board.config.week_start
     out = []
-    for name in sorted(kept | set(settled), key=lambda n: periods.end_ms(n, board.tz), reverse=True):
+    for name in sorted(
+        kept | set(settled), key=lambda n: periods.end_ms(n, board.tz, week_start), reverse=True
+    ):
         found = settled.get(name)
         out.append(
             {
                 "period": periods.api_name(name),
-                "ends_at": times.format_ms(periods.end_ms(name, board.tz)),
+                "ends_at": times.format_ms(periods.end_ms(name, board.tz, week_start)),
                 "closed": now >= settlement.closes_at(board, name),
                 "kept": name in kept,
                 "settled": found is not None and found["state"] == "settled",

@@ -71,10 +71,12 @@ CREATE TABLE IF NOT EXISTS match_results (
     archived_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (board, incarnation, match_id, player_id)
 );
+-- The periods of its achieved time a result was not applied to (closed or frozen, by name).
+ALTER TABLE match_results ADD COLUMN IF NOT EXISTS skipped text[] NOT NULL DEFAULT '{}';
 CREATE INDEX IF NOT EXISTS match_results_by_shard ON match_results (board, incarnation, shard);
 """
 
-_COLUMNS = "board, incarnation, match_id, player_id, points, achieved_ms, score, shard, journal_id"
+_COLUMNS = "board, incarnation, match_id, player_id, points, achieved_ms, score, shard, journal_id, skipped"
 # What a second row of one key does, per board mode: the rule the board itself applied. The same
 # result applied again later (best and set take a retry again) keeps the later journal id: after a
 # removal of its player (shardlb/moderation.py) it is on the board again, and a rebuild must agree.
@@ -82,10 +84,11 @@ _POSITION = "(split_part({0}.journal_id, '-', 1)::numeric, split_part({0}.journa
 _LATER = f"{_POSITION.format('EXCLUDED')} > {_POSITION.format('match_results')}"
 _ON_CONFLICT = {
     "best": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
-    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id WHERE EXCLUDED.score > match_results.score "
+    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id, skipped = EXCLUDED.skipped "
+    "WHERE EXCLUDED.score > match_results.score "
     f"OR (EXCLUDED.score = match_results.score AND {_LATER})",
     "set": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
-    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id "
+    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id, skipped = EXCLUDED.skipped "
     "WHERE (EXCLUDED.achieved_ms, EXCLUDED.score) > (match_results.achieved_ms, match_results.score) "
     "OR ((EXCLUDED.achieved_ms, EXCLUDED.score) = (match_results.achieved_ms, match_results.score) "
     f"AND {_LATER})",
@@ -296,7 +299,7 @@ def _rows(board: Board, entry: Entry) -> list[tuple[Any, ...]]:
         achieved = codec.epoch_ms + r.units * codec.unit_ms
         score = codec.encode_units(r.points, r.units)
         out.append((mode, entry.board, entry.incarnation, r.match_id, r.player_id, r.points, achieved, score,
-                    entry.shard, entry.id))  # fmt: skip
+                    entry.shard, entry.id, list(r.skipped)))  # fmt: skip
     return out
 
 

@@ -63,6 +63,7 @@ class Result(NamedTuple):
     match_id: str
     status: str
     points: int
+    closed: tuple[str, ...] = ()  # the periods (API names) it was not applied to: closed or frozen
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,7 @@ class Board:
         self._dedup_bucket_ms = config.dedup_bucket_ms
         self._period_names = functools.lru_cache(maxsize=4096)(self._names_in_quarter_hour)
         self._expiry = functools.lru_cache(maxsize=4096)(self._period_expiry)
+        self._closes = functools.lru_cache(maxsize=4096)(self._period_closes)
         # Pages that start within this many rows are cut from a merged top; deeper ones bisect.
         self.shallow = SHALLOW
 
@@ -225,7 +227,7 @@ class Board:
         repin: dict[int, Prepared] = {}
         shift, desc, points_max = self.codec.time_bits, self.codec.order == "desc", self.codec.points_max
         for n, p in enumerate(batch):
-            status, after, version, pending = reply[4 * n : 4 * n + 4]
+            status, after, version, pending, skipped = reply[5 * n : 5 * n + 5]
             if status == "p":  # sent before without a time: again, with the time it was first seen at
                 repin[n] = self.at_units(p, int(after))
                 results.append(None)
@@ -233,7 +235,8 @@ class Board:
             points = int(after) >> shift if after else 0  # the points part of the total after
             if after and not desc:
                 points = points_max - points
-            results.append(Result(p.player_id, p.match_id, STATUS[status], points))
+            closed = tuple(periods.api_name(name) for name in skipped.split(",")) if skipped else ()
+            results.append(Result(p.player_id, p.match_id, STATUS[status], points, closed))
             if pending != "-":
                 moves.append(Move(p.player_id, int(after), int(version), pending))
         if moves:
@@ -272,13 +275,19 @@ class Board:
             version = key_index(keys.version_key(prefix), 0)
             pending = key_index(keys.pending_key(prefix), 0)
         items: list[Any] = []
+        locks: list[Any] = []  # per dated period key: write.lua's test whether it is closed or frozen
         indices: dict[tuple[str, ...], list[int]] = {}  # a batch's scores mostly share their periods
         for p in batch:
             index = indices.get(p.periods)
             if index is None:
-                index = indices[p.periods] = [
-                    key_index(keys.period_key(prefix, name), self._expiry(name)) for name in p.periods
-                ]
+                index = indices[p.periods] = []
+                for name in p.periods:
+                    key = keys.period_key(prefix, name)
+                    fresh = key not in slot
+                    index.append(key_index(key, self._expiry(name)))
+                    if fresh and name != "total":
+                        marker = key_index(keys.frozen_key(prefix, name), 0)
+                        locks += [slot[key], marker, self._closes(name), name]
             member = f"{p.match_id}\x00{p.player_id}"
             items += [p.player_id, p.score, p.points, p.units, member, int(p.server_time), *index]
         journal = key_index(keys.journal_key(prefix), 0) if self.config.durability == "journal" else 0
@@ -287,7 +296,7 @@ class Board:
         header = [
             self.config.mode, c.time_bits, c.points_max, c.order, c.tiebreak, now, len(self.config.periods),
             version, pending, dedup, pins, rivals, list(self.config.sharding.bands), expiry,
-            journal, self.journal_max, self.config.id, self.incarnation, shard, activity,
+            journal, self.journal_max, self.config.id, self.incarnation, shard, locks, activity,
         ]  # fmt: skip
         return key_list, [msgpack.packb(header), msgpack.packb(items)]
 
@@ -308,13 +317,54 @@ class Board:
     def _names_in_quarter_hour(self, quarter: int) -> tuple[str, ...]:
         # Every zone offset in use is a multiple of 15 minutes, so a local day never starts inside
         # a quarter hour: one lookup serves every result achieved in it.
-        return tuple(periods.names_at(quarter * QUARTER_HOUR_MS, self.config.periods, self.tz))
+        c = self.config
+        return tuple(periods.names_at(quarter * QUARTER_HOUR_MS, c.periods, self.tz, c.week_start))
 
     def _period_expiry(self, name: str) -> int:
         if name == "total":
             return 0
-        kind = periods.first_day(name)[0]
-        return periods.end_ms(name, self.tz) + self.config.retention_days[kind] * 86_400_000
+        c, kind = self.config, periods.first_day(name)[0]
+        return periods.end_ms(name, self.tz, c.week_start) + c.retention_days[kind] * 86_400_000
+
+    def _period_closes(self, name: str) -> int:
+        return periods.closes_ms(name, self.tz, self.config.close_grace_s, self.config.week_start)
+
+    def dated(self, name: str) -> str:
+        """``name`` checked as a dated period name of this board (``d:2026-11-30``); InvalidInput if not."""
+        c = self.config
+        api = periods.api_name(name)
+        if name[1:2] != ":" or periods.parse(api, c.periods, self.tz, 0, c.week_start) != name:
+            raise InvalidInput(f"{name!r} is not a dated period of this board", "period", "invalid_period")
+        return name
+
+    async def freeze(self, name: str, now_ms: int | None = None) -> int:
+        """Freeze the dated period ``name`` (``d:2026-11-30``, as ``resolve`` gives it in
+        ``ResolvedView.period``) on every shard: from each shard's marker on, write.lua applies no
+        result to the period there, whatever the writing router's clock says (results still count
+        in the total and the periods still open). Idempotent: a repeated or retried freeze changes
+        nothing, so after a partial failure the caller runs it again. The markers expire with the
+        period's keys. Returns how many shards this call froze (0: all were frozen already).
+        Concurrent across shards, not atomic across them: ``frozen`` is true once every shard is."""
+        name = self.dated(name)
+        now = times.now_ms() if now_ms is None else now_ms
+        expire_at = self._expiry(name)
+
+        async def one(prefix: str) -> int:
+            marker = [keys.index_key(prefix), keys.gone_key(prefix), keys.frozen_key(prefix, name)]
+            try:
+                return int(await self.scripts.freeze(keys=marker, args=[expire_at, now]))
+            except ResponseError as e:
+                raise self.gone(e) from e
+
+        return sum(await asyncio.gather(*(one(prefix) for prefix in self.prefixes)))
+
+    async def frozen(self, name: str) -> bool:
+        """Whether the dated period ``name`` is frozen on every shard (see ``freeze``)."""
+        name = self.dated(name)
+        pipe = batch(self.client)
+        for prefix in self.prefixes:
+            pipe.execute_command("EXISTS", keys.frozen_key(prefix, name))
+        return all(await pipe.execute())
 
     # ---- reads ----------------------------------------------------------------------------
 
@@ -328,9 +378,8 @@ class Board:
         limits the read to that region's shards, or reads all of them without one. A read given
         no view reads ``resolve()``: the whole board's total.
         """
-        name = periods.parse(
-            period, self.config.periods, self.tz, times.now_ms() if now_ms is None else now_ms
-        )
+        now = times.now_ms() if now_ms is None else now_ms
+        name = periods.parse(period, self.config.periods, self.tz, now, self.config.week_start)
         if self.layout.strategy != "region":
             region = None
         total = name == "total"
@@ -342,6 +391,11 @@ class Board:
             tuple(keys.period_key(self.prefixes[s], name) for s in self.layout.view(total, region)),
             self.layout.strategy == "band" and total,
         )
+
+    def resets_at(self, name: str) -> str | None:
+        """When the period ``name`` (a view's ``period``) ends, in RFC 3339 with the board's UTC
+        offset at that instant; None for the total."""
+        return periods.resets_at(name, self.tz, self.config.week_start)
 
     def _merged(self, view: ResolvedView) -> View:
         return View(self.client, view.keys, self.scripts.counts, view.banded, self.shallow)

@@ -38,13 +38,17 @@ DEFAULT_DEDUP_WINDOW_S = 86_400  # api.md: "within the board's dedup window, def
 # 1.25 with 4, for ~5.5 us more Redis CPU per incr result (bench/dedup.py). With a 24 h window,
 # dedup memory, not CPU, bounds what an incr master takes, by ten times or more (README, "Memory").
 DEDUP_BUCKETS = 24
+# A dated period takes results until its end plus close_grace seconds, then it is closed: 5 minutes
+# by default, up to 7 days (a later close would outlive a short retention for nothing).
+DEFAULT_CLOSE_GRACE_S = 300
+CLOSE_GRACE_S = (0, 7 * 86_400)
 # Optional moderation settings (shardlb/moderation.py; null: off) and their largest values.
 MODERATION = ("max_points_per_result", "max_results_per_player_per_minute", "inactive_after")
-
 # Every field of a board's settings, in the order ``BoardConfig.to_dict`` writes them.
 SETTINGS = (
     "board", "mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max", "epoch",
-    "resolution", "dedup_window_s", "durability", "sharding", "rank_mode", "tie_awards", *MODERATION,
+    "resolution", "dedup_window_s", "durability", "sharding", "rank_mode", "close_grace", "week_start",
+    "tie_awards", *MODERATION,
 )  # fmt: skip
 MODERATION_MAX = {"max_points_per_result": MAX_POINTS, "max_results_per_player_per_minute": 100_000,
                   "inactive_after": 10 * 365 * 86_400}  # fmt: skip
@@ -96,6 +100,8 @@ class BoardConfig:
     durability: str = "journal"
     sharding: Sharding = field(default_factory=Sharding)
     rank_mode: str = "unique"  # the reads' default; a read may ask for the other (RANK_MODES)
+    close_grace_s: int = DEFAULT_CLOSE_GRACE_S
+    week_start: str = "monday"  # the local weekday weekly periods start on (shardlb/periods.py)
     tie_awards: str = "cut"
     # Moderation (shardlb/moderation.py), each off when None: results above these points or past this
     # many per player and minute are refused; players idle this many seconds leave the total board.
@@ -127,6 +133,8 @@ class BoardConfig:
             "durability": self.durability,
             "sharding": self.sharding.to_dict(),
             "rank_mode": self.rank_mode,
+            "close_grace": self.close_grace_s,
+            "week_start": self.week_start,
             "tie_awards": self.tie_awards,
             **{name: getattr(self, name) for name in MODERATION},
         }
@@ -176,6 +184,8 @@ class BoardConfig:
             durability=_choice(body, "durability", DURABILITY, "journal"),
             sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
             rank_mode=_choice(body, "rank_mode", RANK_MODES, "unique"),
+            close_grace_s=_int(body.get("close_grace", DEFAULT_CLOSE_GRACE_S), "close_grace", *CLOSE_GRACE_S),
+            week_start=_choice(body, "week_start", periods.WEEKDAYS, "monday"),
             tie_awards=_choice(body, "tie_awards", TIE_AWARDS, "cut"),
             **{
                 n: None if body.get(n) is None else _int(body[n], n, 1, MODERATION_MAX[n]) for n in MODERATION

@@ -202,6 +202,7 @@ class Scripts:
     rebuild: Script
     remove: Script
     rate: Script
+    freeze: Script
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:

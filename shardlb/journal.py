@@ -2,10 +2,12 @@
 
 One entry per script call that applied anything: ``b`` board, ``i`` incarnation, ``s`` shard and
 ``r``, a MessagePack array of (dedup member, points, time units) per applied result, in the order
-applied. A result is on the board if and only if it is in its shard's journal (the script does
-both in one atomic call). A removal (shardlb/moderation.py, remove.lua) is an entry with ``x``
-instead of ``r``: a MessagePack array of the player ids removed from every period of the shard at
-that id; results of those players with smaller ids on this shard no longer count. The archiver
+applied, and ``c`` when some result was not applied to a closed or frozen period of its own: the
+names of those periods per result (write.lua's header). A result is on the board if and only if
+it is in its shard's journal (the script does both in one atomic call). A removal
+(shardlb/moderation.py, remove.lua) is an entry with ``x`` instead of ``r``: a MessagePack array
+of the player ids removed from every period of the shard at that id; results of those players
+with smaller ids on this shard no longer count. The archiver
 (shardlb/archive.py) copies entries into PostgreSQL and trims what it committed; a rebuild replays
 the entries written after its snapshot.
 """
@@ -28,6 +30,7 @@ class Applied(NamedTuple):
     player_id: str
     points: int
     units: int
+    skipped: tuple[str, ...] = ()  # its periods it was NOT applied to (closed or frozen), by name
 
 
 class Entry(NamedTuple):
@@ -50,11 +53,14 @@ def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
     if "x" in get:
         return Entry(*head, [], tuple(_text(p) for p in msgpack.unpackb(get["x"], raw=False)))
     flat = msgpack.unpackb(get["r"], raw=False)
+    skips = msgpack.unpackb(get["c"], raw=False) if "c" in get else [""] * (len(flat) // 3)
     results = []
     for n in range(0, len(flat), 3):
         member = flat[n] if isinstance(flat[n], str) else bytes(flat[n]).decode()
         match, _, player = member.rpartition("\x00")  # player ids never hold NUL; match ids may
-        results.append(Applied(match, player, int(flat[n + 1]), int(flat[n + 2])))
+        skipped = _text(skips[n // 3])
+        closed = tuple(skipped.split(",")) if skipped else ()
+        results.append(Applied(match, player, int(flat[n + 1]), int(flat[n + 2]), closed))
     return Entry(*head, results)
 
 

@@ -14,6 +14,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:seen                     inactive_after boards: player -> last post ms
     lb:{<tag>}:<board>:<inc>:<shard>:rate:<minute> / rated:<minute>   per-minute result counts (sanity)
     lb:bans / lb:bans:v                                       banned players (scope/player -> record), version
+    lb:{<tag>}:<board>:<inc>:<shard>:frozen:d:2026-11-30      set once that period is frozen (expires with it)
     lb:{<tag>}:ack                                            a replica-acknowledged write's marker (expires)
 
 ``<inc>`` is the board's incarnation, a token drawn when the board is created: a board deleted and
@@ -136,6 +137,12 @@ def activity_key(prefix: str) -> str:
 def rate_keys(prefix: str, minute: int) -> tuple[str, str]:
     """The per-minute sanity counters of a shard: (match, player) pairs counted, and counts per player."""
     return f"{prefix}rated:{minute}", f"{prefix}rate:{minute}"
+
+
+def frozen_key(prefix: str, period: str) -> str:
+    """The marker that ``period`` (``d:2026-11-30``) is frozen on this shard: write.lua applies
+    nothing more to it. It lives in the shard's slot and expires with the period's key."""
+    return f"{prefix}frozen:{period}"
 
 
 def ack_key(slot: int) -> str:

@@ -1,8 +1,14 @@
-"""Period names: which daily, ISO-weekly and monthly board a result counts in, and when those end.
+"""Period names: which daily, weekly and monthly board a result counts in, and when those end.
 
 A result counts in the periods of its *achieved* time in the board's timezone, never its arrival time,
 so a replay lands on the same keys. Names are the key suffixes: ``total``, ``d:2026-11-30``,
 ``w:2026-W48``, ``m:2026-11``.
+
+Weeks start on the board's ``week_start`` day. Whatever that day, a week is named after the ISO week
+of the one Monday among its seven days: with ``monday`` the names are exactly ISO weeks, and with
+any start every ISO week name still names exactly one week (so the API pattern is the same), the
+week containing that Monday. A Sunday-start week from Sunday 29 Nov 2026 to Saturday 5 Dec is
+``w:2026-W49``, as is the Monday-start week from Monday 30 Nov.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 from shardlb.errors import InvalidInput
 
 KINDS = ("total", "daily", "weekly", "monthly")
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 DATED = ("daily", "weekly", "monthly")
 _PREFIX = {"daily": "d", "weekly": "w", "monthly": "m"}
 _KIND_OF_PREFIX = {v: k for k, v in _PREFIX.items()}
@@ -70,14 +77,25 @@ def zone(name: str) -> ZoneInfo:
         raise InvalidInput(f"unknown timezone {name!r}", "timezone") from e
 
 
-def name_for(kind: str, day: date) -> str:
+def _monday_after_start(week_start: str) -> int:
+    """Days from the first day of a week starting on ``week_start`` to the Monday in it."""
+    return -WEEKDAYS.index(week_start) % 7
+
+
+def week_first_day(day: date, week_start: str = "monday") -> date:
+    """The first day of the week (starting on ``week_start``) that contains ``day``."""
+    return day - timedelta(days=(day.weekday() - WEEKDAYS.index(week_start)) % 7)
+
+
+def name_for(kind: str, day: date, week_start: str = "monday") -> str:
     """The period name of ``kind`` containing the local calendar day ``day``."""
     if kind == "total":
         return "total"
     if kind == "daily":
         return f"d:{day.isoformat()}"
     if kind == "weekly":
-        year, week, _ = day.isocalendar()
+        monday = week_first_day(day, week_start) + timedelta(days=_monday_after_start(week_start))
+        year, week, _ = monday.isocalendar()
         return f"w:{year}-W{week:02d}"
     if kind == "monthly":
         return f"m:{day.year}-{day.month:02d}"
@@ -88,13 +106,13 @@ def local_day(epoch_ms: int, tz: ZoneInfo) -> date:
     return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC).astimezone(tz).date()
 
 
-def names_at(epoch_ms: int, kinds: tuple[str, ...], tz: ZoneInfo) -> list[str]:
+def names_at(epoch_ms: int, kinds: tuple[str, ...], tz: ZoneInfo, week_start: str = "monday") -> list[str]:
     """The period names (``total`` first) that a result achieved at ``epoch_ms`` counts in."""
     day = local_day(epoch_ms, tz)
-    return [name_for(kind, day) for kind in kinds]
+    return [name_for(kind, day, week_start) for kind in kinds]
 
 
-def first_day(name: str) -> tuple[str, date]:
+def first_day(name: str, week_start: str = "monday") -> tuple[str, date]:
     """(kind, first local day) of a dated period name."""
     kind = _KIND_OF_PREFIX[name[0]]
     value = name[2:]
@@ -102,21 +120,40 @@ def first_day(name: str) -> tuple[str, date]:
         return kind, date.fromisoformat(value)
     if kind == "weekly":
         year, week = value.split("-W")
-        return kind, date.fromisocalendar(int(year), int(week), 1)
+        monday = date.fromisocalendar(int(year), int(week), 1)
+        return kind, monday - timedelta(days=_monday_after_start(week_start))
     year, month = value.split("-")
     return kind, date(int(year), int(month), 1)
 
 
-def end_ms(name: str, tz: ZoneInfo) -> int:
+def _midnight_ms(day: date, tz: ZoneInfo) -> int:
+    return int(datetime(day.year, day.month, day.day, tzinfo=tz).timestamp() * 1000)
+
+
+def end_ms(name: str, tz: ZoneInfo, week_start: str = "monday") -> int:
     """The epoch ms at which the dated period ``name`` ends (local midnight after its last day)."""
-    kind, start = first_day(name)
+    kind, start = first_day(name, week_start)
     if kind == "daily":
         nxt = start + timedelta(days=1)
     elif kind == "weekly":
         nxt = start + timedelta(days=7)
     else:
         nxt = date(start.year + start.month // 12, start.month % 12 + 1, 1)
-    return int(datetime(nxt.year, nxt.month, nxt.day, tzinfo=tz).timestamp() * 1000)
+    return _midnight_ms(nxt, tz)
+
+
+def closes_ms(name: str, tz: ZoneInfo, grace_s: int, week_start: str = "monday") -> int:
+    """The epoch ms from which the dated period ``name`` takes no more results: its end plus the
+    board's close grace (write.lua compares it with the writing router's clock)."""
+    return end_ms(name, tz, week_start) + grace_s * 1000
+
+
+def resets_at(name: str, tz: ZoneInfo, week_start: str = "monday") -> str | None:
+    """When the period ``name`` ends, as RFC 3339 with the board's UTC offset at that instant
+    (``2026-12-01T00:00:00+09:00``); None for the total, which never ends."""
+    if name == "total":
+        return None
+    return datetime.fromtimestamp(end_ms(name, tz, week_start) / 1000, tz=tz).isoformat()
 
 
 def api_name(name: str) -> str:
@@ -125,7 +162,7 @@ def api_name(name: str) -> str:
     return f"{kind}:{name[2:]}" if kind else name
 
 
-def parse(text: str, kinds: tuple[str, ...], tz: ZoneInfo, now_ms: int) -> str:
+def parse(text: str, kinds: tuple[str, ...], tz: ZoneInfo, now_ms: int, week_start: str = "monday") -> str:
     """Resolve an API period (``weekly``, ``daily:2026-11-30``, ...) to a name this board keeps."""
     kind, dated, given = text.partition(":")
     if kind not in KINDS:
@@ -144,5 +181,5 @@ def parse(text: str, kinds: tuple[str, ...], tz: ZoneInfo, now_ms: int) -> str:
     if kind == "total":
         return "total"
     if not dated:
-        return name_for(kind, local_day(now_ms, tz))
+        return name_for(kind, local_day(now_ms, tz), week_start)
     return f"{_PREFIX[kind]}:{given}"

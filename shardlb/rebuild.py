@@ -72,7 +72,9 @@ def period_expiry(board: Board, name: str) -> int:
     if name == "total":
         return 0
     kind = periods.first_day(name)[0]
-    return periods.end_ms(name, board.tz) + board.config.retention_days[kind] * DAY_MS
+    return (
+        periods.end_ms(name, board.tz, board.config.week_start) + board.config.retention_days[kind] * DAY_MS
+    )
 
 
 def wanted_periods(board: Board, period: str | None, now_ms: int) -> Callable[[str], bool]:
@@ -96,21 +98,24 @@ class Fold:
         self.mode = board.config.mode
         self.codec = board.codec
         self.boards: dict[str, dict[str, Any]] = {}
-        kinds, tz = board.config.periods, board.tz
+        kinds, tz, week_start = board.config.periods, board.tz, board.config.week_start
 
         def names(quarter: int) -> tuple[str, ...]:
             # Zone offsets are multiples of 15 minutes: one lookup serves a quarter hour (as in Board).
-            return tuple(n for n in periods.names_at(quarter * QUARTER_HOUR_MS, kinds, tz) if wanted(n))
+            at = quarter * QUARTER_HOUR_MS
+            return tuple(n for n in periods.names_at(at, kinds, tz, week_start) if wanted(n))
 
         self._names = lru_cache(maxsize=4096)(names)
 
-    def names(self, units: int) -> tuple[str, ...]:
-        """The wanted period boards a result achieved at ``units`` counts in."""
-        return self._names(self.codec.units_to_ms(units) // QUARTER_HOUR_MS)
+    def names(self, r: Applied) -> tuple[str, ...]:
+        """The wanted period boards result ``r`` counts in: those of its achieved time but the closed
+        or frozen ones the board skipped when it applied ``r`` (as journaled)."""
+        names = self._names(self.codec.units_to_ms(r.units) // QUARTER_HOUR_MS)
+        return tuple(n for n in names if n not in r.skipped) if r.skipped else names
 
     def add(self, r: Applied) -> None:
         score = self.codec.encode_units(r.points, r.units)
-        for name in self.names(r.units):
+        for name in self.names(r):
             board = self.boards.setdefault(name, {})
             old = board.get(r.player_id)
             if self.mode == "best":
@@ -205,7 +210,8 @@ class Rebuilder:
             )
         layout = board.layout
         now = times.now_ms()
-        name = None if period is None else periods.parse(period, board.config.periods, board.tz, now)
+        c = board.config
+        name = None if period is None else periods.parse(period, c.periods, board.tz, now, c.week_start)
         if shard is not None and not 0 <= shard < layout.physical:
             raise InvalidInput(f"shard must be from 0 to {layout.physical - 1}", "shard")
         homes = range(board.config.sharding.shards)
@@ -248,12 +254,12 @@ class Rebuilder:
             removals = [v for player in cuts for v in (player, 0, 0, 0, 0)]
             if status == "ok":  # forced: the swap is done, and these go onto the live keys, once
                 live = {name: keys.period_key(prefix, name) for name in (pairs if cuts else ())}
-                live |= {name: keys.period_key(prefix, name) for r in new for name in fold.names(r.units)}
+                live |= {name: keys.period_key(prefix, name) for r in new for name in fold.names(r)}
                 items = [*removals, *self._items(fold, new, live)]
                 await self._call(board, shard, "apply", live, last, True, items)
                 break
             for r in new:
-                for name in fold.names(r.units):
+                for name in fold.names(r):
                     pairs.setdefault(name, f"{prefix}tmp:{token}:{name}")
             items = [*items, *removals, *self._items(fold, new, pairs)]
         counted = "total" if wanted("total") else next(iter(sorted(pairs)), "total")
@@ -454,7 +460,8 @@ class Rebuilder:
         those journaled before a removal of their player on this shard (shardlb/moderation.py)."""
         position = _position("m.journal_id")
         sql = (
-            "SELECT m.match_id, m.player_id, m.points, m.achieved_ms, m.journal_id FROM match_results m "
+            "SELECT m.match_id, m.player_id, m.points, m.achieved_ms, m.journal_id, m.skipped "
+            "FROM match_results m "
             "WHERE m.board = %s AND m.incarnation = %s AND m.shard = %s "
             "AND NOT EXISTS (SELECT 1 FROM bans b "
             "WHERE b.player_id = m.player_id AND b.board IN (m.board, %s)) "
@@ -476,8 +483,11 @@ class Rebuilder:
         codec = board.codec
         skip = skip or set()
         return [
-            (parse_id(entry_id), Applied(m, p, points, (at - codec.epoch_ms) // codec.unit_ms))
-            for m, p, points, at, entry_id in found
+            (
+                parse_id(entry_id),
+                Applied(m, p, points, (at - codec.epoch_ms) // codec.unit_ms, tuple(skipped)),
+            )
+            for m, p, points, at, entry_id, skipped in found
             if entry_id not in skip
         ]
 
@@ -514,7 +524,7 @@ class Rebuilder:
         out: list[Any] = []
         for r in results:
             score = codec.encode_units(r.points, r.units)
-            for name in fold.names(r.units):
+            for name in fold.names(r):
                 out += [r.player_id, score, r.points, r.units, numbers[name]]
         return out
 

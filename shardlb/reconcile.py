@@ -63,7 +63,7 @@ async def reconcile(rebuilder: Rebuilder, board: Board, period: str = "total") -
     if board.config.durability != "journal":
         raise BoardConflict(f"board {board.config.id!r} keeps no journal (durability memory)", "board")
     now = times.now_ms()
-    name = periods.parse(period, board.config.periods, board.tz, now)
+    name = periods.parse(period, board.config.periods, board.tz, now, board.config.week_start)
     wanted = wanted_periods(board, name, now)
     homes = range(board.config.sharding.shards)
     checks: list[ShardCheck] = []

@@ -50,7 +50,6 @@ from shardlb.settlement_rewards import Tier
 
 DEFAULT_TOP_N = 1000
 MAX_TOP_N = 100_000
-CLOSE_GRACE_S = 300  # until the board setting close_grace lands: a period is closed this long after its end
 DRAIN_WAIT_S = 30.0
 SHARDS_IN_FLIGHT = 8  # shards read at once by the check (each a ZSCAN on its own connection)
 STEPS = ("begin", "freeze", "drain", "compute", "check", "snapshot", "awards", "commit")
@@ -171,23 +170,23 @@ class Standing(NamedTuple):
 
 
 def period_bounds(board: Board, name: str) -> tuple[int, int]:
-    """[start, end) of a dated period in epoch ms, in the board's time zone."""
-    first = periods.first_day(name)[1]
+    """[start, end) of a dated period in epoch ms, in the board's time zone and week start."""
+    week_start = board.config.week_start
+    first = periods.first_day(name, week_start)[1]
     start = int(datetime(first.year, first.month, first.day, tzinfo=board.tz).timestamp() * 1000)
-    return start, periods.end_ms(name, board.tz)
+    return start, periods.end_ms(name, board.tz, week_start)
 
 
 def closes_at(board: Board, name: str) -> int:
-    """When a dated period is closed: its end plus the grace in which late results still count."""
-    return periods.end_ms(name, board.tz) + CLOSE_GRACE_S * 1000
+    """When a dated period is closed: its end plus the board's ``close_grace``."""
+    return periods.closes_ms(name, board.tz, board.config.close_grace_s, board.config.week_start)
 
 
 async def freeze(board: Board, name: str) -> None:
-    """Freeze the period on every shard: the one call the settlement makes for it.
-
-    The freeze itself (a per-shard marker write.lua checks) belongs to the period lifecycle; until
-    it is on main this does nothing, and a settled period is guarded by its closing alone."""
-    del board, name
+    """Step 2: freeze a dated period on every shard (``Board.freeze``: idempotent). The total of a
+    board archived at its season's end has no freeze: the board is deleted right after."""
+    if name != "total":
+        await board.freeze(name)
 
 
 class Settler:
@@ -220,7 +219,8 @@ class Settler:
                 "not_journaled",
             )
         now = times.now_ms() if now_ms is None else now_ms
-        name = "total" if season else periods.parse(period, board.config.periods, board.tz, now)
+        c = board.config
+        name = "total" if season else periods.parse(period, c.periods, board.tz, now, c.week_start)
         if name == "total" and not season:
             raise InvalidInput(
                 "the total period never closes: settle a dated period (or archive the board)",
@@ -353,9 +353,10 @@ class Settler:
         unique order: a higher score, then the larger player id, as shardlb/merge.py)."""
         start, end = (0, 2**62) if name == "total" else period_bounds(board, name)
         where = (
-            "WHERE board = %s AND incarnation = %s AND achieved_ms >= %s AND achieved_ms < %s " + MODERATED
+            "WHERE board = %s AND incarnation = %s AND achieved_ms >= %s AND achieved_ms < %s "
+            "AND NOT %s = ANY(skipped) " + MODERATED
         )
-        params = (board.config.id, board.incarnation, start, end, moderation.ALL)
+        params = (board.config.id, board.incarnation, start, end, name, moderation.ALL)
         mode, codec = board.config.mode, board.codec
         if mode == "best":
             sql = (

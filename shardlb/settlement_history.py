@@ -130,7 +130,7 @@ async def player_history(
     final = {period: (rank, points) for period, rank, points in await cur.fetchall()}
     out = []
     for match_id, points, achieved in results:
-        names = periods.names_at(achieved, board.config.periods, board.tz)
+        names = periods.names_at(achieved, board.config.periods, board.tz, board.config.week_start)
         out.append(
             {
                 "match_id": match_id,

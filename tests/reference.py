@@ -20,6 +20,8 @@ class ReferenceBoard:
     boards: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     seen: set[tuple[str, str]] = field(default_factory=set)
     region_of: dict[str, str] = field(default_factory=dict)
+    frozen: set[str] = field(default_factory=set)  # period names frozen (Board.freeze)
+    closed: list[tuple[str, ...]] = field(default_factory=list)  # per score of the last submit: API names
 
     @property
     def codec(self) -> ScoreCodec:
@@ -27,12 +29,20 @@ class ReferenceBoard:
 
     def submit(self, scores: list[Score], now_ms: int) -> list[tuple[str, int]]:
         """Apply in order; return (status, total points after) per score."""
-        codec, tz = self.codec, periods.zone(self.config.timezone)
+        codec, tz, c = self.codec, periods.zone(self.config.timezone), self.config
         out = []
+        self.closed = []
         for s in scores:
             achieved = now_ms if s.achieved_ms is None else s.achieved_ms
             units = codec.time_units(achieved)
-            names = periods.names_at(achieved, self.config.periods, tz)
+            names = periods.names_at(achieved, c.periods, tz, c.week_start)
+            # A closed or frozen period takes nothing; the result counts in the others.
+            shut = [
+                n
+                for n in names[1:]
+                if n in self.frozen or now_ms >= periods.closes_ms(n, tz, c.close_grace_s, c.week_start)
+            ]
+            names = [n for n in names if n not in shut]
             total = self.boards.setdefault("total", {})
             before = total.get(s.player_id)
             status = "unchanged"
@@ -72,6 +82,8 @@ class ReferenceBoard:
             if after is not None and s.region is not None:
                 self.region_of.setdefault(s.player_id, s.region)
             out.append((status, after[0] if after else 0))
+            applied = status in ("improved", "unchanged")
+            self.closed.append(tuple(periods.api_name(n) for n in shut) if applied else ())
         return out
 
     def order(self, name: str = "total", region: str | None = None) -> list[tuple[int, str, int, int]]:

@@ -88,6 +88,7 @@ async def test_random_workload_matches_reference(
             "periods": ["daily", "weekly"],
             "points_max": 1000,
             "sharding": sharding(strategy, shards),
+            "close_grace": 7 * 86_400,  # yesterday stays open: the day read below takes results
         },
     )
     board, _ = await store.create(config)

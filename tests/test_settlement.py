@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardlb import keys, moderation, periods, settlement_delivery, times
+from shardlb import keys, moderation, settlement_delivery, times
 from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
@@ -50,10 +50,11 @@ async def written(
     board: Board, period: str, seed: str, players: int = 40, results: int = 120
 ) -> ReferenceBoard:
     """Random results achieved inside ``period`` (with retries of earlier ones), fed to the board
-    and to the reference in the order they were answered."""
+    and to the reference in the order they were answered, sent while the period was open (the
+    writes' clock is the period's last millisecond, or now for the current one)."""
     rng = random.Random(seed)
     ref = ReferenceBoard(board.config)
-    start, end = period_bounds(board, periods.parse(period, board.config.periods, board.tz, times.now_ms()))
+    start, end = period_bounds(board, board.resolve(period).period)
     end = min(end, times.now_ms())
     sent: list[Score] = []
     for batch_no in range(results // 30):
@@ -67,9 +68,8 @@ async def written(
                 Score(f"p{rng.randrange(players):03d}", rng.randrange(0, 50), f"{seed}-m{batch_no}-{n}", at)
             )
             sent.append(batch[-1])
-        now = times.now_ms()
-        await board.submit(batch, now_ms=now)
-        ref.submit(batch, now_ms=now)
+        await board.submit(batch, now_ms=end - 1)
+        ref.submit(batch, now_ms=end - 1)
     return ref
 
 
@@ -91,7 +91,10 @@ async def db(postgres_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
 
 
 async def new_board(store: BoardStore, name: str, mode: str = "best", **settings: Any) -> Board:
-    body = {"mode": mode, "periods": ["daily"], "retention_days": {"daily": 30}, "sharding": {"shards": 3}}
+    # The writes' clock is set back into closed periods, days ago: an incr board's dedup records
+    # then expire a window after that clock, so the window is the longest one, 30 days.
+    body = {"mode": mode, "periods": ["daily"], "retention_days": {"daily": 30}, "sharding": {"shards": 3},
+            "dedup_window_s": 30 * 86_400}  # fmt: skip
     board, _ = await store.create(BoardConfig.from_dict(name, {**body, **settings}))
     return board
 
@@ -109,7 +112,7 @@ def expected_awards(
 ) -> list[tuple[int, str, str]]:
     from shardlb.settlement_rewards import assign, parse
 
-    name = periods.parse(period, board.config.periods, board.tz, times.now_ms())
+    name = board.resolve(period).period
     order = ref.order(name)
     return [
         (a.rank, order[a.rank - 1][1], a.reward) for a in assign(parse(TABLE), [o[2] for o in order], rule)
@@ -131,7 +134,7 @@ async def test_awards_follow_the_reference_order(
         )
         want = expected_awards(ref, period, board)
         assert want and await awards_of(db, f"ref-{mode}") == want
-        name = periods.parse(period, board.config.periods, board.tz, times.now_ms())
+        name = board.resolve(period).period
         assert result["players"] == len(ref.order(name))
         assert result["check"]["drifting"] == [] and result["forced"] is False
         cur = await db.execute(
@@ -158,6 +161,13 @@ async def test_an_id_pays_once_and_names_one_settlement(
         request = Request.of({"settlement_id": "once-1", "rewards": TABLE})
         first = await settler.settle(board, period, request)
         paid = await awards_of(db, "once-1")
+        name = board.resolve(period).period
+        assert await board.frozen(name)  # a write from a clock set back into the period is kept out
+        start, _ = period_bounds(board, name)
+        [late] = await board.submit([Score("late", 49, "once-late", start + 1000)], now_ms=start + 2000)
+        assert late.closed == (period,) and "late" not in {
+            e.player_id for e in await board.top(100, board.resolve(period))
+        }
         assert await settler.settle(board, period, request) == first
         assert await awards_of(db, "once-1") == paid
         other_table = Request.of({"settlement_id": "once-1", "rewards": TABLE[:1]})
@@ -207,7 +217,7 @@ async def test_a_drifting_board_stops_the_settlement_unless_forced(
 ) -> None:
     board = await new_board(store, "settle-drift")
     period = day_ago(2)
-    name = periods.parse(period, board.config.periods, board.tz, times.now_ms())
+    name = board.resolve(period).period
     try:
         ref = await written(board, period, "drift")
         await drain(raw, store, rebuilder.db.info.dsn)
@@ -253,9 +263,10 @@ async def test_all_pays_every_tie_at_a_boundary(
     got = {}
     for rule in ("cut", "all"):
         board = await new_board(store, f"settle-ties-{rule}", tie_awards=rule)
-        start, _ = period_bounds(board, periods.parse(period, ("total", "daily"), board.tz, times.now_ms()))
+        start, _ = period_bounds(board, board.resolve(period).period)
         try:
-            await board.submit([Score(p, v, "m1", start + 1000 * i) for i, (p, v) in enumerate(ties.items())])
+            sent = [Score(p, v, "m1", start + 1000 * i) for i, (p, v) in enumerate(ties.items())]
+            await board.submit(sent, now_ms=start + 10_000)  # while the period was open
             await drain(raw, store, rebuilder.db.info.dsn)
             table = [{"rank": 1, "reward": "gold"}, {"ranks": [2, 3], "reward": "silver"}]
             await Settler(rebuilder).settle(
@@ -427,7 +438,7 @@ async def test_a_removed_player_is_neither_ranked_nor_rewarded(
 ) -> None:
     board = await new_board(store, "settle-removed")
     period = day_ago(2)
-    name = periods.parse(period, board.config.periods, board.tz, times.now_ms())
+    name = board.resolve(period).period
     try:
         ref = await written(board, period, "removed")
         cheater = ref.order(name)[0][1]

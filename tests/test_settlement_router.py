@@ -9,7 +9,7 @@ import httpx
 import psycopg
 import pytest
 
-from shardlb import periods, times
+from shardlb import times
 from shardlb.board import Score
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running
@@ -65,7 +65,7 @@ async def test_settle_read_page_and_ack_over_http(
 
             # reads of the settled period come from the snapshot, marked settled
             top = (await client.get(f"/v1/boards/{name}/top", params={"period": period, "limit": 3})).json()
-            order = ref.order(periods.parse(period, board.config.periods, board.tz, times.now_ms()))
+            order = ref.order(board.resolve(period).period)
             assert top["settled"] is True and top["settlement_id"] == sid
             assert [(e["rank"], e["player_id"], e["points"]) for e in top["entries"]] == [
                 (i + 1, o[1], o[2]) for i, o in enumerate(order[:3])

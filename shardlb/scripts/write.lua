@@ -10,23 +10,29 @@
 --             {band start points (band boards)}, {expiry ms of each KEYS[i], 0 = never},
 --             journal key index (0: the board keeps no journal), journal bound (entries),
 --             board id, incarnation, shard (written into each journal entry),
+--             {per dated period key: its index, its frozen marker's index, when it closes (ms), its name}
 --             activity key index (0: none; inactive_after boards: player -> last applied post, ms)
 -- ARGV[2]     ONE MessagePack array, flat: per result player, score, points, time_units,
 --             dedup_member, server_time (1 when the caller sent no achieved time), <period key
 --             indices, total first>. (One packed argument instead of thousands: the client spends
 --             most of its time encoding arguments one by one.)
--- Returns per result: status, total score after, version, pending band moves.
+-- Returns per result: status, total score after, version, pending band moves, skipped periods.
 --   status: i improved, u unchanged, d duplicate, o overflow (incr past points_max),
 --           r region conflict (nothing written; `after` is the player's total in their region),
 --           p pinned (nothing written; `after` is the time units this (match, player) was first
 --             seen with: the caller sends the result again with that time)
 --   version, pending (band boards): the player's version and the comma-separated band indices
 --           that may still hold a stale row, when a band move is unfinished; 0 and '-' otherwise.
+--   skipped: the comma-separated names of the result's periods it was NOT applied to because they
+--           are closed (now >= their close time) or frozen (their marker exists); '' when none,
+--           and always '' for a result not applied. The result still counts in its other periods.
 -- Journal: every result that was applied (any status but d, o, r, p) is appended, in this same
 --   call, to the shard's stream as ONE entry: b board, i incarnation, s shard, r a MessagePack
 --   array, flat: dedup_member (match_id NUL player_id), points, time_units per result. So a
---   result is on the board if and only if it is in the journal. A journal at its bound refuses the
---   whole call (JOURNALFULL): nothing is applied, and the caller answers 503.
+--   result is on the board if and only if it is in the journal. When a result of the call skipped
+--   a period, the entry also has x: a MessagePack array with each result's `skipped` (as returned),
+--   so the journal says exactly which periods each result went into. A journal at its bound
+--   refuses the whole call (JOURNALFULL): nothing is applied, and the caller answers 503.
 -- Scores are integers below 2^53, which Lua doubles hold exactly; they are formatted with %.0f
 -- because Lua's default number formatting keeps only 14 digits.
 
@@ -38,11 +44,19 @@ local h = cmsgpack.unpack(ARGV[1])
 local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
 local now, P, vk, pendk = h[6], h[7], h[8], h[9]
 local dd, pins, rivals, bands, expiry = h[10], h[11], h[12], h[13], h[14]
-local jk, jmax, ak = h[15], h[16], h[20] or 0
+local jk, jmax, ak = h[15], h[16], h[21] or 0
 if jk > 0 and redis.call('XLEN', KEYS[jk]) >= jmax then
   return redis.error_reply('JOURNALFULL the journal of this shard is at its bound; the archiver is behind')
 end
-local journal = {}
+local journal, journal_skips, skips = {}, {}, false
+-- A closed or frozen period takes no result, whatever the result's time: decided once per call.
+local shut, period_name = {}, {}
+local locks = h[20]
+for i = 1, #locks, 4 do
+  local k = locks[i]
+  period_name[k] = locks[i + 3]
+  shut[k] = now >= locks[i + 2] or redis.call('EXISTS', KEYS[locks[i + 1]]) == 1
+end
 local ndd = #dd
 local items = cmsgpack.unpack(ARGV[2])
 local pos = 1
@@ -81,8 +95,12 @@ while pos <= #items do
   local player, score = items[pos], items[pos + 1]
   local score_text = fmt(score)
   local points, units, member, server_time = items[pos + 2], items[pos + 3], items[pos + 4], items[pos + 5]
-  local pk = {}
-  for j = 1, P do pk[j] = items[pos + 5 + j] end
+  local pk, skipped = {}, {}
+  for j = 1, P do
+    local k = items[pos + 5 + j]
+    if shut[k] then skipped[#skipped + 1] = period_name[k] else pk[#pk + 1] = k end
+  end
+  local n = #pk
   pos = pos + 6 + P
   local total = KEYS[pk[1]]
   local before = zscore(total, player)
@@ -123,12 +141,12 @@ while pos <= #items do
     end
     -- The total needs no ZADD when the score does not beat it (most results of a regular player);
     -- period boards may hold less than the total, so each gets its ZADD GT.
-    for j = (status == 'i') and 1 or 2, P do
+    for j = (status == 'i') and 1 or 2, n do
       redis.call('ZADD', KEYS[pk[j]], 'GT', score_text, player)
       touched[pk[j]] = true
     end
   elseif mode == 'set' then
-    for j = 1, P do
+    for j = 1, n do
       local key = KEYS[pk[j]]
       local old = (j == 1) and before or zscore(key, player)
       local replace = old == nil
@@ -154,7 +172,7 @@ while pos <= #items do
       status = 'd'
     else
       local new = {}
-      for j = 1, P do
+      for j = 1, n do
         local old = (j == 1) and before or zscore(KEYS[pk[j]], player)
         local op, ou = 0, units
         if old ~= nil then op, ou = split(old) end
@@ -162,7 +180,7 @@ while pos <= #items do
         new[j] = join(op + points, math.max(ou, units))
       end
       if status ~= 'o' then
-        for j = 1, P do
+        for j = 1, n do
           redis.call('ZADD', KEYS[pk[j]], fmt(new[j]), player)
           touched[pk[j]] = true
         end
@@ -198,23 +216,29 @@ while pos <= #items do
       pending = p
     end
   end
-  if ak > 0 and status ~= 'd' and status ~= 'o' and status ~= 'r' and status ~= 'p' then
+  local applied = status ~= 'd' and status ~= 'o' and status ~= 'r' and status ~= 'p'
+  local closed = (applied and #skipped > 0) and table.concat(skipped, ',') or ''
+  if ak > 0 and applied then
     redis.call('ZADD', KEYS[ak], 'GT', now, player)
     touched[ak] = true
   end
-  if jk > 0 and status ~= 'd' and status ~= 'o' and status ~= 'r' and status ~= 'p' then
+  if jk > 0 and applied then
     journal[#journal + 1] = member
     journal[#journal + 1] = points
     journal[#journal + 1] = units
+    journal_skips[#journal_skips + 1] = closed
+    skips = skips or closed ~= ''
   end
   out[#out + 1] = status
   out[#out + 1] = after and fmt(after) or ''
   out[#out + 1] = version
   out[#out + 1] = pending
+  out[#out + 1] = closed
 end
 
 if #journal > 0 then
-  redis.call('XADD', KEYS[jk], '*', 'b', h[17], 'i', h[18], 's', h[19], 'r', cmsgpack.pack(journal))
+  local x = skips and {'c', cmsgpack.pack(journal_skips)} or {}
+  redis.call('XADD', KEYS[jk], '*', 'b', h[17], 'i', h[18], 's', h[19], 'r', cmsgpack.pack(journal), unpack(x))
   touched[jk] = true
 end
 for i, _ in pairs(touched) do

@@ -1,0 +1,13 @@
+-- Freeze ONE period on ONE shard: from this call on, write.lua applies nothing more to it.
+--
+-- KEYS[1] the shard's key index, KEYS[2] its `gone` marker, KEYS[3] the period's frozen marker.
+-- ARGV[1] when the period's keys expire (epoch ms; the marker expires with them), ARGV[2] now (ms).
+-- The marker keeps the time of the first freeze, so a retried or repeated freeze changes nothing.
+-- Returns 1 when this call froze the period, 0 when it was frozen already.
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return redis.error_reply('BOARDGONE this board was deleted')
+end
+local fresh = redis.call('SET', KEYS[3], ARGV[2], 'NX') and 1 or 0
+redis.call('PEXPIREAT', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[1], ARGV[1], KEYS[3])
+return fresh
