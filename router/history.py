@@ -34,14 +34,19 @@ _tops: OrderedDict[tuple[str, int], list[Standing]] = OrderedDict()
 _schema: set[str] = set()
 
 
+def archive_url(svc: Service) -> str:
+    """The archive's URL; 409 when this router has none (a setting of this router, not a passing
+    state: a retry would not help, so not a 503)."""
+    if not svc.settings.postgres_url:
+        raise ApiError(409, "archive_not_configured", "this router has no PostgreSQL (SHARDLB_POSTGRES_URL)")
+    return svc.settings.postgres_url
+
+
 @asynccontextmanager
 async def archive_db(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """A connection to the archive with the settlement tables in place: 409 when this router has
     no PostgreSQL, 503 (retry) when it cannot be reached or fails."""
-    url = svc.settings.postgres_url
-    if not url:
-        # A setting of this router, not a passing state: a retry would not help, so not a 503.
-        raise ApiError(409, "archive_not_configured", "this router has no PostgreSQL (SHARDLB_POSTGRES_URL)")
+    url = archive_url(svc)
     try:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=5) as db:
             if url not in _schema:

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from router import params, routes
 from router.auth import Scope
 from router.errors import ApiError
-from router.history import archive_db
+from router.history import archive_db, archive_url
 from router.media import read_object, render
 from router.service import Service
 from shardlb import periods, settlement, settlement_delivery, settlement_history, times
@@ -86,9 +86,7 @@ async def settle(request: Request) -> Response:
     board = await routes._board(svc, request)
     period = request.path_params["period"]
     board.resolve(period)  # a bad period: 422 before anything else
-    async with archive_db(svc):  # 409 without PostgreSQL; the tables in place
-        pass
-    url = svc.settings.postgres_url
+    url = archive_url(svc)
     result = await _run(svc, settlement.run(svc.settings.redis_url, url, board.config.id, period, wanted))
     return render(request, result)
 
@@ -100,9 +98,7 @@ async def archive(request: Request) -> Response:
     body = await read_object(request, svc.settings.max_body_bytes)
     wanted = _request(svc, body)
     board_id = check_id(request.path_params["board"], "board")
-    async with archive_db(svc):
-        pass
-    url = svc.settings.postgres_url
+    url = archive_url(svc)
     work = settlement.archive_season(svc.settings.redis_url, url, board_id, wanted, delete=svc.boards.delete)
     result = await _run(svc, work)
     return render(request, result)

@@ -29,6 +29,7 @@ gets 409 ``settlement_busy``); a killed run's lock goes with its connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections import Counter, defaultdict
@@ -246,7 +247,8 @@ class Settler:
         try:
             return await self._run(board, name, request)
         finally:
-            await self.db.execute("SELECT pg_advisory_unlock(%s)", (lock,))
+            with contextlib.suppress(psycopg.Error):  # a broken connection took the lock with it
+                await self.db.execute("SELECT pg_advisory_unlock(%s)", (lock,))
 
     async def _run(self, board: Board, name: str, request: Request) -> dict[str, Any]:
         stored = await self._begin(board, name, request)
