@@ -31,6 +31,7 @@ async def test_settle_read_page_and_ack_over_http(
     sid = f"http-{name}"
     try:
         ref = await written(board, period, name)
+        await written(board, day_ago(0), f"{name}-today")  # the open period: read live
         await drain(raw, store, postgres_url)
         async with running(cluster_url, postgres_url=postgres_url) as (_, client):
             first = await settle(client, name, period, settlement_id=sid, rewards=TABLE, top_n=5)
@@ -83,16 +84,22 @@ async def test_settle_read_page_and_ack_over_http(
             mine = (await client.get(f"/v1/boards/{name}/players/{winner}", params={"period": period})).json()
             assert (mine["rank"], mine["settled"], mine["players"]) == (1, True, len(order))
             live = (await client.get(f"/v1/boards/{name}/top", params={"period": day_ago(0)})).json()
-            assert "settled" not in live
+            assert "settled" not in live and live["entries"]
 
             listed = (await client.get(f"/v1/boards/{name}/periods")).json()["periods"]
             row = next(p for p in listed if p["period"] == period)
             assert row == {**row, "kept": True, "closed": True, "settled": True, "settlement_id": sid}
+            today = next(p for p in listed if p["period"] == day_ago(0))
+            assert today == {**today, "kept": True, "closed": False, "settled": False, "settlement_id": None}
 
             history = (
                 await client.get(f"/v1/boards/{name}/players/{winner}/history", params={"limit": 500})
             ).json()
-            assert history["results"] and all(r["final"][period]["rank"] == 1 for r in history["results"])
+            settled = [r for r in history["results"] if period in r["periods"]]
+            assert settled and all(
+                r["final"] == {period: {"rank": 1, "points": order[0][2]}} for r in settled
+            )
+            assert all(r["final"] == {} for r in history["results"] if period not in r["periods"])
     finally:
         await store.delete(name)
 
