@@ -23,14 +23,17 @@ from router.service import Service
 from shardlb import keys, times
 from shardlb.reads import View
 
-# The operations a game's traffic is made of, by (method, route template) as the metrics label them.
+# The operations a game's traffic is made of, by (method, route template) as the metrics label them
+# (board admin, moderation and these admin reads are neither).
 WRITES = frozenset({("POST", scores.PATH)})
 READS = frozenset(
-    (method, route.path)
-    for route in routes.ROUTES
-    if route.endpoint in (routes.top, routes.entries, routes.player, routes.around, routes.query)
-    for method in route.methods or ()
-    if method != "HEAD"
+    {
+        ("GET", "/v1/boards/{board}/top"),
+        ("GET", "/v1/boards/{board}/entries"),
+        ("GET", "/v1/boards/{board}/players/{player}"),
+        ("GET", "/v1/boards/{board}/players/{player}/around"),
+        ("POST", "/v1/boards/{board}/players:query"),
+    }
 )
 MEMORY_FIELDS = {
     "used": "used_memory",

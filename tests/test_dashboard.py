@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from router import admin, dashboard
 from shardlb import keys
 from shardlb.cluster import LocalCluster
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running, service_of
+from tests.test_router_server import Server
 
 pytestmark = pytest.mark.cluster
 
@@ -151,3 +153,27 @@ async def test_metrics_count_this_routers_writes_scores_and_reads(
         buckets = after[kind]["buckets"]
         assert len(buckets) == len(after["bounds"]) + 1 and buckets[-1] == after[kind]["requests"]
         assert buckets == sorted(buckets)  # cumulative
+
+
+def test_metrics_add_up_every_worker(cluster: LocalCluster, tmp_path: Path) -> None:
+    """With two workers each counts its own requests; the answer, from whichever worker, is the sum."""
+    server = Server(cluster.url, tmp_path / "router.log", workers=2)
+    try:
+        name = board_name("dash")
+        assert httpx.put(f"{server.url}/v1/boards/{name}", headers=AS_ADMIN).status_code == 201
+        before = httpx.get(f"{server.url}/v1/admin/metrics", headers=AS_ADMIN).json()
+        body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
+        workers: set[str] = set()
+        sent = 0
+        # A new connection each, until both workers have answered some (the kernel picks the worker).
+        while sent < 40 or (len(workers) < 2 and sent < 1000):
+            r = httpx.post(f"{server.url}/v1/boards/{name}/scores", json=body, headers=AS_WRITER)
+            assert r.status_code == 200
+            workers.add(r.headers["x-request-id"][:16])  # a worker's random prefix (router/middleware.py)
+            sent += 1
+        after = httpx.get(f"{server.url}/v1/admin/metrics", headers=AS_ADMIN).json()
+        assert len(workers) == 2
+        assert after["writes"]["requests"] - before["writes"]["requests"] == sent
+        assert after["writes"]["scores"] - before["writes"]["scores"] == sent
+    finally:
+        assert server.stop() == 0

@@ -109,9 +109,21 @@ function show(section) {
   $("nav").hidden = section === "login";
 }
 
+// Call fn now and every ms; a call still waiting for its answers makes the next one skip its turn,
+// so a slow router is not sent a pile of polls.
 function every(ms, fn) {
-  fn();
-  timers.push(setInterval(fn, ms));
+  let running = false;
+  const tick = async () => {
+    if (running) return;
+    running = true;
+    try {
+      await fn();
+    } finally {
+      running = false;
+    }
+  };
+  tick();
+  timers.push(setInterval(tick, ms));
 }
 
 function failed(error) {
@@ -348,7 +360,7 @@ function confirmDialog(text) {
 async function removePlayer() {
   const player = $("remove").dataset.player;
   const board = boardState.id;
-  if (!player || !(await confirmDialog(`Remove player "${player}" from board "${board}"? Their scores in every period are deleted.`))) return;
+  if (!player || !(await confirmDialog(`Remove player "${player}" from board "${board}"? Their entries on this board are deleted.`))) return;
   try {
     await api(`/v1/boards/${seg(board)}/players/${seg(player)}`, { method: "DELETE" });
     notice(`Removed ${player} from ${board}.`);
@@ -386,11 +398,7 @@ async function openCluster() {
   } catch (error) {
     failed(error);
   }
-  every(CLUSTER_EVERY_MS, () => {
-    loadNodes(mine);
-    loadTraffic(mine);
-    loadShards(mine);
-  });
+  every(CLUSTER_EVERY_MS, () => Promise.all([loadNodes(mine), loadTraffic(mine), loadShards(mine)]));
 }
 
 function periodsFor(boards) {
