@@ -227,6 +227,19 @@ async def test_an_operator_finds_a_player_pages_deep_and_switches_period(
     assert await player_panel(page) == expected_panel(found)
     await screenshot(page, shots / "dashboard-daily.png")
 
+    # A day by its date: the day the 6000 players first played.
+    day = f"daily:{(datetime.now(UTC) - timedelta(hours=30)).date().isoformat()}"
+    await page.fill("#period-name", day)
+    await page.click("#period-form button")
+    await expect(page.locator("#page-info")).to_contain_text(day)
+    await expect(page.locator("#entries tbody tr")).to_have_count(100)
+    first_day = api(server, f"/v1/boards/{board}/top", period=day, limit=100)
+    assert await table(page, "#entries") == entries(first_day)
+    await expect(page.locator("#player-players")).to_have_text(str(PLAYERS))
+    await page.fill("#period-name", "weekly")  # a kind this board does not keep
+    await page.click("#period-form button")
+    await expect(page.locator("#notice")).to_contain_text("422 invalid_period")
+
     # Player ids are user input: what the page shows is text, never markup.
     await page.fill("#search", XSS)
     await page.click("#search-form button")

@@ -263,6 +263,7 @@ async function openBoard(id, params) {
       `${config.mode}, ${config.order}, ties: ${config.tiebreak}, ${sharding(config.sharding)}, ` +
       `${config.durability}, timezone ${config.timezone} — ${sizes}`;
     switches($("periods"), config.periods, boardState.period, (k) => k, (k) => go(boardHash({ period: k, offset: 0 })));
+    $("period-name").value = config.periods.includes(boardState.period) ? "" : boardState.period;
     const regions = config.sharding.strategy === "region" ? ["", ...config.sharding.regions] : [];
     $("regions-wrap").hidden = !regions.length;
     switches($("regions"), regions, boardState.region, (r) => r || "all", (r) => go(boardHash({ region: r, offset: 0 })));
@@ -292,7 +293,12 @@ async function loadPage(mine) {
       $("entries").tBodies[0],
       page.entries.map((e) => row([el("td", e.rank, "num rank"), el("td", e.player_id, "player"), el("td", e.points, "num points"), el("td", e.achieved_at, "when")])),
     );
-    const what = s.offset === 0 ? "live top, refreshed every second" : `ranks ${s.offset + 1}–${s.offset + page.entries.length}`;
+    const what =
+      s.offset === 0
+        ? "live top, refreshed every second"
+        : page.entries.length
+          ? `ranks ${s.offset + 1}–${s.offset + page.entries.length}`
+          : `no entries past rank ${s.offset}`;
     $("page-info").textContent = `${page.period} · ${what} · as of ${page.as_of}`;
     $("page-info").dataset.period = page.period;
     notice("");
@@ -570,6 +576,11 @@ function start() {
     // Through the hash, so that a period or region switch keeps showing the same player.
     const player = $("search").value.trim();
     if (player) go(boardHash({ player }));
+  });
+  $("period-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const period = $("period-name").value.trim();
+    if (period) go(boardHash({ period, offset: 0 }));
   });
   $("remove").addEventListener("click", removePlayer);
   window.addEventListener("hashchange", route);
