@@ -8,10 +8,12 @@ the router keeps no history, so any number of dashboards cost it nothing between
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any
 
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -21,6 +23,7 @@ from router.auth import Scope
 from router.media import render
 from router.service import Service
 from shardlb import keys, times
+from shardlb.errors import ClusterUnavailable
 from shardlb.reads import View
 
 # The operations a game's traffic is made of, by (method, route template) as the metrics label them
@@ -35,6 +38,7 @@ READS = frozenset(
         ("POST", "/v1/boards/{board}/players:query"),
     }
 )
+NODE_WAIT_S = 2.0  # per node asked: a stuck node must not hold the page for the client's whole retry
 MEMORY_FIELDS = {
     "used": "used_memory",
     "peak": "used_memory_peak",
@@ -89,19 +93,37 @@ def node_rows(nodes: dict[str, dict[str, Any]], memory: dict[str, dict[str, Any]
     return sorted(rows, key=lambda r: (r["role"] != "primary", r["address"]))
 
 
+async def _from_any(client: RedisCluster, *command: str) -> Any:
+    """A cluster-wide command's answer from the first node that gives one: the dashboard matters
+    most while a node is down, and a command sent to a random node could pick that one."""
+    failure: Exception | None = None
+    for node in [*client.get_primaries(), *client.get_replicas()]:
+        try:
+            return await asyncio.wait_for(client.execute_command(*command, target_nodes=node), NODE_WAIT_S)
+        except (RedisError, RedisClusterException, OSError, TimeoutError) as e:
+            failure = e
+    raise failure or ClusterUnavailable("the cluster client knows no node")
+
+
+async def _memory(client: RedisCluster, node: ClusterNode) -> dict[str, Any]:
+    try:
+        found: dict[str, Any] = await asyncio.wait_for(client.info("memory", target_nodes=node), NODE_WAIT_S)
+        return found
+    except (RedisError, RedisClusterException, OSError, TimeoutError):
+        return {}  # a node that does not answer shows no memory, and CLUSTER NODES says why
+
+
 async def cluster(request: Request) -> Response:
     """GET /v1/admin/cluster: readiness, CLUSTER INFO's state, and every node."""
     svc = _admin(request)
     params.checked(request.query_params.multi_items(), frozenset())
     client = svc.client
     async with svc.reads, metrics.redis_call("admin_cluster"):
-        nodes = await client.cluster_nodes()
-        info = await client.cluster_info()
-        memory = await client.info("memory", target_nodes=RedisCluster.ALL_NODES)
-    # INFO from one node comes as the info itself, from several as {address: info}.
-    per_node: dict[str, dict[str, Any]] = (
-        memory if "used_memory" not in memory else {client.get_default_node().name: memory}
-    )
+        nodes = await _from_any(client, "CLUSTER NODES")
+        info = await _from_any(client, "CLUSTER INFO")
+        known = client.get_nodes()
+        memory = await asyncio.gather(*(_memory(client, node) for node in known))
+    per_node = {node.name: found for node, found in zip(known, memory, strict=True)}
     problem = await svc.problem()
     return render(
         request,
@@ -127,7 +149,7 @@ async def shards(request: Request) -> Response:
     view = board.resolve(query.get("period", "total"))
     period_keys = [keys.period_key(prefix, view.period) for prefix in board.prefixes]
     async with svc.reads, metrics.redis_call("admin_shards"):
-        nodes = await svc.client.cluster_nodes()
+        nodes = await _from_any(svc.client, "CLUSTER NODES")
         sizes = await View(svc.client, period_keys, board.scripts.counts).sizes()
     owned = slot_owners(nodes)
     rows = []

@@ -3,7 +3,11 @@ and the admin JSON checked against the cluster itself (tests/test_dashboard_brow
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +17,7 @@ from starlette.applications import Starlette
 
 from router import admin, dashboard
 from shardlb import keys
-from shardlb.cluster import LocalCluster
+from shardlb.cluster import LocalCluster, free_port_block
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running, service_of
 from tests.test_router_server import Server
 
@@ -177,3 +181,32 @@ def test_metrics_add_up_every_worker(cluster: LocalCluster, tmp_path: Path) -> N
         assert after["writes"]["scores"] - before["writes"]["scores"] == sent
     finally:
         assert server.stop() == 0
+
+
+async def test_cluster_view_answers_with_a_node_down(tmp_path: Path) -> None:
+    """A private cluster loses a replica: the cluster view still answers, shows that node without
+    memory, and once the others agree it has failed, flags it."""
+    port = free_port_block(6, start=23600 + os.getpid() % 50 * 10)
+    local = LocalCluster(3, 1, port, tmp_path / "cluster")
+    local.up()
+    try:
+        async with running(local.url) as (_, client):
+            replica = next(n for n in local.status().nodes if n.port == local.ports[3])
+            assert replica.pid is not None
+            os.kill(replica.pid, signal.SIGKILL)
+            dead = f"127.0.0.1:{replica.port}"
+            deadline = time.monotonic() + 60
+            while True:
+                r = await client.get("/v1/admin/cluster", headers=AS_ADMIN)
+                assert r.status_code == 200, r.text
+                row = next(n for n in r.json()["nodes"] if n["address"] == dead)
+                assert row["memory"]["used"] is None
+                if row["failing"]:
+                    break
+                assert time.monotonic() < deadline, "the dead replica was never flagged as failing"
+                await asyncio.sleep(0.5)
+            body = r.json()
+            assert body["state"] == "ok" and body["slots_ok"] == keys.SLOTS  # a replica held no slots
+            assert all(n["memory"]["used"] for n in body["nodes"] if n["address"] != dead)
+    finally:
+        local.down()
