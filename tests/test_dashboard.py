@@ -186,7 +186,8 @@ def test_metrics_add_up_every_worker(cluster: LocalCluster, tmp_path: Path) -> N
 async def test_cluster_view_answers_with_a_node_down(tmp_path: Path) -> None:
     """A private cluster loses a replica: the cluster view still answers, shows that node without
     memory, and once the others agree it has failed, flags it."""
-    port = free_port_block(6, start=23600 + os.getpid() % 50 * 10)
+    # Bus ports (+10000) below the ephemeral range, away from the other test clusters' blocks.
+    port = free_port_block(6, start=22000 + os.getpid() % 50 * 10)
     local = LocalCluster(3, 1, port, tmp_path / "cluster")
     local.up()
     try:
