@@ -135,7 +135,14 @@ function failed(error) {
 
 function parseHash() {
   const [path, search] = location.hash.replace(/^#/, "").split("?");
-  const parts = (path || "/boards").split("/").filter(Boolean).map(decodeURIComponent);
+  const decode = (part) => {
+    try {
+      return decodeURIComponent(part);
+    } catch (_) {
+      return part; // a malformed escape: shown as typed, and the API refuses it as an id
+    }
+  };
+  const parts = (path || "/boards").split("/").filter(Boolean).map(decode);
   return { parts, params: new URLSearchParams(search || "") };
 }
 
