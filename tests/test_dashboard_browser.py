@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import psycopg
 import pytest
 from PIL import Image
 from playwright.async_api import Browser, Page, async_playwright, expect
@@ -263,35 +264,61 @@ async def test_an_operator_finds_a_player_pages_deep_and_switches_period(
     await page.close()
 
 
-async def test_removing_a_player_asks_first_and_copes_without_the_endpoint(
-    browser: Browser, server: Server, board: str
-) -> None:
-    page = await browser.new_page()
+async def open_player(page: Page, server: Server, board: str, player: str) -> None:
     await page.goto(f"{server.url}/dashboard")
     await page.fill("#key", ADMIN)
     await page.click("#login-form button")
+    await expect(page.locator("#nav")).to_be_visible()
+    await page.goto(f"{server.url}/dashboard#/board/{board}?player={player}")
+    await expect(page.locator("#player-id")).to_have_text(player)
+
+
+async def test_removing_a_player_asks_first_and_says_why_it_cannot(
+    browser: Browser, server: Server, board: str
+) -> None:
+    """This router has no PostgreSQL for the removal's audit: the page shows the API's refusal."""
+    page = await browser.new_page()
     victim = "player-00007"
-    await page.goto(f"{server.url}/dashboard#/board/{board}?player={victim}")
-    await expect(page.locator("#player-id")).to_have_text(victim)
+    await open_player(page, server, board, victim)
     # Cancel first: nothing happens.
     await page.click("#remove")
     await expect(page.locator("#confirm")).to_be_visible()
     await expect(page.locator("#confirm-text")).to_contain_text(victim)
     await page.click("#confirm-no")
     await expect(page.locator("#confirm")).to_be_hidden()
-    assert httpx.get(f"{server.url}/v1/boards/{board}/players/{victim}").status_code == 200
-    # Then confirm: the player is gone, or the router says it has no such endpoint yet.
     await page.click("#remove")
     await page.click("#confirm-yes")
-    await expect(page.locator("#confirm")).to_be_hidden()
-    deleted = httpx.delete(f"{server.url}/v1/boards/{board}/players/{victim}", headers=AS_ADMIN)
-    if deleted.status_code == 405:
-        await expect(page.locator("#player-error")).to_contain_text("not available on this router")
-        assert httpx.get(f"{server.url}/v1/boards/{board}/players/{victim}").status_code == 200
-    else:
-        await expect(page.locator("#notice")).to_contain_text(f"Removed {victim}")
-        assert httpx.get(f"{server.url}/v1/boards/{board}/players/{victim}").status_code == 404
+    await expect(page.locator("#player-error")).to_contain_text("409 archive_not_configured")
+    assert httpx.get(f"{server.url}/v1/boards/{board}/players/{victim}").status_code == 200
     await page.close()
+
+
+async def test_removing_a_player_is_audited_with_the_reason_given(
+    browser: Browser, cluster: LocalCluster, postgres_url: str, board: str, tmp_path: Path
+) -> None:
+    """A router with the archive: the confirmed removal deletes the player, audited with its reason."""
+    server = Server(cluster.url, tmp_path / "router.log", SHARDLB_POSTGRES_URL=postgres_url)
+    try:
+        page = await browser.new_page()
+        victim = "player-00011"
+        await open_player(page, server, board, victim)
+        await page.click("#remove")
+        await page.fill("#confirm-reason", "aimbot <b>reported</b> twice")
+        await page.click("#confirm-yes")
+        await expect(page.locator("#notice")).to_contain_text(f"Removed {victim} from {board}")
+        await expect(page.locator("#player")).to_be_hidden()
+        r = httpx.get(f"{server.url}/v1/boards/{board}/players/{victim}")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "player_not_found"
+        async with await psycopg.AsyncConnection.connect(postgres_url) as db:
+            cursor = await db.execute(
+                "SELECT reason FROM moderation_audit WHERE action = 'remove' AND board = %s "
+                "AND player_id = %s",
+                (board, victim),
+            )
+            assert await cursor.fetchall() == [("aimbot <b>reported</b> twice",)]
+        await page.close()
+    finally:
+        assert server.stop() == 0
 
 
 async def test_the_cluster_view_shows_nodes_shards_and_live_traffic(

@@ -308,7 +308,7 @@ async function loadPage(mine) {
           : `no entries past rank ${s.offset}`;
     $("page-info").textContent = `${page.period} · ${what} · as of ${page.as_of}`;
     $("page-info").dataset.period = page.period;
-    notice("");
+    if ($("notice").className === "error") notice(""); // a refresh that worked ends an error, not news
   } catch (error) {
     if (mine === generation) failed(error);
   }
@@ -373,17 +373,20 @@ function confirmDialog(text) {
 async function removePlayer() {
   const player = $("remove").dataset.player;
   const board = boardState.id;
-  if (!player || !(await confirmDialog(`Remove player "${player}" from board "${board}"? Their entries on this board are deleted.`))) return;
+  $("confirm-reason").value = "";
+  const question = `Remove player "${player}" from board "${board}"? Their entries in every period of this board are deleted (their later results count again).`;
+  if (!player || !(await confirmDialog(question))) return;
+  const reason = $("confirm-reason").value.trim();
   try {
-    await api(`/v1/boards/${seg(board)}/players/${seg(player)}`, { method: "DELETE" });
-    notice(`Removed ${player} from ${board}.`);
+    const done = await api(`/v1/boards/${seg(board)}/players/${seg(player)}` + query({ reason }), { method: "DELETE" });
+    notice(done && done.removed === false ? `${player} had no entry on ${board}: nothing removed.` : `Removed ${player} from ${board}.`);
     $("player").hidden = true;
     loadPage(generation);
   } catch (error) {
     // 405 (or 404 "no such route"): a router from before the moderation endpoint.
     const missing = error instanceof ApiError && (error.status === 405 || (error.status === 404 && error.code === "not_found"));
     $("player-error").textContent = missing
-      ? "Removing players is not available on this router (it has no DELETE /v1/boards/{board}/players/{player} yet)."
+      ? "Removing players is not available on this router (it has no DELETE /v1/boards/{board}/players/{player})."
       : `${error.status} ${error.code}: ${error.message}`;
   }
 }
