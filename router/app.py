@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from router import logs, metrics, probes, routes, scores
+from router import admin, dashboard, logs, metrics, probes, routes, scores
 from router.errors import ApiError, to_api_error
 from router.gate import Admission
 from router.media import error_response
@@ -99,7 +99,7 @@ def create_app(settings: Settings | None = None) -> RouterApp:
             "admission": Admission(settings.max_requests),
             "proxies": settings.trusted_proxies,
         },
-        routes=[*routes.ROUTES, *probes.ROUTES],
+        routes=[*routes.ROUTES, *probes.ROUTES, *admin.ROUTES, *dashboard.ROUTES],
         exception_handlers={
             ApiError: _api_error,
             ShardlbError: _api_error,
