@@ -1,0 +1,121 @@
+"""``Client``: ``AsyncClient``'s calls for code without an event loop (scripts, threaded servers).
+
+It is a thin wrapper: it starts one event loop in a background thread (anyio's blocking portal) and
+runs each ``AsyncClient`` call there, blocking the calling thread until it ends, so retries,
+deadlines and connection pooling are the async client's. It may be shared by many threads, but not
+called from inside a running event loop (use ``AsyncClient`` there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
+from functools import partial
+from types import TracebackType
+from typing import Any
+
+from anyio.from_thread import start_blocking_portal
+
+from shardlb.client.async_client import AsyncClient
+from shardlb.client.buffer import ScoreBuffer
+from shardlb.client.models import BoardInfo, Entry, MatchResult, Page, PlayerRank, ScoreOutcome
+
+
+class Client:
+    """Takes ``AsyncClient``'s arguments; every method is the async one's, blocking. Close it with
+    ``close()`` or ``with Client(...) as client:``."""
+
+    def __init__(self, base_url: str, key: str | None = None, **options: Any) -> None:
+        self._exit = ExitStack()
+        self._portal = self._exit.enter_context(start_blocking_portal())
+        self._exit.callback(self._portal.call, self._aclose)
+        self.aio = AsyncClient(base_url, key, **options)
+
+    async def _aclose(self) -> None:
+        await self.aio.aclose()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._exit.close()
+
+    def post_scores(
+        self, board: str, results: Iterable[MatchResult], *, deadline: float | None = None
+    ) -> list[ScoreOutcome]:
+        return self._portal.call(partial(self.aio.post_scores, board, list(results), deadline=deadline))
+
+    def top(self, board: str, limit: int = 100, **options: Any) -> Page:
+        return self._portal.call(partial(self.aio.top, board, limit, **options))
+
+    def entries(self, board: str, offset: int = 0, limit: int = 100, **options: Any) -> Page:
+        return self._portal.call(partial(self.aio.entries, board, offset, limit, **options))
+
+    def iter_entries(self, board: str, **options: Any) -> Iterator[Entry]:
+        pages = self.aio.iter_entries(board, **options)
+        try:
+            while True:
+                try:
+                    yield self._portal.call(pages.__anext__)
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._portal.call(pages.aclose)
+
+    def player(self, board: str, player_id: str, **options: Any) -> PlayerRank:
+        return self._portal.call(partial(self.aio.player, board, player_id, **options))
+
+    def around(self, board: str, player_id: str, radius: int = 5, **options: Any) -> list[Entry]:
+        return self._portal.call(partial(self.aio.around, board, player_id, radius, **options))
+
+    def query(self, board: str, player_ids: Iterable[str], **options: Any) -> list[Entry]:
+        return self._portal.call(partial(self.aio.query, board, list(player_ids), **options))
+
+    def put_board(self, board: str, **settings: Any) -> BoardInfo:
+        return self._portal.call(partial(self.aio.put_board, board, **settings))
+
+    def get_board(self, board: str, *, deadline: float | None = None) -> BoardInfo:
+        return self._portal.call(partial(self.aio.get_board, board, deadline=deadline))
+
+    def list_boards(self, *, deadline: float | None = None) -> list[BoardInfo]:
+        return self._portal.call(partial(self.aio.list_boards, deadline=deadline))
+
+    def delete_board(self, board: str, *, deadline: float | None = None) -> None:
+        self._portal.call(partial(self.aio.delete_board, board, deadline=deadline))
+
+    def buffer(
+        self, *, max_scores: int = 500, max_delay_ms: float = 20.0, max_in_flight: int = 4
+    ) -> BlockingScoreBuffer:
+        """A ``ScoreBuffer`` for threads: each thread's ``post`` blocks until its result is applied,
+        and the results of many threads go out together."""
+        buffer = ScoreBuffer(
+            self.aio, max_scores=max_scores, max_delay_ms=max_delay_ms, max_in_flight=max_in_flight
+        )
+        return BlockingScoreBuffer(self, buffer)
+
+
+class BlockingScoreBuffer:
+    """``ScoreBuffer.post`` and ``close`` for threads (made by ``Client.buffer``)."""
+
+    def __init__(self, client: Client, buffer: ScoreBuffer) -> None:
+        self._portal = client._portal
+        self._buffer = buffer
+
+    def post(self, board: str, result: MatchResult) -> ScoreOutcome:
+        return self._portal.call(self._buffer.post, board, result)
+
+    def close(self) -> None:
+        self._portal.call(self._buffer.close)
+
+    def __enter__(self) -> BlockingScoreBuffer:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
