@@ -128,7 +128,8 @@ class AsyncClient:
     ) -> tuple[int, Any]:
         """Send until an answer that is not worth retrying, or until the next attempt would not end
         before ``end`` (``time.monotonic()``); the last error is raised then."""
-        headers = {"X-Request-Id": uuid.uuid4().hex}
+        request_id = uuid.uuid4().hex
+        headers = {"X-Request-Id": request_id}
         content = None
         if body is not None:
             content = self._encode(body)
@@ -154,7 +155,7 @@ class AsyncClient:
                 error = api_error(
                     response.status_code,
                     self._decode(response),
-                    response.headers.get("x-request-id"),
+                    response.headers.get("x-request-id", request_id),  # a proxy's answer has none
                     retry_after_seconds(response.headers.get("retry-after")),
                     attempt,
                 )
