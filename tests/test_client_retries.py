@@ -151,7 +151,9 @@ async def test_the_deadline_bounds_the_retries(router: Served) -> None:
         with pytest.raises(Unavailable) as storm:
             await client.post_scores(name, [MatchResult("alice", 5, "m1")], deadline=0.3)
         assert storm.value.code == "overloaded" and storm.value.attempts > 1
-        assert router.faults.seen[storm.value.request_id or ""] == storm.value.attempts
+        # Every attempt reached the router, but for the last one when the deadline cut it short.
+        seen = router.faults.seen[storm.value.request_id or ""]
+        assert storm.value.attempts - 1 <= seen <= storm.value.attempts
         # A Retry-After past the deadline: no point waiting for it, the error comes at once.
         router.faults.retry_after = "30"
         with pytest.raises(Unavailable) as told:

@@ -48,7 +48,8 @@ class AsyncClient:
     or ``"json"``. ``deadline``: seconds a call may take in all, retries included (each call may
     pass its own). ``attempt_timeout``: seconds one attempt may wait for the server before it is
     abandoned and retried; ``connect_timeout`` the same for opening a connection. Connections are
-    HTTP/1.1 and kept alive, at most ``max_connections`` at once. ``transport`` replaces httpx's
+    HTTP/1.1 and kept alive, at most ``max_connections`` at once (more calls at once wait for one;
+    a ``ScoreBuffer`` lets many tasks share few requests). ``transport`` replaces httpx's
     network transport (e.g. a custom TLS setup).
 
     Use it as ``async with AsyncClient(...) as client:`` or call ``aclose()``.
@@ -64,7 +65,7 @@ class AsyncClient:
         attempt_timeout: float = 5.0,
         connect_timeout: float = 2.0,
         backoff: Backoff | None = None,
-        max_connections: int = 100,
+        max_connections: int = 10,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if format not in ("msgpack", "json"):
@@ -78,6 +79,10 @@ class AsyncClient:
         headers = {"Accept": self._media}
         if key:
             headers["Authorization"] = f"Bearer {key}"
+        # Requests past the pool's size wait here rather than in httpx's pool, whose cost per
+        # request grows with the number of requests waiting in it and with its connections
+        # (encode/httpx#3215; measured in README.md, "For game developers").
+        self._gate = asyncio.Semaphore(max_connections)
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -127,7 +132,9 @@ class AsyncClient:
         self, method: str, path: str, end: float, params: dict[str, Any] | None = None, body: Any = None
     ) -> tuple[int, Any]:
         """Send until an answer that is not worth retrying, or until the next attempt would not end
-        before ``end`` (``time.monotonic()``); the last error is raised then."""
+        before ``end`` (``time.monotonic()``); the last error is raised then. When ``end`` comes
+        during an attempt, that attempt is abandoned and the previous attempt's error raised (a
+        ``TransportError`` saying the deadline passed when it was the first)."""
         request_id = uuid.uuid4().hex
         headers = {"X-Request-Id": request_id}
         content = None
@@ -136,15 +143,19 @@ class AsyncClient:
             headers["Content-Type"] = self._media
         query = {k: v for k, v in (params or {}).items() if v is not None}
         attempt = 0
+        error: ClientError | None = None
         while True:
             attempt += 1
-            error: ClientError
             try:
-                async with asyncio.timeout(max(0.0, end - time.monotonic())):
+                async with asyncio.timeout(max(0.0, end - time.monotonic())), self._gate:
                     response = await self._http.request(
                         method, path, params=query, content=content, headers=headers
                     )
             except _NO_ANSWER as e:
+                if isinstance(e, TimeoutError) and error is not None:
+                    # The deadline cut a retry short: what made the retries necessary says more.
+                    error.attempts = attempt
+                    raise error
                 reason = "deadline passed" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
                 error = TransportError(f"{method} {path}: no answer ({reason})", attempt)
                 error.__cause__ = e

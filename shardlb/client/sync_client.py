@@ -16,23 +16,21 @@ from typing import Any
 
 from anyio.from_thread import start_blocking_portal
 
-from shardlb.client.async_client import AsyncClient
+from shardlb.client.async_client import MAX_ITEMS, AsyncClient
 from shardlb.client.buffer import ScoreBuffer
 from shardlb.client.models import BoardInfo, Entry, MatchResult, Page, PlayerRank, ScoreOutcome
 
 
 class Client:
-    """Takes ``AsyncClient``'s arguments; every method is the async one's, blocking. Close it with
+    """Takes ``AsyncClient``'s arguments; every method is the async one's (same arguments, same
+    results and errors), blocking. ``aio`` is the ``AsyncClient`` underneath. Close it with
     ``close()`` or ``with Client(...) as client:``."""
 
     def __init__(self, base_url: str, key: str | None = None, **options: Any) -> None:
+        self.aio = AsyncClient(base_url, key, **options)
         self._exit = ExitStack()
         self._portal = self._exit.enter_context(start_blocking_portal())
-        self._exit.callback(self._portal.call, self._aclose)
-        self.aio = AsyncClient(base_url, key, **options)
-
-    async def _aclose(self) -> None:
-        await self.aio.aclose()
+        self._exit.callback(self._portal.call, self.aio.aclose)
 
     def __enter__(self) -> Client:
         return self
@@ -50,14 +48,46 @@ class Client:
     ) -> list[ScoreOutcome]:
         return self._portal.call(partial(self.aio.post_scores, board, list(results), deadline=deadline))
 
-    def top(self, board: str, limit: int = 100, **options: Any) -> Page:
-        return self._portal.call(partial(self.aio.top, board, limit, **options))
+    def top(
+        self,
+        board: str,
+        limit: int = 100,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> Page:
+        call = partial(self.aio.top, board, limit, period=period, region=region, deadline=deadline)
+        return self._portal.call(call)
 
-    def entries(self, board: str, offset: int = 0, limit: int = 100, **options: Any) -> Page:
-        return self._portal.call(partial(self.aio.entries, board, offset, limit, **options))
+    def entries(
+        self,
+        board: str,
+        offset: int = 0,
+        limit: int = 100,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> Page:
+        call = partial(
+            self.aio.entries, board, offset, limit, period=period, region=region, deadline=deadline
+        )
+        return self._portal.call(call)
 
-    def iter_entries(self, board: str, **options: Any) -> Iterator[Entry]:
-        pages = self.aio.iter_entries(board, **options)
+    def iter_entries(
+        self,
+        board: str,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        start: int = 0,
+        page_size: int = MAX_ITEMS,
+        deadline: float | None = None,
+    ) -> Iterator[Entry]:
+        pages = self.aio.iter_entries(
+            board, period=period, region=region, start=start, page_size=page_size, deadline=deadline
+        )
         try:
             while True:
                 try:
@@ -67,17 +97,58 @@ class Client:
         finally:
             self._portal.call(pages.aclose)
 
-    def player(self, board: str, player_id: str, **options: Any) -> PlayerRank:
-        return self._portal.call(partial(self.aio.player, board, player_id, **options))
+    def player(
+        self,
+        board: str,
+        player_id: str,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        estimate: bool = False,
+        deadline: float | None = None,
+    ) -> PlayerRank:
+        call = partial(
+            self.aio.player,
+            board,
+            player_id,
+            period=period,
+            region=region,
+            estimate=estimate,
+            deadline=deadline,
+        )
+        return self._portal.call(call)
 
-    def around(self, board: str, player_id: str, radius: int = 5, **options: Any) -> list[Entry]:
-        return self._portal.call(partial(self.aio.around, board, player_id, radius, **options))
+    def around(
+        self,
+        board: str,
+        player_id: str,
+        radius: int = 5,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> list[Entry]:
+        call = partial(
+            self.aio.around, board, player_id, radius, period=period, region=region, deadline=deadline
+        )
+        return self._portal.call(call)
 
-    def query(self, board: str, player_ids: Iterable[str], **options: Any) -> list[Entry]:
-        return self._portal.call(partial(self.aio.query, board, list(player_ids), **options))
+    def query(
+        self,
+        board: str,
+        player_ids: Iterable[str],
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> list[Entry]:
+        call = partial(
+            self.aio.query, board, list(player_ids), period=period, region=region, deadline=deadline
+        )
+        return self._portal.call(call)
 
-    def put_board(self, board: str, **settings: Any) -> BoardInfo:
-        return self._portal.call(partial(self.aio.put_board, board, **settings))
+    def put_board(self, board: str, *, deadline: float | None = None, **settings: Any) -> BoardInfo:
+        return self._portal.call(partial(self.aio.put_board, board, deadline=deadline, **settings))
 
     def get_board(self, board: str, *, deadline: float | None = None) -> BoardInfo:
         return self._portal.call(partial(self.aio.get_board, board, deadline=deadline))
