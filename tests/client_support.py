@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import uvicorn
@@ -106,9 +107,10 @@ class Served:
 
 
 @asynccontextmanager
-async def served_router(cluster_url: str) -> AsyncIterator[Served]:
-    """The router app (lifespan entered) behind ``Faults``, served by uvicorn on a free port."""
-    async with running(cluster_url) as (app, _):
+async def served_router(cluster_url: str, **settings: Any) -> AsyncIterator[Served]:
+    """The router app (lifespan entered; ``settings`` override the test settings) behind ``Faults``,
+    served by uvicorn on a free port."""
+    async with running(cluster_url, **settings) as (app, _):
         faults = Faults(app)
         port = free_port()
         config = uvicorn.Config(

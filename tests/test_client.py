@@ -171,6 +171,11 @@ async def test_blocking_client_from_threads(router: Served) -> None:
             rank = client.player(name, "alice").rank
             everyone = list(client.iter_entries(name, page_size=2))
             friends = client.query(name, ["bob", "t1"])
+            assert [e.player_id for e in client.entries(name, 5, 10).entries] == ["alice", "bob"]
+            assert [e.player_id for e in client.around(name, "alice", 1)][1:] == ["alice", "bob"]
+            assert client.get_board(name).players == {"total": 7}
+            assert name in [b.id for b in client.list_boards()]
+            client.delete_board(name)
             assert [o.status for o in posted] == ["improved", "improved"]
             return top, statuses, rank, everyone, friends
 

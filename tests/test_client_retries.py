@@ -17,6 +17,7 @@ from shardlb.client import (
     Backoff,
     InvalidRequest,
     MatchResult,
+    RateLimited,
     ScoreBuffer,
     ScoreOutcome,
     TransportError,
@@ -165,3 +166,23 @@ async def test_the_deadline_bounds_the_retries(router: Served) -> None:
         with pytest.raises(TransportError) as refused:
             await nowhere.top(name, deadline=0.3)
         assert refused.value.attempts > 1
+
+
+@pytest.mark.cluster
+async def test_rate_limited_reads_wait_for_retry_after(cluster: Any) -> None:
+    """The router's own read limiter: 429 with Retry-After (1 s at least) is waited for when the
+    deadline leaves room, and raised at once when it does not."""
+    async with served_router(cluster.url, read_rate=1.0, read_burst=1) as served:
+        name = board_name("rate")
+        async with AsyncClient(served.url, ADMIN) as admin:
+            await admin.put_board(name)
+            await admin.post_scores(name, [MatchResult("alice", 5, "m1")])
+        async with AsyncClient(served.url, backoff=FAST) as anonymous:  # limited by address
+            assert [e.player_id for e in (await anonymous.top(name)).entries] == ["alice"]
+            with pytest.raises(RateLimited) as limited:
+                await anonymous.top(name, deadline=0.5)
+            assert limited.value.code == "rate_limited" and limited.value.retry_after == 1
+            assert limited.value.attempts == 1
+            page = await anonymous.top(name, deadline=10)
+            assert [e.player_id for e in page.entries] == ["alice"]
+        assert max(served.faults.seen.values()) == 2  # that last call: a 429, then its retry

@@ -155,7 +155,7 @@ class AsyncClient:
                 if isinstance(e, TimeoutError) and error is not None:
                     # The deadline cut a retry short: what made the retries necessary says more.
                     error.attempts = attempt
-                    raise error
+                    raise error from e
                 reason = "deadline passed" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
                 error = TransportError(f"{method} {path}: no answer ({reason})", attempt)
                 error.__cause__ = e
