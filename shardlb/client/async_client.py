@@ -46,11 +46,11 @@ class AsyncClient:
     ``key``: the API key (``write`` to post scores, ``admin`` for boards; reads need none unless the
     server says so). ``format``: ``"msgpack"`` (default: smaller and faster to parse on both sides)
     or ``"json"``. ``deadline``: seconds a call may take in all, retries included (each call may
-    pass its own). ``attempt_timeout``: seconds one attempt may wait for the server before it is
-    abandoned and retried; ``connect_timeout`` the same for opening a connection. Connections are
-    HTTP/1.1 and kept alive, at most ``max_connections`` at once (more calls at once wait for one;
-    a ``ScoreBuffer`` lets many tasks share few requests). ``transport`` replaces httpx's
-    network transport (e.g. a custom TLS setup).
+    pass its own). ``attempt_timeout``: seconds an attempt may wait for any one read or write on its
+    connection before it is abandoned and retried; ``connect_timeout`` the same for opening one.
+    Connections are HTTP/1.1 and kept alive, at most ``max_connections`` at once (more calls at
+    once wait for one; a ``ScoreBuffer`` lets many tasks share few requests). ``transport``
+    replaces httpx's network transport (e.g. a custom TLS setup).
 
     Use it as ``async with AsyncClient(...) as client:`` or call ``aclose()``.
     """
