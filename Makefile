@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install redis-server postgres run stop test lint format typecheck bench bench-scale bench-dedup bench-rebuild bench-settle chaos k8s-check clean
+.PHONY: help install redis-server postgres chromium screenshots run stop test lint format typecheck bench bench-scale bench-dedup bench-rebuild bench-settle chaos k8s-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -26,16 +26,22 @@ postgres: ## make sure PostgreSQL's initdb/pg_ctl are here, unless SHARDLB_POSTG
 redis-server: ## make sure redis-server >= 7 is on PATH (installs it with apt-get when root)
 	@bash scripts/ensure-redis.sh
 
+chromium: ## make sure Debian's chromium is at /usr/bin/chromium for the dashboard's browser test
+	@bash scripts/ensure-chromium.sh
+
 run: install redis-server postgres ## start a local Redis Cluster, a `demo` board and the router on :8000
 	@bash scripts/dev-run.sh
 
 stop: ## stop the router and the local cluster that `make run` started
 	@bash scripts/dev-stop.sh
 
-test: install redis-server postgres ## run lint, type checks and the whole test suite (starts its own cluster)
+test: install redis-server postgres chromium ## run lint, type checks and the whole test suite (starts its own cluster)
 	$(BIN)/ruff check shardlb router bench tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+
+screenshots: install redis-server chromium ## run the dashboard's browser test and keep its screenshots in docs/img
+	SHARDLB_SCREENSHOTS=docs/img $(BIN)/pytest -q tests/test_dashboard_browser.py
 
 lint: install ## check style and types without changing anything
 	$(BIN)/ruff check shardlb router bench tests

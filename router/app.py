@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from router import logs, metrics, probes, routes, scores, settlements
+from router import admin, dashboard, logs, metrics, probes, routes, scores, settlements
 from router.errors import ApiError, to_api_error
 from router.gate import Admission
 from router.media import error_response
@@ -99,9 +99,9 @@ def create_app(settings: Settings | None = None) -> RouterApp:
             "admission": Admission(settings.max_requests),
             "proxies": settings.trusted_proxies,
         },
-        # Settlement routes first: `/v1/boards/{board}:archive` must be tried before `/v1/boards/{board}`
-        # (whose pattern also matches it), so that a wrong method on it gets the right Allow header.
-        routes=[*settlements.ROUTES, *routes.ROUTES, *probes.ROUTES],
+        # Settlement routes first: `/v1/boards/{board}:archive` must be tried before `/v1/boards/{board}`,
+        # whose pattern also matches it (and a board id may hold ':').
+        routes=[*settlements.ROUTES, *routes.ROUTES, *probes.ROUTES, *admin.ROUTES, *dashboard.ROUTES],
         exception_handlers={
             ApiError: _api_error,
             ShardlbError: _api_error,

@@ -26,13 +26,13 @@ from prometheus_client import (
 from router.errors import redis_error_kind
 from shardlb.errors import ShardlbError
 
-_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 REQUEST_SECONDS = Histogram(
     "shardlb_http_request_duration_seconds",
     "Time to answer an HTTP request, by route template.",
     ["method", "route"],
-    buckets=_FAST,
+    buckets=LATENCY_BUCKETS,
 )
 RESPONSES = Counter(
     "shardlb_http_responses_total", "HTTP responses by route and status.", ["route", "status"]
@@ -55,7 +55,7 @@ REDIS_SECONDS = Histogram(
     "shardlb_redis_call_duration_seconds",
     "Time of the router's calls to the cluster, by operation.",
     ["op"],
-    buckets=_FAST,
+    buckets=LATENCY_BUCKETS,
 )
 REDIS_ERRORS = Counter(
     "shardlb_redis_errors_total", "Failed cluster calls, by operation and error kind.", ["op", "kind"]
@@ -90,13 +90,18 @@ async def redis_call(op: str) -> AsyncIterator[None]:
         REDIS_SECONDS.labels(op).observe(time.perf_counter() - start)
 
 
-def render() -> tuple[bytes, str]:
-    """The metrics text and its content type: every worker's values in multiprocess mode."""
+def registry() -> CollectorRegistry:
+    """What a scrape sees: every worker's values in multiprocess mode, else this process's."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return generate_latest(registry), CONTENT_TYPE_LATEST
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+        return merged
+    return REGISTRY
+
+
+def render() -> tuple[bytes, str]:
+    """The metrics text and its content type."""
+    return generate_latest(registry()), CONTENT_TYPE_LATEST
 
 
 def worker_exit(pid: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from router.dashboard import ASSETS
 from router.routes import MAX_OFFSET, MAX_RADIUS
 from router.scores import MAX_ITEMS
 from shardlb import periods, times
@@ -1187,3 +1188,179 @@ SPEC: dict[str, Any] = {
         },
     },
 }
+
+# ---- Addition: the operator dashboard (router/dashboard.py) and its admin JSON (router/admin.py) ----
+
+_COUNT_OR_NULL = {"type": ["integer", "null"], "minimum": 0}
+_NATURAL = {"type": "integer", "minimum": 0}
+_TRAFFIC: dict[str, Any] = {
+    "type": "object",
+    "required": ["requests", "buckets"],
+    "properties": {
+        "requests": {"type": "integer", "minimum": 0},
+        "buckets": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0},
+            "description": "cumulative request counts at or under each of `bounds`, then all (+Inf)",
+        },
+    },
+}
+_SCHEMAS.update(
+    {
+        "AdminCluster": {
+            "type": "object",
+            "description": "Addition: readiness, CLUSTER INFO and every node (CLUSTER NODES, INFO memory)",
+            "required": ["ready", "problem", "state", "slots_ok", "slots_failing", "known_nodes", "primaries",
+                         "nodes", "as_of"],
+            "properties": {
+                "ready": {"type": "boolean", "description": "what /readyz would answer"},
+                "problem": {"type": ["string", "null"], "description": "why not ready"},
+                "state": {"type": ["string", "null"], "description": "cluster_state of CLUSTER INFO"},
+                "slots_ok": {"type": "integer", "minimum": 0},
+                "slots_failing": {"type": "integer", "minimum": 0},
+                "known_nodes": {"type": "integer", "minimum": 0},
+                "primaries": {"type": "integer", "minimum": 0},
+                "as_of": _TIME_OUT,
+                "nodes": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["address", "id", "role", "primary", "slots", "ranges", "connected",
+                                     "failing", "memory"],
+                        "properties": {
+                            "address": {"type": "string"},
+                            "id": {"type": "string"},
+                            "role": {"enum": ["primary", "replica"]},
+                            "primary": {"type": ["string", "null"], "description": "a replica's primary"},
+                            "slots": {"type": "integer", "minimum": 0},
+                            "ranges": {
+                                "type": "array",
+                                "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2},
+                            },
+                            "connected": {"type": "boolean"},
+                            "failing": {"type": "boolean"},
+                            "memory": {
+                                "type": "object",
+                                "description": "bytes, from INFO memory; max 0 is no maxmemory",
+                                "properties": {n: _COUNT_OR_NULL for n in ("used", "peak", "rss", "max")},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+        "ShardMap": {
+            "type": "object",
+            "description": "Addition: each shard's slot, the primary serving it, and its players",
+            "required": ["board", "period", "shards"],
+            "properties": {
+                "board": {"type": "string"},
+                "period": {"type": "string"},
+                "shards": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["shard", "slot", "node", "members"],
+                        "properties": {
+                            "shard": {"type": "integer", "minimum": 0},
+                            "slot": {"type": "integer", "minimum": 0, "maximum": 16383},
+                            "node": {"type": ["string", "null"], "description": "null: slot unassigned"},
+                            "members": {"type": "integer", "minimum": 0},
+                        },
+                    },
+                },
+            },
+        },
+        "Traffic": {
+            "type": "object",
+            "description": "Addition: this router's (every worker's) totals so far; rates and "
+            "percentiles are the differences between two of these",
+            "required": ["at_ms", "bounds", "writes", "reads"],
+            "properties": {
+                "at_ms": {"type": "integer"},
+                "bounds": {"type": "array", "items": {"type": "number"}, "description": "bucket bounds, s"},
+                "writes": {**_TRAFFIC, "required": ["requests", "buckets", "scores"],
+                           "properties": {**_TRAFFIC["properties"], "scores": _NATURAL}},
+                "reads": _TRAFFIC,
+            },
+        },
+    }
+)  # fmt: skip
+_ADMIN_ERRORS = (400, 401, 403, 503)
+_STATIC_HEADERS = {
+    "Content-Security-Policy": {
+        "description": "default-src 'self', no inline script",
+        "schema": {"type": "string"},
+    }
+}
+SPEC["paths"].update(
+    {
+        "/v1/admin/cluster": {
+            "get": {
+                "operationId": "adminCluster",
+                "summary": "Addition: the cluster's state and nodes, with slots and memory (admin)",
+                "security": _ADMIN,
+                "responses": {"200": _ok("The cluster now", "AdminCluster"), **_errors(*_ADMIN_ERRORS)},
+            },
+        },
+        "/v1/admin/boards/{board}/shards": {
+            "parameters": [_param("board")],
+            "get": {
+                "operationId": "adminShards",
+                "summary": "Addition: shard -> slot -> node of a board, and its players per shard (admin)",
+                "security": _ADMIN,
+                "parameters": [_param("period")],
+                "responses": {
+                    "200": _ok("One line per shard", "ShardMap"),
+                    **_errors(*_ADMIN_ERRORS, *_PATH, 422),
+                },
+            },
+        },
+        "/v1/admin/metrics": {
+            "get": {
+                "operationId": "adminMetrics",
+                "summary": "Addition: write and read counts and latency buckets of this router (admin)",
+                "security": _ADMIN,
+                "responses": {
+                    "200": _ok("Totals since the router started", "Traffic"),
+                    **_errors(*_ADMIN_ERRORS),
+                },
+            },
+        },
+        "/dashboard": {
+            "get": {
+                "operationId": "dashboard",
+                "summary": "Addition: the operator dashboard page (no data in it; it asks for the admin key)",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "The page",
+                        "headers": _STATIC_HEADERS,
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    },
+                    **_errors(400),
+                },
+            },
+        },
+        "/dashboard/{asset}": {
+            "parameters": [
+                {"name": "asset", "in": "path", "required": True, "schema": {"enum": list(ASSETS)}}
+            ],
+            "get": {
+                "operationId": "dashboardAsset",
+                "summary": "Addition: the dashboard's script and style sheet",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "The file",
+                        "headers": _STATIC_HEADERS,
+                        "content": {
+                            t: {"schema": {"type": "string"}} for t in ("text/javascript", "text/css")
+                        },
+                    },
+                    **_errors(400, 404),
+                },
+            },
+        },
+    }
+)

@@ -113,6 +113,7 @@ cat <<EOF
 
 shardlb is running (router pid $(cat "$PID_FILE"), archiver pid $(cat "$ARCHIVE_PID_FILE"))
   API        $URL        OpenAPI: $URL/openapi.json   metrics: $URL/metrics
+  dashboard  $URL/dashboard   (sign in with the admin key below)
   board      $BOARD ($created)
   admin key  $SHARDLB_ADMIN_KEYS
   write key  $SHARDLB_WRITE_KEYS

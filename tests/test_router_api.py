@@ -467,6 +467,10 @@ async def test_status_codes(client: httpx.AsyncClient) -> None:
     r = await client.patch(f"/v1/boards/{name}")
     assert_error(r, 405, "method_not_allowed")
     assert set(r.headers["allow"].replace(" ", "").split(",")) >= {"GET", "PUT", "DELETE"}
+    for method in ("GET", "PUT", "DELETE"):  # an action route is not a board named "<board>:rebuild"
+        r = await client.request(method, f"/v1/boards/{name}:rebuild?period=total", headers=AS_ADMIN)
+        assert_error(r, 405, "method_not_allowed")
+        assert r.headers["allow"] == "POST"
     assert_error(
         await client.put(f"/v1/boards/{name}", json={"board": "other"}, headers=AS_ADMIN),
         422,

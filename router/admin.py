@@ -1,0 +1,203 @@
+"""Admin-only JSON the dashboard needs and the /v1 API does not give: the cluster's nodes and
+state, where each shard of a board lives, and the router's own request counters.
+
+Each answer is a snapshot. Rates and latency percentiles are left to the reader, who takes two
+snapshots and divides the difference by the time between them (router/static/dashboard/app.js):
+the router keeps no history, so any number of dashboards cost it nothing between their polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from router import metrics, params, routes, scores
+from router.auth import Scope
+from router.media import render
+from router.service import Service
+from shardlb import keys, times
+from shardlb.errors import ClusterUnavailable
+from shardlb.reads import View
+
+# The operations a game's traffic is made of, by (method, route template) as the metrics label them
+# (board admin, moderation and these admin reads are neither).
+WRITES = frozenset({("POST", scores.PATH)})
+READS = frozenset(
+    {
+        ("GET", "/v1/boards/{board}/top"),
+        ("GET", "/v1/boards/{board}/entries"),
+        ("GET", "/v1/boards/{board}/players/{player}"),
+        ("GET", "/v1/boards/{board}/players/{player}/around"),
+        ("POST", "/v1/boards/{board}/players:query"),
+    }
+)
+NODE_WAIT_S = 2.0  # per node asked: a stuck node must not hold the page for the client's whole retry
+MEMORY_FIELDS = {
+    "used": "used_memory",
+    "peak": "used_memory_peak",
+    "rss": "used_memory_rss",
+    "max": "maxmemory",
+}
+
+
+def _admin(request: Request) -> Service:
+    svc = routes.service(request)
+    peer = request.client.host if request.client else "unknown"
+    svc.keys.require(request.headers.get("authorization"), peer, Scope.ADMIN)
+    return svc
+
+
+def slot_owners(nodes: dict[str, dict[str, Any]]) -> list[tuple[int, int, str]]:
+    """(first slot, last slot, primary address) of every slot range CLUSTER NODES lists, sorted."""
+    owned = [
+        (int(r[0]), int(r[-1]), address)
+        for address, node in nodes.items()
+        if "master" in node["flags"]
+        for r in node["slots"]
+    ]
+    return sorted(owned)
+
+
+def owner_of(slot: int, owned: list[tuple[int, int, str]]) -> str | None:
+    return next((address for first, last, address in owned if first <= slot <= last), None)
+
+
+def node_rows(nodes: dict[str, dict[str, Any]], memory: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per node of CLUSTER NODES, primaries first, with its slots and INFO memory."""
+    by_id = {node["node_id"]: address for address, node in nodes.items()}
+    rows = []
+    for address, node in nodes.items():
+        primary = "master" in node["flags"]
+        ranges = [[int(r[0]), int(r[-1])] for r in node["slots"]]
+        info = memory.get(address, {})
+        rows.append(
+            {
+                "address": address,
+                "id": node["node_id"],
+                "role": "primary" if primary else "replica",
+                "primary": None if primary else by_id.get(node["master_id"]),
+                "slots": sum(last - first + 1 for first, last in ranges),
+                "ranges": ranges,
+                "connected": bool(node["connected"]),
+                "failing": "fail" in node["flags"].split(","),
+                "memory": {name: info.get(field) for name, field in MEMORY_FIELDS.items()},
+            }
+        )
+    return sorted(rows, key=lambda r: (r["role"] != "primary", r["address"]))
+
+
+async def _from_any(client: RedisCluster, *command: str) -> Any:
+    """A cluster-wide command's answer from the first node that gives one: the dashboard matters
+    most while a node is down, and a command sent to a random node could pick that one."""
+    failure: Exception | None = None
+    for node in [*client.get_primaries(), *client.get_replicas()]:
+        try:
+            return await asyncio.wait_for(client.execute_command(*command, target_nodes=node), NODE_WAIT_S)
+        except (RedisError, RedisClusterException, OSError, TimeoutError) as e:
+            failure = e
+    raise failure or ClusterUnavailable("the cluster client knows no node")
+
+
+async def _memory(client: RedisCluster, node: ClusterNode) -> dict[str, Any]:
+    try:
+        found: dict[str, Any] = await asyncio.wait_for(client.info("memory", target_nodes=node), NODE_WAIT_S)
+        return found
+    except (RedisError, RedisClusterException, OSError, TimeoutError):
+        return {}  # a node that does not answer shows no memory, and CLUSTER NODES says why
+
+
+async def cluster(request: Request) -> Response:
+    """GET /v1/admin/cluster: readiness, CLUSTER INFO's state, and every node."""
+    svc = _admin(request)
+    params.checked(request.query_params.multi_items(), frozenset())
+    client = svc.client
+    async with svc.reads, metrics.redis_call("admin_cluster"):
+        nodes = await _from_any(client, "CLUSTER NODES")
+        info = await _from_any(client, "CLUSTER INFO")
+        known = client.get_nodes()
+        memory = await asyncio.gather(*(_memory(client, node) for node in known))
+    per_node = {node.name: found for node, found in zip(known, memory, strict=True)}
+    problem = await svc.problem()
+    return render(
+        request,
+        {
+            "ready": problem is None,
+            "problem": problem,
+            "state": info.get("cluster_state"),
+            "slots_ok": int(info.get("cluster_slots_ok", 0)),
+            "slots_failing": int(info.get("cluster_slots_pfail", 0)) + int(info.get("cluster_slots_fail", 0)),
+            "known_nodes": int(info.get("cluster_known_nodes", 0)),
+            "primaries": int(info.get("cluster_size", 0)),
+            "nodes": node_rows(nodes, per_node),
+            "as_of": times.format_ms(times.now_ms()),
+        },
+    )
+
+
+async def shards(request: Request) -> Response:
+    """GET /v1/admin/boards/{board}/shards: shard -> slot -> primary, and the players each holds."""
+    svc = _admin(request)
+    query = params.checked(request.query_params.multi_items(), frozenset({"period"}))
+    board = await svc.boards.lookup(request.path_params["board"])
+    view = board.resolve(query.get("period", "total"))
+    period_keys = [keys.period_key(prefix, view.period) for prefix in board.prefixes]
+    async with svc.reads, metrics.redis_call("admin_shards"):
+        nodes = await _from_any(svc.client, "CLUSTER NODES")
+        sizes = await View(svc.client, period_keys, board.scripts.counts).sizes()
+    owned = slot_owners(nodes)
+    rows = []
+    for shard, (prefix, members) in enumerate(zip(board.prefixes, sizes, strict=True)):
+        slot = keys.slot_of(prefix)
+        rows.append({"shard": shard, "slot": slot, "node": owner_of(slot, owned), "members": members})
+    return render(request, {"board": board.config.id, "period": view.api, "shards": rows})
+
+
+def _summed(
+    samples: Iterable[Any], wanted: frozenset[tuple[str, str]], bounds: list[float]
+) -> dict[str, Any]:
+    """Requests and cumulative latency bucket counts, added up over the (method, route) pairs wanted."""
+    counts = [0.0] * (len(bounds) + 1)
+    for sample in samples:
+        labels = sample.labels
+        if not sample.name.endswith("_bucket") or (labels.get("method"), labels.get("route")) not in wanted:
+            continue
+        le = float(labels["le"])
+        counts[bounds.index(le) if le in bounds else len(bounds)] += sample.value
+    return {"requests": int(counts[-1]), "buckets": [int(c) for c in counts]}
+
+
+async def traffic(request: Request) -> Response:
+    """GET /v1/admin/metrics: this router's (every worker's) request and score totals so far."""
+    _admin(request)
+    params.checked(request.query_params.multi_items(), frozenset())
+    bounds = list(metrics.LATENCY_BUCKETS)
+    latency: list[Any] = []
+    scores_done = 0.0
+    for family in metrics.registry().collect():
+        if family.name == "shardlb_http_request_duration_seconds":
+            latency.extend(family.samples)
+        elif family.name == "shardlb_scores_applied":
+            scores_done += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return render(
+        request,
+        {
+            "at_ms": times.now_ms(),
+            "bounds": bounds,
+            "writes": {**_summed(latency, WRITES, bounds), "scores": int(scores_done)},
+            "reads": _summed(latency, READS, bounds),
+        },
+    )
+
+
+ROUTES = [
+    Route("/v1/admin/cluster", cluster, methods=["GET"]),
+    Route("/v1/admin/boards/{board}/shards", shards, methods=["GET"]),
+    Route("/v1/admin/metrics", traffic, methods=["GET"]),
+]

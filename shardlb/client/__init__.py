@@ -1,0 +1,48 @@
+"""The shardlb HTTP client for game servers and tools: ``AsyncClient``, ``Client`` (blocking) and
+``ScoreBuffer`` (many tasks' results in few requests). README.md, "For game developers", shows them."""
+
+from shardlb.client.async_client import AsyncClient
+from shardlb.client.backoff import Backoff
+from shardlb.client.buffer import ScoreBuffer
+from shardlb.client.errors import (
+    ApiError,
+    BoardNotFound,
+    ClientError,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    PlayerNotFound,
+    RateLimited,
+    TransportError,
+    Unauthorized,
+    Unavailable,
+)
+from shardlb.client.models import BoardInfo, Entry, MatchResult, Page, PlayerRank, ScoreOutcome
+from shardlb.client.sync_client import BlockingScoreBuffer, Client
+
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "Backoff",
+    "BlockingScoreBuffer",
+    "BoardInfo",
+    "BoardNotFound",
+    "Client",
+    "ClientError",
+    "Conflict",
+    "Entry",
+    "Forbidden",
+    "InvalidRequest",
+    "MatchResult",
+    "NotFound",
+    "Page",
+    "PlayerNotFound",
+    "PlayerRank",
+    "RateLimited",
+    "ScoreBuffer",
+    "ScoreOutcome",
+    "TransportError",
+    "Unauthorized",
+    "Unavailable",
+]

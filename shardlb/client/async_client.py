@@ -1,0 +1,352 @@
+"""``AsyncClient``: the HTTP API of api.md for asyncio programs (game servers, tools), on httpx.
+
+Every call runs under a deadline (the client's ``deadline`` seconds, or the call's own): attempts,
+waits between them and the last answer all fit inside it, so a call never takes longer, whatever the
+server does. Within it, a call is sent again after a failure that a retry can fix: no answer (the
+connection failed or dropped, an attempt timed out) or 429, 502, 503, 504; the wait is
+``Backoff``'s (exponential, full jitter, at least ``Retry-After``). Other errors are raised at once
+(a 4xx means the request is wrong, and would be as wrong the second time). Every call is safe to
+send again: reads and board settings are idempotent, and score writes carry their match ids (see
+``MatchResult``). The attempts of one call share one ``X-Request-Id``, so the router's logs tie
+them together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncGenerator, Iterable, Sequence
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import msgpack
+import orjson
+
+from shardlb.client.backoff import Backoff
+from shardlb.client.errors import BoardNotFound, ClientError, TransportError, api_error, retry_after_seconds
+from shardlb.client.models import BoardInfo, Entry, MatchResult, Page, PlayerRank, ScoreOutcome, entries_of
+
+MAX_ITEMS = 1000  # scores per write and player ids per query: the API's limit
+JSON, MSGPACK = "application/json", "application/msgpack"
+# Failures after which the request may or may not have reached the server: worth another attempt
+# on a call that is safe to repeat (all of this client's are).
+_NO_ANSWER = (TimeoutError, httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+def _segment(value: str) -> str:
+    return quote(value, safe="")
+
+
+class AsyncClient:
+    """A client of one shardlb router (or a load balancer in front of several).
+
+    ``key``: the API key (``write`` to post scores, ``admin`` for boards; reads need none unless the
+    server says so). ``format``: ``"msgpack"`` (default: smaller and faster to parse on both sides)
+    or ``"json"``. ``deadline``: seconds a call may take in all, retries included (each call may
+    pass its own). ``attempt_timeout``: seconds an attempt may wait for any one read or write on its
+    connection before it is abandoned and retried; ``connect_timeout`` the same for opening one.
+    Connections are HTTP/1.1 and kept alive, at most ``max_connections`` at once (more calls at
+    once wait for one; a ``ScoreBuffer`` lets many tasks share few requests). ``transport``
+    replaces httpx's network transport (e.g. a custom TLS setup).
+
+    Use it as ``async with AsyncClient(...) as client:`` or call ``aclose()``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        key: str | None = None,
+        *,
+        format: str = "msgpack",
+        deadline: float = 10.0,
+        attempt_timeout: float = 5.0,
+        connect_timeout: float = 2.0,
+        backoff: Backoff | None = None,
+        max_connections: int = 10,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if format not in ("msgpack", "json"):
+            raise ValueError(f"format must be 'msgpack' or 'json', not {format!r}")
+        if deadline <= 0:
+            raise ValueError("deadline must be positive")
+        self.format = format
+        self.deadline = deadline
+        self.backoff = backoff or Backoff()
+        self._media = MSGPACK if format == "msgpack" else JSON
+        headers = {"Accept": self._media}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        # Requests past the pool's size wait here rather than in httpx's pool, whose cost per
+        # request grows with the number of requests waiting in it and with its connections
+        # (encode/httpx#3215; measured in README.md, "For game developers").
+        self._gate = asyncio.Semaphore(max_connections)
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(attempt_timeout, connect=connect_timeout),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # ---- the one way a request is sent -------------------------------------------------------
+
+    def _end(self, deadline: float | None) -> float:
+        budget = self.deadline if deadline is None else deadline
+        if budget <= 0:
+            raise ValueError("deadline must be positive")
+        return time.monotonic() + budget
+
+    def _encode(self, body: Any) -> bytes:
+        if self._media == MSGPACK:
+            packed: bytes = msgpack.packb(body, use_bin_type=True)
+            return packed
+        return orjson.dumps(body)
+
+    @staticmethod
+    def _decode(response: httpx.Response) -> Any:
+        if not response.content:
+            return None
+        kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        try:
+            if kind.endswith("msgpack"):
+                return msgpack.unpackb(response.content)
+            return orjson.loads(response.content)
+        except ValueError:
+            return None  # not a body of the API (a proxy's page): the status alone must do
+
+    async def _call(
+        self, method: str, path: str, end: float, params: dict[str, Any] | None = None, body: Any = None
+    ) -> tuple[int, Any]:
+        """Send until an answer that is not worth retrying, or until the next attempt would not end
+        before ``end`` (``time.monotonic()``); the last error is raised then. When ``end`` comes
+        during an attempt, that attempt is abandoned and the previous attempt's error raised (a
+        ``TransportError`` saying the deadline passed when it was the first)."""
+        request_id = uuid.uuid4().hex
+        headers = {"X-Request-Id": request_id}
+        content = None
+        if body is not None:
+            content = self._encode(body)
+            headers["Content-Type"] = self._media
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        attempt = 0
+        error: ClientError | None = None
+        while True:
+            attempt += 1
+            try:
+                async with asyncio.timeout(max(0.0, end - time.monotonic())), self._gate:
+                    response = await self._http.request(
+                        method, path, params=query, content=content, headers=headers
+                    )
+            except _NO_ANSWER as e:
+                if isinstance(e, TimeoutError) and error is not None:
+                    # The deadline cut a retry short: what made the retries necessary says more.
+                    error.attempts = attempt
+                    raise error from e
+                reason = "deadline passed" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+                error = TransportError(f"{method} {path}: no answer ({reason})", attempt)
+                error.__cause__ = e
+                wait_at_least = None
+            else:
+                if response.status_code < 400:
+                    return response.status_code, self._decode(response)
+                error = api_error(
+                    response.status_code,
+                    self._decode(response),
+                    response.headers.get("x-request-id", request_id),  # a proxy's answer has none
+                    retry_after_seconds(response.headers.get("retry-after")),
+                    attempt,
+                )
+                if not error.retryable:
+                    raise error
+                wait_at_least = error.retry_after
+            delay = self.backoff.delay(attempt, wait_at_least)
+            if time.monotonic() + delay >= end:
+                raise error
+            await asyncio.sleep(delay)
+
+    # ---- writes ------------------------------------------------------------------------------
+
+    async def post_scores(
+        self, board: str, results: Iterable[MatchResult], *, deadline: float | None = None
+    ) -> list[ScoreOutcome]:
+        """Post match results; one outcome per result, in order.
+
+        Each result carries its match id (``MatchResult`` requires one), which is what makes the
+        retries safe: a result the server already applied is recognised and not counted again.
+        More than 1000 results go as several requests, one after another; if one of them fails
+        for good, the error is raised and the earlier ones stay applied: posting the same list
+        again is safe and applies only what is missing.
+        """
+        end = self._end(deadline)
+        items = list(results)
+        outcomes: list[ScoreOutcome] = []
+        for start in range(0, len(items), MAX_ITEMS):
+            scores = [r.body() for r in items[start : start + MAX_ITEMS]]
+            _, body = await self._call(
+                "POST", f"/v1/boards/{_segment(board)}/scores", end, body={"scores": scores}
+            )
+            outcomes.extend(ScoreOutcome.from_body(r) for r in body["results"])
+        return outcomes
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    async def top(
+        self,
+        board: str,
+        limit: int = 100,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> Page:
+        """The best ``limit`` (1-1000) entries, from the router's cached top (``as_of`` says when it
+        was read). ``period``: ``total`` (default), ``daily``, ``weekly``, ``monthly`` or a given one
+        (``daily:2026-11-30``); ``region`` limits a region board to one region."""
+        params = {"limit": limit, "period": period, "region": region}
+        _, body = await self._call("GET", f"/v1/boards/{_segment(board)}/top", self._end(deadline), params)
+        return Page.from_body(body)
+
+    async def entries(
+        self,
+        board: str,
+        offset: int = 0,
+        limit: int = 100,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> Page:
+        """``limit`` (1-1000) entries from rank ``offset + 1`` on, read live."""
+        params = {"offset": offset, "limit": limit, "period": period, "region": region}
+        path = f"/v1/boards/{_segment(board)}/entries"
+        _, body = await self._call("GET", path, self._end(deadline), params)
+        return Page.from_body(body)
+
+    async def iter_entries(
+        self,
+        board: str,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        start: int = 0,
+        page_size: int = MAX_ITEMS,
+        deadline: float | None = None,
+    ) -> AsyncGenerator[Entry, None]:
+        """Every entry from rank ``start + 1`` to the end, a page of ``page_size`` at a time (each page
+        its own call with its own deadline). Pages are read one after another while writes go on,
+        so this is not a snapshot: a player whose rank moves between two pages may be seen twice or
+        not at all."""
+        offset = start
+        while True:
+            page = await self.entries(
+                board, offset, page_size, period=period, region=region, deadline=deadline
+            )
+            for entry in page.entries:
+                yield entry
+            if len(page.entries) < page_size:
+                return
+            offset += page_size
+
+    async def player(
+        self,
+        board: str,
+        player_id: str,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        estimate: bool = False,
+        deadline: float | None = None,
+    ) -> PlayerRank:
+        """A player's rank, points and percentile. ``estimate=True`` answers from the router's
+        in-memory histograms (no cluster round trip) with ``rank_error``. Raises ``PlayerNotFound``
+        when the player has no score in that period."""
+        params = {"period": period, "region": region, "estimate": "true" if estimate else None}
+        path = f"/v1/boards/{_segment(board)}/players/{_segment(player_id)}"
+        _, body = await self._call("GET", path, self._end(deadline), params)
+        return PlayerRank.from_body(body)
+
+    async def around(
+        self,
+        board: str,
+        player_id: str,
+        radius: int = 5,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> list[Entry]:
+        """Up to ``radius`` (0-100) entries above and below the player, the player included."""
+        params = {"radius": radius, "period": period, "region": region}
+        path = f"/v1/boards/{_segment(board)}/players/{_segment(player_id)}/around"
+        _, body = await self._call("GET", path, self._end(deadline), params)
+        return entries_of(body)
+
+    async def query(
+        self,
+        board: str,
+        player_ids: Iterable[str],
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> list[Entry]:
+        """The entries of these players (a friends list) sorted by rank, with their global ranks;
+        players without a score are left out. Any number of ids: lists over the API's limit of 1000
+        are sent as several requests at once and merged by rank (each rank is the player's place on
+        the whole board, so the merge is a sort). Repeated ids are asked for once."""
+        end = self._end(deadline)
+        ids = list(dict.fromkeys(player_ids))
+        path = f"/v1/boards/{_segment(board)}/players:query"
+        params = {"period": period, "region": region}
+
+        async def one(chunk: Sequence[str]) -> list[Entry]:
+            _, body = await self._call("POST", path, end, params, {"player_ids": list(chunk)})
+            return entries_of(body)
+
+        if len(ids) <= MAX_ITEMS:
+            return await one(ids)
+        parts = await asyncio.gather(*(one(ids[i : i + MAX_ITEMS]) for i in range(0, len(ids), MAX_ITEMS)))
+        return sorted((e for part in parts for e in part), key=lambda e: (e.rank, e.player_id))
+
+    # ---- boards (admin) ----------------------------------------------------------------------
+
+    async def put_board(self, board: str, *, deadline: float | None = None, **settings: Any) -> BoardInfo:
+        """Create a board, or confirm that an identical one exists (``created`` says which); the
+        settings are api.md's (``mode="incr"``, ``periods=["total", "daily"]``, ``sharding={...}``).
+        Raises ``Conflict`` when the board exists with other settings. Needs an admin key."""
+        path = f"/v1/boards/{_segment(board)}"
+        status, body = await self._call("PUT", path, self._end(deadline), body=settings)
+        return BoardInfo.from_body(body, created=status == 201)
+
+    async def get_board(self, board: str, *, deadline: float | None = None) -> BoardInfo:
+        """A board's settings and its number of players per kept period (``players``)."""
+        _, body = await self._call("GET", f"/v1/boards/{_segment(board)}", self._end(deadline))
+        return BoardInfo.from_body(body)
+
+    async def list_boards(self, *, deadline: float | None = None) -> list[BoardInfo]:
+        _, body = await self._call("GET", "/v1/boards", self._end(deadline))
+        return [BoardInfo.from_body(b) for b in body["boards"]]
+
+    async def delete_board(self, board: str, *, deadline: float | None = None) -> None:
+        """Remove a board and all its entries. Raises ``BoardNotFound`` when there is no such board,
+        except after a retry: an earlier attempt whose answer was lost may have deleted it, and the
+        board being gone is what was asked."""
+        try:
+            await self._call("DELETE", f"/v1/boards/{_segment(board)}", self._end(deadline))
+        except BoardNotFound as e:
+            if e.attempts == 1:
+                raise

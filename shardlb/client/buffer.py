@@ -1,0 +1,192 @@
+"""``ScoreBuffer``: results posted one at a time by many tasks, sent as few large requests.
+
+A game server finishing many matches at once would otherwise send a request per result. The buffer
+keeps one lane per board: a result joins its board's lane and its caller waits; the lane sends what
+it holds as one ``post_scores`` call once it holds ``max_scores`` results, or ``max_delay_ms`` after
+the first result of a quiet period, whichever comes first. At most ``max_in_flight`` requests per
+board are out at once; results arriving meanwhile wait for the next free one (so under load requests
+get bigger rather than more numerous), and a lane whose delay ran out while every request was busy
+sends as soon as one returns.
+
+Each caller gets its own outcome (or the error of its request). A request is retried by
+``post_scores`` with the same results and match ids, so a retry never counts a result twice, and a
+result leaves the lane only into a request whose end it then waits for: none is dropped. A request
+refused for one bad result (400/422 naming ``scores[i]``) fails that result's caller only; the rest,
+of which nothing was written, are sent again without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from shardlb.client.async_client import MAX_ITEMS, AsyncClient
+from shardlb.client.errors import ApiError, ClientError, InvalidRequest
+from shardlb.client.models import MatchResult, ScoreOutcome
+
+_SCORE_FIELD = re.compile(r"scores\[([0-9]+)\](.*)")
+
+
+@dataclass
+class _Waiting:
+    result: MatchResult
+    outcome: asyncio.Future[ScoreOutcome]
+
+
+@dataclass
+class _Lane:
+    """One board's results not yet sent, and its requests in flight."""
+
+    waiting: list[_Waiting] = field(default_factory=list)
+    in_flight: int = 0
+    timer: asyncio.TimerHandle | None = None
+    due: bool = False  # the delay ran out (or the buffer is closing): send as soon as a request may
+
+
+class ScoreBuffer:
+    """Batches ``post`` calls from many tasks into ``post_scores`` requests of up to ``max_scores``
+    (at most 1000) results or ``max_delay_ms`` of waiting, per board.
+
+    ``deadline`` is each request's (default: the client's); a caller waits for its batch to leave
+    (at most ``max_delay_ms`` unless every request is busy) and then for that request. ``close()``
+    (or leaving ``async with``) sends everything held and waits for it. Cancelling a waiting
+    caller does not take its result back: it is sent all the same.
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        max_scores: int = 500,
+        max_delay_ms: float = 20.0,
+        max_in_flight: int = 4,
+        deadline: float | None = None,
+    ) -> None:
+        if not 1 <= max_scores <= MAX_ITEMS:
+            raise ValueError(f"max_scores must be 1 to {MAX_ITEMS}")
+        if max_delay_ms < 0 or max_in_flight < 1:
+            raise ValueError("max_delay_ms must be at least 0 and max_in_flight at least 1")
+        self.client = client
+        self.max_scores = max_scores
+        self.max_delay = max_delay_ms / 1000
+        self.max_in_flight = max_in_flight
+        self.deadline = deadline
+        self._lanes: dict[str, _Lane] = {}
+        self._requests: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def __aenter__(self) -> ScoreBuffer:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def post(self, board: str, result: MatchResult) -> ScoreOutcome:
+        """Add one result; returns its outcome once the request that carried it is answered."""
+        if self._closed:
+            raise RuntimeError("this ScoreBuffer is closed")
+        outcome: asyncio.Future[ScoreOutcome] = asyncio.get_running_loop().create_future()
+        lane = self._lanes.setdefault(board, _Lane())
+        lane.waiting.append(_Waiting(result, outcome))
+        self._send_what_is_ready(board, lane)
+        return await outcome
+
+    async def close(self) -> None:
+        """Send every result held, and return when every request has ended."""
+        self._closed = True
+        for board, lane in self._lanes.items():
+            lane.due = True
+            self._send_what_is_ready(board, lane)
+        while self._requests:
+            await asyncio.gather(*self._requests, return_exceptions=True)
+
+    def _send_what_is_ready(self, board: str, lane: _Lane) -> None:
+        while lane.in_flight < self.max_in_flight and (
+            len(lane.waiting) >= self.max_scores or (lane.due and lane.waiting)
+        ):
+            batch, lane.waiting = lane.waiting[: self.max_scores], lane.waiting[self.max_scores :]
+            lane.in_flight += 1
+            request = asyncio.create_task(self._request(board, lane, batch))
+            self._requests.add(request)
+            request.add_done_callback(self._requests.discard)
+        if not lane.waiting:
+            lane.due = self._closed
+            if lane.timer is not None:
+                lane.timer.cancel()
+                lane.timer = None
+        elif lane.timer is None and not lane.due:
+            lane.timer = asyncio.get_running_loop().call_later(self.max_delay, self._delay_over, board)
+
+    def _delay_over(self, board: str) -> None:
+        lane = self._lanes[board]
+        lane.timer = None
+        lane.due = True
+        self._send_what_is_ready(board, lane)
+
+    async def _request(self, board: str, lane: _Lane, batch: list[_Waiting]) -> None:
+        try:
+            while batch:
+                try:
+                    outcomes = await self.client.post_scores(
+                        board, [w.result for w in batch], deadline=self.deadline
+                    )
+                except ApiError as e:
+                    bad = _bad_index(e, len(batch))
+                    if bad is None:
+                        raise
+                    # Nothing of a refused request was written: its caller gets the error, as if it
+                    # had posted alone, and the others go again without it.
+                    _settle(batch.pop(bad).outcome, error=_as_single(e))
+                    continue
+                for waiting, outcome in zip(batch, outcomes, strict=True):
+                    _settle(waiting.outcome, outcome)
+                batch = []
+        except ClientError as e:
+            for waiting in batch:
+                _settle(waiting.outcome, error=e)
+        except BaseException as e:
+            # Never leave a caller waiting forever, whatever went wrong (a cancelled task included).
+            for waiting in batch:
+                _settle(waiting.outcome, error=e)
+            raise
+        finally:
+            lane.in_flight -= 1
+            self._send_what_is_ready(board, lane)
+
+
+def _settle(
+    future: asyncio.Future[ScoreOutcome],
+    outcome: ScoreOutcome | None = None,
+    error: BaseException | None = None,
+) -> None:
+    if future.done():
+        return  # its caller was cancelled and no longer waits
+    if isinstance(error, asyncio.CancelledError):
+        future.cancel()
+    elif error is not None:
+        future.set_exception(error)
+    elif outcome is not None:
+        future.set_result(outcome)
+
+
+def _bad_index(error: ApiError, size: int) -> int | None:
+    """The index of the one result a 400/422 refused the request for, when the error names one."""
+    if not isinstance(error, InvalidRequest) or error.status not in (400, 422) or error.field is None:
+        return None
+    match = _SCORE_FIELD.fullmatch(error.field)
+    if match is None or int(match[1]) >= size:
+        return None
+    return int(match[1])
+
+
+def _as_single(error: ApiError) -> ApiError:
+    """The error as the caller's own request of one score would have had it (``scores[0]...``)."""
+    match = _SCORE_FIELD.fullmatch(error.field or "")
+    field = f"scores[0]{match[2]}" if match else error.field
+    return type(error)(
+        error.status, error.code, error.message, field, error.request_id, error.retry_after, error.attempts
+    )

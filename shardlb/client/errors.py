@@ -1,0 +1,145 @@
+"""The client's exceptions: one hierarchy under ``ClientError``.
+
+``ApiError`` is an answer of the server with an error status, and carries what the API's error body
+says (``code``, ``message``, ``field``) with the status, the request id and ``Retry-After``; its
+subclasses follow the status so that callers can catch a kind of failure. ``TransportError`` is no
+answer at all (the connection failed or dropped, or the deadline passed mid-request). Both record
+how many attempts the call made before giving up.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from typing import Any
+
+# 429 and 503 are the API's "come back later"; 502 and 504 are what a proxy in front of the router
+# answers when it is restarting. 500 is a bug of the server: sending the same request again would
+# most likely meet the same bug. Any other 4xx means the request itself is wrong.
+RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+
+
+class ClientError(Exception):
+    """Every error the client raises. ``attempts``: how many requests the call sent."""
+
+    attempts: int = 1
+
+
+class TransportError(ClientError):
+    """No answer: the connection could not be made, dropped, or the deadline passed while waiting
+    (the cause is chained). For a write, the server may or may not have applied it."""
+
+    def __init__(self, message: str, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class ApiError(ClientError):
+    """An error answer of the API: ``{"error": {"code", "message", "field"}}`` and its status."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        request_id: str | None = None,
+        retry_after: float | None = None,
+        attempts: int = 1,
+    ) -> None:
+        super().__init__(f"{status} {code}: {message}" + (f" (field {field})" if field else ""))
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.request_id = request_id
+        self.retry_after = retry_after
+        self.attempts = attempts
+
+    @property
+    def retryable(self) -> bool:
+        return self.status in RETRYABLE_STATUSES
+
+
+class InvalidRequest(ApiError):
+    """400, 413, 415 or 422: the request is wrong (``field`` names the part at fault)."""
+
+
+class Unauthorized(ApiError):
+    """401: no key where one is needed, or a key the server does not know."""
+
+
+class Forbidden(ApiError):
+    """403: the key's scope is too small (e.g. a read key creating a board)."""
+
+
+class NotFound(ApiError):
+    """404."""
+
+
+class BoardNotFound(NotFound):
+    """404 ``board_not_found``."""
+
+
+class PlayerNotFound(NotFound):
+    """404 ``player_not_found``: the player has no score in that period."""
+
+
+class Conflict(ApiError):
+    """409, e.g. ``board_conflict``: the board exists with other settings."""
+
+
+class RateLimited(ApiError):
+    """429: too many reads; ``retry_after`` says when to come back."""
+
+
+class Unavailable(ApiError):
+    """5xx: overloaded, shutting down, cluster trouble (503), or a proxy's 502/504, or a server bug (500)."""
+
+
+_BY_CODE: dict[str, type[ApiError]] = {
+    "board_not_found": BoardNotFound,
+    "player_not_found": PlayerNotFound,
+}
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: InvalidRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: InvalidRequest,
+    415: InvalidRequest,
+    422: InvalidRequest,
+    429: RateLimited,
+}
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """``Retry-After`` in seconds: delta-seconds, or an HTTP date (RFC 9110); None when absent or bad."""
+    if value is None:
+        return None
+    value = value.strip()
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def api_error(
+    status: int, body: Any, request_id: str | None, retry_after: float | None, attempts: int
+) -> ApiError:
+    """The exception for an error answer. A body that is not the API's (a proxy's HTML page) still
+    gives an error with the status, under the code ``http_<status>``."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("code"), str):
+        code, message, field = error["code"], str(error.get("message", "")), error.get("field")
+    else:
+        code, message, field = f"http_{status}", "the answer is not an API error body", None
+    kind = _BY_CODE.get(code) or _BY_STATUS.get(status)
+    if kind is None:
+        kind = Unavailable if status >= 500 else InvalidRequest
+    return kind(status, code, message, field, request_id, retry_after, attempts)

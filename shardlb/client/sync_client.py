@@ -1,0 +1,192 @@
+"""``Client``: ``AsyncClient``'s calls for code without an event loop (scripts, threaded servers).
+
+It is a thin wrapper: it starts one event loop in a background thread (anyio's blocking portal) and
+runs each ``AsyncClient`` call there, blocking the calling thread until it ends, so retries,
+deadlines and connection pooling are the async client's. It may be shared by many threads, but not
+called from inside a running event loop (use ``AsyncClient`` there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
+from functools import partial
+from types import TracebackType
+from typing import Any
+
+from anyio.from_thread import start_blocking_portal
+
+from shardlb.client.async_client import MAX_ITEMS, AsyncClient
+from shardlb.client.buffer import ScoreBuffer
+from shardlb.client.models import BoardInfo, Entry, MatchResult, Page, PlayerRank, ScoreOutcome
+
+
+class Client:
+    """Takes ``AsyncClient``'s arguments; every method is the async one's (same arguments, same
+    results and errors), blocking. ``aio`` is the ``AsyncClient`` underneath. Close it with
+    ``close()`` or ``with Client(...) as client:``."""
+
+    def __init__(self, base_url: str, key: str | None = None, **options: Any) -> None:
+        self.aio = AsyncClient(base_url, key, **options)
+        self._exit = ExitStack()
+        self._portal = self._exit.enter_context(start_blocking_portal())
+        self._exit.callback(self._portal.call, self.aio.aclose)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._exit.close()
+
+    def post_scores(
+        self, board: str, results: Iterable[MatchResult], *, deadline: float | None = None
+    ) -> list[ScoreOutcome]:
+        return self._portal.call(partial(self.aio.post_scores, board, list(results), deadline=deadline))
+
+    def top(
+        self,
+        board: str,
+        limit: int = 100,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> Page:
+        call = partial(self.aio.top, board, limit, period=period, region=region, deadline=deadline)
+        return self._portal.call(call)
+
+    def entries(
+        self,
+        board: str,
+        offset: int = 0,
+        limit: int = 100,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> Page:
+        call = partial(
+            self.aio.entries, board, offset, limit, period=period, region=region, deadline=deadline
+        )
+        return self._portal.call(call)
+
+    def iter_entries(
+        self,
+        board: str,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        start: int = 0,
+        page_size: int = MAX_ITEMS,
+        deadline: float | None = None,
+    ) -> Iterator[Entry]:
+        pages = self.aio.iter_entries(
+            board, period=period, region=region, start=start, page_size=page_size, deadline=deadline
+        )
+        try:
+            while True:
+                try:
+                    yield self._portal.call(pages.__anext__)
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._portal.call(pages.aclose)
+
+    def player(
+        self,
+        board: str,
+        player_id: str,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        estimate: bool = False,
+        deadline: float | None = None,
+    ) -> PlayerRank:
+        call = partial(
+            self.aio.player,
+            board,
+            player_id,
+            period=period,
+            region=region,
+            estimate=estimate,
+            deadline=deadline,
+        )
+        return self._portal.call(call)
+
+    def around(
+        self,
+        board: str,
+        player_id: str,
+        radius: int = 5,
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> list[Entry]:
+        call = partial(
+            self.aio.around, board, player_id, radius, period=period, region=region, deadline=deadline
+        )
+        return self._portal.call(call)
+
+    def query(
+        self,
+        board: str,
+        player_ids: Iterable[str],
+        *,
+        period: str | None = None,
+        region: str | None = None,
+        deadline: float | None = None,
+    ) -> list[Entry]:
+        call = partial(
+            self.aio.query, board, list(player_ids), period=period, region=region, deadline=deadline
+        )
+        return self._portal.call(call)
+
+    def put_board(self, board: str, *, deadline: float | None = None, **settings: Any) -> BoardInfo:
+        return self._portal.call(partial(self.aio.put_board, board, deadline=deadline, **settings))
+
+    def get_board(self, board: str, *, deadline: float | None = None) -> BoardInfo:
+        return self._portal.call(partial(self.aio.get_board, board, deadline=deadline))
+
+    def list_boards(self, *, deadline: float | None = None) -> list[BoardInfo]:
+        return self._portal.call(partial(self.aio.list_boards, deadline=deadline))
+
+    def delete_board(self, board: str, *, deadline: float | None = None) -> None:
+        self._portal.call(partial(self.aio.delete_board, board, deadline=deadline))
+
+    def buffer(
+        self, *, max_scores: int = 500, max_delay_ms: float = 20.0, max_in_flight: int = 4
+    ) -> BlockingScoreBuffer:
+        """A ``ScoreBuffer`` for threads: each thread's ``post`` blocks until its result is applied,
+        and the results of many threads go out together."""
+        buffer = ScoreBuffer(
+            self.aio, max_scores=max_scores, max_delay_ms=max_delay_ms, max_in_flight=max_in_flight
+        )
+        return BlockingScoreBuffer(self, buffer)
+
+
+class BlockingScoreBuffer:
+    """``ScoreBuffer.post`` and ``close`` for threads (made by ``Client.buffer``)."""
+
+    def __init__(self, client: Client, buffer: ScoreBuffer) -> None:
+        self._portal = client._portal
+        self._buffer = buffer
+
+    def post(self, board: str, result: MatchResult) -> ScoreOutcome:
+        return self._portal.call(self._buffer.post, board, result)
+
+    def close(self) -> None:
+        self._portal.call(self._buffer.close)
+
+    def __enter__(self) -> BlockingScoreBuffer:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,213 @@
+"""router/dashboard.py and router/admin.py without a browser: the page and its files, their headers,
+and the admin JSON checked against the cluster itself (tests/test_dashboard_browser.py drives the page)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from router import admin, dashboard
+from shardlb import keys
+from shardlb.cluster import LocalCluster, free_port_block
+from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running, service_of
+from tests.test_router_server import Server
+
+pytestmark = pytest.mark.cluster
+
+ADMIN_PATHS = ("/v1/admin/cluster", "/v1/admin/boards/{board}/shards", "/v1/admin/metrics")
+
+
+@pytest.fixture(scope="module")
+async def router(cluster: LocalCluster) -> AsyncIterator[tuple[Starlette, httpx.AsyncClient]]:
+    async with running(cluster.url) as both:
+        yield both
+
+
+@pytest.fixture(scope="module")
+async def board(router: tuple[Starlette, httpx.AsyncClient]) -> str:
+    _, client = router
+    name = board_name("dash")
+    settings = {"periods": ["total", "daily"], "sharding": {"strategy": "hash", "shards": 8}}
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+    scores = [{"player_id": f"p{i}", "points": i * 7 % 1000, "match_id": "m1"} for i in range(300)]
+    r = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+    assert r.status_code == 200
+    return name
+
+
+async def test_the_page_and_its_files_are_served_with_a_strict_policy(
+    router: tuple[Starlette, httpx.AsyncClient],
+) -> None:
+    _, client = router
+    page = await client.get("/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'self'" in policy and "script-src 'self'" in policy and "unsafe" not in policy
+    assert page.headers["x-content-type-options"] == "nosniff"
+    # No inline script: every <script> has a src on this origin and nothing between its tags.
+    scripts = re.findall(r"<script([^>]*)>(.*?)</script>", page.text, re.S)
+    assert scripts and all(
+        re.search(r'src="/dashboard/[a-z.]+"', attrs) and not body for attrs, body in scripts
+    )
+    assert not re.search(r"\son[a-z]+=", page.text)  # no inline event handlers either
+    for name, kind in (("app.js", "text/javascript"), ("style.css", "text/css")):
+        r = await client.get(f"/dashboard/{name}")
+        assert r.status_code == 200 and r.headers["content-type"].startswith(kind)
+        assert r.headers["content-security-policy"] == policy
+        # Offline: nothing is fetched from anywhere but this router.
+        assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", r.text), name
+        assert r.content == dashboard.FILES[name]
+    assert not re.search(r"https?://", page.text)
+    missing = await client.get("/dashboard/secrets.txt")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert (await client.get("/dashboard", params={"key": "x"})).status_code == 400
+
+
+async def test_the_page_carries_no_data(router: tuple[Starlette, httpx.AsyncClient], board: str) -> None:
+    _, client = router
+    for path in ("/dashboard", "/dashboard/app.js"):
+        assert board not in (await client.get(path)).text
+
+
+async def test_admin_endpoints_need_an_admin_key(
+    router: tuple[Starlette, httpx.AsyncClient], board: str
+) -> None:
+    _, client = router
+    for template in ADMIN_PATHS:
+        path = template.format(board=board)
+        r = await client.get(path)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", path
+        for headers in (AS_READER, AS_WRITER):
+            r = await client.get(path, headers=headers)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", path
+        assert (await client.get(path, headers=AS_ADMIN)).status_code == 200, path
+    assert {r.path for r in admin.ROUTES} == set(ADMIN_PATHS)
+
+
+async def test_cluster_lists_every_node_with_its_slots_and_memory(
+    router: tuple[Starlette, httpx.AsyncClient], cluster: LocalCluster
+) -> None:
+    _, client = router
+    body = (await client.get("/v1/admin/cluster", headers=AS_ADMIN)).json()
+    assert body["ready"] and body["problem"] is None and body["state"] == "ok"
+    assert body["slots_ok"] == keys.SLOTS and body["primaries"] == 3 and body["known_nodes"] == 6
+    nodes = body["nodes"]
+    assert sorted(n["address"] for n in nodes) == sorted(f"127.0.0.1:{p}" for p in cluster.ports)
+    primaries = [n for n in nodes if n["role"] == "primary"]
+    assert len(primaries) == 3 and sum(n["slots"] for n in primaries) == keys.SLOTS
+    addresses = {n["address"] for n in primaries}
+    assert all(n["primary"] in addresses and n["slots"] == 0 for n in nodes if n["role"] == "replica")
+    assert all(n["connected"] and not n["failing"] and n["memory"]["used"] > 0 for n in nodes)
+
+
+async def test_shard_map_names_each_shards_slot_owner_and_members(
+    router: tuple[Starlette, httpx.AsyncClient], board: str
+) -> None:
+    app, client = router
+    svc = service_of(app)
+    found = await svc.boards.lookup(board)
+    for period in ("total", "daily"):
+        body = (
+            await client.get(f"/v1/admin/boards/{board}/shards", params={"period": period}, headers=AS_ADMIN)
+        ).json()
+        size = (await client.get(f"/v1/boards/{board}", headers=AS_ADMIN)).json()["players"][period]
+        assert body["board"] == board and body["period"].startswith(period)
+        assert [s["shard"] for s in body["shards"]] == list(range(8))
+        assert sum(s["members"] for s in body["shards"]) == size == 300
+        assert all(s["members"] > 0 for s in body["shards"])  # 300 players hashed over 8 shards
+        for s, prefix in zip(body["shards"], found.prefixes, strict=True):
+            assert s["slot"] == keys.slot_of(prefix)
+            # The router's own client routes the shard's keys to the node the map names.
+            assert s["node"] == svc.client.get_node_from_key(prefix).name
+    r = await client.get(f"/v1/admin/boards/{board}/shards", params={"period": "weekly"}, headers=AS_ADMIN)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "period"
+    r = await client.get(f"/v1/admin/boards/{board_name()}/shards", headers=AS_ADMIN)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "board_not_found"
+
+
+async def test_metrics_count_this_routers_writes_scores_and_reads(
+    router: tuple[Starlette, httpx.AsyncClient], board: str
+) -> None:
+    _, client = router
+    before = (await client.get("/v1/admin/metrics", headers=AS_ADMIN)).json()
+    scores = [{"player_id": f"q{i}", "points": i, "match_id": "m2"} for i in range(5)]
+    for _ in range(3):
+        r = await client.post(f"/v1/boards/{board}/scores", json={"scores": scores}, headers=AS_WRITER)
+        assert r.status_code == 200
+    for path in ("top", "entries", "players/p1", "players/p1/around"):
+        assert (await client.get(f"/v1/boards/{board}/{path}")).status_code == 200
+    r = await client.post(f"/v1/boards/{board}/players:query", json={"player_ids": ["p1"]})
+    assert r.status_code == 200
+    await client.get(f"/v1/boards/{board}")  # board settings: neither a read of the game nor a write
+    after = (await client.get("/v1/admin/metrics", headers=AS_ADMIN)).json()
+    assert after["bounds"] == before["bounds"] and after["at_ms"] >= before["at_ms"]
+    assert after["writes"]["requests"] - before["writes"]["requests"] == 3
+    assert after["writes"]["scores"] - before["writes"]["scores"] == 15
+    assert after["reads"]["requests"] - before["reads"]["requests"] == 5
+    for kind in ("writes", "reads"):
+        buckets = after[kind]["buckets"]
+        assert len(buckets) == len(after["bounds"]) + 1 and buckets[-1] == after[kind]["requests"]
+        assert buckets == sorted(buckets)  # cumulative
+
+
+def test_metrics_add_up_every_worker(cluster: LocalCluster, tmp_path: Path) -> None:
+    """With two workers each counts its own requests; the answer, from whichever worker, is the sum."""
+    server = Server(cluster.url, tmp_path / "router.log", workers=2)
+    try:
+        name = board_name("dash")
+        assert httpx.put(f"{server.url}/v1/boards/{name}", headers=AS_ADMIN).status_code == 201
+        before = httpx.get(f"{server.url}/v1/admin/metrics", headers=AS_ADMIN).json()
+        body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
+        workers: set[str] = set()
+        sent = 0
+        # A new connection each, until both workers have answered some (the kernel picks the worker).
+        while sent < 40 or (len(workers) < 2 and sent < 1000):
+            r = httpx.post(f"{server.url}/v1/boards/{name}/scores", json=body, headers=AS_WRITER)
+            assert r.status_code == 200
+            workers.add(r.headers["x-request-id"][:16])  # a worker's random prefix (router/middleware.py)
+            sent += 1
+        after = httpx.get(f"{server.url}/v1/admin/metrics", headers=AS_ADMIN).json()
+        assert len(workers) == 2
+        assert after["writes"]["requests"] - before["writes"]["requests"] == sent
+        assert after["writes"]["scores"] - before["writes"]["scores"] == sent
+    finally:
+        assert server.stop() == 0
+
+
+async def test_cluster_view_answers_with_a_node_down(tmp_path: Path) -> None:
+    """A private cluster loses a replica: the cluster view still answers, shows that node without
+    memory, and once the others agree it has failed, flags it."""
+    # Bus ports (+10000) below the ephemeral range, away from the other test clusters' blocks.
+    port = free_port_block(6, start=22000 + os.getpid() % 50 * 10)
+    local = LocalCluster(3, 1, port, tmp_path / "cluster")
+    local.up()
+    try:
+        async with running(local.url) as (_, client):
+            replica = next(n for n in local.status().nodes if n.port == local.ports[3])
+            assert replica.pid is not None
+            os.kill(replica.pid, signal.SIGKILL)
+            dead = f"127.0.0.1:{replica.port}"
+            deadline = time.monotonic() + 60
+            while True:
+                r = await client.get("/v1/admin/cluster", headers=AS_ADMIN)
+                assert r.status_code == 200, r.text
+                row = next(n for n in r.json()["nodes"] if n["address"] == dead)
+                assert row["memory"]["used"] is None
+                if row["failing"]:
+                    break
+                assert time.monotonic() < deadline, "the dead replica was never flagged as failing"
+                await asyncio.sleep(0.5)
+            body = r.json()
+            assert body["state"] == "ok" and body["slots_ok"] == keys.SLOTS  # a replica held no slots
+            assert all(n["memory"]["used"] for n in body["nodes"] if n["address"] != dead)
+    finally:
+        local.down()

@@ -1,0 +1,386 @@
+"""The dashboard as an operator uses it: Debian's chromium, driven by Playwright, against a real
+router process on the suite's cluster. Everything the page shows is checked against the API's own
+answers. Screenshots go to $SHARDLB_SCREENSHOTS (``make screenshots``: docs/img), else a temp dir.
+
+Playwright's own browser download is never used: the test launches /usr/bin/chromium, which
+scripts/ensure-chromium.sh (a prerequisite of ``make test``) installs with apt-get when it can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import random
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import psycopg
+import pytest
+from PIL import Image
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from shardlb.cluster import LocalCluster
+from tests.router_support import ADMIN, AS_ADMIN, AS_WRITER, READ, board_name
+from tests.test_router_server import ROOT, Server
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PLAYERS = 6000
+TODAY_EVERY = 5  # every fifth player also plays today: the daily board holds 1200
+SEARCHED = "player-00035"
+XSS = '<img src=x onerror="window.__xss=1">'
+# Eight points on the scores chart: eight intervals of traffic between the page's samples.
+CHART_POINTS = (
+    "() => (document.querySelector('#chart-scores path')?.getAttribute('d') || '').split('L').length >= 8"
+)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Path:
+    if not CHROMIUM.exists():
+        subprocess.run(["bash", str(ROOT / "scripts" / "ensure-chromium.sh")], check=False)
+    if not CHROMIUM.exists():
+        pytest.skip(
+            f"{CHROMIUM} is missing and could not be installed (needs root and apt-get: "
+            "`apt-get install chromium`); the dashboard's browser test did not run"
+        )
+    return CHROMIUM
+
+
+@pytest.fixture(scope="module")
+def server(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = Server(cluster.url, tmp_path_factory.mktemp("router") / "router.log")
+    yield running
+    assert running.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def board(server: Server) -> str:
+    """A board of 6000 players played yesterday, 1200 of whom also played today (the daily board)."""
+    name = board_name("arena")
+    # Yesterday's results arrive a day late: a week's grace keeps that day open for them.
+    settings = {
+        "periods": ["total", "daily"],
+        "sharding": {"strategy": "hash", "shards": 8},
+        "close_grace": 7 * 86_400,
+    }
+    assert httpx.put(f"{server.url}/v1/boards/{name}", json=settings, headers=AS_ADMIN).status_code == 201
+    rng = random.Random(14)
+    yesterday = (datetime.now(UTC) - timedelta(hours=30)).isoformat()
+    scores = [
+        {
+            "player_id": f"player-{i:05d}",
+            "points": rng.randrange(100_000),
+            "match_id": "m1",
+            "achieved_at": yesterday,
+        }
+        for i in range(PLAYERS)
+    ]
+    scores += [
+        {"player_id": f"player-{i:05d}", "points": rng.randrange(100_000), "match_id": "m2"}
+        for i in range(0, PLAYERS, TODAY_EVERY)
+    ]
+    for start in range(0, len(scores), 1000):
+        batch = {"scores": scores[start : start + 1000]}
+        r = httpx.post(f"{server.url}/v1/boards/{name}/scores", json=batch, headers=AS_WRITER, timeout=30)
+        assert r.status_code == 200, r.text
+    return name
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    target = Path(os.environ.get("SHARDLB_SCREENSHOTS") or tmp_path)
+    target = target if target.is_absolute() else ROOT / target
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+@pytest.fixture
+async def browser(chromium: Path) -> AsyncIterator[Browser]:
+    async with async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=str(chromium), args=FLAGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+async def screenshot(page: Page, path: Path, full_page: bool = False) -> None:
+    """A PNG of the page in 64 colours: a fifth of the bytes, for docs/img (the page uses a dozen)."""
+    png = await page.screenshot(full_page=full_page)
+    with Image.open(io.BytesIO(png)) as shot:
+        shot.convert("RGB").quantize(colors=64).save(path, optimize=True)
+
+
+def api(server: Server, path: str, **params: Any) -> Any:
+    r = httpx.get(f"{server.url}{path}", params=params, headers=AS_ADMIN, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def table(page: Page, selector: str) -> list[tuple[int, str, int]]:
+    """(rank, player, points) of each row of a table the page shows."""
+    rows = await page.eval_on_selector_all(
+        f"{selector} tbody tr",
+        "rows => rows.map(r => [r.querySelector('.rank').textContent, r.querySelector('.player').textContent,"
+        " r.querySelector('.points').textContent])",
+    )
+    return [(int(rank), player, int(points)) for rank, player, points in rows]
+
+
+def entries(body: dict[str, Any]) -> list[tuple[int, str, int]]:
+    return [(e["rank"], e["player_id"], e["points"]) for e in body["entries"]]
+
+
+async def player_panel(page: Page) -> dict[str, str]:
+    fields = ("id", "rank", "points", "percentile", "players")
+    return {f: await page.locator(f"#player-{f}").inner_text() for f in fields}
+
+
+def expected_panel(found: dict[str, Any]) -> dict[str, str]:
+    return {
+        "id": found["player_id"],
+        "rank": str(found["rank"]),
+        "points": str(found["points"]),
+        "percentile": f"{found['percentile']:.2f}",
+        "players": str(found["players"]),
+    }
+
+
+async def test_an_operator_finds_a_player_pages_deep_and_switches_period(
+    browser: Browser, server: Server, board: str, shots: Path
+) -> None:
+    page = await browser.new_page(viewport={"width": 1280, "height": 860})
+    requests: list[tuple[str, str | None]] = []
+    page.on("request", lambda r: requests.append((r.url, r.headers.get("authorization"))))
+    csp_violations: list[str] = []
+    page.on(
+        "console", lambda m: csp_violations.append(m.text) if "Content Security Policy" in m.text else None
+    )
+
+    await page.goto(f"{server.url}/dashboard")
+    await expect(page.locator("#login")).to_be_visible()
+    # A read key is not enough, and the page says so.
+    await page.fill("#key", READ)
+    await page.click("#login-form button")
+    await expect(page.locator("#login-error")).to_contain_text("403")
+    await page.fill("#key", ADMIN)
+    await page.click("#login-form button")
+
+    # Boards: settings and sizes as the API gives them.
+    row = page.locator("#boards-table tbody tr", has_text=board)
+    await expect(row).to_have_count(1)
+    sizes = api(server, f"/v1/boards/{board}")["players"]
+    assert sizes["total"] == PLAYERS and sizes["daily"] == PLAYERS // TODAY_EVERY
+    await expect(row).to_contain_text(f"total {sizes['total']}, daily {sizes['daily']}")
+    await expect(row).to_contain_text("hash: 8 shards")
+
+    # The board: the live top 100, from the cached /top.
+    await row.locator("a").click()
+    await expect(page.locator("#entries tbody tr")).to_have_count(100)
+    await expect(page.locator("#page-info")).to_contain_text("total · live top")
+    assert await table(page, "#entries") == entries(api(server, f"/v1/boards/{board}/top", limit=100))
+
+    # Search a player: rank, points, percentile, and the players around.
+    await page.fill("#search", SEARCHED)
+    await page.click("#search-form button")
+    await expect(page.locator("#player-id")).to_have_text(SEARCHED)
+    found = api(server, f"/v1/boards/{board}/players/{SEARCHED}")
+    assert await player_panel(page) == expected_panel(found)
+    around = entries(api(server, f"/v1/boards/{board}/players/{SEARCHED}/around", radius=5))
+    await expect(page.locator("#around tbody tr")).to_have_count(len(around))
+    assert await table(page, "#around") == around
+    await expect(page.locator("#around tr.me .player")).to_have_text(SEARCHED)
+    await expect(page.locator("#player")).to_be_in_viewport()
+    await screenshot(page, shots / "dashboard-board.png")
+
+    # Page to offset 5000: ranks 5001-5100, as /entries gives them.
+    await page.fill("#offset", "5000")
+    await page.click("#go")
+    await expect(page.locator("#entries tbody tr .rank").first).to_have_text("5001")
+    await expect(page.locator("#entries tbody tr")).to_have_count(100)
+    assert await table(page, "#entries") == entries(
+        api(server, f"/v1/boards/{board}/entries", offset=5000, limit=100)
+    )
+    await expect(page.locator("#page-info")).to_contain_text("ranks 5001–5100")
+
+    # Switch to today's board: its top, and the searched player's standing there.
+    await page.click("#periods button[data-value=daily]")
+    daily = api(server, f"/v1/boards/{board}/top", period="daily", limit=100)
+    await expect(page.locator("#page-info")).to_contain_text(daily["period"])
+    await expect(page.locator("#entries tbody tr .rank").first).to_have_text("1")
+    await expect(page.locator("#entries tbody tr")).to_have_count(100)
+    assert await table(page, "#entries") == entries(daily)
+    await expect(page.locator("#player-period")).to_have_text(daily["period"])
+    await expect(page.locator("#player")).to_be_in_viewport()
+    found = api(server, f"/v1/boards/{board}/players/{SEARCHED}", period="daily")
+    assert found["players"] == PLAYERS // TODAY_EVERY
+    assert await player_panel(page) == expected_panel(found)
+    await screenshot(page, shots / "dashboard-daily.png")
+
+    # A day by its date: the day the 6000 players first played.
+    day = f"daily:{(datetime.now(UTC) - timedelta(hours=30)).date().isoformat()}"
+    await page.fill("#period-name", day)
+    await page.click("#period-form button")
+    await expect(page.locator("#page-info")).to_contain_text(day)
+    await expect(page.locator("#entries tbody tr")).to_have_count(100)
+    first_day = api(server, f"/v1/boards/{board}/top", period=day, limit=100)
+    assert await table(page, "#entries") == entries(first_day)
+    await expect(page.locator("#player-players")).to_have_text(str(PLAYERS))
+    await page.fill("#period-name", "weekly")  # a kind this board does not keep
+    await page.click("#period-form button")
+    await expect(page.locator("#notice")).to_contain_text("422 invalid_period")
+
+    # Player ids are user input: what the page shows is text, never markup.
+    await page.fill("#search", XSS)
+    await page.click("#search-form button")
+    await expect(page.locator("#player-error")).to_contain_text("422")
+    await expect(page.locator("#player-error")).to_contain_text(XSS)
+    await page.goto(f"{server.url}/dashboard#/board/{quote(XSS)}")
+    await expect(page.locator("#board-name")).to_have_text(XSS)
+    await expect(page.locator("#notice")).to_contain_text("422")
+    assert await page.evaluate("window.__xss") is None
+    assert await page.locator("main img").count() == 0
+
+    # The key: in this tab's session storage, sent as a header, never in a URL; nothing fetched
+    # from anywhere but the router.
+    assert await page.evaluate("sessionStorage.getItem('shardlb.adminKey')") == ADMIN
+    assert await page.evaluate("localStorage.length") == 0 and await page.context.cookies() == []
+    assert requests and all(url.startswith(server.url) and ADMIN not in url for url, _ in requests)
+    keyed = [auth for url, auth in requests if "/v1/" in url]
+    assert keyed[0] == f"Bearer {READ}" and set(keyed[1:]) == {f"Bearer {ADMIN}"}  # the refused login, then
+    assert ADMIN not in page.url
+    assert csp_violations == []
+    await page.close()
+
+
+async def open_player(page: Page, server: Server, board: str, player: str) -> None:
+    await page.goto(f"{server.url}/dashboard")
+    await page.fill("#key", ADMIN)
+    await page.click("#login-form button")
+    await expect(page.locator("#nav")).to_be_visible()
+    await page.goto(f"{server.url}/dashboard#/board/{board}?player={player}")
+    await expect(page.locator("#player-id")).to_have_text(player)
+
+
+async def test_removing_a_player_asks_first_and_says_why_it_cannot(
+    browser: Browser, server: Server, board: str
+) -> None:
+    """This router has no PostgreSQL for the removal's audit: the page shows the API's refusal."""
+    page = await browser.new_page()
+    victim = "player-00007"
+    await open_player(page, server, board, victim)
+    # Cancel first: nothing happens.
+    await page.click("#remove")
+    await expect(page.locator("#confirm")).to_be_visible()
+    await expect(page.locator("#confirm-text")).to_contain_text(victim)
+    await page.click("#confirm-no")
+    await expect(page.locator("#confirm")).to_be_hidden()
+    await page.click("#remove")
+    await page.click("#confirm-yes")
+    await expect(page.locator("#player-error")).to_contain_text("409 archive_not_configured")
+    assert httpx.get(f"{server.url}/v1/boards/{board}/players/{victim}").status_code == 200
+    await page.close()
+
+
+async def test_removing_a_player_is_audited_with_the_reason_given(
+    browser: Browser, cluster: LocalCluster, postgres_url: str, board: str, tmp_path: Path
+) -> None:
+    """A router with the archive: the confirmed removal deletes the player, audited with its reason."""
+    server = Server(cluster.url, tmp_path / "router.log", SHARDLB_POSTGRES_URL=postgres_url)
+    try:
+        page = await browser.new_page()
+        victim = "player-00011"
+        await open_player(page, server, board, victim)
+        await page.click("#remove")
+        await page.fill("#confirm-reason", "aimbot <b>reported</b> twice")
+        await page.click("#confirm-yes")
+        await expect(page.locator("#notice")).to_contain_text(f"Removed {victim} from {board}")
+        await expect(page.locator("#player")).to_be_hidden()
+        r = httpx.get(f"{server.url}/v1/boards/{board}/players/{victim}")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "player_not_found"
+        async with await psycopg.AsyncConnection.connect(postgres_url) as db:
+            cursor = await db.execute(
+                "SELECT reason FROM moderation_audit WHERE action = 'remove' AND board = %s "
+                "AND player_id = %s",
+                (board, victim),
+            )
+            assert await cursor.fetchall() == [("aimbot <b>reported</b> twice",)]
+        await page.close()
+    finally:
+        assert server.stop() == 0
+
+
+async def test_the_cluster_view_shows_nodes_shards_and_live_traffic(
+    browser: Browser, server: Server, board: str, shots: Path
+) -> None:
+    page = await browser.new_page(viewport={"width": 1280, "height": 1000})
+    await page.goto(f"{server.url}/dashboard")
+    await page.fill("#key", ADMIN)
+    await page.click("#login-form button")
+    await page.click("#nav-cluster")
+
+    cluster = api(server, "/v1/admin/cluster")
+    await expect(page.locator("#nodes tbody tr")).to_have_count(len(cluster["nodes"]))
+    await expect(page.locator("#cluster-state")).to_contain_text("cluster_state ok")
+    shown = await page.eval_on_selector_all(
+        "#nodes tbody tr td:first-child", "cells => cells.map(c => c.textContent)"
+    )
+    assert shown == [n["address"] for n in cluster["nodes"]]
+    await expect(page.locator("#journal-bound")).to_have_text(str(api(server, "/readyz")["journal"]["bound"]))
+
+    await page.select_option("#shard-board", board)
+    shard_map = api(server, f"/v1/admin/boards/{board}/shards")
+    await expect(page.locator("#shards tbody tr")).to_have_count(8)
+    cells = await page.eval_on_selector_all(
+        "#shards tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+    )
+    assert cells == [
+        [str(s["shard"]), str(s["slot"]), s["node"], str(s["members"])] for s in shard_map["shards"]
+    ]
+
+    # Traffic while the charts fill: their lines come from the router's own counters.
+    stop = asyncio.Event()
+
+    async def play() -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                scores = [
+                    {"player_id": f"live-{n % 300}-{i}", "points": n + i, "match_id": f"live{n}"}
+                    for i in range(20)
+                ]
+                await client.post(f"/v1/boards/{board}/scores", json={"scores": scores}, headers=AS_WRITER)
+                await client.get(f"/v1/boards/{board}/players/{SEARCHED}")
+                await client.get(f"/v1/boards/{board}/entries", params={"offset": n * 10 % 5000})
+
+    player = asyncio.create_task(play())
+    try:
+        await page.wait_for_function(
+            CHART_POINTS,
+            timeout=60_000,
+        )
+    finally:
+        stop.set()
+        await player
+    assert not (await page.locator("#rate-scores").inner_text()).startswith("now: 0.0/s")
+    await expect(page.locator("#chart-requests path")).to_have_count(2)  # writes and reads
+    await expect(page.locator("#chart-p99 path")).to_have_count(2)
+    await screenshot(page, shots / "dashboard-cluster.png", full_page=True)
+    await page.close()
