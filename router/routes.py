@@ -354,7 +354,7 @@ async def query(request: Request) -> Response:
     )
 
 
-async def _post_only(request: Request) -> Response:
+async def post_only(request: Request) -> Response:
     raise HTTPException(405, headers={"Allow": "POST"})
 
 
@@ -363,7 +363,7 @@ ROUTES = [
     Route("/v1/boards/{board}:rebuild", rebuild_board, methods=["POST"]),
     # Ids may hold ':', so "/v1/boards/x:rebuild" would also be the board "x:rebuild": an action's
     # other methods answer 405 here rather than reach the board's own handlers.
-    Route("/v1/boards/{board}:rebuild", _post_only, methods=["GET", "PUT", "DELETE", "PATCH"]),
+    Route("/v1/boards/{board}:rebuild", post_only, methods=["GET", "PUT", "DELETE", "PATCH"]),
     Route("/v1/boards/{board}", board_route, methods=["GET", "PUT", "DELETE"]),
     Route(scores.PATH, ScoresEndpoint(), methods=["POST"]),
     Route("/v1/boards/{board}/top", top, methods=["GET"]),

@@ -67,6 +67,7 @@ async def test_board_admin_round_trip(router: Served, format: str) -> None:
         assert conflict.value.status == 409 and conflict.value.code == "board_conflict"
         got = await client.get_board(name)
         assert got.players == {"total": 0, "daily": 0} and got.settings == created.settings
+        assert got.resets_at is not None and set(got.resets_at) == {"daily"} and created.resets_at is None
         assert name in [b.id for b in await client.list_boards()]
         await client.delete_board(name)
         with pytest.raises(BoardNotFound) as missing:

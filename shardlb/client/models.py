@@ -136,10 +136,15 @@ class PlayerRank:
         )
 
 
+# What GET /v1/boards/{board} adds to a board's settings: its state at the time of the read.
+_STATE = ("players", "resets_at")
+
+
 @dataclass(frozen=True)
 class BoardInfo:
-    """A board's settings (``settings`` holds the whole body). ``players`` (players per kept period)
-    is filled by ``get_board`` only; ``created`` by ``put_board`` only (True: 201, False: 200)."""
+    """A board's settings (``settings``: the body's settings, the same from every call). ``players``
+    (players per kept period) and ``resets_at`` (when each kept dated period's current one ends, RFC
+    3339) are filled by ``get_board`` only; ``created`` by ``put_board`` only (True: 201, False: 200)."""
 
     id: str
     mode: str
@@ -149,10 +154,11 @@ class BoardInfo:
     settings: dict[str, Any]
     players: dict[str, int] | None = None
     created: bool | None = None
+    resets_at: dict[str, str] | None = None
 
     @classmethod
     def from_body(cls, body: dict[str, Any], created: bool | None = None) -> BoardInfo:
-        settings = {k: v for k, v in body.items() if k != "players"}
+        settings = {k: v for k, v in body.items() if k not in _STATE}
         return cls(
             body["board"],
             body["mode"],
@@ -162,4 +168,5 @@ class BoardInfo:
             settings,
             body.get("players"),
             created,
+            body.get("resets_at"),
         )
