@@ -199,7 +199,7 @@ async def player_history(request: Request) -> Response:
 ROUTES = [
     Route("/v1/boards/{board}:archive", archive, methods=["POST"]),
     # As `:rebuild` (router/routes.py): the board "x:archive" is never read, written or deleted here.
-    Route("/v1/boards/{board}:archive", routes._post_only, methods=["GET", "PUT", "DELETE", "PATCH"]),
+    Route("/v1/boards/{board}:archive", routes.post_only, methods=["GET", "PUT", "DELETE", "PATCH"]),
     Route("/v1/boards/{board}/periods", list_periods, methods=["GET"]),
     Route("/v1/boards/{board}/periods/{period}:settle", settle, methods=["POST"]),
     Route("/v1/boards/{board}/players/{player}/history", player_history, methods=["GET"]),

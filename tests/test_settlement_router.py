@@ -188,6 +188,9 @@ async def test_a_board_archived_at_season_end_keeps_its_history(
                 2,
             )
             assert (await client.get(f"/v1/boards/{name}")).status_code == 404
+            for method in ("GET", "PUT", "DELETE"):  # an action route, never a board named "<board>:archive"
+                wrong = await client.request(method, f"/v1/boards/{name}:archive", headers=AS_ADMIN)
+                assert (wrong.status_code, wrong.headers["allow"]) == (405, "POST")
             left = await raw.keys(f"*{name}*")  # the deletion marker and the journal stay (shardlb/store.py)
             assert [k for k in left if not k.endswith((b":gone", b":log"))] == []
             again = await client.post(f"/v1/boards/{name}:archive", json=body, headers=AS_ADMIN)
