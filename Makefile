@@ -64,7 +64,7 @@ bench-dedup: install redis-server ## ~2 min: bytes per incr dedup record and the
 bench-rebuild: install redis-server ## ~1 min: rebuild a 1M-player board from PostgreSQL (SHARDLB_REBUILD_PLAYERS)
 	$(BIN)/python -m bench.rebuild
 
-bench-settle: install redis-server ## ~5 min: settle a 1M-player daily board, steps timed; killed after each step (SHARDLB_SETTLE_PLAYERS)
+bench-settle: install redis-server ## ~3 min: settle a 1M-player daily board, steps timed; killed after each step (SHARDLB_SETTLE_PLAYERS)
 	$(BIN)/python -m bench.settle
 
 chaos: install redis-server postgres ## ~5 min failover test that counts acknowledged writes; bench/results/chaos-<timestamp>/
