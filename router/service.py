@@ -129,7 +129,7 @@ class Service:
             histograms=histograms,
             # Journal entries carry MessagePack: the watcher reads them through its own small client.
             journals=JournalWatch(
-                connect(settings.redis_url, 2, settings.redis_timeout_s, decode=False),
+                connect(settings.redis_url, 2, settings.redis_timeout_s, False, settings.redis_password),
                 store,
                 settings.journal_max_entries,
             ),

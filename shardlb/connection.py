@@ -10,6 +10,7 @@ back to ``Script`` calls.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from importlib import resources
@@ -110,12 +111,17 @@ def connect(
 ) -> RedisCluster:
     """A cluster client with deliberate timeouts and a connection cap (we queue in front of it).
 
-    The URL's user name and password (or ``password``, SHARDLB_REDIS_PASSWORD, when the URL has
-    none) go to every node: redis-py gives each node it discovers, and each per-node pipeline
-    connection, the connection settings given here. ``decode=False`` leaves replies as bytes (the
+    The URL's user name and password (or ``password``, or else the SHARDLB_REDIS_PASSWORD variable,
+    when the URL has none) go to every node: redis-py gives each node it discovers, and each
+    per-node pipeline connection, the connection settings given here. ``decode=False`` leaves replies as bytes (the
     journal's entries carry MessagePack)."""
     nodes, username, url_password = _split_url(url)
-    password = url_password if url_password is not None else password
+    if url_password is not None:
+        password = url_password
+    elif password is None:
+        # One home for the variable: every tool that connects with the URL alone (archiver, rebuild,
+        # reconcile, settlement, the router's journal watcher) authenticates as the router does.
+        password = os.environ.get("SHARDLB_REDIS_PASSWORD") or None
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],
         username=username,

@@ -159,6 +159,17 @@ def test_percent_encoded_credentials() -> None:
     assert client.get_connection_kwargs()["username"] == "user@x"
 
 
+def test_the_password_variable_reaches_clients_that_get_only_the_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The archiver, rebuild, reconcile, settlement and the router's journal watcher connect with the
+    URL alone: SHARDLB_REDIS_PASSWORD must reach them as it reaches the router's own client."""
+    monkeypatch.setenv("SHARDLB_REDIS_PASSWORD", "from-env")
+    assert connect("redis://a:7000").get_connection_kwargs()["password"] == "from-env"
+    assert connect("redis://a:7000", password="given").get_connection_kwargs()["password"] == "given"
+    assert connect("redis://:in-url@a:7000").get_connection_kwargs()["password"] == "in-url"
+    monkeypatch.delenv("SHARDLB_REDIS_PASSWORD")
+    assert connect("redis://a:7000").get_connection_kwargs()["password"] is None
+
+
 def test_redacted_hides_the_credentials_only() -> None:
     assert redacted("redis://:s3cret@a:1,b:2") == "redis://***@a:1,b:2"
     assert redacted("redis://user:s3cret@a:1") == "redis://***@a:1"
