@@ -113,8 +113,8 @@ def connect(
 
     The URL's user name and password (or ``password``, or else the SHARDLB_REDIS_PASSWORD variable,
     when the URL has none) go to every node: redis-py gives each node it discovers, and each
-    per-node pipeline connection, the connection settings given here. ``decode=False`` leaves replies as bytes (the
-    journal's entries carry MessagePack)."""
+    per-node pipeline connection, the connection settings given here. ``decode=False`` leaves
+    replies as bytes (the journal's entries carry MessagePack)."""
     nodes, username, url_password = _split_url(url)
     if url_password is not None:
         password = url_password
