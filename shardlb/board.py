@@ -20,7 +20,7 @@ from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
-from shardlb.reads import SHALLOW, ResolvedView, View
+from shardlb.reads import SHALLOW, Located, ResolvedView, View
 from shardlb.sharding import Layout
 
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow", "r": "region_conflict"}
@@ -488,6 +488,24 @@ class Board:
                     found[player] = value
         return found
 
+    def _home_index(self, player_id: str, view: ResolvedView) -> int | None:
+        """The index in ``view.keys`` of the one key the player can be in, or None where that is not
+        one key (band boards' total, a region board read across regions)."""
+        check_id(player_id, "player")
+        if view.banded:
+            return None
+        shards = self.layout.candidates(player_id, view.region)
+        if len(shards) != 1:
+            return None
+        key = keys.period_key(self.prefixes[shards[0]], view.period)
+        return view.keys.index(key) if key in view.keys else None
+
+    async def _located(self, reader: View, player_id: str, home: int) -> Located:
+        found = await reader.locate(player_id, home)
+        if found is None:
+            raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
+        return found
+
     async def _row(self, player_id: str, view: ResolvedView) -> Row:
         check_id(player_id, "player")
         found = await self.scores([player_id], view)
@@ -508,6 +526,15 @@ class Board:
         view = view or self.resolve()
         reader = self._merged(view)
         competition = self.rank_mode(rank_mode) == "competition"
+        if not competition:
+            home = self._home_index(player_id, view)
+            if home is not None:
+                found = await self._located(reader, player_id, home)
+                rank, players = await reader.rank_of(found)
+                below = players - rank
+                return PlayerEntry(
+                    self.entry(rank, found.row), players, 100.0 * below / players if players else 0.0
+                )
         row = await self._row(player_id, view)
         if competition:
             span = self._span(row[0])
@@ -533,6 +560,12 @@ class Board:
         view = view or self.resolve()
         reader = self._merged(view)
         competition = self.rank_mode(rank_mode) == "competition"
+        home = None if competition else self._home_index(player_id, view)
+        if home is not None:
+            near = await reader.around_of(await self._located(reader, player_id, home), radius)
+            if near is not None:
+                window, rank, at = near
+                return self._listed(window, rank - at)
         row = await self._row(player_id, view)
         span = self._span(row[0])
         counts, better = await reader.counts_ahead(row, [span.stop] if competition else [])
