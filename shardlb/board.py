@@ -116,6 +116,8 @@ class Board:
         self._closes = functools.lru_cache(maxsize=4096)(self._period_closes)
         # Pages that start within this many rows are cut from a merged top; deeper ones bisect.
         self.shallow = SHALLOW
+        # Reads may be served by replicas (the router's SHARDLB_READ_FROM; connection.connect).
+        self.read_replicas = False
 
     # ---- writes ---------------------------------------------------------------------------
 
@@ -398,7 +400,9 @@ class Board:
         return periods.resets_at(name, self.tz, self.config.week_start)
 
     def _merged(self, view: ResolvedView) -> View:
-        return View(self.client, view.keys, self.scripts.counts, view.banded, self.shallow)
+        return View(
+            self.client, view.keys, self.scripts.counts, view.banded, self.shallow, self.read_replicas
+        )
 
     def entry(self, rank: int, row: Row) -> Entry:
         points, achieved = self.codec.decode(row[0])
@@ -478,7 +482,7 @@ class Board:
         for player in player_ids:
             for shard in self.layout.candidates(player, view.region):
                 groups[shard].append(player)
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.read_replicas)
         for shard, members in groups.items():
             pipe.zmscore(keys.period_key(self.prefixes[shard], view.period), members)
         found: dict[str, float] = {}

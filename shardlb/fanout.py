@@ -40,7 +40,7 @@ from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.commands.core import SortedSetCommands
 
 from shardlb import keys
-from shardlb.connection import Script, Scripts, slot_of
+from shardlb.connection import Script, Scripts, read_strategy, slot_of
 from shardlb.errors import NotAcknowledged
 
 SCRIPT_CALLS_IN_FLIGHT = 8
@@ -76,8 +76,11 @@ class Batch(SortedSetCommands):
     """Sorted-set commands on any keys of one cluster, sent per node. Use the redis-py command
     methods (``zcount``, ``zrevrange``...), then ``await execute()`` for the replies in order."""
 
-    def __init__(self, client: RedisCluster, ack: Ack | None = None) -> None:
+    def __init__(self, client: RedisCluster, ack: Ack | None = None, replicas: bool = False) -> None:
         self.client = client
+        # Board reads may go to a replica of each primary when the client was made for it
+        # (connection.connect's read_from): one node per primary for the whole batch.
+        self.strategy = read_strategy(client) if replicas and ack is None else None
         # One bound for the whole per-node pipeline: the client's socket timeout, as for one reply
         # (plus the WAIT's own timeout when there is one).
         self.timeout: float | None = client.get_connection_kwargs().get("socket_timeout")
@@ -118,10 +121,18 @@ class Batch(SortedSetCommands):
         by_node: dict[str, tuple[ClusterNode, list[PipelineCommand], int]] = {}
         commands: list[PipelineCommand] = []
         nodes = self.client.nodes_manager
+        readers: dict[str, ClusterNode] = {}  # primary's name -> the node this batch reads it from
         for position, (args, options) in enumerate(self.calls):
             key = args[3] if args[0] in ("EVALSHA", "EVAL") else args[1]  # EVALSHA sha numkeys key ...
             slot = slot_of(key)
             node = nodes.get_node_from_slot(slot)
+            if self.strategy is not None:
+                reader = readers.get(node.name)
+                if reader is None:
+                    reader = readers[node.name] = nodes.get_node_from_slot(
+                        slot, load_balancing_strategy=self.strategy
+                    )
+                node = reader
             command = PipelineCommand(position, *args, **options)
             commands.append(command)
             by_node.setdefault(node.name, (node, [], slot))[1].append(command)
@@ -163,12 +174,15 @@ def _confirm(ack: Ack, queue: list[PipelineCommand]) -> None:
                 c.result = problem
 
 
-async def script_calls(client: RedisCluster, script: Script, calls: Sequence[tuple[str, Any]]) -> list[Any]:
+async def script_calls(
+    client: RedisCluster, script: Script, calls: Sequence[tuple[str, Any]], replicas: bool = False
+) -> list[Any]:
     """``script`` on several keys, one (key, argument) each: through per-node pipelines, or, when
-    anything fails there, call by call through ``script`` (which reloads it on NOSCRIPT)."""
+    anything fails there, call by call through ``script`` (which reloads it on NOSCRIPT, on the
+    primary). ``replicas``: a read-only script that board reads may send to replicas."""
     if not calls:
         return []
-    pipe = batch(client)
+    pipe = batch(client, replicas=replicas)
     for key, arg in calls:
         pipe.execute_command("EVALSHA", script.sha, 1, key, arg)
     replies: list[Any] | None = await pipe.direct()
@@ -346,6 +360,7 @@ async def _pipeline(node: ClusterNode, commands: list[PipelineCommand], timeout:
         node.release(connection)
 
 
-def batch(client: RedisCluster, ack: Ack | None = None) -> Any:
-    """A new Batch, typed loosely: redis-py types its command mixins for its own client classes only."""
-    return Batch(client, ack)  # type: ignore[abstract]
+def batch(client: RedisCluster, ack: Ack | None = None, replicas: bool = False) -> Any:
+    """A new Batch, typed loosely: redis-py types its command mixins for its own client classes only.
+    ``replicas``: a board read, which may be served by replicas (``Batch``)."""
+    return Batch(client, ack, replicas)  # type: ignore[abstract]

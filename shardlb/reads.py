@@ -60,9 +60,10 @@ class View:
     counts: Script
     banded: bool = False
     shallow: int = SHALLOW
+    replicas: bool = False  # reads may be served by replicas (connection.connect's read_from)
 
     async def _each(self, command: str, *args: Any, **kwargs: Any) -> list[Any]:
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key in self.keys:
             getattr(pipe, command)(key, *args, **kwargs)
         return list(await pipe.execute())
@@ -96,7 +97,7 @@ class View:
             ]
             if not more:
                 return best
-            pipe = batch(self.client)
+            pipe = batch(self.client, replicas=self.replicas)
             for i in more:
                 pipe.zrevrange(self.keys[i], asked[i], min(n, 2 * asked[i]) - 1, withscores=True)
             for i, pairs in zip(more, await pipe.execute(), strict=True):
@@ -113,7 +114,7 @@ class View:
         """
         score, member = row
         text = _score(score)
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key in self.keys:
             pipe.zcount(key, f"({text}", "+inf")
             pipe.zcount(key, text, text)
@@ -138,7 +139,7 @@ class View:
         ties included, so the home shard needs no tie resolution. Only for views whose player lives
         in exactly one of ``keys`` (hash boards, and region boards read in one region).
         """
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         key = self.keys[home]
         pipe.zscore(key, member)
         pipe.zrevrank(key, member)
@@ -157,7 +158,7 @@ class View:
             return found.ahead + 1, found.size
         score = found.row[0]
         text = _score(score)
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for i in others:
             key = self.keys[i]
             pipe.zcount(key, f"({text}", "+inf")
@@ -178,7 +179,7 @@ class View:
         when a key's tie block is larger than TIE_ROWS (the caller then reads by index)."""
         score, member = found.row
         text = _score(score)
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key in self.keys:
             pipe.zcount(key, f"({text}", "+inf")
             pipe.zcount(key, text, text)
@@ -225,7 +226,7 @@ class View:
     async def at_least(self, floors: Sequence[int]) -> list[int]:
         """Summed over shards, how many rows score at least each of ``floors``: one ZCOUNT per shard
         and floor, in one pipeline. (Every score is at least 0: a floor of 0 counts the view.)"""
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key in self.keys:
             for floor in floors:
                 pipe.zcount(key, floor, "+inf")
@@ -242,11 +243,11 @@ class View:
 
     async def _count_calls(self, calls: list[tuple[str, bytes]]) -> list[Any]:
         """counts.lua on several shards, each with its packed (score, member) list."""
-        return await script_calls(self.client, self.counts, calls)
+        return await script_calls(self.client, self.counts, calls, self.replicas)
 
     async def around(self, row: Row, counts: list[int], radius: int) -> tuple[list[Row], int]:
         """Up to ``radius`` rows above and below ``row``; returns the rows and the index of ``row``."""
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key, ahead in zip(self.keys, counts, strict=True):
             pipe.zrevrange(key, max(0, ahead - radius), ahead + radius, withscores=True)
         merged = [r for r in unique(merge(rows(pairs) for pairs in await pipe.execute())) if r[1] != row[1]]
@@ -275,7 +276,7 @@ class View:
             return merge(rows(pairs) for pairs in lists)[skip : skip + limit]
         starts = await self._cut_tie_block(cut, offset - above, limit)
         skip = offset - sum(starts)
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key, start in zip(self.keys, starts, strict=True):
             pipe.zrevrange(key, start, start + skip + limit - 1, withscores=True)
         return merge(rows(pairs) for pairs in await pipe.execute())[skip : skip + limit]
@@ -287,7 +288,7 @@ class View:
         interpolated index of each shard's part of the block, counted with ``counts.lua``.
         """
         text = _score(score)
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key in self.keys:
             pipe.zcount(key, f"({text}", "+inf")
             pipe.zcount(key, text, text)
@@ -353,7 +354,7 @@ class View:
     async def _pivot(self, c_hi: list[int], c_lo: list[int], fraction: float, member: bool = False) -> Any:
         """Weighted median of each shard's score (or player id) at ``fraction`` of its rows inside
         the bracket."""
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         weights = []
         for key, top, bottom in zip(self.keys, c_hi, c_lo, strict=True):
             if bottom > top:
