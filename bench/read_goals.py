@@ -149,6 +149,35 @@ def write_p99_at(summary: dict[str, Any], share: float) -> tuple[int, float] | N
     return int(step["achieved"]), float(step["p99_ms"])
 
 
+def read_costs(summary: dict[str, Any]) -> dict[str, float]:
+    """A mix read's Redis CPU on each node it touches, split into a part per node (the round trip)
+    and a part per shard the node holds (bench/plan.py's redis_node_us_per_read and
+    redis_shard_us_per_read): solved from "my rank" on the two boards of the hot phase (one shard
+    per master, and the bench's shards), then scaled to the raw read mix's cost on the bench's
+    board. Empty when the run lacks either figure."""
+    s, hot = summary.get("settings", {}), summary.get("hot", {})
+    few, many = _hot(summary, f"router my rank, {hot.get('hot_board')}"), None
+    for r in hot.get("targets", []):
+        if r["name"].startswith("router my rank, ") and r is not few and "replicas" not in r["name"]:
+            many = r
+    raw = summary.get("raw", {}).get("reads", {})
+    masters, shards = s.get("masters"), s.get("shards")
+    if few is None or many is None or not raw or not masters or shards == hot.get("hot_board_shards"):
+        return {}
+    k_few, k_many = hot["hot_board_shards"] / masters, shards / masters
+    n_few, n_many = few["masters_us"] / masters, many["masters_us"] / masters
+    per_shard = max(0.0, (n_many - n_few) / (k_many - k_few))
+    per_node = max(0.0, n_few - k_few * per_shard)
+    mix = (
+        raw["cpu"]["cpu_s"].get("redis masters", 0.0) / raw["ops"] * 1e6 / masters if raw.get("ops") else 0.0
+    )
+    scale = mix / n_many if n_many else 0.0
+    return {
+        "redis_node_us_per_read": round(per_node * scale, 1),
+        "redis_shard_us_per_read": round(per_shard * scale, 1),
+    }
+
+
 def finish(summary: dict[str, Any]) -> None:
     summary["read_goals"] = goals(summary)
 

@@ -132,6 +132,7 @@ def costs(summary: dict[str, Any]) -> dict[str, Any]:
         r = http["reads"]
         out["router_us_per_read"] = _per(r["cpu"]["cpu_s"].get("router"), _http_read_count(r))
     out.update(durability_report.costs(summary))
+    out.update(read_goals.read_costs(summary))
     return out
 
 
