@@ -141,10 +141,18 @@ class Batch(SortedSetCommands):
             for _, queue, slot in by_node.values():
                 queue.append(PipelineCommand(-1, "SET", keys.ack_key(slot), 1, "PX", MARKER_TTL_MS))
                 queue.append(PipelineCommand(-1, "WAIT", ack.replicas, ack.timeout_ms))
-        failed = await asyncio.gather(
-            *(_pipeline(node, queue, self.timeout) for node, queue, _ in by_node.values()),
-            return_exceptions=True,
-        )
+        failed: list[bool | BaseException]
+        if len(by_node) == 1:  # one node: no task to spawn and gather (a rank's first round)
+            ((node, queue, _),) = by_node.values()
+            try:
+                failed = [await _pipeline(node, queue, self.timeout)]
+            except Exception as e:
+                failed = [e]
+        else:
+            failed = await asyncio.gather(
+                *(_pipeline(node, queue, self.timeout) for node, queue, _ in by_node.values()),
+                return_exceptions=True,
+            )
         for (_, queue, _), outcome in zip(by_node.values(), failed, strict=True):
             if isinstance(outcome, BaseException):
                 for c in queue:
