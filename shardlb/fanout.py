@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from redis import exceptions as rx
@@ -44,6 +45,11 @@ from shardlb.connection import Script, Scripts, read_strategy, slot_of
 from shardlb.errors import NotAcknowledged
 
 SCRIPT_CALLS_IN_FLIGHT = 8
+try:  # hiredis is a dependency (redis[hiredis]); without it redis-py's own packer does the job
+    _pack_command: Callable[[Any], bytes] | None = importlib.import_module("hiredis").pack_command
+except (ImportError, AttributeError):
+    _pack_command = None
+_PLAIN = (str, bytes, int)  # argument types hiredis packs as redis-py would (bool and float: not)
 # SHARDLB_ACK: the replicas that must confirm a write before it is answered.
 ACK_LEVELS = {"primary": 0, "replica": 1}
 MARKER_TTL_MS = 60_000  # the ack marker only has to replicate; it expires when writes stop
@@ -347,7 +353,7 @@ async def _pipeline(node: ClusterNode, commands: list[PipelineCommand], timeout:
     connection = node.acquire_connection()
     try:
         async with asyncio.timeout(timeout):
-            await connection.send_packed_command(connection.pack_commands(c.args for c in commands))
+            await connection.send_packed_command(_packed(connection, commands))
             failed = False
             for c in commands:
                 try:
@@ -366,6 +372,19 @@ async def _pipeline(node: ClusterNode, commands: list[PipelineCommand], timeout:
         raise
     finally:
         node.release(connection)
+
+
+def _packed(connection: Any, commands: list[PipelineCommand]) -> bytes | list[bytes]:
+    """The commands in RESP, packed by hiredis (in C) when every argument is a str, bytes or int,
+    as a board read's and a write script call's are; else by redis-py's own (Python) packer."""
+    if _pack_command is not None and all(
+        type(a) in _PLAIN and not (i == 0 and isinstance(a, str) and " " in a)
+        for c in commands
+        for i, a in enumerate(c.args)
+    ):
+        return b"".join([_pack_command(c.args) for c in commands])
+    packed: list[bytes] = connection.pack_commands(c.args for c in commands)
+    return packed
 
 
 def batch(client: RedisCluster, ack: Ack | None = None, replicas: bool = False) -> Any:
