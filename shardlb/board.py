@@ -401,7 +401,13 @@ class Board:
 
     def _merged(self, view: ResolvedView) -> View:
         return View(
-            self.client, view.keys, self.scripts.counts, view.banded, self.shallow, self.read_replicas
+            self.client,
+            view.keys,
+            self.scripts.counts,
+            view.banded,
+            self.shallow,
+            self.read_replicas,
+            self.scripts.near,
         )
 
     def entry(self, rank: int, row: Row) -> Entry:
@@ -566,7 +572,10 @@ class Board:
         competition = self.rank_mode(rank_mode) == "competition"
         home = None if competition else self._home_index(player_id, view)
         if home is not None:
-            near = await reader.around_of(await self._located(reader, player_id, home), radius)
+            found = await reader.near(player_id, home, radius)
+            if found is None:
+                raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
+            near = await reader.around_of(*found, radius)
             if near is not None:
                 window, rank, at = near
                 return self._listed(window, rank - at)

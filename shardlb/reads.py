@@ -61,6 +61,7 @@ class View:
     banded: bool = False
     shallow: int = SHALLOW
     replicas: bool = False  # reads may be served by replicas (connection.connect's read_from)
+    near_script: Script | None = None  # near.lua: a player's home shard for "around me" in one call
 
     async def _each(self, command: str, *args: Any, **kwargs: Any) -> list[Any]:
         pipe = batch(self.client, replicas=self.replicas)
@@ -171,31 +172,57 @@ class View:
         await self._resolve_ties(found, others, counts, replies[1::4], replies[2::4])
         return found.ahead + sum(counts) + 1, found.size + sum(sizes)
 
-    async def around_of(self, found: Located, radius: int) -> tuple[list[Row], int, int] | None:
+    async def near(self, member: str, home: int, radius: int) -> tuple[Located, list[Row]] | None:
+        """``locate`` for "around me": the player's row, place and key size, and the rows from
+        ``radius`` above to ``radius`` below them in their home key, in one call of near.lua (one
+        round trip to one node). None when they have no row there."""
+        script = self.near_script
+        assert script is not None
+        key = self.keys[home]
+        pipe = batch(self.client, replicas=self.replicas)
+        pipe.execute_command("EVALSHA", script.sha, 1, key, member, radius)
+        replies = await pipe.direct()
+        # Anything but a reply on that path (NOSCRIPT, a moved slot): the script object, on the primary.
+        reply = replies[0] if replies is not None else await script(keys=[key], args=[member, radius])
+        if not reply:
+            return None
+        score, ahead, size, flat = reply
+        row: Row = (float(score), member)
+        window = [(float(flat[i + 1]), str(flat[i])) for i in range(0, len(flat), 2)]
+        return Located(row, home, int(ahead), int(size)), window
+
+    async def around_of(
+        self, found: Located, home_rows: list[Row], radius: int
+    ) -> tuple[list[Row], int, int] | None:
         """Up to ``radius`` rows above and below the player, with the player's rank and index among
-        them, from ``locate``: one more pipeline per node. Each key gives its ``radius`` nearest
-        rows strictly above and below the player's score and its whole tie block at that score,
-        which together hold the nearest ``radius`` rows of the merged order on either side. None
-        when a key's tie block is larger than TIE_ROWS (the caller then reads by index)."""
+        them, from ``near``: one more pipeline per node holding the other keys. Each of those gives
+        its ``radius`` nearest rows strictly above and below the player's score and its whole tie
+        block at that score; with the home key's window by index they hold the nearest ``radius``
+        rows of the merged order on either side. None when another key's tie block is larger than
+        TIE_ROWS (the caller then reads by index)."""
         score, member = found.row
         text = _score(score)
-        pipe = batch(self.client, replicas=self.replicas)
-        for key in self.keys:
-            pipe.zcount(key, f"({text}", "+inf")
-            pipe.zcount(key, text, text)
-            pipe.zrangebyscore(key, text, text, 0, TIE_ROWS, withscores=True)
-            pipe.zrangebyscore(key, f"({text}", "+inf", 0, radius, withscores=True)
-            pipe.zrevrangebyscore(key, f"({text}", "-inf", 0, radius, withscores=True)
-        replies = await pipe.execute()
-        if any(int(replies[5 * i + 1]) > len(replies[5 * i + 2]) for i in range(len(self.keys))):
-            return None
         others = [i for i in range(len(self.keys)) if i != found.home]
-        counts = [int(replies[5 * i]) + sum(1 for m, _ in replies[5 * i + 2] if m > member) for i in others]
+        near = [r for r in home_rows if r[1] != member]
+        counts: list[int] = []
+        if others:
+            pipe = batch(self.client, replicas=self.replicas)
+            for i in others:
+                key = self.keys[i]
+                pipe.zcount(key, f"({text}", "+inf")
+                pipe.zcount(key, text, text)
+                pipe.zrangebyscore(key, text, text, 0, TIE_ROWS, withscores=True)
+                pipe.zrangebyscore(key, f"({text}", "+inf", 0, radius, withscores=True)
+                pipe.zrevrangebyscore(key, f"({text}", "-inf", 0, radius, withscores=True)
+            replies = await pipe.execute()
+            for j in range(len(others)):
+                above, tied, block, up, down = replies[5 * j : 5 * j + 5]
+                if int(tied) > len(block):
+                    return None
+                counts.append(int(above) + sum(1 for m, _ in block if m > member))
+                near += rows(block) + rows(up) + rows(down)
         rank = found.ahead + sum(counts) + 1
-        near: list[Row] = []
-        for i in range(len(self.keys)):
-            near += rows(replies[5 * i + 2]) + rows(replies[5 * i + 3]) + rows(replies[5 * i + 4])
-        near = sorted({r for r in near if r[1] != member}, reverse=True)
+        near = sorted(set(near), reverse=True)
         at = sum(1 for r in near if r > found.row)
         window = [*near[max(0, at - radius) : at], found.row, *near[at : at + radius]]
         return window, rank, min(at, radius)
