@@ -153,7 +153,8 @@ class Batch(SortedSetCommands):
         nodes = self.client.nodes_manager
         asked: dict[str, tuple[ClusterNode, list[PipelineCommand]]] = {}
         for c in commands:
-            if isinstance(c.result, rx.AskError):
+            # MovedError is an AskError too, but it is left to redis-py, which updates its slot map.
+            if type(c.result) is rx.AskError:
                 target = nodes.get_node(c.result.host, c.result.port)
                 if target is None:  # a master added since the slot map was read
                     target = ClusterNode(c.result.host, c.result.port, PRIMARY, **nodes.connection_kwargs)

@@ -104,6 +104,22 @@ async def test_a_batch_read_of_a_key_that_has_moved_follows_ask_to_its_new_node(
         finish(moving_cluster, slot, source, target)
 
 
+async def test_a_batch_read_after_a_move_follows_moved_and_updates_the_clients_slot_map(
+    moving_cluster: LocalCluster, client: RedisCluster
+) -> None:
+    key = f"lb:{{{keys.slot_tokens()[102]}}}:moved-probe"
+    await client.zadd(key, {"p1": 5})
+    source, target = ends(client, key)
+    finish(moving_cluster, slot_of(key), source, target)
+    for _ in range(2):
+        pipe = batch(client)
+        pipe.zscore(key, "p1")
+        assert await pipe.execute() == [5.0]
+        # Only MOVED is followed by redis-py's way, which updates the map: the next batch goes
+        # straight to the new owner instead of being redirected on every call.
+        assert client.nodes_manager.get_node_from_slot(slot_of(key)).port == target
+
+
 async def test_a_write_is_refused_with_a_503_while_its_shards_slot_is_open_and_applied_once_after(
     moving_cluster: LocalCluster, client: RedisCluster
 ) -> None:
