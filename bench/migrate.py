@@ -19,17 +19,21 @@ boards are read back and compared with the ledger as chaos.py does.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench import chaos
-from bench.harness import log
-from shardlb.cluster import LocalCluster
+from bench.harness import env_int, log, run_dir
+from bench.services import Router, free_port
+from shardlb.cluster import LocalCluster, free_port_block
 
 KEYS_PER_MIGRATE = 1
 PAUSE_S = 0.02  # after each MIGRATE of a slot that holds keys
@@ -194,6 +198,49 @@ def markdown(reports: list[dict[str, Any]]) -> list[str]:
         rows.append(
             f"| {names[r['phase']]} ({r['node']}) | {r['acknowledged']:,} | {r['lost']} | {r['duplicates']} "
             f"| {r['reads_checked']} | {r['reads_inexact']} | {r['write_503']} / {r['read_503']} "
-            f"| {other or 'none'} | {r['refused_s']} | {r['slots_moved']} / {r['keys_moved']} | {r['move_s']} |"
+            f"| {other or 'none'} | {r['refused_s']} | {r['slots_moved']} / {r['keys_moved']} "
+            f"| {r['move_s']} |"
         )
     return rows
+
+
+async def migration(out: Path, work: Path, before_s: float, **load: Any) -> dict[str, Any]:
+    """`make chaos`'s migration part on a cluster of its own (3 masters x 1 replica; the master added
+    gets a replica too) and a router in ``primary`` mode: both phases' reports."""
+    cluster = LocalCluster(3, 1, free_port_block(6, start=22200), work / "migrate-cluster")
+    log(f"migration: 3 masters x 1 replica from port {cluster.port}; a master added, then one removed")
+    await asyncio.to_thread(cluster.up)
+    try:
+        port = free_port(22500)
+        with Router(cluster.url, port, 1, out / "router-migrate.log", chaos.router_env("primary")) as r:
+            reports = await run(r.url, cluster, before_s, 1, **load)
+    finally:
+        await asyncio.to_thread(cluster.down)
+    return {
+        "setup": (
+            f"3 masters x 1 replica (one more master with a replica added, then the first master "
+            f"removed), router in `primary` mode, {load.get('tasks', 8)} writers x "
+            f"{load.get('batch', 20)} scores per request and {Readers.tasks} readers of whole pages, "
+            f"{before_s} s of load before and after each change; slots moved with SETSLOT + MIGRATE, "
+            f"{KEYS_PER_MIGRATE} key per MIGRATE and {PAUSE_S * 1000:.0f} ms after each"
+        ),
+        "phases": reports,
+    }
+
+
+def main() -> None:
+    """``python -m bench.migrate``: the migration part of `make chaos` alone."""
+    out = run_dir(f"migrate-{time.strftime('%Y%m%d-%H%M%S')}")
+    load = {"tasks": env_int("SHARDLB_CHAOS_TASKS", 12), "batch": env_int("SHARDLB_CHAOS_BATCH", 20)}
+    with tempfile.TemporaryDirectory(prefix="shardlb-migrate-") as work:
+        report = asyncio.run(migration(out, Path(work), env_int("SHARDLB_CHAOS_SECONDS", 6), **load))
+    text = "\n".join(
+        ["# Slot migration under load", "", report["setup"], "", *markdown(report["phases"]), ""]
+    )
+    (out / "migrate.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "migrate.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -120,6 +120,30 @@ async def test_a_batch_read_after_a_move_follows_moved_and_updates_the_clients_s
         assert client.nodes_manager.get_node_from_slot(slot_of(key)).port == target
 
 
+async def test_the_redirects_after_a_move_leave_the_connections_of_calls_in_flight_open(
+    moving_cluster: LocalCluster, client: RedisCluster
+) -> None:
+    moved = [f"lb:{{{keys.slot_tokens()[110 + i]}}}:in-flight" for i in range(6)]
+    for key in moved:
+        await client.set(key, "v")
+    source, target = ends(client, moved[0])
+    for key in moved:
+        finish(moving_cluster, slot_of(key), source, target)
+    # A per-node pipeline (shardlb/fanout.py) holds a connection of the source while it waits for
+    # its replies. redis-py's default, on every 5th MOVED, closes every connection of every node
+    # (RedisCluster.aclose) to reload the slot map: calls in flight then fail half-read
+    # (AttributeError, RuntimeError, ConnectionError) all through a rebalance.
+    source_node = client.get_node(moving_cluster.host, source)
+    assert source_node is not None
+    in_flight = source_node.acquire_connection()
+    await in_flight.connect()
+    try:
+        assert [await client.get(key) for key in moved] == ["v"] * len(moved)  # each after a MOVED
+        assert in_flight.is_connected
+    finally:
+        source_node.release(in_flight)
+
+
 async def test_a_write_is_refused_with_a_503_while_its_shards_slot_is_open_and_applied_once_after(
     moving_cluster: LocalCluster, client: RedisCluster
 ) -> None:
