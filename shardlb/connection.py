@@ -130,6 +130,11 @@ def connect(
         max_connections=max_connections,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
+        # On a MOVED, only patch that slot's entry. The default (every 5th MOVED) reloads the map by
+        # closing every connection of every node, calls in flight included: a rebalance, which
+        # answers MOVED for every slot that moved, then fails calls all along (docs/design-notes.md,
+        # "Slot migration"). A connection error still reloads the whole map.
+        reinitialize_steps=0,
     )
 
 
