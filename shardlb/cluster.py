@@ -26,6 +26,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -285,6 +286,7 @@ class LocalCluster:
                     master_id = str(_command(c, "CLUSTER MYID"))
                 for p in new[1:]:
                     self._attach(p, started[p], port, master_id, deadline)
+                self._load_scripts(new)
                 self._wait_healthy(deadline, f"node {port} to join the cluster")
             except BaseException:
                 self._forget(new)
@@ -294,6 +296,18 @@ class LocalCluster:
                 self._record({p: pid for p, pid in pids.items() if p not in started})
                 raise
         return port
+
+    def _load_scripts(self, ports: list[int]) -> None:
+        """Load the board's Lua scripts (shardlb/scripts/) on new nodes before they serve a slot, as
+        ``Scripts.load`` does on every primary at start-up: a master starts with an empty script
+        cache, and a write sent there would answer NOSCRIPT until one reload found it."""
+        sources = [
+            f.read_text() for f in resources.files("shardlb.scripts").iterdir() if f.name.endswith(".lua")
+        ]
+        for p in ports:
+            with self._client(p) as c:
+                for source in sources:
+                    _command(c, "SCRIPT LOAD", source)
 
     def rebalance(self, keys_per_migrate: int = 100, pause_s: float = 0.0) -> slot_moves.MoveReport:
         """Move slots, keys and all, until every master serves an equal share (shardlb/slots.py)."""
