@@ -201,6 +201,14 @@ def markdown(reports: list[dict[str, Any]]) -> list[str]:
             f"| {other or 'none'} | {r['refused_s']} | {r['slots_moved']} / {r['keys_moved']} "
             f"| {r['move_s']} |"
         )
+    rows += [
+        "",
+        "acknowledged but lost: results answered 200 and missing from the board (or below the best "
+        "acknowledged); duplicates: incr results counted more often than sent; reads inexact: pages "
+        "of the whole board that showed a player twice, missed one acknowledged before the read, or "
+        "broke the order; seconds writes were refused: the union of the spans of writes not answered "
+        "200 (each retried until it was).",
+    ]
     return rows
 
 
