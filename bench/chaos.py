@@ -574,7 +574,10 @@ def main() -> None:
         report = asyncio.run(chaos(out, Path(work)))
     (out / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "chaos.md").write_text(markdown(report))
-    publish(out, ["chaos.md", "chaos.json"])
+    from bench import migrate
+
+    migrate.write(out, report["migration"], report["when"])
+    publish(out, ["chaos.md", "chaos.json", "migrate.md", "migrate.json"])
     print(markdown(report))
 
 

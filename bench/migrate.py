@@ -242,12 +242,17 @@ def main() -> None:
     load = {"tasks": env_int("SHARDLB_CHAOS_TASKS", 12), "batch": env_int("SHARDLB_CHAOS_BATCH", 20)}
     with tempfile.TemporaryDirectory(prefix="shardlb-migrate-") as work:
         report = asyncio.run(migration(out, Path(work), env_int("SHARDLB_CHAOS_SECONDS", 6), **load))
+    print(write(out, report, time.strftime("%Y-%m-%d %H:%M:%S")))
+
+
+def write(out: Path, report: dict[str, Any], when: str) -> str:
+    """migrate.md and migrate.json of ``migration``'s report in ``out``; the markdown."""
     text = "\n".join(
-        ["# Slot migration under load", "", report["setup"], "", *markdown(report["phases"]), ""]
+        [f"# Slot migration under load ({when})", "", report["setup"], "", *markdown(report["phases"]), ""]
     )
-    (out / "migrate.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "migrate.json").write_text(json.dumps({"when": when, **report}, indent=2) + "\n")
     (out / "migrate.md").write_text(text)
-    print(text)
+    return text
 
 
 if __name__ == "__main__":

@@ -104,6 +104,28 @@ async def test_a_batch_read_of_a_key_that_has_moved_follows_ask_to_its_new_node(
         finish(moving_cluster, slot, source, target)
 
 
+async def test_a_batch_read_follows_ask_to_a_master_its_client_does_not_know_yet(
+    moving_cluster: LocalCluster, client: RedisCluster
+) -> None:
+    key = f"lb:{{{keys.slot_tokens()[103]}}}:ask-new"
+    await client.zadd(key, {"p1": 3})
+    source, target = ends(client, key)
+    slot = slot_of(key)
+    open_slot(moving_cluster, slot, source, target)
+    try:
+        with node(moving_cluster, source) as s:
+            s.execute_command("MIGRATE", moving_cluster.host, target, "", 0, 5000, "KEYS", key)
+        # As after `cluster add-node`: the client's node list predates the master it is sent to.
+        # (redis-py's own ASK fails there with AttributeError: it looks the node up and gets None.)
+        del client.nodes_manager.nodes_cache[f"{moving_cluster.host}:{target}"]
+        pipe = batch(client)
+        pipe.zscore(key, "p1")
+        assert await pipe.execute() == [3.0]
+        assert client.get_node(moving_cluster.host, target) is not None
+    finally:
+        finish(moving_cluster, slot, source, target)
+
+
 async def test_a_batch_read_after_a_move_follows_moved_and_updates_the_clients_slot_map(
     moving_cluster: LocalCluster, client: RedisCluster
 ) -> None:
