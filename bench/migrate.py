@@ -212,7 +212,9 @@ def markdown(reports: list[dict[str, Any]]) -> list[str]:
     return rows
 
 
-async def migration(out: Path, work: Path, before_s: float, **load: Any) -> dict[str, Any]:
+async def migration(
+    out: Path, work: Path, before_s: float, ack: str = "primary", **load: Any
+) -> dict[str, Any]:
     """`make chaos`'s migration part on a cluster of its own (3 masters x 1 replica; the master added
     gets a replica too) and a router in ``primary`` mode: both phases' reports."""
     cluster = LocalCluster(3, 1, free_port_block(6, start=22200), work / "migrate-cluster")
@@ -220,14 +222,14 @@ async def migration(out: Path, work: Path, before_s: float, **load: Any) -> dict
     await asyncio.to_thread(cluster.up)
     try:
         port = free_port(22500)
-        with Router(cluster.url, port, 1, out / "router-migrate.log", chaos.router_env("primary")) as r:
+        with Router(cluster.url, port, 1, out / "router-migrate.log", chaos.router_env(ack)) as r:
             reports = await run(r.url, cluster, before_s, 1, **load)
     finally:
         await asyncio.to_thread(cluster.down)
     return {
         "setup": (
             f"3 masters x 1 replica (one more master with a replica added, then the first master "
-            f"removed), router in `primary` mode, {load.get('tasks', 8)} writers x "
+            f"removed), router in `{ack}` mode, {load.get('tasks', 8)} writers x "
             f"{load.get('batch', 20)} scores per request and {Readers.tasks} readers of whole pages, "
             f"{before_s} s of load before and after each change; slots moved with SETSLOT + MIGRATE, "
             f"{KEYS_PER_MIGRATE} key per MIGRATE and {PAUSE_S * 1000:.0f} ms after each"
@@ -241,7 +243,9 @@ def main() -> None:
     out = run_dir(f"migrate-{time.strftime('%Y%m%d-%H%M%S')}")
     load = {"tasks": env_int("SHARDLB_CHAOS_TASKS", 12), "batch": env_int("SHARDLB_CHAOS_BATCH", 20)}
     with tempfile.TemporaryDirectory(prefix="shardlb-migrate-") as work:
-        report = asyncio.run(migration(out, Path(work), env_int("SHARDLB_CHAOS_SECONDS", 6), **load))
+        seconds = env_int("SHARDLB_CHAOS_SECONDS", 6)
+        ack = os.environ.get("SHARDLB_ACK", "primary")  # the router's acknowledgement level
+        report = asyncio.run(migration(out, Path(work), seconds, ack, **load))
     print(write(out, report, time.strftime("%Y-%m-%d %H:%M:%S")))
 
 
