@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install redis-server postgres chromium screenshots run stop test lint format typecheck bench bench-scale bench-dedup bench-rebuild bench-settle chaos k8s-check clean
+.PHONY: help install redis-server postgres wrk chromium screenshots run stop test lint format typecheck bench bench-scale bench-dedup bench-rebuild bench-settle chaos k8s-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -25,6 +25,9 @@ postgres: ## make sure PostgreSQL's initdb/pg_ctl are here, unless SHARDLB_POSTG
 
 redis-server: ## make sure redis-server >= 7 is on PATH (installs it with apt-get when root)
 	@bash scripts/ensure-redis.sh
+
+wrk: ## make sure Debian's wrk is on PATH for the bench's hot reads (bench/hot.py)
+	@bash scripts/ensure-wrk.sh
 
 chromium: ## make sure Debian's chromium is at /usr/bin/chromium for the dashboard's browser test
 	@bash scripts/ensure-chromium.sh
@@ -52,7 +55,7 @@ format: install ## fix style in place
 	$(BIN)/ruff check --fix shardlb router bench tests
 	$(BIN)/ruff format shardlb router bench tests
 
-bench: install redis-server ## ~6 min headless load test, journal and archiver costs included; bench/results/<timestamp>/
+bench: install redis-server wrk ## ~7 min headless load test, journal and archiver costs and hot reads included; bench/results/<timestamp>/
 	$(BIN)/python -m bench.run
 
 bench-scale: install redis-server ## long: 10M players on 16 shards, memory and latency at 1M and 10M

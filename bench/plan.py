@@ -43,17 +43,23 @@ DEFAULTS: dict[str, float] = {
     "bytes_per_journal_entry": 216.6,
     "bytes_per_journaled_result": 67.0,
     "journal_calls_per_shard_s": 52.3,
+    # A read's Redis cost on each node it touches: a fixed part per node (its round trip: the system
+    # calls and the pipeline) and a part per shard the node holds. Split from the hot reads' "my rank"
+    # on 3 and on 16 shards (bench/hot.py, 2026-12-01 21:37) and scaled to the mix's cost on 16 shards.
+    "redis_node_us_per_read": 155.0,
+    "redis_shard_us_per_read": 46.0,
 }
 BENCH_SHARDS = 16  # the board the costs were measured on
+# Where reads go (the routers' SHARDLB_READ_FROM): the nodes of each primary's group that serve them.
+READERS = {"primary": lambda replicas: 1, "replicas": lambda replicas: replicas, "any": lambda r: 1 + r}
+CACHED_SHARE = 0.30  # the bench mix's top-100 reads, which the routers' top cache answers from RAM
 
 MASTER_UTILISATION = 0.5  # a Redis master runs commands on one core; keep half of it free
 ROUTER_UTILISATION = 0.6  # a router process is one Python core; keep 40% for bursts and GC
 MAX_DATA_PER_MASTER = 25 * 2**30  # beyond this, a full resync or a restart takes too long
 MAX_PLAYERS_PER_SHARD = 50_000_000  # one sorted set stays one slot: keep it small enough to move
-# A board's shard count is fixed at creation, and a shard never splits over masters: keep at least the
-# default 16 so the cluster can grow to 16 masters without re-creating the board.
-MIN_SHARDS = 16
 MAX_MASTERS = 1024  # one shard per master at most: a board has at most 1024 shards
+MAX_REPLICAS = 256  # replicas per master the planner will propose before it calls reads over budget
 FRAGMENTATION = 1.2  # jemalloc fragmentation and overhead over used_memory
 FORK_HEADROOM = 2.0  # RAM per node over the data: a fork (replica sync, snapshot) may copy every page
 # A journal entry is one write-script call: the router's batch for one shard, at most its
@@ -73,6 +79,7 @@ class Plan:
     masters: int
     replicas: int
     shards: int
+    read_from: str
     routers: int
     memory_per_node_bytes: int
     data_bytes: float
@@ -133,6 +140,7 @@ def plan(
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S,
     journaled: float = 1.0,
     journal_max_entries: int = JOURNAL_MAX_ENTRIES,
+    cached: float = CACHED_SHARE,
 ) -> Plan:
     """The sizing model (pure arithmetic; ``main`` prints it with its assumptions).
 
@@ -141,6 +149,14 @@ def plan(
     goes to journaled boards (not ``durability: memory``): their journals may fill to
     ``journal_max_entries`` entries per shard while the archive is down, and each master keeps room
     for its shards' full journals (they do not change the master count: a buffer, not data).
+    ``cached`` is the share of the reads the routers answer from their top cache.
+
+    An exact read of a hash board touches every shard, so every primary's group serves a slice of
+    EVERY read: one round trip (``redis_node_us_per_read``) plus each of its shards
+    (``redis_shard_us_per_read``). Adding masters spreads writes and memory, not reads; the reads
+    that fit grow with the nodes of each group that serve them (reads from replicas). So: masters
+    for memory and writes, one shard per master (more only past MAX_PLAYERS_PER_SHARD), then the
+    readers per group that the reads need.
     """
     c = {**DEFAULTS, **{k: v for k, v in costs.items() if v is not None}}
     extra = len([p for p in periods if p != "total"])
@@ -149,66 +165,61 @@ def plan(
     dedup = dedup_members(writes, incr, dedup_window_s) * c["bytes_per_dedup_member"] * FRAGMENTATION
     data = players * c["bytes_per_player"] * memory_factor(periods) * FRAGMENTATION + dedup
     by_memory = math.ceil(data / MAX_DATA_PER_MASTER)
-    # A hash board's read touches every shard, so every master serves a slice of EVERY read, the
-    # slice of the k shards it holds. Per master: writes x w / masters + reads x r x k <= budget, with
-    # r the Redis cost of one read on one shard. More masters lower k (down to one shard each) and
-    # each master's share of the writes: take the fewest masters that fit both.
-    per_shard_read = c["redis_master_us_per_read"] / BENCH_SHARDS / 1e6
     write_cores = writes * write_us / 1e6
-    fits = fewest_masters(players, reads * per_shard_read, write_cores, max(1, by_memory))
-    if fits is None:
-        # Reads do not fit even at one shard per master: spread the board that far, size for the
-        # writes, and say how many reads of this mix a master can take.
-        masters = max(by_memory, MIN_SHARDS, math.ceil(write_cores / MASTER_UTILISATION))
-    else:
-        masters = fits
     by_cpu = math.ceil(write_cores / MASTER_UTILISATION)
+    masters = min(MAX_MASTERS, max(1, by_memory, by_cpu))
     per_master = shards_per_master(players, masters)
-    read_load = reads * per_shard_read * per_master
     shards = min(1024, masters * per_master)
-    redis_cores = (writes * write_us / 1e6) + reads * per_shard_read * shards
+    group_read = (
+        reads * (1 - cached) * (c["redis_node_us_per_read"] + per_master * c["redis_shard_us_per_read"])
+    )
+    group_read /= 1e6  # cores of each primary's group that the reads take
+    read_from, replicas, over = readers(group_read, write_cores / masters, replicas)
+    redis_cores = write_cores + group_read * masters
     router_cores = (writes * c["router_us_per_write"] + reads * c["router_us_per_read"]) / 1e6
     routers = max(1, math.ceil(router_cores / ROUTER_UTILISATION))
     reasons = {
         "masters": "memory" if by_memory >= by_cpu and by_memory > 1 else "CPU",
-        "shards": f"{shards // masters} per master: at least {MIN_SHARDS} in all, at most "
-        f"{MAX_PLAYERS_PER_SHARD:,} players a shard",
-        "reads": _reads_reason(read_load, per_shard_read, over_budget=fits is None and reads > 0),
+        "shards": f"{per_master} per master: a read pays a round trip per node and a little per shard, so "
+        f"no more shards than masters need, unless a shard would pass {MAX_PLAYERS_PER_SHARD:,} players",
+        "reads": _reads_reason(group_read, read_from, replicas, over),
     }
     journal = journal_at_bound(writes * journaled, shards, per_master, c, journal_max_entries)
     if not journaled:
         journal = Journal(0.0, 0.0, 0.0, 0.0)
     memory_per_node = int((data / masters + journal.bytes_per_master) * FORK_HEADROOM)
     return Plan(
-        masters, replicas, shards, routers, memory_per_node, data, dedup, redis_cores, router_cores, journal,
-        reasons,
+        masters, replicas, shards, read_from, routers, memory_per_node, data, dedup, redis_cores,
+        router_cores, journal, reasons,
     )  # fmt: skip
 
 
+def readers(group_read: float, write_share: float, replicas: int) -> tuple[str, int, bool]:
+    """(SHARDLB_READ_FROM, replicas per master, over budget) for a group's read cores: the primary
+    alone while it has room for its writes and the reads; else the replicas serve the reads, as many
+    as their budget needs (at least ``replicas``)."""
+    if group_read + write_share <= MASTER_UTILISATION:
+        return "primary", replicas, False
+    need = math.ceil(group_read / MASTER_UTILISATION)
+    return "replicas", min(MAX_REPLICAS, max(replicas, need)), need > MAX_REPLICAS
+
+
 def shards_per_master(players: int, masters: int) -> int:
-    """At least MIN_SHARDS in all, and no shard over MAX_PLAYERS_PER_SHARD players."""
-    return max(math.ceil(MIN_SHARDS / masters), math.ceil(players / (masters * MAX_PLAYERS_PER_SHARD)))
+    """One, or as many as keep every shard within MAX_PLAYERS_PER_SHARD players."""
+    return max(1, math.ceil(players / (masters * MAX_PLAYERS_PER_SHARD)))
 
 
-def fewest_masters(players: int, read_cores_per_shard: float, write_cores: float, least: int) -> int | None:
-    """The fewest masters, ``least`` or more, on which each master's share of the writes and its
-    shards' slice of every read fit its budget; None when the reads do not fit even at one shard per
-    master."""
-    for m in range(least, MAX_MASTERS + 1):
-        if read_cores_per_shard * shards_per_master(players, m) + write_cores / m <= MASTER_UTILISATION:
-            return m
-    return None
-
-
-def _reads_reason(read_load: float, per_shard_read: float, over_budget: bool) -> str:
-    reason = f"reads take {read_load:.2f} of each master's {MASTER_UTILISATION:g}-core budget"
-    if not over_budget:
-        return reason
-    return (
-        f"{reason} -- OVER BUDGET: a read of this mix touches every shard, and even at one shard per "
-        f"master about {MASTER_UTILISATION / per_shard_read:,.0f} reads/s fit; cache reads "
-        "in the routers, use fewer shards, or serve reads from replicas"
+def _reads_reason(group_read: float, read_from: str, replicas: int, over: bool) -> str:
+    reason = f"reads take {group_read:.2f} core of each primary's group (every read touches every group)"
+    if read_from == "primary":
+        return f"{reason}: the primaries serve them (SHARDLB_READ_FROM=primary)"
+    line = (
+        f"{reason}: more than a primary has beside its writes, so {replicas} replica(s) per master serve "
+        f"them, {MASTER_UTILISATION:g} core each (SHARDLB_READ_FROM=replicas; replicas may lag)"
     )
+    if over:
+        line += f" -- OVER BUDGET even at {MAX_REPLICAS} replicas: cache more reads in the routers"
+    return line
 
 
 def load_costs(path: Path) -> tuple[dict[str, float], str]:
@@ -266,17 +277,18 @@ def _size(n: float) -> str:
 
 ASSUMPTIONS = (
     "  - the per-operation costs scale linearly from the bench (same read mix, same players",
-    "    per match, same script); reads fan out to every shard, so their Redis cost grows",
-    "    with the shards;",
+    "    per match, same script); an exact read touches every shard, paying a round trip per node",
+    "    and a little per shard;",
     "  - dated periods keep, alive at once and active: "
     + "; ".join(f"{k} {n} sets x {a:.0%}" for k, (n, a) in PERIOD_SETS.items())
     + ";",
-    "  - replicas double memory and add redis_replica_us_per_write on their own cores;",
-    "  - a board's shard count is fixed when it is created: size it for the most masters you expect",
-    f"    (at least {MIN_SHARDS}); more shards make every read touch more of them;",
-    "  - a 2-core bench machine shares its cores between everything: treat its costs as upper bounds",
-    "    for dedicated hosts, and re-run `make bench` on hardware like production's before",
-    "    buying it.",
+    "  - replicas hold the same memory and add redis_replica_us_per_write on their own cores; reads",
+    "    from replicas may miss the last moments' writes (replication lag);",
+    "  - a board's shard count is set when it is created: with fewer shards than masters, the extra",
+    "    masters take no part of that board's writes (create it with as many shards as masters);",
+    "  - a 2-core bench machine shares its cores between everything, and a round trip there costs",
+    "    far more system time than on dedicated hosts: treat its costs as upper bounds, and re-run",
+    "    `make bench` on hardware like production's before buying it.",
 )
 
 
@@ -292,6 +304,7 @@ def render(
     dedup_window_s: int = DEFAULT_DEDUP_WINDOW_S,
     journaled: float = 1.0,
     journal_max_entries: int = JOURNAL_MAX_ENTRIES,
+    cached: float = CACHED_SHARE,
 ) -> str:
     """The plan, the costs it used, the model with its figures, and the assumptions behind it."""
     nodes = p.masters * (1 + p.replicas)
@@ -299,10 +312,12 @@ def render(
         [
             f"Plan for {players:,} players, {writes:,.0f} player-score writes/s ({incr:.0%} to incr boards, "
             f"dedup window {dedup_window_s / 3600:g} h; {journaled:.0%} journaled), {reads:,.0f} reads/s, "
-            f"periods {','.join(periods)}, {p.replicas} replica(s) per master",
+            f"periods {','.join(periods)}, {cached:.0%} of the reads from the routers' top cache",
             "",
             f"  Redis masters        {p.masters}  ({p.reasons['masters']}-bound; "
             f"{nodes} nodes with replicas)",
+            f"  replicas per master  {p.replicas}",
+            f"  reads from           {p.read_from}  (SHARDLB_READ_FROM)",
             f"  shards per board     {p.shards}  ({p.reasons['shards']})",
             f"  router processes     {p.routers}  (one core each)",
             f"  memory per node      {_gib(p.memory_per_node_bytes)}  (data {_gib(p.data_bytes / p.masters)} "
@@ -316,7 +331,7 @@ def render(
             *(f"  {k} = {v:g}" for k, v in sorted(costs.items())),
             "",
             "Model:",
-            *_model(p, writes, periods, costs, incr, dedup_window_s),
+            *_model(p, writes, periods, costs, incr, dedup_window_s, cached),
             f"  journal = shards per master x {journal_max_entries:,} entries x (bytes_per_journal_entry + "
             f"results per entry x bytes_per_journaled_result) x {FRAGMENTATION:g}; results per entry = "
             "journaled writes / shards / journal_calls_per_shard_s (the bench's script calls per shard a "
@@ -329,7 +344,13 @@ def render(
 
 
 def _model(
-    p: Plan, writes: float, periods: list[str], costs: dict[str, float], incr: float, dedup_window_s: int
+    p: Plan,
+    writes: float,
+    periods: list[str],
+    costs: dict[str, float],
+    incr: float,
+    dedup_window_s: int,
+    cached: float,
 ) -> list[str]:
     """The model's formulas with this plan's figures, so that each can be checked by hand."""
     members = dedup_members(writes, incr, dedup_window_s)
@@ -345,13 +366,12 @@ def _model(
     return [
         f"  w = redis_master_us_per_write x (1 + {EXTRA_PERIOD_WRITE_COST:g} per extra period)"
         f" + incr share x {DEDUP_BUCKETS + 1} x redis_master_us_per_dedup_lookup; "
-        f"r = redis_master_us_per_read / {BENCH_SHARDS} (one read on one shard)",
-        "  every read touches every shard: per master, writes x w / masters"
-        " + reads x r x shards per master"
-        f" <= {MASTER_UTILISATION:g} core",
+        f"masters = max(writes x w / {MASTER_UTILISATION:g} core, data / {_gib(MAX_DATA_PER_MASTER)})",
+        f"  every read touches every primary's group: reads x (1 - {cached:g} cached) x "
+        "(redis_node_us_per_read + shards per master x redis_shard_us_per_read) per group, served by the "
+        f"primary (beside its writes) or by the replicas, {MASTER_UTILISATION:g} core each",
         f"  {p.reasons['reads']}",
-        f"  masters = max(that CPU bound, data / {_gib(MAX_DATA_PER_MASTER)} per master); "
-        f"Redis CPU in all = {p.redis_cores:.2f} cores",
+        f"  Redis CPU in all = {p.redis_cores:.2f} cores",
         f"  data = players x bytes_per_player x {memory_factor(periods):.2f} (entries per player for the "
         f"periods) x {FRAGMENTATION:g} fragmentation + dedup = {_gib(p.data_bytes)}",
         dedup_line,
@@ -378,7 +398,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--players", type=int, required=True, help="players on the largest board")
     parser.add_argument("--writes", type=float, required=True, help="player-score writes a second at peak")
     parser.add_argument("--reads", type=float, required=True, help="reads a second at peak (the bench's mix)")
-    parser.add_argument("--replicas", type=int, default=1, help="replicas per master (default 1)")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="replicas per master at least (default 1; more if reads need them)",
+    )
+    parser.add_argument(
+        "--cached",
+        type=float,
+        default=CACHED_SHARE,
+        help=f"share of the reads the routers' top cache answers, 0 to 1 (default {CACHED_SHARE:g}: "
+        "the mix's top-100)",
+    )
     parser.add_argument(
         "--periods", default="total", help="kept periods, e.g. total,daily,weekly (default total)"
     )
@@ -418,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--incr is a share of the writes, from 0 to 1")
     if not 60 <= args.dedup_window <= 30 * 86_400:
         parser.error("--dedup-window is a board's dedup_window_s: 60 to 2592000 seconds")
+    if not 0 <= args.cached <= 1:
+        parser.error("--cached is a share of the reads, from 0 to 1")
     if not 0 <= args.journaled <= 1 or args.journal_max_entries < 1:
         parser.error("--journaled is a share of the writes, from 0 to 1; --journal-max-entries at least 1")
     if "total" not in periods:
@@ -425,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     costs, source = load_costs(args.summary)
     p = plan(
         args.players, args.writes, args.reads, args.replicas, periods, costs, args.incr, args.dedup_window,
-        args.journaled, args.journal_max_entries,
+        args.journaled, args.journal_max_entries, args.cached,
     )  # fmt: skip
     print(
         render(
@@ -440,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             args.dedup_window,
             args.journaled,
             args.journal_max_entries,
+            args.cached,
         )
     )
     return 0

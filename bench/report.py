@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench import durability_report, locust_csv
+from bench import durability_report, locust_csv, read_goals
 from bench.shapes import Stage
 
 SPAWN_SETTLE_S = 2.0  # the first seconds of a ramp step still spawn users; leave them out
@@ -132,6 +132,7 @@ def costs(summary: dict[str, Any]) -> dict[str, Any]:
         r = http["reads"]
         out["router_us_per_read"] = _per(r["cpu"]["cpu_s"].get("router"), _http_read_count(r))
     out.update(durability_report.costs(summary))
+    out.update(read_goals.read_costs(summary))
     return out
 
 
@@ -156,6 +157,7 @@ def finish(summary: dict[str, Any]) -> None:
     summary["cpu_per_write"] = cpu_per_write(summary)
     summary["contaminated"] = contaminated(summary)
     durability_report.finish(summary)
+    read_goals.finish(summary)
 
 
 def cpu_per_write(summary: dict[str, Any]) -> dict[str, dict[str, float | None]]:
@@ -255,6 +257,7 @@ def markdown(summary: dict[str, Any], name: str) -> str:
             *_overview(summary, name),
             *_contenders(summary),
             *_goals(summary),
+            *read_goals.markdown(summary),
             *_http_details(summary.get("http", {})),
             *_cpu_table(summary),
             *_sweeps(summary.get("sweeps", {})),

@@ -6,9 +6,10 @@ the same cluster and the same preloaded players.
 
 Steps: start a local cluster; preload the population into the sharded board, the textbook sorted
 set and PostgreSQL; HTTP write ramp and read mix through the router with Locust; the raw limit
-(same writes and reads through the library, no HTTP); the textbook design; PostgreSQL; short sweeps
-over router processes and cluster masters; the durability phases (journal and archiver on beside
-off, replica acknowledgement beside primary) and the journal's memory per result. Results go to
+(same writes and reads through the library, no HTTP); the textbook design; PostgreSQL; the hot reads
+of one router process beside the textbook service (bench/hot.py); short sweeps over router processes
+and cluster masters; the durability phases (journal and archiver on beside off, replica
+acknowledgement beside primary) and the journal's memory per result. Results go to
 bench/results/<timestamp>/ and summary.md/summary.json are copied to bench/results/latest/.
 """
 
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench import drivers, journal, report, shapes
+from bench import drivers, hot, journal, report, shapes
 from bench.drivers import Job
 from bench.durability import ArchiveDatabase, ArchiverProcess, JournalPhase, router_knows
 from bench.harness import int_list, log, publish, run_dir
@@ -512,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"preloaded: {summary['population']}, postgres {summary['postgres_load']}")
         summary["http"] = http_phases(s, workload, cluster, out, redis)
         summary.update(driver_phases(s, workload, cluster, redis, summary["postgres_load"]))
+        summary["hot"] = hot.run(cluster.url, workload, s.masters, redis, out, s.driver_processes)
         summary["sweeps"] = sweeps(s, workload, cluster, out, redis, summary["http"])
         summary["durability"] = durability_phases(
             s, workload, cluster, out, redis, summary["sweeps"]["router_offered_writes"]

@@ -1065,8 +1065,38 @@ SPEC: dict[str, Any] = {
                 "operationId": "top",
                 "summary": "The top of a board (served from a cache refreshed each second)",
                 "security": _READ,
-                "parameters": [_param("limit"), _param("period"), _param("region"), _param("rank_mode")],
-                "responses": {"200": _ok("The best entries", "Page"), **_errors(*_READ_ERRORS)},
+                "parameters": [
+                    _param("limit"),
+                    _param("period"),
+                    _param("region"),
+                    _param("rank_mode"),
+                    {
+                        "name": "If-None-Match",
+                        "in": "header",
+                        "required": False,
+                        "description": "Addition: the ETag of a top already held; 304 while it is current",
+                        "schema": {"type": "string"},
+                    },
+                ],
+                "responses": {
+                    "200": {
+                        **_ok("The best entries", "Page"),
+                        "headers": {
+                            "ETag": {
+                                "description": "Addition: names this rendering of the cached top",
+                                "schema": {"type": "string"},
+                            },
+                            "Cache-Control": {
+                                "description": "Addition: max-age=1 (the cache's refresh)",
+                                "schema": {"type": "string"},
+                            },
+                        },
+                    },
+                    "304": {
+                        "description": "Addition: the top named by If-None-Match is still current (no body)"
+                    },
+                    **_errors(*_READ_ERRORS),
+                },
             },
         },
         "/v1/boards/{board}/entries": {

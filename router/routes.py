@@ -6,7 +6,9 @@ touches the cluster, so a request that fails validation writes nothing.
 
 from __future__ import annotations
 
+import re
 import time
+import zlib
 from typing import cast
 
 import psycopg
@@ -19,7 +21,7 @@ from router import history, metrics, moderation, params, scores
 from router.auth import Scope
 from router.errors import ApiError
 from router.histogram import Estimate
-from router.media import entry_body, read_object, render
+from router.media import RawHeaders, entry_body, read_object, render, rendered, wants_msgpack
 from router.scores import MAX_ITEMS, ScoresEndpoint
 from router.service import Service
 from shardlb import merge, rebuild, times
@@ -30,6 +32,11 @@ from shardlb.merge import Row
 from shardlb.reads import ResolvedView
 
 MAX_OFFSET = 10**12
+# Cached tops, rendered: (view, limit, competition ranks, MessagePack) -> (as_of of the cached top,
+# headers, body, ETag). A hit sends bytes rendered once per refresh of the top cache.
+TOPS_RENDERED = 4096
+_TOPS: dict[tuple[ResolvedView, int, bool, bool], tuple[int, RawHeaders, bytes, bytes]] = {}
+_TOP_CACHE_CONTROL = b"max-age=1"
 MAX_RADIUS = 100
 QUERY_FIELDS = ("player_ids", "period", "region")
 
@@ -217,19 +224,42 @@ async def top(request: Request) -> Response:
     if settled is not None:
         return render(request, settled)
     best, as_of = await svc.tops.top(board, view, limit)
-    if competition:  # the cache keeps unique ranks; a top starts at rank 1, so its runs are all in it
-        ranks = merge.competition([e["points"] for e in best], 1, 1)
-        best = [{**e, "rank": rank} for e, rank in zip(best, ranks, strict=True)]
-    return render(
-        request,
-        {
+    packed = wants_msgpack(request.headers.get("accept"))
+    key = (view, limit, competition, packed)
+    kept = _TOPS.get(key)
+    if kept is None or kept[0] != as_of:
+        if competition:  # the cache keeps unique ranks; a top starts at rank 1: its runs are all in it
+            ranks = merge.competition([e["points"] for e in best], 1, 1)
+            best = [{**e, "rank": rank} for e, rank in zip(best, ranks, strict=True)]
+        body = {
             "board": board.config.id,
             "period": view.api,
             "entries": best,
             "as_of": times.format_ms(as_of),
             "resets_at": board.resets_at(view.period),
-        },
-    )
+        }
+        _, headers, raw = rendered(body, packed)
+        tag = f'"{zlib.crc32(raw):08x}{len(raw):x}"'.encode()
+        headers += [(b"etag", tag), (b"cache-control", _TOP_CACHE_CONTROL)]
+        kept = _TOPS[key] = (as_of, headers, raw, tag)
+        if len(_TOPS) > TOPS_RENDERED:
+            del _TOPS[next(iter(_TOPS))]  # the oldest rendering
+    _, headers, raw, tag = kept
+    if _matches(request.headers.get("if-none-match"), tag.decode()):
+        response = Response(status_code=304)
+        response.raw_headers = [(b"etag", tag), (b"cache-control", _TOP_CACHE_CONTROL)]
+        return response
+    response = Response(raw)
+    response.raw_headers = headers
+    return response
+
+
+def _matches(if_none_match: str | None, tag: str) -> bool:
+    """RFC 9110 If-None-Match against the current ETag (weak comparison: W/ is ignored)."""
+    if if_none_match is None:
+        return False
+    asked = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return tag in asked or "*" in asked
 
 
 async def entries(request: Request) -> Response:
@@ -357,6 +387,18 @@ async def query(request: Request) -> Response:
 async def post_only(request: Request) -> Response:
     raise HTTPException(405, headers={"Allow": "POST"})
 
+
+# GET routes the app sends straight to their handler (router/app.py, ``Direct``): the top and "my
+# rank", most of a leaderboard's reads. Each: the path's pattern, its parameters, the route's path.
+HOT_GETS = [
+    (re.compile(r"/v1/boards/([^/]+)/top"), ("board",), "/v1/boards/{board}/top", top),
+    (
+        re.compile(r"/v1/boards/([^/]+)/players/([^/]+)"),
+        ("board", "player"),
+        "/v1/boards/{board}/players/{player}",
+        player,
+    ),
+]
 
 ROUTES = [
     Route("/v1/boards", list_boards, methods=["GET"]),

@@ -73,6 +73,7 @@ class Service:
             settings.redis_max_connections,
             settings.redis_timeout_s,
             password=settings.redis_password,
+            read_from=settings.read_from,
         )
         # A call already under way waits for a script permit as long as for a reply; new requests
         # wait for the read gate or the registry only SHARDLB_QUEUE_WAIT_S.
@@ -95,6 +96,7 @@ class Service:
                 log.warning("cluster not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
                 await asyncio.sleep(0.5)
         store = BoardStore(client, scripts, settings.journal_max_entries)
+        store.read_replicas = settings.read_from != "primary"
         finished = await store.reclaim()  # deletions some process left half done
         if finished:
             log.warning("finished interrupted board deletions", extra={"fields": {"boards": finished}})

@@ -14,7 +14,7 @@ from typing import Any
 
 from router.budget import LANES, READ_PIPELINES, RESERVE, connections_needed
 from shardlb.board import JOURNAL_MAX_ENTRIES
-from shardlb.connection import has_password, parse_url
+from shardlb.connection import READ_FROM, has_password, parse_url
 from shardlb.errors import InvalidInput
 from shardlb.fanout import ACK_LEVELS
 
@@ -43,6 +43,9 @@ class Settings:
     # "replica": a write is answered once a replica of its primary has it (WAIT), else 503.
     ack: str = "primary"
     ack_timeout_ms: int = 500
+    # Where board reads go: "primary", "replicas" (each primary's replicas in turn) or "any" (the
+    # primary and its replicas in turn). Replica reads may miss the last moments' writes.
+    read_from: str = "primary"
     # The archive (shardlb/archive.py): only the admin rebuild endpoint uses it; unset, it answers 409.
     postgres_url: str = ""
     # Settlement webhooks (shardlb/settlement_delivery.py): the secret signing every body, and the
@@ -122,6 +125,10 @@ class Settings:
         if self.ack not in ACK_LEVELS:
             raise SettingsError("SHARDLB_ACK", f"must be one of {', '.join(ACK_LEVELS)}, got {self.ack!r}")
         _range("SHARDLB_ACK_TIMEOUT_MS", self.ack_timeout_ms, 1, 60_000)
+        if self.read_from not in READ_FROM:
+            raise SettingsError(
+                "SHARDLB_READ_FROM", f"must be one of {', '.join(READ_FROM)}, got {self.read_from!r}"
+            )
         _range("SHARDLB_PORT", self.port, 1, 65535)
         _range("SHARDLB_WORKERS", self.workers, 1, 256)
         _range("SHARDLB_READ_RATE", self.read_rate, 0, 1e9)

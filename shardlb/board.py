@@ -20,7 +20,7 @@ from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
-from shardlb.reads import SHALLOW, ResolvedView, View
+from shardlb.reads import SHALLOW, Located, ResolvedView, View
 from shardlb.sharding import Layout
 
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow", "r": "region_conflict"}
@@ -116,6 +116,8 @@ class Board:
         self._closes = functools.lru_cache(maxsize=4096)(self._period_closes)
         # Pages that start within this many rows are cut from a merged top; deeper ones bisect.
         self.shallow = SHALLOW
+        # Reads may be served by replicas (the router's SHARDLB_READ_FROM; connection.connect).
+        self.read_replicas = False
 
     # ---- writes ---------------------------------------------------------------------------
 
@@ -398,7 +400,9 @@ class Board:
         return periods.resets_at(name, self.tz, self.config.week_start)
 
     def _merged(self, view: ResolvedView) -> View:
-        return View(self.client, view.keys, self.scripts.counts, view.banded, self.shallow)
+        return View(
+            self.client, view.keys, self.scripts.counts, view.banded, self.shallow, self.read_replicas
+        )
 
     def entry(self, rank: int, row: Row) -> Entry:
         points, achieved = self.codec.decode(row[0])
@@ -478,7 +482,7 @@ class Board:
         for player in player_ids:
             for shard in self.layout.candidates(player, view.region):
                 groups[shard].append(player)
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.read_replicas)
         for shard, members in groups.items():
             pipe.zmscore(keys.period_key(self.prefixes[shard], view.period), members)
         found: dict[str, float] = {}
@@ -486,6 +490,24 @@ class Board:
             for player, value in zip(members, values, strict=True):
                 if value is not None and value > found.get(player, -1.0):
                     found[player] = value
+        return found
+
+    def _home_index(self, player_id: str, view: ResolvedView) -> int | None:
+        """The index in ``view.keys`` of the one key the player can be in, or None where that is not
+        one key (band boards' total, a region board read across regions)."""
+        check_id(player_id, "player")
+        if view.banded:
+            return None
+        shards = self.layout.candidates(player_id, view.region)
+        if len(shards) != 1:
+            return None
+        key = keys.period_key(self.prefixes[shards[0]], view.period)
+        return view.keys.index(key) if key in view.keys else None
+
+    async def _located(self, reader: View, player_id: str, home: int) -> Located:
+        found = await reader.locate(player_id, home)
+        if found is None:
+            raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
         return found
 
     async def _row(self, player_id: str, view: ResolvedView) -> Row:
@@ -508,6 +530,15 @@ class Board:
         view = view or self.resolve()
         reader = self._merged(view)
         competition = self.rank_mode(rank_mode) == "competition"
+        if not competition:
+            home = self._home_index(player_id, view)
+            if home is not None:
+                found = await self._located(reader, player_id, home)
+                rank, players = await reader.rank_of(found)
+                below = players - rank
+                return PlayerEntry(
+                    self.entry(rank, found.row), players, 100.0 * below / players if players else 0.0
+                )
         row = await self._row(player_id, view)
         if competition:
             span = self._span(row[0])
@@ -533,6 +564,12 @@ class Board:
         view = view or self.resolve()
         reader = self._merged(view)
         competition = self.rank_mode(rank_mode) == "competition"
+        home = None if competition else self._home_index(player_id, view)
+        if home is not None:
+            near = await reader.around_of(await self._located(reader, player_id, home), radius)
+            if near is not None:
+                window, rank, at = near
+                return self._listed(window, rank - at)
         row = await self._row(player_id, view)
         span = self._span(row[0])
         counts, better = await reader.counts_ahead(row, [span.stop] if competition else [])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from importlib import resources
@@ -20,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.cluster import LoadBalancingStrategy
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
@@ -28,6 +30,7 @@ from shardlb import keys
 from shardlb.errors import InvalidInput
 
 _SLOTS: dict[str, int] = {}
+_READ_STRATEGY: dict[int, LoadBalancingStrategy] = {}  # by id() of the client
 _MAX_SLOT_CACHE = 100_000
 # redis-py has been seen failing inside itself when a connection was closed under it (AttributeError
 # on a closed writer after a failover; RuntimeError from uvloop's closed transport, raised in the
@@ -102,19 +105,38 @@ def has_password(url: str) -> bool:
     return _split_url(url)[2] is not None
 
 
+# SHARDLB_READ_FROM: where board reads (shardlb/reads.py) are sent. Replicas may be behind their
+# primary by the replication lag (router/README.md, "Reads from replicas").
+READ_FROM = {
+    "primary": None,
+    "replicas": LoadBalancingStrategy.ROUND_ROBIN_REPLICAS,
+    "any": LoadBalancingStrategy.ROUND_ROBIN,
+}
+
+
+def read_strategy(client: RedisCluster) -> LoadBalancingStrategy | None:
+    """How ``connect`` was asked to spread board reads over each primary's replicas (None: primaries)."""
+    return _READ_STRATEGY.get(id(client))
+
+
 def connect(
     url: str,
     max_connections: int = 64,
     timeout: float = 2.0,
     decode: bool = True,
     password: str | None = None,
+    read_from: str = "primary",
 ) -> RedisCluster:
     """A cluster client with deliberate timeouts and a connection cap (we queue in front of it).
 
     The URL's user name and password (or ``password``, or else the SHARDLB_REDIS_PASSWORD variable,
     when the URL has none) go to every node: redis-py gives each node it discovers, and each
     per-node pipeline connection, the connection settings given here. ``decode=False`` leaves
-    replies as bytes (the journal's entries carry MessagePack)."""
+    replies as bytes (the journal's entries carry MessagePack).
+
+    ``read_from`` (``READ_FROM``) other than ``primary`` makes every connection READONLY, so that the
+    board reads of ``fanout.Batch(..., replicas=True)`` may go to replicas; everything else the client
+    sends (writes, the board registry, redis-py's own commands) still goes to the primaries."""
     nodes, username, url_password = _split_url(url)
     if url_password is not None:
         password = url_password
@@ -122,7 +144,8 @@ def connect(
         # One home for the variable: every tool that connects with the URL alone (archiver, rebuild,
         # reconcile, settlement, the router's journal watcher) authenticates as the router does.
         password = os.environ.get("SHARDLB_REDIS_PASSWORD") or None
-    return RedisCluster(
+    strategy = READ_FROM[read_from]
+    client = RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],
         username=username,
         password=password,
@@ -130,12 +153,19 @@ def connect(
         max_connections=max_connections,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
+        load_balancing_strategy=strategy,
         # On a MOVED, only patch that slot's entry. The default (every 5th MOVED) reloads the map by
         # closing every connection of every node, calls in flight included: a rebalance, which
         # answers MOVED for every slot that moved, then fails calls all along (docs/design-notes.md,
         # "Slot migration"). A connection error still reloads the whole map.
         reinitialize_steps=0,
     )
+    if strategy is not None:
+        # The strategy made redis-py open READONLY connections; its own routing stays on primaries.
+        client.load_balancing_strategy = None
+        _READ_STRATEGY[id(client)] = strategy
+        weakref.finalize(client, _READ_STRATEGY.pop, id(client), None)
+    return client
 
 
 def slot_of(key: str) -> int:
@@ -224,3 +254,10 @@ class Scripts:
         for f in fields(self):
             script = getattr(self, f.name)
             script.sha = await client.script_load(script.script)
+        if read_strategy(client) is not None and client.get_replicas():
+            # counts.lua is the one script board reads send to replicas (no-writes; SCRIPT LOAD on a
+            # primary does not reach them). A replica that lost it answers NOSCRIPT: the read then
+            # falls back to the primary.
+            await client.execute_command(
+                "SCRIPT LOAD", self.counts.script, target_nodes=client.get_replicas()
+            )

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from redis import exceptions as rx
@@ -41,10 +42,15 @@ from redis.cluster import PRIMARY
 from redis.commands.core import SortedSetCommands
 
 from shardlb import keys
-from shardlb.connection import Script, Scripts, slot_of
+from shardlb.connection import Script, Scripts, read_strategy, slot_of
 from shardlb.errors import NotAcknowledged
 
 SCRIPT_CALLS_IN_FLIGHT = 8
+try:  # hiredis is a dependency (redis[hiredis]); without it redis-py's own packer does the job
+    _pack_command: Callable[[Any], bytes] | None = importlib.import_module("hiredis").pack_command
+except (ImportError, AttributeError):
+    _pack_command = None
+_PLAIN = (str, bytes, int)  # argument types hiredis packs as redis-py would (bool and float: not)
 # SHARDLB_ACK: the replicas that must confirm a write before it is answered.
 ACK_LEVELS = {"primary": 0, "replica": 1}
 MARKER_TTL_MS = 60_000  # the ack marker only has to replicate; it expires when writes stop
@@ -77,8 +83,11 @@ class Batch(SortedSetCommands):
     """Sorted-set commands on any keys of one cluster, sent per node. Use the redis-py command
     methods (``zcount``, ``zrevrange``...), then ``await execute()`` for the replies in order."""
 
-    def __init__(self, client: RedisCluster, ack: Ack | None = None) -> None:
+    def __init__(self, client: RedisCluster, ack: Ack | None = None, replicas: bool = False) -> None:
         self.client = client
+        # Board reads may go to a replica of each primary when the client was made for it
+        # (connection.connect's read_from): one node per primary for the whole batch.
+        self.strategy = read_strategy(client) if replicas and ack is None else None
         # One bound for the whole per-node pipeline: the client's socket timeout, as for one reply
         # (plus the WAIT's own timeout when there is one).
         self.timeout: float | None = client.get_connection_kwargs().get("socket_timeout")
@@ -119,10 +128,18 @@ class Batch(SortedSetCommands):
         by_node: dict[str, tuple[ClusterNode, list[PipelineCommand], int]] = {}
         commands: list[PipelineCommand] = []
         nodes = self.client.nodes_manager
+        readers: dict[str, ClusterNode] = {}  # primary's name -> the node this batch reads it from
         for position, (args, options) in enumerate(self.calls):
             key = args[3] if args[0] in ("EVALSHA", "EVAL") else args[1]  # EVALSHA sha numkeys key ...
             slot = slot_of(key)
             node = nodes.get_node_from_slot(slot)
+            if self.strategy is not None:
+                reader = readers.get(node.name)
+                if reader is None:
+                    reader = readers[node.name] = nodes.get_node_from_slot(
+                        slot, load_balancing_strategy=self.strategy
+                    )
+                node = reader
             command = PipelineCommand(position, *args, **options)
             commands.append(command)
             by_node.setdefault(node.name, (node, [], slot))[1].append(command)
@@ -131,10 +148,18 @@ class Batch(SortedSetCommands):
             for _, queue, slot in by_node.values():
                 queue.append(PipelineCommand(-1, "SET", keys.ack_key(slot), 1, "PX", MARKER_TTL_MS))
                 queue.append(PipelineCommand(-1, "WAIT", ack.replicas, ack.timeout_ms))
-        failed = await asyncio.gather(
-            *(_pipeline(node, queue, self.timeout) for node, queue, _ in by_node.values()),
-            return_exceptions=True,
-        )
+        failed: list[bool | BaseException]
+        if len(by_node) == 1:  # one node: no task to spawn and gather (a rank's first round)
+            ((node, queue, _),) = by_node.values()
+            try:
+                failed = [await _pipeline(node, queue, self.timeout)]
+            except Exception as e:
+                failed = [e]
+        else:
+            failed = await asyncio.gather(
+                *(_pipeline(node, queue, self.timeout) for node, queue, _ in by_node.values()),
+                return_exceptions=True,
+            )
         for (_, queue, _), outcome in zip(by_node.values(), failed, strict=True):
             if isinstance(outcome, BaseException):
                 for c in queue:
@@ -193,12 +218,15 @@ def _confirm(ack: Ack, queue: list[PipelineCommand]) -> None:
                 c.result = problem
 
 
-async def script_calls(client: RedisCluster, script: Script, calls: Sequence[tuple[str, Any]]) -> list[Any]:
+async def script_calls(
+    client: RedisCluster, script: Script, calls: Sequence[tuple[str, Any]], replicas: bool = False
+) -> list[Any]:
     """``script`` on several keys, one (key, argument) each: through per-node pipelines, or, when
-    anything fails there, call by call through ``script`` (which reloads it on NOSCRIPT)."""
+    anything fails there, call by call through ``script`` (which reloads it on NOSCRIPT, on the
+    primary). ``replicas``: a read-only script that board reads may send to replicas."""
     if not calls:
         return []
-    pipe = batch(client)
+    pipe = batch(client, replicas=replicas)
     for key, arg in calls:
         pipe.execute_command("EVALSHA", script.sha, 1, key, arg)
     replies: list[Any] | None = await pipe.direct()
@@ -355,7 +383,7 @@ async def _pipeline(node: ClusterNode, commands: list[PipelineCommand], timeout:
     connection = node.acquire_connection()
     try:
         async with asyncio.timeout(timeout):
-            await connection.send_packed_command(connection.pack_commands(c.args for c in commands))
+            await connection.send_packed_command(_packed(connection, commands))
             failed = False
             for c in commands:
                 try:
@@ -376,6 +404,20 @@ async def _pipeline(node: ClusterNode, commands: list[PipelineCommand], timeout:
         node.release(connection)
 
 
-def batch(client: RedisCluster, ack: Ack | None = None) -> Any:
-    """A new Batch, typed loosely: redis-py types its command mixins for its own client classes only."""
-    return Batch(client, ack)  # type: ignore[abstract]
+def _packed(connection: Any, commands: list[PipelineCommand]) -> bytes | list[bytes]:
+    """The commands in RESP, packed by hiredis (in C) when every argument is a str, bytes or int,
+    as a board read's and a write script call's are; else by redis-py's own (Python) packer."""
+    if _pack_command is not None and all(
+        type(a) in _PLAIN and not (i == 0 and isinstance(a, str) and " " in a)
+        for c in commands
+        for i, a in enumerate(c.args)
+    ):
+        return b"".join([_pack_command(c.args) for c in commands])
+    packed: list[bytes] = connection.pack_commands(c.args for c in commands)
+    return packed
+
+
+def batch(client: RedisCluster, ack: Ack | None = None, replicas: bool = False) -> Any:
+    """A new Batch, typed loosely: redis-py types its command mixins for its own client classes only.
+    ``replicas``: a board read, which may be served by replicas (``Batch``)."""
+    return Batch(client, ack, replicas)  # type: ignore[abstract]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 from redis.asyncio.cluster import RedisCluster
@@ -22,7 +22,18 @@ from shardlb.merge import Row, merge, rows, unique
 SHALLOW = 1000
 MAX_BISECT_ROUNDS = 120
 TOP_SLACK = 8  # rows read from each shard for a top n beyond its expected share, 2 n / shards
-# Script calls one read sends at once (one connection each); pipelines need only one per node.
+# A shard's rows tied with a player, read back to order them locally; a larger block takes counts.lua.
+TIE_ROWS = 32
+
+
+class Located(NamedTuple):
+    """A player found in their home key (``View.locate``): their row, the key's index in the view,
+    the rows ahead of them there and the key's size."""
+
+    row: Row
+    home: int
+    ahead: int
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +60,10 @@ class View:
     counts: Script
     banded: bool = False
     shallow: int = SHALLOW
+    replicas: bool = False  # reads may be served by replicas (connection.connect's read_from)
 
     async def _each(self, command: str, *args: Any, **kwargs: Any) -> list[Any]:
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key in self.keys:
             getattr(pipe, command)(key, *args, **kwargs)
         return list(await pipe.execute())
@@ -85,7 +97,7 @@ class View:
             ]
             if not more:
                 return best
-            pipe = batch(self.client)
+            pipe = batch(self.client, replicas=self.replicas)
             for i in more:
                 pipe.zrevrange(self.keys[i], asked[i], min(n, 2 * asked[i]) - 1, withscores=True)
             for i, pairs in zip(more, await pipe.execute(), strict=True):
@@ -102,7 +114,7 @@ class View:
         """
         score, member = row
         text = _score(score)
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key in self.keys:
             pipe.zcount(key, f"({text}", "+inf")
             pipe.zcount(key, text, text)
@@ -119,10 +131,102 @@ class View:
             counts[i] = int(reply[0])
         return counts, [sum(int(n) for n in replies[3 + f :: step]) for f in range(len(floors))]
 
+    async def locate(self, member: str, home: int) -> Located | None:
+        """The player's row, their exact place and size in their home key ``self.keys[home]``: one
+        pipeline to one node (ZSCORE, ZREVRANK, ZCARD). None when they have no row there.
+
+        ZREVRANK counts the rows ahead in the board's order (higher score, then larger id first),
+        ties included, so the home shard needs no tie resolution. Only for views whose player lives
+        in exactly one of ``keys`` (hash boards, and region boards read in one region).
+        """
+        pipe = batch(self.client, replicas=self.replicas)
+        key = self.keys[home]
+        pipe.zscore(key, member)
+        pipe.zrevrank(key, member)
+        pipe.zcard(key)
+        score, ahead, size = await pipe.execute()
+        if score is None or ahead is None:
+            return None
+        return Located((score, member), home, int(ahead), int(size))
+
+    async def rank_of(self, found: Located) -> tuple[int, int]:
+        """The player's unique rank and the view's size, from ``locate``: one more pipeline per node
+        holding the other keys (ZCOUNT above, ZCOUNT and ZRANGE of the tie block, ZCARD), so a rank
+        costs two rounds of round trips whatever the number of shards."""
+        others = [i for i in range(len(self.keys)) if i != found.home]
+        if not others:
+            return found.ahead + 1, found.size
+        score = found.row[0]
+        text = _score(score)
+        pipe = batch(self.client, replicas=self.replicas)
+        for i in others:
+            key = self.keys[i]
+            pipe.zcount(key, f"({text}", "+inf")
+            pipe.zcount(key, text, text)
+            pipe.zrangebyscore(key, text, text, 0, TIE_ROWS)
+            pipe.zcard(key)
+        replies = await pipe.execute()
+        counts = [int(n) for n in replies[0::4]]
+        sizes = [int(n) for n in replies[3::4]]
+        await self._resolve_ties(found, others, counts, replies[1::4], replies[2::4])
+        return found.ahead + sum(counts) + 1, found.size + sum(sizes)
+
+    async def around_of(self, found: Located, radius: int) -> tuple[list[Row], int, int] | None:
+        """Up to ``radius`` rows above and below the player, with the player's rank and index among
+        them, from ``locate``: one more pipeline per node. Each key gives its ``radius`` nearest
+        rows strictly above and below the player's score and its whole tie block at that score,
+        which together hold the nearest ``radius`` rows of the merged order on either side. None
+        when a key's tie block is larger than TIE_ROWS (the caller then reads by index)."""
+        score, member = found.row
+        text = _score(score)
+        pipe = batch(self.client, replicas=self.replicas)
+        for key in self.keys:
+            pipe.zcount(key, f"({text}", "+inf")
+            pipe.zcount(key, text, text)
+            pipe.zrangebyscore(key, text, text, 0, TIE_ROWS, withscores=True)
+            pipe.zrangebyscore(key, f"({text}", "+inf", 0, radius, withscores=True)
+            pipe.zrevrangebyscore(key, f"({text}", "-inf", 0, radius, withscores=True)
+        replies = await pipe.execute()
+        if any(int(replies[5 * i + 1]) > len(replies[5 * i + 2]) for i in range(len(self.keys))):
+            return None
+        others = [i for i in range(len(self.keys)) if i != found.home]
+        counts = [int(replies[5 * i]) + sum(1 for m, _ in replies[5 * i + 2] if m > member) for i in others]
+        rank = found.ahead + sum(counts) + 1
+        near: list[Row] = []
+        for i in range(len(self.keys)):
+            near += rows(replies[5 * i + 2]) + rows(replies[5 * i + 3]) + rows(replies[5 * i + 4])
+        near = sorted({r for r in near if r[1] != member}, reverse=True)
+        at = sum(1 for r in near if r > found.row)
+        window = [*near[max(0, at - radius) : at], found.row, *near[at : at + radius]]
+        return window, rank, min(at, radius)
+
+    async def _resolve_ties(
+        self,
+        found: Located,
+        others: list[int],
+        counts: list[int],
+        tied: Sequence[Any],
+        members: Sequence[Sequence[str]],
+    ) -> None:
+        """Add to ``counts`` (one per key of ``others``) the rows tied with the player that rank
+        ahead of them: from the tie block read back when it was whole, else with counts.lua."""
+        score, member = found.row
+        big = []
+        for j, (n, block) in enumerate(zip(tied, members, strict=True)):
+            if int(n) > len(block):
+                big.append(j)
+            else:
+                counts[j] += sum(1 for m in block if m > member)
+        if big:
+            packed = _pack([_score(score), member])
+            exact = await self._count_calls([(self.keys[others[j]], packed) for j in big])
+            for j, reply in zip(big, exact, strict=True):
+                counts[j] = int(reply[0])
+
     async def at_least(self, floors: Sequence[int]) -> list[int]:
         """Summed over shards, how many rows score at least each of ``floors``: one ZCOUNT per shard
         and floor, in one pipeline. (Every score is at least 0: a floor of 0 counts the view.)"""
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key in self.keys:
             for floor in floors:
                 pipe.zcount(key, floor, "+inf")
@@ -139,11 +243,11 @@ class View:
 
     async def _count_calls(self, calls: list[tuple[str, bytes]]) -> list[Any]:
         """counts.lua on several shards, each with its packed (score, member) list."""
-        return await script_calls(self.client, self.counts, calls)
+        return await script_calls(self.client, self.counts, calls, self.replicas)
 
     async def around(self, row: Row, counts: list[int], radius: int) -> tuple[list[Row], int]:
         """Up to ``radius`` rows above and below ``row``; returns the rows and the index of ``row``."""
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key, ahead in zip(self.keys, counts, strict=True):
             pipe.zrevrange(key, max(0, ahead - radius), ahead + radius, withscores=True)
         merged = [r for r in unique(merge(rows(pairs) for pairs in await pipe.execute())) if r[1] != row[1]]
@@ -172,7 +276,7 @@ class View:
             return merge(rows(pairs) for pairs in lists)[skip : skip + limit]
         starts = await self._cut_tie_block(cut, offset - above, limit)
         skip = offset - sum(starts)
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key, start in zip(self.keys, starts, strict=True):
             pipe.zrevrange(key, start, start + skip + limit - 1, withscores=True)
         return merge(rows(pairs) for pairs in await pipe.execute())[skip : skip + limit]
@@ -184,7 +288,7 @@ class View:
         interpolated index of each shard's part of the block, counted with ``counts.lua``.
         """
         text = _score(score)
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         for key in self.keys:
             pipe.zcount(key, f"({text}", "+inf")
             pipe.zcount(key, text, text)
@@ -250,7 +354,7 @@ class View:
     async def _pivot(self, c_hi: list[int], c_lo: list[int], fraction: float, member: bool = False) -> Any:
         """Weighted median of each shard's score (or player id) at ``fraction`` of its rows inside
         the bracket."""
-        pipe = batch(self.client)
+        pipe = batch(self.client, replicas=self.replicas)
         weights = []
         for key, top, bottom in zip(self.keys, c_hi, c_lo, strict=True):
             if bottom > top:

@@ -43,6 +43,7 @@ class BoardStore:
         self.client = client
         self.scripts = scripts
         self.journal_max = journal_max  # given to every Board made here (Board.journal_max)
+        self.read_replicas = False  # given to every Board made here (Board.read_replicas)
 
     async def create(self, config: BoardConfig) -> tuple[Board, bool]:
         """Create the board, or confirm an identical one. Returns (board, created)."""
@@ -118,6 +119,7 @@ class BoardStore:
         config = BoardConfig.from_dict(board_id, settings)
         board = Board(self.client, config, self.scripts, str(record.get("incarnation", "0")))
         board.journal_max = self.journal_max
+        board.read_replicas = self.read_replicas
         return board
 
     async def _drop(self, board_id: str, raw: bytes | str, record: dict[str, Any]) -> None:

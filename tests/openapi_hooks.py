@@ -77,7 +77,13 @@ def _board_rule(case: Any, response: Any) -> bool:
         return False
     body = case.body if isinstance(case.body, dict) else {}
     if field == "period" and code == "invalid_period":
-        period = (case.query or {}).get("period") or body.get("period") or "total"
+        # A read's period is a query parameter or a body field; a settlement's is in its path.
+        period = (
+            (case.query or {}).get("period")
+            or body.get("period")
+            or (case.path_parameters or {}).get("period")
+            or "total"
+        )
         return str(period).partition(":")[0] not in board["periods"]
     if field == "region" and code == "invalid_region":
         return board["sharding"]["strategy"] == "region"

@@ -12,7 +12,7 @@ import pytest
 from bench import report
 
 LATEST = Path(__file__).resolve().parent.parent / "bench" / "results" / "latest" / "summary.json"
-DERIVED = ("ratios", "costs", "cpu_per_write", "contaminated", "durability_figures")
+DERIVED = ("ratios", "costs", "cpu_per_write", "contaminated", "durability_figures", "read_goals")
 
 
 @pytest.fixture

@@ -151,6 +151,38 @@ async def test_deep_pages_inside_a_large_tie_block(store: BoardStore, shards: in
         await store.delete(config.id)
 
 
+@pytest.mark.parametrize("tied", [5, 40, 400])
+@pytest.mark.parametrize("shards", [1, 3, 16])
+async def test_ranks_and_neighbours_inside_tie_blocks(store: BoardStore, shards: int, tied: int) -> None:
+    """A rank and an around are read in two rounds: the home shard's ZREVRANK, then each other
+    shard's counts and its tie block, ordered locally when it is small (TIE_ROWS) and counted by
+    counts.lua when not (around then reads by index). Blocks of 5, 40 and 400 players on one exact
+    score, with players above and below, give the reference's ranks and neighbours everywhere."""
+    config = BoardConfig.from_dict(
+        f"tie-ranks-{shards}-{tied}", {"sharding": {"strategy": "hash", "shards": shards}}
+    )
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    ref = ReferenceBoard(config)
+    scores = [Score(f"tied-{i:04d}", 500, f"m{i}", now) for i in range(tied)]
+    scores += [Score(f"above-{i}", 900 + i % 7, f"a{i}", now) for i in range(30)]
+    scores += [Score(f"below-{i}", i % 11, f"b{i}", now) for i in range(30)]
+    rng = random.Random(f"{shards}/{tied}")
+    try:
+        await board.submit(scores, now_ms=now)
+        ref.submit(scores, now_ms=now)
+        want = expected_entries(ref, "total", None)
+        n = len(want)
+        for e in rng.sample(want, min(60, n)):
+            got = await board.player(e.player_id)
+            assert (got.entry, got.players) == (e, n)
+            for radius in (0, 1, 6):
+                lo = max(0, e.rank - 1 - radius)
+                assert await board.around(e.player_id, radius) == want[lo : e.rank + radius], radius
+    finally:
+        await store.delete(config.id)
+
+
 @pytest.mark.parametrize("shards", [3, 16])
 async def test_top_reads_further_from_a_shard_that_holds_most_of_the_best(
     store: BoardStore, shards: int

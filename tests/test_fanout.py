@@ -130,3 +130,29 @@ async def test_a_write_whose_pipelined_call_fails_is_made_again_on_its_own(
         assert (await board.player("w1")).entry.points == 20
     finally:
         await store.delete(config.id)
+
+
+async def test_hiredis_packs_the_pipelines_as_redis_py_does(store: BoardStore) -> None:
+    """Per-node pipelines are packed by hiredis in C; every command a board read or a script call
+    sends comes out byte for byte as redis-py's own packer makes it, and anything else (a float, a
+    command name of two words) is left to redis-py's packer."""
+    node = store.client.get_primaries()[0]
+    connection = node.acquire_connection()
+    try:
+        batch = fanout.batch(store.client)
+        _record(batch, ["fanout:{t0}", "fanout:{t1}"])
+        batch.zrangebyscore("k", "5", "5", 0, 32, withscores=True)
+        batch.execute_command("EVALSHA", "ab" * 20, 1, "k", b"\x00\xff packed")
+        commands = [
+            fanout.PipelineCommand(i, *args, **options) for i, (args, options) in enumerate(batch.calls)
+        ]
+        assert fanout._packed(connection, commands) == b"".join(
+            connection.pack_commands(c.args for c in commands)
+        )
+        odd = [
+            fanout.PipelineCommand(0, "SCRIPT LOAD", "return 1"),
+            fanout.PipelineCommand(1, "ZADD", "k", 1.5, "m"),
+        ]
+        assert fanout._packed(connection, odd) == connection.pack_commands(c.args for c in odd)
+    finally:
+        node.release(connection)

@@ -241,6 +241,55 @@ async def test_top_is_cached_and_refreshed(client: httpx.AsyncClient) -> None:
     assert [e["player_id"] for e in wide["entries"]] == ["b", "a"]
 
 
+async def test_a_cached_top_has_an_etag_and_answers_304_until_it_changes(client: httpx.AsyncClient) -> None:
+    """A top is rendered once per refresh of the cache; its ETag names that rendering, so a client
+    sending it back gets 304 with no body until the top is refreshed, and then the new body. Each
+    format and rank mode is its own rendering."""
+    name = await make_board(client)
+    await post(client, name, [score("a", 10, "m"), score("b", 10, "m")])
+    first = await client.get(f"/v1/boards/{name}/top")
+    tag = first.headers["etag"]
+    assert first.status_code == 200 and first.headers["cache-control"] == "max-age=1"
+    packed = await client.get(f"/v1/boards/{name}/top", headers={"Accept": MSGPACK})
+    ranked = await client.get(f"/v1/boards/{name}/top", params={"rank_mode": "competition"})
+    assert msgpack.unpackb(packed.content) == first.json()
+    assert [e["rank"] for e in ranked.json()["entries"]] == [1, 1]
+    assert len({tag, packed.headers["etag"], ranked.headers["etag"]}) == 3
+    same = await client.get(f"/v1/boards/{name}/top", headers={"If-None-Match": f'W/"x", {tag}'})
+    if same.headers["etag"] == tag:  # not refreshed in between
+        assert same.status_code == 304 and same.content == b""
+    await post(client, name, [score("c", 30, "m")])
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        fresh = await client.get(f"/v1/boards/{name}/top", headers={"If-None-Match": tag})
+        if fresh.status_code == 200 and len(fresh.json()["entries"]) == 3:
+            break
+        assert fresh.status_code in (200, 304)
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.05)
+    assert fresh.headers["etag"] != tag
+    assert [e["player_id"] for e in fresh.json()["entries"]] == ["c", "b", "a"]
+
+
+async def test_the_direct_reads_answer_errors_as_every_route_does(client: httpx.AsyncClient) -> None:
+    """The top and "my rank" skip Starlette's router (router/app.py, Direct); their errors still
+    leave as api.md's bodies, in the format asked for, with a request id, and HEAD still works."""
+    name = await make_board(client)
+    await post(client, name, [score("a", 10, "m")])
+    assert_error(await client.get("/v1/boards/nobody-here/top"), 404, "board_not_found", "board")
+    assert_error(await client.get(f"/v1/boards/{name}/players/zed"), 404, "player_not_found", "player")
+    assert_error(
+        await client.get(f"/v1/boards/{name}/top", params={"limit": 0}), 422, "invalid_parameter", "limit"
+    )
+    assert_error(await client.get(f"/v1/boards/{name}/top", params={"x": 1}), 400, "unknown_parameter", "x")
+    r = await client.get(f"/v1/boards/{name}/players/zed", headers={"Accept": MSGPACK})
+    assert r.status_code == 404 and msgpack.unpackb(r.content)["error"]["code"] == "player_not_found"
+    assert r.headers["x-request-id"]
+    head = await client.head(f"/v1/boards/{name}/top")
+    assert head.status_code == 200 and head.content == b""
+    assert (await client.get(f"/v1/boards/{name}/players/a")).json()["rank"] == 1
+
+
 async def test_spellings_of_one_view_share_its_cache_entries(client: httpx.AsyncClient) -> None:
     """``weekly`` and ``weekly:<this week>``, with or without a region on a board that has none, are
     one view: after the first read, the others hit the top cache and the histograms' one entry."""

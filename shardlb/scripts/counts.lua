@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- ARGV[1]: a MessagePack array, flat: score (a decimal string), member, score, member...
 -- For each (score, member) pair, how many members of KEYS[1] rank ahead of it: a higher
 -- score, or the same score and a larger member (bytes compared) -- the order ZREVRANGE returns.

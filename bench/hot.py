@@ -1,0 +1,291 @@
+"""`make bench`'s hot reads: what one router process answers of its two hottest reads, beside the
+textbook service on the same cluster and players (issue 13's read goals).
+
+    python -m bench.hot            # alone: its own cluster and population (SHARDLB_BENCH_* settings)
+
+One router process (``python -m router.server --workers 1``) and one textbook service process
+(bench/textbook_service.py: Starlette over ONE sorted set on a plain connection to its master) are
+each driven by wrk (one thread, SHARDLB_BENCH_HOT_CONNECTIONS connections, keep-alive) for
+SHARDLB_BENCH_HOT_SECONDS per target, one target at a time:
+
+- ``/healthz`` of each: the trivial endpoint, the server's own ceiling on this machine;
+- the cached top-100 of each (the router's from its top cache, the textbook's one ZREVRANGE);
+- "my rank" of random players: on the router, on a board with one shard per master (the layout
+  ``shardlb plan`` recommends: bench/plan.py) and on the bench's board (SHARDLB_BENCH_SHARDS, 16),
+  and once more on the first through a router reading from replicas (SHARDLB_READ_FROM=replicas);
+  on the textbook service, ZSCORE + ZREVRANK + ZCARD in one pipeline.
+
+The CPU of the server process and of the Redis masters and replicas is metered per target, so
+each row gives CPU µs per request on both sides. wrk comes from Debian's package
+(scripts/ensure-wrk.sh); without it the phase is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bench import peers, population
+from bench.harness import env_int, log
+from bench.procs import CpuMeter
+from bench.services import ROOT, Router, free_port, stop_group
+from bench.testbed import create_board
+from bench.workload import Workload
+
+READ_ENV = {
+    "SHARDLB_ADMIN_KEYS": "bench-admin",
+    "SHARDLB_WRITE_KEYS": "bench-write",
+    "SHARDLB_READ_RATE": "0",
+}
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+
+# One wrk script for every target: a fixed path, or the path with a random player of the population.
+WRK_SCRIPT = """
+local path, players = "{path}", {players}
+local id = 0
+function init(args)
+  math.randomseed({seed})
+end
+request = function()
+  if string.find(path, "{{player}}", 1, true) then
+    id = math.random(0, players - 1)
+    return wrk.format("GET", (string.gsub(path, "{{player}}", "p" .. id)))
+  end
+  return wrk.format("GET", path)
+end
+"""
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    server: str  # "router", "router-replicas" or "textbook"
+    path: str  # "{player}" is replaced by a random player per request
+
+
+def targets(board: str, hot_board: str, key: str) -> list[Target]:
+    """What is measured, in order (``key``: the textbook service's sorted set, for the label)."""
+    return [
+        Target("router /healthz", "router", "/healthz"),
+        Target("router top-100 (cached)", "router", f"/v1/boards/{board}/top"),
+        Target(f"router my rank, {hot_board}", "router", f"/v1/boards/{hot_board}/players/{{player}}"),
+        Target(f"router my rank, {board}", "router", f"/v1/boards/{board}/players/{{player}}"),
+        Target(
+            f"router my rank, {hot_board}, reads from replicas",
+            "router-replicas",
+            f"/v1/boards/{hot_board}/players/{{player}}",
+        ),
+        Target("textbook /healthz", "textbook", "/healthz"),
+        Target(f"textbook top-100 ({key})", "textbook", "/top"),
+        Target(f"textbook my rank ({key})", "textbook", "/players/{player}"),
+    ]
+
+
+def wrk_available() -> str | None:
+    """None when wrk is on PATH, else why the phase is skipped."""
+    if shutil.which("wrk") is None:
+        return "wrk not found: `bash scripts/ensure-wrk.sh` installs Debian's wrk (as root)"
+    return None
+
+
+def parse_wrk(text: str) -> dict[str, Any]:
+    """Requests, requests/s, latency percentiles (ms) and non-2xx answers of ``wrk --latency``."""
+    out: dict[str, Any] = {"requests": 0, "rps": 0.0, "non_2xx": 0, "socket_errors": 0}
+    for line in text.splitlines():
+        line = line.strip()
+        if m := re.fullmatch(r"(\d+) requests in ([\d.]+)(\w+),.*", line):
+            out["requests"] = int(m[1])
+        elif m := re.fullmatch(r"Requests/sec:\s+([\d.]+)", line):
+            out["rps"] = float(m[1])
+        elif m := re.fullmatch(r"(50|75|90|99)%\s+([\d.]+)(us|ms|s)", line):
+            out[f"p{m[1]}_ms"] = round(float(m[2]) * _UNITS[m[3]], 3)
+        elif m := re.fullmatch(r"Non-2xx or 3xx responses: (\d+)", line):
+            out["non_2xx"] = int(m[1])
+        elif line.startswith("Socket errors:"):
+            out["socket_errors"] = sum(int(n) for n in re.findall(r"\d+", line))
+    return out
+
+
+def run_wrk(url: str, script: Path, seconds: float, connections: int) -> dict[str, Any]:
+    done = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:.0f}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        check=False,
+    )
+    return {**parse_wrk(done.stdout), "returncode": done.returncode}
+
+
+class TextbookService:
+    """bench/textbook_service.py in its own process group."""
+
+    def __init__(self, redis_url: str, key: str, port: int, log_path: Path) -> None:
+        self.redis_url, self.key, self.port, self.log = redis_url, key, port, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> TextbookService:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "bench.textbook_service", "--port", str(self.port)),
+                    *("--redis-url", self.redis_url, "--key", self.key),
+                ],
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"textbook service exited; see {self.log}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=2):
+                    return self
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.2)
+        self.__exit__()
+        raise RuntimeError(f"textbook service not up within 30 s; see {self.log}")
+
+    def __exit__(self, *_: object) -> None:
+        stop_group(self.proc)
+
+
+def measure(
+    target: Target,
+    url: str,
+    pid: int,
+    redis: dict[str, list[int]],
+    out: Path,
+    players: int,
+    seconds: float,
+    connections: int,
+) -> dict[str, Any]:
+    """One target under wrk, with the server's and the cluster's CPU per request."""
+    script = out / f"hot-{re.sub(r'[^a-z0-9]+', '-', target.name.lower()).strip('-')}.lua"
+    script.write_text(WRK_SCRIPT.format(path=target.path, players=players, seed=len(target.name)))
+    meter = CpuMeter({**redis, "server": [pid]}).start()
+    try:
+        got = run_wrk(url, script, seconds, connections)
+    finally:
+        cpu = meter.stop()
+    requests = got["requests"] or 1
+    used = cpu["cpu_s"]
+    got.update(
+        name=target.name,
+        server=target.server,
+        server_us=round(used.get("server", 0.0) / requests * 1e6, 1),
+        masters_us=round(used.get("redis masters", 0.0) / requests * 1e6, 1),
+        replicas_us=round(used.get("redis replicas", 0.0) / requests * 1e6, 1),
+        other_cpu_s=cpu.get("other_cpu_s"),
+    )
+    log(
+        f"hot: {target.name}: {got['rps']:.0f}/s, p99 {got.get('p99_ms')} ms, server {got['server_us']} µs, "
+        f"masters {got['masters_us']} µs, replicas {got['replicas_us']} µs per request"
+    )
+    return got
+
+
+def hot_board_workload(workload: Workload, masters: int) -> Workload:
+    return replace(workload, board=f"{workload.board}-s{masters}")
+
+
+def prepare(url: str, workload: Workload, masters: int, processes: int) -> Workload:
+    """The board with one shard per master, holding the same players as the bench's board."""
+    hot = hot_board_workload(workload, masters)
+    asyncio.run(create_board(url, hot, masters))
+    population.load_parallel(url, hot, 0, hot.players, processes)
+    return hot
+
+
+def run(
+    url: str,
+    workload: Workload,
+    masters: int,
+    redis: dict[str, list[int]],
+    out: Path,
+    processes: int = 2,
+) -> dict[str, Any]:
+    """The whole hot phase on a cluster already holding the bench's board and textbook set."""
+    missing = wrk_available()
+    if missing:
+        log(f"hot reads skipped: {missing}")
+        return {"skipped": missing}
+    seconds = float(env_int("SHARDLB_BENCH_HOT_SECONDS", 6))
+    connections = env_int("SHARDLB_BENCH_HOT_CONNECTIONS", 32)
+    log(f"hot reads: board of {masters} shards with the same {workload.players:,} players")
+    t0 = time.monotonic()
+    hot = prepare(url, workload, masters, processes)
+    load_s = round(time.monotonic() - t0, 1)
+    key = peers.textbook_key(workload.board)
+    rows: list[dict[str, Any]] = []
+    plan = targets(workload.board, hot.board, key)
+    servers = {
+        "router": lambda: Router(url, free_port(22400), 1, out / "hot-router.log", READ_ENV),
+        "router-replicas": lambda: Router(
+            url,
+            free_port(22400),
+            1,
+            out / "hot-router-replicas.log",
+            {**READ_ENV, "SHARDLB_READ_FROM": "replicas"},
+        ),
+        "textbook": lambda: TextbookService(url, key, free_port(22450), out / "hot-textbook.log"),
+    }
+    for server in ("router", "router-replicas", "textbook"):
+        with servers[server]() as running:
+            pid = running.proc.pid if running.proc else 0
+            for target in (t for t in plan if t.server == server):
+                rows.append(
+                    measure(target, running.url, pid, redis, out, workload.players, seconds, connections)
+                )
+    return {
+        "seconds_per_target": seconds,
+        "connections": connections,
+        "hot_board": hot.board,
+        "hot_board_shards": masters,
+        "hot_board_load_s": load_s,
+        "targets": rows,
+    }
+
+
+def main() -> int:
+    """Alone: a cluster of its own, the population loaded, then the phase; prints the table."""
+    from bench import read_goals
+    from bench.harness import run_dir
+    from bench.run import Settings
+    from bench.testbed import node_pids, preload, start_cluster
+
+    s = Settings.from_env()
+    workload = replace(Workload.from_env(), players=s.players)
+    out = run_dir("hot-" + time.strftime("%Y%m%d-%H%M%S"))
+    cluster = start_cluster(s.masters, s.replicas, out / "cluster", start=22100)
+    try:
+        asyncio.run(create_board(cluster.url, workload, s.shards))
+        preload(cluster.url, workload, s.driver_processes)
+        masters, replicas = node_pids(cluster)
+        result = run(
+            cluster.url, workload, s.masters, {"redis masters": masters, "redis replicas": replicas}, out
+        )
+    finally:
+        cluster.down()
+    print("\n".join(read_goals.hot_table({"hot": result})))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

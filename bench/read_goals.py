@@ -1,0 +1,231 @@
+"""Issue 13's goals, computed from one run's summary: each measured ratio beside its goal, reported
+and never asserted (bench/README.md, "Reads and hot paths").
+
+``finish`` adds ``summary["read_goals"]`` (a list of goal rows); ``markdown`` renders them and the hot
+phase's table (bench/hot.py). A goal whose inputs a run did not measure is listed as not measured.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _hot(summary: dict[str, Any], prefix: str) -> dict[str, Any] | None:
+    rows = summary.get("hot", {}).get("targets", [])
+    return next((r for r in rows if r["name"].startswith(prefix)), None)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b else None
+
+
+def _store_us(phase: dict[str, Any] | None, count: float) -> float | None:
+    cpu = (phase or {}).get("cpu", {}).get("cpu_s", {})
+    used = [cpu[k] for k in ("redis masters", "redis replicas") if k in cpu]
+    return sum(used) / count * 1e6 if used and count else None
+
+
+def _goal(name: str, measured: float | None, goal: float, at_least: bool, detail: str) -> dict[str, Any]:
+    met = None if measured is None else (measured >= goal if at_least else measured <= goal)
+    return {
+        "goal": name,
+        "measured": measured,
+        "target": goal,
+        "at_least": at_least,
+        "met": met,
+        "detail": detail,
+    }
+
+
+def goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every goal of issue 13 that this run measured, as ratios of figures of this one run."""
+    out: list[dict[str, Any]] = []
+    http, textbook = summary.get("http", {}), summary.get("textbook", {})
+    http_reads, tb_reads = http.get("reads", {}), textbook.get("reads", {})
+    count = http_reads.get("endpoints", {}).get("Aggregated", {}).get("requests", 0)
+    out.append(
+        _goal(
+            "HTTP reads/s of the mix / the textbook's",
+            _ratio(http_reads.get("reads_per_s"), tb_reads.get("items_per_s")),
+            1.0,
+            True,
+            f"{http_reads.get('reads_per_s')} against {tb_reads.get('items_per_s')} reads/s",
+        )
+    )
+    ours, theirs = _store_us(http_reads, count), _store_us(tb_reads, tb_reads.get("ops", 0))
+    out.append(
+        _goal(
+            "store CPU per read of the mix / the textbook's",
+            _ratio(ours, theirs),
+            2.0,
+            False,
+            f"{ours and round(ours)} against {theirs and round(theirs)} µs",
+        )
+    )
+    rank, tb_rank = _hot(summary, "router my rank, "), _hot(summary, "textbook my rank")
+    if rank is not None and tb_rank is not None:
+        out.append(
+            _goal(
+                "my rank requests/s, one router process / the textbook service",
+                _ratio(rank["rps"], tb_rank["rps"]),
+                1.0,
+                True,
+                f"{rank['name']}: {rank['rps']:.0f} against {tb_rank['rps']:.0f}/s",
+            )
+        )
+        ours_rank = rank["masters_us"] + rank["replicas_us"]
+        theirs_rank = tb_rank["masters_us"] + tb_rank["replicas_us"]
+        out.append(
+            _goal(
+                "store CPU per my rank / the textbook's",
+                _ratio(ours_rank, theirs_rank),
+                2.0,
+                False,
+                f"{ours_rank:.0f} against {theirs_rank:.0f} µs",
+            )
+        )
+    per = summary.get("cpu_per_write", {})
+    h, raw = per.get("http", {}), per.get("raw", {})
+    out.append(
+        _goal(
+            "router CPU per write / the library's in the raw run",
+            _ratio(h.get("router"), raw.get("library")),
+            1.5,
+            False,
+            f"{h.get('router')} against {raw.get('library')} µs",
+        )
+    )
+    out.append(
+        _goal(
+            "store CPU per write over HTTP / the raw run's",
+            _ratio(h.get("store"), raw.get("store")),
+            1.1,
+            False,
+            f"{h.get('store')} against {raw.get('store')} µs",
+        )
+    )
+    top, health = _hot(summary, "router top-100"), _hot(summary, "router /healthz")
+    if top is not None and health is not None:
+        out.append(
+            _goal(
+                "cached top-100 requests/s of one router process",
+                top["rps"],
+                10_000,
+                True,
+                f"p99 {top.get('p99_ms')} ms (goal under 5 ms)",
+            )
+        )
+        out.append(
+            _goal(
+                "cached top-100 / /healthz of the same router",
+                _ratio(top["rps"], health["rps"]),
+                0.7,
+                True,
+                f"{top['rps']:.0f} against {health['rps']:.0f}/s",
+            )
+        )
+    p99 = write_p99_at(summary, 0.8)
+    if p99 is not None:
+        out.append(
+            _goal(
+                "write p99 ms at 80% of the sustained maximum",
+                p99[1],
+                50.0,
+                False,
+                f"ramp step at {p99[0]:,} writes/s achieved",
+            )
+        )
+    return out
+
+
+def write_p99_at(summary: dict[str, Any], share: float) -> tuple[int, float] | None:
+    """The ramp step closest below ``share`` of the sustained maximum: (achieved writes/s, p99 ms)."""
+    w = summary.get("http", {}).get("writes", {})
+    steps, top = w.get("steps", []), w.get("sustained_writes_per_s")
+    if not steps or not top:
+        return None
+    below = [s for s in steps if s["achieved"] <= share * top] or steps[:1]
+    step = max(below, key=lambda s: s["achieved"])
+    return int(step["achieved"]), float(step["p99_ms"])
+
+
+def read_costs(summary: dict[str, Any]) -> dict[str, float]:
+    """A mix read's Redis CPU on each node it touches, split into a part per node (the round trip)
+    and a part per shard the node holds (bench/plan.py's redis_node_us_per_read and
+    redis_shard_us_per_read): solved from "my rank" on the two boards of the hot phase (one shard
+    per master, and the bench's shards), then scaled to the raw read mix's cost on the bench's
+    board. Empty when the run lacks either figure."""
+    s, hot = summary.get("settings", {}), summary.get("hot", {})
+    few, many = _hot(summary, f"router my rank, {hot.get('hot_board')}"), None
+    for r in hot.get("targets", []):
+        if r["name"].startswith("router my rank, ") and r is not few and "replicas" not in r["name"]:
+            many = r
+    raw = summary.get("raw", {}).get("reads", {})
+    masters, shards = s.get("masters"), s.get("shards")
+    if few is None or many is None or not raw or not masters or shards == hot.get("hot_board_shards"):
+        return {}
+    k_few, k_many = hot["hot_board_shards"] / masters, shards / masters
+    n_few, n_many = few["masters_us"] / masters, many["masters_us"] / masters
+    per_shard = max(0.0, (n_many - n_few) / (k_many - k_few))
+    per_node = max(0.0, n_few - k_few * per_shard)
+    mix = (
+        raw["cpu"]["cpu_s"].get("redis masters", 0.0) / raw["ops"] * 1e6 / masters if raw.get("ops") else 0.0
+    )
+    scale = mix / n_many if n_many else 0.0
+    return {
+        "redis_node_us_per_read": round(per_node * scale, 1),
+        "redis_shard_us_per_read": round(per_shard * scale, 1),
+    }
+
+
+def finish(summary: dict[str, Any]) -> None:
+    summary["read_goals"] = goals(summary)
+
+
+def _value(x: float | None) -> str:
+    if x is None:
+        return "not measured"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.2f}"
+
+
+def markdown(summary: dict[str, Any]) -> list[str]:
+    rows = summary.get("read_goals") or goals(summary)
+    lines = [
+        "## Reads and hot paths: issue 13's goals (ratios of this run)",
+        "",
+        "| goal | measured | target | met | figures |",
+        "|---|---:|---:|---|---|",
+    ]
+    for g in rows:
+        met = "-" if g["met"] is None else ("yes" if g["met"] else "**no**")
+        sign = ">=" if g["at_least"] else "<="
+        lines.append(
+            f"| {g['goal']} | {_value(g['measured'])} | {sign} {_value(g['target'])} | {met} "
+            f"| {g['detail']} |"
+        )
+    return [*lines, "", *hot_table(summary)]
+
+
+def hot_table(summary: dict[str, Any]) -> list[str]:
+    hot = summary.get("hot", {})
+    if "skipped" in hot:
+        return [f"Hot reads: skipped ({hot['skipped']}).", ""]
+    if not hot.get("targets"):
+        return []
+    lines = [
+        "### Hot reads, one server process each (wrk, "
+        f"{hot['connections']} connections, {hot['seconds_per_target']:.0f} s per target)",
+        "",
+        f"`{hot['hot_board']}`: {hot['hot_board_shards']} shards, one per master (the layout `shardlb plan` "
+        "recommends); the bench's board has the shards of the run's settings. CPU µs per request.",
+        "",
+        "| target | requests/s | p50 ms | p99 ms | server µs | masters µs | replicas µs | non-2xx |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in hot["targets"]:
+        lines.append(
+            f"| {r['name']} | {r['rps']:,.0f} | {r.get('p50_ms', '-')} | {r.get('p99_ms', '-')} "
+            f"| {r['server_us']} | {r['masters_us']} | {r['replicas_us']} "
+            f"| {r['non_2xx'] + r['socket_errors']} |"
+        )
+    return [*lines, ""]

@@ -1,0 +1,105 @@
+"""bench/hot.py's wrk parsing and bench/read_goals.py's goals, server-free: the goals are ratios of
+the figures they name, each compared with its target in the right direction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import hot, read_goals
+
+LATEST = Path(__file__).resolve().parent.parent / "bench" / "results" / "latest" / "summary.json"
+
+WRK_OUTPUT = """Running 1s test @ http://127.0.0.1:21950/healthz
+  1 threads and 4 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     0.91ms  760.64us   7.11ms   92.25%
+    Req/Sec     5.04k     1.64k    7.51k    60.00%
+  Latency Distribution
+     50%  792.00us
+     75%    0.87ms
+     90%    1.35ms
+     99%    4.61ms
+  5012 requests in 1.00s, 660.89KB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+  Non-2xx or 3xx responses: 38
+Requests/sec:   5008.25
+Transfer/sec:    660.40KB
+"""
+
+
+def test_wrk_output_is_read_with_its_units() -> None:
+    got = hot.parse_wrk(WRK_OUTPUT)
+    assert got["requests"] == 5012 and got["rps"] == 5008.25
+    assert got["p50_ms"] == 0.792 and got["p99_ms"] == 4.61
+    assert got["non_2xx"] == 38 and got["socket_errors"] == 3
+
+
+def _row(name: str, rps: float, masters: float, replicas: float = 0.0, p99: float = 3.0) -> dict[str, Any]:
+    return {
+        "name": name,
+        "rps": rps,
+        "p99_ms": p99,
+        "masters_us": masters,
+        "replicas_us": replicas,
+        "server_us": 100.0,
+        "non_2xx": 0,
+        "socket_errors": 0,
+    }
+
+
+@pytest.fixture
+def summary() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(LATEST.read_text())
+    data["hot"] = {
+        "connections": 32,
+        "seconds_per_target": 6,
+        "hot_board": "bench-s3",
+        "hot_board_shards": 3,
+        "targets": [
+            _row("router /healthz", 9000, 1),
+            _row("router top-100 (cached)", 7200, 2, p99=4.0),
+            _row("router my rank, bench-s3", 900, 150, 10),
+            _row("textbook my rank (textbook:{bench})", 1800, 60, 20),
+        ],
+    }
+    read_goals.finish(data)
+    return data
+
+
+def goal(summary: dict[str, Any], start: str) -> dict[str, Any]:
+    return next(g for g in summary["read_goals"] if g["goal"].startswith(start))
+
+
+def test_goals_are_the_ratios_of_their_figures(summary: dict[str, Any]) -> None:
+    rank = goal(summary, "my rank requests/s")
+    assert rank["measured"] == 0.5 and rank["met"] is False
+    store = goal(summary, "store CPU per my rank")
+    assert store["measured"] == round(160 / 80, 2) and store["met"] is True  # at most 2x: met at 2.0
+    top = goal(summary, "cached top-100 / /healthz")
+    assert top["measured"] == 0.8 and top["met"] is True
+    assert goal(summary, "cached top-100 requests/s")["met"] is False  # 7,200 < 10,000
+    mix = goal(summary, "HTTP reads/s of the mix")
+    http, textbook = summary["http"]["reads"]["reads_per_s"], summary["textbook"]["reads"]["items_per_s"]
+    assert mix["measured"] == round(http / textbook, 2) and mix["met"] is (http >= textbook)
+
+
+def test_write_p99_is_read_at_the_step_below_80_percent(summary: dict[str, Any]) -> None:
+    steps = summary["http"]["writes"]["steps"]
+    top = summary["http"]["writes"]["sustained_writes_per_s"]
+    achieved, p99 = read_goals.write_p99_at(summary, 0.8) or (0, 0.0)
+    below = [s for s in steps if s["achieved"] <= 0.8 * top]
+    assert achieved == max(s["achieved"] for s in below)
+    assert goal(summary, "write p99")["measured"] == p99
+
+
+def test_the_report_renders_every_goal_and_target(summary: dict[str, Any]) -> None:
+    text = "\n".join(read_goals.markdown(summary))
+    for g in summary["read_goals"]:
+        assert g["goal"] in text
+    assert "router my rank, bench-s3" in text and "| 900 |" in text
+    skipped = "\n".join(read_goals.hot_table({"hot": {"skipped": "wrk not found"}}))
+    assert "skipped (wrk not found)" in skipped

@@ -1,0 +1,120 @@
+"""Board reads served by replicas (SHARDLB_READ_FROM, connection.connect's read_from), on the suite's
+cluster of 3 masters with a replica each.
+
+Once the replicas have caught up, every read through a replica-reading store equals the reference
+board, and the replicas, not the primaries, served them: their command counters grew by the reads'
+commands (counts.lua included, loaded there by Scripts.load) while the primaries' did not grow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from router.settings import Settings, SettingsError
+from shardlb import times
+from shardlb.board import Score
+from shardlb.cluster import LocalCluster
+from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+from tests.test_board import expected_entries
+
+pytestmark = pytest.mark.cluster
+
+READ_COMMANDS = ("zcount", "zrevrange", "zrevrank", "zscore", "zcard", "zmscore", "evalsha", "zrangebyscore")
+
+
+@pytest.fixture
+async def replica_store(cluster: LocalCluster) -> AsyncIterator[BoardStore]:
+    client = connect(cluster.url, read_from="replicas")
+    scripts = Scripts.register(client)
+    await scripts.load(client)
+    store = BoardStore(client, scripts)
+    store.read_replicas = True
+    yield store
+    await client.aclose()
+
+
+async def _calls(client: object, nodes: list[object]) -> int:
+    """Read commands the nodes have run so far (INFO commandstats)."""
+    total = 0
+    for node in nodes:
+        stats = await client.info("commandstats", target_nodes=node)  # type: ignore[attr-defined]
+        total += sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in READ_COMMANDS)
+    return total
+
+
+async def _caught_up(client: object) -> None:
+    """Until every replica has acknowledged what its primary had written when this was called
+    (replicas acknowledge once a second; a primary's offset also grows by its pings)."""
+    primaries = client.get_primaries()  # type: ignore[attr-defined]
+    infos = await client.info("replication", target_nodes=primaries)  # type: ignore[attr-defined]
+    wanted = {name: int(info["master_repl_offset"]) for name, info in infos.items()}
+    for _ in range(200):
+        infos = await client.info("replication", target_nodes=primaries)  # type: ignore[attr-defined]
+        behind = [
+            name
+            for name, info in infos.items()
+            for key, value in info.items()
+            if key.startswith("slave") and isinstance(value, dict) and int(value["offset"]) < wanted[name]
+        ]
+        if not behind:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"replicas still behind: {behind}")
+
+
+@pytest.mark.parametrize("shards", [3, 16])
+async def test_reads_from_replicas_equal_the_reference(
+    store: BoardStore, replica_store: BoardStore, shards: int
+) -> None:
+    config = BoardConfig.from_dict(
+        f"replica-reads-{shards}", {"sharding": {"strategy": "hash", "shards": shards}}
+    )
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    rng = random.Random(shards)
+    now = times.now_ms()
+    scores = [
+        Score(f"p{i:03d}", rng.choice([5, 10, 50, *range(0, 900, 7)]), f"m{i}", now) for i in range(150)
+    ]
+    try:
+        await board.submit(scores, now_ms=now)
+        ref.submit(scores, now_ms=now)
+        want = expected_entries(ref, "total", None)
+        client = replica_store.client
+        await _caught_up(client)
+        reader = await replica_store.get(config.id)
+        assert reader.read_replicas
+        primaries, replicas = client.get_primaries(), client.get_replicas()
+        assert replicas, "the suite's cluster has a replica per master"
+        before = (await _calls(client, primaries), await _calls(client, replicas))
+        assert await reader.top(40) == want[:40]
+        for e in rng.sample(want, 25):
+            got = await reader.player(e.player_id)
+            assert (got.entry, got.players) == (e, len(want))
+            lo = max(0, e.rank - 4)
+            assert await reader.around(e.player_id, 3) == want[lo : e.rank + 3]
+        reader.shallow = 0
+        assert await reader.entries(77, 9) == want[77:86]
+        ids = [e.player_id for e in rng.sample(want, 30)]
+        assert await reader.query(ids) == [e for e in want if e.player_id in ids]
+        after = (await _calls(client, primaries), await _calls(client, replicas))
+        served = after[1] - before[1]
+        assert served > 25 * 3, "the replicas served the reads"
+        # Only INFO itself and nothing of the reads reached the primaries (INFO is not counted here).
+        assert after[0] == before[0]
+    finally:
+        await store.delete(config.id)
+
+
+def test_read_from_is_one_of_its_values() -> None:
+    for value in ("primary", "replicas", "any"):
+        Settings(read_from=value, insecure_dev=True).check()
+    with pytest.raises(SettingsError, match="SHARDLB_READ_FROM"):
+        Settings(read_from="replica", insecure_dev=True).check()
