@@ -222,3 +222,45 @@ async def test_no_acknowledged_result_is_lost_and_no_read_is_inexact_while_slots
     answered = {**report["write_statuses"], **report["read_statuses"]}
     assert set(answered) <= {"200", "503"}, report  # errors are at most retryable 503s
     assert isinstance(report["refused_s"], float), report  # recorded (a figure, not a bound)
+
+
+@pytest.fixture(scope="module")
+def replicated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    port = free_port_block(4, start=22300 + os.getpid() % 40 * 10)
+    local = LocalCluster(2, 1, port, Path(tmp_path_factory.mktemp("migration-replicas")))
+    local.up()
+    try:
+        yield local
+    finally:
+        local.down()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 15: a replica holds no migration state, so it serves a slot its master is moving "
+    "and answers for a key that has left as if it did not exist (SHARDLB_READ_FROM=replicas)",
+)
+async def test_a_read_from_replicas_of_a_key_that_has_moved_still_finds_it(
+    replicated_cluster: LocalCluster,
+) -> None:
+    client = connect(replicated_cluster.url, read_from="replicas")
+    await client.initialize()
+    try:
+        key = f"lb:{{{keys.slot_tokens()[104]}}}:replica-probe"
+        await client.zadd(key, {"p1": 3})
+        source, target = ends(client, key)
+        slot = slot_of(key)
+        with node(replicated_cluster, source) as s:
+            s.execute_command("WAIT", 1, 2000)  # the replica has the key
+        open_slot(replicated_cluster, slot, source, target)
+        try:
+            with node(replicated_cluster, source) as s:
+                s.execute_command("MIGRATE", replicated_cluster.host, target, "", 0, 5000, "KEYS", key)
+                s.execute_command("WAIT", 1, 2000)  # and has seen it leave
+            pipe = batch(client, replicas=True)
+            pipe.zscore(key, "p1")
+            assert await pipe.execute() == [3.0]
+        finally:
+            finish(replicated_cluster, slot, source, target)
+    finally:
+        await client.aclose()
