@@ -70,7 +70,7 @@ bench-rebuild: install redis-server ## ~1 min: rebuild a 1M-player board from Po
 bench-settle: install redis-server ## ~3 min: settle a 1M-player daily board, steps timed; killed after each step (SHARDLB_SETTLE_PLAYERS)
 	$(BIN)/python -m bench.settle
 
-chaos: install redis-server postgres ## ~5 min failover test that counts acknowledged writes; bench/results/chaos-<timestamp>/
+chaos: install redis-server postgres ## ~6 min failover and slot-migration tests that count acknowledged writes; bench/results/chaos-<timestamp>/
 	$(BIN)/python -m bench.chaos
 
 k8s-check: install redis-server postgres ## offline checks of Dockerfile and k8s/ (render, validate, lint, pod scripts, archiver)

@@ -23,6 +23,9 @@ Writing goes on, every write is settled, and the boards are read back (``players
 compared with the ledger: acknowledged-but-lost, double counted, the 5xx answers, and the seconds
 from the fault until writes succeed again for good.
 
+Slot migration (bench/migrate.py): on a cluster of its own, a master is added and slots rebalanced
+onto it, then a master is removed, under the same kind of load plus readers that check every page.
+
 Total loss (``lose_everything``, ``rebuild_all``): once the archiver has caught up, every board's
 checksum (shardlb/reconcile.py) is taken, every Redis node is stopped and its files removed, an
 empty cluster is started on the same ports, ``shardlb rebuild --all`` restores the boards from
@@ -466,6 +469,11 @@ def markdown(report: dict[str, Any]) -> str:
         f"| {loss['boards']} | {equal['replica']} / {equal['primary']} | {loss['rebuild_s']} "
         f"| {lost['replica']} / {lost['primary']} |",
     ]
+    if "migration" in report:
+        from bench import migrate
+
+        rows += ["", "Slot migration under load: " + report["migration"]["setup"], ""]
+        rows += migrate.markdown(report["migration"]["phases"])
     return "\n".join(
         [
             f"# Chaos ({report['when']})",
@@ -504,6 +512,9 @@ async def chaos(out: Path, work: Path) -> dict[str, Any]:
             archiver.stop()
         db.down()
         cluster.down()
+    from bench import migrate  # it builds on this module
+
+    moved = await migrate.migration(out, work, before_s, **load)
     return {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "setup": (
@@ -515,6 +526,7 @@ async def chaos(out: Path, work: Path) -> dict[str, Any]:
         ),
         "scenarios": [s.report for s in scenarios],
         "total_loss": loss,
+        "migration": moved,
     }
 
 
@@ -562,7 +574,10 @@ def main() -> None:
         report = asyncio.run(chaos(out, Path(work)))
     (out / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "chaos.md").write_text(markdown(report))
-    publish(out, ["chaos.md", "chaos.json"])
+    from bench import migrate
+
+    migrate.write(out, report["migration"], report["when"])
+    publish(out, ["chaos.md", "chaos.json", "migrate.md", "migrate.json"])
     print(markdown(report))
 
 

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from shardlb.cluster import STATE_FILE, ClusterError, LocalCluster
+from shardlb.cluster import STATE_FILE, ClusterError, ClusterStatus, LocalCluster
 from shardlb.errors import ShardlbError
 from shardlb.postgres import LocalPostgres
 
@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_cluster_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`shardlb cluster up|status|down`: the local Redis Cluster for development and tests."""
+    """`shardlb cluster up|status|down|add-node|remove-node|rebalance`: the local Redis Cluster for
+    development and tests."""
     cluster = commands.add_parser("cluster", help="start, check or stop a local Redis Cluster")
     actions = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
 
@@ -84,7 +85,27 @@ def add_cluster_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     down = actions.add_parser("down", help="stop the nodes this tool started in --dir")
     down.set_defaults(func=cluster_down)
 
-    for action in (up, status, down):
+    add = actions.add_parser(
+        "add-node", help="start one more master on a free port and join it (it serves no slot yet)"
+    )
+    add.add_argument("--replicas", type=int, default=0, help="replicas of the new master (default 0)")
+    add.add_argument(
+        "--rebalance", action="store_true", help="then move slots so every master holds an equal share"
+    )
+    add.set_defaults(func=cluster_add_node)
+
+    remove = actions.add_parser(
+        "remove-node", help="move a master's slots to the others, FORGET it (and its replicas), stop it"
+    )
+    remove.add_argument("port", type=int, help="the node's port")
+    remove.set_defaults(func=cluster_remove_node)
+
+    rebalance = actions.add_parser(
+        "rebalance", help="move slots (keys and all) until every master holds an equal share"
+    )
+    rebalance.set_defaults(func=cluster_rebalance)
+
+    for action in (up, status, down, add, remove, rebalance):
         action.add_argument(
             "--dir",
             type=Path,
@@ -109,10 +130,62 @@ def cluster_up(args: argparse.Namespace) -> int:
 
 
 def cluster_status(args: argparse.Namespace) -> int:
-    """Show the cluster recorded in --dir; non-zero unless it is ok."""
-    status = LocalCluster.from_state(args.dir).status()
+    """Show the cluster recorded in --dir, and each board's shards per master; non-zero unless ok."""
+    cluster = LocalCluster.from_state(args.dir)
+    status = cluster.status()
     print(status)
+    if status.ok:
+        print(asyncio.run(board_placement(cluster, status)))
     return 0 if status.ok else 1
+
+
+async def board_placement(cluster: LocalCluster, status: ClusterStatus) -> str:
+    """A table of how many shards of each board (of the registry, shardlb/store.py) each master serves."""
+    from shardlb import slots
+    from shardlb.connection import Scripts, connect
+    from shardlb.store import BoardStore
+
+    client = connect(cluster.url, password=cluster.password)
+    try:
+        boards = await BoardStore(client, Scripts.register(client)).boards()
+    finally:
+        await client.aclose()
+    masters = {n.port: n.slots for n in status.nodes if n.role == "master"}
+    placed = slots.shards_by_master({b.config.id: b.prefixes for b in boards}, slots.owner_map(masters))
+    if not boards:
+        return "  no boards"
+    lines = ["  shards per master:", f"  {'board':<24} " + " ".join(f"{p:>6}" for p in masters)]
+    for b in sorted(boards, key=lambda b: b.config.id):
+        counts = " ".join(f"{placed[p][b.config.id] if p in placed else 0:>6}" for p in masters)
+        lines.append(f"  {b.config.id:<24} {counts}")
+    return "\n".join(lines)
+
+
+def cluster_add_node(args: argparse.Namespace) -> int:
+    """Add a master (and its replicas); with --rebalance, give it its share of the slots."""
+    cluster = LocalCluster.from_state(args.dir)
+    port = cluster.add_node(replicas=args.replicas)
+    print(f"added master {port}" + (f" with {args.replicas} replica(s)" if args.replicas else ""))
+    if args.rebalance:
+        done = cluster.rebalance()
+        print(f"rebalanced: {done.slots} slots, {done.keys} keys moved in {done.seconds:.1f} s")
+    print(f"SHARDLB_REDIS_URL={cluster.url}")
+    return 0
+
+
+def cluster_remove_node(args: argparse.Namespace) -> int:
+    """Move the node's slots away, FORGET it and its replicas everywhere, stop them."""
+    cluster = LocalCluster.from_state(args.dir)
+    done = cluster.remove_node(args.port)
+    print(f"removed node {args.port}: {done.slots} slots, {done.keys} keys moved in {done.seconds:.1f} s")
+    print(f"SHARDLB_REDIS_URL={cluster.url}")
+    return 0
+
+
+def cluster_rebalance(args: argparse.Namespace) -> int:
+    done = LocalCluster.from_state(args.dir).rebalance()
+    print(f"rebalanced: {done.slots} slots, {done.keys} keys moved in {done.seconds:.1f} s")
+    return 0
 
 
 def cluster_down(args: argparse.Namespace) -> int:

@@ -8,6 +8,11 @@ process, and `down()` stops exactly those processes.
 A durable cluster (`durable=True`, `shardlb cluster up --durable`) keeps its data: every node
 writes an append-only file (fsync every second) and keeps it, with its nodes.conf, across a stop.
 `up()` then starts the stopped nodes from their files, and they rejoin the cluster they were in.
+
+A running cluster grows and shrinks: `add_node()` starts one more master (and its replicas) on free
+ports and joins it with CLUSTER MEET; `rebalance()` moves slots so every master holds an equal share
+(shardlb/slots.py); `remove_node(port)` moves a master's slots to the others, has every other node
+FORGET it and its replicas, and stops them. The state file records the nodes added and removed.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -29,6 +35,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from shardlb import slots as slot_moves
 from shardlb.keys import SLOTS
 from shardlb.nodes import (
     BUS_PORT_OFFSET,
@@ -77,6 +84,7 @@ class NodeStatus:
     link: str | None = None  # a replica's master_link_status: "up" once in sync
     slots: list[tuple[int, int]] = field(default_factory=list)  # ranges it serves as master
     cluster_state: str | None = None  # "ok" or "fail"
+    known: int | None = None  # cluster_known_nodes: the nodes it knows, itself included
 
 
 @dataclass
@@ -126,6 +134,10 @@ class LocalCluster:
     host: str = "127.0.0.1"
     durable: bool = False
     password: str | None = field(default=None, repr=False)
+    # Nodes added to the layout (port -> the port of its master, None for a master), and nodes of
+    # the layout removed from the cluster: both kept in the state file.
+    added: dict[int, int | None] = field(default_factory=dict)
+    removed: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.dir = Path(self.dir)
@@ -146,7 +158,7 @@ class LocalCluster:
         state = read_state(Path(dir))
         if state is None:
             raise ClusterError(f"no cluster state in {dir} (start one with `shardlb cluster up --dir {dir}`)")
-        return cls(
+        local = cls(
             state["masters"],
             state["replicas"],
             state["port"],
@@ -155,11 +167,19 @@ class LocalCluster:
             state.get("durable", False),
             state.get("password"),
         )
+        local._adopt(state)
+        return local
+
+    def _adopt(self, state: dict[str, Any]) -> None:
+        """Take the nodes added and removed since the layout was formed from a state file."""
+        self.added = {int(p): m for p, m in state.get("added", {}).items()}
+        self.removed = set(state.get("removed", []))
 
     @property
     def ports(self) -> list[int]:
-        """Every node's port: masters first, then replicas."""
-        return list(range(self.port, self.port + self.masters * (1 + self.replicas)))
+        """Every node's port: the layout's masters first, then its replicas, then the nodes added."""
+        layout = range(self.port, self.port + self.masters * (1 + self.replicas))
+        return [p for p in layout if p not in self.removed] + sorted(self.added)
 
     @property
     def url(self) -> str:
@@ -183,6 +203,8 @@ class LocalCluster:
             if state is not None:
                 alive = self._live_pids(state)
                 same = self._layout() == {k: state.get(k, False) for k in self._layout()}
+                if same:
+                    self._adopt(state)
                 if alive and not same:
                     raise ClusterError(
                         f"{self.dir} holds a running cluster with another layout; "
@@ -222,8 +244,14 @@ class LocalCluster:
             members = {m for *_, master, replicas in view for m in (master, *replicas)}
             if covered != SLOTS:
                 problems.append(f"{covered} of {SLOTS} slots assigned")
-            if missing := sorted(set(self.ports) - members):
+            # A master that serves no slot (just added, or drained) is not in CLUSTER SLOTS.
+            empty = {n.port for n in nodes if n.role == "master" and not n.slots}
+            empty |= {n.port for n in nodes if n.role == "replica" and n.master_port in empty}
+            if missing := sorted(set(self.ports) - members - empty):
                 problems.append(f"nodes missing from the slot map: {missing}")
+        strangers = sorted(n.port for n in nodes if n.known is not None and n.known != len(self.ports))
+        if strangers:
+            problems.append(f"nodes that do not know exactly the {len(self.ports)} nodes: {strangers}")
         return ClusterStatus(nodes, problems)
 
     def down(self) -> None:
@@ -232,6 +260,136 @@ class LocalCluster:
             state = read_state(self.dir)
             if state is not None:
                 self._stop(self._live_pids(state))
+
+    def add_node(self, replicas: int = 0, timeout: float = 60.0) -> int:
+        """Start one more master (and ``replicas`` replicas of it) on free ports after the last
+        node's, join it with CLUSTER MEET, and return its port once the cluster is healthy. It
+        serves no slot until ``rebalance`` gives it some."""
+        deadline = time.monotonic() + timeout
+        server = find_redis_server()
+        with self._lock():
+            pids = self._running_pids()
+            port = free_port_block(1 + replicas, start=max(self.ports) + 1)
+            new = list(range(port, port + 1 + replicas))
+            started: dict[int, int] = {}
+            try:
+                for p in new:
+                    started[p] = pids[p] = self._spawn(server, p, keep=False)
+                self.added.update({port: None, **dict.fromkeys(new[1:], port)})
+                self._record(pids)
+                for p, pid in started.items():
+                    self._wait_for(f"node {p} to accept", deadline, p, pid, lambda c: bool(c.ping()))
+                with self._client(self._member(exclude=new)) as member:
+                    for p in new:
+                        _command(member, "CLUSTER MEET", self.host, p)
+                with self._client(port) as c:
+                    master_id = str(_command(c, "CLUSTER MYID"))
+                for p in new[1:]:
+                    self._attach(p, started[p], port, master_id, deadline)
+                self._load_scripts(new)
+                self._wait_healthy(deadline, f"node {port} to join the cluster")
+            except BaseException:
+                self._forget(new)
+                self._stop(started)
+                for p in new:
+                    self.added.pop(p, None)
+                self._record({p: pid for p, pid in pids.items() if p not in started})
+                raise
+        return port
+
+    def _load_scripts(self, ports: list[int]) -> None:
+        """Load the board's Lua scripts (shardlb/scripts/) on new nodes before they serve a slot, as
+        ``Scripts.load`` does on every primary at start-up: a master starts with an empty script
+        cache, and a write sent there would answer NOSCRIPT until one reload found it."""
+        sources = [
+            f.read_text() for f in resources.files("shardlb.scripts").iterdir() if f.name.endswith(".lua")
+        ]
+        for p in ports:
+            with self._client(p) as c:
+                for source in sources:
+                    _command(c, "SCRIPT LOAD", source)
+
+    def rebalance(self, keys_per_migrate: int = 100, pause_s: float = 0.0) -> slot_moves.MoveReport:
+        """Move slots, keys and all, until every master serves an equal share (shardlb/slots.py)."""
+        with self._lock(), self._client(self._member()) as c:
+            masters = self._masters(c)
+        moves = slot_moves.plan({m.port: m.slots for m in masters}, [m.port for m in masters])
+        return self._move(moves, keys_per_migrate, pause_s)
+
+    def remove_node(
+        self, port: int, timeout: float = 60.0, keys_per_migrate: int = 100, pause_s: float = 0.0
+    ) -> slot_moves.MoveReport:
+        """Take the node on ``port`` out of the cluster: a master's slots go to the other masters
+        first (in equal shares), then every other node FORGETs it and its replicas, and they are
+        stopped. Returns what the slot moves did."""
+        deadline = time.monotonic() + timeout
+        if port not in self.ports:
+            raise ClusterError(f"no node on port {port} in this cluster (its nodes: {self.ports})")
+        with self._client(port) as c:
+            known = slot_moves.nodes(c)
+        me = known[port]
+        going = [port, *sorted(p for p, n in known.items() if n["master_id"] == me["node_id"])]
+        report = slot_moves.MoveReport()
+        if "master" in me["flags"]:
+            with self._client(port) as c:
+                masters = self._masters(c)
+            stay = [m.port for m in masters if m.port != port]
+            if not stay:
+                raise ClusterError(f"node {port} is the only master: nothing could take its slots")
+            owners = {m.port: m.slots for m in masters}
+            report = self._move(slot_moves.plan(owners, stay), keys_per_migrate, pause_s)
+        with self._lock():
+            pids = self._running_pids()
+            self._forget(going)
+            self._stop({p: pid for p, pid in pids.items() if p in going})
+            for p in going:
+                if self.added.pop(p, "layout") == "layout":
+                    self.removed.add(p)
+            self._record({p: pid for p, pid in pids.items() if p not in going})
+            self._wait_healthy(deadline, f"the cluster without {going}")
+        return report
+
+    def _move(
+        self, moves: list[slot_moves.Move], keys_per_migrate: int, pause_s: float
+    ) -> slot_moves.MoveReport:
+        def connect(port: int) -> redis.Redis:
+            return redis.Redis(host=self.host, port=port, password=self.password, decode_responses=True)
+
+        return slot_moves.move(connect, self.host, moves, self.password, keys_per_migrate, pause_s)
+
+    def _masters(self, client: redis.Redis) -> list[slot_moves.Master]:
+        """The masters as ``client``'s node sees them, less any node that is a replica by its own
+        account (a node that has just been made a replica is still listed as a master a while)."""
+        replicas = {n.port for n in self.status().nodes if n.role == "replica"}
+        return [m for m in slot_moves.masters(client) if m.port not in replicas]
+
+    def _forget(self, ports: list[int]) -> None:
+        """CLUSTER FORGET each of ``ports`` on every other node that runs (within the minute that
+        FORGET bans a node from gossip, or it would be introduced again)."""
+        ids = {}
+        for p in ports:
+            with contextlib.suppress(redis.RedisError), self._client(p) as c:
+                ids[p] = str(_command(c, "CLUSTER MYID"))
+        for other in self.ports:
+            if other in ports:
+                continue
+            with self._client(other) as c:
+                for node_id in ids.values():
+                    with contextlib.suppress(redis.ResponseError):  # it never met that node
+                        _command(c, "CLUSTER FORGET", node_id)
+
+    def _running_pids(self) -> dict[int, int]:
+        state = read_state(self.dir)
+        if state is None:
+            raise ClusterError(f"no cluster state in {self.dir}")
+        return self._live_pids(state)
+
+    def _member(self, exclude: list[int] | None = None) -> int:
+        """A running master of the cluster (not one of ``exclude``)."""
+        for node in self.status().nodes:
+            if node.running and node.role == "master" and node.port not in (exclude or []):
+                return node.port
+        raise ClusterError(f"no running master in {self.dir}")
 
     def _layout(self) -> dict[str, Any]:
         return {
@@ -248,6 +406,9 @@ class LocalCluster:
 
     def _record(self, pids: dict[int, int]) -> None:
         state = {**self._layout(), "nodes": [{"port": p, "pid": pid} for p, pid in sorted(pids.items())]}
+        if self.added or self.removed:
+            state["added"] = {str(p): m for p, m in sorted(self.added.items())}
+            state["removed"] = sorted(self.removed)
         if self.password:
             state["password"] = self.password  # for `status` from another process; the file is 0600
         write_state(self.dir, state)
@@ -292,6 +453,7 @@ class LocalCluster:
 
     def _start(self, deadline: float) -> ClusterStatus:
         server = find_redis_server()
+        self.added, self.removed = {}, set()  # a cluster formed afresh has the layout's nodes only
         for port in self.ports:
             if not ports_free(self.host, port):
                 raise ClusterError(
@@ -462,6 +624,7 @@ class LocalCluster:
         except redis.RedisError as e:
             return node, f"node {port}: unreachable ({e})", None
         node.cluster_state = info.get("cluster_state")
+        node.known = int(info["cluster_known_nodes"])
         node.role = "replica" if replication["role"] == "slave" else "master"
         if node.role == "replica":
             node.master_port = int(replication["master_port"])

@@ -154,6 +154,11 @@ def connect(
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         load_balancing_strategy=strategy,
+        # On a MOVED, only patch that slot's entry. The default (every 5th MOVED) reloads the map by
+        # closing every connection of every node, calls in flight included: a rebalance, which
+        # answers MOVED for every slot that moved, then fails calls all along (docs/design-notes.md,
+        # "Slot migration"). A connection error still reloads the whole map.
+        reinitialize_steps=0,
     )
     if strategy is not None:
         # The strategy made redis-py open READONLY connections; its own routing stays on primaries.

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
+from redis.cluster import PRIMARY
 from redis.commands.core import SortedSetCommands
 
 from shardlb import keys
@@ -165,7 +166,36 @@ class Batch(SortedSetCommands):
                     c.result = outcome
             elif ack is not None:
                 _confirm(ack, queue)
+        if ack is None:  # an acknowledged call must get its WAIT where it ran: it is made again
+            await self._follow_asks(commands)
         return [c.result for c in commands]
+
+    async def _follow_asks(self, commands: list[PipelineCommand]) -> None:
+        """Send each command answered ASK (its slot is moving and its key has left) to the node named,
+        right behind ASKING on the same connection: redis-py 8.1's asyncio client sends ASKING on one
+        pooled connection and the command on the next free one, so the target answers MOVED and the
+        call ends in "TTL exhausted" (docs/design-notes.md, "Slot migration")."""
+        nodes = self.client.nodes_manager
+        asked: dict[str, tuple[ClusterNode, list[PipelineCommand]]] = {}
+        for c in commands:
+            # MovedError is an AskError too, but it is left to redis-py, which updates its slot map.
+            if type(c.result) is rx.AskError:
+                target = nodes.get_node(c.result.host, c.result.port)
+                if target is None:  # a master added since the slot map was read
+                    target = ClusterNode(c.result.host, c.result.port, PRIMARY, **nodes.connection_kwargs)
+                    nodes.set_nodes(nodes.nodes_cache, {target.name: target})
+                asked.setdefault(target.name, (target, []))[1].append(c)
+        sends = [
+            (target, [x for c in queue for x in (PipelineCommand(-1, "ASKING"), c)])
+            for target, queue in asked.values()
+        ]
+        failed = await asyncio.gather(
+            *(_pipeline(target, queue, self.timeout) for target, queue in sends), return_exceptions=True
+        )
+        for (_, queue), outcome in zip(sends, failed, strict=True):
+            if isinstance(outcome, BaseException):
+                for c in queue:
+                    c.result = outcome
 
 
 def _confirm(ack: Ack, queue: list[PipelineCommand]) -> None:

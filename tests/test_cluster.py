@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -289,3 +290,46 @@ async def _store(url: str) -> BoardStore:
     scripts = Scripts.register(client)
     await scripts.load(client)
     return BoardStore(client, scripts)
+
+
+@pytest.mark.cluster
+def test_cli_add_node_rebalance_and_remove_node_keep_every_board_row(
+    cluster_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _free_ports(2)
+    where = ["--dir", str(cluster_dir)]
+    assert main(["cluster", "up", "--masters", "2", "--replicas", "0", "--port", str(base), *where]) == 0
+
+    async def board(write: bool) -> int:
+        client = connect(f"redis://127.0.0.1:{base + 1}")  # a master that stays
+        scripts = Scripts.register(client)
+        await scripts.load(client)
+        store = BoardStore(client, scripts)
+        try:
+            if write:
+                b, _ = await store.create(BoardConfig.from_dict("grow", {"sharding": {"shards": 8}}))
+                await b.submit([Score(str(i), i + 1, f"m{i}") for i in range(100)])
+            return await (await store.get("grow")).size()
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(board(write=True)) == 100
+    capsys.readouterr()
+    assert main(["cluster", "add-node", "--replicas", "1", "--rebalance", *where]) == 0
+    out = capsys.readouterr().out
+    added = int(out.split("added master ")[1].split()[0])
+    assert "rebalanced: 5461 slots" in out
+
+    assert main(["cluster", "status", *where]) == 0
+    out = capsys.readouterr().out
+    assert "cluster ok: 4 nodes, 3 masters" in out
+    table = out.split("shards per master:")[1].splitlines()
+    assert table[1].split()[1:] == [str(base), str(base + 1), str(added)]
+    counts = [int(n) for n in table[2].split()[1:]]
+    assert table[2].split()[0] == "grow" and sum(counts) == 8 and min(counts) > 0
+
+    assert main(["cluster", "remove-node", str(base), *where]) == 0
+    assert main(["cluster", "status", *where]) == 0
+    out = capsys.readouterr().out
+    assert "cluster ok: 3 nodes, 2 masters" in out and f"\n  {base} " not in out
+    assert asyncio.run(board(write=False)) == 100
