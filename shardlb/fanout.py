@@ -116,11 +116,19 @@ class Batch(SortedSetCommands):
     async def direct(self) -> list[Any] | None:
         """The replies through one pipeline per node, or None when anything did not succeed (the
         caller then retries the whole batch its own way)."""
-        try:
-            replies = await self.outcomes()
-        except Exception:
-            return None
-        return None if any(isinstance(r, Exception) for r in replies) else replies
+        for _ in range(2):
+            try:
+                replies: list[Any] | None = await self.outcomes()
+            except Exception:
+                replies = None
+            if replies is not None and not any(isinstance(r, Exception) for r in replies):
+                return replies
+            if self.strategy is None:
+                return None
+            # A replica failed, or lacked a key (it may have left in a slot migration, of which
+            # replicas know nothing): the primaries answer instead, following ASK themselves.
+            self.strategy = None
+        return None
 
     async def outcomes(self) -> list[Any]:
         """Each command's reply, or the exception it met: its own error reply, or the failure of its
@@ -130,8 +138,7 @@ class Batch(SortedSetCommands):
         nodes = self.client.nodes_manager
         readers: dict[str, ClusterNode] = {}  # primary's name -> the node this batch reads it from
         for position, (args, options) in enumerate(self.calls):
-            key = args[3] if args[0] in ("EVALSHA", "EVAL") else args[1]  # EVALSHA sha numkeys key ...
-            slot = slot_of(key)
+            slot = slot_of(_key_of(args))
             node = nodes.get_node_from_slot(slot)
             if self.strategy is not None:
                 reader = readers.get(node.name)
@@ -143,6 +150,7 @@ class Batch(SortedSetCommands):
             command = PipelineCommand(position, *args, **options)
             commands.append(command)
             by_node.setdefault(node.name, (node, [], slot))[1].append(command)
+        absent = self._check_keys_on_replicas(by_node, readers)
         ack = self.ack
         if ack is not None:
             for _, queue, slot in by_node.values():
@@ -168,7 +176,31 @@ class Batch(SortedSetCommands):
                 _confirm(ack, queue)
         if ack is None:  # an acknowledged call must get its WAIT where it ran: it is made again
             await self._follow_asks(commands)
+        for check in absent:
+            if check.result == 0:
+                return [_KeyNotOnReplica(check.args[1])]
         return [c.result for c in commands]
+
+    def _check_keys_on_replicas(
+        self, by_node: dict[str, tuple[ClusterNode, list[PipelineCommand], int]], readers: dict[str, Any]
+    ) -> list[PipelineCommand]:
+        """An EXISTS of every key read from a replica, at the end of its pipeline. A replica keeps no
+        migration state: for a key its primary has already moved to another node it answers as if
+        the key did not exist, where the primary would redirect (ASK). A key missing there sends
+        the batch to the primaries (``direct``); an empty shard is read from its primary too."""
+        if self.strategy is None:
+            return []
+        replicas = {reader.name for primary, reader in readers.items() if reader.name != primary}
+        checks: list[PipelineCommand] = []
+        for name, (_, queue, _) in by_node.items():
+            if name in replicas:
+                these = [
+                    PipelineCommand(-1, "EXISTS", key)
+                    for key in dict.fromkeys(_key_of(c.args) for c in queue)
+                ]
+                queue.extend(these)
+                checks.extend(these)
+        return checks
 
     async def _follow_asks(self, commands: list[PipelineCommand]) -> None:
         """Send each command answered ASK (its slot is moving and its key has left) to the node named,
@@ -196,6 +228,15 @@ class Batch(SortedSetCommands):
             if isinstance(outcome, BaseException):
                 for c in queue:
                     c.result = outcome
+
+
+class _KeyNotOnReplica(Exception):
+    """A key a batch read from a replica was not there (``Batch._check_keys_on_replicas``)."""
+
+
+def _key_of(args: Sequence[Any]) -> Any:
+    """The one key a recorded command names (EVALSHA sha numkeys key ...)."""
+    return args[3] if args[0] in ("EVALSHA", "EVAL") else args[1]
 
 
 def _confirm(ack: Ack, queue: list[PipelineCommand]) -> None:
