@@ -55,7 +55,7 @@ format: install ## fix style in place
 	$(BIN)/ruff check --fix shardlb router bench tests
 	$(BIN)/ruff format shardlb router bench tests
 
-bench: install redis-server wrk ## ~7 min headless load test, journal and archiver costs and hot reads included; bench/results/<timestamp>/
+bench: install redis-server wrk ## ~8 min headless load test, journal and archiver costs and hot reads included; bench/results/<timestamp>/
 	$(BIN)/python -m bench.run
 
 bench-scale: install redis-server ## long: 10M players on 16 shards, memory and latency at 1M and 10M
