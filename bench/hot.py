@@ -30,6 +30,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -198,7 +199,82 @@ def measure(
         f"hot: {target.name}: {got['rps']:.0f}/s, p99 {got.get('p99_ms')} ms, server {got['server_us']} µs, "
         f"masters {got['masters_us']} µs, replicas {got['replicas_us']} µs per request"
     )
+    if target.server == "router" and target.name.startswith(PROFILED):
+        got["profile"] = profile(pid, url, script, min(seconds, 5.0), connections, out)
     return got
+
+
+PROFILED = ("router top-100", "router my rank, ")  # router targets whose goals this machine misses
+PROFILE_ROWS = 12
+
+
+def py_spy() -> str | None:
+    """The py-spy next to this interpreter (the bench extra), or on PATH."""
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def fold(raw: str, rows: int = PROFILE_ROWS) -> dict[str, Any]:
+    """py-spy's raw output (``frame;frame;... count`` lines) as the functions that took the most
+    samples: by their own time, and with their callees for the project's own functions."""
+    total, own, within = 0, Counter[str](), Counter[str]()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [_frame(f) for f in stack.split(";")]
+        own[frames[-1]] += n
+        for frame in dict.fromkeys(f for f in frames if f.endswith(_OURS)):
+            within[frame] += n
+    share = lambda c: [(name, round(100 * n / total, 1)) for name, n in c.most_common(rows)]  # noqa: E731
+    return {"samples": total, "self": share(own), "inclusive": share(within)} if total else {}
+
+
+# The project's modules on a read's path: "with callees" lists only their functions.
+_OURS = tuple(
+    f"({package}/{module}.py)"
+    for package, modules in (
+        ("router", "app routes media scores middleware cache service auth limiter history params gate"),
+        ("shardlb", "board reads fanout connection merge periods times codec"),
+    )
+    for module in modules.split()
+)
+
+
+def _frame(text: str) -> str:
+    """``function (dir/file.py)`` of py-spy's ``function (/some/path/dir/file.py:line)``."""
+    name, _, where = text.partition(" (")
+    path = where.rsplit(":", 1)[0]
+    return f"{name} ({'/'.join(path.split('/')[-2:])})"
+
+
+def profile(pid: int, url: str, script: Path, seconds: float, connections: int, out: Path) -> dict[str, Any]:
+    """The server process under the same load, sampled by py-spy (100 Hz) while wrk runs again."""
+    spy = py_spy()
+    if spy is None:
+        return {"skipped": "py-spy not installed (pip install py-spy)"}
+    raw = out / f"{script.stem}.spy"
+    load = subprocess.Popen(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds + 2:.0f}s", "-s", str(script), url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(1)
+        done = subprocess.run(
+            [spy, "record", "-p", str(pid), "-d", f"{seconds:.0f}", "-r", "100", "-f", "raw", "-o", str(raw)],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            check=False,
+        )
+    finally:
+        load.wait(timeout=seconds + 30)
+    if done.returncode != 0 or not raw.exists():
+        return {"skipped": f"py-spy failed: {(done.stderr or done.stdout).strip()[-200:]}"}
+    return fold(raw.read_text())
 
 
 def hot_board_workload(workload: Workload, masters: int) -> Workload:

@@ -228,4 +228,31 @@ def hot_table(summary: dict[str, Any]) -> list[str]:
             f"| {r['server_us']} | {r['masters_us']} | {r['replicas_us']} "
             f"| {r['non_2xx'] + r['socket_errors']} |"
         )
-    return [*lines, ""]
+    return [*lines, "", *profiles(hot["targets"])]
+
+
+def profiles(rows: list[dict[str, Any]]) -> list[str]:
+    """Where the router's CPU went on the targets short of their goals (py-spy, bench/hot.py)."""
+    lines: list[str] = []
+    for r in rows:
+        p = r.get("profile")
+        if not p:
+            continue
+        lines += [f"#### Profile: {r['name']}", ""]
+        if "skipped" in p:
+            lines += [f"Not profiled: {p['skipped']}.", ""]
+            continue
+        lines += [
+            f"py-spy, {p['samples']} samples of the router process under the same load: the functions "
+            "with the most samples of their own, and the project's functions with their callees.",
+            "",
+            "| own time | % | with callees (router/, shardlb/) | % |",
+            "|---|---:|---|---:|",
+        ]
+        own, within = p["self"], p["inclusive"]
+        for i in range(max(len(own), len(within))):
+            a = own[i] if i < len(own) else ("", "")
+            b = within[i] if i < len(within) else ("", "")
+            lines.append(f"| `{a[0]}` | {a[1]} | `{b[0]}` | {b[1]} |")
+        lines.append("")
+    return lines

@@ -103,3 +103,23 @@ def test_the_report_renders_every_goal_and_target(summary: dict[str, Any]) -> No
     assert "router my rank, bench-s3" in text and "| 900 |" in text
     skipped = "\n".join(read_goals.hot_table({"hot": {"skipped": "wrk not found"}}))
     assert "skipped (wrk not found)" in skipped
+
+
+def test_py_spy_samples_fold_into_own_time_and_the_projects_functions() -> None:
+    loop, route = "run (asyncio/runners.py:118)", "player (/x/router/routes.py:290)"
+    raw = "\n".join(
+        [
+            f"{loop};{route};locate (/x/shardlb/reads.py:140) 6",
+            f"{loop};{route};writelines (asyncio/streams.py:346) 3",
+            f"{loop} 1",
+            "not a sample line",
+        ]
+    )
+    got = hot.fold(raw)
+    assert got["samples"] == 10
+    assert got["self"][0] == ("locate (shardlb/reads.py)", 60.0)
+    assert ("writelines (asyncio/streams.py)", 30.0) in got["self"]
+    assert got["inclusive"] == [("player (router/routes.py)", 90.0), ("locate (shardlb/reads.py)", 60.0)]
+    assert hot.fold("") == {}
+    table = "\n".join(read_goals.profiles([{"name": "router my rank, b", "profile": got}]))
+    assert "#### Profile: router my rank, b" in table and "`player (router/routes.py)` | 90.0" in table
