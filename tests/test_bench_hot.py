@@ -91,9 +91,14 @@ def test_write_p99_is_read_at_the_step_below_80_percent(summary: dict[str, Any])
     steps = summary["http"]["writes"]["steps"]
     top = summary["http"]["writes"]["sustained_writes_per_s"]
     achieved, p99 = read_goals.write_p99_at(summary, 0.8) or (0, 0.0)
-    below = [s for s in steps if s["achieved"] <= 0.8 * top]
+    below = [s for s in steps if s["achieved"] <= 0.8 * top] or steps[:1]  # none below: the first
     assert achieved == max(s["achieved"] for s in below)
     assert goal(summary, "write p99")["measured"] == p99
+    steps = [{"achieved": a, "p99_ms": p} for a, p in ((500, 20.0), (790, 30.0), (990, 90.0))]
+    ramp: dict[str, Any] = {"http": {"writes": {"sustained_writes_per_s": 1000, "steps": steps}}}
+    assert read_goals.write_p99_at(ramp, 0.8) == (790, 30.0)
+    ramp["http"]["writes"]["steps"] = [{"achieved": 900, "p99_ms": 70.0}]
+    assert read_goals.write_p99_at(ramp, 0.8) == (900, 70.0)  # the ramp began above 80%
 
 
 def test_the_report_renders_every_goal_and_target(summary: dict[str, Any]) -> None:
