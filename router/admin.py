@@ -9,7 +9,8 @@ the router keeps no history, so any number of dashboards cost it nothing between
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -20,11 +21,15 @@ from starlette.routing import Route
 
 from router import metrics, params, routes, scores
 from router.auth import Scope
-from router.media import render
+from router.media import read_object, render
 from router.service import Service
 from shardlb import keys, times
-from shardlb.errors import ClusterUnavailable
+from shardlb.config import MAX_SHARDS, check_id
+from shardlb.errors import BoardConflict, ClusterUnavailable, InvalidInput
 from shardlb.reads import View
+from shardlb.reshard import Cancelled, Resharder
+
+log = logging.getLogger("shardlb.router")
 
 # The operations a game's traffic is made of, by (method, route template) as the metrics label them
 # (board admin, moderation and these admin reads are neither).
@@ -196,8 +201,62 @@ async def traffic(request: Request) -> Response:
     )
 
 
+RESHARD_FIELDS = frozenset({"shards", "resume"})
+RESHARD_BODY_BYTES = 1024
+_movers: dict[str, asyncio.Task[None]] = {}  # board id -> this process's mover (one at a time)
+
+
+async def reshard(request: Request) -> Response:
+    """/v1/admin/boards/{board}/reshard: POST starts a reshard ({"shards": N}) or resumes the one
+    under way ({"resume": true}) in the background of this router (202 with its status); GET gives
+    its state, progress and time left; DELETE cancels one not yet committed (shardlb/reshard.py)."""
+    svc = _admin(request)
+    params.checked(request.query_params.multi_items(), frozenset())
+    board_id = check_id(request.path_params["board"], "board")
+    mover = Resharder(svc.boards.store, board_id, _said(board_id), svc.settings.postgres_url or None)
+    if request.method == "GET":
+        return render(request, await mover.status())
+    if request.method == "DELETE":
+        await mover.cancel()
+        return render(request, await mover.status())
+    body = params.integral(await read_object(request, RESHARD_BODY_BYTES))
+    for name in body:
+        if name not in RESHARD_FIELDS:
+            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+    if len(body) != 1 or ("resume" in body and body["resume"] is not True):
+        raise InvalidInput('give "shards" (the new shard count) or "resume": true, not both', "shards")
+    if "shards" in body:
+        shards = body["shards"]
+        if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+            raise InvalidInput(f"shards must be an integer from 1 to {MAX_SHARDS}", "shards")
+        await mover.start(shards)
+    elif (await mover.status())["state"] == "none":
+        raise BoardConflict(f"board {board_id!r} has no reshard under way", "board")
+    running = _movers.get(board_id)
+    if running is None or running.done():
+        _movers[board_id] = asyncio.create_task(_move(mover))
+    return render(request, await mover.status(), 202)
+
+
+async def _move(mover: Resharder) -> None:
+    try:
+        await mover.run()
+    except Cancelled:
+        pass
+    except Exception:  # the reshard stays recorded: a resume (POST, or `shardlb reshard`) goes on
+        log.exception("reshard stopped", extra={"fields": {"board": mover.board_id}})
+
+
+def _said(board_id: str) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        log.info(line, extra={"fields": {"board": board_id}})
+
+    return say
+
+
 ROUTES = [
     Route("/v1/admin/cluster", cluster, methods=["GET"]),
+    Route("/v1/admin/boards/{board}/reshard", reshard, methods=["GET", "POST", "DELETE"]),
     Route("/v1/admin/boards/{board}/shards", shards, methods=["GET"]),
     Route("/v1/admin/metrics", traffic, methods=["GET"]),
 ]

@@ -58,7 +58,7 @@ class Boards:
     async def get(self, board_id: str) -> Board:
         """The board for a write (BoardNotFound when there is none; InvalidInput for a malformed id)."""
         kept = self._kept.get(board_id)
-        if kept is not None and time.monotonic() - kept[0] < self.ttl_s and not kept[1].deleted:
+        if kept is not None and time.monotonic() - kept[0] < self.ttl_s and not kept[1].stale:
             return kept[1]
         check_id(board_id, "board")  # a malformed id is the client's 422, never a wait for the gate
         return await self._writes.join(board_id, lambda: self._fetch(board_id, False))
@@ -68,7 +68,7 @@ class Boards:
         moment, and a fetch goes through the read lane."""
         kept = self._kept.get(board_id)
         now = time.monotonic()
-        if kept is not None and now - kept[0] < self.ttl_s and not kept[1].deleted:
+        if kept is not None and now - kept[0] < self.ttl_s and not kept[1].stale:
             return kept[1]
         check_id(board_id, "board")
         missed = self.missing.get(board_id)

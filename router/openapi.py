@@ -1237,6 +1237,43 @@ _TRAFFIC: dict[str, Any] = {
 }
 _SCHEMAS.update(
     {
+        "ReshardRequest": {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "required": ["shards"],
+                    "additionalProperties": False,
+                    "properties": {"shards": {"type": "integer", "minimum": 1, "maximum": MAX_SHARDS}},
+                },
+                {
+                    "type": "object",
+                    "required": ["resume"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "resume": {"const": True, "description": "take the reshard under way to its end"}
+                    },
+                },
+            ],
+            "description": "the new shard count, or resume: true",
+        },
+        "Reshard": {
+            "type": "object",
+            "required": ["board", "shards", "state"],
+            "properties": {
+                "board": {"type": "string"},
+                "shards": {"type": "integer", "description": "the shard count reads and writes use now"},
+                "state": {"enum": ["none", "copying", "sealing", "committed"]},
+                "generation": {"type": "integer"},
+                "from_shards": {"type": "integer"},
+                "to_shards": {"type": "integer"},
+                "shards_copied": {"type": "integer", "description": "old shards copied so far"},
+                "changes_pending": {"type": "integer", "description": "tracked writes left to copy"},
+                "elapsed_s": {"type": "number"},
+                "eta_s": {"type": ["number", "null"], "description": "estimated seconds left in the copy"},
+                "cancel_requested": {"type": "boolean"},
+                "writes_refused_ms": {"type": ["number", "null"], "description": "the cut-over's pause"},
+            },
+        },
         "AdminCluster": {
             "type": "object",
             "description": "Addition: readiness, CLUSTER INFO and every node (CLUSTER NODES, INFO memory)",
@@ -1323,6 +1360,8 @@ _STATIC_HEADERS = {
         "schema": {"type": "string"},
     }
 }
+# The schemas above were added after SPEC copied _SCHEMAS: without this their references dangled.
+SPEC["components"]["schemas"].update(_SCHEMAS)
 SPEC["paths"].update(
     {
         "/v1/admin/cluster": {
@@ -1343,6 +1382,38 @@ SPEC["paths"].update(
                 "responses": {
                     "200": _ok("One line per shard", "ShardMap"),
                     **_errors(*_ADMIN_ERRORS, *_PATH, 422),
+                },
+            },
+        },
+        "/v1/admin/boards/{board}/reshard": {
+            "parameters": [_param("board")],
+            "get": {
+                "operationId": "reshardStatus",
+                "summary": "Addition: a board's online reshard: its state, progress and time left (admin)",
+                "security": _ADMIN,
+                "responses": {
+                    "200": _ok("The reshard now", "Reshard"),
+                    **_errors(*_ADMIN_ERRORS, *_PATH, 422),
+                },
+            },
+            "post": {
+                "operationId": "reshardBoard",
+                "summary": "Addition: move a hash board to another shard count while it takes writes and "
+                "reads, or resume the reshard under way; runs in the background of this router (admin)",
+                "security": _ADMIN,
+                "requestBody": {"required": True, "content": _content(_ref("ReshardRequest"))},
+                "responses": {
+                    "202": _ok("Started (or resumed)", "Reshard"),
+                    **_errors(*_ADMIN_ERRORS, *_PATH, 409, 413, 415, 422),
+                },
+            },
+            "delete": {
+                "operationId": "cancelReshard",
+                "summary": "Addition: cancel a reshard not committed yet; the board keeps its layout (admin)",
+                "security": _ADMIN,
+                "responses": {
+                    "200": _ok("Cancelled", "Reshard"),
+                    **_errors(*_ADMIN_ERRORS, *_PATH, 409, 422),
                 },
             },
         },

@@ -164,7 +164,7 @@ class Archiver:
 
     async def round(self) -> int:
         """One pass over every journal; returns how many results it archived."""
-        streams = [(board, keys.journal_key(p)) for board in self.boards.values() for p in board.prefixes]
+        streams = [(board, keys.journal_key(p)) for board in self.boards.values() for p in _journals(board)]
         gate = asyncio.Semaphore(JOURNALS_IN_FLIGHT)
 
         async def read(key: str) -> list[Entry]:
@@ -229,7 +229,7 @@ class Archiver:
         """The lag of every journal this archiver knows, by journal key."""
         out = {}
         for board in self.boards.values():
-            for prefix in board.prefixes:
+            for prefix in _journals(board):
                 key = keys.journal_key(prefix)
                 out[key] = await journal_lag(self.client, key)
         return out
@@ -289,6 +289,12 @@ class Archiver:
     async def _ack(self, key: str, ids: list[str]) -> None:
         await self.client.xack(key, GROUP, *ids)
         await trim(self.client, key)
+
+
+def _journals(board: Board) -> list[str]:
+    """The prefixes of the shards whose journals hold the board's entries: its layout's, and after a
+    reshard's cut-over the old layout's until they are drained (shardlb/reshard.py)."""
+    return board.prefixes if board.moving else board.prefixes + board.also
 
 
 def _rows(board: Board, entry: Entry) -> list[tuple[Any, ...]]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 import msgpack
+import orjson
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
@@ -17,7 +18,7 @@ from shardlb import keys, merge, periods, times
 from shardlb.bands import BandMoves, Move
 from shardlb.config import ID_PATTERN, MATCH_ID_MAX, RANK_MODES, BoardConfig, check_id
 from shardlb.connection import Scripts
-from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound
+from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound, Resharding
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
 from shardlb.reads import SHALLOW, Located, ResolvedView, View
@@ -25,6 +26,7 @@ from shardlb.sharding import Layout
 
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow", "r": "region_conflict"}
 GONE = "BOARDGONE"  # the error write.lua and band.lua answer with once the board was deleted
+MOVED = "BOARDMOVED"  # the scripts' error while a reshard holds the shard (shardlb/reshard.py)
 JOURNAL_FULL = "JOURNALFULL"  # write.lua's error when the shard's journal is at its bound
 # Entries (script calls) a shard's journal may hold before writes are refused: the buffer while
 # PostgreSQL or the archiver is down (router setting SHARDLB_JOURNAL_MAX_ENTRIES).
@@ -81,6 +83,28 @@ class PlayerEntry:
     percentile: float
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+Read = Callable[Concatenate["Board", P], Coroutine[Any, Any, R]]
+
+
+def exact(read: Read[P, R]) -> Read[P, R]:
+    """A public read that stays exact while the board is resharded: on a board whose layout is
+    being moved (``Board.moving``) the answer is checked against the layout's markers after it was
+    read (``Board.check_layout``), and refused (Resharding) once another layout took over."""
+
+    @functools.wraps(read)
+    async def checked(self: Board, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        answer = await read(self, *args, **kwargs)
+        if self.moving:
+            await self.check_layout()
+        return answer
+
+    return checked
+
+
 def by_shard(prepared: Sequence[Prepared]) -> dict[int, list[int]]:
     """The positions of ``prepared`` grouped by home shard, in their order within each shard."""
     groups: dict[int, list[int]] = defaultdict(list)
@@ -93,21 +117,35 @@ class Board:
     """A board: its settings, its shards' key names, and the calls that read and write it."""
 
     def __init__(
-        self, client: RedisCluster, config: BoardConfig, scripts: Scripts, incarnation: str = "0"
+        self,
+        client: RedisCluster,
+        config: BoardConfig,
+        scripts: Scripts,
+        incarnation: str = "0",
+        generation: int = 0,
     ) -> None:
         self.client = client
         self.config = config
         self.scripts = scripts
         self.incarnation = incarnation
+        self.generation = generation  # the layout's: a reshard draws the next (shardlb/reshard.py)
         self.codec = config.codec()
         self.layout = layout = Layout(config.sharding, config.order)
         self.tz = periods.zone(config.timezone)
+        token = keys.layout_token(incarnation, generation)
         self.prefixes = [
-            keys.shard_prefix(config.id, i, layout.physical, incarnation, layout.slot_group(i))
+            keys.shard_prefix(config.id, i, layout.physical, token, layout.slot_group(i))
             for i in range(layout.physical)
         ]
         # Set once a script reports this incarnation deleted: a cache holding the board drops it.
         self.deleted = False
+        # A reshard (shardlb/reshard.py): ``moving`` while this layout is being copied to another
+        # (reads then check that it is still current); ``moved`` once this process learnt that it is
+        # not (a cache holding the board fetches it again); ``also``: the other layout's prefixes,
+        # whose keys go with the board if it is deleted and whose journals the archiver drains.
+        self.moving = False
+        self.moved = False
+        self.also: list[str] = []
         self.bands = BandMoves(self)
         self.journal_max = JOURNAL_MAX_ENTRIES
         self._dedup_bucket_ms = config.dedup_bucket_ms
@@ -118,6 +156,11 @@ class Board:
         self.shallow = SHALLOW
         # Reads may be served by replicas (the router's SHARDLB_READ_FROM; connection.connect).
         self.read_replicas = False
+
+    @property
+    def stale(self) -> bool:
+        """Whether a cache holding this board should fetch it again (deleted, or resharded)."""
+        return self.deleted or self.moved
 
     # ---- writes ---------------------------------------------------------------------------
 
@@ -308,6 +351,9 @@ class Board:
         if str(e).startswith(GONE):
             self.deleted = True
             return BoardNotFound(f"board {self.config.id!r} was deleted", "board")
+        if str(e).startswith(MOVED):
+            self.moved = True
+            return Resharding(f"board {self.config.id!r} is being resharded; retry", 1.0)
         if str(e).startswith(JOURNAL_FULL):
             return Overloaded("the board's journal is full: PostgreSQL or the archiver is behind", 5.0)
         return e
@@ -369,6 +415,26 @@ class Board:
         return all(await pipe.execute())
 
     # ---- reads ----------------------------------------------------------------------------
+
+    async def check_layout(self) -> None:
+        """Raise Resharding if a read of this layout may have missed a write (shardlb/reshard.py).
+
+        The mover marks every shard of the old layout moved ('m') before the new layout takes a
+        write, so a read whose shards all carried no such marker when looked at afterwards saw
+        every write acknowledged before it began. A marker alone is not enough to refuse: until
+        the registry names the new layout, it has not been opened, and the old one is still whole.
+        """
+        pipe = batch(self.client)
+        for prefix in self.prefixes:
+            pipe.execute_command("GET", keys.move_key(prefix))
+        if not any(marker in ("m", b"m") for marker in await pipe.execute()):
+            return
+        raw = await self.client.hget(keys.BOARDS, self.config.id)
+        record = orjson.loads(raw) if raw else {}
+        if record.get("incarnation") == self.incarnation and record.get("generation", 0) == self.generation:
+            return
+        self.moved = True
+        raise Resharding(f"board {self.config.id!r} was resharded meanwhile; read it again", 1.0)
 
     def resolve(
         self, period: str = "total", region: str | None = None, now_ms: int | None = None
@@ -453,6 +519,7 @@ class Board:
         [better] = await reader.at_least([self._span(rows[0][0]).stop])
         return better + 1
 
+    @exact
     async def top(
         self, n: int = 100, view: ResolvedView | None = None, rank_mode: str | None = None
     ) -> list[Entry]:
@@ -461,6 +528,7 @@ class Board:
         rows = await self._merged(view or self.resolve()).top(n)
         return self._listed(rows, 1, 1 if competition else None)
 
+    @exact
     async def entries(
         self, offset: int, limit: int, view: ResolvedView | None = None, rank_mode: str | None = None
     ) -> list[Entry]:
@@ -478,9 +546,11 @@ class Board:
         rows = await reader.page(offset, limit)
         return self._listed(rows, offset + 1, await self._first_rank(reader, rows, offset + 1))
 
+    @exact
     async def size(self, view: ResolvedView | None = None) -> int:
         return sum(await self._merged(view or self.resolve()).sizes())
 
+    @exact
     async def scores(self, player_ids: Sequence[str], view: ResolvedView | None = None) -> dict[str, float]:
         """Each player's score in a view, from their home shard(s); players without one are left out."""
         view = view or self.resolve()
@@ -523,6 +593,7 @@ class Board:
             raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
         return found[player_id], player_id
 
+    @exact
     async def player(
         self, player_id: str, view: ResolvedView | None = None, rank_mode: str | None = None
     ) -> PlayerEntry:
@@ -557,6 +628,7 @@ class Board:
             below = players - rank
         return PlayerEntry(self.entry(rank, row), players, 100.0 * below / players if players else 0.0)
 
+    @exact
     async def around(
         self,
         player_id: str,
@@ -592,6 +664,7 @@ class Board:
             first = await self._first_rank(reader, rows, rank - at)
         return self._listed(rows, rank - at, first)
 
+    @exact
     async def query(
         self, player_ids: Sequence[str], view: ResolvedView | None = None, rank_mode: str | None = None
     ) -> list[Entry]:

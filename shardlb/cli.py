@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import os
 import signal
 import sys
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_rebuild_command(commands)
     add_reconcile_command(commands)
     add_settle_command(commands)
+    add_reshard_command(commands)
     for name, (_, text) in DELEGATED.items():
         commands.add_parser(name, help=text, add_help=False)
     return parser
@@ -268,6 +270,37 @@ def rebuild_boards(args: argparse.Namespace) -> int:
     boards = None if args.all else [args.board]
     done = asyncio.run(rebuild.run(args.redis, args.postgres, boards, args.period, args.shard, print))
     print(f"rebuilt {len(done)} board(s)")
+    return 0
+
+
+def add_reshard_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`shardlb reshard BOARD --shards N | --resume | --cancel | --status` (shardlb/reshard.py)."""
+    reshard = commands.add_parser(
+        "reshard", help="move a board to another shard count while it takes writes and reads"
+    )
+    reshard.add_argument("board", help="the board")
+    what = reshard.add_mutually_exclusive_group(required=True)
+    what.add_argument("--shards", type=int, help="the new shard count (hash boards)")
+    what.add_argument("--resume", action="store_true", help="take the reshard under way to its end")
+    what.add_argument("--cancel", action="store_true", help="cancel a reshard not committed yet")
+    what.add_argument("--status", action="store_true", help="print the state, progress and time left")
+    _connections(reshard)
+    reshard.set_defaults(func=reshard_board)
+
+
+def reshard_board(args: argparse.Namespace) -> int:
+    """Run, resume, cancel or show a reshard; print progress lines, then the status as JSON."""
+    from shardlb import reshard
+
+    action = "status" if args.status else "cancel" if args.cancel else "run"
+    try:
+        status = asyncio.run(
+            reshard.command(args.redis, args.board, args.shards, action, args.postgres, print)
+        )
+    except ShardlbError as e:
+        print(f"shardlb reshard: {e.message}", file=sys.stderr)
+        return 1
+    print(json.dumps(status))
     return 0
 
 

@@ -87,3 +87,10 @@ class ArchiveBehind(Overloaded):
     retry once it has (the settlement has changed nothing that a retry would repeat)."""
 
     code = "archive_behind"
+
+
+class Resharding(Overloaded):
+    """The board's layout is changing (shardlb/reshard.py): this call was refused or read a layout
+    that is no longer current. Nothing was written; the caller fetches the board again and retries."""
+
+    code = "board_resharding"

@@ -15,12 +15,18 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:rate:<minute> / rated:<minute>   per-minute result counts (sanity)
     lb:bans / lb:bans:v                                       banned players (scope/player -> record), version
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:d:2026-11-30      set once that period is frozen (expires with it)
+    lb:{<tag>}:<board>:<inc>:<shard>:mv / seal / chg / chgw   a reshard's marker, seal, changes, changes taken
+    lb:reshard:<board>                                        the lease of the process resharding a board
     lb:{<tag>}:ack                                            a replica-acknowledged write's marker (expires)
 
 ``<inc>`` is the board's incarnation, a token drawn when the board is created: a board deleted and
 created again under the same id never shares a key with its former self, so a router that still
 holds the old one can neither see nor revive the new one's data (and the old one's ``gone`` marker
 refuses its writes).
+
+A board resharded (shardlb/reshard.py) gets a new layout generation: from generation 1 on, ``<inc>``
+is spelled ``<incarnation>.<generation>``, so the new layout's keys never meet the old one's while
+both exist. The incarnation alone stays the board's identity in journals and in PostgreSQL.
 
 ``<tag>`` is a short token chosen from a table of one token per slot, so shard i of N lands exactly
 where we want it: inside the middle quarter of the i-th N-th of the 16384 slots (offset by a hash of
@@ -95,6 +101,35 @@ def shard_prefix(
         raise ValueError(f"shard {shard} of {shards} is out of range")
     tag = slot_tokens()[shard_slot(board, *(group or (shard, shards)))]
     return f"lb:{{{tag}}}:{board}:{incarnation}:{shard}:"
+
+
+def layout_token(incarnation: str, generation: int) -> str:
+    """The ``<inc>`` part of a board's key names for a layout generation (see the module docstring)."""
+    return incarnation if generation == 0 else f"{incarnation}.{generation}"
+
+
+def move_key(prefix: str) -> str:
+    """A reshard's marker on a shard: 't' tracking changes, 'm' moved away, 'c' not open yet."""
+    return prefix + "mv"
+
+
+def seal_key(prefix: str) -> str:
+    """Set (with a lease) while the mover takes a tracked shard's last changes: writes wait."""
+    return prefix + "seal"
+
+
+def changes_key(prefix: str) -> str:
+    """The dedup members (match NUL player) of results written while the shard was tracked."""
+    return prefix + "chg"
+
+
+def taken_key(prefix: str) -> str:
+    """The changes the mover took and has not copied yet (kept there should the mover die)."""
+    return prefix + "chgw"
+
+
+def lease_key(board: str) -> str:
+    return f"lb:reshard:{board}"
 
 
 def period_key(prefix: str, period: str) -> str:

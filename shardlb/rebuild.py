@@ -203,6 +203,10 @@ class Rebuilder:
         """Rebuild ``board`` (one API period such as ``daily:2026-11-30`` or all, one shard or all).
         Shards are rebuilt one after another; each swap is atomic on its shard, the board as a whole
         is not rebuilt at one instant (a read across shards may see some rebuilt and some not yet)."""
+        if board.moving or board.also:
+            raise BoardConflict(
+                f"board {board.config.id!r} is being resharded: rebuild it once that is over", "board"
+            )
         if board.config.durability != "journal":
             raise BoardConflict(
                 f"board {board.config.id!r} keeps no journal (durability memory): nothing to rebuild it from",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -22,7 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys
 from shardlb.board import JOURNAL_MAX_ENTRIES, Board
-from shardlb.config import BoardConfig, check_id
+from shardlb.config import BoardConfig, Sharding, check_id
 from shardlb.connection import Scripts
 from shardlb.errors import BoardConflict, BoardNotFound
 
@@ -33,7 +34,10 @@ GONE_MS = 86_400_000
 # Shards dropped at once: each call holds a connection to its node, and a board may have up to
 # 1024 shards; all at once would outrun the client's connections per node.
 DROPS_IN_FLIGHT = 16
-_RECORD = ("incarnation", "state")  # registry fields that are not board settings
+# Registry fields that are not board settings: the layout generation and a reshard under way are
+# the board's (shardlb/reshard.py).
+_RECORD = ("incarnation", "state", "generation", "reshard")
+RESHARD_SOURCE_STATES = ("copying", "sealing")  # the registry's layout is being copied away
 
 
 class BoardStore:
@@ -59,6 +63,8 @@ class BoardStore:
                 await self._drop(config.id, raw, found)
                 continue
             existing = self._board(config.id, found)
+            if _resharded(found) and replace(existing.config, sharding=config.sharding) == config:
+                return existing, False  # created with this layout and resharded since: the same board
             if existing.config != config:
                 raise BoardConflict(f"board {config.id!r} exists with other settings", "board")
             return existing, False
@@ -117,7 +123,20 @@ class BoardStore:
     def _board(self, board_id: str, record: dict[str, Any]) -> Board:
         settings = {k: v for k, v in record.items() if k not in _RECORD}
         config = BoardConfig.from_dict(board_id, settings)
-        board = Board(self.client, config, self.scripts, str(record.get("incarnation", "0")))
+        incarnation, generation = str(record.get("incarnation", "0")), int(record.get("generation", 0))
+        board = self.layout(config, incarnation, generation)
+        move = record.get("reshard")
+        if move:
+            board.moving = move.get("state") in RESHARD_SOURCE_STATES
+            other = move.get("from") or move
+            board.also = self.layout(
+                replace(config, sharding=_sharding(other["sharding"])), incarnation, int(other["generation"])
+            ).prefixes
+        return board
+
+    def layout(self, config: BoardConfig, incarnation: str, generation: int) -> Board:
+        """The board ``config`` under one layout generation, with this store's settings."""
+        board = Board(self.client, config, self.scripts, incarnation, generation)
         board.journal_max = self.journal_max
         board.read_replicas = self.read_replicas
         return board
@@ -131,8 +150,19 @@ class BoardStore:
             async with gate:
                 await self.scripts.drop(keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[GONE_MS])
 
-        await asyncio.gather(*(drop(p) for p in board.prefixes))
+        await asyncio.gather(*(drop(p) for p in board.prefixes + board.also))
+        if record.get("reshard"):
+            await self.client.delete(keys.lease_key(board_id))
         await self._swap(board_id, raw, b"")
 
     async def _swap(self, board_id: str, expected: bytes | str, new: bytes) -> bool:
         return bool(await self.scripts.registry(keys=[keys.BOARDS], args=[board_id, expected, new]))
+
+
+def _resharded(record: dict[str, Any]) -> bool:
+    return int(record.get("generation", 0)) > 0 or bool(record.get("reshard"))
+
+
+def _sharding(value: dict[str, Any]) -> Sharding:
+    """A sharding as the registry stores it (``Sharding.to_dict``), checked again."""
+    return BoardConfig.from_dict("x", {"sharding": value}).sharding

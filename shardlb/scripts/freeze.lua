@@ -4,6 +4,11 @@
 -- ARGV[1] when the period's keys expire (epoch ms; the marker expires with them), ARGV[2] now (ms).
 -- The marker keeps the time of the first freeze, so a retried or repeated freeze changes nothing.
 -- Returns 1 when this call froze the period, 0 when it was frozen already.
+local base = string.sub(KEYS[2], 1, -5)  -- a reshard's marker, as in write.lua; while it only
+local move = redis.call('GET', base .. 'mv')  -- tracks, the mover copies frozen markers when it seals
+if move and (move ~= 't' or redis.call('EXISTS', base .. 'seal') == 1) then
+  return redis.error_reply('BOARDMOVED this board is being resharded; retry')
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return redis.error_reply('BOARDGONE this board was deleted')
 end

@@ -16,6 +16,11 @@
 -- The delete entry (`x`: the players actually removed) goes in the same call: the archiver records
 -- it, and a rebuild drops this shard's results of those players journaled before it.
 
+local base = string.sub(KEYS[2], 1, -5)  -- a reshard's marker, as in write.lua
+local move = redis.call('GET', base .. 'mv')
+if move and (move ~= 't' or redis.call('EXISTS', base .. 'seal') == 1) then
+  return redis.error_reply('BOARDMOVED this board is being resharded; retry')
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return redis.error_reply('BOARDGONE this board was deleted')
 end
@@ -58,6 +63,13 @@ for _, player in ipairs(players) do
   if n > 0 then removed[#removed + 1] = player end
   out[#out + 1] = (n > 0) and 1 or 0
   out[#out + 1] = version
+end
+if move and #players > 0 then  -- tracked as a member with no match id: the mover copies the player
+  for i = 1, #players, 1000 do
+    local tracked = {}
+    for j = i, math.min(i + 999, #players) do tracked[#tracked + 1] = '\0' .. players[j] end
+    redis.call('SADD', base .. 'chg', unpack(tracked))
+  end
 end
 if journal == 1 and #removed > 0 then
   out[2] = redis.call('XADD', KEYS[3], '*', 'b', h[3], 'i', h[4], 's', h[5], 'x', cmsgpack.pack(removed))

@@ -36,6 +36,16 @@
 -- Scores are integers below 2^53, which Lua doubles hold exactly; they are formatted with %.0f
 -- because Lua's default number formatting keeps only 14 digits.
 
+-- A reshard (shardlb/reshard.py) marks the shard: `mv` 't' tracks every result's dedup member
+-- in `chg` (the mover copies those players again); 't' with a live `seal`, 'm' (moved to the new
+-- layout) and 'c' (a new layout not open yet) refuse the call, which the caller retries. The marker
+-- is read before `gone`: the old layout's keys are reclaimed after a reshard, and a late write must
+-- hear "moved", not "deleted".
+local base = string.sub(KEYS[2], 1, -5)
+local move = redis.call('GET', base .. 'mv')
+if move and (move ~= 't' or redis.call('EXISTS', base .. 'seal') == 1) then
+  return redis.error_reply('BOARDMOVED this board is being resharded; retry')
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return redis.error_reply('BOARDGONE this board was deleted')
 end
@@ -236,6 +246,14 @@ while pos <= #items do
   out[#out + 1] = closed
 end
 
+if move then  -- every result's member, in chunks (unpack has a bound on its values)
+  local tracked = {}
+  for i = 1, #items, 6 + P do
+    tracked[#tracked + 1] = items[i + 4]
+    if #tracked == 1000 then redis.call('SADD', base .. 'chg', unpack(tracked)) tracked = {} end
+  end
+  if #tracked > 0 then redis.call('SADD', base .. 'chg', unpack(tracked)) end
+end
 if #journal > 0 then
   local x = skips and {'c', cmsgpack.pack(journal_skips)} or {}
   redis.call('XADD', KEYS[jk], '*', 'b', h[17], 'i', h[18], 's', h[19], 'r', cmsgpack.pack(journal), unpack(x))

@@ -1,0 +1,719 @@
+"""Online reshard: a board moved to another shard count while it takes writes and answers reads.
+
+The board's registry record names its layout (``sharding`` and a layout ``generation``, part of
+every key name: shardlb/keys.py). A reshard builds the next generation beside the current one and
+cuts over to it; the design and its reasons are in docs/design-notes.md, "Online reshard". In
+short, with the record's ``reshard`` field holding the state, so that any process can resume:
+
+1. ``copying``. Every new shard is marked closed ('c': scripts refuse writes there), every old one
+   tracked ('t': write.lua and remove.lua add each result's dedup member to the shard's ``chg``
+   set). Then each old shard is copied in bounded batches (ZSCAN, SSCAN, HSCAN of every key its
+   index lists: period boards, dedup and pin buckets, the activity set, frozen markers) into the
+   new shards, each member to its new home. Changes tracked meanwhile are copied again in rounds
+   (the mover takes a shard's ``chg`` into ``chgw`` atomically and copies those players' current
+   values), until few are left.
+2. ``sealing``. Every old shard gets a seal with a lease: scripts refuse writes (503, retried). The
+   last changes are copied, then each old shard is marked moved ('m'), but only if its seal held
+   all along and no change is left (one script call, so a lease that ran out means another round,
+   never a lost write). Journals of the new shards are started past the old ones' last ids.
+3. ``committed``. The record names the new layout, then the new shards are opened. Reads of the old
+   layout check its markers after reading (``Board.check_layout``): one that saw a moved marker
+   while the record names the new layout is refused and made again on the new one.
+4. The old journals are drained by the archiver, the archive's rows re-homed to the new shard
+   numbers (PostgreSQL), the old keys dropped (their 'm' markers stay a day, so a late write hears
+   "moved") and the ``reshard`` field removed.
+
+A reshard can be cancelled until it is committed: the markers go, the new keys are dropped, and the
+old layout never stopped being the whole board.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+import orjson
+from redis.asyncio.cluster import RedisCluster
+
+from shardlb import keys
+from shardlb.board import Board
+from shardlb.config import BoardConfig, Sharding
+from shardlb.errors import BoardConflict, BoardNotFound
+from shardlb.fanout import batch
+from shardlb.sharding import player_hash
+from shardlb.store import CACHE_SECONDS, BoardStore
+
+BATCH = 1000  # members copied per call
+LEASE_MS = 10_000  # the mover's lease on the board; refreshed while it works, so a dead one ends soon
+SEAL_MS = 10_000  # how long a seal holds writes back; the mover finishes well within it
+MOVED_MS = 86_400_000  # how long an old shard answers "moved" after its keys are dropped
+QUIET = 2_000  # tracked changes left at which the mover seals
+ROUNDS = 20  # copy rounds of tracked changes before it seals whatever is left
+SEAL_TRIES = 5
+DRAIN_S = 120.0  # how long the mover waits for the archiver to drain the old journals
+STATES = ("copying", "sealing", "committed")
+
+_TAKE = """
+redis.call('SUNIONSTORE', KEYS[1], KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[2])
+return redis.call('SCARD', KEYS[1])
+"""
+# Mark a sealed shard moved, only if the seal held and nothing is left to copy.
+_MOVE = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] or redis.call('SCARD', KEYS[3]) > 0
+   or redis.call('EXISTS', KEYS[4]) == 1 then
+  return 0
+end
+redis.call('SET', KEYS[1], 'm', 'PX', ARGV[2])
+redis.call('DEL', KEYS[2])
+return 1
+"""
+_LEASE = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+
+def _kind(suffix: str) -> str:
+    """What a key of a shard is, from its name after the prefix: zset (period boards, the activity
+    set), set (dedup buckets), hash (pins), frozen (markers), or skip (the journal, counters...)."""
+    if suffix in ("total", "seen") or suffix[:2] in ("d:", "w:", "m:"):
+        return "zset"
+    if suffix.startswith("dd:"):
+        return "set"
+    if suffix.startswith("pin:"):
+        return "hash"
+    if suffix.startswith("frozen:"):
+        return "frozen"
+    return "skip"
+
+
+def _player(member: str) -> str:
+    return member.split("\x00", 1)[-1]
+
+
+class Resharder:
+    """Moves one board to another shard count (see the module docstring). ``say`` gets progress."""
+
+    def __init__(
+        self,
+        store: BoardStore,
+        board_id: str,
+        say: Callable[[str], None] = print,
+        postgres_url: str | None = None,
+        cache_s: float = CACHE_SECONDS,
+        drain_s: float = DRAIN_S,
+    ) -> None:
+        self.store = store
+        self.client: RedisCluster = store.client
+        self.board_id = board_id
+        self.say = say
+        self.postgres_url = postgres_url
+        self.cache_s = cache_s  # routers may hold a record this long: the mover seals only after it
+        self.drain_s = drain_s
+        self.token = secrets.token_hex(8)
+        self.copied = 0
+        self.refused_ms = 0.0  # how long writes were refused at the cut-over
+
+    # ---- the record ---------------------------------------------------------------------------
+
+    async def record(self) -> tuple[Any, dict[str, Any]]:
+        raw: Any = await self.client.hget(keys.BOARDS, self.board_id)
+        if raw is None:
+            raise BoardNotFound(f"no board {self.board_id!r}", "board")
+        record = orjson.loads(raw)
+        if record.get("state") == "deleting":
+            raise BoardNotFound(f"no board {self.board_id!r}", "board")
+        return raw, record
+
+    async def _update(self, change: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """Compare-and-set the record; ``change`` may raise to refuse."""
+        while True:
+            raw, record = await self.record()
+            new = change(dict(record))
+            if await self.store.scripts.registry(
+                keys=[keys.BOARDS], args=[self.board_id, raw, orjson.dumps(new)]
+            ):
+                return new
+
+    def _layouts(self, record: dict[str, Any]) -> tuple[Board, Board]:
+        """(the layout being moved away from, the one being moved to) of a reshard under way."""
+        move = record["reshard"]
+        current = self.store._board(self.board_id, record)
+        if move["state"] in STATES[:2]:
+            source = current
+            target = self.store.layout(
+                replace(current.config, sharding=_sharding(move["sharding"])),
+                current.incarnation,
+                int(move["generation"]),
+            )
+        else:
+            target = current
+            former = move["from"]
+            source = self.store.layout(
+                replace(current.config, sharding=_sharding(former["sharding"])),
+                current.incarnation,
+                int(former["generation"]),
+            )
+        return source, target
+
+    # ---- commands -----------------------------------------------------------------------------
+
+    async def start(self, shards: int) -> dict[str, Any]:
+        """Record a reshard of the board to ``shards`` hash shards (the mover then does it: ``run``)."""
+        sharding = _sharding({"strategy": "hash", "shards": shards})
+
+        def begin(record: dict[str, Any]) -> dict[str, Any]:
+            if record.get("reshard"):
+                raise BoardConflict(
+                    f"board {self.board_id!r} is being resharded already: resume or cancel that",
+                    "board",
+                )
+            now = self.store._board(self.board_id, record)
+            if now.layout.strategy != "hash":
+                raise BoardConflict(
+                    f"only hash boards can be resharded; this one is a {now.layout.strategy} board",
+                    "shards",
+                )
+            if now.config.sharding == sharding:
+                raise BoardConflict(f"the board has {shards} shards already", "shards")
+            return {
+                **record,
+                "reshard": {
+                    "state": "copying",
+                    "sharding": sharding.to_dict(),
+                    "generation": now.generation + 1,
+                    "from_shards": now.config.sharding.shards,
+                    "started_ms": int(time.time() * 1000),
+                    "copied": [],
+                },
+            }
+
+        record = await self._update(begin)
+        self.say(f"{self.board_id}: reshard to {shards} shards recorded")
+        return record
+
+    async def run(self) -> dict[str, Any]:
+        """Take the reshard under way from wherever it is to its end. Returns the final status."""
+        async with self._lease():
+            _, record = await self.record()
+            if not record.get("reshard"):
+                raise BoardConflict(f"board {self.board_id!r} has no reshard under way", "board")
+            if record["reshard"].get("cancel"):
+                await self._cancel(record)
+                return {"board": self.board_id, "state": "cancelled"}
+            began = time.monotonic()
+            if record["reshard"]["state"] == "copying":
+                record = await self._copy(record)
+            if record["reshard"]["state"] == "sealing":
+                record = await self._seal(record)
+            if record["reshard"]["state"] == "committed":
+                record = await self._finish(record)
+            took = time.monotonic() - began
+            self.say(f"{self.board_id}: {record.get('reshard', {}).get('state', 'done')} after {took:.1f} s")
+            return await self.status()
+
+    async def cancel(self) -> str:
+        """Cancel a reshard that is not committed yet. The request is recorded first, so a mover
+        running elsewhere carries it out at its next step; then this waits for the board's lease (a
+        live mover lets it go once it has cancelled, a dead one's runs out) and finishes it."""
+
+        def ask(record: dict[str, Any]) -> dict[str, Any]:
+            move = record.get("reshard")
+            if not move:
+                raise BoardConflict(f"board {self.board_id!r} has no reshard under way", "board")
+            if move["state"] not in STATES[:2]:
+                raise BoardConflict("the reshard is committed already: reshard again to go back", "board")
+            return {**record, "reshard": {**move, "cancel": True}}
+
+        await self._update(ask)
+        async with self._lease():
+            _, record = await self.record()
+            if record.get("reshard"):
+                await self._cancel(record)
+        return "cancelled"
+
+    async def status(self) -> dict[str, Any]:
+        """The reshard's state, progress and an estimate of the time left (none once it is over)."""
+        _, record = await self.record()
+        move = record.get("reshard")
+        board = self.store._board(self.board_id, record)
+        out: dict[str, Any] = {"board": self.board_id, "shards": board.config.sharding.shards}
+        if not move:
+            return {**out, "state": "none", "generation": board.generation}
+        source, target = self._layouts(record)
+        pending = batch(self.client)
+        for prefix in source.prefixes:
+            pending.execute_command("SCARD", keys.changes_key(prefix))
+            pending.execute_command("SCARD", keys.taken_key(prefix))
+        done = len(move.get("copied", [])) if move["state"] == "copying" else len(source.prefixes)
+        elapsed = time.time() - move["started_ms"] / 1000
+        left = None
+        if move["state"] == "copying" and done:
+            left = round(elapsed / done * (len(source.prefixes) - done), 1)
+        return {
+            **out,
+            "state": move["state"],
+            "from_shards": source.config.sharding.shards,
+            "to_shards": target.config.sharding.shards,
+            "shards_copied": done,
+            "changes_pending": sum(await pending.execute()),
+            "elapsed_s": round(elapsed, 1),
+            "eta_s": left,
+            "cancel_requested": bool(move.get("cancel")),
+            "writes_refused_ms": move.get("refused_ms"),
+        }
+
+    # ---- the steps ----------------------------------------------------------------------------
+
+    async def _copy(self, record: dict[str, Any]) -> dict[str, Any]:
+        source, target = self._layouts(record)
+        marks = batch(self.client)
+        for prefix in target.prefixes:
+            marks.execute_command("SET", keys.move_key(prefix), "c")
+        for prefix in source.prefixes:
+            marks.execute_command("SET", keys.move_key(prefix), "t")
+        await marks.execute()
+        done = set(record["reshard"].get("copied", []))
+        began = time.monotonic()
+        for shard, prefix in enumerate(source.prefixes):
+            if shard in done:
+                continue
+            await self._check_cancel()
+            members = await self._copy_shard(prefix, target)
+            done.add(shard)
+
+            def copied(record: dict[str, Any], shard: int = shard) -> dict[str, Any]:
+                move = self._ours(record, "copying")
+                return {**record, "reshard": {**move, "copied": sorted({*move["copied"], shard})}}
+
+            record = await self._update(copied)
+            rate = self.copied / max(time.monotonic() - began, 1e-6)
+            left = len(source.prefixes) - len(done)
+            self.say(
+                f"{self.board_id}: copied shard {shard + 1}/{len(source.prefixes)} "
+                f"({members} members; {rate:,.0f}/s; {left} shards left)"
+            )
+        for _ in range(ROUNDS):
+            await self._check_cancel()
+            left = await self._changes(source, target)
+            self.say(f"{self.board_id}: copied tracked changes, {left} taken")
+            if left <= QUIET:
+                break
+        # Routers that fetched the record before the reshard began may hold it this long; they must
+        # all know the layout is moving (and check their reads) before any write is refused.
+        wait = record["reshard"]["started_ms"] / 1000 + self.cache_s + 1.0 - time.time()
+        if wait > 0:
+            self.say(f"{self.board_id}: waiting {wait:.1f} s for every router to know of the reshard")
+            await asyncio.sleep(wait)
+            await self._changes(source, target)
+        sealing = "sealing"
+        return await self._update(lambda r: {**r, "reshard": {**self._ours(r, "copying"), "state": sealing}})
+
+    async def _seal(self, record: dict[str, Any]) -> dict[str, Any]:
+        source, target = self._layouts(record)
+        began = time.monotonic()
+        for attempt in range(SEAL_TRIES):
+            await self._check_cancel()
+            state = batch(self.client)
+            for prefix in source.prefixes:
+                state.execute_command("GET", keys.move_key(prefix))
+            open_ = [p for p, mark in zip(source.prefixes, await state.execute(), strict=True) if mark != "m"]
+            if not open_:
+                break
+            seal = batch(self.client)
+            for prefix in open_:
+                seal.execute_command("SET", keys.seal_key(prefix), self.token, "PX", SEAL_MS)
+            await seal.execute()
+            await self._changes(source, target, open_, final=True)
+            move = batch(self.client)
+            for prefix in open_:
+                names = [keys.move_key(prefix), keys.seal_key(prefix)]
+                names += [keys.changes_key(prefix), keys.taken_key(prefix)]
+                move.execute_command("EVAL", _MOVE, 4, *names, self.token, MOVED_MS)
+            moved = sum(await move.execute())
+            self.say(f"{self.board_id}: sealed and moved {moved}/{len(open_)} shards (try {attempt + 1})")
+        else:
+            raise BoardConflict("could not seal every shard within its lease; resume to try again", "board")
+        await self._start_journals(source, target)
+        refused = (time.monotonic() - began) * 1000
+        former = {"sharding": source.config.sharding.to_dict(), "generation": source.generation}
+
+        def commit(record: dict[str, Any]) -> dict[str, Any]:
+            move = self._ours(record, "sealing")
+            settings = {**record, "sharding": move["sharding"], "generation": move["generation"]}
+            kept = {k: v for k, v in move.items() if k not in ("sharding", "generation", "copied")}
+            return {**settings, "reshard": {**kept, "state": "committed", "from": former}}
+
+        record = await self._update(commit)
+        opening = batch(self.client)
+        for prefix in target.prefixes:
+            opening.execute_command("DEL", keys.move_key(prefix))
+        await opening.execute()
+        self.refused_ms = (time.monotonic() - began) * 1000
+        record = await self._update(
+            lambda r: {**r, "reshard": {**r["reshard"], "refused_ms": round(self.refused_ms, 1)}}
+        )
+        self.say(
+            f"{self.board_id}: cut over to {target.config.sharding.shards} shards; writes refused "
+            f"{refused:.0f} ms before the record, {self.refused_ms:.0f} ms in all"
+        )
+        return record
+
+    async def _finish(self, record: dict[str, Any]) -> dict[str, Any]:
+        source, target = self._layouts(record)
+        opening = batch(self.client)  # again, should the mover have died between commit and open
+        for prefix in target.prefixes:
+            opening.execute_command("DEL", keys.move_key(prefix))
+        await opening.execute()
+        if source.config.durability == "journal":
+            if not await self._drained(source):
+                self.say(
+                    f"{self.board_id}: the old layout's journals still hold entries the archiver has "
+                    "not taken; they stay until it has (is it running?); resume later"
+                )
+                return record
+            if self.postgres_url:
+                rows = await self._rehome(target)
+                self.say(f"{self.board_id}: {rows} archived rows re-homed to the new shards")
+            else:
+                self.say(f"{self.board_id}: no PostgreSQL given: the archive's rows keep their old shards")
+        gate = asyncio.Semaphore(16)
+
+        async def drop(prefix: str) -> None:
+            async with gate:
+                await self.store.scripts.drop(
+                    keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[MOVED_MS]
+                )
+
+        await asyncio.gather(*(drop(p) for p in source.prefixes))
+        self.say(f"{self.board_id}: the old layout's {len(source.prefixes)} shards dropped")
+        return await self._update(lambda r: {k: v for k, v in r.items() if k != "reshard"})
+
+    async def _cancel(self, record: dict[str, Any]) -> None:
+        if record["reshard"]["state"] not in STATES[:2]:
+            raise BoardConflict("the reshard is committed already: reshard again to go back", "board")
+        source, target = self._layouts(record)
+        clear = batch(self.client)
+        for prefix in source.prefixes:
+            for name in (keys.move_key, keys.seal_key, keys.changes_key, keys.taken_key):
+                clear.execute_command("DEL", name(prefix))
+        await clear.execute()
+        for prefix in target.prefixes:
+            await self.store.scripts.drop(keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[1])
+        await self._update(lambda r: {k: v for k, v in r.items() if k != "reshard"})
+        kept = source.config.sharding.shards
+        self.say(f"{self.board_id}: reshard cancelled; the board keeps {kept} shards")
+
+    # ---- copying ------------------------------------------------------------------------------
+
+    async def _keys(self, prefix: str) -> list[tuple[str, str, str]]:
+        """(suffix, kind, expiry) of every key a shard's index lists; expiry as the index spells it."""
+        listed: Any = await self.client.zrange(keys.index_key(prefix), 0, -1, withscores=True)
+        out = []
+        for name, expiry in listed:
+            suffix = name[len(prefix) :]
+            kind = _kind(suffix)
+            if kind != "skip":
+                out.append((suffix, kind, "+inf" if math.isinf(expiry) else str(int(expiry))))
+        return out
+
+    async def _copy_shard(self, prefix: str, target: Board) -> int:
+        """Copy every member of one old shard into its new home shards, in bounded batches."""
+        count = 0
+        for suffix, kind, expiry in await self._keys(prefix):
+            key = prefix + suffix
+            if kind == "frozen":
+                await self._copy_frozen(key, suffix, expiry, target)
+                continue
+            scan = {"zset": "ZSCAN", "set": "SSCAN", "hash": "HSCAN"}[kind]
+            cursor = "0"
+            while True:
+                cursor, found = await self.client.execute_command(scan, key, cursor, "COUNT", BATCH)
+                rows = list(found.items()) if isinstance(found, dict) else found
+                if kind == "set":
+                    rows = [(member, None) for member in rows]
+                elif kind == "zset" and rows and not isinstance(rows[0], tuple):
+                    rows = list(zip(rows[::2], rows[1::2], strict=True))
+                await self._write(target, suffix, kind, expiry, rows)
+                count += len(rows)
+                self.copied += len(rows)
+                if str(cursor) == "0":
+                    break
+        return count
+
+    async def _copy_frozen(self, key: str, suffix: str, expiry: str, target: Board) -> None:
+        value = await self.client.get(key)
+        if value is None:
+            return
+        pipe = batch(self.client)
+        for prefix in target.prefixes:
+            pipe.execute_command("SET", prefix + suffix, value)
+            self._register(pipe, prefix, suffix, expiry)
+        await pipe.execute()
+
+    def _register(self, pipe: Any, prefix: str, suffix: str, expiry: str) -> None:
+        """The new key in its shard's index, expiring as the old one does (write.lua's rule)."""
+        if expiry != "+inf":
+            pipe.execute_command("PEXPIREAT", prefix + suffix, int(expiry))
+        pipe.execute_command("ZADD", keys.index_key(prefix), expiry, prefix + suffix)
+
+    def _home(self, target: Board, member: str) -> str:
+        return target.prefixes[player_hash(_player(member)) % target.config.sharding.shards]
+
+    async def _write(
+        self,
+        target: Board,
+        suffix: str,
+        kind: str,
+        expiry: str,
+        rows: Iterable[tuple[str, Any]],
+        gone: Iterable[str] = (),
+    ) -> None:
+        """Write ``rows`` (member, value) of one key kind into their new homes; remove ``gone``."""
+        by_home: dict[str, list[tuple[str, Any]]] = defaultdict(list)
+        for member, value in rows:
+            by_home[self._home(target, member)].append((member, value))
+        removed: dict[str, list[str]] = defaultdict(list)
+        for member in gone:
+            removed[self._home(target, member)].append(member)
+        if not by_home and not removed:
+            return
+        pipe = batch(self.client)
+        for home, items in by_home.items():
+            key = home + suffix
+            if kind == "zset":
+                pipe.execute_command("ZADD", key, *(x for m, v in items for x in (v, m)))
+            elif kind == "set":
+                pipe.execute_command("SADD", key, *(m for m, _ in items))
+            else:
+                pipe.execute_command("HSET", key, *(x for m, v in items for x in (m, v)))
+            self._register(pipe, home, suffix, expiry)
+        for home, members in removed.items():
+            pipe.execute_command("ZREM", home + suffix, *members)
+        await pipe.execute()
+
+    async def _changes(
+        self, source: Board, target: Board, prefixes: list[str] | None = None, final: bool = False
+    ) -> int:
+        """Copy again the players written on old shards since they were tracked; return how many."""
+        total = 0
+
+        async def one(prefix: str) -> None:
+            nonlocal total
+            taken, changes = keys.taken_key(prefix), keys.changes_key(prefix)
+            if not await self.client.eval(_TAKE, 2, taken, changes):
+                if final:
+                    await self._frozen_again(prefix, target)
+                return
+            cursor = 0
+            while True:
+                cursor, members = await self.client.sscan(taken, cursor, count=BATCH)
+                await self._copy_members(prefix, target, [str(m) for m in members])
+                total += len(members)
+                if not cursor:
+                    break
+            await self.client.delete(taken)
+            if final:
+                await self._frozen_again(prefix, target)
+
+        await asyncio.gather(*(one(p) for p in prefixes or source.prefixes))
+        return total
+
+    async def _frozen_again(self, prefix: str, target: Board) -> None:
+        """Frozen markers set since the copy (a freeze while the shard was tracked)."""
+        for suffix, kind, expiry in await self._keys(prefix):
+            if kind == "frozen":
+                await self._copy_frozen(prefix + suffix, suffix, expiry, target)
+
+    async def _copy_members(self, prefix: str, target: Board, members: list[str]) -> None:
+        """Copy the current values of the players (and dedup members) of ``members`` from one old
+        shard: every key kind as in the copy; a player gone from a sorted set goes from its copy."""
+        if not members:
+            return
+        players = list(dict.fromkeys(_player(m) for m in members))
+        matches = [m for m in members if not m.startswith("\x00")]
+        listed = await self._keys(prefix)
+        read = batch(self.client)
+        wanted = []
+        for suffix, kind, expiry in listed:
+            if kind == "zset":
+                read.execute_command("ZMSCORE", prefix + suffix, *players)
+            elif kind == "set" and matches:
+                read.execute_command("SMISMEMBER", prefix + suffix, *matches)
+            elif kind == "hash" and matches:
+                read.execute_command("HMGET", prefix + suffix, *matches)
+            else:
+                continue
+            wanted.append((suffix, kind, expiry))
+        for (suffix, kind, expiry), values in zip(wanted, await read.execute(), strict=True):
+            if kind == "zset":
+                present = [(p, v) for p, v in zip(players, values, strict=True) if v is not None]
+                absent = [p for p, v in zip(players, values, strict=True) if v is None]
+                await self._write(target, suffix, kind, expiry, present, absent)
+            elif kind == "set":
+                rows = [(m, None) for m, v in zip(matches, values, strict=True) if v]
+                await self._write(target, suffix, kind, expiry, rows)
+            else:
+                rows = [(m, v) for m, v in zip(matches, values, strict=True) if v is not None]
+                await self._write(target, suffix, kind, expiry, rows)
+
+    async def _start_journals(self, source: Board, target: Board) -> None:
+        """Start every new journal past the last id of every old one (an empty stream whose last id
+        is that), so ids keep their order across the cut-over even where the new shard's node has a
+        clock behind the old one's (a rebuild compares the ids of rows from both)."""
+        if source.config.durability != "journal":
+            return
+        last = (0, 0)
+        for prefix in source.prefixes:
+            key = keys.journal_key(prefix)
+            if await self.client.exists(key):
+                info = await self.client.xinfo_stream(key)
+                ms, seq = str(info["last-generated-id"]).split("-")
+                last = max(last, (int(ms), int(seq)))
+        pipe = batch(self.client)
+        for prefix in target.prefixes:
+            key = keys.journal_key(prefix)
+            pipe.execute_command("XADD", key, "MAXLEN", "0", f"{last[0]}-{last[1] + 1}", "start", "1")
+            pipe.execute_command("ZADD", keys.index_key(prefix), "+inf", key)
+        for reply in await batch_outcomes(pipe):
+            if isinstance(reply, Exception) and "equal or smaller" not in str(reply):
+                raise reply
+
+    async def _drained(self, source: Board) -> bool:
+        """Wait (up to ``drain_s``) until the archiver has taken every entry of the old journals."""
+        deadline = time.monotonic() + self.drain_s
+        while True:
+            pipe = batch(self.client)
+            for prefix in source.prefixes:
+                pipe.execute_command("XLEN", keys.journal_key(prefix))
+            left = sum(await pipe.execute())
+            if not left:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.5)
+
+    async def _rehome(self, target: Board) -> int:
+        """Give the board's archived rows (and removals) their shard in the new layout."""
+        import psycopg  # imported when used: Redis-only deployments need no PostgreSQL driver
+
+        shards = target.config.sharding.shards
+        ident = [target.config.id, target.incarnation]
+        async with await psycopg.AsyncConnection.connect(self.postgres_url or "", autocommit=False) as db:
+            async with db.cursor() as cur:
+                await cur.execute(
+                    "SELECT DISTINCT player_id FROM match_results WHERE board = %s AND incarnation = %s",
+                    ident,
+                )
+                players = [row[0] for row in await cur.fetchall()]
+                homes = [player_hash(p) % shards for p in players]
+                updated = 0
+                for table in ("match_results", "player_removals"):
+                    await cur.execute(
+                        f"UPDATE {table} AS m SET shard = u.shard "
+                        "FROM unnest(%s::text[], %s::int[]) AS u(player_id, shard) "
+                        "WHERE m.board = %s AND m.incarnation = %s AND m.player_id = u.player_id "
+                        "AND m.shard <> u.shard",
+                        [players, homes, *ident],
+                    )
+                    updated += cur.rowcount
+            await db.commit()
+        return updated
+
+    # ---- the mover's lease and cancel ---------------------------------------------------------
+
+    def _ours(self, record: dict[str, Any], state: str) -> dict[str, Any]:
+        move = record.get("reshard")
+        if not move or move["state"] != state:
+            raise BoardConflict(f"the reshard of {self.board_id!r} changed under this mover", "board")
+        return dict(move)
+
+    async def _check_cancel(self) -> None:
+        _, record = await self.record()
+        if record.get("reshard", {}).get("cancel"):
+            await self._cancel(record)
+            raise Cancelled(f"the reshard of {self.board_id!r} was cancelled")
+
+    def _lease(self) -> Lease:
+        return Lease(self.client, keys.lease_key(self.board_id), self.token)
+
+
+class Cancelled(Exception):
+    """The reshard this mover was doing was cancelled (by ``Resharder.cancel`` elsewhere)."""
+
+
+class Lease:
+    """The mover's hold on a board, refreshed while it works: one mover at a time."""
+
+    def __init__(self, client: RedisCluster, key: str, token: str) -> None:
+        self.client, self.key, self.token = client, key, token
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Lease:
+        # A mover that died leaves its lease to run out: wait that long for it, not longer.
+        deadline = time.monotonic() + LEASE_MS / 1000 + 1.0
+        while not await self.client.eval(_LEASE, 1, self.key, self.token, LEASE_MS):
+            if time.monotonic() > deadline:
+                raise BoardConflict("another process is resharding this board", "board")
+            await asyncio.sleep(0.25)
+        self._task = asyncio.create_task(self._keep())
+        return self
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_MS / 3000)
+            await self.client.eval(_LEASE, 1, self.key, self.token, LEASE_MS)
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if await self.client.get(self.key) == self.token:
+            await self.client.delete(self.key)
+
+
+async def batch_outcomes(pipe: Any) -> list[Any]:
+    """Each reply of a batch or the error it met (an XADD past a journal's start may be refused)."""
+    return list(await pipe.outcomes())
+
+
+def _sharding(value: dict[str, Any]) -> Sharding:
+    return BoardConfig.from_dict("x", {"sharding": value}).sharding
+
+
+async def command(
+    redis_url: str,
+    board_id: str,
+    shards: int | None = None,
+    action: str = "run",
+    postgres_url: str | None = None,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """`shardlb reshard`'s work on fresh connections: ``action`` is run (start a reshard to
+    ``shards``, or resume the one under way when ``shards`` is None), cancel or status."""
+    from shardlb.connection import Scripts, connect
+
+    client = connect(redis_url, timeout=30.0)
+    try:
+        store = BoardStore(client, Scripts.register(client))
+        mover = Resharder(store, board_id, say, postgres_url)
+        if action == "status":
+            return await mover.status()
+        if action == "cancel":
+            return {"board": board_id, "state": await mover.cancel()}
+        if shards is not None:
+            await mover.start(shards)
+        try:
+            return await mover.run()
+        except Cancelled:
+            return {"board": board_id, "state": "cancelled"}
+    finally:
+        await client.aclose()

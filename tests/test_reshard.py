@@ -1,0 +1,382 @@
+"""Online reshard (shardlb/reshard.py) on the session cluster, against the in-memory reference board.
+
+Writers keep posting random results (incr board: dedup matters) while the board goes 1 -> 3 -> 16
+-> 4 shards; between writes a reader compares top, pages, ranks, around and query with the model,
+through a board object it keeps the way a router does (fetched again after ``CACHE`` seconds or
+when told the layout moved). A mover killed with SIGKILL in the middle is resumed. Every write
+refused during a cut-over is retried with the same match ids, and must count once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from shardlb import keys, times
+from shardlb.board import Board, Entry, Score
+from shardlb.cluster import LocalCluster
+from shardlb.config import BoardConfig, Sharding
+from shardlb.errors import BoardConflict, Resharding
+from shardlb.reshard import Resharder
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+
+pytestmark = pytest.mark.cluster
+
+CACHE = 0.5  # how long the test's "router" keeps a board; the mover is told the same
+
+
+class Router:
+    """A board kept as router/boards.py keeps it: for ``CACHE`` seconds, or until it is stale."""
+
+    def __init__(self, store: BoardStore, board_id: str) -> None:
+        self.store, self.board_id = store, board_id
+        self.board: Board | None = None
+        self.fetched = 0.0
+        self.refused = 0  # calls answered Resharding (retried)
+
+    async def get(self) -> Board:
+        if self.board is None or self.board.stale or time.monotonic() - self.fetched > CACHE:
+            self.board = await self.store.get(self.board_id)
+            self.fetched = time.monotonic()
+        return self.board
+
+    async def call(self, work: Callable[[Board], Awaitable[Any]]) -> Any:
+        for _ in range(400):
+            try:
+                return await work(await self.get())
+            except Resharding:
+                self.refused += 1
+                await asyncio.sleep(0.05)
+        raise AssertionError("refused for 20 s")
+
+
+def expected(ref: ReferenceBoard, name: str = "total") -> list[Entry]:
+    return [
+        Entry(i + 1, player, points, ref.codec.units_to_ms(units))
+        for i, (_, player, points, units) in enumerate(ref.order(name))
+    ]
+
+
+class Workload:
+    """Random incr results from a pool of players, some sent twice (a client's retry)."""
+
+    def __init__(self, router: Router, ref: ReferenceBoard, seed: int, players: int) -> None:
+        self.router, self.ref = router, ref
+        self.rng = random.Random(seed)
+        self.players = [f"p{i:05d}" for i in range(players)]
+        self.sent: list[list[Score]] = []
+        self.lock = asyncio.Lock()  # a read is compared while no write is in flight
+        self.writes = 0
+
+    def batch(self) -> list[Score]:
+        rng = self.rng
+        if self.sent and rng.random() < 0.2:
+            return rng.choice(self.sent)  # a retry of an earlier call: duplicates in the model too
+        now = times.now_ms()
+        scores = [
+            Score(
+                rng.choice(self.players),
+                rng.randint(0, 30),
+                f"m{self.writes}-{i}",
+                now - rng.randint(0, 5000),
+            )
+            for i in range(rng.randint(1, 40))
+        ]
+        self.sent.append(scores)
+        return scores
+
+    async def write(self) -> None:
+        scores = self.batch()
+        async with self.lock:
+            now = times.now_ms()
+            got = await self.router.call(lambda b: b.submit(scores, now))
+            want = self.ref.submit(scores, now)
+            assert [(r.status, r.points) for r in got] == want
+            self.writes += 1
+
+    async def check(self) -> None:
+        async with self.lock:
+            want = expected(self.ref)
+            await self._check(want)
+
+    async def _check(self, want: list[Entry]) -> None:
+        r, rng = self.router, self.rng
+        assert await r.call(lambda b: b.top(20)) == want[:20]
+        assert await r.call(lambda b: b.size()) == len(want)
+        offset = rng.randint(0, max(len(want) - 1, 0))
+        assert await r.call(lambda b: b.entries(offset, 15)) == want[offset : offset + 15]
+        by_player = {e.player_id: e for e in want}
+        for e in rng.sample(want, min(5, len(want))):
+            found = await r.call(lambda b, p=e.player_id: b.player(p))
+            assert found.entry == e and found.players == len(want)
+            around = await r.call(lambda b, p=e.player_id: b.around(p, 3))
+            assert around == want[max(e.rank - 4, 0) : e.rank + 3]
+        asked = rng.sample(self.players, 12)
+        got = await r.call(lambda b: b.query(asked))
+        assert got == sorted((by_player[p] for p in asked if p in by_player), key=lambda e: e.rank)
+
+    async def run_until(self, done: asyncio.Event, check_every: int = 5) -> None:
+        while not done.is_set():
+            await self.write()
+            if self.writes % check_every == 0:
+                await self.check()
+            await asyncio.sleep(0)
+
+
+async def make_board(store: BoardStore, shards: int, **extra: Any) -> tuple[Board, ReferenceBoard]:
+    board_id = f"rs-{os.getpid()}-{random.randrange(10**9)}"
+    body = {"mode": "incr", "periods": ["daily"], "durability": "memory",
+            "sharding": {"strategy": "hash", "shards": shards}, **extra}  # fmt: skip
+    config = BoardConfig.from_dict(board_id, body)
+    board, _ = await store.create(config)
+    return board, ReferenceBoard(config)
+
+
+async def keys_of(store: BoardStore, board: Board) -> int:
+    """How many keys the shards of ``board``'s layout hold (their indexes' listings)."""
+    total = 0
+    for prefix in board.prefixes:
+        total += await store.client.zcard(keys.index_key(prefix))
+    return total
+
+
+async def test_reshard_chain_under_writes_and_reads(store: BoardStore) -> None:
+    board, ref = await make_board(store, 1)
+    router = Router(store, board.config.id)
+    work = Workload(router, ref, seed=11, players=3000)
+    for _ in range(60):  # a board worth copying in several batches
+        await work.write()
+    await work.check()
+    layouts = [board]
+    for shards in (3, 16, 4):
+        done = asyncio.Event()
+        writers = asyncio.gather(work.run_until(done), work.run_until(done, check_every=3))
+        mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=CACHE)
+        await mover.start(shards)
+        status = await mover.run()
+        done.set()
+        await writers
+        assert status["state"] == "none" and status["shards"] == shards
+        current = await store.get(board.config.id)
+        assert current.config.sharding.shards == shards and not current.also
+        await work.check()
+        # The old layout's keys are gone (its markers say "moved" for a day).
+        assert await keys_of(store, layouts[-1]) == 0
+        assert [await store.client.get(keys.move_key(p)) for p in layouts[-1].prefixes] == ["m"] * len(
+            layouts[-1].prefixes
+        )
+        layouts.append(current)
+    # Every daily board came along too.
+    view = layouts[-1].resolve("daily")
+    assert await layouts[-1].top(50, view) == expected(ref, view.period)[:50]
+    assert work.writes > 60 and router.refused >= 0
+
+
+async def test_retried_write_after_cut_over_is_a_duplicate(store: BoardStore) -> None:
+    board, ref = await make_board(store, 2)
+    now = times.now_ms()
+    first = [Score("alice", 10, "m1"), Score("bob", 7, "m2")]
+    assert [r.status for r in await board.submit(first, now)] == ["improved", "improved"]
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(5)
+    await mover.run()
+    with pytest.raises(Resharding):  # the old layout refuses, and the caller fetches the board again
+        await board.submit(first, now)
+    assert board.stale
+    fresh = await store.get(board.config.id)
+    assert [r.status for r in await fresh.submit(first, now)] == ["duplicate", "duplicate"]
+    assert [(e.player_id, e.points) for e in await fresh.top(5)] == [("alice", 10), ("bob", 7)]
+    # A game server that PUTs the settings it created the board with still gets its board.
+    same, created = await store.create(ref.config)
+    assert not created and same.config.sharding.shards == 5
+
+
+async def test_stale_read_of_the_old_layout_is_refused(store: BoardStore) -> None:
+    board, _ = await make_board(store, 2)
+    await board.submit([Score("a", 5, "m1")])
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(3)
+    moving = await store.get(board.config.id)
+    assert moving.moving
+    await mover.run()
+    await (await store.get(board.config.id)).submit([Score("b", 9, "m2")])
+    # A router that fetched the board while it was moving reads the old layout: it must not answer
+    # from it once the new one takes writes.
+    with pytest.raises(Resharding):
+        await moving.top(10)
+    assert moving.stale
+
+
+async def test_cancel_leaves_the_board_as_it_was(store: BoardStore) -> None:
+    board, ref = await make_board(store, 3)
+    router = Router(store, board.config.id)
+    work = Workload(router, ref, seed=5, players=500)
+    for _ in range(20):
+        await work.write()
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=CACHE)
+    await mover.start(7)
+    with pytest.raises(BoardConflict):
+        await mover.start(8)  # one reshard at a time
+    target = store.layout(replace(board.config, sharding=Sharding("hash", 7)), board.incarnation, 1)
+    # Copy, then cancel instead of sealing: the source keeps tracking until then.
+    record = (await mover.record())[1]
+    await mover._copy(record)
+    for _ in range(10):
+        await work.write()
+    assert await keys_of(store, target) > 0
+    assert await Resharder(store, board.config.id, say=lambda _: None).cancel() == "cancelled"
+    assert await keys_of(store, target) == 0
+    for prefix in board.prefixes + target.prefixes:
+        assert await store.client.get(keys.move_key(prefix)) is None
+        assert not await store.client.exists(keys.changes_key(prefix))
+    after = await store.get(board.config.id)
+    assert after.config.sharding.shards == 3 and not after.moving and not after.also
+    await work.check()
+    with pytest.raises(BoardConflict):
+        await Resharder(store, board.config.id).cancel()
+
+
+async def test_reshard_refuses_what_it_cannot_do(store: BoardStore) -> None:
+    board, _ = await make_board(store, 2)
+    mover = Resharder(store, board.config.id, say=lambda _: None)
+    with pytest.raises(BoardConflict):
+        await mover.start(2)  # the shard count it has
+    with pytest.raises(BoardConflict):
+        await mover.run()  # nothing under way
+    band_id = f"rsb-{os.getpid()}"
+    sharding = {"strategy": "band", "bands": [0, 10]}
+    config = BoardConfig.from_dict(band_id, {"durability": "memory", "sharding": sharding})
+    await store.create(config)
+    with pytest.raises(BoardConflict, match="only hash boards"):
+        await Resharder(store, band_id).start(4)
+
+
+def _mover(cluster: LocalCluster, board_id: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-u", "-m", "shardlb", "reshard", board_id, "--redis", cluster.url, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "SHARDLB_POSTGRES_URL": ""},
+    )
+
+
+async def _kill_at(proc: subprocess.Popen[str], marker: str) -> list[str]:
+    """SIGKILL the mover right after it printed a line containing ``marker``."""
+    seen: list[str] = []
+    loop = asyncio.get_running_loop()
+    assert proc.stdout is not None
+    while True:
+        line = await loop.run_in_executor(None, proc.stdout.readline)
+        if not line:
+            proc.stdout.close()
+            raise AssertionError(f"the mover ended before {marker!r}: {seen}")
+        seen.append(line)
+        if marker in line:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+            return seen
+
+
+async def test_killed_mover_is_resumed(store: BoardStore, cluster: LocalCluster) -> None:
+    board, ref = await make_board(store, 3)
+    router = Router(store, board.config.id)
+    work = Workload(router, ref, seed=23, players=4000)
+    for _ in range(80):
+        await work.write()
+    done = asyncio.Event()
+    writers = asyncio.ensure_future(work.run_until(done, check_every=4))
+    try:
+        # Killed in the middle of the copy, then again while its seals hold writes back.
+        await _kill_at(_mover(cluster, board.config.id, "--shards", "16"), "copied shard 2/3")
+        status = await Resharder(store, board.config.id).status()
+        assert status["state"] == "copying" and status["shards_copied"] == 2
+        await asyncio.sleep(0.5)
+        lines = await _kill_at(_mover(cluster, board.config.id, "--resume"), "sealed and moved")
+        assert not any("copied shard 1/3" in line for line in lines)  # the copied shards were kept
+        await asyncio.sleep(0.5)
+        mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=CACHE)
+        final = await mover.run()
+    finally:
+        done.set()
+        await writers
+    assert final["state"] == "none" and final["shards"] == 16
+    await work.check()
+    assert router.refused > 0 or work.writes > 80
+
+
+async def test_journal_board_resharded_is_archived_whole_and_rebuilds_to_the_same(
+    store: BoardStore, raw: Any, rebuilder: Any, postgres_url: str
+) -> None:
+    """The journal moves with the board: the archiver drains the old layout's journals after the
+    cut-over, the archive's rows are re-homed to the new shards, and reconcile and rebuild agree."""
+    from shardlb import reconcile
+    from tests.test_rebuild import archive_round, archiver, drain
+
+    board, ref = await make_board(store, 3, durability="journal")
+    router = Router(store, board.config.id)
+    work = Workload(router, ref, seed=41, players=800)
+    a = await archiver(raw, store, postgres_url)
+    stop = asyncio.Event()
+
+    async def archive() -> None:
+        while not stop.is_set():
+            await a.refresh()  # as `shardlb archive` does every few seconds: it learns of the cut-over
+            if not await archive_round(a):
+                await asyncio.sleep(0.02)
+
+    archiving = asyncio.ensure_future(archive())
+    for _ in range(30):
+        await work.write()
+    done = asyncio.Event()
+    writers = asyncio.ensure_future(work.run_until(done))
+    try:
+        mover = Resharder(
+            store, board.config.id, say=lambda _: None, postgres_url=postgres_url, cache_s=CACHE
+        )
+        await mover.start(8)
+        final = await mover.run()
+    finally:
+        done.set()
+        await writers
+        stop.set()
+        await archiving
+    assert final["state"] == "none" and final["shards"] == 8
+    await a.refresh()
+    await drain(a)
+    await a.db.close()
+    current = await store.get(board.config.id)
+    checks = await reconcile.reconcile(rebuilder, current)
+    assert len(checks) == 8 and not [c for c in checks if c.drift], checks
+    assert sum(c.postgres_players for c in checks) == len(ref.order())
+    await rebuilder.rebuild(current)
+    router.board = None
+    await work.check()
+    # Again with no write after the cut-over: every new journal is empty, and the rebuild still
+    # finds every archived row (an incr board counts rows up to its journal's position).
+    a = await archiver(raw, store, postgres_url)
+    mover = Resharder(store, board.config.id, say=lambda _: None, postgres_url=postgres_url, cache_s=0)
+    await mover.start(2)
+    stop.clear()
+    archiving = asyncio.ensure_future(archive())
+    try:
+        assert (await mover.run())["shards"] == 2
+    finally:
+        stop.set()
+        await archiving
+        await a.db.close()
+    await rebuilder.rebuild(await store.get(board.config.id))
+    router.board = None
+    await work.check()
