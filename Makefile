@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install redis-server postgres wrk chromium screenshots run stop test lint format typecheck bench bench-scale bench-dedup bench-rebuild bench-settle chaos k8s-check clean
+.PHONY: help install redis-server postgres wrk chromium screenshots run stop test lint format typecheck bench bench-scale bench-scaleout bench-dedup bench-rebuild bench-settle bench-reshard chaos k8s-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -61,16 +61,22 @@ bench: install redis-server wrk ## ~8 min headless load test, journal and archiv
 bench-scale: install redis-server ## long: 10M players on 16 shards, memory and latency at 1M and 10M
 	$(BIN)/python -m bench.scale
 
+bench-scaleout: install redis-server ## ~2 min: raw writes/s and "my rank" reads/s on 1, 2, 3 masters pinned to CPUs, Redis CPU per op (SHARDLB_SCALEOUT_*)
+	$(BIN)/python -m bench.scaleout
+
 bench-dedup: install redis-server ## ~2 min: bytes per incr dedup record and the CPU of dedup buckets
 	$(BIN)/python -m bench.dedup
 
 bench-rebuild: install redis-server ## ~1 min: rebuild a 1M-player board from PostgreSQL (SHARDLB_REBUILD_PLAYERS)
 	$(BIN)/python -m bench.rebuild
 
+bench-reshard: install redis-server ## ~3 min: reshard a 1M-player board 16 -> 4 shards while writers post over HTTP (SHARDLB_RESHARD_PLAYERS)
+	$(BIN)/python -m bench.reshard
+
 bench-settle: install redis-server ## ~3 min: settle a 1M-player daily board, steps timed; killed after each step (SHARDLB_SETTLE_PLAYERS)
 	$(BIN)/python -m bench.settle
 
-chaos: install redis-server postgres ## ~6 min failover and slot-migration tests that count acknowledged writes; bench/results/chaos-<timestamp>/
+chaos: install redis-server postgres ## ~8 min failover, slot-migration and reshard tests that count acknowledged writes; bench/results/chaos-<timestamp>/
 	$(BIN)/python -m bench.chaos
 
 k8s-check: install redis-server postgres ## offline checks of Dockerfile and k8s/ (render, validate, lint, pod scripts, archiver)

@@ -25,6 +25,8 @@ from the fault until writes succeed again for good.
 
 Slot migration (bench/migrate.py): on a cluster of its own, a master is added and slots rebalanced
 onto it, then a master is removed, under the same kind of load plus readers that check every page.
+Online reshard (bench/reshard.py): on a cluster of its own, with PostgreSQL and the archiver, boards
+are resharded through the router's admin endpoint under the same load and readers.
 
 Total loss (``lose_everything``, ``rebuild_all``): once the archiver has caught up, every board's
 checksum (shardlb/reconcile.py) is taken, every Redis node is stopped and its files removed, an
@@ -474,6 +476,11 @@ def markdown(report: dict[str, Any]) -> str:
 
         rows += ["", "Slot migration under load: " + report["migration"]["setup"], ""]
         rows += migrate.markdown(report["migration"]["phases"])
+    if "reshard" in report:
+        from bench import reshard
+
+        rows += ["", "Online reshard under load: " + report["reshard"]["setup"], ""]
+        rows += reshard.markdown(report["reshard"]["steps"])
     return "\n".join(
         [
             f"# Chaos ({report['when']})",
@@ -515,6 +522,9 @@ async def chaos(out: Path, work: Path) -> dict[str, Any]:
     from bench import migrate  # it builds on this module
 
     moved = await migrate.migration(out, work, before_s, **load)
+    from bench import reshard
+
+    resharded = await reshard.resharding(out, work, before_s, **load)
     return {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "setup": (
@@ -527,6 +537,7 @@ async def chaos(out: Path, work: Path) -> dict[str, Any]:
         "scenarios": [s.report for s in scenarios],
         "total_loss": loss,
         "migration": moved,
+        "reshard": resharded,
     }
 
 
@@ -577,7 +588,10 @@ def main() -> None:
     from bench import migrate
 
     migrate.write(out, report["migration"], report["when"])
-    publish(out, ["chaos.md", "chaos.json", "migrate.md", "migrate.json"])
+    from bench import reshard
+
+    reshard.write(out, report["reshard"], report["when"])
+    publish(out, ["chaos.md", "chaos.json", "migrate.md", "migrate.json", "reshard.md", "reshard.json"])
     print(markdown(report))
 
 

@@ -25,7 +25,7 @@ from router.media import read_object, render
 from router.service import Service
 from shardlb import keys, times
 from shardlb.config import MAX_SHARDS, check_id
-from shardlb.errors import BoardConflict, ClusterUnavailable, InvalidInput
+from shardlb.errors import BoardConflict, BoardNotFound, ClusterUnavailable, InvalidInput
 from shardlb.reads import View
 from shardlb.reshard import Cancelled, Resharder
 
@@ -203,6 +203,8 @@ async def traffic(request: Request) -> Response:
 
 RESHARD_FIELDS = frozenset({"shards", "resume"})
 RESHARD_BODY_BYTES = 1024
+MOVER_TRIES = 5
+MOVER_PAUSE_S = 2.0
 _movers: dict[str, asyncio.Task[None]] = {}  # board id -> this process's mover (one at a time)
 
 
@@ -239,12 +241,17 @@ async def reshard(request: Request) -> Response:
 
 
 async def _move(mover: Resharder) -> None:
-    try:
-        await mover.run()
-    except Cancelled:
-        pass
-    except Exception:  # the reshard stays recorded: a resume (POST, or `shardlb reshard`) goes on
-        log.exception("reshard stopped", extra={"fields": {"board": mover.board_id}})
+    """Run the reshard; after a failure resume it a few times (each resume takes it from its
+    recorded state), then leave it recorded for a POST {"resume": true} or `shardlb reshard --resume`."""
+    for attempt in range(MOVER_TRIES):
+        try:
+            await mover.run()
+            return
+        except (Cancelled, BoardNotFound):
+            return
+        except Exception:
+            log.exception("reshard stopped", extra={"fields": {"board": mover.board_id, "try": attempt + 1}})
+            await asyncio.sleep(MOVER_PAUSE_S)
 
 
 def _said(board_id: str) -> Callable[[str], None]:

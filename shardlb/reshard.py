@@ -74,6 +74,22 @@ redis.call('SET', KEYS[1], 'm', 'PX', ARGV[2])
 redis.call('DEL', KEYS[2])
 return 1
 """
+# A journal's last-generated id ('0-0' when there is none); XINFO STREAM would also send its first
+# entry, whose MessagePack a decoding client cannot read.
+_LAST_ID = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return '0-0' end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+for i = 1, #info, 2 do
+  if info[i] == 'last-generated-id' then return info[i + 1] end
+end
+return '0-0'
+"""
+# Undo a sealing that failed before the commit: the old layout takes writes again.
+_UNSEAL = """
+if redis.call('GET', KEYS[1]) == 'm' then redis.call('SET', KEYS[1], 't') end
+redis.call('DEL', KEYS[2])
+return 1
+"""
 _LEASE = """
 local held = redis.call('GET', KEYS[1])
 if held and held ~= ARGV[1] then return 0 end
@@ -320,6 +336,28 @@ class Resharder:
 
     async def _seal(self, record: dict[str, Any]) -> dict[str, Any]:
         source, target = self._layouts(record)
+        try:
+            return await self._sealed(source, target)
+        except Exception:
+            await self._unseal(source)
+            raise
+
+    async def _unseal(self, source: Board) -> None:
+        """After a failure while sealing: if the record still names the old layout (the commit was not
+        made), let it take writes again; a resume seals it anew. Otherwise leave everything."""
+        try:
+            _, record = await self.record()
+            if record.get("reshard", {}).get("state") != "sealing":
+                return
+            undo = batch(self.client)
+            for prefix in source.prefixes:
+                undo.execute_command("EVAL", _UNSEAL, 2, keys.move_key(prefix), keys.seal_key(prefix))
+            await undo.execute()
+            self.say(f"{self.board_id}: sealing failed; the old layout takes writes again until a resume")
+        except Exception as e:  # the seals' leases run out on their own; moved shards wait for a resume
+            self.say(f"{self.board_id}: sealing failed and could not be undone ({e!r}); resume it")
+
+    async def _sealed(self, source: Board, target: Board) -> dict[str, Any]:
         began = time.monotonic()
         for attempt in range(SEAL_TRIES):
             await self._check_cancel()
@@ -573,12 +611,12 @@ class Resharder:
         if source.config.durability != "journal":
             return
         last = (0, 0)
+        ids = batch(self.client)
         for prefix in source.prefixes:
-            key = keys.journal_key(prefix)
-            if await self.client.exists(key):
-                info = await self.client.xinfo_stream(key)
-                ms, seq = str(info["last-generated-id"]).split("-")
-                last = max(last, (int(ms), int(seq)))
+            ids.execute_command("EVAL", _LAST_ID, 1, keys.journal_key(prefix))
+        for found in await ids.execute():
+            ms, seq = str(found).split("-")
+            last = max(last, (int(ms), int(seq)))
         pipe = batch(self.client)
         for prefix in target.prefixes:
             key = keys.journal_key(prefix)
