@@ -2,13 +2,18 @@
 
     shardlb plan --players 50000000 --writes 20000 --reads 5000 [--replicas 1] [--periods total,daily]
                  [--incr 0.5] [--dedup-window 86400] [--journaled 1] [--journal-max-entries 50000]
+                 [--masters-now 3] [--shards-now 16] [--board global]
 
 The costs (CPU microseconds per write and per read on a Redis master and in the router, bytes per
 player) come from bench/results/latest/summary.json, written by `make bench`, and the bytes per incr
 dedup record and the CPU of a dedup lookup from bench/results/latest/dedup.json, written by `make
 bench-dedup`; without them, the DEFAULTS below (from runs on the 2-core development machine) are used
 and the output says so. The model is deliberately simple and printed in full: every number can be
-checked by hand.
+checked by hand. With today's layout (``--masters-now``, ``--shards-now``) it also prints the steps
+from there to the plan's: masters added or removed (``shardlb cluster``, or on Kubernetes the
+StatefulSet and ``redis-cli --cluster``) and the board's online reshard (``shardlb reshard``). When
+bench/results/latest/scaleout.json is there (`make bench-scaleout`), what one to three masters
+measured is printed beside the model's assumptions about them.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,8 @@ from shardlb.config import DEDUP_BUCKETS, DEFAULT_DEDUP_WINDOW_S
 
 LATEST = Path(__file__).resolve().parent / "results" / "latest" / "summary.json"
 DEDUP_SUMMARY = "dedup.json"  # beside summary.json
+SCALEOUT_SUMMARY = "scaleout.json"  # beside summary.json
+K8S_STEP = 'k8s/README.md, "7. Scale Redis: add masters"'
 
 # Measured by `make bench` on the 2-core development machine (bench/results/latest, 2026-11-30 10:06).
 DEFAULTS: dict[str, float] = {
@@ -267,6 +275,156 @@ def _dedup_costs(path: Path) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class Step:
+    """One change from today's layout towards the plan's: what and why, and the commands that make it."""
+
+    what: str
+    commands: tuple[str, ...]
+
+
+def layout_steps(
+    p: Plan, masters_now: int | None, shards_now: int | None, board: str = "BOARD"
+) -> list[Step]:
+    """The changes from today's layout (``masters_now`` masters, ``board`` on ``shards_now`` shards;
+    None: not given) to the plan's, in the order to make them. Masters come first when the plan has
+    more, so the new shards have masters to land on (a shard's slot sits in its N-th of the slots);
+    when it has fewer, the reshard comes first and removing masters after it is optional: fewer
+    cost less, but other boards and data may need them. Last, where the board's shard count is
+    known, a check of where its shards landed."""
+    steps: list[Step] = []
+    nodes = p.masters * (1 + p.replicas)
+    extra = 0 if masters_now is None else p.masters - masters_now
+    if extra > 0:
+        times = f"   ({extra} times)" if extra > 1 else ""
+        steps.append(
+            Step(
+                f"add {extra} master(s), {masters_now} -> {p.masters} ({p.reasons['masters']}-bound), "
+                f"{p.replicas} replica(s) each, and move their share of the slots onto them (online)",
+                (
+                    f"local:      shardlb cluster add-node --replicas {p.replicas}{times}",
+                    "            shardlb cluster rebalance",
+                    f"Kubernetes: kubectl -n NS scale statefulset/redis-cluster --replicas={nodes}; for each "
+                    "new master redis-cli --cluster add-node, its replicas with --cluster-slave",
+                    "            --cluster-master-id; then redis-cli --cluster rebalance $SEED "
+                    f"--cluster-use-empty-masters ({K8S_STEP})",
+                ),
+            )
+        )
+    if shards_now is not None and shards_now != p.shards:
+        why = (
+            "to spread its writes over every master"
+            if p.shards > shards_now
+            else "a read pays a round trip per node and a little per shard"
+        )
+        steps.append(
+            Step(
+                f"reshard {board} online, {shards_now} -> {_count(p.shards, 'shard')} ({why}; hash boards)",
+                (
+                    f"shardlb reshard {board} --shards {p.shards}   (writes and exact reads go on; --status "
+                    "shows progress and the time left, --resume goes on after a crash, --cancel before the "
+                    "cut-over)",
+                    f'or POST /v1/admin/boards/{board}/reshard {{"shards": {p.shards}}}; on Kubernetes:',
+                    "kubectl -n NS exec deploy/shardlb-archiver -- "
+                    f"shardlb reshard {board} --shards {p.shards}",
+                ),
+            )
+        )
+    if extra < 0:
+        steps.append(
+            Step(
+                f"optional: the load needs {_count(p.masters, 'master')} of today's {masters_now}; to give "
+                f"{-extra} back, empty them and take them out (only if no other board or data needs them)",
+                (
+                    "local:      shardlb cluster remove-node PORT   (each master to go: its slots move to "
+                    "the others)",
+                    "Kubernetes: redis-cli --cluster rebalance $SEED --cluster-weight <node-id>=0 for each "
+                    "(the highest ordinals: a StatefulSet removes those),",
+                    "            redis-cli --cluster del-node for it and its replicas, then kubectl -n NS "
+                    f"scale statefulset/redis-cluster --replicas={nodes} ({K8S_STEP})",
+                ),
+            )
+        )
+    if steps and p.masters > 1 and shards_now is not None:
+        steps.append(
+            Step(
+                f"check that every master serves {p.shards // p.masters} of {board}'s shards",
+                ("local:      shardlb cluster status   (each board's shards per master)",),
+            )
+        )
+    return steps
+
+
+def _steps_lines(steps: list[Step], p: Plan, masters_now: int | None, shards_now: int | None) -> list[str]:
+    today = "; ".join(
+        part
+        for part in (
+            _count(masters_now, "master") if masters_now is not None else "",
+            f"the board on {_count(shards_now, 'shard')}" if shards_now is not None else "",
+        )
+        if part
+    )
+    if not steps:
+        return [f"Today's layout ({today}) is the plan's: nothing to change.", ""]
+    plan = f"{_count(p.masters, 'master')}; {_count(p.shards, 'shard')}"
+    lines = [f"From today's layout ({today}) to the plan's ({plan}):"]
+    for n, step in enumerate(steps, start=1):
+        lines.append(f"  {n}. {step.what}")
+        lines.extend(f"       {command}" for command in step.commands)
+    if shards_now is None:
+        lines.append(
+            f"  (the plan puts a board on {_count(p.shards, 'shard')}: --shards-now prints its reshard)"
+        )
+    return [*lines, ""]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def scaleout_lines(result: dict[str, Any]) -> list[str]:
+    """What `make bench-scaleout` measured on 1, 2, 3... masters beside the model's assumptions: a
+    write costs the one master of its shard (the busiest master's share falls as 1/masters), an
+    exact read costs every master (each master's cost per read stays)."""
+    points = [
+        p
+        for p in result.get("points", [])
+        if isinstance(p, dict)
+        and isinstance(p.get("masters"), int)
+        and p.get("writes", {}).get("redis_us_per_op")
+        and p.get("reads", {}).get("redis_us_per_op")
+    ]
+    if len(points) < 2:
+        return []
+
+    writes = [p["writes"]["redis_us_per_op"] for p in points]
+    reads = [p["reads"]["redis_us_per_op"] for p in points]
+    masters = " / ".join(str(p["masters"]) for p in points)
+    write_all = " / ".join(f"{sum(w):.1f}" for w in writes)
+    busiest = " / ".join(f"{max(w) / sum(w):.2f}" for w in writes)
+    model = " / ".join(f"{1 / p['masters']:.2f}" for p in points)
+    read_each = " / ".join(f"{sum(r) / len(r):.1f}" for r in reads)
+    read_all = " / ".join(f"{sum(r):.1f}" for r in reads)
+    cpus = result.get("machine", {}).get("cpus", "?")
+    return [
+        f"Scale-out measured by `make bench-scaleout` ({result.get('name', '?')}; {masters} masters, no "
+        f"replicas, on {cpus} CPUs shared by the masters and the load generator: the per-master costs "
+        "count, not the rates):",
+        f"  Redis µs per write, all masters: {write_all}; the busiest master's share: {busiest} (the "
+        f"model: 1/masters, {model})",
+        f"  Redis µs per read, each master (mean): {read_each}; all masters: {read_all} (the model: every "
+        "exact read costs every master's group a round trip)",
+    ]
+
+
+def _scaleout(path: Path) -> list[str]:
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return scaleout_lines(result) if isinstance(result, dict) else []
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -284,8 +442,9 @@ ASSUMPTIONS = (
     + ";",
     "  - replicas hold the same memory and add redis_replica_us_per_write on their own cores; reads",
     "    from replicas may miss the last moments' writes (replication lag);",
-    "  - a board's shard count is set when it is created: with fewer shards than masters, the extra",
-    "    masters take no part of that board's writes (create it with as many shards as masters);",
+    "  - with fewer shards than masters, the extra masters take no part of a board's writes: create",
+    "    it with as many shards as the plan says, or reshard it online (`shardlb reshard`, hash boards;",
+    "    --masters-now and --shards-now print the steps from today's layout);",
     "  - a 2-core bench machine shares its cores between everything, and a round trip there costs",
     "    far more system time than on dedicated hosts: treat its costs as upper bounds, and re-run",
     "    `make bench` on hardware like production's before buying it.",
@@ -305,8 +464,11 @@ def render(
     journaled: float = 1.0,
     journal_max_entries: int = JOURNAL_MAX_ENTRIES,
     cached: float = CACHED_SHARE,
+    steps: Sequence[str] = (),
+    measured: Sequence[str] = (),
 ) -> str:
-    """The plan, the costs it used, the model with its figures, and the assumptions behind it."""
+    """The plan, ``steps`` from today's layout to it, the costs it used, the model with its figures,
+    what ``measured`` scale-out says beside it, and the assumptions behind it."""
     nodes = p.masters * (1 + p.replicas)
     return "\n".join(
         [
@@ -327,6 +489,7 @@ def render(
             "master, policy noeviction (a full master refuses writes: 503 out_of_memory)",
             f"  journal bound        {_journal_line(p.journal, journal_max_entries)}",
             "",
+            *steps,
             f"Costs: {source}",
             *(f"  {k} = {v:g}" for k, v in sorted(costs.items())),
             "",
@@ -337,6 +500,7 @@ def render(
             "journaled writes / shards / journal_calls_per_shard_s (the bench's script calls per shard a "
             f"second), 1 to {MAX_RESULTS_PER_ENTRY}",
             "",
+            *([*measured, ""] if measured else []),
             "Assumptions:",
             *ASSUMPTIONS,
         ]
@@ -439,6 +603,17 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the routers' SHARDLB_JOURNAL_MAX_ENTRIES (default {JOURNAL_MAX_ENTRIES:,})",
     )
     parser.add_argument(
+        "--masters-now",
+        type=int,
+        help="masters in the cluster today: print the steps to add (or remove) masters",
+    )
+    parser.add_argument(
+        "--shards-now",
+        type=int,
+        help="shards of the board today: print the reshard to the plan's shard count (hash boards)",
+    )
+    parser.add_argument("--board", default="BOARD", help="the board's name in the printed steps")
+    parser.add_argument(
         "--summary", type=Path, default=LATEST, help=f"bench summary to read (default {LATEST})"
     )
     args = parser.parse_args(argv)
@@ -454,6 +629,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--cached is a share of the reads, from 0 to 1")
     if not 0 <= args.journaled <= 1 or args.journal_max_entries < 1:
         parser.error("--journaled is a share of the writes, from 0 to 1; --journal-max-entries at least 1")
+    if args.masters_now is not None and args.masters_now < 1:
+        parser.error("--masters-now is a number of masters, at least 1")
+    if args.shards_now is not None and not 1 <= args.shards_now <= 1024:
+        parser.error("--shards-now is a board's shard count, from 1 to 1024")
     if "total" not in periods:
         periods.insert(0, "total")
     costs, source = load_costs(args.summary)
@@ -461,6 +640,10 @@ def main(argv: list[str] | None = None) -> int:
         args.players, args.writes, args.reads, args.replicas, periods, costs, args.incr, args.dedup_window,
         args.journaled, args.journal_max_entries, args.cached,
     )  # fmt: skip
+    steps: list[str] = []
+    if args.masters_now is not None or args.shards_now is not None:
+        found = layout_steps(p, args.masters_now, args.shards_now, args.board)
+        steps = _steps_lines(found, p, args.masters_now, args.shards_now)
     print(
         render(
             p,
@@ -475,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
             args.journaled,
             args.journal_max_entries,
             args.cached,
+            steps,
+            _scaleout(args.summary.parent / SCALEOUT_SUMMARY),
         )
     )
     return 0

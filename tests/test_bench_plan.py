@@ -236,3 +236,148 @@ def test_main_prints_the_journal_bound(tmp_path: Path, capsys: pytest.CaptureFix
     for bad in (["--journaled", "2"], ["--journal-max-entries", "0"]):
         with pytest.raises(SystemExit):
             plan.main([*args, *bad])
+
+
+def test_more_masters_come_before_the_reshard_that_spreads_the_board_over_them() -> None:
+    # 200k writes/s x 10 us = 2 cores -> 4 masters of 0.5 core, one shard each; today 2 masters and
+    # the board on 2 shards.
+    p = plan.plan(1_000_000, 200_000, 0, 1, ["total"], COSTS)
+    assert (p.masters, p.shards, p.replicas) == (4, 4, 1)
+    steps = plan.layout_steps(p, masters_now=2, shards_now=2, board="global")
+    assert [s.what.split(" ", 1)[0] for s in steps] == ["add", "reshard", "check"]
+    add, reshard, check = steps
+    assert "add 2 master(s), 2 -> 4 (CPU-bound), 1 replica(s) each" in add.what
+    assert add.commands[0].split(":", 1)[1].split() == [
+        "shardlb", "cluster", "add-node", "--replicas", "1", "(2", "times)",
+    ]  # fmt: skip
+    assert add.commands[1].split() == ["shardlb", "cluster", "rebalance"]
+    assert "statefulset/redis-cluster --replicas=8;" in add.commands[2]  # 4 masters x (1 + 1 replica)
+    assert "--cluster-use-empty-masters" in add.commands[3]
+    assert "2 -> 4 shards (to spread its writes over every master; hash boards)" in reshard.what
+    assert reshard.commands[0].startswith("shardlb reshard global --shards 4 ")
+    assert 'POST /v1/admin/boards/global/reshard {"shards": 4}' in reshard.commands[1]
+    assert (
+        reshard.commands[2]
+        == "kubectl -n NS exec deploy/shardlb-archiver -- shardlb reshard global --shards 4"
+    )
+    assert check.what == "check that every master serves 1 of global's shards"
+    assert "shardlb cluster status" in check.commands[0]
+
+
+def test_fewer_shards_first_then_removing_masters_is_optional() -> None:
+    # 5k writes/s fit one master; today 3 masters and 16 shards: reshard down, then masters may go.
+    p = plan.plan(1_000_000, 5_000, 0, 1, ["total"], COSTS)
+    assert (p.masters, p.shards) == (1, 1)
+    reshard, remove = plan.layout_steps(p, masters_now=3, shards_now=16)
+    assert reshard.what.startswith("reshard BOARD online, 16 -> 1 shard (a read pays a round trip per node")
+    assert reshard.commands[0].startswith("shardlb reshard BOARD --shards 1 ")
+    assert remove.what.startswith("optional: the load needs 1 master of today's 3; to give 2 back")
+    assert "shardlb cluster remove-node PORT" in remove.commands[0]
+    assert "--cluster-weight <node-id>=0" in remove.commands[1]
+    assert "del-node" in remove.commands[2] and "statefulset/redis-cluster --replicas=2" in remove.commands[2]
+
+
+def test_no_steps_when_today_is_the_plan_and_only_the_part_given() -> None:
+    p = plan.plan(1_000_000, 200_000, 0, 1, ["total"], COSTS)  # 4 masters, 4 shards
+    assert plan.layout_steps(p, 4, 4) == []
+    assert plan.layout_steps(p, None, None) == []
+    # Masters alone: no reshard and no check (the board's shard count is not known).
+    assert [s.what.split(" ", 1)[0] for s in plan.layout_steps(p, 3, None)] == ["add"]
+    # The shard count alone, or the same masters and another shard count: the reshard, then the check;
+    # on one master there is nothing to check.
+    reshard, _ = plan.layout_steps(p, None, 16)
+    assert reshard.what.startswith("reshard BOARD online, 16 -> 4 shards")
+    assert [s.what.split(" ", 1)[0] for s in plan.layout_steps(p, 4, 8)] == ["reshard", "check"]
+    one = plan.plan(1_000_000, 5_000, 0, 1, ["total"], COSTS)
+    assert [s.what.split(" ", 1)[0] for s in plan.layout_steps(one, 1, 16)] == ["reshard"]
+
+
+def test_main_prints_the_steps_from_todays_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    args = [
+        "--players",
+        "1000000",
+        "--writes",
+        "200000",
+        "--reads",
+        "0",
+        "--summary",
+        str(tmp_path / "summary.json"),
+    ]
+    assert plan.main([*args, "--masters-now", "2", "--shards-now", "2", "--board", "global"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "From today's layout (2 masters; the board on 2 shards) to the plan's (4 masters; 4 shards):" in out
+    )
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("  1. add 2 master(s), 2 -> 4"))
+    assert lines[first + 1] == "       local:      shardlb cluster add-node --replicas 1   (2 times)"
+    assert any(line.startswith("  2. reshard global online, 2 -> 4 shards") for line in lines)
+    assert any(line.strip().startswith("shardlb reshard global --shards 4") for line in lines)
+    assert out.index("From today's layout") < out.index("Costs:")  # the steps come with the plan
+    assert plan.main([*args, "--masters-now", "4", "--shards-now", "4"]) == 0
+    assert "Today's layout (4 masters; the board on 4 shards) is the plan's: nothing to change." in (
+        capsys.readouterr().out
+    )
+    assert plan.main([*args, "--masters-now", "2"]) == 0
+    assert "(the plan puts a board on 4 shards: --shards-now prints its reshard)" in capsys.readouterr().out
+    assert plan.main(args) == 0
+    out = capsys.readouterr().out
+    assert "From today's layout" not in out and "Today's layout" not in out
+    for bad in (["--masters-now", "0"], ["--shards-now", "0"], ["--shards-now", "1025"]):
+        with pytest.raises(SystemExit):
+            plan.main([*args, *bad])
+
+
+def scaleout_point(masters: int, write_us: list[float], read_us: list[float]) -> dict[str, object]:
+    return {
+        "masters": masters,
+        "writes": {"redis_us_per_op": write_us},
+        "reads": {"redis_us_per_op": read_us},
+    }
+
+
+def test_the_scaleout_bench_is_printed_beside_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = {
+        "name": "scaleout-then",
+        "machine": {"cpus": 2},
+        "points": [
+            scaleout_point(1, [12.0], [10.0]),
+            scaleout_point(2, [6.5, 6.5], [11.0, 13.0]),
+            scaleout_point(3, [5.0, 4.0, 4.0], [12.0, 12.0, 12.0]),
+        ],
+    }
+    lines = plan.scaleout_lines(result)
+    assert lines[0].startswith(
+        "Scale-out measured by `make bench-scaleout` (scaleout-then; 1 / 2 / 3 masters"
+    )
+    assert "on 2 CPUs" in lines[0]
+    assert lines[1] == (
+        "  Redis µs per write, all masters: 12.0 / 13.0 / 13.0; the busiest master's share: "
+        "1.00 / 0.50 / 0.38 (the model: 1/masters, 1.00 / 0.50 / 0.33)"
+    )
+    assert lines[2].startswith(
+        "  Redis µs per read, each master (mean): 10.0 / 12.0 / 12.0; all masters: 10.0 / 24.0 / 36.0"
+    )
+    # One cluster, or a run without per-master costs, says nothing.
+    assert plan.scaleout_lines({"points": result["points"][:1]}) == []
+    assert plan.scaleout_lines({"points": [{"masters": 1, "writes": {"ops_per_s": 0.0}}] * 2}) == []
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    args = [
+        "--players",
+        "1000",
+        "--writes",
+        "1000",
+        "--reads",
+        "0",
+        "--summary",
+        str(tmp_path / "summary.json"),
+    ]
+    assert plan.main(args) == 0
+    assert "Scale-out measured" not in capsys.readouterr().out
+    (tmp_path / "scaleout.json").write_text(json.dumps(result))
+    assert plan.main(args) == 0
+    out = capsys.readouterr().out
+    assert lines[1] in out and out.index(lines[0]) < out.index("Assumptions:")

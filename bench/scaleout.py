@@ -1,0 +1,447 @@
+"""`make bench-scaleout`: writes/s and "my rank" reads/s of the raw library on clusters of 1, 2 and 3
+masters, each master pinned to a CPU, with what every operation cost each master in Redis CPU.
+
+    SHARDLB_SCALEOUT_PLAYERS=200000 SHARDLB_SCALEOUT_SECONDS=8 python -m bench.scaleout
+
+For each master count in SHARDLB_SCALEOUT_MASTERS (1,2,3) a private cluster starts (no replicas,
+node ports from 22300, below 22768), every thread of each redis-server is pinned to one CPU with
+`taskset -a -cp`, round robin over the CPUs this process may use, and the load generator (this
+process: one asyncio loop, ``sched_setaffinity``) to the CPU that holds the fewest masters
+(``placement``). A hash board of one shard per master (the planner's layout;
+SHARDLB_SCALEOUT_SHARDS_PER_MASTER) is preloaded with SHARDLB_SCALEOUT_PLAYERS players
+(bench/population.py), then, after a second of warm-up each (and with SHARDLB_SCALEOUT_QUIET_WAIT,
+a wait of up to that many seconds for other load on the machine to drop, as `make bench` can), for
+SHARDLB_SCALEOUT_SECONDS:
+
+- writes: batches of SHARDLB_SCALEOUT_BATCH_MATCHES matches, grouped by shard, one script call per
+  shard (bench/raw.py), SHARDLB_SCALEOUT_WRITE_TASKS batches in flight;
+- reads: ``Board.player`` of random players ("my rank", exact: it counts on every shard),
+  SHARDLB_SCALEOUT_READ_TASKS at a time.
+
+Per phase: operations a second; each master's CPU microseconds per operation, from INFO cpu
+(used_cpu_user + used_cpu_sys) before and after; the load generator's own CPU per operation; each
+CPU's busy share and the cores other processes took, from /proc/stat. A write costs the one master
+of its shard, an exact read costs every master, so the per-master costs say what more masters
+buy even where the throughput cannot: ``ceiling`` is the rate at which the busiest master would fill
+one core of its own at these costs. On two cores the masters and the load generator share the
+cores (from two masters on), so the throughput shows the cores, and the ceilings are a model.
+
+Results: bench/results/scaleout-<timestamp>/scaleout.{json,md}, copied to bench/results/latest/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench import population, raw
+from bench.harness import env_int, env_ints, log, publish, run_dir
+from bench.latency import Phase, elapsed_ms, run_phase
+from bench.run import wait_for_quiet
+from bench.testbed import create_board, machine, node_pids, start_cluster
+from bench.workload import Workload
+from shardlb.board import Board
+from shardlb.cluster import LocalCluster, master_slots
+from shardlb.connection import Scripts, connect
+from shardlb.keys import slot_of
+from shardlb.store import BoardStore
+
+FIRST_PORT = 22300  # clear of make bench's 22100+ and its sweep's 22200+
+WARMUP_S = 1.0
+FILES = ("scaleout.json", "scaleout.md")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's knobs, from SHARDLB_SCALEOUT_* variables (``from_env``)."""
+
+    masters: tuple[int, ...] = (1, 2, 3)
+    players: int = 200_000
+    seconds: int = 8
+    write_tasks: int = 4
+    read_tasks: int = 16
+    batch_matches: int = 100
+    shards_per_master: int = 1
+    quiet_wait: int = 0  # seconds to wait, before each cluster's phases, for other load to drop
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        d = cls()
+        return cls(
+            tuple(env_ints("SHARDLB_SCALEOUT_MASTERS", ",".join(map(str, d.masters)))),
+            env_int("SHARDLB_SCALEOUT_PLAYERS", d.players),
+            env_int("SHARDLB_SCALEOUT_SECONDS", d.seconds),
+            env_int("SHARDLB_SCALEOUT_WRITE_TASKS", d.write_tasks),
+            env_int("SHARDLB_SCALEOUT_READ_TASKS", d.read_tasks),
+            env_int("SHARDLB_SCALEOUT_BATCH_MATCHES", d.batch_matches),
+            env_int("SHARDLB_SCALEOUT_SHARDS_PER_MASTER", d.shards_per_master),
+            env_int("SHARDLB_SCALEOUT_QUIET_WAIT", d.quiet_wait),
+        )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The CPU of each master (in port order) and of the load generator."""
+
+    masters: tuple[int, ...]
+    driver: int
+
+    def shared(self) -> bool:
+        """Whether any CPU runs more than one of them."""
+        cpus = [*self.masters, self.driver]
+        return len(set(cpus)) < len(cpus)
+
+
+def placement(masters: int, cpus: Sequence[int]) -> Placement:
+    """Masters round robin over ``cpus``; the load generator on the CPU holding the fewest masters
+    (the last such), so it shares a core only when every core already runs a master."""
+    if masters < 1 or not cpus:
+        raise ValueError(f"need a master and a CPU, got {masters} masters on {list(cpus)}")
+    ordered = sorted(cpus)
+    on = [ordered[i % len(ordered)] for i in range(masters)]
+    driver = min(reversed(ordered), key=on.count)
+    return Placement(tuple(on), driver)
+
+
+def pin(pid: int, cpu: int) -> list[int]:
+    """Pin every thread of process ``pid`` to ``cpu``; the affinity it then has."""
+    subprocess.run(["taskset", "-a", "-cp", str(cpu), str(pid)], check=True, capture_output=True)
+    return sorted(os.sched_getaffinity(pid))
+
+
+@contextlib.contextmanager
+def pinned(cpu: int) -> Iterator[None]:
+    """This process on ``cpu`` for the block, then back where it may run."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def cpu_ticks(stat: str) -> dict[int, tuple[int, int, int]]:
+    """(busy, steal, total) clock ticks of each CPU from the text of /proc/stat. Busy is user, nice,
+    system, irq and softirq; steal is what the hypervisor gave to other guests."""
+    out = {}
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+            busy = user + nice + system + irq + softirq
+            out[int(name[3:])] = (busy, steal, busy + steal + idle + iowait)
+    return out
+
+
+def busy_shares(
+    before: dict[int, tuple[int, int, int]], after: dict[int, tuple[int, int, int]]
+) -> dict[int, float]:
+    """Each CPU's busy share between two ``cpu_ticks`` readings."""
+    out = {}
+    for cpu, (busy, _, total) in after.items():
+        b0, _, t0 = before.get(cpu, (0, 0, 0))
+        out[cpu] = round((busy - b0) / (total - t0), 2) if total > t0 else 0.0
+    return out
+
+
+def figures(
+    ops: int, seconds: float, master_cpu_s: Sequence[float], driver_cpu_s: float, busy_cpu_s: float
+) -> dict[str, Any]:
+    """A phase's figures from its counts: rate, Redis CPU per operation on each master and in all,
+    the ``ceiling`` (operations a second at which the busiest master would use one whole core), the
+    load generator's CPU per operation, and the cores that other processes took (``busy_cpu_s``:
+    every CPU's busy seconds in the phase)."""
+    if not ops or seconds <= 0:
+        return {"ops": ops, "ops_per_s": 0.0}
+    per_master = [s / ops * 1e6 for s in master_cpu_s]
+    busiest = max(per_master)
+    return {
+        "ops": ops,
+        "seconds": round(seconds, 2),
+        "ops_per_s": round(ops / seconds, 1),
+        "redis_us_per_op": [round(us, 2) for us in per_master],
+        "redis_us_per_op_all": round(sum(per_master), 2),
+        "ceiling_per_s": round(1e6 / busiest) if busiest > 0 else None,
+        "master_cores": [round(s / seconds, 2) for s in master_cpu_s],
+        "driver_us_per_op": round(driver_cpu_s / ops * 1e6, 2),
+        "driver_cores": round(driver_cpu_s / seconds, 2),
+        "other_cores": round(max(0.0, busy_cpu_s - sum(master_cpu_s) - driver_cpu_s) / seconds, 2),
+    }
+
+
+def redis_cpu_s(node: redis.Redis) -> float:
+    info = node.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def used_memory(node: redis.Redis) -> int:
+    return int(node.info("memory")["used_memory"])
+
+
+def read_stat() -> dict[int, tuple[int, int, int]]:
+    return cpu_ticks(Path("/proc/stat").read_text())
+
+
+def shards_on_masters(board: Board, masters: int) -> list[int]:
+    """Shards of ``board`` on each master of a freshly formed cluster (master i owns master_slots'
+    i-th range): one each is the layout the planner proposes."""
+    ranges = master_slots(masters)
+    counts = [0] * masters
+    for prefix in board.prefixes:
+        slot = slot_of(prefix)
+        counts[next(i for i, (lo, hi) in enumerate(ranges) if lo <= slot <= hi)] += 1
+    return counts
+
+
+@dataclass
+class Meter:
+    """Snapshots of the masters' INFO cpu, this process's CPU and /proc/stat around a phase."""
+
+    nodes: list[redis.Redis]
+    marks: list[tuple[list[float], float, dict[int, tuple[int, int, int]]]] = field(default_factory=list)
+
+    def mark(self) -> None:
+        self.marks.append(([redis_cpu_s(n) for n in self.nodes], time.process_time(), read_stat()))
+
+    def phase(self, phase: Phase) -> dict[str, Any]:
+        """The figures of ``phase`` between the last two marks."""
+        (m0, d0, s0), (m1, d1, s1) = self.marks[-2:]
+        busy = sum(s1[c][0] - s0.get(c, (0, 0, 0))[0] for c in s1) / os.sysconf("SC_CLK_TCK")
+        out = figures(phase.items, phase.seconds, [b - a for a, b in zip(m0, m1, strict=True)], d1 - d0, busy)
+        latency: dict[str, dict[str, float]] = phase.report()["latency_ms"]
+        return {
+            **out,
+            "cpu_busy": busy_shares(s0, s1),
+            "errors": phase.errors,
+            "error_samples": phase.error_samples,
+            "p99_ms": next(iter(latency.values()), {}).get("p99"),
+        }
+
+
+async def rank_reads(board: Board, workload: Workload, seconds: float, tasks: int, seed: int) -> Phase:
+    """``Board.player`` of random players for ``seconds``, ``tasks`` at a time."""
+    rng = random.Random(seed)
+
+    async def step(phase: Phase, _: int) -> None:
+        t0 = time.perf_counter()
+        await board.player(workload.player(rng))
+        phase.record("my rank", elapsed_ms(t0))
+
+    return await run_phase(Phase("my rank"), seconds, tasks, step)
+
+
+async def measure(
+    url: str, workload: Workload, s: Settings, nodes: list[redis.Redis], driver_cpu: int
+) -> dict[str, Any]:
+    """Preload the board, wait for quiet if asked, then the timed writes and reads with the load
+    generator on ``driver_cpu``."""
+    client = connect(url, max_connections=max(64, 4 * max(s.write_tasks, s.read_tasks)))
+    try:
+        scripts = Scripts.register(client)
+        await scripts.load(client)
+        board = await BoardStore(client, scripts).get(workload.board)
+        base = [used_memory(n) for n in nodes]
+        await population.load_board(board, workload)
+        memory = [used_memory(n) - b for n, b in zip(nodes, base, strict=True)]
+        meter = Meter(nodes)
+        out: dict[str, Any] = {
+            "shards_on_masters": shards_on_masters(board, len(nodes)),
+            "board_mib_on_masters": [round(m / 2**20, 1) for m in memory],
+            "load_before_cores": round(wait_for_quiet(s.quiet_wait), 2) if s.quiet_wait else None,
+        }
+        with pinned(driver_cpu):
+            await raw.writes(board, workload, WARMUP_S, s.write_tasks, s.batch_matches, seed=11)
+            meter.mark()
+            phase = await raw.writes(board, workload, s.seconds, s.write_tasks, s.batch_matches, seed=12)
+            meter.mark()
+            out["writes"] = meter.phase(phase)
+            await rank_reads(board, workload, WARMUP_S, s.read_tasks, seed=21)
+            meter.mark()
+            phase = await rank_reads(board, workload, s.seconds, s.read_tasks, seed=22)
+            meter.mark()
+            out["reads"] = meter.phase(phase)
+        return out
+    finally:
+        await client.aclose()
+
+
+def point(masters: int, s: Settings, workload: Workload, cpus: Sequence[int], dir: Path) -> dict[str, Any]:
+    """One cluster of ``masters`` masters: start, pin, create and load the board, measure, stop."""
+    cluster: LocalCluster = start_cluster(masters, 0, dir, start=FIRST_PORT)
+    nodes = [redis.Redis(host="127.0.0.1", port=p) for p in cluster.ports[:masters]]
+    try:
+        where = placement(masters, cpus)
+        pids, _ = node_pids(cluster)
+        pins = [
+            {"port": port, "pid": pid, "cpu": cpu, "affinity": pin(pid, cpu)}
+            for port, pid, cpu in zip(cluster.ports[:masters], pids, where.masters, strict=True)
+        ]
+        shards = masters * s.shards_per_master
+        asyncio.run(create_board(cluster.url, workload, shards))
+        log(
+            f"{masters} master(s) on CPUs {list(where.masters)}, load generator on CPU {where.driver}, "
+            f"{shards} shard(s)"
+        )
+        measured = asyncio.run(measure(cluster.url, workload, s, nodes, where.driver))
+        log(
+            f"{masters} master(s): {measured['writes']['ops_per_s']:,.0f} writes/s, "
+            f"{measured['reads']['ops_per_s']:,.0f} reads/s"
+        )
+        return {
+            "masters": masters,
+            "shards": shards,
+            "placement": asdict(where),
+            "cpus_shared": where.shared(),
+            "pinned": pins,
+            **measured,
+        }
+    finally:
+        for n in nodes:
+            n.close()
+        cluster.down()
+        shutil.rmtree(dir, ignore_errors=True)
+
+
+def run(s: Settings, workload: Workload, out: Path) -> dict[str, Any]:
+    """Every master count in turn, each on its own cluster under ``out``."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return {
+        "machine": machine(),
+        "cpus": cpus,
+        "settings": asdict(s),
+        "workload": {"players": workload.players, "players_per_match": workload.players_per_match},
+        "points": [point(m, s, workload, cpus, out / f"cluster-{m}") for m in s.masters],
+    }
+
+
+def _ratio(points: list[dict[str, Any]], kind: str, key: str) -> str:
+    first, last = points[0][kind].get(key), points[-1][kind].get(key)
+    return f"{last / first:.2f}x" if first and last else "-"
+
+
+def _cell(values: Sequence[float]) -> str:
+    return " / ".join(f"{v:g}" for v in values)
+
+
+def table(points: list[dict[str, Any]], kind: str, unit: str) -> list[str]:
+    """A markdown table of one phase kind ('writes' or 'reads') over the master counts."""
+    lines = [
+        f"| masters | CPU of each master / load generator | {unit}/s | Redis µs per {unit[:-1]}, each master "
+        f"| all masters | {unit}/s at 1 core per master | load generator µs per {unit[:-1]} | its cores | "
+        "CPUs busy | other processes' cores | errors |",
+        "|---:|---|---:|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for p in points:
+        f = p[kind]
+        where = p["placement"]
+        busy = " / ".join(f"{share:.0%}" for _, share in sorted(f.get("cpu_busy", {}).items()))
+        lines.append(
+            f"| {p['masters']} | {_cell(where['masters'])} / {where['driver']} | {f['ops_per_s']:,.0f} | "
+            f"{_cell(f.get('redis_us_per_op', []))} | {f.get('redis_us_per_op_all', '-')} | "
+            f"{f.get('ceiling_per_s') or 0:,} | {f.get('driver_us_per_op', '-')} | "
+            f"{f.get('driver_cores', '-')} | {busy} | {f.get('other_cores', '-')} | {f.get('errors', 0)} |"
+        )
+    return lines
+
+
+TWO_CORES = (
+    "What two cores can show: what each operation costs each master (a write costs the one master "
+    "of its shard; an exact read costs every master), hence that write capacity and memory divide "
+    "over the masters and read capacity does not; and what the library itself spends per "
+    "operation. What they cannot show: the throughput of three masters on three cores. From two "
+    "masters on, the load generator shares a core with a master, and the third master shares one "
+    "with the first; the writes/s and reads/s above are bounded by the two cores, not by Redis. The "
+    "'at 1 core per master' columns are a model: this run's per-master costs, assumed to hold when "
+    "each master has a core of its own. Loopback has no network either: a real round trip adds "
+    "latency, not master CPU. Reads from replicas, which is how exact reads scale, are not measured "
+    "here (the hot reads in `make bench` measure them)."
+)
+
+
+def _waited(points: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:
+    loads = [p.get("load_before_cores") for p in points]
+    if all(load is None for load in loads):
+        return []
+    cores = " / ".join("-" if load is None else f"{load:g}" for load in loads)
+    return [
+        f"Other load on the machine as each cluster's phases began (after waiting up to {s['quiet_wait']} s "
+        f"for it to drop): {cores} cores.",
+        "",
+    ]
+
+
+def markdown(result: dict[str, Any]) -> str:
+    points = result["points"]
+    s = result["settings"]
+    m = result["machine"]
+    lines = [
+        f"# shardlb bench-scaleout {result['name']}",
+        "",
+        f"Machine: {m['cpus']} CPUs ({m['cpu_model']}), this run on CPUs {result['cpus']}; {m['redis']}. "
+        f"Clusters of {', '.join(str(p['masters']) for p in points)} master(s), no replicas, each "
+        f"redis-server pinned to one CPU (taskset); one hash board of {s['shards_per_master']} shard(s) "
+        f"per master, {result['workload']['players']:,} players preloaded; one load generator process "
+        f"(the library, no HTTP) pinned to a CPU; {s['seconds']} s a phase.",
+        "",
+        f"## Writes ({s['write_tasks']} batches of {s['batch_matches']} matches in flight)",
+        "",
+        *table(points, "writes", "writes"),
+        "",
+        f'## "My rank" reads (Board.player, {s["read_tasks"]} at a time)',
+        "",
+        *table(points, "reads", "reads"),
+        "",
+        "## Memory",
+        "",
+        "| masters | board MiB on each master | shards on each master |",
+        "|---:|---|---|",
+        *(
+            f"| {p['masters']} | {_cell(p['board_mib_on_masters'])} | {_cell(p['shards_on_masters'])} |"
+            for p in points
+        ),
+        "",
+        f"From {points[0]['masters']} to {points[-1]['masters']} master(s): writes/s "
+        f"{_ratio(points, 'writes', 'ops_per_s')}, writes/s at 1 core per master "
+        f"{_ratio(points, 'writes', 'ceiling_per_s')}; reads/s {_ratio(points, 'reads', 'ops_per_s')}, "
+        f"reads/s at 1 core per master {_ratio(points, 'reads', 'ceiling_per_s')}; Redis µs per read in "
+        f"all masters {_ratio(points, 'reads', 'redis_us_per_op_all')}.",
+        "",
+        *_waited(points, s),
+        "'At 1 core per master' = 1,000,000 / the busiest master's µs per operation: the rate at which "
+        "it would fill one core of its own (the planner budgets half a core). 'Other processes' "
+        "cores' is CPU the run's own processes did not spend: other work on the machine.",
+        "",
+        TWO_CORES,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = Settings.from_env()
+    workload = replace(Workload.from_env(), board="scaleout", players=s.players)
+    name = time.strftime("scaleout-%Y%m%d-%H%M%S")
+    out = run_dir(name)
+    result = {"name": name, **run(s, workload, out)}
+    (out / "scaleout.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "scaleout.md").write_text(markdown(result))
+    publish(out, FILES)
+    print((out / "scaleout.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
