@@ -8,14 +8,16 @@ resharded through the router's admin endpoint (``POST /v1/admin/boards/{board}/r
 4 shards, then (on new boards) 16 -> 40. Afterwards the boards are compared with the ledger, and
 Redis with PostgreSQL (`shardlb reconcile`'s check: the archive's rows re-homed to the new shards).
 
-``python -m bench.reshard`` (SHARDLB_RESHARD_PLAYERS, default 1,000,000) measures the reshard of a
-board of that many players while the bench's writers post results over HTTP.
+``python -m bench.reshard`` (`make bench-reshard`; SHARDLB_RESHARD_PLAYERS, default 1,000,000)
+measures the reshard of a board of that many players while writers post results over HTTP;
+``python -m bench.reshard table`` makes the chaos table alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -60,6 +62,9 @@ async def reshard_boards(
                     cutover[board] = status["writes_refused_ms"]
                 if status["state"] == "none" and status["shards"] == shards:
                     left.discard(board)
+                    last = status.get("last") or {}
+                    if last.get("writes_refused_ms") is not None:
+                        cutover[board] = last["writes_refused_ms"]
     return {
         "shards": shards,
         "reshard_s": round(time.monotonic() - started, 2),
@@ -195,6 +200,9 @@ async def big(out: Path, work: Path, players: int, shards: tuple[int, int]) -> d
                 writer.stop.set()
                 await running
             compared = await chaos.compare(r.url, {board: "best"}, writer.ledger)
+            async with chaos.client(r.url) as http:
+                size = (await http.get(f"/v1/boards/{board}")).json()["players"]["total"]
+            written = {p for (b, p) in writer.ledger.best if b == board}
     finally:
         await asyncio.to_thread(cluster.down)
     return {
@@ -204,13 +212,22 @@ async def big(out: Path, work: Path, players: int, shards: tuple[int, int]) -> d
         "acknowledged": compared["acknowledged"],
         "lost": compared["lost"] + compared["best_lost"],
         "refused_s": migrate.refused_seconds(writer.attempts),
+        "players_after": size,
+        "players_expected": players + len(written),  # the loaded ones and the writers' own
         "writes_per_s": round(compared["acknowledged"] / max(done["reshard_s"] + 4.0, 1e-9)),
     }
 
 
 def main() -> None:
-    players = env_int("SHARDLB_RESHARD_PLAYERS", 1_000_000)
     out = run_dir(f"reshard-{time.strftime('%Y%m%d-%H%M%S')}")
+    if sys.argv[1:] == ["table"]:  # `make chaos`'s reshard table alone
+        with tempfile.TemporaryDirectory(prefix="shardlb-reshard-") as work:
+            load = {"tasks": env_int("SHARDLB_CHAOS_TASKS", 12), "batch": env_int("SHARDLB_CHAOS_BATCH", 20)}
+            found = asyncio.run(resharding(out, Path(work), env_int("SHARDLB_CHAOS_SECONDS", 6), **load))
+        print(write(out, found, time.strftime("%Y-%m-%d %H:%M:%S")))
+        publish(out, ["reshard.md", "reshard.json"])
+        return
+    players = env_int("SHARDLB_RESHARD_PLAYERS", 1_000_000)
     with tempfile.TemporaryDirectory(prefix="shardlb-reshard-") as work:
         report = asyncio.run(big(out, Path(work), players, (16, 4)))
     when = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -218,7 +235,8 @@ def main() -> None:
     log(
         f"reshard of {players:,} players, 16 -> 4 shards under writers: {report['reshard_s']} s, "
         f"cut-over pause {report['cutover_ms']} ms, {report['acknowledged']:,} acknowledged, "
-        f"lost {report['lost']}, writes refused {report['refused_s']} s"
+        f"lost {report['lost']}, writes refused {report['refused_s']} s, players after "
+        f"{report['players_after']:,} (expected {report['players_expected']:,})"
     )
     publish(out, ["reshard-big.json"])
 

@@ -1272,6 +1272,11 @@ _SCHEMAS.update(
                 "eta_s": {"type": ["number", "null"], "description": "estimated seconds left in the copy"},
                 "cancel_requested": {"type": "boolean"},
                 "writes_refused_ms": {"type": ["number", "null"], "description": "the cut-over's pause"},
+                "last": {
+                    "type": ["object", "null"],
+                    "description": "the last reshard done (state none): from_shards, to_shards, seconds, "
+                    "writes_refused_ms, finished",
+                },
             },
         },
         "AdminCluster": {

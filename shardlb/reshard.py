@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 from redis.asyncio.cluster import RedisCluster
 
-from shardlb import keys
+from shardlb import keys, times
 from shardlb.board import Board
 from shardlb.config import BoardConfig, Sharding
 from shardlb.errors import BoardConflict, BoardNotFound
@@ -264,7 +264,12 @@ class Resharder:
         board = self.store._board(self.board_id, record)
         out: dict[str, Any] = {"board": self.board_id, "shards": board.config.sharding.shards}
         if not move:
-            return {**out, "state": "none", "generation": board.generation}
+            return {
+                **out,
+                "state": "none",
+                "generation": board.generation,
+                "last": record.get("last_reshard"),
+            }
         source, target = self._layouts(record)
         pending = batch(self.client)
         for prefix in source.prefixes:
@@ -434,7 +439,19 @@ class Resharder:
 
         await asyncio.gather(*(drop(p) for p in source.prefixes))
         self.say(f"{self.board_id}: the old layout's {len(source.prefixes)} shards dropped")
-        return await self._update(lambda r: {k: v for k, v in r.items() if k != "reshard"})
+
+        def finished(record: dict[str, Any]) -> dict[str, Any]:
+            move = record["reshard"]
+            last = {
+                "from_shards": move.get("from_shards"),
+                "to_shards": record["sharding"].get("shards"),
+                "seconds": round(time.time() - move["started_ms"] / 1000, 1),
+                "writes_refused_ms": move.get("refused_ms"),
+                "finished": times.format_ms(times.now_ms()),
+            }
+            return {**{k: v for k, v in record.items() if k != "reshard"}, "last_reshard": last}
+
+        return await self._update(finished)
 
     async def _cancel(self, record: dict[str, Any]) -> None:
         if record["reshard"]["state"] not in STATES[:2]:

@@ -36,7 +36,7 @@ GONE_MS = 86_400_000
 DROPS_IN_FLIGHT = 16
 # Registry fields that are not board settings: the layout generation and a reshard under way are
 # the board's (shardlb/reshard.py).
-_RECORD = ("incarnation", "state", "generation", "reshard")
+_RECORD = ("incarnation", "state", "generation", "reshard", "last_reshard")
 RESHARD_SOURCE_STATES = ("copying", "sealing")  # the registry's layout is being copied away
 
 
