@@ -201,8 +201,8 @@ async def traffic(request: Request) -> Response:
     )
 
 
-RESHARD_FIELDS = frozenset({"shards", "resume"})
-RESHARD_BODY_BYTES = 1024
+RESHARD_FIELDS = frozenset({"shards", "bands", "resume"})
+RESHARD_BODY_BYTES = 16 * 1024  # 256 bands at most
 MOVER_TRIES = 5
 MOVER_PAUSE_S = 2.0
 _movers: dict[str, asyncio.Task[None]] = {}  # board id -> this process's mover (one at a time)
@@ -225,13 +225,19 @@ async def reshard(request: Request) -> Response:
     for name in body:
         if name not in RESHARD_FIELDS:
             raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
-    if len(body) != 1 or ("resume" in body and body["resume"] is not True):
-        raise InvalidInput('give "shards" (the new shard count) or "resume": true, not both', "shards")
+    if "resume" in body and (len(body) != 1 or body["resume"] is not True):
+        raise InvalidInput('give "shards" (and "bands") or "resume": true, not both', "resume")
+    if "shards" not in body and "resume" not in body:
+        raise InvalidInput('give "shards" (the new shard count) or "resume": true', "shards", "missing_field")
+    if "bands" in body and "shards" not in body:
+        raise InvalidInput('"bands" goes with "shards"', "shards", "missing_field")
+    if "bands" in body and not isinstance(body["bands"], list):
+        raise InvalidInput("bands must be a list of band starts, e.g. [0, 1000, 10000]", "bands")
     if "shards" in body:
-        shards = body["shards"]
+        shards, bands = body["shards"], body.get("bands")
         if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
             raise InvalidInput(f"shards must be an integer from 1 to {MAX_SHARDS}", "shards")
-        await mover.start(shards)
+        await mover.start(shards, bands)
     elif (await mover.status())["state"] == "none":
         raise BoardConflict(f"board {board_id!r} has no reshard under way", "board")
     running = _movers.get(board_id)

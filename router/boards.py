@@ -19,20 +19,42 @@ clears it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from router import metrics
 from router.gate import Gate
 from router.refresh import SingleFlight
 from shardlb.board import Board
 from shardlb.config import BoardConfig, check_id
-from shardlb.errors import BoardNotFound
+from shardlb.errors import BoardNotFound, Resharding
 from shardlb.store import CACHE_SECONDS, BoardStore
 
 MAX_BOARDS = 10_000
 MAX_MISSING = 10_000
 MISSING_TTL_S = 1.0
+# How long a request waits out a reshard's cut-over (shardlb/reshard.py) before it is answered 503
+# board_resharding: the cut-over takes tens of milliseconds, a few hundred at most.
+RESHARD_WAIT_S = 2.0
+RESHARD_RETRY_S = 0.05
+T = TypeVar("T")
+
+
+async def through_reshard(attempt: Callable[[], Awaitable[T]], wait_s: float = RESHARD_WAIT_S) -> T:
+    """``attempt()`` again while it meets Resharding (nothing was written: a write refused by a
+    sealed or moved shard, or a read of a layout that was just replaced), for up to ``wait_s``.
+    Each attempt looks the board up anew: the refusal marked the cached one stale."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return await attempt()
+        except Resharding:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(RESHARD_RETRY_S)
 
 
 class Boards:

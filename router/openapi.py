@@ -1243,7 +1243,17 @@ _SCHEMAS.update(
                     "type": "object",
                     "required": ["shards"],
                     "additionalProperties": False,
-                    "properties": {"shards": {"type": "integer", "minimum": 1, "maximum": MAX_SHARDS}},
+                    "properties": {
+                        "shards": {"type": "integer", "minimum": 1, "maximum": MAX_SHARDS},
+                        "bands": {
+                            "type": "array",
+                            "items": {"type": "integer", "minimum": 0, "maximum": MAX_POINTS},
+                            "minItems": 1,
+                            "maxItems": MAX_BANDS,
+                            "description": "make it a band board: band starts, increasing from 0; "
+                            "shards is then its home shards",
+                        },
+                    },
                 },
                 {
                     "type": "object",

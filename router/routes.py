@@ -6,9 +6,11 @@ touches the cluster, so a request that fails validation writes nothing.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import psycopg
@@ -19,6 +21,7 @@ from starlette.routing import Route
 
 from router import history, metrics, moderation, params, scores
 from router.auth import Scope
+from router.boards import through_reshard
 from router.errors import ApiError
 from router.histogram import Estimate
 from router.media import RawHeaders, entry_body, read_object, render, rendered, wants_msgpack
@@ -64,6 +67,18 @@ def _allow_read(request: Request) -> Service:
         metrics.RATE_LIMITED.inc()
         raise ApiError(429, "rate_limited", "too many reads from this client; slow down", retry_after=wait)
     return svc
+
+
+def _through_reshard(
+    read: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A GET read made again while a reshard's cut-over refuses it (router/boards.py)."""
+
+    @functools.wraps(read)
+    async def again(request: Request) -> Response:
+        return await through_reshard(lambda: read(request))
+
+    return again
 
 
 async def _board(svc: Service, request: Request) -> Board:
@@ -149,6 +164,7 @@ async def list_boards(request: Request) -> Response:
     return render(request, {"boards": [c.to_dict() for c in configs]})
 
 
+@_through_reshard
 async def get_board(request: Request) -> Response:
     svc = _allow_read(request)
     _query(request)
@@ -213,6 +229,7 @@ async def board_route(request: Request) -> Response:
 # ---- reads -----------------------------------------------------------------------------------
 
 
+@_through_reshard
 async def top(request: Request) -> Response:
     svc = _allow_read(request)
     query = _query(request, "limit", "period", "region", "rank_mode")
@@ -262,6 +279,7 @@ def _matches(if_none_match: str | None, tag: str) -> bool:
     return tag in asked or "*" in asked
 
 
+@_through_reshard
 async def entries(request: Request) -> Response:
     svc = _allow_read(request)
     query = _query(request, "offset", "limit", "period", "region", "rank_mode")
@@ -285,6 +303,7 @@ async def entries(request: Request) -> Response:
     )
 
 
+@_through_reshard
 async def player(request: Request) -> Response:
     svc = _allow_read(request)
     query = _query(request, "period", "region", "estimate", "rank_mode")
@@ -324,6 +343,7 @@ async def player(request: Request) -> Response:
     )
 
 
+@_through_reshard
 async def around(request: Request) -> Response:
     svc = _allow_read(request)
     query = _query(request, "radius", "period", "region", "rank_mode")
@@ -368,20 +388,24 @@ async def query(request: Request) -> Response:
         for v in (_one_of(body, query, "period"), _one_of(body, query, "region"))
     )
     del body
-    board = await _board(svc, request)
-    view = _view(board, "total" if period is None else period, region)
-    rank_mode = board.rank_mode(query.get("rank_mode"))
-    async with svc.reads, metrics.redis_call("query"):
-        found = await board.query(ids, view, rank_mode)
-    return render(
-        request,
-        {
-            "board": board.config.id,
-            "period": view.api,
-            "entries": [entry_body(e) for e in found],
-            "resets_at": board.resets_at(view.period),
-        },
-    )
+
+    async def answer() -> Response:
+        board = await _board(svc, request)
+        view = _view(board, "total" if period is None else period, region)
+        rank_mode = board.rank_mode(query.get("rank_mode"))
+        async with svc.reads, metrics.redis_call("query"):
+            found = await board.query(ids, view, rank_mode)
+        return render(
+            request,
+            {
+                "board": board.config.id,
+                "period": view.api,
+                "entries": [entry_body(e) for e in found],
+                "resets_at": board.resets_at(view.period),
+            },
+        )
+
+    return await through_reshard(answer)
 
 
 async def post_only(request: Request) -> Response:

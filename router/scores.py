@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from router import params
 from router.auth import Scope as KeyScope
+from router.boards import through_reshard
 from router.errors import shutting_down, to_api_error
 from router.media import decode_object, read_limited, rendered, rendered_error, send_rendered, wants_msgpack
 from router.service import Service
@@ -127,9 +128,14 @@ class ScoresEndpoint:
         scores = parse_scores(
             decode_object(raw, None if content_type is None else content_type.decode("latin-1"))
         )
-        board = await svc.boards.get(scope["path_params"]["board"])
         request_id = scope.get("state", {}).get("request_id")
-        results = await svc.moderation.submit(board, board.prepare(scores), request_id, svc.coalescer)
+
+        async def submit() -> list[Result]:
+            # Made again during a reshard's cut-over: a retry of the same results is harmless.
+            board = await svc.boards.get(scope["path_params"]["board"])
+            return await svc.moderation.submit(board, board.prepare(scores), request_id, svc.coalescer)
+
+        results = await through_reshard(submit)
         return {"results": [result_body(r) for r in results]}
 
 

@@ -280,10 +280,13 @@ def add_reshard_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     )
     reshard.add_argument("board", help="the board")
     what = reshard.add_mutually_exclusive_group(required=True)
-    what.add_argument("--shards", type=int, help="the new shard count (hash boards)")
+    what.add_argument("--shards", type=int, help="the new shard count (of home shards, with --bands)")
     what.add_argument("--resume", action="store_true", help="take the reshard under way to its end")
     what.add_argument("--cancel", action="store_true", help="cancel a reshard not committed yet")
     what.add_argument("--status", action="store_true", help="print the state, progress and time left")
+    reshard.add_argument(
+        "--bands", help="make it a band board with these band starts, e.g. 0,1000,10000 (with --shards)"
+    )
     _connections(reshard)
     reshard.set_defaults(func=reshard_board)
 
@@ -294,8 +297,16 @@ def reshard_board(args: argparse.Namespace) -> int:
 
     action = "status" if args.status else "cancel" if args.cancel else "run"
     try:
+        bands = None if args.bands is None else [int(b) for b in args.bands.split(",")]
+    except ValueError:
+        print("shardlb reshard: --bands takes integers separated by commas", file=sys.stderr)
+        return 2
+    if bands is not None and args.shards is None:
+        print("shardlb reshard: --bands goes with --shards", file=sys.stderr)
+        return 2
+    try:
         status = asyncio.run(
-            reshard.command(args.redis, args.board, args.shards, action, args.postgres, print)
+            reshard.command(args.redis, args.board, args.shards, action, args.postgres, print, bands)
         )
     except ShardlbError as e:
         print(f"shardlb reshard: {e.message}", file=sys.stderr)

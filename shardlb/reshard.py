@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -183,9 +184,13 @@ class Resharder:
 
     # ---- commands -----------------------------------------------------------------------------
 
-    async def start(self, shards: int) -> dict[str, Any]:
-        """Record a reshard of the board to ``shards`` hash shards (the mover then does it: ``run``)."""
-        sharding = _sharding({"strategy": "hash", "shards": shards})
+    async def start(self, shards: int, bands: list[int] | None = None) -> dict[str, Any]:
+        """Record a reshard of the board to ``shards`` hash shards, or with ``bands`` to a band
+        board of ``shards`` home shards and those bands (the mover then does it: ``run``)."""
+        if bands is None:
+            sharding = _sharding({"strategy": "hash", "shards": shards})
+        else:
+            sharding = _sharding({"strategy": "band", "shards": shards, "bands": bands})
 
         def begin(record: dict[str, Any]) -> dict[str, Any]:
             if record.get("reshard"):
@@ -201,6 +206,8 @@ class Resharder:
                 )
             if now.config.sharding == sharding:
                 raise BoardConflict(f"the board has {shards} shards already", "shards")
+            if bands is not None:  # the bands checked against the board's points_max, as a PUT would
+                BoardConfig.from_dict(self.board_id, {**now.config.to_dict(), "sharding": sharding.to_dict()})
             return {
                 **record,
                 "reshard": {
@@ -214,7 +221,8 @@ class Resharder:
             }
 
         record = await self._update(begin)
-        self.say(f"{self.board_id}: reshard to {shards} shards recorded")
+        banded = f" and {len(bands)} bands" if bands else ""
+        self.say(f"{self.board_id}: reshard to {shards} shards{banded} recorded")
         return record
 
     async def run(self) -> dict[str, Any]:
@@ -319,7 +327,7 @@ class Resharder:
             record = await self._update(copied)
             rate = self.copied / max(time.monotonic() - began, 1e-6)
             left = len(source.prefixes) - len(done)
-            self.say(
+            await self._tell(
                 f"{self.board_id}: copied shard {shard + 1}/{len(source.prefixes)} "
                 f"({members} members; {rate:,.0f}/s; {left} shards left)"
             )
@@ -383,7 +391,9 @@ class Resharder:
                 names += [keys.changes_key(prefix), keys.taken_key(prefix)]
                 move.execute_command("EVAL", _MOVE, 4, *names, self.token, MOVED_MS)
             moved = sum(await move.execute())
-            self.say(f"{self.board_id}: sealed and moved {moved}/{len(open_)} shards (try {attempt + 1})")
+            await self._tell(
+                f"{self.board_id}: sealed and moved {moved}/{len(open_)} shards (try {attempt + 1})"
+            )
         else:
             raise BoardConflict("could not seal every shard within its lease; resume to try again", "board")
         await self._start_journals(source, target)
@@ -522,7 +532,38 @@ class Resharder:
         pipe.execute_command("ZADD", keys.index_key(prefix), expiry, prefix + suffix)
 
     def _home(self, target: Board, member: str) -> str:
-        return target.prefixes[player_hash(_player(member)) % target.config.sharding.shards]
+        return target.prefixes[target.layout.home(_player(member))]
+
+    def _bands(
+        self, pipe: Any, target: Board, rows: list[tuple[str, Any]], gone: list[str], moved: bool
+    ) -> None:
+        """A band target's band index for totals copied (``rows``: player, score) or gone: each
+        player in the band shard of its points, at version 1 on its home and there (band.lua takes a
+        later move with a higher version). ``moved``: the player may be in another band already (a
+        copy again), so they leave every other band shard."""
+        layout, codec = target.layout, target.codec
+        bands = [target.prefixes[b] for b in range(layout.sharding.shards, layout.physical)]
+        placed: dict[str, list[tuple[str, Any]]] = defaultdict(list)
+        for player, score in rows:
+            placed[target.prefixes[layout.band_shard(codec.decode_units(int(score))[0])]].append(
+                (player, score)
+            )
+        for band in bands:
+            here = placed.get(band, [])
+            if here:
+                pipe.execute_command("ZADD", band + "total", *(x for p, v in here for x in (v, p)))
+                pipe.execute_command("HSET", keys.version_key(band), *(x for p, _ in here for x in (p, 1)))
+                self._register(pipe, band, "total", "+inf")
+                self._register(pipe, band, "ver", "+inf")
+            away = set(gone) | ({p for p, _ in rows} - {p for p, _ in here} if moved else set())
+            if away:
+                pipe.execute_command("ZREM", band + "total", *away)
+        homes: dict[str, list[str]] = defaultdict(list)
+        for player, _ in rows:
+            homes[self._home(target, player)].append(player)
+        for home, players in homes.items():
+            pipe.execute_command("HSET", keys.version_key(home), *(x for p in players for x in (p, 1)))
+            self._register(pipe, home, "ver", "+inf")
 
     async def _write(
         self,
@@ -530,10 +571,13 @@ class Resharder:
         suffix: str,
         kind: str,
         expiry: str,
-        rows: Iterable[tuple[str, Any]],
-        gone: Iterable[str] = (),
+        rows: list[tuple[str, Any]],
+        gone: list[str] | None = None,
+        moved: bool = False,
     ) -> None:
-        """Write ``rows`` (member, value) of one key kind into their new homes; remove ``gone``."""
+        """Write ``rows`` (member, value) of one key kind into their new homes; remove ``gone``.
+        ``moved``: copied again, so a band target's index may hold the player in another band."""
+        gone = gone or []
         by_home: dict[str, list[tuple[str, Any]]] = defaultdict(list)
         for member, value in rows:
             by_home[self._home(target, member)].append((member, value))
@@ -543,6 +587,8 @@ class Resharder:
         if not by_home and not removed:
             return
         pipe = batch(self.client)
+        if suffix == "total" and target.layout.strategy == "band":
+            self._bands(pipe, target, list(rows), list(gone), moved)
         for home, items in by_home.items():
             key = home + suffix
             if kind == "zset":
@@ -613,7 +659,7 @@ class Resharder:
             if kind == "zset":
                 present = [(p, v) for p, v in zip(players, values, strict=True) if v is not None]
                 absent = [p for p, v in zip(players, values, strict=True) if v is None]
-                await self._write(target, suffix, kind, expiry, present, absent)
+                await self._write(target, suffix, kind, expiry, present, absent, moved=True)
             elif kind == "set":
                 rows = [(m, None) for m, v in zip(matches, values, strict=True) if v]
                 await self._write(target, suffix, kind, expiry, rows)
@@ -684,6 +730,15 @@ class Resharder:
             await db.commit()
         return updated
 
+    async def _tell(self, line: str) -> None:
+        """Say ``line``; then, for fault-injection tests, pause if SHARDLB_RESHARD_PAUSE names a part
+        of it (``text:seconds``, several separated by commas), so a test can kill the mover there."""
+        self.say(line)
+        for rule in os.environ.get("SHARDLB_RESHARD_PAUSE", "").split(","):
+            text, _, seconds = rule.rpartition(":")
+            if text and text in line:
+                await asyncio.sleep(float(seconds))
+
     # ---- the mover's lease and cancel ---------------------------------------------------------
 
     def _ours(self, record: dict[str, Any], state: str) -> dict[str, Any]:
@@ -751,6 +806,7 @@ async def command(
     action: str = "run",
     postgres_url: str | None = None,
     say: Callable[[str], None] = print,
+    bands: list[int] | None = None,
 ) -> dict[str, Any]:
     """`shardlb reshard`'s work on fresh connections: ``action`` is run (start a reshard to
     ``shards``, or resume the one under way when ``shards`` is None), cancel or status."""
@@ -765,7 +821,7 @@ async def command(
         if action == "cancel":
             return {"board": board_id, "state": await mover.cancel()}
         if shards is not None:
-            await mover.start(shards)
+            await mover.start(shards, bands)
         try:
             return await mover.run()
         except Cancelled:

@@ -8,7 +8,9 @@ named board is fetched and the refused value is checked against it.
 
 from __future__ import annotations
 
+import itertools
 import re
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -68,6 +70,14 @@ def _board_rule(case: Any, response: Any) -> bool:
     field, code = error["field"], error["code"]
     if case.method == "PUT":
         return field in _SETTINGS_FIELDS
+    if case.path.endswith("/reshard") and field in ("sharding.bands", "sharding.shards"):
+        # A reshard's bands must increase from 0 and start at or below the board's points_max, and
+        # bands plus shards make at most 1024 shards.
+        bands = case.body["bands"]
+        increasing = bands[0] == 0 and all(a < b for a, b in itertools.pairwise(bands))
+        board = _settings(response, case.path_parameters["board"])
+        too_high = board is not None and bands[-1] > board["points_max"]
+        return not increasing or too_high or integral(case.body["shards"]) + len(bands) > 1024
     ranks = _RANKS_FIELD.fullmatch(field or "")
     if ranks is not None and code == "invalid_rewards":  # a reward tier's [first, last] needs first <= last
         first, last = case.body["rewards"][int(ranks[1])]["ranks"]
@@ -113,5 +123,9 @@ def _board_rule(case: Any, response: Any) -> bool:
 
 def _settings(response: Any, board: str) -> dict[str, Any] | None:
     url = urlsplit(response.request.url)
-    found = httpx.get(f"{url.scheme}://{url.netloc}/v1/boards/{board}", headers=AS_ADMIN, timeout=10)
+    for _ in range(20):  # a 503 (the fuzzing may have started a reshard of the board) is retried
+        found = httpx.get(f"{url.scheme}://{url.netloc}/v1/boards/{board}", headers=AS_ADMIN, timeout=10)
+        if found.status_code != 503:
+            break
+        time.sleep(0.25)
     return found.json() if found.status_code == 200 else None

@@ -34,6 +34,7 @@ from tests.reference import ReferenceBoard
 pytestmark = pytest.mark.cluster
 
 CACHE = 0.5  # how long the test's "router" keeps a board; the mover is told the same
+PAUSES = "copied shard 2/:30,sealed and moved:30"  # where the killed movers wait to be killed
 
 
 class Router:
@@ -268,7 +269,8 @@ def _mover(cluster: LocalCluster, board_id: str, *args: str) -> subprocess.Popen
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "SHARDLB_POSTGRES_URL": ""},
+        # Each pause gives the test time to kill the mover right there.
+        env={**os.environ, "SHARDLB_POSTGRES_URL": "", "SHARDLB_RESHARD_PAUSE": PAUSES},
     )
 
 
@@ -306,6 +308,9 @@ async def test_killed_mover_is_resumed(store: BoardStore, cluster: LocalCluster)
         await asyncio.sleep(0.5)
         lines = await _kill_at(_mover(cluster, board.config.id, "--resume"), "sealed and moved")
         assert not any("copied shard 1/3" in line for line in lines)  # the copied shards were kept
+        # Killed with its shards sealed or moved and the record not yet committed: writes wait
+        # (the writers retry) until the resume below seals what is left and cuts over.
+        assert (await Resharder(store, board.config.id).status())["state"] == "sealing"
         await asyncio.sleep(0.5)
         mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=CACHE)
         final = await mover.run()
@@ -380,3 +385,31 @@ async def test_journal_board_resharded_is_archived_whole_and_rebuilds_to_the_sam
     await rebuilder.rebuild(await store.get(board.config.id))
     router.board = None
     await work.check()
+
+
+async def test_hash_board_becomes_a_band_board_under_writes_and_reads(store: BoardStore) -> None:
+    """hash -> band: the home shards copied as for any reshard, and the band index built from the
+    totals; players keep crossing bands while it runs (incr results of up to 30 points)."""
+    board, ref = await make_board(store, 3)
+    router = Router(store, board.config.id)
+    work = Workload(router, ref, seed=61, players=1500)
+    for _ in range(40):
+        await work.write()
+    done = asyncio.Event()
+    writers = asyncio.gather(work.run_until(done), work.run_until(done, check_every=3))
+    try:
+        mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=CACHE)
+        await mover.start(4, [0, 40, 120, 300])
+        final = await mover.run()
+    finally:
+        done.set()
+        await writers
+    assert final["state"] == "none" and final["shards"] == 4
+    current = await store.get(board.config.id)
+    assert current.layout.strategy == "band" and current.layout.physical == 8
+    await work.check()
+    for _ in range(30):  # band moves after the cut-over, through band.lua at the players' versions
+        await work.write()
+    await work.check()
+    view = current.resolve("daily")
+    assert await current.top(40, view) == expected(ref, view.period)[:40]
