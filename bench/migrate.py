@@ -179,6 +179,7 @@ async def under_load(
         "write_statuses": writes["statuses"],
         "write_503": writes["statuses"].get("503", 0),
         "refused_s": refused_seconds(writer.attempts),
+        "slowest_write_ms": round(max((a.end - a.start for a in writer.attempts), default=0.0) * 1000, 1),
         "reads_checked": readers.checked,
         "reads_inexact": len(readers.inexact),
         "inexact_examples": readers.inexact[:5],

@@ -141,19 +141,21 @@ def markdown(reports: list[dict[str, Any]]) -> list[str]:
     rows = [
         "| reshard | acknowledged results | acknowledged but lost | duplicates | reads checked "
         "| reads inexact | 503 (writes / reads) | seconds writes were refused | cut-over pause (ms) "
-        "| reshard s | shards drifting from PostgreSQL |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| slowest write (ms) | reshard s | shards drifting from PostgreSQL |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in reports:
         rows.append(
             f"| 16 -> {r['shards']} shards | {r['acknowledged']:,} | {r['lost']} | {r['duplicates']} "
             f"| {r['reads_checked']} | {r['reads_inexact']} | {r['write_503']} / {r['read_503']} "
-            f"| {r['refused_s']} | {r['cutover_ms']} | {r['reshard_s']} | {r['drifting_shards']} |"
+            f"| {r['refused_s']} | {r['cutover_ms']} | {r['slowest_write_ms']} | {r['reshard_s']} "
+            f"| {r['drifting_shards']} |"
         )
     rows += [
         "",
         "Columns as in the migration table; cut-over pause: from the mover's first seal to the new "
-        "layout's opening (writes to the board answer 503 `board_resharding` meanwhile and are retried); "
+        "layout's opening (the router holds writes to the board meanwhile and makes them again; past 2 s "
+        "they would be answered 503 `board_resharding`); slowest write: the longest HTTP write of the run; "
         "shards drifting: `shardlb reconcile`'s check of every new shard against PostgreSQL after the "
         "archiver drained the old layout's journals.",
     ]
