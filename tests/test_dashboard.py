@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from starlette.applications import Starlette
 
 from router import admin, dashboard
@@ -25,6 +26,9 @@ from tests.test_router_server import Server
 pytestmark = pytest.mark.cluster
 
 ADMIN_PATHS = ("/v1/admin/cluster", "/v1/admin/boards/{board}/shards", "/v1/admin/metrics")
+# The private cluster of the node-down test: a dead node is suspected after this long (instead of
+# shardlb's 5 s), so the others agree it has failed sooner.
+NODE_TIMEOUT_MS = 2000
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +196,9 @@ async def test_cluster_view_answers_with_a_node_down(tmp_path: Path) -> None:
     local = LocalCluster(3, 1, port, tmp_path / "cluster")
     local.up()
     try:
+        for node in local.ports:
+            with redis.Redis(host=local.host, port=node) as r:
+                r.config_set("cluster-node-timeout", NODE_TIMEOUT_MS)
         async with running(local.url) as (_, client):
             replica = next(n for n in local.status().nodes if n.port == local.ports[3])
             assert replica.pid is not None
