@@ -38,10 +38,16 @@ run: install redis-server postgres ## start a local Redis Cluster, a `demo` boar
 stop: ## stop the router and the local cluster that `make run` started
 	@bash scripts/dev-stop.sh
 
+# The suite mostly waits (on clusters, routers, subprocesses): two worker processes nearly halve its
+# time on two cores. Each worker starts its own cluster and PostgreSQL (tests/conftest.py, ports from
+# tests/ports.py); --dist loadscope keeps a module on one worker, so a module's own cluster or router
+# starts once. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
+
 test: install redis-server postgres chromium ## run lint, type checks and the whole test suite (starts its own cluster)
 	$(BIN)/ruff check shardlb router bench tests
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadscope
 
 screenshots: install redis-server chromium ## run the dashboard's browser test and keep its screenshots in docs/img
 	SHARDLB_SCREENSHOTS=docs/img $(BIN)/pytest -q tests/test_dashboard_browser.py

@@ -5,7 +5,6 @@ purpose the two ways a network and an overloaded router do."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import socket
 from collections import Counter
@@ -21,13 +20,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shardlb.board import Score
 from shardlb.client import Entry, MatchResult
 from shardlb.config import BoardConfig
+from tests.ports import search_start
 from tests.reference import ReferenceBoard
 from tests.router_support import running
 
 
 def free_port() -> int:
     """A free TCP port below the ephemeral range, away from the clusters' and the router tests' blocks."""
-    for port in range(28000 + os.getpid() % 200 * 10, 30000):
+    for port in range(search_start(28000, 200), 30000):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -9,12 +9,14 @@ import pytest
 
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.postgres import LocalPostgres
+from tests.ports import search_start
 
 
 def _free_ports(count: int) -> int:
-    # Searching from a pid-dependent start keeps test sessions running side by side from racing
-    # for one block; bus ports (+10000) stay below Linux's ephemeral range (32768 and up).
-    return free_port_block(count, start=20000 + os.getpid() % 200 * 10)
+    # Searching from a start of this process's own (tests/ports.py) keeps test sessions and xdist
+    # workers running side by side from racing for one block; bus ports (+10000) stay below Linux's
+    # ephemeral range (32768 and up).
+    return free_port_block(count, start=search_start(20000, 200))
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +43,8 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if given:
         yield given
         return
-    server = LocalPostgres(tmp_path_factory.mktemp("postgres"), fast=True)
+    # Its own start here too: the xdist workers may each start a server at the same moment.
+    server = LocalPostgres(tmp_path_factory.mktemp("postgres"), port=search_start(25432, 50), fast=True)
     url = server.up()
     try:
         yield url

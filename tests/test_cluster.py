@@ -24,13 +24,14 @@ from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.keys import SLOTS
 from shardlb.store import BoardStore
+from tests.ports import search_start
 
 PASSWORD = "dur-able/pass"  # a / to show the URL percent-encodes it
 
 
 def _free_ports(count: int) -> int:
-    # Like the session fixture: a pid-dependent start so side-by-side test runs rarely collide.
-    return free_port_block(count, start=20000 + os.getpid() % 200 * 10)
+    # Like the session fixture: a start of this process's own, so side-by-side runs rarely collide.
+    return free_port_block(count, start=search_start(20000, 200))
 
 
 def _alive(pid: int) -> bool:

@@ -27,6 +27,7 @@ from shardlb.connection import Scripts, connect, parse_url, raised_in_redis, red
 from shardlb.errors import ClusterUnavailable, InvalidInput
 from shardlb.fanout import ScriptPipeline
 from shardlb.store import BoardStore
+from tests.ports import search_start
 
 PASSWORD = secrets.token_hex(16)
 
@@ -95,7 +96,7 @@ def protected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster
     local = LocalCluster(
         masters=3,
         replicas=1,
-        port=free_port_block(6, start=24000 + os.getpid() % 200 * 10),
+        port=free_port_block(6, start=search_start(24000, 200)),
         dir=tmp_path_factory.mktemp("protected"),
     )
     local.up()

@@ -13,17 +13,22 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from starlette.applications import Starlette
 
 from router import admin, dashboard
 from shardlb import keys
 from shardlb.cluster import LocalCluster, free_port_block
+from tests.ports import search_start
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running, service_of
 from tests.test_router_server import Server
 
 pytestmark = pytest.mark.cluster
 
 ADMIN_PATHS = ("/v1/admin/cluster", "/v1/admin/boards/{board}/shards", "/v1/admin/metrics")
+# The private cluster of the node-down test: a dead node is suspected after this long (instead of
+# shardlb's 5 s), so the others agree it has failed sooner.
+NODE_TIMEOUT_MS = 2000
 
 
 @pytest.fixture(scope="module")
@@ -187,10 +192,13 @@ async def test_cluster_view_answers_with_a_node_down(tmp_path: Path) -> None:
     """A private cluster loses a replica: the cluster view still answers, shows that node without
     memory, and once the others agree it has failed, flags it."""
     # Bus ports (+10000) below the ephemeral range, away from the other test clusters' blocks.
-    port = free_port_block(6, start=22000 + os.getpid() % 50 * 10)
+    port = free_port_block(6, start=search_start(22000, 50))
     local = LocalCluster(3, 1, port, tmp_path / "cluster")
     local.up()
     try:
+        for node in local.ports:
+            with redis.Redis(host=local.host, port=node) as r:
+                r.config_set("cluster-node-timeout", NODE_TIMEOUT_MS)
         async with running(local.url) as (_, client):
             replica = next(n for n in local.status().nodes if n.port == local.ports[3])
             assert replica.pid is not None

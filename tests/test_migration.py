@@ -24,6 +24,7 @@ from shardlb import BoardConfig, BoardStore, Score, Scripts, connect, keys, slot
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.connection import slot_of
 from shardlb.fanout import batch
+from tests.ports import search_start
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -34,7 +35,7 @@ WRITE_S = 1.5  # of writes before the change, and again after it
 @pytest.fixture(scope="module")
 def moving_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     # Bus ports (+10000) below 32768, away from the session cluster's and test_chaos's blocks.
-    port = free_port_block(3, start=22100 + os.getpid() % 40 * 10)
+    port = free_port_block(3, start=search_start(22100, 40))
     local = LocalCluster(3, 0, port, Path(tmp_path_factory.mktemp("migration")))
     local.up()
     try:
@@ -205,7 +206,7 @@ async def moves(
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """Both cluster changes under writes and reads through one router: what each measured."""
     logs = Path(tmp_path_factory.mktemp("migration-logs"))
-    port = free_port(27000 + os.getpid() % 300 * 10)
+    port = free_port(search_start(27000, 300))
     with Router(moving_cluster.url, port, 1, logs / "router.log", chaos.router_env("primary")) as r:
         yield await migrate.run(r.url, moving_cluster, WRITE_S, 0, **LOAD)
 
@@ -226,7 +227,7 @@ async def test_no_acknowledged_result_is_lost_and_no_read_is_inexact_while_slots
 
 @pytest.fixture(scope="module")
 def replicated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    port = free_port_block(4, start=22300 + os.getpid() % 40 * 10)
+    port = free_port_block(4, start=search_start(22300, 40))
     local = LocalCluster(2, 1, port, Path(tmp_path_factory.mktemp("migration-replicas")))
     local.up()
     try:

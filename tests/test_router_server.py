@@ -33,6 +33,7 @@ from schemathesis.specs.openapi.checks import (
 
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.store import BoardStore
+from tests.ports import search_start
 from tests.router_support import ADMIN, AS_ADMIN, AS_WRITER, READ, WRITE, board_name, running
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +56,7 @@ schemathesis.serializer("application/msgpack")(_pack)
 
 def free_port() -> int:
     """A free TCP port below the ephemeral range (the workplace rule), away from the clusters' blocks."""
-    for port in range(24000 + os.getpid() % 400 * 10, 32000):
+    for port in range(search_start(24000, 400), 32000):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -247,7 +248,7 @@ async def test_outage_is_503_and_not_ready(tmp_path: Path) -> None:
     small = LocalCluster(
         masters=1,
         replicas=0,
-        port=free_port_block(1, start=22000 + os.getpid() % 70 * 10),
+        port=free_port_block(1, start=search_start(22000, 70)),
         dir=tmp_path / "cluster",
     )
     small.up()
