@@ -69,4 +69,5 @@ class JournalWatch:
                 await self.check()
             except Exception as e:  # the cluster is in trouble: /readyz says so on its own
                 log.warning("journal lag not read", extra={"fields": {"error": repr(e)}})
-            await asyncio.sleep(self.every_s)
+            if not self.closed:  # closed during a check whose cancellation redis-py swallowed: no wait
+                await asyncio.sleep(self.every_s)

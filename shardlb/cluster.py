@@ -309,12 +309,17 @@ class LocalCluster:
                 for source in sources:
                     _command(c, "SCRIPT LOAD", source)
 
-    def rebalance(self, keys_per_migrate: int = 100, pause_s: float = 0.0) -> slot_moves.MoveReport:
-        """Move slots, keys and all, until every master serves an equal share (shardlb/slots.py)."""
+    def rebalance(
+        self, keys_per_migrate: int = 100, pause_s: float = 0.0, timeout: float = 60.0
+    ) -> slot_moves.MoveReport:
+        """Move slots, keys and all, until every master serves an equal share (shardlb/slots.py);
+        return once every node sees the new slot map (replicas learn it by gossip, after the masters)."""
         with self._lock(), self._client(self._member()) as c:
             masters = self._masters(c)
         moves = slot_moves.plan({m.port: m.slots for m in masters}, [m.port for m in masters])
-        return self._move(moves, keys_per_migrate, pause_s)
+        report = self._move(moves, keys_per_migrate, pause_s)
+        self._wait_healthy(time.monotonic() + timeout, "every node to see the rebalanced slots")
+        return report
 
     def remove_node(
         self, port: int, timeout: float = 60.0, keys_per_migrate: int = 100, pause_s: float = 0.0
