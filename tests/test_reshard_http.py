@@ -7,7 +7,6 @@ checking whole pages, while the router's admin endpoint reshards an incr and a b
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 
 from bench import reshard
 from shardlb.cluster import LocalCluster
+from tests.ports import search_start
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -28,7 +28,7 @@ async def steps(
 ) -> list[dict[str, Any]]:
     logs = Path(tmp_path_factory.mktemp("reshard-logs"))
     return await reshard.with_router(
-        logs, cluster.url, postgres_url, WRITE_S, 27500 + os.getpid() % 200 * 10, **LOAD
+        logs, cluster.url, postgres_url, WRITE_S, search_start(27500, 200), **LOAD
     )
 
 
