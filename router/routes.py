@@ -28,7 +28,7 @@ from router.media import RawHeaders, entry_body, read_object, render, rendered, 
 from router.scores import MAX_ITEMS, ScoresEndpoint
 from router.service import Service
 from shardlb import merge, rebuild, times
-from shardlb.board import Board
+from shardlb.board import Board, Entry
 from shardlb.config import ID_PATTERN, MAX_SHARDS, BoardConfig, check_id
 from shardlb.errors import InvalidInput, PlayerNotFound
 from shardlb.merge import Row
@@ -354,15 +354,13 @@ async def around(request: Request) -> Response:
     rank_mode = board.rank_mode(query.get("rank_mode"))
     async with svc.reads, metrics.redis_call("around"):
         found = await board.around(player_id, radius, view, rank_mode)
-    return render(
-        request,
-        {
-            "board": board.config.id,
-            "period": view.api,
-            "entries": [entry_body(e) for e in found],
-            "resets_at": board.resets_at(view.period),
-        },
-    )
+    return _listing(request, board, view, found)
+
+
+def _listing(request: Request, board: Board, view: ResolvedView, found: list[Entry]) -> Response:
+    """The body of around and players:query: the board, the period and the entries."""
+    body = {"board": board.config.id, "period": view.api, "entries": [entry_body(e) for e in found]}
+    return render(request, {**body, "resets_at": board.resets_at(view.period)})
 
 
 async def query(request: Request) -> Response:
@@ -395,15 +393,7 @@ async def query(request: Request) -> Response:
         rank_mode = board.rank_mode(query.get("rank_mode"))
         async with svc.reads, metrics.redis_call("query"):
             found = await board.query(ids, view, rank_mode)
-        return render(
-            request,
-            {
-                "board": board.config.id,
-                "period": view.api,
-                "entries": [entry_body(e) for e in found],
-                "resets_at": board.resets_at(view.period),
-            },
-        )
+        return _listing(request, board, view, found)
 
     return await through_reshard(answer)
 
