@@ -25,7 +25,12 @@ from tests.test_router_server import Server
 
 pytestmark = pytest.mark.cluster
 
-ADMIN_PATHS = ("/v1/admin/cluster", "/v1/admin/boards/{board}/shards", "/v1/admin/metrics")
+ADMIN_PATHS = (
+    "/v1/admin/cluster",
+    "/v1/admin/boards/{board}/shards",
+    "/v1/admin/boards/{board}/reshard",
+    "/v1/admin/metrics",
+)
 # The private cluster of the node-down test: a dead node is suspected after this long (instead of
 # shardlb's 5 s), so the others agree it has failed sooner.
 NODE_TIMEOUT_MS = 2000
@@ -96,6 +101,37 @@ async def test_admin_endpoints_need_an_admin_key(
             assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", path
         assert (await client.get(path, headers=AS_ADMIN)).status_code == 200, path
     assert {r.path for r in admin.ROUTES} == set(ADMIN_PATHS)
+
+
+async def test_a_board_is_resharded_through_the_admin_endpoint(
+    router: tuple[Starlette, httpx.AsyncClient],
+) -> None:
+    _, client = router
+    name = board_name("dash-rs")
+    settings = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 3}}
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+    scores = [{"player_id": f"p{i}", "points": i, "match_id": "m1"} for i in range(50)]
+    assert (
+        await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+    ).status_code == 200
+    path = f"/v1/admin/boards/{name}/reshard"
+    for bad in ({}, {"shards": 0}, {"shards": 2, "resume": True}, {"bands": [0, 10]}, {"shards": 2, "x": 1}):
+        assert (await client.post(path, json=bad, headers=AS_ADMIN)).status_code == 422, bad
+    assert (await client.post(path, json={"resume": True}, headers=AS_ADMIN)).status_code == 409  # none
+    assert (await client.post(path, json={"shards": 3}, headers=AS_WRITER)).status_code == 403
+    started = await client.post(path, json={"shards": 5}, headers=AS_ADMIN)
+    assert started.status_code == 202 and started.json()["to_shards"] == 5, started.text
+    assert (await client.post(path, json={"shards": 6}, headers=AS_ADMIN)).status_code == 409  # one at a time
+    for _ in range(300):
+        status = (await client.get(path, headers=AS_ADMIN)).json()
+        if status["state"] == "none":
+            break
+        await asyncio.sleep(0.1)
+    assert status["shards"] == 5 and status["last"]["from_shards"] == 3, status
+    assert (await client.delete(path, headers=AS_ADMIN)).status_code == 409  # nothing to cancel
+    top = (await client.get(f"/v1/boards/{name}/top?limit=100", headers=AS_ADMIN)).json()["entries"]
+    assert [e["points"] for e in top] == list(range(49, -1, -1))
+    assert (await client.get(f"/v1/boards/{name}", headers=AS_ADMIN)).json()["sharding"]["shards"] == 5
 
 
 async def test_cluster_lists_every_node_with_its_slots_and_memory(
