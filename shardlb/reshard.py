@@ -206,6 +206,12 @@ class Resharder:
                 )
             if now.config.sharding == sharding:
                 raise BoardConflict(f"the board has {shards} shards already", "shards")
+            if now.config.durability == "journal" and not self.postgres_url:
+                raise BoardConflict(
+                    "a journaled board's archive moves with it: give PostgreSQL (--postgres, "
+                    "SHARDLB_POSTGRES_URL) to reshard it",
+                    "board",
+                )
             if bands is not None:  # the bands checked against the board's points_max, as a PUT would
                 BoardConfig.from_dict(self.board_id, {**now.config.to_dict(), "sharding": sharding.to_dict()})
             return {
@@ -434,11 +440,13 @@ class Resharder:
                     "not taken; they stay until it has (is it running?); resume later"
                 )
                 return record
-            if self.postgres_url:
-                rows = await self._rehome(target)
-                self.say(f"{self.board_id}: {rows} archived rows re-homed to the new shards")
-            else:
-                self.say(f"{self.board_id}: no PostgreSQL given: the archive's rows keep their old shards")
+            if not self.postgres_url:  # the new layout serves; the old keys wait for the archive's move
+                self.say(
+                    f"{self.board_id}: give PostgreSQL and resume, to move the archive's rows and finish"
+                )
+                return record
+            rows = await self._rehome(target)
+            self.say(f"{self.board_id}: {rows} archived rows re-homed to the new shards")
         gate = asyncio.Semaphore(16)
 
         async def drop(prefix: str) -> None:

@@ -413,3 +413,10 @@ async def test_hash_board_becomes_a_band_board_under_writes_and_reads(store: Boa
     await work.check()
     view = current.resolve("daily")
     assert await current.top(40, view) == expected(ref, view.period)[:40]
+
+
+async def test_a_journaled_board_is_resharded_only_with_its_archive(store: BoardStore) -> None:
+    board, _ = await make_board(store, 2, durability="journal")
+    with pytest.raises(BoardConflict, match="PostgreSQL"):
+        await Resharder(store, board.config.id, say=lambda _: None).start(3)
+    assert not (await store.get(board.config.id)).moving
