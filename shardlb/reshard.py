@@ -30,11 +30,9 @@ old layout never stopped being the whole board.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import secrets
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -47,10 +45,10 @@ from shardlb.board import Board
 from shardlb.config import BoardConfig, Sharding
 from shardlb.errors import BoardConflict, BoardNotFound
 from shardlb.fanout import batch
+from shardlb.reshard_copy import Copier
 from shardlb.sharding import player_hash
 from shardlb.store import CACHE_SECONDS, BoardStore
 
-BATCH = 1000  # members copied per call
 LEASE_MS = 10_000  # the mover's lease on the board; refreshed while it works, so a dead one ends soon
 SEAL_MS = 10_000  # how long a seal holds writes back; the mover finishes well within it
 MOVED_MS = 86_400_000  # how long an old shard answers "moved" after its keys are dropped
@@ -60,11 +58,6 @@ SEAL_TRIES = 5
 DRAIN_S = 120.0  # how long the mover waits for the archiver to drain the old journals
 STATES = ("copying", "sealing", "committed")
 
-_TAKE = """
-redis.call('SUNIONSTORE', KEYS[1], KEYS[1], KEYS[2])
-redis.call('DEL', KEYS[2])
-return redis.call('SCARD', KEYS[1])
-"""
 # Mark a sealed shard moved, only if the seal held and nothing is left to copy.
 _MOVE = """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] or redis.call('SCARD', KEYS[3]) > 0
@@ -99,24 +92,6 @@ return 1
 """
 
 
-def _kind(suffix: str) -> str:
-    """What a key of a shard is, from its name after the prefix: zset (period boards, the activity
-    set), set (dedup buckets), hash (pins), frozen (markers), or skip (the journal, counters...)."""
-    if suffix in ("total", "seen") or suffix[:2] in ("d:", "w:", "m:"):
-        return "zset"
-    if suffix.startswith("dd:"):
-        return "set"
-    if suffix.startswith("pin:"):
-        return "hash"
-    if suffix.startswith("frozen:"):
-        return "frozen"
-    return "skip"
-
-
-def _player(member: str) -> str:
-    return member.split("\x00", 1)[-1]
-
-
 class Resharder:
     """Moves one board to another shard count (see the module docstring). ``say`` gets progress."""
 
@@ -137,7 +112,7 @@ class Resharder:
         self.cache_s = cache_s  # routers may hold a record this long: the mover seals only after it
         self.drain_s = drain_s
         self.token = secrets.token_hex(8)
-        self.copied = 0
+        self.copier = Copier(self.client)
         self.refused_ms = 0.0  # how long writes were refused at the cut-over
 
     # ---- the record ---------------------------------------------------------------------------
@@ -323,7 +298,7 @@ class Resharder:
             if shard in done:
                 continue
             await self._check_cancel()
-            members = await self._copy_shard(prefix, target)
+            members = await self.copier.copy_shard(prefix, target)
             done.add(shard)
 
             def copied(record: dict[str, Any], shard: int = shard) -> dict[str, Any]:
@@ -331,7 +306,7 @@ class Resharder:
                 return {**record, "reshard": {**move, "copied": sorted({*move["copied"], shard})}}
 
             record = await self._update(copied)
-            rate = self.copied / max(time.monotonic() - began, 1e-6)
+            rate = self.copier.copied / max(time.monotonic() - began, 1e-6)
             left = len(source.prefixes) - len(done)
             await self._tell(
                 f"{self.board_id}: copied shard {shard + 1}/{len(source.prefixes)} "
@@ -339,7 +314,7 @@ class Resharder:
             )
         for _ in range(ROUNDS):
             await self._check_cancel()
-            left = await self._changes(source, target)
+            left = await self.copier.changes(source, target)
             self.say(f"{self.board_id}: copied tracked changes, {left} taken")
             if left <= QUIET:
                 break
@@ -349,7 +324,7 @@ class Resharder:
         if wait > 0:
             self.say(f"{self.board_id}: waiting {wait:.1f} s for every router to know of the reshard")
             await asyncio.sleep(wait)
-            await self._changes(source, target)
+            await self.copier.changes(source, target)
         sealing = "sealing"
         return await self._update(lambda r: {**r, "reshard": {**self._ours(r, "copying"), "state": sealing}})
 
@@ -390,7 +365,7 @@ class Resharder:
             for prefix in open_:
                 seal.execute_command("SET", keys.seal_key(prefix), self.token, "PX", SEAL_MS)
             await seal.execute()
-            await self._changes(source, target, open_, final=True)
+            await self.copier.changes(source, target, open_, final=True)
             move = batch(self.client)
             for prefix in open_:
                 names = [keys.move_key(prefix), keys.seal_key(prefix)]
@@ -485,195 +460,6 @@ class Resharder:
         await self._update(lambda r: {k: v for k, v in r.items() if k != "reshard"})
         kept = source.config.sharding.shards
         self.say(f"{self.board_id}: reshard cancelled; the board keeps {kept} shards")
-
-    # ---- copying ------------------------------------------------------------------------------
-
-    async def _keys(self, prefix: str) -> list[tuple[str, str, str]]:
-        """(suffix, kind, expiry) of every key a shard's index lists; expiry as the index spells it."""
-        listed: Any = await self.client.zrange(keys.index_key(prefix), 0, -1, withscores=True)
-        out = []
-        for name, expiry in listed:
-            suffix = name[len(prefix) :]
-            kind = _kind(suffix)
-            if kind != "skip":
-                out.append((suffix, kind, "+inf" if math.isinf(expiry) else str(int(expiry))))
-        return out
-
-    async def _copy_shard(self, prefix: str, target: Board) -> int:
-        """Copy every member of one old shard into its new home shards, in bounded batches."""
-        count = 0
-        for suffix, kind, expiry in await self._keys(prefix):
-            key = prefix + suffix
-            if kind == "frozen":
-                await self._copy_frozen(key, suffix, expiry, target)
-                continue
-            scan = {"zset": "ZSCAN", "set": "SSCAN", "hash": "HSCAN"}[kind]
-            cursor = "0"
-            while True:
-                cursor, found = await self.client.execute_command(scan, key, cursor, "COUNT", BATCH)
-                rows = list(found.items()) if isinstance(found, dict) else found
-                if kind == "set":
-                    rows = [(member, None) for member in rows]
-                elif kind == "zset" and rows and not isinstance(rows[0], tuple):
-                    rows = list(zip(rows[::2], rows[1::2], strict=True))
-                await self._write(target, suffix, kind, expiry, rows)
-                count += len(rows)
-                self.copied += len(rows)
-                if str(cursor) == "0":
-                    break
-        return count
-
-    async def _copy_frozen(self, key: str, suffix: str, expiry: str, target: Board) -> None:
-        value = await self.client.get(key)
-        if value is None:
-            return
-        pipe = batch(self.client)
-        for prefix in target.prefixes:
-            pipe.execute_command("SET", prefix + suffix, value)
-            self._register(pipe, prefix, suffix, expiry)
-        await pipe.execute()
-
-    def _register(self, pipe: Any, prefix: str, suffix: str, expiry: str) -> None:
-        """The new key in its shard's index, expiring as the old one does (write.lua's rule)."""
-        if expiry != "+inf":
-            pipe.execute_command("PEXPIREAT", prefix + suffix, int(expiry))
-        pipe.execute_command("ZADD", keys.index_key(prefix), expiry, prefix + suffix)
-
-    def _home(self, target: Board, member: str) -> str:
-        return target.prefixes[target.layout.home(_player(member))]
-
-    def _bands(
-        self, pipe: Any, target: Board, rows: list[tuple[str, Any]], gone: list[str], moved: bool
-    ) -> None:
-        """A band target's band index for totals copied (``rows``: player, score) or gone: each
-        player in the band shard of its points, at version 1 on its home and there (band.lua takes a
-        later move with a higher version). ``moved``: the player may be in another band already (a
-        copy again), so they leave every other band shard."""
-        layout, codec = target.layout, target.codec
-        bands = [target.prefixes[b] for b in range(layout.sharding.shards, layout.physical)]
-        placed: dict[str, list[tuple[str, Any]]] = defaultdict(list)
-        for player, score in rows:
-            placed[target.prefixes[layout.band_shard(codec.decode_units(int(score))[0])]].append(
-                (player, score)
-            )
-        for band in bands:
-            here = placed.get(band, [])
-            if here:
-                pipe.execute_command("ZADD", band + "total", *(x for p, v in here for x in (v, p)))
-                pipe.execute_command("HSET", keys.version_key(band), *(x for p, _ in here for x in (p, 1)))
-                self._register(pipe, band, "total", "+inf")
-                self._register(pipe, band, "ver", "+inf")
-            away = set(gone) | ({p for p, _ in rows} - {p for p, _ in here} if moved else set())
-            if away:
-                pipe.execute_command("ZREM", band + "total", *away)
-        homes: dict[str, list[str]] = defaultdict(list)
-        for player, _ in rows:
-            homes[self._home(target, player)].append(player)
-        for home, players in homes.items():
-            pipe.execute_command("HSET", keys.version_key(home), *(x for p in players for x in (p, 1)))
-            self._register(pipe, home, "ver", "+inf")
-
-    async def _write(
-        self,
-        target: Board,
-        suffix: str,
-        kind: str,
-        expiry: str,
-        rows: list[tuple[str, Any]],
-        gone: list[str] | None = None,
-        moved: bool = False,
-    ) -> None:
-        """Write ``rows`` (member, value) of one key kind into their new homes; remove ``gone``.
-        ``moved``: copied again, so a band target's index may hold the player in another band."""
-        gone = gone or []
-        by_home: dict[str, list[tuple[str, Any]]] = defaultdict(list)
-        for member, value in rows:
-            by_home[self._home(target, member)].append((member, value))
-        removed: dict[str, list[str]] = defaultdict(list)
-        for member in gone:
-            removed[self._home(target, member)].append(member)
-        if not by_home and not removed:
-            return
-        pipe = batch(self.client)
-        if suffix == "total" and target.layout.strategy == "band":
-            self._bands(pipe, target, list(rows), list(gone), moved)
-        for home, items in by_home.items():
-            key = home + suffix
-            if kind == "zset":
-                pipe.execute_command("ZADD", key, *(x for m, v in items for x in (v, m)))
-            elif kind == "set":
-                pipe.execute_command("SADD", key, *(m for m, _ in items))
-            else:
-                pipe.execute_command("HSET", key, *(x for m, v in items for x in (m, v)))
-            self._register(pipe, home, suffix, expiry)
-        for home, members in removed.items():
-            pipe.execute_command("ZREM", home + suffix, *members)
-        await pipe.execute()
-
-    async def _changes(
-        self, source: Board, target: Board, prefixes: list[str] | None = None, final: bool = False
-    ) -> int:
-        """Copy again the players written on old shards since they were tracked; return how many."""
-        total = 0
-
-        async def one(prefix: str) -> None:
-            nonlocal total
-            taken, changes = keys.taken_key(prefix), keys.changes_key(prefix)
-            if not await self.client.eval(_TAKE, 2, taken, changes):
-                if final:
-                    await self._frozen_again(prefix, target)
-                return
-            cursor = 0
-            while True:
-                cursor, members = await self.client.sscan(taken, cursor, count=BATCH)
-                await self._copy_members(prefix, target, [str(m) for m in members])
-                total += len(members)
-                if not cursor:
-                    break
-            await self.client.delete(taken)
-            if final:
-                await self._frozen_again(prefix, target)
-
-        await asyncio.gather(*(one(p) for p in prefixes or source.prefixes))
-        return total
-
-    async def _frozen_again(self, prefix: str, target: Board) -> None:
-        """Frozen markers set since the copy (a freeze while the shard was tracked)."""
-        for suffix, kind, expiry in await self._keys(prefix):
-            if kind == "frozen":
-                await self._copy_frozen(prefix + suffix, suffix, expiry, target)
-
-    async def _copy_members(self, prefix: str, target: Board, members: list[str]) -> None:
-        """Copy the current values of the players (and dedup members) of ``members`` from one old
-        shard: every key kind as in the copy; a player gone from a sorted set goes from its copy."""
-        if not members:
-            return
-        players = list(dict.fromkeys(_player(m) for m in members))
-        matches = [m for m in members if not m.startswith("\x00")]
-        listed = await self._keys(prefix)
-        read = batch(self.client)
-        wanted = []
-        for suffix, kind, expiry in listed:
-            if kind == "zset":
-                read.execute_command("ZMSCORE", prefix + suffix, *players)
-            elif kind == "set" and matches:
-                read.execute_command("SMISMEMBER", prefix + suffix, *matches)
-            elif kind == "hash" and matches:
-                read.execute_command("HMGET", prefix + suffix, *matches)
-            else:
-                continue
-            wanted.append((suffix, kind, expiry))
-        for (suffix, kind, expiry), values in zip(wanted, await read.execute(), strict=True):
-            if kind == "zset":
-                present = [(p, v) for p, v in zip(players, values, strict=True) if v is not None]
-                absent = [p for p, v in zip(players, values, strict=True) if v is None]
-                await self._write(target, suffix, kind, expiry, present, absent, moved=True)
-            elif kind == "set":
-                rows = [(m, None) for m, v in zip(matches, values, strict=True) if v]
-                await self._write(target, suffix, kind, expiry, rows)
-            else:
-                rows = [(m, v) for m, v in zip(matches, values, strict=True) if v is not None]
-                await self._write(target, suffix, kind, expiry, rows)
 
     async def _start_journals(self, source: Board, target: Board) -> None:
         """Start every new journal past the last id of every old one (an empty stream whose last id
