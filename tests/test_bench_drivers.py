@@ -3,7 +3,6 @@ they claim, and every store agrees on the same order (sharded board, textbook se
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
@@ -16,7 +15,6 @@ from shardlb.store import BoardStore
 
 pytestmark = pytest.mark.cluster
 
-PG_DSN = os.environ.get("SHARDLB_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=test")
 # Small friend lists: the board's friends query makes one call per tied shard, all at once.
 W = Workload(board="bench-t", players=300, friends_min=3, friends_max=8, page_limit=10)
 
@@ -78,13 +76,13 @@ async def test_raw_and_textbook_reads_run_the_mix_without_errors(board: Board) -
     assert written.errors == 0 and written.items > 0
 
 
-async def test_postgres_holds_the_same_ranks(board: Board) -> None:
-    reason = await peers.pg_available(PG_DSN)
-    if reason:
-        pytest.skip(reason)
+async def test_postgres_holds_the_same_ranks(board: Board, postgres_url: str) -> None:
+    """The bench's PostgreSQL rival, on the suite's own PostgreSQL (never skipped: it is started)."""
+    dsn = postgres_url
+    assert await peers.pg_available(dsn) is None
     small = replace(W, board="bench-pg-t")
-    assert await peers.pg_load(PG_DSN, small.board, board.codec, small) == small.players
-    conn = await peers.pg_connect(PG_DSN)
+    assert await peers.pg_load(dsn, small.board, board.codec, small) == small.players
+    conn = await peers.pg_connect(dsn)
     try:
         table = peers.pg_table(small.board)
         for player in ("p0", "p42"):
@@ -98,9 +96,9 @@ async def test_postgres_holds_the_same_ranks(board: Board) -> None:
             me = int(player[1:])
             key = [(small.initial_points(i), small.initial_age_s(i)) for i in range(small.players)]
             assert rank == 1 + sum(1 for k in key if k > key[me])
-        reads = await peers.pg_reads(PG_DSN, small.board, small, seconds=0.3, concurrency=2)
+        reads = await peers.pg_reads(dsn, small.board, small, seconds=0.3, concurrency=2)
         assert reads.errors == 0 and reads.ops > 0
-        writes = await peers.pg_writes(PG_DSN, small.board, board.codec, small, seconds=0.3, concurrency=2)
+        writes = await peers.pg_writes(dsn, small.board, board.codec, small, seconds=0.3, concurrency=2)
         assert writes.errors == 0 and writes.items > 0
     finally:
         await conn.execute(f"DROP TABLE IF EXISTS {peers.pg_table(small.board)}")
