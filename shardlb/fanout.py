@@ -6,8 +6,8 @@ batch in its retry policy and regroups the replies: for a rank (three commands o
 that was most of the read's CPU. ``Batch`` records the same commands through redis-py's own command
 methods (so arguments and reply parsing are redis-py's), takes the slot from the one key each command
 names, the node from the client's slot map, and sends one pipeline per node (what
-``ClusterNode.execute_pipeline`` does, which ClusterPipeline ends with, but under one timeout per
-pipeline rather than one per reply), all nodes at once.
+``ClusterNode.execute_pipeline`` does, which ClusterPipeline ends with, but under one timeout for
+the round rather than one per reply), all nodes at once.
 
 ``ScriptPipeline`` does the same for the write coalescer's script calls: those made in one turn of
 the event loop leave as one pipeline per node.
@@ -50,7 +50,7 @@ try:  # hiredis is a dependency (redis[hiredis]); without it redis-py's own pack
     _pack_command: Callable[[Any], bytes] | None = importlib.import_module("hiredis").pack_command
 except (ImportError, AttributeError):
     _pack_command = None
-_PLAIN = (str, bytes, int)  # argument types hiredis packs as redis-py would (bool and float: not)
+_PLAIN = frozenset((str, bytes, int))  # argument types hiredis packs as redis-py would (bool and float: not)
 # SHARDLB_ACK: the replicas that must confirm a write before it is answered.
 ACK_LEVELS = {"primary": 0, "replica": 1}
 MARKER_TTL_MS = 60_000  # the ack marker only has to replicate; it expires when writes stop
@@ -156,18 +156,7 @@ class Batch(SortedSetCommands):
             for _, queue, slot in by_node.values():
                 queue.append(PipelineCommand(-1, "SET", keys.ack_key(slot), 1, "PX", MARKER_TTL_MS))
                 queue.append(PipelineCommand(-1, "WAIT", ack.replicas, ack.timeout_ms))
-        failed: list[bool | BaseException]
-        if len(by_node) == 1:  # one node: no task to spawn and gather (a rank's first round)
-            ((node, queue, _),) = by_node.values()
-            try:
-                failed = [await _pipeline(node, queue, self.timeout)]
-            except Exception as e:
-                failed = [e]
-        else:
-            failed = await asyncio.gather(
-                *(_pipeline(node, queue, self.timeout) for node, queue, _ in by_node.values()),
-                return_exceptions=True,
-            )
+        failed = await _pipelines([(node, queue) for node, queue, _ in by_node.values()], self.timeout)
         for (_, queue, _), outcome in zip(by_node.values(), failed, strict=True):
             if isinstance(outcome, BaseException):
                 for c in queue:
@@ -221,9 +210,7 @@ class Batch(SortedSetCommands):
             (target, [x for c in queue for x in (PipelineCommand(-1, "ASKING"), c)])
             for target, queue in asked.values()
         ]
-        failed = await asyncio.gather(
-            *(_pipeline(target, queue, self.timeout) for target, queue in sends), return_exceptions=True
-        )
+        failed = await _pipelines(sends, self.timeout)
         for (_, queue), outcome in zip(sends, failed, strict=True):
             if isinstance(outcome, BaseException):
                 for c in queue:
@@ -414,44 +401,92 @@ def acknowledged(scripts: Scripts, ack: Ack) -> Scripts:
     return dataclasses.replace(scripts, write=AckedScript.of(scripts.write, ack))
 
 
-async def _pipeline(node: ClusterNode, commands: list[PipelineCommand], timeout: float | None) -> bool:
-    """Send ``commands`` to ``node`` as one pipeline and parse each reply with redis-py's callbacks.
+async def _pipelines(
+    sends: Sequence[tuple[ClusterNode, list[PipelineCommand]]], timeout: float | None
+) -> list[bool | BaseException]:
+    """Send each node its ``commands`` as one pipeline, then read the replies node after node and
+    parse each with redis-py's callbacks (each command's ``result``). Per node: True when a command
+    got an error reply, False when none did, or the exception that failed the node's whole pipeline
+    (its connection is then closed: it may be half-read).
 
-    What ``ClusterNode.execute_pipeline`` does, with one timeout around the whole pipeline instead of
-    one per reply (arming and cancelling a timer for each reply cost more than the read itself).
-    Returns True when a command got an error reply. A connection left half-read is closed.
+    What ``ClusterNode.execute_pipeline`` does, for every node at once without a task per node: the
+    nodes work on their pipelines together while the replies are read in turn, and one timeout
+    bounds the round instead of one per reply and per node (arming a timer for each reply, and a task
+    for each node and for each write's own timeout, cost more than the commands themselves).
     """
-    connection = node.acquire_connection()
+    outcomes: list[bool | BaseException] = [False] * len(sends)
+    held: list[tuple[int, ClusterNode, Any]] = []
+    unread: set[int] = set()  # pipelines sent (or being sent) and not read to the end
     try:
+        for i, (node, _) in enumerate(sends):
+            try:
+                held.append((i, node, node.acquire_connection()))
+            except Exception as e:  # the node's pool is full
+                outcomes[i] = e
         async with asyncio.timeout(timeout):
-            await connection.send_packed_command(_packed(connection, commands))
-            failed = False
-            for c in commands:
+            for i, node, connection in held:
+                unread.add(i)
                 try:
-                    reply = await connection.read_response(timeout=math.inf)
-                except rx.ResponseError as e:
-                    c.result, failed = e, True
+                    await _send(connection, _packed(connection, sends[i][1]))
+                except Exception as e:
+                    outcomes[i] = e
+            for i, node, connection in held:
+                if isinstance(outcomes[i], BaseException):
                     continue
-                parse = node.response_callbacks.get(c.args[0])
-                if parse is None:
-                    c.result = reply
-                else:
-                    c.result = parse(reply, **{k: v for k, v in c.kwargs.items() if k != "keys"})
-        return failed
-    except BaseException:
-        await connection.disconnect()
-        raise
+                try:
+                    outcomes[i] = await _replies(node, connection, sends[i][1])
+                    unread.discard(i)
+                except Exception as e:
+                    outcomes[i] = e
+    except TimeoutError as e:
+        for i in unread:
+            if not isinstance(outcomes[i], BaseException):
+                outcomes[i] = e
     finally:
-        node.release(connection)
+        for i, node, connection in held:
+            if i in unread:
+                await connection.disconnect()
+            node.release(connection)
+    return outcomes
+
+
+async def _send(connection: Any, packed: bytes | list[bytes]) -> None:
+    """Write a packed pipeline. On an open connection straight to its stream (redis-py's own send
+    wraps each write in a task of its own for the socket timeout, which the caller's round already
+    bounds); else through redis-py, which connects first."""
+    if connection.is_connected and hasattr(connection, "_send_packed_command"):
+        try:
+            await connection._send_packed_command([packed] if isinstance(packed, bytes) else packed)
+        except OSError as e:
+            raise rx.ConnectionError(f"error writing to {connection.host}:{connection.port}: {e}") from e
+    else:
+        await connection.send_packed_command(packed, check_health=False)
+
+
+async def _replies(node: ClusterNode, connection: Any, commands: list[PipelineCommand]) -> bool:
+    """Read one reply per command into its ``result``; True when one was an error reply."""
+    failed = False
+    callbacks = node.response_callbacks
+    for c in commands:
+        try:
+            reply = await connection.read_response(timeout=math.inf)
+        except rx.ResponseError as e:
+            c.result, failed = e, True
+            continue
+        parse = callbacks.get(c.args[0])
+        if parse is None:
+            c.result = reply
+        else:
+            c.result = parse(reply, **{k: v for k, v in c.kwargs.items() if k != "keys"}) if c.kwargs else parse(reply)
+    return failed
 
 
 def _packed(connection: Any, commands: list[PipelineCommand]) -> bytes | list[bytes]:
     """The commands in RESP, packed by hiredis (in C) when every argument is a str, bytes or int,
     as a board read's and a write script call's are; else by redis-py's own (Python) packer."""
     if _pack_command is not None and all(
-        type(a) in _PLAIN and not (i == 0 and isinstance(a, str) and " " in a)
+        _PLAIN.issuperset(map(type, c.args)) and not (type(c.args[0]) is str and " " in c.args[0])
         for c in commands
-        for i, a in enumerate(c.args)
     ):
         return b"".join([_pack_command(c.args) for c in commands])
     packed: list[bytes] = connection.pack_commands(c.args for c in commands)

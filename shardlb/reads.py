@@ -152,8 +152,8 @@ class View:
 
     async def rank_of(self, found: Located) -> tuple[int, int]:
         """The player's unique rank and the view's size, from ``locate``: one more pipeline per node
-        holding the other keys (ZCOUNT above, ZCOUNT and ZRANGE of the tie block, ZCARD), so a rank
-        costs two rounds of round trips whatever the number of shards."""
+        holding the other keys (ZCOUNT above, the tie block by ZRANGEBYSCORE up to one row past
+        TIE_ROWS, ZCARD), so a rank costs two rounds of round trips whatever the number of shards."""
         others = [i for i in range(len(self.keys)) if i != found.home]
         if not others:
             return found.ahead + 1, found.size
@@ -163,13 +163,12 @@ class View:
         for i in others:
             key = self.keys[i]
             pipe.zcount(key, f"({text}", "+inf")
-            pipe.zcount(key, text, text)
-            pipe.zrangebyscore(key, text, text, 0, TIE_ROWS)
+            pipe.zrangebyscore(key, text, text, 0, TIE_ROWS + 1)  # more than TIE_ROWS: not whole
             pipe.zcard(key)
         replies = await pipe.execute()
-        counts = [int(n) for n in replies[0::4]]
-        sizes = [int(n) for n in replies[3::4]]
-        await self._resolve_ties(found, others, counts, replies[1::4], replies[2::4])
+        counts = [int(n) for n in replies[0::3]]
+        sizes = [int(n) for n in replies[2::3]]
+        await self._resolve_ties(found, others, counts, replies[1::3])
         return found.ahead + sum(counts) + 1, found.size + sum(sizes)
 
     async def near(self, member: str, home: int, radius: int) -> tuple[Located, list[Row]] | None:
@@ -210,14 +209,13 @@ class View:
             for i in others:
                 key = self.keys[i]
                 pipe.zcount(key, f"({text}", "+inf")
-                pipe.zcount(key, text, text)
-                pipe.zrangebyscore(key, text, text, 0, TIE_ROWS, withscores=True)
+                pipe.zrangebyscore(key, text, text, 0, TIE_ROWS + 1, withscores=True)
                 pipe.zrangebyscore(key, f"({text}", "+inf", 0, radius, withscores=True)
                 pipe.zrevrangebyscore(key, f"({text}", "-inf", 0, radius, withscores=True)
             replies = await pipe.execute()
             for j in range(len(others)):
-                above, tied, block, up, down = replies[5 * j : 5 * j + 5]
-                if int(tied) > len(block):
+                above, block, up, down = replies[4 * j : 4 * j + 4]
+                if len(block) > TIE_ROWS:
                     return None
                 counts.append(int(above) + sum(1 for m, _ in block if m > member))
                 near += rows(block) + rows(up) + rows(down)
@@ -228,19 +226,15 @@ class View:
         return window, rank, min(at, radius)
 
     async def _resolve_ties(
-        self,
-        found: Located,
-        others: list[int],
-        counts: list[int],
-        tied: Sequence[Any],
-        members: Sequence[Sequence[str]],
+        self, found: Located, others: list[int], counts: list[int], blocks: Sequence[Sequence[str]]
     ) -> None:
         """Add to ``counts`` (one per key of ``others``) the rows tied with the player that rank
-        ahead of them: from the tie block read back when it was whole, else with counts.lua."""
+        ahead of them: from the tie block read back when it was whole (at most TIE_ROWS rows), else
+        with counts.lua."""
         score, member = found.row
         big = []
-        for j, (n, block) in enumerate(zip(tied, members, strict=True)):
-            if int(n) > len(block):
+        for j, block in enumerate(blocks):
+            if len(block) > TIE_ROWS:
                 big.append(j)
             else:
                 counts[j] += sum(1 for m in block if m > member)

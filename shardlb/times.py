@@ -21,6 +21,7 @@ RFC3339_PATTERN = (
     r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
 )
 _RFC3339 = re.compile(RFC3339_PATTERN)
+_MIN_S, _MAX_S = 0, END_MS // 1000 - 1  # the seconds time.gmtime formats as format_ms does
 
 
 def now_ms() -> int:
@@ -58,7 +59,12 @@ def parse(value: object, field: str) -> int:
 
 def format_ms(epoch_ms: int) -> str:
     """RFC 3339 in UTC, with milliseconds only when they are not zero."""
-    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    seconds, ms = divmod(int(epoch_ms), 1000)
+    if _MIN_S <= seconds <= _MAX_S:
+        # A third of datetime's cost; every entry of every read is formatted.
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        return f"{text}.{ms:03d}Z" if ms else f"{text}Z"
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)  # out of gmtime's range: as before
     if epoch_ms % 1000:
         return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -166,18 +166,18 @@ async def test_the_fallback_path_waits_and_reloads_scripts(
     config = BoardConfig.from_dict(board_name("ack"), {"mode": "incr", "sharding": {"shards": 1}})
     board, _ = await acked_store.create(config)
     client = acked_store.client
-    real = fanout._pipeline
+    real = fanout._pipelines
     failures = [ConnectionError("the turn's pipeline broke")]
 
-    async def once_broken(node: Any, commands: list[Any], timeout: float | None) -> bool:
+    async def once_broken(sends: list[tuple[Any, list[Any]]], timeout: float | None) -> list[Any]:
         if failures:
             raise failures.pop()
-        return await real(node, commands, timeout)
+        return await real(sends, timeout)
 
     try:
         pipeline = fanout.ScriptPipeline(client)
         await client.execute_command("SCRIPT FLUSH", target_nodes=client.PRIMARIES)
-        monkeypatch.setattr(fanout, "_pipeline", once_broken)
+        monkeypatch.setattr(fanout, "_pipelines", once_broken)
         prepared = board.prepare([Score("p1", 7, "m1")])
         results = await board.apply_shard(0, prepared, pipeline=pipeline)
         assert [r.status for r in results] == ["improved"] and not failures

@@ -58,7 +58,7 @@ async def test_any_failure_on_the_direct_path_falls_back(
     async def broken(*_: Any) -> bool:
         raise ConnectionError("node went away")
 
-    monkeypatch.setattr(fanout, "_pipeline", broken)
+    monkeypatch.setattr(fanout, "_pipelines", broken)
     batch = fanout.batch(store.client)
     _record(batch, keys)
     assert await batch.direct() is None
@@ -90,13 +90,13 @@ async def test_script_calls_of_one_turn_share_a_pipeline_and_failures_are_per_ca
     client = store.client
     sha = await client.script_load("return {KEYS[1], ARGV[1]}")
     sent: list[int] = []
-    real = fanout._pipeline
+    real = fanout._pipelines
 
-    async def counting(node: Any, commands: list[Any], timeout: float | None) -> bool:
-        sent.append(len(commands))
-        return await real(node, commands, timeout)
+    async def counting(sends: list[tuple[Any, list[Any]]], timeout: float | None) -> list[Any]:
+        sent.extend(len(commands) for _, commands in sends)
+        return await real(sends, timeout)
 
-    monkeypatch.setattr(fanout, "_pipeline", counting)
+    monkeypatch.setattr(fanout, "_pipelines", counting)
     pipeline = fanout.ScriptPipeline(client)
     keys = [f"fanout:{{s{i}}}" for i in range(9)]
     calls = [pipeline.queue(sha, [key], [f"arg{i}"]) for i, key in enumerate(keys)]
@@ -124,7 +124,7 @@ async def test_a_write_whose_pipelined_call_fails_is_made_again_on_its_own(
         prepared = board.prepare([Score("w1", 10, "m1"), Score("w1", 20, "m2")])
         first = await board.apply_shard(prepared[0].shard, prepared[:1], pipeline=pipeline)
         assert [r.status for r in first] == ["improved"]
-        monkeypatch.setattr(fanout, "_pipeline", broken)
+        monkeypatch.setattr(fanout, "_pipelines", broken)
         second = await board.apply_shard(prepared[1].shard, prepared[1:], pipeline=pipeline)
         assert [(r.status, r.points) for r in second] == [("improved", 20)]
         assert (await board.player("w1")).entry.points == 20
