@@ -424,7 +424,7 @@ async def _pipelines(
             except Exception as e:  # the node's pool is full
                 outcomes[i] = e
         async with asyncio.timeout(timeout):
-            for i, node, connection in held:
+            for i, _, connection in held:
                 unread.add(i)
                 try:
                     await _send(connection, _packed(connection, sends[i][1]))
@@ -477,7 +477,8 @@ async def _replies(node: ClusterNode, connection: Any, commands: list[PipelineCo
         if parse is None:
             c.result = reply
         else:
-            c.result = parse(reply, **{k: v for k, v in c.kwargs.items() if k != "keys"}) if c.kwargs else parse(reply)
+            options = c.kwargs
+            c.result = parse(reply, **{k: v for k, v in options.items() if k != "keys"}) if options else parse(reply)
     return failed
 
 

@@ -69,7 +69,11 @@ def test_every_accepted_time_formats_and_parses_back(ms: int) -> None:
     assert times.parse(ms, "t") == ms
 
 
-@given(st.one_of(st.integers(min_value=0, max_value=times.END_MS - 1), st.sampled_from([0, 999, 1000, times.END_MS - 1])))
+@given(
+    st.one_of(
+        st.integers(min_value=0, max_value=times.END_MS - 1), st.sampled_from([0, 999, 1000, times.END_MS - 1])
+    )
+)
 def test_formatting_matches_datetimes_rfc3339(ms: int) -> None:
     """format_ms takes a quicker way than datetime; the text is the same to the millisecond."""
     moment = datetime.fromtimestamp(ms // 1000, tz=UTC)
