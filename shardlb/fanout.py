@@ -476,9 +476,10 @@ async def _replies(node: ClusterNode, connection: Any, commands: list[PipelineCo
         parse = callbacks.get(c.args[0])
         if parse is None:
             c.result = reply
+        elif c.kwargs:
+            c.result = parse(reply, **{k: v for k, v in c.kwargs.items() if k != "keys"})
         else:
-            options = c.kwargs
-            c.result = parse(reply, **{k: v for k, v in options.items() if k != "keys"}) if options else parse(reply)
+            c.result = parse(reply)
     return failed
 
 

@@ -71,7 +71,8 @@ def test_every_accepted_time_formats_and_parses_back(ms: int) -> None:
 
 @given(
     st.one_of(
-        st.integers(min_value=0, max_value=times.END_MS - 1), st.sampled_from([0, 999, 1000, times.END_MS - 1])
+        st.integers(min_value=0, max_value=times.END_MS - 1),
+        st.sampled_from([0, 999, 1000, times.END_MS - 1]),
     )
 )
 def test_formatting_matches_datetimes_rfc3339(ms: int) -> None:
