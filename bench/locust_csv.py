@@ -15,6 +15,9 @@ from pathlib import Path
 
 SCORES_TYPE = "WRITE"
 SCORES_NAME = "player-scores"
+# Locust's CURRENT_RESPONSE_TIME_PERCENTILE_WINDOW: a history row's percentiles cover this many seconds
+# (not imported: importing locust monkey-patches the interpreter with gevent).
+RECENT_WINDOW_S = 10.0
 
 
 def _num(text: str) -> float:
@@ -73,7 +76,10 @@ class Sample:
     requests: int
     failures: int
     avg_size: float
-    p99_recent: float  # p99 over Locust's recent window (about 10 s) at ``t``
+    # Latency percentiles (ms) over Locust's recent window (its last 10 s) at ``t``
+    p50_recent: float
+    p95_recent: float
+    p99_recent: float
 
     @property
     def items(self) -> float:
@@ -93,6 +99,8 @@ def read_history(path: Path, type_: str, name: str) -> list[Sample]:
                         int(row["Total Request Count"]),
                         int(row["Total Failure Count"]),
                         _num(row["Total Average Content Size"]),
+                        _num(row["50%"]),
+                        _num(row["95%"]),
                         _num(row["99%"]),
                     )
                 )

@@ -5,18 +5,21 @@ the same cluster and the same preloaded players.
     python -m bench.run            # settings: SHARDLB_BENCH_* variables, see Settings
 
 Steps: start a local cluster; preload the population into the sharded board, the textbook sorted
-set and PostgreSQL; HTTP write ramp and read mix through the router with Locust; the raw limit
-(same writes and reads through the library, no HTTP); the textbook design; PostgreSQL; the hot reads
-of one router process beside the textbook service (bench/hot.py); short sweeps over router processes
-and cluster masters; the durability phases (journal and archiver on beside off, replica
-acknowledgement beside primary) and the journal's memory per result. Results go to
-bench/results/<timestamp>/ and summary.md/summary.json are copied to bench/results/latest/.
+set and PostgreSQL; HTTP write ramp and read mix through the router with Locust; the write latency
+curve (constant-rate steps at shares of the ramp's sustained rate); the raw limit (same writes and
+reads through the library, no HTTP); the textbook design; PostgreSQL; the hot reads of one router
+process beside the textbook service (bench/hot.py), which loads a board of one shard per master;
+the HTTP read mix again on that board; short sweeps over router processes and cluster masters;
+the durability phases (journal and archiver on beside off, replica acknowledgement beside primary)
+and the journal's memory per result. Results go to bench/results/<timestamp>/ and
+summary.md/summary.json are copied to bench/results/latest/.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -27,13 +30,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench import drivers, hot, journal, report, shapes
+from bench import drivers, hot, journal, locust_csv, report, shapes
 from bench.drivers import Job
 from bench.durability import ArchiveDatabase, ArchiverProcess, JournalPhase, router_knows
 from bench.harness import int_list, log, publish, run_dir
 from bench.population import load_parallel as population_load
 from bench.procs import CpuMeter, machine_cpu_seconds
-from bench.services import Router, free_port, router_missing, run_locust
+from bench.services import LocustRun, Router, free_port, router_missing, run_locust
 from bench.testbed import create_board, machine, node_pids, pg_preload, postgres_pids, preload, start_cluster
 from bench.workload import Workload
 from shardlb.cluster import LocalCluster
@@ -66,6 +69,7 @@ class Settings:
     raw_seconds: float = 8.0
     peer_seconds: float = 6.0
     sweep_seconds: float = 8.0
+    latency_shares: str = "0.5,0.8"  # the latency curve's steps, as shares of the ramp's sustained rate
     durability_seconds: float = 8.0  # each phase of the durability comparison
     drain_wait: float = 60.0  # after a journaled phase, wait up to this long for the archive to catch up
     sweep_masters: str = "1,2,3"
@@ -91,6 +95,22 @@ class Settings:
                     f"SHARDLB_BENCH_{name.upper()}: expected {type(default).__name__}, got {raw!r}"
                 ) from e
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        self.shares()
+
+    def shares(self) -> list[float]:
+        """SHARDLB_BENCH_LATENCY_SHARES as numbers, at least one, each above 0."""
+        try:
+            shares = [float(v) for v in self.latency_shares.split(",") if v.strip()]
+        except ValueError:
+            shares = []
+        if not shares or min(shares) <= 0:
+            raise SystemExit(
+                "SHARDLB_BENCH_LATENCY_SHARES: expected comma-separated shares of the sustained rate "
+                f"above 0 such as 0.5,0.8, got {self.latency_shares!r}"
+            )
+        return shares
 
 
 def measured(groups: dict[str, list[int]], action: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
@@ -167,20 +187,54 @@ def http_phases(
         )
         result["writes"] = report.http_writes(run, stages)
         log(f"HTTP writes: sustained {result['writes']['sustained_writes_per_s']:.0f}/s")
-        log(f"HTTP read mix: {s.read_users} users for {s.read_seconds:.0f} s")
-        run = run_locust(
-            out / "http-reads",
-            router.url,
-            ["Player"],
-            locust_env(s, workload, {"SHARDLB_READER_RPS": "1000"}),
-            s.locust_processes,
-            ["-u", str(s.read_users), "-r", str(s.read_users), "-t", f"{s.read_seconds:.0f}s"],
-            groups,
-            s.read_seconds + 60,
-        )
-        result["reads"] = report.http_reads(run)
-        log(f"HTTP reads: {result['reads']['reads_per_s']:.0f}/s")
+        result["reads"] = read_mix(s, workload, router.url, out / "http-reads", groups)
     return result
+
+
+def read_mix(
+    s: Settings, workload: Workload, url: str, prefix: Path, groups: dict[str, list[int]]
+) -> dict[str, Any]:
+    """The HTTP read mix: s.read_users Locust "Player" users reading back to back for s.read_seconds,
+    CPU metered over ``groups``."""
+    log(f"HTTP read mix on {workload.board}: {s.read_users} users for {s.read_seconds:.0f} s")
+    run = run_locust(
+        prefix,
+        url,
+        ["Player"],
+        locust_env(s, workload, {"SHARDLB_READER_RPS": "1000"}),
+        s.locust_processes,
+        ["-u", str(s.read_users), "-r", str(s.read_users), "-t", f"{s.read_seconds:.0f}s"],
+        groups,
+        s.read_seconds + 60,
+    )
+    reads = report.http_reads(run)
+    log(f"HTTP reads on {workload.board}: {reads['reads_per_s']:.0f}/s")
+    return reads
+
+
+def planned_reads(
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    out: Path,
+    redis: dict[str, list[int]],
+    hot_run: dict[str, Any],
+) -> dict[str, Any]:
+    """The HTTP read mix again, on the board of one shard per master (the layout `shardlb plan`
+    recommends) with the same players, through a router of its own as in http_phases. The board is
+    the one the hot phase loaded (bench/hot.py), or loaded here when that phase was skipped."""
+    missing = router_missing()
+    if missing:
+        return {"skipped": missing}
+    board = hot.hot_board_workload(workload, s.masters)
+    if hot_run.get("hot_board") != board.board:
+        log(f"loading {board.board}: {s.masters} shards, the same {workload.players:,} players")
+        hot.prepare(cluster.url, workload, s.masters, s.driver_processes)
+    router = Router(cluster.url, free_port(22400), s.router_workers, out / "planned-router.log", router_env())
+    with router:
+        groups = {**redis, "router": [router.proc.pid] if router.proc else []}
+        reads = read_mix(s, board, router.url, out / "http-reads-planned", groups)
+    return {"board": board.board, "shards": s.masters, "router_workers": s.router_workers, **reads}
 
 
 def router_env() -> dict[str, str]:
@@ -201,12 +255,32 @@ def soak(
 ) -> dict[str, Any]:
     """A short HTTP write step at ``offered`` writes/s through a router of ``workers`` processes
     started for it with ``env`` added to its settings; CPU metered over ``groups`` and the router."""
+    run = soak_run(s, workload, cluster, name, out, groups, offered, workers, s.sweep_seconds + 4, env)
+    point = report.sweep_point(run, window=max(3.0, s.sweep_seconds - 2))
+    log(f"{name}: {point['writes_per_s']:.0f} writes/s, {point['failures']} failures")
+    return point
+
+
+def soak_run(
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    name: str,
+    out: Path,
+    groups: dict[str, list[int]],
+    offered: int,
+    workers: int,
+    seconds: float,
+    env: dict[str, str] | None = None,
+) -> LocustRun:
+    """Locust's ``soak`` shape at ``offered`` writes/s for ``seconds`` (bench/shapes.py) through a
+    fresh router of ``workers`` processes with ``env`` added to its settings."""
     router = Router(
         cluster.url, free_port(22400), workers, out / f"{name}-router.log", {**router_env(), **(env or {})}
     )
     with router:
-        log(f"{name}: {workers} router workers, {s.sweep_seconds + 4:.0f} s at {offered} writes/s offered")
-        run = run_locust(
+        log(f"{name}: {workers} router workers, {seconds:.0f} s at {offered} writes/s offered")
+        return run_locust(
             out / name,
             router.url,
             ["GameServer"],
@@ -216,17 +290,56 @@ def soak(
                 {
                     "SHARDLB_SHAPE": "soak",
                     "SHARDLB_TARGET_WRITES": str(offered),
-                    "SHARDLB_DURATION": str(s.sweep_seconds + 4),
+                    "SHARDLB_DURATION": str(seconds),
                 },
             ),
             s.locust_processes,
             [],
             {**groups, "router": [router.proc.pid] if router.proc else []},
-            s.sweep_seconds + 60,
+            seconds + 56,
         )
-    point = report.sweep_point(run, window=max(3.0, s.sweep_seconds - 2))
-    log(f"{name}: {point['writes_per_s']:.0f} writes/s, {point['failures']} failures")
-    return point
+
+
+def latency_curve(
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    out: Path,
+    redis: dict[str, list[int]],
+    http: dict[str, Any],
+) -> dict[str, Any]:
+    """Constant-rate HTTP write steps at s.latency_shares of the ramp's sustained rate, each through
+    a fresh router of s.router_workers processes: the write latency below saturation (issue 13:
+    write p99 under 50 ms at 80% of the sustained maximum). Each step holds its rate for at least
+    Locust's percentile window, so the percentiles read at its end cover the held rate only."""
+    sustained = http.get("writes", {}).get("sustained_writes_per_s")
+    if router_missing() or not sustained:
+        return {"skipped": http.get("skipped", "the ramp sustained no writes")}
+    # The soak shape spends its first quarter (at most 10 s) at half the rate; the rest must cover
+    # the users' spawning and then Locust's whole percentile window.
+    hold = locust_csv.RECENT_WINDOW_S + report.SPAWN_SETTLE_S
+    seconds = float(max(s.sweep_seconds + 4, math.ceil(4 / 3 * hold)))
+    held_from = shapes.schedule("soak", sustained, seconds, s.user_rps, workload.players_per_match)[0].until
+    steps = []
+    for share in s.shares():
+        offered = round(share * sustained)
+        run = soak_run(
+            s, workload, cluster, f"latency-{share * 100:g}", out, redis, offered, s.router_workers, seconds
+        )
+        stages = shapes.schedule("soak", offered, seconds, s.user_rps, workload.players_per_match)
+        step = {"share": share, **report.latency_step(run, stages)}
+        log(
+            f"latency at {share:.0%}: {step['achieved']} of {step['offered']} writes/s, "
+            f"p50/p95/p99 {step['p50_ms']}/{step['p95_ms']}/{step['p99_ms']} ms, {step['failures']} failures"
+        )
+        steps.append(step)
+    return {
+        "sustained_writes_per_s": sustained,
+        "router_workers": s.router_workers,
+        "seconds": seconds,
+        "held_from_s": held_from,
+        "steps": steps,
+    }
 
 
 def router_sweep(
@@ -512,8 +625,11 @@ def main(argv: list[str] | None = None) -> int:
         summary["population"], summary["postgres_load"] = preload_all(s, workload, cluster)
         log(f"preloaded: {summary['population']}, postgres {summary['postgres_load']}")
         summary["http"] = http_phases(s, workload, cluster, out, redis)
+        summary["latency_curve"] = latency_curve(s, workload, cluster, out, redis, summary["http"])
         summary.update(driver_phases(s, workload, cluster, redis, summary["postgres_load"]))
         summary["hot"] = hot.run(cluster.url, workload, s.masters, redis, out, s.driver_processes)
+        if "skipped" not in summary["http"]:
+            summary["http"]["reads_planned"] = planned_reads(s, workload, cluster, out, redis, summary["hot"])
         summary["sweeps"] = sweeps(s, workload, cluster, out, redis, summary["http"])
         summary["durability"] = durability_phases(
             s, workload, cluster, out, redis, summary["sweeps"]["router_offered_writes"]

@@ -50,7 +50,9 @@ def stats_row(
     return [type_, name, count, failures, p50, p50, 1, p99, size, count / 20, failures / 20, *pct]
 
 
-def history_row(t: int, users: int, type_: str, name: str, count: int, size: float, p99: str = "N/A") -> list:
+def history_row(
+    t: int, users: int, type_: str, name: str, count: int, size: float, p99: str = "N/A", p50: str = "N/A"
+) -> list:
     return [
         t,
         users,
@@ -58,7 +60,9 @@ def history_row(t: int, users: int, type_: str, name: str, count: int, size: flo
         name,
         "0.0",
         "0.0",
-        *(["N/A"] * 7),
+        *([p50] * 5),  # 50% to 90%
+        p99,  # 95%
+        p99,  # 98%
         p99,
         "N/A",
         "N/A",
@@ -110,7 +114,7 @@ def run(tmp_path: Path) -> SimpleNamespace:
     }
     for t, count in counts.items():
         rows.append(history_row(t, 10, "WRITE", "player-scores", count, 9.5 if count else 0))
-        rows.append(history_row(t, 10, "POST", "/v1/boards/[board]/scores", count, 0, p99=str(t)))
+        rows.append(history_row(t, 10, "POST", "/v1/boards/[board]/scores", count, 0, str(t), str(t - 100)))
     write(Path(f"{prefix}_stats_history.csv"), HISTORY, rows)
     cpu = {"busiest_process_share": {"locust": 0.95}, "cpu_s": {}, "wall_s": 12}
     return SimpleNamespace(
@@ -151,3 +155,28 @@ def test_report_of_a_ramp(run: SimpleNamespace) -> None:
     assert [s["offered"] for s in out["steps"]] == [1000, 2000]
     assert out["steps"][1]["achieved"] == round((2000 - 1000) * 9.5 / 4)
     assert out["steps"][1]["p99_ms"] == 112
+
+
+def test_report_of_a_constant_rate_step(run: SimpleNamespace) -> None:
+    stages = shapes.schedule("soak", 1000, 12, user_rps=10, scores_per_request=10)
+    assert [s.until for s in stages] == [3, 12]  # 3 s at half the rate, then held
+    out = report.latency_step(run, stages)
+    assert (out["users"], out["offered"]) == (10, 1000)
+    # held from 3 s, spawning over 2 s more: 106 -> 112, (2000 - 600) requests x 9.5 scores over 6 s
+    assert out["achieved"] == round((2000 - 600) * 9.5 / 6)
+    # Locust's window at the end of the step: the last history row up to t0 + 12
+    assert (out["p50_ms"], out["p95_ms"], out["p99_ms"]) == (12, 112, 112)
+    assert out["latency_window_s"] == locust_csv.RECENT_WINDOW_S
+    assert (out["requests"], out["failures"]) == (2010, 10)
+    assert out["locust_cpu_bound"] is True
+
+
+def test_a_step_without_windowed_percentiles_reports_the_whole_runs(run: SimpleNamespace) -> None:
+    with open(run.history, newline="") as f:
+        rows = list(csv.reader(f))
+    for row in rows[1:]:
+        row[6:17] = ["N/A"] * 11
+    write(run.history, rows[0], rows[1:])
+    out = report.latency_step(run, shapes.schedule("soak", 1000, 12, user_rps=10, scores_per_request=10))
+    assert (out["p50_ms"], out["p95_ms"], out["p99_ms"]) == (20, 80, 120)  # the stats file's POST row
+    assert out["latency_window_s"] == 12

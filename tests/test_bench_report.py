@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench import report
+from bench import read_goals, report
 
 LATEST = Path(__file__).resolve().parent.parent / "bench" / "results" / "latest" / "summary.json"
 DERIVED = ("ratios", "costs", "cpu_per_write", "contaminated", "durability_figures", "read_goals")
@@ -60,3 +60,146 @@ def test_markdown_states_ratio_goals_and_cpu_split(summary: dict[str, Any]) -> N
     for endpoint in summary["http"]["writes"]["endpoints"]:
         if endpoint != "Aggregated":
             assert endpoint.split(" ", 1)[1] in text
+
+
+def _cpu(masters: float, replicas: float = 0.0) -> dict[str, Any]:
+    return {
+        "wall_s": 16.0,
+        "machine_cpu_s": 30.0,
+        "other_cpu_s": 0.5,
+        "cpu_s": {"redis masters": masters, "redis replicas": replicas, "router": 10.0, "locust": 4.0},
+        "busiest_process_share": {"locust": 0.3},
+    }
+
+
+def _endpoint(requests: int, rps: float, p99: float) -> dict[str, Any]:
+    return {
+        "requests": requests,
+        "failures": 0,
+        "rps": rps,
+        "p50": 30.0,
+        "p95": 70.0,
+        "p99": p99,
+        "max": 200.0,
+    }
+
+
+def _step(share: float, offered: int, achieved: int, p99: float) -> dict[str, Any]:
+    return {
+        "share": share,
+        "users": offered // 50,
+        "offered": offered,
+        "achieved": achieved,
+        "p50_ms": 9.0,
+        "p95_ms": 21.0,
+        "p99_ms": p99,
+        "latency_window_s": 10.0,
+        "requests": 9_000,
+        "failures": 3,
+        "returncode": 0,
+        "cpu": _cpu(4.0),
+        "locust_cpu_bound": False,
+        "locust_warnings": [],
+    }
+
+
+@pytest.fixture
+def measured(summary: dict[str, Any]) -> dict[str, Any]:
+    """The committed summary with a latency curve and the read mix on one shard per master."""
+    summary["latency_curve"] = {
+        "sustained_writes_per_s": 9_000,
+        "router_workers": 2,
+        "seconds": 16.0,
+        "held_from_s": 4.0,
+        "steps": [_step(0.5, 4_500, 4_480, 18.0), _step(0.8, 7_200, 7_150, 41.0)],
+    }
+    summary["http"]["reads_planned"] = {
+        "board": "bench-s3",
+        "shards": 3,
+        "router_workers": 2,
+        "reads_per_s": 930.0,
+        "failures": 0,
+        "endpoints": {
+            "GET /v1/boards/[board]/top": _endpoint(6_000, 400.0, 95.0),
+            "Aggregated": _endpoint(15_000, 930.0, 130.0),
+        },
+        "cpu": _cpu(9.0, 0.3),
+    }
+    for key in DERIVED:
+        summary.pop(key, None)
+    report.finish(summary)
+    return summary
+
+
+def _goal(summary: dict[str, Any], start: str) -> dict[str, Any]:
+    return next(g for g in summary["read_goals"] if g["goal"].startswith(start))
+
+
+def test_the_mix_goals_are_measured_on_both_layouts(measured: dict[str, Any]) -> None:
+    textbook = measured["textbook"]["reads"]
+    tb_us = (
+        sum(textbook["cpu"]["cpu_s"][k] for k in ("redis masters", "redis replicas")) / textbook["ops"] * 1e6
+    )
+    bench = measured["http"]["reads"]
+    bench_us = (
+        sum(bench["cpu"]["cpu_s"][k] for k in ("redis masters", "redis replicas"))
+        / bench["endpoints"]["Aggregated"]["requests"]
+        * 1e6
+    )
+    rate = _goal(measured, "HTTP reads/s of the mix / the textbook's, the bench's board (16 shards)")
+    assert rate["measured"] == round(bench["reads_per_s"] / textbook["items_per_s"], 2)
+    cpu = _goal(measured, "store CPU per read of the mix / the textbook's, the bench's board (16 shards)")
+    assert cpu["measured"] == round(bench_us / tb_us, 2)
+
+    planned = "one shard per master (3 shards, the planner's layout)"
+    rate = _goal(measured, f"HTTP reads/s of the mix / the textbook's, {planned}")
+    assert rate["measured"] == round(930.0 / textbook["items_per_s"], 2)
+    assert rate["met"] is (textbook["items_per_s"] <= 930.0)
+    assert rate["detail"].startswith("`bench-s3`: 930.0")
+    cpu = _goal(measured, f"store CPU per read of the mix / the textbook's, {planned}")
+    assert cpu["measured"] == round((9.3 / 15_000 * 1e6) / tb_us, 2)
+    assert cpu["met"] is (cpu["measured"] <= 2.0)
+
+
+def test_the_planned_layout_goals_are_listed_as_not_measured_without_the_phase(
+    summary: dict[str, Any],
+) -> None:
+    rows = [g for g in summary["read_goals"] if "one shard per master" in g["goal"]]
+    assert len(rows) == 2 and all(g["measured"] is None and g["met"] is None for g in rows)
+
+
+def test_write_p99_goal_is_read_at_the_latency_curves_80_percent_step(measured: dict[str, Any]) -> None:
+    p99 = _goal(measured, "write p99 ms at 80% of the sustained maximum")
+    assert p99["measured"] == 41.0 and p99["met"] is True
+    assert p99["detail"].startswith("latency curve: constant 7,200 writes/s offered (80% of 9,000 sustained)")
+    assert "7,150 achieved, 3 failures" in p99["detail"]
+
+
+def test_write_p99_goal_falls_back_to_the_ramp(measured: dict[str, Any]) -> None:
+    achieved, p99 = read_goals.write_p99_at(measured, 0.8) or (0, 0.0)
+    measured["latency_curve"]["steps"] = [_step(0.5, 4_500, 4_480, 18.0)]  # no 80% step
+    report.finish(measured)
+    ramp = _goal(measured, "write p99 ms")
+    assert ramp["measured"] == p99
+    assert ramp["detail"] == f"ramp step at {achieved:,} writes/s achieved (no latency curve step at 80%)"
+    del measured["latency_curve"]
+    report.finish(measured)
+    assert _goal(measured, "write p99 ms") == ramp
+
+
+def test_markdown_prints_the_latency_curve_and_the_planned_reads(measured: dict[str, Any]) -> None:
+    text = report.markdown(measured, "test")
+    assert "## HTTP write latency at shares of the sustained maximum (9,000 writes/s in the ramp)" in text
+    assert "| 50% | 90 | 4,500 | 4,480 | 9 / 21 / 18 | 9,000 | 3 | no |" in text
+    assert "| 80% | 144 | 7,200 | 7,150 | 9 / 21 / 41 | 9,000 | 3 | no |" in text
+    assert "include Locust's own scheduling" in text
+    assert "| shardlb over HTTP, reads on a board of one shard per master (`bench-s3`, 3 shards) " in text
+    assert (
+        "| 930 | 95 | 620 | 0 |" in text
+    )  # reads/s, worst p99, store µs per read (9.3 s / 15,000), failures
+    assert "| GET /v1/boards/[board]/top (`bench-s3`) | 6,000 |" in text
+    assert "| HTTP reads, `bench-s3` | 16.0 |" in text and "| HTTP writes at 80% | 16.0 |" in text
+    for g in measured["read_goals"]:
+        assert g["goal"] in text
+    skipped = dict(measured, latency_curve={"skipped": "router/server.py does not exist yet"})
+    assert "Skipped: router/server.py does not exist yet." in report.markdown(skipped, "test")
