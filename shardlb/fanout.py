@@ -33,10 +33,11 @@ import asyncio
 import dataclasses
 import importlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, NamedTuple
 
 from redis import exceptions as rx
+from redis._parsers import hiredis as _hiredis_parser
 from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.cluster import PRIMARY
 from redis.commands.core import SortedSetCommands
@@ -46,6 +47,10 @@ from shardlb.connection import Script, Scripts, read_strategy, slot_of
 from shardlb.errors import NotAcknowledged
 
 SCRIPT_CALLS_IN_FLIGHT = 8
+# RESP2 replies straight from the hiredis reader redis-py's connection keeps: its read_response costs
+# more per reply than the reply's own parsing (a timeout scope, error checks, push handling).
+_HIREDIS_PARSER: type | None = getattr(_hiredis_parser, "_AsyncHiredisParser", None)
+_NOT_ENOUGH_DATA: object = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", object())
 try:  # hiredis is a dependency (redis[hiredis]); without it redis-py's own packer does the job
     _pack_command: Callable[[Any], bytes] | None = importlib.import_module("hiredis").pack_command
 except (ImportError, AttributeError):
@@ -137,19 +142,27 @@ class Batch(SortedSetCommands):
         commands: list[PipelineCommand] = []
         nodes = self.client.nodes_manager
         readers: dict[str, ClusterNode] = {}  # primary's name -> the node this batch reads it from
+        last_key: Any = None
+        queue: list[PipelineCommand] = []
         for position, (args, options) in enumerate(self.calls):
-            slot = slot_of(_key_of(args))
-            node = nodes.get_node_from_slot(slot)
-            if self.strategy is not None:
-                reader = readers.get(node.name)
-                if reader is None:
-                    reader = readers[node.name] = nodes.get_node_from_slot(
-                        slot, load_balancing_strategy=self.strategy
-                    )
-                node = reader
+            key = _key_of(args)
+            if key != last_key:  # a read sends a few commands per key in a row: route each key once
+                last_key, slot = key, slot_of(key)
+                node = nodes.get_node_from_slot(slot)
+                if self.strategy is not None:
+                    reader = readers.get(node.name)
+                    if reader is None:
+                        reader = readers[node.name] = nodes.get_node_from_slot(
+                            slot, load_balancing_strategy=self.strategy
+                        )
+                    node = reader
+                entry = by_node.get(node.name)
+                if entry is None:
+                    entry = by_node[node.name] = (node, [], slot)
+                queue = entry[1]
             command = PipelineCommand(position, *args, **options)
             commands.append(command)
-            by_node.setdefault(node.name, (node, [], slot))[1].append(command)
+            queue.append(command)
         absent = self._check_keys_on_replicas(by_node, readers)
         ack = self.ack
         if ack is not None:
@@ -467,11 +480,14 @@ async def _replies(node: ClusterNode, connection: Any, commands: list[PipelineCo
     """Read one reply per command into its ``result``; True when one was an error reply."""
     failed = False
     callbacks = node.response_callbacks
+    parser = getattr(connection, "_parser", None)
+    reader = getattr(parser, "_reader", None) if type(parser) is _HIREDIS_PARSER else None
+    if reader is None:
+        replies = _read_each(connection, len(commands))  # another parser: redis-py's own reads
     for c in commands:
-        try:
-            reply = await connection.read_response(timeout=math.inf)
-        except rx.ResponseError as e:
-            c.result, failed = e, True
+        reply = await anext(replies) if reader is None else await _reply(connection, parser, reader)
+        if isinstance(reply, rx.ResponseError):
+            c.result, failed = reply, True
             continue
         parse = callbacks.get(c.args[0])
         if parse is None:
@@ -481,6 +497,36 @@ async def _replies(node: ClusterNode, connection: Any, commands: list[PipelineCo
         else:
             c.result = parse(reply)
     return failed
+
+
+async def _reply(connection: Any, parser: Any, reader: Any) -> Any:
+    """The next reply from the connection's hiredis reader, reading the socket as needed; a RESP3
+    push message (none is asked for on these connections) is handed to redis-py and skipped."""
+    while True:
+        reply = reader.gets()
+        while reply is _NOT_ENOUGH_DATA:
+            try:
+                await parser.read_from_socket()
+            except OSError as e:
+                raise rx.ConnectionError(
+                    f"error reading from {connection.host}:{connection.port}: {e}"
+                ) from e
+            reply = reader.gets()
+        if isinstance(reply, rx.ConnectionError):
+            raise reply
+        push = parser._hiredis_PushNotificationType
+        if push is None or not isinstance(reply, push):
+            return reply
+        await parser.handle_push_response(reply)
+
+
+async def _read_each(connection: Any, count: int) -> AsyncIterator[Any]:
+    """``count`` replies through redis-py's read_response, an error reply as its exception."""
+    for _ in range(count):
+        try:
+            yield await connection.read_response(timeout=math.inf)
+        except rx.ResponseError as e:
+            yield e
 
 
 def _packed(connection: Any, commands: list[PipelineCommand]) -> bytes | list[bytes]:

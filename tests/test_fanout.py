@@ -8,7 +8,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from redis.exceptions import NoScriptError
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
 from shardlb import fanout
 from shardlb.board import Score
@@ -63,6 +64,50 @@ async def test_any_failure_on_the_direct_path_falls_back(
     _record(batch, keys)
     assert await batch.direct() is None
     assert await batch.execute() == want  # through redis-py's ClusterPipeline
+
+
+async def test_connections_closed_by_the_server_fail_the_round_and_the_batch_falls_back(
+    store: BoardStore,
+) -> None:
+    """The replies are read straight from each connection's hiredis reader: a connection the server
+    closed under it (CLIENT KILL) fails its node's pipeline with a ConnectionError, the broken
+    connections are dropped, and the batch's answer through the fallback is the same."""
+    keys = await _fill(store)
+    good = fanout.batch(store.client)
+    _record(good, keys)
+    want = await good.execute()
+    for node in store.client.get_primaries():  # from connections of their own, which skip themselves
+        killer = Redis(
+            host=node.host, port=node.port, password=store.client.get_connection_kwargs().get("password")
+        )
+        try:
+            assert await killer.execute_command("CLIENT KILL", "TYPE", "normal") >= 1
+        finally:
+            await killer.aclose()
+    broken = fanout.batch(store.client)
+    _record(broken, keys)
+    outcomes = await broken.outcomes()
+    assert any(isinstance(o, ConnectionError) for o in outcomes)
+    assert all(o == w or isinstance(o, ConnectionError) for o, w in zip(outcomes, want, strict=True))
+    again = fanout.batch(store.client)
+    _record(again, keys)
+    assert await again.execute() == want
+    assert await again.direct() == want  # the pools hold working connections again
+
+
+async def test_error_replies_stay_per_command(store: BoardStore) -> None:
+    """An error reply (here WRONGTYPE) is that command's result; the commands around it, on the same
+    connection, still get theirs, and the connection stays usable."""
+    keys = await _fill(store)
+    await store.client.set("fanout:{t0}:plain", "x")
+    batch = fanout.batch(store.client)
+    batch.zcard(keys[0])
+    batch.zcard("fanout:{t0}:plain")
+    batch.zcard(keys[1])
+    first, wrong, last = await batch.outcomes()
+    assert (first, last) == (1, 2)
+    assert isinstance(wrong, ResponseError) and "WRONGTYPE" in str(wrong)
+    assert await fanout.batch(store.client).zcard(keys[0]).execute() == [1]
 
 
 async def test_counts_survive_an_empty_script_cache(store: BoardStore) -> None:
