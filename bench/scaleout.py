@@ -1,5 +1,6 @@
 """`make bench-scaleout`: writes/s and "my rank" reads/s of the raw library on clusters of 1, 2 and 3
-masters, each master pinned to a CPU, with what every operation cost each master in Redis CPU.
+masters, then "my rank" reads from replicas on clusters of 3 masters with 1 and 2 replicas each,
+every node pinned to a CPU, with what every operation cost each node in Redis CPU.
 
     SHARDLB_SCALEOUT_PLAYERS=200000 SHARDLB_SCALEOUT_SECONDS=8 python -m bench.scaleout
 
@@ -26,6 +27,17 @@ buy even where the throughput cannot: ``ceiling`` is the rate at which the busie
 one core of its own at these costs. On two cores the masters and the load generator share the
 cores (from two masters on), so the throughput shows the cores, and the ceilings are a model.
 
+Then, for each R in SHARDLB_SCALEOUT_REPLICAS (1,2), a cluster of SHARDLB_SCALEOUT_REPLICA_MASTERS
+(3) masters with R replicas each (every node pinned, round robin in port order; the load generator
+beside the fewest replicas), the same board and preload, a wait until every replica has applied the
+preload, then the same "my rank" reads twice through one READONLY client
+(``connect(url, read_from="replicas")``): from a board that reads the primaries, then from one whose
+reads go to the replicas (``BoardStore.read_replicas``, as the router's SHARDLB_READ_FROM). Per
+phase, besides the figures above, each replica's CPU per read, the busiest replica's ceiling and each
+replica's share of its master's replicas' CPU: each replica carries about 1/R of its group's reads,
+so the reads that fit grow with R. Replicas answer with what they have received: they lag their
+primary by the replication lag (router/README.md, "Reads from replicas").
+
 Results: bench/results/scaleout-<timestamp>/scaleout.{json,md}, copied to bench/results/latest/.
 """
 
@@ -46,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.asyncio.cluster import RedisCluster
 
 from bench import population, raw
 from bench.harness import env_int, env_ints, log, publish, run_dir
@@ -61,6 +74,7 @@ from shardlb.store import BoardStore
 
 FIRST_PORT = 22300  # clear of make bench's 22100+ and its sweep's 22200+
 WARMUP_S = 1.0
+CATCH_UP_S = 60.0  # the longest wait for the replicas to apply the preload
 FILES = ("scaleout.json", "scaleout.md")
 
 
@@ -76,6 +90,8 @@ class Settings:
     batch_matches: int = 100
     shards_per_master: int = 1
     quiet_wait: int = 0  # seconds to wait, before each cluster's phases, for other load to drop
+    replica_masters: int = 3  # the masters of the replicas sweep's clusters
+    replicas: tuple[int, ...] = (1, 2)  # replicas per master, one cluster each (empty: no sweep)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -89,31 +105,39 @@ class Settings:
             env_int("SHARDLB_SCALEOUT_BATCH_MATCHES", d.batch_matches),
             env_int("SHARDLB_SCALEOUT_SHARDS_PER_MASTER", d.shards_per_master),
             env_int("SHARDLB_SCALEOUT_QUIET_WAIT", d.quiet_wait),
+            env_int("SHARDLB_SCALEOUT_REPLICA_MASTERS", d.replica_masters),
+            tuple(env_ints("SHARDLB_SCALEOUT_REPLICAS", ",".join(map(str, d.replicas)))),
         )
 
 
 @dataclass(frozen=True)
 class Placement:
-    """The CPU of each master (in port order) and of the load generator."""
+    """The CPU of each master and each replica (in port order) and of the load generator."""
 
     masters: tuple[int, ...]
     driver: int
+    replicas: tuple[int, ...] = ()
 
     def shared(self) -> bool:
         """Whether any CPU runs more than one of them."""
-        cpus = [*self.masters, self.driver]
+        cpus = [*self.masters, *self.replicas, self.driver]
         return len(set(cpus)) < len(cpus)
 
 
-def placement(masters: int, cpus: Sequence[int]) -> Placement:
-    """Masters round robin over ``cpus``; the load generator on the CPU holding the fewest masters
-    (the last such), so it shares a core only when every core already runs a master."""
-    if masters < 1 or not cpus:
-        raise ValueError(f"need a master and a CPU, got {masters} masters on {list(cpus)}")
+def placement(masters: int, cpus: Sequence[int], replicas: int = 0) -> Placement:
+    """Every node round robin over ``cpus`` in port order (the masters, then ``replicas`` per
+    master); the load generator on the CPU holding the fewest of the nodes that serve the reads
+    (the replicas when there are any, else the masters; the last such CPU), so it shares a core
+    with one only when every core already runs one."""
+    if masters < 1 or replicas < 0 or not cpus:
+        raise ValueError(
+            f"need a master and a CPU, got {masters} masters, {replicas} replicas on {list(cpus)}"
+        )
     ordered = sorted(cpus)
-    on = [ordered[i % len(ordered)] for i in range(masters)]
-    driver = min(reversed(ordered), key=on.count)
-    return Placement(tuple(on), driver)
+    on = [ordered[i % len(ordered)] for i in range(masters * (1 + replicas))]
+    serving = on[masters:] if replicas else on
+    driver = min(reversed(ordered), key=serving.count)
+    return Placement(tuple(on[:masters]), driver, tuple(on[masters:]))
 
 
 def pin(pid: int, cpu: int) -> list[int]:
@@ -182,6 +206,34 @@ def figures(
     }
 
 
+def replica_figures(
+    ops: int, seconds: float, replica_cpu_s: Sequence[float], groups: Sequence[int]
+) -> dict[str, Any]:
+    """The replicas' part of a phase's figures: Redis CPU per operation on each replica, in all and
+    on the busiest; ``replica_ceiling_per_s``, the operations a second at which the busiest replica
+    would use one whole core; and each replica's ``replica_shares``, its part of the CPU that its
+    master's replicas spent (``groups``: each replica's master): 1/R when R replicas share the reads
+    evenly. Empty without replicas or operations."""
+    if not ops or seconds <= 0 or not replica_cpu_s:
+        return {}
+    per_replica = [s / ops * 1e6 for s in replica_cpu_s]
+    busiest = max(per_replica)
+    group_s: dict[int, float] = {}
+    for group, s in zip(groups, replica_cpu_s, strict=True):
+        group_s[group] = group_s.get(group, 0.0) + s
+    return {
+        "replica_us_per_op": [round(us, 2) for us in per_replica],
+        "replica_us_per_op_all": round(sum(per_replica), 2),
+        "replica_us_per_op_busiest": round(busiest, 2),
+        "replica_ceiling_per_s": round(1e6 / busiest) if busiest > 0 else None,
+        "replica_cores": [round(s / seconds, 2) for s in replica_cpu_s],
+        "replica_shares": [
+            round(s / group_s[g], 2) if group_s[g] > 0 else 0.0
+            for g, s in zip(groups, replica_cpu_s, strict=True)
+        ],
+    }
+
+
 def redis_cpu_s(node: redis.Redis) -> float:
     info = node.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
@@ -206,11 +258,38 @@ def shards_on_masters(board: Board, masters: int) -> list[int]:
     return counts
 
 
+def replica_groups(master_ports: Sequence[int], replicas: Sequence[redis.Redis]) -> list[int]:
+    """Each replica's master, as its index in ``master_ports`` (the replica's INFO replication)."""
+    return [list(master_ports).index(int(r.info("replication")["master_port"])) for r in replicas]
+
+
+def caught_up(
+    masters: Sequence[redis.Redis], replicas: Sequence[redis.Redis], groups: Sequence[int]
+) -> float:
+    """Wait until every replica has applied what its master had written when this was called, by the
+    replica's own offset (a master hears its replicas' offsets only once a second); the seconds it
+    took."""
+    t0 = time.perf_counter()
+    wanted = [int(m.info("replication")["master_repl_offset"]) for m in masters]
+    while True:
+        behind = [
+            r.connection_pool.connection_kwargs["port"]
+            for r, g in zip(replicas, groups, strict=True)
+            if int(r.info("replication")["slave_repl_offset"]) < wanted[g]
+        ]
+        if not behind:
+            return time.perf_counter() - t0
+        if time.perf_counter() - t0 > CATCH_UP_S:
+            raise SystemExit(f"replicas on ports {behind} still behind their masters after {CATCH_UP_S:g} s")
+        time.sleep(0.01)
+
+
 @dataclass
 class Meter:
-    """Snapshots of the masters' INFO cpu, this process's CPU and /proc/stat around a phase."""
+    """Snapshots of the nodes' INFO cpu, this process's CPU and /proc/stat around a phase."""
 
-    nodes: list[redis.Redis]
+    nodes: list[redis.Redis]  # the masters, then any replicas
+    groups: list[int] = field(default_factory=list)  # each replica's master (replica_groups)
     marks: list[tuple[list[float], float, dict[int, tuple[int, int, int]]]] = field(default_factory=list)
 
     def mark(self) -> None:
@@ -220,7 +299,10 @@ class Meter:
         """The figures of ``phase`` between the last two marks."""
         (m0, d0, s0), (m1, d1, s1) = self.marks[-2:]
         busy = sum(s1[c][0] - s0.get(c, (0, 0, 0))[0] for c in s1) / os.sysconf("SC_CLK_TCK")
-        out = figures(phase.items, phase.seconds, [b - a for a, b in zip(m0, m1, strict=True)], d1 - d0, busy)
+        used = [b - a for a, b in zip(m0, m1, strict=True)]
+        masters = len(used) - len(self.groups)
+        out = figures(phase.items, phase.seconds, used[:masters], d1 - d0, busy - sum(used[masters:]))
+        out |= replica_figures(phase.items, phase.seconds, used[masters:], self.groups)
         latency: dict[str, dict[str, float]] = phase.report()["latency_ms"]
         return {
             **out,
@@ -243,15 +325,22 @@ async def rank_reads(board: Board, workload: Workload, seconds: float, tasks: in
     return await run_phase(Phase("my rank"), seconds, tasks, step)
 
 
+async def connected(url: str, s: Settings, read_from: str = "primary") -> tuple[RedisCluster, Scripts]:
+    """The load generator's cluster client, with its scripts loaded (on the replicas too when
+    ``read_from`` lets reads go there)."""
+    client = connect(url, max_connections=max(64, 4 * max(s.write_tasks, s.read_tasks)), read_from=read_from)
+    scripts = Scripts.register(client)
+    await scripts.load(client)
+    return client, scripts
+
+
 async def measure(
     url: str, workload: Workload, s: Settings, nodes: list[redis.Redis], driver_cpu: int
 ) -> dict[str, Any]:
     """Preload the board, wait for quiet if asked, then the timed writes and reads with the load
     generator on ``driver_cpu``."""
-    client = connect(url, max_connections=max(64, 4 * max(s.write_tasks, s.read_tasks)))
+    client, scripts = await connected(url, s)
     try:
-        scripts = Scripts.register(client)
-        await scripts.load(client)
         board = await BoardStore(client, scripts).get(workload.board)
         base = [used_memory(n) for n in nodes]
         await population.load_board(board, workload)
@@ -278,24 +367,81 @@ async def measure(
         await client.aclose()
 
 
-def point(masters: int, s: Settings, workload: Workload, cpus: Sequence[int], dir: Path) -> dict[str, Any]:
-    """One cluster of ``masters`` masters: start, pin, create and load the board, measure, stop."""
-    cluster: LocalCluster = start_cluster(masters, 0, dir, start=FIRST_PORT)
-    nodes = [redis.Redis(host="127.0.0.1", port=p) for p in cluster.ports[:masters]]
+async def measure_replicas(
+    url: str, workload: Workload, s: Settings, nodes: list[redis.Redis], groups: list[int], driver_cpu: int
+) -> dict[str, Any]:
+    """Preload the board, wait for the replicas to catch up (and for quiet if asked), then the timed
+    "my rank" reads with the load generator on ``driver_cpu``: from the primaries, then from the
+    replicas. One READONLY client (``read_from="replicas"``) and two boards on it, as the router
+    makes them (router/service.py): only the store's ``read_replicas`` differs."""
+    client, scripts = await connected(url, s, read_from="replicas")
     try:
-        where = placement(masters, cpus)
-        pids, _ = node_pids(cluster)
+        on_primaries = await BoardStore(client, scripts).get(workload.board)
+        store = BoardStore(client, scripts)
+        store.read_replicas = True
+        on_replicas = await store.get(workload.board)
+        await population.load_board(on_primaries, workload)
+        masters = len(nodes) - len(groups)
+        out: dict[str, Any] = {
+            "replicas_caught_up_ms": round(caught_up(nodes[:masters], nodes[masters:], groups) * 1000),
+            "load_before_cores": round(wait_for_quiet(s.quiet_wait), 2) if s.quiet_wait else None,
+        }
+        meter = Meter(nodes, groups)
+        with pinned(driver_cpu):
+            for kind, board, seed in (("primaries", on_primaries, 31), ("replicas", on_replicas, 41)):
+                await rank_reads(board, workload, WARMUP_S, s.read_tasks, seed)
+                meter.mark()
+                phase = await rank_reads(board, workload, s.seconds, s.read_tasks, seed + 1)
+                meter.mark()
+                out[f"reads_from_{kind}"] = meter.phase(phase)
+        return out
+    finally:
+        await client.aclose()
+
+
+@dataclass
+class PinnedCluster:
+    """A private cluster with every node pinned to its CPU, and a client of each node."""
+
+    cluster: LocalCluster
+    nodes: list[redis.Redis]  # the masters, then the replicas (port order)
+    where: Placement
+    pins: list[dict[str, Any]]
+
+
+@contextlib.contextmanager
+def pinned_cluster(masters: int, replicas: int, cpus: Sequence[int], dir: Path) -> Iterator[PinnedCluster]:
+    """Start a cluster in ``dir``, pin its nodes (``placement``); stop it and remove ``dir`` after."""
+    cluster: LocalCluster = start_cluster(masters, replicas, dir, start=FIRST_PORT)
+    nodes = [redis.Redis(host="127.0.0.1", port=p) for p in cluster.ports]
+    try:
+        where = placement(masters, cpus, replicas)
+        master_pids, replica_pids = node_pids(cluster)
         pins = [
             {"port": port, "pid": pid, "cpu": cpu, "affinity": pin(pid, cpu)}
-            for port, pid, cpu in zip(cluster.ports[:masters], pids, where.masters, strict=True)
+            for port, pid, cpu in zip(
+                cluster.ports, master_pids + replica_pids, where.masters + where.replicas, strict=True
+            )
         ]
+        yield PinnedCluster(cluster, nodes, where, pins)
+    finally:
+        for n in nodes:
+            n.close()
+        cluster.down()
+        shutil.rmtree(dir, ignore_errors=True)
+
+
+def point(masters: int, s: Settings, workload: Workload, cpus: Sequence[int], dir: Path) -> dict[str, Any]:
+    """One cluster of ``masters`` masters: start, pin, create and load the board, measure, stop."""
+    with pinned_cluster(masters, 0, cpus, dir) as bed:
+        where = bed.where
         shards = masters * s.shards_per_master
-        asyncio.run(create_board(cluster.url, workload, shards))
+        asyncio.run(create_board(bed.cluster.url, workload, shards))
         log(
             f"{masters} master(s) on CPUs {list(where.masters)}, load generator on CPU {where.driver}, "
             f"{shards} shard(s)"
         )
-        measured = asyncio.run(measure(cluster.url, workload, s, nodes, where.driver))
+        measured = asyncio.run(measure(bed.cluster.url, workload, s, bed.nodes, where.driver))
         log(
             f"{masters} master(s): {measured['writes']['ops_per_s']:,.0f} writes/s, "
             f"{measured['reads']['ops_per_s']:,.0f} reads/s"
@@ -305,18 +451,48 @@ def point(masters: int, s: Settings, workload: Workload, cpus: Sequence[int], di
             "shards": shards,
             "placement": asdict(where),
             "cpus_shared": where.shared(),
-            "pinned": pins,
+            "pinned": bed.pins,
             **measured,
         }
-    finally:
-        for n in nodes:
-            n.close()
-        cluster.down()
-        shutil.rmtree(dir, ignore_errors=True)
+
+
+def replica_point(
+    replicas: int, s: Settings, workload: Workload, cpus: Sequence[int], dir: Path
+) -> dict[str, Any]:
+    """One cluster of ``s.replica_masters`` masters with ``replicas`` replicas each: start, pin,
+    create and load the board, the reads from primaries and from replicas, stop."""
+    masters = s.replica_masters
+    with pinned_cluster(masters, replicas, cpus, dir) as bed:
+        where = bed.where
+        groups = replica_groups(bed.cluster.ports[:masters], bed.nodes[masters:])
+        shards = masters * s.shards_per_master
+        asyncio.run(create_board(bed.cluster.url, workload, shards))
+        log(
+            f"{masters} master(s) on CPUs {list(where.masters)}, {replicas} replica(s) each on CPUs "
+            f"{list(where.replicas)}, load generator on CPU {where.driver}, {shards} shard(s)"
+        )
+        measured = asyncio.run(
+            measure_replicas(bed.cluster.url, workload, s, bed.nodes, groups, where.driver)
+        )
+        log(
+            f"{masters} master(s) x {replicas} replica(s): "
+            f"{measured['reads_from_primaries']['ops_per_s']:,.0f} reads/s from primaries, "
+            f"{measured['reads_from_replicas']['ops_per_s']:,.0f} from replicas"
+        )
+        return {
+            "masters": masters,
+            "replicas": replicas,
+            "shards": shards,
+            "placement": asdict(where),
+            "cpus_shared": where.shared(),
+            "pinned": bed.pins,
+            "replica_groups": groups,
+            **measured,
+        }
 
 
 def run(s: Settings, workload: Workload, out: Path) -> dict[str, Any]:
-    """Every master count in turn, each on its own cluster under ``out``."""
+    """Every master count in turn, then every replica count, each on its own cluster under ``out``."""
     cpus = sorted(os.sched_getaffinity(0))
     return {
         "machine": machine(),
@@ -324,6 +500,9 @@ def run(s: Settings, workload: Workload, out: Path) -> dict[str, Any]:
         "settings": asdict(s),
         "workload": {"players": workload.players, "players_per_match": workload.players_per_match},
         "points": [point(m, s, workload, cpus, out / f"cluster-{m}") for m in s.masters],
+        "replica_points": [
+            replica_point(r, s, workload, cpus, out / f"cluster-{s.replica_masters}x{r}") for r in s.replicas
+        ],
     }
 
 
@@ -334,6 +513,18 @@ def _ratio(points: list[dict[str, Any]], kind: str, key: str) -> str:
 
 def _cell(values: Sequence[float]) -> str:
     return " / ".join(f"{v:g}" for v in values)
+
+
+def _busy(f: dict[str, Any]) -> str:
+    return " / ".join(f"{share:.0%}" for _, share in sorted(f.get("cpu_busy", {}).items()))
+
+
+def _shares(shares: Sequence[float], groups: Sequence[int]) -> str:
+    """Replica shares grouped by master: ``50% + 50% / 49% + 51%``."""
+    return " / ".join(
+        " + ".join(f"{s:.0%}" for s, g in zip(shares, groups, strict=True) if g == master)
+        for master in sorted(set(groups))
+    )
 
 
 def table(points: list[dict[str, Any]], kind: str, unit: str) -> list[str]:
@@ -347,7 +538,7 @@ def table(points: list[dict[str, Any]], kind: str, unit: str) -> list[str]:
     for p in points:
         f = p[kind]
         where = p["placement"]
-        busy = " / ".join(f"{share:.0%}" for _, share in sorted(f.get("cpu_busy", {}).items()))
+        busy = _busy(f)
         lines.append(
             f"| {p['masters']} | {_cell(where['masters'])} / {where['driver']} | {f['ops_per_s']:,.0f} | "
             f"{_cell(f.get('redis_us_per_op', []))} | {f.get('redis_us_per_op_all', '-')} | "
@@ -355,6 +546,89 @@ def table(points: list[dict[str, Any]], kind: str, unit: str) -> list[str]:
             f"{f.get('driver_cores', '-')} | {busy} | {f.get('other_cores', '-')} | {f.get('errors', 0)} |"
         )
     return lines
+
+
+def replica_table(points: list[dict[str, Any]]) -> list[str]:
+    """A markdown table of the replicas sweep: each cluster's reads from its primaries, then from its
+    replicas. 'At 1 core per busiest node': the busiest master's ceiling for reads from primaries,
+    the busiest replica's for reads from replicas."""
+    lines = [
+        "| replicas per master | reads from | CPU of each master; each replica; load generator | reads/s "
+        "| Redis µs per read, all masters | all replicas | busiest replica | each replica's share of its "
+        "master's replicas' CPU | reads/s at 1 core per busiest node | load generator µs per read | "
+        "CPUs busy | other processes' cores | errors |",
+        "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|",
+    ]
+    for p in points:
+        where = p["placement"]
+        cpus = f"{_cell(where['masters'])}; {_cell(where['replicas'])}; {where['driver']}"
+        for kind in ("primaries", "replicas"):
+            f = p[f"reads_from_{kind}"]
+            ceiling = f.get("replica_ceiling_per_s" if kind == "replicas" else "ceiling_per_s")
+            shares = _shares(f.get("replica_shares", []), p["replica_groups"]) if kind == "replicas" else "-"
+            lines.append(
+                f"| {p['replicas']} | {kind} | {cpus} | {f['ops_per_s']:,.0f} | "
+                f"{f.get('redis_us_per_op_all', '-')} | {f.get('replica_us_per_op_all', '-')} | "
+                f"{f.get('replica_us_per_op_busiest', '-')} | {shares or '-'} | {ceiling or 0:,} | "
+                f"{f.get('driver_us_per_op', '-')} | {_busy(f)} | {f.get('other_cores', '-')} | "
+                f"{f.get('errors', 0)} |"
+            )
+    return lines
+
+
+def replica_findings(points: list[dict[str, Any]]) -> list[str]:
+    """What the replicas sweep's costs say, one bullet per cluster and one across them, each beside
+    the model: R replicas per master each carry 1/R of their master's group's reads."""
+    lines = []
+    for p in points:
+        r = p["replicas"]
+        primaries, replicas = p["reads_from_primaries"], p["reads_from_replicas"]
+        master_us, replica_us = (
+            primaries.get("redis_us_per_op", []),
+            replicas.get("replica_us_per_op_busiest"),
+        )
+        shares = replicas.get("replica_shares", [])
+        if not master_us or not replica_us or not shares:
+            continue
+        before, after = primaries.get("ceiling_per_s"), replicas.get("replica_ceiling_per_s")
+        gain = f"{after / before:.2f}x" if before and after else "-"
+        lines.append(
+            f"- {r} replica(s) per master: the busiest replica spent {replica_us:g} µs per read, the busiest "
+            f"master {max(master_us):g} when the primaries served them; reads/s at 1 core per busiest node "
+            f"{before or 0:,} from the primaries, {after or 0:,} from the replicas ({gain}; the model: "
+            f"{r}x). Each replica's share of its master's replicas' CPU: {min(shares):.0%} to "
+            f"{max(shares):.0%} (the model, 1/{r}: {1 / r:.0%}); each master's replicas spent "
+            f"{_group_us(p):.1f} µs per read in all. The masters spent "
+            f"{replicas.get('redis_us_per_op_all', '-')} µs per read in all while the replicas served."
+        )
+    usable = [p for p in points if p["reads_from_replicas"].get("replica_ceiling_per_s")]
+    if len(usable) >= 2:
+        first, last = usable[0], usable[-1]
+        us = [p["reads_from_replicas"]["replica_us_per_op_busiest"] for p in (first, last)]
+        ceilings = [p["reads_from_replicas"]["replica_ceiling_per_s"] for p in (first, last)]
+        lines.append(
+            f"- From {first['replicas']} to {last['replicas']} replicas per master: the busiest replica's "
+            f"µs per read {us[1] / us[0]:.2f}x, reads/s at 1 core per busiest replica "
+            f"{ceilings[1] / ceilings[0]:.2f}x (the model: {first['replicas'] / last['replicas']:.2f}x and "
+            f"{last['replicas'] / first['replicas']:.2f}x); each master's replicas' µs per read in all "
+            f"{_group_us(last) / _group_us(first):.2f}x (the model: 1.00x, a read costing a group the same "
+            "however many replicas share it)."
+        )
+    return lines
+
+
+def _group_us(p: dict[str, Any]) -> float:
+    """What one master's replicas spent per read from the replicas, in all (the mean over masters)."""
+    return float(p["reads_from_replicas"]["replica_us_per_op_all"]) / p["masters"]
+
+
+STALENESS = (
+    "A replica serves what it has received: a write acknowledged in the last moments (the replication "
+    "lag, usually well under a millisecond; longer while a replica resynchronises or is cut off) may "
+    "not show yet, so a player can read their rank from before their last match (router/README.md, "
+    "[Reads from replicas](../../../router/README.md#reads-from-replicas)). The read phases here write "
+    "nothing; they start once every replica has applied the preload"
+)
 
 
 TWO_CORES = (
@@ -366,8 +640,9 @@ TWO_CORES = (
     "with the first; the writes/s and reads/s above are bounded by the two cores, not by Redis. The "
     "'at 1 core per master' columns are a model: this run's per-master costs, assumed to hold when "
     "each master has a core of its own. Loopback has no network either: a real round trip adds "
-    "latency, not master CPU. Reads from replicas, which is how exact reads scale, are not measured "
-    "here (the hot reads in `make bench` measure them)."
+    "latency, not master CPU. The replicas sweep has the same limit: its nodes and the load "
+    "generator share the two cores, so its reads/s are bounded by them; what it measures is what "
+    "each read costs each replica, and its 'at 1 core per busiest node' column is the same model."
 )
 
 
@@ -383,18 +658,50 @@ def _waited(points: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:
     ]
 
 
+def replica_section(points: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:
+    """The replicas sweep's part of the report; nothing when it did not run."""
+    if not points:
+        return []
+    caught = " / ".join(str(p.get("replicas_caught_up_ms", "-")) for p in points)
+    return [
+        f'## "My rank" reads from replicas ({points[0]["masters"]} masters, '
+        f"{', '.join(str(p['replicas']) for p in points)} replica(s) each, {s['read_tasks']} at a time)",
+        "",
+        'One READONLY client (`connect(url, read_from="replicas")`); the reads of each cluster first '
+        "from a board that reads its primaries, then from one whose reads go to the replicas "
+        "(`BoardStore.read_replicas`, as the router's `SHARDLB_READ_FROM=replicas`): each batch of a read "
+        "goes to one replica of each master, the master's replicas in turn (round robin).",
+        "",
+        *replica_table(points),
+        "",
+        *replica_findings(points),
+        "",
+        f"{STALENESS} ({caught} ms after its last write, with "
+        f"{' / '.join(str(p['replicas']) for p in points)} replica(s) per master).",
+        "",
+    ]
+
+
 def markdown(result: dict[str, Any]) -> str:
     points = result["points"]
+    replica_points = result.get("replica_points", [])
     s = result["settings"]
     m = result["machine"]
+    with_replicas = (
+        f", then of {replica_points[0]['masters']} masters with "
+        f"{', '.join(str(p['replicas']) for p in replica_points)} replica(s) each"
+        if replica_points
+        else ""
+    )
     lines = [
         f"# shardlb bench-scaleout {result['name']}",
         "",
         f"Machine: {m['cpus']} CPUs ({m['cpu_model']}), this run on CPUs {result['cpus']}; {m['redis']}. "
-        f"Clusters of {', '.join(str(p['masters']) for p in points)} master(s), no replicas, each "
-        f"redis-server pinned to one CPU (taskset); one hash board of {s['shards_per_master']} shard(s) "
-        f"per master, {result['workload']['players']:,} players preloaded; one load generator process "
-        f"(the library, no HTTP) pinned to a CPU; {s['seconds']} s a phase.",
+        f"Clusters of {', '.join(str(p['masters']) for p in points)} master(s) without replicas"
+        f"{with_replicas}, each redis-server pinned to one CPU (taskset); one hash board of "
+        f"{s['shards_per_master']} shard(s) per master, {result['workload']['players']:,} players "
+        f"preloaded; one load generator process (the library, no HTTP) pinned to a CPU; "
+        f"{s['seconds']} s a phase.",
         "",
         f"## Writes ({s['write_tasks']} batches of {s['batch_matches']} matches in flight)",
         "",
@@ -419,7 +726,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"reads/s at 1 core per master {_ratio(points, 'reads', 'ceiling_per_s')}; Redis µs per read in "
         f"all masters {_ratio(points, 'reads', 'redis_us_per_op_all')}.",
         "",
-        *_waited(points, s),
+        *replica_section(replica_points, s),
+        *_waited([*points, *replica_points], s),
         "'At 1 core per master' = 1,000,000 / the busiest master's µs per operation: the rate at which "
         "it would fill one core of its own (the planner budgets half a core). 'Other processes' "
         "cores' is CPU the run's own processes did not spend: other work on the machine.",

@@ -1,15 +1,18 @@
-"""bench/scaleout.py: where the masters and the load generator run, the per-operation arithmetic and
-the tables (no server), and one tiny run on private clusters of 1 and 2 masters."""
+"""bench/scaleout.py: where the nodes and the load generator run, the per-operation arithmetic and
+the tables (no server), and one tiny run on private clusters of 1 and 2 masters, then of 2 masters
+with a replica each."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench import scaleout
+from bench.latency import Phase
 from bench.workload import Workload
 
 
@@ -27,6 +30,18 @@ def test_masters_go_round_robin_and_the_load_generator_to_the_emptiest_cpu() -> 
         p(0, [0])
     with pytest.raises(ValueError):
         p(1, [])
+
+
+def test_replicas_follow_the_masters_round_robin_and_the_load_generator_goes_beside_the_fewest() -> None:
+    p = scaleout.placement
+    # Nodes in port order over CPUs 0, 1: masters 0 1 0, replicas 1 0 1; CPU 0 holds one replica.
+    assert p(3, [0, 1], 1) == scaleout.Placement((0, 1, 0), 0, (1, 0, 1))
+    # Two replicas each: every master's pair on both CPUs, three replicas a CPU, the last CPU then.
+    assert p(3, [0, 1], 2) == scaleout.Placement((0, 1, 0), 1, (1, 0, 1, 0, 1, 0))
+    assert p(3, [0, 1, 2, 3], 1) == scaleout.Placement((0, 1, 2), 2, (3, 0, 1))
+    assert p(3, [0, 1], 1).shared() and not p(1, [0, 1, 2], 1).shared()
+    with pytest.raises(ValueError):
+        p(1, [0], -1)
 
 
 STAT = """cpu  30 0 10 100 0 0 0 0 0 0
@@ -55,13 +70,48 @@ def test_figures_split_a_phase_per_master_and_give_the_busiest_masters_ceiling()
     assert scaleout.figures(0, 10.0, [0.1], 1.0, 2.0) == {"ops": 0, "ops_per_s": 0.0}
 
 
+def test_replica_figures_split_a_phase_per_replica_and_share_it_within_each_masters_group() -> None:
+    # 1,000 reads in 10 s; the replicas of master 0 spent 10 and 12 ms, of master 1 8 and 8 ms.
+    f = scaleout.replica_figures(1000, 10.0, [0.010, 0.012, 0.008, 0.008], [0, 0, 1, 1])
+    assert f["replica_us_per_op"] == [10.0, 12.0, 8.0, 8.0] and f["replica_us_per_op_all"] == 38.0
+    assert f["replica_us_per_op_busiest"] == 12.0 and f["replica_ceiling_per_s"] == 83_333
+    assert f["replica_shares"] == [0.45, 0.55, 0.5, 0.5]
+    assert f["replica_cores"] == [0.0, 0.0, 0.0, 0.0]
+    assert scaleout.replica_figures(1000, 10.0, [0.0, 0.0], [0, 1])["replica_shares"] == [0.0, 0.0]
+    assert scaleout.replica_figures(1000, 10.0, [], []) == {}  # no replicas: nothing added
+    assert scaleout.replica_figures(0, 10.0, [0.1], [0]) == {}
+    assert scaleout._shares(f["replica_shares"], [0, 0, 1, 1]) == "45% + 55% / 50% + 50%"
+
+
+def test_the_meter_tells_the_masters_cpu_from_the_replicas() -> None:
+    # Two masters, then two replicas (one of each master); 1,000 reads in 10 s. The CPUs were busy
+    # 3 s in all: the nodes took 0.04 s, the load generator 1 s, other work the rest.
+    meter = scaleout.Meter([], groups=[1, 0])
+    tick = os.sysconf("SC_CLK_TCK")
+    meter.marks = [
+        ([1.0, 2.0, 3.0, 4.0], 10.0, {0: (0, 0, 0)}),
+        ([1.001, 2.001, 3.02, 4.018], 11.0, {0: (3 * tick, 0, 10 * tick)}),
+    ]
+    phase = Phase("my rank", seconds=10.0)
+    for _ in range(1000):
+        phase.record("my rank", 1.0)
+    f = meter.phase(phase)
+    assert f["redis_us_per_op"] == [1.0, 1.0] and f["replica_us_per_op"] == [20.0, 18.0]
+    assert f["replica_shares"] == [1.0, 1.0] and f["replica_ceiling_per_s"] == 50_000
+    assert (f["driver_us_per_op"], f["other_cores"], f["cpu_busy"]) == (1000.0, 0.2, {0: 0.3})
+    assert "replica_us_per_op" not in scaleout.Meter([], marks=meter.marks[:]).phase(phase)  # no replicas
+
+
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert scaleout.Settings.from_env() == scaleout.Settings()
     monkeypatch.setenv("SHARDLB_SCALEOUT_MASTERS", "1,3")
     monkeypatch.setenv("SHARDLB_SCALEOUT_PLAYERS", "1000")
     monkeypatch.setenv("SHARDLB_SCALEOUT_SECONDS", "2")
+    monkeypatch.setenv("SHARDLB_SCALEOUT_REPLICA_MASTERS", "2")
+    monkeypatch.setenv("SHARDLB_SCALEOUT_REPLICAS", "1,3")
     s = scaleout.Settings.from_env()
     assert (s.masters, s.players, s.seconds) == ((1, 3), 1000, 2)
+    assert (s.replica_masters, s.replicas) == (2, (1, 3))
     monkeypatch.setenv("SHARDLB_SCALEOUT_SECONDS", "0")
     with pytest.raises(SystemExit, match="SHARDLB_SCALEOUT_SECONDS"):
         scaleout.Settings.from_env()
@@ -81,8 +131,72 @@ def fake_point(masters: int, writes: float, write_us: list[float], reads: float)
     }
 
 
+def fake_replica_point(replicas: int, master_us: float, group_us: float) -> dict[str, object]:
+    """3 masters with ``replicas`` each; 1,000 reads/s for 10 s, each costing every master
+    ``master_us`` from the primaries, and every group of replicas ``group_us`` (split evenly) from
+    the replicas, while the masters then spend 0.5 µs per read."""
+    reads, groups = 10_000, [g for g in range(3) for _ in range(replicas)]
+    where = scaleout.placement(3, [0, 1], replicas)
+    on_primaries = scaleout.figures(reads, 10.0, [master_us * reads / 1e6] * 3, 1.0, 2.0)
+    on_primaries |= scaleout.replica_figures(reads, 10.0, [0.0] * len(groups), groups)
+    on_replicas = scaleout.figures(reads, 10.0, [0.5 * reads / 1e6] * 3, 1.0, 2.0)
+    on_replicas |= scaleout.replica_figures(
+        reads, 10.0, [group_us / replicas * reads / 1e6] * len(groups), groups
+    )
+    return {
+        "masters": 3,
+        "replicas": replicas,
+        "placement": {
+            "masters": list(where.masters),
+            "driver": where.driver,
+            "replicas": list(where.replicas),
+        },
+        "replica_groups": groups,
+        "replicas_caught_up_ms": 40 * replicas,
+        "reads_from_primaries": {**on_primaries, "cpu_busy": {0: 0.5, 1: 0.7}, "errors": 0},
+        "reads_from_replicas": {**on_replicas, "cpu_busy": {0: 0.6, 1: 0.8}, "errors": 1},
+    }
+
+
+def test_the_replicas_table_shows_each_replica_carrying_its_share_of_the_reads() -> None:
+    points = [fake_replica_point(1, 20.0, 20.0), fake_replica_point(2, 20.0, 20.0)]
+    rows = scaleout.replica_table(points)
+    assert len(rows) == 2 + 2 * len(points)  # a row from the primaries and one from the replicas each
+    assert rows[2].startswith(
+        "| 1 | primaries | 0 / 1 / 0; 1 / 0 / 1; 0 | 1,000 | 60.0 | 0.0 | 0.0 | - | 50,000 |"
+    )
+    assert rows[3].startswith(
+        "| 1 | replicas | 0 / 1 / 0; 1 / 0 / 1; 0 | 1,000 | 1.5 | 60.0 | 20.0 | 100% / 100% / 100% | 50,000 |"
+    )
+    assert rows[5].startswith(
+        "| 2 | replicas | 0 / 1 / 0; 1 / 0 / 1 / 0 / 1 / 0; 1 | 1,000 | 1.5 | 60.0 | 10.0 "
+        "| 50% + 50% / 50% + 50% / 50% + 50% | 100,000 |"
+    )
+    assert rows[5].endswith("| 100.0 | 60% / 80% | 0.1 | 1 |")
+    findings = scaleout.replica_findings(points)
+    assert findings[0].startswith("- 1 replica(s) per master: the busiest replica spent 20 µs per read")
+    assert "50,000 from the primaries, 50,000 from the replicas (1.00x; the model: 1x)" in findings[0]
+    assert "100,000 from the replicas (2.00x; the model: 2x)" in findings[1]
+    assert (
+        "CPU: 50% to 50% (the model, 1/2: 50%); each master's replicas spent 20.0 µs per read in all"
+        in findings[1]
+    )
+    assert findings[2] == (
+        "- From 1 to 2 replicas per master: the busiest replica's µs per read 0.50x, reads/s at 1 core "
+        "per busiest replica 2.00x (the model: 0.50x and 2.00x); each master's replicas' µs per read in "
+        "all 1.00x (the model: 1.00x, a read costing a group the same however many replicas share it)."
+    )
+    section = scaleout.replica_section(points, vars(scaleout.Settings()))
+    assert section[0] == '## "My rank" reads from replicas (3 masters, 1, 2 replica(s) each, 16 at a time)'
+    assert "(../../../router/README.md#reads-from-replicas)" in section[-2]
+    assert section[-2].endswith(
+        "applied the preload (40 / 80 ms after its last write, with 1 / 2 replica(s) per master)."
+    )
+    assert scaleout.replica_section([], vars(scaleout.Settings())) == []
+
+
 def test_the_markdown_has_a_row_per_cluster_and_the_ratios() -> None:
-    result = {
+    result: dict[str, Any] = {
         "name": "scaleout-test",
         "machine": {"cpus": 2, "cpu_model": "test CPU", "redis": "Redis 7"},
         "cpus": [0, 1],
@@ -102,6 +216,12 @@ def test_the_markdown_has_a_row_per_cluster_and_the_ratios() -> None:
     assert "Redis µs per read in all masters 3.00x" in md
     assert scaleout.TWO_CORES in md
     assert "Other load on the machine" not in md  # no wait for quiet asked
+    assert "without replicas, each redis-server" in md and "from replicas" not in md
+    result["replica_points"] = [fake_replica_point(1, 20.0, 20.0), fake_replica_point(2, 20.0, 20.0)]
+    md = scaleout.markdown(result)
+    assert "without replicas, then of 3 masters with 1, 2 replica(s) each, each redis-server" in md
+    assert "\n".join(scaleout.replica_table(result["replica_points"])) in md
+    del result["replica_points"]
     for p, load in zip(result["points"], (0.1, 0.25), strict=True):
         p["load_before_cores"] = load
     result["settings"] = {**result["settings"], "quiet_wait": 60}
@@ -109,8 +229,16 @@ def test_the_markdown_has_a_row_per_cluster_and_the_ratios() -> None:
 
 
 @pytest.mark.slow
-def test_a_tiny_run_pins_every_master_and_measures_both_phases(tmp_path: Path) -> None:
-    s = replace(scaleout.Settings(), masters=(1, 2), players=2000, seconds=1, read_tasks=4)
+def test_a_tiny_run_pins_every_node_and_measures_every_phase(tmp_path: Path) -> None:
+    s = replace(
+        scaleout.Settings(),
+        masters=(1, 2),
+        players=2000,
+        seconds=1,
+        read_tasks=4,
+        replica_masters=2,
+        replicas=(1,),
+    )
     workload = replace(Workload(), board="scaleout", players=s.players)
     result = scaleout.run(s, workload, tmp_path)
     assert result["cpus"] == sorted(os.sched_getaffinity(0))
@@ -122,5 +250,18 @@ def test_a_tiny_run_pins_every_master_and_measures_both_phases(tmp_path: Path) -
             f = point[kind]
             assert f["ops"] > 0 and f["errors"] == 0, f
             assert len(f["redis_us_per_op"]) == masters and min(f["redis_us_per_op"]) > 0
+    (point,) = result["replica_points"]
+    assert (point["masters"], point["replicas"], point["replica_groups"]) == (2, 1, [0, 1])
+    assert [p["affinity"] for p in point["pinned"]] == [
+        [cpu] for cpu in point["placement"]["masters"] + point["placement"]["replicas"]
+    ]
+    on_primaries, on_replicas = point["reads_from_primaries"], point["reads_from_replicas"]
+    for f in (on_primaries, on_replicas):
+        assert f["ops"] > 0 and f["errors"] == 0, f
+    # The replicas served the replica reads (each its group's whole share), the primaries the others:
+    # a read's cost moved from the masters to the replicas.
+    assert on_replicas["replica_shares"] == [1.0, 1.0]
+    assert min(on_replicas["replica_us_per_op"]) > max(on_primaries["replica_us_per_op"])
+    assert on_replicas["redis_us_per_op_all"] < on_primaries["redis_us_per_op_all"] / 2
     assert os.sched_getaffinity(0) == set(result["cpus"])  # the load generator's pin was undone
     assert not list(tmp_path.iterdir())  # each cluster's folder removed
