@@ -158,8 +158,11 @@ def costs(summary: dict[str, Any]) -> dict[str, Any]:
         w = http["writes"]
         out["router_us_per_write"] = _per(w["cpu"]["cpu_s"].get("router"), w["scores_written"])
         out["locust_us_per_write"] = _per(w["cpu"]["cpu_s"].get("locust"), w["scores_written"])
-    if "reads" in http:
-        r = http["reads"]
+    # The router's cost per read on the layout `shardlb plan` recommends (one shard per master), the
+    # one its model sizes routers for; the bench's own board when that phase did not run.
+    planned = http.get("reads_planned", {})
+    r = planned if "cpu" in planned else http.get("reads", {})
+    if "cpu" in r:
         out["router_us_per_read"] = _per(r["cpu"]["cpu_s"].get("router"), _http_read_count(r))
     out.update(durability_report.costs(summary))
     out.update(read_goals.read_costs(summary))

@@ -164,6 +164,10 @@ def test_the_mix_goals_are_measured_on_both_layouts(measured: dict[str, Any]) ->
 def test_the_planned_layout_goals_are_listed_as_not_measured_without_the_phase(
     summary: dict[str, Any],
 ) -> None:
+    summary["http"].pop("reads_planned", None)
+    for key in DERIVED:
+        summary.pop(key, None)
+    report.finish(summary)
     rows = [g for g in summary["read_goals"] if "one shard per master" in g["goal"]]
     assert len(rows) == 2 and all(g["measured"] is None and g["met"] is None for g in rows)
 
@@ -203,3 +207,13 @@ def test_markdown_prints_the_latency_curve_and_the_planned_reads(measured: dict[
         assert g["goal"] in text
     skipped = dict(measured, latency_curve={"skipped": "router/server.py does not exist yet"})
     assert "Skipped: router/server.py does not exist yet." in report.markdown(skipped, "test")
+
+
+def test_the_planners_router_cost_per_read_is_the_planned_layouts(measured: dict[str, Any]) -> None:
+    """`shardlb plan` sizes routers for one shard per master: their CPU per read comes from the read
+    mix on that board (10 router CPU s over 15,000 requests), not from the bench's 16-shard board."""
+    assert measured["costs"]["router_us_per_read"] == pytest.approx(10.0 / 15_000 * 1e6, abs=0.1)
+    del measured["http"]["reads_planned"]
+    reads = measured["http"]["reads"]
+    want = reads["cpu"]["cpu_s"]["router"] / reads["endpoints"]["Aggregated"]["requests"] * 1e6
+    assert report.costs(measured)["router_us_per_read"] == pytest.approx(want, abs=0.1)
