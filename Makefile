@@ -61,13 +61,13 @@ format: install ## fix style in place
 	$(BIN)/ruff check --fix shardlb router bench tests
 	$(BIN)/ruff format shardlb router bench tests
 
-bench: install redis-server wrk ## ~8 min headless load test, journal and archiver costs and hot reads included; bench/results/<timestamp>/
+bench: install redis-server wrk ## ~9 min headless load test: write ramp and latency curve, read mixes, journal and archiver costs, hot reads; bench/results/<timestamp>/
 	$(BIN)/python -m bench.run
 
 bench-scale: install redis-server ## long: 10M players on 16 shards, memory and latency at 1M and 10M
 	$(BIN)/python -m bench.scale
 
-bench-scaleout: install redis-server ## ~2 min: raw writes/s and "my rank" reads/s on 1, 2, 3 masters pinned to CPUs, Redis CPU per op (SHARDLB_SCALEOUT_*)
+bench-scaleout: install redis-server ## ~2.5 min: raw writes/s and "my rank" reads/s on 1, 2, 3 masters, then reads from 1 and 2 replicas per master, nodes pinned to CPUs, Redis CPU per op (SHARDLB_SCALEOUT_*)
 	$(BIN)/python -m bench.scaleout
 
 bench-dedup: install redis-server ## ~2 min: bytes per incr dedup record and the CPU of dedup buckets
