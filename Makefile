@@ -47,7 +47,7 @@ PYTEST_WORKERS ?= 2
 test: install redis-server postgres chromium ## run lint, type checks and the whole test suite (starts its own cluster)
 	$(BIN)/ruff check shardlb router bench tests
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadscope
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=10
 
 screenshots: install redis-server chromium ## run the dashboard's browser test and keep its screenshots in docs/img
 	SHARDLB_SCREENSHOTS=docs/img $(BIN)/pytest -q tests/test_dashboard_browser.py
