@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from router.settings import Settings, SettingsError
-from shardlb import times
+from shardlb import fanout, times
 from shardlb.board import Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
@@ -118,3 +118,32 @@ def test_read_from_is_one_of_its_values() -> None:
         Settings(read_from=value, insecure_dev=True).check()
     with pytest.raises(SettingsError, match="SHARDLB_READ_FROM"):
         Settings(read_from="replica", insecure_dev=True).check()
+
+
+async def test_a_key_a_replica_lacks_is_read_from_its_primary(replica_store: BoardStore) -> None:
+    """A replica answers for a key it does not hold (one its primary moved away, or that has not
+    reached it yet) as for an empty key. Each key read from a replica is checked by an EXISTS after
+    its reads; a 0 sends the whole batch to the primaries. The key is written through the primary
+    only after the replica was asked, so the replica's answer is 0 and the primaries' answer is the
+    batch's."""
+    client = replica_store.client
+    present, missing = "replica-check:{a}", "replica-check:{b}"
+    await client.delete(present, missing)
+    await client.zadd(present, {"m1": 1.0, "m2": 2.0})
+    await _caught_up(client)
+    for last in ("zcard", "zscore"):
+        batch = fanout.batch(client, replicas=True)
+        batch.zcount(present, "-inf", "+inf")
+        batch.zscore(missing, "m1")
+        batch.zcard(missing) if last == "zcard" else batch.zscore(missing, "m2")
+        outcomes = await batch.outcomes()
+        assert len(outcomes) == 1 and type(outcomes[0]).__name__ == "_KeyNotOnReplica"
+        await client.zadd(missing, {"m1": 5.0, "m2": 6.0})  # on the primary; the replica may lag
+        again = fanout.batch(client, replicas=True)
+        again.zcount(present, "-inf", "+inf")
+        again.zscore(missing, "m1")
+        again.zcard(missing) if last == "zcard" else again.zscore(missing, "m2")
+        got = await again.execute()
+        assert got == [2, 5.0, 2 if last == "zcard" else 6.0]
+        await client.delete(missing)
+        await _caught_up(client)
