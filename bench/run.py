@@ -24,13 +24,14 @@ import multiprocessing
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench import drivers, hot, journal, locust_csv, report, shapes
+from bench import drivers, hot, journal, locust_csv, report, server_latency, shapes
 from bench.drivers import Job
 from bench.durability import ArchiveDatabase, ArchiverProcess, JournalPhase, router_knows
 from bench.harness import int_list, log, publish, run_dir
@@ -272,32 +273,60 @@ def soak_run(
     workers: int,
     seconds: float,
     env: dict[str, str] | None = None,
+    server: list[server_latency.Buckets] | None = None,
+    server_from_s: float = 0.0,
 ) -> LocustRun:
     """Locust's ``soak`` shape at ``offered`` writes/s for ``seconds`` (bench/shapes.py) through a
-    fresh router of ``workers`` processes with ``env`` added to its settings."""
+    fresh router of ``workers`` processes with ``env`` added to its settings. With ``server``, the
+    router's own histogram of score writes is scraped into it about ``server_from_s`` seconds into
+    the run and at its end (bench/server_latency.py)."""
     router = Router(
         cluster.url, free_port(22400), workers, out / f"{name}-router.log", {**router_env(), **(env or {})}
     )
     with router:
         log(f"{name}: {workers} router workers, {seconds:.0f} s at {offered} writes/s offered")
-        return run_locust(
-            out / name,
-            router.url,
-            ["GameServer"],
-            locust_env(
-                s,
-                workload,
-                {
-                    "SHARDLB_SHAPE": "soak",
-                    "SHARDLB_TARGET_WRITES": str(offered),
-                    "SHARDLB_DURATION": str(seconds),
-                },
-            ),
-            s.locust_processes,
-            [],
-            {**groups, "router": [router.proc.pid] if router.proc else []},
-            seconds + 56,
-        )
+        timer = None
+        if server is not None:
+            timer = threading.Timer(server_from_s, lambda: server.append(server_latency.scrape(router.url)))
+            timer.start()
+        try:
+            return _soak_locust(s, workload, router, name, out, groups, offered, seconds)
+        finally:
+            if timer is not None:
+                timer.cancel()
+                timer.join()
+                if server is not None:
+                    server.append(server_latency.scrape(router.url))
+
+
+def _soak_locust(
+    s: Settings,
+    workload: Workload,
+    router: Router,
+    name: str,
+    out: Path,
+    groups: dict[str, list[int]],
+    offered: int,
+    seconds: float,
+) -> LocustRun:
+    return run_locust(
+        out / name,
+        router.url,
+        ["GameServer"],
+        locust_env(
+            s,
+            workload,
+            {
+                "SHARDLB_SHAPE": "soak",
+                "SHARDLB_TARGET_WRITES": str(offered),
+                "SHARDLB_DURATION": str(seconds),
+            },
+        ),
+        s.locust_processes,
+        [],
+        {**groups, "router": [router.proc.pid] if router.proc else []},
+        seconds + 56,
+    )
 
 
 def latency_curve(
@@ -323,14 +352,30 @@ def latency_curve(
     steps = []
     for share in s.shares():
         offered = round(share * sustained)
-        run = soak_run(
-            s, workload, cluster, f"latency-{share * 100:g}", out, redis, offered, s.router_workers, seconds
-        )
         stages = shapes.schedule("soak", offered, seconds, s.user_rps, workload.players_per_match)
+        scrapes: list[server_latency.Buckets] = []
+        run = soak_run(
+            s,
+            workload,
+            cluster,
+            f"latency-{share * 100:g}",
+            out,
+            redis,
+            offered,
+            s.router_workers,
+            seconds,
+            server=scrapes,
+            server_from_s=seconds - locust_csv.RECENT_WINDOW_S,  # about Locust's window at the end
+        )
         step = {"share": share, **report.latency_step(run, stages)}
+        if len(scrapes) == 2 and scrapes[1]:
+            step["router"] = server_latency.quantiles(scrapes[0], scrapes[1], (0.5, 0.95, 0.99))
+        router_p = step.get("router", {})
         log(
             f"latency at {share:.0%}: {step['achieved']} of {step['offered']} writes/s, "
-            f"p50/p95/p99 {step['p50_ms']}/{step['p95_ms']}/{step['p99_ms']} ms, {step['failures']} failures"
+            f"p50/p95/p99 {step['p50_ms']}/{step['p95_ms']}/{step['p99_ms']} ms "
+            f"(router's own {router_p.get('p50_ms')}/{router_p.get('p95_ms')}/{router_p.get('p99_ms')}), "
+            f"{step['failures']} failures"
         )
         steps.append(step)
     return {

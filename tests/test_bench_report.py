@@ -111,7 +111,10 @@ def measured(summary: dict[str, Any]) -> dict[str, Any]:
         "router_workers": 2,
         "seconds": 16.0,
         "held_from_s": 4.0,
-        "steps": [_step(0.5, 4_500, 4_480, 18.0), _step(0.8, 7_200, 7_150, 41.0)],
+        "steps": [
+            _step(0.5, 4_500, 4_480, 18.0),
+            {**_step(0.8, 7_200, 7_150, 41.0), "router": {"p50_ms": 3.1, "p95_ms": 12.0, "p99_ms": 24.5}},
+        ],
     }
     summary["http"]["reads_planned"] = {
         "board": "bench-s3",
@@ -176,7 +179,7 @@ def test_write_p99_goal_is_read_at_the_latency_curves_80_percent_step(measured: 
     p99 = _goal(measured, "write p99 ms at 80% of the sustained maximum")
     assert p99["measured"] == 41.0 and p99["met"] is True
     assert p99["detail"].startswith("latency curve: constant 7,200 writes/s offered (80% of 9,000 sustained)")
-    assert "7,150 achieved, 3 failures" in p99["detail"]
+    assert "7,150 achieved, 3 failures; the router's own p99 24.5 ms" in p99["detail"]
 
 
 def test_write_p99_goal_falls_back_to_the_ramp(measured: dict[str, Any]) -> None:
@@ -194,8 +197,8 @@ def test_write_p99_goal_falls_back_to_the_ramp(measured: dict[str, Any]) -> None
 def test_markdown_prints_the_latency_curve_and_the_planned_reads(measured: dict[str, Any]) -> None:
     text = report.markdown(measured, "test")
     assert "## HTTP write latency at shares of the sustained maximum (9,000 writes/s in the ramp)" in text
-    assert "| 50% | 90 | 4,500 | 4,480 | 9 / 21 / 18 | 9,000 | 3 | no |" in text
-    assert "| 80% | 144 | 7,200 | 7,150 | 9 / 21 / 41 | 9,000 | 3 | no |" in text
+    assert "| 50% | 90 | 4,500 | 4,480 | 9 / 21 / 18 | - | 9,000 | 3 | no |" in text  # not scraped
+    assert "| 80% | 144 | 7,200 | 7,150 | 9 / 21 / 41 | 3.1 / 12 / 24.5 | 9,000 | 3 | no |" in text
     assert "include Locust's own scheduling" in text
     assert "| shardlb over HTTP, reads on a board of one shard per master (`bench-s3`, 3 shards) " in text
     assert (
