@@ -306,14 +306,11 @@ class Board:
                 slot[name] = len(key_list)
             return slot[name]
 
+        # Dedup and pin buckets go as (first, current): write.lua names them (keys.dedup_key/pin_key).
         b, window = self._dedup_bucket_ms, self.config.dedup_window_s * 1000
-        buckets = range((now - window) // b, now // b + 1)
-        dedup = []
-        if self.config.mode == "incr":
-            dedup = [key_index(keys.dedup_key(prefix, k), (k + 1) * b + window) for k in buckets]
-        pins = []
-        if any(p.server_time for p in batch):
-            pins = [key_index(keys.pin_key(prefix, k), (k + 1) * b + window) for k in buckets]
+        span = [(now - window) // b, now // b]
+        dedup = span if self.config.mode == "incr" else []
+        pins = span if any(p.server_time for p in batch) else []
         rivals = [key_index(keys.period_key(self.prefixes[r], "total"), 0) for r in self.layout.rivals(shard)]
         version = pending = 0
         if self.layout.strategy == "band":
@@ -341,7 +338,7 @@ class Board:
         header = [
             self.config.mode, c.time_bits, c.points_max, c.order, c.tiebreak, now, len(self.config.periods),
             version, pending, dedup, pins, rivals, list(self.config.sharding.bands), expiry,
-            journal, self.journal_max, self.config.id, self.incarnation, shard, locks, activity,
+            journal, self.journal_max, self.config.id, self.incarnation, shard, locks, activity, b, window,
         ]  # fmt: skip
         return key_list, [msgpack.packb(header), msgpack.packb(items)]
 

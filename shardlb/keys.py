@@ -138,6 +138,7 @@ def period_key(prefix: str, period: str) -> str:
 
 
 def dedup_key(prefix: str, bucket: int) -> str:
+    # write.lua builds this name (and pin_key's) itself from the prefix: keep the two in step.
     return f"{prefix}dd:{bucket}"
 
 

@@ -175,3 +175,35 @@ async def test_a_retry_without_achieved_at_lands_where_the_first_call_did(
         )
     finally:
         await store.delete(name)
+
+
+async def test_dedup_and_pin_buckets_are_named_expire_and_are_indexed_as_the_library_says(
+    store: BoardStore,
+) -> None:
+    """write.lua builds the bucket names itself from the shard's prefix: they are the names of
+    keys.dedup_key and keys.pin_key (which the reshard copier, rebuild and drop find through the
+    key index), each expires one window after its bucket ends, is listed in the index at that
+    time, and a retry a bucket later (the span first..current) still finds the first call's record."""
+    config = BoardConfig.from_dict("buckets-named", {"mode": "incr", "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    client = store.client
+    b, window = config.dedup_bucket_ms, config.dedup_window_s * 1000
+    now = times.now_ms()
+    prefix = board.prefixes[0]
+    try:
+        [first] = await board.submit([Score("p1", 5, "m1", None)], now_ms=now)
+        assert first.status == "improved"
+        k = now // b
+        member = "m1\x00p1"
+        index = keys.index_key(prefix)
+        for name in (keys.dedup_key(prefix, k), keys.pin_key(prefix, k)):
+            assert await client.exists(name) == 1, name
+            assert await client.pexpiretime(name) == (k + 1) * b + window
+            assert await client.zscore(index, name) == (k + 1) * b + window
+        assert await client.sismember(keys.dedup_key(prefix, k), member)
+        assert await client.hget(keys.pin_key(prefix, k), member) is not None
+        [again] = await board.submit([Score("p1", 5, "m1", None)], now_ms=now + b)  # a bucket later
+        assert again.status == "duplicate" and again.points == 5
+        assert await client.exists(keys.dedup_key(prefix, k + 1)) == 0  # nothing new was recorded
+    finally:
+        await store.delete(config.id)

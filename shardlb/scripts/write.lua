@@ -5,13 +5,17 @@
 -- KEYS[3..]   period boards, dedup and pin buckets, other regions' totals, band bookkeeping
 -- ARGV[1]     a MessagePack array: mode, time_bits, points_max, order, tiebreak, now_ms,
 --             periods_per_result, version key index (0: none), pending key index (0: none),
---             {dedup key indices, current bucket last}, {pin key indices, current bucket last},
+--             {first, current dedup bucket} ({} for none), {first, current pin bucket} ({} for none),
 --             {indices of the other regions' totals a player of this shard could live in},
 --             {band start points (band boards)}, {expiry ms of each KEYS[i], 0 = never},
 --             journal key index (0: the board keeps no journal), journal bound (entries),
 --             board id, incarnation, shard (written into each journal entry),
 --             {per dated period key: its index, its frozen marker's index, when it closes (ms), its name}
---             activity key index (0: none; inactive_after boards: player -> last applied post, ms)
+--             activity key index (0: none; inactive_after boards: player -> last applied post, ms),
+--             bucket length (ms), dedup window (ms): a bucket k expires at (k + 1) x length + window
+--             Dedup and pin buckets are not KEYS: their names (<prefix>dd:<k>, <prefix>pin:<k>) are
+--             built here from the shard's prefix, the hash tag of every key of the call, as `mv`, `seal`
+--             and `chg` are (25 bucket names a call, twice for an incr board, were most of its KEYS).
 -- ARGV[2]     ONE MessagePack array, flat: per result player, score, points, time_units,
 --             dedup_member, server_time (1 when the caller sent no achieved time), <period key
 --             indices, total first>. (One packed argument instead of thousands: the client spends
@@ -55,6 +59,20 @@ local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5]
 local now, P, vk, pendk = h[6], h[7], h[8], h[9]
 local dd, pins, rivals, bands, expiry = h[10], h[11], h[12], h[13], h[14]
 local jk, jmax, ak = h[15], h[16], h[21] or 0
+local bucket_ms, window_ms = h[22], h[23]
+local function bucket_names(span, kind)
+  local names = {}
+  if #span == 2 then
+    for k = span[1], span[2] do names[#names + 1] = base .. kind .. string.format('%d', k) end
+  end
+  return names
+end
+-- The current buckets this call wrote to: name -> expiry ms (registered in the index at the end).
+local written_buckets = {}
+local function wrote_bucket(span, names)
+  written_buckets[names[#names]] = (span[2] + 1) * bucket_ms + window_ms
+end
+local ddn, pinn = bucket_names(dd, 'dd:'), bucket_names(pins, 'pin:')
 if jk > 0 and redis.call('XLEN', KEYS[jk]) >= jmax then
   return redis.error_reply('JOURNALFULL the journal of this shard is at its bound; the archiver is behind')
 end
@@ -67,7 +85,7 @@ for i = 1, #locks, 4 do
   period_name[k] = locks[i + 3]
   shut[k] = now >= locks[i + 2] or redis.call('EXISTS', KEYS[locks[i + 1]]) == 1
 end
-local ndd = #dd
+local ndd = #ddn
 local items = cmsgpack.unpack(ARGV[2])
 local pos = 1
 local tmax = T - 1
@@ -129,13 +147,13 @@ while pos <= #items do
   -- retries land in the same periods with the same time.
   local pinned = nil
   if elsewhere == nil and server_time == 1 then
-    for i = 1, #pins do
-      local v = redis.call('HGET', KEYS[pins[i]], member)
+    for i = 1, #pinn do
+      local v = redis.call('HGET', pinn[i], member)
       if v then pinned = tonumber(v) break end
     end
     if pinned == nil then
-      redis.call('HSET', KEYS[pins[#pins]], member, units)
-      touched[pins[#pins]] = true
+      redis.call('HSET', pinn[#pinn], member, units)
+      wrote_bucket(pins, pinn)
     elseif pinned == units then
       pinned = nil
     end
@@ -176,7 +194,7 @@ while pos <= #items do
   else
     local seen = false
     for i = 1, ndd do
-      if redis.call('SISMEMBER', KEYS[dd[i]], member) == 1 then seen = true break end
+      if redis.call('SISMEMBER', ddn[i], member) == 1 then seen = true break end
     end
     if seen then
       status = 'd'
@@ -195,8 +213,8 @@ while pos <= #items do
           touched[pk[j]] = true
         end
         after = new[1]
-        redis.call('SADD', KEYS[dd[ndd]], member)
-        touched[dd[ndd]] = true
+        redis.call('SADD', ddn[ndd], member)
+        wrote_bucket(dd, ddn)
         if points > 0 or before == nil then status = 'i' end
       end
     end
@@ -267,6 +285,10 @@ for i, _ in pairs(touched) do
   else
     redis.call('ZADD', KEYS[1], '+inf', KEYS[i])
   end
+end
+for name, expire_at in pairs(written_buckets) do
+  redis.call('PEXPIREAT', name, fmt(expire_at))
+  redis.call('ZADD', KEYS[1], fmt(expire_at), name)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now))
 return out
