@@ -16,11 +16,12 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router import admin, dashboard, logs, metrics, probes, routes, scores, settlements
 from router.errors import ApiError, to_api_error
 from router.gate import Admission
+from router.hot import HotTop
 from router.media import error_response
 from router.middleware import Observe
 from router.scores import ScoresEndpoint
@@ -75,7 +76,8 @@ class RouterApp(Starlette):
     goes straight to the write endpoint inside the access middleware (router/scores.py), and a GET
     of a board's top or of one player ("my rank") straight to its handler (``Direct``), past
     Starlette's exception middlewares, router and per-route wrappers, which cost as much CPU as a
-    cached read itself. Every other request takes Starlette's path."""
+    cached read itself (and a top asked again within its second, past the handler too:
+    router/hot.py). Every other request takes Starlette's path."""
 
     def __init__(self, observe: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(middleware=[Middleware(Observe, **observe)], **kwargs)
@@ -83,9 +85,15 @@ class RouterApp(Starlette):
         self._scores = Observe(ScoresEndpoint(), **observe)
         # (pattern, path-parameter names, route for the metrics' labels, the handler in the middleware)
         self._gets = [
-            (pattern, names, self._route(path), Observe(Direct(handler), **observe))
+            (pattern, names, self._route(path), Observe(self._direct(handler), **observe))
             for pattern, names, path, handler in routes.HOT_GETS
         ]
+
+    @staticmethod
+    def _direct(handler: Callable[[Request], Awaitable[Response]]) -> ASGIApp:
+        # The top's repeats are answered from their rendered bytes (router/hot.py).
+        app = Direct(handler)
+        return HotTop(app, routes.admit_read) if handler is routes.top else app
 
     @staticmethod
     def _route(path: str) -> BaseRoute:

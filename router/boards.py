@@ -77,24 +77,30 @@ class Boards:
         self._writes: SingleFlight[str, Board] = SingleFlight()  # fetches for writes
         self._reads: SingleFlight[str, Board] = SingleFlight()  # fetches for reads, through the read lane
 
-    async def get(self, board_id: str) -> Board:
-        """The board for a write (BoardNotFound when there is none; InvalidInput for a malformed id)."""
+    def cached(self, board_id: str) -> Board | None:
+        """The board as kept, while its settings are fresh; else None (``get`` fetches them)."""
         kept = self._kept.get(board_id)
         if kept is not None and time.monotonic() - kept[0] < self.ttl_s and not kept[1].stale:
             return kept[1]
+        return None
+
+    async def get(self, board_id: str) -> Board:
+        """The board for a write (BoardNotFound when there is none; InvalidInput for a malformed id)."""
+        board = self.cached(board_id)
+        if board is not None:
+            return board
         check_id(board_id, "board")  # a malformed id is the client's 422, never a wait for the gate
         return await self._writes.join(board_id, lambda: self._fetch(board_id, False))
 
     async def lookup(self, board_id: str) -> Board:
         """The board for a public read: as ``get``, but a board found missing stays missing for a
         moment, and a fetch goes through the read lane."""
-        kept = self._kept.get(board_id)
-        now = time.monotonic()
-        if kept is not None and now - kept[0] < self.ttl_s and not kept[1].stale:
-            return kept[1]
+        board = self.cached(board_id)
+        if board is not None:
+            return board
         check_id(board_id, "board")
         missed = self.missing.get(board_id)
-        if missed is not None and now - missed < self.missing_ttl_s:
+        if missed is not None and time.monotonic() - missed < self.missing_ttl_s:
             raise BoardNotFound(f"no board {board_id!r}", "board")
         if board_id in self._writes:  # a write's fetch is under way: its answer serves this read too
             return await self._writes.join(board_id, lambda: self._fetch(board_id, False))

@@ -75,6 +75,11 @@ class TopCache:
             fresh = await self._views.fetch(key, lambda: self._read(key, board, max(want, limit), live=True))
         return fresh.entries[:limit], fresh.as_of_ms
 
+    def as_of(self, view: ResolvedView) -> int | None:
+        """When the kept copy of ``view`` was read (epoch ms), or None; counted as a read of it."""
+        kept = self._views.get(view)
+        return None if kept is None else kept.as_of_ms
+
     async def run(self) -> None:
         """Refresh every kept view forever (router/refresh.py); one task per worker runs this."""
         await self._views.run()

@@ -19,12 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from router import history, metrics, moderation, params, scores
+from router import history, hot, metrics, moderation, params, scores
 from router.auth import Scope
 from router.boards import through_reshard
 from router.errors import ApiError
 from router.histogram import Estimate
-from router.media import RawHeaders, entry_body, read_object, render, rendered, wants_msgpack
+from router.media import RawHeaders, entry_body, read_object, render, rendered
 from router.scores import MAX_ITEMS, ScoresEndpoint
 from router.service import Service
 from shardlb import merge, rebuild, times
@@ -39,7 +39,6 @@ MAX_OFFSET = 10**12
 # headers, body, ETag). A hit sends bytes rendered once per refresh of the top cache.
 TOPS_RENDERED = 4096
 _TOPS: dict[tuple[ResolvedView, int, bool, bool], tuple[int, RawHeaders, bytes, bytes]] = {}
-_TOP_CACHE_CONTROL = b"max-age=1"
 MAX_RADIUS = 100
 QUERY_FIELDS = ("player_ids", "period", "region")
 
@@ -59,14 +58,18 @@ def _allow(request: Request, need: Scope) -> Service:
 
 
 def _allow_read(request: Request) -> Service:
-    """Key check for reads, then the caller's token bucket (429 with Retry-After when empty)."""
     svc = service(request)
-    caller = svc.keys.require(request.headers.get("authorization"), _peer(request), Scope.READ)
+    admit_read(svc, request.headers.get("authorization"), _peer(request))
+    return svc
+
+
+def admit_read(svc: Service, authorization: str | None, peer: str) -> None:
+    """Key check for reads, then the caller's token bucket (429 with Retry-After when empty)."""
+    caller = svc.keys.require(authorization, peer, Scope.READ)
     wait = svc.limiter.take(caller.client)
     if wait > 0:
         metrics.RATE_LIMITED.inc()
         raise ApiError(429, "rate_limited", "too many reads from this client; slow down", retry_after=wait)
-    return svc
 
 
 def _through_reshard(
@@ -231,6 +234,8 @@ async def board_route(request: Request) -> Response:
 
 @_through_reshard
 async def top(request: Request) -> Response:
+    """The top N, from the top cache; the answer is remembered for ``HotTop`` (router/hot.py)."""
+    second = hot.now_second()  # before the view is resolved: see router/hot.py
     svc = _allow_read(request)
     query = _query(request, "limit", "period", "region", "rank_mode")
     board = await _board(svc, request)
@@ -241,7 +246,7 @@ async def top(request: Request) -> Response:
     if settled is not None:
         return render(request, settled)
     best, as_of = await svc.tops.top(board, view, limit)
-    packed = wants_msgpack(request.headers.get("accept"))
+    raw_query, packed = hot.request_key(request)
     key = (view, limit, competition, packed)
     kept = _TOPS.get(key)
     if kept is None or kept[0] != as_of:
@@ -257,26 +262,19 @@ async def top(request: Request) -> Response:
         }
         _, headers, raw = rendered(body, packed)
         tag = f'"{zlib.crc32(raw):08x}{len(raw):x}"'.encode()
-        headers += [(b"etag", tag), (b"cache-control", _TOP_CACHE_CONTROL)]
+        headers += [(b"etag", tag), (b"cache-control", hot.CACHE_CONTROL)]
         kept = _TOPS[key] = (as_of, headers, raw, tag)
         if len(_TOPS) > TOPS_RENDERED:
             del _TOPS[next(iter(_TOPS))]  # the oldest rendering
     _, headers, raw, tag = kept
-    if _matches(request.headers.get("if-none-match"), tag.decode()):
-        response = Response(status_code=304)
-        response.raw_headers = [(b"etag", tag), (b"cache-control", _TOP_CACHE_CONTROL)]
-        return response
-    response = Response(raw)
+    answer = hot.Rendered(second, board, view, as_of, headers, raw, tag)
+    hot.remember(board.config.id, raw_query, packed, answer)
+    status = 200
+    if hot.matches(request.headers.get("if-none-match"), tag.decode()):
+        status, headers, raw = hot.not_modified(tag)
+    response = Response(raw, status)
     response.raw_headers = headers
     return response
-
-
-def _matches(if_none_match: str | None, tag: str) -> bool:
-    """RFC 9110 If-None-Match against the current ETag (weak comparison: W/ is ignored)."""
-    if if_none_match is None:
-        return False
-    asked = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
-    return tag in asked or "*" in asked
 
 
 @_through_reshard

@@ -219,6 +219,8 @@ class Batch(SortedSetCommands):
                     target = ClusterNode(c.result.host, c.result.port, PRIMARY, **nodes.connection_kwargs)
                     nodes.set_nodes(nodes.nodes_cache, {target.name: target})
                 asked.setdefault(target.name, (target, []))[1].append(c)
+        if not asked:
+            return
         sends = [
             (target, [x for c in queue for x in (PipelineCommand(-1, "ASKING"), c)])
             for target, queue in asked.values()
@@ -427,6 +429,8 @@ async def _pipelines(
     bounds the round instead of one per reply and per node (arming a timer for each reply, and a task
     for each node and for each write's own timeout, cost more than the commands themselves).
     """
+    if not sends:
+        return []
     outcomes: list[bool | BaseException] = [False] * len(sends)
     held: list[tuple[int, ClusterNode, Any]] = []
     unread: set[int] = set()  # pipelines sent (or being sent) and not read to the end
@@ -436,7 +440,7 @@ async def _pipelines(
                 held.append((i, node, node.acquire_connection()))
             except Exception as e:  # the node's pool is full
                 outcomes[i] = e
-        async with asyncio.timeout(timeout):
+        with _Deadline(timeout, _loop_of(held)):
             for i, _, connection in held:
                 unread.add(i)
                 try:
@@ -461,6 +465,55 @@ async def _pipelines(
                 await connection.disconnect()
             node.release(connection)
     return outcomes
+
+
+class _Deadline:
+    """``asyncio.timeout`` for one round, on the loop of the round's connections.
+
+    CPython 3.11 checks ``getpid()`` in every ``get_running_loop`` (to notice a loop inherited
+    across a fork), a real system call that costs several microseconds on a VM, and
+    ``asyncio.timeout`` makes three (entering, arming, the current task): a rank's two rounds
+    made twelve, more than the rank's other system calls together. A connected redis-py connection
+    already knows its loop (its streams were made on it, and it cannot serve another). Same rules
+    as ``asyncio.Timeout``: when the timer cancels the task, leaving the block turns that
+    cancellation into TimeoutError, unless someone else cancelled the task too.
+    """
+
+    __slots__ = ("_cancelling", "_fired", "_handle", "_task")
+
+    def __init__(self, seconds: float | None, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._handle: asyncio.TimerHandle | None = None
+        self._fired = False
+        self._cancelling = 0
+        if seconds is not None:
+            loop = loop or asyncio.get_running_loop()
+            task = asyncio.current_task(loop)
+            assert task is not None, "a round runs inside a task"
+            self._task = task
+            self._cancelling = task.cancelling()
+            self._handle = loop.call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        self._fired = True
+        self._task.cancel()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._fired and self._task.uncancel() <= self._cancelling and kind is asyncio.CancelledError:
+            raise TimeoutError from exc
+
+
+def _loop_of(held: Sequence[tuple[int, ClusterNode, Any]]) -> asyncio.AbstractEventLoop | None:
+    """The event loop of the first connected connection's stream (``_Deadline``), if any."""
+    for _, _, connection in held:
+        loop = getattr(getattr(connection, "_reader", None), "_loop", None)
+        if loop is not None:
+            return loop  # type: ignore[no-any-return]
+    return None
 
 
 async def _send(connection: Any, packed: bytes | list[bytes]) -> None:

@@ -201,3 +201,33 @@ async def test_hiredis_packs_the_pipelines_as_redis_py_does(store: BoardStore) -
         assert fanout._packed(connection, odd) == connection.pack_commands(c.args for c in odd)
     finally:
         node.release(connection)
+
+
+async def test_a_round_past_its_timeout_fails_that_node_and_frees_its_connection(store: BoardStore) -> None:
+    """One timeout bounds a round (fanout._Deadline): a node whose reply does not come in time fails
+    with TimeoutError, its half-read connection is dropped, and the task goes on uncancelled."""
+    keys = await _fill(store)
+    slow = fanout.batch(store.client)
+    slow.timeout = 0.2
+    slow.execute_command("BLPOP", "fanout:{t0}:empty", 2)  # holds its connection for 2 s
+    slow.execute_command("ZCARD", keys[0])
+    started = asyncio.get_running_loop().time()
+    outcomes = await slow.outcomes()
+    assert asyncio.get_running_loop().time() - started < 1.5
+    assert all(isinstance(o, TimeoutError) for o in outcomes)
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    again = fanout.batch(store.client)
+    again.zcard(keys[0])
+    assert await again.execute() == [1]
+
+
+async def test_a_round_cancelled_from_outside_stays_cancelled(store: BoardStore) -> None:
+    """Only the round's own timer turns into TimeoutError; a caller's cancel goes through."""
+    slow = fanout.batch(store.client)
+    slow.timeout = 5.0
+    slow.execute_command("BLPOP", "fanout:{t1}:empty", 2)
+    task = asyncio.create_task(slow.outcomes())
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -1,0 +1,134 @@
+"""The cached top served from bytes: a repeat of a top-N query answered without being read again.
+
+``routes.top`` renders each answer from the top cache once (JSON or MessagePack, with its ETag)
+and remembers it here under the request's board id, raw query string and format. A GET of a
+board's top that repeats such a query in the same wall-clock second is answered by ``HotTop``
+straight from those bytes, as long as the board's cached settings are still the ones it was
+rendered with and the top cache still holds the list of that moment (same ``as_of``): the
+caller's key and read budget are checked, If-None-Match is compared, and nothing else is parsed,
+resolved or looked up. Anything else (the first request of a second, a board changed or
+resharded, a new refresh of the top, a settled period, a refused key, a query that is not a
+plain repeat) goes to the full handler, which renders and remembers it again.
+
+Why whole seconds: a query names its period relatively ("daily") and the day turns on a whole
+second in every time zone in use, so a query resolved in one second names the same period for
+the rest of that second. The answer is never staler than the top cache's own copy: it is that
+copy, and its ``as_of`` says when it was read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from router.errors import ApiError
+from router.media import RawHeaders, rendered_error, send_rendered, wants_msgpack
+from shardlb.board import Board
+from shardlb.reads import ResolvedView
+
+if TYPE_CHECKING:
+    from router.service import Service
+
+KEPT = 4096
+CACHE_CONTROL = b"max-age=1"
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """One rendered answer and what it was rendered from."""
+
+    second: int  # the wall-clock second its query was resolved in
+    board: Board
+    view: ResolvedView
+    as_of: int  # the top cache's copy it came from
+    headers: RawHeaders
+    body: bytes
+    etag: bytes
+
+
+_Key = tuple[str, bytes, bool]  # board id, raw query string, MessagePack
+_kept: dict[_Key, Rendered] = {}
+
+
+def now_second() -> int:
+    """The current wall-clock second (epoch seconds): what an answer's ``second`` is compared with."""
+    return int(time.time())
+
+
+def remember(board_id: str, query: bytes, packed: bool, answer: Rendered) -> None:
+    """Keep ``answer`` for repeats of the same query (at most KEPT, the oldest dropped first)."""
+    key = (board_id, query, packed)
+    _kept.pop(key, None)
+    _kept[key] = answer
+    if len(_kept) > KEPT:
+        del _kept[next(iter(_kept))]
+
+
+def matches(if_none_match: str | None, tag: str) -> bool:
+    """RFC 9110 If-None-Match against the current ETag (weak comparison: W/ is ignored)."""
+    if if_none_match is None:
+        return False
+    asked = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return tag in asked or "*" in asked
+
+
+def not_modified(etag: bytes) -> tuple[int, RawHeaders, bytes]:
+    return 304, [(b"etag", etag), (b"cache-control", CACHE_CONTROL)], b""
+
+
+Admit = Callable[["Service", "str | None", str], None]
+
+
+class HotTop:
+    """``GET /v1/boards/{board}/top`` as an ASGI app: the remembered answer when it is still the
+    current one (module docstring), else ``full``, the handler on the usual path."""
+
+    def __init__(self, full: ASGIApp, admit: Admit) -> None:
+        self.full = full
+        self.admit = admit  # the key check and read budget of every read (routes.admit_read)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        authorization = accept = if_none_match = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"accept":
+                accept = value.decode("latin-1")
+            elif name == b"if-none-match":
+                if_none_match = value.decode("latin-1")
+        packed = wants_msgpack(accept)
+        svc = cast("Service", scope["app"].state.service)
+        answer = _current(svc, scope["path_params"]["board"], scope["query_string"], packed)
+        if answer is None:
+            await self.full(scope, receive, send)
+            return
+        client = scope.get("client")
+        try:
+            self.admit(svc, authorization, client[0] if client else "unknown")
+        except ApiError as error:
+            scope.setdefault("state", {})["error"] = error  # for the access middleware's log line
+            await send_rendered(send, rendered_error(error, packed))
+            return
+        if matches(if_none_match, answer.etag.decode()):
+            await send_rendered(send, not_modified(answer.etag))
+        else:
+            await send_rendered(send, (200, answer.headers, answer.body))
+
+
+def _current(svc: Service, board_id: str, query: bytes, packed: bool) -> Rendered | None:
+    answer = _kept.get((board_id, query, packed))
+    if answer is None or answer.second != now_second():
+        return None
+    if svc.boards.cached(board_id) is not answer.board or svc.tops.as_of(answer.view) != answer.as_of:
+        return None
+    return answer
+
+
+def request_key(request: Request) -> tuple[bytes, bool]:
+    """The raw query string and the format of ``request``, as ``HotTop`` keys it."""
+    return request.scope["query_string"], wants_msgpack(request.headers.get("accept"))

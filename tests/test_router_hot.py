@@ -1,0 +1,159 @@
+"""router/hot.py: a top asked again within its second is answered from the bytes rendered for it,
+and only while they are still the current answer; keys, read budgets and ETags hold on that path."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import msgpack
+import pytest
+from prometheus_client import REGISTRY
+
+from router import hot
+from shardlb.cluster import LocalCluster
+from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running
+
+pytestmark = pytest.mark.cluster
+
+T0 = 1_790_000_000_000
+
+
+class Clock:
+    """The second ``router.hot`` sees, moved by hand."""
+
+    def __init__(self) -> None:
+        self.second = 2_000_000_000
+
+    def __call__(self) -> int:
+        return self.second
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
+    fixed = Clock()
+    monkeypatch.setattr(hot, "now_second", fixed)
+    yield fixed
+
+
+@pytest.fixture(scope="module")
+async def client(cluster: LocalCluster) -> AsyncIterator[httpx.AsyncClient]:
+    async with running(cluster.url, top_refresh_s=0.2) as (_, c):
+        yield c
+
+
+def full_reads() -> float:
+    """Top reads that went through the full handler (each asks the top cache once)."""
+    total = 0.0
+    for outcome in ("hit", "miss"):
+        labels = {"cache": "top", "result": outcome}
+        total += REGISTRY.get_sample_value("shardlb_cache_requests_total", labels) or 0.0
+    return total
+
+
+async def new_board(client: httpx.AsyncClient, scores: list[tuple[str, int]], body: Any = None) -> str:
+    name = board_name()
+    r = await client.put(f"/v1/boards/{name}", json=body or {}, headers=AS_ADMIN)
+    assert r.status_code == 201, r.text
+    await post(client, name, scores)
+    return name
+
+
+async def post(client: httpx.AsyncClient, name: str, scores: list[tuple[str, int]]) -> None:
+    body = {"scores": [{"player_id": p, "points": n, "match_id": "m", "achieved_at": T0} for p, n in scores]}
+    r = await client.post(f"/v1/boards/{name}/scores", json=body, headers=AS_WRITER)
+    assert r.status_code == 200, r.text
+
+
+def players(r: httpx.Response) -> list[str]:
+    assert r.status_code == 200, r.text
+    return [e["player_id"] for e in r.json()["entries"]]
+
+
+async def test_a_repeat_in_its_second_is_the_same_bytes_without_the_handler(
+    client: httpx.AsyncClient, clock: Clock
+) -> None:
+    name = await new_board(client, [("a", 10), ("b", 20)])
+    first = await client.get(f"/v1/boards/{name}/top", params={"limit": 5})
+    assert players(first) == ["b", "a"]
+    before = full_reads()
+    again = [await client.get(f"/v1/boards/{name}/top", params={"limit": 5}) for _ in range(3)]
+    assert full_reads() == before
+    assert {r.content for r in again} == {first.content}
+    assert {r.headers["etag"] for r in again} == {first.headers["etag"]}
+    assert all(r.headers["x-request-id"] and r.headers["cache-control"] == "max-age=1" for r in again)
+    # Another query, or another format, is another answer: it takes the handler once.
+    other = await client.get(f"/v1/boards/{name}/top", params={"limit": 1})
+    assert players(other) == ["b"] and full_reads() == before + 1
+    packed = await client.get(
+        f"/v1/boards/{name}/top", params={"limit": 5}, headers={"Accept": "application/msgpack"}
+    )
+    assert packed.headers["content-type"] == "application/msgpack" and full_reads() == before + 2
+    # The next second resolves the query again.
+    clock.second += 1
+    await client.get(f"/v1/boards/{name}/top", params={"limit": 5})
+    assert full_reads() == before + 3
+
+
+async def test_a_refreshed_top_is_never_answered_with_the_old_bytes(
+    client: httpx.AsyncClient, clock: Clock
+) -> None:
+    name = await new_board(client, [("a", 10)])
+    assert players(await client.get(f"/v1/boards/{name}/top")) == ["a"]
+    await post(client, name, [("b", 20)])
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:  # the same second all along: only the top cache's refresh can bring b in
+        seen = players(await client.get(f"/v1/boards/{name}/top"))
+        if seen == ["b", "a"]:
+            break
+        assert seen == ["a"] and asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.05)
+
+
+async def test_a_board_created_again_is_not_answered_from_the_old_one(
+    client: httpx.AsyncClient, clock: Clock
+) -> None:
+    name = await new_board(client, [("a", 10)])
+    assert players(await client.get(f"/v1/boards/{name}/top")) == ["a"]
+    assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+    assert (await client.put(f"/v1/boards/{name}", json={}, headers=AS_ADMIN)).status_code == 201
+    assert players(await client.get(f"/v1/boards/{name}/top")) == []
+
+
+async def test_not_modified_on_a_repeat(client: httpx.AsyncClient, clock: Clock) -> None:
+    name = await new_board(client, [("a", 10)])
+    tag = (await client.get(f"/v1/boards/{name}/top")).headers["etag"]
+    before = full_reads()
+    same = await client.get(f"/v1/boards/{name}/top", headers={"If-None-Match": f'W/"other", {tag}'})
+    assert (same.status_code, same.content, same.headers["etag"]) == (304, b"", tag)
+    changed = await client.get(f"/v1/boards/{name}/top", headers={"If-None-Match": '"other"'})
+    assert changed.status_code == 200 and players(changed) == ["a"]
+    assert full_reads() == before
+
+
+async def test_keys_hold_on_a_repeat(cluster: LocalCluster, clock: Clock) -> None:
+    async with running(cluster.url, reads_require_key=True) as (_, c):
+        name = await new_board(c, [("a", 10)])
+        assert players(await c.get(f"/v1/boards/{name}/top", headers=AS_READER)) == ["a"]
+        before = full_reads()
+        packed = {"Accept": "application/msgpack"}
+        anonymous = await c.get(f"/v1/boards/{name}/top", headers={"Accept": "application/json"})
+        assert anonymous.status_code == 401 and anonymous.json()["error"]["code"] == "unauthorized"
+        wrong = await c.get(f"/v1/boards/{name}/top", headers={"Authorization": "Bearer nope", **packed})
+        assert wrong.status_code == 401 and msgpack.unpackb(wrong.content)["error"]["code"] == "unauthorized"
+        assert players(await c.get(f"/v1/boards/{name}/top", headers=AS_READER)) == ["a"]
+        assert full_reads() == before  # refused, and answered, on the short path
+
+
+async def test_read_budgets_hold_on_a_repeat(cluster: LocalCluster, clock: Clock) -> None:
+    async with running(cluster.url, read_rate=0.01, read_burst=3) as (_, c):
+        name = await new_board(c, [("a", 10)])
+        before = full_reads()
+        answered = [(await c.get(f"/v1/boards/{name}/top")).status_code for _ in range(5)]
+        assert answered == [200, 200, 200, 429, 429]
+        assert full_reads() == before + 1  # the first took the handler; the rest the short path
+        limited = await c.get(f"/v1/boards/{name}/top")
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+        assert limited.json()["error"]["code"] == "rate_limited"
