@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -122,6 +123,22 @@ class RouterApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
+# Young collections at most every GC_YOUNG allocations instead of CPython's 700: a request makes a
+# few hundred container objects that die with it, and each collection also walks whatever survived.
+GC_YOUNG = 10_000
+
+
+def _settle_heap() -> None:
+    """Once the worker is up: move what start-up made (modules, settings, the cluster client) out
+    of the collector's way (``gc.freeze``), and collect the young generation less often. A full
+    collection walked all of it, which showed as a p99 of "my rank" at twice its p95 (wrk, 32
+    connections, one worker: 40-59 ms, 17-22 ms with this)."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG, older, oldest)
+
+
 def create_app(settings: Settings | None = None) -> RouterApp:
     """The router app. Settings come from the environment when not given (uvicorn's factory call)."""
     settings = settings if settings is not None else Settings.from_env()
@@ -132,6 +149,7 @@ def create_app(settings: Settings | None = None) -> RouterApp:
         if not HIREDIS_AVAILABLE:
             log.warning(HIREDIS_WARNING)
         app.state.service = await Service.start(settings)
+        _settle_heap()
         log.info(
             "router ready", extra={"fields": {"pid": os.getpid(), "redis_url": redacted(settings.redis_url)}}
         )
