@@ -22,9 +22,27 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client import values as _values
 
 from router.errors import redis_error_kind
 from shardlb.errors import ShardlbError
+
+
+def _pid() -> int:
+    return _process[0]
+
+
+def _forked() -> None:
+    _process[0] = os.getpid()
+
+
+# In multiprocess mode every update of a value checks the process id, to notice a fork; on CPython
+# that is a getpid() system call per update, several per request. The id is kept here instead and
+# renewed in a forked child, which is all the check needs (prometheus-client's process_identifier).
+_process = [os.getpid()]
+os.register_at_fork(after_in_child=_forked)
+if _values.ValueClass is not _values.MutexValue:
+    _values.ValueClass = _values.MultiProcessValue(process_identifier=_pid)  # type: ignore[no-untyped-call]
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
