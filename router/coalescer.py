@@ -34,6 +34,7 @@ from shardlb.board import Board, Prepared, Result, by_shard
 from shardlb.connection import primary_name
 from shardlb.errors import Overloaded
 from shardlb.fanout import ScriptPipeline
+from shardlb.loops import LoopRef
 
 log = logging.getLogger("shardlb.router")
 GAUGE_S = 0.05
@@ -108,6 +109,7 @@ class Coalescer:
         self._gauge_at = 0.0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._loop = LoopRef()
 
     @property
     def depth(self) -> int:
@@ -129,7 +131,7 @@ class Coalescer:
         if self._depth + n > self.limit:
             metrics.REJECTED.labels("queue_full").inc()
             raise Overloaded(f"the write queue is full ({self._depth} scores waiting); retry shortly", 1.0)
-        loop = asyncio.get_running_loop()
+        loop = self._loop.get()
         ticket = _Ticket(n, loop.create_future())
         self._count(n)
         config_id = id(board.config)
@@ -170,7 +172,7 @@ class Coalescer:
 
     def _start(self, group: _Group) -> None:
         group.running = True
-        task = asyncio.create_task(self._run(group))
+        task = self._loop.get().create_task(self._run(group))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

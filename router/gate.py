@@ -14,6 +14,7 @@ from collections import deque
 from types import TracebackType
 
 from shardlb.errors import Overloaded
+from shardlb.loops import LoopRef
 
 UNBOUNDED = 1 << 62
 
@@ -33,9 +34,7 @@ class Gate:
         # Waiters that expired or were cancelled stay in the deque, marked done, until release skips them.
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._waiting = 0
-        # The loop waiters are made on, kept: asyncio.get_running_loop() costs a getpid() system
-        # call per call on CPython 3.11 (shardlb/fanout.py, _Deadline), and a busy gate asks often.
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = LoopRef()  # a busy gate makes a waiter per acquire (shardlb/loops.py)
 
     @property
     def held(self) -> int:
@@ -52,9 +51,7 @@ class Gate:
             return
         if self._waiting >= self.queue:
             raise Overloaded(f"too many {self.what} waiting; retry shortly", retry_after=1.0)
-        loop = self._loop
-        if loop is None or not loop.is_running():  # a gate outlives a loop in tests
-            loop = self._loop = asyncio.get_running_loop()
+        loop = self._loop.get()
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)
         self._waiting += 1

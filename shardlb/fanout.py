@@ -45,6 +45,7 @@ from redis.commands.core import SortedSetCommands
 from shardlb import keys
 from shardlb.connection import Script, Scripts, read_strategy, slot_of
 from shardlb.errors import NotAcknowledged
+from shardlb.loops import LoopRef
 
 SCRIPT_CALLS_IN_FLIGHT = 8
 # RESP2 replies straight from the hiredis reader redis-py's connection keeps: its read_response costs
@@ -299,6 +300,7 @@ class ScriptPipeline:
         self.client = client
         self._queued: list[_Queued] = []
         self._sending: set[asyncio.Task[None]] = set()
+        self._loop = LoopRef()
 
     async def call(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         """``script``'s reply for ``keys`` and ``args``, through the turn's pipeline or on its own
@@ -316,7 +318,7 @@ class ScriptPipeline:
     ) -> asyncio.Future[Any]:
         """Queue an EVALSHA for the turn's pipeline (confirmed as ``ack`` asks); the future fails with
         whatever it met there."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop.get()
         future: asyncio.Future[Any] = loop.create_future()
         if not self._queued:
             loop.call_soon(self._flush)
@@ -325,7 +327,7 @@ class ScriptPipeline:
 
     def _flush(self) -> None:
         queued, self._queued = self._queued, []
-        task = asyncio.create_task(self._send(queued))
+        task = self._loop.get().create_task(self._send(queued))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
@@ -337,7 +339,11 @@ class ScriptPipeline:
         queued = [item for items in levels.values() for item in items]
         cancelled = None
         try:
-            parts = await asyncio.gather(*(self._outcomes(ack, items) for ack, items in levels.items()))
+            if len(levels) == 1:  # no task for the one batch of the usual case
+                ((ack, items),) = levels.items()
+                parts = [await self._outcomes(ack, items)]
+            else:
+                parts = await asyncio.gather(*(self._outcomes(a, i) for a, i in levels.items()))
             outcomes = [outcome for part in parts for outcome in part]
         except asyncio.CancelledError as e:  # every waiter must hear of it before the task ends
             outcomes, cancelled = [e] * len(queued), e
