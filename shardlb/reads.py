@@ -287,10 +287,10 @@ class View:
             return (await self.top(offset + limit))[offset:]
         if self.banded:
             return await self._band_page(offset, limit)
-        sizes = await self.sizes()
+        sizes, firsts, lasts = await self._ends()
         if offset >= sum(sizes):
             return []
-        cut, above = await self._cut(offset, limit, sizes)
+        cut, above = await self._cut(offset, limit, sizes, firsts, lasts)
         if offset - above <= limit:
             skip = offset - above
             lists = await self._each("zrevrangebyscore", _score(cut), "-inf", 0, skip + limit, True)
@@ -341,18 +341,31 @@ class View:
     async def _counts_above(self, value: int) -> list[int]:
         return [int(n) for n in await self._each("zcount", f"({value}", "+inf")]
 
-    async def _cut(self, offset: int, limit: int, sizes: list[int]) -> tuple[int, int]:
+    async def _ends(self) -> tuple[list[int], list[int], list[int]]:
+        """Per shard, in one round: its size and its best and worst score (0 where it is empty)."""
+        pipe = batch(self.client, replicas=self.replicas)
+        for key in self.keys:
+            pipe.zcard(key)
+            pipe.zrevrange(key, 0, 0, withscores=True)
+            pipe.zrange(key, 0, 0, withscores=True)
+        replies = await pipe.execute()
+        ends = [[int(p[0][1]) if p else 0 for p in replies[i::3]] for i in (1, 2)]
+        return [int(n) for n in replies[0::3]], ends[0], ends[1]
+
+    async def _cut(
+        self, offset: int, limit: int, sizes: list[int], firsts: list[int], lasts: list[int]
+    ) -> tuple[int, int]:
         """A score ``hi`` with offset - limit <= G(hi) <= offset, or the tie block holding ``offset``.
 
-        The bracket (lo, hi] is kept with per-shard counts above each end. Each round reads, from every
-        shard, the row at the interpolated index inside its part of the bracket and cuts at the
-        weighted median of those scores: on any score distribution this lands close to the target
-        rank, so pages take a few rounds. Every third round halves the bracket to bound the worst case.
+        The bracket (lo, hi] is kept with per-shard counts above each end, from the best and worst
+        scores of the non-empty shards (``_ends``). Each round reads, from every shard, the row at the
+        interpolated index inside its part of the bracket and cuts at the weighted median of those
+        scores: on any score distribution this lands close to the target rank, so pages take a few
+        rounds. Every third round halves the bracket to bound the worst case.
         """
-        firsts = await self._each("zrevrange", 0, 0, withscores=True)
-        lasts = await self._each("zrange", 0, 0, withscores=True)
-        hi = max(int(p[0][1]) for p in firsts if p)
-        lo = min(int(p[0][1]) for p in lasts if p) - 1
+        filled = [i for i, n in enumerate(sizes) if n]
+        hi = max(firsts[i] for i in filled)
+        lo = min(lasts[i] for i in filled) - 1
         c_hi, c_lo = [0] * len(self.keys), list(sizes)
         target = offset - limit // 2
         for step in range(MAX_BISECT_ROUNDS):
