@@ -50,6 +50,11 @@ class ResolvedView:
     keys: tuple[str, ...]  # one per shard merged (band boards' total: the band keys, best band first)
     banded: bool = False
 
+    def __hash__(self) -> int:
+        # Hashed on every cache lookup of a read: the board, period and region tell views apart
+        # well enough (equal views still compare all fields), without hashing every shard's key.
+        return hash((self.board, self.period, self.region))
+
 
 @dataclass
 class View:
