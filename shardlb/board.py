@@ -569,13 +569,25 @@ class Board:
         """The index in ``view.keys`` of the one key the player can be in, or None where that is not
         one key (band boards' total, a region board read across regions)."""
         check_id(player_id, "player")
+        return self._home_indices([player_id], view)[0]
+
+    def _home_indices(self, player_ids: Sequence[str], view: ResolvedView) -> list[int | None]:
+        """``_home_index`` of each of ``player_ids`` (checked ids), the view's keys looked up once."""
         if view.banded:
-            return None
-        shards = self.layout.candidates(player_id, view.region)
-        if len(shards) != 1:
-            return None
-        key = keys.period_key(self.prefixes[shards[0]], view.period)
-        return view.keys.index(key) if key in view.keys else None
+            return [None] * len(player_ids)
+        index = {key: i for i, key in enumerate(view.keys)}
+        of_shard: dict[int, int | None] = {}
+        out: list[int | None] = []
+        for player in player_ids:
+            shards = self.layout.candidates(player, view.region)
+            if len(shards) != 1:
+                out.append(None)
+                continue
+            shard = shards[0]
+            if shard not in of_shard:
+                of_shard[shard] = index.get(keys.period_key(self.prefixes[shard], view.period))
+            out.append(of_shard[shard])
+        return out
 
     async def _located(self, reader: View, player_id: str, home: int) -> Located:
         found = await reader.locate(player_id, home)
@@ -681,7 +693,8 @@ class Board:
             reverse=True,
         )
         if not competition:
-            counts = await reader.counts_ahead_many(found)
+            homes = self._home_indices([player for _, player in found], view)
+            counts = await reader.counts_ahead_many(found, homes)
             return [self.entry(sum(c) + 1, row) for row, c in zip(found, counts, strict=True)]
         stops = list(dict.fromkeys(self._span(score).stop for score, _ in found))
         counts = await reader.counts_ahead_many([(stop, "") for stop in stops])

@@ -263,25 +263,25 @@ def _confirm(ack: Ack, queue: list[PipelineCommand]) -> None:
 
 
 async def script_calls(
-    client: RedisCluster, script: Script, calls: Sequence[tuple[str, Any]], replicas: bool = False
+    client: RedisCluster, script: Script, calls: Sequence[tuple[Any, ...]], replicas: bool = False
 ) -> list[Any]:
-    """``script`` on several keys, one (key, argument) each: through per-node pipelines, or, when
-    anything fails there, call by call through ``script`` (which reloads it on NOSCRIPT, on the
-    primary). ``replicas``: a read-only script that board reads may send to replicas."""
+    """``script`` on several keys, one (key, arguments...) each: through per-node pipelines, or,
+    when anything fails there, call by call through ``script`` (which reloads it on NOSCRIPT, on
+    the primary). ``replicas``: a read-only script that board reads may send to replicas."""
     if not calls:
         return []
     pipe = batch(client, replicas=replicas)
-    for key, arg in calls:
-        pipe.execute_command("EVALSHA", script.sha, 1, key, arg)
+    for key, *args in calls:
+        pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
     replies: list[Any] | None = await pipe.direct()
     if replies is None:
         gate = asyncio.Semaphore(SCRIPT_CALLS_IN_FLIGHT)  # one read must not take every connection
 
-        async def one(key: str, arg: Any) -> Any:
+        async def one(key: str, args: list[Any]) -> Any:
             async with gate:
-                return await script(keys=[key], args=[arg])
+                return await script(keys=[key], args=args)
 
-        replies = list(await asyncio.gather(*(one(key, arg) for key, arg in calls)))
+        replies = list(await asyncio.gather(*(one(key, args) for key, *args in calls)))
     return replies
 
 

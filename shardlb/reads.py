@@ -7,6 +7,7 @@ be off by the writes in flight, and is exact once writes are quiescent.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -259,16 +260,28 @@ class View:
         replies = await pipe.execute()
         return [sum(int(n) for n in replies[f :: len(floors)]) for f in range(len(floors))]
 
-    async def counts_ahead_many(self, targets: Sequence[Row]) -> list[list[int]]:
-        """``counts_ahead`` for many rows: one script call per shard counting all of them inside Redis."""
+    async def counts_ahead_many(
+        self, targets: Sequence[Row], homes: Sequence[int | None] = ()
+    ) -> list[list[int]]:
+        """``counts_ahead`` for many rows: one script call per shard counting all of them inside Redis.
+        ``homes``: per row, the index of the key its member lives in (None: unknown), where
+        counts.lua takes its ZREVRANK instead of counting."""
         if not targets:
             return []
         packed = _pack([x for score, member in targets for x in (_score(score), member)])
-        replies = await self._count_calls([(key, packed) for key in self.keys])
+        at_home: dict[int, list[int]] = defaultdict(list)
+        for t, home in enumerate(homes):
+            if home is not None:
+                at_home[home].append(t + 1)
+        calls: list[tuple[str, bytes] | tuple[str, bytes, bytes]] = [
+            (key, packed, bytes(msgpack.packb(at_home[i]))) if i in at_home else (key, packed)
+            for i, key in enumerate(self.keys)
+        ]
+        replies = await self._count_calls(calls)
         return [[int(reply[t]) for reply in replies] for t in range(len(targets))]
 
-    async def _count_calls(self, calls: list[tuple[str, bytes]]) -> list[Any]:
-        """counts.lua on several shards, each with its packed (score, member) list."""
+    async def _count_calls(self, calls: Sequence[tuple[str, bytes] | tuple[str, bytes, bytes]]) -> list[Any]:
+        """counts.lua on several shards, each with its packed (score, member) list (and its homes)."""
         return await script_calls(self.client, self.counts, calls, self.replicas)
 
     async def around(self, row: Row, counts: list[int], radius: int) -> tuple[list[Row], int]:
