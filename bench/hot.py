@@ -204,7 +204,7 @@ def measure(
     return got
 
 
-PROFILED = ("router top-100", "router my rank, ")  # router targets whose goals this machine misses
+PROFILED = ("router top-100", "router my rank, ")  # the router targets of issue 13's read goals
 PROFILE_ROWS = 12
 
 
