@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
@@ -551,9 +551,13 @@ class Board:
     async def scores(self, player_ids: Sequence[str], view: ResolvedView | None = None) -> dict[str, float]:
         """Each player's score in a view, from their home shard(s); players without one are left out."""
         view = view or self.resolve()
+        return await self._scores({p: self.layout.candidates(p, view.region) for p in player_ids}, view)
+
+    async def _scores(self, placed: Mapping[str, Sequence[int]], view: ResolvedView) -> dict[str, float]:
+        """``scores`` of players whose candidate shards are known (``Layout.candidates``)."""
         groups: dict[int, list[str]] = defaultdict(list)
-        for player in player_ids:
-            for shard in self.layout.candidates(player, view.region):
+        for player, shards in placed.items():
+            for shard in shards:
                 groups[shard].append(player)
         pipe = batch(self.client, replicas=self.read_replicas)
         for shard, members in groups.items():
@@ -569,17 +573,16 @@ class Board:
         """The index in ``view.keys`` of the one key the player can be in, or None where that is not
         one key (band boards' total, a region board read across regions)."""
         check_id(player_id, "player")
-        return self._home_indices([player_id], view)[0]
+        return self._home_indices([self.layout.candidates(player_id, view.region)], view)[0]
 
-    def _home_indices(self, player_ids: Sequence[str], view: ResolvedView) -> list[int | None]:
-        """``_home_index`` of each of ``player_ids`` (checked ids), the view's keys looked up once."""
+    def _home_indices(self, placed: Sequence[Sequence[int]], view: ResolvedView) -> list[int | None]:
+        """``_home_index`` for players of the candidate shards ``placed``, the view's keys looked up once."""
         if view.banded:
-            return [None] * len(player_ids)
+            return [None] * len(placed)
         index = {key: i for i, key in enumerate(view.keys)}
         of_shard: dict[int, int | None] = {}
         out: list[int | None] = []
-        for player in player_ids:
-            shards = self.layout.candidates(player, view.region)
+        for shards in placed:
             if len(shards) != 1:
                 out.append(None)
                 continue
@@ -688,12 +691,10 @@ class Board:
         view = view or self.resolve()
         reader = self._merged(view)
         competition = self.rank_mode(rank_mode) == "competition"
-        found = sorted(
-            ((s, p) for p, s in (await self.scores(list(dict.fromkeys(player_ids)), view)).items()),
-            reverse=True,
-        )
+        placed = {p: self.layout.candidates(p, view.region) for p in player_ids}  # each id once
+        found = sorted(((s, p) for p, s in (await self._scores(placed, view)).items()), reverse=True)
         if not competition:
-            homes = self._home_indices([player for _, player in found], view)
+            homes = self._home_indices([placed[player] for _, player in found], view)
             counts = await reader.counts_ahead_many(found, homes)
             return [self.entry(sum(c) + 1, row) for row, c in zip(found, counts, strict=True)]
         stops = list(dict.fromkeys(self._span(score).stop for score, _ in found))
