@@ -421,7 +421,7 @@ class Board:
         every write acknowledged before it began. A marker alone is not enough to refuse: until
         the registry names the new layout, it has not been opened, and the old one is still whole.
         """
-        pipe = batch(self.client)
+        pipe = batch(self.client, shared=True)
         for prefix in self.prefixes:
             pipe.execute_command("GET", keys.move_key(prefix))
         if not any(marker in ("m", b"m") for marker in await pipe.execute()):
@@ -559,7 +559,7 @@ class Board:
         for player, shards in placed.items():
             for shard in shards:
                 groups[shard].append(player)
-        pipe = batch(self.client, replicas=self.read_replicas)
+        pipe = batch(self.client, replicas=self.read_replicas, shared=True)
         for shard, members in groups.items():
             pipe.zmscore(keys.period_key(self.prefixes[shard], view.period), members)
         found: dict[str, float] = {}

@@ -33,6 +33,8 @@ import asyncio
 import dataclasses
 import importlib
 import math
+import os
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -89,8 +91,14 @@ class Batch(SortedSetCommands):
     """Sorted-set commands on any keys of one cluster, sent per node. Use the redis-py command
     methods (``zcount``, ``zrevrange``...), then ``await execute()`` for the replies in order."""
 
-    def __init__(self, client: RedisCluster, ack: Ack | None = None, replicas: bool = False) -> None:
+    def __init__(
+        self, client: RedisCluster, ack: Ack | None = None, replicas: bool = False, shared: bool = False
+    ) -> None:
         self.client = client
+        # A board read's round may share its per-node pipelines with the other reads of its turn
+        # of the event loop (``SharedRounds``); a confirmed write's never does (its WAIT would hold
+        # the others' replies).
+        self.shared = shared and ack is None
         # Board reads may go to a replica of each primary when the client was made for it
         # (connection.connect's read_from): one node per primary for the whole batch.
         self.strategy = read_strategy(client) if replicas and ack is None else None
@@ -170,7 +178,11 @@ class Batch(SortedSetCommands):
             for _, queue, slot in by_node.values():
                 queue.append(PipelineCommand(-1, "SET", keys.ack_key(slot), 1, "PX", MARKER_TTL_MS))
                 queue.append(PipelineCommand(-1, "WAIT", ack.replicas, ack.timeout_ms))
-        failed = await _pipelines([(node, queue) for node, queue, _ in by_node.values()], self.timeout)
+        sends = [(node, queue) for node, queue, _ in by_node.values()]
+        if self.shared and SHARE_ROUNDS:
+            failed = await SharedRounds.of(self.client).round(sends, self.timeout)
+        else:
+            failed = await _pipelines(sends, self.timeout)
         for (_, queue, _), outcome in zip(by_node.values(), failed, strict=True):
             if isinstance(outcome, BaseException):
                 for c in queue:
@@ -263,14 +275,19 @@ def _confirm(ack: Ack, queue: list[PipelineCommand]) -> None:
 
 
 async def script_calls(
-    client: RedisCluster, script: Script, calls: Sequence[tuple[Any, ...]], replicas: bool = False
+    client: RedisCluster,
+    script: Script,
+    calls: Sequence[tuple[Any, ...]],
+    replicas: bool = False,
+    shared: bool = False,
 ) -> list[Any]:
     """``script`` on several keys, one (key, arguments...) each: through per-node pipelines, or,
     when anything fails there, call by call through ``script`` (which reloads it on NOSCRIPT, on
-    the primary). ``replicas``: a read-only script that board reads may send to replicas."""
+    the primary). ``replicas``: a read-only script that board reads may send to replicas;
+    ``shared``: its round may share pipelines with other reads (``SharedRounds``)."""
     if not calls:
         return []
-    pipe = batch(client, replicas=replicas)
+    pipe = batch(client, replicas=replicas, shared=shared)
     for key, *args in calls:
         pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
     replies: list[Any] | None = await pipe.direct()
@@ -600,7 +617,88 @@ def _packed(connection: Any, commands: list[PipelineCommand]) -> bytes | list[by
     return packed
 
 
-def batch(client: RedisCluster, ack: Ack | None = None, replicas: bool = False) -> Any:
+def batch(client: RedisCluster, ack: Ack | None = None, replicas: bool = False, shared: bool = False) -> Any:
     """A new Batch, typed loosely: redis-py types its command mixins for its own client classes only.
-    ``replicas``: a board read, which may be served by replicas (``Batch``)."""
-    return Batch(client, ack, replicas)  # type: ignore[abstract]
+    ``replicas``: a board read, which may be served by replicas; ``shared``: a board read, whose
+    round may travel with the other reads of its turn of the event loop (``Batch``)."""
+    return Batch(client, ack, replicas, shared)  # type: ignore[abstract]
+
+
+SHARE_ROUNDS = os.environ.get("SHARDLB_SHARE_ROUNDS", "1") != "0"
+_Sends = Sequence[tuple[ClusterNode, list[PipelineCommand]]]
+_Outcomes = list[bool | BaseException]
+
+
+class SharedRounds:
+    """The rounds of board reads started in one turn of the event loop, sent as one pipeline per
+    node.
+
+    Concurrent requests wake in the same turn (every socket that became readable), and each starts
+    its read's round there: 32 connections asking for ranks made up to 32 pipelines to each node in
+    one turn, each costing a write and a read system call in the router and as much again in Redis,
+    more than the few commands in it. A round joins the turn's shared one: the first schedules a
+    task that sends, once the turn is over, every waiting round's commands to each node as one
+    pipeline (``_pipelines``), and each round gets its own commands' replies (in their
+    ``result``) and, per node, the failure of that node's pipeline if it failed. The replies are
+    those of the same commands sent alone: only the packaging changes. Writes never come here.
+    """
+
+    __slots__ = ("_loop", "_running", "_waiting")
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[_Sends, float | None, asyncio.Future[_Outcomes]]] = []
+        self._running: set[asyncio.Task[None]] = set()
+        self._loop = LoopRef()
+
+    @classmethod
+    def of(cls, client: RedisCluster) -> SharedRounds:
+        """The shared rounds of ``client``'s reads."""
+        rounds = _SHARED_ROUNDS.get(client)
+        if rounds is None:
+            rounds = _SHARED_ROUNDS[client] = cls()
+        return rounds
+
+    def round(self, sends: _Sends, timeout: float | None) -> asyncio.Future[_Outcomes]:
+        """Per entry of ``sends``: False once its commands have their replies, or the exception
+        that failed that node's pipeline (as ``_pipelines`` answers)."""
+        loop = self._loop.get()
+        future: asyncio.Future[_Outcomes] = loop.create_future()
+        if not self._waiting:
+            task = loop.create_task(self._send())
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+        self._waiting.append((sends, timeout, future))
+        return future
+
+    async def _send(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        merged: dict[str, tuple[ClusterNode, list[PipelineCommand]]] = {}
+        where: list[list[str]] = []
+        for sends, _, _ in waiting:
+            names = []
+            for node, queue in sends:
+                entry = merged.get(node.name)
+                if entry is None:
+                    entry = merged[node.name] = (node, [])
+                entry[1].extend(queue)
+                names.append(node.name)
+            where.append(names)
+        bounds = [bound for _, bound, _ in waiting]
+        timeout = None if None in bounds else max(bounds)  # type: ignore[type-var]
+        try:
+            failed = await _pipelines(list(merged.values()), timeout)
+        except BaseException as e:
+            for _, _, future in waiting:
+                if not future.done():
+                    future.cancel() if isinstance(e, asyncio.CancelledError) else future.set_exception(e)
+            raise
+        # Per node: its failure, or False (the replies themselves are in the commands).
+        outcome = {
+            name: f if isinstance(f, BaseException) else False for name, f in zip(merged, failed, strict=True)
+        }
+        for (_, _, future), names in zip(waiting, where, strict=True):
+            if not future.done():
+                future.set_result([outcome[name] for name in names])
+
+
+_SHARED_ROUNDS: weakref.WeakKeyDictionary[RedisCluster, SharedRounds] = weakref.WeakKeyDictionary()

@@ -70,7 +70,7 @@ class View:
     near_script: Script | None = None  # near.lua: a player's home shard for "around me" in one call
 
     async def _each(self, command: str, *args: Any, **kwargs: Any) -> list[Any]:
-        pipe = batch(self.client, replicas=self.replicas)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
         for key in self.keys:
             getattr(pipe, command)(key, *args, **kwargs)
         return list(await pipe.execute())
@@ -104,7 +104,7 @@ class View:
             ]
             if not more:
                 return best
-            pipe = batch(self.client, replicas=self.replicas)
+            pipe = batch(self.client, replicas=self.replicas, shared=True)
             for i in more:
                 pipe.zrevrange(self.keys[i], asked[i], min(n, 2 * asked[i]) - 1, withscores=True)
             for i, pairs in zip(more, await pipe.execute(), strict=True):
@@ -121,7 +121,7 @@ class View:
         """
         score, member = row
         text = _score(score)
-        pipe = batch(self.client, replicas=self.replicas)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
         for key in self.keys:
             pipe.zcount(key, f"({text}", "+inf")
             pipe.zcount(key, text, text)
@@ -146,7 +146,7 @@ class View:
         ties included, so the home shard needs no tie resolution. Only for views whose player lives
         in exactly one of ``keys`` (hash boards, and region boards read in one region).
         """
-        pipe = batch(self.client, replicas=self.replicas)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
         key = self.keys[home]
         pipe.zscore(key, member)
         pipe.zrevrank(key, member)
@@ -165,7 +165,7 @@ class View:
             return found.ahead + 1, found.size
         score = found.row[0]
         text = _score(score)
-        pipe = batch(self.client, replicas=self.replicas)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
         for i in others:
             key = self.keys[i]
             pipe.zcount(key, f"({text}", "+inf")
@@ -184,7 +184,7 @@ class View:
         script = self.near_script
         assert script is not None
         key = self.keys[home]
-        pipe = batch(self.client, replicas=self.replicas)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
         pipe.execute_command("EVALSHA", script.sha, 1, key, member, radius)
         replies = await pipe.direct()
         # Anything but a reply on that path (NOSCRIPT, a moved slot): the script object, on the primary.
@@ -211,7 +211,7 @@ class View:
         near = [r for r in home_rows if r[1] != member]
         counts: list[int] = []
         if others:
-            pipe = batch(self.client, replicas=self.replicas)
+            pipe = batch(self.client, replicas=self.replicas, shared=True)
             for i in others:
                 key = self.keys[i]
                 pipe.zcount(key, f"({text}", "+inf")
@@ -253,7 +253,7 @@ class View:
     async def at_least(self, floors: Sequence[int]) -> list[int]:
         """Summed over shards, how many rows score at least each of ``floors``: one ZCOUNT per shard
         and floor, in one pipeline. (Every score is at least 0: a floor of 0 counts the view.)"""
-        pipe = batch(self.client, replicas=self.replicas)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
         for key in self.keys:
             for floor in floors:
                 pipe.zcount(key, floor, "+inf")
@@ -282,11 +282,11 @@ class View:
 
     async def _count_calls(self, calls: Sequence[tuple[str, bytes] | tuple[str, bytes, bytes]]) -> list[Any]:
         """counts.lua on several shards, each with its packed (score, member) list (and its homes)."""
-        return await script_calls(self.client, self.counts, calls, self.replicas)
+        return await script_calls(self.client, self.counts, calls, self.replicas, shared=True)
 
     async def around(self, row: Row, counts: list[int], radius: int) -> tuple[list[Row], int]:
         """Up to ``radius`` rows above and below ``row``; returns the rows and the index of ``row``."""
-        pipe = batch(self.client, replicas=self.replicas)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
         for key, ahead in zip(self.keys, counts, strict=True):
             pipe.zrevrange(key, max(0, ahead - radius), ahead + radius, withscores=True)
         merged = [r for r in unique(merge(rows(pairs) for pairs in await pipe.execute())) if r[1] != row[1]]
@@ -315,7 +315,7 @@ class View:
             return merge(rows(pairs) for pairs in lists)[skip : skip + limit]
         starts = await self._cut_tie_block(cut, offset - above, limit)
         skip = offset - sum(starts)
-        pipe = batch(self.client, replicas=self.replicas)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
         for key, start in zip(self.keys, starts, strict=True):
             pipe.zrevrange(key, start, start + skip + limit - 1, withscores=True)
         return merge(rows(pairs) for pairs in await pipe.execute())[skip : skip + limit]
@@ -327,7 +327,7 @@ class View:
         interpolated index of each shard's part of the block, counted with ``counts.lua``.
         """
         text = _score(score)
-        pipe = batch(self.client, replicas=self.replicas)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
         for key in self.keys:
             pipe.zcount(key, f"({text}", "+inf")
             pipe.zcount(key, text, text)
@@ -361,7 +361,7 @@ class View:
 
     async def _ends(self) -> tuple[list[int], list[int], list[int]]:
         """Per shard, in one round: its size and its best and worst score (0 where it is empty)."""
-        pipe = batch(self.client, replicas=self.replicas)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
         for key in self.keys:
             pipe.zcard(key)
             pipe.zrevrange(key, 0, 0, withscores=True)
@@ -406,7 +406,7 @@ class View:
     async def _pivot(self, c_hi: list[int], c_lo: list[int], fraction: float, member: bool = False) -> Any:
         """Weighted median of each shard's score (or player id) at ``fraction`` of its rows inside
         the bracket."""
-        pipe = batch(self.client, replicas=self.replicas)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
         weights = []
         for key, top, bottom in zip(self.keys, c_hi, c_lo, strict=True):
             if bottom > top:

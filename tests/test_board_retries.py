@@ -207,3 +207,40 @@ async def test_dedup_and_pin_buckets_are_named_expire_and_are_indexed_as_the_lib
         assert await client.exists(keys.dedup_key(prefix, k + 1)) == 0  # nothing new was recorded
     finally:
         await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_large_call_of_timeless_retries_and_repeats_is_looked_up_once_per_member(
+    store: BoardStore, mode: str
+) -> None:
+    """write.lua asks each bucket about all of a call's members at once, in chunks of 1,000. A call
+    of 2,510 results on one shard: 1,200 timeless retries of a call made before midnight, 1,300 new
+    results and 10 repeats of those new ones inside the call. Every retry must land where its first
+    call did, every repeat must see its first occurrence, across the chunk boundaries."""
+    name = f"pin-many-{mode}"
+    config = BoardConfig.from_dict(name, {"mode": mode, "periods": ["daily"], "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    midnight = _midnight_after(times.now_ms()) - 86_400_000
+    before, after = midnight - 1000, midnight + 1000
+    old = [Score(f"p{i}", 1, f"a{i}", None) for i in range(1200)]
+    new = [Score(f"p{i}", 2, f"b{i}", None) for i in range(1300)]
+    try:
+        assert {r.status for r in await board.submit(old, now_ms=before)} == {"improved"}
+        got = await board.submit(old + new + new[:10], now_ms=after)
+        statuses = [r.status for r in got]
+        if mode == "incr":
+            assert statuses == ["duplicate"] * 1200 + ["improved"] * 1300 + ["duplicate"] * 10
+            want_total = {f"p{i}": (3 if i < 1200 else 2) for i in range(1300)}
+        else:
+            assert statuses == ["unchanged"] * 1200 + ["improved"] * 1300 + ["unchanged"] * 10
+            want_total = {f"p{i}": 2 for i in range(1300)}
+        total = {e.player_id: e.points for e in await board.entries(0, 2000)}
+        assert total == want_total
+        yesterday = periods.names_at(before, config.periods, board.tz)[1]
+        today = periods.names_at(after, config.periods, board.tz)[1]
+        y = {e.player_id: e.points for e in await board.entries(0, 2000, board.resolve("daily:" + yesterday[2:]))}
+        t = {e.player_id: e.points for e in await board.entries(0, 2000, board.resolve("daily:" + today[2:]))}
+        assert y == {f"p{i}": 1 for i in range(1200)}
+        assert t == {f"p{i}": 2 for i in range(1300)}
+    finally:
+        await store.delete(name)

@@ -117,6 +117,41 @@ local function band_of(score)
   return b
 end
 
+-- Who is already in the window's buckets, asked once per call: one HMGET (pins) or SMISMEMBER
+-- (incr dedup) per bucket, naming every member of the call that needs it, where one HGET or
+-- SISMEMBER per bucket and per result made a timeless result cost 25 commands (most of a call's
+-- time). A lone member takes the single-member command, and the search stops once every member is
+-- found. What this call records is added to the same tables as the loop goes, so a member that
+-- comes twice in one call sees its first occurrence, as it did when each lookup went to Redis.
+local stride = 6 + P
+local function already(names, wanted, one, many)
+  local found, list, chunk = {}, {}, 1000  -- unpack has a bound on its values
+  for i = 1, #items, stride do
+    local m = items[i + 4]
+    if wanted(i) and found[m] == nil then found[m] = false list[#list + 1] = m end
+  end
+  local left = #list
+  for _, name in ipairs(names) do
+    if left == 0 then break end
+    if #list == 1 then
+      local v = redis.call(one, name, list[1])
+      if v and v ~= 0 then found[list[1]] = tonumber(v) left = 0 end
+    else
+      for first = 1, #list, chunk do
+        local last = math.min(first + chunk - 1, #list)
+        local got = redis.call(many, name, unpack(list, first, last))
+        for j = first, last do
+          local v = got[j - first + 1]
+          if found[list[j]] == false and v and v ~= 0 then found[list[j]] = tonumber(v) left = left - 1 end
+        end
+      end
+    end
+  end
+  return found
+end
+local pinned_at = (#pinn > 0) and already(pinn, function(i) return items[i + 5] == 1 end, 'HGET', 'HMGET') or {}
+local deduped = (ndd > 0) and already(ddn, function() return true end, 'SISMEMBER', 'SMISMEMBER') or {}
+
 local touched = {}
 local out = {}
 while pos <= #items do
@@ -147,12 +182,10 @@ while pos <= #items do
   -- retries land in the same periods with the same time.
   local pinned = nil
   if elsewhere == nil and server_time == 1 then
-    for i = 1, #pinn do
-      local v = redis.call('HGET', pinn[i], member)
-      if v then pinned = tonumber(v) break end
-    end
+    pinned = pinned_at[member] or nil
     if pinned == nil then
       redis.call('HSET', pinn[#pinn], member, units)
+      pinned_at[member] = units
       wrote_bucket(pins, pinn)
     elseif pinned == units then
       pinned = nil
@@ -192,11 +225,7 @@ while pos <= #items do
       end
     end
   else
-    local seen = false
-    for i = 1, ndd do
-      if redis.call('SISMEMBER', ddn[i], member) == 1 then seen = true break end
-    end
-    if seen then
+    if deduped[member] then
       status = 'd'
     else
       local new = {}
@@ -214,6 +243,7 @@ while pos <= #items do
         end
         after = new[1]
         redis.call('SADD', ddn[ndd], member)
+        deduped[member] = 1
         wrote_bucket(dd, ddn)
         if points > 0 or before == nil then status = 'i' end
       end
@@ -266,7 +296,7 @@ end
 
 if move then  -- every result's member, in chunks (unpack has a bound on its values)
   local tracked = {}
-  for i = 1, #items, 6 + P do
+  for i = 1, #items, stride do
     tracked[#tracked + 1] = items[i + 4]
     if #tracked == 1000 then redis.call('SADD', base .. 'chg', unpack(tracked)) tracked = {} end
   end
