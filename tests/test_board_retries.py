@@ -238,8 +238,8 @@ async def test_a_large_call_of_timeless_retries_and_repeats_is_looked_up_once_pe
         assert total == want_total
         yesterday = periods.names_at(before, config.periods, board.tz)[1]
         today = periods.names_at(after, config.periods, board.tz)[1]
-        y = {e.player_id: e.points for e in await board.entries(0, 2000, board.resolve("daily:" + yesterday[2:]))}
-        t = {e.player_id: e.points for e in await board.entries(0, 2000, board.resolve("daily:" + today[2:]))}
+        days = [board.resolve("daily:" + name[2:]) for name in (yesterday, today)]
+        y, t = [{e.player_id: e.points for e in await board.entries(0, 2000, day)} for day in days]
         assert y == {f"p{i}": 1 for i in range(1200)}
         assert t == {f"p{i}": 2 for i in range(1300)}
     finally:

@@ -231,3 +231,109 @@ async def test_a_round_cancelled_from_outside_stays_cancelled(store: BoardStore)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def _shared(store: BoardStore, keys: list[str]) -> Any:
+    batch = fanout.batch(store.client, shared=True)
+    _record(batch, keys)
+    return batch
+
+
+async def test_reads_of_one_turn_share_one_pipeline_per_node(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shared batches started in the same turn of the loop travel as one pipeline per node
+    (fanout.SharedRounds), and each gets exactly the replies it would have got alone."""
+    keys = await _fill(store)
+    subsets = [keys[i:] for i in range(8)] + [keys[:3], keys[5:6]]
+    alone = [await _shared(store, subset).execute() for subset in subsets]
+    rounds: list[int] = []
+    real = fanout._pipelines
+
+    async def counting(sends: list[tuple[Any, list[Any]]], timeout: float | None) -> list[Any]:
+        rounds.append(len(sends))
+        return await real(sends, timeout)
+
+    monkeypatch.setattr(fanout, "_pipelines", counting)
+    together = await asyncio.gather(*(_shared(store, subset).execute() for subset in subsets))
+    assert list(together) == alone
+    assert rounds == [len(store.client.get_primaries())]  # one round, one pipeline per primary
+    rounds.clear()
+    unshared = fanout.batch(store.client)  # not a board read: its own round
+    _record(unshared, keys)
+    assert await asyncio.gather(unshared.execute(), _shared(store, keys).execute()) == [alone[0], alone[0]]
+    assert len(rounds) == 2
+
+
+async def test_a_node_that_fails_in_a_shared_round_fails_only_the_reads_it_served(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's failure reaches every read of the round that had commands there (each then falls
+    back on its own, with the same answer) and no other read."""
+    keys = await _fill(store)
+    client = store.client
+    broken_node = client.get_node_from_key(keys[0]).name
+    on_it = [k for k in keys if client.get_node_from_key(k).name == broken_node]
+    elsewhere = [k for k in keys if client.get_node_from_key(k).name != broken_node]
+    want_on, want_else = await _shared(store, on_it).execute(), await _shared(store, elsewhere).execute()
+    real = fanout._pipelines
+
+    async def failing(sends: list[tuple[Any, list[Any]]], timeout: float | None) -> list[Any]:
+        got = await real(sends, timeout)
+        return [
+            ConnectionError("lost") if node.name == broken_node else g
+            for (node, _), g in zip(sends, got, strict=True)
+        ]
+
+    monkeypatch.setattr(fanout, "_pipelines", failing)
+    first, second, third = _shared(store, on_it), _shared(store, elsewhere), _shared(store, keys)
+    a, b, c = await asyncio.gather(first.outcomes(), second.outcomes(), third.outcomes())
+    assert all(isinstance(o, ConnectionError) for o in a)
+    assert b == want_else
+    assert sum(isinstance(o, ConnectionError) for o in c) == 5 * len(on_it)
+    assert await _shared(store, on_it).execute() == want_on  # its fallback: redis-py's pipeline
+
+
+async def test_a_read_cancelled_while_its_round_is_out_leaves_the_round_to_the_others(
+    store: BoardStore,
+) -> None:
+    """The shared round runs in a task of its own: a caller that gives up (a client hung up) does
+    not cut the round short for the reads that travel with it, nor leave a half-read connection."""
+    keys = await _fill(store)
+    want = await _shared(store, keys).execute()
+    slow = fanout.batch(store.client, shared=True)
+    slow.execute_command("BLPOP", "fanout:{t0}:empty", 0.3)
+    _record(slow, keys)
+    quitter = asyncio.create_task(slow.outcomes())
+    stayer = asyncio.create_task(_shared(store, keys).outcomes())
+    await asyncio.sleep(0.05)
+    quitter.cancel()
+    assert await stayer == want
+    with pytest.raises(asyncio.CancelledError):
+        await quitter
+    assert await _shared(store, keys).execute() == want
+
+
+async def test_concurrent_board_reads_answer_as_the_same_reads_one_at_a_time(store: BoardStore) -> None:
+    """Ranks, tops, pages, neighbours and friends started together (their rounds shared) answer as
+    they do one by one, on a board full of ties (counts.lua's tie resolution included)."""
+    config = BoardConfig.from_dict("fanout-shared", {"sharding": {"strategy": "hash", "shards": 5}})
+    board, _ = await store.create(config)
+    try:
+        await board.submit([Score(f"p{i}", 10 * (i % 7), f"m{i}", 1_700_000_000_000) for i in range(150)])
+        reads = [
+            *(lambda i=i: board.player(f"p{i}") for i in range(0, 150, 9)),
+            *(lambda i=i: board.around(f"p{i}", 3) for i in range(0, 150, 31)),
+            *(lambda o=o: board.entries(o, 7) for o in (0, 40, 97, 143)),
+            lambda: board.top(20),
+            lambda: board.query([f"p{i}" for i in range(0, 150, 4)]),
+        ]
+        alone = [await read() for read in reads]
+        board.shallow = 0  # pages bisect: more rounds, each shared with whatever else is out
+        deep = [await board.entries(o, 7) for o in (0, 40, 97, 143)]
+        together = await asyncio.gather(
+            *(read() for read in reads), *(board.entries(o, 7) for o in (0, 40, 97, 143))
+        )
+        assert list(together) == alone + deep
+    finally:
+        await store.delete(config.id)
