@@ -37,7 +37,7 @@ from router.settings import Settings
 from shardlb.board import Board
 from shardlb.connection import Scripts, connect, redacted
 from shardlb.errors import ClusterUnavailable
-from shardlb.fanout import Ack, ScriptPipeline, acknowledged
+from shardlb.fanout import Ack, ScriptPipeline, acknowledged, share_reads
 from shardlb.keys import SLOTS
 from shardlb.moderation import Bans
 from shardlb.reads import ResolvedView
@@ -75,6 +75,7 @@ class Service:
             password=settings.redis_password,
             read_from=settings.read_from,
         )
+        share_reads(client, settings.shared_reads)
         # A call already under way waits for a script permit as long as for a reply; new requests
         # wait for the read gate or the registry only SHARDLB_QUEUE_WAIT_S.
         script_gates = NodeGates(settings.script_concurrency, settings.redis_timeout_s, "script calls")

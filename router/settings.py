@@ -46,6 +46,9 @@ class Settings:
     # Where board reads go: "primary", "replicas" (each primary's replicas in turn) or "any" (the
     # primary and its replicas in turn). Replica reads may miss the last moments' writes.
     read_from: str = "primary"
+    # Board reads started in the same turn of the event loop share one pipeline per node
+    # (shardlb/fanout.py, SharedRounds); false: each read sends its own.
+    shared_reads: bool = True
     # The archive (shardlb/archive.py): only the admin rebuild endpoint uses it; unset, it answers 409.
     postgres_url: str = ""
     # Settlement webhooks (shardlb/settlement_delivery.py): the secret signing every body, and the

@@ -33,7 +33,6 @@ import asyncio
 import dataclasses
 import importlib
 import math
-import os
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, NamedTuple
@@ -179,8 +178,9 @@ class Batch(SortedSetCommands):
                 queue.append(PipelineCommand(-1, "SET", keys.ack_key(slot), 1, "PX", MARKER_TTL_MS))
                 queue.append(PipelineCommand(-1, "WAIT", ack.replicas, ack.timeout_ms))
         sends = [(node, queue) for node, queue, _ in by_node.values()]
-        if self.shared and SHARE_ROUNDS:
-            failed = await SharedRounds.of(self.client).round(sends, self.timeout)
+        rounds = SharedRounds.of(self.client) if self.shared else None
+        if rounds is not None:
+            failed = await rounds.round(sends, self.timeout)
         else:
             failed = await _pipelines(sends, self.timeout)
         for (_, queue, _), outcome in zip(by_node.values(), failed, strict=True):
@@ -624,7 +624,6 @@ def batch(client: RedisCluster, ack: Ack | None = None, replicas: bool = False, 
     return Batch(client, ack, replicas, shared)  # type: ignore[abstract]
 
 
-SHARE_ROUNDS = os.environ.get("SHARDLB_SHARE_ROUNDS", "1") != "0"
 _Sends = Sequence[tuple[ClusterNode, list[PipelineCommand]]]
 _Outcomes = list[bool | BaseException]
 
@@ -651,12 +650,13 @@ class SharedRounds:
         self._loop = LoopRef()
 
     @classmethod
-    def of(cls, client: RedisCluster) -> SharedRounds:
-        """The shared rounds of ``client``'s reads."""
-        rounds = _SHARED_ROUNDS.get(client)
-        if rounds is None:
+    def of(cls, client: RedisCluster) -> SharedRounds | None:
+        """The shared rounds of ``client``'s reads; None when ``share_reads`` turned them off."""
+        try:
+            return _SHARED_ROUNDS[client]
+        except KeyError:
             rounds = _SHARED_ROUNDS[client] = cls()
-        return rounds
+            return rounds
 
     def round(self, sends: _Sends, timeout: float | None) -> asyncio.Future[_Outcomes]:
         """Per entry of ``sends``: False once its commands have their replies, or the exception
@@ -701,4 +701,10 @@ class SharedRounds:
                 future.set_result([outcome[name] for name in names])
 
 
-_SHARED_ROUNDS: weakref.WeakKeyDictionary[RedisCluster, SharedRounds] = weakref.WeakKeyDictionary()
+_SHARED_ROUNDS: weakref.WeakKeyDictionary[RedisCluster, SharedRounds | None] = weakref.WeakKeyDictionary()
+
+
+def share_reads(client: RedisCluster, on: bool) -> None:
+    """Whether ``client``'s board reads share their rounds (the default) or each send their own
+    (the router's SHARDLB_SHARED_READS)."""
+    _SHARED_ROUNDS[client] = SharedRounds() if on else None

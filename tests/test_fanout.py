@@ -263,6 +263,13 @@ async def test_reads_of_one_turn_share_one_pipeline_per_node(
     _record(unshared, keys)
     assert await asyncio.gather(unshared.execute(), _shared(store, keys).execute()) == [alone[0], alone[0]]
     assert len(rounds) == 2
+    rounds.clear()
+    fanout.share_reads(store.client, False)  # the router's SHARDLB_SHARED_READS=false
+    try:
+        assert list(await asyncio.gather(*(_shared(store, subset).execute() for subset in subsets))) == alone
+        assert len(rounds) == len(subsets)
+    finally:
+        fanout.share_reads(store.client, True)
 
 
 async def test_a_node_that_fails_in_a_shared_round_fails_only_the_reads_it_served(
