@@ -232,12 +232,16 @@ def fold(raw: str, rows: int = PROFILE_ROWS) -> dict[str, Any]:
     return {"samples": total, "self": share(own), "inclusive": share(within)} if total else {}
 
 
-# The project's modules on a read's path: "with callees" lists only their functions.
+# The project's modules on a read's or a write's path: "with callees" lists only their functions.
 _OURS = tuple(
     f"({package}/{module}.py)"
     for package, modules in (
-        ("router", "app routes media scores middleware cache service auth limiter history params gate"),
-        ("shardlb", "board reads fanout connection merge periods times codec"),
+        (
+            "router",
+            "app routes media scores middleware cache service auth limiter history params gate hot "
+            "coalescer moderation boards metrics",
+        ),
+        ("shardlb", "board reads fanout connection merge periods times codec loops"),
     )
     for module in modules.split()
 )
@@ -252,10 +256,6 @@ def _frame(text: str) -> str:
 
 def profile(pid: int, url: str, script: Path, seconds: float, connections: int, out: Path) -> dict[str, Any]:
     """The server process under the same load, sampled by py-spy (100 Hz) while wrk runs again."""
-    spy = py_spy()
-    if spy is None:
-        return {"skipped": "py-spy not installed (pip install py-spy)"}
-    raw = out / f"{script.stem}.spy"
     load = subprocess.Popen(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds + 2:.0f}s", "-s", str(script), url],
         stdout=subprocess.DEVNULL,
@@ -263,15 +263,39 @@ def profile(pid: int, url: str, script: Path, seconds: float, connections: int, 
     )
     try:
         time.sleep(1)
-        done = subprocess.run(
-            [spy, "record", "-p", str(pid), "-d", f"{seconds:.0f}", "-r", "100", "-f", "raw", "-o", str(raw)],
-            capture_output=True,
-            text=True,
-            timeout=seconds + 60,
-            check=False,
-        )
+        return sample(pid, seconds, out / f"{script.stem}.spy")
     finally:
         load.wait(timeout=seconds + 30)
+
+
+def sample(pid: int, seconds: float, raw: Path, subprocesses: bool = False) -> dict[str, Any]:
+    """Process ``pid`` (and, with ``subprocesses``, the processes below it, such as a router's
+    workers) sampled by py-spy at 100 Hz for ``seconds``, folded (``fold``); the raw samples go to
+    ``raw``."""
+    spy = py_spy()
+    if spy is None:
+        return {"skipped": "py-spy not installed (pip install py-spy)"}
+    command = [
+        spy,
+        "record",
+        "-p",
+        str(pid),
+        "-d",
+        f"{seconds:.0f}",
+        "-r",
+        "100",
+        "-f",
+        "raw",
+        "-o",
+        str(raw),
+    ]
+    done = subprocess.run(
+        [*command, "--subprocesses"] if subprocesses else command,
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        check=False,
+    )
     if done.returncode != 0 or not raw.exists():
         return {"skipped": f"py-spy failed: {(done.stderr or done.stdout).strip()[-200:]}"}
     return fold(raw.read_text())

@@ -259,7 +259,9 @@ def hot_table(summary: dict[str, Any]) -> list[str]:
     return [*lines, "", *profiles(hot["targets"])]
 
 
-def profiles(rows: list[dict[str, Any]]) -> list[str]:
+def profiles(
+    rows: list[dict[str, Any]], sampled: str = "the router process under the same load"
+) -> list[str]:
     """Where the router's CPU went on the targets short of their goals (py-spy, bench/hot.py)."""
     lines: list[str] = []
     for r in rows:
@@ -271,7 +273,7 @@ def profiles(rows: list[dict[str, Any]]) -> list[str]:
             lines += [f"Not profiled: {p['skipped']}.", ""]
             continue
         lines += [
-            f"py-spy, {p['samples']} samples of the router process under the same load: the functions "
+            f"py-spy, {p['samples']} samples of {sampled}: the functions "
             "with the most samples of their own, and the project's functions with their callees.",
             "",
             "| own time | % | with callees (router/, shardlb/) | % |",

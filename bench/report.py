@@ -481,7 +481,14 @@ def _latency_curve(summary: dict[str, Any]) -> list[str]:
         "the sustained maximum, is read from the 80% step (Locust's figure).",
         "",
     ]
-    return lines
+    profiled = [
+        {"name": f"router score writes, {st['share']:.0%} step", "profile": st["profile"]}
+        for st in curve["steps"]
+        if st.get("profile")
+    ]
+    return lines + read_goals.profiles(
+        profiled, "the router's processes while the step held its rate (the 80% step is not sampled)"
+    )
 
 
 def _own(step: dict[str, Any]) -> str:

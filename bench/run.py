@@ -275,23 +275,35 @@ def soak_run(
     env: dict[str, str] | None = None,
     server: list[server_latency.Buckets] | None = None,
     server_from_s: float = 0.0,
+    profile: dict[str, Any] | None = None,
+    profile_from_s: float = 0.0,
 ) -> LocustRun:
     """Locust's ``soak`` shape at ``offered`` writes/s for ``seconds`` (bench/shapes.py) through a
     fresh router of ``workers`` processes with ``env`` added to its settings. With ``server``, the
     router's own histogram of score writes is scraped into it about ``server_from_s`` seconds into
-    the run and at its end (bench/server_latency.py)."""
+    the run and at its end (bench/server_latency.py). With ``profile``, the router's processes are
+    sampled by py-spy for PROFILE_S seconds from ``profile_from_s`` seconds into the run, folded
+    into it (bench/hot.py, ``sample``)."""
     router = Router(
         cluster.url, free_port(22400), workers, out / f"{name}-router.log", {**router_env(), **(env or {})}
     )
     with router:
         log(f"{name}: {workers} router workers, {seconds:.0f} s at {offered} writes/s offered")
-        timer = None
+        timer = spying = None
         if server is not None:
             timer = threading.Timer(server_from_s, lambda: server.append(server_latency.scrape(router.url)))
             timer.start()
+        if profile is not None and router.proc is not None:
+            pid, raw = router.proc.pid, out / f"{name}-router.spy"
+            spying = threading.Timer(
+                profile_from_s, lambda: profile.update(hot.sample(pid, PROFILE_S, raw, subprocesses=True))
+            )
+            spying.start()
         try:
             return _soak_locust(s, workload, router, name, out, groups, offered, seconds)
         finally:
+            if spying is not None:
+                spying.join()  # py-spy ends on its own after PROFILE_S
             if timer is not None:
                 timer.cancel()
                 timer.join()
@@ -329,6 +341,9 @@ def _soak_locust(
     )
 
 
+PROFILE_S = 5.0  # py-spy's sample of the routers in the first step of the latency curve
+
+
 def latency_curve(
     s: Settings,
     workload: Workload,
@@ -350,10 +365,13 @@ def latency_curve(
     seconds = float(max(s.sweep_seconds + 4, math.ceil(4 / 3 * hold)))
     held_from = shapes.schedule("soak", sustained, seconds, s.user_rps, workload.players_per_match)[0].until
     steps = []
-    for share in s.shares():
+    for n, share in enumerate(s.shares()):
         offered = round(share * sustained)
         stages = shapes.schedule("soak", offered, seconds, s.user_rps, workload.players_per_match)
         scrapes: list[server_latency.Buckets] = []
+        # The first step's routers are profiled once its rate is held, where write CPU and latency go;
+        # the step the goal is read from (80%) is left unsampled, as py-spy takes a little CPU.
+        profile: dict[str, Any] | None = {} if n == 0 else None
         run = soak_run(
             s,
             workload,
@@ -366,8 +384,12 @@ def latency_curve(
             seconds,
             server=scrapes,
             server_from_s=seconds - locust_csv.RECENT_WINDOW_S,  # about Locust's window at the end
+            profile=profile,
+            profile_from_s=held_from + report.SPAWN_SETTLE_S,
         )
         step = {"share": share, **report.latency_step(run, stages)}
+        if profile:
+            step["profile"] = profile
         if len(scrapes) == 2 and scrapes[1]:
             step["router"] = server_latency.quantiles(scrapes[0], scrapes[1], (0.5, 0.95, 0.99))
         router_p = step.get("router", {})

@@ -220,3 +220,25 @@ def test_the_planners_router_cost_per_read_is_the_planned_layouts(measured: dict
     reads = measured["http"]["reads"]
     want = reads["cpu"]["cpu_s"]["router"] / reads["endpoints"]["Aggregated"]["requests"] * 1e6
     assert report.costs(measured)["router_us_per_read"] == pytest.approx(want, abs=0.1)
+
+
+def test_the_profiled_latency_step_prints_where_the_routers_cpu_went(measured: dict[str, Any]) -> None:
+    """The first step of the latency curve carries a py-spy profile of the router's processes
+    (run.latency_curve); summary.md shows it under the curve, as the hot reads show theirs."""
+    measured["latency_curve"]["steps"][0]["profile"] = {
+        "samples": 480,
+        "self": [["RequestResponseCycle.send (http/httptools_impl.py)", 12.5]],
+        "inclusive": [
+            ["ScoresEndpoint.__call__ (router/scores.py)", 30.1],
+            ["Coalescer._run (router/coalescer.py)", 21.0],
+        ],
+    }
+    text = report.markdown(measured, "test")
+    assert "#### Profile: router score writes, 50% step" in text
+    assert "py-spy, 480 samples of the router's processes while the step held its rate" in text
+    assert (
+        "| `RequestResponseCycle.send (http/httptools_impl.py)` | 12.5 "
+        "| `ScoresEndpoint.__call__ (router/scores.py)` | 30.1 |" in text
+    )
+    assert "| `` |  | `Coalescer._run (router/coalescer.py)` | 21.0 |" in text
+    assert "Profile: router score writes, 80% step" not in text
