@@ -268,29 +268,14 @@ def profile(pid: int, url: str, script: Path, seconds: float, connections: int, 
         load.wait(timeout=seconds + 30)
 
 
-def sample(pid: int, seconds: float, raw: Path, subprocesses: bool = False) -> dict[str, Any]:
-    """Process ``pid`` (and, with ``subprocesses``, the processes below it, such as a router's
-    workers) sampled by py-spy at 100 Hz for ``seconds``, folded (``fold``); the raw samples go to
-    ``raw``."""
+def sample(pid: int, seconds: float, raw: Path) -> dict[str, Any]:
+    """Process ``pid`` sampled by py-spy at 100 Hz for ``seconds``, folded (``fold``); the raw
+    samples go to ``raw``."""
     spy = py_spy()
     if spy is None:
         return {"skipped": "py-spy not installed (pip install py-spy)"}
-    command = [
-        spy,
-        "record",
-        "-p",
-        str(pid),
-        "-d",
-        f"{seconds:.0f}",
-        "-r",
-        "100",
-        "-f",
-        "raw",
-        "-o",
-        str(raw),
-    ]
     done = subprocess.run(
-        [*command, "--subprocesses"] if subprocesses else command,
+        [spy, "record", "-p", str(pid), "-d", f"{seconds:.0f}", "-r", "100", "-f", "raw", "-o", str(raw)],
         capture_output=True,
         text=True,
         timeout=seconds + 60,

@@ -487,7 +487,7 @@ def _latency_curve(summary: dict[str, Any]) -> list[str]:
         if st.get("profile")
     ]
     return lines + read_goals.profiles(
-        profiled, "the router's processes while the step held its rate (the 80% step is not sampled)"
+        profiled, "one router worker while the step held its rate (the 80% step is not sampled)"
     )
 
 

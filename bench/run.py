@@ -36,7 +36,7 @@ from bench.drivers import Job
 from bench.durability import ArchiveDatabase, ArchiverProcess, JournalPhase, router_knows
 from bench.harness import int_list, log, publish, run_dir
 from bench.population import load_parallel as population_load
-from bench.procs import CpuMeter, machine_cpu_seconds
+from bench.procs import CpuMeter, descendants, machine_cpu_seconds
 from bench.services import LocustRun, Router, free_port, router_missing, run_locust
 from bench.testbed import create_board, machine, node_pids, pg_preload, postgres_pids, preload, start_cluster
 from bench.workload import Workload
@@ -281,7 +281,7 @@ def soak_run(
     """Locust's ``soak`` shape at ``offered`` writes/s for ``seconds`` (bench/shapes.py) through a
     fresh router of ``workers`` processes with ``env`` added to its settings. With ``server``, the
     router's own histogram of score writes is scraped into it about ``server_from_s`` seconds into
-    the run and at its end (bench/server_latency.py). With ``profile``, the router's processes are
+    the run and at its end (bench/server_latency.py). With ``profile``, one router worker is
     sampled by py-spy for PROFILE_S seconds from ``profile_from_s`` seconds into the run, folded
     into it (bench/hot.py, ``sample``)."""
     router = Router(
@@ -294,9 +294,9 @@ def soak_run(
             timer = threading.Timer(server_from_s, lambda: server.append(server_latency.scrape(router.url)))
             timer.start()
         if profile is not None and router.proc is not None:
-            pid, raw = router.proc.pid, out / f"{name}-router.spy"
+            root, raw = router.proc.pid, out / f"{name}-router.spy"
             spying = threading.Timer(
-                profile_from_s, lambda: profile.update(hot.sample(pid, PROFILE_S, raw, subprocesses=True))
+                profile_from_s, lambda: profile.update(hot.sample(router_worker(root), PROFILE_S, raw))
             )
             spying.start()
         try:
@@ -341,7 +341,20 @@ def _soak_locust(
     )
 
 
-PROFILE_S = 5.0  # py-spy's sample of the routers in the first step of the latency curve
+PROFILE_S = 5.0  # py-spy's sample of a router worker in the first step of the latency curve
+
+
+def router_worker(root: int) -> int:
+    """One worker process of the router started as ``root`` (uvicorn's workers are spawned
+    multiprocessing children; its supervisor and resource tracker only wait), else ``root``."""
+    for pid in descendants(root)[1:]:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            return pid
+    return root
 
 
 def latency_curve(

@@ -223,7 +223,7 @@ def test_the_planners_router_cost_per_read_is_the_planned_layouts(measured: dict
 
 
 def test_the_profiled_latency_step_prints_where_the_routers_cpu_went(measured: dict[str, Any]) -> None:
-    """The first step of the latency curve carries a py-spy profile of the router's processes
+    """The first step of the latency curve carries a py-spy profile of a router worker
     (run.latency_curve); summary.md shows it under the curve, as the hot reads show theirs."""
     measured["latency_curve"]["steps"][0]["profile"] = {
         "samples": 480,
@@ -235,7 +235,7 @@ def test_the_profiled_latency_step_prints_where_the_routers_cpu_went(measured: d
     }
     text = report.markdown(measured, "test")
     assert "#### Profile: router score writes, 50% step" in text
-    assert "py-spy, 480 samples of the router's processes while the step held its rate" in text
+    assert "py-spy, 480 samples of one router worker while the step held its rate" in text
     assert (
         "| `RequestResponseCycle.send (http/httptools_impl.py)` | 12.5 "
         "| `ScoresEndpoint.__call__ (router/scores.py)` | 30.1 |" in text
