@@ -216,11 +216,14 @@ def py_spy() -> str | None:
 
 def fold(raw: str, rows: int = PROFILE_ROWS) -> dict[str, Any]:
     """py-spy's raw output (``frame;frame;... count`` lines) as the functions that took the most
-    samples: by their own time, and with their callees for the project's own functions."""
+    samples: by their own time, and with their callees for the project's own functions. Only the
+    main thread's samples count: a router serves from its event loop there, and its other
+    threads only wait (uvicorn's worker answers its supervisor's pings from one, blocked in a
+    pipe read that py-spy does not see as idle)."""
     total, own, within = 0, Counter[str](), Counter[str]()
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        if not stack or not count.isdigit() or stack.startswith(_THREAD):
             continue
         n = int(count)
         total += n
@@ -231,6 +234,8 @@ def fold(raw: str, rows: int = PROFILE_ROWS) -> dict[str, Any]:
     share = lambda c: [(name, round(100 * n / total, 1)) for name, n in c.most_common(rows)]  # noqa: E731
     return {"samples": total, "self": share(own), "inclusive": share(within)} if total else {}
 
+
+_THREAD = "Thread._bootstrap ("  # the first frame of every thread started by `threading`
 
 # The project's modules on a read's or a write's path: "with callees" lists only their functions.
 _OURS = tuple(

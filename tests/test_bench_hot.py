@@ -119,6 +119,9 @@ def test_py_spy_samples_fold_into_own_time_and_the_projects_functions() -> None:
             f"{loop};{route};writelines (asyncio/streams.py:346) 3",
             f"{loop} 1",
             "not a sample line",
+            # uvicorn's ping thread of a worker, blocked in a pipe read: not the router's work
+            "Thread._bootstrap (threading.py:1002);Process.pong (uvicorn/supervisors/multiprocess.py:59);"
+            "Connection._recv (multiprocessing/connection.py:395) 40",
         ]
     )
     got = hot.fold(raw)
