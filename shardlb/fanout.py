@@ -633,13 +633,15 @@ class SharedRounds:
     node.
 
     Concurrent requests wake in the same turn (every socket that became readable), and each starts
-    its read's round there: 32 connections asking for ranks made up to 32 pipelines to each node in
-    one turn, each costing a write and a read system call in the router and as much again in Redis,
-    more than the few commands in it. A round joins the turn's shared one: the first schedules a
-    task that sends, once the turn is over, every waiting round's commands to each node as one
-    pipeline (``_pipelines``), and each round gets its own commands' replies (in their
-    ``result``) and, per node, the failure of that node's pipeline if it failed. The replies are
-    those of the same commands sent alone: only the packaging changes. Writes never come here.
+    its read's round there: 32 connections asking for ranks made up to one pipeline per read in
+    flight (16 under the router's read gate) to each node in one turn, each costing a write and a
+    read system call in the router and as much again in Redis, more than the few commands in it.
+
+    A round joins the turn's shared one: the first schedules a task that sends, once the turn is
+    over, every waiting round's commands to each node as one pipeline (``_pipelines``), and each
+    round gets its own commands' replies (in their ``result``) and, per node, the failure of that
+    node's pipeline if it failed. The replies are those of the same commands sent alone: only the
+    packaging changes. Writes never come here.
     """
 
     __slots__ = ("_loop", "_running", "_waiting")
@@ -687,11 +689,15 @@ class SharedRounds:
         timeout = None if None in bounds else max(bounds)  # type: ignore[type-var]
         try:
             failed = await _pipelines(list(merged.values()), timeout)
-        except BaseException as e:
+        except asyncio.CancelledError:  # the loop is closing: every reader hears of it
+            for _, _, future in waiting:
+                future.cancel()
+            raise
+        except Exception as e:  # not a node's failure (those are outcomes): each reader gets it
             for _, _, future in waiting:
                 if not future.done():
-                    future.cancel() if isinstance(e, asyncio.CancelledError) else future.set_exception(e)
-            raise
+                    future.set_exception(e)
+            return
         # Per node: its failure, or False (the replies themselves are in the commands).
         outcome = {
             name: f if isinstance(f, BaseException) else False for name, f in zip(merged, failed, strict=True)

@@ -344,3 +344,27 @@ async def test_concurrent_board_reads_answer_as_the_same_reads_one_at_a_time(sto
         assert list(together) == alone + deep
     finally:
         await store.delete(config.id)
+
+
+async def test_a_shared_round_that_breaks_as_a_whole_sends_every_reader_to_its_fallback(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not one node's failure but the round's own (here any exception out of ``_pipelines``): each
+    reader of the round gets it and answers through redis-py's pipeline, and the next round is
+    shared again."""
+    keys = await _fill(store)
+    want = await _shared(store, keys).execute()
+
+    async def broken(*_: Any) -> bool:
+        raise RuntimeError("the round broke")
+
+    monkeypatch.setattr(fanout, "_pipelines", broken)
+    first, second = _shared(store, keys), _shared(store, keys[:4])
+    with pytest.raises(RuntimeError):
+        await asyncio.gather(first.outcomes(), second.outcomes())
+    assert await asyncio.gather(_shared(store, keys).execute(), _shared(store, keys[:4]).execute()) == [
+        want,
+        want[: 5 * 4],
+    ]
+    monkeypatch.undo()
+    assert await _shared(store, keys).direct() == want
