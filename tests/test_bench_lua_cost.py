@@ -15,8 +15,8 @@ def test_counts_repeat_and_a_timeless_result_costs_more_than_a_timed_one() -> No
     window's buckets and records one, costs more than the same result with a time."""
     script = lua_cost.SCRIPT.read_text()
     timeless = lua_cost.Shape("best", 10, False)
-    first = lua_cost.instructions_per_score(script, timeless, warm=20, calls=20, full_window=True)
-    again = lua_cost.instructions_per_score(script, timeless, warm=20, calls=20, full_window=True)
+    first = lua_cost.instructions_per_score(script, timeless, warm=20, calls=40, full_window=True)
+    again = lua_cost.instructions_per_score(script, timeless, warm=20, calls=40, full_window=True)
     timed = lua_cost.instructions_per_score(script, lua_cost.Shape("best", 10, True), 20, 20, True)
     assert first > 10_000
     assert abs(first - again) / first < 0.01
