@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 
 from shardlb import keys, merge, periods, times
 from shardlb.bands import BandMoves, Move
-from shardlb.config import ID_PATTERN, MATCH_ID_MAX, RANK_MODES, BoardConfig, check_id
+from shardlb.config import ID_PATTERN, MATCH_ID_MAX, PIN_SPAN, RANK_MODES, BoardConfig, check_id
 from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound, Resharding
 from shardlb.fanout import ScriptPipeline, batch
@@ -306,7 +306,8 @@ class Board:
                 slot[name] = len(key_list)
             return slot[name]
 
-        # Dedup and pin buckets go as (first, current): write.lua names them (keys.dedup_key/pin_key).
+        # Dedup and pin buckets go as (first, current): write.lua names them (keys.dedup_key/pin_key;
+        # a pin hash spans PIN_SPAN buckets and is named by its first).
         b, window = self._dedup_bucket_ms, self.config.dedup_window_s * 1000
         span = [(now - window) // b, now // b]
         dedup = span if self.config.mode == "incr" else []
@@ -339,6 +340,7 @@ class Board:
             self.config.mode, c.time_bits, c.points_max, c.order, c.tiebreak, now, len(self.config.periods),
             version, pending, dedup, pins, rivals, list(self.config.sharding.bands), expiry,
             journal, self.journal_max, self.config.id, self.incarnation, shard, locks, activity, b, window,
+            PIN_SPAN,
         ]  # fmt: skip
         return key_list, [msgpack.packb(header), msgpack.packb(items)]
 

@@ -38,6 +38,14 @@ DEFAULT_DEDUP_WINDOW_S = 86_400  # api.md: "within the board's dedup window, def
 # 1.25 with 4, for ~5.5 us more Redis CPU per incr result (bench/dedup.py). With a 24 h window,
 # dedup memory, not CPU, bounds what an incr master takes, by ten times or more (README, "Memory").
 DEDUP_BUCKETS = 24
+# A result sent without a time pins its first server time in a hash of the window's buckets
+# (write.lua); each pin hash spans PIN_SPAN dedup buckets, so a new result is looked up in about
+# 24 / PIN_SPAN + 1 hashes instead of 25 (one HMGET each per call: for such results most of Redis's
+# time in a call). A pin then lives between one window and one window plus PIN_SPAN buckets: at 4
+# the peak is 1.17 windows of such results against 1.04 (docs/design-notes.md, "Retries without
+# `achieved_at`"). Pin hashes are named by their first dedup bucket, so those written with another
+# span (1, before) are still found through the shard's key index until they expire.
+PIN_SPAN = 4
 # A dated period takes results until its end plus close_grace seconds, then it is closed: 5 minutes
 # by default, up to 7 days (a later close would outlive a short retention for nothing).
 DEFAULT_CLOSE_GRACE_S = 300

@@ -7,6 +7,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:d:2026-11-30 / w:2026-W48 / m:2026-11   dated period boards
     lb:{<tag>}:<board>:<inc>:<shard>:dd:<bucket>              incr dedup set for one time bucket
     lb:{<tag>}:<board>:<inc>:<shard>:pin:<bucket>             first server time of results sent without one
+    lb:{<tag>}:<board>:<inc>:<shard>:pspan                    "<span>:<bucket>": pin hashes' span, since when
     lb:{<tag>}:<board>:<inc>:<shard>:idx                      this shard's keys, scored by expiry
     lb:{<tag>}:<board>:<inc>:<shard>:ver / :pend              band boards: versions, unfinished band moves
     lb:{<tag>}:<board>:<inc>:<shard>:gone                     set (with a TTL) when the board is deleted
@@ -155,7 +156,14 @@ def pending_key(prefix: str) -> str:
 
 
 def pin_key(prefix: str, bucket: int) -> str:
+    """The pin hash named by ``bucket``, the first of the PIN_SPAN buckets it spans (write.lua)."""
     return f"{prefix}pin:{bucket}"
+
+
+def pin_span_key(prefix: str) -> str:
+    """The shard's pin marker (write.lua): the span of its pin hashes, and the bucket from which
+    on every pin is in a hash of that span."""
+    return prefix + "pspan"
 
 
 def gone_key(prefix: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from shardlb import keys, periods, times
 from shardlb.board import Board, Score
-from shardlb.config import BoardConfig
+from shardlb.config import PIN_SPAN, BoardConfig
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import expected_entries
@@ -182,7 +182,8 @@ async def test_dedup_and_pin_buckets_are_named_expire_and_are_indexed_as_the_lib
 ) -> None:
     """write.lua builds the bucket names itself from the shard's prefix: they are the names of
     keys.dedup_key and keys.pin_key (which the reshard copier, rebuild and drop find through the
-    key index), each expires one window after its bucket ends, is listed in the index at that
+    key index). A dedup set expires one window after its bucket ends, a pin hash (PIN_SPAN buckets,
+    named by its first) one window after its last bucket ends; each is listed in the index at that
     time, and a retry a bucket later (the span first..current) still finds the first call's record."""
     config = BoardConfig.from_dict("buckets-named", {"mode": "incr", "sharding": {"shards": 1}})
     board, _ = await store.create(config)
@@ -194,14 +195,22 @@ async def test_dedup_and_pin_buckets_are_named_expire_and_are_indexed_as_the_lib
         [first] = await board.submit([Score("p1", 5, "m1", None)], now_ms=now)
         assert first.status == "improved"
         k = now // b
+        start = k - k % PIN_SPAN
         member = "m1\x00p1"
         index = keys.index_key(prefix)
-        for name in (keys.dedup_key(prefix, k), keys.pin_key(prefix, k)):
+        for name, expires in (
+            (keys.dedup_key(prefix, k), (k + 1) * b + window),
+            (keys.pin_key(prefix, start), (start + PIN_SPAN) * b + window),
+        ):
             assert await client.exists(name) == 1, name
-            assert await client.pexpiretime(name) == (k + 1) * b + window
-            assert await client.zscore(index, name) == (k + 1) * b + window
+            assert await client.pexpiretime(name) == expires
+            assert await client.zscore(index, name) == expires
         assert await client.sismember(keys.dedup_key(prefix, k), member)
-        assert await client.hget(keys.pin_key(prefix, k), member) is not None
+        assert await client.hget(keys.pin_key(prefix, start), member) is not None
+        # A new board has no pin hash of another span: its marker says so, kept while the board is.
+        marker = keys.pin_span_key(prefix)
+        assert await client.get(marker) == f"{PIN_SPAN}:0"
+        assert await client.zscore(index, marker) == float("inf")
         [again] = await board.submit([Score("p1", 5, "m1", None)], now_ms=now + b)  # a bucket later
         assert again.status == "duplicate" and again.points == 5
         assert await client.exists(keys.dedup_key(prefix, k + 1)) == 0  # nothing new was recorded
@@ -242,5 +251,77 @@ async def test_a_large_call_of_timeless_retries_and_repeats_is_looked_up_once_pe
         y, t = [{e.player_id: e.points for e in await board.entries(0, 2000, day)} for day in days]
         assert y == {f"p{i}": 1 for i in range(1200)}
         assert t == {f"p{i}": 2 for i in range(1300)}
+    finally:
+        await store.delete(name)
+
+
+@pytest.mark.parametrize("mode", ["best", "set"])
+async def test_a_retry_almost_a_window_later_finds_a_pin_whose_hash_began_before_the_window(
+    store: BoardStore, mode: str
+) -> None:
+    """A pin hash is named by the first bucket of its span, which may lie before the window's first
+    bucket while the pin itself lies inside the window: the first call is made in the last bucket of
+    a span, before midnight, and its retry, after midnight, just under one window later."""
+    name = f"pin-late-{mode}"
+    config = BoardConfig.from_dict(name, {"mode": mode, "periods": ["daily"], "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    b, window = config.dedup_bucket_ms, config.dedup_window_s * 1000
+    midnight = _midnight_after(times.now_ms()) - 86_400_000
+    k = (midnight - window // 2) // b
+    k += PIN_SPAN - 1 - k % PIN_SPAN  # the last bucket of its span, half a window before midnight
+    before = k * b + b // 2
+    after = before + window - 1000
+    assert after > midnight and (after - window) // b > k - k % PIN_SPAN  # the hash began before the window
+    first = Score("p1", 300, "match-a", None)
+    newer = Score("p1", 100, "match-b", None)
+    try:
+        await board.submit([first], now_ms=before)
+        ref.submit([first], now_ms=before)
+        await board.submit([newer], now_ms=before + 1000)
+        ref.submit([newer], now_ms=before + 1000)
+        [replay] = await board.submit([first], now_ms=after)
+        assert replay.status == "unchanged"
+        assert await board.top(10) == expected_entries(ref, "total", None)
+        today = periods.names_at(after, config.periods, board.tz)[1]
+        assert await board.top(10, board.resolve("daily:" + today[2:])) == []
+    finally:
+        await store.delete(name)
+
+
+async def test_pins_written_one_hash_per_bucket_are_found_until_they_expire(store: BoardStore) -> None:
+    """Before PIN_SPAN, each bucket had its own pin hash. A shard holding such hashes (listed in its
+    key index) reads every bucket's own name until one window after its first call with the span:
+    a retry of a result pinned the old way lands where its first call did."""
+    name = "pin-legacy"
+    config = BoardConfig.from_dict(name, {"mode": "best", "periods": ["daily"], "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    client = store.client
+    prefix = board.prefixes[0]
+    b, window = config.dedup_bucket_ms, config.dedup_window_s * 1000
+    midnight = _midnight_after(times.now_ms()) - 86_400_000
+    k = (midnight - 1000) // b
+    if k % PIN_SPAN == 0:
+        k -= 1  # a bucket that starts no span: only its own name finds it
+    before = k * b + b // 2
+    after = midnight + 1000
+    first = Score("p1", 300, "match-a", None)
+    try:
+        # The first call as the former script made it: the pin in the bucket's own hash, listed.
+        old = keys.pin_key(prefix, k)
+        units = (before - board.codec.epoch_ms) // board.codec.unit_ms
+        await client.hset(old, "match-a\x00p1", units)
+        await client.zadd(keys.index_key(prefix), {old: (k + 1) * b + window})
+        await client.pexpireat(old, (k + 1) * b + window)
+        await board.submit([Score("p1", 300, "match-a", before)], now_ms=before)
+        ref.submit([Score("p1", 300, "match-a", before)], now_ms=before)
+        [replay] = await board.submit([first], now_ms=after)  # the retry, without its time
+        assert replay.status == "unchanged"
+        assert await board.top(10) == expected_entries(ref, "total", None)
+        today = periods.names_at(after, config.periods, board.tz)[1]
+        assert await board.top(10, board.resolve("daily:" + today[2:])) == []
+        legacy = after // b + window // b
+        assert await client.get(keys.pin_span_key(prefix)) == f"{PIN_SPAN}:{legacy}"
     finally:
         await store.delete(name)

@@ -32,6 +32,7 @@ def test_all_keys_of_a_shard_share_one_slot() -> None:
         keys.version_key(prefix),
         keys.pending_key(prefix),
         keys.pin_key(prefix, 123),
+        keys.pin_span_key(prefix),
         keys.gone_key(prefix),
     ]
     assert len({keys.slot_of(n) for n in names}) == 1

@@ -12,7 +12,9 @@
 --             board id, incarnation, shard (written into each journal entry),
 --             {per dated period key: its index, its frozen marker's index, when it closes (ms), its name}
 --             activity key index (0: none; inactive_after boards: player -> last applied post, ms),
---             bucket length (ms), dedup window (ms): a bucket k expires at (k + 1) x length + window
+--             bucket length (ms), dedup window (ms): a bucket k expires at (k + 1) x length + window,
+--             pin span: a pin hash spans that many buckets, named by its first (a multiple of the
+--             span), and expires at (first + span) x length + window
 --             Dedup and pin buckets are not KEYS: their names (<prefix>dd:<k>, <prefix>pin:<k>) are
 --             built here from the shard's prefix, the hash tag of every key of the call, as `mv`, `seal`
 --             and `chg` are (25 bucket names a call, twice for an incr board, were most of its KEYS).
@@ -60,7 +62,7 @@ local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5]
 local now, P, vk, pendk = h[6], h[7], h[8], h[9]
 local dd, pins, rivals, bands, expiry = h[10], h[11], h[12], h[13], h[14]
 local jk, jmax, ak = h[15], h[16], h[21] or 0
-local bucket_ms, window_ms = h[22], h[23]
+local bucket_ms, window_ms, pin_span = h[22], h[23], h[24] or 1
 local function bucket_names(span, kind)
   local names = {}
   if #span == 2 then
@@ -73,9 +75,49 @@ local written_buckets = {}
 local function wrote_bucket(span, names)
   written_buckets[names[#names]] = (span[2] + 1) * bucket_ms + window_ms
 end
-local ddn, pinn = bucket_names(dd, 'dd:'), bucket_names(pins, 'pin:')
 if jk > 0 and redis.call('XLEN', KEYS[jk]) >= jmax then
   return redis.error_reply('JOURNALFULL the journal of this shard is at its bound; the archiver is behind')
+end
+local ddn = bucket_names(dd, 'dd:')
+-- Pin hashes: each spans pin_span buckets and is named by its first, so a new result is looked up
+-- in the window's few spans. Hashes written with another span (1, before there was a span) may
+-- still hold pins of the window: the shard's `pspan` marker ("<span>:<bucket>") says from which
+-- bucket on every pin went to a hash of this span. Below that bucket each bucket's own name is
+-- read too, so those pins are found until they expire. A shard with another span in its marker, or
+-- without a marker but with pin hashes in its key index (written before there was a span, or copied
+-- by a reshard), sets it to one window past the current bucket: a router of the former version
+-- still writing during a rolling upgrade is covered for that long. A shard with no pin hash at all
+-- (a new board) has nothing to look up by bucket: its marker says so from the start.
+local pinn, pin_home, pin_expiry = {}, nil, 0
+if #pins == 2 then
+  local first, now_bucket = pins[1], pins[2]
+  local marker = base .. 'pspan'
+  local mark = redis.call('GET', marker)
+  local span, legacy = nil, nil
+  if mark then
+    local i = string.find(mark, ':', 1, true)
+    span, legacy = tonumber(string.sub(mark, 1, i - 1)), tonumber(string.sub(mark, i + 1))
+  end
+  if span ~= pin_span then
+    local others = span ~= nil
+    if not others then  -- once per shard: are there pin hashes of before?
+      for _, name in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+        if string.sub(name, #base + 1, #base + 4) == 'pin:' then others = true break end
+      end
+    end
+    legacy = others and (now_bucket + math.floor(window_ms / bucket_ms)) or 0
+    redis.call('SET', marker, string.format('%d:%d', pin_span, legacy))
+    written_buckets[marker] = 0
+  end
+  for k = first - first % pin_span, now_bucket, pin_span do
+    pinn[#pinn + 1] = base .. 'pin:' .. string.format('%d', k)
+  end
+  for k = first, math.min(legacy - 1, now_bucket) do
+    if k % pin_span ~= 0 then pinn[#pinn + 1] = base .. 'pin:' .. string.format('%d', k) end
+  end
+  local start = now_bucket - now_bucket % pin_span
+  pin_home = base .. 'pin:' .. string.format('%d', start)
+  pin_expiry = (start + pin_span) * bucket_ms + window_ms
 end
 local journal, journal_skips, skips = {}, {}, false
 -- A closed or frozen period takes no result, whatever the result's time: decided once per call.
@@ -185,9 +227,9 @@ while pos <= #items do
   if elsewhere == nil and server_time == 1 then
     pinned = pinned_at[member] or nil
     if pinned == nil then
-      redis.call('HSET', pinn[#pinn], member, units)
+      redis.call('HSET', pin_home, member, units)
       pinned_at[member] = units
-      wrote_bucket(pins, pinn)
+      written_buckets[pin_home] = pin_expiry
     elseif pinned == units then
       pinned = nil
     end
@@ -317,9 +359,13 @@ for i, _ in pairs(touched) do
     redis.call('ZADD', KEYS[1], '+inf', KEYS[i])
   end
 end
-for name, expire_at in pairs(written_buckets) do
-  redis.call('PEXPIREAT', name, fmt(expire_at))
-  redis.call('ZADD', KEYS[1], fmt(expire_at), name)
+for name, expire_at in pairs(written_buckets) do  -- 0: kept while the board lives (the pin marker)
+  if expire_at > 0 then
+    redis.call('PEXPIREAT', name, fmt(expire_at))
+    redis.call('ZADD', KEYS[1], fmt(expire_at), name)
+  else
+    redis.call('ZADD', KEYS[1], '+inf', name)
+  end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now))
 return out
