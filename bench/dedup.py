@@ -14,9 +14,15 @@ one-master cluster of its own, this bench:
    cost per member swings by about 8 bytes between a just-doubled and a full table: the mean over the
    checkpoints of the second half of the load (one doubling, and fixed overheads spread thin) is the
    planner's `bytes_per_dedup_member`.
-2. CPU: the master's CPU (INFO cpu, user + system) per incr result with the bucket counts in
-   SHARDLB_DEDUP_BUCKETS (4,24): each extra bucket is one more SISMEMBER per new result.
-3. encodings: the same number of members written straight with SADD as they are today, as 16-byte
+   These results carry their ``achieved_at``, so they keep no pin.
+2. pins: as many results without ``achieved_at`` on a one-shard best board, all in one pin hash
+   (each keeps its first server time there: docs/design-notes.md, "Retries without
+   `achieved_at`"); INFO used_memory after minus before, less the sorted set, per pin is the
+   planner's ``bytes_per_pin``.
+3. CPU: the master's CPU (INFO cpu, user + system) per incr result with the bucket counts in
+   SHARDLB_DEDUP_BUCKETS (4,24): each extra bucket is one more SISMEMBER per new result (results
+   with their time: no pin lookups).
+4. encodings: the same number of members written straight with SADD as they are today, as 16-byte
    digests, and as 64-bit integers spread over sets small enough for Redis's compact intset
    encoding (set-max-intset-entries, 512 by default): what a smaller member would save.
 
@@ -51,12 +57,15 @@ INTSET_FILL = 256  # members per small set: half of set-max-intset-entries, so n
 STEAM_BASE = 76_561_197_960_265_728  # player ids shaped like 17-digit platform account ids
 
 
-def results_batch(rng: random.Random, n: int, players: int) -> list[Score]:
+def results_batch(rng: random.Random, n: int, players: int, achieved_ms: int | None = None) -> list[Score]:
+    """``n`` results of new matches; ``achieved_ms`` None leaves their time to the server (each then
+    keeps a pin as well as its dedup record: write.lua)."""
     return [
         Score(
             str(STEAM_BASE + rng.randrange(players)),
             rng.randrange(1, 100),
             str(uuid.UUID(int=rng.getrandbits(128))),
+            achieved_ms,
         )
         for _ in range(n)
     ]
@@ -97,7 +106,8 @@ async def memory_per_member(url: str, node: redis.Redis, results: int, players: 
     now = times.now_ms()
     prefix = board.prefixes[0]
     try:
-        await board.submit(results_batch(rng, 1, players), now_ms=now)  # scripts and keys in place
+        timed = now - 1000  # with their time: the dedup records alone, no pins
+        await board.submit(results_batch(rng, 1, players, timed), now_ms=now)  # scripts and keys in place
         base = used_memory(node)
         total_base = memory_usage(node, keys.period_key(prefix, "total"))
         points = []
@@ -106,7 +116,7 @@ async def memory_per_member(url: str, node: redis.Redis, results: int, players: 
         for target in range(step, results + 1, step):
             while done < target:
                 n = min(BATCH, target - done)
-                await board.submit(results_batch(rng, n, players), now_ms=now)
+                await board.submit(results_batch(rng, n, players, timed), now_ms=now)
                 done += n
             (dd,) = node.keys(prefix.replace("{", "\\{").replace("}", "\\}") + "dd:*")
             members = int(node.scard(dd))
@@ -123,6 +133,38 @@ async def memory_per_member(url: str, node: redis.Redis, results: int, players: 
             log(f"{members:,} dedup members: {points[-1]}")
         sample = f"{uuid.UUID(int=0)}\0{STEAM_BASE}"
         return {"member_bytes": len(sample.encode()), "points": points}
+    finally:
+        await client.aclose()
+
+
+async def memory_per_pin(url: str, node: redis.Redis, results: int, players: int) -> dict[str, Any]:
+    """Bytes per pin: ``results`` results without a time on a one-shard best board, all in one pin
+    hash; INFO used_memory after minus before, less the board's sorted set."""
+    config = BoardConfig.from_dict(
+        "pin-memory", {"mode": "best", "sharding": {"strategy": "hash", "shards": 1}}
+    )
+    board, client = await open_board(url, config)
+    rng = random.Random(6)
+    now = times.now_ms()
+    prefix = board.prefixes[0]
+    try:
+        await board.submit(results_batch(rng, 1, players), now_ms=now)
+        base = used_memory(node)
+        total_base = memory_usage(node, keys.period_key(prefix, "total"))
+        for start in range(1, results, BATCH):
+            await board.submit(results_batch(rng, min(BATCH, results - start), players), now_ms=now)
+        (pins,) = node.keys(prefix.replace("{", "\\{").replace("}", "\\}") + "pin:*")
+        members = int(node.hlen(pins))
+        total = memory_usage(node, keys.period_key(prefix, "total")) - total_base
+        used = used_memory(node) - base - total
+        out = {
+            "pins": members,
+            "encoding": node.object("encoding", pins).decode(),
+            "used_memory_bytes_per_pin": round(used / (members - 1), 1),
+            "memory_usage_bytes_per_pin": round(memory_usage(node, pins) / members, 1),
+        }
+        log(f"{members:,} pins: {out}")
+        return out
     finally:
         await client.aclose()
 
@@ -144,10 +186,13 @@ async def cpu_per_bucket_count(
             board._dedup_bucket_ms = config.dedup_window_s * 1000 // k
             rng = random.Random(7)
             now = times.now_ms()
-            await board.submit(results_batch(rng, 1, players), now_ms=now)
+            timed = now - 1000  # with their time: dedup lookups alone, no pins
+            await board.submit(results_batch(rng, 1, players, timed), now_ms=now)
             before = cpu_seconds(node)
             for start in range(0, results, BATCH):
-                await board.submit(results_batch(rng, min(BATCH, results - start), players), now_ms=now)
+                await board.submit(
+                    results_batch(rng, min(BATCH, results - start), players, timed), now_ms=now
+                )
             us = (cpu_seconds(node) - before) / results * 1e6
             out.append({"buckets": k, "lookups": k + 1, "redis_us_per_result": round(us, 2)})
             log(f"{k} buckets: {us:.2f} us of Redis CPU per new incr result")
@@ -226,6 +271,13 @@ def markdown(result: dict[str, Any]) -> str:
         f"Mean over the checkpoints from half the load on (the planner's `bytes_per_dedup_member`): "
         f"**{result['bytes_per_dedup_member']}** bytes (used_memory).",
         "",
+        f"## Memory per pin (results without `achieved_at` on a best board, one pin hash of "
+        f"{result['pin_memory']['pins']:,})",
+        "",
+        f"**{result['pin_memory']['used_memory_bytes_per_pin']}** bytes per pin (used_memory; "
+        f"{result['pin_memory']['memory_usage_bytes_per_pin']} by MEMORY USAGE of the hash, "
+        f"{result['pin_memory']['encoding']}): the planner's `bytes_per_pin`.",
+        "",
         "## Redis CPU per new incr result by dedup bucket count",
         "",
         "| buckets | SISMEMBER per new result | Redis µs per result |",
@@ -257,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         memory = asyncio.run(memory_per_member(cluster.url, node, results, players))
         node.flushall()
+        pins = asyncio.run(memory_per_pin(cluster.url, node, results, players))
+        node.flushall()
         cpu = asyncio.run(cpu_per_bucket_count(cluster.url, node, cpu_results, players, counts))
         enc = encodings(node, results)
     finally:
@@ -271,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         "players": players,
         "memory": memory,
         "bytes_per_dedup_member": round(sum(per) / len(per), 1),
+        "pin_memory": pins,
+        "bytes_per_pin": pins["used_memory_bytes_per_pin"],
         "cpu": cpu,
         "encodings": enc,
     }

@@ -1,19 +1,20 @@
 """`shardlb plan`: size a deployment from the per-operation costs the last bench measured.
 
     shardlb plan --players 50000000 --writes 20000 --reads 5000 [--replicas 1] [--periods total,daily]
-                 [--incr 0.5] [--dedup-window 86400] [--journaled 1] [--journal-max-entries 50000]
+                 [--incr 0.5] [--timeless 0.2] [--dedup-window 86400] [--journaled 1]
+                 [--journal-max-entries 50000]
                  [--masters-now 3] [--shards-now 16] [--board global]
 
 The costs (CPU microseconds per write and per read on a Redis master and in the router, bytes per
 player) come from bench/results/latest/summary.json, written by `make bench`, and the bytes per incr
-dedup record and the CPU of a dedup lookup from bench/results/latest/dedup.json, written by `make
-bench-dedup`; without them, the DEFAULTS below (from runs on the 2-core development machine) are used
-and the output says so. The model is deliberately simple and printed in full: every number can be
-checked by hand. With today's layout (``--masters-now``, ``--shards-now``) it also prints the steps
-from there to the plan's: masters added or removed (``shardlb cluster``, or on Kubernetes the
-StatefulSet and ``redis-cli --cluster``) and the board's online reshard (``shardlb reshard``). When
-bench/results/latest/scaleout.json is there (`make bench-scaleout`), what one to three masters
-measured is printed beside the model's assumptions about them.
+dedup record, the bytes per pin and the CPU of a dedup lookup from bench/results/latest/dedup.json,
+written by `make bench-dedup`; without them, the DEFAULTS below (from runs on the 2-core development
+machine) are used and the output says so. The model is deliberately simple and printed in full:
+every number can be checked by hand. With today's layout (``--masters-now``, ``--shards-now``) it
+also prints the steps from there to the plan's: masters added or removed (``shardlb cluster``, or on
+Kubernetes the StatefulSet and ``redis-cli --cluster``) and the board's online reshard (``shardlb
+reshard``). When bench/results/latest/scaleout.json is there (`make bench-scaleout`), what one to
+three masters measured is printed beside the model's assumptions about them.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from shardlb.board import JOURNAL_MAX_ENTRIES
-from shardlb.config import DEDUP_BUCKETS, DEFAULT_DEDUP_WINDOW_S
+from shardlb.config import DEDUP_BUCKETS, DEFAULT_DEDUP_WINDOW_S, PIN_SPAN
 
 LATEST = Path(__file__).resolve().parent / "results" / "latest" / "summary.json"
 DEDUP_SUMMARY = "dedup.json"  # beside summary.json
@@ -45,6 +46,9 @@ DEFAULTS: dict[str, float] = {
     # `make bench-dedup` (bench/results/latest/dedup.json, 2026-12-01): one `<uuid>\0<17-digit id>`
     # member of a large dedup set, and one SISMEMBER of a new result in write.lua.
     "bytes_per_dedup_member": 108.7,
+    # A pin (`<uuid>\0<17-digit id>` -> its first server time) of a result sent without achieved_at:
+    # 1M of them in one hash, INFO used_memory before and after (2026-12-02).
+    "bytes_per_pin": 120.4,
     "redis_master_us_per_dedup_lookup": 0.3,
     # `make bench` (journal memory and the journaled HTTP phase, 2026-12-01 07:03): a journal entry's own
     # bytes and each result's, and the write-script calls a shard saw per second.
@@ -80,6 +84,8 @@ EXTRA_PERIOD_WRITE_COST = 0.5  # each extra period adds one ZADD to a write's sc
 PERIOD_SETS = {"daily": (4, 0.10), "weekly": (6, 0.25), "monthly": (14, 0.40)}
 # An incr result's dedup record lives one window plus at most one bucket (shardlb/config.py).
 DEDUP_LIFETIME = 1 + 1 / DEDUP_BUCKETS
+# A pin lives one window plus at most the PIN_SPAN buckets of its hash (shardlb/config.py).
+PIN_LIFETIME = 1 + PIN_SPAN / DEDUP_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class Plan:
     routers: int
     memory_per_node_bytes: int
     data_bytes: float
-    dedup_bytes: float
+    dedup_bytes: float  # incr dedup records and pins
     redis_cores: float
     router_cores: float
     journal: Journal
@@ -137,6 +143,11 @@ def dedup_members(writes: float, incr: float, window_s: int) -> float:
     return writes * incr * window_s * DEDUP_LIFETIME
 
 
+def pins(writes: float, timeless: float, window_s: int) -> float:
+    """Pins alive at the peak: every result sent without a time in one window plus a pin hash's span."""
+    return writes * timeless * window_s * PIN_LIFETIME
+
+
 def plan(
     players: int,
     writes: float,
@@ -149,11 +160,14 @@ def plan(
     journaled: float = 1.0,
     journal_max_entries: int = JOURNAL_MAX_ENTRIES,
     cached: float = CACHED_SHARE,
+    timeless: float = 0.0,
 ) -> Plan:
     """The sizing model (pure arithmetic; ``main`` prints it with its assumptions).
 
     ``incr`` is the share of the writes that go to incr boards, whose dedup records stay in memory
-    for ``dedup_window_s`` (their boards' window) and a bucket more. ``journaled`` is the share that
+    for ``dedup_window_s`` (their boards' window) and a bucket more. ``timeless`` is the share sent
+    without ``achieved_at``, each keeping a pin for that window and a pin hash's span more (the CPU
+    costs of `make bench` are of such writes). ``journaled`` is the share that
     goes to journaled boards (not ``durability: memory``): their journals may fill to
     ``journal_max_entries`` entries per shard while the archive is down, and each master keeps room
     for its shards' full journals (they do not change the master count: a buffer, not data).
@@ -171,6 +185,7 @@ def plan(
     write_us = c["redis_master_us_per_write"] * (1 + EXTRA_PERIOD_WRITE_COST * extra)
     write_us += incr * (DEDUP_BUCKETS + 1) * c["redis_master_us_per_dedup_lookup"]
     dedup = dedup_members(writes, incr, dedup_window_s) * c["bytes_per_dedup_member"] * FRAGMENTATION
+    dedup += pins(writes, timeless, dedup_window_s) * c["bytes_per_pin"] * FRAGMENTATION
     data = players * c["bytes_per_player"] * memory_factor(periods) * FRAGMENTATION + dedup
     by_memory = math.ceil(data / MAX_DATA_PER_MASTER)
     write_cores = writes * write_us / 1e6
@@ -254,14 +269,16 @@ def load_costs(path: Path) -> tuple[dict[str, float], str]:
 
 
 def _dedup_costs(path: Path) -> dict[str, float]:
-    """bytes_per_dedup_member and the CPU of one dedup lookup (the slope between the bucket counts)."""
+    """bytes_per_dedup_member, bytes_per_pin and the CPU of one dedup lookup (the slope between the
+    bucket counts)."""
     try:
         result: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     out = {}
-    if isinstance(result.get("bytes_per_dedup_member"), int | float):
-        out["bytes_per_dedup_member"] = float(result["bytes_per_dedup_member"])
+    for name in ("bytes_per_dedup_member", "bytes_per_pin"):
+        if isinstance(result.get(name), int | float):
+            out[name] = float(result[name])
     cpu = sorted(
         (c["lookups"], c["redis_us_per_result"])
         for c in result.get("cpu", [])
@@ -466,6 +483,7 @@ def render(
     cached: float = CACHED_SHARE,
     steps: Sequence[str] = (),
     measured: Sequence[str] = (),
+    timeless: float = 0.0,
 ) -> str:
     """The plan, ``steps`` from today's layout to it, the costs it used, the model with its figures,
     what ``measured`` scale-out says beside it, and the assumptions behind it."""
@@ -473,7 +491,8 @@ def render(
     return "\n".join(
         [
             f"Plan for {players:,} players, {writes:,.0f} player-score writes/s ({incr:.0%} to incr boards, "
-            f"dedup window {dedup_window_s / 3600:g} h; {journaled:.0%} journaled), {reads:,.0f} reads/s, "
+            f"{timeless:.0%} without achieved_at, dedup window {dedup_window_s / 3600:g} h; "
+            f"{journaled:.0%} journaled), {reads:,.0f} reads/s, "
             f"periods {','.join(periods)}, {cached:.0%} of the reads from the routers' top cache",
             "",
             f"  Redis masters        {p.masters}  ({p.reasons['masters']}-bound; "
@@ -494,7 +513,7 @@ def render(
             *(f"  {k} = {v:g}" for k, v in sorted(costs.items())),
             "",
             "Model:",
-            *_model(p, writes, periods, costs, incr, dedup_window_s, cached),
+            *_model(p, writes, periods, costs, incr, dedup_window_s, cached, timeless),
             f"  journal = shards per master x {journal_max_entries:,} entries x (bytes_per_journal_entry + "
             f"results per entry x bytes_per_journaled_result) x {FRAGMENTATION:g}; results per entry = "
             "journaled writes / shards / journal_calls_per_shard_s (the bench's script calls per shard a "
@@ -515,14 +534,25 @@ def _model(
     incr: float,
     dedup_window_s: int,
     cached: float,
+    timeless: float = 0.0,
 ) -> list[str]:
     """The model's formulas with this plan's figures, so that each can be checked by hand."""
     members = dedup_members(writes, incr, dedup_window_s)
+    pinned = pins(writes, timeless, dedup_window_s)
+    pin_bytes = pinned * costs["bytes_per_pin"] * FRAGMENTATION
     dedup_line = (
         f"  dedup = writes x {incr:g} incr share x {dedup_window_s:,} s window x {DEDUP_LIFETIME:.3f} "
         f"(one window and one of {DEDUP_BUCKETS} buckets) = {members:,.0f} records x "
-        f"bytes_per_dedup_member x {FRAGMENTATION:g} = {_gib(p.dedup_bytes)}"
+        f"bytes_per_dedup_member x {FRAGMENTATION:g} = {_gib(p.dedup_bytes - pin_bytes)}"
     )
+    pin_line = (
+        f"  pins = writes x {timeless:g} share without achieved_at x {dedup_window_s:,} s window x "
+        f"{PIN_LIFETIME:.3f} (one window and {PIN_SPAN} of {DEDUP_BUCKETS} buckets) = {pinned:,.0f} pins x "
+        f"bytes_per_pin x {FRAGMENTATION:g} = {_gib(pin_bytes)}"
+    )
+    if timeless == 0:
+        everything = pins(writes, 1.0, dedup_window_s) * costs["bytes_per_pin"] * FRAGMENTATION
+        pin_line += f" (with --timeless 1, no write sending its time: {_gib(everything)})"
     if incr == 0:
         per_member = costs["bytes_per_dedup_member"] * FRAGMENTATION
         everything = dedup_members(writes, 1.0, dedup_window_s) * per_member
@@ -537,8 +567,9 @@ def _model(
         f"  {p.reasons['reads']}",
         f"  Redis CPU in all = {p.redis_cores:.2f} cores",
         f"  data = players x bytes_per_player x {memory_factor(periods):.2f} (entries per player for the "
-        f"periods) x {FRAGMENTATION:g} fragmentation + dedup = {_gib(p.data_bytes)}",
+        f"periods) x {FRAGMENTATION:g} fragmentation + dedup + pins = {_gib(p.data_bytes)}",
         dedup_line,
+        pin_line,
         "  router CPU = writes x router_us_per_write + reads x router_us_per_read"
         f" = {p.router_cores:.2f} cores;"
         f" routers = that / {ROUTER_UTILISATION:g}",
@@ -557,7 +588,7 @@ def _journal_line(j: Journal, max_entries: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`plan --players N --writes W --reads R [--replicas 1] [--periods total,daily,...] [--incr S]
-    [--dedup-window SECONDS]`."""
+    [--timeless S] [--dedup-window SECONDS]`."""
     parser = argparse.ArgumentParser(prog="shardlb plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--players", type=int, required=True, help="players on the largest board")
     parser.add_argument("--writes", type=float, required=True, help="player-score writes a second at peak")
@@ -585,10 +616,17 @@ def main(argv: list[str] | None = None) -> int:
         help="share of the writes that go to incr boards, 0 to 1 (default 0); each keeps a dedup record",
     )
     parser.add_argument(
+        "--timeless",
+        type=float,
+        default=0.0,
+        help="share of the writes sent without achieved_at, 0 to 1 (default 0); each keeps a pin",
+    )
+    parser.add_argument(
         "--dedup-window",
         type=int,
         default=DEFAULT_DEDUP_WINDOW_S,
-        help=f"the incr boards' dedup_window_s (default {DEFAULT_DEDUP_WINDOW_S})",
+        help=f"the boards' dedup_window_s (default {DEFAULT_DEDUP_WINDOW_S}): how long dedup records "
+        "and pins live",
     )
     parser.add_argument(
         "--journaled",
@@ -623,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"bad arguments{': unknown periods ' + ', '.join(unknown) if unknown else ''}")
     if not 0 <= args.incr <= 1:
         parser.error("--incr is a share of the writes, from 0 to 1")
+    if not 0 <= args.timeless <= 1:
+        parser.error("--timeless is a share of the writes, from 0 to 1")
     if not 60 <= args.dedup_window <= 30 * 86_400:
         parser.error("--dedup-window is a board's dedup_window_s: 60 to 2592000 seconds")
     if not 0 <= args.cached <= 1:
@@ -638,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     costs, source = load_costs(args.summary)
     p = plan(
         args.players, args.writes, args.reads, args.replicas, periods, costs, args.incr, args.dedup_window,
-        args.journaled, args.journal_max_entries, args.cached,
+        args.journaled, args.journal_max_entries, args.cached, args.timeless,
     )  # fmt: skip
     steps: list[str] = []
     if args.masters_now is not None or args.shards_now is not None:
@@ -660,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
             args.cached,
             steps,
             _scaleout(args.summary.parent / SCALEOUT_SUMMARY),
+            args.timeless,
         )
     )
     return 0

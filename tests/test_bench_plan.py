@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import plan
-from shardlb.config import DEDUP_BUCKETS
+from shardlb.config import DEDUP_BUCKETS, PIN_SPAN
 
 COSTS = {
     "bytes_per_player": 100.0,
@@ -18,6 +18,7 @@ COSTS = {
     "redis_master_us_per_read": 1600.0,
     "router_us_per_read": 1000.0,
     "bytes_per_dedup_member": 100.0,
+    "bytes_per_pin": 110.0,
     "redis_master_us_per_dedup_lookup": 0.5,
     "bytes_per_journal_entry": 200.0,
     "bytes_per_journaled_result": 70.0,
@@ -187,6 +188,44 @@ def test_main_takes_incr_flags_and_the_dedup_bench(
     assert plan.main(args) == 0
     assert "Redis masters        1  (CPU-bound" in capsys.readouterr().out
     for bad in (["--incr", "1.5"], ["--incr", "-0.1"], ["--dedup-window", "30"]):
+        with pytest.raises(SystemExit):
+            plan.main([*args, *bad])
+
+
+def test_pins_of_results_without_a_time_count_in_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 10k writes/s, all without achieved_at, a 24 h window: 10,000 x 86,400 x (1 + 4/24) = 1.008G pins
+    # x 110 B x 1.2 = 124 GiB, over 25 GiB a master: 5 masters, where writes with their time need 1.
+    timed = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS)
+    timeless = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS, timeless=1.0)
+    pins = 10_000 * 86_400 * (1 + PIN_SPAN / DEDUP_BUCKETS)
+    assert plan.pins(10_000, 1.0, 86_400) == pytest.approx(pins)
+    assert timeless.dedup_bytes == pytest.approx(pins * 110 * 1.2)
+    assert timeless.data_bytes == pytest.approx(timed.data_bytes + timeless.dedup_bytes)
+    assert (timed.masters, timeless.masters, timeless.reasons["masters"]) == (1, 5, "memory")
+    # An hour's window keeps a 24th of them; incr results without a time keep both records.
+    hour = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS, timeless=1.0, dedup_window_s=3600)
+    assert hour.dedup_bytes == pytest.approx(timeless.dedup_bytes / 24)
+    both = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS, incr=1.0, timeless=1.0, dedup_window_s=3600)
+    records = plan.dedup_members(10_000, 1.0, 3600) * 100 * 1.2
+    assert both.dedup_bytes == pytest.approx(hour.dedup_bytes + records)
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    args = [
+        "--players",
+        "1000",
+        "--writes",
+        "10000",
+        "--reads",
+        "0",
+        "--summary",
+        str(tmp_path / "summary.json"),
+    ]
+    assert plan.main([*args, "--timeless", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"= {pins:,.0f} pins x bytes_per_pin" in out and "100% without achieved_at" in out
+    assert "Redis masters        5  (memory-bound" in out
+    for bad in (["--timeless", "1.5"], ["--timeless", "-0.1"]):
         with pytest.raises(SystemExit):
             plan.main([*args, *bad])
 

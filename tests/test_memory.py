@@ -86,3 +86,40 @@ async def test_bytes_per_incr_dedup_record_at_100k(store: BoardStore) -> None:
         assert 54 < per_record < BYTES_PER_DEDUP_RECORD_BOUND
     finally:
         await store.delete(config.id)
+
+
+# A pin (the first server time of a result sent without one) of a UUID match and a 17-digit player:
+# a hash field and its value, about 120 bytes by used_memory (bench/dedup.py). Past this bound a pin
+# costs more than the planner's bytes_per_pin says.
+BYTES_PER_PIN_BOUND = 180
+
+
+async def test_bytes_per_pin_at_100k(store: BoardStore) -> None:
+    config = BoardConfig.from_dict("memory-pins-100k", {"sharding": {"strategy": "hash", "shards": 4}})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        for start in range(0, DEDUP_RESULTS, 5000):
+            batch = [
+                Score(str(76_561_197_960_265_728 + i % 1000), 1, str(uuid.UUID(int=i)))
+                for i in range(start, start + 5000)
+            ]
+            await board.submit(batch, now_ms=now)
+        pins = size = 0
+        for prefix in board.prefixes:
+            node = store.client.get_node_from_key(prefix)
+            found = [
+                k
+                async for k in store.client.scan_iter(
+                    match=prefix.replace("{", "[{]") + "pin:*", target_nodes=node
+                )
+            ]
+            for key in found:
+                pins += await store.client.hlen(key)
+                size += await store.client.memory_usage(key, samples=0)
+        assert pins == DEDUP_RESULTS
+        per_pin = size / pins
+        print(f"\nmemory: {per_pin:.1f} bytes per pin (100k results without a time, 4 shards)")
+        assert 54 < per_pin < BYTES_PER_PIN_BOUND
+    finally:
+        await store.delete(config.id)
