@@ -2,6 +2,9 @@
 
     SHARDLB_DEDUP_RESULTS=1000000 python -m bench.dedup
 
+Every board here keeps no journal (``durability: memory``): a journal's entries, which nothing
+archives here, would count in used_memory beside the records measured.
+
 An incr board remembers every (match, player) it applied for its dedup window, as members
 ``<match_id>\\0<player_id>`` of one set per shard and time bucket (shardlb/board.py, write.lua). On a
 one-master cluster of its own, this bench:
@@ -99,7 +102,8 @@ async def open_board(url: str, config: BoardConfig) -> tuple[Board, Any]:
 
 async def memory_per_member(url: str, node: redis.Redis, results: int, players: int) -> dict[str, Any]:
     config = BoardConfig.from_dict(
-        "dedup-memory", {"mode": "incr", "sharding": {"strategy": "hash", "shards": 1}}
+        "dedup-memory",
+        {"mode": "incr", "durability": "memory", "sharding": {"strategy": "hash", "shards": 1}},
     )
     board, client = await open_board(url, config)
     rng = random.Random(5)
@@ -141,7 +145,7 @@ async def memory_per_pin(url: str, node: redis.Redis, results: int, players: int
     """Bytes per pin: ``results`` results without a time on a one-shard best board, all in one pin
     hash; INFO used_memory after minus before, less the board's sorted set."""
     config = BoardConfig.from_dict(
-        "pin-memory", {"mode": "best", "sharding": {"strategy": "hash", "shards": 1}}
+        "pin-memory", {"mode": "best", "durability": "memory", "sharding": {"strategy": "hash", "shards": 1}}
     )
     board, client = await open_board(url, config)
     rng = random.Random(6)
@@ -175,7 +179,8 @@ async def cpu_per_bucket_count(
     out = []
     for k in counts:
         config = BoardConfig.from_dict(
-            f"dedup-cpu-{k}", {"mode": "incr", "sharding": {"strategy": "hash", "shards": 1}}
+            f"dedup-cpu-{k}",
+            {"mode": "incr", "durability": "memory", "sharding": {"strategy": "hash", "shards": 1}},
         )
         board, client = await open_board(url, config)
         try:
