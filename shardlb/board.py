@@ -35,6 +35,9 @@ MAX_FUTURE_MS = 5 * 60_000
 QUARTER_HOUR_MS = 15 * 60_000
 
 
+MAX_TOTAL_VIEWS = 256  # a region board's regions, and its whole view: more than any board has
+
+
 class Score(NamedTuple):
     """One match result for one player, as a game server posts it."""
 
@@ -156,6 +159,8 @@ class Board:
         self.shallow = SHALLOW
         # Reads may be served by replicas (the router's SHARDLB_READ_FROM; connection.connect).
         self.read_replicas = False
+        # The total's views, by region (None: the whole board): they do not change with the clock.
+        self._total_views: dict[str | None, ResolvedView] = {}
 
     @property
     def stale(self) -> bool:
@@ -445,12 +450,16 @@ class Board:
         limits the read to that region's shards, or reads all of them without one. A read given
         no view reads ``resolve()``: the whole board's total.
         """
-        now = times.now_ms() if now_ms is None else now_ms
-        name = periods.parse(period, self.config.periods, self.tz, now, self.config.week_start)
         if self.layout.strategy != "region":
             region = None
+        if period == "total":  # most reads: one view per region, made once
+            view = self._total_views.get(region)
+            if view is not None:
+                return view
+        now = times.now_ms() if now_ms is None else now_ms
+        name = periods.parse(period, self.config.periods, self.tz, now, self.config.week_start)
         total = name == "total"
-        return ResolvedView(
+        view = ResolvedView(
             self.config.id,
             name,
             periods.api_name(name),
@@ -458,6 +467,9 @@ class Board:
             tuple(keys.period_key(self.prefixes[s], name) for s in self.layout.view(total, region)),
             self.layout.strategy == "band" and total,
         )
+        if total and len(self._total_views) < MAX_TOTAL_VIEWS:
+            self._total_views[region] = view
+        return view
 
     def resets_at(self, name: str) -> str | None:
         """When the period ``name`` (a view's ``period``) ends, in RFC 3339 with the board's UTC
