@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 from redis import exceptions as rx
 from redis._parsers import hiredis as _hiredis_parser
-from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.cluster import PRIMARY
 from redis.commands.core import SortedSetCommands
 
@@ -84,6 +84,21 @@ class Ack(NamedTuple):
     def of(cls, level: str, timeout_ms: int) -> Ack:
         """The Ack of a SHARDLB_ACK level ("primary" or "replica")."""
         return cls(ACK_LEVELS[level], timeout_ms)
+
+
+class Command:
+    """One command of a round: its arguments, redis-py's options for parsing its reply, its place
+    in its batch (-1: one the batch added) and, once read, its reply or the exception it met. What
+    redis-py's PipelineCommand holds for the same job, without repacking the arguments (a "my rank"
+    makes nine of these)."""
+
+    __slots__ = ("args", "kwargs", "position", "result")
+
+    def __init__(self, position: int, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> None:
+        self.position = position
+        self.args = args
+        self.kwargs = kwargs if kwargs is not None else {}
+        self.result: Any = None
 
 
 class Batch(SortedSetCommands):
@@ -146,12 +161,12 @@ class Batch(SortedSetCommands):
     async def outcomes(self) -> list[Any]:
         """Each command's reply, or the exception it met: its own error reply, or the failure of its
         node's whole pipeline (a command there may or may not have run)."""
-        by_node: dict[str, tuple[ClusterNode, list[PipelineCommand], int]] = {}
-        commands: list[PipelineCommand] = []
+        by_node: dict[str, tuple[ClusterNode, list[Command], int]] = {}
+        commands: list[Command] = []
         nodes = self.client.nodes_manager
         readers: dict[str, ClusterNode] = {}  # primary's name -> the node this batch reads it from
         last_key: Any = None
-        queue: list[PipelineCommand] = []
+        queue: list[Command] = []
         for position, (args, options) in enumerate(self.calls):
             key = _key_of(args)
             if key != last_key:  # a read sends a few commands per key in a row: route each key once
@@ -168,15 +183,15 @@ class Batch(SortedSetCommands):
                 if entry is None:
                     entry = by_node[node.name] = (node, [], slot)
                 queue = entry[1]
-            command = PipelineCommand(position, *args, **options)
+            command = Command(position, args, options)
             commands.append(command)
             queue.append(command)
         absent = self._check_keys_on_replicas(by_node, readers)
         ack = self.ack
         if ack is not None:
             for _, queue, slot in by_node.values():
-                queue.append(PipelineCommand(-1, "SET", keys.ack_key(slot), 1, "PX", MARKER_TTL_MS))
-                queue.append(PipelineCommand(-1, "WAIT", ack.replicas, ack.timeout_ms))
+                queue.append(Command(-1, ("SET", keys.ack_key(slot), 1, "PX", MARKER_TTL_MS)))
+                queue.append(Command(-1, ("WAIT", ack.replicas, ack.timeout_ms)))
         sends = [(node, queue) for node, queue, _ in by_node.values()]
         rounds = SharedRounds.of(self.client) if self.shared else None
         if rounds is not None:
@@ -197,8 +212,8 @@ class Batch(SortedSetCommands):
         return [c.result for c in commands]
 
     def _check_keys_on_replicas(
-        self, by_node: dict[str, tuple[ClusterNode, list[PipelineCommand], int]], readers: dict[str, Any]
-    ) -> list[PipelineCommand]:
+        self, by_node: dict[str, tuple[ClusterNode, list[Command], int]], readers: dict[str, Any]
+    ) -> list[Command]:
         """An EXISTS of every key read from a replica, at the end of its pipeline. A replica keeps no
         migration state: for a key its primary has already moved to another node it answers as if
         the key did not exist, where the primary would redirect (ASK). A key missing there sends
@@ -206,24 +221,23 @@ class Batch(SortedSetCommands):
         if self.strategy is None:
             return []
         replicas = {reader.name for primary, reader in readers.items() if reader.name != primary}
-        checks: list[PipelineCommand] = []
+        checks: list[Command] = []
         for name, (_, queue, _) in by_node.items():
             if name in replicas:
                 these = [
-                    PipelineCommand(-1, "EXISTS", key)
-                    for key in dict.fromkeys(_key_of(c.args) for c in queue)
+                    Command(-1, ("EXISTS", key)) for key in dict.fromkeys(_key_of(c.args) for c in queue)
                 ]
                 queue.extend(these)
                 checks.extend(these)
         return checks
 
-    async def _follow_asks(self, commands: list[PipelineCommand]) -> None:
+    async def _follow_asks(self, commands: list[Command]) -> None:
         """Send each command answered ASK (its slot is moving and its key has left) to the node named,
         right behind ASKING on the same connection: redis-py 8.1's asyncio client sends ASKING on one
         pooled connection and the command on the next free one, so the target answers MOVED and the
         call ends in "TTL exhausted" (docs/design-notes.md, "Slot migration")."""
         nodes = self.client.nodes_manager
-        asked: dict[str, tuple[ClusterNode, list[PipelineCommand]]] = {}
+        asked: dict[str, tuple[ClusterNode, list[Command]]] = {}
         for c in commands:
             # MovedError is an AskError too, but it is left to redis-py, which updates its slot map.
             if type(c.result) is rx.AskError:
@@ -235,7 +249,7 @@ class Batch(SortedSetCommands):
         if not asked:
             return
         sends = [
-            (target, [x for c in queue for x in (PipelineCommand(-1, "ASKING"), c)])
+            (target, [x for c in queue for x in (Command(-1, ("ASKING",)), c)])
             for target, queue in asked.values()
         ]
         failed = await _pipelines(sends, self.timeout)
@@ -254,7 +268,7 @@ def _key_of(args: Sequence[Any]) -> Any:
     return args[3] if args[0] in ("EVALSHA", "EVAL") else args[1]
 
 
-def _confirm(ack: Ack, queue: list[PipelineCommand]) -> None:
+def _confirm(ack: Ack, queue: list[Command]) -> None:
     """Fail every call of a node's pipeline that got a reply, unless its marker and WAIT say that
     ``ack.replicas`` replicas have its writes."""
     *calls, marker, wait = queue
@@ -440,7 +454,7 @@ def acknowledged(scripts: Scripts, ack: Ack) -> Scripts:
 
 
 async def _pipelines(
-    sends: Sequence[tuple[ClusterNode, list[PipelineCommand]]], timeout: float | None
+    sends: Sequence[tuple[ClusterNode, list[Command]]], timeout: float | None
 ) -> list[bool | BaseException]:
     """Send each node its ``commands`` as one pipeline, then read the replies node after node and
     parse each with redis-py's callbacks (each command's ``result``). Per node: True when a command
@@ -552,7 +566,7 @@ async def _send(connection: Any, packed: bytes | list[bytes]) -> None:
         await connection.send_packed_command(packed, check_health=False)
 
 
-async def _replies(node: ClusterNode, connection: Any, commands: list[PipelineCommand]) -> bool:
+async def _replies(node: ClusterNode, connection: Any, commands: list[Command]) -> bool:
     """Read one reply per command into its ``result``; True when one was an error reply."""
     failed = False
     callbacks = node.response_callbacks
@@ -605,7 +619,7 @@ async def _read_each(connection: Any, count: int) -> AsyncIterator[Any]:
             yield e
 
 
-def _packed(connection: Any, commands: list[PipelineCommand]) -> bytes | list[bytes]:
+def _packed(connection: Any, commands: list[Command]) -> bytes | list[bytes]:
     """The commands in RESP, packed by hiredis (in C) when every argument is a str, bytes or int,
     as a board read's and a write script call's are; else by redis-py's own (Python) packer."""
     if _pack_command is not None and all(
@@ -624,7 +638,7 @@ def batch(client: RedisCluster, ack: Ack | None = None, replicas: bool = False, 
     return Batch(client, ack, replicas, shared)  # type: ignore[abstract]
 
 
-_Sends = Sequence[tuple[ClusterNode, list[PipelineCommand]]]
+_Sends = Sequence[tuple[ClusterNode, list[Command]]]
 _Outcomes = list[bool | BaseException]
 
 
@@ -674,7 +688,7 @@ class SharedRounds:
 
     async def _send(self) -> None:
         waiting, self._waiting = self._waiting, []
-        merged: dict[str, tuple[ClusterNode, list[PipelineCommand]]] = {}
+        merged: dict[str, tuple[ClusterNode, list[Command]]] = {}
         where: list[list[str]] = []
         for sends, _, _ in waiting:
             names = []

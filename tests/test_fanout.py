@@ -188,15 +188,13 @@ async def test_hiredis_packs_the_pipelines_as_redis_py_does(store: BoardStore) -
         _record(batch, ["fanout:{t0}", "fanout:{t1}"])
         batch.zrangebyscore("k", "5", "5", 0, 32, withscores=True)
         batch.execute_command("EVALSHA", "ab" * 20, 1, "k", b"\x00\xff packed")
-        commands = [
-            fanout.PipelineCommand(i, *args, **options) for i, (args, options) in enumerate(batch.calls)
-        ]
+        commands = [fanout.Command(i, args, options) for i, (args, options) in enumerate(batch.calls)]
         assert fanout._packed(connection, commands) == b"".join(
             connection.pack_commands(c.args for c in commands)
         )
         odd = [
-            fanout.PipelineCommand(0, "SCRIPT LOAD", "return 1"),
-            fanout.PipelineCommand(1, "ZADD", "k", 1.5, "m"),
+            fanout.Command(0, ("SCRIPT LOAD", "return 1")),
+            fanout.Command(1, ("ZADD", "k", 1.5, "m")),
         ]
         assert fanout._packed(connection, odd) == connection.pack_commands(c.args for c in odd)
     finally:
