@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from router import metrics
 from router.errors import shutting_down
@@ -219,8 +221,11 @@ class Coalescer:
             metrics.BATCH_SIZE.observe(len(batch))
             for (_, ticket, index), result in zip(batch, results, strict=True):
                 ticket.fill(index, result)
-            for status, count in Counter(r.status for r in results).items():
-                metrics.SCORES.labels(status).inc(count)
+            counts: dict[str, int] = {}
+            for r in results:
+                counts[r.status] = counts.get(r.status, 0) + 1
+            for status, count in counts.items():
+                _scores(status).inc(count)
         finally:
             self._count(-len(batch))
 
@@ -235,3 +240,9 @@ class Coalescer:
         else:
             self._idle.set()
             metrics.QUEUE_DEPTH.set(0)
+
+
+@functools.lru_cache(maxsize=64)
+def _scores(status: str) -> Any:
+    """The scores counter's child for ``status`` (looking labels up costs more than counting)."""
+    return metrics.SCORES.labels(status)
