@@ -29,6 +29,12 @@ COSTS = {
 GIB = 2**30
 
 
+def _main_args(tmp_path: Path, writes: int) -> list[str]:
+    """`plan` for 1,000 players, ``writes``/s and no reads, on the summary in ``tmp_path``."""
+    summary = str(tmp_path / "summary.json")
+    return ["--players", "1000", "--writes", str(writes), "--reads", "0", "--summary", summary]
+
+
 def test_writes_and_memory_size_the_masters() -> None:
     # Writes: 80k x 10 us = 0.8 core -> 2 masters (0.5 core each), one shard each; reads: 100/s, 30%
     # from the top cache, x (100 us a node + 20 us a shard) = 0.0084 core of each group, which the
@@ -168,16 +174,7 @@ def test_main_takes_incr_flags_and_the_dedup_bench(
     assert costs["bytes_per_dedup_member"] == 80.0
     assert costs["redis_master_us_per_dedup_lookup"] == pytest.approx(0.3)  # (14 - 8) / 20 lookups
     assert "dedup costs from" in source and "defaults for" not in source
-    args = [
-        "--players",
-        "1000",
-        "--writes",
-        "10000",
-        "--reads",
-        "0",
-        "--summary",
-        str(tmp_path / "summary.json"),
-    ]
+    args = _main_args(tmp_path, 10_000)
     assert plan.main([*args, "--incr", "1", "--dedup-window", "86400"]) == 0
     out = capsys.readouterr().out
     members = 10_000 * 86_400 * (1 + 1 / DEDUP_BUCKETS)
@@ -211,16 +208,7 @@ def test_pins_of_results_without_a_time_count_in_memory(
     records = plan.dedup_members(10_000, 1.0, 3600) * 100 * 1.2
     assert both.dedup_bytes == pytest.approx(hour.dedup_bytes + records)
     (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
-    args = [
-        "--players",
-        "1000",
-        "--writes",
-        "10000",
-        "--reads",
-        "0",
-        "--summary",
-        str(tmp_path / "summary.json"),
-    ]
+    args = _main_args(tmp_path, 10_000)
     assert plan.main([*args, "--timeless", "1"]) == 0
     out = capsys.readouterr().out
     assert f"= {pins:,.0f} pins x bytes_per_pin" in out and "100% without achieved_at" in out
