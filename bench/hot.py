@@ -6,7 +6,10 @@ textbook service on the same cluster and players (issue 13's read goals).
 One router process (``python -m router.server --workers 1``) and one textbook service process
 (bench/textbook_service.py: Starlette over ONE sorted set on a plain connection to its master) are
 each driven by wrk (one thread, SHARDLB_BENCH_HOT_CONNECTIONS connections, keep-alive) for
-SHARDLB_BENCH_HOT_SECONDS per target, one target at a time:
+SHARDLB_BENCH_HOT_SECONDS per target, one target at a time. The servers run side by side and the
+targets take turns, in SHARDLB_BENCH_HOT_ROUNDS rounds of an equal share of those seconds each, so
+that a drift of the machine's speed during the phase (these VMs drift by a third within minutes)
+weighs on the router's targets and the textbook's alike:
 
 - ``/healthz`` of each: the trivial endpoint, the server's own ceiling on this machine;
 - the cached top-100 of each (the router's from its top cache, the textbook's one ZREVRANGE);
@@ -16,13 +19,15 @@ SHARDLB_BENCH_HOT_SECONDS per target, one target at a time:
   on the textbook service, ZSCORE + ZREVRANK + ZCARD in one pipeline.
 
 The CPU of the server process and of the Redis masters and replicas is metered per target, so
-each row gives CPU µs per request on both sides. wrk comes from Debian's package
+each row gives CPU µs per request on both sides: requests and CPU summed over the rounds, the
+latency percentiles the median of the rounds'. wrk comes from Debian's package
 (scripts/ensure-wrk.sh); without it the phase is skipped and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
 import subprocess
@@ -176,8 +181,10 @@ def measure(
     players: int,
     seconds: float,
     connections: int,
+    profiled: bool = True,
 ) -> dict[str, Any]:
-    """One target under wrk, with the server's and the cluster's CPU per request."""
+    """One target under wrk, with the server's and the cluster's CPU per request (and, for the
+    router targets of PROFILED when ``profiled``, a py-spy profile under the same load)."""
     script = out / f"hot-{re.sub(r'[^a-z0-9]+', '-', target.name.lower()).strip('-')}.lua"
     script.write_text(WRK_SCRIPT.format(path=target.path, players=players, seed=len(target.name)))
     meter = CpuMeter({**redis, "server": [pid]}).start()
@@ -199,9 +206,28 @@ def measure(
         f"hot: {target.name}: {got['rps']:.0f}/s, p99 {got.get('p99_ms')} ms, server {got['server_us']} µs, "
         f"masters {got['masters_us']} µs, replicas {got['replicas_us']} µs per request"
     )
-    if target.server == "router" and target.name.startswith(PROFILED):
+    if profiled and target.server == "router" and target.name.startswith(PROFILED):
         got["profile"] = profile(pid, url, script, min(seconds, 5.0), connections, out)
     return got
+
+
+def combined(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One target's rounds as one row: requests, answers and CPU summed (CPU per request weighted
+    by each round's requests), the rate over the rounds' time, latency the median of the rounds'."""
+    out = dict(parts[-1])
+    requests = sum(p["requests"] for p in parts)
+    seconds = sum(p["requests"] / p["rps"] for p in parts if p["rps"])
+    out["requests"] = requests
+    out["rps"] = requests / seconds if seconds else 0.0
+    for name in ("non_2xx", "socket_errors"):
+        out[name] = sum(p.get(name, 0) for p in parts)
+    for name in ("server_us", "masters_us", "replicas_us"):
+        out[name] = round(sum(p[name] * p["requests"] for p in parts) / requests, 1) if requests else 0.0
+    for name in [k for k in parts[-1] if k.endswith("_ms")]:
+        values = sorted(p[name] for p in parts if p.get(name) is not None)
+        out[name] = values[len(values) // 2] if values else None
+    out["rounds"] = len(parts)
+    return out
 
 
 PROFILED = ("router top-100", "router my rank, ")  # the router targets of issue 13's read goals
@@ -316,8 +342,9 @@ def run(
     if missing:
         log(f"hot reads skipped: {missing}")
         return {"skipped": missing}
-    seconds = float(env_int("SHARDLB_BENCH_HOT_SECONDS", 6))
+    seconds = float(env_int("SHARDLB_BENCH_HOT_SECONDS", 9))
     connections = env_int("SHARDLB_BENCH_HOT_CONNECTIONS", 32)
+    rounds = max(1, env_int("SHARDLB_BENCH_HOT_ROUNDS", 3))
     log(f"hot reads: board of {masters} shards with the same {workload.players:,} players")
     t0 = time.monotonic()
     hot = prepare(url, workload, masters, processes)
@@ -336,15 +363,38 @@ def run(
         ),
         "textbook": lambda: TextbookService(url, key, free_port(22450), out / "hot-textbook.log"),
     }
-    for server in ("router", "router-replicas", "textbook"):
-        with servers[server]() as running:
-            pid = running.proc.pid if running.proc else 0
-            for target in (t for t in plan if t.server == server):
-                rows.append(
-                    measure(target, running.url, pid, redis, out, workload.players, seconds, connections)
+    with contextlib.ExitStack() as stack:
+        running = {name: stack.enter_context(start()) for name, start in servers.items()}
+        parts: dict[str, list[dict[str, Any]]] = {t.name: [] for t in plan}
+        for _ in range(rounds):
+            for target in plan:
+                server = running[target.server]
+                pid = server.proc.pid if server.proc else 0
+                parts[target.name].append(
+                    measure(
+                        target,
+                        server.url,
+                        pid,
+                        redis,
+                        out,
+                        workload.players,
+                        seconds / rounds,
+                        connections,
+                        profiled=False,
+                    )
                 )
+        for target in plan:
+            row = combined(parts[target.name])
+            server = running[target.server]
+            if target.server == "router" and target.name.startswith(PROFILED) and server.proc:
+                script = out / f"hot-{re.sub(r'[^a-z0-9]+', '-', target.name.lower()).strip('-')}.lua"
+                row["profile"] = profile(
+                    server.proc.pid, server.url, script, min(seconds, 5.0), connections, out
+                )
+            rows.append(row)
     return {
         "seconds_per_target": seconds,
+        "rounds": rounds,
         "connections": connections,
         "hot_board": hot.board,
         "hot_board_shards": masters,

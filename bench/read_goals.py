@@ -242,7 +242,12 @@ def hot_table(summary: dict[str, Any]) -> list[str]:
         return []
     lines = [
         "### Hot reads, one server process each (wrk, "
-        f"{hot['connections']} connections, {hot['seconds_per_target']:.0f} s per target)",
+        f"{hot['connections']} connections, {hot['seconds_per_target']:.0f} s per target"
+        + (
+            f" in {hot['rounds']} rounds, the servers side by side and the targets taking turns)"
+            if hot.get("rounds", 1) > 1
+            else ")"
+        ),
         "",
         f"`{hot['hot_board']}`: {hot['hot_board_shards']} shards, one per master (the layout `shardlb plan` "
         "recommends); the bench's board has the shards of the run's settings. CPU µs per request.",

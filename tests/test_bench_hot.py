@@ -75,6 +75,25 @@ def goal(summary: dict[str, Any], start: str) -> dict[str, Any]:
     return next(g for g in summary["read_goals"] if g["goal"].startswith(start))
 
 
+def test_a_targets_rounds_combine_into_one_row() -> None:
+    """Requests and answers add up, the rate is over the rounds' time, CPU per request is weighted
+    by each round's requests, and latency is the median round's."""
+    rounds = [
+        {"requests": 1000, "rps": 500.0, "p50_ms": 2.0, "p99_ms": 9.0, "non_2xx": 1, "server_us": 100.0,
+         "masters_us": 10.0, "replicas_us": 0.0, "name": "t"},
+        {"requests": 3000, "rps": 1000.0, "p50_ms": 1.0, "p99_ms": 5.0, "non_2xx": 0, "server_us": 60.0,
+         "masters_us": 20.0, "replicas_us": 1.0, "name": "t"},
+        {"requests": 2000, "rps": 1000.0, "p50_ms": 1.5, "p99_ms": 7.0, "non_2xx": 2, "server_us": 80.0,
+         "masters_us": 15.0, "replicas_us": 2.0, "name": "t"},
+    ]  # fmt: skip
+    row = hot.combined(rounds)
+    assert (row["requests"], row["non_2xx"], row["rounds"], row["name"]) == (6000, 3, 3, "t")
+    assert row["rps"] == pytest.approx(6000 / (2 + 3 + 2))
+    assert row["server_us"] == pytest.approx((100 * 1000 + 60 * 3000 + 80 * 2000) / 6000, abs=0.05)
+    assert row["masters_us"] == pytest.approx((10 * 1000 + 20 * 3000 + 15 * 2000) / 6000, abs=0.05)
+    assert (row["p50_ms"], row["p99_ms"]) == (1.5, 7.0)
+
+
 def test_goals_are_the_ratios_of_their_figures(summary: dict[str, Any]) -> None:
     rank = goal(summary, "my rank requests/s")
     assert rank["measured"] == 0.5 and rank["met"] is False
