@@ -25,6 +25,7 @@ is not in them, so they compare scripts, not round trips. Results: a table on st
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import random
@@ -39,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import redis
 
 from bench.harness import log, run_dir
@@ -123,6 +125,16 @@ def _total(dump: Path) -> int:
     raise RuntimeError(f"no totals in {dump}")
 
 
+def as_taken(script: str, args: list[Any]) -> list[Any]:
+    """``args`` as ``script`` takes them: a write.lua from before the header and items went as
+    streams of MessagePack values (ARGV[1] and ARGV[2] were one array each) gets arrays."""
+    if "{cmsgpack.unpack(ARGV[1])}" in script:
+        return args
+    header = list(msgpack.Unpacker(io.BytesIO(args[0])))
+    items = list(msgpack.Unpacker(io.BytesIO(args[1]))) if header[-1] == 1 else msgpack.unpackb(args[1])
+    return [msgpack.packb(header), msgpack.packb(items)]
+
+
 def instructions_per_score(script: str, shape: Shape, warm: int, calls: int, full_window: bool) -> float:
     """Instructions the server spent per score over ``calls`` calls of ``shape``, after ``warm``."""
     config = BoardConfig.from_dict(
@@ -146,7 +158,7 @@ def instructions_per_score(script: str, shape: Shape, warm: int, calls: int, ful
             achieved = NOW_MS - 1000 if shape.timed else None
             scores.append(Score(f"p{rng.randrange(PLAYERS)}", rng.randrange(1000), f"m{sent}", achieved))
         names, args = board._script_call(0, board.prepare(scores, NOW_MS), NOW_MS)
-        client.evalsha(sha, len(names), *names, *args)
+        client.evalsha(sha, len(names), *names, *as_taken(script, args))
 
     with (
         tempfile.TemporaryDirectory(prefix="lua-cost-") as tmp,
@@ -162,7 +174,7 @@ def instructions_per_score(script: str, shape: Shape, warm: int, calls: int, ful
                 at = k * bucket + bucket // 2
                 sent += 1
                 names, args = board._script_call(0, board.prepare([Score("x", 1, f"w{sent}", None)], at), at)
-                client.evalsha(sha, len(names), *names, *args)
+                client.evalsha(sha, len(names), *names, *as_taken(script, args))
         for _ in range(warm):
             call(client, sha)
         _control("-z", pid)

@@ -35,6 +35,9 @@ MAX_FUTURE_MS = 5 * 60_000
 QUARTER_HOUR_MS = 15 * 60_000
 
 
+STREAM_VALUES = (
+    6_000  # at most this many item values go to write.lua as a stream (a Lua call returns <= 8,000)
+)
 MAX_TOTAL_VIEWS = 256  # a region board's regions, and its whole view: more than any board has
 
 
@@ -345,9 +348,12 @@ class Board:
             self.config.mode, c.time_bits, c.points_max, c.order, c.tiebreak, now, len(self.config.periods),
             version, pending, dedup, pins, rivals, list(self.config.sharding.bands), expiry,
             journal, self.journal_max, self.config.id, self.incarnation, shard, locks, activity, b, window,
-            PIN_SPAN,
+            PIN_SPAN, int(len(items) <= STREAM_VALUES),
         ]  # fmt: skip
-        return key_list, [msgpack.packb(header), msgpack.packb(items)]
+        return key_list, [
+            _stream(header),
+            _stream(items) if len(items) <= STREAM_VALUES else msgpack.packb(items),
+        ]
 
     def gone(self, e: ResponseError) -> Exception:
         """The library's error for a script's own error reply: BoardNotFound for BOARDGONE (and the
@@ -715,3 +721,11 @@ class Board:
         counts = await reader.counts_ahead_many([(stop, "") for stop in stops])
         ahead = {stop: sum(c) for stop, c in zip(stops, counts, strict=True)}
         return [self.entry(ahead[self._span(row[0]).stop] + 1, row) for row in found]
+
+
+def _stream(values: list[Any]) -> bytes:
+    """``values`` as a stream of MessagePack objects: their array's encoding without its header (1,
+    3 or 5 bytes by length), which write.lua unpacks into a table sized once."""
+    packed = msgpack.packb(values)
+    n = len(values)
+    return packed[1 if n < 16 else 3 if n < 65536 else 5 :]

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import random
 
+import msgpack
 import pytest
 
 from shardlb import keys, periods, times
-from shardlb.board import Board, Entry, Score
+from shardlb.board import STREAM_VALUES, Board, Entry, Score
 from shardlb.config import BoardConfig
 from shardlb.errors import InvalidInput
 from shardlb.store import BoardStore
@@ -250,3 +251,27 @@ async def test_a_read_resolves_its_view_once(store: BoardStore) -> None:
     with pytest.raises(InvalidInput) as err:
         banded.resolve("monthly")
     assert (err.value.field, err.value.code) == ("period", "invalid_period")
+
+
+async def test_a_call_applies_alike_whether_its_items_go_as_a_stream_or_as_one_array(
+    store: BoardStore,
+) -> None:
+    """write.lua takes a call's items as a stream of MessagePack values (one table sized once) up
+    to STREAM_VALUES, else as one array (a Lua call returns at most 8,000 values): the calls on
+    either side of the bound apply every result."""
+    config = BoardConfig.from_dict("stream-bound", {"periods": [], "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    per = 6 + 1  # player, score, points, units, member, server_time, the total's key index
+    below = [Score(f"a{i}", i % 500, f"m{i}", None) for i in range(STREAM_VALUES // per)]
+    above = [Score(f"b{i}", i % 500, f"n{i}", None) for i in range(STREAM_VALUES // per + 1)]
+    now = times.now_ms()
+    try:
+        for scores, stream in ((below, 1), (above, 0)):
+            _, args = board._script_call(0, board.prepare(scores, now), now)
+            assert msgpack.unpackb(args[0][-1:]) == stream  # the header's last value says which
+            got = await board.submit(scores, now_ms=now)
+            assert [r.status for r in got] == ["improved"] * len(scores)
+        entries = {e.player_id: e.points for e in await board.entries(0, 2 * len(above))}
+        assert entries == {s.player_id: s.points for s in below + above}
+    finally:
+        await store.delete("stream-bound")

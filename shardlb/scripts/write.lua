@@ -3,7 +3,7 @@
 -- KEYS[1]     the shard's key index (sorted set: key name -> expiry ms, +inf for none)
 -- KEYS[2]     the shard's `gone` marker: set when the board was deleted; then nothing is written
 -- KEYS[3..]   period boards, dedup and pin buckets, other regions' totals, band bookkeeping
--- ARGV[1]     a MessagePack array: mode, time_bits, points_max, order, tiebreak, now_ms,
+-- ARGV[1]     a stream of MessagePack values (an array's items without its header): mode, time_bits, points_max, order, tiebreak, now_ms,
 --             periods_per_result, version key index (0: none), pending key index (0: none),
 --             {first, current dedup bucket} ({} for none), {first, current pin bucket} ({} for none),
 --             {indices of the other regions' totals a player of this shard could live in},
@@ -14,14 +14,19 @@
 --             activity key index (0: none; inactive_after boards: player -> last applied post, ms),
 --             bucket length (ms), dedup window (ms): a bucket k expires at (k + 1) x length + window,
 --             pin span: a pin hash spans that many buckets, named by its first (a multiple of the
---             span), and expires at (first + span) x length + window
+--             span), and expires at (first + span) x length + window,
+--             items stream: 1 when ARGV[2] is a stream of values, 0 when it is one array
 --             Dedup and pin buckets are not KEYS: their names (<prefix>dd:<k>, <prefix>pin:<k>) are
 --             built here from the shard's prefix, the hash tag of every key of the call, as `mv`, `seal`
 --             and `chg` are (25 bucket names a call, twice for an incr board, were most of its KEYS).
--- ARGV[2]     ONE MessagePack array, flat: per result player, score, points, time_units,
---             dedup_member, server_time (1 when the caller sent no achieved time), <period key
---             indices, total first>. (One packed argument instead of thousands: the client spends
---             most of its time encoding arguments one by one.)
+-- ARGV[2]     flat, per result: player, score, points, time_units, dedup_member, server_time (1
+--             when the caller sent no achieved time), <period key indices, total first>. (One packed
+--             argument instead of thousands: the client spends most of its time encoding arguments
+--             one by one.) A stream of values when they are few enough to come back from one
+--             cmsgpack.unpack (a Lua call returns at most 8,000), else one array.
+--             Why streams: cmsgpack builds an array by inserting its items one by one, the table
+--             growing as it goes, while {cmsgpack.unpack(s)} sizes the table once; the header and
+--             the items were a sixth of a small call's instructions (`make bench-lua`).
 -- Returns per result: status, total score after, version, pending band moves, skipped periods.
 --   status: i improved, u unchanged, d duplicate, o overflow (incr past points_max),
 --           r region conflict (nothing written; `after` is the player's total in their region),
@@ -48,16 +53,23 @@
 -- layout) and 'c' (a new layout not open yet) refuse the call, which the caller retries. The marker
 -- is read before `gone`: the old layout's keys are reclaimed after a reshard, and a late write must
 -- hear "moved", not "deleted".
+--
+-- Every marker the call tests (the reshard's `mv` and `seal`, `gone`, the pin span's `pspan`, each
+-- dated period's frozen marker) is a string, read in ONE MGET: a command costs a script more than
+-- its work here, and a call of one or two results (the usual HTTP batch) paid for seven of them.
 local base = string.sub(KEYS[2], 1, -5)
-local move = redis.call('GET', base .. 'mv')
-if move and (move ~= 't' or redis.call('EXISTS', base .. 'seal') == 1) then
+local h = {cmsgpack.unpack(ARGV[1])}
+local locks = h[20]
+local marks = {base .. 'mv', base .. 'seal', KEYS[2], base .. 'pspan'}
+for i = 1, #locks, 4 do marks[#marks + 1] = KEYS[locks[i + 1]] end
+local marked = redis.call('MGET', unpack(marks))
+local move = marked[1]
+if move and (move ~= 't' or marked[2]) then
   return redis.error_reply('BOARDMOVED this board is being resharded; retry')
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if marked[3] then
   return redis.error_reply('BOARDGONE this board was deleted')
 end
-
-local h = cmsgpack.unpack(ARGV[1])
 local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
 local now, P, vk, pendk = h[6], h[7], h[8], h[9]
 local dd, pins, rivals, bands, expiry = h[10], h[11], h[12], h[13], h[14]
@@ -92,7 +104,7 @@ local pinn, pin_home, pin_expiry = {}, nil, 0
 if #pins == 2 then
   local first, now_bucket = pins[1], pins[2]
   local marker = base .. 'pspan'
-  local mark = redis.call('GET', marker)
+  local mark = marked[4]
   local span, legacy = nil, nil
   if mark then
     local i = string.find(mark, ':', 1, true)
@@ -121,15 +133,16 @@ if #pins == 2 then
 end
 local journal, journal_skips, skips = {}, {}, false
 -- A closed or frozen period takes no result, whatever the result's time: decided once per call.
-local shut, period_name = {}, {}
-local locks = h[20]
+local shut, period_name, any_shut = {}, {}, false
 for i = 1, #locks, 4 do
   local k = locks[i]
   period_name[k] = locks[i + 3]
-  shut[k] = now >= locks[i + 2] or redis.call('EXISTS', KEYS[locks[i + 1]]) == 1
+  shut[k] = now >= locks[i + 2] or marked[4 + (i + 3) / 4] ~= false
+  any_shut = any_shut or shut[k]
 end
+local none = {}
 local ndd = #ddn
-local items = cmsgpack.unpack(ARGV[2])
+local items = (h[25] == 1) and {cmsgpack.unpack(ARGV[2])} or cmsgpack.unpack(ARGV[2])
 local pos = 1
 local tmax = T - 1
 
@@ -197,18 +210,24 @@ local deduped = (ndd > 0) and already(ddn, function() return true end, 'SISMEMBE
 
 local touched = {}
 local out = {}
+local new_pins = {}
 while pos <= #items do
   local player, score = items[pos], items[pos + 1]
   local score_text = fmt(score)
   local points, units, member, server_time = items[pos + 2], items[pos + 3], items[pos + 4], items[pos + 5]
-  local pk, skipped = {}, {}
-  for j = 1, P do
-    local k = items[pos + 5 + j]
-    if shut[k] then skipped[#skipped + 1] = period_name[k] else pk[#pk + 1] = k end
+  -- The result's period keys are pk[at + 1 .. at + n]: its own slice of items, unless a period of
+  -- the call is shut (then a table of those still open, and the names of the others).
+  local pk, at, n, skipped = items, pos + 5, P, none
+  if any_shut then
+    pk, at, skipped = {}, 0, {}
+    for j = 1, P do
+      local k = items[pos + 5 + j]
+      if shut[k] then skipped[#skipped + 1] = period_name[k] else pk[#pk + 1] = k end
+    end
+    n = #pk
   end
-  local n = #pk
   pos = pos + 6 + P
-  local total = KEYS[pk[1]]
+  local total = KEYS[pk[at + 1]]
   local before = zscore(total, player)
   local status = 'u'
   local after = before
@@ -227,9 +246,9 @@ while pos <= #items do
   if elsewhere == nil and server_time == 1 then
     pinned = pinned_at[member] or nil
     if pinned == nil then
-      redis.call('HSET', pin_home, member, units)
+      new_pins[#new_pins + 1] = member  -- written in one HSET after the loop
+      new_pins[#new_pins + 1] = units
       pinned_at[member] = units
-      written_buckets[pin_home] = pin_expiry
     elseif pinned == units then
       pinned = nil
     end
@@ -246,12 +265,12 @@ while pos <= #items do
     -- The total needs no ZADD when the score does not beat it (most results of a regular player);
     -- period boards may hold less than the total, so each gets its ZADD GT.
     for j = (status == 'i') and 1 or 2, n do
-      redis.call('ZADD', KEYS[pk[j]], 'GT', score_text, player)
-      touched[pk[j]] = true
+      redis.call('ZADD', KEYS[pk[at + j]], 'GT', score_text, player)
+      touched[pk[at + j]] = true
     end
   elseif mode == 'set' then
     for j = 1, n do
-      local key = KEYS[pk[j]]
+      local key = KEYS[pk[at + j]]
       local old = (j == 1) and before or zscore(key, player)
       local replace = old == nil
       if not replace then
@@ -260,7 +279,7 @@ while pos <= #items do
       end
       if replace then
         redis.call('ZADD', key, score_text, player)
-        touched[pk[j]] = true
+        touched[pk[at + j]] = true
         if j == 1 then
           after = score
           if score ~= old then status = 'i' end
@@ -273,7 +292,7 @@ while pos <= #items do
     else
       local new = {}
       for j = 1, n do
-        local old = (j == 1) and before or zscore(KEYS[pk[j]], player)
+        local old = (j == 1) and before or zscore(KEYS[pk[at + j]], player)
         local op, ou = 0, units
         if old ~= nil then op, ou = split(old) end
         if op + points > pmax then status = 'o' break end
@@ -281,8 +300,8 @@ while pos <= #items do
       end
       if status ~= 'o' then
         for j = 1, n do
-          redis.call('ZADD', KEYS[pk[j]], fmt(new[j]), player)
-          touched[pk[j]] = true
+          redis.call('ZADD', KEYS[pk[at + j]], fmt(new[j]), player)
+          touched[pk[at + j]] = true
         end
         after = new[1]
         redis.call('SADD', ddn[ndd], member)
@@ -331,12 +350,16 @@ while pos <= #items do
     skips = skips or closed ~= ''
   end
   out[#out + 1] = status
-  out[#out + 1] = after and fmt(after) or ''
+  out[#out + 1] = (after == score and score_text) or (after and fmt(after)) or ''
   out[#out + 1] = version
   out[#out + 1] = pending
   out[#out + 1] = closed
 end
 
+for first = 1, #new_pins, 1000 do  -- in chunks: unpack has a bound on its values
+  redis.call('HSET', pin_home, unpack(new_pins, first, math.min(first + 999, #new_pins)))
+  written_buckets[pin_home] = pin_expiry
+end
 if move then  -- every result's member, in chunks (unpack has a bound on its values)
   local tracked = {}
   for i = 1, #items, stride do
@@ -350,22 +373,19 @@ if #journal > 0 then
   redis.call('XADD', KEYS[jk], '*', 'b', h[17], 'i', h[18], 's', h[19], 'r', cmsgpack.pack(journal), unpack(x))
   touched[jk] = true
 end
-for i, _ in pairs(touched) do
-  local expire_at = expiry[i]
-  if expire_at > 0 then
-    redis.call('PEXPIREAT', KEYS[i], expire_at)
-    redis.call('ZADD', KEYS[1], expire_at, KEYS[i])
-  else
-    redis.call('ZADD', KEYS[1], '+inf', KEYS[i])
-  end
-end
-for name, expire_at in pairs(written_buckets) do  -- 0: kept while the board lives (the pin marker)
+-- Every key written is listed in the index with its expiry, in ONE ZADD.
+local listed = {}
+local function list(name, expire_at)  -- 0: kept while the board lives
   if expire_at > 0 then
     redis.call('PEXPIREAT', name, fmt(expire_at))
-    redis.call('ZADD', KEYS[1], fmt(expire_at), name)
+    listed[#listed + 1] = fmt(expire_at)
   else
-    redis.call('ZADD', KEYS[1], '+inf', name)
+    listed[#listed + 1] = '+inf'
   end
+  listed[#listed + 1] = name
 end
+for i, _ in pairs(touched) do list(KEYS[i], expiry[i]) end
+for name, expire_at in pairs(written_buckets) do list(name, expire_at) end
+if #listed > 0 then redis.call('ZADD', KEYS[1], unpack(listed)) end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now))
 return out
