@@ -726,6 +726,6 @@ class Board:
 def _stream(values: list[Any]) -> bytes:
     """``values`` as a stream of MessagePack objects: their array's encoding without its header (1,
     3 or 5 bytes by length), which write.lua unpacks into a table sized once."""
-    packed = msgpack.packb(values)
+    packed: bytes = msgpack.packb(values)
     n = len(values)
     return packed[1 if n < 16 else 3 if n < 65536 else 5 :]
