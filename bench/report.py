@@ -458,12 +458,14 @@ def _latency_curve(summary: dict[str, Any]) -> list[str]:
         f"{title} ({_rate(curve['sustained_writes_per_s'])} writes/s in the ramp)",
         "",
         "| share | users | offered writes/s | achieved | POST p50 / p95 / p99 ms (Locust) "
-        "| the router's own p50 / p95 / p99 ms | requests | failures | Locust CPU-bound |",
-        "|---:|---:|---:|---:|---|---|---:|---:|---|",
+        "| the router's own p50 / p95 / p99 ms | requests | failures | Locust CPU-bound "
+        "| light paced client: p50 / p95 / p99 ms, requests/s, failures, its CPU s |",
+        "|---:|---:|---:|---:|---|---|---:|---:|---|---|",
         *(
             f"| {st['share']:.0%} | {st['users']} | {_rate(st['offered'])} | {_rate(st['achieved'])} "
             f"| {_ms(st['p50_ms'])} / {_ms(st['p95_ms'])} / {_ms(st['p99_ms'])} | {_own(st)} "
-            f"| {st['requests']:,} | {st['failures']} | {'YES' if st['locust_cpu_bound'] else 'no'} |"
+            f"| {st['requests']:,} | {st['failures']} | {'YES' if st['locust_cpu_bound'] else 'no'} "
+            f"| {_paced(st)} |"
             for st in curve["steps"]
         ),
         "",
@@ -480,6 +482,13 @@ def _latency_curve(summary: dict[str, Any]) -> list[str]:
         "out the client's waits, not the router's. Issue 13's goal, write p99 under 50 ms at 80% of "
         "the sustained maximum, is read from the 80% step (Locust's figure).",
         "",
+        "The light paced client (bench/pacer.py) offers each step's load again, through another fresh "
+        "router: the same users at the same pace on one keep-alive connection each, the same matches "
+        "and retries, from one process that writes HTTP by hand. Locust spends about as much CPU per "
+        "request as the router, on the same two cores; this client a fraction of it, so its "
+        "percentiles (over the same window at the end of the step) are closer to what the service "
+        "itself gives.",
+        "",
     ]
     profiled = [
         {"name": f"router score writes, {st['share']:.0%} step", "profile": st["profile"]}
@@ -488,6 +497,19 @@ def _latency_curve(summary: dict[str, Any]) -> list[str]:
     ]
     return lines + read_goals.profiles(
         profiled, "one router worker while the step held its rate (the 80% step is not sampled)"
+    )
+
+
+def _paced(step: dict[str, Any]) -> str:
+    """The light paced client's cell of a latency step: its percentiles, rate, failures and CPU."""
+    paced = step.get("paced")
+    if not paced:
+        return "-"
+    if "skipped" in paced:
+        return f"skipped: {paced['skipped']}"
+    return (
+        f"{_ms(paced['p50_ms'])} / {_ms(paced['p95_ms'])} / {_ms(paced['p99_ms'])}, "
+        f"{paced['requests_per_s']:,.0f}/s, {paced['failures']}, {paced['client_cpu_s']:g}"
     )
 
 

@@ -23,6 +23,7 @@ import math
 import multiprocessing
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -37,7 +38,7 @@ from bench.durability import ArchiveDatabase, ArchiverProcess, JournalPhase, rou
 from bench.harness import int_list, log, publish, run_dir
 from bench.population import load_parallel as population_load
 from bench.procs import CpuMeter, descendants, machine_cpu_seconds
-from bench.services import LocustRun, Router, free_port, router_missing, run_locust
+from bench.services import ROOT, LocustRun, Router, free_port, router_missing, run_locust
 from bench.testbed import create_board, machine, node_pids, pg_preload, postgres_pids, preload, start_cluster
 from bench.workload import Workload
 from shardlb.cluster import LocalCluster
@@ -403,14 +404,18 @@ def latency_curve(
         step = {"share": share, **report.latency_step(run, stages)}
         if profile:
             step["profile"] = profile
+        users = stages[-1].users
+        step["paced"] = paced_step(s, workload, cluster, f"paced-{share * 100:g}", out, users, seconds)
         if len(scrapes) == 2 and scrapes[1]:
             step["router"] = server_latency.quantiles(scrapes[0], scrapes[1], (0.5, 0.95, 0.99))
         router_p = step.get("router", {})
+        paced = step["paced"]
         log(
             f"latency at {share:.0%}: {step['achieved']} of {step['offered']} writes/s, "
             f"p50/p95/p99 {step['p50_ms']}/{step['p95_ms']}/{step['p99_ms']} ms "
             f"(router's own {router_p.get('p50_ms')}/{router_p.get('p95_ms')}/{router_p.get('p99_ms')}), "
-            f"{step['failures']} failures"
+            f"{step['failures']} failures; light paced client "
+            f"{paced.get('p50_ms')}/{paced.get('p95_ms')}/{paced.get('p99_ms')} ms"
         )
         steps.append(step)
     return {
@@ -420,6 +425,39 @@ def latency_curve(
         "held_from_s": held_from,
         "steps": steps,
     }
+
+
+def paced_step(
+    s: Settings, workload: Workload, cluster: LocalCluster, name: str, out: Path, users: int, seconds: float
+) -> dict[str, Any]:
+    """The load of a latency step's Locust users (``users`` at s.user_rps requests a second) offered
+    by bench/pacer.py, a client that takes a fraction of Locust's CPU, through a fresh router of
+    s.router_workers processes: its figures over the same window at the end (Locust's last
+    RECENT_WINDOW_S seconds), or why it could not run."""
+    settle = max(0.0, seconds - locust_csv.RECENT_WINDOW_S)
+    router = Router(cluster.url, free_port(22400), s.router_workers, out / f"{name}-router.log", router_env())
+    with router:
+        command = [
+            *(sys.executable, "-m", "bench.pacer", "--url", router.url, "--users", str(users)),
+            *("--rps", str(s.user_rps), "--seconds", str(seconds), "--settle", str(settle)),
+            *("--key", WRITE_KEY),
+        ]
+        log(f"{name}: {users} paced users through {s.router_workers} router workers")
+        try:
+            done = subprocess.run(
+                command,
+                env={**os.environ, **locust_env(s, workload, {})},
+                capture_output=True,
+                text=True,
+                timeout=seconds + 60,
+                cwd=ROOT,
+            )
+        except subprocess.TimeoutExpired:
+            return {"skipped": f"bench.pacer did not finish within {seconds + 60:.0f} s"}
+    if done.returncode != 0 or not done.stdout.strip():
+        return {"skipped": f"bench.pacer exited {done.returncode}: {done.stderr.strip()[-300:]}"}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**result, "users": users, "window_s": seconds - settle}
 
 
 def router_sweep(

@@ -1,0 +1,185 @@
+"""A light paced load of score writes: what the router's write latency is when the load generator
+takes little of the machine.
+
+    python -m bench.pacer --url http://127.0.0.1:22400 --users 158 --rps 5 --seconds 16 --settle 6
+
+Locust's users cost about as much CPU per request as the router itself (``summary.md``, "Where the
+CPU goes"): on the bench's two shared cores a Locust step at 80% of the sustained rate leaves the
+router waiting for a core, and the router's own latency histogram shows it. This client offers the
+same load the same way (``users`` users, one keep-alive connection each, each posting a match of
+the bench's workload every 1/``rps`` s and waiting out the rest of that period after the response,
+as Locust's ``constant_throughput`` does, with the same share of exact retries) from one uvloop
+process that writes HTTP/1.1 by hand, a fraction of Locust's CPU per request. Its figures are the
+service's latency with less of the machine taken by the client; Locust's stay in the bench beside
+them. Prints one JSON object: requests and failures after ``settle`` s, their rate, p50/p95/p99 ms,
+and the client's own CPU seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import resource
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from bench.latency import percentile
+from bench.workload import Workload
+
+RECENT_POSTS = 64  # as the locustfile: a retry replays one of the user's last posts
+
+
+@dataclass
+class Tally:
+    """Latencies (ms) and failures of the requests that started after the settle time."""
+
+    latencies: list[float] = field(default_factory=list)
+    failures: int = 0
+    failure_samples: list[str] = field(default_factory=list)
+
+    def fail(self, what: str) -> None:
+        self.failures += 1
+        if len(self.failure_samples) < 5:
+            self.failure_samples.append(what)
+
+    def summary(self, seconds: float) -> dict[str, Any]:
+        done = sorted(self.latencies)
+        return {
+            "requests": len(done),
+            "failures": self.failures,
+            "requests_per_s": round(len(done) / seconds, 1) if seconds > 0 else 0.0,
+            "p50_ms": round(percentile(done, 50), 1) if done else None,
+            "p95_ms": round(percentile(done, 95), 1) if done else None,
+            "p99_ms": round(percentile(done, 99), 1) if done else None,
+            "failure_samples": self.failure_samples,
+        }
+
+
+def match_bodies(workload: Workload, rng: random.Random) -> Callable[[], tuple[bytes, int]]:
+    """A user's next POST body and its score count: a new match of ``workload``, or, with the
+    workload's retry share, an exact replay of one of the user's recent posts."""
+    recent: deque[tuple[bytes, int]] = deque(maxlen=RECENT_POSTS)
+
+    def next_body() -> tuple[bytes, int]:
+        if recent and rng.random() < workload.retry_share:
+            return rng.choice(recent)
+        match_id, players = workload.match(rng)
+        body = orjson.dumps(
+            {"scores": [{"player_id": p, "points": s, "match_id": match_id} for p, s in players]}
+        )
+        recent.append((body, len(players)))
+        return recent[-1]
+
+    return next_body
+
+
+def request_bytes(host: str, path: str, key: str, body: bytes) -> bytes:
+    """One HTTP/1.1 POST with a JSON body, headers and body in one write."""
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Accept: application/json\r\n{auth}Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def _response(reader: asyncio.StreamReader) -> int:
+    """Read one response; its status code."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return status
+
+
+async def _user(
+    i: int, users: int, args: argparse.Namespace, workload: Workload, t0: float, tally: Tally
+) -> None:
+    """One paced user: started i/users of a second in, then a request every 1/rps s until the end."""
+    split = urlsplit(args.url)
+    host, port = split.hostname or "127.0.0.1", split.port or 80
+    path = f"/v1/boards/{workload.board}/scores"
+    bodies = match_bodies(workload, random.Random(f"{args.seed}/{i}"))
+    period, end, settle_at = 1.0 / args.rps, t0 + args.seconds, t0 + args.settle
+    await asyncio.sleep(i / users)
+    streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+    while (start := time.perf_counter()) < end:
+        body, _ = bodies()
+        try:
+            if streams is None:
+                streams = await asyncio.open_connection(host, port)
+            reader, writer = streams
+            writer.write(request_bytes(f"{host}:{port}", path, args.key, body))
+            status = await _response(reader)
+            failed = None if status == 200 else f"HTTP {status}"
+        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+            failed = repr(e)
+            await _close(streams)
+            streams = None
+        done = time.perf_counter()
+        if start >= settle_at:
+            if failed is None:
+                tally.latencies.append((done - start) * 1000)
+            else:
+                tally.fail(failed)
+        await asyncio.sleep(max(0.0, period - (done - start)))
+    await _close(streams)
+
+
+async def _close(streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None) -> None:
+    if streams is not None:
+        streams[1].close()
+        with contextlib.suppress(OSError):
+            await streams[1].wait_closed()
+
+
+async def run(args: argparse.Namespace, workload: Workload) -> dict[str, Any]:
+    """Run every user until ``args.seconds``; the tally of the requests after ``args.settle``."""
+    tally = Tally()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(_user(i, args.users, args, workload, t0, tally) for i in range(args.users)))
+    result = tally.summary(args.seconds - args.settle)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result["client_cpu_s"] = round(usage.ru_utime + usage.ru_stime, 2)
+    result["offered_requests_per_s"] = args.users * args.rps
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", required=True, help="the router, e.g. http://127.0.0.1:22400")
+    parser.add_argument("--users", type=int, required=True)
+    parser.add_argument("--rps", type=float, default=5.0, help="requests a second per user")
+    parser.add_argument("--seconds", type=float, default=16.0)
+    parser.add_argument("--settle", type=float, default=6.0, help="requests started before are not counted")
+    parser.add_argument("--key", default="", help="the write key (Bearer)")
+    parser.add_argument("--seed", default="pacer")
+    args = parser.parse_args(argv)
+    if args.users < 1 or args.rps <= 0 or not 0 <= args.settle < args.seconds:
+        parser.error("need --users >= 1, --rps > 0 and 0 <= --settle < --seconds")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency of the router
+        pass
+    result = asyncio.run(run(args, Workload.from_env()))
+    sys.stdout.write(orjson.dumps(result).decode() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

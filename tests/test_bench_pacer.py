@@ -1,0 +1,112 @@
+"""bench/pacer.py: the light paced client posts the workload's matches, counts what it should and
+tells failures apart, against a small HTTP server of the test's own."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import orjson
+import pytest
+
+from bench import pacer
+from bench.workload import Workload
+
+W = Workload(board="pace-t", players=1000)
+
+
+class Server:
+    """Answers every POST with ``status`` and a small JSON body; keeps each request's bytes."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.bodies: list[bytes] = []
+        self.heads: list[bytes] = []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                self.heads.append(head)
+                self.bodies.append(await reader.readexactly(length))
+                body = b'{"results": []}'
+                writer.write(
+                    f"HTTP/1.1 {self.status} X\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
+                )
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+@pytest.fixture
+async def serving() -> AsyncIterator[tuple[Server, Server, int, int]]:
+    ok, refusing = Server(200), Server(503)
+    servers = [await asyncio.start_server(s.handle, "127.0.0.1", 0) for s in (ok, refusing)]
+    ports = [srv.sockets[0].getsockname()[1] for srv in servers]
+    yield ok, refusing, ports[0], ports[1]
+    for srv in servers:
+        srv.close()
+
+
+def _args(
+    port: int, users: int = 3, rps: float = 20.0, seconds: float = 1.2, settle: float = 0.4
+) -> argparse.Namespace:
+    return argparse.Namespace(
+        url=f"http://127.0.0.1:{port}",
+        users=users,
+        rps=rps,
+        seconds=seconds,
+        settle=settle,
+        key="k",
+        seed="t",
+    )
+
+
+async def test_paced_users_post_the_workloads_matches_and_count_after_the_settle_time(
+    serving: tuple[Server, Server, int, int],
+) -> None:
+    ok, _, port, _ = serving
+    got = await pacer.run(_args(port), W)
+    # Three users at 20 requests a second for 1.2 s: at most 3 x 24 requests (plus the one each
+    # user may start at the end), of which those started in the first 0.4 s are not counted.
+    assert 0 < got["requests"] <= len(ok.bodies) <= 3 * 25
+    assert got["requests"] < len(ok.bodies)
+    assert got["failures"] == 0 and got["p50_ms"] is not None and got["p50_ms"] <= got["p99_ms"]
+    assert got["offered_requests_per_s"] == 60.0 and got["client_cpu_s"] >= 0
+    scores = orjson.loads(ok.bodies[0])["scores"]
+    assert len(scores) == W.players_per_match and len({s["match_id"] for s in scores}) == 1
+    assert all(h.startswith(b"POST /v1/boards/pace-t/scores HTTP/1.1\r\n") for h in ok.heads)
+    assert all(b"Authorization: Bearer k\r\n" in h for h in ok.heads)
+
+
+async def test_refused_requests_are_failures_not_latencies(serving: tuple[Server, Server, int, int]) -> None:
+    _, refusing, _, port = serving
+    got = await pacer.run(_args(port, users=2), W)
+    assert got["requests"] == 0 and got["p99_ms"] is None
+    assert got["failures"] > 0 and got["failure_samples"][0] == "HTTP 503"
+    assert len(refusing.bodies) > got["failures"]  # those before the settle time are not counted
+
+
+async def test_a_closed_port_is_counted_as_failures(unused_tcp_port: int) -> None:
+    got = await pacer.run(_args(unused_tcp_port, users=1, rps=10.0, seconds=0.5, settle=0.0), W)
+    assert got["requests"] == 0 and got["failures"] > 0
+    assert "ConnectionRefusedError" in got["failure_samples"][0]
+
+
+def test_retries_replay_a_recent_post_byte_for_byte() -> None:
+    always = pacer.match_bodies(replace(W, retry_share=1.0), random.Random(1))
+    first = always()
+    assert [always() for _ in range(5)] == [first] * 5
+    never = pacer.match_bodies(replace(W, retry_share=0.0), random.Random(1))
+    assert len({never()[0] for _ in range(20)}) == 20
+
+
+def test_the_request_carries_its_body_in_the_same_write() -> None:
+    raw = pacer.request_bytes("h:1", "/p", "", b'{"a":1}')
+    assert raw == (
+        b"POST /p HTTP/1.1\r\nHost: h:1\r\nContent-Type: application/json\r\n"
+        b'Accept: application/json\r\nContent-Length: 7\r\n\r\n{"a":1}'
+    )
