@@ -4,10 +4,12 @@ Requests hand in validated scores (``Prepared``). Each score joins the queue of 
 group. A tick closes ``delay_s`` after the first score of an idle period arrives, or at once when a
 group reaches ``max_batch``; then every waiting group sends what it holds as ONE ``apply_shard``
 call (up to ``max_batch`` scores); with a ``pipeline``, the calls started in one turn of the loop
-leave as one pipeline per primary. A group has at most one call in flight: scores that arrive
-meanwhile are sent together right after it, so under load batches grow instead of calls, and one
-request's scores for a shard are applied in the order it gave them. Each request waits for its own
-scores only, and gets their statuses in its order.
+leave as one pipeline per primary. A group has at most ``inflight`` calls in flight (1 by default):
+scores that arrive meanwhile are sent together as soon as one returns, so under load batches grow
+instead of calls. One request's scores for a shard travel in one call (unless they pass
+``max_batch``), applied in the order it gave them; calls in flight together are applied in either
+order, as the calls of two router processes are. Each request waits for its own scores only, and
+gets their statuses in its order.
 
 Back-pressure: at most ``limit`` scores may be accepted and not yet applied; a request that would pass
 it is refused at once (Overloaded, 503 with Retry-After) rather than queued. A gate per cluster
@@ -75,7 +77,7 @@ class _Group:
     board: Board
     shard: int
     queue: deque[_Item] = field(default_factory=deque)
-    running: bool = False
+    running: int = 0  # calls in flight
 
 
 def primary_of(board: Board, shard: int) -> str:
@@ -95,8 +97,10 @@ class Coalescer:
         node_of: Callable[[Board, int], str] = primary_of,
         wait_s: float = 2.0,
         pipeline: ScriptPipeline | None = None,
+        inflight: int = 1,
     ) -> None:
         self.delay_s = delay_s
+        self.inflight = inflight
         self.max_batch = max_batch
         self.limit = limit
         self.node_of = node_of
@@ -143,7 +147,7 @@ class Coalescer:
             if group is None:
                 group = self._groups[key] = _Group(key, board, shard)
             group.queue.extend((prepared[i], ticket, i) for i in positions)
-            if len(group.queue) >= self.max_batch and not group.running:
+            if len(group.queue) >= self.max_batch and group.running < self.inflight:
                 self._start(group)
         if self._timer is None:
             self._timer = loop.call_later(self.delay_s, self._tick)
@@ -169,11 +173,11 @@ class Coalescer:
             self._timer.cancel()
         self._timer = None
         for group in list(self._groups.values()):
-            if group.queue and not group.running:
+            if group.queue and group.running < self.inflight:
                 self._start(group)
 
     def _start(self, group: _Group) -> None:
-        group.running = True
+        group.running += 1
         task = self._loop.get().create_task(self._run(group))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -185,8 +189,8 @@ class Coalescer:
                 batch = [group.queue.popleft() for _ in range(size)]
                 await self._apply(group, batch)
         finally:
-            group.running = False
-            if not group.queue and self._groups.get(group.key) is group:
+            group.running -= 1
+            if not group.queue and not group.running and self._groups.get(group.key) is group:
                 del self._groups[group.key]
 
     async def _apply(self, group: _Group, batch: list[_Item]) -> None:

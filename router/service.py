@@ -127,6 +127,7 @@ class Service:
                 settings.node_concurrency,
                 wait_s=settings.redis_timeout_s,
                 pipeline=ScriptPipeline(client),
+                inflight=settings.coalesce_inflight,
             ),
             tops=TopCache(fetch_top, settings.top_refresh_s, settings.top_idle_s, live=reads),
             histograms=histograms,

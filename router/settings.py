@@ -79,6 +79,7 @@ class Settings:
     max_requests: int = 1000
     coalesce_delay_ms: float = 1.5
     coalesce_max_batch: int = 500
+    coalesce_inflight: int = 1
     queue_limit: int = 20_000
     node_concurrency: int = 16
     script_concurrency: int = 8
@@ -141,6 +142,7 @@ class Settings:
         _range("SHARDLB_RATE_CLIENTS", self.rate_clients, 1, 10**8)
         _range("SHARDLB_COALESCE_DELAY_MS", self.coalesce_delay_ms, 0, 1000)
         _range("SHARDLB_COALESCE_MAX_BATCH", self.coalesce_max_batch, 1, 10_000)
+        _range("SHARDLB_COALESCE_INFLIGHT", self.coalesce_inflight, 1, 8)
         _range("SHARDLB_QUEUE_LIMIT", self.queue_limit, 1000, 10**8)
         _range("SHARDLB_REDIS_MAX_CONNECTIONS", self.redis_max_connections, 4, 10_000)
         _range("SHARDLB_NODE_CONCURRENCY", self.node_concurrency, 1, self.redis_max_connections // 2)

@@ -45,10 +45,14 @@ def as_body(scores: list[Score]) -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("inflight", [1, 3])
 @pytest.mark.parametrize("mode", ["incr", "best", "set"])
-async def test_concurrent_writers_match_the_reference(cluster: LocalCluster, mode: str) -> None:
+async def test_concurrent_writers_match_the_reference(
+    cluster: LocalCluster, mode: str, inflight: int
+) -> None:
     """Writers own disjoint players, so each writer's statuses are those of applying its requests in
-    its own order, whatever the interleaving; the final board is the reference's."""
+    its own order, whatever the interleaving; the final board is the reference's. So too with up to
+    three script calls in flight per shard (SHARDLB_COALESCE_INFLIGHT)."""
     rng = random.Random(f"coalescer-{mode}")
     settings = {"mode": mode, "sharding": {"strategy": "hash", "shards": 8}}
     name = board_name()
@@ -70,7 +74,7 @@ async def test_concurrent_writers_match_the_reference(cluster: LocalCluster, mod
             plan.append((scores, reference.submit(scores, T0)))
         plans.append(plan)
 
-    async with running(cluster.url, coalesce_delay_ms=2.0) as (_, client):
+    async with running(cluster.url, coalesce_delay_ms=2.0, coalesce_inflight=inflight) as (app, client):
         assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
         calls_before, scores_before = batch_totals()
 
@@ -87,6 +91,7 @@ async def test_concurrent_writers_match_the_reference(cluster: LocalCluster, mod
         total = sum(len(scores) for plan in plans for scores, _ in plan)
         assert sent == total
         assert sent / calls > 2, "concurrent requests should share script calls"
+        assert service_of(app).coalescer.inflight == inflight
 
         top = (await client.get(f"/v1/boards/{name}/entries", params={"limit": 1000})).json()["entries"]
         codec = reference.codec

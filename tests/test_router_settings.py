@@ -34,6 +34,7 @@ def test_defaults_and_every_variable() -> None:
         "SHARDLB_READ_BURST": "100",
         "SHARDLB_COALESCE_DELAY_MS": "2",
         "SHARDLB_COALESCE_MAX_BATCH": "1000",
+        "SHARDLB_COALESCE_INFLIGHT": "2",
         "SHARDLB_QUEUE_LIMIT": "5000",
         "SHARDLB_DRAIN_SECONDS": "15",
         "SHARDLB_MAX_BODY_BYTES": "2048",
@@ -54,6 +55,7 @@ def test_defaults_and_every_variable() -> None:
         1000,
         5000,
     )
+    assert s.coalesce_inflight == 2
     assert (s.drain_seconds, s.max_body_bytes, s.top_refresh_s, s.access_log, s.startup_timeout_s) == (
         15.0,
         2048,
@@ -80,6 +82,8 @@ def test_defaults_and_every_variable() -> None:
         ("SHARDLB_READ_RATE", "nan"),
         ("SHARDLB_COALESCE_DELAY_MS", "fast"),
         ("SHARDLB_COALESCE_MAX_BATCH", "0"),
+        ("SHARDLB_COALESCE_INFLIGHT", "0"),
+        ("SHARDLB_COALESCE_INFLIGHT", "9"),
         ("SHARDLB_QUEUE_LIMIT", "10"),
         ("SHARDLB_DRAIN_SECONDS", "-5"),
         ("SHARDLB_MAX_BODY_BYTES", "1"),
