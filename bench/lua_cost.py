@@ -131,7 +131,8 @@ def as_taken(script: str, args: list[Any]) -> list[Any]:
     if "{cmsgpack.unpack(ARGV[1])}" in script:
         return args
     header = list(msgpack.Unpacker(io.BytesIO(args[0])))
-    items = list(msgpack.Unpacker(io.BytesIO(args[1]))) if header[-1] == 1 else msgpack.unpackb(args[1])
+    stream = len(header) > 24 and header[24] == 1  # the header's 25th value says how the items go
+    items = list(msgpack.Unpacker(io.BytesIO(args[1]))) if stream else msgpack.unpackb(args[1])
     return [msgpack.packb(header), msgpack.packb(items)]
 
 

@@ -38,6 +38,7 @@ QUARTER_HOUR_MS = 15 * 60_000
 STREAM_VALUES = (
     6_000  # at most this many item values go to write.lua as a stream (a Lua call returns <= 8,000)
 )
+SAME_PERIODS_QUARTERS = 96  # how far (a day) write.lua's window of a pin's periods reaches
 MAX_TOTAL_VIEWS = 256  # a region board's regions, and its whole view: more than any board has
 
 
@@ -156,6 +157,7 @@ class Board:
         self.journal_max = JOURNAL_MAX_ENTRIES
         self._dedup_bucket_ms = config.dedup_bucket_ms
         self._period_names = functools.lru_cache(maxsize=4096)(self._names_in_quarter_hour)
+        self._same_periods = functools.lru_cache(maxsize=64)(self._quarters_like)
         self._expiry = functools.lru_cache(maxsize=4096)(self._period_expiry)
         self._closes = functools.lru_cache(maxsize=4096)(self._period_closes)
         # Pages that start within this many rows are cut from a merged top; deeper ones bisect.
@@ -348,7 +350,7 @@ class Board:
             self.config.mode, c.time_bits, c.points_max, c.order, c.tiebreak, now, len(self.config.periods),
             version, pending, dedup, pins, rivals, list(self.config.sharding.bands), expiry,
             journal, self.journal_max, self.config.id, self.incarnation, shard, locks, activity, b, window,
-            PIN_SPAN, int(len(items) <= STREAM_VALUES),
+            PIN_SPAN, int(len(items) <= STREAM_VALUES), *(self._same_period_units(now) if pins else (0, -1)),
         ]  # fmt: skip
         return key_list, [
             _stream(header),
@@ -371,6 +373,26 @@ class Board:
     async def repair(self) -> int:
         """Finish band moves that a failed call left pending (band boards); return how many."""
         return await self.bands.repair() if self.layout.strategy == "band" else 0
+
+    def _quarters_like(self, quarter: int) -> tuple[int, int]:
+        """The quarter hours around ``quarter`` (at most a day either way) whose results go to the
+        same periods: (first, last)."""
+        names = self._period_names(quarter)
+        first = last = quarter
+        while quarter - first < SAME_PERIODS_QUARTERS and self._period_names(first - 1) == names:
+            first -= 1
+        while last - quarter < SAME_PERIODS_QUARTERS and self._period_names(last + 1) == names:
+            last += 1
+        return first, last
+
+    def _same_period_units(self, now: int) -> list[int]:
+        """[lo, hi]: the time units of the results that go to the same periods as one achieved at
+        ``now`` (within a day of it). write.lua applies a result sent without a time whose pin
+        (first server time) lies in it at once, with that time, rather than answer ``p``."""
+        first, last = self._same_periods(now // QUARTER_HOUR_MS)
+        c = self.codec
+        lo_ms, hi_ms = first * QUARTER_HOUR_MS, (last + 1) * QUARTER_HOUR_MS  # [lo_ms, hi_ms)
+        return [-(-(lo_ms - c.epoch_ms) // c.unit_ms), (hi_ms - 1 - c.epoch_ms) // c.unit_ms]
 
     def _names_in_quarter_hour(self, quarter: int) -> tuple[str, ...]:
         # Every zone offset in use is a multiple of 15 minutes, so a local day never starts inside

@@ -177,6 +177,50 @@ async def test_a_retry_without_achieved_at_lands_where_the_first_call_did(
         await store.delete(name)
 
 
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+async def test_a_same_day_retry_without_achieved_at_takes_one_script_call(
+    store: BoardStore, mode: str
+) -> None:
+    """A retry whose first server time goes to the same periods as now is applied by write.lua
+    with that time in the same call (it used to answer ``p`` and be sent again): one call, the
+    statuses and the board of one call. A retry from before midnight still takes the second call
+    (test_a_retry_without_achieved_at_lands_where_the_first_call_did)."""
+    name = f"pin-once-{mode}"
+    config = BoardConfig.from_dict(name, {"mode": mode, "periods": ["daily"], "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    first_at = _midnight_after(times.now_ms()) - 86_400_000 + 3_600_000  # 01:00 of the last day begun
+    first = [Score("p1", 300, "match-a", None), Score("p2", 200, "match-a", None)]
+    calls = 0
+    write = board.scripts.write
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await write(*args, **kwargs)
+
+    board.scripts = dataclasses.replace(board.scripts, write=counted)
+    try:
+        await board.submit(first, now_ms=first_at)
+        ref.submit(first, now_ms=first_at)
+        later = Score("p3", 250, "match-b", None)
+        calls = 0
+        retry_at = first_at + 40 * 60_000  # another quarter hour of the same day
+        got = await board.submit([*first, later], now_ms=retry_at)
+        want = ref.submit([later], now_ms=retry_at)  # the reference is fed each result once
+        assert calls == 1
+        again = "duplicate" if mode == "incr" else "unchanged"
+        assert [(r.status, r.points) for r in got] == [
+            *((again, ref.boards["total"][s.player_id][0]) for s in first),
+            *want,
+        ]
+        assert await board.top(10) == expected_entries(ref, "total", None)
+        day = periods.names_at(first_at, config.periods, board.tz)[1]
+        assert await board.top(10, board.resolve("daily:" + day[2:])) == expected_entries(ref, day, None)
+    finally:
+        await store.delete(name)
+
+
 async def test_dedup_and_pin_buckets_are_named_expire_and_are_indexed_as_the_library_says(
     store: BoardStore,
 ) -> None:

@@ -15,7 +15,9 @@
 --             bucket length (ms), dedup window (ms): a bucket k expires at (k + 1) x length + window,
 --             pin span: a pin hash spans that many buckets, named by its first (a multiple of the
 --             span), and expires at (first + span) x length + window,
---             items stream: 1 when ARGV[2] is a stream of values, 0 when it is one array
+--             items stream: 1 when ARGV[2] is a stream of values, 0 when it is one array,
+--             same periods: the first and last time units whose results go to the periods of a
+--             result achieved now (lo > hi: none)
 --             Dedup and pin buckets are not KEYS: their names (<prefix>dd:<k>, <prefix>pin:<k>) are
 --             built here from the shard's prefix, the hash tag of every key of the call, as `mv`, `seal`
 --             and `chg` are (25 bucket names a call, twice for an incr board, were most of its KEYS).
@@ -75,6 +77,7 @@ local now, P, vk, pendk = h[6], h[7], h[8], h[9]
 local dd, pins, rivals, bands, expiry = h[10], h[11], h[12], h[13], h[14]
 local jk, jmax, ak = h[15], h[16], h[21] or 0
 local bucket_ms, window_ms, pin_span = h[22], h[23], h[24] or 1
+local same_lo, same_hi = h[26] or 0, h[27] or -1
 local function bucket_names(span, kind)
   local names = {}
   if #span == 2 then
@@ -241,7 +244,9 @@ while pos <= #items do
     end
   end
   -- A result sent without a time is pinned to the first server time it was seen with, so its
-  -- retries land in the same periods with the same time.
+  -- retries land in the same periods with the same time. A pin whose time goes to the same
+  -- periods as now (same_lo..same_hi: a retry of the same day, as most are) is applied here with
+  -- that time; another is answered `p`, and the caller sends it again with its time's periods.
   local pinned = nil
   if elsewhere == nil and server_time == 1 then
     pinned = pinned_at[member] or nil
@@ -251,6 +256,9 @@ while pos <= #items do
       pinned_at[member] = units
     elseif pinned == units then
       pinned = nil
+    elseif pinned >= same_lo and pinned <= same_hi then
+      units, score, pinned = pinned, join(points, pinned), nil
+      score_text = fmt(score)
     end
   end
 
