@@ -33,7 +33,8 @@
 --   status: i improved, u unchanged, d duplicate, o overflow (incr past points_max),
 --           r region conflict (nothing written; `after` is the player's total in their region),
 --           p pinned (nothing written; `after` is the time units this (match, player) was first
---             seen with: the caller sends the result again with that time)
+--             seen with, outside the header's same periods: the caller sends the result again
+--             with that time and its periods; a pin inside them is applied here with its time)
 --   version, pending (band boards): the player's version and the comma-separated band indices
 --           that may still hold a stale row, when a band move is unfinished; 0 and '-' otherwise.
 --   skipped: the comma-separated names of the result's periods it was NOT applied to because they
