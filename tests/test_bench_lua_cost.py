@@ -10,16 +10,19 @@ pytestmark = pytest.mark.skipif(lua_cost.missing_tools() is not None, reason=str
 
 
 def test_counts_repeat_and_a_timeless_result_costs_more_than_a_timed_one() -> None:
-    """The point of counting instructions: the same calls give the same count (within 1%, the
-    server's own timers aside), and a result without achieved_at, which looks for its pin in the
-    window's buckets and records one, costs more than the same result with a time."""
+    """The point of counting instructions: the same calls give the same count, and a result
+    without achieved_at, which looks for its pin in the window's buckets and records one, costs more
+    than the same result with a time. Within 2%: on an idle machine two counts agree within 0.02%,
+    but the server's once-a-second timer runs inside the counted window as often as the window
+    lasts, and under a loaded CI one tick more (about 400k instructions) made 1.1% of these 40
+    calls of 10 results."""
     script = lua_cost.SCRIPT.read_text()
     timeless = lua_cost.Shape("best", 10, False)
     first = lua_cost.instructions_per_score(script, timeless, warm=20, calls=40, full_window=True)
     again = lua_cost.instructions_per_score(script, timeless, warm=20, calls=40, full_window=True)
     timed = lua_cost.instructions_per_score(script, lua_cost.Shape("best", 10, True), 20, 20, True)
     assert first > 10_000
-    assert abs(first - again) / first < 0.01
+    assert abs(first - again) / first < 0.02
     assert first > 1.2 * timed
 
 

@@ -143,6 +143,13 @@ def _midnight_after(now: int) -> int:
     return (now // day + 1) * day
 
 
+def _next_midnight() -> int:
+    """The coming midnight (UTC). The tests' simulated times lie around it, at most a day before or
+    after: Redis expires keys by its own clock, and a pin or dedup bucket written for a time a day
+    past would be gone at once (the last midnight made such a test fail late in the day)."""
+    return _midnight_after(times.now_ms())
+
+
 @pytest.mark.parametrize("mode", ["best", "incr", "set"])
 async def test_a_retry_without_achieved_at_lands_where_the_first_call_did(
     store: BoardStore, mode: str
@@ -153,7 +160,7 @@ async def test_a_retry_without_achieved_at_lands_where_the_first_call_did(
     config = BoardConfig.from_dict(name, {"mode": mode, "periods": ["daily"]})
     board, _ = await store.create(config)
     ref = ReferenceBoard(config)
-    midnight = _midnight_after(times.now_ms()) - 86_400_000  # the last midnight: inside every window
+    midnight = _next_midnight()
     before, newer, after = midnight - 1000, midnight - 500, midnight + 1000
     first = Score("p1", 300, "match-a", None)
     try:
@@ -273,7 +280,7 @@ async def test_a_large_call_of_timeless_retries_and_repeats_is_looked_up_once_pe
     name = f"pin-many-{mode}"
     config = BoardConfig.from_dict(name, {"mode": mode, "periods": ["daily"], "sharding": {"shards": 1}})
     board, _ = await store.create(config)
-    midnight = _midnight_after(times.now_ms()) - 86_400_000
+    midnight = _next_midnight()
     before, after = midnight - 1000, midnight + 1000
     old = [Score(f"p{i}", 1, f"a{i}", None) for i in range(1200)]
     new = [Score(f"p{i}", 2, f"b{i}", None) for i in range(1300)]
@@ -311,7 +318,7 @@ async def test_a_retry_almost_a_window_later_finds_a_pin_whose_hash_began_before
     board, _ = await store.create(config)
     ref = ReferenceBoard(config)
     b, window = config.dedup_bucket_ms, config.dedup_window_s * 1000
-    midnight = _midnight_after(times.now_ms()) - 86_400_000
+    midnight = _next_midnight()
     k = (midnight - window // 2) // b
     k += PIN_SPAN - 1 - k % PIN_SPAN  # the last bucket of its span, half a window before midnight
     before = k * b + b // 2
@@ -344,7 +351,7 @@ async def test_pins_written_one_hash_per_bucket_are_found_until_they_expire(stor
     client = store.client
     prefix = board.prefixes[0]
     b, window = config.dedup_bucket_ms, config.dedup_window_s * 1000
-    midnight = _midnight_after(times.now_ms()) - 86_400_000
+    midnight = _next_midnight()
     k = (midnight - 1000) // b
     if k % PIN_SPAN == 0:
         k -= 1  # a bucket that starts no span: only its own name finds it
