@@ -11,7 +11,9 @@ Users (pick on the command line; both by default):
 - ``Player`` reads in the mix SHARDLB_READ_MIX (default ``top:30,rank:35,around:15,friends:15,page:5``):
   top-100, my rank, around me, friends (20-200 ids, POST players:query), a page. Paced at
   SHARDLB_READER_RPS requests/s per user (default 5).
-See bench/workload.py for every distribution.
+See bench/workload.py for every distribution. Each user waits a random share of its period before
+its first request, so that users started together do not send in step (SHARDLB_USER_PHASE=together:
+Locust's own start, every user at once).
 
 Writes are counted in player-scores, not only requests: every accepted post also fires a request
 event of type ``WRITE`` named ``player-scores`` whose response length is the number of scores it
@@ -33,6 +35,7 @@ import urllib.request
 from collections import deque
 from typing import Any
 
+import gevent
 import locust.runners
 import msgpack
 import orjson
@@ -59,6 +62,12 @@ STEPS = int(os.environ.get("SHARDLB_STEPS", "6"))
 MSGPACK = os.environ.get("SHARDLB_CONTENT", "json") == "msgpack"
 CONTENT_TYPE = "application/msgpack" if MSGPACK else "application/json"
 RECENT_POSTS = 64
+# Users start at a random point of their first period, so that their requests spread over it. Locust
+# starts a step's users all at once, and a constant_throughput user keeps the phase it started with:
+# together they would send in bursts (every user in the same millisecond, then nothing for a period),
+# where independent game servers and players send whenever their matches and screens end.
+# SHARDLB_USER_PHASE=together keeps Locust's own start (all at once: a herd on every period).
+SPREAD = os.environ.get("SHARDLB_USER_PHASE", "spread") != "together"
 # Workers report to the master every 3 s by default; every second makes the CSV history (and so the
 # per-step rates of a ramp) three times finer, for a negligible cost.
 locust.runners.WORKER_REPORT_INTERVAL = 1.0
@@ -79,6 +88,12 @@ def encode(body: Any) -> bytes:
     return msgpack.packb(body) if MSGPACK else orjson.dumps(body)
 
 
+def _spread(user: FastHttpUser, rps: float) -> None:
+    """Wait a random share of the user's period before its first request (``SPREAD``)."""
+    if SPREAD and rps > 0:
+        gevent.sleep(random.uniform(0.0, 1.0 / rps))
+
+
 def _no_cookies(user: FastHttpUser) -> None:
     """The router sets no cookies; skipping the cookie jar saves ~6% of Locust's CPU per request."""
     user.client.client.cookiejar = None
@@ -93,6 +108,7 @@ class GameServer(FastHttpUser):
         self.rng = random.Random()
         self.recent: deque[tuple[bytes, int]] = deque(maxlen=RECENT_POSTS)
         _no_cookies(self)
+        _spread(self, USER_RPS)
 
     @task
     def post_match(self) -> None:
@@ -135,6 +151,7 @@ class Player(FastHttpUser):
     def on_start(self) -> None:
         self.rng = random.Random()
         _no_cookies(self)
+        _spread(self, READER_RPS)
 
     def _get(self, path: str, name: str, missing_ok: bool = False) -> None:
         with self.client.get(path, headers=READ_HEADERS, name=name, catch_response=True) as response:
