@@ -156,11 +156,13 @@ def write_p99_goal(summary: dict[str, Any], share: float) -> tuple[float, str] |
         sustained = summary["latency_curve"]["sustained_writes_per_s"]
         own = step.get("router", {}).get("p99_ms")
         paced = step.get("paced", {}).get("p99_ms")
+        paced_own = step.get("paced", {}).get("router", {}).get("p99_ms")
         return float(step["p99_ms"]), (
             f"latency curve: constant {step['offered']:,} writes/s offered ({share:.0%} of {sustained:,} "
             f"sustained), {step['achieved']:,} achieved, {step['failures']} failures"
             + (f"; the router's own p99 {own:g} ms" if own is not None else "")
             + (f"; a light paced client's p99 {paced:g} ms (bench/pacer.py)" if paced is not None else "")
+            + (f", the router's own under it {paced_own:g} ms" if paced_own is not None else "")
         )
     ramp = write_p99_at(summary, share)
     if ramp is None:

@@ -433,16 +433,20 @@ def paced_step(
     """The load of a latency step's Locust users (``users`` at s.user_rps requests a second) offered
     by bench/pacer.py, a client that takes a fraction of Locust's CPU, through a fresh router of
     s.router_workers processes: its figures over the same window at the end (Locust's last
-    RECENT_WINDOW_S seconds), or why it could not run."""
+    RECENT_WINDOW_S seconds) and the router's own over that window (``router``, as ``soak_run``
+    scrapes it), or why it could not run."""
     settle = max(0.0, seconds - locust_csv.RECENT_WINDOW_S)
     router = Router(cluster.url, free_port(22400), s.router_workers, out / f"{name}-router.log", router_env())
+    scrapes: list[server_latency.Buckets] = []
     with router:
+        timer = threading.Timer(settle, lambda: scrapes.append(server_latency.scrape(router.url)))
         command = [
             *(sys.executable, "-m", "bench.pacer", "--url", router.url, "--users", str(users)),
             *("--rps", str(s.user_rps), "--seconds", str(seconds), "--settle", str(settle)),
             *("--key", WRITE_KEY),
         ]
         log(f"{name}: {users} paced users through {s.router_workers} router workers")
+        timer.start()
         try:
             done = subprocess.run(
                 command,
@@ -454,9 +458,15 @@ def paced_step(
             )
         except subprocess.TimeoutExpired:
             return {"skipped": f"bench.pacer did not finish within {seconds + 60:.0f} s"}
+        finally:
+            timer.cancel()
+            timer.join()
+            scrapes.append(server_latency.scrape(router.url))
     if done.returncode != 0 or not done.stdout.strip():
         return {"skipped": f"bench.pacer exited {done.returncode}: {done.stderr.strip()[-300:]}"}
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if len(scrapes) == 2 and scrapes[0] and scrapes[1]:
+        result["router"] = server_latency.quantiles(scrapes[0], scrapes[1], (0.5, 0.95, 0.99))
     return {**result, "users": users, "window_s": seconds - settle}
 
 

@@ -119,6 +119,7 @@ def measured(summary: dict[str, Any]) -> dict[str, Any]:
                 "paced": {
                     **{"p50_ms": 6.5, "p95_ms": 14.0, "p99_ms": 27.5, "requests_per_s": 715.2},
                     **{"requests": 7_152, "failures": 0, "client_cpu_s": 2.5, "users": 144, "window_s": 10.0},
+                    "router": {"p50_ms": 2.2, "p95_ms": 9.5, "p99_ms": 19.5},
                 },
             },
         ],
@@ -188,7 +189,7 @@ def test_write_p99_goal_is_read_at_the_latency_curves_80_percent_step(measured: 
     assert p99["detail"].startswith("latency curve: constant 7,200 writes/s offered (80% of 9,000 sustained)")
     assert p99["detail"].endswith(
         "7,150 achieved, 3 failures; the router's own p99 24.5 ms; "
-        "a light paced client's p99 27.5 ms (bench/pacer.py)"
+        "a light paced client's p99 27.5 ms (bench/pacer.py), the router's own under it 19.5 ms"
     )
 
 
@@ -207,14 +208,14 @@ def test_write_p99_goal_falls_back_to_the_ramp(measured: dict[str, Any]) -> None
 def test_markdown_prints_the_latency_curve_and_the_planned_reads(measured: dict[str, Any]) -> None:
     text = report.markdown(measured, "test")
     assert "## HTTP write latency at shares of the sustained maximum (9,000 writes/s in the ramp)" in text
-    assert "| 50% | 90 | 4,500 | 4,480 | 9 / 21 / 18 | - | 9,000 | 3 | no | - |" in text  # not scraped
+    assert "| 50% | 90 | 4,500 | 4,480 | 9 / 21 / 18 | - | 9,000 | 3 | no | - | - |" in text  # not scraped
     assert (
         "| 80% | 144 | 7,200 | 7,150 | 9 / 21 / 41 | 3.1 / 12 / 24.5 | 9,000 | 3 | no "
-        "| 6.5 / 14 / 27.5, 715/s, 0, 2.5 |" in text
+        "| 6.5 / 14 / 27.5, 715/s, 0, 2.5 | 2.2 / 9.5 / 19.5 |" in text
     )
     assert "The light paced client (bench/pacer.py)" in text
     measured["latency_curve"]["steps"][0]["paced"] = {"skipped": "bench.pacer exited 1: boom"}
-    assert "| no | skipped: bench.pacer exited 1: boom |" in report.markdown(measured, "test")
+    assert "| no | skipped: bench.pacer exited 1: boom | - |" in report.markdown(measured, "test")
     assert "include Locust's own scheduling" in text
     assert "| shardlb over HTTP, reads on a board of one shard per master (`bench-s3`, 3 shards) " in text
     assert (
