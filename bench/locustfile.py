@@ -12,8 +12,8 @@ Users (pick on the command line; both by default):
   top-100, my rank, around me, friends (20-200 ids, POST players:query), a page. Paced at
   SHARDLB_READER_RPS requests/s per user (default 5).
 See bench/workload.py for every distribution. Each user waits a random share of its period before
-its first request, so that users started together do not send in step (SHARDLB_USER_PHASE=together:
-Locust's own start, every user at once).
+its first request and keeps that phase (``paced``), so that users started together do not send in
+step (SHARDLB_USER_PHASE=together: Locust's own start, every user at once).
 
 Writes are counted in player-scores, not only requests: every accepted post also fires a request
 event of type ``WRITE`` named ``player-scores`` whose response length is the number of scores it
@@ -33,13 +33,14 @@ import random
 import time
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import gevent
 import locust.runners
 import msgpack
 import orjson
-from locust import FastHttpUser, LoadTestShape, constant_throughput, events, task
+from locust import FastHttpUser, LoadTestShape, User, events, task
 from locust.runners import WorkerRunner
 
 from bench import shapes
@@ -62,11 +63,12 @@ STEPS = int(os.environ.get("SHARDLB_STEPS", "6"))
 MSGPACK = os.environ.get("SHARDLB_CONTENT", "json") == "msgpack"
 CONTENT_TYPE = "application/msgpack" if MSGPACK else "application/json"
 RECENT_POSTS = 64
-# Users start at a random point of their first period, so that their requests spread over it. Locust
-# starts a step's users all at once, and a constant_throughput user keeps the phase it started with:
-# together they would send in bursts (every user in the same millisecond, then nothing for a period),
-# where independent game servers and players send whenever their matches and screens end.
-# SHARDLB_USER_PHASE=together keeps Locust's own start (all at once: a herd on every period).
+# Each user starts at a random point of its first period and keeps that phase, so that the users'
+# requests spread over every period. Locust starts a step's users in a clump or a few within a
+# millisecond, and its constant_throughput keeps each user's pace from its start: a "constant rate"
+# step was a herd of every user's request within a few milliseconds, then silence for the rest of
+# the period, where independent game servers and players send whenever their matches and screens
+# end. SHARDLB_USER_PHASE=together keeps Locust's own start (every user in step).
 SPREAD = os.environ.get("SHARDLB_USER_PHASE", "spread") != "together"
 # Workers report to the master every 3 s by default; every second makes the CSV history (and so the
 # per-step rates of a ramp) three times finer, for a negligible cost.
@@ -88,10 +90,27 @@ def encode(body: Any) -> bytes:
     return msgpack.packb(body) if MSGPACK else orjson.dumps(body)
 
 
-def _spread(user: FastHttpUser, rps: float) -> None:
-    """Wait a random share of the user's period before its first request (``SPREAD``)."""
+def paced(rps: float) -> Callable[[User], float]:
+    """A wait_time like Locust's constant_throughput that keeps each user's own phase: a task starts
+    one period after the previous one was due (at once when that is past, and the pace goes on from
+    there), and, with ``SPREAD``, the first one a random share of a period after the user starts."""
+    period = 1.0 / rps if rps > 0 else 0.0
+
+    def wait(user: User) -> float:
+        now = time.perf_counter()
+        due = max(getattr(user, "_shardlb_due", now) + period, now)
+        user._shardlb_due = due  # type: ignore[attr-defined]
+        return due - now
+
+    return wait
+
+
+def _start_phase(user: User, rps: float) -> None:
+    """Before a user's first task: wait a random share of its period (``SPREAD``), then count its
+    pace from that moment (``paced``)."""
     if SPREAD and rps > 0:
         gevent.sleep(random.uniform(0.0, 1.0 / rps))
+    user._shardlb_due = time.perf_counter()  # type: ignore[attr-defined]
 
 
 def _no_cookies(user: FastHttpUser) -> None:
@@ -102,13 +121,13 @@ def _no_cookies(user: FastHttpUser) -> None:
 class GameServer(FastHttpUser):
     """A game server posting match results."""
 
-    wait_time = constant_throughput(USER_RPS)
+    wait_time = paced(USER_RPS)
 
     def on_start(self) -> None:
         self.rng = random.Random()
         self.recent: deque[tuple[bytes, int]] = deque(maxlen=RECENT_POSTS)
         _no_cookies(self)
-        _spread(self, USER_RPS)
+        _start_phase(self, USER_RPS)
 
     @task
     def post_match(self) -> None:
@@ -146,12 +165,12 @@ class GameServer(FastHttpUser):
 class Player(FastHttpUser):
     """A player looking at the board: top, own rank, neighbours, friends, pages."""
 
-    wait_time = constant_throughput(READER_RPS)
+    wait_time = paced(READER_RPS)
 
     def on_start(self) -> None:
         self.rng = random.Random()
         _no_cookies(self)
-        _spread(self, READER_RPS)
+        _start_phase(self, READER_RPS)
 
     def _get(self, path: str, name: str, missing_ok: bool = False) -> None:
         with self.client.get(path, headers=READ_HEADERS, name=name, catch_response=True) as response:
