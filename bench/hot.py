@@ -43,6 +43,7 @@ from typing import Any
 from bench import peers, population
 from bench.harness import env_int, log
 from bench.procs import CpuMeter
+from bench.read_goals import BAND_RANK
 from bench.services import ROOT, Router, free_port, stop_group
 from bench.testbed import create_board
 from bench.workload import Workload
@@ -78,12 +79,18 @@ class Target:
     path: str  # "{player}" is replaced by a random player per request
 
 
-def targets(board: str, hot_board: str, key: str) -> list[Target]:
+def targets(board: str, hot_board: str, key: str, band_board: str | None = None) -> list[Target]:
     """What is measured, in order (``key``: the textbook service's sorted set, for the label)."""
+    banded = (
+        []
+        if band_board is None
+        else [Target(f"{BAND_RANK}{band_board}", "router", f"/v1/boards/{band_board}/players/{{player}}")]
+    )
     return [
         Target("router /healthz", "router", "/healthz"),
         Target("router top-100 (cached)", "router", f"/v1/boards/{board}/top"),
         Target(f"router my rank, {hot_board}", "router", f"/v1/boards/{hot_board}/players/{{player}}"),
+        *banded,
         Target(f"router my rank, {board}", "router", f"/v1/boards/{board}/players/{{player}}"),
         Target(
             f"router my rank, {hot_board}, reads from replicas",
@@ -321,12 +328,36 @@ def hot_board_workload(workload: Workload, masters: int) -> Workload:
     return replace(workload, board=f"{workload.board}-s{masters}")
 
 
+def band_board_workload(workload: Workload, masters: int) -> Workload:
+    return replace(workload, board=f"{workload.board}-b{masters}")
+
+
+def band_starts(workload: Workload, bands: int) -> list[int]:
+    """Band starts at the quantiles of the population's points, so the bands hold about as many
+    players each (what ``shardlb bands`` proposes for a live board from its own rows)."""
+    starts = [0, *(workload.points.at(k / bands) for k in range(1, bands))]
+    return sorted(set(starts))
+
+
+def band_sharding(workload: Workload, masters: int) -> dict[str, Any]:
+    """The band layout the bench reads: one home shard and one band per master."""
+    return {"strategy": "band", "shards": masters, "bands": band_starts(workload, masters)}
+
+
 def prepare(url: str, workload: Workload, masters: int, processes: int) -> Workload:
     """The board with one shard per master, holding the same players as the bench's board."""
     hot = hot_board_workload(workload, masters)
     asyncio.run(create_board(url, hot, masters))
     population.load_parallel(url, hot, 0, hot.players, processes)
     return hot
+
+
+def prepare_band(url: str, workload: Workload, masters: int, processes: int) -> Workload:
+    """The band board (``band_sharding``), holding the same players as the bench's board."""
+    banded = band_board_workload(workload, masters)
+    asyncio.run(create_board(url, banded, masters, sharding=band_sharding(workload, masters)))
+    population.load_parallel(url, banded, 0, banded.players, processes)
+    return banded
 
 
 def run(
@@ -349,9 +380,12 @@ def run(
     t0 = time.monotonic()
     hot = prepare(url, workload, masters, processes)
     load_s = round(time.monotonic() - t0, 1)
+    t0 = time.monotonic()
+    banded = prepare_band(url, workload, masters, processes)
+    band_load_s = round(time.monotonic() - t0, 1)
     key = peers.textbook_key(workload.board)
     rows: list[dict[str, Any]] = []
-    plan = targets(workload.board, hot.board, key)
+    plan = targets(workload.board, hot.board, key, banded.board)
     servers = {
         "router": lambda: Router(url, free_port(22400), 1, out / "hot-router.log", READ_ENV),
         "router-replicas": lambda: Router(
@@ -399,6 +433,9 @@ def run(
         "hot_board": hot.board,
         "hot_board_shards": masters,
         "hot_board_load_s": load_s,
+        "band_board": banded.board,
+        "band_sharding": band_sharding(workload, masters),
+        "band_board_load_s": band_load_s,
         "targets": rows,
     }
 

@@ -52,21 +52,51 @@ async def load_board(
     units = board.codec.time_units(now)
     names = periods.names_at(now, board.config.periods, board.tz, board.config.week_start)
     layout = board.layout
+    banded = layout.strategy == "band"
     touched: set[int] = set()
     pending: list[tuple[int, dict[str, int]]] = []
     for block in chunks(stop - start, CHUNK * PIPELINE_CHUNKS):
         by_shard: dict[int, dict[str, int]] = defaultdict(dict)
+        by_band: dict[int, dict[str, int]] = defaultdict(dict)
         for i in block:
             player = f"p{start + i}"
             score = _initial_score(board, workload, start + i, units)
             by_shard[layout.home(player)][player] = score
+            if banded:
+                by_band[layout.band_shard(workload.initial_points(start + i))][player] = score
         for shard, members in by_shard.items():
             touched.add(shard)
             pending.append((shard, members))
         await _flush(board, names, pending)
+        if banded:
+            touched.update(by_band)
+            await _flush_bands(board, by_shard, by_band)
         pending = []
     await _index(board, names, touched)
     return stop - start
+
+
+async def _flush_bands(
+    board: Board, by_shard: dict[int, dict[str, int]], by_band: dict[int, dict[str, int]]
+) -> None:
+    """A band board: each player's total row on their band shard, and version 1 of it on both their
+    home shard and that band shard, as write.lua's first change of a total and band.lua leave them."""
+    pipe = board.client.pipeline(transaction=False)
+    for shard, members in by_shard.items():
+        items = list(members)
+        for part in chunks(len(items)):
+            pipe.hset(
+                keys.version_key(board.prefixes[shard]),
+                mapping=dict.fromkeys(items[part.start : part.stop], 1),
+            )
+    for shard, members in by_band.items():
+        items = list(members.items())
+        prefix = board.prefixes[shard]
+        for part in chunks(len(items)):
+            mapping = dict(items[part.start : part.stop])
+            pipe.zadd(keys.period_key(prefix, "total"), mapping)
+            pipe.hset(keys.version_key(prefix), mapping=dict.fromkeys(mapping, 1))
+    await pipe.execute()
 
 
 async def _flush(board: Board, names: list[str], pending: list[tuple[int, dict[str, int]]]) -> None:
@@ -83,8 +113,15 @@ async def _flush(board: Board, names: list[str], pending: list[tuple[int, dict[s
 async def _index(board: Board, names: list[str], shards: set[int]) -> None:
     """List the loaded keys in their shards' key indexes, with the expiry the write script would set."""
     pipe = board.client.pipeline(transaction=False)
+    bands = board.config.sharding.shards if board.layout.strategy == "band" else None
     for shard in shards:
         prefix = board.prefixes[shard]
+        if bands is not None:  # the version hash of every shard; a band shard has only the total,
+            pipe.zadd(keys.index_key(prefix), {keys.version_key(prefix): float("inf")})
+            if shard >= bands:
+                pipe.zadd(keys.index_key(prefix), {keys.period_key(prefix, "total"): float("inf")})
+                continue
+            pipe.zadd(keys.index_key(prefix), {keys.pending_key(prefix): float("inf")})  # a home its moves
         for name in names:
             key = keys.period_key(prefix, name)
             expire_at = board._expiry(name)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+BAND_RANK = "router my rank, band board "  # the hot phase's band board target (bench/hot.py)
+
 
 def _hot(summary: dict[str, Any], prefix: str) -> dict[str, Any] | None:
     rows = summary.get("hot", {}).get("targets", [])
@@ -62,6 +64,33 @@ def _mix_goals(layout: str, http_reads: dict[str, Any], tb_reads: dict[str, Any]
     ]
 
 
+def _band_layout(summary: dict[str, Any]) -> str:
+    sharding = summary.get("hot", {}).get("band_sharding", {})
+    return f"{sharding.get('shards')} home shards and {len(sharding.get('bands', []))} bands"
+
+
+def _rank_goals(rank: dict[str, Any], tb_rank: dict[str, Any], layout: str) -> list[dict[str, Any]]:
+    """ "My rank" of one router process against the textbook service: requests/s and store CPU."""
+    ours = rank["masters_us"] + rank["replicas_us"]
+    theirs = tb_rank["masters_us"] + tb_rank["replicas_us"]
+    return [
+        _goal(
+            f"my rank requests/s, {layout}one router process / the textbook service",
+            _ratio(rank["rps"], tb_rank["rps"]),
+            1.0,
+            True,
+            f"{rank['name']}: {rank['rps']:.0f} against {tb_rank['rps']:.0f}/s",
+        ),
+        _goal(
+            f"store CPU per my rank{', ' + layout.removesuffix(', ') if layout else ''} / the textbook's",
+            _ratio(ours, theirs),
+            2.0,
+            False,
+            f"{ours:.0f} against {theirs:.0f} µs",
+        ),
+    ]
+
+
 def goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """Every goal of issue 13 that this run measured, as ratios of figures of this one run."""
     http, tb_reads = summary.get("http", {}), summary.get("textbook", {}).get("reads", {})
@@ -74,28 +103,13 @@ def goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
             tb_reads,
         ),
     ]
-    rank, tb_rank = _hot(summary, "router my rank, "), _hot(summary, "textbook my rank")
-    if rank is not None and tb_rank is not None:
-        out.append(
-            _goal(
-                "my rank requests/s, one router process / the textbook service",
-                _ratio(rank["rps"], tb_rank["rps"]),
-                1.0,
-                True,
-                f"{rank['name']}: {rank['rps']:.0f} against {tb_rank['rps']:.0f}/s",
-            )
-        )
-        ours_rank = rank["masters_us"] + rank["replicas_us"]
-        theirs_rank = tb_rank["masters_us"] + tb_rank["replicas_us"]
-        out.append(
-            _goal(
-                "store CPU per my rank / the textbook's",
-                _ratio(ours_rank, theirs_rank),
-                2.0,
-                False,
-                f"{ours_rank:.0f} against {theirs_rank:.0f} µs",
-            )
-        )
+    banded = http.get("reads_band", {})
+    if banded:
+        out += _mix_goals(f"the band board ({_band_layout(summary)})", banded, tb_reads)
+    tb_rank = _hot(summary, "textbook my rank")
+    for rank, layout in ((_hot(summary, "router my rank, "), ""), (_hot(summary, BAND_RANK), "band board, ")):
+        if rank is not None and tb_rank is not None:
+            out += _rank_goals(rank, tb_rank, layout)
     per = summary.get("cpu_per_write", {})
     h, raw = per.get("http", {}), per.get("raw", {})
     out.append(
@@ -190,7 +204,12 @@ def read_costs(summary: dict[str, Any]) -> dict[str, float]:
     s, hot = summary.get("settings", {}), summary.get("hot", {})
     few, many = _hot(summary, f"router my rank, {hot.get('hot_board')}"), None
     for r in hot.get("targets", []):
-        if r["name"].startswith("router my rank, ") and r is not few and "replicas" not in r["name"]:
+        if (
+            r["name"].startswith("router my rank, ")
+            and r is not few
+            and "replicas" not in r["name"]
+            and not r["name"].startswith(BAND_RANK)
+        ):
             many = r
     raw = summary.get("raw", {}).get("reads", {})
     masters, shards = s.get("masters"), s.get("shards")

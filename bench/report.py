@@ -229,6 +229,9 @@ def _phases(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     cpu = summary.get("http", {}).get("reads_planned", {}).get("cpu")
     if cpu:
         out.append(("http reads, one shard per master", cpu))
+    cpu = summary.get("http", {}).get("reads_band", {}).get("cpu")
+    if cpu:
+        out.append(("http reads, the band board", cpu))
     for step in summary.get("latency_curve", {}).get("steps", []):
         out.append((f"http writes at {step['share']:.0%} of the sustained maximum", step["cpu"]))
     return out
@@ -338,6 +341,7 @@ def _contenders(summary: dict[str, Any]) -> list[str]:
         "|---|---:|---|---:|---:|---:|---:|---:|",
         _http_row(summary),
         *_planned_row(summary.get("http", {})),
+        *_planned_row(summary.get("http", {}), "reads_band"),
         _phase_row("raw limit: library straight at the cluster", summary.get("raw", {}), "write batch"),
         _phase_row("textbook: one sorted set, one Lua call per write", summary.get("textbook", {}), "write"),
         _phase_row("PostgreSQL: indexed table, COUNT(*) rank", summary.get("postgres", {}), "write match"),
@@ -368,17 +372,21 @@ def _http_row(summary: dict[str, Any]) -> str:
     )
 
 
-def _planned_row(http: dict[str, Any]) -> list[str]:
-    """The read mix on the board of one shard per master, when the run had it."""
-    r = http.get("reads_planned")
-    name = "shardlb over HTTP, reads on a board of one shard per master"
+def _planned_row(http: dict[str, Any], part: str = "reads_planned") -> list[str]:
+    """The read mix on the board of one shard per master (or on the band board), when the run had it."""
+    r = http.get(part)
+    banded = part == "reads_band"
+    name = "shardlb over HTTP, reads on " + (
+        "a band board of one band per master" if banded else "a board of one shard per master"
+    )
     if not r:
         return []
     if "skipped" in r:
         return [f"| {name} | skipped: {r['skipped']} | | | | | | |"]
     read_p99 = max((v["p99"] for k, v in r.get("endpoints", {}).items() if k != "Aggregated"), default=None)
+    layout = f"{r['shards']} home shards, bands from {r['bands']}" if banded else f"{r['shards']} shards"
     return [
-        f"| {name} (`{r['board']}`, {r['shards']} shards) | - | - | - | {_rate(r.get('reads_per_s'))} "
+        f"| {name} (`{r['board']}`, {layout}) | - | - | - | {_rate(r.get('reads_per_s'))} "
         f"| {_ms(read_p99)} | {_ms(server_us(r, _http_read_count(r)))} | {r.get('failures', 0)} |"
     ]
 
@@ -435,8 +443,13 @@ def _http_details(http: dict[str, Any]) -> list[str]:
         "| endpoint | requests | failures | req/s | p50 | p95 | p99 ms |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    planned = http.get("reads_planned", {})
-    for part, where in (("writes", ""), ("reads", ""), ("reads_planned", f" (`{planned.get('board')}`)")):
+    planned, banded = http.get("reads_planned", {}), http.get("reads_band", {})
+    for part, where in (
+        ("writes", ""),
+        ("reads", ""),
+        ("reads_planned", f" (`{planned.get('board')}`)"),
+        ("reads_band", f" (`{banded.get('board')}`)"),
+    ):
         for key, e in http.get(part, {}).get("endpoints", {}).items():
             if key != "Aggregated":
                 lines.append(
@@ -534,6 +547,11 @@ def _cpu_table(summary: dict[str, Any]) -> list[str]:
         _cpu_row("HTTP writes", http.get("writes", {}).get("cpu")),
         _cpu_row("HTTP reads", http.get("reads", {}).get("cpu")),
         *([_cpu_row(f"HTTP reads, `{planned['board']}`", planned.get("cpu"))] if "board" in planned else []),
+        *(
+            [_cpu_row(f"HTTP reads, `{banded['board']}`", banded.get("cpu"))]
+            if "board" in (banded := http.get("reads_band", {}))
+            else []
+        ),
         *(
             _cpu_row(f"HTTP writes at {st['share']:.0%}", st.get("cpu"))
             for st in summary.get("latency_curve", {}).get("steps", [])

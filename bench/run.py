@@ -239,6 +239,31 @@ def planned_reads(
     return {"board": board.board, "shards": s.masters, "router_workers": s.router_workers, **reads}
 
 
+def band_reads(
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    out: Path,
+    redis: dict[str, list[int]],
+    hot_run: dict[str, Any],
+) -> dict[str, Any]:
+    """The HTTP read mix once more, on the band board of one home shard and one band per master
+    with the same players (bench/hot.py ``band_sharding``), as ``planned_reads`` does."""
+    missing = router_missing()
+    if missing:
+        return {"skipped": missing}
+    board = hot.band_board_workload(workload, s.masters)
+    if hot_run.get("band_board") != board.board:
+        log(f"loading {board.board}: a band board, the same {workload.players:,} players")
+        hot.prepare_band(cluster.url, workload, s.masters, s.driver_processes)
+    router = Router(cluster.url, free_port(22400), s.router_workers, out / "band-router.log", router_env())
+    with router:
+        groups = {**redis, "router": [router.proc.pid] if router.proc else []}
+        reads = read_mix(s, board, router.url, out / "http-reads-band", groups)
+    sharding = hot.band_sharding(workload, s.masters)
+    return {"board": board.board, "shards": sharding["shards"], "bands": sharding["bands"], **reads}
+
+
 def router_env() -> dict[str, str]:
     # The readers are many players from one address: the per-address read rate limit is off.
     return {"SHARDLB_ADMIN_KEYS": ADMIN_KEY, "SHARDLB_WRITE_KEYS": WRITE_KEY, "SHARDLB_READ_RATE": "0"}
@@ -758,6 +783,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["hot"] = hot.run(cluster.url, workload, s.masters, redis, out, s.driver_processes)
         if "skipped" not in summary["http"]:
             summary["http"]["reads_planned"] = planned_reads(s, workload, cluster, out, redis, summary["hot"])
+            summary["http"]["reads_band"] = band_reads(s, workload, cluster, out, redis, summary["hot"])
         summary["sweeps"] = sweeps(s, workload, cluster, out, redis, summary["http"])
         summary["durability"] = durability_phases(
             s, workload, cluster, out, redis, summary["sweeps"]["router_offered_writes"]

@@ -63,14 +63,21 @@ async def masters_memory(url: str) -> int:
         await client.aclose()
 
 
-async def create_board(url: str, workload: Workload, shards: int, durability: str = "memory") -> None:
-    """The bench's board. ``memory`` unless asked: the main phases measure the index itself, as the
-    rivals keep no journal either; bench/durability.py measures the journal beside it."""
+async def create_board(
+    url: str,
+    workload: Workload,
+    shards: int,
+    durability: str = "memory",
+    sharding: dict[str, Any] | None = None,
+) -> None:
+    """The bench's board: ``shards`` hash shards, or the ``sharding`` given. ``memory`` unless asked:
+    the main phases measure the index itself, as the rivals keep no journal either;
+    bench/durability.py measures the journal beside it."""
     client = connect(url)
     try:
         scripts = Scripts.register(client)
         await scripts.load(client)
-        settings = {"sharding": {"strategy": "hash", "shards": shards}, "durability": durability}
+        settings = {"sharding": sharding or {"strategy": "hash", "shards": shards}, "durability": durability}
         config = BoardConfig.from_dict(workload.board, settings)
         await BoardStore(client, scripts).create(config)
     finally:

@@ -21,7 +21,7 @@ from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound, Resharding
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
-from shardlb.reads import SHALLOW, Located, ResolvedView, View
+from shardlb.reads import SHALLOW, BandPlace, Located, ResolvedView, View
 from shardlb.sharding import Layout
 
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow", "r": "region_conflict"}
@@ -166,6 +166,8 @@ class Board:
         self.read_replicas = False
         # The total's views, by region (None: the whole board): they do not change with the clock.
         self._total_views: dict[str | None, ResolvedView] = {}
+        # Band boards: each band shard's index among the total view's keys (best band first).
+        self._band_at = {shard: i for i, shard in enumerate(layout.view(True))}
 
     @property
     def stale(self) -> bool:
@@ -513,7 +515,21 @@ class Board:
             self.shallow,
             self.read_replicas,
             self.scripts.near,
+            self._band_of if view.banded else None,
         )
+
+    def _band_of(self, score: float) -> int:
+        """The index, among a band board's total view keys, of the band a score belongs to."""
+        return self._band_at[self.layout.band_shard(self.codec.decode_units(score)[0])]
+
+    async def _band_place(self, reader: View, player_id: str) -> BandPlace:
+        """A player placed on a band board's total (``View.band_place``); PlayerNotFound if absent."""
+        check_id(player_id, "player")
+        home = keys.period_key(self.prefixes[self.layout.home(player_id)], "total")
+        place = await reader.band_place(home, player_id)
+        if place is None:
+            raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
+        return place
 
     def entry(self, rank: int, row: Row) -> Entry:
         points, achieved = self.codec.decode(row[0])
@@ -661,6 +677,13 @@ class Board:
         view = view or self.resolve()
         reader = self._merged(view)
         competition = self.rank_mode(rank_mode) == "competition"
+        if view.banded and not competition:  # sizes of the bands ahead + a rank in the player's band
+            place = await self._band_place(reader, player_id)
+            players = sum(place.sizes)
+            rank = place.ahead + 1
+            return PlayerEntry(
+                self.entry(rank, place.row), players, 100.0 * (players - rank) / players if players else 0.0
+            )
         if not competition:
             home = self._home_index(player_id, view)
             if home is not None:
@@ -696,6 +719,13 @@ class Board:
         view = view or self.resolve()
         reader = self._merged(view)
         competition = self.rank_mode(rank_mode) == "competition"
+        if view.banded and not competition:  # the rows by index in the one or few bands around
+            place = await self._band_place(reader, player_id)
+            if place.held:
+                by_index = await reader.band_window(place, radius)
+                if by_index is not None:
+                    listed, index = by_index
+                    return self._listed(listed, place.ahead + 1 - index)
         home = None if competition else self._home_index(player_id, view)
         if home is not None:
             found = await reader.near(player_id, home, radius)
@@ -735,6 +765,9 @@ class Board:
         competition = self.rank_mode(rank_mode) == "competition"
         placed = {p: self.layout.candidates(p, view.region) for p in player_ids}  # each id once
         found = sorted(((s, p) for p, s in (await self._scores(placed, view)).items()), reverse=True)
+        if view.banded and not competition:
+            counted = await reader.band_counts(found)
+            return [self.entry(n + 1, row) for row, n in zip(found, counted, strict=True)]
         if not competition:
             homes = self._home_indices([placed[player] for _, player in found], view)
             counts = await reader.counts_ahead_many(found, homes)

@@ -7,8 +7,10 @@ be off by the writes in flight, and is exact once writes are quiescent.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -25,6 +27,9 @@ MAX_BISECT_ROUNDS = 120
 TOP_SLACK = 8  # rows read from each shard for a top n beyond its expected share, 2 n / shards
 # A shard's rows tied with a player, read back to order them locally; a larger block takes counts.lua.
 TIE_ROWS = 32
+# A band board's rank of one player in one round (the home key and every band key) up to this many
+# bands; past it, two rounds (the home key, then the player's band and the sizes).
+ONE_ROUND_BANDS = 8
 
 
 class Located(NamedTuple):
@@ -35,6 +40,19 @@ class Located(NamedTuple):
     home: int
     ahead: int
     size: int
+
+
+class BandPlace(NamedTuple):
+    """A player placed on a band board's total (``View.band_place``): their row from their home
+    key, the index of their band among the view's keys, the rows ahead of them on the whole view,
+    every band's size, and whether their band holds them at that very row (``ahead`` came from
+    ZREVRANK, not from counting)."""
+
+    row: Row
+    band: int
+    ahead: int
+    sizes: list[int]
+    held: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +86,8 @@ class View:
     shallow: int = SHALLOW
     replicas: bool = False  # reads may be served by replicas (connection.connect's read_from)
     near_script: Script | None = None  # near.lua: a player's home shard for "around me" in one call
+    # Band boards' total: the index in ``keys`` of the band that a score belongs to.
+    band_of: Callable[[float], int] | None = None
 
     async def _each(self, command: str, *args: Any, **kwargs: Any) -> list[Any]:
         pipe = batch(self.client, replicas=self.replicas, shared=True)
@@ -249,6 +269,100 @@ class View:
             exact = await self._count_calls([(self.keys[others[j]], packed) for j in big])
             for j, reply in zip(big, exact, strict=True):
                 counts[j] = int(reply[0])
+
+    # ---- band boards' total ----------------------------------------------------------------
+    # The bands part the points, best band first in ``keys``: every row of a band ranks ahead of
+    # every row of the bands after it. So the rows ahead of a player are the sizes of the bands
+    # before theirs (O(1) each) plus the rows ahead of them inside their band: one ZREVRANK where
+    # the band holds them at the row their home key gives. That is the count of every band's rows
+    # ahead of that row, the count the other views take, with one sorted set descended instead of
+    # all of them. A band that does not hold them at that row (a move not yet taken there) is
+    # counted from the home row (counts.lua), which gives the same count.
+
+    async def band_place(self, home_key: str, member: str) -> BandPlace | None:
+        """Place a player on a band board's total: their row from ``home_key`` (their record's
+        shard) and the rows ahead of them. Up to ONE_ROUND_BANDS bands, one round: ZSCORE on the
+        home key, and ZSCORE, ZREVRANK and ZCARD on every band (a band without the player answers
+        the first two from its hash table, without a descent). More bands: the home key first, then
+        the player's band and every band's size. None when the home key has no row."""
+        assert self.band_of is not None
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
+        pipe.zscore(home_key, member)
+        if len(self.keys) <= ONE_ROUND_BANDS:
+            for key in self.keys:
+                pipe.zscore(key, member)
+                pipe.zrevrank(key, member)
+                pipe.zcard(key)
+            replies = await pipe.execute()
+            score = replies[0]
+            if score is None:
+                return None
+            band = self.band_of(score)
+            sizes = [int(n) for n in replies[3::3]]
+            held, inside = replies[1 + 3 * band], replies[2 + 3 * band]
+        else:
+            [score] = await pipe.execute()
+            if score is None:
+                return None
+            band = self.band_of(score)
+            pipe = batch(self.client, replicas=self.replicas, shared=True)
+            pipe.zscore(self.keys[band], member)
+            pipe.zrevrank(self.keys[band], member)
+            for key in self.keys:
+                pipe.zcard(key)
+            held, inside, *counted = await pipe.execute()
+            sizes = [int(n) for n in counted]
+        whole = held == score and inside is not None
+        if not whole:
+            [reply] = await self._count_calls([(self.keys[band], _pack([_score(score), member]))])
+            inside = reply[0]
+        return BandPlace((score, member), band, sum(sizes[:band]) + int(inside), sizes, whole)
+
+    async def band_window(self, place: BandPlace, radius: int) -> tuple[list[Row], int] | None:
+        """Up to ``radius`` rows above and below a placed player, and the player's index among
+        them: the view's rows by index around the player's, read from the one or few bands they
+        fall in (one round). None when the rows read do not hold the player at their place, or
+        hold someone twice (writes moved rows meanwhile): the caller then reads the generic way."""
+        at = place.ahead
+        lo, hi = max(0, at - radius), at + radius + 1
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
+        start = 0
+        for key, size in zip(self.keys, place.sizes, strict=True):
+            a, b = max(lo, start), min(hi, start + size)
+            if a < b:
+                pipe.zrevrange(key, a - start, b - start - 1, withscores=True)
+            start += size
+        got = [row for pairs in await pipe.execute() for row in rows(pairs)]
+        if at - lo >= len(got) or got[at - lo] != place.row or len({m for _, m in got}) != len(got):
+            return None
+        return got, at - lo
+
+    async def band_counts(self, targets: Sequence[Row]) -> list[int]:
+        """For each of ``targets`` (rows read from their home keys), the rows ahead of it on a band
+        board's total: the sizes of the bands before its own, plus its place inside its band from
+        one counts.lua call per band holding targets (ZREVRANK where the band holds the row, a
+        count where not), all in one round."""
+        if not targets:
+            return []
+        assert self.band_of is not None
+        by_band: dict[int, list[int]] = defaultdict(list)
+        for t, (score, _) in enumerate(targets):
+            by_band[self.band_of(score)].append(t)
+        calls: list[tuple[str, bytes] | tuple[str, bytes, bytes]] = [
+            (
+                self.keys[band],
+                _pack([x for t in ts for x in (_score(targets[t][0]), targets[t][1])]),
+                bytes(msgpack.packb(list(range(1, len(ts) + 1)))),
+            )
+            for band, ts in by_band.items()
+        ]
+        sizes, replies = await asyncio.gather(self.sizes(), self._count_calls(calls))
+        before = [0, *itertools.accumulate(sizes)]
+        out = [0] * len(targets)
+        for (band, ts), reply in zip(by_band.items(), replies, strict=True):
+            for t, inside in zip(ts, reply, strict=True):
+                out[t] = before[band] + int(inside)
+        return out
 
     async def at_least(self, floors: Sequence[int]) -> list[int]:
         """Summed over shards, how many rows score at least each of ``floors``: one ZCOUNT per shard

@@ -103,3 +103,53 @@ async def test_postgres_holds_the_same_ranks(board: Board, postgres_url: str) ->
     finally:
         await conn.execute(f"DROP TABLE IF EXISTS {peers.pg_table(small.board)}")
         await conn.close()
+
+
+async def test_a_loaded_band_board_holds_what_writes_would_have_left(store: BoardStore) -> None:
+    """The loader's band board (bench/hot.py ``band_sharding``) against the same scores sent through
+    ``Board.submit``: every shard's total rows and version hash agree, and a later write moves a
+    loaded player to their new band with nothing left behind."""
+    from bench import hot
+    from shardlb import keys, times
+    from shardlb.board import Score
+
+    w = replace(W, board="bench-t-band")
+    sharding = hot.band_sharding(w, 3)
+    assert len(sharding["bands"]) == 3  # the population's points part into three bands
+    settings = {"sharding": sharding, "durability": "memory"}  # as the bench's boards (bench/testbed.py)
+    loaded, _ = await store.create(BoardConfig.from_dict(w.board, settings))
+    sent, _ = await store.create(BoardConfig.from_dict("bench-t-band-sent", settings))
+    try:
+        now = times.now_ms()
+        assert await population.load_board(loaded, w, now_ms=now) == w.players
+        unit = sent.codec.unit_ms
+        scores = [
+            Score(
+                f"p{i}", w.initial_points(i), "load", (now // unit - w.initial_age_s(i) * 1000 // unit) * unit
+            )
+            for i in range(w.players)
+        ]
+        await sent.submit(scores, now_ms=now)
+        for a, b in zip(loaded.prefixes, sent.prefixes, strict=True):
+            total_a, total_b = keys.period_key(a, "total"), keys.period_key(b, "total")
+            assert await loaded.client.zrange(total_a, 0, -1, withscores=True) == await sent.client.zrange(
+                total_b, 0, -1, withscores=True
+            )
+            assert await loaded.client.hgetall(keys.version_key(a)) == await sent.client.hgetall(
+                keys.version_key(b)
+            )
+            listed_a = await loaded.client.zrange(keys.index_key(a), 0, -1, withscores=True)
+            listed_b = await sent.client.zrange(keys.index_key(b), 0, -1, withscores=True)
+            assert {k.removeprefix(a): v for k, v in listed_a} == {k.removeprefix(b): v for k, v in listed_b}
+        top = await loaded.top(1)
+        last = await loaded.top(w.players)
+        climber = last[-1].player_id
+        await loaded.submit([Score(climber, top[0].points + 1, "climb", now)], now_ms=now)
+        assert (await loaded.player(climber)).entry.rank == 1
+        band_rows: list[str] = []
+        for prefix in loaded.prefixes[3:]:
+            band_rows += await loaded.client.zrange(keys.period_key(prefix, "total"), 0, -1)
+        assert sorted(band_rows) == sorted(f"p{i}" for i in range(w.players))
+    finally:
+        await store.delete(w.board)
+        await store.delete("bench-t-band-sent")

@@ -12,20 +12,30 @@ local function after(a, b)
   end
   return #a > #b
 end
--- ARGV[2], optional: a MessagePack array of the pair numbers (1, 2...) whose member lives in
--- KEYS[1] with that score (its home shard): ZREVRANK counts the rows ahead of it there, ties
--- included, in one call instead of two counts and a bisection of the tie block it is part of.
+-- ARGV[2], optional: a MessagePack array of the pair numbers (1, 2...) whose member should live in
+-- KEYS[1] with that score (its home shard, or its band on a band board): where one ZMSCORE finds it
+-- there at that very score, ZREVRANK counts the rows ahead of it, ties included, in one call instead
+-- of two counts and a bisection of the tie block it is part of. Where it is not there at that score
+-- (it moved or changed since its score was read, or a band move is still pending), it is counted.
 local key = KEYS[1]
 local rows = cmsgpack.unpack(ARGV[1])
 local home = {}
 if ARGV[2] then
-  for _, n in ipairs(cmsgpack.unpack(ARGV[2])) do home[n] = true end
+  local marked = cmsgpack.unpack(ARGV[2])
+  if #marked > 0 then
+    local members = {}
+    for j, n in ipairs(marked) do members[j] = rows[2 * n] end
+    local held = redis.call('ZMSCORE', key, unpack(members))
+    for j, n in ipairs(marked) do
+      if held[j] and tonumber(held[j]) == tonumber(rows[2 * n - 1]) then home[n] = true end
+    end
+  end
 end
 local out = {}
 for i = 1, #rows, 2 do
   local score, me = rows[i], rows[i + 1]
   local a = home[(i + 1) / 2] and redis.call('ZREVRANK', key, me)
-  if not a then -- not home here, or gone from here since its score was read: count it
+  if not a then -- not held here at that score: count it
     local lo = redis.call('ZCOUNT', key, '(' .. score, '+inf')
     local b = lo + redis.call('ZCOUNT', key, score, score)
     a = lo

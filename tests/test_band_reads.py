@@ -1,0 +1,162 @@
+"""Reads of a band board's total from band sizes (shardlb/reads.py, "band boards' total").
+
+A rank there is the sizes of the bands ahead plus one rank inside the player's band, "around me"
+reads rows by index in the bands around the player, and friends take one counts.lua call per band
+holding some of them. Checked on a real cluster against the in-memory reference board on random
+workloads (few and many bands: one round and two rounds), and, while a band move is still pending
+(a lost band call), against a count over the band shards' own rows, the answer every other view
+gives: 1 + the rows that rank ahead of the player's home row.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shardlb import keys, times
+from shardlb.board import Board, Entry, Score
+from shardlb.config import BoardConfig
+from shardlb.merge import Row
+from shardlb.reads import ONE_ROUND_BANDS
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+from tests.test_board import check_view
+from tests.test_board_retries import assert_board_equals, fail_band_once
+
+pytestmark = pytest.mark.cluster
+
+FEW = [0, 40, 120, 300]
+MANY = list(range(0, 1000, 1000 // (ONE_ROUND_BANDS + 4)))[: ONE_ROUND_BANDS + 4]
+
+
+@pytest.mark.parametrize("order", ["desc", "asc"])
+@pytest.mark.parametrize("mode", ["best", "set"])
+@pytest.mark.parametrize("bands", [FEW, MANY], ids=["few-bands", "many-bands"])
+async def test_band_reads_match_reference(store: BoardStore, bands: list[int], mode: str, order: str) -> None:
+    rng = random.Random(f"band-reads/{len(bands)}/{mode}/{order}")
+    board_id = f"band-reads-{len(bands)}-{mode}-{order}"
+    config = BoardConfig.from_dict(
+        board_id,
+        {
+            "mode": mode,
+            "order": order,
+            "tiebreak": rng.choice(["earliest", "latest"]),
+            "points_max": 1000,
+            "sharding": {"strategy": "band", "bands": bands, "shards": 3},
+        },
+    )
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    players = [f"p{i:03d}" for i in range(60)]
+    try:
+        for batch_no in range(4):
+            batch = [
+                Score(
+                    rng.choice(players),
+                    rng.choice([0, 999, *range(0, 1000, 37)]),  # few values: ties inside bands
+                    f"m{batch_no}-{i}",
+                    now - rng.choice([0, 1, 2]) * 1000,
+                )
+                for i in range(40)
+            ]
+            got = await board.submit(batch, now_ms=now)
+            assert [(r.status, r.points) for r in got] == ref.submit(batch, now_ms=now)
+            await check_view(board, ref, "total", "total", None, rng)
+    finally:
+        await store.delete(board_id)
+
+
+async def band_rows(board: Board) -> list[Row]:
+    """Every row of the band shards' total keys, stale rows of a pending move included."""
+    out: list[Row] = []
+    for prefix in board.prefixes[board.config.sharding.shards :]:
+        pairs = await board.client.zrange(keys.period_key(prefix, "total"), 0, -1, withscores=True)
+        out += [(score, member) for member, score in pairs]
+    return out
+
+
+async def home_row(board: Board, player: str) -> Row:
+    key = keys.period_key(board.prefixes[board.layout.home(player)], "total")
+    score = await board.client.zscore(key, player)
+    assert score is not None
+    return score, player
+
+
+def counted_rank(rows: list[Row], row: Row) -> int:
+    return 1 + sum(1 for r in rows if r > row)
+
+
+async def assert_reads_count_band_rows(board: Board, players: list[str]) -> None:
+    """Rank, around and friends of ``players`` agree with a count over the band shards' rows."""
+    rows = await band_rows(board)
+    homes = {p: await home_row(board, p) for p in players}
+    codec = board.codec
+
+    def entry(rank: int, row: Row) -> Entry:
+        points, achieved = codec.decode(row[0])
+        return Entry(rank, row[1], points, achieved)
+
+    for p, row in homes.items():
+        got = await board.player(p)
+        assert got.entry == entry(counted_rank(rows, row), row), p
+        assert got.players == len(rows)
+        for radius in (0, 1, 3):
+            others = sorted({r for r in rows if r[1] != p}, reverse=True)
+            at = sum(1 for r in others if r > row)
+            lo = max(0, at - radius)
+            want = [*others[lo:at], row, *others[at : at + radius]]
+            rank = counted_rank(rows, row) - (at - lo)
+            assert await board.around(p, radius) == [entry(rank + i, r) for i, r in enumerate(want)], (
+                p,
+                radius,
+            )
+    ids = [*players, "nobody"]
+    listed = sorted(homes.values(), reverse=True)
+    assert await board.query(ids) == [entry(counted_rank(rows, row), row) for row in listed]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "mode"),
+    [(50, 500, "best"), (50, 70, "best"), (500, 50, "set"), (5000, 10, "set")],
+    ids=["up-a-band", "inside-a-band", "down-a-band", "down-two-bands"],
+)
+async def test_band_reads_while_a_move_is_pending(
+    store: BoardStore, before: int, after: int, mode: str
+) -> None:
+    """A band call lost: the home shard has the player's new total, a band shard still the old row
+    (or none). Every read counts from the home row, over the rows the band shards hold, until the
+    move is finished (here by Board.repair); then they equal the reference."""
+    bands = [0, 100, 1000]
+    config = BoardConfig.from_dict(
+        f"band-pending-{before}-{after}-{mode}",
+        {"mode": mode, "sharding": {"strategy": "band", "bands": bands, "shards": 3}},
+    )
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    try:
+        others = [
+            Score(f"o{i}", points, "m1", now)
+            for i, points in enumerate([10, 50, 60, 70, 70, 400, 600, 2000, 9000])
+        ]
+        first = [*others, Score("p1", before, "m1", now)]
+        await board.submit(first, now_ms=now)
+        ref.submit(first, now_ms=now)
+        fail_band_once(board)
+        move = [Score("p1", after, "m2", now + 1000)]
+        with pytest.raises(ConnectionError):
+            await board.submit(move, now_ms=now + 1000)
+        ref.submit(move, now_ms=now + 1000)
+        assert (await home_row(board, "p1"))[0] != (
+            await board.client.zscore(
+                keys.period_key(board.prefixes[board.layout.band_shard(before)], "total"), "p1"
+            )
+        )  # the band shard of the old total still holds the old row: the move is pending
+        await assert_reads_count_band_rows(board, ["p1", "o0", "o2", "o4", "o8"])
+        assert await board.repair() == 1
+        await assert_board_equals(board, ref)
+        await assert_reads_count_band_rows(board, ["p1", "o0", "o2", "o4", "o8"])
+    finally:
+        await store.delete(board.config.id)
