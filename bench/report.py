@@ -301,12 +301,38 @@ def markdown(summary: dict[str, Any], name: str) -> str:
             *read_goals.markdown(summary),
             *_http_details(summary.get("http", {})),
             *_latency_curve(summary),
+            *_band_writes(summary.get("http", {}).get("writes_band", {})),
             *_cpu_table(summary),
             *_sweeps(summary.get("sweeps", {})),
             *durability_report.markdown(summary),
             *_costs_measured(summary),
         ]
     )
+
+
+def _band_writes(w: dict[str, Any]) -> list[str]:
+    """The write step on the board of one shard per master and on the band board (run.band_writes)."""
+    if not w:
+        return []
+    if "skipped" in w:
+        return [f"Band board writes: skipped ({w['skipped']}).", ""]
+    lines = [
+        "## HTTP writes: the board of one shard per master and the band board",
+        "",
+        f"One write step each at {w['offered']:,} writes/s offered (past the ramp's sustained maximum), "
+        "a fresh router of the run's processes, the same players; CPU per player-score write.",
+        "",
+        "| board | writes/s | POST p99 ms | router µs/write | store µs/write | failures |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for part in ("hash", "band"):
+        r = w.get(part)
+        if r:
+            lines.append(
+                f"| `{r['board']}` ({part}) | {_rate(r['writes_per_s'])} | {_ms(r.get('p99_ms'))} "
+                f"| {r.get('router_us_per_write')} | {r.get('store_us_per_write')} | {r.get('failures', 0)} |"
+            )
+    return [*lines, ""]
 
 
 def _overview(summary: dict[str, Any], name: str) -> list[str]:

@@ -48,6 +48,8 @@ ADMIN_KEY = "bench-admin"
 WRITE_KEY = "bench-write"
 GOAL_WRITES = 50_000
 GOAL_RATIO = 0.6
+# The band board's write step (band_writes): past the sustained maximum, so both boards show their limit.
+BAND_WRITE_SHARE = 1.25
 QUIET_CORES = 0.3
 
 
@@ -262,6 +264,40 @@ def band_reads(
         reads = read_mix(s, board, router.url, out / "http-reads-band", groups)
     sharding = hot.band_sharding(workload, s.masters)
     return {"board": board.board, "shards": sharding["shards"], "bands": sharding["bands"], **reads}
+
+
+def band_writes(
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    out: Path,
+    redis: dict[str, list[int]],
+    sustained: float | None,
+) -> dict[str, Any]:
+    """What a band board's reads cost on the write side: one short HTTP write step at the same
+    offered rate (BAND_WRITE_SHARE of the ramp's sustained maximum) on the board of one shard per
+    master and on the band board, both already loaded with the same players, each through a fresh
+    router; writes/s and CPU per player-score write of the router and of the store."""
+    missing = router_missing()
+    if missing:
+        return {"skipped": missing}
+    offered = round(BAND_WRITE_SHARE * sustained) if sustained else s.target_writes
+    result: dict[str, Any] = {"offered": offered}
+    boards = {
+        "hash": hot.hot_board_workload(workload, s.masters),
+        "band": hot.band_board_workload(workload, s.masters),
+    }
+    for part, board in boards.items():
+        point = soak(s, board, cluster, f"writes-{part}", out, redis, offered, s.router_workers)
+        cpu, n = point["cpu"]["cpu_s"], point.get("scores_written") or 0
+        store = sum(cpu.get(k, 0.0) for k in ("redis masters", "redis replicas"))
+        result[part] = {
+            "board": board.board,
+            **point,
+            "router_us_per_write": round(cpu.get("router", 0.0) / n * 1e6, 1) if n else None,
+            "store_us_per_write": round(store / n * 1e6, 1) if n else None,
+        }
+    return result
 
 
 def router_env() -> dict[str, str]:
@@ -784,6 +820,8 @@ def main(argv: list[str] | None = None) -> int:
         if "skipped" not in summary["http"]:
             summary["http"]["reads_planned"] = planned_reads(s, workload, cluster, out, redis, summary["hot"])
             summary["http"]["reads_band"] = band_reads(s, workload, cluster, out, redis, summary["hot"])
+            sustained = summary["http"].get("writes", {}).get("sustained_writes_per_s")
+            summary["http"]["writes_band"] = band_writes(s, workload, cluster, out, redis, sustained)
         summary["sweeps"] = sweeps(s, workload, cluster, out, redis, summary["http"])
         summary["durability"] = durability_phases(
             s, workload, cluster, out, redis, summary["sweeps"]["router_offered_writes"]

@@ -24,6 +24,7 @@ from shardlb import keys
 
 if TYPE_CHECKING:
     from shardlb.board import Board
+    from shardlb.fanout import ScriptPipeline
 
 
 class Move(NamedTuple):
@@ -39,11 +40,14 @@ class BandMoves:
     def __init__(self, board: Board) -> None:
         self.board = board
 
-    async def finish(self, home: int, moves: Sequence[Move]) -> None:
+    async def finish(self, home: int, moves: Sequence[Move], pipeline: ScriptPipeline | None = None) -> None:
         """Send ``moves`` (all of players living on ``home``) to the band shards, then confirm them.
-        A failure raises and leaves them pending, to be sent again later."""
-        await self._send(moves)
-        await self._confirm(home, moves)
+        A failure raises and leaves them pending, to be sent again later. With ``pipeline``, the
+        calls ride the per-node pipelines of the calls made in the same turn: a batch spread over
+        many home shards moves players into many bands at once, and each of those calls would
+        otherwise take a connection of its own (a board of 16 shards and 16 bands ran out of them)."""
+        await self._send(moves, pipeline)
+        await self._confirm(home, moves, pipeline)
 
     async def repair(self) -> int:
         """Finish every pending move of the board; return how many players had one."""
@@ -66,7 +70,7 @@ class BandMoves:
             done += len(moves)
         return done
 
-    async def _send(self, moves: Sequence[Move]) -> None:
+    async def _send(self, moves: Sequence[Move], pipeline: ScriptPipeline | None = None) -> None:
         board, layout = self.board, self.board.layout
         ops: dict[int, list[Any]] = defaultdict(list)
         for m in moves:
@@ -76,28 +80,36 @@ class BandMoves:
                 old = layout.sharding.shards + int(index)
                 if old != new:
                     ops[old] += ["r", m.player, 0, m.version]
-        prefixes = board.prefixes
-        try:
-            await asyncio.gather(
-                *(
-                    board.scripts.band(
-                        keys=[
-                            keys.period_key(prefixes[s], "total"),
-                            keys.version_key(prefixes[s]),
-                            keys.index_key(prefixes[s]),
-                            keys.gone_key(prefixes[s]),
-                        ],
-                        args=args,
-                    )
-                    for s, args in ops.items()
-                )
+        prefixes, band = board.prefixes, board.scripts.band
+        calls = [
+            (
+                [
+                    keys.period_key(prefixes[s], "total"),
+                    keys.version_key(prefixes[s]),
+                    keys.index_key(prefixes[s]),
+                    keys.gone_key(prefixes[s]),
+                ],
+                args,
             )
+            for s, args in ops.items()
+        ]
+        try:
+            if pipeline is None:
+                await asyncio.gather(*(band(keys=k, args=a) for k, a in calls))
+            else:
+                await asyncio.gather(*(pipeline.call(band, k, a) for k, a in calls))
         except ResponseError as e:
             raise board.gone(e) from e
 
-    async def _confirm(self, home: int, moves: Sequence[Move]) -> None:
+    async def _confirm(
+        self, home: int, moves: Sequence[Move], pipeline: ScriptPipeline | None = None
+    ) -> None:
         prefix = self.board.prefixes[home]
         args: list[Any] = []
         for m in moves:
             args += [m.player, m.version]
-        await self.board.scripts.settle(keys=[keys.version_key(prefix), keys.pending_key(prefix)], args=args)
+        settle, key_list = self.board.scripts.settle, [keys.version_key(prefix), keys.pending_key(prefix)]
+        if pipeline is None:
+            await settle(keys=key_list, args=args)
+        else:
+            await pipeline.call(settle, key_list, args)

@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 
 from shardlb import keys, merge, periods, times
 from shardlb.bands import BandMoves, Move
-from shardlb.config import ID_PATTERN, MATCH_ID_MAX, PIN_SPAN, RANK_MODES, BoardConfig, check_id
+from shardlb.config import ID_PATTERN, MATCH_ID_MAX, MAX_BANDS, PIN_SPAN, RANK_MODES, BoardConfig, check_id
 from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound, Resharding
 from shardlb.fanout import ScriptPipeline, batch
@@ -247,8 +247,12 @@ class Board:
         """Validate, then apply per shard (atomic per shard, concurrent across shards, not atomic across)."""
         prepared = self.prepare(scores, now_ms)
         groups = by_shard(prepared)
+        pipeline = ScriptPipeline(self.client) if len(groups) > 1 else None  # one pipeline per node
         replies = await asyncio.gather(
-            *(self.apply_shard(shard, [prepared[i] for i in idx], now_ms) for shard, idx in groups.items())
+            *(
+                self.apply_shard(shard, [prepared[i] for i in idx], now_ms, pipeline)
+                for shard, idx in groups.items()
+            )
         )
         results: list[Result | None] = [None] * len(prepared)
         for idx, shard_results in zip(groups.values(), replies, strict=True):
@@ -297,7 +301,7 @@ class Board:
             if pending != "-":
                 moves.append(Move(p.player_id, int(after), int(version), pending))
         if moves:
-            await self.bands.finish(shard, moves)
+            await self.bands.finish(shard, moves, pipeline)
         if repin:
             again = await self.apply_shard(shard, list(repin.values()), now_ms, pipeline)
             for n, result in zip(repin, again, strict=True):
@@ -604,6 +608,24 @@ class Board:
     @exact
     async def size(self, view: ResolvedView | None = None) -> int:
         return sum(await self._merged(view or self.resolve()).sizes())
+
+    async def band_starts(self, count: int) -> list[int]:
+        """Band starts (``sharding.bands``) that part this board's total into ``count`` bands of
+        about as many players each, from the points of the players at every ``size / count``-th
+        rank (one page read each): what a band board's bands should follow as scores move, for
+        ``shardlb reshard --bands``. Fewer bands where many players share points: a band holds every
+        player of its points. [0] for an empty board."""
+        if not 1 <= count <= MAX_BANDS:
+            raise InvalidInput(f"count must be 1 to {MAX_BANDS}", "count")
+        size = await self.size()
+        starts = {0}
+        for k in range(1, count if size else 1):
+            for at in await self.entries(size * k // count, 1):  # none if the board shrank meanwhile
+                # desc: the band from these points up holds this player and the ones above;
+                # asc (low is good): the band below one point more does.
+                up = self.config.order == "asc"
+                starts.add(min(at.points + 1, self.config.points_max) if up else at.points)
+        return sorted(starts)
 
     @exact
     async def scores(self, player_ids: Sequence[str], view: ResolvedView | None = None) -> dict[str, float]:

@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reconcile_command(commands)
     add_settle_command(commands)
     add_reshard_command(commands)
+    add_bands_command(commands)
     for name, (_, text) in DELEGATED.items():
         commands.add_parser(name, help=text, add_help=False)
     return parser
@@ -312,6 +313,47 @@ def reshard_board(args: argparse.Namespace) -> int:
         print(f"shardlb reshard: {e.message}", file=sys.stderr)
         return 1
     print(json.dumps(status))
+    return 0
+
+
+def add_bands_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`shardlb bands BOARD --count N`: band starts that part the board's players evenly."""
+    bands = commands.add_parser(
+        "bands", help="propose band starts that part a board's players into bands of equal size"
+    )
+    bands.add_argument("board", help="the board")
+    bands.add_argument("--count", type=int, required=True, help="how many bands (e.g. one per master)")
+    bands.add_argument(
+        "--redis",
+        default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"),
+        help="the cluster (default $SHARDLB_REDIS_URL or redis://127.0.0.1:7000)",
+    )
+    bands.set_defaults(func=propose_bands)
+
+
+def propose_bands(args: argparse.Namespace) -> int:
+    """Print the band starts (JSON) and the reshard that would apply them."""
+    from shardlb.connection import Scripts, connect
+    from shardlb.store import BoardStore
+
+    async def run() -> tuple[list[int], int]:
+        client = connect(args.redis, timeout=30.0)
+        try:
+            board = await BoardStore(client, Scripts.register(client)).get(args.board)
+            return await board.band_starts(args.count), board.config.sharding.shards
+        finally:
+            await client.aclose()
+
+    try:
+        starts, shards = asyncio.run(run())
+    except ShardlbError as e:
+        print(f"shardlb bands: {e.message}", file=sys.stderr)
+        return 1
+    print(json.dumps({"board": args.board, "bands": starts}))
+    print(
+        f"apply with: shardlb reshard {args.board} --shards {shards} --bands {','.join(map(str, starts))}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -21,7 +21,7 @@ from shardlb.merge import Row
 from shardlb.reads import ONE_ROUND_BANDS
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
-from tests.test_board import check_view
+from tests.test_board import check_view, expected_entries
 from tests.test_board_retries import assert_board_equals, fail_band_once
 
 pytestmark = pytest.mark.cluster
@@ -160,3 +160,24 @@ async def test_band_reads_while_a_move_is_pending(
         await assert_reads_count_band_rows(board, ["p1", "o0", "o2", "o4", "o8"])
     finally:
         await store.delete(board.config.id)
+
+
+async def test_a_large_batch_on_a_board_of_many_bands_is_applied(store: BoardStore) -> None:
+    """A batch of the API's largest size (1000 results) on 16 home shards and 16 bands: every home
+    shard's call moves players into most bands at once. Those band calls share pipelines instead of
+    each taking a connection of its own (they once ran out of the pool: MaxConnectionsError)."""
+    bands = list(range(0, 16_000, 1000))
+    config = BoardConfig.from_dict(
+        "band-large-batch", {"sharding": {"strategy": "band", "bands": bands, "shards": 16}}
+    )
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    try:
+        batch = [Score(f"p{i}", (i * 7919) % 16_000, "m1", now) for i in range(1000)]
+        got = await board.submit(batch, now_ms=now)
+        assert [(r.status, r.points) for r in got] == ref.submit(batch, now_ms=now)
+        assert await board.top(1000) == expected_entries(ref, "total", None)
+        assert await board.repair() == 0  # every move was finished by the call itself
+    finally:
+        await store.delete(config.id)

@@ -151,3 +151,32 @@ def test_py_spy_samples_fold_into_own_time_and_the_projects_functions() -> None:
     assert hot.fold("") == {}
     table = "\n".join(read_goals.profiles([{"name": "router my rank, b", "profile": got}]))
     assert "#### Profile: router my rank, b" in table and "`player (router/routes.py)` | 90.0" in table
+
+
+def test_the_band_boards_goals_are_their_own(summary: dict[str, Any]) -> None:
+    """The band board's "my rank" and read mix are goals of their own beside the hash board's."""
+    summary["hot"]["band_sharding"] = {"strategy": "band", "shards": 3, "bands": [0, 100, 400]}
+    summary["hot"]["targets"].insert(3, _row(f"{read_goals.BAND_RANK}bench-b3", 2700, 70, 2))
+    summary["http"]["reads_band"] = {
+        **summary["http"]["reads"],
+        "board": "bench-b3",
+        "reads_per_s": 2 * summary["textbook"]["reads"]["items_per_s"],
+    }
+    read_goals.finish(summary)
+    assert goal(summary, "my rank requests/s, one router")["measured"] == 0.5  # still the hash board's
+    band = goal(summary, "my rank requests/s, band board")
+    assert band["measured"] == 1.5 and band["met"] is True
+    store = goal(summary, "store CPU per my rank, band board")
+    assert store["measured"] == round(72 / 80, 2) and store["met"] is True
+    mix = goal(
+        summary, "HTTP reads/s of the mix / the textbook's, the band board (3 home shards and 3 bands)"
+    )
+    assert mix["measured"] == 2.0 and mix["met"] is True
+    # The read costs that bench/plan.py takes come from the hash boards, never from the band board.
+    summary["hot"]["targets"].append(_row("router my rank, bench", 400, 300))
+    summary["settings"]["shards"] = 16
+    costs = read_goals.read_costs(summary)
+    without = dict(summary, hot={**summary["hot"], "targets": [
+        t for t in summary["hot"]["targets"] if not t["name"].startswith(read_goals.BAND_RANK)
+    ]})  # fmt: skip
+    assert costs and costs == read_goals.read_costs(without)

@@ -259,3 +259,32 @@ def test_the_profiled_latency_step_prints_where_the_routers_cpu_went(measured: d
     )
     assert "| `` |  | `Coalescer._run (router/coalescer.py)` | 21.0 |" in text
     assert "Profile: router score writes, 80% step" not in text
+
+
+def test_the_band_write_step_is_reported_per_board() -> None:
+    from bench.report import _band_writes
+
+    point = {"writes_per_s": 9000, "p99_ms": 120.0, "failures": 0}
+    text = "\n".join(
+        _band_writes(
+            {
+                "offered": 12_000,
+                "hash": {
+                    "board": "bench-s3",
+                    **point,
+                    "router_us_per_write": 20.5,
+                    "store_us_per_write": 15.1,
+                },
+                "band": {
+                    "board": "bench-b3",
+                    **point,
+                    "router_us_per_write": 41.0,
+                    "store_us_per_write": 33.3,
+                },
+            }
+        )
+    )
+    assert "12,000 writes/s offered" in text
+    assert "| `bench-s3` (hash) | 9,000 | 120 | 20.5 | 15.1 | 0 |" in text
+    assert "| `bench-b3` (band) | 9,000 | 120 | 41.0 | 33.3 | 0 |" in text
+    assert _band_writes({}) == [] and "skipped (no router)" in _band_writes({"skipped": "no router"})[0]
