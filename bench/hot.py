@@ -45,7 +45,7 @@ from bench.harness import env_int, log
 from bench.procs import CpuMeter
 from bench.read_goals import BAND_RANK
 from bench.services import ROOT, Router, free_port, stop_group
-from bench.testbed import create_board
+from bench.testbed import create_board, masters_memory
 from bench.workload import Workload
 
 READ_ENV = {
@@ -352,12 +352,15 @@ def prepare(url: str, workload: Workload, masters: int, processes: int) -> Workl
     return hot
 
 
-def prepare_band(url: str, workload: Workload, masters: int, processes: int) -> Workload:
-    """The band board (``band_sharding``), holding the same players as the bench's board."""
+def prepare_band(url: str, workload: Workload, masters: int, processes: int) -> tuple[Workload, float]:
+    """The band board (``band_sharding``), holding the same players as the bench's board; and its
+    bytes per player on the masters (home rows, band rows and both version hashes)."""
     banded = band_board_workload(workload, masters)
     asyncio.run(create_board(url, banded, masters, sharding=band_sharding(workload, masters)))
+    before = asyncio.run(masters_memory(url))
     population.load_parallel(url, banded, 0, banded.players, processes)
-    return banded
+    after = asyncio.run(masters_memory(url))
+    return banded, round((after - before) / banded.players, 1)
 
 
 def run(
@@ -381,7 +384,7 @@ def run(
     hot = prepare(url, workload, masters, processes)
     load_s = round(time.monotonic() - t0, 1)
     t0 = time.monotonic()
-    banded = prepare_band(url, workload, masters, processes)
+    banded, band_bytes = prepare_band(url, workload, masters, processes)
     band_load_s = round(time.monotonic() - t0, 1)
     key = peers.textbook_key(workload.board)
     rows: list[dict[str, Any]] = []
@@ -436,6 +439,7 @@ def run(
         "band_board": banded.board,
         "band_sharding": band_sharding(workload, masters),
         "band_board_load_s": band_load_s,
+        "band_bytes_per_player": band_bytes,
         "targets": rows,
     }
 

@@ -60,7 +60,16 @@ DEFAULTS: dict[str, float] = {
     # on 3 and on 16 shards (bench/hot.py, 2026-12-01 21:37) and scaled to the mix's cost on 16 shards.
     "redis_node_us_per_read": 155.0,
     "redis_shard_us_per_read": 46.0,
+    # A band board of one home shard and one band per master against the hash board of one shard per
+    # master, same run (`make bench` 2026-12-02 19:45: the band board's read mix, its write step
+    # beside the hash board's, and its memory after loading): ``--sharding band`` scales by them.
+    "band_store_read_factor": 0.496,
+    "band_router_read_factor": 0.916,
+    "band_store_write_factor": 2.127,
+    "band_router_write_factor": 1.188,
+    "band_bytes_per_player": 300.0,
 }
+SHARDINGS = ("hash", "band")
 BENCH_SHARDS = 16  # the board the costs were measured on
 # Where reads go (the routers' SHARDLB_READ_FROM): the nodes of each primary's group that serve them.
 READERS = {"primary": lambda replicas: 1, "replicas": lambda replicas: replicas, "any": lambda r: 1 + r}
@@ -161,8 +170,16 @@ def plan(
     journal_max_entries: int = JOURNAL_MAX_ENTRIES,
     cached: float = CACHED_SHARE,
     timeless: float = 0.0,
+    sharding: str = "hash",
 ) -> Plan:
     """The sizing model (pure arithmetic; ``main`` prints it with its assumptions).
+
+    ``sharding`` ``band``: the board is a band board of one home shard and one band per master
+    (docs/design-notes.md, "Band boards"). Its reads cost the store and the routers the hash
+    board's times ``band_store_read_factor`` and ``band_router_read_factor``, its writes times the
+    write factors (a total that changes band costs band.lua and settle.lua calls), and a player
+    ``band_bytes_per_player`` in all instead of ``bytes_per_player`` on the total: the factors of
+    one `make bench`, measured side by side with the hash board of one shard per master.
 
     ``incr`` is the share of the writes that go to incr boards, whose dedup records stay in memory
     for ``dedup_window_s`` (their boards' window) and a bucket more. ``timeless`` is the share sent
@@ -181,12 +198,17 @@ def plan(
     readers per group that the reads need.
     """
     c = {**DEFAULTS, **{k: v for k, v in costs.items() if v is not None}}
+    banded = sharding == "band"
     extra = len([p for p in periods if p != "total"])
     write_us = c["redis_master_us_per_write"] * (1 + EXTRA_PERIOD_WRITE_COST * extra)
+    write_us *= c["band_store_write_factor"] if banded else 1.0
     write_us += incr * (DEDUP_BUCKETS + 1) * c["redis_master_us_per_dedup_lookup"]
     dedup = dedup_members(writes, incr, dedup_window_s) * c["bytes_per_dedup_member"] * FRAGMENTATION
     dedup += pins(writes, timeless, dedup_window_s) * c["bytes_per_pin"] * FRAGMENTATION
-    data = players * c["bytes_per_player"] * memory_factor(periods) * FRAGMENTATION + dedup
+    per_player = c["bytes_per_player"] * memory_factor(periods)
+    if banded:  # the band row and both version hashes come on top of the home shard's rows
+        per_player += max(0.0, c["band_bytes_per_player"] - c["bytes_per_player"])
+    data = players * per_player * FRAGMENTATION + dedup
     by_memory = math.ceil(data / MAX_DATA_PER_MASTER)
     write_cores = writes * write_us / 1e6
     by_cpu = math.ceil(write_cores / MASTER_UTILISATION)
@@ -196,16 +218,29 @@ def plan(
     group_read = (
         reads * (1 - cached) * (c["redis_node_us_per_read"] + per_master * c["redis_shard_us_per_read"])
     )
+    group_read *= c["band_store_read_factor"] if banded else 1.0
     group_read /= 1e6  # cores of each primary's group that the reads take
     read_from, replicas, over = readers(group_read, write_cores / masters, replicas)
     redis_cores = write_cores + group_read * masters
-    router_cores = (writes * c["router_us_per_write"] + reads * c["router_us_per_read"]) / 1e6
+    router_write = c["router_us_per_write"] * (c["band_router_write_factor"] if banded else 1.0)
+    router_read = c["router_us_per_read"] * (c["band_router_read_factor"] if banded else 1.0)
+    router_cores = (writes * router_write + reads * router_read) / 1e6
     routers = max(1, math.ceil(router_cores / ROUTER_UTILISATION))
+    shards_reason = (
+        f"{per_master} per master: a read pays a round trip per node and a little per shard, so "
+        f"no more shards than masters need, unless a shard would pass {MAX_PLAYERS_PER_SHARD:,} players"
+    )
+    if banded:
+        shards_reason = (
+            f"home shards, {per_master} per master, and {masters} band(s), one per master: a band board; set "
+            "its band starts with `shardlb bands BOARD --count "
+            f"{masters}` (each band about as many players)"
+        )
     reasons = {
         "masters": "memory" if by_memory >= by_cpu and by_memory > 1 else "CPU",
-        "shards": f"{per_master} per master: a read pays a round trip per node and a little per shard, so "
-        f"no more shards than masters need, unless a shard would pass {MAX_PLAYERS_PER_SHARD:,} players",
+        "shards": shards_reason,
         "reads": _reads_reason(group_read, read_from, replicas, over),
+        "sharding": sharding,
     }
     journal = journal_at_bound(writes * journaled, shards, per_master, c, journal_max_entries)
     if not journaled:
@@ -557,7 +592,17 @@ def _model(
         per_member = costs["bytes_per_dedup_member"] * FRAGMENTATION
         everything = dedup_members(writes, 1.0, dedup_window_s) * per_member
         dedup_line += f" (with --incr 1, every write to incr boards: {_gib(everything)})"
+    band = (
+        [
+            "  band board: the store's w and reads per group x band_store_write_factor and "
+            "band_store_read_factor, the routers' x band_router_write_factor and band_router_read_factor; "
+            "a player's bytes + (band_bytes_per_player - bytes_per_player) for the band row and versions"
+        ]
+        if p.reasons.get("sharding") == "band"
+        else []
+    )
     return [
+        *band,
         f"  w = redis_master_us_per_write x (1 + {EXTRA_PERIOD_WRITE_COST:g} per extra period)"
         f" + incr share x {DEDUP_BUCKETS + 1} x redis_master_us_per_dedup_lookup; "
         f"masters = max(writes x w / {MASTER_UTILISATION:g} core, data / {_gib(MAX_DATA_PER_MASTER)})",
@@ -650,6 +695,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="shards of the board today: print the reshard to the plan's shard count (hash boards)",
     )
+    parser.add_argument(
+        "--sharding",
+        choices=SHARDINGS,
+        default="hash",
+        help="the board's layout: hash (default) or band (one band per master; cheaper reads, dearer writes)",
+    )
     parser.add_argument("--board", default="BOARD", help="the board's name in the printed steps")
     parser.add_argument(
         "--summary", type=Path, default=LATEST, help=f"bench summary to read (default {LATEST})"
@@ -678,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     costs, source = load_costs(args.summary)
     p = plan(
         args.players, args.writes, args.reads, args.replicas, periods, costs, args.incr, args.dedup_window,
-        args.journaled, args.journal_max_entries, args.cached, args.timeless,
+        args.journaled, args.journal_max_entries, args.cached, args.timeless, args.sharding,
     )  # fmt: skip
     steps: list[str] = []
     if args.masters_now is not None or args.shards_now is not None:

@@ -166,6 +166,35 @@ def costs(summary: dict[str, Any]) -> dict[str, Any]:
         out["router_us_per_read"] = _per(r["cpu"]["cpu_s"].get("router"), _http_read_count(r))
     out.update(durability_report.costs(summary))
     out.update(read_goals.read_costs(summary))
+    out.update(band_costs(summary))
+    return out
+
+
+def band_costs(summary: dict[str, Any]) -> dict[str, float]:
+    """A band board's costs beside the hash board of one shard per master, as ratios of this run's
+    figures (bench/plan.py ``--sharding band`` scales the hash board's costs by them): store and
+    router CPU per mix read, per player-score write, and the band board's bytes per player."""
+    http, out = summary.get("http", {}), {}
+    band, planned = http.get("reads_band", {}), http.get("reads_planned", {})
+    if "cpu" in band and "cpu" in planned:
+        per: dict[str, dict[str, float | None]] = {}
+        for name, r in (("band", band), ("hash", planned)):
+            cpu, n = r["cpu"]["cpu_s"], _http_read_count(r)
+            store = cpu.get("redis masters", 0.0) + cpu.get("redis replicas", 0.0)
+            per[name] = {"store": _per(store, n), "router": _per(cpu.get("router"), n)}
+        for part in ("store", "router"):
+            a, b = per["band"][part], per["hash"][part]
+            if a and b:
+                out[f"band_{part}_read_factor"] = round(a / b, 3)
+    writes = http.get("writes_band", {})
+    if "band" in writes and "hash" in writes:
+        for part in ("store", "router"):
+            a, b = writes["band"].get(f"{part}_us_per_write"), writes["hash"].get(f"{part}_us_per_write")
+            if a and b:
+                out[f"band_{part}_write_factor"] = round(a / b, 3)
+    band_bytes = summary.get("hot", {}).get("band_bytes_per_player")
+    if band_bytes:
+        out["band_bytes_per_player"] = band_bytes
     return out
 
 

@@ -25,6 +25,11 @@ COSTS = {
     "journal_calls_per_shard_s": 100.0,
     "redis_node_us_per_read": 100.0,
     "redis_shard_us_per_read": 20.0,
+    "band_store_read_factor": 0.5,
+    "band_router_read_factor": 0.8,
+    "band_store_write_factor": 2.0,
+    "band_router_write_factor": 1.5,
+    "band_bytes_per_player": 250.0,
 }
 GIB = 2**30
 
@@ -408,3 +413,41 @@ def test_the_scaleout_bench_is_printed_beside_the_model(
     assert plan.main(args) == 0
     out = capsys.readouterr().out
     assert lines[1] in out and out.index(lines[0]) < out.index("Assumptions:")
+
+
+def test_a_band_board_scales_the_hash_boards_costs_by_its_measured_factors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--sharding band: reads per group x band_store_read_factor, writes x the write factors, and
+    each player's extra bytes for the band row and versions."""
+    band = COSTS  # band_store_read_factor 0.5, band_router_read_factor 0.8, write factors 2.0 and 1.5
+    args = (10_000_000, 20_000, 50_000, 1, ["total"], band)
+    hashed, banded = plan.plan(*args), plan.plan(*args, sharding="band")
+    assert (hashed.masters, banded.masters) == (1, 1)
+    group = 50_000 * 0.7 * 120e-6
+    writes = 20_000 * 10e-6
+    assert hashed.redis_cores == pytest.approx(writes + group)
+    assert banded.redis_cores == pytest.approx(2 * writes + 0.5 * group)
+    assert banded.router_cores == pytest.approx(20_000 * 50e-6 * 1.5 + 50_000 * 1e-3 * 0.8)
+    assert banded.data_bytes == pytest.approx(10_000_000 * 250.0 * plan.FRAGMENTATION)
+    assert hashed.data_bytes == pytest.approx(10_000_000 * 100.0 * plan.FRAGMENTATION)
+    assert banded.replicas < hashed.replicas  # the reads need fewer replicas
+    assert "band" in banded.reasons["shards"] and "shardlb bands" in banded.reasons["shards"]
+    (tmp_path / "summary.json").write_text(json.dumps({"costs": band}))
+    cli = [
+        "--players",
+        "10000000",
+        "--writes",
+        "20000",
+        "--reads",
+        "50000",
+        "--summary",
+        str(tmp_path / "summary.json"),
+    ]
+    assert plan.main([*cli, "--sharding", "band"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "a band board" in out and "band_store_read_factor = 0.5" in out and "band board: the store's w" in out
+    )
+    with pytest.raises(SystemExit):
+        plan.main([*cli, "--sharding", "region"])

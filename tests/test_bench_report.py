@@ -288,3 +288,32 @@ def test_the_band_write_step_is_reported_per_board() -> None:
     assert "| `bench-s3` (hash) | 9,000 | 120 | 20.5 | 15.1 | 0 |" in text
     assert "| `bench-b3` (band) | 9,000 | 120 | 41.0 | 33.3 | 0 |" in text
     assert _band_writes({}) == [] and "skipped (no router)" in _band_writes({"skipped": "no router"})[0]
+
+
+def test_band_costs_are_ratios_to_the_hash_board_of_the_same_run() -> None:
+    from bench.report import band_costs
+
+    def reads(store_s: float, router_s: float) -> dict[str, Any]:
+        endpoints = {"Aggregated": {"requests": 1000}}
+        return {"endpoints": endpoints, "cpu": {"cpu_s": {"redis masters": store_s, "router": router_s}}}
+
+    summary: dict[str, Any] = {
+        "http": {
+            "reads_planned": reads(0.3, 0.2),
+            "reads_band": reads(0.15, 0.1),
+            "writes_band": {
+                "hash": {"store_us_per_write": 20.0, "router_us_per_write": 20.0},
+                "band": {"store_us_per_write": 42.0, "router_us_per_write": 24.0},
+            },
+        },
+        "hot": {"band_bytes_per_player": 280.5},
+    }
+    got = band_costs(summary)
+    assert got == {
+        "band_store_read_factor": 0.5,
+        "band_router_read_factor": 0.5,
+        "band_store_write_factor": 2.1,
+        "band_router_write_factor": 1.2,
+        "band_bytes_per_player": 280.5,
+    }
+    assert band_costs({}) == {}
