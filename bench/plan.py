@@ -61,13 +61,13 @@ DEFAULTS: dict[str, float] = {
     "redis_node_us_per_read": 155.0,
     "redis_shard_us_per_read": 46.0,
     # A band board of one home shard and one band per master against the hash board of one shard per
-    # master, same run (`make bench` 2026-12-02 19:45: the band board's read mix, its write step
+    # master, same run (`make bench` 2026-12-02 20:03: the band board's read mix, its write step
     # beside the hash board's, and its memory after loading): ``--sharding band`` scales by them.
-    "band_store_read_factor": 0.496,
-    "band_router_read_factor": 0.916,
-    "band_store_write_factor": 2.127,
-    "band_router_write_factor": 1.188,
-    "band_bytes_per_player": 300.0,
+    "band_store_read_factor": 0.484,
+    "band_router_read_factor": 0.913,
+    "band_store_write_factor": 2.047,
+    "band_router_write_factor": 1.131,
+    "band_bytes_per_player": 387.0,
 }
 SHARDINGS = ("hash", "band")
 BENCH_SHARDS = 16  # the board the costs were measured on

@@ -227,18 +227,12 @@ def planned_reads(
     """The HTTP read mix again, on the board of one shard per master (the layout `shardlb plan`
     recommends) with the same players, through a router of its own as in http_phases. The board is
     the one the hot phase loaded (bench/hot.py), or loaded here when that phase was skipped."""
-    missing = router_missing()
-    if missing:
-        return {"skipped": missing}
     board = hot.hot_board_workload(workload, s.masters)
-    if hot_run.get("hot_board") != board.board:
+    if hot_run.get("hot_board") != board.board and not router_missing():
         log(f"loading {board.board}: {s.masters} shards, the same {workload.players:,} players")
         hot.prepare(cluster.url, workload, s.masters, s.driver_processes)
-    router = Router(cluster.url, free_port(22400), s.router_workers, out / "planned-router.log", router_env())
-    with router:
-        groups = {**redis, "router": [router.proc.pid] if router.proc else []}
-        reads = read_mix(s, board, router.url, out / "http-reads-planned", groups)
-    return {"board": board.board, "shards": s.masters, "router_workers": s.router_workers, **reads}
+    reads = _reads_through_own_router(s, board, cluster, out, redis, "planned")
+    return reads if "skipped" in reads else {**reads, "shards": s.masters, "router_workers": s.router_workers}
 
 
 def band_reads(
@@ -251,19 +245,29 @@ def band_reads(
 ) -> dict[str, Any]:
     """The HTTP read mix once more, on the band board of one home shard and one band per master
     with the same players (bench/hot.py ``band_sharding``), as ``planned_reads`` does."""
+    board = hot.band_board_workload(workload, s.masters)
+    if hot_run.get("band_board") != board.board and not router_missing():
+        log(f"loading {board.board}: a band board, the same {workload.players:,} players")
+        hot.prepare_band(cluster.url, workload, s.masters, s.driver_processes)
+    reads = _reads_through_own_router(s, board, cluster, out, redis, "band")
+    sharding = hot.band_sharding(workload, s.masters)
+    return (
+        reads if "skipped" in reads else {**reads, "shards": sharding["shards"], "bands": sharding["bands"]}
+    )
+
+
+def _reads_through_own_router(
+    s: Settings, board: Workload, cluster: LocalCluster, out: Path, redis: dict[str, list[int]], name: str
+) -> dict[str, Any]:
+    """The read mix on ``board`` through a fresh router, CPU metered over ``redis`` and the router."""
     missing = router_missing()
     if missing:
         return {"skipped": missing}
-    board = hot.band_board_workload(workload, s.masters)
-    if hot_run.get("band_board") != board.board:
-        log(f"loading {board.board}: a band board, the same {workload.players:,} players")
-        hot.prepare_band(cluster.url, workload, s.masters, s.driver_processes)
-    router = Router(cluster.url, free_port(22400), s.router_workers, out / "band-router.log", router_env())
+    router = Router(cluster.url, free_port(22400), s.router_workers, out / f"{name}-router.log", router_env())
     with router:
         groups = {**redis, "router": [router.proc.pid] if router.proc else []}
-        reads = read_mix(s, board, router.url, out / "http-reads-band", groups)
-    sharding = hot.band_sharding(workload, s.masters)
-    return {"board": board.board, "shards": sharding["shards"], "bands": sharding["bands"], **reads}
+        reads = read_mix(s, board, router.url, out / f"http-reads-{name}", groups)
+    return {"board": board.board, **reads}
 
 
 def band_writes(
