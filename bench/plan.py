@@ -111,6 +111,29 @@ class Plan:
     router_cores: float
     journal: Journal
     reasons: dict[str, str] = field(default_factory=dict)
+    fits: bool = True  # False: the reads need more than MAX_REPLICAS replicas per master
+
+    @property
+    def nodes(self) -> int:
+        """Redis nodes: the masters and their replicas."""
+        return self.masters * (1 + self.replicas)
+
+
+def choose(plans: dict[str, Plan]) -> tuple[str, str]:
+    """(the layout to recommend, why) among the plans of each layout for the same load: one that
+    fits before one that does not, then the fewest Redis nodes, then the fewest router processes;
+    on a tie the first given (hash: its writes cost less and it needs no band starts)."""
+    best = min(plans, key=lambda k: (not plans[k].fits, plans[k].nodes, plans[k].routers))
+    others = "; ".join(
+        f"{name}: {p.nodes} nodes and {p.routers} routers{'' if p.fits else ', OVER BUDGET'}"
+        for name, p in plans.items()
+        if name != best
+    )
+    chosen = plans[best]
+    return best, (
+        f"{chosen.nodes} Redis nodes and {chosen.routers} router processes against {others} "
+        "(--sharding hash|band plans one layout)"
+    )
 
 
 @dataclass(frozen=True)
@@ -248,7 +271,7 @@ def plan(
     memory_per_node = int((data / masters + journal.bytes_per_master) * FORK_HEADROOM)
     return Plan(
         masters, replicas, shards, read_from, routers, memory_per_node, data, dedup, redis_cores,
-        router_cores, journal, reasons,
+        router_cores, journal, reasons, not over,
     )  # fmt: skip
 
 
@@ -363,7 +386,24 @@ def layout_steps(
                 ),
             )
         )
-    if shards_now is not None and shards_now != p.shards:
+    banded = p.reasons.get("sharding") == "band"
+    if banded and shards_now is not None:
+        steps.append(
+            Step(
+                f"make {board} a band board online: {_count(shards_now, 'hash shard')} -> "
+                f"{_count(p.shards, 'home shard')} and {_count(p.masters, 'band')}, one per master "
+                "(a rank reads the sizes of the bands ahead and one band; skip if it already is one)",
+                (
+                    f"shardlb bands {board} --count {p.masters}   (band starts at the board's rank "
+                    "quantiles; it prints the reshard that applies them:)",
+                    f"shardlb reshard {board} --shards {p.shards} --bands <those starts>   (writes and exact "
+                    "reads go on; --status, --resume, --cancel as for any reshard)",
+                    f"on Kubernetes: kubectl -n NS exec deploy/shardlb-archiver -- shardlb bands {board} "
+                    f"--count {p.masters}, then the reshard it prints",
+                ),
+            )
+        )
+    elif shards_now is not None and shards_now != p.shards:
         why = (
             "to spread its writes over every master"
             if p.shards > shards_now
@@ -398,9 +438,12 @@ def layout_steps(
             )
         )
     if steps and p.masters > 1 and shards_now is not None:
+        each = f"{p.shards // p.masters} of {board}'s shards"
+        if banded:
+            each = f"{p.shards // p.masters} of {board}'s home shards and one of its bands"
         steps.append(
             Step(
-                f"check that every master serves {p.shards // p.masters} of {board}'s shards",
+                f"check that every master serves {each}",
                 ("local:      shardlb cluster status   (each board's shards per master)",),
             )
         )
@@ -466,6 +509,21 @@ def scaleout_lines(result: dict[str, Any]) -> list[str]:
         f"model: 1/masters, {model})",
         f"  Redis µs per read, each master (mean): {read_each}; all masters: {read_all} (the model: every "
         "exact read costs every master's group a round trip)",
+        *_band_scaleout(points),
+    ]
+
+
+def _band_scaleout(points: list[dict[str, Any]]) -> list[str]:
+    """The band board's reads of the same sweep, when it measured them."""
+    reads = [p.get("band_reads", {}).get("redis_us_per_op") for p in points]
+    if not all(reads):
+        return []
+    busiest = " / ".join(f"{max(r):.1f}" for r in reads)
+    rest = " / ".join(f"{(sum(r) - max(r)) / (len(r) - 1):.1f}" if len(r) > 1 else "-" for r in reads)
+    return [
+        f"  band board, Redis µs per read, the busiest master: {busiest}; the others (mean): {rest} (the "
+        "player's home shard and band walk a skip list, every other band answers O(1) counts; the model "
+        "scales the hash board's read per group by band_store_read_factor)",
     ]
 
 
@@ -530,6 +588,7 @@ def render(
             f"{journaled:.0%} journaled), {reads:,.0f} reads/s, "
             f"periods {','.join(periods)}, {cached:.0%} of the reads from the routers' top cache",
             "",
+            f"  layout               {p.reasons['sharding']} board  ({p.reasons.get('chosen', 'as asked')})",
             f"  Redis masters        {p.masters}  ({p.reasons['masters']}-bound; "
             f"{nodes} nodes with replicas)",
             f"  replicas per master  {p.replicas}",
@@ -697,9 +756,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sharding",
-        choices=SHARDINGS,
-        default="hash",
-        help="the board's layout: hash (default) or band (one band per master; cheaper reads, dearer writes)",
+        choices=("auto", *SHARDINGS),
+        default="auto",
+        help="the board's layout: hash, band (one band per master; cheaper reads, dearer writes), or auto "
+        "(default: plan both, recommend the one that fits on the fewest nodes)",
     )
     parser.add_argument("--board", default="BOARD", help="the board's name in the printed steps")
     parser.add_argument(
@@ -727,10 +787,15 @@ def main(argv: list[str] | None = None) -> int:
     if "total" not in periods:
         periods.insert(0, "total")
     costs, source = load_costs(args.summary)
-    p = plan(
+    load = (
         args.players, args.writes, args.reads, args.replicas, periods, costs, args.incr, args.dedup_window,
-        args.journaled, args.journal_max_entries, args.cached, args.timeless, args.sharding,
+        args.journaled, args.journal_max_entries, args.cached, args.timeless,
     )  # fmt: skip
+    layouts = SHARDINGS if args.sharding == "auto" else (args.sharding,)
+    plans = {sharding: plan(*load, sharding=sharding) for sharding in layouts}
+    chosen, why = choose(plans) if len(plans) > 1 else (args.sharding, "as asked")
+    p = plans[chosen]
+    p.reasons["chosen"] = why
     steps: list[str] = []
     if args.masters_now is not None or args.shards_now is not None:
         found = layout_steps(p, args.masters_now, args.shards_now, args.board)

@@ -62,6 +62,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from bench import population, raw
 from bench.harness import env_int, env_ints, log, publish, run_dir
+from bench.hot import band_sharding
 from bench.latency import Phase, elapsed_ms, run_phase
 from bench.run import wait_for_quiet
 from bench.testbed import create_board, machine, node_pids, start_cluster
@@ -92,6 +93,7 @@ class Settings:
     quiet_wait: int = 0  # seconds to wait, before each cluster's phases, for other load to drop
     replica_masters: int = 3  # the masters of the replicas sweep's clusters
     replicas: tuple[int, ...] = (1, 2)  # replicas per master, one cluster each (empty: no sweep)
+    band: bool = True  # a band board's writes and reads on each cluster of the masters sweep too
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -107,6 +109,7 @@ class Settings:
             env_int("SHARDLB_SCALEOUT_QUIET_WAIT", d.quiet_wait),
             env_int("SHARDLB_SCALEOUT_REPLICA_MASTERS", d.replica_masters),
             tuple(env_ints("SHARDLB_SCALEOUT_REPLICAS", ",".join(map(str, d.replicas)))),
+            os.environ.get("SHARDLB_SCALEOUT_BAND", "1") != "0",
         )
 
 
@@ -341,30 +344,60 @@ async def measure(
     generator on ``driver_cpu``."""
     client, scripts = await connected(url, s)
     try:
-        board = await BoardStore(client, scripts).get(workload.board)
-        base = [used_memory(n) for n in nodes]
-        await population.load_board(board, workload)
-        memory = [used_memory(n) - b for n, b in zip(nodes, base, strict=True)]
-        meter = Meter(nodes)
+        store = BoardStore(client, scripts)
+        board = await store.get(workload.board)
+        memory = await loaded(board, workload, nodes)
         out: dict[str, Any] = {
             "shards_on_masters": shards_on_masters(board, len(nodes)),
             "board_mib_on_masters": [round(m / 2**20, 1) for m in memory],
             "load_before_cores": round(wait_for_quiet(s.quiet_wait), 2) if s.quiet_wait else None,
         }
-        with pinned(driver_cpu):
-            await raw.writes(board, workload, WARMUP_S, s.write_tasks, s.batch_matches, seed=11)
-            meter.mark()
-            phase = await raw.writes(board, workload, s.seconds, s.write_tasks, s.batch_matches, seed=12)
-            meter.mark()
-            out["writes"] = meter.phase(phase)
-            await rank_reads(board, workload, WARMUP_S, s.read_tasks, seed=21)
-            meter.mark()
-            phase = await rank_reads(board, workload, s.seconds, s.read_tasks, seed=22)
-            meter.mark()
-            out["reads"] = meter.phase(phase)
+        out |= await phases(board, workload, s, Meter(nodes), driver_cpu)
+        if s.band:
+            banded = band_workload(workload)
+            band = await store.get(banded.board)
+            memory = await loaded(band, banded, nodes)
+            out["band_mib_on_masters"] = [round(m / 2**20, 1) for m in memory]
+            out["band_shards_on_masters"] = shards_on_masters(band, len(nodes))
+            if s.quiet_wait:
+                out["band_load_before_cores"] = round(wait_for_quiet(s.quiet_wait), 2)
+            done = await phases(band, banded, s, Meter(nodes), driver_cpu)
+            out |= {f"band_{kind}": figures for kind, figures in done.items()}
         return out
     finally:
         await client.aclose()
+
+
+async def loaded(board: Board, workload: Workload, nodes: list[redis.Redis]) -> list[int]:
+    """Preload ``board``; the bytes it took on each node."""
+    base = [used_memory(n) for n in nodes]
+    await population.load_board(board, workload)
+    return [used_memory(n) - b for n, b in zip(nodes, base, strict=True)]
+
+
+async def phases(
+    board: Board, workload: Workload, s: Settings, meter: Meter, driver_cpu: int
+) -> dict[str, Any]:
+    """The timed writes, then the timed "my rank" reads of ``board``, each after a warm-up, with the
+    load generator on ``driver_cpu``."""
+    out: dict[str, Any] = {}
+    with pinned(driver_cpu):
+        await raw.writes(board, workload, WARMUP_S, s.write_tasks, s.batch_matches, seed=11)
+        meter.mark()
+        phase = await raw.writes(board, workload, s.seconds, s.write_tasks, s.batch_matches, seed=12)
+        meter.mark()
+        out["writes"] = meter.phase(phase)
+        await rank_reads(board, workload, WARMUP_S, s.read_tasks, seed=21)
+        meter.mark()
+        phase = await rank_reads(board, workload, s.seconds, s.read_tasks, seed=22)
+        meter.mark()
+        out["reads"] = meter.phase(phase)
+    return out
+
+
+def band_workload(workload: Workload) -> Workload:
+    """The band board's workload: the same players, another board."""
+    return replace(workload, board=f"{workload.board}-band")
 
 
 async def measure_replicas(
@@ -437,18 +470,23 @@ def point(masters: int, s: Settings, workload: Workload, cpus: Sequence[int], di
         where = bed.where
         shards = masters * s.shards_per_master
         asyncio.run(create_board(bed.cluster.url, workload, shards))
+        bands = band_sharding(workload, masters)
+        if s.band:
+            asyncio.run(create_board(bed.cluster.url, band_workload(workload), masters, sharding=bands))
         log(
             f"{masters} master(s) on CPUs {list(where.masters)}, load generator on CPU {where.driver}, "
-            f"{shards} shard(s)"
+            f"{shards} shard(s)" + (f"; a band board of bands from {bands['bands']}" if s.band else "")
         )
         measured = asyncio.run(measure(bed.cluster.url, workload, s, bed.nodes, where.driver))
         log(
             f"{masters} master(s): {measured['writes']['ops_per_s']:,.0f} writes/s, "
             f"{measured['reads']['ops_per_s']:,.0f} reads/s"
+            + (f"; band board {measured['band_reads']['ops_per_s']:,.0f} reads/s" if s.band else "")
         )
         return {
             "masters": masters,
             "shards": shards,
+            **({"bands": bands["bands"]} if s.band else {}),
             "placement": asdict(where),
             "cpus_shared": where.shared(),
             "pinned": bed.pins,
@@ -682,6 +720,61 @@ def replica_section(points: list[dict[str, Any]], s: dict[str, Any]) -> list[str
     ]
 
 
+def band_section(points: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:
+    """The band board's tables: one home shard and one band per master (none when not measured)."""
+    if not all("band_reads" in p for p in points):
+        return []
+    starts = "; ".join(f"{p['masters']}: {p.get('bands')}" for p in points)
+    return [
+        f"## Band board: one home shard and one band per master (band starts by masters: {starts})",
+        "",
+        'The same players on a band board (docs/design-notes.md, "Band boards"): a player\'s total on '
+        "their home shard (by hash) and on the band shard of their points. A rank is the sizes of the "
+        "bands ahead (ZCARD) plus one ZREVRANK in the player's own band, so only the home shard and the "
+        "player's band walk a skip list; every other master answers three O(1) commands.",
+        "",
+        f"### Writes ({s['write_tasks']} batches of {s['batch_matches']} matches in flight)",
+        "",
+        *table(points, "band_writes", "writes"),
+        "",
+        f'### "My rank" reads (Board.player, {s["read_tasks"]} at a time)',
+        "",
+        *table(points, "band_reads", "reads"),
+        "",
+    ]
+
+
+def band_findings(points: list[dict[str, Any]]) -> list[str]:
+    """How the band board's reads grew with the masters, beside the hash board's."""
+    if not all("band_reads" in p for p in points) or len(points) < 2:
+        return []
+    first, last = points[0]["masters"], points[-1]["masters"]
+    return [
+        f"Band board, from {first} to {last} master(s): reads/s at 1 core per master "
+        f"{_ratio(points, 'band_reads', 'ceiling_per_s')} (the hash board's: "
+        f"{_ratio(points, 'reads', 'ceiling_per_s')}; in proportion to the masters: {last / first:.2f}x); "
+        f"Redis µs per read in all masters {_ratio(points, 'band_reads', 'redis_us_per_op_all')}; writes/s "
+        f"at 1 core per master {_ratio(points, 'band_writes', 'ceiling_per_s')}.",
+        "",
+    ]
+
+
+def memory_table(points: list[dict[str, Any]]) -> list[str]:
+    banded = all("band_mib_on_masters" in p for p in points)
+    head = "| masters | board MiB on each master | shards on each master |"
+    rule = "|---:|---|---|"
+    if banded:
+        head += " band board MiB on each master | its shards (home and band) on each master |"
+        rule += "---|---|"
+    rows = []
+    for p in points:
+        row = f"| {p['masters']} | {_cell(p['board_mib_on_masters'])} | {_cell(p['shards_on_masters'])} |"
+        if banded:
+            row += f" {_cell(p['band_mib_on_masters'])} | {_cell(p['band_shards_on_masters'])} |"
+        rows.append(row)
+    return [head, rule, *rows]
+
+
 def markdown(result: dict[str, Any]) -> str:
     points = result["points"]
     replica_points = result.get("replica_points", [])
@@ -711,14 +804,10 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         *table(points, "reads", "reads"),
         "",
+        *band_section(points, s),
         "## Memory",
         "",
-        "| masters | board MiB on each master | shards on each master |",
-        "|---:|---|---|",
-        *(
-            f"| {p['masters']} | {_cell(p['board_mib_on_masters'])} | {_cell(p['shards_on_masters'])} |"
-            for p in points
-        ),
+        *memory_table(points),
         "",
         f"From {points[0]['masters']} to {points[-1]['masters']} master(s): writes/s "
         f"{_ratio(points, 'writes', 'ops_per_s')}, writes/s at 1 core per master "
@@ -726,6 +815,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"reads/s at 1 core per master {_ratio(points, 'reads', 'ceiling_per_s')}; Redis µs per read in "
         f"all masters {_ratio(points, 'reads', 'redis_us_per_op_all')}.",
         "",
+        *band_findings(points),
         *replica_section(replica_points, s),
         *_waited([*points, *replica_points], s),
         "'At 1 core per master' = 1,000,000 / the busiest master's µs per operation: the rate at which "

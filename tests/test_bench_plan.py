@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -451,3 +452,72 @@ def test_a_band_board_scales_the_hash_boards_costs_by_its_measured_factors(
     )
     with pytest.raises(SystemExit):
         plan.main([*cli, "--sharding", "region"])
+
+
+def test_auto_recommends_the_layout_that_fits_on_the_fewest_nodes() -> None:
+    """Read-heavy: the band board's cheaper reads need fewer replicas; write-heavy: the hash board's
+    cheaper writes need fewer masters; a tie goes to the first layout, and fitting comes first."""
+    reads = {
+        s: plan.plan(10_000_000, 20_000, 50_000, 1, ["total"], COSTS, sharding=s) for s in plan.SHARDINGS
+    }
+    assert reads["band"].nodes < reads["hash"].nodes
+    chosen, why = plan.choose(reads)
+    assert chosen == "band"
+    assert why.startswith(f"{reads['band'].nodes} Redis nodes and {reads['band'].routers} router processes")
+    assert f"hash: {reads['hash'].nodes} nodes" in why
+    writes = {s: plan.plan(1_000_000, 200_000, 0, 1, ["total"], COSTS, sharding=s) for s in plan.SHARDINGS}
+    assert writes["hash"].masters < writes["band"].masters  # band writes cost the store twice as much
+    assert plan.choose(writes)[0] == "hash"
+    same = plan.plan(1_000, 10, 0, 1, ["total"], COSTS)
+    assert plan.choose({"hash": same, "band": same})[0] == "hash"
+    over = dataclasses.replace(reads["band"], fits=False)
+    assert plan.choose({"hash": reads["hash"], "band": over})[0] == "hash"
+    assert "band: " in plan.choose({"hash": reads["hash"], "band": over})[1]
+    assert "OVER BUDGET" in plan.choose({"hash": reads["hash"], "band": over})[1]
+
+
+def test_a_plan_that_needs_more_replicas_than_the_limit_does_not_fit() -> None:
+    huge = plan.plan(1_000_000, 1_000, 1e9, 1, ["total"], COSTS)
+    assert not huge.fits and "OVER BUDGET" in huge.reasons["reads"]
+    assert plan.plan(1_000_000, 1_000, 1_000, 1, ["total"], COSTS).fits
+
+
+def test_main_prints_the_chosen_layout_and_the_steps_to_a_band_board(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    cli = ["--players", "10000000", "--writes", "20000", "--reads", "50000"]
+    cli += ["--summary", str(tmp_path / "summary.json"), "--masters-now", "1", "--shards-now", "16"]
+    assert plan.main(cli) == 0
+    out = capsys.readouterr().out
+    assert "  layout               band board  (" in out and "against hash: " in out
+    assert "make BOARD a band board online: 16 hash shards -> " in out
+    assert "shardlb bands BOARD --count " in out and "--bands <those starts>" in out
+    assert plan.main([*cli, "--sharding", "hash"]) == 0
+    out = capsys.readouterr().out
+    assert "  layout               hash board  (as asked)" in out and "shardlb bands" not in out
+    assert "reshard BOARD online, 16 -> " in out
+
+
+def test_band_steps_convert_the_board_and_check_each_master_holds_a_band() -> None:
+    p = plan.plan(10_000_000, 100_000, 50_000, 1, ["total"], COSTS, sharding="band")
+    assert p.masters > 1
+    convert, check = plan.layout_steps(p, masters_now=p.masters, shards_now=16, board="global")
+    assert convert.what.startswith(
+        f"make global a band board online: 16 hash shards -> {p.shards} home shards"
+    )
+    assert convert.commands[0].startswith(f"shardlb bands global --count {p.masters} ")
+    assert convert.commands[1].startswith(f"shardlb reshard global --shards {p.shards} --bands ")
+    assert check.what == "check that every master serves 1 of global's home shards and one of its bands"
+    assert plan.layout_steps(p, p.masters, None) == []  # the board's layout today not given
+
+
+def test_the_scaleout_bench_band_reads_are_printed_when_measured() -> None:
+    points = [scaleout_point(1, [12.0], [10.0]), scaleout_point(3, [5.0, 4.0, 4.0], [12.0, 12.0, 12.0])]
+    assert not any("band board" in line for line in plan.scaleout_lines({"points": points}))
+    points[0]["band_reads"] = {"redis_us_per_op": [9.0]}
+    points[1]["band_reads"] = {"redis_us_per_op": [3.0, 8.0, 4.0]}
+    line = plan.scaleout_lines({"points": points})[-1]
+    assert line.startswith(
+        "  band board, Redis µs per read, the busiest master: 9.0 / 8.0; the others (mean): - / 3.5"
+    )

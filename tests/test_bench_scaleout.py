@@ -217,6 +217,26 @@ def test_the_markdown_has_a_row_per_cluster_and_the_ratios() -> None:
     assert scaleout.TWO_CORES in md
     assert "Other load on the machine" not in md  # no wait for quiet asked
     assert "without replicas, each redis-server" in md and "from replicas" not in md
+    assert "Band board" not in md  # not measured: no section
+    for p, us in zip(result["points"], ([9.0], [3.0, 3.0, 6.0]), strict=True):
+        p["band_reads"] = scaleout.figures(10_000, 10.0, [u * 10_000 / 1e6 for u in us], 1.0, 2.0)
+        p["band_writes"] = p["writes"]
+        p["band_mib_on_masters"] = [30.0 / p["masters"]] * p["masters"]
+        p["band_shards_on_masters"] = [2] * p["masters"]
+        p["bands"] = [0, 5000, 9000][: p["masters"]]
+    md = scaleout.markdown(result)
+    assert "## Band board: one home shard and one band per master (band starts by masters: 1: [0]; 3: " in md
+    assert "\n".join(scaleout.table(result["points"], "band_reads", "reads")) in md
+    # 1e6 / 9 against 1e6 / 6 at a core per master: 1.50x, where three times the masters would be 3.00x.
+    assert (
+        "Band board, from 1 to 3 master(s): reads/s at 1 core per master 1.50x (the hash board's: 1.00x;"
+        in md
+    )
+    assert "in proportion to the masters: 3.00x); Redis µs per read in all masters 1.33x" in md
+    assert "| 3 | 3.33333 / 3.33333 / 3.33333 | 1 / 1 / 1 | 10 / 10 / 10 | 2 / 2 / 2 |" in md
+    for p in result["points"]:
+        for key in ("band_reads", "band_writes", "band_mib_on_masters", "band_shards_on_masters", "bands"):
+            del p[key]
     result["replica_points"] = [fake_replica_point(1, 20.0, 20.0), fake_replica_point(2, 20.0, 20.0)]
     md = scaleout.markdown(result)
     assert "without replicas, then of 3 masters with 1, 2 replica(s) each, each redis-server" in md
@@ -246,10 +266,13 @@ def test_a_tiny_run_pins_every_node_and_measures_every_phase(tmp_path: Path) -> 
         assert point["masters"] == point["shards"] == masters
         assert point["shards_on_masters"] == [1] * masters
         assert [p["affinity"] for p in point["pinned"]] == [[cpu] for cpu in point["placement"]["masters"]]
-        for kind in ("writes", "reads"):
+        for kind in ("writes", "reads", "band_writes", "band_reads"):
             f = point[kind]
             assert f["ops"] > 0 and f["errors"] == 0, f
             assert len(f["redis_us_per_op"]) == masters and min(f["redis_us_per_op"]) > 0
+        # The band board: one home shard and one band on each master, bands at the quantiles.
+        assert point["band_shards_on_masters"] == [2] * masters
+        assert len(point["bands"]) == masters and point["bands"][0] == 0
     (point,) = result["replica_points"]
     assert (point["masters"], point["replicas"], point["replica_groups"]) == (2, 1, [0, 1])
     assert [p["affinity"] for p in point["pinned"]] == [
