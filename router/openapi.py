@@ -15,6 +15,7 @@ from shardlb import periods, times
 from shardlb.board import MAX_FUTURE_MS, STATUS
 from shardlb.codec import RESOLUTION_MS
 from shardlb.config import (
+    BAND_PLACEMENTS,
     CLOSE_GRACE_S,
     DEDUP_WINDOW_S,
     DURABILITY,
@@ -176,6 +177,14 @@ _SCHEMAS: dict[str, Any] = {
                         "maximum": MAX_SHARDS - 1,
                         "description": "Addition: hash shards that hold the players' records; "
                         f"with the bands at most {MAX_SHARDS}",
+                    },
+                    "placement": {
+                        "enum": list(BAND_PLACEMENTS),
+                        "default": BAND_PLACEMENTS[0],
+                        "description": "Addition: where the shards sit on the cluster's slots. spread "
+                        "(new boards) interleaves the home shards and the bands, so a cluster of as many "
+                        "masters as bands gives each master one band; window (band boards created before "
+                        "there was a choice) puts every home shard first, then the bands.",
                     },
                 },
             },

@@ -68,6 +68,15 @@ def check_id(value: object, field_name: str) -> str:
     return value
 
 
+# Where a band board's shards sit on the slots (shardlb/sharding.py, ``Layout.slot_group``):
+# "spread" interleaves the home shards and the bands, so that a cluster of as many masters as bands
+# gives each master one band and one home shard; "window", the placement of band boards created
+# before there was a choice, puts the home shards in the first slot windows and the bands after them
+# (with 3 of each on 3 masters: two home shards on the first, two bands on the last). Stored band
+# settings without the field are "window" (``stored_sharding``); new ones are "spread".
+BAND_PLACEMENTS = ("spread", "window")
+
+
 @dataclass(frozen=True)
 class Sharding:
     strategy: str = "hash"
@@ -75,6 +84,7 @@ class Sharding:
     regions: tuple[str, ...] = ()
     shards_per_region: int = 0
     bands: tuple[int, ...] = ()
+    placement: str = ""  # band boards: one of BAND_PLACEMENTS; "" for the others
 
     def to_dict(self) -> dict[str, Any]:
         if self.strategy == "region":
@@ -84,7 +94,12 @@ class Sharding:
                 "shards_per_region": self.shards_per_region,
             }
         if self.strategy == "band":
-            return {"strategy": "band", "bands": list(self.bands), "shards": self.shards}
+            return {
+                "strategy": "band",
+                "bands": list(self.bands),
+                "shards": self.shards,
+                "placement": self.placement,
+            }
         return {"strategy": "hash", "shards": self.shards}
 
 
@@ -236,7 +251,7 @@ def _sharding(value: object) -> Sharding:
     allowed = {
         "hash": {"strategy", "shards"},
         "region": {"strategy", "regions", "shards_per_region"},
-        "band": {"strategy", "bands", "shards"},
+        "band": {"strategy", "bands", "shards", "placement"},
     }[strategy]
     for name in value:
         if name not in allowed:
@@ -268,4 +283,24 @@ def _sharding(value: object) -> Sharding:
             "sharding.bands",
         )
     shards = _int(value.get("shards", DEFAULT_SHARDS), "sharding.shards", 1, MAX_SHARDS - len(bands))
-    return Sharding("band", shards, (), 0, tuple(bands))
+    placement = value.get("placement", BAND_PLACEMENTS[0])
+    if placement not in BAND_PLACEMENTS:
+        raise InvalidInput(
+            f"sharding.placement must be one of {', '.join(BAND_PLACEMENTS)}", "sharding.placement"
+        )
+    return Sharding("band", shards, (), 0, tuple(bands), placement)
+
+
+def stored_sharding(value: Any) -> Any:
+    """Sharding settings as a registry record, a reshard's record or the archive keeps them: band
+    settings written before there was a placement get the one they were laid out with ("window")."""
+    if isinstance(value, dict) and value.get("strategy") == "band" and "placement" not in value:
+        return {**value, "placement": "window"}
+    return value
+
+
+def stored_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """A stored board's settings, with ``stored_sharding`` applied to its sharding."""
+    if "sharding" not in settings:
+        return settings
+    return {**settings, "sharding": stored_sharding(settings["sharding"])}

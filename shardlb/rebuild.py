@@ -42,7 +42,7 @@ from redis.exceptions import ResponseError
 from shardlb import keys, moderation, periods, times
 from shardlb.bands import Move
 from shardlb.board import GONE, QUARTER_HOUR_MS, Board
-from shardlb.config import BoardConfig
+from shardlb.config import BoardConfig, stored_settings
 from shardlb.connection import Script, Scripts, connect
 from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput
 from shardlb.journal import Applied, Entry, decode
@@ -346,7 +346,7 @@ class Rebuilder:
             found = await cur.fetchall()
         out = []
         for board_id, incarnation, settings in found:
-            config = BoardConfig.from_dict(board_id, settings)
+            config = BoardConfig.from_dict(board_id, stored_settings(settings))
             former = Board(store.client, config, store.scripts, incarnation)
             if await self.client.exists(keys.gone_key(former.prefixes[0])):
                 self.progress(f"{board_id}: deleted; left alone")

@@ -42,7 +42,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys, times
 from shardlb.board import Board
-from shardlb.config import BoardConfig, Sharding
+from shardlb.config import BoardConfig, Sharding, stored_sharding
 from shardlb.errors import BoardConflict, BoardNotFound
 from shardlb.fanout import batch
 from shardlb.reshard_copy import Copier
@@ -143,7 +143,7 @@ class Resharder:
         if move["state"] in STATES[:2]:
             source = current
             target = self.store.layout(
-                replace(current.config, sharding=_sharding(move["sharding"])),
+                replace(current.config, sharding=_sharding(stored_sharding(move["sharding"]))),
                 current.incarnation,
                 int(move["generation"]),
             )
@@ -151,7 +151,7 @@ class Resharder:
             target = current
             former = move["from"]
             source = self.store.layout(
-                replace(current.config, sharding=_sharding(former["sharding"])),
+                replace(current.config, sharding=_sharding(stored_sharding(former["sharding"]))),
                 current.incarnation,
                 int(former["generation"]),
             )

@@ -20,6 +20,7 @@ refuses a result under a second region (``region_conflict``) atomically.
 from __future__ import annotations
 
 import bisect
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -74,7 +75,24 @@ class Layout:
         if self.strategy == "region":
             per = self.sharding.shards_per_region
             return shard % per, per
+        if self.strategy == "band" and self.sharding.placement == "spread":
+            return self._spread[shard], self.physical
         return shard, self.physical
+
+    @functools.cached_property
+    def _spread(self) -> list[int]:
+        """Each shard's slot window on a "spread" band board: the home shards and the bands each
+        spaced evenly over the windows, interleaved (home i at (i + 1/2) / homes of the way, band b
+        at (b + 1/2) / bands; a home first on a tie). With as many bands as homes the windows go
+        home 0, band 0, home 1, band 1, ...: on a cluster of that many masters (each owning an equal
+        run of the slots) every master holds one home shard and one band."""
+        homes, bands = self.sharding.shards, len(self.sharding.bands)
+        spots = [((2 * i + 1) * bands, 0, i) for i in range(homes)]  # (i + 1/2) / homes, scaled
+        spots += [((2 * b + 1) * homes, 1, homes + b) for b in range(bands)]
+        window = [0] * self.physical
+        for place, (_, _, shard) in enumerate(sorted(spots)):
+            window[shard] = place
+        return window
 
     def rivals(self, shard: int) -> list[int]:
         """The other regions' shards that a player of ``shard`` could also live in (region boards)."""

@@ -23,7 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys
 from shardlb.board import JOURNAL_MAX_ENTRIES, Board
-from shardlb.config import BoardConfig, Sharding, check_id
+from shardlb.config import BoardConfig, Sharding, check_id, stored_settings, stored_sharding
 from shardlb.connection import Scripts
 from shardlb.errors import BoardConflict, BoardNotFound
 
@@ -65,7 +65,7 @@ class BoardStore:
             existing = self._board(config.id, found)
             if _resharded(found) and replace(existing.config, sharding=config.sharding) == config:
                 return existing, False  # created with this layout and resharded since: the same board
-            if existing.config != config:
+            if _same_but_placement(existing.config) != _same_but_placement(config):
                 raise BoardConflict(f"board {config.id!r} exists with other settings", "board")
             return existing, False
 
@@ -121,7 +121,7 @@ class BoardStore:
         return len(left)
 
     def _board(self, board_id: str, record: dict[str, Any]) -> Board:
-        settings = {k: v for k, v in record.items() if k not in _RECORD}
+        settings = stored_settings({k: v for k, v in record.items() if k not in _RECORD})
         config = BoardConfig.from_dict(board_id, settings)
         incarnation, generation = str(record.get("incarnation", "0")), int(record.get("generation", 0))
         board = self.layout(config, incarnation, generation)
@@ -159,10 +159,16 @@ class BoardStore:
         return bool(await self.scripts.registry(keys=[keys.BOARDS], args=[board_id, expected, new]))
 
 
+def _same_but_placement(config: BoardConfig) -> BoardConfig:
+    """``config`` without its band placement: a PUT of a band board's settings confirms a board
+    laid out before placements were chosen ("window") as the same board, not a conflict."""
+    return replace(config, sharding=replace(config.sharding, placement=""))
+
+
 def _resharded(record: dict[str, Any]) -> bool:
     return int(record.get("generation", 0)) > 0 or bool(record.get("reshard"))
 
 
 def _sharding(value: dict[str, Any]) -> Sharding:
     """A sharding as the registry stores it (``Sharding.to_dict``), checked again."""
-    return BoardConfig.from_dict("x", {"sharding": value}).sharding
+    return BoardConfig.from_dict("x", {"sharding": stored_sharding(value)}).sharding

@@ -158,3 +158,26 @@ def test_schemathesis_with_every_check(server: Server, tmp_path: Path) -> None:
         for board in {b["board"] for b in httpx.get(f"{server.url}/v1/boards").json()["boards"]} - before:
             httpx.delete(f"{server.url}/v1/boards/{board}", headers=AS_ADMIN)
     assert done.returncode == 0, done.stdout[-20_000:] + done.stderr[-5_000:]
+
+
+async def test_a_band_boards_settings_and_placement_are_what_the_schema_says(
+    client: httpx.AsyncClient, document: dict[str, Any]
+) -> None:
+    """A band board is created spread unless told; its GET (placement included) is valid against
+    the served schema; an unknown placement is refused by both."""
+    name = board_name()
+    body = {"sharding": {"strategy": "band", "bands": [0, 100, 1000], "shards": 3}}
+    assert (await client.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)).status_code == 201
+    got = (await client.get(f"/v1/boards/{name}")).json()
+    assert got["sharding"] == {**body["sharding"], "placement": "spread"}
+    schemas = document["components"]["schemas"]
+    assert valid(document, {"$ref": "#/components/schemas/BoardWithPlayers"}, got)
+    settings = {"sharding": got["sharding"]}  # sent back as listed: the same board
+    again = await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)
+    assert again.status_code == 200, again.text
+    window = {"sharding": {**body["sharding"], "placement": "window"}}
+    assert valid(document, schemas["BoardSettings"], window)
+    bad = {"sharding": {**body["sharding"], "placement": "anywhere"}}
+    r = await client.put(f"/v1/boards/{board_name()}", json=bad, headers=AS_ADMIN)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "sharding.placement"
+    assert not valid(document, schemas["BoardSettings"], bad)
