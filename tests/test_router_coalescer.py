@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from router.app import create_app
-from shardlb import times
+from shardlb import keys, times
 from shardlb.board import Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
@@ -45,16 +45,26 @@ def as_body(scores: list[Score]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("inflight", [1, 3])
-@pytest.mark.parametrize("mode", ["incr", "best", "set"])
+BAND = {"strategy": "band", "shards": 4, "bands": [0, 40, 120, 400]}
+
+
+@pytest.mark.parametrize(
+    ("mode", "inflight", "sharding"),
+    [
+        *((m, i, {"strategy": "hash", "shards": 8}) for i in (1, 3) for m in ("incr", "best", "set")),
+        *((m, 1, BAND) for m in ("incr", "best", "set")),
+    ],
+)
 async def test_concurrent_writers_match_the_reference(
-    cluster: LocalCluster, mode: str, inflight: int
+    cluster: LocalCluster, store: BoardStore, mode: str, inflight: int, sharding: dict[str, Any]
 ) -> None:
     """Writers own disjoint players, so each writer's statuses are those of applying its requests in
     its own order, whatever the interleaving; the final board is the reference's. So too with up to
-    three script calls in flight per shard (SHARDLB_COALESCE_INFLIGHT)."""
+    three script calls in flight per shard (SHARDLB_COALESCE_INFLIGHT), and on a band board, whose
+    writes also move players between band shards: every page read right after the writes is the
+    reference's, and no move is left pending."""
     rng = random.Random(f"coalescer-{mode}")
-    settings = {"mode": mode, "sharding": {"strategy": "hash", "shards": 8}}
+    settings = {"mode": mode, "sharding": sharding}
     name = board_name()
     reference = ReferenceBoard(BoardConfig.from_dict(name, settings))
     writers, requests_each = 16, 10
@@ -99,6 +109,11 @@ async def test_concurrent_writers_match_the_reference(
             (i + 1, player, points, times.format_ms(codec.units_to_ms(units)))
             for i, (_, player, points, units) in enumerate(reference.order())
         ]
+        if sharding["strategy"] == "band":
+            board = await store.get(name)
+            homes = [keys.pending_key(board.prefixes[h]) for h in range(board.config.sharding.shards)]
+            assert not any([await store.client.hlen(k) for k in homes]), "moves left pending"
+            assert await board.repair() == 0
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
