@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bench import commandstats
+
 BAND_RANK = "router my rank, band board "  # the hot phase's band board target (bench/hot.py)
 
 
@@ -254,7 +256,59 @@ def markdown(summary: dict[str, Any]) -> list[str]:
             f"| {g['goal']} | {_value(g['measured'])} | {sign} {_value(g['target'])} | {met} "
             f"| {g['detail']} |"
         )
-    return [*lines, "", *hot_table(summary)]
+    return [*lines, "", *store_profiles(summary), *hot_table(summary)]
+
+
+def store_profiles(summary: dict[str, Any]) -> list[str]:
+    """Where the store's time went in the phases behind the store CPU goals (per read of the mix and
+    per player-score write, HTTP beside the raw library and the textbook): INFO commandstats over
+    each phase, masters and replicas (bench/commandstats.py)."""
+    http, raw, textbook = (summary.get(k, {}) for k in ("http", "raw", "textbook"))
+
+    def column(name: str, phase: dict[str, Any] | None, ops: float) -> tuple[str, Any, float, float | None]:
+        phase = phase or {}
+        commands = phase.get("cpu", {}).get("commands")
+        cpu = phase.get("cpu", {}).get("cpu_s", {})
+        store = cpu.get("redis masters", 0.0) + cpu.get("redis replicas", 0.0)
+        return name, commands, ops, store / ops * 1e6 if commands and ops else None
+
+    reads = [
+        column(
+            "HTTP, 16 shards" if "reads" in http else "HTTP", http.get("reads"), _reads(http.get("reads"))
+        ),
+        column("HTTP, one shard per master", http.get("reads_planned"), _reads(http.get("reads_planned"))),
+        column("HTTP, band board", http.get("reads_band"), _reads(http.get("reads_band"))),
+        column("raw library", raw.get("reads"), (raw.get("reads") or {}).get("items", 0)),
+        column("textbook", textbook.get("reads"), (textbook.get("reads") or {}).get("items", 0)),
+    ]
+    writes = [
+        column("HTTP (ramp)", http.get("writes"), (http.get("writes") or {}).get("scores_written", 0)),
+        column("raw library", raw.get("writes"), (raw.get("writes") or {}).get("items", 0)),
+        column("textbook", textbook.get("writes"), (textbook.get("writes") or {}).get("items", 0)),
+    ]
+    lines: list[str] = []
+    for title, columns in (("per read of the mix", reads), ("per player-score write", writes)):
+        table = commandstats.profile_lines(columns)
+        if table:
+            lines += [
+                f"#### Profile: the store {title} (INFO commandstats, masters and replicas)",
+                "",
+                *table,
+                "",
+            ]
+    if lines:
+        lines += [
+            "A script's row includes the commands it calls, which Redis also counts under their own "
+            "names. The store CPU from /proc beyond the commands' time is Redis outside commands: "
+            "reading and parsing requests, writing replies, replication.",
+            "",
+        ]
+    return lines
+
+
+def _reads(phase: dict[str, Any] | None) -> int:
+    count: int = (phase or {}).get("endpoints", {}).get("Aggregated", {}).get("requests", 0)
+    return count
 
 
 def hot_table(summary: dict[str, Any]) -> list[str]:

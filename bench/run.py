@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import drivers, hot, journal, locust_csv, report, server_latency, shapes
+from bench.commandstats import CommandMeter
 from bench.drivers import Job
 from bench.durability import ArchiveDatabase, ArchiverProcess, JournalPhase, router_knows
 from bench.harness import int_list, log, publish, run_dir
@@ -117,19 +118,26 @@ class Settings:
         return shares
 
 
-def measured(groups: dict[str, list[int]], action: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
-    """Run ``action`` while metering the CPU of ``groups``."""
+def measured(
+    groups: dict[str, list[int]], action: Callable[[], Any], store_url: str | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """Run ``action`` while metering the CPU of ``groups`` (and, with ``store_url``, the commands
+    the cluster ran: ``cpu["commands"]``, bench/commandstats.py)."""
+    commands = CommandMeter(store_url).start() if store_url else None
     meter = CpuMeter(groups).start()
     try:
         result = action()
     finally:
         cpu = meter.stop()
+        if commands is not None:
+            cpu["commands"] = commands.stop()
     return result, cpu
 
 
 def driver_phase(job: Job, processes: int, groups: dict[str, list[int]]) -> dict[str, Any]:
     log(f"{job.kind}: {processes} processes x {job.concurrency} callers, {job.seconds:.0f} s")
-    (phase, _), cpu = measured(groups, lambda: drivers.fan_out(job, processes))
+    store = job.url if "redis masters" in groups else None
+    (phase, _), cpu = measured(groups, lambda: drivers.fan_out(job, processes), store)
     out = phase.report()
     # The drivers are this process's children: "harness" holds them, start-up included; the driver's
     # own count (phase only) is what the costs use.
@@ -185,21 +193,27 @@ def http_phases(
             [],
             groups,
             s.ramp_seconds + 90,
+            cluster.url,
         )
         stages = shapes.schedule(
             "ramp", s.target_writes, s.ramp_seconds, s.user_rps, workload.players_per_match, s.ramp_steps
         )
         result["writes"] = report.http_writes(run, stages)
         log(f"HTTP writes: sustained {result['writes']['sustained_writes_per_s']:.0f}/s")
-        result["reads"] = read_mix(s, workload, router.url, out / "http-reads", groups)
+        result["reads"] = read_mix(s, workload, router.url, out / "http-reads", groups, cluster.url)
     return result
 
 
 def read_mix(
-    s: Settings, workload: Workload, url: str, prefix: Path, groups: dict[str, list[int]]
+    s: Settings,
+    workload: Workload,
+    url: str,
+    prefix: Path,
+    groups: dict[str, list[int]],
+    store_url: str | None = None,
 ) -> dict[str, Any]:
     """The HTTP read mix: s.read_users Locust "Player" users reading back to back for s.read_seconds,
-    CPU metered over ``groups``."""
+    CPU metered over ``groups`` (and the commands of the cluster at ``store_url``)."""
     log(f"HTTP read mix on {workload.board}: {s.read_users} users for {s.read_seconds:.0f} s")
     run = run_locust(
         prefix,
@@ -210,6 +224,7 @@ def read_mix(
         ["-u", str(s.read_users), "-r", str(s.read_users), "-t", f"{s.read_seconds:.0f}s"],
         groups,
         s.read_seconds + 60,
+        store_url,
     )
     reads = report.http_reads(run)
     log(f"HTTP reads on {workload.board}: {reads['reads_per_s']:.0f}/s")
@@ -266,7 +281,7 @@ def _reads_through_own_router(
     router = Router(cluster.url, free_port(22400), s.router_workers, out / f"{name}-router.log", router_env())
     with router:
         groups = {**redis, "router": [router.proc.pid] if router.proc else []}
-        reads = read_mix(s, board, router.url, out / f"http-reads-{name}", groups)
+        reads = read_mix(s, board, router.url, out / f"http-reads-{name}", groups, cluster.url)
     return {"board": board.board, **reads}
 
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.commandstats import CommandMeter
 from bench.procs import CpuMeter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,11 +161,14 @@ def run_locust(
     args: Sequence[str],
     meter_groups: Mapping[str, list[int]],
     timeout: float,
+    store_url: str | None = None,
 ) -> LocustRun:
     """Run Locust headless with CSV (full history) and HTML output under ``prefix``.
 
     ``meter_groups`` are the other processes whose CPU to count over the run; Locust's own tree is
-    added as ``locust``. Locust exits 1 when any request failed: that is a result, not an error here.
+    added as ``locust``. With ``store_url``, the commands the cluster ran over the run too
+    (``cpu["commands"]``, bench/commandstats.py). Locust exits 1 when any request failed: that is a
+    result, not an error here.
     """
     log = Path(f"{prefix}.log")
     started = time.monotonic()
@@ -178,6 +182,7 @@ def run_locust(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        commands = CommandMeter(store_url).start() if store_url else None
         meter = CpuMeter({**meter_groups, "locust": [proc.pid]}).start()
         try:
             code = proc.wait(timeout)
@@ -185,6 +190,8 @@ def run_locust(
             os.killpg(proc.pid, signal.SIGTERM)
             code = proc.wait(10)
         cpu = meter.stop()
+        if commands is not None:
+            cpu["commands"] = commands.stop()
     text = log.read_text(errors="replace")
     warnings = sorted({line.strip()[:240] for line in text.splitlines() if "CPU usage" in line})
     return LocustRun(prefix, code, time.monotonic() - started, cpu, warnings)
