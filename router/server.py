@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             port=settings.port,
             workers=settings.workers,
             loop="uvloop",
-            http="httptools",
+            http="router.http:HttpToolsProtocol",  # httptools, one socket write per response
             lifespan="on",
             access_log=False,  # the router's own JSON access lines, when SHARDLB_ACCESS_LOG is on
             # uvicorn would take X-Forwarded-For from 127.0.0.1 (or FORWARDED_ALLOW_IPS) and rewrite
