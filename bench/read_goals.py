@@ -299,8 +299,10 @@ def store_profiles(summary: dict[str, Any]) -> list[str]:
     if lines:
         lines += [
             "A script's row includes the commands it calls, which Redis also counts under their own "
-            "names. The store CPU from /proc beyond the commands' time is Redis outside commands: "
-            "reading and parsing requests, writing replies, replication.",
+            "names. Redis times a command by the clock: a command whose node lost its core midway "
+            "counts the wait too, so on shared cores a long script's time can pass the store CPU "
+            "from /proc. Compare the columns with each other: calls per operation are exact, times "
+            "are shares.",
             "",
         ]
     return lines
