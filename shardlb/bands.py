@@ -97,7 +97,7 @@ class BandMoves:
             if pipeline is None:
                 await asyncio.gather(*(band(keys=k, args=a) for k, a in calls))
             else:
-                await asyncio.gather(*(pipeline.call(band, k, a) for k, a in calls))
+                await asyncio.gather(*(pipeline.call(band, k, a, merge=True) for k, a in calls))
         except ResponseError as e:
             raise board.gone(e) from e
 

@@ -325,27 +325,35 @@ class ScriptPipeline:
     there is made again on its own through the script object (NOSCRIPT reload, redirects). A write
     script applied twice leaves the state of one call (its statuses then say unchanged or duplicate,
     and a band move the first call left pending is finished by the second: shardlb/bands.py).
+
+    ``merge``: the script's arguments are a list of independent operations (band.lua's moves), so
+    the calls of one turn to the same keys travel as ONE call with their arguments one after the
+    other, and each caller gets that call's reply. The shards of a band board finish their moves in
+    the same turn (their write calls came back in one pipeline), and each sent its own band.lua call
+    to every band; merged, each band takes one call a turn, whatever the number of home shards.
     """
 
     def __init__(self, client: RedisCluster) -> None:
         self.client = client
         self._queued: list[_Queued] = []
+        self._merging: dict[tuple[Any, ...], _Queued] = {}
         self._sending: set[asyncio.Task[None]] = set()
         self._loop = LoopRef()
 
-    async def call(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+    async def call(self, script: Script, keys: list[str], args: list[Any], merge: bool = False) -> Any:
         """``script``'s reply for ``keys`` and ``args``, through the turn's pipeline or on its own
-        (an AckedScript's call is confirmed either way)."""
+        (an AckedScript's call is confirmed either way). With ``merge``, the reply of the turn's one
+        call to ``keys`` (class docstring); made on its own, the call carries ``args`` only."""
         ack = script.ack if isinstance(script, AckedScript) else None
         try:
-            return await self.queue(script.sha, keys, args, ack)
+            return await self.queue(script.sha, keys, args, ack, merge)
         except NotAcknowledged:
             raise  # applied, and made again alone it would wait as long again
         except Exception:
             return await script(keys=keys, args=args)
 
     def queue(
-        self, sha: str, keys: list[str], args: list[Any], ack: Ack | None = None
+        self, sha: str, keys: list[str], args: list[Any], ack: Ack | None = None, merge: bool = False
     ) -> asyncio.Future[Any]:
         """Queue an EVALSHA for the turn's pipeline (confirmed as ``ack`` asks); the future fails with
         whatever it met there."""
@@ -353,11 +361,22 @@ class ScriptPipeline:
         future: asyncio.Future[Any] = loop.create_future()
         if not self._queued:
             loop.call_soon(self._flush)
-        self._queued.append((("EVALSHA", sha, len(keys), *keys, *args), future, ack))
+        if merge:
+            same = (sha, ack, *keys)
+            queued = self._merging.get(same)
+            if queued is not None:
+                queued.command.extend(args)
+                queued.futures.append(future)
+                return future
+        queued = _Queued(["EVALSHA", sha, len(keys), *keys, *args], [future], ack)
+        self._queued.append(queued)
+        if merge:
+            self._merging[same] = queued
         return future
 
     def _flush(self) -> None:
         queued, self._queued = self._queued, []
+        self._merging.clear()
         task = self._loop.get().create_task(self._send(queued))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
@@ -366,7 +385,7 @@ class ScriptPipeline:
         # One batch per acknowledgement level (one in practice: only write.lua comes here).
         levels: dict[Ack | None, list[_Queued]] = {}
         for item in queued:
-            levels.setdefault(item[2], []).append(item)
+            levels.setdefault(item.ack, []).append(item)
         queued = [item for items in levels.values() for item in items]
         cancelled = None
         try:
@@ -380,27 +399,31 @@ class ScriptPipeline:
             outcomes, cancelled = [e] * len(queued), e
         except Exception as e:
             outcomes = [e] * len(queued)
-        for (_, future, _), outcome in zip(queued, outcomes, strict=True):
-            if future.done():
-                continue
-            if isinstance(outcome, asyncio.CancelledError):
-                future.cancel()
-            elif isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
+        for item, outcome in zip(queued, outcomes, strict=True):
+            for future in item.futures:
+                if future.done():
+                    continue
+                if isinstance(outcome, asyncio.CancelledError):
+                    future.cancel()
+                elif isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
         if cancelled is not None:
             raise cancelled
 
     async def _outcomes(self, ack: Ack | None, items: list[_Queued]) -> list[Any]:
         pipe = batch(self.client, ack)
-        for command, _, _ in items:
-            pipe.execute_command(*command)
+        for item in items:
+            pipe.execute_command(*item.command)
         outcomes: list[Any] = await pipe.outcomes()
         return outcomes
 
 
-_Queued = tuple[tuple[Any, ...], asyncio.Future[Any], Ack | None]
+class _Queued(NamedTuple):
+    command: list[Any]  # EVALSHA, sha, numkeys, keys..., args... (merged calls' args one after another)
+    futures: list[asyncio.Future[Any]]  # one per caller
+    ack: Ack | None
 
 
 class AckedScript(Script):

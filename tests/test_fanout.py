@@ -153,6 +153,83 @@ async def test_script_calls_of_one_turn_share_a_pipeline_and_failures_are_per_ca
     assert len(sent) <= len(client.get_primaries())  # one pipeline per primary, not one per call
 
 
+async def test_merged_calls_of_one_turn_to_the_same_keys_travel_as_one_call(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``merge``: the turn's calls to the same keys are ONE call with their arguments one after the
+    other, and every caller gets its reply; calls to other keys, calls without ``merge`` and the
+    calls of the next turn stay apart."""
+    client = store.client
+    sha = await client.script_load("return {KEYS[1], unpack(ARGV)}")
+    sent: list[int] = []
+    real = fanout._pipelines
+
+    async def counting(sends: list[tuple[Any, list[Any]]], timeout: float | None) -> list[Any]:
+        sent.extend(len(commands) for _, commands in sends)
+        return await real(sends, timeout)
+
+    monkeypatch.setattr(fanout, "_pipelines", counting)
+    pipeline = fanout.ScriptPipeline(client)
+    a, b = "fanout:{m1}", "fanout:{m2}"
+    calls = [
+        pipeline.queue(sha, [a], ["a1", "a2"], merge=True),
+        pipeline.queue(sha, [b], ["b1"], merge=True),
+        pipeline.queue(sha, [a], ["a3"], merge=True),
+        pipeline.queue(sha, [a], ["alone"]),
+    ]
+    got = await asyncio.gather(*calls)
+    assert got == [[a, "a1", "a2", "a3"], [b, "b1"], [a, "a1", "a2", "a3"], [a, "alone"]]
+    assert sum(sent) == 3
+    sent.clear()
+    again = await pipeline.queue(sha, [a], ["next turn"], merge=True)
+    assert again == [a, "next turn"] and sum(sent) == 1
+
+
+async def test_a_band_board_sends_one_band_call_per_band_for_a_turn_of_many_home_shards(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coalescer's way: every home shard's batch applied in one turn through one pipeline.
+    Each batch moves players into every band; the bands take one band.lua call each, not one per
+    home shard, and the board is the same as the calls made one by one."""
+    settings = {"sharding": {"strategy": "band", "shards": 4, "bands": [0, 100, 1000]}}
+    config = BoardConfig.from_dict("fanout-band-merge", settings)
+    board, _ = await store.create(config)
+    # A test above flushes the scripts; a call retried after NOSCRIPT would finish in a turn of its own.
+    await store.scripts.load(store.client)
+    commands: list[tuple[Any, ...]] = []
+    real = fanout._pipelines
+
+    async def recording(sends: list[tuple[Any, list[Any]]], timeout: float | None) -> list[Any]:
+        commands.extend(tuple(c.args) for _, cs in sends for c in cs)
+        return await real(sends, timeout)
+
+    try:
+        scores = [Score(f"bm{i}", (7, 150, 4000)[i % 3], f"m{i}") for i in range(60)]
+        prepared = board.prepare(scores)
+        by_shard: dict[int, list[Any]] = {}
+        for p in prepared:
+            by_shard.setdefault(p.shard, []).append(p)
+        assert len(by_shard) == 4
+        monkeypatch.setattr(fanout, "_pipelines", recording)
+        pipeline = fanout.ScriptPipeline(store.client)
+        results = await asyncio.gather(
+            *(board.apply_shard(shard, batch, pipeline=pipeline) for shard, batch in by_shard.items())
+        )
+        assert all(r.status == "improved" for rs in results for r in rs)
+        band_sha = board.scripts.band.sha
+        band_calls = [c for c in commands if c[:2] == ("EVALSHA", band_sha)]
+        assert len(band_calls) == 3  # one per band, from 4 home shards each moving players into 3
+        assert (
+            sum((len(c) - 7) // 4 for c in band_calls) == 60
+        )  # EVALSHA, sha, numkeys, 4 keys, then 4 per move
+        top = await board.top(60)
+        expected = sorted(scores, key=lambda s: -s.points)
+        assert [e.points for e in top] == [s.points for s in expected]
+        assert await board.repair() == 0
+    finally:
+        await store.delete(config.id)
+
+
 async def test_a_write_whose_pipelined_call_fails_is_made_again_on_its_own(
     store: BoardStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
