@@ -126,14 +126,8 @@ async def test_counts_survive_an_empty_script_cache(store: BoardStore) -> None:
         await store.delete(config.id)
 
 
-async def test_script_calls_of_one_turn_share_a_pipeline_and_failures_are_per_call(
-    store: BoardStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Calls made in one turn of the loop go out together, one pipeline per node; each gets its own
-    reply, and a call whose command failed (here NOSCRIPT: an unknown sha) raises for that call
-    only, while the others still get theirs."""
-    client = store.client
-    sha = await client.script_load("return {KEYS[1], ARGV[1]}")
+def _count_pipelined(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The commands of each node's pipeline sent from now on, one count per pipeline."""
     sent: list[int] = []
     real = fanout._pipelines
 
@@ -142,6 +136,18 @@ async def test_script_calls_of_one_turn_share_a_pipeline_and_failures_are_per_ca
         return await real(sends, timeout)
 
     monkeypatch.setattr(fanout, "_pipelines", counting)
+    return sent
+
+
+async def test_script_calls_of_one_turn_share_a_pipeline_and_failures_are_per_call(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls made in one turn of the loop go out together, one pipeline per node; each gets its own
+    reply, and a call whose command failed (here NOSCRIPT: an unknown sha) raises for that call
+    only, while the others still get theirs."""
+    client = store.client
+    sha = await client.script_load("return {KEYS[1], ARGV[1]}")
+    sent = _count_pipelined(monkeypatch)
     pipeline = fanout.ScriptPipeline(client)
     keys = [f"fanout:{{s{i}}}" for i in range(9)]
     calls = [pipeline.queue(sha, [key], [f"arg{i}"]) for i, key in enumerate(keys)]
@@ -161,14 +167,7 @@ async def test_merged_calls_of_one_turn_to_the_same_keys_travel_as_one_call(
     calls of the next turn stay apart."""
     client = store.client
     sha = await client.script_load("return {KEYS[1], unpack(ARGV)}")
-    sent: list[int] = []
-    real = fanout._pipelines
-
-    async def counting(sends: list[tuple[Any, list[Any]]], timeout: float | None) -> list[Any]:
-        sent.extend(len(commands) for _, commands in sends)
-        return await real(sends, timeout)
-
-    monkeypatch.setattr(fanout, "_pipelines", counting)
+    sent = _count_pipelined(monkeypatch)
     pipeline = fanout.ScriptPipeline(client)
     a, b = "fanout:{m1}", "fanout:{m2}"
     calls = [
