@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from router.dashboard import ASSETS
-from router.routes import MAX_OFFSET, MAX_RADIUS
+from router.routes import MAX_AGE_MS, MAX_OFFSET, MAX_RADIUS
 from router.scores import MAX_ITEMS
 from shardlb import periods, times
 from shardlb.board import MAX_FUTURE_MS, STATUS
@@ -443,6 +443,10 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "estimate=true only: the exact rank (as of as_of) is within rank ± rank_error",
             },
             "as_of": {**_TIME_OUT, "description": "Addition, estimate=true only: the histogram's time"},
+            "counts_as_of": {
+                **_TIME_OUT,
+                "description": "Addition, max_age_ms > 0 only: when the counts of the other shards were read",
+            },
             "resets_at": _RESETS_AT,
             "settled": {"type": "boolean", "description": "Addition: the final rank in a settled period"},
             "settlement_id": {**_ID, "description": "Addition: with settled, the settlement"},
@@ -658,6 +662,15 @@ _PARAMETERS: dict[str, Any] = {
         "required": False,
         "schema": {"type": "boolean", "default": False},
         "description": "rank and percentile from the router's in-RAM histograms, with rank_error",
+    },
+    "max_age_ms": {
+        "name": "max_age_ms",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_AGE_MS, "default": 0},
+        "description": "Addition: on a band board (unique ranks), the other bands' sizes may be up to "
+        "this many ms old (counts_as_of says when they were read), so the read touches the player's "
+        "home and band shards only; 0: exact. Other boards answer exactly",
     },
     "rank_mode": {
         "name": "rank_mode",
@@ -1130,7 +1143,13 @@ SPEC: dict[str, Any] = {
                 "operationId": "player",
                 "summary": "A player's rank, points and percentile",
                 "security": _READ,
-                "parameters": [_param("period"), _param("region"), _param("estimate"), _param("rank_mode")],
+                "parameters": [
+                    _param("period"),
+                    _param("region"),
+                    _param("estimate"),
+                    _param("rank_mode"),
+                    _param("max_age_ms"),
+                ],
                 "responses": {"200": _ok("The player's standing", "Player"), **_errors(*_READ_ERRORS)},
             },
             "delete": {

@@ -40,6 +40,9 @@ MAX_OFFSET = 10**12
 TOPS_RENDERED = 4096
 _TOPS: dict[tuple[ResolvedView, int, bool, bool], tuple[int, RawHeaders, bytes, bytes]] = {}
 MAX_RADIUS = 100
+# "my rank" with max_age_ms: how old the other bands' sizes of a band board may be (the design we
+# started from allows 5 s for a player's own rank).
+MAX_AGE_MS = 10_000
 QUERY_FIELDS = ("player_ids", "period", "region")
 
 
@@ -306,18 +309,21 @@ async def entries(request: Request) -> Response:
 @_through_reshard
 async def player(request: Request) -> Response:
     svc = _allow_read(request)
-    query = _query(request, "period", "region", "estimate", "rank_mode")
+    query = _query(request, "period", "region", "estimate", "rank_mode", "max_age_ms")
     board = await _board(svc, request)
     player_id = check_id(request.path_params["player"], "player")
     view = _query_view(board, query)
     rank_mode = board.rank_mode(query.get("rank_mode"))
+    max_age_ms = params.integer(query, "max_age_ms", 0, 0, MAX_AGE_MS)
     settled = await history.settled_player(svc, board, view, player_id, rank_mode)  # settled: its snapshot
     if settled is not None:
         return render(request, settled)
     if not params.flag(query, "estimate"):
         async with svc.reads, metrics.redis_call("player"):
-            found = await board.player(player_id, view, rank_mode)
+            found = await board.player(player_id, view, rank_mode, max_age_ms)
         body = {**entry_body(found.entry), "players": found.players, "percentile": found.percentile}
+        if found.counts_ms is not None:
+            body["counts_as_of"] = times.format_ms(found.counts_ms)
         return render(request, {**body, "resets_at": board.resets_at(view.period)})
     # One ZMSCORE on the player's home shard; the rank then comes from RAM, not from every shard.
     async with svc.reads, metrics.redis_call("player_score"):

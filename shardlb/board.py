@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ STREAM_VALUES = (
     6_000  # at most this many item values go to write.lua as a stream (a Lua call returns <= 8,000)
 )
 SAME_PERIODS_QUARTERS = 96  # how far (a day) write.lua's window of a pin's periods reaches
+KEPT_BAND_SIZES = 256  # banded views whose band sizes a board keeps for max_age_ms reads
 MAX_TOTAL_VIEWS = 256  # a region board's regions, and its whole view: more than any board has
 
 
@@ -88,6 +90,9 @@ class PlayerEntry:
     entry: Entry
     players: int
     percentile: float
+    # With ``max_age_ms``: when the counts of the rows on other shards were read (ms since the
+    # epoch); the player's own shards are always read at the time of the call.
+    counts_ms: int | None = None
 
 
 P = ParamSpec("P")
@@ -168,6 +173,9 @@ class Board:
         self._total_views: dict[str | None, ResolvedView] = {}
         # Band boards: each band shard's index among the total view's keys (best band first).
         self._band_at = {shard: i for i, shard in enumerate(layout.view(True))}
+        # Band boards: the bands' sizes of each banded view as its last exact rank read them, with
+        # when (monotonic s, epoch ms): what ``player(max_age_ms=...)`` may count the other bands by.
+        self._band_sizes: dict[tuple[str, ...], tuple[float, int, list[int]]] = {}
 
     @property
     def stale(self) -> bool:
@@ -526,11 +534,13 @@ class Board:
         """The index, among a band board's total view keys, of the band a score belongs to."""
         return self._band_at[self.layout.band_shard(self.codec.decode_units(score)[0])]
 
-    async def _band_place(self, reader: View, player_id: str) -> BandPlace:
+    async def _band_place(
+        self, reader: View, player_id: str, sizes: Sequence[int] | None = None
+    ) -> BandPlace:
         """A player placed on a band board's total (``View.band_place``); PlayerNotFound if absent."""
         check_id(player_id, "player")
         home = keys.period_key(self.prefixes[self.layout.home(player_id)], "total")
-        place = await reader.band_place(home, player_id)
+        place = await reader.band_place(home, player_id, sizes)
         if place is None:
             raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
         return place
@@ -687,7 +697,11 @@ class Board:
 
     @exact
     async def player(
-        self, player_id: str, view: ResolvedView | None = None, rank_mode: str | None = None
+        self,
+        player_id: str,
+        view: ResolvedView | None = None,
+        rank_mode: str | None = None,
+        max_age_ms: int = 0,
     ) -> PlayerEntry:
         """The player's exact rank (summed per-shard counts), points, board size and percentile.
 
@@ -695,26 +709,45 @@ class Board:
         after them in the order, in competition mode those with strictly worse points (players of
         equal points share it, as they share the rank). A competition rank needs no tie resolution:
         one pipeline of three ZCOUNTs per shard (better points, at least equal points, every row).
+
+        ``max_age_ms`` > 0 (band boards, unique ranks): the other bands' sizes may be those an exact
+        read of this process took at most that long ago, so the read touches the player's home
+        shard and their own band only, not every master; ``counts_ms`` says when they were read.
+        The player's place inside their band and that band's size are read now. Elsewhere, and when
+        no sizes that recent are kept, the read is exact (and keeps the sizes it read).
         """
         view = view or self.resolve()
         reader = self._merged(view)
         competition = self.rank_mode(rank_mode) == "competition"
         if view.banded and not competition:  # sizes of the bands ahead + a rank in the player's band
-            place = await self._band_place(reader, player_id)
+            sized = tuple(reader.keys)
+            kept = self._band_sizes.get(sized) if max_age_ms > 0 and not self.moving else None
+            if kept is not None and time.monotonic() - kept[0] <= max_age_ms / 1000:
+                place = await self._band_place(reader, player_id, kept[2])
+                taken_ms = kept[1]
+            else:
+                read_at, taken_ms = time.monotonic(), times.now_ms()
+                place = await self._band_place(reader, player_id)
+                if len(self._band_sizes) >= KEPT_BAND_SIZES and sized not in self._band_sizes:
+                    self._band_sizes.clear()  # views of many past periods: start again
+                self._band_sizes[sized] = (read_at, taken_ms, list(place.sizes))
             players = sum(place.sizes)
             rank = place.ahead + 1
             return PlayerEntry(
-                self.entry(rank, place.row), players, 100.0 * (players - rank) / players if players else 0.0
+                self.entry(rank, place.row),
+                players,
+                100.0 * (players - rank) / players if players else 0.0,
+                taken_ms if max_age_ms > 0 else None,
             )
+        counts_ms = times.now_ms() if max_age_ms > 0 else None
         if not competition:
             home = self._home_index(player_id, view)
             if home is not None:
                 found = await self._located(reader, player_id, home)
                 rank, players = await reader.rank_of(found)
                 below = players - rank
-                return PlayerEntry(
-                    self.entry(rank, found.row), players, 100.0 * below / players if players else 0.0
-                )
+                percentile = 100.0 * below / players if players else 0.0
+                return PlayerEntry(self.entry(rank, found.row), players, percentile, counts_ms)
         row = await self._row(player_id, view)
         if competition:
             span = self._span(row[0])
@@ -725,7 +758,8 @@ class Board:
             players = sum(sizes)
             rank = sum(counts) + 1
             below = players - rank
-        return PlayerEntry(self.entry(rank, row), players, 100.0 * below / players if players else 0.0)
+        percentile = 100.0 * below / players if players else 0.0
+        return PlayerEntry(self.entry(rank, row), players, percentile, counts_ms)
 
     @exact
     async def around(

@@ -279,16 +279,33 @@ class View:
     # all of them. A band that does not hold them at that row (a move not yet taken there) is
     # counted from the home row (counts.lua), which gives the same count.
 
-    async def band_place(self, home_key: str, member: str) -> BandPlace | None:
+    async def band_place(
+        self, home_key: str, member: str, sizes: Sequence[int] | None = None
+    ) -> BandPlace | None:
         """Place a player on a band board's total: their row from ``home_key`` (their record's
         shard) and the rows ahead of them. Up to ONE_ROUND_BANDS bands, one round: ZSCORE on the
         home key, and ZSCORE, ZREVRANK and ZCARD on every band (a band without the player answers
         the first two from its hash table, without a descent). More bands: the home key first, then
-        the player's band and every band's size. None when the home key has no row."""
+        the player's band and every band's size. None when the home key has no row.
+
+        ``sizes``: the bands' sizes as read a moment ago (``Board.player``'s ``max_age_ms``). Then
+        only two shards are read, whatever the number of bands: the home key, then the player's own
+        band (ZSCORE, ZREVRANK and its ZCARD, which replaces that band's entry in ``sizes``)."""
         assert self.band_of is not None
         pipe = batch(self.client, replicas=self.replicas, shared=True)
         pipe.zscore(home_key, member)
-        if len(self.keys) <= ONE_ROUND_BANDS:
+        if sizes is not None:
+            [score] = await pipe.execute()
+            if score is None:
+                return None
+            band = self.band_of(score)
+            pipe = batch(self.client, replicas=self.replicas, shared=True)
+            pipe.zscore(self.keys[band], member)
+            pipe.zrevrank(self.keys[band], member)
+            pipe.zcard(self.keys[band])
+            held, inside, own = await pipe.execute()
+            sizes = [*sizes[:band], int(own), *sizes[band + 1 :]]
+        elif len(self.keys) <= ONE_ROUND_BANDS:
             for key in self.keys:
                 pipe.zscore(key, member)
                 pipe.zrevrank(key, member)

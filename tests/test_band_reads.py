@@ -10,6 +10,7 @@ gives: 1 + the rows that rank ahead of the player's home row.
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -181,3 +182,104 @@ async def test_a_large_batch_on_a_board_of_many_bands_is_applied(store: BoardSto
         assert await board.repair() == 0  # every move was finished by the call itself
     finally:
         await store.delete(config.id)
+
+
+def band_sizes(want: list[Entry], bands: list[int]) -> list[int]:
+    """The reference's rows per band, best band first (a desc board: the highest band first)."""
+    starts = sorted(bands, reverse=True)
+    ends = [10**18, *starts]
+    return [sum(1 for e in want if start <= e.points < end) for start, end in zip(starts, ends, strict=False)]
+
+
+async def command_calls(board: Board, commands: tuple[str, ...]) -> dict[str, int]:
+    """INFO commandstats calls of ``commands`` summed over the cluster's primaries."""
+    stats = await board.client.info("commandstats", target_nodes=board.client.PRIMARIES)
+    out = dict.fromkeys(commands, 0)
+    for node in stats.values():
+        for command in commands:
+            out[command] += int(node.get(f"cmdstat_{command}", {}).get("calls", 0))
+    return out
+
+
+async def test_my_rank_with_max_age_counts_the_other_bands_as_an_exact_read_left_them(
+    store: BoardStore,
+) -> None:
+    """``max_age_ms``: the other bands' sizes come from the last exact read of this process (while
+    no older than asked), the player's own band is read now; such a read sends commands to two
+    shards only. Checked against the reference board before and after more writes move players
+    between bands, and exact again once the kept sizes are too old."""
+    bands = [0, 40, 120, 300]
+    rng = random.Random("band-max-age")
+    config = BoardConfig.from_dict(
+        "band-max-age", {"mode": "best", "sharding": {"strategy": "band", "bands": bands, "shards": 3}}
+    )
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    players = [f"p{i:02d}" for i in range(40)]
+
+    async def write(round_no: int) -> None:
+        batch = [Score(p, rng.randrange(0, 400), f"m{round_no}", now) for p in rng.sample(players, 25)]
+        await board.submit(batch, now_ms=now)
+        ref.submit(batch, now_ms=now)
+
+    try:
+        await write(0)
+        want = expected_entries(ref, "total", None)
+        first = await board.player(want[0].player_id)  # exact: keeps the sizes it read
+        assert first.counts_ms is None
+        kept = band_sizes(want, bands)
+        for e in want:  # nothing written since: the kept sizes are the board's
+            got = await board.player(e.player_id, max_age_ms=60_000)
+            assert (got.entry, got.players) == (e, len(want))
+            assert got.counts_ms is not None and got.counts_ms <= times.now_ms()
+        await write(1)
+        await write(2)
+        want = expected_entries(ref, "total", None)
+        now_sizes = band_sizes(want, bands)
+        assert now_sizes != kept  # players moved between bands since the sizes were kept
+        starts = sorted(bands, reverse=True)
+        for e in want:
+            band = next(i for i, start in enumerate(starts) if e.points >= start)
+            inside = [w for w in want if starts[band] <= w.points < [10**18, *starts][band]]
+            rank = sum(kept[:band]) + 1 + inside.index(e)
+            players_then = sum(kept) - kept[band] + now_sizes[band]
+            got = await board.player(e.player_id, max_age_ms=60_000)
+            assert (got.entry.rank, got.entry.points, got.players) == (rank, e.points, players_then), e
+        calls = ("zscore", "zrevrank", "zcard")
+        before = await command_calls(board, calls)
+        await board.player(want[0].player_id, max_age_ms=60_000)
+        after = await command_calls(board, calls)
+        assert {c: after[c] - before[c] for c in calls} == {"zscore": 2, "zrevrank": 1, "zcard": 1}
+        await asyncio.sleep(0.02)
+        for e in want:  # the kept sizes are older than 10 ms: exact, and kept again
+            got = await board.player(e.player_id, max_age_ms=10)
+            assert (got.entry, got.players) == (e, len(want))
+        before = await command_calls(board, calls)
+        assert (await board.player(want[-1].player_id, max_age_ms=60_000)).entry == want[-1]
+        after = await command_calls(board, calls)
+        assert after["zcard"] - before["zcard"] == 1  # the sizes the exact reads kept
+    finally:
+        await store.delete(board.config.id)
+
+
+async def test_max_age_leaves_a_hash_board_exact(store: BoardStore) -> None:
+    """A hash board counts every shard at every read, with or without ``max_age_ms``."""
+    rng = random.Random("hash-max-age")
+    config = BoardConfig.from_dict("hash-max-age", {"sharding": {"strategy": "hash", "shards": 3}})
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    try:
+        for round_no in range(2):
+            batch = [Score(f"p{i}", rng.randrange(0, 500), f"m{round_no}", now) for i in range(30)]
+            await board.submit(batch, now_ms=now)
+            ref.submit(batch, now_ms=now)
+            want = expected_entries(ref, "total", None)
+            for e in want:
+                started = times.now_ms()
+                got = await board.player(e.player_id, max_age_ms=60_000)
+                assert (got.entry, got.players) == (e, len(want))
+                assert got.counts_ms is not None and got.counts_ms >= started
+    finally:
+        await store.delete(board.config.id)

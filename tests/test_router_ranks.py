@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from shardlb import times
 from shardlb.cluster import LocalCluster
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running
 from tests.test_router_api import T0, assert_error, score
@@ -136,3 +137,30 @@ async def test_bad_rank_modes_are_refused_on_every_read(client: httpx.AsyncClien
         assert_error(in_body, 422, "unknown_field", "rank_mode")  # a query parameter only
     finally:
         await client.delete(f"/v1/boards/{board}", headers=AS_ADMIN)
+
+
+async def test_my_rank_takes_max_age_ms_and_says_when_the_counts_were_read(client: httpx.AsyncClient) -> None:
+    """``max_age_ms`` on a band board and a hash board: the same answer as an exact read while
+    nothing changed, with ``counts_as_of``; without it no such field; bad values are 422."""
+    name = board_name("max-age")
+    body = {"sharding": {"strategy": "band", "bands": [0, 20, 45], "shards": 3}}
+    created = await client.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)
+    assert created.status_code == 201, created.text
+    posted = await client.post(f"/v1/boards/{name}/scores", json={"scores": SCORES}, headers=AS_WRITER)
+    assert posted.status_code == 200, posted.text
+    hashed = await board_with(client, {})
+    try:
+        for board in (name, hashed):
+            for player in LISTED:
+                exact = await read(client, board, None, f"players/{player}")
+                assert "counts_as_of" not in exact
+                kept = await read(client, board, None, f"players/{player}?max_age_ms=5000")
+                taken = times.parse(kept.pop("counts_as_of"), "counts_as_of")
+                assert times.now_ms() - 5000 <= taken <= times.now_ms()
+                assert kept == exact
+            for value in ("-1", "10001", "1.5", "soon", ""):
+                r = await client.get(f"/v1/boards/{board}/players/a?max_age_ms={value}")
+                assert_error(r, 422, "invalid_parameter", "max_age_ms")
+    finally:
+        for board in (name, hashed):
+            await client.delete(f"/v1/boards/{board}", headers=AS_ADMIN)
