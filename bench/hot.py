@@ -16,6 +16,8 @@ weighs on the router's targets and the textbook's alike:
 - "my rank" of random players: on the router, on a board with one shard per master (the layout
   ``shardlb plan`` recommends: bench/plan.py) and on the bench's board (SHARDLB_BENCH_SHARDS, 16),
   and once more on the first through a router reading from replicas (SHARDLB_READ_FROM=replicas);
+  on a band board, exact and with ``max_age_ms`` (the other bands' sizes up to 1 s old, so a read
+  touches the player's home shard and band only);
   on the textbook service, ZSCORE + ZREVRANK + ZCARD in one pipeline.
 
 The CPU of the server process and of the Redis masters and replicas is metered per target, so
@@ -43,7 +45,7 @@ from typing import Any
 from bench import peers, population
 from bench.harness import env_int, log
 from bench.procs import CpuMeter
-from bench.read_goals import BAND_RANK
+from bench.read_goals import BAND_RANK, KEPT_AGE_MS, KEPT_RANK
 from bench.services import ROOT, Router, free_port, stop_group
 from bench.testbed import create_board, masters_memory
 from bench.workload import Workload
@@ -84,7 +86,14 @@ def targets(board: str, hot_board: str, key: str, band_board: str | None = None)
     banded = (
         []
         if band_board is None
-        else [Target(f"{BAND_RANK}{band_board}", "router", f"/v1/boards/{band_board}/players/{{player}}")]
+        else [
+            Target(f"{BAND_RANK}{band_board}", "router", f"/v1/boards/{band_board}/players/{{player}}"),
+            Target(
+                f"{KEPT_RANK}{band_board}",
+                "router",
+                f"/v1/boards/{band_board}/players/{{player}}?max_age_ms={KEPT_AGE_MS}",
+            ),
+        ]
     )
     return [
         Target("router /healthz", "router", "/healthz"),

@@ -13,6 +13,8 @@ from typing import Any
 from bench import commandstats
 
 BAND_RANK = "router my rank, band board "  # the hot phase's band board target (bench/hot.py)
+KEPT_AGE_MS = 1000  # its "my rank" with max_age_ms: the other bands' sizes up to this old
+KEPT_RANK = f"router my rank with max_age_ms={KEPT_AGE_MS}, band board "
 
 
 def _hot(summary: dict[str, Any], prefix: str) -> dict[str, Any] | None:
@@ -109,7 +111,11 @@ def goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
     if banded:
         out += _mix_goals(f"the band board ({_band_layout(summary)})", banded, tb_reads)
     tb_rank = _hot(summary, "textbook my rank")
-    for rank, layout in ((_hot(summary, "router my rank, "), ""), (_hot(summary, BAND_RANK), "band board, ")):
+    for rank, layout in (
+        (_hot(summary, "router my rank, "), ""),
+        (_hot(summary, BAND_RANK), "band board, "),
+        (_hot(summary, KEPT_RANK), f"band board, max_age_ms={KEPT_AGE_MS}, "),
+    ):
         if rank is not None and tb_rank is not None:
             out += _rank_goals(rank, tb_rank, layout)
     per = summary.get("cpu_per_write", {})

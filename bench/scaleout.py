@@ -75,6 +75,8 @@ from shardlb.store import BoardStore
 
 FIRST_PORT = 22300  # clear of make bench's 22100+ and its sweep's 22200+
 WARMUP_S = 1.0
+# The band board's "my rank" with max_age_ms: the other bands' sizes up to this old (Board.player).
+KEPT_AGE_MS = 1000
 CATCH_UP_S = 60.0  # the longest wait for the replicas to apply the preload
 FILES = ("scaleout.json", "scaleout.md")
 
@@ -316,13 +318,15 @@ class Meter:
         }
 
 
-async def rank_reads(board: Board, workload: Workload, seconds: float, tasks: int, seed: int) -> Phase:
-    """``Board.player`` of random players for ``seconds``, ``tasks`` at a time."""
+async def rank_reads(
+    board: Board, workload: Workload, seconds: float, tasks: int, seed: int, max_age_ms: int = 0
+) -> Phase:
+    """``Board.player`` of random players for ``seconds``, ``tasks`` at a time (with ``max_age_ms``)."""
     rng = random.Random(seed)
 
     async def step(phase: Phase, _: int) -> None:
         t0 = time.perf_counter()
-        await board.player(workload.player(rng))
+        await board.player(workload.player(rng), max_age_ms=max_age_ms)
         phase.record("my rank", elapsed_ms(t0))
 
     return await run_phase(Phase("my rank"), seconds, tasks, step)
@@ -392,6 +396,13 @@ async def phases(
         phase = await rank_reads(board, workload, s.seconds, s.read_tasks, seed=22)
         meter.mark()
         out["reads"] = meter.phase(phase)
+        if board.layout.strategy == "band":  # the other bands' sizes as an exact read kept them
+            age = KEPT_AGE_MS
+            await rank_reads(board, workload, WARMUP_S, s.read_tasks, seed=23, max_age_ms=age)
+            meter.mark()
+            phase = await rank_reads(board, workload, s.seconds, s.read_tasks, seed=24, max_age_ms=age)
+            meter.mark()
+            out["reads_kept"] = meter.phase(phase)
     return out
 
 
@@ -741,6 +752,24 @@ def band_section(points: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:
         "",
         *table(points, "band_reads", "reads"),
         "",
+        *kept_section(points, s),
+    ]
+
+
+def kept_section(points: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:
+    """The band board's "my rank" with max_age_ms (none when not measured)."""
+    if not all("band_reads_kept" in p for p in points):
+        return []
+    return [
+        f'### "My rank" reads with `max_age_ms={KEPT_AGE_MS}` (Board.player, {s["read_tasks"]} at a time)',
+        "",
+        f"The other bands' sizes as this process's last exact read took them, up to {KEPT_AGE_MS} ms "
+        "before (the router's `GET .../players/{player}?max_age_ms=`): a read sends a ZSCORE to the "
+        "player's home shard, then ZSCORE, ZREVRANK and ZCARD to their own band, and nothing to the "
+        "other masters; one read in each second is exact and keeps the sizes for the next.",
+        "",
+        *table(points, "band_reads_kept", "reads"),
+        "",
     ]
 
 
@@ -756,6 +785,17 @@ def band_findings(points: list[dict[str, Any]]) -> list[str]:
         f"Redis µs per read in all masters {_ratio(points, 'band_reads', 'redis_us_per_op_all')}; writes/s "
         f"at 1 core per master {_ratio(points, 'band_writes', 'ceiling_per_s')}.",
         "",
+        *(
+            [
+                f"With `max_age_ms={KEPT_AGE_MS}`, from {first} to {last} master(s): reads/s at 1 core per "
+                f"master {_ratio(points, 'band_reads_kept', 'ceiling_per_s')} (in proportion to the masters: "
+                f"{last / first:.2f}x); Redis µs per read in all masters "
+                f"{_ratio(points, 'band_reads_kept', 'redis_us_per_op_all')}.",
+                "",
+            ]
+            if all("band_reads_kept" in p for p in points)
+            else []
+        ),
     ]
 
 

@@ -22,7 +22,7 @@ from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound, Resharding
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
-from shardlb.reads import SHALLOW, BandPlace, Located, ResolvedView, View
+from shardlb.reads import ONE_ROUND_BANDS, SHALLOW, BandPlace, Located, ResolvedView, View
 from shardlb.sharding import Layout
 
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow", "r": "region_conflict"}
@@ -41,6 +41,7 @@ STREAM_VALUES = (
 )
 SAME_PERIODS_QUARTERS = 96  # how far (a day) write.lua's window of a pin's periods reaches
 KEPT_BAND_SIZES = 256  # banded views whose band sizes a board keeps for max_age_ms reads
+PLACED_PLAYERS = 100_000  # players whose last band a board keeps for max_age_ms reads
 MAX_TOTAL_VIEWS = 256  # a region board's regions, and its whole view: more than any board has
 
 
@@ -176,6 +177,8 @@ class Board:
         # Band boards: the bands' sizes of each banded view as its last exact rank read them, with
         # when (monotonic s, epoch ms): what ``player(max_age_ms=...)`` may count the other bands by.
         self._band_sizes: dict[tuple[str, ...], tuple[float, int, list[int]]] = {}
+        # ... and the band each player read that way was last placed in, asked in the home's round.
+        self._placed: dict[tuple[tuple[str, ...], str], int] = {}
 
     @property
     def stale(self) -> bool:
@@ -535,12 +538,12 @@ class Board:
         return self._band_at[self.layout.band_shard(self.codec.decode_units(score)[0])]
 
     async def _band_place(
-        self, reader: View, player_id: str, sizes: Sequence[int] | None = None
+        self, reader: View, player_id: str, sizes: Sequence[int] | None = None, guess: int | None = None
     ) -> BandPlace:
         """A player placed on a band board's total (``View.band_place``); PlayerNotFound if absent."""
         check_id(player_id, "player")
         home = keys.period_key(self.prefixes[self.layout.home(player_id)], "total")
-        place = await reader.band_place(home, player_id, sizes)
+        place = await reader.band_place(home, player_id, sizes, guess)
         if place is None:
             raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
         return place
@@ -722,15 +725,24 @@ class Board:
         if view.banded and not competition:  # sizes of the bands ahead + a rank in the player's band
             sized = tuple(reader.keys)
             kept = self._band_sizes.get(sized) if max_age_ms > 0 and not self.moving else None
-            if kept is not None and time.monotonic() - kept[0] <= max_age_ms / 1000:
-                place = await self._band_place(reader, player_id, kept[2])
+            guess = self._placed.get((sized, player_id))
+            if (
+                kept is not None
+                and time.monotonic() - kept[0] <= max_age_ms / 1000
+                and (guess is not None or len(reader.keys) > ONE_ROUND_BANDS)
+            ):  # one round to two shards (two rounds where the player changed bands)
+                place = await self._band_place(reader, player_id, kept[2], guess)
                 taken_ms = kept[1]
-            else:
+            else:  # exact: every band's size, in one round up to ONE_ROUND_BANDS bands
                 read_at, taken_ms = time.monotonic(), times.now_ms()
                 place = await self._band_place(reader, player_id)
                 if len(self._band_sizes) >= KEPT_BAND_SIZES and sized not in self._band_sizes:
                     self._band_sizes.clear()  # views of many past periods: start again
                 self._band_sizes[sized] = (read_at, taken_ms, list(place.sizes))
+            if guess != place.band:
+                if len(self._placed) >= PLACED_PLAYERS:
+                    self._placed.clear()
+                self._placed[(sized, player_id)] = place.band
             players = sum(place.sizes)
             rank = place.ahead + 1
             return PlayerEntry(

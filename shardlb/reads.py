@@ -280,7 +280,7 @@ class View:
     # counted from the home row (counts.lua), which gives the same count.
 
     async def band_place(
-        self, home_key: str, member: str, sizes: Sequence[int] | None = None
+        self, home_key: str, member: str, sizes: Sequence[int] | None = None, guess: int | None = None
     ) -> BandPlace | None:
         """Place a player on a band board's total: their row from ``home_key`` (their record's
         shard) and the rows ahead of them. Up to ONE_ROUND_BANDS bands, one round: ZSCORE on the
@@ -289,21 +289,30 @@ class View:
         the player's band and every band's size. None when the home key has no row.
 
         ``sizes``: the bands' sizes as read a moment ago (``Board.player``'s ``max_age_ms``). Then
-        only two shards are read, whatever the number of bands: the home key, then the player's own
-        band (ZSCORE, ZREVRANK and its ZCARD, which replaces that band's entry in ``sizes``)."""
+        only the home key and the player's own band are read: ZSCORE, ZREVRANK and ZCARD (which
+        replaces that band's entry in ``sizes``) go to the band ``guess`` (where the player was
+        last placed) in the home key's round, and again to their band after it if the home row
+        says they are elsewhere now (or there is no guess)."""
         assert self.band_of is not None
         pipe = batch(self.client, replicas=self.replicas, shared=True)
         pipe.zscore(home_key, member)
         if sizes is not None:
-            [score] = await pipe.execute()
+            band = guess
+            if band is not None:
+                pipe.zscore(self.keys[band], member)
+                pipe.zrevrank(self.keys[band], member)
+                pipe.zcard(self.keys[band])
+            score, *replies = await pipe.execute()
             if score is None:
                 return None
-            band = self.band_of(score)
-            pipe = batch(self.client, replicas=self.replicas, shared=True)
-            pipe.zscore(self.keys[band], member)
-            pipe.zrevrank(self.keys[band], member)
-            pipe.zcard(self.keys[band])
-            held, inside, own = await pipe.execute()
+            if band != self.band_of(score):
+                band = self.band_of(score)
+                pipe = batch(self.client, replicas=self.replicas, shared=True)
+                pipe.zscore(self.keys[band], member)
+                pipe.zrevrank(self.keys[band], member)
+                pipe.zcard(self.keys[band])
+                replies = await pipe.execute()
+            held, inside, own = replies
             sizes = [*sizes[:band], int(own), *sizes[band + 1 :]]
         elif len(self.keys) <= ONE_ROUND_BANDS:
             for key in self.keys:

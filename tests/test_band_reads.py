@@ -205,9 +205,10 @@ async def test_my_rank_with_max_age_counts_the_other_bands_as_an_exact_read_left
     store: BoardStore,
 ) -> None:
     """``max_age_ms``: the other bands' sizes come from the last exact read of this process (while
-    no older than asked), the player's own band is read now; such a read sends commands to two
-    shards only. Checked against the reference board before and after more writes move players
-    between bands, and exact again once the kept sizes are too old."""
+    no older than asked), the player's own band is read now, asked in the home shard's round where
+    the player was placed before; such a read sends commands to two shards only. Checked against
+    the reference board before and after more writes move players between bands (their next read
+    takes a second round), and exact again once the kept sizes are too old."""
     bands = [0, 40, 120, 300]
     rng = random.Random("band-max-age")
     config = BoardConfig.from_dict(
@@ -218,27 +219,35 @@ async def test_my_rank_with_max_age_counts_the_other_bands_as_an_exact_read_left
     now = times.now_ms()
     players = [f"p{i:02d}" for i in range(40)]
 
-    async def write(round_no: int) -> None:
-        batch = [Score(p, rng.randrange(0, 400), f"m{round_no}", now) for p in rng.sample(players, 25)]
+    async def write(round_no: int, who: list[str]) -> None:
+        batch = [Score(p, rng.randrange(0, 400), f"m{round_no}", now) for p in who]
         await board.submit(batch, now_ms=now)
         ref.submit(batch, now_ms=now)
 
     try:
-        await write(0)
+        await write(0, players)
         want = expected_entries(ref, "total", None)
         first = await board.player(want[0].player_id)  # exact: keeps the sizes it read
         assert first.counts_ms is None
         kept = band_sizes(want, bands)
         for e in want:  # nothing written since: the kept sizes are the board's
+            # (The first read of each player is exact: there is no band to ask in the home's round.)
             got = await board.player(e.player_id, max_age_ms=60_000)
             assert (got.entry, got.players) == (e, len(want))
             assert got.counts_ms is not None and got.counts_ms <= times.now_ms()
-        await write(1)
-        await write(2)
+        starts = sorted(bands, reverse=True)
+        band_then = {e.player_id: next(i for i, b in enumerate(starts) if e.points >= b) for e in want}
+        await write(1, rng.sample(players, 25))
+        await write(2, rng.sample(players, 25))
         want = expected_entries(ref, "total", None)
+        moved = [
+            e
+            for e in want
+            if next(i for i, b in enumerate(starts) if e.points >= b) != band_then[e.player_id]
+        ]
+        assert moved  # their next read finds them in another band than the one asked first
         now_sizes = band_sizes(want, bands)
         assert now_sizes != kept  # players moved between bands since the sizes were kept
-        starts = sorted(bands, reverse=True)
         for e in want:
             band = next(i for i, start in enumerate(starts) if e.points >= start)
             inside = [w for w in want if starts[band] <= w.points < [10**18, *starts][band]]

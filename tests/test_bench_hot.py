@@ -168,6 +168,13 @@ def test_the_band_boards_goals_are_their_own(summary: dict[str, Any]) -> None:
     assert band["measured"] == 1.5 and band["met"] is True
     store = goal(summary, "store CPU per my rank, band board")
     assert store["measured"] == round(72 / 80, 2) and store["met"] is True
+    assert not [g for g in summary["read_goals"] if "max_age_ms" in g["goal"]]  # not measured
+    summary["hot"]["targets"].insert(4, _row(f"{read_goals.KEPT_RANK}bench-b3", 3600, 30, 2))
+    read_goals.finish(summary)
+    kept = goal(summary, "my rank requests/s, band board, max_age_ms=1000, one router")
+    assert kept["measured"] == 2.0 and kept["met"] is True
+    assert goal(summary, "store CPU per my rank, band board, max_age_ms=1000")["measured"] == round(32 / 80, 2)
+    assert goal(summary, "my rank requests/s, band board, one")["measured"] == 1.5  # the exact one
     mix = goal(
         summary, "HTTP reads/s of the mix / the textbook's, the band board (3 home shards and 3 bands)"
     )

@@ -234,8 +234,25 @@ def test_the_markdown_has_a_row_per_cluster_and_the_ratios() -> None:
     )
     assert "in proportion to the masters: 3.00x); Redis µs per read in all masters 1.33x" in md
     assert "| 3 | 3.33333 / 3.33333 / 3.33333 | 1 / 1 / 1 | 10 / 10 / 10 | 2 / 2 / 2 |" in md
+    assert "max_age_ms" not in md  # not measured: no table
+    for p, us in zip(result["points"], ([9.0], [3.0, 3.0, 0.0]), strict=True):
+        p["band_reads_kept"] = scaleout.figures(10_000, 10.0, [u * 10_000 / 1e6 for u in us], 1.0, 2.0)
+    md = scaleout.markdown(result)
+    assert "\n".join(scaleout.table(result["points"], "band_reads_kept", "reads")) in md
+    # 1e6 / 9 against 1e6 / 3 at a core per master: 3.00x; all masters 9 -> 6 µs per read.
+    assert (
+        "With `max_age_ms=1000`, from 1 to 3 master(s): reads/s at 1 core per master 3.00x (in proportion "
+        "to the masters: 3.00x); Redis µs per read in all masters 0.67x." in md
+    )
     for p in result["points"]:
-        for key in ("band_reads", "band_writes", "band_mib_on_masters", "band_shards_on_masters", "bands"):
+        for key in (
+            "band_reads",
+            "band_reads_kept",
+            "band_writes",
+            "band_mib_on_masters",
+            "band_shards_on_masters",
+            "bands",
+        ):
             del p[key]
     result["replica_points"] = [fake_replica_point(1, 20.0, 20.0), fake_replica_point(2, 20.0, 20.0)]
     md = scaleout.markdown(result)
@@ -266,7 +283,7 @@ def test_a_tiny_run_pins_every_node_and_measures_every_phase(tmp_path: Path) -> 
         assert point["masters"] == point["shards"] == masters
         assert point["shards_on_masters"] == [1] * masters
         assert [p["affinity"] for p in point["pinned"]] == [[cpu] for cpu in point["placement"]["masters"]]
-        for kind in ("writes", "reads", "band_writes", "band_reads"):
+        for kind in ("writes", "reads", "band_writes", "band_reads", "band_reads_kept"):
             f = point[kind]
             assert f["ops"] > 0 and f["errors"] == 0, f
             assert len(f["redis_us_per_op"]) == masters and min(f["redis_us_per_op"]) > 0
