@@ -41,7 +41,7 @@ STREAM_VALUES = (
 )
 SAME_PERIODS_QUARTERS = 96  # how far (a day) write.lua's window of a pin's periods reaches
 KEPT_BAND_SIZES = 256  # banded views whose band sizes a board keeps for max_age_ms reads
-PLACED_PLAYERS = 100_000  # players whose last band a board keeps for max_age_ms reads
+PLACED_PLAYERS = 20_000  # players whose last band a board keeps for max_age_ms reads (a few MB)
 MAX_TOTAL_VIEWS = 256  # a region board's regions, and its whole view: more than any board has
 
 
@@ -739,7 +739,7 @@ class Board:
                 if len(self._band_sizes) >= KEPT_BAND_SIZES and sized not in self._band_sizes:
                     self._band_sizes.clear()  # views of many past periods: start again
                 self._band_sizes[sized] = (read_at, taken_ms, list(place.sizes))
-            if guess != place.band:
+            if max_age_ms > 0 and guess != place.band:
                 if len(self._placed) >= PLACED_PLAYERS:
                     self._placed.clear()
                 self._placed[(sized, player_id)] = place.band
