@@ -520,11 +520,22 @@ def _band_scaleout(points: list[dict[str, Any]]) -> list[str]:
         return []
     busiest = " / ".join(f"{max(r):.1f}" for r in reads)
     rest = " / ".join(f"{(sum(r) - max(r)) / (len(r) - 1):.1f}" if len(r) > 1 else "-" for r in reads)
-    return [
+    lines = [
         f"  band board, Redis µs per read, the busiest master: {busiest}; the others (mean): {rest} (the "
         "player's home shard and band walk a skip list, every other band answers O(1) counts; the model "
         "scales the hash board's read per group by band_store_read_factor)",
     ]
+    kept = [p.get("band_reads_kept", {}).get("redis_us_per_op") for p in points]
+    if all(kept):
+        lines.append(
+            '  band board, "my rank" with max_age_ms, Redis µs per read, all masters: '
+            + " / ".join(f"{sum(r):.1f}" for r in kept)
+            + "; the busiest: "
+            + " / ".join(f"{max(r):.1f}" for r in kept)
+            + " (two shards a read: the other bands' sizes up to that old; not in the model, which "
+            "sizes exact reads)"
+        )
+    return lines
 
 
 def _scaleout(path: Path) -> list[str]:

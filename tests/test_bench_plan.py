@@ -521,3 +521,10 @@ def test_the_scaleout_bench_band_reads_are_printed_when_measured() -> None:
     assert line.startswith(
         "  band board, Redis µs per read, the busiest master: 9.0 / 8.0; the others (mean): - / 3.5"
     )
+    points[0]["band_reads_kept"] = {"redis_us_per_op": [10.0]}
+    points[1]["band_reads_kept"] = {"redis_us_per_op": [2.0, 6.0, 3.0]}
+    line = plan.scaleout_lines({"points": points})[-1]
+    assert line.startswith(
+        '  band board, "my rank" with max_age_ms, Redis µs per read, all masters: 10.0 / 11.0; the busiest: '
+        "10.0 / 6.0 (two shards a read"
+    )
