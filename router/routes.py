@@ -111,6 +111,10 @@ def _query_view(board: Board, query: dict[str, str]) -> ResolvedView:
     return _view(board, query.get("period", "total"), query.get("region"))
 
 
+# The time the other bands were counted at is the same for every max_age_ms read of a second.
+_counts_as_of = functools.lru_cache(maxsize=64)(times.format_ms)
+
+
 def _query(request: Request, *allowed: str) -> dict[str, str]:
     """The request's query parameters, when they are all among ``allowed`` (400 otherwise)."""
     if not request.scope.get("query_string"):  # most hot reads have none: nothing to parse
@@ -323,7 +327,7 @@ async def player(request: Request) -> Response:
             found = await board.player(player_id, view, rank_mode, max_age_ms)
         body = {**entry_body(found.entry), "players": found.players, "percentile": found.percentile}
         if found.counts_ms is not None:
-            body["counts_as_of"] = times.format_ms(found.counts_ms)
+            body["counts_as_of"] = _counts_as_of(found.counts_ms)
         return render(request, {**body, "resets_at": board.resets_at(view.period)})
     # One ZMSCORE on the player's home shard; the rank then comes from RAM, not from every shard.
     async with svc.reads, metrics.redis_call("player_score"):

@@ -269,12 +269,20 @@ class AsyncClient:
         period: str | None = None,
         region: str | None = None,
         estimate: bool = False,
+        max_age_ms: int | None = None,
         deadline: float | None = None,
     ) -> PlayerRank:
         """A player's rank, points and percentile. ``estimate=True`` answers from the router's
-        in-memory histograms (no cluster round trip) with ``rank_error``. Raises ``PlayerNotFound``
-        when the player has no score in that period."""
-        params = {"period": period, "region": region, "estimate": "true" if estimate else None}
+        in-memory histograms (no cluster round trip) with ``rank_error``. ``max_age_ms``: on a band
+        board the other bands' sizes may be that old (the answer's ``counts_as_of`` says when they
+        were read), so the read touches two shards instead of every master. Raises
+        ``PlayerNotFound`` when the player has no score in that period."""
+        params = {
+            "period": period,
+            "region": region,
+            "estimate": "true" if estimate else None,
+            "max_age_ms": None if max_age_ms is None else str(max_age_ms),
+        }
         path = f"/v1/boards/{_segment(board)}/players/{_segment(player_id)}"
         _, body = await self._call("GET", path, self._end(deadline), params)
         return PlayerRank.from_body(body)

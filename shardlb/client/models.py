@@ -110,7 +110,8 @@ class Page:
 class PlayerRank:
     """A player's place: ``players`` is the board's size, ``percentile`` the share of players ranked
     below (0-100). With ``estimate=True``, ``rank_error`` bounds the distance from the exact rank and
-    ``as_of`` is the time of the estimate's snapshot; both are None for exact answers."""
+    ``as_of`` is the time of the estimate's snapshot; both are None for exact answers. With
+    ``max_age_ms``, ``counts_as_of`` is when the counts of the other shards were read."""
 
     player_id: str
     rank: int
@@ -120,10 +121,11 @@ class PlayerRank:
     percentile: float
     rank_error: int | None = None
     as_of: datetime | None = None
+    counts_as_of: datetime | None = None
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> PlayerRank:
-        as_of = body.get("as_of")
+        as_of, counts_as_of = body.get("as_of"), body.get("counts_as_of")
         return cls(
             body["player_id"],
             body["rank"],
@@ -133,6 +135,7 @@ class PlayerRank:
             float(body["percentile"]),
             body.get("rank_error"),
             None if as_of is None else parse_time(as_of),
+            None if counts_as_of is None else parse_time(counts_as_of),
         )
 
 

@@ -105,6 +105,7 @@ class Client:
         period: str | None = None,
         region: str | None = None,
         estimate: bool = False,
+        max_age_ms: int | None = None,
         deadline: float | None = None,
     ) -> PlayerRank:
         call = partial(
@@ -114,6 +115,7 @@ class Client:
             period=period,
             region=region,
             estimate=estimate,
+            max_age_ms=max_age_ms,
             deadline=deadline,
         )
         return self._portal.call(call)
