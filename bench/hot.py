@@ -246,7 +246,7 @@ def combined(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-PROFILED = ("router top-100", "router my rank, ")  # the router targets of issue 13's read goals
+PROFILED = ("router top-100", "router my rank")  # the router targets of issue 13's read goals
 PROFILE_ROWS = 12
 
 

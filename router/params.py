@@ -11,12 +11,24 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import parse_qsl
 
 from router.errors import ApiError
 from shardlb.errors import InvalidInput
 
 _INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
 _FLAGS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def pairs(query_string: bytes) -> list[tuple[str, str]]:
+    """A query string's (name, value) pairs, as Starlette's ``request.query_params`` reads them
+    (``parse_qsl`` with blank values kept, on the bytes decoded as Latin-1). Without ``%`` or ``+``
+    there is nothing to unquote, and a split is all it takes: the usual hot read's ``?period=...``
+    or ``?max_age_ms=...`` costs a few microseconds less than through ``parse_qsl``."""
+    text = query_string.decode("latin-1")
+    if "%" in text or "+" in text:
+        return parse_qsl(text, keep_blank_values=True)
+    return [(name, value) for name, _, value in (part.partition("=") for part in text.split("&") if part)]
 
 
 def checked(pairs: Iterable[tuple[str, str]], allowed: frozenset[str]) -> dict[str, str]:
