@@ -25,7 +25,9 @@ KINDS = ("raw writes", "raw reads", "textbook writes", "textbook reads", "postgr
 
 @dataclass(frozen=True)
 class Job:
-    """One phase for one process. ``start_at`` is a time.time() instant every process waits for."""
+    """One phase for one process. ``start_at`` is a time.time() instant every process waits for;
+    ``items`` (raw writes only), when set, ends the phase at that many player-scores, shared out
+    among the processes."""
 
     kind: str
     url: str
@@ -36,6 +38,7 @@ class Job:
     pg_dsn: str = ""
     seed: int = 1
     start_at: float = 0.0
+    items: int = 0
 
 
 async def _run(job: Job) -> Phase:
@@ -59,7 +62,9 @@ async def _run(job: Job) -> Phase:
         board = await BoardStore(client, scripts).get(w.board)
         await _wait(job.start_at)
         if job.kind == "raw writes":
-            return await raw.writes(board, w, job.seconds, job.concurrency, job.batch_matches, job.seed)
+            return await raw.writes(
+                board, w, job.seconds, job.concurrency, job.batch_matches, job.seed, scores=job.items
+            )
         if job.kind == "raw reads":
             return await raw.reads(board, w, job.seconds, job.concurrency, job.seed)
         if job.kind == "textbook writes":
@@ -91,7 +96,10 @@ def fan_out(job: Job, processes: int) -> tuple[Phase, list[int]]:
         # A spawned interpreter takes about a second to import everything; start together after that.
         start_at = time.time() + 2.5
         futures = [
-            pool.submit(run_job, replace(job, seed=job.seed * 1000 + n, start_at=start_at))
+            pool.submit(
+                run_job,
+                replace(job, seed=job.seed * 1000 + n, start_at=start_at, items=-(-job.items // processes)),
+            )
             for n in range(processes)
         ]
         pids = list(pool._processes)

@@ -95,8 +95,9 @@ class Phase:
 Step = Callable[[Phase, int], Awaitable[None]]
 
 
-async def run_phase(phase: Phase, seconds: float, concurrency: int, step: Step) -> Phase:
-    """Run ``concurrency`` callers of ``step`` until ``seconds`` have passed; each records into phase.
+async def run_phase(phase: Phase, seconds: float, concurrency: int, step: Step, items: int = 0) -> Phase:
+    """Run ``concurrency`` callers of ``step`` until ``seconds`` have passed, or (with ``items``) until
+    the phase has recorded that many items if that comes first; each records into phase.
 
     A step that raises is counted as an error in ``phase`` and the caller goes on.
     """
@@ -104,7 +105,7 @@ async def run_phase(phase: Phase, seconds: float, concurrency: int, step: Step) 
     end = start + seconds
 
     async def caller(n: int) -> None:
-        while time.perf_counter() < end:
+        while time.perf_counter() < end and not (items and phase.items >= items):
             try:
                 await step(phase, n)
             except Exception as e:  # a bench reports failures, it does not stop on them

@@ -75,8 +75,10 @@ async def writes(
     batch_matches: int = 50,
     seed: int = 1,
     name: str = "raw writes",
+    scores: int = 0,
 ) -> Phase:
-    """Batched writes for ``seconds``; one latency sample per batch of ``batch_matches`` matches."""
+    """Batched writes for ``seconds``, or until about ``scores`` player-scores are applied if that comes
+    first; one latency sample per batch of ``batch_matches`` matches."""
     pool = MatchPool(workload, seed)
 
     async def step(phase: Phase, _: int) -> None:
@@ -85,7 +87,7 @@ async def writes(
         applied = await write_batch(board, batch)
         phase.record("write batch", elapsed_ms(t0), applied)
 
-    return await run_phase(Phase(name), seconds, concurrency, step)
+    return await run_phase(Phase(name), seconds, concurrency, step, scores)
 
 
 async def read_one(board: Board, workload: Workload, rng: random.Random, kind: str) -> None:

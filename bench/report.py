@@ -405,9 +405,21 @@ def _contenders(summary: dict[str, Any]) -> list[str]:
         "of each design on the server side, whatever the client could drive. "
         "Write latency is per HTTP request for the router, per batch of "
         f"{summary['settings']['batch_matches']} matches for the raw limit, per score for the textbook, "
-        "per match for PostgreSQL.",
+        "per match for PostgreSQL. "
+        "The raw writes go to a twin of the board, loaded with the same players, and stop at "
+        f"{_raw_scores(summary)}: the same number of fresh results onto the same state as the HTTP ramp "
+        "(a `best` board's write costs the store less once its players' bests have risen).",
         "",
     ]
+
+
+def _raw_scores(summary: dict[str, Any]) -> str:
+    ramp = summary.get("http", {}).get("writes", {}).get("scores_written")
+    raw = summary.get("raw", {}).get("writes", {}).get("items", 0)
+    bound = f"{summary['settings']['raw_seconds']:.0f} s"
+    if not ramp:
+        return f"{bound} (no HTTP ramp in this run; {raw:,} written)"
+    return f"the {ramp:,} player-scores the ramp wrote or after {bound} ({raw:,} written)"
 
 
 def _http_row(summary: dict[str, Any]) -> str:

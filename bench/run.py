@@ -71,7 +71,7 @@ class Settings:
     user_rps: float = 5.0
     read_seconds: float = 15.0
     read_users: int = 40
-    raw_seconds: float = 8.0
+    raw_seconds: float = 20.0  # at most; the raw writes stop once they have written what the ramp wrote
     peer_seconds: float = 6.0
     sweep_seconds: float = 8.0
     latency_shares: str = "0.5,0.8"  # the latency curve's steps, as shares of the ramp's sustained rate
@@ -609,6 +609,12 @@ def masters_sweep(s: Settings, workload: Workload, main: LocalCluster, out: Path
     return points
 
 
+def raw_twin(workload: Workload) -> Workload:
+    """The same players on a board of their own for the raw write phase: it starts from the state the
+    HTTP ramp started from, not from a board the HTTP phases have already raised."""
+    return replace(workload, board=f"{workload.board}-raw")
+
+
 def journal_twin(workload: Workload) -> Workload:
     """The same players on a board of their own whose results are journaled and archived."""
     return replace(workload, board=f"{workload.board}-journal")
@@ -732,15 +738,19 @@ def preload_all(
     """The same players into the board, its journaled twin and the textbook set, and meanwhile into
     PostgreSQL (in another process): (the population's figures, PostgreSQL's load or why it was
     skipped)."""
-    twin = journal_twin(workload)
+    twin, raw_board = journal_twin(workload), raw_twin(workload)
     asyncio.run(create_board(cluster.url, workload, s.shards))
     asyncio.run(create_board(cluster.url, twin, s.shards, durability="journal"))
+    asyncio.run(create_board(cluster.url, raw_board, s.shards))
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
         pg = pool.apply_async(pg_preload, (s.pg_dsn, workload, cluster.url))
         population = preload(cluster.url, workload, s.driver_processes)
         population["journal_board_load_s"] = round(
             population_load(cluster.url, twin, 0, twin.players, s.driver_processes), 1
+        )
+        population["raw_board_load_s"] = round(
+            population_load(cluster.url, raw_board, 0, raw_board.players, s.driver_processes), 1
         )
         pg_load: dict[str, Any] = pg.get(timeout=600)
     return population, pg_load
@@ -752,12 +762,26 @@ def driver_phases(
     cluster: LocalCluster,
     redis: dict[str, list[int]],
     pg_load: dict[str, Any],
+    http_scores: int = 0,
 ) -> dict[str, Any]:
-    """The raw limit, the textbook design and PostgreSQL, each writes then reads, with no HTTP."""
+    """The raw limit, the textbook design and PostgreSQL, each writes then reads, with no HTTP.
+
+    The raw writes go to a twin of the board loaded with the same players, and stop at the number
+    of player-scores the HTTP ramp wrote (``http_scores``, when it ran): the same writes onto the
+    same state. A ``best`` board's write costs less once its players' bests are high (fewer results
+    beat them), so raw writes onto the board the HTTP phases had already raised would cost the
+    store less for reasons that are not the library's."""
     raw = Job(
-        "raw writes", cluster.url, workload, s.raw_seconds, s.write_concurrency, s.batch_matches, s.pg_dsn
+        "raw writes",
+        cluster.url,
+        raw_twin(workload),
+        s.raw_seconds,
+        s.write_concurrency,
+        s.batch_matches,
+        s.pg_dsn,
+        items=http_scores,
     )
-    peer = replace(raw, seconds=s.peer_seconds)
+    peer = replace(raw, workload=workload, seconds=s.peer_seconds, items=0)
 
     def run(job: Job, kind: str, concurrency: int, groups: dict[str, list[int]]) -> dict[str, Any]:
         return driver_phase(replace(job, kind=kind, concurrency=concurrency), s.driver_processes, groups)
@@ -765,7 +789,7 @@ def driver_phases(
     phases: dict[str, Any] = {
         "raw": {
             "writes": run(raw, "raw writes", s.write_concurrency, redis),
-            "reads": run(raw, "raw reads", s.read_concurrency, redis),
+            "reads": run(replace(raw, workload=workload, items=0), "raw reads", s.read_concurrency, redis),
         },
         "textbook": {
             "writes": run(peer, "textbook writes", 64, redis),
@@ -834,7 +858,12 @@ def main(argv: list[str] | None = None) -> int:
         log(f"preloaded: {summary['population']}, postgres {summary['postgres_load']}")
         summary["http"] = http_phases(s, workload, cluster, out, redis)
         summary["latency_curve"] = latency_curve(s, workload, cluster, out, redis, summary["http"])
-        summary.update(driver_phases(s, workload, cluster, redis, summary["postgres_load"]))
+        ramp = summary["http"].get("writes", {})
+        summary.update(
+            driver_phases(
+                s, workload, cluster, redis, summary["postgres_load"], ramp.get("scores_written", 0)
+            )
+        )
         summary["hot"] = hot.run(cluster.url, workload, s.masters, redis, out, s.driver_processes)
         if "skipped" not in summary["http"]:
             summary["http"]["reads_planned"] = planned_reads(s, workload, cluster, out, redis, summary["hot"])

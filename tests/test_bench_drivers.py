@@ -66,6 +66,15 @@ async def test_raw_writes_apply_batches_and_keep_the_best(board: Board) -> None:
     assert phase.report()["latency_ms"]["write batch"]["count"] == phase.ops
 
 
+async def test_raw_writes_stop_at_the_scores_asked_for(board: Board) -> None:
+    # A long time bound the count ends well before: the phase stops at the first batch past it (each
+    # caller's batch in flight then lands too), so the HTTP ramp and the raw run write about as much.
+    phase = await raw.writes(board, W, seconds=60, concurrency=2, batch_matches=5, scores=200)
+    batch = 5 * W.players_per_match
+    assert phase.errors == 0 and 200 <= phase.items <= 200 + 2 * batch
+    assert phase.seconds < 30
+
+
 async def test_raw_and_textbook_reads_run_the_mix_without_errors(board: Board) -> None:
     phase = await raw.reads(board, W, seconds=0.5, concurrency=2)
     assert phase.errors == 0, phase.error_samples
