@@ -78,8 +78,13 @@ async def writes(
     scores: int = 0,
 ) -> Phase:
     """Batched writes for ``seconds``, or until about ``scores`` player-scores are applied if that comes
-    first; one latency sample per batch of ``batch_matches`` matches."""
-    pool = MatchPool(workload, seed)
+    first; one latency sample per batch of ``batch_matches`` matches.
+
+    With ``scores``, the pool holds enough matches that it does not wrap: a lap pairs the same players
+    with other points, so on a ``best`` board a wrapped pool beats fewer bests than fresh draws (as
+    Locust posts) would, and costs the store less."""
+    wanted = -(-scores // workload.players_per_match) + concurrency * batch_matches if scores else 0
+    pool = MatchPool(workload, seed, max(POOL_MATCHES, wanted))
 
     async def step(phase: Phase, _: int) -> None:
         batch = pool.take(batch_matches)

@@ -654,15 +654,27 @@ def _sweeps(sweeps: dict[str, Any]) -> list[str]:
         lines += [
             f"## Sweep: router processes (HTTP writes, {_rate(sweeps.get('router_offered_writes'))} offered)",
             "",
-            "| router processes | writes/s | p99 ms |",
-            "|---:|---:|---:|",
+            "| router processes | writes/s | p99 ms | router CPU µs/write | store CPU µs/write |",
+            "|---:|---:|---:|---:|---:|",
             *(
-                f"| {p['router_workers']} | {_rate(p['writes_per_s'])} | {_ms(p['p99_ms'])} |"
+                f"| {p['router_workers']} | {_rate(p['writes_per_s'])} | {_ms(p['p99_ms'])} "
+                f"| {_sweep_cpu(p, 'router')} | {_sweep_cpu(p, 'redis masters', 'redis replicas')} |"
                 for p in sweeps["routers"]
             ),
             "",
+            "Each worker coalesces its own requests: with more workers on the same cores, each sends "
+            'smaller script calls (router/README.md, "Workers and batches").',
+            "",
         ]
     return lines
+
+
+def _sweep_cpu(point: dict[str, Any], *groups: str) -> str:
+    """CPU µs per player-score write of ``groups`` over a sweep step ('-' when not metered)."""
+    cpu, n = point.get("cpu", {}).get("cpu_s", {}), point.get("scores_written") or 0
+    if not n or not any(g in cpu for g in groups):
+        return "-"
+    return f"{sum(cpu.get(g, 0.0) for g in groups) / n * 1e6:.1f}"
 
 
 def _costs_measured(summary: dict[str, Any]) -> list[str]:

@@ -66,13 +66,24 @@ async def test_raw_writes_apply_batches_and_keep_the_best(board: Board) -> None:
     assert phase.report()["latency_ms"]["write batch"]["count"] == phase.ops
 
 
-async def test_raw_writes_stop_at_the_scores_asked_for(board: Board) -> None:
+async def test_raw_writes_stop_at_the_scores_asked_for(board: Board, monkeypatch: pytest.MonkeyPatch) -> None:
     # A long time bound the count ends well before: the phase stops at the first batch past it (each
     # caller's batch in flight then lands too), so the HTTP ramp and the raw run write about as much.
+    pools: list[raw.MatchPool] = []
+
+    class Kept(raw.MatchPool):  # a pool of 3 matches unless the phase asks for more
+        def __init__(self, workload: Workload, seed: int, size: int = 3) -> None:
+            super().__init__(workload, seed, size)
+            pools.append(self)
+
+    monkeypatch.setattr(raw, "MatchPool", Kept)
+    monkeypatch.setattr(raw, "POOL_MATCHES", 3)
     phase = await raw.writes(board, W, seconds=60, concurrency=2, batch_matches=5, scores=200)
     batch = 5 * W.players_per_match
     assert phase.errors == 0 and 200 <= phase.items <= 200 + 2 * batch
     assert phase.seconds < 30
+    # ...and every match it posted was a fresh draw: a pool that wrapped would replay its players.
+    assert len(pools) == 1 and 0 < pools[0].next <= len(pools[0].matches)
 
 
 async def test_raw_and_textbook_reads_run_the_mix_without_errors(board: Board) -> None:
