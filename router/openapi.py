@@ -668,9 +668,10 @@ _PARAMETERS: dict[str, Any] = {
         "in": "query",
         "required": False,
         "schema": {"type": "integer", "minimum": 0, "maximum": MAX_AGE_MS, "default": 0},
-        "description": "Addition: on a band board (unique ranks), the other bands' sizes may be up to "
-        "this many ms old (counts_as_of says when they were read), so the read touches the player's "
-        "home and band shards only; 0: exact. Other boards answer exactly",
+        "description": "Addition (unique ranks): on a band board the other bands' sizes, on a hash board "
+        "the other shards' counts for this player at their unchanged score, may be up to this many ms "
+        "old (counts_as_of says when they were read), so the read touches the player's home (and band) "
+        "shards only; 0: exact. Competition ranks answer exactly",
     },
     "rank_mode": {
         "name": "rank_mode",

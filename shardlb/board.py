@@ -42,6 +42,7 @@ STREAM_VALUES = (
 SAME_PERIODS_QUARTERS = 96  # how far (a day) write.lua's window of a pin's periods reaches
 KEPT_BAND_SIZES = 256  # banded views whose band sizes a board keeps for max_age_ms reads
 PLACED_PLAYERS = 20_000  # players whose last band a board keeps for max_age_ms reads (a few MB)
+COUNTED_PLAYERS = 20_000  # hash boards: players whose other shards' counts a board keeps (a few MB)
 MAX_TOTAL_VIEWS = 256  # a region board's regions, and its whole view: more than any board has
 
 
@@ -179,6 +180,9 @@ class Board:
         self._band_sizes: dict[tuple[str, ...], tuple[float, int, list[int]]] = {}
         # ... and the band each player read that way was last placed in, asked in the home's round.
         self._placed: dict[tuple[tuple[str, ...], str], int] = {}
+        # Hash boards: per (view, player) read with max_age_ms, what the other shards counted for
+        # them at their score then: (monotonic s, epoch ms, score, rows ahead, rows in all).
+        self._counted: dict[tuple[tuple[str, ...], str], tuple[float, int, float, int, int]] = {}
 
     @property
     def stale(self) -> bool:
@@ -716,8 +720,11 @@ class Board:
         ``max_age_ms`` > 0 (band boards, unique ranks): the other bands' sizes may be those an exact
         read of this process took at most that long ago, so the read touches the player's home
         shard and their own band only, not every master; ``counts_ms`` says when they were read.
-        The player's place inside their band and that band's size are read now. Elsewhere, and when
-        no sizes that recent are kept, the read is exact (and keeps the sizes it read).
+        The player's place inside their band and that band's size are read now. On a hash board
+        (unique ranks) the other shards' counts for this player may be those of this process's last
+        such read of them, at most that old and at the score their home shard still holds: one round
+        to the home shard's node (``_rank_of``). Elsewhere, and when nothing that recent is kept,
+        the read is exact (and keeps what it read).
         """
         view = view or self.resolve()
         reader = self._merged(view)
@@ -756,7 +763,9 @@ class Board:
             home = self._home_index(player_id, view)
             if home is not None:
                 found = await self._located(reader, player_id, home)
-                rank, players = await reader.rank_of(found)
+                rank, players, counts_ms = await self._rank_of(
+                    reader, player_id, found, max_age_ms, counts_ms
+                )
                 below = players - rank
                 percentile = 100.0 * below / players if players else 0.0
                 return PlayerEntry(self.entry(rank, found.row), players, percentile, counts_ms)
@@ -772,6 +781,29 @@ class Board:
             below = players - rank
         percentile = 100.0 * below / players if players else 0.0
         return PlayerEntry(self.entry(rank, row), players, percentile, counts_ms)
+
+    async def _rank_of(
+        self, reader: View, player_id: str, found: Located, max_age_ms: int, counts_ms: int | None
+    ) -> tuple[int, int, int | None]:
+        """(rank, players, counts_ms) of a player ``locate`` found in their home shard of a hash view.
+
+        With ``max_age_ms`` > 0, the other shards' part may be what they counted for this player at
+        most that long ago, while the home shard's row still holds the score they counted at: then
+        the read was one round to one node. Otherwise it is counted now (and kept, for such reads).
+        """
+        sized = tuple(reader.keys)
+        kept = self._counted.get((sized, player_id)) if max_age_ms > 0 and not self.moving else None
+        if kept is not None and time.monotonic() - kept[0] <= max_age_ms / 1000 and kept[2] == found.row[0]:
+            return found.ahead + kept[3] + 1, found.size + kept[4], kept[1]
+        read_at = time.monotonic()
+        rank, players = await reader.rank_of(found)
+        if max_age_ms > 0 and len(sized) > 1:
+            if len(self._counted) >= COUNTED_PLAYERS:
+                self._counted.clear()
+            assert counts_ms is not None
+            others = (read_at, counts_ms, found.row[0], rank - 1 - found.ahead, players - found.size)
+            self._counted[(sized, player_id)] = others
+        return rank, players, counts_ms
 
     @exact
     async def around(

@@ -270,25 +270,3 @@ async def test_my_rank_with_max_age_counts_the_other_bands_as_an_exact_read_left
         assert after["zcard"] - before["zcard"] == 1  # the sizes the exact reads kept
     finally:
         await store.delete(board.config.id)
-
-
-async def test_max_age_leaves_a_hash_board_exact(store: BoardStore) -> None:
-    """A hash board counts every shard at every read, with or without ``max_age_ms``."""
-    rng = random.Random("hash-max-age")
-    config = BoardConfig.from_dict("hash-max-age", {"sharding": {"strategy": "hash", "shards": 3}})
-    board, _ = await store.create(config)
-    ref = ReferenceBoard(config)
-    now = times.now_ms()
-    try:
-        for round_no in range(2):
-            batch = [Score(f"p{i}", rng.randrange(0, 500), f"m{round_no}", now) for i in range(30)]
-            await board.submit(batch, now_ms=now)
-            ref.submit(batch, now_ms=now)
-            want = expected_entries(ref, "total", None)
-            for e in want:
-                started = times.now_ms()
-                got = await board.player(e.player_id, max_age_ms=60_000)
-                assert (got.entry, got.players) == (e, len(want))
-                assert got.counts_ms is not None and got.counts_ms >= started
-    finally:
-        await store.delete(board.config.id)

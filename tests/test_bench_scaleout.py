@@ -244,8 +244,18 @@ def test_the_markdown_has_a_row_per_cluster_and_the_ratios() -> None:
         "With `max_age_ms=1000`, from 1 to 3 master(s): reads/s at 1 core per master 3.00x (in proportion "
         "to the masters: 3.00x); Redis µs per read in all masters 0.67x." in md
     )
+    for p, us in zip(result["points"], ([6.0], [2.0, 2.0, 2.0]), strict=True):  # the hash board's
+        p["reads_kept"] = scaleout.figures(10_000, 10.0, [u * 10_000 / 1e6 for u in us], 1.0, 2.0)
+    md = scaleout.markdown(result)
+    assert "\n".join(scaleout.table(result["points"], "reads_kept", "reads")) in md
+    # 1e6 / 6 against 1e6 / 2: 3.00x; the exact reads' 1.00x; all masters 6 -> 6 µs per read.
+    assert (
+        "From 1 to 3 master(s): reads/s at 1 core per master 3.00x (exact: 1.00x; in proportion to the "
+        "masters: 3.00x); Redis µs per read in all masters 1.00x." in md
+    )
     for p in result["points"]:
         for key in (
+            "reads_kept",
             "band_reads",
             "band_reads_kept",
             "band_writes",
@@ -283,7 +293,7 @@ def test_a_tiny_run_pins_every_node_and_measures_every_phase(tmp_path: Path) -> 
         assert point["masters"] == point["shards"] == masters
         assert point["shards_on_masters"] == [1] * masters
         assert [p["affinity"] for p in point["pinned"]] == [[cpu] for cpu in point["placement"]["masters"]]
-        for kind in ("writes", "reads", "band_writes", "band_reads", "band_reads_kept"):
+        for kind in ("writes", "reads", "reads_kept", "band_writes", "band_reads", "band_reads_kept"):
             f = point[kind]
             assert f["ops"] > 0 and f["errors"] == 0, f
             assert len(f["redis_us_per_op"]) == masters and min(f["redis_us_per_op"]) > 0

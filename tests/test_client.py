@@ -108,7 +108,7 @@ async def test_every_read_matches_the_reference(router: Served, format: str) -> 
             assert (found.rank, found.points, found.players) == (rank, points, len(expected))
             assert found.percentile == pytest.approx(100 * (len(expected) - rank) / len(expected))
             assert found.rank_error is None and found.counts_as_of is None
-            kept = await client.player(name, player, max_age_ms=1000)  # a hash board: exact
+            kept = await client.player(name, player, max_age_ms=1000)  # nothing written since: exact
             assert (kept.rank, kept.players) == (rank, len(expected)) and kept.counts_as_of is not None
             estimate = await client.player(name, player, estimate=True)
             assert estimate.rank_error is not None and abs(estimate.rank - rank) <= estimate.rank_error

@@ -274,8 +274,9 @@ class AsyncClient:
     ) -> PlayerRank:
         """A player's rank, points and percentile. ``estimate=True`` answers from the router's
         in-memory histograms (no cluster round trip) with ``rank_error``. ``max_age_ms``: on a band
-        board the other bands' sizes may be that old (the answer's ``counts_as_of`` says when they
-        were read), so the read touches two shards instead of every master. Raises
+        board the other bands' sizes may be that old, on a hash board the other shards' counts for
+        this player while their score is unchanged (the answer's ``counts_as_of`` says when they were
+        read), so the read touches one or two shards instead of every master. Raises
         ``PlayerNotFound`` when the player has no score in that period."""
         params = {
             "period": period,
