@@ -77,6 +77,7 @@ FIRST_PORT = 22300  # clear of make bench's 22100+ and its sweep's 22200+
 WARMUP_S = 1.0
 # The band board's "my rank" with max_age_ms: the other bands' sizes up to this old (Board.player).
 KEPT_AGE_MS = 1000
+POLLED_PLAYERS = 1000  # hash board: "my rank" of this many players, each read several times a second
 CATCH_UP_S = 60.0  # the longest wait for the replicas to apply the preload
 FILES = ("scaleout.json", "scaleout.md")
 
@@ -319,14 +320,22 @@ class Meter:
 
 
 async def rank_reads(
-    board: Board, workload: Workload, seconds: float, tasks: int, seed: int, max_age_ms: int = 0
+    board: Board,
+    workload: Workload,
+    seconds: float,
+    tasks: int,
+    seed: int,
+    max_age_ms: int = 0,
+    polled: Sequence[str] = (),
 ) -> Phase:
-    """``Board.player`` of random players for ``seconds``, ``tasks`` at a time (with ``max_age_ms``)."""
+    """``Board.player`` of random players for ``seconds``, ``tasks`` at a time (with ``max_age_ms``):
+    drawn as the workload draws them, or uniformly from ``polled``."""
     rng = random.Random(seed)
 
     async def step(phase: Phase, _: int) -> None:
         t0 = time.perf_counter()
-        await board.player(workload.player(rng), max_age_ms=max_age_ms)
+        player = rng.choice(polled) if polled else workload.player(rng)
+        await board.player(player, max_age_ms=max_age_ms)
         phase.record("my rank", elapsed_ms(t0))
 
     return await run_phase(Phase("my rank"), seconds, tasks, step)
@@ -403,7 +412,21 @@ async def phases(
         phase = await rank_reads(board, workload, s.seconds, s.read_tasks, seed=24, max_age_ms=KEPT_AGE_MS)
         meter.mark()
         out["reads_kept"] = meter.phase(phase)
+        if board.layout.strategy == "hash":  # a screen polling the ranks of a few players
+            polled = polled_players(workload)
+            for kind, age in (("reads_polled", 0), ("reads_polled_kept", KEPT_AGE_MS)):
+                await rank_reads(board, workload, WARMUP_S, s.read_tasks, 25, age, polled)
+                meter.mark()
+                phase = await rank_reads(board, workload, s.seconds, s.read_tasks, 26, age, polled)
+                meter.mark()
+                out[kind] = meter.phase(phase)
     return out
+
+
+def polled_players(workload: Workload) -> list[str]:
+    """POLLED_PLAYERS players of the population (the same in every run), read again and again."""
+    picked = random.Random("polled").sample(range(workload.players), min(POLLED_PLAYERS, workload.players))
+    return [f"p{i}" for i in picked]
 
 
 def band_workload(workload: Workload) -> Workload:
@@ -796,7 +819,42 @@ def hash_kept_section(points: list[dict[str, Any]], s: dict[str, Any]) -> list[s
         f"in proportion to the masters: {last / first:.2f}x); Redis µs per read in all masters "
         f"{_ratio(points, 'reads_kept', 'redis_us_per_op_all')}.",
         "",
+        *polled_section(points, s),
     ]
+
+
+def polled_section(points: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:
+    """The hash board's polled reads, exact and with max_age_ms (none when not measured)."""
+    if not points or not all("reads_polled" in p and "reads_polled_kept" in p for p in points):
+        return []
+    return [
+        f'### "My rank" of {POLLED_PLAYERS} players, read again and again (Board.player, '
+        f"{s['read_tasks']} at a time)",
+        "",
+        f"Players drawn uniformly from {POLLED_PLAYERS} of the population, as screens that poll: each "
+        f"read again well within {KEPT_AGE_MS} ms. Exact:",
+        "",
+        *table(points, "reads_polled", "reads"),
+        "",
+        f"With `max_age_ms={KEPT_AGE_MS}`:",
+        "",
+        *table(points, "reads_polled_kept", "reads"),
+        "",
+        f"At {points[-1]['masters']} master(s), Redis µs per read in all masters: "
+        f"{_at(points, 'reads_polled', 'redis_us_per_op_all')} exact, "
+        f"{_at(points, 'reads_polled_kept', 'redis_us_per_op_all')} with `max_age_ms`; the load "
+        f"generator's µs per read {_at(points, 'reads_polled', 'driver_us_per_op')} and "
+        f"{_at(points, 'reads_polled_kept', 'driver_us_per_op')}. From {points[0]['masters']} to "
+        f"{points[-1]['masters']} master(s), reads/s at 1 core per master "
+        f"{_ratio(points, 'reads_polled', 'ceiling_per_s')} exact and "
+        f"{_ratio(points, 'reads_polled_kept', 'ceiling_per_s')} with it.",
+        "",
+    ]
+
+
+def _at(points: list[dict[str, Any]], kind: str, field: str) -> str:
+    value = points[-1].get(kind, {}).get(field)
+    return "-" if value is None else f"{value:g}"
 
 
 def band_findings(points: list[dict[str, Any]]) -> list[str]:

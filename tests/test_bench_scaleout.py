@@ -253,9 +253,25 @@ def test_the_markdown_has_a_row_per_cluster_and_the_ratios() -> None:
         "From 1 to 3 master(s): reads/s at 1 core per master 3.00x (exact: 1.00x; in proportion to the "
         "masters: 3.00x); Redis µs per read in all masters 1.00x." in md
     )
+    assert "read again and again" not in md  # the polled reads: not measured, no table
+    for p, exact, kept in zip(
+        result["points"], ([6.0], [4.0, 4.0, 4.0]), ([5.0], [3.0, 1.0, 1.0]), strict=True
+    ):
+        p["reads_polled"] = scaleout.figures(10_000, 10.0, [u * 10_000 / 1e6 for u in exact], 1.0, 2.0)
+        p["reads_polled_kept"] = scaleout.figures(10_000, 10.0, [u * 10_000 / 1e6 for u in kept], 3.0, 4.0)
+    md = scaleout.markdown(result)
+    assert "\n".join(scaleout.table(result["points"], "reads_polled_kept", "reads")) in md
+    # At 3 masters 12 µs exact, 5 with max_age_ms; ceilings 1e6/6 -> 1e6/4 (1.50x), 1e6/5 -> 1e6/3 (1.67x).
+    assert (
+        "At 3 master(s), Redis µs per read in all masters: 12 exact, 5 with `max_age_ms`; the load "
+        "generator's µs per read 100 and 300. From 1 to 3 master(s), reads/s at 1 core per master "
+        "1.50x exact and 1.67x with it." in md
+    )
     for p in result["points"]:
         for key in (
             "reads_kept",
+            "reads_polled",
+            "reads_polled_kept",
             "band_reads",
             "band_reads_kept",
             "band_writes",
@@ -293,7 +309,8 @@ def test_a_tiny_run_pins_every_node_and_measures_every_phase(tmp_path: Path) -> 
         assert point["masters"] == point["shards"] == masters
         assert point["shards_on_masters"] == [1] * masters
         assert [p["affinity"] for p in point["pinned"]] == [[cpu] for cpu in point["placement"]["masters"]]
-        for kind in ("writes", "reads", "reads_kept", "band_writes", "band_reads", "band_reads_kept"):
+        kinds = ("writes", "reads", "reads_kept", "reads_polled", "reads_polled_kept", "band_writes")
+        for kind in (*kinds, "band_reads", "band_reads_kept"):
             f = point[kind]
             assert f["ops"] > 0 and f["errors"] == 0, f
             assert len(f["redis_us_per_op"]) == masters and min(f["redis_us_per_op"]) > 0
