@@ -131,6 +131,14 @@ def fake_point(masters: int, writes: float, write_us: list[float], reads: float)
     }
 
 
+def measured(points: list[dict[str, Any]], kind: str, *us: list[float], driver_s: float = 1.0) -> None:
+    """Give each point a ``kind`` phase of 10,000 operations in 10 s at ``us`` µs per master."""
+    for p, per_master in zip(points, us, strict=True):
+        p[kind] = scaleout.figures(
+            10_000, 10.0, [u * 10_000 / 1e6 for u in per_master], driver_s, driver_s + 1
+        )
+
+
 def fake_replica_point(replicas: int, master_us: float, group_us: float) -> dict[str, object]:
     """3 masters with ``replicas`` each; 1,000 reads/s for 10 s, each costing every master
     ``master_us`` from the primaries, and every group of replicas ``group_us`` (split evenly) from
@@ -235,8 +243,7 @@ def test_the_markdown_has_a_row_per_cluster_and_the_ratios() -> None:
     assert "in proportion to the masters: 3.00x); Redis µs per read in all masters 1.33x" in md
     assert "| 3 | 3.33333 / 3.33333 / 3.33333 | 1 / 1 / 1 | 10 / 10 / 10 | 2 / 2 / 2 |" in md
     assert "max_age_ms" not in md  # not measured: no table
-    for p, us in zip(result["points"], ([9.0], [3.0, 3.0, 0.0]), strict=True):
-        p["band_reads_kept"] = scaleout.figures(10_000, 10.0, [u * 10_000 / 1e6 for u in us], 1.0, 2.0)
+    measured(result["points"], "band_reads_kept", [9.0], [3.0, 3.0, 0.0])
     md = scaleout.markdown(result)
     assert "\n".join(scaleout.table(result["points"], "band_reads_kept", "reads")) in md
     # 1e6 / 9 against 1e6 / 3 at a core per master: 3.00x; all masters 9 -> 6 µs per read.
@@ -244,8 +251,7 @@ def test_the_markdown_has_a_row_per_cluster_and_the_ratios() -> None:
         "With `max_age_ms=1000`, from 1 to 3 master(s): reads/s at 1 core per master 3.00x (in proportion "
         "to the masters: 3.00x); Redis µs per read in all masters 0.67x." in md
     )
-    for p, us in zip(result["points"], ([6.0], [2.0, 2.0, 2.0]), strict=True):  # the hash board's
-        p["reads_kept"] = scaleout.figures(10_000, 10.0, [u * 10_000 / 1e6 for u in us], 1.0, 2.0)
+    measured(result["points"], "reads_kept", [6.0], [2.0, 2.0, 2.0])  # the hash board's
     md = scaleout.markdown(result)
     assert "\n".join(scaleout.table(result["points"], "reads_kept", "reads")) in md
     # 1e6 / 6 against 1e6 / 2: 3.00x; the exact reads' 1.00x; all masters 6 -> 6 µs per read.
@@ -254,11 +260,8 @@ def test_the_markdown_has_a_row_per_cluster_and_the_ratios() -> None:
         "masters: 3.00x); Redis µs per read in all masters 1.00x." in md
     )
     assert "read again and again" not in md  # the polled reads: not measured, no table
-    for p, exact, kept in zip(
-        result["points"], ([6.0], [4.0, 4.0, 4.0]), ([5.0], [3.0, 1.0, 1.0]), strict=True
-    ):
-        p["reads_polled"] = scaleout.figures(10_000, 10.0, [u * 10_000 / 1e6 for u in exact], 1.0, 2.0)
-        p["reads_polled_kept"] = scaleout.figures(10_000, 10.0, [u * 10_000 / 1e6 for u in kept], 3.0, 4.0)
+    measured(result["points"], "reads_polled", [6.0], [4.0, 4.0, 4.0])
+    measured(result["points"], "reads_polled_kept", [5.0], [3.0, 1.0, 1.0], driver_s=3.0)
     md = scaleout.markdown(result)
     assert "\n".join(scaleout.table(result["points"], "reads_polled_kept", "reads")) in md
     # At 3 masters 12 µs exact, 5 with max_age_ms; ceilings 1e6/6 -> 1e6/4 (1.50x), 1e6/5 -> 1e6/3 (1.67x).
