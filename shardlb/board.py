@@ -530,11 +530,12 @@ class Board:
             self.client,
             view.keys,
             self.scripts.counts,
-            view.banded,
-            self.shallow,
-            self.read_replicas,
-            self.scripts.near,
-            self._band_of if view.banded else None,
+            banded=view.banded,
+            shallow=self.shallow,
+            replicas=self.read_replicas,
+            near_script=self.scripts.near,
+            places_script=self.scripts.places,
+            band_of=self._band_of if view.banded else None,
         )
 
     def _band_of(self, score: float) -> int:
@@ -854,6 +855,9 @@ class Board:
     ) -> list[Entry]:
         """Scores of many players (friends), sorted by rank, each with its global rank.
 
+        Unique ranks where each player lives in one of the view's keys (hash boards; region boards
+        read in one region): two rounds, places.lua on each home key (score and ZREVRANK together),
+        then counts.lua on each key for the players who do not live there (``_ranked_at_home``).
         Competition ranks count, for each distinct points value among them, the rows at or above the
         first score with better points: ``counts.lua`` given (that score, "") counts exactly those,
         as no id sorts below the empty one.
@@ -864,11 +868,15 @@ class Board:
         reader = self._merged(view)
         competition = self.rank_mode(rank_mode) == "competition"
         placed = {p: self.layout.candidates(p, view.region) for p in player_ids}  # each id once
+        if not view.banded and not competition:
+            homes = self._home_indices(list(placed.values()), view)
+            if None not in homes:
+                return await self._ranked_at_home(reader, list(placed), [h for h in homes if h is not None])
         found = sorted(((s, p) for p, s in (await self._scores(placed, view)).items()), reverse=True)
         if view.banded and not competition:
             counted = await reader.band_counts(found)
             return [self.entry(n + 1, row) for row, n in zip(found, counted, strict=True)]
-        if not competition:
+        if not competition:  # some player may live in several keys (a region board across regions)
             homes = self._home_indices([placed[player] for _, player in found], view)
             counts = await reader.counts_ahead_many(found, homes)
             return [self.entry(sum(c) + 1, row) for row, c in zip(found, counts, strict=True)]
@@ -876,6 +884,20 @@ class Board:
         counts = await reader.counts_ahead_many([(stop, "") for stop in stops])
         ahead = {stop: sum(c) for stop, c in zip(stops, counts, strict=True)}
         return [self.entry(ahead[self._span(row[0]).stop] + 1, row) for row in found]
+
+    async def _ranked_at_home(
+        self, reader: View, players: Sequence[str], homes: Sequence[int]
+    ) -> list[Entry]:
+        """``query``'s unique ranks for ``players``, each living in the key ``homes`` names: their
+        rows and the rows ahead of them at home in one atomic call per home key, then the rows ahead
+        in every other key. The first round of the general path (ZMSCORE) and its home-key check are
+        folded into one, so a friend costs one ZREVRANK at home and a count per other key."""
+        groups: dict[int, list[str]] = defaultdict(list)
+        for player, home in zip(players, homes, strict=True):
+            groups[home].append(player)
+        placed = sorted(await reader.home_places(groups), reverse=True)
+        away = await reader.counts_away([(row, home) for row, home, _ in placed])
+        return [self.entry(ahead + n + 1, row) for (row, _, ahead), n in zip(placed, away, strict=True)]
 
 
 def _stream(values: list[Any]) -> bytes:

@@ -239,6 +239,7 @@ class Scripts:
     settle: Script
     counts: Script
     near: Script
+    places: Script
     drop: Script
     registry: Script
     rebuild: Script
@@ -256,8 +257,8 @@ class Scripts:
             script = getattr(self, f.name)
             script.sha = await client.script_load(script.script)
         if read_strategy(client) is not None and client.get_replicas():
-            # counts.lua and near.lua are the scripts board reads send to replicas (no-writes; SCRIPT
-            # LOAD on a primary does not reach them). A replica that lost one answers NOSCRIPT: the
-            # read then falls back to the primary.
-            for script in (self.counts, self.near):
+            # counts.lua, near.lua and places.lua are the scripts board reads send to replicas
+            # (no-writes; SCRIPT LOAD on a primary does not reach them). A replica that lost one
+            # answers NOSCRIPT: the read then falls back to the primary.
+            for script in (self.counts, self.near, self.places):
                 await client.execute_command("SCRIPT LOAD", script.script, target_nodes=client.get_replicas())

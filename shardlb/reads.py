@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -24,7 +25,7 @@ from shardlb.merge import Row, merge, rows, unique
 # A page whose start lies in the first SHALLOW rows is read as top(offset + limit): cheaper than bisecting.
 SHALLOW = 1000
 MAX_BISECT_ROUNDS = 120
-TOP_SLACK = 8  # rows read from each shard for a top n beyond its expected share, 2 n / shards
+TOP_SLACK = 8  # rows read from each shard for a best n beyond its share n / shards and 2 sqrt of it
 # A shard's rows tied with a player, read back to order them locally; a larger block takes counts.lua.
 TIE_ROWS = 32
 # A band board's rank of one player in one round (the home key and every band key) up to this many
@@ -86,6 +87,7 @@ class View:
     shallow: int = SHALLOW
     replicas: bool = False  # reads may be served by replicas (connection.connect's read_from)
     near_script: Script | None = None  # near.lua: a player's home shard for "around me" in one call
+    places_script: Script | None = None  # places.lua: players' scores and places in their home keys
     # Band boards' total: the index in ``keys`` of the band that a score belongs to.
     band_of: Callable[[float], int] | None = None
 
@@ -109,11 +111,24 @@ class View:
                 if len(out) >= n:
                     break
             return out[:n]
-        # A hash shard holds about n / shards of the top n: read twice that (plus slack) from each,
-        # then read further only from shards whose every row read so far is in the merged top n.
-        # Their next rows rank below all they sent, so any other shard's unread rows cannot make it.
-        asked = [n if len(self.keys) == 1 else min(n, 2 * n // len(self.keys) + TOP_SLACK)] * len(self.keys)
-        got = [rows(pairs) for pairs in await self._each("zrevrange", 0, asked[0] - 1, withscores=True)]
+        return await self._best_from([0] * len(self.keys), n)
+
+    async def _best_from(self, starts: Sequence[int], n: int) -> list[Row]:
+        """The best ``n`` rows of the merged order among each key's rows from index ``starts[i]`` on.
+
+        A hash shard holds about share = n / shards of them (binomial: standard deviation under
+        sqrt(share)): read share + 2 sqrt(share) plus slack from each, then read further only from
+        shards whose every row read so far is in the merged best n. Their next rows rank below all
+        they sent, so any other shard's unread rows cannot make it. Rows are most of a window's
+        cost (Redis formats each score), so the first read is kept near the expected need.
+        """
+        share = n / len(self.keys)
+        first = n if len(self.keys) == 1 else min(n, math.ceil(share + 2 * math.sqrt(share)) + TOP_SLACK)
+        asked = [first] * len(self.keys)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
+        for key, start in zip(self.keys, starts, strict=True):
+            pipe.zrevrange(key, start, start + asked[0] - 1, withscores=True)
+        got = [rows(pairs) for pairs in await pipe.execute()]
         while True:
             best = merge(got)[:n]
             cutoff = best[-1] if len(best) == n else None
@@ -126,7 +141,8 @@ class View:
                 return best
             pipe = batch(self.client, replicas=self.replicas, shared=True)
             for i in more:
-                pipe.zrevrange(self.keys[i], asked[i], min(n, 2 * asked[i]) - 1, withscores=True)
+                start = starts[i] + asked[i]
+                pipe.zrevrange(self.keys[i], start, starts[i] + min(n, 2 * asked[i]) - 1, withscores=True)
             for i, pairs in zip(more, await pipe.execute(), strict=True):
                 got[i] += rows(pairs)
                 asked[i] = min(n, 2 * asked[i])
@@ -420,6 +436,38 @@ class View:
         replies = await self._count_calls(calls)
         return [[int(reply[t]) for reply in replies] for t in range(len(targets))]
 
+    async def home_places(self, members: Mapping[int, Sequence[str]]) -> list[tuple[Row, int, int]]:
+        """Players in the keys they live in (``members``: index in ``keys`` -> ids): for each with a
+        row there, (row, that index, rows ahead of it there), from one places.lua call per key, one
+        round. ZREVRANK counts the home key's ties with the player, so only the other keys count."""
+        script = self.places_script
+        assert script is not None
+        groups = [(home, ids) for home, ids in members.items() if ids]
+        calls = [(self.keys[home], *ids) for home, ids in groups]
+        replies = await script_calls(self.client, script, calls, self.replicas, shared=True)
+        out: list[tuple[Row, int, int]] = []
+        for (home, ids), reply in zip(groups, replies, strict=True):
+            for j, member in enumerate(ids):
+                score = reply[2 * j]
+                if score is not None:
+                    out.append(((float(score), member), home, int(reply[2 * j + 1])))
+        return out
+
+    async def counts_away(self, placed: Sequence[tuple[Row, int]]) -> list[int]:
+        """For each (row, home) of ``home_places``, the rows ahead of it in the keys other than its
+        home: one counts.lua call per key, given the rows that do not live there."""
+        away = [[t for t, (_, home) in enumerate(placed) if home != i] for i in range(len(self.keys))]
+        asked = [(i, ts) for i, ts in enumerate(away) if ts]
+        calls = [
+            (self.keys[i], _pack([x for t in ts for x in (_score(placed[t][0][0]), placed[t][0][1])]))
+            for i, ts in asked
+        ]
+        out = [0] * len(placed)
+        for (_, ts), reply in zip(asked, await self._count_calls(calls), strict=True):
+            for t, n in zip(ts, reply, strict=True):
+                out[t] += int(n)
+        return out
+
     async def _count_calls(self, calls: Sequence[tuple[str, bytes] | tuple[str, bytes, bytes]]) -> list[Any]:
         """counts.lua on several shards, each with its packed (score, member) list (and its homes)."""
         return await script_calls(self.client, self.counts, calls, self.replicas, shared=True)
@@ -437,8 +485,9 @@ class View:
         """Rows ``offset`` .. ``offset + limit - 1`` of the merged order, at any depth.
 
         Bisects on the score to find a cut ``v`` with G(v) = rows strictly above v just at or below
-        ``offset`` (per-shard ZCOUNT sums), then reads a bounded window below v from each shard. When
-        more than ``limit`` players share the score ``v`` itself, the cut is refined by player id inside
+        ``offset`` (per-shard ZCOUNT sums), then merges the best rows below v by index from each
+        shard's count above it, a little over its share of them from each (``_best_from``). When more
+        than ``limit`` players share the score ``v`` itself, the cut is refined by player id inside
         that tie block, so the window stays bounded there too.
         """
         if offset + limit <= self.shallow:
@@ -449,16 +498,13 @@ class View:
         if offset >= sum(sizes):
             return []
         cut, above = await self._cut(offset, limit, sizes, firsts, lasts)
-        if offset - above <= limit:
-            skip = offset - above
-            lists = await self._each("zrevrangebyscore", _score(cut), "-inf", 0, skip + limit, True)
-            return merge(rows(pairs) for pairs in lists)[skip : skip + limit]
-        starts = await self._cut_tie_block(cut, offset - above, limit)
+        starts = (
+            above
+            if offset - sum(above) <= limit
+            else await self._cut_tie_block(cut, offset - sum(above), limit)
+        )
         skip = offset - sum(starts)
-        pipe = batch(self.client, replicas=self.replicas, shared=True)
-        for key, start in zip(self.keys, starts, strict=True):
-            pipe.zrevrange(key, start, start + skip + limit - 1, withscores=True)
-        return merge(rows(pairs) for pairs in await pipe.execute())[skip : skip + limit]
+        return (await self._best_from(starts, skip + limit))[skip:]
 
     async def _cut_tie_block(self, score: int, within: int, limit: int) -> list[int]:
         """Per shard, the index where the merged page starts inside the tie block at ``score``.
@@ -512,8 +558,9 @@ class View:
 
     async def _cut(
         self, offset: int, limit: int, sizes: list[int], firsts: list[int], lasts: list[int]
-    ) -> tuple[int, int]:
-        """A score ``hi`` with offset - limit <= G(hi) <= offset, or the tie block holding ``offset``.
+    ) -> tuple[int, list[int]]:
+        """A score ``hi`` with offset - limit <= G(hi) <= offset, or the tie block holding ``offset``,
+        and each key's rows above ``hi`` (G(hi) is their sum).
 
         The bracket (lo, hi] is kept with per-shard counts above each end, from the best and worst
         scores of the non-empty shards (``_ends``). Each round reads, from every shard, the row at the
@@ -541,7 +588,7 @@ class View:
                 hi, c_hi = mid, c_mid
             else:
                 lo, c_lo = mid, c_mid
-        return hi, sum(c_hi)
+        return hi, c_hi
 
     async def _pivot(self, c_hi: list[int], c_lo: list[int], fraction: float, member: bool = False) -> Any:
         """Weighted median of each shard's score (or player id) at ``fraction`` of its rows inside
