@@ -867,11 +867,11 @@ class Board:
         view = view or self.resolve()
         reader = self._merged(view)
         competition = self.rank_mode(rank_mode) == "competition"
+        if not competition:
+            groups = self._home_groups(list(dict.fromkeys(player_ids)), view)  # each id once
+            if groups is not None:
+                return await self._ranked_at_home(reader, groups)
         placed = {p: self.layout.candidates(p, view.region) for p in player_ids}  # each id once
-        if not view.banded and not competition:
-            homes = self._home_indices(list(placed.values()), view)
-            if None not in homes:
-                return await self._ranked_at_home(reader, list(placed), [h for h in homes if h is not None])
         found = sorted(((s, p) for p, s in (await self._scores(placed, view)).items()), reverse=True)
         if view.banded and not competition:
             counted = await reader.band_counts(found)
@@ -885,16 +885,29 @@ class Board:
         ahead = {stop: sum(c) for stop, c in zip(stops, counts, strict=True)}
         return [self.entry(ahead[self._span(row[0]).stop] + 1, row) for row in found]
 
-    async def _ranked_at_home(
-        self, reader: View, players: Sequence[str], homes: Sequence[int]
-    ) -> list[Entry]:
-        """``query``'s unique ranks for ``players``, each living in the key ``homes`` names: their
+    def _home_groups(self, players: Sequence[str], view: ResolvedView) -> dict[int, list[str]] | None:
+        """``players`` grouped by the index in ``view.keys`` of the one key each can live in; None
+        where a player may live in several (band totals, a region board read across regions) or a
+        home key is not in the view."""
+        if view.banded or (self.layout.strategy == "region" and view.region is None):
+            return None
+        by_shard: dict[int, list[str]] = defaultdict(list)
+        for player, shard in zip(players, self.layout.homes(players, view.region), strict=True):
+            by_shard[shard].append(player)
+        index = {key: i for i, key in enumerate(view.keys)}
+        groups: dict[int, list[str]] = {}
+        for shard, members in by_shard.items():
+            at = index.get(keys.period_key(self.prefixes[shard], view.period))
+            if at is None:
+                return None
+            groups[at] = members
+        return groups
+
+    async def _ranked_at_home(self, reader: View, groups: dict[int, list[str]]) -> list[Entry]:
+        """``query``'s unique ranks for players grouped by their home key (``_home_groups``): their
         rows and the rows ahead of them at home in one atomic call per home key, then the rows ahead
         in every other key. The first round of the general path (ZMSCORE) and its home-key check are
         folded into one, so a friend costs one ZREVRANK at home and a count per other key."""
-        groups: dict[int, list[str]] = defaultdict(list)
-        for player, home in zip(players, homes, strict=True):
-            groups[home].append(player)
         placed = sorted(await reader.home_places(groups), reverse=True)
         away = await reader.counts_away([(row, home) for row, home, _ in placed])
         return [self.entry(ahead + n + 1, row) for (row, _, ahead), n in zip(placed, away, strict=True)]

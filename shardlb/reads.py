@@ -436,32 +436,30 @@ class View:
         replies = await self._count_calls(calls)
         return [[int(reply[t]) for reply in replies] for t in range(len(targets))]
 
-    async def home_places(self, members: Mapping[int, Sequence[str]]) -> list[tuple[Row, int, int]]:
+    async def home_places(self, members: Mapping[int, list[str]]) -> list[tuple[Row, int, int]]:
         """Players in the keys they live in (``members``: index in ``keys`` -> ids): for each with a
         row there, (row, that index, rows ahead of it there), from one places.lua call per key, one
         round. ZREVRANK counts the home key's ties with the player, so only the other keys count."""
         script = self.places_script
         assert script is not None
         groups = [(home, ids) for home, ids in members.items() if ids]
-        calls = [(self.keys[home], *ids) for home, ids in groups]
+        calls = [(self.keys[home], _pack(ids)) for home, ids in groups]
         replies = await script_calls(self.client, script, calls, self.replicas, shared=True)
-        out: list[tuple[Row, int, int]] = []
-        for (home, ids), reply in zip(groups, replies, strict=True):
-            for j, member in enumerate(ids):
-                score = reply[2 * j]
-                if score is not None:
-                    out.append(((float(score), member), home, int(reply[2 * j + 1])))
-        return out
+        return [
+            ((float(score), member), home, ahead)
+            for (home, ids), reply in zip(groups, replies, strict=True)
+            for member, score, ahead in zip(ids, reply[0::2], reply[1::2], strict=True)
+            if score is not None
+        ]
 
     async def counts_away(self, placed: Sequence[tuple[Row, int]]) -> list[int]:
         """For each (row, home) of ``home_places``, the rows ahead of it in the keys other than its
         home: one counts.lua call per key, given the rows that do not live there."""
-        away = [[t for t, (_, home) in enumerate(placed) if home != i] for i in range(len(self.keys))]
+        pairs = [(_score(score), member) for (score, member), _ in placed]
+        homes = [home for _, home in placed]
+        away = [[t for t, home in enumerate(homes) if home != i] for i in range(len(self.keys))]
         asked = [(i, ts) for i, ts in enumerate(away) if ts]
-        calls = [
-            (self.keys[i], _pack([x for t in ts for x in (_score(placed[t][0][0]), placed[t][0][1])]))
-            for i, ts in asked
-        ]
+        calls = [(self.keys[i], _pack([x for t in ts for x in pairs[t]])) for i, ts in asked]
         out = [0] * len(placed)
         for (_, ts), reply in zip(asked, await self._count_calls(calls), strict=True):
             for t, n in zip(ts, reply, strict=True):
@@ -634,6 +632,7 @@ def _score(value: float) -> str:
 
 
 def _pack(flat: list[str]) -> bytes:
-    """counts.lua's one argument: the flat (score, member, ...) list as MessagePack (one argument to
-    encode instead of two per row: redis-py encodes arguments one by one, in Python)."""
+    """A script's one argument for many values: counts.lua's flat (score, member, ...) list or
+    places.lua's ids, as MessagePack (one argument to encode instead of one per value: redis-py
+    encodes arguments one by one, in Python)."""
     return bytes(msgpack.packb(flat))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import functools
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardlb.config import Sharding
@@ -60,6 +61,15 @@ class Layout:
             per = self.sharding.shards_per_region
             return self.region_index(region, field) * per + player_hash(player) % per
         return player_hash(player) % self.sharding.shards
+
+    def homes(self, players: Sequence[str], region: str | None = None) -> list[int]:
+        """``home`` of each of ``players``, computed in one pass (players:query places up to 1000)."""
+        if self.strategy == "region":
+            per = self.sharding.shards_per_region
+            first = self.region_index(region) * per
+            return [first + zlib.crc32(p.encode()) % per for p in players]
+        shards = self.sharding.shards
+        return [zlib.crc32(p.encode()) % shards for p in players]
 
     def candidates(self, player: str, region: str | None = None) -> list[int]:
         """Every shard the player may live in (one, except on a region board read without a region)."""

@@ -95,3 +95,17 @@ def test_shards_per_master_differ_by_at_most_one(cluster: LocalCluster, shards: 
         per_master.update(port for lo, hi, port in owners if lo <= slot <= hi)
     assert len(per_master) == 3
     assert max(per_master.values()) - min(per_master.values()) <= 1
+
+
+@pytest.mark.parametrize(
+    "sharding, region",
+    [
+        (Sharding("hash", 16), None),
+        (Sharding("region", 12, ("eu", "na", "asia"), 4), "na"),
+        (Sharding("band", 3, (), 0, (0, 100, 1000), "spread"), None),
+    ],
+)
+def test_homes_in_one_pass_are_each_players_home(sharding: Sharding, region: str | None) -> None:
+    layout = Layout(sharding)
+    players = [f"p{i}" for i in range(500)] + ["", "ünï", "x" * 128]
+    assert layout.homes(players, region) == [layout.home(p, region) for p in players]
