@@ -602,6 +602,17 @@ async def _replies(node: ClusterNode, connection: Any, commands: list[Command]) 
         if isinstance(reply, rx.ResponseError):
             c.result, failed = reply, True
             continue
+        if (
+            c.kwargs.get("withscores")
+            and type(reply) is list
+            and reply
+            and type(reply[0]) is list
+            and c.kwargs.get("score_cast_func", float) is float
+        ):
+            # RESP3 (member, score) pairs, each score a double already: redis-py's legacy callback
+            # would format every score to text and parse it back (most of a page's client CPU).
+            c.result = [(member, score) for member, score in reply]
+            continue
         parse = callbacks.get(c.args[0])
         if parse is None:
             c.result = reply

@@ -57,13 +57,29 @@ def parse(value: object, field: str) -> int:
     raise InvalidInput("a time is an RFC 3339 string or integer epoch milliseconds", field, "invalid_time")
 
 
+_DAYS: dict[int, str] = {}  # day number since the epoch -> "YYYY-MM-DDT", for format_ms
+_DAYS_KEPT = 4096
+_TWO = [f"{n:02d}" for n in range(60)]
+_MINUTES = [f"{h:02d}:{m:02d}:" for h in range(24) for m in range(60)]  # minute of the day -> "HH:MM:"
+
+
 def format_ms(epoch_ms: int) -> str:
     """RFC 3339 in UTC, with milliseconds only when they are not zero."""
     seconds, ms = divmod(int(epoch_ms), 1000)
     if _MIN_S <= seconds <= _MAX_S:
-        # A third of datetime's cost; every entry of every read is formatted.
-        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-        return f"{text}.{ms:03d}Z" if ms else f"{text}Z"
+        # Every entry of every read is formatted, and most of a board's times fall on a few days:
+        # the date comes from a cache of days, the time of day from tables of minutes and seconds
+        # (under half of time.strftime's cost, itself a third of datetime's).
+        day, clock = divmod(seconds, 86_400)
+        date = _DAYS.get(day)
+        if date is None:
+            if len(_DAYS) >= _DAYS_KEPT:
+                _DAYS.clear()
+            date = _DAYS[day] = time.strftime("%Y-%m-%dT", time.gmtime(day * 86_400))
+        minute, secs = divmod(clock, 60)
+        if ms:
+            return f"{date}{_MINUTES[minute]}{_TWO[secs]}.{ms:03d}Z"
+        return f"{date}{_MINUTES[minute]}{_TWO[secs]}Z"
     moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)  # out of gmtime's range: as before
     if epoch_ms % 1000:
         return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"

@@ -48,6 +48,33 @@ async def test_direct_replies_equal_the_cluster_pipeline(store: BoardStore) -> N
     assert direct is not None and direct[1] == [("m0", 0.0)] and direct[3] is None
 
 
+async def test_score_pairs_equal_redis_pys_for_every_range_command(store: BoardStore) -> None:
+    """The direct path builds (member, score) pairs from RESP3's doubles itself; they must be what
+    redis-py's callback gives, to the last bit of a codec's 53-bit scores, and empty stays empty."""
+    client = store.client
+    key = "fanout:{pairs}"
+    await client.delete(key)
+    scores = {"a": 0.0, "b": 1.5, "c": float(2**53 - 1), "d": float(2**52 + 1), "e": float(2**53 - 1)}
+    await client.zadd(key, scores)
+
+    def record(batch: Any) -> None:
+        batch.zrevrange(key, 0, -1, withscores=True)
+        batch.zrange(key, 0, -1, withscores=True)
+        batch.zrangebyscore(key, 1, "+inf", withscores=True)
+        batch.zrevrangebyscore(key, "+inf", "-inf", 0, 3, withscores=True)
+        batch.zrevrange(key, 10, 20, withscores=True)  # nothing there
+        batch.zrevrange(key, 0, -1)  # without scores: members only
+
+    batch = fanout.batch(client)
+    record(batch)
+    direct = await batch.direct()
+    pipe = client.pipeline(transaction=False)
+    record(pipe)
+    assert direct == list(await pipe.execute())
+    assert direct is not None and direct[0][0] == ("e", float(2**53 - 1)) and direct[4] == []
+    assert all(type(p) is tuple and type(p[1]) is float for p in direct[0])
+
+
 async def test_any_failure_on_the_direct_path_falls_back(
     store: BoardStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
