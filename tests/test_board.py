@@ -43,6 +43,17 @@ def expected_entries(ref: ReferenceBoard, name: str, region: str | None) -> list
     ]
 
 
+async def hash_board_with_reference(
+    store: BoardStore, board_id: str, order: str
+) -> tuple[Board, ReferenceBoard]:
+    """A ``best`` board of 3 hash shards in ``order``, created on the cluster, and its reference."""
+    config = BoardConfig.from_dict(
+        board_id, {"mode": "best", "order": order, "sharding": {"strategy": "hash", "shards": 3}}
+    )
+    board, _ = await store.create(config)
+    return board, ReferenceBoard(config)
+
+
 async def check_view(
     board: Board, ref: ReferenceBoard, name: str, api: str, region: str | None, rng: random.Random
 ) -> None:

@@ -14,11 +14,9 @@ import pytest
 
 from shardlb import times
 from shardlb.board import Score
-from shardlb.config import BoardConfig
 from shardlb.store import BoardStore
-from tests.reference import ReferenceBoard
 from tests.test_band_reads import command_calls
-from tests.test_board import expected_entries
+from tests.test_board import expected_entries, hash_board_with_reference
 
 pytestmark = pytest.mark.cluster
 
@@ -31,11 +29,7 @@ async def test_friends_on_a_hash_board_take_their_home_place_with_their_score(
 ) -> None:
     rng = random.Random(f"hash-friends/{order}")
     board_id = f"hash-friends-{order}"
-    config = BoardConfig.from_dict(
-        board_id, {"mode": "best", "order": order, "sharding": {"strategy": "hash", "shards": 3}}
-    )
-    board, _ = await store.create(config)
-    ref = ReferenceBoard(config)
+    board, ref = await hash_board_with_reference(store, board_id, order)
     now = times.now_ms()
     players = [f"p{i:02d}" for i in range(60)]
     try:

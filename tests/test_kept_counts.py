@@ -16,11 +16,9 @@ import pytest
 
 from shardlb import times
 from shardlb.board import Board, Entry, Score
-from shardlb.config import BoardConfig
 from shardlb.store import BoardStore
-from tests.reference import ReferenceBoard
 from tests.test_band_reads import command_calls
-from tests.test_board import expected_entries
+from tests.test_board import expected_entries, hash_board_with_reference
 
 pytestmark = pytest.mark.cluster
 
@@ -47,11 +45,7 @@ async def test_my_rank_with_max_age_on_a_hash_board_keeps_the_other_shards_count
 ) -> None:
     rng = random.Random(f"hash-max-age/{order}")
     board_id = f"hash-max-age-{order}"
-    config = BoardConfig.from_dict(
-        board_id, {"mode": "best", "order": order, "sharding": {"strategy": "hash", "shards": 3}}
-    )
-    board, _ = await store.create(config)
-    ref = ReferenceBoard(config)
+    board, ref = await hash_board_with_reference(store, board_id, order)
     now = times.now_ms()
     players = [f"p{i:02d}" for i in range(45)]
 

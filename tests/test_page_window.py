@@ -12,10 +12,8 @@ import pytest
 
 from shardlb import times
 from shardlb.board import Score
-from shardlb.config import BoardConfig
 from shardlb.store import BoardStore
-from tests.reference import ReferenceBoard
-from tests.test_board import expected_entries
+from tests.test_board import expected_entries, hash_board_with_reference
 
 pytestmark = pytest.mark.cluster
 
@@ -23,11 +21,7 @@ pytestmark = pytest.mark.cluster
 @pytest.mark.parametrize("order", ["desc", "asc"])
 async def test_a_shard_holding_the_whole_window_is_read_on(store: BoardStore, order: str) -> None:
     board_id = f"page-window-{order}"
-    config = BoardConfig.from_dict(
-        board_id, {"mode": "best", "order": order, "sharding": {"strategy": "hash", "shards": 3}}
-    )
-    board, _ = await store.create(config)
-    ref = ReferenceBoard(config)
+    board, ref = await hash_board_with_reference(store, board_id, order)
     now = times.now_ms()
     by_home: dict[int, list[str]] = {0: [], 1: [], 2: []}
     i = 0
