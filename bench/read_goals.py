@@ -126,7 +126,7 @@ def goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
             _ratio(h.get("router"), raw.get("library")),
             1.5,
             False,
-            f"{h.get('router')} against {raw.get('library')} µs",
+            f"{h.get('router')} against {raw.get('library')} µs{_by_processes(summary, ('router',))}",
         )
     )
     out.append(
@@ -135,7 +135,8 @@ def goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
             _ratio(h.get("store"), raw.get("store")),
             1.1,
             False,
-            f"{h.get('store')} against {raw.get('store')} µs",
+            f"{h.get('store')} against {raw.get('store')} µs"
+            f"{_by_processes(summary, ('redis masters', 'redis replicas'))}",
         )
     )
     top, health = _hot(summary, "router top-100"), _hot(summary, "router /healthz")
@@ -376,3 +377,16 @@ def profiles(
             lines.append(f"| `{a[0]}` | {a[1]} | `{b[0]}` | {b[1]} |")
         lines.append("")
     return lines
+
+
+def _by_processes(summary: dict[str, Any], groups: tuple[str, ...]) -> str:
+    """The ramp's router process count and the router sweep's CPU per write of ``groups`` at each
+    count: a router process batches its own requests, so the count moves both write costs."""
+    workers = summary.get("http", {}).get("router_workers")
+    points = []
+    for p in summary.get("sweeps", {}).get("routers", []):
+        cpu, n = p.get("cpu", {}).get("cpu_s", {}), p.get("scores_written") or 0
+        if n and any(g in cpu for g in groups):
+            points.append(f"{p['router_workers']}: {sum(cpu.get(g, 0.0) for g in groups) / n * 1e6:.1f}")
+    sweep = f"; the router sweep, by processes: {', '.join(points)} µs" if points else ""
+    return f" (ramp through {workers} router process{'' if workers == 1 else 'es'}{sweep})" if workers else ""

@@ -422,6 +422,14 @@ def _raw_scores(summary: dict[str, Any]) -> str:
     return f"the {ramp:,} player-scores the ramp wrote or after {bound} ({raw:,} written)"
 
 
+def _routers(http: dict[str, Any]) -> str:
+    """How many router processes served the writes and the reads (runs before write_workers: both)."""
+    writes, reads = http.get("router_workers"), http.get("read_router_workers")
+    if reads is None or reads == writes:
+        return f"{writes} router processes"
+    return f"{writes} router process{'' if writes == 1 else 'es'} for writes, {reads} for reads"
+
+
 def _http_row(summary: dict[str, Any]) -> str:
     http = summary.get("http", {})
     if "skipped" in http:
@@ -430,8 +438,7 @@ def _http_row(summary: dict[str, Any]) -> str:
     post = w.get("endpoints", {}).get(f"POST {POST_NAME}", {})
     read_p99 = max((v["p99"] for k, v in r.get("endpoints", {}).items() if k != "Aggregated"), default=None)
     return (
-        f"| shardlb over HTTP ({http.get('router_workers')} router processes; board of "
-        f"{summary['settings']['shards']} shards) "
+        f"| shardlb over HTTP ({_routers(http)}; board of {summary['settings']['shards']} shards) "
         f"| {_rate(w.get('sustained_writes_per_s'))} | {_lat(post)} (per request of "
         f"{summary['workload']['players_per_match']}) | {_ms(server_us(w, w.get('scores_written', 0)))} "
         f"| {_rate(r.get('reads_per_s'))} | {_ms(read_p99)} | {_ms(server_us(r, _http_read_count(r)))} "

@@ -62,7 +62,12 @@ class Settings:
     shards: int = 16
     masters: int = 3
     replicas: int = 1
-    router_workers: int = 2
+    router_workers: int = 2  # the read mixes' routers
+    # The write phases' routers (ramp, latency steps, board comparison, durability). One process:
+    # each process batches its own requests, so on these two cores, shared with Redis and Locust, a
+    # second one makes smaller script calls and costs more CPU per score for no more writes/s (the
+    # router sweep measures both; router/README.md "Workers and batches"). Kubernetes runs one a pod.
+    write_workers: int = 1
     locust_processes: int = 2
     driver_processes: int = 2
     target_writes: int = 50_000
@@ -162,18 +167,23 @@ def locust_env(s: Settings, workload: Workload, extra: dict[str, str]) -> dict[s
 def http_phases(
     s: Settings, workload: Workload, cluster: LocalCluster, out: Path, redis: dict[str, list[int]]
 ) -> dict[str, Any]:
-    """The HTTP write ramp and read mix with s.router_workers router processes."""
+    """The HTTP write ramp through a router of s.write_workers processes, then the read mix through a
+    fresh router of s.router_workers processes."""
     missing = router_missing()
     if missing:
         log(missing)
         return {"skipped": missing}
-    result: dict[str, Any] = {"router_workers": s.router_workers, "locust_processes": s.locust_processes}
-    router = Router(cluster.url, free_port(22400), s.router_workers, out / "router.log", router_env())
+    result: dict[str, Any] = {
+        "router_workers": s.write_workers,
+        "read_router_workers": s.router_workers,
+        "locust_processes": s.locust_processes,
+    }
+    router = Router(cluster.url, free_port(22400), s.write_workers, out / "router.log", router_env())
     with router:
         groups = {**redis, "router": [router.proc.pid] if router.proc else []}
         log(
             f"HTTP write ramp to {s.target_writes} writes/s over {s.ramp_seconds:.0f} s "
-            f"({s.router_workers} router workers, {s.locust_processes} Locust processes)"
+            f"({s.write_workers} router workers, {s.locust_processes} Locust processes)"
         )
         run = run_locust(
             out / "http-writes",
@@ -200,7 +210,8 @@ def http_phases(
         )
         result["writes"] = report.http_writes(run, stages)
         log(f"HTTP writes: sustained {result['writes']['sustained_writes_per_s']:.0f}/s")
-        result["reads"] = read_mix(s, workload, router.url, out / "http-reads", groups, cluster.url)
+    reads = _reads_through_own_router(s, workload, cluster, out, redis, "reads")
+    result["reads"] = {k: v for k, v in reads.items() if k != "board"}
     return result
 
 
@@ -281,7 +292,8 @@ def _reads_through_own_router(
     router = Router(cluster.url, free_port(22400), s.router_workers, out / f"{name}-router.log", router_env())
     with router:
         groups = {**redis, "router": [router.proc.pid] if router.proc else []}
-        reads = read_mix(s, board, router.url, out / f"http-reads-{name}", groups, cluster.url)
+        prefix = out / ("http-reads" if name == "reads" else f"http-reads-{name}")
+        reads = read_mix(s, board, router.url, prefix, groups, cluster.url)
     return {"board": board.board, **reads}
 
 
@@ -307,7 +319,7 @@ def band_writes(
         "band": hot.band_board_workload(workload, s.masters),
     }
     for part, board in boards.items():
-        point = soak(s, board, cluster, f"writes-{part}", out, redis, offered, s.router_workers)
+        point = soak(s, board, cluster, f"writes-{part}", out, redis, offered, s.write_workers)
         cpu, n = point["cpu"]["cpu_s"], point.get("scores_written") or 0
         store = sum(cpu.get(k, 0.0) for k in ("redis masters", "redis replicas"))
         result[part] = {
@@ -447,7 +459,7 @@ def latency_curve(
     http: dict[str, Any],
 ) -> dict[str, Any]:
     """Constant-rate HTTP write steps at s.latency_shares of the ramp's sustained rate, each through
-    a fresh router of s.router_workers processes: the write latency below saturation (issue 13:
+    a fresh router of s.write_workers processes: the write latency below saturation (issue 13:
     write p99 under 50 ms at 80% of the sustained maximum). Each step holds its rate for at least
     Locust's percentile window, so the percentiles read at its end cover the held rate only."""
     sustained = http.get("writes", {}).get("sustained_writes_per_s")
@@ -474,7 +486,7 @@ def latency_curve(
             out,
             redis,
             offered,
-            s.router_workers,
+            s.write_workers,
             seconds,
             server=scrapes,
             server_from_s=seconds - locust_csv.RECENT_WINDOW_S,  # about Locust's window at the end
@@ -500,7 +512,7 @@ def latency_curve(
         steps.append(step)
     return {
         "sustained_writes_per_s": sustained,
-        "router_workers": s.router_workers,
+        "router_workers": s.write_workers,
         "seconds": seconds,
         "held_from_s": held_from,
         "steps": steps,
@@ -512,11 +524,11 @@ def paced_step(
 ) -> dict[str, Any]:
     """The load of a latency step's Locust users (``users`` at s.user_rps requests a second) offered
     by bench/pacer.py, a client that takes a fraction of Locust's CPU, through a fresh router of
-    s.router_workers processes: its figures over the same window at the end (Locust's last
+    s.write_workers processes: its figures over the same window at the end (Locust's last
     RECENT_WINDOW_S seconds) and the router's own over that window (``router``, as ``soak_run``
     scrapes it), or why it could not run."""
     settle = max(0.0, seconds - locust_csv.RECENT_WINDOW_S)
-    router = Router(cluster.url, free_port(22400), s.router_workers, out / f"{name}-router.log", router_env())
+    router = Router(cluster.url, free_port(22400), s.write_workers, out / f"{name}-router.log", router_env())
     scrapes: list[server_latency.Buckets] = []
     with router:
         timer = threading.Timer(settle, lambda: scrapes.append(server_latency.scrape(router.url)))
@@ -525,7 +537,7 @@ def paced_step(
             *("--rps", str(s.user_rps), "--seconds", str(seconds), "--settle", str(settle)),
             *("--key", WRITE_KEY),
         ]
-        log(f"{name}: {users} paced users through {s.router_workers} router workers")
+        log(f"{name}: {users} paced users through {s.write_workers} router workers")
         timer.start()
         try:
             done = subprocess.run(
@@ -643,7 +655,7 @@ def durability_phases(
         "memory_board": workload.board,
         "journal_board": twin.board,
         "offered_writes": offered,
-        "router_workers": s.router_workers,
+        "router_workers": s.write_workers,
     }
     try:
         pg = {"postgres": db.pids()}
@@ -655,7 +667,7 @@ def durability_phases(
         if not router_missing():
             result["http"] = {
                 "memory": soak(http, workload, cluster, "durability-memory", out, {**redis, **pg}, offered,
-                               s.router_workers),
+                               s.write_workers),
             }  # fmt: skip
         archiver.start()
         groups = {**redis, "archiver": archiver.pids, **pg}
@@ -665,9 +677,7 @@ def durability_phases(
         )
         if "http" in result:
             result["http"]["journal"] = phase.run(
-                lambda: soak(
-                    http, twin, cluster, "durability-journal", out, groups, offered, s.router_workers
-                )
+                lambda: soak(http, twin, cluster, "durability-journal", out, groups, offered, s.write_workers)
             )
             result["http"]["replica"] = replica_phase(http, twin, cluster, out, groups, offered, phase)
         if archiver.exit_code() is not None:
@@ -697,7 +707,7 @@ def replica_phase(
         log(reason)
         return {"skipped": reason}
     return phase.run(
-        lambda: soak(s, twin, cluster, "durability-replica", out, groups, offered, s.router_workers,
+        lambda: soak(s, twin, cluster, "durability-replica", out, groups, offered, s.write_workers,
                      {"SHARDLB_ACK": "replica"})
     )  # fmt: skip
 

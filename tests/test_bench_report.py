@@ -317,3 +317,28 @@ def test_band_costs_are_ratios_to_the_hash_board_of_the_same_run() -> None:
         "band_bytes_per_player": 280.5,
     }
     assert band_costs({}) == {}
+
+
+def test_the_http_row_says_which_routers_served_writes_and_reads(summary: dict[str, Any]) -> None:
+    summary["http"]["router_workers"] = 1
+    summary["http"]["read_router_workers"] = 2
+    assert "| shardlb over HTTP (1 router process for writes, 2 for reads; board of " in report.markdown(
+        summary, "test"
+    )
+    summary["http"].pop("read_router_workers")
+    summary["http"]["router_workers"] = 2  # a run from before the write phases had their own count
+    assert "| shardlb over HTTP (2 router processes; board of " in report.markdown(summary, "test")
+
+
+def test_the_write_cost_goals_name_the_routers_process_count_and_the_sweep(summary: dict[str, Any]) -> None:
+    summary["http"]["router_workers"] = 1
+    point = {"writes_per_s": 10_000, "p99_ms": 50.0}
+    summary["sweeps"]["routers"] = [
+        {**point, "router_workers": 1, "scores_written": 1_000_000, "cpu": {"cpu_s": {"router": 20.0}}},
+        {**point, "router_workers": 2, "scores_written": 500_000, "cpu": {"cpu_s": {"router": 15.0}}},
+    ]
+    for key in DERIVED:
+        summary.pop(key, None)
+    report.finish(summary)
+    text = report.markdown(summary, "test")
+    assert "(ramp through 1 router process; the router sweep, by processes: 1: 20.0, 2: 30.0 µs)" in text
