@@ -54,7 +54,9 @@ class Keys:
 
     def scope_of(self, key: str) -> Scope | None:
         """The scope of ``key``, or None when it is not configured. Constant time in the key."""
-        presented = _digest(key)
+        return self._scope_of_digest(_digest(key))
+
+    def _scope_of_digest(self, presented: bytes) -> Scope | None:
         found = 0
         for digest, scope in self._keys:
             # No early exit: every configured key is compared, whichever matches.
@@ -81,7 +83,8 @@ class Keys:
             raise ApiError(
                 401, "unauthorized", "the Authorization header must be 'Bearer <key>'", headers=_CHALLENGE
             )
-        scope = self.scope_of(key)
+        presented = _digest(key)
+        scope = self._scope_of_digest(presented)
         if scope is None:
             raise ApiError(401, "unauthorized", "this key is not valid", headers=_CHALLENGE)
         if scope < need:
@@ -90,7 +93,7 @@ class Keys:
                 "forbidden",
                 f"a {scope.name.lower()} key may not do this; it needs the {need.name.lower()} scope",
             )
-        return Caller(scope, KEY_CLIENT + _digest(key)[:12].hex())
+        return Caller(scope, KEY_CLIENT + presented[:12].hex())
 
 
 def _digest(key: str) -> bytes:

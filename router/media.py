@@ -144,6 +144,13 @@ async def read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit
     return b"".join(parts)
 
 
+def whole_body(body: bytes, declared: str | None, limit: int) -> bytes:
+    """A body that came in one message, refused with 413 as ``read_limited`` would refuse it."""
+    if (declared is not None and declared.isdigit() and int(declared) > limit) or len(body) > limit:
+        raise _too_large(limit)
+    return body
+
+
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, "body_too_large", f"the request body is larger than {limit} bytes")
 

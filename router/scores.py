@@ -16,13 +16,21 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from router import params
 from router.auth import Scope as KeyScope
 from router.boards import through_reshard
 from router.errors import shutting_down, to_api_error
-from router.media import decode_object, read_limited, rendered, rendered_error, send_rendered, wants_msgpack
+from router.media import (
+    decode_object,
+    read_limited,
+    rendered,
+    rendered_error,
+    send_rendered,
+    wants_msgpack,
+    whole_body,
+)
 from router.service import Service
 from shardlb import times
 from shardlb.board import Result, Score
@@ -55,29 +63,26 @@ def parse_scores(body: dict[str, Any]) -> list[Score]:
         if not item.keys() <= SCORE_FIELDS:
             name = next(name for name in item if name not in SCORE_FIELDS)
             raise InvalidInput(f"unknown field {name!r}", f"scores[{i}].{name}", "unknown_field")
-        player_id, match_id = item.get("player_id"), item.get("match_id")
-        points = params.integral(item.get("points"))
+        player_id, points, match_id = item.get("player_id"), item.get("points"), item.get("match_id")
+        if type(points) is not int:
+            points = params.integral(points)
         if player_id is None or points is None or match_id is None:
             name = next(name for name in SCORE_REQUIRED if item.get(name) is None)
             raise InvalidInput(f"{name} is required", f"scores[{i}].{name}", "missing_field")
-        achieved = params.integral(item.get("achieved_at"))
-        region = item.get("region")
-        if region is not None and (not isinstance(region, str) or ID_PATTERN.fullmatch(region) is None):
-            # Refused on every board, though only region boards use it: it could not name a region.
-            raise InvalidInput(
-                "region must be an id: 1-64 characters of A-Z a-z 0-9 _ - . :",
-                f"scores[{i}].region",
-                "invalid_region",
-            )
-        scores.append(
-            Score(
-                player_id,
-                points,
-                match_id,
-                None if achieved is None else times.parse(achieved, f"scores[{i}].achieved_at"),
-                region,
-            )
-        )
+        achieved = region = None
+        if len(item) > 3:  # beyond the three required fields: an achieved time, a region, or both
+            achieved = params.integral(item.get("achieved_at"))
+            region = item.get("region")
+            if region is not None and (not isinstance(region, str) or ID_PATTERN.fullmatch(region) is None):
+                # Refused on every board, though only region boards use it: it could not name a region.
+                raise InvalidInput(
+                    "region must be an id: 1-64 characters of A-Z a-z 0-9 _ - . :",
+                    f"scores[{i}].region",
+                    "invalid_region",
+                )
+            if achieved is not None:
+                achieved = times.parse(achieved, f"scores[{i}].achieved_at")
+        scores.append(Score(player_id, points, match_id, achieved, region))
     return scores
 
 
@@ -113,17 +118,18 @@ class ScoresEndpoint:
             client[0] if client else "unknown",
             KeyScope.WRITE,
         )
-        params.checked(
-            parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True), NO_PARAMETERS
-        )
+        query = scope["query_string"]
+        if query:  # the endpoint takes no parameter: any is refused (400 unknown_parameter)
+            params.checked(parse_qsl(query.decode("latin-1"), keep_blank_values=True), NO_PARAMETERS)
         if svc.draining:
             raise shutting_down()  # before reading the body: it would be refused after that anyway
         declared = headers.get(b"content-length")
-        raw = await read_limited(
-            _chunks(receive),
-            None if declared is None else declared.decode("latin-1"),
-            svc.settings.max_body_bytes,
-        )
+        length = None if declared is None else declared.decode("latin-1")
+        message = await receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            raw = whole_body(message.get("body", b""), length, svc.settings.max_body_bytes)
+        else:
+            raw = await read_limited(_chunks(receive, message), length, svc.settings.max_body_bytes)
         content_type = headers.get(b"content-type")
         scores = parse_scores(
             decode_object(raw, None if content_type is None else content_type.decode("latin-1"))
@@ -136,7 +142,20 @@ class ScoresEndpoint:
             return await svc.moderation.submit(board, board.prepare(scores), request_id, svc.coalescer)
 
         results = await through_reshard(submit)
-        return {"results": [result_body(r) for r in results]}
+        # result_body inlined for the usual result, one applied to every period it goes to
+        return {
+            "results": [
+                result_body(r)
+                if r.closed
+                else {
+                    "player_id": r.player_id,
+                    "match_id": r.match_id,
+                    "status": r.status,
+                    "points": r.points,
+                }
+                for r in results
+            ]
+        }
 
 
 def result_body(r: Result) -> dict[str, Any]:
@@ -152,12 +171,13 @@ def result_body(r: Result) -> dict[str, Any]:
     return body
 
 
-async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
-    """The request body's chunks as they arrive; ClientDisconnect when the client goes first."""
+async def _chunks(receive: Receive, message: Message) -> AsyncIterator[bytes]:
+    """The request body's chunks as they arrive, from its first ``message``; ClientDisconnect when
+    the client goes first."""
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnect()
         yield message.get("body", b"")
         if not message.get("more_body", False):
             return
+        message = await receive()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -198,37 +199,49 @@ class Board:
         now = times.now_ms() if now_ms is None else now_ms
         codec = self.codec
         lowest, highest = codec.epoch_ms, min(now + MAX_FUTURE_MS, codec.last_ms)
+        points_max, unit_ms, time_bits = codec.points_max, codec.unit_ms, codec.time_bits
+        # encode_units inlined (the same packing): the points part, then the time part.
+        desc, earliest, time_max = codec.order == "desc", codec.tiebreak == "earliest", codec.time_max
         by_region = self.layout.strategy == "region"
+        shards = self.layout.sharding.shards
+        fullmatch, crc32 = ID_PATTERN.fullmatch, zlib.crc32
+        # A request's scores mostly share their quarter hour (most are sent without a time).
+        quarter = -1
+        names: tuple[str, ...] = ()
         out = []
         for i, s in enumerate(scores):
-            player, match, points = s.player_id, s.match_id, s.points
-            achieved = now if s.achieved_ms is None else s.achieved_ms
+            player, match, points, sent = s.player_id, s.match_id, s.points, s.achieved_ms
+            achieved = now if sent is None else sent
             # One test for the common case of a good score; _refuse says what is wrong, if anything.
             if not (
                 type(player) is str
-                and ID_PATTERN.fullmatch(player) is not None
+                and fullmatch(player) is not None
                 and type(match) is str
                 and 0 < len(match) <= MATCH_ID_MAX
                 and type(points) is int
-                and 0 <= points <= codec.points_max
+                and 0 <= points <= points_max
                 and lowest <= achieved <= highest
             ):
                 points = self._refuse(s, achieved, now, f"{field}[{i}]")
-            units = (achieved - lowest) // codec.unit_ms
+            units = (achieved - lowest) // unit_ms
             if by_region:
                 shard = self.layout.home(player, s.region, f"{field}[{i}].region")
             else:
-                shard = self.layout.home(player)
+                shard = crc32(player.encode()) % shards  # Layout.home
+            if achieved // QUARTER_HOUR_MS != quarter:
+                quarter = achieved // QUARTER_HOUR_MS
+                names = self._period_names(quarter)
             out.append(
                 Prepared(
                     player,
                     match,
                     points,
                     units,
-                    codec.encode_units(points, units),
+                    ((points if desc else points_max - points) << time_bits)
+                    | (time_max - units if earliest else units),
                     shard,
-                    self._period_names(achieved // QUARTER_HOUR_MS),
-                    s.achieved_ms is None,
+                    names,
+                    sent is None,
                 )
             )
         return out
