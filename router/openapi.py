@@ -1279,8 +1279,8 @@ _SCHEMAS.update(
                             "items": {"type": "integer", "minimum": 0, "maximum": MAX_POINTS},
                             "minItems": 1,
                             "maxItems": MAX_BANDS,
-                            "description": "make it a band board: band starts, increasing from 0; "
-                            "shards is then its home shards",
+                            "description": "a band board (from a hash board, or a band board's new "
+                            "starts): band starts, increasing from 0; shards is then its home shards",
                         },
                     },
                 },
@@ -1442,8 +1442,9 @@ SPEC["paths"].update(
             },
             "post": {
                 "operationId": "reshardBoard",
-                "summary": "Addition: move a hash board to another shard count while it takes writes and "
-                "reads, or resume the reshard under way; runs in the background of this router (admin)",
+                "summary": "Addition: move a hash or band board to another shard count or band starts while "
+                "it takes writes and reads, or resume the reshard under way; runs in the background of "
+                "this router (admin)",
                 "security": _ADMIN,
                 "requestBody": {"required": True, "content": _content(_ref("ReshardRequest"))},
                 "responses": {

@@ -640,6 +640,14 @@ class Board:
     async def size(self, view: ResolvedView | None = None) -> int:
         return sum(await self._merged(view or self.resolve()).sizes())
 
+    @exact
+    async def band_sizes(self) -> list[int]:
+        """The players of each band of a band board's total, best band first ([] on other boards):
+        how evenly its band starts part the players now (``shardlb bands --apply``)."""
+        if self.layout.strategy != "band":
+            return []
+        return await self._merged(self.resolve()).sizes()
+
     async def band_starts(self, count: int) -> list[int]:
         """Band starts (``sharding.bands``) that part this board's total into ``count`` bands of
         about as many players each, from the points of the players at every ``size / count``-th

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib
 import json
 import os
@@ -16,6 +17,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from shardlb.cluster import STATE_FILE, ClusterError, ClusterStatus, LocalCluster
 from shardlb.errors import ShardlbError
@@ -316,44 +318,106 @@ def reshard_board(args: argparse.Namespace) -> int:
     return 0
 
 
+SKEW = 1.5  # `shardlb bands --apply` reshards when a band holds more than this times its share
+
+
 def add_bands_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`shardlb bands BOARD --count N`: band starts that part the board's players evenly."""
+    """`shardlb bands BOARD --count N [--apply]`: band starts that part the board's players evenly."""
     bands = commands.add_parser(
-        "bands", help="propose band starts that part a board's players into bands of equal size"
+        "bands",
+        help="propose band starts that part a board's players into bands of equal size; --apply "
+        "reshards a band board whose bands have drifted apart (or a hash board) to them",
     )
     bands.add_argument("board", help="the board")
     bands.add_argument("--count", type=int, required=True, help="how many bands (e.g. one per master)")
+    bands.add_argument(
+        "--apply",
+        action="store_true",
+        help="reshard the board to the proposed starts (its home shards kept) when its largest band "
+        "holds more than --skew times its share of the players, or it is a hash board or has another "
+        "band count; otherwise change nothing. Safe to run from cron as scores move.",
+    )
+    bands.add_argument(
+        "--skew",
+        type=float,
+        default=SKEW,
+        help=f"with --apply: the largest band's players over the mean band's that calls for new "
+        f"starts (default {SKEW})",
+    )
     bands.add_argument(
         "--redis",
         default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"),
         help="the cluster (default $SHARDLB_REDIS_URL or redis://127.0.0.1:7000)",
     )
+    bands.add_argument(
+        "--postgres",
+        default=os.environ.get("SHARDLB_POSTGRES_URL", ""),
+        help="with --apply on a journaled board: the archive, which the reshard moves too "
+        "(default $SHARDLB_POSTGRES_URL)",
+    )
     bands.set_defaults(func=propose_bands)
 
 
+def band_skew(sizes: list[int]) -> float:
+    """The largest band's players over the mean band's (1.0: even; 0.0 for an empty board)."""
+    total = sum(sizes)
+    return round(max(sizes) * len(sizes) / total, 3) if total else 0.0
+
+
 def propose_bands(args: argparse.Namespace) -> int:
-    """Print the band starts (JSON) and the reshard that would apply them."""
+    """Print the band starts (JSON) and the reshard that would apply them; with --apply, make it
+    when the board's bands have drifted past --skew (a reshard's progress lines on stderr, the
+    outcome as JSON on stdout)."""
     from shardlb.connection import Scripts, connect
+    from shardlb.reshard import Resharder
     from shardlb.store import BoardStore
 
-    async def run() -> tuple[list[int], int]:
+    if args.apply and not args.skew >= 1.0:
+        print(
+            "shardlb bands: --skew must be at least 1.0 (1.0: bands of exactly equal size)", file=sys.stderr
+        )
+        return 2
+
+    home_shards = 0
+
+    async def run() -> dict[str, Any]:
+        nonlocal home_shards
         client = connect(args.redis, timeout=30.0)
         try:
-            board = await BoardStore(client, Scripts.register(client)).get(args.board)
-            return await board.band_starts(args.count), board.config.sharding.shards
+            store = BoardStore(client, Scripts.register(client))
+            board = await store.get(args.board)
+            home_shards = board.config.sharding.shards
+            starts = await board.band_starts(args.count)
+            out: dict[str, Any] = {"board": args.board, "bands": starts}
+            if not args.apply:
+                return out
+            sizes = await board.band_sizes()
+            banded = board.layout.strategy == "band"
+            out["skew"] = band_skew(sizes) if banded else None
+            due = not banded or len(sizes) != args.count or out["skew"] > args.skew
+            if not due or (banded and list(board.config.sharding.bands) == starts):
+                return {**out, "resharded": False}
+            say = functools.partial(print, file=sys.stderr)
+            mover = Resharder(store, args.board, say, args.postgres or None)
+            await mover.start(board.config.sharding.shards, starts)
+            final = await mover.run()
+            return {**out, "resharded": True, "state": final.get("state")}
         finally:
             await client.aclose()
 
     try:
-        starts, shards = asyncio.run(run())
+        out = asyncio.run(run())
     except ShardlbError as e:
         print(f"shardlb bands: {e.message}", file=sys.stderr)
         return 1
-    print(json.dumps({"board": args.board, "bands": starts}))
-    print(
-        f"apply with: shardlb reshard {args.board} --shards {shards} --bands {','.join(map(str, starts))}",
-        file=sys.stderr,
-    )
+    print(json.dumps(out))
+    if not args.apply:
+        starts = ",".join(map(str, out["bands"]))
+        print(
+            f"apply with: shardlb reshard {args.board} --shards {home_shards} --bands {starts}\n"
+            f"       or: shardlb bands {args.board} --count {args.count} --apply (only if they drifted)",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Online reshard: a board moved to another shard count while it takes writes and answers reads.
+"""Online reshard: a board moved to another layout while it takes writes and answers reads: another
+shard count, hash to band board and back, or a band board to new band starts (as its scores move).
 
 The board's registry record names its layout (``sharding`` and a layout ``generation``, part of
 every key name: shardlb/keys.py). A reshard builds the next generation beside the current one and
@@ -11,7 +12,8 @@ short, with the record's ``reshard`` field holding the state, so that any proces
    index lists: period boards, dedup and pin buckets, the activity set, frozen markers) into the
    new shards, each member to its new home. Changes tracked meanwhile are copied again in rounds
    (the mover takes a shard's ``chg`` into ``chgw`` atomically and copies those players' current
-   values), until few are left.
+   values), until few are left. Of a band board only the home shards are copied (``copied_shards``);
+   a band target's bands are built from the totals copied.
 2. ``sealing``. Every old shard gets a seal with a lease: scripts refuse writes (503, retried). The
    last changes are copied, then each old shard is marked moved ('m'), but only if its seal held
    all along and no change is left (one script call, so a lease that ran out means another round,
@@ -90,6 +92,14 @@ if held and held ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
+
+
+def copied_shards(board: Board) -> list[str]:
+    """The prefixes of the shards a reshard copies from ``board``: every shard of a hash board; the
+    home shards of a band board, which hold every player's total and periods. Its bands only index
+    the totals (and may lag them by a move not yet taken), so the next layout's bands are built from
+    the totals copied (reshard_copy.Copier), never from the old bands."""
+    return board.prefixes[: board.config.sharding.shards]
 
 
 class Resharder:
@@ -174,13 +184,14 @@ class Resharder:
                     "board",
                 )
             now = self.store._board(self.board_id, record)
-            if now.layout.strategy != "hash":
+            if now.layout.strategy not in ("hash", "band"):
                 raise BoardConflict(
-                    f"only hash boards can be resharded; this one is a {now.layout.strategy} board",
+                    f"only hash and band boards can be resharded; this one is a {now.layout.strategy} board",
                     "shards",
                 )
             if now.config.sharding == sharding:
-                raise BoardConflict(f"the board has {shards} shards already", "shards")
+                what = f"these bands already ({len(bands)})" if bands else f"{shards} shards already"
+                raise BoardConflict(f"the board has {what}", "shards")
             if now.config.durability == "journal" and not self.postgres_url:
                 raise BoardConflict(
                     "a journaled board's archive moves with it: give PostgreSQL (--postgres, "
@@ -264,11 +275,12 @@ class Resharder:
         for prefix in source.prefixes:
             pending.execute_command("SCARD", keys.changes_key(prefix))
             pending.execute_command("SCARD", keys.taken_key(prefix))
-        done = len(move.get("copied", [])) if move["state"] == "copying" else len(source.prefixes)
+        copied = copied_shards(source)
+        done = len(move.get("copied", [])) if move["state"] == "copying" else len(copied)
         elapsed = time.time() - move["started_ms"] / 1000
         left = None
         if move["state"] == "copying" and done:
-            left = round(elapsed / done * (len(source.prefixes) - done), 1)
+            left = round(elapsed / done * (len(copied) - done), 1)
         return {
             **out,
             "state": move["state"],
@@ -294,7 +306,8 @@ class Resharder:
         await marks.execute()
         done = set(record["reshard"].get("copied", []))
         began = time.monotonic()
-        for shard, prefix in enumerate(source.prefixes):
+        homes = copied_shards(source)
+        for shard, prefix in enumerate(homes):
             if shard in done:
                 continue
             await self._check_cancel()
@@ -307,14 +320,14 @@ class Resharder:
 
             record = await self._update(copied)
             rate = self.copier.copied / max(time.monotonic() - began, 1e-6)
-            left = len(source.prefixes) - len(done)
+            left = len(homes) - len(done)
             await self._tell(
-                f"{self.board_id}: copied shard {shard + 1}/{len(source.prefixes)} "
+                f"{self.board_id}: copied shard {shard + 1}/{len(homes)} "
                 f"({members} members; {rate:,.0f}/s; {left} shards left)"
             )
         for _ in range(ROUNDS):
             await self._check_cancel()
-            left = await self.copier.changes(source, target)
+            left = await self.copier.changes(source, target, copied_shards(source))
             self.say(f"{self.board_id}: copied tracked changes, {left} taken")
             if left <= QUIET:
                 break
@@ -324,7 +337,7 @@ class Resharder:
         if wait > 0:
             self.say(f"{self.board_id}: waiting {wait:.1f} s for every router to know of the reshard")
             await asyncio.sleep(wait)
-            await self.copier.changes(source, target)
+            await self.copier.changes(source, target, copied_shards(source))
         sealing = "sealing"
         return await self._update(lambda r: {**r, "reshard": {**self._ours(r, "copying"), "state": sealing}})
 
@@ -365,7 +378,8 @@ class Resharder:
             for prefix in open_:
                 seal.execute_command("SET", keys.seal_key(prefix), self.token, "PX", SEAL_MS)
             await seal.execute()
-            await self.copier.changes(source, target, open_, final=True)
+            homes = set(copied_shards(source))
+            await self.copier.changes(source, target, [p for p in open_ if p in homes], final=True)
             move = batch(self.client)
             for prefix in open_:
                 names = [keys.move_key(prefix), keys.seal_key(prefix)]

@@ -84,6 +84,42 @@ async def test_shardlb_bands_prints_the_starts_and_the_reshard(store: BoardStore
         await store.delete("starts-cli")
 
 
+async def test_shardlb_bands_apply_rebalances_a_skewed_band_board(
+    store: BoardStore, cluster_url: str
+) -> None:
+    """`--apply`: bands that hold more than ``--skew`` times their share are resharded to the
+    proposed starts (the home shards kept); bands within it are left alone, so it can run from cron."""
+    config = BoardConfig.from_dict(
+        "starts-apply",
+        {"durability": "memory", "sharding": {"strategy": "band", "shards": 2, "bands": [0, 1000]}},
+    )
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i * 10, "m", now) for i in range(40)], now_ms=now)
+        assert await board.band_sizes() == [0, 40]  # best band first: every player is below 1000
+        done = await bands_command("starts-apply", "--count", "2", "--apply", "--redis", cluster_url)
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout.splitlines()[-1])
+        assert out["bands"] == [0, 190] and out["skew"] == 2.0 and out["resharded"] is True
+        after = await store.get("starts-apply")
+        assert after.config.sharding.bands == (0, 190) and after.config.sharding.shards == 2
+        assert await after.band_sizes() == [21, 19]  # the band from 190 up: ranks 1-21
+        top = await after.top(40)
+        assert [(e.player_id, e.points) for e in top] == [(f"p{i}", i * 10) for i in range(39, -1, -1)]
+        again = await bands_command("starts-apply", "--count", "2", "--apply", "--redis", cluster_url)
+        assert again.returncode == 0, again.stderr
+        out = json.loads(again.stdout.splitlines()[-1])
+        assert out["skew"] == 1.05 and out["resharded"] is False
+        assert (await store.get("starts-apply")).generation == after.generation
+        bad = await bands_command(
+            "starts-apply", "--count", "2", "--skew", "0.5", "--apply", "--redis", cluster_url
+        )
+        assert bad.returncode == 2 and "--skew" in bad.stderr
+    finally:
+        await store.delete("starts-apply")
+
+
 async def bands_command(*args: str) -> subprocess.CompletedProcess[str]:
     """`shardlb bands ...` in a process of its own (its asyncio.run needs a thread without a loop)."""
     command = [sys.executable, "-m", "shardlb", "bands", *args]

@@ -132,6 +132,24 @@ async def test_a_board_is_resharded_through_the_admin_endpoint(
     top = (await client.get(f"/v1/boards/{name}/top?limit=100", headers=AS_ADMIN)).json()["entries"]
     assert [e["points"] for e in top] == list(range(49, -1, -1))
     assert (await client.get(f"/v1/boards/{name}", headers=AS_ADMIN)).json()["sharding"]["shards"] == 5
+    # Then a band board, and that band board to new starts and fewer home shards.
+    for layout in ({"shards": 5, "bands": [0, 40]}, {"shards": 2, "bands": [0, 10, 25, 40]}):
+        started = await client.post(path, json=layout, headers=AS_ADMIN)
+        assert started.status_code == 202, started.text
+        for _ in range(300):
+            status = (await client.get(path, headers=AS_ADMIN)).json()
+            if status["state"] == "none":
+                break
+            await asyncio.sleep(0.1)
+        sharding = (await client.get(f"/v1/boards/{name}", headers=AS_ADMIN)).json()["sharding"]
+        assert sharding["strategy"] == "band" and sharding["bands"] == layout["bands"], sharding
+        assert sharding["shards"] == layout["shards"], sharding
+        top = (await client.get(f"/v1/boards/{name}/top?limit=100", headers=AS_ADMIN)).json()["entries"]
+        assert [e["points"] for e in top] == list(range(49, -1, -1))
+        me = (await client.get(f"/v1/boards/{name}/players/p30", headers=AS_ADMIN)).json()
+        assert (me["rank"], me["players"]) == (20, 50), me
+    again = await client.post(path, json={"shards": 2, "bands": [0, 10, 25, 40]}, headers=AS_ADMIN)
+    assert again.status_code == 409 and "these bands already" in again.text  # the layout it has
 
 
 async def test_cluster_lists_every_node_with_its_slots_and_memory(

@@ -266,12 +266,15 @@ async def test_reshard_refuses_what_it_cannot_do(store: BoardStore) -> None:
         await mover.start(2)  # the shard count it has
     with pytest.raises(BoardConflict):
         await mover.run()  # nothing under way
-    band_id = f"rsb-{os.getpid()}"
-    sharding = {"strategy": "band", "bands": [0, 10]}
-    config = BoardConfig.from_dict(band_id, {"durability": "memory", "sharding": sharding})
+    region_id = f"rsr-{os.getpid()}"
+    sharding = {"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 2}
+    config = BoardConfig.from_dict(region_id, {"durability": "memory", "sharding": sharding})
     await store.create(config)
-    with pytest.raises(BoardConflict, match="only hash boards"):
-        await Resharder(store, band_id).start(4)
+    with pytest.raises(BoardConflict, match="hash and band boards"):
+        await Resharder(store, region_id).start(4)
+    band, _ = await make_board(store, 2, sharding={"strategy": "band", "shards": 2, "bands": [0, 10]})
+    with pytest.raises(BoardConflict, match="these bands already"):
+        await Resharder(store, band.config.id, say=lambda _: None).start(2, [0, 10])
 
 
 def _mover(cluster: LocalCluster, board_id: str, *args: str) -> subprocess.Popen[str]:
@@ -333,15 +336,25 @@ async def test_killed_mover_is_resumed(store: BoardStore, cluster: LocalCluster)
     assert router.refused > 0 or work.writes > 80
 
 
+# (the board's first sharding, the reshard to (shards, bands), the one after it)
+JOURNALED = {
+    "hash": ({"strategy": "hash", "shards": 3}, (8, None), (2, None)),
+    "band": ({"strategy": "band", "shards": 3, "bands": [0, 400]}, (4, [0, 10, 25, 45]), (2, [0, 20])),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(JOURNALED))
 async def test_journal_board_resharded_is_archived_whole_and_rebuilds_to_the_same(
-    store: BoardStore, raw: Any, rebuilder: Any, postgres_url: str
+    store: BoardStore, raw: Any, rebuilder: Any, postgres_url: str, kind: str
 ) -> None:
     """The journal moves with the board: the archiver drains the old layout's journals after the
-    cut-over, the archive's rows are re-homed to the new shards, and reconcile and rebuild agree."""
+    cut-over, the archive's rows are re-homed to the new shards, and reconcile and rebuild agree
+    (a band board's journals are its home shards', and its next bands are built from them)."""
     from shardlb import reconcile
     from tests.test_rebuild import archive_round, archiver, drain
 
-    board, ref = await make_board(store, 3, durability="journal")
+    first, (shards, bands), (then, then_bands) = JOURNALED[kind]
+    board, ref = await make_board(store, first["shards"], durability="journal", sharding=first)
     router = Router(store, board.config.id)
     work = Workload(router, ref, seed=41, players=800)
     a = await archiver(raw, store, postgres_url)
@@ -362,21 +375,23 @@ async def test_journal_board_resharded_is_archived_whole_and_rebuilds_to_the_sam
         mover = Resharder(
             store, board.config.id, say=lambda _: None, postgres_url=postgres_url, cache_s=CACHE
         )
-        await mover.start(8)
+        await mover.start(shards, bands)
         final = await mover.run()
     finally:
         done.set()
         await writers
         stop.set()
         await archiving
-    assert final["state"] == "none" and final["shards"] == 8
+    assert final["state"] == "none" and final["shards"] == shards
     await a.refresh()
     await drain(a)
     await a.db.close()
     current = await store.get(board.config.id)
     checks = await reconcile.reconcile(rebuilder, current)
-    assert len(checks) == 8 and not [c for c in checks if c.drift], checks
-    assert sum(c.postgres_players for c in checks) == len(ref.order())
+    assert len(checks) == current.layout.physical and not [c for c in checks if c.drift], checks
+    homes, banded = checks[:shards], checks[shards:]  # a band board's bands hold each player once too
+    assert sum(c.postgres_players for c in homes) == len(ref.order())
+    assert sum(c.redis_players for c in banded) == (len(ref.order()) if bands else 0)
     await rebuilder.rebuild(current)
     router.board = None
     await work.check()
@@ -384,11 +399,11 @@ async def test_journal_board_resharded_is_archived_whole_and_rebuilds_to_the_sam
     # finds every archived row (an incr board counts rows up to its journal's position).
     a = await archiver(raw, store, postgres_url)
     mover = Resharder(store, board.config.id, say=lambda _: None, postgres_url=postgres_url, cache_s=0)
-    await mover.start(2)
+    await mover.start(then, then_bands)
     stop.clear()
     archiving = asyncio.ensure_future(archive())
     try:
-        assert (await mover.run())["shards"] == 2
+        assert (await mover.run())["shards"] == then
     finally:
         stop.set()
         await archiving
@@ -424,6 +439,40 @@ async def test_hash_board_becomes_a_band_board_under_writes_and_reads(store: Boa
     await work.check()
     view = current.resolve("daily")
     assert await current.top(40, view) == expected(ref, view.period)[:40]
+
+
+async def test_band_board_takes_new_band_starts_then_becomes_a_hash_board(store: BoardStore) -> None:
+    """band -> band (new starts, another home shard count) -> hash, under writes and reads: only
+    the home shards are copied (they hold every total and period); the bands of the new layout
+    are built from the totals, so a band row the old layout had not settled yet cannot leak in."""
+    board, ref = await make_board(store, 4, sharding={"strategy": "band", "shards": 4, "bands": [0, 400]})
+    router = Router(store, board.config.id)
+    work = Workload(router, ref, seed=67, players=1500)
+    for _ in range(40):
+        await work.write()
+    await work.check()
+    for shards, bands in ((3, [0, 10, 25, 45]), (2, None)):
+        done = asyncio.Event()
+        writers = asyncio.gather(work.run_until(done), work.run_until(done, check_every=3))
+        try:
+            mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=CACHE)
+            await mover.start(shards, bands)
+            final = await mover.run()
+        finally:
+            done.set()
+            await writers
+        assert final["state"] == "none" and final["shards"] == shards
+        current = await store.get(board.config.id)
+        assert current.config.sharding.bands == (tuple(bands) if bands else ())
+        await work.check()
+        for _ in range(30):  # writes of the new layout (band moves through band.lua on a band board)
+            await work.write()
+        await work.check()
+        view = current.resolve("daily")
+        assert await current.top(40, view) == expected(ref, view.period)[:40]
+        if bands:  # every band holds exactly the players of its points, each once
+            sizes = [await store.client.zcard(p + "total") for p in current.prefixes[shards:]]
+            assert sum(sizes) == len(expected(ref)) and all(sizes)
 
 
 async def test_a_journaled_board_is_resharded_only_with_its_archive(store: BoardStore) -> None:
