@@ -387,6 +387,13 @@ def propose_bands(args: argparse.Namespace) -> int:
             store = BoardStore(client, Scripts.register(client))
             board = await store.get(args.board)
             home_shards = board.config.sharding.shards
+            say = functools.partial(print, file=sys.stderr)
+            mover = Resharder(store, args.board, say, args.postgres or None)
+            if args.apply and (await mover.status())["state"] != "none":  # a run stopped half way
+                say(f"{args.board}: a reshard is under way; taking it to its end, then nothing more")
+                final = await mover.run()
+                layout = (await store.get(args.board)).config.sharding
+                return {"board": args.board, "bands": list(layout.bands), "resumed": True, **final}
             starts = await board.band_starts(args.count)
             out: dict[str, Any] = {"board": args.board, "bands": starts}
             if not args.apply:
@@ -397,8 +404,6 @@ def propose_bands(args: argparse.Namespace) -> int:
             due = not banded or len(sizes) != args.count or out["skew"] > args.skew
             if not due or (banded and list(board.config.sharding.bands) == starts):
                 return {**out, "resharded": False}
-            say = functools.partial(print, file=sys.stderr)
-            mover = Resharder(store, args.board, say, args.postgres or None)
             await mover.start(board.config.sharding.shards, starts)
             final = await mover.run()
             return {**out, "resharded": True, "state": final.get("state")}

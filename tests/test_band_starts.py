@@ -15,6 +15,7 @@ from shardlb import times
 from shardlb.board import Score
 from shardlb.config import BoardConfig
 from shardlb.errors import InvalidInput
+from shardlb.reshard import Resharder
 from shardlb.store import BoardStore
 
 pytestmark = pytest.mark.cluster
@@ -112,6 +113,13 @@ async def test_shardlb_bands_apply_rebalances_a_skewed_band_board(
         out = json.loads(again.stdout.splitlines()[-1])
         assert out["skew"] == 1.05 and out["resharded"] is False
         assert (await store.get("starts-apply")).generation == after.generation
+        # A reshard left half way (a Job killed mid-copy) is taken to its end by the next run.
+        await Resharder(store, "starts-apply", say=lambda _: None).start(2, [0, 100, 300])
+        resumed = await bands_command("starts-apply", "--count", "2", "--apply", "--redis", cluster_url)
+        assert resumed.returncode == 0, resumed.stderr
+        out = json.loads(resumed.stdout.splitlines()[-1])
+        assert out["resumed"] is True and out["state"] == "none" and out["bands"] == [0, 100, 300]
+        assert (await store.get("starts-apply")).config.sharding.bands == (0, 100, 300)
         bad = await bands_command(
             "starts-apply", "--count", "2", "--skew", "0.5", "--apply", "--redis", cluster_url
         )

@@ -48,6 +48,7 @@ ROUTER = "shardlb-router"
 ROUTER_PORT = 8000
 ARCHIVER = "shardlb-archiver"
 RECONCILE = "shardlb-reconcile"
+BANDS = "shardlb-bands"
 REDIS = "redis-cluster"
 POSTGRES = "shardlb-postgres"  # the dev overlay's PostgreSQL (StatefulSet and Service)
 SECRET = "shardlb-keys"
@@ -905,10 +906,10 @@ def test_every_postgres_client_has_the_archive_url(overlay: str) -> None:
                 # labelled, so that dev's PostgreSQL NetworkPolicy lets it in
                 assert pod_labels(owner).get(key) == value, owner["metadata"]["name"]
                 assert ref["name"] == postgres_secret_name(overlay) and ref["key"] == "SHARDLB_POSTGRES_URL"
-    assert set(refs) == {ROUTER, ARCHIVER, RECONCILE}
+    assert set(refs) == {ROUTER, ARCHIVER, RECONCILE, BANDS}
     # the router runs without it (its admin rebuild endpoint then answers 409); the others need it
     assert refs[ROUTER].get("optional") is True
-    assert not refs[ARCHIVER].get("optional") and not refs[RECONCILE].get("optional")
+    assert not any(refs[name].get("optional") for name in (ARCHIVER, RECONCILE, BANDS))
     from router.settings import Settings
 
     url = "postgresql://shardlb:pw@db.example.com:5432/shardlb"
@@ -921,10 +922,11 @@ def test_network_policy_of_the_archive(overlay: str) -> None:
     archiver_owner = get(overlay, "Deployment", ARCHIVER)
     archiver = pod_labels(archiver_owner)
     reconcile = pod_labels(get(overlay, "CronJob", RECONCILE))
+    bands = pod_labels(get(overlay, "CronJob", BANDS))
     router = pod_labels(get(overlay, "Deployment", ROUTER))
     redis = pod_labels(get(overlay, "StatefulSet", REDIS))
-    # both talk to Redis' client port, PostgreSQL (at any address: prod's is outside) and DNS only
-    for source in (archiver, reconcile):
+    # they talk to Redis' client port, PostgreSQL (at any address: prod's is outside) and DNS only
+    for source in (archiver, reconcile, bands):
         assert admits(overlay, source, redis, 6379)
         assert not admits(overlay, source, redis, 16379)
         assert egress_outside(overlay, source, 5432) and egress_outside(overlay, source, 53)
@@ -944,9 +946,10 @@ def test_network_policy_of_the_archive(overlay: str) -> None:
     ]
     outside = [peer for peer in peers if "podSelector" not in peer]
     assert outside == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
-    # nothing connects to the reconcile Job
+    # nothing connects to the reconcile and band starts Jobs
     for source in (None, router, archiver, {"app": "any-pod"}):
         assert not admits(overlay, source, reconcile, port)
+        assert not admits(overlay, source, bands, port)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -988,6 +991,54 @@ def test_reconcile_job_checks_every_board_and_fails_on_any_drift(tmp_path: Path)
     assert calls == [f"reconcile {b} --repair --period daily" for b in ("a", "drifting", "b")]
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_band_starts_job_runs_nightly_one_at_a_time(overlay: str) -> None:
+    cron = get(overlay, "CronJob", BANDS)
+    assert len(cron["spec"]["schedule"].split()) == 5
+    assert cron["spec"]["schedule"] != get(overlay, "CronJob", RECONCILE)["spec"]["schedule"]
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    c = container(cron, "bands")
+    assert redis_password_ref(c) == REDIS_SECRET
+    archiver = container(get(overlay, "Deployment", ARCHIVER), "archiver")
+    settings = config_data(overlay, c)
+    assert settings["SHARDLB_REDIS_URL"] == config_data(overlay, archiver)["SHARDLB_REDIS_URL"]
+    assert {"SHARDLB_BANDS_BOARDS", "SHARDLB_BANDS_ARGS"} <= set(settings)
+    assert settings["SHARDLB_BANDS_BOARDS"] == ""  # nothing is resharded until boards are listed
+
+
+def test_band_starts_job_applies_every_board_and_fails_on_any_failure(tmp_path: Path) -> None:
+    # The Job's shell script, run as the pod would, with a `shardlb` that records its arguments and
+    # fails for the board named "broken".
+    c = container(get("prod", "CronJob", BANDS), "bands")
+    assert c["command"][:2] == ["sh", "-c"]
+    script = c["command"][2]
+    log = tmp_path / "calls"
+    stub = tmp_path / "shardlb"
+    stub.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$2" != broken ]\n')
+    stub.chmod(0o755)
+
+    def job(boards: str, args: str = "") -> tuple[int, list[str]]:
+        log.write_text("")
+        env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+        env |= {"SHARDLB_BANDS_BOARDS": boards, "SHARDLB_BANDS_ARGS": args}
+        result = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=False)
+        return result.returncode, log.read_text().splitlines()
+
+    assert job("") == (0, [])
+    # a board id may hold colons: the band count is after the last one
+    assert job("global:3 season:2026:6") == (
+        0,
+        ["bands global --count 3 --apply", "bands season:2026 --count 6 --apply"],
+    )
+    code, calls = job("a:3 broken:3 b:4", "--skew 1.25")
+    assert code == 1
+    assert calls == [
+        f"bands {b} --count {n} --apply --skew 1.25" for b, n in (("a", 3), ("broken", 3), ("b", 4))
+    ]
+    code, calls = job("nocount a: :3 b:2")  # malformed entries fail the Job; the rest still run
+    assert code == 1 and calls == ["bands b --count 2 --apply"]
+
+
 def test_dev_runs_its_own_postgres() -> None:
     sts = get("dev", "StatefulSet", POSTGRES)
     c = container(sts, "postgres")
@@ -1018,7 +1069,7 @@ def test_dev_runs_its_own_postgres() -> None:
         assert c[probe]["exec"]["command"][0] == "pg_isready", probe
     # only the archive's clients reach it; it reaches nothing, not even DNS
     postgres = pod_labels(sts)
-    clients = {ROUTER, ARCHIVER, RECONCILE}
+    clients = {ROUTER, ARCHIVER, RECONCILE, BANDS}
     for owner in pod_owners("dev"):
         if owner is not sts:
             allowed = admits("dev", pod_labels(owner), postgres, 5432)
