@@ -5,8 +5,10 @@ As in bench/migrate.py, clients write through a router's HTTP API and keep a led
 acknowledged result, and readers page through the ``best`` board checking every page. Meanwhile
 both boards (incr and best, journaled, archived into PostgreSQL by `shardlb archive`) are
 resharded through the router's admin endpoint (``POST /v1/admin/boards/{board}/reshard``): 16 ->
-4 shards, then (on new boards) 16 -> 40. Afterwards the boards are compared with the ledger, and
-Redis with PostgreSQL (`shardlb reconcile`'s check: the archive's rows re-homed to the new shards).
+4 shards, then (on new boards) 16 -> 40, then (on new boards) to a band board of 4 home shards and
+2 bands and at once to one of 3 home shards and 4 other bands (``STEPS``). Afterwards the boards
+are compared with the ledger, and Redis with PostgreSQL (`shardlb reconcile`'s check: the
+archive's rows re-homed to the new shards).
 
 ``python -m bench.reshard`` (`make bench-reshard`; SHARDLB_RESHARD_PLAYERS, default 1,000,000)
 measures the reshard of a board of that many players while writers post results over HTTP;
@@ -31,21 +33,40 @@ from shardlb import rebuild, reconcile
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.postgres import LocalPostgres
 
-STEPS = (("down", 4), ("up", 40))  # the chaos boards have 16 shards: resharded to this many
+# The chaos boards have 16 hash shards. Each step reshards new boards through these layouts in turn,
+# (shards, band starts or None): fewer shards, more shards, and a band board given new band starts
+# (home shards and bands both change; the incr board's totals fall in the low bands, the best
+# board's points, up to POINTS_MAX, spread over them all).
+Layout = tuple[int, "list[int] | None"]
+STEPS: tuple[tuple[str, tuple[Layout, ...]], ...] = (
+    ("down", ((4, None),)),
+    ("up", ((40, None),)),
+    ("bands", ((4, [0, 1_000_000]), (3, [0, 10, 700_000, 1_400_000]))),
+)
+
+
+def layouts_text(layouts: tuple[Layout, ...]) -> str:
+    """``16 -> 4 shards``, or ``16 -> band 4 + 2 -> band 3 + 4`` (home shards + bands)."""
+    names = [f"band {s} + {len(b)}" if b else f"{s} shards" for s, b in layouts]
+    return " -> ".join(["16", *names])
+
+
 POLL_S = 0.2
 
 
 async def reshard_boards(
-    router_url: str, boards: list[str], shards: int, timeout_s: float = 600.0
+    router_url: str, boards: list[str], shards: int, timeout_s: float = 600.0, bands: list[int] | None = None
 ) -> dict[str, Any]:
-    """Reshard every board to ``shards`` through the admin endpoint and wait until each is done;
-    what the routers' status said on the way."""
+    """Reshard every board to ``shards`` (with ``bands``: a band board of ``shards`` home shards and
+    those bands) through the admin endpoint and wait until each is done; what the routers' status
+    said on the way."""
     started = time.monotonic()
     states: dict[str, set[str]] = {b: set() for b in boards}
     cutover: dict[str, float] = {}
+    body: dict[str, Any] = {"shards": shards, **({"bands": bands} if bands else {})}
     async with chaos.client(router_url) as http:
         for board in boards:
-            r = await http.post(f"/v1/admin/boards/{board}/reshard", json={"shards": shards})
+            r = await http.post(f"/v1/admin/boards/{board}/reshard", json=body)
             if r.status_code != 202:
                 raise RuntimeError(f"reshard of {board} refused: {r.status_code} {r.text}")
         left = set(boards)
@@ -100,7 +121,8 @@ async def resharding(out: Path, work: Path, before_s: float, **load: Any) -> dic
     return {
         "setup": (
             f"3 masters x 1 replica, PostgreSQL and `shardlb archive`, a router in `primary` mode; an incr "
-            f"and a best board (journaled, 16 hash shards) resharded through the admin endpoint while "
+            f"and a best board (journaled, 16 hash shards; new boards each step, the last step's made "
+            f"band boards and then given new band starts) resharded through the admin endpoint while "
             f"{load.get('tasks', 8)} writers x {load.get('batch', 20)} scores per request and "
             f"{migrate.Readers.tasks} readers of whole pages ran, {before_s} s of load before and after"
         ),
@@ -117,20 +139,36 @@ async def with_router(
         env = {**chaos.router_env("primary"), "SHARDLB_POSTGRES_URL": postgres_url}
         with Router(redis_url, free_port(port), 1, out / "router-reshard.log", env) as r:
             return [
-                await step(r.url, redis_url, postgres_url, name, shards, before_s, **load)
-                for name, shards in STEPS
+                await step(r.url, redis_url, postgres_url, name, layouts, before_s, **load)
+                for name, layouts in STEPS
             ]
     finally:
         archiver.stop()
 
 
 async def step(
-    router_url: str, redis_url: str, postgres_url: str, name: str, shards: int, before_s: float, **load: Any
+    router_url: str,
+    redis_url: str,
+    postgres_url: str,
+    name: str,
+    layouts: tuple[Layout, ...],
+    before_s: float,
+    **load: Any,
 ) -> dict[str, Any]:
-    """New boards under load, resharded to ``shards``; the report, with the drift from PostgreSQL."""
+    """New boards under load, resharded through ``layouts`` one after the other; the report, with
+    the drift from PostgreSQL."""
 
     async def change(boards: dict[str, str]) -> dict[str, Any]:
-        return await reshard_boards(router_url, sorted(boards), shards)
+        done = [await reshard_boards(router_url, sorted(boards), s, bands=b) for s, b in layouts]
+        cutovers = [d["cutover_ms"] for d in done if d["cutover_ms"] is not None]
+        return {
+            "shards": done[-1]["shards"],
+            "bands": layouts[-1][1],
+            "layouts": layouts_text(layouts),
+            "reshard_s": round(sum(d["reshard_s"] for d in done), 2),
+            "cutover_ms": max(cutovers, default=None),
+            "states_seen": sorted({state for d in done for state in d["states_seen"]}),
+        }
 
     report = await migrate.under_load(router_url, f"reshard-{name}", change, before_s, before_s, **load)
     report["drifting_shards"] = await drift(redis_url, postgres_url, report["boards"])
@@ -145,8 +183,9 @@ def markdown(reports: list[dict[str, Any]]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in reports:
+        layouts = r.get("layouts") or f"16 -> {r['shards']} shards"  # reports of before the band step
         rows.append(
-            f"| 16 -> {r['shards']} shards | {r['acknowledged']:,} | {r['lost']} | {r['duplicates']} "
+            f"| {layouts} | {r['acknowledged']:,} | {r['lost']} | {r['duplicates']} "
             f"| {r['reads_checked']} | {r['reads_inexact']} | {r['write_503']} / {r['read_503']} "
             f"| {r['refused_s']} | {r['cutover_ms']} | {r['slowest_write_ms']} | {r['reshard_s']} "
             f"| {r['drifting_shards']} |"

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -966,23 +967,32 @@ def test_reconcile_runs_nightly_one_at_a_time(overlay: str) -> None:
     assert {"SHARDLB_RECONCILE_BOARDS", "SHARDLB_RECONCILE_ARGS"} <= set(settings)
 
 
-def test_reconcile_job_checks_every_board_and_fails_on_any_drift(tmp_path: Path) -> None:
-    # The Job's shell script, run as the pod would, with a `shardlb` that records its arguments and
-    # reports drift (exit 1) for the board named "drifting".
-    c = container(get("prod", "CronJob", RECONCILE), "reconcile")
+def job_script(tmp_path: Path, cron: str, name: str, failing: str) -> Callable[..., tuple[int, list[str]]]:
+    """The shell script of CronJob ``cron``'s container ``name``, run as the pod would, with a
+    `shardlb` that records its arguments and fails (exit 1) for the board named ``failing``: a call
+    (the ConfigMap's settings) gives the exit status and the `shardlb` calls made."""
+    c = container(get("prod", "CronJob", cron), name)
     assert c["command"][:2] == ["sh", "-c"]
     script = c["command"][2]
     log = tmp_path / "calls"
     stub = tmp_path / "shardlb"
-    stub.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$2" != drifting ]\n')
+    stub.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$2" != {failing} ]\n')
     stub.chmod(0o755)
 
-    def job(boards: str, args: str = "") -> tuple[int, list[str]]:
+    def job(**settings: str) -> tuple[int, list[str]]:
         log.write_text("")
-        env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-        env |= {"SHARDLB_RECONCILE_BOARDS": boards, "SHARDLB_RECONCILE_ARGS": args}
+        env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", **settings}
         result = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=False)
         return result.returncode, log.read_text().splitlines()
+
+    return job
+
+
+def test_reconcile_job_checks_every_board_and_fails_on_any_drift(tmp_path: Path) -> None:
+    run = job_script(tmp_path, RECONCILE, "reconcile", failing="drifting")
+
+    def job(boards: str, args: str = "") -> tuple[int, list[str]]:
+        return run(SHARDLB_RECONCILE_BOARDS=boards, SHARDLB_RECONCILE_ARGS=args)
 
     assert job("") == (0, [])
     assert job("weekly daily-cup") == (0, ["reconcile weekly", "reconcile daily-cup"])
@@ -1007,22 +1017,10 @@ def test_band_starts_job_runs_nightly_one_at_a_time(overlay: str) -> None:
 
 
 def test_band_starts_job_applies_every_board_and_fails_on_any_failure(tmp_path: Path) -> None:
-    # The Job's shell script, run as the pod would, with a `shardlb` that records its arguments and
-    # fails for the board named "broken".
-    c = container(get("prod", "CronJob", BANDS), "bands")
-    assert c["command"][:2] == ["sh", "-c"]
-    script = c["command"][2]
-    log = tmp_path / "calls"
-    stub = tmp_path / "shardlb"
-    stub.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$2" != broken ]\n')
-    stub.chmod(0o755)
+    run = job_script(tmp_path, BANDS, "bands", failing="broken")
 
     def job(boards: str, args: str = "") -> tuple[int, list[str]]:
-        log.write_text("")
-        env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-        env |= {"SHARDLB_BANDS_BOARDS": boards, "SHARDLB_BANDS_ARGS": args}
-        result = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=False)
-        return result.returncode, log.read_text().splitlines()
+        return run(SHARDLB_BANDS_BOARDS=boards, SHARDLB_BANDS_ARGS=args)
 
     assert job("") == (0, [])
     # a board id may hold colons: the band count is after the last one

@@ -2,7 +2,8 @@
 
 A router process with the archive, `shardlb archive`, HTTP writers keeping a ledger and readers
 checking whole pages, while the router's admin endpoint reshards an incr and a best board (16 ->
-4 shards, then new boards 16 -> 40): bench/reshard.py's table rows, each checked here.
+4 shards, then new boards 16 -> 40, then new boards made band boards and given new band starts):
+bench/reshard.py's table rows, each checked here.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ async def test_nothing_acknowledged_is_lost_and_every_page_is_exact_while_boards
     steps: list[dict[str, Any]], name: str
 ) -> None:
     [report] = [r for r in steps if r["phase"] == f"reshard-{name}"]
-    assert report["shards"] == dict(reshard.STEPS)[name]
+    shards, bands = dict(reshard.STEPS)[name][-1]
+    assert (report["shards"], report["bands"]) == (shards, bands), report
     assert {"copying", "none"} <= set(report["states_seen"]), report  # it was seen under way
     assert report["acknowledged"] > 0 and report["unsettled_writes"] == 0, report
     assert (report["lost"], report["duplicates"]) == (0, 0), report
