@@ -400,6 +400,9 @@ def layout_steps(
                     "reads go on; --status, --resume, --cancel as for any reshard)",
                     f"on Kubernetes: kubectl -n NS exec deploy/shardlb-archiver -- shardlb bands {board} "
                     f"--count {p.masters}, then the reshard it prints",
+                    f"then keep the bands even as scores move: shardlb bands {board} --count {p.masters} "
+                    f"--apply from cron (the shardlb-bands CronJob: "
+                    f"SHARDLB_BANDS_BOARDS={board}:{p.masters})",
                 ),
             )
         )

@@ -508,6 +508,8 @@ def test_band_steps_convert_the_board_and_check_each_master_holds_a_band() -> No
     )
     assert convert.commands[0].startswith(f"shardlb bands global --count {p.masters} ")
     assert convert.commands[1].startswith(f"shardlb reshard global --shards {p.shards} --bands ")
+    assert f"shardlb bands global --count {p.masters} --apply" in convert.commands[3]
+    assert f"SHARDLB_BANDS_BOARDS=global:{p.masters}" in convert.commands[3]
     assert check.what == "check that every master serves 1 of global's home shards and one of its bands"
     assert plan.layout_steps(p, p.masters, None) == []  # the board's layout today not given
 
