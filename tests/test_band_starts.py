@@ -120,12 +120,26 @@ async def test_shardlb_bands_apply_rebalances_a_skewed_band_board(
         out = json.loads(resumed.stdout.splitlines()[-1])
         assert out["resumed"] is True and out["state"] == "none" and out["bands"] == [0, 100, 300]
         assert (await store.get("starts-apply")).config.sharding.bands == (0, 100, 300)
+        # A hash board is made a band board of its shards as home shards.
+        await store.create(
+            BoardConfig.from_dict("starts-hash", {"durability": "memory", "sharding": {"shards": 2}})
+        )
+        hashed = await store.get("starts-hash")
+        await hashed.submit([Score(f"p{i}", i * 10, "m", now) for i in range(40)], now_ms=now)
+        made = await bands_command("starts-hash", "--count", "2", "--apply", "--redis", cluster_url)
+        assert made.returncode == 0, made.stderr
+        out = json.loads(made.stdout.splitlines()[-1])
+        assert out["skew"] is None and out["resharded"] is True and out["bands"] == [0, 190]
+        banded = await store.get("starts-hash")
+        assert banded.layout.strategy == "band" and banded.config.sharding.shards == 2
+        assert await banded.band_sizes() == [21, 19]
         bad = await bands_command(
             "starts-apply", "--count", "2", "--skew", "0.5", "--apply", "--redis", cluster_url
         )
         assert bad.returncode == 2 and "--skew" in bad.stderr
     finally:
         await store.delete("starts-apply")
+        await store.delete("starts-hash")
 
 
 async def bands_command(*args: str) -> subprocess.CompletedProcess[str]:
