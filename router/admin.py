@@ -24,6 +24,7 @@ from router.auth import Scope
 from router.media import read_object, render
 from router.service import Service
 from shardlb import keys, times
+from shardlb.board import band_skew
 from shardlb.config import MAX_SHARDS, check_id
 from shardlb.errors import BoardConflict, BoardNotFound, ClusterUnavailable, InvalidInput
 from shardlb.reads import View
@@ -158,10 +159,20 @@ async def shards(request: Request) -> Response:
         sizes = await View(svc.client, period_keys, board.scripts.counts).sizes()
     owned = slot_owners(nodes)
     rows = []
+    homes, starts = board.config.sharding.shards, board.config.sharding.bands
+    banded = board.layout.strategy == "band"
     for shard, (prefix, members) in enumerate(zip(board.prefixes, sizes, strict=True)):
         slot = keys.slot_of(prefix)
-        rows.append({"shard": shard, "slot": slot, "node": owner_of(slot, owned), "members": members})
-    return render(request, {"board": board.config.id, "period": view.api, "shards": rows})
+        row = {"shard": shard, "slot": slot, "node": owner_of(slot, owned), "members": members}
+        if banded:  # home shards hold every record; band shards index the total by points
+            row["role"] = "home" if shard < homes else "band"
+            if shard >= homes:
+                row["band_from"] = starts[shard - homes]  # points: the band holds from here up
+        rows.append(row)
+    body: dict[str, Any] = {"board": board.config.id, "period": view.api, "shards": rows}
+    if banded and view.period == "total":
+        body["band_skew"] = band_skew(sizes[homes:])
+    return render(request, body)
 
 
 def _summed(

@@ -1377,8 +1377,24 @@ _SCHEMAS.update(
                             "slot": {"type": "integer", "minimum": 0, "maximum": 16383},
                             "node": {"type": ["string", "null"], "description": "null: slot unassigned"},
                             "members": {"type": "integer", "minimum": 0},
+                            "role": {
+                                "enum": ["home", "band"],
+                                "description": "band boards: a home shard (every player's record) or a band "
+                                "shard (the total of the players whose points are in its band)",
+                            },
+                            "band_from": {
+                                "type": "integer",
+                                "minimum": 0,
+                                "description": "band shards: the points the band starts at",
+                            },
                         },
                     },
+                },
+                "band_skew": {
+                    "type": "number",
+                    "minimum": 0,
+                    "description": "band boards, total: the largest band's players over the mean band's "
+                    "(1.0: even; `shardlb bands --apply` reshards above its --skew, 1.5 by default)",
                 },
             },
         },

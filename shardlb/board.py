@@ -120,6 +120,13 @@ def exact(read: Read[P, R]) -> Read[P, R]:
     return checked
 
 
+def band_skew(sizes: Sequence[int]) -> float:
+    """A band board's largest band over its mean band, in players (``Board.band_sizes``): 1.0 when
+    the bands are even, 0.0 for an empty board. ``shardlb bands --apply`` reshards above its --skew."""
+    total = sum(sizes)
+    return round(max(sizes) * len(sizes) / total, 3) if total else 0.0
+
+
 def by_shard(prepared: Sequence[Prepared]) -> dict[int, list[int]]:
     """The positions of ``prepared`` grouped by home shard, in their order within each shard."""
     groups: dict[int, list[int]] = defaultdict(list)

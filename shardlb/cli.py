@@ -358,16 +358,11 @@ def add_bands_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     bands.set_defaults(func=propose_bands)
 
 
-def band_skew(sizes: list[int]) -> float:
-    """The largest band's players over the mean band's (1.0: even; 0.0 for an empty board)."""
-    total = sum(sizes)
-    return round(max(sizes) * len(sizes) / total, 3) if total else 0.0
-
-
 def propose_bands(args: argparse.Namespace) -> int:
     """Print the band starts (JSON) and the reshard that would apply them; with --apply, make it
     when the board's bands have drifted past --skew (a reshard's progress lines on stderr, the
     outcome as JSON on stdout)."""
+    from shardlb.board import band_skew
     from shardlb.connection import Scripts, connect
     from shardlb.reshard import Resharder
     from shardlb.store import BoardStore

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import rebalance
-from shardlb.cli import band_skew
+from shardlb.board import band_skew
 
 pytestmark = pytest.mark.cluster
 

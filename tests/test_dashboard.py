@@ -4,6 +4,7 @@ and the admin JSON checked against the cluster itself (tests/test_dashboard_brow
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 import signal
@@ -148,6 +149,16 @@ async def test_a_board_is_resharded_through_the_admin_endpoint(
         assert [e["points"] for e in top] == list(range(49, -1, -1))
         me = (await client.get(f"/v1/boards/{name}/players/p30", headers=AS_ADMIN)).json()
         assert (me["rank"], me["players"]) == (20, 50), me
+        shard_map = (await client.get(f"/v1/admin/boards/{name}/shards", headers=AS_ADMIN)).json()
+        homes = [s for s in shard_map["shards"] if s["role"] == "home"]
+        bands = [s for s in shard_map["shards"] if s["role"] == "band"]
+        assert len(homes) == layout["shards"] and sum(s["members"] for s in homes) == 50
+        assert [s["band_from"] for s in bands] == layout["bands"]
+        # points 0..49: each band holds the players from its start up to the next band's
+        edges = [*layout["bands"], 50]
+        assert [s["members"] for s in bands] == [min(b, 50) - a for a, b in itertools.pairwise(edges)]
+        sizes = [s["members"] for s in bands]
+        assert shard_map["band_skew"] == round(max(sizes) * len(sizes) / 50, 3)
     again = await client.post(path, json={"shards": 2, "bands": [0, 10, 25, 40]}, headers=AS_ADMIN)
     assert again.status_code == 409 and "these bands already" in again.text  # the layout it has
 
@@ -183,6 +194,7 @@ async def test_shard_map_names_each_shards_slot_owner_and_members(
         assert [s["shard"] for s in body["shards"]] == list(range(8))
         assert sum(s["members"] for s in body["shards"]) == size == 300
         assert all(s["members"] > 0 for s in body["shards"])  # 300 players hashed over 8 shards
+        assert "band_skew" not in body and not any("role" in s for s in body["shards"])  # a hash board
         for s, prefix in zip(body["shards"], found.prefixes, strict=True):
             assert s["slot"] == keys.slot_of(prefix)
             # The router's own client routes the shard's keys to the node the map names.
