@@ -329,6 +329,10 @@ async def test_removing_a_player_is_audited_with_the_reason_given(
 async def test_the_cluster_view_shows_nodes_shards_and_live_traffic(
     browser: Browser, server: Server, board: str, shots: Path
 ) -> None:
+    banded = f"{board}-bands"  # a band board too, for the shard map's band column and skew
+    settings = {"durability": "memory", "sharding": {"strategy": "band", "shards": 2, "bands": [0, 100]}}
+    made = httpx.put(f"{server.url}/v1/boards/{banded}", json=settings, headers=AS_ADMIN, timeout=30)
+    assert made.status_code == 201, made.text
     page = await browser.new_page(viewport={"width": 1280, "height": 1000})
     await page.goto(f"{server.url}/dashboard")
     await page.fill("#key", ADMIN)
@@ -351,8 +355,16 @@ async def test_the_cluster_view_shows_nodes_shards_and_live_traffic(
         "#shards tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
     )
     assert cells == [
-        [str(s["shard"]), str(s["slot"]), s["node"], str(s["members"])] for s in shard_map["shards"]
+        [str(s["shard"]), str(s["slot"]), s["node"], str(s["members"]), ""] for s in shard_map["shards"]
     ]
+    await expect(page.locator("#shard-skew")).to_have_text("")
+    await page.select_option("#shard-board", banded)
+    await expect(page.locator("#shards tbody tr")).to_have_count(4)
+    cells = await page.eval_on_selector_all(
+        "#shards tbody tr", "rows => rows.map(r => r.cells[4].textContent)"
+    )
+    assert cells == ["home", "home", "band from 0 points", "band from 100 points"]
+    await expect(page.locator("#shard-skew")).to_contain_text("largest band / mean band: 0")
 
     # Traffic while the charts fill: their lines come from the router's own counters.
     stop = asyncio.Event()

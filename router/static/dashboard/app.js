@@ -471,7 +471,11 @@ async function loadShards(mine) {
   try {
     const map = await api(`/v1/admin/boards/${seg(board)}/shards` + query({ period: $("shard-period").value }));
     if (mine !== generation) return;
-    fill($("shards").tBodies[0], map.shards.map((s) => row([el("td", s.shard, "num"), el("td", s.slot, "num"), s.node || "unassigned", el("td", s.members, "num")])));
+    // Band boards: each shard's role, and how far the largest band is past its share.
+    const band = (s) => (s.role === "band" ? `band from ${s.band_from} points` : s.role || "");
+    fill($("shards").tBodies[0], map.shards.map((s) => row([el("td", s.shard, "num"), el("td", s.slot, "num"), s.node || "unassigned", el("td", s.members, "num"), band(s)])));
+    $("shard-skew").textContent = map.band_skew === undefined ? "" :
+      `largest band / mean band: ${map.band_skew} (shardlb bands --apply draws the starts again past 1.5)`;
   } catch (error) {
     if (mine === generation) failed(error);
   }
