@@ -364,7 +364,7 @@ def propose_bands(args: argparse.Namespace) -> int:
     outcome as JSON on stdout)."""
     from shardlb.board import band_skew
     from shardlb.connection import Scripts, connect
-    from shardlb.reshard import Resharder
+    from shardlb.reshard import Cancelled, Resharder
     from shardlb.store import BoardStore
 
     if args.apply and not args.skew >= 1.0:
@@ -409,6 +409,9 @@ def propose_bands(args: argparse.Namespace) -> int:
         out = asyncio.run(run())
     except ShardlbError as e:
         print(f"shardlb bands: {e.message}", file=sys.stderr)
+        return 1
+    except Cancelled as e:  # `shardlb reshard --cancel` elsewhere: the board keeps its layout
+        print(f"shardlb bands: {e}", file=sys.stderr)
         return 1
     print(json.dumps(out))
     if not args.apply:
