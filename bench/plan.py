@@ -257,7 +257,8 @@ def plan(
         shards_reason = (
             f"home shards, {per_master} per master, and {masters} band(s), one per master: a band board; set "
             "its band starts with `shardlb bands BOARD --count "
-            f"{masters}` (each band about as many players)"
+            f"{masters}` (each band about as many players) and keep them so as scores move with "
+            "its `--apply` from cron"
         )
     reasons = {
         "masters": "memory" if by_memory >= by_cpu and by_memory > 1 else "CPU",
