@@ -335,7 +335,9 @@ def add_bands_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         action="store_true",
         help="reshard the board to the proposed starts (its home shards kept) when its largest band "
         "holds more than --skew times its share of the players, or it is a hash board or has another "
-        "band count; otherwise change nothing. Safe to run from cron as scores move.",
+        "band count; otherwise change nothing. Refused (exit 1) when the copy, which lives beside the "
+        "board until the cut-over, would not fit below the masters' maxmemory with 1.25x to spare. "
+        "Safe to run from cron as scores move.",
     )
     bands.add_argument(
         "--skew",
@@ -364,7 +366,8 @@ def propose_bands(args: argparse.Namespace) -> int:
     outcome as JSON on stdout)."""
     from shardlb.board import band_skew
     from shardlb.connection import Scripts, connect
-    from shardlb.reshard import Cancelled, Resharder
+    from shardlb.errors import BoardConflict
+    from shardlb.reshard import Cancelled, Resharder, layout_bytes, masters_free, short_of_memory
     from shardlb.store import BoardStore
 
     if args.apply and not args.skew >= 1.0:
@@ -399,6 +402,10 @@ def propose_bands(args: argparse.Namespace) -> int:
             due = not banded or len(sizes) != args.count or out["skew"] > args.skew
             if not due or (banded and list(board.config.sharding.bands) == starts):
                 return {**out, "resharded": False}
+            # Unattended (cron): a copy that would fill the masters must not start.
+            short = short_of_memory(await layout_bytes(client, board), await masters_free(client))
+            if short is not None:
+                raise BoardConflict(short, "board")
             await mover.start(board.config.sharding.shards, starts)
             final = await mover.run()
             return {**out, "resharded": True, "state": final.get("state")}

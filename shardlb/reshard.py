@@ -102,6 +102,47 @@ def copied_shards(board: Board) -> list[str]:
     return board.prefixes[: board.config.sharding.shards]
 
 
+HEADROOM = 1.25  # a reshard started by `shardlb bands --apply` wants this times the copy's bytes free
+
+
+async def layout_bytes(client: RedisCluster, board: Board) -> int:
+    """What the board's keys take in Redis now (MEMORY USAGE, 5 samples a key, of every key its
+    shards' indexes list): about what a reshard's copy will take beside them until the cut-over."""
+    names: list[str] = []
+    for prefix in board.prefixes:
+        names += [str(n) for n in await client.zrange(keys.index_key(prefix), 0, -1)]
+    total = 0
+    for start in range(0, len(names), 64):
+        sizes = await asyncio.gather(*(client.memory_usage(n, samples=5) for n in names[start : start + 64]))
+        total += sum(int(size or 0) for size in sizes)
+    return total
+
+
+async def masters_free(client: RedisCluster) -> list[int | None]:
+    """Each master's bytes below its maxmemory (None: no maxmemory set)."""
+    info: Any = await client.info("memory", target_nodes=client.PRIMARIES)
+    nodes = [info] if "used_memory" in info else list(info.values())  # one primary: its reply alone
+    return [
+        max(int(node["maxmemory"]) - int(node["used_memory"]), 0) if int(node["maxmemory"]) else None
+        for node in nodes
+    ]
+
+
+def short_of_memory(need: int, free: list[int | None], headroom: float = HEADROOM) -> str | None:
+    """Why a copy of ``need`` bytes, spread over the masters, would not fit below their maxmemory
+    with ``headroom`` to spare; None when it fits (or no master has a maxmemory)."""
+    per_master = need * headroom / max(len(free), 1)
+    tight = [f for f in free if f is not None and f < per_master]
+    if not tight:
+        return None
+    return (
+        f"a copy of the board takes about {need / 2**20:.1f} MiB beside it until the cut-over; "
+        f"with {headroom}x to spare that is {per_master / 2**20:.1f} MiB a master, and "
+        f"{len(tight)} of {len(free)} masters have less free below their maxmemory "
+        f"(least: {min(tight) / 2**20:.1f} MiB): add memory or masters first"
+    )
+
+
 class Resharder:
     """Moves one board to another layout (see the module docstring). ``say`` gets progress."""
 

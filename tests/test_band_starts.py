@@ -8,15 +8,20 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import redis
 
 from shardlb import times
 from shardlb.board import Score
+from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
 from shardlb.errors import InvalidInput
-from shardlb.reshard import Resharder
+from shardlb.reshard import Resharder, layout_bytes, short_of_memory
 from shardlb.store import BoardStore
+from tests.ports import search_start
 
 pytestmark = pytest.mark.cluster
 
@@ -140,6 +145,51 @@ async def test_shardlb_bands_apply_rebalances_a_skewed_band_board(
     finally:
         await store.delete("starts-apply")
         await store.delete("starts-hash")
+
+
+def test_short_of_memory_wants_the_copy_to_fit_below_every_masters_maxmemory() -> None:
+    mib = 2**20
+    assert short_of_memory(90 * mib, [None, None, None]) is None  # no maxmemory anywhere
+    assert short_of_memory(90 * mib, [200 * mib, 200 * mib, None]) is None  # 37.5 MiB a master
+    why = short_of_memory(90 * mib, [200 * mib, 30 * mib, 200 * mib])
+    assert why is not None and "1 of 3 masters" in why and "37.5 MiB a master" in why
+
+
+async def test_bands_apply_refuses_a_copy_that_would_not_fit(tmp_path: Path) -> None:
+    """On a private one-master cluster with a maxmemory just above what it holds, --apply leaves a
+    skewed band board alone (exit 1, why on stderr); without the limit it reshards it."""
+    cluster = LocalCluster(
+        masters=1, replicas=0, port=free_port_block(1, start=search_start(20300, 100)), dir=tmp_path
+    )
+    cluster.up()
+    client = connect(cluster.url)
+    try:
+        store = BoardStore(client, Scripts.register(client))
+        sharding = {"strategy": "band", "shards": 1, "bands": [0, 100_000]}
+        board, _ = await store.create(
+            BoardConfig.from_dict("tight", {"durability": "memory", "sharding": sharding})
+        )
+        now = times.now_ms()
+        for start in range(0, 20_000, 1000):
+            await board.submit([Score(f"p{i}", i, "m", now) for i in range(start, start + 1000)], now_ms=now)
+        assert await layout_bytes(client, board) > 20_000 * 50  # the total, the band and the versions
+        node = redis.Redis(port=cluster.port)
+        used = int(node.info("memory")["used_memory"])
+        node.config_set("maxmemory", used + 256 * 1024)
+        try:
+            refused = await bands_command("tight", "--count", "2", "--apply", "--redis", cluster.url)
+        finally:
+            node.config_set("maxmemory", 0)
+        assert refused.returncode == 1 and "add memory or masters first" in refused.stderr, refused.stderr
+        assert (await store.get("tight")).config.sharding.bands == (0, 100_000)  # nothing started
+        assert (await Resharder(store, "tight").status())["state"] == "none"
+        done = await bands_command("tight", "--count", "2", "--apply", "--redis", cluster.url)
+        assert done.returncode == 0, done.stderr
+        assert (await store.get("tight")).config.sharding.bands == (0, 9_999)  # ranks 1-10,000 from 9,999 up
+        node.close()
+    finally:
+        await client.aclose()
+        cluster.down()
 
 
 async def bands_command(*args: str) -> subprocess.CompletedProcess[str]:
