@@ -89,13 +89,34 @@ def _close_share(times: list[float], within: float = 0.003) -> float:
     return sum(1 for g in gaps if g < within) / len(gaps)
 
 
+def _busiest_window_share(times: list[float], window: float = 0.05) -> float:
+    """The largest share of the requests whose place in the period (their time modulo 1 / RPS)
+    falls within ``window`` seconds of each other: where the users' phases pile up."""
+    period = 1 / RPS
+    places = sorted((t - times[0]) % period for t in times)
+    wrapped = places + [p + period for p in places]  # a window may straddle the period's end
+    best, j = 0, 0
+    for i, start in enumerate(places):
+        while wrapped[j] < start + window:
+            j += 1
+        best = max(best, j - i)
+    return best / len(places)
+
+
 @pytest.mark.skipif(not (Path(sys.executable).parent / "locust").exists(), reason="locust is not installed")
 def test_users_started_together_spread_their_requests_over_every_period(tmp_path: Path) -> None:
     together = _arrivals("together", tmp_path)
     spread = _arrivals("spread", tmp_path)
     # Locust starts the users in a clump or a few within a millisecond, and in step they stay: most
     # requests follow the one before within a few milliseconds, then nothing for the rest of the
-    # period. Spread, 48 requests a second fall ~21 ms apart on average, and under 3 ms apart about
-    # 13% of the time (several tens of gaps: 30% or more has a chance far below one in a million).
+    # period: more than half of them in one tenth of the period (55-81% in runs on busy and quiet
+    # machines).
     assert _close_share(together) > 0.5
-    assert _close_share(spread) < 0.3
+    # Spread, each of the 24 users keeps a random place in the period: about 2.4 of them a tenth of
+    # it (23-29% of the requests in the busiest tenth in those runs), and 11 or more with a chance
+    # far below one in a million. Counted by place, not by gaps between arrivals: on a machine busy
+    # with the rest of the suite Locust's process waits for a core and then sends what fell due in
+    # a burst (one run found 37% of the gaps under 3 ms, where 13% is the quiet machine's), which
+    # delays requests without moving their users' places.
+    assert _busiest_window_share(spread) < 0.45
+    assert _busiest_window_share(spread) < _busiest_window_share(together)
