@@ -253,9 +253,17 @@ def plan(
         f"{per_master} per master: a read pays a round trip per node and a little per shard, so "
         f"no more shards than masters need, unless a shard would pass {MAX_PLAYERS_PER_SHARD:,} players"
     )
+    shards_reason += (
+        "; a board created without a shard count gets this (one per master)"
+        if per_master == 1
+        else f'; create the board with "sharding": {{"shards": {shards}}} '
+        "(without a count it gets one per master)"
+    )
     if banded:
         shards_reason = (
-            f"home shards, {per_master} per master, and {masters} band(s), one per master: a band board; set "
+            f"home shards, {per_master} per master (what a band board created without a shard count gets"
+            f"{'' if per_master == 1 else ' with one per master: give the count'}), and {masters} band(s), "
+            "one per master: a band board; set "
             "its band starts with `shardlb bands BOARD --count "
             f"{masters}` (each band about as many players) and keep them so as scores move with "
             "its `--apply` from cron"

@@ -142,7 +142,12 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "hash sharding is the default: `strategy` may be left out",
                 "properties": {
                     "strategy": {"const": "hash"},
-                    "shards": _COUNT,
+                    "shards": {
+                        **_COUNT,
+                        "description": "Addition: left out, one shard per master of the cluster when the "
+                        "board is created; a PUT that leaves it out confirms an existing board of any "
+                        "shard count",
+                    },
                 },
             },
             {
@@ -176,7 +181,8 @@ _SCHEMAS: dict[str, Any] = {
                         "minimum": 1,
                         "maximum": MAX_SHARDS - 1,
                         "description": "Addition: hash shards that hold the players' records; "
-                        f"with the bands at most {MAX_SHARDS}",
+                        f"with the bands at most {MAX_SHARDS}; left out, one per master of the cluster "
+                        "when the board is created",
                     },
                     "placement": {
                         "enum": list(BAND_PLACEMENTS),

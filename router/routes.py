@@ -29,7 +29,7 @@ from router.scores import MAX_ITEMS, ScoresEndpoint
 from router.service import Service
 from shardlb import merge, rebuild, times
 from shardlb.board import Board, Entry
-from shardlb.config import ID_PATTERN, MAX_SHARDS, BoardConfig, check_id
+from shardlb.config import AUTO_SHARDS, ID_PATTERN, MAX_SHARDS, BoardConfig, check_id
 from shardlb.errors import InvalidInput, PlayerNotFound
 from shardlb.merge import Row
 from shardlb.reads import ResolvedView
@@ -160,7 +160,8 @@ async def put_board(request: Request) -> Response:
     body = params.integral(await read_object(request, svc.settings.max_body_bytes, empty={}))
     if body.get("board", board_id) != board_id:
         raise InvalidInput("the body names another board than the path", "board", "board_mismatch")
-    config = BoardConfig.from_dict(board_id, body)
+    # Hash and band settings without a shard count get one shard per master (BoardStore.create).
+    config = BoardConfig.from_dict(board_id, body, default_shards=AUTO_SHARDS)
     try:
         config.to_dict()
     except (ValueError, OverflowError) as e:

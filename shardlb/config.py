@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardlb import periods, times
@@ -28,7 +28,13 @@ MAX_BANDS = 256
 MAX_POINTS = 2**53 - 1  # the largest points_max: a packed score must stay below 2**53
 MAX_RETENTION_DAYS = 36_500
 DEDUP_WINDOW_S = (60, 30 * 86_400)  # the shortest and longest dedup window of an incr board
-DEFAULT_SHARDS = 16
+DEFAULT_SHARDS = 16  # a library caller's default (BoardConfig.from_dict); see AUTO_SHARDS
+# Hash and band settings that name no shard count, as the HTTP API reads them: the board gets one
+# shard per master of the cluster when it is created (BoardStore.create, ``resolve_shards``). A read
+# of a hash board costs a round trip and a few commands per shard, so shards beyond the masters add
+# that cost and no capacity; more pay only when masters will be added by moving slots instead of by
+# resharding the board (README, "Sharding"). 0 is never a stored shard count.
+AUTO_SHARDS = 0
 DEFAULT_POINTS_MAX = 2_097_151  # with resolution ms, small enough to leave 30 days of time bits
 DEFAULT_DEDUP_WINDOW_S = 86_400  # api.md: "within the board's dedup window, default 24 h"
 # An incr board's dedup window is kept in this many time buckets, one set each per shard. A bucket
@@ -163,8 +169,13 @@ class BoardConfig:
         }
 
     @classmethod
-    def from_dict(cls, board_id: str, body: dict[str, Any]) -> BoardConfig:
-        """Build and check a config from an API body (or a stored ``to_dict``). Raises InvalidInput."""
+    def from_dict(
+        cls, board_id: str, body: dict[str, Any], default_shards: int = DEFAULT_SHARDS
+    ) -> BoardConfig:
+        """Build and check a config from an API body (or a stored ``to_dict``). Raises InvalidInput.
+
+        Hash and band settings without ``shards`` take ``default_shards``; the HTTP API passes
+        AUTO_SHARDS (one per master, decided by ``BoardStore.create``)."""
         check_id(board_id, "board")
         if not isinstance(body, dict):
             raise InvalidInput("the board settings must be an object", None)
@@ -205,7 +216,7 @@ class BoardConfig:
             resolution=resolution,
             dedup_window_s=dedup,
             durability=_choice(body, "durability", DURABILITY, "journal"),
-            sharding=_sharding(body.get("sharding", {"strategy": "hash"})),
+            sharding=_sharding(body.get("sharding", {"strategy": "hash"}), default_shards),
             rank_mode=_choice(body, "rank_mode", RANK_MODES, "unique"),
             close_grace_s=_int(body.get("close_grace", DEFAULT_CLOSE_GRACE_S), "close_grace", *CLOSE_GRACE_S),
             week_start=_choice(body, "week_start", periods.WEEKDAYS, "monday"),
@@ -242,7 +253,7 @@ def _periods(value: object) -> tuple[str, ...]:
     return tuple(kind for kind in periods.KINDS if kind == "total" or kind in value)
 
 
-def _sharding(value: object) -> Sharding:
+def _sharding(value: object, default_shards: int = DEFAULT_SHARDS) -> Sharding:
     if not isinstance(value, dict):
         raise InvalidInput("sharding must be an object", "sharding")
     strategy = value.get("strategy", "hash")
@@ -257,7 +268,9 @@ def _sharding(value: object) -> Sharding:
         if name not in allowed:
             raise InvalidInput(f"{name!r} is not a setting of {strategy} sharding", f"sharding.{name}")
     if strategy == "hash":
-        return Sharding("hash", _int(value.get("shards", DEFAULT_SHARDS), "sharding.shards", 1, MAX_SHARDS))
+        if "shards" not in value:
+            return Sharding("hash", default_shards)
+        return Sharding("hash", _int(value["shards"], "sharding.shards", 1, MAX_SHARDS))
     if strategy == "region":
         regions = value.get("regions")
         if not isinstance(regions, list) or not regions or len(set(map(str, regions))) != len(regions):
@@ -282,13 +295,32 @@ def _sharding(value: object) -> Sharding:
             "sharding.bands must be increasing integers starting at 0, e.g. [0, 1000, 10000]",
             "sharding.bands",
         )
-    shards = _int(value.get("shards", DEFAULT_SHARDS), "sharding.shards", 1, MAX_SHARDS - len(bands))
+    shards = (
+        _int(value["shards"], "sharding.shards", 1, MAX_SHARDS - len(bands))
+        if "shards" in value
+        else default_shards
+    )
     placement = value.get("placement", BAND_PLACEMENTS[0])
     if placement not in BAND_PLACEMENTS:
         raise InvalidInput(
             f"sharding.placement must be one of {', '.join(BAND_PLACEMENTS)}", "sharding.placement"
         )
     return Sharding("band", shards, (), 0, tuple(bands), placement)
+
+
+def resolve_shards(config: BoardConfig, masters: int, existing: BoardConfig | None = None) -> BoardConfig:
+    """``config`` with AUTO_SHARDS made a shard count: an existing board's own when there is one
+    (settings that name no shard count confirm a board of any), else one per master (``masters``;
+    at least 1, and within MAX_SHARDS beside a band board's bands). Any other config is returned as
+    it is."""
+    sharding = config.sharding
+    if sharding.shards != AUTO_SHARDS or sharding.strategy not in ("hash", "band"):
+        return config
+    if existing is not None and existing.sharding.strategy == sharding.strategy:
+        shards = existing.sharding.shards
+    else:
+        shards = max(1, min(masters, MAX_SHARDS - len(sharding.bands)))
+    return replace(config, sharding=replace(sharding, shards=shards))
 
 
 def stored_sharding(value: Any) -> Any:

@@ -23,7 +23,15 @@ from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys
 from shardlb.board import JOURNAL_MAX_ENTRIES, Board
-from shardlb.config import BoardConfig, Sharding, check_id, stored_settings, stored_sharding
+from shardlb.config import (
+    AUTO_SHARDS,
+    BoardConfig,
+    Sharding,
+    check_id,
+    resolve_shards,
+    stored_settings,
+    stored_sharding,
+)
 from shardlb.connection import Scripts
 from shardlb.errors import BoardConflict, BoardNotFound
 
@@ -50,8 +58,14 @@ class BoardStore:
         self.read_replicas = False  # given to every Board made here (Board.read_replicas)
 
     async def create(self, config: BoardConfig) -> tuple[Board, bool]:
-        """Create the board, or confirm an identical one. Returns (board, created)."""
+        """Create the board, or confirm an identical one. Returns (board, created).
+
+        Settings with AUTO_SHARDS (hash or band sharding that names no shard count, as the HTTP API
+        reads them) create a board of one shard per master, and confirm an existing board of any
+        shard count (``resolve_shards``)."""
+        given = config
         while True:
+            config = resolve_shards(given, await self.masters()) if _auto(given) else given
             record = {**config.to_dict(), "incarnation": secrets.token_hex(4)}
             if await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
                 return self._board(config.id, record), True
@@ -63,11 +77,17 @@ class BoardStore:
                 await self._drop(config.id, raw, found)
                 continue
             existing = self._board(config.id, found)
+            config = resolve_shards(given, 0, existing.config)
             if _resharded(found) and replace(existing.config, sharding=config.sharding) == config:
                 return existing, False  # created with this layout and resharded since: the same board
             if _same_but_placement(existing.config) != _same_but_placement(config):
                 raise BoardConflict(f"board {config.id!r} exists with other settings", "board")
             return existing, False
+
+    async def masters(self) -> int:
+        """How many masters the cluster has (what AUTO_SHARDS becomes)."""
+        await self.client.initialize()  # a no-op once the client knows the cluster
+        return len(self.client.get_primaries())
 
     async def restore(self, config: BoardConfig, incarnation: str) -> tuple[Board, bool]:
         """Register a board under the incarnation it had (a rebuild after Redis lost the registry,
@@ -163,6 +183,10 @@ def _same_but_placement(config: BoardConfig) -> BoardConfig:
     """``config`` without its band placement: a PUT of a band board's settings confirms a board
     laid out before placements were chosen ("window") as the same board, not a conflict."""
     return replace(config, sharding=replace(config.sharding, placement=""))
+
+
+def _auto(config: BoardConfig) -> bool:
+    return config.sharding.shards == AUTO_SHARDS
 
 
 def _resharded(record: dict[str, Any]) -> bool:

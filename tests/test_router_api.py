@@ -91,11 +91,15 @@ async def test_board_lifecycle(client: httpx.AsyncClient) -> None:
     assert_error(await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN), 404, "board_not_found", "board")
 
 
-async def test_put_without_body_takes_the_defaults(client: httpx.AsyncClient) -> None:
+async def test_put_without_body_takes_the_defaults(client: httpx.AsyncClient, cluster: LocalCluster) -> None:
     name = board_name()
     r = await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)
     assert r.status_code == 201
-    assert r.json()["mode"] == "best" and r.json()["sharding"] == {"strategy": "hash", "shards": 16}
+    # One shard per master (tests/test_default_shards.py).
+    assert r.json()["mode"] == "best" and r.json()["sharding"] == {
+        "strategy": "hash",
+        "shards": cluster.masters,
+    }
     await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
