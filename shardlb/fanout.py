@@ -690,6 +690,12 @@ class SharedRounds:
     round gets its own commands' replies (in their ``result``) and, per node, the failure of that
     node's pipeline if it failed. The replies are those of the same commands sent alone: only the
     packaging changes. Writes never come here.
+
+    A command that another round of the turn also sends to the same node, with the same arguments,
+    and whose reply is one number (``ONE_REPLY``: every "my rank" asks each shard's ZCARD) is sent
+    once, and its reply is given to each. That reply is one the command could have had sent alone:
+    it ran after every round that shares it had joined (the pipeline leaves once the turn is over),
+    and before any of them got an answer.
     """
 
     __slots__ = ("_loop", "_running", "_waiting")
@@ -724,13 +730,24 @@ class SharedRounds:
         waiting, self._waiting = self._waiting, []
         merged: dict[str, tuple[ClusterNode, list[Command]]] = {}
         where: list[list[str]] = []
+        sent: dict[tuple[str, tuple[Any, ...]], Command] = {}  # (node, args) -> the one sent
+        copies: list[tuple[Command, Command]] = []  # (a command not sent, the one whose reply it takes)
         for sends, _, _ in waiting:
             names = []
             for node, queue in sends:
                 entry = merged.get(node.name)
                 if entry is None:
                     entry = merged[node.name] = (node, [])
-                entry[1].extend(queue)
+                if len(waiting) == 1:
+                    entry[1].extend(queue)
+                else:
+                    for c in queue:
+                        same = _shared_reply(node.name, c)
+                        first = None if same is None else sent.setdefault(same, c)
+                        if first is None or first is c:
+                            entry[1].append(c)
+                        else:
+                            copies.append((c, first))
                 names.append(node.name)
             where.append(names)
         bounds = [bound for _, bound, _ in waiting]
@@ -746,6 +763,8 @@ class SharedRounds:
                 if not future.done():
                     future.set_exception(e)
             return
+        for c, first in copies:
+            c.result = first.result
         # Per node: its failure, or False (the replies themselves are in the commands).
         outcome = {
             name: f if isinstance(f, BaseException) else False for name, f in zip(merged, failed, strict=True)
@@ -753,6 +772,25 @@ class SharedRounds:
         for (_, _, future), names in zip(waiting, where, strict=True):
             if not future.done():
                 future.set_result([outcome[name] for name in names])
+
+
+# Read commands whose reply is one number (or nil): one such command of a shared round serves every
+# round of the turn that sends the same to the same node (``SharedRounds``). A list reply is never
+# shared: its readers could change it.
+ONE_REPLY = frozenset({"ZCARD", "ZCOUNT", "ZSCORE", "ZREVRANK", "ZRANK", "ZLEXCOUNT", "EXISTS"})
+
+
+def _shared_reply(node: str, c: Command) -> tuple[str, tuple[Any, ...]] | None:
+    """What identifies ``c`` among the commands of a shared round, or None when it is not shared:
+    its node and its arguments, when it is one of ONE_REPLY and nothing but its key rides beside
+    them (redis-py passes ``keys`` for routing; any other option could change how it is parsed)."""
+    if (
+        c.args[0] not in ONE_REPLY
+        or any(k != "keys" for k in c.kwargs)
+        or not _PLAIN.issuperset(map(type, c.args))
+    ):
+        return None
+    return node, c.args
 
 
 _SHARED_ROUNDS: weakref.WeakKeyDictionary[RedisCluster, SharedRounds | None] = weakref.WeakKeyDictionary()
