@@ -196,11 +196,14 @@ def router_env(mode: str) -> dict[str, str]:
 
 
 async def create_boards(url: str, tag: str) -> dict[str, str]:
-    """An incr and a best board (16 hash shards: every master holds some) named after ``tag``."""
+    """An incr and a best board (16 hash shards: every master holds several, so moving slots moves
+    some of them) named after ``tag``."""
     boards = {f"{tag}-{mode}": mode for mode in BOARD_MODES}
+    sharding = {"strategy": "hash", "shards": 16}  # named: the API's default is one per master
     async with client(url) as http:
         for name, mode in boards.items():
-            r = await http.put(f"/v1/boards/{name}", json={"mode": mode, "points_max": POINTS_MAX})
+            body = {"mode": mode, "points_max": POINTS_MAX, "sharding": sharding}
+            r = await http.put(f"/v1/boards/{name}", json=body)
             r.raise_for_status()
     return boards
 
