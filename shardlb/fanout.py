@@ -735,20 +735,28 @@ class SharedRounds:
         for sends, _, _ in waiting:
             names = []
             for node, queue in sends:
-                entry = merged.get(node.name)
+                name = node.name
+                names.append(name)
+                entry = merged.get(name)
                 if entry is None:
-                    entry = merged[node.name] = (node, [])
+                    entry = merged[name] = (node, [])
                 if len(waiting) == 1:
                     entry[1].extend(queue)
-                else:
-                    for c in queue:
-                        same = _shared_reply(node.name, c)
-                        first = None if same is None else sent.setdefault(same, c)
-                        if first is None or first is c:
-                            entry[1].append(c)
-                        else:
+                    continue
+                kept = entry[1]
+                for c in queue:
+                    args, kwargs = c.args, c.kwargs
+                    # One of ONE_REPLY with nothing but its key beside it (redis-py passes ``keys``
+                    # for routing; any other option could change how its reply is parsed).
+                    if args[0] in ONE_REPLY and (not kwargs or (len(kwargs) == 1 and "keys" in kwargs)):
+                        try:
+                            first = sent.setdefault((name, args), c)
+                        except TypeError:  # an argument that cannot be a dict key: sent as it is
+                            first = c
+                        if first is not c:
                             copies.append((c, first))
-                names.append(node.name)
+                            continue
+                    kept.append(c)
             where.append(names)
         bounds = [bound for _, bound, _ in waiting]
         timeout = None if None in bounds else max(bounds)  # type: ignore[type-var]
@@ -778,19 +786,6 @@ class SharedRounds:
 # round of the turn that sends the same to the same node (``SharedRounds``). A list reply is never
 # shared: its readers could change it.
 ONE_REPLY = frozenset({"ZCARD", "ZCOUNT", "ZSCORE", "ZREVRANK", "ZRANK", "ZLEXCOUNT", "EXISTS"})
-
-
-def _shared_reply(node: str, c: Command) -> tuple[str, tuple[Any, ...]] | None:
-    """What identifies ``c`` among the commands of a shared round, or None when it is not shared:
-    its node and its arguments, when it is one of ONE_REPLY and nothing but its key rides beside
-    them (redis-py passes ``keys`` for routing; any other option could change how it is parsed)."""
-    if (
-        c.args[0] not in ONE_REPLY
-        or any(k != "keys" for k in c.kwargs)
-        or not _PLAIN.issuperset(map(type, c.args))
-    ):
-        return None
-    return node, c.args
 
 
 _SHARED_ROUNDS: weakref.WeakKeyDictionary[RedisCluster, SharedRounds | None] = weakref.WeakKeyDictionary()
