@@ -139,6 +139,7 @@ def goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
             f"{_by_processes(summary, ('redis masters', 'redis replicas'))}",
         )
     )
+    out += _light_goals(summary.get("light_client", {}), raw)
     top, health = _hot(summary, "router top-100"), _hot(summary, "router /healthz")
     if top is not None and health is not None:
         out.append(
@@ -162,6 +163,46 @@ def goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
     p99 = write_p99_goal(summary, 0.8)
     if p99 is not None:
         out.append(_goal("write p99 ms at 80% of the sustained maximum", p99[0], 50.0, False, p99[1]))
+    return out
+
+
+def _light_goals(light: dict[str, Any], raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The write goals again at the router's own maximum, driven by the light client (bench/run.py
+    ``light_client``): its CPU and the store's per write there against the raw run's, and the write
+    p99 of paced users at 80% of that maximum. Nothing when the phase did not run."""
+    if not light or "skipped" in light:
+        return []
+    at = f"at the router's own maximum ({light['writes_per_s']:,} writes/s, light client)"
+    out = [
+        _goal(
+            f"router CPU per write {at} / the library's in the raw run",
+            _ratio(light.get("router_us"), raw.get("library")),
+            1.5,
+            False,
+            f"{light.get('router_us')} against {raw.get('library')} µs",
+        ),
+        _goal(
+            f"store CPU per write {at} / the raw run's",
+            _ratio(light.get("store_us"), raw.get("store")),
+            1.1,
+            False,
+            f"{light.get('store_us')} against {raw.get('store')} µs",
+        ),
+    ]
+    step = light.get("at_80", {})
+    if step.get("p99_ms") is not None:
+        own = step.get("router", {}).get("p99_ms")
+        out.append(
+            _goal(
+                "write p99 ms at 80% of the router's own maximum (light paced client)",
+                float(step["p99_ms"]),
+                50.0,
+                False,
+                f"{step['users']} paced users offering {step['offered_writes_per_s']:,} writes/s, "
+                f"{step['achieved_writes_per_s']:,} achieved, {step['failures']} failures"
+                + (f"; the router's own p99 {own:g} ms" if own is not None else ""),
+            )
+        )
     return out
 
 

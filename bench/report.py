@@ -474,6 +474,18 @@ def _goals(summary: dict[str, Any]) -> list[str]:
         f"- goal {goal['writes_per_s']:,} player-score writes/s through HTTP: "
         f"{'met' if goal.get('writes_met') else 'not met'} on this machine",
     ]
+    light = summary.get("light_client", {})
+    if light and "skipped" not in light:
+        reached = light["writes_per_s"] >= goal["writes_per_s"]
+        lines.append(
+            f"- the router's own maximum, driven by a light client (bench/pacer.py: {light['users']} "
+            f"connections posting back to back) instead of Locust: **{light['writes_per_s']:,}** writes/s "
+            f"through {light['router_workers']} router process(es), p50 / p99 {_ms(light.get('p50_ms'))} / "
+            f"{_ms(light.get('p99_ms'))} ms per request, {light.get('failures', 0)} failures; CPU µs per "
+            f"write: router {_ms(light.get('router_us'))}, store {_ms(light.get('store_us'))}, client "
+            f"{_ms(light.get('client_us'))} (goal {goal['writes_per_s']:,}: "
+            f"{'met' if reached else 'not met'})"
+        )
     per = summary.get("cpu_per_write", {})
     if "http" in per and "raw" in per:
         h, raw = per["http"], per["raw"]

@@ -70,6 +70,7 @@ class Settings:
     write_workers: int = 1
     locust_processes: int = 2
     driver_processes: int = 2
+    light_users: int = 64  # the light client's connections when it drives the router to its maximum
     target_writes: int = 50_000
     ramp_seconds: float = 48.0
     ramp_steps: int = 6
@@ -562,6 +563,86 @@ def paced_step(
     return {**result, "users": users, "window_s": seconds - settle}
 
 
+def light_client(
+    s: Settings, workload: Workload, cluster: LocalCluster, out: Path, redis: dict[str, list[int]]
+) -> dict[str, Any]:
+    """The router's own write maximum: bench/pacer.py's s.light_users users posting matches back to
+    back (each waits for its answer, then posts again) through a fresh router of s.write_workers
+    processes, with the router's, the store's and the client's CPU per player-score write metered
+    over the held part; then the same client's paced users at 80% of that maximum.
+
+    Locust spends more CPU per request than the router on the same two cores, so the ramp finds
+    Locust's maximum as much as the router's, and measures the router's CPU at that rate. This
+    client takes a few µs per write: what is left is the router's own ceiling and its cost there,
+    the figures a capacity plan for routers fed by many game servers needs."""
+    if router_missing():
+        return {"skipped": "no router"}
+    seconds, settle = float(s.sweep_seconds + 6), 4.0
+    name = "light-max"
+    router = Router(cluster.url, free_port(22400), s.write_workers, out / f"{name}-router.log", router_env())
+    with router:
+        assert router.proc is not None
+        command = [
+            *(sys.executable, "-m", "bench.pacer", "--url", router.url, "--users", str(s.light_users)),
+            *("--rps", "1000", "--seconds", str(seconds), "--settle", str(settle), "--key", WRITE_KEY),
+        ]
+        log(f"{name}: {s.light_users} light users back to back through {s.write_workers} router workers")
+        proc = subprocess.Popen(
+            command,
+            env={**os.environ, **locust_env(s, workload, {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        time.sleep(settle)
+        meter = CpuMeter({**redis, "router": [router.proc.pid], "client": [proc.pid]}).start()
+        time.sleep(max(1.0, seconds - settle - 0.5))
+        cpu = meter.stop()
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return {"skipped": "bench.pacer did not finish within 60 s of its end"}
+    if proc.returncode != 0 or not stdout.strip():
+        return {"skipped": f"bench.pacer exited {proc.returncode}: {stderr.strip()[-300:]}"}
+    got: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    writes_per_s = got["requests_per_s"] * workload.players_per_match
+    used, writes = cpu["cpu_s"], writes_per_s * cpu["wall_s"]
+    result: dict[str, Any] = {
+        "users": s.light_users,
+        "router_workers": s.write_workers,
+        "writes_per_s": round(writes_per_s),
+        **{k: got.get(k) for k in ("requests", "failures", "p50_ms", "p95_ms", "p99_ms")},
+        "cpu": cpu,
+        "router_us": round(used.get("router", 0.0) / writes * 1e6, 1) if writes else None,
+        "store_us": round(
+            (used.get("redis masters", 0.0) + used.get("redis replicas", 0.0)) / writes * 1e6, 1
+        )
+        if writes
+        else None,
+        "client_us": round(used.get("client", 0.0) / writes * 1e6, 1) if writes else None,
+    }
+    log(
+        f"{name}: {writes_per_s:,.0f} writes/s, router {result['router_us']} µs, store "
+        f"{result['store_us']} µs, client {result['client_us']} µs per write, p99 {got.get('p99_ms')} ms, "
+        f"{got.get('failures')} failures"
+    )
+    users = max(1, round(0.8 * writes_per_s / (workload.players_per_match * s.user_rps)))
+    hold = float(max(s.sweep_seconds + 4, locust_csv.RECENT_WINDOW_S + 6))
+    paced = paced_step(s, workload, cluster, "light-80", out, users, hold)
+    result["at_80"] = {
+        **paced,
+        "offered_writes_per_s": round(users * s.user_rps * workload.players_per_match),
+        "achieved_writes_per_s": round(paced.get("requests_per_s", 0.0) * workload.players_per_match),
+    }
+    log(
+        f"light-80: {users} paced users, p50/p95/p99 "
+        f"{paced.get('p50_ms')}/{paced.get('p95_ms')}/{paced.get('p99_ms')} ms"
+    )
+    return result
+
+
 def router_sweep(
     s: Settings,
     workload: Workload,
@@ -868,6 +949,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"preloaded: {summary['population']}, postgres {summary['postgres_load']}")
         summary["http"] = http_phases(s, workload, cluster, out, redis)
         summary["latency_curve"] = latency_curve(s, workload, cluster, out, redis, summary["http"])
+        summary["light_client"] = light_client(s, workload, cluster, out, redis)
         ramp = summary["http"].get("writes", {})
         summary.update(
             driver_phases(

@@ -188,3 +188,60 @@ def test_the_band_boards_goals_are_their_own(summary: dict[str, Any]) -> None:
         t for t in summary["hot"]["targets"] if not t["name"].startswith(read_goals.BAND_RANK)
     ]})  # fmt: skip
     assert costs and costs == read_goals.read_costs(without)
+
+
+def _light(router_us: float, store_us: float, p99_80: float) -> dict[str, Any]:
+    return {
+        "users": 64,
+        "router_workers": 1,
+        "writes_per_s": 55_800,
+        "requests": 55_800,
+        "failures": 0,
+        "p50_ms": 10.5,
+        "p99_ms": 19.0,
+        "router_us": router_us,
+        "store_us": store_us,
+        "client_us": 3.7,
+        "at_80": {
+            "users": 893,
+            "requests_per_s": 4432.3,
+            "failures": 0,
+            "p99_ms": p99_80,
+            "offered_writes_per_s": 44_650,
+            "achieved_writes_per_s": 44_323,
+            "router": {"p99_ms": 98.2},
+        },
+    }
+
+
+def test_the_write_goals_are_read_again_at_the_routers_own_maximum(summary: dict[str, Any]) -> None:
+    """With the light client's phase, the write goals come twice: at the ramp (Locust) and at the
+    router's own maximum, each a ratio of its own figures against the same raw run."""
+    raw = summary["cpu_per_write"]["raw"]
+    summary["light_client"] = _light(1.2 * raw["library"], 1.5 * raw["store"], 114.2)
+    read_goals.finish(summary)
+    router = goal(summary, "router CPU per write at the router's own maximum (55,800 writes/s")
+    assert router["measured"] == 1.2 and router["met"] is True  # at most 1.5
+    store = goal(summary, "store CPU per write at the router's own maximum")
+    assert store["measured"] == 1.5 and store["met"] is False  # at most 1.1
+    p99 = goal(summary, "write p99 ms at 80% of the router's own maximum")
+    assert p99["measured"] == 114.2 and p99["met"] is False
+    assert "893 paced users offering 44,650 writes/s, 44,323 achieved" in p99["detail"]
+    assert goal(summary, "router CPU per write / the library's")["measured"] != router["measured"]
+    summary["light_client"] = {"skipped": "no router"}
+    read_goals.finish(summary)
+    assert not [g for g in summary["read_goals"] if "own maximum" in g["goal"]]
+
+
+def test_the_summary_states_the_routers_own_maximum_against_the_goal() -> None:
+    from bench import report
+
+    data: dict[str, Any] = json.loads(LATEST.read_text())
+    data["light_client"] = _light(11.6, 9.4, 114.2)
+    report.finish(data)
+    text = report.markdown(data, "x")
+    assert "the router's own maximum, driven by a light client" in text
+    assert "**55,800** writes/s through 1 router process(es)" in text
+    assert "router 11.6, store 9.4, client 3.7 (goal 50,000: met)" in text
+    data["light_client"]["writes_per_s"] = 40_000
+    assert "(goal 50,000: not met)" in report.markdown(data, "x")
