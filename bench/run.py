@@ -70,7 +70,7 @@ class Settings:
     write_workers: int = 1
     locust_processes: int = 2
     driver_processes: int = 2
-    light_users: int = 64  # the light client's connections when it drives the router to its maximum
+    light_users: int = 256  # the light client's connections when it drives the router to its maximum
     target_writes: int = 50_000
     ramp_seconds: float = 48.0
     ramp_steps: int = 6
