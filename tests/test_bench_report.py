@@ -197,12 +197,12 @@ def test_write_p99_goal_falls_back_to_the_ramp(measured: dict[str, Any]) -> None
     achieved, p99 = read_goals.write_p99_at(measured, 0.8) or (0, 0.0)
     measured["latency_curve"]["steps"] = [_step(0.5, 4_500, 4_480, 18.0)]  # no 80% step
     report.finish(measured)
-    ramp = _goal(measured, "write p99 ms")
+    ramp = _goal(measured, "write p99 ms at 80% of the sustained")
     assert ramp["measured"] == p99
     assert ramp["detail"] == f"ramp step at {achieved:,} writes/s achieved (no latency curve step at 80%)"
     del measured["latency_curve"]
     report.finish(measured)
-    assert _goal(measured, "write p99 ms") == ramp
+    assert _goal(measured, "write p99 ms at 80% of the sustained") == ramp
 
 
 def test_markdown_prints_the_latency_curve_and_the_planned_reads(measured: dict[str, Any]) -> None:
