@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from router import admin, dashboard, logs, metrics, probes, routes, scores, settlements
+from router import admin, dashboard, heap, logs, metrics, probes, routes, scores, settlements
 from router.errors import ApiError, to_api_error
 from router.gate import Admission
 from router.hot import HotTop
@@ -123,22 +122,6 @@ class RouterApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
-# Young collections at most every GC_YOUNG allocations instead of CPython's 700: a request makes a
-# few hundred container objects that die with it, and each collection also walks whatever survived.
-GC_YOUNG = 10_000
-
-
-def _settle_heap() -> None:
-    """Once the worker is up: move what start-up made (modules, settings, the cluster client) out
-    of the collector's way (``gc.freeze``), and collect the young generation less often. A full
-    collection walked all of it, which showed as a p99 of "my rank" at twice its p95 (wrk, 32
-    connections, one worker: 40-59 ms, 17-22 ms with this)."""
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG, older, oldest)
-
-
 def create_app(settings: Settings | None = None) -> RouterApp:
     """The router app. Settings come from the environment when not given (uvicorn's factory call)."""
     settings = settings if settings is not None else Settings.from_env()
@@ -149,12 +132,13 @@ def create_app(settings: Settings | None = None) -> RouterApp:
         if not HIREDIS_AVAILABLE:
             log.warning(HIREDIS_WARNING)
         app.state.service = await Service.start(settings)
-        _settle_heap()
-        log.info(
-            "router ready", extra={"fields": {"pid": os.getpid(), "redis_url": redacted(settings.redis_url)}}
-        )
         try:
-            yield
+            async with heap.settled():
+                log.info(
+                    "router ready",
+                    extra={"fields": {"pid": os.getpid(), "redis_url": redacted(settings.redis_url)}},
+                )
+                yield
         finally:
             await app.state.service.stop()
             metrics.worker_exit(os.getpid())

@@ -90,6 +90,12 @@ JOURNAL_SECONDS = Gauge(
     "Age of the oldest journal entry not yet archived in PostgreSQL.",
     multiprocess_mode="max",
 )
+GC_PAUSE = Histogram(
+    "shardlb_gc_pause_seconds",
+    "Time a worker stood still in a garbage collection, by generation (router/heap.py).",
+    ["generation"],
+    buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
 RATE_LIMITED = Counter("shardlb_rate_limited_total", "Reads refused by the per-client rate limit.")
 
 

@@ -4,7 +4,6 @@ and only while they are still the current answer; keys, read budgets and ETags h
 from __future__ import annotations
 
 import asyncio
-import gc
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -13,7 +12,7 @@ import msgpack
 import pytest
 from prometheus_client import REGISTRY
 
-from router import app, hot
+from router import hot
 from shardlb.cluster import LocalCluster
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running
 
@@ -158,13 +157,3 @@ async def test_read_budgets_hold_on_a_repeat(cluster: LocalCluster, clock: Clock
         limited = await c.get(f"/v1/boards/{name}/top")
         assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
         assert limited.json()["error"]["code"] == "rate_limited"
-
-
-async def test_a_started_worker_keeps_its_start_up_heap_out_of_collections(cluster: LocalCluster) -> None:
-    """router/app.py, _settle_heap: what start-up made is frozen and young collections are rarer,
-    so a full collection no longer walks the whole worker in the middle of requests."""
-    gc.unfreeze()
-    gc.set_threshold(700, 10, 10)
-    async with running(cluster.url):
-        assert gc.get_freeze_count() > 1000
-        assert gc.get_threshold()[0] == app.GC_YOUNG
