@@ -304,7 +304,16 @@ def markdown(summary: dict[str, Any]) -> list[str]:
             f"| {g['goal']} | {_value(g['measured'])} | {sign} {_value(g['target'])} | {met} "
             f"| {g['detail']} |"
         )
-    return [*lines, "", *store_profiles(summary), *hot_table(summary)]
+    light = summary.get("light_client", {})
+    at_max = (
+        profiles(
+            [{"name": "router score writes at the router's own maximum", "profile": light["profile"]}],
+            "one router worker under the light client's load, offered again after the metered window",
+        )
+        if light.get("profile")
+        else []
+    )
+    return [*lines, "", *store_profiles(summary), *at_max, *hot_table(summary)]
 
 
 def store_profiles(summary: dict[str, Any]) -> list[str]:

@@ -484,7 +484,7 @@ def _goals(summary: dict[str, Any]) -> list[str]:
             f"{_ms(light.get('p99_ms'))} ms per request, {light.get('failures', 0)} failures; CPU µs per "
             f"write: router {_ms(light.get('router_us'))}, store {_ms(light.get('store_us'))}, client "
             f"{_ms(light.get('client_us'))} (goal {goal['writes_per_s']:,}: "
-            f"{'met' if reached else 'not met'})"
+            f"{'met' if reached else 'not met'})" + _collections(light.get("gc"))
         )
     per = summary.get("cpu_per_write", {})
     if "http" in per and "raw" in per:
@@ -598,6 +598,14 @@ def _latency_curve(summary: dict[str, Any]) -> list[str]:
     return lines + read_goals.profiles(
         profiled, "one router worker while the step held its rate (the 80% step is not sampled)"
     )
+
+
+def _collections(gc: dict[str, Any] | None) -> str:
+    """The router's garbage collections over a metered window (router/heap.py), when scraped."""
+    if not gc:
+        return ""
+    collections, pauses = gc["collections"], gc["pause_ms"]
+    return f"; the router's garbage collections in that window: {collections}, {pauses:g} ms of pauses"
 
 
 def _paced(step: dict[str, Any]) -> str:

@@ -596,14 +596,19 @@ def light_client(
             cwd=ROOT,
         )
         time.sleep(settle)
+        gc_before = server_latency.scrape_gc(router.url)
         meter = CpuMeter({**redis, "router": [router.proc.pid], "client": [proc.pid]}).start()
         time.sleep(max(1.0, seconds - settle - 0.5))
         cpu = meter.stop()
+        gc_after = server_latency.scrape_gc(router.url)
         try:
             stdout, stderr = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             return {"skipped": "bench.pacer did not finish within 60 s of its end"}
+        # py-spy takes CPU of its own: the profile comes from the same load offered again after
+        # the metered window, not from inside it.
+        profile = _profiled_load(command, s, workload, router.proc.pid, out / f"{name}-router.spy")
     if proc.returncode != 0 or not stdout.strip():
         return {"skipped": f"bench.pacer exited {proc.returncode}: {stderr.strip()[-300:]}"}
     got: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
@@ -622,6 +627,8 @@ def light_client(
         if writes
         else None,
         "client_us": round(used.get("client", 0.0) / writes * 1e6, 1) if writes else None,
+        "gc": server_latency.gc_between(gc_before, gc_after),
+        "profile": profile,
     }
     log(
         f"{name}: {writes_per_s:,.0f} writes/s, router {result['router_us']} µs, store "
@@ -641,6 +648,33 @@ def light_client(
         f"{paced.get('p50_ms')}/{paced.get('p95_ms')}/{paced.get('p99_ms')} ms"
     )
     return result
+
+
+def _profiled_load(
+    command: list[str], s: Settings, workload: Workload, root: int, raw: Path
+) -> dict[str, Any]:
+    """One router worker sampled by py-spy for PROFILE_S while ``command`` (bench.pacer) offers
+    its load again, for PROFILE_S + 2 s."""
+    if hot.py_spy() is None:
+        return {"skipped": "py-spy not installed (pip install py-spy)"}
+    again = list(command)
+    again[again.index("--seconds") + 1] = f"{PROFILE_S + 2:g}"
+    again[again.index("--settle") + 1] = "0"
+    load = subprocess.Popen(
+        again,
+        env={**os.environ, **locust_env(s, workload, {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    try:
+        time.sleep(1.0)
+        return hot.sample(router_worker(root), PROFILE_S, raw)
+    finally:
+        try:
+            load.wait(timeout=PROFILE_S + 60)
+        except subprocess.TimeoutExpired:
+            load.kill()
 
 
 def router_sweep(

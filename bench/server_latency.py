@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import urllib.request
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -80,3 +81,41 @@ def quantiles(
                 break
             lower, below = bound, count
     return out
+
+
+GC_METRIC = "shardlb_gc_pause_seconds"
+
+
+def parse_gc(text: str) -> dict[str, float]:
+    """The router's garbage collections so far in a /metrics page: ``collections`` and their
+    ``pause_s`` summed over generations (router/heap.py's histogram)."""
+    out = {"collections": 0.0, "pause_s": 0.0}
+    for family in text_string_to_metric_families(text):
+        if family.name != GC_METRIC:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_count"):
+                out["collections"] += sample.value
+            elif sample.name.endswith("_sum"):
+                out["pause_s"] += sample.value
+    return out
+
+
+def scrape_gc(url: str, timeout: float = 5.0) -> dict[str, float] | None:
+    """``parse_gc`` of a router's /metrics, or None when it cannot be read."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as r:
+            return parse_gc(r.read().decode())
+    except OSError:
+        return None
+
+
+def gc_between(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any] | None:
+    """The collections made between two ``scrape_gc`` readings and their pauses in ms (None
+    without both)."""
+    if before is None or after is None:
+        return None
+    return {
+        "collections": round(after["collections"] - before["collections"]),
+        "pause_ms": round((after["pause_s"] - before["pause_s"]) * 1000, 1),
+    }

@@ -243,5 +243,20 @@ def test_the_summary_states_the_routers_own_maximum_against_the_goal() -> None:
     assert "the router's own maximum, driven by a light client" in text
     assert "**55,800** writes/s through 1 router process(es)" in text
     assert "router 11.6, store 9.4, client 3.7 (goal 50,000: met)" in text
+    assert "garbage collections in that window" not in text  # not scraped: not claimed
+    assert "Profile: router score writes at the router's own maximum" not in text
     data["light_client"]["writes_per_s"] = 40_000
     assert "(goal 50,000: not met)" in report.markdown(data, "x")
+    data["light_client"]["gc"] = {"collections": 3, "pause_ms": 21.5}
+    data["light_client"]["profile"] = {
+        "samples": 500,
+        "self": [["Runner.run (asyncio/runners.py)", 13.1]],
+        "inclusive": [["Board.prepare (shardlb/board.py)", 9.6]],
+    }
+    report.finish(data)
+    text = report.markdown(data, "x")
+    assert "the router's garbage collections in that window: 3, 21.5 ms of pauses" in text
+    profile = text.split("#### Profile: router score writes at the router's own maximum", 1)[1]
+    assert "py-spy, 500 samples of one router worker under the light client's load" in profile
+    row = "| `Runner.run (asyncio/runners.py)` | 13.1 | `Board.prepare (shardlb/board.py)` | 9.6 |"
+    assert row in profile

@@ -52,3 +52,28 @@ def test_quantiles_of_the_requests_between_two_scrapes() -> None:
 
 def test_an_unreachable_router_gives_no_buckets() -> None:
     assert server_latency.scrape("http://127.0.0.1:9", timeout=0.5) == {}
+
+
+def _gc_page(pauses: list[tuple[int, float]]) -> str:
+    """A /metrics page with the router's garbage-collection pauses (router/metrics.py GC_PAUSE)."""
+    registry = CollectorRegistry()
+    h = Histogram(
+        "shardlb_gc_pause_seconds",
+        "Time a worker stood still in a garbage collection.",
+        ["generation"],
+        buckets=(0.001, 0.01, 0.1),
+        registry=registry,
+    )
+    for generation, seconds in pauses:
+        h.labels(str(generation)).observe(seconds)
+    return generate_latest(registry).decode()
+
+
+def test_the_collections_between_two_scrapes_summed_over_generations() -> None:
+    before = server_latency.parse_gc(_gc_page([(0, 0.004)]) + _page([0.002]))
+    after = server_latency.parse_gc(_gc_page([(0, 0.004), (0, 0.008), (1, 0.0125), (2, 0.03)]))
+    assert before == {"collections": 1, "pause_s": pytest.approx(0.004)}
+    assert server_latency.gc_between(before, after) == {"collections": 3, "pause_ms": 50.5}
+    assert server_latency.gc_between(None, after) is None
+    assert server_latency.parse_gc(_page([0.002])) == {"collections": 0, "pause_s": 0}
+    assert server_latency.scrape_gc("http://127.0.0.1:9", timeout=0.5) is None
