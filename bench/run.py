@@ -587,14 +587,7 @@ def light_client(
             *("--rps", "1000", "--seconds", str(seconds), "--settle", str(settle), "--key", WRITE_KEY),
         ]
         log(f"{name}: {s.light_users} light users back to back through {s.write_workers} router workers")
-        proc = subprocess.Popen(
-            command,
-            env={**os.environ, **locust_env(s, workload, {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
+        proc = _pacer(command, s, workload, subprocess.PIPE)
         time.sleep(settle)
         gc_before = server_latency.scrape_gc(router.url)
         meter = CpuMeter({**redis, "router": [router.proc.pid], "client": [proc.pid]}).start()
@@ -650,6 +643,19 @@ def light_client(
     return result
 
 
+def _pacer(command: list[str], s: Settings, workload: Workload, output: int) -> subprocess.Popen[str]:
+    """bench.pacer's ``command`` started with the workload's settings in its environment, its
+    output and errors to ``output`` (PIPE to read them, or DEVNULL)."""
+    return subprocess.Popen(
+        command,
+        env={**os.environ, **locust_env(s, workload, {})},
+        stdout=output,
+        stderr=output,
+        text=True,
+        cwd=ROOT,
+    )
+
+
 def _profiled_load(
     command: list[str], s: Settings, workload: Workload, root: int, raw: Path
 ) -> dict[str, Any]:
@@ -660,13 +666,7 @@ def _profiled_load(
     again = list(command)
     again[again.index("--seconds") + 1] = f"{PROFILE_S + 2:g}"
     again[again.index("--settle") + 1] = "0"
-    load = subprocess.Popen(
-        again,
-        env={**os.environ, **locust_env(s, workload, {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=ROOT,
-    )
+    load = _pacer(again, s, workload, subprocess.DEVNULL)
     try:
         time.sleep(1.0)
         return hot.sample(router_worker(root), PROFILE_S, raw)
