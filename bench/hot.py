@@ -217,6 +217,7 @@ def measure(
         masters_us=round(used.get("redis masters", 0.0) / requests * 1e6, 1),
         replicas_us=round(used.get("redis replicas", 0.0) / requests * 1e6, 1),
         other_cpu_s=cpu.get("other_cpu_s"),
+        steal_cpu_s=cpu.get("steal_cpu_s"),
     )
     log(
         f"hot: {target.name}: {got['rps']:.0f}/s, p99 {got.get('p99_ms')} ms, server {got['server_us']} µs, "

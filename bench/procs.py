@@ -34,10 +34,26 @@ def cpu_seconds(pid: int) -> float | None:
     return None if fields is None else (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def machine_ticks(stat: str) -> tuple[int, int]:
+    """(spent, stolen) clock ticks of all cores from the text of /proc/stat. Spent is user, nice,
+    system, irq and softirq: what this machine's processes and kernel ran. Stolen is the time the
+    hypervisor ran other guests when a core here wanted to run: no process here spent it, so it is
+    not "other load". The guest columns are left out too: Linux already counts them in user and
+    nice."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in stat.split(maxsplit=9)[1:9])
+    return user + nice + system + irq + softirq, steal
+
+
+def machine_times() -> tuple[float, float]:
+    """CPU seconds the whole machine spent (all cores, all processes) and had stolen, so far."""
+    spent, stolen = machine_ticks(Path("/proc/stat").read_text())
+    return spent / TICKS, stolen / TICKS
+
+
 def machine_cpu_seconds() -> float:
-    """CPU seconds spent by the whole machine (all cores, all processes; idle and iowait excluded)."""
-    values = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return (sum(values) - values[3] - values[4]) / TICKS
+    """CPU seconds spent by the whole machine (all cores, all processes; idle, iowait and steal
+    excluded)."""
+    return machine_times()[0]
 
 
 def descendants(root: int) -> list[int]:
@@ -73,9 +89,11 @@ class CpuMeter:
     last: dict[int, float] = field(default_factory=dict)
     owner: dict[int, str] = field(default_factory=dict)
     machine0: float = 0.0
+    steal0: float = 0.0
     wall0: float = 0.0
     wall: float = 0.0
     machine: float = 0.0
+    steal: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -96,7 +114,7 @@ class CpuMeter:
         # listed last, so every named group claims its own processes first.
         self.groups = {**self.groups, "harness": [os.getpid()]}
         self._sample(initial=True)
-        self.machine0, self.wall0 = machine_cpu_seconds(), time.monotonic()
+        (self.machine0, self.steal0), self.wall0 = machine_times(), time.monotonic()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -112,7 +130,8 @@ class CpuMeter:
             self._thread.join()
         self._sample()
         self.wall = time.monotonic() - self.wall0
-        self.machine = machine_cpu_seconds() - self.machine0
+        spent, stolen = machine_times()
+        self.machine, self.steal = spent - self.machine0, stolen - self.steal0
         return self.report()
 
     def report(self) -> dict[str, Any]:
@@ -127,6 +146,9 @@ class CpuMeter:
             "machine_cpu_s": round(self.machine, 2),
             # CPU that none of the metered processes spent: other work on the machine during the phase.
             "other_cpu_s": round(max(0.0, self.machine - sum(per_group.values())), 2),
+            # CPU the hypervisor gave other guests while a core here wanted it: the phase had less
+            # than the whole machine, though no process here used it.
+            "steal_cpu_s": round(self.steal, 2),
             "cores": os.cpu_count(),
             "cpu_s": {name: round(v, 2) for name, v in per_group.items()},
             # The busiest single process of a group as a share of one core: near 1.0 it was CPU-bound.

@@ -13,6 +13,7 @@ from bench.shapes import Stage
 SPAWN_SETTLE_S = 2.0  # the first seconds of a ramp step still spawn users; leave them out
 LOCUST_BOUND_SHARE = 0.9  # Locust's own warning threshold (90% of a core)
 OTHER_LOAD = 0.2  # cores used by processes outside the bench, above which a phase's figure is suspect
+STOLEN = 0.1  # cores the hypervisor gave other guests, above which a phase's figure is suspect
 POST_NAME = "/v1/boards/[board]/scores"  # the locustfile's name for every score post
 
 
@@ -218,6 +219,7 @@ def finish(summary: dict[str, Any]) -> None:
     summary["costs"] = costs(summary)
     summary["cpu_per_write"] = cpu_per_write(summary)
     summary["contaminated"] = contaminated(summary)
+    summary["stolen"] = stolen(summary)
     durability_report.finish(summary)
     read_goals.finish(summary)
 
@@ -275,6 +277,16 @@ def contaminated(summary: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def stolen(summary: dict[str, Any]) -> dict[str, float]:
+    """Phases during which the hypervisor gave other guests more than STOLEN cores on average (the
+    steal time of /proc/stat): CPU the phase wanted and no process of this machine got."""
+    return {
+        name: round(cpu["steal_cpu_s"] / cpu["wall_s"], 2)
+        for name, cpu in _phases(summary)
+        if cpu.get("wall_s") and cpu.get("steal_cpu_s", 0) / cpu["wall_s"] > STOLEN
+    }
+
+
 # ---- markdown ------------------------------------------------------------------------------------
 
 
@@ -311,12 +323,13 @@ def _phase_row(name: str, phases: dict[str, Any], write_kind: str) -> str:
 
 def _cpu_row(name: str, cpu: dict[str, Any] | None) -> str:
     if not cpu:
-        return f"| {name} | - | - | - | - | - | - | - | - | - |"
+        return f"| {name} | - | - | - | - | - | - | - | - | - | - |"
     c = cpu["cpu_s"]
     return (
         f"| {name} | {cpu['wall_s']} | {c.get('router', '-')} | {c.get('redis masters', '-')} "
         f"| {c.get('redis replicas', '-')} | {c.get('postgres', '-')} | {c.get('locust', '-')} "
-        f"| {c.get('driver', '-')} | {cpu.get('other_cpu_s', '-')} | {cpu['machine_cpu_s']} |"
+        f"| {c.get('driver', '-')} | {cpu.get('other_cpu_s', '-')} | {cpu.get('steal_cpu_s', '-')} "
+        f"| {cpu['machine_cpu_s']} |"
     )
 
 
@@ -381,6 +394,14 @@ def _overview(summary: dict[str, Any], name: str) -> list[str]:
         lines += [
             "**Other load on the machine** (cores used by processes outside the bench, on average): "
             + ", ".join(f"{k} {v}" for k, v in summary["contaminated"].items())
+            + ". Those phases had less than the whole machine; compare their figures with care.",
+            "",
+        ]
+    if summary.get("stolen"):
+        lines += [
+            "**CPU stolen by the hypervisor** (cores given to other guests while this machine wanted "
+            "them, on average): "
+            + ", ".join(f"{k} {v}" for k, v in summary["stolen"].items())
             + ". Those phases had less than the whole machine; compare their figures with care.",
             "",
         ]
@@ -636,8 +657,8 @@ def _cpu_table(summary: dict[str, Any]) -> list[str]:
         "## CPU seconds per phase",
         "",
         "| phase | wall s | router | Redis masters | Redis replicas | PostgreSQL | Locust | driver | other "
-        "| whole machine |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| stolen | whole machine |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         _cpu_row("HTTP writes", http.get("writes", {}).get("cpu")),
         _cpu_row("HTTP reads", http.get("reads", {}).get("cpu")),
         *([_cpu_row(f"HTTP reads, `{planned['board']}`", planned.get("cpu"))] if "board" in planned else []),
@@ -658,6 +679,8 @@ def _cpu_table(summary: dict[str, Any]) -> list[str]:
         "",
         "CPU seconds over the phase (driver phases: wall includes ~3 s of driver start-up). "
         "`other` is CPU that none of these processes spent: anything else running on the machine. "
+        "`stolen` is the time the hypervisor gave other guests while a core here wanted it (steal in "
+        "/proc/stat): no process here spent it, and the whole machine's figure leaves it out. "
         "A process near 1 CPU second per second was itself a limit of its phase.",
         "",
     ]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.procs import CpuMeter, cpu_seconds, descendants
+from bench.procs import CpuMeter, cpu_seconds, descendants, machine_ticks
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
 
@@ -27,3 +27,22 @@ def test_a_busy_child_is_metered_through_its_parent() -> None:
     assert 0.3 <= report["cpu_s"]["me"] <= report["machine_cpu_s"] + 0.1
     assert report["processes"]["me"] >= 2
     assert cpu_seconds(os.getpid()) is not None and cpu_seconds(2**22 + 7) is None
+
+
+def test_the_machines_cpu_leaves_out_steal_and_guest_time() -> None:
+    """/proc/stat's steal is time the hypervisor gave other guests (no process here ran), and its
+    guest columns are already inside user and nice: the machine's spent CPU counts neither, and
+    the steal is reported on its own."""
+    stat = (
+        "cpu  100 5 50 1000 20 3 2 40 30 1\n"
+        "cpu0 50 5 25 500 10 2 1 20 15 1\n"
+        "cpu1 50 0 25 500 10 1 1 20 15 0\n"
+    )
+    assert machine_ticks(stat) == (100 + 5 + 50 + 3 + 2, 40)
+
+
+def test_a_meter_reports_the_steal_of_its_phase_apart_from_other_load() -> None:
+    meter = CpuMeter({"me": [os.getpid()]}, interval=0.05).start()
+    report = meter.stop()
+    assert report["steal_cpu_s"] >= 0.0
+    assert report["other_cpu_s"] <= report["machine_cpu_s"]

@@ -12,7 +12,7 @@ import pytest
 from bench import read_goals, report
 
 LATEST = Path(__file__).resolve().parent.parent / "bench" / "results" / "latest" / "summary.json"
-DERIVED = ("ratios", "costs", "cpu_per_write", "contaminated", "durability_figures", "read_goals")
+DERIVED = ("ratios", "costs", "cpu_per_write", "contaminated", "stolen", "durability_figures", "read_goals")
 
 
 @pytest.fixture
@@ -342,3 +342,16 @@ def test_the_write_cost_goals_name_the_routers_process_count_and_the_sweep(summa
     report.finish(summary)
     text = report.markdown(summary, "test")
     assert "(ramp through 1 router process; the router sweep, by processes: 1: 20.0, 2: 30.0 µs)" in text
+
+
+def test_a_phase_short_of_cpu_stolen_by_the_hypervisor_is_named(summary: dict[str, Any]) -> None:
+    writes = summary["http"]["writes"]["cpu"]
+    writes["steal_cpu_s"] = round(writes["wall_s"] * 0.25, 2)
+    summary["http"]["reads"]["cpu"]["steal_cpu_s"] = 0.0
+    assert report.stolen(summary) == {"http writes": 0.25}
+    summary["stolen"] = report.stolen(summary)
+    text = report.markdown(summary, "test")
+    assert "**CPU stolen by the hypervisor** (cores given to other guests" in text
+    assert "http writes 0.25." in text
+    row = next(line for line in text.splitlines() if line.startswith("| HTTP writes |"))
+    assert f"| {writes['other_cpu_s']} | {writes['steal_cpu_s']} | {writes['machine_cpu_s']} |" in row
