@@ -520,11 +520,28 @@ async def _pipelines(
             if not isinstance(outcomes[i], BaseException):
                 outcomes[i] = e
     finally:
+        closed: dict[str, ClusterNode] = {}
         for i, node, connection in held:
             if i in unread:
                 await connection.disconnect()
+                if _closed_under_us(outcomes[i]):
+                    closed[node.name] = node
             node.release(connection)
+        for node in closed.values():
+            # The server closed this connection (a restart, a failover, CLIENT KILL): it closed the
+            # node's idle ones too. Drop those now and have the busy ones reconnect when released,
+            # as redis-py does after a ConnectionError, or each would fail one later round in turn.
+            node.update_active_connections_for_reconnect()
+            await node.disconnect_free_connections()
     return outcomes
+
+
+def _closed_under_us(outcome: bool | BaseException) -> bool:
+    """Whether a pipeline failed because its connection broke, not because the node was slow (a
+    timeout leaves the node's other connections alone: reconnecting them would only add load)."""
+    if isinstance(outcome, TimeoutError | rx.TimeoutError):
+        return False
+    return isinstance(outcome, rx.ConnectionError | OSError)
 
 
 class _Deadline:

@@ -122,6 +122,40 @@ async def test_connections_closed_by_the_server_fail_the_round_and_the_batch_fal
     assert await again.direct() == want  # the pools hold working connections again
 
 
+async def test_after_a_server_closed_every_connection_one_failed_round_is_all_it_costs(
+    store: BoardStore,
+) -> None:
+    """A restarted or failed-over node closes every connection the pools hold to it, idle ones too.
+    The first round that meets a closed one fails, and the node's idle connections go with it: the
+    next round on that node connects afresh instead of finding the next dead connection (which, with
+    several idle ones per node, made a read after a node restart cost one fallback per connection)."""
+    keys = await _fill(store)
+    good = fanout.batch(store.client)
+    _record(good, keys)
+    want = await good.execute()
+    rounds = [fanout.batch(store.client) for _ in range(6)]
+    for b in rounds:
+        _record(b, keys)
+    assert await asyncio.gather(*(b.direct() for b in rounds)) == [want] * 6  # several idle per node
+    idle = {n.name: len(n._free) for n in store.client.get_primaries()}
+    assert min(idle.values()) >= 2, idle
+    for node in store.client.get_primaries():
+        killer = Redis(
+            host=node.host, port=node.port, password=store.client.get_connection_kwargs().get("password")
+        )
+        try:
+            assert await killer.execute_command("CLIENT KILL", "TYPE", "normal") >= 2
+        finally:
+            await killer.aclose()
+    broken = fanout.batch(store.client)
+    _record(broken, keys)
+    outcomes = await broken.outcomes()
+    assert all(isinstance(o, ConnectionError) for o in outcomes)  # every node's connection was closed
+    again = fanout.batch(store.client)
+    _record(again, keys)
+    assert await again.direct() == want
+
+
 async def test_error_replies_stay_per_command(store: BoardStore) -> None:
     """An error reply (here WRONGTYPE) is that command's result; the commands around it, on the same
     connection, still get theirs, and the connection stays usable."""
