@@ -93,6 +93,19 @@ async def test_any_failure_on_the_direct_path_falls_back(
     assert await batch.execute() == want  # through redis-py's ClusterPipeline
 
 
+async def _close_every_connection(store: BoardStore, at_least: int) -> None:
+    """CLIENT KILL of every normal client on every primary, from a connection of its own (which
+    skips itself); each primary must have closed at least ``at_least`` of the pools' connections."""
+    for node in store.client.get_primaries():
+        killer = Redis(
+            host=node.host, port=node.port, password=store.client.get_connection_kwargs().get("password")
+        )
+        try:
+            assert await killer.execute_command("CLIENT KILL", "TYPE", "normal") >= at_least
+        finally:
+            await killer.aclose()
+
+
 async def test_connections_closed_by_the_server_fail_the_round_and_the_batch_falls_back(
     store: BoardStore,
 ) -> None:
@@ -103,14 +116,7 @@ async def test_connections_closed_by_the_server_fail_the_round_and_the_batch_fal
     good = fanout.batch(store.client)
     _record(good, keys)
     want = await good.execute()
-    for node in store.client.get_primaries():  # from connections of their own, which skip themselves
-        killer = Redis(
-            host=node.host, port=node.port, password=store.client.get_connection_kwargs().get("password")
-        )
-        try:
-            assert await killer.execute_command("CLIENT KILL", "TYPE", "normal") >= 1
-        finally:
-            await killer.aclose()
+    await _close_every_connection(store, at_least=1)
     broken = fanout.batch(store.client)
     _record(broken, keys)
     outcomes = await broken.outcomes()
@@ -139,14 +145,7 @@ async def test_after_a_server_closed_every_connection_one_failed_round_is_all_it
     assert await asyncio.gather(*(b.direct() for b in rounds)) == [want] * 6  # several idle per node
     idle = {n.name: len(n._free) for n in store.client.get_primaries()}
     assert min(idle.values()) >= 2, idle
-    for node in store.client.get_primaries():
-        killer = Redis(
-            host=node.host, port=node.port, password=store.client.get_connection_kwargs().get("password")
-        )
-        try:
-            assert await killer.execute_command("CLIENT KILL", "TYPE", "normal") >= 2
-        finally:
-            await killer.aclose()
+    await _close_every_connection(store, at_least=2)
     broken = fanout.batch(store.client)
     _record(broken, keys)
     outcomes = await broken.outcomes()
