@@ -313,7 +313,31 @@ def markdown(summary: dict[str, Any]) -> list[str]:
         if light.get("profile")
         else []
     )
-    return [*lines, "", *store_profiles(summary), *at_max, *hot_table(summary)]
+    return [*lines, "", *store_profiles(summary), *mix_profiles(summary), *at_max, *hot_table(summary)]
+
+
+# The HTTP read mixes (summary["http"] keys) and the layout each is read on.
+MIXES = (
+    ("reads", "the bench's board"),
+    ("reads_planned", "one shard per master"),
+    ("reads_band", "the band board"),
+)
+
+
+def mix_profiles(summary: dict[str, Any]) -> list[str]:
+    """Where a router worker's CPU went under each read mix whose reads/s is short of the textbook's
+    (sampled while the mix's users read again after its metered window: bench/run.py
+    ``_profiled_reads``). The store's side of the same mixes is in ``store_profiles``."""
+    http = summary.get("http", {})
+    theirs = summary.get("textbook", {}).get("reads", {}).get("items_per_s")
+    rows = []
+    for key, layout in MIXES:
+        mix = http.get(key) or {}
+        ratio = _ratio(mix.get("reads_per_s"), theirs)
+        if mix.get("profile") and (ratio is None or ratio < 1.0):
+            board = f" (`{mix['board']}`)" if "board" in mix else ""
+            rows.append({"name": f"router under the read mix, {layout}{board}", "profile": mix["profile"]})
+    return profiles(rows, "one router worker under the same read mix, offered again after the metered window")
 
 
 def store_profiles(summary: dict[str, Any]) -> list[str]:

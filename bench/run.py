@@ -77,6 +77,7 @@ class Settings:
     user_rps: float = 5.0
     read_seconds: float = 15.0
     read_users: int = 40
+    read_profile: int = 1  # 0: no py-spy profile of a router worker after each read mix
     raw_seconds: float = 20.0  # at most; the raw writes stop once they have written what the ramp wrote
     peer_seconds: float = 6.0
     sweep_seconds: float = 8.0
@@ -227,20 +228,42 @@ def read_mix(
     """The HTTP read mix: s.read_users Locust "Player" users reading back to back for s.read_seconds,
     CPU metered over ``groups`` (and the commands of the cluster at ``store_url``)."""
     log(f"HTTP read mix on {workload.board}: {s.read_users} users for {s.read_seconds:.0f} s")
+    env, args = _readers(s, workload, s.read_seconds)
     run = run_locust(
-        prefix,
-        url,
-        ["Player"],
-        locust_env(s, workload, {"SHARDLB_READER_RPS": "1000"}),
-        s.locust_processes,
-        ["-u", str(s.read_users), "-r", str(s.read_users), "-t", f"{s.read_seconds:.0f}s"],
-        groups,
-        s.read_seconds + 60,
-        store_url,
+        prefix, url, ["Player"], env, s.locust_processes, args, groups, s.read_seconds + 60, store_url
     )
     reads = report.http_reads(run)
     log(f"HTTP reads on {workload.board}: {reads['reads_per_s']:.0f}/s")
     return reads
+
+
+def _readers(s: Settings, workload: Workload, seconds: float) -> tuple[dict[str, str], list[str]]:
+    """The read mix's Locust settings and arguments: s.read_users "Player" users reading back to
+    back for ``seconds``."""
+    env = locust_env(s, workload, {"SHARDLB_READER_RPS": "1000"})
+    return env, ["-u", str(s.read_users), "-r", str(s.read_users), "-t", f"{seconds:.0f}s"]
+
+
+def _profiled_reads(s: Settings, workload: Workload, router: Router, prefix: Path) -> dict[str, Any]:
+    """One router worker sampled by py-spy for PROFILE_S while the read mix's users read again
+    after the metered window (READ_PROFILE_LEAD_S for Locust to start and its users to spawn
+    first), so py-spy's CPU stays out of the mix's figures."""
+    if hot.py_spy() is None:
+        return {"skipped": "py-spy not installed (pip install py-spy)"}
+    if router.proc is None:
+        return {"skipped": "the router is not running"}
+    seconds = READ_PROFILE_LEAD_S + PROFILE_S + 2
+    env, args = _readers(s, workload, seconds)
+    load = threading.Thread(
+        target=run_locust,
+        args=(prefix, router.url, ["Player"], env, s.locust_processes, args, {}, seconds + 60),
+    )
+    load.start()
+    try:
+        time.sleep(READ_PROFILE_LEAD_S)
+        return hot.sample(router_worker(router.proc.pid), PROFILE_S, Path(f"{prefix}.spy"))
+    finally:
+        load.join()
 
 
 def planned_reads(
@@ -295,6 +318,9 @@ def _reads_through_own_router(
         groups = {**redis, "router": [router.proc.pid] if router.proc else []}
         prefix = out / ("http-reads" if name == "reads" else f"http-reads-{name}")
         reads = read_mix(s, board, router.url, prefix, groups, cluster.url)
+        if s.read_profile and reads.get("reads_per_s"):
+            log(f"profiling a router worker under the read mix on {board.board}")
+            reads["profile"] = _profiled_reads(s, board, router, Path(f"{prefix}-profile"))
     return {"board": board.board, **reads}
 
 
@@ -435,6 +461,7 @@ def _soak_locust(
     )
 
 
+READ_PROFILE_LEAD_S = 5.0  # a read mix's Locust starting and spawning its users before py-spy samples
 PROFILE_S = 5.0  # py-spy's sample of a router worker in the first step of the latency curve
 
 

@@ -260,3 +260,29 @@ def test_the_summary_states_the_routers_own_maximum_against_the_goal() -> None:
     assert "py-spy, 500 samples of one router worker under the light client's load" in profile
     row = "| `Runner.run (asyncio/runners.py)` | 13.1 | `Board.prepare (shardlb/board.py)` | 9.6 |"
     assert row in profile
+
+
+def test_a_read_mix_short_of_the_textbooks_rate_prints_its_routers_profile(summary: dict[str, Any]) -> None:
+    """Each read mix may carry a py-spy profile of a router worker (bench/run.py
+    ``_profiled_reads``); the report prints it under the goals only for a mix whose reads/s is
+    short of the textbook's, named by its layout."""
+    folded = hot.fold("run (asyncio/runners.py:1);player (/x/router/routes.py:290) 4")
+    theirs = summary["textbook"]["reads"]["items_per_s"]
+    summary["http"]["reads"] = {**summary["http"]["reads"], "reads_per_s": theirs / 3, "profile": folded}
+    summary["http"]["reads_planned"] = {
+        **summary["http"]["reads_planned"],
+        "reads_per_s": theirs * 1.2,
+        "profile": folded,
+    }
+    band_mix = summary["http"]["reads_band"]
+    summary["http"]["reads_band"] = {
+        **band_mix,
+        "reads_per_s": theirs / 2,
+        "profile": {"skipped": "py-spy failed: x"},
+    }
+    text = "\n".join(read_goals.markdown(summary))
+    assert "#### Profile: router under the read mix, the bench's board\n" in text
+    assert "`player (router/routes.py)` | 100.0" in text
+    assert "router under the read mix, one shard per master" not in text  # met: no profile
+    band = f"#### Profile: router under the read mix, the band board (`{band_mix['board']}`)"
+    assert band in text and "Not profiled: py-spy failed: x." in text
