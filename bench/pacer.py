@@ -43,6 +43,7 @@ class Tally:
     """Latencies (ms) and failures of the requests that started after the settle time."""
 
     latencies: list[float] = field(default_factory=list)
+    scores: int = 0  # player-scores in the counted requests
     failures: int = 0
     failure_samples: list[str] = field(default_factory=list)
 
@@ -55,6 +56,7 @@ class Tally:
         done = sorted(self.latencies)
         return {
             "requests": len(done),
+            "scores": self.scores,
             "failures": self.failures,
             "requests_per_s": round(len(done) / seconds, 1) if seconds > 0 else 0.0,
             "p50_ms": round(percentile(done, 50), 1) if done else None,
@@ -64,19 +66,20 @@ class Tally:
         }
 
 
-def match_bodies(workload: Workload, rng: random.Random) -> Callable[[], tuple[bytes, int]]:
-    """A user's next POST body and its score count: a new match of ``workload``, or, with the
-    workload's retry share, an exact replay of one of the user's recent posts."""
+def match_bodies(workload: Workload, rng: random.Random, matches: int = 1) -> Callable[[], tuple[bytes, int]]:
+    """A user's next POST body and its score count: ``matches`` new matches of ``workload`` (a game
+    server may batch its results), or, with the workload's retry share, an exact replay of one of
+    the user's recent posts."""
     recent: deque[tuple[bytes, int]] = deque(maxlen=RECENT_POSTS)
 
     def next_body() -> tuple[bytes, int]:
         if recent and rng.random() < workload.retry_share:
             return rng.choice(recent)
-        match_id, players = workload.match(rng)
-        body = orjson.dumps(
-            {"scores": [{"player_id": p, "points": s, "match_id": match_id} for p, s in players]}
-        )
-        recent.append((body, len(players)))
+        scores = []
+        for _ in range(matches):
+            match_id, players = workload.match(rng)
+            scores += [{"player_id": p, "points": s, "match_id": match_id} for p, s in players]
+        recent.append((orjson.dumps({"scores": scores}), len(scores)))
         return recent[-1]
 
     return next_body
@@ -112,12 +115,12 @@ async def _user(
     split = urlsplit(args.url)
     host, port = split.hostname or "127.0.0.1", split.port or 80
     path = f"/v1/boards/{workload.board}/scores"
-    bodies = match_bodies(workload, random.Random(f"{args.seed}/{i}"))
+    bodies = match_bodies(workload, random.Random(f"{args.seed}/{i}"), args.matches)
     period, end, settle_at = 1.0 / args.rps, t0 + args.seconds, t0 + args.settle
     await asyncio.sleep(i / users)
     streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
     while (start := time.perf_counter()) < end:
-        body, _ = bodies()
+        body, scores = bodies()
         try:
             if streams is None:
                 streams = await asyncio.open_connection(host, port)
@@ -133,6 +136,7 @@ async def _user(
         if start >= settle_at:
             if failed is None:
                 tally.latencies.append((done - start) * 1000)
+                tally.scores += scores
             else:
                 tally.fail(failed)
         await asyncio.sleep(max(0.0, period - (done - start)))
@@ -167,9 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=6.0, help="requests started before are not counted")
     parser.add_argument("--key", default="", help="the write key (Bearer)")
     parser.add_argument("--seed", default="pacer")
+    parser.add_argument(
+        "--matches", type=int, default=1, help="matches per request (a game server batching results)"
+    )
     args = parser.parse_args(argv)
-    if args.users < 1 or args.rps <= 0 or not 0 <= args.settle < args.seconds:
-        parser.error("need --users >= 1, --rps > 0 and 0 <= --settle < --seconds")
+    if args.users < 1 or args.rps <= 0 or not 0 <= args.settle < args.seconds or args.matches < 1:
+        parser.error("need --users >= 1, --rps > 0, --matches >= 1 and 0 <= --settle < --seconds")
     try:
         import uvloop
 

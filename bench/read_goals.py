@@ -169,11 +169,39 @@ def goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def _light_goals(light: dict[str, Any], raw: dict[str, Any]) -> list[dict[str, Any]]:
     """The write goals again at the router's own maximum, driven by the light client (bench/run.py
     ``light_client``): its CPU and the store's per write there against the raw run's, and the write
-    p99 of paced users at 80% of that maximum. Nothing when the phase did not run."""
-    if not light or "skipped" in light:
-        return []
-    at = f"at the router's own maximum ({light['writes_per_s']:,} writes/s, light client)"
-    out = [
+    p99 of paced users at 80% of that maximum; then the same for its maximum with several matches
+    a request (``batched``). Nothing for a maximum that did not run."""
+    out: list[dict[str, Any]] = []
+    for run in (light, light.get("batched")):
+        if not run or "skipped" in run:
+            break
+        size = (
+            f", {run['matches_per_request']} matches ({run['scores_per_request']} scores) a request"
+            if run.get("matches_per_request", 1) > 1
+            else ""
+        )
+        at = f"at the router's own maximum{size} ({run['writes_per_s']:,} writes/s, light client)"
+        out += _cpu_goals(run, raw, at)
+        step = run.get("at_80", {})
+        if step.get("p99_ms") is not None:
+            own = step.get("router", {}).get("p99_ms")
+            out.append(
+                _goal(
+                    f"write p99 ms at 80% of the router's own maximum{size} (light paced client)",
+                    float(step["p99_ms"]),
+                    50.0,
+                    False,
+                    f"{step['users']} paced users offering {step['offered_writes_per_s']:,} writes/s, "
+                    f"{step['achieved_writes_per_s']:,} achieved, {step['failures']} failures"
+                    + (f"; the router's own p99 {own:g} ms" if own is not None else ""),
+                )
+            )
+    return out
+
+
+def _cpu_goals(light: dict[str, Any], raw: dict[str, Any], at: str) -> list[dict[str, Any]]:
+    """The two write CPU goals of one of the light client's maximums, ``at`` naming it."""
+    return [
         _goal(
             f"router CPU per write {at} / the library's in the raw run",
             _ratio(light.get("router_us"), raw.get("library")),
@@ -189,21 +217,6 @@ def _light_goals(light: dict[str, Any], raw: dict[str, Any]) -> list[dict[str, A
             f"{light.get('store_us')} against {raw.get('store')} µs",
         ),
     ]
-    step = light.get("at_80", {})
-    if step.get("p99_ms") is not None:
-        own = step.get("router", {}).get("p99_ms")
-        out.append(
-            _goal(
-                "write p99 ms at 80% of the router's own maximum (light paced client)",
-                float(step["p99_ms"]),
-                50.0,
-                False,
-                f"{step['users']} paced users offering {step['offered_writes_per_s']:,} writes/s, "
-                f"{step['achieved_writes_per_s']:,} achieved, {step['failures']} failures"
-                + (f"; the router's own p99 {own:g} ms" if own is not None else ""),
-            )
-        )
-    return out
 
 
 def latency_step(summary: dict[str, Any], share: float) -> dict[str, Any] | None:

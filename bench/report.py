@@ -507,6 +507,18 @@ def _goals(summary: dict[str, Any]) -> list[str]:
             f"{_ms(light.get('client_us'))} (goal {goal['writes_per_s']:,}: "
             f"{'met' if reached else 'not met'})" + _collections(light.get("gc"))
         )
+        batched = light.get("batched", {})
+        if batched and "skipped" not in batched:
+            reached = batched["writes_per_s"] >= goal["writes_per_s"]
+            lines.append(
+                f"- the same with {batched['matches_per_request']} matches ({batched['scores_per_request']} "
+                f"scores) a request from {batched['users']} connections: **{batched['writes_per_s']:,}** "
+                f"writes/s, p50 / p99 {_ms(batched.get('p50_ms'))} / {_ms(batched.get('p99_ms'))} ms per "
+                f"request, {batched.get('failures', 0)} failures; CPU µs per write: router "
+                f"{_ms(batched.get('router_us'))}, store {_ms(batched.get('store_us'))}, client "
+                f"{_ms(batched.get('client_us'))} (goal {goal['writes_per_s']:,}: "
+                f"{'met' if reached else 'not met'})"
+            )
     per = summary.get("cpu_per_write", {})
     if "http" in per and "raw" in per:
         h, raw = per["http"], per["raw"]

@@ -71,6 +71,7 @@ class Settings:
     locust_processes: int = 2
     driver_processes: int = 2
     light_users: int = 256  # the light client's connections when it drives the router to its maximum
+    light_matches: int = 10  # matches a request in its second maximum (1: not measured)
     target_writes: int = 50_000
     ramp_seconds: float = 48.0
     ramp_steps: int = 6
@@ -548,13 +549,20 @@ def latency_curve(
 
 
 def paced_step(
-    s: Settings, workload: Workload, cluster: LocalCluster, name: str, out: Path, users: int, seconds: float
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    name: str,
+    out: Path,
+    users: int,
+    seconds: float,
+    matches: int = 1,
 ) -> dict[str, Any]:
-    """The load of a latency step's Locust users (``users`` at s.user_rps requests a second) offered
-    by bench/pacer.py, a client that takes a fraction of Locust's CPU, through a fresh router of
-    s.write_workers processes: its figures over the same window at the end (Locust's last
-    RECENT_WINDOW_S seconds) and the router's own over that window (``router``, as ``soak_run``
-    scrapes it), or why it could not run."""
+    """The load of a latency step's Locust users (``users`` at s.user_rps requests a second, of
+    ``matches`` matches each) offered by bench/pacer.py, a client that takes a fraction of Locust's
+    CPU, through a fresh router of s.write_workers processes: its figures over the same window at
+    the end (Locust's last RECENT_WINDOW_S seconds) and the router's own over that window
+    (``router``, as ``soak_run`` scrapes it), or why it could not run."""
     settle = max(0.0, seconds - locust_csv.RECENT_WINDOW_S)
     router = Router(cluster.url, free_port(22400), s.write_workers, out / f"{name}-router.log", router_env())
     scrapes: list[server_latency.Buckets] = []
@@ -563,7 +571,7 @@ def paced_step(
         command = [
             *(sys.executable, "-m", "bench.pacer", "--url", router.url, "--users", str(users)),
             *("--rps", str(s.user_rps), "--seconds", str(seconds), "--settle", str(settle)),
-            *("--key", WRITE_KEY),
+            *("--key", WRITE_KEY, "--matches", str(matches)),
         ]
         log(f"{name}: {users} paced users through {s.write_workers} router workers")
         timer.start()
@@ -596,7 +604,9 @@ def light_client(
     """The router's own write maximum: bench/pacer.py's s.light_users users posting matches back to
     back (each waits for its answer, then posts again) through a fresh router of s.write_workers
     processes, with the router's, the store's and the client's CPU per player-score write metered
-    over the held part; then the same client's paced users at 80% of that maximum.
+    over the held part, then the same client's paced users at 80% of that maximum (``at_80``); then
+    both again with s.light_matches matches in each request (``batched``), as a game server that
+    batches its results sends them: what a write costs the router apart from what a request does.
 
     Locust spends more CPU per request than the router on the same two cores, so the ramp finds
     Locust's maximum as much as the router's, and measures the router's CPU at that rate. This
@@ -604,16 +614,44 @@ def light_client(
     the figures a capacity plan for routers fed by many game servers needs."""
     if router_missing():
         return {"skipped": "no router"}
+    result = _router_max(s, workload, cluster, out, redis, "light", 1, profiled=True)
+    if "skipped" not in result and s.light_matches > 1:
+        result["batched"] = _router_max(s, workload, cluster, out, redis, "light", s.light_matches)
+    return result
+
+
+def _router_max(
+    s: Settings,
+    workload: Workload,
+    cluster: LocalCluster,
+    out: Path,
+    redis: dict[str, list[int]],
+    name: str,
+    matches: int,
+    profiled: bool = False,
+) -> dict[str, Any]:
+    """``light_client``'s maximum: bench/pacer.py's users posting ``matches`` matches a request
+    back to back through a fresh router; writes/s, latency, and the router's, the store's and the
+    client's CPU per player-score write over the held part (with a py-spy profile of the router
+    worker under the same load offered again when ``profiled``); then paced users at 80% of that
+    rate through another fresh router (``at_80``). There are s.light_users users divided by
+    ``matches``, so as many scores are in flight whatever the request's size (256 users of 10
+    matches would hold more than the coalescer accepts, and be refused: back-pressure)."""
     seconds, settle = float(s.sweep_seconds + 6), 4.0
-    name = "light-max"
+    users = max(1, s.light_users // matches)
+    name = f"{name}-max" if matches == 1 else f"{name}-max-{matches}"
     router = Router(cluster.url, free_port(22400), s.write_workers, out / f"{name}-router.log", router_env())
     with router:
         assert router.proc is not None
         command = [
-            *(sys.executable, "-m", "bench.pacer", "--url", router.url, "--users", str(s.light_users)),
+            *(sys.executable, "-m", "bench.pacer", "--url", router.url, "--users", str(users)),
             *("--rps", "1000", "--seconds", str(seconds), "--settle", str(settle), "--key", WRITE_KEY),
+            *("--matches", str(matches)),
         ]
-        log(f"{name}: {s.light_users} light users back to back through {s.write_workers} router workers")
+        log(
+            f"{name}: {users} light users back to back, {matches} match(es) a request, through "
+            f"{s.write_workers} router workers"
+        )
         proc = _pacer(command, s, workload, subprocess.PIPE)
         time.sleep(settle)
         gc_before = server_latency.scrape_gc(router.url)
@@ -628,15 +666,22 @@ def light_client(
             return {"skipped": "bench.pacer did not finish within 60 s of its end"}
         # py-spy takes CPU of its own: the profile comes from the same load offered again after
         # the metered window, not from inside it.
-        profile = _profiled_load(command, s, workload, router.proc.pid, out / f"{name}-router.spy")
+        profile = (
+            _profiled_load(command, s, workload, router.proc.pid, out / f"{name}-router.spy")
+            if profiled
+            else None
+        )
     if proc.returncode != 0 or not stdout.strip():
         return {"skipped": f"bench.pacer exited {proc.returncode}: {stderr.strip()[-300:]}"}
     got: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
-    writes_per_s = got["requests_per_s"] * workload.players_per_match
+    window = seconds - settle  # the pacer counts the requests started after its settle time
+    writes_per_s = got["scores"] / window
     used, writes = cpu["cpu_s"], writes_per_s * cpu["wall_s"]
     result: dict[str, Any] = {
-        "users": s.light_users,
+        "users": users,
         "router_workers": s.write_workers,
+        "matches_per_request": matches,
+        "scores_per_request": matches * workload.players_per_match,
         "writes_per_s": round(writes_per_s),
         **{k: got.get(k) for k in ("requests", "failures", "p50_ms", "p95_ms", "p99_ms")},
         "cpu": cpu,
@@ -648,23 +693,26 @@ def light_client(
         else None,
         "client_us": round(used.get("client", 0.0) / writes * 1e6, 1) if writes else None,
         "gc": server_latency.gc_between(gc_before, gc_after),
-        "profile": profile,
     }
+    if profile is not None:
+        result["profile"] = profile
     log(
         f"{name}: {writes_per_s:,.0f} writes/s, router {result['router_us']} µs, store "
         f"{result['store_us']} µs, client {result['client_us']} µs per write, p99 {got.get('p99_ms')} ms, "
         f"{got.get('failures')} failures"
     )
-    users = max(1, round(0.8 * writes_per_s / (workload.players_per_match * s.user_rps)))
+    at_80 = name.replace("-max", "-80")
+    scores = matches * workload.players_per_match
+    users = max(1, round(0.8 * writes_per_s / (scores * s.user_rps)))
     hold = float(max(s.sweep_seconds + 4, locust_csv.RECENT_WINDOW_S + 6))
-    paced = paced_step(s, workload, cluster, "light-80", out, users, hold)
+    paced = paced_step(s, workload, cluster, at_80, out, users, hold, matches)
     result["at_80"] = {
         **paced,
-        "offered_writes_per_s": round(users * s.user_rps * workload.players_per_match),
-        "achieved_writes_per_s": round(paced.get("requests_per_s", 0.0) * workload.players_per_match),
+        "offered_writes_per_s": round(users * s.user_rps * scores),
+        "achieved_writes_per_s": round(paced.get("requests_per_s", 0.0) * scores),
     }
     log(
-        f"light-80: {users} paced users, p50/p95/p99 "
+        f"{at_80}: {users} paced users, p50/p95/p99 "
         f"{paced.get('p50_ms')}/{paced.get('p95_ms')}/{paced.get('p99_ms')} ms"
     )
     return result

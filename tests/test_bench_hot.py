@@ -233,6 +233,41 @@ def test_the_write_goals_are_read_again_at_the_routers_own_maximum(summary: dict
     assert not [g for g in summary["read_goals"] if "own maximum" in g["goal"]]
 
 
+def test_the_write_goals_are_read_once_more_with_matches_batched_in_a_request(
+    summary: dict[str, Any],
+) -> None:
+    """The light client's second maximum, with several matches in each request (``batched``): the
+    same two CPU goals against the same raw run, named by the request's size, so what a request
+    costs the router shows apart from what a score costs it. Skipped or absent: no such rows."""
+    raw = summary["cpu_per_write"]["raw"]
+    light = _light(2.0 * raw["library"], 1.2 * raw["store"], 40.0)
+    light["batched"] = {
+        **_light(1.4 * raw["library"], 0.8 * raw["store"], 21.5),
+        "matches_per_request": 10,
+        "scores_per_request": 100,
+        "writes_per_s": 61_200,
+    }
+    summary["light_client"] = light
+    read_goals.finish(summary)
+    at = "at the router's own maximum, 10 matches (100 scores) a request (61,200 writes/s, light client)"
+    router = goal(summary, f"router CPU per write {at} / the library's")
+    assert router["measured"] == 1.4 and router["met"] is True
+    store = goal(summary, f"store CPU per write {at} / the raw run's")
+    assert store["measured"] == 0.8 and store["met"] is True
+    p99 = goal(summary, "write p99 ms at 80% of the router's own maximum, 10 matches (100 scores) a request")
+    assert p99["measured"] == 21.5 and p99["met"] is True
+    one = goal(summary, "router CPU per write at the router's own maximum (55,800 writes/s")
+    assert one["measured"] == 2.0 and one["met"] is False
+    assert goal(summary, "write p99 ms at 80% of the router's own maximum (light")["measured"] == 40.0
+    for skipped in ({"skipped": "bench.pacer exited 1"}, None):
+        if skipped is None:
+            del light["batched"]
+        else:
+            light["batched"] = skipped
+        read_goals.finish(summary)
+        assert not [g for g in summary["read_goals"] if "a request (" in g["goal"]]
+
+
 def test_the_summary_states_the_routers_own_maximum_against_the_goal() -> None:
     from bench import report
 
@@ -247,6 +282,20 @@ def test_the_summary_states_the_routers_own_maximum_against_the_goal() -> None:
     assert "Profile: router score writes at the router's own maximum" not in text
     data["light_client"]["writes_per_s"] = 40_000
     assert "(goal 50,000: not met)" in report.markdown(data, "x")
+    data["light_client"]["batched"] = {
+        **_light(8.1, 7.7, 0.0),
+        "users": 25,
+        "matches_per_request": 10,
+        "scores_per_request": 100,
+        "writes_per_s": 61_200,
+        "failures": 2,
+    }
+    text = report.markdown(data, "x")
+    assert (
+        "- the same with 10 matches (100 scores) a request from 25 connections: **61,200** writes/s, "
+        "p50 / p99 10.5 / 19 ms per request, 2 failures; CPU µs per write: router 8.1, store 7.7, "
+        "client 3.7 (goal 50,000: met)"
+    ) in text
     data["light_client"]["gc"] = {"collections": 3, "pause_ms": 21.5}
     data["light_client"]["profile"] = {
         "samples": 500,

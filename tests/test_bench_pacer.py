@@ -52,7 +52,12 @@ async def serving() -> AsyncIterator[tuple[Server, Server, int, int]]:
 
 
 def _args(
-    port: int, users: int = 3, rps: float = 20.0, seconds: float = 1.2, settle: float = 0.4
+    port: int,
+    users: int = 3,
+    rps: float = 20.0,
+    seconds: float = 1.2,
+    settle: float = 0.4,
+    matches: int = 1,
 ) -> argparse.Namespace:
     return argparse.Namespace(
         url=f"http://127.0.0.1:{port}",
@@ -62,6 +67,7 @@ def _args(
         settle=settle,
         key="k",
         seed="t",
+        matches=matches,
     )
 
 
@@ -80,6 +86,24 @@ async def test_paced_users_post_the_workloads_matches_and_count_after_the_settle
     assert len(scores) == W.players_per_match and len({s["match_id"] for s in scores}) == 1
     assert all(h.startswith(b"POST /v1/boards/pace-t/scores HTTP/1.1\r\n") for h in ok.heads)
     assert all(b"Authorization: Bearer k\r\n" in h for h in ok.heads)
+    assert got["scores"] == got["requests"] * W.players_per_match  # a replay is a whole match too
+
+
+async def test_a_request_may_carry_several_matches_and_the_scores_are_counted(
+    serving: tuple[Server, Server, int, int],
+) -> None:
+    """--matches N: each POST carries N whole matches (a game server batching its results), and
+    ``scores`` counts the player-scores of the counted requests, retries included as sent."""
+    ok, _, port, _ = serving
+    got = await pacer.run(_args(port, matches=4), replace(W, retry_share=0.3))
+    for body in ok.bodies:
+        scores = orjson.loads(body)["scores"]
+        by_match: dict[str, int] = {}
+        for s in scores:
+            by_match[s["match_id"]] = by_match.get(s["match_id"], 0) + 1
+        assert len(by_match) == 4 and set(by_match.values()) == {W.players_per_match}
+    assert got["requests"] > 0
+    assert got["scores"] == got["requests"] * 4 * W.players_per_match
 
 
 async def test_refused_requests_are_failures_not_latencies(serving: tuple[Server, Server, int, int]) -> None:
@@ -102,6 +126,10 @@ def test_retries_replay_a_recent_post_byte_for_byte() -> None:
     assert [always() for _ in range(5)] == [first] * 5
     never = pacer.match_bodies(replace(W, retry_share=0.0), random.Random(1))
     assert len({never()[0] for _ in range(20)}) == 20
+    batched = pacer.match_bodies(replace(W, retry_share=1.0), random.Random(1), matches=3)
+    body, n = batched()
+    assert n == 3 * W.players_per_match == len(orjson.loads(body)["scores"])
+    assert [batched() for _ in range(3)] == [(body, n)] * 3
 
 
 def test_the_request_carries_its_body_in_the_same_write() -> None:
