@@ -56,19 +56,28 @@ def machine_cpu_seconds() -> float:
     return machine_times()[0]
 
 
-def descendants(root: int) -> list[int]:
-    """``root`` and every process below it (one scan of /proc)."""
+def parents() -> dict[int, int]:
+    """Every process's parent, from one scan of /proc: the process tree at one moment."""
     parent_of: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             fields = _stat_fields(int(entry.name))
             if fields is not None:
                 parent_of[int(entry.name)] = int(fields[1])
+    return parent_of
+
+
+def descendants(root: int, parent_of: Mapping[int, int] | None = None) -> list[int]:
+    """``root`` and every process below it, in ``parent_of`` (``parents()``) or in a scan of its own."""
+    if parent_of is None:
+        parent_of = parents()
+    children: dict[int, list[int]] = {}
+    for pid, parent in parent_of.items():
+        children.setdefault(parent, []).append(pid)
     found = [root]
     frontier = [root]
     while frontier:
-        current = frontier.pop()
-        kids = [p for p, parent in parent_of.items() if parent == current]
+        kids = children.get(frontier.pop(), [])
         found += kids
         frontier += kids
     return found
@@ -98,9 +107,12 @@ class CpuMeter:
     _thread: threading.Thread | None = None
 
     def _sample(self, initial: bool = False) -> None:
+        # One scan of /proc for every group: a process forked between two scans would otherwise
+        # miss its own group's and be claimed by a later one (the harness's tree holds them all).
+        tree = parents() if self.trees else {}
         for name, roots in self.groups.items():
             for root in roots:
-                for pid in descendants(root) if self.trees else [root]:
+                for pid in descendants(root, tree) if self.trees else [root]:
                     value = cpu_seconds(pid)
                     if value is None:
                         continue

@@ -46,3 +46,41 @@ def test_a_meter_reports_the_steal_of_its_phase_apart_from_other_load() -> None:
     report = meter.stop()
     assert report["steal_cpu_s"] >= 0.0
     assert report["other_cpu_s"] <= report["machine_cpu_s"]
+
+
+def test_a_process_forked_during_a_sample_goes_to_its_own_group_not_to_the_harness(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Locust's master forks its workers while the meter runs. Each sample must see the process
+    tree as it was at one moment: a worker that appeared between a look at the Locust tree and a
+    look at the harness's (the bench's own process, whose tree holds Locust's too) was claimed by
+    the harness, and the run of 2026-12-04 15:52 metered its Locust at 0.9 µs a write. Here the
+    worker is hidden from the first scan of /proc and shown, as the Locust root's child, from the
+    second on."""
+    import bench.procs as procs
+
+    master = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    real = procs._stat_fields
+    scans = [0]
+
+    def seen(pid: int) -> list[str] | None:
+        if pid == 1:  # every scan of /proc reads init's stat once
+            scans[0] += 1
+        fields = real(pid)
+        if pid != worker.pid or fields is None:
+            return fields
+        if scans[0] < 2:
+            return None  # not forked yet
+        return [fields[0], str(master.pid), *fields[2:]]  # the Locust master's child
+
+    monkeypatch.setattr(procs, "_stat_fields", seen)
+    try:
+        meter = CpuMeter({"locust": [master.pid]}, interval=60.0).start()
+        report = meter.stop()
+    finally:
+        for p in (master, worker):
+            p.kill()
+            p.wait()
+    assert meter.owner[worker.pid] == "locust"
+    assert report["processes"]["locust"] == 2
