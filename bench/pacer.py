@@ -11,8 +11,9 @@ the bench's workload every 1/``rps`` s and waiting out the rest of that period a
 as Locust's ``constant_throughput`` does, with the same share of exact retries) from one uvloop
 process that writes HTTP/1.1 by hand, a fraction of Locust's CPU per request. Its figures are the
 service's latency with less of the machine taken by the client; Locust's stay in the bench beside
-them. Prints one JSON object: requests and failures after ``settle`` s, their rate, p50/p95/p99 ms,
-and the client's own CPU seconds.
+them. ``--matches N`` puts N matches in each request, as a game server batching its results
+would. Prints one JSON object: requests, the player-scores they carried and failures after
+``settle`` s, the requests' rate, p50/p95/p99 ms, and the client's own CPU seconds.
 """
 
 from __future__ import annotations
