@@ -3,7 +3,7 @@
     shardlb plan --players 50000000 --writes 20000 --reads 5000 [--replicas 1] [--periods total,daily]
                  [--incr 0.5] [--timeless 0.2] [--dedup-window 86400] [--journaled 1]
                  [--journal-max-entries 50000]
-                 [--masters-now 3] [--shards-now 16] [--board global]
+                 [--masters-now 3] [--shards-now 16] [--scores-per-request 100] [--board global]
 
 The costs (CPU microseconds per write and per read on a Redis master and in the router, bytes per
 player) come from bench/results/latest/summary.json, written by `make bench`, and the bytes per incr
@@ -41,6 +41,11 @@ DEFAULTS: dict[str, float] = {
     "redis_master_us_per_write": 7.0,
     "redis_replica_us_per_write": 2.0,
     "router_us_per_write": 21.1,
+    # What a request costs the router whatever its scores, and the scores a request of the ramp
+    # carried (the size router_us_per_write is measured at): the light client's maximums of 10 and
+    # 100 scores a request (`make bench` 2026-12-04 15:52: 25.5 and 9.3 µs a write).
+    "router_us_per_request": 180.0,
+    "router_scores_per_request": 10.0,
     "redis_master_us_per_read": 1490.3,
     "router_us_per_read": 1254.8,
     # `make bench-dedup` (bench/results/latest/dedup.json, 2026-12-01): one `<uuid>\0<17-digit id>`
@@ -77,6 +82,7 @@ CACHED_SHARE = 0.30  # the bench mix's top-100 reads, which the routers' top cac
 
 MASTER_UTILISATION = 0.5  # a Redis master runs commands on one core; keep half of it free
 ROUTER_UTILISATION = 0.6  # a router process is one Python core; keep 40% for bursts and GC
+MIN_ROUTER_US_PER_WRITE = 1.0  # a floor for router_write_us however large the requests
 MAX_DATA_PER_MASTER = 25 * 2**30  # beyond this, a full resync or a restart takes too long
 MAX_PLAYERS_PER_SHARD = 50_000_000  # one sorted set stays one slot: keep it small enough to move
 MAX_MASTERS = 1024  # one shard per master at most: a board has at most 1024 shards
@@ -194,8 +200,13 @@ def plan(
     cached: float = CACHED_SHARE,
     timeless: float = 0.0,
     sharding: str = "hash",
+    scores_per_request: float | None = None,
 ) -> Plan:
     """The sizing model (pure arithmetic; ``main`` prints it with its assumptions).
+
+    ``scores_per_request``: the scores the game servers post in a request (None: as many as the
+    bench's, ``router_scores_per_request``); the routers' CPU per write is then
+    ``router_write_us`` (a request's fixed part spread over its scores).
 
     ``sharding`` ``band``: the board is a band board of one home shard and one band per master
     (docs/design-notes.md, "Band boards"). Its reads cost the store and the routers the hash
@@ -245,7 +256,8 @@ def plan(
     group_read /= 1e6  # cores of each primary's group that the reads take
     read_from, replicas, over = readers(group_read, write_cores / masters, replicas)
     redis_cores = write_cores + group_read * masters
-    router_write = c["router_us_per_write"] * (c["band_router_write_factor"] if banded else 1.0)
+    router_write = router_write_us(c, scores_per_request)
+    router_write *= c["band_router_write_factor"] if banded else 1.0
     router_read = c["router_us_per_read"] * (c["band_router_read_factor"] if banded else 1.0)
     router_cores = (writes * router_write + reads * router_read) / 1e6
     routers = max(1, math.ceil(router_cores / ROUTER_UTILISATION))
@@ -282,6 +294,16 @@ def plan(
         masters, replicas, shards, read_from, routers, memory_per_node, data, dedup, redis_cores,
         router_cores, journal, reasons, not over,
     )  # fmt: skip
+
+
+def router_write_us(c: dict[str, float], scores_per_request: float | None) -> float:
+    """The router's CPU per player-score write at ``scores_per_request`` scores a request:
+    router_us_per_write, measured at router_scores_per_request, with a request's own part
+    (router_us_per_request) spread over the asked size instead; at least MIN_ROUTER_US_PER_WRITE."""
+    if scores_per_request is None:
+        return c["router_us_per_write"]
+    shift = c["router_us_per_request"] * (1 / scores_per_request - 1 / c["router_scores_per_request"])
+    return max(MIN_ROUTER_US_PER_WRITE, c["router_us_per_write"] + shift)
 
 
 def readers(group_read: float, write_share: float, replicas: int) -> tuple[str, int, bool]:
@@ -600,6 +622,7 @@ def render(
     steps: Sequence[str] = (),
     measured: Sequence[str] = (),
     timeless: float = 0.0,
+    scores_per_request: float | None = None,
 ) -> str:
     """The plan, ``steps`` from today's layout to it, the costs it used, the model with its figures,
     what ``measured`` scale-out says beside it, and the assumptions behind it."""
@@ -630,7 +653,7 @@ def render(
             *(f"  {k} = {v:g}" for k, v in sorted(costs.items())),
             "",
             "Model:",
-            *_model(p, writes, periods, costs, incr, dedup_window_s, cached, timeless),
+            *_model(p, writes, periods, costs, incr, dedup_window_s, cached, timeless, scores_per_request),
             f"  journal = shards per master x {journal_max_entries:,} entries x (bytes_per_journal_entry + "
             f"results per entry x bytes_per_journaled_result) x {FRAGMENTATION:g}; results per entry = "
             "journaled writes / shards / journal_calls_per_shard_s (the bench's script calls per shard a "
@@ -652,6 +675,7 @@ def _model(
     dedup_window_s: int,
     cached: float,
     timeless: float = 0.0,
+    scores_per_request: float | None = None,
 ) -> list[str]:
     """The model's formulas with this plan's figures, so that each can be checked by hand."""
     members = dedup_members(writes, incr, dedup_window_s)
@@ -697,9 +721,22 @@ def _model(
         f"periods) x {FRAGMENTATION:g} fragmentation + dedup + pins = {_gib(p.data_bytes)}",
         dedup_line,
         pin_line,
+        *_request_line(costs, scores_per_request),
         "  router CPU = writes x router_us_per_write + reads x router_us_per_read"
         f" = {p.router_cores:.2f} cores;"
         f" routers = that / {ROUTER_UTILISATION:g}",
+    ]
+
+
+def _request_line(costs: dict[str, float], scores_per_request: float | None) -> list[str]:
+    """The routers' CPU per write at the asked request size (``router_write_us``), if one was asked."""
+    if scores_per_request is None:
+        return []
+    c = {**DEFAULTS, **costs}
+    return [
+        f"  router_us_per_write at {scores_per_request:g} scores a request = router_us_per_write + "
+        f"router_us_per_request x (1/{scores_per_request:g} - 1/{c['router_scores_per_request']:g}) = "
+        f"{router_write_us(c, scores_per_request):.1f} us (at least {MIN_ROUTER_US_PER_WRITE:g})"
     ]
 
 
@@ -784,6 +821,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the board's layout: hash, band (one band per master; cheaper reads, dearer writes), or auto "
         "(default: plan both, recommend the one that fits on the fewest nodes)",
     )
+    parser.add_argument(
+        "--scores-per-request",
+        type=float,
+        help="player-scores the game servers post in a request, 1 to 1000 (default: the bench's, a "
+        "match of 10); a request's own router cost is spread over them",
+    )
     parser.add_argument("--board", default="BOARD", help="the board's name in the printed steps")
     parser.add_argument(
         "--summary", type=Path, default=LATEST, help=f"bench summary to read (default {LATEST})"
@@ -807,6 +850,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--masters-now is a number of masters, at least 1")
     if args.shards_now is not None and not 1 <= args.shards_now <= 1024:
         parser.error("--shards-now is a board's shard count, from 1 to 1024")
+    if args.scores_per_request is not None and not 1 <= args.scores_per_request <= 1000:
+        parser.error("--scores-per-request is a request's size: 1 to 1000 scores (the API's limit)")
     if "total" not in periods:
         periods.insert(0, "total")
     costs, source = load_costs(args.summary)
@@ -815,7 +860,10 @@ def main(argv: list[str] | None = None) -> int:
         args.journaled, args.journal_max_entries, args.cached, args.timeless,
     )  # fmt: skip
     layouts = SHARDINGS if args.sharding == "auto" else (args.sharding,)
-    plans = {sharding: plan(*load, sharding=sharding) for sharding in layouts}
+    plans = {
+        sharding: plan(*load, sharding=sharding, scores_per_request=args.scores_per_request)
+        for sharding in layouts
+    }
     chosen, why = choose(plans) if len(plans) > 1 else (args.sharding, "as asked")
     p = plans[chosen]
     p.reasons["chosen"] = why
@@ -840,6 +888,7 @@ def main(argv: list[str] | None = None) -> int:
             steps,
             _scaleout(args.summary.parent / SCALEOUT_SUMMARY),
             args.timeless,
+            args.scores_per_request,
         )
     )
     return 0

@@ -165,10 +165,32 @@ def costs(summary: dict[str, Any]) -> dict[str, Any]:
     r = planned if "cpu" in planned else http.get("reads", {})
     if "cpu" in r:
         out["router_us_per_read"] = _per(r["cpu"]["cpu_s"].get("router"), _http_read_count(r))
+    out.update(request_costs(summary))
     out.update(durability_report.costs(summary))
     out.update(read_goals.read_costs(summary))
     out.update(band_costs(summary))
     return out
+
+
+def request_costs(summary: dict[str, Any]) -> dict[str, float]:
+    """What one request costs the router whatever its scores, from the light client's two maximums
+    (bench/run.py ``light_client``): the router's CPU per write is a per-score part plus that over
+    the scores a request carries, so at s1 and s2 scores a request it is (r1 - r2) / (1/s1 - 1/s2).
+    With the scores a request of the ramp carries (router_us_per_write's), bench/plan.py sizes
+    routers for other request sizes (``--scores-per-request``)."""
+    light = summary.get("light_client", {})
+    batched = light.get("batched", {})
+    one = summary.get("workload", {}).get("players_per_match")
+    if "skipped" in light or not batched or "skipped" in batched or not one:
+        return {}
+    r1, r2 = light.get("router_us"), batched.get("router_us")
+    s1, s2 = light.get("scores_per_request", one), batched.get("scores_per_request")
+    if not (r1 and r2 and s2) or s2 == s1:
+        return {}
+    return {
+        "router_us_per_request": round(max(0.0, (r1 - r2) / (1 / s1 - 1 / s2)), 1),
+        "router_scores_per_request": one,
+    }
 
 
 def band_costs(summary: dict[str, Any]) -> dict[str, float]:

@@ -335,3 +335,20 @@ def test_a_read_mix_short_of_the_textbooks_rate_prints_its_routers_profile(summa
     assert "router under the read mix, one shard per master" not in text  # met: no profile
     band = f"#### Profile: router under the read mix, the band board (`{band_mix['board']}`)"
     assert band in text and "Not profiled: py-spy failed: x." in text
+
+
+def test_a_requests_own_router_cost_comes_from_the_two_maximums(summary: dict[str, Any]) -> None:
+    """bench/plan.py sizes routers for the scores a request carries: the router's CPU per write at
+    s1 and at s2 scores a request is a per-score part plus a request's part over its scores, so two
+    maximums give the request's part, (r1 - r2) / (1/s1 - 1/s2). Without the second: no such cost."""
+    from bench import report
+
+    light = _light(25.5, 18.0, 40.0)
+    light["batched"] = {**_light(9.3, 17.7, 30.0), "matches_per_request": 10, "scores_per_request": 100}
+    summary["light_client"] = light
+    summary["workload"]["players_per_match"] = 10
+    costs = report.costs(summary)
+    assert costs["router_us_per_request"] == pytest.approx(180.0)
+    assert costs["router_scores_per_request"] == 10
+    light["batched"] = {"skipped": "bench.pacer exited 1"}
+    assert "router_us_per_request" not in report.costs(summary)

@@ -16,6 +16,8 @@ COSTS = {
     "redis_master_us_per_write": 10.0,
     "redis_replica_us_per_write": 2.0,
     "router_us_per_write": 50.0,
+    "router_us_per_request": 200.0,
+    "router_scores_per_request": 10.0,
     "redis_master_us_per_read": 1600.0,
     "router_us_per_read": 1000.0,
     "bytes_per_dedup_member": 100.0,
@@ -530,3 +532,39 @@ def test_the_scaleout_bench_band_reads_are_printed_when_measured() -> None:
         '  band board, "my rank" with max_age_ms, Redis µs per read, all masters: 10.0 / 11.0; the busiest: '
         "10.0 / 6.0 (two shards a read"
     )
+
+
+def test_routers_are_sized_for_the_scores_a_request_carries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A request costs the router a fixed part (router_us_per_request) spread over its scores:
+    router_us_per_write is measured at router_scores_per_request scores a request (the bench's
+    matches of 10), and a game that posts 100 scores a request pays that part a tenth as often."""
+    costs = COSTS
+    load = (1000, 100_000, 0, 1, ["total"], costs)
+    default = plan.plan(*load)
+    assert default.router_cores == pytest.approx(100_000 * 50e-6)
+    assert plan.plan(*load, scores_per_request=10).router_cores == pytest.approx(default.router_cores)
+    # 50 - 200/10 + 200/100 = 32 us a write; one score a request: 50 - 20 + 200 = 230 us.
+    batched = plan.plan(*load, scores_per_request=100)
+    assert batched.router_cores == pytest.approx(100_000 * 32e-6)
+    assert batched.routers == 6 < default.routers == 9  # 3.2 and 5 cores, 0.6 each
+    assert plan.plan(*load, scores_per_request=1).router_cores == pytest.approx(100_000 * 230e-6)
+    assert plan.plan(*load, scores_per_request=100).redis_cores == pytest.approx(default.redis_cores)
+    # A request's part larger than the measured write: the per-score part never falls below 1 us.
+    lopsided = {**costs, "router_us_per_request": 1000.0}
+    assert plan.plan(1000, 100_000, 0, 1, ["total"], lopsided, scores_per_request=1000).router_cores == (
+        pytest.approx(100_000 * 1e-6)
+    )
+    # The command line: the size asked for, and the cost it gives, in the model's router line.
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "t", "costs": costs}))
+    assert plan.main([*_main_args(tmp_path, 100_000), "--scores-per-request", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "router processes     6" in out
+    assert (
+        "router_us_per_write at 100 scores a request = router_us_per_write + router_us_per_request x "
+        "(1/100 - 1/10) = 32.0 us"
+    ) in out
+    with pytest.raises(SystemExit):
+        plan.main([*_main_args(tmp_path, 100_000), "--scores-per-request", "0"])
+    assert "--scores-per-request" in capsys.readouterr().err
