@@ -61,7 +61,7 @@ format: install ## fix style in place
 	$(BIN)/ruff check --fix shardlb router bench tests
 	$(BIN)/ruff format shardlb router bench tests
 
-bench: install redis-server wrk ## ~12 min headless load test: write ramp and latency curve, read mixes, journal and archiver costs, hot reads; bench/results/<timestamp>/
+bench: install redis-server wrk ## ~13 min headless load test: write ramp and latency curve, read mixes, journal and archiver costs, hot reads; bench/results/<timestamp>/
 	$(BIN)/python -m bench.run
 
 bench-scale: install redis-server ## long: 10M players on 16 shards, memory and latency at 1M and 10M
