@@ -519,27 +519,16 @@ def _goals(summary: dict[str, Any]) -> list[str]:
     ]
     light = summary.get("light_client", {})
     if light and "skipped" not in light:
-        reached = light["writes_per_s"] >= goal["writes_per_s"]
         lines.append(
             f"- the router's own maximum, driven by a light client (bench/pacer.py: {light['users']} "
-            f"connections posting back to back) instead of Locust: **{light['writes_per_s']:,}** writes/s "
-            f"through {light['router_workers']} router process(es), p50 / p99 {_ms(light.get('p50_ms'))} / "
-            f"{_ms(light.get('p99_ms'))} ms per request, {light.get('failures', 0)} failures; CPU µs per "
-            f"write: router {_ms(light.get('router_us'))}, store {_ms(light.get('store_us'))}, client "
-            f"{_ms(light.get('client_us'))} (goal {goal['writes_per_s']:,}: "
-            f"{'met' if reached else 'not met'})" + _collections(light.get("gc"))
+            f"connections posting back to back) instead of Locust, through {light['router_workers']} "
+            f"router process(es): {_at_maximum(light, goal)}" + _collections(light.get("gc"))
         )
         batched = light.get("batched", {})
         if batched and "skipped" not in batched:
-            reached = batched["writes_per_s"] >= goal["writes_per_s"]
             lines.append(
                 f"- the same with {batched['matches_per_request']} matches ({batched['scores_per_request']} "
-                f"scores) a request from {batched['users']} connections: **{batched['writes_per_s']:,}** "
-                f"writes/s, p50 / p99 {_ms(batched.get('p50_ms'))} / {_ms(batched.get('p99_ms'))} ms per "
-                f"request, {batched.get('failures', 0)} failures; CPU µs per write: router "
-                f"{_ms(batched.get('router_us'))}, store {_ms(batched.get('store_us'))}, client "
-                f"{_ms(batched.get('client_us'))} (goal {goal['writes_per_s']:,}: "
-                f"{'met' if reached else 'not met'})"
+                f"scores) a request from {batched['users']} connections: {_at_maximum(batched, goal)}"
             )
     per = summary.get("cpu_per_write", {})
     if "http" in per and "raw" in per:
@@ -652,6 +641,18 @@ def _latency_curve(summary: dict[str, Any]) -> list[str]:
     ]
     return lines + read_goals.profiles(
         profiled, "one router worker while the step held its rate (the 80% step is not sampled)"
+    )
+
+
+def _at_maximum(run: dict[str, Any], goal: dict[str, Any]) -> str:
+    """One of the light client's maximums: its rate, latency, failures and CPU per write, and
+    whether it reaches the write goal."""
+    reached = run["writes_per_s"] >= goal["writes_per_s"]
+    return (
+        f"**{run['writes_per_s']:,}** writes/s, p50 / p99 {_ms(run.get('p50_ms'))} / "
+        f"{_ms(run.get('p99_ms'))} ms per request, {run.get('failures', 0)} failures; CPU µs per write: "
+        f"router {_ms(run.get('router_us'))}, store {_ms(run.get('store_us'))}, client "
+        f"{_ms(run.get('client_us'))} (goal {goal['writes_per_s']:,}: {'met' if reached else 'not met'})"
     )
 
 
