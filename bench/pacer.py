@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import resource
 import sys
@@ -116,7 +117,7 @@ async def _user(
     split = urlsplit(args.url)
     host, port = split.hostname or "127.0.0.1", split.port or 80
     path = f"/v1/boards/{workload.board}/scores"
-    bodies = match_bodies(workload, random.Random(f"{args.seed}/{i}"), args.matches)
+    bodies = match_bodies(workload, random.Random(f"{args.seed}/{i}"), args.matches)  # seed: see run()
     period, end, settle_at = 1.0 / args.rps, t0 + args.seconds, t0 + args.settle
     await asyncio.sleep(i / users)
     streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -152,7 +153,12 @@ async def _close(streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | No
 
 
 async def run(args: argparse.Namespace, workload: Workload) -> dict[str, Any]:
-    """Run every user until ``args.seconds``; the tally of the requests after ``args.settle``."""
+    """Run every user until ``args.seconds``; the tally of the requests after ``args.settle``.
+
+    Without ``args.seed`` the run draws one of its own, so its matches are new: a run that posted
+    another run's matches again would write duplicates, which cost the store a check, not a write."""
+    if args.seed is None:
+        args = argparse.Namespace(**{**vars(args), "seed": os.urandom(8).hex()})
     tally = Tally()
     t0 = time.perf_counter()
     await asyncio.gather(*(_user(i, args.users, args, workload, t0, tally) for i in range(args.users)))
@@ -163,7 +169,7 @@ async def run(args: argparse.Namespace, workload: Workload) -> dict[str, Any]:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", required=True, help="the router, e.g. http://127.0.0.1:22400")
     parser.add_argument("--users", type=int, required=True)
@@ -171,13 +177,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=16.0)
     parser.add_argument("--settle", type=float, default=6.0, help="requests started before are not counted")
     parser.add_argument("--key", default="", help="the write key (Bearer)")
-    parser.add_argument("--seed", default="pacer")
+    parser.add_argument(
+        "--seed", help="repeat the matches of another run with this seed (default: new ones each run)"
+    )
     parser.add_argument(
         "--matches", type=int, default=1, help="matches per request (a game server batching results)"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = (p := parser()).parse_args(argv)
     if args.users < 1 or args.rps <= 0 or not 0 <= args.settle < args.seconds or args.matches < 1:
-        parser.error("need --users >= 1, --rps > 0, --matches >= 1 and 0 <= --settle < --seconds")
+        p.error("need --users >= 1, --rps > 0, --matches >= 1 and 0 <= --settle < --seconds")
     try:
         import uvloop
 

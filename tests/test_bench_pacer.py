@@ -138,3 +138,24 @@ def test_the_request_carries_its_body_in_the_same_write() -> None:
         b"POST /p HTTP/1.1\r\nHost: h:1\r\nContent-Type: application/json\r\n"
         b'Accept: application/json\r\nContent-Length: 7\r\n\r\n{"a":1}'
     )
+
+
+async def test_runs_without_a_seed_post_matches_of_their_own(
+    serving: tuple[Server, Server, int, int],
+) -> None:
+    """Every bench phase starts the pacer without --seed: each run must post new matches. With one
+    fixed sequence, a phase replayed the matches of the phase before it, and a repeated match is a
+    duplicate that costs the store a check instead of a write (the store CPU of the router's own
+    maximum and the latency of the paced steps were measured on such writes). --seed repeats one."""
+    ok, _, port, _ = serving
+    matches = []
+    for seed in (None, None, "s", "s"):
+        ok.bodies.clear()
+        args = _args(port, users=1, rps=10.0, seconds=0.3, settle=0.0)
+        args.seed = seed
+        await pacer.run(args, replace(W, retry_share=0.0))
+        matches.append({s["match_id"] for body in ok.bodies for s in orjson.loads(body)["scores"]})
+    assert all(matches) and not matches[0] & matches[1]
+    assert matches[2] & matches[3]
+    parsed = pacer.parser().parse_args(["--url", "http://h:1", "--users", "1"])
+    assert parsed.seed is None
