@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install redis-server postgres wrk chromium screenshots run stop test lint format typecheck bench bench-scale bench-scaleout bench-rebalance bench-dedup bench-lua bench-rebuild bench-settle bench-reshard chaos k8s-check clean
+.PHONY: help install redis-server postgres wrk chromium screenshots run stop test lint format typecheck bench bench-scale bench-scaleout bench-load-steps bench-rebalance bench-dedup bench-lua bench-rebuild bench-settle bench-reshard chaos k8s-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -69,6 +69,9 @@ bench-scale: install redis-server ## long: 10M players on 16 shards, memory and 
 
 bench-scaleout: install redis-server ## ~2.5 min: raw writes/s and "my rank" reads/s on 1, 2, 3 masters, then reads from 1 and 2 replicas per master, nodes pinned to CPUs, Redis CPU per op (SHARDLB_SCALEOUT_*)
 	$(BIN)/python -m bench.scaleout
+
+bench-load-steps: install redis-server ## ~5 min: a router's and the store's CPU per score at 5,000 and 15,000 scores/s paced and back to back, beside the library's, on 3 and 16 shards (SHARDLB_STEPS_*)
+	$(BIN)/python -m bench.load_steps
 
 bench-rebalance: install redis-server ## ~1 min: a band board's drifted bands drawn again (shardlb bands --apply's reshard), each master's Redis CPU per "my rank" before and after (SHARDLB_REBALANCE_*)
 	$(BIN)/python -m bench.rebalance
