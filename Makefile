@@ -70,7 +70,7 @@ bench-scale: install redis-server ## long: 10M players on 16 shards, memory and 
 bench-scaleout: install redis-server ## ~2.5 min: raw writes/s and "my rank" reads/s on 1, 2, 3 masters, then reads from 1 and 2 replicas per master, nodes pinned to CPUs, Redis CPU per op (SHARDLB_SCALEOUT_*)
 	$(BIN)/python -m bench.scaleout
 
-bench-load-steps: install redis-server ## ~5 min: a router's and the store's CPU per score at 5,000 and 15,000 scores/s paced and back to back, beside the library's, on 3 and 16 shards (SHARDLB_STEPS_*)
+bench-load-steps: install redis-server ## ~5 min: a router's and the store's CPU per score at 5,000 and 15,000 scores/s paced and back to back, beside the library's, on 3 and 16 shards; a write script call's fixed part (SHARDLB_STEPS_*)
 	$(BIN)/python -m bench.load_steps
 
 bench-rebalance: install redis-server ## ~1 min: a band board's drifted bands drawn again (shardlb bands --apply's reshard), each master's Redis CPU per "my rank" before and after (SHARDLB_REBALANCE_*)

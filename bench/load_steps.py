@@ -1,7 +1,7 @@
 """`make bench-load-steps`: a router's CPU per score at paced loads and at its maximum, beside the
 library's, on boards of several shard counts, every step posting matches of its own.
 
-    python -m bench.load_steps          # ~4 min with the defaults
+    python -m bench.load_steps          # ~5 min with the defaults
 
 One local cluster (3 masters x 1 replica). For each shard count in SHARDLB_STEPS_SHARDS (3,16), a
 fresh board of SHARDLB_STEPS_PLAYERS (200000) players, then these steps on it, each through a fresh
@@ -11,13 +11,16 @@ router of one process (as `make bench` writes):
   match (10 scores) a request at 5 requests a second each: rate / 50 users, spread evenly;
 - back to back: SHARDLB_STEPS_CONNECTIONS (64; 0 leaves it out) users each posting again as soon as
   it is answered;
-- the library (SHARDLB_STEPS_LIBRARY=0 leaves it out): bench.drivers' raw writes (batches of 100
-  matches, 4 callers in each of 2 processes) straight at the board, no HTTP, for
-  SHARDLB_STEPS_SECONDS - SHARDLB_STEPS_SETTLE s.
+- the library (SHARDLB_STEPS_LIBRARY=0 leaves it out): bench.drivers' raw writes (batches of 1,
+  then of 100 matches, 4 callers in each of 2 processes) straight at the board, no HTTP, for
+  SHARDLB_STEPS_SECONDS - SHARDLB_STEPS_SETTLE s each; from the two, a write script call's fixed
+  part and a score's part of the masters' and the replicas' CPU (``call_costs``, which `shardlb
+  plan` takes).
 
 The router's, the masters' and the replicas' CPU is read from /proc over each step's held part
 (after SHARDLB_STEPS_SETTLE s of the SHARDLB_STEPS_SECONDS each runs) and divided by the scores
-written in it. Every step posts new matches: bench.pacer draws its own seed each run and the
+written in it; the nodes' INFO commandstats give the script calls, so the scores a call too.
+Every step posts new matches: bench.pacer draws its own seed each run and the
 library's seed is drawn here, so no step's writes repeat an earlier step's (a repeated match is a
 duplicate, a check for the store instead of a write: docs/design-notes.md, "The pacer's runs
 replayed each other's matches"). Every other SHARDLB_* variable reaches the routers, so a setting
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import population
+from bench.commandstats import CommandMeter
 from bench.drivers import Job
 from bench.harness import env_int, env_ints, log, publish, run_dir
 from bench.procs import CpuMeter
@@ -50,6 +54,7 @@ from bench.testbed import create_board, machine, node_pids, start_cluster
 from bench.workload import Workload
 
 USER_RPS = 5  # requests a second of each paced user
+LIBRARY_BATCHES = (1, 100)  # matches a batch of the library's two steps: small calls, then large
 BACK_TO_BACK_RPS = 1000.0  # bench.pacer's pace for a user that posts again as soon as it is answered
 STORE = ("redis masters", "redis replicas")
 
@@ -90,12 +95,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     per score (its callers' processes) where the others have the router's; the store is the masters
     and their replicas."""
     lines = [
-        "| shards | step | scores/s | router (library) µs per score | store µs per score | p99 ms |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| shards | step | scores/s | scores a call | router (library) µs per score | store µs per score "
+        "| p99 ms |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if "skipped" in row:
-            lines.append(f"| {row['shards']} | {row['step']} | skipped: {row['skipped']} | | | |")
+            lines.append(f"| {row['shards']} | {row['step']} | skipped: {row['skipped']} | | | | |")
             continue
         p99 = "-" if row.get("p99_ms") is None else f"{row['p99_ms']:.1f}"
         if row.get("router_us") is not None:
@@ -104,11 +110,25 @@ def table(rows: list[dict[str, Any]]) -> str:
             router = f"({row['driver_us']:.1f})"
         else:
             router = "-"
+        per_call = "-" if row.get("scores_per_call") is None else f"{row['scores_per_call']:.1f}"
         lines.append(
-            f"| {row['shards']} | {row['step']} | {row['scores_per_s']:,.0f} | {router} | "
+            f"| {row['shards']} | {row['step']} | {row['scores_per_s']:,.0f} | {per_call} | {router} | "
             f"{row['store_us']:.1f} | {p99} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def call_lines(costs: dict[str, dict[str, float]]) -> str:
+    """The call costs of each board (``call_costs``), as lines under the table."""
+    lines = [
+        f"- {shards} shards, a write script call: masters {c['redis_master_us_per_call']:.1f} µs a call "
+        f"+ {c['redis_master_us_per_score_in_call']:.2f} µs a score, replicas "
+        f"{c['redis_replica_us_per_call']:.1f} + {c['redis_replica_us_per_score_in_call']:.2f} "
+        "(from the library's batches of "
+        f"{' and '.join(str(m) for m in LIBRARY_BATCHES)} matches)"
+        for shards, c in costs.items()
+    ]
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def pacer_step(
@@ -135,17 +155,23 @@ def pacer_step(
             command, env=pacer_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
         )
         time.sleep(settle)
+        commands = CommandMeter(url).start()
         meter = CpuMeter({**groups, "router": [router.proc.pid]}).start()
         time.sleep(max(1.0, seconds - settle - 0.5))
         cpu = meter.stop()
+        cpu["commands"] = commands.stop()
         stdout, stderr = proc.communicate(timeout=seconds + 60)
     if proc.returncode != 0 or not stdout.strip():
         return {"skipped": f"bench.pacer exited {proc.returncode}: {stderr.strip()[-300:]}"}
     got = json.loads(stdout.strip().splitlines()[-1])
     scores_per_s = got["scores"] / (seconds - settle)  # the pacer counts requests started after settle
+    calls = cpu["commands"].get("evalsha", {}).get("calls", 0)
     return {
         "users": users,
         "scores_per_s": round(scores_per_s),
+        "script_calls": calls,
+        # the scores in the metered window over the write script calls the nodes counted in it
+        "scores_per_call": round(scores_per_s * cpu["wall_s"] / calls, 2) if calls else None,
         "p99_ms": got.get("p99_ms"),
         "failures": got.get("failures"),
         **per_score(cpu["cpu_s"], scores_per_s * cpu["wall_s"]),
@@ -154,20 +180,43 @@ def pacer_step(
 
 
 def library_step(
-    url: str, workload: Workload, groups: dict[str, list[int]], seconds: float
+    url: str, workload: Workload, groups: dict[str, list[int]], seconds: float, batch_matches: int
 ) -> dict[str, Any]:
-    """bench.drivers' raw writes at the board, with a seed of their own (new matches)."""
-    job = Job("raw writes", url, workload, seconds, 4, 100, seed=random.randrange(1, 2**31))
+    """bench.drivers' raw writes at the board in batches of ``batch_matches`` matches, with a seed of
+    their own (new matches); the script calls they made, from the nodes' command counts."""
+    job = Job("raw writes", url, workload, seconds, 4, batch_matches, seed=random.randrange(1, 2**31))
     phase = driver_phase(job, 2, groups)
     scores = phase["items"]  # all of them inside the metered window, which also holds the start-up
+    calls = phase["cpu"].get("commands", {}).get("evalsha", {}).get("calls", 0)
     return {
         "scores_per_s": round(phase["items_per_s"]),
         "p99_ms": None,
         "router_us": None,
         "store_us": per_score(phase["cpu"]["cpu_s"], scores)["store_us"],
         "driver_us": round(phase["driver_cpu_seconds"] / scores * 1e6, 1) if scores else None,
+        "scores": scores,
+        "script_calls": calls,
+        "scores_per_call": round(scores / calls, 2) if calls else None,
         "cpu": phase["cpu"],
     }
+
+
+def call_costs(small: dict[str, Any], large: dict[str, Any]) -> dict[str, float]:
+    """A script call's fixed part and each of its scores' part of the masters' (and the replicas')
+    CPU, from two library steps of different batch sizes: CPU = calls x per call + scores x per
+    score, two equations in two unknowns (none when the batches were the same size)."""
+    k1, n1, k2, n2 = small["script_calls"], small["scores"], large["script_calls"], large["scores"]
+    det = k1 * n2 - k2 * n1
+    if not (k1 and k2 and n1 and n2) or abs(det) < 1e-9 * k1 * n2:
+        return {}
+    out = {}
+    for node, group in (("master", "redis masters"), ("replica", "redis replicas")):
+        c1, c2 = small["cpu"]["cpu_s"].get(group, 0.0), large["cpu"]["cpu_s"].get(group, 0.0)
+        per_call = (c1 * n2 - c2 * n1) / det
+        per_score = (k1 * c2 - k2 * c1) / det
+        out[f"redis_{node}_us_per_call"] = round(max(0.0, per_call) * 1e6, 1)
+        out[f"redis_{node}_us_per_score_in_call"] = round(max(0.0, per_score) * 1e6, 2)
+    return out
 
 
 def main() -> int:
@@ -199,17 +248,23 @@ def main() -> int:
                 )
                 result["rows"].append({"shards": shards, "step": step, **row})
             if library:
-                log(f"{shards} shards, the library")
-                row = library_step(cluster.url, workload, groups, seconds - settle)
-                result["rows"].append(
-                    {"shards": shards, "step": "the library, batches of 100 matches", **row}
-                )
+                steps = {}
+                for matches in LIBRARY_BATCHES:
+                    log(f"{shards} shards, the library, {matches} match(es) a batch")
+                    steps[matches] = library_step(cluster.url, workload, groups, seconds - settle, matches)
+                    name = f"the library, batches of {matches} match{'es' if matches > 1 else ''}"
+                    result["rows"].append({"shards": shards, "step": name, **steps[matches]})
+                costs = call_costs(*(steps[m] for m in LIBRARY_BATCHES))
+                if costs:
+                    result.setdefault("call_costs", {})[str(shards)] = costs
+                    log(f"{shards} shards: {costs}")
     finally:
         cluster.down()
     (out / "load-steps.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "load-steps.md").write_text(table(result["rows"]))
+    text = table(result["rows"]) + "\n" + call_lines(result.get("call_costs", {}))
+    (out / "load-steps.md").write_text(text)
     publish(out, ["load-steps.json", "load-steps.md"])
-    print(table(result["rows"]))
+    print(text)
     log(f"results in {out}")
     return 0
 

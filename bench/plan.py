@@ -73,6 +73,14 @@ DEFAULTS: dict[str, float] = {
     "band_store_write_factor": 2.047,
     "band_router_write_factor": 1.131,
     "band_bytes_per_player": 387.0,
+    # A write script call's fixed part and each of its scores' part of a master's CPU: the library's
+    # batches of 1 and of 100 matches on a 3-shard board (`make bench-load-steps`, bench/load_steps.py,
+    # 2026-12-04 18:10). redis_master_us_per_write was measured in calls of raw_scores_per_call
+    # scores (the raw run's, from its INFO commandstats); a router's calls are smaller when its
+    # share of a shard's writes is small, and each pays the fixed part.
+    "redis_master_us_per_call": 106.1,
+    "redis_master_us_per_score_in_call": 13.52,
+    "raw_scores_per_call": 62.5,
 }
 SHARDINGS = ("hash", "band")
 BENCH_SHARDS = 16  # the board the costs were measured on
@@ -83,6 +91,9 @@ CACHED_SHARE = 0.30  # the bench mix's top-100 reads, which the routers' top cac
 MASTER_UTILISATION = 0.5  # a Redis master runs commands on one core; keep half of it free
 ROUTER_UTILISATION = 0.6  # a router process is one Python core; keep 40% for bursts and GC
 MIN_ROUTER_US_PER_WRITE = 1.0  # a floor for router_write_us however large the requests
+COALESCE_DELAY_S = 0.0015  # the routers' SHARDLB_COALESCE_DELAY_MS default: what a call waits to fill
+LOAD_STEPS_SUMMARY = "load-steps.json"  # beside summary.json
+CALL_COST_SHARDS = "3"  # the load-steps board whose two library steps give the call costs
 MAX_DATA_PER_MASTER = 25 * 2**30  # beyond this, a full resync or a restart takes too long
 MAX_PLAYERS_PER_SHARD = 50_000_000  # one sorted set stays one slot: keep it small enough to move
 MAX_MASTERS = 1024  # one shard per master at most: a board has at most 1024 shards
@@ -118,6 +129,9 @@ class Plan:
     journal: Journal
     reasons: dict[str, str] = field(default_factory=dict)
     fits: bool = True  # False: the reads need more than MAX_REPLICAS replicas per master
+    scores_per_call: float = 0.0  # in a router's write script call for one shard (``scores_per_call``)
+    write_routers: int = 0  # the routers that take the writes (all of them unless a pool was asked)
+    write_us: float = 0.0  # a master's CPU per write at that call size (w of the model)
 
     @property
     def nodes(self) -> int:
@@ -186,6 +200,35 @@ def pins(writes: float, timeless: float, window_s: int) -> float:
     return writes * timeless * window_s * PIN_LIFETIME
 
 
+def touched_shards(scores: float, shards: int) -> float:
+    """The shards a request of ``scores`` scores writes to on average, each score's shard drawn
+    uniformly (a player's home shard is a hash of their id)."""
+    return shards * (1 - (1 - 1 / shards) ** scores)
+
+
+def scores_per_call(writes: float, routers: int, shards: int, scores_per_request: float) -> float:
+    """The scores in a router's write script call for one shard: a request's scores on that shard,
+    plus the scores the router gets for it while the call waits out the coalescing delay (the first
+    score of an idle group starts it: router/coalescer.py); 1 to MAX_RESULTS_PER_ENTRY. Calls that
+    wait for another in flight grow beyond this under load, so it errs on the small side."""
+    own = scores_per_request / touched_shards(scores_per_request, shards)
+    gathered = writes / routers / shards * COALESCE_DELAY_S
+    return min(float(MAX_RESULTS_PER_ENTRY), max(1.0, own + gathered))
+
+
+def write_pool(writes: float, router_write_us: float) -> int:
+    """The fewest routers whose CPU holds the writes alone (a pool that takes only the writes)."""
+    return max(1, math.ceil(writes * router_write_us / 1e6 / ROUTER_UTILISATION))
+
+
+def call_size_factor(c: dict[str, float], batch: float) -> float:
+    """A master's CPU per write in calls of ``batch`` scores against that in the raw run's calls
+    (where redis_master_us_per_write was measured): per score + per call / scores a call, at each."""
+    per_call, per_score = c["redis_master_us_per_call"], c["redis_master_us_per_score_in_call"]
+    measured = per_score + per_call / c["raw_scores_per_call"]
+    return (per_score + per_call / batch) / measured if measured > 0 else 1.0
+
+
 def plan(
     players: int,
     writes: float,
@@ -201,12 +244,22 @@ def plan(
     timeless: float = 0.0,
     sharding: str = "hash",
     scores_per_request: float | None = None,
+    write_routers: int | None = None,
 ) -> Plan:
     """The sizing model (pure arithmetic; ``main`` prints it with its assumptions).
 
     ``scores_per_request``: the scores the game servers post in a request (None: as many as the
     bench's, ``router_scores_per_request``); the routers' CPU per write is then
     ``router_write_us`` (a request's fixed part spread over its scores).
+
+    A master's CPU per write depends on how many scores the routers' script calls carry: each call
+    has a fixed part (``redis_master_us_per_call``) beside its scores' part, and
+    ``redis_master_us_per_write`` was measured in the raw run's calls of ``raw_scores_per_call``.
+    A router's call for a shard holds a request's scores for it and what else the router gets for
+    that shard within the coalescing delay (``scores_per_call``), so the more routers share the
+    writes, and the more shards, the smaller the calls. ``write_routers``: the writes go to a pool
+    of that many routers (at least as many as their CPU needs) and the reads to others; None: every
+    router takes both.
 
     ``sharding`` ``band``: the board is a band board of one home shard and one band per master
     (docs/design-notes.md, "Band boards"). Its reads cost the store and the routers the hash
@@ -233,10 +286,18 @@ def plan(
     """
     c = {**DEFAULTS, **{k: v for k, v in costs.items() if v is not None}}
     banded = sharding == "band"
+    router_write = router_write_us(c, scores_per_request)
+    router_write *= c["band_router_write_factor"] if banded else 1.0
+    router_read = c["router_us_per_read"] * (c["band_router_read_factor"] if banded else 1.0)
+    router_cores = (writes * router_write + reads * router_read) / 1e6
+    routers = max(1, math.ceil(router_cores / ROUTER_UTILISATION))
+    writers = routers
+    if write_routers is not None:
+        writers = max(write_routers, write_pool(writes, router_write))
+        routers = writers + math.ceil(reads * router_read / 1e6 / ROUTER_UTILISATION)
     extra = len([p for p in periods if p != "total"])
-    write_us = c["redis_master_us_per_write"] * (1 + EXTRA_PERIOD_WRITE_COST * extra)
-    write_us *= c["band_store_write_factor"] if banded else 1.0
-    write_us += incr * (DEDUP_BUCKETS + 1) * c["redis_master_us_per_dedup_lookup"]
+    base_us = c["redis_master_us_per_write"] * (1 + EXTRA_PERIOD_WRITE_COST * extra)
+    base_us *= c["band_store_write_factor"] if banded else 1.0
     dedup = dedup_members(writes, incr, dedup_window_s) * c["bytes_per_dedup_member"] * FRAGMENTATION
     dedup += pins(writes, timeless, dedup_window_s) * c["bytes_per_pin"] * FRAGMENTATION
     per_player = c["bytes_per_player"] * memory_factor(periods)
@@ -244,11 +305,22 @@ def plan(
         per_player += max(0.0, c["band_bytes_per_player"] - c["bytes_per_player"])
     data = players * per_player * FRAGMENTATION + dedup
     by_memory = math.ceil(data / MAX_DATA_PER_MASTER)
-    write_cores = writes * write_us / 1e6
-    by_cpu = math.ceil(write_cores / MASTER_UTILISATION)
-    masters = min(MAX_MASTERS, max(1, by_memory, by_cpu))
-    per_master = shards_per_master(players, masters)
-    shards = min(1024, masters * per_master)
+    request_scores = scores_per_request or c["router_scores_per_request"]
+    # More masters make more shards, so each router's calls carry fewer scores and cost a master
+    # more per write: grow the masters until their writes fit (the cost per write is bounded by a
+    # call of one score, so this ends).
+    masters = min(MAX_MASTERS, max(1, by_memory))
+    while True:
+        per_master = shards_per_master(players, masters)
+        shards = min(1024, masters * per_master)
+        batch = scores_per_call(writes, writers, shards, request_scores)
+        write_us = base_us * call_size_factor(c, batch)
+        write_us += incr * (DEDUP_BUCKETS + 1) * c["redis_master_us_per_dedup_lookup"]
+        write_cores = writes * write_us / 1e6
+        by_cpu = math.ceil(write_cores / MASTER_UTILISATION)
+        if by_cpu <= masters or masters >= MAX_MASTERS:
+            break
+        masters = min(MAX_MASTERS, by_cpu)
     group_read = (
         reads * (1 - cached) * (c["redis_node_us_per_read"] + per_master * c["redis_shard_us_per_read"])
     )
@@ -256,11 +328,6 @@ def plan(
     group_read /= 1e6  # cores of each primary's group that the reads take
     read_from, replicas, over = readers(group_read, write_cores / masters, replicas)
     redis_cores = write_cores + group_read * masters
-    router_write = router_write_us(c, scores_per_request)
-    router_write *= c["band_router_write_factor"] if banded else 1.0
-    router_read = c["router_us_per_read"] * (c["band_router_read_factor"] if banded else 1.0)
-    router_cores = (writes * router_write + reads * router_read) / 1e6
-    routers = max(1, math.ceil(router_cores / ROUTER_UTILISATION))
     shards_reason = (
         f"{per_master} per master: a read pays a round trip per node and a little per shard, so "
         f"no more shards than masters need, unless a shard would pass {MAX_PLAYERS_PER_SHARD:,} players"
@@ -292,7 +359,7 @@ def plan(
     memory_per_node = int((data / masters + journal.bytes_per_master) * FORK_HEADROOM)
     return Plan(
         masters, replicas, shards, read_from, routers, memory_per_node, data, dedup, redis_cores,
-        router_cores, journal, reasons, not over,
+        router_cores, journal, reasons, not over, batch, writers, write_us,
     )  # fmt: skip
 
 
@@ -351,10 +418,41 @@ def load_costs(path: Path) -> tuple[dict[str, float], str]:
     costs.update(dedup)
     if dedup:
         source += f"; dedup costs from {path.parent / DEDUP_SUMMARY}"
+    raw = _raw_scores_per_call(summary)
+    if raw:
+        costs["raw_scores_per_call"] = raw
+    calls = _call_costs(path.parent / LOAD_STEPS_SUMMARY)
+    costs.update(calls)
+    if calls:
+        source += f"; script call costs from {path.parent / LOAD_STEPS_SUMMARY}"
     missing = sorted(set(DEFAULTS) - set(costs))
     if summary and missing:
         source += f"; defaults for {', '.join(missing)}"
     return {**DEFAULTS, **costs}, source
+
+
+def _raw_scores_per_call(summary: dict[str, Any]) -> float | None:
+    """The scores per write script call of the raw run (its items over its EVALSHA calls)."""
+    writes = summary.get("raw", {}).get("writes", {})
+    calls = writes.get("cpu", {}).get("commands", {}).get("evalsha", {}).get("calls")
+    items = writes.get("items")
+    if isinstance(calls, int) and calls > 0 and isinstance(items, int | float) and items > 0:
+        return round(items / calls, 2)
+    return None
+
+
+def _call_costs(path: Path) -> dict[str, float]:
+    """redis_master_us_per_call and redis_master_us_per_score_in_call from `make bench-load-steps`
+    (its library steps of 1 and 100 matches a batch on the CALL_COST_SHARDS board)."""
+    try:
+        result: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    found = result.get("call_costs", {}).get(CALL_COST_SHARDS, {})
+    names = ("redis_master_us_per_call", "redis_master_us_per_score_in_call")
+    if not all(isinstance(found.get(n), int | float) for n in names):
+        return {}
+    return {n: float(found[n]) for n in names}
 
 
 def _dedup_costs(path: Path) -> dict[str, float]:
@@ -640,7 +738,8 @@ def render(
             f"  replicas per master  {p.replicas}",
             f"  reads from           {p.read_from}  (SHARDLB_READ_FROM)",
             f"  shards per board     {p.shards}  ({p.reasons['shards']})",
-            f"  router processes     {p.routers}  (one core each)",
+            f"  router processes     {p.routers}  (one core each"
+            f"{'' if p.write_routers == p.routers else f'; {p.write_routers} of them take the writes'})",
             f"  memory per node      {_gib(p.memory_per_node_bytes)}  (data {_gib(p.data_bytes / p.masters)} "
             f"+ full journals {_size(p.journal.bytes_per_master)} per master x {FORK_HEADROOM:g} for fork "
             "copy-on-write)",
@@ -709,8 +808,10 @@ def _model(
     )
     return [
         *band,
-        f"  w = redis_master_us_per_write x (1 + {EXTRA_PERIOD_WRITE_COST:g} per extra period)"
-        f" + incr share x {DEDUP_BUCKETS + 1} x redis_master_us_per_dedup_lookup; "
+        *_call_lines(p, writes, costs, scores_per_request),
+        f"  w = redis_master_us_per_write x call size factor x (1 + {EXTRA_PERIOD_WRITE_COST:g} per "
+        f"extra period) + incr share x {DEDUP_BUCKETS + 1} x redis_master_us_per_dedup_lookup = "
+        f"{p.write_us:.1f} us; "
         f"masters = max(writes x w / {MASTER_UTILISATION:g} core, data / {_gib(MAX_DATA_PER_MASTER)})",
         f"  every read touches every primary's group: reads x (1 - {cached:g} cached) x "
         "(redis_node_us_per_read + shards per master x redis_shard_us_per_read) per group, served by the "
@@ -725,6 +826,53 @@ def _model(
         "  router CPU = writes x router_us_per_write + reads x router_us_per_read"
         f" = {p.router_cores:.2f} cores;"
         f" routers = that / {ROUTER_UTILISATION:g}",
+    ]
+
+
+def _call_lines(
+    p: Plan, writes: float, costs: dict[str, float], scores_per_request: float | None
+) -> list[str]:
+    """How big the routers' write calls are at this plan, and what that does to a master's CPU per
+    write; with a hint when the calls are small enough for their fixed part to dominate."""
+    c = {**DEFAULTS, **costs}
+    scores = scores_per_request or c["router_scores_per_request"]
+    factor = call_size_factor(c, p.scores_per_call)
+    touched = touched_shards(scores, p.shards)
+    lines = [
+        f"  scores a write call = a request's {scores:g} scores / the {touched:.1f} of {p.shards} shards it "
+        f"touches + writes / {p.write_routers} routers taking writes / {p.shards} shards x "
+        f"{COALESCE_DELAY_S * 1000:g} ms coalescing delay = {p.scores_per_call:.1f}; call size factor = "
+        f"(redis_master_us_per_score_in_call + redis_master_us_per_call / {p.scores_per_call:.1f}) / "
+        f"(the same at raw_scores_per_call) = {factor:.2f}",
+    ]
+    if factor > 1.5 and writes:
+        pool = write_pool(writes, router_write_us(c, scores_per_request))
+        fewer = (
+            f", or a pool of fewer routers taking the writes (--write-routers {pool}: the fewest whose "
+            "CPU holds them)"
+            if pool < p.write_routers
+            else ""
+        )
+        lines.append(
+            f"  calls of {p.scores_per_call:.1f} scores cost the masters {factor:.1f}x a score of the "
+            "bench's calls: more scores a request (--scores-per-request), a longer "
+            f"SHARDLB_COALESCE_DELAY_MS{fewer} make them bigger"
+        )
+    return lines
+
+
+def _pool_lines(shared: Plan, pooled: Plan) -> list[str]:
+    """The same load with a pool of routers that take only the writes, when it needs fewer nodes."""
+    if pooled.nodes >= shared.nodes:
+        return []
+    return [
+        f"With a pool of {pooled.write_routers} routers that take the score writes (--write-routers "
+        f"{pooled.write_routers}; the game servers post their scores to that pool's address, every "
+        "other request goes to the rest), each router's write calls carry "
+        f"{pooled.scores_per_call:.1f} scores instead of {shared.scores_per_call:.1f}, and the same load "
+        f"takes {pooled.nodes} Redis nodes ({pooled.masters} masters x {pooled.replicas} replicas) and "
+        f"{pooled.routers} router processes instead of {shared.nodes} and {shared.routers}.",
+        "",
     ]
 
 
@@ -827,6 +975,12 @@ def main(argv: list[str] | None = None) -> int:
         help="player-scores the game servers post in a request, 1 to 1000 (default: the bench's, a "
         "match of 10); a request's own router cost is spread over them",
     )
+    parser.add_argument(
+        "--write-routers",
+        type=int,
+        help="routers that take the score writes, the others the reads (default: every router takes "
+        "both); fewer routers make each one's write calls bigger, which costs the masters less a score",
+    )
     parser.add_argument("--board", default="BOARD", help="the board's name in the printed steps")
     parser.add_argument(
         "--summary", type=Path, default=LATEST, help=f"bench summary to read (default {LATEST})"
@@ -852,6 +1006,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--shards-now is a board's shard count, from 1 to 1024")
     if args.scores_per_request is not None and not 1 <= args.scores_per_request <= 1000:
         parser.error("--scores-per-request is a request's size: 1 to 1000 scores (the API's limit)")
+    if args.write_routers is not None and args.write_routers < 1:
+        parser.error("--write-routers is a number of router processes, at least 1")
     if "total" not in periods:
         periods.insert(0, "total")
     costs, source = load_costs(args.summary)
@@ -861,16 +1017,29 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     layouts = SHARDINGS if args.sharding == "auto" else (args.sharding,)
     plans = {
-        sharding: plan(*load, sharding=sharding, scores_per_request=args.scores_per_request)
+        sharding: plan(
+            *load,
+            sharding=sharding,
+            scores_per_request=args.scores_per_request,
+            write_routers=args.write_routers,
+        )
         for sharding in layouts
     }
     chosen, why = choose(plans) if len(plans) > 1 else (args.sharding, "as asked")
     p = plans[chosen]
     p.reasons["chosen"] = why
     steps: list[str] = []
+    if args.write_routers is None:
+        router_write = router_write_us({**DEFAULTS, **costs}, args.scores_per_request)
+        pool = write_pool(args.writes, router_write)
+        if pool < p.write_routers:
+            pooled = plan(
+                *load, sharding=chosen, scores_per_request=args.scores_per_request, write_routers=pool
+            )
+            steps = _pool_lines(p, pooled)
     if args.masters_now is not None or args.shards_now is not None:
         found = layout_steps(p, args.masters_now, args.shards_now, args.board)
-        steps = _steps_lines(found, p, args.masters_now, args.shards_now)
+        steps += _steps_lines(found, p, args.masters_now, args.shards_now)
     print(
         render(
             p,

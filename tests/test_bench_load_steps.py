@@ -44,20 +44,49 @@ def test_cpu_per_score_counts_masters_and_replicas_as_the_store() -> None:
 
 def test_the_table_has_a_line_per_step_and_says_why_one_was_skipped() -> None:
     rows = [
-        {"shards": 3, "step": "5,000 scores/s paced", "scores_per_s": 4990, "router_us": 27.84,
-         "store_us": 22.06, "p99_ms": 12.3},
+        {"shards": 3, "step": "5,000 scores/s paced", "scores_per_s": 4990, "scores_per_call": 3.04,
+         "router_us": 27.84, "store_us": 22.06, "p99_ms": 12.3},
         {"shards": 3, "step": "the library, batches of 100 matches", "scores_per_s": 148587,
          "router_us": None, "driver_us": 6.54, "store_us": 3.7, "p99_ms": None},
         {"shards": 16, "step": "64 connections back to back", "skipped": "bench.pacer exited 1: boom"},
     ]  # fmt: skip
     lines = load_steps.table(rows).splitlines()
     assert lines[0].startswith("| shards | step | scores/s |")
-    assert lines[2] == "| 3 | 5,000 scores/s paced | 4,990 | 27.8 | 22.1 | 12.3 |"
-    assert lines[3] == "| 3 | the library, batches of 100 matches | 148,587 | (6.5) | 3.7 | - |"
-    assert lines[4] == "| 16 | 64 connections back to back | skipped: bench.pacer exited 1: boom | | | |"
+    assert lines[2] == "| 3 | 5,000 scores/s paced | 4,990 | 3.0 | 27.8 | 22.1 | 12.3 |"
+    assert lines[3] == "| 3 | the library, batches of 100 matches | 148,587 | - | (6.5) | 3.7 | - |"
+    assert lines[4] == "| 16 | 64 connections back to back | skipped: bench.pacer exited 1: boom | | | | |"
     assert len(lines) == 5
     no_driver = {**rows[1], "driver_us": None}
     assert (
         load_steps.table([no_driver]).splitlines()[2]
-        == "| 3 | the library, batches of 100 matches | 148,587 | - | 3.7 | - |"
+        == "| 3 | the library, batches of 100 matches | 148,587 | - | - | 3.7 | - |"
     )
+
+
+def test_the_two_library_steps_split_a_calls_fixed_part_from_its_scores_part() -> None:
+    # Masters: 120 us a call and 10 us a score; replicas: 40 and 3. 10,000 calls of 1.3 scores,
+    # then 2,000 calls of 62.
+    def step(calls: int, per_call: float) -> dict[str, object]:
+        scores = round(calls * per_call)
+        cpu = {
+            "redis masters": (calls * 120 + scores * 10) / 1e6,
+            "redis replicas": (calls * 40 + scores * 3) / 1e6,
+        }
+        return {"script_calls": calls, "scores": scores, "cpu": {"cpu_s": cpu}}
+
+    got = load_steps.call_costs(step(10_000, 1.3), step(2_000, 62))
+    assert got == {
+        "redis_master_us_per_call": 120.0,
+        "redis_master_us_per_score_in_call": 10.0,
+        "redis_replica_us_per_call": 40.0,
+        "redis_replica_us_per_score_in_call": 3.0,
+    }
+    same = step(1_000, 10)
+    assert load_steps.call_costs(same, step(3_000, 10)) == {}  # one call size: no split
+    assert load_steps.call_costs({**same, "script_calls": 0}, step(2_000, 62)) == {}
+
+    costs = {"3": got}
+    line = load_steps.call_lines(costs)
+    assert line.startswith("- 3 shards, a write script call: masters 120.0 µs a call + 10.00 µs a score")
+    assert "replicas 40.0 + 3.00" in line
+    assert load_steps.call_lines({}) == ""

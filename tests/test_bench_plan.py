@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,11 @@ COSTS = {
     "band_store_write_factor": 2.0,
     "band_router_write_factor": 1.5,
     "band_bytes_per_player": 250.0,
+    # No fixed part per script call: a master's CPU per write is the same in calls of any size
+    # (the tests of the call size give one).
+    "redis_master_us_per_call": 0.0,
+    "redis_master_us_per_score_in_call": 10.0,
+    "raw_scores_per_call": 50.0,
 }
 GIB = 2**30
 
@@ -92,7 +98,8 @@ def test_the_issue_13_target_load_gets_a_layout_that_fits() -> None:
         200_000 * 0.7 * (c["redis_node_us_per_read"] + c["redis_shard_us_per_read"] * p.shards // p.masters)
     )
     assert group / 1e6 <= p.replicas * plan.MASTER_UTILISATION
-    assert 50_000 * c["redis_master_us_per_write"] / 1e6 / p.masters <= plan.MASTER_UTILISATION
+    assert 50_000 * p.write_us / 1e6 / p.masters <= plan.MASTER_UTILISATION
+    assert p.write_us >= c["redis_master_us_per_write"]  # the routers' calls are smaller than the bench's
     assert p.read_from == "replicas" and "OVER BUDGET" not in p.reasons["reads"]
 
 
@@ -568,3 +575,97 @@ def test_routers_are_sized_for_the_scores_a_request_carries(
     with pytest.raises(SystemExit):
         plan.main([*_main_args(tmp_path, 100_000), "--scores-per-request", "0"])
     assert "--scores-per-request" in capsys.readouterr().err
+
+
+CALLS = {**COSTS, "redis_master_us_per_call": 100.0, "redis_master_us_per_score_in_call": 10.0}
+
+
+def test_a_request_touches_fewer_shards_than_it_has_scores_on_a_board_of_many() -> None:
+    assert plan.touched_shards(10, 1) == pytest.approx(1.0)
+    assert plan.touched_shards(1, 16) == pytest.approx(1.0)
+    assert plan.touched_shards(10, 2) == pytest.approx(2 * (1 - 0.5**10))
+    assert plan.touched_shards(10, 16) == pytest.approx(16 * (1 - (15 / 16) ** 10))  # 7.6
+
+
+def test_a_call_holds_a_requests_scores_for_its_shard_and_what_arrives_within_the_delay() -> None:
+    own = 10 / plan.touched_shards(10, 4)
+    # 4,000 scores/s on 4 routers and 4 shards: 250 a second per router and shard, 0.375 in 1.5 ms.
+    assert plan.scores_per_call(4_000, 4, 4, 10) == pytest.approx(own + 250 * plan.COALESCE_DELAY_S)
+    # One router taking 2M scores/s on one shard: 3,000 in the delay, but a call holds at most 500.
+    assert plan.scores_per_call(2_000_000, 1, 1, 10) == plan.MAX_RESULTS_PER_ENTRY
+    assert plan.scores_per_call(0, 1, 1024, 1) == 1.0  # never less than one score
+
+
+def test_small_calls_cost_a_master_more_per_write_than_the_bench_measured() -> None:
+    c = {**plan.DEFAULTS, **CALLS}  # 100 us a call, 10 us a score, measured in calls of 50
+    assert plan.call_size_factor(c, 50) == pytest.approx(1.0)
+    assert plan.call_size_factor(c, 1) == pytest.approx(110 / 12)
+    assert plan.call_size_factor(c, 500) == pytest.approx(10.2 / 12)
+    assert plan.call_size_factor({**c, "redis_master_us_per_call": 0.0}, 1) == pytest.approx(1.0)
+
+
+def test_more_routers_and_shards_make_smaller_calls_and_the_masters_grow_until_their_writes_fit() -> None:
+    # 200k writes/s, a request of 10 scores: with no fixed part per call, 4 masters (0.5 core each
+    # at 10 us a write); with 100 us a call, the routers' calls of a few scores cost more a write.
+    flat = plan.plan(1_000_000, 200_000, 0, 1, ["total"], COSTS)
+    called = plan.plan(1_000_000, 200_000, 0, 1, ["total"], CALLS)
+    assert flat.masters == 4 and flat.write_us == pytest.approx(10.0)
+    assert called.masters > flat.masters
+    factor = plan.call_size_factor({**plan.DEFAULTS, **CALLS}, called.scores_per_call)
+    assert called.write_us == pytest.approx(10.0 * factor)
+    assert 200_000 * called.write_us / 1e6 / called.masters <= plan.MASTER_UTILISATION
+    # One master fewer would not hold them at its own (larger) calls.
+    fewer = called.masters - 1
+    batch = plan.scores_per_call(200_000, called.write_routers, fewer, 10)
+    w = 10.0 * plan.call_size_factor({**plan.DEFAULTS, **CALLS}, batch)
+    assert 200_000 * w / 1e6 / fewer > plan.MASTER_UTILISATION
+    # Bigger requests make bigger calls: fewer masters.
+    batched = plan.plan(1_000_000, 200_000, 0, 1, ["total"], CALLS, scores_per_request=100)
+    assert batched.scores_per_call > called.scores_per_call and batched.masters < called.masters
+
+
+def test_a_pool_of_routers_for_the_writes_makes_their_calls_bigger() -> None:
+    shared = plan.plan(1_000_000, 50_000, 200_000, 1, ["total"], CALLS)
+    assert shared.write_routers == shared.routers
+    pooled = plan.plan(1_000_000, 50_000, 200_000, 1, ["total"], CALLS, write_routers=1)
+    # The pool is at least what the writes' CPU needs (50k x 50 us = 2.5 cores / 0.6: 5 routers).
+    assert pooled.write_routers == plan.write_pool(50_000, 50.0) == 5
+    assert pooled.routers == 5 + math.ceil(200_000 * 1000e-6 / plan.ROUTER_UTILISATION)
+    assert pooled.scores_per_call > shared.scores_per_call and pooled.masters < shared.masters
+    big = plan.plan(1_000_000, 50_000, 200_000, 1, ["total"], CALLS, write_routers=50)
+    assert big.write_routers == 50
+
+
+def test_main_offers_the_write_pool_when_it_needs_fewer_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"started": "then", "costs": CALLS}))
+    args = ["--players", "1000000", "--writes", "50000", "--reads", "200000", "--summary", str(summary)]
+    assert plan.main(args) == 0
+    out = capsys.readouterr().out
+    assert "With a pool of 5 routers that take the score writes (--write-routers 5" in out
+    assert "calls of " in out and "cost the masters" in out
+    assert plan.main([*args, "--write-routers", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "With a pool" not in out and "5 of them take the writes" in out
+    with pytest.raises(SystemExit):
+        plan.main([*args, "--write-routers", "0"])
+
+
+def test_call_costs_come_from_the_load_steps_and_the_raw_runs_call_size(tmp_path: Path) -> None:
+    summary = tmp_path / "summary.json"
+    raw = {"items": 900_000, "cpu": {"commands": {"evalsha": {"calls": 12_000, "usec": 1}}}}
+    summary.write_text(json.dumps({"started": "then", "costs": COSTS, "raw": {"writes": raw}}))
+    three = {"redis_master_us_per_call": 118.6, "redis_master_us_per_score_in_call": 10.35}
+    sixteen = {"redis_master_us_per_call": 1.0, "redis_master_us_per_score_in_call": 1.0}
+    steps = {"call_costs": {"3": three, "16": sixteen}}
+    (tmp_path / plan.LOAD_STEPS_SUMMARY).write_text(json.dumps(steps))
+    costs, source = plan.load_costs(summary)
+    assert costs["raw_scores_per_call"] == 75.0
+    assert (costs["redis_master_us_per_call"], costs["redis_master_us_per_score_in_call"]) == (118.6, 10.35)
+    assert "script call costs from" in source
+    (tmp_path / plan.LOAD_STEPS_SUMMARY).write_text(json.dumps({"call_costs": {}}))
+    costs, source = plan.load_costs(summary)
+    assert costs["redis_master_us_per_call"] == COSTS["redis_master_us_per_call"]  # the summary's
+    assert "script call costs" not in source
