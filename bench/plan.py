@@ -855,7 +855,8 @@ def _call_lines(
         )
         lines.append(
             f"  calls of {p.scores_per_call:.1f} scores cost the masters {factor:.1f}x a score of the "
-            "bench's calls: more scores a request (--scores-per-request), a longer "
+            "bench's calls: more scores a request (--scores-per-request; the Python client's ScoreBuffer "
+            "gathers them), a longer "
             f"SHARDLB_COALESCE_DELAY_MS{fewer} make them bigger"
         )
     return lines
