@@ -37,10 +37,18 @@ BIN = Path(sys.executable).parent  # the venv's bin dir (not resolved: that woul
 
 # The Kubernetes minor version the manifests are validated against; k8s/README.md states it too.
 KUBERNETES_VERSION = "1.33"
-OVERLAYS = ("dev", "prod", "prod-loadtest")
+OVERLAYS = ("dev", "prod", "prod-loadtest", "prod-write-pool")
 # Locust (a web UI without login, pods holding admin and write keys) runs only where asked for
 LOCUST_OVERLAYS = ("dev", "prod-loadtest")
-NAMESPACES = {"dev": "shardlb-dev", "prod": "shardlb", "prod-loadtest": "shardlb"}
+NAMESPACES = {
+    "dev": "shardlb-dev",
+    "prod": "shardlb",
+    "prod-loadtest": "shardlb",
+    "prod-write-pool": "shardlb",
+}
+# a second router Deployment that takes the score writes (components/write-pool)
+WRITE_POOL_OVERLAYS = ("prod-write-pool",)
+WRITE_POOL = "shardlb-router-writes"
 # Exactly what `kubectl apply -k`, Argo CD and Flux run: kustomize with its default load restrictor
 # (LoadRestrictionsRootOnly), so no file may come from outside k8s/.
 RENDER = ["kustomize"]
@@ -273,7 +281,13 @@ def test_overlay_renders_everything(overlay: str) -> None:
     ):
         assert kind in kinds, f"{overlay} renders no {kind}"
     locust = {"locust-master", "locust-worker"} if overlay in LOCUST_OVERLAYS else set()
-    assert {o["metadata"]["name"] for o in objects(overlay, "Deployment")} == {ROUTER, ARCHIVER, *locust}
+    pool = {WRITE_POOL} if overlay in WRITE_POOL_OVERLAYS else set()
+    assert {o["metadata"]["name"] for o in objects(overlay, "Deployment")} == {
+        ROUTER,
+        ARCHIVER,
+        *locust,
+        *pool,
+    }
     postgres = {POSTGRES} if overlay in POSTGRES_OVERLAYS else set()
     assert {o["metadata"]["name"] for o in objects(overlay, "StatefulSet")} == {REDIS, *postgres}
     namespace = NAMESPACES[overlay]
@@ -589,6 +603,54 @@ def test_hpa_pdb_and_spread_target_the_router(overlay: str) -> None:
     spread = pod_spec(deployment)["topologySpreadConstraints"]
     assert {s["topologyKey"] for s in spread} >= {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
     assert all(selects(s["labelSelector"], labels) for s in spread)
+
+
+@pytest.mark.parametrize("overlay", WRITE_POOL_OVERLAYS)
+def test_the_write_pool_is_the_router_again_with_its_own_pods(overlay: str) -> None:
+    """components/write-pool: the same pods as the router's (so every check of the router's holds for
+    them), under their own labels, with their own Service, HPA, PDB and NetworkPolicy, and neither
+    set of objects reaching the other's pods."""
+    main, pool = get(overlay, "Deployment", ROUTER), get(overlay, "Deployment", WRITE_POOL)
+    main_labels, pool_labels = pod_labels(main), pod_labels(pool)
+    assert pool_labels == {**main_labels, "app.kubernetes.io/component": "router-writes"}
+    assert pool_labels[REDIS_CLIENT_LABEL[0]] == REDIS_CLIENT_LABEL[1]
+    # the pod spec is the router's but for its labels and its ConfigMap (same data, its own name)
+    main_c, pool_c = container(main, "router"), container(pool, "router")
+    assert config_data(overlay, pool_c) == config_data(overlay, main_c)
+
+    def normalised(deployment: dict[str, Any]) -> dict[str, Any]:
+        spec = yaml.safe_load(yaml.safe_dump(pod_spec(deployment)))
+        for c in spec["containers"]:
+            c["envFrom"] = [e for e in c["envFrom"] if "configMapRef" not in e]
+        for constraint in spec["topologySpreadConstraints"]:
+            constraint["labelSelector"]["matchLabels"].pop("app.kubernetes.io/component")
+        return dict(spec)
+
+    assert normalised(pool) == normalised(main)
+    assert "replicas" not in pool["spec"], "the HPA owns the replica count"
+    assert selects(pool["spec"]["selector"], pool_labels) and not selects(
+        pool["spec"]["selector"], main_labels
+    )
+    assert all(selects(s["labelSelector"], pool_labels) for s in pod_spec(pool)["topologySpreadConstraints"])
+    # each Service, HPA and PDB keeps to its own Deployment's pods
+    for name, labels, others in ((ROUTER, main_labels, pool_labels), (WRITE_POOL, pool_labels, main_labels)):
+        service = get(overlay, "Service", name)
+        assert selects({"matchLabels": service["spec"]["selector"]}, labels)
+        assert not selects({"matchLabels": service["spec"]["selector"]}, others)
+        (port,) = service["spec"]["ports"]
+        assert port["port"] == ROUTER_PORT
+        pdb = get(overlay, "PodDisruptionBudget", name)
+        assert selects(pdb["spec"]["selector"], labels) and not selects(pdb["spec"]["selector"], others)
+        hpa = get(overlay, "HorizontalPodAutoscaler", name)
+        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+        assert 2 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    # the pool is fenced as the router is: reachable on its port, reaching Redis and DNS only
+    redis_labels = pod_labels(get(overlay, "StatefulSet", REDIS))
+    assert policies(overlay, pool_labels, "Ingress") and policies(overlay, pool_labels, "Egress")
+    assert admits(overlay, None, pool_labels, ROUTER_PORT)
+    assert admits(overlay, pool_labels, redis_labels, 6379)
+    assert egress_outside(overlay, pool_labels, 53)
+    assert not admits(overlay, pool_labels, main_labels, ROUTER_PORT)
 
 
 # ---------------------------------------------------------------- every pod
@@ -907,9 +969,10 @@ def test_every_postgres_client_has_the_archive_url(overlay: str) -> None:
                 # labelled, so that dev's PostgreSQL NetworkPolicy lets it in
                 assert pod_labels(owner).get(key) == value, owner["metadata"]["name"]
                 assert ref["name"] == postgres_secret_name(overlay) and ref["key"] == "SHARDLB_POSTGRES_URL"
-    assert set(refs) == {ROUTER, ARCHIVER, RECONCILE, BANDS}
+    pool = {WRITE_POOL} if overlay in WRITE_POOL_OVERLAYS else set()
+    assert set(refs) == {ROUTER, ARCHIVER, RECONCILE, BANDS, *pool}
     # the router runs without it (its admin rebuild endpoint then answers 409); the others need it
-    assert refs[ROUTER].get("optional") is True
+    assert all(refs[name].get("optional") is True for name in (ROUTER, *pool))
     assert not any(refs[name].get("optional") for name in (ARCHIVER, RECONCILE, BANDS))
     from router.settings import Settings
 
