@@ -55,11 +55,9 @@ DEFAULTS: dict[str, float] = {
     # 1M of them in one hash, INFO used_memory before and after (2026-12-02).
     "bytes_per_pin": 120.4,
     "redis_master_us_per_dedup_lookup": 0.3,
-    # `make bench` (journal memory and the journaled HTTP phase, 2026-12-01 07:03): a journal entry's own
-    # bytes and each result's, and the write-script calls a shard saw per second.
+    # `make bench` (journal memory, 2026-12-01 07:03): a journal entry's own bytes and each result's.
     "bytes_per_journal_entry": 216.6,
     "bytes_per_journaled_result": 67.0,
-    "journal_calls_per_shard_s": 52.3,
     # A read's Redis cost on each node it touches: a fixed part per node (its round trip: the system
     # calls and the pipeline) and a part per shard the node holds. Split from the hot reads' "my rank"
     # on 3 and on 16 shards (bench/hot.py, 2026-12-01 21:37) and scaled to the mix's cost on 16 shards.
@@ -91,6 +89,7 @@ CACHED_SHARE = 0.30  # the bench mix's top-100 reads, which the routers' top cac
 MASTER_UTILISATION = 0.5  # a Redis master runs commands on one core; keep half of it free
 ROUTER_UTILISATION = 0.6  # a router process is one Python core; keep 40% for bursts and GC
 MIN_ROUTER_US_PER_WRITE = 1.0  # a floor for router_write_us however large the requests
+JOURNAL_HOLD_S = 300  # below this, the journal line says what bound would hold an outage this long
 COALESCE_DELAY_S = 0.0015  # the routers' SHARDLB_COALESCE_DELAY_MS default: what a call waits to fill
 LOAD_STEPS_SUMMARY = "load-steps.json"  # beside summary.json
 CALL_COST_SHARDS = "3"  # the load-steps board whose two library steps give the call costs
@@ -166,19 +165,11 @@ class Journal:
     buffer_s: float  # how long the bound holds the planned writes before writes are refused
 
 
-def journal_batch(writes: float, shards: int, calls_per_shard_s: float) -> float:
-    """Results per journal entry at ``writes``/s: the bench's script calls per shard a second held,
-    so a busier shard gets bigger batches (1 to MAX_RESULTS_PER_ENTRY)."""
-    if calls_per_shard_s <= 0:
-        return float(MAX_RESULTS_PER_ENTRY)
-    return min(float(MAX_RESULTS_PER_ENTRY), max(1.0, writes / shards / calls_per_shard_s))
-
-
 def journal_at_bound(
-    writes: float, shards: int, per_master: int, costs: dict[str, float], max_entries: int
+    writes: float, shards: int, per_master: int, costs: dict[str, float], max_entries: int, batch: float
 ) -> Journal:
-    """A full journal per shard: ``max_entries`` entries of the batch at this write rate."""
-    batch = journal_batch(writes, shards, costs["journal_calls_per_shard_s"])
+    """A full journal per shard: ``max_entries`` entries at this write rate, each the results of one
+    write script call, ``batch`` of them (``scores_per_call``)."""
     per_entry = costs["bytes_per_journal_entry"] + batch * costs["bytes_per_journaled_result"]
     per_shard = max_entries * per_entry * FRAGMENTATION
     buffer_s = max_entries * batch / (writes / shards) if writes else math.inf
@@ -353,7 +344,8 @@ def plan(
         "reads": _reads_reason(group_read, read_from, replicas, over),
         "sharding": sharding,
     }
-    journal = journal_at_bound(writes * journaled, shards, per_master, c, journal_max_entries)
+    journal_batch = scores_per_call(writes * journaled, writers, shards, request_scores)
+    journal = journal_at_bound(writes * journaled, shards, per_master, c, journal_max_entries, journal_batch)
     if not journaled:
         journal = Journal(0.0, 0.0, 0.0, 0.0)
     memory_per_node = int((data / masters + journal.bytes_per_master) * FORK_HEADROOM)
@@ -754,9 +746,9 @@ def render(
             "Model:",
             *_model(p, writes, periods, costs, incr, dedup_window_s, cached, timeless, scores_per_request),
             f"  journal = shards per master x {journal_max_entries:,} entries x (bytes_per_journal_entry + "
-            f"results per entry x bytes_per_journaled_result) x {FRAGMENTATION:g}; results per entry = "
-            "journaled writes / shards / journal_calls_per_shard_s (the bench's script calls per shard a "
-            f"second), 1 to {MAX_RESULTS_PER_ENTRY}",
+            f"results per entry x bytes_per_journaled_result) x {FRAGMENTATION:g}; an entry is one write "
+            "script call, so results per entry = scores a write call (above) at the journaled writes; the "
+            "bound holds entries x results per entry / journaled writes a shard seconds of writes",
             "",
             *([*measured, ""] if measured else []),
             "Assumptions:",
@@ -892,11 +884,19 @@ def _request_line(costs: dict[str, float], scores_per_request: float | None) -> 
 def _journal_line(j: Journal, max_entries: int) -> str:
     if not j.bytes_per_master:
         return "none (no journaled board)"
-    return (
+    results = f"{j.results_per_entry:,.1f}" if j.results_per_entry < 10 else f"{j.results_per_entry:,.0f}"
+    line = (
         f"{_size(j.bytes_per_master)} per master at {max_entries:,} entries a shard of "
-        f"{j.results_per_entry:,.0f} results ({_size(j.bytes_per_shard)} a shard); at this rate the bound "
+        f"{results} results ({_size(j.bytes_per_shard)} a shard); at this rate the bound "
         f"holds {j.buffer_s:,.0f} s of writes while PostgreSQL or the archiver is down, then writes get 503"
     )
+    if j.buffer_s < JOURNAL_HOLD_S:
+        entries = math.ceil(max_entries * JOURNAL_HOLD_S / j.buffer_s / 1000) * 1000
+        line += (
+            f"; to hold {JOURNAL_HOLD_S // 60:g} minutes, --journal-max-entries {entries:,} "
+            f"(SHARDLB_JOURNAL_MAX_ENTRIES): {_size(j.bytes_per_master * entries / max_entries)} per master"
+        )
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:

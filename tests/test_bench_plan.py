@@ -234,24 +234,28 @@ def test_pins_of_results_without_a_time_count_in_memory(
 
 
 def test_full_journals_are_counted_per_master() -> None:
-    # 32k writes/s: one master with one shard; 32,000 writes/s a shard at 100 script calls a second
-    # make entries of 320 results: 50,000 x (200 + 320 x 70) B x 1.2 = 1.36 GB a shard.
+    # 32k writes/s: one master with one shard and 3 routers (32k x 50 us / 0.6). A journal entry is
+    # one write script call: a request's 10 scores + 32,000 / 3 routers x 1.5 ms = 26 results.
+    # 50,000 entries x (200 + 26 x 70) B x 1.2 = 116 MiB a shard, which hold 40.6 s of writes.
     p = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS)
-    assert (p.masters, p.shards) == (1, 1)
-    assert p.journal.results_per_entry == 320
-    assert p.journal.bytes_per_shard == pytest.approx(50_000 * (200 + 320 * 70) * 1.2)
+    assert (p.masters, p.shards, p.routers) == (1, 1, 3)
+    assert p.journal.results_per_entry == pytest.approx(26.0) == p.scores_per_call
+    assert p.journal.bytes_per_shard == pytest.approx(50_000 * (200 + 26 * 70) * 1.2)
     assert p.journal.bytes_per_master == pytest.approx(p.journal.bytes_per_shard)
-    assert p.journal.buffer_s == pytest.approx(50_000 * 320 / 32_000)  # entries x batch / writes a shard
+    assert p.journal.buffer_s == pytest.approx(50_000 * 26 / 32_000)  # entries x batch / writes a shard
     assert p.memory_per_node_bytes == int((p.data_bytes + p.journal.bytes_per_master) * 2)
-    # Half the writes journaled: half the batch; none: no journal; a smaller bound, less memory.
+    # Half the writes journaled: their calls gather half as many; none: no journal; a smaller bound,
+    # less memory.
     half = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journaled=0.5)
-    assert half.journal.bytes_per_shard == pytest.approx(50_000 * (200 + 160 * 70) * 1.2)
+    assert half.journal.results_per_entry == pytest.approx(10 + 16_000 / 3 * plan.COALESCE_DELAY_S)
     assert plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journaled=0).journal.bytes_per_master == 0
     small = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journal_max_entries=5000)
     assert small.journal.bytes_per_master == pytest.approx(p.journal.bytes_per_master / 10)
-    # A batch is one script call: at least one result, at most the router's largest batch.
-    assert plan.journal_batch(1, 16, 100.0) == 1
-    assert plan.journal_batch(10**9, 16, 100.0) == plan.MAX_RESULTS_PER_ENTRY
+    # Many routers sharing the writes make small calls: a journal entry per one or two results, so
+    # the bound holds the writes for far less time than the bench's large calls would say.
+    many = plan.plan(1000, 32_000, 100_000, 1, ["total"], COSTS)
+    assert many.routers > 100 and many.journal.results_per_entry < 12
+    assert many.journal.buffer_s < p.journal.buffer_s / 2
 
 
 def test_main_prints_the_journal_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -269,10 +273,15 @@ def test_main_prints_the_journal_bound(tmp_path: Path, capsys: pytest.CaptureFix
     assert plan.main(args) == 0
     out = capsys.readouterr().out
     assert (
-        "journal bound        1.3 GiB per master at 50,000 entries a shard of 320 results (1.3 GiB a shard)"
+        "journal bound        116 MiB per master at 50,000 entries a shard of 26 results (116 MiB a shard)"
         in out
     )
-    assert "holds 500 s of writes" in out
+    assert "holds 41 s of writes" in out
+    # 41 s is short of five minutes: the bound that would hold them (50,000 x 300 / 40.6 s)
+    assert "to hold 5 minutes, --journal-max-entries 370,000 (SHARDLB_JOURNAL_MAX_ENTRIES)" in out
+    assert plan.main([*args, "--journal-max-entries", "370000"]) == 0
+    out = capsys.readouterr().out
+    assert "holds 301 s of writes" in out and "to hold 5 minutes" not in out
     assert plan.main([*args, "--journaled", "0"]) == 0
     assert "journal bound        none (no journaled board)" in capsys.readouterr().out
     for bad in (["--journaled", "2"], ["--journal-max-entries", "0"]):
