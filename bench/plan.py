@@ -3,12 +3,15 @@
     shardlb plan --players 50000000 --writes 20000 --reads 5000 [--replicas 1] [--periods total,daily]
                  [--incr 0.5] [--timeless 0.2] [--dedup-window 86400] [--journaled 1]
                  [--journal-max-entries 50000]
-                 [--masters-now 3] [--shards-now 16] [--scores-per-request 100] [--board global]
+                 [--masters-now 3] [--shards-now 16] [--scores-per-request 100] [--write-routers 3]
+                 [--board global]
 
 The costs (CPU microseconds per write and per read on a Redis master and in the router, bytes per
 player) come from bench/results/latest/summary.json, written by `make bench`, and the bytes per incr
 dedup record, the bytes per pin and the CPU of a dedup lookup from bench/results/latest/dedup.json,
-written by `make bench-dedup`; without them, the DEFAULTS below (from runs on the 2-core development
+written by `make bench-dedup`, and a write script call's fixed part and each score's part of a
+master's CPU from bench/results/latest/load-steps.json, written by `make bench-load-steps`; without
+them, the DEFAULTS below (from runs on the 2-core development
 machine) are used and the output says so. The model is deliberately simple and printed in full:
 every number can be checked by hand. With today's layout (``--masters-now``, ``--shards-now``) it
 also prints the steps from there to the plan's: masters added or removed (``shardlb cluster``, or on
