@@ -614,14 +614,13 @@ def test_the_write_pool_is_the_router_again_with_its_own_pods(overlay: str) -> N
     main_labels, pool_labels = pod_labels(main), pod_labels(pool)
     assert pool_labels == {**main_labels, "app.kubernetes.io/component": "router-writes"}
     assert pool_labels[REDIS_CLIENT_LABEL[0]] == REDIS_CLIENT_LABEL[1]
-    # the pod spec is the router's but for its labels and its ConfigMap (same data, its own name)
+    # the pod spec is the router's but for its labels, and it reads the router's own ConfigMap
     main_c, pool_c = container(main, "router"), container(pool, "router")
+    assert pool_c["envFrom"] == main_c["envFrom"]
     assert config_data(overlay, pool_c) == config_data(overlay, main_c)
 
     def normalised(deployment: dict[str, Any]) -> dict[str, Any]:
         spec = yaml.safe_load(yaml.safe_dump(pod_spec(deployment)))
-        for c in spec["containers"]:
-            c["envFrom"] = [e for e in c["envFrom"] if "configMapRef" not in e]
         for constraint in spec["topologySpreadConstraints"]:
             constraint["labelSelector"]["matchLabels"].pop("app.kubernetes.io/component")
         return dict(spec)
@@ -651,6 +650,32 @@ def test_the_write_pool_is_the_router_again_with_its_own_pods(overlay: str) -> N
     assert admits(overlay, pool_labels, redis_labels, 6379)
     assert egress_outside(overlay, pool_labels, 53)
     assert not admits(overlay, pool_labels, main_labels, ROUTER_PORT)
+
+
+@pytest.mark.parametrize("overlay", WRITE_POOL_OVERLAYS)
+def test_a_router_setting_merged_over_the_write_pool_reaches_both_pools(overlay: str, tmp_path: Path) -> None:
+    """k8s/README.md tells operators to set router settings (SHARDLB_JOURNAL_MAX_ENTRIES) in the
+    router's ConfigMap from their own overlay. Over an overlay with the write pool, that merge must
+    build, and reach the pool's routers as well as the main ones: both apply the same score writes."""
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        f"resources: [{os.path.relpath(K8S / 'overlays' / overlay, tmp_path)}]\n"
+        "configMapGenerator:\n"
+        "  - name: shardlb-router-config\n"
+        "    behavior: merge\n"
+        "    literals: [SHARDLB_JOURNAL_MAX_ENTRIES=1000000]\n"
+    )
+    result = run(tool("kubectl"), *RENDER, str(tmp_path))
+    assert result.returncode == 0, f"an operator's merge over {overlay} does not build:\n{result.stderr}"
+    docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    maps = {o["metadata"]["name"]: o.get("data", {}) for o in docs if o["kind"] == "ConfigMap"}
+    for name in (ROUTER, WRITE_POOL):
+        (deployment,) = [o for o in docs if o["kind"] == "Deployment" and o["metadata"]["name"] == name]
+        refs = [e["configMapRef"]["name"] for e in container(deployment, "router")["envFrom"] if "configMapRef" in e]
+        assert refs and all(ref in maps for ref in refs), f"{name} reads a ConfigMap the build lacks: {refs}"
+        merged = {k: v for ref in refs for k, v in maps[ref].items()}
+        assert merged.get("SHARDLB_JOURNAL_MAX_ENTRIES") == "1000000", f"{name} misses the merged setting"
 
 
 # ---------------------------------------------------------------- every pod
