@@ -2,7 +2,7 @@
 
     shardlb plan --players 50000000 --writes 20000 --reads 5000 [--replicas 1] [--periods total,daily]
                  [--incr 0.5] [--timeless 0.2] [--dedup-window 86400] [--journaled 1]
-                 [--journal-max-entries 50000]
+                 [--journal-max-results 1000000] [--journal-max-entries 1000000]
                  [--masters-now 3] [--shards-now 16] [--scores-per-request 100] [--write-routers 3]
                  [--board global]
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardlb.board import JOURNAL_MAX_ENTRIES
+from shardlb.board import JOURNAL_MAX_ENTRIES, JOURNAL_MAX_RESULTS
 from shardlb.config import DEDUP_BUCKETS, DEFAULT_DEDUP_WINDOW_S, PIN_SPAN
 
 LATEST = Path(__file__).resolve().parent / "results" / "latest" / "summary.json"
@@ -160,23 +160,38 @@ def choose(plans: dict[str, Plan]) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Journal:
-    """The journals of one board at their entry bound (while PostgreSQL or the archiver is down)."""
+    """The journals of one board at their bound (while PostgreSQL or the archiver is down)."""
 
     results_per_entry: float
     bytes_per_shard: float
     bytes_per_master: float
     buffer_s: float  # how long the bound holds the planned writes before writes are refused
+    results: float = 0.0  # results a full journal holds (a shard)
+    entries: float = 0.0  # entries that hold them
+    bound: str = "results"  # the bound that is reached first: results, or entries
 
 
 def journal_at_bound(
-    writes: float, shards: int, per_master: int, costs: dict[str, float], max_entries: int, batch: float
+    writes: float,
+    shards: int,
+    per_master: int,
+    costs: dict[str, float],
+    max_entries: int,
+    batch: float,
+    max_results: int = JOURNAL_MAX_RESULTS,
 ) -> Journal:
-    """A full journal per shard: ``max_entries`` entries at this write rate, each the results of one
-    write script call, ``batch`` of them (``scores_per_call``)."""
-    per_entry = costs["bytes_per_journal_entry"] + batch * costs["bytes_per_journaled_result"]
-    per_shard = max_entries * per_entry * FRAGMENTATION
-    buffer_s = max_entries * batch / (writes / shards) if writes else math.inf
-    return Journal(batch, per_shard, per_shard * per_master, buffer_s)
+    """A full journal per shard: write.lua refuses writes at ``max_results`` results not yet
+    archived, or at ``max_entries`` entries, whichever comes first. An entry is one write script
+    call, ``batch`` results (``scores_per_call``)."""
+    by_entries = max_entries * batch
+    held = min(float(max_results), by_entries)
+    entries = held / batch
+    per_shard = (
+        entries * costs["bytes_per_journal_entry"] + held * costs["bytes_per_journaled_result"]
+    ) * FRAGMENTATION
+    buffer_s = held / (writes / shards) if writes else math.inf
+    bound = "results" if max_results <= by_entries else "entries"
+    return Journal(batch, per_shard, per_shard * per_master, buffer_s, held, entries, bound)
 
 
 def memory_factor(periods: list[str]) -> float:
@@ -239,6 +254,7 @@ def plan(
     sharding: str = "hash",
     scores_per_request: float | None = None,
     write_routers: int | None = None,
+    journal_max_results: int = JOURNAL_MAX_RESULTS,
 ) -> Plan:
     """The sizing model (pure arithmetic; ``main`` prints it with its assumptions).
 
@@ -267,7 +283,8 @@ def plan(
     without ``achieved_at``, each keeping a pin for that window and a pin hash's span more (the CPU
     costs of `make bench` are of such writes). ``journaled`` is the share that
     goes to journaled boards (not ``durability: memory``): their journals may fill to
-    ``journal_max_entries`` entries per shard while the archive is down, and each master keeps room
+    ``journal_max_results`` results not yet archived (or ``journal_max_entries`` entries, if that
+    comes first) per shard while the archive is down, and each master keeps room
     for its shards' full journals (they do not change the master count: a buffer, not data).
     ``cached`` is the share of the reads the routers answer from their top cache.
 
@@ -348,7 +365,9 @@ def plan(
         "sharding": sharding,
     }
     journal_batch = scores_per_call(writes * journaled, writers, shards, request_scores)
-    journal = journal_at_bound(writes * journaled, shards, per_master, c, journal_max_entries, journal_batch)
+    journal = journal_at_bound(
+        writes * journaled, shards, per_master, c, journal_max_entries, journal_batch, journal_max_results
+    )
     if not journaled:
         journal = Journal(0.0, 0.0, 0.0, 0.0)
     memory_per_node = int((data / masters + journal.bytes_per_master) * FORK_HEADROOM)
@@ -716,6 +735,7 @@ def render(
     measured: Sequence[str] = (),
     timeless: float = 0.0,
     scores_per_request: float | None = None,
+    journal_max_results: int = JOURNAL_MAX_RESULTS,
 ) -> str:
     """The plan, ``steps`` from today's layout to it, the costs it used, the model with its figures,
     what ``measured`` scale-out says beside it, and the assumptions behind it."""
@@ -740,7 +760,7 @@ def render(
             "copy-on-write)",
             f"  maxmemory            {_gib(p.data_bytes / p.masters + p.journal.bytes_per_master)} per "
             "master, policy noeviction (a full master refuses writes: 503 out_of_memory)",
-            f"  journal bound        {_journal_line(p.journal, journal_max_entries)}",
+            f"  journal bound        {_journal_line(p.journal, journal_max_entries, journal_max_results)}",
             "",
             *steps,
             f"Costs: {source}",
@@ -748,10 +768,12 @@ def render(
             "",
             "Model:",
             *_model(p, writes, periods, costs, incr, dedup_window_s, cached, timeless, scores_per_request),
-            f"  journal = shards per master x {journal_max_entries:,} entries x (bytes_per_journal_entry + "
-            f"results per entry x bytes_per_journaled_result) x {FRAGMENTATION:g}; an entry is one write "
-            "script call, so results per entry = scores a write call (above) at the journaled writes; the "
-            "bound holds entries x results per entry / journaled writes a shard seconds of writes",
+            f"  journal = shards per master x (results x bytes_per_journaled_result + entries x "
+            f"bytes_per_journal_entry) x {FRAGMENTATION:g}, where results = the smaller of "
+            f"{journal_max_results:,} and {journal_max_entries:,} entries x results per entry, and entries = "
+            "results / results per entry; an entry is one write script call, so results per entry = scores "
+            "a write call (above) at the journaled writes; the bound holds results / journaled writes a "
+            "shard seconds of writes",
             "",
             *([*measured, ""] if measured else []),
             "Assumptions:",
@@ -884,20 +906,29 @@ def _request_line(costs: dict[str, float], scores_per_request: float | None) -> 
     ]
 
 
-def _journal_line(j: Journal, max_entries: int) -> str:
+def _journal_line(j: Journal, max_entries: int, max_results: int = JOURNAL_MAX_RESULTS) -> str:
     if not j.bytes_per_master:
         return "none (no journaled board)"
-    results = f"{j.results_per_entry:,.1f}" if j.results_per_entry < 10 else f"{j.results_per_entry:,.0f}"
+    per_entry = f"{j.results_per_entry:,.1f}" if j.results_per_entry < 10 else f"{j.results_per_entry:,.0f}"
+    reached = (
+        f"{max_results:,} results (SHARDLB_JOURNAL_MAX_RESULTS)"
+        if j.bound == "results"
+        else f"{max_entries:,} entries (SHARDLB_JOURNAL_MAX_ENTRIES), {j.results:,.0f} results"
+    )
     line = (
-        f"{_size(j.bytes_per_master)} per master at {max_entries:,} entries a shard of "
-        f"{results} results ({_size(j.bytes_per_shard)} a shard); at this rate the bound "
-        f"holds {j.buffer_s:,.0f} s of writes while PostgreSQL or the archiver is down, then writes get 503"
+        f"{_size(j.bytes_per_master)} per master at {reached} a shard in entries of {per_entry} results "
+        f"({_size(j.bytes_per_shard)} a shard); at this rate the bound holds {j.buffer_s:,.0f} s of writes "
+        "while PostgreSQL or the archiver is down, then writes get 503"
     )
     if j.buffer_s < JOURNAL_HOLD_S:
-        entries = math.ceil(max_entries * JOURNAL_HOLD_S / j.buffer_s / 1000) * 1000
+        results = math.ceil(j.results * JOURNAL_HOLD_S / j.buffer_s / 1000 - 1e-9) * 1000
+        entries = math.ceil(results / j.results_per_entry / 1000) * 1000
+        flags = f"--journal-max-results {results:,} (SHARDLB_JOURNAL_MAX_RESULTS)"
+        if entries > max_entries:
+            flags += f" and --journal-max-entries {entries:,} (SHARDLB_JOURNAL_MAX_ENTRIES)"
         line += (
-            f"; to hold {JOURNAL_HOLD_S // 60:g} minutes, --journal-max-entries {entries:,} "
-            f"(SHARDLB_JOURNAL_MAX_ENTRIES): {_size(j.bytes_per_master * entries / max_entries)} per master"
+            f"; to hold {JOURNAL_HOLD_S // 60:g} minutes, {flags}: "
+            f"{_size(j.bytes_per_master * results / j.results)} per master"
         )
     return line
 
@@ -951,6 +982,12 @@ def main(argv: list[str] | None = None) -> int:
         help="share of the writes that go to journaled boards (not durability: memory), 0 to 1 (default 1)",
     )
     parser.add_argument(
+        "--journal-max-results",
+        type=int,
+        default=JOURNAL_MAX_RESULTS,
+        help=f"the routers' SHARDLB_JOURNAL_MAX_RESULTS (default {JOURNAL_MAX_RESULTS:,})",
+    )
+    parser.add_argument(
         "--journal-max-entries",
         type=int,
         default=JOURNAL_MAX_ENTRIES,
@@ -1002,8 +1039,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--dedup-window is a board's dedup_window_s: 60 to 2592000 seconds")
     if not 0 <= args.cached <= 1:
         parser.error("--cached is a share of the reads, from 0 to 1")
-    if not 0 <= args.journaled <= 1 or args.journal_max_entries < 1:
-        parser.error("--journaled is a share of the writes, from 0 to 1; --journal-max-entries at least 1")
+    if not 0 <= args.journaled <= 1 or args.journal_max_entries < 1 or args.journal_max_results < 1:
+        parser.error(
+            "--journaled is a share of the writes, from 0 to 1; --journal-max-results and "
+            "--journal-max-entries at least 1"
+        )
     if args.masters_now is not None and args.masters_now < 1:
         parser.error("--masters-now is a number of masters, at least 1")
     if args.shards_now is not None and not 1 <= args.shards_now <= 1024:
@@ -1026,6 +1066,7 @@ def main(argv: list[str] | None = None) -> int:
             sharding=sharding,
             scores_per_request=args.scores_per_request,
             write_routers=args.write_routers,
+            journal_max_results=args.journal_max_results,
         )
         for sharding in layouts
     }
@@ -1038,7 +1079,11 @@ def main(argv: list[str] | None = None) -> int:
         pool = write_pool(args.writes, router_write)
         if pool < p.write_routers:
             pooled = plan(
-                *load, sharding=chosen, scores_per_request=args.scores_per_request, write_routers=pool
+                *load,
+                sharding=chosen,
+                scores_per_request=args.scores_per_request,
+                write_routers=pool,
+                journal_max_results=args.journal_max_results,
             )
             steps = _pool_lines(p, pooled)
     if args.masters_now is not None or args.shards_now is not None:
@@ -1062,6 +1107,7 @@ def main(argv: list[str] | None = None) -> int:
             _scaleout(args.summary.parent / SCALEOUT_SUMMARY),
             args.timeless,
             args.scores_per_request,
+            args.journal_max_results,
         )
     )
     return 0

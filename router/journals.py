@@ -1,9 +1,10 @@
 """How far the archive is behind, as this router sees the journals: for /metrics and /readyz.
 
-Every ``every_s`` seconds the watcher reads each journaled board's shards (XLEN and the oldest
-entry's id, through a small client of its own that leaves replies undecoded) and keeps the worst
-journal: its entries not yet archived and the age of the oldest. Writes to a shard whose journal
-reaches its bound are refused with 503 (write.lua); the gauges show it coming.
+Every ``every_s`` seconds the watcher reads each journaled board's shards (XLEN, the oldest
+entry's id and the results counts, through a small client of its own that leaves replies
+undecoded) and keeps the worst journal, the one nearest either bound: its entries and results not
+yet archived and the age of the oldest. Writes to a shard whose journal reaches a bound are refused
+with 503 (write.lua); the gauges show it coming.
 """
 
 from __future__ import annotations
@@ -25,30 +26,39 @@ log = logging.getLogger("shardlb.router")
 
 @dataclass
 class Worst:
-    """The journal furthest behind (None when no board keeps one), and the bound writes stop at."""
+    """The journal furthest behind (None when no board keeps one), and the bounds writes stop at:
+    ``bound`` in entries, ``results_bound`` in results not yet archived."""
 
     board: str | None
     lag: Lag
     bound: int
+    results_bound: int
 
     def body(self) -> dict[str, Any]:
         return {"board": self.board, "entries": self.lag.entries, "seconds": round(self.lag.seconds, 1),
-                "bound": self.bound}  # fmt: skip
+                "bound": self.bound, "results": self.lag.results,
+                "results_bound": self.results_bound}  # fmt: skip
+
+    def share(self, lag: Lag) -> float:
+        """How near ``lag`` is to the nearer of the two bounds (1.0: writes are refused)."""
+        return max(lag.entries / self.bound, lag.results / self.results_bound)
 
 
 class JournalWatch:
-    def __init__(self, raw: RedisCluster, store: BoardStore, bound: int, every_s: float = 5.0) -> None:
+    def __init__(
+        self, raw: RedisCluster, store: BoardStore, bound: int, results_bound: int, every_s: float = 5.0
+    ) -> None:
         self.raw = raw
         self.store = store
         self.every_s = every_s
-        self.worst = Worst(None, Lag(0, 0.0), bound)
+        self.worst = Worst(None, Lag(0, 0.0), bound, results_bound)
         # redis-py has been seen swallowing a task's cancellation inside its retries: the loop also
         # ends on this flag, which Service.stop sets before it cancels.
         self.closed = False
 
     async def check(self) -> Worst:
         """Read every journal once; keep and return the worst."""
-        worst = Worst(None, Lag(0, 0.0), self.worst.bound)
+        worst = Worst(None, Lag(0, 0.0), self.worst.bound, self.worst.results_bound)
         for board in await self.store.boards():
             if self.closed:
                 break
@@ -56,10 +66,11 @@ class JournalWatch:
                 continue
             for prefix in board.prefixes:  # one call at a time: the client has two connections a node
                 lag = await journal_lag(self.raw, keys.journal_key(prefix))
-                if (lag.entries, lag.seconds) > (worst.lag.entries, worst.lag.seconds):
-                    worst = Worst(board.config.id, lag, worst.bound)
+                if (worst.share(lag), lag.seconds) > (worst.share(worst.lag), worst.lag.seconds):
+                    worst = Worst(board.config.id, lag, worst.bound, worst.results_bound)
         self.worst = worst
         metrics.JOURNAL_ENTRIES.set(worst.lag.entries)
+        metrics.JOURNAL_RESULTS.set(worst.lag.results)
         metrics.JOURNAL_SECONDS.set(worst.lag.seconds)
         return worst
 

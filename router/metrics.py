@@ -82,7 +82,12 @@ CACHE = Counter(
 )
 JOURNAL_ENTRIES = Gauge(
     "shardlb_journal_lag_entries",
-    "Journal entries not yet archived in PostgreSQL, in the journal furthest behind.",
+    "Journal entries not yet archived in PostgreSQL, in the journal furthest behind (nearest a bound).",
+    multiprocess_mode="max",
+)
+JOURNAL_RESULTS = Gauge(
+    "shardlb_journal_lag_results",
+    "Results not yet archived in PostgreSQL, in the journal furthest behind (nearest a bound).",
     multiprocess_mode="max",
 )
 JOURNAL_SECONDS = Gauge(

@@ -492,12 +492,14 @@ _SCHEMAS: dict[str, Any] = {
             "status": {"type": "string"},
             "journal": {
                 "type": "object",
-                "required": ["board", "entries", "seconds", "bound"],
+                "required": ["board", "entries", "seconds", "bound", "results", "results_bound"],
                 "properties": {
                     "board": {"type": ["string", "null"]},
                     "entries": {"type": "integer", "minimum": 0},
                     "seconds": {"type": "number", "minimum": 0},
                     "bound": {"type": "integer", "minimum": 1},
+                    "results": {"type": "integer", "minimum": 0},
+                    "results_bound": {"type": "integer", "minimum": 1},
                 },
             },
         },
@@ -1220,7 +1222,7 @@ SPEC: dict[str, Any] = {
                 "security": [],
                 "summary": "Ready: the cluster answers and serves every slot; 503 otherwise or draining",
                 "responses": {
-                    "200": _ok("Ready; `journal` names the journal furthest behind the archive", "Ready"),
+                    "200": _ok("Ready; `journal` names the journal nearest its bound", "Ready"),
                     **_errors(503),
                 },
             },

@@ -96,7 +96,7 @@ class Service:
                     raise ClusterUnavailable(f"no cluster at {redacted(settings.redis_url)}: {e}") from e
                 log.warning("cluster not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
                 await asyncio.sleep(0.5)
-        store = BoardStore(client, scripts, settings.journal_max_entries)
+        store = BoardStore(client, scripts, settings.journal_max_entries, settings.journal_max_results)
         store.read_replicas = settings.read_from != "primary"
         finished = await store.reclaim()  # deletions some process left half done
         if finished:
@@ -136,6 +136,7 @@ class Service:
                 connect(settings.redis_url, 2, settings.redis_timeout_s, False, settings.redis_password),
                 store,
                 settings.journal_max_entries,
+                settings.journal_max_results,
             ),
             moderation=Moderation(bans, RefusalLog(settings.postgres_url)),
         )

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from router.budget import LANES, READ_PIPELINES, RESERVE, connections_needed
-from shardlb.board import JOURNAL_MAX_ENTRIES
+from shardlb.board import JOURNAL_MAX_ENTRIES, JOURNAL_MAX_RESULTS
 from shardlb.connection import READ_FROM, has_password, parse_url
 from shardlb.errors import InvalidInput
 from shardlb.fanout import ACK_LEVELS
@@ -92,6 +92,7 @@ class Settings:
     drain_seconds: float = 10.0
     max_body_bytes: int = MIB
     journal_max_entries: int = JOURNAL_MAX_ENTRIES
+    journal_max_results: int = JOURNAL_MAX_RESULTS
     # Read bodies (players:query) are public: 1000 ids of 64 characters need about 70 KB as JSON.
     max_read_body_bytes: int = 96 * KIB
     top_refresh_s: float = 1.0
@@ -165,6 +166,7 @@ class Settings:
         _range("SHARDLB_DRAIN_SECONDS", self.drain_seconds, 0, 3600)
         _range("SHARDLB_MAX_BODY_BYTES", self.max_body_bytes, 1024, 1024 * MIB)
         _range("SHARDLB_JOURNAL_MAX_ENTRIES", self.journal_max_entries, 1, 10**8)
+        _range("SHARDLB_JOURNAL_MAX_RESULTS", self.journal_max_results, 1, 10**9)
         _range("SHARDLB_MAX_READ_BODY_BYTES", self.max_read_body_bytes, 1024, 1024 * MIB)
         _range("SHARDLB_TOP_REFRESH_S", self.top_refresh_s, 0.05, 3600)
         _range("SHARDLB_TOP_IDLE_S", self.top_idle_s, 1, 86_400)

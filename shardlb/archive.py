@@ -5,8 +5,9 @@ may run at once under different consumer names and share the entries. One round 
 new entries from every journal (XREADGROUP), takes over entries another consumer left unacknowledged
 for ``claim_idle_s`` (XAUTOCLAIM: a dead archiver's), writes them all in ONE transaction (COPY into a
 temporary table, then an upsert into ``match_results``), and only after the commit acknowledges them
-(XACK) and trims each journal up to its oldest entry not yet acknowledged. A crash anywhere leaves
-entries to read again; the upsert makes a replay harmless:
+(ack.lua: XACK, and each acknowledged entry's results counted as archived, for write.lua's bound on
+results not yet archived) and trims each journal up to its oldest entry not yet acknowledged. A
+crash anywhere leaves entries to read again; the upsert makes a replay harmless:
 
 - rows are keyed by (board, incarnation, match_id, player_id), one per result as the game sent it;
 - ``best`` keeps the better score of a key sent twice, ``set`` the later time, ``incr`` the first:
@@ -171,9 +172,9 @@ class Archiver:
             async with gate:
                 return await self._read(key)
 
-        async def ack(key: str, ids: list[str]) -> None:
+        async def ack(key: str, pairs: list[str]) -> None:
             async with gate:
-                await self._ack(key, ids)
+                await self._ack(key, pairs)
 
         batches = await asyncio.gather(*(read(key) for _, key in streams))
         self._failed = True  # until this round's entries are committed and acknowledged
@@ -186,8 +187,8 @@ class Archiver:
         await self._write(rows, removals)
         acked: dict[str, list[str]] = {}
         for _, key, entry in entries:
-            acked.setdefault(key, []).append(entry.id)
-        await asyncio.gather(*(ack(key, ids) for key, ids in acked.items()))
+            acked.setdefault(key, []).extend((entry.id, str(entry.counted)))
+        await asyncio.gather(*(ack(key, pairs) for key, pairs in acked.items()))
         self._failed = False
         return len(rows) + len(removals)
 
@@ -286,8 +287,11 @@ class Archiver:
                     ([b for b, _ in boards], [i for _, i in boards]),
                 )
 
-    async def _ack(self, key: str, ids: list[str]) -> None:
-        await self.client.xack(key, GROUP, *ids)
+    async def _ack(self, key: str, pairs: list[str]) -> None:
+        """Acknowledge entries (``pairs``: id, its count of results, ...) and count their results
+        as archived (ack.lua), then trim what every consumer has acknowledged."""
+        counts = keys.journal_counts_of(key)
+        await self.store.scripts.ack(keys=[key, counts], args=[GROUP, *pairs])
         await trim(self.client, key)
 
 
@@ -360,6 +364,7 @@ async def _sleep(stop: asyncio.Event, seconds: float) -> None:
 ARCHIVED = Counter("shardlb_archive_results_total", "results copied from the journals into PostgreSQL")
 FAILED_ROUNDS = Counter("shardlb_archive_failed_rounds_total", "archive rounds that failed and were retried")
 LAG_ENTRIES = Gauge("shardlb_archive_lag_entries", "journal entries not yet archived, largest over journals")
+LAG_RESULTS = Gauge("shardlb_archive_lag_results", "results not yet archived, largest over journals")
 LAG_SECONDS = Gauge("shardlb_archive_lag_seconds", "age of the oldest journal entry not yet archived")
 
 
@@ -408,6 +413,7 @@ async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) ->
         try:
             lags = list((await archiver.lag()).values())
             LAG_ENTRIES.set(max((lag.entries for lag in lags), default=0))
+            LAG_RESULTS.set(max((lag.results for lag in lags), default=0))
             LAG_SECONDS.set(max((lag.seconds for lag in lags), default=0.0))
         except Exception as e:
             if not _passing(e):

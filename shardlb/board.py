@@ -30,9 +30,15 @@ STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow", 
 GONE = "BOARDGONE"  # the error write.lua and band.lua answer with once the board was deleted
 MOVED = "BOARDMOVED"  # the scripts' error while a reshard holds the shard (shardlb/reshard.py)
 JOURNAL_FULL = "JOURNALFULL"  # write.lua's error when the shard's journal is at its bound
-# Entries (script calls) a shard's journal may hold before writes are refused: the buffer while
-# PostgreSQL or the archiver is down (router setting SHARDLB_JOURNAL_MAX_ENTRIES).
-JOURNAL_MAX_ENTRIES = 50_000
+# Results a shard's journal may hold not yet archived before writes are refused: the buffer while
+# PostgreSQL or the archiver is down (router setting SHARDLB_JOURNAL_MAX_RESULTS). Counted in
+# results, it lasts the same time at any call size, and bounds memory at about 67 to 284 bytes a
+# result (calls of many results to calls of one: `shardlb plan`).
+JOURNAL_MAX_RESULTS = 1_000_000
+# Entries (script calls) it may hold (SHARDLB_JOURNAL_MAX_ENTRIES): an entry holds at least one
+# result, so entries never outnumber the results bound, and by default this one never bites (the
+# setting's maximum). Set it lower to cap entries too.
+JOURNAL_MAX_ENTRIES = 100_000_000
 MAX_FUTURE_MS = 5 * 60_000
 QUARTER_HOUR_MS = 15 * 60_000
 
@@ -170,6 +176,7 @@ class Board:
         self.also: list[str] = []
         self.bands = BandMoves(self)
         self.journal_max = JOURNAL_MAX_ENTRIES
+        self.journal_max_results = JOURNAL_MAX_RESULTS
         self._dedup_bucket_ms = config.dedup_bucket_ms
         self._period_names = functools.lru_cache(maxsize=4096)(self._names_in_quarter_hour)
         self._same_periods = functools.lru_cache(maxsize=64)(self._quarters_like)
@@ -392,6 +399,7 @@ class Board:
             version, pending, dedup, pins, rivals, list(self.config.sharding.bands), expiry,
             journal, self.journal_max, self.config.id, self.incarnation, shard, locks, activity, b, window,
             PIN_SPAN, int(len(items) <= STREAM_VALUES), *(self._same_period_units(now) if pins else (0, -1)),
+            self.journal_max_results if journal else 0,
         ]  # fmt: skip
         return key_list, [
             _stream(header),

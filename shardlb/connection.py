@@ -246,6 +246,7 @@ class Scripts:
     remove: Script
     rate: Script
     freeze: Script
+    ack: Script
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:

@@ -1,15 +1,17 @@
 """The journal: each shard's stream of applied results, as write.lua appends them.
 
-One entry per script call that applied anything: ``b`` board, ``i`` incarnation, ``s`` shard and
-``r``, a MessagePack array of (dedup member, points, time units) per applied result, in the order
-applied, and ``c`` when some result was not applied to a closed or frozen period of its own: the
-names of those periods per result (write.lua's header). A result is on the board if and only if
-it is in its shard's journal (the script does both in one atomic call). A removal
-(shardlb/moderation.py, remove.lua) is an entry with ``x`` instead of ``r``: a MessagePack array
-of the player ids removed from every period of the shard at that id; results of those players
-with smaller ids on this shard no longer count. The archiver
-(shardlb/archive.py) copies entries into PostgreSQL and trims what it committed; a rebuild replays
-the entries written after its snapshot.
+One entry per script call that applied anything: ``b`` board, ``i`` incarnation, ``s`` shard, ``n``
+its count of results (entries journaled before there was ``n`` have none), and ``r``, a MessagePack
+array of (dedup member, points, time units) per applied result, in the order applied, and ``c``
+when some result was not applied to a closed or frozen period of its own: the names of those
+periods per result (write.lua's header). A result is on the board if and only if it is in its
+shard's journal (the script does both in one atomic call). A removal (shardlb/moderation.py,
+remove.lua) is an entry with ``x`` instead of ``r``: a MessagePack array of the player ids removed
+from every period of the shard at that id; results of those players with smaller ids on this shard
+no longer count. The archiver (shardlb/archive.py) copies entries into PostgreSQL, acknowledges
+them (counting their ``n`` as archived in the shard's ``logn``, which write.lua's bound on results
+not yet archived reads) and trims what it committed; a rebuild replays the entries written after
+its snapshot.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any, NamedTuple
 
 import msgpack
 from redis.asyncio.cluster import RedisCluster
+
+from shardlb import keys
 
 GROUP = "archiver"  # the consumer group every archiver reads the journals with
 
@@ -40,6 +44,7 @@ class Entry(NamedTuple):
     shard: int
     results: list[Applied]
     removed: tuple[str, ...] = ()  # a delete entry's players (its results are then empty)
+    counted: int = 0  # its ``n``: what acknowledging it takes off the shard's results not archived
 
 
 def _text(value: Any) -> str:
@@ -52,6 +57,7 @@ def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
     head = (_text(entry_id), _text(get["b"]), _text(get["i"]), int(_text(get["s"])))
     if "x" in get:
         return Entry(*head, [], tuple(_text(p) for p in msgpack.unpackb(get["x"], raw=False)))
+    counted = int(_text(get["n"])) if "n" in get else 0
     flat = msgpack.unpackb(get["r"], raw=False)
     skips = msgpack.unpackb(get["c"], raw=False) if "c" in get else [""] * (len(flat) // 3)
     results = []
@@ -61,24 +67,28 @@ def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
         skipped = _text(skips[n // 3])
         closed = tuple(skipped.split(",")) if skipped else ()
         results.append(Applied(match, player, int(flat[n + 1]), int(flat[n + 2]), closed))
-    return Entry(*head, results)
+    return Entry(*head, results, counted=counted)
 
 
 class Lag(NamedTuple):
-    """How far the archive is behind one journal: entries not yet acknowledged, and the age of the
-    oldest of them (seconds; 0 when there are none)."""
+    """How far the archive is behind one journal: entries not yet acknowledged, the age of the
+    oldest of them (seconds; 0 when there are none), and the results they hold as write.lua counts
+    them (its ``logn``: results journaled less those archived)."""
 
     entries: int
     seconds: float
+    results: int = 0
 
 
 async def journal_lag(client: RedisCluster, key: str) -> Lag:
-    """Entries not yet acknowledged by the archive (all of them when no archiver ever ran), and the
-    age of the oldest in seconds: after ``trim`` the stream holds exactly those. ``client`` must
-    leave replies undecoded (``connect(url, decode=False)``): entries carry MessagePack."""
+    """Entries not yet acknowledged by the archive (all of them when no archiver ever ran), the age
+    of the oldest in seconds (after ``trim`` the stream holds exactly those), and their results.
+    ``client`` must leave replies undecoded (``connect(url, decode=False)``): entries carry MessagePack."""
     first = await client.xrange(key, count=1)
     if not first:
         return Lag(0, 0.0)
     entries = await client.xlen(key)
+    added, done = await client.hmget(keys.journal_counts_of(key), "a", "d")
+    results = max(0, int(added or 0) - int(done or 0))
     ms = int(_text(first[0][0]).split("-")[0])
-    return Lag(int(entries), max(0.0, time.time() - ms / 1000))
+    return Lag(int(entries), max(0.0, time.time() - ms / 1000), results)

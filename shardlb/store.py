@@ -22,7 +22,7 @@ import orjson
 from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys
-from shardlb.board import JOURNAL_MAX_ENTRIES, Board
+from shardlb.board import JOURNAL_MAX_ENTRIES, JOURNAL_MAX_RESULTS, Board
 from shardlb.config import (
     AUTO_SHARDS,
     BoardConfig,
@@ -50,11 +50,17 @@ RESHARD_SOURCE_STATES = ("copying", "sealing")  # the registry's layout is being
 
 class BoardStore:
     def __init__(
-        self, client: RedisCluster, scripts: Scripts, journal_max: int = JOURNAL_MAX_ENTRIES
+        self,
+        client: RedisCluster,
+        scripts: Scripts,
+        journal_max: int = JOURNAL_MAX_ENTRIES,
+        journal_max_results: int = JOURNAL_MAX_RESULTS,
     ) -> None:
         self.client = client
         self.scripts = scripts
-        self.journal_max = journal_max  # given to every Board made here (Board.journal_max)
+        # given to every Board made here (Board.journal_max, Board.journal_max_results)
+        self.journal_max = journal_max
+        self.journal_max_results = journal_max_results
         self.read_replicas = False  # given to every Board made here (Board.read_replicas)
 
     async def create(self, config: BoardConfig) -> tuple[Board, bool]:
@@ -158,6 +164,7 @@ class BoardStore:
         """The board ``config`` under one layout generation, with this store's settings."""
         board = Board(self.client, config, self.scripts, incarnation, generation)
         board.journal_max = self.journal_max
+        board.journal_max_results = self.journal_max_results
         board.read_replicas = self.read_replicas
         return board
 

@@ -102,8 +102,17 @@ async def test_the_archive_gives_the_board_back(
         ref.submit(await archived(postgres_url, board), now_ms=times.now_ms())
         want = expected_entries(ref, "total", None)
         assert want and await board.top(len(want) + 5) == want
+        counted = 0
         for prefix in board.prefixes:  # every archived entry was trimmed from its journal
-            assert await journal_lag(raw, keys.journal_key(prefix)) == (0, 0.0)
+            assert await journal_lag(raw, keys.journal_key(prefix)) == (0, 0.0, 0)
+            # and every result journaled was counted as archived, once (ack.lua)
+            added, done = await raw.hmget(keys.journal_counts_key(prefix), "a", "d")
+            assert added == done
+            counted += int(added or 0)
+        # one row per (match, player): a retry journaled again is one row, except on incr boards,
+        # whose dedup refuses it before the journal
+        rows = len(await archived(postgres_url, board))
+        assert counted == rows if mode == "incr" else counted >= rows > 0
     finally:
         await a.db.close()
         await store.delete(config.id)
@@ -185,6 +194,39 @@ async def test_without_postgres_the_journal_buffers_then_refuses(
         a.db = await connect_db(postgres_url)  # PostgreSQL is back
         assert await drain(a) == 3
         await board.submit([Score("late", 99, "m9", now)], now_ms=now)
+        assert await drain(a) == 1
+        assert {s.player_id for s in await archived(postgres_url, board)} == {"p0", "p1", "p2", "late"}
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_the_results_bound_holds_while_postgres_is_away(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """SHARDLB_JOURNAL_MAX_RESULTS with the archiver: results not archived are counted as written
+    and as archived, so one call of many results fills the bound as many calls of one would, and
+    the archive catching up makes room again."""
+    config = BoardConfig.from_dict("archive-results", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    board.journal_max_results = 3
+    key = keys.journal_key(board.prefixes[0])
+    a = await archiver(raw, store, postgres_url)
+    try:
+        await a.db.close()  # PostgreSQL is gone
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", 10 + i, "m0", now) for i in range(3)], now_ms=now)
+        with pytest.raises(psycopg.Error):
+            await a.round()
+        with pytest.raises(Overloaded):
+            await board.submit([Score("late", 99, "m9", now)], now_ms=now)
+        lag = await journal_lag(raw, key)
+        assert (lag.entries, lag.results) == (1, 3)
+        a.db = await connect_db(postgres_url)  # PostgreSQL is back
+        assert await drain(a) == 3
+        assert (await journal_lag(raw, key)).results == 0
+        await board.submit([Score("late", 99, "m9", now)], now_ms=now)
+        assert (await journal_lag(raw, key)).results == 1
         assert await drain(a) == 1
         assert {s.player_id for s in await archived(postgres_url, board)} == {"p0", "p1", "p2", "late"}
     finally:

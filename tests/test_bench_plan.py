@@ -235,27 +235,41 @@ def test_pins_of_results_without_a_time_count_in_memory(
 
 def test_full_journals_are_counted_per_master() -> None:
     # 32k writes/s: one master with one shard and 3 routers (32k x 50 us / 0.6). A journal entry is
-    # one write script call: a request's 10 scores + 32,000 / 3 routers x 1.5 ms = 26 results.
-    # 50,000 entries x (200 + 26 x 70) B x 1.2 = 116 MiB a shard, which hold 40.6 s of writes.
+    # one write script call: a request's 10 scores + 32,000 / 3 routers x 1.5 ms = 26 results. The
+    # bound is 1,000,000 results not yet archived (1,000,000 entries of 26 would be more): 38,462
+    # entries, (38,462 x 200 + 1,000,000 x 70) B x 1.2 = 89 MiB a shard, which hold 31.25 s of writes.
     p = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS)
     assert (p.masters, p.shards, p.routers) == (1, 1, 3)
     assert p.journal.results_per_entry == pytest.approx(26.0) == p.scores_per_call
-    assert p.journal.bytes_per_shard == pytest.approx(50_000 * (200 + 26 * 70) * 1.2)
+    assert (p.journal.bound, p.journal.results) == ("results", 1_000_000)
+    assert p.journal.entries == pytest.approx(1_000_000 / 26)
+    assert p.journal.bytes_per_shard == pytest.approx((1_000_000 / 26 * 200 + 1_000_000 * 70) * 1.2)
     assert p.journal.bytes_per_master == pytest.approx(p.journal.bytes_per_shard)
-    assert p.journal.buffer_s == pytest.approx(50_000 * 26 / 32_000)  # entries x batch / writes a shard
+    assert p.journal.buffer_s == pytest.approx(1_000_000 / 32_000)  # results / writes a shard
     assert p.memory_per_node_bytes == int((p.data_bytes + p.journal.bytes_per_master) * 2)
-    # Half the writes journaled: their calls gather half as many; none: no journal; a smaller bound,
-    # less memory.
+    # Half the writes journaled: their calls gather half as many; none: no journal.
     half = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journaled=0.5)
     assert half.journal.results_per_entry == pytest.approx(10 + 16_000 / 3 * plan.COALESCE_DELAY_S)
     assert plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journaled=0).journal.bytes_per_master == 0
+    # A bound in entries that comes first: 5,000 entries of 26 results.
     small = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journal_max_entries=5000)
-    assert small.journal.bytes_per_master == pytest.approx(p.journal.bytes_per_master / 10)
-    # Many routers sharing the writes make small calls: a journal entry per one or two results, so
-    # the bound holds the writes for far less time than the bench's large calls would say.
+    assert (small.journal.bound, small.journal.results) == ("entries", 5000 * 26)
+    assert small.journal.bytes_per_shard == pytest.approx((5000 * 200 + 5000 * 26 * 70) * 1.2)
+    assert small.journal.buffer_s == pytest.approx(5000 * 26 / 32_000)
+    fewer = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journal_max_results=100_000)
+    assert fewer.journal.buffer_s == pytest.approx(p.journal.buffer_s / 10)
+    assert fewer.journal.bytes_per_master == pytest.approx(p.journal.bytes_per_master / 10)
+    # Many routers sharing the writes make small calls, an entry per one or two results: the bound
+    # in results holds the writes as long as the large calls', in more entries, so more memory.
     many = plan.plan(1000, 32_000, 100_000, 1, ["total"], COSTS)
-    assert many.routers > 100 and many.journal.results_per_entry < 12
-    assert many.journal.buffer_s < p.journal.buffer_s / 2
+    assert many.routers > 100 and many.journal.results_per_entry < 12 and many.shards == p.shards
+    assert many.journal.buffer_s == pytest.approx(p.journal.buffer_s)
+    assert many.journal.bytes_per_shard > p.journal.bytes_per_shard
+    # ... where a bound in entries alone would have held them for far less time
+    entries_only = {"journal_max_entries": 50_000, "journal_max_results": 10**9}
+    small_calls = plan.plan(1000, 32_000, 100_000, 1, ["total"], COSTS, **entries_only).journal
+    large_calls = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, **entries_only).journal
+    assert small_calls.buffer_s < large_calls.buffer_s / 2
 
 
 def test_main_prints_the_journal_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -273,18 +287,26 @@ def test_main_prints_the_journal_bound(tmp_path: Path, capsys: pytest.CaptureFix
     assert plan.main(args) == 0
     out = capsys.readouterr().out
     assert (
-        "journal bound        116 MiB per master at 50,000 entries a shard of 26 results (116 MiB a shard)"
-        in out
+        "journal bound        89 MiB per master at 1,000,000 results (SHARDLB_JOURNAL_MAX_RESULTS) a shard "
+        "in entries of 26 results (89 MiB a shard)" in out
     )
-    assert "holds 41 s of writes" in out
-    # 41 s is short of five minutes: the bound that would hold them (50,000 x 300 / 40.6 s)
-    assert "to hold 5 minutes, --journal-max-entries 370,000 (SHARDLB_JOURNAL_MAX_ENTRIES)" in out
-    assert plan.main([*args, "--journal-max-entries", "370000"]) == 0
+    assert "holds 31 s of writes" in out
+    # 31.25 s is short of five minutes: the bound that would hold them (1,000,000 x 300 / 31.25)
+    assert "to hold 5 minutes, --journal-max-results 9,600,000 (SHARDLB_JOURNAL_MAX_RESULTS): 854 MiB" in out
+    assert plan.main([*args, "--journal-max-results", "9600000"]) == 0
     out = capsys.readouterr().out
-    assert "holds 301 s of writes" in out and "to hold 5 minutes" not in out
+    assert "holds 300 s of writes" in out and "to hold 5 minutes" not in out
+    # with a bound in entries that comes first, both bounds are named
+    assert plan.main([*args, "--journal-max-entries", "5000"]) == 0
+    out = capsys.readouterr().out
+    assert "at 5,000 entries (SHARDLB_JOURNAL_MAX_ENTRIES), 130,000 results a shard" in out
+    assert (
+        "--journal-max-results 9,600,000 (SHARDLB_JOURNAL_MAX_RESULTS) and --journal-max-entries 370,000 "
+        "(SHARDLB_JOURNAL_MAX_ENTRIES)" in out
+    )
     assert plan.main([*args, "--journaled", "0"]) == 0
     assert "journal bound        none (no journaled board)" in capsys.readouterr().out
-    for bad in (["--journaled", "2"], ["--journal-max-entries", "0"]):
+    for bad in (["--journaled", "2"], ["--journal-max-entries", "0"], ["--journal-max-results", "0"]):
         with pytest.raises(SystemExit):
             plan.main([*args, *bad])
 

@@ -14,7 +14,7 @@ from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.connection import connect
 from shardlb.errors import Overloaded
-from shardlb.journal import decode
+from shardlb.journal import GROUP, decode, journal_lag
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import HOUR, expected_entries, sharding
@@ -104,6 +104,64 @@ async def test_a_full_journal_refuses_the_whole_call(store: BoardStore) -> None:
         await board.submit([Score("c", 3, "m3", now)], now_ms=now)
         assert await board.size() == 3
     finally:
+        await store.delete(config.id)
+
+
+async def test_the_results_bound_counts_results_not_entries(store: BoardStore, cluster_url: str) -> None:
+    """SHARDLB_JOURNAL_MAX_RESULTS: a shard whose journal holds that many results not yet archived
+    refuses the whole next call, however few entries hold them; acknowledging entries (ack.lua, as
+    the archiver does) makes room again, each entry counted once however often it is acknowledged."""
+    config = BoardConfig.from_dict("journal-results", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    board.journal_max_results = 4
+    raw = connect(cluster_url, decode=False)
+    key = keys.journal_key(board.prefixes[0])
+    counts = keys.journal_counts_key(board.prefixes[0])
+    now = times.now_ms()
+    try:
+        await board.submit([Score(f"a{i}", i, "m1", now) for i in range(3)], now_ms=now)  # one entry
+        assert (await journal_lag(raw, key)).results == 3
+        await board.submit([Score("b", 7, "m2", now)], now_ms=now)  # 3 < 4: applied, and now at 4
+        lag = await journal_lag(raw, key)
+        assert (lag.entries, lag.results) == (2, 4)
+        with pytest.raises(Overloaded):
+            await board.submit([Score("c", 9, "m3", now)], now_ms=now)
+        assert await board.size() == 4
+        # acknowledged as the archiver does: the first entry's 3 results are archived
+        await raw.xgroup_create(key, GROUP, id="0")
+        delivered = await raw.xreadgroup(GROUP, "t", {key: ">"}, count=1)
+        entry = decode(*delivered[0][1][0])
+        assert entry.counted == 3
+        for _ in range(2):  # a retried ack counts it once
+            await store.scripts.ack(keys=[key, counts], args=[GROUP, entry.id, str(entry.counted)])
+        assert (await journal_lag(raw, key)).results == 1
+        await board.submit([Score("c", 9, "m3", now)], now_ms=now)
+        assert await board.size() == 5
+    finally:
+        await raw.aclose()
+        await store.delete(config.id)
+    # acknowledging after the board is gone writes no stray counts key
+    await store.scripts.ack(keys=[key, counts], args=[GROUP, "1-0", "5"])
+    assert not await store.client.exists(counts)
+
+
+async def test_an_empty_journal_sets_its_results_count_right(store: BoardStore, cluster_url: str) -> None:
+    """A count that drifted (entries journaled before entries carried their count, a consumer group
+    made again) is set right by the first write to an empty journal: nothing is left to archive."""
+    config = BoardConfig.from_dict("journal-drift", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    board.journal_max_results = 4
+    raw = connect(cluster_url, decode=False)
+    key = keys.journal_key(board.prefixes[0])
+    now = times.now_ms()
+    try:
+        await board.submit([Score("a", 1, "m1", now)], now_ms=now)
+        await raw.xtrim(key, maxlen=0, approximate=False)  # archived and trimmed, but never counted
+        await store.client.hset(keys.journal_counts_key(board.prefixes[0]), "a", 40)
+        await board.submit([Score("b", 2, "m2", now)], now_ms=now)  # not refused: the journal was empty
+        assert (await journal_lag(raw, key)).results == 1
+    finally:
+        await raw.aclose()
         await store.delete(config.id)
 
 

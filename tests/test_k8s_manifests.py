@@ -672,7 +672,8 @@ def test_a_router_setting_merged_over_the_write_pool_reaches_both_pools(overlay:
     maps = {o["metadata"]["name"]: o.get("data", {}) for o in docs if o["kind"] == "ConfigMap"}
     for name in (ROUTER, WRITE_POOL):
         (deployment,) = [o for o in docs if o["kind"] == "Deployment" and o["metadata"]["name"] == name]
-        refs = [e["configMapRef"]["name"] for e in container(deployment, "router")["envFrom"] if "configMapRef" in e]
+        env_from = container(deployment, "router")["envFrom"]
+        refs = [e["configMapRef"]["name"] for e in env_from if "configMapRef" in e]
         assert refs and all(ref in maps for ref in refs), f"{name} reads a ConfigMap the build lacks: {refs}"
         merged = {k: v for ref in refs for k, v in maps[ref].items()}
         assert merged.get("SHARDLB_JOURNAL_MAX_ENTRIES") == "1000000", f"{name} misses the merged setting"
@@ -1230,7 +1231,8 @@ async def test_the_archiver_container_runs_as_rendered(
         with urllib.request.urlopen(f"http://127.0.0.1:{free}{http['path']}", timeout=5) as reply:
             assert reply.status == 200
             names = {family.name for family in text_string_to_metric_families(reply.read().decode())}
-        assert {"shardlb_archive_lag_entries", "shardlb_archive_lag_seconds"} <= names
+        lags = ("entries", "results", "seconds")
+        assert {f"shardlb_archive_lag_{lag}" for lag in lags} <= names
         process.send_signal(signal.SIGTERM)
         grace = pod_spec(deployment)["terminationGracePeriodSeconds"]
         assert await asyncio.to_thread(process.wait, grace) == 0

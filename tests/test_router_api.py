@@ -567,7 +567,8 @@ async def test_service_endpoints(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     ready = await client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
-    assert set(ready.json()["journal"]) == {"board", "entries", "seconds", "bound"}
+    journal = {"board", "entries", "seconds", "bound", "results", "results_bound"}
+    assert set(ready.json()["journal"]) == journal
     spec = (await client.get("/openapi.json")).json()
     assert spec["openapi"].startswith("3.") and "/v1/boards/{board}/players:query" in spec["paths"]
     name = await make_board(client)

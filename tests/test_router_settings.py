@@ -45,8 +45,11 @@ def test_defaults_and_every_variable() -> None:
         "SHARDLB_TRUSTED_PROXIES": " 10.0.0.0/8, 192.168.1.7 ,fd00::/8,",
         "SHARDLB_MAX_REQUESTS": "64",
         "SHARDLB_MAX_READ_BODY_BYTES": "4096",
+        "SHARDLB_JOURNAL_MAX_ENTRIES": "70000",
+        "SHARDLB_JOURNAL_MAX_RESULTS": "2500000",
     }
     s = Settings.from_env(env)
+    assert (s.journal_max_entries, s.journal_max_results) == (70_000, 2_500_000)
     assert (s.host, s.port, s.workers, s.read_keys, s.reads_require_key) == ("0.0.0.0", 9000, 4, ("r",), True)
     assert (s.read_rate, s.burst, s.coalesce_delay_ms, s.coalesce_max_batch, s.queue_limit) == (
         50.0,
@@ -87,6 +90,9 @@ def test_defaults_and_every_variable() -> None:
         ("SHARDLB_QUEUE_LIMIT", "10"),
         ("SHARDLB_DRAIN_SECONDS", "-5"),
         ("SHARDLB_MAX_BODY_BYTES", "1"),
+        ("SHARDLB_JOURNAL_MAX_ENTRIES", "0"),
+        ("SHARDLB_JOURNAL_MAX_RESULTS", "0"),
+        ("SHARDLB_JOURNAL_MAX_RESULTS", "1e12"),
         ("SHARDLB_TOP_REFRESH_S", "0"),
         ("SHARDLB_ACCESS_LOG", "sometimes"),
         ("SHARDLB_HOST", ""),

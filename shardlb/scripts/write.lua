@@ -17,7 +17,8 @@
 --             span), and expires at (first + span) x length + window,
 --             items stream: 1 when ARGV[2] is a stream of values, 0 when it is one array,
 --             same periods: the first and last time units whose results go to the periods of a
---             result achieved now (lo > hi: none)
+--             result achieved now (lo > hi: none),
+--             journal bound (results not yet archived; 0 or absent: none)
 --             Dedup and pin buckets are not KEYS: their names (<prefix>dd:<k>, <prefix>pin:<k>) are
 --             built here from the shard's prefix, the hash tag of every key of the call, as `mv`, `seal`
 --             and `chg` are (25 bucket names a call, twice for an incr board, were most of its KEYS).
@@ -45,8 +46,13 @@
 --   array, flat: dedup_member (match_id NUL player_id), points, time_units per result. So a
 --   result is on the board if and only if it is in the journal. When a result of the call skipped
 --   a period, the entry also has x: a MessagePack array with each result's `skipped` (as returned),
---   so the journal says exactly which periods each result went into. A journal at its bound
---   refuses the whole call (JOURNALFULL): nothing is applied, and the caller answers 503.
+--   so the journal says exactly which periods each result went into. The entry's n is its count
+--   of results, and the shard's `logn` hash counts results journaled (a, here) and archived (d,
+--   ack.lua, when the archiver acknowledges an entry that has n): a - d results are not archived
+--   yet. A journal at either bound (entries, or results not archived) refuses the whole call
+--   (JOURNALFULL): nothing is applied, and the caller answers 503. An empty journal has nothing
+--   left to archive, so there d is set to a: a count that drifted (entries journaled before there
+--   was n, a consumer group made again) is right again once the archive catches up.
 -- Scores are integers below 2^53, which Lua doubles hold exactly; they are formatted with %d
 -- (a C long here) because Lua's default number formatting keeps only 14 digits (%.0f, which this
 -- used before, goes through glibc's floating-point printing: 3-7% of a call's instructions).
@@ -91,8 +97,22 @@ local written_buckets = {}
 local function wrote_bucket(span, names)
   written_buckets[names[#names]] = (span[2] + 1) * bucket_ms + window_ms
 end
-if jk > 0 and redis.call('XLEN', KEYS[jk]) >= jmax then
-  return redis.error_reply('JOURNALFULL the journal of this shard is at its bound; the archiver is behind')
+local counted, rmax = base .. 'logn', h[28] or 0
+if jk > 0 then
+  local entries = redis.call('XLEN', KEYS[jk])
+  local full = entries >= jmax
+  if not full and rmax > 0 then
+    local c = redis.call('HMGET', counted, 'a', 'd')
+    local a, d = tonumber(c[1]) or 0, tonumber(c[2]) or 0
+    if entries == 0 then
+      if a ~= d then redis.call('HSET', counted, 'd', a) end
+    else
+      full = a - d >= rmax
+    end
+  end
+  if full then
+    return redis.error_reply('JOURNALFULL the journal of this shard is at its bound; the archiver is behind')
+  end
 end
 local ddn = bucket_names(dd, 'dd:')
 -- Pin hashes: each spans pin_span buckets and is named by its first, so a new result is looked up
@@ -379,8 +399,11 @@ if move then  -- every result's member, in chunks (unpack has a bound on its val
 end
 if #journal > 0 then
   local x = skips and {'c', cmsgpack.pack(journal_skips)} or {}
-  redis.call('XADD', KEYS[jk], '*', 'b', h[17], 'i', h[18], 's', h[19], 'r', cmsgpack.pack(journal), unpack(x))
+  local n = #journal / 3
+  redis.call('XADD', KEYS[jk], '*', 'b', h[17], 'i', h[18], 's', h[19], 'n', n, 'r', cmsgpack.pack(journal), unpack(x))
+  redis.call('HINCRBY', counted, 'a', n)
   touched[jk] = true
+  written_buckets[counted] = 0
 end
 -- Every key written is listed in the index with its expiry, in ONE ZADD.
 local listed = {}
