@@ -11,6 +11,9 @@ one hash tag anyway), the same calls built by ``Board._script_call`` for a one-s
 daily and weekly periods, ``--warm`` calls to fill the sets, then the counters are zeroed
 (``callgrind_control -z``) and ``--calls`` calls are counted.
 
+``--durability journal`` counts the calls of a journaled board instead (each call then also appends
+to the shard's journal and its count of results not archived; nothing archives meanwhile).
+
 Shapes: board mode (best, incr) x results per call (1, 10, 30) x results sent with or without
 ``achieved_at`` (without one, a result looks for its first server time in the dedup window's pin
 buckets). With ``--full-window``, one timeless call is made in each bucket of the past window first,
@@ -136,13 +139,17 @@ def as_taken(script: str, args: list[Any]) -> list[Any]:
     return [msgpack.packb(header), msgpack.packb(items)]
 
 
-def instructions_per_score(script: str, shape: Shape, warm: int, calls: int, full_window: bool) -> float:
-    """Instructions the server spent per score over ``calls`` calls of ``shape``, after ``warm``."""
+def instructions_per_score(
+    script: str, shape: Shape, warm: int, calls: int, full_window: bool, durability: str = "memory"
+) -> float:
+    """Instructions the server spent per score over ``calls`` calls of ``shape``, after ``warm``, on
+    a board of that ``durability`` (``journal``: each call also appends its results to the journal,
+    which nothing archives meanwhile)."""
     config = BoardConfig.from_dict(
         f"lua-{shape.mode}",
         {
             "mode": shape.mode,
-            "durability": "memory",
+            "durability": durability,
             "periods": ["daily", "weekly"],
             "sharding": {"shards": 1},
         },
@@ -198,7 +205,12 @@ def script_at(revision: str) -> str:
 
 
 def run(
-    against: str | None, shapes: list[Shape], warm: int, calls: int, full_window: bool
+    against: str | None,
+    shapes: list[Shape],
+    warm: int,
+    calls: int,
+    full_window: bool,
+    durability: str = "memory",
 ) -> list[dict[str, Any]]:
     """One row per shape: instructions per score of the working tree's write.lua (and ``against``'s)."""
     variants = {"this": SCRIPT.read_text()}
@@ -208,7 +220,7 @@ def run(
     for shape in shapes:
         row: dict[str, Any] = {**asdict(shape), "shape": shape.name}
         for label, text in variants.items():
-            row[label] = round(instructions_per_score(text, shape, warm, calls, full_window))
+            row[label] = round(instructions_per_score(text, shape, warm, calls, full_window, durability))
         log(f"lua cost: {shape.name}: " + ", ".join(f"{k} {row[k]:,}" for k in variants))
         rows.append(row)
     return rows
@@ -236,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
         "--full-window", action="store_true", help="first a timeless call in each bucket of the past window"
     )
     parser.add_argument("--shapes", help="only these, as mode:per_call:timed (e.g. best:10:0,incr:30:1)")
+    parser.add_argument(
+        "--durability",
+        choices=("memory", "journal"),
+        default="memory",
+        help="the board's durability (default memory; journal: each call journals its results too)",
+    )
     args = parser.parse_args(argv)
     missing = missing_tools()
     if missing:
@@ -247,12 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         for item in args.shapes.split(","):
             mode, per_call, timed = item.split(":")
             shapes.append(Shape(mode, int(per_call), timed == "1"))
-    rows = run(args.against, shapes, args.warm, args.calls, args.full_window)
+    rows = run(args.against, shapes, args.warm, args.calls, args.full_window, args.durability)
     out = run_dir("lua-" + time.strftime("%Y%m%d-%H%M%S"))
     settings = {
         "warm": args.warm,
         "calls": args.calls,
         "full_window": args.full_window,
+        "durability": args.durability,
         "against": args.against,
     }
     (out / "lua_cost.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2))

@@ -5,8 +5,8 @@ may run at once under different consumer names and share the entries. One round 
 new entries from every journal (XREADGROUP), takes over entries another consumer left unacknowledged
 for ``claim_idle_s`` (XAUTOCLAIM: a dead archiver's), writes them all in ONE transaction (COPY into a
 temporary table, then an upsert into ``match_results``), and only after the commit acknowledges them
-(ack.lua: XACK, and each acknowledged entry's results counted as archived, for write.lua's bound on
-results not yet archived) and trims each journal up to its oldest entry not yet acknowledged. A
+(ack.lua: XACK, and each acknowledged entry's results taken off the count of results not yet
+archived that write.lua's bound reads) and trims each journal up to its oldest entry not yet acknowledged. A
 crash anywhere leaves entries to read again; the upsert makes a replay harmless:
 
 - rows are keyed by (board, incarnation, match_id, player_id), one per result as the game sent it;
@@ -288,8 +288,8 @@ class Archiver:
                 )
 
     async def _ack(self, key: str, pairs: list[str]) -> None:
-        """Acknowledge entries (``pairs``: id, its count of results, ...) and count their results
-        as archived (ack.lua), then trim what every consumer has acknowledged."""
+        """Acknowledge entries (``pairs``: id, its count of results, ...) and take their results off
+        the count not archived (ack.lua), then trim what every consumer has acknowledged."""
         counts = keys.journal_counts_of(key)
         await self.store.scripts.ack(keys=[key, counts], args=[GROUP, *pairs])
         await trim(self.client, key)

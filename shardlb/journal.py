@@ -9,8 +9,8 @@ shard's journal (the script does both in one atomic call). A removal (shardlb/mo
 remove.lua) is an entry with ``x`` instead of ``r``: a MessagePack array of the player ids removed
 from every period of the shard at that id; results of those players with smaller ids on this shard
 no longer count. The archiver (shardlb/archive.py) copies entries into PostgreSQL, acknowledges
-them (counting their ``n`` as archived in the shard's ``logn``, which write.lua's bound on results
-not yet archived reads) and trims what it committed; a rebuild replays the entries written after
+them (taking their ``n`` off the shard's ``logn``, the results not yet archived that write.lua's
+bound reads) and trims what it committed; a rebuild replays the entries written after
 its snapshot.
 """
 
@@ -73,7 +73,8 @@ def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
 class Lag(NamedTuple):
     """How far the archive is behind one journal: entries not yet acknowledged, the age of the
     oldest of them (seconds; 0 when there are none), and the results they hold as write.lua counts
-    them (its ``logn``: results journaled less those archived)."""
+    them (its ``logn``: up by each entry's results as it is written, down as the archiver
+    acknowledges it)."""
 
     entries: int
     seconds: float
@@ -88,7 +89,6 @@ async def journal_lag(client: RedisCluster, key: str) -> Lag:
     if not first:
         return Lag(0, 0.0)
     entries = await client.xlen(key)
-    added, done = await client.hmget(keys.journal_counts_of(key), "a", "d")
-    results = max(0, int(added or 0) - int(done or 0))
+    results = max(0, int(await client.get(keys.journal_counts_of(key)) or 0))
     ms = int(_text(first[0][0]).split("-")[0])
     return Lag(int(entries), max(0.0, time.time() - ms / 1000), results)

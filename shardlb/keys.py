@@ -12,7 +12,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:ver / :pend              band boards: versions, unfinished band moves
     lb:{<tag>}:<board>:<inc>:<shard>:gone                     set (with a TTL) when the board is deleted
     lb:{<tag>}:<board>:<inc>:<shard>:log                      the journal: a stream of applied results
-    lb:{<tag>}:<board>:<inc>:<shard>:logn                     its results journaled (a) and archived (d)
+    lb:{<tag>}:<board>:<inc>:<shard>:logn                     its results not archived yet (a count)
     lb:{<tag>}:<board>:<inc>:<shard>:seen                     inactive_after boards: player -> last post ms
     lb:{<tag>}:<board>:<inc>:<shard>:rate:<minute> / rated:<minute>   per-minute result counts (sanity)
     lb:bans / lb:bans:v                                       banned players (scope/player -> record), version
@@ -176,8 +176,8 @@ def journal_key(prefix: str) -> str:
 
 
 def journal_counts_key(prefix: str) -> str:
-    """The journal's result counts: ``a`` journaled (write.lua), ``d`` archived (ack.lua). write.lua
-    builds this name itself from the prefix: keep the two in step."""
+    """The journal's results not archived yet: up as write.lua journals them, down as ack.lua
+    acknowledges them. write.lua builds this name itself from the prefix: keep the two in step."""
     return prefix + "logn"
 
 

@@ -47,12 +47,12 @@
 --   result is on the board if and only if it is in the journal. When a result of the call skipped
 --   a period, the entry also has x: a MessagePack array with each result's `skipped` (as returned),
 --   so the journal says exactly which periods each result went into. The entry's n is its count
---   of results, and the shard's `logn` hash counts results journaled (a, here) and archived (d,
---   ack.lua, when the archiver acknowledges an entry that has n): a - d results are not archived
---   yet. A journal at either bound (entries, or results not archived) refuses the whole call
---   (JOURNALFULL): nothing is applied, and the caller answers 503. An empty journal has nothing
---   left to archive, so there d is set to a: a count that drifted (entries journaled before there
---   was n, a consumer group made again) is right again once the archive catches up.
+--   of results, and the shard's `logn` counts the results not archived yet: up by n here, down by
+--   n in ack.lua when the archiver acknowledges an entry that has n. A journal at either bound
+--   (entries, or results not archived) refuses the whole call (JOURNALFULL): nothing is applied,
+--   and the caller answers 503. An empty journal has nothing left to archive, so there `logn` is
+--   set to 0: a count that drifted (an archiver that acknowledged without counting, a consumer
+--   group made again) is right again once the archive catches up.
 -- Scores are integers below 2^53, which Lua doubles hold exactly; they are formatted with %d
 -- (a C long here) because Lua's default number formatting keeps only 14 digits (%.0f, which this
 -- used before, goes through glibc's floating-point printing: 3-7% of a call's instructions).
@@ -64,13 +64,16 @@
 -- hear "moved", not "deleted".
 --
 -- Every marker the call tests (the reshard's `mv` and `seal`, `gone`, the pin span's `pspan`, each
--- dated period's frozen marker) is a string, read in ONE MGET: a command costs a script more than
--- its work here, and a call of one or two results (the usual HTTP batch) paid for seven of them.
+-- dated period's frozen marker, and on a journaled board the journal's `logn`) is a string, read in
+-- ONE MGET: a command costs a script more than its work here, and a call of one or two results (the
+-- usual HTTP batch) paid for seven of them.
 local base = string.sub(KEYS[2], 1, -5)
 local h = {cmsgpack.unpack(ARGV[1])}
 local locks = h[20]
 local marks = {base .. 'mv', base .. 'seal', KEYS[2], base .. 'pspan'}
 for i = 1, #locks, 4 do marks[#marks + 1] = KEYS[locks[i + 1]] end
+local counted = base .. 'logn'
+if h[15] > 0 then marks[#marks + 1] = counted end
 local marked = redis.call('MGET', unpack(marks))
 local move = marked[1]
 if move and (move ~= 't' or marked[2]) then
@@ -97,17 +100,16 @@ local written_buckets = {}
 local function wrote_bucket(span, names)
   written_buckets[names[#names]] = (span[2] + 1) * bucket_ms + window_ms
 end
-local counted, rmax = base .. 'logn', h[28] or 0
+local rmax = h[28] or 0
 if jk > 0 then
   local entries = redis.call('XLEN', KEYS[jk])
   local full = entries >= jmax
   if not full and rmax > 0 then
-    local c = redis.call('HMGET', counted, 'a', 'd')
-    local a, d = tonumber(c[1]) or 0, tonumber(c[2]) or 0
+    local unarchived = tonumber(marked[#marks]) or 0
     if entries == 0 then
-      if a ~= d then redis.call('HSET', counted, 'd', a) end
+      if unarchived ~= 0 then redis.call('SET', counted, 0) end
     else
-      full = a - d >= rmax
+      full = unarchived >= rmax
     end
   end
   if full then
@@ -400,10 +402,12 @@ end
 if #journal > 0 then
   local x = skips and {'c', cmsgpack.pack(journal_skips)} or {}
   local n = #journal / 3
-  redis.call('XADD', KEYS[jk], '*', 'b', h[17], 'i', h[18], 's', h[19], 'n', n, 'r', cmsgpack.pack(journal), unpack(x))
-  redis.call('HINCRBY', counted, 'a', n)
+  local count = fmt(n)  -- as text: a Lua number goes to Redis through printf's %.14g, dearer
+  redis.call('XADD', KEYS[jk], '*', 'b', h[17], 'i', h[18], 's', h[19], 'n', count, 'r', cmsgpack.pack(journal), unpack(x))
   touched[jk] = true
-  written_buckets[counted] = 0
+  -- listed in the index when it is made (it lives as long as the board; a value of n means it was
+  -- 0 before, which only a new key or one set right below is: listing it again is harmless)
+  if redis.call('INCRBY', counted, count) == n then written_buckets[counted] = 0 end
 end
 -- Every key written is listed in the index with its expiry, in ONE ZADD.
 local listed = {}
