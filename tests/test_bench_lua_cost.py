@@ -33,3 +33,13 @@ def test_the_table_gives_each_shape_and_the_change() -> None:
         == "| best, 10 per call, with achieved_at | 75,000 | 100,000 | -25.0% |"
     )
     assert lua_cost.table(rows, None)[2] == "| best, 10 per call, with achieved_at | 75,000 |"
+
+
+def test_a_journaled_board_counts_its_journal_too() -> None:
+    """--durability journal: the calls of a journaled board also append to its journal (and its
+    count of results not archived), which costs instructions a memory board does not spend."""
+    script = lua_cost.SCRIPT.read_text()
+    shape = lua_cost.Shape("best", 10, True)
+    memory = lua_cost.instructions_per_score(script, shape, 10, 20, False)
+    journal = lua_cost.instructions_per_score(script, shape, 10, 20, False, durability="journal")
+    assert journal > 1.02 * memory
