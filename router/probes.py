@@ -20,8 +20,8 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     """Ready when not draining, every primary answers, and all 16384 slots are served. The body
-    also shows the journal furthest behind the archive (it does not make the router unready:
-    writes to that board's full shards are refused on their own)."""
+    also shows the journal nearest its bound, in results or entries not archived (it does not make
+    the router unready: writes to that board's full shards are refused on their own)."""
     svc = service(request)
     problem = await svc.problem()
     if problem is not None:

@@ -349,7 +349,9 @@ async def test_the_cluster_view_shows_nodes_shards_and_live_traffic(
         "#nodes tbody tr td:first-child", "cells => cells.map(c => c.textContent)"
     )
     assert shown == [n["address"] for n in cluster["nodes"]]
-    await expect(page.locator("#journal-bound")).to_have_text(str(api(server, "/readyz")["journal"]["bound"]))
+    journal = api(server, "/readyz")["journal"]
+    await expect(page.locator("#journal-bound")).to_have_text(str(journal["bound"]))
+    await expect(page.locator("#journal-results-bound")).to_have_text(str(journal["results_bound"]))
 
     await page.select_option("#shard-board", board)
     shard_map = api(server, f"/v1/admin/boards/{board}/shards")

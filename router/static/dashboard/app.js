@@ -449,6 +449,8 @@ async function loadNodes(mine) {
     );
     const journal = ready.journal || {};
     $("journal-board").textContent = ready.error ? ready.error : journal.board || "none (no journaled board behind)";
+    $("journal-results").textContent = String(journal.results ?? "–");
+    $("journal-results-bound").textContent = String(journal.results_bound ?? "–");
     $("journal-entries").textContent = String(journal.entries ?? "–");
     $("journal-seconds").textContent = String(journal.seconds ?? "–");
     $("journal-bound").textContent = String(journal.bound ?? "–");
