@@ -40,6 +40,8 @@ JOURNAL_MAX_RESULTS = 1_000_000
 # setting's maximum). Set it lower to cap entries too.
 JOURNAL_MAX_ENTRIES = 100_000_000
 MAX_FUTURE_MS = 5 * 60_000
+# How often a process's write calls ask write.lua to drop a shard's index listings of expired keys.
+TRIM_EVERY_MS = 1000
 QUARTER_HOUR_MS = 15 * 60_000
 
 
@@ -177,6 +179,9 @@ class Board:
         self.bands = BandMoves(self)
         self.journal_max = JOURNAL_MAX_ENTRIES
         self.journal_max_results = JOURNAL_MAX_RESULTS
+        # Per shard, the second (epoch) of the last write call that asked write.lua to drop its key
+        # index's listings of expired keys: one call a second does (TRIM_EVERY_MS).
+        self._trimmed: dict[int, int] = {}
         self._dedup_bucket_ms = config.dedup_bucket_ms
         self._period_names = functools.lru_cache(maxsize=4096)(self._names_in_quarter_hour)
         self._same_periods = functools.lru_cache(maxsize=64)(self._quarters_like)
@@ -399,12 +404,21 @@ class Board:
             version, pending, dedup, pins, rivals, list(self.config.sharding.bands), expiry,
             journal, self.journal_max, self.config.id, self.incarnation, shard, locks, activity, b, window,
             PIN_SPAN, int(len(items) <= STREAM_VALUES), *(self._same_period_units(now) if pins else (0, -1)),
-            self.journal_max_results if journal else 0,
+            self.journal_max_results if journal else 0, self._trim(shard, now),
         ]  # fmt: skip
         return key_list, [
             _stream(header),
             _stream(items) if len(items) <= STREAM_VALUES else msgpack.packb(items),
         ]
+
+    def _trim(self, shard: int, now: int) -> int:
+        """1 when this call should drop the shard's index listings of expired keys (the first call
+        of a TRIM_EVERY_MS window on the shard, in this process), else 0."""
+        window = now // TRIM_EVERY_MS
+        if self._trimmed.get(shard) == window:
+            return 0
+        self._trimmed[shard] = window
+        return 1
 
     def gone(self, e: ResponseError) -> Exception:
         """The library's error for a script's own error reply: BoardNotFound for BOARDGONE (and the
