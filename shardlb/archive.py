@@ -6,7 +6,8 @@ new entries from every journal (XREADGROUP), takes over entries another consumer
 for ``claim_idle_s`` (XAUTOCLAIM: a dead archiver's), writes them all in ONE transaction (COPY into a
 temporary table, then an upsert into ``match_results``), and only after the commit acknowledges them
 (ack.lua: XACK, and each acknowledged entry's results taken off the count of results not yet
-archived that write.lua's bound reads) and trims each journal up to its oldest entry not yet acknowledged. A
+archived that write.lua's bound reads; now and then recount.lua sets that count again from the
+journal) and trims each journal up to its oldest entry not yet acknowledged. A
 crash anywhere leaves entries to read again; the upsert makes a replay harmless:
 
 - rows are keyed by (board, incarnation, match_id, player_id), one per result as the game sent it;
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -49,6 +51,11 @@ log = logging.getLogger("shardlb.archive")
 # Journals read (or acknowledged) at once: each call holds a connection to the journal's node, and
 # a board may have hundreds of shards; all at once would outrun the client's connections per node.
 JOURNALS_IN_FLIGHT = 16
+# Now and then (at most every RECOUNT_EVERY_S a journal, right after an acknowledgement, while at
+# most RECOUNT_LIMIT entries are not acknowledged) the count of results not archived is set again
+# from the journal itself (recount.lua): a count that drifted is right again on a busy shard too.
+RECOUNT_EVERY_S = 30.0
+RECOUNT_LIMIT = 200
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS boards (
@@ -138,6 +145,7 @@ class Archiver:
         self._known: set[tuple[str, str]] = set()
         self._failed = False
         self._ready = False
+        self._recounted: dict[str, float] = {}  # journal key -> monotonic time of its last recount
 
     async def refresh(self) -> None:
         """Learn the registry's boards (and record their settings in PostgreSQL)."""
@@ -147,6 +155,8 @@ class Archiver:
             self._ready = True
         found = await self.store.boards()
         self.boards = {(b.config.id, b.incarnation): b for b in found if b.config.durability == "journal"}
+        journals = {keys.journal_key(p) for b in self.boards.values() for p in _journals(b)}
+        self._recounted = {k: at for k, at in self._recounted.items() if k in journals}
         new = [b for key, b in self.boards.items() if key not in self._known]
         async with self.db.transaction():
             for b in new:
@@ -293,6 +303,10 @@ class Archiver:
         counts = keys.journal_counts_of(key)
         await self.store.scripts.ack(keys=[key, counts], args=[GROUP, *pairs])
         await trim(self.client, key)
+        now = time.monotonic()
+        if now - self._recounted.get(key, -math.inf) >= RECOUNT_EVERY_S:
+            self._recounted[key] = now
+            await self.store.scripts.recount(keys=[key, counts], args=[GROUP, RECOUNT_LIMIT])
 
 
 def _journals(board: Board) -> list[str]:

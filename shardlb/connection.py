@@ -247,6 +247,7 @@ class Scripts:
     rate: Script
     freeze: Script
     ack: Script
+    recount: Script
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:

@@ -17,8 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardlb import keys, times
+from shardlb import archive, keys, times
 from shardlb.archive import Archiver, connect_db
+from shardlb.archive import _rows as archive_rows
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
@@ -226,6 +227,41 @@ async def test_the_results_bound_holds_while_postgres_is_away(
         assert (await journal_lag(raw, key)).results == 1
         assert await drain(a) == 1
         assert {s.player_id for s in await archived(postgres_url, board)} == {"p0", "p1", "p2", "late"}
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_the_archiver_sets_a_drifted_count_right_while_the_shard_is_busy(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An archiver of before acknowledged without counting down, so the count of results not
+    archived drifted up; the archiver recounts right after an acknowledgement (at most every
+    RECOUNT_EVERY_S a journal), so the count is right again although the journal is never empty."""
+    config = BoardConfig.from_dict("archive-recount", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    key, counts = keys.journal_key(board.prefixes[0]), keys.journal_counts_key(board.prefixes[0])
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(4)], now_ms=now)
+        await raw.incrby(counts, 50_000)  # the drift
+        # the archive reads what is there; a result written meanwhile stays in the journal
+        entries = await a._read(key)
+        await board.submit([Score("late", 9, "m2", now)], now_ms=now)
+        assert int(await raw.get(counts)) == 50_005
+        await a._write([row for e in entries for row in archive_rows(board, e)])
+        await a._ack(key, [x for e in entries for x in (e.id, str(e.counted))])
+        assert int(await raw.get(counts)) == 1 == (await journal_lag(raw, key)).results
+        await raw.incrby(counts, 7)  # drifts again: the next recount is RECOUNT_EVERY_S away
+        monkeypatch.setattr(archive, "RECOUNT_EVERY_S", 3600.0)
+        await board.submit([Score("later", 9, "m3", now)], now_ms=now)
+        assert await drain(a) == 2
+        assert int(await raw.get(counts)) == 7  # counted down exactly, not recounted: not due
+        monkeypatch.setattr(archive, "RECOUNT_EVERY_S", 0.0)
+        await board.submit([Score("last", 9, "m4", now)], now_ms=now)
+        assert await drain(a) == 1
+        assert int(await raw.get(counts)) == 0  # recounted
     finally:
         await a.db.close()
         await store.delete(config.id)

@@ -165,6 +165,43 @@ async def test_an_empty_journal_sets_its_results_count_right(store: BoardStore, 
         await store.delete(config.id)
 
 
+async def test_a_recount_sets_a_drifted_count_to_the_results_not_acknowledged(
+    store: BoardStore, cluster_url: str
+) -> None:
+    """recount.lua: the results of the entries not acknowledged (pending, or never delivered), each
+    by its n, whatever the count said; acknowledged entries not trimmed yet are not counted, and a
+    journal longer than the limit is left for later."""
+    config = BoardConfig.from_dict("journal-recount", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    raw = connect(cluster_url, decode=False)
+    key, counts = keys.journal_key(board.prefixes[0]), keys.journal_counts_key(board.prefixes[0])
+    now = times.now_ms()
+
+    async def recount(limit: int = 100) -> int:
+        return int(await store.scripts.recount(keys=[key, counts], args=[GROUP, limit]))
+
+    try:
+        for match, size in (("m1", 2), ("m2", 3), ("m3", 1)):  # three entries, six results
+            await board.submit([Score(f"{match}p{i}", i, match, now) for i in range(size)], now_ms=now)
+        await store.client.set(counts, 999)  # drifted
+        assert await recount() == 6 and int(await store.client.get(counts)) == 6  # no group yet: all
+        await raw.xgroup_create(key, GROUP, id="0")
+        [[_, [first]]] = await raw.xreadgroup(GROUP, "t", {key: ">"}, count=1)
+        await store.scripts.ack(keys=[key, counts], args=[GROUP, decode(*first).id, "2"])
+        assert int(await store.client.get(counts)) == 4
+        await raw.xreadgroup(GROUP, "t", {key: ">"}, count=1)  # the 3-result entry, pending
+        await store.client.set(counts, 100)
+        assert await recount() == 4  # 3 pending + 1 never delivered; the acknowledged 2 not counted
+        assert await recount(limit=1) == -1 and int(await store.client.get(counts)) == 4
+        lag = await journal_lag(raw, key)
+        assert (lag.entries, lag.results) == (3, 4)  # the acknowledged entry is still there, untrimmed
+    finally:
+        await raw.aclose()
+        await store.delete(config.id)
+    assert await recount() == -1  # the board is gone: nothing is set, no key comes back
+    assert not await store.client.exists(counts)
+
+
 async def test_a_memory_board_keeps_no_journal(store: BoardStore, cluster_url: str) -> None:
     config = BoardConfig.from_dict(
         "journal-none", {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
