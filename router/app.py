@@ -150,8 +150,8 @@ def create_app(settings: Settings | None = None) -> RouterApp:
             "admission": Admission(settings.max_requests),
             "proxies": settings.trusted_proxies,
         },
-        # Settlement routes first: `/v1/boards/{board}:archive` must be tried before `/v1/boards/{board}`,
-        # whose pattern also matches it (and a board id may hold ':').
+        # Settlement routes first: a POST to `/v1/boards/{board}:archive` must be tried before
+        # `/v1/boards/{board}`, whose pattern also matches it (a board id may hold ':').
         routes=[*settlements.ROUTES, *routes.ROUTES, *probes.ROUTES, *admin.ROUTES, *dashboard.ROUTES],
         exception_handlers={
             ApiError: _api_error,

@@ -20,6 +20,7 @@ from shardlb.errors import (
     Overloaded,
     PlayerNotFound,
     ShardlbError,
+    field_name,
 )
 
 CLUSTER_UNAVAILABLE = "cluster_unavailable"
@@ -70,7 +71,7 @@ class ApiError(Exception):
         self.status = status
         self.code = code
         self.message = message
-        self.field = field
+        self.field = field_name(field)
         self.headers = dict(headers or {})
         if retry_after is not None:
             self.headers["retry-after"] = str(max(1, math.ceil(retry_after)))

@@ -29,7 +29,8 @@ from shardlb.settlement_history import Settled, Standing
 UNSETTLED_TTL_S = 5.0
 TOPS_KEPT = 256
 
-_settled: dict[tuple[str, str, str], tuple[Settled | None, float]] = {}
+SETTLED_KEPT = 65_536  # closed periods whose settlement is known; the first looked up is dropped first
+_settled: OrderedDict[tuple[str, str, str], tuple[Settled | None, float]] = OrderedDict()
 _tops: OrderedDict[tuple[str, int], list[Standing]] = OrderedDict()
 _schema: set[str] = set()
 
@@ -59,6 +60,15 @@ async def archive_db(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]
         ) from e
 
 
+@asynccontextmanager
+async def archive_read(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """``archive_db`` for a public read: it waits for one of the worker's few archive-read permits
+    (``Service.archive_reads``), and past the queue's bounds is 503 overloaded."""
+    archive_url(svc)  # 409 first when there is no archive at all
+    async with svc.archive_reads, archive_db(svc) as db:
+        yield db
+
+
 async def _lookup(svc: Service, board: Board, view: ResolvedView) -> Settled | None:
     if not svc.settings.postgres_url or view.period == "total" or view.region is not None:
         return None
@@ -68,9 +78,12 @@ async def _lookup(svc: Service, board: Board, view: ResolvedView) -> Settled | N
     found = _settled.get(key)
     if found is not None and (found[0] is not None or time.monotonic() < found[1]):
         return found[0]
-    async with archive_db(svc) as db:
+    async with archive_read(svc) as db:
         done = await settlement_history.settled(db, board, view.period)
     _settled[key] = (done, time.monotonic() + UNSETTLED_TTL_S)
+    _settled.move_to_end(key)
+    while len(_settled) > SETTLED_KEPT:
+        _settled.popitem(last=False)
     return done
 
 
@@ -91,7 +104,7 @@ async def settled_top(
     key = (done.settlement_id, limit)
     rows = _tops.get(key)
     if rows is None:
-        async with archive_db(svc) as db:
+        async with archive_read(svc) as db:
             rows = await settlement_history.top(db, done.settlement_id, limit)
         _tops[key] = rows
         while len(_tops) > TOPS_KEPT:
@@ -117,7 +130,7 @@ async def settled_player(
     done = await _lookup(svc, board, view)
     if done is None:
         return None
-    async with archive_db(svc) as db:
+    async with archive_read(svc) as db:
         found = await settlement_history.player(db, done.settlement_id, player_id)
         if found is None:
             return None

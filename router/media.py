@@ -129,7 +129,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
     """Join a body's chunks; 413 as soon as the declared length or the bytes so far pass ``limit``."""
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     parts = []
     size = 0
@@ -146,7 +146,9 @@ async def read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit
 
 def whole_body(body: bytes, declared: str | None, limit: int) -> bytes:
     """A body that came in one message, refused with 413 as ``read_limited`` would refuse it."""
-    if (declared is not None and declared.isdigit() and int(declared) > limit) or len(body) > limit:
+    if (declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit) or len(
+        body
+    ) > limit:
         raise _too_large(limit)
     return body
 

@@ -359,15 +359,21 @@ _SCHEMAS: dict[str, Any] = {
                 "maximum": MAX_POINTS,
                 "description": "at most the board's points_max",
             },
-            "match_id": {"type": "string", "minLength": 1, "maxLength": MATCH_ID_MAX},
+            "match_id": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MATCH_ID_MAX,
+                "pattern": "^[^\\u0000]*$",
+                "description": "any characters but NUL (U+0000), which PostgreSQL's text cannot hold",
+            },
             "achieved_at": {
                 **_TIME_OR_NULL,
                 "description": "default: the server's time; not before the board's epoch nor more "
                 f"than {MAX_FUTURE_MS // 60_000} minutes ahead of the server's clock",
             },
             "region": {
-                **_ID_OR_NULL,
-                "description": "one of the board's regions, required on region boards; ignored elsewhere",
+                "description": "one of the board's regions, required on region boards; ignored elsewhere, "
+                "whatever it holds (api.md)",
             },
         },
     },

@@ -18,6 +18,7 @@ from shardlb.errors import InvalidInput
 
 _INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
 _FLAGS = {"true": True, "false": False, "1": True, "0": False}
+MAX_DEPTH = 32  # lists and maps in a body's value (``integral``); the API's deepest bodies nest 4
 
 
 def pairs(query_string: bytes) -> list[tuple[str, str]]:
@@ -67,10 +68,16 @@ def integral(value: Any) -> Any:
     JSON has one number type, and JSON Schema calls 5.0 an integer: a client whose encoder writes
     every number with a decimal point sends integers all the same.
     """
+    return _integral(value, MAX_DEPTH)
+
+
+def _integral(value: Any, depth: int) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, list):
-        return [integral(v) for v in value]
-    if isinstance(value, dict):
-        return {k: integral(v) for k, v in value.items()}
+    if isinstance(value, list | dict):
+        if depth == 0:  # no body of the API nests so deep; Python's own limit is not far beyond
+            raise ApiError(400, "malformed_body", f"the body nests deeper than {MAX_DEPTH} levels")
+        if isinstance(value, list):
+            return [_integral(v, depth - 1) for v in value]
+        return {k: _integral(v, depth - 1) for k, v in value.items()}
     return value

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 
 import psycopg
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -255,7 +254,7 @@ async def top(request: Request) -> Response:
     competition = board.rank_mode(query.get("rank_mode")) == "competition"
     settled = await history.settled_top(svc, board, view, limit, competition)  # settled: its snapshot
     if settled is not None:
-        return render(request, settled)
+        return render(request, {**settled, "resets_at": board.resets_at(view.period)})
     best, as_of = await svc.tops.top(board, view, limit)
     raw_query, packed = hot.request_key(request)
     key = (view, limit, competition, packed)
@@ -322,9 +321,12 @@ async def player(request: Request) -> Response:
     rank_mode = board.rank_mode(query.get("rank_mode"))
     max_age_ms = params.integer(query, "max_age_ms", 0, 0, MAX_AGE_MS)
     settled = await history.settled_player(svc, board, view, player_id, rank_mode)  # settled: its snapshot
+    estimate = params.flag(query, "estimate")
     if settled is not None:
-        return render(request, settled)
-    if not params.flag(query, "estimate"):
+        # A snapshot's rank is final and exact: an estimate of it allows no error.
+        extra = {"rank_error": 0} if estimate else {}
+        return render(request, {**settled, "resets_at": board.resets_at(view.period), **extra})
+    if not estimate:
         async with svc.reads, metrics.redis_call("player"):
             found = await board.player(player_id, view, rank_mode, max_age_ms)
         body = {**entry_body(found.entry), "players": found.players, "percentile": found.percentile}
@@ -410,10 +412,6 @@ async def query(request: Request) -> Response:
     return await through_reshard(answer)
 
 
-async def post_only(request: Request) -> Response:
-    raise HTTPException(405, headers={"Allow": "POST"})
-
-
 # GET routes the app sends straight to their handler (router/app.py, ``Direct``): the top and "my
 # rank", most of a leaderboard's reads. Each: the path's pattern, its parameters, the route's path.
 HOT_GETS = [
@@ -428,10 +426,11 @@ HOT_GETS = [
 
 ROUTES = [
     Route("/v1/boards", list_boards, methods=["GET"]),
+    # Ids may hold ':' (api.md), so "/v1/boards/x:rebuild" is also the board "x:rebuild": a POST
+    # there is the action on "x" (boards take no POST), and GET, PUT and DELETE find no method
+    # here and go on to the board's own route below (Starlette takes the first route that matches
+    # both path and method).
     Route("/v1/boards/{board}:rebuild", rebuild_board, methods=["POST"]),
-    # Ids may hold ':', so "/v1/boards/x:rebuild" would also be the board "x:rebuild": an action's
-    # other methods answer 405 here rather than reach the board's own handlers.
-    Route("/v1/boards/{board}:rebuild", post_only, methods=["GET", "PUT", "DELETE", "PATCH"]),
     Route("/v1/boards/{board}", board_route, methods=["GET", "PUT", "DELETE"]),
     Route(scores.PATH, ScoresEndpoint(), methods=["POST"]),
     Route("/v1/boards/{board}/top", top, methods=["GET"]),

@@ -47,6 +47,10 @@ log = logging.getLogger("shardlb.router")
 READY_TIMEOUT_S = 2.0
 
 
+# PostgreSQL connections a worker's public reads of the archive may hold at once (``archive_reads``).
+ARCHIVE_READ_LANES = 4
+
+
 @dataclass
 class Service:
     settings: Settings
@@ -61,6 +65,9 @@ class Service:
     histograms: Histograms
     journals: JournalWatch
     moderation: Moderation
+    # PostgreSQL connections that public reads (settled periods, player histories) may hold at once
+    # in this worker: each opens one, so callers without a key must not open one each.
+    archive_reads: Gate = field(default_factory=lambda: Gate(ARCHIVE_READ_LANES, what="archive reads"))
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     draining: bool = False
     _probe: asyncio.Future[str | None] | None = None
@@ -103,6 +110,7 @@ class Service:
             log.warning("finished interrupted board deletions", extra={"fields": {"boards": finished}})
         reads = Gate(settings.read_concurrency, settings.read_queue, settings.queue_wait_s, "reads")
         registry = Gate(REGISTRY_LANES, settings.read_queue, settings.queue_wait_s, "board lookups")
+        archive_reads = Gate(ARCHIVE_READ_LANES, settings.read_queue, settings.queue_wait_s, "archive reads")
 
         bans = BanCache(Bans(client))
         await bans.refresh()  # before the first request: a ban in force is never missed at start
@@ -139,6 +147,7 @@ class Service:
                 settings.journal_max_results,
             ),
             moderation=Moderation(bans, RefusalLog(settings.postgres_url)),
+            archive_reads=archive_reads,
         )
         service.tasks = [
             asyncio.create_task(service.tops.run()),

@@ -49,7 +49,8 @@ class Settings:
     # Board reads started in the same turn of the event loop share one pipeline per node
     # (shardlb/fanout.py, SharedRounds); false: each read sends its own.
     shared_reads: bool = True
-    # The archive (shardlb/archive.py): only the admin rebuild endpoint uses it; unset, it answers 409.
+    # The archive (shardlb/archive.py): rebuilds, settlement and history, bans and their audit, and
+    # resharding journaled boards use it; unset, those answer 409 and closed periods are read live.
     postgres_url: str = ""
     # Settlement webhooks (shardlb/settlement_delivery.py): the secret signing every body, and the
     # URL used when a settle request names none (none: no webhook unless a request names one).

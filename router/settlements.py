@@ -21,7 +21,7 @@ from starlette.routing import Route
 from router import params, routes
 from router.auth import Scope
 from router.errors import ApiError
-from router.history import archive_db, archive_url
+from router.history import archive_db, archive_read, archive_url
 from router.media import read_object, render
 from router.service import Service
 from shardlb import periods, settlement, settlement_delivery, settlement_history, times
@@ -143,10 +143,11 @@ async def list_periods(request: Request) -> Response:
     svc = routes._allow_read(request)
     routes._query(request)
     board = await routes._board(svc, request)
-    kept = await settlement_history.kept(board)
+    async with svc.reads:  # public: a call per home shard, in the reads' bound like every other read
+        kept = await settlement_history.kept(board)
     settled: dict[str, dict[str, object]] = {}
     if svc.settings.postgres_url:
-        async with archive_db(svc) as db:
+        async with archive_read(svc) as db:
             every = await settlement_history.settled_periods(db, board.config.id)
         settled = {p: s for p, s in every.items() if s["incarnation"] == board.incarnation and p != "total"}
     now, week_start = times.now_ms(), board.config.week_start
@@ -175,7 +176,7 @@ async def player_history(request: Request) -> Response:
     board = await routes._board(svc, request)
     player_id = check_id(request.path_params["player"], "player")
     limit = params.integer(query, "limit", 100, 1, MAX_HISTORY)
-    async with archive_db(svc) as db:
+    async with archive_read(svc) as db:
         found = await settlement_history.player_history(db, board, player_id, limit)
     return render(
         request,
@@ -197,9 +198,9 @@ async def player_history(request: Request) -> Response:
 
 
 ROUTES = [
+    # As `:rebuild` (router/routes.py): only a POST is the action; other methods reach the board
+    # whose id is "x:archive".
     Route("/v1/boards/{board}:archive", archive, methods=["POST"]),
-    # As `:rebuild` (router/routes.py): the board "x:archive" is never read, written or deleted here.
-    Route("/v1/boards/{board}:archive", routes.post_only, methods=["GET", "PUT", "DELETE", "PATCH"]),
     Route("/v1/boards/{board}/periods", list_periods, methods=["GET"]),
     Route("/v1/boards/{board}/periods/{period}:settle", settle, methods=["POST"]),
     Route("/v1/boards/{board}/players/{player}/history", player_history, methods=["GET"]),

@@ -237,6 +237,7 @@ class Board:
                 and fullmatch(player) is not None
                 and type(match) is str
                 and 0 < len(match) <= MATCH_ID_MAX
+                and "\x00" not in match
                 and type(points) is int
                 and 0 <= points <= points_max
                 and lowest <= achieved <= highest
@@ -281,6 +282,14 @@ class Board:
         if not isinstance(s.match_id, str) or not 1 <= len(s.match_id) <= MATCH_ID_MAX:
             raise InvalidInput(
                 f"match_id must be 1-{MATCH_ID_MAX} characters", f"{where}.match_id", "invalid_match_id"
+            )
+        if "\x00" in s.match_id:
+            # PostgreSQL's text cannot hold it (the archive would refuse the result for ever), and
+            # the dedup records use it to separate a match id from a player id.
+            raise InvalidInput(
+                "match_id must not contain the NUL character (U+0000)",
+                f"{where}.match_id",
+                "invalid_match_id",
             )
         points = self.codec.check_points(s.points, f"{where}.points")
         if achieved > now + MAX_FUTURE_MS:

@@ -11,7 +11,17 @@ class ShardlbError(Exception):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.field = field
+        self.field = field_name(field)
+
+
+def field_name(field: object) -> str | None:
+    """``field`` as an error body's ``field``: a string or None. A name taken from a client's body
+    may be anything a map key can be (MessagePack keys may be bytes)."""
+    if field is None or isinstance(field, str):
+        return field
+    if isinstance(field, bytes):
+        return field.decode("utf-8", "replace")
+    return str(field)
 
 
 class InvalidInput(ShardlbError):

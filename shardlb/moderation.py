@@ -298,6 +298,8 @@ def check_reason(value: object, required: bool) -> str:
         return ""
     if not isinstance(value, str) or len(value) > REASON_MAX or (required and not value.strip()):
         raise InvalidInput(f"reason must be a string of at most {REASON_MAX} characters", "reason")
+    if "\x00" in value:  # PostgreSQL's text cannot hold it
+        raise InvalidInput("reason must not contain the NUL character (U+0000)", "reason")
     return value
 
 

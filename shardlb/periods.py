@@ -182,4 +182,22 @@ def parse(text: str, kinds: tuple[str, ...], tz: ZoneInfo, now_ms: int, week_sta
         return "total"
     if not dated:
         return name_for(kind, local_day(now_ms, tz), week_start)
-    return f"{_PREFIX[kind]}:{given}"
+    name = f"{_PREFIX[kind]}:{given}"
+    if given.startswith(("0001-", "9999-")):
+        _check_in_calendar(name, tz, week_start)
+    return name
+
+
+def _check_in_calendar(name: str, tz: ZoneInfo, week_start: str) -> None:
+    """Refuse (422) a period of the calendar's first or last year whose start or end falls outside
+    the dates Python holds (0001-01-01 to 9999-12-31): ``daily:9999-12-31`` ends on 10000-01-01, and
+    ``weekly:0001-W01`` of a week starting on Sunday begins on 0000-12-31."""
+    try:
+        _midnight_ms(first_day(name, week_start)[1], tz)
+        end_ms(name, tz, week_start)
+    except (OverflowError, ValueError) as e:
+        raise InvalidInput(
+            f"the period {api_name(name)} starts or ends outside the years 0001-9999",
+            "period",
+            "invalid_period",
+        ) from e

@@ -91,12 +91,12 @@ async def awards(
     db: psycopg.AsyncConnection[Any], settlement_id: str, after: str | None, limit: int
 ) -> dict[str, Any]:
     """A page of the awards not acknowledged yet, by rank, after the cursor ``after``."""
-    await _settled(db, settlement_id)
     start = 0
-    if after is not None:
-        if not after.isdigit() or len(after) > 12:
+    if after is not None:  # checked first: a bad request is 422 whether the settlement exists or not
+        if not (after.isascii() and after.isdigit()) or len(after) > 12:
             raise InvalidInput("after must be a cursor from a previous page", "after", "invalid_cursor")
         start = int(after)
+    await _settled(db, settlement_id)
     cur = await db.execute(
         "SELECT a.award_id, a.rank, a.player_id, a.points, a.reward FROM settlement_awards a "
         "LEFT JOIN settlement_acks k USING (award_id) "
@@ -118,14 +118,14 @@ async def awards(
 async def ack(db: psycopg.AsyncConnection[Any], settlement_id: str, award_ids: object) -> dict[str, Any]:
     """Acknowledge paid awards: every id must be an award of this settlement (else 422 and nothing
     is written); acknowledging one twice is harmless."""
-    await _settled(db, settlement_id)
     if not isinstance(award_ids, list) or not award_ids or len(award_ids) > MAX_ACK:
         raise InvalidInput(f"award_ids must be a list of 1 to {MAX_ACK} award ids", "award_ids")
     ids: list[int] = []
     for i, value in enumerate(award_ids):
-        if not isinstance(value, str) or not value.isdigit() or len(value) > 19:
+        if not isinstance(value, str) or not (value.isascii() and value.isdigit()) or len(value) > 19:
             raise InvalidInput("an award id is a string of digits", f"award_ids[{i}]", "invalid_award_id")
         ids.append(int(value))
+    await _settled(db, settlement_id)
     async with db.transaction():
         cur = await db.execute(
             "SELECT award_id FROM settlement_awards WHERE settlement_id = %s AND award_id = ANY(%s)",

@@ -1,9 +1,14 @@
 """Schemathesis hooks for tests/test_openapi.py's run (loaded by the CLI through SCHEMATHESIS_HOOKS).
 
-MessagePack bodies both ways, and one check in place of ``positive_data_acceptance``: the same, except
-for the refusals that no schema can foresee because they depend on the board a request names, on
-other fields of the same body, or on the clock. Each is accepted only when it is exactly that: the
-named board is fetched and the refused value is checked against it.
+MessagePack bodies both ways, and two checks in place of schemathesis's own:
+
+- for ``positive_data_acceptance``, the same, except for the refusals that no schema can foresee
+  because they depend on the board a request names, on other fields of the same body, or on the
+  clock. Each is accepted only when it is exactly that: the named board is fetched and the refused
+  value is checked against it.
+- for ``unsupported_method``, the same, except on the paths of the board actions (``:rebuild``,
+  ``:archive``), which are also the paths of boards whose ids end that way: GET, PUT and DELETE
+  there reach the board's own route rather than answer 405.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import httpx
 import msgpack
 import schemathesis
 from schemathesis.core.failures import Failure
-from schemathesis.specs.openapi.checks import positive_data_acceptance
+from schemathesis.specs.openapi.checks import positive_data_acceptance, unsupported_method
 
 from router.params import integral
 from shardlb import times
@@ -62,6 +67,22 @@ def positive_data_accepted_unless_the_board_refuses(ctx: Any, response: Any, cas
     except Failure:
         if response.status_code == 422 and _board_rule(case, response):
             return None
+        raise
+
+
+# An action's path is also a board's: board ids may hold ':' (api.md), so "/v1/boards/x:rebuild" is
+# the board "x:rebuild" to GET, PUT and DELETE, and only a POST there is the action on "x".
+_ACTION_PATHS = ("/v1/boards/{board}:rebuild", "/v1/boards/{board}:archive")
+_BOARD_METHODS = ("GET", "HEAD", "PUT", "DELETE")
+
+
+@schemathesis.check
+def unsupported_method_unless_the_path_names_a_board(ctx: Any, response: Any, case: Any) -> bool | None:
+    try:
+        return unsupported_method(ctx, response, case)
+    except Failure:
+        if case.path in _ACTION_PATHS and response.request.method in _BOARD_METHODS:
+            return None  # answered by the board route, as api.md's ids require
         raise
 
 

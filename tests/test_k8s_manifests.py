@@ -873,7 +873,7 @@ def test_network_policy_of_the_router(overlay: str) -> None:
     assert admits(overlay, None, router, ROUTER_PORT)
     assert admits(overlay, {"app": "any-pod"}, router, ROUTER_PORT)
     assert not admits(overlay, None, router, 9090)
-    # and it talks to Redis, PostgreSQL (the admin rebuild endpoint) and DNS only
+    # and it talks to Redis, PostgreSQL (rebuilds, settlement, history, bans) and DNS only
     assert not admits(overlay, router, {"app": "any-pod"}, 6379)
     assert not admits(overlay, router, redis, 16379)
     assert not egress_outside(overlay, router, 6379)
@@ -997,7 +997,7 @@ def test_every_postgres_client_has_the_archive_url(overlay: str) -> None:
                 assert ref["name"] == postgres_secret_name(overlay) and ref["key"] == "SHARDLB_POSTGRES_URL"
     pool = {WRITE_POOL} if overlay in WRITE_POOL_OVERLAYS else set()
     assert set(refs) == {ROUTER, ARCHIVER, RECONCILE, BANDS, *pool}
-    # the router runs without it (its admin rebuild endpoint then answers 409); the others need it
+    # the router runs without it (its archive endpoints then answer 409); the others need it
     assert all(refs[name].get("optional") is True for name in (ROUTER, *pool))
     assert not any(refs[name].get("optional") for name in (ARCHIVER, RECONCILE, BANDS))
     from router.settings import Settings
