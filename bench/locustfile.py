@@ -9,7 +9,8 @@ Users (pick on the command line; both by default):
   Paced at SHARDLB_USER_RPS requests/s per user (default 10; or, with SHARDLB_USERS set and no
   SHARDLB_USER_RPS, so that that many users offer SHARDLB_TARGET_WRITES player-scores a second).
 - ``Player`` reads in the mix SHARDLB_READ_MIX (default ``top:30,rank:35,around:15,friends:15,page:5``):
-  top-100, my rank, around me, friends (20-200 ids, POST players:query), a page. Paced at
+  top-100, my rank, around me (radius SHARDLB_AROUND_RADIUS, default 5), friends (SHARDLB_FRIENDS
+  ids, default 20-200, POST players:query), a page (SHARDLB_PAGE_LIMIT entries, default 50). Paced at
   SHARDLB_READER_RPS requests/s per user (default 5).
 See bench/workload.py for every distribution. Each user waits a random share of its period before
 its first request and keeps that phase (``paced``), so that users started together do not send in
@@ -22,7 +23,8 @@ carried. In the CSVs, that entry's Request Count x Average Content Size is the s
 Shapes (SHARDLB_SHAPE; unset: Locust's own -u/-r/-t): ``ramp`` to SHARDLB_TARGET_WRITES player-score
 writes/s in SHARDLB_STEPS steps, ``soak`` at the target, ``spike`` 10x for 30 s (see bench/shapes.py);
 SHARDLB_DURATION seconds. Keys: SHARDLB_WRITE_KEY (writes), SHARDLB_READ_KEY (reads, when required),
-SHARDLB_ADMIN_KEY (when set, the board SHARDLB_BOARD is created at test start with PUT, idempotent).
+SHARDLB_ADMIN_KEY (when set, the board SHARDLB_BOARD is created at test start with PUT, idempotent,
+as a hash board of SHARDLB_SHARDS shards, default 16).
 SHARDLB_CONTENT=msgpack sends and accepts MessagePack instead of JSON.
 """
 
