@@ -7,7 +7,8 @@ reads slice it. The refresh reads one view at a time, outside the read gate: it 
 connection per primary, and a flood of reads can neither starve it nor be crowded by it. ``as_of``
 is the time the kept copy was read. A view nobody read for ``idle_s`` seconds is dropped, as is a
 copy that could not be refreshed for ``STALE_REFRESHES`` rounds, so a broken cluster is reported,
-not hidden.
+not hidden. A dated period that can hold nothing (expired, or not begun: ``Board.holds_nothing``)
+is answered empty and never kept.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ class TopCache:
     async def top(self, board: Board, view: ResolvedView, limit: int) -> tuple[Rendered, int]:
         """The best ``limit`` entries of a view and the epoch ms they were read at (cached or live)."""
         key = view  # equal views (two spellings of one period) share one entry
+        now = times.now_ms()
+        if board.holds_nothing(view.period, now):
+            # Expired or not begun: empty by construction. Neither read nor kept, so callers asking
+            # for every day of the calendar cannot fill the cache with views to refresh.
+            _HIT.inc()
+            return [], now
         kept = self._views.get(key)
         if kept is not None and self._fits(kept, board, limit):
             _HIT.inc()

@@ -19,9 +19,9 @@ copy, and its ``as_of`` says when it was read.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -35,7 +35,41 @@ if TYPE_CHECKING:
     from router.service import Service
 
 KEPT = 4096
+KEPT_BYTES = 32 * 1024 * 1024  # rendered bodies a worker keeps for repeats, whatever their sizes
 CACHE_CONTROL = b"max-age=1"
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Renderings(Generic[K, V]):
+    """Rendered answers kept for repeats: at most ``count`` of them and ``size`` bytes of bodies in
+    all, the first kept dropped first. Queries choose the keys (a limit of 1-1000, a format, a
+    period), so the bound in bytes is what holds a worker's memory whatever callers ask: 4096 tops
+    of 1000 entries would be about 400 MB."""
+
+    def __init__(self, count: int = KEPT, size: int = KEPT_BYTES) -> None:
+        self.count = count
+        self.size = size
+        self.held = 0  # bytes of the bodies kept
+        self._kept: dict[K, tuple[V, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, key: K) -> V | None:
+        found = self._kept.get(key)
+        return None if found is None else found[0]
+
+    def put(self, key: K, value: V, size: int) -> None:
+        old = self._kept.pop(key, None)
+        if old is not None:
+            self.held -= old[1]
+        self._kept[key] = (value, size)
+        self.held += size
+        while len(self._kept) > self.count or (self.held > self.size and len(self._kept) > 1):
+            first = next(iter(self._kept))
+            self.held -= self._kept.pop(first)[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +86,7 @@ class Rendered:
 
 
 _Key = tuple[str, bytes, bool]  # board id, raw query string, MessagePack
-_kept: dict[_Key, Rendered] = {}
+_kept: Renderings[_Key, Rendered] = Renderings()
 
 
 def now_second() -> int:
@@ -61,12 +95,8 @@ def now_second() -> int:
 
 
 def remember(board_id: str, query: bytes, packed: bool, answer: Rendered) -> None:
-    """Keep ``answer`` for repeats of the same query (at most KEPT, the oldest dropped first)."""
-    key = (board_id, query, packed)
-    _kept.pop(key, None)
-    _kept[key] = answer
-    if len(_kept) > KEPT:
-        del _kept[next(iter(_kept))]
+    """Keep ``answer`` for repeats of the same query (``Renderings``: the oldest dropped first)."""
+    _kept.put((board_id, query, packed), answer, len(answer.body))
 
 
 def matches(if_none_match: str | None, tag: str) -> bool:

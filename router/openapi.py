@@ -867,6 +867,8 @@ _SETTLEMENT_PATHS: dict[str, Any] = {
         "post": {
             "operationId": "archiveBoard",
             "summary": "Addition: season end: settle the total, then delete the board; its history stays",
+            "description": "As for :rebuild, this path is also that of the board '{board}:archive' for "
+            "GET, PUT and DELETE.",
             "security": _ADMIN,
             "requestBody": _SETTLE_BODY,
             "responses": {
@@ -1016,6 +1018,8 @@ SPEC: dict[str, Any] = {
             "post": {
                 "operationId": "rebuildBoard",
                 "summary": "Addition: recompute a board from PostgreSQL while writes go on (admin)",
+                "description": "Board ids may hold ':', so this path is also that of the board "
+                "'{board}:rebuild': GET, PUT and DELETE on it are the board routes' (/v1/boards/{board}).",
                 "security": _ADMIN,
                 "parameters": [
                     {

@@ -36,8 +36,9 @@ from shardlb.reads import ResolvedView
 MAX_OFFSET = 10**12
 # Cached tops, rendered: (view, limit, competition ranks, MessagePack) -> (as_of of the cached top,
 # headers, body, ETag). A hit sends bytes rendered once per refresh of the top cache.
-TOPS_RENDERED = 4096
-_TOPS: dict[tuple[ResolvedView, int, bool, bool], tuple[int, RawHeaders, bytes, bytes]] = {}
+_TOPS: hot.Renderings[tuple[ResolvedView, int, bool, bool], tuple[int, RawHeaders, bytes, bytes]] = (
+    hot.Renderings()
+)
 MAX_RADIUS = 100
 # "my rank" with max_age_ms: how old the other bands' sizes of a band board may be (the design we
 # started from allows 5 s for a player's own rank).
@@ -273,9 +274,8 @@ async def top(request: Request) -> Response:
         _, headers, raw = rendered(body, packed)
         tag = f'"{zlib.crc32(raw):08x}{len(raw):x}"'.encode()
         headers += [(b"etag", tag), (b"cache-control", hot.CACHE_CONTROL)]
-        kept = _TOPS[key] = (as_of, headers, raw, tag)
-        if len(_TOPS) > TOPS_RENDERED:
-            del _TOPS[next(iter(_TOPS))]  # the oldest rendering
+        kept = (as_of, headers, raw, tag)
+        _TOPS.put(key, kept, len(raw))  # the oldest rendering goes first past the bounds
     _, headers, raw, tag = kept
     answer = hot.Rendered(second, board, view, as_of, headers, raw, tag)
     hot.remember(board.config.id, raw_query, packed, answer)

@@ -40,6 +40,7 @@ JOURNAL_MAX_RESULTS = 1_000_000
 # setting's maximum). Set it lower to cap entries too.
 JOURNAL_MAX_ENTRIES = 100_000_000
 MAX_FUTURE_MS = 5 * 60_000
+HOLDS_NOTHING_MARGIN_MS = 3_600_000  # Board.holds_nothing's margin for other clocks
 # How often a process's write calls ask write.lua to drop a shard's index listings of expired keys.
 TRIM_EVERY_MS = 1000
 QUARTER_HOUR_MS = 15 * 60_000
@@ -477,6 +478,18 @@ class Board:
             return 0
         c, kind = self.config, periods.first_day(name)[0]
         return periods.end_ms(name, self.tz, c.week_start) + c.retention_days[kind] * 86_400_000
+
+    def holds_nothing(self, name: str, now_ms: int) -> bool:
+        """Whether the period ``name`` (a view's ``period``) is empty by construction at ``now_ms``:
+        a dated period whose keys have expired (its end plus the board's retention for its kind), or
+        one that starts after any write could reach it (results are at most MAX_FUTURE_MS ahead).
+        An hour's margin each way covers the clocks of other routers and of Redis."""
+        if name == "total":
+            return False
+        margin = HOLDS_NOTHING_MARGIN_MS
+        if self._period_expiry(name) < now_ms - margin:
+            return True
+        return periods.start_ms(name, self.tz, self.config.week_start) > now_ms + MAX_FUTURE_MS + margin
 
     def _period_closes(self, name: str) -> int:
         return periods.closes_ms(name, self.tz, self.config.close_grace_s, self.config.week_start)

@@ -130,6 +130,11 @@ def _midnight_ms(day: date, tz: ZoneInfo) -> int:
     return int(datetime(day.year, day.month, day.day, tzinfo=tz).timestamp() * 1000)
 
 
+def start_ms(name: str, tz: ZoneInfo, week_start: str = "monday") -> int:
+    """The epoch ms at which the dated period ``name`` starts (local midnight of its first day)."""
+    return _midnight_ms(first_day(name, week_start)[1], tz)
+
+
 def end_ms(name: str, tz: ZoneInfo, week_start: str = "monday") -> int:
     """The epoch ms at which the dated period ``name`` ends (local midnight after its last day)."""
     kind, start = first_day(name, week_start)
@@ -193,7 +198,7 @@ def _check_in_calendar(name: str, tz: ZoneInfo, week_start: str) -> None:
     the dates Python holds (0001-01-01 to 9999-12-31): ``daily:9999-12-31`` ends on 10000-01-01, and
     ``weekly:0001-W01`` of a week starting on Sunday begins on 0000-12-31."""
     try:
-        _midnight_ms(first_day(name, week_start)[1], tz)
+        start_ms(name, tz, week_start)
         end_ms(name, tz, week_start)
     except (OverflowError, ValueError) as e:
         raise InvalidInput(

@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from router.gate import Gate
+from shardlb import times
 from shardlb.board import Score
 from shardlb.config import BoardConfig
 from shardlb.errors import InvalidInput
@@ -231,5 +232,40 @@ async def test_public_archive_reads_wait_for_a_few_connections(
                 for _ in range(svc.reads.limit):
                     svc.reads.release()
             assert (await client.get(f"/v1/boards/{name}/periods")).status_code == 200
+    finally:
+        await store.delete(name)
+
+
+async def test_reads_of_periods_that_can_hold_nothing_keep_no_view(
+    store: BoardStore, cluster_url: str
+) -> None:
+    """A dated period whose keys have expired (its end plus the board's retention) or that starts
+    after any write could reach it is empty by construction: its top is answered empty without a
+    cluster read, and the top cache keeps no view of it (anonymous callers asking for every day of
+    the calendar would otherwise fill it with views its refresher re-reads every second)."""
+    name = board_name("empty-periods")
+    board, _ = await store.create(
+        BoardConfig.from_dict(name, {"periods": ["total", "daily"], "retention_days": {"daily": 3}})
+    )
+    now = times.now_ms()
+    day = 86_400_000
+    await board.submit([Score("p", 7, "m1", now)])
+    try:
+        past = [f"daily:{d}" for d in ("2020-01-01", "2026-01-01", times.format_ms(now - 6 * day)[:10])]
+        future = [f"daily:{d}" for d in ("2099-12-31", times.format_ms(now + 3 * day)[:10])]
+        for period in past + future:
+            assert board.holds_nothing(board.resolve(period).period, now), period
+        for period in ("total", "daily", f"daily:{times.format_ms(now - 2 * day)[:10]}"):
+            assert not board.holds_nothing(board.resolve(period).period, now), period
+        async with running(cluster_url) as (app, client):
+            tops = service_of(app).tops
+            for period in past + future:
+                r = await client.get(f"/v1/boards/{name}/top", params={"period": period})
+                assert r.status_code == 200 and r.json()["entries"] == [], (period, r.text)
+            assert len(tops) == 0
+            today = f"daily:{times.format_ms(now)[:10]}"
+            r = await client.get(f"/v1/boards/{name}/top", params={"period": today})
+            assert [(e["player_id"], e["points"]) for e in r.json()["entries"]] == [("p", 7)]
+            assert len(tops) == 1
     finally:
         await store.delete(name)
