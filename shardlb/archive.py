@@ -56,6 +56,10 @@ JOURNALS_IN_FLIGHT = 16
 # from the journal itself (recount.lua): a count that drifted is right again on a busy shard too.
 RECOUNT_EVERY_S = 30.0
 RECOUNT_LIMIT = 200
+# PostgreSQL's text cannot hold NUL (U+0000). Routers refuse match ids holding it (Board.prepare),
+# but an entry journaled before that rule, or through the library past its checks, would fail every
+# round of every journal for ever: its NULs are archived as U+FFFD instead.
+NUL_STANDIN = "\ufffd"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS boards (
@@ -322,7 +326,8 @@ def _rows(board: Board, entry: Entry) -> list[tuple[Any, ...]]:
     for r in entry.results:
         achieved = codec.epoch_ms + r.units * codec.unit_ms
         score = codec.encode_units(r.points, r.units)
-        out.append((mode, entry.board, entry.incarnation, r.match_id, r.player_id, r.points, achieved, score,
+        match = r.match_id if "\x00" not in r.match_id else r.match_id.replace("\x00", NUL_STANDIN)
+        out.append((mode, entry.board, entry.incarnation, match, r.player_id, r.points, achieved, score,
                     entry.shard, entry.id, list(r.skipped)))  # fmt: skip
     return out
 

@@ -116,6 +116,32 @@ async def test_the_archive_gives_the_board_back(
         await store.delete(config.id)
 
 
+async def test_a_journaled_nul_does_not_stop_the_archive(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """Routers refuse a match id holding NUL (U+0000) now, but one journaled before (by a router of
+    before, or straight through the library) must not stop the archive: PostgreSQL's text cannot
+    hold it, and the round that failed on it was every journal's round, for ever. It is archived
+    with U+FFFD in its place, and the other board's results with it."""
+    bad = BoardConfig.from_dict("archive-nul", {"mode": "incr"})
+    good = BoardConfig.from_dict("archive-nul-other", {})
+    board, _ = await store.create(bad)
+    other, _ = await store.create(good)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        [p] = board.prepare([Score("p1", 3, "m-ok", now)])
+        await board.apply_shard(p.shard, [p._replace(match_id="m\x00nul")])  # past the checks
+        await other.submit([Score("p2", 4, "m2", now)])
+        assert await drain(a) == 2
+        assert [(s.match_id, s.points) for s in await archived(postgres_url, board)] == [("m\ufffdnul", 3)]
+        assert [(s.player_id, s.points) for s in await archived(postgres_url, other)] == [("p2", 4)]
+    finally:
+        await a.db.close()
+        await store.delete(bad.id)
+        await store.delete(good.id)
+
+
 async def test_a_replay_and_a_second_archiver_change_nothing(
     store: BoardStore, raw: Any, postgres_url: str
 ) -> None:
