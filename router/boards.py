@@ -76,6 +76,7 @@ class Boards:
         self._kept: dict[str, tuple[float, Board]] = {}
         self._writes: SingleFlight[str, Board] = SingleFlight()  # fetches for writes
         self._reads: SingleFlight[str, Board] = SingleFlight()  # fetches for reads, through the read lane
+        self._lists: SingleFlight[str, list[BoardConfig]] = SingleFlight()  # GET /v1/boards's reads
 
     def cached(self, board_id: str) -> Board | None:
         """The board as kept, while its settings are fresh; else None (``get`` fetches them)."""
@@ -119,7 +120,11 @@ class Boards:
         self._kept.pop(board_id, None)
 
     async def list(self) -> list[BoardConfig]:
-        """Every board's settings (a public read: through the read lane)."""
+        """Every board's settings (a public read: through the read lane). Callers that ask while a
+        read of the registry is under way share it: a flood of lists is one read at a time."""
+        return await self._lists.join("", self._list)
+
+    async def _list(self) -> list[BoardConfig]:
         async with self.read_lane, self.gate, metrics.redis_call("list_boards"):
             return await self.store.list()
 

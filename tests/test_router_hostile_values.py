@@ -12,6 +12,7 @@ connections: each is now a 4xx before anything is written, or waits its turn beh
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -267,5 +268,29 @@ async def test_reads_of_periods_that_can_hold_nothing_keep_no_view(
             r = await client.get(f"/v1/boards/{name}/top", params={"period": today})
             assert [(e["player_id"], e["points"]) for e in r.json()["entries"]] == [("p", 7)]
             assert len(tops) == 1
+    finally:
+        await store.delete(name)
+
+
+async def test_concurrent_board_lists_share_one_registry_read(store: BoardStore, cluster_url: str) -> None:
+    """GET /v1/boards is public and reads the whole registry: requests that arrive while one such
+    read is under way wait for it and share its answer, so a flood of them costs one read at a time
+    and the read lane (shared with reads of boards not cached) stays free between them."""
+    name = board_name("listed")
+    await store.create(BoardConfig.from_dict(name, {}))
+    try:
+        async with running(cluster_url, read_rate=0) as (app, client):
+            boards = service_of(app).boards
+            real, calls = boards.store.list, [0]
+
+            async def counted() -> list[BoardConfig]:
+                calls[0] += 1
+                return await real()
+
+            boards.store.list = counted  # type: ignore[method-assign]
+            answers = await asyncio.gather(*(client.get("/v1/boards") for _ in range(40)))
+            assert all(r.status_code == 200 for r in answers)
+            assert all(name in {b["board"] for b in r.json()["boards"]} for r in answers)
+            assert 1 <= calls[0] <= 10, calls[0]
     finally:
         await store.delete(name)
