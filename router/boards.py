@@ -119,14 +119,14 @@ class Boards:
             await self.store.delete(board_id)
         self._kept.pop(board_id, None)
 
+    async def _list(self) -> list[BoardConfig]:  # before ``list``, which hides the builtin below it
+        async with self.read_lane, self.gate, metrics.redis_call("list_boards"):
+            return await self.store.list()
+
     async def list(self) -> list[BoardConfig]:
         """Every board's settings (a public read: through the read lane). Callers that ask while a
         read of the registry is under way share it: a flood of lists is one read at a time."""
         return await self._lists.join("", self._list)
-
-    async def _list(self) -> list[BoardConfig]:
-        async with self.read_lane, self.gate, metrics.redis_call("list_boards"):
-            return await self.store.list()
 
     async def _fetch(self, board_id: str, read: bool) -> Board:
         try:
