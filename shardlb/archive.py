@@ -150,6 +150,7 @@ class Archiver:
         self._failed = False
         self._ready = False
         self._recounted: dict[str, float] = {}  # journal key -> monotonic time of its last recount
+        self._unexplained: set[tuple[str, str]] = set()  # boards missing without a mark, reported once
 
     async def refresh(self) -> None:
         """Learn the registry's boards (and record their settings in PostgreSQL)."""
@@ -169,13 +170,36 @@ class Archiver:
                     "ON CONFLICT DO NOTHING",
                     (b.config.id, b.incarnation, orjson.dumps(b.config.to_dict()).decode()),
                 )
-            # A board gone from the registry was deleted: `rebuild --all` must not bring it back.
-            await self.db.execute(
-                "UPDATE boards SET deleted_at = now() WHERE deleted_at IS NULL AND (board, incarnation) "
-                "NOT IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-                ([b.config.id for b in found], [b.incarnation for b in found]),
-            )
+            # A board deleted from the registry is marked deleted: `rebuild --all` must not bring it
+            # back. Only on evidence of the deletion (keys.deleted_key): a registry that lacks a
+            # board may also be a Redis that lost everything, whose boards `rebuild --all` restores.
+            gone = await self._deleted({(b.config.id, b.incarnation) for b in found})
+            if gone:
+                await self.db.execute(
+                    "UPDATE boards SET deleted_at = now() WHERE deleted_at IS NULL AND (board, incarnation) "
+                    "IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+                    ([b for b, _ in gone], [i for _, i in gone]),
+                )
         self._known.update((b.config.id, b.incarnation) for b in new)
+
+    async def _deleted(self, listed: set[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The boards PostgreSQL holds as live, the registry lacks, and Redis says were deleted.
+        One the registry lacks without that mark is left live and reported (a lost Redis, or a
+        deletion older than the mark's day, which `rebuild --all` then restores)."""
+        cur = await self.db.execute("SELECT board, incarnation FROM boards WHERE deleted_at IS NULL")
+        missing = [(b, i) for b, i in await cur.fetchall() if (b, i) not in listed]
+        gone = []
+        for board, incarnation in missing:
+            if await self.client.exists(keys.deleted_key(board, incarnation)):
+                gone.append((board, incarnation))
+            elif (board, incarnation) not in self._unexplained:
+                self._unexplained.add((board, incarnation))
+                log.warning(
+                    "a board the archive holds is missing from the registry without a deletion mark: "
+                    "left live in PostgreSQL (if Redis lost its data, `shardlb rebuild --all` restores it)",
+                    extra={"fields": {"board": board, "incarnation": incarnation}},
+                )
+        return gone
 
     async def round(self) -> int:
         """One pass over every journal; returns how many results it archived."""

@@ -134,6 +134,12 @@ def lease_key(board: str) -> str:
     return f"lb:reshard:{board}"
 
 
+def deleted_key(board: str, incarnation: str) -> str:
+    """Set when the board of that incarnation is deleted (shardlb/store.py), whatever its layout:
+    the archiver's evidence that a board the registry lacks was deleted, not lost with Redis."""
+    return f"lb:deleted:{board}:{incarnation}"
+
+
 def period_key(prefix: str, period: str) -> str:
     """``period`` is ``total`` or a dated name such as ``d:2026-11-30``."""
     return prefix + period

@@ -337,7 +337,8 @@ class Rebuilder:
     async def restore(self, store: BoardStore) -> list[Board]:
         """Put every board that PostgreSQL knows and the registry lacks back in the registry, with
         its incarnation (a total loss of Redis); return the boards to rebuild. A board whose id the
-        registry holds under another incarnation, or whose shards say it was deleted, is left out."""
+        registry holds under another incarnation, or that Redis says was deleted (its first shard's
+        marker, or the board's deletion mark, which any layout leaves), is left out."""
         async with self.db.transaction():
             cur = await self.db.execute(
                 "SELECT DISTINCT ON (board) board, incarnation, settings FROM boards "
@@ -348,7 +349,8 @@ class Rebuilder:
         for board_id, incarnation, settings in found:
             config = BoardConfig.from_dict(board_id, stored_settings(settings))
             former = Board(store.client, config, store.scripts, incarnation)
-            if await self.client.exists(keys.gone_key(former.prefixes[0])):
+            marks = (keys.gone_key(former.prefixes[0]), keys.deleted_key(board_id, incarnation))
+            if any([await self.client.exists(mark) for mark in marks]):
                 self.progress(f"{board_id}: deleted; left alone")
                 continue
             board, created = await store.restore(config, incarnation)

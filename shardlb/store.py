@@ -171,6 +171,9 @@ class BoardStore:
     async def _drop(self, board_id: str, raw: bytes | str, record: dict[str, Any]) -> None:
         """Drop every shard of the marked record ``raw`` (idempotent), then remove the record."""
         board = self._board(board_id, record)
+        # First, so that from the moment the registry stops listing the board (marked deleting) the
+        # archiver can tell a deletion from a Redis that lost its registry (shardlb/archive.py).
+        await self.client.set(keys.deleted_key(board_id, board.incarnation), 1, px=GONE_MS)
         gate = asyncio.Semaphore(DROPS_IN_FLIGHT)
 
         async def drop(prefix: str) -> None:

@@ -6,6 +6,7 @@ which writes are refused, never dropped."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 import subprocess
@@ -140,6 +141,42 @@ async def test_a_journaled_nul_does_not_stop_the_archive(
         await a.db.close()
         await store.delete(bad.id)
         await store.delete(good.id)
+
+
+async def deleted_at(postgres_url: str, board: Board) -> object:
+    async with await psycopg.AsyncConnection.connect(postgres_url) as db:
+        cur = await db.execute(
+            "SELECT deleted_at FROM boards WHERE board = %s AND incarnation = %s",
+            (board.config.id, board.incarnation),
+        )
+        row = await cur.fetchone()
+    assert row is not None, "the archiver never recorded the board"
+    return row[0]
+
+
+async def test_only_a_deleted_board_is_marked_deleted_not_one_redis_lost(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """The archiver marks a board deleted in PostgreSQL (so `rebuild --all` leaves it) when it was
+    deleted, not whenever the registry lacks it: after a total loss of Redis the registry is empty,
+    and marking every board then left `rebuild --all` nothing to restore."""
+    deleted, lost = BoardConfig.from_dict("archive-deleted", {}), BoardConfig.from_dict("archive-lost", {})
+    one, _ = await store.create(deleted)
+    other, _ = await store.create(lost)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        assert await deleted_at(postgres_url, one) is None and await deleted_at(postgres_url, other) is None
+        await store.delete(deleted.id)
+        await raw.hdel(keys.BOARDS, lost.id)  # as a Redis that lost everything: no record, no marker
+        await a.refresh()
+        assert await deleted_at(postgres_url, one) is not None
+        assert await deleted_at(postgres_url, other) is None
+        await a.refresh()  # and not on a later look either
+        assert await deleted_at(postgres_url, other) is None
+    finally:
+        await a.db.close()
+        with contextlib.suppress(Exception):
+            await store.delete(lost.id)
 
 
 async def test_a_replay_and_a_second_archiver_change_nothing(
