@@ -322,8 +322,10 @@ class Bans:
             await audit(db, "ban", None if ban.board == ALL else ban.board, ban.player, ban.by, ban.reason,
                         request_id, {"scope": ban.board})  # fmt: skip
         record = orjson.dumps({"reason": ban.reason, "by": ban.by, "at": ban.at_ms})
-        if await self.client.hsetnx(keys.BANS, ban_field(ban.board, ban.player), record):
-            await self.client.incr(keys.BANS_VERSION)
+        await self.client.hsetnx(keys.BANS, ban_field(ban.board, ban.player), record)
+        # Bumped whether or not the record was new: a retry of a ban whose bump failed after its
+        # record was stored must still make the routers reload the list (a reload too many is cheap).
+        await self.client.incr(keys.BANS_VERSION)
 
     async def lift(
         self,

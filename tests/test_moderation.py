@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from shardlb import journal, keys, moderation, reconcile, times
+from shardlb.archive import connect_db
 from shardlb.board import Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
@@ -164,6 +165,27 @@ async def test_a_banned_player_is_left_out_of_a_rebuild(
         await db.close()
         await a.db.close()
         await store.delete(config.id)
+
+
+async def test_a_ban_retried_after_it_was_half_stored_reaches_the_routers(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """Routers reload the ban list when its version moves. A ban whose record was stored but whose
+    version bump failed (a lost connection, a crash between the two) must move it when retried;
+    before, the retry found the record (HSETNX 0), bumped nothing, and no router ever loaded it."""
+    bans = moderation.Bans(store.client)
+    ban = moderation.Ban("half-banned", moderation.ALL, "bot", "test", times.now_ms())
+    db = await connect_db(postgres_url)  # the schema in place
+    try:
+        record = b'{"reason": "bot", "by": "test", "at": 1}'
+        await store.client.hsetnx(keys.BANS, moderation.ban_field(ban.board, ban.player), record)
+        before = await bans.version()
+        await bans.add(db, ban, "retry")
+        assert await bans.version() > before
+        assert ("half-banned", moderation.ALL) in {(b.player, b.board) for b in await bans.all()}
+    finally:
+        await bans.lift(db, ban.player, ban.board, "test", "cleanup", None)
+        await db.close()
 
 
 async def test_the_inactive_cleanup_removes_exactly_the_stale_players_a_bounded_number_per_pass(
