@@ -502,7 +502,11 @@ def settle_period(args: argparse.Namespace) -> int:
     if not args.postgres:
         print("shardlb settle: give --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr)
         return 2
-    text = Path(args.rewards).read_text() if Path(args.rewards).is_file() else args.rewards
+    secret = os.environ.get("SHARDLB_WEBHOOK_SECRET", "")
+    if args.webhook and not secret:  # as the router's 409 webhook_not_configured: never sign with ""
+        print("shardlb settle: --webhook needs SHARDLB_WEBHOOK_SECRET to sign its bodies", file=sys.stderr)
+        return 2
+    text = Path(args.rewards).read_text() if _is_file(args.rewards) else args.rewards
     try:
         rewards = orjson.loads(text)
     except orjson.JSONDecodeError as e:
@@ -518,13 +522,26 @@ def settle_period(args: argparse.Namespace) -> int:
             args.redis, args.postgres, args.board, args.period, request, _crash_hook(), args.wait
         )
         if args.webhook:
-            result["delivery"] = await settlement_delivery.deliver_all(
-                args.postgres, os.environ.get("SHARDLB_WEBHOOK_SECRET", ""), args.id
-            )
+            result["delivery"] = await settlement_delivery.deliver_all(args.postgres, secret, args.id)
         return result
 
     print(orjson.dumps(asyncio.run(run()), option=orjson.OPT_INDENT_2).decode())
     return 0
+
+
+def _is_file(name: str) -> bool:
+    """Whether ``name`` names a file (False for text no file could be named: inline JSON past a
+    file name's length makes the OS refuse the lookup)."""
+    try:
+        return Path(name).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _unreachable(e: BaseException) -> bool:
+    """A failure to reach or talk to Redis or PostgreSQL: an answer for the operator, not a bug."""
+    module = type(e).__module__
+    return isinstance(e, OSError) or module.startswith(("redis.", "psycopg"))
 
 
 def _crash_hook() -> Callable[[str], None] | None:
@@ -556,4 +573,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as e:
+        if not _unreachable(e):
+            raise  # a bug: its traceback is what a report needs
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"shardlb: error: {type(e).__name__}: {first}", file=sys.stderr)
+        return 1
     return code

@@ -22,3 +22,52 @@ def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) 
         main(["--help"])
     out = capsys.readouterr().out
     assert all(name in out for name in ("cluster", "serve", "plan"))
+
+
+def test_settle_refuses_a_webhook_without_a_secret(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router answers 409 webhook_not_configured; the command did settle and sign with an empty
+    key (signatures anyone could forge). Refused before anything runs."""
+    monkeypatch.delenv("SHARDLB_WEBHOOK_SECRET", raising=False)
+    argv = [
+        "settle",
+        "b",
+        "daily:2026-11-30",
+        "--id",
+        "s1",
+        "--rewards",
+        "[]",
+        "--webhook",
+        "https://x.test/h",
+    ]
+    assert main([*argv, "--redis", "redis://127.0.0.1:1", "--postgres", "postgresql://127.0.0.1:1/x"]) == 2
+    assert "SHARDLB_WEBHOOK_SECRET" in capsys.readouterr().err
+
+
+def test_inline_rewards_longer_than_a_file_name_are_read_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--rewards` is a file or JSON; JSON longer than a file name may be (255 bytes) made
+    Path.is_file raise OSError (a traceback) instead of being read."""
+    table = "[" + ",".join(['{"ranks": [1, 1], "reward": "gold"}'] * 12) + "]"
+    argv = ["settle", "b", "daily:2026-11-30", "--id", "s1", "--rewards", table[:-1]]  # not valid JSON
+    assert main([*argv, "--redis", "redis://127.0.0.1:1", "--postgres", "postgresql://127.0.0.1:1/x"]) == 2
+    assert "neither a file nor JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["rebuild", "b"],
+        ["reconcile", "b"],
+        ["settle", "b", "daily:2026-11-30", "--id", "s1", "--rewards", '[{"ranks": [1, 1], "reward": "g"}]'],
+    ],
+)
+def test_unreachable_servers_are_a_message_not_a_traceback(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing listens on port 1: each command fails with exit status 1 and one line naming the
+    failure, not a Python traceback."""
+    argv = [*command, "--redis", "redis://127.0.0.1:1", "--postgres", "postgresql://127.0.0.1:1/x"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("shardlb: error:") and "Traceback" not in err, err
