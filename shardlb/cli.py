@@ -257,6 +257,11 @@ def add_rebuild_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "--all", action="store_true", help="every board PostgreSQL knows, put back in the registry if missing"
     )
     rebuild.add_argument("--shard", type=int, help="one shard only")
+    rebuild.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild even from an archive that holds no result of the board while Redis holds players",
+    )
     _connections(rebuild)
     rebuild.set_defaults(func=rebuild_boards)
 
@@ -271,7 +276,9 @@ def rebuild_boards(args: argparse.Namespace) -> int:
         )
         return 2
     boards = None if args.all else [args.board]
-    done = asyncio.run(rebuild.run(args.redis, args.postgres, boards, args.period, args.shard, print))
+    done = asyncio.run(
+        rebuild.run(args.redis, args.postgres, boards, args.period, args.shard, print, args.force)
+    )
     print(f"rebuilt {len(done)} board(s)")
     return 0
 

@@ -198,11 +198,13 @@ class Rebuilder:
         self.swap_tries = swap_tries
 
     async def rebuild(
-        self, board: Board, period: str | None = None, shard: int | None = None
+        self, board: Board, period: str | None = None, shard: int | None = None, force: bool = False
     ) -> list[ShardReport]:
         """Rebuild ``board`` (one API period such as ``daily:2026-11-30`` or all, one shard or all).
         Shards are rebuilt one after another; each swap is atomic on its shard, the board as a whole
-        is not rebuilt at one instant (a read across shards may see some rebuilt and some not yet)."""
+        is not rebuilt at one instant (a read across shards may see some rebuilt and some not yet).
+        Refused (BoardConflict) when the archive holds no result of the board while Redis holds
+        players, unless ``force``: that archive is not this board's (see ``_check_archive``)."""
         if board.moving or board.also:
             raise BoardConflict(
                 f"board {board.config.id!r} is being resharded: rebuild it once that is over", "board"
@@ -212,6 +214,8 @@ class Rebuilder:
                 f"board {board.config.id!r} keeps no journal (durability memory): nothing to rebuild it from",
                 "board",
             )
+        if not force:
+            await self._check_archive(board)
         layout = board.layout
         now = times.now_ms()
         c = board.config
@@ -229,6 +233,41 @@ class Rebuilder:
         if layout.strategy == "band" and name in (None, "total"):
             reports += await self.rebuild_bands(board)
         return reports
+
+    async def _check_archive(self, board: Board) -> None:
+        """Refuse to rebuild from an archive that holds no result of ``board`` (its id and
+        incarnation) when the board's journals say results were archived somewhere (entries were
+        added to a journal and trimmed from it, which the archiver does only after its commit) and
+        Redis holds players: another environment's archive, a backup from before the board, a
+        wrong --postgres. The rebuild would replace every shard with the journal's tail alone, and
+        every archived player would be gone. A journal never trimmed still holds every result: a
+        rebuild from it alone is whole. The journals are read first: an entry trimmed by then was
+        committed before, so the archive read after it holds its rows if it is the board's."""
+        trimmed = 0
+        for prefix in board.prefixes:
+            try:
+                got: dict[Any, Any] = await self.client.xinfo_stream(keys.journal_key(prefix))
+            except ResponseError:  # no journal on this shard (yet)
+                continue
+            info = {k.decode() if isinstance(k, bytes) else k: v for k, v in got.items()}
+            trimmed += int(info.get("entries-added") or 0) - int(info.get("length") or 0)
+        if not trimmed:
+            return
+        cur = await self.db.execute(
+            "SELECT 1 FROM match_results WHERE board = %s AND incarnation = %s LIMIT 1",
+            (board.config.id, board.incarnation),
+        )
+        if await cur.fetchone() is not None:
+            return
+        players = await board.size(board.resolve("total"))
+        if players:
+            raise BoardConflict(
+                f"this archive holds no result of board {board.config.id!r} (incarnation "
+                f"{board.incarnation}), but {trimmed} entries of its journals were archived and trimmed, "
+                f"and Redis holds {players} players: rebuilding from it would empty the board. Is it "
+                "the board's archive? (force it: shardlb rebuild --force)",
+                "board",
+            )
 
     async def rebuild_shard(self, board: Board, shard: int, wanted: Callable[[str], bool]) -> ShardReport:
         """Rebuild the wanted period boards of one home shard (steps 1-4 of the module docstring)."""
@@ -640,9 +679,10 @@ async def run(
     period: str | None = None,
     shard: int | None = None,
     progress: Callable[[str], None] | None = None,
+    force: bool = False,
 ) -> dict[str, list[ShardReport]]:
     """Rebuild ``boards``, or, when None, every board PostgreSQL knows (put back in the registry
     first when it is missing there)."""
     async with connected(redis_url, postgres_url, progress) as (rebuilder, store):
         targets = await rebuilder.restore(store) if boards is None else [await store.get(b) for b in boards]
-        return {b.config.id: await rebuilder.rebuild(b, period, shard) for b in targets}
+        return {b.config.id: await rebuilder.rebuild(b, period, shard, force) for b in targets}

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import secrets
 from typing import Any
 
+import psycopg
 import pytest
 import redis.exceptions
 
@@ -19,7 +21,7 @@ from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
-from shardlb.connection import connect
+from shardlb.connection import Scripts, connect
 from shardlb.errors import BoardConflict
 from shardlb.rebuild import Rebuilder
 from shardlb.store import BoardStore
@@ -244,6 +246,40 @@ async def test_rebuild_all_restores_boards_whose_keys_were_all_lost(
         for c in configs:
             with contextlib.suppress(Exception):
                 await store.delete(c.id)
+
+
+async def test_a_rebuild_from_an_archive_without_the_board_is_refused(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An archive that holds no result of the board (another environment's, a backup from before
+    the board, a wrong --postgres) would rebuild its shards from the journal's tail alone: every
+    archived player gone. Refused while Redis holds players, unless forced; nothing is changed."""
+    config = BoardConfig.from_dict("rebuild-empty-archive", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    name = f"empty_{secrets.token_hex(4)}"
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    empty_url = postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    db = await connect_db(empty_url)  # the schema, no rows
+    try:
+        await board.submit([Score(f"p{i}", i, f"m{i}", times.now_ms()) for i in range(1, 11)])
+        a = await archiver(raw, store, postgres_url)
+        await drain(a)  # archived in the right archive, and out of the journal
+        await a.db.close()
+        wrong = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+        with pytest.raises(BoardConflict) as refused:
+            await wrong.rebuild(board)
+        assert "holds no result" in refused.value.message and refused.value.field == "board"
+        assert await board.size(board.resolve("total")) == 10
+        command = ["rebuild", config.id, "--redis", cluster_url, "--postgres", empty_url]
+        assert await asyncio.to_thread(main, command) == 1  # the CLI says why
+        assert "holds no result" in capsys.readouterr().err
+        assert await board.size(board.resolve("total")) == 10
+        await wrong.rebuild(board, force=True)  # asked for: the journal's tail alone, here nothing
+        assert await board.size(board.resolve("total")) == 0
+    finally:
+        await db.close()
+        await store.delete(config.id)
 
 
 async def test_a_memory_board_cannot_be_rebuilt(store: BoardStore, rebuilder: Rebuilder) -> None:

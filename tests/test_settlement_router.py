@@ -9,7 +9,7 @@ import httpx
 import psycopg
 import pytest
 
-from shardlb import times
+from shardlb import keys, times
 from shardlb.board import Score
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running
@@ -199,8 +199,9 @@ async def test_a_board_archived_at_season_end_keeps_its_history(
             # GET of "<board>:archive" is a read of the board of that id (ids may hold ':'), not the action
             other = await client.get(f"/v1/boards/{name}:archive")
             assert (other.status_code, other.json()["error"]["code"]) == (404, "board_not_found")
-            left = await raw.keys(f"*{name}*")  # the deletion marker and the journal stay (shardlb/store.py)
-            assert [k for k in left if not k.endswith((b":gone", b":log"))] == []
+            left = await raw.keys(f"*{name}*")  # the deletion markers and the journal stay (shardlb/store.py)
+            assert [k for k in left if not k.endswith((b":gone", b":log")) and b"lb:deleted:" not in k] == []
+            assert await raw.exists(keys.deleted_key(name, board.incarnation)) == 1
             again = await client.post(f"/v1/boards/{name}:archive", json=body, headers=AS_ADMIN)
             assert again.json() == done.json()
             awards = (await client.get(f"/v1/settlements/season-{name}/awards", headers=AS_WRITER)).json()[
