@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from shardlb.client import (
@@ -23,7 +24,7 @@ from shardlb.client import (
     TransportError,
     Unavailable,
 )
-from shardlb.client.errors import retry_after_seconds
+from shardlb.client.errors import ApiError, retry_after_seconds
 from shardlb.config import BoardConfig
 from tests.client_support import Served, expected_entries, free_port, reference_for, rows, served_router
 from tests.router_support import ADMIN, board_name
@@ -186,3 +187,21 @@ async def test_rate_limited_reads_wait_for_retry_after(cluster: Any) -> None:
             page = await anonymous.top(name, deadline=10)
             assert [e.player_id for e in page.entries] == ["alice"]
         assert max(served.faults.seen.values()) == 2  # that last call: a 429, then its retry
+
+
+async def test_a_redirect_is_an_error_not_an_answer() -> None:
+    """The router never redirects; a 3xx comes from something in between (a proxy, a login page)
+    and carries no API body. It was taken as a success and its empty body failed to parse (a
+    TypeError or KeyError from deep in the client); it is an ApiError naming the status."""
+    answers = [0]
+
+    def redirect(request: httpx.Request) -> httpx.Response:
+        answers[0] += 1
+        return httpx.Response(302, headers={"Location": "http://elsewhere.test/"}, content=b"")
+
+    async with AsyncClient(
+        "http://router.test", "k", format="json", transport=httpx.MockTransport(redirect)
+    ) as c:
+        with pytest.raises(ApiError) as raised:
+            await c.get_board("b")
+    assert (raised.value.status, raised.value.code, answers[0]) == (302, "http_302", 1)

@@ -161,7 +161,7 @@ class AsyncClient:
                 error.__cause__ = e
                 wait_at_least = None
             else:
-                if response.status_code < 400:
+                if response.status_code < 300:  # a 3xx is never the router's: a proxy's, no API body
                     return response.status_code, self._decode(response)
                 error = api_error(
                     response.status_code,
