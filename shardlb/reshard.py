@@ -212,14 +212,18 @@ class Resharder:
 
     async def start(self, shards: int, bands: list[int] | None = None) -> dict[str, Any]:
         """Record a reshard of the board to ``shards`` hash shards, or with ``bands`` to a band
-        board of ``shards`` home shards and those bands (the mover then does it: ``run``)."""
+        board of ``shards`` home shards and those bands (the mover then does it: ``run``). Asked
+        again while that same reshard is under way, it returns the record as it is (a retry)."""
         if bands is None:
             sharding = _sharding({"strategy": "hash", "shards": shards})
         else:
             sharding = _sharding({"strategy": "band", "shards": shards, "bands": bands})
 
         def begin(record: dict[str, Any]) -> dict[str, Any]:
-            if record.get("reshard"):
+            move = record.get("reshard")
+            if move and not move.get("cancel") and self._layouts(record)[1].config.sharding == sharding:
+                return record  # the same reshard asked again (a retry): the one under way
+            if move:
                 raise BoardConflict(
                     f"board {self.board_id!r} is being resharded already: resume or cancel that",
                     "board",

@@ -277,6 +277,19 @@ async def test_reshard_refuses_what_it_cannot_do(store: BoardStore) -> None:
         await Resharder(store, band.config.id, say=lambda _: None).start(2, [0, 10])
 
 
+async def test_a_retried_start_of_the_same_reshard_is_the_same_reshard(store: BoardStore) -> None:
+    """A client that sends its reshard again (its first answer lost) gets the reshard under way,
+    not a 409; another target while one is under way is still refused."""
+    board, _ = await make_board(store, 2)
+    mover = Resharder(store, board.config.id, say=lambda _: None)
+    first = await mover.start(4)
+    assert await mover.start(4) == first  # recorded once: the same record
+    with pytest.raises(BoardConflict, match="being resharded already"):
+        await mover.start(8)
+    await mover.run()
+    assert (await store.get(board.config.id)).config.sharding.shards == 4
+
+
 def _mover(cluster: LocalCluster, board_id: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-u", "-m", "shardlb", "reshard", board_id, "--redis", cluster.url, *args],
