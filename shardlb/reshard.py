@@ -32,6 +32,7 @@ old layout never stopped being the whole board.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import time
@@ -51,6 +52,7 @@ from shardlb.reshard_copy import Copier
 from shardlb.sharding import player_hash
 from shardlb.store import CACHE_SECONDS, BoardStore
 
+log = logging.getLogger("shardlb.reshard")
 LEASE_MS = 10_000  # the mover's lease on the board; refreshed while it works, so a dead one ends soon
 SEAL_MS = 10_000  # how long a seal holds writes back; the mover finishes well within it
 MOVED_MS = 86_400_000  # how long an old shard answers "moved" after its keys are dropped
@@ -165,6 +167,7 @@ class Resharder:
         self.token = secrets.token_hex(8)
         self.copier = Copier(self.client)
         self.refused_ms = 0.0  # how long writes were refused at the cut-over
+        self.held: Lease | None = None  # the lease of the run under way
 
     # ---- the record ---------------------------------------------------------------------------
 
@@ -603,13 +606,20 @@ class Resharder:
         return dict(move)
 
     async def _check_cancel(self) -> None:
+        if self.held is not None and self.held.lost:
+            raise BoardConflict(
+                f"this mover lost its lease on {self.board_id!r} (another mover holds it, or it could not "
+                "be refreshed in time): it stops here, and the record says where the other goes on",
+                "board",
+            )
         _, record = await self.record()
         if record.get("reshard", {}).get("cancel"):
             await self._cancel(record)
             raise Cancelled(f"the reshard of {self.board_id!r} was cancelled")
 
     def _lease(self) -> Lease:
-        return Lease(self.client, keys.lease_key(self.board_id), self.token)
+        self.held = Lease(self.client, keys.lease_key(self.board_id), self.token)
+        return self.held
 
 
 class Cancelled(Exception):
@@ -622,6 +632,7 @@ class Lease:
     def __init__(self, client: RedisCluster, key: str, token: str) -> None:
         self.client, self.key, self.token = client, key, token
         self._task: asyncio.Task[None] | None = None
+        self.lost = False  # another process holds it, or it ran out unrefreshed: the mover stops
 
     async def __aenter__(self) -> Lease:
         # A mover that died leaves its lease to run out: wait that long for it, not longer.
@@ -634,9 +645,25 @@ class Lease:
         return self
 
     async def _keep(self) -> None:
+        """Refresh every third of the lease; a refresh that fails is tried again at the next, and
+        the lease is ``lost`` once another process holds it or it ran out unrefreshed."""
+        refreshed = time.monotonic()
         while True:
             await asyncio.sleep(LEASE_MS / 3000)
-            await self.client.eval(_LEASE, 1, self.key, self.token, LEASE_MS)
+            try:
+                held = await self.client.eval(_LEASE, 1, self.key, self.token, LEASE_MS)
+            except Exception as e:  # the cluster busy or moving: try again, while the lease lasts
+                log.warning(
+                    "reshard lease not refreshed", extra={"fields": {"key": self.key, "error": repr(e)}}
+                )
+                if time.monotonic() - refreshed >= LEASE_MS / 1000:
+                    self.lost = True
+                    return
+                continue
+            if not held:
+                self.lost = True
+                return
+            refreshed = time.monotonic()
 
     async def __aexit__(self, *_: object) -> None:
         if self._task is not None:

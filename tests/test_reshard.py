@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from shardlb import keys, times
+from shardlb import keys, reshard, times
 from shardlb.board import Board, Entry, Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig, Sharding
@@ -505,3 +505,23 @@ async def test_a_journaled_board_is_resharded_only_with_its_archive(store: Board
     with pytest.raises(BoardConflict, match="PostgreSQL"):
         await Resharder(store, board.config.id, say=lambda _: None).start(3)
     assert not (await store.get(board.config.id)).moving
+
+
+async def test_a_mover_that_lost_its_lease_stops(store: BoardStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease keeps one mover at a time. A mover whose lease another process took (or whose
+    refresh failed until it ran out) must stop at its next check rather than go on beside the new
+    holder; before, the refresh ignored both and the mover carried on."""
+    monkeypatch.setattr(reshard, "LEASE_MS", 600)
+    board, _ = await make_board(store, 2)
+    key = keys.lease_key(board.config.id)
+    async with reshard.Lease(store.client, key, "mine") as lease:
+        assert not lease.lost
+        await store.client.set(key, "theirs", px=5_000)  # another mover's, after ours ran out
+        await asyncio.sleep(0.5)
+        assert lease.lost
+    assert await store.client.get(key) == "theirs"  # not ours to drop
+    mover = Resharder(store, board.config.id, say=lambda _: None)
+    mover.held = lease
+    with pytest.raises(BoardConflict, match="lease"):
+        await mover._check_cancel()
+    await store.client.delete(key)
