@@ -50,7 +50,7 @@ from shardlb.errors import BoardConflict, BoardNotFound
 from shardlb.fanout import batch
 from shardlb.reshard_copy import Copier
 from shardlb.sharding import player_hash
-from shardlb.store import CACHE_SECONDS, BoardStore
+from shardlb.store import CACHE_SECONDS, GONE_MS, BoardStore
 
 log = logging.getLogger("shardlb.reshard")
 LEASE_MS = 10_000  # the mover's lease on the board; refreshed while it works, so a dead one ends soon
@@ -266,7 +266,9 @@ class Resharder:
         return record
 
     async def run(self) -> dict[str, Any]:
-        """Take the reshard under way from wherever it is to its end. Returns the final status."""
+        """Take the reshard under way from wherever it is to its end. Returns the final status.
+        A board deleted meanwhile (BoardNotFound) has its new layout's shards dropped again first:
+        a copy under way when the deletion dropped them may have written into them since."""
         async with self._lease():
             _, record = await self.record()
             if not record.get("reshard"):
@@ -275,15 +277,29 @@ class Resharder:
                 await self._cancel(record)
                 return {"board": self.board_id, "state": "cancelled"}
             began = time.monotonic()
-            if record["reshard"]["state"] == "copying":
-                record = await self._copy(record)
-            if record["reshard"]["state"] == "sealing":
-                record = await self._seal(record)
+            try:
+                if record["reshard"]["state"] == "copying":
+                    record = await self._copy(record)
+                if record["reshard"]["state"] == "sealing":
+                    record = await self._seal(record)
+            except BoardNotFound:
+                await self._drop_copies(record)
+                raise
             if record["reshard"]["state"] == "committed":
                 record = await self._finish(record)
             took = time.monotonic() - began
             self.say(f"{self.board_id}: {record.get('reshard', {}).get('state', 'done')} after {took:.1f} s")
             return await self.status()
+
+    async def _drop_copies(self, record: dict[str, Any]) -> None:
+        """Drop the new layout's shards of a reshard whose board was deleted while it copied (the
+        deletion dropped them once; this mover's late copies would otherwise stay, unexpiring)."""
+        _, target = self._layouts(record)
+        for prefix in target.prefixes:
+            await self.store.scripts.drop(
+                keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[GONE_MS]
+            )
+        self.say(f"{self.board_id}: deleted during the reshard; its copies dropped")
 
     async def cancel(self) -> str:
         """Cancel a reshard that is not committed yet. The request is recorded first, so a mover

@@ -26,7 +26,7 @@ from shardlb import keys, reshard, times
 from shardlb.board import Board, Entry, Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig, Sharding
-from shardlb.errors import BoardConflict, Resharding
+from shardlb.errors import BoardConflict, BoardNotFound, Resharding
 from shardlb.reshard import Resharder
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
@@ -257,6 +257,39 @@ async def test_cancel_leaves_the_board_as_it_was(store: BoardStore) -> None:
     await work.check()
     with pytest.raises(BoardConflict):
         await Resharder(store, board.config.id).cancel()
+
+
+async def test_a_board_deleted_while_it_is_copied_leaves_no_keys(store: BoardStore) -> None:
+    """DELETE during a reshard drops both layouts' shards, but the mover's copy under way went on
+    writing into the new layout's (registered in its index, the total with no expiry): keys that
+    nothing would ever drop. The mover that finds its board gone drops the new layout again."""
+    board, ref = await make_board(store, 3)
+    work = Workload(Router(store, board.config.id), ref, seed=9, players=300)
+    for _ in range(10):
+        await work.write()
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=CACHE)
+    await mover.start(7)
+    target = store.layout(replace(board.config, sharding=Sharding("hash", 7)), board.incarnation, 1)
+    copy, write, calls = mover.copier.copy_shard, mover.copier._write, [0, 0]
+
+    async def counted(prefix: str, into: Board) -> int:
+        calls[0] += 1
+        return await copy(prefix, into)
+
+    async def deleted_midway(*args: Any, **kwargs: Any) -> None:
+        calls[1] += 1
+        if calls[0] == 2 and not deleted:  # the second shard's rows are read, then the board goes
+            deleted.append(await store.delete(board.config.id))
+        await write(*args, **kwargs)
+
+    deleted: list[None] = []
+    mover.copier.copy_shard = counted  # type: ignore[method-assign]
+    mover.copier._write = deleted_midway  # type: ignore[method-assign]
+    with pytest.raises(BoardNotFound):
+        await mover.run()
+    assert deleted and calls[0] == 2
+    assert await keys_of(store, target) == 0
+    assert await keys_of(store, board) == 0
 
 
 async def test_reshard_refuses_what_it_cannot_do(store: BoardStore) -> None:
