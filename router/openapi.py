@@ -613,7 +613,7 @@ _ERROR_TEXT = {
     "(archive_not_configured); settlements: the id names another settlement (settlement_conflict), "
     "the period is open (period_open) or settled under another id (period_settled), Redis and "
     "PostgreSQL disagree (settlement_mismatch), the id is running (settlement_busy) or not "
-    "settled (not_settled).",
+    "settled (not_settled); posts to a board whose season is being archived (board_closed).",
     413: "The body is larger than SHARDLB_MAX_BODY_BYTES (body_too_large).",
     415: "Content-Type is neither application/json nor application/msgpack (unsupported_media_type).",
     422: "A well-formed request with an invalid value; `field` names it (e.g. scores[3].points).",
@@ -1096,7 +1096,7 @@ SPEC: dict[str, Any] = {
                 "requestBody": {"required": True, "content": _content(_ref("ScoresRequest"))},
                 "responses": {
                     "200": _ok("One result per score, in order", "ScoresResponse"),
-                    **_errors(400, 401, 403, *_PATH, 413, 415, 422, 503),
+                    **_errors(400, 401, 403, *_PATH, 409, 413, 415, 422, 503),
                 },
             },
         },

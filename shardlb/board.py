@@ -20,7 +20,7 @@ from shardlb import keys, merge, periods, times
 from shardlb.bands import BandMoves, Move
 from shardlb.config import ID_PATTERN, MATCH_ID_MAX, MAX_BANDS, PIN_SPAN, RANK_MODES, BoardConfig, check_id
 from shardlb.connection import Scripts
-from shardlb.errors import BoardNotFound, InvalidInput, Overloaded, PlayerNotFound, Resharding
+from shardlb.errors import BoardClosed, BoardNotFound, InvalidInput, Overloaded, PlayerNotFound, Resharding
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
 from shardlb.reads import ONE_ROUND_BANDS, SHALLOW, BandPlace, Located, ResolvedView, View
@@ -29,6 +29,7 @@ from shardlb.sharding import Layout
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow", "r": "region_conflict"}
 GONE = "BOARDGONE"  # the error write.lua and band.lua answer with once the board was deleted
 MOVED = "BOARDMOVED"  # the scripts' error while a reshard holds the shard (shardlb/reshard.py)
+CLOSED = "BOARDCLOSED"  # write.lua's error once the board's total is closed (a season's archive)
 JOURNAL_FULL = "JOURNALFULL"  # write.lua's error when the shard's journal is at its bound
 # Results a shard's journal may hold not yet archived before writes are refused: the buffer while
 # PostgreSQL or the archiver is down (router setting SHARDLB_JOURNAL_MAX_RESULTS). Counted in
@@ -445,6 +446,11 @@ class Board:
         if str(e).startswith(MOVED):
             self.moved = True
             return Resharding(f"board {self.config.id!r} is being resharded; retry", 1.0)
+        if str(e).startswith(CLOSED):
+            return BoardClosed(
+                f"board {self.config.id!r} is closed: its season is being archived, it takes no more results",
+                "board",
+            )
         if str(e).startswith(JOURNAL_FULL):
             return Overloaded("the board's journal is full: PostgreSQL or the archiver is behind", 5.0)
         return e
@@ -517,8 +523,17 @@ class Board:
         period's keys. Returns how many shards this call froze (0: all were frozen already).
         Concurrent across shards, not atomic across them: ``frozen`` is true once every shard is."""
         name = self.dated(name)
+        return await self._freeze(name, self._expiry(name), now_ms)
+
+    async def close(self, now_ms: int | None = None) -> int:
+        """Freeze the total on every shard: the board takes no more results (write.lua answers
+        BOARDCLOSED, BoardClosed here), for good. A season's archive closes the board before it
+        settles the total, so that every result the board took is in PostgreSQL and paid. Idempotent
+        like ``freeze``; returns how many shards this call closed."""
+        return await self._freeze("total", 0, now_ms)
+
+    async def _freeze(self, name: str, expire_at: int, now_ms: int | None) -> int:
         now = times.now_ms() if now_ms is None else now_ms
-        expire_at = self._expiry(name)
 
         async def one(prefix: str) -> int:
             marker = [keys.index_key(prefix), keys.gone_key(prefix), keys.frozen_key(prefix, name)]
@@ -530,8 +545,9 @@ class Board:
         return sum(await asyncio.gather(*(one(prefix) for prefix in self.prefixes)))
 
     async def frozen(self, name: str) -> bool:
-        """Whether the dated period ``name`` is frozen on every shard (see ``freeze``)."""
-        name = self.dated(name)
+        """Whether the dated period ``name`` is frozen on every shard (see ``freeze``), or with
+        ``total`` whether the board is closed (``close``)."""
+        name = name if name == "total" else self.dated(name)
         pipe = batch(self.client)
         for prefix in self.prefixes:
             pipe.execute_command("EXISTS", keys.frozen_key(prefix, name))

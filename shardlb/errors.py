@@ -51,6 +51,13 @@ class BoardConflict(ShardlbError):
     code = "board_conflict"
 
 
+class BoardClosed(BoardConflict):
+    """The board's total is closed: its season is being archived (``POST /v1/boards/{board}:archive``),
+    and it takes no more results. Nothing of the call was written; once archived the board is gone."""
+
+    code = "board_closed"
+
+
 class PlayerNotFound(ShardlbError):
     code = "player_not_found"
 

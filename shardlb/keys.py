@@ -17,6 +17,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:rate:<minute> / rated:<minute>   per-minute result counts (sanity)
     lb:bans / lb:bans:v                                       banned players (scope/player -> record), version
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:d:2026-11-30      set once that period is frozen (expires with it)
+    lb:{<tag>}:<board>:<inc>:<shard>:frozen:total             set once the board is closed (a season archive)
     lb:{<tag>}:<board>:<inc>:<shard>:mv / seal / chg / chgw   a reshard's marker, seal, changes, changes taken
     lb:reshard:<board>                                        the lease of the process resharding a board
     lb:{<tag>}:ack                                            a replica-acknowledged write's marker (expires)

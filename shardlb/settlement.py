@@ -8,7 +8,7 @@ the same state as one uninterrupted run (tests/test_settlement.py kills a real p
    request (another board, period, reward table or top N: 409; already settled: its stored result
    is returned and nothing else happens). One settlement per (board, incarnation, period).
 2. ``freeze``: the period is frozen on every shard (``freeze``: no write changes it from then on;
-   reads go on).
+   reads go on). The total's freeze closes the board: it takes no more results at all.
 3. ``drain``: the journals are read for their position after the freeze; every result the period
    holds was journaled before it. Settling waits until the archiver has copied the journals up to
    there into PostgreSQL (each journal's first entry is past that position), or raises
@@ -184,9 +184,12 @@ def closes_at(board: Board, name: str) -> int:
 
 
 async def freeze(board: Board, name: str) -> None:
-    """Step 2: freeze a dated period on every shard (``Board.freeze``: idempotent). The total of a
-    board archived at its season's end has no freeze: the board is deleted right after."""
-    if name != "total":
+    """Step 2: freeze a dated period on every shard (``Board.freeze``: idempotent). The total, of a
+    board archived at its season's end, is frozen by closing the board (``Board.close``): from each
+    shard's marker on, the board takes no result, so every one it took is drained, checked and paid."""
+    if name == "total":
+        await board.close()
+    else:
         await board.freeze(name)
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from shardlb.client import (
     AsyncClient,
+    BoardClosed,
     BoardNotFound,
     Client,
     Conflict,
@@ -26,6 +27,7 @@ from shardlb.client import (
     Unauthorized,
 )
 from shardlb.config import BoardConfig
+from shardlb.store import BoardStore
 from tests.client_support import Served, expected_entries, rows, served_router, submit
 from tests.reference import ReferenceBoard
 from tests.router_support import ADMIN, READ, WRITE, board_name
@@ -75,6 +77,18 @@ async def test_board_admin_round_trip(router: Served, format: str) -> None:
         assert missing.value.status == 404 and missing.value.code == "board_not_found"
         with pytest.raises(BoardNotFound):
             await client.delete_board(name)
+
+
+async def test_a_closed_board_raises_board_closed(router: Served, store: BoardStore) -> None:
+    name = board_name("cl")
+    async with AsyncClient(router.url, ADMIN) as client:
+        await client.put_board(name, sharding={"shards": 2})
+        await (await store.get(name)).close()  # as a season's archive does first
+        with pytest.raises(BoardClosed) as closed:
+            await client.post_scores(name, [MatchResult("p1", 10, "m1")])
+        assert (closed.value.status, closed.value.code) == (409, "board_closed")
+        assert (await client.get_board(name)).players == {"total": 0}
+        await client.delete_board(name)
 
 
 @pytest.mark.parametrize("format", ["msgpack", "json"])

@@ -26,7 +26,14 @@ from shardlb import keys, moderation, settlement_delivery, times
 from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
-from shardlb.errors import ArchiveBehind, BoardNotFound, InvalidInput, SettlementConflict, SettlementNotFound
+from shardlb.errors import (
+    ArchiveBehind,
+    BoardClosed,
+    BoardNotFound,
+    InvalidInput,
+    SettlementConflict,
+    SettlementNotFound,
+)
 from shardlb.rebuild import Rebuilder
 from shardlb.settlement import STEPS, Request, Settler, period_bounds
 from shardlb.store import BoardStore
@@ -453,4 +460,59 @@ async def test_a_removed_player_is_neither_ranked_nor_rewarded(
         assert cheater not in {p for _, p, _ in paid}
         assert paid == expected_awards(ref, period, board)
     finally:
+        await store.delete(board.config.id)
+
+
+async def test_a_season_archive_closes_the_total_so_no_post_is_lost(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """Posts go on while the board is archived at its season's end (the archiver running): each is
+    either refused as closed, with nothing written, or paid from the settled total; the archive needs
+    no force. Before the total could be closed, the late posts made Redis differ from PostgreSQL."""
+    board = await new_board(store, "season-close")
+    archiver = Archiver(raw, store, await connect_db(rebuilder.db.info.dsn), "season-close", claim_idle_s=0)
+    stop, started = asyncio.Event(), asyncio.Event()
+    accepted: list[str] = []
+    refused: list[str] = []
+
+    async def post() -> None:
+        n = 0
+        while not stop.is_set():
+            player = f"late{n:05d}"
+            try:
+                await board.submit([Score(player, 10 + n % 7, f"late-{n}")])
+            except BoardClosed:
+                refused.append(player)
+            else:
+                accepted.append(player)
+            n += 1
+            if n == 30:
+                started.set()
+            await asyncio.sleep(0)
+
+    await archiver.refresh()
+    tasks = [asyncio.create_task(archiver.run(stop, idle_s=0.05)), asyncio.create_task(post())]
+    try:
+        await started.wait()
+        request = Request.of({"settlement_id": "season-close-1", "rewards": TABLE, "top_n": 100_000})
+        result = await Settler(rebuilder).settle(board, "total", request, season=True)
+        await asyncio.sleep(0.2)  # posts made after the settlement: refused as well
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert refused and result["forced"] is False and result["players"] == len(accepted)
+        cur = await db.execute(
+            "SELECT player_id FROM settlement_snapshots WHERE settlement_id = %s", ("season-close-1",)
+        )
+        assert sorted(row[0] for row in await cur.fetchall()) == sorted(accepted)
+        cur = await db.execute(
+            "SELECT DISTINCT player_id FROM match_results WHERE board = %s AND incarnation = %s",
+            (board.config.id, board.incarnation),
+        )
+        assert sorted(row[0] for row in await cur.fetchall()) == sorted(accepted)  # nothing refused was kept
+        held = [await raw.zcard(keys.period_key(prefix, "total")) for prefix in board.prefixes]
+        assert sum(held) == len(accepted)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await archiver.db.close()
         await store.delete(board.config.id)

@@ -216,3 +216,37 @@ async def test_a_board_archived_at_season_end_keeps_its_history(
     finally:
         if name in {c.id for c in await store.list()}:
             await store.delete(name)
+
+
+async def test_a_board_whose_archive_stopped_takes_no_more_results(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """The archive closes the board before it settles: stopped at a mismatch, the board is still read
+    but every post is 409 board_closed with nothing written; archived with force, it is gone."""
+    name = board_name("closed")
+    board = await new_board(store, name)
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", 10 * i, f"{name}-m{i}", now - 1000) for i in range(1, 6)])
+        await drain(raw, store, postgres_url)
+        await raw.zadd(keys.period_key(board.prefixes[0], "total"), {"intruder": 2**40})  # not in PostgreSQL
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            body = {"settlement_id": f"season-{name}", "rewards": [{"rank": 1, "reward": "crown"}]}
+            stopped = await client.post(f"/v1/boards/{name}:archive", json=body, headers=AS_ADMIN)
+            assert (stopped.status_code, stopped.json()["error"]["code"]) == (409, "settlement_mismatch")
+            journals = [await raw.xlen(keys.journal_key(prefix)) for prefix in board.prefixes]
+            late = [{"player_id": f"late{i}", "points": 99, "match_id": f"{name}-late{i}"} for i in range(6)]
+            posted = await client.post(f"/v1/boards/{name}/scores", json={"scores": late}, headers=AS_WRITER)
+            assert (posted.status_code, posted.json()["error"]["code"]) == (409, "board_closed")
+            assert [await raw.xlen(keys.journal_key(prefix)) for prefix in board.prefixes] == journals
+            top = await client.get(f"/v1/boards/{name}/top")
+            assert top.status_code == 200 and "late0" not in {e["player_id"] for e in top.json()["entries"]}
+            forced = await client.post(
+                f"/v1/boards/{name}:archive", json={**body, "force": True}, headers=AS_ADMIN
+            )
+            assert forced.status_code == 200, forced.text
+            assert forced.json()["players"] == 5  # PostgreSQL's order, without the intruder
+            assert (await client.get(f"/v1/boards/{name}")).status_code == 404
+    finally:
+        if name in {c.id for c in await store.list()}:
+            await store.delete(name)

@@ -6,6 +6,7 @@ from shardlb.client.backoff import Backoff
 from shardlb.client.buffer import ScoreBuffer
 from shardlb.client.errors import (
     ApiError,
+    BoardClosed,
     BoardNotFound,
     ClientError,
     Conflict,
@@ -26,6 +27,7 @@ __all__ = [
     "AsyncClient",
     "Backoff",
     "BlockingScoreBuffer",
+    "BoardClosed",
     "BoardInfo",
     "BoardNotFound",
     "Client",

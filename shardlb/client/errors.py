@@ -90,6 +90,10 @@ class Conflict(ApiError):
     """409, e.g. ``board_conflict``: the board exists with other settings."""
 
 
+class BoardClosed(Conflict):
+    """409 ``board_closed``: the board's season is being archived; it takes no more results."""
+
+
 class RateLimited(ApiError):
     """429: too many reads; ``retry_after`` says when to come back."""
 
@@ -101,6 +105,7 @@ class Unavailable(ApiError):
 _BY_CODE: dict[str, type[ApiError]] = {
     "board_not_found": BoardNotFound,
     "player_not_found": PlayerNotFound,
+    "board_closed": BoardClosed,
 }
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: InvalidRequest,

@@ -65,14 +65,18 @@
 -- is read before `gone`: the old layout's keys are reclaimed after a reshard, and a late write must
 -- hear "moved", not "deleted".
 --
--- Every marker the call tests (the reshard's `mv` and `seal`, `gone`, the pin span's `pspan`, each
--- dated period's frozen marker, and on a journaled board the journal's `logn`) is a string, read in
--- ONE MGET: a command costs a script more than its work here, and a call of one or two results (the
--- usual HTTP batch) paid for seven of them.
+-- The total's frozen marker (set when the board's season is archived: shardlb/settlement.py) closes
+-- the shard: every call is refused (BOARDCLOSED), nothing applied, so the archive's check and
+-- awards cover every result the board ever took.
+--
+-- Every marker the call tests (the reshard's `mv` and `seal`, `gone`, the pin span's `pspan`, the
+-- total's and each dated period's frozen marker, and on a journaled board the journal's `logn`) is
+-- a string, read in ONE MGET: a command costs a script more than its work here, and a call of one or
+-- two results (the usual HTTP batch) paid for seven of them.
 local base = string.sub(KEYS[2], 1, -5)
 local h = {cmsgpack.unpack(ARGV[1])}
 local locks = h[20]
-local marks = {base .. 'mv', base .. 'seal', KEYS[2], base .. 'pspan'}
+local marks = {base .. 'mv', base .. 'seal', KEYS[2], base .. 'pspan', base .. 'frozen:total'}
 for i = 1, #locks, 4 do marks[#marks + 1] = KEYS[locks[i + 1]] end
 local counted = base .. 'logn'
 if h[15] > 0 then marks[#marks + 1] = counted end
@@ -83,6 +87,9 @@ if move and (move ~= 't' or marked[2]) then
 end
 if marked[3] then
   return redis.error_reply('BOARDGONE this board was deleted')
+end
+if marked[5] then
+  return redis.error_reply('BOARDCLOSED this board is closed: its season is being archived')
 end
 local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
 local now, P, vk, pendk = h[6], h[7], h[8], h[9]
@@ -165,7 +172,7 @@ local shut, period_name, any_shut = {}, {}, false
 for i = 1, #locks, 4 do
   local k = locks[i]
   period_name[k] = locks[i + 3]
-  shut[k] = now >= locks[i + 2] or marked[4 + (i + 3) / 4] ~= false
+  shut[k] = now >= locks[i + 2] or marked[5 + (i + 3) / 4] ~= false
   any_shut = any_shut or shut[k]
 end
 local none = {}
