@@ -25,8 +25,11 @@ short, with the record's ``reshard`` field holding the state, so that any proces
    numbers (PostgreSQL), the old keys dropped (their 'm' markers stay a day, so a late write hears
    "moved") and the ``reshard`` field removed.
 
-A reshard can be cancelled until it is committed: the markers go, the new keys are dropped, and the
-old layout never stopped being the whole board.
+A reshard can be cancelled until it is committed: the request is recorded in ``reshard``, a mover
+carries it out at its next step, the markers go, the new keys are dropped, and the old layout never
+stopped being the whole board. The commit (step 3) is refused in the same compare-and-set of the
+record when the request is there, so a cancel recorded after the mover's last check still wins;
+a cancel that comes after the commit is refused ("committed already"): either answer is true.
 """
 
 from __future__ import annotations
@@ -273,7 +276,7 @@ class Resharder:
             _, record = await self.record()
             if not record.get("reshard"):
                 raise BoardConflict(f"board {self.board_id!r} has no reshard under way", "board")
-            if record["reshard"].get("cancel"):
+            if record["reshard"].get("cancel") and record["reshard"]["state"] in STATES[:2]:
                 await self._cancel(record)
                 return {"board": self.board_id, "state": "cancelled"}
             began = time.monotonic()
@@ -304,7 +307,9 @@ class Resharder:
     async def cancel(self) -> str:
         """Cancel a reshard that is not committed yet. The request is recorded first, so a mover
         running elsewhere carries it out at its next step; then this waits for the board's lease (a
-        live mover lets it go once it has cancelled, a dead one's runs out) and finishes it."""
+        live mover lets it go once it has cancelled, a dead one's runs out) and finishes it. The
+        commit refuses a record that carries the request, so once it is recorded the answer
+        "cancelled" is what happens; a reshard committed first is refused here (BoardConflict)."""
 
         def ask(record: dict[str, Any]) -> dict[str, Any]:
             move = record.get("reshard")
@@ -317,7 +322,7 @@ class Resharder:
         await self._update(ask)
         async with self._lease():
             _, record = await self.record()
-            if record.get("reshard"):
+            if record.get("reshard", {}).get("cancel"):  # not a reshard started since this one ended
                 await self._cancel(record)
         return "cancelled"
 
@@ -463,11 +468,19 @@ class Resharder:
 
         def commit(record: dict[str, Any]) -> dict[str, Any]:
             move = self._ours(record, "sealing")
+            if move.get("cancel"):  # checked in the compare-and-set that commits: no cancel comes too late
+                raise Cancelled(f"the reshard of {self.board_id!r} was cancelled")
             settings = {**record, "sharding": move["sharding"], "generation": move["generation"]}
             kept = {k: v for k, v in move.items() if k not in ("sharding", "generation", "copied")}
             return {**settings, "reshard": {**kept, "state": "committed", "from": former}}
 
-        record = await self._update(commit)
+        try:
+            record = await self._update(commit)
+        except Cancelled:
+            _, record = await self.record()
+            if record.get("reshard"):
+                await self._cancel(record)
+            raise
         opening = batch(self.client)
         for prefix in target.prefixes:
             opening.execute_command("DEL", keys.move_key(prefix))

@@ -259,6 +259,86 @@ async def test_cancel_leaves_the_board_as_it_was(store: BoardStore) -> None:
         await Resharder(store, board.config.id).cancel()
 
 
+async def test_a_cancel_recorded_just_before_the_commit_wins_and_is_answered_truly(store: BoardStore) -> None:
+    """A cancel recorded after the mover's last check for one, just before its commit: the commit
+    went ahead anyway (the new layout won), and cancel() still answered "cancelled" once it found
+    no reshard in the record. The commit must refuse, so that what cancel() answers is true."""
+    board, ref = await make_board(store, 3)
+    work = Workload(Router(store, board.config.id), ref, seed=13, players=300)
+    for _ in range(15):
+        await work.write()
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(5)
+    target = store.layout(replace(board.config, sharding=Sharding("hash", 5)), board.incarnation, 1)
+    start_journals, answers = mover._start_journals, []
+
+    async def cancelled_meanwhile(source: Board, into: Board) -> None:
+        # Every shard is sealed and moved and the last check for a cancel is made: the commit is next.
+        answers.append(asyncio.ensure_future(Resharder(store, board.config.id, say=lambda _: None).cancel()))
+        while not (await mover.record())[1]["reshard"].get("cancel"):
+            await asyncio.sleep(0.01)
+        await start_journals(source, into)
+
+    mover._start_journals = cancelled_meanwhile  # type: ignore[method-assign]
+    [ended] = await asyncio.gather(mover.run(), return_exceptions=True)
+    after = await store.get(board.config.id)
+    # What the operator is told must be true of the board: before, ("cancelled", 5).
+    assert (await answers[0], after.config.sharding.shards) == ("cancelled", 3)
+    assert isinstance(ended, reshard.Cancelled), ended
+    assert not after.moving and not after.also
+    assert await keys_of(store, target) == 0
+    for prefix in board.prefixes:  # the old layout takes writes again
+        assert await store.client.get(keys.move_key(prefix)) is None
+        assert not await store.client.exists(keys.seal_key(prefix))
+    for _ in range(5):
+        await work.write()
+    await work.check()
+
+
+async def test_a_cancel_after_the_commit_is_refused_and_the_reshard_finishes(store: BoardStore) -> None:
+    """The other order: the commit lands first, so the cancel is refused (409) and the reshard ends
+    on the new layout; the record never carries a cancel past the commit."""
+    board, ref = await make_board(store, 3)
+    work = Workload(Router(store, board.config.id), ref, seed=17, players=300)
+    for _ in range(15):
+        await work.write()
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(5)
+    finish = mover._finish
+
+    async def cancelled_after_commit(record: dict[str, Any]) -> dict[str, Any]:
+        with pytest.raises(BoardConflict, match="committed already"):
+            await Resharder(store, board.config.id, say=lambda _: None).cancel()
+        record = (await mover.record())[1]
+        assert record["reshard"]["state"] == "committed" and not record["reshard"].get("cancel")
+        return await finish(record)
+
+    mover._finish = cancelled_after_commit  # type: ignore[method-assign]
+    final = await mover.run()
+    assert final["state"] == "none" and final["shards"] == 5
+    with pytest.raises(BoardConflict, match="no reshard under way"):
+        await Resharder(store, board.config.id, say=lambda _: None).cancel()
+    await work.check()
+
+
+async def test_a_resume_after_the_commit_finishes_past_a_stale_cancel(store: BoardStore) -> None:
+    """A committed record that still carries a cancel (the commit used to keep it: a mover that
+    stopped after such a commit) is finished by the resume, not refused as "committed already"."""
+    board, _ = await make_board(store, 2)
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(4)
+
+    async def stops_after_commit(record: dict[str, Any]) -> dict[str, Any]:
+        await mover._update(lambda r: {**r, "reshard": {**r["reshard"], "cancel": True}})
+        raise ConnectionError("the mover stopped after its commit")
+
+    mover._finish = stops_after_commit  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await mover.run()
+    final = await Resharder(store, board.config.id, say=lambda _: None).run()
+    assert final["state"] == "none" and final["shards"] == 4
+
+
 async def test_a_board_deleted_while_it_is_copied_leaves_no_keys(store: BoardStore) -> None:
     """DELETE during a reshard drops both layouts' shards, but the mover's copy under way went on
     writing into the new layout's (registered in its index, the total with no expiry): keys that
