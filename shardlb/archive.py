@@ -15,6 +15,15 @@ crash anywhere leaves entries to read again; the upsert makes a replay harmless:
   the same rule the board applied (an incr board's dedup window lets Redis count a replay that
   comes after the window; PostgreSQL counts it once, and reconcile reports the difference).
 
+An entry PostgreSQL refuses (a data error, a constraint: not a lost connection, a timeout or a
+deadlock, which fail the round for ``run`` to retry) must not stop the other journals: when the
+round's one transaction is refused, each journal is archived again on its own (``Archiver._alone``).
+Every journal PostgreSQL takes is committed and acknowledged, and so are the refusing journal's
+entries before the refused one; that journal is *held* there (nothing from the entry on is
+acknowledged, nothing new is read from it), the entry is tried again every RETRY_REFUSED_S, logged
+once and counted (``shardlb_archive_refused_entries_total``, ``shardlb_archive_held_journals``).
+docs/design-notes.md, "An entry PostgreSQL refuses", says how an operator clears it.
+
 psycopg 3 is the driver: it is async, its COPY streams rows without building one big statement, it
 ships binary wheels, and the bench already used it for its PostgreSQL rival (one driver, not two).
 Board settings are kept in ``boards`` too, so a total loss of Redis can be rebuilt from here.
@@ -32,7 +41,7 @@ import signal
 import socket
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
@@ -60,6 +69,9 @@ RECOUNT_LIMIT = 200
 # but an entry journaled before that rule, or through the library past its checks, would fail every
 # round of every journal for ever: its NULs are archived as U+FFFD instead.
 NUL_STANDIN = "\ufffd"
+# A journal held at an entry PostgreSQL refused (Archiver.round) is tried again this often: each try
+# is a transaction that fails, and the entry is there until someone changes something.
+RETRY_REFUSED_S = 5.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS boards (
@@ -114,6 +126,13 @@ _FIRST = {
 }
 
 
+class _Held(NamedTuple):
+    """A journal held at an entry PostgreSQL refused: the entry's id, and when it was last tried."""
+
+    entry: str
+    tried: float
+
+
 async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
     """A connection with the schema in place (idempotent)."""
     conn = await psycopg.AsyncConnection.connect(url, autocommit=False, application_name="shardlb-archive")
@@ -151,6 +170,7 @@ class Archiver:
         self._ready = False
         self._recounted: dict[str, float] = {}  # journal key -> monotonic time of its last recount
         self._unexplained: set[tuple[str, str]] = set()  # boards missing without a mark, reported once
+        self._held: dict[str, _Held] = {}  # journal key -> the entry PostgreSQL refused there
 
     async def refresh(self) -> None:
         """Learn the registry's boards (and record their settings in PostgreSQL)."""
@@ -162,6 +182,7 @@ class Archiver:
         self.boards = {(b.config.id, b.incarnation): b for b in found if b.config.durability == "journal"}
         journals = {keys.journal_key(p) for b in self.boards.values() for p in _journals(b)}
         self._recounted = {k: at for k, at in self._recounted.items() if k in journals}
+        self._held = {k: held for k, held in self._held.items() if k in journals}
         new = [b for key, b in self.boards.items() if key not in self._known]
         async with self.db.transaction():
             for b in new:
@@ -202,33 +223,114 @@ class Archiver:
         return gone
 
     async def round(self) -> int:
-        """One pass over every journal; returns how many results it archived."""
-        streams = [(board, keys.journal_key(p)) for board in self.boards.values() for p in _journals(board)]
+        """One pass over every journal; returns how many results it archived. Every journal's new
+        entries go into one transaction. If PostgreSQL refuses it (not a lost connection: an entry it
+        cannot take), each journal is archived again on its own (``_alone``): the one holding the
+        refused entry is held at it, the others go on."""
+        now = time.monotonic()
+        streams = [
+            (board, key)
+            for board in self.boards.values()
+            for key in map(keys.journal_key, _journals(board))
+            if key not in self._held or now - self._held[key].tried >= RETRY_REFUSED_S
+        ]
         gate = asyncio.Semaphore(JOURNALS_IN_FLIGHT)
 
         async def read(key: str) -> list[Entry]:
             async with gate:
                 return await self._read(key)
 
+        batches = await asyncio.gather(*(read(key) for _, key in streams))
+        self._failed = True  # until this round's entries are committed and acknowledged
+        journals = {key: (board, got) for (board, key), got in zip(streams, batches, strict=True)}
+        together, alone = [], []
+        for key, (board, got) in journals.items():
+            if key not in self._held:
+                together += [(board, key, e) for e in got]
+            elif got:
+                alone.append(key)
+            else:  # nothing of ours pending: acknowledged by hand, or another archiver took it over
+                del self._held[key]
+        done = 0
+        try:
+            done = await self._archive(together)
+        except psycopg.Error as e:
+            if not self._refusal(e):
+                raise
+            alone += sorted({key for _, key, _ in together})
+        for key in alone:
+            done += await self._alone(key, *journals[key])
+        self._failed = False
+        HELD_JOURNALS.set(len(self._held))
+        return done
+
+    async def _archive(self, batch: Sequence[tuple[Board, str, Entry]]) -> int:
+        """Commit ``batch`` in one transaction, then acknowledge it; returns the results archived."""
+        if not batch:
+            return 0
+        rows = [row for board, _, entry in batch for row in _rows(board, entry)]
+        removals = [(e.board, e.incarnation, e.shard, p, e.id) for _, _, e in batch for p in e.removed]
+        await self._write(rows, removals)
+        acked: dict[str, list[str]] = {}
+        for _, key, entry in batch:
+            acked.setdefault(key, []).extend((entry.id, str(entry.counted)))
+        gate = asyncio.Semaphore(JOURNALS_IN_FLIGHT)
+
         async def ack(key: str, pairs: list[str]) -> None:
             async with gate:
                 await self._ack(key, pairs)
 
-        batches = await asyncio.gather(*(read(key) for _, key in streams))
-        self._failed = True  # until this round's entries are committed and acknowledged
-        entries = [(board, key, e) for (board, key), got in zip(streams, batches, strict=True) for e in got]
-        if not entries:
-            self._failed = False
-            return 0
-        rows = [row for board, _, entry in entries for row in _rows(board, entry)]
-        removals = [(e.board, e.incarnation, e.shard, p, e.id) for _, _, e in entries for p in e.removed]
-        await self._write(rows, removals)
-        acked: dict[str, list[str]] = {}
-        for _, key, entry in entries:
-            acked.setdefault(key, []).extend((entry.id, str(entry.counted)))
         await asyncio.gather(*(ack(key, pairs) for key, pairs in acked.items()))
-        self._failed = False
         return len(rows) + len(removals)
+
+    async def _alone(self, key: str, board: Board, got: list[Entry]) -> int:
+        """Archive one journal's entries in their order, up to the first that PostgreSQL refuses, in
+        transactions of their own; from that entry on nothing is acknowledged: the journal is held
+        there and tried again every RETRY_REFUSED_S. Halving the entries on each refusal finds the
+        refused one in a few transactions; a held journal tries its refused entry alone first."""
+        todo = sorted({e.id: e for e in got}.values(), key=lambda e: _order(e.id))  # XAUTOCLAIM may repeat
+        done = 0
+        while todo:
+            held = self._held.get(key)
+            size = 1 if held is not None and todo[0].id == held.entry else len(todo)
+            while True:
+                try:
+                    done += await self._archive([(board, key, e) for e in todo[:size]])
+                    break
+                except psycopg.Error as e:
+                    if not self._refusal(e):
+                        raise
+                    if size == 1:
+                        self._hold(key, todo[0], e)
+                        return done
+                    size //= 2
+            todo = todo[size:]
+        self._held.pop(key, None)
+        return done
+
+    def _refusal(self, e: psycopg.Error) -> bool:
+        """Whether PostgreSQL refused what it was given (a data error, a constraint, ...), rather
+        than failed on its own (a lost connection, a timeout, a deadlock, a full disk: the
+        OperationalErrors), which the round's retry in ``run`` deals with."""
+        return isinstance(e, psycopg.DatabaseError) and not (
+            isinstance(e, psycopg.OperationalError) or self.db.closed or self.db.broken
+        )
+
+    def _hold(self, key: str, entry: Entry, e: psycopg.Error) -> None:
+        """Hold the journal at ``entry``, logged and counted once per journal and entry."""
+        held = self._held.get(key)
+        if held is None or held.entry != entry.id:
+            REFUSED.inc()
+            # The fields in the message too: `shardlb archive` logs plain lines (main).
+            log.error(
+                "PostgreSQL refused entry %s of journal %s (board %s): %r. The journal is held there, "
+                "not archived past it, until PostgreSQL takes the entry or it is acknowledged by hand "
+                "(docs/design-notes.md, \"An entry PostgreSQL refuses\")",
+                entry.id, key, entry.board, e,
+                extra={"fields": {"journal": key, "entry": entry.id, "board": entry.board,
+                                  "incarnation": entry.incarnation, "error": repr(e)}},
+            )  # fmt: skip
+        self._held[key] = _Held(entry.id, time.monotonic())
 
     async def run(self, stop: asyncio.Event, idle_s: float = 0.2, refresh_s: float = 2.0) -> None:
         """Archive until ``stop`` is set, refreshing the board list every ``refresh_s``; errors are
@@ -282,8 +384,9 @@ class Archiver:
             claimed: Any = await self.client.xautoclaim(
                 key, GROUP, self.name, self.claim_idle_ms, count=self.count
             )
-            # After a failed round this consumer's own unacknowledged entries come first ("0").
-            start = "0" if self._failed else ">"
+            # After a failed round, or on a held journal, this consumer's own unacknowledged entries
+            # come first ("0"): a held journal takes nothing new until its refused entry is gone.
+            start = "0" if self._failed or key in self._held else ">"
             fresh: Any = await self.client.xreadgroup(GROUP, self.name, {key: start}, count=self.count)
         except ResponseError as e:
             if "NOGROUP" in str(e):  # the journal went with its board, or was trimmed away whole
@@ -409,6 +512,11 @@ FAILED_ROUNDS = Counter("shardlb_archive_failed_rounds_total", "archive rounds t
 LAG_ENTRIES = Gauge("shardlb_archive_lag_entries", "journal entries not yet archived, largest over journals")
 LAG_RESULTS = Gauge("shardlb_archive_lag_results", "results not yet archived, largest over journals")
 LAG_SECONDS = Gauge("shardlb_archive_lag_seconds", "age of the oldest journal entry not yet archived")
+REFUSED = Counter(
+    "shardlb_archive_refused_entries_total",
+    "journal entries PostgreSQL refused, each counted once; its journal is held at it (Archiver.round)",
+)
+HELD_JOURNALS = Gauge("shardlb_archive_held_journals", "journals held at an entry PostgreSQL refused")
 
 
 async def serve(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import signal
 import subprocess
@@ -15,8 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 
 from shardlb import archive, keys, times
 from shardlb.archive import Archiver, connect_db
@@ -25,7 +28,7 @@ from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.errors import Overloaded
-from shardlb.journal import journal_lag
+from shardlb.journal import GROUP, journal_lag
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import HOUR, expected_entries, sharding
@@ -459,3 +462,69 @@ async def test_an_archiver_reads_more_journals_than_a_node_has_connections(
         await a.db.close()
         await store.delete(config.id)
         await client.aclose()
+
+
+def sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_an_entry_postgres_refuses_holds_its_own_journal_only(
+    store: BoardStore, raw: Any, postgres_url: str, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """An entry PostgreSQL refuses (here points no bigint holds, journaled as write.lua journals;
+    any data error or constraint alike) failed the round of every journal, for ever: every journaled
+    board's journals filled and its writes were refused. Now every other journal is archived and
+    acknowledged, and so are the entries before it in its own; its journal is held at it (nothing
+    from it on acknowledged), tried again every RETRY_REFUSED_S, logged and counted once, until an
+    operator acknowledges it by hand (or PostgreSQL takes it)."""
+    bad = BoardConfig.from_dict("archive-refused", {"sharding": {"strategy": "hash", "shards": 1}})
+    good = BoardConfig.from_dict("archive-refused-other", {"sharding": {"strategy": "hash", "shards": 2}})
+    board, _ = await store.create(bad)
+    other, _ = await store.create(good)
+    key, counts = keys.journal_key(board.prefixes[0]), keys.journal_counts_key(board.prefixes[0])
+    a = await archiver(raw, store, postgres_url)
+    caplog.set_level(logging.WARNING, logger="shardlb.archive")
+    refusals, held = sample("shardlb_archive_refused_entries_total"), "shardlb_archive_held_journals"
+    try:
+        now = times.now_ms()
+        await board.submit([Score("before", 1, "m1", now)], now_ms=now)
+        huge = msgpack.packb(["m2\x00huge", 2**63, board.codec.time_units(now)])
+        fields = {"b": bad.id, "i": board.incarnation, "s": "0", "n": "1", "r": huge}
+        refused = (await raw.xadd(key, fields)).decode()
+        await raw.incrby(counts, 1)  # as write.lua counts what it journals
+        await board.submit([Score("after", 3, "m3", now)], now_ms=now)
+        await other.submit([Score(f"p{i}", i, "m1", now) for i in range(6)], now_ms=now)
+
+        assert await drain(a) == 6 + 1
+        assert sorted(s.player_id for s in await archived(postgres_url, other)) == [f"p{i}" for i in range(6)]
+        for prefix in other.prefixes:  # acknowledged and trimmed
+            assert await journal_lag(raw, keys.journal_key(prefix)) == (0, 0.0, 0)
+        assert [s.player_id for s in await archived(postgres_url, board)] == ["before"]
+        pending = await raw.xpending(key, GROUP)  # nothing from the refused entry on acknowledged
+        assert (pending["pending"], pending["min"].decode()) == (2, refused)
+        lag = (await a.lag())[key]  # what the lag gauges and /readyz read: the journal is behind
+        assert (lag.entries, lag.results) == (2, 2)
+        assert sample("shardlb_archive_refused_entries_total") == refusals + 1
+        assert sample(held) == 1
+        [record] = [r for r in caplog.records if "refused" in r.getMessage()]
+        assert record.fields["entry"] == refused and record.fields["journal"] == key  # type: ignore[attr-defined]
+
+        monkeypatch.setattr(archive, "RETRY_REFUSED_S", 0.0)
+        await other.submit([Score("p9", 9, "m2", now)], now_ms=now)
+        assert await drain(a) == 1  # the others go on; the refused entry is tried again, quietly
+        assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
+        assert sample("shardlb_archive_refused_entries_total") == refusals + 1
+
+        # the operator skips it (its result stays on the board in Redis, not in PostgreSQL)
+        await raw.xack(key, GROUP, refused)
+        monkeypatch.setattr(archive, "RECOUNT_EVERY_S", 0.0)
+        await board.submit([Score("later", 4, "m4", now)], now_ms=now)
+        assert await drain(a) == 2
+        assert [s.player_id for s in await archived(postgres_url, board)] == ["before", "after", "later"]
+        assert await journal_lag(raw, key) == (0, 0.0, 0)
+        assert sample(held) == 0
+    finally:
+        await a.db.close()
+        await store.delete(bad.id)
+        await store.delete(good.id)
