@@ -324,7 +324,7 @@ _SCHEMAS: dict[str, Any] = {
             _ref("Board"),
             {
                 "type": "object",
-                "required": ["players", "resets_at"],
+                "required": ["players", "resets_at", "closed"],
                 "properties": {
                     "players": {
                         "type": "object",
@@ -337,6 +337,11 @@ _SCHEMAS: dict[str, Any] = {
                         "description": "Addition: per kept dated period kind, when its current period "
                         "ends (RFC 3339, the board's UTC offset at that instant)",
                         "additionalProperties": {"type": "string", "format": "date-time"},
+                    },
+                    "closed": {
+                        "type": "boolean",
+                        "description": "Addition: true once a season archive (`:archive`) closed the board: "
+                        "it takes no more results (posts are 409 board_closed)",
                     },
                 },
             },

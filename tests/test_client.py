@@ -68,7 +68,11 @@ async def test_board_admin_round_trip(router: Served, format: str) -> None:
             await client.put_board(name, mode="best")
         assert conflict.value.status == 409 and conflict.value.code == "board_conflict"
         got = await client.get_board(name)
-        assert got.players == {"total": 0, "daily": 0} and got.settings == created.settings
+        assert (
+            got.players == {"total": 0, "daily": 0}
+            and got.settings == created.settings
+            and got.closed is False
+        )
         assert got.resets_at is not None and set(got.resets_at) == {"daily"} and created.resets_at is None
         assert name in [b.id for b in await client.list_boards()]
         await client.delete_board(name)
@@ -87,7 +91,8 @@ async def test_a_closed_board_raises_board_closed(router: Served, store: BoardSt
         with pytest.raises(BoardClosed) as closed:
             await client.post_scores(name, [MatchResult("p1", 10, "m1")])
         assert (closed.value.status, closed.value.code) == (409, "board_closed")
-        assert (await client.get_board(name)).players == {"total": 0}
+        info = await client.get_board(name)
+        assert (info.players, info.closed) == ({"total": 0}, True) and "closed" not in info.settings
         await client.delete_board(name)
 
 

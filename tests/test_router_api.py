@@ -83,7 +83,8 @@ async def test_board_lifecycle(client: httpx.AsyncClient) -> None:
     assert got.status_code == 200
     body = got.json()
     assert set(body.pop("resets_at")) == {"weekly"}  # its value: tests/test_router_lifecycle.py
-    assert body == {**created.json(), "players": {"total": 2, "weekly": 0}}  # T0 is not this week
+    # weekly 0: T0 is not this week
+    assert body == {**created.json(), "players": {"total": 2, "weekly": 0}, "closed": False}
 
     deleted = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
     assert deleted.status_code == 204 and deleted.content == b""

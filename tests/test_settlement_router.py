@@ -239,6 +239,7 @@ async def test_a_board_whose_archive_stopped_takes_no_more_results(
             posted = await client.post(f"/v1/boards/{name}/scores", json={"scores": late}, headers=AS_WRITER)
             assert (posted.status_code, posted.json()["error"]["code"]) == (409, "board_closed")
             assert [await raw.xlen(keys.journal_key(prefix)) for prefix in board.prefixes] == journals
+            assert (await client.get(f"/v1/boards/{name}")).json()["closed"] is True
             top = await client.get(f"/v1/boards/{name}/top")
             assert top.status_code == 200 and "late0" not in {e["player_id"] for e in top.json()["entries"]}
             forced = await client.post(

@@ -140,14 +140,15 @@ class PlayerRank:
 
 
 # What GET /v1/boards/{board} adds to a board's settings: its state at the time of the read.
-_STATE = ("players", "resets_at")
+_STATE = ("players", "resets_at", "closed")
 
 
 @dataclass(frozen=True)
 class BoardInfo:
     """A board's settings (``settings``: the body's settings, the same from every call). ``players``
-    (players per kept period) and ``resets_at`` (when each kept dated period's current one ends, RFC
-    3339) are filled by ``get_board`` only; ``created`` by ``put_board`` only (True: 201, False: 200)."""
+    (players per kept period), ``resets_at`` (when each kept dated period's current one ends, RFC
+    3339) and ``closed`` (its season's archive closed it: posts raise ``BoardClosed``) are filled by
+    ``get_board`` only; ``created`` by ``put_board`` only (True: 201, False: 200)."""
 
     id: str
     mode: str
@@ -158,6 +159,7 @@ class BoardInfo:
     players: dict[str, int] | None = None
     created: bool | None = None
     resets_at: dict[str, str] | None = None
+    closed: bool | None = None
 
     @classmethod
     def from_body(cls, body: dict[str, Any], created: bool | None = None) -> BoardInfo:
@@ -172,4 +174,5 @@ class BoardInfo:
             body.get("players"),
             created,
             body.get("resets_at"),
+            body.get("closed"),
         )
