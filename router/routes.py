@@ -186,7 +186,7 @@ async def get_board(request: Request) -> Response:
     kinds = board.config.periods
     async with svc.reads, metrics.redis_call("size"):
         sizes = [await board.size(board.resolve(kind)) for kind in kinds]  # one after another: a read's share
-        closed = await board.frozen("total")
+        closed = await board.closed()
     # Addition (period lifecycle): when each kept dated period's current period ends.
     resets = {kind: board.resets_at(board.resolve(kind).period) for kind in kinds if kind != "total"}
     # Addition (season end): whether an archive closed the board (router/README.md).

@@ -544,14 +544,19 @@ class Board:
 
         return sum(await asyncio.gather(*(one(prefix) for prefix in self.prefixes)))
 
+    async def closed(self) -> bool:
+        """Whether the board is closed (``close``) on any shard: it takes no results there."""
+        return await self._marked("total", any)
+
     async def frozen(self, name: str) -> bool:
-        """Whether the dated period ``name`` is frozen on every shard (see ``freeze``), or with
-        ``total`` whether the board is closed (``close``)."""
-        name = name if name == "total" else self.dated(name)
+        """Whether the dated period ``name`` is frozen on every shard (see ``freeze``)."""
+        return await self._marked(self.dated(name), all)
+
+    async def _marked(self, name: str, how: Callable[[list[int]], bool]) -> bool:
         pipe = batch(self.client)
         for prefix in self.prefixes:
             pipe.execute_command("EXISTS", keys.frozen_key(prefix, name))
-        return all(await pipe.execute())
+        return how(await pipe.execute())
 
     # ---- reads ----------------------------------------------------------------------------
 
