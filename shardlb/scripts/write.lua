@@ -126,6 +126,15 @@ if jk > 0 then
   end
 end
 local ddn = bucket_names(dd, 'dd:')
+-- Dedup records are looked up in the bucket after the current one too: a router whose clock is
+-- ahead of this caller's (by up to a bucket) may have filed a result there, past a bucket's start
+-- this caller has not reached yet; its retry through here must still be a duplicate. Only looked
+-- up: this call files its own records in the current bucket, ddn[#ddn].
+local dd_seen = ddn
+if #ddn > 0 then
+  dd_seen = {unpack(ddn)}
+  dd_seen[#dd_seen + 1] = base .. 'dd:' .. string.format('%d', dd[2] + 1)
+end
 -- Pin hashes: each spans pin_span buckets and is named by its first, so a new result is looked up
 -- in the window's few spans. Hashes written with another span (1, before there was a span) may
 -- still hold pins of the window: the shard's `pspan` marker ("<span>:<bucket>") says from which
@@ -241,7 +250,7 @@ local function already(names, wanted, one, many)
   return found
 end
 local pinned_at = (#pinn > 0) and already(pinn, function(i) return items[i + 5] == 1 end, 'HGET', 'HMGET') or {}
-local deduped = (ndd > 0) and already(ddn, function() return true end, 'SISMEMBER', 'SMISMEMBER') or {}
+local deduped = (ndd > 0) and already(dd_seen, function() return true end, 'SISMEMBER', 'SMISMEMBER') or {}
 
 local touched = {}
 local out = {}
