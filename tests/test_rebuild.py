@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import random
 import secrets
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -324,3 +325,122 @@ async def test_the_admin_endpoint_rebuilds_a_board(
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+@contextlib.asynccontextmanager
+async def own_archive(postgres_url: str) -> AsyncIterator[str]:
+    """A database of its own on the suite's PostgreSQL: `rebuild --all` then restores this test's
+    boards only, not every board the suite archived before."""
+    name = f"loss_{secrets.token_hex(4)}"
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+async def test_after_a_total_loss_a_retry_is_answered_as_before_the_loss(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """The audit's case: a client lost its reply in the outage and sends the result again after
+    `rebuild --all`. An incr board answers `duplicate` and counts it once (its dedup sets came back),
+    with or without `achieved_at`; a best board (tiebreak latest) and a set board answer a result
+    sent without `achieved_at` with the time it was first given (its pin came back): unchanged,
+    not a later time that beats the player's own score or their newer result."""
+    specs: dict[str, dict[str, Any]] = {
+        "loss-incr": {"mode": "incr"},
+        "loss-best": {"mode": "best", "tiebreak": "latest"},
+        "loss-set": {"mode": "set"},
+    }
+    configs = [BoardConfig.from_dict(b, {**s, "sharding": sharding("hash", 3)}) for b, s in specs.items()]
+    incr, best, set_ = [(await store.create(c))[0] for c in configs]
+    now = times.now_ms()
+    timed, timeless = Score("p1", 10, "m1", now - 60_000), Score("p2", 10, "m2", None)
+    sent = {
+        incr: [timed, timeless],
+        best: [Score("p1", 10, "m1", None)],
+        set_: [Score("p1", 10, "m1", None)],
+    }
+    async with own_archive(postgres_url) as archive_url:
+        a = await archiver(raw, store, archive_url)
+        try:
+            for board, scores in sent.items():
+                assert {r.status for r in await board.submit(scores)} == {"improved"}
+            newer = Score("p1", 5, "m2", times.now_ms() + 2000)  # the set board's later result
+            assert (await set_.submit([newer]))[0].status == "improved"
+            await drain(a)
+            players = ["p1", "p2"]
+            before = {b.config.id: await b.scores(players) for b in sent}
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", archive_url]
+            assert await asyncio.to_thread(main, command) == 0
+            boards = {b: await store.get(b.config.id) for b in sent}
+            assert {b: await boards[b].scores(players) for b in sent} == {
+                b: before[b.config.id] for b in sent
+            }
+            later = times.now_ms() + 2 * HOUR  # well within the 24 h window
+            replies = {b: await boards[b].submit(scores, now_ms=later) for b, scores in sent.items()}
+            assert [r.status for r in replies[incr]] == ["duplicate", "duplicate"]
+            assert [r.points for r in replies[incr]] == [10, 10]
+            assert [r.status for r in replies[best]] == ["unchanged"]
+            assert [(r.status, r.points) for r in replies[set_]] == [("unchanged", 5)]
+            assert {b: await boards[b].scores(players) for b in sent} == {
+                b: before[b.config.id] for b in sent
+            }
+            await drain(a)
+            for board in boards.values():  # and PostgreSQL agrees with every board
+                ref = ReferenceBoard(board.config)
+                ref.submit(await archived(archive_url, board), now_ms=times.now_ms())
+                await check(board, ref)
+        finally:
+            await a.db.close()
+            for c in configs:
+                with contextlib.suppress(Exception):
+                    await store.delete(c.id)
+
+
+async def test_a_shard_rebuild_puts_back_the_retry_records_it_lost(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
+) -> None:
+    """One shard lost its dedup sets (a master that came back empty): `rebuild --shard` puts them
+    back from PostgreSQL and the journal, with write.lua's names, members and expiries, listed in
+    the key index (so a deletion of the board drops them); the other shards' are left as they were."""
+    config = BoardConfig.from_dict("loss-shard", {"mode": "incr", "sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    prefix = board.prefixes[0]
+    try:
+        w = Writer(board, "loss/shard")
+        for _ in range(3):
+            await w.batch()
+        await drain(a)  # archived and trimmed ...
+        await w.batch()  # ... and still only in the journal
+
+        async def records(prefix: str) -> dict[bytes, tuple[set[bytes], int, float]]:
+            listed = await raw.zrange(keys.index_key(prefix), 0, -1, withscores=True)
+            return {
+                name: (await raw.smembers(name), await raw.pexpiretime(name), at)
+                for name, at in listed
+                if name.startswith(f"{prefix}dd:".encode())
+            }
+
+        kept = {p: await records(p) for p in board.prefixes}
+        assert kept[prefix]
+        await raw.delete(*kept[prefix])
+        await raw.zrem(keys.index_key(prefix), *kept[prefix])
+        await rebuilder.rebuild(board, shard=0)
+        back = await records(prefix)
+        members = set().union(*(m for m, _, _ in kept[prefix].values()))
+        assert set().union(*(m for m, _, _ in back.values())) == members
+        b, window = config.dedup_bucket_ms, config.dedup_window_s * 1000
+        for name, (_, expires, listed_at) in back.items():
+            k = int(name.rsplit(b":", 1)[1])
+            assert expires == listed_at == (k + 1) * b + window
+        assert {p: await records(p) for p in board.prefixes[1:]} == {p: kept[p] for p in board.prefixes[1:]}
+        replies = await board.submit(w.sent)
+        assert {r.status for r in replies} == {"duplicate"}
+        await check(board, w.ref)
+        await store.delete(config.id)
+        assert not await raw.exists(*back)  # the board's deletion dropped them
+    finally:
+        await a.db.close()
+        with contextlib.suppress(Exception):
+            await store.delete(config.id)
