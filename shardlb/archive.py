@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -106,13 +107,25 @@ _COLUMNS = "board, incarnation, match_id, player_id, points, achieved_ms, score,
 # removal of its player (shardlb/moderation.py) it is on the board again, and a rebuild must agree.
 _POSITION = "(split_part({0}.journal_id, '-', 1)::numeric, split_part({0}.journal_id, '-', 2)::numeric)"
 _LATER = f"{_POSITION.format('EXCLUDED')} > {_POSITION.format('match_results')}"
+# ... and its periods are those of both applications: a retry after a period closed skips it, but
+# the first application is in it (on the board too), unless a removal of the player came between
+# them (then the board holds the retry alone). `_merge_retries` does the same within one batch.
+_SKIPPED = (
+    "skipped = CASE WHEN EXCLUDED.score = match_results.score "
+    "AND EXCLUDED.achieved_ms = match_results.achieved_ms AND NOT EXISTS (SELECT 1 FROM player_removals x "
+    "WHERE (x.board, x.incarnation, x.player_id) = (match_results.board, match_results.incarnation, "
+    "match_results.player_id) AND x.shard IN (match_results.shard, EXCLUDED.shard) "
+    f"AND {_POSITION.format('x')} > {_POSITION.format('match_results')}) "
+    "THEN ARRAY(SELECT unnest(match_results.skipped) INTERSECT SELECT unnest(EXCLUDED.skipped)) "
+    "ELSE EXCLUDED.skipped END"
+)
 _ON_CONFLICT = {
     "best": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
-    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id, skipped = EXCLUDED.skipped "
+    f"score = EXCLUDED.score, journal_id = EXCLUDED.journal_id, {_SKIPPED} "
     "WHERE EXCLUDED.score > match_results.score "
     f"OR (EXCLUDED.score = match_results.score AND {_LATER})",
     "set": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
-    "score = EXCLUDED.score, journal_id = EXCLUDED.journal_id, skipped = EXCLUDED.skipped "
+    f"score = EXCLUDED.score, journal_id = EXCLUDED.journal_id, {_SKIPPED} "
     "WHERE (EXCLUDED.achieved_ms, EXCLUDED.score) > (match_results.achieved_ms, match_results.score) "
     "OR ((EXCLUDED.achieved_ms, EXCLUDED.score) = (match_results.achieved_ms, match_results.score) "
     f"AND {_LATER})",
@@ -268,7 +281,7 @@ class Archiver:
         """Commit ``batch`` in one transaction, then acknowledge it; returns the results archived."""
         if not batch:
             return 0
-        rows = [row for board, _, entry in batch for row in _rows(board, entry)]
+        rows = _merge_retries([row for board, _, entry in batch for row in _rows(board, entry)], batch)
         removals = [(e.board, e.incarnation, e.shard, p, e.id) for _, _, e in batch for p in e.removed]
         await self._write(rows, removals)
         acked: dict[str, list[str]] = {}
@@ -456,6 +469,41 @@ def _rows(board: Board, entry: Entry) -> list[tuple[Any, ...]]:
         match = r.match_id if "\x00" not in r.match_id else r.match_id.replace("\x00", NUL_STANDIN)
         out.append((mode, entry.board, entry.incarnation, match, r.player_id, r.points, achieved, score,
                     entry.shard, entry.id, list(r.skipped)))  # fmt: skip
+    return out
+
+
+def _merge_retries(
+    rows: list[tuple[Any, ...]], batch: Sequence[tuple[Board, str, Entry]]
+) -> list[tuple[Any, ...]]:
+    """``rows`` with the periods of a result applied more than once in the batch made those of every
+    application (a copy's ``skipped``: what all copies skipped), as the upsert does with a row
+    archived before (``_SKIPPED``): the copy the upsert keeps must not drop a period an earlier one
+    is in on the board. A removal of the player between two copies starts again from the later one.
+    Rows carry their skips only when a result met a closed or frozen period, so most batches return
+    at once."""
+    if not any(row[10] for row in rows):
+        return rows
+    # (board, incarnation, match, player, achieved, score): copies of one result, in journal order.
+    copies: dict[tuple[Any, ...], list[int]] = {}
+    for n, row in enumerate(rows):
+        copies.setdefault((*row[1:5], row[6], row[7]), []).append(n)
+    removed: dict[tuple[str, str, str], list[tuple[int, int]]] = {}
+    for _, _, entry in batch:
+        for player in entry.removed:
+            removed.setdefault((entry.board, entry.incarnation, player), []).append(_order(entry.id))
+    out = list(rows)
+    for key, found in copies.items():
+        if len(found) < 2:
+            continue
+        found.sort(key=lambda n: _order(rows[n][9]))
+        kept = set(rows[found[0]][10])
+        for before, n in itertools.pairwise(found):
+            between = (_order(rows[before][9]), _order(rows[n][9]))
+            if any(between[0] < at < between[1] for at in removed.get((key[0], key[1], key[3]), ())):
+                kept = set(rows[n][10])
+            else:
+                kept &= set(rows[n][10])
+            out[n] = (*rows[n][:10], sorted(kept))
     return out
 
 

@@ -1,0 +1,91 @@
+"""A result applied again (a client's retry of the identical result) after one of its periods closed:
+the retry skips that period, but the first application is in it, on the board as in the archive.
+PostgreSQL must keep the result in the period, or settling the period pays without its winner
+(a mismatch, and `force` pays PostgreSQL's order). With a removal of the player between the two,
+the retry alone counts, as on the board. Against the suite's cluster and PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from shardlb import moderation, times
+from shardlb.board import Score
+from shardlb.rebuild import Rebuilder
+from shardlb.settlement import Request, Settler, period_bounds
+from shardlb.store import BoardStore
+from tests import test_settlement
+from tests.test_settlement import TABLE, awards_of, day_ago, drain, new_board
+
+pytestmark = pytest.mark.cluster
+db = test_settlement.db  # the fixture: a PostgreSQL connection
+
+
+@pytest.mark.parametrize("rounds", ["two rounds", "one round"])
+@pytest.mark.parametrize("mode", ["best", "set"])
+async def test_a_retry_after_a_period_closed_keeps_the_result_in_it(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    db: psycopg.AsyncConnection[Any],
+    mode: str,
+    rounds: str,
+) -> None:
+    board = await new_board(store, f"retry-closed-{mode}-{rounds[:3]}", mode)
+    period = day_ago(2)
+    name = board.resolve(period).period
+    start, end = period_bounds(board, name)
+    sid = f"retry-closed-{mode}-{rounds[:3]}"
+    try:
+        scores = [Score(f"p{i}", 10 + i, f"m{i}", start + 1000 * i) for i in range(5)]
+        await board.submit(scores, now_ms=end - 1)  # the period open: applied to it
+        if rounds == "two rounds":
+            await drain(raw, store, rebuilder.db.info.dsn)
+        retried = await board.submit([scores[4]], now_ms=times.now_ms())  # the winner's post again, closed
+        assert retried[0].closed == (period,)
+        await drain(raw, store, rebuilder.db.info.dsn)
+        top = await board.top(10, board.resolve(period))
+        assert [e.player_id for e in top][:1] == ["p4"]
+        result = await Settler(rebuilder).settle(
+            board, period, Request.of({"settlement_id": sid, "rewards": TABLE})
+        )
+        assert result["forced"] is False and result["players"] == 5
+        assert (await awards_of(db, sid))[0][1:] == ("p4", "gold")
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("rounds", ["two rounds", "one round"])
+@pytest.mark.parametrize("mode", ["best", "set"])
+async def test_a_retry_after_a_removal_counts_alone(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    db: psycopg.AsyncConnection[Any],
+    mode: str,
+    rounds: str,
+) -> None:
+    board = await new_board(store, f"retry-removed-{mode}-{rounds[:3]}", mode)
+    period = day_ago(2)
+    name = board.resolve(period).period
+    start, end = period_bounds(board, name)
+    sid = f"retry-removed-{mode}-{rounds[:3]}"
+    try:
+        scores = [Score(f"p{i}", 10 + i, f"m{i}", start + 1000 * i) for i in range(5)]
+        await board.submit(scores, now_ms=end - 1)
+        if rounds == "two rounds":
+            await drain(raw, store, rebuilder.db.info.dsn)
+        await moderation.remove(board, ["p4"])  # out of every period
+        retried = await board.submit([scores[4]], now_ms=times.now_ms())  # back in the open ones only
+        assert retried[0].closed == (period,)
+        await drain(raw, store, rebuilder.db.info.dsn)
+        assert "p4" not in {e.player_id for e in await board.top(10, board.resolve(period))}
+        result = await Settler(rebuilder).settle(
+            board, period, Request.of({"settlement_id": sid, "rewards": TABLE})
+        )
+        assert result["forced"] is False and result["players"] == 4
+        assert (await awards_of(db, sid))[0][1:] == ("p3", "gold")
+    finally:
+        await store.delete(board.config.id)
