@@ -19,7 +19,10 @@ For each home shard, one after another (the design and its reasons: docs/design-
    swap is forced, and the few results written between the last attempt and the swap are applied to
    the live keys right after it, each once.
 
-Band boards then rebuild their band shards from the rebuilt totals (``rebuild_bands``).
+Before step 1, ``refill`` puts back the shard's retry records of the dedup window (``RetryRecords``:
+an incr board's dedup sets, a best or set board's pins) that a loss of Redis took, so a result sent
+again after the rebuild is answered as before the loss. Band boards then rebuild their band shards
+from the rebuilt totals (``rebuild_bands``).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from redis.exceptions import ResponseError
 from shardlb import keys, moderation, periods, times
 from shardlb.bands import Move
 from shardlb.board import GONE, QUARTER_HOUR_MS, Board
-from shardlb.config import BoardConfig, stored_settings
+from shardlb.config import PIN_SPAN, BoardConfig, stored_settings
 from shardlb.connection import Script, Scripts, connect
 from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput
 from shardlb.journal import Applied, Entry, decode
@@ -54,6 +57,11 @@ TMP_TTL_MS = 3_600_000
 SWAP_TRIES = 50
 PAGE = 2000
 DAY_MS = 86_400_000
+# A result sent without achieved_at was given its arrival as its time; the journal does not say which
+# results were, so a pin is put back for each whose achieved time is within its time unit plus this of
+# its arrival (the router's clock against Redis's, a call's queueing and client retries; see
+# RetryRecords).
+PIN_SLACK_MS = 10_000
 _PERIOD = re.compile(r"total|[dwm]:.+")
 
 
@@ -139,6 +147,84 @@ class Fold:
         return {p: self.codec.encode_units(*v) for p, v in board.items()}
 
 
+class RetryRecords:
+    """The records write.lua keeps of one shard's results for the board's dedup window, to put back
+    after a loss of Redis (``Rebuilder.refill``), batched into rebuild.lua's ``recall`` calls.
+
+    - incr: the dedup sets. A result's member (match_id NUL player_id) goes into the bucket of its
+      arrival, the time part of its journal id (write.lua used the router's clock of the same call),
+      if that bucket is still looked up: buckets from (now - window) // length on, each expiring at
+      (k + 1) x length + window.
+    - best and set: the pins of results sent without achieved_at (their first server time, which
+      their retries get again). The journal does not say which results those were; a server time is
+      its arrival, so a result whose achieved time is within its time unit plus PIN_SLACK_MS of its
+      arrival is taken as one. A result sent with a time that close gets a pin too, which only ever
+      gives a retry of it sent without a time that same time. A result applied again before the loss
+      (a retry: PostgreSQL keeps the later journal id of a best or set result) may be missed, and its
+      next retry then takes its own arrival as its time, as every retry did before pins came back.
+      Each pin goes into the hash of PIN_SPAN buckets named by its first, expiring at
+      (first + PIN_SPAN) x length + window.
+
+    An incr board keeps no pins here: a retry of it is a duplicate whatever its time, and its dedup
+    sets already cost a window of memory (README, "Memory")."""
+
+    def __init__(self, board: Board, prefix: str, now_ms: int) -> None:
+        c = board.config
+        self.prefix = prefix
+        self.incr = c.mode == "incr"
+        self.length, self.window = c.dedup_bucket_ms, c.dedup_window_s * 1000
+        self.codec = board.codec
+        self.slack = board.codec.unit_ms + PIN_SLACK_MS
+        first = (now_ms - self.window) // self.length  # the first bucket write.lua looks up now
+        self.first, self.first_pin = first, first - first % PIN_SPAN
+        self._clear()
+
+    def _clear(self) -> None:
+        self.names: dict[str, int] = {}
+        self.pin: list[int] = []
+        self.expiry: list[int] = []
+        self.items: list[Any] = []
+
+    @property
+    def since_ms(self) -> int:
+        """The earliest arrival a record of the window can have."""
+        return self.first * self.length if self.incr else self.first_pin * self.length - self.slack
+
+    def add(self, arrived_ms: int, match_id: str, player_id: str, units: int) -> None:
+        member = f"{match_id}\x00{player_id}"
+        if self.incr:
+            k = arrived_ms // self.length
+            if k >= self.first:
+                self._put(keys.dedup_key(self.prefix, k), 0, (k + 1) * self.length + self.window, member, 0)
+            return
+        achieved = self.codec.units_to_ms(units)
+        if abs(arrived_ms - achieved) > self.slack:
+            return
+        k = achieved // self.length
+        start = k - k % PIN_SPAN
+        if start >= self.first_pin:
+            expiry = (start + PIN_SPAN) * self.length + self.window
+            self._put(keys.pin_key(self.prefix, start), 1, expiry, member, units)
+
+    def _put(self, name: str, pin: int, expiry: int, member: str, units: int) -> None:
+        number = self.names.get(name)
+        if number is None:
+            self.pin.append(pin)
+            self.expiry.append(expiry)
+            number = self.names[name] = len(self.names) + 1
+        self.items += [number, member, units]
+
+    def __len__(self) -> int:
+        return len(self.items) // 3
+
+    def take(self) -> tuple[list[str], bytes, bytes]:
+        """The batch as rebuild.lua's ``recall`` takes it (bucket keys, header, records); empties it."""
+        header = msgpack.packb([PIN_SPAN if any(self.pin) else 0, self.pin, self.expiry])
+        batch = list(self.names), header, msgpack.packb(self.items)
+        self._clear()
+        return batch
+
+
 class Mark(NamedTuple):
     """A shard's journal position: ``last`` its last-generated id as Redis spells it; every result
     applied so far has an id <= ``position``, every later one a larger id; ``first`` the id of its
@@ -161,6 +247,7 @@ class ShardReport:
     players: int = 0  # on the rebuilt board after the swap (the total, or the one period rebuilt)
     rows: int = 0  # results read from PostgreSQL
     journal: int = 0  # results read from the journal, the snapshot's and those caught up
+    retries: int = 0  # results whose retry records (dedup members, pins) ``refill`` put back
     tries: int = 0  # swap attempts (more than one when writes moved the journal meanwhile)
     seconds: float = 0.0
 
@@ -196,6 +283,8 @@ class Rebuilder:
         self.db = db
         self.progress = progress or (lambda _: None)
         self.swap_tries = swap_tries
+        # Shards (prefixes) whose retry records ``restore`` put back: their next rebuild skips that.
+        self._refilled: set[str] = set()
 
     async def rebuild(
         self, board: Board, period: str | None = None, shard: int | None = None, force: bool = False
@@ -273,6 +362,13 @@ class Rebuilder:
         """Rebuild the wanted period boards of one home shard (steps 1-4 of the module docstring)."""
         start = time.perf_counter()
         prefix = board.prefixes[shard]
+        # First: a retry answered from here on is recognised, also between the snapshot and the swap
+        # (where rebuild.lua's catch-up, which has no dedup, would count it again).
+        retries = 0
+        if prefix in self._refilled:
+            self._refilled.discard(prefix)
+        else:
+            retries = await self.refill(board, shard)
         fold = Fold(board, wanted)
         snap = await self.snapshot(board, shard, fold)
         token = secrets.token_hex(4)
@@ -280,7 +376,7 @@ class Rebuilder:
         for name in fold.boards:
             await self._fill(f"{prefix}tmp:{token}:{name}", fold.scores(name))
         fold.boards = {}  # the temporary keys hold them now
-        report = ShardReport(shard, rows=snap.rows, journal=snap.journal)
+        report = ShardReport(shard, rows=snap.rows, journal=snap.journal, retries=retries)
         pairs = {name: f"{prefix}tmp:{token}:{name}" for name in sorted(names)}
         mark, items = snap.mark, list[Any]()
         while True:
@@ -311,7 +407,7 @@ class Rebuilder:
         self.progress(
             f"{board.config.id} shard {shard + 1}/{board.layout.physical}: {report.players} players, "
             f"{report.rows} results from PostgreSQL, {report.journal} from the journal, "
-            f"swapped on try {report.tries}, {report.seconds:.2f}s"
+            f"{report.retries} retry records, swapped on try {report.tries}, {report.seconds:.2f}s"
         )
         return report
 
@@ -392,10 +488,18 @@ class Rebuilder:
             if any([await self.client.exists(mark) for mark in marks]):
                 self.progress(f"{board_id}: deleted; left alone")
                 continue
+            refilled = []
+            if not await self.client.hexists(keys.BOARDS, board_id):
+                # Before routers can find the board again: its retries are recognised from their
+                # first write on, not only once its shard's turn to be rebuilt comes.
+                for shard, prefix in enumerate(former.prefixes[: config.sharding.shards]):
+                    await self.refill(former, shard)
+                    refilled.append(prefix)
             board, created = await store.restore(config, incarnation)
             if board.incarnation != incarnation:
                 self.progress(f"{board_id}: the registry holds another incarnation; left alone")
                 continue
+            self._refilled.update(refilled)
             self.progress(f"{board_id}: {'restored to' if created else 'found in'} the registry")
             out.append(board)
         return out
@@ -428,6 +532,53 @@ class Rebuilder:
             fold.add(r)
             rows += 1
         return Snapshot(mark, rows, journal)
+
+    async def refill(self, board: Board, shard: int) -> int:
+        """Put back the shard's retry records of the dedup window (``RetryRecords``) from its journal,
+        then from PostgreSQL (in that order, as ``snapshot`` reads them: an entry trimmed between the
+        two reads was committed before it), a page at a time. Returns how many results it recorded
+        (a result found in both counts twice).
+
+        Idempotent and safe under writes: a member added again is no change, a pin write.lua made
+        meanwhile stays, and the expiries and key index listings are write.lua's own, so what a
+        write records meanwhile and what this puts back agree. rebuild.lua refuses the calls on a
+        deleted board (BoardNotFound), which then gets no keys back.
+
+        PostgreSQL has no index by journal time: the query reads every row of the shard (the index
+        by board, incarnation and shard) and sends those of the window."""
+        prefix = board.prefixes[shard]
+        records = RetryRecords(board, prefix, times.now_ms())
+        count = 0
+        start = str(records.since_ms)
+        async for page in self._pages(keys.journal_key(prefix), start, "+"):
+            for entry in page:
+                arrived = parse_id(entry.id)[0]
+                for r in entry.results:
+                    records.add(arrived, r.match_id, r.player_id, r.units)
+                if len(records) >= PAGE:  # an entry holds up to a call's results
+                    count += await self._recall(prefix, records)
+        codec = board.codec
+        arrived_ms = "split_part(journal_id, '-', 1)::bigint"
+        async with self.db.transaction(), self.db.cursor(name="retry_records") as cur:
+            await cur.execute(
+                f"SELECT match_id, player_id, achieved_ms, {arrived_ms} FROM match_results "
+                f"WHERE board = %s AND incarnation = %s AND shard = %s AND {arrived_ms} >= %s",
+                (board.config.id, board.incarnation, shard, records.since_ms),
+            )
+            while rows := await cur.fetchmany(PAGE):
+                for match, player, achieved, arrived in rows:
+                    records.add(arrived, match, player, (achieved - codec.epoch_ms) // codec.unit_ms)
+                count += await self._recall(prefix, records)
+        return count + await self._recall(prefix, records)
+
+    async def _recall(self, prefix: str, records: RetryRecords) -> int:
+        """rebuild.lua's ``recall`` of the records gathered so far, if any; returns how many."""
+        n = len(records)
+        if n:
+            names, header, items = records.take()
+            head = [keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix)]
+            await self._script([*head, keys.pin_span_key(prefix), *names], ["recall", header, items])
+        return n
 
     async def mark(self, prefix: str) -> Mark:
         last, first, seconds, micros = await self.script(
@@ -486,16 +637,17 @@ class Rebuilder:
         return out
 
     async def _entries(self, prefix: str, after: Id | None, upto: Id) -> list[Entry]:
-        key = keys.journal_key(prefix)
         start = "-" if after is None else "(" + format_id(after)
-        out: list[Entry] = []
+        pages = self._pages(keys.journal_key(prefix), start, format_id(upto))
+        return [entry async for page in pages for entry in page]
+
+    async def _pages(self, key: str, start: str, end: str) -> AsyncIterator[list[Entry]]:
+        """The journal's entries from ``start`` to ``end`` (XRANGE's bounds), PAGE at a time."""
         while True:
-            got: Any = await self.client.xrange(key, min=start, max=format_id(upto), count=PAGE)
-            for entry_id, fields in got:
-                if fields:
-                    out.append(decode(entry_id, fields))
+            got: Any = await self.client.xrange(key, min=start, max=end, count=PAGE)
+            yield [decode(entry_id, fields) for entry_id, fields in got if fields]
             if len(got) < PAGE:
-                return out
+                return
             start = "(" + _text(got[-1][0])
 
     async def _rows(
@@ -612,15 +764,17 @@ class Rebuilder:
         names = [keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix)]
         for target, live, _ in targets:
             names += [target, live]
+        status, last = await self._script(names, [op, msgpack.packb(header), msgpack.packb(list(items))])
+        return _text(status), _text(last)
+
+    async def _script(self, names: Sequence[str], args: Sequence[Any]) -> Any:
+        """rebuild.lua, with a deleted board's refusal as BoardNotFound."""
         try:
-            status, last = await self.script(
-                keys=names, args=[op, msgpack.packb(header), msgpack.packb(list(items))]
-            )
+            return await self.script(keys=names, args=args)
         except ResponseError as e:
             if str(e).startswith(GONE):
                 raise BoardNotFound("the board was deleted during the rebuild", "board") from e
             raise
-        return _text(status), _text(last)
 
 
 def _text(value: Any) -> str:

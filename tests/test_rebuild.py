@@ -385,6 +385,9 @@ async def test_after_a_total_loss_a_retry_is_answered_as_before_the_loss(
             assert {b: await boards[b].scores(players) for b in sent} == {
                 b: before[b.config.id] for b in sent
             }
+            # the pins came back in hashes of write.lua's span, and the shard's marker says so
+            markers = [await raw.get(keys.pin_span_key(p)) for p in boards[best].prefixes]
+            assert b"4:0" in markers and set(markers) <= {None, b"4:0"}
             await drain(a)
             for board in boards.values():  # and PostgreSQL agrees with every board
                 ref = ReferenceBoard(board.config)

@@ -11,6 +11,16 @@
 --          key index with its expiry as write.lua does. Otherwise change nothing. Returns
 --          {'ok' or 'moved', last-generated id}.
 --   apply: apply ARGV[3]'s results to the targets (the live keys themselves) and register them.
+--   recall: put back retry records of the dedup window (shardlb/rebuild.py, `RetryRecords`): KEYS[4]
+--          the shard's pin marker (`pspan`), KEYS[5..] dedup sets (`dd:<k>`) and pin hashes
+--          (`pin:<k>`). ARGV[2] MessagePack: pin span (0 when the call holds no pin), {per key
+--          from KEYS[5]: 1 for a pin hash}, {per key from KEYS[5]: its expiry ms}; ARGV[3]
+--          MessagePack, flat: per record, its key's number (1 for KEYS[5]), dedup member (match_id
+--          NUL player_id), time units (pins). SADD, or HSETNX (a pin write.lua made since is the one
+--          the shard has answered with: it stays), then each key's expiry and its listing in the key
+--          index as write.lua sets them. A shard without a pin marker and without pin hashes gets
+--          the marker write.lua gives a new board ("<span>:0"); with pin hashes of before it is left
+--          to write.lua (one window past). Returns {'ok', ''}.
 -- ARGV[2]    MessagePack: mode, time_bits, points_max, order, tiebreak, expected id, force,
 --            {expiry ms of each pair's live key, 0 = never}
 -- ARGV[3]    MessagePack, flat: per result and period, player, score, points, time_units, pair number;
@@ -41,6 +51,39 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     for i = 1, npairs do redis.call('UNLINK', KEYS[2 + 2 * i]) end
   end
   return redis.error_reply('BOARDGONE this board was deleted')
+end
+
+if op == 'recall' then
+  local h = cmsgpack.unpack(ARGV[2])
+  local span, pin, expiry = h[1], h[2], h[3]
+  if span > 0 and redis.call('EXISTS', KEYS[4]) == 0 then
+    local base, others = string.sub(KEYS[2], 1, -5), false
+    for _, name in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+      if string.sub(name, #base + 1, #base + 4) == 'pin:' then others = true break end
+    end
+    if not others then
+      redis.call('SET', KEYS[4], string.format('%d:0', span))
+      redis.call('ZADD', KEYS[1], '+inf', KEYS[4])
+    end
+  end
+  local items = cmsgpack.unpack(ARGV[3])
+  for pos = 1, #items, 3 do
+    local i = items[pos]
+    if pin[i] == 1 then
+      redis.call('HSETNX', KEYS[4 + i], items[pos + 1], items[pos + 2])
+    else
+      redis.call('SADD', KEYS[4 + i], items[pos + 1])
+    end
+  end
+  local listed = {}
+  for i = 1, #KEYS - 4 do
+    local at = string.format('%d', expiry[i])
+    redis.call('PEXPIREAT', KEYS[4 + i], at)
+    listed[#listed + 1] = at
+    listed[#listed + 1] = KEYS[4 + i]
+  end
+  if #listed > 0 then redis.call('ZADD', KEYS[1], unpack(listed)) end
+  return {'ok', ''}
 end
 
 local h = cmsgpack.unpack(ARGV[2])
