@@ -17,7 +17,8 @@ For each home shard, one after another (the design and its reasons: docs/design-
    temporary keys first: the live board goes from its state at X' to the rebuilt state at X' in one
    atomic call, and readers never see an empty or partial board. After ``swap_tries`` attempts the
    swap is forced, and the few results written between the last attempt and the swap are applied to
-   the live keys right after it, each once.
+   the live keys right after it, each once, except the results of players a removal journaled since
+   the swap wiped on the live keys (rebuild.lua reads those delete entries in that same call).
 
 Before step 1, ``refill`` puts back the shard's retry records of the dedup window (``RetryRecords``:
 an incr board's dedup sets, a best or set board's pins) that a loss of Redis took, so a result sent
@@ -394,8 +395,9 @@ class Rebuilder:
             if status == "ok":  # forced: the swap is done, and these go onto the live keys, once
                 live = {name: keys.period_key(prefix, name) for name in (pairs if cuts else ())}
                 live |= {name: keys.period_key(prefix, name) for r in new for name in fold.names(r)}
+                # Not forced: rebuild.lua leaves out the players removed since `last` (wiped live).
                 items = [*removals, *self._items(fold, new, live)]
-                await self._call(board, shard, "apply", live, last, True, items)
+                await self._call(board, shard, "apply", live, last, False, items)
                 break
             for r in new:
                 for name in fold.names(r):

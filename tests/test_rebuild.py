@@ -17,7 +17,7 @@ import psycopg
 import pytest
 import redis.exceptions
 
-from shardlb import keys, times
+from shardlb import keys, moderation, times
 from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
 from shardlb.cli import main
@@ -447,3 +447,43 @@ async def test_a_shard_rebuild_puts_back_the_retry_records_it_lost(
         await a.db.close()
         with contextlib.suppress(Exception):
             await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_removal_right_after_a_forced_swap_stays_removed(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, monkeypatch: Any, mode: str
+) -> None:
+    """A forced swap puts the results written since the snapshot onto the live keys in a second call;
+    a player removed between the swap and that call must not come back with their older results."""
+    config = BoardConfig.from_dict(f"rebuild-forced-cut-{mode}", {"mode": mode, "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        scores = [Score(f"p{i}", 10 * i, f"m{i}", now) for i in range(1, 4)]
+        await board.submit([*scores, Score("cheater", 5, "early", now)], now_ms=now)
+        await drain(a)
+        rebuilder.swap_tries = 0  # the first swap is forced
+        real_snapshot, real_changes = rebuilder.snapshot, rebuilder.changes
+        removed = []
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            await board.submit([Score("cheater", 999, "late", now)], now_ms=now)  # after the snapshot
+            return snap
+
+        async def changes(*args: Any, **kwargs: Any) -> Any:
+            got = await real_changes(*args, **kwargs)
+            if not removed:  # the forced swap is done: removed before its results go on
+                removed.append(await moderation.remove(board, ["cheater"]))
+            return got
+
+        monkeypatch.setattr(rebuilder, "snapshot", snapshot)
+        monkeypatch.setattr(rebuilder, "changes", changes)
+        await rebuilder.rebuild(board)
+        assert removed
+        top = await board.top(10, board.resolve("total"))
+        assert [e.player_id for e in top] == ["p3", "p2", "p1"]
+    finally:
+        await a.db.close()
+        await store.delete(config.id)

@@ -10,7 +10,9 @@
 --          live key (and UNLINK a live key whose target does not exist), registering each in the
 --          key index with its expiry as write.lua does. Otherwise change nothing. Returns
 --          {'ok' or 'moved', last-generated id}.
---   apply: apply ARGV[3]'s results to the targets (the live keys themselves) and register them.
+--   apply: apply ARGV[3]'s results to the targets (the live keys themselves) and register them;
+--          unless `force` is 1, leaving out the players of the delete entries journaled after
+--          `expected` (a removal since wiped them on the live keys; their results would come back).
 --   recall: put back retry records of the dedup window (shardlb/rebuild.py, `RetryRecords`): KEYS[4]
 --          the shard's pin marker (`pspan`), KEYS[5..] dedup sets (`dd:<k>`) and pin hashes
 --          (`pin:<k>`). ARGV[2] MessagePack: pin span (0 when the call holds no pin), {per key
@@ -94,6 +96,19 @@ local last = last_id(KEYS[3])
 if op == 'swap' and last ~= expected and force == 0 then
   return {'moved', last}
 end
+-- apply after a forced swap: what was written since `expected` is on the live keys already, and a
+-- removal among it wiped its player there: that player's results (from before it) are not put back.
+local cut = {}
+if op == 'apply' and force == 0 and last ~= expected then
+  for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '(' .. expected, '+')) do
+    local fields = entry[2]
+    for i = 1, #fields, 2 do
+      if fields[i] == 'x' then  -- a delete entry (remove.lua): the players it removed
+        for _, player in ipairs(cmsgpack.unpack(fields[i + 1])) do cut[player] = true end
+      end
+    end
+  end
+end
 
 local function fmt(x) return string.format('%.0f', x) end
 local function split(score)
@@ -110,7 +125,8 @@ end
 local items = cmsgpack.unpack(ARGV[3])
 for pos = 1, #items, 5 do
   local player, score, points, units = items[pos], items[pos + 1], items[pos + 2], items[pos + 3]
-  if items[pos + 4] == 0 then
+  if cut[player] then  -- removed since the forced swap: left out (see `cut`)
+  elseif items[pos + 4] == 0 then
     for i = 1, npairs do redis.call('ZREM', KEYS[2 + 2 * i], player) end
   else
     local key = KEYS[2 + 2 * items[pos + 4]]
