@@ -19,7 +19,7 @@ import httpx
 import msgpack
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
@@ -142,6 +142,9 @@ def test_bad_settings_exit_2_naming_the_variable() -> None:
         assert done.stderr.startswith(f"shardlb serve: error: {variable}: ")
 
 
+FRAMING = frozenset({"content-length", "transfer-encoding", "host", "connection"})
+
+
 @pytest.mark.cluster
 def test_schemathesis_finds_no_5xx_and_no_schema_break(server: Server) -> None:
     """Every operation of /openapi.json, 30 valid and 15 invalid generated requests each, with an admin
@@ -175,6 +178,9 @@ def test_schemathesis_finds_no_5xx_and_no_schema_break(server: Server) -> None:
                 )
                 @given(case=operation.as_strategy(generation_mode=mode), aim=st.booleans(), data=st.data())
                 def check(case: Any, aim: bool, data: st.DataObject) -> None:
+                    # A generated framing header (a Content-Length of "-'[9") makes the request
+                    # invalid HTTP: uvicorn answers its own plain-text 400 before any app runs.
+                    assume(not FRAMING.intersection(k.lower() for k in case.headers or {}))
                     if aim and case.method != "DELETE" and "board" in (case.path_parameters or {}):
                         case.path_parameters["board"] = main
                         if "player" in case.path_parameters:
