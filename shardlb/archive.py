@@ -27,6 +27,10 @@ docs/design-notes.md, "An entry PostgreSQL refuses", says how an operator clears
 psycopg 3 is the driver: it is async, its COPY streams rows without building one big statement, it
 ships binary wheels, and the bench already used it for its PostgreSQL rival (one driver, not two).
 Board settings are kept in ``boards`` too, so a total loss of Redis can be rebuilt from here.
+
+Beside the rounds, the `shardlb archive` process runs the board upkeep that nothing else always
+runs: the inactive-player cleanup (``_cleanup``) and the repair of band moves that writes left
+pending (``repair_bands``, every ``--repair-every`` seconds; it needs Redis only).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import itertools
 import logging
 import math
 import os
+import random
 import signal
 import socket
 import time
@@ -565,6 +570,13 @@ REFUSED = Counter(
     "journal entries PostgreSQL refused, each counted once; its journal is held at it (Archiver.round)",
 )
 HELD_JOURNALS = Gauge("shardlb_archive_held_journals", "journals held at an entry PostgreSQL refused")
+BAND_REPAIRS = Counter(
+    "shardlb_band_repairs_total",
+    "band moves a write left pending (lost band calls) that the repair loop finished (repair_bands)",
+)
+# Seconds between the repair loop's passes (`shardlb archive --repair-every`): how long at most a
+# band move whose calls were lost stays unfinished, plus the pass itself, while an archiver runs.
+REPAIR_EVERY_S = 5.0
 
 
 async def serve(
@@ -574,35 +586,39 @@ async def serve(
     stop: asyncio.Event,
     lag_every_s: float = 5.0,
     cleanup_every_s: float = 0.0,
+    repair_every_s: float = 0.0,
 ) -> None:
-    """Archive every journaled board until ``stop`` is set, keeping the lag gauges current."""
+    """Archive every journaled board until ``stop`` is set, keeping the lag gauges current; with
+    ``repair_every_s``, finish the band moves writes left pending meanwhile (``repair_bands``)."""
     raw = connect(redis_url, decode=False)
     client = connect(redis_url)
     scripts = Scripts.register(client)
     await scripts.load(client)
+    store = BoardStore(client, scripts)
+    # Band repairs need Redis only: they go on while PostgreSQL is away.
+    tasks = [asyncio.create_task(repair_bands(store, stop, repair_every_s))] if repair_every_s else []
     db = None
-    while db is None:  # PostgreSQL may come up after us: the journals wait meanwhile
-        try:
-            db = await connect_db(postgres_url)
-        except (psycopg.Error, OSError) as e:
-            log.warning("PostgreSQL not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
-            await _sleep(stop, 2.0)
-            if stop.is_set():
-                await raw.aclose()
-                await client.aclose()
-                return
-    archiver = Archiver(raw, BoardStore(client, scripts), db, name, db_url=postgres_url)
-    watch = asyncio.create_task(_watch_lag(archiver, stop, lag_every_s))
-    sweep = asyncio.create_task(_cleanup(archiver.store, stop, cleanup_every_s)) if cleanup_every_s else None
-    log.info("archiver running", extra={"fields": {"name": name, "redis": redacted(redis_url)}})
     try:
+        while db is None:  # PostgreSQL may come up after us: the journals wait meanwhile
+            try:
+                db = await connect_db(postgres_url)
+            except (psycopg.Error, OSError) as e:
+                log.warning("PostgreSQL not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
+                await _sleep(stop, 2.0)
+                if stop.is_set():
+                    return
+        archiver = Archiver(raw, store, db, name, db_url=postgres_url)
+        tasks.append(asyncio.create_task(_watch_lag(archiver, stop, lag_every_s)))
+        if cleanup_every_s:
+            tasks.append(asyncio.create_task(_cleanup(store, stop, cleanup_every_s)))
+        log.info("archiver running", extra={"fields": {"name": name, "redis": redacted(redis_url)}})
         await archiver.run(stop)
     finally:
-        for task in (watch, sweep):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*(t for t in (watch, sweep) if t is not None), return_exceptions=True)
-        await db.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if db is not None:
+            await db.close()
         await raw.aclose()
         await client.aclose()
 
@@ -636,6 +652,42 @@ async def _cleanup(store: BoardStore, stop: asyncio.Event, every_s: float) -> No
             log.warning("inactive cleanup failed; retrying", extra={"fields": {"error": repr(e)}})
 
 
+async def repair_bands(store: BoardStore, stop: asyncio.Event, every_s: float) -> None:
+    """Finish the band moves that writes left pending (``Board.repair``, shardlb/bands.py) on every
+    band board, one pass every ``every_s`` seconds, jittered down to half of it so that several
+    archivers spread their passes. A move whose band calls were lost (a router that died after the
+    home shard's commit, a call that timed out) is finished within ``every_s`` plus a pass, whether
+    or not the player posts again. A pass over a board with nothing pending is one HLEN per home
+    shard. Several archivers may run it at once, beside the writes: band moves are versioned."""
+    while not stop.is_set():
+        await _sleep(stop, every_s * random.uniform(0.5, 1.0))
+        if stop.is_set():
+            return
+        try:
+            boards = [b for b in await store.boards() if b.layout.strategy == "band"]
+        except Exception as e:
+            failed = {"error": repr(e)}
+            log.warning(
+                "band repair: boards not listed; retrying", extra={"fields": failed}, exc_info=not _passing(e)
+            )
+            continue
+        for board in boards:
+            try:
+                done = await board.repair()
+            except Exception as e:  # a board deleted or resharded meanwhile, or the cluster failing
+                failed = {"board": board.config.id, "error": repr(e)}
+                log.warning(
+                    "band repair failed; retrying", extra={"fields": failed}, exc_info=not _passing(e)
+                )
+                continue
+            if done:
+                BAND_REPAIRS.inc(done)
+                log.info(
+                    "pending band moves finished",
+                    extra={"fields": {"board": board.config.id, "players": done}},
+                )
+
+
 def main(argv: list[str] | None = None) -> int:
     """`shardlb archive`: run one archiver until SIGTERM or SIGINT (several may run at once)."""
     parser = argparse.ArgumentParser(prog="shardlb archive", description=main.__doc__)
@@ -645,6 +697,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
     parser.add_argument(
         "--cleanup-every", type=float, default=60.0, help="seconds between inactive-player cleanups (0: none)"
+    )
+    parser.add_argument(
+        "--repair-every",
+        type=float,
+        default=REPAIR_EVERY_S,
+        help="seconds between passes that finish band moves left pending by lost band calls (0: none)",
     )
     args = parser.parse_args(argv)
     if not args.postgres:
@@ -658,7 +716,14 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(args.redis, args.postgres, args.name, stop, cleanup_every_s=args.cleanup_every)
+        await serve(
+            args.redis,
+            args.postgres,
+            args.name,
+            stop,
+            cleanup_every_s=args.cleanup_every,
+            repair_every_s=args.repair_every,
+        )
 
     asyncio.run(run())
     return 0

@@ -4,11 +4,15 @@ A band board keeps every player's record on a hash "home" shard and indexes the 
 points band on band shards (shardlb/sharding.py). A change of the total is applied on the home shard
 by write.lua, which bumps the player's version and records the move as *pending* there, in the same
 atomic call; the band shards are then updated by band.lua (one call per band shard) and, once all
-have answered, the move is confirmed on the home shard (settle.lua). Until it is confirmed, every
-write of that player (a retry of the same result included, which changes nothing else) sends the
-move again, and ``Board.repair`` sends every pending move of the board. Band ops carry the version,
-so a move sent twice, late or out of order ends in the state of the newest write: the band shards
-converge to the home shard's (version, total) whatever failed in between.
+have answered, the move is confirmed on the home shard (settle.lua). The new band takes the add
+first; the old bands are told to drop the player's row only once it came back, so a call lost in
+between leaves the player in the old band or in both (the reads keep one row per player), never in
+none. Until it is confirmed, every write of that player (a retry of the same result included, which
+changes nothing else) sends the move again, and so does ``repair``, which the archiver runs on every
+band board every few seconds (shardlb/archive.py, ``repair_bands``): a move whose band calls were
+lost is finished then, whether or not the player posts again. Band ops carry the version, so a move
+sent twice, late, out of order or by several processes at once ends in the state of the newest
+write: the band shards converge to the home shard's (version, total) whatever failed in between.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from redis.exceptions import ResponseError
 
 from shardlb import keys
+from shardlb.fanout import batch
 
 if TYPE_CHECKING:
     from shardlb.board import Board
@@ -31,9 +36,14 @@ class Move(NamedTuple):
     """A change of one player's total that the band shards may not all have taken yet."""
 
     player: str
-    after: int  # the total score on the home shard
+    after: int | None  # the total score on the home shard (None: the player was removed there)
     version: int
     pending: str  # comma-separated band indices that may still hold an old row ('' for none)
+
+
+# Pending moves a repair reads and sends at a time (HSCAN's COUNT hint): a backlog left by a band
+# shard that was away is worked through in calls of bounded size.
+REPAIR_CHUNK = 500
 
 
 class BandMoves:
@@ -41,46 +51,83 @@ class BandMoves:
         self.board = board
 
     async def finish(self, home: int, moves: Sequence[Move], pipeline: ScriptPipeline | None = None) -> None:
-        """Send ``moves`` (all of players living on ``home``) to the band shards, then confirm them.
-        A failure raises and leaves them pending, to be sent again later. With ``pipeline``, the
-        calls ride the per-node pipelines of the calls made in the same turn: a batch spread over
-        many home shards moves players into many bands at once, and each of those calls would
-        otherwise take a connection of its own (a board of 16 shards and 16 bands ran out of them)."""
+        """Send ``moves`` (all of players living on ``home``) to the band shards, adds before drops
+        (``_send``), then confirm them. A failure raises and leaves them pending, to be sent again
+        later. With ``pipeline``, the calls ride the per-node pipelines of the calls made in the
+        same turn: a batch spread over many home shards moves players into many bands at once, and
+        each of those calls would otherwise take a connection of its own (a board of 16 shards and
+        16 bands ran out of them)."""
         await self._send(moves, pipeline)
         await self._confirm(home, moves, pipeline)
 
     async def repair(self) -> int:
-        """Finish every pending move of the board; return how many players had one."""
+        """Finish every pending move of the board; return how many players had one.
+
+        One HLEN per home shard first (one pipeline per node): a board with nothing pending costs
+        no more. Each player's version, pending bands and total are read in one MULTI on their home
+        shard, so the move sent is the one of that version, and settle.lua confirms it only while
+        the version is still that one: beside a newer write of the player, or another repair, the
+        versioned band ops leave the newest state, and the move stays pending until it is sent."""
         board = self.board
+        homes = range(board.config.sharding.shards)
+        pipe = batch(board.client)
+        for home in homes:
+            pipe.execute_command("HLEN", keys.pending_key(board.prefixes[home]))
         done = 0
-        for home in range(board.config.sharding.shards):
-            prefix = board.prefixes[home]
-            pending: dict[Any, Any] = await board.client.hgetall(keys.pending_key(prefix))
-            if not pending:
-                continue
-            players = list(pending)
-            versions = await board.client.hmget(keys.version_key(prefix), players)
-            totals = await board.client.zmscore(keys.period_key(prefix, "total"), players)
-            moves = [
-                Move(player, int(total), int(version), pending[player])
-                for player, version, total in zip(players, versions, totals, strict=True)
-                if version is not None and total is not None
-            ]
-            await self.finish(home, moves)
-            done += len(moves)
+        for home, count in zip(homes, await pipe.execute(), strict=True):
+            if int(count):
+                done += await self._repair_home(home)
         return done
 
+    async def _repair_home(self, home: int) -> int:
+        prefix = self.board.prefixes[home]
+        done, cursor = 0, 0
+        while True:
+            cursor, listed = await self.board.client.hscan(
+                keys.pending_key(prefix), cursor, count=REPAIR_CHUNK
+            )
+            moves = await self._pending(prefix, [str(p) for p in listed]) if listed else []
+            if moves:
+                await self.finish(home, moves)
+                done += len(moves)
+            if not cursor:
+                return done
+
+    async def _pending(self, prefix: str, players: list[str]) -> list[Move]:
+        """The pending moves of ``players`` on the home shard ``prefix``, read atomically."""
+        async with self.board.client.pipeline(transaction=True) as pipe:
+            pipe.hmget(keys.version_key(prefix), players)
+            pipe.hmget(keys.pending_key(prefix), players)
+            pipe.zmscore(keys.period_key(prefix, "total"), players)
+            versions, bands, totals = await pipe.execute()
+        return [
+            Move(player, None if total is None else int(total), int(version), pending)
+            for player, version, pending, total in zip(players, versions, bands, totals, strict=True)
+            if version is not None and pending is not None  # confirmed meanwhile: nothing to send
+        ]
+
     async def _send(self, moves: Sequence[Move], pipeline: ScriptPipeline | None = None) -> None:
+        """The band calls of ``moves``: every add first (and the drops of removed players, which
+        have no add), then, once those came back, the drops of the old rows."""
         board, layout = self.board, self.board.layout
-        ops: dict[int, list[Any]] = defaultdict(list)
+        adds: dict[int, list[Any]] = defaultdict(list)
+        drops: dict[int, list[Any]] = defaultdict(list)
         for m in moves:
-            new = layout.band_shard(board.codec.decode_units(m.after)[0])
-            ops[new] += ["a", m.player, m.after, m.version]
+            new = None if m.after is None else layout.band_shard(board.codec.decode_units(m.after)[0])
+            if new is not None:
+                adds[new] += ["a", m.player, m.after, m.version]
             for index in filter(None, m.pending.split(",")):
                 old = layout.sharding.shards + int(index)
                 if old != new:
-                    ops[old] += ["r", m.player, 0, m.version]
-        prefixes, band = board.prefixes, board.scripts.band
+                    (adds if new is None else drops)[old] += ["r", m.player, 0, m.version]
+        await self._call(adds, pipeline)
+        await self._call(drops, pipeline)
+
+    async def _call(self, ops: dict[int, list[Any]], pipeline: ScriptPipeline | None) -> None:
+        """One band.lua call per band shard of ``ops``, concurrently (merged per turn in ``pipeline``)."""
+        if not ops:
+            return
+        prefixes, band = self.board.prefixes, self.board.scripts.band
         calls = [
             (
                 [
@@ -99,7 +146,7 @@ class BandMoves:
             else:
                 await asyncio.gather(*(pipeline.call(band, k, a, merge=True) for k, a in calls))
         except ResponseError as e:
-            raise board.gone(e) from e
+            raise self.board.gone(e) from e
 
     async def _confirm(
         self, home: int, moves: Sequence[Move], pipeline: ScriptPipeline | None = None

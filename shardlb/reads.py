@@ -45,15 +45,17 @@ class Located(NamedTuple):
 
 class BandPlace(NamedTuple):
     """A player placed on a band board's total (``View.band_place``): their row from their home
-    key, the index of their band among the view's keys, the rows ahead of them on the whole view,
-    every band's size, and whether their band holds them at that very row (``ahead`` came from
-    ZREVRANK, not from counting)."""
+    key, the index of their band among the view's keys, the rows of other players ahead of them on
+    the whole view, every band's size, whether their band holds them at that very row (``ahead``
+    came from ZREVRANK, not from counting) and the stale rows of theirs in the bands before (a
+    pending move: in ``sizes``, not in ``ahead``)."""
 
     row: Row
     band: int
     ahead: int
     sizes: list[int]
     held: bool
+    stale: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,11 +169,15 @@ class View:
         replies = await pipe.execute()
         step = 3 + len(floors)
         counts = [int(n) for n in replies[0::step]]
-        others = [int(t) - (own == score) for t, own in zip(replies[1::step], replies[2::step], strict=True)]
+        owns = replies[2::step]
+        others = [int(t) - (own == score) for t, own in zip(replies[1::step], owns, strict=True)]
         tied = [i for i, n in enumerate(others) if n > 0]
         exact = await self._count_calls([(self.keys[i], _pack([text, member])) for i in tied])
         for i, reply in zip(tied, exact, strict=True):
             counts[i] = int(reply[0])
+        for i, own in enumerate(owns):  # the row's own stale row in a band (a pending move)
+            if own is not None and own > score:
+                counts[i] -= 1
         return counts, [sum(int(n) for n in replies[3 + f :: step]) for f in range(len(floors))]
 
     async def locate(self, member: str, home: int) -> Located | None:
@@ -293,7 +299,10 @@ class View:
     # the band holds them at the row their home key gives. That is the count of every band's rows
     # ahead of that row, the count the other views take, with one sorted set descended instead of
     # all of them. A band that does not hold them at that row (a move not yet taken there) is
-    # counted from the home row (counts.lua), which gives the same count.
+    # counted from the home row (counts.lua), which gives the same count. A stale row of the
+    # player's own (a pending move: shardlb/bands.py) is never counted ahead of them: those in the
+    # bands before theirs are taken off the sizes, which ZSCORE on those bands finds in the same
+    # round, and counts.lua leaves out one in their band.
 
     async def band_place(
         self, home_key: str, member: str, sizes: Sequence[int] | None = None, guess: int | None = None
@@ -302,16 +311,19 @@ class View:
         shard) and the rows ahead of them. Up to ONE_ROUND_BANDS bands, one round: ZSCORE on the
         home key, and ZSCORE, ZREVRANK and ZCARD on every band (a band without the player answers
         the first two from its hash table, without a descent). More bands: the home key first, then
-        the player's band and every band's size. None when the home key has no row.
+        ZCARD on every band, ZSCORE on theirs and the bands before it, and ZREVRANK on theirs. None
+        when the home key has no row.
 
         ``sizes``: the bands' sizes as read a moment ago (``Board.player``'s ``max_age_ms``). Then
         only the home key and the player's own band are read: ZSCORE, ZREVRANK and ZCARD (which
         replaces that band's entry in ``sizes``) go to the band ``guess`` (where the player was
         last placed) in the home key's round, and again to their band after it if the home row
-        says they are elsewhere now (or there is no guess)."""
+        says they are elsewhere now (or there is no guess). The other bands are as they were read:
+        a stale row of the player's there is not looked for."""
         assert self.band_of is not None
         pipe = batch(self.client, replicas=self.replicas, shared=True)
         pipe.zscore(home_key, member)
+        found: list[Any] = []  # the player's score in the bands before theirs, where asked
         if sizes is not None:
             band = guess
             if band is not None:
@@ -340,6 +352,7 @@ class View:
             if score is None:
                 return None
             band = self.band_of(score)
+            found = replies[1 : 3 * band : 3]
             sizes = [int(n) for n in replies[3::3]]
             held, inside = replies[1 + 3 * band], replies[2 + 3 * band]
         else:
@@ -348,24 +361,30 @@ class View:
                 return None
             band = self.band_of(score)
             pipe = batch(self.client, replicas=self.replicas, shared=True)
-            pipe.zscore(self.keys[band], member)
+            for key in self.keys[: band + 1]:
+                pipe.zscore(key, member)
             pipe.zrevrank(self.keys[band], member)
             for key in self.keys:
                 pipe.zcard(key)
-            held, inside, *counted = await pipe.execute()
-            sizes = [int(n) for n in counted]
+            replies = await pipe.execute()
+            found, held, inside = replies[:band], replies[band], replies[band + 1]
+            sizes = [int(count) for count in replies[band + 2 :]]
         whole = held == score and inside is not None
-        if not whole:
-            [reply] = await self._count_calls([(self.keys[band], _pack([_score(score), member]))])
+        if not whole:  # counted from the home row; counts.lua leaves out a stale row of theirs
+            [reply] = await self._count_calls(
+                [(self.keys[band], _pack([_score(score), member]), bytes(msgpack.packb([1])))]
+            )
             inside = reply[0]
-        return BandPlace((score, member), band, sum(sizes[:band]) + int(inside), sizes, whole)
+        stale = sum(1 for at in found if at is not None)
+        return BandPlace((score, member), band, sum(sizes[:band]) - stale + int(inside), sizes, whole, stale)
 
     async def band_window(self, place: BandPlace, radius: int) -> tuple[list[Row], int] | None:
         """Up to ``radius`` rows above and below a placed player, and the player's index among
         them: the view's rows by index around the player's, read from the one or few bands they
         fall in (one round). None when the rows read do not hold the player at their place, or
-        hold someone twice (writes moved rows meanwhile): the caller then reads the generic way."""
-        at = place.ahead
+        hold someone twice (writes moved rows meanwhile): the caller then reads the generic way.
+        The index is among the bands' rows, the player's stale rows ahead (``place.stale``) included."""
+        at = place.ahead + place.stale
         lo, hi = max(0, at - radius), at + radius + 1
         pipe = batch(self.client, replicas=self.replicas, shared=True)
         start = 0
@@ -380,16 +399,24 @@ class View:
         return got, at - lo
 
     async def band_counts(self, targets: Sequence[Row]) -> list[int]:
-        """For each of ``targets`` (rows read from their home keys), the rows ahead of it on a band
-        board's total: the sizes of the bands before its own, plus its place inside its band from
-        one counts.lua call per band holding targets (ZREVRANK where the band holds the row, a
-        count where not), all in one round."""
+        """For each of ``targets`` (rows read from their home keys, one per player), the rows of
+        other players ahead of it on a band board's total: the sizes of the bands before its own,
+        less its own stale rows there (ZMSCORE of the targets of later bands, beside each ZCARD),
+        plus its place inside its band from one counts.lua call per band holding targets (ZREVRANK
+        where the band holds the row, a count where not), all in one round."""
         if not targets:
             return []
         assert self.band_of is not None
         by_band: dict[int, list[int]] = defaultdict(list)
         for t, (score, _) in enumerate(targets):
             by_band[self.band_of(score)].append(t)
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
+        later: list[list[int]] = []  # per band, the targets of the bands after it
+        for i, key in enumerate(self.keys):
+            pipe.zcard(key)
+            later.append([t for band, ts in by_band.items() if band > i for t in ts])
+            if later[-1]:
+                pipe.zmscore(key, [targets[t][1] for t in later[-1]])
         calls: list[tuple[str, bytes] | tuple[str, bytes, bytes]] = [
             (
                 self.keys[band],
@@ -398,12 +425,20 @@ class View:
             )
             for band, ts in by_band.items()
         ]
-        sizes, replies = await asyncio.gather(self.sizes(), self._count_calls(calls))
-        before = [0, *itertools.accumulate(sizes)]
+        got, replies = await asyncio.gather(pipe.execute(), self._count_calls(calls))
+        sizes: list[int] = []
         out = [0] * len(targets)
+        at = 0
+        for ts in later:
+            sizes.append(int(got[at]))
+            held = got[at + 1] if ts else []
+            at += 2 if ts else 1
+            for t, score in zip(ts, held, strict=True):
+                out[t] -= score is not None
+        before = [0, *itertools.accumulate(sizes)]
         for (band, ts), reply in zip(by_band.items(), replies, strict=True):
             for t, inside in zip(ts, reply, strict=True):
-                out[t] = before[band] + int(inside)
+                out[t] += before[band] + int(inside)
         return out
 
     async def at_least(self, floors: Sequence[int]) -> list[int]:

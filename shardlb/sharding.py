@@ -9,8 +9,10 @@ A board owns ``physical`` shards, numbered 0..physical-1 and placed on slots by 
   shard per points band that indexes the ``total`` board by band. The band index makes top-N one call
   and rank a sum of band sizes plus a rank inside one band. A player whose total crosses a boundary is
   moved between band shards under a per-player version, so late moves can never resurrect an old entry.
-  The home shard records each move until every band shard has taken it (``Board`` finishes it on the
-  player's next write, on a retry, or in ``Board.repair``), so a lost band call never loses a move.
+  The home shard records each move until every band shard has taken it (the player's next write or
+  a retry sends it again, and so does the archiver's repair loop within seconds: shardlb/bands.py),
+  so a lost band call never loses a move; the new band takes the add before the old one drops the
+  row, so a player never drops out of every band on the way.
 
 On a region board a player has one home: the first region they post under. The shards a player may
 live in (the same index in every region) share one slot, so the write script sees all of them and

@@ -5,7 +5,7 @@ reads rows by index in the bands around the player, and friends take one counts.
 holding some of them. Checked on a real cluster against the in-memory reference board on random
 workloads (few and many bands: one round and two rounds), and, while a band move is still pending
 (a lost band call), against a count over the band shards' own rows, the answer every other view
-gives: 1 + the rows that rank ahead of the player's home row.
+gives: 1 + the rows of other players that rank ahead of the player's home row.
 """
 
 from __future__ import annotations
@@ -86,11 +86,13 @@ async def home_row(board: Board, player: str) -> Row:
 
 
 def counted_rank(rows: list[Row], row: Row) -> int:
-    return 1 + sum(1 for r in rows if r > row)
+    """1 + the rows ahead of ``row`` of other players: a player's own stale row never counts."""
+    return 1 + sum(1 for r in rows if r > row and r[1] != row[1])
 
 
 async def assert_reads_count_band_rows(board: Board, players: list[str]) -> None:
-    """Rank, around and friends of ``players`` agree with a count over the band shards' rows."""
+    """Rank, around and friends of ``players`` agree with a count over the band shards' rows (a
+    player's own stale row never counts ahead of them; the size counts every row)."""
     rows = await band_rows(board)
     homes = {p: await home_row(board, p) for p in players}
     codec = board.codec
@@ -126,8 +128,9 @@ async def assert_reads_count_band_rows(board: Board, players: list[str]) -> None
 async def test_band_reads_while_a_move_is_pending(
     store: BoardStore, before: int, after: int, mode: str
 ) -> None:
-    """A band call lost: the home shard has the player's new total, a band shard still the old row
-    (or none). Every read counts from the home row, over the rows the band shards hold, until the
+    """A band call lost: the home shard has the player's new total, the old band shard still the old
+    row (the new band took the add first: it is the call lost). Every read counts from the home row,
+    over the rows the band shards hold (the player's own stale row never counts for them), until the
     move is finished (here by Board.repair); then they equal the reference."""
     bands = [0, 100, 1000]
     config = BoardConfig.from_dict(

@@ -16,10 +16,12 @@ end
 -- KEYS[1] with that score (its home shard, or its band on a band board): where one ZMSCORE finds it
 -- there at that very score, ZREVRANK counts the rows ahead of it, ties included, in one call instead
 -- of two counts and a bisection of the tie block it is part of. Where it is not there at that score
--- (it moved or changed since its score was read, or a band move is still pending), it is counted.
+-- (it moved or changed since its score was read, or a band move is still pending), it is counted;
+-- a row it has there at a better score (a band's stale row of a pending move) is its own and does
+-- not count ahead of it.
 local key = KEYS[1]
 local rows = cmsgpack.unpack(ARGV[1])
-local home = {}
+local home, own = {}, {}
 if ARGV[2] then
   local marked = cmsgpack.unpack(ARGV[2])
   if #marked > 0 then
@@ -27,7 +29,8 @@ if ARGV[2] then
     for j, n in ipairs(marked) do members[j] = rows[2 * n] end
     local held = redis.call('ZMSCORE', key, unpack(members))
     for j, n in ipairs(marked) do
-      if held[j] and tonumber(held[j]) == tonumber(rows[2 * n - 1]) then home[n] = true end
+      local at, score = held[j] and tonumber(held[j]), tonumber(rows[2 * n - 1])
+      if at == score then home[n] = true elseif at and at > score then own[n] = true end
     end
   end
 end
@@ -44,6 +47,7 @@ for i = 1, #rows, 2 do
       local m = redis.call('ZREVRANGE', key, mid, mid)[1]
       if after(m, me) then a = mid + 1 else b = mid end
     end
+    if own[(i + 1) / 2] then a = a - 1 end
   end
   out[#out + 1] = a
 end
