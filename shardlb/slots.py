@@ -12,6 +12,11 @@ open (docs/design-notes.md, "Slot migration"): the moves below keep that window 
 per slot by moving many slots' bookkeeping in one pipeline and a slot's keys in as few MIGRATE calls
 as ``keys_per_migrate`` allows.
 
+A plain MIGRATE deletes the keys on the source as soon as the target has them, before the target's
+replicas do: a target that died then would be replaced by a replica without them. So when the
+target has replicas, keys are copied and deleted on the source only once a replica of the target
+acknowledges the copy (``_copy_keys``).
+
 ``plan`` is pure: which slots to move so the given masters end with equal shares.
 """
 
@@ -25,11 +30,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis import exceptions as rx
+from redis.connection import AbstractConnection
 
-from shardlb.keys import SLOTS, slot_of
+from shardlb.fanout import MARKER_TTL_MS
+from shardlb.keys import SLOTS, ack_key, slot_of
+from shardlb.nodes import ClusterError
 
 MIGRATE_TIMEOUT_MS = 10_000
 SLOTS_PER_ROUND = 256  # slots whose SETSLOT commands go out as one pipeline per node
+REPLICA_WAIT_MS = 10_000  # how long a batch of copied keys waits for a replica of the target
+COPY_ATTEMPTS = 100  # copies of one batch, each spoilt by a write on the source, before giving up
+# What the source answers a batch of keys of an open slot when one changed (WATCH) or left (ASK,
+# TRYAGAIN: a command naming it and others).
+_CHANGED = (rx.WatchError, rx.ExecAbortError, rx.AskError, rx.TryAgainError)
 
 
 @dataclass(frozen=True)
@@ -109,34 +123,60 @@ def move(
     password: str | None = None,
     keys_per_migrate: int = 100,
     pause_s: float = 0.0,
+    replica_wait_ms: int = REPLICA_WAIT_MS,
 ) -> MoveReport:
     """Move each slot of ``moves`` from its source to its target, keys included.
 
     ``connect(port)`` gives a plain client of the node on that port. ``keys_per_migrate`` keys go in
     one MIGRATE (redis-cli's ``--cluster-pipeline``); ``pause_s`` waits after each MIGRATE of a slot
-    that had keys, so a test can hold a shard half moved while writes go on. Raises
-    redis.RedisError when a node refuses; the slots it left open stay open, and running ``move``
-    again with the same moves finishes them (SETSLOT and MIGRATE of what is left are idempotent).
+    that had keys, so a test can hold a shard half moved while writes go on. A target with replicas
+    takes keys only as a replica acknowledges them, each batch within ``replica_wait_ms``
+    (``_copy_keys``). Raises redis.RedisError when a node refuses, ClusterError when no replica
+    acknowledges in time; the slots it left open stay open with their keys still on the source,
+    and running ``move`` again with the same moves finishes them (SETSLOT and MIGRATE of what is
+    left are idempotent).
     """
     started = time.monotonic()
     report = MoveReport()
     clients: dict[int, redis.Redis] = {}
+    links: dict[int, AbstractConnection] = {}
 
     def node(port: int) -> redis.Redis:
         if port not in clients:
             clients[port] = connect(port)
         return clients[port]
 
+    def link(port: int) -> AbstractConnection:
+        """A connection of the node's own, kept out of its pool: its WATCH and WAIT stay with it."""
+        if port not in links:
+            links[port] = node(port).connection_pool.get_connection()
+        return links[port]
+
     try:
         everyone = masters(node(moves[0].source)) if moves else []
         ids = {m.port: m.id for m in everyone}
+        # Replicas that have failed count too: one may come back and be promoted.
+        known = nodes(node(moves[0].source)).values() if moves else []
+        replicated = {n["master_id"] for n in known if "slave" in n["flags"].split(",")}
         for i in range(0, len(moves), SLOTS_PER_ROUND):
             chunk = moves[i : i + SLOTS_PER_ROUND]
             # Importing first: a client the source sends to the target with ASK must find it ready.
             _each(node, chunk, lambda m: (m.target, ("IMPORTING", ids[m.source])))
             _each(node, chunk, lambda m: (m.source, ("MIGRATING", ids[m.target])))
             for m in chunk:
-                report.keys += _migrate_keys(node(m.source), host, m, password, keys_per_migrate, pause_s)
+                if ids[m.target] in replicated:
+                    report.keys += _copy_keys(
+                        node(m.source),
+                        link(m.target),
+                        host,
+                        m,
+                        password,
+                        keys_per_migrate,
+                        pause_s,
+                        replica_wait_ms,
+                    )
+                else:
+                    report.keys += _migrate_keys(node(m.source), host, m, password, keys_per_migrate, pause_s)
             # The target first (it then owns the slot and bumps its epoch), then the source (it stops
             # answering ASK), then the others, so they redirect to the target at once.
             _each(node, chunk, lambda m: (m.target, ("NODE", ids[m.target])))
@@ -151,6 +191,8 @@ def move(
                     _each(node, rest, _to(other.port, lambda m: ("NODE", ids[m.target])))
             report.slots += len(chunk)
     finally:
+        for conn in links.values():
+            conn.disconnect()  # type: ignore[no-untyped-call]
         for c in clients.values():
             c.close()
     report.seconds = time.monotonic() - started
@@ -190,7 +232,8 @@ def _each(
 def _migrate_keys(
     source: redis.Redis, host: str, m: Move, password: str | None, per_call: int, pause_s: float
 ) -> int:
-    """MIGRATE the slot's keys from source to the target until none is left; how many moved."""
+    """MIGRATE the slot's keys from source to a target without replicas until none is left; how
+    many moved."""
     auth: tuple[str, ...] = ("AUTH", password) if password else ()
     moved = 0
     while True:
@@ -201,6 +244,120 @@ def _migrate_keys(
         moved += len(names)
         if pause_s:
             time.sleep(pause_s)
+
+
+def _copy_keys(
+    source: redis.Redis,
+    link: AbstractConnection,
+    host: str,
+    m: Move,
+    password: str | None,
+    per_call: int,
+    pause_s: float,
+    wait_ms: int,
+) -> int:
+    """Move the slot's keys to a target with replicas (``link``: a connection of it of its own)
+    until none is left on the source, deleting each batch there only once a replica of the target
+    holds it (``_hand_over``); how many moved."""
+    auth: tuple[str, ...] = ("AUTH", password) if password else ()
+    copy: tuple[str | int, ...] = ("MIGRATE", host, m.target, "", 0, MIGRATE_TIMEOUT_MS, "COPY", "REPLACE")
+    moved, spoilt = 0, 0
+    while names := _command(source, "CLUSTER GETKEYSINSLOT", m.slot, per_call):
+        if not _hand_over(source, link, m, names, (*copy, *auth, "KEYS", *names), wait_ms):
+            spoilt += 1
+            if spoilt == COPY_ATTEMPTS:
+                raise ClusterError(
+                    f"slot {m.slot}: its keys changed on {m.source} during each of {COPY_ATTEMPTS} "
+                    "copies; they stay there and the slot stays open"
+                )
+            continue
+        moved += len(names)
+        spoilt = 0
+        if pause_s:
+            time.sleep(pause_s)
+    return moved
+
+
+def _hand_over(
+    source: redis.Redis,
+    conn: AbstractConnection,
+    m: Move,
+    names: list[str],
+    copy: tuple[str | int, ...],
+    wait_ms: int,
+) -> bool:
+    """Copy ``names`` to the target, wait for a replica of it, then delete them on the source:
+    False (nothing deleted, the copies dropped) when one changed on the source meanwhile.
+
+    The copy (MIGRATE COPY REPLACE) is made under a WATCH on the source. On ``conn`` the copies
+    are watched too, and the slot's ack marker is set before ``WAIT 1``: WAIT counts that
+    connection's writes, and the copies came before the marker. Then the source UNLINKs the batch
+    in MULTI/EXEC, in one step as MIGRATE does. Until then it still serves the keys, so one written
+    or deleted there meanwhile fails the EXEC. A key deleted on the source is served by the target
+    (ASK) from then on: its stale copy is dropped only if no client has touched it there since the
+    copy (the target's WATCH), else ClusterError. So is a batch that no replica acknowledges within
+    ``wait_ms``: its copies dropped, the keys left on the source, the slot open.
+    """
+    # Not the slot's ack marker: a replica-acknowledged write sets it on the source before its WAIT,
+    # even when its script was refused, and the SET below sets it here. Its value means nothing.
+    marker = ack_key(m.slot)
+    watched = [n for n in names if n != marker]
+    with source.pipeline() as pipe:
+        try:
+            if watched:
+                pipe.watch(*watched)  # type: ignore[no-untyped-call]
+        except _CHANGED:
+            return False  # a key left since it was listed
+        pipe.immediate_execute_command(*copy)  # type: ignore[no-untyped-call]
+        *_, acks = _round(
+            conn,
+            ("UNWATCH",),
+            *(c for n in watched for c in (("ASKING",), ("WATCH", n))),
+            ("ASKING",),
+            ("SET", marker, 1, "PX", MARKER_TTL_MS),
+            ("WAIT", 1, wait_ms),
+        )
+        if acks < 1:
+            _drop_copies(conn, m, names)
+            raise ClusterError(
+                f"slot {m.slot}: no replica of {m.target} acknowledged a copy of {len(names)} keys "
+                f"within {wait_ms} ms; the keys stay on {m.source} and the slot stays open: run the "
+                "move again once a replica is in sync"
+            )
+        pipe.multi()
+        pipe.execute_command("UNLINK", *names)  # type: ignore[no-untyped-call]
+        try:
+            pipe.execute()
+        except _CHANGED:
+            _drop_copies(conn, m, names)
+            return False
+    return True
+
+
+def _drop_copies(conn: AbstractConnection, m: Move, names: Sequence[str]) -> None:
+    """Delete the target's copies of ``names`` (watched on ``conn``), unless a client changed one."""
+    *_, done = _round(conn, ("ASKING",), ("MULTI",), *(("DEL", n) for n in names), ("EXEC",))
+    if done is None:
+        raise ClusterError(
+            f"slot {m.slot}: a key of {list(names)} was deleted on {m.source} while it was being "
+            f"copied, and then written on {m.target} (or its copy expired); the copies there are "
+            "left as they are: check them, then run the move again"
+        )
+
+
+def _round(conn: AbstractConnection, *commands: tuple[str | int, ...]) -> list[Any]:
+    """Send ``commands`` in one write on ``conn`` and read every reply; raise the first error."""
+    conn.send_packed_command(conn.pack_commands(commands))  # type: ignore[no-untyped-call]
+    replies: list[Any] = []
+    for _ in commands:
+        try:
+            replies.append(conn.read_response())
+        except redis.ResponseError as e:
+            replies.append(e)
+    for reply in replies:
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+    return replies
 
 
 def shards_by_master(

@@ -3,13 +3,19 @@
 First what redis-py and the cluster do while a slot is open (importing on its target, migrating on
 its source), checked rather than assumed; then writers and readers going through a router process
 while a master is added and slots are rebalanced onto it, and then a master is removed
-(bench/migrate.py, the short form of `make chaos`'s migration table).
+(bench/migrate.py, the short form of `make chaos`'s migration table); last, that a move onto a
+master with a replica deletes nothing on the source before that replica holds it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import AsyncIterator, Iterator
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +27,7 @@ from bench import chaos, migrate
 from bench.services import Router, free_port
 from router.errors import to_api_error
 from shardlb import BoardConfig, BoardStore, Score, Scripts, connect, keys, slots
-from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.cluster import ClusterError, LocalCluster, free_port_block
 from shardlb.connection import slot_of
 from shardlb.fanout import batch
 from tests.ports import search_start
@@ -263,3 +269,182 @@ async def test_a_read_from_replicas_of_a_key_that_has_moved_still_finds_it(
             finish(replicated_cluster, slot, source, target)
     finally:
         await client.aclose()
+
+
+# -- a move waits for a replica of its target ---------------------------------------------------
+#
+# MIGRATE deletes the keys on the source as soon as the target has them, and the target's replica
+# gets them later. A target that dies in between is replaced by a replica without them: a whole
+# shard lost, results confirmed by SHARDLB_ACK=replica included. Each test below stops the target's
+# replica (SIGSTOP: it stays connected and acknowledges nothing) for a moment, well under the node
+# timeout (5 s).
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@dataclass
+class Slot:
+    """A slot of its own filled on its master, and the master and replica it is to move to."""
+
+    number: int
+    source: int
+    target: int
+    target_replica: int  # pid
+    names: dict[str, str]  # kind -> key
+
+    def on(self, cluster: LocalCluster, port: int) -> dict[str, Any]:
+        """What the node on ``port`` holds under the slot's keys (asked with ASKING: a node importing
+        the slot answers for it), read-only so a replica answers too; None for a key it redirects."""
+        with node(cluster, port) as r:
+            pipe = r.pipeline(transaction=False)
+            pipe.execute_command("READONLY")
+            for kind, key in self.names.items():
+                pipe.execute_command("ASKING")
+                if kind == "board":
+                    pipe.zrange(key, 0, -1, withscores=True)
+                elif kind == "journal":
+                    pipe.xlen(key)
+                else:
+                    pipe.get(key)
+            replies = pipe.execute(raise_on_error=False)[1:]
+        values = [None if isinstance(v, redis.ResponseError) else v for v in replies[1::2]]
+        return dict(zip(self.names, values, strict=True))
+
+    def owner(self, cluster: LocalCluster) -> int:
+        """The master serving the slot, as the source sees it."""
+        with node(cluster, self.source) as r:
+            known = slots.nodes(r)
+        return next(
+            port
+            for port, info in known.items()
+            if any(int(span[0]) <= self.number <= int(span[-1]) for span in info["slots"])
+        )
+
+
+def filled_slot(cluster: LocalCluster, number: int, players: int = 2000) -> Slot:
+    tag = keys.slot_tokens()[number]
+    status = cluster.status()
+    source = next(n.port for n in status.nodes if any(a <= number <= b for a, b in n.slots))
+    target = next(n.port for n in status.nodes if n.role == "master" and n.port != source)
+    pid = next(n.pid for n in status.nodes if n.role == "replica" and n.master_port == target)
+    assert pid is not None
+    names = {"board": f"lb:{{{tag}}}:total", "journal": f"lb:{{{tag}}}:log", "count": f"lb:{{{tag}}}:logn"}
+    with node(cluster, source) as r:
+        r.zadd(names["board"], {f"p{i}": i for i in range(players)})
+        r.xadd(names["journal"], {"n": players})
+        r.set(names["count"], players)
+        assert r.execute_command("WAIT", 1, 2000) == 1  # the source's replica has them
+    return Slot(number, source, target, pid, names)
+
+
+def waiting(cluster: LocalCluster, port: int) -> bool:
+    """Whether a client of the node on ``port`` waits in WAIT (a move, for the replica)."""
+    with node(cluster, port) as r:
+        return any(c["cmd"] == "wait" for c in r.client_list())
+
+
+def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_a_slot_move_hands_keys_over_only_once_a_replica_of_the_target_holds_them(
+    replicated_cluster: LocalCluster,
+) -> None:
+    slot = filled_slot(replicated_cluster, 120)
+    before = slot.on(replicated_cluster, slot.source)
+    with ThreadPoolExecutor(1) as mover, stopped(slot.target_replica):
+        moving = mover.submit(finish, replicated_cluster, slot.number, slot.source, slot.target)
+        until(lambda: moving.done() or waiting(replicated_cluster, slot.target))
+        time.sleep(0.3)  # time enough for a move that did not wait to delete and hand over
+        # The replica cannot have them: the source keeps them, and the slot.
+        assert slot.on(replicated_cluster, slot.source) == before
+        assert slot.owner(replicated_cluster) == slot.source
+        assert not moving.done()
+    moving.result(timeout=10)  # once the replica runs again, the move ends
+    assert slot.owner(replicated_cluster) == slot.target
+    assert slot.on(replicated_cluster, slot.target) == before
+    replica = next(
+        n.port
+        for n in replicated_cluster.status().nodes
+        if n.role == "replica" and n.master_port == slot.target
+    )
+    assert slot.on(replicated_cluster, replica) == before
+    with node(replicated_cluster, slot.source) as r:
+        assert r.cluster("COUNTKEYSINSLOT", slot.number) == 0
+
+
+def test_a_slot_move_gives_up_when_no_replica_of_the_target_answers_and_can_be_run_again(
+    replicated_cluster: LocalCluster,
+) -> None:
+    slot = filled_slot(replicated_cluster, 121)
+    before = slot.on(replicated_cluster, slot.source)
+    with stopped(slot.target_replica), pytest.raises(ClusterError, match="replica"):
+        slots.move(
+            lambda p: node(replicated_cluster, p),
+            replicated_cluster.host,
+            [slots.Move(slot.number, slot.source, slot.target)],
+            replica_wait_ms=300,
+        )
+    # Nothing left the source, and the slot is still open, as a move stopped half-way leaves it.
+    assert slot.on(replicated_cluster, slot.source) == before
+    assert slot.owner(replicated_cluster) == slot.source
+    with node(replicated_cluster, slot.source) as r:
+        [(_, info)] = [(p, i) for p, i in slots.nodes(r).items() if p == slot.source]
+    assert {"slot": str(slot.number), "state": "migrating"}.items() <= info["migrations"][0].items()
+    finish(replicated_cluster, slot.number, slot.source, slot.target)  # the same move again ends it
+    assert slot.owner(replicated_cluster) == slot.target
+    assert slot.on(replicated_cluster, slot.target) == before
+
+
+def test_a_key_changed_or_deleted_on_the_source_while_its_copy_waits_for_the_replica_is_not_lost(
+    replicated_cluster: LocalCluster,
+) -> None:
+    slot = filled_slot(replicated_cluster, 122)
+    with ThreadPoolExecutor(1) as mover:
+        with stopped(slot.target_replica):
+            moving = mover.submit(finish, replicated_cluster, slot.number, slot.source, slot.target)
+            until(lambda: moving.done() or waiting(replicated_cluster, slot.target))
+            # The source still serves the keys it holds: a write there after the copy, and a delete.
+            with node(replicated_cluster, slot.source) as r:
+                r.zadd(slot.names["board"], {"late": 10**6})
+                r.delete(slot.names["count"])
+        moving.result(timeout=10)
+    held = slot.on(replicated_cluster, slot.target)
+    assert ("late", 10.0**6) in held["board"] and len(held["board"]) == 2001
+    assert held["count"] is None  # deleted on the source: its early copy is gone too
+    assert held["journal"] == 1
+
+
+def test_a_key_deleted_on_the_source_and_written_on_the_target_while_being_copied_stops_the_move(
+    replicated_cluster: LocalCluster,
+) -> None:
+    slot = filled_slot(replicated_cluster, 123)
+    before = slot.on(replicated_cluster, slot.source)
+    with ThreadPoolExecutor(1) as mover:
+        with stopped(slot.target_replica):
+            moving = mover.submit(finish, replicated_cluster, slot.number, slot.source, slot.target)
+            until(lambda: moving.done() or waiting(replicated_cluster, slot.target))
+            with node(replicated_cluster, slot.source) as r:
+                r.delete(slot.names["count"])
+            with node(replicated_cluster, slot.target) as r:  # a client the source sent there (ASK)
+                pipe = r.pipeline(transaction=False)
+                pipe.execute_command("ASKING")
+                pipe.incr(slot.names["count"])
+                pipe.execute()
+        # Its copy was stale when that write came: neither dropping it nor keeping it is right.
+        with pytest.raises(ClusterError, match="deleted on"):
+            moving.result(timeout=10)
+    assert slot.on(replicated_cluster, slot.target)["count"] == "2001"  # left for the operator
+    assert slot.on(replicated_cluster, slot.source) == {**before, "count": None}
+    finish(replicated_cluster, slot.number, slot.source, slot.target)
+    assert slot.on(replicated_cluster, slot.target) == {**before, "count": "2001"}
