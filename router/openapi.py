@@ -11,7 +11,7 @@ from typing import Any
 from router.dashboard import ASSETS
 from router.routes import MAX_AGE_MS, MAX_OFFSET, MAX_RADIUS
 from router.scores import MAX_ITEMS
-from shardlb import periods, times
+from shardlb import periods, settlement, times
 from shardlb.board import MAX_FUTURE_MS, STATUS
 from shardlb.codec import RESOLUTION_MS
 from shardlb.config import (
@@ -618,7 +618,8 @@ _ERROR_TEXT = {
     "(archive_not_configured); settlements: the id names another settlement (settlement_conflict), "
     "the period is open (period_open) or settled under another id (period_settled), Redis and "
     "PostgreSQL disagree (settlement_mismatch), the id is running (settlement_busy) or not "
-    "settled (not_settled); posts to a board whose season is being archived (board_closed).",
+    "settled (not_settled), a webhook (named or stored) without SHARDLB_WEBHOOK_SECRET "
+    "(webhook_not_configured); posts to a board whose season is being archived (board_closed).",
     413: "The body is larger than SHARDLB_MAX_BODY_BYTES (body_too_large).",
     415: "Content-Type is neither application/json nor application/msgpack (unsupported_media_type).",
     422: "A well-formed request with an invalid value; `field` names it (e.g. scores[3].points).",
@@ -709,6 +710,19 @@ _READ: list[dict[str, list[str]]] = [{}, {"bearer": []}]  # open unless SHARDLB_
 # ---- Additions: settlement and history (router/settlements.py, shardlb/settlement.py) ----------
 _SETTLEMENT_ID = {"name": "settlement", "in": "path", "required": True, "schema": _ID}
 _RANK = {"type": "integer", "minimum": 1, "maximum": 10**9}
+# The usual form of a webhook URL: a host name or IPv4 address, a port of 1-65535, a plain path.
+# shardlb/settlement.py (``webhook_url``) takes any http(s) URL with a host that httpx can send to,
+# every string of this pattern among them (IPv6 literals and other hosts too).
+_LABEL = r"[A-Za-z][A-Za-z0-9]*(-[A-Za-z0-9]+)*"
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+_WEBHOOK_URL = {
+    "type": "string",
+    "maxLength": settlement.MAX_URL,
+    "pattern": rf"^https?://({_LABEL}(\.{_LABEL})*|{_OCTET}(\.{_OCTET}){{3}})(:{_PORT})?"
+    r"([/?][A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$",
+    "description": "POST each award here; the first one stored is kept for the settlement",
+}
 _SETTLEMENT_SCHEMAS: dict[str, Any] = {
     "RewardTier": {
         "type": "object",
@@ -732,7 +746,7 @@ _SETTLEMENT_SCHEMAS: dict[str, Any] = {
             "rewards": {"type": "array", "items": _ref("RewardTier"), "minItems": 1, "maxItems": 100},
             "top_n": {"type": "integer", "minimum": 0, "maximum": 100_000, "default": 1000},
             "force": {"type": "boolean", "default": False, "description": "pay even if Redis differs"},
-            "webhook_url": {"type": "string", "pattern": "^https?://", "description": "POST each award here"},
+            "webhook_url": _WEBHOOK_URL,
         },
     },
     "Settlement": {

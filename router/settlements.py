@@ -2,13 +2,15 @@
 
 Settling and archiving (admin) run on connections of their own to the cluster and PostgreSQL, as a
 rebuild does; every other handler opens one connection to PostgreSQL (router/history.py). A
-settlement with a webhook gets its deliveries sent by a task of this worker after the answer; any
-left when the worker stops are sent when the same settlement is requested again.
+settlement with a webhook gets its deliveries sent by a task of this worker after the answer, for
+as long as its retries last (about 12 hours); any left when the worker stops, and any that failed
+for good, are sent when the same settlement is requested again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Coroutine
 from typing import Any
@@ -31,39 +33,58 @@ from shardlb.errors import InvalidInput
 log = logging.getLogger("shardlb.router")
 MAX_HISTORY = settlement_history.MAX_HISTORY
 MAX_PAGE = 1000  # awards per page
-_deliveries: set[asyncio.Task[None]] = set()
+_deliveries: dict[str, asyncio.Task[None]] = {}  # settlement id -> its delivering task
 
 
 def _request(svc: Service, body: dict[str, object]) -> settlement.Request:
     request = settlement.Request.of(params.integral(body))
-    url = request.webhook_url or svc.settings.settlement_webhook_url or None
-    if url and not svc.settings.webhook_secret:
+    default = svc.settings.settlement_webhook_url or None
+    secret = svc.settings.webhook_secret
+    if (request.webhook_url or default) and not secret:
         raise ApiError(
             409, "webhook_not_configured", "a webhook needs SHARDLB_WEBHOOK_SECRET set on this router"
         )
-    return settlement.Request(request.settlement_id, request.rewards, request.top_n, request.force, url)
+    # A webhook stored by an earlier run is refused without the secret too (shardlb/settlement.py).
+    return dataclasses.replace(request, webhook_default=default, can_sign=bool(secret))
 
 
 def _deliver_later(svc: Service, result: dict[str, Any]) -> None:
-    """Send the settlement's due webhook deliveries after the answer (at-least-once: what a stopped
-    worker leaves is sent on the next request for the same settlement)."""
+    """Send the settlement's webhook deliveries after the answer, those that failed for good
+    included (shardlb/settlement_delivery.py). One task per settlement in this worker: a request
+    for one already delivering here replaces its task; what a stopped worker leaves is sent on
+    the next request for the same settlement."""
     if not result.get("webhook_url"):
+        return
+    settlement_id = str(result["settlement_id"])
+    if not svc.settings.webhook_secret:  # a season archive's stored result, its board gone
+        fields = {"settlement": settlement_id}
+        log.warning("webhook deliveries left pending: no SHARDLB_WEBHOOK_SECRET", extra={"fields": fields})
         return
 
     async def deliver() -> None:
         try:
             counts = await settlement_delivery.deliver_all(
-                svc.settings.postgres_url, svc.settings.webhook_secret, str(result["settlement_id"])
+                svc.settings.postgres_url, svc.settings.webhook_secret, settlement_id
             )
-            log.info(
-                "webhook deliveries", extra={"fields": {"settlement": result["settlement_id"], **counts}}
+            log.info("webhook deliveries", extra={"fields": {"settlement": settlement_id, **counts}})
+        except Exception as e:  # the task's own end: nobody else would see it
+            log.warning(
+                "webhook deliveries stopped",
+                exc_info=not isinstance(e, psycopg.Error | OSError),
+                extra={"fields": {"settlement": settlement_id, "error": repr(e)}},
             )
-        except (psycopg.Error, OSError) as e:
-            log.warning("webhook deliveries stopped", extra={"fields": {"error": repr(e)}})
 
+    running = _deliveries.pop(settlement_id, None)
+    if running is not None:
+        running.cancel()  # its claimed rows go back to the schedule when their lease ends
     task = asyncio.create_task(deliver())
-    _deliveries.add(task)
-    task.add_done_callback(_deliveries.discard)
+    _deliveries[settlement_id] = task
+
+    def forget(done: asyncio.Task[None]) -> None:
+        if _deliveries.get(settlement_id) is done:
+            del _deliveries[settlement_id]
+
+    task.add_done_callback(forget)
 
 
 async def _run(svc: Service, work: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:

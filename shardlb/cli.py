@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import importlib
 import json
@@ -501,7 +502,7 @@ def add_settle_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def settle_period(args: argparse.Namespace) -> int:
-    """Settle, deliver the webhook when one is given, and print the result as JSON."""
+    """Settle, deliver the webhook when the settlement has one, and print the result as JSON."""
     import orjson
 
     from shardlb import settlement, settlement_delivery
@@ -522,14 +523,18 @@ def settle_period(args: argparse.Namespace) -> int:
     body = {"settlement_id": args.id, "rewards": rewards, "top_n": args.top_n, "force": args.force}
     if args.webhook:
         body["webhook_url"] = args.webhook
-    request = settlement.Request.of(body)
+    # A webhook stored by an earlier run is used when --webhook is left out, and refused (409
+    # webhook_not_configured, exit status 1) without the secret as well.
+    request = dataclasses.replace(settlement.Request.of(body), can_sign=bool(secret))
 
     async def run() -> dict[str, object]:
         result = await settlement.run(
             args.redis, args.postgres, args.board, args.period, request, _crash_hook(), args.wait
         )
-        if args.webhook:
-            result["delivery"] = await settlement_delivery.deliver_all(args.postgres, secret, args.id)
+        if result.get("webhook_url"):  # what is left pending after an hour is sent by the next run
+            result["delivery"] = await settlement_delivery.deliver_all(
+                args.postgres, secret, args.id, deadline_s=3600.0
+            )
         return result
 
     print(orjson.dumps(asyncio.run(run()), option=orjson.OPT_INDENT_2).decode())

@@ -5,8 +5,8 @@ them (or inside the last, whose transaction then rolls back) and run again with 
 the same state as one uninterrupted run (tests/test_settlement.py kills a real process at each):
 
 1. ``begin``: the settlement row is inserted, or the one stored under the id is compared with the
-   request (another board, period, reward table or top N: 409; already settled: its stored result
-   is returned and nothing else happens). One settlement per (board, incarnation, period).
+   request (another board, period, reward table, top N or webhook URL: 409; already settled: its
+   stored result is returned and nothing else happens). One settlement per (board, incarnation, period).
 2. ``freeze``: the period is frozen on every shard (``freeze``: no write changes it from then on;
    reads go on). The total's freeze closes the board: it takes no more results at all.
 3. ``drain``: the journals are read for their position after the freeze; every result the period
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+import httpx
 import orjson
 import psycopg
 
@@ -52,6 +53,7 @@ from shardlb.settlement_rewards import Tier
 DEFAULT_TOP_N = 1000
 MAX_TOP_N = 100_000
 DRAIN_WAIT_S = 30.0
+MAX_URL = 2048  # characters of a webhook_url
 SHARDS_IN_FLIGHT = 8  # shards read at once by the check (each a ZSCAN on its own connection)
 STEPS = ("begin", "freeze", "drain", "compute", "check", "snapshot", "awards", "commit")
 
@@ -134,13 +136,22 @@ async def ensure_schema(db: psycopg.AsyncConnection[Any]) -> None:
 
 @dataclass(frozen=True)
 class Request:
-    """What a caller asks: ``rewards`` is the parsed table (shardlb/settlement_rewards.py)."""
+    """What a caller asks: ``rewards`` is the parsed table (shardlb/settlement_rewards.py).
+
+    ``webhook_url`` is part of the settlement once stored: the first one stored is kept, a later run
+    naming none delivers to it and one naming another is 409 ``settlement_conflict``.
+    ``webhook_default`` (the router's SHARDLB_SETTLEMENT_WEBHOOK_URL) is stored only when the request
+    names none and the settlement has none yet. ``can_sign`` says whether the caller holds
+    SHARDLB_WEBHOOK_SECRET: without it a settlement with a webhook is 409 ``webhook_not_configured``
+    before anything is done, as nothing is ever signed with an empty key."""
 
     settlement_id: str
     rewards: tuple[Tier, ...]
     top_n: int = DEFAULT_TOP_N
     force: bool = False
     webhook_url: str | None = None
+    webhook_default: str | None = None
+    can_sign: bool = True
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> Request:
@@ -157,9 +168,25 @@ class Request:
         if not isinstance(force, bool):
             raise InvalidInput("force must be true or false", "force")
         url = body.get("webhook_url")
-        if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
-            raise InvalidInput("webhook_url must be an http:// or https:// URL", "webhook_url")
+        if url is not None:
+            url = webhook_url(url)
         return cls(settlement_id, settlement_rewards.parse(body.get("rewards")), top_n, force, url)
+
+
+def webhook_url(value: object) -> str:
+    """``value`` if it is an http:// or https:// URL with a host (and a port, if any, from 1 to
+    65535) that httpx can send to; InvalidInput naming ``webhook_url`` otherwise."""
+    message = f"webhook_url must be an http:// or https:// URL with a host, at most {MAX_URL} characters"
+    if not isinstance(value, str) or len(value) > MAX_URL:
+        raise InvalidInput(message, "webhook_url")
+    try:
+        url = httpx.URL(value)
+        port = url.port
+    except (httpx.InvalidURL, ValueError) as e:  # IDNA errors are ValueErrors
+        raise InvalidInput(f"{message} ({e})", "webhook_url") from e
+    if url.scheme not in ("http", "https") or not url.host or not (port is None or 0 < port < 65536):
+        raise InvalidInput(message, "webhook_url")
+    return value
 
 
 class Standing(NamedTuple):
@@ -286,9 +313,13 @@ class Settler:
         return await self._store(board, name, request, order, checks)
 
     async def _begin(self, board: Board, name: str, request: Request) -> dict[str, Any] | None:
-        """Step 1: the row, inserted or compared; the stored result when it is settled already."""
+        """Step 1: the row, inserted or compared; the stored result when it is settled already.
+        The webhook rule is Request's: the first URL stored is kept."""
         rewards = settlement_rewards.to_json(request.rewards)
         values = (board.config.id, board.incarnation, name, rewards, request.top_n)
+        named = request.webhook_url
+        if (named or request.webhook_default) and not request.can_sign:
+            raise _unsigned(request.settlement_id)
         await self.db.execute(
             "INSERT INTO settlements (settlement_id, board, incarnation, period, rewards, top_n, tie_awards, "
             "webhook_url, state) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'started') ON CONFLICT DO NOTHING",
@@ -300,11 +331,11 @@ class Settler:
                 orjson.dumps(rewards).decode(),
                 request.top_n,
                 board.config.tie_awards,
-                request.webhook_url,
+                named or request.webhook_default,
             ),
         )
         cur = await self.db.execute(
-            "SELECT board, incarnation, period, rewards, top_n, state, result FROM settlements "
+            "SELECT board, incarnation, period, rewards, top_n, state, result, webhook_url FROM settlements "
             "WHERE settlement_id = %s",
             (request.settlement_id,),
         )
@@ -327,9 +358,27 @@ class Settler:
                 "or top_n: a settlement id is used for one settlement only",
                 "settlement_id",
             )
-        state, result = row[5], row[6]
+        state, result, stored = row[5], row[6], row[7]
+        if named and stored and named != stored:
+            raise SettlementConflict(
+                f"settlement {request.settlement_id!r} delivers to another webhook_url: its first one is "
+                "kept (send the same one, or none)",
+                "webhook_url",
+            )
+        if named and not stored and state == "settled":
+            raise SettlementConflict(
+                f"settlement {request.settlement_id!r} was settled without a webhook: send none",
+                "webhook_url",
+            )
+        if stored and not request.can_sign:
+            raise _unsigned(request.settlement_id)
         if state == "settled":
             return dict(result)
+        if not stored and (named or request.webhook_default):  # stopped before; nothing is paid yet
+            await self.db.execute(
+                "UPDATE settlements SET webhook_url = %s WHERE settlement_id = %s AND webhook_url IS NULL",
+                (named or request.webhook_default, request.settlement_id),
+            )
         return None
 
     async def drained(self, board: Board, name: str) -> None:
@@ -432,15 +481,17 @@ class Settler:
             "awards": {"total": len(awards), "by_reward": dict(sorted(by_reward.items()))},
             "forced": any(c.drift for c in checks),
             "check": check_report(checks),
-            "webhook_url": request.webhook_url,
         }
         async with self.db.transaction(), self.db.cursor() as cur:
-            await cur.execute("SELECT state FROM settlements WHERE settlement_id = %s FOR UPDATE", (sid,))
+            await cur.execute(
+                "SELECT state, webhook_url FROM settlements WHERE settlement_id = %s FOR UPDATE", (sid,)
+            )
             row = await cur.fetchone()
             if row is None or row[0] == "settled":  # settled meanwhile (the lock makes this rare)
                 raise SettlementConflict(
                     f"settlement {sid!r} changed while it ran; run it again", "settlement_id"
                 )
+            url = result["webhook_url"] = row[1]  # the one stored (``_begin``), not this run's
             async with cur.copy(
                 "COPY settlement_snapshots (settlement_id, rank, player_id, points, achieved_ms, score) "
                 "FROM STDIN"
@@ -458,21 +509,16 @@ class Settler:
                         (sid, a.rank, order[a.rank - 1].player_id, points[a.rank - 1], a.reward)
                     )
             self.step("awards")
-            if request.webhook_url:
+            if url:
                 await cur.execute(
                     "INSERT INTO settlement_deliveries (award_id, url) "
                     "SELECT award_id, %s FROM settlement_awards WHERE settlement_id = %s",
-                    (request.webhook_url, sid),
+                    (url, sid),
                 )
             await cur.execute(
-                "UPDATE settlements SET state = 'settled', settled_at = now(), report = %s, result = %s, "
-                "webhook_url = %s WHERE settlement_id = %s",
-                (
-                    orjson.dumps(result["check"]).decode(),
-                    orjson.dumps(result).decode(),
-                    request.webhook_url,
-                    sid,
-                ),
+                "UPDATE settlements SET state = 'settled', settled_at = now(), report = %s, result = %s "
+                "WHERE settlement_id = %s",
+                (orjson.dumps(result["check"]).decode(), orjson.dumps(result).decode(), sid),
             )
         self.step("commit")
         return result
@@ -498,6 +544,15 @@ def check_report(checks: Sequence[ShardCheck]) -> dict[str, Any]:
             if c.drift
         ],
     }
+
+
+def _unsigned(settlement_id: str) -> SettlementConflict:
+    return SettlementConflict(
+        f"settlement {settlement_id!r} has a webhook, whose bodies are signed: set "
+        "SHARDLB_WEBHOOK_SECRET where it runs (nothing was done)",
+        None,
+        "webhook_not_configured",
+    )
 
 
 def _lock_key(settlement_id: str) -> int:

@@ -5,13 +5,22 @@ out, so a page read again after an ack offers only what is still unpaid) and ack
 award ids it paid; an ack is idempotent and all or nothing.
 
 The webhook is at-least-once: the settlement's transaction writes one ``settlement_deliveries`` row
-per award; ``deliver`` POSTs each due row, marks it delivered on a 2xx, and otherwise sets its next
-attempt after an exponential backoff (``BASE_S`` doubling up to ``MAX_BACKOFF_S``, ``MAX_ATTEMPTS``
-in all). A delivery answered 2xx whose mark is lost (a crash right then) is sent again: receivers
-deduplicate on the ``Idempotency-Key`` header, the award id. The body is signed with HMAC-SHA256
-over its exact bytes under SHARDLB_WEBHOOK_SECRET (header ``X-Shardlb-Signature: sha256=<hex>``).
-Deliveries left due when a process stops are sent by the next ``deliver`` of that settlement (the
-same settle request or `shardlb settle` run again, which returns the stored result and delivers).
+per award; ``deliver`` claims due rows, POSTs each, marks it delivered on a 2xx, and otherwise (any
+other answer, or any error of the send) sets its next attempt after ``backoff``: 1, 2, 4 ... 256 s,
+then every 300 s, ``MAX_ATTEMPTS`` (154) in all, about 12 hours; a row past its last attempt has
+failed for good. A delivery answered 2xx whose mark is lost (a crash right then) is sent again:
+receivers deduplicate on the ``Idempotency-Key`` header, the award id. The body is signed with
+HMAC-SHA256 over its exact bytes under SHARDLB_WEBHOOK_SECRET (header ``X-Shardlb-Signature:
+sha256=<hex>``); nothing is sent without a secret.
+
+Claims: a round claims its rows in one short transaction (``FOR UPDATE SKIP LOCKED``) that pushes
+their ``next_at`` ``LEASE_S`` ahead, so another deliverer of the same settlement (a second settle
+request, another router) passes them by; the round's outcome is recorded only while ``next_at`` is
+still its lease, so a deliverer whose lease ran out never counts a failure twice. A deliverer killed
+mid-round leaves its rows to the next one once the lease ends.
+
+``deliver_until_done`` (each settle request or `shardlb settle` run, first or again) starts by
+giving the deliveries that failed for good a new schedule, then delivers until none is left to try.
 """
 
 from __future__ import annotations
@@ -19,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -31,11 +40,17 @@ from shardlb import periods
 from shardlb.config import check_id
 from shardlb.errors import InvalidInput, SettlementConflict, SettlementNotFound
 
-MAX_ATTEMPTS = 8
+log = logging.getLogger("shardlb.settlement")
+
 BASE_S = 1.0
 MAX_BACKOFF_S = 300.0
-TIMEOUT_S = 10.0
+# Waits of 1, 2, 4 ... 256 s between the first 10 attempts (511 s), then 144 waits of 300 s: the
+# last attempt comes 43,711 s (12 h 8 min) after the first, so a receiver down for hours loses nothing.
+MAX_ATTEMPTS = 154
+TIMEOUT_S = 10.0  # one POST in all (connect, send, answer)
 IN_FLIGHT = 8  # webhook POSTs at once
+CLAIM = 64  # rows a round claims: at most CLAIM / IN_FLIGHT * TIMEOUT_S = 80 s of posting
+LEASE_S = 300.0  # how long a claim keeps other deliverers off its rows (longer than a round)
 SIGNATURE = "X-Shardlb-Signature"
 MAX_ACK = 1000
 
@@ -148,9 +163,39 @@ async def ack(db: psycopg.AsyncConnection[Any], settlement_id: str, award_ids: o
     return {"settlement_id": settlement_id, "acknowledged": new, "already": len(set(ids)) - new}
 
 
-def backoff(attempts: int, base_s: float = BASE_S) -> float:
-    """Seconds before attempt ``attempts + 1`` (after ``attempts`` failures)."""
-    return float(min(MAX_BACKOFF_S, base_s * 2 ** max(0, attempts - 1)))
+def backoff(failures: int, base_s: float = BASE_S, cap_s: float = MAX_BACKOFF_S) -> float:
+    """Seconds before the next attempt of a delivery that has failed ``failures`` times (1 or more):
+    ``base_s`` doubling, at most ``cap_s``. Tests scale both down to run the schedule in a second."""
+    return float(min(cap_s, base_s * 2 ** max(0, failures - 1)))
+
+
+def _require_secret(secret: str) -> None:
+    if not secret:
+        raise SettlementConflict(
+            "webhook deliveries are signed: set SHARDLB_WEBHOOK_SECRET to send them",
+            None,
+            "webhook_not_configured",
+        )
+
+
+async def _claim(
+    db: psycopg.AsyncConnection[Any], settlement_id: str, lease_s: float
+) -> list[tuple[Any, ...]]:
+    """Up to CLAIM due rows, by rank, leased: their ``next_at`` (returned: the claim's token) pushed
+    ``lease_s`` ahead in the claiming transaction, and rows another deliverer holds skipped."""
+    async with db.transaction():
+        cur = await db.execute(
+            "WITH due AS (SELECT d.award_id FROM settlement_deliveries d JOIN settlement_awards a "
+            "USING (award_id) WHERE a.settlement_id = %s AND d.delivered_at IS NULL AND d.attempts < %s "
+            "AND d.next_at <= now() ORDER BY a.rank LIMIT %s FOR UPDATE OF d SKIP LOCKED) "
+            "UPDATE settlement_deliveries d SET next_at = now() + make_interval(secs => %s) "
+            "FROM due, settlement_awards a, settlements s WHERE d.award_id = due.award_id "
+            "AND a.award_id = d.award_id AND s.settlement_id = a.settlement_id "
+            "RETURNING d.award_id, d.url, d.attempts, d.next_at, a.rank, a.player_id, a.points, a.reward, "
+            "s.board, s.period",
+            (settlement_id, MAX_ATTEMPTS, CLAIM, lease_s),
+        )
+        return sorted((tuple(row) for row in await cur.fetchall()), key=lambda row: row[4])
 
 
 async def deliver(
@@ -159,22 +204,17 @@ async def deliver(
     secret: str,
     settlement_id: str,
     base_s: float = BASE_S,
+    cap_s: float = MAX_BACKOFF_S,
+    lease_s: float = LEASE_S,
 ) -> tuple[int, float | None]:
-    """POST every due delivery of a settlement once; return (delivered now, seconds until the next
-    one is due, or None when none is left to try)."""
-    cur = await db.execute(
-        "SELECT d.award_id, d.url, d.attempts, a.rank, a.player_id, a.points, a.reward, s.board, s.period "
-        "FROM settlement_deliveries d JOIN settlement_awards a USING (award_id) "
-        "JOIN settlements s USING (settlement_id) "
-        "WHERE a.settlement_id = %s AND d.delivered_at IS NULL AND d.attempts < %s AND d.next_at <= now() "
-        "ORDER BY a.rank LIMIT 500",
-        (settlement_id, MAX_ATTEMPTS),
-    )
-    due = await cur.fetchall()
+    """Claim up to CLAIM due deliveries of a settlement and POST each once; return (delivered now,
+    seconds until the next one is due, or None when none is left to try)."""
+    _require_secret(secret)
     gate = asyncio.Semaphore(IN_FLIGHT)
 
-    async def send(row: Sequence[Any]) -> tuple[int, int, str | None]:
-        award_id, url, attempts, rank, player, points, reward, board, period = row
+    async def send(row: tuple[Any, ...]) -> str | None:
+        """None when the receiver took it, else why not."""
+        award_id, url, _, _, rank, player, points, reward, board, period = row
         body = orjson.dumps(
             {
                 "award_id": str(award_id),
@@ -194,28 +234,39 @@ async def deliver(
         }
         async with gate:
             try:
-                answer = await http.post(url, content=body, headers=headers, timeout=TIMEOUT_S)
-            except httpx.HTTPError as e:
-                return award_id, attempts, f"{type(e).__name__}: {e}"[:500]
-        if 200 <= answer.status_code < 300:
-            return award_id, attempts, None
-        return award_id, attempts, f"HTTP {answer.status_code}"
+                async with asyncio.timeout(TIMEOUT_S):
+                    answer = await http.post(url, content=body, headers=headers, timeout=TIMEOUT_S)
+            except (httpx.HTTPError, TimeoutError) as e:  # the receiver is down, slow or unreachable
+                return f"{type(e).__name__}: {e}"[:500]
+            except Exception as e:  # a URL stored before it was checked, or a bug: one failed attempt
+                error = f"{type(e).__name__}: {e}"[:500]
+                fields = {"settlement": settlement_id, "award_id": str(award_id), "error": error}
+                log.warning("webhook delivery raised: a failed attempt", extra={"fields": fields})
+                return error
+        return None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
 
-    sent = await asyncio.gather(*(send(row) for row in due))
+    claimed = await _claim(db, settlement_id, lease_s)
+    sent = await asyncio.gather(*(send(row) for row in claimed))
+    delivered = [row[0] for row, error in zip(claimed, sent, strict=True) if error is None]
+    failed = [(row, error) for row, error in zip(claimed, sent, strict=True) if error is not None]
     async with db.transaction():
-        for award_id, attempts, error in sent:
-            if error is None:
-                await db.execute(
-                    "UPDATE settlement_deliveries SET delivered_at = now(), attempts = attempts + 1 "
-                    "WHERE award_id = %s",
-                    (award_id,),
-                )
-            else:
-                await db.execute(
-                    "UPDATE settlement_deliveries SET attempts = attempts + 1, last_error = %s, "
-                    "next_at = now() + make_interval(secs => %s) WHERE award_id = %s",
-                    (error, backoff(attempts + 1, base_s), award_id),
-                )
+        await db.execute(  # delivered is a fact, whoever holds the row now
+            "UPDATE settlement_deliveries SET delivered_at = now(), attempts = attempts + 1 "
+            "WHERE award_id = ANY(%s) AND delivered_at IS NULL",
+            (delivered,),
+        )
+        await db.execute(  # a failure counts only under this round's lease (not taken over since)
+            "UPDATE settlement_deliveries d SET attempts = d.attempts + 1, last_error = f.error, "
+            "next_at = now() + make_interval(secs => f.wait) FROM unnest(%s::bigint[], %s::text[], "
+            "%s::float8[], %s::timestamptz[]) AS f(award_id, error, wait, lease) "
+            "WHERE d.award_id = f.award_id AND d.next_at = f.lease AND d.delivered_at IS NULL",
+            (
+                [row[0] for row, _ in failed],
+                [error for _, error in failed],
+                [backoff(row[2] + 1, base_s, cap_s) for row, _ in failed],
+                [row[3] for row, _ in failed],
+            ),
+        )
     cur = await db.execute(
         "SELECT extract(epoch FROM min(d.next_at) - now()) FROM settlement_deliveries d "
         "JOIN settlement_awards a USING (award_id) "
@@ -223,29 +274,46 @@ async def deliver(
         (settlement_id, MAX_ATTEMPTS),
     )
     wait = (await cur.fetchone() or (None,))[0]
-    return sum(error is None for _, _, error in sent), None if wait is None else max(0.0, float(wait))
+    return len(delivered), None if wait is None else max(0.0, float(wait))
+
+
+async def retry_failed(db: psycopg.AsyncConnection[Any], settlement_id: str) -> int:
+    """Give the settlement's deliveries that failed for good (every attempt used) a new schedule,
+    due now; return how many."""
+    cur = await db.execute(
+        "UPDATE settlement_deliveries d SET attempts = 0, next_at = now() FROM settlement_awards a "
+        "WHERE a.award_id = d.award_id AND a.settlement_id = %s AND d.delivered_at IS NULL "
+        "AND d.attempts >= %s",
+        (settlement_id, MAX_ATTEMPTS),
+    )
+    return cur.rowcount
 
 
 async def deliver_until_done(
     db: psycopg.AsyncConnection[Any],
     secret: str,
     settlement_id: str,
-    deadline_s: float = 3600.0,
+    deadline_s: float | None = None,
     base_s: float = BASE_S,
+    cap_s: float = MAX_BACKOFF_S,
 ) -> dict[str, int]:
-    """``deliver`` again and again, sleeping until the next one is due, until none is left to try
-    or ``deadline_s`` passes; return the delivery counts."""
-    end = time.monotonic() + deadline_s
+    """Give what failed for good a new schedule (``retry_failed``), then ``deliver`` again and
+    again, sleeping until the next one is due, until none is left to try or ``deadline_s`` passes
+    (None: no deadline); return the delivery counts."""
+    _require_secret(secret)
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    await retry_failed(db, settlement_id)
     async with httpx.AsyncClient() as http:
         while True:
-            _, wait = await deliver(db, http, secret, settlement_id, base_s)
-            if wait is None or time.monotonic() + wait > end:
+            _, wait = await deliver(db, http, secret, settlement_id, base_s, cap_s)
+            if wait is None or (end is not None and time.monotonic() + wait > end):
                 break
             await asyncio.sleep(max(wait, 0.01))
     return await delivery_counts(db, settlement_id)
 
 
 async def delivery_counts(db: psycopg.AsyncConnection[Any], settlement_id: str) -> dict[str, int]:
+    """Deliveries delivered, pending (attempts left) and failed for good (none left)."""
     cur = await db.execute(
         "SELECT count(*) FILTER (WHERE delivered_at IS NOT NULL), "
         "count(*) FILTER (WHERE delivered_at IS NULL AND attempts < %s), "
@@ -258,8 +326,8 @@ async def delivery_counts(db: psycopg.AsyncConnection[Any], settlement_id: str) 
 
 
 async def deliver_all(
-    postgres_url: str, secret: str, settlement_id: str, deadline_s: float = 3600.0
+    postgres_url: str, secret: str, settlement_id: str, deadline_s: float | None = None
 ) -> dict[str, int]:
-    """``deliver_until_done`` on a connection of its own (`shardlb settle --webhook`)."""
+    """``deliver_until_done`` on a connection of its own (the router's task, `shardlb settle`)."""
     async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as db:
         return await deliver_until_done(db, secret, settlement_id, deadline_s)

@@ -1,0 +1,432 @@
+"""Settlement webhooks (shardlb/settlement_delivery.py) against the suite's cluster, a real PostgreSQL
+and a local HTTP receiver: retries spread over hours, a settlement run again sends what failed for
+good, two deliverers never post one delivery at once, the first webhook_url is part of the
+settlement's identity, nothing is signed with an empty secret, and a malformed URL is refused (or,
+stored before that check, is a failed attempt rather than a crash)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router import openapi
+from shardlb import settlement_delivery
+from shardlb.board import Board
+from shardlb.cli import main
+from shardlb.errors import InvalidInput, SettlementConflict
+from shardlb.rebuild import Rebuilder
+from shardlb.settlement import Request, Settler
+from shardlb.settlement_delivery import MAX_ATTEMPTS, backoff, deliver, deliver_until_done, delivery_counts
+from shardlb.store import BoardStore
+from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running
+from tests.test_settlement import TABLE, day_ago, drain, new_board, written
+
+SECRET = "s3cret"
+FAST = {"base_s": 0.001, "cap_s": 0.002}  # the schedule scaled down: every attempt in a second or so
+
+
+class Hook:
+    """A webhook receiver on 127.0.0.1: answers 200 while ``up`` (else 503), each POST after
+    ``delay_s``; counts POSTs per idempotency key, the most of one key in flight at once, and bodies
+    whose signature is wrong."""
+
+    def __init__(self, up: bool = True, delay_s: float = 0.0) -> None:
+        self.up = up
+        self.delay_s = delay_s
+        self.posts: Counter[str] = Counter()
+        self.in_flight: Counter[str] = Counter()
+        self.most_at_once = 0
+        self.bad_signatures = 0
+        lock = threading.Lock()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                want = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+                key = self.headers["idempotency-key"]
+                with lock:
+                    owner.bad_signatures += not hmac.compare_digest(want, self.headers["x-shardlb-signature"])
+                    owner.posts[key] += 1
+                    owner.in_flight[key] += 1
+                    owner.most_at_once = max(owner.most_at_once, owner.in_flight[key])
+                time.sleep(owner.delay_s)
+                with lock:
+                    owner.in_flight[key] -= 1
+                self.send_response(200 if owner.up else 503)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/awards"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Hook:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Stop(Exception):
+    """Raised by a step hook: a settlement that stopped before it stored anything."""
+
+
+def stop_at(step: str) -> Callable[[str], None]:
+    def hook(name: str) -> None:
+        if name == step:
+            raise Stop(name)
+
+    return hook
+
+
+@pytest.fixture
+async def db(postgres_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    conn = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+    yield conn
+    await conn.close()
+
+
+async def ready(store: BoardStore, raw: Any, postgres_url: str, name: str, *days: int) -> Board:
+    """A board with results in the UTC days ``days`` ago, all archived into PostgreSQL."""
+    board = await new_board(store, name)
+    for days_ago in days:
+        await written(board, day_ago(days_ago), f"{name}/{days_ago}")
+    await drain(raw, store, postgres_url)
+    return board
+
+
+async def award_ids(db: psycopg.AsyncConnection[Any], settlement_id: str) -> set[str]:
+    cur = await db.execute(
+        "SELECT award_id FROM settlement_awards WHERE settlement_id = %s", (settlement_id,)
+    )
+    return {str(row[0]) for row in await cur.fetchall()}
+
+
+async def attempts(db: psycopg.AsyncConnection[Any], settlement_id: str) -> Counter[int]:
+    """How many of the settlement's deliveries have had each number of attempts."""
+    cur = await db.execute(
+        "SELECT attempts FROM settlement_deliveries JOIN settlement_awards USING (award_id) "
+        "WHERE settlement_id = %s",
+        (settlement_id,),
+    )
+    return Counter(row[0] for row in await cur.fetchall())
+
+
+def test_the_retry_schedule_doubles_to_300_s_and_spans_twelve_hours() -> None:
+    """router/README.md promises a wait doubling to 300 s: 8 tries waited 1 + 2 + ... + 64 = 127 s,
+    so a receiver down for two minutes lost every award."""
+    waits = [backoff(failures) for failures in range(1, MAX_ATTEMPTS)]
+    assert waits[:10] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
+    assert set(waits[9:]) == {300}
+    assert 12 * 3600 <= sum(waits) <= 13 * 3600
+    assert backoff(3, base_s=0.5, cap_s=1.5) == 1.5
+
+
+@pytest.mark.cluster
+async def test_a_receiver_down_fails_each_delivery_after_every_attempt(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], postgres_url: str
+) -> None:
+    board = await ready(store, raw, postgres_url, "hook-down", 2)
+    try:
+        with Hook(up=False) as hook:
+            two = [{"ranks": [1, 2], "reward": "gold"}]  # two awards, each posted MAX_ATTEMPTS times
+            body = {"settlement_id": "down-1", "rewards": two, "webhook_url": hook.url}
+            result = await Settler(rebuilder).settle(board, day_ago(2), Request.of(body))
+            counts = await deliver_until_done(db, SECRET, "down-1", deadline_s=60, **FAST)
+        total = result["awards"]["total"]
+        assert counts == {"delivered": 0, "pending": 0, "failed": total}
+        assert set(hook.posts) == await award_ids(db, "down-1")
+        assert set(hook.posts.values()) == {MAX_ATTEMPTS}
+        assert await attempts(db, "down-1") == {MAX_ATTEMPTS: total}
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.cluster
+async def test_deliveries_failed_for_good_are_sent_again_when_the_settlement_runs_again(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], postgres_url: str
+) -> None:
+    """The documented recovery: the same settlement requested again. It returned the stored result
+    and sent nothing, since a delivery past its last attempt was never selected again."""
+    board = await ready(store, raw, postgres_url, "hook-again", 2)
+    try:
+        with Hook() as hook:
+            body = {"settlement_id": "again-1", "rewards": TABLE, "webhook_url": hook.url}
+            first = await Settler(rebuilder).settle(board, day_ago(2), Request.of(body))
+            total = first["awards"]["total"]
+            await db.execute(  # every attempt used up while the receiver was down
+                "UPDATE settlement_deliveries SET attempts = %s, last_error = 'HTTP 503' WHERE award_id IN "
+                "(SELECT award_id FROM settlement_awards WHERE settlement_id = 'again-1')",
+                (MAX_ATTEMPTS,),
+            )
+            assert await delivery_counts(db, "again-1") == {"delivered": 0, "pending": 0, "failed": total}
+            assert await Settler(rebuilder).settle(board, day_ago(2), Request.of(body)) == first
+            counts = await deliver_until_done(db, SECRET, "again-1", deadline_s=30, base_s=0.01)
+        assert counts == {"delivered": total, "pending": 0, "failed": 0}
+        assert set(hook.posts) == await award_ids(db, "again-1") and set(hook.posts.values()) == {1}
+        assert hook.bad_signatures == 0
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.cluster
+async def test_two_deliverers_claim_each_delivery_once(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], postgres_url: str
+) -> None:
+    """Two settle requests (or two routers) deliver one settlement at once: each row is claimed by one
+    of them, so no delivery is posted twice at a time and no failure is counted twice. A deliverer
+    whose claim ran out while it posted records nothing over the one that claimed the row since."""
+    board = await ready(store, raw, postgres_url, "hook-two", 2)
+    try:
+        with Hook(up=False, delay_s=0.3) as hook:
+            body = {"settlement_id": "two-1", "rewards": TABLE, "webhook_url": hook.url}
+            result = await Settler(rebuilder).settle(board, day_ago(2), Request.of(body))
+            total = result["awards"]["total"]
+            async with (
+                await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as other,
+                httpx.AsyncClient() as http,
+            ):
+                await asyncio.gather(
+                    deliver(db, http, SECRET, "two-1"), deliver(other, http, SECRET, "two-1")
+                )
+                assert hook.most_at_once == 1 and set(hook.posts.values()) == {1}
+                assert await attempts(db, "two-1") == {1: total}
+
+                # A claim of 0.05 s runs out while the receiver takes a second: a second deliverer
+                # claims the rows meanwhile. Both post (at least once), one failure is counted.
+                await db.execute(
+                    "UPDATE settlement_deliveries SET next_at = now() WHERE award_id IN "
+                    "(SELECT award_id FROM settlement_awards WHERE settlement_id = 'two-1')"
+                )
+                hook.delay_s = 1.0
+                early = asyncio.create_task(deliver(db, http, SECRET, "two-1", lease_s=0.05))
+                while hook.posts.total() < 2 * total:  # its posts are under way
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.1)  # and its claim has run out
+                await deliver(other, http, SECRET, "two-1")
+                await early
+        assert set(hook.posts.values()) == {3}
+        assert await attempts(db, "two-1") == {2: total}
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.cluster
+async def test_the_first_webhook_url_is_part_of_the_settlement(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], postgres_url: str
+) -> None:
+    """A first run with a webhook that stopped, retried without webhook_url, settled with no
+    deliveries; sent again with the webhook it answered the stored result, no 409 and no delivery."""
+    board = await ready(store, raw, postgres_url, "hook-keep", 2, 3, 4)
+    try:
+        with Hook() as hook:
+            first = {"settlement_id": "keep-1", "rewards": TABLE, "webhook_url": hook.url}
+            bare = {"settlement_id": "keep-1", "rewards": TABLE}
+            moved = {**first, "webhook_url": hook.url + "/moved"}
+            with pytest.raises(Stop):
+                await Settler(rebuilder, stop_at("check")).settle(board, day_ago(2), Request.of(first))
+            with pytest.raises(SettlementConflict) as e:
+                await Settler(rebuilder).settle(board, day_ago(2), Request.of(moved))
+            assert e.value.code == "settlement_conflict"
+            done = await Settler(rebuilder).settle(board, day_ago(2), Request.of(bare))
+            total = done["awards"]["total"]
+            assert done["webhook_url"] == hook.url
+            assert await delivery_counts(db, "keep-1") == {"delivered": 0, "pending": total, "failed": 0}
+            assert await Settler(rebuilder).settle(board, day_ago(2), Request.of(first)) == done
+            with pytest.raises(SettlementConflict) as e:
+                await Settler(rebuilder).settle(board, day_ago(2), Request.of(moved))
+            assert e.value.code == "settlement_conflict"
+
+            # Settled without a webhook: one named later is refused; none named returns the result.
+            plain = {"settlement_id": "keep-2", "rewards": TABLE}
+            settled = await Settler(rebuilder).settle(board, day_ago(3), Request.of(plain))
+            assert settled["webhook_url"] is None
+            with pytest.raises(SettlementConflict) as e:
+                await Settler(rebuilder).settle(
+                    board, day_ago(3), Request.of({**plain, "webhook_url": hook.url})
+                )
+            assert e.value.code == "settlement_conflict"
+            assert await delivery_counts(db, "keep-2") == {"delivered": 0, "pending": 0, "failed": 0}
+
+            # Stopped without one (nothing paid yet): a run naming one is the first to store one.
+            late = {"settlement_id": "keep-3", "rewards": TABLE}
+            with pytest.raises(Stop):
+                await Settler(rebuilder, stop_at("check")).settle(board, day_ago(4), Request.of(late))
+            named = await Settler(rebuilder).settle(
+                board, day_ago(4), Request.of({**late, "webhook_url": hook.url})
+            )
+            assert named["webhook_url"] == hook.url
+            assert (await delivery_counts(db, "keep-3"))["pending"] == named["awards"]["total"]
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.cluster
+async def test_over_http_a_stored_webhook_needs_the_secret_and_a_rerun_delivers_to_it(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    db: psycopg.AsyncConnection[Any],
+    cluster_url: str,
+    postgres_url: str,
+) -> None:
+    """The router checked the secret only when the request named a URL, then delivered to the
+    stored one signing with "" (SHARDLB_WEBHOOK_SECRET's default)."""
+    name = board_name("hook-http")
+    board = await ready(store, raw, postgres_url, name, 2)
+    sid = f"http-{name}"
+    try:
+        with Hook() as hook:
+            body = {"settlement_id": sid, "rewards": TABLE, "webhook_url": hook.url}
+            with pytest.raises(Stop):
+                await Settler(rebuilder, stop_at("check")).settle(board, day_ago(2), Request.of(body))
+            url = f"/v1/boards/{name}/periods/{day_ago(2)}:settle"
+            async with running(cluster_url, postgres_url=postgres_url) as (_, client):  # no secret
+                refused = await client.post(
+                    url, json={"settlement_id": sid, "rewards": TABLE}, headers=AS_ADMIN
+                )
+                assert (refused.status_code, refused.json()["error"]["code"]) == (
+                    409,
+                    "webhook_not_configured",
+                )
+                state = (await client.get(f"/v1/settlements/{sid}", headers=AS_WRITER)).json()["state"]
+                assert state == "started"
+            signed = running(
+                cluster_url,
+                postgres_url=postgres_url,
+                webhook_secret=SECRET,
+                settlement_webhook_url="http://127.0.0.1:9/default",  # for new settlements only
+            )
+            async with signed as (_, client):
+                bad = await client.post(url, json={**body, "webhook_url": "http://[::1"}, headers=AS_ADMIN)
+                assert (bad.status_code, bad.json()["error"]["code"]) == (422, "invalid_input")
+                assert bad.json()["error"]["field"] == "webhook_url"
+                ok = await client.post(url, json={"settlement_id": sid, "rewards": TABLE}, headers=AS_ADMIN)
+                assert ok.status_code == 200, ok.text
+                assert ok.json()["webhook_url"] == hook.url  # the stored one, not the router's default
+                moved = await client.post(url, json={**body, "webhook_url": hook.url + "x"}, headers=AS_ADMIN)
+                assert (moved.status_code, moved.json()["error"]["code"]) == (409, "settlement_conflict")
+                total = ok.json()["awards"]["total"]
+                for _ in range(200):  # the router's task delivers after the answer
+                    if (await delivery_counts(db, sid))["delivered"] == total:
+                        break
+                    await asyncio.sleep(0.05)
+            assert await delivery_counts(db, sid) == {"delivered": total, "pending": 0, "failed": 0}
+            assert set(hook.posts) == await award_ids(db, sid) and hook.bad_signatures == 0
+    finally:
+        await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_the_command_delivers_to_the_stored_webhook_and_needs_the_secret(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    db: psycopg.AsyncConnection[Any],
+    cluster_url: str,
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    name = board_name("hook-cli")
+    board = await ready(store, raw, postgres_url, name, 2)
+    sid = f"cli-{name}"
+    try:
+        with Hook() as hook:
+            body = {"settlement_id": sid, "rewards": TABLE, "webhook_url": hook.url}
+            with pytest.raises(Stop):
+                await Settler(rebuilder, stop_at("check")).settle(board, day_ago(2), Request.of(body))
+            argv = ["settle", name, day_ago(2), "--id", sid, "--rewards", json.dumps(TABLE)]
+            argv += ["--redis", cluster_url, "--postgres", postgres_url]
+            monkeypatch.delenv("SHARDLB_WEBHOOK_SECRET", raising=False)
+            assert await asyncio.to_thread(main, argv) == 1
+            assert "SHARDLB_WEBHOOK_SECRET" in capsys.readouterr().err
+            assert (await settlement_delivery.get(db, sid))["state"] == "started"
+            monkeypatch.setenv("SHARDLB_WEBHOOK_SECRET", SECRET)
+            assert await asyncio.to_thread(main, argv) == 0
+            out = json.loads(capsys.readouterr().out)
+        assert out["webhook_url"] == hook.url
+        assert out["delivery"] == {"delivered": out["awards"]["total"], "pending": 0, "failed": 0}
+        assert set(hook.posts) == await award_ids(db, sid) and hook.bad_signatures == 0
+    finally:
+        await store.delete(name)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[::1", "http://", "https:///awards", "ftp://x.test/h", "http://x.test:99999/h", 7]
+)
+def test_a_malformed_webhook_url_is_invalid_input(url: object) -> None:
+    """``http://[::1`` passed the prefix check, then httpx.InvalidURL escaped every delivery."""
+    with pytest.raises(InvalidInput) as e:
+        Request.of({"settlement_id": "x", "rewards": TABLE, "webhook_url": url})
+    assert (e.value.code, e.value.field) == ("invalid_input", "webhook_url")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.from_regex(str(openapi._WEBHOOK_URL["pattern"]), fullmatch=True).filter(lambda url: len(url) <= 2048)
+)
+def test_every_url_the_openapi_pattern_allows_is_accepted(url: str) -> None:
+    """The spec's pattern is the usual form (schemathesis sends what it allows and expects no 422);
+    Request.of takes more (IPv6 literals, any host httpx can send to), never less."""
+    assert Request.of({"settlement_id": "x", "rewards": TABLE, "webhook_url": url}).webhook_url == url
+
+
+@pytest.mark.cluster
+async def test_a_send_that_raises_is_a_failed_attempt(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    db: psycopg.AsyncConnection[Any],
+    postgres_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A URL stored before Request.of checked it (or any error of a send) is one failed attempt of
+    that delivery, logged; the others are delivered. Nothing is ever signed with an empty secret."""
+    board = await ready(store, raw, postgres_url, "hook-raise", 2)
+    try:
+        with Hook() as hook:
+            body = {"settlement_id": "raise-1", "rewards": TABLE, "webhook_url": hook.url}
+            result = await Settler(rebuilder).settle(board, day_ago(2), Request.of(body))
+            cur = await db.execute(
+                "UPDATE settlement_deliveries SET url = 'http://[::1' WHERE award_id = (SELECT min(award_id) "
+                "FROM settlement_awards WHERE settlement_id = 'raise-1') RETURNING award_id"
+            )
+            broken = (await cur.fetchone() or (None,))[0]
+            async with httpx.AsyncClient() as http:
+                with pytest.raises(SettlementConflict) as e:
+                    await deliver(db, http, "", "raise-1")
+                assert e.value.code == "webhook_not_configured"
+                with caplog.at_level(logging.WARNING, logger="shardlb.settlement"):
+                    delivered, wait = await deliver(db, http, SECRET, "raise-1")
+        assert delivered == result["awards"]["total"] - 1 and wait is not None
+        cur = await db.execute(
+            "SELECT attempts, last_error FROM settlement_deliveries WHERE award_id = %s", (broken,)
+        )
+        tried, error = await cur.fetchone() or (0, "")
+        assert tried == 1 and "InvalidURL" in error
+        assert any("InvalidURL" in getattr(r, "fields", {}).get("error", "") for r in caplog.records)
+        assert str(broken) not in hook.posts
+    finally:
+        await store.delete(board.config.id)
