@@ -23,69 +23,38 @@ pytestmark = pytest.mark.cluster
 db = test_settlement.db  # the fixture: a PostgreSQL connection
 
 
+@pytest.mark.parametrize("removed", [False, True])
 @pytest.mark.parametrize("rounds", ["two rounds", "one round"])
 @pytest.mark.parametrize("mode", ["best", "set"])
-async def test_a_retry_after_a_period_closed_keeps_the_result_in_it(
+async def test_a_retry_after_a_period_closed_keeps_the_result_in_it_unless_removed_between(
     store: BoardStore,
     raw: Any,
     rebuilder: Rebuilder,
     db: psycopg.AsyncConnection[Any],
     mode: str,
     rounds: str,
+    removed: bool,
 ) -> None:
-    board = await new_board(store, f"retry-closed-{mode}-{rounds[:3]}", mode)
+    sid = f"retry-{'removed' if removed else 'closed'}-{mode}-{rounds[:3]}"
+    board = await new_board(store, sid, mode)
     period = day_ago(2)
-    name = board.resolve(period).period
-    start, end = period_bounds(board, name)
-    sid = f"retry-closed-{mode}-{rounds[:3]}"
+    start, end = period_bounds(board, board.resolve(period).period)
     try:
         scores = [Score(f"p{i}", 10 + i, f"m{i}", start + 1000 * i) for i in range(5)]
         await board.submit(scores, now_ms=end - 1)  # the period open: applied to it
         if rounds == "two rounds":
             await drain(raw, store, rebuilder.db.info.dsn)
+        if removed:
+            await moderation.remove(board, ["p4"])  # out of every period
         retried = await board.submit([scores[4]], now_ms=times.now_ms())  # the winner's post again, closed
         assert retried[0].closed == (period,)
         await drain(raw, store, rebuilder.db.info.dsn)
         top = await board.top(10, board.resolve(period))
-        assert [e.player_id for e in top][:1] == ["p4"]
+        assert [e.player_id for e in top][:1] == (["p3"] if removed else ["p4"])  # back in the open ones only
         result = await Settler(rebuilder).settle(
             board, period, Request.of({"settlement_id": sid, "rewards": TABLE})
         )
-        assert result["forced"] is False and result["players"] == 5
-        assert (await awards_of(db, sid))[0][1:] == ("p4", "gold")
-    finally:
-        await store.delete(board.config.id)
-
-
-@pytest.mark.parametrize("rounds", ["two rounds", "one round"])
-@pytest.mark.parametrize("mode", ["best", "set"])
-async def test_a_retry_after_a_removal_counts_alone(
-    store: BoardStore,
-    raw: Any,
-    rebuilder: Rebuilder,
-    db: psycopg.AsyncConnection[Any],
-    mode: str,
-    rounds: str,
-) -> None:
-    board = await new_board(store, f"retry-removed-{mode}-{rounds[:3]}", mode)
-    period = day_ago(2)
-    name = board.resolve(period).period
-    start, end = period_bounds(board, name)
-    sid = f"retry-removed-{mode}-{rounds[:3]}"
-    try:
-        scores = [Score(f"p{i}", 10 + i, f"m{i}", start + 1000 * i) for i in range(5)]
-        await board.submit(scores, now_ms=end - 1)
-        if rounds == "two rounds":
-            await drain(raw, store, rebuilder.db.info.dsn)
-        await moderation.remove(board, ["p4"])  # out of every period
-        retried = await board.submit([scores[4]], now_ms=times.now_ms())  # back in the open ones only
-        assert retried[0].closed == (period,)
-        await drain(raw, store, rebuilder.db.info.dsn)
-        assert "p4" not in {e.player_id for e in await board.top(10, board.resolve(period))}
-        result = await Settler(rebuilder).settle(
-            board, period, Request.of({"settlement_id": sid, "rewards": TABLE})
-        )
-        assert result["forced"] is False and result["players"] == 4
-        assert (await awards_of(db, sid))[0][1:] == ("p3", "gold")
+        assert result["forced"] is False and result["players"] == (4 if removed else 5)
+        assert (await awards_of(db, sid))[0][1:] == ("p3" if removed else "p4", "gold")
     finally:
         await store.delete(board.config.id)
