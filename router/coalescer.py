@@ -166,6 +166,14 @@ class Coalescer:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            # A cancelled call fails its own batch; the scores queued behind it are failed here, so
+            # every request still waiting gets its 503 rather than no answer.
+            for group in list(self._groups.values()):
+                while group.queue:
+                    _, ticket, _ = group.queue.popleft()
+                    ticket.fail(shutting_down())
+                    self._count(-1)
+            self._groups.clear()
         return left
 
     def _tick(self) -> None:

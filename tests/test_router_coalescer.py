@@ -11,8 +11,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from router.app import create_app
+from router.coalescer import Coalescer
+from router.errors import ApiError
 from shardlb import keys, times
-from shardlb.board import Score
+from shardlb.board import Prepared, Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.store import BoardStore
@@ -209,3 +211,33 @@ async def test_shutdown_applies_what_was_accepted(cluster: LocalCluster, store: 
     board = await store.get(name)
     assert await board.size() == 200
     await store.delete(name)
+
+
+class _Unanswered:
+    """A board whose shard calls never come back (a cluster that does not answer within the drain):
+    the coalescer's own bookkeeping at a drain that times out, no ranking involved."""
+
+    def __init__(self) -> None:
+        self.config = BoardConfig.from_dict("unanswered", {})
+
+    async def apply_shard(self, shard: int, batch: Any, pipeline: Any = None) -> Any:
+        await asyncio.sleep(3600)
+
+
+async def test_a_drain_that_times_out_answers_every_request_even_those_still_queued() -> None:
+    def prepared(player: str) -> Prepared:
+        return Prepared(player, "m", 1, 0, 0, 0, ("total",))
+
+    board: Any = _Unanswered()
+    coalescer = Coalescer(delay_s=0.001, max_batch=2, node_of=lambda b, s: "n")
+    sent = asyncio.create_task(coalescer.submit(board, [prepared("a1"), prepared("a2")]))
+    await asyncio.sleep(0.01)  # its call is in flight
+    queued = asyncio.create_task(coalescer.submit(board, [prepared("b1")]))  # behind it (one call at a time)
+    await asyncio.sleep(0.01)
+    assert await coalescer.close(0.2) == 3
+    done, _ = await asyncio.wait({sent, queued}, timeout=2)
+    assert done == {sent, queued}
+    for task in (sent, queued):
+        error = task.exception()
+        assert isinstance(error, ApiError) and (error.status, error.code) == (503, "shutting_down")
+    assert coalescer.depth == 0
