@@ -168,6 +168,15 @@ async def test_errors_carry_status_code_field_and_request_id_and_4xx_are_sent_on
         assert (bad.value.status, bad.value.code) == (422, "out_of_range")
         assert bad.value.field == "scores[1].points"
         assert (await writer.get_board(name)).players == {"total": 1}  # nothing of it written
+        # More than one request's 1000: the error names the caller's index, and carries what went in.
+        many = [MatchResult(f"many{i}", 5, "m3") for i in range(1500)]
+        many[1003] = MatchResult("many1003", 10**9, "m3")
+        with pytest.raises(InvalidRequest) as later:
+            await writer.post_scores(name, many)
+        assert later.value.field == "scores[1003].points"
+        assert [(o.player_id, o.status) for o in later.value.applied] == [
+            (f"many{i}", "improved") for i in range(1000)
+        ]
     for error in (unknown.value, small.value, nobody.value, too_many.value, bad.value):
         assert error.request_id is not None and error.attempts == 1
         assert seen[error.request_id] == 1

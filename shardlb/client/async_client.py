@@ -14,6 +14,8 @@ them together.
 from __future__ import annotations
 
 import asyncio
+import functools
+import operator
 import time
 import uuid
 from collections.abc import AsyncGenerator, Iterable, Sequence
@@ -26,7 +28,15 @@ import msgpack
 import orjson
 
 from shardlb.client.backoff import Backoff
-from shardlb.client.errors import BoardNotFound, ClientError, TransportError, api_error, retry_after_seconds
+from shardlb.client.errors import (
+    ApiError,
+    BoardNotFound,
+    ClientError,
+    TransportError,
+    api_error,
+    renumbered,
+    retry_after_seconds,
+)
 from shardlb.client.models import BoardInfo, Entry, MatchResult, Page, PlayerRank, ScoreOutcome, entries_of
 
 MAX_ITEMS = 1000  # scores per write and player ids per query: the API's limit
@@ -188,17 +198,25 @@ class AsyncClient:
         Each result carries its match id (``MatchResult`` requires one), which is what makes the
         retries safe: a result the server already applied is recognised and not counted again.
         More than 1000 results go as several requests, one after another; if one of them fails
-        for good, the error is raised and the earlier ones stay applied: posting the same list
-        again is safe and applies only what is missing.
+        for good, the error is raised and the earlier ones stay applied (their outcomes are the
+        error's ``applied``; a ``field`` such as ``scores[1003].points`` counts from the start of
+        ``results``): posting the same list again is safe and applies only what is missing.
         """
         end = self._end(deadline)
         items = list(results)
         outcomes: list[ScoreOutcome] = []
         for start in range(0, len(items), MAX_ITEMS):
             scores = [r.body() for r in items[start : start + MAX_ITEMS]]
-            _, body = await self._call(
-                "POST", f"/v1/boards/{_segment(board)}/scores", end, body={"scores": scores}
-            )
+            try:
+                _, body = await self._call(
+                    "POST", f"/v1/boards/{_segment(board)}/scores", end, body={"scores": scores}
+                )
+            except ApiError as e:
+                if start == 0:
+                    raise
+                error = renumbered(e, functools.partial(operator.add, start))  # the caller's index
+                error.applied = outcomes
+                raise error from e
             outcomes.extend(ScoreOutcome.from_body(r) for r in body["results"])
         return outcomes
 

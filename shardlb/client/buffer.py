@@ -18,15 +18,12 @@ of which nothing was written, are sent again without it.
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from shardlb.client.async_client import MAX_ITEMS, AsyncClient
-from shardlb.client.errors import ApiError, ClientError, InvalidRequest
+from shardlb.client.errors import SCORE_FIELD, ApiError, ClientError, InvalidRequest, renumbered
 from shardlb.client.models import MatchResult, ScoreOutcome
-
-_SCORE_FIELD = re.compile(r"scores\[([0-9]+)\](.*)")
 
 
 @dataclass
@@ -177,7 +174,7 @@ def _bad_index(error: ApiError, size: int) -> int | None:
     """The index of the one result a 400/422 refused the request for, when the error names one."""
     if not isinstance(error, InvalidRequest) or error.status not in (400, 422) or error.field is None:
         return None
-    match = _SCORE_FIELD.fullmatch(error.field)
+    match = SCORE_FIELD.fullmatch(error.field)
     if match is None or int(match[1]) >= size:
         return None
     return int(match[1])
@@ -185,8 +182,4 @@ def _bad_index(error: ApiError, size: int) -> int | None:
 
 def _as_single(error: ApiError) -> ApiError:
     """The error as the caller's own request of one score would have had it (``scores[0]...``)."""
-    match = _SCORE_FIELD.fullmatch(error.field or "")
-    field = f"scores[0]{match[2]}" if match else error.field
-    return type(error)(
-        error.status, error.code, error.message, field, error.request_id, error.retry_after, error.attempts
-    )
+    return renumbered(error, lambda _: 0)

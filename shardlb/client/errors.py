@@ -12,6 +12,7 @@ from __future__ import annotations
 import email.utils
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 # 429 and 503 are the API's "come back later"; 502 and 504 are what a proxy in front of the router
@@ -56,10 +57,24 @@ class ApiError(ClientError):
         self.request_id = request_id
         self.retry_after = retry_after
         self.attempts = attempts
+        # post_scores of more than one request: the outcomes of the requests before this one, applied.
+        self.applied: list[Any] = []
 
     @property
     def retryable(self) -> bool:
         return self.status in RETRYABLE_STATUSES
+
+
+SCORE_FIELD = re.compile(r"scores\[([0-9]+)\](.*)")  # an error's field naming one score of a request
+
+
+def renumbered(error: ApiError, index: Callable[[int], int]) -> ApiError:
+    """``error`` with the score its ``field`` names (``scores[3].points``) renumbered by ``index``."""
+    match = SCORE_FIELD.fullmatch(error.field or "")
+    field = f"scores[{index(int(match[1]))}]{match[2]}" if match else error.field
+    return type(error)(
+        error.status, error.code, error.message, field, error.request_id, error.retry_after, error.attempts
+    )
 
 
 class InvalidRequest(ApiError):
