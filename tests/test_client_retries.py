@@ -5,6 +5,7 @@ the deadline that bounds every call."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections.abc import AsyncIterator
@@ -205,3 +206,29 @@ async def test_a_redirect_is_an_error_not_an_answer() -> None:
         with pytest.raises(ApiError) as raised:
             await c.get_board("b")
     assert (raised.value.status, raised.value.code, answers[0]) == (302, "http_302", 1)
+
+
+@pytest.mark.cluster
+async def test_a_buffered_batch_with_refused_results_keeps_one_deadline(router: Served) -> None:
+    """Each result the server refuses makes the buffer send the rest of its batch again: those
+    requests share the batch's one deadline (each used to get a whole deadline of its own)."""
+    name = board_name("refused")
+    async with AsyncClient(router.url, ADMIN, backoff=FAST) as client:
+        await client.put_board(name)
+        deadlines: list[float] = []
+        post_scores = client.post_scores
+
+        async def spied(board: str, results: Any, *, deadline: float | None = None) -> Any:
+            deadlines.append(deadline if deadline is not None else client.deadline)
+            return await post_scores(board, results, deadline=deadline)
+
+        client.post_scores = spied  # type: ignore[method-assign]
+        async with ScoreBuffer(client, max_scores=10, max_delay_ms=50, deadline=30) as buffer:
+            posts = [
+                buffer.post(name, MatchResult(f"p{i}", 10**9 if i % 3 == 0 else i, f"m{i}"))
+                for i in range(10)
+            ]
+            done = await asyncio.gather(*posts, return_exceptions=True)
+        assert [isinstance(d, ApiError) for d in done] == [i % 3 == 0 for i in range(10)]
+        assert len(deadlines) == 5  # the batch, then again after each of its 4 refused results
+        assert deadlines[0] <= 30 and all(b < a for a, b in itertools.pairwise(deadlines))

@@ -18,11 +18,19 @@ of which nothing was written, are sent again without it.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from shardlb.client.async_client import MAX_ITEMS, AsyncClient
-from shardlb.client.errors import SCORE_FIELD, ApiError, ClientError, InvalidRequest, renumbered
+from shardlb.client.errors import (
+    SCORE_FIELD,
+    ApiError,
+    ClientError,
+    InvalidRequest,
+    TransportError,
+    renumbered,
+)
 from shardlb.client.models import MatchResult, ScoreOutcome
 
 
@@ -125,12 +133,15 @@ class ScoreBuffer:
         self._send_what_is_ready(board, lane)
 
     async def _request(self, board: str, lane: _Lane, batch: list[_Waiting]) -> None:
+        # One deadline for the batch, whatever its refused results make it send again.
+        end = time.monotonic() + (self.client.deadline if self.deadline is None else self.deadline)
         try:
             while batch:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TransportError(f"POST /v1/boards/{board}/scores: no answer (deadline passed)", 1)
                 try:
-                    outcomes = await self.client.post_scores(
-                        board, [w.result for w in batch], deadline=self.deadline
-                    )
+                    outcomes = await self.client.post_scores(board, [w.result for w in batch], deadline=left)
                 except ApiError as e:
                     bad = _bad_index(e, len(batch))
                     if bad is None:
