@@ -54,8 +54,9 @@ class ScoreBuffer:
     """Batches ``post`` calls from many tasks into ``post_scores`` requests of up to ``max_scores``
     (at most 1000) results or ``max_delay_ms`` of waiting, per board.
 
-    ``deadline`` is each request's (default: the client's); a caller waits for its batch to leave
-    (at most ``max_delay_ms`` unless every request is busy) and then for that request. ``close()``
+    ``deadline`` is each batch's (default: the client's), the requests its refused results make
+    it send again included; a caller waits for its batch to leave (at most ``max_delay_ms`` unless
+    every request is busy) and then for that batch. ``close()``
     (or leaving ``async with``) sends everything held and waits for it. Cancelling a waiting
     caller does not take its result back: it is sent all the same.
     """
