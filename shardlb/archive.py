@@ -22,6 +22,9 @@ Every journal PostgreSQL takes is committed and acknowledged, and so are the ref
 entries before the refused one; that journal is *held* there (nothing from the entry on is
 acknowledged, nothing new is read from it), the entry is tried again every RETRY_REFUSED_S, logged
 once and counted (``shardlb_archive_refused_entries_total``, ``shardlb_archive_held_journals``).
+An entry the archiver cannot decode (damaged, or written by something that is not write.lua) is
+held the same way (``Archiver._read`` stops before it; ``shardlb_archive_unreadable_entries_total``):
+it used to raise out of every round and stop the archiver for good.
 docs/design-notes.md, "An entry PostgreSQL refuses", says how an operator clears it.
 
 psycopg 3 is the driver: it is async, its COPY streams rows without building one big statement, it
@@ -145,10 +148,18 @@ _FIRST = {
 
 
 class _Held(NamedTuple):
-    """A journal held at an entry PostgreSQL refused: the entry's id, and when it was last tried."""
+    """A journal held at an entry PostgreSQL refused or the archiver cannot decode: the entry's id,
+    and when it was last tried."""
 
     entry: str
     tried: float
+
+
+class _Unreadable(NamedTuple):
+    """A journal entry the archiver cannot decode, and what decoding it raised."""
+
+    id: str
+    error: Exception
 
 
 async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
@@ -254,18 +265,18 @@ class Archiver:
         ]
         gate = asyncio.Semaphore(JOURNALS_IN_FLIGHT)
 
-        async def read(key: str) -> list[Entry]:
+        async def read(key: str) -> tuple[list[Entry], _Unreadable | None]:
             async with gate:
                 return await self._read(key)
 
         batches = await asyncio.gather(*(read(key) for _, key in streams))
         self._failed = True  # until this round's entries are committed and acknowledged
-        journals = {key: (board, got) for (board, key), got in zip(streams, batches, strict=True)}
+        journals = {key: (board, got, bad) for (board, key), (got, bad) in zip(streams, batches, strict=True)}
         together, alone = [], []
-        for key, (board, got) in journals.items():
-            if key not in self._held:
+        for key, (board, got, unreadable) in journals.items():
+            if key not in self._held and unreadable is None:
                 together += [(board, key, e) for e in got]
-            elif got:
+            elif got or unreadable is not None:
                 alone.append(key)
             else:  # nothing of ours pending: acknowledged by hand, or another archiver took it over
                 del self._held[key]
@@ -277,7 +288,8 @@ class Archiver:
                 raise
             alone += sorted({key for _, key, _ in together})
         for key in alone:
-            done += await self._alone(key, *journals[key])
+            board, got, unreadable = journals[key]
+            done += await self._alone(key, board, got, unreadable)
         self._failed = False
         HELD_JOURNALS.set(len(self._held))
         return done
@@ -301,11 +313,15 @@ class Archiver:
         await asyncio.gather(*(ack(key, pairs) for key, pairs in acked.items()))
         return len(rows) + len(removals)
 
-    async def _alone(self, key: str, board: Board, got: list[Entry]) -> int:
+    async def _alone(
+        self, key: str, board: Board, got: list[Entry], unreadable: _Unreadable | None = None
+    ) -> int:
         """Archive one journal's entries in their order, up to the first that PostgreSQL refuses, in
         transactions of their own; from that entry on nothing is acknowledged: the journal is held
         there and tried again every RETRY_REFUSED_S. Halving the entries on each refusal finds the
-        refused one in a few transactions; a held journal tries its refused entry alone first."""
+        refused one in a few transactions; a held journal tries its refused entry alone first.
+        ``got`` stops before an entry that cannot be decoded (``_read``): the journal is then held
+        at that one once the entries before it are archived."""
         todo = sorted({e.id: e for e in got}.values(), key=lambda e: _order(e.id))  # XAUTOCLAIM may repeat
         done = 0
         while todo:
@@ -319,11 +335,14 @@ class Archiver:
                     if not self._refusal(e):
                         raise
                     if size == 1:
-                        self._hold(key, todo[0], e)
+                        self._hold(key, todo[0].id, todo[0].board, e)
                         return done
                     size //= 2
             todo = todo[size:]
-        self._held.pop(key, None)
+        if unreadable is not None:
+            self._hold(key, unreadable.id, board.config.id, unreadable.error, refused=False)
+        else:
+            self._held.pop(key, None)
         return done
 
     def _refusal(self, e: psycopg.Error) -> bool:
@@ -334,21 +353,23 @@ class Archiver:
             isinstance(e, psycopg.OperationalError) or self.db.closed or self.db.broken
         )
 
-    def _hold(self, key: str, entry: Entry, e: psycopg.Error) -> None:
-        """Hold the journal at ``entry``, logged and counted once per journal and entry."""
+    def _hold(self, key: str, entry: str, board: str, e: Exception, refused: bool = True) -> None:
+        """Hold the journal at ``entry`` (refused by PostgreSQL, or else not decodable), logged and
+        counted once per journal and entry."""
         held = self._held.get(key)
-        if held is None or held.entry != entry.id:
-            REFUSED.inc()
+        if held is None or held.entry != entry:
+            (REFUSED if refused else UNREADABLE).inc()
+            what = "PostgreSQL refused entry" if refused else "Entry"
+            why = "PostgreSQL takes the entry" if refused else "the entry can be read"
             # The fields in the message too: `shardlb archive` logs plain lines (main).
             log.error(
-                "PostgreSQL refused entry %s of journal %s (board %s): %r. The journal is held there, "
-                "not archived past it, until PostgreSQL takes the entry or it is acknowledged by hand "
-                "(docs/design-notes.md, \"An entry PostgreSQL refuses\")",
-                entry.id, key, entry.board, e,
-                extra={"fields": {"journal": key, "entry": entry.id, "board": entry.board,
-                                  "incarnation": entry.incarnation, "error": repr(e)}},
+                "%s %s of journal %s (board %s)%s: %r. The journal is held there, not archived past "
+                "it, until %s or it is acknowledged by hand (docs/design-notes.md, \"An entry "
+                "PostgreSQL refuses\")",
+                what, entry, key, board, "" if refused else " cannot be read", e, why,
+                extra={"fields": {"journal": key, "entry": entry, "board": board, "error": repr(e)}},
             )  # fmt: skip
-        self._held[key] = _Held(entry.id, time.monotonic())
+        self._held[key] = _Held(entry, time.monotonic())
 
     async def run(self, stop: asyncio.Event, idle_s: float = 0.2, refresh_s: float = 2.0) -> None:
         """Archive until ``stop`` is set, refreshing the board list every ``refresh_s``; errors are
@@ -393,7 +414,9 @@ class Archiver:
                 out[key] = await journal_lag(self.client, key)
         return out
 
-    async def _read(self, key: str) -> list[Entry]:
+    async def _read(self, key: str) -> tuple[list[Entry], _Unreadable | None]:
+        """The journal's entries for this round, in the order read, and the first that cannot be
+        decoded, if any: the entries returned stop before it (the journal is held there)."""
         if key not in self._groups:
             with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists
                 await self.client.xgroup_create(key, GROUP, id="0", mkstream=True)
@@ -409,12 +432,20 @@ class Archiver:
         except ResponseError as e:
             if "NOGROUP" in str(e):  # the journal went with its board, or was trimmed away whole
                 self._groups.discard(key)
-                return []
+                return [], None
             raise
-        got = [decode(i, f) for i, f in claimed[1] if f]
-        for _, items in fresh or []:
-            got += [decode(i, f) for i, f in items if f]
-        return got
+        got, unreadable = [], None
+        for i, f in [*claimed[1], *(item for _, items in fresh or [] for item in items)]:
+            if not f:
+                continue
+            try:
+                got.append(decode(i, f))
+            except Exception as e:  # whatever a damaged entry makes decode raise
+                if unreadable is None or _order(_id(i)) < _order(unreadable.id):
+                    unreadable = _Unreadable(_id(i), e)
+        if unreadable is not None:
+            got = [e for e in got if _order(e.id) < _order(unreadable.id)]
+        return got, unreadable
 
     async def _write(self, rows: Sequence[tuple[Any, ...]], removals: Sequence[tuple[Any, ...]] = ()) -> None:
         async with self.db.transaction(), self.db.cursor() as cur:
@@ -569,7 +600,13 @@ REFUSED = Counter(
     "shardlb_archive_refused_entries_total",
     "journal entries PostgreSQL refused, each counted once; its journal is held at it (Archiver.round)",
 )
-HELD_JOURNALS = Gauge("shardlb_archive_held_journals", "journals held at an entry PostgreSQL refused")
+UNREADABLE = Counter(
+    "shardlb_archive_unreadable_entries_total",
+    "journal entries the archiver cannot decode, each counted once; its journal is held at it",
+)
+HELD_JOURNALS = Gauge(
+    "shardlb_archive_held_journals", "journals held at an entry PostgreSQL refused or that cannot be read"
+)
 BAND_REPAIRS = Counter(
     "shardlb_band_repairs_total",
     "band moves a write left pending (lost band calls) that the repair loop finished (repair_bands)",

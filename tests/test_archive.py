@@ -229,7 +229,7 @@ async def test_a_dead_archivers_unread_entries_are_taken_over(
         now = times.now_ms()
         await board.submit([Score(f"p{i}", i, "m1", now) for i in range(20)], now_ms=now)
         for prefix in board.prefixes:  # delivered to `dead`, which never writes them
-            assert await dead._read(keys.journal_key(prefix))
+            assert (await dead._read(keys.journal_key(prefix)))[0]
         assert await drain(alive) == 20
         assert len(await archived(postgres_url, board)) == 20
     finally:
@@ -313,7 +313,7 @@ async def test_the_archiver_sets_a_drifted_count_right_while_the_shard_is_busy(
         await board.submit([Score(f"p{i}", i, "m1", now) for i in range(4)], now_ms=now)
         await raw.incrby(counts, 50_000)  # the drift
         # the archive reads what is there; a result written meanwhile stays in the journal
-        entries = await a._read(key)
+        entries, _ = await a._read(key)
         await board.submit([Score("late", 9, "m2", now)], now_ms=now)
         assert int(await raw.get(counts)) == 50_005
         await a._write([row for e in entries for row in archive_rows(board, e)])
@@ -466,6 +466,66 @@ async def test_an_archiver_reads_more_journals_than_a_node_has_connections(
 
 def sample(name: str) -> float:
     return REGISTRY.get_sample_value(name) or 0.0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"n": "1", "r": b"\xc1"}, {"n": "1"}],  # a byte msgpack never writes; no results at all
+    ids=["garbled", "missing"],
+)
+async def test_an_entry_that_cannot_be_read_holds_its_own_journal_only(
+    store: BoardStore, raw: Any, postgres_url: str, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch, fields: dict[str, Any],
+) -> None:  # fmt: skip
+    """An entry the archiver cannot decode (written by a broken or foreign writer, or damaged) raised
+    out of every round: `shardlb archive` exited, and restarted it met the same entry again, so no
+    journal of any board was archived any more. Now it is held like an entry PostgreSQL refuses:
+    the entries before it in its journal are archived, its journal waits at it, every other journal
+    goes on, it is logged and counted once, and an operator acknowledging it by hand lets the
+    journal go on."""
+    bad = BoardConfig.from_dict("archive-unreadable", {"sharding": {"strategy": "hash", "shards": 1}})
+    good = BoardConfig.from_dict("archive-unreadable-other", {"sharding": {"strategy": "hash", "shards": 2}})
+    board, _ = await store.create(bad)
+    other, _ = await store.create(good)
+    key, counts = keys.journal_key(board.prefixes[0]), keys.journal_counts_key(board.prefixes[0])
+    a = await archiver(raw, store, postgres_url)
+    caplog.set_level(logging.WARNING, logger="shardlb.archive")
+    unreadable, held = sample("shardlb_archive_unreadable_entries_total"), "shardlb_archive_held_journals"
+    try:
+        now = times.now_ms()
+        await board.submit([Score("before", 1, "m1", now)], now_ms=now)
+        broken = (await raw.xadd(key, {"b": bad.id, "i": board.incarnation, "s": "0", **fields})).decode()
+        await raw.incrby(counts, 1)
+        await board.submit([Score("after", 3, "m3", now)], now_ms=now)
+        await other.submit([Score(f"p{i}", i, "m1", now) for i in range(6)], now_ms=now)
+
+        assert await drain(a) == 6 + 1  # no exception: the round goes on
+        assert sorted(s.player_id for s in await archived(postgres_url, other)) == [f"p{i}" for i in range(6)]
+        assert [s.player_id for s in await archived(postgres_url, board)] == ["before"]
+        pending = await raw.xpending(key, GROUP)  # nothing from the broken entry on acknowledged
+        assert (pending["pending"], pending["min"].decode()) == (2, broken)
+        assert sample("shardlb_archive_unreadable_entries_total") == unreadable + 1
+        assert sample(held) == 1
+        [record] = [r for r in caplog.records if "cannot be read" in r.getMessage()]
+        assert record.fields["entry"] == broken and record.fields["journal"] == key  # type: ignore[attr-defined]
+
+        monkeypatch.setattr(archive, "RETRY_REFUSED_S", 0.0)
+        await other.submit([Score("p9", 9, "m2", now)], now_ms=now)
+        assert await drain(a) == 1  # tried again, quietly, and still held
+        assert len([r for r in caplog.records if "cannot be read" in r.getMessage()]) == 1
+        assert [s.player_id for s in await archived(postgres_url, board)] == ["before"]
+        assert sample(held) == 1
+
+        await raw.xack(key, GROUP, broken)  # the operator skips it
+        monkeypatch.setattr(archive, "RECOUNT_EVERY_S", 0.0)
+        await board.submit([Score("later", 4, "m4", now)], now_ms=now)
+        assert await drain(a) == 2
+        assert [s.player_id for s in await archived(postgres_url, board)] == ["before", "after", "later"]
+        assert sample(held) == 0
+    finally:
+        await a.db.close()
+        await store.delete(bad.id)
+        await store.delete(good.id)
 
 
 async def test_an_entry_postgres_refuses_holds_its_own_journal_only(
