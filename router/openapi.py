@@ -770,7 +770,15 @@ _SETTLEMENT_SCHEMAS: dict[str, Any] = {
             "report": {"type": ["object", "null"], "description": "before it is settled: the last check"},
             "acknowledged": {"type": "integer", "minimum": 0},
             "archived": {"type": "boolean"},
-            "delivery": {"type": "object"},
+            "delivery": {
+                "type": "object",
+                "description": "with a webhook: its deliveries delivered, pending, and failed for good",
+                "properties": {
+                    "delivered": {"type": "integer", "minimum": 0},
+                    "pending": {"type": "integer", "minimum": 0},
+                    "failed": {"type": "integer", "minimum": 0},
+                },
+            },
         },
     },
     "Award": {

@@ -69,6 +69,8 @@ class Service:
     # in this worker: each opens one, so callers without a key must not open one each.
     archive_reads: Gate = field(default_factory=lambda: Gate(ARCHIVE_READ_LANES, what="archive reads"))
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Settlement id -> the task sending its webhook deliveries (router/settlements.py): one each.
+    deliveries: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     draining: bool = False
     _probe: asyncio.Future[str | None] | None = None
 
@@ -164,9 +166,12 @@ class Service:
         left = await self.coalescer.close(self.settings.drain_seconds)
         self.journals.closed = True
         self.moderation.bans.closed = self.moderation.refusals.closed = True
-        for task in self.tasks:
+        # Webhook deliveries stop too: their claimed rows go back to the schedule when the lease
+        # ends, and an archiver's sweep (or the settlement run again) sends them.
+        stopping = [*self.tasks, *self.deliveries.values()]
+        for task in stopping:
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*stopping, return_exceptions=True)
         await self.client.aclose()
         await self.journals.raw.aclose()
         log.info("router stopped", extra={"fields": {"scores_not_applied": left}})

@@ -33,7 +33,6 @@ from shardlb.errors import InvalidInput
 log = logging.getLogger("shardlb.router")
 MAX_HISTORY = settlement_history.MAX_HISTORY
 MAX_PAGE = 1000  # awards per page
-_deliveries: dict[str, asyncio.Task[None]] = {}  # settlement id -> its delivering task
 
 
 def _request(svc: Service, body: dict[str, object]) -> settlement.Request:
@@ -50,9 +49,10 @@ def _request(svc: Service, body: dict[str, object]) -> settlement.Request:
 
 def _deliver_later(svc: Service, result: dict[str, Any]) -> None:
     """Send the settlement's webhook deliveries after the answer, those that failed for good
-    included (shardlb/settlement_delivery.py). One task per settlement in this worker: a request
-    for one already delivering here replaces its task; what a stopped worker leaves is sent on
-    the next request for the same settlement."""
+    included (shardlb/settlement_delivery.py). One task per settlement in this worker
+    (``Service.deliveries``): a request for one already delivering here replaces its task, and
+    stopping the worker cancels them; what a stopped worker leaves is sent by an archiver's sweep
+    (``settlement_delivery.sweep_forever``) or on the next request for the same settlement."""
     if not result.get("webhook_url"):
         return
     settlement_id = str(result["settlement_id"])
@@ -74,15 +74,18 @@ def _deliver_later(svc: Service, result: dict[str, Any]) -> None:
                 extra={"fields": {"settlement": settlement_id, "error": repr(e)}},
             )
 
-    running = _deliveries.pop(settlement_id, None)
+    deliveries = svc.deliveries
+    running = deliveries.pop(settlement_id, None)
     if running is not None:
         running.cancel()  # its claimed rows go back to the schedule when their lease ends
+    if svc.draining:  # the answer is out; a task made now would outlive Service.stop
+        return
     task = asyncio.create_task(deliver())
-    _deliveries[settlement_id] = task
+    deliveries[settlement_id] = task
 
     def forget(done: asyncio.Task[None]) -> None:
-        if _deliveries.get(settlement_id) is done:
-            del _deliveries[settlement_id]
+        if deliveries.get(settlement_id) is done:
+            del deliveries[settlement_id]
 
     task.add_done_callback(forget)
 

@@ -58,7 +58,7 @@ from prometheus_client import Counter, Gauge, start_http_server
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from shardlb import keys, moderation
+from shardlb import keys, moderation, settlement_delivery
 from shardlb.board import Board
 from shardlb.connection import Scripts, connect, raised_in_redis, redacted
 from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
@@ -624,9 +624,13 @@ async def serve(
     lag_every_s: float = 5.0,
     cleanup_every_s: float = 0.0,
     repair_every_s: float = 0.0,
+    deliver_every_s: float = 0.0,
+    webhook_secret: str = "",
 ) -> None:
     """Archive every journaled board until ``stop`` is set, keeping the lag gauges current; with
-    ``repair_every_s``, finish the band moves writes left pending meanwhile (``repair_bands``)."""
+    ``repair_every_s``, finish the band moves writes left pending meanwhile (``repair_bands``); with
+    ``deliver_every_s`` and a ``webhook_secret``, send the settlement webhook deliveries that are due
+    and that no router or command is sending (``settlement_delivery.sweep_forever``)."""
     raw = connect(redis_url, decode=False)
     client = connect(redis_url)
     scripts = Scripts.register(client)
@@ -634,6 +638,11 @@ async def serve(
     store = BoardStore(client, scripts)
     # Band repairs need Redis only: they go on while PostgreSQL is away.
     tasks = [asyncio.create_task(repair_bands(store, stop, repair_every_s))] if repair_every_s else []
+    if deliver_every_s and webhook_secret:  # on a PostgreSQL connection of its own, reconnecting itself
+        sweep = settlement_delivery.sweep_forever(postgres_url, webhook_secret, stop, deliver_every_s)
+        tasks.append(asyncio.create_task(sweep))
+    elif deliver_every_s:
+        log.info("settlement webhooks are not swept by this archiver: SHARDLB_WEBHOOK_SECRET is not set")
     db = None
     try:
         while db is None:  # PostgreSQL may come up after us: the journals wait meanwhile
@@ -741,6 +750,13 @@ def main(argv: list[str] | None = None) -> int:
         default=REPAIR_EVERY_S,
         help="seconds between passes that finish band moves left pending by lost band calls (0: none)",
     )
+    parser.add_argument(
+        "--deliver-every",
+        type=float,
+        default=settlement_delivery.SWEEP_EVERY_S,
+        help="seconds between sweeps that send due settlement webhooks no router is sending; needs "
+        "SHARDLB_WEBHOOK_SECRET (0: none)",
+    )
     args = parser.parse_args(argv)
     if not args.postgres:
         parser.error("give --postgres or SHARDLB_POSTGRES_URL")
@@ -760,6 +776,8 @@ def main(argv: list[str] | None = None) -> int:
             stop,
             cleanup_every_s=args.cleanup_every,
             repair_every_s=args.repair_every,
+            deliver_every_s=args.deliver_every,
+            webhook_secret=os.environ.get("SHARDLB_WEBHOOK_SECRET", ""),
         )
 
     asyncio.run(run())

@@ -21,11 +21,14 @@ mid-round leaves its rows to the next one once the lease ends.
 
 ``deliver_until_done`` (each settle request or `shardlb settle` run, first or again) starts by
 giving the deliveries that failed for good a new schedule, then delivers until none is left to try.
+``sweep_forever`` (every `shardlb archive` given SHARDLB_WEBHOOK_SECRET) sends whatever is due that
+no such process is sending: what a stopped router or command left, on the same claims.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -51,6 +54,8 @@ TIMEOUT_S = 10.0  # one POST in all (connect, send, answer)
 IN_FLIGHT = 8  # webhook POSTs at once
 CLAIM = 64  # rows a round claims: at most CLAIM / IN_FLIGHT * TIMEOUT_S = 80 s of posting
 LEASE_S = 300.0  # how long a claim keeps other deliverers off its rows (longer than a round)
+SWEEP_EVERY_S = 5.0  # between an archiver's sweeps of due deliveries (`shardlb archive --deliver-every`)
+SWEEP_ROWS = 1000  # due rows one sweep looks at to find the settlements it delivers
 SIGNATURE = "X-Shardlb-Signature"
 MAX_ACK = 1000
 
@@ -61,8 +66,9 @@ def signature(secret: str, body: bytes) -> str:
 
 
 async def get(db: psycopg.AsyncConnection[Any], settlement_id: str) -> dict[str, Any]:
-    """The settlement as stored: its result once settled (with the count acknowledged so far), or
-    its state and report before."""
+    """The settlement as stored: its result once settled (with the count acknowledged so far and,
+    with a webhook, ``delivery``: its deliveries delivered, pending and failed for good), or its
+    state and report before."""
     check_id(settlement_id, "settlement_id")
     cur = await db.execute(
         "SELECT board, period, state, report, result, rewards, top_n FROM settlements "
@@ -89,7 +95,10 @@ async def get(db: psycopg.AsyncConnection[Any], settlement_id: str) -> dict[str,
         (settlement_id,),
     )
     acked = (await cur.fetchone() or (0,))[0]
-    return {**result, "acknowledged": int(acked)}
+    out = {**result, "acknowledged": int(acked)}
+    if result.get("webhook_url"):
+        out["delivery"] = await delivery_counts(db, settlement_id)
+    return out
 
 
 async def _settled(db: psycopg.AsyncConnection[Any], settlement_id: str) -> None:
@@ -255,12 +264,16 @@ async def deliver(
             "WHERE award_id = ANY(%s) AND delivered_at IS NULL",
             (delivered,),
         )
-        await db.execute(  # a failure counts only under this round's lease (not taken over since)
+        # A failure counts only under this round's lease (not taken over since). One past its last
+        # attempt is due never ('infinity'), out of the sweep's index range, until retry_failed.
+        await db.execute(
             "UPDATE settlement_deliveries d SET attempts = d.attempts + 1, last_error = f.error, "
-            "next_at = now() + make_interval(secs => f.wait) FROM unnest(%s::bigint[], %s::text[], "
+            "next_at = CASE WHEN d.attempts + 1 >= %s THEN 'infinity'::timestamptz "
+            "ELSE now() + make_interval(secs => f.wait) END FROM unnest(%s::bigint[], %s::text[], "
             "%s::float8[], %s::timestamptz[]) AS f(award_id, error, wait, lease) "
             "WHERE d.award_id = f.award_id AND d.next_at = f.lease AND d.delivered_at IS NULL",
             (
+                MAX_ATTEMPTS,
                 [row[0] for row, _ in failed],
                 [error for _, error in failed],
                 [backoff(row[2] + 1, base_s, cap_s) for row, _ in failed],
@@ -310,6 +323,73 @@ async def deliver_until_done(
                 break
             await asyncio.sleep(max(wait, 0.01))
     return await delivery_counts(db, settlement_id)
+
+
+async def due_settlements(db: psycopg.AsyncConnection[Any]) -> list[str]:
+    """The settlements with deliveries due now, the longest due first, found among the SWEEP_ROWS
+    due rows that have waited longest (the partial index on ``next_at``)."""
+    try:
+        cur = await db.execute(
+            "SELECT a.settlement_id FROM (SELECT award_id, next_at FROM settlement_deliveries "
+            "WHERE delivered_at IS NULL AND next_at <= now() AND attempts < %s ORDER BY next_at LIMIT %s) d "
+            "JOIN settlement_awards a USING (award_id) GROUP BY a.settlement_id ORDER BY min(d.next_at)",
+            (MAX_ATTEMPTS, SWEEP_ROWS),
+        )
+    except psycopg.errors.UndefinedTable:  # nothing was ever settled against this database
+        return []
+    return [str(row[0]) for row in await cur.fetchall()]
+
+
+async def sweep(
+    db: psycopg.AsyncConnection[Any],
+    http: httpx.AsyncClient,
+    secret: str,
+    base_s: float = BASE_S,
+    cap_s: float = MAX_BACKOFF_S,
+) -> int:
+    """One ``deliver`` round for every settlement with deliveries due now; returns how many were
+    delivered. Rows another deliverer holds are skipped by the claims, so it never posts one that
+    a router's task is posting."""
+    done = 0
+    for settlement_id in await due_settlements(db):
+        delivered, _ = await deliver(db, http, secret, settlement_id, base_s, cap_s)
+        done += delivered
+    return done
+
+
+async def sweep_forever(
+    postgres_url: str,
+    secret: str,
+    stop: asyncio.Event,
+    every_s: float = SWEEP_EVERY_S,
+    base_s: float = BASE_S,
+    cap_s: float = MAX_BACKOFF_S,
+) -> None:
+    """``sweep`` every ``every_s`` until ``stop`` is set, on a connection of its own, reconnecting
+    after any failure of PostgreSQL or of a round (logged; the rows stay due meanwhile)."""
+    _require_secret(secret)
+    db: psycopg.AsyncConnection[Any] | None = None
+    async with httpx.AsyncClient() as http:
+        try:
+            while not stop.is_set():
+                try:
+                    if db is None or db.closed:
+                        db = await psycopg.AsyncConnection.connect(
+                            postgres_url, autocommit=True, application_name="shardlb-webhooks"
+                        )
+                    done = await sweep(db, http, secret, base_s, cap_s)
+                    if done:
+                        log.info("webhook deliveries swept", extra={"fields": {"delivered": done}})
+                except (psycopg.Error, OSError) as e:
+                    log.warning("webhook sweep failed; retrying", extra={"fields": {"error": repr(e)}})
+                    if db is not None:
+                        await db.close()
+                        db = None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), every_s)
+        finally:
+            if db is not None:
+                await db.close()
 
 
 async def delivery_counts(db: psycopg.AsyncConnection[Any], settlement_id: str) -> dict[str, int]:

@@ -430,3 +430,79 @@ async def test_a_send_that_raises_is_a_failed_attempt(
         assert str(broken) not in hook.posts
     finally:
         await store.delete(board.config.id)
+
+
+def delivering() -> list[asyncio.Task[Any]]:
+    """The router's webhook delivery tasks still running in this loop (router/settlements.py)."""
+    return [t for t in asyncio.all_tasks() if "_deliver_later" in getattr(t.get_coro(), "__qualname__", "")]
+
+
+@pytest.mark.cluster
+async def test_a_router_stopping_stops_its_deliveries(
+    store: BoardStore, raw: Any, db: psycopg.AsyncConnection[Any], cluster_url: str, postgres_url: str
+) -> None:
+    """A router's delivery task outlived the router's stop: it kept posting, and kept its PostgreSQL
+    connection, for as long as the 12-hour schedule lasted. Now stopping the router cancels it; its
+    claimed rows go back to the schedule when their lease ends, for the archivers' sweep."""
+    name = board_name("hook-stop")
+    await ready(store, raw, postgres_url, name, 2)
+    sid = f"stop-{name}"
+    try:
+        with Hook(up=False) as hook:
+            url = f"/v1/boards/{name}/periods/{day_ago(2)}:settle"
+            body = {"settlement_id": sid, "rewards": TABLE, "webhook_url": hook.url}
+            async with running(cluster_url, postgres_url=postgres_url, webhook_secret=SECRET) as (_, client):
+                ok = await client.post(url, json=body, headers=AS_ADMIN)
+                assert ok.status_code == 200, ok.text
+                for _ in range(200):
+                    if hook.posts:
+                        break
+                    await asyncio.sleep(0.05)
+                assert hook.posts and delivering()
+            assert delivering() == []
+            posted = sum(hook.posts.values())
+            await asyncio.sleep(2.5)  # the schedule's next attempts are due 1 s and 2 s after
+            assert sum(hook.posts.values()) == posted
+    finally:
+        await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_the_sweep_sends_what_no_process_is_delivering(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], postgres_url: str
+) -> None:
+    """Deliveries left by a stopped router or command were sent only when someone requested that
+    settlement again. An archiver with SHARDLB_WEBHOOK_SECRET now sweeps every settlement's due
+    deliveries (settlement_delivery.sweep_forever), on the same claims, so it never posts one a
+    router is posting; one past its last attempt waits for the settlement to be run again."""
+    board = await ready(store, raw, postgres_url, "hook-sweep", 2)
+    try:
+        with Hook() as hook:
+            body = {"settlement_id": "sweep-1", "rewards": TABLE, "webhook_url": hook.url}
+            result = await Settler(rebuilder).settle(board, day_ago(2), Request.of(body))
+            total = result["awards"]["total"]
+            cur = await db.execute(
+                "UPDATE settlement_deliveries SET attempts = %s WHERE award_id = (SELECT min(award_id) "
+                "FROM settlement_awards WHERE settlement_id = 'sweep-1') RETURNING award_id",
+                (MAX_ATTEMPTS,),
+            )
+            failed = str((await cur.fetchone() or (None,))[0])
+            stop = asyncio.Event()
+            sweeper = asyncio.create_task(
+                settlement_delivery.sweep_forever(postgres_url, SECRET, stop, every_s=0.05, **FAST)
+            )
+            try:
+                for _ in range(200):
+                    if (await delivery_counts(db, "sweep-1"))["delivered"] == total - 1:
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                stop.set()
+                await sweeper
+        assert await delivery_counts(db, "sweep-1") == {"delivered": total - 1, "pending": 0, "failed": 1}
+        shown = await settlement_delivery.get(db, "sweep-1")  # GET /v1/settlements/{id}
+        assert shown["delivery"] == {"delivered": total - 1, "pending": 0, "failed": 1}
+        assert set(hook.posts) == await award_ids(db, "sweep-1") - {failed}
+        assert set(hook.posts.values()) == {1} and hook.bad_signatures == 0
+    finally:
+        await store.delete(board.config.id)
