@@ -26,7 +26,7 @@ from router.service import Service
 from shardlb import keys, times
 from shardlb.board import band_skew
 from shardlb.config import MAX_SHARDS, check_id
-from shardlb.errors import BoardConflict, BoardNotFound, ClusterUnavailable, InvalidInput
+from shardlb.errors import BoardConflict, BoardNotFound, ClusterUnavailable, InvalidInput, field_name
 from shardlb.reads import View
 from shardlb.reshard import Cancelled, Resharder
 
@@ -235,7 +235,7 @@ async def reshard(request: Request) -> Response:
     body = params.integral(await read_object(request, RESHARD_BODY_BYTES))
     for name in body:
         if name not in RESHARD_FIELDS:
-            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+            raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
     if "resume" in body and (len(body) != 1 or body["resume"] is not True):
         raise InvalidInput('give "shards" (and "bands") or "resume": true, not both', "resume")
     if "shards" not in body and "resume" not in body:

@@ -1236,7 +1236,8 @@ SPEC: dict[str, Any] = {
                 "operationId": "queryPlayers",
                 "summary": "Many players (friends) with global ranks",
                 "security": _READ,
-                "parameters": [_param("rank_mode")],
+                # period and region may come in the body (api.md) or the query, as the client sends them
+                "parameters": [_param("period"), _param("region"), _param("rank_mode")],
                 "requestBody": {"required": True, "content": _content(_ref("Query"))},
                 "responses": {
                     "200": _ok("The players with a score, by rank", "Entries"),

@@ -29,7 +29,7 @@ from router.service import Service
 from shardlb import merge, rebuild, times
 from shardlb.board import Board, Entry
 from shardlb.config import AUTO_SHARDS, ID_PATTERN, MAX_SHARDS, BoardConfig, check_id
-from shardlb.errors import InvalidInput, PlayerNotFound
+from shardlb.errors import InvalidInput, PlayerNotFound, field_name
 from shardlb.merge import Row
 from shardlb.reads import ResolvedView
 
@@ -390,7 +390,7 @@ async def query(request: Request) -> Response:
     body = await read_object(request, svc.settings.max_read_body_bytes)
     for name in body:
         if name not in QUERY_FIELDS:
-            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+            raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
     ids = body.get("player_ids")
     if not isinstance(ids, list):
         raise InvalidInput("player_ids must be a list of player ids", "player_ids", "invalid_input")

@@ -34,7 +34,7 @@ from router.media import (
 from router.service import Service
 from shardlb import times
 from shardlb.board import Result, Score
-from shardlb.errors import InvalidInput
+from shardlb.errors import InvalidInput, field_name
 
 PATH = "/v1/boards/{board}/scores"
 PATH_PATTERN = re.compile(r"/v1/boards/([^/]+)/scores")
@@ -50,7 +50,7 @@ def parse_scores(body: dict[str, Any]) -> list[Score]:
     """The ``scores`` of a POST body as Score values; shape errors name their field (422)."""
     for name in body:
         if name != "scores":
-            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+            raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
     items = body.get("scores")
     if not isinstance(items, list):
         raise InvalidInput("scores must be a list of score objects", "scores", "invalid_input")
@@ -62,7 +62,9 @@ def parse_scores(body: dict[str, Any]) -> list[Score]:
             raise InvalidInput("each score must be an object", f"scores[{i}]", "invalid_input")
         if not item.keys() <= SCORE_FIELDS:
             name = next(name for name in item if name not in SCORE_FIELDS)
-            raise InvalidInput(f"unknown field {name!r}", f"scores[{i}].{name}", "unknown_field")
+            raise InvalidInput(
+                f"unknown field {field_name(name)!r}", f"scores[{i}].{field_name(name)}", "unknown_field"
+            )
         player_id, points, match_id = item.get("player_id"), item.get("points"), item.get("match_id")
         if type(points) is not int:
             points = params.integral(points)

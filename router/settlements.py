@@ -28,7 +28,7 @@ from router.media import read_object, render
 from router.service import Service
 from shardlb import periods, settlement, settlement_delivery, settlement_history, times
 from shardlb.config import check_id
-from shardlb.errors import InvalidInput
+from shardlb.errors import InvalidInput, field_name
 
 log = logging.getLogger("shardlb.router")
 MAX_HISTORY = settlement_history.MAX_HISTORY
@@ -156,7 +156,7 @@ async def ack_awards(request: Request) -> Response:
     body = await read_object(request, svc.settings.max_body_bytes)
     for name in body:
         if name != "award_ids":
-            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+            raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
     async with archive_db(svc) as db:
         done = await settlement_delivery.ack(db, settlement_id, body.get("award_ids"))
     return render(request, done)

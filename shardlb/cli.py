@@ -243,8 +243,11 @@ def _connections(command: argparse.ArgumentParser) -> None:
         default=os.environ.get("SHARDLB_POSTGRES_URL"),
         help="the archive (default $SHARDLB_POSTGRES_URL)",
     )
+
+
+def _period(command: argparse.ArgumentParser, default: str) -> None:
     command.add_argument(
-        "--period", help="one API period: total, daily, daily:2026-11-30, weekly... (default all)"
+        "--period", help=f"one API period: total, daily, daily:2026-11-30, weekly... {default}"
     )
 
 
@@ -264,6 +267,7 @@ def add_rebuild_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         help="rebuild even from an archive that holds no result of the board while Redis holds players",
     )
     _connections(rebuild)
+    _period(rebuild, "(default all)")
     rebuild.set_defaults(func=rebuild_boards)
 
 
@@ -450,6 +454,7 @@ def add_reconcile_command(commands: argparse._SubParsersAction[argparse.Argument
         "--metrics-file", type=Path, help="write the result here as Prometheus text (textfile collector)"
     )
     _connections(reconcile)
+    _period(reconcile, "(default: the current one of every period the board keeps)")
     reconcile.set_defaults(func=reconcile_board)
 
 
@@ -460,20 +465,23 @@ def reconcile_board(args: argparse.Namespace) -> int:
     if not args.postgres:
         print("shardlb reconcile: give --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr)
         return 2
-    period = args.period or "total"
 
     async def run() -> bool:
         async with rebuild.connected(args.redis, args.postgres, print) as (rebuilder, store):
             board = await store.get(args.board)
-            checks = await reconcile.reconcile(rebuilder, board, period)
-            print(reconcile.table(checks))
-            if args.repair and any(c.drift for c in checks):
-                await reconcile.repair(rebuilder, board, checks, period)
+            found = {}
+            # Without --period, the current one of every period the board keeps.
+            for period in [args.period] if args.period else list(board.config.periods):
                 checks = await reconcile.reconcile(rebuilder, board, period)
-                print(reconcile.table(checks))
+                print(f"period {period}:\n{reconcile.table(checks)}")
+                if args.repair and any(c.drift for c in checks):
+                    await reconcile.repair(rebuilder, board, checks, period)
+                    checks = await reconcile.reconcile(rebuilder, board, period)
+                    print(f"period {period}, after the repair:\n{reconcile.table(checks)}")
+                found[period] = checks
             if args.metrics_file:
-                reconcile.write_metrics(args.metrics_file, board, period, checks)
-            return any(c.drift for c in checks)
+                reconcile.write_metrics(args.metrics_file, board, found)
+            return any(c.drift for checks in found.values() for c in checks)
 
     return 1 if asyncio.run(run()) else 0
 

@@ -42,7 +42,7 @@ from shardlb import keys, times
 from shardlb.board import Board, Prepared
 from shardlb.config import check_id
 from shardlb.connection import Scripts, connect
-from shardlb.errors import BoardConflict, InvalidInput
+from shardlb.errors import BoardConflict, InvalidInput, field_name
 from shardlb.store import BoardStore
 
 # Per-score statuses of results refused before they were written (the write's other statuses are
@@ -281,7 +281,7 @@ def parse_scope(body: dict[str, Any]) -> tuple[str, str]:
     or {"scope": "all", ...}. Raises InvalidInput naming the field."""
     for name in body:
         if name not in ("scope", "board", "reason"):
-            raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+            raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
     scope = body.get("scope")
     if scope not in ("board", "all"):
         raise InvalidInput("scope must be 'board' or 'all'", "scope")

@@ -140,19 +140,25 @@ def table(checks: list[ShardCheck]) -> str:
     return "\n".join(lines)
 
 
-def write_metrics(path: Path, board: Board, period: str, checks: list[ShardCheck]) -> None:
+def write_metrics(path: Path, board: Board, found: Mapping[str, list[ShardCheck]]) -> None:
     """The last result as Prometheus text (for node_exporter's textfile collector, or a Pushgateway
-    job): shards drifting, shards checked, players left out as busy, and when."""
+    job), per API period checked: shards drifting, shards checked, players left out as busy, and when."""
     registry = CollectorRegistry()
     labels = ["board", "period"]
-    values = {
-        "shardlb_reconcile_drifting_shards": ("Shards whose Redis board differs from PostgreSQL.",
-                                              sum(c.drift for c in checks)),
-        "shardlb_reconcile_shards": ("Shards compared.", len(checks)),
-        "shardlb_reconcile_busy_players": ("Players left out: written to during the check.",
-                                           sum(c.busy for c in checks)),
-        "shardlb_reconcile_last_run_timestamp_seconds": ("When the last reconcile finished.", time.time()),
-    }  # fmt: skip
-    for metric, (text, value) in values.items():
-        Gauge(metric, text, labels, registry=registry).labels(board.config.id, period).set(value)
+    gauges = {
+        "shardlb_reconcile_drifting_shards": "Shards whose Redis board differs from PostgreSQL.",
+        "shardlb_reconcile_shards": "Shards compared.",
+        "shardlb_reconcile_busy_players": "Players left out: written to during the check.",
+        "shardlb_reconcile_last_run_timestamp_seconds": "When the last reconcile finished.",
+    }
+    made = {metric: Gauge(metric, text, labels, registry=registry) for metric, text in gauges.items()}
+    for period, checks in found.items():
+        values = {
+            "shardlb_reconcile_drifting_shards": sum(c.drift for c in checks),
+            "shardlb_reconcile_shards": len(checks),
+            "shardlb_reconcile_busy_players": sum(c.busy for c in checks),
+            "shardlb_reconcile_last_run_timestamp_seconds": time.time(),
+        }
+        for metric, value in values.items():
+            made[metric].labels(board.config.id, period).set(value)
     write_to_textfile(str(path), registry)

@@ -45,7 +45,7 @@ import psycopg
 from shardlb import archive, keys, moderation, periods, rebuild, settlement_rewards, times
 from shardlb.board import Board
 from shardlb.config import check_id
-from shardlb.errors import ArchiveBehind, BoardNotFound, InvalidInput, SettlementConflict
+from shardlb.errors import ArchiveBehind, BoardNotFound, InvalidInput, SettlementConflict, field_name
 from shardlb.rebuild import Rebuilder
 from shardlb.reconcile import ShardCheck, checksum
 from shardlb.settlement_rewards import Tier
@@ -159,7 +159,7 @@ class Request:
         allowed = ("settlement_id", "rewards", "top_n", "force", "webhook_url")
         for name in body:
             if name not in allowed:
-                raise InvalidInput(f"unknown field {name!r}", str(name), "unknown_field")
+                raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
         settlement_id = check_id(body.get("settlement_id"), "settlement_id")
         top_n = body.get("top_n", DEFAULT_TOP_N)
         if isinstance(top_n, bool) or not isinstance(top_n, int) or not 0 <= top_n <= MAX_TOP_N:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shardlb import keys
+from shardlb import keys, periods, times
 from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.rebuild import Rebuilder
@@ -126,6 +126,49 @@ async def test_the_command_exits_1_on_drift_and_repairs(
         assert await asyncio.to_thread(main, [*base, "--repair"]) == 0
         assert drifting()["shardlb_reconcile_drifting_shards"] == 0
         assert await raw.zscore(keys.period_key(board.prefixes[2], "total"), "stranger") is None
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_the_command_checks_every_kept_period_unless_told_one(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, tmp_path: Path
+) -> None:
+    """`--help` said `--period` defaults to all, but only `total` was checked: a daily board drifting
+    (what the k8s CronJob runs, with no --period) was reported clean. Now every kept period's
+    current one is checked, each with its own metrics."""
+    settings = {"periods": ["daily"], "sharding": sharding("hash", 3)}
+    config = BoardConfig.from_dict("reconcile-periods", settings)
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    metrics = tmp_path / "reconcile.prom"
+    base = ["reconcile", config.id, "--redis", cluster_url, "--postgres", postgres_url]
+    base += ["--metrics-file", str(metrics)]
+
+    def drifting() -> dict[str, float]:
+        families = text_string_to_metric_families(metrics.read_text())
+        return {
+            s.labels["period"]: s.value
+            for f in families
+            for s in f.samples
+            if s.name == "shardlb_reconcile_drifting_shards" and s.labels["board"] == config.id
+        }
+
+    try:
+        w = Writer(board, "reconcile/periods")
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        assert await asyncio.to_thread(main, base) == 0
+        today = periods.parse("daily", config.periods, board.tz, times.now_ms(), config.week_start)
+        assert drifting() == {"total": 0, "daily": 0}
+        await raw.zadd(keys.period_key(board.prefixes[1], today), {"stranger": 5})
+        assert await asyncio.to_thread(main, base) == 1
+        assert drifting() == {"total": 0, "daily": 1}
+        assert await asyncio.to_thread(main, [*base, "--period", "total"]) == 0
+        assert await asyncio.to_thread(main, [*base, "--repair"]) == 0
+        assert drifting() == {"total": 0, "daily": 0}
+        assert await raw.zscore(keys.period_key(board.prefixes[1], today), "stranger") is None
     finally:
         await a.db.close()
         await store.delete(config.id)

@@ -294,3 +294,31 @@ async def test_concurrent_board_lists_share_one_registry_read(store: BoardStore,
             assert 1 <= calls[0] <= 10, calls[0]
     finally:
         await store.delete(name)
+
+
+async def test_a_binary_key_is_named_as_text_in_every_body(
+    store: BoardStore, cluster_url: str, postgres_url: str
+) -> None:
+    """router/README.md: a MessagePack map key sent as bytes is named as text in the error's field.
+    Only the board PUT did so; the others named it `b'scores'`, `scores[0].b'points'`..."""
+    name = board_name("binkey")
+    await store.create(BoardConfig.from_dict(name, {}))
+    as_msgpack = {"Content-Type": "application/msgpack"}
+    day = times.format_ms(times.now_ms() - 3 * 86_400_000)[:10]
+    calls = [
+        (f"/v1/boards/{name}/scores", {b"scores": []}, AS_WRITER, "scores"),
+        (f"/v1/boards/{name}/scores", {"scores": [{b"points": 1}]}, AS_WRITER, "scores[0].points"),
+        (f"/v1/boards/{name}/players:query", {b"player_ids": []}, AS_WRITER, "player_ids"),
+        ("/v1/players/p1:ban", {b"scope": "all"}, AS_ADMIN, "scope"),
+        (f"/v1/admin/boards/{name}/reshard", {b"shards": 4}, AS_ADMIN, "shards"),
+        (f"/v1/boards/{name}/periods/daily:{day}:settle", {b"top_n": 1}, AS_ADMIN, "top_n"),
+        ("/v1/settlements/nobody/awards:ack", {b"award_ids": []}, AS_ADMIN, "award_ids"),
+    ]
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        try:
+            for path, body, key, field in calls:
+                packed = msgpack.packb(body, use_bin_type=True)
+                r = await client.post(path, content=packed, headers={**key, **as_msgpack})
+                assert error_of(r) == (422, "unknown_field", field), (path, r.text)
+        finally:
+            await store.delete(name)
