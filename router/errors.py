@@ -30,6 +30,10 @@ OUT_OF_MEMORY = "out_of_memory"
 # buckets and period boards expire, or when an operator adds memory or masters: minutes, not the
 # second that a failover takes, so clients are asked to wait longer.
 OUT_OF_MEMORY_RETRY_S = 10
+# An error's message and field often quote what the client sent (an unknown field's name, a bad
+# id): both are cut to these lengths, so an answer and its log line stay small whatever was sent.
+MESSAGE_MAX = 300
+FIELD_MAX = 160
 
 # Exception class -> (status, code); None keeps the library error's own code. The first row whose
 # class matches wins, so a subclass comes before its base. No redis-py error is the client's fault:
@@ -67,11 +71,13 @@ class ApiError(Exception):
         retry_after: float | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        message = _cut(message, MESSAGE_MAX)
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
-        self.field = field_name(field)
+        named = field_name(field)
+        self.field = None if named is None else _cut(named, FIELD_MAX)
         self.headers = dict(headers or {})
         if retry_after is not None:
             self.headers["retry-after"] = str(max(1, math.ceil(retry_after)))
@@ -122,3 +128,8 @@ def is_cluster_trouble(exc: BaseException) -> bool:
 def redis_error_kind(exc: BaseException) -> str:
     """A short, bounded label for an exception from a cluster call (a metrics label)."""
     return type(exc).__name__ if is_cluster_trouble(exc) else "other"
+
+
+def _cut(text: str, most: int) -> str:
+    """``text``, or its start and an ellipsis when it is longer than ``most`` characters."""
+    return text if len(text) <= most else text[: most - 1] + "\u2026"

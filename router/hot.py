@@ -45,8 +45,9 @@ V = TypeVar("V")
 class Renderings(Generic[K, V]):
     """Rendered answers kept for repeats: at most ``count`` of them and ``size`` bytes of bodies in
     all, the first kept dropped first. Queries choose the keys (a limit of 1-1000, a format, a
-    period), so the bound in bytes is what holds a worker's memory whatever callers ask: 4096 tops
-    of 1000 entries would be about 400 MB."""
+    period, and any padding of the query string), so the bound in bytes, keys counted with bodies
+    (``remember``), is what holds a worker's memory whatever callers ask: 4096 tops of 1000 entries
+    would be about 400 MB, 4096 keys padded to the URL limit about 250 MB."""
 
     def __init__(self, count: int = KEPT, size: int = KEPT_BYTES) -> None:
         self.count = count
@@ -95,8 +96,9 @@ def now_second() -> int:
 
 
 def remember(board_id: str, query: bytes, packed: bool, answer: Rendered) -> None:
-    """Keep ``answer`` for repeats of the same query (``Renderings``: the oldest dropped first)."""
-    _kept.put((board_id, query, packed), answer, len(answer.body))
+    """Keep ``answer`` for repeats of the same query (``Renderings``: the oldest dropped first). The
+    key's bytes count with the body's: a caller chooses the query string, and can pad it."""
+    _kept.put((board_id, query, packed), answer, len(answer.body) + len(query) + len(board_id))
 
 
 def matches(if_none_match: str | None, tag: str) -> bool:
@@ -123,13 +125,14 @@ class HotTop:
         self.admit = admit  # the key check and read budget of every read (routes.admit_read)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The first line of a repeated header, as on every other path (Starlette's headers.get).
         authorization = accept = if_none_match = None
         for name, value in scope["headers"]:
-            if name == b"authorization":
+            if name == b"authorization" and authorization is None:
                 authorization = value.decode("latin-1")
-            elif name == b"accept":
+            elif name == b"accept" and accept is None:
                 accept = value.decode("latin-1")
-            elif name == b"if-none-match":
+            elif name == b"if-none-match" and if_none_match is None:
                 if_none_match = value.decode("latin-1")
         packed = wants_msgpack(accept)
         svc = cast("Service", scope["app"].state.service)

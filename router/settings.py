@@ -181,8 +181,10 @@ class Settings:
             ("SHARDLB_READ_KEYS", self.read_keys),
         ):
             for key in keys:
-                if not key.isprintable() or any(c.isspace() for c in key):
-                    raise SettingsError(name, "keys are printable characters without spaces")
+                # ASCII only: a header's bytes reach the app as Latin-1, so a key of other letters
+                # could only be presented in an encoding nobody would send it in.
+                if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+                    raise SettingsError(name, "keys are printable ASCII characters without spaces")
         if not (self.admin_keys or self.write_keys) and not self.insecure_dev:
             raise SettingsError(
                 "SHARDLB_ADMIN_KEYS",

@@ -157,3 +157,29 @@ async def test_read_budgets_hold_on_a_repeat(cluster: LocalCluster, clock: Clock
         limited = await c.get(f"/v1/boards/{name}/top")
         assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
         assert limited.json()["error"]["code"] == "rate_limited"
+
+
+async def test_repeated_headers_are_read_as_on_the_full_path(client: httpx.AsyncClient, clock: Clock) -> None:
+    """The hot path kept the LAST Accept and Authorization lines where every other path takes the
+    first (Starlette's ``headers.get``): the same request was JSON cold and MessagePack once another
+    caller had warmed the MessagePack answer of that second."""
+    name = await new_board(client, [("a", 10)])
+    twice = [("accept", "application/json"), ("accept", "application/msgpack")]
+    cold = await client.get(f"/v1/boards/{name}/top", headers=twice)
+    assert cold.headers["content-type"].startswith("application/json")
+    await client.get(f"/v1/boards/{name}/top", headers={"Accept": "application/msgpack"})
+    warm = await client.get(f"/v1/boards/{name}/top", headers=twice)
+    assert warm.headers["content-type"].startswith("application/json") and warm.content == cold.content
+
+
+def test_the_bytes_bound_counts_the_queries_callers_choose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys are raw query strings, which a caller can pad (`?&&&...&limit=1`, up to the URL limit)
+    into a new key each time: the bound in bytes counted only the bodies, so 4096 padded keys of
+    64 KB held about 250 MB per worker. Now a key's bytes count too."""
+    kept: hot.Renderings[Any, Any] = hot.Renderings(count=4096, size=1_000_000)
+    monkeypatch.setattr(hot, "_kept", kept)
+    answer = hot.Rendered(0, None, None, 0, [], b"x" * 100, b'"t"')  # type: ignore[arg-type]
+    for n in range(100):
+        hot.remember("board", b"&" * 60_000 + str(n).encode(), False, answer)
+    assert kept.held <= 1_000_000
+    assert len(kept) < 20

@@ -97,6 +97,7 @@ def test_defaults_and_every_variable() -> None:
         ("SHARDLB_ACCESS_LOG", "sometimes"),
         ("SHARDLB_HOST", ""),
         ("SHARDLB_ADMIN_KEYS", "has space"),
+        ("SHARDLB_WRITE_KEYS", "schl\u00fcssel"),  # a header holds it as Latin-1, never as UTF-8
         ("SHARDLB_NODE_CONCURRENCY", "1000"),
         ("SHARDLB_SCRIPT_CONCURRENCY", "0"),
         ("SHARDLB_READ_CONCURRENCY", "40"),
