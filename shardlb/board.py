@@ -247,12 +247,16 @@ class Board:
             ):
                 points = self._refuse(s, achieved, now, f"{field}[{i}]")
             units = (achieved - lowest) // unit_ms
+            # Periods follow the time kept (whole units from the epoch), as the archive, rebuilds
+            # and settlement see it: with resolution "s" and an epoch off a whole second, a result
+            # sent in a day's first fraction of a second is kept, and filed, in the day before.
+            kept = lowest + units * unit_ms
             if by_region:
                 shard = self.layout.home(player, s.region, f"{field}[{i}].region")
             else:
                 shard = crc32(player.encode()) % shards  # Layout.home
-            if achieved // QUARTER_HOUR_MS != quarter:
-                quarter = achieved // QUARTER_HOUR_MS
+            if kept // QUARTER_HOUR_MS != quarter:
+                quarter = kept // QUARTER_HOUR_MS
                 names = self._period_names(quarter)
             # tuple.__new__ straight: a NamedTuple's own __new__ is a Python function, a call more
             # per score (about half of a Prepared's cost to build)

@@ -155,10 +155,16 @@ def closes_ms(name: str, tz: ZoneInfo, grace_s: int, week_start: str = "monday")
 
 def resets_at(name: str, tz: ZoneInfo, week_start: str = "monday") -> str | None:
     """When the period ``name`` ends, as RFC 3339 with the board's UTC offset at that instant
-    (``2026-12-01T00:00:00+09:00``); None for the total, which never ends."""
+    (``2026-12-01T00:00:00+09:00``); None for the total, which never ends. An offset with seconds
+    (local mean time, before a zone's standard time: -00:44:30 in Monrovia until 1972), which RFC
+    3339 cannot write, is given in UTC instead."""
     if name == "total":
         return None
-    return datetime.fromtimestamp(end_ms(name, tz, week_start) / 1000, tz=tz).isoformat()
+    at = datetime.fromtimestamp(end_ms(name, tz, week_start) / 1000, tz=tz)
+    offset = at.utcoffset()
+    if offset is not None and offset.total_seconds() % 60:
+        at = at.astimezone(UTC)
+    return at.isoformat()
 
 
 def api_name(name: str) -> str:

@@ -20,6 +20,7 @@ from shardlb.config import BoardConfig
 from shardlb.errors import InvalidInput
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
+from tests.router_support import board_name
 
 pytestmark = pytest.mark.cluster
 
@@ -288,3 +289,28 @@ async def test_a_call_applies_alike_whether_its_items_go_as_a_stream_or_as_one_a
         assert entries == {s.player_id: s.points for s in below + above}
     finally:
         await store.delete("stream-bound")
+
+
+async def test_a_result_is_filed_in_the_periods_of_the_time_it_is_kept_with(store: BoardStore) -> None:
+    """With resolution "s" and an epoch off a whole second (here .900), a result achieved in the
+    first .9 s of a day is kept with a time in the day before (the codec counts whole seconds from
+    the epoch). The live board filed it by the time sent, in the new day, while the archive,
+    a rebuild and settlement file it by the time kept, in the day before: they disagreed. Now the
+    live board files it by the time kept too."""
+    config = BoardConfig.from_dict(
+        board_name("epoch-fraction"), {"periods": ["daily"], "epoch": "2026-12-01T00:00:00.900Z"}
+    )
+    board, _ = await store.create(config)
+    try:
+        sent = times.parse("2026-12-05T00:00:00.100Z", "achieved_at")
+        now = sent + 60_000
+        [result] = await board.submit([Score("alice", 10, "m1", sent)], now_ms=now)
+        assert result.status == "improved"
+        before = await board.top(10, board.resolve("daily:2026-12-04", now_ms=now))
+        after = await board.top(10, board.resolve("daily:2026-12-05", now_ms=now))
+        assert [(e.player_id, times.format_ms(e.achieved_ms)) for e in before] == [
+            ("alice", "2026-12-04T23:59:59.900Z")
+        ]
+        assert after == []
+    finally:
+        await store.delete(config.id)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given, settings
@@ -188,3 +189,15 @@ def test_resets_at_is_the_end_in_the_boards_offset(
     name: str, zone: str, week_start: str, resets: str | None
 ) -> None:
     assert periods.resets_at(name, periods.zone(zone), week_start) == resets
+
+
+@pytest.mark.parametrize(
+    ("name", "zone"),
+    [("d:1971-06-01", "Africa/Monrovia"), ("d:0001-01-01", "America/New_York"), ("d:2026-12-05", "UTC")],
+)
+def test_resets_at_is_rfc_3339_even_where_the_offset_has_seconds(name: str, zone: str) -> None:
+    """Offsets of local mean time (-00:44:30 in Monrovia until 1972, -04:56:02 in New York before
+    1883) came out with seconds, which RFC 3339 has no room for; those are given in UTC now."""
+    at = periods.resets_at(name, ZoneInfo(zone))
+    assert at is not None and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d([+-]\d\d:\d\d|Z)", at), at
+    assert datetime.fromisoformat(at).timestamp() * 1000 == periods.end_ms(name, ZoneInfo(zone))
