@@ -178,6 +178,18 @@ def gone_key(prefix: str) -> str:
     return prefix + "gone"
 
 
+def removals_key(prefix: str) -> str:
+    """The shard's recent removals (remove.lua): player -> the removal's time units, kept for the
+    dedup window; write.lua answers `d` to a result of theirs achieved before it. remove.lua and
+    write.lua build this name themselves from the prefix: keep them in step."""
+    return prefix + "rmv"
+
+
+def removals_marker_key(prefix: str) -> str:
+    """A string beside ``removals_key`` with its expiry: write.lua reads it in its one MGET."""
+    return prefix + "rmvon"
+
+
 def journal_key(prefix: str) -> str:
     return prefix + "log"
 

@@ -105,7 +105,7 @@ async def create_schema(db: psycopg.AsyncConnection[Any]) -> None:
 # ---- removal ------------------------------------------------------------------------------
 
 
-async def remove(board: Board, players: Sequence[str]) -> set[str]:
+async def remove(board: Board, players: Sequence[str], now_ms: int | None = None) -> set[str]:
     """Remove ``players`` from every period of ``board``; return those that had an entry anywhere.
     One remove.lua call per shard, atomic on its shard, concurrent across shards (not atomic across
     them); a retry after any failure converges to the state of one call."""
@@ -117,20 +117,27 @@ async def remove(board: Board, players: Sequence[str]) -> set[str]:
             groups[shard].append(player)
     gate = asyncio.Semaphore(SHARDS_IN_FLIGHT)
 
+    now = times.now_ms() if now_ms is None else now_ms  # one removal time on every shard
+
     async def one(shard: int, members: list[str]) -> list[str]:
         async with gate:
-            return await remove_on_shard(board, shard, members)
+            return await remove_on_shard(board, shard, members, now_ms=now)
 
     found = await asyncio.gather(*(one(s, m) for s, m in groups.items()))
     return {p for got in found for p in got}
 
 
 async def remove_on_shard(
-    board: Board, shard: int, players: Sequence[str], stale_before_ms: int = 0
+    board: Board, shard: int, players: Sequence[str], stale_before_ms: int = 0, now_ms: int | None = None
 ) -> list[str]:
     """remove.lua on one shard (see the module docstring); returns the players it removed. With
-    ``stale_before_ms``, only players whose last post (activity set) is at or before it."""
+    ``stale_before_ms``, only players whose last post (activity set) is at or before it. Without it
+    (a removal asked for, not the inactive cleanup), the shard also records the removal's time for
+    the dedup window: a result of the player achieved before it (before its time unit), a retry
+    above all, is then a duplicate that writes nothing (remove.lua, write.lua)."""
     prefix = board.prefixes[shard]
+    now, codec = times.now_ms() if now_ms is None else now_ms, board.codec
+    removed_units = min(max(0, (now - codec.epoch_ms) // codec.unit_ms), codec.time_max)
     fixed = [
         keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix),
         keys.version_key(prefix), keys.pending_key(prefix), keys.activity_key(prefix),
@@ -144,6 +151,8 @@ async def remove_on_shard(
             board.incarnation,
             shard,
             stale_before_ms,
+            -1 if stale_before_ms else removed_units,
+            now + board.config.dedup_window_s * 1000,
         ]
     )
     args = [header, msgpack.packb(list(players))]

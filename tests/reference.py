@@ -22,6 +22,7 @@ class ReferenceBoard:
     region_of: dict[str, str] = field(default_factory=dict)
     frozen: set[str] = field(default_factory=set)  # period names frozen (Board.freeze)
     closed: list[tuple[str, ...]] = field(default_factory=list)  # per score of the last submit: API names
+    removed: dict[str, int] = field(default_factory=dict)  # player -> time units of their removal
 
     @property
     def codec(self) -> ScoreCodec:
@@ -35,7 +36,7 @@ class ReferenceBoard:
         for s in scores:
             achieved = now_ms if s.achieved_ms is None else s.achieved_ms
             units = codec.time_units(achieved)
-            names = periods.names_at(achieved, c.periods, tz, c.week_start)
+            names = periods.names_at(codec.units_to_ms(units), c.periods, tz, c.week_start)
             # A closed or frozen period takes nothing; the result counts in the others.
             shut = [
                 n
@@ -49,6 +50,8 @@ class ReferenceBoard:
             home = self.region_of.get(s.player_id)
             if s.region is not None and before is not None and home != s.region:
                 status = "region_conflict"  # a player's first region sticks: nothing is written
+            elif units < self.removed.get(s.player_id, -1):
+                status = "duplicate"  # achieved before the player's removal: nothing is written
             elif self.config.mode == "incr":
                 if (s.match_id, s.player_id) in self.seen:
                     status = "duplicate"
@@ -85,6 +88,15 @@ class ReferenceBoard:
             applied = status in ("improved", "unchanged")
             self.closed.append(tuple(periods.api_name(n) for n in shut) if applied else ())
         return out
+
+    def remove(self, player: str, at_ms: int | None = None) -> None:
+        """The player leaves every period (an incr board's dedup stays). A removal asked for (with
+        its time ``at_ms``; not the inactive cleanup) also refuses their results achieved before it."""
+        for board in self.boards.values():
+            board.pop(player, None)
+        self.region_of.pop(player, None)
+        if at_ms is not None:
+            self.removed[player] = (at_ms - self.config.epoch_ms) // self.codec.unit_ms
 
     def order(self, name: str = "total", region: str | None = None) -> list[tuple[int, str, int, int]]:
         """(score, player, points, units), best first."""

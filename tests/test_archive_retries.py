@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardlb import moderation, times
+from shardlb import keys, moderation, times
 from shardlb.board import Score
 from shardlb.rebuild import Rebuilder
 from shardlb.settlement import Request, Settler, period_bounds
@@ -46,6 +46,10 @@ async def test_a_retry_after_a_period_closed_keeps_the_result_in_it_unless_remov
             await drain(raw, store, rebuilder.db.info.dsn)
         if removed:
             await moderation.remove(board, ["p4"])  # out of every period
+            again = await board.submit([scores[4]], now_ms=times.now_ms())
+            assert again[0].status == "duplicate"  # within the dedup window the removal refuses it
+            for prefix in board.prefixes:  # the window over: the shard's record of removals expired
+                await raw.delete(keys.removals_key(prefix), keys.removals_marker_key(prefix))
         retried = await board.submit([scores[4]], now_ms=times.now_ms())  # the winner's post again, closed
         assert retried[0].closed == (period,)
         await drain(raw, store, rebuilder.db.info.dsn)

@@ -29,11 +29,10 @@ from tests.test_rebuild import Writer, archiver, check, damage, drain
 pytestmark = pytest.mark.cluster
 
 
-def forget(ref: ReferenceBoard, player: str) -> None:
-    """The reference's removal: the player leaves every period (an incr board's dedup stays)."""
-    for board in ref.boards.values():
-        board.pop(player, None)
-    ref.region_of.pop(player, None)
+def forget(ref: ReferenceBoard, player: str, at_ms: int | None = None) -> None:
+    """The reference's removal (``ReferenceBoard.remove``): with ``at_ms``, the time given to
+    moderation.remove, results achieved before it are refused from then on."""
+    ref.remove(player, at_ms)
 
 
 async def assert_absent(board: Board, ref: ReferenceBoard, player: str) -> None:
@@ -79,9 +78,10 @@ async def test_a_removed_player_is_absent_from_every_read_and_from_a_rebuild(
         await w.batch()  # ... some only in the journals
         present = sorted(w.ref.boards["total"])
         gone = present[:2] + present[-2:]
-        assert await moderation.remove(board, gone) == set(gone)
+        removed_at = times.now_ms()
+        assert await moderation.remove(board, gone, now_ms=removed_at) == set(gone)
         for player in gone:
-            forget(w.ref, player)
+            forget(w.ref, player, removed_at)
             await assert_absent(board, w.ref, player)
         await check(board, w.ref)
         assert await moderation.remove(board, gone) == set()  # again: nothing more to remove
@@ -129,8 +129,9 @@ async def test_a_removal_that_failed_half_way_converges_when_retried(store: Boar
             assert await store.client.hget(keys.version_key(band), "p7") == version  # every band took it
         forget(ref, "p7")
         assert [e.player_id for e in await board.top(100)] == [row[1] for row in ref.order()]  # ... done
-        await board.submit([Score("p7", 3, "m-again", now)], now)  # a later result re-adds cleanly
-        ref.submit([Score("p7", 3, "m-again", now)], now)
+        later = times.now_ms() + 2_000  # achieved after the removal
+        await board.submit([Score("p7", 3, "m-again", later)], later)  # a later result re-adds cleanly
+        ref.submit([Score("p7", 3, "m-again", later)], later)
         assert [(e.player_id, e.points) for e in await board.top(100)] == [(r[1], r[2]) for r in ref.order()]
         assert await board.repair() == 0
     finally:
@@ -264,7 +265,7 @@ async def test_a_removal_during_a_rebuild_holds_after_the_swap(
         victim = sorted(w.ref.boards["total"])[0]
         home = board.layout.home(victim)
         snapshot = rebuilder.snapshot
-        now = times.now_ms()
+        now = times.now_ms() + 60_000  # achieved after the removal (a minute ahead: the board allows 5)
         later = Score(victim, 1, "after-removal", now)
 
         async def snapshot_then_remove(b: Board, shard: int, fold: Any) -> Any:
@@ -282,4 +283,43 @@ async def test_a_removal_during_a_rebuild_holds_after_the_swap(
         await check(board, w.ref)
     finally:
         await a.db.close()
+        await store.delete(config.id)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "mode"), [("hash", "best"), ("region", "set"), ("band", "best"), ("hash", "incr")]
+)
+async def test_a_result_sent_again_after_a_removal_does_not_bring_the_player_back(
+    store: BoardStore, strategy: str, mode: str
+) -> None:
+    """api.md: replaying the same (match_id, player_id) never changes a board. On best and set
+    boards a game server's retry after an admin removed the player put the removed result back
+    (incr's dedup refused it). Now a removal takes away the player's results achieved up to it, for
+    the dedup window: a replay (with or without its time), or a result of before that arrives late,
+    is a duplicate and writes nothing; a result achieved after the removal counts."""
+    config = BoardConfig.from_dict(
+        f"moderation-replay-{strategy}-{mode}",
+        {"mode": mode, "periods": ["daily"], "points_max": 500, "sharding": sharding(strategy, 3)},
+    )
+    board, _ = await store.create(config)
+    region = "r0" if strategy == "region" else None
+    try:
+        now = times.now_ms()
+        timed = Score("cheater", 99, "m1", now - 60_000, region)
+        timeless = Score("cheater", 98, "m2", None, region)
+        await board.submit([timed, timeless], now_ms=now - 30_000)
+        await board.submit([Score("honest", 10, "m1", now - 60_000, region)], now_ms=now - 30_000)
+        assert await moderation.remove(board, ["cheater"]) == {"cheater"}
+        late = Score("cheater", 97, "m3", now - 20_000, region)
+        again = await board.submit([timed, timeless, late], now_ms=times.now_ms())
+        assert [r.status for r in again] == ["duplicate"] * 3, again
+        for api in ("total", "daily"):
+            with pytest.raises(PlayerNotFound):
+                await board.player("cheater", board.resolve(api))
+        assert [e.player_id for e in await board.top(10)] == ["honest"]
+        later = times.now_ms() + 2_000  # achieved after the removal: counts
+        [fresh] = await board.submit([Score("cheater", 7, "m4", later, region)], now_ms=later)
+        assert fresh.status == "improved" and fresh.points == 7
+        assert [e.player_id for e in await board.top(10)] == ["honest", "cheater"]
+    finally:
         await store.delete(config.id)

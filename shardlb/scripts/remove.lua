@@ -5,7 +5,9 @@
 --         caller found in the key index (period boards, activity set, dedup sets...).
 -- ARGV[1] MessagePack: journal (1: append a delete entry), bands (how many band shards; 0: none),
 --         board id, incarnation, shard, stale_before (ms; 0: remove unconditionally; otherwise a
---         player is removed only if the activity set, KEYS[6], has them at or before it)
+--         player is removed only if the activity set, KEYS[6], has them at or before it),
+--         removed_units (the removal's time in the board's time units; -1: leave no record),
+--         record_until (ms: when the shard's record of removals may expire)
 -- ARGV[2] MessagePack array of player ids
 -- Returns {'stale'} when the key index lists a key the caller did not pass (a period began since it
 -- read the index: it reads again), else {'ok', journal id or '', per player: 1 removed / 0 absent,
@@ -15,6 +17,11 @@
 -- (band.lua 'r' ops at that version) is sent again by a retry, and a later write re-adds cleanly.
 -- The delete entry (`x`: the players actually removed) goes in the same call: the archiver records
 -- it, and a rebuild drops this shard's results of those players journaled before it.
+-- With removed_units, each player is also recorded in the shard's `rmv` hash (player -> those
+-- units; `rmvon`, a string beside it, tells write.lua in the MGET it makes anyway that the hash
+-- exists): write.lua answers a result of the player achieved before it `d`, writing nothing,
+-- so a retry (or a late result) of before the removal cannot bring the player back. Both keys
+-- expire at record_until or later (a later removal only moves it later) and are listed in the index.
 
 local base = string.sub(KEYS[2], 1, -5)  -- a reshard's marker, as in write.lua
 local move = redis.call('GET', base .. 'mv')
@@ -70,6 +77,24 @@ if move and #players > 0 then  -- tracked as a member with no match id: the move
     for j = i, math.min(i + 999, #players) do tracked[#tracked + 1] = '\0' .. players[j] end
     redis.call('SADD', base .. 'chg', unpack(tracked))
   end
+end
+local removed_units, record_until = h[7] or -1, h[8] or 0
+if removed_units >= 0 and #players > 0 then
+  local record, marker = base .. 'rmv', base .. 'rmvon'
+  local units = string.format('%d', removed_units)
+  for i = 1, #players, 500 do
+    local pairs_ = {}
+    for j = i, math.min(i + 499, #players) do
+      pairs_[#pairs_ + 1] = players[j]
+      pairs_[#pairs_ + 1] = units
+    end
+    redis.call('HSET', record, unpack(pairs_))
+  end
+  local until_ms = math.max(record_until, redis.call('PEXPIRETIME', marker))
+  local at = string.format('%d', until_ms)
+  redis.call('PEXPIREAT', record, at)
+  redis.call('SET', marker, '1', 'PXAT', at)
+  redis.call('ZADD', KEYS[1], at, record, at, marker)
 end
 if journal == 1 and #removed > 0 then
   out[2] = redis.call('XADD', KEYS[3], '*', 'b', h[3], 'i', h[4], 's', h[5], 'x', cmsgpack.pack(removed))

@@ -33,7 +33,9 @@
 --             growing as it goes, while {cmsgpack.unpack(s)} sizes the table once; the header and
 --             the items were a sixth of a small call's instructions (`make bench-lua`).
 -- Returns per result: status, total score after, version, pending band moves, skipped periods.
---   status: i improved, u unchanged, d duplicate, o overflow (incr past points_max),
+--   status: i improved, u unchanged, d duplicate (an incr result seen in the dedup window, or a
+--             result achieved before its player's removal: remove.lua's `rmv`),
+--           o overflow (incr past points_max),
 --           r region conflict (nothing written; `after` is the player's total in their region),
 --           p pinned (nothing written; `after` is the time units this (match, player) was first
 --             seen with, outside the header's same periods: the caller sends the result again
@@ -79,7 +81,13 @@ local locks = h[20]
 local marks = {base .. 'mv', base .. 'seal', KEYS[2], base .. 'pspan', base .. 'frozen:total'}
 for i = 1, #locks, 4 do marks[#marks + 1] = KEYS[locks[i + 1]] end
 local counted = base .. 'logn'
-if h[15] > 0 then marks[#marks + 1] = counted end
+local logn_at = 0
+if h[15] > 0 then
+  marks[#marks + 1] = counted
+  logn_at = #marks
+end
+marks[#marks + 1] = base .. 'rmvon'  -- the shard recorded removals (remove.lua): read `rmv` below
+local rmv_at = #marks
 local marked = redis.call('MGET', unpack(marks))
 local move = marked[1]
 if move and (move ~= 't' or marked[2]) then
@@ -114,7 +122,7 @@ if jk > 0 then
   local entries = redis.call('XLEN', KEYS[jk])
   local full = entries >= jmax
   if not full and rmax > 0 then
-    local unarchived = tonumber(marked[#marks]) or 0
+    local unarchived = tonumber(marked[logn_at]) or 0
     if entries == 0 then
       if unarchived ~= 0 then redis.call('SET', counted, 0) end
     else
@@ -249,6 +257,27 @@ local function already(names, wanted, one, many)
   end
   return found
 end
+-- Players removed within the dedup window (remove.lua's `rmv`: player -> the removal's time
+-- units), read only when the shard has such a record: a result of theirs achieved before the
+-- removal's time unit is a duplicate (a retry, or a result of before that comes late), nothing
+-- written. One of the removal's own unit (its second, at resolution s) counts: a new result is never
+-- taken for an old one.
+local removed_at = {}
+if marked[rmv_at] then
+  local list, seen = {}, {}
+  for i = 1, #items, stride do
+    local p = items[i]
+    if not seen[p] then seen[p] = true list[#list + 1] = p end
+  end
+  for first = 1, #list, 1000 do
+    local last = math.min(first + 999, #list)
+    local got = redis.call('HMGET', base .. 'rmv', unpack(list, first, last))
+    for j = first, last do
+      local v = got[j - first + 1]
+      if v then removed_at[list[j]] = tonumber(v) end
+    end
+  end
+end
 local pinned_at = (#pinn > 0) and already(pinn, function(i) return items[i + 5] == 1 end, 'HGET', 'HMGET') or {}
 local deduped = (ndd > 0) and already(dd_seen, function() return true end, 'SISMEMBER', 'SMISMEMBER') or {}
 
@@ -303,10 +332,13 @@ while pos <= #items do
     end
   end
 
+  local removed = removed_at[player]
   if elsewhere then
     status, after = 'r', elsewhere
   elseif pinned then
     status, after = 'p', pinned
+  elseif removed and units < removed then
+    status = 'd'
   elseif mode == 'best' then
     if before == nil or score > before then
       status, after = 'i', score
