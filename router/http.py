@@ -10,15 +10,46 @@ the head and the body of a response go out together, and so do several pipelined
 waits longer than the turn it was written in; ``close`` and ``write_eof`` send what is gathered
 first, ``abort`` drops it, as the real transport would.
 
-``serve`` runs uvicorn with ``http="router.http:HttpToolsProtocol"``.
+``HttpToolsProtocol`` also bounds what a slow or oversized client can make a worker hold, where
+uvicorn's protocol bounds nothing (it keeps every header line, and waits for a body for ever):
+
+- the request line and headers may take SHARDLB_MAX_HEADER_BYTES (64 KiB); past it the request is
+  answered 431 ``headers_too_large`` and the connection closed. The bytes are counted as they come
+  in (``data_received``), not in the parser's callbacks: httptools joins one header line's pieces
+  itself and only hands the whole line over, so a line that never ends would be seen by no callback;
+- a connection has SHARDLB_HEADER_TIMEOUT_S (10 s) to send its first request line and headers (and
+  a later request as much from its first byte); past it, 408 ``request_timeout`` when a request had
+  begun, else the connection is closed without an answer;
+- a request's body has SHARDLB_BODY_TIMEOUT_S (10 s) from the end of its headers to arrive whole;
+  past it, 408 ``request_timeout`` when no answer has begun (the app then sees the client gone, and
+  the access middleware logs the 408), and the connection is closed;
+- a worker keeps at most SHARDLB_MAX_CONNECTIONS connections open; one more is closed at once.
+
+One timer per connection serves both deadlines: a request that moves on only moves the deadline,
+and the timer, when it fires early, sets itself again for the rest. These errors have the API's
+shape (``{"error": {...}}``, MessagePack if Accept asks for it) and an ``X-Request-Id``.
+
+``serve`` runs uvicorn with ``http="router.http:HttpToolsProtocol"``; the limits come from the
+environment's settings (the defaults when it holds no valid settings, as in a test's own uvicorn).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpTools
+from uvicorn.server import ServerState
+
+from router.errors import ApiError
+from router.media import TIMED_OUT, headers_too_large, rendered_error, request_timeout, wants_msgpack
+from router.middleware import log_refused, new_request_id
+from router.settings import Settings, SettingsError
 
 
 class CoalescingTransport(asyncio.Transport):
@@ -100,8 +131,173 @@ class CoalescingTransport(asyncio.Transport):
         return self._inner.get_protocol()
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one connection may take: bytes of request line and headers, and time for them and a body."""
+
+    header_bytes: int
+    header_timeout_s: float
+    body_timeout_s: float
+    connections: int
+
+
+@functools.cache
+def limits() -> Limits:
+    """The limits of this process, from SHARDLB_* (checked by ``shardlb serve`` before any worker)."""
+    try:
+        settings = Settings.from_env()
+    except SettingsError:  # not under `shardlb serve` (a test's own uvicorn): the defaults
+        settings = Settings()
+    return Limits(
+        settings.max_header_bytes,
+        settings.header_timeout_s,
+        settings.body_timeout_s,
+        settings.max_connections,
+    )
+
+
+# Where a connection is: connected and silent, in a request's head, in its body, or between requests
+# (an answer under way, or idle: uvicorn's keep-alive timeout closes it then).
+_SILENT, _HEAD, _BODY, _BETWEEN = range(4)
+
+
 class HttpToolsProtocol(_UvicornHttpTools):
-    """uvicorn's httptools protocol writing through a ``CoalescingTransport``."""
+    """uvicorn's httptools protocol writing through a ``CoalescingTransport``, with a cap on the
+    bytes of a request's head and deadlines for its head and its body (see the module)."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.limits = limits()
+        self._phase = _SILENT
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0  # of the request head being read
+        self._refused = False  # answered and closing: whatever else comes is dropped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))
+        if len(self.connections) > self.limits.connections:
+            self._refused = True
+            self.transport.close()
+            return
+        self._expect(_SILENT, self.limits.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._phase == _BODY:
+            super().data_received(data)
+            return
+        cap = self.limits.header_bytes
+        room = cap - self._head_bytes
+        if len(data) <= room:
+            self._head_bytes += len(data)
+            super().data_received(data)
+            return
+        # Only what fits reaches the parser: if the head ends within it (on_headers_complete starts
+        # the count again), the rest is the body or the next request; else the head is too large.
+        self._head_bytes = cap
+        super().data_received(data[:room])
+        if self._refused or self.transport.is_closing():
+            return
+        if self._head_bytes < cap:
+            self.data_received(data[room:])
+        else:
+            self._refuse(headers_too_large(cap))
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._phase == _SILENT:  # the first request: its deadline runs from the connection's start
+            self._phase = _HEAD
+        else:
+            self._expect(_HEAD, self.limits.header_timeout_s)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._head_bytes = 0
+        if self.parser.should_upgrade() and self._should_upgrade():
+            self._phase = _BETWEEN  # a WebSocket (the router serves none): no deadline of ours
+        else:
+            self._expect(_BODY, self.limits.body_timeout_s)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._phase = _BETWEEN
+
+    def _expect(self, phase: int, timeout_s: float) -> None:
+        """Enter ``phase`` with ``timeout_s`` to leave it; the timer is set only when none is."""
+        self._phase = phase
+        self._deadline = self.loop.time() + timeout_s
+        if self._timer is None:
+            self._timer = self.loop.call_at(self._deadline, self._expired)
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self._phase == _BETWEEN or self._refused or self.transport.is_closing():
+            return
+        if self._phase == _BODY and self.pipeline:
+            # A pipelined request is read only once the answers before it are sent: that wait is
+            # the router's, not the client's.
+            self._deadline = self.loop.time() + self.limits.body_timeout_s
+        if self.loop.time() < self._deadline:
+            self._timer = self.loop.call_at(self._deadline, self._expired)
+        elif self._phase == _SILENT:
+            self._refused = True
+            self.transport.close()
+        elif self._phase == _HEAD:
+            self._refuse(request_timeout("line and headers", self.limits.header_timeout_s))
+        else:
+            self._body_late()
+
+    def _refuse(self, error: ApiError) -> None:
+        """Answer ``error`` to a request whose head was refused, and close the connection."""
+        self._refused = True
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # An answer to an earlier request is under way: it is sent, then the connection closed.
+            cycle.keep_alive = False
+            self.flow.pause_reading()
+            return
+        request_id = new_request_id()
+        url = self.url[:200].decode("latin-1") if isinstance(getattr(self, "url", None), bytes) else ""
+        log_refused(error, request_id, "", url)
+        self.transport.write(self._answer(error, self.headers or [], request_id))
+        self.transport.close()
+
+    def _body_late(self) -> None:
+        """The body did not arrive in time: 408 unless the app has begun its answer; then close."""
+        self._refused = True
+        cycle = self.cycle
+        if not cycle.response_started:
+            error = request_timeout("body", self.limits.body_timeout_s)
+            state = cycle.scope["state"]
+            state[TIMED_OUT] = error  # for the access middleware's log line and metrics
+            request_id = state.get("request_id") or new_request_id()
+            self.transport.write(self._answer(error, cycle.scope["headers"], request_id))
+            # The app, waiting for the body, sees the client gone; whatever it answers is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.close()
+
+    def _answer(self, error: ApiError, headers: Iterable[tuple[bytes, bytes]], request_id: str) -> bytes:
+        accept = next((value for name, value in headers if name == b"accept"), None)
+        status, extra, body = rendered_error(
+            error, accept is not None and wants_msgpack(accept.decode("latin-1"))
+        )
+        lines = [STATUS_LINE[status]]
+        for name, value in [*self.server_state.default_headers, *extra]:
+            lines += [name, b": ", value, b"\r\n"]
+        lines += [b"x-request-id: ", request_id.encode(), b"\r\nconnection: close\r\n\r\n", body]
+        return b"".join(lines)

@@ -157,6 +157,22 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, "body_too_large", f"the request body is larger than {limit} bytes")
 
 
+# Where router/http.py leaves, in the request's state, the 408 it answered itself for a body that did
+# not arrive in time: the access middleware logs and counts that answer, not what the app made of
+# the disconnect that followed.
+TIMED_OUT = "timed_out"
+
+
+def request_timeout(what: str, seconds: float) -> ApiError:
+    """408: the request's ``what`` did not arrive within ``seconds`` (router/http.py)."""
+    return ApiError(408, "request_timeout", f"the request {what} did not arrive within {seconds:g} s")
+
+
+def headers_too_large(limit: int) -> ApiError:
+    """431: the request line and headers passed ``limit`` bytes (router/http.py)."""
+    return ApiError(431, "headers_too_large", f"the request line and headers are larger than {limit} bytes")
+
+
 def decode(body: bytes, content_type: str | None, empty: Any = None) -> Any:
     """Decode a request body by its Content-Type: 415 for other types, 400 when it does not parse.
 

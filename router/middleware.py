@@ -7,6 +7,14 @@ line with that id; access lines for every request only when SHARDLB_ACCESS_LOG i
 the API (``/v1/``) past SHARDLB_MAX_REQUESTS in progress is answered 503 at once; probes and metrics
 always pass, so an overloaded router is not also restarted. When the peer is one of
 SHARDLB_TRUSTED_PROXIES, ``scope["client"]`` becomes the address it forwarded (router/limiter.py).
+A request whose body did not arrive within SHARDLB_BODY_TIMEOUT_S was answered 408 by the HTTP
+protocol itself (router/http.py): it is logged and counted as that 408.
+
+A request with a body takes its admission slot at once, as any other, while its client address has
+fewer than BODY_SLOTS_PER_CLIENT such requests holding slots; past that, its body is read first, up
+to SHARDLB_MAX_READ_BODY_BYTES (the most a request without a key may send), and the slot taken only
+then. So one address sending bodies slowly holds at most that many slots (each at most the body
+deadline), and its other requests, and everybody else's, still get in.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import logging
 import os
 import re
 import time
+import weakref
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,11 +36,16 @@ from router import metrics
 from router.errors import ApiError, to_api_error
 from router.gate import Admission
 from router.limiter import client_address
-from router.media import rendered_error, send_rendered, wants_msgpack
+from router.media import TIMED_OUT, rendered_error, send_rendered, wants_msgpack
 from router.settings import Network
 
 log = logging.getLogger("shardlb.router")
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
+BODY_SLOTS_PER_CLIENT = 2
+READ_AHEAD_BYTES = 96 * 1024  # when the app has no settings (SHARDLB_MAX_READ_BODY_BYTES' default)
+# Requests with a body holding a slot, by client address, for each Admission (shared by the
+# Observes of one app as the Admission is).
+_BODIES: weakref.WeakKeyDictionary[Admission, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
 class Observe:
@@ -44,6 +59,7 @@ class Observe:
         self.app = app
         self.access_log = access_log
         self.admission = admission  # shared by every Observe of one app
+        self.bodies = {} if admission is None else _BODIES.setdefault(admission, {})
         self.proxies = tuple(proxies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -69,9 +85,11 @@ class Observe:
         try:
             if self.admission is None or not scope["path"].startswith("/v1/"):
                 await self.app(scope, receive, send_with_id)
-            else:
+            elif scope["method"] in ("GET", "HEAD") or not _has_body(scope["headers"]):
                 with self.admission:
                     await self.app(scope, receive, send_with_id)
+            else:
+                await self._with_body(self.admission, scope, receive, send_with_id, state)
         except Exception as e:
             failure = e
             if status == 0:  # nothing sent yet: the client still gets a proper error body
@@ -80,6 +98,10 @@ class Observe:
                 status = error.status
                 await send_rendered(send_with_id, rendered_error(error, _wants_msgpack(scope)))
         finally:
+            timed_out = state.get(TIMED_OUT)
+            if timed_out is not None:  # answered by router/http.py; the app's own answer was dropped
+                state["error"] = timed_out
+                status = timed_out.status
             elapsed = time.perf_counter() - start
             route = getattr(scope.get("route"), "path", "unmatched")
             _timer(scope["method"], route).observe(elapsed)
@@ -88,6 +110,32 @@ class Observe:
                 self._log(
                     scope, request_id, status, elapsed, state.get("error"), failure or state.get("cause")
                 )
+
+    async def _with_body(
+        self, admission: Admission, scope: Scope, receive: Receive, send: Send, state: dict[str, Any]
+    ) -> None:
+        """Admit a request with a body: at once while its address holds few slots, else once its
+        body has arrived, or as much of it as a request without a key may send: a larger body is
+        then refused at once by a public route, and read on by a keyed one."""
+        client = scope.get("client")
+        address = client[0] if client else ""
+        held = self.bodies.get(address, 0)
+        if held >= BODY_SLOTS_PER_CLIENT:
+            receive = await _read_ahead(receive, _read_ahead_bytes(scope))
+            if TIMED_OUT not in state:  # else router/http.py has answered 408 already
+                with admission:
+                    await self.app(scope, receive, send)
+            return
+        self.bodies[address] = held + 1
+        try:
+            with admission:
+                await self.app(scope, receive, send)
+        finally:
+            left = self.bodies[address] - 1
+            if left:
+                self.bodies[address] = left
+            else:
+                del self.bodies[address]
 
     def _log(
         self,
@@ -131,6 +179,37 @@ def _forwarded_client(scope: Scope, proxies: tuple[Network, ...]) -> None:
         scope["client"] = (address, 0)
 
 
+def _read_ahead_bytes(scope: Scope) -> int:
+    service = getattr(getattr(scope.get("app"), "state", None), "service", None)
+    settings = getattr(service, "settings", None)
+    return READ_AHEAD_BYTES if settings is None else int(settings.max_read_body_bytes)
+
+
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(
+        (name == b"content-length" and value.strip(b" \t0")) or name == b"transfer-encoding"
+        for name, value in headers
+    )
+
+
+async def _read_ahead(receive: Receive, limit: int) -> Receive:
+    """Read a body's messages until it ends, passes ``limit`` bytes, or the client is gone; the
+    ``receive`` returned hands them to the app in order, then reads on."""
+    messages: deque[Message] = deque()
+    size = 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        size += len(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body", False) or size > limit:
+            break
+
+    async def replay() -> Message:
+        return messages.popleft() if messages else await receive()
+
+    return replay
+
+
 def _wants_msgpack(scope: Scope) -> bool:
     accept = next((value for name, value in scope["headers"] if name == b"accept"), None)
     return accept is not None and wants_msgpack(accept.decode("latin-1"))
@@ -140,9 +219,29 @@ def _request_id(scope: Scope) -> str:
     for name, value in scope["headers"]:
         if name == b"x-request-id" and _REQUEST_ID.fullmatch(value):
             return str(value.decode())
+    return new_request_id()
+
+
+def new_request_id() -> str:
     # 64 random bits per process and a counter: unique across workers and restarts, with no
     # system call per request.
     return f"{_prefix}{next(_sequence):016x}"
+
+
+def log_refused(error: ApiError, request_id: str, method: str, path: str) -> None:
+    """A request refused by the HTTP protocol before any app ran (router/http.py: 408, 431), logged
+    and counted as the middleware logs and counts a refusal."""
+    _counter("unmatched", error.status).inc()
+    fields = {
+        "request_id": request_id,
+        "method": method,
+        "path": path,
+        "status": error.status,
+        "code": error.code,
+        "error": error.message,
+        "field": error.field,
+    }
+    log.info("request refused", extra={"fields": fields})
 
 
 def _new_prefix() -> None:

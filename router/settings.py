@@ -96,6 +96,16 @@ class Settings:
     journal_max_results: int = JOURNAL_MAX_RESULTS
     # Read bodies (players:query) are public: 1000 ids of 64 characters need about 70 KB as JSON.
     max_read_body_bytes: int = 96 * KIB
+    # Slow and oversized clients (router/http.py): the longest a request's body may take to arrive
+    # once its headers have (408 past it), the longest a connection may take to send a request line
+    # and headers (408 or closed), the bytes they may take (431 past it), and the connections a
+    # worker keeps open at once (one more is closed at once).
+    body_timeout_s: float = 10.0
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 64 * KIB
+    # Each open connection may hold about 64 KiB of body in uvicorn's buffer plus, read ahead by the
+    # access middleware, up to max_read_body_bytes: 2048 of them about 320 MiB at worst per worker.
+    max_connections: int = 2048
     top_refresh_s: float = 1.0
     top_idle_s: float = 60.0
     histogram_samples: int = 1024
@@ -169,6 +179,10 @@ class Settings:
         _range("SHARDLB_JOURNAL_MAX_ENTRIES", self.journal_max_entries, 1, 10**8)
         _range("SHARDLB_JOURNAL_MAX_RESULTS", self.journal_max_results, 1, 10**9)
         _range("SHARDLB_MAX_READ_BODY_BYTES", self.max_read_body_bytes, 1024, 1024 * MIB)
+        _range("SHARDLB_BODY_TIMEOUT_S", self.body_timeout_s, 0.1, 3600)
+        _range("SHARDLB_HEADER_TIMEOUT_S", self.header_timeout_s, 0.1, 3600)
+        _range("SHARDLB_MAX_HEADER_BYTES", self.max_header_bytes, 1024, 16 * MIB)
+        _range("SHARDLB_MAX_CONNECTIONS", self.max_connections, 1, 10**7)
         _range("SHARDLB_TOP_REFRESH_S", self.top_refresh_s, 0.05, 3600)
         _range("SHARDLB_TOP_IDLE_S", self.top_idle_s, 1, 86_400)
         _range("SHARDLB_HISTOGRAM_SAMPLES", self.histogram_samples, 2, 100_000)

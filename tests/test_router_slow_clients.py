@@ -1,0 +1,254 @@
+"""Slow and oversized clients against the router as a process (router/http.py): a body that stalls is
+answered 408 once SHARDLB_BODY_TIMEOUT_S has passed, so the admission slot it holds comes free; a
+connection that sends nothing, or never ends its headers, is closed after SHARDLB_HEADER_TIMEOUT_S;
+a request line and headers past SHARDLB_MAX_HEADER_BYTES are 431 before they are kept in memory.
+The deadlines are set to a second here: each test only checks that the slow client is cut off."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import httpx
+import orjson
+import pytest
+
+from router.settings import Settings, SettingsError
+from shardlb.cluster import LocalCluster
+from tests.router_support import AS_ADMIN, AS_WRITER, board_name
+from tests.test_router_server import Server
+
+HEADER_BYTES = 16 * 1024
+SLOTS = 4
+# How long a test waits for the router to cut a slow client off (its deadlines are a second).
+PATIENCE_S = 15
+
+
+@pytest.fixture(scope="module")
+def slow_server(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(
+        cluster.url,
+        tmp_path_factory.mktemp("slow") / "router.log",
+        SHARDLB_MAX_REQUESTS=str(SLOTS),
+        SHARDLB_BODY_TIMEOUT_S="1",
+        SHARDLB_HEADER_TIMEOUT_S="1",
+        SHARDLB_MAX_HEADER_BYTES=str(HEADER_BYTES),
+        SHARDLB_READ_RATE="0",
+    )
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def board(slow_server: Server) -> Iterator[str]:
+    name = board_name("slow")
+    assert httpx.put(f"{slow_server.url}/v1/boards/{name}", headers=AS_ADMIN).status_code == 201
+    yield name
+    httpx.delete(f"{slow_server.url}/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def _open(server: Server, data: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    if data:
+        writer.write(data)
+        await writer.drain()
+    return reader, writer
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """The next response on the connection: status, headers (lower-cased names) and body."""
+
+    async def read() -> tuple[int, dict[str, str], bytes]:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        headers = {}
+        for line in head[1:]:
+            if line:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        return int(head[0].split()[1]), headers, body
+
+    return await asyncio.wait_for(read(), PATIENCE_S)
+
+
+async def _closed(reader: asyncio.StreamReader) -> bool:
+    """True once the router closed the connection (end of stream or a reset) with nothing more."""
+
+    async def rest() -> bytes:
+        try:
+            return await reader.read()
+        except ConnectionError:
+            return b""
+
+    return await asyncio.wait_for(rest(), PATIENCE_S) == b""
+
+
+def _error(body: bytes) -> str:
+    error = orjson.loads(body)["error"]
+    assert set(error) == {"code", "message", "field"}
+    return str(error["code"])
+
+
+def _stalled_query(board: str) -> bytes:
+    return (
+        f"POST /v1/boards/{board}/players:query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        'Content-Length: 100\r\n\r\n{"player_ids": ['
+    ).encode()
+
+
+@pytest.mark.cluster
+async def test_stalled_bodies_hold_few_slots_and_are_408(slow_server: Server, board: str) -> None:
+    """Twice as many anonymous stalled players:query bodies from one address as the worker has slots:
+    while they stall, a keyed write, a read and a whole query from the same address get in; then
+    each stalled one is answered 408 once its body deadline passed, and the connection closed."""
+    stalled = [await _open(slow_server, _stalled_query(board)) for _ in range(2 * SLOTS)]
+    try:
+        await asyncio.sleep(0.5)  # the router has taken them in (a settling pause, nothing timed)
+        async with httpx.AsyncClient(base_url=slow_server.url, timeout=10) as client:
+            body = {"scores": [{"player_id": "p", "points": 5, "match_id": "slow-1"}]}
+            write = await client.post(f"/v1/boards/{board}/scores", json=body, headers=AS_WRITER)
+            assert write.status_code == 200, write.text
+            assert (await client.get(f"/v1/boards/{board}/top")).status_code == 200
+            query = await client.post(f"/v1/boards/{board}/players:query", json={"player_ids": ["p"]})
+            assert query.status_code == 200 and query.json()["entries"][0]["points"] == 5
+            # Read ahead only as far as a request without a key may send: past it, 413 at once.
+            big = b'{"player_ids": [' + b'"p", ' * 40_000 + b'"p"]}'
+            refused = await client.post(f"/v1/boards/{board}/players:query", content=big)
+            assert (refused.status_code, _error(refused.content)) == (413, "body_too_large")
+        for reader, _ in stalled:
+            status, headers, body_bytes = await _answer(reader)
+            assert (status, _error(body_bytes)) == (408, "request_timeout")
+            assert headers["x-request-id"] and headers["connection"] == "close"
+            assert headers["content-type"] == "application/json"
+            assert await _closed(reader)
+    finally:
+        for _, writer in stalled:
+            writer.close()
+
+
+@pytest.mark.cluster
+async def test_a_stalled_write_body_is_408(slow_server: Server, board: str) -> None:
+    """The write endpoint (raw ASGI, keys checked first) is cut off alike, in MessagePack if asked."""
+    reader, writer = await _open(
+        slow_server,
+        (
+            f"POST /v1/boards/{board}/scores HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            f"{AS_WRITER['Authorization'].split()[1]}\r\nAccept: application/msgpack\r\n"
+            'Content-Length: 500\r\n\r\n{"scores": ['
+        ).encode(),
+    )
+    try:
+        status, headers, _ = await _answer(reader)
+        assert status == 408 and headers["content-type"] == "application/msgpack"
+        assert await _closed(reader)
+    finally:
+        writer.close()
+
+
+@pytest.mark.cluster
+async def test_silent_connections_and_unfinished_headers_are_closed(slow_server: Server) -> None:
+    silent, silent_writer = await _open(slow_server)
+    partial, partial_writer = await _open(slow_server, b"GET /v1/boards HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    try:
+        assert await _closed(silent)
+        status, _, body = await _answer(partial)
+        assert (status, _error(body)) == (408, "request_timeout")
+        assert await _closed(partial)
+    finally:
+        silent_writer.close()
+        partial_writer.close()
+
+
+@pytest.mark.cluster
+async def test_an_idle_keep_alive_connection_is_closed_after_its_answer(slow_server: Server) -> None:
+    reader, writer = await _open(slow_server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        status, _, _ = await _answer(reader)
+        assert status == 200
+        assert await _closed(reader)
+    finally:
+        writer.close()
+
+
+def _padding(size: int) -> bytes:
+    line = b"X-Pad: " + b"a" * 1000 + b"\r\n"
+    return line * (size // len(line) + 1)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pytest.param(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + _padding(HEADER_BYTES), id="unfinished"),
+        pytest.param(
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + _padding(HEADER_BYTES) + b"\r\n", id="complete"
+        ),
+        pytest.param(b"GET /v1/boards?" + b"a" * HEADER_BYTES + b" HTTP/1.1\r\nHost: x\r\n\r\n", id="url"),
+        pytest.param(b"GET /healthz HTTP/1.1\r\nX-Long: " + b"a" * (2 * HEADER_BYTES), id="one-line"),
+    ],
+)
+async def test_headers_past_the_cap_are_431(slow_server: Server, request_: bytes) -> None:
+    reader, writer = await _open(slow_server, request_)
+    try:
+        status, headers, body = await _answer(reader)
+        assert (status, _error(body)) == (431, "headers_too_large")
+        assert headers["connection"] == "close"
+        assert await _closed(reader)
+    finally:
+        writer.close()
+
+
+@pytest.mark.cluster
+async def test_a_huge_header_line_is_cut_off_not_kept(slow_server: Server) -> None:
+    """8 MiB of one header line: the router stops reading it at the cap (a 431 may or may not reach
+    the client before the reset of what it was still sending) and closes the connection."""
+    reader, writer = await _open(slow_server, b"GET /healthz HTTP/1.1\r\nX-Long: ")
+
+    async def send_then_read() -> bytes:
+        with contextlib.suppress(ConnectionError):
+            for _ in range(128):
+                writer.write(b"a" * 65536)
+                await writer.drain()
+        data = b""
+        with contextlib.suppress(ConnectionError):
+            while chunk := await reader.read(65536):
+                data += chunk
+        return data
+
+    try:
+        data = await asyncio.wait_for(send_then_read(), PATIENCE_S)
+        assert not data or data.startswith(b"HTTP/1.1 431 ")
+    finally:
+        writer.close()
+
+
+@pytest.mark.cluster
+async def test_headers_under_the_cap_and_pipelined_requests_still_pass(slow_server: Server) -> None:
+    reader, writer = await _open(
+        slow_server,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + _padding(HEADER_BYTES // 2) + b"\r\n"
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + _padding(HEADER_BYTES // 2) + b"\r\n",
+    )
+    try:
+        for _ in range(2):
+            status, _, _ = await _answer(reader)
+            assert status == 200
+    finally:
+        writer.close()
+
+
+def test_the_limits_are_settings_with_sane_defaults_and_ranges() -> None:
+    env = {"SHARDLB_WRITE_KEYS": "k"}
+    defaults = Settings.from_env(env)
+    assert (defaults.body_timeout_s, defaults.header_timeout_s) == (10.0, 10.0)
+    assert defaults.max_header_bytes == 64 * 1024
+    assert defaults.max_connections == 2048
+    for name, value in (
+        ("SHARDLB_BODY_TIMEOUT_S", "0"),
+        ("SHARDLB_HEADER_TIMEOUT_S", "-1"),
+        ("SHARDLB_MAX_HEADER_BYTES", "100"),
+        ("SHARDLB_MAX_CONNECTIONS", "0"),
+    ):
+        with pytest.raises(SettingsError, match=name):
+            Settings.from_env({**env, name: value})
