@@ -211,7 +211,10 @@ async def rebuild_board(request: Request) -> Response:
     every shard is swapped in, with a line per shard."""
     svc = _allow(request, Scope.ADMIN)
     query = _query(request, "period", "shard")
-    board = await _board(svc, request)
+    # The record as the registry has it now, not the board this router keeps (up to CACHE_SECONDS
+    # old): a reshard recorded meanwhile must refuse the rebuild (409), and a kept board knows
+    # nothing of it.
+    board = await svc.boards.store.get(request.path_params["board"])
     shard = params.integer(query, "shard", -1, 0, MAX_SHARDS - 1)
     url = svc.settings.postgres_url
     if not url:

@@ -39,13 +39,14 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 import msgpack
+import orjson
 import psycopg
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from shardlb import keys, moderation, periods, times
 from shardlb.bands import Move
-from shardlb.board import GONE, QUARTER_HOUR_MS, Board
+from shardlb.board import GONE, MOVED, QUARTER_HOUR_MS, Board
 from shardlb.config import PIN_SPAN, BoardConfig, stored_settings
 from shardlb.connection import Script, Scripts, connect
 from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput
@@ -296,9 +297,8 @@ class Rebuilder:
         Refused (BoardConflict) when the archive holds no result of the board while Redis holds
         players, unless ``force``: that archive is not this board's (see ``_check_archive``)."""
         if board.moving or board.also:
-            raise BoardConflict(
-                f"board {board.config.id!r} is being resharded: rebuild it once that is over", "board"
-            )
+            raise _resharding(board)
+        await self._check_layout(board)
         if board.config.durability != "journal":
             raise BoardConflict(
                 f"board {board.config.id!r} keeps no journal (durability memory): nothing to rebuild it from",
@@ -380,6 +380,7 @@ class Rebuilder:
         report = ShardReport(shard, rows=snap.rows, journal=snap.journal, retries=retries)
         pairs = {name: f"{prefix}tmp:{token}:{name}" for name in sorted(names)}
         mark, items = snap.mark, list[Any]()
+        await self._check_layout(board)  # a reshard recorded since the rebuild began: refused now
         while True:
             report.tries += 1
             force = report.tries > self.swap_tries
@@ -423,6 +424,7 @@ class Rebuilder:
         version changed since it was read is sent again (band.lua takes a move only with a newer
         version than it holds, so nothing goes back in time)."""
         start = time.perf_counter()
+        await self._check_layout(board)
         layout, codec = board.layout, board.codec
         homes = range(board.config.sharding.shards)
         seen: dict[int, dict[str, int]] = {}
@@ -769,14 +771,42 @@ class Rebuilder:
         status, last = await self._script(names, [op, msgpack.packb(header), msgpack.packb(list(items))])
         return _text(status), _text(last)
 
+    async def _check_layout(self, board: Board) -> None:
+        """Refuse to go on when the registry's record (read now, not the caller's copy, which a
+        router may have kept for seconds) is not ``board``'s layout at rest: a reshard under way
+        copies the shards without the rebuild's writes (rebuild.lua refuses them too, on the
+        shards the reshard has marked), and a layout replaced or a board deleted is not the one
+        being rebuilt."""
+        raw = await self.client.hget(keys.BOARDS, board.config.id)
+        record = None if raw is None else orjson.loads(raw)
+        if (
+            record is None
+            or record.get("state") == "deleting"
+            or str(record.get("incarnation", "0")) != board.incarnation
+        ):
+            raise BoardNotFound("the board was deleted during the rebuild", "board")
+        if record.get("reshard") or int(record.get("generation", 0)) != board.generation:
+            raise _resharding(board)
+
     async def _script(self, names: Sequence[str], args: Sequence[Any]) -> Any:
-        """rebuild.lua, with a deleted board's refusal as BoardNotFound."""
+        """rebuild.lua, with a deleted board's refusal as BoardNotFound, and a shard's refusal while
+        a reshard has marked it (BOARDMOVED) as the rebuild's refusal during a reshard."""
         try:
             return await self.script(keys=names, args=args)
         except ResponseError as e:
             if str(e).startswith(GONE):
                 raise BoardNotFound("the board was deleted during the rebuild", "board") from e
+            if str(e).startswith(MOVED):
+                raise BoardConflict(
+                    "the board is being resharded: rebuild it once that is over", "board"
+                ) from e
             raise
+
+
+def _resharding(board: Board) -> BoardConflict:
+    return BoardConflict(
+        f"board {board.config.id!r} is being resharded: rebuild it once that is over", "board"
+    )
 
 
 def _text(value: Any) -> str:

@@ -30,17 +30,24 @@ carries it out at its next step, the markers go, the new keys are dropped, and t
 stopped being the whole board. The commit (step 3) is refused in the same compare-and-set of the
 record when the request is there, so a cancel recorded after the mover's last check still wins;
 a cancel that comes after the commit is refused ("committed already"): either answer is true.
+
+One mover at a time: it holds a lease on the board, and takes the reshard with an epoch, in the
+record and in a fence on every shard of both layouts, that each of its calls checks (``_take``,
+reshard_copy.FENCED). A mover that stalled past its lease, or whose board was deleted and created
+again, changes nothing once another has taken over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from importlib import resources
 from typing import Any
 
 import orjson
@@ -51,7 +58,7 @@ from shardlb.board import Board
 from shardlb.config import BoardConfig, Sharding, stored_sharding
 from shardlb.errors import BoardConflict, BoardNotFound
 from shardlb.fanout import batch
-from shardlb.reshard_copy import Copier
+from shardlb.reshard_copy import FENCE, FENCE_MS, FENCED, Copier, Lost, Writes, fence_key, fenced, lost
 from shardlb.sharding import player_hash
 from shardlb.store import CACHE_SECONDS, GONE_MS, BoardStore
 
@@ -65,16 +72,20 @@ SEAL_TRIES = 5
 DRAIN_S = 120.0  # how long the mover waits for the archiver to drain the old journals
 STATES = ("copying", "sealing", "committed")
 
-# Mark a sealed shard moved, only if the seal held and nothing is left to copy.
-_MOVE = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] or redis.call('SCARD', KEYS[3]) > 0
-   or redis.call('EXISTS', KEYS[4]) == 1 then
+# Mark a sealed shard moved, only if the seal held and nothing is left to copy (fenced: KEYS[1]
+# and ARGV[1] are the shard's fence and the mover's epoch, reshard_copy.FENCED).
+_MOVE = (
+    FENCED
+    + """
+if redis.call('GET', KEYS[3]) ~= ARGV[2] or redis.call('SCARD', KEYS[4]) > 0
+   or redis.call('EXISTS', KEYS[5]) == 1 then
   return 0
 end
-redis.call('SET', KEYS[1], 'm', 'PX', ARGV[2])
-redis.call('DEL', KEYS[2])
+redis.call('SET', KEYS[2], 'm', 'PX', ARGV[3])
+redis.call('DEL', KEYS[3])
 return 1
 """
+)
 # A journal's last-generated id ('0-0' when there is none); XINFO STREAM would also send its first
 # entry, whose MessagePack a decoding client cannot read.
 _LAST_ID = """
@@ -85,16 +96,39 @@ for i = 1, #info, 2 do
 end
 return '0-0'
 """
-# Undo a sealing that failed before the commit: the old layout takes writes again.
-_UNSEAL = """
-if redis.call('GET', KEYS[1]) == 'm' then redis.call('SET', KEYS[1], 't') end
-redis.call('DEL', KEYS[2])
+# Undo a sealing that failed before the commit: the old layout takes writes again (fenced, so
+# only by the mover that holds the reshard: never on the seals and moves of another).
+_UNSEAL = (
+    FENCED
+    + """
+if redis.call('GET', KEYS[2]) == 'm' then redis.call('SET', KEYS[2], 't') end
+redis.call('DEL', KEYS[3])
 return 1
 """
+)
+# drop.lua on a shard, only while its fence holds the mover's epoch (KEYS[3], ARGV[2]).
+_DROP = """
+if redis.call('GET', KEYS[3]) ~= ARGV[2] then
+  return redis.error_reply('FENCED another mover took this reshard over')
+end
+""" + (resources.files("shardlb.scripts") / "drop.lua").read_text()
+# Take the lease: free, or this mover's already.
 _LEASE = """
 local held = redis.call('GET', KEYS[1])
 if held and held ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+# Extend the lease, only while it is this mover's: one that ran out, or went with the board, is
+# not taken again by a keeper that cannot know what happened meanwhile.
+_KEEP = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+# Let the lease go, only if it is still this mover's.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 """
 
@@ -168,9 +202,14 @@ class Resharder:
         self.cache_s = cache_s  # routers may hold a record this long: the mover seals only after it
         self.drain_s = drain_s
         self.token = secrets.token_hex(8)
-        self.copier = Copier(self.client)
+        self.copier = Copier(self.client, board_id)
         self.refused_ms = 0.0  # how long writes were refused at the cut-over
         self.held: Lease | None = None  # the lease of the run under way
+        # The board and the reshard this mover works on (``_take``): the incarnation it found (a
+        # board deleted and created again under the id is another board), and its epoch, taken in
+        # the record and in every shard's fence (reshard_copy.FENCED).
+        self.incarnation: str | None = None
+        self.epoch: int | None = None
 
     # ---- the record ---------------------------------------------------------------------------
 
@@ -184,9 +223,13 @@ class Resharder:
         return raw, record
 
     async def _update(self, change: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
-        """Compare-and-set the record; ``change`` may raise to refuse."""
+        """Compare-and-set the record; ``change`` may raise to refuse. Once the mover has taken a
+        reshard, a record of another incarnation (the board deleted and created again under its id)
+        is refused as the board not found: the board it was moving is gone."""
         while True:
             raw, record = await self.record()
+            if self.incarnation is not None and _incarnation(record) != self.incarnation:
+                raise BoardNotFound(f"board {self.board_id!r} was deleted during the reshard", "board")
             new = change(dict(record))
             if await self.store.scripts.registry(
                 keys=[keys.BOARDS], args=[self.board_id, raw, orjson.dumps(new)]
@@ -276,6 +319,8 @@ class Resharder:
             _, record = await self.record()
             if not record.get("reshard"):
                 raise BoardConflict(f"board {self.board_id!r} has no reshard under way", "board")
+            self.incarnation = _incarnation(record)
+            record = await self._take()
             if record["reshard"].get("cancel") and record["reshard"]["state"] in STATES[:2]:
                 await self._cancel(record)
                 return {"board": self.board_id, "state": "cancelled"}
@@ -297,11 +342,13 @@ class Resharder:
     async def _drop_copies(self, record: dict[str, Any]) -> None:
         """Drop the new layout's shards of a reshard whose board was deleted while it copied (the
         deletion dropped them once; this mover's late copies would otherwise stay, unexpiring)."""
-        _, target = self._layouts(record)
+        source, target = self._layouts(record)
         for prefix in target.prefixes:
             await self.store.scripts.drop(
                 keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[GONE_MS]
             )
+        with contextlib.suppress(Lost):  # another mover's fences: they go with it, or run out
+            await self._unfence(source, target)
         self.say(f"{self.board_id}: deleted during the reshard; its copies dropped")
 
     async def cancel(self) -> str:
@@ -323,7 +370,8 @@ class Resharder:
         async with self._lease():
             _, record = await self.record()
             if record.get("reshard", {}).get("cancel"):  # not a reshard started since this one ended
-                await self._cancel(record)
+                self.incarnation = _incarnation(record)
+                await self._cancel(await self._take())
         return "cancelled"
 
     async def status(self) -> dict[str, Any]:
@@ -366,13 +414,16 @@ class Resharder:
     # ---- the steps ----------------------------------------------------------------------------
 
     async def _copy(self, record: dict[str, Any]) -> dict[str, Any]:
+        if self.epoch is None:  # a step taken on its own, not from run(): the reshard taken first
+            self.incarnation = _incarnation(record)
+            record = await self._take()
         source, target = self._layouts(record)
-        marks = batch(self.client)
+        marks = Writes()
         for prefix in target.prefixes:
-            marks.execute_command("SET", keys.move_key(prefix), "c")
+            marks.add(prefix, "SET", keys.move_key(prefix), "c")
         for prefix in source.prefixes:
-            marks.execute_command("SET", keys.move_key(prefix), "t")
-        await marks.execute()
+            marks.add(prefix, "SET", keys.move_key(prefix), "t")
+        await self.copier.send(marks)
         done = set(record["reshard"].get("copied", []))
         began = time.monotonic()
         homes = copied_shards(source)
@@ -420,16 +471,21 @@ class Resharder:
 
     async def _unseal(self, source: Board) -> None:
         """After a failure while sealing: if the record still names the old layout (the commit was not
-        made), let it take writes again; a resume seals it anew. Otherwise leave everything."""
+        made), let it take writes again; a resume seals it anew. Otherwise leave everything. Each
+        shard's undo is fenced: a mover that lost the reshard leaves the seals and moved markers of
+        the one that holds it as they are."""
         try:
             _, record = await self.record()
             if record.get("reshard", {}).get("state") != "sealing":
                 return
             undo = batch(self.client)
             for prefix in source.prefixes:
-                undo.execute_command("EVAL", _UNSEAL, 2, keys.move_key(prefix), keys.seal_key(prefix))
-            await undo.execute()
+                names = [fence_key(prefix), keys.move_key(prefix), keys.seal_key(prefix)]
+                undo.execute_command("EVAL", _UNSEAL, 3, *names, self.copier.fence)
+            await fenced(self.board_id, undo.execute())
             self.say(f"{self.board_id}: sealing failed; the old layout takes writes again until a resume")
+        except Lost:
+            self.say(f"{self.board_id}: sealing failed, and another mover holds the reshard: left to it")
         except Exception as e:  # the seals' leases run out on their own; moved shards wait for a resume
             self.say(f"{self.board_id}: sealing failed and could not be undone ({e!r}); resume it")
 
@@ -443,20 +499,20 @@ class Resharder:
             open_ = [p for p, mark in zip(source.prefixes, await state.execute(), strict=True) if mark != "m"]
             if not open_:
                 break
-            seal = batch(self.client)
+            seal = Writes()
             for prefix in open_:
-                seal.execute_command("SET", keys.seal_key(prefix), self.token, "PX", SEAL_MS)
-            await seal.execute()
+                seal.add(prefix, "SET", keys.seal_key(prefix), self.token, "PX", SEAL_MS)
+            await self.copier.send(seal)
             homes = set(copied_shards(source))
             still = [p for p in open_ if p in homes]  # a band board's bands take no tracked write
             if still:
                 await self.copier.changes(source, target, still, final=True)
             move = batch(self.client)
             for prefix in open_:
-                names = [keys.move_key(prefix), keys.seal_key(prefix)]
+                names = [fence_key(prefix), keys.move_key(prefix), keys.seal_key(prefix)]
                 names += [keys.changes_key(prefix), keys.taken_key(prefix)]
-                move.execute_command("EVAL", _MOVE, 4, *names, self.token, MOVED_MS)
-            moved = sum(await move.execute())
+                move.execute_command("EVAL", _MOVE, 5, *names, self.copier.fence, self.token, MOVED_MS)
+            moved = sum(await fenced(self.board_id, move.execute()))
             await self._tell(
                 f"{self.board_id}: sealed and moved {moved}/{len(open_)} shards (try {attempt + 1})"
             )
@@ -481,13 +537,13 @@ class Resharder:
             if record.get("reshard"):
                 await self._cancel(record)
             raise
-        opening = batch(self.client)
-        for prefix in target.prefixes:
-            opening.execute_command("DEL", keys.move_key(prefix))
-        await opening.execute()
+        await self._open(target)
         self.refused_ms = (time.monotonic() - began) * 1000
         record = await self._update(
-            lambda r: {**r, "reshard": {**r["reshard"], "refused_ms": round(self.refused_ms, 1)}}
+            lambda r: {
+                **r,
+                "reshard": {**self._ours(r, "committed"), "refused_ms": round(self.refused_ms, 1)},
+            }
         )
         self.say(
             f"{self.board_id}: cut over to {target.config.sharding.shards} shards; writes refused "
@@ -497,10 +553,7 @@ class Resharder:
 
     async def _finish(self, record: dict[str, Any]) -> dict[str, Any]:
         source, target = self._layouts(record)
-        opening = batch(self.client)  # again, should the mover have died between commit and open
-        for prefix in target.prefixes:
-            opening.execute_command("DEL", keys.move_key(prefix))
-        await opening.execute()
+        await self._open(target)  # again, should the mover have died between commit and open
         if source.config.durability == "journal":
             if not await self._drained(source):
                 self.say(
@@ -519,15 +572,13 @@ class Resharder:
 
         async def drop(prefix: str) -> None:
             async with gate:
-                await self.store.scripts.drop(
-                    keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[MOVED_MS]
-                )
+                await self._drop(prefix, MOVED_MS)
 
         await asyncio.gather(*(drop(p) for p in source.prefixes))
         self.say(f"{self.board_id}: the old layout's {len(source.prefixes)} shards dropped")
 
         def finished(record: dict[str, Any]) -> dict[str, Any]:
-            move = record["reshard"]
+            move = self._ours(record, "committed")
             last = {
                 "from_shards": move.get("from_shards"),
                 "to_shards": record["sharding"].get("shards"),
@@ -537,20 +588,48 @@ class Resharder:
             }
             return {**{k: v for k, v in record.items() if k != "reshard"}, "last_reshard": last}
 
-        return await self._update(finished)
+        record = await self._update(finished)
+        await self._unfence(source, target)
+        return record
+
+    async def _open(self, target: Board) -> None:
+        """Open the new layout's shards (their ``mv`` markers deleted), fenced."""
+        opening = Writes()
+        for prefix in target.prefixes:
+            opening.add(prefix, "DEL", keys.move_key(prefix))
+        await self.copier.send(opening)
+
+    async def _drop(self, prefix: str, gone_ms: int) -> None:
+        """drop.lua on one shard, fenced: a mover that lost the reshard drops nothing."""
+        names = [keys.index_key(prefix), keys.gone_key(prefix), fence_key(prefix)]
+        await fenced(self.board_id, self.client.eval(_DROP, 3, *names, gone_ms, self.copier.fence))
+
+    async def _unfence(self, source: Board, target: Board) -> None:
+        """Remove the fences of a reshard that is over (a stalled mover finds none: refused too)."""
+        gone = Writes()
+        for prefix in source.prefixes + target.prefixes:
+            gone.add(prefix, "DEL", fence_key(prefix))
+        await self.copier.send(gone)
 
     async def _cancel(self, record: dict[str, Any]) -> None:
         if record["reshard"]["state"] not in STATES[:2]:
             raise BoardConflict("the reshard is committed already: reshard again to go back", "board")
+        self._ours(record)
         source, target = self._layouts(record)
-        clear = batch(self.client)
+        clear = Writes()
         for prefix in source.prefixes:
             for name in (keys.move_key, keys.seal_key, keys.changes_key, keys.taken_key):
-                clear.execute_command("DEL", name(prefix))
-        await clear.execute()
+                clear.add(prefix, "DEL", name(prefix))
+        await self.copier.send(clear)
         for prefix in target.prefixes:
-            await self.store.scripts.drop(keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[1])
-        await self._update(lambda r: {k: v for k, v in r.items() if k != "reshard"})
+            await self._drop(prefix, 1)
+
+        def cancelled(record: dict[str, Any]) -> dict[str, Any]:
+            self._ours(record)
+            return {k: v for k, v in record.items() if k != "reshard"}
+
+        await self._update(cancelled)
+        await self._unfence(source, target)
         kept = source.config.sharding.shards
         self.say(f"{self.board_id}: reshard cancelled; the board keeps {kept} shards")
 
@@ -569,10 +648,13 @@ class Resharder:
             last = max(last, (int(ms), int(seq)))
         pipe = batch(self.client)
         for prefix in target.prefixes:
-            key = keys.journal_key(prefix)
-            pipe.execute_command("XADD", key, "MAXLEN", "0", f"{last[0]}-{last[1] + 1}", "start", "1")
-            pipe.execute_command("ZADD", keys.index_key(prefix), "+inf", key)
+            key, start = keys.journal_key(prefix), Writes()
+            start.add(prefix, "ZADD", keys.index_key(prefix), "+inf", key)  # first: the XADD may refuse
+            start.add(prefix, "XADD", key, "MAXLEN", "0", f"{last[0]}-{last[1] + 1}", "start", "1")
+            start.queue(pipe, self.copier.fence)
         for reply in await batch_outcomes(pipe):
+            if isinstance(reply, Exception) and "FENCED" in str(reply):
+                raise lost(self.board_id) from reply
             if isinstance(reply, Exception) and "equal or smaller" not in str(reply):
                 raise reply
 
@@ -628,11 +710,47 @@ class Resharder:
 
     # ---- the mover's lease and cancel ---------------------------------------------------------
 
-    def _ours(self, record: dict[str, Any], state: str) -> dict[str, Any]:
+    def _ours(self, record: dict[str, Any], state: str | None = None) -> dict[str, Any]:
+        """The record's reshard, if it is still the one this mover took (``_take``): the same board
+        (incarnation), this mover's epoch (no other mover took it over since) and, given, ``state``."""
         move = record.get("reshard")
-        if not move or move["state"] != state:
+        if self.incarnation is not None and _incarnation(record) != self.incarnation:
+            raise BoardNotFound(f"board {self.board_id!r} was deleted during the reshard", "board")
+        if not move or (state is not None and move["state"] != state):
             raise BoardConflict(f"the reshard of {self.board_id!r} changed under this mover", "board")
+        if self.epoch is not None and move.get("epoch") != self.epoch:
+            raise lost(self.board_id)
         return dict(move)
+
+    async def _take(self) -> dict[str, Any]:
+        """Take the reshard under way for this mover (it holds the lease): a new epoch, later than
+        any before, in the record, then in the fence of every shard of both layouts, then the record
+        read again. A stalled mover's fenced calls are refused from the moment the fences hold the
+        new epoch; whatever it wrote before, this mover reads after. A stalled mover that takes
+        fences after this one (it had its epoch first) cannot take them back (``FENCE`` keeps the
+        later epoch) and finds the record names another epoch. The epoch starts from the reshard's
+        start time, so a reshard begun after a cancelled one (whose new layout had the same key
+        names) outranks every mover of the cancelled one."""
+
+        def take(record: dict[str, Any]) -> dict[str, Any]:
+            move = record.get("reshard")
+            if not move:
+                raise BoardConflict(f"board {self.board_id!r} has no reshard under way", "board")
+            epoch = max(int(move.get("epoch", 0)), int(move["started_ms"]) * 1000) + 1
+            return {**record, "reshard": {**move, "epoch": epoch}}
+
+        record = await self._update(take)
+        self.epoch = int(record["reshard"]["epoch"])
+        self.copier.fence = str(self.epoch)
+        source, target = self._layouts(record)
+        fences = batch(self.client)
+        for prefix in source.prefixes + target.prefixes:
+            fences.execute_command("EVAL", FENCE, 1, fence_key(prefix), self.epoch, FENCE_MS)
+        if not all(await fences.execute()):
+            raise lost(self.board_id)
+        _, record = await self.record()
+        self._ours(record)
+        return record
 
     async def _check_cancel(self) -> None:
         if self.held is not None and self.held.lost:
@@ -680,7 +798,7 @@ class Lease:
         while True:
             await asyncio.sleep(LEASE_MS / 3000)
             try:
-                held = await self.client.eval(_LEASE, 1, self.key, self.token, LEASE_MS)
+                held = await self.client.eval(_KEEP, 1, self.key, self.token, LEASE_MS)
             except Exception as e:  # the cluster busy or moving: try again, while the lease lasts
                 log.warning(
                     "reshard lease not refreshed", extra={"fields": {"key": self.key, "error": repr(e)}}
@@ -697,8 +815,7 @@ class Lease:
     async def __aexit__(self, *_: object) -> None:
         if self._task is not None:
             self._task.cancel()
-        if await self.client.get(self.key) == self.token:
-            await self.client.delete(self.key)
+        await self.client.eval(_RELEASE, 1, self.key, self.token)
 
 
 async def batch_outcomes(pipe: Any) -> list[Any]:
@@ -708,6 +825,10 @@ async def batch_outcomes(pipe: Any) -> list[Any]:
 
 def _sharding(value: dict[str, Any]) -> Sharding:
     return BoardConfig.from_dict("x", {"sharding": value}).sharding
+
+
+def _incarnation(record: dict[str, Any]) -> str:
+    return str(record.get("incarnation", "0"))
 
 
 async def command(

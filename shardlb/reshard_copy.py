@@ -3,6 +3,14 @@ homes in bounded batches, and the players its writes touched while it was tracke
 
 Every value is copied as it is now (never as an increment), and into a layout that takes no write
 until the cut-over, so copying a member twice, or again after a crash, changes nothing.
+
+Every change the mover makes to a shard, old layout or new, is fenced: one script call per shard
+that first checks the shard's ``fence`` key still holds this mover's epoch (``Copier.fence``,
+taken in shardlb/reshard.py). A mover that stalled between reading a batch and writing it, while
+another took the reshard over (a later epoch in every fence), has its write refused in the same
+call that would have made it, so it can never put values it read before the stall into a layout
+that took writes since. The lease alone could not do that: the mover only looks at it between
+steps, and it lives in another slot than the shards.
 """
 
 from __future__ import annotations
@@ -13,18 +21,101 @@ from collections import defaultdict
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
 
 from shardlb import keys
 from shardlb.board import Board
+from shardlb.errors import BoardConflict
 from shardlb.fanout import batch
 
 BATCH = 1000  # members copied per call
-# Move a shard's tracked changes into the set the mover works from, in one call.
-_TAKE = """
-redis.call('SUNIONSTORE', KEYS[1], KEYS[1], KEYS[2])
-redis.call('DEL', KEYS[2])
-return redis.call('SCARD', KEYS[1])
+FENCE_MS = 86_400_000  # a fence outlives its mover by a day at most, as the old shards' moved markers
+# The head of every fenced script: KEYS[1] is the shard's fence, ARGV[1] the mover's epoch; the
+# script's own keys and arguments follow them.
+FENCED = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('FENCED another mover took this reshard over')
+end
 """
+# Take a shard's fence for an epoch, unless a later epoch holds it (a stalled mover's take that
+# arrives after a newer mover's changes nothing). 1 when the fence is this epoch's.
+FENCE = """
+local held = tonumber(redis.call('GET', KEYS[1]) or '0')
+if held > tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+# Commands of one shard, each as its argument count then the command and its arguments.
+_RUN = (
+    FENCED
+    + """
+local i = 2
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  redis.call(unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+return 1
+"""
+)
+# Move a shard's tracked changes into the set the mover works from, in one call.
+_TAKE = (
+    FENCED
+    + """
+redis.call('SUNIONSTORE', KEYS[2], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[3])
+return redis.call('SCARD', KEYS[2])
+"""
+)
+
+
+def fence_key(prefix: str) -> str:
+    """The epoch of the mover that holds the reshard, on one shard of either layout (its slot)."""
+    return prefix + "fence"
+
+
+class Lost(BoardConflict):
+    """A fenced call was refused: another mover took the reshard over; this one must stop."""
+
+
+def lost(board_id: str) -> Lost:
+    return Lost(
+        f"another mover took the reshard of {board_id!r} over (this one's lease ran out): this one "
+        "stops here, and the record says where the other goes on",
+        "board",
+    )
+
+
+async def fenced(board_id: str, replies: Any) -> Any:
+    """``replies`` awaited, with a fenced script's refusal as ``Lost``."""
+    try:
+        return await replies
+    except ResponseError as e:
+        if "FENCED" in str(e):
+            raise lost(board_id) from e
+        raise
+
+
+class Writes:
+    """Commands gathered per shard, sent as one fenced script call per shard (``_RUN``)."""
+
+    def __init__(self) -> None:
+        self.by_prefix: dict[str, list[Any]] = defaultdict(list)
+
+    def add(self, prefix: str, *command: Any) -> None:
+        """One command on keys of the shard ``prefix``."""
+        self.by_prefix[prefix] += [len(command), *command]
+
+    def queue(self, pipe: Any, fence: str) -> None:
+        for prefix, args in self.by_prefix.items():
+            pipe.execute_command("EVAL", _RUN, 1, fence_key(prefix), fence, *args)
+
+    async def send(self, client: RedisCluster, board_id: str, fence: str) -> None:
+        if not self.by_prefix:
+            return
+        pipe = batch(client)
+        self.queue(pipe, fence)
+        await fenced(board_id, pipe.execute())
 
 
 def _kind(suffix: str) -> str:
@@ -46,11 +137,18 @@ def _player(member: str) -> str:
 
 
 class Copier:
-    """Copies shards of one layout into another; ``copied`` counts the members copied so far."""
+    """Copies shards of one layout into another; ``copied`` counts the members copied so far.
+    ``fence`` is the epoch of the mover it copies for: every write is refused once it is not the
+    one the shard's fence holds."""
 
-    def __init__(self, client: RedisCluster) -> None:
+    def __init__(self, client: RedisCluster, board_id: str = "") -> None:
         self.client = client
+        self.board_id = board_id
+        self.fence = ""  # no epoch taken yet: every fenced call is refused
         self.copied = 0
+
+    async def send(self, writes: Writes) -> None:
+        await writes.send(self.client, self.board_id, self.fence)
 
     async def _keys(self, prefix: str) -> list[tuple[str, str, str]]:
         """(suffix, kind, expiry) of every key a shard's index lists; expiry as the index spells it."""
@@ -91,23 +189,23 @@ class Copier:
         value = await self.client.get(key)
         if value is None:
             return
-        pipe = batch(self.client)
+        writes = Writes()
         for prefix in target.prefixes:
-            pipe.execute_command("SET", prefix + suffix, value)
-            self._register(pipe, prefix, suffix, expiry)
-        await pipe.execute()
+            writes.add(prefix, "SET", prefix + suffix, value)
+            self._register(writes, prefix, suffix, expiry)
+        await self.send(writes)
 
-    def _register(self, pipe: Any, prefix: str, suffix: str, expiry: str) -> None:
+    def _register(self, writes: Writes, prefix: str, suffix: str, expiry: str) -> None:
         """The new key in its shard's index, expiring as the old one does (write.lua's rule)."""
         if expiry != "+inf":
-            pipe.execute_command("PEXPIREAT", prefix + suffix, int(expiry))
-        pipe.execute_command("ZADD", keys.index_key(prefix), expiry, prefix + suffix)
+            writes.add(prefix, "PEXPIREAT", prefix + suffix, int(expiry))
+        writes.add(prefix, "ZADD", keys.index_key(prefix), expiry, prefix + suffix)
 
     def _home(self, target: Board, member: str) -> str:
         return target.prefixes[target.layout.home(_player(member))]
 
     def _bands(
-        self, pipe: Any, target: Board, rows: list[tuple[str, Any]], gone: list[str], moved: bool
+        self, writes: Writes, target: Board, rows: list[tuple[str, Any]], gone: list[str], moved: bool
     ) -> None:
         """A band target's band index for totals copied (``rows``: player, score) or gone: each
         player in the band shard of its points, at version 1 on its home and there (band.lua takes a
@@ -123,19 +221,19 @@ class Copier:
         for band in bands:
             here = placed.get(band, [])
             if here:
-                pipe.execute_command("ZADD", band + "total", *(x for p, v in here for x in (v, p)))
-                pipe.execute_command("HSET", keys.version_key(band), *(x for p, _ in here for x in (p, 1)))
-                self._register(pipe, band, "total", "+inf")
-                self._register(pipe, band, "ver", "+inf")
+                writes.add(band, "ZADD", band + "total", *(x for p, v in here for x in (v, p)))
+                writes.add(band, "HSET", keys.version_key(band), *(x for p, _ in here for x in (p, 1)))
+                self._register(writes, band, "total", "+inf")
+                self._register(writes, band, "ver", "+inf")
             away = set(gone) | ({p for p, _ in rows} - {p for p, _ in here} if moved else set())
             if away:
-                pipe.execute_command("ZREM", band + "total", *away)
+                writes.add(band, "ZREM", band + "total", *away)
         homes: dict[str, list[str]] = defaultdict(list)
         for player, _ in rows:
             homes[self._home(target, player)].append(player)
         for home, players in homes.items():
-            pipe.execute_command("HSET", keys.version_key(home), *(x for p in players for x in (p, 1)))
-            self._register(pipe, home, "ver", "+inf")
+            writes.add(home, "HSET", keys.version_key(home), *(x for p in players for x in (p, 1)))
+            self._register(writes, home, "ver", "+inf")
 
     async def _write(
         self,
@@ -158,21 +256,21 @@ class Copier:
             removed[self._home(target, member)].append(member)
         if not by_home and not removed:
             return
-        pipe = batch(self.client)
+        writes = Writes()
         if suffix == "total" and target.layout.strategy == "band":
-            self._bands(pipe, target, list(rows), list(gone), moved)
+            self._bands(writes, target, list(rows), list(gone), moved)
         for home, items in by_home.items():
             key = home + suffix
             if kind == "zset":
-                pipe.execute_command("ZADD", key, *(x for m, v in items for x in (v, m)))
+                writes.add(home, "ZADD", key, *(x for m, v in items for x in (v, m)))
             elif kind == "set":
-                pipe.execute_command("SADD", key, *(m for m, _ in items))
+                writes.add(home, "SADD", key, *(m for m, _ in items))
             else:
-                pipe.execute_command("HSET", key, *(x for m, v in items for x in (m, v)))
-            self._register(pipe, home, suffix, expiry)
+                writes.add(home, "HSET", key, *(x for m, v in items for x in (m, v)))
+            self._register(writes, home, suffix, expiry)
         for home, members in removed.items():
-            pipe.execute_command("ZREM", home + suffix, *members)
-        await pipe.execute()
+            writes.add(home, "ZREM", home + suffix, *members)
+        await self.send(writes)
 
     async def changes(
         self, source: Board, target: Board, prefixes: list[str] | None = None, final: bool = False
@@ -183,7 +281,8 @@ class Copier:
         async def one(prefix: str) -> None:
             nonlocal total
             taken, changes = keys.taken_key(prefix), keys.changes_key(prefix)
-            if not await self.client.eval(_TAKE, 2, taken, changes):
+            took = self.client.eval(_TAKE, 3, fence_key(prefix), taken, changes, self.fence)
+            if not await fenced(self.board_id, took):
                 if final:
                     await self._frozen_again(prefix, target)
                 return
@@ -194,7 +293,9 @@ class Copier:
                 total += len(members)
                 if not cursor:
                     break
-            await self.client.delete(taken)
+            done = Writes()
+            done.add(prefix, "DEL", taken)
+            await self.send(done)
             if final:
                 await self._frozen_again(prefix, target)
 

@@ -54,6 +54,16 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   end
   return redis.error_reply('BOARDGONE this board was deleted')
 end
+-- A reshard's marker or seal on the shard (shardlb/reshard.py: tracked, sealed, moved away, or a new
+-- shard not open yet): what this call would write is a change the reshard never copies, or one on
+-- a layout it is leaving. Refused, as write.lua refuses, whatever the caller read of the registry.
+local base = string.sub(KEYS[2], 1, -5)
+if redis.call('EXISTS', base .. 'mv', base .. 'seal') > 0 then
+  if op == 'swap' then
+    for i = 1, npairs do redis.call('UNLINK', KEYS[2 + 2 * i]) end
+  end
+  return redis.error_reply('BOARDMOVED this board is being resharded; retry')
+end
 
 if op == 'recall' then
   local h = cmsgpack.unpack(ARGV[2])
