@@ -120,14 +120,17 @@ class Writes:
 
 def _kind(suffix: str) -> str:
     """What a key of a shard is, from its name after the prefix: zset (period boards, the activity
-    set), set (dedup buckets), hash (pins), frozen (markers), or skip (the journal, counters...)."""
+    set), set (dedup buckets), hash (pins), players (a hash by player: the recent removals), frozen
+    (markers, copied to every new shard), or skip (the journal, counters...)."""
     if suffix in ("total", "seen") or suffix[:2] in ("d:", "w:", "m:"):
         return "zset"
     if suffix.startswith("dd:"):
         return "set"
     if suffix.startswith("pin:"):
         return "hash"
-    if suffix.startswith("frozen:"):
+    if suffix == "rmv":  # recent removals (remove.lua): player -> when, copied to the player's home
+        return "players"
+    if suffix.startswith("frozen:") or suffix == "rmvon":  # markers: copied to every new shard
         return "frozen"
     return "skip"
 
@@ -169,7 +172,7 @@ class Copier:
             if kind == "frozen":
                 await self._copy_frozen(key, suffix, expiry, target)
                 continue
-            scan = {"zset": "ZSCAN", "set": "SSCAN", "hash": "HSCAN"}[kind]
+            scan = {"zset": "ZSCAN", "set": "SSCAN", "hash": "HSCAN", "players": "HSCAN"}[kind]
             cursor = "0"
             while True:
                 cursor, found = await self.client.execute_command(scan, key, cursor, "COUNT", BATCH)
@@ -325,6 +328,8 @@ class Copier:
                 read.execute_command("SMISMEMBER", prefix + suffix, *matches)
             elif kind == "hash" and matches:
                 read.execute_command("HMGET", prefix + suffix, *matches)
+            elif kind == "players":
+                read.execute_command("HMGET", prefix + suffix, *players)
             else:
                 continue
             wanted.append((suffix, kind, expiry))
@@ -337,5 +342,6 @@ class Copier:
                 rows = [(m, None) for m, v in zip(matches, values, strict=True) if v]
                 await self._write(target, suffix, kind, expiry, rows)
             else:
-                rows = [(m, v) for m, v in zip(matches, values, strict=True) if v is not None]
+                named = players if kind == "players" else matches
+                rows = [(m, v) for m, v in zip(named, values, strict=True) if v is not None]
                 await self._write(target, suffix, kind, expiry, rows)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from shardlb import keys, reshard, times
+from shardlb import keys, moderation, reshard, times
 from shardlb.board import Board, Entry, Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig, Sharding
@@ -212,6 +212,24 @@ async def test_retried_write_after_cut_over_is_a_duplicate(store: BoardStore) ->
     # A game server that PUTs the settings it created the board with still gets its board.
     same, created = await store.create(ref.config)
     assert not created and same.config.sharding.shards == 5
+
+
+async def test_a_removal_still_refuses_retries_after_a_reshard(store: BoardStore) -> None:
+    """A removal's record (remove.lua's `rmv`, and its marker) is copied with the board: a retry of
+    a removed player's result after the cut-over is still a duplicate, not the player back."""
+    board, _ = await make_board(store, 2, mode="best")
+    now = times.now_ms()
+    posts = [Score(f"p{i}", 10 + i, f"m{i}", now - 60_000) for i in range(20)]
+    await board.submit(posts, now)
+    await moderation.remove(board, ["p3"])
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(5)
+    await moderation.remove(board, ["p7"])  # while the reshard is under way
+    await mover.run()
+    fresh = await store.get(board.config.id)
+    again = await fresh.submit([posts[3], posts[7], posts[9]], times.now_ms())
+    assert [r.status for r in again] == ["duplicate", "duplicate", "unchanged"]
+    assert {e.player_id for e in await fresh.top(50)} == {f"p{i}" for i in range(20)} - {"p3", "p7"}
 
 
 async def test_stale_read_of_the_old_layout_is_refused(store: BoardStore) -> None:
