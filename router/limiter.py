@@ -1,6 +1,7 @@
 """Per-client token buckets for reads, in bounded memory, and who the client is behind a proxy.
 
-A client gets a bucket of ``burst`` tokens refilled at ``rate`` a second; a read takes one. At most
+A client gets a bucket of ``burst`` tokens refilled at ``rate`` a second; a read takes one (a
+players:query one more per 100 ids: router/routes.py, QUERY_IDS_PER_TOKEN). At most
 ``max_clients`` buckets are kept: the least recently seen client is forgotten first, which only ever
 lets that client start again with a full bucket. A client is its key when it sends one, else its
 address: the peer's, or the one a trusted proxy put in X-Forwarded-For (``client_address``).
@@ -33,18 +34,20 @@ class RateLimiter:
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def take(self, client: str, now: float | None = None) -> float:
-        """Take a token for ``client``: 0.0 when allowed, else the seconds until one is available."""
+    def take(self, client: str, now: float | None = None, cost: float = 1.0) -> float:
+        """Take ``cost`` tokens (at most the burst, so any cost can be met) for ``client``: 0.0 when
+        allowed, else the seconds until they are available (nothing taken then)."""
         if not self.enabled:
             return 0.0
         now = time.monotonic() if now is None else now
+        cost = min(cost, self.burst)
         tokens, last = self._buckets.pop(client, (self.burst, now))
         tokens = min(self.burst, tokens + (now - last) * self.rate)
         wait = 0.0
-        if tokens >= 1.0:
-            tokens -= 1.0
+        if tokens >= cost:
+            tokens -= cost
         else:
-            wait = (1.0 - tokens) / self.rate
+            wait = (cost - tokens) / self.rate
         self._buckets[client] = (tokens, now)
         if len(self._buckets) > self.max_clients:
             self._buckets.popitem(last=False)
@@ -66,9 +69,9 @@ class ReadLimits:
             RateLimiter(settings.key_read_rate, settings.key_burst, settings.rate_clients),
         )
 
-    def take(self, client: str) -> float:
-        """A token for ``client`` (an id from ``router.auth.Caller``): 0.0, or the seconds to wait."""
-        return (self.keyed if client.startswith(KEY_CLIENT) else self.anonymous).take(client)
+    def take(self, client: str, cost: float = 1.0) -> float:
+        """``cost`` tokens for ``client`` (an id from ``router.auth.Caller``): 0.0, or the seconds to wait."""
+        return (self.keyed if client.startswith(KEY_CLIENT) else self.anonymous).take(client, cost=cost)
 
 
 def client_address(peer: str, forwarded: str | None, proxies: Sequence[Network]) -> str:

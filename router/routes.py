@@ -44,6 +44,7 @@ MAX_RADIUS = 100
 # started from allows 5 s for a player's own rank).
 MAX_AGE_MS = 10_000
 QUERY_FIELDS = ("player_ids", "period", "region")
+QUERY_IDS_PER_TOKEN = 100  # a players:query takes a read token more per this many ids
 
 
 def service(request: Request) -> Service:
@@ -66,10 +67,11 @@ def _allow_read(request: Request) -> Service:
     return svc
 
 
-def admit_read(svc: Service, authorization: str | None, peer: str) -> None:
-    """Key check for reads, then the caller's token bucket (429 with Retry-After when empty)."""
+def admit_read(svc: Service, authorization: str | None, peer: str, cost: float = 1.0) -> None:
+    """Key check for reads, then ``cost`` tokens of the caller's bucket (429 with Retry-After when
+    it holds fewer)."""
     caller = svc.keys.require(authorization, peer, Scope.READ)
-    wait = svc.limiter.take(caller.client)
+    wait = svc.limiter.take(caller.client, cost)
     if wait > 0:
         metrics.RATE_LIMITED.inc()
         raise ApiError(429, "rate_limited", "too many reads from this client; slow down", retry_after=wait)
@@ -403,6 +405,10 @@ async def query(request: Request) -> Response:
         )
     for i, value in enumerate(ids):
         check_id(value, f"player_ids[{i}]")
+    # The cluster's work grows with the ids (a rank each): a token per QUERY_IDS_PER_TOKEN more,
+    # beside the one the read took to be let in, so a query of 1000 costs the caller 11 reads.
+    if len(ids) >= QUERY_IDS_PER_TOKEN:
+        admit_read(svc, request.headers.get("authorization"), _peer(request), len(ids) // QUERY_IDS_PER_TOKEN)
     # Only checked or small values may wait for the board below (a public body can decode to MiBs of
     # objects): a period or region that is not a string is kept as 0, which _view refuses alike.
     period, region = (

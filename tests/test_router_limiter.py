@@ -158,3 +158,27 @@ def test_server_does_not_trust_forwarded_for_by_default(cluster: LocalCluster, t
         httpx.delete(f"{server.url}/v1/boards/{name}", headers=AS_ADMIN)
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.cluster
+async def test_a_query_of_many_players_costs_as_many_tokens_as_it_does_reads(cluster: LocalCluster) -> None:
+    """A players:query of 1000 ids took one token, as a cached top does, while it costs the cluster
+    about a rank per id: one address could spend every other caller's read capacity at the price of
+    a light read. Now it takes a token per 100 ids more (at most the burst)."""
+    async with running(cluster.url, read_rate=0.5, read_burst=20) as (_, client):
+        board = board_name()
+        await client.put(f"/v1/boards/{board}", headers=AS_ADMIN)
+        url = f"/v1/boards/{board}/players:query"
+        many = {"player_ids": [f"p{i}" for i in range(1000)]}
+        assert (await client.post(url, json=many)).status_code == 200  # 11 of the 20 tokens
+        limited = await client.post(url, json=many)
+        assert (limited.status_code, limited.json()["error"]["code"]) == (429, "rate_limited")
+        few = {"player_ids": ["p1", "p2"]}
+        assert (await client.post(url, json=few)).status_code == 200  # a small one still fits
+        await client.delete(f"/v1/boards/{board}", headers=AS_ADMIN)
+
+
+def test_a_cost_larger_than_the_burst_waits_for_a_full_bucket() -> None:
+    limiter = RateLimiter(rate=1.0, burst=5)
+    assert limiter.take("c", now=0.0, cost=50) == 0.0  # capped at the burst: never out of reach
+    assert limiter.take("c", now=0.0) == pytest.approx(1.0)
