@@ -10,11 +10,14 @@ SHARDLB_TRUSTED_PROXIES, ``scope["client"]`` becomes the address it forwarded (r
 A request whose body did not arrive within SHARDLB_BODY_TIMEOUT_S was answered 408 by the HTTP
 protocol itself (router/http.py): it is logged and counted as that 408.
 
-A request with a body takes its admission slot at once, as any other, while its client address has
-fewer than BODY_SLOTS_PER_CLIENT such requests holding slots; past that, its body is read first, up
-to SHARDLB_MAX_READ_BODY_BYTES (the most a request without a key may send), and the slot taken only
-then. So one address sending bodies slowly holds at most that many slots (each at most the body
-deadline), and its other requests, and everybody else's, still get in.
+A request with a body and without a key (no Authorization) takes its admission slot at once, as any
+other, while its client address has fewer than BODY_SLOTS_PER_CLIENT such requests holding slots;
+past that, its body is read first, up to SHARDLB_MAX_READ_BODY_BYTES (the most a request without a
+key may send), and the slot taken only then. So one address sending bodies slowly holds at most that
+many slots (each at most the body deadline), and its other requests, and everybody else's, still get
+in. A request with an Authorization header takes its slot at once: every route checks the key
+before it reads a body (a wrong one is 401 at once), so only a key holder can keep a slot waiting,
+and a game server posting on many connections from one address pays nothing for the count.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ class Observe:
         try:
             if self.admission is None or not scope["path"].startswith("/v1/"):
                 await self.app(scope, receive, send_with_id)
-            elif scope["method"] in ("GET", "HEAD") or not _has_body(scope["headers"]):
+            elif scope["method"] in ("GET", "HEAD") or not _anonymous_body(scope["headers"]):
                 with self.admission:
                     await self.app(scope, receive, send_with_id)
             else:
@@ -185,11 +188,17 @@ def _read_ahead_bytes(scope: Scope) -> int:
     return READ_AHEAD_BYTES if settings is None else int(settings.max_read_body_bytes)
 
 
-def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
-    return any(
-        (name == b"content-length" and value.strip(b" \t0")) or name == b"transfer-encoding"
-        for name, value in headers
-    )
+def _anonymous_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the request has a body and no Authorization. A request with one is checked before
+    its body is read (a wrong key is 401 at once), so only a real key holder, whom the operator
+    trusts, can make a slot wait for a body; such requests skip the per-address count."""
+    body = False
+    for name, value in headers:
+        if name == b"authorization":
+            return False
+        if (name == b"content-length" and value.strip(b" \t0")) or name == b"transfer-encoding":
+            body = True
+    return body
 
 
 async def _read_ahead(receive: Receive, limit: int) -> Receive:
