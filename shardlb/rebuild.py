@@ -168,7 +168,11 @@ class RetryRecords:
       (first + PIN_SPAN) x length + window.
 
     An incr board keeps no pins here: a retry of it is a duplicate whatever its time, and its dedup
-    sets already cost a window of memory (README, "Memory")."""
+    sets already cost a window of memory (README, "Memory").
+
+    - every mode: the removals of the window (``removed``: remove.lua's ``rmv``, player -> the
+      removal's time units, the latest removal of a player kept; the hash expires a window after
+      its latest removal), so a retry of a removed player's result stays a duplicate."""
 
     def __init__(self, board: Board, prefix: str, now_ms: int) -> None:
         c = board.config
@@ -179,6 +183,7 @@ class RetryRecords:
         self.slack = board.codec.unit_ms + PIN_SLACK_MS
         first = (now_ms - self.window) // self.length  # the first bucket write.lua looks up now
         self.first, self.first_pin = first, first - first % PIN_SPAN
+        self.removals_since = now_ms - self.window  # a removal's record lives a window
         self._clear()
 
     def _clear(self) -> None:
@@ -190,7 +195,16 @@ class RetryRecords:
     @property
     def since_ms(self) -> int:
         """The earliest arrival a record of the window can have."""
-        return self.first * self.length if self.incr else self.first_pin * self.length - self.slack
+        records = self.first * self.length if self.incr else self.first_pin * self.length - self.slack
+        return min(records, self.removals_since)
+
+    def removed(self, at_ms: int, player_id: str) -> None:
+        """A removal of ``player_id`` at ``at_ms`` (its delete entry's time), if still in the window."""
+        if at_ms < self.removals_since:
+            return
+        c = self.codec
+        units = min(max(0, (at_ms - c.epoch_ms) // c.unit_ms), c.time_max)
+        self._put(keys.removals_key(self.prefix), 2, at_ms + self.window, player_id, units)
 
     def add(self, arrived_ms: int, match_id: str, player_id: str, units: int) -> None:
         member = f"{match_id}\x00{player_id}"
@@ -214,6 +228,7 @@ class RetryRecords:
             self.pin.append(pin)
             self.expiry.append(expiry)
             number = self.names[name] = len(self.names) + 1
+        self.expiry[number - 1] = max(self.expiry[number - 1], expiry)  # a removals hash: its latest
         self.items += [number, member, units]
 
     def __len__(self) -> int:
@@ -221,7 +236,7 @@ class RetryRecords:
 
     def take(self) -> tuple[list[str], bytes, bytes]:
         """The batch as rebuild.lua's ``recall`` takes it (bucket keys, header, records); empties it."""
-        header = msgpack.packb([PIN_SPAN if any(self.pin) else 0, self.pin, self.expiry])
+        header = msgpack.packb([PIN_SPAN if 1 in self.pin else 0, self.pin, self.expiry])
         batch = list(self.names), header, msgpack.packb(self.items)
         self._clear()
         return batch
@@ -559,6 +574,8 @@ class Rebuilder:
                 arrived = parse_id(entry.id)[0]
                 for r in entry.results:
                     records.add(arrived, r.match_id, r.player_id, r.units)
+                for player in entry.removed:
+                    records.removed(arrived, player)
                 if len(records) >= PAGE:  # an entry holds up to a call's results
                     count += await self._recall(prefix, records)
         codec = board.codec
@@ -572,6 +589,15 @@ class Rebuilder:
             while rows := await cur.fetchmany(PAGE):
                 for match, player, achieved, arrived in rows:
                     records.add(arrived, match, player, (achieved - codec.epoch_ms) // codec.unit_ms)
+                count += await self._recall(prefix, records)
+            await cur.execute(
+                f"SELECT player_id, {arrived_ms} FROM player_removals "
+                f"WHERE board = %s AND incarnation = %s AND shard = %s AND {arrived_ms} >= %s",
+                (board.config.id, board.incarnation, shard, records.removals_since),
+            )
+            while rows := await cur.fetchmany(PAGE):
+                for player, arrived in rows:
+                    records.removed(arrived, player)
                 count += await self._recall(prefix, records)
         return count + await self._recall(prefix, records)
 

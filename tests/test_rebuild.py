@@ -400,6 +400,64 @@ async def test_after_a_total_loss_a_retry_is_answered_as_before_the_loss(
                     await store.delete(c.id)
 
 
+async def test_after_a_total_loss_a_removed_players_retry_is_still_refused(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A removal's record (remove.lua's `rmv`) was not put back by `rebuild --all`: after a total
+    loss of Redis, a game server's retry of a removed player's result brought the player back. Now
+    the rebuild puts back the removals of the dedup window from PostgreSQL's player_removals."""
+    config = BoardConfig.from_dict("loss-removed", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    posts = [Score("cheat", 90, "m1", now - 60_000), Score("fair", 40, "m2", now - 60_000)]
+    async with own_archive(postgres_url) as archive_url:
+        a = await archiver(raw, store, archive_url)
+        try:
+            await board.submit(posts)
+            await drain(a)
+            assert await moderation.remove(board, ["cheat"]) == {"cheat"}
+            await drain(a)  # the delete entry in player_removals (what only the journal held is lost)
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", archive_url]
+            assert await asyncio.to_thread(main, command) == 0
+            rebuilt = await store.get(config.id)
+            assert [e.player_id for e in await rebuilt.top(10)] == ["fair"]
+            again = await rebuilt.submit(posts, now_ms=times.now_ms())
+            assert [r.status for r in again] == ["duplicate", "unchanged"]
+            assert [e.player_id for e in await rebuilt.top(10)] == ["fair"]
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_a_refill_puts_back_the_removals_still_in_the_journal(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
+) -> None:
+    """The record of a removal whose delete entry is still in the journal (not archived yet) comes
+    back from the journal: its time is the entry's, its expiry a window later."""
+    config = BoardConfig.from_dict("loss-removed-journal", {"sharding": sharding("hash", 1)})
+    board, _ = await store.create(config)
+    prefix = board.prefixes[0]
+    a = await archiver(raw, store, postgres_url)  # the schema; it archives nothing here
+    try:
+        now = times.now_ms()
+        await board.submit([Score("cheat", 90, "m1", now - 60_000)], now_ms=now)
+        assert await moderation.remove(board, ["cheat"]) == {"cheat"}
+        kept = await raw.hget(keys.removals_key(prefix), "cheat")
+        await raw.delete(keys.removals_key(prefix), keys.removals_marker_key(prefix))
+        await rebuilder.refill(board, 0)
+        assert await raw.hget(keys.removals_key(prefix), "cheat") == kept
+        assert await raw.get(keys.removals_marker_key(prefix)) == b"1"
+        expiry = await raw.pexpiretime(keys.removals_key(prefix))
+        assert now + 23 * HOUR < expiry <= times.now_ms() + 24 * HOUR
+        again = await board.submit([Score("cheat", 90, "m1", now - 60_000)], now_ms=times.now_ms())
+        assert again[0].status == "duplicate"
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
 async def test_a_shard_rebuild_puts_back_the_retry_records_it_lost(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
 ) -> None:

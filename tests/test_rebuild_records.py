@@ -67,3 +67,21 @@ def test_pins_of_hashes_write_lua_no_longer_reads_are_left_out() -> None:
         units = (at - r.codec.epoch_ms) // 1000
         r.add(r.codec.units_to_ms(units), f"m{at}", "p1", units)
     assert [key for key, *_ in batch(r)] == [f"{PREFIX}pin:{oldest // HOUR}"]
+
+
+def test_removals_of_the_window_come_back_in_every_mode() -> None:
+    """remove.lua's record of a removal (player -> its time units), for the dedup window: a removal
+    older than the window is left out; the hash expires a window after the latest removal."""
+    now = 1_800_000_000_000
+    for mode in ("incr", "best", "set"):
+        r = records(mode, now)
+        assert r.since_ms <= now - 24 * HOUR
+        r.removed(now - 24 * HOUR - 1, "old")  # out of the window: write.lua would have dropped it
+        r.removed(now - 5 * HOUR, "p1")
+        r.removed(now - HOUR, "p2")
+        units = [(t - r.codec.epoch_ms) // 1000 for t in (now - 5 * HOUR, now - HOUR)]
+        expiry = now - HOUR + 24 * HOUR
+        assert batch(r) == [
+            (f"{PREFIX}rmv", 2, expiry, "p1", units[0]),
+            (f"{PREFIX}rmv", 2, expiry, "p2", units[1]),
+        ]

@@ -14,9 +14,11 @@
 --          unless `force` is 1, leaving out the players of the delete entries journaled after
 --          `expected` (a removal since wiped them on the live keys; their results would come back).
 --   recall: put back retry records of the dedup window (shardlb/rebuild.py, `RetryRecords`): KEYS[4]
---          the shard's pin marker (`pspan`), KEYS[5..] dedup sets (`dd:<k>`) and pin hashes
---          (`pin:<k>`). ARGV[2] MessagePack: pin span (0 when the call holds no pin), {per key
---          from KEYS[5]: 1 for a pin hash}, {per key from KEYS[5]: its expiry ms}; ARGV[3]
+--          the shard's pin marker (`pspan`), KEYS[5..] dedup sets (`dd:<k>`), pin hashes
+--          (`pin:<k>`) and the removals hash (`rmv`: the latest removal of each player kept, its
+--          expiry never made sooner, and its marker `rmvon` set beside it). ARGV[2] MessagePack:
+--          pin span (0 when the call holds no pin), {per key from KEYS[5]: 1 for a pin hash, 2 for
+--          the removals hash, 0 for a dedup set}, {per key from KEYS[5]: its expiry ms}; ARGV[3]
 --          MessagePack, flat: per record, its key's number (1 for KEYS[5]), dedup member (match_id
 --          NUL player_id), time units (pins). SADD, or HSETNX (a pin write.lua made since is the one
 --          the shard has answered with: it stays), then each key's expiry and its listing in the key
@@ -83,13 +85,26 @@ if op == 'recall' then
     local i = items[pos]
     if pin[i] == 1 then
       redis.call('HSETNX', KEYS[4 + i], items[pos + 1], items[pos + 2])
+    elseif pin[i] == 2 then  -- a removal (remove.lua's `rmv`): the latest of a player's kept
+      local held = redis.call('HGET', KEYS[4 + i], items[pos + 1])
+      if not held or tonumber(held) < items[pos + 2] then
+        redis.call('HSET', KEYS[4 + i], items[pos + 1], items[pos + 2])
+      end
     else
       redis.call('SADD', KEYS[4 + i], items[pos + 1])
     end
   end
   local listed = {}
   for i = 1, #KEYS - 4 do
-    local at = string.format('%d', expiry[i])
+    local until_ms = expiry[i]
+    if pin[i] == 2 then  -- never sooner than it is (a removal meanwhile), and its marker with it
+      until_ms = math.max(until_ms, redis.call('PEXPIRETIME', KEYS[4 + i]))
+      local marker = string.sub(KEYS[2], 1, -5) .. 'rmvon'
+      redis.call('SET', marker, '1', 'PXAT', string.format('%d', until_ms))
+      listed[#listed + 1] = string.format('%d', until_ms)
+      listed[#listed + 1] = marker
+    end
+    local at = string.format('%d', until_ms)
     redis.call('PEXPIREAT', KEYS[4 + i], at)
     listed[#listed + 1] = at
     listed[#listed + 1] = KEYS[4 + i]
