@@ -45,19 +45,29 @@ if held > tonumber(ARGV[1]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
-# Commands of one shard, each as its argument count then the command and its arguments.
+# Commands of one shard, each as its argument count then the command and its arguments. One
+# pseudo-command: PEXPIREMAX key ms, an expiry that never moves sooner (GROWING: a new shard fed by
+# several old ones keeps the latest of their expiries).
 _RUN = (
     FENCED
     + """
 local i = 2
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
-  redis.call(unpack(ARGV, i + 1, i + n))
+  if ARGV[i + 1] == 'PEXPIREMAX' then
+    local at = math.max(tonumber(ARGV[i + 3]), redis.call('PEXPIRETIME', ARGV[i + 2]))
+    redis.call('PEXPIREAT', ARGV[i + 2], string.format('%d', at))
+  else
+    redis.call(unpack(ARGV, i + 1, i + n))
+  end
   i = i + n + 1
 end
 return 1
 """
 )
+# Keys whose expiry differs between the shards of one layout (a removal's record lives a window
+# after that shard's latest removal): copied into a new shard, they keep the latest expiry.
+GROWING = ("rmv", "rmvon")
 # Move a shard's tracked changes into the set the mover works from, in one call.
 _TAKE = (
     FENCED
@@ -194,15 +204,18 @@ class Copier:
             return
         writes = Writes()
         for prefix in target.prefixes:
-            writes.add(prefix, "SET", prefix + suffix, value)
+            writes.add(prefix, "SET", prefix + suffix, value, *(("KEEPTTL",) if suffix in GROWING else ()))
             self._register(writes, prefix, suffix, expiry)
         await self.send(writes)
 
     def _register(self, writes: Writes, prefix: str, suffix: str, expiry: str) -> None:
-        """The new key in its shard's index, expiring as the old one does (write.lua's rule)."""
+        """The new key in its shard's index, expiring as the old one does (write.lua's rule); a
+        GROWING key never sooner than it does already."""
+        growing = suffix in GROWING
         if expiry != "+inf":
-            writes.add(prefix, "PEXPIREAT", prefix + suffix, int(expiry))
-        writes.add(prefix, "ZADD", keys.index_key(prefix), expiry, prefix + suffix)
+            writes.add(prefix, "PEXPIREMAX" if growing else "PEXPIREAT", prefix + suffix, int(expiry))
+        later = ("GT",) if growing else ()
+        writes.add(prefix, "ZADD", keys.index_key(prefix), *later, expiry, prefix + suffix)
 
     def _home(self, target: Board, member: str) -> str:
         return target.prefixes[target.layout.home(_player(member))]

@@ -232,6 +232,28 @@ async def test_a_removal_still_refuses_retries_after_a_reshard(store: BoardStore
     assert {e.player_id for e in await fresh.top(50)} == {f"p{i}" for i in range(20)} - {"p3", "p7"}
 
 
+async def test_a_reshard_never_shortens_the_life_of_a_removal_record(store: BoardStore) -> None:
+    """A new shard fed by several old ones took the expiry of whichever old shard's record was
+    copied last, often the earliest: a later removal's record then lapsed early and its player's
+    retry was applied again. Each new record now expires no sooner than the latest it was fed by."""
+    board, _ = await make_board(store, 2, mode="best")
+    now = times.now_ms()
+    players = [f"p{i}" for i in range(40)]
+    await board.submit([Score(p, 10, "m1", now - 60_000) for p in players], now)
+    early = [p for p in players if board.layout.home(p) == 1]  # old shard 1's latest removal ...
+    late = [p for p in players if board.layout.home(p) == 0]  # ... an hour before old shard 0's
+    await moderation.remove(board, early, now_ms=now - 3_600_000)
+    await moderation.remove(board, late, now_ms=now)
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(3)
+    await mover.run()
+    fresh = await store.get(board.config.id)
+    latest = now + fresh.config.dedup_window_s * 1000
+    for prefix in fresh.prefixes:
+        for key in (keys.removals_key(prefix), keys.removals_marker_key(prefix)):
+            assert await store.client.pexpiretime(key) >= latest, key
+
+
 async def test_stale_read_of_the_old_layout_is_refused(store: BoardStore) -> None:
     board, _ = await make_board(store, 2)
     await board.submit([Score("a", 5, "m1")])
