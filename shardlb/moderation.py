@@ -153,6 +153,8 @@ async def remove_on_shard(
             stale_before_ms,
             -1 if stale_before_ms else removed_units,
             now + board.config.dedup_window_s * 1000,
+            codec.time_bits,
+            int(codec.tiebreak == "earliest"),
         ]
     )
     args = [header, msgpack.packb(list(players))]

@@ -91,12 +91,13 @@ class ReferenceBoard:
 
     def remove(self, player: str, at_ms: int | None = None) -> None:
         """The player leaves every period (an incr board's dedup stays). A removal asked for (with
-        its time ``at_ms``; not the inactive cleanup) also refuses their results achieved before it."""
-        for board in self.boards.values():
-            board.pop(player, None)
+        its time ``at_ms``; not the inactive cleanup) also refuses their results achieved before it,
+        or at or before the latest of their kept results (one dated ahead of the clock)."""
+        kept = [board.pop(player) for board in self.boards.values() if player in board]
         self.region_of.pop(player, None)
         if at_ms is not None:
-            self.removed[player] = (at_ms - self.config.epoch_ms) // self.codec.unit_ms
+            units = (at_ms - self.config.epoch_ms) // self.codec.unit_ms
+            self.removed[player] = max([units, self.removed.get(player, -1), *(u + 1 for _, u in kept)])
 
     def order(self, name: str = "total", region: str | None = None) -> list[tuple[int, str, int, int]]:
         """(score, player, points, units), best first."""

@@ -323,3 +323,25 @@ async def test_a_result_sent_again_after_a_removal_does_not_bring_the_player_bac
         assert [e.player_id for e in await board.top(10)] == ["honest", "cheater"]
     finally:
         await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "set"])
+async def test_a_retry_of_a_result_dated_ahead_of_the_clock_stays_out_after_a_removal(
+    store: BoardStore, mode: str
+) -> None:
+    """A board takes achieved_at up to 5 minutes ahead of its clock (a game server's clock runs
+    ahead). The removal recorded its own time only, so the retry of such a result, later than that,
+    was applied again and brought the player back. The record now covers the player's kept results."""
+    config = BoardConfig.from_dict(f"moderation-ahead-{mode}", {"mode": mode, "periods": ["daily"]})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        ahead = Score("cheater", 900, "m1", now + 120_000)
+        [first] = await board.submit([ahead], now_ms=now)
+        assert first.status == "improved"
+        assert await moderation.remove(board, ["cheater"], now_ms=now) == {"cheater"}
+        [again] = await board.submit([ahead], now_ms=now + 1_000)
+        assert again.status == "duplicate"
+        assert await board.top(10) == []
+    finally:
+        await store.delete(config.id)

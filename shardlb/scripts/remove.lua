@@ -7,7 +7,10 @@
 --         board id, incarnation, shard, stale_before (ms; 0: remove unconditionally; otherwise a
 --         player is removed only if the activity set, KEYS[6], has them at or before it),
 --         removed_units (the removal's time in the board's time units; -1: leave no record),
---         record_until (ms: when the shard's record of removals may expire)
+--         record_until (ms: when the shard's record of removals may expire),
+--         time_bits and earliest (1: tiebreak earliest) of the board's codec, to read the time of a
+--         score: a player's record is the later of removed_units and 1 + the latest time of their
+--         removed entries (a result dated ahead of the clock, up to 5 minutes, stays refused too)
 -- ARGV[2] MessagePack array of player ids
 -- Returns {'stale'} when the key index lists a key the caller did not pass (a period began since it
 -- read the index: it reads again), else {'ok', journal id or '', per player: 1 removed / 0 absent,
@@ -50,6 +53,13 @@ local all_bands = {}
 for b = 0, bands - 1 do all_bands[#all_bands + 1] = tostring(b) end
 all_bands = table.concat(all_bands, ',')
 
+local removed_units, record_until = h[7] or -1, h[8] or 0
+local T, earliest = 2 ^ (h[9] or 0), h[10] == 1
+local recorded = {}  -- player -> the units of their record
+local function period_board(key)  -- a period board's scores are the codec's (not the activity set's)
+  local suffix = string.sub(key, #base + 1)
+  return suffix == 'total' or (string.sub(suffix, 2, 2) == ':' and string.find('dwm', string.sub(suffix, 1, 1), 1, true) ~= nil)
+end
 local out, removed = {'ok', ''}, {}
 for _, player in ipairs(players) do
   local go = true
@@ -59,7 +69,19 @@ for _, player in ipairs(players) do
   end
   local n = 0
   if go then
-    for _, key in ipairs(sets) do n = n + redis.call('ZREM', key, player) end
+    local latest = removed_units
+    for _, key in ipairs(sets) do
+      if removed_units >= 0 and period_board(key) then
+        local score = redis.call('ZSCORE', key, player)
+        if score then
+          local tp = math.fmod(tonumber(score), T)
+          local units = earliest and (T - 1 - tp) or tp
+          if units + 1 > latest then latest = units + 1 end
+        end
+      end
+      n = n + redis.call('ZREM', key, player)
+    end
+    recorded[player] = latest
   end
   local version = 0
   if go and bands > 0 then
@@ -78,15 +100,16 @@ if move and #players > 0 then  -- tracked as a member with no match id: the move
     redis.call('SADD', base .. 'chg', unpack(tracked))
   end
 end
-local removed_units, record_until = h[7] or -1, h[8] or 0
 if removed_units >= 0 and #players > 0 then
   local record, marker = base .. 'rmv', base .. 'rmvon'
-  local units = string.format('%d', removed_units)
   for i = 1, #players, 500 do
+    local last = math.min(i + 499, #players)
+    local held = redis.call('HMGET', record, unpack(players, i, last))  -- a record never goes back
     local pairs_ = {}
-    for j = i, math.min(i + 499, #players) do
+    for j = i, last do
       pairs_[#pairs_ + 1] = players[j]
-      pairs_[#pairs_ + 1] = units
+      local units = math.max(recorded[players[j]] or removed_units, tonumber(held[j - i + 1]) or -1)
+      pairs_[#pairs_ + 1] = string.format('%d', units)
     end
     redis.call('HSET', record, unpack(pairs_))
   end
