@@ -55,7 +55,7 @@ IN_FLIGHT = 8  # webhook POSTs at once
 CLAIM = 64  # rows a round claims: at most CLAIM / IN_FLIGHT * TIMEOUT_S = 80 s of posting
 LEASE_S = 300.0  # how long a claim keeps other deliverers off its rows (longer than a round)
 SWEEP_EVERY_S = 5.0  # between an archiver's sweeps of due deliveries (`shardlb archive --deliver-every`)
-SWEEP_ROWS = 1000  # due rows one sweep looks at to find the settlements it delivers
+SWEEP_BUDGET_S = 30.0  # a sweep's rounds for one settlement, at most, before the next one's
 SIGNATURE = "X-Shardlb-Signature"
 MAX_ACK = 1000
 
@@ -65,7 +65,7 @@ def signature(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-async def get(db: psycopg.AsyncConnection[Any], settlement_id: str) -> dict[str, Any]:
+async def get(db: psycopg.AsyncConnection[Any], settlement_id: str, counts: bool = True) -> dict[str, Any]:
     """The settlement as stored: its result once settled (with the count acknowledged so far and,
     with a webhook, ``delivery``: its deliveries delivered, pending and failed for good), or its
     state and report before."""
@@ -96,13 +96,13 @@ async def get(db: psycopg.AsyncConnection[Any], settlement_id: str) -> dict[str,
     )
     acked = (await cur.fetchone() or (0,))[0]
     out = {**result, "acknowledged": int(acked)}
-    if result.get("webhook_url"):
+    if counts and result.get("webhook_url"):  # a count of every delivery: only for those who show it
         out["delivery"] = await delivery_counts(db, settlement_id)
     return out
 
 
 async def _settled(db: psycopg.AsyncConnection[Any], settlement_id: str) -> None:
-    state = (await get(db, settlement_id))["state"]
+    state = (await get(db, settlement_id, counts=False))["state"]
     if state != "settled":
         raise SettlementConflict(
             f"settlement {settlement_id!r} is {state}, not settled: it has no awards yet",
@@ -196,7 +196,7 @@ async def _claim(
         cur = await db.execute(
             "WITH due AS (SELECT d.award_id FROM settlement_deliveries d JOIN settlement_awards a "
             "USING (award_id) WHERE a.settlement_id = %s AND d.delivered_at IS NULL AND d.attempts < %s "
-            "AND d.next_at <= now() ORDER BY a.rank LIMIT %s FOR UPDATE OF d SKIP LOCKED) "
+            "AND d.next_at <= now() ORDER BY d.next_at, a.rank LIMIT %s FOR UPDATE OF d SKIP LOCKED) "
             "UPDATE settlement_deliveries d SET next_at = now() + make_interval(secs => %s) "
             "FROM due, settlement_awards a, settlements s WHERE d.award_id = due.award_id "
             "AND a.award_id = d.award_id AND s.settlement_id = a.settlement_id "
@@ -326,14 +326,16 @@ async def deliver_until_done(
 
 
 async def due_settlements(db: psycopg.AsyncConnection[Any]) -> list[str]:
-    """The settlements with deliveries due now, the longest due first, found among the SWEEP_ROWS
-    due rows that have waited longest (the partial index on ``next_at``)."""
+    """Every settlement with deliveries due now, the longest due first: all due rows are read
+    (through the partial index on ``next_at``; delivered rows and those past their last attempt,
+    due 'infinity', are out of its range), so a big settlement whose receiver is down cannot hide
+    the others, as a window of the 1000 oldest due rows did."""
     try:
         cur = await db.execute(
-            "SELECT a.settlement_id FROM (SELECT award_id, next_at FROM settlement_deliveries "
-            "WHERE delivered_at IS NULL AND next_at <= now() AND attempts < %s ORDER BY next_at LIMIT %s) d "
-            "JOIN settlement_awards a USING (award_id) GROUP BY a.settlement_id ORDER BY min(d.next_at)",
-            (MAX_ATTEMPTS, SWEEP_ROWS),
+            "SELECT a.settlement_id FROM settlement_deliveries d JOIN settlement_awards a USING (award_id) "
+            "WHERE d.delivered_at IS NULL AND d.next_at <= now() AND d.attempts < %s "
+            "GROUP BY a.settlement_id ORDER BY min(d.next_at)",
+            (MAX_ATTEMPTS,),
         )
     except psycopg.errors.UndefinedTable:  # nothing was ever settled against this database
         return []
@@ -347,13 +349,17 @@ async def sweep(
     base_s: float = BASE_S,
     cap_s: float = MAX_BACKOFF_S,
 ) -> int:
-    """One ``deliver`` round for every settlement with deliveries due now; returns how many were
-    delivered. Rows another deliverer holds are skipped by the claims, so it never posts one that
-    a router's task is posting."""
+    """``deliver`` rounds for every settlement with deliveries due now, each while it has rows due
+    and for at most SWEEP_BUDGET_S; returns how many were delivered. Rows another deliverer holds
+    are skipped by the claims, so it never posts one that a router's task is posting."""
     done = 0
     for settlement_id in await due_settlements(db):
-        delivered, _ = await deliver(db, http, secret, settlement_id, base_s, cap_s)
-        done += delivered
+        end = time.monotonic() + SWEEP_BUDGET_S
+        while True:
+            delivered, wait = await deliver(db, http, secret, settlement_id, base_s, cap_s)
+            done += delivered
+            if wait is None or wait > 0 or time.monotonic() > end:
+                break
     return done
 
 

@@ -506,3 +506,44 @@ async def test_the_sweep_sends_what_no_process_is_delivering(
         assert set(hook.posts.values()) == {1} and hook.bad_signatures == 0
     finally:
         await store.delete(board.config.id)
+
+
+@pytest.mark.cluster
+async def test_one_settlement_whose_receiver_is_down_does_not_starve_the_sweep_of_others(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], postgres_url: str
+) -> None:
+    """The sweep looked only at the 1000 oldest due rows: a big settlement made first, its receiver
+    down, filled them, and a settlement made after it waited hours. And its claims went by rank, so
+    the first ranks, due again after each failure, were retried while later ranks were never tried.
+    Now every settlement with a due row gets its rounds, and rows are claimed oldest due first."""
+    board = await ready(store, raw, postgres_url, "hook-starve", 2)
+    try:
+        with Hook(up=False) as down, Hook() as up:
+            big = {"settlement_id": "starve-big", "rewards": TABLE, "webhook_url": down.url}
+            await Settler(rebuilder).settle(board, day_ago(2), Request.of(big))
+            await db.execute(  # its rows due for an hour: older than any other settlement's
+                "UPDATE settlement_deliveries SET next_at = now() - interval '1 hour' WHERE award_id IN "
+                "(SELECT award_id FROM settlement_awards WHERE settlement_id = 'starve-big')"
+            )
+            # The old sweep's window of the 1000 oldest due rows, scaled down to this test's size.
+            monkey = getattr(settlement_delivery, "SWEEP_ROWS", None)
+            settlement_delivery.SWEEP_ROWS = 1  # type: ignore[attr-defined]
+            try:
+                small = await ready(store, raw, postgres_url, "hook-starve-small", 2)
+                body = {"settlement_id": "starve-small", "rewards": TABLE, "webhook_url": up.url}
+                result = await Settler(rebuilder).settle(small, day_ago(2), Request.of(body))
+                async with httpx.AsyncClient() as http:
+                    await settlement_delivery.sweep(db, http, SECRET, **FAST)
+                counts = await delivery_counts(db, "starve-small")
+                assert counts["delivered"] == result["awards"]["total"], counts
+                await store.delete(small.config.id)
+            finally:
+                settlement_delivery.SWEEP_ROWS = monkey  # type: ignore[attr-defined]
+            # claims by due time: after the first ranks failed, the never tried ranks go first
+            tried = await db.execute(
+                "SELECT count(*) FILTER (WHERE d.attempts = 0) FROM settlement_deliveries d "
+                "JOIN settlement_awards a USING (award_id) WHERE a.settlement_id = 'starve-big'"
+            )
+            assert (await tried.fetchone() or (1,))[0] == 0
+    finally:
+        await store.delete(board.config.id)
