@@ -156,6 +156,8 @@ def limits() -> Limits:
     )
 
 
+PIPELINE_MAX = 32  # requests of one connection read ahead of their answers, at most
+
 # Where a connection is: connected and silent, in a request's head, in its body, or between requests
 # (an answer under way, or idle: uvicorn's keep-alive timeout closes it then).
 _SILENT, _HEAD, _BODY, _BETWEEN = range(4)
@@ -178,6 +180,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0  # of the request head being read
+        self._body_raw = self._body_bytes = 0  # bytes read in the body phase, and of them the body
         self._refused = False  # answered and closing: whatever else comes is dropped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -198,8 +201,23 @@ class HttpToolsProtocol(_UvicornHttpTools):
         if self._refused:
             return
         if self._phase == _BODY:
+            self._body_raw += len(data)
             super().data_received(data)
+            # What the body phase took beyond the body itself (chunk framing, trailers) counts as
+            # head: trailers are kept like headers (uvicorn appends them), and nothing else bounded
+            # them. Only while the request is still in its body: once it is complete, the rest of
+            # this read was the next request's, counted as its head.
+            if (
+                self._phase == _BODY
+                and self._body_raw - self._body_bytes > self.limits.header_bytes
+                and not self._refused
+            ):
+                self._overflow()
             return
+        if self._phase == _BETWEEN and (self.cycle is None or self.cycle.response_complete):
+            # Bytes between requests that begin none (llhttp skips line ends there) stop uvicorn's
+            # keep-alive timer: the next request's head deadline starts with them.
+            self._expect(_HEAD, self.limits.header_timeout_s)
         cap = self.limits.header_bytes
         room = cap - self._head_bytes
         if len(data) <= room:
@@ -226,11 +244,25 @@ class HttpToolsProtocol(_UvicornHttpTools):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
-        self._head_bytes = 0
+        self._head_bytes = self._body_raw = self._body_bytes = 0
+        if len(self.pipeline) > PIPELINE_MAX:
+            # Requests read ahead of their answers (pipelined) each hold a request cycle, and
+            # uvicorn bounds their number nowhere: a client that never reads its answers is cut off.
+            self._refused = True
+            self.transport.close()
+            return
         if self.parser.should_upgrade() and self._should_upgrade():
             self._phase = _BETWEEN  # a WebSocket (the router serves none): no deadline of ours
         else:
             self._expect(_BODY, self.limits.body_timeout_s)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def _overflow(self) -> None:
+        """Trailers past the head cap: 431 while no answer has begun, then the connection closed."""
+        self._cut_body(headers_too_large(self.limits.header_bytes))
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -278,10 +310,13 @@ class HttpToolsProtocol(_UvicornHttpTools):
 
     def _body_late(self) -> None:
         """The body did not arrive in time: 408 unless the app has begun its answer; then close."""
+        self._cut_body(request_timeout("body", self.limits.body_timeout_s))
+
+    def _cut_body(self, error: ApiError) -> None:
+        """End a request in its body phase: ``error`` unless the app has begun its answer; then close."""
         self._refused = True
         cycle = self.cycle
         if not cycle.response_started:
-            error = request_timeout("body", self.limits.body_timeout_s)
             state = cycle.scope["state"]
             state[TIMED_OUT] = error  # for the access middleware's log line and metrics
             request_id = state.get("request_id") or new_request_id()

@@ -73,6 +73,13 @@ class ReadLimits:
         """``cost`` tokens for ``client`` (an id from ``router.auth.Caller``): 0.0, or the seconds to wait."""
         return (self.keyed if client.startswith(KEY_CLIENT) else self.anonymous).take(client, cost=cost)
 
+    def take_more(self, client: str, extra: float) -> float:
+        """``extra`` tokens more for a read that took its first already (``take``): at most the burst
+        less that one, so the read can pass with a full bucket whatever the burst."""
+        limiter = self.keyed if client.startswith(KEY_CLIENT) else self.anonymous
+        extra = min(extra, limiter.burst - 1.0)
+        return limiter.take(client, cost=extra) if extra > 0 else 0.0
+
 
 def client_address(peer: str, forwarded: str | None, proxies: Sequence[Network]) -> str:
     """The client's address: ``peer``, unless the peer is a trusted proxy and sent X-Forwarded-For

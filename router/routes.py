@@ -67,11 +67,11 @@ def _allow_read(request: Request) -> Service:
     return svc
 
 
-def admit_read(svc: Service, authorization: str | None, peer: str, cost: float = 1.0) -> None:
-    """Key check for reads, then ``cost`` tokens of the caller's bucket (429 with Retry-After when
-    it holds fewer)."""
+def admit_read(svc: Service, authorization: str | None, peer: str, extra: float = 0.0) -> None:
+    """Key check for reads, then a token of the caller's bucket, or with ``extra`` that many more
+    for a read let in already (429 with Retry-After when it holds fewer)."""
     caller = svc.keys.require(authorization, peer, Scope.READ)
-    wait = svc.limiter.take(caller.client, cost)
+    wait = svc.limiter.take_more(caller.client, extra) if extra else svc.limiter.take(caller.client)
     if wait > 0:
         metrics.RATE_LIMITED.inc()
         raise ApiError(429, "rate_limited", "too many reads from this client; slow down", retry_after=wait)

@@ -182,3 +182,17 @@ def test_a_cost_larger_than_the_burst_waits_for_a_full_bucket() -> None:
     limiter = RateLimiter(rate=1.0, burst=5)
     assert limiter.take("c", now=0.0, cost=50) == 0.0  # capped at the burst: never out of reach
     assert limiter.take("c", now=0.0) == pytest.approx(1.0)
+
+
+@pytest.mark.cluster
+async def test_a_big_query_fits_a_small_bucket(cluster: LocalCluster) -> None:
+    """A query took its first token, then its extra ones capped at the whole burst: with a burst
+    smaller than 1 + the extra, it could never pass, and each retry spent a token. The extra is now
+    capped at the burst less the first token."""
+    async with running(cluster.url, read_rate=0.2, read_burst=5) as (_, client):
+        board = board_name()
+        await client.put(f"/v1/boards/{board}", headers=AS_ADMIN)
+        many = {"player_ids": [f"p{i}" for i in range(1000)]}
+        r = await client.post(f"/v1/boards/{board}/players:query", json=many)
+        assert r.status_code == 200, r.text
+        await client.delete(f"/v1/boards/{board}", headers=AS_ADMIN)

@@ -41,6 +41,20 @@ def slow_server(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.fixture(scope="module")
+def patient_server(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Deadlines of a minute: what ends a connection within PATIENCE_S here is a cap, not a deadline."""
+    server = Server(
+        cluster.url,
+        tmp_path_factory.mktemp("patient") / "router.log",
+        SHARDLB_BODY_TIMEOUT_S="60",
+        SHARDLB_HEADER_TIMEOUT_S="60",
+        SHARDLB_READ_RATE="0",
+    )
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
 def board(slow_server: Server) -> Iterator[str]:
     name = board_name("slow")
     assert httpx.put(f"{slow_server.url}/v1/boards/{name}", headers=AS_ADMIN).status_code == 201
@@ -82,6 +96,21 @@ async def _closed(reader: asyncio.StreamReader) -> bool:
             return b""
 
     return await asyncio.wait_for(rest(), PATIENCE_S) == b""
+
+
+async def _ends(reader: asyncio.StreamReader) -> bool:
+    """True once the router ends the connection, whatever it answered before."""
+
+    async def drain() -> None:
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(65536):
+                pass
+
+    try:
+        await asyncio.wait_for(drain(), PATIENCE_S)
+    except TimeoutError:
+        return False
+    return True
 
 
 def _error(body: bytes) -> str:
@@ -252,3 +281,42 @@ def test_the_limits_are_settings_with_sane_defaults_and_ranges() -> None:
     ):
         with pytest.raises(SettingsError, match=name):
             Settings.from_env({**env, name: value})
+
+
+async def test_a_connection_sending_only_line_ends_between_requests_is_closed(
+    slow_server: Server, board: str
+) -> None:
+    """After an answer, bytes that begin no request (llhttp skips CR LF between requests) stopped
+    uvicorn's keep-alive timer and started no deadline of ours: the connection stayed open for good,
+    and 2048 such connections locked every client, probes included, out of a worker."""
+    reader, writer = await _open(
+        slow_server, f"GET /v1/boards/{board}/top HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    )
+    status, _, _ = await _answer(reader)
+    assert status == 200
+    with contextlib.suppress(ConnectionError):  # the router may cut it off while it writes
+        for _ in range(4):  # a line end every half second, past the 1 s deadline
+            writer.write(b"\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.5)
+    assert await _ends(reader)
+    writer.close()
+
+
+async def test_endless_trailers_after_a_chunked_body_are_cut_off(patient_server: Server, board: str) -> None:
+    """Trailers after a chunked body's last chunk were counted by nothing: one connection sending
+    them for the body's 10 s made a worker hold gigabytes. They count against the header cap."""
+    head = (
+        f"POST /v1/boards/{board}/scores HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        f"Content-Type: application/json\r\nAuthorization: {AS_WRITER['Authorization']}\r\n\r\n"
+    )
+    body = orjson.dumps({"scores": [{"player_id": "t", "points": 1, "match_id": "m"}]})
+    reader, writer = await _open(
+        patient_server, head.encode() + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n"
+    )
+    with contextlib.suppress(ConnectionError):
+        for i in range(200):  # 200 x 1 KiB of trailer lines: past the 64 KiB cap (the deadline is 60 s)
+            writer.write(f"X-Pad-{i}: {'a' * 1000}\r\n".encode())
+            await writer.drain()
+    assert await _ends(reader)
+    writer.close()
