@@ -300,7 +300,8 @@ class Archiver:
             return 0
         rows = _merge_retries([row for board, _, entry in batch for row in _rows(board, entry)], batch)
         removals = [(e.board, e.incarnation, e.shard, p, e.id) for _, _, e in batch for p in e.removed]
-        await self._write(rows, removals)
+        records = [(e.board, e.incarnation, e.shard, p, u, e.id) for _, _, e in batch for p, u in e.recorded]
+        await self._write(rows, removals, records)
         acked: dict[str, list[str]] = {}
         for _, key, entry in batch:
             acked.setdefault(key, []).extend((entry.id, str(entry.counted)))
@@ -447,8 +448,19 @@ class Archiver:
             got = [e for e in got if _order(e.id) < _order(unreadable.id)]
         return got, unreadable
 
-    async def _write(self, rows: Sequence[tuple[Any, ...]], removals: Sequence[tuple[Any, ...]] = ()) -> None:
+    async def _write(
+        self,
+        rows: Sequence[tuple[Any, ...]],
+        removals: Sequence[tuple[Any, ...]] = (),
+        records: Sequence[tuple[Any, ...]] = (),
+    ) -> None:
         async with self.db.transaction(), self.db.cursor() as cur:
+            if records:  # removals' records (remove.lua's `rmv`), which a rebuild puts back
+                await cur.executemany(
+                    "INSERT INTO removal_records (board, incarnation, shard, player_id, units, journal_id) "
+                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    records,
+                )
             if removals:  # delete entries (shardlb/moderation.py): a rebuild drops the results before them
                 await cur.executemany(
                     "INSERT INTO player_removals (board, incarnation, shard, player_id, journal_id) "

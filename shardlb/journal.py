@@ -45,6 +45,9 @@ class Entry(NamedTuple):
     results: list[Applied]
     removed: tuple[str, ...] = ()  # a delete entry's players (its results are then empty)
     counted: int = 0  # its ``n``: what acknowledging it takes off the shard's results not archived
+    # a delete entry's records of removals (remove.lua's `rmv`): (player, time units), every player
+    # a removal asked for named, present or not; none for the inactive cleanup's
+    recorded: tuple[tuple[str, int], ...] = ()
 
 
 def _text(value: Any) -> str:
@@ -56,7 +59,10 @@ def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
     get = {_text(k): v for k, v in fields.items()}
     head = (_text(entry_id), _text(get["b"]), _text(get["i"]), int(_text(get["s"])))
     if "x" in get:
-        return Entry(*head, [], tuple(_text(p) for p in msgpack.unpackb(get["x"], raw=False)))
+        flat = msgpack.unpackb(get["k"], raw=False) if "k" in get else []
+        recorded = tuple((_text(flat[n]), int(flat[n + 1])) for n in range(0, len(flat), 2))
+        removed = tuple(_text(p) for p in msgpack.unpackb(get["x"], raw=False))
+        return Entry(*head, [], removed, recorded=recorded)
     counted = int(_text(get["n"])) if "n" in get else 0
     flat = msgpack.unpackb(get["r"], raw=False)
     skips = msgpack.unpackb(get["c"], raw=False) if "c" in get else [""] * (len(flat) // 3)

@@ -56,6 +56,15 @@ SHARDS_IN_FLIGHT = 16
 CLEANUP_LIMIT = 1000  # players removed per shard and cleanup pass
 
 SCHEMA = """
+CREATE TABLE IF NOT EXISTS removal_records (
+    board text NOT NULL,
+    incarnation text NOT NULL,
+    shard integer NOT NULL,
+    player_id text NOT NULL,
+    units bigint NOT NULL,
+    journal_id text NOT NULL,
+    PRIMARY KEY (board, incarnation, shard, player_id, journal_id)
+);
 CREATE TABLE IF NOT EXISTS player_removals (
     board text NOT NULL,
     incarnation text NOT NULL,

@@ -198,12 +198,11 @@ class RetryRecords:
         records = self.first * self.length if self.incr else self.first_pin * self.length - self.slack
         return min(records, self.removals_since)
 
-    def removed(self, at_ms: int, player_id: str) -> None:
-        """A removal of ``player_id`` at ``at_ms`` (its delete entry's time), if still in the window."""
+    def removed(self, at_ms: int, player_id: str, units: int) -> None:
+        """A removal's record of ``player_id`` (``units``, as remove.lua made it) journaled at
+        ``at_ms``, if still in the window."""
         if at_ms < self.removals_since:
             return
-        c = self.codec
-        units = min(max(0, (at_ms - c.epoch_ms) // c.unit_ms), c.time_max)
         self._put(keys.removals_key(self.prefix), 2, at_ms + self.window, player_id, units)
 
     def add(self, arrived_ms: int, match_id: str, player_id: str, units: int) -> None:
@@ -574,8 +573,8 @@ class Rebuilder:
                 arrived = parse_id(entry.id)[0]
                 for r in entry.results:
                     records.add(arrived, r.match_id, r.player_id, r.units)
-                for player in entry.removed:
-                    records.removed(arrived, player)
+                for player, units in entry.recorded:
+                    records.removed(arrived, player, units)
                 if len(records) >= PAGE:  # an entry holds up to a call's results
                     count += await self._recall(prefix, records)
         codec = board.codec
@@ -591,13 +590,13 @@ class Rebuilder:
                     records.add(arrived, match, player, (achieved - codec.epoch_ms) // codec.unit_ms)
                 count += await self._recall(prefix, records)
             await cur.execute(
-                f"SELECT player_id, {arrived_ms} FROM player_removals "
+                f"SELECT player_id, units, {arrived_ms} FROM removal_records "
                 f"WHERE board = %s AND incarnation = %s AND shard = %s AND {arrived_ms} >= %s",
                 (board.config.id, board.incarnation, shard, records.removals_since),
             )
             while rows := await cur.fetchmany(PAGE):
-                for player, arrived in rows:
-                    records.removed(arrived, player)
+                for player, units, arrived in rows:
+                    records.removed(arrived, player, units)
                 count += await self._recall(prefix, records)
         return count + await self._recall(prefix, records)
 

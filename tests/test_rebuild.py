@@ -545,3 +545,32 @@ async def test_a_removal_right_after_a_forced_swap_stays_removed(
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+async def test_a_refill_puts_back_only_the_records_removals_made(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
+) -> None:
+    """A refill made a record of every delete entry, the inactive cleanup's too (which leaves none:
+    a late result of a cleaned-up player was refused after a rebuild, taken before it); and a removal
+    of a player with no entry on the shard recorded them but journaled nothing, so nothing put that
+    record back. Removals now journal the records they make, with their units, and only those come
+    back."""
+    settings = {"inactive_after": 3600, "sharding": sharding("hash", 1)}
+    config = BoardConfig.from_dict("loss-records-only", settings)
+    board, _ = await store.create(config)
+    prefix = board.prefixes[0]
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        await board.submit([Score("idle", 5, "m1", now - 60_000)], now_ms=now - 60_000)
+        assert await moderation.remove_on_shard(board, 0, ["idle"], stale_before_ms=now) == ["idle"]
+        assert await moderation.remove(board, ["never-posted"]) == set()  # a record all the same
+        kept = await raw.hgetall(keys.removals_key(prefix))
+        assert set(kept) == {b"never-posted"}
+        await drain(a)  # the records archived, the journal trimmed
+        await raw.delete(keys.removals_key(prefix), keys.removals_marker_key(prefix))
+        await rebuilder.refill(board, 0)
+        assert await raw.hgetall(keys.removals_key(prefix)) == kept
+    finally:
+        await a.db.close()
+        await store.delete(config.id)

@@ -76,10 +76,10 @@ def test_removals_of_the_window_come_back_in_every_mode() -> None:
     for mode in ("incr", "best", "set"):
         r = records(mode, now)
         assert r.since_ms <= now - 24 * HOUR
-        r.removed(now - 24 * HOUR - 1, "old")  # out of the window: write.lua would have dropped it
-        r.removed(now - 5 * HOUR, "p1")
-        r.removed(now - HOUR, "p2")
         units = [(t - r.codec.epoch_ms) // 1000 for t in (now - 5 * HOUR, now - HOUR)]
+        r.removed(now - 24 * HOUR - 1, "old", 1)  # out of the window: write.lua would have dropped it
+        r.removed(now - 5 * HOUR, "p1", units[0])
+        r.removed(now - HOUR, "p2", units[1])
         expiry = now - HOUR + 24 * HOUR
         assert batch(r) == [
             (f"{PREFIX}rmv", 2, expiry, "p1", units[0]),

@@ -18,8 +18,9 @@
 -- Sorted sets among KEYS[6..] lose the players; nothing else changes, except on band boards: the
 -- player's version is bumped and every band index recorded as pending, so the band shards' removal
 -- (band.lua 'r' ops at that version) is sent again by a retry, and a later write re-adds cleanly.
--- The delete entry (`x`: the players actually removed) goes in the same call: the archiver records
--- it, and a rebuild drops this shard's results of those players journaled before it.
+-- The delete entry (`x`: the players actually removed; `k`: the records below, player and units,
+-- flat) goes in the same call: the archiver records it, a rebuild drops this shard's results of
+-- those players journaled before it and puts the records back.
 -- With removed_units, each player is also recorded in the shard's `rmv` hash (player -> those
 -- units; `rmvon`, a string beside it, tells write.lua in the MGET it makes anyway that the hash
 -- exists): write.lua answers a result of the player achieved before it `d`, writing nothing,
@@ -100,6 +101,7 @@ if move and #players > 0 then  -- tracked as a member with no match id: the move
     redis.call('SADD', base .. 'chg', unpack(tracked))
   end
 end
+local records = {}  -- flat: player, units, as recorded (journaled with the delete entry)
 if removed_units >= 0 and #players > 0 then
   local record, marker = base .. 'rmv', base .. 'rmvon'
   for i = 1, #players, 500 do
@@ -110,6 +112,8 @@ if removed_units >= 0 and #players > 0 then
       pairs_[#pairs_ + 1] = players[j]
       local units = math.max(recorded[players[j]] or removed_units, tonumber(held[j - i + 1]) or -1)
       pairs_[#pairs_ + 1] = string.format('%d', units)
+      records[#records + 1] = players[j]
+      records[#records + 1] = units
     end
     redis.call('HSET', record, unpack(pairs_))
   end
@@ -119,8 +123,9 @@ if removed_units >= 0 and #players > 0 then
   redis.call('SET', marker, '1', 'PXAT', at)
   redis.call('ZADD', KEYS[1], at, record, at, marker)
 end
-if journal == 1 and #removed > 0 then
-  out[2] = redis.call('XADD', KEYS[3], '*', 'b', h[3], 'i', h[4], 's', h[5], 'x', cmsgpack.pack(removed))
+if journal == 1 and (#removed > 0 or #records > 0) then
+  local k = (#records > 0) and {'k', cmsgpack.pack(records)} or {}
+  out[2] = redis.call('XADD', KEYS[3], '*', 'b', h[3], 'i', h[4], 's', h[5], 'x', cmsgpack.pack(removed), unpack(k))
   redis.call('ZADD', KEYS[1], '+inf', KEYS[3])
 end
 return out
