@@ -620,9 +620,13 @@ _ERROR_TEXT = {
     "PostgreSQL disagree (settlement_mismatch), the id is running (settlement_busy) or not "
     "settled (not_settled), a webhook (named or stored) without SHARDLB_WEBHOOK_SECRET "
     "(webhook_not_configured); posts to a board whose season is being archived (board_closed).",
+    408: "The request line and headers, or the body, did not arrive within SHARDLB_HEADER_TIMEOUT_S "
+    "/ SHARDLB_BODY_TIMEOUT_S (request_timeout); the connection is closed.",
     413: "The body is larger than SHARDLB_MAX_BODY_BYTES (body_too_large).",
     415: "Content-Type is neither application/json nor application/msgpack (unsupported_media_type).",
     422: "A well-formed request with an invalid value; `field` names it (e.g. scores[3].points).",
+    431: "The request line and headers (or a chunked body's trailers) passed SHARDLB_MAX_HEADER_BYTES "
+    "(headers_too_large); the connection is closed.",
     429: "This client's read rate limit is used up (rate_limited); see Retry-After.",
     503: "Overloaded, shutting down, or the cluster is unavailable; see Retry-After.",
 }
@@ -1572,3 +1576,8 @@ SPEC["paths"].update(
         },
     }
 )
+# Any request may be cut off by the HTTP protocol itself (router/http.py), before a route runs.
+for _operations in SPEC["paths"].values():
+    for _method, _operation in _operations.items():
+        if _method != "parameters":
+            _operation["responses"].update(_errors(408, 431))
