@@ -11,18 +11,20 @@ A request whose body did not arrive within SHARDLB_BODY_TIMEOUT_S was answered 4
 protocol itself (router/http.py): it is logged and counted as that 408.
 
 A request with a body and without a key (no Authorization) takes its admission slot at once, as any
-other, while its client address has fewer than BODY_SLOTS_PER_CLIENT such requests holding slots;
-past that, its body is read first, up to SHARDLB_MAX_READ_BODY_BYTES (the most a request without a
-key may send), and the slot taken only then. So one address sending bodies slowly holds at most that
-many slots (each at most the body deadline), and its other requests, and everybody else's, still get
-in. A request with an Authorization header takes its slot at once: every route checks the key
-before it reads a body (a wrong one is 401 at once), so only a key holder can keep a slot waiting,
-and a game server posting on many connections from one address pays nothing for the count.
+other, while its client (its address; an IPv6 address's /64) has fewer than BODY_SLOTS_PER_CLIENT
+such requests holding slots; past that, its body is read first, up to SHARDLB_MAX_READ_BODY_BYTES
+(the most a request without a key may send), and the slot taken only then. So one client sending
+bodies slowly holds at most that many slots (each at most the body deadline), and its other
+requests, and everybody else's, still get in. A request with an Authorization header takes its slot
+at once: every route checks the key before it reads a body (a wrong one is 401 at once), so only a
+key holder can keep a slot waiting, and a game server posting on many connections from one address
+pays nothing for the count.
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import itertools
 import logging
 import os
@@ -121,7 +123,7 @@ class Observe:
         body has arrived, or as much of it as a request without a key may send: a larger body is
         then refused at once by a public route, and read on by a keyed one."""
         client = scope.get("client")
-        address = client[0] if client else ""
+        address = body_client(client[0] if client else "")
         held = self.bodies.get(address, 0)
         if held >= BODY_SLOTS_PER_CLIENT:
             receive = await _read_ahead(receive, _read_ahead_bytes(scope))
@@ -186,6 +188,19 @@ def _read_ahead_bytes(scope: Scope) -> int:
     service = getattr(getattr(scope.get("app"), "state", None), "service", None)
     settings = getattr(service, "settings", None)
     return READ_AHEAD_BYTES if settings is None else int(settings.max_read_body_bytes)
+
+
+@functools.lru_cache(maxsize=4096)
+def body_client(address: str) -> str:
+    """Whom the body slots are counted for: an IPv4 address, or an IPv6 address's /64 (one
+    subscriber's network holds more addresses than a worker has slots)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if ip.version == 6:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return address
 
 
 def _anonymous_body(headers: list[tuple[bytes, bytes]]) -> bool:

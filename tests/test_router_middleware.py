@@ -70,3 +70,14 @@ async def test_requests_past_the_concurrency_limit_get_503(cluster: LocalCluster
         assert [(await task).status_code for task in held] == [200, 200]
         assert (await client.get(f"/v1/boards/{name}/top")).status_code == 200
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+def test_body_slots_are_counted_per_ipv6_network_not_per_address() -> None:
+    """One subscriber's IPv6 /64 holds more addresses than a worker has slots: counted per address,
+    one client could take them all with a body each. IPv4 addresses stay apart."""
+    from router.middleware import body_client
+
+    same = body_client("2001:db8:1:2::1")
+    assert same == body_client("2001:db8:1:2:ffff::9") != body_client("2001:db8:1:3::1")
+    assert body_client("10.0.0.1") != body_client("10.0.0.2")
+    assert body_client("not an address") == "not an address"
