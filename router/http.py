@@ -23,7 +23,11 @@ uvicorn's protocol bounds nothing (it keeps every header line, and waits for a b
 - a request's body has SHARDLB_BODY_TIMEOUT_S (10 s) from the end of its headers to arrive whole;
   past it, 408 ``request_timeout`` when no answer has begun (the app then sees the client gone, and
   the access middleware logs the 408), and the connection is closed;
-- a worker keeps at most SHARDLB_MAX_CONNECTIONS connections open; one more is closed at once.
+- a worker keeps at most SHARDLB_MAX_CONNECTIONS connections open; one more is closed at once,
+  counted in ``shardlb_http_connections_refused_total`` and logged (one warning a minute at most,
+  with the number refused since the last one: a flood of connections must not flood the log too);
+- a connection may have at most PIPELINE_MAX requests read ahead of their answers (pipelined);
+  one that sends more without reading its answers is closed.
 
 One timer per connection serves both deadlines: a request that moves on only moves the deadline,
 and the timer, when it fires early, sets itself again for the rest. These errors have the API's
@@ -37,6 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +52,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpTools
 from uvicorn.server import ServerState
 
+from router import metrics
 from router.errors import ApiError
 from router.media import TIMED_OUT, headers_too_large, rendered_error, request_timeout, wants_msgpack
 from router.middleware import log_refused, new_request_id
@@ -157,6 +164,31 @@ def limits() -> Limits:
 
 
 PIPELINE_MAX = 32  # requests of one connection read ahead of their answers, at most
+REFUSALS_LOG_EVERY_S = 60.0
+log = logging.getLogger("shardlb.router")
+
+
+class Refusals:
+    """Connections refused over the cap: each counted, logged as one warning a minute at most."""
+
+    def __init__(self) -> None:
+        self.unlogged = 0
+        self.logged_at: float | None = None
+
+    def refused(self, limit: int) -> None:
+        metrics.CONNECTIONS_REFUSED.inc()
+        self.unlogged += 1
+        now = time.monotonic()
+        if self.logged_at is not None and now - self.logged_at < REFUSALS_LOG_EVERY_S:
+            return
+        fields: dict[str, float] = {"limit": limit, "refused": self.unlogged}
+        if self.logged_at is not None:
+            fields["since_s"] = round(now - self.logged_at, 1)
+        log.warning("connections refused", extra={"fields": fields})
+        self.unlogged, self.logged_at = 0, now
+
+
+_refusals = Refusals()
 
 # Where a connection is: connected and silent, in a request's head, in its body, or between requests
 # (an answer under way, or idle: uvicorn's keep-alive timeout closes it then).
@@ -188,6 +220,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
         if len(self.connections) > self.limits.connections:
             self._refused = True
             self.transport.close()
+            _refusals.refused(self.limits.connections)
             return
         self._expect(_SILENT, self.limits.header_timeout_s)
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import uvicorn
 
-from router.http import CoalescingTransport, HttpToolsProtocol
+from router import metrics
+from router.http import PIPELINE_MAX, CoalescingTransport, HttpToolsProtocol, Limits
 
 
 class Recording(asyncio.Transport):
@@ -133,3 +134,116 @@ async def test_pipelined_requests_are_answered_in_order_and_a_large_body_whole(s
         assert status == "HTTP/1.1 200 OK" and body == bytes(i % 251 for i in range(big))
     finally:
         writer.close()
+
+
+@pytest.fixture
+async def held() -> Any:
+    """A server whose app answers no request until ``release`` is set; yields (port, release)."""
+    release = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, http=HttpToolsProtocol, lifespan="off", log_level="warning")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield sock.getsockname()[1], release
+    finally:
+        release.set()
+        server.should_exit = True
+        await task
+
+
+async def _answers_until_closed(reader: asyncio.StreamReader) -> tuple[int, bool]:
+    """How many answers arrive, and whether the server closed the connection (else a 5 s lull)."""
+    count = 0
+    try:
+        while True:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200")
+            await reader.readexactly(2)
+            count += 1
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return count, True
+    except TimeoutError:
+        return count, False
+
+
+async def test_a_client_that_pipelines_past_the_cap_is_cut_off(held: tuple[int, asyncio.Event]) -> None:
+    # 200 requests in one write, none answered yet: uvicorn would queue every one (a request cycle
+    # each, without bound); past PIPELINE_MAX the connection is closed instead.
+    port, release = held
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"".join(f"GET /r{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for i in range(200)))
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        release.set()
+        answered, closed = await _answers_until_closed(reader)
+        assert closed and answered <= PIPELINE_MAX + 1
+    finally:
+        writer.close()
+
+
+async def test_pipelined_requests_within_the_cap_are_all_answered(held: tuple[int, asyncio.Event]) -> None:
+    port, release = held
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"".join(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" for _ in range(PIPELINE_MAX)))
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        release.set()
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert await _answers_until_closed(reader) == (PIPELINE_MAX + 1, True)
+    finally:
+        writer.close()
+
+
+async def test_connections_past_the_cap_are_closed_counted_and_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import router.http
+
+    monkeypatch.setattr(router.http, "limits", lambda: Limits(65536, 10.0, 10.0, 2))
+    monkeypatch.setattr(router.http, "_refusals", router.http.Refusals())
+    refused = metrics.CONNECTIONS_REFUSED._value.get()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, http=HttpToolsProtocol, lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = sock.getsockname()[1]
+    opened = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+    try:
+        with caplog.at_level("WARNING", logger="shardlb.router"):
+            outcomes = []
+            for reader, writer in opened:
+                writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                outcomes.append(await _answers_until_closed(reader))
+        assert outcomes == [(1, True), (1, True), (0, True), (0, True)]
+        assert metrics.CONNECTIONS_REFUSED._value.get() == refused + 2
+        lines = [r for r in caplog.records if r.getMessage() == "connections refused"]
+        # one line for a burst of refusals, not one each: the first, and the rest counted later
+        assert len(lines) == 1 and lines[0].fields["limit"] == 2  # type: ignore[attr-defined]
+    finally:
+        for _, writer in opened:
+            writer.close()
+        server.should_exit = True
+        await task
