@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 KEPT = 4096
 KEPT_BYTES = 32 * 1024 * 1024  # rendered bodies a worker keeps for repeats, whatever their sizes
 CACHE_CONTROL = b"max-age=1"
+# What a cacheable top carries besides its ETag: one URL answers JSON or MessagePack by Accept, so
+# a cache in front (a CDN, a proxy, a client's) must keep the two apart. A 304 carries the same.
+CACHE_HEADERS: RawHeaders = [(b"cache-control", CACHE_CONTROL), (b"vary", b"accept")]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -110,7 +113,7 @@ def matches(if_none_match: str | None, tag: str) -> bool:
 
 
 def not_modified(etag: bytes) -> tuple[int, RawHeaders, bytes]:
-    return 304, [(b"etag", etag), (b"cache-control", CACHE_CONTROL)], b""
+    return 304, [(b"etag", etag), *CACHE_HEADERS], b""
 
 
 Admit = Callable[["Service", "str | None", str], None]

@@ -1162,6 +1162,10 @@ SPEC: dict[str, Any] = {
                                 "description": "Addition: max-age=1 (the cache's refresh)",
                                 "schema": {"type": "string"},
                             },
+                            "Vary": {
+                                "description": "Addition: Accept (JSON or MessagePack at one URL)",
+                                "schema": {"type": "string"},
+                            },
                         },
                     },
                     "304": {

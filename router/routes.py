@@ -285,7 +285,7 @@ async def top(request: Request) -> Response:
         }
         _, headers, raw = rendered(body, packed)
         tag = f'"{zlib.crc32(raw):08x}{len(raw):x}"'.encode()
-        headers += [(b"etag", tag), (b"cache-control", hot.CACHE_CONTROL)]
+        headers += [(b"etag", tag), *hot.CACHE_HEADERS]
         kept = (as_of, headers, raw, tag)
         _TOPS.put(key, kept, len(raw))  # the oldest rendering goes first past the bounds
     _, headers, raw, tag = kept

@@ -84,6 +84,8 @@ async def test_a_repeat_in_its_second_is_the_same_bytes_without_the_handler(
     assert {r.content for r in again} == {first.content}
     assert {r.headers["etag"] for r in again} == {first.headers["etag"]}
     assert all(r.headers["x-request-id"] and r.headers["cache-control"] == "max-age=1" for r in again)
+    # One URL answers JSON or MessagePack by Accept: a cache in front must keep them apart.
+    assert {first.headers.get("vary"), *(r.headers.get("vary") for r in again)} == {"accept"}
     # Another query, or another format, is another answer: it takes the handler once.
     other = await client.get(f"/v1/boards/{name}/top", params={"limit": 1})
     assert players(other) == ["b"] and full_reads() == before + 1
@@ -128,6 +130,7 @@ async def test_not_modified_on_a_repeat(client: httpx.AsyncClient, clock: Clock)
     before = full_reads()
     same = await client.get(f"/v1/boards/{name}/top", headers={"If-None-Match": f'W/"other", {tag}'})
     assert (same.status_code, same.content, same.headers["etag"]) == (304, b"", tag)
+    assert same.headers.get("vary") == "accept"  # a 304 carries the Vary its 200 would
     changed = await client.get(f"/v1/boards/{name}/top", headers={"If-None-Match": '"other"'})
     assert changed.status_code == 200 and players(changed) == ["a"]
     assert full_reads() == before
