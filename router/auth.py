@@ -7,8 +7,10 @@ time, so neither the timing of a comparison nor the position of a match tells an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
+import ipaddress
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -30,7 +32,8 @@ class Caller:
     client: str
 
 
-# Rate-limiting ids of keyed clients start with this; clients without a key are "ip:<address>".
+# Rate-limiting ids of keyed clients start with this; clients without a key are "ip:<address>"
+# (``client_network``).
 KEY_CLIENT = "key:"
 _CHALLENGE = {"www-authenticate": 'Bearer realm="shardlb"'}
 
@@ -67,10 +70,10 @@ class Keys:
         """Check the Authorization header's key against ``need``: 401 without a valid key, 403 with
         too small a scope."""
         if self.open_access:
-            return Caller(Scope.ADMIN, f"ip:{peer}")
+            return Caller(Scope.ADMIN, f"ip:{client_network(peer)}")
         if header is None:
             if need is Scope.READ and not self.reads_require_key:
-                return Caller(None, f"ip:{peer}")
+                return Caller(None, f"ip:{client_network(peer)}")
             raise ApiError(
                 401,
                 "unauthorized",
@@ -94,6 +97,24 @@ class Keys:
                 f"a {scope.name.lower()} key may not do this; it needs the {need.name.lower()} scope",
             )
         return Caller(scope, KEY_CLIENT + presented[:12].hex())
+
+
+@functools.lru_cache(maxsize=4096)
+def client_network(address: str) -> str:
+    """Whom a client without a key is counted as, for its read budget and its body slots: an IPv4
+    address (also when a dual-stack listener writes it as IPv6, ::ffff:a.b.c.d), or an IPv6
+    address's /64: one subscriber's network holds 2^64 addresses, and a budget per address would
+    give it a fresh one on every request. Written canonically (one spelling per client); anything
+    that is not an address, as it is."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 def _digest(key: str) -> bytes:

@@ -4,7 +4,8 @@ A client gets a bucket of ``burst`` tokens refilled at ``rate`` a second; a read
 players:query one more per 100 ids: router/routes.py, QUERY_IDS_PER_TOKEN). At most
 ``max_clients`` buckets are kept: the least recently seen client is forgotten first, which only ever
 lets that client start again with a full bucket. A client is its key when it sends one, else its
-address: the peer's, or the one a trusted proxy put in X-Forwarded-For (``client_address``).
+address: the peer's, or the one a trusted proxy put in X-Forwarded-For (``client_address``), an
+IPv6 address counted by its /64 (``router.auth.client_network``).
 """
 
 from __future__ import annotations
@@ -102,7 +103,12 @@ def _trusted(host: str, proxies: Sequence[Network]) -> bool:
 
 
 def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an address (an IPv4 address written as IPv6, ::ffff:a.b.c.d, as IPv4: so a
+    dual-stack listener's peers match the IPv4 networks of SHARDLB_TRUSTED_PROXIES), else None."""
     try:
-        return ipaddress.ip_address(host)
+        address = ipaddress.ip_address(host)
     except ValueError:
         return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address

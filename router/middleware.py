@@ -24,7 +24,6 @@ pays nothing for the count.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import itertools
 import logging
 import os
@@ -38,6 +37,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import metrics
+from router.auth import client_network
 from router.errors import ApiError, to_api_error
 from router.gate import Admission
 from router.limiter import client_address
@@ -190,17 +190,9 @@ def _read_ahead_bytes(scope: Scope) -> int:
     return READ_AHEAD_BYTES if settings is None else int(settings.max_read_body_bytes)
 
 
-@functools.lru_cache(maxsize=4096)
-def body_client(address: str) -> str:
-    """Whom the body slots are counted for: an IPv4 address, or an IPv6 address's /64 (one
-    subscriber's network holds more addresses than a worker has slots)."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if ip.version == 6:
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    return address
+# Whom the body slots are counted for: an IPv4 address, or an IPv6 address's /64 (one subscriber's
+# network holds more addresses than a worker has slots), as the read budgets count clients.
+body_client = client_network
 
 
 def _anonymous_body(headers: list[tuple[bytes, bytes]]) -> bool:

@@ -88,6 +88,26 @@ def test_forwarded_address_is_taken_only_from_trusted_proxies() -> None:
     assert client_address("10.1.1.1", "1.2.3.4", ()) == "10.1.1.1"
 
 
+def test_an_ipv6_client_is_one_bucket_per_64_and_mapped_ipv4_is_ipv4() -> None:
+    """One IPv6 subscriber holds a /64 (2^64 addresses): a bucket per address gave it a fresh budget
+    on every request. An IPv4 address written as IPv6 (a dual-stack listener's ::ffff:a.b.c.d) is
+    that IPv4 address, for the buckets and for the trusted proxies alike."""
+    keys = Keys(Settings(write_keys=(WRITE,)))
+
+    def bucket(peer: str) -> str:
+        return keys.require(None, peer, Scope.READ).client
+
+    assert bucket("2001:db8:1:2::1") == bucket("2001:db8:1:2:ffff::9") == bucket("2001:DB8:1:2:0::1")
+    assert bucket("2001:db8:1:2::1") != bucket("2001:db8:1:3::1")
+    assert bucket("::ffff:198.51.100.7") == bucket("198.51.100.7") != bucket("198.51.100.8")
+    assert bucket("not an address") == "ip:not an address"
+    limits = ReadLimits.of(Settings(write_keys=(WRITE,), read_rate=1.0, read_burst=2))
+    refused = [limits.take(bucket(f"2001:db8:1:2::{i:x}")) > 0 for i in range(1, 11)]
+    assert refused == [False, False] + [True] * 8
+    trusted = proxies("10.0.0.0/8")
+    assert client_address("::ffff:10.1.1.1", "1.2.3.4", trusted) == "1.2.3.4"
+
+
 def test_read_rate_limit_is_on_by_default() -> None:
     settings = Settings.from_env({"SHARDLB_ADMIN_KEYS": "a"})
     assert settings.read_rate > 0 and settings.burst >= settings.read_rate
@@ -112,6 +132,24 @@ async def test_anonymous_reads_are_limited_by_default_and_keys_are_not(cluster: 
         for _ in range(3):
             keyed += await asyncio.gather(*(client.get(url, headers=AS_READER) for _ in range(burst // 2)))
         assert {r.status_code for r in keyed} == {200}
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+@pytest.mark.cluster
+async def test_forwarded_ipv6_addresses_of_one_64_share_a_bucket(cluster: LocalCluster) -> None:
+    async with running(cluster.url, read_rate=1.0, read_burst=2, trusted_proxies=proxies("127.0.0.0/8")) as (
+        _,
+        client,
+    ):
+        name = board_name()
+        assert (await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+        url = f"/v1/boards/{name}/top"
+        statuses = [
+            (await client.get(url, headers={"X-Forwarded-For": f"2001:db8:1:2:{i:x}::1"})).status_code
+            for i in range(8)
+        ]
+        # a bucket of 2 refilled at 1/s: a slow machine may see one token come back
+        assert statuses[:2] == [200, 200] and statuses.count(429) >= 5, statuses
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
