@@ -220,9 +220,10 @@ async def ban(request: Request) -> Response:
     svc, actor, request_id = _admin(request)
     player, scope, reason = await _ban_body(request, svc)
     boards = [await svc.boards.get(scope)] if scope != ALL else await svc.boards.store.boards()
-    record = Ban(player, scope, reason, actor, times.now_ms())
     async with _archive(svc) as db:
-        await moderation.Bans(svc.client).add(db, record, request_id)
+        record = await moderation.Bans(svc.client).add(
+            db, Ban(player, scope, reason, actor, times.now_ms()), request_id
+        )
     await svc.moderation.bans.refresh()
     await asyncio.sleep(PROPAGATION_S)
     removed = [b.config.id for b in boards if await moderation.remove(b, [player])]

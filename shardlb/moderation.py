@@ -329,23 +329,40 @@ class Bans:
     def __init__(self, client: RedisCluster) -> None:
         self.client = client
 
-    async def add(self, db: psycopg.AsyncConnection[Any], ban: Ban, request_id: str | None) -> None:
-        """Store the ban (again: idempotent, the first one's time and reason are kept)."""
-        if await self.client.hlen(keys.BANS) >= MAX_BANS:
+    async def add(self, db: psycopg.AsyncConnection[Any], ban: Ban, request_id: str | None) -> Ban:
+        """Store the ban, and return the ban kept: ``ban`` when it is new, else the first one (its
+        time, reason and author), as PostgreSQL has it. Idempotent: a retry, whatever reason it
+        gives, stores nothing new, writes no second audit row, passes at the cap on bans (only a
+        new ban counts against it) and answers the same ban."""
+        field = ban_field(ban.board, ban.player)
+        if not await self.client.hexists(keys.BANS, field) and await self.client.hlen(keys.BANS) >= MAX_BANS:
             raise BoardConflict(f"at most {MAX_BANS} bans are kept", "player")
         async with db.transaction():
-            await db.execute(
-                "INSERT INTO bans (player_id, board, reason, banned_by, request_id) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                (ban.player, ban.board, ban.reason, ban.by, request_id),
+            cur = await db.execute(
+                "INSERT INTO bans (player_id, board, reason, banned_by, request_id, banned_at) "
+                "VALUES (%s, %s, %s, %s, %s, to_timestamp(%s / 1000.0)) ON CONFLICT DO NOTHING "
+                "RETURNING player_id",
+                (ban.player, ban.board, ban.reason, ban.by, request_id, ban.at_ms),
             )
-            await audit(db, "ban", None if ban.board == ALL else ban.board, ban.player, ban.by, ban.reason,
-                        request_id, {"scope": ban.board})  # fmt: skip
+            if await cur.fetchone() is not None:
+                scope = {"scope": ban.board}
+                board = None if ban.board == ALL else ban.board
+                await audit(db, "ban", board, ban.player, ban.by, ban.reason, request_id, scope)
+            else:
+                cur = await db.execute(
+                    "SELECT reason, banned_by, (extract(epoch FROM banned_at) * 1000)::bigint "
+                    "FROM bans WHERE player_id = %s AND board = %s",
+                    (ban.player, ban.board),
+                )
+                reason, by, at_ms = await cur.fetchone() or (ban.reason, ban.by, ban.at_ms)
+                ban = Ban(ban.player, ban.board, reason, by, int(at_ms))
+        # PostgreSQL's row, written over whatever Redis held: the two converge on the ban kept.
         record = orjson.dumps({"reason": ban.reason, "by": ban.by, "at": ban.at_ms})
-        await self.client.hsetnx(keys.BANS, ban_field(ban.board, ban.player), record)
+        await self.client.hset(keys.BANS, field, record)
         # Bumped whether or not the record was new: a retry of a ban whose bump failed after its
         # record was stored must still make the routers reload the list (a reload too many is cheap).
         await self.client.incr(keys.BANS_VERSION)
+        return ban
 
     async def lift(
         self,

@@ -13,7 +13,7 @@ import httpx
 import psycopg
 import pytest
 
-from shardlb import times
+from shardlb import keys, times
 from shardlb.board import Score
 from shardlb.moderation import Screen
 from shardlb.store import BoardStore
@@ -229,3 +229,54 @@ async def test_a_retried_match_counts_once_against_the_per_minute_limit(store: B
         assert await screen.refusals(board, later, now + 60_000) == []
     finally:
         await store.delete(config.id)
+
+
+async def test_a_retried_ban_answers_the_ban_stored_and_is_audited_once(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ban retried (its answer lost), even with another reason, answers the ban that is kept (the
+    first's time and reason, as GET /v1/bans and PostgreSQL have them), writes one audit row, and
+    passes at the cap on bans, which only a new ban would exceed."""
+    import router.moderation
+    import shardlb.moderation
+
+    monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+    async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        name = await make_board(client)
+        player = f"twice-{name}"
+        url = f"/v1/players/{player}:ban"
+        first = await client.post(
+            url, json={"scope": "board", "board": name, "reason": "aimbot"}, headers=AS_ADMIN
+        )
+        assert first.status_code == 200, first.text
+        await asyncio.sleep(0.05)
+        held = await service_of(app).client.hlen(keys.BANS)
+        monkeypatch.setattr(shardlb.moderation, "MAX_BANS", held)
+        again = await client.post(
+            url, json={"scope": "board", "board": name, "reason": "wallhack"}, headers=AS_ADMIN
+        )
+        assert again.status_code == 200, again.text
+        kept = {k: first.json()[k] for k in ("player_id", "scope", "board", "reason", "by", "banned_at")}
+        assert {k: again.json()[k] for k in kept} == kept
+        listed = (await client.get(f"/v1/bans?player={player}", headers=AS_ADMIN)).json()["bans"]
+        assert listed == [kept]
+        [(reason, at)] = await rows(
+            postgres_url,
+            "SELECT reason, (extract(epoch FROM banned_at) * 1000)::bigint FROM bans WHERE player_id = %s",
+            player,
+        )
+        assert (reason, times.format_ms(at)) == ("aimbot", kept["banned_at"])
+        audited = await rows(
+            postgres_url,
+            "SELECT count(*) FROM moderation_audit WHERE action = 'ban' AND player_id = %s",
+            player,
+        )
+        assert audited == [(1,)]
+        other = await client.post(
+            f"/v1/players/other-{name}:ban", json={"scope": "board", "board": name}, headers=AS_ADMIN
+        )
+        assert other.status_code == 409  # a new ban past the cap
+        await client.post(
+            url.replace(":ban", ":unban"), json={"scope": "board", "board": name}, headers=AS_ADMIN
+        )
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
