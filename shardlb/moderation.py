@@ -39,7 +39,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from shardlb import keys, times
-from shardlb.board import Board, Prepared
+from shardlb.board import MAX_FUTURE_MS, Board, Prepared
 from shardlb.config import check_id
 from shardlb.connection import Scripts, connect
 from shardlb.errors import BoardConflict, InvalidInput, field_name
@@ -146,7 +146,7 @@ async def remove_on_shard(
     above all, is then a duplicate that writes nothing (remove.lua, write.lua)."""
     prefix = board.prefixes[shard]
     now, codec = times.now_ms() if now_ms is None else now_ms, board.codec
-    removed_units = min(max(0, (now - codec.epoch_ms) // codec.unit_ms), codec.time_max)
+    removed_units = record_units(board, now)
     fixed = [
         keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix),
         keys.version_key(prefix), keys.pending_key(prefix), keys.activity_key(prefix),
@@ -188,6 +188,19 @@ async def remove_on_shard(
     if versions:
         await _remove_from_bands(board, shard, versions)
     return removed
+
+
+def record_units(board: Board, now_ms: int) -> int:
+    """The time (board units) before which a removal at ``now_ms`` takes a result of the player for
+    one of before it. Best and set boards keep no record of the matches a player posted, and a result
+    applied before the removal can be dated up to MAX_FUTURE_MS past it (a board takes times that
+    far ahead of its clock) without being kept (a best's worse result): so the record covers that
+    far, and a result dated within 5 minutes after the removal is taken for a replay too. Incr
+    boards keep their dedup records through a removal: the removal's own time is enough there."""
+    codec = board.codec
+    if board.config.mode == "incr":
+        return min(max(0, (now_ms - codec.epoch_ms) // codec.unit_ms), codec.time_max)
+    return min(max(0, (now_ms + MAX_FUTURE_MS - codec.epoch_ms) // codec.unit_ms + 1), codec.time_max + 1)
 
 
 async def _remove_from_bands(board: Board, home: int, versions: Sequence[tuple[str, int]]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shardlb import periods
-from shardlb.board import Score
+from shardlb.board import MAX_FUTURE_MS, Score
 from shardlb.codec import ScoreCodec
 from shardlb.config import BoardConfig
 
@@ -91,12 +91,16 @@ class ReferenceBoard:
 
     def remove(self, player: str, at_ms: int | None = None) -> None:
         """The player leaves every period (an incr board's dedup stays). A removal asked for (with
-        its time ``at_ms``; not the inactive cleanup) also refuses their results achieved before it,
-        or at or before the latest of their kept results (one dated ahead of the clock)."""
+        its time ``at_ms``; not the inactive cleanup) also refuses their results achieved before it
+        (on best and set boards up to 5 minutes past it: a result applied before the removal may be
+        dated that far ahead), or at or before the latest of their kept results."""
         kept = [board.pop(player) for board in self.boards.values() if player in board]
         self.region_of.pop(player, None)
         if at_ms is not None:
-            units = (at_ms - self.config.epoch_ms) // self.codec.unit_ms
+            if self.config.mode == "incr":  # its dedup records outlive the removal
+                units = (at_ms - self.config.epoch_ms) // self.codec.unit_ms
+            else:  # a result applied before it may be dated up to MAX_FUTURE_MS past it, and not kept
+                units = (at_ms + MAX_FUTURE_MS - self.config.epoch_ms) // self.codec.unit_ms + 1
             self.removed[player] = max([units, self.removed.get(player, -1), *(u + 1 for _, u in kept)])
 
     def order(self, name: str = "total", region: str | None = None) -> list[tuple[int, str, int, int]]:

@@ -15,7 +15,7 @@ import pytest
 
 from shardlb import journal, keys, moderation, reconcile, times
 from shardlb.archive import connect_db
-from shardlb.board import Board, Score
+from shardlb.board import MAX_FUTURE_MS, Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.errors import PlayerNotFound
@@ -129,7 +129,7 @@ async def test_a_removal_that_failed_half_way_converges_when_retried(store: Boar
             assert await store.client.hget(keys.version_key(band), "p7") == version  # every band took it
         forget(ref, "p7")
         assert [e.player_id for e in await board.top(100)] == [row[1] for row in ref.order()]  # ... done
-        later = times.now_ms() + 2_000  # achieved after the removal
+        later = times.now_ms() + MAX_FUTURE_MS + 2_000  # achieved after the removal's record
         await board.submit([Score("p7", 3, "m-again", later)], later)  # a later result re-adds cleanly
         ref.submit([Score("p7", 3, "m-again", later)], later)
         assert [(e.player_id, e.points) for e in await board.top(100)] == [(r[1], r[2]) for r in ref.order()]
@@ -265,7 +265,7 @@ async def test_a_removal_during_a_rebuild_holds_after_the_swap(
         victim = sorted(w.ref.boards["total"])[0]
         home = board.layout.home(victim)
         snapshot = rebuilder.snapshot
-        now = times.now_ms() + 60_000  # achieved after the removal (a minute ahead: the board allows 5)
+        now = times.now_ms() + MAX_FUTURE_MS + 60_000  # achieved after the removal's record
         later = Score(victim, 1, "after-removal", now)
 
         async def snapshot_then_remove(b: Board, shard: int, fold: Any) -> Any:
@@ -317,10 +317,15 @@ async def test_a_result_sent_again_after_a_removal_does_not_bring_the_player_bac
             with pytest.raises(PlayerNotFound):
                 await board.player("cheater", board.resolve(api))
         assert [e.player_id for e in await board.top(10)] == ["honest"]
-        later = times.now_ms() + 2_000  # achieved after the removal: counts
-        [fresh] = await board.submit([Score("cheater", 7, "m4", later, region)], now_ms=later)
-        assert fresh.status == "improved" and fresh.points == 7
-        assert [e.player_id for e in await board.top(10)] == ["honest", "cheater"]
+        # Achieved after the removal: counts (on best and set boards once past the 5 minutes a
+        # result applied before the removal may be dated ahead; within them it is a duplicate).
+        soon = times.now_ms() + 2_000
+        [early] = await board.submit([Score("cheater", 7, "m4", soon, region)], now_ms=soon)
+        assert early.status == ("improved" if mode == "incr" else "duplicate")
+        later = times.now_ms() + MAX_FUTURE_MS + 2_000
+        [fresh] = await board.submit([Score("cheater", 7, "m5", later, region)], now_ms=later)
+        assert fresh.status == "improved" and fresh.points == (14 if mode == "incr" else 7)
+        assert {e.player_id for e in await board.top(10)} == {"honest", "cheater"}
     finally:
         await store.delete(config.id)
 
@@ -342,6 +347,31 @@ async def test_a_retry_of_a_result_dated_ahead_of_the_clock_stays_out_after_a_re
         assert await moderation.remove(board, ["cheater"], now_ms=now) == {"cheater"}
         [again] = await board.submit([ahead], now_ms=now + 1_000)
         assert again.status == "duplicate"
+        assert await board.top(10) == []
+    finally:
+        await store.delete(config.id)
+
+
+@pytest.mark.parametrize("offset_ms", [0, 120_000, MAX_FUTURE_MS])
+async def test_a_retry_of_a_result_not_kept_stays_out_after_a_removal(
+    store: BoardStore, offset_ms: int
+) -> None:
+    """A best board keeps a player's best only: a worse result is applied ('unchanged') and kept
+    nowhere, so the removal saw no time of it. Dated in the removal's own second or ahead of the
+    clock (up to 5 minutes), its retry after the removal was later than the record and brought the
+    player back with it (a writes audit's finding). The record now covers every time a result
+    applied before the removal can have: up to 5 minutes past it."""
+    config = BoardConfig.from_dict(f"moderation-unkept-{offset_ms}", {"mode": "best", "periods": ["daily"]})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        await board.submit([Score("cheater", 1000, "m1", now - 60_000)], now_ms=now)
+        worse = Score("cheater", 500, "m2", now + offset_ms)
+        [first] = await board.submit([worse], now_ms=now)
+        assert first.status == "unchanged"
+        assert await moderation.remove(board, ["cheater"], now_ms=now) == {"cheater"}
+        [again] = await board.submit([worse], now_ms=now + 1_000)
+        assert again.status == "duplicate", again
         assert await board.top(10) == []
     finally:
         await store.delete(config.id)
