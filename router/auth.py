@@ -35,6 +35,7 @@ class Caller:
 # Rate-limiting ids of keyed clients start with this; clients without a key are "ip:<address>"
 # (``client_network``).
 KEY_CLIENT = "key:"
+ANONYMOUS_CLIENT = "ip:"
 _CHALLENGE = {"www-authenticate": 'Bearer realm="shardlb"'}
 
 
@@ -70,10 +71,10 @@ class Keys:
         """Check the Authorization header's key against ``need``: 401 without a valid key, 403 with
         too small a scope."""
         if self.open_access:
-            return Caller(Scope.ADMIN, f"ip:{client_network(peer)}")
+            return Caller(Scope.ADMIN, ANONYMOUS_CLIENT + client_network(peer))
         if header is None:
             if need is Scope.READ and not self.reads_require_key:
-                return Caller(None, f"ip:{client_network(peer)}")
+                return Caller(None, ANONYMOUS_CLIENT + client_network(peer))
             raise ApiError(
                 401,
                 "unauthorized",

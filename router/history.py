@@ -14,10 +14,12 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import psycopg
 
+from router.auth import ANONYMOUS_CLIENT as ANONYMOUS
 from router.errors import ApiError
 from router.media import entry_body
 from router.service import Service
@@ -27,6 +29,9 @@ from shardlb.reads import ResolvedView
 from shardlb.settlement_history import Settled, Standing
 
 UNSETTLED_TTL_S = 5.0
+ARCHIVE_READS_PER_CLIENT = 2  # a client without a key, in progress or waiting (``archive_read``)
+# Who the read in progress was admitted for (router.auth.Caller.client; routes.admit_read sets it).
+READER: ContextVar[str] = ContextVar("reader", default="")
 TOPS_KEPT = 256
 
 SETTLED_KEPT = 65_536  # closed periods whose settlement is known; the first looked up is dropped first
@@ -63,10 +68,35 @@ async def archive_db(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]
 @asynccontextmanager
 async def archive_read(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """``archive_db`` for a public read: it waits for one of the worker's few archive-read permits
-    (``Service.archive_reads``), and past the queue's bounds is 503 overloaded."""
+    (``Service.archive_reads``), and past the queue's bounds is 503 overloaded. A client without a
+    key (``READER``, set by the read's admission) may have ARCHIVE_READS_PER_CLIENT of them in
+    progress or waiting; one more is 429 at once, so one address cannot take the permits (and the
+    queue) from everybody else."""
     archive_url(svc)  # 409 first when there is no archive at all
-    async with svc.archive_reads, archive_db(svc) as db:
-        yield db
+    reader = READER.get()
+    if not reader.startswith(ANONYMOUS):
+        async with svc.archive_reads, archive_db(svc) as db:
+            yield db
+        return
+    held = svc.archive_readers.get(reader, 0)
+    if held >= ARCHIVE_READS_PER_CLIENT:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"more than {ARCHIVE_READS_PER_CLIENT} archive reads at once from this client without a key; "
+            "wait for their answers",
+            retry_after=1.0,
+        )
+    svc.archive_readers[reader] = held + 1
+    try:
+        async with svc.archive_reads, archive_db(svc) as db:
+            yield db
+    finally:
+        left = svc.archive_readers[reader] - 1
+        if left:
+            svc.archive_readers[reader] = left
+        else:
+            del svc.archive_readers[reader]
 
 
 async def _lookup(svc: Service, board: Board, view: ResolvedView) -> Settled | None:

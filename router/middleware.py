@@ -10,15 +10,17 @@ SHARDLB_TRUSTED_PROXIES, ``scope["client"]`` becomes the address it forwarded (r
 A request whose body did not arrive within SHARDLB_BODY_TIMEOUT_S was answered 408 by the HTTP
 protocol itself (router/http.py): it is logged and counted as that 408.
 
-A request with a body and without a key (no Authorization) takes its admission slot at once, as any
-other, while its client (its address; an IPv6 address's /64) has fewer than BODY_SLOTS_PER_CLIENT
-such requests holding slots; past that, its body is read first, up to SHARDLB_MAX_READ_BODY_BYTES
-(the most a request without a key may send), and the slot taken only then. So one client sending
-bodies slowly holds at most that many slots (each at most the body deadline), and its other
-requests, and everybody else's, still get in. A request with an Authorization header takes its slot
-at once: every route checks the key before it reads a body (a wrong one is 401 at once), so only a
-key holder can keep a slot waiting, and a game server posting on many connections from one address
-pays nothing for the count.
+A request without a key (no Authorization) is answered 429 at once while its client (its address;
+an IPv6 address's /64) holds 1/16 of SHARDLB_MAX_REQUESTS' slots already (at least 3): within its
+read budget one client could otherwise hold every slot with slow reads. A request with a body and
+without a key takes its admission slot at once, as any other, while its client has fewer than
+BODY_SLOTS_PER_CLIENT such requests holding slots; past that, its body is read first, up to
+SHARDLB_MAX_READ_BODY_BYTES (the most a request without a key may send), and the slot taken only
+then. So one client sending bodies slowly holds at most that many slots (each at most the body
+deadline), and its other requests, and everybody else's, still get in. A request with an
+Authorization header takes its slot at once: every route checks the key before it reads a body (a
+wrong one is 401 at once), so only a key holder can keep a slot waiting, and a game server posting
+on many connections from one address pays nothing for the counts.
 """
 
 from __future__ import annotations
@@ -48,9 +50,13 @@ log = logging.getLogger("shardlb.router")
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 BODY_SLOTS_PER_CLIENT = 2
 READ_AHEAD_BYTES = 96 * 1024  # when the app has no settings (SHARDLB_MAX_READ_BODY_BYTES' default)
-# Requests with a body holding a slot, by client address, for each Admission (shared by the
-# Observes of one app as the Admission is).
+# What a client without a key may hold of a worker's requests in progress (SHARDLB_MAX_REQUESTS):
+# this fraction of them, at least one.
+REQUESTS_SHARE_PER_CLIENT = 16
+# Requests with a body holding a slot, and requests in progress, of clients without a key, by
+# client, for each Admission (shared by the Observes of one app as the Admission is).
 _BODIES: weakref.WeakKeyDictionary[Admission, dict[str, int]] = weakref.WeakKeyDictionary()
+_REQUESTS: weakref.WeakKeyDictionary[Admission, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
 class Observe:
@@ -65,6 +71,10 @@ class Observe:
         self.access_log = access_log
         self.admission = admission  # shared by every Observe of one app
         self.bodies = {} if admission is None else _BODIES.setdefault(admission, {})
+        self.requests = {} if admission is None else _REQUESTS.setdefault(admission, {})
+        # At least one more than a client's body slots: its stalled bodies leave it a request.
+        share = 0 if admission is None else admission.limit // REQUESTS_SHARE_PER_CLIENT
+        self.per_client = max(BODY_SLOTS_PER_CLIENT + 1, share)
         self.proxies = tuple(proxies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -90,11 +100,14 @@ class Observe:
         try:
             if self.admission is None or not scope["path"].startswith("/v1/"):
                 await self.app(scope, receive, send_with_id)
-            elif scope["method"] in ("GET", "HEAD") or not _anonymous_body(scope["headers"]):
-                with self.admission:
-                    await self.app(scope, receive, send_with_id)
             else:
-                await self._with_body(self.admission, scope, receive, send_with_id, state)
+                anonymous, body = _anonymity(scope["headers"])
+                if not anonymous:
+                    with self.admission:
+                        await self.app(scope, receive, send_with_id)
+                else:
+                    body = body and scope["method"] not in ("GET", "HEAD")
+                    await self._anonymous(self.admission, scope, receive, send_with_id, state, body)
         except Exception as e:
             failure = e
             if status == 0:  # nothing sent yet: the client still gets a proper error body
@@ -116,31 +129,65 @@ class Observe:
                     scope, request_id, status, elapsed, state.get("error"), failure or state.get("cause")
                 )
 
-    async def _with_body(
-        self, admission: Admission, scope: Scope, receive: Receive, send: Send, state: dict[str, Any]
+    async def _anonymous(
+        self,
+        admission: Admission,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        state: dict[str, Any],
+        body: bool,
     ) -> None:
-        """Admit a request with a body: at once while its address holds few slots, else once its
-        body has arrived, or as much of it as a request without a key may send: a larger body is
-        then refused at once by a public route, and read on by a keyed one."""
+        """Admit a request without a key. Its client may hold ``per_client`` admission slots at once
+        (one more is 429 at once): within its read budget a client could otherwise hold every slot
+        of the worker with slow reads, and everyone else's requests would be 503. A request whose
+        body is read ahead holds no slot while it waits for it, and is counted once it has it."""
         client = scope.get("client")
         address = body_client(client[0] if client else "")
+        if not body:
+            await self._admit(admission, address, scope, receive, send, state)
+            return
         held = self.bodies.get(address, 0)
         if held >= BODY_SLOTS_PER_CLIENT:
+            # Its body first, as far as a request without a key may send: a larger one is then
+            # refused at once by a public route, and read on by a keyed one.
             receive = await _read_ahead(receive, _read_ahead_bytes(scope))
             if TIMED_OUT not in state:  # else router/http.py has answered 408 already
-                with admission:
-                    await self.app(scope, receive, send)
+                await self._admit(admission, address, scope, receive, send, state)
             return
         self.bodies[address] = held + 1
+        try:
+            await self._admit(admission, address, scope, receive, send, state)
+        finally:
+            _less(self.bodies, address)
+
+    async def _admit(
+        self,
+        admission: Admission,
+        address: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        state: dict[str, Any],
+    ) -> None:
+        held = self.requests.get(address, 0)
+        if held >= self.per_client:
+            error = ApiError(
+                429,
+                "rate_limited",
+                f"more than {self.per_client} requests at once from this client without a key; "
+                "wait for their answers",
+                retry_after=1.0,
+            )
+            state["error"] = error
+            await send_rendered(send, rendered_error(error, _wants_msgpack(scope)))
+            return
+        self.requests[address] = held + 1
         try:
             with admission:
                 await self.app(scope, receive, send)
         finally:
-            left = self.bodies[address] - 1
-            if left:
-                self.bodies[address] = left
-            else:
-                del self.bodies[address]
+            _less(self.requests, address)
 
     def _log(
         self,
@@ -174,6 +221,15 @@ class Observe:
             log.info("request", extra={"fields": fields})
 
 
+def _less(counts: dict[str, int], key: str) -> None:
+    """One less for ``key``; gone at zero (the dicts hold only clients with something in progress)."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
+
+
 def _forwarded_client(scope: Scope, proxies: tuple[Network, ...]) -> None:
     client = scope.get("client")
     if not client:
@@ -195,17 +251,17 @@ def _read_ahead_bytes(scope: Scope) -> int:
 body_client = client_network
 
 
-def _anonymous_body(headers: list[tuple[bytes, bytes]]) -> bool:
-    """Whether the request has a body and no Authorization. A request with one is checked before
-    its body is read (a wrong key is 401 at once), so only a real key holder, whom the operator
-    trusts, can make a slot wait for a body; such requests skip the per-address count."""
+def _anonymity(headers: list[tuple[bytes, bytes]]) -> tuple[bool, bool]:
+    """Whether the request has no Authorization, and whether it has a body. A request with one is
+    checked before its body is read (a wrong key is 401 at once), so only a real key holder, whom
+    the operator trusts, can make a slot wait for a body; such requests skip the per-client counts."""
     body = False
     for name, value in headers:
         if name == b"authorization":
-            return False
+            return False, False
         if (name == b"content-length" and value.strip(b" \t0")) or name == b"transfer-encoding":
             body = True
-    return body
+    return True, body
 
 
 async def _read_ahead(receive: Receive, limit: int) -> Receive:

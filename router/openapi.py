@@ -627,7 +627,8 @@ _ERROR_TEXT = {
     422: "A well-formed request with an invalid value; `field` names it (e.g. scores[3].points).",
     431: "The request line and headers (or a chunked body's trailers) passed SHARDLB_MAX_HEADER_BYTES "
     "(headers_too_large); the connection is closed.",
-    429: "This client's read rate limit is used up (rate_limited); see Retry-After.",
+    429: "This client's read rate limit is used up, or a client without a key has as many requests "
+    "(or archive reads) in progress as it may hold (rate_limited); see Retry-After.",
     503: "Overloaded, shutting down, or the cluster is unavailable; see Retry-After.",
 }
 _RETRY_AFTER = {
@@ -1580,8 +1581,11 @@ SPEC["paths"].update(
         },
     }
 )
-# Any request may be cut off by the HTTP protocol itself (router/http.py), before a route runs.
-for _operations in SPEC["paths"].values():
+# Any request may be cut off by the HTTP protocol itself (router/http.py), before a route runs; an
+# API request without a key, by the middleware's share of the requests in progress for its client.
+for _path, _operations in SPEC["paths"].items():
     for _method, _operation in _operations.items():
         if _method != "parameters":
             _operation["responses"].update(_errors(408, 431))
+            if _path.startswith("/v1/"):
+                _operation["responses"].update(_errors(429))

@@ -71,6 +71,7 @@ def admit_read(svc: Service, authorization: str | None, peer: str, extra: float 
     """Key check for reads, then a token of the caller's bucket, or with ``extra`` that many more
     for a read let in already (429 with Retry-After when it holds fewer)."""
     caller = svc.keys.require(authorization, peer, Scope.READ)
+    history.READER.set(caller.client)  # an archive read counts for its client (router/history.py)
     wait = svc.limiter.take_more(caller.client, extra) if extra else svc.limiter.take(caller.client)
     if wait > 0:
         metrics.RATE_LIMITED.inc()

@@ -68,6 +68,8 @@ class Service:
     # PostgreSQL connections that public reads (settled periods, player histories) may hold at once
     # in this worker: each opens one, so callers without a key must not open one each.
     archive_reads: Gate = field(default_factory=lambda: Gate(ARCHIVE_READ_LANES, what="archive reads"))
+    # Archive reads in progress or waiting, by client without a key (router/history.py).
+    archive_readers: dict[str, int] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # Settlement id -> the task sending its webhook deliveries (router/settlements.py): one each.
     deliveries: dict[str, asyncio.Task[None]] = field(default_factory=dict)

@@ -10,7 +10,7 @@ import pytest
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.store import BoardStore
-from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
+from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running, service_of
 
 
 @pytest.mark.cluster
@@ -55,13 +55,14 @@ async def test_unknown_boards_are_remembered_as_missing(cluster: LocalCluster, s
 async def test_a_flood_of_unknown_boards_does_not_starve_writes(
     cluster: LocalCluster, store: BoardStore
 ) -> None:
-    """Hundreds of anonymous reads of boards that do not exist, all at once, then a write to a board
-    this router has not seen yet: the write's lookup is not queued behind the flood."""
+    """Hundreds of reads of boards that do not exist, all at once, then a write to a board this
+    router has not seen yet: the write's lookup is not queued behind the flood. (The reads carry a
+    read key: from one address without one, most would be 429 before any lookup.)"""
     async with running(cluster.url, read_rate=0.0, read_queue=20) as (_, client):
         name = board_name()
         await store.create(BoardConfig.from_dict(name, {}))
         body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
-        flood = [client.get(f"/v1/boards/rand{i}-{name}/top") for i in range(300)]
+        flood = [client.get(f"/v1/boards/rand{i}-{name}/top", headers=AS_READER) for i in range(300)]
         *reads, write = await asyncio.gather(
             *flood, client.post(f"/v1/boards/{name}/scores", json=body, headers=AS_WRITER)
         )

@@ -21,7 +21,7 @@ from starlette.applications import Starlette
 from router.budget import RESERVE, connections_needed
 from router.settings import Settings, SettingsError
 from shardlb.cluster import LocalCluster
-from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
+from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running, service_of
 
 T0 = 1_790_000_000_000
 PLAYERS = 400
@@ -146,6 +146,7 @@ async def test_every_path_stays_below_the_pool_cap(cluster: LocalCluster) -> Non
         read_rate=0.0,  # one test client plays many players: the read rate limit is not under test
         **limits,
     ) as (app, client):
+        client.headers.update(AS_READER)  # nor the share of the requests of a client without a key
         name = await tied_board(client)
         # Served from RAM once loaded (a cold load would be one read shared by all 40, all or none).
         assert (await client.get(f"/v1/boards/{name}/top?limit=50")).status_code == 200
@@ -202,8 +203,10 @@ async def test_a_stuck_primary_fails_writes_fast(cluster: LocalCluster) -> None:
 async def hammer_with_a_tiny_pool(url: str, name: str) -> Counter[tuple[str, int, str]]:
     """Rank, around, friends and writes at once through a router whose pool is one connection per
     primary (settings the start-up check refuses)."""
-    # One test client plays many players: the read rate limit is not under test.
+    # One test client plays many players: the read rate limit and the share of the requests a client
+    # without a key may hold are not under test (a read key has neither).
     async with running(url, check=False, redis_max_connections=1, read_rate=0.0) as (_, client):
+        client.headers.update(AS_READER)
         kinds = ("rank", "around", "query", "write")
         return await run_all(
             [(kind, call) for kind, call in mixed_load(client, name, seed=2) if kind in kinds]
