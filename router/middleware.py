@@ -105,9 +105,22 @@ class Observe:
                 if not anonymous:
                     with self.admission:
                         await self.app(scope, receive, send_with_id)
-                else:
-                    body = body and scope["method"] not in ("GET", "HEAD")
-                    await self._anonymous(self.admission, scope, receive, send_with_id, state, body)
+                elif body and scope["method"] not in ("GET", "HEAD"):
+                    await self._with_body(self.admission, scope, receive, send_with_id, state)
+                else:  # _admit inlined: the cached reads pass here, a coroutine less each
+                    client = scope.get("client")
+                    address = body_client(client[0] if client else "")
+                    requests = self.requests
+                    held = requests.get(address, 0)
+                    if held >= self.per_client:
+                        await self._busy(scope, send_with_id, state)
+                    else:
+                        requests[address] = held + 1
+                        try:
+                            with self.admission:
+                                await self.app(scope, receive, send_with_id)
+                        finally:
+                            _less(requests, address)
         except Exception as e:
             failure = e
             if status == 0:  # nothing sent yet: the client still gets a proper error body
@@ -129,28 +142,17 @@ class Observe:
                     scope, request_id, status, elapsed, state.get("error"), failure or state.get("cause")
                 )
 
-    async def _anonymous(
-        self,
-        admission: Admission,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        state: dict[str, Any],
-        body: bool,
+    async def _with_body(
+        self, admission: Admission, scope: Scope, receive: Receive, send: Send, state: dict[str, Any]
     ) -> None:
-        """Admit a request without a key. Its client may hold ``per_client`` admission slots at once
-        (one more is 429 at once): within its read budget a client could otherwise hold every slot
-        of the worker with slow reads, and everyone else's requests would be 503. A request whose
-        body is read ahead holds no slot while it waits for it, and is counted once it has it."""
+        """Admit a request without a key that has a body: at once while its client holds fewer than
+        BODY_SLOTS_PER_CLIENT slots with bodies, else once its body has arrived, or as much of it as
+        a request without a key may send (a larger body is then refused at once by a public route,
+        and read on by a keyed one). A body read ahead holds no slot while it arrives."""
         client = scope.get("client")
         address = body_client(client[0] if client else "")
-        if not body:
-            await self._admit(admission, address, scope, receive, send, state)
-            return
         held = self.bodies.get(address, 0)
         if held >= BODY_SLOTS_PER_CLIENT:
-            # Its body first, as far as a request without a key may send: a larger one is then
-            # refused at once by a public route, and read on by a keyed one.
             receive = await _read_ahead(receive, _read_ahead_bytes(scope))
             if TIMED_OUT not in state:  # else router/http.py has answered 408 already
                 await self._admit(admission, address, scope, receive, send, state)
@@ -170,17 +172,12 @@ class Observe:
         send: Send,
         state: dict[str, Any],
     ) -> None:
+        """Admit a request without a key while its client holds fewer than ``per_client`` slots, else
+        429 at once: within its read budget a client could otherwise hold every slot of the worker
+        with slow reads, and everyone else's requests would be 503."""
         held = self.requests.get(address, 0)
         if held >= self.per_client:
-            error = ApiError(
-                429,
-                "rate_limited",
-                f"more than {self.per_client} requests at once from this client without a key; "
-                "wait for their answers",
-                retry_after=1.0,
-            )
-            state["error"] = error
-            await send_rendered(send, rendered_error(error, _wants_msgpack(scope)))
+            await self._busy(scope, send, state)
             return
         self.requests[address] = held + 1
         try:
@@ -188,6 +185,17 @@ class Observe:
                 await self.app(scope, receive, send)
         finally:
             _less(self.requests, address)
+
+    async def _busy(self, scope: Scope, send: Send, state: dict[str, Any]) -> None:
+        error = ApiError(
+            429,
+            "rate_limited",
+            f"more than {self.per_client} requests at once from this client without a key; "
+            "wait for their answers",
+            retry_after=1.0,
+        )
+        state["error"] = error
+        await send_rendered(send, rendered_error(error, _wants_msgpack(scope)))
 
     def _log(
         self,
