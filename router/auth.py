@@ -3,6 +3,10 @@
 Keys come from SHARDLB_ADMIN_KEYS / SHARDLB_WRITE_KEYS / SHARDLB_READ_KEYS. A presented key is
 hashed and compared with every configured key's hash by ``hmac.compare_digest``, all of them every
 time, so neither the timing of a comparison nor the position of a match tells an attacker anything.
+Each wrong key (or malformed Authorization) costs its client a token of a small bucket
+(AUTH_FAILURE_BURST, refilled at AUTH_FAILURE_RATE a second); while it has none, every request of
+that client presenting a key is 429, a right key included, so keys cannot be guessed at the
+router's speed. A request without a key is not concerned (the read budget is its limit).
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ class Caller:
 # (``client_network``).
 KEY_CLIENT = "key:"
 ANONYMOUS_CLIENT = "ip:"
+# Wrong keys a client (address; IPv6 /64) may present in a burst, and again per second: past them,
+# every request of that client presenting a key is 429 until a token is back.
+AUTH_FAILURE_BURST = 20
+AUTH_FAILURE_RATE = 1.0
 _CHALLENGE = {"www-authenticate": 'Bearer realm="shardlb"'}
 
 
@@ -55,6 +63,9 @@ class Keys:
                 digest = _digest(key)
                 granted[digest] = max(scope, granted.get(digest, scope))  # a key in two lists: the higher
         self._keys = list(granted.items())
+        from router.limiter import RateLimiter  # (router.limiter imports this module)
+
+        self.failures = RateLimiter(AUTH_FAILURE_RATE, AUTH_FAILURE_BURST, settings.rate_clients)
 
     def scope_of(self, key: str) -> Scope | None:
         """The scope of ``key``, or None when it is not configured. Constant time in the key."""
@@ -81,15 +92,23 @@ class Keys:
                 f"this call needs a {need.name.lower()} key: send 'Authorization: Bearer <key>'",
                 headers=_CHALLENGE,
             )
+        if len(self.failures):  # a client that presented wrong keys lately: is it out of tries?
+            wait = self.failures.wait(ANONYMOUS_CLIENT + client_network(peer))
+            if wait > 0:
+                raise ApiError(
+                    429, "rate_limited", "too many wrong keys from this client; slow down", retry_after=wait
+                )
         kind, _, key = header.partition(" ")
         key = key.strip()
         if kind.lower() != "bearer" or not key:
+            self.failures.take(ANONYMOUS_CLIENT + client_network(peer))
             raise ApiError(
                 401, "unauthorized", "the Authorization header must be 'Bearer <key>'", headers=_CHALLENGE
             )
         presented = _digest(key)
         scope = self._scope_of_digest(presented)
         if scope is None:
+            self.failures.take(ANONYMOUS_CLIENT + client_network(peer))
             raise ApiError(401, "unauthorized", "this key is not valid", headers=_CHALLENGE)
         if scope < need:
             raise ApiError(

@@ -35,6 +35,15 @@ class RateLimiter:
     def __len__(self) -> int:
         return len(self._buckets)
 
+    def wait(self, client: str, now: float | None = None) -> float:
+        """The seconds until ``client`` has a token (0.0: it has one now), taking nothing."""
+        if not self.enabled or client not in self._buckets:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        tokens, last = self._buckets[client]
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+
     def take(self, client: str, now: float | None = None, cost: float = 1.0) -> float:
         """Take ``cost`` tokens (at most the burst, so any cost can be met) for ``client``: 0.0 when
         allowed, else the seconds until they are available (nothing taken then)."""

@@ -93,3 +93,32 @@ async def test_insecure_dev_mode_opens_everything(cluster: LocalCluster) -> None
         body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
         assert (await client.post(f"/v1/boards/{board}/scores", json=body)).status_code == 200
         assert (await client.delete(f"/v1/boards/{board}")).status_code == 204
+
+
+def test_wrong_keys_from_one_client_are_throttled() -> None:
+    """Each wrong key costs its client (address; IPv6 /64) a token of a small bucket: past
+    AUTH_FAILURE_BURST of them every keyed request from there is 429 until tokens come back (one a
+    second), so keys cannot be guessed at the router's speed (an auth audit's finding: 500 wrong
+    keys in a row, none limited). Other clients, and clients that send right keys, are not touched."""
+    from router.auth import AUTH_FAILURE_BURST
+    from router.errors import ApiError
+
+    keys = Keys(Settings(write_keys=(WRITE,), read_keys=(READ,)))
+
+    def status(header: str | None, peer: str) -> int:
+        try:
+            keys.require(header, peer, Scope.READ)
+        except ApiError as e:
+            return e.status
+        return 200
+
+    assert [status(f"Bearer {READ}", "10.0.0.1") for _ in range(100)] == [200] * 100
+    wrong = [status(f"Bearer guess-{i}", "10.0.0.1") for i in range(AUTH_FAILURE_BURST + 5)]
+    assert wrong[:AUTH_FAILURE_BURST] == [401] * AUTH_FAILURE_BURST
+    assert set(wrong[AUTH_FAILURE_BURST:]) == {429}
+    assert status(f"Bearer {READ}", "10.0.0.1") == 429  # a guesser cannot tell a right key either
+    assert status("Basic abc", "10.0.0.1") == 429
+    assert status(f"Bearer {READ}", "10.0.0.2") == 200
+    assert status(None, "10.0.0.1") == 200  # no key: the read budget's business, not this
+    same_64 = [status(f"Bearer guess-{i}", f"2001:db8::{i:x}") for i in range(AUTH_FAILURE_BURST + 1)]
+    assert same_64[-1] == 429
