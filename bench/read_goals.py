@@ -23,7 +23,8 @@ def _hot(summary: dict[str, Any], prefix: str) -> dict[str, Any] | None:
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 2) if a is not None and b else None
+    # Kept to 4 places: a goal is judged on this (0.995 is short of 1.0, whatever 2 places show).
+    return round(a / b, 4) if a is not None and b else None
 
 
 def _store_us(phase: dict[str, Any] | None, count: float) -> float | None:
@@ -296,10 +297,15 @@ def finish(summary: dict[str, Any]) -> None:
     summary["read_goals"] = goals(summary)
 
 
-def _value(x: float | None) -> str:
+def _value(x: float | None, target: float | None = None) -> str:
+    """``x`` for the goals table: 2 places, or 3 where 2 would show it equal to ``target``."""
     if x is None:
         return "not measured"
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.2f}"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    if target is not None and x != target and f"{x:.2f}" == f"{target:.2f}":
+        return f"{x:.3f}"
+    return f"{x:.2f}"
 
 
 def markdown(summary: dict[str, Any]) -> list[str]:
@@ -314,7 +320,7 @@ def markdown(summary: dict[str, Any]) -> list[str]:
         met = "-" if g["met"] is None else ("yes" if g["met"] else "**no**")
         sign = ">=" if g["at_least"] else "<="
         lines.append(
-            f"| {g['goal']} | {_value(g['measured'])} | {sign} {_value(g['target'])} | {met} "
+            f"| {g['goal']} | {_value(g['measured'], g['target'])} | {sign} {_value(g['target'])} | {met} "
             f"| {g['detail']} |"
         )
     light = summary.get("light_client", {})
