@@ -218,7 +218,7 @@ class Archiver:
                 await self.db.execute(
                     "INSERT INTO boards (board, incarnation, settings) VALUES (%s, %s, %s) "
                     "ON CONFLICT DO NOTHING",
-                    (b.config.id, b.incarnation, orjson.dumps(b.config.to_dict()).decode()),
+                    (b.config.id, b.incarnation, orjson.dumps(_settings(b)).decode()),
                 )
             # A board deleted from the registry is marked deleted: `rebuild --all` must not bring it
             # back. Only on evidence of the deletion (keys.deleted_key): a registry that lacks a
@@ -499,6 +499,13 @@ class Archiver:
         if now - self._recounted.get(key, -math.inf) >= RECOUNT_EVERY_S:
             self._recounted[key] = now
             await self.store.scripts.recount(keys=[key, counts], args=[GROUP, RECOUNT_LIMIT])
+
+
+def _settings(board: Board) -> dict[str, Any]:
+    """What PostgreSQL keeps of a board to restore it (shardlb/rebuild.py): its settings, and its
+    layout generation once a reshard drew one (shardlb/reshard.py records each new one)."""
+    settings = board.config.to_dict()
+    return {**settings, "generation": board.generation} if board.generation else settings
 
 
 def _journals(board: Board) -> list[str]:

@@ -500,8 +500,11 @@ class Rebuilder:
             found = await cur.fetchall()
         out = []
         for board_id, incarnation, settings in found:
+            # The layout a reshard recorded with the rows' new shards (shardlb/reshard.py, _rehome);
+            # the generation is the layout's, not a setting.
+            generation = int(settings.pop("generation", 0))
             config = BoardConfig.from_dict(board_id, stored_settings(settings))
-            former = Board(store.client, config, store.scripts, incarnation)
+            former = Board(store.client, config, store.scripts, incarnation, generation)
             marks = (keys.gone_key(former.prefixes[0]), keys.deleted_key(board_id, incarnation))
             if any([await self.client.exists(mark) for mark in marks]):
                 self.progress(f"{board_id}: deleted; left alone")
@@ -513,7 +516,7 @@ class Rebuilder:
                 for shard, prefix in enumerate(former.prefixes[: config.sharding.shards]):
                     await self.refill(former, shard)
                     refilled.append(prefix)
-            board, created = await store.restore(config, incarnation)
+            board, created = await store.restore(config, incarnation, generation)
             if board.incarnation != incarnation:
                 self.progress(f"{board_id}: the registry holds another incarnation; left alone")
                 continue

@@ -696,6 +696,15 @@ class Resharder:
                         [players, homes, *ident],
                     )
                     updated += cur.rowcount
+                # The board's settings as PostgreSQL keeps them name the new layout, in the same
+                # transaction as the rows' new shards: a rebuild after a total loss of Redis
+                # restores the board from them (shardlb/rebuild.py, ``restore``), and with the
+                # settings of its creation it would look for these rows on the old shards.
+                record = {**target.config.to_dict(), "generation": target.generation}
+                await cur.execute(
+                    "UPDATE boards SET settings = %s WHERE board = %s AND incarnation = %s",
+                    [orjson.dumps(record).decode(), *ident],
+                )
             await db.commit()
         return updated
 

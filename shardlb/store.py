@@ -95,12 +95,14 @@ class BoardStore:
         await self.client.initialize()  # a no-op once the client knows the cluster
         return len(self.client.get_primaries())
 
-    async def restore(self, config: BoardConfig, incarnation: str) -> tuple[Board, bool]:
-        """Register a board under the incarnation it had (a rebuild after Redis lost the registry,
-        shardlb/rebuild.py), so its keys and its rows in PostgreSQL are found again. Returns (board,
-        registered); a board already in the registry is returned as it is there, whatever its
-        incarnation."""
-        record = {**config.to_dict(), "incarnation": incarnation}
+    async def restore(self, config: BoardConfig, incarnation: str, generation: int = 0) -> tuple[Board, bool]:
+        """Register a board under the incarnation (and layout generation) it had (a rebuild after
+        Redis lost the registry, shardlb/rebuild.py), so its keys and its rows in PostgreSQL are
+        found again. Returns (board, registered); a board already in the registry is returned as it
+        is there, whatever its incarnation."""
+        record: dict[str, Any] = {**config.to_dict(), "incarnation": incarnation}
+        if generation:
+            record["generation"] = generation
         if await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
             return self._board(config.id, record), True
         return await self.get(config.id), False

@@ -574,3 +574,55 @@ async def test_a_refill_puts_back_only_the_records_removals_made(
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+async def test_after_a_reshard_and_a_total_loss_the_board_comes_back_in_its_new_layout(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """PostgreSQL kept a board's settings as it was created: after a reshard (3 -> 4 shards, the
+    archived rows moved to their new shards) a total loss of Redis brought it back with 3 shards,
+    the rows of shard 3 were never rebuilt and most players were looked for on the wrong shard (an
+    ops audit's finding: 2301 of 3000 players missing, and reconcile said ok). The reshard now
+    records the new layout with the rows, and the rebuild restores that."""
+    from shardlb.reshard import Resharder
+
+    config = BoardConfig.from_dict("loss-resharded", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    posts = [Score(f"p{i}", i, f"m{i}", now - 60_000) for i in range(300)]
+    async with own_archive(postgres_url) as archive_url:
+        a = await archiver(raw, store, archive_url)
+        stop = asyncio.Event()
+
+        async def archive() -> None:
+            while not stop.is_set():
+                await a.refresh()
+                if not await archive_round(a):
+                    await asyncio.sleep(0.02)
+
+        try:
+            await board.submit(posts)
+            await drain(a)
+            archiving = asyncio.ensure_future(archive())
+            try:
+                mover = Resharder(store, config.id, say=lambda _: None, postgres_url=archive_url, cache_s=0)
+                await mover.start(4)
+                assert (await mover.run())["shards"] == 4
+            finally:
+                stop.set()
+                await archiving
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", archive_url]
+            assert await asyncio.to_thread(main, command) == 0
+            rebuilt = await store.get(config.id)
+            assert rebuilt.config.sharding.shards == 4
+            top = await rebuilt.top(1000)
+            assert sorted((e.player_id, e.points) for e in top) == sorted(
+                (s.player_id, s.points) for s in posts
+            )
+            for s in posts[::37]:
+                assert (await rebuilt.player(s.player_id, rebuilt.resolve("total"))).entry.points == s.points
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
