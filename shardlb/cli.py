@@ -327,7 +327,24 @@ def reshard_board(args: argparse.Namespace) -> int:
         print(f"shardlb reshard: {e.message}", file=sys.stderr)
         return 1
     print(json.dumps(status))
-    return 0
+    return _unfinished("reshard", args.board, status) if action == "run" else 0
+
+
+UNFINISHED = 3  # the exit code of a reshard left committed but not finished
+
+
+def _unfinished(command: str, board: str, status: dict[str, Any]) -> int:
+    """0 when the reshard ``status`` tells of is over; else say how to finish it, UNFINISHED."""
+    state = status.get("state", "none")
+    if state in (None, "none"):
+        return 0
+    print(
+        f"shardlb {command}: {board}'s reshard is {state}, not finished (the old journals must be "
+        f"archived first: an archiver running, PostgreSQL given); finish it with "
+        f"`shardlb reshard {board} --resume`",
+        file=sys.stderr,
+    )
+    return UNFINISHED
 
 
 SKEW = 1.5  # `shardlb bands --apply` reshards when a band holds more than this times its share
@@ -440,7 +457,8 @@ def propose_bands(args: argparse.Namespace) -> int:
             f"       or: shardlb bands {args.board} --count {args.count} --apply (only if they drifted)",
             file=sys.stderr,
         )
-    return 0
+        return 0
+    return _unfinished("bands", args.board, out) if out.get("resharded") or out.get("resumed") else 0
 
 
 def add_reconcile_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -583,11 +601,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in DELEGATED:
         delegate = importlib.import_module(DELEGATED[argv[0]][0])
-        code: int = delegate.main(argv[1:])
-        return code
-    args = build_parser().parse_args(argv)
+        run: Callable[[], int] = functools.partial(delegate.main, argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
+        run = functools.partial(args.func, args)
     try:
-        code = args.func(args)
+        code: int = run()
     except (ClusterError, ShardlbError) as e:
         print(f"shardlb: error: {e}", file=sys.stderr)
         return 1

@@ -312,7 +312,7 @@ class Rebuilder:
         players, unless ``force``: that archive is not this board's (see ``_check_archive``)."""
         if board.moving or board.also:
             raise _resharding(board)
-        await self._check_layout(board)
+        await self.check_layout(board)
         if board.config.durability != "journal":
             raise BoardConflict(
                 f"board {board.config.id!r} keeps no journal (durability memory): nothing to rebuild it from",
@@ -394,7 +394,7 @@ class Rebuilder:
         report = ShardReport(shard, rows=snap.rows, journal=snap.journal, retries=retries)
         pairs = {name: f"{prefix}tmp:{token}:{name}" for name in sorted(names)}
         mark, items = snap.mark, list[Any]()
-        await self._check_layout(board)  # a reshard recorded since the rebuild began: refused now
+        await self.check_layout(board)  # a reshard recorded since the rebuild began: refused now
         while True:
             report.tries += 1
             force = report.tries > self.swap_tries
@@ -438,7 +438,7 @@ class Rebuilder:
         version changed since it was read is sent again (band.lua takes a move only with a newer
         version than it holds, so nothing goes back in time)."""
         start = time.perf_counter()
-        await self._check_layout(board)
+        await self.check_layout(board)
         layout, codec = board.layout, board.codec
         homes = range(board.config.sharding.shards)
         seen: dict[int, dict[str, int]] = {}
@@ -799,7 +799,7 @@ class Rebuilder:
         status, last = await self._script(names, [op, msgpack.packb(header), msgpack.packb(list(items))])
         return _text(status), _text(last)
 
-    async def _check_layout(self, board: Board) -> None:
+    async def check_layout(self, board: Board) -> None:
         """Refuse to go on when the registry's record (read now, not the caller's copy, which a
         router may have kept for seconds) is not ``board``'s layout at rest: a reshard under way
         copies the shards without the rebuild's writes (rebuild.lua refuses them too, on the
@@ -833,7 +833,9 @@ class Rebuilder:
 
 def _resharding(board: Board) -> BoardConflict:
     return BoardConflict(
-        f"board {board.config.id!r} is being resharded: rebuild it once that is over", "board"
+        f"board {board.config.id!r} is being resharded: rebuild or reconcile it once that is over "
+        f"(shardlb reshard {board.config.id} --status; --resume finishes one left half done)",
+        "board",
     )
 
 

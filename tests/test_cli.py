@@ -71,3 +71,39 @@ def test_unreachable_servers_are_a_message_not_a_traceback(
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("shardlb: error:") and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    "command", [["archive", "--postgres", "postgresql://127.0.0.1:1/x"], ["cleanup", "b"]]
+)
+def test_delegated_commands_fail_with_a_message_too(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shardlb archive` and `shardlb cleanup` run modules of their own: an unreachable cluster
+    was a traceback there (an ops audit's finding), a line here."""
+    assert main([*command, "--redis", "redis://127.0.0.1:1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("shardlb: error:") and "Traceback" not in err, err
+
+
+def test_a_reshard_left_half_done_is_not_a_success(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reshard that ends committed but not finished (the old journals not archived in time, no
+    PostgreSQL) exited 0, so a CronJob reported it done (an ops audit's finding): it exits 3 and
+    says how to finish it."""
+    from shardlb import reshard
+
+    async def left(*_: object) -> dict[str, object]:
+        return {"board": "b", "shards": 4, "state": "committed"}
+
+    monkeypatch.setattr(reshard, "command", left)
+    assert main(["reshard", "b", "--shards", "4", "--redis", "redis://127.0.0.1:1"]) == 3
+    assert "--resume" in capsys.readouterr().err
+
+    async def done(*_: object) -> dict[str, object]:
+        return {"board": "b", "shards": 4, "state": "none"}
+
+    monkeypatch.setattr(reshard, "command", done)
+    assert main(["reshard", "b", "--shards", "4", "--redis", "redis://127.0.0.1:1"]) == 0
+    assert main(["reshard", "b", "--status", "--redis", "redis://127.0.0.1:1"]) == 0

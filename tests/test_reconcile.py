@@ -172,3 +172,27 @@ async def test_the_command_checks_every_kept_period_unless_told_one(
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+async def test_a_board_being_resharded_is_refused_not_reported_drifting(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
+) -> None:
+    """While a reshard is under way the archived rows are filed under the old layout's shards:
+    reconcile reported false drift on every shard, and the nightly Job paged for it (an ops
+    audit's finding). It is refused, saying why, as a rebuild is."""
+    from shardlb.errors import BoardConflict
+    from shardlb.reshard import Resharder
+
+    config = BoardConfig.from_dict("reconcile-resharding", {"sharding": sharding("hash", 3)})
+    await store.create(config)
+    a = await archiver(raw, store, postgres_url)  # the archive's tables in place
+    try:
+        mover = Resharder(store, config.id, say=lambda _: None, postgres_url=postgres_url, cache_s=0)
+        await mover.start(4)
+        with pytest.raises(BoardConflict, match="resharded"):
+            await reconcile(rebuilder, await store.get(config.id))
+        await mover.cancel()
+        assert not any(c.drift for c in await reconcile(rebuilder, await store.get(config.id)))
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
