@@ -32,6 +32,7 @@ from shardlb.client.errors import (
     ApiError,
     BoardNotFound,
     ClientError,
+    InvalidRequest,
     TransportError,
     api_error,
     renumbered,
@@ -44,6 +45,26 @@ JSON, MSGPACK = "application/json", "application/msgpack"
 # Failures after which the request may or may not have reached the server: worth another attempt
 # on a call that is safe to repeat (all of this client's are).
 _NO_ANSWER = (TimeoutError, httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+def _encodable(score: dict[str, Any], index: int) -> dict[str, Any]:
+    """``score`` when it can be sent (JSON or MessagePack); else InvalidRequest naming its field
+    (422, as the server would name it), before anything is sent: one result that cannot even be
+    encoded must fail alone (a ScoreBuffer then sends the others), not as its batch's
+    OverflowError."""
+    for name, value in score.items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidRequest(
+                    422, "invalid_input", f"{name} is not valid UTF-8 text", f"scores[{index}].{name}"
+                ) from None
+        elif isinstance(value, int) and not -(2**63) <= value < 2**64:
+            raise InvalidRequest(
+                422, "out_of_range", f"{name} does not fit in 64 bits", f"scores[{index}].{name}"
+            )
+    return score
 
 
 def _segment(value: str) -> str:
@@ -206,7 +227,7 @@ class AsyncClient:
         items = list(results)
         outcomes: list[ScoreOutcome] = []
         for start in range(0, len(items), MAX_ITEMS):
-            scores = [r.body() for r in items[start : start + MAX_ITEMS]]
+            scores = [_encodable(r.body(), start + i) for i, r in enumerate(items[start : start + MAX_ITEMS])]
             try:
                 _, body = await self._call(
                     "POST", f"/v1/boards/{_segment(board)}/scores", end, body={"scores": scores}

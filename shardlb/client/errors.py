@@ -18,7 +18,9 @@ from typing import Any
 # 429 and 503 are the API's "come back later"; 502 and 504 are what a proxy in front of the router
 # answers when it is restarting. 500 is a bug of the server: sending the same request again would
 # most likely meet the same bug. Any other 4xx means the request itself is wrong.
-RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+# 408: the request did not arrive whole in time and the router closed the connection without
+# running it (router/http.py), so sending it again is safe, as after a lost connection.
+RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
 
 
 class ClientError(Exception):

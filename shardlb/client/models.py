@@ -62,10 +62,14 @@ class ScoreOutcome:
     match_id: str
     status: str
     points: int
+    # Dated periods the result belongs to that had closed when it arrived (it was not counted in
+    # them: router/README.md, "Period lifecycle"), as the server names them (``daily:2026-11-30``).
+    closed_periods: tuple[str, ...] = ()
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> ScoreOutcome:
-        return cls(body["player_id"], body["match_id"], body["status"], body["points"])
+        closed = tuple(body.get("closed_periods") or ())
+        return cls(body["player_id"], body["match_id"], body["status"], body["points"], closed)
 
 
 def parse_time(value: str) -> datetime:
@@ -81,10 +85,12 @@ class Entry:
     player_id: str
     points: int
     achieved_at: datetime
+    reward: Any = None  # a settled period's reward for this rank (its settlement's table), if any
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Entry:
-        return cls(body["rank"], body["player_id"], body["points"], parse_time(body["achieved_at"]))
+        at = parse_time(body["achieved_at"])
+        return cls(body["rank"], body["player_id"], body["points"], at, body.get("reward"))
 
 
 def entries_of(body: dict[str, Any]) -> list[Entry]:
@@ -100,10 +106,23 @@ class Page:
     period: str
     entries: list[Entry]
     as_of: datetime
+    # A settled period is read from its settlement's snapshot: final ranks, with rewards.
+    settled: bool = False
+    settlement_id: str | None = None
+    resets_at: datetime | None = None  # when a dated period closes (absent for ``total``)
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Page:
-        return cls(body["board"], body["period"], entries_of(body), parse_time(body["as_of"]))
+        resets = body.get("resets_at")
+        return cls(
+            body["board"],
+            body["period"],
+            entries_of(body),
+            parse_time(body["as_of"]),
+            bool(body.get("settled", False)),
+            body.get("settlement_id"),
+            None if resets is None else parse_time(resets),
+        )
 
 
 @dataclass(frozen=True)
@@ -122,10 +141,14 @@ class PlayerRank:
     rank_error: int | None = None
     as_of: datetime | None = None
     counts_as_of: datetime | None = None
+    settled: bool = False  # the final rank of a settled period, from its snapshot
+    settlement_id: str | None = None
+    reward: Any = None
+    resets_at: datetime | None = None
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> PlayerRank:
-        as_of, counts_as_of = body.get("as_of"), body.get("counts_as_of")
+        as_of, counts_as_of, resets = body.get("as_of"), body.get("counts_as_of"), body.get("resets_at")
         return cls(
             body["player_id"],
             body["rank"],
@@ -136,6 +159,10 @@ class PlayerRank:
             body.get("rank_error"),
             None if as_of is None else parse_time(as_of),
             None if counts_as_of is None else parse_time(counts_as_of),
+            bool(body.get("settled", False)),
+            body.get("settlement_id"),
+            body.get("reward"),
+            None if resets is None else parse_time(resets),
         )
 
 

@@ -1,0 +1,113 @@
+"""The client says what the API answers, and fails only the caller at fault (a client audit's
+findings, 2026-12-05): results it cannot encode fail alone and as ``InvalidRequest``; a result's
+``closed_periods`` and a settled read's ``settled``, ``settlement_id`` and rewards reach the
+caller; a 408 (the request never reached the app) is sent again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from shardlb.client import AsyncClient, Backoff, InvalidRequest, MatchResult, ScoreBuffer, ScoreOutcome
+from shardlb.store import BoardStore
+from tests.client_support import Served, served_router
+from tests.router_support import ADMIN, AS_ADMIN, board_name
+
+FAST = Backoff(base=0.002, cap=0.02)
+
+
+@pytest.fixture(scope="module")
+async def router(cluster: Any) -> AsyncIterator[Served]:
+    async with served_router(cluster.url) as served:
+        yield served
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("format", ["msgpack", "json"])
+@pytest.mark.parametrize(
+    "bad",
+    [MatchResult("cheater", 2**64, "bad-1"), MatchResult("\ud800", 5, "bad-2")],
+    ids=["bigint", "surrogate"],
+)
+async def test_a_result_the_client_cannot_encode_fails_alone(
+    router: Served, format: str, bad: MatchResult
+) -> None:
+    name = board_name("contract")
+    async with AsyncClient(router.url, ADMIN, format=format, backoff=FAST) as client:
+        await client.put_board(name)
+        with pytest.raises(InvalidRequest) as refused:
+            await client.post_scores(name, [MatchResult("p", 1, "m"), bad])
+        assert refused.value.status == 422 and (refused.value.field or "").startswith("scores[1].")
+        async with ScoreBuffer(client, max_scores=10, max_delay_ms=50) as buffer:
+            posts = [buffer.post(name, MatchResult(f"p{i}", i + 1, f"m{i}")) for i in range(9)]
+            posts.append(buffer.post(name, bad))
+            done = await asyncio.gather(*posts, return_exceptions=True)
+        assert all(isinstance(d, ScoreOutcome) for d in done[:9]), done
+        assert isinstance(done[9], InvalidRequest)
+        assert (await client.get_board(name)).players == {"total": 9}
+        await client.delete_board(name)
+
+
+@pytest.mark.cluster
+async def test_a_results_closed_periods_reach_the_caller(router: Served) -> None:
+    name = board_name("contract")
+    three_days_ago = int((datetime.now(UTC) - timedelta(days=3)).timestamp() * 1000)
+    async with AsyncClient(router.url, ADMIN, format="json") as client:
+        await client.put_board(name, periods=["total", "daily"], retention_days={"daily": 30})
+        [old] = await client.post_scores(name, [MatchResult("p1", 5, "m1", achieved_at=three_days_ago)])
+        assert old.status == "improved" and old.closed_periods and old.closed_periods[0].startswith("daily:")
+        [fresh] = await client.post_scores(name, [MatchResult("p2", 5, "m2")])
+        assert fresh.closed_periods == ()
+        await client.delete_board(name)
+
+
+@pytest.mark.cluster
+async def test_settled_reads_say_so_with_their_rewards(
+    cluster: Any, store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    from tests.test_settlement import TABLE, day_ago, drain, new_board, written
+
+    name = board_name("contract-settle")
+    board = await new_board(store, name)
+    period = day_ago(2)
+    await written(board, period, name)
+    await drain(raw, store, postgres_url)
+    async with served_router(cluster.url, postgres_url=postgres_url) as served:
+        async with httpx.AsyncClient(timeout=60) as h:
+            settled = await h.post(
+                f"{served.url}/v1/boards/{name}/periods/{period}:settle",
+                json={"settlement_id": f"c-{name}", "rewards": TABLE, "top_n": 5},
+                headers=AS_ADMIN,
+            )
+            assert settled.status_code == 200, settled.text
+        async with AsyncClient(served.url, ADMIN) as client:
+            page = await client.top(name, 3, period=period)
+            winner = await client.player(name, page.entries[0].player_id, period=period)
+            live = await client.top(name, 3)
+    assert (page.settled, page.settlement_id, page.entries[0].reward) == (True, f"c-{name}", "gold")
+    assert (winner.settled, winner.settlement_id) == (True, f"c-{name}")
+    assert (live.settled, live.settlement_id, live.resets_at) == (False, None, None)
+    await store.delete(name)
+
+
+async def test_a_408_is_sent_again() -> None:
+    """408 request_timeout: the request did not arrive whole, the app never ran it (router/http.py)."""
+    answers: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answers.append(1)
+        if len(answers) == 1:
+            body = {"error": {"code": "request_timeout", "message": "body too slow", "field": None}}
+            return httpx.Response(408, json=body, headers={"connection": "close"})
+        page = {"board": "b", "period": "total", "entries": [], "as_of": "2026-11-30T05:00:00Z"}
+        return httpx.Response(200, json=page)
+
+    transport = httpx.MockTransport(handler)
+    async with AsyncClient("http://r.test", format="json", backoff=FAST, transport=transport) as client:
+        page = await client.top("b")
+    assert page.entries == [] and len(answers) == 2
