@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from tests.client_support import Served, served_router
 from tests.router_support import ADMIN, AS_ADMIN, board_name
 
 FAST = Backoff(base=0.002, cap=0.02)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +113,17 @@ async def test_a_408_is_sent_again() -> None:
     async with AsyncClient("http://r.test", format="json", backoff=FAST, transport=transport) as client:
         page = await client.top("b")
     assert page.entries == [] and len(answers) == 2
+
+
+def test_a_client_left_open_does_not_hold_the_process_at_exit() -> None:
+    """A ``Client`` never closed held the interpreter at exit for good: its portal was stopped
+    from the generator's finaliser while the loop thread could no longer answer (a client audit's
+    finding). It is closed at exit (and when collected) instead."""
+    import subprocess
+    import sys
+
+    script = (
+        "from shardlb.client import Client\nc = Client('http://127.0.0.1:1', format='json')\nprint('made')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=15, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout == b"made\n", done

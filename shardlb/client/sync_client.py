@@ -8,6 +8,7 @@ called from inside a running event loop (use ``AsyncClient`` there).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from functools import partial
@@ -31,6 +32,10 @@ class Client:
         self._exit = ExitStack()
         self._portal = self._exit.enter_context(start_blocking_portal())
         self._exit.callback(self._portal.call, self.aio.aclose)
+        # A client left open is closed when it is collected, or at exit (atexit runs while the
+        # loop's thread still does): left to the interpreter's last collection, the portal was
+        # stopped when its thread no longer ran, and the process never exited.
+        self._finalizer = weakref.finalize(self, self._exit.close)
 
     def __enter__(self) -> Client:
         return self
@@ -41,7 +46,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._exit.close()
+        self._finalizer()  # once: a second close does nothing
 
     def post_scores(
         self, board: str, results: Iterable[MatchResult], *, deadline: float | None = None
