@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from shardlb.client import AsyncClient, Backoff, InvalidRequest, MatchResult, ScoreBuffer, ScoreOutcome
@@ -127,3 +128,37 @@ def test_a_client_left_open_does_not_hold_the_process_at_exit() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=15, cwd=ROOT)
     assert done.returncode == 0 and done.stdout == b"made\n", done
+
+
+async def test_a_later_request_lost_in_transit_still_tells_what_was_applied() -> None:
+    """post_scores of more than 1000 results: the error of a later request carries the outcomes of
+    the earlier ones (``applied``), a lost connection's as an API error's (only the latter did)."""
+    from shardlb.client import TransportError
+
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:
+            scores = orjson.loads(request.content)["scores"]
+            results = [
+                {"player_id": s["player_id"], "match_id": s["match_id"], "status": "improved", "points": 1}
+                for s in scores
+            ]
+            return httpx.Response(200, json={"results": results})
+        raise httpx.ConnectError("router gone")
+
+    transport = httpx.MockTransport(handler)
+    async with AsyncClient("http://r.test", "k", format="json", backoff=FAST, transport=transport) as client:
+        with pytest.raises(TransportError) as lost:
+            await client.post_scores("b", [MatchResult(f"p{i}", 1, "m") for i in range(1500)], deadline=0.3)
+    assert len(lost.value.applied) == 1000
+
+
+def test_the_blocking_buffer_takes_the_async_buffers_deadline() -> None:
+    from shardlb.client import Client
+
+    with Client("http://127.0.0.1:1", format="json") as client:
+        buffer = client.buffer(max_scores=10, deadline=5.0)
+        assert buffer._buffer.deadline == 5.0
+        buffer.close()

@@ -238,6 +238,9 @@ class AsyncClient:
                 error = renumbered(e, functools.partial(operator.add, start))  # the caller's index
                 error.applied = outcomes
                 raise error from e
+            except ClientError as e:  # a later request lost in transit: the earlier ones were applied
+                e.applied = outcomes
+                raise
             outcomes.extend(ScoreOutcome.from_body(r) for r in body["results"])
         return outcomes
 

@@ -24,9 +24,12 @@ RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
 
 
 class ClientError(Exception):
-    """Every error the client raises. ``attempts``: how many requests the call sent."""
+    """Every error the client raises. ``attempts``: how many requests the call sent. ``applied``:
+    for a ``post_scores`` of more than one request, the outcomes of the requests before the one
+    that failed (applied; empty otherwise)."""
 
     attempts: int = 1
+    applied: list[Any] = []  # noqa: RUF012 (a read-only default; post_scores sets its own list)
 
 
 class TransportError(ClientError):
@@ -59,8 +62,6 @@ class ApiError(ClientError):
         self.request_id = request_id
         self.retry_after = retry_after
         self.attempts = attempts
-        # post_scores of more than one request: the outcomes of the requests before this one, applied.
-        self.applied: list[Any] = []
 
     @property
     def retryable(self) -> bool:

@@ -167,12 +167,21 @@ class Client:
         self._portal.call(partial(self.aio.delete_board, board, deadline=deadline))
 
     def buffer(
-        self, *, max_scores: int = 500, max_delay_ms: float = 20.0, max_in_flight: int = 4
+        self,
+        *,
+        max_scores: int = 500,
+        max_delay_ms: float = 20.0,
+        max_in_flight: int = 4,
+        deadline: float | None = None,
     ) -> BlockingScoreBuffer:
         """A ``ScoreBuffer`` for threads: each thread's ``post`` blocks until its result is applied,
-        and the results of many threads go out together."""
+        and the results of many threads go out together (the async buffer's arguments)."""
         buffer = ScoreBuffer(
-            self.aio, max_scores=max_scores, max_delay_ms=max_delay_ms, max_in_flight=max_in_flight
+            self.aio,
+            max_scores=max_scores,
+            max_delay_ms=max_delay_ms,
+            max_in_flight=max_in_flight,
+            deadline=deadline,
         )
         return BlockingScoreBuffer(self, buffer)
 
