@@ -337,8 +337,13 @@ def plan(
     )
     group_read *= c["band_store_read_factor"] if banded else 1.0
     group_read /= 1e6  # cores of each primary's group that the reads take
-    read_from, replicas, over = readers(group_read, write_cores / masters, replicas)
-    redis_cores = write_cores + group_read * masters
+    # Each replica applies its master's writes too (the same calls, replayed), on its own core: the
+    # raw run's replica CPU per write, scaled as the master's is (periods, band board, call size).
+    scaled = base_us / c["redis_master_us_per_write"] if c["redis_master_us_per_write"] else 1.0
+    replica_us = c["redis_replica_us_per_write"] * scaled * call_size_factor(c, batch)
+    replica_write = writes / masters * replica_us / 1e6
+    read_from, replicas, over = readers(group_read, write_cores / masters, replicas, replica_write)
+    redis_cores = write_cores + group_read * masters + replica_write * masters * replicas
     shards_reason = (
         f"{per_master} per master: a read pays a round trip per node and a little per shard, so "
         f"no more shards than masters need, unless a shard would pass {MAX_PLAYERS_PER_SHARD:,} players"
@@ -387,13 +392,19 @@ def router_write_us(c: dict[str, float], scores_per_request: float | None) -> fl
     return max(MIN_ROUTER_US_PER_WRITE, c["router_us_per_write"] + shift)
 
 
-def readers(group_read: float, write_share: float, replicas: int) -> tuple[str, int, bool]:
+def readers(
+    group_read: float, write_share: float, replicas: int, replica_write: float = 0.0
+) -> tuple[str, int, bool]:
     """(SHARDLB_READ_FROM, replicas per master, over budget) for a group's read cores: the primary
     alone while it has room for its writes and the reads; else the replicas serve the reads, as many
-    as their budget needs (at least ``replicas``)."""
+    as their budget needs (at least ``replicas``), each with its core's budget less what applying
+    its master's writes takes (``replica_write`` cores)."""
     if group_read + write_share <= MASTER_UTILISATION:
         return "primary", replicas, False
-    need = math.ceil(group_read / MASTER_UTILISATION)
+    room = MASTER_UTILISATION - replica_write
+    if room <= 0:
+        return "replicas", MAX_REPLICAS, True
+    need = math.ceil(group_read / room)
     return "replicas", min(MAX_REPLICAS, max(replicas, need)), need > MAX_REPLICAS
 
 
@@ -408,7 +419,8 @@ def _reads_reason(group_read: float, read_from: str, replicas: int, over: bool) 
         return f"{reason}: the primaries serve them (SHARDLB_READ_FROM=primary)"
     line = (
         f"{reason}: more than a primary has beside its writes, so {replicas} replica(s) per master serve "
-        f"them, {MASTER_UTILISATION:g} core each (SHARDLB_READ_FROM=replicas; replicas may lag)"
+        f"them, {MASTER_UTILISATION:g} core each less what applying their master's writes takes "
+        "(SHARDLB_READ_FROM=replicas; replicas may lag)"
     )
     if over:
         line += f" -- OVER BUDGET even at {MAX_REPLICAS} replicas: cache more reads in the routers"
@@ -832,7 +844,8 @@ def _model(
         f"masters = max(writes x w / {MASTER_UTILISATION:g} core, data / {_gib(MAX_DATA_PER_MASTER)})",
         f"  every read touches every primary's group: reads x (1 - {cached:g} cached) x "
         "(redis_node_us_per_read + shards per master x redis_shard_us_per_read) per group, served by the "
-        f"primary (beside its writes) or by the replicas, {MASTER_UTILISATION:g} core each",
+        f"primary (beside its writes) or by the replicas, {MASTER_UTILISATION:g} core each less "
+        "writes / masters x redis_replica_us_per_write x the master's scaling (periods, band, call size)",
         f"  {p.reasons['reads']}",
         f"  Redis CPU in all = {p.redis_cores:.2f} cores",
         f"  data = players x bytes_per_player x {memory_factor(periods):.2f} (entries per player for the "

@@ -55,7 +55,8 @@ def test_writes_and_memory_size_the_masters() -> None:
     # primaries take beside their 0.4 core of writes.
     p = plan.plan(players=1_000_000, writes=80_000, reads=100, replicas=1, periods=["total"], costs=COSTS)
     assert (p.masters, p.shards, p.read_from, p.replicas, p.reasons["masters"]) == (2, 2, "primary", 1, "CPU")
-    assert p.redis_cores == pytest.approx(0.8 + 2 * 100 * 0.7 * 120e-6)
+    # and each replica applies its master's writes: 80k x 2 us over the 2 masters' one replica each
+    assert p.redis_cores == pytest.approx(0.8 + 2 * 100 * 0.7 * 120e-6 + 80_000 * 2e-6)
     assert p.router_cores == pytest.approx(80_000 * 50e-6 + 100 * 1e-3)
     assert p.routers == 7  # 4.1 cores / 0.6
     assert p.data_bytes == pytest.approx(1_000_000 * 100 * 1.2)
@@ -467,8 +468,10 @@ def test_a_band_board_scales_the_hash_boards_costs_by_its_measured_factors(
     assert (hashed.masters, banded.masters) == (1, 1)
     group = 50_000 * 0.7 * 120e-6
     writes = 20_000 * 10e-6
-    assert hashed.redis_cores == pytest.approx(writes + group)
-    assert banded.redis_cores == pytest.approx(2 * writes + 0.5 * group)
+    replica = 20_000 * 2e-6  # what each replica spends applying its master's writes
+    assert hashed.redis_cores == pytest.approx(writes + group + replica * hashed.replicas)
+    assert banded.redis_cores == pytest.approx(2 * writes + 0.5 * group + 2 * replica * banded.replicas)
+    assert hashed.replicas == math.ceil(group / (0.5 - replica))  # each replica's room less its writes
     assert banded.router_cores == pytest.approx(20_000 * 50e-6 * 1.5 + 50_000 * 1e-3 * 0.8)
     assert banded.data_bytes == pytest.approx(10_000_000 * 250.0 * plan.FRAGMENTATION)
     assert hashed.data_bytes == pytest.approx(10_000_000 * 100.0 * plan.FRAGMENTATION)
