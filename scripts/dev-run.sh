@@ -19,6 +19,13 @@ PORT=${SHARDLB_PORT:-8000}
 BOARD=demo
 mkdir -p "$STATE"
 
+# VAR VALUE kept in dev.env (in place of an earlier value): the shell that sources it has what the
+# `shardlb` commands of README need, the cluster's and PostgreSQL's URLs with the keys.
+remember() {
+    ( umask 077; { grep -v "^$1=" "$ENV_FILE" || true; echo "$1=$2"; } >"$ENV_FILE.tmp" )
+    mv "$ENV_FILE.tmp" "$ENV_FILE"
+}
+
 # A free block of 6 ports (and their bus ports, +10000) from $1 on, never 6379.
 free_block() { "$PY" -c "from shardlb.cluster import free_port_block; print(free_port_block(6, $1))"; }
 
@@ -60,6 +67,8 @@ if [ -z "${SHARDLB_POSTGRES_URL:-}" ]; then
     SHARDLB_POSTGRES_URL=$(sed -n 's/^SHARDLB_POSTGRES_URL=//p' <<<"$pg")
 fi
 export SHARDLB_POSTGRES_URL
+remember SHARDLB_REDIS_URL "$SHARDLB_REDIS_URL"
+remember SHARDLB_POSTGRES_URL "$SHARDLB_POSTGRES_URL"
 
 # The archiver beside the router: restarted like it (the journals wait for it meanwhile).
 bash scripts/dev-stop.sh --archiver-only
