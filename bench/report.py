@@ -193,6 +193,11 @@ def request_costs(summary: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def _masters_per_write(step: dict[str, Any]) -> float | None:
+    masters, n = step.get("cpu", {}).get("cpu_s", {}).get("redis masters"), step.get("scores_written")
+    return masters / n * 1e6 if masters and n else None
+
+
 def band_costs(summary: dict[str, Any]) -> dict[str, float]:
     """A band board's costs beside the hash board of one shard per master, as ratios of this run's
     figures (bench/plan.py ``--sharding band`` scales the hash board's costs by them): store and
@@ -213,6 +218,8 @@ def band_costs(summary: dict[str, Any]) -> dict[str, float]:
     if "band" in writes and "hash" in writes:
         for part in ("store", "router"):
             a, b = writes["band"].get(f"{part}_us_per_write"), writes["hash"].get(f"{part}_us_per_write")
+            if part == "store":  # the masters' alone: it scales redis_master_us_per_write
+                a, b = _masters_per_write(writes["band"]) or a, _masters_per_write(writes["hash"]) or b
             if a and b:
                 out[f"band_{part}_write_factor"] = round(a / b, 3)
     band_bytes = summary.get("hot", {}).get("band_bytes_per_player")

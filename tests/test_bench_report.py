@@ -369,3 +369,22 @@ def test_a_goal_is_judged_on_the_unrounded_ratio_and_shown_so(summary: dict[str,
     line = next(x for x in read_goals.markdown(summary) if x.startswith("| my rank requests/s, one router"))
     if round(ours["rps"] / theirs["rps"], 2) == 1.0 and not row["met"]:
         assert "| 0.995 |" in line and "**no**" in line
+
+
+def test_the_band_write_factor_is_the_masters_as_the_cost_it_scales() -> None:
+    """bench/plan.py scales redis_master_us_per_write (masters only) by band_store_write_factor: the
+    factor is the masters' ratio, not the masters' and replicas' (a bench audit's finding: 2.344
+    where the masters gave 2.185 in the latest run)."""
+    from bench.report import band_costs
+
+    def step(masters_s: float, replicas_s: float, scores: int) -> dict[str, Any]:
+        store = (masters_s + replicas_s) / scores * 1e6
+        return {
+            "cpu": {"cpu_s": {"redis masters": masters_s, "redis replicas": replicas_s, "router": 1.0}},
+            "scores_written": scores,
+            "store_us_per_write": store,
+            "router_us_per_write": 1.0 / scores * 1e6,
+        }
+
+    summary = {"http": {"writes_band": {"hash": step(1.0, 1.0, 100_000), "band": step(3.0, 1.0, 100_000)}}}
+    assert band_costs(summary)["band_store_write_factor"] == 3.0
