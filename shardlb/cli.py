@@ -65,7 +65,11 @@ def add_cluster_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     cluster = commands.add_parser("cluster", help="start, check or stop a local Redis Cluster")
     actions = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    up = actions.add_parser("up", help="start and form the cluster (does nothing if it is already up)")
+    up = actions.add_parser(
+        "up",
+        help="start and form the cluster (nothing if it is up and healthy; a cluster that is not "
+        "--durable and has a dead node is formed afresh, its data lost)",
+    )
     up.add_argument("--masters", type=int, default=3, help="number of masters (default 3)")
     up.add_argument("--replicas", type=int, default=1, help="replicas per master (default 1)")
     up.add_argument(
