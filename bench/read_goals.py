@@ -154,6 +154,15 @@ def goals(summary: dict[str, Any]) -> list[dict[str, Any]]:
         )
         out.append(
             _goal(
+                "cached top-100 p99 ms of one router process",
+                top.get("p99_ms"),
+                5.0,
+                False,
+                f"{top['rps']:.0f} requests/s",
+            )
+        )
+        out.append(
+            _goal(
                 "cached top-100 / /healthz of the same router",
                 _ratio(top["rps"], health["rps"]),
                 0.7,

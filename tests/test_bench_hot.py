@@ -373,3 +373,14 @@ def test_the_planners_read_costs_give_back_the_http_mixs_measured_store_cpu() ->
         costs["redis_node_us_per_read"] + per_master * costs["redis_shard_us_per_read"]
     )
     assert model == pytest.approx(measured, rel=0.02)
+
+
+def test_the_cached_tops_p99_is_a_goal_of_its_own(summary: dict[str, Any]) -> None:
+    """The cached top's goal is 10,000 requests/s with a p99 under 5 ms: the rate alone was judged,
+    the p99 only printed beside it (a bench audit's finding)."""
+    assert goal(summary, "cached top-100 p99 ms")["met"] is True  # 4.0 ms in the fixture
+    for row in summary["hot"]["targets"]:
+        if row["name"].startswith("router top-100"):
+            row["p99_ms"] = 6.0
+    read_goals.finish(summary)
+    assert goal(summary, "cached top-100 p99 ms")["met"] is False
