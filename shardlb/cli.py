@@ -203,8 +203,8 @@ def cluster_down(args: argparse.Namespace) -> int:
     if not (args.dir / STATE_FILE).exists():
         print(f"no cluster state in {args.dir}: nothing to stop")
         return 0
-    LocalCluster.from_state(args.dir).down()
-    print(f"cluster in {args.dir} stopped")
+    stopped = LocalCluster.from_state(args.dir).down()
+    print(f"cluster in {args.dir}: " + (f"{stopped} nodes stopped" if stopped else "not running"))
     return 0
 
 
@@ -231,8 +231,8 @@ def postgres_up(args: argparse.Namespace) -> int:
 
 
 def postgres_down(args: argparse.Namespace) -> int:
-    LocalPostgres(args.dir).down()
-    print(f"PostgreSQL of {args.dir} stopped")
+    stopped = LocalPostgres(args.dir).down()
+    print(f"PostgreSQL of {args.dir} stopped" if stopped else f"PostgreSQL of {args.dir}: not running")
     return 0
 
 

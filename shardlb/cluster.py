@@ -254,12 +254,16 @@ class LocalCluster:
             problems.append(f"nodes that do not know exactly the {len(self.ports)} nodes: {strangers}")
         return ClusterStatus(nodes, problems)
 
-    def down(self) -> None:
-        """Stop the processes recorded in dir's state file that are still ours; remove no files."""
+    def down(self) -> int:
+        """Stop the processes recorded in dir's state file that are still ours; remove no files.
+        Returns how many were running."""
         with self._lock():
             state = read_state(self.dir)
-            if state is not None:
-                self._stop(self._live_pids(state))
+            if state is None:
+                return 0
+            alive = self._live_pids(state)
+            self._stop(alive)
+            return len(alive)
 
     def add_node(self, replicas: int = 0, timeout: float = 60.0) -> int:
         """Start one more master (and ``replicas`` replicas of it) on free ports after the last

@@ -90,10 +90,12 @@ class LocalPostgres:
         state.write_text(json.dumps({"port": self.port, "data": str(self.data)}))
         return self.url
 
-    def down(self) -> None:
-        """Stop the server if it runs; the data stays for the next ``up``."""
-        if self._running():
-            self._run(binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+    def down(self) -> bool:
+        """Stop the server if it runs (returns whether it did); the data stays for the next ``up``."""
+        if not self._running():
+            return False
+        self._run(binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+        return True
 
     def destroy(self) -> None:
         """Stop the server and remove its data."""

@@ -226,8 +226,12 @@ def test_cli_up_status_down(cluster_dir: Path, capsys: pytest.CaptureFixture[str
     assert "cluster ok" in capsys.readouterr().out
 
     assert main(["cluster", "down", *where]) == 0
+    assert "2 nodes stopped" in capsys.readouterr().out
     assert main(["cluster", "status", *where]) == 1
     assert f"node {base}: not running" in capsys.readouterr().out
+    # Again, with nothing running (`make stop` twice): said so, not "stopped" (an ops audit's finding).
+    assert main(["cluster", "down", *where]) == 0
+    assert "not running" in capsys.readouterr().out
 
 
 def test_cli_reports_a_cluster_error_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
