@@ -279,8 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             await client.aclose()
 
-    for board, removed in asyncio.run(run()).items():
+    done = asyncio.run(run())
+    for board, removed in done.items():
         print(f"{board}: {removed} inactive player(s) removed")
+    for board in args.boards:
+        if board not in done:  # named, and found, but nothing to do: said, not silent
+            print(f"{board}: no inactive_after setting; nothing to clean up")
+    if not args.boards and not done:
+        print("no board has an inactive_after setting; nothing to clean up")
     return 0
 
 

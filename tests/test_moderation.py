@@ -7,6 +7,7 @@ players, a bounded number per pass, journaled so that a rebuild agrees."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from typing import Any
 
@@ -242,8 +243,14 @@ async def test_shardlb_cleanup_runs_one_pass(
         assert await asyncio.to_thread(main, ["cleanup", config.id, "--redis", cluster_url]) == 0
         assert f"{config.id}: 1 inactive player(s) removed" in capsys.readouterr().out
         assert [e.player_id for e in await board.top(10)] == ["new"]
+        # A board named that has no inactive_after: said so (it printed nothing; an ops audit's finding).
+        plain, _ = await store.create(BoardConfig.from_dict("moderation-cli-plain", {}))
+        assert await asyncio.to_thread(main, ["cleanup", plain.config.id, "--redis", cluster_url]) == 0
+        assert "moderation-cli-plain: no inactive_after setting" in capsys.readouterr().out
     finally:
         await store.delete(config.id)
+        with contextlib.suppress(Exception):
+            await store.delete("moderation-cli-plain")
 
 
 @pytest.mark.parametrize("mode", ["best", "incr"])
