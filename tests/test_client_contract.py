@@ -162,3 +162,22 @@ def test_the_blocking_buffer_takes_the_async_buffers_deadline() -> None:
         buffer = client.buffer(max_scores=10, deadline=5.0)
         assert buffer._buffer.deadline == 5.0
         buffer.close()
+
+
+@pytest.mark.cluster
+async def test_rank_mode_is_asked_per_read(router: Served) -> None:
+    """api.md's reads take rank_mode; the client could not ask it (a client audit's finding)."""
+    name = board_name("contract")
+    async with AsyncClient(router.url, ADMIN) as client:
+        await client.put_board(name)
+        await client.post_scores(name, [MatchResult(p, 5, f"m-{p}") for p in ("a", "b", "c")])
+        unique = [e.rank for e in (await client.top(name, rank_mode="unique")).entries]
+        assert unique == [1, 2, 3]
+        mode = "competition"
+        assert [e.rank for e in (await client.top(name, rank_mode=mode)).entries] == [1, 1, 1]
+        assert [e.rank for e in (await client.entries(name, 1, 2, rank_mode=mode)).entries] == [1, 1]
+        assert [e.rank async for e in client.iter_entries(name, rank_mode=mode)] == [1, 1, 1]
+        assert (await client.player(name, "c", rank_mode=mode)).rank == 1
+        assert [e.rank for e in await client.around(name, "c", 1, rank_mode=mode)] == [1, 1]
+        assert [e.rank for e in await client.query(name, ["a", "c"], rank_mode=mode)] == [1, 1]
+        await client.delete_board(name)

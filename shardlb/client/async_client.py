@@ -253,12 +253,14 @@ class AsyncClient:
         *,
         period: str | None = None,
         region: str | None = None,
+        rank_mode: str | None = None,
         deadline: float | None = None,
     ) -> Page:
         """The best ``limit`` (1-1000) entries, from the router's cached top (``as_of`` says when it
         was read). ``period``: ``total`` (default), ``daily``, ``weekly``, ``monthly`` or a given one
-        (``daily:2026-11-30``); ``region`` limits a region board to one region."""
-        params = {"limit": limit, "period": period, "region": region}
+        (``daily:2026-11-30``); ``region`` limits a region board to one region; ``rank_mode``
+        (``unique`` or ``competition``, every read takes it) overrides the board's for this read."""
+        params = {"limit": limit, "period": period, "region": region, "rank_mode": rank_mode}
         _, body = await self._call("GET", f"/v1/boards/{_segment(board)}/top", self._end(deadline), params)
         return Page.from_body(body)
 
@@ -270,10 +272,17 @@ class AsyncClient:
         *,
         period: str | None = None,
         region: str | None = None,
+        rank_mode: str | None = None,
         deadline: float | None = None,
     ) -> Page:
         """``limit`` (1-1000) entries from rank ``offset + 1`` on, read live."""
-        params = {"offset": offset, "limit": limit, "period": period, "region": region}
+        params = {
+            "offset": offset,
+            "limit": limit,
+            "period": period,
+            "region": region,
+            "rank_mode": rank_mode,
+        }
         path = f"/v1/boards/{_segment(board)}/entries"
         _, body = await self._call("GET", path, self._end(deadline), params)
         return Page.from_body(body)
@@ -284,6 +293,7 @@ class AsyncClient:
         *,
         period: str | None = None,
         region: str | None = None,
+        rank_mode: str | None = None,
         start: int = 0,
         page_size: int = MAX_ITEMS,
         deadline: float | None = None,
@@ -295,7 +305,7 @@ class AsyncClient:
         offset = start
         while True:
             page = await self.entries(
-                board, offset, page_size, period=period, region=region, deadline=deadline
+                board, offset, page_size, period=period, region=region, rank_mode=rank_mode, deadline=deadline
             )
             for entry in page.entries:
                 yield entry
@@ -312,6 +322,7 @@ class AsyncClient:
         region: str | None = None,
         estimate: bool = False,
         max_age_ms: int | None = None,
+        rank_mode: str | None = None,
         deadline: float | None = None,
     ) -> PlayerRank:
         """A player's rank, points and percentile. ``estimate=True`` answers from the router's
@@ -325,6 +336,7 @@ class AsyncClient:
             "region": region,
             "estimate": "true" if estimate else None,
             "max_age_ms": None if max_age_ms is None else str(max_age_ms),
+            "rank_mode": rank_mode,
         }
         path = f"/v1/boards/{_segment(board)}/players/{_segment(player_id)}"
         _, body = await self._call("GET", path, self._end(deadline), params)
@@ -338,10 +350,11 @@ class AsyncClient:
         *,
         period: str | None = None,
         region: str | None = None,
+        rank_mode: str | None = None,
         deadline: float | None = None,
     ) -> list[Entry]:
         """Up to ``radius`` (0-100) entries above and below the player, the player included."""
-        params = {"radius": radius, "period": period, "region": region}
+        params = {"radius": radius, "period": period, "region": region, "rank_mode": rank_mode}
         path = f"/v1/boards/{_segment(board)}/players/{_segment(player_id)}/around"
         _, body = await self._call("GET", path, self._end(deadline), params)
         return entries_of(body)
@@ -353,6 +366,7 @@ class AsyncClient:
         *,
         period: str | None = None,
         region: str | None = None,
+        rank_mode: str | None = None,
         deadline: float | None = None,
     ) -> list[Entry]:
         """The entries of these players (a friends list) sorted by rank, with their global ranks;
@@ -362,7 +376,7 @@ class AsyncClient:
         end = self._end(deadline)
         ids = list(dict.fromkeys(player_ids))
         path = f"/v1/boards/{_segment(board)}/players:query"
-        params = {"period": period, "region": region}
+        params = {"period": period, "region": region, "rank_mode": rank_mode}  # in the query, not the body
 
         async def one(chunk: Sequence[str]) -> list[Entry]:
             _, body = await self._call("POST", path, end, params, {"player_ids": list(chunk)})

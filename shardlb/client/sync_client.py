@@ -60,9 +60,12 @@ class Client:
         *,
         period: str | None = None,
         region: str | None = None,
+        rank_mode: str | None = None,
         deadline: float | None = None,
     ) -> Page:
-        call = partial(self.aio.top, board, limit, period=period, region=region, deadline=deadline)
+        call = partial(
+            self.aio.top, board, limit, period=period, region=region, rank_mode=rank_mode, deadline=deadline
+        )
         return self._portal.call(call)
 
     def entries(
@@ -73,10 +76,18 @@ class Client:
         *,
         period: str | None = None,
         region: str | None = None,
+        rank_mode: str | None = None,
         deadline: float | None = None,
     ) -> Page:
         call = partial(
-            self.aio.entries, board, offset, limit, period=period, region=region, deadline=deadline
+            self.aio.entries,
+            board,
+            offset,
+            limit,
+            period=period,
+            region=region,
+            rank_mode=rank_mode,
+            deadline=deadline,
         )
         return self._portal.call(call)
 
@@ -86,12 +97,19 @@ class Client:
         *,
         period: str | None = None,
         region: str | None = None,
+        rank_mode: str | None = None,
         start: int = 0,
         page_size: int = MAX_ITEMS,
         deadline: float | None = None,
     ) -> Iterator[Entry]:
         pages = self.aio.iter_entries(
-            board, period=period, region=region, start=start, page_size=page_size, deadline=deadline
+            board,
+            period=period,
+            region=region,
+            rank_mode=rank_mode,
+            start=start,
+            page_size=page_size,
+            deadline=deadline,
         )
         try:
             while True:
@@ -111,6 +129,7 @@ class Client:
         region: str | None = None,
         estimate: bool = False,
         max_age_ms: int | None = None,
+        rank_mode: str | None = None,
         deadline: float | None = None,
     ) -> PlayerRank:
         call = partial(
@@ -121,6 +140,7 @@ class Client:
             region=region,
             estimate=estimate,
             max_age_ms=max_age_ms,
+            rank_mode=rank_mode,
             deadline=deadline,
         )
         return self._portal.call(call)
@@ -133,10 +153,18 @@ class Client:
         *,
         period: str | None = None,
         region: str | None = None,
+        rank_mode: str | None = None,
         deadline: float | None = None,
     ) -> list[Entry]:
         call = partial(
-            self.aio.around, board, player_id, radius, period=period, region=region, deadline=deadline
+            self.aio.around,
+            board,
+            player_id,
+            radius,
+            period=period,
+            region=region,
+            rank_mode=rank_mode,
+            deadline=deadline,
         )
         return self._portal.call(call)
 
@@ -147,10 +175,17 @@ class Client:
         *,
         period: str | None = None,
         region: str | None = None,
+        rank_mode: str | None = None,
         deadline: float | None = None,
     ) -> list[Entry]:
         call = partial(
-            self.aio.query, board, list(player_ids), period=period, region=region, deadline=deadline
+            self.aio.query,
+            board,
+            list(player_ids),
+            period=period,
+            region=region,
+            rank_mode=rank_mode,
+            deadline=deadline,
         )
         return self._portal.call(call)
 
