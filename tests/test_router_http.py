@@ -5,7 +5,9 @@ protocol: pipelined requests and a large body)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -83,6 +85,22 @@ async def test_close_sends_what_is_gathered_first_and_abort_drops_it() -> None:
     assert inner.writes == [b"before eof"] and inner.eof
 
 
+@contextlib.asynccontextmanager
+async def _serving(app: Any) -> AsyncIterator[int]:
+    """``app`` behind uvicorn with HttpToolsProtocol on a free port of 127.0.0.1; yields the port."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, http=HttpToolsProtocol, lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        await task
+
+
 @pytest.fixture
 async def served() -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -99,18 +117,8 @@ async def served() -> Any:
         )
         await send({"type": "http.response.body", "body": body})
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http=HttpToolsProtocol, lifespan="off", log_level="warning")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        await task
+    async with _serving(app) as port:
+        yield port
 
 
 async def _response(reader: asyncio.StreamReader) -> tuple[str, bytes]:
@@ -148,19 +156,11 @@ async def held() -> Any:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http=HttpToolsProtocol, lifespan="off", log_level="warning")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
-        yield sock.getsockname()[1], release
-    finally:
-        release.set()
-        server.should_exit = True
-        await task
+    async with _serving(app) as port:
+        try:
+            yield port, release
+        finally:
+            release.set()  # before the server stops: it waits for the app's tasks
 
 
 async def _answers_until_closed(reader: asyncio.StreamReader) -> tuple[int, bool]:
@@ -223,13 +223,12 @@ async def test_connections_past_the_cap_are_closed_counted_and_logged(
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, http=HttpToolsProtocol, lifespan="off", log_level="warning"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = sock.getsockname()[1]
+    async with _serving(app) as port:
+        await _four_connections(port, caplog, refused)
+
+
+async def _four_connections(port: int, caplog: pytest.LogCaptureFixture, refused: float) -> None:
+    """4 connections to a worker that keeps 2: two answered, two closed at once, counted, logged."""
     opened = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
     try:
         with caplog.at_level("WARNING", logger="shardlb.router"):
@@ -245,5 +244,3 @@ async def test_connections_past_the_cap_are_closed_counted_and_logged(
     finally:
         for _, writer in opened:
             writer.close()
-        server.should_exit = True
-        await task
