@@ -181,3 +181,29 @@ async def test_rank_mode_is_asked_per_read(router: Served) -> None:
         assert [e.rank for e in await client.around(name, "c", 1, rank_mode=mode)] == [1, 1]
         assert [e.rank for e in await client.query(name, ["a", "c"], rank_mode=mode)] == [1, 1]
         await client.delete_board(name)
+
+
+@pytest.mark.cluster
+async def test_a_buffer_holds_at_most_max_pending_results(router: Served) -> None:
+    """While the router refuses every write, results piled up in a lane without bound (a client
+    audit's finding: 19,990 held by one lane). Past ``max_pending`` unsettled results a ``post``
+    waits for room; every result still goes through once the router takes writes again."""
+    name = board_name("contract")
+    async with AsyncClient(router.url, ADMIN, backoff=FAST) as client:
+        await client.put_board(name)
+        router.faults.refuse = 1.0
+        try:
+            buffer = ScoreBuffer(client, max_scores=10, max_delay_ms=1, max_in_flight=1, max_pending=50)
+            posts = [
+                asyncio.create_task(buffer.post(name, MatchResult(f"p{i}", 1, f"m{i}"))) for i in range(400)
+            ]
+            await asyncio.sleep(0.5)
+            held = sum(len(lane.waiting) for lane in buffer._lanes.values())
+            assert held <= 50, held
+        finally:
+            router.faults.calm()
+        await buffer.close()
+        done = await asyncio.gather(*posts, return_exceptions=True)
+        assert all(isinstance(d, ScoreOutcome) for d in done), {type(d).__name__ for d in done}
+        assert (await client.get_board(name)).players == {"total": 400}
+        await client.delete_board(name)

@@ -33,6 +33,8 @@ from shardlb.client.errors import (
 )
 from shardlb.client.models import MatchResult, ScoreOutcome
 
+MAX_PENDING = 10 * MAX_ITEMS  # results a buffer holds unanswered, by default, before posts wait
+
 
 @dataclass
 class _Waiting:
@@ -58,7 +60,9 @@ class ScoreBuffer:
     it send again included; a caller waits for its batch to leave (at most ``max_delay_ms`` unless
     every request is busy) and then for that batch. ``close()``
     (or leaving ``async with``) sends everything held and waits for it. Cancelling a waiting
-    caller does not take its result back: it is sent all the same.
+    caller does not take its result back: it is sent all the same. At most ``max_pending`` results
+    (10,000 by default) are held unanswered; past that a ``post`` waits for room before its result
+    is taken (cancelled then, it was not).
     """
 
     def __init__(
@@ -69,11 +73,14 @@ class ScoreBuffer:
         max_delay_ms: float = 20.0,
         max_in_flight: int = 4,
         deadline: float | None = None,
+        max_pending: int = MAX_PENDING,
     ) -> None:
         if not 1 <= max_scores <= MAX_ITEMS:
             raise ValueError(f"max_scores must be 1 to {MAX_ITEMS}")
         if max_delay_ms < 0 or max_in_flight < 1:
             raise ValueError("max_delay_ms must be at least 0 and max_in_flight at least 1")
+        if max_pending < max_scores:
+            raise ValueError("max_pending must be at least max_scores")
         self.client = client
         self.max_scores = max_scores
         self.max_delay = max_delay_ms / 1000
@@ -82,6 +89,10 @@ class ScoreBuffer:
         self._lanes: dict[str, _Lane] = {}
         self._requests: set[asyncio.Task[None]] = set()
         self._closed = False
+        # Results held and not yet answered, all lanes: past max_pending a post waits for room, so a
+        # router that refuses writes for a while makes callers wait rather than the buffer grow.
+        self._room = asyncio.Semaphore(max_pending)
+        self._entering = 0  # posts let in before close() that wait for room
 
     async def __aenter__(self) -> ScoreBuffer:
         return self
@@ -95,7 +106,13 @@ class ScoreBuffer:
         """Add one result; returns its outcome once the request that carried it is answered."""
         if self._closed:
             raise RuntimeError("this ScoreBuffer is closed")
+        self._entering += 1
+        try:
+            await self._room.acquire()  # cancelled here, the result was never taken
+        finally:
+            self._entering -= 1
         outcome: asyncio.Future[ScoreOutcome] = asyncio.get_running_loop().create_future()
+        outcome.add_done_callback(lambda _: self._room.release())
         lane = self._lanes.setdefault(board, _Lane())
         lane.waiting.append(_Waiting(result, outcome))
         self._send_what_is_ready(board, lane)
@@ -107,8 +124,14 @@ class ScoreBuffer:
         for board, lane in self._lanes.items():
             lane.due = True
             self._send_what_is_ready(board, lane)
-        while self._requests:
-            await asyncio.gather(*self._requests, return_exceptions=True)
+        while self._requests or self._entering:
+            if self._requests:
+                await asyncio.gather(*self._requests, return_exceptions=True)
+            else:  # posts let in before closing still wait for room: theirs comes as requests end
+                await asyncio.sleep(0.001)
+            for board, lane in self._lanes.items():
+                lane.due = True
+                self._send_what_is_ready(board, lane)
 
     def _send_what_is_ready(self, board: str, lane: _Lane) -> None:
         while lane.in_flight < self.max_in_flight and (

@@ -18,7 +18,7 @@ from typing import Any
 from anyio.from_thread import start_blocking_portal
 
 from shardlb.client.async_client import MAX_ITEMS, AsyncClient
-from shardlb.client.buffer import ScoreBuffer
+from shardlb.client.buffer import MAX_PENDING, ScoreBuffer
 from shardlb.client.models import BoardInfo, Entry, MatchResult, Page, PlayerRank, ScoreOutcome
 
 
@@ -208,6 +208,7 @@ class Client:
         max_delay_ms: float = 20.0,
         max_in_flight: int = 4,
         deadline: float | None = None,
+        max_pending: int = MAX_PENDING,
     ) -> BlockingScoreBuffer:
         """A ``ScoreBuffer`` for threads: each thread's ``post`` blocks until its result is applied,
         and the results of many threads go out together (the async buffer's arguments)."""
@@ -217,6 +218,7 @@ class Client:
             max_delay_ms=max_delay_ms,
             max_in_flight=max_in_flight,
             deadline=deadline,
+            max_pending=max_pending,
         )
         return BlockingScoreBuffer(self, buffer)
 
