@@ -207,3 +207,33 @@ async def test_a_buffer_holds_at_most_max_pending_results(router: Served) -> Non
         assert all(isinstance(d, ScoreOutcome) for d in done), {type(d).__name__ for d in done}
         assert (await client.get_board(name)).players == {"total": 400}
         await client.delete_board(name)
+
+
+@pytest.mark.cluster
+async def test_a_cancelled_caller_keeps_its_room_until_its_result_is_answered(router: Served) -> None:
+    """A cancelled caller's result is still sent, so it still holds room: before, cancelling gave
+    the room back at once and the buffer held more than ``max_pending`` (a client audit's finding)."""
+    name = board_name("contract")
+    async with AsyncClient(router.url, ADMIN, backoff=FAST) as client:
+        await client.put_board(name)
+        router.faults.refuse = 1.0
+        try:
+            buffer = ScoreBuffer(client, max_scores=10, max_delay_ms=1, max_in_flight=1, max_pending=20)
+            first = [asyncio.create_task(buffer.post(name, MatchResult(f"p{i}", 1, f"m{i}"))) for i in range(20)]
+            await asyncio.sleep(0.2)
+            for caller in first:
+                caller.cancel()
+            await asyncio.gather(*first, return_exceptions=True)
+            later = [
+                asyncio.create_task(buffer.post(name, MatchResult(f"q{i}", 1, f"n{i}"))) for i in range(20)
+            ]
+            await asyncio.sleep(0.3)
+            held = sum(len(lane.waiting) for lane in buffer._lanes.values())
+            assert held <= 20 - 10, held  # one request of 10 is out, retrying
+        finally:
+            router.faults.calm()
+        await buffer.close()
+        done = await asyncio.gather(*later, return_exceptions=True)
+        assert all(isinstance(d, ScoreOutcome) for d in done), {type(d).__name__ for d in done}
+        assert (await client.get_board(name)).players == {"total": 40}
+        await client.delete_board(name)

@@ -40,6 +40,7 @@ MAX_PENDING = 10 * MAX_ITEMS  # results a buffer holds unanswered, by default, b
 class _Waiting:
     result: MatchResult
     outcome: asyncio.Future[ScoreOutcome]
+    room: asyncio.Semaphore | None  # given back once the result is answered, never before
 
 
 @dataclass
@@ -61,8 +62,9 @@ class ScoreBuffer:
     every request is busy) and then for that batch. ``close()``
     (or leaving ``async with``) sends everything held and waits for it. Cancelling a waiting
     caller does not take its result back: it is sent all the same. At most ``max_pending`` results
-    (10,000 by default) are held unanswered; past that a ``post`` waits for room before its result
-    is taken (cancelled then, it was not).
+    (10,000 by default) are held unanswered, a cancelled caller's among them until its result is
+    answered; past that a ``post`` waits for room before its result is taken (cancelled then, it
+    was not).
     """
 
     def __init__(
@@ -112,9 +114,10 @@ class ScoreBuffer:
         finally:
             self._entering -= 1
         outcome: asyncio.Future[ScoreOutcome] = asyncio.get_running_loop().create_future()
-        outcome.add_done_callback(lambda _: self._room.release())
         lane = self._lanes.setdefault(board, _Lane())
-        lane.waiting.append(_Waiting(result, outcome))
+        # The room is the result's, not the caller's: a cancelled caller's result is still sent,
+        # so its room comes back only when the result is answered.
+        lane.waiting.append(_Waiting(result, outcome, self._room))
         self._send_what_is_ready(board, lane)
         return await outcome
 
@@ -172,18 +175,18 @@ class ScoreBuffer:
                         raise
                     # Nothing of a refused request was written: its caller gets the error, as if it
                     # had posted alone, and the others go again without it.
-                    _settle(batch.pop(bad).outcome, error=_as_single(e))
+                    _settle(batch.pop(bad), error=_as_single(e))
                     continue
                 for waiting, outcome in zip(batch, outcomes, strict=True):
-                    _settle(waiting.outcome, outcome)
+                    _settle(waiting, outcome)
                 batch = []
         except ClientError as e:
             for waiting in batch:
-                _settle(waiting.outcome, error=e)
+                _settle(waiting, error=e)
         except BaseException as e:
             # Never leave a caller waiting forever, whatever went wrong (a cancelled task included).
             for waiting in batch:
-                _settle(waiting.outcome, error=e)
+                _settle(waiting, error=e)
             raise
         finally:
             lane.in_flight -= 1
@@ -191,10 +194,14 @@ class ScoreBuffer:
 
 
 def _settle(
-    future: asyncio.Future[ScoreOutcome],
+    waiting: _Waiting,
     outcome: ScoreOutcome | None = None,
     error: BaseException | None = None,
 ) -> None:
+    if waiting.room is not None:
+        waiting.room.release()
+        waiting.room = None
+    future = waiting.outcome
     if future.done():
         return  # its caller was cancelled and no longer waits
     if isinstance(error, asyncio.CancelledError):
