@@ -28,6 +28,8 @@ uvicorn's protocol bounds nothing (it keeps every header line, and waits for a b
   with the number refused since the last one: a flood of connections must not flood the log too);
 - a connection may have at most PIPELINE_MAX requests read ahead of their answers (pipelined);
   one that sends more without reading its answers is closed.
+- a request the parser cannot read is answered 400 ``malformed_request`` with the API's error body
+  (uvicorn's own answer is a plain-text page), and the connection closed.
 
 One timer per connection serves both deadlines: a request that moves on only moves the deadline,
 and the timer, when it fires early, sets itself again for the rest. These errors have the API's
@@ -340,6 +342,11 @@ class HttpToolsProtocol(_UvicornHttpTools):
         log_refused(error, request_id, "", url)
         self.transport.write(self._answer(error, self.headers or [], request_id))
         self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """What llhttp cannot parse (a control character in the path, a Content-Length that is not a
+        number, a space in a header's name) gets the API's error body, not uvicorn's plain text."""
+        self._refuse(ApiError(400, "malformed_request", "the request is not valid HTTP/1.1"))
 
     def _body_late(self) -> None:
         """The body did not arrive in time: 408 unless the app has begun its answer; then close."""

@@ -229,6 +229,29 @@ async def test_headers_past_the_cap_are_431(slow_server: Server, request_: bytes
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pytest.param(b"GET /v1/boards/b/players/a\x01b HTTP/1.1\r\nHost: x\r\n\r\n", id="control-in-path"),
+        pytest.param(b"POST /v1/boards/b/scores HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", id="length"),
+        pytest.param(b"GET /healthz HTTP/1.1\r\nBad Name: x\r\n\r\n", id="header-name"),
+    ],
+)
+async def test_a_request_that_is_not_http_gets_the_apis_400(slow_server: Server, request_: bytes) -> None:
+    """Before, uvicorn answered these with a text/plain page and no request id (an API audit's
+    finding): api.md promises the error body on every error."""
+    reader, writer = await _open(slow_server, request_)
+    try:
+        status, headers, body = await _answer(reader)
+        assert (status, _error(body)) == (400, "malformed_request")
+        assert headers["content-type"] == "application/json"
+        assert headers["x-request-id"] and headers["connection"] == "close"
+        assert await _closed(reader)
+    finally:
+        writer.close()
+
+
+@pytest.mark.cluster
 async def test_a_huge_header_line_is_cut_off_not_kept(slow_server: Server) -> None:
     """8 MiB of one header line: the router stops reading it at the cap (a 431 may or may not reach
     the client before the reset of what it was still sending) and closes the connection."""
