@@ -219,7 +219,9 @@ async def test_a_cancelled_caller_keeps_its_room_until_its_result_is_answered(ro
         router.faults.refuse = 1.0
         try:
             buffer = ScoreBuffer(client, max_scores=10, max_delay_ms=1, max_in_flight=1, max_pending=20)
-            first = [asyncio.create_task(buffer.post(name, MatchResult(f"p{i}", 1, f"m{i}"))) for i in range(20)]
+            first = [
+                asyncio.create_task(buffer.post(name, MatchResult(f"p{i}", 1, f"m{i}"))) for i in range(20)
+            ]
             await asyncio.sleep(0.2)
             for caller in first:
                 caller.cancel()

@@ -233,7 +233,9 @@ async def test_headers_past_the_cap_are_431(slow_server: Server, request_: bytes
     "request_",
     [
         pytest.param(b"GET /v1/boards/b/players/a\x01b HTTP/1.1\r\nHost: x\r\n\r\n", id="control-in-path"),
-        pytest.param(b"POST /v1/boards/b/scores HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", id="length"),
+        pytest.param(
+            b"POST /v1/boards/b/scores HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", id="length"
+        ),
         pytest.param(b"GET /healthz HTTP/1.1\r\nBad Name: x\r\n\r\n", id="header-name"),
     ],
 )
