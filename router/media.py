@@ -12,6 +12,7 @@ more than a valid request holds.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -185,13 +186,55 @@ def decode(body: bytes, content_type: str | None, empty: Any = None) -> Any:
         )
     if not body.strip() and empty is not None:
         return empty
+    packed = media in _MSGPACK_TYPES
     try:
-        if media in _MSGPACK_TYPES:
-            return msgpack.unpackb(body, raw=False, strict_map_key=True, **MSGPACK_LIMITS)
-        return orjson.loads(body)
+        if packed:
+            data = msgpack.unpackb(body, raw=False, strict_map_key=True, **MSGPACK_LIMITS)
+        else:
+            data = orjson.loads(body)
     except Exception as e:  # only decoding is inside the try: any failure is a malformed body
-        kind = "MessagePack" if media in _MSGPACK_TYPES else "JSON"
+        kind = "MessagePack" if packed else "JSON"
         raise ApiError(400, "malformed_body", f"the body is not valid {kind}: {e}") from e
+    if _may_repeat_a_key(body, data, packed):
+        _refuse_repeated_keys(body, packed)
+    return data
+
+
+def _may_repeat_a_key(body: bytes, data: Any, packed: bool) -> bool:
+    """False when no object of ``body`` can repeat a key (both decoders keep the last of a repeated
+    key without a word, so a proxy reading the first sees another request than the one applied).
+
+    Checked without decoding again, as the common case must be cheap: JSON has a colon for each
+    key and none elsewhere outside strings, so a body with a repeated key has more colons than
+    ``data`` encoded again, unless an escape (``\\u003a``) hides one. MessagePack packed again with
+    the shortest forms is as long as the body unless the body repeats a key (longer) or carries a
+    float32 (shorter: ``0xca``, the byte that begins one)."""
+    try:
+        if packed:
+            return b"\xca" in body or len(msgpack.packb(data, use_bin_type=True)) != len(body)
+        return b"\\u" in body or body.count(b":") != orjson.dumps(data).count(b":")
+    except (TypeError, ValueError):  # nested deeper than the encoders go: decode again to know
+        return True
+
+
+def _refuse_repeated_keys(body: bytes, packed: bool) -> None:
+    """Decode again, object by object: 400 naming the first key an object repeats."""
+
+    def pairs(items: list[tuple[Any, Any]]) -> dict[Any, Any]:
+        found: dict[Any, Any] = {}
+        for key, value in items:
+            if key in found:
+                raise ApiError(400, "malformed_body", f"the body repeats the key {key!r} in one object")
+            found[key] = value
+        return found
+
+    try:
+        if packed:
+            msgpack.unpackb(body, raw=False, strict_map_key=True, object_pairs_hook=pairs, **MSGPACK_LIMITS)
+        else:
+            json.loads(body, object_pairs_hook=pairs)
+    except RecursionError as e:  # deeper than the parameters' own bound (params.MAX_DEPTH) refuses
+        raise ApiError(400, "malformed_body", "the body nests too deeply") from e
 
 
 async def read_object(request: Request, limit: int, empty: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -486,6 +486,26 @@ async def test_query_and_parameter_errors(client: httpx.AsyncClient) -> None:
     assert (await client.post(query, json={"player_ids": ["a"] * 1000})).json()["entries"] == []
 
 
+async def test_a_body_that_repeats_a_key_is_400_and_writes_nothing(client: httpx.AsyncClient) -> None:
+    """Before, the last of a repeated key won: 200 and 2,000,000 points, a "best" board where a
+    proxy reading the first key saw "incr" (an API audit's finding)."""
+    name = await make_board(client)
+    body = b'{"scores": [{"player_id": "p", "points": 5, "points": 2000000, "match_id": "m"}]}'
+    r = await client.post(
+        f"/v1/boards/{name}/scores", content=body, headers={**AS_WRITER, "Content-Type": "application/json"}
+    )
+    assert_error(r, 400, "malformed_body")
+    assert_error(await client.get(f"/v1/boards/{name}/players/p"), 404, "player_not_found", "player")
+    other = board_name()
+    r = await client.put(
+        f"/v1/boards/{other}",
+        content=b'{"mode": "incr", "mode": "best"}',
+        headers={**AS_ADMIN, "Content-Type": "application/json"},
+    )
+    assert_error(r, 400, "malformed_body")
+    assert_error(await client.get(f"/v1/boards/{other}"), 404, "board_not_found", "board")
+
+
 async def test_status_codes(client: httpx.AsyncClient) -> None:
     name = await make_board(client)
     url = f"/v1/boards/{name}/scores"
