@@ -180,11 +180,14 @@ def webhook_url(value: object) -> str:
     if not isinstance(value, str) or len(value) > MAX_URL:
         raise InvalidInput(message, "webhook_url")
     try:
+        # Every part is read inside: ``host`` decodes IDNA, and an invalid A-label (``xn--``)
+        # raises there, not in the parse.
         url = httpx.URL(value)
         port = url.port
+        good = url.scheme in ("http", "https") and bool(url.host) and (port is None or 0 < port < 65536)
     except (httpx.InvalidURL, ValueError) as e:  # IDNA errors are ValueErrors
         raise InvalidInput(f"{message} ({e})", "webhook_url") from e
-    if url.scheme not in ("http", "https") or not url.host or not (port is None or 0 < port < 65536):
+    if not good:
         raise InvalidInput(message, "webhook_url")
     return value
 

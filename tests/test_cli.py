@@ -45,6 +45,17 @@ def test_settle_refuses_a_webhook_without_a_secret(
     assert "SHARDLB_WEBHOOK_SECRET" in capsys.readouterr().err
 
 
+def test_settle_refuses_a_malformed_webhook_with_a_message(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host that is not valid IDNA made `url.host` raise outside the URL check: a traceback."""
+    monkeypatch.setenv("SHARDLB_WEBHOOK_SECRET", "s")
+    argv = ["settle", "b", "daily:2026-11-30", "--id", "s1", "--rewards", "[]", "--webhook", "http://xn--/"]
+    assert main([*argv, "--redis", "redis://127.0.0.1:1", "--postgres", "postgresql://127.0.0.1:1/x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("shardlb: error: webhook_url must be") and "Traceback" not in err, err
+
+
 def test_inline_rewards_longer_than_a_file_name_are_read_as_json(capsys: pytest.CaptureFixture[str]) -> None:
     """`--rewards` is a file or JSON; JSON longer than a file name may be (255 bytes) made
     Path.is_file raise OSError (a traceback) instead of being read."""

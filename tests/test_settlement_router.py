@@ -131,6 +131,7 @@ async def test_bad_settlement_requests_are_4xx_and_pay_nothing(
                 (name, period, {**good, "rewards": {"1": "gold"}}, 422, "invalid_rewards"),
                 (name, period, {**good, "rewards": [{"rank": 0, "reward": "x"}]}, 422, "invalid_rewards"),
                 (name, period, {**good, "extra": 1}, 422, "unknown_field"),
+                (name, period, {**good, "webhook_url": "http://xn--/"}, 422, "invalid_input"),
                 (
                     name,
                     period,

@@ -374,10 +374,26 @@ async def test_the_command_delivers_to_the_stored_webhook_and_needs_the_secret(
 
 
 @pytest.mark.parametrize(
-    "url", ["http://[::1", "http://", "https:///awards", "ftp://x.test/h", "http://x.test:99999/h", 7]
+    "url",
+    [
+        "http://[::1",
+        "http://",
+        "https:///awards",
+        "ftp://x.test/h",
+        "http://x.test:99999/h",
+        7,
+        "http://xn--/",
+        "http://xn--a/",
+        "https://xn--zz-ab.test/h",
+        "http://\u2100.com/",
+        "http://\udcff/",
+        "http://\x00/",
+        "http://a.test:0/",
+    ],
 )
 def test_a_malformed_webhook_url_is_invalid_input(url: object) -> None:
-    """``http://[::1`` passed the prefix check, then httpx.InvalidURL escaped every delivery."""
+    """``http://[::1`` passed the prefix check, then httpx.InvalidURL escaped every delivery; a host
+    that is not valid IDNA (``xn--``) raised idna.IDNAError from ``url.host``, a 500."""
     with pytest.raises(InvalidInput) as e:
         Request.of({"settlement_id": "x", "rewards": TABLE, "webhook_url": url})
     assert (e.value.code, e.value.field) == ("invalid_input", "webhook_url")
