@@ -316,13 +316,11 @@ class Settler:
         return await self._store(board, name, request, order, checks)
 
     async def _begin(self, board: Board, name: str, request: Request) -> dict[str, Any] | None:
-        """Step 1: the row, inserted or compared; the stored result when it is settled already.
-        The webhook rule is Request's: the first URL stored is kept."""
+        """Step 1: the row, inserted or compared (``_compare``); the stored result when it is
+        settled already. The webhook rule is Request's: the first URL stored is kept."""
         rewards = settlement_rewards.to_json(request.rewards)
-        values = (board.config.id, board.incarnation, name, rewards, request.top_n)
         named = request.webhook_url
-        if (named or request.webhook_default) and not request.can_sign:
-            raise _unsigned(request.settlement_id)
+        _check_signable(request)
         await self.db.execute(
             "INSERT INTO settlements (settlement_id, board, incarnation, period, rewards, top_n, tie_awards, "
             "webhook_url, state) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'started') ON CONFLICT DO NOTHING",
@@ -337,12 +335,7 @@ class Settler:
                 named or request.webhook_default,
             ),
         )
-        cur = await self.db.execute(
-            "SELECT board, incarnation, period, rewards, top_n, state, result, webhook_url FROM settlements "
-            "WHERE settlement_id = %s",
-            (request.settlement_id,),
-        )
-        row = await cur.fetchone()
+        row = await self.stored(request.settlement_id)
         if row is None:
             cur = await self.db.execute(
                 "SELECT settlement_id FROM settlements WHERE board = %s AND incarnation = %s AND period = %s",
@@ -355,26 +348,8 @@ class Settler:
                 "settlement_id",
                 "period_settled",
             )
-        if tuple(row[:5]) != values:
-            raise SettlementConflict(
-                f"settlement {request.settlement_id!r} was made for another board, period, reward table "
-                "or top_n: a settlement id is used for one settlement only",
-                "settlement_id",
-            )
-        state, result, stored = row[5], row[6], row[7]
-        if named and stored and named != stored:
-            raise SettlementConflict(
-                f"settlement {request.settlement_id!r} delivers to another webhook_url: its first one is "
-                "kept (send the same one, or none)",
-                "webhook_url",
-            )
-        if named and not stored and state == "settled":
-            raise SettlementConflict(
-                f"settlement {request.settlement_id!r} was settled without a webhook: send none",
-                "webhook_url",
-            )
-        if stored and not request.can_sign:
-            raise _unsigned(request.settlement_id)
+        _compare(request, (board.config.id, board.incarnation, name, rewards, request.top_n), row)
+        state, stored, result = row[5:]
         if state == "settled":
             return dict(result)
         if not stored and (named or request.webhook_default):  # stopped before; nothing is paid yet
@@ -383,6 +358,29 @@ class Settler:
                 (named or request.webhook_default, request.settlement_id),
             )
         return None
+
+    async def stored(self, settlement_id: str) -> tuple[Any, ...] | None:
+        """The settlement row under an id, as ``_compare`` takes it (then its result), or None."""
+        cur = await self.db.execute(
+            "SELECT board, incarnation, period, rewards, top_n, state, webhook_url, result FROM settlements "
+            "WHERE settlement_id = %s",
+            (settlement_id,),
+        )
+        row = await cur.fetchone()
+        return None if row is None else tuple(row)
+
+    async def settled_season(self, board_id: str, request: Request) -> dict[str, Any] | None:
+        """The stored result of a season archive of ``board_id`` (a board it deleted) under the
+        request's id, checked against the request as a run of a settlement is (``_compare``); None
+        when there is none, as for a board that never existed."""
+        _check_signable(request)
+        await ensure_schema(self.db)
+        row = await self.stored(request.settlement_id)
+        if row is None or row[0] != board_id or row[2] != "total" or row[5] != "settled":
+            return None
+        rewards = settlement_rewards.to_json(request.rewards)
+        _compare(request, (board_id, row[1], "total", rewards, request.top_n), row)
+        return dict(row[7])
 
     async def drained(self, board: Board, name: str) -> None:
         """Step 3: wait until every result journaled before the freeze is in PostgreSQL."""
@@ -549,6 +547,39 @@ def check_report(checks: Sequence[ShardCheck]) -> dict[str, Any]:
     }
 
 
+def _compare(request: Request, values: tuple[Any, ...], row: Sequence[Any]) -> None:
+    """A request against the settlement stored under its id (``Settler.stored``'s row): ``values``
+    (board, incarnation, period, reward table, top_n) must be the row's, then the webhook rule of
+    Request holds, and a stored URL, which a run delivers to, needs the secret. One home for the
+    checks of a run (``_begin``) and of a season archive run again once its board is gone."""
+    if tuple(row[:5]) != values:
+        raise SettlementConflict(
+            f"settlement {request.settlement_id!r} was made for another board, period, reward table "
+            "or top_n: a settlement id is used for one settlement only",
+            "settlement_id",
+        )
+    named, state, stored = request.webhook_url, row[5], row[6]
+    if named and stored and named != stored:
+        raise SettlementConflict(
+            f"settlement {request.settlement_id!r} delivers to another webhook_url: its first one is "
+            "kept (send the same one, or none)",
+            "webhook_url",
+        )
+    if named and not stored and state == "settled":
+        raise SettlementConflict(
+            f"settlement {request.settlement_id!r} was settled without a webhook: send none",
+            "webhook_url",
+        )
+    if stored and not request.can_sign:
+        raise _unsigned(request.settlement_id)
+
+
+def _check_signable(request: Request) -> None:
+    """A request naming a webhook (or with a default) without the secret: refused before anything."""
+    if (request.webhook_url or request.webhook_default) and not request.can_sign:
+        raise _unsigned(request.settlement_id)
+
+
 def _unsigned(settlement_id: str) -> SettlementConflict:
     return SettlementConflict(
         f"settlement {settlement_id!r} has a webhook, whose bodies are signed: set "
@@ -590,22 +621,17 @@ async def archive_season(
 ) -> dict[str, Any]:
     """A board's season ended: settle its total (snapshot, awards) like a period, then delete the
     board (every key UNLINKed, shardlb/store.py); the settlement and its snapshot stay in PostgreSQL.
-    Run again with the same id after a crash, it finishes what is left and returns the same result."""
+    Run again with the same id after a crash, it finishes what is left and returns the same result;
+    once the board is gone, the stored result is checked against the request as any run's is."""
     async with rebuild.connected(redis_url, postgres_url) as (rebuilder, store):
         try:
             board = await store.get(board_id)
         except BoardNotFound:
             # Deleted already: by this archive (its stored result), or it never existed.
-            await ensure_schema(rebuilder.db)
-            cur = await rebuilder.db.execute(
-                "SELECT result FROM settlements WHERE settlement_id = %s AND board = %s AND period = 'total' "
-                "AND state = 'settled'",
-                (request.settlement_id, board_id),
-            )
-            row = await cur.fetchone()
-            if row is None:
+            done = await Settler(rebuilder).settled_season(board_id, request)
+            if done is None:
                 raise
-            return {**row[0], "archived": True}
+            return {**done, "archived": True}
         result = await Settler(rebuilder, step, drain_wait_s).settle(board, "total", request, season=True)
         await (delete or store.delete)(board_id)  # the router's, so that its cache forgets the board
         return {**result, "archived": True}

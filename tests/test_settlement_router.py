@@ -219,6 +219,44 @@ async def test_a_board_archived_at_season_end_keeps_its_history(
             await store.delete(name)
 
 
+async def test_an_archive_run_again_once_its_board_is_gone_is_checked_as_a_settlement(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """With the board deleted, a run again of its archive returned the stored result whenever the id,
+    board and period matched: another table or top_n was 200, and so was one naming a webhook_url
+    (its answer's webhook_url null, nothing ever delivered)."""
+    name = board_name("season-again")
+    board = await new_board(store, name)
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", 10 * i, f"{name}-m{i}", now - 1000) for i in range(1, 6)])
+        await drain(raw, store, postgres_url)
+        async with running(cluster_url, postgres_url=postgres_url, webhook_secret="s3") as (_, client):
+            body = {"settlement_id": f"season-{name}", "rewards": [{"rank": 1, "reward": "crown"}]}
+            done = await client.post(f"/v1/boards/{name}:archive", json=body, headers=AS_ADMIN)
+            assert done.status_code == 200, done.text
+            others = [
+                ({**body, "rewards": [{"ranks": [1, 5], "reward": "crown"}]}, "settlement_id"),
+                ({**body, "top_n": 3}, "settlement_id"),
+                ({**body, "webhook_url": "http://127.0.0.1:9/hook"}, "webhook_url"),
+            ]
+            for other, field in others:
+                again = await client.post(f"/v1/boards/{name}:archive", json=other, headers=AS_ADMIN)
+                error = again.json().get("error", {})
+                assert (again.status_code, error.get("code"), error.get("field")) == (
+                    409,
+                    "settlement_conflict",
+                    field,
+                ), again.text
+            same = await client.post(f"/v1/boards/{name}:archive", json=body, headers=AS_ADMIN)
+            assert same.json() == done.json()
+            stored = (await client.get(f"/v1/settlements/season-{name}", headers=AS_WRITER)).json()
+            assert stored["webhook_url"] is None
+    finally:
+        if name in {c.id for c in await store.list()}:
+            await store.delete(name)
+
+
 async def test_a_board_whose_archive_stopped_takes_no_more_results(
     store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
 ) -> None:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from router import openapi
 from shardlb import settlement_delivery
-from shardlb.board import Board
+from shardlb.board import Board, Score
 from shardlb.cli import main
 from shardlb.errors import InvalidInput, SettlementConflict
 from shardlb.rebuild import Rebuilder
@@ -336,6 +336,45 @@ async def test_over_http_a_stored_webhook_needs_the_secret_and_a_rerun_delivers_
             assert set(hook.posts) == await award_ids(db, sid) and hook.bad_signatures == 0
     finally:
         await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_an_archive_run_again_once_its_board_is_gone_needs_the_secret_for_its_webhook(
+    store: BoardStore, raw: Any, db: psycopg.AsyncConnection[Any], cluster_url: str, postgres_url: str
+) -> None:
+    """The deleted board's path compared only id, board and period: without the secret it answered
+    200 and left the deliveries pending; with another URL it answered 200 for the first one."""
+    name = board_name("hook-season")
+    board = await new_board(store, name)
+    sid = f"season-{name}"
+    try:
+        now = time.time_ns() // 1_000_000
+        await board.submit([Score(f"p{i}", 10 * i, f"{name}-m{i}", now - 1000) for i in range(1, 4)])
+        await drain(raw, store, postgres_url)
+        url = f"/v1/boards/{name}:archive"
+        with Hook() as hook:
+            body = {"settlement_id": sid, "rewards": TABLE, "webhook_url": hook.url}
+            async with running(cluster_url, postgres_url=postgres_url, webhook_secret=SECRET) as (_, client):
+                done = await client.post(url, json=body, headers=AS_ADMIN)
+                assert done.status_code == 200, done.text
+                moved = await client.post(url, json={**body, "webhook_url": hook.url + "x"}, headers=AS_ADMIN)
+                error = moved.json()["error"]
+                assert (moved.status_code, error["code"], error["field"]) == (
+                    409,
+                    "settlement_conflict",
+                    "webhook_url",
+                )
+            async with running(cluster_url, postgres_url=postgres_url) as (_, client):  # no secret
+                refused = await client.post(
+                    url, json={"settlement_id": sid, "rewards": TABLE}, headers=AS_ADMIN
+                )
+                assert (refused.status_code, refused.json()["error"]["code"]) == (
+                    409,
+                    "webhook_not_configured",
+                )
+    finally:
+        if name in {c.id for c in await store.list()}:
+            await store.delete(name)
 
 
 @pytest.mark.cluster
