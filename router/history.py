@@ -155,8 +155,9 @@ async def settled_top(
 async def settled_player(
     svc: Service, board: Board, view: ResolvedView, player_id: str, rank_mode: str = "unique"
 ) -> dict[str, Any] | None:
-    """A player's final rank in a settled period from its snapshot, or None (not settled, or the
-    player is not in the snapshot: the frozen board answers while it is kept)."""
+    """A player's final rank and percentile in a settled period from its snapshot, or None (not
+    settled, the player is not in the snapshot, or a competition read whose run of equal points
+    the snapshot does not hold whole: the frozen board answers while it is kept)."""
     done = await _lookup(svc, board, view)
     if done is None:
         return None
@@ -164,18 +165,23 @@ async def settled_player(
         found = await settlement_history.player(db, done.settlement_id, player_id)
         if found is None:
             return None
-        rank = found.rank
+        players = done.players
+        rank, ahead = found.rank, found.rank  # ``ahead``: the players with at least its points
         if rank_mode == "competition":
-            if found.rank > done.top_n:
-                # Only the snapshot's contiguous top holds a player's whole run of equal points; a
-                # rewarded rank below it is answered by the frozen board.
+            # The percentile counts the whole run of equal points (docs/design-notes.md,
+            # "Percentile"); only the snapshot's contiguous top holds a run's start, and its end
+            # only when the rank after it was kept: otherwise the frozen board answers.
+            last = None
+            if found.rank <= done.top_n:
+                last = await settlement_history.run_end(db, done.settlement_id, found, players)
+            if last is None:
                 return None
             rank = await settlement_history.run_start(db, done.settlement_id, found)
-    players = done.players
+            ahead = last
     return {
         **_entry(found, rank),
         "players": players,
-        "percentile": 100.0 * (players - found.rank) / players if players else 0.0,
+        "percentile": 100.0 * (players - ahead) / players if players else 0.0,
         "settled": True,
         "settlement_id": done.settlement_id,
     }

@@ -83,6 +83,26 @@ async def run_start(db: psycopg.AsyncConnection[Any], settlement_id: str, s: Sta
     return int(row[0]) if row and row[0] is not None else s.rank
 
 
+async def run_end(
+    db: psycopg.AsyncConnection[Any], settlement_id: str, s: Standing, players: int
+) -> int | None:
+    """The last rank of the run of equal points that ``s`` is in (the players with at least its
+    points), or None when the snapshot cannot tell: the snapshot's last row of those points is not
+    the board's last rank and the rank after it was not kept, so the run may go on past it. Points
+    fall with the rank, so every rank between two rows of equal points has those points too."""
+    cur = await db.execute(
+        "SELECT e.last, EXISTS (SELECT 1 FROM settlement_snapshots n WHERE n.settlement_id = %s "
+        "AND n.rank = e.last + 1) FROM (SELECT max(rank) AS last FROM settlement_snapshots "
+        "WHERE settlement_id = %s AND points = %s AND rank >= %s) e",
+        (settlement_id, settlement_id, s.points, s.rank),
+    )
+    row = await cur.fetchone()
+    if row is None or row[0] is None:
+        return None
+    last, next_kept = int(row[0]), bool(row[1])
+    return last if next_kept or last == players else None
+
+
 async def kept(board: Board) -> set[str]:
     """The dated periods whose keys some home shard of the board still holds (its key index)."""
     found: set[str] = set()

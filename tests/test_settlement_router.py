@@ -11,6 +11,7 @@ import pytest
 
 from shardlb import keys, times
 from shardlb.board import Score
+from shardlb.settlement import period_bounds
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running
 from tests.test_settlement import TABLE, day_ago, drain, expected_awards, new_board, written
@@ -108,6 +109,60 @@ async def test_settle_read_page_and_ack_over_http(
                 r["final"] == {period: {"rank": 1, "points": order[0][2]}} for r in settled
             )
             assert all(r["final"] == {} for r in history["results"] if period not in r["periods"])
+    finally:
+        await store.delete(name)
+
+
+async def test_a_settled_rank_and_percentile_are_the_live_ones_in_either_mode(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """The snapshot's competition percentile came from the unique rank: of two players tied for
+    first of three, one was 66.7 and the other 33.3 (live: both 33.3). A run of equal points that
+    the snapshot's top cuts (ranks 4 to 6, top_n 4) is answered by the frozen board, as live."""
+    name = board_name("settle-ties")
+    board = await new_board(store, name)
+    period = day_ago(2)
+    start, end = period_bounds(board, board.resolve(period).period)
+    points = {"a": 100, "b": 100, "c": 50, "d": 30, "e": 30, "f": 30, "g": 10}
+    try:
+        scores = [Score(p, n, f"{name}-{p}", start + 1000 * i) for i, (p, n) in enumerate(points.items())]
+        await board.submit(scores, now_ms=end - 1)
+        await drain(raw, store, postgres_url)
+
+        async def read(client: httpx.AsyncClient, mode: str) -> dict[str, tuple[Any, ...]]:
+            out = {}
+            for player in points:
+                query = {"period": period, "rank_mode": mode}
+                got = (await client.get(f"/v1/boards/{name}/players/{player}", params=query)).json()
+                out[player] = (got["rank"], got["percentile"], got.get("settled", False))
+            return out
+
+        async with running(cluster_url) as (_, client):  # no PostgreSQL: the frozen board answers
+            live = {mode: await read(client, mode) for mode in ("unique", "competition")}
+        assert [live["competition"][p][:2] for p in "abc"] == [
+            (1, 100 * 5 / 7),
+            (1, 100 * 5 / 7),
+            (3, 100 * 4 / 7),
+        ]
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            done = await settle(
+                client,
+                name,
+                period,
+                settlement_id=f"s-{name}",
+                rewards=[{"rank": 1, "reward": "gold"}],
+                top_n=4,
+            )
+            assert done.status_code == 200, done.text
+            settled = {mode: await read(client, mode) for mode in ("unique", "competition")}
+        for mode in ("unique", "competition"):
+            assert {p: got[:2] for p, got in settled[mode].items()} == {
+                p: got[:2] for p, got in live[mode].items()
+            }
+        in_top = {p for p, got in settled["unique"].items() if got[2]}
+        assert in_top == {p for p, got in settled["unique"].items() if got[0] <= 4}
+        # the tie of ranks 4 to 6 is wider than the snapshot's top: its competition reads are live
+        assert {p for p, got in settled["competition"].items() if got[2]} == {"a", "b", "c"}
     finally:
         await store.delete(name)
 
