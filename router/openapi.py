@@ -866,7 +866,12 @@ _SETTLEMENT_SCHEMAS: dict[str, Any] = {
                         "match_id": {"type": "string"},
                         "points": {"type": "integer"},
                         "achieved_at": _TIME_OUT,
-                        "periods": {"type": "array", "items": {"type": "string"}},
+                        "periods": {
+                            "type": "array",
+                            "items": {"type": "string"},
+                            "description": "the periods the result counts in: those of its time, less any "
+                            "already closed when it was posted",
+                        },
                         "final": {
                             "type": "object",
                             "description": "per settled period: the final rank and points reached",

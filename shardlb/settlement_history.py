@@ -132,10 +132,11 @@ async def player_history(
     db: psycopg.AsyncConnection[Any], board: Board, player_id: str, limit: int
 ) -> list[dict[str, Any]]:
     """The player's results on this board, latest achieved first, each with the periods it counts
-    in and, for each of those that is settled, the final rank and points the player reached there
-    (the rank is known when the player is in the snapshot)."""
+    in (those of its time that did not skip it: a period already closed when it was posted) and,
+    for each of those that is settled, the final rank and points the player reached there (the rank
+    is known when the player is in the snapshot)."""
     cur = await db.execute(
-        "SELECT match_id, points, achieved_ms FROM match_results "
+        "SELECT match_id, points, achieved_ms, skipped FROM match_results "
         "WHERE board = %s AND incarnation = %s AND player_id = %s "
         "ORDER BY achieved_ms DESC, match_id LIMIT %s",
         (board.config.id, board.incarnation, player_id, limit),
@@ -149,8 +150,9 @@ async def player_history(
     )
     final = {period: (rank, points) for period, rank, points in await cur.fetchall()}
     out = []
-    for match_id, points, achieved in results:
-        names = periods.names_at(achieved, board.config.periods, board.tz, board.config.week_start)
+    for match_id, points, achieved, skipped in results:
+        every = periods.names_at(achieved, board.config.periods, board.tz, board.config.week_start)
+        names = [n for n in every if n not in skipped]
         out.append(
             {
                 "match_id": match_id,

@@ -167,6 +167,32 @@ async def test_a_settled_rank_and_percentile_are_the_live_ones_in_either_mode(
         await store.delete(name)
 
 
+async def test_history_leaves_out_a_period_that_skipped_the_result(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """A result posted after its day closed counts in the total only (``skipped`` in PostgreSQL);
+    the history listed that day for it all the same, with the day's settled rank."""
+    name = board_name("settle-late")
+    board = await new_board(store, name)
+    period = day_ago(2)
+    start, end = period_bounds(board, board.resolve(period).period)
+    try:
+        await board.submit([Score("x", 10, f"{name}-early", start + 1000)], now_ms=end - 1)
+        await board.submit([Score("x", 40, f"{name}-late", start + 5000)])  # now: the day is closed
+        await drain(raw, store, postgres_url)
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            done = await settle(client, name, period, settlement_id=f"s-{name}", rewards=TABLE)
+            assert (done.status_code, done.json()["players"]) == (200, 1), done.text
+            history = (await client.get(f"/v1/boards/{name}/players/x/history")).json()
+        rows = {r["match_id"]: (r["periods"], r["final"]) for r in history["results"]}
+        assert rows == {
+            f"{name}-early": (["total", period], {period: {"rank": 1, "points": 10}}),
+            f"{name}-late": (["total"], {}),
+        }
+    finally:
+        await store.delete(name)
+
+
 async def test_bad_settlement_requests_are_4xx_and_pay_nothing(
     store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
 ) -> None:
