@@ -984,8 +984,8 @@ _SETTLEMENT_PATHS: dict[str, Any] = {
         "parameters": [_SETTLEMENT_ID],
         "post": {
             "operationId": "ackAwards",
-            "summary": "Addition: acknowledge paid awards (never offered again)",
-            "security": _ADMIN,
+            "summary": "Addition: acknowledge paid awards, never offered again (a write key: who pays)",
+            "security": _WRITE,
             "requestBody": {"required": True, "content": _content(_ref("AckRequest"))},
             "responses": {
                 "200": _ok("Acknowledged", "AckResult"),

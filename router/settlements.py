@@ -146,8 +146,9 @@ async def list_awards(request: Request) -> Response:
 
 
 async def ack_awards(request: Request) -> Response:
-    """Acknowledge paid awards: never offered again."""
-    svc = routes._allow(request, Scope.ADMIN)
+    """Acknowledge paid awards: never offered again. A write key does it, as it pages them: the
+    game server that pays (shardlb/settlement_delivery.py)."""
+    svc = routes._allow(request, Scope.WRITE)
     routes._query(request)
     settlement_id = check_id(request.path_params["settlement"], "settlement")
     body = await read_object(request, svc.settings.max_body_bytes)

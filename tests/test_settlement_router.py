@@ -56,12 +56,12 @@ async def test_settle_read_page_and_ack_over_http(
                 if after is None:
                     break
             assert [(a["rank"], a["player_id"], a["reward"]) for a in seen] == want
-            ack = await client.post(
-                f"/v1/settlements/{sid}/awards:ack",
-                json={"award_ids": [seen[0]["award_id"]]},
-                headers=AS_ADMIN,
-            )
-            assert ack.json() == {"settlement_id": sid, "acknowledged": 1, "already": 0}
+            # The game server that pages the awards (a write key) acknowledges them; it needed admin.
+            first_id = {"award_ids": [seen[0]["award_id"]]}
+            refused = await client.post(f"/v1/settlements/{sid}/awards:ack", json=first_id, headers=AS_READER)
+            assert refused.status_code == 403
+            ack = await client.post(f"/v1/settlements/{sid}/awards:ack", json=first_id, headers=AS_WRITER)
+            assert ack.json() == {"settlement_id": sid, "acknowledged": 1, "already": 0}, ack.text
             left = (await client.get(f"/v1/settlements/{sid}/awards", headers=AS_WRITER)).json()["awards"]
             assert [a["award_id"] for a in left] == [a["award_id"] for a in seen[1:]]
 
