@@ -261,6 +261,15 @@ class Settler:
                 "period",
                 "invalid_period",
             )
+        # No result is achieved before the epoch (the codec refuses it): a period ending by then is
+        # empty for good, and settling it would only use it up.
+        if not season and periods.end_ms(name, board.tz, c.week_start) <= c.epoch_ms:
+            raise InvalidInput(
+                f"period {periods.api_name(name)} ends by the board's epoch {times.format_ms(c.epoch_ms)}: "
+                "it holds no result",
+                "period",
+                "invalid_period",
+            )
         if not season and now < closes_at(board, name):
             raise SettlementConflict(
                 f"period {periods.api_name(name)} is not closed yet: it closes at "

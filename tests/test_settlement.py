@@ -35,7 +35,7 @@ from shardlb.errors import (
     SettlementNotFound,
 )
 from shardlb.rebuild import Rebuilder
-from shardlb.settlement import STEPS, Request, Settler, period_bounds
+from shardlb.settlement import STEPS, Request, Settler, ensure_schema, period_bounds
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 
@@ -217,6 +217,39 @@ async def test_bad_requests_pay_nothing(store: BoardStore, rebuilder: Rebuilder)
         await store.delete(board.config.id)
     with pytest.raises(BoardNotFound):
         await store.get("settle-bad")
+
+
+async def test_a_period_that_ends_by_the_board_epoch_is_invalid(
+    store: BoardStore, rebuilder: Rebuilder
+) -> None:
+    """No result can be achieved before the epoch, so such a period was settled with 0 players and its
+    settlement took the period for good. The boundary is the period's end in the board's time zone:
+    New York's 2025-12-31 ends at 05:00Z on the epoch's day and holds its first five hours."""
+    board = await new_board(
+        store,
+        "settle-epoch",
+        periods=["daily", "monthly"],
+        retention_days={"daily": 30, "monthly": 400},
+        timezone="America/New_York",
+        epoch="2026-01-01T00:00:00Z",
+    )
+    epoch = board.config.epoch_ms
+    settler = Settler(rebuilder)
+    request = Request.of({"settlement_id": "epoch-1", "rewards": TABLE})
+    await ensure_schema(rebuilder.db)  # for the lookup below, when no settlement ran before
+    try:
+        for period in ("daily:1900-01-01", "daily:2025-12-30", "monthly:1969-12", "monthly:2025-11"):
+            with pytest.raises(InvalidInput) as e:
+                await settler.settle(board, period, request)
+            assert (e.value.code, e.value.field) == ("invalid_period", "period"), period
+        for period in ("daily:2025-12-31", "monthly:2025-12"):  # open at the epoch: may hold results
+            with pytest.raises(SettlementConflict) as conflict:
+                await settler.settle(board, period, request, now_ms=epoch)
+            assert conflict.value.code == "period_open"
+        with pytest.raises(SettlementNotFound):
+            await settlement_delivery.get(rebuilder.db, "epoch-1")
+    finally:
+        await store.delete(board.config.id)
 
 
 async def test_a_drifting_board_stops_the_settlement_unless_forced(

@@ -208,6 +208,7 @@ async def test_bad_settlement_requests_are_4xx_and_pay_nothing(
                 (name, day_ago(0), good, 409, "period_open"),
                 (name, "daily:2026-02-30", good, 422, "invalid_period"),
                 (name, "total", good, 422, "invalid_period"),
+                (name, "daily:1900-01-01", good, 422, "invalid_period"),  # before the board's epoch
                 ("no-such-board", period, good, 404, "board_not_found"),
                 (name, period, {**good, "rewards": {"1": "gold"}}, 422, "invalid_rewards"),
                 (name, period, {**good, "rewards": [{"rank": 0, "reward": "x"}]}, 422, "invalid_rewards"),
