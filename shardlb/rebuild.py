@@ -19,6 +19,10 @@ For each home shard, one after another (the design and its reasons: docs/design-
    swap is forced, and the few results written between the last attempt and the swap are applied to
    the live keys right after it, each once, except the results of players a removal journaled since
    the swap wiped on the live keys (rebuild.lua reads those delete entries in that same call).
+   ``swap`` first checks every temporary key's size against what was filled (a failover can lose
+   the fill while the journal stays at X, and a missing key would unlink a live board); when one
+   differs it changes nothing but drop them, and the shard is filled again from step 1
+   (``FILL_TRIES`` times, then ClusterUnavailable).
 
 Before step 1, ``refill`` puts back the shard's retry records of the dedup window (``RetryRecords``:
 an incr board's dedup sets, a best or set board's pins) that a loss of Redis took, so a result sent
@@ -28,6 +32,7 @@ from the rebuilt totals (``rebuild_bands``).
 
 from __future__ import annotations
 
+import itertools
 import re
 import secrets
 import time
@@ -49,7 +54,7 @@ from shardlb.bands import Move
 from shardlb.board import GONE, MOVED, QUARTER_HOUR_MS, Board
 from shardlb.config import PIN_SPAN, BoardConfig, stored_settings
 from shardlb.connection import Script, Scripts, connect
-from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput
+from shardlb.errors import BoardConflict, BoardNotFound, ClusterUnavailable, InvalidInput
 from shardlb.journal import Applied, Entry, decode
 from shardlb.store import BoardStore
 
@@ -57,6 +62,7 @@ Id = tuple[int, int]  # a journal entry id, (ms, seq): ordered as Redis orders t
 SEQ_MAX = 2**64 - 1
 TMP_TTL_MS = 3_600_000
 SWAP_TRIES = 50
+FILL_TRIES = 3  # fills of a shard's temporary keys before a rebuild gives up (see rebuild_shard)
 PAGE = 2000
 DAY_MS = 86_400_000
 # A result sent without achieved_at was given its arrival as its time; the journal does not say which
@@ -384,21 +390,54 @@ class Rebuilder:
             self._refilled.discard(prefix)
         else:
             retries = await self.refill(board, shard)
+        report = ShardReport(shard, retries=retries)
+        for _ in range(FILL_TRIES):
+            pairs = await self._fill_and_swap(board, shard, wanted, report)
+            if pairs is not None:
+                break
+            self.progress(
+                f"{board.config.id} shard {shard + 1}/{board.layout.physical}: its temporary keys were "
+                "lost before the swap (a failover?); filling them again"
+            )
+            report.retries += await self.refill(board, shard)  # lost with them, if as recent
+        else:
+            raise _lost(board, shard)
+        counted = "total" if wanted("total") else next(iter(sorted(pairs)), "total")
+        report.players = int(await self.client.zcard(keys.period_key(prefix, counted)))
+        report.seconds = time.perf_counter() - start
+        self.progress(
+            f"{board.config.id} shard {shard + 1}/{board.layout.physical}: {report.players} players, "
+            f"{report.rows} results from PostgreSQL, {report.journal} from the journal, "
+            f"{report.retries} retry records, swapped on try {report.tries}, {report.seconds:.2f}s"
+        )
+        return report
+
+    async def _fill_and_swap(
+        self, board: Board, shard: int, wanted: Callable[[str], bool], report: ShardReport
+    ) -> dict[str, str] | None:
+        """Steps 1-4 once: the temporary keys (period -> key) swapped in, or None when the swap
+        found one of them not as filled (lost in a failover, or expired: swap changed nothing)."""
+        prefix = board.prefixes[shard]
         fold = Fold(board, wanted)
         snap = await self.snapshot(board, shard, fold)
         token = secrets.token_hex(4)
         names = set(fold.boards) | await self._live_periods(prefix, wanted)
+        sizes = dict.fromkeys(names, 0)
         for name in fold.boards:
-            await self._fill(f"{prefix}tmp:{token}:{name}", fold.scores(name))
+            scores = fold.scores(name)
+            sizes[name] = len(scores)
+            await self._fill(f"{prefix}tmp:{token}:{name}", scores)
         fold.boards = {}  # the temporary keys hold them now
-        report = ShardReport(shard, rows=snap.rows, journal=snap.journal, retries=retries)
+        report.rows, report.journal = snap.rows, snap.journal
         pairs = {name: f"{prefix}tmp:{token}:{name}" for name in sorted(names)}
         mark, items = snap.mark, list[Any]()
         await self.check_layout(board)  # a reshard recorded since the rebuild began: refused now
-        while True:
+        for tries in itertools.count(1):
             report.tries += 1
-            force = report.tries > self.swap_tries
-            status, last = await self._call(board, shard, "swap", pairs, mark.last, force, items)
+            force = tries > self.swap_tries
+            status, last = await self._call(board, shard, "swap", pairs, mark.last, force, items, sizes)
+            if status == "lost":
+                return None
             if last == mark.last:
                 break
             # Written meanwhile: results after the snapshot's position, up to the journal's new end,
@@ -416,17 +455,10 @@ class Rebuilder:
                 break
             for r in new:
                 for name in fold.names(r):
-                    pairs.setdefault(name, f"{prefix}tmp:{token}:{name}")
+                    if name not in pairs:  # applied to a key the swap creates: nothing filled
+                        pairs[name], sizes[name] = f"{prefix}tmp:{token}:{name}", 0
             items = [*items, *removals, *self._items(fold, new, pairs)]
-        counted = "total" if wanted("total") else next(iter(sorted(pairs)), "total")
-        report.players = int(await self.client.zcard(keys.period_key(prefix, counted)))
-        report.seconds = time.perf_counter() - start
-        self.progress(
-            f"{board.config.id} shard {shard + 1}/{board.layout.physical}: {report.players} players, "
-            f"{report.rows} results from PostgreSQL, {report.journal} from the journal, "
-            f"{report.retries} retry records, swapped on try {report.tries}, {report.seconds:.2f}s"
-        )
-        return report
+        return pairs
 
     async def rebuild_bands(self, board: Board) -> list[ShardReport]:
         """Rebuild a band board's band shards from its home shards' totals (and versions).
@@ -455,13 +487,22 @@ class Rebuilder:
             versions.update(seen[home])
         reports = []
         for band in range(board.config.sharding.shards, layout.physical):
-            prefix, token = board.prefixes[band], secrets.token_hex(4)
-            total, ver = f"{prefix}tmp:{token}:total", f"{prefix}tmp:{token}:ver"
-            await self._fill(total, members[band])
-            await self._fill(ver, versions, hash=True)
-            targets = [(total, keys.period_key(prefix, "total"), 0), (ver, keys.version_key(prefix), 0)]
-            await self._swap_keys(prefix, targets)
-            reports.append(ShardReport(band, players=len(members[band]), tries=1))
+            prefix, report = board.prefixes[band], ShardReport(band, players=len(members[band]))
+            for _ in range(FILL_TRIES):
+                token = secrets.token_hex(4)
+                total, ver = f"{prefix}tmp:{token}:total", f"{prefix}tmp:{token}:ver"
+                await self._fill(total, members[band])
+                await self._fill(ver, versions, hash=True)
+                targets = [
+                    (total, keys.period_key(prefix, "total"), 0, len(members[band])),
+                    (ver, keys.version_key(prefix), 0, len(versions)),
+                ]
+                report.tries += 1
+                if (await self._swap_keys(prefix, targets))[0] != "lost":
+                    break
+            else:
+                raise _lost(board, band)
+            reports.append(report)
         for home in homes:
             prefix = board.prefixes[home]
             now = await self._versions(prefix)
@@ -766,35 +807,40 @@ class Rebuilder:
         expected: str,
         force: bool,
         items: Sequence[Any],
+        sizes: dict[str, int] | None = None,
     ) -> tuple[str, str]:
-        """rebuild.lua's ``swap`` (targets: the temporary keys) or ``apply`` (the live keys)."""
+        """rebuild.lua's ``swap`` (targets: the temporary keys, each of its size in ``sizes``) or
+        ``apply`` (the live keys)."""
         prefix = board.prefixes[shard]
         targets = [
-            (target, keys.period_key(prefix, name), period_expiry(board, name))
+            (target, keys.period_key(prefix, name), period_expiry(board, name), (sizes or {}).get(name, -1))
             for name, target in pairs.items()
         ]
         if op == "apply":
-            targets = [(live, live, expiry) for _, live, expiry in targets]
+            targets = [(live, live, expiry, -1) for _, live, expiry, _ in targets]
         return await self._swap_keys(prefix, targets, op, board, expected, force, items)
 
     async def _swap_keys(
         self,
         prefix: str,
-        targets: Sequence[tuple[str, str, int]],
+        targets: Sequence[tuple[str, str, int, int]],
         op: str = "swap",
         board: Board | None = None,
         expected: str = "",
         force: bool = True,
         items: Sequence[Any] = (),
     ) -> tuple[str, str]:
+        """rebuild.lua's ``swap`` or ``apply`` of ``targets``: (target, live key, expiry, the size the
+        target was filled to, -1 for none: ``apply``). Returns (status, the journal's last id); the
+        status of a swap is "lost" when a target is not as filled (it changed nothing)."""
         c = None if board is None else board.codec
         header = [
             board.config.mode if board else "best", c.time_bits if c else 0, c.points_max if c else 0,
             c.order if c else "desc", c.tiebreak if c else "earliest", expected, int(force),
-            [expiry for _, _, expiry in targets],
+            [expiry for _, _, expiry, _ in targets], [size for _, _, _, size in targets],
         ]  # fmt: skip
         names = [keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix)]
-        for target, live, _ in targets:
+        for target, live, _, _ in targets:
             names += [target, live]
         status, last = await self._script(names, [op, msgpack.packb(header), msgpack.packb(list(items))])
         return _text(status), _text(last)
@@ -835,6 +881,15 @@ def _resharding(board: Board) -> BoardConflict:
     return BoardConflict(
         f"board {board.config.id!r} is being resharded: rebuild or reconcile it once that is over "
         f"(shardlb reshard {board.config.id} --status; --resume finishes one left half done)",
+        "board",
+    )
+
+
+def _lost(board: Board, shard: int) -> ClusterUnavailable:
+    return ClusterUnavailable(
+        f"board {board.config.id!r} shard {shard}: the rebuild's temporary keys were lost before the "
+        f"swap {FILL_TRIES} times (failovers?); nothing was swapped in. Rebuild it again once the "
+        "cluster is stable",
         "board",
     )
 

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import random
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -23,7 +23,7 @@ from shardlb.board import Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
-from shardlb.errors import BoardConflict
+from shardlb.errors import BoardConflict, ClusterUnavailable
 from shardlb.rebuild import Rebuilder
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
@@ -202,6 +202,81 @@ async def test_a_rebuild_under_writes_loses_and_doubles_nothing(
             await asyncio.gather(*tasks, archiving)
         await a.db.close()
         await own.aclose()
+        await store.delete(config.id)
+
+
+def lose(raw: Any, how: str) -> Callable[[str, dict[str, int]], Awaitable[Any]]:
+    """What a failover between the fill and the swap does to a temporary key that never reached the
+    promoted replica (or reached it in part): gone, one member short, or one hash field short."""
+    if how == "key":
+        return lambda key, _: raw.delete(key)
+    if how == "member":
+        return lambda key, members: raw.zrem(key, next(iter(members)))
+    return lambda key, members: raw.hdel(key, next(iter(members)))
+
+
+@pytest.mark.parametrize(("strategy", "how"), [("hash", "key"), ("hash", "member"), ("band", "field")])
+async def test_temporary_keys_lost_before_the_swap_are_filled_again(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, strategy: str, how: str
+) -> None:
+    """A durability audit's finding: a failover between the fill and the swap (the fill written on
+    the master, never replicated to the replica promoted) left the temporary keys missing or short
+    while the journal was still at the snapshot's position; the swap took a missing key for a period
+    with no player and unlinked the live board (or swapped in a partial one), and the rebuild said
+    ok. The swap now checks each temporary key's size against what was filled (sorted sets and the
+    band shards' version hashes), and the rebuild fills again from a new snapshot."""
+    config = BoardConfig.from_dict(
+        f"rebuild-lost-{strategy}-{how}", {"periods": ["daily"], "sharding": sharding(strategy, 3)}
+    )
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    real_fill, dropped = rebuilder._fill, []
+
+    async def fill(key: str, members: dict[str, int], hash: bool = False) -> None:
+        await real_fill(key, members, hash)
+        if not dropped and members and hash == (how == "field"):
+            await lose(raw, how)(key, members)
+            dropped.append(key)
+
+    try:
+        w = Writer(board, f"lost/{strategy}/{how}")
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        await w.batch()
+        rebuilder._fill = fill  # type: ignore[method-assign]
+        reports = await rebuilder.rebuild(board)
+        assert dropped
+        await check(board, w.ref)
+        players = set(w.ref.boards["total"])
+        for prefix in board.prefixes[config.sharding.shards :]:  # every band shard knows every version
+            assert {p.decode() for p in await raw.hkeys(keys.version_key(prefix))} == players
+        assert sum(r.tries for r in reports) == len(reports) + 1  # the lost swap, then the good one
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_a_rebuild_whose_temporary_keys_keep_being_lost_changes_nothing(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
+) -> None:
+    """Filled again a bounded number of times, then refused with the live board left as it was."""
+    config = BoardConfig.from_dict("rebuild-lost-always", {"sharding": sharding("hash", 1)})
+    board, _ = await store.create(config)
+    real_fill = rebuilder._fill
+
+    async def fill(key: str, members: dict[str, int], hash: bool = False) -> None:
+        await real_fill(key, members, hash)
+        await raw.delete(key)
+
+    try:
+        await board.submit([Score(f"p{i}", i, f"m{i}", times.now_ms()) for i in range(1, 11)])
+        rebuilder._fill = fill  # type: ignore[method-assign]
+        with pytest.raises(ClusterUnavailable, match="temporary keys"):
+            await rebuilder.rebuild(board)
+        assert await board.size(board.resolve("total")) == 10
+        assert not await raw.keys(f"{board.prefixes[0]}tmp:*")
+    finally:
         await store.delete(config.id)
 
 

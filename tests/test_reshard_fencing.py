@@ -263,7 +263,7 @@ async def test_rebuild_lua_refuses_a_shard_a_reshard_has_marked(
     temporary, live = f"{prefix}tmp:test:total", keys.period_key(prefix, "total")
     await store.client.zadd(temporary, {"intruder": 1})
     with pytest.raises(BoardConflict, match="resharded"):
-        await rebuilder._swap_keys(prefix, [(temporary, live, 0)], "swap", board, "", True, [])
+        await rebuilder._swap_keys(prefix, [(temporary, live, 0, 1)], "swap", board, "", True, [])
     assert await store.client.zscore(live, "intruder") is None
     assert await Resharder(store, board.config.id, say=lambda _: None).cancel() == "cancelled"
 

@@ -5,11 +5,13 @@
 -- ARGV[1]    'mark', 'swap' or 'apply'
 --   mark:  returns {last-generated journal id ('0-0' for no journal), id of its first entry ('' for
 --          none: the archiver trims the journal from the start), TIME seconds, TIME micros}
---   swap:  if the journal's last-generated id is still ARGV[2]'s `expected` (or `force` is 1):
---          apply ARGV[3]'s results to the targets, then RENAME every target that exists over its
---          live key (and UNLINK a live key whose target does not exist), registering each in the
---          key index with its expiry as write.lua does. Otherwise change nothing. Returns
---          {'ok' or 'moved', last-generated id}.
+--   swap:  if a target's size (ZCARD, HLEN for a hash; 0 when it does not exist) is not its `size`
+--          in ARGV[2], UNLINK every target and return {'lost', last-generated id}: the caller fills
+--          them again. Else if the journal's last-generated id is still `expected` (or `force` is
+--          1): apply ARGV[3]'s results to the targets, then RENAME every target that exists over
+--          its live key (and UNLINK a live key whose target does not exist: filled with nobody),
+--          registering each in the key index with its expiry as write.lua does. Otherwise change
+--          nothing. Returns {'ok' or 'moved', last-generated id}.
 --   apply: apply ARGV[3]'s results to the targets (the live keys themselves) and register them;
 --          unless `force` is 1, leaving out the players of the delete entries journaled after
 --          `expected` (a removal since wiped them on the live keys; their results would come back).
@@ -26,7 +28,8 @@
 --          the marker write.lua gives a new board ("<span>:0"); with pin hashes of before it is left
 --          to write.lua (one window past). Returns {'ok', ''}.
 -- ARGV[2]    MessagePack: mode, time_bits, points_max, order, tiebreak, expected id, force,
---            {expiry ms of each pair's live key, 0 = never}
+--            {expiry ms of each pair's live key, 0 = never}, {size of each pair's target as filled
+--            (swap; -1 for apply)}
 -- ARGV[3]    MessagePack, flat: per result and period, player, score, points, time_units, pair number;
 --            pair number 0 removes the player from every target (a removal, shardlb/moderation.py)
 -- The results are applied with write.lua's rules (best: the higher score; set: the later time, ties
@@ -115,9 +118,27 @@ end
 
 local h = cmsgpack.unpack(ARGV[2])
 local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
-local expected, force, expiry = h[6], h[7], h[8]
+local expected, force, expiry, sizes = h[6], h[7], h[8], h[9]
 local tmax = T - 1
 local last = last_id(KEYS[3])
+-- Every target as filled before any is renamed. The fill is acknowledged by the master alone: a
+-- failover between the fill and this call can promote a replica that has none of it, or a prefix
+-- of its commands (so a short count), while the journal still says nothing moved; an expired
+-- target (its TTL) is short too. A missing target would unlink a live board that has players.
+if op == 'swap' then
+  local lost = false
+  for i = 1, npairs do
+    local target = KEYS[2 + 2 * i]
+    local kind, size = redis.call('TYPE', target)['ok'], 0
+    if kind == 'zset' then size = redis.call('ZCARD', target)
+    elseif kind == 'hash' then size = redis.call('HLEN', target) end
+    if size ~= sizes[i] then lost = true end
+  end
+  if lost then
+    for i = 1, npairs do redis.call('UNLINK', KEYS[2 + 2 * i]) end
+    return {'lost', last}
+  end
+end
 if op == 'swap' and last ~= expected and force == 0 then
   return {'moved', last}
 end
