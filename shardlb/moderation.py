@@ -50,6 +50,7 @@ from shardlb.store import BoardStore
 REFUSED = {"banned": "banned", "points": "points_limit", "rate": "rate_limit"}
 ALL = "*"  # the scope of a ban on every board
 MAX_BANS = 1_000_000  # bans kept at once: every router holds the whole list in memory
+BANS_PAGE = 2000  # bans written back per HSET by a restore
 REASON_MAX = 500
 STALE_TRIES = 10  # key-index reads before a removal gives up (a period begins at most every day)
 SHARDS_IN_FLIGHT = 16
@@ -400,6 +401,27 @@ class Bans:
         gone = bool(await self.client.hdel(keys.BANS, ban_field(board, player)))
         await self.client.incr(keys.BANS_VERSION)
         return gone or cur.rowcount > 0
+
+    async def restore(self, db: psycopg.AsyncConnection[Any]) -> int:
+        """Write every ban PostgreSQL holds into Redis and bump the version (routers reload the
+        list): after a loss of Redis the list is empty and routers would take banned players'
+        results again (``Rebuilder.restore``). PostgreSQL's records go over Redis's, as in ``add``,
+        so it is idempotent. A ban lifted during the call may come back in Redis (not in
+        PostgreSQL): lift it again. Returns how many bans it wrote."""
+        async with db.transaction():
+            cur = await db.execute(
+                "SELECT player_id, board, reason, banned_by, (extract(epoch FROM banned_at) * 1000)::bigint "
+                "FROM bans"
+            )
+            rows = await cur.fetchall()
+        for i in range(0, len(rows), BANS_PAGE):
+            records: dict[Any, bytes] = {
+                ban_field(board, player): orjson.dumps({"reason": reason, "by": by, "at": int(at_ms)})
+                for player, board, reason, by, at_ms in rows[i : i + BANS_PAGE]
+            }
+            await self.client.hset(keys.BANS, mapping=records)
+        await self.client.incr(keys.BANS_VERSION)
+        return len(rows)
 
     async def version(self) -> int:
         return int(await self.client.get(keys.BANS_VERSION) or 0)

@@ -532,7 +532,11 @@ class Rebuilder:
         """Put every board that PostgreSQL knows and the registry lacks back in the registry, with
         its incarnation (a total loss of Redis); return the boards to rebuild. A board whose id the
         registry holds under another incarnation, or that Redis says was deleted (its first shard's
-        marker, or the board's deletion mark, which any layout leaves), is left out."""
+        marker, or the board's deletion mark, which any layout leaves), is left out. The bans go back
+        first (``Bans.restore``), so routers refuse banned players' results from the first write to
+        a board restored."""
+        restored = await moderation.Bans(self.client).restore(self.db)
+        self.progress(f"bans: {restored} written back from PostgreSQL")
         async with self.db.transaction():
             cur = await self.db.execute(
                 "SELECT DISTINCT ON (board) board, incarnation, settings FROM boards "

@@ -25,7 +25,7 @@ from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import HOUR, sharding
 from tests.test_board_retries import fail_band_once
-from tests.test_rebuild import Writer, archiver, check, damage, drain
+from tests.test_rebuild import Writer, archiver, check, damage, drain, own_archive
 
 pytestmark = pytest.mark.cluster
 
@@ -188,6 +188,48 @@ async def test_a_ban_retried_after_it_was_half_stored_reaches_the_routers(
     finally:
         await bans.lift(db, ban.player, ban.board, "test", "cleanup", None)
         await db.close()
+
+
+async def test_bans_come_back_after_a_total_loss(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A durability audit's finding: bans lived in Redis only as they were made, and `rebuild --all`
+    never put them back from PostgreSQL; after a total loss the routers loaded an empty list and
+    took a banned player's results again. The restore now writes every ban back and moves the
+    version (routers reload the list when it changes)."""
+    config = BoardConfig.from_dict("moderation-ban-loss", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    bans = moderation.Bans(store.client)
+    now = times.now_ms()
+    kept = [
+        moderation.Ban("cheat", moderation.ALL, "aimbot", "admin", now),
+        moderation.Ban("smurf", config.id, "", "admin", now),
+    ]
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, store, url)
+        try:
+            await board.submit(
+                [Score("cheat", 90, "m1", now - 60_000), Score("fair", 40, "m2", now - 60_000)]
+            )
+            for ban in kept:
+                await bans.add(a.db, ban, None)
+            await drain(a)
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            assert await bans.all() == [] and await bans.version() == 0  # what a router loads now
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
+            assert await asyncio.to_thread(main, command) == 0
+            assert await bans.all() == kept
+            assert await bans.version() > 0
+            rebuilt = await store.get(config.id)
+            assert [e.player_id for e in await rebuilt.top(10)] == ["fair"]
+            assert await asyncio.to_thread(main, command) == 0  # again: the same list
+            assert await bans.all() == kept
+        finally:
+            for ban in kept:  # the list is the cluster's, shared by the suite's tests
+                await bans.lift(a.db, ban.player, ban.board, "test", "cleanup", None)
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
 
 
 async def test_the_inactive_cleanup_removes_exactly_the_stale_players_a_bounded_number_per_pass(
