@@ -19,7 +19,7 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
 - **Inactive players** (``cleanup``): boards with ``inactive_after`` keep a per-shard activity set
   (player -> last applied post, written by write.lua); a pass removes at most ``limit`` players per
   shard whose last post is older, each removal checked against the set inside remove.lua (a player
-  who posts meanwhile stays).
+  who posts meanwhile stays). A rebuild puts the set back (``Rebuilder.recall_activity``).
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ For each home shard, one after another (the design and its reasons: docs/design-
 Before step 1, ``refill`` puts back the shard's retry records of the dedup window (``RetryRecords``:
 an incr board's dedup sets, a best or set board's pins) that a loss of Redis took, so a result sent
 again after the rebuild is answered as before the loss. Band boards then rebuild their band shards
-from the rebuilt totals (``rebuild_bands``).
+from the rebuilt totals (``rebuild_bands``). After the swap, a board with ``inactive_after`` gets its
+activity set back from the snapshot (``recall_activity``).
 """
 
 from __future__ import annotations
@@ -211,6 +212,10 @@ class RetryRecords:
             return
         self._put(keys.removals_key(self.prefix), 2, at_ms + self.window, player_id, units)
 
+    def arrived(self, player_id: str, at_ms: int) -> None:
+        """The activity set's entry of ``player_id`` (``Rebuilder.recall_activity``)."""
+        self._put(keys.activity_key(self.prefix), 3, 0, player_id, at_ms)
+
     def add(self, arrived_ms: int, match_id: str, player_id: str, units: int) -> None:
         member = f"{match_id}\x00{player_id}"
         if self.incr:
@@ -261,6 +266,8 @@ class Snapshot(NamedTuple):
     mark: Mark
     rows: int  # results taken from PostgreSQL
     journal: int  # results taken from the journal
+    # inactive_after boards: player -> the latest arrival of their results (their journal ids' time)
+    arrivals: dict[str, int]
 
 
 @dataclass
@@ -458,7 +465,21 @@ class Rebuilder:
                     if name not in pairs:  # applied to a key the swap creates: nothing filled
                         pairs[name], sizes[name] = f"{prefix}tmp:{token}:{name}", 0
             items = [*items, *removals, *self._items(fold, new, pairs)]
+        await self.recall_activity(board, shard, snap.arrivals)
         return pairs
+
+    async def recall_activity(self, board: Board, shard: int, arrivals: dict[str, int]) -> None:
+        """Put back the shard's activity set (write.lua's, on inactive_after boards: player -> the
+        time of their last applied result, which the inactive cleanup reads) from ``arrivals``, with
+        ZADD GT: a later post's time stays. Without it a player idle before a loss of Redis was
+        never cleaned up."""
+        prefix = board.prefixes[shard]
+        records = RetryRecords(board, prefix, times.now_ms())
+        for player, at_ms in arrivals.items():
+            records.arrived(player, at_ms)
+            if len(records) >= PAGE:
+                await self._recall(prefix, records)
+        await self._recall(prefix, records)
 
     async def rebuild_bands(self, board: Board) -> list[ShardReport]:
         """Rebuild a band board's band shards from its home shards' totals (and versions).
@@ -583,21 +604,32 @@ class Rebuilder:
         # Removed players' results journaled before the removal, and banned players', are left out
         # (PostgreSQL's own removals and bans are left out by the query in _rows).
         kept = _kept(_cuts(entries), await moderation.banned_in(self.db, board.config.id))
-        for r in (r for entry in entries for r in entry.results if kept(parse_id(entry.id), r)):
+        arrivals: dict[str, int] = {}
+        active = board.config.inactive_after is not None
+
+        def arrived(i: Id, r: Applied) -> None:
+            if active and arrivals.get(r.player_id, -1) < i[0]:
+                arrivals[r.player_id] = i[0]
+
+        for i, r in ((parse_id(e.id), r) for e in entries for r in e.results):
+            if not kept(i, r):
+                continue
+            arrived(i, r)
             if incr:
                 if (r.match_id, r.player_id) in seen:
                     continue  # applied again after the dedup window: PostgreSQL counts it once too
                 seen.add((r.match_id, r.player_id))
             fold.add(r)
             journal += 1
-        for r in (
-            r for i, r in await self._rows(board, shard, None, mark.position if incr else None) if kept(i, r)
-        ):
+        for i, r in await self._rows(board, shard, None, mark.position if incr else None):
+            if not kept(i, r):
+                continue
+            arrived(i, r)
             if incr and (r.match_id, r.player_id) in seen:
                 continue  # archived, and still in the journal
             fold.add(r)
             rows += 1
-        return Snapshot(mark, rows, journal)
+        return Snapshot(mark, rows, journal, arrivals)
 
     async def refill(self, board: Board, shard: int) -> int:
         """Put back the shard's retry records of the dedup window (``RetryRecords``) from its journal,

@@ -19,6 +19,7 @@ from shardlb.archive import connect_db
 from shardlb.board import MAX_FUTURE_MS, Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
+from shardlb.connection import Scripts
 from shardlb.errors import PlayerNotFound
 from shardlb.rebuild import Rebuilder
 from shardlb.store import BoardStore
@@ -271,6 +272,45 @@ async def test_the_inactive_cleanup_removes_exactly_the_stale_players_a_bounded_
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+@pytest.mark.parametrize("lost", ["redis", "activity"])
+async def test_players_idle_before_a_loss_are_still_cleaned_up(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, lost: str
+) -> None:
+    """A durability audit's finding: the cleanup removes the players its activity set lists, and a
+    rebuild did not put that set back; after a total loss of Redis (or a shard's activity set lost)
+    no player idle before it was ever cleaned up. A rebuild now puts back each player's latest
+    arrival (the time of its journal id, from the journal and from PostgreSQL), keeping a later
+    post's time (ZADD GT)."""
+    config = BoardConfig.from_dict(
+        f"moderation-idle-{lost}", {"inactive_after": 3600, "sharding": sharding("hash", 3)}
+    )
+    board, _ = await store.create(config)
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, store, url)
+        try:
+            await board.submit([Score("idle", 90, "m1", times.now_ms() - 60_000)])
+            await asyncio.sleep(0.05)
+            between = times.now_ms()  # the cleanup's cutoff: idle posted before it, busy after
+            await asyncio.sleep(0.05)
+            await board.submit([Score("busy", 40, "m2", times.now_ms())])
+            if lost == "redis":
+                await drain(a)
+                await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+                command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
+                assert await asyncio.to_thread(main, command) == 0
+            else:  # the journal still holds every result
+                await raw.delete(*(keys.activity_key(p) for p in board.prefixes))
+                await Rebuilder(raw, Scripts.register(raw).rebuild, a.db).rebuild(board)
+            rebuilt = await store.get(config.id)
+            assert sorted(e.player_id for e in await rebuilt.top(10)) == ["busy", "idle"]
+            assert await moderation.cleanup(rebuilt, now_ms=between + 3600_000) == 1
+            assert [e.player_id for e in await rebuilt.top(10)] == ["busy"]
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
 
 
 async def test_shardlb_cleanup_runs_one_pass(

@@ -17,12 +17,14 @@
 --          `expected` (a removal since wiped them on the live keys; their results would come back).
 --   recall: put back retry records of the dedup window (shardlb/rebuild.py, `RetryRecords`): KEYS[4]
 --          the shard's pin marker (`pspan`), KEYS[5..] dedup sets (`dd:<k>`), pin hashes
---          (`pin:<k>`) and the removals hash (`rmv`: the latest removal of each player kept, its
---          expiry never made sooner, and its marker `rmvon` set beside it). ARGV[2] MessagePack:
---          pin span (0 when the call holds no pin), {per key from KEYS[5]: 1 for a pin hash, 2 for
---          the removals hash, 0 for a dedup set}, {per key from KEYS[5]: its expiry ms}; ARGV[3]
---          MessagePack, flat: per record, its key's number (1 for KEYS[5]), dedup member (match_id
---          NUL player_id), time units (pins). SADD, or HSETNX (a pin write.lua made since is the one
+--          (`pin:<k>`), the removals hash (`rmv`: the latest removal of each player kept, its
+--          expiry never made sooner, and its marker `rmvon` set beside it) and the activity set
+--          (`seen`: ZADD GT, no expiry). ARGV[2] MessagePack: pin span (0 when the call holds no
+--          pin), {per key from KEYS[5]: 1 for a pin hash, 2 for the removals hash, 3 for the
+--          activity set, 0 for a dedup set}, {per key from KEYS[5]: its expiry ms, 0 for none};
+--          ARGV[3] MessagePack, flat: per record, its key's number (1 for KEYS[5]), dedup member
+--          (match_id NUL player_id; the player for the activity set), time units (pins; the
+--          arrival ms for the activity set). SADD, or HSETNX (a pin write.lua made since is the one
 --          the shard has answered with: it stays), then each key's expiry and its listing in the key
 --          index as write.lua sets them. A shard without a pin marker and without pin hashes gets
 --          the marker write.lua gives a new board ("<span>:0"); with pin hashes of before it is left
@@ -93,6 +95,8 @@ if op == 'recall' then
       if not held or tonumber(held) < items[pos + 2] then
         redis.call('HSET', KEYS[4 + i], items[pos + 1], items[pos + 2])
       end
+    elseif pin[i] == 3 then  -- the activity set (write.lua's `seen`): a later post's time stays
+      redis.call('ZADD', KEYS[4 + i], 'GT', string.format('%d', items[pos + 2]), items[pos + 1])
     else
       redis.call('SADD', KEYS[4 + i], items[pos + 1])
     end
@@ -108,7 +112,11 @@ if op == 'recall' then
       listed[#listed + 1] = marker
     end
     local at = string.format('%d', until_ms)
-    redis.call('PEXPIREAT', KEYS[4 + i], at)
+    if until_ms == 0 then  -- kept while the board lives (the activity set), as write.lua lists it
+      at = '+inf'
+    else
+      redis.call('PEXPIREAT', KEYS[4 + i], at)
+    end
     listed[#listed + 1] = at
     listed[#listed + 1] = KEYS[4 + i]
   end
