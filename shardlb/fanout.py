@@ -468,12 +468,17 @@ class AckedScript(Script):
 
 
 def acknowledged(scripts: Scripts, ack: Ack) -> Scripts:
-    """``scripts`` with every write.lua call confirmed as ``ack`` asks. band.lua and settle.lua keep
-    their plain calls: what they write is derived from the home shard (router/README.md,
-    "Acknowledgement levels")."""
+    """``scripts`` with every write.lua and remove.lua call confirmed as ``ack`` asks (a removal
+    answered and then lost in a failover with its journal entry would come back in a rebuild).
+    band.lua and settle.lua keep their plain calls: what they write is derived from the home shard
+    (router/README.md, "Acknowledgement levels"). remove.lua, an admin's rare call, then leaves
+    the router's per-primary script gate (``router/budget.py``): ``moderation.remove`` bounds its
+    shards in flight itself."""
     if not ack.replicas:
         return scripts
-    return dataclasses.replace(scripts, write=AckedScript.of(scripts.write, ack))
+    return dataclasses.replace(
+        scripts, write=AckedScript.of(scripts.write, ack), remove=AckedScript.of(scripts.remove, ack)
+    )
 
 
 async def _pipelines(

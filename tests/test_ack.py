@@ -120,6 +120,42 @@ async def test_a_write_no_replica_confirms_is_503_in_replica_mode_and_200_in_pri
         assert r.json()["points"] == 10
 
 
+async def test_a_removal_no_replica_confirms_is_503_in_replica_mode_and_200_in_primary_mode(
+    cluster: LocalCluster, postgres_url: str
+) -> None:
+    """A durability audit's finding: only write.lua waited for a replica, and a DELETE of a player
+    was answered 200 by the primary alone; a failover could then lose the removal with its journal
+    entry, and a rebuild brought the player back (router/README.md says it never does). remove.lua
+    now waits as a score write does."""
+    async with (
+        running(cluster.url, ack="replica", ack_timeout_ms=ACK_MS, postgres_url=postgres_url) as (_, acked),
+        running(cluster.url, postgres_url=postgres_url) as (_, plain),
+    ):
+        board = await make_board(acked)
+        url = f"/v1/boards/{board}"
+        for player in ("p1", "p2"):
+            r = await acked.post(f"{url}/scores", json=one_score(player, f"m-{player}"), headers=AS_WRITER)
+            assert r.status_code == 200, r.text
+        redis_client = connect(cluster.url)
+        try:
+            await redis_client.initialize()
+            before = await wait_count(redis_client, board)
+            with stopped(replica_pid(cluster, board)):
+                r = await acked.delete(f"{url}/players/p1", headers=AS_ADMIN)
+                assert r.status_code == 503, r.text
+                assert r.json()["error"]["code"] == "cluster_unavailable"
+                assert int(r.headers["retry-after"]) >= 1
+                r = await plain.delete(f"{url}/players/p2", headers=AS_ADMIN)
+                assert r.status_code == 200, r.text
+            assert await wait_count(redis_client, board) > before
+        finally:
+            await redis_client.aclose()
+        # Applied on the primary all the same: the retry changes nothing and is acknowledged.
+        r = await acked.delete(f"{url}/players/p1", headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+        assert (await acked.get(f"{url}/players/p1")).status_code == 404
+
+
 @pytest.fixture
 async def acked_store(cluster: LocalCluster) -> AsyncIterator[BoardStore]:
     """A library user's store whose writes wait for one replica (fanout.acknowledged)."""
