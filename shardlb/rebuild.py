@@ -555,9 +555,10 @@ class Rebuilder:
         registry holds under another incarnation, or that Redis says was deleted (its first shard's
         marker, or the board's deletion mark, which any layout leaves), is left out. The bans go back
         first (``Bans.restore``), so routers refuse banned players' results from the first write to
-        a board restored."""
+        a board restored. A board whose season archive began is closed again (``_seasons``)."""
         restored = await moderation.Bans(self.client).restore(self.db)
         self.progress(f"bans: {restored} written back from PostgreSQL")
+        seasons = await self._seasons()
         async with self.db.transaction():
             cur = await self.db.execute(
                 "SELECT DISTINCT ON (board) board, incarnation, settings FROM boards "
@@ -576,9 +577,13 @@ class Rebuilder:
                 self.progress(f"{board_id}: deleted; left alone")
                 continue
             refilled = []
+            closing = (board_id, str(incarnation)) in seasons
             if not await self.client.hexists(keys.BOARDS, board_id):
                 # Before routers can find the board again: its retries are recognised from their
-                # first write on, not only once its shard's turn to be rebuilt comes.
+                # first write on, not only once its shard's turn to be rebuilt comes; a board
+                # closed for its season takes no result.
+                if closing:
+                    await former.close()
                 for shard, prefix in enumerate(former.prefixes[: config.sharding.shards]):
                     await self.refill(former, shard)
                     refilled.append(prefix)
@@ -586,10 +591,26 @@ class Rebuilder:
             if board.incarnation != incarnation:
                 self.progress(f"{board_id}: the registry holds another incarnation; left alone")
                 continue
+            if closing and await board.close():  # the registry kept it, and a shard lost its marker
+                self.progress(f"{board_id}: closed again (its season archive began)")
             self._refilled.update(refilled)
             self.progress(f"{board_id}: {'restored to' if created else 'found in'} the registry")
             out.append(board)
         return out
+
+    async def _seasons(self) -> set[tuple[str, str]]:
+        """(board, incarnation) of every season settlement in the archive (shardlb/settlement.py:
+        the total's, begun by ``archive_season``), settled or not: its freeze step closed the board
+        for good (``Board.close``, a marker in Redis alone). Settled, the board is deleted right
+        after; one still here (the archive died before the deletion) stays closed too. None when the
+        archive has no settlements table (no settlement ever ran on it)."""
+        async with self.db.transaction():
+            cur = await self.db.execute("SELECT to_regclass('settlements') IS NOT NULL")
+            found = await cur.fetchone()
+            if not found or not found[0]:
+                return set()
+            cur = await self.db.execute("SELECT board, incarnation FROM settlements WHERE period = 'total'")
+            return {(board, str(incarnation)) for board, incarnation in await cur.fetchall()}
 
     # ---- reading the snapshot ------------------------------------------------------------
 

@@ -6,6 +6,7 @@ process killed by SIGKILL after each step and run again ends with exactly one aw
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -25,7 +26,9 @@ import pytest
 from shardlb import keys, moderation, settlement_delivery, times
 from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
+from shardlb.cli import main
 from shardlb.config import BoardConfig
+from shardlb.connection import Scripts
 from shardlb.errors import (
     ArchiveBehind,
     BoardClosed,
@@ -38,6 +41,7 @@ from shardlb.rebuild import Rebuilder
 from shardlb.settlement import STEPS, Request, Settler, ensure_schema, period_bounds
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
+from tests.test_rebuild import own_archive
 
 pytestmark = pytest.mark.cluster
 
@@ -549,3 +553,46 @@ async def test_a_season_archive_closes_the_total_so_no_post_is_lost(
         await asyncio.gather(*tasks, return_exceptions=True)
         await archiver.db.close()
         await store.delete(board.config.id)
+
+
+async def test_a_board_whose_season_archive_was_under_way_stays_closed_after_a_total_loss(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A durability audit's finding: the season archive's close (the total's frozen marker) lived
+    in Redis only, and `rebuild --all` after a total loss brought the board back open: posts were
+    taken again into a season being paid. The restore now closes every board with a season
+    settlement in PostgreSQL."""
+    board = await new_board(store, "season-loss")
+    async with own_archive(postgres_url) as url:
+        a = Archiver(raw, store, await connect_db(url), "season-loss", claim_idle_s=0)
+        db = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        try:
+            await a.refresh()
+            await board.submit([Score("p1", 10, "m1", times.now_ms() - 60_000)])
+            while await a.round():
+                pass
+
+            def crash(step: str) -> None:
+                if step == "freeze":
+                    raise RuntimeError("the archive died after closing the board")
+
+            request = Request.of({"settlement_id": "season-loss-1", "rewards": TABLE})
+            with pytest.raises(RuntimeError):
+                await Settler(Rebuilder(raw, Scripts.register(raw).rebuild, db), crash).settle(
+                    board, "total", request, season=True
+                )
+            with pytest.raises(BoardClosed):
+                await board.submit([Score("p2", 20, "m2")])
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
+            assert await asyncio.to_thread(main, command) == 0
+            rebuilt = await store.get(board.config.id)
+            assert [e.player_id for e in await rebuilt.top(10)] == ["p1"]
+            with pytest.raises(BoardClosed):
+                await rebuilt.submit([Score("p2", 20, "m2")])
+            assert await rebuilt.closed()
+        finally:
+            await db.close()
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(board.config.id)
