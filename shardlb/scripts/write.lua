@@ -49,8 +49,9 @@
 --   call, to the shard's stream as ONE entry: b board, i incarnation, s shard, r a MessagePack
 --   array, flat: dedup_member (match_id NUL player_id), points, time_units per result. So a
 --   result is on the board if and only if it is in the journal. When a result of the call skipped
---   a period, the entry also has x: a MessagePack array with each result's `skipped` (as returned),
---   so the journal says exactly which periods each result went into. The entry's n is its count
+--   a period, the entry also has c: a MessagePack array with each result's `skipped` (as returned),
+--   so the journal says exactly which periods each result went into. (x is a delete entry's field:
+--   remove.lua's removed players; shardlb/journal.py's decode.) The entry's n is its count
 --   of results, and the shard's `logn` counts the results not archived yet: up by n here, down by
 --   n in ack.lua when the archiver acknowledges an entry that has n. A journal at either bound
 --   (entries, or results not archived) refuses the whole call (JOURNALFULL): nothing is applied,
