@@ -71,6 +71,8 @@ ROUNDS = 20  # copy rounds of tracked changes before it seals whatever is left
 SEAL_TRIES = 5
 DRAIN_S = 120.0  # how long the mover waits for the archiver to drain the old journals
 STATES = ("copying", "sealing", "committed")
+# The archive's tables whose rows name a shard (a rebuild reads them by it): _rehome moves them.
+REHOMED = ("match_results", "player_removals", "removal_records")
 
 # Mark a sealed shard moved, only if the seal held and nothing is left to copy (fenced: KEYS[1]
 # and ARGV[1] are the shard's fence and the mover's epoch, reshard_copy.FENCED).
@@ -673,7 +675,10 @@ class Resharder:
             await asyncio.sleep(0.5)
 
     async def _rehome(self, target: Board) -> int:
-        """Give the board's archived rows (and removals) their shard in the new layout."""
+        """Give the board's archived rows their shard in the new layout: its results, its delete
+        entries and its removal records, every one of which a rebuild reads by shard. The players
+        are those any of the three names: a player removed before they posted has a record and no
+        result."""
         import psycopg  # imported when used: Redis-only deployments need no PostgreSQL driver
 
         shards = target.config.sharding.shards
@@ -681,13 +686,16 @@ class Resharder:
         async with await psycopg.AsyncConnection.connect(self.postgres_url or "", autocommit=False) as db:
             async with db.cursor() as cur:
                 await cur.execute(
-                    "SELECT DISTINCT player_id FROM match_results WHERE board = %s AND incarnation = %s",
-                    ident,
+                    " UNION ".join(
+                        f"SELECT player_id FROM {table} WHERE board = %(board)s AND incarnation = %(inc)s"
+                        for table in REHOMED
+                    ),
+                    {"board": ident[0], "inc": ident[1]},
                 )
                 players = [row[0] for row in await cur.fetchall()]
                 homes = [player_hash(p) % shards for p in players]
                 updated = 0
-                for table in ("match_results", "player_removals"):
+                for table in REHOMED:
                     await cur.execute(
                         f"UPDATE {table} AS m SET shard = u.shard "
                         "FROM unnest(%s::text[], %s::int[]) AS u(player_id, shard) "

@@ -701,3 +701,58 @@ async def test_after_a_reshard_and_a_total_loss_the_board_comes_back_in_its_new_
             await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
+
+
+async def test_after_a_reshard_and_a_total_loss_a_moved_removed_players_retry_is_still_refused(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """The reshard re-homed the archive's results and delete entries, but not the removal records a
+    rebuild reads by shard, and only of players with results: after a reshard that moved a removed
+    player to another shard and a total loss of Redis, the rebuild looked for their record on the new
+    shard, found none, and a retry of their result brought them back (a reshard audit's finding).
+    Every row of the three tables now moves, of every player any of them names: "ghost", removed
+    before they ever posted, has a record and no result."""
+    from shardlb.reshard import Resharder
+    from shardlb.sharding import player_hash
+
+    config = BoardConfig.from_dict("loss-resharded-removed", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    cheat, ghost = [p for p in (f"c{i}" for i in range(100)) if player_hash(p) % 3 != player_hash(p) % 4][:2]
+    now = times.now_ms()
+    posts = [Score(cheat, 90, "m1", now - 60_000), Score("fair", 40, "m2", now - 60_000)]
+    late = Score(ghost, 70, "m3", now - 60_000)  # achieved before the ghost's removal
+    async with own_archive(postgres_url) as archive_url:
+        a = await archiver(raw, store, archive_url)
+        stop = asyncio.Event()
+
+        async def archive() -> None:
+            while not stop.is_set():
+                await a.refresh()
+                if not await archive_round(a):
+                    await asyncio.sleep(0.02)
+
+        try:
+            await board.submit(posts)
+            await drain(a)
+            assert await moderation.remove(board, [cheat, ghost]) == {cheat}
+            await drain(a)
+            archiving = asyncio.ensure_future(archive())
+            try:
+                mover = Resharder(store, config.id, say=lambda _: None, postgres_url=archive_url, cache_s=0)
+                await mover.start(4)
+                assert (await mover.run())["shards"] == 4
+            finally:
+                stop.set()
+                await archiving
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", archive_url]
+            assert await asyncio.to_thread(main, command) == 0
+            rebuilt = await store.get(config.id)
+            assert rebuilt.config.sharding.shards == 4
+            again = await rebuilt.submit([*posts, late], now_ms=times.now_ms())
+            assert [r.status for r in again] == ["duplicate", "unchanged", "duplicate"]
+            assert [e.player_id for e in await rebuilt.top(10)] == ["fair"]
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
