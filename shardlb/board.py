@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 import zlib
@@ -369,7 +370,13 @@ class Board:
             if pending != "-":
                 moves.append(Move(p.player_id, int(after), int(version), pending))
         if moves:
-            await self.bands.finish(shard, moves, pipeline)
+            # The home shard took the batch: a reshard that refuses its band calls (the old layout
+            # moved away, band.lua) does not undo it. If the reshard commits, the new layout's bands
+            # are built from the home totals it copied after this call (its writes are tracked); if
+            # it is cancelled, the moves stay pending here and the player's next write or the
+            # archiver's repair sends them (shardlb/bands.py). So the batch is answered as applied.
+            with contextlib.suppress(Resharding):
+                await self.bands.finish(shard, moves, pipeline)
         if repin:
             again = await self.apply_shard(shard, list(repin.values()), now_ms, pipeline)
             for n, result in zip(repin, again, strict=True):

@@ -653,6 +653,87 @@ async def test_band_board_takes_new_band_starts_then_becomes_a_hash_board(store:
             assert sum(sizes) == len(expected(ref)) and all(sizes)
 
 
+async def test_a_write_whose_band_calls_come_after_the_reshard_is_answered_as_applied(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A band board write applied on its home shard whose band calls reached the old layout only
+    after the reshard had dropped it: band.lua read the `gone` marker the drop leaves and answered
+    BOARDGONE, and the write was answered "board deleted" (404, the board object marked deleted)
+    though its result was in the new layout (a reshard audit's finding). band.lua now hears "moved"
+    first, as write.lua does, and the write counts as applied: the new layout's bands were built
+    from the home totals, which the reshard copied after it."""
+    board, _ = await make_board(
+        store, 2, mode="best", sharding={"strategy": "band", "shards": 2, "bands": [0, 100]}
+    )
+    await board.submit([Score("p", 10, "m1")])
+    entered, go_on = asyncio.Event(), asyncio.Event()
+    finish = board.bands.finish
+
+    async def late(*args: Any) -> None:  # the band calls of the write, held back (a busy node, a pause)
+        entered.set()
+        await go_on.wait()
+        await finish(*args)
+
+    monkeypatch.setattr(board.bands, "finish", late)
+    write = asyncio.ensure_future(board.submit([Score("p", 500, "m2")]))
+    await entered.wait()  # applied on the old home shard, its band calls not sent yet
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(2, [0, 50, 1000])
+    await mover.run()
+    go_on.set()
+    assert [r.status for r in await write] == ["improved"]
+    assert not board.deleted
+    fresh = await store.get(board.config.id)
+    assert [(e.player_id, e.points) for e in await fresh.top(5)] == [("p", 500)]
+
+
+async def test_a_band_move_refused_by_a_moved_marker_stays_pending_until_the_reshard_is_cancelled(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other side of the case above: band calls refused by the old layout's moved markers (set
+    once it is sealed), and the reshard then cancelled before its commit. The write is still answered
+    as applied; its move stays pending on the home shard, and a repair (the archiver's, every few
+    seconds) puts the player in their new band. A seal alone lets band calls through: a reshard
+    never copies band shards, so the old ones stay current until the cut-over."""
+    board, _ = await make_board(
+        store, 2, mode="best", sharding={"strategy": "band", "shards": 2, "bands": [0, 100]}
+    )
+    await board.submit([Score("p", 10, "m1")])
+    high = keys.period_key(board.prefixes[3], "total")  # the band of 100 points and up
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(3)
+    await mover._copy((await mover.record())[1])  # the old shards tracked ('t')
+    for prefix in board.prefixes:  # the mover's seal
+        await store.client.set(keys.seal_key(prefix), "a mover", px=10_000)
+    with pytest.raises(Resharding):  # the home shard refuses ...
+        await board.submit([Score("p", 200, "m2")])
+    band = board.prefixes[3]  # ... and band.lua takes its ops (a drop of nobody, at version 1)
+    names = [high, keys.version_key(band), keys.index_key(band), keys.gone_key(band)]
+    assert await board.scripts.band(keys=names, args=["r", "nobody", 0, 1]) == 1
+    entered, go_on = asyncio.Event(), asyncio.Event()
+    finish = board.bands.finish
+
+    async def late(*args: Any) -> None:
+        entered.set()
+        await go_on.wait()
+        await finish(*args)
+
+    for prefix in board.prefixes:
+        await store.client.delete(keys.seal_key(prefix))
+    monkeypatch.setattr(board.bands, "finish", late)
+    write = asyncio.ensure_future(board.submit([Score("p", 500, "m3")]))
+    await entered.wait()
+    for prefix in board.prefixes:  # sealed and moved, between the home call and the band calls
+        await store.client.set(keys.move_key(prefix), "m")
+    go_on.set()
+    assert [r.status for r in await write] == ["improved"]
+    assert await Resharder(store, board.config.id, say=lambda _: None).cancel() == "cancelled"
+    assert await store.client.zscore(high, "p") is None  # not moved yet
+    assert await board.repair() == 1
+    assert await store.client.zscore(high, "p") is not None
+    assert [(e.player_id, e.points) for e in await board.top(5)] == [("p", 500)]
+
+
 async def test_a_journaled_board_is_resharded_only_with_its_archive(store: BoardStore) -> None:
     board, _ = await make_board(store, 2, durability="journal")
     with pytest.raises(BoardConflict, match="PostgreSQL"):

@@ -7,7 +7,19 @@
 -- what this band shard has seen for the player is dropped, so moves that arrive out of order (two
 -- concurrent writes of one player) end in the state of the newest write, and an op sent again (a
 -- retry, or a move the home shard still lists as pending) changes nothing. Returns ops applied.
-if redis.call('EXISTS', KEYS[4]) == 1 then
+--
+-- A reshard's `mv` marker (named from the `gone` marker's prefix: the same hash tag) is read before
+-- `gone`, as write.lua reads it: the old layout's keys are dropped after a reshard (leaving `gone`,
+-- and `mv` 'm' for a day), and a late band call must hear "moved", not "deleted". 'm' (moved to the
+-- new layout) and 'c' (a new layout not open yet) refuse the call. A seal does not: it holds back
+-- the home shards' changes the mover copies, and a reshard never copies band shards (it builds the
+-- new layout's from the home totals), so the old bands may as well stay current until the cut-over.
+local base = string.sub(KEYS[4], 1, -5)
+local marked = redis.call('MGET', base .. 'mv', KEYS[4])
+if marked[1] and marked[1] ~= 't' then
+  return redis.error_reply('BOARDMOVED this board is being resharded; retry')
+end
+if marked[2] then
   return redis.error_reply('BOARDGONE this board was deleted')
 end
 local applied = 0
