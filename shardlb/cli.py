@@ -338,9 +338,10 @@ UNFINISHED = 3  # the exit code of a reshard left committed but not finished
 
 
 def _unfinished(command: str, board: str, status: dict[str, Any]) -> int:
-    """0 when the reshard ``status`` tells of is over; else say how to finish it, UNFINISHED."""
+    """0 when the reshard ``status`` tells of is over (done, or cancelled: the board keeps its
+    layout, and the mover said so); else say how to finish it, UNFINISHED."""
     state = status.get("state", "none")
-    if state in (None, "none"):
+    if state in (None, "none", "cancelled"):
         return 0
     print(
         f"shardlb {command}: {board}'s reshard is {state}, not finished (the old journals must be "
@@ -450,9 +451,9 @@ def propose_bands(args: argparse.Namespace) -> int:
     except ShardlbError as e:
         print(f"shardlb bands: {e.message}", file=sys.stderr)
         return 1
-    except Cancelled as e:  # `shardlb reshard --cancel` elsewhere: the board keeps its layout
-        print(f"shardlb bands: {e}", file=sys.stderr)
-        return 1
+    except Cancelled:  # `shardlb reshard --cancel` elsewhere: the board keeps its layout (the mover said so)
+        print(json.dumps({"board": args.board, "resharded": False, "state": "cancelled"}))
+        return 0
     print(json.dumps(out))
     if not args.apply:
         starts = ",".join(map(str, out["bands"]))

@@ -325,7 +325,7 @@ class Resharder:
             record = await self._take()
             if record["reshard"].get("cancel") and record["reshard"]["state"] in STATES[:2]:
                 await self._cancel(record)
-                return {"board": self.board_id, "state": "cancelled"}
+                return {**await self.status(), "state": "cancelled"}
             began = time.monotonic()
             try:
                 if record["reshard"]["state"] == "copying":
@@ -858,7 +858,9 @@ async def command(
     bands: list[int] | None = None,
 ) -> dict[str, Any]:
     """`shardlb reshard`'s work on fresh connections: ``action`` is run (start a reshard to
-    ``shards``, or resume the one under way when ``shards`` is None), cancel or status."""
+    ``shards``, or resume the one under way when ``shards`` is None), cancel or status. A run that
+    carried out a cancel (recorded by another process) returns the board's status with the state
+    ``cancelled``."""
     from shardlb.connection import Scripts, connect
 
     client = connect(redis_url, timeout=30.0)
@@ -874,6 +876,6 @@ async def command(
         try:
             return await mover.run()
         except Cancelled:
-            return {"board": board_id, "state": "cancelled"}
+            return {**await mover.status(), "state": "cancelled"}
     finally:
         await client.aclose()

@@ -10,6 +10,7 @@ refused during a cut-over is retried with the same match ids, and must count onc
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from shardlb import keys, moderation, reshard, times
+from shardlb import cli, keys, moderation, reshard, times
 from shardlb.board import Board, Entry, Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig, Sharding
@@ -410,6 +411,36 @@ async def test_a_board_deleted_while_it_is_copied_leaves_no_keys(store: BoardSto
     assert deleted and calls[0] == 2
     assert await keys_of(store, target) == 0
     assert await keys_of(store, board) == 0
+
+
+@pytest.mark.parametrize("command", ["reshard --resume", "bands --apply"])
+async def test_a_cancelled_reshard_is_not_called_unfinished(
+    store: BoardStore, cluster_url: str, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """A run that carried out a cancel recorded elsewhere (`shardlb reshard --cancel`) exited 3,
+    the code of a reshard committed but not finished, and told the operator to finish it with
+    `--resume`, which then failed: there was nothing left to resume (a reshard audit's finding). It
+    exits 0, its JSON and its line say it was cancelled and how many shards the board keeps."""
+    board, _ = await make_board(store, 2)
+    await board.submit([Score("a", 5, "m1")])
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(3, [0, 100])
+    await mover._update(lambda r: {**r, "reshard": {**r["reshard"], "cancel": True}})  # told, not done
+    verb, flag = command.split()
+    args = [
+        verb,
+        board.config.id,
+        flag,
+        "--redis",
+        cluster_url,
+        *(["--count", "2"] if verb == "bands" else []),
+    ]
+    code = await asyncio.to_thread(cli.main, args)
+    out, err = capsys.readouterr()
+    assert (code, json.loads(out.splitlines()[-1])["state"]) == (0, "cancelled"), err
+    assert "keeps 2 shards" in out + err and "--resume" not in err
+    after = await store.get(board.config.id)
+    assert after.config.sharding.shards == 2 and after.layout.strategy == "hash" and not after.moving
 
 
 async def test_reshard_refuses_what_it_cannot_do(store: BoardStore) -> None:
