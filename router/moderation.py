@@ -28,6 +28,7 @@ from starlette.responses import Response
 
 from router import params
 from router.auth import Scope
+from router.boards import through_reshard
 from router.errors import ApiError
 from router.media import read_object, render
 from shardlb import moderation, times
@@ -193,17 +194,41 @@ async def _archive(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         await db.close()
 
 
+async def _remove(svc: Service, board_id: str, player: str) -> bool:
+    """Remove ``player`` from the board, waiting out a reshard's cut-over as score writes do: each
+    try looks the board up anew (a refusal marked the one kept stale), and a removal tried again
+    converges (shardlb/moderation.py). Whether the player had an entry."""
+
+    async def attempt() -> bool:
+        return player in await moderation.remove(await svc.boards.get(board_id), [player])
+
+    return await through_reshard(attempt)
+
+
+async def _audited(db: psycopg.AsyncConnection[Any], board: str, player: str, request_id: str | None) -> bool:
+    """Whether this request (its X-Request-Id: a client's retry sends it again) audited this
+    removal already; a request id the router made up is new, so its request is audited."""
+    cur = await db.execute(
+        "SELECT 1 FROM moderation_audit WHERE action = 'remove' AND board = %s AND player_id = %s "
+        "AND request_id = %s LIMIT 1",
+        (board, player, request_id),
+    )
+    return await cur.fetchone() is not None
+
+
 async def remove_player(request: Request) -> Response:
-    """DELETE /v1/boards/{board}/players/{player}?reason=...: audited first, then removed."""
+    """DELETE /v1/boards/{board}/players/{player}?reason=...: audited first (once per request id),
+    then removed."""
     svc, actor, request_id = _admin(request)
     query = params.checked(request.query_params.multi_items(), frozenset({"reason"}))
     reason = moderation.check_reason(query.get("reason"), required=False)
-    board = await svc.boards.get(request.path_params["board"])
+    board_id = (await svc.boards.get(request.path_params["board"])).config.id
     player = check_id(request.path_params["player"], "player")
     async with _archive(svc) as db, db.transaction():
-        await moderation.audit(db, "remove", board.config.id, player, actor, reason, request_id)
-    removed = await moderation.remove(board, [player])
-    return render(request, {"board": board.config.id, "player_id": player, "removed": player in removed})
+        if request_id is None or not await _audited(db, board_id, player, request_id):
+            await moderation.audit(db, "remove", board_id, player, actor, reason, request_id)
+    removed = await _remove(svc, board_id, player)
+    return render(request, {"board": board_id, "player_id": player, "removed": removed})
 
 
 async def _ban_body(request: Request, svc: Service) -> tuple[str, str, str]:
@@ -226,7 +251,7 @@ async def ban(request: Request) -> Response:
         )
     await svc.moderation.bans.refresh()
     await asyncio.sleep(PROPAGATION_S)
-    removed = [b.config.id for b in boards if await moderation.remove(b, [player])]
+    removed = [b.config.id for b in boards if await _remove(svc, b.config.id, player)]
     return render(request, {**record.body(), "removed_from": sorted(removed)})
 
 

@@ -292,3 +292,43 @@ async def test_a_retried_ban_answers_the_ban_stored_and_is_audited_once(
             url.replace(":ban", ":unban"), json={"scope": "board", "board": name}, headers=AS_ADMIN
         )
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_removal_and_a_ban_that_meet_a_reshard_wait_it_out_and_are_audited_once(
+    cluster_url: str, postgres_url: str, store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A removal (DELETE, or a ban's) that reached a board's old layout after a reshard was answered
+    503: after the ban was stored, and with scope `all` the boards after that one were left out;
+    a retried DELETE wrote a second audit row (a reshard audit's finding). Both now wait out the
+    cut-over as score writes do (router/boards.py, through_reshard), and a DELETE retried with the
+    same X-Request-Id is not audited again."""
+    import router.moderation
+    from shardlb.reshard import Resharder
+
+    monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+    async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        removed, banned = [await make_board(client, durability="memory") for _ in range(2)]
+        for name in (removed, banned):
+            await post(client, name, [score(f"p{i}", 10 * i, f"m{i}") for i in range(10)])
+        for name in (removed, banned):  # the router keeps the old layouts meanwhile
+            await Resharder(store, name, say=lambda _: None, cache_s=0).start(4)
+            await Resharder(store, name, say=lambda _: None, cache_s=0).run()
+        kept = [service_of(app).boards.cached(name) for name in (removed, banned)]
+        assert [b.generation if b else None for b in kept] == [0, 0]
+        url, asked = f"/v1/boards/{removed}/players/p4?reason=cheat", {**AS_ADMIN, "X-Request-Id": "rm-1"}
+        r = await client.delete(url, headers=asked)
+        assert (r.status_code, r.json()) == (200, {"board": removed, "player_id": "p4", "removed": True})
+        again = await client.delete(url, headers=asked)  # a retry whose answer was lost
+        assert (again.status_code, again.json()["removed"]) == (200, False)
+        audit = await rows(postgres_url, "SELECT request_id FROM moderation_audit WHERE board = %s", removed)
+        assert audit == [("rm-1",)]
+        r = await client.post(
+            "/v1/players/p5:ban", json={"scope": "board", "board": banned}, headers=AS_ADMIN
+        )
+        assert (r.status_code, r.json().get("removed_from")) == (200, [banned]), r.text
+        for name, gone in ((removed, "p4"), (banned, "p5")):
+            top = (await client.get(f"/v1/boards/{name}/top?limit=20")).json()["entries"]
+            assert gone not in {e["player_id"] for e in top} and len(top) == 9
+        await client.post("/v1/players/p5:unban", json={"scope": "board", "board": banned}, headers=AS_ADMIN)
+        for name in (removed, banned):
+            await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
