@@ -205,17 +205,6 @@ async def _remove(svc: Service, board_id: str, player: str) -> bool:
     return await through_reshard(attempt)
 
 
-async def _audited(db: psycopg.AsyncConnection[Any], board: str, player: str, request_id: str | None) -> bool:
-    """Whether this request (its X-Request-Id: a client's retry sends it again) audited this
-    removal already; a request id the router made up is new, so its request is audited."""
-    cur = await db.execute(
-        "SELECT 1 FROM moderation_audit WHERE action = 'remove' AND board = %s AND player_id = %s "
-        "AND request_id = %s LIMIT 1",
-        (board, player, request_id),
-    )
-    return await cur.fetchone() is not None
-
-
 async def remove_player(request: Request) -> Response:
     """DELETE /v1/boards/{board}/players/{player}?reason=...: audited first (once per request id),
     then removed."""
@@ -225,7 +214,8 @@ async def remove_player(request: Request) -> Response:
     board_id = (await svc.boards.get(request.path_params["board"])).config.id
     player = check_id(request.path_params["player"], "player")
     async with _archive(svc) as db, db.transaction():
-        if request_id is None or not await _audited(db, board_id, player, request_id):
+        # A request id the router made up is new, so a retry without one is audited again.
+        if request_id is None or not await moderation.audited(db, "remove", board_id, player, request_id):
             await moderation.audit(db, "remove", board_id, player, actor, reason, request_id)
     removed = await _remove(svc, board_id, player)
     return render(request, {"board": board_id, "player_id": player, "removed": removed})

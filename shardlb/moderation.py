@@ -95,6 +95,7 @@ CREATE TABLE IF NOT EXISTS moderation_audit (
     detail jsonb,
     at timestamptz NOT NULL DEFAULT now()
 );
+CREATE INDEX IF NOT EXISTS moderation_audit_player ON moderation_audit (player_id, board);
 CREATE TABLE IF NOT EXISTS refused_results (
     id bigserial PRIMARY KEY,
     board text NOT NULL,
@@ -441,6 +442,19 @@ async def banned_in(db: psycopg.AsyncConnection[Any], board: str) -> set[str]:
     async with db.transaction():
         cur = await db.execute("SELECT player_id FROM bans WHERE board = %s OR board = %s", (board, ALL))
         return {row[0] for row in await cur.fetchall()}
+
+
+async def audited(
+    db: psycopg.AsyncConnection[Any], action: str, board: str, player: str, request_id: str
+) -> bool:
+    """Whether the request ``request_id`` (a client's retry sends its X-Request-Id again) already
+    audited ``action`` on ``player`` of ``board``."""
+    cur = await db.execute(
+        "SELECT 1 FROM moderation_audit WHERE player_id = %s AND board = %s AND action = %s "
+        "AND request_id = %s LIMIT 1",
+        (player, board, action, request_id),
+    )
+    return await cur.fetchone() is not None
 
 
 async def audit(
