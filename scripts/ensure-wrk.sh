@@ -10,7 +10,7 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   exit 0
 fi
 echo "wrk not found: installing Debian's wrk with apt-get"
-if ! apt-get install -y -q wrk >/dev/null 2>&1; then
-  apt-get update -q >/dev/null 2>&1 || true
-  apt-get install -y -q wrk >/dev/null 2>&1 || echo "could not install wrk; make bench skips its hot reads" >&2
+if ! apt-get -o DPkg::Lock::Timeout=600 install -y -q wrk >/dev/null 2>&1; then
+  apt-get -o DPkg::Lock::Timeout=600 update -q >/dev/null 2>&1 || true
+  apt-get -o DPkg::Lock::Timeout=600 install -y -q wrk >/dev/null 2>&1 || echo "could not install wrk; make bench skips its hot reads" >&2
 fi
