@@ -161,8 +161,13 @@ async def test_deep_bodies_and_binary_keys_are_4xx(store: BoardStore, cluster_ur
                         content=json_with({"scores": [item]}, field, deep(levels)),
                         headers={**AS_WRITER, **as_json},
                     )
-                    if field == "region":  # ignored on a hash board (api.md), whatever it holds
+                    if field == "region" and levels == 40:  # ignored on a hash board (api.md)
                         assert r.status_code == 200, r.text
+                        continue
+                    if field == "region":  # past orjson's 254 levels the body is decoded again, key
+                        # by key, to look for a repeated key (router/media.py), and Python's
+                        # recursion stops near 1000: the body is refused whole
+                        assert error_of(r)[:2] == (400, "malformed_body"), r.text
                         continue
                     assert 400 <= r.status_code < 500 and "error" in r.json(), (field, levels, r.text)
                     assert (await client.get(f"/v1/boards/{name}/players/p")).status_code == 404
