@@ -22,7 +22,10 @@ carried. In the CSVs, that entry's Request Count x Average Content Size is the s
 
 Shapes (SHARDLB_SHAPE; unset: Locust's own -u/-r/-t): ``ramp`` to SHARDLB_TARGET_WRITES player-score
 writes/s in SHARDLB_STEPS steps, ``soak`` at the target, ``spike`` 10x for 30 s (see bench/shapes.py);
-SHARDLB_DURATION seconds. Keys: SHARDLB_WRITE_KEY (writes), SHARDLB_READ_KEY (reads, when required),
+SHARDLB_DURATION seconds. A shape's users are ``GameServer`` users sized for the target, whether or not
+the command line names the classes; ``Player`` users join them only with SHARDLB_TARGET_READS reads/s
+(default 0: none), SHARDLB_TARGET_READS / SHARDLB_READER_RPS of them from the start to the end.
+Keys: SHARDLB_WRITE_KEY (writes), SHARDLB_READ_KEY (reads, when required),
 SHARDLB_ADMIN_KEY (when set, the board SHARDLB_BOARD is created at test start with PUT, idempotent,
 as a hash board of SHARDLB_SHARDS shards, default 16).
 SHARDLB_CONTENT=msgpack sends and accepts MessagePack instead of JSON.
@@ -30,6 +33,7 @@ SHARDLB_CONTENT=msgpack sends and accepts MessagePack instead of JSON.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -53,6 +57,10 @@ BOARD = WORKLOAD.board
 READER_RPS = float(os.environ.get("SHARDLB_READER_RPS", "5"))
 SHAPE = os.environ.get("SHARDLB_SHAPE", "")
 TARGET_WRITES = float(os.environ.get("SHARDLB_TARGET_WRITES", "20000"))
+TARGET_READS = float(os.environ.get("SHARDLB_TARGET_READS", "0"))
+# Under a shape, the Player users that offer SHARDLB_TARGET_READS reads/s, held from the start; the
+# shape's own user count is game servers alone (BenchShape.tick).
+SHAPE_READERS = math.ceil(TARGET_READS / READER_RPS) if SHAPE and TARGET_READS > 0 and READER_RPS > 0 else 0
 USERS = os.environ.get("SHARDLB_USERS", "")
 # Without a shape, SHARDLB_USERS users together offer SHARDLB_TARGET_WRITES player-scores a second
 # (the Kubernetes ConfigMap's contract); otherwise each user posts SHARDLB_USER_RPS requests a second.
@@ -168,6 +176,8 @@ class Player(FastHttpUser):
     """A player looking at the board: top, own rank, neighbours, friends, pages."""
 
     wait_time = paced(READER_RPS)
+    # Locust spawns a fixed count before the weighted classes and keeps it whatever the total.
+    fixed_count = SHAPE_READERS
 
     def on_start(self) -> None:
         self.rng = random.Random()
@@ -220,7 +230,8 @@ class Player(FastHttpUser):
 
 
 class BenchShape(LoadTestShape):
-    """The shape SHARDLB_SHAPE names (bench/shapes.py); absent when the variable is unset."""
+    """The shape SHARDLB_SHAPE names (bench/shapes.py); absent when the variable is unset. Its stages
+    count game servers; SHARDLB_TARGET_READS adds Player users, as many in every stage."""
 
     abstract = not SHAPE
 
@@ -230,9 +241,19 @@ class BenchShape(LoadTestShape):
             SHAPE or "ramp", TARGET_WRITES, DURATION, USER_RPS, WORKLOAD.players_per_match, STEPS
         )
 
-    def tick(self) -> tuple[int, float] | None:
+    def tick(self) -> tuple[int, float, list[type[User]]] | None:
         stage = shapes.at(self.stages, self.get_run_time())
-        return None if stage is None else (stage.users, stage.spawn_rate)
+        if stage is None:
+            return None
+        # Naming the classes matters: given a count alone, Locust shares it out among every class by
+        # weight, half of it Player users, and the writes offered fall to half the target.
+        chosen = self.runner.user_classes if self.runner else [GameServer, Player]
+        classes: list[type[User]] = [GameServer]
+        readers = SHAPE_READERS if Player in chosen else 0
+        if readers:
+            classes.append(Player)
+        users = stage.users + readers
+        return users, max(stage.spawn_rate, float(users)), classes
 
 
 @events.test_start.add_listener

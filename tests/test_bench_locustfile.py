@@ -1,11 +1,14 @@
 """bench/locustfile.py under real Locust: users started together send their requests spread over
 each period (SHARDLB_USER_PHASE, default ``spread``), not as one herd every period, against a small
-HTTP server of the test's own that notes when each request arrives."""
+HTTP server of the test's own that notes when each request arrives; a load shape runs the game
+servers its write target needs."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -31,6 +34,12 @@ class Arrivals(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("content-length", 0)))
         with self.lock:
             self.times.append(time.monotonic())
+        self._answer()
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
         body = b'{"results": []}'
         self.send_response(200)
         self.send_header("content-type", "application/json")
@@ -42,30 +51,21 @@ class Arrivals(BaseHTTPRequestHandler):
         pass
 
 
-def _arrivals(phase: str, tmp_path: Path) -> list[float]:
-    """Arrival times of the requests of USERS GameServer users spawned at once, from their second
-    second on (the first one is their start)."""
+def _locust(env: dict[str, str], args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run the locustfile headless against a fresh Arrivals server (Arrivals.times: its POSTs)."""
     Arrivals.times = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Arrivals)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    env = {
-        **os.environ,
-        "SHARDLB_USER_PHASE": phase,
-        "SHARDLB_USER_RPS": str(RPS),
-        "SHARDLB_PLAYERS": "1000",
-        "SHARDLB_BOARD": "phase-t",
-        "SHARDLB_ADMIN_KEY": "",
-        "SHARDLB_SHAPE": "",
-    }
+    base = {"SHARDLB_PLAYERS": "1000", "SHARDLB_BOARD": "phase-t", "SHARDLB_ADMIN_KEY": ""}
+    base["SHARDLB_SHAPE"] = ""
     locust = Path(sys.executable).parent / "locust"
     try:
-        done = subprocess.run(
+        return subprocess.run(
             [
-                *(str(locust), "-f", str(ROOT / "bench" / "locustfile.py"), "--headless"),
-                *("-u", str(USERS), "-r", str(USERS), "-t", f"{SECONDS}s", "--only-summary"),
-                *("--host", f"http://127.0.0.1:{server.server_port}", "GameServer"),
+                *(str(locust), "-f", str(ROOT / "bench" / "locustfile.py"), "--headless", "--only-summary"),
+                *("--host", f"http://127.0.0.1:{server.server_port}", *args),
             ],
-            env=env,
+            env={**os.environ, **base, **env},
             cwd=tmp_path,
             capture_output=True,
             text=True,
@@ -75,6 +75,16 @@ def _arrivals(phase: str, tmp_path: Path) -> list[float]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _arrivals(phase: str, tmp_path: Path) -> list[float]:
+    """Arrival times of the requests of USERS GameServer users spawned at once, from their second
+    second on (the first one is their start)."""
+    done = _locust(
+        {"SHARDLB_USER_PHASE": phase, "SHARDLB_USER_RPS": str(RPS)},
+        ["-u", str(USERS), "-r", str(USERS), "-t", f"{SECONDS}s", "GameServer"],
+        tmp_path,
+    )
     times = sorted(Arrivals.times)
     # Enough arrivals for the shares below: half of what the users send in the last SECONDS - 2 s.
     # On a machine busy with the rest of the suite Locust may take a second or more to start (one
@@ -101,6 +111,31 @@ def _busiest_window_share(times: list[float], window: float = 0.05) -> float:
             j += 1
         best = max(best, j - i)
     return best / len(places)
+
+
+def _spawned(env: dict[str, str], classes: list[str], tmp_path: Path) -> dict[str, int]:
+    """The users per class that a 3-second one-step ramp (SHARDLB_SHAPE) spawned, from Locust's own
+    "All users spawned" line."""
+    shape = {"SHARDLB_SHAPE": "ramp", "SHARDLB_STEPS": "1", "SHARDLB_DURATION": "3"}
+    done = _locust({**shape, **env}, classes, tmp_path)
+    found = re.findall(r"All users spawned: (\{.*?\})", done.stderr)
+    assert found, done.stderr[-2000:]
+    counts: dict[str, int] = json.loads(found[-1])
+    return {name: n for name, n in counts.items() if n}
+
+
+def test_the_ramp_runs_game_servers_for_its_write_target(tmp_path: Path) -> None:
+    # 1,000 player-scores a second at 10 requests a second of 10 scores: 10 game servers, however
+    # many user classes the locustfile has and whether or not the command line names them (the
+    # Kubernetes master names none). Locust used to split the shape's users evenly between the
+    # classes: 5 game servers, half the target.
+    target = {"SHARDLB_TARGET_WRITES": "1000", "SHARDLB_USER_RPS": "10"}
+    assert _spawned(target, [], tmp_path) == {"GameServer": 10}
+    assert _spawned(target, ["GameServer"], tmp_path) == {"GameServer": 10}
+    # Readers come from their own setting: 20 reads a second at 5 a Player user.
+    reads = {**target, "SHARDLB_TARGET_READS": "20", "SHARDLB_READER_RPS": "5"}
+    assert _spawned(reads, [], tmp_path) == {"GameServer": 10, "Player": 4}
+    assert _spawned(reads, ["GameServer"], tmp_path) == {"GameServer": 10}
 
 
 @pytest.mark.skipif(not (Path(sys.executable).parent / "locust").exists(), reason="locust is not installed")
