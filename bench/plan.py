@@ -99,6 +99,11 @@ CALL_COST_SHARDS = "3"  # the load-steps board whose two library steps give the 
 MAX_DATA_PER_MASTER = 25 * 2**30  # beyond this, a full resync or a restart takes too long
 MAX_PLAYERS_PER_SHARD = 50_000_000  # one sorted set stays one slot: keep it small enough to move
 MAX_MASTERS = 1024  # one shard per master at most: a board has at most 1024 shards
+# Redis Cluster promotes a replica only when a majority of the masters agree that its master failed:
+# with 1 or 2 masters, losing one leaves no majority, so no failover (and `redis-cli --cluster
+# create`, like k8s/base/redis/cluster-bootstrap.sh, refuses fewer than 3).
+MIN_MASTERS = 3
+MIN_MASTERS_WHY = f"the minimum: a failover needs a majority of masters, so {MIN_MASTERS} at least"
 MAX_REPLICAS = 256  # replicas per master the planner will propose before it calls reads over budget
 FRAGMENTATION = 1.2  # jemalloc fragmentation and overhead over used_memory
 FORK_HEADROOM = 2.0  # RAM per node over the data: a fork (replica sync, snapshot) may copy every page
@@ -292,8 +297,8 @@ def plan(
     EVERY read: one round trip (``redis_node_us_per_read``) plus each of its shards
     (``redis_shard_us_per_read``). Adding masters spreads writes and memory, not reads; the reads
     that fit grow with the nodes of each group that serve them (reads from replicas). So: masters
-    for memory and writes, one shard per master (more only past MAX_PLAYERS_PER_SHARD), then the
-    readers per group that the reads need.
+    for memory and writes, at least MIN_MASTERS (failover), one shard per master (more only past
+    MAX_PLAYERS_PER_SHARD), then the readers per group that the reads need.
     """
     c = {**DEFAULTS, **{k: v for k, v in costs.items() if v is not None}}
     banded = sharding == "band"
@@ -320,7 +325,7 @@ def plan(
     # More masters make more shards, so each router's calls carry fewer scores and cost a master
     # more per write: grow the masters until their writes fit (the cost per write is bounded by a
     # call of one score, so this ends).
-    masters = min(MAX_MASTERS, max(1, by_memory))
+    masters = min(MAX_MASTERS, max(MIN_MASTERS, by_memory))
     while True:
         per_master = shards_per_master(players, masters)
         shards = min(1024, masters * per_master)
@@ -364,7 +369,7 @@ def plan(
             "its `--apply` from cron"
         )
     reasons = {
-        "masters": "memory" if by_memory >= by_cpu and by_memory > 1 else "CPU",
+        "masters": _masters_bound(by_memory, by_cpu),
         "shards": shards_reason,
         "reads": _reads_reason(group_read, read_from, replicas, over),
         "sharding": sharding,
@@ -380,6 +385,17 @@ def plan(
         masters, replicas, shards, read_from, routers, memory_per_node, data, dedup, redis_cores,
         router_cores, journal, reasons, not over, batch, writers, write_us,
     )  # fmt: skip
+
+
+def _masters_bound(by_memory: int, by_cpu: int) -> str:
+    if max(by_memory, by_cpu) < MIN_MASTERS:
+        return "minimum"
+    return "memory" if by_memory >= by_cpu else "CPU"
+
+
+def masters_why(p: Plan) -> str:
+    """What set the plan's master count: memory, the writes' CPU, or Redis Cluster's minimum."""
+    return MIN_MASTERS_WHY if p.reasons["masters"] == "minimum" else f"{p.reasons['masters']}-bound"
 
 
 def router_write_us(c: dict[str, float], scores_per_request: float | None) -> float:
@@ -529,7 +545,7 @@ def layout_steps(
         times = f"   ({extra} times)" if extra > 1 else ""
         steps.append(
             Step(
-                f"add {extra} master(s), {masters_now} -> {p.masters} ({p.reasons['masters']}-bound), "
+                f"add {extra} master(s), {masters_now} -> {p.masters} ({masters_why(p)}), "
                 f"{p.replicas} replica(s) each, and move their share of the slots onto them (online)",
                 (
                     f"local:      shardlb cluster add-node --replicas {p.replicas}{times}",
@@ -595,7 +611,7 @@ def layout_steps(
                 ),
             )
         )
-    if steps and p.masters > 1 and shards_now is not None:
+    if steps and shards_now is not None:
         each = f"{p.shards // p.masters} of {board}'s shards"
         if banded:
             each = f"{p.shards // p.masters} of {board}'s home shards and one of its bands"
@@ -760,8 +776,7 @@ def render(
             f"periods {','.join(periods)}, {cached:.0%} of the reads from the routers' top cache",
             "",
             f"  layout               {p.reasons['sharding']} board  ({p.reasons.get('chosen', 'as asked')})",
-            f"  Redis masters        {p.masters}  ({p.reasons['masters']}-bound; "
-            f"{nodes} nodes with replicas)",
+            f"  Redis masters        {p.masters}  ({masters_why(p)}; {nodes} nodes with replicas)",
             f"  replicas per master  {p.replicas}",
             f"  reads from           {p.read_from}  (SHARDLB_READ_FROM)",
             f"  shards per board     {p.shards}  ({p.reasons['shards']})",
@@ -841,7 +856,8 @@ def _model(
         f"  w = redis_master_us_per_write x call size factor x (1 + {EXTRA_PERIOD_WRITE_COST:g} per "
         f"extra period) + incr share x {DEDUP_BUCKETS + 1} x redis_master_us_per_dedup_lookup = "
         f"{p.write_us:.1f} us; "
-        f"masters = max(writes x w / {MASTER_UTILISATION:g} core, data / {_gib(MAX_DATA_PER_MASTER)})",
+        f"masters = max(writes x w / {MASTER_UTILISATION:g} core, data / {_gib(MAX_DATA_PER_MASTER)}, "
+        f"{MIN_MASTERS})",
         f"  every read touches every primary's group: reads x (1 - {cached:g} cached) x "
         "(redis_node_us_per_read + shards per master x redis_shard_us_per_read) per group, served by the "
         f"primary (beside its writes) or by the replicas, {MASTER_UTILISATION:g} core each less "

@@ -50,17 +50,17 @@ def _main_args(tmp_path: Path, writes: int) -> list[str]:
 
 
 def test_writes_and_memory_size_the_masters() -> None:
-    # Writes: 80k x 10 us = 0.8 core -> 2 masters (0.5 core each), one shard each; reads: 100/s, 30%
+    # Writes: 180k x 10 us = 1.8 cores -> 4 masters (0.5 core each), one shard each; reads: 100/s, 30%
     # from the top cache, x (100 us a node + 20 us a shard) = 0.0084 core of each group, which the
-    # primaries take beside their 0.4 core of writes.
-    p = plan.plan(players=1_000_000, writes=80_000, reads=100, replicas=1, periods=["total"], costs=COSTS)
-    assert (p.masters, p.shards, p.read_from, p.replicas, p.reasons["masters"]) == (2, 2, "primary", 1, "CPU")
-    # and each replica applies its master's writes: 80k x 2 us over the 2 masters' one replica each
-    assert p.redis_cores == pytest.approx(0.8 + 2 * 100 * 0.7 * 120e-6 + 80_000 * 2e-6)
-    assert p.router_cores == pytest.approx(80_000 * 50e-6 + 100 * 1e-3)
-    assert p.routers == 7  # 4.1 cores / 0.6
+    # primaries take beside their 0.45 core of writes.
+    p = plan.plan(players=1_000_000, writes=180_000, reads=100, replicas=1, periods=["total"], costs=COSTS)
+    assert (p.masters, p.shards, p.read_from, p.replicas, p.reasons["masters"]) == (4, 4, "primary", 1, "CPU")
+    # and each replica applies its master's writes: 180k x 2 us over the 4 masters' one replica each
+    assert p.redis_cores == pytest.approx(1.8 + 4 * 100 * 0.7 * 120e-6 + 180_000 * 2e-6)
+    assert p.router_cores == pytest.approx(180_000 * 50e-6 + 100 * 1e-3)
+    assert p.routers == 16  # 9.1 cores / 0.6
     assert p.data_bytes == pytest.approx(1_000_000 * 100 * 1.2)
-    assert p.memory_per_node_bytes == int((p.data_bytes / 2 + p.journal.bytes_per_master) * 2)
+    assert p.memory_per_node_bytes == int((p.data_bytes / 4 + p.journal.bytes_per_master) * 2)
     # 2 billion players: 2e9 x 100 B x 1.2 = 223.5 GiB -> 9 masters of at most 25 GiB; 5 shards each
     # keep every shard under 50M players.
     big = plan.plan(players=2_000_000_000, writes=1, reads=0, replicas=1, periods=["total"], costs=COSTS)
@@ -78,9 +78,10 @@ def test_periods_cost_memory_and_write_cpu() -> None:
 
 def test_reads_beyond_the_primaries_are_served_by_enough_replicas() -> None:
     # 10k reads/s x 0.7 x 120 us = 0.84 core of every group: more than a primary's 0.5, so two
-    # replicas per master serve them (0.5 core each); reads do not add masters (each touches all).
+    # replicas per master serve them (0.5 core each); reads do not add masters (each touches all):
+    # the minimum of 3.
     p = plan.plan(1000, 1000, 10_000, 1, ["total"], COSTS)
-    assert (p.masters, p.shards, p.read_from, p.replicas) == (1, 1, "replicas", 2)
+    assert (p.masters, p.shards, p.read_from, p.replicas) == (3, 3, "replicas", 2)
     assert "2 replica(s) per master" in p.reasons["reads"] and "OVER BUDGET" not in p.reasons["reads"]
     assert plan.plan(1000, 1000, 0, 1, ["total"], COSTS).masters == p.masters
     # Asked for more replicas than the reads need: kept. All reads cached: the primaries suffice.
@@ -152,12 +153,13 @@ def test_main_reads_the_latest_summary_or_says_it_has_none(
 
 def test_incr_dedup_records_size_the_masters_by_memory() -> None:
     # 10k incr writes/s, a 24 h window: 10,000 x 86,400 x (1 + 1/24) = 900M records x 100 B x 1.2
-    # = 100.6 GiB, over 25 GiB a master: 5 masters, where the same writes to best boards need 1.
+    # = 100.6 GiB, over 25 GiB a master: 5 masters, where the same writes to best boards need 1 (and
+    # get the minimum of 3).
     best = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS)
     incr = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS, incr=1.0, dedup_window_s=86_400)
     members = 10_000 * 86_400 * (1 + 1 / DEDUP_BUCKETS)
     assert plan.dedup_members(10_000, 1.0, 86_400) == pytest.approx(members)
-    assert best.dedup_bytes == 0 and best.masters == 1
+    assert best.dedup_bytes == 0 and (best.masters, best.reasons["masters"]) == (3, "minimum")
     assert incr.dedup_bytes == pytest.approx(members * 100 * 1.2)
     assert (incr.masters, incr.reasons["masters"]) == (5, "memory")
     assert incr.data_bytes == pytest.approx(best.data_bytes + incr.dedup_bytes)
@@ -168,7 +170,7 @@ def test_incr_dedup_records_size_the_masters_by_memory() -> None:
     hour = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS, incr=1.0, dedup_window_s=3600)
     assert half.dedup_bytes == pytest.approx(incr.dedup_bytes / 2)
     assert hour.dedup_bytes == pytest.approx(incr.dedup_bytes / 24)
-    assert hour.masters == 1
+    assert hour.masters == 3
 
 
 def test_main_takes_incr_flags_and_the_dedup_bench(
@@ -199,7 +201,7 @@ def test_main_takes_incr_flags_and_the_dedup_bench(
     assert "Redis masters        4  (memory-bound" in out  # 80.5 GiB / 25 GiB a master
     assert "noeviction" in out
     assert plan.main(args) == 0
-    assert "Redis masters        1  (CPU-bound" in capsys.readouterr().out
+    assert "Redis masters        3  (the minimum: a failover" in capsys.readouterr().out
     for bad in (["--incr", "1.5"], ["--incr", "-0.1"], ["--dedup-window", "30"]):
         with pytest.raises(SystemExit):
             plan.main([*args, *bad])
@@ -209,14 +211,15 @@ def test_pins_of_results_without_a_time_count_in_memory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # 10k writes/s, all without achieved_at, a 24 h window: 10,000 x 86,400 x (1 + 4/24) = 1.008G pins
-    # x 110 B x 1.2 = 124 GiB, over 25 GiB a master: 5 masters, where writes with their time need 1.
+    # x 110 B x 1.2 = 124 GiB, over 25 GiB a master: 5 masters, where writes with their time need 1
+    # (and get the minimum of 3).
     timed = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS)
     timeless = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS, timeless=1.0)
     pins = 10_000 * 86_400 * (1 + PIN_SPAN / DEDUP_BUCKETS)
     assert plan.pins(10_000, 1.0, 86_400) == pytest.approx(pins)
     assert timeless.dedup_bytes == pytest.approx(pins * 110 * 1.2)
     assert timeless.data_bytes == pytest.approx(timed.data_bytes + timeless.dedup_bytes)
-    assert (timed.masters, timeless.masters, timeless.reasons["masters"]) == (1, 5, "memory")
+    assert (timed.masters, timeless.masters, timeless.reasons["masters"]) == (3, 5, "memory")
     # An hour's window keeps a 24th of them; incr results without a time keep both records.
     hour = plan.plan(1000, 10_000, 0, 1, ["total"], COSTS, timeless=1.0, dedup_window_s=3600)
     assert hour.dedup_bytes == pytest.approx(timeless.dedup_bytes / 24)
@@ -235,35 +238,39 @@ def test_pins_of_results_without_a_time_count_in_memory(
 
 
 def test_full_journals_are_counted_per_master() -> None:
-    # 32k writes/s: one master with one shard and 3 routers (32k x 50 us / 0.6). A journal entry is
-    # one write script call: a request's 10 scores + 32,000 / 3 routers x 1.5 ms = 26 results. The
-    # bound is 1,000,000 results not yet archived (1,000,000 entries of 26 would be more): 38,462
-    # entries, (38,462 x 200 + 1,000,000 x 70) B x 1.2 = 89 MiB a shard, which hold 31.25 s of writes.
+    # 32k writes/s: the minimum of 3 masters, one shard each, and 3 routers (32k x 50 us / 0.6). A
+    # journal entry is one write script call: a request's 10 scores over the 2.95 of 3 shards it
+    # touches + 32,000 / 3 routers / 3 shards x 1.5 ms = 8.7 results. The bound is 1,000,000 results
+    # not yet archived (1,000,000 entries of 8.7 would be more): 114,613 entries, (114,613 x 200 +
+    # 1,000,000 x 70) B x 1.2 = 106 MiB a shard, which hold 93.75 s of a shard's 10,667 writes/s.
     p = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS)
-    assert (p.masters, p.shards, p.routers) == (1, 1, 3)
-    assert p.journal.results_per_entry == pytest.approx(26.0) == p.scores_per_call
+    assert (p.masters, p.shards, p.routers) == (3, 3, 3)
+    entry = 10 / plan.touched_shards(10, 3) + 32_000 / 3 / 3 * plan.COALESCE_DELAY_S
+    assert p.journal.results_per_entry == pytest.approx(entry) == p.scores_per_call
+    assert entry == pytest.approx(8.725, abs=0.001)
     assert (p.journal.bound, p.journal.results) == ("results", 1_000_000)
-    assert p.journal.entries == pytest.approx(1_000_000 / 26)
-    assert p.journal.bytes_per_shard == pytest.approx((1_000_000 / 26 * 200 + 1_000_000 * 70) * 1.2)
+    assert p.journal.entries == pytest.approx(1_000_000 / entry)
+    assert p.journal.bytes_per_shard == pytest.approx((1_000_000 / entry * 200 + 1_000_000 * 70) * 1.2)
     assert p.journal.bytes_per_master == pytest.approx(p.journal.bytes_per_shard)
-    assert p.journal.buffer_s == pytest.approx(1_000_000 / 32_000)  # results / writes a shard
-    assert p.memory_per_node_bytes == int((p.data_bytes + p.journal.bytes_per_master) * 2)
+    assert p.journal.buffer_s == pytest.approx(1_000_000 / (32_000 / 3))  # results / writes a shard
+    assert p.memory_per_node_bytes == int((p.data_bytes / 3 + p.journal.bytes_per_master) * 2)
     # Half the writes journaled: their calls gather half as many; none: no journal.
     half = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journaled=0.5)
-    assert half.journal.results_per_entry == pytest.approx(10 + 16_000 / 3 * plan.COALESCE_DELAY_S)
+    half_entry = 10 / plan.touched_shards(10, 3) + 16_000 / 3 / 3 * plan.COALESCE_DELAY_S
+    assert half.journal.results_per_entry == pytest.approx(half_entry)
     assert plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journaled=0).journal.bytes_per_master == 0
-    # A bound in entries that comes first: 5,000 entries of 26 results.
+    # A bound in entries that comes first: 5,000 entries of 8.7 results.
     small = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journal_max_entries=5000)
-    assert (small.journal.bound, small.journal.results) == ("entries", 5000 * 26)
-    assert small.journal.bytes_per_shard == pytest.approx((5000 * 200 + 5000 * 26 * 70) * 1.2)
-    assert small.journal.buffer_s == pytest.approx(5000 * 26 / 32_000)
+    assert (small.journal.bound, small.journal.results) == ("entries", pytest.approx(5000 * entry))
+    assert small.journal.bytes_per_shard == pytest.approx((5000 * 200 + 5000 * entry * 70) * 1.2)
+    assert small.journal.buffer_s == pytest.approx(5000 * entry / (32_000 / 3))
     fewer = plan.plan(1000, 32_000, 0, 1, ["total"], COSTS, journal_max_results=100_000)
     assert fewer.journal.buffer_s == pytest.approx(p.journal.buffer_s / 10)
     assert fewer.journal.bytes_per_master == pytest.approx(p.journal.bytes_per_master / 10)
     # Many routers sharing the writes make small calls, an entry per one or two results: the bound
     # in results holds the writes as long as the large calls', in more entries, so more memory.
     many = plan.plan(1000, 32_000, 100_000, 1, ["total"], COSTS)
-    assert many.routers > 100 and many.journal.results_per_entry < 12 and many.shards == p.shards
+    assert many.routers > 100 and many.journal.results_per_entry < entry / 2 and many.shards == p.shards
     assert many.journal.buffer_s == pytest.approx(p.journal.buffer_s)
     assert many.journal.bytes_per_shard > p.journal.bytes_per_shard
     # ... where a bound in entries alone would have held them for far less time
@@ -288,21 +295,21 @@ def test_main_prints_the_journal_bound(tmp_path: Path, capsys: pytest.CaptureFix
     assert plan.main(args) == 0
     out = capsys.readouterr().out
     assert (
-        "journal bound        89 MiB per master at 1,000,000 results (SHARDLB_JOURNAL_MAX_RESULTS) a shard "
-        "in entries of 26 results (89 MiB a shard)" in out
+        "journal bound        106 MiB per master at 1,000,000 results (SHARDLB_JOURNAL_MAX_RESULTS) a "
+        "shard in entries of 8.7 results (106 MiB a shard)" in out
     )
-    assert "holds 31 s of writes" in out
-    # 31.25 s is short of five minutes: the bound that would hold them (1,000,000 x 300 / 31.25)
-    assert "to hold 5 minutes, --journal-max-results 9,600,000 (SHARDLB_JOURNAL_MAX_RESULTS): 854 MiB" in out
-    assert plan.main([*args, "--journal-max-results", "9600000"]) == 0
+    assert "holds 94 s of writes" in out
+    # 93.75 s is short of five minutes: the bound that would hold them (1,000,000 x 300 / 93.75)
+    assert "to hold 5 minutes, --journal-max-results 3,200,000 (SHARDLB_JOURNAL_MAX_RESULTS): 340 MiB" in out
+    assert plan.main([*args, "--journal-max-results", "3200000"]) == 0
     out = capsys.readouterr().out
     assert "holds 300 s of writes" in out and "to hold 5 minutes" not in out
     # with a bound in entries that comes first, both bounds are named
     assert plan.main([*args, "--journal-max-entries", "5000"]) == 0
     out = capsys.readouterr().out
-    assert "at 5,000 entries (SHARDLB_JOURNAL_MAX_ENTRIES), 130,000 results a shard" in out
+    assert "at 5,000 entries (SHARDLB_JOURNAL_MAX_ENTRIES), 43,627 results a shard" in out  # 5,000 x 8.725
     assert (
-        "--journal-max-results 9,600,000 (SHARDLB_JOURNAL_MAX_RESULTS) and --journal-max-entries 370,000 "
+        "--journal-max-results 3,200,000 (SHARDLB_JOURNAL_MAX_RESULTS) and --journal-max-entries 367,000 "
         "(SHARDLB_JOURNAL_MAX_ENTRIES)" in out
     )
     assert plan.main([*args, "--journaled", "0"]) == 0
@@ -339,16 +346,18 @@ def test_more_masters_come_before_the_reshard_that_spreads_the_board_over_them()
 
 
 def test_fewer_shards_first_then_removing_masters_is_optional() -> None:
-    # 5k writes/s fit one master; today 3 masters and 16 shards: reshard down, then masters may go.
+    # 5k writes/s fit the minimum of 3 masters; today 5 masters and 16 shards: reshard down, then
+    # masters may go.
     p = plan.plan(1_000_000, 5_000, 0, 1, ["total"], COSTS)
-    assert (p.masters, p.shards) == (1, 1)
-    reshard, remove = plan.layout_steps(p, masters_now=3, shards_now=16)
-    assert reshard.what.startswith("reshard BOARD online, 16 -> 1 shard (a read pays a round trip per node")
-    assert reshard.commands[0].startswith("shardlb reshard BOARD --shards 1 ")
-    assert remove.what.startswith("optional: the load needs 1 master of today's 3; to give 2 back")
+    assert (p.masters, p.shards) == (3, 3)
+    reshard, remove, check = plan.layout_steps(p, masters_now=5, shards_now=16)
+    assert reshard.what.startswith("reshard BOARD online, 16 -> 3 shards (a read pays a round trip per node")
+    assert reshard.commands[0].startswith("shardlb reshard BOARD --shards 3 ")
+    assert remove.what.startswith("optional: the load needs 3 masters of today's 5; to give 2 back")
     assert "shardlb cluster remove-node PORT" in remove.commands[0]
     assert "--cluster-weight <node-id>=0" in remove.commands[1]
-    assert "del-node" in remove.commands[2] and "statefulset/redis-cluster --replicas=2" in remove.commands[2]
+    assert "del-node" in remove.commands[2] and "statefulset/redis-cluster --replicas=6" in remove.commands[2]
+    assert check.what == "check that every master serves 1 of BOARD's shards"
 
 
 def test_no_steps_when_today_is_the_plan_and_only_the_part_given() -> None:
@@ -357,13 +366,10 @@ def test_no_steps_when_today_is_the_plan_and_only_the_part_given() -> None:
     assert plan.layout_steps(p, None, None) == []
     # Masters alone: no reshard and no check (the board's shard count is not known).
     assert [s.what.split(" ", 1)[0] for s in plan.layout_steps(p, 3, None)] == ["add"]
-    # The shard count alone, or the same masters and another shard count: the reshard, then the check;
-    # on one master there is nothing to check.
+    # The shard count alone, or the same masters and another shard count: the reshard, then the check.
     reshard, _ = plan.layout_steps(p, None, 16)
     assert reshard.what.startswith("reshard BOARD online, 16 -> 4 shards")
     assert [s.what.split(" ", 1)[0] for s in plan.layout_steps(p, 4, 8)] == ["reshard", "check"]
-    one = plan.plan(1_000_000, 5_000, 0, 1, ["total"], COSTS)
-    assert [s.what.split(" ", 1)[0] for s in plan.layout_steps(one, 1, 16)] == ["reshard"]
 
 
 def test_main_prints_the_steps_from_todays_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -465,12 +471,14 @@ def test_a_band_board_scales_the_hash_boards_costs_by_its_measured_factors(
     band = COSTS  # band_store_read_factor 0.5, band_router_read_factor 0.8, write factors 2.0 and 1.5
     args = (10_000_000, 20_000, 50_000, 1, ["total"], band)
     hashed, banded = plan.plan(*args), plan.plan(*args, sharding="band")
-    assert (hashed.masters, banded.masters) == (1, 1)
-    group = 50_000 * 0.7 * 120e-6
+    assert (hashed.masters, banded.masters) == (3, 3)  # the minimum
+    group = 50_000 * 0.7 * 120e-6  # each of the 3 groups
     writes = 20_000 * 10e-6
-    replica = 20_000 * 2e-6  # what each replica spends applying its master's writes
-    assert hashed.redis_cores == pytest.approx(writes + group + replica * hashed.replicas)
-    assert banded.redis_cores == pytest.approx(2 * writes + 0.5 * group + 2 * replica * banded.replicas)
+    replica = 20_000 / 3 * 2e-6  # what each replica spends applying its master's writes
+    assert hashed.redis_cores == pytest.approx(writes + 3 * group + 3 * replica * hashed.replicas)
+    assert banded.redis_cores == pytest.approx(
+        2 * writes + 3 * 0.5 * group + 3 * 2 * replica * banded.replicas
+    )
     assert hashed.replicas == math.ceil(group / (0.5 - replica))  # each replica's room less its writes
     assert banded.router_cores == pytest.approx(20_000 * 50e-6 * 1.5 + 50_000 * 1e-3 * 0.8)
     assert banded.data_bytes == pytest.approx(10_000_000 * 250.0 * plan.FRAGMENTATION)
@@ -703,3 +711,22 @@ def test_call_costs_come_from_the_load_steps_and_the_raw_runs_call_size(tmp_path
     costs, source = plan.load_costs(summary)
     assert costs["redis_master_us_per_call"] == COSTS["redis_master_us_per_call"]  # the summary's
     assert "script call costs" not in source
+
+
+def test_a_plan_has_at_least_three_masters_for_failover(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1,000 players and 1,000 writes/s fit one master's memory and CPU; but Redis Cluster promotes a
+    # replica only when a majority of masters agree that its master failed, which 1 or 2 masters
+    # cannot give once one is lost (and the bootstrap Job refuses fewer than 3): 3, one shard each.
+    small = plan.plan(1000, 1000, 0, 1, ["total"], COSTS)
+    assert (small.masters, small.shards, small.nodes, small.reasons["masters"]) == (3, 3, 6, "minimum")
+    add = plan.layout_steps(small, masters_now=1, shards_now=1)[0]
+    assert add.what.startswith(
+        "add 2 master(s), 1 -> 3 (the minimum: a failover needs a majority of masters, so 3 at least)"
+    )
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    assert plan.main(_main_args(tmp_path, 1000)) == 0
+    assert "Redis masters        3  (the minimum: a failover needs a majority of masters" in (
+        capsys.readouterr().out
+    )
