@@ -16,9 +16,12 @@ See bench/workload.py for every distribution. Each user waits a random share of 
 its first request and keeps that phase (``paced``), so that users started together do not send in
 step (SHARDLB_USER_PHASE=together: Locust's own start, every user at once).
 
-Writes are counted in player-scores, not only requests: every accepted post also fires a request
-event of type ``WRITE`` named ``player-scores`` whose response length is the number of scores it
-carried. In the CSVs, that entry's Request Count x Average Content Size is the scores written.
+Writes are counted in player-scores, not only requests: every accepted post of new results also
+fires a request event of type ``WRITE`` named ``player-scores`` whose response length is the number
+of scores it carried. In the CSVs, that entry's Request Count x Average Content Size is the scores
+written. An accepted replay fires ``WRITE replayed-scores`` instead: the router answers it from its
+dedup records and writes nothing. Targets (SHARDLB_TARGET_WRITES) count fresh scores: the users post
+1 / (1 - SHARDLB_RETRY_SHARE) times as many.
 
 Shapes (SHARDLB_SHAPE; unset: Locust's own -u/-r/-t): ``ramp`` to SHARDLB_TARGET_WRITES player-score
 writes/s in SHARDLB_STEPS steps, ``soak`` at the target, ``spike`` 10x for 30 s (see bench/shapes.py);
@@ -62,11 +65,16 @@ TARGET_READS = float(os.environ.get("SHARDLB_TARGET_READS", "0"))
 # shape's own user count is game servers alone (BenchShape.tick).
 SHAPE_READERS = math.ceil(TARGET_READS / READER_RPS) if SHAPE and TARGET_READS > 0 and READER_RPS > 0 else 0
 USERS = os.environ.get("SHARDLB_USERS", "")
-# Without a shape, SHARDLB_USERS users together offer SHARDLB_TARGET_WRITES player-scores a second
-# (the Kubernetes ConfigMap's contract); otherwise each user posts SHARDLB_USER_RPS requests a second.
+FRESH_SHARE = WORKLOAD.fresh_share
+# Without a shape, SHARDLB_USERS users together offer SHARDLB_TARGET_WRITES fresh player-scores a
+# second; otherwise each user posts SHARDLB_USER_RPS requests a second.
 USER_RPS = float(
     os.environ.get("SHARDLB_USER_RPS")
-    or (TARGET_WRITES / max(1, int(USERS)) / WORKLOAD.players_per_match if USERS.isdigit() else 10)
+    or (
+        TARGET_WRITES / max(1, int(USERS)) / WORKLOAD.players_per_match / FRESH_SHARE
+        if USERS.isdigit()
+        else 10
+    )
 )
 DURATION = float(os.environ["SHARDLB_DURATION"]) if os.environ.get("SHARDLB_DURATION") else None
 STEPS = int(os.environ.get("SHARDLB_STEPS", "6"))
@@ -141,8 +149,12 @@ class GameServer(FastHttpUser):
 
     @task
     def post_match(self) -> None:
+        # A replay (a game server retrying a post whose reply it lost) writes nothing new: it gets
+        # its own entry, not player-scores, which counts the scores written.
+        name = "player-scores"
         if self.recent and self.rng.random() < WORKLOAD.retry_share:
             body, count = self.rng.choice(self.recent)
+            name = "replayed-scores"
         else:
             match_id, players = WORKLOAD.match(self.rng)
             count = len(players)
@@ -164,7 +176,7 @@ class GameServer(FastHttpUser):
             response.success()
         self.environment.events.request.fire(
             request_type="WRITE",
-            name="player-scores",
+            name=name,
             response_time=(time.perf_counter() - t0) * 1000,
             response_length=count,
             exception=None,
@@ -238,7 +250,13 @@ class BenchShape(LoadTestShape):
     def __init__(self) -> None:
         super().__init__()
         self.stages = shapes.schedule(
-            SHAPE or "ramp", TARGET_WRITES, DURATION, USER_RPS, WORKLOAD.players_per_match, STEPS
+            SHAPE or "ramp",
+            TARGET_WRITES,
+            DURATION,
+            USER_RPS,
+            WORKLOAD.players_per_match,
+            STEPS,
+            FRESH_SHARE,
         )
 
     def tick(self) -> tuple[int, float, list[type[User]]] | None:

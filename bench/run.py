@@ -209,7 +209,13 @@ def http_phases(
             cluster.url,
         )
         stages = shapes.schedule(
-            "ramp", s.target_writes, s.ramp_seconds, s.user_rps, workload.players_per_match, s.ramp_steps
+            "ramp",
+            s.target_writes,
+            s.ramp_seconds,
+            s.user_rps,
+            workload.players_per_match,
+            s.ramp_steps,
+            workload.fresh_share,
         )
         result["writes"] = report.http_writes(run, stages)
         log(f"HTTP writes: sustained {result['writes']['sustained_writes_per_s']:.0f}/s")
@@ -498,11 +504,12 @@ def latency_curve(
     # the users' spawning and then Locust's whole percentile window.
     hold = locust_csv.RECENT_WINDOW_S + report.SPAWN_SETTLE_S
     seconds = float(max(s.sweep_seconds + 4, math.ceil(4 / 3 * hold)))
-    held_from = shapes.schedule("soak", sustained, seconds, s.user_rps, workload.players_per_match)[0].until
+    soak = (seconds, s.user_rps, workload.players_per_match, 6, workload.fresh_share)
+    held_from = shapes.schedule("soak", sustained, *soak)[0].until
     steps = []
     for n, share in enumerate(s.shares()):
         offered = round(share * sustained)
-        stages = shapes.schedule("soak", offered, seconds, s.user_rps, workload.players_per_match)
+        stages = shapes.schedule("soak", offered, *soak)
         scrapes: list[server_latency.Buckets] = []
         # The first step's routers are profiled once its rate is held, where write CPU and latency go;
         # the step the goal is read from (80%) is left unsampled, as py-spy takes a little CPU.

@@ -28,7 +28,7 @@ class Stage:
     until: float
     users: int
     spawn_rate: float
-    offered: float  # the writes/s these users offer when the system keeps their pace
+    offered: float  # the fresh writes/s these users offer when the system keeps their pace
 
 
 def users_for(writes_per_s: float, user_rps: float, scores_per_request: int) -> int:
@@ -36,17 +36,28 @@ def users_for(writes_per_s: float, user_rps: float, scores_per_request: int) -> 
 
 
 def schedule(
-    shape: str, target: float, seconds: float | None, user_rps: float, scores_per_request: int, steps: int = 6
+    shape: str,
+    target: float,
+    seconds: float | None,
+    user_rps: float,
+    scores_per_request: int,
+    steps: int = 6,
+    fresh_share: float = 1.0,
 ) -> list[Stage]:
-    """The stages of ``shape`` for a target of ``target`` player-score writes a second."""
+    """The stages of ``shape`` for a target of ``target`` player-score writes a second.
+    ``fresh_share``: the share of the posts that are new results (1 - SHARDLB_RETRY_SHARE; the rest
+    replay one already written and write nothing), so that the fresh ones meet the target."""
     if shape not in SHAPES:
         raise ValueError(f"SHARDLB_SHAPE must be one of {', '.join(SHAPES)}, not {shape!r}")
+    if not 0 < fresh_share <= 1:
+        raise ValueError(f"SHARDLB_RETRY_SHARE leaves {fresh_share:g} of the posts fresh: nothing to target")
     total = DEFAULT_SECONDS[shape] if seconds is None else seconds
+    fresh_rps = user_rps * fresh_share
 
     def stage(until: float, writes: float) -> Stage:
-        users = users_for(writes, user_rps, scores_per_request)
+        users = users_for(writes, fresh_rps, scores_per_request)
         # Spawning all of a step's users in about a second keeps the step's offered load honest.
-        return Stage(until, users, max(10.0, float(users)), users * user_rps * scores_per_request)
+        return Stage(until, users, max(10.0, float(users)), users * fresh_rps * scores_per_request)
 
     if shape == "ramp":
         return [stage(total * (i + 1) / steps, target * (i + 1) / steps) for i in range(steps)]

@@ -88,6 +88,12 @@ class Workload:
     page_limit: int = 50
     around_radius: int = 5
 
+    @property
+    def fresh_share(self) -> float:
+        """The share of the posts that carry new results (the rest replay one, ``retry_share``); 1
+        when every post would be a replay, which leaves no fresh rate to target: posts count then."""
+        return 1.0 - self.retry_share or 1.0
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Workload:
         """Build from the environment; a bad value raises ValueError naming the variable."""

@@ -19,6 +19,8 @@ from typing import ClassVar
 
 import pytest
 
+from bench import locust_csv
+
 ROOT = Path(__file__).resolve().parent.parent
 USERS = 24
 RPS = 2.0  # a period of 0.5 s: a spread user's requests fall anywhere in it, the same place each time
@@ -58,6 +60,8 @@ def _locust(env: dict[str, str], args: list[str], tmp_path: Path) -> subprocess.
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = {"SHARDLB_PLAYERS": "1000", "SHARDLB_BOARD": "phase-t", "SHARDLB_ADMIN_KEY": ""}
     base["SHARDLB_SHAPE"] = ""
+    # The locustfile imports bench.shapes and bench.workload: this checkout's, whatever is installed.
+    base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     locust = Path(sys.executable).parent / "locust"
     try:
         return subprocess.run(
@@ -128,8 +132,8 @@ def test_the_ramp_runs_game_servers_for_its_write_target(tmp_path: Path) -> None
     # 1,000 player-scores a second at 10 requests a second of 10 scores: 10 game servers, however
     # many user classes the locustfile has and whether or not the command line names them (the
     # Kubernetes master names none). Locust used to split the shape's users evenly between the
-    # classes: 5 game servers, half the target.
-    target = {"SHARDLB_TARGET_WRITES": "1000", "SHARDLB_USER_RPS": "10"}
+    # classes: 5 game servers, half the target. (No replays here: they are the next test's.)
+    target = {"SHARDLB_TARGET_WRITES": "1000", "SHARDLB_USER_RPS": "10", "SHARDLB_RETRY_SHARE": "0"}
     assert _spawned(target, [], tmp_path) == {"GameServer": 10}
     assert _spawned(target, ["GameServer"], tmp_path) == {"GameServer": 10}
     # Readers come from their own setting: 20 reads a second at 5 a Player user.
@@ -139,6 +143,24 @@ def test_the_ramp_runs_game_servers_for_its_write_target(tmp_path: Path) -> None
 
 
 @pytest.mark.skipif(not (Path(sys.executable).parent / "locust").exists(), reason="locust is not installed")
+def test_replayed_posts_are_not_counted_as_written_scores(tmp_path: Path) -> None:
+    # Every post after a user's first replays it (SHARDLB_RETRY_SHARE 1): the router answers a
+    # replay from its dedup records and writes nothing, so only the 2 users' first posts are
+    # player-scores; the replays have an entry of their own.
+    retry = {"SHARDLB_RETRY_SHARE": "1", "SHARDLB_USER_RPS": "10"}
+    args = ["-u", "2", "-r", "2", "-t", "3s", "--csv", str(tmp_path / "run"), "GameServer"]
+    done = _locust(retry, args, tmp_path)
+    stats = {e.key: e for e in locust_csv.read_stats(tmp_path / "run_stats.csv")}
+    posts = stats["POST /v1/boards/[board]/scores"].requests
+    assert posts > 10, done.stderr[-2000:]
+    assert stats["WRITE player-scores"].requests == 2
+    assert locust_csv.scores_written(list(stats.values())) == 20
+    assert stats["WRITE replayed-scores"].requests == posts - 2
+    # A shape's users post fresh scores at its target: half of them replays, twice the users.
+    target = {"SHARDLB_TARGET_WRITES": "1000", "SHARDLB_USER_RPS": "10", "SHARDLB_RETRY_SHARE": "0.5"}
+    assert _spawned(target, [], tmp_path) == {"GameServer": 20}
+
+
 def test_users_started_together_spread_their_requests_over_every_period(tmp_path: Path) -> None:
     together = _arrivals("together", tmp_path)
     spread = _arrivals("spread", tmp_path)

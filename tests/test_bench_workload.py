@@ -71,6 +71,15 @@ def test_ramp_steps_up_to_the_target() -> None:
     assert shapes.at(stages, 60) is None
 
 
+def test_the_shapes_target_counts_fresh_scores_not_replays() -> None:
+    # Half the posts replay an earlier one (SHARDLB_RETRY_SHARE 0.5): twice the users post 1,000
+    # fresh scores a second, which is what the stage offers.
+    (stage,) = shapes.schedule("ramp", 1000, 10, user_rps=10, scores_per_request=10, steps=1, fresh_share=0.5)
+    assert (stage.users, stage.offered) == (20, 1000)
+    with pytest.raises(ValueError, match="SHARDLB_RETRY_SHARE"):
+        shapes.schedule("ramp", 1000, 10, user_rps=10, scores_per_request=10, fresh_share=0.0)
+
+
 def test_spike_is_ten_times_the_base_for_thirty_seconds() -> None:
     stages = shapes.schedule("spike", 20_000, 90, user_rps=10, scores_per_request=10)
     base, spike, after = stages
