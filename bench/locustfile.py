@@ -131,6 +131,19 @@ def _start_phase(user: User, rps: float) -> None:
     user._shardlb_due = time.perf_counter()  # type: ignore[attr-defined]
 
 
+def error_code(body: bytes | None) -> str | None:
+    """The ``error.code`` of an error reply (api.md: ``{"error": {"code": ...}}``); None when the
+    body is not one."""
+    if not body:
+        return None
+    try:
+        reply = msgpack.unpackb(body) if MSGPACK else orjson.loads(body)
+    except ValueError:
+        return None
+    error = reply.get("error") if isinstance(reply, dict) else None
+    return error.get("code") if isinstance(error, dict) else None
+
+
 def _no_cookies(user: FastHttpUser) -> None:
     """The router sets no cookies; skipping the cookie jar saves ~6% of Locust's CPU per request."""
     user.client.client.cookiejar = None
@@ -198,7 +211,9 @@ class Player(FastHttpUser):
 
     def _get(self, path: str, name: str, missing_ok: bool = False) -> None:
         with self.client.get(path, headers=READ_HEADERS, name=name, catch_response=True) as response:
-            if response.status_code == 200 or (missing_ok and response.status_code == 404):
+            # A player without a score is a correct 404; a missing board (board_not_found) is not.
+            missing = response.status_code == 404 and error_code(response.content) == "player_not_found"
+            if response.status_code == 200 or (missing_ok and missing):
                 response.success()
             else:
                 response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
@@ -209,7 +224,7 @@ class Player(FastHttpUser):
         if kind == "top":
             self._get(f"{BASE}/top?limit=100", "/v1/boards/[board]/top")
         elif kind == "rank":
-            # A player without a score (a small test population) is a correct 404, not a failure.
+            # A player without a score (a small test population) is a correct 404 player_not_found.
             self._get(
                 f"{BASE}/players/{WORKLOAD.player(self.rng)}",
                 "/v1/boards/[board]/players/[id]",

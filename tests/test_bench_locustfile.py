@@ -53,10 +53,34 @@ class Arrivals(BaseHTTPRequestHandler):
         pass
 
 
-def _locust(env: dict[str, str], args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """Run the locustfile headless against a fresh Arrivals server (Arrivals.times: its POSTs)."""
+class Missing(BaseHTTPRequestHandler):
+    """Answers every read 404 with the error code ``code``, as the router does for a player without
+    a score (player_not_found) or a board that is not there (board_not_found)."""
+
+    protocol_version = "HTTP/1.1"
+    code: ClassVar[str] = "player_not_found"
+
+    def do_GET(self) -> None:
+        body = json.dumps({"error": {"code": self.code, "message": "not here", "field": None}}).encode()
+        self.send_response(404)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _locust(
+    env: dict[str, str],
+    args: list[str],
+    tmp_path: Path,
+    handler: type[BaseHTTPRequestHandler] = Arrivals,
+) -> subprocess.CompletedProcess[str]:
+    """Run the locustfile headless against a fresh server of ``handler`` (Arrivals.times: its POSTs)."""
     Arrivals.times = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Arrivals)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = {"SHARDLB_PLAYERS": "1000", "SHARDLB_BOARD": "phase-t", "SHARDLB_ADMIN_KEY": ""}
     base["SHARDLB_SHAPE"] = ""
@@ -159,6 +183,22 @@ def test_replayed_posts_are_not_counted_as_written_scores(tmp_path: Path) -> Non
     # A shape's users post fresh scores at its target: half of them replays, twice the users.
     target = {"SHARDLB_TARGET_WRITES": "1000", "SHARDLB_USER_RPS": "10", "SHARDLB_RETRY_SHARE": "0.5"}
     assert _spawned(target, [], tmp_path) == {"GameServer": 20}
+
+
+def test_a_missing_board_fails_a_rank_read_and_a_missing_player_does_not(tmp_path: Path) -> None:
+    # "rank" and "around" read random players, some without a score in a small test population: a
+    # 404 player_not_found is a correct answer. A 404 board_not_found is a broken test (no board,
+    # or the wrong SHARDLB_BOARD) and must count as failures, not as fast successful reads.
+    reads = {"SHARDLB_READ_MIX": "rank:1,around:1", "SHARDLB_READER_RPS": "20"}
+    args = ["-u", "2", "-r", "2", "-t", "2s", "--csv", str(tmp_path / "run"), "Player"]
+    paths = ("GET /v1/boards/[board]/players/[id]", "GET /v1/boards/[board]/players/[id]/around")
+    for code, failing in (("player_not_found", False), ("board_not_found", True)):
+        Missing.code = code
+        done = _locust(reads, args, tmp_path, Missing)
+        stats = {e.key: e for e in locust_csv.read_stats(tmp_path / "run_stats.csv")}
+        for path in paths:
+            assert stats[path].requests > 0, done.stderr[-2000:]
+            assert stats[path].failures == (stats[path].requests if failing else 0), (code, path)
 
 
 def test_users_started_together_spread_their_requests_over_every_period(tmp_path: Path) -> None:
