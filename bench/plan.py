@@ -1058,7 +1058,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     periods = [p.strip() for p in args.periods.split(",") if p.strip()]
     unknown = sorted(set(periods) - {"total", *PERIOD_SETS})
-    if unknown or args.players < 1 or args.writes < 0 or args.reads < 0 or args.replicas < 0:
+    for flag, rate in (("--writes", args.writes), ("--reads", args.reads)):
+        if not math.isfinite(rate) or rate < 0:
+            parser.error(f"{flag} is a rate a second: a finite number, at least 0 (got {rate:g})")
+    if unknown or args.players < 1 or args.replicas < 0:
         parser.error(f"bad arguments{': unknown periods ' + ', '.join(unknown) if unknown else ''}")
     if not 0 <= args.incr <= 1:
         parser.error("--incr is a share of the writes, from 0 to 1")

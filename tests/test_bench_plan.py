@@ -730,3 +730,14 @@ def test_a_plan_has_at_least_three_masters_for_failover(
     assert "Redis masters        3  (the minimum: a failover needs a majority of masters" in (
         capsys.readouterr().out
     )
+
+
+def test_main_refuses_rates_that_are_not_finite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    summary = ["--summary", str(tmp_path / "none.json")]
+    for flag in ("--writes", "--reads"):
+        for value in ("nan", "inf", "-inf"):
+            rates = {"--writes": "1000", "--reads": "1000", flag: value}
+            with pytest.raises(SystemExit) as stop:
+                plan.main(["--players", "1000", *[f"{k}={v}" for k, v in rates.items()], *summary])
+            assert stop.value.code == 2, (flag, value)  # argparse's usage error, not a traceback
+            assert f"{flag} is a rate" in capsys.readouterr().err
