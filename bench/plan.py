@@ -944,10 +944,13 @@ def _journal_line(j: Journal, max_entries: int, max_results: int = JOURNAL_MAX_R
         if j.bound == "results"
         else f"{max_entries:,} entries (SHARDLB_JOURNAL_MAX_ENTRIES), {j.results:,.0f} results"
     )
-    line = (
-        f"{_size(j.bytes_per_master)} per master at {reached} a shard in entries of {per_entry} results "
-        f"({_size(j.bytes_per_shard)} a shard); at this rate the bound holds {j.buffer_s:,.0f} s of writes "
-        "while PostgreSQL or the archiver is down, then writes get 503"
+    line = f"{_size(j.bytes_per_master)} per master at {reached} a shard in entries of {per_entry} results "
+    line += f"({_size(j.bytes_per_shard)} a shard); "
+    if math.isinf(j.buffer_s):
+        return line + "no journaled writes: the bound is never reached"
+    line += (
+        f"at this rate the bound holds {j.buffer_s:,.0f} s of writes while PostgreSQL or the archiver is "
+        "down, then writes get 503"
     )
     if j.buffer_s < JOURNAL_HOLD_S:
         results = math.ceil(j.results * JOURNAL_HOLD_S / j.buffer_s / 1000 - 1e-9) * 1000

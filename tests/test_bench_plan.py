@@ -741,3 +741,11 @@ def test_main_refuses_rates_that_are_not_finite(tmp_path: Path, capsys: pytest.C
                 plan.main(["--players", "1000", *[f"{k}={v}" for k, v in rates.items()], *summary])
             assert stop.value.code == 2, (flag, value)  # argparse's usage error, not a traceback
             assert f"{flag} is a rate" in capsys.readouterr().err
+
+
+def test_no_writes_fill_no_journal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    assert plan.main(_main_args(tmp_path, 0)) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  journal bound"))
+    assert "no journaled writes: the bound is never reached" in line
+    assert "inf" not in line and "to hold 5 minutes" not in line
