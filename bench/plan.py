@@ -98,7 +98,8 @@ LOAD_STEPS_SUMMARY = "load-steps.json"  # beside summary.json
 CALL_COST_SHARDS = "3"  # the load-steps board whose two library steps give the call costs
 MAX_DATA_PER_MASTER = 25 * 2**30  # beyond this, a full resync or a restart takes too long
 MAX_PLAYERS_PER_SHARD = 50_000_000  # one sorted set stays one slot: keep it small enough to move
-MAX_MASTERS = 1024  # one shard per master at most: a board has at most 1024 shards
+MAX_SHARDS = 1024  # a board's shard count at most (the API's limit)
+MAX_MASTERS = MAX_SHARDS  # beyond one master a shard, more masters take no part of a board
 # Redis Cluster promotes a replica only when a majority of the masters agree that its master failed:
 # with 1 or 2 masters, losing one leaves no majority, so no failover (and `redis-cli --cluster
 # create`, like k8s/base/redis/cluster-bootstrap.sh, refuses fewer than 3).
@@ -139,6 +140,7 @@ class Plan:
     scores_per_call: float = 0.0  # in a router's write script call for one shard (``scores_per_call``)
     write_routers: int = 0  # the routers that take the writes (all of them unless a pool was asked)
     write_us: float = 0.0  # a master's CPU per write at that call size (w of the model)
+    warnings: tuple[str, ...] = ()  # where a cap leaves the load short of what it needs
 
     @property
     def nodes(self) -> int:
@@ -328,7 +330,7 @@ def plan(
     masters = min(MAX_MASTERS, max(MIN_MASTERS, by_memory))
     while True:
         per_master = shards_per_master(players, masters)
-        shards = min(1024, masters * per_master)
+        shards = min(MAX_SHARDS, masters * per_master)
         batch = scores_per_call(writes, writers, shards, request_scores)
         write_us = base_us * call_size_factor(c, batch)
         write_us += incr * (DEDUP_BUCKETS + 1) * c["redis_master_us_per_dedup_lookup"]
@@ -337,6 +339,8 @@ def plan(
         if by_cpu <= masters or masters >= MAX_MASTERS:
             break
         masters = min(MAX_MASTERS, by_cpu)
+    warnings = _cap_warnings(players, shards, masters * per_master, by_memory, by_cpu)
+    per_master = math.ceil(shards / masters)  # the busiest master's, once the shards are capped
     group_read = (
         reads * (1 - cached) * (c["redis_node_us_per_read"] + per_master * c["redis_shard_us_per_read"])
     )
@@ -381,10 +385,30 @@ def plan(
     if not journaled:
         journal = Journal(0.0, 0.0, 0.0, 0.0)
     memory_per_node = int((data / masters + journal.bytes_per_master) * FORK_HEADROOM)
+    fits = not over and max(by_memory, by_cpu) <= MAX_MASTERS
     return Plan(
         masters, replicas, shards, read_from, routers, memory_per_node, data, dedup, redis_cores,
-        router_cores, journal, reasons, not over, batch, writers, write_us,
+        router_cores, journal, reasons, fits, batch, writers, write_us, tuple(warnings),
     )  # fmt: skip
+
+
+def _cap_warnings(players: int, shards: int, wanted_shards: int, by_memory: int, by_cpu: int) -> list[str]:
+    """What the caps (MAX_MASTERS, MAX_SHARDS) leave short: masters that cannot hold the load, shards
+    past MAX_PLAYERS_PER_SHARD."""
+    warnings = []
+    needed = max(by_memory, by_cpu)
+    if needed > MAX_MASTERS:
+        what = "writes" if by_cpu >= by_memory else "data"
+        warnings.append(
+            f"the {what} need {needed:,} masters; one board spreads over at most {MAX_MASTERS:,} masters "
+            "(one shard each), which do NOT hold them: split the load over boards or clusters"
+        )
+    if wanted_shards > shards and players / shards > MAX_PLAYERS_PER_SHARD:
+        warnings.append(
+            f"a board has at most {MAX_SHARDS:,} shards, so {players / shards:,.0f} players a shard, past "
+            f"the {MAX_PLAYERS_PER_SHARD:,} a shard should hold to move and resync in good time"
+        )
+    return warnings
 
 
 def _masters_bound(by_memory: int, by_cpu: int) -> str:
@@ -776,6 +800,7 @@ def render(
             f"periods {','.join(periods)}, {cached:.0%} of the reads from the routers' top cache",
             "",
             f"  layout               {p.reasons['sharding']} board  ({p.reasons.get('chosen', 'as asked')})",
+            *(f"  WARNING: {w}" for w in p.warnings),
             f"  Redis masters        {p.masters}  ({masters_why(p)}; {nodes} nodes with replicas)",
             f"  replicas per master  {p.replicas}",
             f"  reads from           {p.read_from}  (SHARDLB_READ_FROM)",

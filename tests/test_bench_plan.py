@@ -749,3 +749,26 @@ def test_no_writes_fill_no_journal(tmp_path: Path, capsys: pytest.CaptureFixture
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  journal bound"))
     assert "no journaled writes: the bound is never reached" in line
     assert "inf" not in line and "to hold 5 minutes" not in line
+
+
+def test_a_plan_at_a_cap_says_so_and_its_numbers_agree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 60 billion players: 60e9 x 100 B x 1.2 = 7.2 TB, 269 masters of 25 GiB, which would need 5
+    # shards each to keep 50M players a shard (1,345); a board has at most 1,024: 3 or 4 a master,
+    # and 58.6M players a shard.
+    big = plan.plan(60_000_000_000, 1, 0, 1, ["total"], COSTS)
+    assert (big.masters, big.shards) == (269, 1024)
+    assert "4 per master" in big.reasons["shards"] and "5 per master" not in big.reasons["shards"]
+    assert any("1,024 shards" in w and "58,593,750 players a shard" in w for w in big.warnings)
+    assert big.fits  # more players a shard than planned for, but it runs
+    # A billion writes a second: 10,000 cores of writes, 20,000 masters; a cluster of one shard a
+    # master stops at 1,024, which do not hold them.
+    fast = plan.plan(1000, 1e9, 0, 1, ["total"], COSTS)
+    assert fast.masters == plan.MAX_MASTERS and not fast.fits
+    assert any("1,024 masters" in w and "20,000" in w for w in fast.warnings)
+    assert plan.plan(1000, 1000, 0, 1, ["total"], COSTS).warnings == ()
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    assert plan.main([*_main_args(tmp_path, 10**9), "--sharding", "hash"]) == 0
+    out = capsys.readouterr().out
+    assert "  WARNING: the writes need 20,000 masters" in out
