@@ -1338,3 +1338,16 @@ def test_readme_states_the_facts_the_tests_check() -> None:
         assert re.search(rf"kubectl (-n \S+ )?create secret generic {secret}", readme), secret
     for needle in ("--cluster add-node", "--cluster rebalance", "shardlb plan --players"):
         assert needle in readme, needle
+
+
+def test_the_locust_cleanup_selector_finds_every_object_prod_loadtest_adds() -> None:
+    # k8s/README.md, step 5: back on prod, `kubectl delete deployment,service,configmap,networkpolicy
+    # -l app.kubernetes.io/name=locust` must remove all that prod-loadtest added over prod (the
+    # shardlb-bench-keys Secret, never rendered, is deleted by name). The generated locust-config
+    # ConfigMap used to lack the label and stayed behind.
+    prod = {(o["kind"], o["metadata"]["name"]) for o in rendered("prod")}
+    added = [o for o in rendered("prod-loadtest") if (o["kind"], o["metadata"]["name"]) not in prod]
+    assert {o["kind"] for o in added} == {"Deployment", "Service", "ConfigMap", "NetworkPolicy"}
+    for o in added:
+        labels = o["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/name") == "locust", f"{o['kind']}/{o['metadata']['name']}"
