@@ -401,3 +401,42 @@ async def test_the_cluster_view_shows_nodes_shards_and_live_traffic(
     await expect(page.locator("#chart-p99 path")).to_have_count(2)
     await screenshot(page, shots / "dashboard-cluster.png", full_page=True)
     await page.close()
+
+
+async def test_the_cluster_view_says_when_the_router_is_gone_and_when_it_is_back(
+    browser: Browser, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The router stops under an open cluster view: the state turns unknown (not the last "ok"), the
+    nodes and journal are marked stale and the error is shown; a router back on the same address
+    ends all three at the next poll."""
+    server = Server(cluster.url, tmp_path / "router.log")
+    try:
+        page = await browser.new_page()
+        await page.goto(f"{server.url}/dashboard")
+        await page.fill("#key", ADMIN)
+        await page.click("#login-form button")
+        await page.click("#nav-cluster")
+        state = page.locator("#cluster-state")
+        await expect(state).to_contain_text("cluster_state ok")
+        await expect(state).to_have_class("state ok")
+        await expect(page.locator("#nodes tbody tr")).to_have_count(6)
+        await expect(page.locator("#nodes")).not_to_have_class("stale")
+
+        assert server.stop() == 0
+        await expect(state).to_have_class("state bad")
+        await expect(state).to_contain_text("cluster state unknown")
+        await expect(state).not_to_contain_text("router ready")
+        await expect(page.locator("#nodes")).to_have_class("stale")
+        await expect(page.locator("#durability")).to_have_class("inline stale")
+        await expect(page.locator("#notice")).to_have_class("error")
+
+        server = Server(cluster.url, tmp_path / "router-again.log", port=server.port)
+        await expect(state).to_have_class("state ok", timeout=10_000)
+        await expect(state).to_contain_text("cluster_state ok")
+        await expect(page.locator("#nodes")).not_to_have_class("stale")
+        await expect(page.locator("#durability")).to_have_class("inline")
+        await expect(page.locator("#notice")).to_have_text("")
+        await expect(page.locator("#notice")).not_to_have_class("error")
+        await page.close()
+    finally:
+        assert server.stop() == 0

@@ -69,8 +69,8 @@ def free_port() -> int:
 class Server:
     """``python -m router.server serve`` in a child process."""
 
-    def __init__(self, url: str, log: Path, workers: int = 1, **env: str) -> None:
-        self.port = free_port()
+    def __init__(self, url: str, log: Path, workers: int = 1, port: int | None = None, **env: str) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDLB_", "PROMETHEUS_"))}

@@ -414,7 +414,16 @@ async function openCluster() {
   } catch (error) {
     failed(error);
   }
-  every(CLUSTER_EVERY_MS, () => Promise.all([loadNodes(mine), loadTraffic(mine), loadShards(mine)]));
+  // A poll whose three reads all answered ends an error shown earlier; one that failed says so itself.
+  every(CLUSTER_EVERY_MS, async () => {
+    const answered = await Promise.all([loadNodes(mine), loadTraffic(mine), loadShards(mine)]);
+    if (mine === generation && answered.every(Boolean) && $("notice").className === "error") notice("");
+  });
+}
+
+// What a failed poll leaves on screen is the last answer: marked stale, never shown as current.
+function stale(ids, isStale) {
+  for (const id of ids) $(id).classList.toggle("stale", isStale);
 }
 
 function periodsFor(boards) {
@@ -454,8 +463,17 @@ async function loadNodes(mine) {
     $("journal-entries").textContent = String(journal.entries ?? "–");
     $("journal-seconds").textContent = String(journal.seconds ?? "–");
     $("journal-bound").textContent = String(journal.bound ?? "–");
+    stale(["nodes", "durability"], false);
+    return true;
   } catch (error) {
-    if (mine === generation) failed(error);
+    if (mine !== generation) return false;
+    failed(error);
+    const why = error instanceof ApiError ? `${error.status} ${error.code}` : "no answer from the router";
+    const state = $("cluster-state");
+    state.textContent = `cluster state unknown (${why}) · the nodes and journal below are from the last answer`;
+    state.className = "state bad";
+    stale(["nodes", "durability"], true);
+    return false;
   }
 }
 
@@ -469,7 +487,7 @@ async function readiness() {
 
 async function loadShards(mine) {
   const board = $("shard-board").value;
-  if (!board) return;
+  if (!board) return true;
   try {
     const map = await api(`/v1/admin/boards/${seg(board)}/shards` + query({ period: $("shard-period").value }));
     if (mine !== generation) return;
@@ -478,8 +496,13 @@ async function loadShards(mine) {
     fill($("shards").tBodies[0], map.shards.map((s) => row([el("td", s.shard, "num"), el("td", s.slot, "num"), s.node || "unassigned", el("td", s.members, "num"), band(s)])));
     $("shard-skew").textContent = map.band_skew === undefined ? "" :
       `largest band / mean band: ${map.band_skew} (shardlb bands --apply draws the starts again past 1.5)`;
+    stale(["shards"], false);
+    return true;
   } catch (error) {
-    if (mine === generation) failed(error);
+    if (mine !== generation) return false;
+    failed(error);
+    stale(["shards"], true);
+    return false;
   }
 }
 
@@ -504,10 +527,10 @@ function quantile(q, bounds, before, after) {
 async function loadTraffic(mine) {
   try {
     const now = await api("/v1/admin/metrics");
-    if (mine !== generation) return;
+    if (mine !== generation) return false;
     const last = traffic.last;
     traffic.last = now;
-    if (!last || now.at_ms <= last.at_ms) return;
+    if (!last || now.at_ms <= last.at_ms) return true;
     const seconds = (now.at_ms - last.at_ms) / 1000;
     const rate = (a, b) => (a - b) / seconds;
     const ms = (v) => (v === null ? null : v * 1000);
@@ -520,8 +543,10 @@ async function loadTraffic(mine) {
     });
     if (traffic.points.length > HISTORY) traffic.points.shift();
     drawCharts();
+    return true;
   } catch (error) {
     if (mine === generation) failed(error);
+    return false;
   }
 }
 
