@@ -3,6 +3,7 @@ and /metrics sums them; the process id that check uses is kept, not asked of the
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -37,3 +38,59 @@ def test_a_forked_process_counts_apart_and_the_scrape_sums_every_process(tmp_pat
     total, files = done.stdout.split()
     assert float(total) == 7.0
     assert int(files) >= 2  # one counter file per process
+
+
+GAUGES = """
+import json, os
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+
+def worker(value):
+    child = os.fork()
+    if child == 0:
+        from router import metrics  # here, not in the scraping process: it would hold values too
+
+        lag = (metrics.JOURNAL_ENTRIES, metrics.JOURNAL_RESULTS, metrics.JOURNAL_SECONDS)
+        for gauge in (*lag, metrics.QUEUE_DEPTH):
+            gauge.set(value)
+        if value == 500:  # this worker ends: the lifespan's last step
+            metrics.worker_exit(os.getpid())
+        os._exit(0)
+    os.waitpid(child, 0)
+
+
+def scrape():
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged)
+    body = generate_latest(merged)
+    names = ("shardlb_journal_lag_", "shardlb_coalescer_queue_depth")
+    return {
+        line.split("{")[0].split(" ")[0]: float(line.rsplit(" ", 1)[1])
+        for line in body.decode().splitlines()
+        if line.startswith(names)
+    }
+
+
+worker(500)  # a worker that saw a long lag, then stopped
+after_exit = scrape()
+worker(9)  # two live workers' readings since, the later one lower: the lag is going down
+worker(7)
+print(json.dumps([after_exit, scrape()]))
+"""
+
+
+def test_a_stopped_workers_gauges_leave_the_scrape(tmp_path: Path) -> None:
+    """Journal lag is one cluster-wide quantity that every worker reads: the scrape shows the newest
+    reading of a live worker (not the largest, which may be one from five seconds ago), never the
+    last one of a worker that has stopped."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", GAUGES], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    after_exit, with_live = json.loads(done.stdout)
+    assert after_exit == {}
+    assert with_live == {
+        "shardlb_journal_lag_entries": 7.0,
+        "shardlb_journal_lag_results": 7.0,
+        "shardlb_journal_lag_seconds": 7.0,
+        "shardlb_coalescer_queue_depth": 16.0,  # each worker's own queue: the live ones' sum
+    }
