@@ -1,4 +1,5 @@
-"""One JSON object per log line on stderr, for the router's own logger ``shardlb.router``.
+"""One JSON object per log line on stderr, for every logger of a router process: the router's own
+``shardlb.router``, shardlb's library modules' and uvicorn's.
 
 Structured fields travel in ``extra={"fields": {...}}`` and become keys of the line.
 """
@@ -32,13 +33,29 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
+class _AnsweredBy400Line(logging.Filter):
+    """Drops uvicorn's plain warning for a request llhttp cannot parse: router/http.py's
+    send_400_response answers that request and logs it as one 400 line with its request id."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "Invalid HTTP request received."
+
+
 def configure(level: str = "info") -> logging.Logger:
-    """Give ``shardlb.router`` one JSON handler on stderr (once per process) at ``level``."""
-    logger = logging.getLogger(LOGGER)
-    logger.setLevel(level.upper())
-    if not any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JsonFormatter())
-        logger.addHandler(handler)
+    """Give ``shardlb`` (the router's logger ``shardlb.router`` and the library modules' loggers
+    below it: reshard, settlement, archive) and ``uvicorn.error`` one JSON handler on stderr, once
+    per process, at ``level``; return the router's logger.
+
+    Neither propagates: a handler above them (uvicorn's plain-text one on ``uvicorn``, or one on the
+    root logger) would write each line a second time."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    for name in ("shardlb", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        logger.setLevel(level.upper())
         logger.propagate = False
-    return logger
+        if not any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
+            logger.addHandler(handler)
+        if name == "uvicorn.error" and not any(isinstance(f, _AnsweredBy400Line) for f in logger.filters):
+            logger.addFilter(_AnsweredBy400Line())
+    return logging.getLogger(LOGGER)

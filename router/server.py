@@ -18,6 +18,7 @@ import tempfile
 import uvicorn
 from redis.utils import HIREDIS_AVAILABLE
 
+from router import logs
 from router.app import HIREDIS_WARNING
 from router.settings import Settings, SettingsError
 
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as e:
         print(f"shardlb serve: error: {e}", file=sys.stderr)
         return 2
+    logs.configure(settings.log_level)  # this process's uvicorn lines too (the workers', create_app)
     if not HIREDIS_AVAILABLE:
         print(f"\n{'!' * 78}\nWARNING: {HIREDIS_WARNING}\n{'!' * 78}\n", file=sys.stderr)
     metrics_dir = None
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             # the peer; the app does that itself, only for SHARDLB_TRUSTED_PROXIES.
             proxy_headers=False,
             log_level=settings.log_level,
+            log_config=None,  # uvicorn's would put its plain-text handler back: router/logs.py's JSON
             server_header=False,
             timeout_graceful_shutdown=math.ceil(settings.drain_seconds),
         )

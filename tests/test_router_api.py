@@ -642,11 +642,11 @@ async def test_errors_are_logged_once_as_json(
     client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level("INFO", logger="shardlb.router")
-    logging.getLogger("shardlb.router").addHandler(caplog.handler)
+    logging.getLogger("shardlb").addHandler(caplog.handler)  # where the JSON handler is
     try:
         await client.get("/v1/boards/no-such-board/top", headers={"X-Request-Id": "log-me"})
     finally:
-        logging.getLogger("shardlb.router").removeHandler(caplog.handler)
+        logging.getLogger("shardlb").removeHandler(caplog.handler)
     lines = [r for r in caplog.records if getattr(r, "fields", {}).get("request_id") == "log-me"]
     assert len(lines) == 1
     fields = getattr(lines[0], "fields", {})

@@ -226,7 +226,7 @@ async def test_an_exhausted_pool_answers_only_200_or_503(
     200 or 503 cluster_unavailable with Retry-After, each logged as one line without a traceback."""
     async with running(cluster.url) as (_, client):
         name = await tied_board(client)
-    logger = logging.getLogger("shardlb.router")
+    logger = logging.getLogger("shardlb")  # where the router's JSON handler is (router/logs.py)
     logger.addHandler(caplog.handler)
     try:
         seen = await hammer_with_a_tiny_pool(cluster.url, name)

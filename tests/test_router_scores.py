@@ -112,7 +112,7 @@ async def test_a_failure_inside_is_a_logged_500_not_a_dropped_connection(
         raise RuntimeError("a bug in the router")
 
     monkeypatch.setattr(coalescer, "submit", broken)
-    logger = logging.getLogger("shardlb.router")
+    logger = logging.getLogger("shardlb")  # where the router's JSON handler is (router/logs.py)
     logger.addHandler(caplog.handler)
     try:
         r = await client.post(

@@ -1,0 +1,75 @@
+"""router/logs.py: every line a router process writes is one JSON object, once, whichever logger wrote
+it (the router's, shardlb's library modules', uvicorn's), at the level SHARDLB_LOG_LEVEL names."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from shardlb.cluster import LocalCluster
+from tests.test_router_server import Server
+
+# A worker as uvicorn leaves it (its own logging config applied before the app is built), then the
+# router's: a line from each kind of logger the router process holds.
+LINES = """
+import logging, logging.config, sys
+from uvicorn.config import LOGGING_CONFIG
+from router import logs
+
+logging.config.dictConfig(LOGGING_CONFIG)
+logs.configure(sys.argv[1])
+logging.getLogger("shardlb.router").info("router line", extra={"fields": {"a": 1}})
+logging.getLogger("shardlb.settlement").info("webhook deliveries swept", extra={"fields": {"delivered": 3}})
+logging.getLogger("shardlb.reshard").warning("reshard lease not refreshed", extra={"fields": {"key": "k"}})
+logging.getLogger("uvicorn.error").info("Started server process [%d]", 42)
+logging.getLogger("uvicorn.error").warning("Invalid HTTP request received.")
+"""
+
+
+def lines_at(level: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-c", LINES, level], capture_output=True, text=True, timeout=60, check=True
+    )
+    return [orjson.loads(line) for line in done.stderr.splitlines()]  # each line JSON, or this fails
+
+
+def test_every_logger_of_the_router_process_writes_json_once() -> None:
+    lines = lines_at("info")
+    assert [(x["logger"], x["level"], x["message"]) for x in lines] == [
+        ("shardlb.router", "info", "router line"),
+        ("shardlb.settlement", "info", "webhook deliveries swept"),
+        ("shardlb.reshard", "warning", "reshard lease not refreshed"),
+        ("uvicorn.error", "info", "Started server process [42]"),
+        # uvicorn's "Invalid HTTP request received." is not repeated: the router's 400 line says it
+    ]
+    assert lines[1]["delivered"] == 3 and lines[2]["key"] == "k"
+
+
+def test_the_level_holds_for_every_logger() -> None:
+    assert [x["message"] for x in lines_at("warning")] == ["reshard lease not refreshed"]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_router_process_writes_only_json_lines(cluster: LocalCluster, tmp_path: Path, workers: int) -> None:
+    """A real router, started, sent a request llhttp cannot parse, and stopped: its log holds JSON
+    lines only (uvicorn's own included), the refused request in one of them."""
+    log = tmp_path / "router.log"
+    server = Server(cluster.url, log, workers=workers)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nBad Name: x\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 400")
+    finally:
+        assert server.stop() == 0
+    text = log.read_text()
+    lines = [orjson.loads(line) for line in text.splitlines() if line.strip()]  # JSON, or this fails
+    assert [x.get("code") for x in lines].count("malformed_request") == 1, text
+    assert not [x for x in lines if x["message"] == "Invalid HTTP request received."], text
+    assert [x for x in lines if x["message"] == "router ready"], text
