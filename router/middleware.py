@@ -49,6 +49,9 @@ from router.settings import Network
 log = logging.getLogger("shardlb.router")
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 BODY_SLOTS_PER_CLIENT = 2
+# The methods the latency histogram names; llhttp parses 34, and a series for each of them on every
+# route would let anyone add thousands of series to a scrape: the rest are counted as "other".
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
 READ_AHEAD_BYTES = 96 * 1024  # when the app has no settings (SHARDLB_MAX_READ_BODY_BYTES' default)
 # What a client without a key may hold of a worker's requests in progress (SHARDLB_MAX_REQUESTS):
 # this fraction of them, at least one.
@@ -135,7 +138,8 @@ class Observe:
                 status = timed_out.status
             elapsed = time.perf_counter() - start
             route = getattr(scope.get("route"), "path", "unmatched")
-            _timer(scope["method"], route).observe(elapsed)
+            method = scope["method"]
+            _timer(method if method in METHODS else "other", route).observe(elapsed)
             _counter(route, status).inc()
             if status >= 400 or failure is not None or self.access_log:
                 self._log(

@@ -7,9 +7,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import msgpack
 import pytest
+from starlette.types import Receive, Scope, Send
 
+from router import metrics
+from router.middleware import Observe
 from shardlb.cluster import LocalCluster
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
 
@@ -81,3 +85,29 @@ def test_body_slots_are_counted_per_ipv6_network_not_per_address() -> None:
     assert same == body_client("2001:db8:1:2:ffff::9") != body_client("2001:db8:1:3::1")
     assert body_client("10.0.0.1") != body_client("10.0.0.2")
     assert body_client("not an address") == "not an address"
+
+
+async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
+    await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"no"})
+
+
+def _methods_seen() -> set[str]:
+    return {
+        sample.labels["method"]
+        for family in metrics.REQUEST_SECONDS.collect()
+        for sample in family.samples
+        if sample.name.endswith("_count")
+    }
+
+
+async def test_a_method_outside_the_usual_seven_is_counted_as_other() -> None:
+    """llhttp parses 34 methods: each one a series of its own would let anyone without a key add
+    thousands of series (methods times routes times buckets) to every scrape."""
+    transport = httpx.ASGITransport(app=Observe(_not_found))
+    async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        for method in ("PROPFIND", "MKCALENDAR", "PURGE", "M-SEARCH", "GET", "PATCH"):
+            assert (await client.request(method, "/v1/boards/b/top")).status_code == 404
+    seen = _methods_seen()
+    assert {"other", "GET", "PATCH"} <= seen
+    assert seen <= {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "other"}
