@@ -57,7 +57,7 @@ from uvicorn.server import ServerState
 from router import metrics
 from router.errors import ApiError
 from router.media import TIMED_OUT, headers_too_large, rendered_error, request_timeout, wants_msgpack
-from router.middleware import log_refused, new_request_id
+from router.middleware import LOGGED_PATH_CHARS, log_refused, new_request_id
 from router.settings import Settings, SettingsError
 
 
@@ -338,7 +338,8 @@ class HttpToolsProtocol(_UvicornHttpTools):
             self.flow.pause_reading()
             return
         request_id = new_request_id()
-        url = self.url[:200].decode("latin-1") if isinstance(getattr(self, "url", None), bytes) else ""
+        url = getattr(self, "url", None)
+        url = url[:LOGGED_PATH_CHARS].decode("latin-1") if isinstance(url, bytes) else ""
         log_refused(error, request_id, "", url)
         self.transport.write(self._answer(error, self.headers or [], request_id))
         self.transport.close()

@@ -49,6 +49,8 @@ from router.settings import Network
 log = logging.getLogger("shardlb.router")
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 BODY_SLOTS_PER_CLIENT = 2
+# A log line keeps this much of a request's path: a 60 KB path must not make a 60 KB line.
+LOGGED_PATH_CHARS = 200
 # The methods the latency histogram names; llhttp parses 34, and a series for each of them on every
 # route would let anyone add thousands of series to a scrape: the rest are counted as "other".
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
@@ -213,7 +215,7 @@ class Observe:
         fields: dict[str, Any] = {
             "request_id": request_id,
             "method": scope["method"],
-            "path": scope["path"],
+            "path": scope["path"][:LOGGED_PATH_CHARS],
             "status": status,
             "duration_ms": round(elapsed * 1000, 3),
         }
@@ -319,7 +321,7 @@ def log_refused(error: ApiError, request_id: str, method: str, path: str) -> Non
     fields = {
         "request_id": request_id,
         "method": method,
-        "path": path,
+        "path": path[:LOGGED_PATH_CHARS],
         "status": error.status,
         "code": error.code,
         "error": error.message,

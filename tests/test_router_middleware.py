@@ -13,7 +13,7 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from router import metrics
-from router.middleware import Observe
+from router.middleware import LOGGED_PATH_CHARS, Observe
 from shardlb.cluster import LocalCluster
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
 
@@ -111,3 +111,16 @@ async def test_a_method_outside_the_usual_seven_is_counted_as_other() -> None:
     seen = _methods_seen()
     assert {"other", "GET", "PATCH"} <= seen
     assert seen <= {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "other"}
+
+
+async def test_a_long_path_is_cut_in_the_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """A 60 KB path refused 404 is one log line of a few hundred bytes, not 60 KB: its first
+    LOGGED_PATH_CHARS characters, as router/http.py logs a request it refuses itself."""
+    path = "/v1/boards/" + "a" * 60_000
+    transport = httpx.ASGITransport(app=Observe(_not_found))
+    with caplog.at_level("INFO", logger="shardlb.router"):
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            assert (await client.get(path, headers={"X-Request-Id": "long-path"})).status_code == 404
+    [line] = [r for r in caplog.records if getattr(r, "fields", {}).get("request_id") == "long-path"]
+    assert line.fields["path"] == path[:LOGGED_PATH_CHARS]  # type: ignore[attr-defined]
+    assert LOGGED_PATH_CHARS == 200
