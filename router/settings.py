@@ -12,11 +12,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 from router.budget import LANES, READ_PIPELINES, RESERVE, connections_needed
 from shardlb.board import JOURNAL_MAX_ENTRIES, JOURNAL_MAX_RESULTS
 from shardlb.connection import READ_FROM, has_password, parse_url
 from shardlb.errors import InvalidInput
 from shardlb.fanout import ACK_LEVELS
+from shardlb.settlement import webhook_url
 
 MIB = 1024 * 1024
 KIB = 1024
@@ -138,6 +142,13 @@ class Settings:
             raise SettingsError(
                 "SHARDLB_REDIS_PASSWORD", "SHARDLB_REDIS_URL carries a password already: give it once"
             )
+        if self.postgres_url:
+            _postgres_url(self.postgres_url)
+        if self.settlement_webhook_url:
+            try:
+                webhook_url(self.settlement_webhook_url)  # what a settle request's URL must be
+            except InvalidInput as e:
+                raise SettingsError("SHARDLB_SETTLEMENT_WEBHOOK_URL", e.message) from e
         if self.ack not in ACK_LEVELS:
             raise SettingsError("SHARDLB_ACK", f"must be one of {', '.join(ACK_LEVELS)}, got {self.ack!r}")
         _range("SHARDLB_ACK_TIMEOUT_MS", self.ack_timeout_ms, 1, 60_000)
@@ -223,6 +234,21 @@ class Settings:
     def key_burst(self) -> int:
         """Bucket size of a keyed client: one second of SHARDLB_KEY_READ_RATE."""
         return max(1, int(self.key_read_rate))
+
+
+def _postgres_url(url: str) -> None:
+    """A postgresql:// (or postgres://) URL libpq can read, with numeric ports: psycopg would only
+    refuse it at the first request that needs the archive."""
+    message = "must be a postgresql://user:password@host:port/database URL"
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise SettingsError("SHARDLB_POSTGRES_URL", message)
+    try:
+        parts = conninfo_to_dict(url)
+    except psycopg.Error as e:
+        raise SettingsError("SHARDLB_POSTGRES_URL", f"{message} ({e})") from e
+    ports = str(parts.get("port", "")).split(",")
+    if any(p and not (p.isdigit() and 0 < int(p) < 65536) for p in ports):
+        raise SettingsError("SHARDLB_POSTGRES_URL", f"{message}: a port is 1 to 65535")
 
 
 def _range(name: str, value: float, lo: float, hi: float) -> None:

@@ -109,6 +109,14 @@ def test_defaults_and_every_variable() -> None:
         ("SHARDLB_TRUSTED_PROXIES", "10.0.0.0/33"),
         ("SHARDLB_MAX_REQUESTS", "0"),
         ("SHARDLB_MAX_READ_BODY_BYTES", "100"),
+        # Checked as the settle endpoint checks a request's webhook_url (shardlb/settlement.py).
+        ("SHARDLB_SETTLEMENT_WEBHOOK_URL", "not a url"),
+        ("SHARDLB_SETTLEMENT_WEBHOOK_URL", "ftp://hooks.example/paid"),
+        ("SHARDLB_SETTLEMENT_WEBHOOK_URL", "javascript:alert(1)"),
+        ("SHARDLB_SETTLEMENT_WEBHOOK_URL", "https://hooks.example:99999/paid"),
+        ("SHARDLB_POSTGRES_URL", "not a url"),
+        ("SHARDLB_POSTGRES_URL", "mysql://shardlb@db/shardlb"),
+        ("SHARDLB_POSTGRES_URL", "postgresql://shardlb@db:notaport/shardlb"),
     ],
 )
 def test_a_bad_value_names_its_variable(variable: str, value: str) -> None:
@@ -127,3 +135,13 @@ def test_no_keys_refuses_to_start_unless_insecure_dev() -> None:
     with pytest.raises(SettingsError) as e:
         Settings.from_env({"SHARDLB_INSECURE_DEV": "true", "SHARDLB_READS_REQUIRE_KEY": "true"})
     assert e.value.variable == "SHARDLB_READS_REQUIRE_KEY"
+
+
+def test_archive_and_webhook_urls_that_work() -> None:
+    for url in (
+        "postgresql://shardlb:secret@db:5432/shardlb?sslmode=require",
+        "postgres://shardlb@127.0.0.1/shardlb",
+    ):
+        assert Settings.from_env({**KEYED, "SHARDLB_POSTGRES_URL": url}).postgres_url == url
+    hook = "https://hooks.example/paid?game=1"
+    assert Settings.from_env({**KEYED, "SHARDLB_SETTLEMENT_WEBHOOK_URL": hook}).settlement_webhook_url == hook
