@@ -20,7 +20,7 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from router import logs
 from router.app import HIREDIS_WARNING
-from router.settings import Settings, SettingsError
+from router.settings import Settings, SettingsError, warnings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as e:
         print(f"shardlb serve: error: {e}", file=sys.stderr)
         return 2
-    logs.configure(settings.log_level)  # this process's uvicorn lines too (the workers', create_app)
+    log = logs.configure(settings.log_level)  # this process's uvicorn lines too (the workers', create_app)
+    for warning in warnings(settings, os.environ):
+        log.warning(warning)
     if not HIREDIS_AVAILABLE:
         print(f"\n{'!' * 78}\nWARNING: {HIREDIS_WARNING}\n{'!' * 78}\n", file=sys.stderr)
     metrics_dir = None

@@ -6,6 +6,7 @@ message that names the variable, so a misconfigured deployment fails at start-up
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 from collections.abc import Callable, Mapping
@@ -234,6 +235,36 @@ class Settings:
     def key_burst(self) -> int:
         """Bucket size of a keyed client: one second of SHARDLB_KEY_READ_RATE."""
         return max(1, int(self.key_read_rate))
+
+
+# A key shorter than this could be guessed; the tests' and examples' short keys still start a router.
+KEY_WARN_BELOW = 16
+_NAMES = tuple("SHARDLB_" + f.name.upper() for f in fields(Settings))
+
+
+def warnings(settings: Settings, environ: Mapping[str, str]) -> list[str]:
+    """What the router starts with but the operator should hear of (``shardlb serve`` logs each at
+    start-up): a ``SHARDLB_*`` variable that is not a setting but nearly the name of one (a
+    misspelling, ignored; other programs' own ``SHARDLB_*`` variables, bench/ and k8s/'s, are not
+    near any), a trusted proxy block that holds every address, an admin or write key that is short."""
+    out = []
+    for name in sorted(n for n in environ if n.startswith("SHARDLB_") and n not in _NAMES):
+        near = difflib.get_close_matches(name, _NAMES, n=1, cutoff=0.85)
+        if near:
+            out.append(f"{name} is not a router setting and is ignored: did you mean {near[0]}?")
+    everyone = [str(n) for n in settings.trusted_proxies if n.prefixlen == 0]
+    if everyone:
+        out.append(
+            f"SHARDLB_TRUSTED_PROXIES: {', '.join(everyone)} trusts every peer, so any client can name "
+            "its own address in X-Forwarded-For and step around the per-client limits"
+        )
+    for name, keys in (
+        ("SHARDLB_ADMIN_KEYS", settings.admin_keys),
+        ("SHARDLB_WRITE_KEYS", settings.write_keys),
+    ):
+        if any(len(key) < KEY_WARN_BELOW for key in keys):
+            out.append(f"{name}: a key shorter than {KEY_WARN_BELOW} characters could be guessed")
+    return out
 
 
 def _postgres_url(url: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import msgpack
+import orjson
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, assume, given, settings
@@ -146,6 +147,18 @@ FRAMING = frozenset({"content-length", "transfer-encoding", "host", "connection"
 
 
 @pytest.mark.cluster
+def test_doubtful_settings_are_warned_about_at_start(cluster: LocalCluster, tmp_path: Path) -> None:
+    """A misspelled variable and a proxy list that trusts everyone start the router (they are not
+    errors), each named in a warning line (router/settings.py, warnings)."""
+    log = tmp_path / "router.log"
+    started = Server(cluster.url, log, SHARDLB_WRITE_KEY="x" * 20, SHARDLB_TRUSTED_PROXIES="0.0.0.0/0")
+    assert started.stop() == 0
+    lines = [orjson.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    said = [x["message"] for x in lines if x["level"] == "warning" and x["logger"] == "shardlb.router"]
+    assert any("SHARDLB_WRITE_KEY " in m for m in said), said
+    assert any(m.startswith("SHARDLB_TRUSTED_PROXIES: ") for m in said), said
+
+
 def test_schemathesis_finds_no_5xx_and_no_schema_break(server: Server) -> None:
     """Every operation of /openapi.json, 30 valid and 15 invalid generated requests each, with an admin
     key; half the valid ones aimed at a board that has players so reads get past 404."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.settings import MIB, Settings, SettingsError
+from router.settings import MIB, Settings, SettingsError, warnings
 
 KEYED = {"SHARDLB_ADMIN_KEYS": "adm", "SHARDLB_WRITE_KEYS": "wr1, wr2 ,,"}
 
@@ -145,3 +145,21 @@ def test_archive_and_webhook_urls_that_work() -> None:
         assert Settings.from_env({**KEYED, "SHARDLB_POSTGRES_URL": url}).postgres_url == url
     hook = "https://hooks.example/paid?game=1"
     assert Settings.from_env({**KEYED, "SHARDLB_SETTLEMENT_WEBHOOK_URL": hook}).settlement_webhook_url == hook
+
+
+def test_doubtful_values_are_warned_about_not_refused() -> None:
+    env = {
+        **KEYED,
+        "SHARDLB_WRITE_KEY": "x" * 20,  # SHARDLB_WRITE_KEYS misspelled: ignored, so said
+        "SHARDLB_BENCH_PLAYERS": "1000",  # another program's (bench/): not the router's business
+        "SHARDLB_TRUSTED_PROXIES": "10.0.0.0/8, ::/0",
+    }
+    said = warnings(Settings.from_env(env), env)
+    assert any("SHARDLB_WRITE_KEY " in w and "SHARDLB_WRITE_KEYS" in w for w in said), said
+    assert not any("SHARDLB_BENCH_PLAYERS" in w for w in said), said
+    assert any(w.startswith("SHARDLB_TRUSTED_PROXIES: ") and "::/0" in w for w in said), said
+    # "adm" and "wr1": keys anyone could guess
+    assert any(w.startswith("SHARDLB_ADMIN_KEYS: ") for w in said), said
+    assert any(w.startswith("SHARDLB_WRITE_KEYS: ") for w in said), said
+    long_keys = {"SHARDLB_ADMIN_KEYS": "a" * 16, "SHARDLB_WRITE_KEYS": "w" * 32}
+    assert warnings(Settings.from_env(long_keys), long_keys) == []
