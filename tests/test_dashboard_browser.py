@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import random
 import subprocess
@@ -23,7 +24,7 @@ import httpx
 import psycopg
 import pytest
 from PIL import Image
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from shardlb.cluster import LocalCluster
 from tests.router_support import ADMIN, AS_ADMIN, AS_WRITER, READ, board_name
@@ -440,3 +441,42 @@ async def test_the_cluster_view_says_when_the_router_is_gone_and_when_it_is_back
         await page.close()
     finally:
         assert server.stop() == 0
+
+
+async def test_the_rates_restart_when_the_counters_go_back(browser: Browser, server: Server) -> None:
+    """The counters go back when the router restarts or a poll lands on another router behind the
+    same address: the page starts its differences again there instead of charting a negative rate."""
+    counts = [5000, 9000, 120, 4000, 8000]  # the third answer is from a fresh router
+    served = 0
+
+    async def metrics(route: Route) -> None:
+        nonlocal served
+        n = counts[min(served, len(counts) - 1)]
+        body = {
+            "at_ms": 1_790_000_000_000 + served * 2000,
+            "bounds": [0.1],
+            "writes": {"requests": n, "scores": n * 10, "buckets": [n, n]},
+            "reads": {"requests": n, "buckets": [n, n]},
+        }
+        served += 1
+        await route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
+
+    page = await browser.new_page()
+    await page.route("**/v1/admin/metrics", metrics)
+    await page.goto(f"{server.url}/dashboard")
+    await page.fill("#key", ADMIN)
+    await page.click("#login-form button")
+    await page.click("#nav-cluster")
+    await page.wait_for_function(
+        "() => (document.querySelector('#chart-requests path')?.getAttribute('d') || '')"
+        ".split('L').length >= 4",
+        timeout=30_000,
+    )
+    for chart in ("#chart-requests", "#chart-scores"):
+        for d in await page.eval_on_selector_all(
+            f"{chart} path", "paths => paths.map(p => p.getAttribute('d'))"
+        ):
+            heights = [float(point.split(",")[1]) for point in d.replace("M", "L").split("L") if point]
+            assert max(heights) <= 88.0, d  # the chart's axis is at 88: below it, a negative rate
+    assert "-" not in await page.locator("#rate-requests").inner_text()
+    await page.close()

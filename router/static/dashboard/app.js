@@ -524,13 +524,21 @@ function quantile(q, bounds, before, after) {
   return bounds[bounds.length - 1];
 }
 
+// Counters only grow: one that went back is another router's (a restart, or a poll that reached
+// another pod behind the same address). That answer is the new baseline; no rate is drawn across it.
+function wentBack(last, now) {
+  const counts = (m) => [m.writes.requests, m.writes.scores, m.reads.requests, ...m.writes.buckets, ...m.reads.buckets];
+  const before = counts(last);
+  return counts(now).some((n, i) => n < before[i]);
+}
+
 async function loadTraffic(mine) {
   try {
     const now = await api("/v1/admin/metrics");
     if (mine !== generation) return false;
     const last = traffic.last;
     traffic.last = now;
-    if (!last || now.at_ms <= last.at_ms) return true;
+    if (!last || now.at_ms <= last.at_ms || wentBack(last, now)) return true;
     const seconds = (now.at_ms - last.at_ms) / 1000;
     const rate = (a, b) => (a - b) / seconds;
     const ms = (v) => (v === null ? null : v * 1000);
