@@ -1,6 +1,9 @@
-"""bench/versus.py's pure parts: the same points for both sides, and the table of medians."""
+"""bench/versus.py and bench/versus_writes.py, their pure parts: the same points for both sides,
+the tables of medians, a router's CPU per write."""
 
 from __future__ import annotations
+
+import pytest
 
 from bench import versus
 
@@ -23,3 +26,23 @@ def test_the_table_gives_each_sides_median_and_their_ratio() -> None:
     assert header.startswith("| target | old requests/s (p99 ms) | new requests/s (p99 ms) | new / old |")
     assert rule.count("|") == header.count("|")
     assert row == "| my rank | 90 (10) | 380 (3) | 4.22 | 310 / 75 |"
+
+
+def test_versus_writes_counts_router_cpu_per_write_over_the_shared_window() -> None:
+    from bench.versus_writes import medians, per_write_us
+
+    # 40,000 writes/s counted over 10 s; 2.4 s of router CPU metered over 6 s: 10 µs a write.
+    assert per_write_us(2.4, 400_000, 10.0, 6.0) == pytest.approx(10.0)
+    with pytest.raises(ValueError):
+        per_write_us(1.0, 0, 10.0, 6.0)
+    rounds = [
+        {"side": "this", "writes_per_s": 100, "router_us_per_write": 15.0},
+        {"side": "other", "writes_per_s": 90, "router_us_per_write": 16.0},
+        {"side": "this", "writes_per_s": 120, "router_us_per_write": 14.0},
+        {"side": "other", "writes_per_s": 95, "router_us_per_write": 17.0},
+        {"side": "this", "writes_per_s": 110, "router_us_per_write": 30.0},
+    ]
+    assert medians(rounds) == {
+        "this": {"writes_per_s": 110, "router_us_per_write": 15.0},
+        "other": {"writes_per_s": 92.5, "router_us_per_write": 16.5},
+    }
