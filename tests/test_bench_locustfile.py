@@ -27,6 +27,14 @@ RPS = 2.0  # a period of 0.5 s: a spread user's requests fall anywhere in it, th
 SECONDS = 4
 
 
+def _send_json(handler: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
+    handler.send_response(status)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class Arrivals(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     times: ClassVar[list[float]] = []
@@ -42,12 +50,7 @@ class Arrivals(BaseHTTPRequestHandler):
         self._answer()
 
     def _answer(self) -> None:
-        body = b'{"results": []}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _send_json(self, 200, b'{"results": []}')
 
     def log_message(self, *args: object) -> None:
         pass
@@ -62,11 +65,7 @@ class Missing(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         body = json.dumps({"error": {"code": self.code, "message": "not here", "field": None}}).encode()
-        self.send_response(404)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _send_json(self, 404, body)
 
     def log_message(self, *args: object) -> None:
         pass

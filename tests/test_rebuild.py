@@ -659,36 +659,17 @@ async def test_after_a_reshard_and_a_total_loss_the_board_comes_back_in_its_new_
     the rows of shard 3 were never rebuilt and most players were looked for on the wrong shard (an
     ops audit's finding: 2301 of 3000 players missing, and reconcile said ok). The reshard now
     records the new layout with the rows, and the rebuild restores that."""
-    from shardlb.reshard import Resharder
-
     config = BoardConfig.from_dict("loss-resharded", {"sharding": sharding("hash", 3)})
     board, _ = await store.create(config)
     now = times.now_ms()
     posts = [Score(f"p{i}", i, f"m{i}", now - 60_000) for i in range(300)]
     async with own_archive(postgres_url) as archive_url:
         a = await archiver(raw, store, archive_url)
-        stop = asyncio.Event()
-
-        async def archive() -> None:
-            while not stop.is_set():
-                await a.refresh()
-                if not await archive_round(a):
-                    await asyncio.sleep(0.02)
-
         try:
             await board.submit(posts)
             await drain(a)
-            archiving = asyncio.ensure_future(archive())
-            try:
-                mover = Resharder(store, config.id, say=lambda _: None, postgres_url=archive_url, cache_s=0)
-                await mover.start(4)
-                assert (await mover.run())["shards"] == 4
-            finally:
-                stop.set()
-                await archiving
-            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
-            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", archive_url]
-            assert await asyncio.to_thread(main, command) == 0
+            await _reshard_while_archiving(store, config.id, a, archive_url, 4)
+            await _lose_redis_and_rebuild(raw, cluster_url, archive_url)
             rebuilt = await store.get(config.id)
             assert rebuilt.config.sharding.shards == 4
             top = await rebuilt.top(1000)
@@ -712,7 +693,6 @@ async def test_after_a_reshard_and_a_total_loss_a_moved_removed_players_retry_is
     shard, found none, and a retry of their result brought them back (a reshard audit's finding).
     Every row of the three tables now moves, of every player any of them names: "ghost", removed
     before they ever posted, has a record and no result."""
-    from shardlb.reshard import Resharder
     from shardlb.sharding import player_hash
 
     config = BoardConfig.from_dict("loss-resharded-removed", {"sharding": sharding("hash", 3)})
@@ -723,30 +703,13 @@ async def test_after_a_reshard_and_a_total_loss_a_moved_removed_players_retry_is
     late = Score(ghost, 70, "m3", now - 60_000)  # achieved before the ghost's removal
     async with own_archive(postgres_url) as archive_url:
         a = await archiver(raw, store, archive_url)
-        stop = asyncio.Event()
-
-        async def archive() -> None:
-            while not stop.is_set():
-                await a.refresh()
-                if not await archive_round(a):
-                    await asyncio.sleep(0.02)
-
         try:
             await board.submit(posts)
             await drain(a)
             assert await moderation.remove(board, [cheat, ghost]) == {cheat}
             await drain(a)
-            archiving = asyncio.ensure_future(archive())
-            try:
-                mover = Resharder(store, config.id, say=lambda _: None, postgres_url=archive_url, cache_s=0)
-                await mover.start(4)
-                assert (await mover.run())["shards"] == 4
-            finally:
-                stop.set()
-                await archiving
-            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
-            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", archive_url]
-            assert await asyncio.to_thread(main, command) == 0
+            await _reshard_while_archiving(store, config.id, a, archive_url, 4)
+            await _lose_redis_and_rebuild(raw, cluster_url, archive_url)
             rebuilt = await store.get(config.id)
             assert rebuilt.config.sharding.shards == 4
             again = await rebuilt.submit([*posts, late], now_ms=times.now_ms())
@@ -756,3 +719,34 @@ async def test_after_a_reshard_and_a_total_loss_a_moved_removed_players_retry_is
             await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
+
+
+async def _reshard_while_archiving(
+    store: BoardStore, board_id: str, a: Any, archive_url: str, shards: int
+) -> None:
+    """Reshard the board to ``shards`` while the archiver ``a`` runs its rounds, as in production."""
+    from shardlb.reshard import Resharder
+
+    stop = asyncio.Event()
+
+    async def archive() -> None:
+        while not stop.is_set():
+            await a.refresh()
+            if not await archive_round(a):
+                await asyncio.sleep(0.02)
+
+    archiving = asyncio.ensure_future(archive())
+    try:
+        mover = Resharder(store, board_id, say=lambda _: None, postgres_url=archive_url, cache_s=0)
+        await mover.start(shards)
+        assert (await mover.run())["shards"] == shards
+    finally:
+        stop.set()
+        await archiving
+
+
+async def _lose_redis_and_rebuild(raw: Any, cluster_url: str, archive_url: str) -> None:
+    """A total loss of Redis, then ``shardlb rebuild --all`` from the archive."""
+    await raw.flushall(target_nodes=raw.PRIMARIES)
+    command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", archive_url]
+    assert await asyncio.to_thread(main, command) == 0
