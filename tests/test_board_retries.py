@@ -184,6 +184,31 @@ async def test_a_retry_without_achieved_at_lands_where_the_first_call_did(
         await store.delete(name)
 
 
+@pytest.mark.parametrize("mode", ["best", "set"])
+async def test_a_retry_prepared_before_midnight_and_applied_after_lands_only_where_its_pin_is(
+    store: BoardStore, mode: str
+) -> None:
+    """The router prepares a result when its request comes and the coalescer applies it later: a
+    retry prepared at 23:59:59.990 and applied at 00:00:00.005, whose pair another router had
+    pinned at 00:00:00.001, was applied with its pinned time to the keys of its own preparing
+    (yesterday's board) and counted in two days (a write-path audit's finding)."""
+    name = f"pin-late-{mode}"
+    config = BoardConfig.from_dict(name, {"mode": mode, "periods": ["daily"]})
+    board, _ = await store.create(config)
+    midnight = _next_midnight()
+    try:
+        first = board.prepare([Score("p1", 10, "m1")], now_ms=midnight + 1)
+        await board.apply_shard(first[0].shard, first, now_ms=midnight + 1)
+        late = board.prepare([Score("p1", 10, "m1")], now_ms=midnight - 10)
+        got = await board.apply_shard(late[0].shard, late, now_ms=midnight + 5)
+        assert got[0].status in ("unchanged", "duplicate")
+        days = [periods.names_at(t, config.periods, board.tz)[1][2:] for t in (midnight - 10, midnight + 1)]
+        assert [e.player_id for e in await board.top(10, board.resolve("daily:" + days[1]))] == ["p1"]
+        assert await board.top(10, board.resolve("daily:" + days[0])) == []
+    finally:
+        await store.delete(name)
+
+
 @pytest.mark.parametrize("mode", ["best", "incr", "set"])
 async def test_a_same_day_retry_without_achieved_at_takes_one_script_call(
     store: BoardStore, mode: str

@@ -317,7 +317,9 @@ while pos <= #items do
   -- A result sent without a time is pinned to the first server time it was seen with, so its
   -- retries land in the same periods with the same time. A pin whose time goes to the same
   -- periods as now (same_lo..same_hi: a retry of the same day, as most are) is applied here with
-  -- that time; another is answered `p`, and the caller sends it again with its time's periods.
+  -- that time, when the result's own keys are also now's (its units in that range: a router
+  -- prepares a result when its request comes, and may call later, past a midnight); another is
+  -- answered `p`, and the caller sends it again with its time's periods.
   local pinned = nil
   if elsewhere == nil and server_time == 1 then
     pinned = pinned_at[member] or nil
@@ -327,7 +329,7 @@ while pos <= #items do
       pinned_at[member] = units
     elseif pinned == units then
       pinned = nil
-    elseif pinned >= same_lo and pinned <= same_hi then
+    elseif pinned >= same_lo and pinned <= same_hi and units >= same_lo and units <= same_hi then
       units, score, pinned = pinned, join(points, pinned), nil
       score_text = fmt(score)
     end
