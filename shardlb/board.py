@@ -826,7 +826,9 @@ class Board:
         The percentile is the share of the board ranked below the player: in unique mode the players
         after them in the order, in competition mode those with strictly worse points (players of
         equal points share it, as they share the rank). A competition rank needs no tie resolution:
-        one pipeline of three ZCOUNTs per shard (better points, at least equal points, every row).
+        one pipeline of three ZCOUNTs per shard (better points, at least equal points, every row);
+        on a band board's total also a ZSCORE on the player's band and those before it, where a
+        stale row of theirs (a pending move) would otherwise count as a player with better points.
 
         ``max_age_ms`` > 0 (band boards, unique ranks): the other bands' sizes may be those an exact
         read of this process took at most that long ago, so the read touches the player's home
@@ -883,7 +885,7 @@ class Board:
         row = await self._row(player_id, view)
         if competition:
             span = self._span(row[0])
-            better, level, players = await reader.at_least([span.stop, span.start, 0])
+            better, level, players = await reader.at_least([span.stop, span.start, 0], row)
             rank, below = better + 1, max(players - level, 0)  # clamped: shards are read one by one
         else:
             (counts, _), sizes = await asyncio.gather(reader.counts_ahead(row), reader.sizes())
@@ -969,8 +971,8 @@ class Board:
         read in one region): two rounds, places.lua on each home key (score and ZREVRANK together),
         then counts.lua on each key for the players who do not live there (``_ranked_at_home``).
         Competition ranks count, for each distinct points value among them, the rows at or above the
-        first score with better points: ``counts.lua`` given (that score, "") counts exactly those,
-        as no id sorts below the empty one.
+        first score with better points (``View.at_least_each``, which leaves out a player's own
+        stale rows on a band board's total).
         """
         for i, player in enumerate(player_ids):
             check_id(player, f"player_ids[{i}]")
@@ -990,10 +992,8 @@ class Board:
             homes = self._home_indices([placed[player] for _, player in found], view)
             counts = await reader.counts_ahead_many(found, homes)
             return [self.entry(sum(c) + 1, row) for row, c in zip(found, counts, strict=True)]
-        stops = list(dict.fromkeys(self._span(score).stop for score, _ in found))
-        counts = await reader.counts_ahead_many([(stop, "") for stop in stops])
-        ahead = {stop: sum(c) for stop, c in zip(stops, counts, strict=True)}
-        return [self.entry(ahead[self._span(row[0]).stop] + 1, row) for row in found]
+        better = await reader.at_least_each(found, [self._span(score).stop for score, _ in found])
+        return [self.entry(n + 1, row) for row, n in zip(found, better, strict=True)]
 
     def _home_groups(self, players: Sequence[str], view: ResolvedView) -> dict[int, list[str]] | None:
         """``players`` grouped by the index in ``view.keys`` of the one key each can live in; None

@@ -151,7 +151,8 @@ class View:
 
     async def counts_ahead(self, row: Row, floors: Sequence[int] = ()) -> tuple[list[int], list[int]]:
         """Per shard, how many rows rank ahead of ``row``: ZCOUNT of better scores plus the tie rule;
-        and, summed over shards, how many rows score at least each of ``floors`` (``at_least``).
+        and, summed over shards, how many rows score at least each of ``floors`` (``at_least``; as
+        in ``counts``, floors above ``row`` leave out the player's own stale rows: ``_less_own``).
 
         One pipeline (per node, nodes in parallel) of ZCOUNT above, ZCOUNT equal and the row's own
         ZSCORE, plus one ZCOUNT per floor; only a shard where someone other than the row shares its
@@ -178,7 +179,8 @@ class View:
         for i, own in enumerate(owns):  # the row's own stale row in a band (a pending move)
             if own is not None and own > score:
                 counts[i] -= 1
-        return counts, [sum(int(n) for n in replies[3 + f :: step]) for f in range(len(floors))]
+        totals = [sum(int(n) for n in replies[3 + f :: step]) for f in range(len(floors))]
+        return counts, [_less_own(n, floor, row, owns) for n, floor in zip(totals, floors, strict=True)]
 
     async def locate(self, member: str, home: int) -> Located | None:
         """The player's row, their exact place and size in their home key ``self.keys[home]``: one
@@ -441,15 +443,58 @@ class View:
                 out[t] += before[band] + int(inside)
         return out
 
-    async def at_least(self, floors: Sequence[int]) -> list[int]:
+    async def at_least(self, floors: Sequence[int], row: Row | None = None) -> list[int]:
         """Summed over shards, how many rows score at least each of ``floors``: one ZCOUNT per shard
-        and floor, in one pipeline. (Every score is at least 0: a floor of 0 counts the view.)"""
+        and floor, in one pipeline. (Every score is at least 0: a floor of 0 counts the view.)
+
+        ``row``: the player's row from their home key; floors above it count the rows of other
+        players only (``_less_own``). On a band board's total the same pipeline asks ZSCORE of the
+        player on their band and the bands before it, where a pending move can leave a stale row of
+        theirs; other views hold none above the home row, and ask nothing more."""
         pipe = batch(self.client, replicas=self.replicas, shared=True)
         for key in self.keys:
             for floor in floors:
                 pipe.zcount(key, floor, "+inf")
+        if row is not None:
+            for i in self._stale_keys(row):
+                pipe.zscore(self.keys[i], row[1])
         replies = await pipe.execute()
-        return [sum(int(n) for n in replies[f :: len(floors)]) for f in range(len(floors))]
+        counted = len(self.keys) * len(floors)
+        totals = [sum(int(n) for n in replies[f : counted : len(floors)]) for f in range(len(floors))]
+        if row is None:
+            return totals
+        return [_less_own(n, floor, row, replies[counted:]) for n, floor in zip(totals, floors, strict=True)]
+
+    async def at_least_each(self, targets: Sequence[Row], floors: Sequence[int]) -> list[int]:
+        """For each of ``targets`` (rows from their home keys, one per player), how many rows of
+        other players score at least its floor in ``floors``, a score above its row: counts.lua,
+        one call per key, given (floor, "") for each distinct floor (the rows ahead of it are
+        exactly those scoring the floor or more, as no id sorts below the empty one). On a band
+        board's total, concurrently, a ZMSCORE per band of the targets of that band and the bands
+        after it finds their own stale rows, which are left out (``_less_own``)."""
+        distinct = list(dict.fromkeys(floors))
+        counting = self.counts_ahead_many([(floor, "") for floor in distinct])
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
+        asked: list[list[int]] = []  # per ZMSCORE sent, the targets it asks for
+        for i, key in enumerate(self.keys):
+            ts = [t for t, target in enumerate(targets) if i in self._stale_keys(target)]
+            if ts:
+                pipe.zmscore(key, [targets[t][1] for t in ts])
+                asked.append(ts)
+        counts, held = await asyncio.gather(counting, pipe.execute()) if asked else (await counting, [])
+        owns: list[list[float | None]] = [[] for _ in targets]
+        for ts, scores in zip(asked, held, strict=True):
+            for t, score in zip(ts, scores, strict=True):
+                owns[t].append(score)
+        ahead = {floor: sum(c) for floor, c in zip(distinct, counts, strict=True)}
+        return [_less_own(ahead[f], f, t, own) for t, f, own in zip(targets, floors, owns, strict=True)]
+
+    def _stale_keys(self, row: Row) -> range:
+        """Where a stale row of the player of ``row`` can rank above it (a pending move): on a band
+        board's total, the indexes of their band and the bands before it; elsewhere none."""
+        if self.band_of is None:
+            return range(0)
+        return range(self.band_of(row[0]) + 1)
 
     async def counts_ahead_many(
         self, targets: Sequence[Row], homes: Sequence[int | None] = ()
@@ -664,6 +709,17 @@ class View:
 
 def _score(value: float) -> str:
     return str(int(value))
+
+
+def _less_own(total: int, floor: int, row: Row, owns: Sequence[float | None]) -> int:
+    """``total``, the rows scoring at least ``floor``, less those of the player of ``row`` among
+    them (``owns``: their scores in the keys asked, None where absent) when ``floor`` is above the
+    row: there the count is of rows ahead of the player, and a row of theirs above the home row is
+    a stale one (a pending move), never ahead of them. A floor at or below the row counts every
+    row, as the board's size does."""
+    if floor <= row[0]:
+        return total
+    return total - sum(1 for own in owns if own is not None and own >= floor)
 
 
 def _pack(flat: list[str]) -> bytes:

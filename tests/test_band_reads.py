@@ -5,7 +5,8 @@ reads rows by index in the bands around the player, and friends take one counts.
 holding some of them. Checked on a real cluster against the in-memory reference board on random
 workloads (few and many bands: one round and two rounds), and, while a band move is still pending
 (a lost band call), against a count over the band shards' own rows, the answer every other view
-gives: 1 + the rows of other players that rank ahead of the player's home row.
+gives: 1 + the rows of other players that rank ahead of the player's home row (competition ranks:
+that have better points than it).
 """
 
 from __future__ import annotations
@@ -90,6 +91,16 @@ def counted_rank(rows: list[Row], row: Row) -> int:
     return 1 + sum(1 for r in rows if r > row and r[1] != row[1])
 
 
+def counted_competition(board: Board, rows: list[Row], row: Row) -> tuple[int, float]:
+    """The competition rank of ``row`` (1 + the rows of other players with better points: a player's
+    own stale row never counts) and its percentile (the share of every row with worse points)."""
+    sign = 1 if board.config.order == "desc" else -1
+    points = sign * board.codec.decode(row[0])[0]
+    others = [sign * board.codec.decode(r[0])[0] for r in rows if r[1] != row[1]]
+    worse = sum(1 for r in rows if sign * board.codec.decode(r[0])[0] < points)
+    return 1 + sum(1 for p in others if p > points), 100.0 * worse / len(rows)
+
+
 async def assert_reads_count_band_rows(board: Board, players: list[str]) -> None:
     """Rank, around and friends of ``players`` agree with a count over the band shards' rows (a
     player's own stale row never counts ahead of them; the size counts every row)."""
@@ -118,6 +129,18 @@ async def assert_reads_count_band_rows(board: Board, players: list[str]) -> None
     ids = [*players, "nobody"]
     listed = sorted(homes.values(), reverse=True)
     assert await board.query(ids) == [entry(counted_rank(rows, row), row) for row in listed]
+    competition = {p: counted_competition(board, rows, row) for p, row in homes.items()}
+    for p, row in homes.items():
+        rank, percentile = competition[p]
+        got = await board.player(p, rank_mode="competition")
+        assert (got.entry, got.players) == (entry(rank, row), len(rows)), p
+        assert got.percentile == pytest.approx(percentile), p
+        for radius in (0, 3):
+            window = await board.around(p, radius, rank_mode="competition")
+            assert entry(rank, row) in window, (p, radius, window)
+    assert await board.query(ids, rank_mode="competition") == [
+        entry(competition[row[1]][0], row) for row in listed
+    ]
 
 
 @pytest.mark.parametrize(
