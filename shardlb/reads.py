@@ -109,7 +109,7 @@ class View:
         if self.banded:
             out: list[Row] = []
             for key in self.keys:
-                out = unique([*out, *rows(await self.client.zrevrange(key, 0, n - 1, withscores=True))])
+                out = unique([*out, *await self._band_rows(key, 0, n)])
                 if len(out) >= n:
                     break
             return out[:n]
@@ -700,11 +700,19 @@ class View:
                 start -= size
                 continue
             need = limit - len(out)
-            out.extend(rows(await self.client.zrevrange(key, start, start + need - 1, withscores=True)))
+            out.extend(await self._band_rows(key, start, need))
             start = 0
             if len(out) >= limit:
                 break
         return unique(out)[:limit]
+
+    async def _band_rows(self, key: str, start: int, count: int) -> list[Row]:
+        """Up to ``count`` rows of one band from index ``start``: one ZREVRANGE, on a replica where
+        reads go to replicas (a round of its own: whether the next band is needed depends on it)."""
+        pipe = batch(self.client, replicas=self.replicas, shared=True)
+        pipe.zrevrange(key, start, start + count - 1, withscores=True)
+        [pairs] = await pipe.execute()
+        return rows(pairs)
 
 
 def _score(value: float) -> str:

@@ -2,8 +2,9 @@
 cluster of 3 masters with a replica each.
 
 Once the replicas have caught up, every read through a replica-reading store equals the reference
-board, and the replicas, not the primaries, served them: their command counters grew by the reads'
-commands (counts.lua included, loaded there by Scripts.load) while the primaries' did not grow.
+board (hash boards; a band board's tops and pages), and the replicas, not the primaries, served them:
+their command counters grew by the reads' commands (counts.lua included, loaded there by
+Scripts.load) while the primaries' did not grow.
 """
 
 from __future__ import annotations
@@ -109,6 +110,33 @@ async def test_reads_from_replicas_equal_the_reference(
         assert served > 25 * 3, "the replicas served the reads"
         # Only INFO itself and nothing of the reads reached the primaries (INFO is not counted here).
         assert after[0] == before[0]
+    finally:
+        await store.delete(config.id)
+
+
+async def test_band_tops_and_pages_from_replicas(store: BoardStore, replica_store: BoardStore) -> None:
+    """A band board's total reads its top and deep pages band by band, best band first: those reads
+    go to the replicas too, and equal the reference."""
+    config = BoardConfig.from_dict(
+        "replica-band-reads", {"sharding": {"strategy": "band", "bands": [0, 50, 100], "shards": 3}}
+    )
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    scores = [Score(f"p{i:03d}", i % 150, f"m{i}", now) for i in range(300)]
+    try:
+        await board.submit(scores, now_ms=now)
+        ref.submit(scores, now_ms=now)
+        want = expected_entries(ref, "total", None)
+        client = replica_store.client
+        await _caught_up(client)
+        reader = await replica_store.get(config.id)
+        primaries = client.get_primaries()
+        before = await _calls(client, primaries)
+        assert await reader.top(250) == want[:250]  # rows of all three bands
+        reader.shallow = 0
+        assert await reader.entries(120, 50) == want[120:170]  # across two bands
+        assert await _calls(client, primaries) == before
     finally:
         await store.delete(config.id)
 
