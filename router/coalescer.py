@@ -36,7 +36,7 @@ from router.errors import shutting_down
 from router.gate import NodeGates
 from shardlb.board import Board, Prepared, Result, by_shard
 from shardlb.connection import primary_name
-from shardlb.errors import Overloaded
+from shardlb.errors import Overloaded, PartlyApplied
 from shardlb.fanout import ScriptPipeline
 from shardlb.loops import LoopRef
 
@@ -212,34 +212,49 @@ class Coalescer:
                     )
             finally:
                 gate.release()
+        except PartlyApplied as e:
+            # Pinned results' second call failed after the first call applied the others (see
+            # PartlyApplied): those are answered; the requests of the held-back results fail.
+            self._answer(batch, e.results, e.error)
+            self._failed(group, e.results.count(None), e.error)
         except BaseException as e:
             failure = shutting_down() if isinstance(e, asyncio.CancelledError) else e
-            for _, ticket, _ in batch:
-                ticket.fail(failure)
+            self._answer(batch, [None] * len(batch), failure)
             if isinstance(e, asyncio.CancelledError):
                 raise
-            log.warning(
-                "shard write failed",
-                extra={
-                    "fields": {
-                        "board": group.board.config.id,
-                        "shard": group.shard,
-                        "scores": len(batch),
-                        "error": repr(e),
-                    }
-                },
-            )
+            self._failed(group, len(batch), e)
         else:
             metrics.BATCH_SIZE.observe(len(batch))
-            for (_, ticket, index), result in zip(batch, results, strict=True):
-                ticket.fill(index, result)
-            counts: dict[str, int] = {}
-            for r in results:
-                counts[r.status] = counts.get(r.status, 0) + 1
-            for status, count in counts.items():
-                _scores(status).inc(count)
+            self._answer(batch, results, None)
         finally:
             self._count(-len(batch))
+
+    def _answer(
+        self, batch: list[_Item], results: Sequence[Result | None], failure: BaseException | None
+    ) -> None:
+        """Give each request its applied results; fail it with ``failure`` for a result left out (None)."""
+        counts: dict[str, int] = {}
+        for (_, ticket, index), result in zip(batch, results, strict=True):
+            if result is not None:
+                ticket.fill(index, result)
+                counts[result.status] = counts.get(result.status, 0) + 1
+            elif failure is not None:
+                ticket.fail(failure)
+        for status, count in counts.items():
+            _scores(status).inc(count)
+
+    def _failed(self, group: _Group, scores: int, error: BaseException) -> None:
+        log.warning(
+            "shard write failed",
+            extra={
+                "fields": {
+                    "board": group.board.config.id,
+                    "shard": group.shard,
+                    "scores": scores,
+                    "error": repr(error),
+                }
+            },
+        )
 
     def _count(self, delta: int) -> None:
         self._depth += delta

@@ -21,7 +21,15 @@ from shardlb import keys, merge, periods, times
 from shardlb.bands import BandMoves, Move
 from shardlb.config import ID_PATTERN, MATCH_ID_MAX, MAX_BANDS, PIN_SPAN, RANK_MODES, BoardConfig, check_id
 from shardlb.connection import Scripts
-from shardlb.errors import BoardClosed, BoardNotFound, InvalidInput, Overloaded, PlayerNotFound, Resharding
+from shardlb.errors import (
+    BoardClosed,
+    BoardNotFound,
+    InvalidInput,
+    Overloaded,
+    PartlyApplied,
+    PlayerNotFound,
+    Resharding,
+)
 from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
 from shardlb.reads import ONE_ROUND_BANDS, SHALLOW, BandPlace, Located, ResolvedView, View
@@ -317,12 +325,15 @@ class Board:
         prepared = self.prepare(scores, now_ms)
         groups = by_shard(prepared)
         pipeline = ScriptPipeline(self.client) if len(groups) > 1 else None  # one pipeline per node
-        replies = await asyncio.gather(
-            *(
-                self.apply_shard(shard, [prepared[i] for i in idx], now_ms, pipeline)
-                for shard, idx in groups.items()
+        try:
+            replies = await asyncio.gather(
+                *(
+                    self.apply_shard(shard, [prepared[i] for i in idx], now_ms, pipeline)
+                    for shard, idx in groups.items()
+                )
             )
-        )
+        except PartlyApplied as e:  # one request: it fails as on any failed shard call
+            raise e.error from None  # (e.error is its cause already)
         results: list[Result | None] = [None] * len(prepared)
         for idx, shard_results in zip(groups.values(), replies, strict=True):
             for i, r in zip(idx, shard_results, strict=True):
@@ -341,7 +352,8 @@ class Board:
         With ``pipeline``, the call rides the per-node pipeline of the calls made in the same turn
         (the router's coalescer sends every shard's batch of a tick that way); if that fails, it is
         made again on its own through the script object. Raises BoardNotFound once the board was
-        deleted (this incarnation's shards refuse every write from then on).
+        deleted (this incarnation's shards refuse every write from then on), and PartlyApplied when
+        the second call of pinned results fails after the first applied the others.
         """
         now = times.now_ms() if now_ms is None else now_ms
         key_list, args = self._script_call(shard, batch, now)
@@ -378,7 +390,10 @@ class Board:
             with contextlib.suppress(Resharding):
                 await self.bands.finish(shard, moves, pipeline)
         if repin:
-            again = await self.apply_shard(shard, list(repin.values()), now_ms, pipeline)
+            try:
+                again = await self.apply_shard(shard, list(repin.values()), now_ms, pipeline)
+            except Exception as e:  # the first call's results stay applied: answered, not failed
+                raise PartlyApplied(results, e) from e
             for n, result in zip(repin, again, strict=True):
                 results[n] = result
         return [r for r in results if r is not None]

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shardlb.board import Result
+
 
 class ShardlbError(Exception):
     """Base class of every error the library raises on purpose."""
@@ -76,6 +81,23 @@ class Overloaded(ShardlbError):
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class PartlyApplied(Exception):
+    """A shard call applied part of its batch: ``results`` holds the applied results' outcomes in
+    the batch's order, None for each result that ``error`` kept out (nothing of it was written).
+
+    Board.apply_shard raises it when the second call of pinned results (write.lua's ``p``) fails
+    after the first call applied the rest: those are on the board and journaled, so their callers
+    are answered with them, and only the held-back results fail with ``error``; their retry is safe
+    (they carry their pinned time, so a retry lands where they would have)."""
+
+    def __init__(self, results: list[Result | None], error: Exception) -> None:
+        super().__init__(
+            f"{sum(r is None for r in results)} of {len(results)} results not applied: {error!r}"
+        )
+        self.results = results
+        self.error = error
 
 
 class NotAcknowledged(ClusterUnavailable):

@@ -14,9 +14,10 @@ from router.app import create_app
 from router.coalescer import Coalescer
 from router.errors import ApiError
 from shardlb import keys, times
-from shardlb.board import Prepared, Score
+from shardlb.board import Prepared, Result, Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
+from shardlb.errors import Overloaded
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of, settings_for
@@ -211,6 +212,41 @@ async def test_shutdown_applies_what_was_accepted(cluster: LocalCluster, store: 
     board = await store.get(name)
     assert await board.size() == 200
     await store.delete(name)
+
+
+async def test_a_pinned_retry_refused_on_its_second_call_fails_its_request_only(store: BoardStore) -> None:
+    """Two requests share one shard call: a new result, and a retry without achieved_at whose pin
+    lies in another day (answered `p`, sent again with its time). The journal takes the first call
+    and is then at its bound, so the second call is refused: the first request is answered with
+    what was applied, the retry's request alone gets 503, and its retry is safe."""
+    config = BoardConfig.from_dict(board_name(), {"mode": "incr", "periods": ["total", "daily"]})
+    board, _ = await store.create(config)
+    home = board.layout.home("b")
+    a = next(f"a{i}" for i in range(1000) if board.layout.home(f"a{i}") == home)
+    yesterday = times.now_ms() // 86_400_000 * 86_400_000 - 60_000  # in the dedup window, another day
+    try:
+        first = board.prepare([Score("b", 5, "mb")], now_ms=yesterday)
+        await board.apply_shard(home, first, now_ms=yesterday)
+        await board.client.delete(keys.journal_key(board.prefixes[home]))  # archived since
+        board.journal_max_results = 1  # room for the first call's one result
+        coalescer = Coalescer(delay_s=0.01, node_of=lambda b, s: "n")
+        new, retry = await asyncio.gather(
+            coalescer.submit(board, board.prepare([Score(a, 7, "ma")])),
+            coalescer.submit(board, board.prepare([Score("b", 5, "mb")])),
+            return_exceptions=True,
+        )
+        assert new == [Result(a, "ma", "improved", 7)]
+        assert isinstance(retry, Overloaded)
+        board.journal_max_results = 10**6
+        assert await coalescer.submit(board, board.prepare([Score(a, 7, "ma")])) == [
+            Result(a, "ma", "duplicate", 7)
+        ]
+        assert await coalescer.submit(board, board.prepare([Score("b", 5, "mb")])) == [
+            Result("b", "mb", "duplicate", 5)
+        ]
+        await coalescer.close(5)
+    finally:
+        await store.delete(config.id)
 
 
 class _Unanswered:
