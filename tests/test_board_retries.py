@@ -209,6 +209,32 @@ async def test_a_retry_prepared_before_midnight_and_applied_after_lands_only_whe
         await store.delete(name)
 
 
+@pytest.mark.parametrize("mode", ["best", "set"])
+async def test_a_pin_taken_by_a_router_ahead_is_found_through_a_router_behind(
+    store: BoardStore, mode: str
+) -> None:
+    """Router A, its clock 20 ms ahead, pins the pair at 00:00:00.020, in the pin span that begins
+    at midnight; the retry through router B, whose clock still reads 23:59:59.990, must find that
+    pin as dedup finds a record in the next bucket, not be applied with its own time to the day
+    before (a write-path audit's finding)."""
+    name = f"pin-clocks-{mode}"
+    config = BoardConfig.from_dict(name, {"mode": mode, "periods": ["daily"]})
+    board, _ = await store.create(config)
+    midnight = _next_midnight()
+    assert midnight // config.dedup_bucket_ms % PIN_SPAN == 0  # a pin span begins at midnight
+    try:
+        first = board.prepare([Score("p1", 10, "m1")], now_ms=midnight + 20)
+        await board.apply_shard(first[0].shard, first, now_ms=midnight + 20)
+        retry = board.prepare([Score("p1", 10, "m1")], now_ms=midnight - 10)
+        got = await board.apply_shard(retry[0].shard, retry, now_ms=midnight - 10)
+        assert got[0].status in ("unchanged", "duplicate")
+        days = [periods.names_at(t, config.periods, board.tz)[1][2:] for t in (midnight - 10, midnight + 20)]
+        assert [e.player_id for e in await board.top(10, board.resolve("daily:" + days[1]))] == ["p1"]
+        assert await board.top(10, board.resolve("daily:" + days[0])) == []
+    finally:
+        await store.delete(name)
+
+
 @pytest.mark.parametrize("mode", ["best", "incr", "set"])
 async def test_a_same_day_retry_without_achieved_at_takes_one_script_call(
     store: BoardStore, mode: str

@@ -181,6 +181,11 @@ if #pins == 2 then
     if k % pin_span ~= 0 then pinn[#pinn + 1] = base .. 'pin:' .. string.format('%d', k) end
   end
   local start = now_bucket - now_bucket % pin_span
+  -- In a span's last bucket the next span's hash is looked up too (never written here), as dedup
+  -- looks in the next bucket: a router whose clock is ahead, past the next span's start, pins there.
+  if (now_bucket + 1) % pin_span == 0 then
+    pinn[#pinn + 1] = base .. 'pin:' .. string.format('%d', start + pin_span)
+  end
   pin_home = base .. 'pin:' .. string.format('%d', start)
   pin_expiry = (start + pin_span) * bucket_ms + window_ms
 end
