@@ -410,8 +410,10 @@ _SCHEMAS: dict[str, Any] = {
                 "items": {"type": "string"},
                 "minItems": 1,
                 "description": "Addition, present only when not empty: the periods of the score's "
-                "achieved time (e.g. daily:2026-11-29) it was NOT counted in because they were closed "
-                "(past their end plus close_grace) or frozen; it counts in the total and the others",
+                "achieved time (e.g. daily:2026-11-29) that were closed (past their end plus "
+                "close_grace) or frozen when this call came, so this call wrote nothing there; it counts "
+                "in the total and the others. A retry of a score applied before the close names them "
+                "too, although its first call counted it there",
             },
         },
     },

@@ -168,6 +168,31 @@ async def test_a_late_result_counts_in_the_total_and_the_open_periods(
         await store.delete(config.id)
 
 
+@pytest.mark.parametrize("mode", ["best", "set"])
+async def test_a_retry_after_the_close_names_the_period_its_first_call_counted_it_in(
+    store: BoardStore, mode: str
+) -> None:
+    """closed_periods says what this call did: a period closed when it came is named, although the
+    first call, made before the close, counted the score there (router/README.md, OpenAPI)."""
+    config = BoardConfig.from_dict(f"closed-retry-{mode}", {"mode": mode, "periods": ["daily"]})
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    achieved = times.now_ms() - 2 * HOUR  # the period's keys live by Redis's own clock
+    day = periods.names_at(achieved, config.periods, board.tz)[1]
+    end = periods.end_ms(day, board.tz)
+    scores = [Score("p1", 10, "m1", achieved)]
+    try:
+        for now in (end - 1000, end + config.close_grace_s * 1000 + 1000):  # before the end, after the close
+            got = await board.submit(scores, now_ms=now)
+            assert [(r.status, r.points) for r in got] == ref.submit(scores, now_ms=now)
+        assert [r.closed for r in got] == ref.closed == [(periods.api_name(day),)]
+        assert got[0].status == "unchanged"
+        await assert_matches(board, ref, ["total", day])
+        assert [e.player_id for e in await board.top(10, board.resolve(periods.api_name(day)))] == ["p1"]
+    finally:
+        await store.delete(config.id)
+
+
 async def test_the_freeze_marker_expires_with_the_period(store: BoardStore) -> None:
     config = BoardConfig.from_dict("freeze-expiry", {"periods": ["daily"], "retention_days": {"daily": 2}})
     board, _ = await store.create(config)
