@@ -530,7 +530,9 @@ class Board:
         return periods.start_ms(name, self.tz, self.config.week_start) > now_ms + MAX_FUTURE_MS + margin
 
     def _period_closes(self, name: str) -> int:
-        return periods.closes_ms(name, self.tz, self.config.close_grace_s, self.config.week_start)
+        c = self.config
+        kept = c.retention_days[periods.first_day(name)[0]]
+        return periods.closes_ms(name, self.tz, c.close_grace_s, c.week_start, kept)
 
     def dated(self, name: str) -> str:
         """``name`` checked as a dated period name of this board (``d:2026-11-30``); InvalidInput if not."""

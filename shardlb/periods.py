@@ -147,10 +147,17 @@ def end_ms(name: str, tz: ZoneInfo, week_start: str = "monday") -> int:
     return _midnight_ms(nxt, tz)
 
 
-def closes_ms(name: str, tz: ZoneInfo, grace_s: int, week_start: str = "monday") -> int:
+def closes_ms(
+    name: str, tz: ZoneInfo, grace_s: int, week_start: str = "monday", retention_days: int | None = None
+) -> int:
     """The epoch ms from which the dated period ``name`` takes no more results: its end plus the
-    board's close grace (write.lua compares it with the writing router's clock)."""
-    return end_ms(name, tz, week_start) + grace_s * 1000
+    board's close grace, or plus its retention when that is shorter (its keys expire then: a
+    result taken later would be answered counted and deleted at once). write.lua compares it with
+    the writing router's clock."""
+    after = grace_s * 1000
+    if retention_days is not None:
+        after = min(after, retention_days * 86_400_000)
+    return end_ms(name, tz, week_start) + after
 
 
 def resets_at(name: str, tz: ZoneInfo, week_start: str = "monday") -> str | None:

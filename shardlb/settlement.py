@@ -209,8 +209,11 @@ def period_bounds(board: Board, name: str) -> tuple[int, int]:
 
 
 def closes_at(board: Board, name: str) -> int:
-    """When a dated period is closed: its end plus the board's ``close_grace``."""
-    return periods.closes_ms(name, board.tz, board.config.close_grace_s, board.config.week_start)
+    """When a dated period is closed: its end plus the board's ``close_grace``, or plus its
+    retention when that is shorter (``periods.closes_ms``)."""
+    c = board.config
+    kept = c.retention_days[periods.first_day(name)[0]]
+    return periods.closes_ms(name, board.tz, c.close_grace_s, c.week_start, kept)
 
 
 async def freeze(board: Board, name: str) -> None:

@@ -37,12 +37,14 @@ class ReferenceBoard:
             achieved = now_ms if s.achieved_ms is None else s.achieved_ms
             units = codec.time_units(achieved)
             names = periods.names_at(codec.units_to_ms(units), c.periods, tz, c.week_start)
-            # A closed or frozen period takes nothing; the result counts in the others.
-            shut = [
-                n
-                for n in names[1:]
-                if n in self.frozen or now_ms >= periods.closes_ms(n, tz, c.close_grace_s, c.week_start)
-            ]
+
+            # A closed or frozen period takes nothing; the result counts in the others. A period
+            # closes at its end plus the grace, or plus its retention when shorter.
+            def closes(n: str) -> int:
+                kept = c.retention_days[periods.first_day(n)[0]]
+                return periods.closes_ms(n, tz, c.close_grace_s, c.week_start, kept)
+
+            shut = [n for n in names[1:] if n in self.frozen or now_ms >= closes(n)]
             names = [n for n in names if n not in shut]
             total = self.boards.setdefault("total", {})
             before = total.get(s.player_id)

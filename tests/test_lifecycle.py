@@ -193,6 +193,28 @@ async def test_a_retry_after_the_close_names_the_period_its_first_call_counted_i
         await store.delete(config.id)
 
 
+async def test_a_period_past_its_retention_is_closed_whatever_the_grace(store: BoardStore) -> None:
+    """close_grace may be 7 days where a daily period is kept 3: a result dated 4 days back was
+    answered improved with no closed period, while its period's key, past its retention, was deleted
+    at once; the journal and PostgreSQL held it there and settling that day could only mismatch (a
+    periods audit's finding). A period now closes at its end plus the shorter of the two."""
+    settings = {"mode": "best", "periods": ["daily"], "close_grace": 7 * 86400}
+    config = BoardConfig.from_dict("lifecycle-grace", settings)
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    late = Score("alice", 5, "m1", now - 4 * 86_400_000)
+    day = periods.names_at(late.achieved_ms or 0, config.periods, board.tz)[1]
+    try:
+        [got] = await board.submit([late], now_ms=now)
+        assert (got.status, got.closed) == ("improved", (periods.api_name(day),))
+        assert ref.submit([late], now_ms=now) == [(got.status, got.points)]
+        assert ref.closed == [got.closed]
+        assert [e.player_id for e in await board.top(10)] == ["alice"]
+    finally:
+        await store.delete(config.id)
+
+
 async def test_the_freeze_marker_expires_with_the_period(store: BoardStore) -> None:
     config = BoardConfig.from_dict("freeze-expiry", {"periods": ["daily"], "retention_days": {"daily": 2}})
     board, _ = await store.create(config)
