@@ -17,7 +17,7 @@ import pytest
 
 from router.settings import Settings, SettingsError
 from shardlb import fanout, times
-from shardlb.board import Score
+from shardlb.board import Board, Entry, Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
@@ -85,12 +85,8 @@ async def test_reads_from_replicas_equal_the_reference(
         Score(f"p{i:03d}", rng.choice([5, 10, 50, *range(0, 900, 7)]), f"m{i}", now) for i in range(150)
     ]
     try:
-        await board.submit(scores, now_ms=now)
-        ref.submit(scores, now_ms=now)
-        want = expected_entries(ref, "total", None)
+        reader, want = await _written_then_read_from_replicas(board, ref, scores, replica_store)
         client = replica_store.client
-        await _caught_up(client)
-        reader = await replica_store.get(config.id)
         assert reader.read_replicas
         primaries, replicas = client.get_primaries(), client.get_replicas()
         assert replicas, "the suite's cluster has a replica per master"
@@ -125,12 +121,8 @@ async def test_band_tops_and_pages_from_replicas(store: BoardStore, replica_stor
     now = times.now_ms()
     scores = [Score(f"p{i:03d}", i % 150, f"m{i}", now) for i in range(300)]
     try:
-        await board.submit(scores, now_ms=now)
-        ref.submit(scores, now_ms=now)
-        want = expected_entries(ref, "total", None)
+        reader, want = await _written_then_read_from_replicas(board, ref, scores, replica_store)
         client = replica_store.client
-        await _caught_up(client)
-        reader = await replica_store.get(config.id)
         primaries = client.get_primaries()
         before = await _calls(client, primaries)
         assert await reader.top(250) == want[:250]  # rows of all three bands
@@ -175,3 +167,15 @@ async def test_a_key_a_replica_lacks_is_read_from_its_primary(replica_store: Boa
         assert got == [2, 5.0, 2 if last == "zcard" else 6.0]
         await client.delete(missing)
         await _caught_up(client)
+
+
+async def _written_then_read_from_replicas(
+    board: Board, ref: ReferenceBoard, scores: list[Score], replica_store: BoardStore
+) -> tuple[Board, list[Entry]]:
+    """``scores`` written through ``board`` and its reference, replicated: the board as a store
+    reading from replicas has it, and the reference's entries."""
+    now = times.now_ms()
+    await board.submit(scores, now_ms=now)
+    ref.submit(scores, now_ms=now)
+    await _caught_up(replica_store.client)
+    return await replica_store.get(board.config.id), expected_entries(ref, "total", None)
