@@ -12,8 +12,9 @@ as Locust's ``constant_throughput`` does, with the same share of exact retries) 
 process that writes HTTP/1.1 by hand, a fraction of Locust's CPU per request. Its figures are the
 service's latency with less of the machine taken by the client; Locust's stay in the bench beside
 them. ``--matches N`` puts N matches in each request, as a game server batching its results
-would. Prints one JSON object: requests, the player-scores they carried and failures after
-``settle`` s, the requests' rate, p50/p95/p99 ms, and the client's own CPU seconds.
+would. Prints one JSON object: requests, the fresh player-scores they carried (``scores``; an exact
+retry's go to ``replayed_scores``, as they write nothing new) and failures after ``settle`` s,
+the requests' rate, p50/p95/p99 ms, and the client's own CPU seconds.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Tally:
     """Latencies (ms) and failures of the requests that started after the settle time."""
 
     latencies: list[float] = field(default_factory=list)
-    scores: int = 0  # player-scores in the counted requests
+    scores: int = 0  # fresh player-scores in the counted requests
+    replayed_scores: int = 0  # those of the counted exact retries: they write nothing new
     failures: int = 0
     failure_samples: list[str] = field(default_factory=list)
 
@@ -59,6 +61,7 @@ class Tally:
         return {
             "requests": len(done),
             "scores": self.scores,
+            "replayed_scores": self.replayed_scores,
             "failures": self.failures,
             "requests_per_s": round(len(done) / seconds, 1) if seconds > 0 else 0.0,
             "p50_ms": round(percentile(done, 50), 1) if done else None,
@@ -68,21 +71,23 @@ class Tally:
         }
 
 
-def match_bodies(workload: Workload, rng: random.Random, matches: int = 1) -> Callable[[], tuple[bytes, int]]:
-    """A user's next POST body and its score count: ``matches`` new matches of ``workload`` (a game
-    server may batch its results), or, with the workload's retry share, an exact replay of one of
-    the user's recent posts."""
+def match_bodies(
+    workload: Workload, rng: random.Random, matches: int = 1
+) -> Callable[[], tuple[bytes, int, bool]]:
+    """A user's next POST body, its score count and whether it is a replay: ``matches`` new matches
+    of ``workload`` (a game server may batch its results), or, with the workload's retry share, an
+    exact replay of one of the user's recent posts (which writes nothing new)."""
     recent: deque[tuple[bytes, int]] = deque(maxlen=RECENT_POSTS)
 
-    def next_body() -> tuple[bytes, int]:
+    def next_body() -> tuple[bytes, int, bool]:
         if recent and rng.random() < workload.retry_share:
-            return rng.choice(recent)
+            return (*rng.choice(recent), True)
         scores = []
         for _ in range(matches):
             match_id, players = workload.match(rng)
             scores += [{"player_id": p, "points": s, "match_id": match_id} for p, s in players]
         recent.append((orjson.dumps({"scores": scores}), len(scores)))
-        return recent[-1]
+        return (*recent[-1], False)
 
     return next_body
 
@@ -122,7 +127,7 @@ async def _user(
     await asyncio.sleep(i / users)
     streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
     while (start := time.perf_counter()) < end:
-        body, scores = bodies()
+        body, scores, replay = bodies()
         try:
             if streams is None:
                 streams = await asyncio.open_connection(host, port)
@@ -138,7 +143,10 @@ async def _user(
         if start >= settle_at:
             if failed is None:
                 tally.latencies.append((done - start) * 1000)
-                tally.scores += scores
+                if replay:
+                    tally.replayed_scores += scores
+                else:
+                    tally.scores += scores
             else:
                 tally.fail(failed)
         await asyncio.sleep(max(0.0, period - (done - start)))

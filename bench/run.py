@@ -710,13 +710,15 @@ def _router_max(
     )
     at_80 = name.replace("-max", "-80")
     scores = matches * workload.players_per_match
-    users = max(1, round(0.8 * writes_per_s / (scores * s.user_rps)))
+    # The pacer's exact retries (Workload.fresh_share) write nothing new: more users offer 80%.
+    fresh = s.user_rps * scores * workload.fresh_share  # fresh writes/s a paced user offers
+    users = max(1, round(0.8 * writes_per_s / fresh))
     hold = float(max(s.sweep_seconds + 4, locust_csv.RECENT_WINDOW_S + 6))
     paced = paced_step(s, workload, cluster, at_80, out, users, hold, matches)
     result["at_80"] = {
         **paced,
-        "offered_writes_per_s": round(users * s.user_rps * scores),
-        "achieved_writes_per_s": round(paced.get("requests_per_s", 0.0) * scores),
+        "offered_writes_per_s": round(users * fresh),
+        "achieved_writes_per_s": round(paced.get("scores", 0) / paced.get("window_s", 1.0)),
     }
     log(
         f"{at_80}: {users} paced users, p50/p95/p99 "

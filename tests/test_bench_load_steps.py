@@ -13,6 +13,8 @@ def test_paced_users_offer_the_rate_in_one_match_requests() -> None:
     assert load_steps.paced_users(15000, 10) == 300
     assert load_steps.paced_users(15000, 10, rps=10) == 150
     assert load_steps.paced_users(1, 10) == 1  # never none
+    # With 5% of the posts exact retries (which write nothing new), more users offer the fresh rate.
+    assert load_steps.paced_users(5000, 10, fresh_share=0.95) == 105
 
 
 def test_the_steps_are_the_paced_rates_then_the_connections_back_to_back() -> None:

@@ -86,14 +86,16 @@ async def test_paced_users_post_the_workloads_matches_and_count_after_the_settle
     assert len(scores) == W.players_per_match and len({s["match_id"] for s in scores}) == 1
     assert all(h.startswith(b"POST /v1/boards/pace-t/scores HTTP/1.1\r\n") for h in ok.heads)
     assert all(b"Authorization: Bearer k\r\n" in h for h in ok.heads)
-    assert got["scores"] == got["requests"] * W.players_per_match  # a replay is a whole match too
+    # A replay is a whole match too, counted apart: it writes nothing new.
+    assert got["scores"] + got["replayed_scores"] == got["requests"] * W.players_per_match
 
 
 async def test_a_request_may_carry_several_matches_and_the_scores_are_counted(
     serving: tuple[Server, Server, int, int],
 ) -> None:
     """--matches N: each POST carries N whole matches (a game server batching its results), and
-    ``scores`` counts the player-scores of the counted requests, retries included as sent."""
+    ``scores`` counts the fresh player-scores of the counted requests and ``replayed_scores`` those
+    of their exact retries, which write nothing new (as the locustfile's ``replayed-scores``)."""
     ok, _, port, _ = serving
     got = await pacer.run(_args(port, matches=4), replace(W, retry_share=0.3))
     for body in ok.bodies:
@@ -102,8 +104,9 @@ async def test_a_request_may_carry_several_matches_and_the_scores_are_counted(
         for s in scores:
             by_match[s["match_id"]] = by_match.get(s["match_id"], 0) + 1
         assert len(by_match) == 4 and set(by_match.values()) == {W.players_per_match}
-    assert got["requests"] > 0
-    assert got["scores"] == got["requests"] * 4 * W.players_per_match
+    assert got["requests"] > 0 and got["replayed_scores"] > 0 and got["scores"] > 0
+    assert got["scores"] + got["replayed_scores"] == got["requests"] * 4 * W.players_per_match
+    assert got["replayed_scores"] % (4 * W.players_per_match) == 0
 
 
 async def test_refused_requests_are_failures_not_latencies(serving: tuple[Server, Server, int, int]) -> None:
@@ -122,14 +125,16 @@ async def test_a_closed_port_is_counted_as_failures(unused_tcp_port: int) -> Non
 
 def test_retries_replay_a_recent_post_byte_for_byte() -> None:
     always = pacer.match_bodies(replace(W, retry_share=1.0), random.Random(1))
-    first = always()
-    assert [always() for _ in range(5)] == [first] * 5
+    body, n, replay = always()  # nothing to replay yet: a new match
+    assert not replay and n == W.players_per_match
+    assert [always() for _ in range(5)] == [(body, n, True)] * 5
     never = pacer.match_bodies(replace(W, retry_share=0.0), random.Random(1))
-    assert len({never()[0] for _ in range(20)}) == 20
+    posts = [never() for _ in range(20)]
+    assert len({b for b, _, _ in posts}) == 20 and not any(r for _, _, r in posts)
     batched = pacer.match_bodies(replace(W, retry_share=1.0), random.Random(1), matches=3)
-    body, n = batched()
+    body, n, _ = batched()
     assert n == 3 * W.players_per_match == len(orjson.loads(body)["scores"])
-    assert [batched() for _ in range(3)] == [(body, n)] * 3
+    assert [batched() for _ in range(3)] == [(body, n, True)] * 3
 
 
 def test_the_request_carries_its_body_in_the_same_write() -> None:
