@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -772,3 +773,23 @@ def test_a_plan_at_a_cap_says_so_and_its_numbers_agree(
     assert plan.main([*_main_args(tmp_path, 10**9), "--sharding", "hash"]) == 0
     out = capsys.readouterr().out
     assert "  WARNING: the writes need 20,000 masters" in out
+
+
+def test_readme_sizing_is_the_plan_on_the_committed_latest_costs(capsys: pytest.CaptureFixture[str]) -> None:
+    """README "Sizing" quotes `shardlb plan` for the issue's load on bench/results/latest: a run put
+    into latest without the section rerun would leave the README planning another cluster than the
+    command prints (2026-12-05: a run of a slower VM landed in latest, and the plan said 400 nodes
+    where README said 198)."""
+    root = Path(__file__).resolve().parent.parent
+    assert plan.main(["--players", "100000000", "--writes", "50000", "--reads", "200000"]) == 0
+    out = capsys.readouterr().out
+    layout = next(line for line in out.splitlines() if line.startswith("  layout "))
+    masters = next(line for line in out.splitlines() if line.startswith("  Redis masters "))
+    nodes, routers = (int(n) for n in re.findall(r"(\d+) Redis nodes and (\d+) router", layout)[0])
+    replicas = (nodes - int(masters.split()[2])) // int(masters.split()[2])
+    sizing = (root / "README.md").read_text().split("### Sizing", 1)[1].split("\n### ", 1)[0]
+    said = " ".join(sizing.split())
+    why = f"README Sizing does not say what the plan on bench/results/latest prints ({layout.strip()}): "
+    why += "rerun the section for a run copied into latest (make bench does), or put latest back"
+    assert f"with {replicas} replicas each ({nodes} Redis nodes," in said, why
+    assert f"and {routers} router processes" in said, why
