@@ -7,6 +7,7 @@ mode), so a scrape sees the whole process group whichever worker answers it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -138,11 +139,44 @@ def _seconds(op: str) -> Histogram:
 
 def registry() -> CollectorRegistry:
     """What a scrape sees: every worker's values in multiprocess mode, else this process's."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        _drop_dead_workers(path)
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
         return merged
     return REGISTRY
+
+
+def _drop_dead_workers(path: str) -> None:
+    """Drop the live gauges of worker processes that no longer exist. A worker killed outright
+    (SIGKILL, the OOM killer) never reaches worker_exit, and its last queue depth would stay in the
+    sum, and its last journal lag in the scrape, until the router restarts. One file per worker and
+    mode (``gauge_live<mode>_<pid>.db``), a signal-0 probe each: a few per scrape."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    dead: set[int] = set()
+    for name in names:
+        if not (name.startswith("gauge_live") and name.endswith(".db")):
+            continue
+        digits = name[:-3].rpartition("_")[2]
+        if digits.isdigit() and not _alive(int(digits)):
+            dead.add(int(digits))
+    for pid in dead:
+        with contextlib.suppress(OSError):  # another scrape removed them first
+            multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process under that id: not ours to judge
+        return True
+    return True
 
 
 def render() -> tuple[bytes, str]:

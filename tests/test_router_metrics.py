@@ -94,3 +94,40 @@ def test_a_stopped_workers_gauges_leave_the_scrape(tmp_path: Path) -> None:
         "shardlb_journal_lag_seconds": 7.0,
         "shardlb_coalescer_queue_depth": 16.0,  # each worker's own queue: the live ones' sum
     }
+
+
+KILLED = """
+import json, os, signal, sys
+from router import metrics
+
+child = os.fork()
+if child == 0:  # a worker that the OOM killer (or SIGKILL) stops: its lifespan never ends
+    metrics.QUEUE_DEPTH.set(40)
+    metrics.JOURNAL_SECONDS.set(900)
+    os.kill(os.getpid(), signal.SIGKILL)
+os.waitpid(child, 0)
+metrics.QUEUE_DEPTH.set(3)  # this process: a live worker
+body, _ = metrics.render()
+names = ("shardlb_journal_lag_seconds", "shardlb_coalescer_queue_depth")
+print(json.dumps({
+    line.split(" ")[0]: float(line.rsplit(" ", 1)[1])
+    for line in body.decode().splitlines()
+    if line.startswith(names)
+}))
+print(json.dumps(sorted(n for n in os.listdir(sys.argv[1]) if n.startswith("gauge_live"))))
+"""
+
+
+def test_a_killed_workers_live_gauges_leave_the_scrape(tmp_path: Path) -> None:
+    """A worker killed outright (SIGKILL, the OOM killer) never runs worker_exit: the scrape drops
+    the live gauges of a process that no longer exists, so the queue depth is the live workers'
+    sum and the journal lag a live worker's reading, not the dead one's last values for good."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED, str(tmp_path)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    values, files = (json.loads(line) for line in done.stdout.splitlines())
+    assert values.get("shardlb_coalescer_queue_depth") == 3.0
+    assert values.get("shardlb_journal_lag_seconds", 0.0) != 900.0
+    assert len({name.rsplit("_", 1)[1] for name in files}) == 1  # only the live process's files
