@@ -290,12 +290,12 @@ class Settler:
                 "settlement_busy",
             )
         try:
-            return await self._run(board, name, request)
+            return await self._run(board, name, request, now)
         finally:
             with contextlib.suppress(psycopg.Error):  # a broken connection took the lock with it
                 await self.db.execute("SELECT pg_advisory_unlock(%s)", (lock,))
 
-    async def _run(self, board: Board, name: str, request: Request) -> dict[str, Any]:
+    async def _run(self, board: Board, name: str, request: Request, now: int) -> dict[str, Any]:
         stored = await self._begin(board, name, request)
         if stored is not None:
             return stored
@@ -311,10 +311,24 @@ class Settler:
         drifting = [c for c in checks if c.drift]
         if drifting and not request.force:
             report = check_report(checks)
+            # Past its retention a period's keys have expired: nothing is left in Redis to check
+            # PostgreSQL's order against (the board's reads answer it empty too: holds_nothing).
+            expired = board.holds_nothing(name, now)
+            if expired:
+                report["redis_expired"] = True
             await self.db.execute(
                 "UPDATE settlements SET state = 'mismatch', report = %s WHERE settlement_id = %s",
                 (orjson.dumps(report).decode(), request.settlement_id),
             )
+            if expired:
+                kept = board.config.retention_days[periods.first_day(name)[0]]
+                raise SettlementConflict(
+                    f"period {periods.api_name(name)} is past its retention ({kept} days after its end): "
+                    "its Redis keys have expired, so there is nothing to check PostgreSQL's order against; "
+                    "nothing was paid; settle again with force to pay PostgreSQL's order",
+                    "period",
+                    "settlement_mismatch",
+                )
             raise SettlementConflict(
                 f"Redis and PostgreSQL disagree on {len(drifting)} of {len(checks)} shards ("
                 + "; ".join(

@@ -281,6 +281,37 @@ async def test_a_drifting_board_stops_the_settlement_unless_forced(
         await store.delete(board.config.id)
 
 
+async def test_a_period_past_its_retention_says_why_it_cannot_be_checked(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """Settled after its retention, a period's Redis keys have expired: the check finds nothing to
+    compare PostgreSQL's order with. The stop says so, and what to do (force pays PostgreSQL's
+    order), rather than only that the shards differ."""
+    board = await new_board(store, "settle-expired", retention_days={"daily": 3})
+    period = day_ago(2)
+    name = board.resolve(period).period
+    try:
+        ref = await written(board, period, "expired")
+        await drain(raw, store, rebuilder.db.info.dsn)
+        for prefix in board.prefixes:  # what Redis does at the period's expiry (end + 3 days)
+            await raw.delete(keys.period_key(prefix, name))
+        later = period_bounds(board, name)[1] + 4 * 86_400_000
+        settler = Settler(rebuilder)
+        request = {"settlement_id": "expired-1", "rewards": TABLE}
+        with pytest.raises(SettlementConflict) as e:
+            await settler.settle(board, period, Request.of(request), now_ms=later)
+        assert e.value.code == "settlement_mismatch"
+        assert "retention" in str(e.value) and "expired" in str(e.value) and "force" in str(e.value)
+        stored = await settlement_delivery.get(db, "expired-1")
+        assert stored["state"] == "mismatch" and stored["report"]["redis_expired"] is True
+        assert await awards_of(db, "expired-1") == []
+        result = await settler.settle(board, period, Request.of({**request, "force": True}), now_ms=later)
+        assert result["forced"] is True
+        assert await awards_of(db, "expired-1") == expected_awards(ref, period, board)
+    finally:
+        await store.delete(board.config.id)
+
+
 async def test_a_settlement_waits_for_the_archiver(store: BoardStore, raw: Any, rebuilder: Rebuilder) -> None:
     board = await new_board(store, "settle-behind")
     period = day_ago(2)
