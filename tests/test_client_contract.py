@@ -239,3 +239,27 @@ async def test_a_cancelled_caller_keeps_its_room_until_its_result_is_answered(ro
         assert all(isinstance(d, ScoreOutcome) for d in done), {type(d).__name__ for d in done}
         assert (await client.get_board(name)).players == {"total": 40}
         await client.delete_board(name)
+
+
+@pytest.mark.cluster
+async def test_ids_of_dots_name_themselves_not_a_parent_path(router: Served) -> None:
+    """api.md allows ``.`` and ``..`` as ids, but a path segment of dots is a relative step that
+    httpx resolves: ``player(b, "..")`` asked for ``/v1/boards/b`` and failed parsing the board (a
+    client audit's finding)."""
+    name = board_name("contract")
+    dots = [".", "..", "..."]
+    async with AsyncClient(router.url, ADMIN) as client:
+        await client.put_board(name)
+        await client.post_scores(name, [MatchResult(p, 10 + i, f"m{i}") for i, p in enumerate(dots)])
+        for i, player in enumerate(dots):
+            found = await client.player(name, player)
+            assert (found.player_id, found.points, found.rank) == (player, 10 + i, 3 - i)
+            assert player in [e.player_id for e in await client.around(name, player, 1)]
+        await client.delete_board(name)
+        for board in dots[:2]:
+            info = await client.put_board(board, sharding={"shards": 2})
+            assert info.id == board
+            await client.post_scores(board, [MatchResult("p", 5, "m")])
+            assert [e.player_id for e in (await client.top(board)).entries] == ["p"]
+            assert (await client.get_board(board)).players == {"total": 1}
+            await client.delete_board(board)

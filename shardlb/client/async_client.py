@@ -68,6 +68,10 @@ def _encodable(score: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def _segment(value: str) -> str:
+    """``value`` as one path segment. An id of dots only (``.``, ``..``: valid ids) would be a
+    relative step that the URL's normalisation resolves, so its dots are percent-encoded."""
+    if value.strip(".") == "":
+        return value.replace(".", "%2E")
     return quote(value, safe="")
 
 
