@@ -263,3 +263,30 @@ async def test_ids_of_dots_name_themselves_not_a_parent_path(router: Served) -> 
             assert [e.player_id for e in (await client.top(board)).entries] == ["p"]
             assert (await client.get_board(board)).players == {"total": 1}
             await client.delete_board(board)
+
+
+@pytest.mark.cluster
+async def test_a_cancelled_close_leaves_the_requests_to_their_callers(router: Served) -> None:
+    """``close()`` waited for the requests with ``gather``, which cancels them when it is cancelled
+    itself (``wait_for(buffer.close(), t)`` running out): every caller of a request in flight got
+    CancelledError although nobody cancelled it, and its result was abandoned mid-retry (a client
+    audit's finding). The requests go on; a later ``close()`` waits for them."""
+    name = board_name("contract")
+    async with AsyncClient(router.url, ADMIN, backoff=FAST) as client:
+        await client.put_board(name)
+        router.faults.refuse = 1.0
+        try:
+            buffer = ScoreBuffer(client, max_scores=10, max_delay_ms=1)
+            posts = [
+                asyncio.create_task(buffer.post(name, MatchResult(f"p{i}", 1, f"m{i}"))) for i in range(20)
+            ]
+            await asyncio.sleep(0.1)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(buffer.close(), 0.1)
+        finally:
+            router.faults.calm()
+        done = await asyncio.gather(*posts, return_exceptions=True)
+        assert all(isinstance(d, ScoreOutcome) for d in done), {type(d).__name__ for d in done}
+        await buffer.close()
+        assert (await client.get_board(name)).players == {"total": 20}
+        await client.delete_board(name)

@@ -122,14 +122,17 @@ class ScoreBuffer:
         return await outcome
 
     async def close(self) -> None:
-        """Send every result held, and return when every request has ended."""
+        """Send every result held, and return when every request has ended. Cancelled, it stops
+        waiting; the requests go on for their callers (a later ``close()`` waits for them)."""
         self._closed = True
         for board, lane in self._lanes.items():
             lane.due = True
             self._send_what_is_ready(board, lane)
         while self._requests or self._entering:
             if self._requests:
-                await asyncio.gather(*self._requests, return_exceptions=True)
+                # Shielded: a cancelled close() (a wait_for running out) must not cancel the
+                # requests, which are their callers' and carry results that may be half applied.
+                await asyncio.shield(asyncio.gather(*self._requests, return_exceptions=True))
             else:  # posts let in before closing still wait for room: theirs comes as requests end
                 await asyncio.sleep(0.001)
             for board, lane in self._lanes.items():
