@@ -290,3 +290,29 @@ async def test_a_cancelled_close_leaves_the_requests_to_their_callers(router: Se
         await buffer.close()
         assert (await client.get_board(name)).players == {"total": 20}
         await client.delete_board(name)
+
+
+async def test_a_query_that_fails_in_one_part_stops_the_others() -> None:
+    """A friends list past 1000 ids goes as requests at once; when one failed for good, ``gather``
+    raised its error and left the others running, retrying in the background until their deadline
+    with the call long over (a client audit's finding). They are cancelled with the call."""
+    stopped: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        ids = orjson.loads(request.content)["player_ids"]
+        if "p0" in ids:
+            body = {"error": {"code": "invalid_input", "message": "bad id", "field": "player_ids[0]"}}
+            return httpx.Response(422, json=body)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stopped.append(ids[0])
+            raise
+        return httpx.Response(200, json={"entries": []})
+
+    transport = httpx.MockTransport(handler)
+    async with AsyncClient("http://r.test", format="json", backoff=FAST, transport=transport) as client:
+        with pytest.raises(InvalidRequest):
+            await client.query("b", [f"p{i}" for i in range(2500)], deadline=20)
+        await asyncio.sleep(0.05)
+        assert sorted(stopped) == ["p1000", "p2000"]

@@ -388,7 +388,13 @@ class AsyncClient:
 
         if len(ids) <= MAX_ITEMS:
             return await one(ids)
-        parts = await asyncio.gather(*(one(ids[i : i + MAX_ITEMS]) for i in range(0, len(ids), MAX_ITEMS)))
+        parts_of = [asyncio.ensure_future(one(ids[i : i + MAX_ITEMS])) for i in range(0, len(ids), MAX_ITEMS)]
+        try:
+            parts = await asyncio.gather(*parts_of)
+        except BaseException:
+            for part in parts_of:  # gather leaves the others running: the call is over, so are they
+                part.cancel()
+            raise
         return sorted((e for part in parts for e in part), key=lambda e: (e.rank, e.player_id))
 
     # ---- boards (admin) ----------------------------------------------------------------------
