@@ -15,7 +15,15 @@ import httpx
 import orjson
 import pytest
 
-from shardlb.client import AsyncClient, Backoff, InvalidRequest, MatchResult, ScoreBuffer, ScoreOutcome
+from shardlb.client import (
+    AsyncClient,
+    Backoff,
+    InvalidRequest,
+    MatchResult,
+    ScoreBuffer,
+    ScoreOutcome,
+    TransportError,
+)
 from shardlb.store import BoardStore
 from tests.client_support import Served, served_router
 from tests.router_support import ADMIN, AS_ADMIN, board_name
@@ -316,3 +324,27 @@ async def test_a_query_that_fails_in_one_part_stops_the_others() -> None:
             await client.query("b", [f"p{i}" for i in range(2500)], deadline=20)
         await asyncio.sleep(0.05)
         assert sorted(stopped) == ["p1000", "p2000"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "content"),
+    [
+        ({"content-encoding": "gzip"}, b"not gzip at all"),
+        ({"content-type": "text/html"}, b"<html>portal</html>"),
+    ],
+    ids=["bad-encoding", "not-the-api"],
+)
+async def test_an_answer_the_client_cannot_read_is_a_client_error(
+    headers: dict[str, str], content: bytes
+) -> None:
+    """Every failure is a ``ClientError``, as the errors' docs say: an answer whose encoding httpx
+    could not undo escaped as ``httpx.DecodingError``, and a 2xx that is not the API's (a portal's
+    page) as a ``TypeError`` from parsing it (a client audit's finding)."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers=headers, stream=httpx.ByteStream(content))
+
+    transport = httpx.MockTransport(handler)
+    async with AsyncClient("http://r.test", format="json", backoff=FAST, transport=transport) as client:
+        with pytest.raises(TransportError):
+            await client.top("b", deadline=0.3)

@@ -195,9 +195,18 @@ class AsyncClient:
                 error = TransportError(f"{method} {path}: no answer ({reason})", attempt)
                 error.__cause__ = e
                 wait_at_least = None
+            except httpx.HTTPError as e:
+                # Not a lost answer: one httpx could not read (a broken Content-Encoding), or a
+                # request it would not send (a base URL without http://). Raised as they are.
+                raise TransportError(f"{method} {path}: {type(e).__name__}: {e}", attempt) from e
             else:
                 if response.status_code < 300:  # a 3xx is never the router's: a proxy's, no API body
-                    return response.status_code, self._decode(response)
+                    answer = self._decode(response)
+                    if response.status_code != 204 and not isinstance(answer, dict):
+                        # A 2xx that is not the API's (a captive portal's page): parsing it would
+                        # fail deep in the models.
+                        raise TransportError(f"{method} {path}: the answer is not the API's", attempt)
+                    return response.status_code, answer
                 error = api_error(
                     response.status_code,
                     self._decode(response),

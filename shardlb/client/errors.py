@@ -34,7 +34,8 @@ class ClientError(Exception):
 
 class TransportError(ClientError):
     """No answer: the connection could not be made, dropped, or the deadline passed while waiting
-    (the cause is chained). For a write, the server may or may not have applied it."""
+    (the cause is chained); or an answer the client cannot read (not the API's, or in an encoding
+    httpx cannot undo), raised at once. For a write, the server may or may not have applied it."""
 
     def __init__(self, message: str, attempts: int = 1) -> None:
         super().__init__(message)
