@@ -348,3 +348,17 @@ async def test_an_answer_the_client_cannot_read_is_a_client_error(
     async with AsyncClient("http://r.test", format="json", backoff=FAST, transport=transport) as client:
         with pytest.raises(TransportError):
             await client.top("b", deadline=0.3)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("format", ["msgpack", "json"])
+async def test_board_settings_take_a_datetime_in_both_formats(router: Served, format: str) -> None:
+    """``put_board(epoch=datetime(...))`` worked in JSON (orjson writes RFC 3339) and raised a bare
+    TypeError in MessagePack, the default format (a client audit's finding)."""
+    name = board_name("contract")
+    epoch = datetime(2026, 9, 1, tzinfo=UTC)
+    async with AsyncClient(router.url, ADMIN, format=format) as client:
+        info = await client.put_board(name, epoch=epoch)
+        assert datetime.fromisoformat(info.settings["epoch"]) == epoch
+        assert (await client.put_board(name, epoch="2026-09-01T00:00:00Z")).created is False
+        await client.delete_board(name)

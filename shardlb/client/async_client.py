@@ -19,6 +19,7 @@ import operator
 import time
 import uuid
 from collections.abc import AsyncGenerator, Iterable, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -65,6 +66,14 @@ def _encodable(score: dict[str, Any], index: int) -> dict[str, Any]:
                 422, "out_of_range", f"{name} does not fit in 64 bits", f"scores[{index}].{name}"
             )
     return score
+
+
+def _packable(value: Any) -> Any:
+    """MessagePack's stand-in for what it cannot pack: a ``datetime`` goes as RFC 3339 text, as
+    orjson writes it in JSON, so both formats take the same arguments."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot send a {type(value).__name__} as MessagePack")
 
 
 def _segment(value: str) -> str:
@@ -147,7 +156,7 @@ class AsyncClient:
 
     def _encode(self, body: Any) -> bytes:
         if self._media == MSGPACK:
-            packed: bytes = msgpack.packb(body, use_bin_type=True)
+            packed: bytes = msgpack.packb(body, use_bin_type=True, default=_packable)
             return packed
         return orjson.dumps(body)
 
