@@ -3,7 +3,7 @@
 Every call runs under a deadline (the client's ``deadline`` seconds, or the call's own): attempts,
 waits between them and the last answer all fit inside it, so a call never takes longer, whatever the
 server does. Within it, a call is sent again after a failure that a retry can fix: no answer (the
-connection failed or dropped, an attempt timed out) or 429, 502, 503, 504; the wait is
+connection failed or dropped, an attempt timed out) or 408, 429, 502, 503, 504; the wait is
 ``Backoff``'s (exponential, full jitter, at least ``Retry-After``). Other errors are raised at once
 (a 4xx means the request is wrong, and would be as wrong the second time). Every call is safe to
 send again: reads and board settings are idempotent, and score writes carry their match ids (see
@@ -418,9 +418,11 @@ class AsyncClient:
     # ---- boards (admin) ----------------------------------------------------------------------
 
     async def put_board(self, board: str, *, deadline: float | None = None, **settings: Any) -> BoardInfo:
-        """Create a board, or confirm that an identical one exists (``created`` says which); the
-        settings are api.md's (``mode="incr"``, ``periods=["total", "daily"]``, ``sharding={...}``).
-        Raises ``Conflict`` when the board exists with other settings. Needs an admin key."""
+        """Create a board, or confirm that an identical one exists (``created`` says which, but for
+        a retry: an attempt whose answer was lost may have created it, the next then finds it and
+        says False); the settings are api.md's (``mode="incr"``, ``periods=["total", "daily"]``,
+        ``sharding={...}``). Raises ``Conflict`` when the board exists with other settings. Needs
+        an admin key."""
         path = f"/v1/boards/{_segment(board)}"
         status, body = await self._call("PUT", path, self._end(deadline), body=settings)
         return BoardInfo.from_body(body, created=status == 201)

@@ -114,7 +114,7 @@ class BoardClosed(Conflict):
 
 
 class RateLimited(ApiError):
-    """429: too many reads; ``retry_after`` says when to come back."""
+    """429: too many requests (reads, or wrong keys); ``retry_after`` says when to come back."""
 
 
 class Unavailable(ApiError):
