@@ -49,6 +49,18 @@ def test_retry_after_takes_seconds_and_http_dates() -> None:
     assert retry_after_seconds(None) is None and retry_after_seconds("soon") is None
 
 
+def test_a_retry_after_date_without_a_zone_is_gmt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RFC 9110 has recipients take asctime dates too, which name no zone but are GMT: parsed as
+    local time, one of New York read 10 s as 4 hours and 10 s (a client audit's finding)."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        assert retry_after_seconds("Wed Oct 21 07:28:10 2015", now=1445412480.0) == 10.0
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 @pytest.fixture(scope="module")
 async def router(cluster: Any) -> AsyncIterator[Served]:
     async with served_router(cluster.url) as served:

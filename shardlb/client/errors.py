@@ -13,6 +13,7 @@ import email.utils
 import re
 import time
 from collections.abc import Callable
+from datetime import UTC
 from typing import Any
 
 # 429 and 503 are the API's "come back later"; 502 and 504 are what a proxy in front of the router
@@ -150,6 +151,8 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # an asctime date (RFC 9110 has recipients take it): GMT, not local time
+        when = when.replace(tzinfo=UTC)
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
