@@ -19,6 +19,7 @@ copy, and its ``as_of`` says when it was read.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
@@ -81,7 +82,10 @@ class Rendered:
     """One rendered answer and what it was rendered from."""
 
     second: int  # the wall-clock second its query was resolved in
-    board: Board
+    # The board it was rendered for, by weak reference: the board cache makes a new Board every few
+    # seconds, each with its own caches of players read, and answers kept for queries nobody asks
+    # again would otherwise keep thousands of old ones alive, outside the bound in bytes.
+    board: weakref.ref[Board]
     view: ResolvedView
     as_of: int  # the top cache's copy it came from
     headers: RawHeaders
@@ -160,7 +164,8 @@ def _current(svc: Service, board_id: str, query: bytes, packed: bool) -> Rendere
     answer = _kept.get((board_id, query, packed))
     if answer is None or answer.second != now_second():
         return None
-    if svc.boards.cached(board_id) is not answer.board or svc.tops.as_of(answer.view) != answer.as_of:
+    board = svc.boards.cached(board_id)
+    if board is None or board is not answer.board() or svc.tops.as_of(answer.view) != answer.as_of:
         return None
     return answer
 

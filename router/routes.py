@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import time
+import weakref
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -290,7 +291,7 @@ async def top(request: Request) -> Response:
         kept = (as_of, headers, raw, tag)
         _TOPS.put(key, kept, len(raw))  # the oldest rendering goes first past the bounds
     _, headers, raw, tag = kept
-    answer = hot.Rendered(second, board, view, as_of, headers, raw, tag)
+    answer = hot.Rendered(second, weakref.ref(board), view, as_of, headers, raw, tag)
     hot.remember(board.config.id, raw_query, packed, answer)
     status = 200
     if hot.matches(request.headers.get("if-none-match"), tag.decode()):

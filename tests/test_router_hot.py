@@ -4,6 +4,7 @@ and only while they are still the current answer; keys, read budgets and ETags h
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -13,8 +14,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from router import hot
+from shardlb.board import Board
 from shardlb.cluster import LocalCluster
-from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running
+from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running, service_of
 
 pytestmark = pytest.mark.cluster
 
@@ -173,6 +175,32 @@ async def test_repeated_headers_are_read_as_on_the_full_path(client: httpx.Async
     await client.get(f"/v1/boards/{name}/top", headers={"Accept": "application/msgpack"})
     warm = await client.get(f"/v1/boards/{name}/top", headers=twice)
     assert warm.headers["content-type"].startswith("application/json") and warm.content == cold.content
+
+
+def live_boards() -> int:
+    gc.collect()
+    return sum(1 for thing in gc.get_objects() if isinstance(thing, Board))
+
+
+async def test_remembered_answers_do_not_keep_old_boards_alive(cluster: LocalCluster, clock: Clock) -> None:
+    """A remembered answer held the Board it was rendered with. The board cache makes a new Board
+    every few seconds (each with its own caches of players read, up to several MB), so a caller
+    asking one top with a new query string (``?limit=N``) now and then kept an old Board alive per
+    answer, up to 4096 of them, outside the bound in bytes. Here every request looks the board up
+    anew (as if the board cache's seconds had passed between them)."""
+    async with running(cluster.url) as (app, c):
+        name = await new_board(c, [("a", 10), ("b", 20)])
+        service_of(app).boards.ttl_s = 0.0
+        before = live_boards()
+        for limit in range(1, 201):
+            assert players(await c.get(f"/v1/boards/{name}/top", params={"limit": limit}))[0] == "b"
+        assert live_boards() - before < 10
+        # A repeat in its second is still answered from its bytes while its board is the current one.
+        service_of(app).boards.ttl_s = 60.0
+        await c.get(f"/v1/boards/{name}/top", params={"limit": 7})
+        reads = full_reads()
+        assert players(await c.get(f"/v1/boards/{name}/top", params={"limit": 7})) == ["b", "a"]
+        assert full_reads() == reads
 
 
 def test_the_bytes_bound_counts_the_queries_callers_choose(monkeypatch: pytest.MonkeyPatch) -> None:
