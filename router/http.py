@@ -26,6 +26,11 @@ uvicorn's protocol bounds nothing (it keeps every header line, and waits for a b
 - a worker keeps at most SHARDLB_MAX_CONNECTIONS connections open; one more is closed at once,
   counted in ``shardlb_http_connections_refused_total`` and logged (one warning a minute at most,
   with the number refused since the last one: a flood of connections must not flood the log too);
+- of them, one client address (an IPv6 /64, as the read budgets count clients) may hold at most
+  SHARDLB_MAX_CLIENT_CONNECTIONS; one more is closed at once, counted and logged alike. Without it
+  one address could hold every connection (silent ones reopened as they are closed, or keep-alive
+  ones kept busy with /healthz) and every other client's would be closed at once. A peer among
+  SHARDLB_TRUSTED_PROXIES carries many clients and is not counted;
 - a connection may have at most PIPELINE_MAX requests read ahead of their answers (pipelined);
   one that sends more without reading its answers is closed.
 - a request the parser cannot read is answered 400 ``malformed_request`` with the API's error body
@@ -55,10 +60,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornH
 from uvicorn.server import ServerState
 
 from router import metrics
+from router.auth import client_network
 from router.errors import ApiError
+from router.limiter import trusted
 from router.media import TIMED_OUT, headers_too_large, rendered_error, request_timeout, wants_msgpack
 from router.middleware import LOGGED_PATH_CHARS, log_refused, new_request_id
-from router.settings import Settings, SettingsError
+from router.settings import Network, Settings, SettingsError
 
 
 class CoalescingTransport(asyncio.Transport):
@@ -148,6 +155,8 @@ class Limits:
     header_timeout_s: float
     body_timeout_s: float
     connections: int
+    client_connections: int = 1 << 62
+    proxies: tuple[Network, ...] = ()
 
 
 @functools.cache
@@ -162,6 +171,8 @@ def limits() -> Limits:
         settings.header_timeout_s,
         settings.body_timeout_s,
         settings.max_connections,
+        settings.max_client_connections,
+        settings.trusted_proxies,
     )
 
 
@@ -171,9 +182,10 @@ log = logging.getLogger("shardlb.router")
 
 
 class Refusals:
-    """Connections refused over the cap: each counted, logged as one warning a minute at most."""
+    """Connections refused over a cap: each counted, logged as one warning a minute at most."""
 
-    def __init__(self) -> None:
+    def __init__(self, message: str = "connections refused") -> None:
+        self.message = message
         self.unlogged = 0
         self.logged_at: float | None = None
 
@@ -186,11 +198,14 @@ class Refusals:
         fields: dict[str, float] = {"limit": limit, "refused": self.unlogged}
         if self.logged_at is not None:
             fields["since_s"] = round(now - self.logged_at, 1)
-        log.warning("connections refused", extra={"fields": fields})
+        log.warning(self.message, extra={"fields": fields})
         self.unlogged, self.logged_at = 0, now
 
 
 _refusals = Refusals()
+_client_refusals = Refusals("connections refused for one client")
+# Connections open per client (``client_network``) in this worker, those of trusted proxies left out.
+_clients: dict[str, int] = {}
 
 # Where a connection is: connected and silent, in a request's head, in its body, or between requests
 # (an answer under way, or idle: uvicorn's keep-alive timeout closes it then).
@@ -216,6 +231,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
         self._head_bytes = 0  # of the request head being read
         self._body_raw = self._body_bytes = 0  # bytes read in the body phase, and of them the body
         self._refused = False  # answered and closing: whatever else comes is dropped
+        self._counted_as: str | None = None  # the client this connection counts for (``_clients``)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))
@@ -224,6 +240,17 @@ class HttpToolsProtocol(_UvicornHttpTools):
             self.transport.close()
             _refusals.refused(self.limits.connections)
             return
+        host = self.client[0] if self.client else None
+        if host is not None and not trusted(host, self.limits.proxies):
+            client = client_network(host)
+            held = _clients.get(client, 0)
+            if held >= self.limits.client_connections:
+                self._refused = True
+                self.transport.close()
+                _client_refusals.refused(self.limits.client_connections)
+                return
+            _clients[client] = held + 1
+            self._counted_as = client
         self._expect(_SILENT, self.limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -231,6 +258,13 @@ class HttpToolsProtocol(_UvicornHttpTools):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        client, self._counted_as = self._counted_as, None
+        if client is not None:
+            left = _clients[client] - 1
+            if left:
+                _clients[client] = left
+            else:
+                del _clients[client]
 
     def data_received(self, data: bytes) -> None:
         if self._refused:

@@ -97,16 +97,17 @@ def client_address(peer: str, forwarded: str | None, proxies: Sequence[Network])
     that is not itself a trusted proxy: each proxy appends the address it saw, so everything left of
     the first untrusted hop may be the client's own invention. With every hop trusted, the left-most.
     An entry that is not an address (a proxy passing garbage on) leaves the peer's own address."""
-    if not proxies or not forwarded or not _trusted(peer, proxies):
+    if not proxies or not forwarded or not trusted(peer, proxies):
         return peer
     hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
     for hop in reversed(hops):
-        if not _trusted(hop, proxies):
+        if not trusted(hop, proxies):
             return hop if _address(hop) is not None else peer
     return hops[0] if hops else peer
 
 
-def _trusted(host: str, proxies: Sequence[Network]) -> bool:
+def trusted(host: str, proxies: Sequence[Network]) -> bool:
+    """Whether ``host`` is an address within one of ``proxies``."""
     address = _address(host)
     return address is not None and any(address in network for network in proxies)
 

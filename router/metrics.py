@@ -108,7 +108,8 @@ GC_PAUSE = Histogram(
 RATE_LIMITED = Counter("shardlb_rate_limited_total", "Reads refused by the per-client rate limit.")
 CONNECTIONS_REFUSED = Counter(
     "shardlb_http_connections_refused_total",
-    "Connections closed at once because the worker held SHARDLB_MAX_CONNECTIONS already.",
+    "Connections closed at once because the worker, or their client, held as many as allowed already "
+    "(SHARDLB_MAX_CONNECTIONS, SHARDLB_MAX_CLIENT_CONNECTIONS).",
 )
 
 

@@ -111,6 +111,9 @@ class Settings:
     # Each open connection may hold about 64 KiB of body in uvicorn's buffer plus, read ahead by the
     # access middleware, up to max_read_body_bytes: 2048 of them about 320 MiB at worst per worker.
     max_connections: int = 2048
+    # ... and of them, what one client address (an IPv6 /64) may hold; trusted proxies are not
+    # counted (router/http.py).
+    max_client_connections: int = 512
     top_refresh_s: float = 1.0
     top_idle_s: float = 60.0
     histogram_samples: int = 1024
@@ -195,6 +198,7 @@ class Settings:
         _range("SHARDLB_HEADER_TIMEOUT_S", self.header_timeout_s, 0.1, 3600)
         _range("SHARDLB_MAX_HEADER_BYTES", self.max_header_bytes, 1024, 16 * MIB)
         _range("SHARDLB_MAX_CONNECTIONS", self.max_connections, 1, 10**7)
+        _range("SHARDLB_MAX_CLIENT_CONNECTIONS", self.max_client_connections, 1, 10**7)
         _range("SHARDLB_TOP_REFRESH_S", self.top_refresh_s, 0.05, 3600)
         _range("SHARDLB_TOP_IDLE_S", self.top_idle_s, 1, 86_400)
         _range("SHARDLB_HISTOGRAM_SAMPLES", self.histogram_samples, 2, 100_000)

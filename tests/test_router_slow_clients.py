@@ -297,12 +297,13 @@ def test_the_limits_are_settings_with_sane_defaults_and_ranges() -> None:
     defaults = Settings.from_env(env)
     assert (defaults.body_timeout_s, defaults.header_timeout_s) == (10.0, 10.0)
     assert defaults.max_header_bytes == 64 * 1024
-    assert defaults.max_connections == 2048
+    assert (defaults.max_connections, defaults.max_client_connections) == (2048, 512)
     for name, value in (
         ("SHARDLB_BODY_TIMEOUT_S", "0"),
         ("SHARDLB_HEADER_TIMEOUT_S", "-1"),
         ("SHARDLB_MAX_HEADER_BYTES", "100"),
         ("SHARDLB_MAX_CONNECTIONS", "0"),
+        ("SHARDLB_MAX_CLIENT_CONNECTIONS", "0"),
     ):
         with pytest.raises(SettingsError, match=name):
             Settings.from_env({**env, name: value})
@@ -345,3 +346,61 @@ async def test_endless_trailers_after_a_chunked_body_are_cut_off(patient_server:
             await writer.drain()
     assert await _ends(reader)
     writer.close()
+
+
+async def _open_from(server: Server, source: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection from another loopback address (Linux answers all of 127.0.0.0/8)."""
+    return await asyncio.open_connection("127.0.0.1", server.port, local_addr=(source, 0))
+
+
+async def _healthy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """True when the connection still answers a request."""
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        await writer.drain()
+        status, _, _ = await _answer(reader)
+    except (ConnectionError, asyncio.IncompleteReadError):
+        return False
+    return status == 200
+
+
+@pytest.mark.cluster
+async def test_one_address_cannot_take_every_connection(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The cap on a worker's connections was the only one: one address opening
+    SHARDLB_MAX_CONNECTIONS silent (or keep-alive) connections, again as each was closed, had every
+    other client's connection closed at once. Now one address (an IPv6 /64) holds at most
+    SHARDLB_MAX_CLIENT_CONNECTIONS; a trusted proxy, which carries many clients, is not counted."""
+    server = Server(
+        cluster.url,
+        tmp_path_factory.mktemp("crowd") / "router.log",
+        SHARDLB_MAX_CONNECTIONS="8",
+        SHARDLB_MAX_CLIENT_CONNECTIONS="3",
+        SHARDLB_TRUSTED_PROXIES="127.0.0.3",
+        SHARDLB_HEADER_TIMEOUT_S="60",
+        SHARDLB_READ_RATE="0",
+    )
+    opened: list[asyncio.StreamWriter] = []
+    try:
+        crowd = [await _open_from(server, "127.0.0.2") for _ in range(8)]
+        opened += [writer for _, writer in crowd]
+        assert [await _healthy(*c) for c in crowd[3:]] == [False] * 5  # closed at once
+        assert [await _healthy(*c) for c in crowd[:3]] == [True] * 3
+        other = await _open_from(server, "127.0.0.1")
+        opened.append(other[1])
+        assert await _healthy(*other)
+        proxied = [await _open_from(server, "127.0.0.3") for _ in range(4)]
+        opened += [writer for _, writer in proxied]
+        assert [await _healthy(*c) for c in proxied] == [True] * 4
+        # The crowd's connections come free as they close: that address may open them again.
+        for _, writer in crowd[:3]:
+            writer.close()
+        await asyncio.sleep(0.2)
+        again = await _open_from(server, "127.0.0.2")
+        opened.append(again[1])
+        assert await _healthy(*again)
+    finally:
+        for writer in opened:
+            writer.close()
+        assert server.stop() == 0
