@@ -72,6 +72,10 @@ class TopCache:
         kept = self._views.get(key)
         if kept is not None and self._fits(kept, board, limit):
             _HIT.inc()
+            # The board cache makes a new Board every few seconds: a view keeps the current one, not
+            # the one it was first read with (views first read at other moments would each keep
+            # another alive, with its caches of players read).
+            kept.board = board
             return kept.entries[:limit], kept.as_of_ms
         _MISS.inc()
         want = max(

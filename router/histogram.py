@@ -120,6 +120,7 @@ class Histograms:
         kept = self._views.get(key)
         if kept is not None and (kept.board is board or kept.board.config == board.config):
             _HIT.inc()
+            kept.board = board  # the current Board, not the first one read (router/cache.py, TopCache.top)
             return kept.estimate(row)
         _MISS.inc()
         snapshot = await self._views.load(key, lambda: self._sample(key, board))

@@ -203,6 +203,33 @@ async def test_remembered_answers_do_not_keep_old_boards_alive(cluster: LocalClu
         assert full_reads() == reads
 
 
+async def test_kept_views_do_not_keep_old_boards_alive(cluster: LocalCluster, clock: Clock) -> None:
+    """A view of the top cache, and a histogram of the rank estimates, kept the Board it was first
+    read with for as long as it was read, while the board cache made a new Board every few seconds:
+    views first read at different moments each kept another (with its own caches of players read,
+    up to several MB). Now a view read with the board's current Board keeps that one. Here a new
+    view is first read after each renewal of the board cache, and the views read before are read
+    again."""
+    async with running(cluster.url) as (app, c):
+        name = board_name()
+        periods = {"periods": ["total", "daily", "weekly", "monthly"]}
+        assert (await c.put(f"/v1/boards/{name}", json=periods, headers=AS_ADMIN)).status_code == 201
+        now = {"scores": [{"player_id": "a", "points": 10, "match_id": "m"}]}  # in today's periods too
+        assert (await c.post(f"/v1/boards/{name}/scores", json=now, headers=AS_WRITER)).status_code == 200
+        boards = service_of(app).boards
+        reads = [
+            (f"/v1/boards/{name}/{path}", {"period": period, **extra})
+            for period in ("total", "daily", "weekly", "monthly")
+            for path, extra in (("top", {}), ("players/a", {"estimate": "true"}))
+        ]
+        before = live_boards()
+        for first in range(1, len(reads) + 1):
+            boards._kept.clear()  # as when the board cache's seconds have passed: a new Board
+            for path, query in reads[:first]:
+                assert (await c.get(path, params=query)).status_code == 200
+        assert live_boards() - before <= 2
+
+
 def test_the_bytes_bound_counts_the_queries_callers_choose(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keys are raw query strings, which a caller can pad (`?&&&...&limit=1`, up to the URL limit)
     into a new key each time: the bound in bytes counted only the bodies, so 4096 padded keys of
