@@ -63,6 +63,9 @@ def router_missing() -> str | None:
     return None
 
 
+BENCH_ROUTER_ENV = {"SHARDLB_MAX_CLIENT_CONNECTIONS": "100000"}
+
+
 @dataclass
 class Router:
     """``python -m router.server`` with ``workers`` processes, on its own process group."""
@@ -79,7 +82,9 @@ class Router:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 40.0) -> Router:
-        env = {**os.environ, "SHARDLB_REDIS_URL": self.redis_url, **self.env}
+        # A bench's load comes from one address (Locust's users, the pacer's, wrk's connections:
+        # a thousand at the ramp's top): the per-address connection cap would refuse most of it.
+        env = {**os.environ, "SHARDLB_REDIS_URL": self.redis_url, **BENCH_ROUTER_ENV, **self.env}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
