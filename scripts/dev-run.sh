@@ -18,6 +18,9 @@ HOST=127.0.0.1
 PORT=${SHARDLB_PORT:-8000}
 BOARD=demo
 mkdir -p "$STATE"
+# A PostgreSQL the user names; dev.env's SHARDLB_POSTGRES_URL (sourced below) is only what the last
+# run used, often our own server, which `make stop` stopped and this run must start again.
+GIVEN_POSTGRES_URL=${SHARDLB_POSTGRES_URL:-}
 
 # VAR VALUE kept in dev.env (in place of an earlier value): the shell that sources it has what the
 # `shardlb` commands of README need, the cluster's and PostgreSQL's URLs with the keys.
@@ -62,7 +65,8 @@ SHARDLB_REDIS_URL=$(sed -n 's/^SHARDLB_REDIS_URL=//p' <<<"$up")
 export SHARDLB_REDIS_URL
 
 # PostgreSQL, the archive's source of truth: SHARDLB_POSTGRES_URL when given, else our own server.
-if [ -z "${SHARDLB_POSTGRES_URL:-}" ]; then
+SHARDLB_POSTGRES_URL=$GIVEN_POSTGRES_URL
+if [ -z "$SHARDLB_POSTGRES_URL" ]; then
     pg=$("$PY" -m shardlb postgres up --dir "$STATE/postgres")
     SHARDLB_POSTGRES_URL=$(sed -n 's/^SHARDLB_POSTGRES_URL=//p' <<<"$pg")
 fi

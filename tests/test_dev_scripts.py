@@ -1,0 +1,152 @@
+"""scripts/dev-run.sh and dev-stop.sh (`make run`, `make stop`): which servers they start and stop.
+
+The scripts run as they are, from a copy of scripts/ in a temporary checkout whose .venv/bin/python
+is a stand-in: `shardlb cluster|postgres up|down` and `shardlb archive` only record that they were
+called (and leave the state files the real ones leave), `router.server` is a small HTTP server that
+answers /readyz and the `demo` board's PUT, and everything else (the scripts' own Python snippets)
+runs in the real interpreter. No cluster, PostgreSQL or router is started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.ports import search_start
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STAND_IN = """#!/usr/bin/env bash
+# .venv/bin/python for tests/test_dev_scripts.py
+if [ "$1" = -m ] && [ "$2" = shardlb ]; then
+    echo "$3 $4" >>calls.log
+    case "$3 $4" in
+    "cluster up")
+        mkdir -p .shardlb/cluster && echo '{}' >.shardlb/cluster/state.json
+        echo "SHARDLB_REDIS_URL=redis://127.0.0.1:7000" ;;
+    "postgres up")
+        mkdir -p .shardlb/postgres && echo '{}' >.shardlb/postgres/postgres.json
+        echo "SHARDLB_POSTGRES_URL=postgresql://shardlb@127.0.0.1:25432/postgres" ;;
+    archive*)
+        sleep 60 &
+        trap 'kill $!; exit 0' TERM
+        wait ;;
+    esac
+    exit 0
+fi
+if [ "$1" = -m ] && [ "$2" = router.server ]; then
+    exec "$REAL_PYTHON" "$FAKE_ROUTER" "$@"
+fi
+exec "$REAL_PYTHON" "$@"
+"""
+
+FAKE_ROUTER = """import os, signal, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_PUT(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(201)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+HTTPServer((os.environ["SHARDLB_HOST"], int(os.environ["SHARDLB_PORT"])), Handler).serve_forever()
+"""
+
+
+def free_port() -> int:
+    for port in range(search_start(26000, 200), 28000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Iterator[Path]:
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(STAND_IN)
+    python.chmod(0o755)
+    (tmp_path / "fake_router.py").write_text(FAKE_ROUTER)
+    yield tmp_path
+    subprocess.run(["bash", "scripts/dev-stop.sh"], cwd=tmp_path, env=environ(tmp_path), capture_output=True)
+
+
+def environ(checkout: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLB_")}
+    return {
+        **env,
+        "PYTHONPATH": str(ROOT),
+        "REAL_PYTHON": sys.executable,
+        "FAKE_ROUTER": str(checkout / "fake_router.py"),
+        **extra,
+    }
+
+
+def run(checkout: Path, script: str, **extra: str) -> str:
+    done = subprocess.run(
+        ["bash", f"scripts/{script}"],
+        cwd=checkout,
+        env=environ(checkout, **extra),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def postgres_calls(checkout: Path) -> list[str]:
+    """The stand-in's `shardlb postgres ...` calls, in order."""
+    lines = (checkout / "calls.log").read_text().splitlines()
+    return [line for line in lines if line.startswith("postgres")]
+
+
+def remembered(checkout: Path, name: str) -> str:
+    lines = (checkout / ".shardlb" / "dev.env").read_text().splitlines()
+    return next(line.split("=", 1)[1] for line in lines if line.startswith(f"{name}="))
+
+
+def test_make_run_after_make_stop_starts_the_private_postgresql_again(checkout: Path) -> None:
+    port = str(free_port())
+    run(checkout, "dev-run.sh", SHARDLB_PORT=port)
+    run(checkout, "dev-stop.sh")
+    assert postgres_calls(checkout) == ["postgres up", "postgres down"]
+    # dev.env now remembers the private server's URL: that is not a server the user named
+    run(checkout, "dev-run.sh", SHARDLB_PORT=port)
+    assert postgres_calls(checkout) == ["postgres up", "postgres down", "postgres up"]
+    assert remembered(checkout, "SHARDLB_POSTGRES_URL") == "postgresql://shardlb@127.0.0.1:25432/postgres"
+
+
+def test_make_run_uses_the_postgresql_the_user_names(checkout: Path) -> None:
+    port = str(free_port())
+    theirs = "postgresql://app@db.example:5432/lb"
+    run(checkout, "dev-run.sh", SHARDLB_PORT=port, SHARDLB_POSTGRES_URL=theirs)
+    assert not postgres_calls(checkout)
+    assert remembered(checkout, "SHARDLB_POSTGRES_URL") == theirs
+    # the next run without it: the private server, not the URL dev.env kept from the last run
+    run(checkout, "dev-run.sh", SHARDLB_PORT=port)
+    assert postgres_calls(checkout) == ["postgres up"]
