@@ -7,8 +7,9 @@ have() { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/d
 if have; then exit 0; fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "PostgreSQL's initdb not found: installing postgresql with apt-get" >&2
-    apt-get -o DPkg::Lock::Timeout=600 update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq postgresql >/dev/null
+    # a failure (no network, no such package) falls through to the message below
+    apt-get -o DPkg::Lock::Timeout=600 update -qq || true
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq postgresql >/dev/null || true
     have && exit 0
 fi
 cat >&2 <<'MSG'

@@ -150,3 +150,54 @@ def test_make_run_uses_the_postgresql_the_user_names(checkout: Path) -> None:
     # the next run without it: the private server, not the URL dev.env kept from the last run
     run(checkout, "dev-run.sh", SHARDLB_PORT=port)
     assert postgres_calls(checkout) == ["postgres up"]
+
+
+def bin_dir(tmp_path: Path, uid: int, apt_get: str) -> Path:
+    """A PATH of its own: `id -u` says uid, apt-get runs the given script, no redis-server."""
+    path = tmp_path / "bin"
+    path.mkdir()
+    for tool in ("bash", "cat", "cp", "sed"):
+        found = shutil.which(tool)
+        assert found, tool
+        (path / tool).symlink_to(found)
+    for name, body in (("id", f"echo {uid}"), ("apt-get", apt_get)):
+        (path / name).write_text(f"#!{shutil.which('bash')}\n{body}\n")
+        (path / name).chmod(0o755)
+    return path
+
+
+def ensure_redis(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(path / "bash"), str(ROOT / "scripts" / "ensure-redis.sh")],
+        env={"PATH": str(path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_without_redis_server_and_not_root_make_names_the_package(tmp_path: Path) -> None:
+    done = ensure_redis(bin_dir(tmp_path, 1000, "exit 100"))
+    assert done.returncode == 1
+    assert "sudo apt-get install redis-server redis-tools" in done.stderr
+
+
+def test_without_redis_server_as_root_a_failed_apt_get_still_names_the_package(tmp_path: Path) -> None:
+    # README: make installs it with apt-get as root, "and otherwise stops with the exact package to
+    # install"; an apt-get that cannot (no network, no such package) must not end it without that.
+    done = ensure_redis(bin_dir(tmp_path, 0, 'echo "E: apt-get failed: $*" >&2; exit 100'))
+    assert done.returncode == 1
+    assert "sudo apt-get install redis-server redis-tools" in done.stderr
+
+
+def test_without_redis_server_as_root_apt_get_installs_it(tmp_path: Path) -> None:
+    packaged = tmp_path / "package"
+    packaged.mkdir()
+    for name in ("redis-server", "redis-cli"):
+        (packaged / name).write_text(f"#!{shutil.which('bash')}\necho 'Redis server v=7.2.4 sha=0'\n")
+        (packaged / name).chmod(0o755)
+    path = tmp_path / "bin"
+    installs = f'[ "$3" != install ] || cp {packaged}/redis-server {packaged}/redis-cli {path}/'
+    done = ensure_redis(bin_dir(tmp_path, 0, installs))
+    assert done.returncode == 0, done.stderr
+    assert (path / "redis-server").exists()
