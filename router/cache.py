@@ -8,7 +8,9 @@ connection per primary, and a flood of reads can neither starve it nor be crowde
 is the time the kept copy was read. A view nobody read for ``idle_s`` seconds is dropped, as is a
 copy that could not be refreshed for ``STALE_REFRESHES`` rounds, so a broken cluster is reported,
 not hidden. A dated period that can hold nothing (expired, or not begun: ``Board.holds_nothing``)
-is answered empty and never kept.
+is answered empty and never kept. A copy serves only readers whose board object it could have been
+read through exactly: across a reshard, one refreshed through a board fetched before the reshard
+began is not served to a reader whose board knows of it (``_fits``).
 """
 
 from __future__ import annotations
@@ -109,7 +111,17 @@ class TopCache:
 
     @staticmethod
     def _fits(kept: _Top, board: Board, limit: int) -> bool:
-        # A short list (the whole view) serves any limit; a changed board never serves.
+        # A short list (the whole view) serves any limit; a changed board never serves. Nor does a
+        # copy refreshed through a board object that cannot tell the layout moved: one kept from
+        # before a reshard began (its reads skip Board.check_layout, so after the cut-over they
+        # read the old layout, then nothing once it is dropped, and stamp it with a fresh as_of),
+        # or one that learnt it was moved or deleted. The reader's board, fetched within
+        # CACHE_SECONDS, knows of a reshard before its seals: the read goes live through it.
         return (limit <= kept.limit or len(kept.entries) < kept.limit) and (
-            kept.board is board or kept.board.config == board.config
+            kept.board is board
+            or (
+                kept.board.config == board.config
+                and not kept.board.stale
+                and (kept.board.moving or not board.moving)
+            )
         )

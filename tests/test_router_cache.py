@@ -1,0 +1,70 @@
+"""router/cache.py on the session cluster: what the top cache answers stays as fresh as its ``as_of``
+says, across a reshard of the board it holds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from shardlb import times
+from shardlb.board import Score
+from shardlb.cluster import LocalCluster
+from shardlb.reshard import Resharder
+from shardlb.store import CACHE_SECONDS, BoardStore
+from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+T0 = 1_790_000_000_000
+
+
+def top_of(r: httpx.Response) -> tuple[list[str], int]:
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return [e["player_id"] for e in body["entries"]], times.parse(body["as_of"], "as_of")
+
+
+async def test_a_top_kept_across_a_reshard_is_never_the_old_layout_read_as_new(
+    cluster: LocalCluster, store: BoardStore
+) -> None:
+    """A router that kept a board's top before a reshard began (and never writes to the board, so
+    only its board cache's expiry tells it of the reshard) must not answer, once the new layout is
+    open, the old layout's rows (or nothing, once they are dropped) stamped with a fresh ``as_of``:
+    an answer as of T holds every write acknowledged before T."""
+    name = board_name("moved")
+    body = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    async with running(cluster.url, top_refresh_s=0.05) as (_, client):
+        assert (await client.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)).status_code == 201
+        scores = [
+            {"player_id": p, "points": n, "match_id": "m", "achieved_at": T0}
+            for p, n in (("a", 10), ("b", 20))
+        ]
+        posted = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+        assert posted.status_code == 200, posted.text
+        assert top_of(await client.get(f"/v1/boards/{name}/top"))[0] == ["b", "a"]
+        try:
+            # The mover waits out the routers' board caches before it seals, as in production.
+            mover = Resharder(store, name, say=lambda _: None, cache_s=CACHE_SECONDS)
+            await mover.start(3)
+            moving = asyncio.ensure_future(mover.run())
+            while not moving.done():  # readers go on reading the top meanwhile
+                seen = top_of(await client.get(f"/v1/boards/{name}/top"))[0]
+                assert seen == ["b", "a"]
+                await asyncio.sleep(0.1)
+            assert (await moving)["shards"] == 3
+            # Another router writes to the new layout.
+            fresh = await store.get(name)
+            await fresh.submit([Score("c", 30, "m", T0)], times.now_ms())
+            acknowledged = times.now_ms()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + CACHE_SECONDS + 2
+            while loop.time() < deadline:
+                seen, as_of = top_of(await client.get(f"/v1/boards/{name}/top"))
+                want = ["c", "b", "a"] if as_of > acknowledged else ["b", "a"]
+                assert seen == want, (seen, as_of - acknowledged)
+                await asyncio.sleep(0.1)
+            assert seen == ["c", "b", "a"]
+        finally:
+            await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
