@@ -10,7 +10,6 @@ import functools
 import re
 import time
 import weakref
-import zlib
 from collections.abc import Awaitable, Callable
 from typing import cast
 
@@ -286,7 +285,7 @@ async def top(request: Request) -> Response:
             "resets_at": board.resets_at(view.period),
         }
         _, headers, raw = rendered(body, packed)
-        tag = f'"{zlib.crc32(raw):08x}{len(raw):x}"'.encode()
+        tag = hot.etag(raw)
         headers += [(b"etag", tag), *hot.CACHE_HEADERS]
         kept = (as_of, headers, raw, tag)
         _TOPS.put(key, kept, len(raw))  # the oldest rendering goes first past the bounds

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -241,3 +242,17 @@ def test_the_bytes_bound_counts_the_queries_callers_choose(monkeypatch: pytest.M
         hot.remember("board", b"&" * 60_000 + str(n).encode(), False, answer)
     assert kept.held <= 1_000_000
     assert len(kept) < 20
+
+
+def test_an_etag_never_names_two_bodies() -> None:
+    """Two tops of one length whose bytes have one CRC-32 (these two player ids, found by a search
+    of random ids): a client holding one must not get 304 for the other."""
+    one, two = (
+        b'{"board":"arena","entries":[{"rank":1,"player_id":"%s","points":1520}]}' % player
+        for player in (b"uqY31LKK8hAU", b"Y8nbnvcDl2wA")
+    )
+    assert one != two and len(one) == len(two) and zlib.crc32(one) == zlib.crc32(two)
+    assert hot.etag(one) != hot.etag(two)
+    assert hot.etag(one) == hot.etag(bytes(one)) and hot.matches(
+        f"W/{hot.etag(one).decode()}", hot.etag(one).decode()
+    )
