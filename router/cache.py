@@ -51,16 +51,33 @@ class TopCache:
     """Per-worker cache of top-N lists keyed by resolved view."""
 
     def __init__(
-        self, fetch: Fetch, refresh_s: float = 1.0, idle_s: float = 60.0, live: Gate | None = None
+        self,
+        fetch: Fetch,
+        refresh_s: float = 1.0,
+        idle_s: float = 60.0,
+        live: Gate | None = None,
+        max_rows: int | None = None,
     ) -> None:
         self.fetch = fetch
         self.live = live
         self._views: Refreshed[_Key, _Top] = Refreshed(
-            "top", self._refetch, refresh_s, idle_s, MAX_VIEWS, STALE_REFRESHES
+            "top",
+            self._refetch,
+            refresh_s,
+            idle_s,
+            MAX_VIEWS,
+            STALE_REFRESHES,
+            max_weight=max_rows,
+            weigh=lambda kept: len(kept.entries),
         )
 
     def __len__(self) -> int:
         return len(self._views)
+
+    @property
+    def rows(self) -> int:
+        """The rows kept, all views together (at most ``max_rows``)."""
+        return self._views.weight
 
     async def top(self, board: Board, view: ResolvedView, limit: int) -> tuple[Rendered, int]:
         """The best ``limit`` entries of a view and the epoch ms they were read at (cached or live)."""

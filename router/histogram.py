@@ -102,13 +102,26 @@ class Histograms:
         samples: int = 1024,
         refresh_s: float = 5.0,
         idle_s: float = 300.0,
+        max_samples: int | None = None,
     ) -> None:
         source = resources.files("router").joinpath("sample.lua").read_text()
         self.script = BoundedScript(client, source, gates)
         self.samples = samples
         self._views: Refreshed[_Key, Snapshot] = Refreshed(
-            "histogram", self._refetch, refresh_s, idle_s, MAX_VIEWS, drop_after=1
+            "histogram",
+            self._refetch,
+            refresh_s,
+            idle_s,
+            MAX_VIEWS,
+            drop_after=1,
+            max_weight=max_samples,
+            weigh=lambda snapshot: sum(len(shard.rows) for shard in snapshot.shards),
         )
+
+    @property
+    def kept_samples(self) -> int:
+        """The samples kept, all views together (at most ``max_samples``)."""
+        return self._views.weight
 
     async def load_script(self, client: RedisCluster) -> None:
         """Put the sampling script on every primary (at start-up, with the library's scripts)."""

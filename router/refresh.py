@@ -5,8 +5,11 @@ way, callers asking for that key wait for the same result (or the same error) in
 fetch each; a caller that gives up does not cancel it for the others. ``Refreshed`` keeps what was
 fetched: one task re-fetches every kept value each ``refresh_s`` seconds, one key at a time; a key
 nobody read for ``idle_s`` seconds is dropped, as is one whose refresh failed ``drop_after`` times in
-a row (a cache must report a broken cluster, not hide it); past ``max_kept`` keys the least recently
-read goes first. The board cache (router/boards.py) uses only the single flight: its entries expire
+a row (a cache must report a broken cluster, not hide it); past ``max_kept`` keys, or past
+``max_weight`` for what the kept values weigh together (``weigh``: the top cache's rows, the
+histograms' samples), the least recently read go first, and a value heavier than the whole budget
+is handed to its caller but not kept: what callers can make a worker keep and refresh is bounded
+in bytes, not only in keys. The board cache (router/boards.py) uses only the single flight: its entries expire
 instead of being refreshed.
 """
 
@@ -58,6 +61,11 @@ class _Kept(Generic[V]):
     value: V
     started: float  # when the fetch that got ``value`` started: an older one never replaces it
     read_at: float
+    weight: int = 0
+
+
+def _unweighed(value: object) -> int:
+    return 0
 
 
 class Refreshed(Generic[K, V]):
@@ -71,6 +79,8 @@ class Refreshed(Generic[K, V]):
         idle_s: float,
         max_kept: int,
         drop_after: int,
+        max_weight: int | None = None,
+        weigh: Callable[[V], int] = _unweighed,
     ) -> None:
         self.name = name
         self.refetch = refetch
@@ -78,6 +88,9 @@ class Refreshed(Generic[K, V]):
         self.idle_s = idle_s
         self.max_kept = max_kept
         self.drop_after = drop_after
+        self.max_weight = max_weight
+        self.weigh = weigh
+        self.weight = 0  # what the kept values weigh together
         self._kept: OrderedDict[K, _Kept[V]] = OrderedDict()  # least recently read first
         self._flights: SingleFlight[K, V] = SingleFlight()
 
@@ -121,7 +134,7 @@ class Refreshed(Generic[K, V]):
                 except Exception as outcome:
                     failures[key] = failures.get(key, 0) + 1
                     if failures[key] >= self.drop_after:
-                        self._kept.pop(key, None)
+                        self._drop(key)
                     if failures[key] == 1:
                         log.warning(
                             f"{self.name} refresh failed",
@@ -136,18 +149,34 @@ class Refreshed(Generic[K, V]):
 
     def _keep(self, key: K, value: V, started: float, add: bool) -> None:
         kept = self._kept.get(key)
+        weight = self.weigh(value)
         if kept is None:
             if not add:
                 return
             if len(self._kept) >= self.max_kept:
-                self._kept.popitem(last=False)
-            self._kept[key] = _Kept(value, started, time.monotonic())
+                self._drop(next(iter(self._kept)))
+            kept = self._kept[key] = _Kept(value, started, time.monotonic())
         elif kept.started <= started:
             kept.value, kept.started = value, started
+            self.weight -= kept.weight
+        else:
+            return
+        kept.weight = weight
+        self.weight += weight
+        if self.max_weight is not None and weight > self.max_weight:
+            self._drop(key)  # heavier than the whole budget: served, not kept
+            return
+        while self.max_weight is not None and self.weight > self.max_weight:
+            self._drop(next(k for k in self._kept if k != key))  # the least recently read first
+
+    def _drop(self, key: K) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self.weight -= kept.weight
 
     def _drop_idle(self, now: float) -> None:
         while self._kept:
             key, kept = next(iter(self._kept.items()))
             if now - kept.read_at <= self.idle_s:
                 return  # the rest were read later
-            del self._kept[key]
+            self._drop(key)

@@ -93,7 +93,11 @@ class Service:
         ack = Ack.of(settings.ack, settings.ack_timeout_ms)
         scripts = acknowledged(_bounded(Scripts.register(client), client, script_gates), ack)
         histograms = Histograms(
-            client, script_gates, settings.histogram_samples, settings.histogram_refresh_s
+            client,
+            script_gates,
+            settings.histogram_samples,
+            settings.histogram_refresh_s,
+            max_samples=settings.histogram_cache_samples,
         )
         deadline = time.monotonic() + settings.startup_timeout_s
         while True:
@@ -141,7 +145,13 @@ class Service:
                 pipeline=ScriptPipeline(client),
                 inflight=settings.coalesce_inflight,
             ),
-            tops=TopCache(fetch_top, settings.top_refresh_s, settings.top_idle_s, live=reads),
+            tops=TopCache(
+                fetch_top,
+                settings.top_refresh_s,
+                settings.top_idle_s,
+                live=reads,
+                max_rows=settings.top_cache_rows,
+            ),
             histograms=histograms,
             # Journal entries carry MessagePack: the watcher reads them through its own small client.
             journals=JournalWatch(

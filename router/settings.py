@@ -116,8 +116,12 @@ class Settings:
     max_client_connections: int = 512
     top_refresh_s: float = 1.0
     top_idle_s: float = 60.0
+    # What the top cache and the rank estimates keep at most, in rows and samples of all their views
+    # together (about 390 and 180 bytes each): callers choose the views, so the bound is in bytes.
+    top_cache_rows: int = 100_000
     histogram_samples: int = 1024
     histogram_refresh_s: float = 5.0
+    histogram_cache_samples: int = 200_000
     access_log: bool = False
     log_level: str = "info"
 
@@ -203,6 +207,8 @@ class Settings:
         _range("SHARDLB_TOP_IDLE_S", self.top_idle_s, 1, 86_400)
         _range("SHARDLB_HISTOGRAM_SAMPLES", self.histogram_samples, 2, 100_000)
         _range("SHARDLB_HISTOGRAM_REFRESH_S", self.histogram_refresh_s, 0.05, 3600)
+        _range("SHARDLB_TOP_CACHE_ROWS", self.top_cache_rows, 1, 10**9)
+        _range("SHARDLB_HISTOGRAM_CACHE_SAMPLES", self.histogram_cache_samples, 1, 10**9)
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise SettingsError("SHARDLB_LOG_LEVEL", "must be one of debug, info, warning, error")
         for name, keys in (

@@ -277,6 +277,41 @@ async def test_reads_of_periods_that_can_hold_nothing_keep_no_view(
         await store.delete(name)
 
 
+async def test_the_kept_tops_and_histograms_hold_at_most_their_budgets(
+    store: BoardStore, cluster_url: str
+) -> None:
+    """Anonymous callers choose the views kept and refreshed every second or five: each board,
+    period and region they name, each at the largest limit asked. The top cache keeps at most
+    SHARDLB_TOP_CACHE_ROWS rows and the rank estimates at most SHARDLB_HISTOGRAM_CACHE_SAMPLES
+    samples in all, the least recently read going first; the answers stay whole and exact."""
+    name = board_name("cache-budget")
+    board, _ = await store.create(
+        BoardConfig.from_dict(
+            name, {"periods": ["total", "daily", "weekly", "monthly"], "sharding": {"shards": 3}}
+        )
+    )
+    now = times.now_ms()
+    await board.submit([Score(f"p{i:03d}", i, f"m{i}", now) for i in range(150)])
+    periods = ("total", "daily", "weekly", "monthly")
+    try:
+        budgets = {"top_cache_rows": 250, "histogram_samples": 8, "histogram_cache_samples": 60}
+        async with running(cluster_url, read_rate=0, **budgets) as (app, client):
+            svc = service_of(app)
+            for period in periods:
+                r = await client.get(f"/v1/boards/{name}/top", params={"period": period, "limit": 120})
+                assert r.status_code == 200 and len(r.json()["entries"]) == 120, r.text
+                assert r.json()["entries"][0]["player_id"] == "p149"
+                r = await client.get(
+                    f"/v1/boards/{name}/players/p010", params={"period": period, "estimate": "true"}
+                )
+                assert r.status_code == 200 and r.json()["players"] == 150, r.text
+                assert abs(r.json()["rank"] - 140) <= r.json()["rank_error"]
+            assert 0 < svc.tops.rows <= 250  # four views of 120 rows would be 480
+            assert 0 < svc.histograms.kept_samples <= 60  # four views of 3 shards' 8 samples or so
+    finally:
+        await store.delete(name)
+
+
 async def test_concurrent_board_lists_share_one_registry_read(store: BoardStore, cluster_url: str) -> None:
     """GET /v1/boards is public and reads the whole registry: requests that arrive while one such
     read is under way wait for it and share its answer, so a flood of them costs one read at a time

@@ -84,6 +84,8 @@ def refreshed(source: Source, **overrides: float) -> Refreshed[str, str]:
         settings["idle_s"],
         int(settings["max_kept"]),
         int(settings["drop_after"]),
+        max_weight=int(settings["max_weight"]) if "max_weight" in settings else None,
+        weigh=len,
     )
 
 
@@ -170,3 +172,36 @@ async def test_a_fetch_started_earlier_never_replaces_one_started_later() -> Non
     slow_source.gate.set()
     assert await slow == "old"  # its caller gets what it read ...
     assert kept.get("k") == "new"  # ... but the kept copy stays the later one
+
+
+async def test_past_the_weight_budget_the_least_recently_read_go_first() -> None:
+    """``max_weight`` bounds what the kept values weigh together (the top cache's rows, the
+    histograms' samples), whatever their number: past it the least recently read go first, and a
+    value heavier than the whole budget is handed to its caller but not kept."""
+    source = Source()
+    kept = refreshed(source, max_weight=6, refresh_s=3600)
+    await kept.load("aa", source.fetch("aa"))
+    await kept.load("bbb", source.fetch("bbb"))
+    assert kept.weight == 5
+    assert kept.get("aa") == "aa"  # "bbb" is now the least recently read
+    await kept.load("cc", source.fetch("cc"))
+    assert (kept.get("aa"), kept.get("bbb"), kept.get("cc")) == ("aa", None, "cc")
+    assert kept.weight == 4
+    assert await kept.load("huge", source.fetch("x" * 7)) == "x" * 7
+    assert kept.get("huge") is None and kept.weight == 4
+    await kept.fetch("aa", source.fetch("aaaaa"))  # a kept value that grows past the budget
+    assert kept.weight <= 6 and kept.get("aa") == "aaaaa" and kept.get("cc") is None
+
+
+async def test_a_refresh_that_grows_a_value_past_the_budget_drops_it() -> None:
+    source = Source()
+    kept = refreshed(source, max_weight=5)  # the refetch appends "+" every 0.01 s
+    await kept.load("a", source.fetch("aaa"))
+    seen = []
+    task = asyncio.ensure_future(kept.run())
+    try:
+        await until(lambda: seen.append(kept.weight) is None and kept.weight == 0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert max(seen) <= 5 and kept.get("a") is None
