@@ -111,8 +111,8 @@ def remember(board_id: str, query: bytes, packed: bool, answer: Rendered) -> Non
 
 def matches(if_none_match: str | None, tag: str) -> bool:
     """RFC 9110 If-None-Match against the current ETag (weak comparison: W/ is ignored)."""
-    if if_none_match is None:
-        return False
+    if if_none_match is None or (tag not in if_none_match and "*" not in if_none_match):
+        return False  # no list element can match: not split (a long header costs a scan, no more)
     asked = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
     return tag in asked or "*" in asked
 
