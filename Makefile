@@ -46,6 +46,7 @@ PYTEST_WORKERS ?= 2
 
 test: install redis-server postgres chromium ## run lint, type checks and the whole test suite (starts its own cluster)
 	$(BIN)/ruff check shardlb router bench tests
+	$(BIN)/ruff format --check shardlb router bench tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=10
 
