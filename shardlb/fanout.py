@@ -30,6 +30,7 @@ answer, only what a good one costs; when the cluster is in trouble it costs one 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import math
@@ -528,7 +529,14 @@ async def _pipelines(
         closed: dict[str, ClusterNode] = {}
         for i, node, connection in held:
             if i in unread:
-                await connection.disconnect()
+                # Aborted, not closed: a node that reads nothing (busy, frozen, cut off) keeps a
+                # large pipeline's unsent bytes from draining, and waiting for them to, past the
+                # connect timeout, raised here and kept this connection (and the next) out of the pool.
+                writer = getattr(connection, "_writer", None)
+                if writer is not None:
+                    writer.transport.abort()
+                with contextlib.suppress(Exception):
+                    await connection.disconnect(nowait=True)
                 if _closed_under_us(outcomes[i]):
                     closed[node.name] = node
             node.release(connection)

@@ -502,3 +502,30 @@ async def test_a_shared_round_that_breaks_as_a_whole_sends_every_reader_to_its_f
     ]
     monkeypatch.undo()
     assert await _shared(store, keys).direct() == want
+
+
+async def test_a_round_whose_connection_cannot_close_in_time_still_frees_it(store: BoardStore) -> None:
+    """A round past its timeout drops its half-sent connection. When that close itself times out (the
+    node reads nothing, here for a busy script, so the unsent part of a large pipeline never
+    drains), the round still ends with the node's failure and every connection it took goes back to
+    the node's pool: one leaked at each such round would leave a node no connection after a while."""
+    key = "fanout:{busy}"
+    node = store.client.get_node_from_key(key)
+    blocker = Redis(
+        host=node.host, port=node.port, password=store.client.get_connection_kwargs().get("password")
+    )
+    spin = "local t = redis.call('TIME')[1] + 4 while tonumber(redis.call('TIME')[1]) < t do end"
+    busy = asyncio.create_task(blocker.eval(spin, 0))
+    try:
+        await asyncio.sleep(0.3)  # the node is inside the script: it reads no socket until it ends
+        big = "x" * (64 << 20)  # past every buffer on the way, so closing waits for the node to read
+        in_use = len(node._connections) - len(node._free)
+        started = asyncio.get_running_loop().time()
+        outcomes = await fanout._pipelines([(node, [fanout.Command(0, ("SET", key, big))])], 0.3)
+        assert asyncio.get_running_loop().time() - started < 1.5, "the round outlasted its timeout"
+        assert isinstance(outcomes[0], TimeoutError)
+        assert len(node._connections) - len(node._free) == in_use, "the round kept its connection"
+    finally:
+        await busy
+        await blocker.aclose()
+        await store.client.delete(key)
