@@ -25,6 +25,7 @@ on many connections from one address pays nothing for the counts.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import logging
@@ -40,7 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import metrics
 from router.auth import client_network
-from router.errors import ApiError, to_api_error
+from router.errors import ApiError, shutting_down, to_api_error
 from router.gate import Admission
 from router.limiter import client_address
 from router.media import TIMED_OUT, rendered_error, send_rendered, wants_msgpack
@@ -133,6 +134,16 @@ class Observe:
                 state["error"] = error
                 status = error.status
                 await send_rendered(send_with_id, rendered_error(error, _wants_msgpack(scope)))
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still running when its graceful shutdown runs out, and
+            # would answer them a plain-text 500: they are told to retry elsewhere instead (a write's
+            # accepted scores are still applied by the drain, so the retry is one call's state).
+            if status == 0:
+                error = shutting_down()
+                state["error"] = error
+                status = error.status
+                await send_rendered(send_with_id, rendered_error(error, _wants_msgpack(scope)))
+            raise
         finally:
             timed_out = state.get(TIMED_OUT)
             if timed_out is not None:  # answered by router/http.py; the app's own answer was dropped

@@ -291,3 +291,36 @@ async def test_outage_is_503_and_not_ready(tmp_path: Path) -> None:
             assert (await client.get("/healthz")).status_code == 200
     finally:
         small.down()
+
+
+@pytest.mark.cluster
+async def test_a_write_cut_off_by_the_shutdown_deadline_is_answered_503_not_a_plain_500(
+    cluster: LocalCluster, store: BoardStore, tmp_path: Path
+) -> None:
+    """uvicorn cancels the requests still running when its graceful wait (SHARDLB_DRAIN_SECONDS,
+    here 0) is over, and answers a cancelled request that has not begun its answer with a plain-text
+    500. A write waiting for its tick then gets the API's 503 shutting_down with Retry-After (retry
+    elsewhere), and the scores it handed in are still applied by the coalescer's drain."""
+    server = await asyncio.to_thread(
+        Server,
+        cluster.url,
+        tmp_path / "router.log",
+        1,
+        SHARDLB_COALESCE_DELAY_MS="1000",
+        SHARDLB_DRAIN_SECONDS="0",
+    )
+    name = board_name()
+    async with httpx.AsyncClient(base_url=server.url, headers=AS_WRITER, timeout=20) as client:
+        assert (await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+        scores = [{"player_id": f"p{i}", "points": 5, "match_id": "m"} for i in range(10)]
+        posted = asyncio.create_task(client.post(f"/v1/boards/{name}/scores", json={"scores": scores}))
+        await asyncio.sleep(0.3)  # accepted, waiting for the coalescer's 1 s tick
+        server.proc.send_signal(signal.SIGTERM)
+        response = await posted
+    assert await asyncio.to_thread(server.proc.wait, 30) == 0
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "shutting_down"
+    assert int(response.headers["retry-after"]) >= 1
+    board = await store.get(name)
+    assert await board.size() == 10  # accepted before the deadline: applied by the drain
+    await store.delete(name)
