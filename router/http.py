@@ -54,6 +54,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.types import Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpTools
@@ -63,7 +64,14 @@ from router import metrics
 from router.auth import client_network
 from router.errors import ApiError
 from router.limiter import trusted
-from router.media import TIMED_OUT, headers_too_large, rendered_error, request_timeout, wants_msgpack
+from router.media import (
+    TIMED_OUT,
+    RawHeaders,
+    headers_too_large,
+    rendered_error,
+    request_timeout,
+    wants_msgpack,
+)
 from router.middleware import LOGGED_PATH_CHARS, log_refused, new_request_id
 from router.settings import Network, Settings, SettingsError
 
@@ -380,17 +388,28 @@ class HttpToolsProtocol(_UvicornHttpTools):
 
     def send_400_response(self, msg: str) -> None:
         """What llhttp cannot parse (a control character in the path, a Content-Length that is not a
-        number, a space in a header's name) gets the API's error body, not uvicorn's plain text."""
-        self._refuse(ApiError(400, "malformed_request", "the request is not valid HTTP/1.1"))
+        number, a space in a header's name) gets the API's error body, not uvicorn's plain text.
+        A body's framing (a chunk size, an unknown transfer coding) fails after its head was read:
+        the request's app is waiting for that body, so the request is ended as a late body is."""
+        error = ApiError(400, "malformed_request", "the request is not valid HTTP/1.1")
+        if self._phase == _BODY:
+            self._cut_body(error)
+        else:
+            self._refuse(error)
 
     def _body_late(self) -> None:
         """The body did not arrive in time: 408 unless the app has begun its answer; then close."""
         self._cut_body(request_timeout("body", self.limits.body_timeout_s))
 
     def _cut_body(self, error: ApiError) -> None:
-        """End a request in its body phase: ``error`` unless the app has begun its answer; then close."""
+        """End a request in its body phase: ``error`` unless the app has begun its answer; then close.
+        A pipelined request waiting for the answers before it gets ``error`` in its turn instead of
+        its app: written now, it would go out ahead of them, as their answer."""
         self._refused = True
         cycle = self.cycle
+        if self.pipeline and self.pipeline[0][0] is cycle:
+            self.pipeline[0] = (cycle, functools.partial(self._refusal, error))
+            return
         if not cycle.response_started:
             state = cycle.scope["state"]
             state[TIMED_OUT] = error  # for the access middleware's log line and metrics
@@ -401,13 +420,25 @@ class HttpToolsProtocol(_UvicornHttpTools):
             cycle.message_event.set()
         self.transport.close()
 
+    async def _refusal(self, error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app of a pipelined request refused in its body phase: ``error``, then the close."""
+        request_id = new_request_id()
+        log_refused(error, request_id, scope["method"], scope["path"])
+        status, headers, body = _rendered(error, scope["headers"])
+        headers += [(b"x-request-id", request_id.encode()), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
     def _answer(self, error: ApiError, headers: Iterable[tuple[bytes, bytes]], request_id: str) -> bytes:
-        accept = next((value for name, value in headers if name == b"accept"), None)
-        status, extra, body = rendered_error(
-            error, accept is not None and wants_msgpack(accept.decode("latin-1"))
-        )
+        status, extra, body = _rendered(error, headers)
         lines = [STATUS_LINE[status]]
         for name, value in [*self.server_state.default_headers, *extra]:
             lines += [name, b": ", value, b"\r\n"]
         lines += [b"x-request-id: ", request_id.encode(), b"\r\nconnection: close\r\n\r\n", body]
         return b"".join(lines)
+
+
+def _rendered(error: ApiError, headers: Iterable[tuple[bytes, bytes]]) -> tuple[int, RawHeaders, bytes]:
+    """``error`` rendered in the format the request's (first) Accept header asks for."""
+    accept = next((value for name, value in headers if name == b"accept"), None)
+    return rendered_error(error, accept is not None and wants_msgpack(accept.decode("latin-1")))

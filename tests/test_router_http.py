@@ -10,6 +10,7 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 import uvicorn
 
@@ -244,3 +245,28 @@ async def _four_connections(port: int, caplog: pytest.LogCaptureFixture, refused
     finally:
         for _, writer in opened:
             writer.close()
+
+
+async def test_a_pipelined_body_that_is_not_http_is_answered_400_in_its_turn(
+    held: tuple[int, asyncio.Event],
+) -> None:
+    """A request queued behind an answer under way whose chunked body does not parse: its 400 comes
+    after the answer before it, then the connection closes. Before, its app was started anyway in
+    its turn, and one that reads its body waited for ever for a body that could not come."""
+    port, release = held
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /second HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+        )
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        release.set()
+        assert await _response(reader) == ("HTTP/1.1 200 OK", b"ok")
+        status, body = await asyncio.wait_for(_response(reader), 5)
+        assert status == "HTTP/1.1 400 Bad Request"
+        assert orjson.loads(body)["error"]["code"] == "malformed_request"
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+    finally:
+        writer.close()

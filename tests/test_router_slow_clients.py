@@ -404,3 +404,32 @@ async def test_one_address_cannot_take_every_connection(
         for writer in opened:
             writer.close()
         assert server.stop() == 0
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "framing",
+    [
+        pytest.param(b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", id="chunk-size"),
+        pytest.param(b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n", id="chunk-end"),
+        pytest.param(b"Transfer-Encoding: xchunked\r\n\r\n{}", id="transfer-coding"),
+    ],
+)
+async def test_a_body_that_is_not_http_gets_the_apis_400_at_once(
+    patient_server: Server, board: str, framing: bytes
+) -> None:
+    """A request whose head was read and whose body's framing llhttp cannot parse: before, the app
+    went on waiting for a body that would never come, the body deadline did nothing for a refused
+    connection, and the request held its admission slot with no answer until the client left."""
+    head = (
+        f"POST /v1/boards/{board}/scores HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: {AS_WRITER['Authorization']}\r\n"
+    ).encode()
+    reader, writer = await _open(patient_server, head + framing)
+    try:
+        status, headers, body = await _answer(reader)
+        assert (status, _error(body)) == (400, "malformed_request")
+        assert headers["x-request-id"] and headers["connection"] == "close"
+        assert await _closed(reader)
+    finally:
+        writer.close()
