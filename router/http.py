@@ -274,6 +274,17 @@ class HttpToolsProtocol(_UvicornHttpTools):
             else:
                 del _clients[client]
 
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol's own type
+        """The client's end of stream (a half-close) says only that no more requests come: the ones
+        read whole are answered, then the connection closed (uvicorn closed it at once, their answers
+        unsent). Inside a request, or with nothing left to answer, it is closed now; an app waiting
+        for a body sees the client gone."""
+        cycle = self.cycle
+        if self._refused or self._phase != _BETWEEN or cycle is None or cycle.response_complete:
+            return None
+        cycle.keep_alive = False  # the last request read: the connection closes after its answer
+        return True
+
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return

@@ -270,3 +270,33 @@ async def test_a_pipelined_body_that_is_not_http_is_answered_400_in_its_turn(
         assert await asyncio.wait_for(reader.read(), 5) == b""
     finally:
         writer.close()
+
+
+async def test_a_client_that_half_closes_after_its_requests_gets_every_answer(served: int) -> None:
+    """A client may shut its side down (shutdown(SHUT_WR)) once its requests are sent, and read the
+    answers on. uvicorn closed the connection at the end of the stream, with the answers unsent."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", served)
+    try:
+        writer.write(b"".join(f"GET /h{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for i in range(3)))
+        writer.write_eof()
+        for i in range(3):
+            assert await asyncio.wait_for(_response(reader), 5) == ("HTTP/1.1 200 OK", f"h{i}".encode())
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # then closed
+    finally:
+        writer.close()
+
+
+async def test_a_half_close_within_a_request_still_ends_it(held: tuple[int, asyncio.Event]) -> None:
+    """A request cut short by the end of stream can never be whole: closed at once, not kept open."""
+    port, _ = held
+    for partial in (
+        b"GET / HTTP/1.1\r\nHost: x\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nab",
+    ):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(partial)
+            writer.write_eof()
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        finally:
+            writer.close()

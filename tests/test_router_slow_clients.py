@@ -433,3 +433,26 @@ async def test_a_body_that_is_not_http_gets_the_apis_400_at_once(
         assert await _closed(reader)
     finally:
         writer.close()
+
+
+@pytest.mark.cluster
+async def test_a_write_sent_before_a_half_close_is_answered(patient_server: Server, board: str) -> None:
+    """The write was applied and its answer never sent: the connection was closed at the client's
+    end of stream (shutdown(SHUT_WR)), which only says that no more requests come."""
+    body = orjson.dumps({"scores": [{"player_id": "half", "points": 3, "match_id": "half-1"}]})
+    reader, writer = await _open(
+        patient_server,
+        (
+            f"POST /v1/boards/{board}/scores HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: {AS_WRITER['Authorization']}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        + body,
+    )
+    try:
+        writer.write_eof()
+        status, headers, answer = await _answer(reader)
+        assert status == 200 and orjson.loads(answer)["results"][0]["status"] == "improved"
+        assert headers["connection"] == "close"
+        assert await _closed(reader)
+    finally:
+        writer.close()
