@@ -32,7 +32,11 @@ uvicorn's protocol bounds nothing (it keeps every header line, and waits for a b
   ones kept busy with /healthz) and every other client's would be closed at once. A peer among
   SHARDLB_TRUSTED_PROXIES carries many clients and is not counted;
 - a connection may have at most PIPELINE_MAX requests read ahead of their answers (pipelined);
-  one that sends more without reading its answers is closed.
+  one that sends more without reading its answers is closed;
+- an answer that cannot be written because the client reads nothing (the transport's buffer past
+  its high-water mark, ``pause_writing``) may wait SHARDLB_BODY_TIMEOUT_S for the client to read
+  down to the low mark; past it the connection is aborted. uvicorn waits for ever there, and the
+  request holds its admission slot while it waits.
 - a request the parser cannot read is answered 400 ``malformed_request`` with the API's error body
   (uvicorn's own answer is a plain-text page), and the connection closed.
 
@@ -240,6 +244,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
         self._body_raw = self._body_bytes = 0  # bytes read in the body phase, and of them the body
         self._refused = False  # answered and closing: whatever else comes is dropped
         self._counted_as: str | None = None  # the client this connection counts for (``_clients``)
+        self._unread: asyncio.TimerHandle | None = None  # the deadline of a write the client blocks
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))
@@ -266,6 +271,9 @@ class HttpToolsProtocol(_UvicornHttpTools):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._unread is not None:
+            self._unread.cancel()
+            self._unread = None
         client, self._counted_as = self._counted_as, None
         if client is not None:
             left = _clients[client] - 1
@@ -273,6 +281,24 @@ class HttpToolsProtocol(_UvicornHttpTools):
                 _clients[client] = left
             else:
                 del _clients[client]
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._unread is None:
+            self._unread = self.loop.call_later(self.limits.body_timeout_s, self._not_read)
+
+    def resume_writing(self) -> None:
+        if self._unread is not None:
+            self._unread.cancel()
+            self._unread = None
+        super().resume_writing()
+
+    def _not_read(self) -> None:
+        """The client read too little of its answers for a deadline: aborted (closing would wait
+        to send what it does not read); the answer under way sees the client gone."""
+        self._unread = None
+        self._refused = True
+        self.transport.abort()
 
     def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol's own type
         """The client's end of stream (a half-close) says only that no more requests come: the ones

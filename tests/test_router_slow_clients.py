@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Iterator
 
 import httpx
@@ -16,7 +17,7 @@ import pytest
 
 from router.settings import Settings, SettingsError
 from shardlb.cluster import LocalCluster
-from tests.router_support import AS_ADMIN, AS_WRITER, board_name
+from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name
 from tests.test_router_server import Server
 
 HEADER_BYTES = 16 * 1024
@@ -456,3 +457,58 @@ async def test_a_write_sent_before_a_half_close_is_answered(patient_server: Serv
         assert await _closed(reader)
     finally:
         writer.close()
+
+
+async def _never_reading(server: Server, source: str, request: bytes) -> asyncio.StreamWriter:
+    """A connection from ``source`` with a tiny receive window that sends ``request`` 100 times, in
+    batches within the router's pipelining cap, and reads nothing."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window offered
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", server.port))
+    _, writer = await asyncio.open_connection(sock=sock)
+    with contextlib.suppress(ConnectionError):
+        for _ in range(5):
+            writer.write(request * 20)
+            await writer.drain()
+            await asyncio.sleep(0.3)
+    return writer
+
+
+@pytest.mark.cluster
+async def test_a_client_that_stops_reading_its_answers_is_cut_off(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """An answer waiting for a client that reads nothing waited for ever (uvicorn's drain has no
+    deadline), holding its admission slot: as many such clients as SHARDLB_MAX_REQUESTS locked
+    everyone out of the API with 503s. Now a write that makes no progress for SHARDLB_BODY_TIMEOUT_S
+    ends the connection, and the slot comes free."""
+    server = Server(
+        cluster.url,
+        tmp_path_factory.mktemp("unread") / "router.log",
+        SHARDLB_MAX_REQUESTS="2",
+        SHARDLB_BODY_TIMEOUT_S="1",
+        SHARDLB_READ_RATE="0",
+    )
+    name = board_name("unread")
+    stuck: list[asyncio.StreamWriter] = []
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+            assert (await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+            scores = [{"player_id": f"p{i}", "points": i, "match_id": "m"} for i in range(1000)]
+            written = await client.post(
+                f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER
+            )
+            assert written.status_code == 200
+            # ~80 KB an answer, 100 of them a connection: past what the socket buffers hold (4 MiB)
+            request = f"GET /v1/boards/{name}/entries?limit=1000 HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            for source in ("127.0.0.2", "127.0.0.3"):
+                stuck.append(await _never_reading(server, source, request))
+            await asyncio.sleep(3)  # past the deadline: what ends them now is the router
+            answer = await client.get(f"/v1/boards/{name}/entries", params={"limit": 1}, headers=AS_READER)
+            assert answer.status_code == 200, answer.text
+    finally:
+        for writer in stuck:
+            writer.close()
+        httpx.delete(f"{server.url}/v1/boards/{name}", headers=AS_ADMIN)
+        assert server.stop() == 0
