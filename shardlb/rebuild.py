@@ -488,8 +488,9 @@ class Rebuilder:
         than its score. Every band shard gets every player's version, as band.lua keeps them: a
         late move older than the rebuild must not add a player back to a band they left. A move made
         while the band shards were being replaced may have been overwritten: every player whose
-        version changed since it was read is sent again (band.lua takes a move only with a newer
-        version than it holds, so nothing goes back in time)."""
+        version changed since it was read is sent again, a player removed meanwhile as a drop from
+        the band the swap put them in (band.lua takes a move only with a newer version than it
+        holds, so nothing goes back in time)."""
         start = time.perf_counter()
         await self.check_layout(board)
         layout, codec = board.layout, board.codec
@@ -533,13 +534,14 @@ class Rebuilder:
             totals = await self.client.zmscore(keys.period_key(prefix, "total"), changed)
             moves = []
             for player, found in zip(changed, totals, strict=True):
-                if found is None:
+                # Removed since the totals were read: the swap may have put back a row the
+                # removal's band calls had dropped, with the version of before. It goes again.
+                new = None if found is None else layout.band_shard(codec.decode_units(found)[0])
+                old = placed.get(player, new)
+                if old is None:
                     continue
-                after = int(found)
-                band = layout.band_shard(codec.decode_units(after)[0])
-                old = placed.get(player, band)
-                pending = str(old - board.config.sharding.shards) if old != band else ""
-                moves.append(Move(player, after, now[player], pending))
+                pending = str(old - board.config.sharding.shards) if old != new else ""
+                moves.append(Move(player, None if found is None else int(found), now[player], pending))
             await board.bands.finish(home, moves)
         elapsed = time.perf_counter() - start
         for r in reports:

@@ -750,3 +750,36 @@ async def _lose_redis_and_rebuild(raw: Any, cluster_url: str, archive_url: str) 
     await raw.flushall(target_nodes=raw.PRIMARIES)
     command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", archive_url]
     assert await asyncio.to_thread(main, command) == 0
+
+
+async def test_a_player_removed_while_the_bands_are_rebuilt_stays_removed(
+    store: BoardStore, rebuilder: Rebuilder
+) -> None:
+    """rebuild_bands reads the home totals, then swaps each band shard in. A player removed between
+    the two (moderation: the home total gone, the live bands told to drop the row at a new version,
+    the move confirmed) was put back by the swap, from the totals read before, with the version of
+    before; the pass that sends again the moves made meanwhile skipped players with no total, so the
+    row stayed on the band board for good (every read listed a removed player)."""
+    config = BoardConfig.from_dict(
+        "rebuild-bands-removal", {"durability": "memory", "sharding": sharding("band", 3)}
+    )
+    board, _ = await store.create(config)
+    real_fill, removed = rebuilder._fill, []
+
+    async def fill(key: str, members: dict[str, int], hash: bool = False) -> None:
+        if not removed:  # the totals are read: the first band's fill comes next
+            removed.append(await moderation.remove(board, ["p1"]))
+        await real_fill(key, members, hash)
+
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", 100 * i, "m1", now) for i in range(1, 6)], now_ms=now)
+        rebuilder._fill = fill  # type: ignore[method-assign]
+        await rebuilder.rebuild_bands(board)
+        assert removed == [{"p1"}]
+        assert [e.player_id for e in await board.top(10)] == ["p5", "p4", "p3", "p2"]
+        assert await board.size() == 4
+        assert await board.repair() == 0
+        assert [e.player_id for e in await board.top(10)] == ["p5", "p4", "p3", "p2"]
+    finally:
+        await store.delete(config.id)
