@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import time
 import zlib
 from collections import defaultdict
@@ -753,6 +754,26 @@ class Board:
         if self.layout.strategy != "band":
             return []
         return await self._merged(self.resolve()).sizes()
+
+    @exact
+    async def band_sizes_at(self, starts: Sequence[int]) -> list[int]:
+        """The players each band of ``starts`` (increasing band starts from 0, as ``band_starts``
+        gives them) would hold on this board's total now, best band first: one ZCOUNT per shard and
+        start, in one pipeline. ``shardlb bands --apply`` compares their skew with the bands'."""
+        codec = self.codec
+        # Per start, the scores of the players with at least its points: from its first score up
+        # (desc), or below the first score of one point fewer (asc: fewer points score higher).
+        floors = [
+            0,
+            *(
+                codec.scores_of(s).start if codec.order == "desc" else codec.scores_of(s).stop
+                for s in starts[1:]
+            ),
+        ]
+        counted = await self._merged(self.resolve()).at_least(floors)
+        holding = [counted[0], *(n if codec.order == "desc" else counted[0] - n for n in counted[1:])]
+        sizes = [n - m for n, m in itertools.pairwise([*holding, 0])]
+        return sizes[::-1] if codec.order == "desc" else sizes
 
     async def band_starts(self, count: int) -> list[int]:
         """Band starts (``sharding.bands``) that part this board's total into ``count`` bands of

@@ -368,8 +368,10 @@ def add_bands_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "--apply",
         action="store_true",
         help="reshard the board to the proposed starts (its home shards kept) when its largest band "
-        "holds more than --skew times its share of the players, or it is a hash board or has another "
-        "band count; otherwise change nothing. Refused (exit 1) when the copy, which lives beside the "
+        "holds more than --skew times its share of the players and the proposed starts part them more "
+        "evenly, or it is a hash board, or it has another band count than --count and the proposal "
+        "changes it (the proposal has fewer where many players share points); otherwise change "
+        "nothing. Refused (exit 1) when the copy, which lives beside the "
         "board until the cut-over, would not fit below the masters' maxmemory with 1.25x to spare. "
         "Safe to run from cron as scores move.",
     )
@@ -433,7 +435,13 @@ def propose_bands(args: argparse.Namespace) -> int:
             sizes = await board.band_sizes()
             banded = board.layout.strategy == "band"
             out["skew"] = band_skew(sizes) if banded else None
-            due = not banded or len(sizes) != args.count or out["skew"] > args.skew
+            # Ties can leave fewer starts than --count (a band holds every player of its points)
+            # and bands more skewed than --skew whatever the starts: new starts that part the
+            # players no more evenly would copy the whole board on every run for nothing.
+            due = not banded or len(sizes) not in (args.count, len(starts))
+            if not due and out["skew"] > args.skew:
+                out["new_skew"] = band_skew(await board.band_sizes_at(starts))
+                due = out["new_skew"] < out["skew"]
             if not due or (banded and list(board.config.sharding.bands) == starts):
                 return {**out, "resharded": False}
             # Unattended (cron): a copy that would fill the masters must not start.

@@ -4,6 +4,7 @@ by counting each proposed band's players on a real cluster (and by making the ba
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import subprocess
@@ -46,6 +47,11 @@ async def test_band_starts_part_the_players_evenly(store: BoardStore, order: str
         sizes = [sum(1 for p in points if lo <= p < hi) for lo, hi in zip(starts, ends, strict=True)]
         assert sum(sizes) == PLAYERS
         assert all(abs(n - PLAYERS / count) <= 2 for n in sizes), sizes
+        best_first = sizes[::-1] if order == "desc" else sizes
+        assert await board.band_sizes_at(starts) == best_first
+        other = [0, 1, 777, 50_000, config.points_max]  # any starts, some bands empty
+        counted = [sum(1 for p in points if lo <= p < hi) for lo, hi in itertools.pairwise([*other, 1 << 30])]
+        assert await board.band_sizes_at(other) == (counted[::-1] if order == "desc" else counted)
         # The starts make a valid band board, whose ranks are the hash board's.
         banded, _ = await store.create(
             BoardConfig.from_dict(
@@ -57,6 +63,7 @@ async def test_band_starts_part_the_players_evenly(store: BoardStore, order: str
             await banded.submit([Score(f"p{i}", p, "m", now) for i, p in enumerate(points)], now_ms=now)
             for player in ("p0", "p1", f"p{PLAYERS - 1}"):
                 assert (await banded.player(player)).entry == (await board.player(player)).entry
+            assert await banded.band_sizes_at(starts) == await banded.band_sizes() == best_first
         finally:
             await store.delete(banded.config.id)
     finally:
@@ -145,6 +152,51 @@ async def test_shardlb_bands_apply_rebalances_a_skewed_band_board(
     finally:
         await store.delete("starts-apply")
         await store.delete("starts-hash")
+
+
+@pytest.mark.parametrize("order", ["desc", "asc"])
+async def test_bands_apply_leaves_bands_that_new_starts_would_not_make_more_even(
+    store: BoardStore, cluster_url: str, order: str
+) -> None:
+    """A block of players on equal points is one band's, whatever the starts: 60 of 100 players on
+    500 points keep the largest of 3 bands at 1.8 times its share. `--apply` resharded such a board
+    on every run whose proposed starts had moved by a point elsewhere (each run copied the whole
+    board, from cron, to bands no more even), and every run after a first one that could only make
+    fewer bands than --count. It reshards when the new starts give another band count or a smaller
+    skew; otherwise it leaves the board."""
+    board_id = f"starts-ties-{order}"
+    config = BoardConfig.from_dict(
+        board_id,
+        {
+            "mode": "set",
+            "order": order,
+            "durability": "memory",
+            "sharding": {"strategy": "band", "shards": 2, "bands": [0, 1000]},
+        },
+    )
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        spread = [Score(f"s{i}", i + 1 if order == "desc" else 600 + i, "m1", now) for i in range(40)]
+        tied = [Score(f"t{i}", 500, "m1", now) for i in range(60)]
+        await board.submit(spread + tied, now_ms=now)
+        first = await bands_command(board_id, "--count", "3", "--apply", "--redis", cluster_url)
+        assert first.returncode == 0, first.stderr
+        out = json.loads(first.stdout.splitlines()[-1])
+        assert out["resharded"] is True and len(out["bands"]) == 3, out
+        after = await store.get(board_id)
+        assert max(await after.band_sizes()) == 60
+        # One player of the spread moves past the proposed start between two of them (set: down too).
+        player, points = ("s9", 39) if order == "desc" else ("s3", 632)
+        await after.submit([Score(player, points, "m2", now + 1000)], now_ms=now + 1000)
+        again = await bands_command(board_id, "--count", "3", "--apply", "--redis", cluster_url)
+        assert again.returncode == 0, again.stderr
+        out = json.loads(again.stdout.splitlines()[-1])
+        assert out["bands"] != list(after.config.sharding.bands), out  # the starts did move
+        assert out["skew"] == 1.8 and out["resharded"] is False, out
+        assert (await store.get(board_id)).generation == after.generation
+    finally:
+        await store.delete(board_id)
 
 
 def test_short_of_memory_wants_the_copy_to_fit_below_every_masters_maxmemory() -> None:
