@@ -74,6 +74,11 @@ JOURNALS_IN_FLIGHT = 16
 # from the journal itself (recount.lua): a count that drifted is right again on a busy shard too.
 RECOUNT_EVERY_S = 30.0
 RECOUNT_LIMIT = 200
+# A journal that gave a round nothing to archive is trimmed at most this often: its acknowledged
+# entries are otherwise trimmed only by the next acknowledgement (Archiver._ack), and an archiver
+# killed between its acknowledgement and its trim left them there for good when no write came. At
+# SHARDLB_JOURNAL_MAX_ENTRIES no write can come: they refused every write to the shard.
+IDLE_TRIM_EVERY_S = 5.0
 # PostgreSQL's text cannot hold NUL (U+0000). Routers refuse match ids holding it (Board.prepare),
 # but an entry journaled before that rule, or through the library past its checks, would fail every
 # round of every journal for ever: its NULs are archived as U+FFFD instead.
@@ -198,6 +203,7 @@ class Archiver:
         self._failed = False
         self._ready = False
         self._recounted: dict[str, float] = {}  # journal key -> monotonic time of its last recount
+        self._trimmed: dict[str, float] = {}  # journal key -> monotonic time of its last trim
         self._unexplained: set[tuple[str, str]] = set()  # boards missing without a mark, reported once
         self._held: dict[str, _Held] = {}  # journal key -> the entry PostgreSQL refused there
 
@@ -211,6 +217,7 @@ class Archiver:
         self.boards = {(b.config.id, b.incarnation): b for b in found if b.config.durability == "journal"}
         journals = {keys.journal_key(p) for b in self.boards.values() for p in _journals(b)}
         self._recounted = {k: at for k, at in self._recounted.items() if k in journals}
+        self._trimmed = {k: at for k, at in self._trimmed.items() if k in journals}
         self._held = {k: held for k, held in self._held.items() if k in journals}
         new = [b for key, b in self.boards.items() if key not in self._known]
         async with self.db.transaction():
@@ -272,8 +279,11 @@ class Archiver:
         batches = await asyncio.gather(*(read(key) for _, key in streams))
         self._failed = True  # until this round's entries are committed and acknowledged
         journals = {key: (board, got, bad) for (board, key), (got, bad) in zip(streams, batches, strict=True)}
-        together, alone = [], []
+        together, alone, idle = [], [], []
         for key, (board, got, unreadable) in journals.items():
+            trimmed = self._trimmed.get(key, -math.inf)
+            if not got and unreadable is None and now - trimmed >= IDLE_TRIM_EVERY_S:
+                idle.append(key)
             if key not in self._held and unreadable is None:
                 together += [(board, key, e) for e in got]
             elif got or unreadable is not None:
@@ -281,6 +291,7 @@ class Archiver:
             else:  # nothing of ours pending: acknowledged by hand, or another archiver took it over
                 del self._held[key]
         done = 0
+        await asyncio.gather(*(self._trim(key, gate) for key in idle))
         try:
             done = await self._archive(together)
         except psycopg.Error as e:
@@ -489,13 +500,20 @@ class Archiver:
                     ([b for b, _ in boards], [i for _, i in boards]),
                 )
 
+    async def _trim(self, key: str, gate: asyncio.Semaphore) -> None:
+        """Trim a journal that gave this round nothing (``IDLE_TRIM_EVERY_S``)."""
+        async with gate:
+            with contextlib.suppress(ResponseError):  # no such key: the journal went with its board
+                await trim(self.client, key)
+        self._trimmed[key] = time.monotonic()
+
     async def _ack(self, key: str, pairs: list[str]) -> None:
         """Acknowledge entries (``pairs``: id, its count of results, ...) and take their results off
         the count not archived (ack.lua), then trim what every consumer has acknowledged."""
         counts = keys.journal_counts_of(key)
         await self.store.scripts.ack(keys=[key, counts], args=[GROUP, *pairs])
         await trim(self.client, key)
-        now = time.monotonic()
+        now = self._trimmed[key] = time.monotonic()
         if now - self._recounted.get(key, -math.inf) >= RECOUNT_EVERY_S:
             self._recounted[key] = now
             await self.store.scripts.recount(keys=[key, counts], args=[GROUP, RECOUNT_LIMIT])

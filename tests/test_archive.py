@@ -298,6 +298,43 @@ async def test_the_results_bound_holds_while_postgres_is_away(
         await store.delete(config.id)
 
 
+async def test_entries_acknowledged_by_an_archiver_that_died_before_its_trim_are_trimmed(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An archiver killed between its acknowledgement and its trim leaves archived entries in the
+    journal. At the entries bound they refuse every write, and no new entry comes to make another
+    acknowledgement trim them: an archiver must trim such a journal itself."""
+    config = BoardConfig.from_dict("archive-untrimmed", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    board.journal_max = 3
+    key = keys.journal_key(board.prefixes[0])
+    dead = await archiver(raw, store, postgres_url, "dead")
+    alive = await archiver(raw, store, postgres_url, "alive")
+    try:
+        now = times.now_ms()
+        for i in range(3):
+            await board.submit([Score(f"p{i}", 10 + i, f"m{i}", now)], now_ms=now)
+
+        async def killed(*_: Any) -> None:
+            raise ConnectionError("archiver killed after its acknowledgement, before its trim")
+
+        monkeypatch.setattr(archive, "trim", killed)
+        with pytest.raises(ConnectionError):
+            await dead.round()
+        monkeypatch.undo()
+        assert (await journal_lag(raw, key)).results == 0  # committed and acknowledged
+        assert await raw.xlen(key) == 3  # not trimmed
+        assert await drain(alive) == 0
+        assert await raw.xlen(key) == 0  # trimmed by a round that had nothing to archive
+        await board.submit([Score("late", 99, "m9", now)], now_ms=now)  # not refused
+        assert await drain(alive) == 1
+        assert {s.player_id for s in await archived(postgres_url, board)} == {"p0", "p1", "p2", "late"}
+    finally:
+        await dead.db.close()
+        await alive.db.close()
+        await store.delete(config.id)
+
+
 async def test_the_archiver_sets_a_drifted_count_right_while_the_shard_is_busy(
     store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
