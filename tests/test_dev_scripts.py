@@ -72,8 +72,8 @@ HTTPServer((os.environ["SHARDLB_HOST"], int(os.environ["SHARDLB_PORT"])), Handle
 """
 
 
-def free_port() -> int:
-    for port in range(search_start(26000, 200), 28000):
+def free_port(after: int = 0) -> int:
+    for port in range(max(search_start(26000, 200), after + 1), 28000):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -135,8 +135,9 @@ def test_make_run_after_make_stop_starts_the_private_postgresql_again(checkout: 
     run(checkout, "dev-run.sh", SHARDLB_PORT=port)
     run(checkout, "dev-stop.sh")
     assert postgres_calls(checkout) == ["postgres up", "postgres down"]
-    # dev.env now remembers the private server's URL: that is not a server the user named
-    run(checkout, "dev-run.sh", SHARDLB_PORT=port)
+    # dev.env now remembers the private server's URL: that is not a server the user named. (A port
+    # of its own: in the suite another worker's server may take the first one as soon as it is free.)
+    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port(after=int(port))))
     assert postgres_calls(checkout) == ["postgres up", "postgres down", "postgres up"]
     assert remembered(checkout, "SHARDLB_POSTGRES_URL") == "postgresql://shardlb@127.0.0.1:25432/postgres"
 
@@ -148,7 +149,7 @@ def test_make_run_uses_the_postgresql_the_user_names(checkout: Path) -> None:
     assert not postgres_calls(checkout)
     assert remembered(checkout, "SHARDLB_POSTGRES_URL") == theirs
     # the next run without it: the private server, not the URL dev.env kept from the last run
-    run(checkout, "dev-run.sh", SHARDLB_PORT=port)
+    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port(after=int(port))))
     assert postgres_calls(checkout) == ["postgres up"]
 
 
