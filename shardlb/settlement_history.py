@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from shardlb import keys, periods
+from shardlb import keys, moderation, periods, settlement
 from shardlb.board import Board
 
 _DATED = re.compile(r"[dwm]:.+")
@@ -132,14 +132,17 @@ async def player_history(
     db: psycopg.AsyncConnection[Any], board: Board, player_id: str, limit: int
 ) -> list[dict[str, Any]]:
     """The player's results on this board, latest achieved first, each with the periods it counts
-    in (those of its time that did not skip it: a period already closed when it was posted) and,
+    in (those of its time that did not skip it: a period already closed when it was posted; none
+    for a result of a banned player or one before its player's removal) and,
     for each of those that is settled, the final rank and points the player reached there (the rank
     is known when the player is in the snapshot)."""
+    # A result the moderation rule leaves out (its player banned, or removed after it) counts in
+    # no period: a rebuild and a settlement skip it, as Redis does since the removal.
     cur = await db.execute(
-        "SELECT match_id, points, achieved_ms, skipped FROM match_results "
-        "WHERE board = %s AND incarnation = %s AND player_id = %s "
-        "ORDER BY achieved_ms DESC, match_id LIMIT %s",
-        (board.config.id, board.incarnation, player_id, limit),
+        f"SELECT m.match_id, m.points, m.achieved_ms, m.skipped, TRUE {settlement.MODERATED} "
+        "FROM match_results m WHERE m.board = %s AND m.incarnation = %s AND m.player_id = %s "
+        "ORDER BY m.achieved_ms DESC, m.match_id LIMIT %s",
+        (moderation.ALL, board.config.id, board.incarnation, player_id, limit),
     )
     results = await cur.fetchall()
     cur = await db.execute(
@@ -150,9 +153,9 @@ async def player_history(
     )
     final = {period: (rank, points) for period, rank, points in await cur.fetchall()}
     out = []
-    for match_id, points, achieved, skipped in results:
+    for match_id, points, achieved, skipped, counts in results:
         every = periods.names_at(achieved, board.config.periods, board.tz, board.config.week_start)
-        names = [n for n in every if n not in skipped]
+        names = [n for n in every if n not in skipped] if counts else []
         out.append(
             {
                 "match_id": match_id,

@@ -260,6 +260,41 @@ async def test_bad_settlement_requests_are_4xx_and_pay_nothing(
         await store.delete(name)
 
 
+async def test_history_of_a_removed_or_banned_player_counts_nowhere(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """A result journaled before its player's removal, and any result of a banned player, counts in
+    no period (a rebuild and a settlement leave it out, as Redis did): the history listed them with
+    every period of their time all the same, as if a removed cheater's results still counted. A
+    result posted after the removal counts again."""
+    name = board_name("hist-mod")
+    board = await new_board(store, name, mode="incr")
+    today = "daily:" + times.format_ms(times.now_ms())[:10]
+    try:
+        now = times.now_ms()
+        await board.submit([Score("x", 10, f"{name}-x1", now - 1000), Score("y", 20, f"{name}-y1", now)])
+        await drain(raw, store, postgres_url)
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            removed = await client.delete(f"/v1/boards/{name}/players/x", headers=AS_ADMIN)
+            assert removed.status_code == 200 and removed.json()["removed"] is True
+            banned = await client.post(
+                "/v1/players/y:ban", json={"scope": "board", "board": name}, headers=AS_ADMIN
+            )
+            assert banned.status_code == 200, banned.text
+            await board.submit([Score("x", 5, f"{name}-x2", times.now_ms() + 2000)])  # after the removal
+            await drain(raw, store, postgres_url)
+            x = (await client.get(f"/v1/boards/{name}/players/x/history")).json()["results"]
+            y = (await client.get(f"/v1/boards/{name}/players/y/history")).json()["results"]
+            unbanned = await client.post(
+                "/v1/players/y:unban", json={"scope": "board", "board": name}, headers=AS_ADMIN
+            )
+            assert unbanned.json()["lifted"] is True
+        assert {r["match_id"]: r["periods"] for r in x} == {f"{name}-x1": [], f"{name}-x2": ["total", today]}
+        assert [(r["match_id"], r["periods"], r["final"]) for r in y] == [(f"{name}-y1", [], {})]
+    finally:
+        await store.delete(name)
+
+
 async def test_a_board_archived_at_season_end_keeps_its_history(
     store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
 ) -> None:
