@@ -43,8 +43,8 @@ GONE_MS = 86_400_000
 # 1024 shards; all at once would outrun the client's connections per node.
 DROPS_IN_FLIGHT = 16
 # Registry fields that are not board settings: the layout generation and a reshard under way are
-# the board's (shardlb/reshard.py).
-_RECORD = ("incarnation", "state", "generation", "reshard", "last_reshard")
+# the board's (shardlb/reshard.py); ``created`` is the sharding it was created with (``create``).
+_RECORD = ("incarnation", "state", "generation", "reshard", "last_reshard", "created")
 RESHARD_SOURCE_STATES = ("copying", "sealing")  # the registry's layout is being copied away
 
 
@@ -72,7 +72,10 @@ class BoardStore:
         given = config
         while True:
             config = resolve_shards(given, await self.masters()) if _auto(given) else given
-            record = {**config.to_dict(), "incarnation": secrets.token_hex(4)}
+            # The sharding of creation stays in the record through reshards: a PUT of those
+            # settings still confirms the board, and only they (or the layout of now) do.
+            created = config.sharding.to_dict()
+            record = {**config.to_dict(), "incarnation": secrets.token_hex(4), "created": created}
             if await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
                 return self._board(config.id, record), True
             raw = await self.client.hget(keys.BOARDS, config.id)
@@ -82,13 +85,18 @@ class BoardStore:
             if found.get("state") == "deleting":
                 await self._drop(config.id, raw, found)
                 continue
-            existing = self._board(config.id, found)
-            config = resolve_shards(given, 0, existing.config)
-            if _resharded(found) and replace(existing.config, sharding=config.sharding) == config:
-                return existing, False  # created with this layout and resharded since: the same board
-            if _same_but_placement(existing.config) != _same_but_placement(config):
+            existing = self._board(config.id, found).config
+            layouts = [existing.sharding]
+            if _resharded(found):
+                if "created" not in found:
+                    # Registered before records kept their sharding of creation (or restored by a
+                    # rebuild): any sharding the other settings go with may have been it.
+                    layouts.append(resolve_shards(given, 0, existing).sharding)
+                else:
+                    layouts.append(_sharding(found["created"]))
+            if not any(_confirms(replace(existing, sharding=s), given) for s in layouts):
                 raise BoardConflict(f"board {config.id!r} exists with other settings", "board")
-            return existing, False
+            return self._board(config.id, found), False
 
     async def masters(self) -> int:
         """How many masters the cluster has (what AUTO_SHARDS becomes)."""
@@ -189,6 +197,11 @@ class BoardStore:
 
     async def _swap(self, board_id: str, expected: bytes | str, new: bytes) -> bool:
         return bool(await self.scripts.registry(keys=[keys.BOARDS], args=[board_id, expected, new]))
+
+
+def _confirms(known: BoardConfig, given: BoardConfig) -> bool:
+    """Whether settings ``given`` to a PUT (perhaps without a shard count) are the board ``known``."""
+    return _same_but_placement(known) == _same_but_placement(resolve_shards(given, 0, known))
 
 
 def _same_but_placement(config: BoardConfig) -> BoardConfig:

@@ -26,7 +26,7 @@ import pytest
 from shardlb import cli, keys, moderation, reshard, times
 from shardlb.board import Board, Entry, Score
 from shardlb.cluster import LocalCluster
-from shardlb.config import BoardConfig, Sharding
+from shardlb.config import AUTO_SHARDS, BoardConfig, Sharding
 from shardlb.errors import BoardConflict, BoardNotFound, Resharding
 from shardlb.reshard import Resharder
 from shardlb.store import BoardStore
@@ -213,6 +213,45 @@ async def test_retried_write_after_cut_over_is_a_duplicate(store: BoardStore) ->
     # A game server that PUTs the settings it created the board with still gets its board.
     same, created = await store.create(ref.config)
     assert not created and same.config.sharding.shards == 5
+
+
+async def test_a_put_after_a_reshard_confirms_only_the_layouts_the_board_had(store: BoardStore) -> None:
+    """After a reshard, a PUT with the settings the board was created with (or with its layout now,
+    or naming no shard count) confirms it; any other sharding is 409 board_conflict (api.md) and
+    changes nothing. The registry accepted any sharding once the board had been resharded: a PUT
+    of 3 hash shards, or of a band or region board, over a board created with 2 and resharded to
+    5 was answered as "an identical board exists"."""
+    board, ref = await make_board(store, 2)
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(5)
+    await mover.run()
+    base = {k: v for k, v in ref.config.to_dict().items() if k not in ("board", "sharding")}
+
+    def settings(sharding: dict[str, Any] | None) -> BoardConfig:
+        body = {**base, **({} if sharding is None else {"sharding": sharding})}
+        return BoardConfig.from_dict(board.config.id, body, default_shards=AUTO_SHARDS)  # as a PUT reads it
+
+    for same in ({"shards": 2}, {"shards": 5}, None, {"strategy": "hash"}):
+        found, created = await store.create(settings(same))
+        assert not created and found.config.sharding.shards == 5, same
+    for other in (
+        {"shards": 3},
+        {"strategy": "band", "shards": 2, "bands": [0, 100]},
+        {"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 2},
+    ):
+        with pytest.raises(BoardConflict):
+            await store.create(settings(other))
+    with pytest.raises(BoardConflict):  # another setting with the layout of creation: still not the board
+        await store.create(replace(settings({"shards": 2}), mode="best"))
+    assert (await store.get(board.config.id)).config == replace(ref.config, sharding=Sharding("hash", 5))
+    # A band reshard of it: the hash settings of its creation still confirm it.
+    await mover.start(2, bands=[0, 50])
+    await mover.run()
+    found, created = await store.create(settings({"shards": 2}))
+    assert not created and found.config.sharding.strategy == "band"
+    with pytest.raises(BoardConflict):
+        await store.create(settings({"strategy": "band", "shards": 2, "bands": [0, 60]}))
+    await store.delete(board.config.id)
 
 
 async def test_a_removal_still_refuses_retries_after_a_reshard(store: BoardStore) -> None:
