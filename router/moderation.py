@@ -215,8 +215,7 @@ async def remove_player(request: Request) -> Response:
     player = check_id(request.path_params["player"], "player")
     async with _archive(svc) as db, db.transaction():
         # A request id the router made up is new, so a retry without one is audited again.
-        if request_id is None or not await moderation.audited(db, "remove", board_id, player, request_id):
-            await moderation.audit(db, "remove", board_id, player, actor, reason, request_id)
+        await moderation.audit_once(db, "remove", board_id, player, actor, reason, request_id)
     removed = await _remove(svc, board_id, player)
     return render(request, {"board": board_id, "player_id": player, "removed": removed})
 

@@ -397,8 +397,8 @@ class Bans:
         """Lift a ban; return whether there was one."""
         async with db.transaction():
             cur = await db.execute("DELETE FROM bans WHERE player_id = %s AND board = %s", (player, board))
-            await audit(db, "unban", None if board == ALL else board, player, by, reason, request_id,
-                        {"scope": board})  # fmt: skip
+            await audit_once(db, "unban", None if board == ALL else board, player, by, reason, request_id,
+                             {"scope": board})  # fmt: skip
         gone = bool(await self.client.hdel(keys.BANS, ban_field(board, player)))
         await self.client.incr(keys.BANS_VERSION)
         return gone or cur.rowcount > 0
@@ -444,17 +444,33 @@ async def banned_in(db: psycopg.AsyncConnection[Any], board: str) -> set[str]:
         return {row[0] for row in await cur.fetchall()}
 
 
-async def audited(
-    db: psycopg.AsyncConnection[Any], action: str, board: str, player: str, request_id: str
+async def audit_once(
+    db: psycopg.AsyncConnection[Any],
+    action: str,
+    board: str | None,
+    player: str,
+    actor: str,
+    reason: str,
+    request_id: str | None,
+    detail: dict[str, Any] | None = None,
 ) -> bool:
-    """Whether the request ``request_id`` (a client's retry sends its X-Request-Id again) already
-    audited ``action`` on ``player`` of ``board``."""
-    cur = await db.execute(
-        "SELECT 1 FROM moderation_audit WHERE player_id = %s AND board = %s AND action = %s "
-        "AND request_id = %s LIMIT 1",
-        (player, board, action, request_id),
-    )
-    return await cur.fetchone() is not None
+    """``audit``, unless the request ``request_id`` (a client's retry sends its X-Request-Id again)
+    audited ``action`` on ``player`` of ``board`` already; whether it wrote a row. Inside the
+    caller's transaction: a lock on the request id until it ends makes a retry sent while the first
+    is still running wait for the first's row (or for its rollback), so both cannot find none."""
+    if request_id is not None:
+        # Ids hold no '/': one text per (action, board, player, request id).
+        name = f"{action}/{board or ALL}/{player}/{request_id}"
+        await db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+        cur = await db.execute(
+            "SELECT 1 FROM moderation_audit WHERE player_id = %s AND board IS NOT DISTINCT FROM %s "
+            "AND action = %s AND request_id = %s LIMIT 1",
+            (player, board, action, request_id),
+        )
+        if await cur.fetchone() is not None:
+            return False
+    await audit(db, action, board, player, actor, reason, request_id, detail)
+    return True
 
 
 async def audit(

@@ -294,6 +294,46 @@ async def test_a_retried_ban_answers_the_ban_stored_and_is_audited_once(
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
+async def test_retries_sent_at_once_or_of_an_unban_are_audited_once_per_request_id(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose DELETE timed out may send its retry (the same X-Request-Id) while the first is
+    still running: each looked for the request id's audit row before either had written it, and both
+    wrote one. A retried unban wrote a row each time too. One row per request id now."""
+    import router.moderation
+
+    monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client)
+        await post(client, name, [score("p1", 5, "m1")])
+        retry = {**AS_ADMIN, "X-Request-Id": f"del-{name}"}
+        answers = await asyncio.gather(
+            *(client.delete(f"/v1/boards/{name}/players/p1", headers=retry) for _ in range(6))
+        )
+        assert [a.status_code for a in answers] == [200] * 6
+        assert sorted(a.json()["removed"] for a in answers) == [False] * 5 + [True]
+        for scope in ({"scope": "board", "board": name}, {"scope": "all"}):
+            await client.post("/v1/players/p1:ban", json=scope, headers=AS_ADMIN)
+            unban = {**AS_ADMIN, "X-Request-Id": f"unban-{scope['scope']}-{name}"}
+            lifted = [
+                (await client.post("/v1/players/p1:unban", json=scope, headers=unban)).json()["lifted"]
+                for _ in range(2)
+            ]
+            assert lifted == [True, False]
+        audited = await rows(
+            postgres_url,
+            "SELECT action, request_id, count(*) FROM moderation_audit WHERE player_id = 'p1' "
+            "AND request_id LIKE %s GROUP BY action, request_id ORDER BY request_id",
+            f"%{name}",
+        )
+        assert audited == [
+            ("remove", f"del-{name}", 1),
+            ("unban", f"unban-all-{name}", 1),
+            ("unban", f"unban-board-{name}", 1),
+        ]
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
 async def test_a_removal_and_a_ban_that_meet_a_reshard_wait_it_out_and_are_audited_once(
     cluster_url: str, postgres_url: str, store: BoardStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
