@@ -64,9 +64,10 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1
-    admin_keys: tuple[str, ...] = ()
-    write_keys: tuple[str, ...] = ()
-    read_keys: tuple[str, ...] = ()
+    # Out of the repr, as the webhook secret: a logged or printed Settings must not show a key.
+    admin_keys: tuple[str, ...] = field(default=(), repr=False)
+    write_keys: tuple[str, ...] = field(default=(), repr=False)
+    read_keys: tuple[str, ...] = field(default=(), repr=False)
     reads_require_key: bool = False
     # With no admin or write key at all, the router refuses to start unless this is set: then every
     # request may do everything (a laptop, never a shared network).

@@ -27,6 +27,15 @@ def test_scope_of_each_key_and_the_highest_wins() -> None:
     assert keys.scope_of("a-ke") is None and keys.scope_of("") is None and keys.scope_of("a-key ") is None
 
 
+def test_keys_are_not_in_the_settings_repr() -> None:
+    """A repr of the settings (a log line, a traceback's locals, an assertion's message) showed every
+    key in clear, though the webhook secret beside them was already left out of it."""
+    settings = Settings(admin_keys=(ADMIN,), write_keys=(WRITE,), read_keys=(READ,))
+    shown = repr(settings)
+    assert "admin_keys" not in shown and all(key not in shown for key in (ADMIN, WRITE, READ))
+    assert settings.admin_keys == (ADMIN,)
+
+
 @pytest.mark.cluster
 async def test_scopes(cluster: LocalCluster) -> None:
     async with running(cluster.url) as (_, client):
