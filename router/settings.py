@@ -42,7 +42,8 @@ class SettingsError(ValueError):
 class Settings:
     """Everything the router reads from its environment. Field ``x`` comes from ``SHARDLB_X``."""
 
-    redis_url: str = "redis://127.0.0.1:7000"
+    # Out of repr() as the keys are: a URL may carry a password (logs show it redacted).
+    redis_url: str = field(default="redis://127.0.0.1:7000", repr=False)
     # The cluster's password when the URL carries none (kept out of the URL, and of repr()).
     redis_password: str | None = field(default=None, repr=False)
     # "replica": a write is answered once a replica of its primary has it (WAIT), else 503.
@@ -56,7 +57,7 @@ class Settings:
     shared_reads: bool = True
     # The archive (shardlb/archive.py): rebuilds, settlement and history, bans and their audit, and
     # resharding journaled boards use it; unset, those answer 409 and closed periods are read live.
-    postgres_url: str = ""
+    postgres_url: str = field(default="", repr=False)
     # Settlement webhooks (shardlb/settlement_delivery.py): the secret signing every body, and the
     # URL used when a settle request names none (none: no webhook unless a request names one).
     webhook_secret: str = field(default="", repr=False)

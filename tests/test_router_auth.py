@@ -34,6 +34,9 @@ def test_keys_are_not_in_the_settings_repr() -> None:
     shown = repr(settings)
     assert "admin_keys" not in shown and all(key not in shown for key in (ADMIN, WRITE, READ))
     assert settings.admin_keys == (ADMIN,)
+    # Nor the passwords a Redis or PostgreSQL URL may carry (logs show them redacted)
+    urls = Settings(redis_url="redis://:redis-pw@127.0.0.1:7000", postgres_url="postgresql://u:pg-pw@db/lb")
+    assert "redis-pw" not in repr(urls) and "pg-pw" not in repr(urls)
 
 
 @pytest.mark.cluster
