@@ -11,7 +11,10 @@ then every 300 s, ``MAX_ATTEMPTS`` (154) in all, about 12 hours; a row past its 
 failed for good. A delivery answered 2xx whose mark is lost (a crash right then) is sent again:
 receivers deduplicate on the ``Idempotency-Key`` header, the award id. The body is signed with
 HMAC-SHA256 over its exact bytes under SHARDLB_WEBHOOK_SECRET (header ``X-Shardlb-Signature:
-sha256=<hex>``); nothing is sent without a secret.
+sha256=<hex>``); nothing is sent without a secret. Only the status line of an answer counts: its
+body is never read (the connection is closed instead), so a receiver answering with a huge body
+costs no memory, and a redirect is not followed (a failed attempt, as any status but 2xx). One POST
+has TIMEOUT_S in all, connect to status line.
 
 Claims: a round claims its rows in one short transaction (``FOR UPDATE SKIP LOCKED``) that pushes
 their ``next_at`` ``LEASE_S`` ahead, so another deliverer of the same settlement (a second settle
@@ -243,8 +246,11 @@ async def deliver(
         }
         async with gate:
             try:
-                async with asyncio.timeout(TIMEOUT_S):
-                    answer = await http.post(url, content=body, headers=headers, timeout=TIMEOUT_S)
+                async with (
+                    asyncio.timeout(TIMEOUT_S),
+                    http.stream("POST", url, content=body, headers=headers, timeout=TIMEOUT_S) as answer,
+                ):
+                    status = answer.status_code  # its body is never read (module docstring)
             except (httpx.HTTPError, TimeoutError) as e:  # the receiver is down, slow or unreachable
                 return f"{type(e).__name__}: {e}"[:500]
             except Exception as e:  # a URL stored before it was checked, or a bug: one failed attempt
@@ -252,7 +258,7 @@ async def deliver(
                 fields = {"settlement": settlement_id, "award_id": str(award_id), "error": error}
                 log.warning("webhook delivery raised: a failed attempt", extra={"fields": fields})
                 return error
-        return None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
+        return None if 200 <= status < 300 else f"HTTP {status}"
 
     claimed = await _claim(db, settlement_id, lease_s)
     sent = await asyncio.gather(*(send(row) for row in claimed))

@@ -7,6 +7,7 @@ stored before that check, is a failed attempt rather than a crash)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -14,7 +15,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -600,5 +601,133 @@ async def test_one_settlement_whose_receiver_is_down_does_not_starve_the_sweep_o
                 "JOIN settlement_awards a USING (award_id) WHERE a.settlement_id = 'starve-big'"
             )
             assert (await tried.fetchone() or (1,))[0] == 0
+    finally:
+        await store.delete(board.config.id)
+
+
+class Answering:
+    """A receiver on 127.0.0.1 whose answer is ``answer(handler)``'s to write, on a raw socket
+    stream (a huge body, headers a byte at a time, a redirect); counts the bytes it got out and the
+    POSTs each path was sent."""
+
+    def __init__(self, answer: Callable[[BaseHTTPRequestHandler], Iterator[int]]) -> None:
+        self.written = 0
+        self.paths: Counter[str] = Counter()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["content-length"]))
+                owner.paths[self.path] += 1
+                with contextlib.suppress(OSError):  # the client hung up: what it would not read
+                    for written in answer(self):
+                        owner.written += written
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Answering:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+HUGE = 256 * 2**20
+
+
+def huge_body(handler: BaseHTTPRequestHandler) -> Iterator[int]:
+    """200 with a body of HUGE bytes, sent 1 MiB at a time for as long as the client reads."""
+    handler.send_response(200)
+    handler.send_header("content-length", str(HUGE))
+    handler.end_headers()
+    chunk = b"x" * 2**20
+    for _ in range(HUGE // len(chunk)):
+        handler.wfile.write(chunk)
+        yield len(chunk)
+
+
+def trickled_headers(handler: BaseHTTPRequestHandler) -> Iterator[int]:
+    """A status line and then one header byte every 50 ms, for ever (until the client hangs up)."""
+    handler.wfile.write(b"HTTP/1.1 200 OK\r\nx-slow: ")
+    for _ in range(10_000):
+        handler.wfile.write(b"a")
+        handler.wfile.flush()
+        yield 1
+        time.sleep(0.05)
+
+
+def redirect(handler: BaseHTTPRequestHandler) -> Iterator[int]:
+    handler.send_response(307)
+    handler.send_header("location", "/elsewhere")
+    handler.send_header("content-length", "0")
+    handler.end_headers()
+    yield 0
+
+
+async def one_delivery(
+    db: psycopg.AsyncConnection[Any], settlement_id: str, url: str
+) -> tuple[int, str | None]:
+    """(attempts, last_error or None once delivered) of the settlement's first delivery not
+    delivered yet, its URL set to ``url`` and due now, after one ``deliver`` round."""
+    cur = await db.execute(
+        "UPDATE settlement_deliveries SET url = %s, next_at = now() WHERE award_id = (SELECT "
+        "min(award_id) FROM settlement_deliveries JOIN settlement_awards USING (award_id) "
+        "WHERE settlement_id = %s AND delivered_at IS NULL) RETURNING award_id",
+        (url, settlement_id),
+    )
+    award = (await cur.fetchone() or (None,))[0]
+    await db.execute(
+        "UPDATE settlement_deliveries SET next_at = now() + interval '1 day' WHERE award_id IN (SELECT "
+        "award_id FROM settlement_awards WHERE settlement_id = %s) AND award_id <> %s",
+        (settlement_id, award),
+    )
+    async with httpx.AsyncClient() as http:
+        await deliver(db, http, SECRET, settlement_id)
+    cur = await db.execute(
+        "SELECT attempts, last_error, delivered_at IS NOT NULL FROM settlement_deliveries "
+        "WHERE award_id = %s",
+        (award,),
+    )
+    tried, error, delivered = await cur.fetchone() or (0, None, False)
+    return tried, None if delivered else (error or "")
+
+
+@pytest.mark.cluster
+async def test_receivers_that_answer_huge_slowly_or_with_a_redirect(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    db: psycopg.AsyncConnection[Any],
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 2xx is known from the status line: the body of the answer is not read, so a receiver that
+    answers with a huge body costs no memory (the whole body was read into RAM, for up to the 10 s
+    of the timeout, and a body too big to come in 10 s made a 2xx a failed attempt). A receiver that
+    trickles its headers is cut at the timeout; a redirect is not followed: a failed attempt."""
+    board = await ready(store, raw, postgres_url, "hook-answers", 2)
+    monkeypatch.setattr(settlement_delivery, "TIMEOUT_S", 1.0)
+    try:
+        body = {"settlement_id": "answers-1", "rewards": TABLE, "webhook_url": "http://127.0.0.1:9/x"}
+        await Settler(rebuilder).settle(board, day_ago(2), Request.of(body))
+        with Answering(huge_body) as huge:
+            assert await one_delivery(db, "answers-1", huge.base + "/awards") == (1, None)
+        assert huge.written < 32 * 2**20  # what the sockets' buffers took: the client read no more
+        with Answering(trickled_headers) as slow:
+            started = time.monotonic()
+            tried, error = await one_delivery(db, "answers-1", slow.base + "/awards")
+            assert time.monotonic() - started < 5
+        assert tried == 1 and error is not None and "Timeout" in error, error
+        with Answering(redirect) as moved:
+            assert await one_delivery(db, "answers-1", moved.base + "/awards") == (2, "HTTP 307")
+        assert moved.paths == {"/awards": 1}
     finally:
         await store.delete(board.config.id)
