@@ -430,8 +430,14 @@ class Archiver:
         """The journal's entries for this round, in the order read, and the first that cannot be
         decoded, if any: the entries returned stop before it (the journal is held there)."""
         if key not in self._groups:
-            with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists
-                await self.client.xgroup_create(key, GROUP, id="0", mkstream=True)
+            # Never MKSTREAM: a stream made here is no key of the board's index, so a deletion
+            # would not unlink it, and one made for a board deleted since would stay for good. A
+            # journal not written yet has nothing to read; its group is made once write.lua made it.
+            try:
+                await self.client.xgroup_create(key, GROUP, id="0")
+            except ResponseError as e:
+                if not str(e).startswith("BUSYGROUP"):  # no such key (BUSYGROUP: the group exists)
+                    return [], None
             self._groups.add(key)
         try:
             claimed: Any = await self.client.xautoclaim(

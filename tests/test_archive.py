@@ -182,6 +182,43 @@ async def test_only_a_deleted_board_is_marked_deleted_not_one_redis_lost(
             await store.delete(lost.id)
 
 
+async def keys_left(client: Any, board: Board) -> dict[str, int]:
+    """Every key of ``board``'s incarnation on the cluster, with its time to live in ms (-1: none)."""
+    pattern = f"lb:*:{board.config.id}:{board.incarnation}*"
+    found = [k async for k in client.scan_iter(match=pattern, count=1000)]
+    return {k.decode() if isinstance(k, bytes) else k: await client.pttl(k) for k in found}
+
+
+@pytest.mark.parametrize("written", [False, True])
+async def test_the_archiver_leaves_no_journal_of_a_deleted_board(
+    store: BoardStore, raw: Any, postgres_url: str, written: bool
+) -> None:
+    """The archiver's rounds between a board's deletion and its next look at the registry (2 s),
+    and its first round on a board never written, make no journal stream: one made outside the
+    board's key index is not unlinked by the deletion, and one made after it stays for good."""
+    config = BoardConfig.from_dict(f"archive-left-{written}", {"sharding": {"strategy": "hash", "shards": 2}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        if written:
+            now = times.now_ms()
+            await board.submit([Score(f"p{i}", i, f"m{i}", now) for i in range(6)], now_ms=now)
+        await a.round()
+        await store.delete(config.id)
+        for _ in range(3):  # the archiver still holds the board
+            await a.round()
+        left = await keys_left(raw, board)
+        assert left and all(ttl > 0 for ttl in left.values()), left  # only markers that expire
+        await store.create(config)  # the archiver meets the board of that id again, another one
+        await a.refresh()
+        await a.round()
+        assert all(ttl > 0 for ttl in (await keys_left(raw, board)).values())
+    finally:
+        await a.db.close()
+        with contextlib.suppress(Exception):
+            await store.delete(config.id)
+
+
 async def test_a_replay_and_a_second_archiver_change_nothing(
     store: BoardStore, raw: Any, postgres_url: str
 ) -> None:
