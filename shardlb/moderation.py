@@ -555,7 +555,12 @@ async def _over_rate(board: Board, prepared: Sequence[Prepared], limit: int, now
         args: list[Any] = [limit, (minute + 2) * 60_000]
         for i in idx:
             args += [f"{prepared[i].match_id}\x00{prepared[i].player_id}", prepared[i].player_id]
-        reply = await board.scripts.rate(keys=[keys.index_key(prefix), counted, counts, previous], args=args)
+        try:
+            reply = await board.scripts.rate(
+                keys=[keys.index_key(prefix), counted, counts, previous, keys.gone_key(prefix)], args=args
+            )
+        except ResponseError as e:
+            raise board.gone(e) from e
         return [i for i, ok in zip(idx, reply, strict=True) if not int(ok)]
 
     found = await asyncio.gather(*(one(s, idx) for s, idx in groups.items()))

@@ -20,8 +20,9 @@ from shardlb.board import MAX_FUTURE_MS, Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
-from shardlb.errors import PlayerNotFound
+from shardlb.errors import BoardNotFound, PlayerNotFound, Resharding
 from shardlb.rebuild import Rebuilder
+from shardlb.reshard import Resharder
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import HOUR, sharding
@@ -464,3 +465,40 @@ async def test_a_retry_of_a_result_not_kept_stays_out_after_a_removal(
         assert await board.top(10) == []
     finally:
         await store.delete(config.id)
+
+
+@pytest.mark.parametrize("then", ["deleted", "resharded"])
+async def test_the_rate_limit_of_a_stale_board_leaves_no_key_behind(store: BoardStore, then: str) -> None:
+    """A router that still holds a board deleted or resharded away (its cache lives 5 s) counts
+    results per minute on the old shards: rate.lua refuses as write.lua does (the router then drops
+    its copy, or retries on the new layout) and writes nothing there. It used to add its counters
+    to the shard's key index, which the deletion or the reshard had dropped: an index made again,
+    without expiry, that nothing deletes."""
+    config = BoardConfig.from_dict(
+        f"rate-stale-{then}",
+        {
+            "durability": "memory",
+            "max_results_per_player_per_minute": 5,
+            "sharding": {"strategy": "hash", "shards": 2},
+        },
+    )
+    await store.create(config)
+    stale = await BoardStore(store.client, store.scripts).get(config.id)  # another router's copy
+    now = times.now_ms()
+    screen = moderation.Screen(lambda _board, _player: False)
+    scores = [Score(f"p{i}", 1, f"m{i}", now) for i in range(8)]
+    try:
+        assert await screen.refusals(stale, stale.prepare(scores, now), now) == []
+        if then == "deleted":
+            await store.delete(config.id)
+        else:
+            mover = Resharder(store, config.id, say=lambda _: None, cache_s=0)
+            await mover.start(3)
+            await mover.run()
+        with pytest.raises(BoardNotFound if then == "deleted" else Resharding):
+            await screen.refusals(stale, stale.prepare(scores, now + 60_000), now + 60_000)
+        old = [k async for k in store.client.scan_iter(match=f"lb:*:{config.id}:{stale.incarnation}:*")]
+        assert old and all([await store.client.pttl(k) > 0 for k in old]), old
+    finally:
+        with contextlib.suppress(BoardNotFound):
+            await store.delete(config.id)

@@ -2,11 +2,24 @@
 -- (shardlb/moderation.py). All KEYS share the shard's hash tag.
 --
 -- KEYS[1] the shard's key index, KEYS[2] this minute's counted (match, player) pairs (a set),
--- KEYS[3] this minute's counts per player (a hash), KEYS[4] the previous minute's pairs
+-- KEYS[3] this minute's counts per player (a hash), KEYS[4] the previous minute's pairs,
+-- KEYS[5] the shard's `gone` marker
 -- ARGV[1] the limit, ARGV[2] when this minute's keys expire (ms), then per result: member
 --         (match_id NUL player_id), player
 -- Returns per result 1 (allowed) or 0 (past the limit: not counted). A pair counted already, this
 -- minute or the one before, is allowed and not counted again: a retry of a match is one result.
+--
+-- A shard deleted (`gone`) or resharded away (`mv` other than 't') is refused as write.lua refuses
+-- it, nothing written: its key index was dropped with its keys, and a counter listed here would
+-- make it again, without expiry, where nothing deletes it (a router holds a board for seconds).
+local base = string.sub(KEYS[5], 1, -5)
+local marked = redis.call('MGET', base .. 'mv', KEYS[5])
+if marked[1] and marked[1] ~= 't' then
+  return redis.error_reply('BOARDMOVED this board is being resharded; retry')
+end
+if marked[2] then
+  return redis.error_reply('BOARDGONE this board was deleted')
+end
 local limit, expire_at = tonumber(ARGV[1]), ARGV[2]
 local out = {}
 for i = 3, #ARGV, 2 do
