@@ -86,6 +86,10 @@ NUL_STANDIN = "\ufffd"
 # A journal held at an entry PostgreSQL refused (Archiver.round) is tried again this often: each try
 # is a transaction that fails, and the entry is there until someone changes something.
 RETRY_REFUSED_S = 5.0
+# Consumers of the group (archivers that ran before) idle this long without pending entries are
+# deleted (forget.lua), at most every FORGET_EVERY_S a journal, after a trim or an acknowledgement.
+FORGET_IDLE_S = 3600.0
+FORGET_EVERY_S = 60.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS boards (
@@ -189,6 +193,7 @@ class Archiver:
         count: int = 500,
         claim_idle_s: float = 30.0,
         db_url: str | None = None,
+        forget_idle_s: float = FORGET_IDLE_S,
     ) -> None:
         self.client = client  # replies as bytes: entries carry MessagePack
         self.store = store
@@ -197,6 +202,7 @@ class Archiver:
         self.name = name
         self.count = count
         self.claim_idle_ms = int(claim_idle_s * 1000)
+        self.forget_idle_ms = int(forget_idle_s * 1000)
         self.boards: dict[tuple[str, str], Board] = {}
         self._groups: set[str] = set()
         self._known: set[tuple[str, str]] = set()
@@ -204,6 +210,7 @@ class Archiver:
         self._ready = False
         self._recounted: dict[str, float] = {}  # journal key -> monotonic time of its last recount
         self._trimmed: dict[str, float] = {}  # journal key -> monotonic time of its last trim
+        self._forgotten: dict[str, float] = {}  # journal key -> monotonic time of its last forget.lua
         self._unexplained: set[tuple[str, str]] = set()  # boards missing without a mark, reported once
         self._held: dict[str, _Held] = {}  # journal key -> the entry PostgreSQL refused there
 
@@ -219,6 +226,7 @@ class Archiver:
         self._recounted = {k: at for k, at in self._recounted.items() if k in journals}
         self._trimmed = {k: at for k, at in self._trimmed.items() if k in journals}
         self._held = {k: held for k, held in self._held.items() if k in journals}
+        self._forgotten = {k: at for k, at in self._forgotten.items() if k in journals}
         new = [b for key, b in self.boards.items() if key not in self._known]
         async with self.db.transaction():
             for b in new:
@@ -511,6 +519,7 @@ class Archiver:
         async with gate:
             with contextlib.suppress(ResponseError):  # no such key: the journal went with its board
                 await trim(self.client, key)
+            await self._forget(key)
         self._trimmed[key] = time.monotonic()
 
     async def _ack(self, key: str, pairs: list[str]) -> None:
@@ -523,6 +532,15 @@ class Archiver:
         if now - self._recounted.get(key, -math.inf) >= RECOUNT_EVERY_S:
             self._recounted[key] = now
             await self.store.scripts.recount(keys=[key, counts], args=[GROUP, RECOUNT_LIMIT])
+        await self._forget(key)
+
+    async def _forget(self, key: str) -> None:
+        """Delete the group's consumers that hold nothing and have been idle FORGET_IDLE_S
+        (forget.lua), at most every FORGET_EVERY_S a journal."""
+        now = time.monotonic()
+        if now - self._forgotten.get(key, -math.inf) >= FORGET_EVERY_S:
+            self._forgotten[key] = now
+            await self.store.scripts.forget(keys=[key], args=[GROUP, self.forget_idle_ms, self.name])
 
 
 def _settings(board: Board) -> dict[str, Any]:

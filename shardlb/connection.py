@@ -248,6 +248,7 @@ class Scripts:
     freeze: Script
     ack: Script
     recount: Script
+    forget: Script
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:

@@ -219,6 +219,42 @@ async def test_the_archiver_leaves_no_journal_of_a_deleted_board(
             await store.delete(config.id)
 
 
+async def test_archivers_that_ran_before_are_forgotten_once_they_hold_nothing(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """Each archiver process is a consumer of its own name (host and pid, a pod's name), which
+    Redis keeps in every journal's group until it is deleted: every restart left one more for good.
+    A consumer idle past ``forget_idle_s`` without pending entries is deleted; one still holding
+    entries (a dead archiver's, not taken over yet) is kept."""
+    config = BoardConfig.from_dict("archive-forget", {"sharding": {"strategy": "hash", "shards": 2}})
+    board, _ = await store.create(config)
+    before = [await archiver(raw, store, postgres_url, f"before-{i}") for i in range(3)]
+    dead = await archiver(raw, store, postgres_url, "dead")
+    live = await archiver(raw, store, postgres_url, "live", forget_idle_s=0.3)
+    journals = [keys.journal_key(p) for p in board.prefixes]
+    try:
+        for n, a in enumerate(before):
+            now = times.now_ms()
+            await board.submit([Score(f"p{i}", n, f"m{n}-{i}", now) for i in range(10)], now_ms=now)
+            assert await drain(a) == 10
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", 9, f"late-{i}", now) for i in range(10)], now_ms=now)
+        for key in journals:  # delivered to `dead`, which never writes them
+            await dead._read(key)
+        await asyncio.sleep(0.4)
+        await live.round()  # nothing to archive: `dead` holds the entries for 30 s
+
+        async def consumers(key: str) -> set[str]:
+            return {c["name"].decode() for c in await raw.xinfo_consumers(key, GROUP)}
+
+        for key in journals:  # (Redis 7 makes `live` only once it has read an entry)
+            assert await consumers(key) - {"live"} == {"dead"}
+    finally:
+        for a in [*before, dead, live]:
+            await a.db.close()
+        await store.delete(config.id)
+
+
 async def test_a_replay_and_a_second_archiver_change_nothing(
     store: BoardStore, raw: Any, postgres_url: str
 ) -> None:
