@@ -166,6 +166,9 @@ async def remove_on_shard(
             now + board.config.dedup_window_s * 1000,
             codec.time_bits,
             int(codec.tiebreak == "earliest"),
+            # A record below this is from a removal older than the dedup window (record_units of
+            # that removal would be at least its time): remove.lua forgets it.
+            max(0, (now - board.config.dedup_window_s * 1000 - codec.epoch_ms) // codec.unit_ms),
         ]
     )
     args = [header, msgpack.packb(list(players))]

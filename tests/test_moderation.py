@@ -502,3 +502,34 @@ async def test_the_rate_limit_of_a_stale_board_leaves_no_key_behind(store: Board
     finally:
         with contextlib.suppress(BoardNotFound):
             await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_shards_removal_record_forgets_removals_older_than_the_dedup_window(
+    store: BoardStore, mode: str
+) -> None:
+    """Each removal kept its player in the shard's `rmv` hash, and each later removal pushed the
+    whole hash's expiry to its own time plus the dedup window: a shard with a removal or a ban every
+    day kept every player ever removed there, for good. A removal now also drops the record's
+    entries whose removal is older than the window (a few per call, more than it adds), as each
+    would have expired on its own; a removal within the window still refuses its replay."""
+    window_s = 3600
+    config = BoardConfig.from_dict(
+        f"moderation-record-{mode}", {"mode": mode, "dedup_window_s": window_s, "sharding": {"shards": 1}}
+    )
+    board, _ = await store.create(config)
+    record = keys.removals_key(board.prefixes[0])
+    try:
+        now = times.now_ms()
+        old = [f"old{i}" for i in range(20)]
+        await board.submit([Score(p, 5, "m1", now - 60_000) for p in [*old, "recent", "late"]], now_ms=now)
+        await moderation.remove(board, old, now_ms=now)
+        later = now + window_s * 1000 + MAX_FUTURE_MS + 60_000  # past every old record's window
+        await moderation.remove(board, ["recent"], now_ms=later - 60_000)
+        await moderation.remove(board, ["late"], now_ms=later)
+        assert set(await board.client.hkeys(record)) == {"recent", "late"}
+        # the recent ones still refuse a replay of their result
+        again = await board.submit([Score("recent", 5, "m1", now - 60_000)], now_ms=later)
+        assert [r.status for r in again] == ["duplicate"]
+    finally:
+        await store.delete(config.id)

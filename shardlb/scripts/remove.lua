@@ -10,7 +10,8 @@
 --         record_until (ms: when the shard's record of removals may expire),
 --         time_bits and earliest (1: tiebreak earliest) of the board's codec, to read the time of a
 --         score: a player's record is the later of removed_units and 1 + the latest time of their
---         removed entries (a result dated ahead of the clock, up to 5 minutes, stays refused too)
+--         removed entries (a result dated ahead of the clock, up to 5 minutes, stays refused too),
+--         forget_before (units: a record below it is from a removal older than the dedup window)
 -- ARGV[2] MessagePack array of player ids
 -- Returns {'stale'} when the key index lists a key the caller did not pass (a period began since it
 -- read the index: it reads again), else {'ok', journal id or '', per player: 1 removed / 0 absent,
@@ -26,6 +27,10 @@
 -- exists): write.lua answers a result of the player achieved before it `d`, writing nothing,
 -- so a retry (or a late result) of before the removal cannot bring the player back. Both keys
 -- expire at record_until or later (a later removal only moves it later) and are listed in the index.
+-- A later removal pushes the hash's expiry on, so each call also forgets records below
+-- forget_before, as they would have expired on their own (Redis 7.0 has no expiry per field): it
+-- scans on from where the last call stopped (the marker holds 'c' and the cursor) at least twice as
+-- many entries as it records, so a shard with a removal every day keeps a window's worth.
 
 local base = string.sub(KEYS[2], 1, -5)  -- a reshard's marker, as in write.lua
 local move = redis.call('GET', base .. 'mv')
@@ -117,10 +122,21 @@ if removed_units >= 0 and #players > 0 then
     end
     redis.call('HSET', record, unpack(pairs_))
   end
+  local forget_before = h[11] or -1
+  local cursor = string.match(redis.call('GET', marker) or '', '^c(%d+)$') or '0'  -- rebuilds set '1'
+  if forget_before > 0 then
+    local scan = redis.call('HSCAN', record, cursor, 'COUNT', 2 * #players + 32)
+    cursor = scan[1]
+    local old = {}
+    for i = 1, #scan[2], 2 do
+      if tonumber(scan[2][i + 1]) < forget_before then old[#old + 1] = scan[2][i] end
+    end
+    if #old > 0 then redis.call('HDEL', record, unpack(old)) end
+  end
   local until_ms = math.max(record_until, redis.call('PEXPIRETIME', marker))
   local at = string.format('%d', until_ms)
   redis.call('PEXPIREAT', record, at)
-  redis.call('SET', marker, '1', 'PXAT', at)
+  redis.call('SET', marker, 'c' .. cursor, 'PXAT', at)
   redis.call('ZADD', KEYS[1], at, record, at, marker)
 end
 if journal == 1 and (#removed > 0 or #records > 0) then
