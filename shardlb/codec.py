@@ -54,9 +54,13 @@ class ScoreCodec:
         derive(self, "time_max", (1 << self.time_bits) - 1)
         derive(self, "unit_ms", RESOLUTION_MS[self.resolution])
         if self.time_max * self.unit_ms < MIN_TIME_SPAN_MS:
+            bits = self.points_bits
+            while ((1 << (SCORE_BITS - bits)) - 1) * self.unit_ms < MIN_TIME_SPAN_MS:
+                bits -= 1
+            coarser = " (or use resolution 's')" if self.resolution == "ms" else ""
             raise OutOfRange(
-                f"points_max {self.points_max} leaves {self.time_bits} bits of time, under 30 days "
-                f"at resolution {self.resolution!r}; lower points_max or use resolution 's'",
+                f"points_max {self.points_max} leaves {self.time_bits} bits of time, under 30 days at "
+                f"resolution {self.resolution!r}: it can be at most {(1 << bits) - 1}{coarser}",
                 "points_max",
             )
 

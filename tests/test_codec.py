@@ -158,3 +158,20 @@ def test_scores_of_one_points_value_are_one_range_below_every_better_value(
     better = other > points if order == "desc" else other < points
     assert (other_score >= span.stop) == better
     assert (other_score in span) == (other == points)
+
+
+@pytest.mark.parametrize(("resolution", "largest"), [("s", 2**31 - 1), ("ms", 2**21 - 1)])
+def test_points_max_one_past_the_largest_is_refused_with_advice_that_applies(
+    resolution: str, largest: int
+) -> None:
+    """The largest points_max leaves at least 30 days of time; one more is refused, and the message
+    says what would help: at resolution "s" there is no coarser resolution to move to."""
+    assert codec(points_max=largest, resolution=resolution).time_max * {"s": 1000, "ms": 1}[resolution] >= (
+        30 * 86_400_000
+    )
+    with pytest.raises(OutOfRange) as refused:
+        codec(points_max=largest + 1, resolution=resolution)
+    assert refused.value.field == "points_max"
+    message = str(refused.value)
+    assert f"at most {largest}" in message
+    assert ("use resolution 's'" in message) == (resolution == "ms")
