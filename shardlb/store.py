@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from redis.asyncio.cluster import RedisCluster
 
-from shardlb import keys
+from shardlb import keys, times
 from shardlb.board import JOURNAL_MAX_ENTRIES, JOURNAL_MAX_RESULTS, Board
 from shardlb.config import (
     AUTO_SHARDS,
@@ -33,7 +33,7 @@ from shardlb.config import (
     stored_sharding,
 )
 from shardlb.connection import Scripts
-from shardlb.errors import BoardConflict, BoardNotFound
+from shardlb.errors import BoardConflict, BoardNotFound, OutOfRange
 
 # How long routers may cache a board's settings (router/boards.py). A board deleted through one
 # process keeps its shards' `gone` markers far longer, so no cached copy can write after it.
@@ -68,18 +68,32 @@ class BoardStore:
 
         Settings with AUTO_SHARDS (hash or band sharding that names no shard count, as the HTTP API
         reads them) create a board of one shard per master, and confirm an existing board of any
-        shard count (``resolve_shards``)."""
+        shard count (``resolve_shards``). OutOfRange (field ``epoch``) for settings whose codec
+        holds no time from now on, unless they confirm a board that exists."""
         given = config
+        # Settings whose codec holds no time from now on (an epoch too old for the points_max and
+        # resolution: with the default epoch, resolution "ms" ends in February 2020) would make a
+        # board that refuses every write: refused here, unless they confirm a board that exists.
+        codec = config.codec()
+        ended = codec.last_ms < times.now_ms()
         while True:
             config = resolve_shards(given, await self.masters()) if _auto(given) else given
             # The sharding of creation stays in the record through reshards: a PUT of those
             # settings still confirms the board, and only they (or the layout of now) do.
             created = config.sharding.to_dict()
             record = {**config.to_dict(), "incarnation": secrets.token_hex(4), "created": created}
-            if await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
+            if not ended and await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
                 return self._board(config.id, record), True
             raw = await self.client.hget(keys.BOARDS, config.id)
             if raw is None:
+                if ended:
+                    raise OutOfRange(
+                        f"with points_max {codec.points_max} at resolution {codec.resolution!r}, scores "
+                        f"hold times from {times.format_ms(codec.epoch_ms)} to "
+                        f"{times.format_ms(codec.last_ms)}, all past: no result could be written. "
+                        "Set an epoch near the season's start",
+                        "epoch",
+                    )
                 continue  # deleted meanwhile
             found = orjson.loads(raw)
             if found.get("state") == "deleting":

@@ -33,8 +33,9 @@ from tests.router_support import AS_ADMIN
 # PUT settings that depend on each other, which JSON Schema cannot relate: band starts must increase
 # and stay at or below points_max; shards in all at most 1024 (regions x shards_per_region, or bands
 # plus hash shards); points_max must leave 30 days of time bits at resolution "ms"; an epoch near
-# year 1 has no UTC instant to store; a `board` field must equal the path (the schema leaves it out,
-# yet schemathesis may still send one while testing that extra fields are refused).
+# year 1 has no UTC instant to store, and one too old leaves no time to write in; a `board` field
+# must equal the path (the schema leaves it out, yet schemathesis may still send one while testing
+# that extra fields are refused).
 _SETTINGS_FIELDS = {
     "sharding.bands",
     "sharding.shards",

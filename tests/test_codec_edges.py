@@ -255,3 +255,32 @@ async def test_sums_past_points_max_and_scores_going_down_answer_as_the_referenc
         got = [(x["status"], x["points"]) for x in body["results"]]
         assert got == ref.submit(scores, now), n
         await check_reads(client, name, ref, times.now_ms())
+
+
+async def test_a_new_board_whose_codec_holds_no_time_from_now_on_is_refused(
+    client: httpx.AsyncClient,
+) -> None:
+    """With the default epoch (2020-01-01), resolution "ms" leaves the default points_max about 50
+    days of time, and the largest points_max at "s" about 48: every time such a board could hold is
+    past, so every write to it would be refused. Creating one is refused instead (422 naming the
+    epoch); a board that exists and has run out of time is still confirmed by its settings."""
+    for settings in ({"resolution": "ms"}, {"points_max": LARGEST["s"]}, {"points_max": 2**26 - 1}):
+        name = board_name("dead")
+        r = await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)
+        assert r.status_code == 422, (settings, r.text)
+        assert (r.json()["error"]["code"], r.json()["error"]["field"]) == ("out_of_range", "epoch")
+        assert (await client.get(f"/v1/boards/{name}")).status_code == 404
+    # Its last unit a second from now: created, written to, and still confirmed once it has passed.
+    time_max = ScoreCodec(LARGEST["ms"], resolution="ms").time_max
+    settings = {"resolution": "ms", "epoch": times.now_ms() - time_max + 1000}
+    name = board_name("ends")
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+    assert (
+        await post(client, name, [{"player_id": "a", "points": 1, "match_id": "m"}], False)
+    ).status_code == 200
+    await asyncio.sleep(1.2)
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 200
+    refused = await post(client, name, [{"player_id": "a", "points": 2, "match_id": "n"}], False)
+    assert (refused.status_code, refused.json()["error"]["field"]) == (422, "scores[0].achieved_at")
+    again = await client.put(f"/v1/boards/{board_name('ends')}", json=settings, headers=AS_ADMIN)
+    assert again.status_code == 422, again.text
