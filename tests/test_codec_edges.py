@@ -13,17 +13,19 @@ import asyncio
 import itertools
 import zlib
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import msgpack
 import pytest
 
-from shardlb import times
+from shardlb import periods, times
 from shardlb.board import Score
 from shardlb.cluster import LocalCluster
 from shardlb.codec import RESOLUTION_MS, ScoreCodec
 from shardlb.config import BoardConfig
+from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running
 
@@ -284,3 +286,45 @@ async def test_a_new_board_whose_codec_holds_no_time_from_now_on_is_refused(
     assert (refused.status_code, refused.json()["error"]["field"]) == (422, "scores[0].achieved_at")
     again = await client.put(f"/v1/boards/{board_name('ends')}", json=settings, headers=AS_ADMIN)
     assert again.status_code == 422, again.text
+
+
+@pytest.mark.parametrize(("zone", "week_start"), [("Asia/Kolkata", "sunday"), ("America/St_Johns", "monday")])
+async def test_results_around_local_midnight_go_to_the_reference_periods(
+    store: BoardStore, zone: str, week_start: str
+) -> None:
+    """Results a unit either side of the last two local midnights (zones off whole hours) are filed
+    in the periods the reference names for their kept time, and each period reads as the reference."""
+    settings = {
+        "periods": ["daily", "weekly", "monthly"],
+        "timezone": zone,
+        "week_start": week_start,
+        "resolution": "ms",
+        "epoch": times.now_ms() - 20 * 86_400_000,
+        "close_grace": 7 * 86_400,
+        "sharding": {"strategy": "hash", "shards": SHARDS},
+    }
+    config = BoardConfig.from_dict(board_name("midnight"), settings)
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    today = periods.local_day(now, board.tz)
+    scores = []
+    for back in (0, 1):
+        midnight = periods.start_ms(periods.name_for("daily", today - timedelta(days=back)), board.tz)
+        for n, at in enumerate((midnight - 1, midnight, midnight + 1)):
+            scores.append(Score(f"p{back}{n}", 10 * n + back, f"m{back}{n}", at))
+    try:
+        got = await board.submit(scores, now_ms=now)
+        assert [(r.status, r.points) for r in got] == ref.submit(scores, now)
+        for name in sorted(
+            {
+                n
+                for s in scores
+                for n in periods.names_at(s.achieved_ms or 0, config.periods, board.tz, week_start)
+            }
+        ):
+            want = [(p, pts, config.codec().units_to_ms(u)) for _, p, pts, u in ref.order(name)]
+            view = board.resolve(periods.api_name(name), now_ms=now)
+            assert [(e.player_id, e.points, e.achieved_ms) for e in await board.top(100, view)] == want, name
+    finally:
+        await store.delete(config.id)
