@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import math
@@ -90,6 +91,11 @@ RETRY_REFUSED_S = 5.0
 # deleted (forget.lua), at most every FORGET_EVERY_S a journal, after a trim or an acknowledgement.
 FORGET_IDLE_S = 3600.0
 FORGET_EVERY_S = 60.0
+# A round that fails (PostgreSQL or the cluster away) is tried again after RETRY_FIRST_S, the pause
+# doubling on each failure in a row up to RETRY_MAX_S; the first round that works ends the outage
+# (logged once). Fixed 1 s pauses logged two warnings a second for as long as an outage lasted.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 30.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS boards (
@@ -223,6 +229,9 @@ class Archiver:
         found = await self.store.boards()
         self.boards = {(b.config.id, b.incarnation): b for b in found if b.config.durability == "journal"}
         journals = {keys.journal_key(p) for b in self.boards.values() for p in _journals(b)}
+        # What is kept per board or journal goes with it: boards come and go for the archiver's life.
+        self._groups &= journals
+        self._known &= set(self.boards)
         self._recounted = {k: at for k, at in self._recounted.items() if k in journals}
         self._trimmed = {k: at for k, at in self._trimmed.items() if k in journals}
         self._held = {k: held for k, held in self._held.items() if k in journals}
@@ -253,6 +262,7 @@ class Archiver:
         deletion older than the mark's day, which `rebuild --all` then restores)."""
         cur = await self.db.execute("SELECT board, incarnation FROM boards WHERE deleted_at IS NULL")
         missing = [(b, i) for b, i in await cur.fetchall() if (b, i) not in listed]
+        self._unexplained &= set(missing)
         gone = []
         for board, incarnation in missing:
             if await self.client.exists(keys.deleted_key(board, incarnation)):
@@ -395,24 +405,35 @@ class Archiver:
         """Archive until ``stop`` is set, refreshing the board list every ``refresh_s``; errors are
         logged and retried after a pause (the entries stay in the journals meanwhile)."""
         refreshed = 0.0
+        failures = 0  # rounds failed in a row
         while not stop.is_set():
             try:
                 if time.monotonic() - refreshed > refresh_s:
                     await self.refresh()
                     refreshed = time.monotonic()
                 done = await self.round()
-                if done:
-                    ARCHIVED.inc(done)
-                    continue
             except Exception as e:
                 if not _passing(e):
                     raise
                 FAILED_ROUNDS.inc()
-                log.warning("archive round failed; retrying", extra={"fields": {"error": repr(e)}})
+                failures += 1
+                pause = retry_pause(failures)
+                log.warning(
+                    "archive round failed (%d in a row); retrying in %.0f s",
+                    failures,
+                    pause,
+                    extra={"fields": {"error": repr(e)}},
+                )
                 with contextlib.suppress(psycopg.Error):
                     await self.db.rollback()
-                await _sleep(stop, 1.0)
+                await _sleep(stop, pause)
                 await self._reconnect()
+                continue
+            if failures:
+                log.info("archive rounds work again after %d failed", failures)
+                failures = 0
+            if done:
+                ARCHIVED.inc(done)
                 continue
             await _sleep(stop, idle_s)
 
@@ -639,6 +660,11 @@ def _next(entry_id: str) -> str:
     return f"{ms}-{int(seq or 0) + 1}"
 
 
+def retry_pause(failures: int) -> float:
+    """Seconds to wait after ``failures`` failed tries in a row (RETRY_FIRST_S, doubling, RETRY_MAX_S)."""
+    return min(RETRY_FIRST_S * float(1 << min(failures - 1, 32)), RETRY_MAX_S)
+
+
 def _passing(e: Exception) -> bool:
     """Whether the archiver may retry after ``e``: trouble with PostgreSQL or the cluster, including
     a failover breaking redis-py inside itself (shardlb/connection.py, ``raised_in_redis``)."""
@@ -705,13 +731,20 @@ async def serve(
     elif deliver_every_s:
         log.info("settlement webhooks are not swept by this archiver: SHARDLB_WEBHOOK_SECRET is not set")
     db = None
+    failures = 0
     try:
         while db is None:  # PostgreSQL may come up after us: the journals wait meanwhile
             try:
                 db = await connect_db(postgres_url)
             except (psycopg.Error, OSError) as e:
-                log.warning("PostgreSQL not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
-                await _sleep(stop, 2.0)
+                failures += 1
+                pause = retry_pause(failures)
+                log.warning(
+                    "PostgreSQL not reachable yet; retrying in %.0f s",
+                    pause,
+                    extra={"fields": {"error": repr(e)}},
+                )
+                await _sleep(stop, pause)
                 if stop.is_set():
                     return
         archiver = Archiver(raw, store, db, name, db_url=postgres_url)
@@ -795,25 +828,76 @@ async def repair_bands(store: BoardStore, stop: asyncio.Event, every_s: float) -
                 )
 
 
+class _PlainLines(logging.Formatter):
+    """`shardlb archive`'s log lines: plain text, with the record's ``fields`` (the keys of the
+    router's JSON lines, router/logs.py) after the message, since they say why something failed."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict) and fields:
+            line += " " + " ".join(f"{key}={value}" for key, value in fields.items())
+        return line
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"seconds must be 0 or more, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535 (0: none), got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`shardlb archive`: run one archiver until SIGTERM or SIGINT (several may run at once)."""
-    parser = argparse.ArgumentParser(prog="shardlb archive", description=main.__doc__)
-    parser.add_argument("--redis", default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"))
-    parser.add_argument("--postgres", default=os.environ.get("SHARDLB_POSTGRES_URL"))
-    parser.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}", help="consumer name")
-    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
+    """`shardlb archive`: run one archiver until SIGTERM or SIGINT (several may run at once).
+    Exit status 0 when stopped so, 2 for bad arguments; an unreachable cluster at start is 1 (the
+    `shardlb` command line's message), an unreachable PostgreSQL is waited for (logged, retried)."""
+    parser = argparse.ArgumentParser(
+        prog="shardlb archive",
+        description=inspect.cleandoc(main.__doc__ or ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
-        "--cleanup-every", type=float, default=60.0, help="seconds between inactive-player cleanups (0: none)"
+        "--redis",
+        default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"),
+        help="the cluster (default $SHARDLB_REDIS_URL or redis://127.0.0.1:7000)",
+    )
+    parser.add_argument(
+        "--postgres",
+        default=os.environ.get("SHARDLB_POSTGRES_URL"),
+        help="the archive (default $SHARDLB_POSTGRES_URL)",
+    )
+    parser.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}", help="consumer name")
+    parser.add_argument(
+        "--metrics-port", type=_port, default=0, help="serve Prometheus metrics on this port (default: none)"
+    )
+    parser.add_argument(
+        "--cleanup-every",
+        type=_seconds,
+        default=60.0,
+        help="seconds between inactive-player cleanups (0: none; default 60)",
     )
     parser.add_argument(
         "--repair-every",
-        type=float,
+        type=_seconds,
         default=REPAIR_EVERY_S,
         help="seconds between passes that finish band moves left pending by lost band calls (0: none)",
     )
     parser.add_argument(
         "--deliver-every",
-        type=float,
+        type=_seconds,
         default=settlement_delivery.SWEEP_EVERY_S,
         help="seconds between sweeps that send due settlement webhooks no router is sending; needs "
         "SHARDLB_WEBHOOK_SECRET (0: none)",
@@ -821,7 +905,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.postgres:
         parser.error("give --postgres or SHARDLB_POSTGRES_URL")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:  # a malformed one would be retried for ever as "not reachable yet"
+        psycopg.conninfo.conninfo_to_dict(args.postgres)
+    except psycopg.ProgrammingError as e:
+        parser.error(f"--postgres is not a PostgreSQL URL or connection string: {str(e).strip()}")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_PlainLines("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="0.0.0.0")
 
