@@ -335,6 +335,7 @@ def reshard_board(args: argparse.Namespace) -> int:
 
 
 UNFINISHED = 3  # the exit code of a reshard left committed but not finished
+INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports a command it stopped
 
 
 def _unfinished(command: str, board: str, status: dict[str, Any]) -> int:
@@ -623,8 +624,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ClusterError, ShardlbError) as e:
         print(f"shardlb: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # Ctrl-C: say so, or a log shows nothing to tell it from a crash
+        print("shardlb: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except Exception as e:
         if not _unreachable(e):
             raise  # a bug: its traceback is what a report needs

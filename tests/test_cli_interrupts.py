@@ -1,0 +1,59 @@
+"""A `shardlb` command stopped by Ctrl-C says so in one line, exits 130, and leaves what a re-run
+finishes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shardlb.board import Score
+from shardlb.config import BoardConfig
+from shardlb.store import BoardStore
+
+pytestmark = pytest.mark.cluster
+
+
+async def test_ctrl_c_in_a_reshard_is_one_line_and_resume_finishes_it(
+    store: BoardStore, cluster_url: str
+) -> None:
+    """Ctrl-C exited 130 with nothing on stderr: a terminal showed the prompt again, a cron mail or
+    a CI log showed nothing to tell an interruption from a crash."""
+    config = BoardConfig.from_dict(
+        "cli-interrupted", {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    )
+    board, _ = await store.create(config)
+    try:
+        await board.submit([Score(f"p{i}", i, "m1") for i in range(50)])
+        command = [sys.executable, "-m", "shardlb", "reshard", config.id, "--redis", cluster_url]
+        process = subprocess.Popen(
+            [*command, "--shards", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            assert process.stdout is not None
+            deadline = time.monotonic() + 60
+            line = b""
+            while b"waiting" not in line:  # the reshard waits there for routers to learn of it
+                assert time.monotonic() < deadline and process.poll() is None, line
+                line = await asyncio.to_thread(process.stdout.readline)
+            process.send_signal(signal.SIGINT)
+            _, err = await asyncio.to_thread(process.communicate, timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        assert process.returncode == 130
+        assert err.decode().strip().splitlines() == ["shardlb: interrupted"], err
+        resumed = await asyncio.to_thread(
+            subprocess.run, [*command, "--resume"], capture_output=True, text=True, timeout=60
+        )
+        assert resumed.returncode == 0, resumed.stderr
+        assert json.loads(resumed.stdout.strip().splitlines()[-1])["shards"] == 3
+        assert len(await (await store.get(config.id)).top(100)) == 50
+    finally:
+        await store.delete(config.id)
