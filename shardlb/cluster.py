@@ -293,11 +293,13 @@ class LocalCluster:
                 self._load_scripts(new)
                 self._wait_healthy(deadline, f"node {port} to join the cluster")
             except BaseException:
-                self._forget(new)
-                self._stop(started)
-                for p in new:
-                    self.added.pop(p, None)
-                self._record({p: pid for p, pid in pids.items() if p not in started})
+                try:
+                    self._forget(new)
+                finally:  # whatever the forgetting met, the nodes started here do not stay
+                    self._stop(started)
+                    for p in new:
+                        self.added.pop(p, None)
+                    self._record({p: pid for p, pid in pids.items() if p not in started})
                 raise
         return port
 
