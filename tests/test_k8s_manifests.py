@@ -567,6 +567,83 @@ def test_router_startup_waits_for_the_cluster(overlay: str) -> None:
     assert budget > float(config_data(overlay, c)["SHARDLB_STARTUP_TIMEOUT_S"])
 
 
+# What one router worker may hold at most, by router/README.md's bounds ("Hostile requests", "Reads
+# and caches"): every connection its share of uvicorn's read buffer and a read body read ahead,
+# the top cache's rows and the rank estimates' samples at their documented sizes, the two kept
+# renderings (hot.py: tops by view and by query string), one write body being decoded (1 MiB of
+# MessagePack peaks at 72 MiB) and the process itself (60 MiB after its imports; 100 allowed).
+ROUTER_BASE_BYTES = 100 * 2**20
+TOP_ROW_BYTES = 390
+HISTOGRAM_SAMPLE_BYTES = 180
+DECODE_FACTOR = 72
+
+
+def router_memory_bound(settings: dict[str, str]) -> tuple[int, int]:
+    """(workers, bytes one worker may hold at most) of a router started with these variables."""
+    from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
+
+    from router import hot
+    from router.settings import Settings
+
+    s = Settings.from_env({"SHARDLB_INSECURE_DEV": "true", **settings})
+    worker = (
+        ROUTER_BASE_BYTES
+        + s.max_connections * (HIGH_WATER_LIMIT + s.max_read_body_bytes)
+        + s.top_cache_rows * TOP_ROW_BYTES
+        + s.histogram_cache_samples * HISTOGRAM_SAMPLE_BYTES
+        + 2 * hot.KEPT_BYTES
+        + DECODE_FACTOR * s.max_body_bytes
+    )
+    return s.workers, worker
+
+
+def quantity_bytes(quantity: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)([KMGT]i)?", quantity).groups()  # type: ignore[union-attr]
+    return int(number) * {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[unit]
+
+
+def assert_router_memory_fits(docs: list[dict[str, Any]] | tuple[dict[str, Any], ...], where: str) -> int:
+    maps = {o["metadata"]["name"]: o.get("data", {}) for o in docs if o["kind"] == "ConfigMap"}
+    routers = [o for o in docs if o["kind"] == "Deployment" and o["metadata"]["name"] in (ROUTER, WRITE_POOL)]
+    for deployment in routers:
+        c = container(deployment, "router")
+        settings = {
+            k: v
+            for e in c["envFrom"]
+            if "configMapRef" in e
+            for k, v in maps[e["configMapRef"]["name"]].items()
+        }
+        settings.pop("SHARDLB_REDIS_URL", None)
+        workers, worker = router_memory_bound(settings)
+        limit = quantity_bytes(c["resources"]["limits"]["memory"])
+        name = deployment["metadata"]["name"]
+        assert workers * worker <= limit, (
+            f"{where}: {name}'s memory limit ({limit / 2**20:.0f} MiB) is below what its {workers} "
+            f"worker(s) may hold by the router's own bounds ({workers * worker / 2**20:.0f} MiB): a "
+            "flood of connections or full caches would get it OOM-killed; lower SHARDLB_MAX_CONNECTIONS "
+            "or the cache bounds, or raise the limit"
+        )
+    return len(routers)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_router_memory_limit_holds_its_bounds(overlay: str) -> None:
+    assert assert_router_memory_fits(rendered(overlay), overlay) >= 1
+
+
+def test_router_memory_limit_of_the_base_holds_its_bounds(tmp_path: Path) -> None:
+    # base/ is what an operator's own overlay starts from, before any resources patch
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        f"resources: [{os.path.relpath(K8S / 'base', tmp_path)}]\n"
+    )
+    result = run(tool("kubectl"), *RENDER, str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    assert assert_router_memory_fits(docs, "base") == 1
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_router_accepts_its_settings(overlay: str) -> None:
     from dataclasses import fields
