@@ -511,6 +511,81 @@ def test_probe_script(formed: LoopbackCluster) -> None:
     assert run("bogus", c.addresses[0]) == 2
 
 
+def test_probe_holds_a_replica_unready_until_it_has_its_masters_data(tmp_path: Path) -> None:
+    """Readiness is what the StatefulSet's rolling update and the PodDisruptionBudget wait for
+    before they take the next Redis pod. A replica that answers PING but has not synchronised
+    (its master link down: a restarted replica during its full sync, which answers with its old
+    data) must not count: else a drain or a rollout may take its master next, and the stale replica
+    is promoted with the writes it missed lost."""
+    _require_redis()
+    master_port, replica_port, dead_port = _free_port(), _free_port(), _free_port()
+    procs = []
+
+    def start(port: int, *args: str) -> None:
+        procs.append(
+            subprocess.Popen(
+                [
+                    "redis-server",
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(tmp_path),
+                    "--dbfilename",
+                    f"{port}.rdb",
+                    "--requirepass",
+                    PASSWORD,
+                    "--masterauth",
+                    PASSWORD,
+                    *args,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
+        deadline = time.monotonic() + 10
+        while _cli("-p", str(port), "ping").stdout.strip() != "PONG":
+            assert time.monotonic() < deadline, f"redis-server on {port} did not start"
+            time.sleep(0.05)
+
+    def probe(mode: str, port: int) -> int:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REDIS")}
+        env.update(REDIS_PASSWORD=PASSWORD, REDIS_BIND="127.0.0.1", REDIS_PORT=str(port))
+        return subprocess.run(
+            ["bash", str(SCRIPTS / "redis-probe.sh"), mode], env=env, capture_output=True, timeout=10
+        ).returncode
+
+    try:
+        start(master_port)
+        # a replica of a master it cannot reach: it answers PING, with no data of its master
+        start(replica_port, "--replicaof", "127.0.0.1", str(dead_port))
+        assert probe("ready", master_port) == 0
+        assert probe("alive", replica_port) == 0
+        assert probe("ready", replica_port) != 0
+        # linked and synchronised: ready
+        _cli("-p", str(master_port), "set", "k", "v")
+        _cli("-p", str(replica_port), "replicaof", "127.0.0.1", str(master_port))
+        deadline = time.monotonic() + 15
+        while (
+            _info(_cli("-p", str(replica_port), "info", "replication").stdout).get("master_link_status")
+            != "up"
+        ):
+            assert time.monotonic() < deadline, "the replica did not synchronise"
+            time.sleep(0.1)
+        assert probe("ready", replica_port) == 0
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # our own process groups only
+            proc.wait(timeout=5)
+
+
 def test_bootstrap_refuses_too_few_nodes(tmp_path: Path) -> None:
     _require_redis()
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDIS")}
