@@ -711,9 +711,11 @@ _PARAMETERS: dict[str, Any] = {
     },
 }
 
-_ADMIN: list[dict[str, list[str]]] = [{"bearer": []}]
-_WRITE: list[dict[str, list[str]]] = [{"bearer": []}]
-_READ: list[dict[str, list[str]]] = [{}, {"bearer": []}]  # open unless SHARDLB_READS_REQUIRE_KEY
+# The key scope each operation needs, as the role names OpenAPI 3.1 allows in a requirement of a
+# scheme that is not OAuth: a key of a smaller scope is 403 (scopes nest: admin > write > read).
+_ADMIN: list[dict[str, list[str]]] = [{"bearer": ["admin"]}]
+_WRITE: list[dict[str, list[str]]] = [{"bearer": ["write"]}]
+_READ: list[dict[str, list[str]]] = [{}, {"bearer": ["read"]}]  # open unless SHARDLB_READS_REQUIRE_KEY
 
 # ---- Additions: settlement and history (router/settlements.py, shardlb/settlement.py) ----------
 _SETTLEMENT_ID = {"name": "settlement", "in": "path", "required": True, "schema": _ID}
@@ -1007,7 +1009,17 @@ SPEC: dict[str, Any] = {
     },
     "servers": [{"url": "/"}],
     "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "securitySchemes": {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "Authorization: Bearer <key>. Each operation's requirement names the "
+                "scope its key needs: admin (manage boards), write (post scores), read; an admin key "
+                "may do everything, a write key what a read key may. Keys come from SHARDLB_ADMIN_KEYS, "
+                "SHARDLB_WRITE_KEYS and SHARDLB_READ_KEYS. Reads need no key unless the server is "
+                "configured to require one (SHARDLB_READS_REQUIRE_KEY).",
+            }
+        },
         "schemas": {**_SCHEMAS, **_SETTLEMENT_SCHEMAS},
         "parameters": _PARAMETERS,
         "responses": {f"E{s}": _error_response(s) for s in _ERROR_TEXT},

@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 from shardlb import times
 from shardlb.cluster import LocalCluster
 from shardlb.errors import InvalidInput
-from tests.router_support import ADMIN, AS_ADMIN, AS_WRITER, board_name, running
+from tests.router_support import ADMIN, AS_ADMIN, AS_READER, AS_WRITER, board_name, running
 from tests.test_router_server import ROOT, Server
 
 pytestmark = pytest.mark.cluster
@@ -185,3 +185,44 @@ async def test_a_band_boards_settings_and_placement_are_what_the_schema_says(
     r = await client.put(f"/v1/boards/{board_name()}", json=bad, headers=AS_ADMIN)
     assert r.status_code == 422 and r.json()["error"]["field"] == "sharding.placement"
     assert not valid(document, schemas["BoardSettings"], bad)
+
+
+def _needed_scope(security: list[dict[str, list[str]]]) -> str | None:
+    """The key scope an operation's security says it needs: None for no key, "read" for a read that
+    is open unless the server requires read keys."""
+    if not security:
+        return None
+    named = {scope for requirement in security for scope in requirement.get("bearer", [])}
+    assert len(named) == 1, security  # one scope, named, on every keyed operation
+    return named.pop()
+
+
+async def test_each_operations_security_names_the_scope_the_router_asks_for(
+    client: httpx.AsyncClient, document: dict[str, Any]
+) -> None:
+    """Every operation is called without a key and with a read and a write key: a key of a smaller
+    scope than the one the document names is 403 (none: 401), and one of that scope gets past the
+    key check. Admin keys are not sent: they pass every check, and would act."""
+    name = board_name()
+    assert (await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+    keys = {None: {}, "read": AS_READER, "write": AS_WRITER}
+    order = [None, "read", "write", "admin"]
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            needed = _needed_scope(operation["security"])
+            url = (
+                path.replace("{board}", name)
+                .replace("{player}", "p")
+                .replace("{settlement}", "s")
+                .replace("{period}", "daily:2026-11-30")
+                .replace("{asset}", "app.js")
+            )
+            for scope, headers in keys.items():
+                body = {} if method in ("post", "put") else None
+                r = await client.request(method.upper(), url, headers=headers, json=body)
+                enough = needed in (None, "read") or order.index(scope) >= order.index(needed)
+                refused = 401 if scope is None else 403
+                assert (r.status_code not in (401, 403)) == enough, (method, path, scope, needed, r.text)
+                assert enough or r.status_code == refused, (method, path, scope, r.text)
