@@ -643,10 +643,40 @@ _RETRY_AFTER = {
 }
 
 
+# Addition: every response, of every route and status, names its request (router/middleware.py).
+_HEADERS: dict[str, Any] = {
+    "X-Request-Id": {
+        "description": "Addition: the request's id, also in the router's log lines: the client's own "
+        "X-Request-Id when it sent a sane one (1-128 characters of A-Z a-z 0-9 . _ : -), else a new one",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+        "required": True,
+    },
+    "WWW-Authenticate": {
+        "description": 'the challenge: Bearer realm="shardlb"',
+        "schema": {"type": "string"},
+        "required": True,
+    },
+    "Allow": {
+        "description": "the methods the route takes",
+        "schema": {"type": "string"},
+        "required": True,
+    },
+}
+_ERROR_HEADERS = {401: "WWW-Authenticate", 405: "Allow"}
+
+
+def _header(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/headers/{name}"}
+
+
 def _error_response(status: int) -> dict[str, Any]:
     response: dict[str, Any] = {"description": _ERROR_TEXT[status], "content": _content(_ref("Error"))}
+    headers: dict[str, Any] = {"X-Request-Id": _header("X-Request-Id")}
     if status in (429, 503):
-        response["headers"] = _RETRY_AFTER
+        headers.update(_RETRY_AFTER)
+    if status in _ERROR_HEADERS:
+        headers[_ERROR_HEADERS[status]] = _header(_ERROR_HEADERS[status])
+    response["headers"] = headers
     return response
 
 
@@ -999,6 +1029,23 @@ _SETTLEMENT_PATHS: dict[str, Any] = {
     },
 }
 
+# Addition: the cacheable top's headers (router/hot.py), on its 200 and its 304; a settled
+# period's top (from its snapshot) carries none of them.
+_TOP_HEADERS = {
+    "ETag": {
+        "description": "Addition: names this rendering of the cached top",
+        "schema": {"type": "string"},
+    },
+    "Cache-Control": {
+        "description": "Addition: max-age=1 (the cache's refresh)",
+        "schema": {"type": "string"},
+    },
+    "Vary": {
+        "description": "Addition: Accept (JSON or MessagePack at one URL)",
+        "schema": {"type": "string"},
+    },
+}
+
 SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {
@@ -1023,6 +1070,7 @@ SPEC: dict[str, Any] = {
         "schemas": {**_SCHEMAS, **_SETTLEMENT_SCHEMAS},
         "parameters": _PARAMETERS,
         "responses": {f"E{s}": _error_response(s) for s in _ERROR_TEXT},
+        "headers": _HEADERS,
     },
     "paths": {
         "/v1/boards": {
@@ -1172,25 +1220,10 @@ SPEC: dict[str, Any] = {
                     },
                 ],
                 "responses": {
-                    "200": {
-                        **_ok("The best entries", "Page"),
-                        "headers": {
-                            "ETag": {
-                                "description": "Addition: names this rendering of the cached top",
-                                "schema": {"type": "string"},
-                            },
-                            "Cache-Control": {
-                                "description": "Addition: max-age=1 (the cache's refresh)",
-                                "schema": {"type": "string"},
-                            },
-                            "Vary": {
-                                "description": "Addition: Accept (JSON or MessagePack at one URL)",
-                                "schema": {"type": "string"},
-                            },
-                        },
-                    },
+                    "200": {**_ok("The best entries", "Page"), "headers": _TOP_HEADERS},
                     "304": {
-                        "description": "Addition: the top named by If-None-Match is still current (no body)"
+                        "description": "Addition: the top named by If-None-Match is still current (no body)",
+                        "headers": _TOP_HEADERS,
                     },
                     **_errors(*_READ_ERRORS),
                 },
@@ -1603,9 +1636,16 @@ SPEC["paths"].update(
 )
 # Any request may be cut off by the HTTP protocol itself (router/http.py), before a route runs; an
 # API request without a key, by the middleware's share of the requests in progress for its client.
+# Every answer carries X-Request-Id (the error responses in components have it already).
 for _path, _operations in SPEC["paths"].items():
     for _method, _operation in _operations.items():
         if _method != "parameters":
             _operation["responses"].update(_errors(408, 431))
             if _path.startswith("/v1/"):
                 _operation["responses"].update(_errors(429))
+            for _response in _operation["responses"].values():
+                if "$ref" not in _response:
+                    _response["headers"] = {
+                        **_response.get("headers", {}),
+                        "X-Request-Id": _header("X-Request-Id"),
+                    }

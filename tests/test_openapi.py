@@ -226,3 +226,47 @@ async def test_each_operations_security_names_the_scope_the_router_asks_for(
                 refused = 401 if scope is None else 403
                 assert (r.status_code not in (401, 403)) == enough, (method, path, scope, needed, r.text)
                 assert enough or r.status_code == refused, (method, path, scope, r.text)
+
+
+def _declared_headers(document: dict[str, Any], path: str, method: str, status: int) -> set[str]:
+    """The headers the document declares on one response, lower case."""
+    response = document["paths"][path][method]["responses"][str(status)]
+    if "$ref" in response:
+        response = document["components"]["responses"][response["$ref"].rsplit("/", 1)[1]]
+    return {name.lower() for name in response.get("headers", {})}
+
+
+async def test_the_headers_the_router_sends_are_in_the_document(
+    client: httpx.AsyncClient, document: dict[str, Any]
+) -> None:
+    """Each response's headers that a client may act on (its request id, caching, auth challenge,
+    retry) are declared on that operation's response of that status."""
+    name = board_name()
+    watched = {"x-request-id", "etag", "cache-control", "vary", "retry-after", "www-authenticate", "allow"}
+    board, top = "/v1/boards/{board}", "/v1/boards/{board}/top"
+    as_text = {**AS_ADMIN, "content-type": "text/plain"}
+    calls: list[tuple[str, str, httpx.Response]] = [
+        (board, "put", await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)),
+        (board, "put", await client.put(f"/v1/boards/{name}")),
+        (board, "put", await client.put(f"/v1/boards/{name}", headers=AS_WRITER)),
+        (board, "put", await client.put(f"/v1/boards/{name}", content=b"{}", headers=as_text)),
+        (board, "get", await client.get(f"/v1/boards/{name}")),
+        (top, "get", await client.get(f"/v1/boards/{name}/top")),
+        (top, "get", await client.get(f"/v1/boards/{name}/top?limit=0")),
+        (top, "get", await client.get(f"/v1/boards/{name}/top?lmit=1")),
+        (top, "get", await client.get(f"/v1/boards/{board_name()}/top")),
+        ("/healthz", "get", await client.get("/healthz")),
+        ("/readyz", "get", await client.get("/readyz")),
+        ("/metrics", "get", await client.get("/metrics")),
+        ("/openapi.json", "get", await client.get("/openapi.json")),
+    ]
+    tag = calls[5][2].headers["etag"]
+    calls.append((top, "get", await client.get(f"/v1/boards/{name}/top", headers={"If-None-Match": tag})))
+    calls.append((board, "delete", await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)))
+    assert [r.status_code for _, _, r in calls] == [
+        201, 401, 403, 415, 200, 200, 422, 400, 404, 200, 200, 200, 200, 304, 204
+    ]  # fmt: skip
+    for path, method, r in calls:
+        sent = watched & {h.lower() for h in r.headers}
+        assert "x-request-id" in sent
+        assert sent <= _declared_headers(document, path, method, r.status_code), (path, method, r.status_code)
