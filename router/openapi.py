@@ -615,24 +615,33 @@ _ERROR_TEXT = {
     "that is not HTTP/1.1 the parser can read (malformed_request, the connection is closed).",
     401: "Missing or unknown key (code unauthorized).",
     403: "The key's scope does not allow this (code forbidden).",
-    404: "Unknown board, player or route (board_not_found, player_not_found, not_found).",
+    404: "Unknown board, player, route or settlement (board_not_found, player_not_found, not_found, "
+    "settlement_not_found).",
     405: "Method not allowed on this route (method_not_allowed).",
     409: "The board exists with other settings (board_conflict); this router has no PostgreSQL "
     "(archive_not_configured); settlements: the id names another settlement (settlement_conflict), "
     "the period is open (period_open) or settled under another id (period_settled), Redis and "
     "PostgreSQL disagree (settlement_mismatch), the id is running (settlement_busy) or not "
     "settled (not_settled), a webhook (named or stored) without SHARDLB_WEBHOOK_SECRET "
-    "(webhook_not_configured); posts to a board whose season is being archived (board_closed).",
+    "(webhook_not_configured), a board with durability memory (not_journaled); posts to a board whose "
+    "season is being archived (board_closed).",
     408: "The request line and headers, or the body, did not arrive within SHARDLB_HEADER_TIMEOUT_S "
     "/ SHARDLB_BODY_TIMEOUT_S (request_timeout); the connection is closed.",
     413: "The body is larger than SHARDLB_MAX_BODY_BYTES (body_too_large).",
     415: "Content-Type is neither application/json nor application/msgpack (unsupported_media_type).",
-    422: "A well-formed request with an invalid value; `field` names it (e.g. scores[3].points).",
+    422: "A well-formed request with an invalid value; `field` names it (e.g. scores[3].points): "
+    "invalid_id, invalid_match_id, invalid_time, out_of_range, invalid_period, invalid_region, "
+    "invalid_parameter, missing_field, unknown_field, too_many, invalid_body, invalid_input, "
+    "board_mismatch (a PUT body's board is not the path's), conflicting_parameter (body and query "
+    "disagree); settlements: invalid_rewards, invalid_cursor, invalid_award_id, unknown_award.",
     431: "The request line and headers (or a chunked body's trailers) passed SHARDLB_MAX_HEADER_BYTES "
     "(headers_too_large); the connection is closed.",
     429: "This client's read rate limit is used up, or a client without a key has as many requests "
     "(or archive reads) in progress as it may hold (rate_limited); see Retry-After.",
-    503: "Overloaded, shutting down, or the cluster is unavailable; see Retry-After.",
+    503: "Retry after Retry-After seconds. Overloaded (overloaded), shutting down "
+    "(shutting_down), the cluster unavailable (cluster_unavailable) or the shard's master out of memory "
+    "(out_of_memory), not ready (not_ready, /readyz), a reshard's cut-over (board_resharding); "
+    "PostgreSQL failed (archive_unavailable) or the archiver is behind a settlement (archive_behind).",
 }
 _RETRY_AFTER = {
     "Retry-After": {
