@@ -398,7 +398,9 @@ _SCHEMAS: dict[str, Any] = {
                 "enum": [*STATUS.values(), *REFUSED.values()],
                 "description": "Addition: 'overflow' (incr boards) when the sum would pass points_max; "
                 "nothing was written for that score. Addition (moderation): 'banned', 'points_limit', "
-                "'rate_limit': refused before anything was written (points 0).",
+                "'rate_limit': refused before anything was written (points 0). Addition (region boards): "
+                "'region_conflict', the result names another region than the player's first; nothing was "
+                "written, points is the player's total in their own region.",
             },
             "points": {
                 "type": "integer",
@@ -476,8 +478,8 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["entries", "resets_at"],
         "properties": {
-            "board": _ID,
-            "period": {"type": "string"},
+            "board": {**_ID, "description": "Addition: the board read"},
+            "period": {"type": "string", "description": "Addition: the period read, e.g. daily:2026-11-30"},
             "entries": {"type": "array", "items": _ref("Entry")},
             "resets_at": _RESETS_AT,
         },
@@ -494,7 +496,11 @@ _SCHEMAS: dict[str, Any] = {
                 "default": "total",
                 "description": "or the query parameter (not both unequal)",
             },
-            "region": {**_ID_OR_NULL, "description": "or the query parameter (not both unequal)"},
+            "region": {
+                **_ID_OR_NULL,
+                "description": "Addition: limit a region board to one region, as the reads' query "
+                "parameter; or the query parameter (not both unequal)",
+            },
         },
     },
     "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
@@ -505,6 +511,8 @@ _SCHEMAS: dict[str, Any] = {
             "status": {"type": "string"},
             "journal": {
                 "type": "object",
+                "description": "Addition: the journal nearest its bound (results and entries not archived "
+                "yet, seconds since the oldest, and the bounds)",
                 "required": ["board", "entries", "seconds", "bound", "results", "results_bound"],
                 "properties": {
                     "board": {"type": ["string", "null"]},
@@ -1308,7 +1316,17 @@ SPEC: dict[str, Any] = {
                 "summary": "Many players (friends) with global ranks",
                 "security": _READ,
                 # period and region may come in the body (api.md) or the query, as the client sends them
-                "parameters": [_param("period"), _param("region"), _param("rank_mode")],
+                "parameters": [
+                    {
+                        **_PARAMETERS["period"],
+                        "description": "Addition: the body's period, given as the other reads give it",
+                    },
+                    {
+                        **_PARAMETERS["region"],
+                        "description": "Addition: the body's region, given as the other reads give it",
+                    },
+                    _param("rank_mode"),
+                ],
                 "requestBody": {"required": True, "content": _content(_ref("Query"))},
                 "responses": {
                     "200": _ok("The players with a score, by rank", "Entries"),

@@ -76,3 +76,61 @@ def test_every_error_code_is_named_in_the_document_and_the_readme() -> None:
     answers = [(status, code) for status, code in sorted(emitted) if status != 500]
     assert [(s, c) for s, c in answers if c not in responses[f"E{s}"]["description"]] == []
     assert [c for _, c in answers if f"`{c}`" not in readme] == []
+
+
+# The fields and query parameters api.md names; everything else in these is an addition.
+_API_FIELDS = {
+    "Page": {"board", "period", "entries", "as_of"},
+    "Player": {"player_id", "rank", "points", "achieved_at", "players", "percentile", "rank_error"},
+    "Entries": {"entries"},
+    "Entry": {"rank", "player_id", "points", "achieved_at"},
+    "Query": {"player_ids", "period"},
+    "Score": {"player_id", "points", "match_id", "achieved_at", "region"},
+    "ScoreResult": {"player_id", "match_id", "status", "points"},
+    "ScoresRequest": {"scores"},
+    "BoardSettings": {"mode", "order", "tiebreak", "periods", "timezone", "retention_days", "points_max",
+                      "epoch", "sharding"},
+}  # fmt: skip
+_API_PARAMETERS = {
+    ("/v1/boards/{board}/top", "get"): {"board", "limit", "period", "region"},
+    ("/v1/boards/{board}/entries", "get"): {"board", "offset", "limit", "period", "region"},
+    ("/v1/boards/{board}/players/{player}", "get"): {"board", "player", "period", "region", "estimate"},
+    ("/v1/boards/{board}/players/{player}/around", "get"): {"board", "player", "radius", "period", "region"},
+    ("/v1/boards/{board}/players:query", "post"): {"board"},
+}
+
+
+def _described(item: dict[str, object]) -> str:
+    """An object's description, a reference's own first (OpenAPI 3.1 lets it override the target's)."""
+    if "description" in item:
+        return str(item["description"])
+    ref = item.get("$ref")
+    if isinstance(ref, str):
+        section, name = ref.split("/")[-2:]
+        return _described(SPEC["components"][section][name])
+    return ""
+
+
+def test_additions_to_api_md_are_marked() -> None:
+    """api.md: additions are welcome, documented in the OpenAPI spec. Each body field and query
+    parameter of api.md's operations that api.md does not name says "Addition" where it is described."""
+    schemas = SPEC["components"]["schemas"]
+    unmarked = [
+        (schema, name)
+        for schema, named in _API_FIELDS.items()
+        for name, field in schemas[schema]["properties"].items()
+        if name not in named and "Addition" not in _described(field)
+    ]
+    for (path, method), named in _API_PARAMETERS.items():
+        operation = SPEC["paths"][path][method]
+        for parameter in [*SPEC["paths"][path].get("parameters", []), *operation.get("parameters", [])]:
+            name = parameter.get("name") or parameter["$ref"].rsplit("/", 1)[1]
+            if name not in named and "Addition" not in _described(parameter):
+                unmarked.append((path, name))
+    status = schemas["ScoreResult"]["properties"]["status"]
+    unmarked += [
+        ("ScoreResult.status", value)
+        for value in status["enum"]
+        if value not in ("improved", "unchanged", "duplicate") and value not in status["description"]
+    ]
+    assert unmarked == [], unmarked
