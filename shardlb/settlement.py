@@ -22,6 +22,9 @@ the same state as one uninterrupted run (tests/test_settlement.py kills a real p
    awards (UNIQUE (settlement, player)), the webhook deliveries, and marks the row ``settled`` with
    the result. Before the commit nothing is paid; after it, a re-run only returns the result.
 
+While the board is resharded (shardlb/reshard.py) a settlement is refused for a retry
+(``Resharding``), before its freeze and again after its check: ``_at_rest``.
+
 Two runs of one id at once are kept apart by a PostgreSQL advisory lock held for the run (the second
 gets 409 ``settlement_busy``); a killed run's lock goes with its connection.
 """
@@ -45,7 +48,15 @@ import psycopg
 from shardlb import archive, keys, moderation, periods, rebuild, settlement_rewards, times
 from shardlb.board import Board
 from shardlb.config import check_id
-from shardlb.errors import ArchiveBehind, BoardNotFound, InvalidInput, SettlementConflict, field_name
+from shardlb.errors import (
+    ArchiveBehind,
+    BoardConflict,
+    BoardNotFound,
+    InvalidInput,
+    Resharding,
+    SettlementConflict,
+    field_name,
+)
 from shardlb.rebuild import Rebuilder
 from shardlb.reconcile import ShardCheck, checksum
 from shardlb.settlement_rewards import Tier
@@ -53,6 +64,7 @@ from shardlb.settlement_rewards import Tier
 DEFAULT_TOP_N = 1000
 MAX_TOP_N = 100_000
 DRAIN_WAIT_S = 30.0
+RESHARD_RETRY_S = 5.0  # the Retry-After of a settlement refused while its board is resharded
 MAX_URL = 2048  # characters of a webhook_url
 SHARDS_IN_FLIGHT = 8  # shards read at once by the check (each a ZSCAN on its own connection)
 STEPS = ("begin", "freeze", "drain", "compute", "check", "snapshot", "awards", "commit")
@@ -300,6 +312,7 @@ class Settler:
         if stored is not None:
             return stored
         self.step("begin")
+        await self._at_rest(board)
         await freeze(board, name)
         self.step("freeze")
         await self.drained(board, name)
@@ -308,6 +321,7 @@ class Settler:
         self.step("compute")
         checks = await self.check(board, name, order)
         self.step("check")
+        await self._at_rest(board)  # a reshard since the first look: the check may have compared two layouts
         drifting = [c for c in checks if c.drift]
         if drifting and not request.force:
             report = check_report(checks)
@@ -340,6 +354,24 @@ class Settler:
                 "settlement_mismatch",
             )
         return await self._store(board, name, request, order, checks)
+
+    async def _at_rest(self, board: Board) -> None:
+        """Refuse, for a retry, while the board is resharded or has been since ``board`` was read
+        (shardlb/reshard.py). Until a reshard has finished, the archive's rows name the old layout's
+        shards, which the check compares with the new one's, and the old layout's journals may hold
+        results the archiver has not taken (``drained`` waits for the layout's own journals only): a
+        settlement then would find a drift that is no drift, and a forced one would pay an order that
+        lacks results the board acknowledged."""
+        try:
+            await self.rebuilder.check_layout(board)
+        except BoardNotFound:
+            raise
+        except BoardConflict as e:
+            raise Resharding(
+                f"board {board.config.id!r} is being resharded: its archive moves to the new layout "
+                "when the reshard finishes; settle it then (shardlb reshard --status)",
+                RESHARD_RETRY_S,
+            ) from e
 
     async def _begin(self, board: Board, name: str, request: Request) -> dict[str, Any] | None:
         """Step 1: the row, inserted or compared (``_compare``); the stored result when it is
