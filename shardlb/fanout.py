@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import importlib
 import math
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, NamedTuple
@@ -72,6 +73,15 @@ _MOVED_OR_BROKEN = (
     rx.TimeoutError,
     OSError,
 )
+# Replicas that board reads stopped asking (by node name), until when (time.monotonic()): one whose
+# pipeline broke or stalled the round, or that said it is not in sync with its primary
+# (``Batch._check_replicas``). Until then their primaries serve their share of the reads.
+_SHUNNED: dict[str, float] = {}
+SHUN_S = 5.0
+# How long a replica may go on serving board reads after its link to its primary went down, and when
+# each replica seen out of sync said it went down (time.monotonic()).
+STALE_LINK_S = 10.0
+_LINK_DOWN_SINCE: dict[str, float] = {}
 
 
 class Ack(NamedTuple):
@@ -176,9 +186,10 @@ class Batch(SortedSetCommands):
                 if self.strategy is not None:
                     reader = readers.get(node.name)
                     if reader is None:
-                        reader = readers[node.name] = nodes.get_node_from_slot(
-                            slot, load_balancing_strategy=self.strategy
-                        )
+                        reader = nodes.get_node_from_slot(slot, load_balancing_strategy=self.strategy)
+                        if _SHUNNED and reader is not node and _shunned(reader.name):
+                            reader = node
+                        readers[node.name] = reader
                     node = reader
                 entry = by_node.get(node.name)
                 if entry is None:
@@ -187,7 +198,12 @@ class Batch(SortedSetCommands):
             command = Command(position, args, options)
             commands.append(command)
             queue.append(command)
-        absent = self._check_keys_on_replicas(by_node, readers)
+        on_replicas = (
+            {reader.name for primary, reader in readers.items() if reader.name != primary}
+            if self.strategy is not None
+            else None
+        )
+        absent, roles = self._check_replicas(by_node, on_replicas) if on_replicas else ([], [])
         ack = self.ack
         if ack is not None:
             for _, queue, slot in by_node.values():
@@ -199,38 +215,58 @@ class Batch(SortedSetCommands):
             failed = await rounds.round(sends, self.timeout)
         else:
             failed = await _pipelines(sends, self.timeout)
-        for (_, queue, _), outcome in zip(by_node.values(), failed, strict=True):
+        for (node, queue, _), outcome in zip(by_node.values(), failed, strict=True):
             if isinstance(outcome, BaseException):
                 for c in queue:
                     c.result = outcome
+                if on_replicas and node.name in on_replicas and _unusable(outcome):
+                    _SHUNNED[node.name] = time.monotonic() + SHUN_S
             elif ack is not None:
                 _confirm(ack, queue)
         if ack is None:  # an acknowledged call must get its WAIT where it ran: it is made again
             await self._follow_asks(commands)
+        for reader, role in roles:
+            state = role.result[3] if type(role.result) is list and len(role.result) > 3 else None
+            if state in _IN_SYNC:
+                if _LINK_DOWN_SINCE:
+                    _LINK_DOWN_SINCE.pop(reader.name, None)
+            elif not isinstance(role.result, BaseException) and await _out_of_sync_too_long(reader):
+                _SHUNNED[reader.name] = time.monotonic() + SHUN_S
+                lost = f"replica {reader.name} lost its primary over {STALE_LINK_S:g} s ago"
+                return [_ReplicaOutOfSync(lost)]
         for check in absent:
             if check.result == 0:
                 return [_KeyNotOnReplica(check.args[1])]
         return [c.result for c in commands]
 
-    def _check_keys_on_replicas(
-        self, by_node: dict[str, tuple[ClusterNode, list[Command], int]], readers: dict[str, Any]
-    ) -> list[Command]:
-        """An EXISTS of every key read from a replica, at the end of its pipeline. A replica keeps no
-        migration state: for a key its primary has already moved to another node it answers as if
-        the key did not exist, where the primary would redirect (ASK). A key missing there sends
-        the batch to the primaries (``direct``); an empty shard is read from its primary too."""
-        if self.strategy is None:
-            return []
-        replicas = {reader.name for primary, reader in readers.items() if reader.name != primary}
+    def _check_replicas(
+        self, by_node: dict[str, tuple[ClusterNode, list[Command], int]], on_replicas: set[str]
+    ) -> tuple[list[Command], list[tuple[ClusterNode, Command]]]:
+        """Checks at the end of each replica's pipeline: an EXISTS of every key read there, and ROLE.
+
+        A replica keeps no migration state: for a key its primary has already moved to another node
+        it answers as if the key did not exist, where the primary would redirect (ASK). A key missing
+        there sends the batch to the primaries (``direct``); an empty shard is read from its primary
+        too. A replica also keeps serving what it has while its link to its primary is down (cut
+        off, resynchronising): without a limit, a read could miss every write since. ROLE says
+        whether it is in sync; one whose link has been down over ``STALE_LINK_S`` (by its own
+        INFO, asked once per outage) sends the batch to the primaries and is shunned for
+        ``SHUN_S``. A shorter outage is served: while a dead primary is being replaced its
+        replica is as fresh as any node. Redis notices a silent loss of the link after
+        ``repl-timeout`` (60 s by default), a closed one at once."""
         checks: list[Command] = []
-        for name, (_, queue, _) in by_node.items():
-            if name in replicas:
+        roles: list[tuple[ClusterNode, Command]] = []
+        for name, (node, queue, _) in by_node.items():
+            if name in on_replicas:
                 these = [
                     Command(-1, ("EXISTS", key)) for key in dict.fromkeys(_key_of(c.args) for c in queue)
                 ]
                 queue.extend(these)
                 checks.extend(these)
-        return checks
+                role = Command(-1, ("ROLE",))
+                queue.append(role)
+                roles.append((node, role))
+        return checks, roles
 
     async def _follow_asks(self, commands: list[Command]) -> None:
         """Send each command answered ASK (its slot is moving and its key has left) to the node named,
@@ -261,7 +297,53 @@ class Batch(SortedSetCommands):
 
 
 class _KeyNotOnReplica(Exception):
-    """A key a batch read from a replica was not there (``Batch._check_keys_on_replicas``)."""
+    """A key a batch read from a replica was not there (``Batch._check_replicas``)."""
+
+
+class _ReplicaOutOfSync(Exception):
+    """A replica a batch read from was not in sync with its primary (``Batch._check_replicas``)."""
+
+
+class _Stalled(TimeoutError):
+    """The node whose replies a round was waiting for when its time ran out (``_pipelines``): the
+    others the round had not read yet get the plain TimeoutError."""
+
+
+_IN_SYNC = ("connected", b"connected")  # ROLE's replication state of a replica in sync
+
+
+def _shunned(name: str) -> bool:
+    """Whether board reads keep away from the replica ``name`` now (``_SHUNNED``)."""
+    until = _SHUNNED.get(name)
+    if until is None:
+        return False
+    if time.monotonic() < until:
+        return True
+    del _SHUNNED[name]
+    return False
+
+
+async def _out_of_sync_too_long(replica: ClusterNode) -> bool:
+    """Whether ``replica``'s link to its primary has been down over ``STALE_LINK_S``: asked once
+    per outage (INFO's ``master_link_down_since_seconds``; -1 or absent: never in sync), then
+    remembered until ROLE says it is back in sync. A replica that cannot say is taken as too long."""
+    since = _LINK_DOWN_SINCE.get(replica.name)
+    if since is None:
+        try:
+            info = await replica.execute_command("INFO", "replication")
+            down = float(info.get("master_link_down_since_seconds", -1))
+        except Exception:
+            down = -1.0
+        since = _LINK_DOWN_SINCE[replica.name] = time.monotonic() - (down if down >= 0 else math.inf)
+    return time.monotonic() - since > STALE_LINK_S
+
+
+def _unusable(outcome: BaseException) -> bool:
+    """Whether a failed pipeline says its node is unusable (broken, refused, or stalled the round),
+    not that it was merely not read in time or that the router's own pool was full."""
+    if type(outcome) is TimeoutError or isinstance(outcome, rx.MaxConnectionsError):
+        return False
+    return isinstance(outcome, rx.ConnectionError | rx.TimeoutError | OSError)
 
 
 def _key_of(args: Sequence[Any]) -> Any:
@@ -500,6 +582,7 @@ async def _pipelines(
     outcomes: list[bool | BaseException] = [False] * len(sends)
     held: list[tuple[int, ClusterNode, Any]] = []
     unread: set[int] = set()  # pipelines sent (or being sent) and not read to the end
+    waiting = -1  # the pipeline being sent or read
     try:
         for i, (node, _) in enumerate(sends):
             try:
@@ -509,6 +592,7 @@ async def _pipelines(
         with _Deadline(timeout, _loop_of(held)):
             for i, _, connection in held:
                 unread.add(i)
+                waiting = i
                 try:
                     await _send(connection, _packed(connection, sends[i][1]))
                 except Exception as e:
@@ -516,6 +600,7 @@ async def _pipelines(
             for i, node, connection in held:
                 if isinstance(outcomes[i], BaseException):
                     continue
+                waiting = i
                 try:
                     outcomes[i] = await _replies(node, connection, sends[i][1])
                     unread.discard(i)
@@ -525,6 +610,10 @@ async def _pipelines(
         for i in unread:
             if not isinstance(outcomes[i], BaseException):
                 outcomes[i] = e
+        if waiting in unread and outcomes[waiting] is e:
+            stalled = _Stalled(f"no reply from {sends[waiting][0].name} in time")
+            stalled.__cause__ = e
+            outcomes[waiting] = stalled
     finally:
         closed: dict[str, ClusterNode] = {}
         for i, node, connection in held:

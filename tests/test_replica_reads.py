@@ -10,10 +10,15 @@ Scripts.load) while the primaries' did not grow.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
-from collections.abc import AsyncIterator
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import redis
 
 from router.settings import Settings, SettingsError
 from shardlb import fanout, times
@@ -23,6 +28,7 @@ from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
+from tests.test_ack import replica_pid
 from tests.test_board import expected_entries
 
 pytestmark = pytest.mark.cluster
@@ -179,3 +185,115 @@ async def _written_then_read_from_replicas(
     ref.submit(scores, now_ms=now)
     await _caught_up(replica_store.client)
     return await replica_store.get(board.config.id), expected_entries(ref, "total", None)
+
+
+@pytest.fixture
+def shunned_forgotten() -> Iterator[None]:
+    """Replicas shunned by a test are asked again by the next one (they were only stopped or cut off
+    for the test)."""
+    yield
+    fanout._SHUNNED.clear()
+    fanout._LINK_DOWN_SINCE.clear()
+
+
+async def test_a_stalled_replica_is_left_alone_after_one_read(
+    cluster: LocalCluster, store: BoardStore, shunned_forgotten: None
+) -> None:
+    """A replica that takes connections and answers nothing (SIGSTOP, a hung host) held every board
+    read sent to it for the client's socket timeout, then the read went to the primaries: every
+    read, for as long as it hung, since nothing made the router stop choosing it. Now the read that
+    finds it stalled shuns it: the next reads go to its primary at once, and stay exact."""
+    timeout = 1.0
+    client = connect(cluster.url, read_from="replicas", timeout=timeout)
+    scripts = Scripts.register(client)
+    await scripts.load(client)
+    replicas = BoardStore(client, scripts)
+    replicas.read_replicas = True
+    config = BoardConfig.from_dict("replica-stalled", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    scores = [Score(f"p{i:02d}", i * 3, f"m{i}", now) for i in range(40)]
+    try:
+        reader, want = await _written_then_read_from_replicas(board, ref, scores, replicas)
+        with _stopped(replica_pid(cluster, config.id)):
+            took = []
+            for e in want[::8]:
+                start = time.monotonic()
+                got = await reader.player(e.player_id)
+                took.append(time.monotonic() - start)
+                assert (got.entry, got.players) == (e, len(want))
+        assert took[0] >= timeout  # the first read did wait for the stopped replica
+        assert max(took[1:]) < timeout / 2, took  # the others did not ask it again
+    finally:
+        await store.delete(config.id)
+        await client.aclose()
+
+
+async def test_a_replica_cut_off_from_its_primary_for_long_serves_no_reads(
+    cluster: LocalCluster,
+    store: BoardStore,
+    replica_store: BoardStore,
+    shunned_forgotten: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica whose link to its primary is down keeps answering reads from what it had (Redis's
+    replica-serve-stale-data): a player's rank stayed the one of before the link broke, however
+    long ago. Each replica is cut off here by a wrong masterauth (its primary refuses it at once)
+    for longer than ``fanout.STALE_LINK_S`` (shortened); scores written then must show in reads
+    through the replica-reading store."""
+    monkeypatch.setattr(fanout, "STALE_LINK_S", 0.5)
+    config = BoardConfig.from_dict("replica-cut-off", {"sharding": {"strategy": "hash", "shards": 3}})
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    first = [Score(f"p{i:02d}", i, "m1", now) for i in range(30)]
+    replica_ports = [n.port for n in cluster.status().nodes if n.role == "replica"]
+    try:
+        await _written_then_read_from_replicas(board, ref, first, replica_store)
+        with _cut_off(cluster, replica_ports):
+            await asyncio.sleep(1.0)
+            later = [Score(f"p{i:02d}", 100 + i, "m2", now) for i in range(30)]
+            await board.submit(later, now_ms=now)
+            ref.submit(later, now_ms=now)
+            want = expected_entries(ref, "total", None)
+            reader = await replica_store.get(config.id)
+            assert await reader.top(10) == want[:10]
+            got = await reader.player("p00")
+            assert (got.entry, got.players) == (want[-1], len(want))
+    finally:
+        await store.delete(config.id)
+
+
+@contextlib.contextmanager
+def _stopped(pid: int) -> Iterator[None]:
+    os.kill(pid, signal.SIGSTOP)  # well under the node timeout: the cluster still counts it healthy
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def _cut_off(cluster: LocalCluster, ports: list[int]) -> Iterator[None]:
+    """The replicas on ``ports`` with their replication link down for the block (their primaries
+    require no password, so one given makes the handshake fail), then back in sync."""
+    nodes = [redis.Redis(host=cluster.host, port=port, decode_responses=True) for port in ports]
+    try:
+        for node in nodes:
+            node.config_set("masterauth", "not-the-password")
+            node.execute_command("CLIENT KILL TYPE master")
+        deadline = time.monotonic() + 10
+        while any(n.info("replication")["master_link_status"] != "down" for n in nodes):
+            assert time.monotonic() < deadline, "the replicas kept their links"
+            time.sleep(0.05)
+        yield
+    finally:
+        for node in nodes:
+            node.config_set("masterauth", "")
+        deadline = time.monotonic() + 30
+        while any(n.info("replication")["master_link_status"] != "up" for n in nodes):
+            assert time.monotonic() < deadline, "the replicas did not resynchronise"
+            time.sleep(0.1)
+        for node in nodes:
+            node.close()
