@@ -550,6 +550,31 @@ class AckedScript(Script):
         raise reply
 
 
+async def confirmed(client: RedisCluster, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """Each command's reply, or the error it met, confirmed as ``ack`` asks: per node one pipeline
+    of the commands, the marker and WAIT on one connection (``Batch``), so a reply below the level
+    is NotAcknowledged. A command met by a redirect or a broken connection (its slot moved, its
+    primary failed over) has the slot map read again, as ``AckedScript`` does, and is made again,
+    up to ``ACKED_ATTEMPTS`` times in all: the caller's commands must be safe to make twice."""
+    replies: list[Any] = [None] * len(commands)
+    todo = list(range(len(commands)))
+    for attempt in range(ACKED_ATTEMPTS):
+        pipe = batch(client, ack)
+        for i in todo:
+            pipe.execute_command(*commands[i])
+        again = []
+        for i, reply in zip(todo, await pipe.outcomes(), strict=True):
+            replies[i] = reply
+            if isinstance(reply, _MOVED_OR_BROKEN):
+                again.append(i)
+        if not again or attempt == ACKED_ATTEMPTS - 1:
+            break
+        for key in dict.fromkeys(_key_of(commands[i]) for i in again):
+            await client.exists(key)
+        todo = again
+    return replies
+
+
 def acknowledged(scripts: Scripts, ack: Ack) -> Scripts:
     """``scripts`` with every write.lua and remove.lua call confirmed as ``ack`` asks (a removal
     answered and then lost in a failover with its journal entry would come back in a rebuild).

@@ -509,12 +509,14 @@ class Resharder:
             still = [p for p in open_ if p in homes]  # a band board's bands take no tracked write
             if still:
                 await self.copier.changes(source, target, still, final=True)
-            move = batch(self.client)
+            # Confirmed by a replica (Copier.run): a moved marker lost in a failover would let a
+            # router that still holds the old layout write where nobody copies from any more.
+            move = []
             for prefix in open_:
                 names = [fence_key(prefix), keys.move_key(prefix), keys.seal_key(prefix)]
                 names += [keys.changes_key(prefix), keys.taken_key(prefix)]
-                move.execute_command("EVAL", _MOVE, 5, *names, self.copier.fence, self.token, MOVED_MS)
-            moved = sum(await fenced(self.board_id, move.execute()))
+                move.append(("EVAL", _MOVE, 5, *names, self.copier.fence, self.token, MOVED_MS))
+            moved = sum(await self.copier.run(move))
             await self._tell(
                 f"{self.board_id}: sealed and moved {moved}/{len(open_)} shards (try {attempt + 1})"
             )
@@ -611,7 +613,7 @@ class Resharder:
         gone = Writes()
         for prefix in source.prefixes + target.prefixes:
             gone.add(prefix, "DEL", fence_key(prefix))
-        await self.copier.send(gone)
+        await self.copier.send(gone, confirm=False)  # a fence left behind expires; it guards nothing now
 
     async def _cancel(self, record: dict[str, Any]) -> None:
         if record["reshard"]["state"] not in STATES[:2]:
@@ -648,13 +650,12 @@ class Resharder:
         for found in await ids.execute():
             ms, seq = str(found).split("-")
             last = max(last, (int(ms), int(seq)))
-        pipe = batch(self.client)
+        start = Writes()
         for prefix in target.prefixes:
-            key, start = keys.journal_key(prefix), Writes()
+            key = keys.journal_key(prefix)
             start.add(prefix, "ZADD", keys.index_key(prefix), "+inf", key)  # first: the XADD may refuse
             start.add(prefix, "XADD", key, "MAXLEN", "0", f"{last[0]}-{last[1] + 1}", "start", "1")
-            start.queue(pipe, self.copier.fence)
-        for reply in await batch_outcomes(pipe):
+        for reply in await self.copier.run(start.calls(self.copier.fence), outcomes=True):
             if isinstance(reply, Exception) and "FENCED" in str(reply):
                 raise lost(self.board_id) from reply
             if isinstance(reply, Exception) and "equal or smaller" not in str(reply):
@@ -833,11 +834,6 @@ class Lease:
         if self._task is not None:
             self._task.cancel()
         await self.client.eval(_RELEASE, 1, self.key, self.token)
-
-
-async def batch_outcomes(pipe: Any) -> list[Any]:
-    """Each reply of a batch or the error it met (an XADD past a journal's start may be refused)."""
-    return list(await pipe.outcomes())
 
 
 def _sharding(value: dict[str, Any]) -> Sharding:

@@ -11,12 +11,21 @@ another took the reshard over (a later epoch in every fence), has its write refu
 call that would have made it, so it can never put values it read before the stall into a layout
 that took writes since. The lease alone could not do that: the mover only looks at it between
 steps, and it lives in another slot than the shards.
+
+Every such change on a shard whose primary has replicas is also confirmed by one of them before
+the mover goes on (``Copier.run``: the calls, a marker and ``WAIT 1`` on one connection, as
+``fanout.confirmed`` sends them). The mover records a shard as copied, drops the changes it took
+and marks a shard moved on the strength of its copies; a copy that reached a primary only would
+be lost with it in a failover, after the mover had stopped looking for it. A call that no replica
+confirms within ``REPLICA_WAIT_MS`` stops the mover with NotAcknowledged, its progress not
+recorded, for a resume. A shard whose primary has no replica is written as before, unconfirmed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -25,10 +34,13 @@ from redis.exceptions import ResponseError
 
 from shardlb import keys
 from shardlb.board import Board
-from shardlb.errors import BoardConflict
-from shardlb.fanout import batch
+from shardlb.connection import slot_of
+from shardlb.errors import BoardConflict, NotAcknowledged
+from shardlb.fanout import Ack, batch, confirmed
 
 BATCH = 1000  # members copied per call
+REPLICA_WAIT_MS = 5_000  # how long the mover's calls wait for a replica of their shard's primary
+TOPOLOGY_S = 1.0  # which primaries have replicas is read again at most this often (``Replicated``)
 FENCE_MS = 86_400_000  # a fence outlives its mover by a day at most, as the old shards' moved markers
 # The head of every fenced script: KEYS[1] is the shard's fence, ARGV[1] the mover's epoch; the
 # script's own keys and arguments follow them.
@@ -116,16 +128,41 @@ class Writes:
         """One command on keys of the shard ``prefix``."""
         self.by_prefix[prefix] += [len(command), *command]
 
-    def queue(self, pipe: Any, fence: str) -> None:
-        for prefix, args in self.by_prefix.items():
-            pipe.execute_command("EVAL", _RUN, 1, fence_key(prefix), fence, *args)
+    def calls(self, fence: str) -> list[tuple[Any, ...]]:
+        """The fenced script call of each shard (``Copier.run`` makes them)."""
+        return [("EVAL", _RUN, 1, fence_key(prefix), fence, *args) for prefix, args in self.by_prefix.items()]
 
-    async def send(self, client: RedisCluster, board_id: str, fence: str) -> None:
-        if not self.by_prefix:
+
+class Replicated:
+    """Which slots are served by a primary that has replicas, by CLUSTER NODES (read at most once
+    every ``TOPOLOGY_S``). Replicas that have failed count too, as in shardlb/slots.py: one may
+    come back and be promoted; so does one cut off from its primary, which its primary's own view
+    (INFO's connected replicas) would leave out, and which is the replica that lags."""
+
+    def __init__(self, client: RedisCluster) -> None:
+        self.client = client
+        self.slots = bytearray(keys.SLOTS)
+        self.read_at = -math.inf
+
+    async def read(self) -> None:
+        if time.monotonic() - self.read_at < TOPOLOGY_S:
             return
-        pipe = batch(client)
-        self.queue(pipe, fence)
-        await fenced(board_id, pipe.execute())
+        # Asked of the registry's primary, which the mover needs anyway (a random node may be a
+        # replica that does not answer).
+        node = self.client.get_node_from_key(keys.BOARDS)
+        known: Any = await self.client.execute_command("CLUSTER NODES", target_nodes=node)
+        followed = {n["master_id"] for n in known.values() if "slave" in n["flags"].split(",")}
+        slots = bytearray(keys.SLOTS)
+        for n in known.values():
+            if n["node_id"] in followed and "master" in n["flags"].split(","):
+                for first, *rest in n["slots"]:
+                    last = int(rest[-1]) if rest else int(first)
+                    slots[int(first) : last + 1] = b"\x01" * (last + 1 - int(first))
+        self.slots, self.read_at = slots, time.monotonic()
+
+    def __call__(self, key: str) -> bool:
+        """Whether the primary of ``key`` has replicas (as last read)."""
+        return bool(self.slots[slot_of(key)])
 
 
 def _kind(suffix: str) -> str:
@@ -154,14 +191,64 @@ class Copier:
     ``fence`` is the epoch of the mover it copies for: every write is refused once it is not the
     one the shard's fence holds."""
 
-    def __init__(self, client: RedisCluster, board_id: str = "") -> None:
+    def __init__(self, client: RedisCluster, board_id: str = "", wait_ms: int = REPLICA_WAIT_MS) -> None:
         self.client = client
         self.board_id = board_id
         self.fence = ""  # no epoch taken yet: every fenced call is refused
         self.copied = 0
+        self.replicated = Replicated(client)
+        self.ack = Ack(1, wait_ms)
 
-    async def send(self, writes: Writes) -> None:
-        await writes.send(self.client, self.board_id, self.fence)
+    async def send(self, writes: Writes, confirm: bool = True) -> None:
+        """Make the writes' fenced calls (``run``); raise the first error one met."""
+        if writes.by_prefix:
+            await self.run(writes.calls(self.fence), confirm=confirm)
+
+    async def run(
+        self, calls: list[tuple[Any, ...]], outcomes: bool = False, confirm: bool = True
+    ) -> list[Any]:
+        """Make fenced script calls (EVAL script numkeys fence ...: the fence names the shard) and
+        return their replies. A call on a shard whose primary has replicas returns once one of them
+        has it (``fanout.confirmed``; every call of the mover's is safe to make twice), else fails
+        with NotAcknowledged; the others (all, without ``confirm``) go as before, in one batch.
+        Raises the first error a call met (a refused fence as ``Lost``), or with ``outcomes``
+        returns it in its place."""
+        if confirm:
+            await self.replicated.read()
+        acked = [i for i, call in enumerate(calls) if confirm and self.replicated(str(call[3]))]
+        if not acked:  # a cluster without replicas: one batch, as it always was
+            return await self._plain(calls, outcomes)
+        plain = sorted(set(range(len(calls))) - set(acked))
+        replies: list[Any] = [None] * len(calls)
+        done, sure = await asyncio.gather(
+            self._plain([calls[i] for i in plain], outcomes),
+            confirmed(self.client, self.ack, [calls[i] for i in acked]),
+        )
+        for i, reply in zip(plain, done, strict=True):
+            replies[i] = reply
+        for i, reply in zip(acked, sure, strict=True):
+            replies[i] = reply
+        failed = next((r for r in sure if isinstance(r, BaseException)), None)
+        if failed is None or outcomes:
+            return replies
+        if isinstance(failed, NotAcknowledged):
+            raise NotAcknowledged(
+                f"no replica confirmed the reshard's writes of {self.board_id!r} within "
+                f"{self.ack.timeout_ms} ms: a failover could lose them, so nothing is recorded for "
+                "them; resume once every primary's replica is in sync (a replica gone for good "
+                "must be forgotten by the cluster: CLUSTER FORGET)"
+            ) from failed
+        if isinstance(failed, ResponseError) and "FENCED" in str(failed):
+            raise lost(self.board_id) from failed
+        raise failed
+
+    async def _plain(self, calls: list[tuple[Any, ...]], outcomes: bool) -> list[Any]:
+        if not calls:
+            return []
+        pipe = batch(self.client)
+        for call in calls:
+            pipe.execute_command(*call)
+        return list(await (pipe.outcomes() if outcomes else fenced(self.board_id, pipe.execute())))
 
     async def _keys(self, prefix: str) -> list[tuple[str, str, str]]:
         """(suffix, kind, expiry) of every key a shard's index lists; expiry as the index spells it."""

@@ -1,6 +1,8 @@
 """A reshard's copy through a failover: a master of the new layout killed (SIGKILL) while its
 replica lags, the replica promoted without the copies it had not received, the mover resumed. The
-board after the cut-over must hold every player it held before (shardlb/reshard.py)."""
+mover must not go on (nor record a shard copied) while no replica confirms its writes, and the
+board after the cut-over must hold every player it held before (shardlb/reshard_copy.py,
+``Copier.run``)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from shardlb.board import Score
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
+from shardlb.errors import NotAcknowledged
 from shardlb.reshard import Resharder
+from shardlb.reshard_copy import Replicated
 from shardlb.store import BoardStore
 from tests.ports import search_start
 
@@ -40,11 +44,6 @@ def owner(status: list, slot: int) -> int:  # type: ignore[type-arg]
     return next(n.port for n in status if n.role == "master" and any(a <= slot <= b for a, b in n.slots))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed: the mover's copies are not replica-acknowledged, and a shard recorded as copied "
-    "is not copied again after a failover lost its copies (a third of the board is lost)",
-)
 async def test_copies_lost_in_a_failover_are_copied_again(failing_cluster: LocalCluster) -> None:
     cluster = failing_cluster
     client = connect(cluster.url, timeout=5.0)
@@ -77,7 +76,10 @@ async def test_copies_lost_in_a_failover_are_copied_again(failing_cluster: Local
             await r.execute_command("CLIENT", "KILL", "TYPE", "replica")
         finally:
             await r.aclose()
-        await mover._copy(record)
+        # No replica confirms the mover's writes there: it stops, recording nothing as copied.
+        with pytest.raises(NotAcknowledged, match="resume once"):
+            await mover._copy(record)
+        assert (await mover.status())["shards_copied"] == 0
         os.kill(master.pid, signal.SIGKILL)
     finally:
         os.kill(replica.pid, signal.SIGCONT)
@@ -95,3 +97,57 @@ async def test_copies_lost_in_a_failover_are_copied_again(failing_cluster: Local
         assert await after.top(3000) == before
     finally:
         await client.aclose()
+
+
+async def waits(cluster: LocalCluster, ports: list[int]) -> int:
+    """WAIT calls the masters on ``ports`` have served (INFO commandstats)."""
+    total = 0
+    for port in ports:
+        r = node(cluster, port)
+        try:
+            stats = await r.info("commandstats")
+        finally:
+            await r.aclose()
+        total += int(stats.get("cmdstat_wait", {}).get("calls", 0))
+    return total
+
+
+async def reshard_counting_waits(cluster: LocalCluster, board_id: str) -> tuple[int, set[bool]]:
+    """A 1 -> 3 reshard of a small board: the WAITs it cost the masters, and what ``Replicated``
+    said of the new shards' primaries."""
+    client = connect(cluster.url, timeout=5.0)
+    try:
+        store = BoardStore(client, Scripts.register(client))
+        await client.initialize()
+        body = {"mode": "best", "durability": "memory", "sharding": {"strategy": "hash", "shards": 1}}
+        board, _ = await store.create(BoardConfig.from_dict(board_id, body))
+        await board.submit([Score(f"p{i}", i, f"m{i}") for i in range(500)])
+        masters = [n.port for n in (await asyncio.to_thread(cluster.status)).nodes if n.role == "master"]
+        before = await waits(cluster, masters)
+        mover = Resharder(store, board_id, say=lambda _: None, cache_s=0)
+        record = await mover.start(3)
+        _, target = mover._layouts(record)
+        assert (await mover.run())["state"] == "none"
+        replicated = Replicated(client)
+        await replicated.read()
+        assert await (await store.get(board_id)).size() == 500
+        return await waits(cluster, masters) - before, {replicated(p) for p in target.prefixes}
+    finally:
+        await client.aclose()
+
+
+async def test_the_mover_waits_for_replicas_only_where_primaries_have_them(
+    failing_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """With replicas every new shard's writes are confirmed (WAIT); a cluster of masters only gets
+    none, as before the confirmation."""
+    waited, replicated = await reshard_counting_waits(failing_cluster, "fo-waits")
+    assert replicated == {True} and waited > 0
+    port = free_port_block(1, start=search_start(23000, 50))
+    alone = LocalCluster(1, 0, port, tmp_path / "alone")
+    alone.up()
+    try:
+        waited, replicated = await reshard_counting_waits(alone, "alone")
+        assert replicated == {False} and waited == 0
+    finally:
+        alone.down()
