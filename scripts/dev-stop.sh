@@ -13,7 +13,7 @@ stop() {
     local name=$1 pid_file=$2 pattern=$3 pid
     [ -f "$pid_file" ] || return 0
     pid=$(cat "$pid_file")
-    if kill -0 "$pid" 2>/dev/null && ps -p "$pid" -o command= | grep -q -- "$pattern"; then
+    if kill -0 "$pid" 2>/dev/null && ps -ww -p "$pid" -o command= | grep -q -- "$pattern"; then
         kill -TERM "$pid"
         for _ in $(seq 1 150); do
             kill -0 "$pid" 2>/dev/null || break

@@ -9,11 +9,13 @@ runs in the real interpreter. No cluster, PostgreSQL or router is started.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,6 +142,21 @@ def test_make_run_after_make_stop_starts_the_private_postgresql_again(checkout: 
     run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port(after=int(port))))
     assert postgres_calls(checkout) == ["postgres up", "postgres down", "postgres up"]
     assert remembered(checkout, "SHARDLB_POSTGRES_URL") == "postgresql://shardlb@127.0.0.1:25432/postgres"
+
+
+def test_make_stop_stops_the_router_whatever_the_terminal_width(checkout: Path) -> None:
+    """dev-stop.sh knows its router by the command line ps prints; with COLUMNS set (an exported
+    terminal width, or pytest-xdist's workers) ps cut the line before `router.server`, and make stop
+    left the router running (every .ci/run left the stand-ins of these tests behind)."""
+    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port()))
+    pid = int((checkout / ".shardlb" / "router.pid").read_text())
+    run(checkout, "dev-stop.sh", COLUMNS="40")
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # the stand-in ends on SIGTERM; a zombie is gone once reaped
+            os.kill(pid, 0)
+            time.sleep(0.1)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 def test_make_run_uses_the_postgresql_the_user_names(checkout: Path) -> None:
