@@ -590,6 +590,14 @@ class Resharder:
                 "writes_refused_ms": move.get("refused_ms"),
                 "finished": times.format_ms(times.now_ms()),
             }
+            # The sharding the board was created with (BoardStore.create confirms a PUT of it):
+            # the first reshard's source, then carried from reshard to reshard.
+            former = move.get("from") or {}
+            created = (record.get("last_reshard") or {}).get("created")
+            if created is None and int(former.get("generation", -1)) == 0:
+                created = former.get("sharding")
+            if created is not None:
+                last["created"] = created
             return {**{k: v for k, v in record.items() if k != "reshard"}, "last_reshard": last}
 
         record = await self._update(finished)

@@ -43,7 +43,11 @@ GONE_MS = 86_400_000
 # 1024 shards; all at once would outrun the client's connections per node.
 DROPS_IN_FLIGHT = 16
 # Registry fields that are not board settings: the layout generation and a reshard under way are
-# the board's (shardlb/reshard.py); ``created`` is the sharding it was created with (``create``).
+# the board's (shardlb/reshard.py). No field is added here lightly: during a rolling upgrade the
+# routers of the release before read the same records, and a field unknown to them is an unknown
+# setting, so they refuse every request to the board. What is new goes inside these: the sharding a
+# board was created with is in ``last_reshard`` (``created``), once a reshard has changed it.
+# (``created`` at the top: records written by main for a few hours on 2026-12-05, read still.)
 _RECORD = ("incarnation", "state", "generation", "reshard", "last_reshard", "created")
 RESHARD_SOURCE_STATES = ("copying", "sealing")  # the registry's layout is being copied away
 
@@ -78,10 +82,7 @@ class BoardStore:
         ended = codec.last_ms < times.now_ms()
         while True:
             config = resolve_shards(given, await self.masters()) if _auto(given) else given
-            # The sharding of creation stays in the record through reshards: a PUT of those
-            # settings still confirms the board, and only they (or the layout of now) do.
-            created = config.sharding.to_dict()
-            record = {**config.to_dict(), "incarnation": secrets.token_hex(4), "created": created}
+            record = {**config.to_dict(), "incarnation": secrets.token_hex(4)}
             if not ended and await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
                 return self._board(config.id, record), True
             raw = await self.client.hget(keys.BOARDS, config.id)
@@ -102,12 +103,15 @@ class BoardStore:
             existing = self._board(config.id, found).config
             layouts = [existing.sharding]
             if _resharded(found):
-                if "created" not in found:
-                    # Registered before records kept their sharding of creation (or restored by a
-                    # rebuild): any sharding the other settings go with may have been it.
+                # The sharding of creation, which the first reshard keeps in last_reshard: a PUT of
+                # those settings still confirms the board, and only they (or the layout of now) do.
+                created = found.get("created") or (found.get("last_reshard") or {}).get("created")
+                if created is None:
+                    # Resharded before records kept their sharding of creation, or under way: any
+                    # sharding the other settings go with may have been it.
                     layouts.append(resolve_shards(given, 0, existing).sharding)
                 else:
-                    layouts.append(_sharding(found["created"]))
+                    layouts.append(_sharding(created))
             if not any(_confirms(replace(existing, sharding=s), given) for s in layouts):
                 raise BoardConflict(f"board {config.id!r} exists with other settings", "board")
             return self._board(config.id, found), False

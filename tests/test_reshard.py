@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
+import orjson
 import pytest
 
 from shardlb import cli, keys, moderation, reshard, times
@@ -829,3 +830,23 @@ async def test_a_mover_that_lost_its_lease_stops(store: BoardStore, monkeypatch:
     with pytest.raises(BoardConflict, match="lease"):
         await mover._check_cancel()
     await store.client.delete(key)
+
+
+async def test_registry_records_stay_readable_by_the_routers_of_before(store: BoardStore) -> None:
+    """A rolling upgrade runs routers of two releases on one registry: a field a new router writes
+    at the top of a board's record is an unknown setting to the routers before it, which then
+    refuse every post and read of the board (422 unknown_field). A record's top level holds only
+    the board's settings and the fields the previous release knew; what is new goes inside those."""
+    before = {"incarnation", "state", "generation", "reshard", "last_reshard"}  # as of 3cc2c9c
+    board, ref = await make_board(store, 2)
+    settings = set(ref.config.to_dict())
+    try:
+        raw = await store.client.hget(keys.BOARDS, board.config.id)
+        assert set(orjson.loads(raw)) <= settings | before
+        mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+        await mover.start(3)
+        await mover.run()
+        raw = await store.client.hget(keys.BOARDS, board.config.id)
+        assert set(orjson.loads(raw)) <= settings | before
+    finally:
+        await store.delete(board.config.id)
