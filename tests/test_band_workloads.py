@@ -82,9 +82,12 @@ FEW = [0, 40, 120, 300]
 MANY = [0, 5, 20, 39, 40, 41, 100, 120, 200, 299, 300, 600, 999]  # past ONE_ROUND_BANDS
 
 
-@pytest.mark.parametrize("bands", [FEW, MANY], ids=["few", "many"])
-@pytest.mark.parametrize("order", ["desc", "asc"])
-@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+# Each mode, each order and each number of bands at least once (all twelve took the suite's time).
+@pytest.mark.parametrize(
+    ("mode", "order", "bands"),
+    [("best", "desc", FEW), ("incr", "asc", MANY), ("set", "desc", MANY), ("set", "asc", FEW)],
+    ids=["best-desc-few", "incr-asc-many", "set-desc-many", "set-asc-few"],
+)
 async def test_concurrent_band_crossings_with_lost_band_calls_match_the_reference(
     store: BoardStore, cluster_url: str, mode: str, order: str, bands: list[int]
 ) -> None:
@@ -192,8 +195,16 @@ async def test_a_rebalance_in_the_middle_of_writes_ends_equal_to_the_reference(
                         if not isinstance(board.scripts.band, LoseBandCalls):
                             losing = LoseBandCalls(board.scripts.band, rng=random.Random(step), share=0.15)
                             board.scripts = dataclasses.replace(board.scripts, band=losing)
-                    with contextlib.suppress(ConnectionError):
-                        await routers[k].call(lambda b, batch=batch: b.submit(batch, now_ms=now))
+                    # A lost band call raises after the home shard took the batch (the move stays
+                    # pending for the repair); any other ConnectionError (the cut-over's) may have
+                    # come before it. The batch goes again, as a game server retries: same match
+                    # ids, so it converges to one call's state and the reference's submit holds.
+                    for _ in range(50):
+                        try:
+                            await routers[k].call(lambda b, batch=batch: b.submit(batch, now_ms=now))
+                            break
+                        except ConnectionError:
+                            await asyncio.sleep(0.01)
                     step += 1
                     await asyncio.sleep(0.01)
 
