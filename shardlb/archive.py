@@ -61,7 +61,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from shardlb import keys, moderation, settlement_delivery
 from shardlb.board import Board
-from shardlb.connection import Scripts, connect, raised_in_redis, redacted
+from shardlb.connection import Scripts, connect, connection_arguments, raised_in_redis, redacted
 from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
 from shardlb.store import BoardStore
 
@@ -869,16 +869,7 @@ def main(argv: list[str] | None = None) -> int:
         description=inspect.cleandoc(main.__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--redis",
-        default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"),
-        help="the cluster (default $SHARDLB_REDIS_URL or redis://127.0.0.1:7000)",
-    )
-    parser.add_argument(
-        "--postgres",
-        default=os.environ.get("SHARDLB_POSTGRES_URL"),
-        help="the archive (default $SHARDLB_POSTGRES_URL)",
-    )
+    connection_arguments(parser)
     parser.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}", help="consumer name")
     parser.add_argument(
         "--metrics-port", type=_port, default=0, help="serve Prometheus metrics on this port (default: none)"

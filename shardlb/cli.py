@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from shardlb.cluster import STATE_FILE, ClusterError, ClusterStatus, LocalCluster
+from shardlb.connection import connection_arguments
 from shardlb.errors import ShardlbError
 from shardlb.postgres import LocalPostgres
 
@@ -236,19 +237,6 @@ def postgres_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def _connections(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "--redis",
-        default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"),
-        help="the cluster (default $SHARDLB_REDIS_URL or redis://127.0.0.1:7000)",
-    )
-    command.add_argument(
-        "--postgres",
-        default=os.environ.get("SHARDLB_POSTGRES_URL"),
-        help="the archive (default $SHARDLB_POSTGRES_URL)",
-    )
-
-
 def _period(command: argparse.ArgumentParser, default: str) -> None:
     command.add_argument(
         "--period", help=f"one API period: total, daily, daily:2026-11-30, weekly... {default}"
@@ -270,7 +258,7 @@ def add_rebuild_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         action="store_true",
         help="rebuild even from an archive that holds no result of the board while Redis holds players",
     )
-    _connections(rebuild)
+    connection_arguments(rebuild)
     _period(rebuild, "(default all)")
     rebuild.set_defaults(func=rebuild_boards)
 
@@ -306,7 +294,7 @@ def add_reshard_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     reshard.add_argument(
         "--bands", help="make it a band board with these band starts, e.g. 0,1000,10000 (with --shards)"
     )
-    _connections(reshard)
+    connection_arguments(reshard)
     reshard.set_defaults(func=reshard_board)
 
 
@@ -485,7 +473,7 @@ def add_reconcile_command(commands: argparse._SubParsersAction[argparse.Argument
     reconcile.add_argument(
         "--metrics-file", type=Path, help="write the result here as Prometheus text (textfile collector)"
     )
-    _connections(reconcile)
+    connection_arguments(reconcile)
     _period(reconcile, "(default: the current one of every period the board keeps)")
     reconcile.set_defaults(func=reconcile_board)
 
@@ -537,7 +525,7 @@ def add_settle_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     settle.add_argument(
         "--wait", type=float, default=30.0, help="seconds to wait for the archiver to catch up (default 30)"
     )
-    _connections(settle)
+    connection_arguments(settle)
     settle.set_defaults(func=settle_period)
 
 

@@ -9,6 +9,7 @@ back to ``Script`` calls.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import weakref
@@ -265,3 +266,18 @@ class Scripts:
             # answers NOSCRIPT: the read then falls back to the primary.
             for script in (self.counts, self.near, self.places):
                 await client.execute_command("SCRIPT LOAD", script.script, target_nodes=client.get_replicas())
+
+
+def connection_arguments(command: argparse.ArgumentParser) -> None:
+    """``--redis`` and ``--postgres`` for a command that reaches the cluster and the archive, with
+    the environment's SHARDLB_REDIS_URL and SHARDLB_POSTGRES_URL as defaults."""
+    command.add_argument(
+        "--redis",
+        default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"),
+        help="the cluster (default $SHARDLB_REDIS_URL or redis://127.0.0.1:7000)",
+    )
+    command.add_argument(
+        "--postgres",
+        default=os.environ.get("SHARDLB_POSTGRES_URL"),
+        help="the archive (default $SHARDLB_POSTGRES_URL)",
+    )
