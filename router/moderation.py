@@ -11,7 +11,9 @@ last list (and cannot write either).
 
 Refused results (``banned``, ``points_limit``, ``rate_limit``) are logged to PostgreSQL's
 ``refused_results`` by a background task, in batches, off the write path; at most ``LOG_MAX`` wait,
-more are dropped and counted (a flood of refusals must not hold memory or slow writes).
+more are dropped and counted (a flood of refusals must not hold memory or slow writes). The table
+keeps one row per refused result (``moderation.record_refusals``), so the rows a call retried or
+made again through a reshard queues again, and a batch written again after a lost reply, add nothing.
 """
 
 from __future__ import annotations

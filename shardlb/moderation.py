@@ -15,7 +15,8 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
 - **Sanity limits** (``Screen``): per score, before anything is written, ``banned``, then
   ``points_limit`` (points above ``max_points_per_result``), then ``rate_limit`` (past
   ``max_results_per_player_per_minute``; rate.lua counts (match, player) pairs, so a retry is not a
-  second result). Refused results are written to ``refused_results`` with the request id.
+  second result). Refused results are written to ``refused_results`` with the request id, once
+  per (board, player, match) whatever the retries (``record_refusals``).
 - **Inactive players** (``cleanup``): boards with ``inactive_after`` keep a per-shard activity set
   (player -> last applied post, written by write.lua); a pass removes at most ``limit`` players per
   shard whose last post is older, each removal checked against the set inside remove.lua (a player
@@ -106,6 +107,33 @@ CREATE TABLE IF NOT EXISTS refused_results (
     request_id text,
     at timestamptz NOT NULL DEFAULT now()
 );
+-- One row per refused result, which (board, player, match) names as it names a result: a retried
+-- call, the router's own retry through a reshard and the log's retry of a batch whose commit lost
+-- its reply record nothing new (record_refusals). A table from before this rule holds the copies
+-- those retries wrote: the first row of each result is kept. The trigger skips a row already
+-- there for the plain INSERT of a router of the release before (a rolling upgrade, a rollback),
+-- whose batch would otherwise fail on the index at every try, for good.
+DO $migrate$
+BEGIN
+    IF to_regclass('refused_results_once') IS NULL THEN
+        DELETE FROM refused_results r USING refused_results f
+        WHERE (f.board, f.player_id, f.match_id) = (r.board, r.player_id, r.match_id) AND f.id < r.id;
+        CREATE UNIQUE INDEX refused_results_once ON refused_results (board, player_id, match_id);
+        CREATE OR REPLACE FUNCTION refused_results_skip_recorded() RETURNS trigger
+        LANGUAGE plpgsql AS $skip$
+        BEGIN
+            IF EXISTS (SELECT 1 FROM refused_results
+                       WHERE (board, player_id, match_id) = (NEW.board, NEW.player_id, NEW.match_id)) THEN
+                RETURN NULL;
+            END IF;
+            RETURN NEW;
+        END
+        $skip$;
+        CREATE TRIGGER refused_results_once BEFORE INSERT ON refused_results
+            FOR EACH ROW EXECUTE FUNCTION refused_results_skip_recorded();
+    END IF;
+END
+$migrate$;
 """
 
 
@@ -573,11 +601,14 @@ async def _over_rate(board: Board, prepared: Sequence[Prepared], limit: int, now
 async def record_refusals(
     db: psycopg.AsyncConnection[Any], rows: Iterable[tuple[str, str, str, int, str, str | None]]
 ) -> None:
-    """Rows (board, player, match, points, status, request id) into ``refused_results``."""
+    """Rows (board, player, match, points, status, request id) into ``refused_results``, each result
+    once: a row whose (board, player, match) is there already adds nothing (see SCHEMA), so the
+    first refusal of a result is the one kept, with its request id; later ones (retries, replays)
+    are in the router's log lines only."""
     async with db.transaction(), db.cursor() as cur:
         await cur.executemany(
             "INSERT INTO refused_results (board, player_id, match_id, points, status, request_id) "
-            "VALUES (%s, %s, %s, %s, %s, %s)",
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
             list(rows),
         )
 

@@ -533,3 +533,67 @@ async def test_a_shards_removal_record_forgets_removals_older_than_the_dedup_win
         assert [r.status for r in again] == ["duplicate"]
     finally:
         await store.delete(config.id)
+
+
+REFUSED_BEFORE = """
+CREATE TABLE refused_results (
+    id bigserial PRIMARY KEY,
+    board text NOT NULL,
+    player_id text NOT NULL,
+    match_id text NOT NULL,
+    points bigint NOT NULL,
+    status text NOT NULL,
+    request_id text,
+    at timestamptz NOT NULL DEFAULT now()
+)
+"""  # as releases up to 2026-12-05 created it
+
+
+async def test_refused_results_are_recorded_once_and_an_archive_with_copies_is_migrated(
+    postgres_url: str,
+) -> None:
+    """A refused result was recorded once per try: a call retried after a 503, the router's own
+    retry through a reshard, the background log's retry of a batch whose commit lost its reply.
+    refused_results now keeps one row per (board, player, match): ``record_refusals`` again is a
+    no-op, and so is the plain INSERT of a router of the release before (its batch would otherwise
+    fail for ever). A database from before, with such copies, is migrated on connection: the first
+    row of each result is kept."""
+    async with own_archive(postgres_url) as url:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as old:
+            await old.execute(REFUSED_BEFORE)
+            for request in ("r1", "r1", "r2"):
+                await old.execute(
+                    "INSERT INTO refused_results (board, player_id, match_id, points, status, request_id) "
+                    "VALUES ('b', 'cheat', 'm1', 900, 'points_limit', %s), "
+                    "('b', 'cheat', 'm2', 5, 'banned', %s)",
+                    (request, request),
+                )
+        db = await connect_db(url)
+        try:
+            await (await connect_db(url)).close()  # the migration again: nothing to do
+            rows = [
+                ("b", "cheat", "m1", 900, "points_limit", "r3"),
+                ("b", "cheat", "m3", 7, "rate_limit", "r3"),
+                ("b", "cheat", "m3", 7, "rate_limit", "r3"),
+                ("c", "cheat", "m3", 7, "rate_limit", None),
+            ]
+            for _ in range(2):
+                await moderation.record_refusals(db, rows)
+            async with db.transaction():
+                await db.execute(  # as a router of the release before writes one
+                    "INSERT INTO refused_results (board, player_id, match_id, points, status, request_id) "
+                    "VALUES ('b', 'cheat', 'm2', 5, 'banned', 'r4')"
+                )
+                cur = await db.execute(
+                    "SELECT board, player_id, match_id, points, status, request_id FROM refused_results "
+                    "ORDER BY id"
+                )
+                kept = await cur.fetchall()
+            assert kept == [
+                ("b", "cheat", "m1", 900, "points_limit", "r1"),
+                ("b", "cheat", "m2", 5, "banned", "r1"),
+                ("b", "cheat", "m3", 7, "rate_limit", "r3"),
+                ("c", "cheat", "m3", 7, "rate_limit", None),
+            ]
+        finally:
+            await db.close()

@@ -372,3 +372,69 @@ async def test_a_removal_and_a_ban_that_meet_a_reshard_wait_it_out_and_are_audit
         await client.post("/v1/players/p5:unban", json={"scope": "board", "board": banned}, headers=AS_ADMIN)
         for name in (removed, banned):
             await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def refusals_recorded(postgres_url: str, board: str, *apps: Any) -> list[tuple[Any, ...]]:
+    """``board``'s rows of refused_results once every router's background log has written what it
+    was given (a row leaves its queue only after its commit)."""
+    for _ in range(200):
+        if not any(service_of(app).moderation.refusals.rows for app in apps):
+            break
+        await asyncio.sleep(0.05)
+    return await rows(
+        postgres_url,
+        "SELECT player_id, match_id, points, status, request_id FROM refused_results "
+        "WHERE board = %s ORDER BY id",
+        board,
+    )
+
+
+async def test_a_refused_result_retried_after_a_503_is_recorded_once(
+    cluster_url: str, postgres_url: str
+) -> None:
+    """A score call answered 503 after its refused results were queued for refused_results (here:
+    the journal of the router the call reached is full; results are screened before anything is
+    written), then sent again with the same X-Request-Id or none (the router then makes up another
+    id): each call queued the refused result again, and refused_results held it once per call.
+    One row per refused result now, the first call's."""
+    body = [score("cheat", 1000, "big"), score("p1", 7, "m1")]
+    async with (
+        running(cluster_url, postgres_url=postgres_url, journal_max_results=1) as (full_app, full),
+        running(cluster_url, postgres_url=postgres_url) as (other_app, other),
+    ):
+        name = await make_board(full, max_points_per_result=100, sharding={"shards": 1})
+        await post(full, name, [score("p0", 5, "m0")])  # all the journal of `full` may hold
+        url, asked = f"/v1/boards/{name}/scores", {**AS_WRITER, "X-Request-Id": "retry-1"}
+        refused = await full.post(url, json={"scores": body}, headers=asked)
+        assert refused.status_code == 503, refused.text
+        # Sent again to a router with room (behind a load balancer), as the same request and as
+        # another one.
+        assert await post(other, name, body, **{"X-Request-Id": "retry-1"}) == ["points_limit", "improved"]
+        assert await post(other, name, body) == ["points_limit", "unchanged"]
+        recorded = await refusals_recorded(postgres_url, name, full_app, other_app)
+        assert recorded == [("cheat", "big", 1000, "points_limit", "retry-1")]
+        await full.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_refused_result_of_a_call_that_waits_out_a_reshard_is_recorded_once(
+    cluster_url: str, postgres_url: str, store: BoardStore
+) -> None:
+    """A score call that reached a board's old layout after a reshard is made again by the router
+    itself on the new one (router/boards.py, through_reshard), and each attempt queued the results
+    it refused: one call answered 200 left its refused result twice in refused_results."""
+    from shardlb.reshard import Resharder
+
+    async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        name = await make_board(client, durability="memory", max_points_per_result=100)
+        await post(client, name, [score(f"p{i}", i, f"m{i}") for i in range(10)])
+        await Resharder(store, name, say=lambda _: None, cache_s=0).start(4)
+        await Resharder(store, name, say=lambda _: None, cache_s=0).run()
+        kept = service_of(app).boards.cached(name)
+        assert kept is not None and kept.generation == 0  # the router still holds the old layout
+        statuses = await post(
+            client, name, [score("cheat", 500, "big"), score("p1", 50, "m50")], **{"X-Request-Id": "cut-1"}
+        )
+        assert statuses == ["points_limit", "improved"]
+        recorded = await refusals_recorded(postgres_url, name, app)
+        assert recorded == [("cheat", "big", 500, "points_limit", "cut-1")]
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
