@@ -12,8 +12,9 @@ last list (and cannot write either).
 Refused results (``banned``, ``points_limit``, ``rate_limit``) are logged to PostgreSQL's
 ``refused_results`` by a background task, in batches, off the write path; at most ``LOG_MAX`` wait,
 more are dropped and counted (a flood of refusals must not hold memory or slow writes). The table
-keeps one row per refused result (``moderation.record_refusals``), so the rows a call retried or
-made again through a reshard queues again, and a batch written again after a lost reply, add nothing.
+keeps one row per refused result (``moderation.record_refusals``), so the rows of a call retried,
+and a batch written again after a lost reply, add nothing; a call made again through a reshard's
+cut-over queues each refusal once (``Moderation.submit``).
 """
 
 from __future__ import annotations
@@ -136,22 +137,31 @@ class Moderation:
         self.screen = Screen(bans.banned)
 
     async def submit(
-        self, board: Board, prepared: Sequence[Prepared], request_id: str | None, coalescer: Any
+        self,
+        board: Board,
+        prepared: Sequence[Prepared],
+        request_id: str | None,
+        coalescer: Any,
+        queued: set[int] | None = None,
     ) -> list[Result]:
         """The request's results in order: refused ones with their status (nothing of them is
-        written), the others as the coalescer applied them."""
+        written), the others as the coalescer applied them.
+
+        ``queued``, kept by the caller across the attempts of one call (through_reshard makes the
+        call again), holds the positions whose refusal is queued already: an attempt again queues
+        and logs only the others. refused_results keeps the first refusal anyway, and the copies
+        took room in the bounded queue from other calls' refusals."""
         if not self.screen.needed(board, bool(self.bans.fields)):
             return cast(list[Result], await coalescer.submit(board, prepared))
         refused = {r.position: r.status for r in await self.screen.refusals(board, prepared)}
         if not refused:
             return cast(list[Result], await coalescer.submit(board, prepared))
+        fresh = [(i, prepared[i]) for i in refused if queued is None or i not in queued]
         self.refusals.add(
-            [
-                (board.config.id, p.player_id, p.match_id, p.points, refused[i], request_id)
-                for i, p in enumerate(prepared)
-                if i in refused
-            ]
+            [(board.config.id, p.player_id, p.match_id, p.points, refused[i], request_id) for i, p in fresh]
         )
+        if queued is not None:
+            queued.update(i for i, _ in fresh)
         allowed = [p for i, p in enumerate(prepared) if i not in refused]
         applied = iter(await coalescer.submit(board, allowed) if allowed else [])
         return [

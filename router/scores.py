@@ -132,11 +132,14 @@ class ScoresEndpoint:
             decode_object(raw, None if content_type is None else content_type.decode("latin-1"))
         )
         request_id = scope.get("state", {}).get("request_id")
+        queued: set[int] = set()  # refusals queued by an attempt before (Moderation.submit)
 
         async def submit() -> list[Result]:
             # Made again during a reshard's cut-over: a retry of the same results is harmless.
             board = await svc.boards.get(scope["path_params"]["board"])
-            return await svc.moderation.submit(board, board.prepare(scores), request_id, svc.coalescer)
+            return await svc.moderation.submit(
+                board, board.prepare(scores), request_id, svc.coalescer, queued
+            )
 
         results = await through_reshard(submit)
         # result_body inlined for the usual result, one applied to every period it goes to

@@ -7,6 +7,7 @@ of a counted match is not a second result; bad inputs are 4xx and write nothing.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import httpx
@@ -421,9 +422,20 @@ async def test_a_refused_result_of_a_call_that_waits_out_a_reshard_is_recorded_o
 ) -> None:
     """A score call that reached a board's old layout after a reshard is made again by the router
     itself on the new one (router/boards.py, through_reshard), and each attempt queued the results
-    it refused: one call answered 200 left its refused result twice in refused_results."""
+    it refused (a log line each, and room in the bounded queue): one call answered 200 left its
+    refused result twice in refused_results. Queued and logged once per call now."""
     from shardlb.reshard import Resharder
 
+    class Refusals(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[dict[str, Any]] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "result refused":
+                self.seen.append(getattr(record, "fields", {}))
+
+    logged, logger = Refusals(), logging.getLogger("shardlb.router")
     async with running(cluster_url, postgres_url=postgres_url) as (app, client):
         name = await make_board(client, durability="memory", max_points_per_result=100)
         await post(client, name, [score(f"p{i}", i, f"m{i}") for i in range(10)])
@@ -431,10 +443,16 @@ async def test_a_refused_result_of_a_call_that_waits_out_a_reshard_is_recorded_o
         await Resharder(store, name, say=lambda _: None, cache_s=0).run()
         kept = service_of(app).boards.cached(name)
         assert kept is not None and kept.generation == 0  # the router still holds the old layout
-        statuses = await post(
-            client, name, [score("cheat", 500, "big"), score("p1", 50, "m50")], **{"X-Request-Id": "cut-1"}
-        )
+        body = [score("cheat", 500, "big"), score("p1", 50, "m50")]
+        logger.addHandler(logged)
+        try:
+            statuses = await post(client, name, body, **{"X-Request-Id": "cut-1"})
+        finally:
+            logger.removeHandler(logged)
         assert statuses == ["points_limit", "improved"]
+        assert [(f["player_id"], f["match_id"], f["request_id"]) for f in logged.seen] == [
+            ("cheat", "big", "cut-1")
+        ]
         recorded = await refusals_recorded(postgres_url, name, app)
         assert recorded == [("cheat", "big", 500, "points_limit", "cut-1")]
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
