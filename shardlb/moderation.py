@@ -129,6 +129,7 @@ BEGIN
             RETURN NEW;
         END
         $skip$;
+        DROP TRIGGER IF EXISTS refused_results_once ON refused_results;  -- the index dropped by hand
         CREATE TRIGGER refused_results_once BEFORE INSERT ON refused_results
             FOR EACH ROW EXECUTE FUNCTION refused_results_skip_recorded();
     END IF;

@@ -595,5 +595,12 @@ async def test_refused_results_are_recorded_once_and_an_archive_with_copies_is_m
                 ("b", "cheat", "m3", 7, "rate_limit", "r3"),
                 ("c", "cheat", "m3", 7, "rate_limit", None),
             ]
+            async with db.transaction():  # an operator drops the index: the next connection makes it again
+                await db.execute("DROP INDEX refused_results_once")
+            await (await connect_db(url)).close()
+            await moderation.record_refusals(db, rows)
+            async with db.transaction():
+                cur = await db.execute("SELECT count(*) FROM refused_results")
+                assert await cur.fetchone() == (4,)
         finally:
             await db.close()
