@@ -362,3 +362,53 @@ async def test_board_settings_take_a_datetime_in_both_formats(router: Served, fo
         assert datetime.fromisoformat(info.settings["epoch"]) == epoch
         assert (await client.put_board(name, epoch="2026-09-01T00:00:00Z")).created is False
         await client.delete_board(name)
+
+
+def _pages(request: httpx.Request) -> httpx.Response:
+    """Pages of a board that never ends: ``iter_entries`` always has another page to ask for."""
+    offset, limit = int(request.url.params["offset"]), int(request.url.params["limit"])
+    rows = [
+        {"rank": r + 1, "player_id": f"p{r}", "points": 10**6 - r, "achieved_at": "2026-11-30T05:00:00Z"}
+        for r in range(offset, offset + limit)
+    ]
+    page = {"board": "b", "period": "total", "entries": rows, "as_of": "2026-11-30T05:00:00Z"}
+    return httpx.Response(200, json=page)
+
+
+def test_a_closed_blocking_client_closes_its_iterations_quietly_and_fails_as_a_client_error() -> None:
+    """After ``Client.close()``, closing an unfinished ``iter_entries`` raised the portal's
+    RuntimeError ("This portal is not running"), and so did every later call: every failure of the
+    client is a ``ClientError``. Closing what is left over is quiet; a call is a ``ClientClosed``."""
+    from shardlb.client import Client, ClientClosed, ClientError
+
+    client = Client("http://r.test", format="json", transport=httpx.MockTransport(_pages))
+    walked, left = client.iter_entries("b", page_size=2), client.iter_entries("b", page_size=2)
+    assert next(walked).rank == 1 and next(left).rank == 1
+    buffer = client.buffer()
+    client.close()
+    walked.close()
+    with pytest.raises(ClientClosed):
+        for _ in range(3):  # the first page's second row, then a page it must ask for
+            next(left)
+    left.close()
+    for call in (lambda: client.top("b"), lambda: buffer.post("b", MatchResult("p", 1, "m"))):
+        with pytest.raises(ClientError, match="closed"):
+            call()
+
+
+async def test_a_closed_async_client_fails_as_a_client_error() -> None:
+    """After ``aclose()`` a call raised httpx's RuntimeError ("the client has been closed"), outside
+    ``ClientError``; an unfinished ``iter_entries`` failed so at its next page."""
+    from shardlb.client import ClientClosed
+
+    client = AsyncClient("http://r.test", format="json", transport=httpx.MockTransport(_pages))
+    walked, left = client.iter_entries("b", page_size=2), client.iter_entries("b", page_size=2)
+    assert (await anext(walked)).rank == 1 and (await anext(left)).rank == 1
+    await client.aclose()
+    await walked.aclose()
+    with pytest.raises(ClientClosed):
+        for _ in range(3):
+            await anext(left)
+    await left.aclose()
+    with pytest.raises(ClientClosed):
+        await client.top("b")

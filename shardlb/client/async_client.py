@@ -32,6 +32,7 @@ from shardlb.client.backoff import Backoff
 from shardlb.client.errors import (
     ApiError,
     BoardNotFound,
+    ClientClosed,
     ClientError,
     InvalidRequest,
     TransportError,
@@ -190,6 +191,8 @@ class AsyncClient:
         error: ClientError | None = None
         while True:
             attempt += 1
+            if self._http.is_closed:  # httpx would raise its RuntimeError, outside ClientError
+                raise ClientClosed(f"{method} {path}: the client is closed")
             try:
                 async with asyncio.timeout(max(0.0, end - time.monotonic())), self._gate:
                     response = await self._http.request(

@@ -43,6 +43,10 @@ class TransportError(ClientError):
         self.attempts = attempts
 
 
+class ClientClosed(ClientError):
+    """A call on a client after its ``close()`` (``aclose()``): nothing was sent."""
+
+
 class ApiError(ClientError):
     """An error answer of the API: ``{"error": {"code", "message", "field"}}`` and its status."""
 

@@ -9,17 +9,20 @@ called from inside a running event loop (use ``AsyncClient`` there).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import ExitStack
 from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from anyio.from_thread import start_blocking_portal
 
 from shardlb.client.async_client import MAX_ITEMS, AsyncClient
 from shardlb.client.buffer import MAX_PENDING, ScoreBuffer
+from shardlb.client.errors import ClientClosed
 from shardlb.client.models import BoardInfo, Entry, MatchResult, Page, PlayerRank, ScoreOutcome
+
+T = TypeVar("T")
 
 
 class Client:
@@ -48,10 +51,17 @@ class Client:
     def close(self) -> None:
         self._finalizer()  # once: a second close does nothing
 
+    def _run(self, call: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``call`` run in the portal's loop. After ``close()`` the portal is gone and would raise
+        its own RuntimeError: a call on a closed client is the client's error, like any other."""
+        if not self._finalizer.alive:
+            raise ClientClosed("the client is closed")
+        return self._portal.call(call, *args)
+
     def post_scores(
         self, board: str, results: Iterable[MatchResult], *, deadline: float | None = None
     ) -> list[ScoreOutcome]:
-        return self._portal.call(partial(self.aio.post_scores, board, list(results), deadline=deadline))
+        return self._run(partial(self.aio.post_scores, board, list(results), deadline=deadline))
 
     def top(
         self,
@@ -66,7 +76,7 @@ class Client:
         call = partial(
             self.aio.top, board, limit, period=period, region=region, rank_mode=rank_mode, deadline=deadline
         )
-        return self._portal.call(call)
+        return self._run(call)
 
     def entries(
         self,
@@ -89,7 +99,7 @@ class Client:
             rank_mode=rank_mode,
             deadline=deadline,
         )
-        return self._portal.call(call)
+        return self._run(call)
 
     def iter_entries(
         self,
@@ -114,11 +124,14 @@ class Client:
         try:
             while True:
                 try:
-                    yield self._portal.call(pages.__anext__)
+                    yield self._run(pages.__anext__)
                 except StopAsyncIteration:
                     return
         finally:
-            self._portal.call(pages.aclose)
+            # After close() there is nothing left to close: the portal's loop closed ``pages``
+            # when it stopped (an event loop finalises its unfinished async generators).
+            if self._finalizer.alive:
+                self._portal.call(pages.aclose)
 
     def player(
         self,
@@ -143,7 +156,7 @@ class Client:
             rank_mode=rank_mode,
             deadline=deadline,
         )
-        return self._portal.call(call)
+        return self._run(call)
 
     def around(
         self,
@@ -166,7 +179,7 @@ class Client:
             rank_mode=rank_mode,
             deadline=deadline,
         )
-        return self._portal.call(call)
+        return self._run(call)
 
     def query(
         self,
@@ -187,19 +200,19 @@ class Client:
             rank_mode=rank_mode,
             deadline=deadline,
         )
-        return self._portal.call(call)
+        return self._run(call)
 
     def put_board(self, board: str, *, deadline: float | None = None, **settings: Any) -> BoardInfo:
-        return self._portal.call(partial(self.aio.put_board, board, deadline=deadline, **settings))
+        return self._run(partial(self.aio.put_board, board, deadline=deadline, **settings))
 
     def get_board(self, board: str, *, deadline: float | None = None) -> BoardInfo:
-        return self._portal.call(partial(self.aio.get_board, board, deadline=deadline))
+        return self._run(partial(self.aio.get_board, board, deadline=deadline))
 
     def list_boards(self, *, deadline: float | None = None) -> list[BoardInfo]:
-        return self._portal.call(partial(self.aio.list_boards, deadline=deadline))
+        return self._run(partial(self.aio.list_boards, deadline=deadline))
 
     def delete_board(self, board: str, *, deadline: float | None = None) -> None:
-        self._portal.call(partial(self.aio.delete_board, board, deadline=deadline))
+        self._run(partial(self.aio.delete_board, board, deadline=deadline))
 
     def buffer(
         self,
@@ -227,14 +240,14 @@ class BlockingScoreBuffer:
     """``ScoreBuffer.post`` and ``close`` for threads (made by ``Client.buffer``)."""
 
     def __init__(self, client: Client, buffer: ScoreBuffer) -> None:
-        self._portal = client._portal
+        self._client = client
         self._buffer = buffer
 
     def post(self, board: str, result: MatchResult) -> ScoreOutcome:
-        return self._portal.call(self._buffer.post, board, result)
+        return self._client._run(self._buffer.post, board, result)
 
     def close(self) -> None:
-        self._portal.call(self._buffer.close)
+        self._client._run(self._buffer.close)
 
     def __enter__(self) -> BlockingScoreBuffer:
         return self
