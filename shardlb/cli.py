@@ -16,13 +16,15 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from shardlb.cluster import STATE_FILE, ClusterError, ClusterStatus, LocalCluster
 from shardlb.connection import connection_arguments
-from shardlb.errors import ShardlbError
+from shardlb.errors import InvalidInput, ShardlbError
 from shardlb.postgres import LocalPostgres
 
 DEFAULT_CLUSTER_DIR = Path(".shardlb/cluster")
@@ -58,6 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, text) in DELEGATED.items():
         commands.add_parser(name, help=text, add_help=False)
     return parser
+
+
+# Exit statuses (README lists them). FAILED: the command could not be done (a server unreachable, no
+# such board, drift found); USAGE: the command line is wrong, as argparse exits on its own errors,
+# so that a script retrying on 1 does not retry a command that can never work.
+FAILED, USAGE = 1, 2
+INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports a command it stopped
+TERMINATED = 143  # SIGTERM, likewise (128 + 15)
+LONG_RUNNING = ("serve", "archive")  # they stop on SIGTERM themselves, and exit 0
+
+
+def failed(e: ShardlbError) -> int:
+    """The exit status of a library error: InvalidInput is a value of the command line the library
+    refused (a --top-n, a reward table, a --redis URL, a shard or band count the board cannot
+    take), a usage error; any other could not be done."""
+    return USAGE if isinstance(e, InvalidInput) else FAILED
 
 
 def add_cluster_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -127,14 +145,18 @@ def add_cluster_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
 
 def cluster_up(args: argparse.Namespace) -> int:
     """Start the cluster (or find it up), show it, and print the URL to connect to."""
-    cluster = LocalCluster(
-        masters=args.masters,
-        replicas=args.replicas,
-        port=args.port,
-        dir=args.dir,
-        durable=args.durable,
-        password=args.password,
-    )
+    try:
+        cluster = LocalCluster(
+            masters=args.masters,
+            replicas=args.replicas,
+            port=args.port,
+            dir=args.dir,
+            durable=args.durable,
+            password=args.password,
+        )
+    except ClusterError as e:  # the constructor checks only its arguments: --masters, --port...
+        print(f"shardlb cluster up: {e}", file=sys.stderr)
+        return USAGE
     print(cluster.up(timeout=args.timeout))
     print(f"SHARDLB_REDIS_URL={cluster.url}")
     return 0
@@ -147,7 +169,7 @@ def cluster_status(args: argparse.Namespace) -> int:
     print(status)
     if status.ok:
         print(asyncio.run(board_placement(cluster, status)))
-    return 0 if status.ok else 1
+    return 0 if status.ok else FAILED
 
 
 async def board_placement(cluster: LocalCluster, status: ClusterStatus) -> str:
@@ -271,7 +293,7 @@ def rebuild_boards(args: argparse.Namespace) -> int:
         print(
             "shardlb rebuild: give a BOARD or --all, and --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr
         )
-        return 2
+        return USAGE
     boards = None if args.all else [args.board]
     done = asyncio.run(
         rebuild.run(args.redis, args.postgres, boards, args.period, args.shard, print, args.force)
@@ -307,23 +329,22 @@ def reshard_board(args: argparse.Namespace) -> int:
         bands = None if args.bands is None else [int(b) for b in args.bands.split(",")]
     except ValueError:
         print("shardlb reshard: --bands takes integers separated by commas", file=sys.stderr)
-        return 2
+        return USAGE
     if bands is not None and args.shards is None:
         print("shardlb reshard: --bands goes with --shards", file=sys.stderr)
-        return 2
+        return USAGE
     try:
         status = asyncio.run(
             reshard.command(args.redis, args.board, args.shards, action, args.postgres, print, bands)
         )
     except ShardlbError as e:
         print(f"shardlb reshard: {e.message}", file=sys.stderr)
-        return 1
+        return failed(e)
     print(json.dumps(status))
     return _unfinished("reshard", args.board, status) if action == "run" else 0
 
 
 UNFINISHED = 3  # the exit code of a reshard left committed but not finished
-INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports a command it stopped
 
 
 def _unfinished(command: str, board: str, status: dict[str, Any]) -> int:
@@ -399,7 +420,7 @@ def propose_bands(args: argparse.Namespace) -> int:
         print(
             "shardlb bands: --skew must be at least 1.0 (1.0: bands of exactly equal size)", file=sys.stderr
         )
-        return 2
+        return USAGE
 
     home_shards = 0
 
@@ -447,7 +468,7 @@ def propose_bands(args: argparse.Namespace) -> int:
         out = asyncio.run(run())
     except ShardlbError as e:
         print(f"shardlb bands: {e.message}", file=sys.stderr)
-        return 1
+        return failed(e)
     except Cancelled:  # `shardlb reshard --cancel` elsewhere: the board keeps its layout (the mover said so)
         print(json.dumps({"board": args.board, "resharded": False, "state": "cancelled"}))
         return 0
@@ -484,7 +505,7 @@ def reconcile_board(args: argparse.Namespace) -> int:
 
     if not args.postgres:
         print("shardlb reconcile: give --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr)
-        return 2
+        return USAGE
 
     async def run() -> bool:
         async with rebuild.connected(args.redis, args.postgres, print) as (rebuilder, store):
@@ -503,7 +524,7 @@ def reconcile_board(args: argparse.Namespace) -> int:
                 reconcile.write_metrics(args.metrics_file, board, found)
             return any(c.drift for checks in found.values() for c in checks)
 
-    return 1 if asyncio.run(run()) else 0
+    return FAILED if asyncio.run(run()) else 0
 
 
 def add_settle_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -537,17 +558,17 @@ def settle_period(args: argparse.Namespace) -> int:
 
     if not args.postgres:
         print("shardlb settle: give --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr)
-        return 2
+        return USAGE
     secret = os.environ.get("SHARDLB_WEBHOOK_SECRET", "")
     if args.webhook and not secret:  # as the router's 409 webhook_not_configured: never sign with ""
         print("shardlb settle: --webhook needs SHARDLB_WEBHOOK_SECRET to sign its bodies", file=sys.stderr)
-        return 2
+        return USAGE
     text = Path(args.rewards).read_text() if _is_file(args.rewards) else args.rewards
     try:
         rewards = orjson.loads(text)
     except orjson.JSONDecodeError as e:
         print(f"shardlb settle: --rewards is neither a file nor JSON: {e}", file=sys.stderr)
-        return 2
+        return USAGE
     body = {"settlement_id": args.id, "rewards": rewards, "top_n": args.top_n, "force": args.force}
     if args.webhook:
         body["webhook_url"] = args.webhook
@@ -607,18 +628,42 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args = build_parser().parse_args(argv)
         run = functools.partial(args.func, args)
+    terminated = False
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        """Stop as Ctrl-C stops the command (asyncio.run's handler cancels its main task, so the
+        command's clean-up runs), and say which signal it was."""
+        nonlocal terminated
+        terminated = True
+        interrupt = signal.getsignal(signal.SIGINT)
+        if callable(interrupt):
+            interrupt(signal.SIGINT, frame)
+        else:  # SIGINT ignored (a command started with `&` by a script): SIGTERM must still stop it
+            raise KeyboardInterrupt
+
+    one_shot = argv[:1] != [] and argv[0] not in LONG_RUNNING
+    if one_shot and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    else:
+        previous = None
     try:
         code: int = run()
-    except (ClusterError, ShardlbError) as e:
+    except ShardlbError as e:
         print(f"shardlb: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:  # Ctrl-C: say so, or a log shows nothing to tell it from a crash
-        print("shardlb: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        return failed(e)
+    except ClusterError as e:
+        print(f"shardlb: error: {e}", file=sys.stderr)
+        return FAILED
+    except KeyboardInterrupt:  # say so, or a log shows nothing to tell it from a crash
+        print("shardlb: terminated" if terminated else "shardlb: interrupted", file=sys.stderr)
+        return TERMINATED if terminated else INTERRUPTED
     except Exception as e:
         if not _unreachable(e):
             raise  # a bug: its traceback is what a report needs
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(f"shardlb: error: {type(e).__name__}: {first}", file=sys.stderr)
-        return 1
+        return FAILED
+    finally:
+        if previous is not None:  # main() called in a process of its own (the tests) leaves it as found
+            signal.signal(signal.SIGTERM, previous)
     return code

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
 import pytest
 
 from shardlb.cli import main
@@ -51,7 +58,7 @@ def test_settle_refuses_a_malformed_webhook_with_a_message(
     """A host that is not valid IDNA made `url.host` raise outside the URL check: a traceback."""
     monkeypatch.setenv("SHARDLB_WEBHOOK_SECRET", "s")
     argv = ["settle", "b", "daily:2026-11-30", "--id", "s1", "--rewards", "[]", "--webhook", "http://xn--/"]
-    assert main([*argv, "--redis", "redis://127.0.0.1:1", "--postgres", "postgresql://127.0.0.1:1/x"]) == 1
+    assert main([*argv, "--redis", "redis://127.0.0.1:1", "--postgres", "postgresql://127.0.0.1:1/x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardlb: error: webhook_url must be") and "Traceback" not in err, err
 
@@ -118,3 +125,77 @@ def test_a_reshard_left_half_done_is_not_a_success(
     monkeypatch.setattr(reshard, "command", done)
     assert main(["reshard", "b", "--shards", "4", "--redis", "redis://127.0.0.1:1"]) == 0
     assert main(["reshard", "b", "--status", "--redis", "redis://127.0.0.1:1"]) == 0
+
+
+UNREACHABLE = ["--redis", "redis://127.0.0.1:1", "--postgres", "postgresql://127.0.0.1:1/x"]
+TIER = '[{"ranks": [1, 1], "reward": "g"}]'
+DAY = ["b", "daily:2026-11-30"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["settle", *DAY, "--id", "s1", "--rewards", TIER, "--top-n", "100001", *UNREACHABLE],
+        ["settle", *DAY, "--id", "s1", "--rewards", "[]", *UNREACHABLE],
+        ["settle", *DAY, "--id", "s 1", "--rewards", TIER, *UNREACHABLE],
+        ["rebuild", "b", "--redis", "http://x", "--postgres", "postgresql://127.0.0.1:1/x"],
+        ["reshard", "b", "--shards", "2", "--redis", "http://x"],
+        ["bands", "b", "--count", "2", "--redis", "http://x"],
+        ["cleanup", "b", "--redis", "http://x"],
+        ["cluster", "up", "--masters", "0", "--dir", "/nonexistent/shardlb"],
+    ],
+    ids=["top-n", "rewards", "id", "rebuild-url", "reshard-url", "bands-url", "cleanup-url", "masters"],
+)
+def test_a_bad_argument_exits_2_as_a_usage_error_does(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README: 2 is a usage error, 1 a command that could not be done. A value the library refused
+    (settle's top_n, reward table or id, a --redis that is no Redis URL, a cluster of no masters)
+    exited 1, as if Redis had been down, while argparse's own refusals exit 2: a script that
+    retries on 1 retried a command that can never work."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("shardlb") and "Traceback" not in err, err
+
+
+@pytest.mark.cluster
+async def test_a_value_the_board_refuses_exits_2(store: Any, cluster_url: str) -> None:
+    """The library's range errors against a real board (a band count past its limit): exit 1 before."""
+    from shardlb.config import MAX_BANDS, BoardConfig
+
+    config = BoardConfig.from_dict("cli-bad-count", {"durability": "memory"})
+    await store.create(config)
+    try:
+        argv = [sys.executable, "-m", "shardlb", "bands", config.id, "--count", "0", "--redis", cluster_url]
+        done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done
+        refused = f"shardlb bands: count must be 1 to {MAX_BANDS}"
+        assert done.stderr.strip().splitlines() == [refused], done.stderr
+    finally:
+        await store.delete(config.id)
+
+
+def test_sigterm_stops_a_one_shot_command_with_one_line() -> None:
+    """SIGTERM (a CronJob's deadline, `kill`, a container stopping) killed a one-shot command
+    without a word and with the signal's status; Ctrl-C already said "shardlb: interrupted".
+    It now says "shardlb: terminated" and exits 143, after the command's own clean-up, as Ctrl-C's."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        command = ["bands", "b", "--count", "2", "--redis", f"redis://127.0.0.1:{port}"]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "shardlb", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            listener.settimeout(30)
+            held, _ = listener.accept()  # connected, waiting for an answer that never comes
+            with held:
+                process.send_signal(signal.SIGTERM)
+                _, err = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert process.returncode == 143, (process.returncode, err)
+    assert err.decode().strip().splitlines() == ["shardlb: terminated"], err
