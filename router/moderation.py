@@ -33,6 +33,7 @@ from router import params
 from router.auth import Scope
 from router.boards import through_reshard
 from router.errors import ApiError
+from router.logs import Outage
 from router.media import read_object, render
 from shardlb import moderation, times
 from shardlb.archive import connect_db
@@ -59,6 +60,7 @@ class BanCache:
         self.version = -1
         self.fields: frozenset[str] = frozenset()
         self.closed = False
+        self.outage = Outage(log, "ban list not refreshed", "ban list refreshed again")
 
     def banned(self, board: str, player: str) -> bool:
         fields = self.fields
@@ -77,7 +79,9 @@ class BanCache:
             try:
                 await self.refresh()
             except Exception as e:  # the cluster is in trouble: keep the last list meanwhile
-                log.warning("ban list not refreshed", extra={"fields": {"error": repr(e)}})
+                self.outage.failed(e)
+            else:
+                self.outage.succeeded()
             await asyncio.sleep(self.every_s)
 
 
@@ -90,6 +94,8 @@ class RefusalLog:
         self.dropped = 0
         self.ready = asyncio.Event()
         self.closed = False
+        self.retry_s = 1.0  # the pause before PostgreSQL is tried again
+        self.outage = Outage(log, "refused results not recorded; retrying", "refused results recorded again")
 
     def add(self, rows: Sequence[tuple[str, str, str, int, str, str | None]]) -> None:
         for row in rows:
@@ -114,11 +120,10 @@ class RefusalLog:
                         db = db if db is not None and not db.closed else await connect_db(self.url)
                         await moderation.record_refusals(db, batch)
                     except (psycopg.Error, OSError) as e:
-                        log.warning(
-                            "refused results not recorded; retrying", extra={"fields": {"error": repr(e)}}
-                        )
-                        await asyncio.sleep(1.0)
+                        self.outage.failed(e)
+                        await asyncio.sleep(self.retry_s)
                         continue
+                    self.outage.succeeded()
                     del self.rows[: len(batch)]
         finally:
             if db is not None:

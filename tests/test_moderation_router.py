@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 import shardlb.moderation
 from shardlb import keys, times
 from shardlb.board import Score
+from shardlb.connection import connect
 from shardlb.moderation import Screen
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
@@ -456,3 +458,86 @@ async def test_a_refused_result_of_a_call_that_waits_out_a_reshard_is_recorded_o
         recorded = await refusals_recorded(postgres_url, name, app)
         assert recorded == [("cheat", "big", 500, "points_limit", "cut-1")]
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+class CountedBans(shardlb.moderation.Bans):
+    """The ban list of a real cluster client, counting the refreshes that asked for its version."""
+
+    asked = 0
+
+    async def version(self) -> int:
+        self.asked += 1
+        return await super().version()
+
+
+async def until(done: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+async def test_a_ban_list_outage_logs_its_start_and_end_not_every_refresh(store: BoardStore) -> None:
+    """The ban refresher logged "ban list not refreshed" at every refresh it could not make: one
+    warning a second per worker for as long as the cluster was out of reach. Now its first failure,
+    then one a minute at most, and an info line once it refreshes again."""
+    from router.moderation import BanCache
+    from tests.test_router_logs import kept
+
+    dead = connect("redis://127.0.0.1:1")  # nothing listens: every refresh fails at once
+    cache = BanCache(CountedBans(dead), every_s=0.001)
+    with kept("shardlb.router") as log:
+        task = asyncio.create_task(cache.run())
+        try:
+            await until(lambda: cache.bans.asked >= 300, "300 refreshes")
+            failed = cache.bans.asked
+            cache.bans = shardlb.moderation.Bans(store.client)  # the cluster is back
+            await until(lambda: cache.version >= 0, "a refresh that worked")
+        finally:
+            cache.closed = True
+            await task
+            await dead.aclose()
+    warnings = log.lines(logging.WARNING)
+    assert [m for m, _ in warnings] == ["ban list not refreshed"], len(warnings)
+    [(message, fields)] = log.lines(logging.INFO)
+    assert message == "ban list refreshed again" and fields["failures"] >= failed
+
+
+async def test_a_postgresql_outage_logs_the_refusal_logs_retries_once_a_minute(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal log retried PostgreSQL every second and logged a warning each time: the same
+    flood during a PostgreSQL outage. The rows wait (at most LOG_MAX) and go in once it is back."""
+    import router.moderation
+    from router.moderation import RefusalLog
+    from tests.test_router_logs import kept
+
+    tries: list[str] = []
+    connect_db = router.moderation.connect_db
+
+    async def counted(url: str) -> Any:  # the real connection, counted
+        tries.append(url)
+        return await connect_db(url)
+
+    monkeypatch.setattr(router.moderation, "connect_db", counted)
+    refusals = RefusalLog("postgresql://127.0.0.1:1/nothing")
+    refusals.retry_s = 0.001
+    match = f"outage-{times.now_ms()}"
+    with kept("shardlb.router") as log:
+        task = asyncio.create_task(refusals.run())
+        try:
+            refusals.add([("b", "p", match, 5, "banned", None)])
+            await until(lambda: len(tries) >= 100, "100 tries")
+            refusals.url = postgres_url
+            await until(lambda: not refusals.rows, "the rows recorded")
+        finally:
+            refusals.closed = True
+            refusals.ready.set()
+            await task
+    warnings = log.lines(logging.WARNING)
+    assert [m for m, _ in warnings] == ["refused results not recorded; retrying"], len(warnings)
+    [(message, fields)] = [line for line in log.lines(logging.INFO) if line[0] != "result refused"]
+    assert message == "refused results recorded again" and fields["failures"] >= 99
+    assert await rows(postgres_url, "SELECT status FROM refused_results WHERE match_id = %s", match) == [
+        ("banned",)
+    ]

@@ -3,9 +3,12 @@ it (the router's, shardlb's library modules', uvicorn's), at the level SHARDLB_L
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +76,54 @@ def test_a_router_process_writes_only_json_lines(cluster: LocalCluster, tmp_path
     assert [x.get("code") for x in lines].count("malformed_request") == 1, text
     assert not [x for x in lines if x["message"] == "Invalid HTTP request received."], text
     assert [x for x in lines if x["message"] == "router ready"], text
+
+
+class Kept(logging.Handler):
+    """The records of one logger, kept in a list for a test (added and removed by ``kept``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def lines(self, level: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+        return [
+            (r.getMessage(), getattr(r, "fields", {})) for r in self.records if level in (None, r.levelno)
+        ]
+
+
+@contextlib.contextmanager
+def kept(name: str) -> Iterator[Kept]:
+    logger, handler = logging.getLogger(name), Kept()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_an_outage_is_logged_at_its_start_then_once_a_minute_and_at_its_end() -> None:
+    """A loop that fails every second for 1000 s writes 17 warnings (at 0 s, then every 60 s, each
+    with the failures since the line before) and one info line when it works again, with them all."""
+    from router.logs import Outage
+
+    now = [0.0]
+    with kept("tests.outage") as log:
+        outage = Outage(logging.getLogger("tests.outage"), "x not read", "x read again", clock=lambda: now[0])
+        for second in range(1000):
+            now[0] = float(second)
+            outage.failed(OSError(f"refused {second}"))
+        outage.succeeded()
+        outage.succeeded()  # no outage: nothing to say
+        outage.failed(OSError("again"))  # a new outage: its first failure is said at once
+    warnings = log.lines(logging.WARNING)
+    assert [fields["failures"] for _, fields in warnings] == [1] + [60] * 16 + [1]
+    assert [fields.get("since_s") for _, fields in warnings[:3]] == [None, 60.0, 120.0]
+    assert {m for m, _ in warnings} == {"x not read"}
+    assert warnings[1][1]["error"] == repr(OSError("refused 60"))  # the latest error
+    assert log.lines(logging.INFO) == [("x read again", {"failures": 1000, "outage_s": 999.0})]
