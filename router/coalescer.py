@@ -16,7 +16,7 @@ it is refused at once (Overloaded, 503 with Retry-After) rather than queued. A g
 primary bounds the script calls in flight to it (its share of redis-py's per-node connection cap,
 router/budget.py); a group that cannot get a permit within ``wait_s`` fails its batch with 503
 rather than wait on. ``close`` refuses new scores and applies everything accepted, within a time
-bound (SIGTERM drain).
+bound (SIGTERM drain), and says what it left (``Drained``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from router import metrics
 from router.errors import shutting_down
@@ -65,6 +65,17 @@ class _Ticket:
         # calls that did succeed stay applied (shards are not atomic together; retries are safe).
         if not self.future.done():
             self.future.set_exception(exc)
+
+
+class Drained(NamedTuple):
+    """What a drain that timed out left behind (zeros after a full drain). ``not_applied``: scores
+    never sent (queued, or waiting for their primary's permit), certainly not applied.
+    ``in_doubt``: scores of script calls sent whose answer had not come back: the cluster may have
+    applied them or not, and no one can tell without reading the board. Their requests all got 503
+    ``shutting_down`` (a retry is safe either way)."""
+
+    not_applied: int
+    in_doubt: int
 
 
 _Item = tuple[Prepared, _Ticket, int]
@@ -112,6 +123,7 @@ class Coalescer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._depth = 0
+        self._sent = 0  # of them, in script calls sent and not answered yet
         self._gauge_at = 0.0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -153,16 +165,18 @@ class Coalescer:
             self._timer = loop.call_later(self.delay_s, self._tick)
         return await ticket.future
 
-    async def close(self, timeout: float) -> int:
-        """Refuse new scores, apply every accepted one within ``timeout`` s; return how many were not."""
+    async def close(self, timeout: float) -> Drained:
+        """Refuse new scores, apply every accepted one within ``timeout`` s; return what was left."""
         self.closing = True
         self._drain_s = timeout
         self._tick()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout)
-        left = self._depth
-        if left:
-            log.error("coalescer drain timed out", extra={"fields": {"scores_not_applied": left}})
+        # Counted before the cancellation below, which moves no score from one to the other.
+        left = Drained(self._depth - self._sent, self._sent)
+        if self._depth:
+            fields = {"scores_not_applied": left.not_applied, "scores_in_doubt": left.in_doubt}
+            log.error("coalescer drain timed out", extra={"fields": fields})
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -205,12 +219,14 @@ class Coalescer:
         gate = self.nodes(self.node_of(group.board, group.shard))
         try:
             await gate.acquire(self._drain_s)
+            self._sent += len(batch)
             try:
                 async with metrics.redis_call("apply"):
                     results = await group.board.apply_shard(
                         group.shard, [item[0] for item in batch], pipeline=self.pipeline
                     )
             finally:
+                self._sent -= len(batch)
                 gate.release()
         except PartlyApplied as e:
             # Pinned results' second call failed after the first call applied the others (see

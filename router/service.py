@@ -186,7 +186,8 @@ class Service:
         await asyncio.gather(*stopping, return_exceptions=True)
         await self.client.aclose()
         await self.journals.raw.aclose()
-        log.info("router stopped", extra={"fields": {"scores_not_applied": left}})
+        fields = {"scores_not_applied": left.not_applied, "scores_in_doubt": left.in_doubt}
+        log.info("router stopped", extra={"fields": fields})
 
     async def problem(self) -> str | None:
         """Why this worker should not get traffic now (None when ready): draining, cluster down or

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from router.app import create_app
-from router.coalescer import Coalescer
+from router.coalescer import Coalescer, Drained
 from router.errors import ApiError
 from shardlb import keys, times
 from shardlb.board import Prepared, Result, Score
@@ -21,6 +22,7 @@ from shardlb.errors import Overloaded
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of, settings_for
+from tests.test_router_logs import kept
 
 pytestmark = pytest.mark.cluster
 
@@ -251,12 +253,15 @@ async def test_a_pinned_retry_refused_on_its_second_call_fails_its_request_only(
 
 class _Unanswered:
     """A board whose shard calls never come back (a cluster that does not answer within the drain):
-    the coalescer's own bookkeeping at a drain that times out, no ranking involved."""
+    the coalescer's own bookkeeping at a drain that times out, no ranking involved. ``sent`` holds
+    the players of every call it was given: as far as the coalescer can know, those were applied."""
 
     def __init__(self) -> None:
         self.config = BoardConfig.from_dict("unanswered", {})
+        self.sent: list[str] = []
 
     async def apply_shard(self, shard: int, batch: Any, pipeline: Any = None) -> Any:
+        self.sent += [p.player_id for p in batch]
         await asyncio.sleep(3600)
 
 
@@ -270,10 +275,38 @@ async def test_a_drain_that_times_out_answers_every_request_even_those_still_que
     await asyncio.sleep(0.01)  # its call is in flight
     queued = asyncio.create_task(coalescer.submit(board, [prepared("b1")]))  # behind it (one call at a time)
     await asyncio.sleep(0.01)
-    assert await coalescer.close(0.2) == 3
+    assert await coalescer.close(0.2) == Drained(not_applied=1, in_doubt=2)
     done, _ = await asyncio.wait({sent, queued}, timeout=2)
     assert done == {sent, queued}
     for task in (sent, queued):
         error = task.exception()
         assert isinstance(error, ApiError) and (error.status, error.code) == (503, "shutting_down")
     assert coalescer.depth == 0
+
+
+async def test_a_timed_out_drain_counts_as_not_applied_only_what_was_never_sent() -> None:
+    """``scores_not_applied`` counted every score still unanswered at the drain's timeout,
+    those of calls sent to the cluster (which may well have applied them) included. Now only the
+    scores never sent (queued, or waiting for their primary's permit) are not applied; the sent
+    ones whose answer never came are ``in_doubt``."""
+
+    def prepared(player: str, shard: int) -> Prepared:
+        return Prepared(player, "m", 1, 0, 0, shard, ("total",))
+
+    board: Any = _Unanswered()
+    coalescer = Coalescer(delay_s=0.001, max_batch=2, node_concurrency=1, wait_s=60, node_of=lambda b, s: "n")
+    requests = [
+        asyncio.create_task(coalescer.submit(board, [prepared("a1", 0), prepared("a2", 0)])),  # sent
+        asyncio.create_task(coalescer.submit(board, [prepared("b1", 1)])),  # waits for the permit
+    ]
+    await asyncio.sleep(0.05)
+    requests.append(asyncio.create_task(coalescer.submit(board, [prepared("a3", 0)])))  # queued behind a1, a2
+    await asyncio.sleep(0.01)
+    with kept("shardlb.router") as log:
+        drained = await coalescer.close(0.2)
+    assert board.sent == ["a1", "a2"]
+    assert drained == Drained(not_applied=2, in_doubt=2)
+    [(_, fields)] = log.lines(logging.ERROR)
+    assert (fields["scores_not_applied"], fields["scores_in_doubt"]) == (2, 2)
+    await asyncio.wait(requests, timeout=2)
+    assert all(isinstance(r.exception(), ApiError) for r in requests) and coalescer.depth == 0
