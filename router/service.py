@@ -178,8 +178,8 @@ class Service:
         left = await self.coalescer.close(self.settings.drain_seconds)
         self.journals.closed = True
         self.moderation.bans.closed = self.moderation.refusals.closed = True
-        # Webhook deliveries stop too: their claimed rows go back to the schedule when the lease
-        # ends, and an archiver's sweep (or the settlement run again) sends them.
+        # Webhook deliveries stop too: each gives back the rows it holds, due at once, and an
+        # archiver's sweep (or the settlement run again) sends them (shardlb/settlement_delivery.py).
         stopping = [*self.tasks, *self.deliveries.values()]
         for task in stopping:
             task.cancel()

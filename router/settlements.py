@@ -50,15 +50,22 @@ def _request(svc: Service, body: dict[str, object]) -> settlement.Request:
 def _deliver_later(svc: Service, result: dict[str, Any]) -> None:
     """Send the settlement's webhook deliveries after the answer, those that failed for good
     included (shardlb/settlement_delivery.py). One task per settlement in this worker
-    (``Service.deliveries``): a request for one already delivering here replaces its task, and
-    stopping the worker cancels them; what a stopped worker leaves is sent by an archiver's sweep
-    (``settlement_delivery.sweep_forever``) or on the next request for the same settlement."""
+    (``Service.deliveries``): a request for one already delivering here replaces its task (the new
+    one starts once the old has given back its claims), and stopping the worker cancels them; what
+    a stopped worker leaves is sent by an archiver's sweep (``settlement_delivery.sweep_forever``)
+    or on the next request for the same settlement."""
     if not result.get("webhook_url"):
         return
     # A result with a webhook_url comes only with the secret (shardlb/settlement.py, ``_compare``).
     settlement_id = str(result["settlement_id"])
+    deliveries = svc.deliveries
+    running = deliveries.pop(settlement_id, None)
+    if running is not None:
+        running.cancel()  # it gives back the rows it holds as it ends (settlement_delivery.deliver)
 
     async def deliver() -> None:
+        if running is not None:  # before that, this one's first round would find them leased
+            await asyncio.wait([running])
         try:
             counts = await settlement_delivery.deliver_all(
                 svc.settings.postgres_url, svc.settings.webhook_secret, settlement_id
@@ -71,10 +78,6 @@ def _deliver_later(svc: Service, result: dict[str, Any]) -> None:
                 extra={"fields": {"settlement": settlement_id, "error": repr(e)}},
             )
 
-    deliveries = svc.deliveries
-    running = deliveries.pop(settlement_id, None)
-    if running is not None:
-        running.cancel()  # its claimed rows go back to the schedule when their lease ends
     if svc.draining:  # the answer is out; a task made now would outlive Service.stop
         return
     task = asyncio.create_task(deliver())

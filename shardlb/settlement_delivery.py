@@ -20,7 +20,10 @@ Claims: a round claims its rows in one short transaction (``FOR UPDATE SKIP LOCK
 their ``next_at`` ``LEASE_S`` ahead, so another deliverer of the same settlement (a second settle
 request, another router) passes them by; the round's outcome is recorded only while ``next_at`` is
 still its lease, so a deliverer whose lease ran out never counts a failure twice. A deliverer killed
-mid-round leaves its rows to the next one once the lease ends.
+mid-round leaves its rows to the next one once the lease ends; one cancelled mid-round (its
+settlement requested again, its router stopping) records the answers it has and gives back, due at
+once, the rows it still holds, since by then none of its posts is in flight. A receiver may still be
+working on a post cut off so: its ``Idempotency-Key`` makes the next one harmless.
 
 ``deliver_until_done`` (each settle request or `shardlb settle` run, first or again) starts by
 giving the deliveries that failed for good a new schedule, then delivers until none is left to try.
@@ -261,9 +264,45 @@ async def deliver(
         return None if 200 <= status < 300 else f"HTTP {status}"
 
     claimed = await _claim(db, settlement_id, lease_s)
-    sent = await asyncio.gather(*(send(row) for row in claimed))
-    delivered = [row[0] for row, error in zip(claimed, sent, strict=True) if error is None]
-    failed = [(row, error) for row, error in zip(claimed, sent, strict=True) if error is not None]
+    answers: dict[int, str | None] = {}
+
+    async def attempt(row: tuple[Any, ...]) -> None:
+        answers[row[0]] = await send(row)
+
+    try:
+        await asyncio.gather(*(attempt(row) for row in claimed))
+    except asyncio.CancelledError:
+        # Replaced by a new request for the settlement, or its router stops. The gather has waited
+        # for its posts to be cut off, so none of this round is in flight any more: record the
+        # answers it has and give the rest back, or the next deliverer waits out the lease.
+        with contextlib.suppress(psycopg.Error, OSError):  # a broken connection: the lease ends
+            await _record(db, claimed, answers, base_s, cap_s)
+        raise
+    await _record(db, claimed, answers, base_s, cap_s)
+    cur = await db.execute(
+        "SELECT extract(epoch FROM min(d.next_at) - now()) FROM settlement_deliveries d "
+        "JOIN settlement_awards a USING (award_id) "
+        "WHERE a.settlement_id = %s AND d.delivered_at IS NULL AND d.attempts < %s",
+        (settlement_id, MAX_ATTEMPTS),
+    )
+    wait = (await cur.fetchone() or (None,))[0]
+    delivered = sum(answers.get(row[0], "") is None for row in claimed)
+    return delivered, None if wait is None else max(0.0, float(wait))
+
+
+async def _record(
+    db: psycopg.AsyncConnection[Any],
+    claimed: list[tuple[Any, ...]],
+    answers: dict[int, str | None],
+    base_s: float,
+    cap_s: float,
+) -> None:
+    """A round's outcome: each row of ``claimed`` answered 2xx (None in ``answers``) delivered, each
+    answered otherwise a failed attempt, and each not answered at all (its post cut off by a
+    cancellation) due again now, with no attempt counted."""
+    delivered = [row[0] for row in claimed if row[0] in answers and answers[row[0]] is None]
+    failed = [(row, answers[row[0]]) for row in claimed if answers.get(row[0]) is not None]
+    unsent = [row for row in claimed if row[0] not in answers]
     async with db.transaction():
         await db.execute(  # delivered is a fact, whoever holds the row now
             "UPDATE settlement_deliveries SET delivered_at = now(), attempts = attempts + 1 "
@@ -286,14 +325,13 @@ async def deliver(
                 [row[3] for row, _ in failed],
             ),
         )
-    cur = await db.execute(
-        "SELECT extract(epoch FROM min(d.next_at) - now()) FROM settlement_deliveries d "
-        "JOIN settlement_awards a USING (award_id) "
-        "WHERE a.settlement_id = %s AND d.delivered_at IS NULL AND d.attempts < %s",
-        (settlement_id, MAX_ATTEMPTS),
-    )
-    wait = (await cur.fetchone() or (None,))[0]
-    return len(delivered), None if wait is None else max(0.0, float(wait))
+        if unsent:  # given back under the same rule: only a row this round still holds
+            await db.execute(
+                "UPDATE settlement_deliveries d SET next_at = now() "
+                "FROM unnest(%s::bigint[], %s::timestamptz[]) AS f(award_id, lease) "
+                "WHERE d.award_id = f.award_id AND d.next_at = f.lease AND d.delivered_at IS NULL",
+                ([row[0] for row in unsent], [row[3] for row in unsent]),
+            )
 
 
 async def retry_failed(db: psycopg.AsyncConnection[Any], settlement_id: str) -> int:

@@ -44,11 +44,16 @@ FAST = {"base_s": 0.001, "cap_s": 0.002}  # the schedule scaled down: every atte
 class Hook:
     """A webhook receiver on 127.0.0.1: answers 200 while ``up`` (else 503), each POST after
     ``delay_s``; counts POSTs per idempotency key, the most of one key in flight at once, and bodies
-    whose signature is wrong."""
+    whose signature is wrong. Made ``held``, it answers only the keys in ``quick`` until
+    ``release`` is set (the others wait, in flight, up to a minute)."""
 
-    def __init__(self, up: bool = True, delay_s: float = 0.0) -> None:
+    def __init__(self, up: bool = True, delay_s: float = 0.0, held: bool = False) -> None:
         self.up = up
         self.delay_s = delay_s
+        self.quick: set[str] = set()
+        self.release = threading.Event()
+        if not held:
+            self.release.set()
         self.posts: Counter[str] = Counter()
         self.in_flight: Counter[str] = Counter()
         self.most_at_once = 0
@@ -67,11 +72,14 @@ class Hook:
                     owner.in_flight[key] += 1
                     owner.most_at_once = max(owner.most_at_once, owner.in_flight[key])
                 time.sleep(owner.delay_s)
+                if key not in owner.quick:
+                    owner.release.wait(60)
                 with lock:
                     owner.in_flight[key] -= 1
-                self.send_response(200 if owner.up else 503)
-                self.send_header("content-length", "0")
-                self.end_headers()
+                with contextlib.suppress(OSError):  # a sender that gave up has hung up
+                    self.send_response(200 if owner.up else 503)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -85,6 +93,7 @@ class Hook:
         return self
 
     def __exit__(self, *_: Any) -> None:
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -229,6 +238,55 @@ async def test_two_deliverers_claim_each_delivery_once(
                 await early
         assert set(hook.posts.values()) == {3}
         assert await attempts(db, "two-1") == {2: total}
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.cluster
+async def test_a_round_cancelled_mid_post_gives_its_claims_back(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], postgres_url: str
+) -> None:
+    """A deliverer cancelled while its posts were out (its settlement requested again, the router
+    stopping) kept its rows leased for LEASE_S: the next deliverer of the settlement found none due
+    and waited 5 minutes. Now the cancelled round records the answers it has (a 2xx is delivered),
+    and gives back, due at once and with no attempt counted, the rows whose posts it cut off and
+    still holds; a row another deliverer has claimed since is left to that one."""
+    board = await ready(store, raw, postgres_url, "hook-cancel", 2)
+    try:
+        with Hook(held=True) as hook:
+            body = {"settlement_id": "cancel-1", "rewards": TABLE, "webhook_url": hook.url}
+            result = await Settler(rebuilder).settle(board, day_ago(2), Request.of(body))
+            total = result["awards"]["total"]
+            first, taken, *_ = sorted(await award_ids(db, "cancel-1"), key=int)
+            hook.quick = {first}
+            async with httpx.AsyncClient() as http:
+                round_ = asyncio.create_task(deliver(db, http, SECRET, "cancel-1"))
+                while hook.posts.total() < total:  # every post is out; all but the first wait
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.5)  # the first's 200 has come back
+                async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as other:
+                    await other.execute(  # another deliverer's claim, taken once ours ran out
+                        "UPDATE settlement_deliveries SET next_at = now() + interval '1 hour' "
+                        "WHERE award_id = %s",
+                        (int(taken),),
+                    )
+                round_.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await round_
+                cur = await db.execute(
+                    "SELECT award_id, attempts, delivered_at IS NOT NULL, next_at <= now() "
+                    "FROM settlement_deliveries WHERE award_id = ANY(%s)",
+                    ([int(i) for i in await award_ids(db, "cancel-1")],),
+                )
+                rows = {str(a): (n, done, due) for a, n, done, due in await cur.fetchall()}
+                assert rows.pop(first)[:2] == (1, True)
+                assert rows.pop(taken) == (0, False, False)
+                assert set(rows.values()) == {(0, False, True)}
+                hook.release.set()
+                delivered, _ = await deliver(db, http, SECRET, "cancel-1")  # none waits out a lease
+        assert delivered == total - 2
+        assert await delivery_counts(db, "cancel-1") == {"delivered": total - 1, "pending": 1, "failed": 0}
+        assert hook.posts[first] == 1 and hook.bad_signatures == 0
     finally:
         await store.delete(board.config.id)
 
@@ -519,6 +577,43 @@ async def test_a_router_stopping_stops_its_deliveries(
             posted = sum(hook.posts.values())
             await asyncio.sleep(2.5)  # the schedule's next attempts are due 1 s and 2 s after
             assert sum(hook.posts.values()) == posted
+    finally:
+        await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_settlement_requested_again_while_delivering_sends_at_once(
+    store: BoardStore, raw: Any, db: psycopg.AsyncConnection[Any], cluster_url: str, postgres_url: str
+) -> None:
+    """A request for a settlement whose deliveries this router is sending replaces its task. The
+    cancelled task's rows kept their 5-minute lease, so the new task found nothing due and slept
+    until the lease ran out: a receiver that was slow once got its awards 5 minutes late. Now the
+    cancelled task gives its claims back and the new one starts once it has."""
+    name = board_name("hook-again-http")
+    await ready(store, raw, postgres_url, name, 2)
+    sid = f"again-{name}"
+    try:
+        with Hook(held=True) as hook:
+            url = f"/v1/boards/{name}/periods/{day_ago(2)}:settle"
+            body = {"settlement_id": sid, "rewards": TABLE, "webhook_url": hook.url}
+            async with running(cluster_url, postgres_url=postgres_url, webhook_secret=SECRET) as (_, client):
+                ok = await client.post(url, json=body, headers=AS_ADMIN)
+                assert ok.status_code == 200, ok.text
+                total = ok.json()["awards"]["total"]
+                for _ in range(200):  # the first task's posts are out, and held
+                    if hook.posts.total() == total:
+                        break
+                    await asyncio.sleep(0.05)
+                again = await client.post(url, json=body, headers=AS_ADMIN)
+                assert again.status_code == 200 and again.json() == ok.json()
+                hook.release.set()
+                for _ in range(600):  # 30 s, far inside the 300 s lease
+                    if (await delivery_counts(db, sid))["delivered"] == total:
+                        break
+                    await asyncio.sleep(0.05)
+                assert await delivery_counts(db, sid) == {"delivered": total, "pending": 0, "failed": 0}
+        assert set(hook.posts) == await award_ids(db, sid) and hook.bad_signatures == 0
+        assert set(hook.posts.values()) <= {1, 2}  # the cut-off post, and the one delivered
     finally:
         await store.delete(name)
 
