@@ -25,6 +25,10 @@ settlement requested again, its router stopping) records the answers it has and 
 once, the rows it still holds, since by then none of its posts is in flight. A receiver may still be
 working on a post cut off so: its ``Idempotency-Key`` makes the next one harmless.
 
+A delivery past its last attempt is due never (``next_at`` 'infinity'); a row with that mark counts
+as failed for good whatever its ``attempts`` say (``PENDING``), so one marked by hand is neither sent
+nor a due time to wait for until ``retry_failed``.
+
 ``deliver_until_done`` (each settle request or `shardlb settle` run, first or again) starts by
 giving the deliveries that failed for good a new schedule, then delivers until none is left to try.
 ``sweep_forever`` (every `shardlb archive` given SHARDLB_WEBHOOK_SECRET) sends whatever is due that
@@ -63,6 +67,11 @@ LEASE_S = 300.0  # how long a claim keeps other deliverers off its rows (longer 
 SWEEP_EVERY_S = 5.0  # between an archiver's sweeps of due deliveries (`shardlb archive --deliver-every`)
 SWEEP_BUDGET_S = 30.0  # a sweep's rounds for one settlement, at most, before the next one's
 SIGNATURE = "X-Shardlb-Signature"
+# A delivery with an attempt to come (the placeholder: MAX_ATTEMPTS). Not one due 'infinity' with
+# attempts left (set by hand, to hold a delivery back or on attempts reset without next_at): a due
+# time computed from it raised (an interval cannot hold it) and stopped every round of its
+# settlement, and retry_failed, which took only attempts >= MAX_ATTEMPTS, never gave it a schedule.
+PENDING = "d.delivered_at IS NULL AND d.attempts < %s AND d.next_at < 'infinity'"
 MAX_ACK = 1000
 
 
@@ -279,15 +288,14 @@ async def deliver(
             await _record(db, claimed, answers, base_s, cap_s)
         raise
     await _record(db, claimed, answers, base_s, cap_s)
-    cur = await db.execute(
-        "SELECT extract(epoch FROM min(d.next_at) - now()) FROM settlement_deliveries d "
-        "JOIN settlement_awards a USING (award_id) "
-        "WHERE a.settlement_id = %s AND d.delivered_at IS NULL AND d.attempts < %s",
+    cur = await db.execute(  # greatest: an interval has no room for a row due since '-infinity'
+        "SELECT extract(epoch FROM min(greatest(d.next_at, now())) - now()) FROM settlement_deliveries d "
+        f"JOIN settlement_awards a USING (award_id) WHERE a.settlement_id = %s AND {PENDING}",
         (settlement_id, MAX_ATTEMPTS),
     )
     wait = (await cur.fetchone() or (None,))[0]
     delivered = sum(answers.get(row[0], "") is None for row in claimed)
-    return delivered, None if wait is None else max(0.0, float(wait))
+    return delivered, None if wait is None else float(wait)
 
 
 async def _record(
@@ -340,7 +348,7 @@ async def retry_failed(db: psycopg.AsyncConnection[Any], settlement_id: str) -> 
     cur = await db.execute(
         "UPDATE settlement_deliveries d SET attempts = 0, next_at = now() FROM settlement_awards a "
         "WHERE a.award_id = d.award_id AND a.settlement_id = %s AND d.delivered_at IS NULL "
-        "AND d.attempts >= %s",
+        f"AND NOT ({PENDING})",
         (settlement_id, MAX_ATTEMPTS),
     )
     return cur.rowcount
@@ -445,10 +453,10 @@ async def sweep_forever(
 async def delivery_counts(db: psycopg.AsyncConnection[Any], settlement_id: str) -> dict[str, int]:
     """Deliveries delivered, pending (attempts left) and failed for good (none left)."""
     cur = await db.execute(
-        "SELECT count(*) FILTER (WHERE delivered_at IS NOT NULL), "
-        "count(*) FILTER (WHERE delivered_at IS NULL AND attempts < %s), "
-        "count(*) FILTER (WHERE delivered_at IS NULL AND attempts >= %s) "
-        "FROM settlement_deliveries JOIN settlement_awards USING (award_id) WHERE settlement_id = %s",
+        "SELECT count(*) FILTER (WHERE d.delivered_at IS NOT NULL), "
+        f"count(*) FILTER (WHERE {PENDING}), "
+        f"count(*) FILTER (WHERE d.delivered_at IS NULL AND NOT ({PENDING})) "
+        "FROM settlement_deliveries d JOIN settlement_awards a USING (award_id) WHERE a.settlement_id = %s",
         (MAX_ATTEMPTS, MAX_ATTEMPTS, settlement_id),
     )
     delivered, pending, failed = await cur.fetchone() or (0, 0, 0)

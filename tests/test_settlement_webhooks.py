@@ -619,6 +619,44 @@ async def test_a_settlement_requested_again_while_delivering_sends_at_once(
 
 
 @pytest.mark.cluster
+async def test_a_delivery_due_never_with_attempts_left(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], postgres_url: str
+) -> None:
+    """``next_at = 'infinity'`` marks a delivery past its last attempt. A row so marked with attempts
+    left (an operator pausing one, or resetting ``attempts`` by hand to retry those that failed for
+    good; a release with more attempts than the one that gave up) broke every round of its
+    settlement once it was the earliest left: ``min(next_at) - now()`` is out of an interval's range,
+    so the round raised after posting, the router's task stopped, and a run of the settlement again
+    stopped the same way; the row counted as pending for ever and ``retry_failed`` never took it.
+    Now such a row is due never, counts as failed for good, and a run again gives it a schedule."""
+    board = await ready(store, raw, postgres_url, "hook-infinity", 2)
+    try:
+        with Hook() as hook:
+            body = {"settlement_id": "infinity-1", "rewards": TABLE, "webhook_url": hook.url}
+            result = await Settler(rebuilder).settle(board, day_ago(2), Request.of(body))
+            total = result["awards"]["total"]
+            cur = await db.execute(
+                "UPDATE settlement_deliveries SET next_at = 'infinity' WHERE award_id = "
+                "(SELECT min(award_id) FROM settlement_awards WHERE settlement_id = 'infinity-1') "
+                "RETURNING award_id"
+            )
+            paused = str((await cur.fetchone() or (None,))[0])
+            async with httpx.AsyncClient() as http:
+                assert await deliver(db, http, SECRET, "infinity-1") == (total - 1, None)
+            assert paused not in hook.posts
+            assert await delivery_counts(db, "infinity-1") == {
+                "delivered": total - 1,
+                "pending": 0,
+                "failed": 1,
+            }
+            counts = await deliver_until_done(db, SECRET, "infinity-1", deadline_s=30, **FAST)
+        assert counts == {"delivered": total, "pending": 0, "failed": 0}
+        assert set(hook.posts) == await award_ids(db, "infinity-1") and set(hook.posts.values()) == {1}
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.cluster
 async def test_the_sweep_sends_what_no_process_is_delivering(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], postgres_url: str
 ) -> None:
