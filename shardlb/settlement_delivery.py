@@ -281,9 +281,10 @@ async def deliver(
     try:
         await asyncio.gather(*(attempt(row) for row in claimed))
     except asyncio.CancelledError:
-        # Replaced by a new request for the settlement, or its router stops. The gather has waited
-        # for its posts to be cut off, so none of this round is in flight any more: record the
-        # answers it has and give the rest back, or the next deliverer waits out the lease.
+        # Replaced by a new request for the settlement, or its process stops (a router, an
+        # archiver's sweep, `shardlb settle` interrupted). The gather has waited for its posts to
+        # be cut off, so none of this round is in flight any more: record the answers it has and
+        # give the rest back, or the next deliverer waits out the lease.
         with contextlib.suppress(psycopg.Error, OSError):  # a broken connection: the lease ends
             await _record(db, claimed, answers, base_s, cap_s)
         raise

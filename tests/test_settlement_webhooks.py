@@ -588,7 +588,9 @@ async def test_a_settlement_requested_again_while_delivering_sends_at_once(
     """A request for a settlement whose deliveries this router is sending replaces its task. The
     cancelled task's rows kept their 5-minute lease, so the new task found nothing due and slept
     until the lease ran out: a receiver that was slow once got its awards 5 minutes late. Now the
-    cancelled task gives its claims back and the new one starts once it has."""
+    cancelled task gives its claims back and the new one starts once it has (here the give-back
+    waits on row locks a while, as on a busy PostgreSQL: a new task that did not wait for it found
+    the rows still leased)."""
     name = board_name("hook-again-http")
     await ready(store, raw, postgres_url, name, 2)
     sid = f"again-{name}"
@@ -604,8 +606,16 @@ async def test_a_settlement_requested_again_while_delivering_sends_at_once(
                     if hook.posts.total() == total:
                         break
                     await asyncio.sleep(0.05)
-                again = await client.post(url, json=body, headers=AS_ADMIN)
-                assert again.status_code == 200 and again.json() == ok.json()
+                async with await psycopg.AsyncConnection.connect(postgres_url) as locker:
+                    await locker.execute(
+                        "SELECT 1 FROM settlement_deliveries WHERE award_id IN (SELECT award_id FROM "
+                        "settlement_awards WHERE settlement_id = %s) FOR UPDATE",
+                        (sid,),
+                    )
+                    again = await client.post(url, json=body, headers=AS_ADMIN)
+                    assert again.status_code == 200 and again.json() == ok.json()
+                    await asyncio.sleep(2)
+                    await locker.commit()
                 hook.release.set()
                 for _ in range(600):  # 30 s, far inside the 300 s lease
                     if (await delivery_counts(db, sid))["delivered"] == total:
