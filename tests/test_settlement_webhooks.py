@@ -43,8 +43,8 @@ FAST = {"base_s": 0.001, "cap_s": 0.002}  # the schedule scaled down: every atte
 
 class Hook:
     """A webhook receiver on 127.0.0.1: answers 200 while ``up`` (else 503), each POST after
-    ``delay_s``; counts POSTs per idempotency key, the most of one key in flight at once, and bodies
-    whose signature is wrong. Made ``held``, it answers only the keys in ``quick`` until
+    ``delay_s``; counts POSTs and answers per idempotency key, the most of one key in flight at once,
+    and bodies whose signature is wrong. Made ``held``, it answers only the keys in ``quick`` until
     ``release`` is set (the others wait, in flight, up to a minute)."""
 
     def __init__(self, up: bool = True, delay_s: float = 0.0, held: bool = False) -> None:
@@ -55,6 +55,7 @@ class Hook:
         if not held:
             self.release.set()
         self.posts: Counter[str] = Counter()
+        self.answered: Counter[str] = Counter()
         self.in_flight: Counter[str] = Counter()
         self.most_at_once = 0
         self.bad_signatures = 0
@@ -80,6 +81,8 @@ class Hook:
                     self.send_response(200 if owner.up else 503)
                     self.send_header("content-length", "0")
                     self.end_headers()
+                    with lock:
+                        owner.answered[key] += 1
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -261,9 +264,9 @@ async def test_a_round_cancelled_mid_post_gives_its_claims_back(
             hook.quick = {first}
             async with httpx.AsyncClient() as http:
                 round_ = asyncio.create_task(deliver(db, http, SECRET, "cancel-1"))
-                while hook.posts.total() < total:  # every post is out; all but the first wait
+                while hook.posts.total() < total or not hook.answered[first]:  # all but one wait
                     await asyncio.sleep(0.01)
-                await asyncio.sleep(0.5)  # the first's 200 has come back
+                await asyncio.sleep(0.2)  # and the sender has read its 200
                 async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as other:
                     await other.execute(  # another deliverer's claim, taken once ours ran out
                         "UPDATE settlement_deliveries SET next_at = now() + interval '1 hour' "
