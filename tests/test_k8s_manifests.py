@@ -201,9 +201,14 @@ def expand(c: dict[str, Any], value: str, known: dict[str, str]) -> str:
 
 def policies(overlay: str, labels: dict[str, str], direction: str) -> list[dict[str, Any]]:
     """NetworkPolicies that select pods with these labels and isolate them in direction."""
+    return selecting(objects(overlay, "NetworkPolicy"), labels, direction)
+
+
+def selecting(found: list[dict[str, Any]], labels: dict[str, str], direction: str) -> list[dict[str, Any]]:
+    """Of these NetworkPolicies, those that select pods with these labels and isolate them in direction."""
     return [
         p
-        for p in objects(overlay, "NetworkPolicy")
+        for p in found
         if selects(p["spec"]["podSelector"], labels) and direction in p["spec"].get("policyTypes", [])
     ]
 
@@ -229,12 +234,19 @@ def _rule_allows(rule: dict[str, Any], peers_key: str, labels: dict[str, str] | 
 def admits(overlay: str, source: dict[str, str] | None, target: dict[str, str], port: int) -> bool:
     """May a pod with labels `source` (None: anything outside the namespace) connect to `target` on port?
     Both ends' policies must allow it: the target's ingress and the source's egress."""
-    ingress = policies(overlay, target, "Ingress")
+    return admitted(objects(overlay, "NetworkPolicy"), source, target, port)
+
+
+def admitted(
+    found: list[dict[str, Any]], source: dict[str, str] | None, target: dict[str, str], port: int
+) -> bool:
+    """``admits`` under these NetworkPolicies (of a render other than an overlay's own)."""
+    ingress = selecting(found, target, "Ingress")
     allowed = not ingress or any(
         _rule_allows(rule, "from", source, port) for p in ingress for rule in p["spec"].get("ingress", [])
     )
     if source is not None:
-        egress = policies(overlay, source, "Egress")
+        egress = selecting(found, source, "Egress")
         allowed &= not egress or any(
             _rule_allows(rule, "to", target, port) for p in egress for rule in p["spec"].get("egress", [])
         )
@@ -978,6 +990,59 @@ def test_network_policy_of_locust(overlay: str) -> None:
         assert not admits(overlay, source, redis, 6379)
         assert not admits(overlay, source, {"app": "any-pod"}, ROUTER_PORT)
         assert egress_outside(overlay, source, 53) and not egress_outside(overlay, source, ROUTER_PORT)
+
+
+def render_locust_over_the_write_pool(tmp_path: Path) -> list[dict[str, Any]]:
+    """The load test of a write pool's shape, as an operator composes it: prod-write-pool (the pool
+    `shardlb plan` offered) plus the Locust component, as prod-loadtest adds it to prod."""
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        f"resources: [{os.path.relpath(K8S / 'overlays' / WRITE_POOL_OVERLAYS[0], tmp_path)}]\n"
+        f"components: [{os.path.relpath(K8S / 'components' / 'locust', tmp_path)}]\n"
+    )
+    result = run(tool("kubectl"), *RENDER, str(tmp_path))
+    assert result.returncode == 0, f"Locust over the write pool does not build:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.mark.parametrize("overlay", LOCUST_OVERLAYS)
+def test_locust_may_drive_both_router_pools_and_nothing_else(overlay: str) -> None:
+    """Locust's egress named the router's pods (component router) only, so a load test of the write
+    pool's shape (game servers posting to shardlb-router-writes:8000, k8s/README.md "Sizing") had
+    every connection to the pool dropped. Its policies let it reach both pools' API port, and still
+    nothing else: not the archiver (same app name), not Redis, not another port."""
+    router = pod_labels(get(overlay, "Deployment", ROUTER))
+    pool = {**router, "app.kubernetes.io/component": "router-writes"}  # components/write-pool's pods
+    archiver = pod_labels(get(overlay, "Deployment", ARCHIVER))
+    redis = pod_labels(get(overlay, "StatefulSet", REDIS))
+    for name in ("locust-master", "locust-worker"):
+        source = pod_labels(get(overlay, "Deployment", name))
+        for target in (router, pool):
+            assert admits(overlay, source, target, ROUTER_PORT), (name, target)
+            assert not admits(overlay, source, target, 9102), (name, target)
+        for target in (archiver, redis, {**router, "app.kubernetes.io/component": "router-admin"}):
+            for port in (ROUTER_PORT, 9102, 6379):
+                assert not admits(overlay, source, target, port), (name, target, port)
+
+
+def test_locust_reaches_the_write_pool_of_a_write_pool_load_test(tmp_path: Path) -> None:
+    docs = render_locust_over_the_write_pool(tmp_path)
+    owners = {o["metadata"]["name"]: o for o in docs if o["kind"] in POD_OWNERS}
+    found = [o for o in docs if o["kind"] == "NetworkPolicy"]
+
+    def allowed(source: dict[str, str], target: dict[str, str], port: int) -> bool:
+        return admitted(found, source, target, port)
+
+    pools = [pod_labels(owners[name]) for name in (ROUTER, WRITE_POOL)]
+    for name in ("locust-master", "locust-worker"):
+        source = pod_labels(owners[name])
+        for target in pools:
+            assert allowed(source, target, ROUTER_PORT), (name, target)
+        for other, owner in owners.items():
+            if other not in (ROUTER, WRITE_POOL) and not other.startswith("locust-"):
+                for port in (ROUTER_PORT, 6379, 9102, 5432):
+                    assert not allowed(source, pod_labels(owner), port), (name, other, port)
 
 
 # ---------------------------------------------------------------- the archive
