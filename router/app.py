@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from router import admin, dashboard, heap, logs, metrics, probes, routes, scores, settlements
+from router import admin, dashboard, heap, liveness, logs, metrics, probes, routes, scores, settlements
 from router.errors import ApiError, to_api_error
 from router.gate import Admission
 from router.hot import HotTop
@@ -132,7 +132,11 @@ def create_app(settings: Settings | None = None) -> RouterApp:
         if not HIREDIS_AVAILABLE:
             log.warning(HIREDIS_WARNING)
         app.state.service = await Service.start(settings)
+        probe = None
         try:
+            # liveness out of reach of the connection caps (router/liveness.py), from the moment
+            # the worker serves to the end of its drain
+            probe = await liveness.listen(settings)
             async with heap.settled():
                 log.info(
                     "router ready",
@@ -141,6 +145,8 @@ def create_app(settings: Settings | None = None) -> RouterApp:
                 yield
         finally:
             await app.state.service.stop()
+            if probe is not None:
+                probe.close()
             metrics.worker_exit(os.getpid())
 
     app = RouterApp(

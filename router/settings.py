@@ -64,6 +64,10 @@ class Settings:
     settlement_webhook_url: str = ""
     host: str = "127.0.0.1"
     port: int = 8000
+    # Liveness on a listener of its own (router/liveness.py), out of reach of the connection caps:
+    # 0 for none; its address is SHARDLB_HOST unless set (Kubernetes: the pod's IP).
+    probe_port: int = 0
+    probe_host: str = ""
     workers: int = 1
     # Out of the repr, as the webhook secret: a logged or printed Settings must not show a key.
     admin_keys: tuple[str, ...] = field(default=(), repr=False)
@@ -167,6 +171,9 @@ class Settings:
                 "SHARDLB_READ_FROM", f"must be one of {', '.join(READ_FROM)}, got {self.read_from!r}"
             )
         _range("SHARDLB_PORT", self.port, 1, 65535)
+        _range("SHARDLB_PROBE_PORT", self.probe_port, 0, 65535)
+        if self.probe_port == self.port:
+            raise SettingsError("SHARDLB_PROBE_PORT", f"must not be SHARDLB_PORT ({self.port})")
         _range("SHARDLB_WORKERS", self.workers, 1, 256)
         _range("SHARDLB_READ_RATE", self.read_rate, 0, 1e9)
         _range("SHARDLB_READ_BURST", self.read_burst, 0, 10**9)

@@ -467,16 +467,50 @@ def test_router_probes_hit_the_health_routes(overlay: str) -> None:
     deployment = get(overlay, "Deployment", ROUTER)
     c = container(deployment, "router")
     assert container_port(c, "http") == ROUTER_PORT
-    expected = {"readinessProbe": "/readyz", "livenessProbe": "/healthz", "startupProbe": "/healthz"}
+    expected = {"readinessProbe": "/readyz", "startupProbe": "/healthz"}
     for probe, path in expected.items():
         http = c[probe]["httpGet"]
         assert http["path"] == path, probe
         assert container_port(c, http["port"]) == ROUTER_PORT, probe
+    # liveness on the router's probe port (router/liveness.py), tested apart below
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     service = get(overlay, "Service", ROUTER)
     assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels(deployment))
     (port,) = service["spec"]["ports"]
     assert port["port"] == ROUTER_PORT and container_port(c, port["targetPort"]) == ROUTER_PORT
     assert config_data(overlay, c)["SHARDLB_PORT"] == str(ROUTER_PORT)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_router_liveness_survives_its_connection_caps(overlay: str) -> None:
+    """The liveness probe asked the API port, where a router at SHARDLB_MAX_CONNECTIONS (or with the
+    node's address at SHARDLB_MAX_CLIENT_CONNECTIONS) closes the kubelet's connection at once like any
+    other: Kubernetes then restarted routers that were busy, not dead. It asks the router's probe
+    port instead (SHARDLB_PROBE_PORT, router/liveness.py), which the caps do not cover, bound to the
+    pod's IP, in no Service and admitted by no NetworkPolicy rule (the kubelet's probes always are)."""
+    for name in (ROUTER, *([WRITE_POOL] if overlay in WRITE_POOL_OVERLAYS else [])):
+        deployment = get(overlay, "Deployment", name)
+        c = container(deployment, "router")
+        settings = config_data(overlay, c)
+        probe_port = int(settings["SHARDLB_PROBE_PORT"])
+        assert probe_port != ROUTER_PORT
+        http = c["livenessProbe"]["httpGet"]
+        assert http["path"] == "/healthz" and container_port(c, http["port"]) == probe_port, name
+        env = {e["name"]: e for e in c["env"]}
+        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert expand(c, settings["SHARDLB_PROBE_HOST"], {"POD_IP": "10.1.2.3"}) == "10.1.2.3"
+        labels = pod_labels(deployment)
+        for service in objects(overlay, "Service"):
+            if selects({"matchLabels": service["spec"].get("selector", {})}, labels):
+                targets = {container_port(c, p["targetPort"]) for p in service["spec"]["ports"]}
+                assert probe_port not in targets, service["metadata"]["name"]
+        for source in (None, {"app": "any-pod"}, labels):
+            assert not admits(overlay, source, labels, probe_port), (name, source)
+        from router.settings import Settings
+
+        keys = {"SHARDLB_WRITE_KEYS": "w" * 32}
+        parsed = Settings.from_env({**settings, **keys, "SHARDLB_PROBE_HOST": "10.1.2.3"})
+        assert (parsed.probe_port, parsed.probe_host) == (probe_port, "10.1.2.3")
 
 
 def test_router_health_routes_exist_in_the_router() -> None:

@@ -15,10 +15,11 @@ import httpx
 import orjson
 import pytest
 
+from router import liveness
 from router.settings import Settings, SettingsError
 from shardlb.cluster import LocalCluster
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name
-from tests.test_router_server import Server
+from tests.test_router_server import Server, free_port
 
 HEADER_BYTES = 16 * 1024
 SLOTS = 4
@@ -405,6 +406,127 @@ async def test_one_address_cannot_take_every_connection(
         for writer in opened:
             writer.close()
         assert server.stop() == 0
+
+
+async def _probe(port: int, source: str, target: str = "/healthz") -> tuple[int, bytes]:
+    """The kubelet's liveness probe, from ``source``: one GET on a connection of its own."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    try:
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: x\r\nUser-Agent: kube-probe/1.33\r\n\r\n".encode())
+        await writer.drain()
+        status, _, body = await _answer(reader)
+        return status, body
+    finally:
+        writer.close()
+
+
+@pytest.mark.cluster
+async def test_liveness_is_answered_at_the_connection_caps(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The kubelet's liveness probe is one more connection, from the node's address, which the
+    traffic kube-proxy forwards from a NodePort shares. A router at SHARDLB_MAX_CONNECTIONS, or with
+    that address at SHARDLB_MAX_CLIENT_CONNECTIONS, closed it at once like any other, and after a few
+    such probes Kubernetes restarted a router that was busy, not dead. SHARDLB_PROBE_PORT is a
+    listener of its own that the caps do not cover: it answers GET /healthz, and nothing else."""
+    api_port = free_port()
+    with socket.socket() as held_port:  # so that the probe port is another one
+        held_port.bind(("127.0.0.1", api_port))
+        probe_port = free_port()
+    server = Server(
+        cluster.url,
+        tmp_path_factory.mktemp("capped") / "router.log",
+        port=api_port,
+        SHARDLB_MAX_CONNECTIONS="6",
+        SHARDLB_MAX_CLIENT_CONNECTIONS="2",
+        SHARDLB_HEADER_TIMEOUT_S="60",
+        SHARDLB_READ_RATE="0",
+        SHARDLB_PROBE_PORT=str(probe_port),
+        SHARDLB_PROBE_HOST="127.0.0.1",
+    )
+    opened: list[asyncio.StreamWriter] = []
+    kubelet = "127.0.0.7"
+    try:
+        # the node's address at its per-client cap: its next connection to the API port is closed
+        held = [await _open_from(server, kubelet) for _ in range(2)]
+        opened += [writer for _, writer in held]
+        assert [await _healthy(*c) for c in held] == [True, True]
+        refused = await _open_from(server, kubelet)
+        opened.append(refused[1])
+        assert not await _healthy(*refused)
+        for _ in range(3):  # a probe period after another
+            assert await _probe(probe_port, kubelet) == (200, b'{"status":"ok"}')
+        # every connection of the worker taken: any address's next one is closed
+        crowd = [await _open_from(server, f"127.0.0.{i}") for i in (2, 3, 4, 5)]
+        opened += [writer for _, writer in crowd]
+        assert [await _healthy(*c) for c in crowd] == [True] * 4
+        late = await _open_from(server, "127.0.0.9")
+        opened.append(late[1])
+        assert not await _healthy(*late)
+        for source in (kubelet, "127.0.0.9"):
+            assert await _probe(probe_port, source) == (200, b'{"status":"ok"}')
+        # the probe port serves liveness only: not the API, not readiness, not the metrics
+        for target in ("/readyz", "/metrics", "/v1/boards/any"):
+            status, body = await _probe(probe_port, kubelet, target)
+            assert status == 404 and _error(body) == "not_found", target
+    finally:
+        for writer in opened:
+            writer.close()
+        assert server.stop() == 0
+
+
+async def test_the_probe_port_has_bounds_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the caps do not cover is bounded on its own: PROBE_CONNECTIONS at once (one more is
+    closed at once), a silent connection closed after PROBE_TIMEOUT_S, a head past PROBE_HEAD_BYTES
+    closed."""
+    monkeypatch.setattr(liveness, "PROBE_TIMEOUT_S", 0.5)
+    port = free_port()
+    listener = await liveness.listen(Settings(insecure_dev=True, probe_port=port, probe_host="127.0.0.1"))
+    assert listener is not None
+    opened: list[asyncio.StreamWriter] = []
+    try:
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(liveness.PROBE_CONNECTIONS)]
+        opened += [writer for _, writer in silent]
+        await asyncio.sleep(0.1)  # the listener has taken them in (a settling pause, nothing timed)
+        assert listener.open == liveness.PROBE_CONNECTIONS
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        opened.append(writer)
+        assert await _closed(reader)
+        assert listener.open == liveness.PROBE_CONNECTIONS
+        # the silent ones end at their deadline; then the port answers again
+        assert [await _closed(reader) for reader, _ in silent] == [True] * liveness.PROBE_CONNECTIONS
+        assert await _probe(port, "127.0.0.7") == (200, b'{"status":"ok"}')
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        opened.append(writer)
+        writer.write(b"GET /healthz HTTP/1.1\r\nX-Pad: " + b"a" * (2 * liveness.PROBE_HEAD_BYTES))
+        assert await _closed(reader)
+    finally:
+        for writer in opened:
+            writer.close()
+        listener.close()
+
+
+async def test_every_worker_binds_the_probe_port() -> None:
+    """Workers share the API port; each binds the probe port too (SO_REUSEPORT), and a probe
+    reaches one of them."""
+    settings = Settings(insecure_dev=True, probe_port=free_port(), probe_host="127.0.0.1")
+    workers = [await liveness.listen(settings) for _ in range(2)]
+    try:
+        assert all(w is not None and w.server is not None and w.server.is_serving() for w in workers)
+        assert await _probe(settings.probe_port, "127.0.0.1") == (200, b'{"status":"ok"}')
+    finally:
+        for w in workers:
+            if w is not None:
+                w.close()
+
+
+def test_the_probe_port_is_a_setting_apart_from_the_api_port() -> None:
+    env = {"SHARDLB_WRITE_KEYS": "k"}
+    assert Settings.from_env(env).probe_port == 0  # no probe listener unless asked for
+    assert Settings.from_env({**env, "SHARDLB_PROBE_PORT": "8001"}).probe_port == 8001
+    for value in ("8000", "-1", "65536"):
+        with pytest.raises(SettingsError, match="SHARDLB_PROBE_PORT"):
+            Settings.from_env({**env, "SHARDLB_PROBE_PORT": value})
 
 
 @pytest.mark.cluster
