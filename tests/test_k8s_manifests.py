@@ -66,6 +66,8 @@ POSTGRES_SECRET = "shardlb-postgres"  # key SHARDLB_POSTGRES_URL; dev generates 
 REDIS_CLIENT_LABEL = ("shardlb.io/redis-client", "true")
 POSTGRES_CLIENT_LABEL = ("shardlb.io/postgres-client", "true")
 POD_OWNERS = {"Deployment", "StatefulSet", "Job", "CronJob", "DaemonSet", "ReplicaSet"}
+# kinds without a namespace (the bootstrap's read of the nodes' zones, base/redis/rbac.yaml)
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 # the prod overlays expect an external PostgreSQL; only dev runs one
 POSTGRES_OVERLAYS = ("dev",)
 
@@ -305,7 +307,7 @@ def test_overlay_renders_everything(overlay: str) -> None:
     namespace = NAMESPACES[overlay]
     assert [o["metadata"]["name"] for o in objects(overlay, "Namespace")] == [namespace]
     for o in rendered(overlay):
-        if o["kind"] != "Namespace":
+        if o["kind"] not in CLUSTER_SCOPED:
             assert o["metadata"].get("namespace") == namespace, f"{o['kind']}/{o['metadata']['name']}"
         assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "shardlb"
 
@@ -887,10 +889,136 @@ def test_redis_statefulset(overlay: str) -> None:
     assert selects(pdb["spec"]["selector"], labels) and pdb["spec"]["maxUnavailable"] == 1
 
 
+ZONE = "topology.kubernetes.io/zone"
+HOST = "kubernetes.io/hostname"
+# the prod overlays require one Redis node per machine; dev prefers it
+REQUIRED_HOST_OVERLAYS = ("prod", "prod-loadtest", "prod-write-pool")
+
+
+def zone_spread(obj: dict[str, Any]) -> dict[str, Any]:
+    """The pod template's spread over zones: it must still schedule where there is one zone, or
+    nodes without the label (kind, minikube), so ScheduleAnyway (DoNotSchedule would leave every
+    pod pending on a node without the label)."""
+    found = [s for s in pod_spec(obj).get("topologySpreadConstraints", []) if s["topologyKey"] == ZONE]
+    assert len(found) == 1, f"{obj['metadata']['name']}: no spread over {ZONE}"
+    (spread,) = found
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway" and spread["maxSkew"] == 1
+    assert selects(spread["labelSelector"], pod_labels(obj))
+    return spread
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_redis_nodes_and_routers_spread_over_zones(overlay: str) -> None:
+    """Prod kept one Redis node per machine, and nothing per zone: the scheduler could put a master
+    and its replica in one zone, and that zone's outage took both (the shard's slots uncovered, the
+    cluster down). Redis nodes and both router pools spread over the zones, and keep their
+    per-machine rule (required for Redis in prod). Which node of a zone is whose replica is the
+    bootstrap's plan (test_the_bootstrap_pairs_masters_and_replicas_by_zone)."""
+    sts = get(overlay, "StatefulSet", REDIS)
+    zone_spread(sts)
+    labels = pod_labels(sts)
+    anti = pod_spec(sts)["affinity"]["podAntiAffinity"]
+    rules = (
+        anti.get("requiredDuringSchedulingIgnoredDuringExecution", [])
+        if overlay in REQUIRED_HOST_OVERLAYS
+        else [t["podAffinityTerm"] for t in anti.get("preferredDuringSchedulingIgnoredDuringExecution", [])]
+    )
+    assert any(t["topologyKey"] == HOST and selects(t["labelSelector"], labels) for t in rules)
+    for name in (ROUTER, *([WRITE_POOL] if overlay in WRITE_POOL_OVERLAYS else [])):
+        deployment = get(overlay, "Deployment", name)
+        zone_spread(deployment)
+        keys = {s["topologyKey"] for s in pod_spec(deployment)["topologySpreadConstraints"]}
+        assert HOST in keys, name
+
+
+def rbac_rules(docs: tuple[dict[str, Any], ...], account: str, namespace: str) -> list[dict[str, Any]]:
+    """Every rule granted to a ServiceAccount through the (Cluster)RoleBindings of a render."""
+    roles = {(o["kind"], o["metadata"]["name"]): o for o in docs if o["kind"] in ("Role", "ClusterRole")}
+    out = []
+    for binding in (o for o in docs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        if any(
+            (s["kind"], s["name"], s.get("namespace", namespace)) == ("ServiceAccount", account, namespace)
+            for s in binding["subjects"]
+        ):
+            ref = binding["roleRef"]
+            assert (ref["kind"], ref["name"]) in roles, f"{binding['metadata']['name']} binds a missing role"
+            rules = roles[(ref["kind"], ref["name"])]["rules"]
+            out += [{**rule, "cluster": binding["kind"] == "ClusterRoleBinding"} for rule in rules]
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_bootstrap_pairs_masters_and_replicas_by_zone(overlay: str) -> None:
+    """`redis-cli --cluster create` pairs by IP address, which tells nothing in Kubernetes (every pod
+    has its own). The Job's init container (node-zones.py, on the router's image) reads each Redis
+    pod's machine's zone label and hands the file to cluster-bootstrap.sh (REDIS_ZONES_FILE), which
+    puts a master and its replicas in different zones (tests/test_k8s_scripts.py). Only that
+    container holds an API token, and its account may read the StatefulSet, its pods and the
+    nodes, nothing else; the cluster-wide objects carry the namespace in their names, so two
+    installs in one cluster do not take each other's."""
+    job = get(overlay, "Job", "redis-cluster-bootstrap")
+    spec = pod_spec(job)
+    (init,) = spec["initContainers"]
+    boot = container(job, "bootstrap")
+    assert init["command"] == ["python", "/scripts/node-zones.py"]
+    assert init["image"] == container(get(overlay, "Deployment", ROUTER), "router")["image"]
+    init_env = {e["name"]: e.get("value") for e in init["env"]}
+    boot_env = {e["name"]: e.get("value") for e in boot["env"]}
+    assert init_env["REDIS_STATEFULSET"] == REDIS
+    zones_file = init_env["ZONES_FILE"]
+    assert boot_env["REDIS_ZONES_FILE"] == zones_file
+    mounts = {c["name"]: {m["name"]: m for m in c["volumeMounts"]} for c in (init, boot)}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    shared = [
+        name
+        for name, m in mounts[init["name"]].items()
+        if zones_file.startswith(m["mountPath"].rstrip("/") + "/")
+        and name in mounts["bootstrap"]
+        and "emptyDir" in volumes[name]
+    ]
+    assert len(shared) == 1, "the init container writes the file where the bootstrap reads it"
+    assert mounts[init["name"]]["scripts"]["mountPath"] == "/scripts"
+    # the token: mounted in the init container only
+    assert spec["automountServiceAccountToken"] is False
+    tokens = [
+        n
+        for n, v in volumes.items()
+        if any("serviceAccountToken" in source for source in v.get("projected", {}).get("sources", []))
+    ]
+    assert len(tokens) == 1
+    assert mounts[init["name"]][tokens[0]]["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert tokens[0] not in mounts["bootstrap"]
+    # what the account may do: read the StatefulSet, list its pods, get nodes; nothing more
+    namespace = NAMESPACES[overlay]
+    account = spec["serviceAccountName"]
+    (sa,) = [o for o in objects(overlay, "ServiceAccount") if o["metadata"]["name"] == account]
+    assert sa["automountServiceAccountToken"] is False
+    granted = {
+        (group, resource, verb, rule["cluster"], tuple(rule.get("resourceNames", ())))
+        for rule in rbac_rules(rendered(overlay), account, namespace)
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("apps", "statefulsets", "get", False, (REDIS,)),
+        ("", "pods", "list", False, ()),
+        ("", "nodes", "get", True, ()),
+    }
+    for o in rendered(overlay):
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            assert namespace in o["metadata"]["name"], o["metadata"]["name"]
+    # it reaches the API server (its address and port vary: 443 behind the Service, 6443 often
+    # behind the DNAT), and still nothing else outside
+    bootstrap = pod_labels(job)
+    assert egress_outside(overlay, bootstrap, 443) and egress_outside(overlay, bootstrap, 6443)
+    assert not egress_outside(overlay, bootstrap, 80) and not egress_outside(overlay, bootstrap, 6379)
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_redis_scripts_ship_from_the_files(overlay: str) -> None:
     cm = generated(overlay, "ConfigMap", "redis-cluster-scripts")
-    files = {p.name: p.read_text() for p in (K8S / "base" / "redis").glob("*.sh")}
+    files = {p.name: p.read_text() for p in (K8S / "base" / "redis").iterdir() if p.suffix in (".sh", ".py")}
     assert cm["data"] == files
     for owner in (get(overlay, "StatefulSet", REDIS), get(overlay, "Job", "redis-cluster-bootstrap")):
         volumes = {v["name"]: v for v in pod_spec(owner)["volumes"]}
@@ -944,6 +1072,11 @@ def test_every_redis_client_has_the_password(overlay: str) -> None:
     assert {ROUTER, "redis-cluster-bootstrap"} <= names, names
     for owner in clients:
         for c in containers(pod_spec(owner)):
+            if c in pod_spec(owner).get("initContainers", []) and c["name"] == "zones":
+                # the zones init container talks to the Kubernetes API, never to Redis: it holds
+                # the API token and not the password
+                assert "REDIS_PASSWORD" not in secret_env(c) and not c.get("envFrom")
+                continue
             assert redis_password_ref(c) == REDIS_SECRET, f"{owner['metadata']['name']}/{c['name']}"
     # the router takes it in its URL, as redis://:PASSWORD@seed,seed,...; the ConfigMap holds no
     # password, and the client made from the URL carries it to every node it connects to
@@ -982,10 +1115,10 @@ def test_network_policies_admit_the_redis_clients_only(overlay: str) -> None:
             assert admits(overlay, labels, redis, 6379) == (owner in redis_clients(overlay)), owner[
                 "metadata"
             ]["name"]
-    # every pod that resolves names may ask DNS
+    # every pod that resolves names may ask DNS; only the bootstrap the API server (its zones)
     for labels in (router, bootstrap, redis):
         assert egress_outside(overlay, labels, 53)
-        assert not egress_outside(overlay, labels, 443)
+        assert egress_outside(overlay, labels, 443) == (labels == bootstrap)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

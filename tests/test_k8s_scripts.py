@@ -28,6 +28,8 @@ when the "pods" move, as the headless Service's DNS records change in a cluster.
 from __future__ import annotations
 
 import contextlib
+import http.server
+import json
 import os
 import random
 import secrets
@@ -36,7 +38,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +58,9 @@ REPLICAS = 1
 SLOTS = 16384
 NODE_TIMEOUT_MS = 2000
 CONVERGE_S = 40.0
+# The "pods'" zones, as a scheduler may place them: `redis-cli --cluster create` makes nodes 0-2
+# masters and 3, 4, 5 replicas of 2, 0, 1 (by address alone), which here is each in its master's zone.
+ZONES = ("zone-a", "zone-b", "zone-c", "zone-c", "zone-a", "zone-b")
 # what the redis-auth Secret holds in a pod (README: openssl rand -hex 32)
 PASSWORD = secrets.token_hex(32)
 
@@ -228,11 +235,15 @@ class LoopbackCluster:
             proc.wait(timeout=5)
 
     def bootstrap(self, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        # what the Job's init container writes from the nodes' topology.kubernetes.io/zone labels
+        zones = self.base / "zones"
+        zones.write_text("".join(f"redis-cluster-{i} {zone}\n" for i, zone in enumerate(ZONES)))
         env = self.env(
             REDIS_NODES=self.node_list(),
             REDIS_REPLICAS=str(REPLICAS),
             REDIS_BOOTSTRAP_TIMEOUT="30",
             REDIS_POLL_INTERVAL="0.3",
+            REDIS_ZONES_FILE=str(zones),
         )
         return subprocess.run(
             ["bash", str(SCRIPTS / "cluster-bootstrap.sh")],
@@ -377,6 +388,13 @@ def test_first_bootstrap_forms_the_cluster(formed: LoopbackCluster, first_bootst
         assert info["cluster_slots_assigned"] == str(SLOTS)
         assert info["cluster_known_nodes"] == str(NODES)
     assert sum(len(t[3]) > 0 for t in topo.values()) == 3
+    # every replica is in another zone than its master, and each zone holds one master
+    ordinal = {v.node_id: int(v.hostname.split("-")[-1].split(".")[0]) for v in c.cluster_nodes(0).values()}
+    zone = {node_id: ZONES[i] for node_id, i in ordinal.items()}
+    for node_id, (role, master_id, _, _) in topo.items():
+        if role == "replica":
+            assert zone[node_id] != zone[master_id], first_bootstrap.stderr
+    assert sorted(zone[n] for n, t in topo.items() if t[0] == "master") == sorted(set(ZONES))
     # every node announces its stable name, and clients are given names, not IPs
     views = c.cluster_nodes(0)
     assert sorted(v.hostname for v in views.values()) == sorted(c.hostname(i) for i in range(NODES))
@@ -584,6 +602,206 @@ def test_probe_holds_a_replica_unready_until_it_has_its_masters_data(tmp_path: P
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # our own process groups only
             proc.wait(timeout=5)
+
+
+def _plan(zones: list[str], replicas: int) -> tuple[dict[int, int | None], list[str]]:
+    """redis-lib.sh's plan_shards for nodes 0..N-1 in these zones ("" for a node without the label):
+    node -> its master (None for a master), and the warnings it printed."""
+    lines = "".join(f"10.0.0.{i}:6379 {zone}\n" for i, zone in enumerate(zones))
+    result = subprocess.run(
+        ["bash", "-c", f'. "{SCRIPTS / "redis-lib.sh"}" && plan_shards {replicas}'],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert result.returncode == 0, result.stderr
+    node = {f"10.0.0.{i}:6379": i for i in range(len(zones))}
+    roles: dict[int, int | None] = {}
+    for line in result.stdout.splitlines():
+        kind, *addresses = line.split()
+        if kind == "master":
+            roles[node[addresses[0]]] = None
+        else:
+            assert kind == "replica", line
+            roles[node[addresses[0]]] = node[addresses[1]]
+    assert sorted(roles) == list(range(len(zones))), "every node once"
+    return roles, result.stderr.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("zones", "replicas"),
+    [
+        pytest.param(["a", "b", "c"] * 4, 1, id="prod-12-nodes-3-zones-as-spread"),
+        pytest.param(["a"] * 4 + ["b"] * 4 + ["c"] * 4, 1, id="12-nodes-3-zones-in-order"),
+        pytest.param(["a", "b", "c", "a", "b", "c"], 1, id="6-nodes-3-zones"),
+        pytest.param(["a", "b", "a", "b", "a", "b"], 1, id="6-nodes-2-zones"),
+        pytest.param(["a", "b", "c"] * 3, 2, id="9-nodes-2-replicas"),
+        pytest.param(["b", "a", "c", "c", "a", "b", "a", "b"], 1, id="8-nodes-extra-replicas"),
+    ],
+)
+def test_the_bootstrap_puts_a_master_and_its_replicas_in_different_zones(
+    zones: list[str], replicas: int
+) -> None:
+    """`redis-cli --cluster create` pairs replicas with masters by IP address only, and every pod
+    has its own: a master and its replica could share a zone, and a zone outage then took both (the
+    shard's slots uncovered, the cluster down). The bootstrap plans the pairs from the nodes' zones
+    (their machines' topology.kubernetes.io/zone): where no zone holds more nodes than there are
+    masters, every shard's nodes are in distinct zones, and the masters spread over the zones."""
+    roles, warnings = _plan(zones, replicas)
+    masters = [n for n, master in roles.items() if master is None]
+    assert len(masters) == len(zones) // (replicas + 1)
+    for n, master in roles.items():
+        if master is not None:
+            assert roles[master] is None, "a replica follows a master"
+            assert zones[n] != zones[master], (n, master)
+    for m in masters:
+        own = [n for n, master in roles.items() if master == m]
+        assert len(own) >= replicas
+        assert len({zones[n] for n in own}) == len(own), "a master's replicas in distinct zones"
+    per_zone = [sum(zones[m] == z for m in masters) for z in set(zones)]
+    assert max(per_zone) - min(per_zone) <= 1, "masters spread over the zones"
+    assert warnings == []
+
+
+@pytest.mark.parametrize("zones", [[""] * 6, ["z"] * 6], ids=["no-zone-labels", "one-zone"])
+def test_the_bootstrap_plan_without_zones_is_an_ordinary_cluster(zones: list[str]) -> None:
+    """A cluster without zone labels, or with one zone (kind, minikube): the first third are masters,
+    each followed by one node, as `redis-cli --cluster create` made them; nothing to warn about."""
+    roles, warnings = _plan(zones, 1)
+    assert roles == {0: None, 1: None, 2: None, 3: 0, 4: 1, 5: 2}
+    assert warnings == []
+
+
+def test_the_bootstrap_warns_of_a_pair_that_must_share_a_zone() -> None:
+    """Four nodes of six in one zone: one of the three shards cannot but keep both copies there."""
+    zones = ["a", "a", "b", "a", "b", "a"]
+    roles, warnings = _plan(zones, 1)
+    shared = [n for n, master in roles.items() if master is not None and zones[n] == zones[master]]
+    assert len(shared) == 1
+    assert len(warnings) == 1 and "same zone" in warnings[0] and "a" in warnings[0]
+
+
+class FakeApi(http.server.ThreadingHTTPServer):
+    """The few GETs node-zones.py makes of the Kubernetes API: a StatefulSet of 4 pods, scheduled one
+    more at each listing of its pods, on nodes of which one has no zone label; every path asked is
+    kept, and a forbidden one answers 403 as a missing RBAC rule would."""
+
+    def __init__(self, forbidden: str = "") -> None:
+        self.asked: list[str] = []
+        self.listings = 0
+        self.forbidden = forbidden
+        super().__init__(("127.0.0.1", 0), FakeApiHandler)
+
+    def answer(self, path: str) -> tuple[int, object]:
+        self.asked.append(path)
+        if self.forbidden and path.startswith(self.forbidden):
+            return 403, {"kind": "Status", "reason": "Forbidden"}
+        selector = {"app.kubernetes.io/name": "redis-cluster", "app.kubernetes.io/component": "redis"}
+        if path == "/apis/apps/v1/namespaces/ns/statefulsets/redis-cluster":
+            return 200, {"spec": {"replicas": 4, "selector": {"matchLabels": selector}}}
+        if path.startswith("/api/v1/namespaces/ns/pods?"):
+            query = urllib.parse.parse_qs(path.partition("?")[2])
+            assert query["labelSelector"] == [",".join(f"{k}={v}" for k, v in sorted(selector.items()))]
+            self.listings += 1
+            nodes = ["m1", "m2", "m3", "m1"]
+
+            def placed(i: int, node: str) -> dict[str, str]:
+                return {"nodeName": node} if i < self.listings else {}
+
+            # pod i is scheduled from the (i + 1)th listing on
+            items = [
+                {"metadata": {"name": f"redis-cluster-{i}"}, "spec": placed(i, node)}
+                for i, node in enumerate(nodes)
+            ]
+            items.append({"metadata": {"name": "redis-cluster-9"}, "spec": {"nodeName": "m9"}})  # scaled away
+            return 200, {"items": items}
+        zones = {"m1": "zone-a", "m2": "zone-b"}
+        if path.startswith("/api/v1/nodes/"):
+            name = path.rpartition("/")[2]
+            labels = {"kubernetes.io/hostname": name}
+            if name in zones:
+                labels["topology.kubernetes.io/zone"] = zones[name]
+            return 200, {"metadata": {"name": name, "labels": labels}}
+        return 404, {"kind": "Status", "reason": "NotFound"}
+
+
+class FakeApiHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        assert isinstance(self.server, FakeApi)
+        status, body = self.server.answer(self.path)
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _node_zones(tmp_path: Path, api: FakeApi, timeout: str = "30") -> subprocess.CompletedProcess[str]:
+    thread = threading.Thread(target=api.serve_forever, daemon=True)
+    thread.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS", "ZONES"))}
+    env.update(
+        ZONES_FILE=str(tmp_path / "zones"),
+        ZONES_API=f"http://127.0.0.1:{api.server_address[1]}",
+        ZONES_NAMESPACE="ns",
+        ZONES_POLL_INTERVAL="0.05",
+        ZONES_TIMEOUT=timeout,
+    )
+    try:
+        script = str(SCRIPTS / "node-zones.py")
+        return subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        api.shutdown()
+        api.server_close()
+
+
+def test_node_zones_reads_each_pods_zone_from_its_machine(tmp_path: Path) -> None:
+    """The bootstrap's zones come from the machines' labels: node-zones.py waits for every pod of the
+    StatefulSet to be scheduled, then writes `POD ZONE` for each (empty for a machine without the
+    label), and reads nothing but the StatefulSet, its pods and their nodes."""
+    api = FakeApi()
+    result = _node_zones(tmp_path, api)
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "zones").read_text().splitlines()
+    assert lines == [
+        "redis-cluster-0 zone-a",
+        "redis-cluster-1 zone-b",
+        "redis-cluster-2 ",  # its machine has no zone label
+        "redis-cluster-3 zone-a",
+    ]
+    assert api.listings == 4, "it waited for the scheduler"
+    assert {path.partition("?")[0] for path in api.asked} == {
+        "/apis/apps/v1/namespaces/ns/statefulsets/redis-cluster",
+        "/api/v1/namespaces/ns/pods",
+        "/api/v1/nodes/m1",
+        "/api/v1/nodes/m2",
+        "/api/v1/nodes/m3",
+    }
+    # and the bootstrap's plan from those zones: the two nodes of zone-a are not a pair
+    roles, _ = _plan([line.partition(" ")[2] for line in lines], 1)
+    assert roles[3] != 0 and roles[0] != 3
+
+
+def test_node_zones_fails_when_the_api_refuses(tmp_path: Path) -> None:
+    """Without its RBAC objects the Job fails where it can be seen, rather than pair blindly."""
+    result = _node_zones(tmp_path, FakeApi(forbidden="/api/v1/nodes/"))
+    assert result.returncode == 1
+    assert "403" in result.stderr and "rbac.yaml" in result.stderr
+    assert not (tmp_path / "zones").exists()
+
+
+def test_node_zones_leaves_out_a_pod_never_scheduled(tmp_path: Path) -> None:
+    api = FakeApi()
+    api.listings = -(10**6)  # no pod is ever scheduled
+    result = _node_zones(tmp_path, api, timeout="0.3")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "zones").read_text() == ""
+    assert "left without a zone: redis-cluster-0 redis-cluster-1" in result.stderr
 
 
 def test_bootstrap_refuses_too_few_nodes(tmp_path: Path) -> None:

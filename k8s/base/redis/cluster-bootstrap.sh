@@ -5,9 +5,11 @@
 #   - if any node already belongs to a cluster (knows other nodes or owns slots) it changes
 #     nothing: it waits for cluster_state:ok (a restart may still be settling) and exits 0, or
 #     exits 1 after REDIS_BOOTSTRAP_TIMEOUT with a hint, never touching the cluster;
-#   - otherwise all nodes are empty: `redis-cli --cluster create` makes
-#     N / (REDIS_REPLICAS + 1) masters with REDIS_REPLICAS replicas each, then it waits until every
-#     node reports cluster_state:ok.
+#   - otherwise all nodes are empty: it makes N / (REDIS_REPLICAS + 1) masters with
+#     REDIS_REPLICAS replicas each, paired by zone (plan_shards in redis-lib.sh: a master and its
+#     replicas in different zones, the masters spread over the zones): `redis-cli --cluster create`
+#     of the masters, then `--cluster add-node --cluster-slave` of each replica to its master; then
+#     it waits until every node reports cluster_state:ok.
 # So running it again (the Job re-applied, a retried pod) is always safe.
 #
 # Settings (environment):
@@ -16,6 +18,10 @@
 #   REDIS_REPLICAS           replicas per master (1)
 #   REDIS_BOOTSTRAP_TIMEOUT  seconds to wait for the nodes and for cluster_state:ok (600)
 #   REDIS_POLL_INTERVAL      seconds between checks (2)
+#   REDIS_ZONES_FILE         `NAME ZONE` lines: each node's zone, NAME its host or the host's first
+#                            label (the pod name); the Job's init container writes it from the
+#                            nodes' machines' topology.kubernetes.io/zone labels (node-zones.py).
+#                            Unset, or a node not in it: no zone (redis-cli's pairing, in effect)
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=redis-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/redis-lib.sh"
@@ -87,9 +93,32 @@ while :; do
     sleep "$REDIS_POLL_INTERVAL"
 done
 
-# 2. Every node answers and none is in a cluster: create it.
+# zone_of HOST: HOST's zone in REDIS_ZONES_FILE, by its full name or its first label ("" if none)
+zone_of() {
+    [[ -n ${REDIS_ZONES_FILE:-} ]] || return 0
+    awk -v host="$1" -v pod="${1%%.*}" '$1 == host || $1 == pod { print $2; exit }' "$REDIS_ZONES_FILE"
+}
+
+# 2. Every node answers and none is in a cluster: create it, with the pairs planned by zone (all
+# nodes answered, so addrs[i] is nodes[i]'s address).
+declare -A zone_at
+for i in "${!nodes[@]}"; do
+    zone_at[${addrs[$i]}]=$(zone_of "${nodes[$i]%:*}")
+done
+plan=$(for a in "${addrs[@]}"; do printf '%s %s\n' "$a" "${zone_at[$a]}"; done | plan_shards "$REDIS_REPLICAS")
+mapfile -t masters < <(awk '$1 == "master" { print $2 }' <<<"$plan")
 log "creating the cluster: ${#addrs[@]} nodes, $REDIS_REPLICAS replica(s) per master: ${addrs[*]}"
-rcli --cluster create "${addrs[@]}" --cluster-replicas "$REDIS_REPLICAS" --cluster-yes
+for a in "${masters[@]}"; do
+    log "  master $a (zone ${zone_at[$a]:-unknown})"
+done
+rcli --cluster create "${masters[@]}" --cluster-replicas 0 --cluster-yes
+while read -r kind address master; do
+    [[ $kind == replica ]] || continue
+    id=$(rcli -h "${master%:*}" -p "${master##*:}" cluster myid | tr -d '\r')
+    [[ -n $id ]] || die "no node id from the master $master"
+    log "  replica $address (zone ${zone_at[$address]:-unknown}) of $master (zone ${zone_at[$master]:-unknown})"
+    rcli --cluster add-node "$address" "$master" --cluster-slave --cluster-master-id "$id"
+done <<<"$plan"
 
 # 3. Wait until every node agrees.
 wait_ok "${addrs[@]}" || die "the cluster was created but did not reach cluster_state:ok in time"

@@ -74,3 +74,53 @@ local_host() {
         *) printf '%s\n' "${first#-}" ;;
     esac
 }
+
+# plan_shards REPLICAS: which nodes the bootstrap makes masters and whose replica each other node
+# becomes, from their zones. stdin: `ADDRESS ZONE` per node (ZONE empty when unknown), in
+# REDIS_NODES order; stdout: `master ADDRESS` per master, then `replica ADDRESS MASTER_ADDRESS`;
+# stderr: a warning per replica that must share its master's zone where there are several zones.
+#
+# `redis-cli --cluster create` pairs replicas with masters by IP address only, and every pod has
+# its own, so a master and its replica could share a zone (one outage, both copies gone). Here the
+# nodes are sorted by zone (a stable sort: REDIS_NODES order within a zone) and the node at
+# position p joins shard p mod M (M = N / (REPLICAS + 1) shards): a zone's nodes are consecutive,
+# so no shard gets two of one zone unless that zone holds more than M nodes, which no plan could
+# avoid. Each shard's master is the member whose zone has the fewest masters so far, spreading the
+# masters over the zones. Without zones (all equal or empty) this is nodes 0..M-1 as masters, node
+# M + i a replica of node i, as redis-cli made them.
+plan_shards() {
+    awk -v replicas="$1" '
+        {
+            n = NR
+            addr[n] = $1
+            zone[n] = NF > 1 ? $2 "" : ""
+            if (!(zone[n] in seen)) zones++
+            seen[zone[n]] = 1
+        }
+        END {
+            m = int(n / (replicas + 1))
+            for (i = 1; i <= n; i++) order[i] = i
+            for (i = 2; i <= n; i++)
+                for (j = i; j > 1 && zone[order[j - 1]] "" > zone[order[j]] ""; j--) {
+                    t = order[j]; order[j] = order[j - 1]; order[j - 1] = t
+                }
+            for (p = 0; p < n; p++) member[p % m, ++size[p % m]] = order[p + 1]
+            for (s = 0; s < m; s++) {
+                best = member[s, 1]
+                for (k = 2; k <= size[s]; k++)
+                    if (masters[zone[member[s, k]]] + 0 < masters[zone[best]] + 0) best = member[s, k]
+                head[s] = best
+                masters[zone[best]]++
+            }
+            for (s = 0; s < m; s++) print "master", addr[head[s]]
+            for (s = 0; s < m; s++)
+                for (k = 1; k <= size[s]; k++) {
+                    r = member[s, k]
+                    if (r == head[s]) continue
+                    print "replica", addr[r], addr[head[s]]
+                    if (zones > 1 && zone[r] == zone[head[s]])
+                        printf "warning: %s and its master %s are in the same zone, %s: more of its nodes than masters\n", \
+                            addr[r], addr[head[s]], zone[r] > "/dev/stderr"
+                }
+        }'
+}
