@@ -176,7 +176,13 @@ async def test_a_rebalance_in_the_middle_of_writes_ends_equal_to_the_reference(
     await store.create(config)
     ref = ReferenceBoard(config)
     now = times.now_ms()
-    sent: list[Score] = []
+    # Players the writers never touch, with distinct points and most of them in the lower band: the
+    # skew `--apply` must fix. The writers' own players soon sit on a few values (a best board's
+    # players reach its best choice), which no new starts can split: how far they got by the time
+    # the command read the board decided whether it resharded, so a quiet machine failed this.
+    sent = [Score(f"q{i:03d}", 1 + i * 4, f"pre-{i}", now - 1000) for i in range(200)]
+    sent += [Score(f"r{i:03d}", 901 + i, f"pre-r{i}", now - 1000) for i in range(20)]
+    await (await store.get(config.id)).submit(sent, now_ms=now)
     try:
         async with clients(cluster_url, config.id, CLIENTS) as boards:
             routers = [Router(store, config.id) for _ in boards]
