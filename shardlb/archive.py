@@ -798,7 +798,9 @@ async def repair_bands(store: BoardStore, stop: asyncio.Event, every_s: float) -
     archivers spread their passes. A move whose band calls were lost (a router that died after the
     home shard's commit, a call that timed out) is finished within ``every_s`` plus a pass, whether
     or not the player posts again. A pass over a board with nothing pending is one HLEN per home
-    shard. Several archivers may run it at once, beside the writes: band moves are versioned."""
+    shard. Several archivers may run it at once, beside the writes: band moves are versioned.
+    Each pass also forgets the versions of players removed longer ago than the dedup window
+    (``Board.prune``), so a board whose players churn keeps versions bounded by the players it holds."""
     while not stop.is_set():
         await _sleep(stop, every_s * random.uniform(0.5, 1.0))
         if stop.is_set():
@@ -814,17 +816,22 @@ async def repair_bands(store: BoardStore, stop: asyncio.Event, every_s: float) -
         for board in boards:
             try:
                 done = await board.repair()
+                if done:
+                    BAND_REPAIRS.inc(done)
+                    log.info(
+                        "pending band moves finished",
+                        extra={"fields": {"board": board.config.id, "players": done}},
+                    )
+                forgotten = await board.prune()
+                if forgotten:
+                    log.info(
+                        "versions of removed players forgotten",
+                        extra={"fields": {"board": board.config.id, "players": forgotten}},
+                    )
             except Exception as e:  # a board deleted or resharded meanwhile, or the cluster failing
                 failed = {"board": board.config.id, "error": repr(e)}
                 log.warning(
                     "band repair failed; retrying", extra={"fields": failed}, exc_info=not _passing(e)
-                )
-                continue
-            if done:
-                BAND_REPAIRS.inc(done)
-                log.info(
-                    "pending band moves finished",
-                    extra={"fields": {"board": board.config.id, "players": done}},
                 )
 
 

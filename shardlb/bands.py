@@ -13,6 +13,12 @@ band board every few seconds (shardlb/archive.py, ``repair_bands``): a move whos
 lost is finished then, whether or not the player posts again. Band ops carry the version, so a move
 sent twice, late, out of order or by several processes at once ends in the state of the newest
 write: the band shards converge to the home shard's (version, total) whatever failed in between.
+
+A removal (shardlb/moderation.py: moderation, or the inactive cleanup) bumps the version once more
+and drops the player from every band at it, so every band shard keeps the version as a tombstone
+against a late move. Those versions are forgotten once the removal is older than the dedup window
+(an hour at least): ``prune``, run by the same repair loop, so a board whose players churn keeps
+versions for the players it holds and the recent removals, not for everyone who ever posted.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
-from shardlb import keys
+from shardlb import keys, times
 from shardlb.fanout import batch
 
 if TYPE_CHECKING:
@@ -44,6 +50,12 @@ class Move(NamedTuple):
 # Pending moves a repair reads and sends at a time (HSCAN's COUNT hint): a backlog left by a band
 # shard that was away is worked through in calls of bounded size.
 REPAIR_CHUNK = 500
+
+
+# A removed player's versions are kept this long after the removal at the least, whatever the
+# board's dedup window: a band move made before the removal (a call held in a client's retries
+# through a failover, a repair that read the move just before) has landed or been given up by then.
+FORGET_AFTER_MIN_MS = 3_600_000
 
 
 class BandMoves:
@@ -105,6 +117,81 @@ class BandMoves:
             for player, version, pending, total in zip(players, versions, bands, totals, strict=True)
             if version is not None and pending is not None  # confirmed meanwhile: nothing to send
         ]
+
+    async def prune(self, now_ms: int | None = None) -> int:
+        """Forget the versions of players removed longer ago than the dedup window (at least
+        FORGET_AFTER_MIN_MS), at most REPAIR_CHUNK per home shard and call; return how many.
+
+        The home shard lists them (``vrm``, remove.lua). One ZRANGEBYSCORE per home shard (one
+        pipeline per node) first: a board with none to forget costs no more. Each player's version,
+        pending move and total are read in one MULTI on their home shard; a player still gone there,
+        their removal confirmed (nothing pending), is forgotten on every band shard (prune.lua:
+        only a version at most the removal's, and no row), then, once every band answered, on the
+        home shard, only while nothing changed there. Bands first: a router of the release before
+        numbers a player without a version from 1 again, so no band may keep one after the home
+        shard forgot it (a call that fails leaves the home's version, and the player listed)."""
+        board = self.board
+        now = times.now_ms() if now_ms is None else now_ms
+        cutoff = now - max(board.config.dedup_window_s * 1000, FORGET_AFTER_MIN_MS)
+        homes = range(board.config.sharding.shards)
+        pipe = batch(board.client)
+        for home in homes:
+            key = keys.removed_versions_key(board.prefixes[home])
+            pipe.execute_command("ZRANGEBYSCORE", key, "-inf", cutoff, "LIMIT", 0, REPAIR_CHUNK)
+        done = 0
+        for home, listed in zip(homes, await pipe.execute(), strict=True):
+            if listed:
+                done += await self._prune_home(home, [str(p) for p in listed], cutoff)
+        return done
+
+    async def _prune_home(self, home: int, players: list[str], cutoff: int) -> int:
+        prefix = self.board.prefixes[home]
+        async with self.board.client.pipeline(transaction=True) as pipe:
+            pipe.hmget(keys.version_key(prefix), players)
+            pipe.hmget(keys.pending_key(prefix), players)
+            pipe.zmscore(keys.period_key(prefix, "total"), players)
+            versions, moving, totals = await pipe.execute()
+        gone = {
+            player: int(version)
+            for player, version, pending, total in zip(players, versions, moving, totals, strict=True)
+            if version is not None and pending is None and total is None
+        }
+        await self.forget(gone)
+        args: list[Any] = [cutoff]
+        for player in players:  # 0: only to leave `vrm` (posted again, or forgotten meanwhile)
+            args += [player, gone.get(player, 0)]
+        key_list = [
+            keys.period_key(prefix, "total"), keys.version_key(prefix), keys.index_key(prefix),
+            keys.gone_key(prefix), keys.pending_key(prefix), keys.removed_versions_key(prefix),
+            keys.version_floor_key(prefix),
+        ]  # fmt: skip
+        try:
+            return int(await self.board.scripts.prune(keys=key_list, args=args))
+        except ResponseError as e:
+            raise self.board.gone(e) from e
+
+    async def forget(self, versions: dict[str, int]) -> None:
+        """Forget on every band shard the versions of players gone from the board, each only where
+        it is at most the one given and the player has no row (prune.lua)."""
+        if not versions:
+            return
+        args: list[Any] = [0]
+        for player, version in versions.items():
+            args += [player, version]
+        prefixes, board = self.board.prefixes, self.board
+        calls = [
+            [
+                keys.period_key(prefixes[s], "total"),
+                keys.version_key(prefixes[s]),
+                keys.index_key(prefixes[s]),
+                keys.gone_key(prefixes[s]),
+            ]
+            for s in range(board.config.sharding.shards, board.layout.physical)
+        ]
+        try:
+            await asyncio.gather(*(board.scripts.prune(keys=k, args=args) for k in calls))
+        except ResponseError as e:
+            raise board.gone(e) from e
 
     async def _send(self, moves: Sequence[Move], pipeline: ScriptPipeline | None = None) -> None:
         """The band calls of ``moves``: every add first (and the drops of removed players, which

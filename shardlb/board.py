@@ -486,6 +486,11 @@ class Board:
         """Finish band moves that a failed call left pending (band boards); return how many."""
         return await self.bands.repair() if self.layout.strategy == "band" else 0
 
+    async def prune(self, now_ms: int | None = None) -> int:
+        """Forget the versions of players removed longer ago than the dedup window (band boards:
+        ``BandMoves.prune``); return how many."""
+        return await self.bands.prune(now_ms) if self.layout.strategy == "band" else 0
+
     def _quarters_like(self, quarter: int) -> tuple[int, int]:
         """The quarter hours around ``quarter`` (at most a day either way) whose results go to the
         same periods: (first, last)."""

@@ -250,6 +250,7 @@ class Scripts:
     ack: Script
     recount: Script
     forget: Script
+    prune: Script
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:

@@ -10,6 +10,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:pspan                    "<span>:<bucket>": pin hashes' span, since when
     lb:{<tag>}:<board>:<inc>:<shard>:idx                      this shard's keys, scored by expiry
     lb:{<tag>}:<board>:<inc>:<shard>:ver / :pend              band boards: versions, unfinished band moves
+    lb:{<tag>}:<board>:<inc>:<shard>:vrm / :vfl               band homes: removed players' versions, floor
     lb:{<tag>}:<board>:<inc>:<shard>:gone                     set (with a TTL) when the board is deleted
     lb:{<tag>}:<board>:<inc>:<shard>:log                      the journal: a stream of applied results
     lb:{<tag>}:<board>:<inc>:<shard>:logn                     its results not archived yet (a count)
@@ -161,6 +162,19 @@ def version_key(prefix: str) -> str:
 
 def pending_key(prefix: str) -> str:
     return prefix + "pend"
+
+
+def removed_versions_key(prefix: str) -> str:
+    """A band board's home shard: the players removed there whose versions are still kept (a
+    sorted set, player -> the removal's time, ms), until ``BandMoves.prune`` forgets them.
+    remove.lua builds this name itself from the prefix: keep the two in step."""
+    return prefix + "vrm"
+
+
+def version_floor_key(prefix: str) -> str:
+    """A band board's home shard: the highest version ``BandMoves.prune`` forgot there (a string).
+    A player without a version starts above it (write.lua, remove.lua build this name themselves)."""
+    return prefix + "vfl"
 
 
 def pin_key(prefix: str, bucket: int) -> str:

@@ -198,6 +198,7 @@ async def remove_on_shard(
             # A record below this is from a removal older than the dedup window (record_units of
             # that removal would be at least its time): remove.lua forgets it.
             max(0, (now - board.config.dedup_window_s * 1000 - codec.epoch_ms) // codec.unit_ms),
+            now,  # band boards: when the player's versions may be forgotten from (BandMoves.prune)
         ]
     )
     args = [header, msgpack.packb(list(players))]
@@ -275,13 +276,14 @@ async def cleanup(board: Board, now_ms: int | None = None, limit: int = CLEANUP_
     idle = board.config.inactive_after
     if not idle:
         return 0
-    cutoff = (times.now_ms() if now_ms is None else now_ms) - idle * 1000
+    now = times.now_ms() if now_ms is None else now_ms
+    cutoff = now - idle * 1000
     done = 0
     for shard in range(board.config.sharding.shards):
         key = keys.activity_key(board.prefixes[shard])
         stale = await board.client.zrangebyscore(key, "-inf", cutoff, start=0, num=limit)
         if stale:
-            done += len(await remove_on_shard(board, shard, [_text(p) for p in stale], cutoff))
+            done += len(await remove_on_shard(board, shard, [_text(p) for p in stale], cutoff, now))
     return done
 
 

@@ -490,7 +490,8 @@ class Rebuilder:
         while the band shards were being replaced may have been overwritten: every player whose
         version changed since it was read is sent again, a player removed meanwhile as a drop from
         the band the swap put them in (band.lua takes a move only with a newer version than it
-        holds, so nothing goes back in time)."""
+        holds, so nothing goes back in time), and every player whose version was forgotten
+        meanwhile (``BandMoves.prune``) is forgotten again on the bands."""
         start = time.perf_counter()
         await self.check_layout(board)
         layout, codec = board.layout, board.codec
@@ -528,6 +529,9 @@ class Rebuilder:
         for home in homes:
             prefix = board.prefixes[home]
             now = await self._versions(prefix)
+            # Forgotten since they were read (a removal long past: BandMoves.prune): the swap put
+            # back the removal's version on every band, which nothing would forget again.
+            await board.bands.forget({p: v for p, v in seen[home].items() if p not in now})
             changed = [p for p, v in now.items() if seen[home].get(p) != v]
             if not changed:
                 continue

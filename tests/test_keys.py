@@ -31,6 +31,8 @@ def test_all_keys_of_a_shard_share_one_slot() -> None:
         keys.index_key(prefix),
         keys.version_key(prefix),
         keys.pending_key(prefix),
+        keys.removed_versions_key(prefix),
+        keys.version_floor_key(prefix),
         keys.pin_key(prefix, 123),
         keys.pin_span_key(prefix),
         keys.gone_key(prefix),

@@ -11,7 +11,8 @@
 --         time_bits and earliest (1: tiebreak earliest) of the board's codec, to read the time of a
 --         score: a player's record is the later of removed_units and 1 + the latest time of their
 --         removed entries (a result dated ahead of the clock, up to 5 minutes, stays refused too),
---         forget_before (units: a record below it is from a removal older than the dedup window)
+--         forget_before (units: a record below it is from a removal older than the dedup window),
+--         removed_at (ms: the removal's time, recorded in `vrm` on band boards; absent: not recorded)
 -- ARGV[2] MessagePack array of player ids
 -- Returns {'stale'} when the key index lists a key the caller did not pass (a period began since it
 -- read the index: it reads again), else {'ok', journal id or '', per player: 1 removed / 0 absent,
@@ -19,6 +20,11 @@
 -- Sorted sets among KEYS[6..] lose the players; nothing else changes, except on band boards: the
 -- player's version is bumped and every band index recorded as pending, so the band shards' removal
 -- (band.lua 'r' ops at that version) is sent again by a retry, and a later write re-adds cleanly.
+-- The player is also recorded in the home shard's `vrm` (player -> removed_at), a sorted set the
+-- removal itself leaves alone: once the removal is older than the dedup window, the repair loop
+-- forgets the player's versions there and on every band (prune.lua, shardlb/bands.py). A player
+-- without a version (never seen, or forgotten) starts above the shard's `vfl`, the highest version
+-- forgotten, as in write.lua.
 -- The delete entry (`x`: the players actually removed; `k`: the records below, player and units,
 -- flat) goes in the same call: the archiver records it, a rebuild drops this shard's results of
 -- those players journaled before it and puts the records back.
@@ -52,9 +58,12 @@ local h = cmsgpack.unpack(ARGV[1])
 local journal, bands, stale_before = h[1], h[2], h[6]
 local players = cmsgpack.unpack(ARGV[2])
 local sets = {}
+local removed_versions = base .. 'vrm'
 for i = 6, #KEYS do
-  if redis.call('TYPE', KEYS[i])['ok'] == 'zset' then sets[#sets + 1] = KEYS[i] end
+  if KEYS[i] ~= removed_versions and redis.call('TYPE', KEYS[i])['ok'] == 'zset' then sets[#sets + 1] = KEYS[i] end
 end
+local floor = (bands > 0) and tonumber(redis.call('GET', base .. 'vfl')) or 0
+local removed_at = h[12] and string.format('%d', h[12])
 local all_bands = {}
 for b = 0, bands - 1 do all_bands[#all_bands + 1] = tostring(b) end
 all_bands = table.concat(all_bands, ',')
@@ -92,8 +101,16 @@ for _, player in ipairs(players) do
   local version = 0
   if go and bands > 0 then
     version = redis.call('HINCRBY', KEYS[4], player, 1)
+    if version == 1 and floor > 0 then
+      version = floor + 1
+      redis.call('HSET', KEYS[4], player, string.format('%d', version))
+    end
     redis.call('HSET', KEYS[5], player, all_bands)
     redis.call('ZADD', KEYS[1], '+inf', KEYS[4], '+inf', KEYS[5])
+    if removed_at then
+      redis.call('ZADD', removed_versions, removed_at, player)
+      redis.call('ZADD', KEYS[1], '+inf', removed_versions)
+    end
   end
   if n > 0 then removed[#removed + 1] = player end
   out[#out + 1] = (n > 0) and 1 or 0

@@ -73,9 +73,10 @@
 -- awards cover every result the board ever took.
 --
 -- Every marker the call tests (the reshard's `mv` and `seal`, `gone`, the pin span's `pspan`, the
--- total's and each dated period's frozen marker, and on a journaled board the journal's `logn`) is
--- a string, read in ONE MGET: a command costs a script more than its work here, and a call of one or
--- two results (the usual HTTP batch) paid for seven of them.
+-- total's and each dated period's frozen marker, on a journaled board the journal's `logn`, the
+-- removals' `rmvon`, and on a band board the version floor `vfl`) is a string, read in ONE MGET: a
+-- command costs a script more than its work here, and a call of one or two results (the usual HTTP
+-- batch) paid for seven of them.
 local base = string.sub(KEYS[2], 1, -5)
 local h = {cmsgpack.unpack(ARGV[1])}
 local locks = h[20]
@@ -89,6 +90,11 @@ if h[15] > 0 then
 end
 marks[#marks + 1] = base .. 'rmvon'  -- the shard recorded removals (remove.lua): read `rmv` below
 local rmv_at = #marks
+local floor_at = 0
+if h[8] > 0 then  -- band boards: the highest version forgotten here (`vfl`, BandMoves.prune)
+  marks[#marks + 1] = base .. 'vfl'
+  floor_at = #marks
+end
 local marked = redis.call('MGET', unpack(marks))
 local move = marked[1]
 if move and (move ~= 't' or marked[2]) then
@@ -119,6 +125,7 @@ local function wrote_bucket(span, names)
   written_buckets[names[#names]] = (span[2] + 1) * bucket_ms + window_ms
 end
 local rmax = h[28] or 0
+local version_floor = (floor_at > 0) and tonumber(marked[floor_at]) or 0
 if jk > 0 then
   local entries = redis.call('XLEN', KEYS[jk])
   local full = entries >= jmax
@@ -403,12 +410,18 @@ while pos <= #items do
 
   -- Band boards: every change of the total is a move to finish on the band shards. It stays
   -- recorded here (pending) until the caller confirms every band shard took it, so a lost band
-  -- call is finished by the next write of the player, a retry, or a repair pass.
+  -- call is finished by the next write of the player, a retry, or a repair pass. A player without
+  -- a version (new, or removed long ago and forgotten: shardlb/bands.py, BandMoves.prune) starts
+  -- above the highest version forgotten on this shard, so above any a band may still hold of them.
   local version, pending = 0, '-'
   if vk > 0 and status ~= 'r' and status ~= 'p' then
     local p = redis.call('HGET', KEYS[pendk], player)
     if after ~= before then
       version = redis.call('HINCRBY', KEYS[vk], player, 1)
+      if version == 1 and version_floor > 0 then
+        version = version_floor + 1
+        redis.call('HSET', KEYS[vk], player, fmt(version))
+      end
       touched[vk] = true
       p = p or ''
       if before ~= nil then
