@@ -28,6 +28,7 @@ from shardlb import archive, bands, keys, moderation, times
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.rebuild import Rebuilder
+from shardlb.reshard import Resharder
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_band_repair import converged, lose, mismatches, pending, repairing
@@ -39,11 +40,12 @@ BANDS = [0, 100, 1000]
 DAY = 86_400_000
 
 
-def churn_config(name: str) -> BoardConfig:
+def churn_config(name: str, durability: str = "journal") -> BoardConfig:
     return BoardConfig.from_dict(
         name,
         {
             "mode": "best",
+            "durability": durability,
             "inactive_after": 3600,
             "dedup_window_s": 3600,
             "sharding": {"strategy": "band", "bands": BANDS, "shards": 3},
@@ -329,3 +331,43 @@ async def test_prunes_from_several_processes_beside_forgotten_players_posting_ag
 
 def test_a_removal_is_kept_an_hour_at_least_whatever_the_window() -> None:
     assert bands.FORGET_AFTER_MIN_MS == 3600_000
+
+
+@pytest.mark.parametrize("then", ["deleted", "resharded"])
+async def test_the_lists_and_floors_go_with_the_board_and_a_reshard_carries_none(
+    store: BoardStore, then: str
+) -> None:
+    """`vrm` and `vfl` are in the key index: a deletion unlinks them. A reshard does not copy them
+    (nor any removed player's version): the new layout numbers the players it copies from 1, and
+    its first prune has nothing to forget, while the players on the board read as before."""
+    config = churn_config(f"band-versions-{then}", "memory")  # a journaled one needs PostgreSQL
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    then_ms = now - 3 * DAY
+    try:
+        await posted(board, ref, [Score(f"p{i}", 10**i, "m1", then_ms) for i in range(4)], then_ms)
+        await moderation.remove(board, ["p0", "p1"], now_ms=then_ms + 1000)
+        await moderation.remove(board, ["p2"], now_ms=now)
+        for p in ("p0", "p1", "p2"):
+            forget(ref, p)
+        assert await board.prune() == 2
+        homes = board.prefixes[: config.sharding.shards]
+        ours = [keys.removed_versions_key(h) for h in homes] + [keys.version_floor_key(h) for h in homes]
+        assert await board.client.exists(*ours) >= 2  # p2's listing, and a floor
+        if then == "deleted":
+            await store.delete(config.id)
+            assert await board.client.exists(*ours) == 0
+            return
+        mover = Resharder(store, config.id, say=lambda _: None, cache_s=0)
+        await mover.start(2, [0, 50, 500, 5000])
+        await mover.run()
+        moved = await store.get(config.id)
+        assert moved.layout.strategy == "band" and moved.layout.physical == 6
+        assert await listed(moved) == set()
+        assert held(await versions(moved)) == {"p3"}
+        assert await moved.prune(now + 2 * DAY) == 0
+        assert await mismatches(moved, ref) == []
+    finally:
+        with contextlib.suppress(Exception):
+            await store.delete(config.id)
