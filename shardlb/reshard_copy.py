@@ -18,25 +18,28 @@ the mover goes on (``Copier.run``: the calls, a marker and ``WAIT 1`` on one con
 and marks a shard moved on the strength of its copies; a copy that reached a primary only would
 be lost with it in a failover, after the mover had stopped looking for it. A call that no replica
 confirms within ``REPLICA_WAIT_MS`` stops the mover with NotAcknowledged, its progress not
-recorded, for a resume. A shard whose primary has no replica is written as before, unconfirmed.
+recorded, for a resume. A shard whose primary has no replica to wait for (none, or only replicas
+the cluster has marked failed: ``Replicated``) is written as before, unconfirmed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import defaultdict
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from shardlb import keys
 from shardlb.board import Board
 from shardlb.connection import slot_of
 from shardlb.errors import BoardConflict, NotAcknowledged
 from shardlb.fanout import Ack, batch, confirmed
+from shardlb.slots import followed
 
 BATCH = 1000  # members copied per call
 REPLICA_WAIT_MS = 5_000  # how long the mover's calls wait for a replica of their shard's primary
@@ -134,35 +137,53 @@ class Writes:
 
 
 class Replicated:
-    """Which slots are served by a primary that has replicas, by CLUSTER NODES (read at most once
-    every ``TOPOLOGY_S``). Replicas that have failed count too, as in shardlb/slots.py: one may
-    come back and be promoted; so does one cut off from its primary, which its primary's own view
-    (INFO's connected replicas) would leave out, and which is the replica that lags."""
+    """Which slots are served by a primary that has a replica to wait for, by CLUSTER NODES (read
+    at most once every ``TOPOLOGY_S``), by the rule slot migration follows (``slots.followed``):
+    a replica the cluster has marked failed does not count, so a primary whose replicas are all
+    gone is written as one without replicas; one cut off from its primary but not marked failed
+    does (it is the replica that lags, and may be promoted), so the mover waits for it."""
 
     def __init__(self, client: RedisCluster) -> None:
         self.client = client
         self.slots = bytearray(keys.SLOTS)
         self.read_at = -math.inf
+        self.known: dict[str, dict[str, Any]] = {}  # CLUSTER NODES as last read, by address
 
-    async def read(self) -> None:
-        if time.monotonic() - self.read_at < TOPOLOGY_S:
+    async def read(self, again: bool = False) -> None:
+        """Read the topology if it is older than ``TOPOLOGY_S`` (``again``: whatever its age)."""
+        if not again and time.monotonic() - self.read_at < TOPOLOGY_S:
             return
         # Asked of the registry's primary, which the mover needs anyway (a random node may be a
         # replica that does not answer).
         node = self.client.get_node_from_key(keys.BOARDS)
         known: Any = await self.client.execute_command("CLUSTER NODES", target_nodes=node)
-        followed = {n["master_id"] for n in known.values() if "slave" in n["flags"].split(",")}
+        waited = followed(known.values())
         slots = bytearray(keys.SLOTS)
         for n in known.values():
-            if n["node_id"] in followed and "master" in n["flags"].split(","):
+            if n["node_id"] in waited and "master" in n["flags"].split(","):
                 for first, *rest in n["slots"]:
                     last = int(rest[-1]) if rest else int(first)
                     slots[int(first) : last + 1] = b"\x01" * (last + 1 - int(first))
-        self.slots, self.read_at = slots, time.monotonic()
+        self.slots, self.known, self.read_at = slots, dict(known), time.monotonic()
 
     def __call__(self, key: str) -> bool:
-        """Whether the primary of ``key`` has replicas (as last read)."""
+        """Whether the primary of ``key`` has a replica to wait for (as last read)."""
         return bool(self.slots[slot_of(key)])
+
+    def describe(self, key: str) -> str:
+        """The primary of ``key`` and its replicas, as last read: for a message to an operator."""
+        slot = slot_of(key)
+        for address, n in self.known.items():
+            if "master" in n["flags"].split(",") and any(
+                int(first) <= slot <= int(rest[-1] if rest else first) for first, *rest in n["slots"]
+            ):
+                replicas = [
+                    f"{a} {','.join(f for f in m['flags'].split(',') if f != 'slave') or 'ok'}"
+                    for a, m in self.known.items()
+                    if m["master_id"] == n["node_id"]
+                ]
+                return f"primary {address} (replicas: {', '.join(replicas) or 'none'})"
+        return f"the primary of slot {slot}"
 
 
 def _kind(suffix: str) -> str:
@@ -232,11 +253,16 @@ class Copier:
         if failed is None or outcomes:
             return replies
         if isinstance(failed, NotAcknowledged):
+            with contextlib.suppress(RedisError):  # the replicas' flags as they are now, if it can
+                await self.replicated.read(again=True)
+            short = [calls[i][3] for i, r in zip(acked, sure, strict=True) if isinstance(r, NotAcknowledged)]
+            where = dict.fromkeys(self.replicated.describe(str(fence)) for fence in short)
             raise NotAcknowledged(
                 f"no replica confirmed the reshard's writes of {self.board_id!r} within "
-                f"{self.ack.timeout_ms} ms: a failover could lose them, so nothing is recorded for "
-                "them; resume once every primary's replica is in sync (a replica gone for good "
-                "must be forgotten by the cluster: CLUSTER FORGET)"
+                f"{self.ack.timeout_ms} ms on {'; '.join(where)}: a failover could lose them, so "
+                "nothing is recorded for them. Resume once that replica is in sync with its primary; "
+                "a replica that is down is no longer waited for once the cluster has marked it failed "
+                "(cluster-node-timeout after it went: resume then), or remove it first (CLUSTER FORGET)"
             ) from failed
         if isinstance(failed, ResponseError) and "FENCED" in str(failed):
             raise lost(self.board_id) from failed

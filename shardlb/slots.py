@@ -14,8 +14,8 @@ as ``keys_per_migrate`` allows.
 
 A plain MIGRATE deletes the keys on the source as soon as the target has them, before the target's
 replicas do: a target that died then would be replaced by a replica without them. So when the
-target has replicas, keys are copied and deleted on the source only once a replica of the target
-acknowledges the copy (``_copy_keys``).
+target has replicas (but for those the cluster has marked failed: ``followed``), keys are copied
+and deleted on the source only once a replica of the target acknowledges the copy (``_copy_keys``).
 
 ``plan`` is pure: which slots to move so the given masters end with equal shares.
 """
@@ -116,6 +116,18 @@ def masters(client: redis.Redis) -> list[Master]:
     return sorted(found, key=lambda m: m.port)
 
 
+def followed(known: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The ids of the masters that have a replica the cluster has not marked failed, of every node
+    one node knows (CLUSTER NODES as redis-py parses it). A copy onto such a master waits for one
+    of its replicas (``WAIT 1``); one onto any other master is made as in a cluster without
+    replicas. A replica marked ``fail`` (the masters agreed it has been out of reach for
+    cluster-node-timeout) is as good as gone: waiting for it would stop every move until an
+    operator forgot it (CLUSTER FORGET), and should it come back it catches up from its primary.
+    One merely suspected (``fail?``), or alive but cut off from its primary, still counts: it is the
+    replica that lags, and a failover may promote it."""
+    return {n["master_id"] for n in known if "slave" in (f := n["flags"].split(",")) and "fail" not in f}
+
+
 def move(
     connect: Callable[[int], redis.Redis],
     host: str,
@@ -155,9 +167,7 @@ def move(
     try:
         everyone = masters(node(moves[0].source)) if moves else []
         ids = {m.port: m.id for m in everyone}
-        # Replicas that have failed count too: one may come back and be promoted.
-        known = nodes(node(moves[0].source)).values() if moves else []
-        replicated = {n["master_id"] for n in known if "slave" in n["flags"].split(",")}
+        replicated = followed(nodes(node(moves[0].source)).values()) if moves else set()
         for i in range(0, len(moves), SLOTS_PER_ROUND):
             chunk = moves[i : i + SLOTS_PER_ROUND]
             # Importing first: a client the source sends to the target with ASK must find it ready.
@@ -322,7 +332,8 @@ def _hand_over(
             raise ClusterError(
                 f"slot {m.slot}: no replica of {m.target} acknowledged a copy of {len(names)} keys "
                 f"within {wait_ms} ms; the keys stay on {m.source} and the slot stays open: run the "
-                "move again once a replica is in sync"
+                "move again once a replica is in sync (a replica that is down is no longer waited "
+                "for once the cluster has marked it failed, cluster-node-timeout after it went)"
             )
         pipe.multi()
         pipe.execute_command("UNLINK", *names)  # type: ignore[no-untyped-call]

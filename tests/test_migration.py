@@ -448,3 +448,35 @@ def test_a_key_deleted_on_the_source_and_written_on_the_target_while_being_copie
     assert slot.on(replicated_cluster, slot.source) == {**before, "count": None}
     finish(replicated_cluster, slot.number, slot.source, slot.target)
     assert slot.on(replicated_cluster, slot.target) == {**before, "count": "2001"}
+
+
+def test_a_slot_move_does_not_wait_for_a_replica_the_cluster_marked_failed(
+    replicated_cluster: LocalCluster,
+) -> None:
+    """A target whose only replica is gone for good (killed, and marked failed by the masters) takes
+    its keys as a target without replicas does, instead of refusing every move until an operator
+    forgets the replica (CLUSTER FORGET)."""
+    slot = filled_slot(replicated_cluster, 124)
+    before = slot.on(replicated_cluster, slot.source)
+    gone = next(n.port for n in replicated_cluster.status().nodes if n.pid == slot.target_replica)
+    os.kill(slot.target_replica, signal.SIGKILL)
+    try:
+
+        def marked_failed() -> bool:
+            for port in (slot.source, slot.target):
+                with node(replicated_cluster, port) as r:
+                    if "fail" not in slots.nodes(r)[gone]["flags"].split(","):
+                        return False
+            return True
+
+        until(marked_failed, timeout=60.0)
+        slots.move(
+            lambda p: node(replicated_cluster, p),
+            replicated_cluster.host,
+            [slots.Move(slot.number, slot.source, slot.target)],
+            replica_wait_ms=300,
+        )
+        assert slot.owner(replicated_cluster) == slot.target
+        assert slot.on(replicated_cluster, slot.target) == before
+    finally:
+        replicated_cluster.up()

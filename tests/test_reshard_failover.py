@@ -76,9 +76,14 @@ async def test_copies_lost_in_a_failover_are_copied_again(failing_cluster: Local
             await r.execute_command("CLIENT", "KILL", "TYPE", "replica")
         finally:
             await r.aclose()
-        # No replica confirms the mover's writes there: it stops, recording nothing as copied.
-        with pytest.raises(NotAcknowledged, match="resume once"):
+        # No replica confirms the mover's writes there: it stops, recording nothing as copied,
+        # and says which primary and replica it waited for, and what to do.
+        with pytest.raises(NotAcknowledged, match="Resume once") as refused:
             await mover._copy(record)
+        assert f"primary {cluster.host}:{master.port} (replicas: {cluster.host}:{replica.port}" in str(
+            refused.value
+        )
+        assert "marked it failed" in str(refused.value)
         assert (await mover.status())["shards_copied"] == 0
         os.kill(master.pid, signal.SIGKILL)
     finally:
@@ -151,3 +156,68 @@ async def test_the_mover_waits_for_replicas_only_where_primaries_have_them(
         assert replicated == {False} and waited == 0
     finally:
         alone.down()
+
+
+async def flagged_failed(cluster: LocalCluster, port: int, timeout: float = 60.0) -> None:
+    """Wait until the cluster marks the node on ``port`` failed (``fail``, agreed by the masters;
+    not one node's ``fail?``), as every master's CLUSTER NODES says."""
+    masters = [n.port for n in (await asyncio.to_thread(cluster.status)).nodes if n.role == "master"]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        seen = []
+        for master in masters:
+            r = node(cluster, master)
+            try:
+                known = await r.execute_command("CLUSTER NODES")
+            finally:
+                await r.aclose()
+            flags = next(n["flags"] for address, n in known.items() if address.endswith(f":{port}"))
+            seen.append("fail" in flags.split(","))
+        if all(seen):
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"node {port} not marked failed"
+        await asyncio.sleep(0.2)
+
+
+async def test_a_replica_the_cluster_marked_failed_does_not_block_the_mover(
+    failing_cluster: LocalCluster,
+) -> None:
+    """A replica killed for good, once the cluster has marked it failed, is not waited for: its
+    primary's shards are copied unconfirmed, as on a master without replicas, and the reshard ends
+    without an operator's CLUSTER FORGET. The other primaries' replicas still confirm (WAIT)."""
+    cluster = failing_cluster
+    nodes = (await asyncio.to_thread(cluster.status)).nodes
+    replica = next(n for n in nodes if n.role == "replica")
+    orphan = replica.master_port
+    assert replica.pid and orphan
+    os.kill(replica.pid, signal.SIGKILL)
+    try:
+        await flagged_failed(cluster, replica.port)
+        client = connect(cluster.url, timeout=10.0)
+        try:
+            store = BoardStore(client, Scripts.register(client))
+            await client.initialize()
+            body = {"mode": "best", "durability": "memory", "sharding": {"strategy": "hash", "shards": 1}}
+            board, _ = await store.create(BoardConfig.from_dict("fo-gone", body))
+            await board.submit([Score(f"p{i}", 1 + i, f"m{i}") for i in range(2000)])
+            before = await board.top(2000)
+            mover = Resharder(store, "fo-gone", say=lambda _: None, cache_s=0)
+            record = await mover.start(6)
+            _, target = mover._layouts(record)
+            masters = [n.port for n in nodes if n.role == "master"]
+            waited = await waits(cluster, masters)
+            assert (await mover.run())["state"] == "none"
+            assert await waits(cluster, masters) > waited  # the live replicas confirmed
+            replicated = Replicated(client)
+            await replicated.read()
+            on_orphan = [p for p in target.prefixes if owner(nodes, keys.slot_of(p)) == orphan]
+            assert on_orphan and not any(replicated(p) for p in on_orphan)
+            assert all(replicated(p) for p in target.prefixes if p not in on_orphan)
+            after = await store.get("fo-gone")
+            assert after.config.sharding.shards == 6
+            assert await after.top(2000) == before
+        finally:
+            await client.aclose()
+    finally:
+        await asyncio.to_thread(cluster.up)
+        await healthy(cluster)
