@@ -17,7 +17,9 @@ short, with the record's ``reshard`` field holding the state, so that any proces
 2. ``sealing``. Every old shard gets a seal with a lease: scripts refuse writes (503, retried). The
    last changes are copied, then each old shard is marked moved ('m'), but only if its seal held
    all along and no change is left (one script call, so a lease that ran out means another round,
-   never a lost write). Journals of the new shards are started past the old ones' last ids.
+   never a lost write). The new layout is checked against the old (shardlb/reshard_check.py): one
+   that differs is refused, dropped, and copied again at the next run (``_recopy``). Journals of
+   the new shards are started past the old ones' last ids.
 3. ``committed``. The record names the new layout, then the new shards are opened. Reads of the old
    layout check its markers after reading (``Board.check_layout``): one that saw a moved marker
    while the record names the new layout is refused and made again on the new one.
@@ -48,7 +50,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from importlib import resources
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 from redis.asyncio.cluster import RedisCluster
@@ -58,6 +60,7 @@ from shardlb.board import Board
 from shardlb.config import BoardConfig, Sharding, stored_sharding
 from shardlb.errors import BoardConflict, BoardNotFound
 from shardlb.fanout import batch
+from shardlb.reshard_check import Mismatch, differences
 from shardlb.reshard_copy import FENCE, FENCE_MS, FENCED, Copier, Lost, Writes, fence_key, fenced, lost
 from shardlb.sharding import player_hash
 from shardlb.store import CACHE_SECONDS, GONE_MS, BoardStore
@@ -473,23 +476,52 @@ class Resharder:
 
     async def _unseal(self, source: Board) -> None:
         """After a failure while sealing: if the record still names the old layout (the commit was not
-        made), let it take writes again; a resume seals it anew. Otherwise leave everything. Each
-        shard's undo is fenced: a mover that lost the reshard leaves the seals and moved markers of
-        the one that holds it as they are."""
+        made), let it take writes again; a resume seals it anew. Otherwise leave everything."""
         try:
             _, record = await self.record()
             if record.get("reshard", {}).get("state") != "sealing":
                 return
-            undo = batch(self.client)
-            for prefix in source.prefixes:
-                names = [fence_key(prefix), keys.move_key(prefix), keys.seal_key(prefix)]
-                undo.execute_command("EVAL", _UNSEAL, 3, *names, self.copier.fence)
-            await fenced(self.board_id, undo.execute())
+            await self._reopen(source)
             self.say(f"{self.board_id}: sealing failed; the old layout takes writes again until a resume")
         except Lost:
             self.say(f"{self.board_id}: sealing failed, and another mover holds the reshard: left to it")
         except Exception as e:  # the seals' leases run out on their own; moved shards wait for a resume
             self.say(f"{self.board_id}: sealing failed and could not be undone ({e!r}); resume it")
+
+    async def _reopen(self, source: Board) -> None:
+        """The old layout's seals and moved markers undone: its shards take writes again, tracked.
+        Each shard's undo is fenced: a mover that lost the reshard leaves the seals and moved
+        markers of the one that holds it as they are."""
+        undo = batch(self.client)
+        for prefix in source.prefixes:
+            names = [fence_key(prefix), keys.move_key(prefix), keys.seal_key(prefix)]
+            undo.execute_command("EVAL", _UNSEAL, 3, *names, self.copier.fence)
+        await fenced(self.board_id, undo.execute())
+
+    async def _recopy(self, source: Board, target: Board, problems: list[str]) -> NoReturn:
+        """Refuse the cut-over to a new layout that does not hold what the old one holds
+        (reshard_check): the old layout takes writes again, still tracked; the new one is dropped
+        and the record goes back to copying with no shard copied, so a resume copies the board
+        afresh. Copying again on top would not do: a copy puts members in but never takes out one
+        the old layout lacks, so a new layout with one too many would be refused at every resume.
+        Each step is safe to stop after: a resume in ``sealing`` seals and checks again, and finds
+        the new layout short until it has been copied again."""
+        await self._reopen(source)
+        for prefix in target.prefixes:
+            await self._drop(prefix, 1)
+
+        def again(record: dict[str, Any]) -> dict[str, Any]:
+            move = self._ours(record, "sealing")
+            return {**record, "reshard": {**move, "state": "copying", "copied": []}}
+
+        await self._update(again)
+        raise Mismatch(
+            f"the cut-over of {self.board_id!r} is refused: the new layout does not hold what the old "
+            f"one holds ({'; '.join(problems[:5])}{'; ...' if len(problems) > 5 else ''}). The old "
+            "layout takes writes again and the new one was dropped: resume the reshard to copy the "
+            "board again. Refused again, something loses the mover's copies: look for a primary "
+            "that restarted without its data or a replica promoted without them"
+        )
 
     async def _sealed(self, source: Board, target: Board) -> dict[str, Any]:
         began = time.monotonic()
@@ -522,6 +554,11 @@ class Resharder:
             )
         else:
             raise BoardConflict("could not seal every shard within its lease; resume to try again", "board")
+        # Both layouts stand still now: the new one must hold what the old one holds.
+        problems = await differences(self.client, copied_shards(source), target)
+        await self._tell(f"{self.board_id}: new layout checked against the old: {len(problems)} differ")
+        if problems:
+            await self._recopy(source, target, problems)
         await self._start_journals(source, target)
         refused = (time.monotonic() - began) * 1000
         former = {"sharding": source.config.sharding.to_dict(), "generation": source.generation}

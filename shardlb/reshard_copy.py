@@ -186,7 +186,7 @@ class Replicated:
         return f"the primary of slot {slot}"
 
 
-def _kind(suffix: str) -> str:
+def kind_of(suffix: str) -> str:
     """What a key of a shard is, from its name after the prefix: zset (period boards, the activity
     set), set (dedup buckets), hash (pins), players (a hash by player: the recent removals), frozen
     (markers, copied to every new shard), or skip (the journal, counters...)."""
@@ -282,7 +282,7 @@ class Copier:
         out = []
         for name, expiry in listed:
             suffix = name[len(prefix) :]
-            kind = _kind(suffix)
+            kind = kind_of(suffix)
             if kind != "skip":
                 out.append((suffix, kind, "+inf" if math.isinf(expiry) else str(int(expiry))))
         return out
