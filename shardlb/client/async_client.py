@@ -18,10 +18,11 @@ import functools
 import operator
 import time
 import uuid
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -35,18 +36,35 @@ from shardlb.client.errors import (
     ClientClosed,
     ClientError,
     InvalidRequest,
+    MalformedAnswer,
     TransportError,
     api_error,
     renumbered,
     retry_after_seconds,
 )
-from shardlb.client.models import BoardInfo, Entry, MatchResult, Page, PlayerRank, ScoreOutcome, entries_of
+from shardlb.client.models import (
+    BoardInfo,
+    Entry,
+    MalformedBody,
+    MatchResult,
+    Page,
+    PlayerRank,
+    ScoreOutcome,
+    boards_of,
+    entries_of,
+    outcomes_of,
+)
 
 MAX_ITEMS = 1000  # scores per write and player ids per query: the API's limit
 JSON, MSGPACK = "application/json", "application/msgpack"
 # Failures after which the request may or may not have reached the server: worth another attempt
 # on a call that is safe to repeat (all of this client's are).
 _NO_ANSWER = (TimeoutError, httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+T = TypeVar("T")
+
+
+def _no_body(body: Any) -> None:
+    """What ``delete_board`` reads of its answer (204): nothing."""
 
 
 def _encodable(score: dict[str, Any], index: int) -> dict[str, Any]:
@@ -174,12 +192,20 @@ class AsyncClient:
             return None  # not a body of the API (a proxy's page): the status alone must do
 
     async def _call(
-        self, method: str, path: str, end: float, params: dict[str, Any] | None = None, body: Any = None
-    ) -> tuple[int, Any]:
+        self,
+        method: str,
+        path: str,
+        end: float,
+        read: Callable[[Any], T],
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+    ) -> tuple[int, T]:
         """Send until an answer that is not worth retrying, or until the next attempt would not end
         before ``end`` (``time.monotonic()``); the last error is raised then. When ``end`` comes
         during an attempt, that attempt is abandoned and the previous attempt's error raised (a
-        ``TransportError`` saying the deadline passed when it was the first)."""
+        ``TransportError`` saying the deadline passed when it was the first). A 2xx answer's status
+        and its body as ``read`` (a model's parser) makes it are returned; a body ``read`` cannot
+        make sense of is a ``MalformedAnswer``, raised at once."""
         request_id = uuid.uuid4().hex
         headers = {"X-Request-Id": request_id}
         content = None
@@ -213,12 +239,16 @@ class AsyncClient:
                 raise TransportError(f"{method} {path}: {type(e).__name__}: {e}", attempt) from e
             else:
                 if response.status_code < 300:  # a 3xx is never the router's: a proxy's, no API body
-                    answer = self._decode(response)
-                    if response.status_code != 204 and not isinstance(answer, dict):
-                        # A 2xx that is not the API's (a captive portal's page): parsing it would
-                        # fail deep in the models.
-                        raise TransportError(f"{method} {path}: the answer is not the API's", attempt)
-                    return response.status_code, answer
+                    status, answer = response.status_code, self._decode(response)
+                    try:
+                        if status != 204 and not isinstance(answer, dict):
+                            # A captive portal's page, or a body that does not decode: not the API's.
+                            kind = response.headers.get("content-type") or "none"
+                            raise MalformedBody(f"its body is no object of the API (Content-Type {kind})")
+                        return status, read(answer)
+                    except MalformedBody as e:
+                        message = f"{method} {path}: the answer ({status}) is not the API's: {e}"
+                        raise MalformedAnswer(message, status, attempt) from e
                 error = api_error(
                     response.status_code,
                     self._decode(response),
@@ -254,8 +284,12 @@ class AsyncClient:
         for start in range(0, len(items), MAX_ITEMS):
             scores = [_encodable(r.body(), start + i) for i, r in enumerate(items[start : start + MAX_ITEMS])]
             try:
-                _, body = await self._call(
-                    "POST", f"/v1/boards/{_segment(board)}/scores", end, body={"scores": scores}
+                _, applied = await self._call(
+                    "POST",
+                    f"/v1/boards/{_segment(board)}/scores",
+                    end,
+                    functools.partial(outcomes_of, sent=len(scores)),
+                    body={"scores": scores},
                 )
             except ApiError as e:
                 if start == 0:
@@ -266,7 +300,7 @@ class AsyncClient:
             except ClientError as e:  # a later request lost in transit: the earlier ones were applied
                 e.applied = outcomes
                 raise
-            outcomes.extend(ScoreOutcome.from_body(r) for r in body["results"])
+            outcomes.extend(applied)
         return outcomes
 
     # ---- reads -------------------------------------------------------------------------------
@@ -286,8 +320,9 @@ class AsyncClient:
         (``daily:2026-11-30``); ``region`` limits a region board to one region; ``rank_mode``
         (``unique`` or ``competition``, every read takes it) overrides the board's for this read."""
         params = {"limit": limit, "period": period, "region": region, "rank_mode": rank_mode}
-        _, body = await self._call("GET", f"/v1/boards/{_segment(board)}/top", self._end(deadline), params)
-        return Page.from_body(body)
+        path = f"/v1/boards/{_segment(board)}/top"
+        _, page = await self._call("GET", path, self._end(deadline), Page.from_body, params)
+        return page
 
     async def entries(
         self,
@@ -309,8 +344,8 @@ class AsyncClient:
             "rank_mode": rank_mode,
         }
         path = f"/v1/boards/{_segment(board)}/entries"
-        _, body = await self._call("GET", path, self._end(deadline), params)
-        return Page.from_body(body)
+        _, page = await self._call("GET", path, self._end(deadline), Page.from_body, params)
+        return page
 
     async def iter_entries(
         self,
@@ -364,8 +399,8 @@ class AsyncClient:
             "rank_mode": rank_mode,
         }
         path = f"/v1/boards/{_segment(board)}/players/{_segment(player_id)}"
-        _, body = await self._call("GET", path, self._end(deadline), params)
-        return PlayerRank.from_body(body)
+        _, rank = await self._call("GET", path, self._end(deadline), PlayerRank.from_body, params)
+        return rank
 
     async def around(
         self,
@@ -381,8 +416,8 @@ class AsyncClient:
         """Up to ``radius`` (0-100) entries above and below the player, the player included."""
         params = {"radius": radius, "period": period, "region": region, "rank_mode": rank_mode}
         path = f"/v1/boards/{_segment(board)}/players/{_segment(player_id)}/around"
-        _, body = await self._call("GET", path, self._end(deadline), params)
-        return entries_of(body)
+        _, entries = await self._call("GET", path, self._end(deadline), entries_of, params)
+        return entries
 
     async def query(
         self,
@@ -404,8 +439,8 @@ class AsyncClient:
         params = {"period": period, "region": region, "rank_mode": rank_mode}  # in the query, not the body
 
         async def one(chunk: Sequence[str]) -> list[Entry]:
-            _, body = await self._call("POST", path, end, params, {"player_ids": list(chunk)})
-            return entries_of(body)
+            _, entries = await self._call("POST", path, end, entries_of, params, {"player_ids": list(chunk)})
+            return entries
 
         if len(ids) <= MAX_ITEMS:
             return await one(ids)
@@ -427,24 +462,26 @@ class AsyncClient:
         ``sharding={...}``). Raises ``Conflict`` when the board exists with other settings. Needs
         an admin key."""
         path = f"/v1/boards/{_segment(board)}"
-        status, body = await self._call("PUT", path, self._end(deadline), body=settings)
-        return BoardInfo.from_body(body, created=status == 201)
+        status, info = await self._call("PUT", path, self._end(deadline), BoardInfo.from_body, body=settings)
+        return replace(info, created=status == 201)
 
     async def get_board(self, board: str, *, deadline: float | None = None) -> BoardInfo:
         """A board's settings and its number of players per kept period (``players``)."""
-        _, body = await self._call("GET", f"/v1/boards/{_segment(board)}", self._end(deadline))
-        return BoardInfo.from_body(body)
+        _, info = await self._call(
+            "GET", f"/v1/boards/{_segment(board)}", self._end(deadline), BoardInfo.from_body
+        )
+        return info
 
     async def list_boards(self, *, deadline: float | None = None) -> list[BoardInfo]:
-        _, body = await self._call("GET", "/v1/boards", self._end(deadline))
-        return [BoardInfo.from_body(b) for b in body["boards"]]
+        _, boards = await self._call("GET", "/v1/boards", self._end(deadline), boards_of)
+        return boards
 
     async def delete_board(self, board: str, *, deadline: float | None = None) -> None:
         """Remove a board and all its entries. Raises ``BoardNotFound`` when there is no such board,
         except after a retry: an earlier attempt whose answer was lost may have deleted it, and the
         board being gone is what was asked."""
         try:
-            await self._call("DELETE", f"/v1/boards/{_segment(board)}", self._end(deadline))
+            await self._call("DELETE", f"/v1/boards/{_segment(board)}", self._end(deadline), _no_body)
         except BoardNotFound as e:
             if e.attempts == 1:
                 raise

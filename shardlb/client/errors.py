@@ -3,8 +3,9 @@
 ``ApiError`` is an answer of the server with an error status, and carries what the API's error body
 says (``code``, ``message``, ``field``) with the status, the request id and ``Retry-After``; its
 subclasses follow the status so that callers can catch a kind of failure. ``TransportError`` is no
-answer at all (the connection failed or dropped, or the deadline passed mid-request). Both record
-how many attempts the call made before giving up.
+answer at all (the connection failed or dropped, or the deadline passed mid-request), or its
+``MalformedAnswer``: a 2xx answer the client cannot read. Both record how many attempts the call
+made before giving up.
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ class TransportError(ClientError):
     def __init__(self, message: str, attempts: int = 1) -> None:
         super().__init__(message)
         self.attempts = attempts
+
+
+class MalformedAnswer(TransportError):
+    """A 2xx answer that is not the API's: no object, or one without a field the call reads or with
+    one of the wrong type (a proxy's or a captive portal's page, or a server of another version).
+    ``status`` is the answer's; the message names the request and the field at fault. After a
+    ``post_scores`` the results were most likely applied: posting them again is safe (match ids)."""
+
+    def __init__(self, message: str, status: int, attempts: int = 1) -> None:
+        super().__init__(message, attempts)
+        self.status = status
 
 
 class ClientClosed(ClientError):

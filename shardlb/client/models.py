@@ -2,6 +2,10 @@
 
 Times come back as timezone-aware ``datetime`` values in UTC. Anything the API adds later to a board's
 settings stays reachable in ``BoardInfo.settings`` (the body as the server sent it).
+
+The answers are read with the types api.md gives them: a field missing or of another type is a
+``MalformedBody`` naming it (the client raises it as ``MalformedAnswer``), never a KeyError or a
+value of the wrong type left in a model.
 """
 
 from __future__ import annotations
@@ -9,6 +13,83 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+
+class MalformedBody(ValueError):
+    """An answer's body that the models cannot read. The message names the field at fault by its
+    path in the body: ``entries[3].achieved_at is missing``."""
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+class _Fields:
+    """One object of an answer, read field by field with the types the models need. ``where`` is
+    the object's path in the answer (empty for the answer itself)."""
+
+    def __init__(self, body: Any, where: str = "") -> None:
+        if not isinstance(body, dict):
+            if body is None and not where:
+                raise MalformedBody("the answer has no body")
+            raise MalformedBody(f"{where or 'the answer'} is not an object (got {_kind(body)})")
+        self.body = body
+        self.where = where
+
+    def path(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def _get(self, name: str, kinds: type | tuple[type, ...], what: str, optional: bool) -> Any:
+        if name not in self.body and not optional:
+            raise MalformedBody(f"{self.path(name)} is missing")
+        value = self.body.get(name)
+        if value is None and optional:
+            return None
+        # bool is an int to Python, not to JSON: true is no rank
+        if not isinstance(value, kinds) or (isinstance(value, bool) and kinds is not bool):
+            raise MalformedBody(f"{self.path(name)} is not {what} (got {_kind(value)})")
+        return value
+
+    def text(self, name: str, optional: bool = False) -> Any:
+        return self._get(name, str, "a string", optional)
+
+    def integer(self, name: str, optional: bool = False) -> Any:
+        return self._get(name, int, "an integer", optional)
+
+    def number(self, name: str) -> float:
+        return float(self._get(name, (int, float), "a number", False))
+
+    def flag(self, name: str, absent: bool | None = False) -> Any:
+        """An optional boolean, ``absent`` when the answer leaves it out."""
+        value = self._get(name, bool, "a boolean", True)
+        return absent if value is None else value
+
+    def mapping(self, name: str, optional: bool = False) -> Any:
+        return self._get(name, dict, "an object", optional)
+
+    def texts(self, name: str, optional: bool = False) -> list[str]:
+        values = self._get(name, list, "a list", optional) or []
+        for i, value in enumerate(values):
+            if not isinstance(value, str):
+                raise MalformedBody(f"{self.path(name)}[{i}] is not a string (got {_kind(value)})")
+        return list(values)
+
+    def rows(self, name: str) -> list[_Fields]:
+        """A list of objects, each read as its own ``_Fields``."""
+        values = self._get(name, list, "a list", False)
+        return [_Fields(value, f"{self.path(name)}[{i}]") for i, value in enumerate(values)]
+
+    def time(self, name: str, optional: bool = False) -> Any:
+        value = self._get(name, str, "an RFC 3339 time", optional)
+        if value is None:
+            return None
+        try:
+            at = parse_time(value)
+        except ValueError:
+            raise MalformedBody(f"{self.path(name)} is not an RFC 3339 time (got {value!r})") from None
+        if at.tzinfo is None:  # not a point in time: api.md's times always carry their offset
+            raise MalformedBody(f"{self.path(name)} is not an RFC 3339 time (no offset: {value!r})")
+        return at
 
 
 @dataclass(frozen=True)
@@ -67,9 +148,19 @@ class ScoreOutcome:
     closed_periods: tuple[str, ...] = ()
 
     @classmethod
-    def from_body(cls, body: dict[str, Any]) -> ScoreOutcome:
-        closed = tuple(body.get("closed_periods") or ())
-        return cls(body["player_id"], body["match_id"], body["status"], body["points"], closed)
+    def from_body(cls, body: Any, where: str = "") -> ScoreOutcome:
+        f = _Fields(body, where)
+        closed = tuple(f.texts("closed_periods", optional=True))
+        return cls(f.text("player_id"), f.text("match_id"), f.text("status"), f.integer("points"), closed)
+
+
+def outcomes_of(body: Any, sent: int) -> list[ScoreOutcome]:
+    """The outcomes of a write of ``sent`` scores: one per score, in order, or the answer is not
+    one the caller's results can be matched with."""
+    rows = _Fields(body).rows("results")
+    if len(rows) != sent:
+        raise MalformedBody(f"results has {len(rows)} items for {sent} scores")
+    return [ScoreOutcome.from_body(row.body, row.where) for row in rows]
 
 
 def parse_time(value: str) -> datetime:
@@ -88,13 +179,19 @@ class Entry:
     reward: Any = None  # a settled period's reward for this rank (its settlement's table), if any
 
     @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Entry:
-        at = parse_time(body["achieved_at"])
-        return cls(body["rank"], body["player_id"], body["points"], at, body.get("reward"))
+    def from_body(cls, body: Any, where: str = "") -> Entry:
+        f = _Fields(body, where)
+        return cls(
+            f.integer("rank"),
+            f.text("player_id"),
+            f.integer("points"),
+            f.time("achieved_at"),
+            body.get("reward"),
+        )
 
 
-def entries_of(body: dict[str, Any]) -> list[Entry]:
-    return [Entry.from_body(e) for e in body["entries"]]
+def entries_of(body: Any) -> list[Entry]:
+    return [Entry.from_body(row.body, row.where) for row in _Fields(body).rows("entries")]
 
 
 @dataclass(frozen=True)
@@ -112,16 +209,16 @@ class Page:
     resets_at: datetime | None = None  # when a dated period closes (absent for ``total``)
 
     @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Page:
-        resets = body.get("resets_at")
+    def from_body(cls, body: Any) -> Page:
+        f = _Fields(body)
         return cls(
-            body["board"],
-            body["period"],
+            f.text("board"),
+            f.text("period"),
             entries_of(body),
-            parse_time(body["as_of"]),
-            bool(body.get("settled", False)),
-            body.get("settlement_id"),
-            None if resets is None else parse_time(resets),
+            f.time("as_of"),
+            f.flag("settled"),
+            f.text("settlement_id", optional=True),
+            f.time("resets_at", optional=True),
         )
 
 
@@ -147,22 +244,22 @@ class PlayerRank:
     resets_at: datetime | None = None
 
     @classmethod
-    def from_body(cls, body: dict[str, Any]) -> PlayerRank:
-        as_of, counts_as_of, resets = body.get("as_of"), body.get("counts_as_of"), body.get("resets_at")
+    def from_body(cls, body: Any) -> PlayerRank:
+        f = _Fields(body)
         return cls(
-            body["player_id"],
-            body["rank"],
-            body["points"],
-            parse_time(body["achieved_at"]),
-            body["players"],
-            float(body["percentile"]),
-            body.get("rank_error"),
-            None if as_of is None else parse_time(as_of),
-            None if counts_as_of is None else parse_time(counts_as_of),
-            bool(body.get("settled", False)),
-            body.get("settlement_id"),
+            f.text("player_id"),
+            f.integer("rank"),
+            f.integer("points"),
+            f.time("achieved_at"),
+            f.integer("players"),
+            f.number("percentile"),
+            f.integer("rank_error", optional=True),
+            f.time("as_of", optional=True),
+            f.time("counts_as_of", optional=True),
+            f.flag("settled"),
+            f.text("settlement_id", optional=True),
             body.get("reward"),
-            None if resets is None else parse_time(resets),
+            f.time("resets_at", optional=True),
         )
 
 
@@ -189,17 +286,21 @@ class BoardInfo:
     closed: bool | None = None
 
     @classmethod
-    def from_body(cls, body: dict[str, Any], created: bool | None = None) -> BoardInfo:
-        settings = {k: v for k, v in body.items() if k not in _STATE}
+    def from_body(cls, body: Any, created: bool | None = None, where: str = "") -> BoardInfo:
+        f = _Fields(body, where)
         return cls(
-            body["board"],
-            body["mode"],
-            body["order"],
-            list(body["periods"]),
-            dict(body["sharding"]),
-            settings,
-            body.get("players"),
+            f.text("board"),
+            f.text("mode"),
+            f.text("order"),
+            f.texts("periods"),
+            dict(f.mapping("sharding")),
+            {k: v for k, v in body.items() if k not in _STATE},
+            f.mapping("players", optional=True),
             created,
-            body.get("resets_at"),
-            body.get("closed"),
+            f.mapping("resets_at", optional=True),
+            f.flag("closed", absent=None),  # None, not False, from all but get_board
         )
+
+
+def boards_of(body: Any) -> list[BoardInfo]:
+    return [BoardInfo.from_body(row.body, where=row.where) for row in _Fields(body).rows("boards")]
