@@ -19,6 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 from router import metrics
 from shardlb import keys
 from shardlb.journal import Lag, journal_lag
+from shardlb.outage import Outage
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.router")
@@ -55,6 +56,7 @@ class JournalWatch:
         # redis-py has been seen swallowing a task's cancellation inside its retries: the loop also
         # ends on this flag, which Service.stop sets before it cancels.
         self.closed = False
+        self.outage = Outage(log, "journal lag not read", "journal lag read again")
 
     async def check(self) -> Worst:
         """Read every journal once; keep and return the worst."""
@@ -79,6 +81,8 @@ class JournalWatch:
             try:
                 await self.check()
             except Exception as e:  # the cluster is in trouble: /readyz says so on its own
-                log.warning("journal lag not read", extra={"fields": {"error": repr(e)}})
+                self.outage.failed(e)
+            else:
+                self.outage.succeeded()
             if not self.closed:  # closed during a check whose cancellation redis-py swallowed: no wait
                 await asyncio.sleep(self.every_s)

@@ -33,13 +33,13 @@ from router import params
 from router.auth import Scope
 from router.boards import through_reshard
 from router.errors import ApiError
-from router.logs import Outage
 from router.media import read_object, render
 from shardlb import moderation, times
 from shardlb.archive import connect_db
 from shardlb.board import Board, Prepared, Result
 from shardlb.config import check_id
 from shardlb.moderation import ALL, Ban, Bans, Screen
+from shardlb.outage import Outage
 
 if TYPE_CHECKING:
     from router.service import Service

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from typing import Any
+
 import pytest
 
+from router.journals import JournalWatch
+from shardlb.board import Board
 from shardlb.cluster import LocalCluster
+from shardlb.connection import Scripts, connect
+from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
 
 pytestmark = pytest.mark.cluster
@@ -27,3 +35,48 @@ async def test_readyz_and_metrics_show_the_journal_furthest_behind(cluster: Loca
         assert f"shardlb_journal_lag_entries {float(worst.lag.entries)}" in text
         assert f"shardlb_journal_lag_results {float(worst.lag.results)}" in text
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+class CountedStore(BoardStore):
+    """A board store, counting the board listings asked of it."""
+
+    asked = 0
+
+    async def boards(self) -> list[Board]:
+        self.asked += 1
+        return await super().boards()
+
+
+def dead_store() -> CountedStore:
+    """A store on a client of a closed port: every listing fails at once, as in a Redis outage."""
+    dead = connect("redis://127.0.0.1:1")
+    return CountedStore(dead, Scripts.register(dead))
+
+
+async def test_a_redis_outage_logs_the_journal_watch_at_its_start_and_end_not_every_check(
+    store: BoardStore, raw: Any
+) -> None:
+    """The journal watch logged "journal lag not read" at every check it could not make (every
+    5 s per worker, for as long as the cluster was out of reach). Now as the ban list's refresh:
+    its first failure, then once a minute at most, and an info line when it reads again."""
+    from tests.test_moderation_router import until
+    from tests.test_router_logs import kept
+
+    down = dead_store()
+    watch = JournalWatch(raw, down, 100, 100, every_s=0.001)
+    with kept("shardlb.router") as log:
+        task = asyncio.create_task(watch.run())
+        try:
+            await until(lambda: down.asked >= 300, "300 checks")
+            failed = down.asked
+            up = CountedStore(store.client, store.scripts)
+            watch.store = up  # the cluster is back
+            await until(lambda: up.asked >= 2, "a check that worked")
+        finally:
+            watch.closed = True
+            await task
+            await down.client.aclose()
+    warnings = log.lines(logging.WARNING)
+    assert [m for m, _ in warnings] == ["journal lag not read"], len(warnings)
+    [(message, fields)] = log.lines(logging.INFO)
+    assert message == "journal lag read again" and fields["failures"] >= failed

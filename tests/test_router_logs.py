@@ -110,7 +110,7 @@ def kept(name: str) -> Iterator[Kept]:
 def test_an_outage_is_logged_at_its_start_then_once_a_minute_and_at_its_end() -> None:
     """A loop that fails every second for 1000 s writes 17 warnings (at 0 s, then every 60 s, each
     with the failures since the line before) and one info line when it works again, with them all."""
-    from router.logs import Outage
+    from shardlb.outage import Outage
 
     now = [0.0]
     with kept("tests.outage") as log:
