@@ -63,6 +63,7 @@ from shardlb import keys, moderation, settlement_delivery
 from shardlb.board import Board
 from shardlb.connection import Scripts, connect, connection_arguments, raised_in_redis, redacted
 from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
+from shardlb.outage import Outage
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.archive")
@@ -92,8 +93,9 @@ RETRY_REFUSED_S = 5.0
 FORGET_IDLE_S = 3600.0
 FORGET_EVERY_S = 60.0
 # A round that fails (PostgreSQL or the cluster away) is tried again after RETRY_FIRST_S, the pause
-# doubling on each failure in a row up to RETRY_MAX_S; the first round that works ends the outage
-# (logged once). Fixed 1 s pauses logged two warnings a second for as long as an outage lasted.
+# doubling on each failure in a row up to RETRY_MAX_S; the first round that works ends the outage.
+# Fixed 1 s pauses logged two warnings a second for as long as an outage lasted; the failures are
+# now logged as an Outage (shardlb/outage.py): at its start, once a minute and at its end.
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
 
@@ -219,6 +221,8 @@ class Archiver:
         self._forgotten: dict[str, float] = {}  # journal key -> monotonic time of its last forget.lua
         self._unexplained: set[tuple[str, str]] = set()  # boards missing without a mark, reported once
         self._held: dict[str, _Held] = {}  # journal key -> the entry PostgreSQL refused there
+        self.outage = Outage(log, "archive round failed; retrying", "archive rounds work again")
+        self.db_outage = Outage(log, "PostgreSQL not reachable; retrying", "PostgreSQL reachable again")
 
     async def refresh(self) -> None:
         """Learn the registry's boards (and record their settings in PostgreSQL)."""
@@ -405,7 +409,6 @@ class Archiver:
         """Archive until ``stop`` is set, refreshing the board list every ``refresh_s``; errors are
         logged and retried after a pause (the entries stay in the journals meanwhile)."""
         refreshed = 0.0
-        failures = 0  # rounds failed in a row
         while not stop.is_set():
             try:
                 if time.monotonic() - refreshed > refresh_s:
@@ -416,22 +419,14 @@ class Archiver:
                 if not _passing(e):
                     raise
                 FAILED_ROUNDS.inc()
-                failures += 1
-                pause = retry_pause(failures)
-                log.warning(
-                    "archive round failed (%d in a row); retrying in %.0f s",
-                    failures,
-                    pause,
-                    extra={"fields": {"error": repr(e)}},
-                )
+                pause = retry_pause(self.outage.failures + 1)  # the failures in a row, this one too
+                self.outage.failed(e, {"pause_s": pause})
                 with contextlib.suppress(psycopg.Error):
                     await self.db.rollback()
                 await _sleep(stop, pause)
                 await self._reconnect()
                 continue
-            if failures:
-                log.info("archive rounds work again after %d failed", failures)
-                failures = 0
+            self.outage.succeeded()
             if done:
                 ARCHIVED.inc(done)
                 continue
@@ -444,7 +439,9 @@ class Archiver:
         try:
             self.db = await connect_db(self.db_url)
         except (psycopg.Error, OSError) as e:
-            log.warning("PostgreSQL not reachable; retrying", extra={"fields": {"error": repr(e)}})
+            self.db_outage.failed(e)
+        else:
+            self.db_outage.succeeded()
 
     async def lag(self) -> dict[str, Lag]:
         """The lag of every journal this archiver knows, by journal key."""
@@ -731,22 +728,18 @@ async def serve(
     elif deliver_every_s:
         log.info("settlement webhooks are not swept by this archiver: SHARDLB_WEBHOOK_SECRET is not set")
     db = None
-    failures = 0
+    outage = Outage(log, "PostgreSQL not reachable yet; retrying", "PostgreSQL reachable")
     try:
         while db is None:  # PostgreSQL may come up after us: the journals wait meanwhile
             try:
                 db = await connect_db(postgres_url)
             except (psycopg.Error, OSError) as e:
-                failures += 1
-                pause = retry_pause(failures)
-                log.warning(
-                    "PostgreSQL not reachable yet; retrying in %.0f s",
-                    pause,
-                    extra={"fields": {"error": repr(e)}},
-                )
+                pause = retry_pause(outage.failures + 1)
+                outage.failed(e, {"pause_s": pause})
                 await _sleep(stop, pause)
                 if stop.is_set():
                     return
+        outage.succeeded()
         archiver = Archiver(raw, store, db, name, db_url=postgres_url)
         tasks.append(asyncio.create_task(_watch_lag(archiver, stop, lag_every_s)))
         if cleanup_every_s:
@@ -764,6 +757,7 @@ async def serve(
 
 
 async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) -> None:
+    outage = Outage(log, "journal lag not read", "journal lag read again")
     while not stop.is_set():
         try:
             lags = list((await archiver.lag()).values())
@@ -773,23 +767,28 @@ async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) ->
         except Exception as e:
             if not _passing(e):
                 raise
-            log.warning("journal lag not read", extra={"fields": {"error": repr(e)}})
+            outage.failed(e)
+        else:
+            outage.succeeded()
         await _sleep(stop, every_s)
 
 
 async def _cleanup(store: BoardStore, stop: asyncio.Event, every_s: float) -> None:
     """The inactive-player cleanup (shardlb/moderation.py), one bounded pass every ``every_s``. Several
     archivers may run it at once: a removal is idempotent and checks the player's idleness itself."""
+    outage = Outage(log, "inactive cleanup failed; retrying", "inactive cleanup works again")
     while not stop.is_set():
         await _sleep(stop, every_s)
         try:
             done = await moderation.cleanup_pass(store)
-            if any(done.values()):
-                log.info("inactive players removed", extra={"fields": done})
         except Exception as e:
             if not _passing(e):
                 raise
-            log.warning("inactive cleanup failed; retrying", extra={"fields": {"error": repr(e)}})
+            outage.failed(e)
+            continue
+        outage.succeeded()
+        if any(done.values()):
+            log.info("inactive players removed", extra={"fields": done})
 
 
 async def repair_bands(store: BoardStore, stop: asyncio.Event, every_s: float) -> None:
@@ -800,7 +799,10 @@ async def repair_bands(store: BoardStore, stop: asyncio.Event, every_s: float) -
     or not the player posts again. A pass over a board with nothing pending is one HLEN per home
     shard. Several archivers may run it at once, beside the writes: band moves are versioned.
     Each pass also forgets the versions of players removed longer ago than the dedup window
-    (``Board.prune``), so a board whose players churn keeps versions bounded by the players it holds."""
+    (``Board.prune``), so a board whose players churn keeps versions bounded by the players it holds.
+    A pass that fails (the boards not listed, or a board not repaired) is logged as an outage that
+    the next pass without a failure ends; a failure that is no outage is logged with its traceback."""
+    outage = Outage(log, "band repair failed; retrying", "band repair works again")
     while not stop.is_set():
         await _sleep(stop, every_s * random.uniform(0.5, 1.0))
         if stop.is_set():
@@ -808,11 +810,9 @@ async def repair_bands(store: BoardStore, stop: asyncio.Event, every_s: float) -
         try:
             boards = [b for b in await store.boards() if b.layout.strategy == "band"]
         except Exception as e:
-            failed = {"error": repr(e)}
-            log.warning(
-                "band repair: boards not listed; retrying", extra={"fields": failed}, exc_info=not _passing(e)
-            )
+            outage.failed(e, {"board": None}, trace=not _passing(e))
             continue
+        failed = False
         for board in boards:
             try:
                 done = await board.repair()
@@ -829,10 +829,10 @@ async def repair_bands(store: BoardStore, stop: asyncio.Event, every_s: float) -
                         extra={"fields": {"board": board.config.id, "players": forgotten}},
                     )
             except Exception as e:  # a board deleted or resharded meanwhile, or the cluster failing
-                failed = {"board": board.config.id, "error": repr(e)}
-                log.warning(
-                    "band repair failed; retrying", extra={"fields": failed}, exc_info=not _passing(e)
-                )
+                outage.failed(e, {"board": board.config.id}, trace=not _passing(e))
+                failed = True
+        if not failed:
+            outage.succeeded()
 
 
 class _PlainLines(logging.Formatter):

@@ -52,6 +52,7 @@ import psycopg
 from shardlb import periods
 from shardlb.config import check_id
 from shardlb.errors import InvalidInput, SettlementConflict, SettlementNotFound
+from shardlb.outage import Outage
 
 log = logging.getLogger("shardlb.settlement")
 
@@ -425,9 +426,10 @@ async def sweep_forever(
     cap_s: float = MAX_BACKOFF_S,
 ) -> None:
     """``sweep`` every ``every_s`` until ``stop`` is set, on a connection of its own, reconnecting
-    after any failure of PostgreSQL or of a round (logged; the rows stay due meanwhile)."""
+    after any failure of PostgreSQL or of a round (logged as an Outage; the rows stay due meanwhile)."""
     _require_secret(secret)
     db: psycopg.AsyncConnection[Any] | None = None
+    outage = Outage(log, "webhook sweep failed; retrying", "webhook sweep works again")
     async with httpx.AsyncClient() as http:
         try:
             while not stop.is_set():
@@ -437,13 +439,15 @@ async def sweep_forever(
                             postgres_url, autocommit=True, application_name="shardlb-webhooks"
                         )
                     done = await sweep(db, http, secret, base_s, cap_s)
-                    if done:
-                        log.info("webhook deliveries swept", extra={"fields": {"delivered": done}})
                 except (psycopg.Error, OSError) as e:
-                    log.warning("webhook sweep failed; retrying", extra={"fields": {"error": repr(e)}})
+                    outage.failed(e)
                     if db is not None:
                         await db.close()
                         db = None
+                else:
+                    outage.succeeded()
+                    if done:
+                        log.info("webhook deliveries swept", extra={"fields": {"delivered": done}})
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), every_s)
         finally:

@@ -5,21 +5,30 @@ back off, and what the archiver keeps per board goes with the board."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
 
 import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from shardlb import keys, times
-from shardlb.archive import Archiver, _journals, connect_db
+import shardlb.archive
+from shardlb import keys, settlement_delivery, times
+from shardlb.archive import Archiver, _cleanup, _journals, _watch_lag, connect_db, repair_bands, serve
 from shardlb.board import Score
 from shardlb.config import BoardConfig
+from shardlb.connection import connect
+from shardlb.journal import Lag, journal_lag
 from shardlb.store import BoardStore
+from tests.test_moderation_router import until
+from tests.test_router_journals import dead_store
+from tests.test_router_logs import Kept, kept
 
 pytestmark = pytest.mark.cluster
 
@@ -144,3 +153,205 @@ async def test_a_deleted_boards_state_is_dropped(store: BoardStore, raw: Any, po
         await a.db.close()
         if config.id in {c.id for c in await store.list()}:
             await store.delete(config.id)
+
+
+# ---- outages of the archiver's loops: logged at their start, once a minute and at their end --------
+
+
+async def staged(
+    logger: str,
+    run: Callable[[asyncio.Event], Coroutine[Any, Any, None]],
+    failures: Callable[[], int],
+    recover: Callable[[], None],
+    worked: Callable[[Kept], bool],
+) -> Kept:
+    """The log lines of ``run(stop)`` through an outage: at least 100 failures, then ``recover()``
+    and wait until ``worked(lines)``."""
+    stop = asyncio.Event()
+    with kept(logger) as log:
+        task = asyncio.create_task(run(stop))
+        try:
+            await until(lambda: failures() >= 100, "100 failures")
+            recover()
+            await until(lambda: worked(log), "a try that worked")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 20)
+    return log
+
+
+def one_outage(log: Kept, message: str, recovered: str, failures: int) -> None:
+    """The outage was one warning (its first failure: the test's last less than a minute) and one
+    info line with every failure."""
+    warnings = log.lines(logging.WARNING)
+    assert [m for m, _ in warnings] == [message], len(warnings)
+    [(_, fields)] = [line for line in log.lines(logging.INFO) if line[0] == recovered]
+    assert fields["failures"] >= failures
+
+
+@pytest.fixture
+def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shardlb.archive, "retry_pause", lambda failures: 0.001)
+
+
+class Lags:
+    """``Archiver.lag`` of a client that can be swapped: a closed port's, then the cluster's."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.asked = self.read = 0
+
+    async def lag(self) -> dict[str, Lag]:
+        self.asked += 1
+        lag = await journal_lag(self.client, keys.journal_key("lb:{nothing:0}"))
+        self.read += 1
+        return {"k": lag}
+
+
+async def test_a_redis_outage_logs_the_lag_watch_at_its_start_and_end(raw: Any) -> None:
+    """``_watch_lag`` logged "journal lag not read" at every failed reading (every 5 s)."""
+    lags = Lags(connect("redis://127.0.0.1:1", decode=False))
+    dead = lags.client
+
+    def recover() -> None:
+        lags.client = raw
+
+    run = functools.partial(_watch_lag, cast(Archiver, lags), every_s=0.001)
+    log = await staged(
+        "shardlb.archive", lambda stop: run(stop), lambda: lags.asked, recover, lambda _: lags.read >= 2
+    )
+    await dead.aclose()
+    one_outage(log, "journal lag not read", "journal lag read again", 100)
+
+
+@pytest.mark.parametrize("loop", ["cleanup", "repair"])
+async def test_a_redis_outage_logs_the_cleanup_and_the_band_repair_at_its_start_and_end(
+    store: BoardStore, loop: str
+) -> None:
+    """``_cleanup`` and ``repair_bands`` logged a warning at every pass that could not list the
+    boards."""
+    down = dead_store()
+    dead = down.client
+    at = [0]
+
+    def recover() -> None:
+        down.client, down.scripts = store.client, store.scripts
+        at[0] = down.asked
+
+    if loop == "cleanup":
+        run = functools.partial(_cleanup, down, every_s=0.001)
+        message, recovered = "inactive cleanup failed; retrying", "inactive cleanup works again"
+    else:
+        run = functools.partial(repair_bands, down, every_s=0.001)
+        message, recovered = "band repair failed; retrying", "band repair works again"
+
+    def worked(_: Kept) -> bool:  # a pass after the one that listed the boards again
+        return down.asked - at[0] >= 2
+
+    log = await staged("shardlb.archive", lambda stop: run(stop), lambda: down.asked, recover, worked)
+    await dead.aclose()
+    one_outage(log, message, recovered, 100)
+
+
+async def test_a_postgresql_outage_logs_the_archive_rounds_at_its_start_and_end(
+    store: BoardStore, raw: Any, postgres_url: str, fast_retries: None
+) -> None:
+    """A failed round logged "archive round failed" and "PostgreSQL not reachable" each time: with
+    the pause at its cap of 30 s, four warnings a minute for as long as PostgreSQL was away."""
+    db = await connect_db(postgres_url)
+    await db.close()  # as PostgreSQL leaves it when it goes away
+    a = Archiver(raw, store, db, "outage", db_url=NOBODY)
+    rounds = [0]
+    round_of = a.round
+
+    async def counted() -> int:
+        done = await round_of()
+        rounds[0] += 1
+        return done
+
+    a.round = counted  # type: ignore[method-assign]
+    before = failed_rounds()
+
+    def recover() -> None:
+        a.db_url = postgres_url
+
+    try:
+        log = await staged(
+            "shardlb.archive",
+            lambda stop: a.run(stop, idle_s=0.001, refresh_s=0.001),
+            lambda: int(failed_rounds() - before),
+            recover,
+            lambda _: rounds[0] >= 2,
+        )
+    finally:
+        await a.db.close()
+    warnings = log.lines(logging.WARNING)
+    assert {m for m, _ in warnings} == {
+        "PostgreSQL not reachable; retrying",
+        "archive round failed; retrying",
+    }
+    assert len(warnings) == 2, warnings
+    infos = [m for m, _ in log.lines(logging.INFO)]
+    assert infos.count("archive rounds work again") == 1 and infos.count("PostgreSQL reachable again") == 1
+
+
+async def test_postgresql_away_at_start_is_logged_at_its_start_and_end(
+    cluster_url: str, postgres_url: str, fast_retries: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve`` logged "PostgreSQL not reachable yet" at each try until it could connect."""
+    tries: list[str] = []
+    up = [False]
+
+    async def counted(url: str) -> Any:
+        tries.append(url)
+        return await connect_db(postgres_url if up[0] else url)
+
+    monkeypatch.setattr(shardlb.archive, "connect_db", counted)
+
+    def recover() -> None:
+        up[0] = True
+
+    log = await staged(
+        "shardlb.archive",
+        lambda stop: serve(cluster_url, NOBODY, "outage-start", stop),
+        lambda: len(tries),
+        recover,
+        lambda lines: "archiver running" in [m for m, _ in lines.lines(logging.INFO)],
+    )
+    one_outage(log, "PostgreSQL not reachable yet; retrying", "PostgreSQL reachable", 100)
+    assert "OperationalError" in str(log.lines(logging.WARNING)[0][1]["error"])
+
+
+async def test_a_postgresql_outage_logs_the_webhook_sweep_at_its_start_and_end(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sweep_forever`` logged "webhook sweep failed" at every sweep it could not make."""
+    tries: list[str] = []
+    up = [False]
+    swept = [0]
+    connect = psycopg.AsyncConnection.connect
+    sweep = settlement_delivery.sweep
+
+    async def counted(url: str, **options: Any) -> Any:
+        tries.append(url)
+        return await connect(postgres_url if up[0] else url, **options)
+
+    async def counted_sweep(*args: Any) -> int:
+        done = await sweep(*args)
+        swept[0] += 1
+        return done
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", counted)
+    monkeypatch.setattr(settlement_delivery, "sweep", counted_sweep)
+
+    def recover() -> None:
+        up[0] = True
+
+    log = await staged(
+        "shardlb.settlement",
+        lambda stop: settlement_delivery.sweep_forever(NOBODY, "s" * 32, stop, every_s=0.001),
+        lambda: len(tries),
+        recover,
+        lambda _: swept[0] >= 2,
+    )
+    one_outage(log, "webhook sweep failed; retrying", "webhook sweep works again", 100)

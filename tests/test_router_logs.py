@@ -127,3 +127,21 @@ def test_an_outage_is_logged_at_its_start_then_once_a_minute_and_at_its_end() ->
     assert {m for m, _ in warnings} == {"x not read"}
     assert warnings[1][1]["error"] == repr(OSError("refused 60"))  # the latest error
     assert log.lines(logging.INFO) == [("x read again", {"failures": 1000, "outage_s": 999.0})]
+
+
+def test_an_outages_warning_carries_the_callers_fields_and_a_trace_when_asked() -> None:
+    """The archiver's band repair names the board that failed, and logs the traceback of a failure
+    that is no outage (a bug), on the outage's lines only."""
+    from shardlb.outage import Outage
+
+    now = [0.0]
+    with kept("tests.outage") as log:
+        outage = Outage(logging.getLogger("tests.outage"), "x failed", "x works", clock=lambda: now[0])
+        try:
+            raise KeyError("bug")
+        except KeyError as e:
+            outage.failed(e, {"board": "b1"}, trace=True)
+            outage.failed(e, {"board": "b2"}, trace=True)  # within the minute: not logged
+    [record] = [r for r in log.records if r.levelno == logging.WARNING]
+    assert record.fields == {"board": "b1", "error": repr(KeyError("bug")), "failures": 1}
+    assert record.exc_info is not None and record.exc_info[0] is KeyError
