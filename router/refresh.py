@@ -5,7 +5,9 @@ way, callers asking for that key wait for the same result (or the same error) in
 fetch each; a caller that gives up does not cancel it for the others. ``Refreshed`` keeps what was
 fetched: one task re-fetches every kept value each ``refresh_s`` seconds, one key at a time; a key
 nobody read for ``idle_s`` seconds is dropped, as is one whose refresh failed ``drop_after`` times in
-a row (a cache must report a broken cluster, not hide it); past ``max_kept`` keys, or past
+a row (a cache must report a broken cluster, not hide it, in its log too: an outage is logged as
+the first failure, once a minute at most, and the first pass whose refreshes all work, as an
+``Outage``); past ``max_kept`` keys, or past
 ``max_weight`` for what the kept values weigh together (``weigh``: the top cache's rows, the
 histograms' samples), the least recently read go first, and a value heavier than the whole budget
 is handed to its caller but not kept: what callers can make a worker keep and refresh is bounded
@@ -23,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from shardlb.outage import Outage
 
 log = logging.getLogger("shardlb.router")
 
@@ -93,6 +97,7 @@ class Refreshed(Generic[K, V]):
         self.weight = 0  # what the kept values weigh together
         self._kept: OrderedDict[K, _Kept[V]] = OrderedDict()  # least recently read first
         self._flights: SingleFlight[K, V] = SingleFlight()
+        self.outage = Outage(log, f"{name} refresh failed", f"{name} refresh works again")
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -124,6 +129,7 @@ class Refreshed(Generic[K, V]):
         while True:
             await asyncio.sleep(self.refresh_s)
             self._drop_idle(time.monotonic())
+            refreshed = failed = 0
             for key in list(self._kept):
                 kept = self._kept.get(key)
                 if kept is None:
@@ -135,14 +141,14 @@ class Refreshed(Generic[K, V]):
                     failures[key] = failures.get(key, 0) + 1
                     if failures[key] >= self.drop_after:
                         self._drop(key)
-                    if failures[key] == 1:
-                        log.warning(
-                            f"{self.name} refresh failed",
-                            extra={"fields": {"view": key, "error": repr(outcome)}},
-                        )
+                    failed += 1
+                    self.outage.failed(outcome, {"view": key})
                 else:
                     failures.pop(key, None)
                     self._keep(key, value, started, add=False)  # one dropped meanwhile stays dropped
+                    refreshed += 1
+            if refreshed and not failed:
+                self.outage.succeeded()
             for key in list(failures):
                 if key not in self._kept:
                     del failures[key]

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from router.refresh import Refreshed, SingleFlight
+from tests.test_router_logs import kept as kept_lines
 
 WAIT_S = 10.0  # how long a background effect may take on a loaded machine before the test fails
 
@@ -149,6 +150,33 @@ async def test_a_value_that_keeps_failing_is_dropped_after_drop_after_rounds_and
         logger.removeHandler(lines)
     assert source.calls - calls == 3
     assert lines.lines == ["test refresh failed"]
+
+
+async def test_an_outage_is_logged_once_for_every_kept_value_and_at_its_end() -> None:
+    """Each kept value logged the first refresh of it that failed: an outage of the cluster wrote one
+    warning per kept view (up to max_kept, per worker and per cache), and nothing when it ended.
+    Now the cache logs the outage once (naming the first view that failed), once a minute at most
+    while it lasts, and an info line at the first pass whose refreshes all work."""
+    source = Source()
+    kept = refreshed(source, max_kept=200, drop_after=1000)  # none is dropped meanwhile
+    for i in range(200):
+        await kept.load(f"k{i}", source.fetch(f"v{i}"))
+    calls = source.calls
+    with kept_lines("shardlb.router") as log:  # at every level: the end of an outage is an info line
+        task = asyncio.ensure_future(kept.run())
+        try:
+            source.fail = RuntimeError("cluster down")
+            await until(lambda: source.calls - calls >= 400)  # every value failed at least once
+            source.fail = None
+            back = source.calls
+            await until(lambda: source.calls - back >= 400)  # a whole pass without failure
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    assert [(m, f.get("view")) for m, f in log.lines()] == [
+        ("test refresh failed", "k0"),
+        ("test refresh works again", None),
+    ]
 
 
 async def test_the_least_recently_read_goes_first_past_the_bound() -> None:
