@@ -40,11 +40,13 @@ from shardlb.errors import ClusterUnavailable
 from shardlb.fanout import Ack, ScriptPipeline, acknowledged, share_reads
 from shardlb.keys import SLOTS
 from shardlb.moderation import Bans
+from shardlb.outage import Outage
 from shardlb.reads import ResolvedView
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.router")
 READY_TIMEOUT_S = 2.0
+STARTUP_RETRY_S = 0.5  # the pause between tries to reach the cluster at start
 
 
 # PostgreSQL connections a worker's public reads of the archive may hold at once (``archive_reads``).
@@ -100,6 +102,8 @@ class Service:
             max_samples=settings.histogram_cache_samples,
         )
         deadline = time.monotonic() + settings.startup_timeout_s
+        # Logged as the background tasks' outages are: the start may wait up to an hour.
+        outage = Outage(log, "cluster not reachable yet; retrying", "cluster reached")
         while True:
             try:
                 await scripts.load(client)
@@ -109,8 +113,9 @@ class Service:
                 if time.monotonic() >= deadline:
                     await client.aclose()
                     raise ClusterUnavailable(f"no cluster at {redacted(settings.redis_url)}: {e}") from e
-                log.warning("cluster not reachable yet; retrying", extra={"fields": {"error": repr(e)}})
-                await asyncio.sleep(0.5)
+                outage.failed(e)
+                await asyncio.sleep(STARTUP_RETRY_S)
+        outage.succeeded()
         store = BoardStore(client, scripts, settings.journal_max_entries, settings.journal_max_results)
         store.read_replicas = settings.read_from != "primary"
         finished = await store.reclaim()  # deletions some process left half done

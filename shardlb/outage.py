@@ -1,9 +1,9 @@
 """How a background loop logs the failures of an outage: a few lines per process, not one per try.
 
-Every loop that retries on its own (the router's ban list refresh, refusal log, journal watch and
-cached views; the archiver's rounds, journal lag, cleanup, band repairs and webhook sweep) logs
-through an ``Outage``, so a Redis or PostgreSQL outage of an hour costs each process about sixty
-lines, whatever the loop's pace.
+Every loop that retries on its own (the router's wait for the cluster at start, ban list refresh,
+refusal log, journal watch and cached views; the archiver's wait for PostgreSQL at start, rounds,
+journal lag, cleanup, band repairs and webhook sweep) logs through an ``Outage``, so a Redis or
+PostgreSQL outage of an hour costs each of them about sixty lines per process, whatever its pace.
 """
 
 from __future__ import annotations

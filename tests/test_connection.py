@@ -8,6 +8,7 @@ to every node it discovers from it, on the plain command path and on the per-nod
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
@@ -186,3 +187,30 @@ async def test_the_routers_start_up_error_does_not_show_the_password() -> None:
     with pytest.raises(ClusterUnavailable) as caught:
         await Service.start(settings)
     assert "s3cret-pw" not in str(caught.value) and "***@127.0.0.1" in str(caught.value)
+
+
+async def test_the_routers_start_up_logs_a_cluster_out_of_reach_once_not_every_try(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The router's start logged "cluster not reachable yet; retrying" at every try, every 0.5 s
+    for up to SHARDLB_STARTUP_TIMEOUT_S (at most an hour: 7200 lines). It now logs its first
+    failure, then once a minute at most; ClusterUnavailable says the rest when it gives up."""
+    import router.service
+    from tests.test_router_logs import kept
+
+    tries = [0]
+    load = Scripts.load
+
+    async def counted(self: Scripts, client: Any) -> None:
+        tries[0] += 1
+        await load(self, client)
+
+    monkeypatch.setattr(Scripts, "load", counted)
+    monkeypatch.setattr(router.service, "STARTUP_RETRY_S", 0.001)
+    settings = Settings(
+        redis_url=f"redis://127.0.0.1:{free_port_block(1)}", startup_timeout_s=3, insecure_dev=True
+    )
+    with kept("shardlb.router") as log, pytest.raises(ClusterUnavailable):
+        await Service.start(settings)
+    assert tries[0] >= 5, tries
+    assert [m for m, _ in log.lines(logging.WARNING)] == ["cluster not reachable yet; retrying"]
