@@ -211,15 +211,24 @@ async def _archive(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         await db.close()
 
 
-async def _remove(svc: Service, board_id: str, player: str) -> bool:
+async def _remove(svc: Service, board_id: str, player: str, request: str | None) -> bool:
     """Remove ``player`` from the board, waiting out a reshard's cut-over as score writes do: each
     try looks the board up anew (a refusal marked the one kept stale), and a removal tried again
-    converges (shardlb/moderation.py). Whether the player had an entry."""
+    converges (shardlb/moderation.py). Whether the player had an entry (as the first call of
+    ``request`` found it: a client's retry with the same X-Request-Id is that removal again, and
+    keeps the results the player posted since; a request id the router made up is new each try)."""
 
     async def attempt() -> bool:
-        return player in await moderation.remove(await svc.boards.get(board_id), [player])
+        board = await svc.boards.get(board_id)
+        return player in await moderation.remove(board, [player], request=request)
 
     return await through_reshard(attempt)
+
+
+def _request(action: str, request_id: str | None) -> str | None:
+    """The name of a removal that ``action`` makes for the request ``request_id`` (request ids
+    hold no '/'): a ban's removals and a DELETE sent with one id by mistake stay two removals."""
+    return None if request_id is None else f"{action}/{request_id}"
 
 
 async def remove_player(request: Request) -> Response:
@@ -233,7 +242,7 @@ async def remove_player(request: Request) -> Response:
     async with _archive(svc) as db, db.transaction():
         # A request id the router made up is new, so a retry without one is audited again.
         await moderation.audit_once(db, "remove", board_id, player, actor, reason, request_id)
-    removed = await _remove(svc, board_id, player)
+    removed = await _remove(svc, board_id, player, _request("remove", request_id))
     return render(request, {"board": board_id, "player_id": player, "removed": removed})
 
 
@@ -257,7 +266,8 @@ async def ban(request: Request) -> Response:
         )
     await svc.moderation.bans.refresh()
     await asyncio.sleep(PROPAGATION_S)
-    removed = [b.config.id for b in boards if await _remove(svc, b.config.id, player)]
+    removal = _request("ban", request_id)
+    removed = [b.config.id for b in boards if await _remove(svc, b.config.id, player, removal)]
     return render(request, {**record.body(), "removed_from": sorted(removed)})
 
 

@@ -105,6 +105,13 @@ class BandMoves:
             if not cursor:
                 return done
 
+    async def finish_pending(self, home: int, players: list[str]) -> None:
+        """Send the pending moves of ``players`` (home shard ``home``) again, as ``repair`` does: a
+        removal retried where its first call's home part held but its band part may have been lost."""
+        moves = await self._pending(self.board.prefixes[home], players)
+        if moves:
+            await self.finish(home, moves)
+
     async def _pending(self, prefix: str, players: list[str]) -> list[Move]:
         """The pending moves of ``players`` on the home shard ``prefix``, read atomically."""
         async with self.board.client.pipeline(transaction=True) as pipe:

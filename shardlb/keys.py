@@ -199,6 +199,13 @@ def removals_key(prefix: str) -> str:
     return prefix + "rmv"
 
 
+def removal_request_field(request: str, player: str) -> str:
+    """The field of ``removals_key`` that records the removal ``request`` of ``player`` on that
+    shard (remove.lua builds it itself: keep the two in step). Ids hold no NUL, so it is never a
+    player's field, and a reshard's copy takes it to the player's home (after the NUL)."""
+    return f"{request}\x00{player}"
+
+
 def removals_marker_key(prefix: str) -> str:
     """A string beside ``removals_key`` with its expiry: write.lua reads it in its one MGET."""
     return prefix + "rmvon"

@@ -7,7 +7,9 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
   records delete entries in ``player_removals``; a rebuild drops the shard's results of that player
   journaled before the entry. On band boards the call also bumps the player's version and records
   every band as pending, and the band shards then drop the player at that version (band.lua), so a
-  retry converges and a late band move cannot bring the player back. Removing again is harmless.
+  retry converges and a late band move cannot bring the player back. Removing again is harmless,
+  and a removal named by a request (``remove``'s ``request``: the router's X-Request-Id) is made
+  once per shard whatever its retries: a retry keeps the results the player posted since.
 - **Bans** (``Bans``): PostgreSQL keeps them (``bans``, the truth that a rebuild reads), and Redis
   keeps the list routers cache (``lb:bans``, a hash ``<board or *>/<player>`` -> record, and a
   version ``lb:bans:v`` that moves with every change, so a router reloads the list only when it
@@ -145,12 +147,23 @@ async def create_schema(db: psycopg.AsyncConnection[Any]) -> None:
 # ---- removal ------------------------------------------------------------------------------
 
 
-async def remove(board: Board, players: Sequence[str], now_ms: int | None = None) -> set[str]:
+async def remove(
+    board: Board, players: Sequence[str], now_ms: int | None = None, request: str | None = None
+) -> set[str]:
     """Remove ``players`` from every period of ``board``; return those that had an entry anywhere.
     One remove.lua call per shard, atomic on its shard, concurrent across shards (not atomic across
-    them); a retry after any failure converges to the state of one call."""
+    them); a retry after any failure converges to the state of one call.
+
+    ``request`` names the removal asked for (the router's ``remove/<X-Request-Id>``): a call again
+    with the same name within the dedup window is the same removal, not a new one. A shard where it
+    ran already changes nothing and answers as it did, so the results the player posted since stay;
+    a shard it did not reach (a call that failed half way) is removed at the time the first call
+    recorded elsewhere (``first_units``), keeping what was achieved since. Without it (and past the
+    window) a call again removes again."""
     for i, player in enumerate(players):
         check_id(player, f"players[{i}]")
+    if request is not None and (not request or "\x00" in request):
+        raise InvalidInput("a removal's request name must be non-empty text without NUL", "request")
     groups: dict[int, list[str]] = defaultdict(list)
     for player in dict.fromkeys(players):
         for shard in board.layout.candidates(player):
@@ -158,26 +171,52 @@ async def remove(board: Board, players: Sequence[str], now_ms: int | None = None
     gate = asyncio.Semaphore(SHARDS_IN_FLIGHT)
 
     now = times.now_ms() if now_ms is None else now_ms  # one removal time on every shard
+    units = None if request is None else await first_units(board, groups, request)
 
     async def one(shard: int, members: list[str]) -> list[str]:
         async with gate:
-            return await remove_on_shard(board, shard, members, now_ms=now)
+            return await remove_on_shard(board, shard, members, now_ms=now, request=request, units=units)
 
     found = await asyncio.gather(*(one(s, m) for s, m in groups.items()))
     return {p for got in found for p in got}
 
 
+async def first_units(board: Board, groups: dict[int, list[str]], request: str) -> int | None:
+    """The record time (units) an earlier call of ``request`` left on any shard of ``groups``
+    (shard -> players), or None when none has it. Two calls of one request sent at once may both
+    find none and record two times, each shard one of them (a state of one call on each shard)."""
+    gate = asyncio.Semaphore(SHARDS_IN_FLIGHT)
+
+    async def one(shard: int, members: list[str]) -> list[Any]:
+        fields = [keys.removal_request_field(request, p) for p in members]
+        async with gate:
+            got: list[Any] = await board.client.hmget(keys.removals_key(board.prefixes[shard]), fields)
+            return got
+
+    found = await asyncio.gather(*(one(s, m) for s, m in groups.items()))
+    held = [int(_text(v).partition(".")[0]) for got in found for v in got if v is not None]
+    return min(held) if held else None
+
+
 async def remove_on_shard(
-    board: Board, shard: int, players: Sequence[str], stale_before_ms: int = 0, now_ms: int | None = None
+    board: Board,
+    shard: int,
+    players: Sequence[str],
+    stale_before_ms: int = 0,
+    now_ms: int | None = None,
+    request: str | None = None,
+    units: int | None = None,
 ) -> list[str]:
     """remove.lua on one shard (see the module docstring); returns the players it removed. With
     ``stale_before_ms``, only players whose last post (activity set) is at or before it. Without it
     (a removal asked for, not the inactive cleanup), the shard also records the removal's time for
     the dedup window: a result of the player achieved before it (before its time unit), a retry
-    above all, is then a duplicate that writes nothing (remove.lua, write.lua)."""
+    above all, is then a duplicate that writes nothing (remove.lua, write.lua). ``request`` and
+    ``units`` (the time an earlier call of the request recorded): see ``remove``; a player the
+    request removed here already counts as removed when the first call found them."""
     prefix = board.prefixes[shard]
     now, codec = times.now_ms() if now_ms is None else now_ms, board.codec
-    removed_units = record_units(board, now)
+    removed_units = record_units(board, now) if units is None else units
     fixed = [
         keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix),
         keys.version_key(prefix), keys.pending_key(prefix), keys.activity_key(prefix),
@@ -199,6 +238,8 @@ async def remove_on_shard(
             # that removal would be at least its time): remove.lua forgets it.
             max(0, (now - board.config.dedup_window_s * 1000 - codec.epoch_ms) // codec.unit_ms),
             now,  # band boards: when the player's versions may be forgotten from (BandMoves.prune)
+            "" if stale_before_ms or request is None else request,
+            int(units is not None),
         ]
     )
     args = [header, msgpack.packb(list(players))]
@@ -213,15 +254,19 @@ async def remove_on_shard(
             break
     else:
         raise BoardConflict("the board's key index kept changing during the removal; retry", "board")
-    removed, versions = [], []
+    removed, versions, again = [], [], []
     for n, player in enumerate(players):
         flag, version = int(reply[2 + 2 * n]), int(reply[3 + 2 * n])
         if flag:
             removed.append(player)
-        if version:
+        if version > 0:
             versions.append((player, version))
+        elif version < 0 and banded:
+            again.append(player)
     if versions:
         await _remove_from_bands(board, shard, versions)
+    if again:  # the first call's band part, if it was lost (a later write may have sent it since)
+        await board.bands.finish_pending(shard, again)
     return removed
 
 

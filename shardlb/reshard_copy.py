@@ -196,7 +196,7 @@ def kind_of(suffix: str) -> str:
         return "set"
     if suffix.startswith("pin:"):
         return "hash"
-    if suffix == "rmv":  # recent removals (remove.lua): player -> when, copied to the player's home
+    if suffix == "rmv":  # recent removals (remove.lua): player (or request NUL player) -> when, to their home
         return "players"
     if suffix.startswith("frozen:") or suffix == "rmvon":  # markers: copied to every new shard
         return "frozen"
@@ -454,8 +454,8 @@ class Copier:
                 read.execute_command("SMISMEMBER", prefix + suffix, *matches)
             elif kind == "hash" and matches:
                 read.execute_command("HMGET", prefix + suffix, *matches)
-            elif kind == "players":
-                read.execute_command("HMGET", prefix + suffix, *players)
+            elif kind == "players":  # and a removal request's fields (remove.lua tracks them as named)
+                read.execute_command("HMGET", prefix + suffix, *players, *matches)
             else:
                 continue
             wanted.append((suffix, kind, expiry))
@@ -468,6 +468,6 @@ class Copier:
                 rows = [(m, None) for m, v in zip(matches, values, strict=True) if v]
                 await self._write(target, suffix, kind, expiry, rows)
             else:
-                named = players if kind == "players" else matches
+                named = players + matches if kind == "players" else matches
                 rows = [(m, v) for m, v in zip(named, values, strict=True) if v is not None]
                 await self._write(target, suffix, kind, expiry, rows)

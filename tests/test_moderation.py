@@ -141,6 +141,88 @@ async def test_a_removal_that_failed_half_way_converges_when_retried(store: Boar
         await store.delete(config.id)
 
 
+@pytest.mark.parametrize("posted_before_the_retry", [True, False])
+async def test_a_removal_retried_with_its_request_keeps_later_results_and_finishes_its_band_part(
+    store: BoardStore, posted_before_the_retry: bool
+) -> None:
+    """A band board's removal named by a request (the router passes the X-Request-Id) loses its
+    band part once; the player posts a later result before or after the retry of the same request.
+    The retry finishes the band part as one call would have (the band shards drop the row the
+    removal left, or take the later result's move) and keeps the later result, where it ran the
+    removal again; a removal named by another request is a removal of its own."""
+    config = BoardConfig.from_dict("moderation-request", {"sharding": sharding("band", 3)})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        players = [f"p{i}" for i in range(20)]
+        ref = ReferenceBoard(config)
+        first = [Score(p, 10 * i, f"m{i}", now) for i, p in enumerate(players)]
+        await board.submit(first, now)
+        ref.submit(first, now)
+        failing = fail_band_once(board)
+        with pytest.raises(ConnectionError):
+            await moderation.remove(board, ["p7"], now_ms=now, request="remove/r-1")
+        assert failing.failures == 1
+        forget(ref, "p7", now)
+        later = now + MAX_FUTURE_MS + 2_000  # achieved after the removal's record
+        if posted_before_the_retry:
+            await board.submit([Score("p7", 3, "m-again", later)], later)
+            ref.submit([Score("p7", 3, "m-again", later)], later)
+        assert await moderation.remove(board, ["p7"], request="remove/r-1") == {"p7"}  # as the first
+        if not posted_before_the_retry:
+            await board.submit([Score("p7", 3, "m-again", later)], later)
+            ref.submit([Score("p7", 3, "m-again", later)], later)
+            assert await moderation.remove(board, ["p7"], request="remove/r-1") == {"p7"}
+        home = board.prefixes[board.layout.home("p7")]
+        assert await store.client.hget(keys.pending_key(home), "p7") is None
+        assert [(e.player_id, e.points) for e in await board.top(100)] == [(r[1], r[2]) for r in ref.order()]
+        assert (await board.player("p7")).entry.points == 3
+        assert await board.repair() == 0
+        assert await moderation.remove(board, ["p7"], request="remove/r-2") == {"p7"}
+        forget(ref, "p7")
+        assert [e.player_id for e in await board.top(100)] == [row[1] for row in ref.order()]
+    finally:
+        await store.delete(config.id)
+
+
+async def test_a_removal_lost_on_the_players_shard_is_finished_at_the_first_calls_time(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A region board's removal (one shard per region) named by a request reaches the shard of a
+    region the player never played in, and is lost on the player's own. The retry of the request,
+    a minute later, removes the player there at the first call's time, as the first call would
+    have (both shards hold one record time), and answers that the player was removed."""
+    sharded = {"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 1}
+    config = BoardConfig.from_dict("moderation-lost-home", {"mode": "set", "sharding": sharded})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        await board.submit([Score("p1", 10, "m1", now - 60_000, "eu"), Score("p2", 5, "m2", now, "eu")], now)
+        eu, na = board.layout.home("p1", "eu"), board.layout.home("p1", "na")
+        remove_on_shard = moderation.remove_on_shard
+
+        async def lose_eu(board: Board, shard: int, *args: Any, **kwargs: Any) -> list[str]:
+            if shard == eu:
+                raise ConnectionError("the call to the eu shard was lost")
+            return await remove_on_shard(board, shard, *args, **kwargs)
+
+        monkeypatch.setattr(moderation, "remove_on_shard", lose_eu)
+        with pytest.raises(ConnectionError):
+            await moderation.remove(board, ["p1"], now_ms=now, request="remove/r-1")
+        monkeypatch.undo()
+        assert (await board.player("p1")).entry.points == 10
+        assert await moderation.remove(board, ["p1"], now_ms=now + 60_000, request="remove/r-1") == {"p1"}
+        assert [e.player_id for e in await board.top(10)] == ["p2"]
+        field = keys.removal_request_field("remove/r-1", "p1")
+        held = [await store.client.hget(keys.removals_key(board.prefixes[s]), field) for s in (na, eu)]
+        units = moderation.record_units(board, now)
+        assert held == [str(units), f"{units}.1"]  # one time; removed on eu only
+        late = await board.submit([Score("p1", 9, "m3", now + 1_000, "eu")], now + 60_000)
+        assert [r.status for r in late] == ["duplicate"]  # within the first call's record
+    finally:
+        await store.delete(config.id)
+
+
 async def test_a_banned_player_is_left_out_of_a_rebuild(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
 ) -> None:

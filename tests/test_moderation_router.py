@@ -314,7 +314,7 @@ async def test_retries_sent_at_once_or_of_an_unban_are_audited_once_per_request_
             *(client.delete(f"/v1/boards/{name}/players/p1", headers=retry) for _ in range(6))
         )
         assert [a.status_code for a in answers] == [200] * 6
-        assert sorted(a.json()["removed"] for a in answers) == [False] * 5 + [True]
+        assert [a.json()["removed"] for a in answers] == [True] * 6  # each answers as the first
         for scope in ({"scope": "board", "board": name}, {"scope": "all"}):
             await client.post("/v1/players/p1:ban", json=scope, headers=AS_ADMIN)
             unban = {**AS_ADMIN, "X-Request-Id": f"unban-{scope['scope']}-{name}"}
@@ -361,8 +361,8 @@ async def test_a_removal_and_a_ban_that_meet_a_reshard_wait_it_out_and_are_audit
         url, asked = f"/v1/boards/{removed}/players/p4?reason=cheat", {**AS_ADMIN, "X-Request-Id": "rm-1"}
         r = await client.delete(url, headers=asked)
         assert (r.status_code, r.json()) == (200, {"board": removed, "player_id": "p4", "removed": True})
-        again = await client.delete(url, headers=asked)  # a retry whose answer was lost
-        assert (again.status_code, again.json()["removed"]) == (200, False)
+        again = await client.delete(url, headers=asked)  # a retry whose answer was lost: as the first
+        assert (again.status_code, again.json()["removed"]) == (200, True)
         audit = await rows(postgres_url, "SELECT request_id FROM moderation_audit WHERE board = %s", removed)
         assert audit == [("rm-1",)]
         r = await client.post(
@@ -541,3 +541,85 @@ async def test_a_postgresql_outage_logs_the_refusal_logs_retries_once_a_minute(
     assert await rows(postgres_url, "SELECT status FROM refused_results WHERE match_id = %s", match) == [
         ("banned",)
     ]
+
+
+@pytest.mark.parametrize("mode", ["incr", "best"])
+async def test_a_removal_retried_with_its_request_id_keeps_the_results_posted_since(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """An admin's DELETE whose answer was lost is sent again with the same X-Request-Id after the
+    player posted new results: the retry removed those too (the audit row was written once, the
+    removal ran twice). It now ends as one removal followed by the new results, and answers as the
+    first did; a DELETE with another request id is a removal of its own. The first removal is made
+    10 minutes back on the removal's clock, so that a best board (whose record of a removal reaches
+    5 minutes past it) takes a result achieved now as a new one."""
+    import types
+
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client, mode=mode, periods=["total"])
+        now = times.now_ms()
+        before = now - 1_200_000
+        await post(client, name, [score("p1", 10, "m1", before), score("p2", 5, "m2", before)])
+        url, asked = f"/v1/boards/{name}/players/p1", {**AS_ADMIN, "X-Request-Id": f"del-{name}"}
+        with monkeypatch.context() as m:
+            m.setattr(shardlb.moderation, "times", types.SimpleNamespace(now_ms=lambda: now - 600_000))
+            first = await client.delete(url, headers=asked)
+        assert (first.status_code, first.json()["removed"]) == (200, True)
+        assert await post(client, name, [score("p1", 7, "m3", now)]) == ["improved"]
+        again = await client.delete(url, headers=asked)  # its answer was lost: sent again
+        assert (again.status_code, again.json()) == (200, first.json())
+        got = await client.get(f"/v1/boards/{name}/players/p1")
+        assert (got.status_code, got.json().get("points")) == (200, 7), got.text
+        top = (await client.get(f"/v1/boards/{name}/top")).json()["entries"]
+        assert [(e["player_id"], e["points"]) for e in top] == [("p1", 7), ("p2", 5)]
+        other = await client.delete(url, headers={**AS_ADMIN, "X-Request-Id": f"del-2-{name}"})
+        assert (other.status_code, other.json()["removed"]) == (200, True)
+        assert (await client.get(f"/v1/boards/{name}/players/p1")).status_code == 404
+        audit = await rows(postgres_url, "SELECT request_id FROM moderation_audit WHERE board = %s", name)
+        assert sorted(audit) == [(f"del-2-{name}",), (f"del-{name}",)]
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_removal_half_applied_is_finished_by_its_retry_at_the_first_calls_time(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A removal on a region board runs on the player's shard in every region; here the call to the
+    `na` shard is lost (503) after the `eu` one, where the player lived, removed them. The player
+    then posts in `na`, and the admin sends the DELETE again with its X-Request-Id: the retry leaves
+    `eu` as the first call left it and finishes `na` as the first call would have, at its time, so
+    the result posted since stays, and answers as the first call would have (removed)."""
+    from redis.exceptions import ConnectionError as Lost
+
+    async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        regions = {"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 2}
+        name = await make_board(client, mode="incr", periods=["total"], sharding=regions)
+        now = times.now_ms()
+        await post(client, name, [{**score("p1", 10, "m1", now - 60_000), "region": "eu"}])
+        await post(client, name, [{**score("p2", 5, "m2", now - 60_000), "region": "eu"}])
+        layout = (await service_of(app).boards.get(name)).layout
+        na = layout.home("p1", "na")
+        remove_on_shard, lost, eu_done = shardlb.moderation.remove_on_shard, [], asyncio.Event()
+
+        async def lose_na_once(board: Any, shard: int, *args: Any, **kwargs: Any) -> list[str]:
+            if shard == na and not lost:
+                lost.append(shard)
+                await eu_done.wait()  # lost after the eu shard's call came back
+                raise Lost("the call to the na shard was lost")
+            try:
+                return await remove_on_shard(board, shard, *args, **kwargs)
+            finally:
+                eu_done.set()
+
+        monkeypatch.setattr(shardlb.moderation, "remove_on_shard", lose_na_once)
+        url, asked = f"/v1/boards/{name}/players/p1", {**AS_ADMIN, "X-Request-Id": f"half-{name}"}
+        first = await client.delete(url, headers=asked)
+        assert first.status_code == 503 and lost == [na], first.text
+        assert (await client.get(f"/v1/boards/{name}/players/p1")).status_code == 404  # eu's part held
+        assert await post(client, name, [{**score("p1", 7, "m3"), "region": "na"}]) == ["improved"]
+        again = await client.delete(url, headers=asked)
+        assert (again.status_code, again.json()) == (200, {"board": name, "player_id": "p1", "removed": True})
+        got = await client.get(f"/v1/boards/{name}/players/p1")
+        assert (got.status_code, got.json().get("points")) == (200, 7), got.text
+        eu = (await client.get(f"/v1/boards/{name}/top?region=eu")).json()["entries"]
+        assert [e["player_id"] for e in eu] == ["p2"]
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)

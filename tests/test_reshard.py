@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 from shardlb import cli, keys, moderation, reshard, times
-from shardlb.board import Board, Entry, Score
+from shardlb.board import MAX_FUTURE_MS, Board, Entry, Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import AUTO_SHARDS, BoardConfig, Sharding
 from shardlb.errors import BoardConflict, BoardNotFound, Resharding
@@ -271,6 +271,38 @@ async def test_a_removal_still_refuses_retries_after_a_reshard(store: BoardStore
     again = await fresh.submit([posts[3], posts[7], posts[9]], times.now_ms())
     assert [r.status for r in again] == ["duplicate", "duplicate", "unchanged"]
     assert {e.player_id for e in await fresh.top(50)} == {f"p{i}" for i in range(20)} - {"p3", "p7"}
+
+
+async def test_a_removal_retried_after_a_reshard_is_still_the_same_removal(store: BoardStore) -> None:
+    """A removal's record of its request (remove.lua's `<request> NUL <player>` in `rmv`) is copied
+    with the board, made before the reshard or after its shard was copied (a tracked change): the
+    retry of the request
+    after the cut-over changes nothing, and the results the players posted since stay."""
+    board, _ = await make_board(store, 2, mode="best")
+    now = times.now_ms()
+    await board.submit([Score(f"p{i}", 10 + i, f"m{i}", now - 60_000) for i in range(20)], now)
+    await moderation.remove(board, ["p3"], now_ms=now, request="remove/r-3")
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(5)
+    copy_shard, copied = mover.copier.copy_shard, []
+
+    async def then_remove(prefix: str, target: Board) -> int:
+        count = await copy_shard(prefix, target)
+        copied.append(prefix)
+        if len(copied) == len(board.prefixes):  # every old shard copied: only tracked from now on
+            await moderation.remove(board, ["p7"], now_ms=now, request="remove/r-7")
+        return count
+
+    mover.copier.copy_shard = then_remove  # type: ignore[method-assign]
+    await mover.run()
+    assert len(copied) == len(board.prefixes)
+    fresh = await store.get(board.config.id)
+    later = now + MAX_FUTURE_MS + 2_000  # achieved after the removals' records
+    posted = await fresh.submit([Score("p3", 1, "n3", later), Score("p7", 2, "n7", later)], later)
+    assert [r.status for r in posted] == ["improved", "improved"]
+    for player in ("p3", "p7"):
+        assert await moderation.remove(fresh, [player], request=f"remove/r-{player[1:]}") == {player}
+    assert [(e.player_id, e.points) for e in (await fresh.top(50))[-2:]] == [("p7", 2), ("p3", 1)]
 
 
 async def test_a_reshard_never_shortens_the_life_of_a_removal_record(store: BoardStore) -> None:

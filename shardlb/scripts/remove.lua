@@ -12,11 +12,14 @@
 --         score: a player's record is the later of removed_units and 1 + the latest time of their
 --         removed entries (a result dated ahead of the clock, up to 5 minutes, stays refused too),
 --         forget_before (units: a record below it is from a removal older than the dedup window),
---         removed_at (ms: the removal's time, recorded in `vrm` on band boards; absent: not recorded)
+--         removed_at (ms: the removal's time, recorded in `vrm` on band boards; absent: not recorded),
+--         request (optional; '': none): the name of the removal asked for (the router's
+--         `remove/<X-Request-Id>`), and again (optional, 1: removed_units are the time an earlier
+--         call of that request recorded on another shard; see below)
 -- ARGV[2] MessagePack array of player ids
 -- Returns {'stale'} when the key index lists a key the caller did not pass (a period began since it
 -- read the index: it reads again), else {'ok', journal id or '', per player: 1 removed / 0 absent,
--- band version (0 when not a band board)}.
+-- band version (0 when not a band board; -1 when the request had removed the player here already)}.
 -- Sorted sets among KEYS[6..] lose the players; nothing else changes, except on band boards: the
 -- player's version is bumped and every band index recorded as pending, so the band shards' removal
 -- (band.lua 'r' ops at that version) is sent again by a retry, and a later write re-adds cleanly.
@@ -37,6 +40,18 @@
 -- forget_before, as they would have expired on their own (Redis 7.0 has no expiry per field): it
 -- scans on from where the last call stopped (the marker holds 'c' and the cursor) at least twice as
 -- many entries as it records, so a shard with a removal every day keeps a window's worth.
+-- With a request, the call is made once per shard and player whatever the retries (a retry of a
+-- DELETE whose answer was lost must not remove the results the player posted since): each player
+-- is also recorded under `<request> NUL <player>` in the same hash, the value removed_units, with
+-- '.1' after them when the player was removed (so the prune above, and write.lua, read it as a
+-- number; ids hold no NUL, so it is never a player's field). A call that finds the field changes
+-- nothing for that player and answers as the first call did (version -1: the caller finishes the
+-- first call's band part, which may have been lost, from the pending record). With `again`, the
+-- caller learnt removed_units from another shard's field (the first call did not reach this
+-- shard): a period board's entry achieved at or after them (a result posted since, which this
+-- shard took for want of a record) stays, with the activity set's entry and the band rows; older
+-- ones go, as the first call would have taken them. The field is pruned and expires with the
+-- player's record, so past the dedup window a retry removes again, as one without a request does.
 
 local base = string.sub(KEYS[2], 1, -5)  -- a reshard's marker, as in write.lua
 local move = redis.call('GET', base .. 'mv')
@@ -57,8 +72,8 @@ end
 local h = cmsgpack.unpack(ARGV[1])
 local journal, bands, stale_before = h[1], h[2], h[6]
 local players = cmsgpack.unpack(ARGV[2])
-local sets = {}
 local removed_versions = base .. 'vrm'
+local sets = {}
 for i = 6, #KEYS do
   if KEYS[i] ~= removed_versions and redis.call('TYPE', KEYS[i])['ok'] == 'zset' then sets[#sets + 1] = KEYS[i] end
 end
@@ -70,79 +85,108 @@ all_bands = table.concat(all_bands, ',')
 
 local removed_units, record_until = h[7] or -1, h[8] or 0
 local T, earliest = 2 ^ (h[9] or 0), h[10] == 1
+-- The request this call is (h[13]; '' or absent: none) and whether removed_units are an earlier
+-- call's of it (h[14] = 1: another shard has its record, so this is a retry; see the header).
+local request, since = (removed_units >= 0 and h[13]) or '', h[14] == 1
+local record = base .. 'rmv'
 local recorded = {}  -- player -> the units of their record
 local function period_board(key)  -- a period board's scores are the codec's (not the activity set's)
   local suffix = string.sub(key, #base + 1)
   return suffix == 'total' or (string.sub(suffix, 2, 2) == ':' and string.find('dwm', string.sub(suffix, 1, 1), 1, true) ~= nil)
 end
-local out, removed = {'ok', ''}, {}
+local out, removed, todo, found = {'ok', ''}, {}, {}, {}
 for _, player in ipairs(players) do
-  local go = true
-  if stale_before > 0 then
-    local seen = redis.call('ZSCORE', KEYS[6], player)
-    go = seen ~= false and tonumber(seen) <= stale_before
-  end
-  local n = 0
-  if go then
-    local latest = removed_units
-    for _, key in ipairs(sets) do
-      if removed_units >= 0 and period_board(key) then
-        local score = redis.call('ZSCORE', key, player)
+  local first = request ~= '' and redis.call('HGET', record, request .. '\0' .. player)
+  if first then  -- this request removed the player here already: answer as it did, change nothing
+    out[#out + 1] = string.find(first, '.', 1, true) and 1 or 0
+    out[#out + 1] = -1
+  else
+    todo[#todo + 1] = player
+    local go = true
+    if stale_before > 0 then
+      local seen = redis.call('ZSCORE', KEYS[6], player)
+      go = seen ~= false and tonumber(seen) <= stale_before
+    end
+    local n, kept, others = 0, false, {}
+    if go then
+      local latest = removed_units
+      for _, key in ipairs(sets) do
+        local score = false
+        if removed_units >= 0 and period_board(key) then score = redis.call('ZSCORE', key, player) end
+        local units = -1
         if score then
           local tp = math.fmod(tonumber(score), T)
-          local units = earliest and (T - 1 - tp) or tp
-          if units + 1 > latest then latest = units + 1 end
+          units = earliest and (T - 1 - tp) or tp
+        end
+        if since and units >= removed_units then  -- achieved since the request's removal: stays
+          kept = true
+        elseif not period_board(key) then
+          others[#others + 1] = key
+        else
+          if score and units + 1 > latest then latest = units + 1 end
+          n = n + redis.call('ZREM', key, player)
         end
       end
-      n = n + redis.call('ZREM', key, player)
+      for _, key in ipairs(others) do  -- the activity set: kept with a result kept
+        if not kept then n = n + redis.call('ZREM', key, player) end
+      end
+      recorded[player] = latest
     end
-    recorded[player] = latest
+    local version = 0
+    if go and bands > 0 and not kept then
+      version = redis.call('HINCRBY', KEYS[4], player, 1)
+      if version == 1 and floor > 0 then
+        version = floor + 1
+        redis.call('HSET', KEYS[4], player, string.format('%d', version))
+      end
+      redis.call('HSET', KEYS[5], player, all_bands)
+      redis.call('ZADD', KEYS[1], '+inf', KEYS[4], '+inf', KEYS[5])
+      if removed_at then
+        redis.call('ZADD', removed_versions, removed_at, player)
+        redis.call('ZADD', KEYS[1], '+inf', removed_versions)
+      end
+    end
+    if n > 0 then removed[#removed + 1] = player end
+    found[player] = n > 0
+    out[#out + 1] = (n > 0) and 1 or 0
+    out[#out + 1] = version
   end
-  local version = 0
-  if go and bands > 0 then
-    version = redis.call('HINCRBY', KEYS[4], player, 1)
-    if version == 1 and floor > 0 then
-      version = floor + 1
-      redis.call('HSET', KEYS[4], player, string.format('%d', version))
-    end
-    redis.call('HSET', KEYS[5], player, all_bands)
-    redis.call('ZADD', KEYS[1], '+inf', KEYS[4], '+inf', KEYS[5])
-    if removed_at then
-      redis.call('ZADD', removed_versions, removed_at, player)
-      redis.call('ZADD', KEYS[1], '+inf', removed_versions)
-    end
-  end
-  if n > 0 then removed[#removed + 1] = player end
-  out[#out + 1] = (n > 0) and 1 or 0
-  out[#out + 1] = version
 end
-if move and #players > 0 then  -- tracked as a member with no match id: the mover copies the player
-  for i = 1, #players, 1000 do
+if move and #todo > 0 then  -- tracked as a member with no match id: the mover copies the player
+  for i = 1, #todo, 1000 do
     local tracked = {}
-    for j = i, math.min(i + 999, #players) do tracked[#tracked + 1] = '\0' .. players[j] end
+    for j = i, math.min(i + 999, #todo) do
+      tracked[#tracked + 1] = '\0' .. todo[j]
+      if request ~= '' then tracked[#tracked + 1] = request .. '\0' .. todo[j] end
+    end
     redis.call('SADD', base .. 'chg', unpack(tracked))
   end
 end
 local records = {}  -- flat: player, units, as recorded (journaled with the delete entry)
-if removed_units >= 0 and #players > 0 then
-  local record, marker = base .. 'rmv', base .. 'rmvon'
-  for i = 1, #players, 500 do
-    local last = math.min(i + 499, #players)
-    local held = redis.call('HMGET', record, unpack(players, i, last))  -- a record never goes back
+if removed_units >= 0 and #todo > 0 then
+  local marker = base .. 'rmvon'
+  local at_units = string.format('%d', removed_units)
+  for i = 1, #todo, 500 do
+    local last = math.min(i + 499, #todo)
+    local held = redis.call('HMGET', record, unpack(todo, i, last))  -- a record never goes back
     local pairs_ = {}
     for j = i, last do
-      pairs_[#pairs_ + 1] = players[j]
-      local units = math.max(recorded[players[j]] or removed_units, tonumber(held[j - i + 1]) or -1)
+      pairs_[#pairs_ + 1] = todo[j]
+      local units = math.max(recorded[todo[j]] or removed_units, tonumber(held[j - i + 1]) or -1)
       pairs_[#pairs_ + 1] = string.format('%d', units)
-      records[#records + 1] = players[j]
+      records[#records + 1] = todo[j]
       records[#records + 1] = units
+      if request ~= '' then
+        pairs_[#pairs_ + 1] = request .. '\0' .. todo[j]
+        pairs_[#pairs_ + 1] = found[todo[j]] and (at_units .. '.1') or at_units
+      end
     end
     redis.call('HSET', record, unpack(pairs_))
   end
   local forget_before = h[11] or -1
   local cursor = string.match(redis.call('GET', marker) or '', '^c(%d+)$') or '0'  -- rebuilds set '1'
   if forget_before > 0 then
-    local scan = redis.call('HSCAN', record, cursor, 'COUNT', 2 * #players + 32)
+    local scan = redis.call('HSCAN', record, cursor, 'COUNT', 2 * #todo + 32)
     cursor = scan[1]
     local old = {}
     for i = 1, #scan[2], 2 do
