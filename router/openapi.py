@@ -561,7 +561,11 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "board": _ID,
             "player_id": _ID,
-            "removed": {"type": "boolean", "description": "false: the player had no entry (nothing to do)"},
+            "removed": {
+                "type": "boolean",
+                "description": "false: the player had no entry (nothing to do); a retry with the same "
+                "X-Request-Id answers as the first call did, and keeps the results posted since",
+            },
         },
     },
     "BanRequest": {
