@@ -327,7 +327,9 @@ async def test_repairs_from_several_processes_beside_writes_of_the_same_players(
         for s, stop in zip(stores, stops, strict=True)
     ]
     try:
-        await asyncio.gather(*(player(f"p{i}") for i in range(8)))
+        async with asyncio.TaskGroup() as players:  # one that fails stops the others
+            for i in range(8):
+                players.create_task(player(f"p{i}"))
         await converged(await store.get(config.id), ref)
         for stop in stops:
             stop.set()

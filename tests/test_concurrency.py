@@ -113,9 +113,11 @@ async def test_band_players_crossing_boundaries_never_show_twice(store: BoardSto
             seen_lists.append([e.player_id for e in await board.entries(3, 10)])
             await asyncio.sleep(0)
 
+    reader = asyncio.create_task(read())
     try:
-        reader = asyncio.create_task(read())
-        await asyncio.gather(*(climb(seed) for seed in range(WRITERS)))
+        async with asyncio.TaskGroup() as climbers:  # one that fails stops the others
+            for seed in range(WRITERS):
+                climbers.create_task(climb(seed))
         stop.set()
         await reader
         assert len(seen_lists) > 10
@@ -127,4 +129,8 @@ async def test_band_players_crossing_boundaries_never_show_twice(store: BoardSto
         assert ranks == list(range(1, len(final) + 1))
         await assert_band_shards_hold_each_player_once(store, board.prefixes[2:], len(final))
     finally:
+        # Whatever failed, the reader stops: left reading, it went on using the session's client in
+        # the modules after this one.
+        stop.set()
+        await asyncio.gather(reader, return_exceptions=True)
         await store.delete(config.id)
