@@ -388,7 +388,14 @@ async def test_entries_acknowledged_by_an_archiver_that_died_before_its_trim_are
         for i in range(3):
             await board.submit([Score(f"p{i}", 10 + i, f"m{i}", now)], now_ms=now)
 
-        async def killed(*_: Any) -> None:
+        trim = archive.trim
+
+        async def killed(client: Any, at: str) -> None:
+            # Only this board's: the round also takes up every other journal board the session's
+            # registry holds (other modules leave some), and a trim of one of those killed first
+            # ended the round before this board's entries were archived and acknowledged.
+            if at != key:
+                return await trim(client, at)
             raise ConnectionError("archiver killed after its acknowledgement, before its trim")
 
         monkeypatch.setattr(archive, "trim", killed)
