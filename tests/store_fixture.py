@@ -4,9 +4,10 @@ client that leaves replies undecoded, for journals) and ``rebuilder`` (shardlb/r
 ``store``'s client and the event loop are the session's: every library module that runs on the same
 xdist worker shares them. A task a module leaves running on them (a reader loop, an archiver, a lease's
 refresher, a write still in flight) or a thread it leaves alive works on in the modules after it and
-opens connections there that their tests do not expect: a .ci/run's failure of the two tests of
-test_fanout.py that close every connection was put down to such a task (591d70a).
-``_module_leaves_nothing_running`` fails such a module by name and cancels what it left."""
+opens connections there that their tests do not expect. ``_module_leaves_nothing_running`` fails such
+a module by name and cancels what it left. (The client's pools still carry over from module to
+module: a test that needs to know its connections takes a client of its own, as test_fanout.py's
+``own_store``.)"""
 
 from __future__ import annotations
 

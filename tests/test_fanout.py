@@ -99,10 +99,15 @@ async def test_any_failure_on_the_direct_path_falls_back(
 @pytest.fixture
 async def own_store(cluster: LocalCluster, store: BoardStore) -> AsyncIterator[BoardStore]:
     """A BoardStore on a client of its own, for the tests that close every connection of the
-    primaries: a task another module left on the session's client would open new connections on
-    it between the kill and the round that must meet the closed ones (a flaky .ci/run). The
-    session client's idle connections, killed too, are dropped after, so the next test does not
-    meet them."""
+    primaries and need the next round to meet a closed one. The session's client comes with what
+    the modules before left in its pools: dozens of connections a node after concurrent calls, and,
+    once any round met a closed connection, idle ones disconnected but kept in the pool
+    (``disconnect_free_connections``). A round takes the oldest idle connection; a disconnected one
+    connects afresh and answers, so no round met the kill: both tests failed so in a .ci/run, and
+    on the session's client after 150 concurrent GETs and a disconnect of the idle connections (a
+    task left running, this fixture's first reason, was not found: tests/store_fixture.py checks).
+    The session client's idle connections, killed too, are dropped after, so the next test does
+    not meet them."""
     client = connect(cluster.url)
     scripts = Scripts.register(client)
     await scripts.load(client)
