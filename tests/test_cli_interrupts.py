@@ -24,8 +24,17 @@ async def test_ctrl_c_in_a_reshard_is_one_line_and_resume_finishes_it(
 ) -> None:
     """Ctrl-C exited 130 with nothing on stderr: a terminal showed the prompt again, a cron mail or
     a CI log showed nothing to tell an interruption from a crash."""
+    for attempt in range(3):
+        if await _interrupted_then_resumed(store, cluster_url, f"cli-interrupted-{attempt}"):
+            return
+    pytest.fail("the reshard finished before Ctrl-C reached it three times in a row")
+
+
+async def _interrupted_then_resumed(store: BoardStore, cluster_url: str, board_id: str) -> bool:
+    """One try: False when the reshard was over before the signal came (its wait for routers is
+    5 s from its start, which a very busy machine may spend copying), so the try proved nothing."""
     config = BoardConfig.from_dict(
-        "cli-interrupted", {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+        board_id, {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
     )
     board, _ = await store.create(config)
     try:
@@ -47,6 +56,8 @@ async def test_ctrl_c_in_a_reshard_is_one_line_and_resume_finishes_it(
             if process.poll() is None:
                 process.kill()
                 process.communicate()
+        if process.returncode == 0:
+            return False
         assert process.returncode == 130
         assert err.decode().strip().splitlines() == ["shardlb: interrupted"], err
         resumed = await asyncio.to_thread(
@@ -55,5 +66,6 @@ async def test_ctrl_c_in_a_reshard_is_one_line_and_resume_finishes_it(
         assert resumed.returncode == 0, resumed.stderr
         assert json.loads(resumed.stdout.strip().splitlines()[-1])["shards"] == 3
         assert len(await (await store.get(config.id)).top(100)) == 50
+        return True
     finally:
         await store.delete(config.id)
