@@ -31,7 +31,7 @@ from shardlb.errors import (
     PlayerNotFound,
     Resharding,
 )
-from shardlb.fanout import ScriptPipeline, batch
+from shardlb.fanout import ScriptPipeline, Unconfirmed, batch
 from shardlb.merge import Row
 from shardlb.reads import ONE_ROUND_BANDS, SHALLOW, BandPlace, Located, ResolvedView, View
 from shardlb.sharding import Layout
@@ -99,6 +99,9 @@ class Result(NamedTuple):
     status: str
     points: int
     closed: tuple[str, ...] = ()  # the periods (API names) it was not applied to: closed or frozen
+    # Asked to be confirmed by a replica (SHARDLB_ACK=replica), applied on a primary that had none to
+    # wait for: acknowledged by the primary alone (fanout.Unconfirmed).
+    unconfirmed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +371,7 @@ class Board:
         results: list[Result | None] = []
         moves = []
         repin: dict[int, Prepared] = {}
+        unconfirmed = type(reply) is Unconfirmed
         shift, desc, points_max = self.codec.time_bits, self.codec.order == "desc", self.codec.points_max
         for n, p in enumerate(batch):
             status, after, version, pending, skipped = reply[5 * n : 5 * n + 5]
@@ -379,7 +383,8 @@ class Board:
             if after and not desc:
                 points = points_max - points
             closed = tuple(periods.api_name(name) for name in skipped.split(",")) if skipped else ()
-            results.append(_new(Result, (p.player_id, p.match_id, STATUS[status], points, closed)))
+            result = (p.player_id, p.match_id, STATUS[status], points, closed, unconfirmed)
+            results.append(_new(Result, result))
             if pending != "-":
                 moves.append(Move(p.player_id, int(after), int(version), pending))
         if moves:
