@@ -9,6 +9,16 @@ of the one Monday among its seven days: with ``monday`` the names are exactly IS
 any start every ISO week name still names exactly one week (so the API pattern is the same), the
 week containing that Monday. A Sunday-start week from Sunday 29 Nov 2026 to Saturday 5 Dec is
 ``w:2026-W49``, as is the Monday-start week from Monday 30 Nov.
+
+Every dated period starts where its first local day starts, and a day starts at its first instant
+(``day_start_ms``): usually its midnight, but the first of two midnights where clocks turn back
+from 01:00 to 00:00 (Havana), and the instant of the jump where they skip midnight (Santiago,
+Havana and Beirut go from 00:00 to 01:00). Days are contiguous: a time counts in the last day that
+has started by then (``local_day``). That is its local date except where a clock turned back across
+midnight (St John's from Sunday 00:01 to Saturday 23:01, until 2011): the repeated Saturday minutes
+come after Sunday started, so they count in Sunday, and a period's results are exactly the times in
+its [start, end), which is how settlement selects them. Offsets need not be whole minutes (local
+mean time: -0:44:30 in Monrovia until 1972); tzdata's are whole seconds, and so is every day's start.
 """
 
 from __future__ import annotations
@@ -102,8 +112,67 @@ def name_for(kind: str, day: date, week_start: str = "monday") -> str:
     raise InvalidInput(f"unknown period kind {kind!r}", "period")
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
+_ONE_DAY = timedelta(days=1)
+# The end of the last day Python's dates hold (9999-12-31): past any time a board takes.
+_END_OF_CALENDAR_MS = 2**62
+
+
+def _shows(second: int, tz: ZoneInfo) -> datetime:
+    """The local wall clock (naive) at the epoch second ``second``."""
+    return datetime.fromtimestamp(second, tz).replace(tzinfo=None)
+
+
+@functools.lru_cache(maxsize=4096)
+def day_start_ms(day: date, tz: ZoneInfo) -> int:
+    """The first instant (epoch ms) of the local day ``day``: the first whose local date is ``day``
+    or later (see the module's docstring). A day the zone skipped whole (Apia's 30 Dec 2011) starts
+    and ends where the next one starts: it holds no time.
+
+    ``datetime(day, tzinfo=tz)`` alone is its midnight read with the offset before a change (fold
+    0): the first midnight where there are two, and where the clock jumps over midnight an instant
+    past the jump unless the jump starts at midnight exactly. So midnight is used only when it is a
+    reading of the clock; else the jump lies between the two readings of the skipped midnight, and
+    is found by bisection over whole seconds. Cached: every period name, end and close goes here.
+    """
+    midnight = datetime(day.year, day.month, day.day)
+    earlier = midnight.replace(tzinfo=tz)  # fold 0: the offset before a change
+    at = (earlier - _EPOCH) // _ONE_MS
+    try:
+        if _shows(at // 1000, tz) == midnight:
+            return at
+    except (OverflowError, ValueError):  # a reading in year 0 or 10000: no change of offset there
+        return at
+    # Skipped: read with the offset after the change (fold 1) midnight is before the jump, and with
+    # the offset before it (fold 0) after it.
+    before = (midnight.replace(tzinfo=tz, fold=1) - _EPOCH) // _ONE_MS // 1000
+    after = at // 1000
+    while after - before > 1:
+        mid = (before + after) // 2
+        if _shows(mid, tz) >= midnight:
+            after = mid
+        else:
+            before = mid
+    return after * 1000
+
+
 def local_day(epoch_ms: int, tz: ZoneInfo) -> date:
-    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC).astimezone(tz).date()
+    """The local day the time ``epoch_ms`` counts in: the last that has started by then. That is its
+    local date, but for the minutes a clock repeats after turning back across midnight, which count
+    in the day already started (the module's docstring)."""
+    day = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC).astimezone(tz).date()
+    while day < date.max and day_start_ms(day + _ONE_DAY, tz) <= epoch_ms:
+        day += _ONE_DAY
+    return day
+
+
+def day_span(epoch_ms: int, tz: ZoneInfo) -> tuple[date, int, int]:
+    """(day, start, end): the local day ``epoch_ms`` counts in and its [start, end) in epoch ms, in
+    which every time counts in the same periods (every period starts where a day does)."""
+    day = local_day(epoch_ms, tz)
+    end = day_start_ms(day + _ONE_DAY, tz) if day < date.max else _END_OF_CALENDAR_MS
+    return day, day_start_ms(day, tz), end
 
 
 def names_at(epoch_ms: int, kinds: tuple[str, ...], tz: ZoneInfo, week_start: str = "monday") -> list[str]:
@@ -126,17 +195,13 @@ def first_day(name: str, week_start: str = "monday") -> tuple[str, date]:
     return kind, date(int(year), int(month), 1)
 
 
-def _midnight_ms(day: date, tz: ZoneInfo) -> int:
-    return int(datetime(day.year, day.month, day.day, tzinfo=tz).timestamp() * 1000)
-
-
 def start_ms(name: str, tz: ZoneInfo, week_start: str = "monday") -> int:
-    """The epoch ms at which the dated period ``name`` starts (local midnight of its first day)."""
-    return _midnight_ms(first_day(name, week_start)[1], tz)
+    """The epoch ms at which the dated period ``name`` starts: its first day's start (``day_start_ms``)."""
+    return day_start_ms(first_day(name, week_start)[1], tz)
 
 
 def end_ms(name: str, tz: ZoneInfo, week_start: str = "monday") -> int:
-    """The epoch ms at which the dated period ``name`` ends (local midnight after its last day)."""
+    """The epoch ms at which the dated period ``name`` ends: the start of the day after its last."""
     kind, start = first_day(name, week_start)
     if kind == "daily":
         nxt = start + timedelta(days=1)
@@ -144,7 +209,7 @@ def end_ms(name: str, tz: ZoneInfo, week_start: str = "monday") -> int:
         nxt = start + timedelta(days=7)
     else:
         nxt = date(start.year + start.month // 12, start.month % 12 + 1, 1)
-    return _midnight_ms(nxt, tz)
+    return day_start_ms(nxt, tz)
 
 
 def closes_ms(

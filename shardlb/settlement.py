@@ -38,7 +38,6 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, NamedTuple
 
 import httpx
@@ -215,9 +214,7 @@ class Standing(NamedTuple):
 def period_bounds(board: Board, name: str) -> tuple[int, int]:
     """[start, end) of a dated period in epoch ms, in the board's time zone and week start."""
     week_start = board.config.week_start
-    first = periods.first_day(name, week_start)[1]
-    start = int(datetime(first.year, first.month, first.day, tzinfo=board.tz).timestamp() * 1000)
-    return start, periods.end_ms(name, board.tz, week_start)
+    return periods.start_ms(name, board.tz, week_start), periods.end_ms(name, board.tz, week_start)
 
 
 def closes_at(board: Board, name: str) -> int:

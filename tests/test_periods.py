@@ -8,10 +8,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given, settings
-from hypothesis.strategies import dates, sampled_from
+from hypothesis.strategies import DrawFn, booleans, composite, dates, integers, sampled_from
 
 from shardlb import periods, times
 from shardlb.errors import InvalidInput
+from tests import zone_reference
 
 KINDS = ("total", "daily", "weekly", "monthly")
 
@@ -201,3 +202,104 @@ def test_resets_at_is_rfc_3339_even_where_the_offset_has_seconds(name: str, zone
     at = periods.resets_at(name, ZoneInfo(zone))
     assert at is not None and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d([+-]\d\d:\d\d|Z)", at), at
     assert datetime.fromisoformat(at).timestamp() * 1000 == periods.end_ms(name, ZoneInfo(zone))
+
+
+# ---- odd zones: offsets off the quarter hour, midnights skipped or repeated ------------------------
+
+
+@composite
+def zone_days(draw: DrawFn) -> tuple[ZoneInfo, date]:
+    """A zone of zone_reference.ODD_ERAS and a day of its era, half of them within a day of a
+    change of its offset."""
+    zone, first, last = draw(sampled_from(zone_reference.ODD_ERAS))
+    turns = zone_reference.turn_days(zone, first, last)
+    if turns and draw(booleans()):
+        return ZoneInfo(zone), draw(sampled_from(turns)) + timedelta(days=draw(integers(-1, 1)))
+    return ZoneInfo(zone), draw(dates(min_value=date(first, 1, 1), max_value=date(last, 12, 31)))
+
+
+def _next_first_day(kind: str, first: date) -> date:
+    if kind == "daily":
+        return first + timedelta(days=1)
+    if kind == "weekly":
+        return first + timedelta(days=7)
+    return date(first.year + first.month // 12, first.month % 12 + 1, 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(zone_day=zone_days(), week_start=sampled_from(periods.WEEKDAYS))
+def test_periods_start_at_the_first_instant_of_their_first_day(
+    zone_day: tuple[ZoneInfo, date], week_start: str
+) -> None:
+    """Whatever the zone's offset (local mean time off the minute, -0:44:30 in Monrovia) and
+    whether its clock skips or repeats midnight, a dated period starts at the first instant of its
+    first local day (the reference scans the zone second by second) and ends where the next starts."""
+    tz, day = zone_day
+    for kind in periods.DATED:
+        name = periods.name_for(kind, day, week_start)
+        first = periods.first_day(name, week_start)[1]
+        assert periods.start_ms(name, tz, week_start) == zone_reference.first_instant_ms(first, tz), name
+        following = periods.name_for(kind, _next_first_day(kind, first), week_start)
+        assert periods.end_ms(name, tz, week_start) == periods.start_ms(following, tz, week_start), name
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    zone_day=zone_days(),
+    delta=integers(-3 * 3_600_000, 3 * 3_600_000),
+    week_start=sampled_from(periods.WEEKDAYS),
+)
+def test_a_time_counts_in_the_periods_whose_bounds_hold_it(
+    zone_day: tuple[ZoneInfo, date], delta: int, week_start: str
+) -> None:
+    """Near a local midnight (within 3 hours of a day's first instant), the periods a time is filed
+    in (names_at, and parse's current period) are those of the reference's day, and each holds the
+    time within its [start, end): settlement selects a period's results by those bounds, so a
+    result it would not find there must not be filed there either."""
+    tz, day = zone_day
+    at = zone_reference.first_instant_ms(day, tz) + delta
+    day_of = zone_reference.day_of(at, tz)
+    expected = [periods.name_for(kind, day_of, week_start) for kind in KINDS]
+    assert periods.names_at(at, KINDS, tz, week_start) == expected
+    for name in expected[1:]:
+        assert periods.start_ms(name, tz, week_start) <= at < periods.end_ms(name, tz, week_start), name
+        kind = periods.api_name(name).partition(":")[0]
+        assert periods.parse(kind, KINDS, tz, at, week_start) == name
+
+
+@pytest.mark.parametrize(
+    ("zone", "name", "start"),
+    [
+        # Monrovia kept -0:44:30 until 1972: its days began at 00:44:30 UTC, inside a quarter hour.
+        ("Africa/Monrovia", "d:1971-06-01", "1971-06-01T00:44:30Z"),
+        # Kiritimati kept -10:40 until 1979.
+        ("Pacific/Kiritimati", "d:1978-03-10", "1978-03-10T10:40:00Z"),
+        # Santiago skips 00:00-01:00 on 8 Sep 2024: the day starts at 01:00 -03, the jump.
+        ("America/Santiago", "d:2024-09-08", "2024-09-08T04:00:00Z"),
+        # Havana skips 00:00-01:00 on 10 Mar 2024, and repeats 00:00-01:00 on 3 Nov 2024: the day
+        # starts at the first of the two midnights.
+        ("America/Havana", "d:2024-03-10", "2024-03-10T05:00:00Z"),
+        ("America/Havana", "d:2024-11-03", "2024-11-03T04:00:00Z"),
+        # Beirut skips 00:00-01:00 on 31 Mar 2024 and turns 00:00 back to Saturday 23:00 on 27 Oct.
+        ("Asia/Beirut", "d:2024-03-31", "2024-03-30T22:00:00Z"),
+        ("Asia/Beirut", "d:2024-10-27", "2024-10-26T22:00:00Z"),
+        # St John's turned 00:01 back to Saturday 23:01 on 7 Nov 2010: Sunday began at 00:00 NDT.
+        ("America/St_Johns", "d:2010-11-07", "2010-11-07T02:30:00Z"),
+        # Apia skipped Friday 30 Dec 2011: that day is empty, starting and ending with the 31st.
+        ("Pacific/Apia", "d:2011-12-30", "2011-12-30T10:00:00Z"),
+        ("Pacific/Apia", "d:2011-12-31", "2011-12-30T10:00:00Z"),
+    ],
+)
+def test_a_day_starts_at_its_first_instant(zone: str, name: str, start: str) -> None:
+    assert periods.start_ms(name, periods.zone(zone)) == ms(start)
+
+
+def test_the_hour_repeated_after_midnight_counts_in_the_new_day() -> None:
+    """St John's turned its clocks back at 00:01 on Sunday 7 Nov 2010, to Saturday 23:01: Sunday had
+    already started, so the repeated Saturday hour counts in Sunday (the period its bounds give),
+    not in a Saturday that had already ended."""
+    tz = periods.zone("America/St_Johns")
+    repeated = ms("2010-11-07T03:00:00Z")  # Saturday 23:30 NST, the second time
+    assert datetime.fromtimestamp(repeated / 1000, tz).date() == date(2010, 11, 6)
+    assert periods.names_at(repeated, ("daily",), tz) == ["d:2010-11-07"]
+    assert periods.end_ms("d:2010-11-06", tz) == ms("2010-11-07T02:30:00Z")
