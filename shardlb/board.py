@@ -54,6 +54,8 @@ MAX_FUTURE_MS = 5 * 60_000
 HOLDS_NOTHING_MARGIN_MS = 3_600_000  # Board.holds_nothing's margin for other clocks
 # How often a process's write calls ask write.lua to drop a shard's index listings of expired keys.
 TRIM_EVERY_MS = 1000
+# Period names are cached per quarter hour of the time: each quarter keeps the local days (almost
+# always one) that meet it, with their bounds (Board._periods_at).
 QUARTER_HOUR_MS = 15 * 60_000
 _new = tuple.__new__  # builds a NamedTuple from a tuple of its fields without its __new__'s call
 
@@ -61,7 +63,7 @@ _new = tuple.__new__  # builds a NamedTuple from a tuple of its fields without i
 STREAM_VALUES = (
     6_000  # at most this many item values go to write.lua as a stream (a Lua call returns <= 8,000)
 )
-SAME_PERIODS_QUARTERS = 96  # how far (a day) write.lua's window of a pin's periods reaches
+SAME_PERIODS_MS = 86_400_000  # how far (a day either way) write.lua's window of a pin's periods reaches
 KEPT_BAND_SIZES = 256  # banded views whose band sizes a board keeps for max_age_ms reads
 PLACED_PLAYERS = 20_000  # players whose last band a board keeps for max_age_ms reads (a few MB)
 COUNTED_PLAYERS = 20_000  # hash boards: players whose other shards' counts a board keeps (a few MB)
@@ -199,8 +201,8 @@ class Board:
         # index's listings of expired keys: one call a second does (TRIM_EVERY_MS).
         self._trimmed: dict[int, int] = {}
         self._dedup_bucket_ms = config.dedup_bucket_ms
-        self._period_names = functools.lru_cache(maxsize=4096)(self._names_in_quarter_hour)
-        self._same_periods = functools.lru_cache(maxsize=64)(self._quarters_like)
+        self._days_in_quarter = functools.lru_cache(maxsize=4096)(self._days_meeting)
+        self._same_periods = functools.lru_cache(maxsize=64)(self._days_like)
         self._expiry = functools.lru_cache(maxsize=4096)(self._period_expiry)
         self._closes = functools.lru_cache(maxsize=4096)(self._period_closes)
         # Pages that start within this many rows are cut from a merged top; deeper ones bisect.
@@ -240,8 +242,9 @@ class Board:
         by_region = self.layout.strategy == "region"
         shards = self.layout.sharding.shards
         fullmatch, crc32 = ID_PATTERN.fullmatch, zlib.crc32
-        # A request's scores mostly share their quarter hour (most are sent without a time).
-        quarter = -1
+        # A request's scores mostly share their local day (most are sent without a time): its
+        # periods hold for every time in [lo, hi).
+        lo = hi = -1
         names: tuple[str, ...] = ()
         out = []
         for i, s in enumerate(scores):
@@ -268,9 +271,8 @@ class Board:
                 shard = self.layout.home(player, s.region, f"{field}[{i}].region")
             else:
                 shard = crc32(player.encode()) % shards  # Layout.home
-            if kept // QUARTER_HOUR_MS != quarter:
-                quarter = kept // QUARTER_HOUR_MS
-                names = self._period_names(quarter)
+            if not lo <= kept < hi:
+                lo, hi, names = self._periods_at(kept)
             # tuple.__new__ straight: a NamedTuple's own __new__ is a Python function, a call more
             # per score (about half of a Prepared's cost to build)
             out.append(
@@ -297,7 +299,7 @@ class Board:
         return p._replace(
             units=units,
             score=self.codec.encode_units(p.points, units),
-            periods=self._period_names(achieved // QUARTER_HOUR_MS),
+            periods=self._periods_at(achieved)[2],
             server_time=False,
         )
 
@@ -496,31 +498,52 @@ class Board:
         ``BandMoves.prune``); return how many."""
         return await self.bands.prune(now_ms) if self.layout.strategy == "band" else 0
 
-    def _quarters_like(self, quarter: int) -> tuple[int, int]:
-        """The quarter hours around ``quarter`` (at most a day either way) whose results go to the
-        same periods: (first, last)."""
-        names = self._period_names(quarter)
-        first = last = quarter
-        while quarter - first < SAME_PERIODS_QUARTERS and self._period_names(first - 1) == names:
-            first -= 1
-        while last - quarter < SAME_PERIODS_QUARTERS and self._period_names(last + 1) == names:
-            last += 1
-        return first, last
+    def period_names(self, at_ms: int) -> tuple[str, ...]:
+        """The periods (``total`` first) a result kept at ``at_ms`` counts in: ``periods.names_at``,
+        from the board's cache of local days."""
+        return self._periods_at(at_ms)[2]
+
+    def _periods_at(self, at_ms: int) -> tuple[int, int, tuple[str, ...]]:
+        """(lo, hi, names): the local day holding ``at_ms`` as [lo, hi) in epoch ms, and the names of
+        the periods every result kept in it counts in (periods begin where days do)."""
+        for day in self._days_in_quarter(at_ms // QUARTER_HOUR_MS):
+            if at_ms < day[1]:
+                return day
+        raise AssertionError("the days of a quarter hour cover it")
+
+    def _days_meeting(self, quarter: int) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
+        """The local days that meet the quarter hour ``quarter``, first to last, as _periods_at gives
+        them. Nearly always one: a day starts inside a quarter hour only where the zone's offset is
+        no whole quarter hour (local mean time, Monrovia's -0:44:30 until 1972, Kiritimati's -10:40
+        until 1979), or where its clock jumps over midnight at an instant off the quarter hour."""
+        c = self.config
+        at, end, days = quarter * QUARTER_HOUR_MS, (quarter + 1) * QUARTER_HOUR_MS, []
+        while at < end:
+            day, lo, hi = periods.day_span(at, self.tz)
+            days.append((lo, hi, tuple(periods.name_for(kind, day, c.week_start) for kind in c.periods)))
+            at = hi
+        return tuple(days)
+
+    def _days_like(self, day_start: int) -> tuple[int, int]:
+        """[first, end) in epoch ms: the local day starting at ``day_start`` with the days next to it
+        whose results go to the same periods (a board without a daily period), as far as a day past
+        it either way."""
+        first, end, names = self._periods_at(day_start)
+        lowest, highest = first - SAME_PERIODS_MS, end + SAME_PERIODS_MS
+        while first > lowest and (day := self._periods_at(first - 1))[2] == names:
+            first = day[0]
+        while end < highest and (day := self._periods_at(end))[2] == names:
+            end = day[1]
+        return first, end
 
     def _same_period_units(self, now: int) -> list[int]:
         """[lo, hi]: the time units of the results that go to the same periods as one achieved at
         ``now`` (within a day of it). write.lua applies a result sent without a time whose pin
         (first server time) lies in it at once, with that time, rather than answer ``p``."""
-        first, last = self._same_periods(now // QUARTER_HOUR_MS)
+        first, end = self._same_periods(self._periods_at(now)[0])
         c = self.codec
-        lo_ms, hi_ms = first * QUARTER_HOUR_MS, (last + 1) * QUARTER_HOUR_MS  # [lo_ms, hi_ms)
+        lo_ms, hi_ms = max(first, now - SAME_PERIODS_MS), min(end, now + SAME_PERIODS_MS)  # [lo_ms, hi_ms)
         return [-(-(lo_ms - c.epoch_ms) // c.unit_ms), (hi_ms - 1 - c.epoch_ms) // c.unit_ms]
-
-    def _names_in_quarter_hour(self, quarter: int) -> tuple[str, ...]:
-        # Every zone offset in use is a multiple of 15 minutes, so a local day never starts inside
-        # a quarter hour: one lookup serves every result achieved in it.
-        c = self.config
-        return tuple(periods.names_at(quarter * QUARTER_HOUR_MS, c.periods, self.tz, c.week_start))
 
     def _period_expiry(self, name: str) -> int:
         if name == "total":

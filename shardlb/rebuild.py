@@ -52,7 +52,7 @@ from redis.exceptions import ResponseError
 
 from shardlb import keys, moderation, periods, times
 from shardlb.bands import Move
-from shardlb.board import GONE, MOVED, QUARTER_HOUR_MS, Board
+from shardlb.board import GONE, MOVED, Board
 from shardlb.config import PIN_SPAN, BoardConfig, stored_settings
 from shardlb.connection import Script, Scripts, connect
 from shardlb.errors import BoardConflict, BoardNotFound, ClusterUnavailable, InvalidInput
@@ -115,19 +115,13 @@ class Fold:
         self.mode = board.config.mode
         self.codec = board.codec
         self.boards: dict[str, dict[str, Any]] = {}
-        kinds, tz, week_start = board.config.periods, board.tz, board.config.week_start
-
-        def names(quarter: int) -> tuple[str, ...]:
-            # Zone offsets are multiples of 15 minutes: one lookup serves a quarter hour (as in Board).
-            at = quarter * QUARTER_HOUR_MS
-            return tuple(n for n in periods.names_at(at, kinds, tz, week_start) if wanted(n))
-
-        self._names = lru_cache(maxsize=4096)(names)
+        self._period_names = board.period_names  # the write path's own cache of local days
+        self._wanted = lru_cache(maxsize=4096)(lambda names: tuple(n for n in names if wanted(n)))
 
     def names(self, r: Applied) -> tuple[str, ...]:
         """The wanted period boards result ``r`` counts in: those of its achieved time but the closed
         or frozen ones the board skipped when it applied ``r`` (as journaled)."""
-        names = self._names(self.codec.units_to_ms(r.units) // QUARTER_HOUR_MS)
+        names: tuple[str, ...] = self._wanted(self._period_names(self.codec.units_to_ms(r.units)))
         return tuple(n for n in names if n not in r.skipped) if r.skipped else names
 
     def add(self, r: Applied) -> None:

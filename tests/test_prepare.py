@@ -4,14 +4,20 @@ one quarter hour's period names while its scores share it."""
 
 from __future__ import annotations
 
+import functools
+from datetime import date, timedelta
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardlb import periods
 from shardlb.board import QUARTER_HOUR_MS, Board, Score
 from shardlb.config import BoardConfig
+from shardlb.journal import Applied
+from shardlb.rebuild import Fold
+from tests import zone_reference
 
 EPOCH_MS = 1_780_000_000_000
 NOW_MS = EPOCH_MS + 40 * 86_400_000
@@ -69,5 +75,67 @@ def test_prepare_packs_as_the_codec_and_places_as_the_layout(
         assert (p.player_id, p.match_id, p.points, p.units) == (s.player_id, s.match_id, s.points, units)
         assert p.score == codec.encode_units(s.points, units) == codec.encode(s.points, achieved)
         assert p.shard == b.layout.home(s.player_id)
-        assert p.periods == b._names_in_quarter_hour(achieved // QUARTER_HOUR_MS)
+        kept = codec.units_to_ms(units)
+        assert p.periods == tuple(periods.names_at(kept, b.config.periods, b.tz, b.config.week_start))
         assert p.server_time is (s.achieved_ms is None)
+
+
+# ---- the periods of a result, in zones whose days do not start on a quarter hour ----------------
+
+
+@functools.cache
+def zone_board(zone: str) -> Board:
+    kinds = ["total", "daily", "weekly", "monthly"]
+    config = BoardConfig.from_dict("z", {"periods": kinds, "timezone": zone, "epoch": "1970-01-01T00:00:00Z"})
+    return Board(None, config, None)  # type: ignore[arg-type]  # prepare touches no client
+
+
+def reference_names(b: Board, at_ms: int) -> tuple[str, ...]:
+    day = zone_reference.day_of(at_ms, b.tz)
+    return tuple(periods.name_for(kind, day, b.config.week_start) for kind in b.config.periods)
+
+
+@st.composite
+def odd_times(draw: st.DrawFn) -> tuple[Board, int]:
+    """A board in a zone of zone_reference.BOARD_ERAS and a whole second within 3 hours of one of
+    its local midnights, half of them within a day of a change of its offset."""
+    zone, first, last = draw(st.sampled_from(zone_reference.BOARD_ERAS))
+    turns = zone_reference.turn_days(zone, first, last)
+    if turns and draw(st.booleans()):
+        day = draw(st.sampled_from(turns)) + timedelta(days=draw(st.integers(-1, 1)))
+    else:
+        day = draw(st.dates(min_value=date(first, 1, 1), max_value=date(last, 12, 31)))
+    b = zone_board(zone)
+    midnight = zone_reference.first_instant_ms(day, b.tz)
+    return b, midnight + 1000 * draw(st.integers(-3 * 3600, 3 * 3600))
+
+
+@settings(max_examples=200, deadline=None)
+@given(board_at=odd_times())
+def test_a_result_is_filed_in_the_periods_of_its_local_day_in_any_zone(board_at: tuple[Board, int]) -> None:
+    """The write path keeps period names per quarter hour, and a rebuild's Fold did the same, on the
+    grounds that local days start on a quarter hour. They did not in Monrovia until 1972 (-0:44:30)
+    or Kiritimati until 1979 (-10:40): a result in a day's first minutes was filed in the day before.
+    Each path must give the reference's names for the time kept, on both sides of every midnight."""
+    b, at = board_at
+    expected = reference_names(b, at)
+    p = b.prepare([Score("p", 1, "m", at)], at)[0]
+    assert p.periods == expected
+    assert b.at_units(p, p.units).periods == expected
+    assert Fold(b, lambda name: True).names(Applied("m", "p", 1, p.units)) == expected
+    assert periods.names_at(at, b.config.periods, b.tz, b.config.week_start) == list(expected)
+
+
+@settings(max_examples=100, deadline=None)
+@given(board_at=odd_times())
+def test_the_same_periods_window_is_exact_in_any_zone(board_at: tuple[Board, int]) -> None:
+    """write.lua applies a pinned retry at once when its pinned time is in the window the board
+    sends (``_same_period_units``): every unit of it must go to the periods of now, and the window
+    reaches the units just outside it that do not (or a day from now, where it stops)."""
+    b, now = board_at
+    lo, hi = b._same_period_units(now)
+    names = reference_names(b, now)
+    assert lo * 1000 <= now <= hi * 1000
+    assert reference_names(b, lo * 1000) == names == reference_names(b, hi * 1000)
+    assert reference_names(b, lo * 1000 - 1000) != names or now - lo * 1000 >= 86_400_000 - QUARTER_HOUR_MS
+    assert reference_names(b, hi * 1000 + 1000) != names or hi * 1000 - now >= 86_400_000 - QUARTER_HOUR_MS
