@@ -1,6 +1,7 @@
 """Board.prepare packs each score as the codec and the layout say, whatever the board's order,
 tiebreak and sharding: its loop inlines ScoreCodec.encode_units and Layout.home for speed, and keeps
-one quarter hour's period names while its scores share it."""
+one local day's period names while its scores stay in that day (exact in any zone: the tests at the
+end compare them with tests/zone_reference.py)."""
 
 from __future__ import annotations
 
