@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardlb import journal, keys, moderation, reconcile, times
+from shardlb import journal, keys, moderation, periods, reconcile, times
 from shardlb.archive import connect_db
 from shardlb.board import MAX_FUTURE_MS, Board, Score
 from shardlb.cli import main
@@ -30,6 +30,8 @@ from tests.test_board_retries import fail_band_once
 from tests.test_rebuild import Writer, archiver, check, damage, drain, own_archive
 
 pytestmark = pytest.mark.cluster
+
+DAY = 86_400_000
 
 
 def forget(ref: ReferenceBoard, player: str, at_ms: int | None = None) -> None:
@@ -219,6 +221,54 @@ async def test_a_removal_lost_on_the_players_shard_is_finished_at_the_first_call
         assert held == [str(units), f"{units}.1"]  # one time; removed on eu only
         late = await board.submit([Score("p1", 9, "m3", now + 1_000, "eu")], now + 60_000)
         assert [r.status for r in late] == ["duplicate"]  # within the first call's record
+    finally:
+        await store.delete(config.id)
+
+
+async def test_a_retry_that_keeps_a_later_daily_entry_still_drops_the_old_total_from_the_bands(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A band board's removal of two players on two home shards, named by a request, is lost on
+    the second player's shard. That player then posts a worse result on a later day: the total keeps
+    the older best (a best board), the new day's board holds the new one. The retry of the request
+    removes the total there (achieved before the first call) and keeps the new day's entry, so the
+    player has no total any more: the band shards must drop the row too, as the home shard's
+    removal of the total says (until this was found, the version was bumped only when nothing was
+    kept, and the bands kept listing the player at the old best for good, nothing pending)."""
+    sharded = {"strategy": "band", "bands": [0, 100, 1000], "shards": 3}
+    config = BoardConfig.from_dict("moderation-kept-day", {"periods": ["daily"], "sharding": sharded})
+    board, _ = await store.create(config)
+    try:
+        names = [f"p{i}" for i in range(20)]
+        a = names[0]
+        b = next(p for p in names if board.layout.home(p) != board.layout.home(a))
+        base = times.now_ms() // DAY * DAY + DAY  # a day boundary ahead: the records stay live
+        then = base - HOUR
+        first = [Score(a, 50, "m1", then), Score(b, 500, "m2", then), Score("o", 7, "m3", then)]
+        await board.submit(first, then)
+        remove_on_shard = moderation.remove_on_shard
+        lost = board.layout.home(b)
+
+        async def lose_b(board: Board, shard: int, *args: Any, **kwargs: Any) -> list[str]:
+            if shard == lost:
+                raise ConnectionError("the call to the second player's shard was lost")
+            return await remove_on_shard(board, shard, *args, **kwargs)
+
+        monkeypatch.setattr(moderation, "remove_on_shard", lose_b)
+        with pytest.raises(ConnectionError):
+            await moderation.remove(board, [a, b], now_ms=then + 60_000, request="remove/r-1")
+        monkeypatch.undo()
+        later = base + HOUR  # a new day, past the first call's record
+        assert [r.status for r in await board.submit([Score(b, 20, "m4", later)], later)] == ["unchanged"]
+        assert await moderation.remove(board, [a, b], now_ms=later + 60_000, request="remove/r-1") == {a, b}
+        assert await board.repair() == 0
+        assert [e.player_id for e in await board.top(10)] == ["o"]
+        with pytest.raises(PlayerNotFound):
+            await board.player(b)
+        day = "daily:" + periods.names_at(later, config.periods, board.tz)[1][2:]
+        assert [(e.player_id, e.points) for e in await board.top(10, board.resolve(day))] == [(b, 20)]
+        for band in board.prefixes[config.sharding.shards :]:
+            assert await store.client.zscore(keys.period_key(band, "total"), b) is None
     finally:
         await store.delete(config.id)
 

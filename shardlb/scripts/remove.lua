@@ -49,9 +49,11 @@
 -- first call's band part, which may have been lost, from the pending record). With `again`, the
 -- caller learnt removed_units from another shard's field (the first call did not reach this
 -- shard): a period board's entry achieved at or after them (a result posted since, which this
--- shard took for want of a record) stays, with the activity set's entry and the band rows; older
--- ones go, as the first call would have taken them. The field is pruned and expires with the
--- player's record, so past the dedup window a retry removes again, as one without a request does.
+-- shard took for want of a record) stays, with the activity set's entry (and the band rows, when
+-- it is the total); older ones go, as the first call would have taken them: a total removed goes
+-- from the bands (version, pending, `vrm`) even where a newer entry of another period stays. The
+-- field is pruned and expires with the player's record, so past the dedup window a retry removes
+-- again, as one without a request does.
 
 local base = string.sub(KEYS[2], 1, -5)  -- a reshard's marker, as in write.lua
 local move = redis.call('GET', base .. 'mv')
@@ -88,7 +90,7 @@ local T, earliest = 2 ^ (h[9] or 0), h[10] == 1
 -- The request this call is (h[13]; '' or absent: none) and whether removed_units are an earlier
 -- call's of it (h[14] = 1: another shard has its record, so this is a retry; see the header).
 local request, since = (removed_units >= 0 and h[13]) or '', h[14] == 1
-local record = base .. 'rmv'
+local record, total = base .. 'rmv', base .. 'total'
 local recorded = {}  -- player -> the units of their record
 local function period_board(key)  -- a period board's scores are the codec's (not the activity set's)
   local suffix = string.sub(key, #base + 1)
@@ -107,7 +109,7 @@ for _, player in ipairs(players) do
       local seen = redis.call('ZSCORE', KEYS[6], player)
       go = seen ~= false and tonumber(seen) <= stale_before
     end
-    local n, kept, others = 0, false, {}
+    local n, kept, held_total, others = 0, false, false, {}
     if go then
       local latest = removed_units
       for _, key in ipairs(sets) do
@@ -120,6 +122,7 @@ for _, player in ipairs(players) do
         end
         if since and units >= removed_units then  -- achieved since the request's removal: stays
           kept = true
+          held_total = held_total or key == total
         elseif not period_board(key) then
           others[#others + 1] = key
         else
@@ -133,7 +136,9 @@ for _, player in ipairs(players) do
       recorded[player] = latest
     end
     local version = 0
-    if go and bands > 0 and not kept then
+    -- The band rows follow the total alone: a total removed goes from the bands even where a newer
+    -- entry of another period stays (a best board's total of before and a worse result since).
+    if go and bands > 0 and not held_total then
       version = redis.call('HINCRBY', KEYS[4], player, 1)
       if version == 1 and floor > 0 then
         version = floor + 1
