@@ -387,8 +387,8 @@ class Board:
             closed = tuple(periods.api_name(name) for name in skipped.split(",")) if skipped else ()
             result = (p.player_id, p.match_id, STATUS[status], points, closed, unconfirmed)
             results.append(_new(Result, result))
-            if pending != "-":
-                moves.append(Move(p.player_id, int(after), int(version), pending))
+            if pending != "-":  # no total after: a removal's drop still pending (a replay refused)
+                moves.append(Move(p.player_id, int(after) if after else None, int(version), pending))
         if moves:
             # The home shard took the batch: a reshard that refuses its band calls (the old layout
             # moved away, band.lua) does not undo it. If the reshard commits, the new layout's bands

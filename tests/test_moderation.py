@@ -143,6 +143,33 @@ async def test_a_removal_that_failed_half_way_converges_when_retried(store: Boar
         await store.delete(config.id)
 
 
+async def test_a_replay_of_a_removed_player_whose_band_drop_is_pending_finishes_it(store: BoardStore) -> None:
+    """A band board's removal whose band part is lost leaves the drop pending, and the player's total
+    gone from the home shard. A replay of a result of before the removal (a game server's retry) is
+    a duplicate there, and its write call answers the pending drop with no total: the call sends the
+    drop to every band (as the repair does) and answers the replay. Until this was found the call
+    raised ValueError on the empty total, a 500 for a retry of a score, the others' moves unsent."""
+    config = BoardConfig.from_dict("moderation-replay-pending", {"sharding": sharding("band", 3)})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        first = [Score(f"p{i}", 10 * i, f"m{i}", now) for i in range(20)]
+        await board.submit(first, now)
+        failing = fail_band_once(board)
+        with pytest.raises(ConnectionError):
+            await moderation.remove(board, ["p7"], now_ms=now + 1000)
+        assert failing.failures == 1
+        replayed = await board.submit([first[7], Score("p3", 5, "m-later", now)], now + 2000)
+        assert [r.status for r in replayed] == ["duplicate", "unchanged"]
+        home = board.prefixes[board.layout.home("p7")]
+        assert await store.client.hget(keys.pending_key(home), "p7") is None
+        for band in board.prefixes[config.sharding.shards :]:
+            assert await store.client.zscore(keys.period_key(band, "total"), "p7") is None
+        assert "p7" not in [e.player_id for e in await board.top(100)]
+    finally:
+        await store.delete(config.id)
+
+
 @pytest.mark.parametrize("posted_before_the_retry", [True, False])
 async def test_a_removal_retried_with_its_request_keeps_later_results_and_finishes_its_band_part(
     store: BoardStore, posted_before_the_retry: bool
