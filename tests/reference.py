@@ -23,6 +23,9 @@ class ReferenceBoard:
     frozen: set[str] = field(default_factory=set)  # period names frozen (Board.freeze)
     closed: list[tuple[str, ...]] = field(default_factory=list)  # per score of the last submit: API names
     removed: dict[str, int] = field(default_factory=dict)  # player -> time units of their removal
+    # request -> (the time units of its first call that reached a player, the players it reached,
+    # those of them it found with an entry): ``remove``
+    requests: dict[str, tuple[int, set[str], set[str]]] = field(default_factory=dict)
 
     @property
     def codec(self) -> ScoreCodec:
@@ -91,19 +94,44 @@ class ReferenceBoard:
             self.closed.append(tuple(periods.api_name(n) for n in shut) if applied else ())
         return out
 
-    def remove(self, player: str, at_ms: int | None = None) -> None:
-        """The player leaves every period (an incr board's dedup stays). A removal asked for (with
-        its time ``at_ms``; not the inactive cleanup) also refuses their results achieved before it
-        (on best and set boards up to 5 minutes past it: a result applied before the removal may be
-        dated that far ahead), or at or before the latest of their kept results."""
-        kept = [board.pop(player) for board in self.boards.values() if player in board]
-        self.region_of.pop(player, None)
+    def remove(self, player: str, at_ms: int | None = None, request: str | None = None) -> bool:
+        """The player leaves every period (an incr board's dedup stays); returns whether they had an
+        entry. A removal asked for (with its time ``at_ms``; not the inactive cleanup) also refuses
+        their results achieved before it (on best and set boards up to 5 minutes past it: a result
+        applied before the removal may be dated that far ahead), or at or before the latest of their
+        kept results.
+
+        ``request`` names the removal (moderation.remove's): the removal of a player that a call of
+        the same request made already changes nothing and answers as it did; one that an earlier
+        call of the request did not reach (its shard's call lost) takes the entries achieved before
+        the time of that earlier call and keeps the others (results posted since)."""
+        first = self.requests.get(request) if request is not None else None
+        if first is not None and player in first[1]:
+            return player in first[2]
+        since = None if first is None else first[0]
+        taken = [
+            board.pop(player)
+            for board in self.boards.values()
+            if player in board and (since is None or board[player][1] < since)
+        ]
+        if all(player not in board for board in self.boards.values()):
+            self.region_of.pop(player, None)
         if at_ms is not None:
-            if self.config.mode == "incr":  # its dedup records outlive the removal
-                units = (at_ms - self.config.epoch_ms) // self.codec.unit_ms
-            else:  # a result applied before it may be dated up to MAX_FUTURE_MS past it, and not kept
-                units = (at_ms + MAX_FUTURE_MS - self.config.epoch_ms) // self.codec.unit_ms + 1
-            self.removed[player] = max([units, self.removed.get(player, -1), *(u + 1 for _, u in kept)])
+            units = self.record_units(at_ms) if since is None else since
+            self.removed[player] = max([units, self.removed.get(player, -1), *(u + 1 for _, u in taken)])
+            if request is not None:
+                reached, removed = self.requests.setdefault(request, (units, set(), set()))[1:]
+                reached.add(player)
+                if taken:
+                    removed.add(player)
+        return bool(taken)
+
+    def record_units(self, at_ms: int) -> int:
+        """The time (units) before which a removal at ``at_ms`` refuses the player's results."""
+        if self.config.mode == "incr":  # its dedup records outlive the removal
+            return (at_ms - self.config.epoch_ms) // self.codec.unit_ms
+        # A result applied before it may be dated up to MAX_FUTURE_MS past it, and not kept.
+        return (at_ms + MAX_FUTURE_MS - self.config.epoch_ms) // self.codec.unit_ms + 1
 
     def order(self, name: str = "total", region: str | None = None) -> list[tuple[int, str, int, int]]:
         """(score, player, points, units), best first."""

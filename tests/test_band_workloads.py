@@ -7,6 +7,12 @@ the move stays pending), and once writes are quiescent and the pending moves rep
 pages at every offset, each player's rank, around, friends, the board's size. The final state of a
 board does not depend on the order concurrent results were applied in (max, sum, latest time),
 so the reference takes them in any order.
+
+Removals named by requests (the router's X-Request-Id) join in: calls lost before or after a home
+shard's script ran, retries of the same request after the players posted again, the versions of
+removed players forgotten by prune passes an hour later (the clock moved with ``now_ms``), retries
+meeting players already forgotten, players coming back after that; the reference removes only what
+was achieved before a request's first call (tests/reference.py).
 """
 
 from __future__ import annotations
@@ -19,11 +25,12 @@ import random
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 import pytest
 
-from shardlb import moderation, periods, times
+from shardlb import keys, moderation, periods, times
 from shardlb.board import Board, Score
 from shardlb.config import RANK_MODES, BoardConfig
 from shardlb.connection import Scripts, connect
@@ -55,15 +62,17 @@ async def clients(url: str, board_id: str, count: int) -> AsyncIterator[list[Boa
             await client.aclose()
 
 
+def points(rng: random.Random, mode: str) -> int:
+    return rng.randint(0, 12) if mode == "incr" else rng.choice([0, 5, 39, 40, 41, 120, 299, 300, 999])
+
+
 def results(rng: random.Random, mode: str, now: int, tag: str, count: int) -> list[Score]:
     """Random results: few points values (ties), spread over every band; incr adds small steps
     that never pass points_max, so no result overflows whatever order they are applied in."""
     out = []
     for i in range(count):
-        points = rng.randint(0, 12) if mode == "incr" else rng.choice([0, 5, 39, 40, 41, 120, 299, 300, 999])
-        out.append(
-            Score(f"p{rng.randrange(PLAYERS):02d}", points, f"{tag}-{i}", now - rng.randint(0, 3) * 1000)
-        )
+        player = f"p{rng.randrange(PLAYERS):02d}"
+        out.append(Score(player, points(rng, mode), f"{tag}-{i}", now - rng.randint(0, 3) * 1000))
     return out
 
 
@@ -142,6 +151,223 @@ async def test_concurrent_band_crossings_with_lost_band_calls_match_the_referenc
                 ref.submit(batch, now_ms=later)
             await boards[0].repair()  # the client that loses no band call
             await check_everything(boards[2], ref, rng, now)
+    finally:
+        await store.delete(config.id)
+
+
+MINUTE = 60_000
+DAY = 86_400_000
+
+
+class LoseRemovals:
+    """moderation.remove_on_shard behind routers that lose calls: each call is lost before it is
+    sent (the shard's remove.lua never runs: 'before') or after it ran (its reply lost: 'after'),
+    as ``plan`` says for the next calls ('ok': goes through), then at random with ``share``. ``ran``
+    collects the players whose shard's remove.lua ran, where a band call failed after it too
+    (LoseBandCalls). moderation.remove gathers its shards' calls and raises the first failure while
+    the others go on: ``quiet`` waits for them."""
+
+    def __init__(self, real: Callable[..., Awaitable[list[str]]], rng: random.Random, share: float) -> None:
+        self.real, self.rng, self.share = real, rng, share
+        self.plan: list[str] = []
+        self.ran: set[str] = set()
+        self.running = 0
+
+    async def __call__(
+        self, board: Board, shard: int, players: Sequence[str], *args: Any, **kw: Any
+    ) -> list[str]:
+        fault = self.plan.pop(0) if self.plan else ""
+        if fault == "" and self.rng.random() < self.share:
+            fault = self.rng.choice(["before", "after"])
+        if fault == "before":
+            raise ConnectionError("the removal's call to the shard was lost")
+        self.running += 1
+        try:
+            got = await self.real(board, shard, players, *args, **kw)
+        except ConnectionError:  # a band call lost: remove.lua ran on the home shard before it
+            self.ran.update(players)
+            raise
+        finally:
+            self.running -= 1
+        self.ran.update(players)
+        if fault == "after":
+            raise ConnectionError("the removal's reply was lost")
+        return got
+
+    async def quiet(self) -> None:
+        while self.running:
+            await asyncio.sleep(0.01)
+
+
+async def check_periods(board: Board, ref: ReferenceBoard, rng: random.Random) -> None:
+    """Every read of every period the reference holds, in both rank modes."""
+    for name in sorted(ref.boards):
+        api = "total" if name == "total" else "daily:" + name[2:]
+        for asked in RANK_MODES:
+            await check_ranks(board, ref, name, api, None, asked, rng)
+
+
+@pytest.mark.parametrize(
+    ("mode", "order", "bands"),
+    [("best", "desc", FEW), ("incr", "asc", MANY)],
+    ids=["best-desc-few", "incr-asc-many"],
+)
+async def test_removals_retried_by_request_and_versions_pruned_match_the_reference(
+    store: BoardStore,
+    cluster_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    order: str,
+    bands: list[int],
+) -> None:
+    """Removals named by requests (the router's X-Request-Id) on a band board with several clients:
+    their calls lost before or after a home shard's script ran and their band calls lost now and
+    then, retried with the same request after the players posted again (results achieved since stay,
+    replays of before do not), the removed players' versions forgotten by prune passes once the
+    removals are an hour old (the clock moved with now_ms), retried again after that, the players
+    coming back after it, beside another prune. After a repair every read of every period equals the
+    reference (tests/reference.py: a removal retried with its request removes only what was achieved
+    before its first call's time), every call that answered answered as the reference, and once
+    every removal is old, the prune leaves versions only of the players on the board."""
+    rng = random.Random(f"band-requests/{mode}/{order}")
+    config = BoardConfig.from_dict(
+        f"bandreq-{mode}-{order}-{uuid.uuid4().hex[:6]}",
+        {
+            "mode": mode,
+            "order": order,
+            "tiebreak": rng.choice(["earliest", "latest"]),
+            "periods": ["daily"],
+            "points_max": 1000,
+            "dedup_window_s": 3600,  # the prune's hour
+            "sharding": {"strategy": "band", "bands": bands, "shards": 3},
+        },
+    )
+    await store.create(config)
+    ref = ReferenceBoard(config)
+    # The first removals' day ends before the players post again: a best board's older total goes
+    # with a retry while a worse result of the new day stays.
+    start = (times.now_ms() // DAY + 1) * DAY - 7 * MINUTE
+    losing = LoseRemovals(moderation.remove_on_shard, random.Random(f"lose/{mode}"), share=0.3)
+    monkeypatch.setattr(moderation, "remove_on_shard", losing)
+    try:
+        async with clients(cluster_url, config.id, CLIENTS) as boards:
+            for k, board in enumerate(boards[1:]):  # two of them lose a band call now and then
+                band = LoseBandCalls(board.scripts.band, rng=random.Random(k), share=0.15)
+                board.scripts = dataclasses.replace(board.scripts, band=band)
+
+            async def post(at: int, batches: list[list[Score]]) -> None:
+                """One batch per client at once (max and sum: the order they land in is free)."""
+
+                async def one(board: Board, batch: list[Score]) -> None:
+                    with contextlib.suppress(ConnectionError):  # applied at home, move pending
+                        await board.submit(batch, now_ms=at)
+
+                await asyncio.gather(*(one(boards[k % CLIENTS], b) for k, b in enumerate(batches)))
+                ref.submit([s for b in batches for s in b], now_ms=at)
+
+            async def remove(players: list[str], request: str, at: int) -> bool:
+                """One call of the removal ``request``; the reference takes the players it reached."""
+                losing.ran.clear()
+                try:
+                    got = await moderation.remove(boards[rng.randrange(CLIENTS)], players, at, request)
+                except ConnectionError:
+                    got = None
+                await losing.quiet()
+                answers = {p: ref.remove(p, at, request) for p in players if p in losing.ran}
+                if got is not None:
+                    assert got == {p for p, removed in answers.items() if removed}, request
+                return got is not None
+
+            def each(players: list[str], tag: str, at: int) -> list[list[Score]]:
+                """A result of each player achieved at ``at``, each in a batch of its own."""
+                return [[Score(p, points(rng, mode), f"{tag}-{p}", at)] for p in players]
+
+            async def until_done(requests: list[tuple[str, list[str]]], at: int) -> None:
+                for request, players in requests:
+                    for attempt in range(30):
+                        if await remove(players, request, at + attempt * 1000):
+                            break
+                    else:
+                        pytest.fail(f"{request} never went through")
+
+            sent: list[Score] = []
+            for step in range(4):  # the first day: every client at once, retries among them
+                batches = [
+                    results(rng, mode, start, f"a{step}-{k}", rng.randint(4, 12)) for k in range(CLIENTS)
+                ]
+                if sent:
+                    batches[0] += rng.sample(sent, 3)
+                sent += [s for b in batches for s in b]
+                await post(start, batches)
+            await boards[0].repair()
+
+            # Removals of one to four players, one call each, many of them lost on a shard; the
+            # first is lost on its first player's shard and reaches the others' (a retry of it then
+            # removes that player at its time), one names a player never seen.
+            homes = {p: boards[0].layout.home(p) for p in ref.boards["total"]}
+            a = ref.order()[0][1]  # the leader: a worse result of theirs leaves the total as it was
+            first = [a, *{homes[p]: p for p in sorted(homes, reverse=True) if homes[p] != homes[a]}.values()]
+            requests = [("remove/r0", first)]
+            others = sorted(set(homes) - set(first))
+            requests += [(f"remove/r{r}", rng.sample(others, rng.randint(1, 3))) for r in range(1, 6)]
+            requests[-1][1].append("never")
+            removed = sorted({p for _, players in requests for p in players} - {"never"})
+            at = start + MINUTE
+            losing.plan = ["before", "ok", "ok"]  # the first player's shard comes first
+            for request, players in requests:
+                await remove(players, request, at)
+            assert a not in ref.requests["remove/r0"][1] and first[1] in ref.requests["remove/r0"][1]
+
+            # A new day: later results, half of the removed players' among them (achieved after
+            # the removals), and replays of results of before (refused where a removal ran).
+            later = start + 10 * MINUTE
+            back = [p for p in rng.sample(removed, len(removed) // 2) if p != a]
+            batches = [results(rng, mode, later, f"b-{k}", 6) for k in range(CLIENTS)]
+            batches[0] += [Score(p, points(rng, mode), f"back-{p}", later) for p in back]
+            batches[0].append(Score(a, 1 if mode == "incr" else 0, "back-a", later))  # worse than before
+            batches[1] += [s for s in sent if s.player_id in removed][:10]
+            await post(later, batches)
+            await until_done(requests, later + 2 * MINUTE)  # the retries, till each went through
+
+            # An hour after the removals: the repair, then a prune pass forgets the versions of the
+            # players still gone.
+            await boards[0].repair()
+            forgotten = await boards[0].prune(start + 62 * MINUTE)
+            assert forgotten > 0
+            # Each request once more (every shard has its record: nothing changes, and it answers
+            # as its first call did), then the players still gone come back, beside a prune of
+            # another client a while later.
+            await until_done(requests, start + 63 * MINUTE)
+            gone = [p for p in removed if p not in ref.boards["total"]]
+            pruned = asyncio.create_task(boards[1].prune(start + 75 * MINUTE))
+            await post(start + 64 * MINUTE, each(gone, "c", start + 64 * MINUTE))
+            forgotten += await pruned
+
+            # Removals again, some of the players who came back among them, results before and
+            # after their records, and their retries.
+            on_board = sorted(ref.boards["total"])
+            again = [(f"remove/s{r}", rng.sample(on_board, rng.randint(1, 3))) for r in range(4)]
+            again[0][1][0:1] = gone[:1]
+            for request, players in again:
+                await remove(players, request, start + 80 * MINUTE)
+            struck = sorted({p for _, players in again for p in players})
+            await post(start + 83 * MINUTE, each(struck, "d", start + 83 * MINUTE))
+            await post(start + 90 * MINUTE, each(struck[::2], "e", start + 90 * MINUTE))
+            await until_done(again, start + 92 * MINUTE)
+
+            await boards[0].repair()  # the client that loses no band call
+            await check_periods(boards[2], ref, rng)
+            want = expected(ref, "total", None, "unique")
+            assert await boards[2].size() == len(want)
+
+            # Hours later every removal is old: the prune forgets every removed player's versions,
+            # and the shards keep versions only of the players on the board.
+            while await boards[0].prune(start + 5 * 60 * MINUTE):
+                pass
+            held = set()
+            for prefix in boards[0].prefixes:
+                held |= {str(p) for p in await store.client.hkeys(keys.version_key(prefix))}
+            assert held <= set(ref.boards["total"]), held - set(ref.boards["total"])
     finally:
         await store.delete(config.id)
 
