@@ -17,6 +17,11 @@ primary bounds the script calls in flight to it (its share of redis-py's per-nod
 router/budget.py); a group that cannot get a permit within ``wait_s`` fails its batch with 503
 rather than wait on. ``close`` refuses new scores and applies everything accepted, within a time
 bound (SIGTERM drain), and says what it left (``Drained``).
+
+A failed call fails its requests (each logs its own 503 line, router/logs.py) and is logged as an
+outage of its primary (shardlb/outage.py): at its first failure, then once a minute at most with the
+count, and at the first call that works through it again, so a primary down costs a few lines
+rather than one per batch; another primary's outage has lines of its own.
 """
 
 from __future__ import annotations
@@ -35,13 +40,15 @@ from router import metrics
 from router.errors import shutting_down
 from router.gate import NodeGates
 from shardlb.board import Board, Prepared, Result, by_shard
-from shardlb.connection import primary_name
+from shardlb.connection import primary_name, primary_names
 from shardlb.errors import Overloaded, PartlyApplied
 from shardlb.fanout import ScriptPipeline
 from shardlb.loops import LoopRef
+from shardlb.outage import Outage
 
 log = logging.getLogger("shardlb.router")
 GAUGE_S = 0.05
+GONE_CHECK_S = 1.0  # how often, at most, a call that works looks for failing primaries gone from the map
 
 
 class _Ticket:
@@ -128,6 +135,9 @@ class Coalescer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._loop = LoopRef()
+        # Primary name -> its outage, while its calls fail (dropped when it ends: bounded by the nodes).
+        self._outages: dict[str, Outage] = {}
+        self._gone_checked_at = 0.0
 
     @property
     def depth(self) -> int:
@@ -216,7 +226,8 @@ class Coalescer:
                 del self._groups[group.key]
 
     async def _apply(self, group: _Group, batch: list[_Item]) -> None:
-        gate = self.nodes(self.node_of(group.board, group.shard))
+        node = self.node_of(group.board, group.shard)
+        gate = self.nodes(node)
         try:
             await gate.acquire(self._drain_s)
             self._sent += len(batch)
@@ -232,16 +243,18 @@ class Coalescer:
             # Pinned results' second call failed after the first call applied the others (see
             # PartlyApplied): those are answered; the requests of the held-back results fail.
             self._answer(batch, e.results, e.error)
-            self._failed(group, e.results.count(None), e.error)
+            self._failed(node, group, e.results.count(None), e.error)
         except BaseException as e:
             failure = shutting_down() if isinstance(e, asyncio.CancelledError) else e
             self._answer(batch, [None] * len(batch), failure)
             if isinstance(e, asyncio.CancelledError):
                 raise
-            self._failed(group, len(batch), e)
+            self._failed(node, group, len(batch), e)
         else:
             metrics.BATCH_SIZE.observe(len(batch))
             self._answer(batch, results, None)
+            if self._outages:
+                self._worked(node, group.board)
         finally:
             self._count(-len(batch))
 
@@ -263,18 +276,27 @@ class Coalescer:
         if unconfirmed:
             metrics.UNCONFIRMED.inc(unconfirmed)
 
-    def _failed(self, group: _Group, scores: int, error: BaseException) -> None:
-        log.warning(
-            "shard write failed",
-            extra={
-                "fields": {
-                    "board": group.board.config.id,
-                    "shard": group.shard,
-                    "scores": scores,
-                    "error": repr(error),
-                }
-            },
-        )
+    def _failed(self, node: str, group: _Group, scores: int, error: BaseException) -> None:
+        outage = self._outages.get(node)
+        if outage is None:
+            outage = self._outages[node] = Outage(log, "shard write failed", "shard writes work again")
+        fields = {"node": node, "board": group.board.config.id, "shard": group.shard, "scores": scores}
+        outage.failed(error, fields)
+
+    def _worked(self, node: str, board: Board) -> None:
+        """A call through ``node`` worked: its outage ends. So does the outage of a primary that left
+        the slot map (its replica promoted; "unknown", a map being refreshed), as no call will go
+        through it again: looked for at most every GONE_CHECK_S, since it reads the whole map."""
+        outage = self._outages.pop(node, None)
+        if outage is not None:
+            outage.succeeded({"node": node})
+        now = time.monotonic()
+        if not self._outages or now < self._gone_checked_at:
+            return
+        self._gone_checked_at = now + GONE_CHECK_S
+        serving = primary_names(board.client)
+        for gone in [name for name in self._outages if name not in serving]:
+            self._outages.pop(gone).succeeded({"node": gone, "left_slot_map": True})
 
     def _count(self, delta: int) -> None:
         self._depth += delta

@@ -193,6 +193,11 @@ def primary_name(client: RedisCluster, key: str) -> str:
         return "unknown"
 
 
+def primary_names(client: RedisCluster) -> set[str]:
+    """The names of the primaries in the client's slot map (those ``primary_name`` may give)."""
+    return {str(node.name) for node in client.get_primaries()}
+
+
 class Script(AsyncScript):
     """A Lua script of a cluster. On NOSCRIPT it is loaded again on the node that answered only (one
     connection, where ``AsyncScript`` loads it on every primary) and the call is made again."""

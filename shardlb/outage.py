@@ -4,6 +4,8 @@ Every loop that retries on its own (the router's wait for the cluster at start, 
 refusal log, journal watch and cached views; the archiver's wait for PostgreSQL at start, rounds,
 journal lag, cleanup, band repairs and webhook sweep) logs through an ``Outage``, so a Redis or
 PostgreSQL outage of an hour costs each of them about sixty lines per process, whatever its pace.
+So do the router's write coalescer's failed script calls, one ``Outage`` per primary (each call
+fails on its own, as many a second as writes come in: router/coalescer.py).
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ class Outage:
         self.log.warning(self.message, exc_info=error if trace else None, extra={"fields": line})
         self.logged_at, self.unlogged = now, 0
 
-    def succeeded(self) -> None:
+    def succeeded(self, fields: dict[str, object] | None = None) -> None:
+        """The end of the outage, if one is under way: its info line, with ``fields`` (what recovered)."""
         if self.began is None:
             return
-        fields = {"failures": self.failures, "outage_s": round(self.clock() - self.began, 1)}
-        self.log.info(self.recovered, extra={"fields": fields})
+        line = {**(fields or {}), "failures": self.failures, "outage_s": round(self.clock() - self.began, 1)}
+        self.log.info(self.recovered, extra={"fields": line})
         self.began, self.failures, self.unlogged = None, 0, 0

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import signal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -12,14 +15,16 @@ import pytest
 from prometheus_client import REGISTRY
 
 from router.app import create_app
-from router.coalescer import Coalescer, Drained
+from router.coalescer import Coalescer, Drained, primary_of
 from router.errors import ApiError
 from shardlb import keys, times
 from shardlb.board import Prepared, Result, Score
-from shardlb.cluster import LocalCluster
+from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.config import BoardConfig
+from shardlb.connection import Scripts, connect
 from shardlb.errors import Overloaded
 from shardlb.store import BoardStore
+from tests.ports import search_start
 from tests.reference import ReferenceBoard
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of, settings_for
 from tests.test_router_logs import kept
@@ -310,3 +315,108 @@ async def test_a_timed_out_drain_counts_as_not_applied_only_what_was_never_sent(
     assert (fields["scores_not_applied"], fields["scores_in_doubt"]) == (2, 2)
     await asyncio.wait(requests, timeout=2)
     assert all(isinstance(r.exception(), ApiError) for r in requests) and coalescer.depth == 0
+
+
+async def test_a_primary_out_of_reach_is_a_few_warnings_per_primary_not_one_per_batch(tmp_path: Path) -> None:
+    """Every failed shard call logged "shard write failed": during an outage, one line per batch on
+    top of the 503 line of each response (router/README.md), tens of thousands a second under load.
+    Now each primary's failures are logged as an outage (shardlb/outage.py): the first at once, with
+    its error, then once a minute at most with the count, and "shard writes work again" at its first
+    call that works. Two primaries down one after the other each have their warning."""
+    # 2 masters, no replica: one master alone cannot mark the other failed, so the cluster stays up
+    # for the live one's slots; durable, so `up` starts the killed nodes again from their files.
+    port = free_port_block(2, start=search_start(20000, 200))
+    local = LocalCluster(2, 0, port, tmp_path / "c", durable=True)
+    local.up()
+    client = connect(local.url)
+    try:
+        scripts = Scripts.register(client)
+        await scripts.load(client)
+        store = BoardStore(client, scripts)
+        config = BoardConfig.from_dict("outage", {"sharding": {"strategy": "hash", "shards": 4}})
+        board, _ = await store.create(config)
+        pids = {f"{local.host}:{n.port}": n.pid for n in local.status().nodes}
+        first, second = sorted({primary_of(board, shard) for shard in range(4)})
+        per_node = 6
+        players: dict[str, list[str]] = {first: [], second: []}
+        for i in range(1000):
+            mine = players[primary_of(board, board.layout.home(f"p{i}"))]
+            if len(mine) < per_node:
+                mine.append(f"p{i}")
+        # One score a call, all sent at once: each request is a batch of its own.
+        coalescer = Coalescer(delay_s=0.001, max_batch=1, inflight=per_node)
+
+        async def write(node: str, points: int) -> list[Any]:
+            return await asyncio.gather(
+                *(coalescer.submit(board, board.prepare([Score(p, points, "m")])) for p in players[node]),
+                return_exceptions=True,
+            )
+
+        with kept("shardlb.router") as log:
+            failures: dict[str, list[Any]] = {}
+            for node in (first, second):
+                pid = pids[node]
+                assert pid is not None
+                os.kill(pid, signal.SIGKILL)
+                failures[node] = await write(node, 2)
+                assert all(isinstance(r, Exception) for r in failures[node]), failures[node]
+            local.up()
+            for node in (first, second):
+                assert [r[0].status for r in await write(node, 3)] == ["improved"] * per_node
+        await coalescer.close(5)
+        warnings = log.lines(logging.WARNING)
+        assert [m for m, _ in warnings] == ["shard write failed"] * 2, f"{len(warnings)} warnings"
+        assert [(m, f["node"], f["failures"]) for m, f in warnings] == [
+            ("shard write failed", first, 1),
+            ("shard write failed", second, 1),
+        ], warnings
+        for (_, fields), node in zip(warnings, (first, second), strict=True):
+            assert fields["error"] in {repr(e) for e in failures[node]}  # the first failure's
+            assert fields["board"] == "outage" and fields["scores"] == 1
+        assert [(m, f["node"], f["failures"]) for m, f in log.lines(logging.INFO)] == [
+            ("shard writes work again", first, per_node),
+            ("shard writes work again", second, per_node),
+        ]
+    finally:
+        await client.aclose()
+        local.down()
+
+
+async def test_the_outage_of_a_primary_gone_from_the_slot_map_ends_at_a_call_that_works(
+    store: BoardStore,
+) -> None:
+    """A primary whose replica took over (or "unknown", while the slot map was refreshed) gets no
+    call again, so no call through it can end its outage: it ends at the first call that works
+    through another primary, and a later failure through that name is a new outage, logged at once."""
+    board, _ = await store.create(BoardConfig.from_dict(board_name(), {}))
+    gone = "127.0.0.1:1"
+    node = [gone]
+    coalescer = Coalescer(delay_s=0.001, node_of=lambda b, s: node[0])
+    journal_max = board.journal_max
+    try:
+        with kept("shardlb.router") as log:
+            board.journal_max = 0  # every call refused (JOURNALFULL): real failures, nothing applied
+            for i in range(3):
+                with pytest.raises(Overloaded):
+                    await coalescer.submit(board, board.prepare([Score(f"p{i}", 1, "m")]))
+            board.journal_max, node[0] = journal_max, primary_of(board, 0)  # the promoted replica
+            [result] = await coalescer.submit(board, board.prepare([Score("p0", 1, "m")]))
+            assert result.status == "improved"
+            board.journal_max, node[0] = 0, gone
+            with pytest.raises(Overloaded):
+                await coalescer.submit(board, board.prepare([Score("p1", 1, "m")]))
+        await coalescer.close(5)
+        assert [(m, f["node"], f["failures"]) for m, f in log.lines(logging.WARNING)] == [
+            ("shard write failed", gone, 1),
+            ("shard write failed", gone, 1),
+        ]
+        [(message, fields)] = log.lines(logging.INFO)
+        assert (message, fields["node"], fields["left_slot_map"], fields["failures"]) == (
+            "shard writes work again",
+            gone,
+            True,
+            3,
+        )
+    finally:
+        board.journal_max = journal_max
+        await store.delete(board.config.id)
