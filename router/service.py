@@ -2,8 +2,8 @@
 
 ``Service.start`` connects, loads every Lua script on every primary (retrying until the cluster
 answers or SHARDLB_STARTUP_TIMEOUT_S passes) and starts the cache refresh tasks; only then does the
-worker take requests. ``Service.stop`` refuses new writes, drains the coalescer within
-SHARDLB_DRAIN_SECONDS, and closes the client.
+worker take requests. ``Service.stop`` refuses new writes, drains the coalescer and lets the
+webhook delivery tasks give back what they hold within SHARDLB_DRAIN_SECONDS, and closes the client.
 
 Every path to the cluster goes through one of the gates made here; router/budget.py adds up what
 they allow per primary, which the settings check keeps within the client's connection cap.
@@ -76,6 +76,9 @@ class Service:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # Settlement id -> the task sending its webhook deliveries (router/settlements.py): one each.
     deliveries: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # Every delivery task not ended yet, those a new request replaced (cancelled, giving back the
+    # rows they claimed) included: ``stop`` waits for them all.
+    delivering: set[asyncio.Task[None]] = field(default_factory=set)
     draining: bool = False
     _probe: asyncio.Future[str | None] | None = None
 
@@ -182,21 +185,40 @@ class Service:
         return service
 
     async def stop(self) -> None:
-        """Refuse writes, apply what was accepted (bounded by SHARDLB_DRAIN_SECONDS), then disconnect."""
+        """Refuse writes, apply what was accepted and end the webhook deliveries (both bounded by
+        SHARDLB_DRAIN_SECONDS), then disconnect."""
         self.draining = True
+        ends = time.monotonic() + self.settings.drain_seconds
+        # Webhook deliveries stop too, while the coalescer drains: each gives back the rows it holds,
+        # due at once, and an archiver's sweep (or the settlement run again) sends them
+        # (shardlb/settlement_delivery.py). A replaced task was cancelled when it was replaced and is
+        # giving its rows back already: cancelled again, it would stop half way.
+        for task in self.deliveries.values():
+            task.cancel()
         left = await self.coalescer.close(self.settings.drain_seconds)
         self.journals.closed = True
         self.moderation.bans.closed = self.moderation.refusals.closed = True
-        # Webhook deliveries stop too: each gives back the rows it holds, due at once, and an
-        # archiver's sweep (or the settlement run again) sends them (shardlb/settlement_delivery.py).
-        stopping = [*self.tasks, *self.deliveries.values()]
-        for task in stopping:
+        for task in self.tasks:
             task.cancel()
-        await asyncio.gather(*stopping, return_exceptions=True)
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self._deliveries_ended(ends - time.monotonic())
         await self.client.aclose()
         await self.journals.raw.aclose()
         fields = {"scores_not_applied": left.not_applied, "scores_in_doubt": left.in_doubt}
         log.info("router stopped", extra={"fields": fields})
+
+    async def _deliveries_ended(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for every delivery task to end (to give back what it holds); one
+        still running then is cut off, and its rows wait out their lease (as a killed worker's)."""
+        if not self.delivering:
+            return
+        _, late = await asyncio.wait(self.delivering, timeout=max(timeout, 0.0))
+        if late:
+            fields = {"tasks": len(late)}
+            log.warning("webhook deliveries cut off at the drain's end", extra={"fields": fields})
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
 
     async def problem(self) -> str | None:
         """Why this worker should not get traffic now (None when ready): draining, cluster down or

@@ -51,7 +51,8 @@ def _deliver_later(svc: Service, result: dict[str, Any]) -> None:
     """Send the settlement's webhook deliveries after the answer, those that failed for good
     included (shardlb/settlement_delivery.py). One task per settlement in this worker
     (``Service.deliveries``): a request for one already delivering here replaces its task (the new
-    one starts once the old has given back its claims), and stopping the worker cancels them; what
+    one starts once the old has given back its claims), and stopping the worker cancels them and
+    waits for them all, replaced ones included (``Service.delivering``), to give back theirs; what
     a stopped worker leaves is sent by an archiver's sweep (``settlement_delivery.sweep_forever``)
     or on the next request for the same settlement."""
     if not result.get("webhook_url"):
@@ -82,6 +83,8 @@ def _deliver_later(svc: Service, result: dict[str, Any]) -> None:
         return
     task = asyncio.create_task(deliver())
     deliveries[settlement_id] = task
+    svc.delivering.add(task)
+    task.add_done_callback(svc.delivering.discard)
 
     def forget(done: asyncio.Task[None]) -> None:
         if deliveries.get(settlement_id) is done:

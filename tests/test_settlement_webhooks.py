@@ -631,6 +631,101 @@ async def test_a_settlement_requested_again_while_delivering_sends_at_once(
         await store.delete(name)
 
 
+async def leased(db: psycopg.AsyncConnection[Any], settlement_id: str) -> int:
+    """The settlement's deliveries still held under a claim's lease (not due within a minute)."""
+    cur = await db.execute(
+        "SELECT count(*) FROM settlement_deliveries JOIN settlement_awards USING (award_id) "
+        "WHERE settlement_id = %s AND delivered_at IS NULL AND next_at > now() + interval '1 minute'",
+        (settlement_id,),
+    )
+    return int((await cur.fetchone() or (0,))[0])
+
+
+async def replaced_then_stopped(
+    cluster_url: str,
+    postgres_url: str,
+    locker: psycopg.AsyncConnection[Any],
+    name: str,
+    drain_seconds: float,
+    hold_s: float | None,
+) -> tuple[str, list[asyncio.Task[Any]]]:
+    """Settle with a held receiver, request the settlement again while ``locker`` holds its rows (so
+    the replaced task's give-back waits on the locks), then stop the router; ``locker`` lets go
+    ``hold_s`` after the stop begins (None: the caller does, later). Returns the settlement id and
+    the router's delivery tasks still running once the stop is over."""
+    sid = f"replaced-{name}"
+    with Hook(held=True) as hook:
+        url = f"/v1/boards/{name}/periods/{day_ago(2)}:settle"
+        body = {"settlement_id": sid, "rewards": TABLE, "webhook_url": hook.url}
+        async with running(
+            cluster_url, postgres_url=postgres_url, webhook_secret=SECRET, drain_seconds=drain_seconds
+        ) as (_, client):
+            ok = await client.post(url, json=body, headers=AS_ADMIN)
+            assert ok.status_code == 200, ok.text
+            for _ in range(200):  # the first task's posts are out, and held
+                if hook.posts.total() == ok.json()["awards"]["total"]:
+                    break
+                await asyncio.sleep(0.05)
+            await locker.execute(
+                "SELECT 1 FROM settlement_deliveries WHERE award_id IN (SELECT award_id FROM "
+                "settlement_awards WHERE settlement_id = %s) FOR UPDATE",
+                (sid,),
+            )
+            assert (await client.post(url, json=body, headers=AS_ADMIN)).status_code == 200
+            await asyncio.sleep(0.5)  # the replaced task's posts are cut off; its give-back waits
+            assert len(delivering()) == 2  # it, and the new task waiting for it
+            if hold_s is not None:
+
+                async def let_go(hold_s: float) -> None:
+                    await asyncio.sleep(hold_s)
+                    await locker.commit()
+
+                releasing = asyncio.create_task(let_go(hold_s))
+        left = delivering()
+    if hold_s is not None:
+        await releasing
+    return sid, left
+
+
+@pytest.mark.cluster
+async def test_a_router_stopping_waits_for_a_replaced_delivery_to_give_its_claims_back(
+    store: BoardStore, raw: Any, db: psycopg.AsyncConnection[Any], cluster_url: str, postgres_url: str
+) -> None:
+    """A request for a settlement this router delivers replaces its task; the replaced one, cancelled,
+    gives back the rows it claimed. Stopping the router cancelled the new task (waiting for the old
+    one) and did not wait for the old one, gone from ``Service.deliveries``: a worker exiting then
+    cut the give-back off, and the rows waited out their 5-minute lease. Now the stop waits for
+    every delivery task, within SHARDLB_DRAIN_SECONDS (here the give-back waits on row locks for 1 s,
+    as on a busy PostgreSQL)."""
+    name = board_name("hook-stop-replaced")
+    await ready(store, raw, postgres_url, name, 2)
+    try:
+        async with await psycopg.AsyncConnection.connect(postgres_url) as locker:
+            sid, left = await replaced_then_stopped(cluster_url, postgres_url, locker, name, 30, 1.0)
+        assert left == []
+        assert await leased(db, sid) == 0  # given back: due at once, for a sweep
+    finally:
+        await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_give_back_that_outlasts_the_drain_is_cut_off_at_its_end(
+    store: BoardStore, raw: Any, db: psycopg.AsyncConnection[Any], cluster_url: str, postgres_url: str
+) -> None:
+    """The wait is bounded by SHARDLB_DRAIN_SECONDS: a give-back still waiting on its locks then is
+    cut off (its rows wait out their lease, as a killed worker's) and the stop ends with no task left."""
+    name = board_name("hook-stop-late")
+    await ready(store, raw, postgres_url, name, 2)
+    try:
+        async with await psycopg.AsyncConnection.connect(postgres_url) as locker:
+            sid, left = await replaced_then_stopped(cluster_url, postgres_url, locker, name, 1, None)
+            assert left == []
+            await locker.commit()
+        assert await leased(db, sid) > 0
+    finally:
+        await store.delete(name)
+
+
 @pytest.mark.cluster
 async def test_a_delivery_due_never_with_attempts_left(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], postgres_url: str
