@@ -180,10 +180,20 @@ async def staged(
     return log
 
 
+# Warnings of the archiver that are not the outage's: the suite's PostgreSQL holds other modules'
+# boards, which an archive round that reaches it reports as missing from its registry.
+ELSEWHERE = ("a board the archive holds is missing from the registry",)
+
+
+def warned(log: Kept) -> list[tuple[str, dict[str, Any]]]:
+    """The warnings ``log`` kept, those of other modules' boards (``ELSEWHERE``) left out."""
+    return [line for line in log.lines(logging.WARNING) if not line[0].startswith(ELSEWHERE)]
+
+
 def one_outage(log: Kept, message: str, recovered: str, failures: int) -> None:
     """The outage was one warning (its first failure: the test's last less than a minute) and one
     info line with every failure."""
-    warnings = log.lines(logging.WARNING)
+    warnings = warned(log)
     assert [m for m, _ in warnings] == [message], len(warnings)
     [(_, fields)] = [line for line in log.lines(logging.INFO) if line[0] == recovered]
     assert fields["failures"] >= failures
@@ -285,7 +295,7 @@ async def test_a_postgresql_outage_logs_the_archive_rounds_at_its_start_and_end(
         )
     finally:
         await a.db.close()
-    warnings = log.lines(logging.WARNING)
+    warnings = warned(log)
     assert {m for m, _ in warnings} == {
         "PostgreSQL not reachable; retrying",
         "archive round failed; retrying",
@@ -319,7 +329,7 @@ async def test_postgresql_away_at_start_is_logged_at_its_start_and_end(
         lambda lines: "archiver running" in [m for m, _ in lines.lines(logging.INFO)],
     )
     one_outage(log, "PostgreSQL not reachable yet; retrying", "PostgreSQL reachable", 100)
-    assert "OperationalError" in str(log.lines(logging.WARNING)[0][1]["error"])
+    assert "OperationalError" in str(warned(log)[0][1]["error"])
 
 
 async def test_a_postgresql_outage_logs_the_webhook_sweep_at_its_start_and_end(
