@@ -6,6 +6,8 @@ cluster (the Job), redis-probe.sh is the readiness/liveness probe. The scenarios
 - first formation: 6 empty nodes become 3 masters + 3 replicas covering all 16384 slots, and the
   nodes announce their stable names (CLUSTER SLOTS answers with host names);
 - a second bootstrap run changes nothing (same node ids, roles, slots and epochs);
+- a bootstrap killed after it made the masters and before its replicas: the next run adds each
+  replica to its planned master, and the run after that changes nothing;
 - every node killed at once and restarted on new addresses: the cluster is `ok` again with the same
   nodes and the same data; once with the names already pointing at the new addresses when the nodes
   start (nodes.conf is rewritten before Redis starts), once with the names updated only after the
@@ -234,17 +236,18 @@ class LoopbackCluster:
                 os.killpg(proc.pid, signal.SIGKILL)  # our own process groups only
             proc.wait(timeout=5)
 
-    def bootstrap(self, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def bootstrap(self, timeout: float = 60, **extra: str) -> subprocess.CompletedProcess[str]:
         # what the Job's init container writes from the nodes' topology.kubernetes.io/zone labels
         zones = self.base / "zones"
         zones.write_text("".join(f"redis-cluster-{i} {zone}\n" for i, zone in enumerate(ZONES)))
-        env = self.env(
-            REDIS_NODES=self.node_list(),
-            REDIS_REPLICAS=str(REPLICAS),
-            REDIS_BOOTSTRAP_TIMEOUT="30",
-            REDIS_POLL_INTERVAL="0.3",
-            REDIS_ZONES_FILE=str(zones),
-        )
+        settings = {
+            "REDIS_NODES": self.node_list(),
+            "REDIS_REPLICAS": str(REPLICAS),
+            "REDIS_BOOTSTRAP_TIMEOUT": "30",
+            "REDIS_POLL_INTERVAL": "0.3",
+            "REDIS_ZONES_FILE": str(zones),
+        }
+        env = self.env(**(settings | extra))
         return subprocess.run(
             ["bash", str(SCRIPTS / "cluster-bootstrap.sh")],
             env=env,
@@ -252,6 +255,7 @@ class LoopbackCluster:
             text=True,
             timeout=timeout,
             check=False,
+            start_new_session=True,  # its own process group, which a test may kill as a whole
         )
 
     def cluster_info(self, i: int) -> dict[str, str]:
@@ -452,6 +456,80 @@ def test_second_bootstrap_changes_nothing(formed: LoopbackCluster) -> None:
     assert "creating the cluster" not in result.stderr
     assert c.topology() == before
     assert [c.cluster_info(i)["cluster_current_epoch"] for i in range(NODES)] == epochs_before
+
+
+# The Job's redis-cli in a Job that dies at its first replica: that `--cluster add-node` gets as far
+# as joining the node (its CLUSTER MEET), not as making it a replica, and the Job is killed (its pod
+# evicted, its node lost) with everything it started: its process group.
+DYING_CLI = """#!/usr/bin/env bash
+if [[ " $* " == *" add-node "* ]]; then
+    args=()
+    for a in "$@"; do
+        [[ $a == --cluster-slave ]] && break
+        args+=("$a")
+    done
+    redis-cli "${args[@]}" >&2
+    kill -KILL 0
+fi
+exec redis-cli "$@"
+"""
+
+
+def test_a_bootstrap_killed_before_its_replicas_is_finished_by_the_next_run(tmp_path: Path) -> None:
+    """The bootstrap makes the masters (`--cluster create`), then adds each replica to its master
+    (`--cluster add-node --cluster-slave`). A Job killed in between left a formed cluster without its
+    replicas, one node half-joined (a master with no slot), and the next run saw a formed cluster and
+    exited 0: the shards stayed without a copy for good. The next run must add them, each to the
+    master the plan gave it (in another zone), and a run after that must change nothing."""
+    _require_redis()
+    c = LoopbackCluster(base=tmp_path, port=_free_port())
+    try:
+        addresses = c.new_addresses()
+        c.publish(addresses)
+        c.start_all(addresses)
+        dying = tmp_path / "redis-cli-dying"
+        dying.write_text(DYING_CLI)
+        dying.chmod(0o755)
+        killed = c.bootstrap(REDIS_CLI=str(dying))
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        # what it left: 3 masters own every slot, a 4th node joined without a slot, 2 outside (once
+        # node 0 is done meeting the 4th: a node in a handshake has no role yet)
+        half_joined = [("master", False), ("master", True), ("master", True), ("master", True)]
+        deadline = time.monotonic() + CONVERGE_S
+        left = c.topology()
+        while (
+            sorted((t[0], bool(t[3])) for t in left.values()) != half_joined
+            or c.cluster_info(0).get("cluster_state") != "ok"
+        ):
+            assert time.monotonic() < deadline, (left, c.cluster_info(0))
+            time.sleep(0.25)
+            left = c.topology()
+        # a plan of more masters than the cluster has (6 with REDIS_REPLICAS=0) is not the Job's to
+        # finish: masters are added by hand (k8s/README.md, step 7), and it changes nothing
+        more_masters = c.bootstrap(REDIS_REPLICAS="0")
+        assert more_masters.returncode == 0, more_masters.stderr
+        assert c.topology() == left
+        # the next run of the Job adds every replica, each to its planned master
+        result = c.bootstrap()
+        assert result.returncode == 0, result.stderr + result.stdout
+        topo = _roles_settle(c)
+        views = c.cluster_nodes(0).values()
+        ordinal = {v.node_id: int(v.hostname.split("-")[-1].split(".")[0]) for v in views}
+        planned, _ = _plan(list(ZONES), REPLICAS)
+        made = {ordinal[n]: (ordinal[t[1]] if t[0] == "replica" else None) for n, t in topo.items()}
+        assert made == planned
+        assert set(left) <= set(topo), "the masters and their slots are the ones it made"
+        assert all(topo[n][3] == left[n][3] for n, t in left.items() if t[3])
+        c.wait_healthy()
+        # the cluster is complete: another run changes nothing
+        epochs = [c.cluster_info(i)["cluster_current_epoch"] for i in range(NODES)]
+        again = c.bootstrap()
+        assert again.returncode == 0, again.stderr
+        assert "nothing to do" in again.stderr
+        assert c.topology() == topo
+        assert [c.cluster_info(i)["cluster_current_epoch"] for i in range(NODES)] == epochs
+    finally:
+        c.cleanup()
 
 
 def _check_data(c: LoopbackCluster) -> None:
@@ -680,6 +758,53 @@ def test_the_bootstrap_warns_of_a_pair_that_must_share_a_zone() -> None:
     shared = [n for n, master in roles.items() if master is not None and zones[n] == zones[master]]
     assert len(shared) == 1
     assert len(warnings) == 1 and "same zone" in warnings[0] and "a" in warnings[0]
+
+
+def _attach(
+    masters: list[tuple[str, int, str]], missing: list[tuple[str, str, str]]
+) -> tuple[dict[str, str], list[str]]:
+    """redis-lib.sh's plan_attach (REPLICAS 1) for these masters (id, replica count, zone) and nodes
+    to add (name, planned master id or "-", zone): node -> the master it joins, and the warnings."""
+    lines = "".join(f"master {m} {n} {z}\n" for m, n, z in masters)
+    lines += "".join(f"missing {name} {planned} {z}\n" for name, planned, z in missing)
+    result = subprocess.run(
+        ["bash", "-c", f'. "{SCRIPTS / "redis-lib.sh"}" && plan_attach 1'],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert result.returncode == 0, result.stderr
+    chosen = {}
+    for line in result.stdout.splitlines():
+        kind, name, master = line.split()
+        assert kind == "replica", line
+        chosen[name] = master
+    return chosen, result.stderr.splitlines()
+
+
+def test_a_missing_replica_joins_its_planned_master_when_the_cluster_is_the_plans() -> None:
+    """The bootstrap that died before its replicas left the plan's masters: the next run adds each
+    replica to the master plan_shards gave it (all equal otherwise), in another zone."""
+    masters = [("m0", 0, "a"), ("m1", 0, "b"), ("m2", 0, "c")]
+    missing = [("r3", "m1", "c"), ("r4", "m2", "a"), ("r5", "m0", "b")]
+    assert _attach(masters, missing) == ({"r3": "m1", "r4": "m2", "r5": "m0"}, [])
+
+
+def test_a_missing_replica_joins_a_master_short_of_replicas_in_another_zone() -> None:
+    """Where the cluster is no longer the plan (a failover swapped a master and its replica), a node
+    goes to a master still short of replicas, rather than its planned one; of those, one in another
+    zone; and it shares its master's zone (with a warning) rather than leave a master without a copy."""
+    # m0 (the planned one) already has its replica; m1 and m2 have none, m1 in the node's zone
+    chosen, warnings = _attach([("m0", 1, "a"), ("m1", 0, "b"), ("m2", 0, "c")], [("r", "m0", "b")])
+    assert chosen == {"r": "m2"} and warnings == []
+    # the only master short of a replica is in the node's own zone
+    chosen, warnings = _attach([("m0", 1, "a"), ("m1", 0, "b"), ("m2", 1, "c")], [("r", "m0", "b")])
+    assert chosen == {"r": "m1"}
+    assert len(warnings) == 1 and "own zone" in warnings[0] and "b" in warnings[0]
+    # each choice counts for the next node: two nodes do not both go to the emptiest master
+    chosen, _ = _attach([("m0", 0, ""), ("m1", 0, ""), ("m2", 1, "")], [("r1", "-", ""), ("r2", "-", "")])
+    assert chosen == {"r1": "m0", "r2": "m1"}
 
 
 class FakeApi(http.server.ThreadingHTTPServer):

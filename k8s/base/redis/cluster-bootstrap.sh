@@ -2,15 +2,18 @@
 # Form the Redis Cluster once: the redis-cluster-bootstrap Job runs this.
 #
 #   - waits until every listed node answers PING;
-#   - if any node already belongs to a cluster (knows other nodes or owns slots) it changes
-#     nothing: it waits for cluster_state:ok (a restart may still be settling) and exits 0, or
-#     exits 1 after REDIS_BOOTSTRAP_TIMEOUT with a hint, never touching the cluster;
-#   - otherwise all nodes are empty: it makes N / (REDIS_REPLICAS + 1) masters with
-#     REDIS_REPLICAS replicas each, paired by zone (plan_shards in redis-lib.sh: a master and its
-#     replicas in different zones, the masters spread over the zones): `redis-cli --cluster create`
-#     of the masters, then `--cluster add-node --cluster-slave` of each replica to its master; then
-#     it waits until every node reports cluster_state:ok.
-# So running it again (the Job re-applied, a retried pod) is always safe.
+#   - if all nodes are empty: it makes N / (REDIS_REPLICAS + 1) masters with REDIS_REPLICAS
+#     replicas each, paired by zone (plan_shards in redis-lib.sh: a master and its replicas in
+#     different zones, the masters spread over the zones): `redis-cli --cluster create` of the
+#     masters, then `--cluster add-node --cluster-slave` of each replica to its master; then it
+#     waits until every node reports cluster_state:ok;
+#   - if any node already belongs to a cluster (knows other nodes or owns slots) it waits for
+#     cluster_state:ok (a restart may still be settling; after REDIS_BOOTSTRAP_TIMEOUT it exits 1
+#     with a hint, never repairing the cluster), then finishes what a run killed before its last
+#     replica left undone (finish, below): a listed node outside the cluster, or in it as a master
+#     without slots, joins as a replica of the master with the fewest, in another zone. It never
+#     touches a node of the cluster otherwise, and on a complete cluster it changes nothing.
+# So running it again (the Job re-applied, a retried or evicted pod) is always safe, and converges.
 #
 # Settings (environment):
 #   REDIS_NODES              required: host:port of every node, comma- or space-separated
@@ -60,7 +63,191 @@ wait_ok() {
     done
 }
 
-# 1. Wait for every node; stop early if any of them is already part of a cluster.
+# zone_of HOST: HOST's zone in REDIS_ZONES_FILE, by its full name or its first label ("" if none)
+zone_of() {
+    [[ -n ${REDIS_ZONES_FILE:-} ]] || return 0
+    awk -v host="$1" -v pod="${1%%.*}" '$1 == host || $1 == pod { print $2; exit }' "$REDIS_ZONES_FILE"
+}
+
+# read_view IP PORT: the cluster as the member IP:PORT sees it (CLUSTER NODES), into the globals
+# view_ids (every node but those in a handshake) and, by node id, view_addr (ip:port), view_host
+# (the host name it announces), view_flags, view_master (its master's id, `-` for a master) and
+# view_slots (its slot ranges, "" for none).
+declare -a view_ids
+declare -A view_addr view_host view_flags view_master view_slots
+read_view() {
+    local id addr flags master slots
+    view_ids=()
+    view_addr=() view_host=() view_flags=() view_master=() view_slots=()
+    while read -r id addr flags master _ _ _ _ slots; do
+        [[ -n ${id:-} && -n ${flags:-} && ,$flags, != *,handshake,* ]] || continue
+        split_node_address "$addr"
+        view_ids+=("$id")
+        view_addr[$id]="$NODE_IP:$NODE_PORT"
+        view_host[$id]=$NODE_HOSTNAME
+        view_flags[$id]=$flags
+        view_master[$id]=$master
+        view_slots[$id]=${slots:-}
+    done < <(rcli -h "$1" -p "$2" cluster nodes 2>/dev/null | tr -d '\r')
+}
+
+# listed_id NODE: the id under which the cluster (read_view) knows NODE, a REDIS_NODES entry
+# (host:port): the node announcing that host name or its pod name (the first label), else the one
+# at the address the name resolves to now; nothing when NODE is not in the cluster. By name first:
+# a member whose pod is down or has a new IP is still known by its name.
+listed_id() {
+    local host=${1%:*} port=${1##*:} id ip
+    for id in "${view_ids[@]}"; do
+        [[ -n ${view_host[$id]} && ${view_addr[$id]##*:} == "$port" ]] || continue
+        if [[ ${view_host[$id]} == "$host" ||
+            (! $host =~ ^[0-9.]+$ && ${view_host[$id]%%.*} == "${host%%.*}") ]]; then
+            printf '%s\n' "$id"
+            return 0
+        fi
+    done
+    ip=$(resolve "$host")
+    [[ -n $ip ]] || return 0
+    for id in "${view_ids[@]}"; do
+        if [[ ${view_addr[$id]} == "$ip:$port" ]]; then
+            printf '%s\n' "$id"
+            return 0
+        fi
+    done
+}
+
+# has_flag ID FLAG: the node ID carries FLAG in the view
+has_flag() {
+    [[ ,${view_flags[$1]}, == *,"$2",* ]]
+}
+
+# attach_input: plan_attach's input, from finish's view and its locals (todo, id_of, name_of,
+# planned_master): each master that owns slots with its replica count and zone, then each node to add.
+attach_input() {
+    local id other count zone name planned_id
+    for id in "${view_ids[@]}"; do
+        has_flag "$id" master && [[ -n ${view_slots[$id]} ]] || continue
+        count=0
+        for other in "${view_ids[@]}"; do
+            [[ ${view_master[$other]} == "$id" ]] && count=$((count + 1))
+        done
+        zone=""
+        [[ -n ${name_of[$id]:-} ]] && zone=$(zone_of "${name_of[$id]%:*}")
+        printf 'master %s %d %s\n' "$id" "$count" "$zone"
+    done
+    for name in "${todo[@]}"; do
+        planned_id=${id_of[${planned_master[$name]:-none}]:-}
+        [[ -n $planned_id && -n ${view_slots[$planned_id]} ]] || planned_id=-
+        printf 'missing %s %s %s\n' "$name" "$planned_id" "$(zone_of "${name%:*}")"
+    done
+}
+
+# finish SEED: the cluster exists (SEED, ip:port, is a member). Wait for cluster_state:ok, then
+# add the listed nodes it lacks as replicas: a node outside it, or in it as a master without
+# slots, is what a bootstrap leaves that died after `--cluster create` and before its last
+# `--cluster add-node --cluster-slave` (or in the middle of one: joined, not yet a replica). Each
+# goes to the master plan_attach picks (fewest replicas, another zone, the one plan_shards
+# planned). Only while the masters that own slots are as many as the bootstrap makes from
+# REDIS_NODES: otherwise the listed nodes are meant to become masters, which is slot moving and
+# is done by hand (k8s/README.md, "Scale Redis"), and they are left alone. A complete cluster is
+# not touched.
+finish() {
+    local seed=$1 name id pending reason ip info known assigned shards want m_id m_name list
+    local -a todo added
+    local -A id_of name_of addr_of planned_master
+    wait_ok "$seed" ||
+        die "the cluster exists but is not ok; inspect it with: redis-cli --cluster check $seed" \
+            "(and redis-cli --cluster fix $seed if slots are open or uncovered)"
+    want=$((${#nodes[@]} / (REDIS_REPLICAS + 1)))
+    while :; do
+        read_view "${seed%:*}" "${seed##*:}"
+        id_of=() name_of=() todo=()
+        for name in "${nodes[@]}"; do
+            id=$(listed_id "$name")
+            if [[ -z $id ]]; then
+                todo+=("$name")
+                continue
+            fi
+            id_of[$name]=$id
+            name_of[$id]=$name
+            # (a failing master without slots is left to come back: it may be a failed-over one)
+            if has_flag "$id" master && [[ -z ${view_slots[$id]} ]] &&
+                ! has_flag "$id" fail && ! has_flag "$id" 'fail?'; then
+                todo+=("$name")
+            fi
+        done
+        if ((${#todo[@]} == 0)); then
+            log "every listed node is in the cluster; nothing to do"
+            return 0
+        fi
+        shards=0
+        for id in "${view_ids[@]}"; do
+            if has_flag "$id" master && [[ -n ${view_slots[$id]} ]]; then
+                shards=$((shards + 1))
+            fi
+        done
+        if ((shards != want)); then
+            printf -v list ' %s' "${todo[@]}"
+            log "not in the cluster, or in it without slots:$list; left alone: REDIS_NODES" \
+                "and REDIS_REPLICAS=$REDIS_REPLICAS make $want masters and $shards own slots (masters" \
+                "are added by hand: k8s/README.md, \"Scale Redis\")"
+            return 0
+        fi
+        # every node to add must answer, and one outside the cluster must be in no cluster
+        pending=""
+        for name in "${todo[@]}"; do
+            ip=$(resolve "${name%:*}")
+            reason=""
+            if [[ -z $ip || $(rcli -h "$ip" -p "${name##*:}" ping 2>/dev/null | tr -d '\r') != PONG ]]; then
+                reason="no answer"
+            elif [[ -z ${id_of[$name]:-} ]]; then
+                info=$(cluster_info "$ip" "${name##*:}")
+                known=$(info_field "$info" cluster_known_nodes)
+                assigned=$(info_field "$info" cluster_slots_assigned)
+                if ((${known:-1} > 1 || ${assigned:-0} > 0)); then
+                    reason="knows other nodes or owns slots, but is not in this cluster"
+                fi
+            fi
+            if [[ -n $reason ]]; then
+                pending+=" $name ($reason)"
+            else
+                addr_of[$name]="$ip:${name##*:}"
+            fi
+        done
+        [[ -z $pending ]] && break
+        ((SECONDS < deadline)) || die "cannot add to the cluster:$pending"
+        log "waiting for:$pending"
+        sleep "$REDIS_POLL_INTERVAL"
+    done
+
+    # whose replica plan_shards would have made each listed node, by name
+    while read -r _ name m_name; do
+        planned_master[$name]=$m_name
+    done < <(for name in "${nodes[@]}"; do
+        printf '%s %s\n' "$name" "$(zone_of "${name%:*}")"
+    done | plan_shards "$REDIS_REPLICAS" 2>/dev/null | awk '$1 == "replica"')
+    log "the cluster lacks ${#todo[@]} replica(s) of the $want masters; adding them"
+    added=()
+    while read -r _ name m_id; do
+        if [[ -n ${id_of[$name]:-} ]]; then
+            log "  replica $name (zone $(zone_of "${name%:*}")), in the cluster without slots," \
+                "of ${view_addr[$m_id]} (${view_host[$m_id]:-?}, zone $(zone_of "${view_host[$m_id]:-}"))"
+            reason=$(rcli -h "${addr_of[$name]%:*}" -p "${name##*:}" cluster replicate "$m_id" \
+                2>&1 </dev/null | tr -d '\r')
+            [[ $reason == OK ]] || die "CLUSTER REPLICATE $m_id on $name: $reason"
+        else
+            log "  replica $name (zone $(zone_of "${name%:*}")) of ${view_addr[$m_id]}" \
+                "(${view_host[$m_id]:-?}, zone $(zone_of "${view_host[$m_id]:-}"))"
+            rcli --cluster add-node "${addr_of[$name]}" "${view_addr[$m_id]}" \
+                --cluster-slave --cluster-master-id "$m_id" </dev/null
+        fi
+        added+=("${addr_of[$name]}")
+    done < <(attach_input | plan_attach "$REDIS_REPLICAS")
+    wait_ok "$seed" "${added[@]}" || die "replicas added, but cluster_state is not ok in time"
+    rcli --cluster check "$seed" >/dev/null || die "redis-cli --cluster check $seed failed"
+    log "cluster complete: ${#added[@]} replica(s) added, cluster_state:ok"
+}
+
+# 1. Wait for every node; if any of them is already part of a cluster, finish that one instead.
 while :; do
     addrs=()
     waiting=""
@@ -78,13 +265,9 @@ while :; do
         known=$(info_field "$info" cluster_known_nodes)
         assigned=$(info_field "$info" cluster_slots_assigned)
         if ((${known:-1} > 1 || ${assigned:-0} > 0)); then
-            log "already formed: $node knows $known nodes and $assigned slots are assigned; nothing to do"
-            if wait_ok "$ip:$port"; then
-                log "cluster_state:ok"
-                exit 0
-            fi
-            die "the cluster exists but is not ok; inspect it with: redis-cli --cluster check $ip:$port" \
-                "(and redis-cli --cluster fix $ip:$port if slots are open or uncovered)"
+            log "already formed: $node knows $known nodes and $assigned slots are assigned"
+            finish "$ip:$port"
+            exit 0
         fi
     done
     [[ -z $waiting ]] && break
@@ -92,12 +275,6 @@ while :; do
     log "waiting for:$waiting"
     sleep "$REDIS_POLL_INTERVAL"
 done
-
-# zone_of HOST: HOST's zone in REDIS_ZONES_FILE, by its full name or its first label ("" if none)
-zone_of() {
-    [[ -n ${REDIS_ZONES_FILE:-} ]] || return 0
-    awk -v host="$1" -v pod="${1%%.*}" '$1 == host || $1 == pod { print $2; exit }' "$REDIS_ZONES_FILE"
-}
 
 # 2. Every node answers and none is in a cluster: create it, with the pairs planned by zone (all
 # nodes answered, so addrs[i] is nodes[i]'s address).

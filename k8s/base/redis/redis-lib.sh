@@ -124,3 +124,35 @@ plan_shards() {
                 }
         }'
 }
+
+# plan_attach REPLICAS: the master each node the bootstrap finds missing from a formed cluster
+# joins as a replica. stdin: `master ID REPLICA_COUNT ZONE` per master that owns slots, then
+# `missing NAME PLANNED_ID ZONE` per node to add, in the order to add them (PLANNED_ID: the master
+# plan_shards gave it, `-` if that node is no master now; ZONE may be absent); stdout:
+# `replica NAME MASTER_ID` per missing node; stderr: a warning per node put in its master's zone.
+#
+# Each node goes, in this order of preference, to a master with fewer than REPLICAS replicas, in
+# another zone, with the fewest replicas, the planned one, the first listed; the choice counts for
+# the next node. When the masters are the plan's and the missing nodes its replicas (a bootstrap
+# that died before adding them all), this is the plan itself.
+plan_attach() {
+    awk -v replicas="$1" '
+        $1 == "master" { m = ++masters; id[m] = $2; count[m] = $3 + 0; mzone[m] = NF > 3 ? $4 "" : "" }
+        $1 == "missing" { r = ++missing; name[r] = $2; planned[r] = $3; rzone[r] = NF > 3 ? $4 "" : "" }
+        END {
+            for (r = 1; r <= missing; r++) {
+                best = 0
+                for (m = 1; m <= masters; m++) {
+                    key = sprintf("%d %d %09d %d %09d", count[m] >= replicas, \
+                        rzone[r] != "" && rzone[r] == mzone[m], count[m], id[m] != planned[r], m)
+                    if (!best || key < bestkey) { best = m; bestkey = key }
+                }
+                if (!best) exit 1
+                count[best]++
+                print "replica", name[r], id[best]
+                if (rzone[r] != "" && rzone[r] == mzone[best])
+                    printf "warning: %s joins a master in its own zone, %s: every master short of replicas is there\n", \
+                        name[r], rzone[r] > "/dev/stderr"
+            }
+        }'
+}
