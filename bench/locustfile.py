@@ -28,6 +28,9 @@ writes/s in SHARDLB_STEPS steps, ``soak`` at the target, ``spike`` 10x for 30 s 
 SHARDLB_DURATION seconds. A shape's users are ``GameServer`` users sized for the target, whether or not
 the command line names the classes; ``Player`` users join them only with SHARDLB_TARGET_READS reads/s
 (default 0: none), SHARDLB_TARGET_READS / SHARDLB_READER_RPS of them from the start to the end.
+SHARDLB_WRITE_HOST (a base URL, e.g. http://shardlb-router-writes:8000; default: --host) sends the
+game servers' score posts there and every other request to --host, as game servers and players use a
+write pool (k8s/README.md, "Sizing"); the CSV rows are the same either way.
 Keys: SHARDLB_WRITE_KEY (writes), SHARDLB_READ_KEY (reads, when required),
 SHARDLB_ADMIN_KEY (when set, the board SHARDLB_BOARD is created at test start with PUT, idempotent,
 as a hash board of SHARDLB_SHARDS shards, default 16).
@@ -36,9 +39,11 @@ SHARDLB_CONTENT=msgpack sends and accepts MessagePack instead of JSON.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
+import re
 import time
 import urllib.request
 from collections import deque
@@ -98,10 +103,25 @@ def _auth(variable: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def _write_host() -> str:
+    """SHARDLB_WRITE_HOST without its trailing slash ("" when unset: the writes go to --host). Checked
+    here, as Locust imports the file: anything but a base URL would make every post fail."""
+    host = os.environ.get("SHARDLB_WRITE_HOST", "").strip().rstrip("/")
+    if host and not re.fullmatch(r"https?://[^/?#\s]+", host):
+        raise ValueError(
+            f"SHARDLB_WRITE_HOST={host!r}: give the write routers' base URL, e.g. http://shardlb-router-writes:8000"
+        )
+    return host
+
+
 WRITE_HEADERS = {"Content-Type": CONTENT_TYPE, "Accept": CONTENT_TYPE, **_auth("SHARDLB_WRITE_KEY")}
 READ_HEADERS = {"Accept": CONTENT_TYPE, **_auth("SHARDLB_READ_KEY")}
 QUERY_HEADERS = {**READ_HEADERS, "Content-Type": CONTENT_TYPE}
 BASE = f"/v1/boards/{BOARD}"
+WRITE_HOST = _write_host()
+# An absolute URL is sent as it is (FastHttpSession keeps a connection pool per host); a path goes to
+# --host. The request's name, not its URL, names its row in the stats.
+SCORES_URL = f"{WRITE_HOST}{BASE}/scores"
 
 
 def encode(body: Any) -> bytes:
@@ -177,7 +197,7 @@ class GameServer(FastHttpUser):
             self.recent.append((body, count))
         t0 = time.perf_counter()
         with self.client.post(
-            f"{BASE}/scores",
+            SCORES_URL,
             data=body,
             headers=WRITE_HEADERS,
             catch_response=True,
@@ -292,6 +312,8 @@ class BenchShape(LoadTestShape):
 @events.test_start.add_listener
 def create_board(environment: Any, **_: Any) -> None:
     """With SHARDLB_ADMIN_KEY set, create the board once (on the master) before any user starts."""
+    if WRITE_HOST and not isinstance(environment.runner, WorkerRunner):
+        logging.info("score posts go to %s, every other request to %s", WRITE_HOST, environment.host)
     admin = os.environ.get("SHARDLB_ADMIN_KEY")
     if not admin or not environment.host or isinstance(environment.runner, WorkerRunner):
         return

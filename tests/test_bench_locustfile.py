@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
@@ -66,6 +67,28 @@ class Missing(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         body = json.dumps({"error": {"code": self.code, "message": "not here", "field": None}}).encode()
         _send_json(self, 404, body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class Counting(BaseHTTPRequestHandler):
+    """Answers every request 200 and counts it by server port, method and path (the query left off):
+    one class for the test's two routers."""
+
+    protocol_version = "HTTP/1.1"
+    seen: ClassVar[dict[int, Counter[str]]] = {}
+    lock = threading.Lock()
+
+    def _count(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        with self.lock:
+            self.seen.setdefault(self.server.server_address[1], Counter())[
+                f"{self.command} {self.path.partition('?')[0]}"
+            ] += 1
+        _send_json(self, 200, b'{"results": []}')
+
+    do_GET = do_POST = do_PUT = _count
 
     def log_message(self, *args: object) -> None:
         pass
@@ -216,3 +239,52 @@ def test_users_started_together_spread_their_requests_over_every_period(tmp_path
     # delays requests without moving their users' places.
     assert _busiest_window_share(spread) < 0.45
     assert _busiest_window_share(spread) < _busiest_window_share(together)
+
+
+def test_writes_go_to_the_write_host_and_everything_else_to_the_host(tmp_path: Path) -> None:
+    """A load test of the write pool's shape (k8s/README.md, "Sizing"): game servers post their scores
+    to the pool's routers, players read from the main ones, in one run. With SHARDLB_WRITE_HOST the
+    score posts go there and nothing else does; the reads, the players:query POSTs and the board's
+    creation go to --host; and the CSV has the same rows as a run without it."""
+    writes = ThreadingHTTPServer(("127.0.0.1", 0), Counting)
+    threading.Thread(target=writes.serve_forever, daemon=True).start()
+    pace = {"SHARDLB_USER_RPS": "10", "SHARDLB_READER_RPS": "10", "SHARDLB_ADMIN_KEY": "admin"}
+    # replays (a post repeated verbatim) are score posts too; half of them, so that both runs have some
+    pace |= {"SHARDLB_READ_MIX": "top:1,rank:1,friends:1", "SHARDLB_RETRY_SHARE": "0.5"}
+    runs = {}
+    try:
+        for name, write_host in (("split", f"http://127.0.0.1:{writes.server_port}/"), ("one", "")):
+            Counting.seen = {}
+            args = ["-u", "4", "-r", "4", "-t", "3s", "--csv", str(tmp_path / name), "GameServer", "Player"]
+            done = _locust({**pace, "SHARDLB_WRITE_HOST": write_host}, args, tmp_path, Counting)
+            stats = {e.key: e for e in locust_csv.read_stats(tmp_path / f"{name}_stats.csv")}
+            runs[name] = stats
+            on_writes = Counting.seen.pop(writes.server_port, Counter())
+            assert len(Counting.seen) == 1, done.stderr[-2000:]  # the main router
+            (on_main,) = Counting.seen.values()
+            scores = "POST /v1/boards/phase-t/scores"
+            posted = stats["POST /v1/boards/[board]/scores"].requests
+            assert posted > 0, done.stderr[-2000:]
+            # (the routers also count the posts still under way when Locust stopped its users)
+            if write_host:
+                assert set(on_writes) == {scores} and on_writes[scores] >= posted
+                assert scores not in on_main
+            else:
+                assert on_writes == Counter()
+                assert on_main[scores] >= posted
+            assert on_main["PUT /v1/boards/phase-t"] == 1
+            assert on_main["GET /v1/boards/phase-t/top"] > 0
+            assert on_main["POST /v1/boards/phase-t/players:query"] > 0
+            assert stats["WRITE player-scores"].requests > 0
+            assert stats["WRITE replayed-scores"].requests > 0
+    finally:
+        writes.shutdown()
+        writes.server_close()
+    assert runs["split"].keys() == runs["one"].keys()
+
+
+def test_a_write_host_that_is_not_a_url_stops_the_test(tmp_path: Path) -> None:
+    # a Service name without its scheme would make every write a failed request to a relative path
+    done = _locust({"SHARDLB_WRITE_HOST": "shardlb-router-writes:8000"}, ["-t", "1s"], tmp_path)
+    assert done.returncode != 0
+    assert "SHARDLB_WRITE_HOST" in done.stderr

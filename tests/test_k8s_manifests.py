@@ -1160,13 +1160,17 @@ def test_network_policy_of_locust(overlay: str) -> None:
 
 
 def render_locust_over_the_write_pool(tmp_path: Path) -> list[dict[str, Any]]:
-    """The load test of a write pool's shape, as an operator composes it: prod-write-pool (the pool
-    `shardlb plan` offered) plus the Locust component, as prod-loadtest adds it to prod."""
+    """The load test of a write pool's shape, as an operator composes it (k8s/README.md, step 5):
+    prod-write-pool (the pool `shardlb plan` offered) plus the Locust component, as prod-loadtest adds
+    it to prod, and components/locust-write-pool, which sends the score posts to the pool."""
+    components = ", ".join(
+        os.path.relpath(K8S / "components" / c, tmp_path) for c in ("locust", "locust-write-pool")
+    )
     (tmp_path / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\n"
         "kind: Kustomization\n"
         f"resources: [{os.path.relpath(K8S / 'overlays' / WRITE_POOL_OVERLAYS[0], tmp_path)}]\n"
-        f"components: [{os.path.relpath(K8S / 'components' / 'locust', tmp_path)}]\n"
+        f"components: [{components}]\n"
     )
     result = run(tool("kubectl"), *RENDER, str(tmp_path))
     assert result.returncode == 0, f"Locust over the write pool does not build:\n{result.stderr}"
@@ -1210,6 +1214,33 @@ def test_locust_reaches_the_write_pool_of_a_write_pool_load_test(tmp_path: Path)
             if other not in (ROUTER, WRITE_POOL) and not other.startswith("locust-"):
                 for port in (ROUTER_PORT, 6379, 9102, 5432):
                     assert not allowed(source, pod_labels(owner), port), (name, other, port)
+
+
+def test_a_write_pool_load_test_posts_the_scores_to_the_pool(tmp_path: Path) -> None:
+    """Locust sent every request to its --host, so one test could not drive the write pool's shape
+    (game servers post to the pool, players read from the main routers). With
+    components/locust-write-pool every Locust process gets SHARDLB_WRITE_HOST, the pool's Service at
+    its port, and --host stays the main routers; without it (dev, prod-loadtest) nothing changes."""
+    docs = render_locust_over_the_write_pool(tmp_path)
+    maps = {o["metadata"]["name"]: o.get("data", {}) for o in docs if o["kind"] == "ConfigMap"}
+    services = {o["metadata"]["name"]: o for o in docs if o["kind"] == "Service"}
+    pool_ports = {p["port"] for p in services[WRITE_POOL]["spec"]["ports"]}
+    assert ROUTER_PORT in pool_ports
+    for name in ("locust-master", "locust-worker"):
+        deployment = next(o for o in docs if o["kind"] == "Deployment" and o["metadata"]["name"] == name)
+        c = container(deployment, "locust")
+        data: dict[str, str] = {}
+        for source in c.get("envFrom", []):
+            if "configMapRef" in source:
+                data.update(maps[source["configMapRef"]["name"]])
+        assert data["SHARDLB_WRITE_HOST"] == f"http://{WRITE_POOL}:{ROUTER_PORT}", name
+        assert float(data["SHARDLB_TARGET_WRITES"]) > 0, "the component's other settings are kept"
+        if name == "locust-master":
+            assert arg_value(c["args"], "--host") == f"http://{ROUTER}:{ROUTER_PORT}"
+    for overlay in LOCUST_OVERLAYS:
+        for name in ("locust-master", "locust-worker"):
+            c = container(get(overlay, "Deployment", name), "locust")
+            assert "SHARDLB_WRITE_HOST" not in config_data(overlay, c), (overlay, name)
 
 
 # ---------------------------------------------------------------- the archive
