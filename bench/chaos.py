@@ -308,28 +308,6 @@ async def promoted(cluster: LocalCluster, port: int, timeout: float = 60.0) -> N
         await asyncio.sleep(POLL_S)
 
 
-async def flagged_failed(cluster: LocalCluster, port: int, timeout: float = 60.0) -> None:
-    """Wait until the cluster marks the node on ``port`` failed (``fail``, agreed by the masters;
-    not one node's ``fail?``), as every master's CLUSTER NODES says."""
-    masters = [n.port for n in (await asyncio.to_thread(cluster.status)).nodes if n.role == "master"]
-    deadline = time.monotonic() + timeout
-    while True:
-        seen = []
-        for master in masters:
-            r = node(cluster, master)
-            try:
-                known = await r.execute_command("CLUSTER NODES")
-            finally:
-                await r.aclose()
-            flags = next(n["flags"] for address, n in known.items() if address.endswith(f":{port}"))
-            seen.append("fail" in flags.split(","))
-        if all(seen):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"node {port} not marked failed within {timeout:.0f} s")
-        await asyncio.sleep(POLL_S)
-
-
 async def healthy(cluster: LocalCluster, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not (await asyncio.to_thread(cluster.status)).ok:

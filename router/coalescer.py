@@ -263,18 +263,14 @@ class Coalescer:
     ) -> None:
         """Give each request its applied results; fail it with ``failure`` for a result left out (None)."""
         counts: dict[str, int] = {}
-        unconfirmed = 0
         for (_, ticket, index), result in zip(batch, results, strict=True):
             if result is not None:
                 ticket.fill(index, result)
                 counts[result.status] = counts.get(result.status, 0) + 1
-                unconfirmed += result.unconfirmed
             elif failure is not None:
                 ticket.fail(failure)
         for status, count in counts.items():
             _scores(status).inc(count)
-        if unconfirmed:
-            metrics.UNCONFIRMED.inc(unconfirmed)
 
     def _failed(self, node: str, group: _Group, scores: int, error: BaseException) -> None:
         outage = self._outages.get(node)

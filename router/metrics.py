@@ -105,18 +105,6 @@ GC_PAUSE = Histogram(
     ["generation"],
     buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
-# Every worker reads the topology on its own (shardlb/replicas.py): the scrape shows the newest.
-BARE_PRIMARIES = Gauge(
-    "shardlb_primaries_without_replica",
-    "SHARDLB_ACK=replica: primaries serving slots that have no replica to wait for (none, or only "
-    "replicas the cluster has marked failed): writes to them are acknowledged by the primary alone.",
-    multiprocess_mode="livemostrecent",
-)
-UNCONFIRMED = Counter(
-    "shardlb_scores_unconfirmed_total",
-    "SHARDLB_ACK=replica: scores applied on a primary that had no replica to wait for, answered "
-    "with ack primary.",
-)
 RATE_LIMITED = Counter("shardlb_rate_limited_total", "Reads refused by the per-client rate limit.")
 CONNECTIONS_REFUSED = Counter(
     "shardlb_http_connections_refused_total",

@@ -422,17 +422,7 @@ _SCHEMAS: dict[str, Any] = {
     "ScoresResponse": {
         "type": "object",
         "required": ["results"],
-        "properties": {
-            "results": {"type": "array", "items": _ref("ScoreResult")},
-            "ack": {
-                "enum": ["replica", "primary"],
-                "description": "Addition, present only when the router runs with SHARDLB_ACK=replica: "
-                "'replica' when a replica of each written shard's primary confirmed the results; "
-                "'primary' when at least one of them was written on a primary that had no replica to "
-                "wait for (none, or only replicas the cluster has marked failed), so only that primary "
-                "holds it until a replica is back, and a loss of that primary loses it",
-            },
-        },
+        "properties": {"results": {"type": "array", "items": _ref("ScoreResult")}},
     },
     "Entry": {
         "type": "object",

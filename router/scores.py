@@ -143,7 +143,7 @@ class ScoresEndpoint:
 
         results = await through_reshard(submit)
         # result_body inlined for the usual result, one applied to every period it goes to
-        body: dict[str, Any] = {
+        return {
             "results": [
                 result_body(r)
                 if r.closed
@@ -156,9 +156,6 @@ class ScoresEndpoint:
                 for r in results
             ]
         }
-        if svc.settings.ack == "replica":  # the level obtained (router/README.md, "Acknowledgement levels")
-            body["ack"] = "primary" if any(r.unconfirmed for r in results) else "replica"
-        return body
 
 
 def result_body(r: Result) -> dict[str, Any]:

@@ -42,7 +42,6 @@ from shardlb.keys import SLOTS
 from shardlb.moderation import Bans
 from shardlb.outage import Outage
 from shardlb.reads import ResolvedView
-from shardlb.replicas import Replicated
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.router")
@@ -93,9 +92,6 @@ class Service:
             read_from=settings.read_from,
         )
         share_reads(client, settings.shared_reads)
-        if settings.ack == "replica":
-            metrics.BARE_PRIMARIES.set(0)
-            Replicated.of(client).on_change = lambda bare: metrics.BARE_PRIMARIES.set(len(bare))
         # A call already under way waits for a script permit as long as for a reply; new requests
         # wait for the read gate or the registry only SHARDLB_QUEUE_WAIT_S.
         script_gates = NodeGates(settings.script_concurrency, settings.redis_timeout_s, "script calls")

@@ -31,7 +31,7 @@ from shardlb.errors import (
     PlayerNotFound,
     Resharding,
 )
-from shardlb.fanout import ScriptPipeline, Unconfirmed, batch
+from shardlb.fanout import ScriptPipeline, batch
 from shardlb.merge import Row
 from shardlb.reads import ONE_ROUND_BANDS, SHALLOW, BandPlace, Located, ResolvedView, View
 from shardlb.sharding import Layout
@@ -101,9 +101,6 @@ class Result(NamedTuple):
     status: str
     points: int
     closed: tuple[str, ...] = ()  # the periods (API names) it was not applied to: closed or frozen
-    # Asked to be confirmed by a replica (SHARDLB_ACK=replica), applied on a primary that had none to
-    # wait for: acknowledged by the primary alone (fanout.Unconfirmed).
-    unconfirmed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,7 +370,6 @@ class Board:
         results: list[Result | None] = []
         moves = []
         repin: dict[int, Prepared] = {}
-        unconfirmed = type(reply) is Unconfirmed
         shift, desc, points_max = self.codec.time_bits, self.codec.order == "desc", self.codec.points_max
         for n, p in enumerate(batch):
             status, after, version, pending, skipped = reply[5 * n : 5 * n + 5]
@@ -385,8 +381,7 @@ class Board:
             if after and not desc:
                 points = points_max - points
             closed = tuple(periods.api_name(name) for name in skipped.split(",")) if skipped else ()
-            result = (p.player_id, p.match_id, STATUS[status], points, closed, unconfirmed)
-            results.append(_new(Result, result))
+            results.append(_new(Result, (p.player_id, p.match_id, STATUS[status], points, closed)))
             if pending != "-":  # no total after: a removal's drop still pending (a replay refused)
                 moves.append(Move(p.player_id, int(after) if after else None, int(version), pending))
         if moves:

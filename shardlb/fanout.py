@@ -20,10 +20,6 @@ always replicates) makes it cover every earlier write to that primary, including
 changes nothing (a retry) found already applied by another connection. A reply below the level
 fails every call of that pipeline with NotAcknowledged: applied on the primary, not yet confirmed.
 ``AckedScript`` makes a single call the same way (the fallback, and ``Board`` without a pipeline).
-Script calls (not ``confirmed``'s, which choose for themselves) skip the marker and WAIT on a
-primary that has no replica to wait for, none or only ones the cluster has marked failed, by the
-rule slot moves and the reshard mover follow (shardlb/replicas.py, ``Replicated.of``): their
-replies come back as ``Unconfirmed``, which callers report (the router's ``ack: primary``).
 
 Any error on that path (a redirect after a slot moved, a closed connection, a full pool) sends the
 whole batch again through redis-py's ClusterPipeline, which follows redirects, refreshes the slot map
@@ -53,7 +49,6 @@ from shardlb import keys
 from shardlb.connection import Script, Scripts, read_strategy, slot_of
 from shardlb.errors import NotAcknowledged
 from shardlb.loops import LoopRef
-from shardlb.replicas import Replicated
 
 SCRIPT_CALLS_IN_FLIGHT = 8
 # RESP2 replies straight from the hiredis reader redis-py's connection keeps: its read_response costs
@@ -102,12 +97,6 @@ class Ack(NamedTuple):
         return cls(ACK_LEVELS[level], timeout_ms)
 
 
-class Unconfirmed(list[Any]):
-    """A script's reply from a primary that no replica confirmed because it had none to wait for
-    (``Replicated.bare``): written with the acknowledgement level primary, where replica was
-    asked. The reply itself, marked."""
-
-
 class Command:
     """One command of a round: its arguments, redis-py's options for parsing its reply, its place
     in its batch (-1: one the batch added) and, once read, its reply or the exception it met. What
@@ -128,12 +117,7 @@ class Batch(SortedSetCommands):
     methods (``zcount``, ``zrevrange``...), then ``await execute()`` for the replies in order."""
 
     def __init__(
-        self,
-        client: RedisCluster,
-        ack: Ack | None = None,
-        replicas: bool = False,
-        shared: bool = False,
-        spare_bare: bool = False,
+        self, client: RedisCluster, ack: Ack | None = None, replicas: bool = False, shared: bool = False
     ) -> None:
         self.client = client
         # A board read's round may share its per-node pipelines with the other reads of its turn
@@ -149,8 +133,6 @@ class Batch(SortedSetCommands):
         self.ack = ack if ack is not None and ack.replicas > 0 else None
         if self.ack is not None and self.timeout is not None:
             self.timeout += self.ack.timeout_ms / 1000
-        # A confirmed batch of script calls waits on no primary that has no replica to wait for.
-        self.topology = Replicated.of(client) if spare_bare and self.ack is not None else None
         self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
@@ -222,15 +204,9 @@ class Batch(SortedSetCommands):
             else None
         )
         absent, roles = self._check_replicas(by_node, on_replicas) if on_replicas else ([], [])
-        ack, topology = self.ack, self.topology
-        bare: set[str] = set()  # nodes written without a WAIT: they have no replica to wait for
+        ack = self.ack
         if ack is not None:
-            if topology is not None:
-                topology.refresh()
-            for name, (_, queue, slot) in by_node.items():
-                if topology is not None and topology.bare(slot):
-                    bare.add(name)
-                    continue
+            for _, queue, slot in by_node.values():
                 queue.append(Command(-1, ("SET", keys.ack_key(slot), 1, "PX", MARKER_TTL_MS)))
                 queue.append(Command(-1, ("WAIT", ack.replicas, ack.timeout_ms)))
         sends = [(node, queue) for node, queue, _ in by_node.values()]
@@ -245,12 +221,8 @@ class Batch(SortedSetCommands):
                     c.result = outcome
                 if on_replicas and node.name in on_replicas and _unusable(outcome):
                     _SHUNNED[node.name] = time.monotonic() + SHUN_S
-            elif node.name in bare:
-                for c in queue:
-                    if type(c.result) is list:  # write.lua and remove.lua answer tables
-                        c.result = Unconfirmed(c.result)
-            elif ack is not None and not _confirm(ack, queue) and topology is not None:
-                topology.refresh(soon=True)  # the replica may be gone: the next batch knows sooner
+            elif ack is not None:
+                _confirm(ack, queue)
         if ack is None:  # an acknowledged call must get its WAIT where it ran: it is made again
             await self._follow_asks(commands)
         for reader, role in roles:
@@ -379,9 +351,9 @@ def _key_of(args: Sequence[Any]) -> Any:
     return args[3] if args[0] in ("EVALSHA", "EVAL") else args[1]
 
 
-def _confirm(ack: Ack, queue: list[Command]) -> bool:
+def _confirm(ack: Ack, queue: list[Command]) -> None:
     """Fail every call of a node's pipeline that got a reply, unless its marker and WAIT say that
-    ``ack.replicas`` replicas have its writes; whether they do."""
+    ``ack.replicas`` replicas have its writes."""
     *calls, marker, wait = queue
     problem: Exception | None = next(
         (c.result for c in (marker, wait) if isinstance(c.result, Exception)), None
@@ -397,7 +369,6 @@ def _confirm(ack: Ack, queue: list[Command]) -> bool:
         for c in calls:
             if not isinstance(c.result, Exception):
                 c.result = problem
-    return problem is None
 
 
 async def script_calls(
@@ -525,7 +496,7 @@ class ScriptPipeline:
             raise cancelled
 
     async def _outcomes(self, ack: Ack | None, items: list[_Queued]) -> list[Any]:
-        pipe = batch(self.client, ack, spare_bare=True)
+        pipe = batch(self.client, ack)
         for item in items:
             pipe.execute_command(*item.command)
         outcomes: list[Any] = await pipe.outcomes()
@@ -565,7 +536,7 @@ class AckedScript(Script):
         key = str(values[0])
         reply: Any = None
         for _ in range(ACKED_ATTEMPTS):
-            pipe = batch(self.cluster, self.ack, spare_bare=True)
+            pipe = batch(self.cluster, self.ack)
             pipe.execute_command("EVALSHA", self.sha, numkeys, *values)
             [reply] = await pipe.outcomes()
             if not isinstance(reply, BaseException):
@@ -838,18 +809,11 @@ def _packed(connection: Any, commands: list[Command]) -> bytes | list[bytes]:
     return packed
 
 
-def batch(
-    client: RedisCluster,
-    ack: Ack | None = None,
-    replicas: bool = False,
-    shared: bool = False,
-    spare_bare: bool = False,
-) -> Any:
+def batch(client: RedisCluster, ack: Ack | None = None, replicas: bool = False, shared: bool = False) -> Any:
     """A new Batch, typed loosely: redis-py types its command mixins for its own client classes only.
     ``replicas``: a board read, which may be served by replicas; ``shared``: a board read, whose
-    round may travel with the other reads of its turn of the event loop; ``spare_bare``: confirmed
-    script calls, which wait on no primary without a replica to wait for (``Batch``)."""
-    return Batch(client, ack, replicas, shared, spare_bare)  # type: ignore[abstract]
+    round may travel with the other reads of its turn of the event loop (``Batch``)."""
+    return Batch(client, ack, replicas, shared)  # type: ignore[abstract]
 
 
 _Sends = Sequence[tuple[ClusterNode, list[Command]]]

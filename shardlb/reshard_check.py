@@ -16,7 +16,7 @@ expire within ``MARGIN_MS`` (one could expire between the reads of the two layou
 
 A check, not a proof: a wrong score outside the sample passes, and so would one member missing
 and another too many under the same key. It catches what loses players in bulk: copies lost with a
-primary that had no replica to confirm them (shardlb/replicas.py, ``Replicated``), a shard skipped, a bug.
+primary that had no replica to confirm them (reshard_copy, ``Replicated``), a shard skipped, a bug.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ and marks a shard moved on the strength of its copies; a copy that reached a pri
 be lost with it in a failover, after the mover had stopped looking for it. A call that no replica
 confirms within ``REPLICA_WAIT_MS`` stops the mover with NotAcknowledged, its progress not
 recorded, for a resume. A shard whose primary has no replica to wait for (none, or only replicas
-the cluster has marked failed: shardlb/replicas.py) is written as before, unconfirmed.
+the cluster has marked failed: ``Replicated``) is written as before, unconfirmed.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -35,12 +36,14 @@ from redis.exceptions import RedisError, ResponseError
 
 from shardlb import keys
 from shardlb.board import Board
+from shardlb.connection import slot_of
 from shardlb.errors import BoardConflict, NotAcknowledged
 from shardlb.fanout import Ack, batch, confirmed
-from shardlb.replicas import Replicated
+from shardlb.slots import followed
 
 BATCH = 1000  # members copied per call
 REPLICA_WAIT_MS = 5_000  # how long the mover's calls wait for a replica of their shard's primary
+TOPOLOGY_S = 1.0  # which primaries have replicas is read again at most this often (``Replicated``)
 FENCE_MS = 86_400_000  # a fence outlives its mover by a day at most, as the old shards' moved markers
 # The head of every fenced script: KEYS[1] is the shard's fence, ARGV[1] the mover's epoch; the
 # script's own keys and arguments follow them.
@@ -131,6 +134,56 @@ class Writes:
     def calls(self, fence: str) -> list[tuple[Any, ...]]:
         """The fenced script call of each shard (``Copier.run`` makes them)."""
         return [("EVAL", _RUN, 1, fence_key(prefix), fence, *args) for prefix, args in self.by_prefix.items()]
+
+
+class Replicated:
+    """Which slots are served by a primary that has a replica to wait for, by CLUSTER NODES (read
+    at most once every ``TOPOLOGY_S``), by the rule slot migration follows (``slots.followed``):
+    a replica the cluster has marked failed does not count, so a primary whose replicas are all
+    gone is written as one without replicas; one cut off from its primary but not marked failed
+    does (it is the replica that lags, and may be promoted), so the mover waits for it."""
+
+    def __init__(self, client: RedisCluster) -> None:
+        self.client = client
+        self.slots = bytearray(keys.SLOTS)
+        self.read_at = -math.inf
+        self.known: dict[str, dict[str, Any]] = {}  # CLUSTER NODES as last read, by address
+
+    async def read(self, again: bool = False) -> None:
+        """Read the topology if it is older than ``TOPOLOGY_S`` (``again``: whatever its age)."""
+        if not again and time.monotonic() - self.read_at < TOPOLOGY_S:
+            return
+        # Asked of the registry's primary, which the mover needs anyway (a random node may be a
+        # replica that does not answer).
+        node = self.client.get_node_from_key(keys.BOARDS)
+        known: Any = await self.client.execute_command("CLUSTER NODES", target_nodes=node)
+        waited = followed(known.values())
+        slots = bytearray(keys.SLOTS)
+        for n in known.values():
+            if n["node_id"] in waited and "master" in n["flags"].split(","):
+                for first, *rest in n["slots"]:
+                    last = int(rest[-1]) if rest else int(first)
+                    slots[int(first) : last + 1] = b"\x01" * (last + 1 - int(first))
+        self.slots, self.known, self.read_at = slots, dict(known), time.monotonic()
+
+    def __call__(self, key: str) -> bool:
+        """Whether the primary of ``key`` has a replica to wait for (as last read)."""
+        return bool(self.slots[slot_of(key)])
+
+    def describe(self, key: str) -> str:
+        """The primary of ``key`` and its replicas, as last read: for a message to an operator."""
+        slot = slot_of(key)
+        for address, n in self.known.items():
+            if "master" in n["flags"].split(",") and any(
+                int(first) <= slot <= int(rest[-1] if rest else first) for first, *rest in n["slots"]
+            ):
+                replicas = [
+                    f"{a} {','.join(f for f in m['flags'].split(',') if f != 'slave') or 'ok'}"
+                    for a, m in self.known.items()
+                    if m["master_id"] == n["node_id"]
+                ]
+                return f"primary {address} (replicas: {', '.join(replicas) or 'none'})"
+        return f"the primary of slot {slot}"
 
 
 def kind_of(suffix: str) -> str:

@@ -36,7 +36,6 @@ from redis.connection import AbstractConnection
 from shardlb.fanout import MARKER_TTL_MS
 from shardlb.keys import SLOTS, ack_key, slot_of
 from shardlb.nodes import ClusterError
-from shardlb.replicas import followed
 
 MIGRATE_TIMEOUT_MS = 10_000
 SLOTS_PER_ROUND = 256  # slots whose SETSLOT commands go out as one pipeline per node
@@ -115,6 +114,18 @@ def masters(client: redis.Redis) -> list[Master]:
         slots = [s for r in info["slots"] for s in range(int(r[0]), int(r[-1]) + 1)]
         found.append(Master(port, info["node_id"], slots))
     return sorted(found, key=lambda m: m.port)
+
+
+def followed(known: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The ids of the masters that have a replica the cluster has not marked failed, of every node
+    one node knows (CLUSTER NODES as redis-py parses it). A copy onto such a master waits for one
+    of its replicas (``WAIT 1``); one onto any other master is made as in a cluster without
+    replicas. A replica marked ``fail`` (the masters agreed it has been out of reach for
+    cluster-node-timeout) is as good as gone: waiting for it would stop every move until an
+    operator forgot it (CLUSTER FORGET), and should it come back it catches up from its primary.
+    One merely suspected (``fail?``), or alive but cut off from its primary, still counts: it is the
+    replica that lags, and a failover may promote it."""
+    return {n["master_id"] for n in known if "slave" in (f := n["flags"].split(",")) and "fail" not in f}
 
 
 def move(

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import flagged_failed, healthy, node, promoted
+from bench.chaos import healthy, node, promoted
 from shardlb import keys
 from shardlb.board import Score
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.errors import NotAcknowledged
-from shardlb.replicas import Replicated
 from shardlb.reshard import Resharder
+from shardlb.reshard_copy import Replicated
 from shardlb.store import BoardStore
 from tests.ports import search_start
 
@@ -156,6 +156,27 @@ async def test_the_mover_waits_for_replicas_only_where_primaries_have_them(
         assert replicated == {False} and waited == 0
     finally:
         alone.down()
+
+
+async def flagged_failed(cluster: LocalCluster, port: int, timeout: float = 60.0) -> None:
+    """Wait until the cluster marks the node on ``port`` failed (``fail``, agreed by the masters;
+    not one node's ``fail?``), as every master's CLUSTER NODES says."""
+    masters = [n.port for n in (await asyncio.to_thread(cluster.status)).nodes if n.role == "master"]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        seen = []
+        for master in masters:
+            r = node(cluster, master)
+            try:
+                known = await r.execute_command("CLUSTER NODES")
+            finally:
+                await r.aclose()
+            flags = next(n["flags"] for address, n in known.items() if address.endswith(f":{port}"))
+            seen.append("fail" in flags.split(","))
+        if all(seen):
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"node {port} not marked failed"
+        await asyncio.sleep(0.2)
 
 
 async def test_a_replica_the_cluster_marked_failed_does_not_block_the_mover(

@@ -8,7 +8,7 @@ import pytest
 
 from shardlb.cluster import master_slots
 from shardlb.keys import SLOTS
-from shardlb.slots import Move, owner_map, plan, shards_by_master
+from shardlb.slots import Move, followed, owner_map, plan, shards_by_master
 
 
 def layout(masters: int, first_port: int = 7000) -> dict[int, list[int]]:
@@ -54,3 +54,19 @@ def test_shards_are_counted_on_the_master_serving_their_slot() -> None:
     owner = owner_map({7000: [(0, 8191)], 7001: [(8192, SLOTS - 1)]})
     prefixes = {"a": ["x{265b}:", "x{3d43}:"], "b": ["x{265b}:"]}  # slots 0 and 16383
     assert shards_by_master(prefixes, owner) == {7000: Counter(a=1, b=1), 7001: Counter(a=1)}
+
+
+def test_a_master_is_waited_for_while_it_has_a_replica_the_cluster_has_not_marked_failed() -> None:
+    def known(*nodes: tuple[str, str, str]) -> list[dict[str, str]]:  # CLUSTER NODES as redis-py parses it
+        return [{"node_id": i, "flags": f, "master_id": m} for i, f, m in nodes]
+
+    masters = [("a", "myself,master", "-"), ("b", "master", "-"), ("c", "master", "-"), ("d", "master", "-")]
+    replicas = [
+        ("ra", "slave", "a"),  # in sync
+        ("rb", "slave,fail?", "b"),  # suspected by one node: may be back in a moment
+        ("rc", "slave,fail", "c"),  # marked failed by the masters: gone
+        ("rd1", "slave,fail", "d"),  # one of two gone: the other still confirms
+        ("rd2", "slave", "d"),
+    ]
+    assert followed(known(*masters, *replicas)) == {"a", "b", "d"}
+    assert followed(known(*masters)) == set()
