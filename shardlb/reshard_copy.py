@@ -18,8 +18,8 @@ the mover goes on (``Copier.run``: the calls, a marker and ``WAIT 1`` on one con
 and marks a shard moved on the strength of its copies; a copy that reached a primary only would
 be lost with it in a failover, after the mover had stopped looking for it. A call that no replica
 confirms within ``REPLICA_WAIT_MS`` stops the mover with NotAcknowledged, its progress not
-recorded, for a resume. A shard whose primary has no replica to wait for (none, or only replicas
-the cluster has marked failed: ``Replicated``) is written as before, unconfirmed.
+recorded, for a resume. A shard whose primary has no replica (``Replicated``) is written as
+before, unconfirmed.
 """
 
 from __future__ import annotations
@@ -139,9 +139,8 @@ class Writes:
 class Replicated:
     """Which slots are served by a primary that has a replica to wait for, by CLUSTER NODES (read
     at most once every ``TOPOLOGY_S``), by the rule slot migration follows (``slots.followed``):
-    a replica the cluster has marked failed does not count, so a primary whose replicas are all
-    gone is written as one without replicas; one cut off from its primary but not marked failed
-    does (it is the replica that lags, and may be promoted), so the mover waits for it."""
+    every replica the cluster lists counts, one it has marked failed included (one frozen and back
+    as its primary dies is promoted without the copies), so the mover waits for it."""
 
     def __init__(self, client: RedisCluster) -> None:
         self.client = client
@@ -261,8 +260,8 @@ class Copier:
                 f"no replica confirmed the reshard's writes of {self.board_id!r} within "
                 f"{self.ack.timeout_ms} ms on {'; '.join(where)}: a failover could lose them, so "
                 "nothing is recorded for them. Resume once that replica is in sync with its primary; "
-                "a replica that is down is no longer waited for once the cluster has marked it failed "
-                "(cluster-node-timeout after it went: resume then), or remove it first (CLUSTER FORGET)"
+                "a replica gone for good is waited for until an operator removes it (CLUSTER FORGET "
+                "its id on every node), then resume"
             ) from failed
         if isinstance(failed, ResponseError) and "FENCED" in str(failed):
             raise lost(self.board_id) from failed

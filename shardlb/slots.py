@@ -14,7 +14,7 @@ as ``keys_per_migrate`` allows.
 
 A plain MIGRATE deletes the keys on the source as soon as the target has them, before the target's
 replicas do: a target that died then would be replaced by a replica without them. So when the
-target has replicas (but for those the cluster has marked failed: ``followed``), keys are copied
+target has replicas (``followed``: any the cluster lists, failed ones included), keys are copied
 and deleted on the source only once a replica of the target acknowledges the copy (``_copy_keys``).
 
 ``plan`` is pure: which slots to move so the given masters end with equal shares.
@@ -117,15 +117,15 @@ def masters(client: redis.Redis) -> list[Master]:
 
 
 def followed(known: Iterable[Mapping[str, Any]]) -> set[str]:
-    """The ids of the masters that have a replica the cluster has not marked failed, of every node
-    one node knows (CLUSTER NODES as redis-py parses it). A copy onto such a master waits for one
-    of its replicas (``WAIT 1``); one onto any other master is made as in a cluster without
-    replicas. A replica marked ``fail`` (the masters agreed it has been out of reach for
-    cluster-node-timeout) is as good as gone: waiting for it would stop every move until an
-    operator forgot it (CLUSTER FORGET), and should it come back it catches up from its primary.
-    One merely suspected (``fail?``), or alive but cut off from its primary, still counts: it is the
-    replica that lags, and a failover may promote it."""
-    return {n["master_id"] for n in known if "slave" in (f := n["flags"].split(",")) and "fail" not in f}
+    """The ids of the masters that have a replica, of every node one node knows (CLUSTER NODES as
+    redis-py parses it). A copy onto such a master waits for one of its replicas (``WAIT 1``); one
+    onto a master without replicas is made as in a cluster of masters only. Every replica the
+    cluster lists counts, those it has marked failed (``fail``) included: a replica frozen past
+    cluster-node-timeout is marked failed, and should it come back as its primary dies, a failover
+    promotes it without the copies made meanwhile (tests/test_chaos.py loses acknowledged writes
+    that way when they are not waited for). So a replica gone for good stops moves onto its master
+    until it is back or an operator forgets it (CLUSTER FORGET on every node), and the error says so."""
+    return {n["master_id"] for n in known if "slave" in n["flags"].split(",")}
 
 
 def move(
@@ -332,8 +332,8 @@ def _hand_over(
             raise ClusterError(
                 f"slot {m.slot}: no replica of {m.target} acknowledged a copy of {len(names)} keys "
                 f"within {wait_ms} ms; the keys stay on {m.source} and the slot stays open: run the "
-                "move again once a replica is in sync (a replica that is down is no longer waited "
-                "for once the cluster has marked it failed, cluster-node-timeout after it went)"
+                "move again once a replica is in sync (a replica gone for good is waited for until "
+                "an operator removes it: CLUSTER FORGET its id on every node)"
             )
         pipe.multi()
         pipe.execute_command("UNLINK", *names)  # type: ignore[no-untyped-call]

@@ -83,7 +83,7 @@ async def test_copies_lost_in_a_failover_are_copied_again(failing_cluster: Local
         assert f"primary {cluster.host}:{master.port} (replicas: {cluster.host}:{replica.port}" in str(
             refused.value
         )
-        assert "marked it failed" in str(refused.value)
+        assert "CLUSTER FORGET" in str(refused.value)
         assert (await mover.status())["shards_copied"] == 0
         os.kill(master.pid, signal.SIGKILL)
     finally:
@@ -179,45 +179,40 @@ async def flagged_failed(cluster: LocalCluster, port: int, timeout: float = 60.0
         await asyncio.sleep(0.2)
 
 
-async def test_a_replica_the_cluster_marked_failed_does_not_block_the_mover(
+async def test_a_replica_the_cluster_marked_failed_still_stops_the_mover_until_it_is_back(
     failing_cluster: LocalCluster,
 ) -> None:
-    """A replica killed for good, once the cluster has marked it failed, is not waited for: its
-    primary's shards are copied unconfirmed, as on a master without replicas, and the reshard ends
-    without an operator's CLUSTER FORGET. The other primaries' replicas still confirm (WAIT)."""
+    """A replica the cluster has marked failed is still waited for: one frozen past
+    cluster-node-timeout is marked so, and if it came back as its primary died, the cluster would
+    promote it without the copies (tests/test_chaos.py lost acknowledged writes that way when they
+    were not waited for). The mover stops resumable, naming the replica and what to do, and a
+    resume once the replica is back ends with every player."""
     cluster = failing_cluster
     nodes = (await asyncio.to_thread(cluster.status)).nodes
     replica = next(n for n in nodes if n.role == "replica")
-    orphan = replica.master_port
-    assert replica.pid and orphan
+    assert replica.pid and replica.master_port
     os.kill(replica.pid, signal.SIGKILL)
+    client = connect(cluster.url, timeout=10.0)
     try:
         await flagged_failed(cluster, replica.port)
-        client = connect(cluster.url, timeout=10.0)
-        try:
-            store = BoardStore(client, Scripts.register(client))
-            await client.initialize()
-            body = {"mode": "best", "durability": "memory", "sharding": {"strategy": "hash", "shards": 1}}
-            board, _ = await store.create(BoardConfig.from_dict("fo-gone", body))
-            await board.submit([Score(f"p{i}", 1 + i, f"m{i}") for i in range(2000)])
-            before = await board.top(2000)
-            mover = Resharder(store, "fo-gone", say=lambda _: None, cache_s=0)
-            record = await mover.start(6)
-            _, target = mover._layouts(record)
-            masters = [n.port for n in nodes if n.role == "master"]
-            waited = await waits(cluster, masters)
-            assert (await mover.run())["state"] == "none"
-            assert await waits(cluster, masters) > waited  # the live replicas confirmed
-            replicated = Replicated(client)
-            await replicated.read()
-            on_orphan = [p for p in target.prefixes if owner(nodes, keys.slot_of(p)) == orphan]
-            assert on_orphan and not any(replicated(p) for p in on_orphan)
-            assert all(replicated(p) for p in target.prefixes if p not in on_orphan)
-            after = await store.get("fo-gone")
-            assert after.config.sharding.shards == 6
-            assert await after.top(2000) == before
-        finally:
-            await client.aclose()
+        store = BoardStore(client, Scripts.register(client))
+        await client.initialize()
+        body = {"mode": "best", "durability": "memory", "sharding": {"strategy": "hash", "shards": 1}}
+        board, _ = await store.create(BoardConfig.from_dict("fo-gone", body))
+        await board.submit([Score(f"p{i}", 1 + i, f"m{i}") for i in range(2000)])
+        before = await board.top(2000)
+        mover = Resharder(store, "fo-gone", say=lambda _: None, cache_s=0)
+        await mover.start(6)
+        with pytest.raises(NotAcknowledged) as stopped:
+            await mover.run()
+        assert str(replica.port) in str(stopped.value) and "CLUSTER FORGET" in str(stopped.value)
+        await asyncio.to_thread(cluster.up)
+        await healthy(cluster)
+        assert (await mover.run())["state"] == "none"
+        after = await store.get("fo-gone")
+        assert after.config.sharding.shards == 6
+        assert await after.top(2000) == before
     finally:
+        await client.aclose()
         await asyncio.to_thread(cluster.up)
         await healthy(cluster)
