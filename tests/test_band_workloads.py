@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import random
 import subprocess
@@ -430,11 +431,13 @@ async def test_a_rebalance_in_the_middle_of_writes_ends_equal_to_the_reference(
                     # pending for the repair); any other ConnectionError (the cut-over's) may have
                     # come before it. The batch goes again, as a game server retries: same match
                     # ids, so it converges to one call's state and the reference's submit holds.
-                    for _ in range(50):
+                    for attempt in itertools.count():
                         try:
                             await routers[k].call(lambda b, batch=batch: b.submit(batch, now_ms=now))
                             break
                         except ConnectionError:
+                            # A batch given up would be in the reference and not on the board.
+                            assert attempt < 3000, "a batch refused for 30 s"
                             await asyncio.sleep(0.01)
                     step += 1
                     await asyncio.sleep(0.01)
