@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -210,3 +211,22 @@ def test_a_blocking_client_raises_the_same() -> None:
         pytest.raises(shardlb_client.ClientError, match=r"entries\[0\]\.achieved_at is missing"),
     ):
         client.top("b")
+
+
+@pytest.mark.parametrize("format", ["msgpack", "json"])
+async def test_times_come_back_in_utc_whatever_offset_the_answer_spells(format: str) -> None:
+    """The models' docstring promises UTC: a time the server spells with an offset (a period's
+    bounds in the board's zone, a setting echoed as it was given) is the same instant in UTC."""
+    at = "2026-11-30T10:30:00+05:30"
+    page = {
+        **PAGE,
+        "entries": [{**ENTRY, "achieved_at": at}],
+        "as_of": at,
+        "resets_at": "2026-12-01T00:00:00-08:00",
+    }
+    async with _client(format, 200, page) as client:
+        got = await client.top("b")
+    want = datetime(2026, 11, 30, 5, 0, tzinfo=UTC)
+    assert got.entries[0].achieved_at == want and got.entries[0].achieved_at.utcoffset() == timedelta(0)
+    assert got.as_of.tzinfo == UTC and got.as_of == want
+    assert got.resets_at == datetime(2026, 12, 1, 8, 0, tzinfo=UTC) and got.resets_at.tzinfo == UTC

@@ -11,7 +11,7 @@ value of the wrong type left in a model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -89,7 +89,7 @@ class _Fields:
             raise MalformedBody(f"{self.path(name)} is not an RFC 3339 time (got {value!r})") from None
         if at.tzinfo is None:  # not a point in time: api.md's times always carry their offset
             raise MalformedBody(f"{self.path(name)} is not an RFC 3339 time (no offset: {value!r})")
-        return at
+        return at.astimezone(UTC)  # the same instant, in UTC as the docstring promises
 
 
 @dataclass(frozen=True)
