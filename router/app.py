@@ -27,6 +27,7 @@ from router.middleware import Observe
 from router.scores import ScoresEndpoint
 from router.service import Service
 from router.settings import Settings
+from shardlb import compat
 from shardlb.connection import redacted
 from shardlb.errors import ShardlbError
 
@@ -126,6 +127,7 @@ def create_app(settings: Settings | None = None) -> RouterApp:
     """The router app. Settings come from the environment when not given (uvicorn's factory call)."""
     settings = settings if settings is not None else Settings.from_env()
     logs.configure(settings.log_level)
+    compat.mend_wait_for()  # each worker: a cancelled task must stop (shardlb/compat.py)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from shardlb import compat
 from shardlb.cluster import STATE_FILE, ClusterError, ClusterStatus, LocalCluster
 from shardlb.connection import connection_arguments
 from shardlb.errors import InvalidInput, ShardlbError
@@ -622,6 +623,7 @@ def _crash_hook() -> Callable[[str], None] | None:
 def main(argv: list[str] | None = None) -> int:
     """Run the `shardlb` command line; return the exit code."""
     argv = sys.argv[1:] if argv is None else argv
+    compat.mend_wait_for()  # before any command's asyncio: a SIGTERM must not be lost (shardlb/compat.py)
     if argv and argv[0] in DELEGATED:
         delegate = importlib.import_module(DELEGATED[argv[0]][0])
         run: Callable[[], int] = functools.partial(delegate.main, argv[1:])

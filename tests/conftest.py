@@ -7,9 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from shardlb import compat
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.postgres import LocalPostgres
 from tests.ports import search_start
+
+# As every process of shardlb does (the CLI, the router's app): the code under test runs with the
+# asyncio it runs with in production (shardlb/compat.py).
+compat.mend_wait_for()
 
 
 def _free_ports(count: int) -> int:
