@@ -51,6 +51,12 @@ class Move(NamedTuple):
 # shard that was away is worked through in calls of bounded size.
 REPAIR_CHUNK = 500
 
+# Pages of REPAIR_CHUNK a prune pass reads at most of one home shard's list of removed players. The
+# players it must keep (a removal still pending: a band shard failing for them) stay at the head of
+# the list, and a pass reading only its first page would read them again and again and never reach
+# the players behind: it pages on past them instead, this far, so a pass stays bounded.
+PRUNE_PAGES = 8
+
 
 # A removed player's versions are kept this long after the removal at the least, whatever the
 # board's dedup window: a band move made before the removal (a call held in a client's retries
@@ -127,7 +133,9 @@ class BandMoves:
 
     async def prune(self, now_ms: int | None = None) -> int:
         """Forget the versions of players removed longer ago than the dedup window (at least
-        FORGET_AFTER_MIN_MS), at most REPAIR_CHUNK per home shard and call; return how many.
+        FORGET_AFTER_MIN_MS); return how many. Per home shard and call, fewer than twice
+        REPAIR_CHUNK players leave the list, and PRUNE_PAGES pages of it are read at most
+        (``_prune_home``: past the removals still pending, which stay at its head).
 
         The home shard lists them (``vrm``, remove.lua). One ZRANGEBYSCORE per home shard (one
         pipeline per node) first: a board with none to forget costs no more. Each player's version,
@@ -152,6 +160,30 @@ class BandMoves:
         return done
 
     async def _prune_home(self, home: int, players: list[str], cutoff: int) -> int:
+        """Prune ``players``, the oldest page of the home shard's list, then page on past the
+        players who stayed listed (a removal still pending) while each page was full, until
+        REPAIR_CHUNK players or more left the list or PRUNE_PAGES pages were read. The next page
+        starts after as many entries as stayed: should the list change meanwhile (another pass, a
+        repair), a page reads some again or skips some, which the next pass reads from the head."""
+        key = keys.removed_versions_key(self.board.prefixes[home])
+        done = stayed = left = 0
+        for page in range(PRUNE_PAGES):
+            if page:
+                listed = await self.board.client.zrangebyscore(
+                    key, "-inf", cutoff, start=stayed, num=REPAIR_CHUNK
+                )
+                players = [str(p) for p in listed]
+                if not players:
+                    break
+            forgotten, kept = await self._prune_page(home, players, cutoff)
+            done, stayed, left = done + forgotten, stayed + kept, left + len(players) - kept
+            if len(players) < REPAIR_CHUNK or left >= REPAIR_CHUNK:
+                break
+        return done
+
+    async def _prune_page(self, home: int, players: list[str], cutoff: int) -> tuple[int, int]:
+        """Prune ``players`` of the home shard ``home``; return how many were forgotten, and how
+        many the home shard keeps listed whatever happens (gone from the board, a move pending)."""
         prefix = self.board.prefixes[home]
         async with self.board.client.pipeline(transaction=True) as pipe:
             pipe.hmget(keys.version_key(prefix), players)
@@ -163,6 +195,8 @@ class BandMoves:
             for player, version, pending, total in zip(players, versions, moving, totals, strict=True)
             if version is not None and pending is None and total is None
         }
+        pairs = zip(moving, totals, strict=True)
+        kept = sum(1 for pending, total in pairs if pending is not None and total is None)
         await self.forget(gone)
         args: list[Any] = [cutoff]
         for player in players:  # 0: only to leave `vrm` (posted again, or forgotten meanwhile)
@@ -173,7 +207,7 @@ class BandMoves:
             keys.version_floor_key(prefix),
         ]  # fmt: skip
         try:
-            return int(await self.board.scripts.prune(keys=key_list, args=args))
+            return int(await self.board.scripts.prune(keys=key_list, args=args)), kept
         except ResponseError as e:
             raise self.board.gone(e) from e
 

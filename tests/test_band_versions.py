@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -156,6 +157,80 @@ async def test_only_removals_older_than_the_window_and_confirmed_are_forgotten(s
         assert await board.prune(now + 3600_000) == 1  # an hour later, ``recent`` is old too
         assert await listed(board) == set()
         assert await mismatches(board, ref) == []
+    finally:
+        await store.delete(config.id)
+
+
+def on_home(board: Board, home: int, prefix: str, count: int) -> list[str]:
+    """``count`` player names (``prefix`` and a number) whose home shard is ``home``."""
+    names = (f"{prefix}{i}" for i in itertools.count())
+    return list(itertools.islice((p for p in names if board.layout.home(p) == home), count))
+
+
+async def test_a_pass_reaches_the_forgettable_players_behind_a_head_still_pending(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seven players on one home shard were removed first, through a router that lost every band
+    call: their removals stay pending (a band shard that keeps failing for them). Three more were
+    removed a second later, confirmed. A pass read the REPAIR_CHUNK oldest of the list (4 here),
+    all pending, and forgot nothing: every pass read the same ones, and the list and the versions
+    behind them grew for as long as the head stayed pending. One pass now pages on past those that
+    stay and forgets the three everywhere; the seven keep theirs, listed, until the repair confirms
+    their removals, and the next pass forgets them too."""
+    monkeypatch.setattr(bands, "REPAIR_CHUNK", 4)
+    config = churn_config("band-versions-head")
+    board, _ = await store.create(config)
+    then = times.now_ms() - 3 * DAY
+    stuck, free = on_home(board, 0, "s", 7), on_home(board, 0, "f", 3)
+    try:
+        scores = [Score(p, 10 ** (i % 4), "m1", then) for i, p in enumerate(stuck + free)]
+        await board.submit(scores, now_ms=then)
+        writer = await store.get(config.id)  # a router that loses every band call
+        lose(writer, "", 10**6)
+        with pytest.raises(ConnectionError):
+            await moderation.remove(writer, stuck, now_ms=then + 1000)
+        await moderation.remove(board, free, now_ms=then + 2000)
+        assert await listed(board) == set(stuck + free)
+        assert await pending(board) == len(stuck)
+        assert await board.prune() == len(free)
+        assert held(await versions(board)) == set(stuck)
+        assert await listed(board) == set(stuck)
+        assert await board.repair() == len(stuck)
+        assert await board.prune() == 4 and await board.prune() == 3
+        assert held(await versions(board)) == set()
+        assert await listed(board) == set()
+    finally:
+        await store.delete(config.id)
+
+
+async def test_a_pass_reads_a_bounded_number_of_pages_of_the_list(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nine removals pending at the head of one home shard's list, three confirmed behind them,
+    pages of 4: a pass reads PRUNE_PAGES pages at most, so with two it reaches none of the three
+    (the next passes read the same head: the bound, not a scan of the whole list), with three it
+    forgets them all. Ten confirmed removals: a pass forgets about REPAIR_CHUNK of them, as before."""
+    monkeypatch.setattr(bands, "REPAIR_CHUNK", 4)
+    monkeypatch.setattr(bands, "PRUNE_PAGES", 2)
+    config = churn_config("band-versions-pages")
+    board, _ = await store.create(config)
+    then = times.now_ms() - 3 * DAY
+    stuck, free, more = on_home(board, 0, "s", 9), on_home(board, 0, "f", 3), on_home(board, 1, "m", 10)
+    try:
+        scores = [Score(p, 10 ** (i % 4), "m1", then) for i, p in enumerate(stuck + free + more)]
+        await board.submit(scores, now_ms=then)
+        writer = await store.get(config.id)
+        lose(writer, "", 10**6)
+        with pytest.raises(ConnectionError):
+            await moderation.remove(writer, stuck, now_ms=then + 1000)
+        await moderation.remove(board, free + more, now_ms=then + 2000)
+        assert await board.prune() == 4  # home 0: none; home 1: one page of ``more``
+        assert await board.prune() == 4
+        assert held(await versions(board)) == set(stuck + free + sorted(more)[8:])  # equal times: by name
+        monkeypatch.setattr(bands, "PRUNE_PAGES", 3)
+        assert await board.prune() == len(free) + 2
+        assert held(await versions(board)) == set(stuck)
+        assert await listed(board) == set(stuck)
     finally:
         await store.delete(config.id)
 
