@@ -22,8 +22,11 @@ request, another router) passes them by; the round's outcome is recorded only wh
 still its lease, so a deliverer whose lease ran out never counts a failure twice. A deliverer killed
 mid-round leaves its rows to the next one once the lease ends; one cancelled mid-round (its
 settlement requested again, its router stopping) records the answers it has and gives back, due at
-once, the rows it still holds, since by then none of its posts is in flight. A receiver may still be
-working on a post cut off so: its ``Idempotency-Key`` makes the next one harmless.
+once, the rows it still holds, since by then none of its posts is in flight. That holds wherever
+the cancellation lands: as its claim commits (the round has the rows from the claim's query, before
+the commit) or as it records (the record is made again, a no-op where the first one went through).
+A receiver may still be working on a post cut off so: its ``Idempotency-Key`` makes the next one
+harmless.
 
 A delivery past its last attempt is due never (``next_at`` 'infinity'); a row with that mark counts
 as failed for good whatever its ``attempts`` say (``PENDING``), so one marked by hand is neither sent
@@ -204,10 +207,12 @@ def _require_secret(secret: str) -> None:
 
 
 async def _claim(
-    db: psycopg.AsyncConnection[Any], settlement_id: str, lease_s: float
-) -> list[tuple[Any, ...]]:
-    """Up to CLAIM due rows, by rank, leased: their ``next_at`` (returned: the claim's token) pushed
-    ``lease_s`` ahead in the claiming transaction, and rows another deliverer holds skipped."""
+    db: psycopg.AsyncConnection[Any], settlement_id: str, lease_s: float, claimed: list[tuple[Any, ...]]
+) -> None:
+    """Put in ``claimed`` up to CLAIM due rows, by rank, leased: their ``next_at`` (returned: the
+    claim's token) pushed ``lease_s`` ahead in the claiming transaction, and rows another deliverer
+    holds skipped. The rows are in ``claimed`` before the commit: a round cancelled while it commits
+    (psycopg waits for the COMMIT's end, then raises) gives them back all the same."""
     async with db.transaction():
         cur = await db.execute(
             "WITH due AS (SELECT d.award_id FROM settlement_deliveries d JOIN settlement_awards a "
@@ -220,7 +225,7 @@ async def _claim(
             "s.board, s.period",
             (settlement_id, MAX_ATTEMPTS, CLAIM, lease_s),
         )
-        return sorted((tuple(row) for row in await cur.fetchall()), key=lambda row: row[4])
+        claimed.extend(sorted((tuple(row) for row in await cur.fetchall()), key=lambda row: row[4]))
 
 
 async def deliver(
@@ -273,23 +278,28 @@ async def deliver(
                 return error
         return None if 200 <= status < 300 else f"HTTP {status}"
 
-    claimed = await _claim(db, settlement_id, lease_s)
+    claimed: list[tuple[Any, ...]] = []
     answers: dict[int, str | None] = {}
 
     async def attempt(row: tuple[Any, ...]) -> None:
         answers[row[0]] = await send(row)
 
     try:
+        await _claim(db, settlement_id, lease_s, claimed)
         await asyncio.gather(*(attempt(row) for row in claimed))
+        await _record(db, claimed, answers, base_s, cap_s)
     except asyncio.CancelledError:
         # Replaced by a new request for the settlement, or its process stops (a router, an
-        # archiver's sweep, `shardlb settle` interrupted). The gather has waited for its posts to
-        # be cut off, so none of this round is in flight any more: record the answers it has and
-        # give the rest back, or the next deliverer waits out the lease.
-        with contextlib.suppress(psycopg.Error, OSError):  # a broken connection: the lease ends
-            await _record(db, claimed, answers, base_s, cap_s)
+        # archiver's sweep, `shardlb settle` interrupted). Cancelled as its claim commits, it has
+        # the rows (``_claim``) and posted none; in the posts, the gather has waited for them to
+        # be cut off; as it records, its record has rolled back or committed. So none of this
+        # round is in flight any more: record the answers it has and give the rest back, or the
+        # next deliverer waits out the lease. Each step holds only under the round's lease (a
+        # claim rolled back, a record already made: nothing to do), so running it again is safe.
+        if claimed:
+            with contextlib.suppress(psycopg.Error, OSError):  # a broken connection: the lease ends
+                await _record(db, claimed, answers, base_s, cap_s)
         raise
-    await _record(db, claimed, answers, base_s, cap_s)
     cur = await db.execute(  # greatest: an interval has no room for a row due since '-infinity'
         "SELECT extract(epoch FROM min(greatest(d.next_at, now())) - now()) FROM settlement_deliveries d "
         f"JOIN settlement_awards a USING (award_id) WHERE a.settlement_id = %s AND {PENDING}",

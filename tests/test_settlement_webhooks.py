@@ -294,6 +294,102 @@ async def test_a_round_cancelled_mid_post_gives_its_claims_back(
         await store.delete(board.config.id)
 
 
+def cancelling_in(
+    db: psycopg.AsyncConnection[Any], nth: int, moment: str
+) -> Callable[..., contextlib.AbstractAsyncContextManager[Any]]:
+    """``db.transaction`` that cancels its caller's task in the round's ``nth`` transaction (1: the
+    claim, 2: the record of the answers): ``body`` as its first statement goes out, ``commit`` as its
+    COMMIT goes out (psycopg then asks the server to cancel, waits for the COMMIT's end and raises),
+    ``after`` once its COMMIT is done, before the caller has its result (as psycopg raises when the
+    server finished the COMMIT all the same)."""
+    real = db.transaction
+    count = iter(range(1, 1000))
+
+    @contextlib.asynccontextmanager
+    async def transaction(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        this = next(count) == nth
+        task = asyncio.current_task()
+        assert task is not None
+        async with real(*args, **kwargs) as tx:
+            if this and moment == "body":
+                task.cancel()
+            yield tx
+            if this and moment == "commit":
+                task.cancel()
+        if this and moment == "after":
+            task.cancel()
+            await asyncio.sleep(0)
+
+    return transaction
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("nth", "moment"),
+    [(1, "commit"), (1, "after"), (2, "body")],
+    ids=["as-the-claim-commits", "once-the-claim-has-committed", "as-the-answers-are-recorded"],
+)
+async def test_a_round_cancelled_in_its_own_transactions_leaves_nothing_on_the_lease(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    db: psycopg.AsyncConnection[Any],
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    nth: int,
+    moment: str,
+) -> None:
+    """A round cancelled while its claim committed (the rows leased in PostgreSQL, the list of them
+    not yet returned to the round) gave back nothing: its give-back knew only the rows of a claim
+    that had returned, and those rows waited out the 5-minute lease. So did the rows of a round
+    cancelled as it recorded its answers (the record rolled back, every row still leased). Now the
+    round knows its rows as the claim's query returns them, before the commit, and a cancelled
+    record is made again by the give-back: the rows are due at once (the claim's rows, no attempt
+    counted) or recorded (the answered ones)."""
+    name = f"hook-window-{nth}-{moment}"
+    sid = f"window-{nth}-{moment}"
+    board = await ready(store, raw, postgres_url, name, 2)
+    try:
+        with Hook() as hook:
+            body = {"settlement_id": sid, "rewards": TABLE, "webhook_url": hook.url}
+            result = await Settler(rebuilder).settle(board, day_ago(2), Request.of(body))
+            total = result["awards"]["total"]
+            before = await (await db.execute("SELECT now()")).fetchone()
+            async with httpx.AsyncClient() as http:
+                asked: list[float] = []  # psycopg asked the server to cancel a statement
+                cancel_safe = db.cancel_safe
+
+                async def asking(*, timeout: float = 30.0) -> None:
+                    asked.append(timeout)
+                    await cancel_safe(timeout=timeout)
+
+                with monkeypatch.context() as patched:
+                    patched.setattr(db, "transaction", cancelling_in(db, nth, moment))
+                    patched.setattr(db, "cancel_safe", asking)
+                    round_ = asyncio.create_task(deliver(db, http, SECRET, sid))
+                    with pytest.raises(asyncio.CancelledError):
+                        await round_
+                assert len(asked) == (moment != "after")  # it landed in psycopg's wait, as meant
+                assert await leased(db, sid) == 0
+                cur = await db.execute(
+                    "SELECT attempts, delivered_at IS NOT NULL, next_at > %s, next_at <= now() "
+                    "FROM settlement_deliveries JOIN settlement_awards USING (award_id) "
+                    "WHERE settlement_id = %s",
+                    ((before or (None,))[0], sid),
+                )
+                rows = Counter(tuple(row) for row in await cur.fetchall())
+                if nth == 1:  # claimed (next_at moved), then given back: due now, no attempt counted
+                    assert rows == {(0, False, True, True): total}
+                    assert not hook.posts
+                    assert await deliver(db, http, SECRET, sid) == (total, None)  # no lease to wait out
+                else:  # posted, answered 2xx, and recorded so
+                    assert {row[:2] for row in rows} == {(1, True)}
+            assert await delivery_counts(db, sid) == {"delivered": total, "pending": 0, "failed": 0}
+        assert set(hook.posts) == await award_ids(db, sid) and set(hook.posts.values()) == {1}
+    finally:
+        await store.delete(board.config.id)
+
+
 @pytest.mark.cluster
 async def test_the_first_webhook_url_is_part_of_the_settlement(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], postgres_url: str
