@@ -264,8 +264,9 @@ _NAMES = tuple("SHARDLB_" + f.name.upper() for f in fields(Settings))
 def warnings(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     """What the router starts with but the operator should hear of (``shardlb serve`` logs each at
     start-up): a ``SHARDLB_*`` variable that is not a setting but nearly the name of one (a
-    misspelling, ignored; other programs' own ``SHARDLB_*`` variables, bench/ and k8s/'s, are not
-    near any), a trusted proxy block that holds every address, an admin or write key that is short."""
+    misspelling, ignored; of bench/ and k8s/'s own ``SHARDLB_*`` variables only the Locust test's
+    ADMIN_KEY, WRITE_KEY, READ_KEY and TARGET_READS are near one), a trusted proxy block that holds
+    every address, an admin or write key that is short."""
     out = []
     for name in sorted(n for n in environ if n.startswith("SHARDLB_") and n not in _NAMES):
         near = difflib.get_close_matches(name, _NAMES, n=1, cutoff=0.85)
