@@ -8,15 +8,19 @@ checked before anything starts (exit status 2 naming the bad variable).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shutil
 import signal
 import sys
 import tempfile
+from typing import Any
 
 import uvicorn
 from redis.utils import HIREDIS_AVAILABLE
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
 from router import logs
 from router.app import HIREDIS_WARNING
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     # orderly drain is a clean exit: with this no-op the process returns 0 instead of dying by signal.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
-        uvicorn.run(
+        return _serve(
             "router.app:create_app",
             factory=True,
             host=settings.host,
@@ -89,7 +93,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
-    return 0
+
+
+def _serve(app: str, **options: Any) -> int:
+    """Run uvicorn; 0 after an orderly stop, STARTUP_FAILURE (3) when the app could not start.
+
+    One worker is uvicorn.run's own (it exits 3 itself). With more, uvicorn's parent stops when a
+    worker fails to start but returns as after a SIGTERM, so a supervisor (systemd's
+    Restart=on-failure, a pod's restart policy) would see a clean exit: the parent is run here, as
+    uvicorn.run runs it, and asked afterwards how its workers ended."""
+    config = uvicorn.Config(app, **options)
+    if config.workers <= 1:
+        uvicorn.run(app, **options)
+        return 0
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is an orderly stop
+        supervisor.run()
+    return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
 
 
 if __name__ == "__main__":

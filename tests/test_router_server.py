@@ -143,6 +143,33 @@ def test_bad_settings_exit_2_naming_the_variable() -> None:
         assert done.stderr.startswith(f"shardlb serve: error: {variable}: ")
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_router_that_cannot_start_exits_3_with_any_number_of_workers(workers: int) -> None:
+    """A router whose app cannot start (no Redis to reach) exits 3, so a supervisor (systemd's
+    Restart=on-failure, a pod's restart policy) sees a failure. With more than one worker uvicorn's
+    parent stopped on its worker's start failure and exited 0, as after an orderly SIGTERM."""
+    with socket.socket() as held, socket.socket() as other:  # ports with nothing behind them
+        held.bind(("127.0.0.1", 0))
+        other.bind(("127.0.0.1", 0))
+        dead, port = held.getsockname()[1], other.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLB_")}
+    env.update(
+        SHARDLB_REDIS_URL=f"redis://127.0.0.1:{dead}",
+        SHARDLB_ADMIN_KEYS="a" * 20,
+        SHARDLB_STARTUP_TIMEOUT_S="0",
+        SHARDLB_PORT=str(port),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "router.server", "serve", "--workers", str(workers)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 3, done.stderr[-3000:]
+
+
 FRAMING = frozenset({"content-length", "transfer-encoding", "host", "connection"})
 
 
