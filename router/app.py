@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import admin, dashboard, heap, liveness, logs, metrics, probes, routes, scores, settlements
 from router.errors import ApiError, to_api_error
@@ -29,7 +29,7 @@ from router.service import Service
 from router.settings import Settings
 from shardlb import compat
 from shardlb.connection import redacted
-from shardlb.errors import ShardlbError
+from shardlb.errors import ClusterUnavailable, ShardlbError
 
 log = logging.getLogger("shardlb.router")
 HIREDIS_WARNING = (
@@ -120,7 +120,20 @@ class RouterApp(Starlette):
                         scope["path_params"] = dict(zip(names, match.groups(), strict=True))
                         await app(scope, receive, send)
                         return
+        elif scope["type"] == "lifespan":
+            send = self._told_start_failure(send)
         await super().__call__(scope, receive, send)
+
+    def _told_start_failure(self, send: Send) -> Send:
+        """``send`` for the lifespan, without the traceback Starlette puts in a failed start's
+        message (uvicorn logs it) when the lifespan has already logged why in one line."""
+
+        async def told(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed" and getattr(self.state, "start_failure", None):
+                message = {**message, "message": ""}
+            await send(message)
+
+        return told
 
 
 def create_app(settings: Settings | None = None) -> RouterApp:
@@ -133,7 +146,13 @@ def create_app(settings: Settings | None = None) -> RouterApp:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if not HIREDIS_AVAILABLE:
             log.warning(HIREDIS_WARNING)
-        app.state.service = await Service.start(settings)
+        try:
+            app.state.service = await Service.start(settings)
+        except ClusterUnavailable as e:
+            # One line that says why; RouterApp keeps Starlette's traceback of it out of the log.
+            log.error(f"router cannot start: {e}", extra={"fields": {"pid": os.getpid()}})
+            app.state.start_failure = e
+            raise
         probe = None
         try:
             # liveness out of reach of the connection caps (router/liveness.py), from the moment

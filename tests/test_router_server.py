@@ -168,6 +168,12 @@ def test_a_router_that_cannot_start_exits_3_with_any_number_of_workers(workers: 
         timeout=60,
     )
     assert done.returncode == 3, done.stderr[-3000:]
+    # Why, in one line of the router's own (README: a command says why on one line), not a
+    # traceback of redis-py's internals that an operator must read to the bottom.
+    lines = [orjson.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    said = [x["message"] for x in lines if x["level"] == "error"]
+    assert f"router cannot start: no cluster at redis://127.0.0.1:{dead}" in "\n".join(said), said
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
 FRAMING = frozenset({"content-length", "transfer-encoding", "host", "connection"})
