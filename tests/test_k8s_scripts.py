@@ -8,6 +8,9 @@ cluster (the Job), redis-probe.sh is the readiness/liveness probe. The scenarios
 - a second bootstrap run changes nothing (same node ids, roles, slots and epochs);
 - a bootstrap killed after it made the masters and before its replicas: the next run adds each
   replica to its planned master, and the run after that changes nothing;
+- nodes that do not agree about the slots yet (one does not see a master, as a node just met):
+  the first run and such a next run wait before each `--cluster add-node`, which would abort;
+  an add-node that fails after the node joined is tried again, the node made a replica where it is;
 - every node killed at once and restarted on new addresses: the cluster is `ok` again with the same
   nodes and the same data; once with the names already pointing at the new addresses when the nodes
   start (nodes.conf is rewritten before Redis starts), once with the names updated only after the
@@ -475,6 +478,46 @@ exec redis-cli "$@"
 """
 
 
+def _kill_a_bootstrap_before_its_replicas(c: LoopbackCluster) -> Topology:
+    """Start the 6 nodes and run a bootstrap that dies at its first replica (DYING_CLI): the
+    topology it left, as node 0 sees it once settled."""
+    addresses = c.new_addresses()
+    c.publish(addresses)
+    c.start_all(addresses)
+    dying = c.base / "redis-cli-dying"
+    dying.write_text(DYING_CLI)
+    dying.chmod(0o755)
+    killed = c.bootstrap(REDIS_CLI=str(dying))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    # what it left: 3 masters own every slot, a 4th node joined without a slot, 2 outside (once
+    # node 0 is done meeting the 4th: a node in a handshake has no role yet)
+    half_joined = [("master", False), ("master", True), ("master", True), ("master", True)]
+    deadline = time.monotonic() + CONVERGE_S
+    left = c.topology()
+    while (
+        sorted((t[0], bool(t[3])) for t in left.values()) != half_joined
+        or c.cluster_info(0).get("cluster_state") != "ok"
+    ):
+        assert time.monotonic() < deadline, (left, c.cluster_info(0))
+        time.sleep(0.25)
+        left = c.topology()
+    return left
+
+
+def _assert_finished_as_planned(c: LoopbackCluster, left: Topology) -> Topology:
+    """Every replica added to the master plan_shards gave it, the masters and slots those `left`."""
+    topo = _roles_settle(c)
+    views = c.cluster_nodes(0).values()
+    ordinal = {v.node_id: int(v.hostname.split("-")[-1].split(".")[0]) for v in views}
+    planned, _ = _plan(list(ZONES), REPLICAS)
+    made = {ordinal[n]: (ordinal[t[1]] if t[0] == "replica" else None) for n, t in topo.items()}
+    assert made == planned
+    assert set(left) <= set(topo), "the masters and their slots are the ones it made"
+    assert all(topo[n][3] == left[n][3] for n, t in left.items() if t[3])
+    c.wait_healthy()
+    return topo
+
+
 def test_a_bootstrap_killed_before_its_replicas_is_finished_by_the_next_run(tmp_path: Path) -> None:
     """The bootstrap makes the masters (`--cluster create`), then adds each replica to its master
     (`--cluster add-node --cluster-slave`). A Job killed in between left a formed cluster without its
@@ -484,26 +527,7 @@ def test_a_bootstrap_killed_before_its_replicas_is_finished_by_the_next_run(tmp_
     _require_redis()
     c = LoopbackCluster(base=tmp_path, port=_free_port())
     try:
-        addresses = c.new_addresses()
-        c.publish(addresses)
-        c.start_all(addresses)
-        dying = tmp_path / "redis-cli-dying"
-        dying.write_text(DYING_CLI)
-        dying.chmod(0o755)
-        killed = c.bootstrap(REDIS_CLI=str(dying))
-        assert killed.returncode == -signal.SIGKILL, killed.stderr
-        # what it left: 3 masters own every slot, a 4th node joined without a slot, 2 outside (once
-        # node 0 is done meeting the 4th: a node in a handshake has no role yet)
-        half_joined = [("master", False), ("master", True), ("master", True), ("master", True)]
-        deadline = time.monotonic() + CONVERGE_S
-        left = c.topology()
-        while (
-            sorted((t[0], bool(t[3])) for t in left.values()) != half_joined
-            or c.cluster_info(0).get("cluster_state") != "ok"
-        ):
-            assert time.monotonic() < deadline, (left, c.cluster_info(0))
-            time.sleep(0.25)
-            left = c.topology()
+        left = _kill_a_bootstrap_before_its_replicas(c)
         # a plan of more masters than the cluster has (6 with REDIS_REPLICAS=0) is not the Job's to
         # finish: masters are added by hand (k8s/README.md, step 7), and it changes nothing
         more_masters = c.bootstrap(REDIS_REPLICAS="0")
@@ -512,15 +536,7 @@ def test_a_bootstrap_killed_before_its_replicas_is_finished_by_the_next_run(tmp_
         # the next run of the Job adds every replica, each to its planned master
         result = c.bootstrap()
         assert result.returncode == 0, result.stderr + result.stdout
-        topo = _roles_settle(c)
-        views = c.cluster_nodes(0).values()
-        ordinal = {v.node_id: int(v.hostname.split("-")[-1].split(".")[0]) for v in views}
-        planned, _ = _plan(list(ZONES), REPLICAS)
-        made = {ordinal[n]: (ordinal[t[1]] if t[0] == "replica" else None) for n, t in topo.items()}
-        assert made == planned
-        assert set(left) <= set(topo), "the masters and their slots are the ones it made"
-        assert all(topo[n][3] == left[n][3] for n, t in left.items() if t[3])
-        c.wait_healthy()
+        topo = _assert_finished_as_planned(c, left)
         # the cluster is complete: another run changes nothing
         epochs = [c.cluster_info(i)["cluster_current_epoch"] for i in range(NODES)]
         again = c.bootstrap()
@@ -528,6 +544,133 @@ def test_a_bootstrap_killed_before_its_replicas_is_finished_by_the_next_run(tmp_
         assert "nothing to do" in again.stderr
         assert c.topology() == topo
         assert [c.cluster_info(i)["cluster_current_epoch"] for i in range(NODES)] == epochs
+    finally:
+        c.cleanup()
+
+
+# How long a node below stays behind the others (it forgot a master and meets it again after this)
+BEHIND_S = 3.0
+
+
+def _hold_behind(c: LoopbackCluster, node: str, master: str) -> threading.Timer:
+    """Make the node at `node` (ip) see the cluster without the master at `master` (ip), as a node
+    that gossip has not yet told of that master does (its slots unassigned to it): CLUSTER FORGET
+    keeps it so, and it meets the master again after BEHIND_S seconds, as gossip would. `redis-cli
+    --cluster add-node` refuses to add a node to a cluster meanwhile ("Nodes don't agree about
+    configuration!"), as it did in CI (2026-12-05) for the node a killed bootstrap had just met."""
+    port = str(c.port)
+    master_id = _cli("-h", master, "-p", port, "cluster", "myid").stdout.strip()
+    # (a node met moments ago may not know it yet: "ERR Unknown node" until it does)
+    deadline = time.monotonic() + CONVERGE_S
+    while (forget := _cli("-h", node, "-p", port, "cluster", "forget", master_id).stdout.strip()) != "OK":
+        assert time.monotonic() < deadline, forget
+        time.sleep(0.1)
+    timer = threading.Timer(BEHIND_S, lambda: _cli("-h", node, "-p", port, "cluster", "meet", master, port))
+    timer.start()
+    return timer
+
+
+def test_the_next_run_waits_for_the_nodes_to_agree_before_it_adds_a_replica(tmp_path: Path) -> None:
+    """The node a killed bootstrap met last may not yet have heard from every master when the next
+    run starts (gossip takes its time, longer on a loaded machine): node 0 sees a formed cluster, but
+    `--cluster add-node` checks every node's view first and aborted, and so did the Job (CI,
+    2026-12-05). The next run must wait until the nodes agree, then add every replica as planned."""
+    _require_redis()
+    c = LoopbackCluster(base=tmp_path, port=_free_port())
+    try:
+        left = _kill_a_bootstrap_before_its_replicas(c)
+        ip = {v.hostname: v.ip for v in c.cluster_nodes(0).values()}
+        half_joined = next(n for n, t in left.items() if t[0] == "master" and not t[3])
+        behind = c.cluster_nodes(0)[half_joined].ip
+        # it forgets the master of redis-cluster-3, the first replica the run adds
+        timer = _hold_behind(c, behind, ip[c.hostname(1)])
+        try:
+            result = c.bootstrap()
+        finally:
+            timer.join()
+        assert result.returncode == 0, result.stderr + result.stdout
+        assert "agree" in result.stderr, result.stderr
+        _assert_finished_as_planned(c, left)
+    finally:
+        c.cleanup()
+
+
+# The Job's redis-cli, with one master left behind by the others right after `--cluster create`
+# (it forgets another master for BEHIND_S seconds, _hold_behind): the replicas are added meanwhile.
+BEHIND_CLI = """#!/usr/bin/env bash
+redis-cli "$@" || exit
+if [[ $1 == --cluster && $2 == create ]]; then
+    behind=$3 forgotten=$4
+    id=$(redis-cli -h "${forgotten%:*}" -p "${forgotten##*:}" cluster myid)
+    redis-cli -h "${behind%:*}" -p "${behind##*:}" cluster forget "$id" >/dev/null
+    (sleep "$BEHIND_S" && redis-cli -h "${behind%:*}" -p "${behind##*:}" \
+        cluster meet "${forgotten%:*}" "${forgotten##*:}") >/dev/null 2>&1 &
+fi
+"""
+
+
+def test_the_first_bootstrap_waits_for_the_nodes_to_agree_before_it_adds_a_replica(tmp_path: Path) -> None:
+    """The same between `--cluster create` and the first `--cluster add-node`: while a master does
+    not see another's slots, the bootstrap waits for the nodes to agree, then adds the replicas."""
+    _require_redis()
+    c = LoopbackCluster(base=tmp_path, port=_free_port())
+    try:
+        addresses = c.new_addresses()
+        c.publish(addresses)
+        c.start_all(addresses)
+        behind = tmp_path / "redis-cli-behind"
+        behind.write_text(BEHIND_CLI)
+        behind.chmod(0o755)
+        result = c.bootstrap(REDIS_CLI=str(behind), BEHIND_S=str(BEHIND_S))
+        assert result.returncode == 0, result.stderr + result.stdout
+        assert "agree" in result.stderr, result.stderr
+        assert "cluster formed" in result.stderr
+        _assert_finished_as_planned(c, {})
+    finally:
+        c.cleanup()
+
+
+# The Job's redis-cli, whose first two `--cluster add-node NEW REF --cluster-slave ...` fail halfway:
+# NEW meets REF (what add-node does once its checks pass) and is not made a replica.
+FAILING_CLI = """#!/usr/bin/env bash
+failures=$(dirname "$0")/add-node-failures
+if [[ $1 == --cluster && $2 == add-node && $(cat "$failures" 2>/dev/null) != xx ]]; then
+    printf x >>"$failures"
+    new=$3 ref=$4
+    redis-cli -h "${new%:*}" -p "${new##*:}" cluster meet "${ref%:*}" "${ref##*:}"
+    echo "[ERR] failed here on purpose, after the node met the cluster"
+    exit 1
+fi
+exec redis-cli "$@"
+"""
+
+
+def test_a_replica_that_fails_to_join_is_tried_again(tmp_path: Path) -> None:
+    """An add-node may still fail (the nodes disagree again between the bootstrap's wait and
+    add-node's own check: a node met meanwhile), and one that fails after its CLUSTER MEET leaves
+    the node in the cluster as a master without slots, which another add-node refuses ("not
+    empty"). The first formation hands the rest to finish (what the next run would do), and finish
+    tries a node that failed again from a fresh view: here the first add-node of each fails so,
+    each of the two nodes is then made a replica where it is (CLUSTER REPLICATE), all as planned."""
+    _require_redis()
+    c = LoopbackCluster(base=tmp_path, port=_free_port())
+    try:
+        addresses = c.new_addresses()
+        c.publish(addresses)
+        c.start_all(addresses)
+        failing = tmp_path / "redis-cli-failing"
+        failing.write_text(FAILING_CLI)
+        failing.chmod(0o755)
+        result = c.bootstrap(REDIS_CLI=str(failing))
+        assert result.returncode == 0, result.stderr + result.stdout
+        assert (tmp_path / "add-node-failures").read_text() == "xx"
+        assert "finishing the cluster" in result.stderr, result.stderr
+        assert "reading the cluster again" in result.stderr, result.stderr
+        made_where_they_are = {
+            line.split()[3] for line in result.stderr.splitlines() if "in the cluster without slots" in line
+        }
+        assert made_where_they_are == {f"{c.hostname(i)}:{c.port}" for i in (3, 5)}, result.stderr
+        _assert_finished_as_planned(c, {})
     finally:
         c.cleanup()
 
