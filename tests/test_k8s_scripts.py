@@ -518,6 +518,16 @@ def _assert_finished_as_planned(c: LoopbackCluster, left: Topology) -> Topology:
     return topo
 
 
+def _settled_epochs(c: LoopbackCluster) -> list[str]:
+    """Every node's cluster_current_epoch, once they are all the same: a replica just added learns
+    the current epoch by gossip, a moment later than the others."""
+    deadline = time.monotonic() + CONVERGE_S
+    while len(set(epochs := [c.cluster_info(i).get("cluster_current_epoch") for i in range(NODES)])) > 1:
+        assert time.monotonic() < deadline, epochs
+        time.sleep(0.25)
+    return [str(epoch) for epoch in epochs]
+
+
 def test_a_bootstrap_killed_before_its_replicas_is_finished_by_the_next_run(tmp_path: Path) -> None:
     """The bootstrap makes the masters (`--cluster create`), then adds each replica to its master
     (`--cluster add-node --cluster-slave`). A Job killed in between left a formed cluster without its
@@ -538,7 +548,7 @@ def test_a_bootstrap_killed_before_its_replicas_is_finished_by_the_next_run(tmp_
         assert result.returncode == 0, result.stderr + result.stdout
         topo = _assert_finished_as_planned(c, left)
         # the cluster is complete: another run changes nothing
-        epochs = [c.cluster_info(i)["cluster_current_epoch"] for i in range(NODES)]
+        epochs = _settled_epochs(c)
         again = c.bootstrap()
         assert again.returncode == 0, again.stderr
         assert "nothing to do" in again.stderr
