@@ -38,7 +38,12 @@ uvicorn's protocol bounds nothing (it keeps every header line, and waits for a b
   down to the low mark; past it the connection is aborted. uvicorn waits for ever there, and the
   request holds its admission slot while it waits.
 - a request the parser cannot read is answered 400 ``malformed_request`` with the API's error body
-  (uvicorn's own answer is a plain-text page), and the connection closed.
+  (uvicorn's own answer is a plain-text page), and the connection closed;
+- the router speaks HTTP/1.1 only: a request that asks to switch protocols (``Upgrade`` with
+  ``Connection: upgrade``: a WebSocket handshake, h2c) is answered by the app as if it had not asked,
+  then the connection closed. llhttp takes what follows such a request's head for the other
+  protocol and reads no body of it, so one that carries a body is 400 ``malformed_request`` before
+  any app runs, and nothing after its head is read as a request (``on_headers_complete``).
 
 One timer per connection serves both deadlines: a request that moves on only moves the deadline,
 and the timer, when it fires early, sets itself again for the rest. These errors have the API's
@@ -245,6 +250,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
         self._refused = False  # answered and closing: whatever else comes is dropped
         self._counted_as: str | None = None  # the client this connection counts for (``_clients``)
         self._unread: asyncio.TimerHandle | None = None  # the deadline of a write the client blocks
+        self._switching = False  # a request asked to switch protocols: what follows is not read
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))
@@ -312,7 +318,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
         return True
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
+        if self._refused or self._switching:
             return
         if self._phase == _BODY:
             self._body_raw += len(data)
@@ -357,7 +363,24 @@ class HttpToolsProtocol(_UvicornHttpTools):
             self._expect(_HEAD, self.limits.header_timeout_s)
 
     def on_headers_complete(self) -> None:
-        super().on_headers_complete()
+        if not self.parser.should_upgrade():
+            super().on_headers_complete()
+        else:
+            # The request asks to switch protocols (or is a CONNECT). llhttp hands everything after
+            # its head to the other protocol: it reads no body of it, and bytes fed after that would
+            # be parsed as a new request (a request smuggled in another's body). None is read
+            # (``data_received``); the request is answered as if it had not asked, then the
+            # connection closed. With a body, the app would see none: refused before it runs.
+            self._switching = True
+            if _has_body(self.headers):
+                app, self.app = self.app, functools.partial(self._refusal, _SWITCH_WITH_BODY)
+                try:
+                    super().on_headers_complete()
+                finally:
+                    self.app = app
+            else:
+                super().on_headers_complete()
+            self.cycle.keep_alive = False
         self._head_bytes = self._body_raw = self._body_bytes = 0
         if len(self.pipeline) > PIPELINE_MAX:
             # Requests read ahead of their answers (pipelined) each hold a request cycle, and
@@ -365,10 +388,18 @@ class HttpToolsProtocol(_UvicornHttpTools):
             self._refused = True
             self.transport.close()
             return
-        if self.parser.should_upgrade() and self._should_upgrade():
-            self._phase = _BETWEEN  # a WebSocket (the router serves none): no deadline of ours
-        else:
-            self._expect(_BODY, self.limits.body_timeout_s)
+        self._expect(_BODY, self.limits.body_timeout_s)
+
+    def _should_upgrade(self) -> bool:
+        """Never: uvicorn would hand a WebSocket handshake to its WebSocket protocol (websockets is
+        installed), past every bound of this class, and this connection's count for its client
+        (SHARDLB_MAX_CLIENT_CONNECTIONS) would never be given back: its ``connection_lost`` is that
+        protocol's. The router serves no WebSocket (``on_headers_complete``)."""
+        return False
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """Nothing to warn of: the request is answered (``on_headers_complete``), and a warning line
+        per request would let anybody flood the log."""
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -473,6 +504,21 @@ class HttpToolsProtocol(_UvicornHttpTools):
             lines += [name, b": ", value, b"\r\n"]
         lines += [b"x-request-id: ", request_id.encode(), b"\r\nconnection: close\r\n\r\n", body]
         return b"".join(lines)
+
+
+_SWITCH_WITH_BODY = ApiError(
+    400,
+    "malformed_request",
+    "a request that asks to switch protocols (Upgrade) may not have a body: this server speaks HTTP/1.1 only",
+)
+
+
+def _has_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a request's head announces a body (as llhttp reads it: chunked, or a length past 0)."""
+    return any(
+        name == b"transfer-encoding" or (name == b"content-length" and value.strip(b" \t0"))
+        for name, value in headers
+    )
 
 
 def _rendered(error: ApiError, headers: Iterable[tuple[bytes, bytes]]) -> tuple[int, RawHeaders, bytes]:

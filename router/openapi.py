@@ -624,7 +624,8 @@ _SCHEMAS: dict[str, Any] = {
 _ERROR_TEXT = {
     400: "Malformed body: not valid JSON or MessagePack (malformed_body); a query parameter the "
     "operation does not take (unknown_parameter) or one given twice (repeated_parameter); a request "
-    "that is not HTTP/1.1 the parser can read (malformed_request, the connection is closed).",
+    "that is not HTTP/1.1 the parser can read, or that asks to switch protocols (Upgrade) and has a "
+    "body (malformed_request, the connection is closed).",
     401: "Missing or unknown key (code unauthorized).",
     403: "The key's scope does not allow this (code forbidden).",
     404: "Unknown board, player, route or settlement (board_not_found, player_not_found, not_found, "

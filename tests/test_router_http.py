@@ -300,3 +300,108 @@ async def test_a_half_close_within_a_request_still_ends_it(held: tuple[int, asyn
             assert await asyncio.wait_for(reader.read(), 5) == b""
         finally:
             writer.close()
+
+
+@pytest.fixture
+async def recorded(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A server whose app reads each request's body whole and answers 200; yields (port, calls),
+    calls being (path, body) per request the app ran. One client address may hold 2 connections."""
+    import router.http
+
+    monkeypatch.setattr(router.http, "limits", lambda: Limits(65536, 10.0, 10.0, 100, client_connections=2))
+    monkeypatch.setattr(router.http, "_clients", {})
+    calls: list[tuple[str, bytes]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        calls.append((scope["path"], body))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async with _serving(app) as port:
+        yield port, calls
+
+
+def _upgrade(path: str, protocol: str, body: bytes = b"") -> bytes:
+    """A request asking to switch to ``protocol`` (a WebSocket handshake's headers, or h2c's)."""
+    head = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: {protocol}\r\n"
+    if protocol == "websocket":
+        head += "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    if body:
+        head = head.replace("GET", "POST") + f"Content-Length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+async def _head_and_close(reader: asyncio.StreamReader) -> tuple[str, bytes, bool]:
+    """The status line and body of the one answer on the connection, and whether it then closed."""
+    status, body = await asyncio.wait_for(_response(reader), 5)
+    try:
+        rest = await asyncio.wait_for(reader.read(), 5)
+    except TimeoutError:
+        return status, body, False
+    return status, body, rest == b""
+
+
+@pytest.mark.parametrize("protocol", ["websocket", "h2c"])
+async def test_a_request_asking_to_switch_protocols_is_answered_over_http(
+    recorded: tuple[int, list[tuple[str, bytes]]], protocol: str
+) -> None:
+    """The router speaks HTTP/1.1 only. A WebSocket handshake went to uvicorn's WebSocket protocol
+    (websockets is installed), which answered in plain text past every bound of this module and
+    never gave the connection back: each one stayed counted for its client, and after
+    SHARDLB_MAX_CLIENT_CONNECTIONS of them (each long closed) every connection from that address (a
+    NAT's players, a /64) was refused until the worker restarted. Now the request is answered by the
+    app, as if it had not asked, and the connection closed after it; the address stays welcome."""
+    port, calls = recorded
+    answers = []
+    plain = b"GET /after HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    for request in [*(_upgrade(f"/up{i}", protocol) for i in range(4)), plain]:  # 4: twice the cap
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(request)
+            answers.append(await _head_and_close(reader))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            answers.append(("refused", b"", True))
+        finally:
+            writer.close()
+    assert answers[4][0] == "HTTP/1.1 200 OK", answers  # the address may still connect
+    assert answers[:4] == [("HTTP/1.1 200 OK", b"ok", True)] * 4
+    assert calls == [*((f"/up{i}", b"") for i in range(4)), ("/after", b"")]
+
+
+@pytest.mark.parametrize("protocol", ["websocket", "h2c", "foo"])
+@pytest.mark.parametrize("split", [False, True])
+async def test_a_body_that_asks_to_switch_protocols_is_refused_and_never_read_as_a_request(
+    recorded: tuple[int, list[tuple[str, bytes]]], protocol: str, split: bool
+) -> None:
+    """llhttp takes what follows the head of a request asking to switch protocols for the other
+    protocol: it reads no body of it. The app ran with an empty body (a board PUT made a board of
+    the default settings, not those sent), and a body that came in a later packet was parsed as a
+    request of its own and answered (a request smuggled inside another's body). Now such a request
+    is 400 malformed_request before any app runs, the connection closed, nothing after it read."""
+    port, calls = recorded
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+    request = _upgrade("/put", protocol, smuggled)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        if split:
+            writer.write(request[: -len(smuggled)])
+            await writer.drain()
+            await asyncio.sleep(0.2)
+            writer.write(smuggled)
+        else:
+            writer.write(request)
+        status, body, closed = await _head_and_close(reader)
+        assert status == "HTTP/1.1 400 Bad Request" and closed
+        assert orjson.loads(body)["error"]["code"] == "malformed_request"
+    finally:
+        writer.close()
+    await asyncio.sleep(0.1)
+    assert calls == []
