@@ -46,7 +46,8 @@ uvicorn's protocol bounds nothing (it keeps every header line, and waits for a b
   any app runs, and nothing after its head is read as a request (``on_headers_complete``).
 
 One timer per connection serves both deadlines: a request that moves on only moves the deadline,
-and the timer, when it fires early, sets itself again for the rest. These errors have the API's
+and the timer, when it fires early, sets itself again for the rest (it is set anew only for a
+deadline earlier than its own). These errors have the API's
 shape (``{"error": {...}}``, MessagePack if Accept asks for it) and an ``X-Request-Id``.
 
 ``serve`` runs uvicorn with ``http="router.http:HttpToolsProtocol"``; the limits come from the
@@ -414,11 +415,16 @@ class HttpToolsProtocol(_UvicornHttpTools):
         self._phase = _BETWEEN
 
     def _expect(self, phase: int, timeout_s: float) -> None:
-        """Enter ``phase`` with ``timeout_s`` to leave it; the timer is set only when none is."""
+        """Enter ``phase`` with ``timeout_s`` to leave it. The timer is set again only when none is
+        or it would fire after this deadline (a body deadline shorter than the head's, or the
+        reverse); one that fires early sets itself for the rest (``_expired``)."""
         self._phase = phase
-        self._deadline = self.loop.time() + timeout_s
-        if self._timer is None:
-            self._timer = self.loop.call_at(self._deadline, self._expired)
+        self._deadline = deadline = self.loop.time() + timeout_s
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(deadline, self._expired)
 
     def _expired(self) -> None:
         self._timer = None

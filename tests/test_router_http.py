@@ -405,3 +405,47 @@ async def test_a_body_that_asks_to_switch_protocols_is_refused_and_never_read_as
         writer.close()
     await asyncio.sleep(0.1)
     assert calls == []
+
+
+@pytest.mark.parametrize(("header_s", "body_s"), [(5.0, 0.5), (0.5, 5.0)])
+async def test_each_deadline_holds_whichever_is_shorter(
+    monkeypatch: pytest.MonkeyPatch, header_s: float, body_s: float
+) -> None:
+    """One timer serves both deadlines, and it was set only when none was: a body deadline shorter
+    than the head's fired when the head's timer did (SHARDLB_BODY_TIMEOUT_S=1 with the header
+    timeout at 6: a stalled body answered after 6 s, "did not arrive within 1 s"), and the head
+    deadline of a request after a slow body, shorter than the body's, likewise. Each now ends
+    within its own deadline."""
+    import router.http
+
+    monkeypatch.setattr(router.http, "limits", lambda: Limits(65536, header_s, body_s, 100))
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body", False):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async with _serving(app) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            start = asyncio.get_running_loop().time()
+            if body_s < header_s:  # a body that stalls
+                writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab")
+                expected = "HTTP/1.1 408 Request Timeout"
+            else:  # a request whose body outlasts the head deadline, then a second head that stalls
+                writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\na")
+                await asyncio.sleep(header_s + 0.3)
+                writer.write(b"b")
+                assert await asyncio.wait_for(_response(reader), 5) == ("HTTP/1.1 200 OK", b"ok")
+                start = asyncio.get_running_loop().time()
+                writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")
+                expected = "HTTP/1.1 408 Request Timeout"
+            status, _ = await asyncio.wait_for(_response(reader), 10)
+            waited = asyncio.get_running_loop().time() - start
+            assert status == expected
+            assert waited < min(header_s, body_s) + 1.5, waited
+        finally:
+            writer.close()
