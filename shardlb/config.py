@@ -9,7 +9,7 @@ from typing import Any
 
 from shardlb import periods, times
 from shardlb.codec import ScoreCodec
-from shardlb.errors import InvalidInput
+from shardlb.errors import InvalidInput, field_name
 
 ID_MAX = 64  # characters in a board, player or region id
 ID_PATTERN = re.compile(rf"^[A-Za-z0-9_\-.:]{{1,{ID_MAX}}}$", re.ASCII)
@@ -181,7 +181,7 @@ class BoardConfig:
             raise InvalidInput("the board settings must be an object", None)
         for name in body:
             if name not in SETTINGS:
-                raise InvalidInput(f"unknown setting {name!r}", name, "unknown_field")
+                raise InvalidInput(f"unknown setting {field_name(name)!r}", name, "unknown_field")
         mode = _choice(body, "mode", MODES, "best")
         order = _choice(body, "order", ORDERS, "desc")
         tiebreak = _choice(body, "tiebreak", TIEBREAKS, "earliest")
@@ -197,7 +197,8 @@ class BoardConfig:
             raise InvalidInput("retention_days must be an object", "retention_days")
         for kind, days in given.items():
             if kind not in periods.DATED:
-                raise InvalidInput(f"no retention for {kind!r}", f"retention_days.{kind}")
+                named = field_name(kind)
+                raise InvalidInput(f"no retention for {named!r}", f"retention_days.{named}")
             retention[kind] = _int(days, f"retention_days.{kind}", 0, MAX_RETENTION_DAYS)
         retention = {kind: days for kind, days in retention.items() if kind in kept}
         points_max = _int(body.get("points_max", DEFAULT_POINTS_MAX), "points_max", 1, MAX_POINTS)
@@ -266,7 +267,8 @@ def _sharding(value: object, default_shards: int = DEFAULT_SHARDS) -> Sharding:
     }[strategy]
     for name in value:
         if name not in allowed:
-            raise InvalidInput(f"{name!r} is not a setting of {strategy} sharding", f"sharding.{name}")
+            named = field_name(name)
+            raise InvalidInput(f"{named!r} is not a setting of {strategy} sharding", f"sharding.{named}")
     if strategy == "hash":
         if "shards" not in value:
             return Sharding("hash", default_shards)

@@ -26,7 +26,7 @@ from fractions import Fraction
 from typing import Any, NamedTuple
 
 from shardlb.config import ID_PATTERN
-from shardlb.errors import InvalidInput
+from shardlb.errors import InvalidInput, field_name
 
 MAX_TIERS = 100
 MAX_RANK = 10**9
@@ -76,7 +76,8 @@ def _tier(item: object, where: str) -> Tier:
     named = [k for k in ("rank", "ranks", "top_percent") if k in item]
     unknown = [k for k in item if k not in ("rank", "ranks", "top_percent", "reward")]
     if unknown:
-        raise bad(f"unknown field {unknown[0]!r}", f"{where}.{unknown[0]}")
+        name = field_name(unknown[0])
+        raise bad(f"unknown field {name!r}", f"{where}.{name}")
     if len(named) != 1:
         raise bad("a tier gives exactly one of rank, ranks, top_percent")
     reward = item.get("reward")

@@ -340,26 +340,37 @@ async def test_a_binary_key_is_named_as_text_in_every_body(
     store: BoardStore, cluster_url: str, postgres_url: str
 ) -> None:
     """router/README.md: a MessagePack map key sent as bytes is named as text in the error's field.
-    Only the board PUT did so; the others named it `b'scores'`, `scores[0].b'points'`..."""
+    Only the board PUT did so; the others named it `b'scores'`, `scores[0].b'points'`... And keys
+    of the maps inside a body (a board's retention days and sharding, a reward tier) were named
+    `retention_days.b'daily'`, `sharding.b'shards'`, `rewards[0].b'rank'`, in the message too."""
     name = board_name("binkey")
     await store.create(BoardConfig.from_dict(name, {}))
     as_msgpack = {"Content-Type": "application/msgpack"}
     day = times.format_ms(times.now_ms() - 3 * 86_400_000)[:10]
-    calls = [
+    settle = f"/v1/boards/{name}/periods/daily:{day}:settle"
+    posts = [
         (f"/v1/boards/{name}/scores", {b"scores": []}, AS_WRITER, "scores"),
         (f"/v1/boards/{name}/scores", {"scores": [{b"points": 1}]}, AS_WRITER, "scores[0].points"),
         (f"/v1/boards/{name}/players:query", {b"player_ids": []}, AS_WRITER, "player_ids"),
         ("/v1/players/p1:ban", {b"scope": "all"}, AS_ADMIN, "scope"),
         (f"/v1/admin/boards/{name}/reshard", {b"shards": 4}, AS_ADMIN, "shards"),
-        (f"/v1/boards/{name}/periods/daily:{day}:settle", {b"top_n": 1}, AS_ADMIN, "top_n"),
+        (settle, {b"top_n": 1}, AS_ADMIN, "top_n"),
         ("/v1/settlements/nobody/awards:ack", {b"award_ids": []}, AS_ADMIN, "award_ids"),
+        (settle, {"settlement_id": "s", "rewards": [{b"rank": 1}]}, AS_ADMIN, "rewards[0].rank"),
     ]
+    puts = [
+        ({"retention_days": {b"daily": 1}}, "retention_days.daily"),
+        ({"sharding": {b"shards": 1}}, "sharding.shards"),
+    ]
+    calls = [("POST", *call) for call in posts]
+    calls += [("PUT", f"/v1/boards/{board_name()}", body, AS_ADMIN, field) for body, field in puts]
     async with running(cluster_url, postgres_url=postgres_url) as (_, client):
         try:
-            for path, body, key, field in calls:
+            for method, path, body, key, field in calls:
                 packed = msgpack.packb(body, use_bin_type=True)
-                r = await client.post(path, content=packed, headers={**key, **as_msgpack})
-                assert error_of(r) == (422, "unknown_field", field), (path, r.text)
+                r = await client.request(method, path, content=packed, headers={**key, **as_msgpack})
+                assert r.status_code == 422 and r.json()["error"]["field"] == field, (path, r.text)
+                assert "b'" not in r.json()["error"]["message"], r.text
         finally:
             await store.delete(name)
 
