@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from router.dashboard import ASSETS
+from router.limiter import SCRAPE_READS
 from router.routes import MAX_AGE_MS, MAX_OFFSET, MAX_RADIUS
 from router.scores import MAX_ITEMS
 from shardlb import periods, settlement, times
@@ -649,8 +650,9 @@ _ERROR_TEXT = {
     "disagree); settlements: invalid_rewards, invalid_cursor, invalid_award_id, unknown_award.",
     431: "The request line and headers (or a chunked body's trailers) passed SHARDLB_MAX_HEADER_BYTES "
     "(headers_too_large); the connection is closed.",
-    429: "This client's read rate limit is used up, or a client without a key has as many requests "
-    "(or archive reads) in progress as it may hold (rate_limited); see Retry-After.",
+    429: "This client's read rate limit is used up (a /metrics scrape takes "
+    f"{SCRAPE_READS} reads of it), or a client without a key has as many requests (or archive reads) "
+    "in progress as it may hold (rate_limited); see Retry-After.",
     503: "Retry after Retry-After seconds. Overloaded (overloaded), shutting down "
     "(shutting_down), the cluster unavailable (cluster_unavailable) or the shard's master out of memory "
     "(out_of_memory), not ready (not_ready, /readyz), a reshard's cut-over (board_resharding); "
@@ -1363,12 +1365,15 @@ SPEC: dict[str, Any] = {
             "get": {
                 "operationId": "metrics",
                 "summary": "Prometheus metrics",
+                "description": f"Addition: a scrape takes {SCRAPE_READS} tokens of its client address's "
+                "read budget (SHARDLB_READ_RATE), whatever key it carries.",
                 "security": [],
                 "responses": {
                     "200": {
                         "description": "Prometheus text format",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
+                    },
+                    **_errors(429),
                 },
             },
         },

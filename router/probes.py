@@ -7,7 +7,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from router import metrics
+from router.auth import ANONYMOUS_CLIENT, client_network
 from router.errors import ApiError
+from router.limiter import SCRAPE_READS
 from router.media import error_response, render
 from router.openapi import SPEC
 from router.routes import service
@@ -30,6 +32,14 @@ async def readyz(request: Request) -> Response:
 
 
 async def prometheus(request: Request) -> Response:
+    """The metrics text, for SCRAPE_READS of the client address's read tokens (a scraper every few
+    seconds never notices; a flood of scrapes is 429 as a flood of reads is)."""
+    peer = request.client.host if request.client else "unknown"
+    wait = service(request).limiter.take(ANONYMOUS_CLIENT + client_network(peer), cost=SCRAPE_READS)
+    if wait > 0:
+        metrics.RATE_LIMITED.inc()
+        message = "too many scrapes from this client; slow down"
+        return error_response(request, ApiError(429, "rate_limited", message, retry_after=wait))
     body, content_type = metrics.render()
     return Response(body, headers={"content-type": content_type})
 
