@@ -390,3 +390,54 @@ async def test_what_a_client_sent_is_echoed_cut_short(store: BoardStore, cluster
             assert error["field"].startswith("kkkk") and len(error["field"]) <= 200
         finally:
             await store.delete(name)
+
+
+# Values MessagePack carries that JSON cannot (schemathesis sends JSON only): NaN and infinity,
+# timestamps, extension types, binaries, the ends of its integers.
+PACKED_ODDITIES = [
+    float("nan"),
+    float("inf"),
+    msgpack.Timestamp(2**40, 0),
+    msgpack.ExtType(5, b"x"),
+    b"p",
+    2**64 - 1,
+    -(2**63),
+    True,
+    [{}],
+]
+
+
+async def test_messagepack_values_json_cannot_carry_are_4xx_and_write_nothing(
+    store: BoardStore, cluster_url: str
+) -> None:
+    """Each of them in each field of a score (on a region board, where no field is ignored) and of a
+    board's settings: a 4xx with the error body, and no score or board written. (An audit's sweep
+    that found none reaching a 500; kept so that none does.)"""
+    name = board_name("packed")
+    await store.create(BoardConfig.from_dict(name, {"sharding": {"strategy": "region", "regions": ["eu"]}}))
+    as_msgpack = {"Content-Type": "application/msgpack"}
+    score = {"player_id": "p", "points": 1, "match_id": "m", "achieved_at": times.now_ms(), "region": "eu"}
+    settings = ("mode", "periods", "timezone", "retention_days", "points_max", "epoch", "sharding")
+    created = []
+    async with running(cluster_url) as (_, client):
+        try:
+            for value in PACKED_ODDITIES:
+                for field in score:
+                    body = msgpack.packb({"scores": [{**score, field: value}]}, use_bin_type=True)
+                    r = await client.post(
+                        f"/v1/boards/{name}/scores", content=body, headers={**AS_WRITER, **as_msgpack}
+                    )
+                    error = r.json()["error"]
+                    assert 400 <= r.status_code < 500 and error["field"] is not None, (field, value, r.text)
+                for field in settings:
+                    created.append(board_name("packed-put"))
+                    body = msgpack.packb({field: value}, use_bin_type=True)
+                    r = await client.put(
+                        f"/v1/boards/{created[-1]}", content=body, headers={**AS_ADMIN, **as_msgpack}
+                    )
+                    assert 400 <= r.status_code < 500 and "error" in r.json(), (field, value, r.text)
+            assert (await client.get(f"/v1/boards/{name}")).json()["players"]["total"] == 0
+            listed = {b["board"] for b in (await client.get("/v1/boards")).json()["boards"]}
+            assert not listed & set(created)
+        finally:
+            await store.delete(name)
