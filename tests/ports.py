@@ -3,7 +3,7 @@
 Every server a test starts takes the first free ports from a start of its own: ``free_port_block``
 and the ``free_port`` helpers check that a port is free now, not that another process will not take
 it before the server binds it. Test processes running side by side therefore start from different
-blocks: two sessions by their pids, and the xdist workers of one run (``make test`` runs two) by their
+blocks: two sessions by their pids, and the xdist workers of one run (``make test`` runs three) by their
 worker numbers, which keeps them apart even where their pids would land in the same block.
 """
 
