@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,15 @@ async def router(cluster: Any) -> AsyncIterator[Served]:
 @pytest.mark.parametrize("format", ["msgpack", "json"])
 @pytest.mark.parametrize(
     "bad",
-    [MatchResult("cheater", 2**64, "bad-1"), MatchResult("\ud800", 5, "bad-2")],
-    ids=["bigint", "surrogate"],
+    [
+        MatchResult("cheater", 2**64, "bad-1"),
+        MatchResult("\ud800", 5, "bad-2"),
+        # Values of types neither format carries (a Decimal from a database, a date that is no
+        # datetime): MessagePack's TypeError failed the whole batch, outside ClientError.
+        MatchResult("p", Decimal(5), "bad-3"),  # type: ignore[arg-type]
+        MatchResult("p", 5, "bad-4", achieved_at=date(2026, 12, 5)),  # type: ignore[arg-type]
+    ],
+    ids=["bigint", "surrogate", "decimal", "date"],
 )
 async def test_a_result_the_client_cannot_encode_fails_alone(
     router: Served, format: str, bad: MatchResult

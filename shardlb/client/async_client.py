@@ -71,8 +71,16 @@ def _encodable(score: dict[str, Any], index: int) -> dict[str, Any]:
     """``score`` when it can be sent (JSON or MessagePack); else InvalidRequest naming its field
     (422, as the server would name it), before anything is sent: one result that cannot even be
     encoded must fail alone (a ScoreBuffer then sends the others), not as its batch's
-    OverflowError."""
+    OverflowError, nor a value of a type neither format carries (a ``Decimal``, a ``date``) as its
+    batch's TypeError."""
     for name, value in score.items():
+        if not isinstance(value, str | int | float):
+            raise InvalidRequest(
+                422,
+                "invalid_input",
+                f"{name} cannot be sent: a {type(value).__name__} is no value of the API",
+                f"scores[{index}].{name}",
+            )
         if isinstance(value, str):
             try:
                 value.encode("utf-8")
