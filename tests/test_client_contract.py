@@ -146,6 +146,38 @@ def test_a_client_left_open_does_not_hold_the_process_at_exit() -> None:
     assert done.returncode == 0 and done.stdout == b"made\n", done
 
 
+def test_a_forked_process_neither_hangs_on_a_client_of_its_parent_nor_at_exit() -> None:
+    """A ``Client`` made before ``os.fork()`` (a pre-forking server's workers) runs its calls in
+    its parent's loop thread, which the child does not have: a call there, and the child's exit
+    (which closes clients left open), waited for it for good. The child's calls are
+    ``ClientClosed`` saying why, and it exits; the parent's client goes on working."""
+    import subprocess
+    import sys
+
+    script = """
+import os, signal, sys
+from shardlb.client import Client, ClientClosed
+c = Client('http://127.0.0.1:1', format='json', deadline=0.2)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(5)  # a hung child ends, rather than outlive the test
+    try:
+        c.top('b')
+    except ClientClosed as e:
+        print('child:', e, flush=True)
+    sys.exit(0)
+os.waitpid(pid, 0)
+try:
+    c.top('b')
+except Exception as e:
+    print('parent:', type(e).__name__, flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=10, cwd=ROOT)
+    lines = done.stdout.decode().splitlines()
+    assert done.returncode == 0 and len(lines) == 2, done
+    assert lines[0].startswith("child:") and "fork" in lines[0] and lines[1] == "parent: TransportError"
+
+
 async def test_a_later_request_lost_in_transit_still_tells_what_was_applied() -> None:
     """post_scores of more than 1000 results: the error of a later request carries the outcomes of
     the earlier ones (``applied``), a lost connection's as an API error's (only the latter did)."""

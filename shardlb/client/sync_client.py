@@ -3,11 +3,14 @@
 It is a thin wrapper: it starts one event loop in a background thread (anyio's blocking portal) and
 runs each ``AsyncClient`` call there, blocking the calling thread until it ends, so retries,
 deadlines and connection pooling are the async client's. It may be shared by many threads, but not
-called from inside a running event loop (use ``AsyncClient`` there).
+called from inside a running event loop (use ``AsyncClient`` there), nor from a process forked after
+it was made: the loop's thread is the parent's alone, so there its calls are ``ClientClosed`` (a
+pre-forking server makes its clients in each worker).
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import ExitStack
@@ -24,6 +27,18 @@ from shardlb.client.models import BoardInfo, Entry, MatchResult, Page, PlayerRan
 
 T = TypeVar("T")
 
+_MADE: weakref.WeakSet[Client] = weakref.WeakSet()  # every open Client, for a forked child to drop
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: drop the parent's clients without closing them. Closing waits for the
+    loop thread, which the child does not have; at exit it waited for good."""
+    for client in list(_MADE):
+        client._finalizer.detach()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
 
 class Client:
     """Takes ``AsyncClient``'s arguments; every method is the async one's (same arguments, same
@@ -39,6 +54,8 @@ class Client:
         # loop's thread still does): left to the interpreter's last collection, the portal was
         # stopped when its thread no longer ran, and the process never exited.
         self._finalizer = weakref.finalize(self, self._exit.close)
+        self._pid = os.getpid()
+        _MADE.add(self)
 
     def __enter__(self) -> Client:
         return self
@@ -54,6 +71,8 @@ class Client:
     def _run(self, call: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``call`` run in the portal's loop. After ``close()`` the portal is gone and would raise
         its own RuntimeError: a call on a closed client is the client's error, like any other."""
+        if self._pid != os.getpid():
+            raise ClientClosed(f"the client was made in process {self._pid}, before a fork: make one here")
         if not self._finalizer.alive:
             raise ClientClosed("the client is closed")
         return self._portal.call(call, *args)
