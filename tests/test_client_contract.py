@@ -452,3 +452,22 @@ async def test_a_closed_async_client_fails_as_a_client_error() -> None:
     await left.aclose()
     with pytest.raises(ClientClosed):
         await client.top("b")
+
+
+@pytest.mark.cluster
+async def test_a_request_over_the_routers_body_cap_goes_again_in_smaller_ones(cluster: Any) -> None:
+    """A router whose ``SHARDLB_MAX_BODY_BYTES`` is below a batch's size answered every large
+    request 413, nothing of it read: ``post_scores`` raised it, and a ``ScoreBuffer`` failed every
+    caller of every full batch, for good. The results now go again in requests half the size."""
+    async with served_router(cluster.url, max_body_bytes=4096) as served:
+        name = board_name("cap")
+        async with AsyncClient(served.url, ADMIN, format="json", backoff=FAST) as client:
+            await client.put_board(name, mode="incr")
+            direct = [MatchResult(f"player-{i:04d}", 1, f"match-{i:06d}") for i in range(300)]
+            outcomes = await client.post_scores(name, direct)
+            assert [(o.player_id, o.status) for o in outcomes] == [(r.player_id, "improved") for r in direct]
+            async with ScoreBuffer(client, max_scores=200, max_delay_ms=50) as buffer:
+                again = [MatchResult(f"player-{i:04d}", 2, f"again-{i:06d}") for i in range(200)]
+                done = await asyncio.gather(*(buffer.post(name, r) for r in again))
+            assert [(o.player_id, o.points) for o in done] == [(f"player-{i:04d}", 3) for i in range(200)]
+            assert (await client.get_board(name)).players == {"total": 300}

@@ -284,13 +284,16 @@ class AsyncClient:
         More than 1000 results go as several requests, one after another; if one of them fails
         for good, the error is raised and the earlier ones stay applied (their outcomes are the
         error's ``applied``; a ``field`` such as ``scores[1003].points`` counts from the start of
-        ``results``): posting the same list again is safe and applies only what is missing.
+        ``results``): posting the same list again is safe and applies only what is missing. A
+        request the router refuses as too large (413, past its ``SHARDLB_MAX_BODY_BYTES``; nothing
+        of it was read) goes again as requests half its size, and so do the ones after it.
         """
         end = self._end(deadline)
         items = list(results)
         outcomes: list[ScoreOutcome] = []
-        for start in range(0, len(items), MAX_ITEMS):
-            scores = [_encodable(r.body(), start + i) for i, r in enumerate(items[start : start + MAX_ITEMS])]
+        start, size = 0, MAX_ITEMS
+        while start < len(items):
+            scores = [_encodable(r.body(), start + i) for i, r in enumerate(items[start : start + size])]
             try:
                 _, applied = await self._call(
                     "POST",
@@ -300,6 +303,9 @@ class AsyncClient:
                     body={"scores": scores},
                 )
             except ApiError as e:
+                if e.status == 413 and len(scores) > 1:
+                    size = (len(scores) + 1) // 2
+                    continue
                 if start == 0:
                     raise
                 error = renumbered(e, functools.partial(operator.add, start))  # the caller's index
@@ -309,6 +315,7 @@ class AsyncClient:
                 e.applied = outcomes
                 raise
             outcomes.extend(applied)
+            start += len(scores)
         return outcomes
 
     # ---- reads -------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ Each caller gets its own outcome (or the error of its request). A request is ret
 ``post_scores`` with the same results and match ids, so a retry never counts a result twice, and a
 result leaves the lane only into a request whose end it then waits for: none is dropped. A request
 refused for one bad result (400/422 naming ``scores[i]``) fails that result's caller only; the rest,
-of which nothing was written, are sent again without it.
+of which nothing was written, are sent again without it; a batch too large for the router's body
+cap (413) goes as smaller requests (``AsyncClient.post_scores``).
 """
 
 from __future__ import annotations
