@@ -471,3 +471,23 @@ async def test_a_request_over_the_routers_body_cap_goes_again_in_smaller_ones(cl
                 done = await asyncio.gather(*(buffer.post(name, r) for r in again))
             assert [(o.player_id, o.points) for o in done] == [(f"player-{i:04d}", 3) for i in range(200)]
             assert (await client.get_board(name)).players == {"total": 300}
+
+
+async def test_a_cancelled_callers_result_that_fails_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A cancelled caller's result is still sent; when its request then failed, nobody heard of
+    it: the error went to a future no one awaited. It is logged, naming the result."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        error = {"code": "board_closed", "message": "closed", "field": None}
+        return httpx.Response(409, json={"error": error})
+
+    transport = httpx.MockTransport(refuse)
+    client = AsyncClient("http://r.test", "k", format="json", transport=transport)
+    async with client, ScoreBuffer(client, max_delay_ms=20) as buffer:
+        post = asyncio.ensure_future(buffer.post("b", MatchResult("alice", 5, "match-77")))
+        await asyncio.sleep(0)
+        post.cancel()
+    assert post.cancelled()
+    logged = [r for r in caplog.records if r.name == "shardlb.client"]
+    assert len(logged) == 1 and "alice" in logged[0].getMessage() and "match-77" in logged[0].getMessage()
+    assert "board_closed" in logged[0].getMessage()

@@ -19,6 +19,7 @@ cap (413) goes as smaller requests (``AsyncClient.post_scores``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -34,6 +35,7 @@ from shardlb.client.errors import (
 )
 from shardlb.client.models import MatchResult, ScoreOutcome
 
+log = logging.getLogger("shardlb.client")
 MAX_PENDING = 10 * MAX_ITEMS  # results a buffer holds unanswered, by default, before posts wait
 
 
@@ -62,10 +64,11 @@ class ScoreBuffer:
     it send again included; a caller waits for its batch to leave (at most ``max_delay_ms`` unless
     every request is busy) and then for that batch. ``close()``
     (or leaving ``async with``) sends everything held and waits for it. Cancelling a waiting
-    caller does not take its result back: it is sent all the same. At most ``max_pending`` results
-    (10,000 by default) are held unanswered, a cancelled caller's among them until its result is
-    answered; past that a ``post`` waits for room before its result is taken (cancelled then, it
-    was not).
+    caller does not take its result back: it is sent all the same, and should its request fail,
+    the error is logged (logger ``shardlb.client``, naming the player and match). At most
+    ``max_pending`` results (10,000 by default) are held unanswered, a cancelled caller's among
+    them until its result is answered; past that a ``post`` waits for room before its result is
+    taken (cancelled then, it was not).
     """
 
     def __init__(
@@ -206,8 +209,16 @@ def _settle(
         waiting.room.release()
         waiting.room = None
     future = waiting.outcome
-    if future.done():
-        return  # its caller was cancelled and no longer waits
+    if future.done():  # its caller was cancelled and no longer waits: the log is all that can hear
+        if error is not None and not isinstance(error, asyncio.CancelledError):
+            result = waiting.result
+            log.warning(
+                "a result whose caller was cancelled was not applied (player %s, match %s): %s",
+                result.player_id,
+                result.match_id,
+                error,
+            )
+        return
     if isinstance(error, asyncio.CancelledError):
         future.cancel()
     elif error is not None:
