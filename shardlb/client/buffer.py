@@ -28,6 +28,7 @@ from shardlb.client.async_client import MAX_ITEMS, AsyncClient
 from shardlb.client.errors import (
     SCORE_FIELD,
     ApiError,
+    ClientClosed,
     ClientError,
     InvalidRequest,
     TransportError,
@@ -111,7 +112,7 @@ class ScoreBuffer:
     async def post(self, board: str, result: MatchResult) -> ScoreOutcome:
         """Add one result; returns its outcome once the request that carried it is answered."""
         if self._closed:
-            raise RuntimeError("this ScoreBuffer is closed")
+            raise ClientClosed("this ScoreBuffer is closed: nothing was sent")
         self._entering += 1
         try:
             await self._room.acquire()  # cancelled here, the result was never taken
