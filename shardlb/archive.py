@@ -61,7 +61,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from shardlb import keys, moderation, settlement_delivery
 from shardlb.board import Board
-from shardlb.connection import Scripts, connect, connection_arguments, raised_in_redis, redacted
+from shardlb.connection import Scripts, connect, connection_arguments, raised_in_redis, redacted, seconds
 from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
 from shardlb.outage import Outage
 from shardlb.store import BoardStore
@@ -847,16 +847,6 @@ class _PlainLines(logging.Formatter):
         return line
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"seconds must be 0 or more, got {text!r}")
-    return value
-
-
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -883,19 +873,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--cleanup-every",
-        type=_seconds,
+        type=seconds,
         default=60.0,
         help="seconds between inactive-player cleanups (0: none; default 60)",
     )
     parser.add_argument(
         "--repair-every",
-        type=_seconds,
+        type=seconds,
         default=REPAIR_EVERY_S,
         help="seconds between passes that finish band moves left pending by lost band calls (0: none)",
     )
     parser.add_argument(
         "--deliver-every",
-        type=_seconds,
+        type=seconds,
         default=settlement_delivery.SWEEP_EVERY_S,
         help="seconds between sweeps that send due settlement webhooks no router is sending; needs "
         "SHARDLB_WEBHOOK_SECRET (0: none)",
@@ -903,10 +893,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.postgres:
         parser.error("give --postgres or SHARDLB_POSTGRES_URL")
-    try:  # a malformed one would be retried for ever as "not reachable yet"
-        psycopg.conninfo.conninfo_to_dict(args.postgres)
-    except psycopg.ProgrammingError as e:
-        parser.error(f"--postgres is not a PostgreSQL URL or connection string: {str(e).strip()}")
     handler = logging.StreamHandler()
     handler.setFormatter(_PlainLines("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])

@@ -24,7 +24,7 @@ from typing import Any
 
 from shardlb import compat
 from shardlb.cluster import STATE_FILE, ClusterError, ClusterStatus, LocalCluster
-from shardlb.connection import connection_arguments
+from shardlb.connection import connection_arguments, postgres_url, seconds
 from shardlb.errors import InvalidInput, ShardlbError
 from shardlb.postgres import LocalPostgres
 
@@ -118,7 +118,7 @@ def add_cluster_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     add = actions.add_parser(
         "add-node", help="start one more master on a free port and join it (it serves no slot yet)"
     )
-    add.add_argument("--replicas", type=int, default=0, help="replicas of the new master (default 0)")
+    add.add_argument("--replicas", type=_count, default=0, help="replicas of the new master (default 0)")
     add.add_argument(
         "--rebalance", action="store_true", help="then move slots so every master holds an equal share"
     )
@@ -142,6 +142,17 @@ def add_cluster_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
             default=DEFAULT_CLUSTER_DIR,
             help=f"directory of the nodes and their state file (default {DEFAULT_CLUSTER_DIR})",
         )
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
 
 
 def cluster_up(args: argparse.Namespace) -> int:
@@ -400,6 +411,7 @@ def add_bands_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     bands.add_argument(
         "--postgres",
+        type=postgres_url,
         default=os.environ.get("SHARDLB_POSTGRES_URL", ""),
         help="with --apply on a journaled board: the archive, which the reshard moves too "
         "(default $SHARDLB_POSTGRES_URL)",
@@ -545,7 +557,7 @@ def add_settle_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     settle.add_argument("--force", action="store_true", help="pay from PostgreSQL even if Redis differs")
     settle.add_argument("--webhook", help="POST each award to this URL (signed with $SHARDLB_WEBHOOK_SECRET)")
     settle.add_argument(
-        "--wait", type=float, default=30.0, help="seconds to wait for the archiver to catch up (default 30)"
+        "--wait", type=seconds, default=30.0, help="seconds to wait for the archiver to catch up (default 30)"
     )
     connection_arguments(settle)
     settle.set_defaults(func=settle_period)

@@ -269,6 +269,8 @@ class LocalCluster:
         """Start one more master (and ``replicas`` replicas of it) on free ports after the last
         node's, join it with CLUSTER MEET, and return its port once the cluster is healthy. It
         serves no slot until ``rebalance`` gives it some."""
+        if replicas < 0:  # no node to start: the master's port was recorded, never started
+            raise ClusterError(f"need replicas >= 0, got {replicas}")
         deadline = time.monotonic() + timeout
         server = find_redis_server()
         with self._lock():

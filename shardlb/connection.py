@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import weakref
 from collections.abc import Iterable, Sequence
@@ -284,6 +285,33 @@ def connection_arguments(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument(
         "--postgres",
+        type=postgres_url,
         default=os.environ.get("SHARDLB_POSTGRES_URL"),
         help="the archive (default $SHARDLB_POSTGRES_URL)",
     )
+
+
+def postgres_url(text: str) -> str:
+    """An argparse type: a PostgreSQL URL or connection string libpq can parse. One it cannot is a
+    usage error (exit status 2), not the unreachable server (1) psycopg's error would pass for, or
+    that `shardlb archive` would retry for ever as "not reachable yet"."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict  # imported when used, as the commands do
+
+    try:
+        conninfo_to_dict(text)
+    except ProgrammingError as e:
+        raise argparse.ArgumentTypeError(f"not a PostgreSQL URL: {str(e).strip()}") from e
+    return text
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more (NaN would make a deadline no clock
+    reaches)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"seconds must be 0 or more, got {text!r}")
+    return value

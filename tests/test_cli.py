@@ -7,11 +7,13 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shardlb.cli import main
+from shardlb.cluster import ClusterError, LocalCluster
 
 
 @pytest.mark.parametrize(("command", "usage"), [("serve", "shardlb serve"), ("plan", "shardlb plan")])
@@ -199,3 +201,56 @@ def test_sigterm_stops_a_one_shot_command_with_one_line() -> None:
                 process.communicate()
     assert process.returncode == 143, (process.returncode, err)
     assert err.decode().strip().splitlines() == ["shardlb: terminated"], err
+
+
+@pytest.mark.parametrize("wait", ["nan", "-1", "inf", "soon"])
+def test_settle_refuses_a_wait_that_is_no_number_of_seconds(
+    wait: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--wait nan` made the archiver's deadline NaN, which no clock reaches: with the archiver
+    behind, `shardlb settle` waited for good (a CronJob hung until its own deadline killed it). A
+    negative or endless wait is no number of seconds either. Refused before anything runs."""
+    argv = ["settle", *DAY, "--id", "s1", "--rewards", TIER, "--wait", wait, *UNREACHABLE]
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    assert "argument --wait: seconds must be 0 or more" in capsys.readouterr().err
+
+
+def test_add_node_refuses_a_negative_replica_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cluster add-node --replicas -1` recorded a node it never started in the cluster's state
+    file, failed on a refused connection to it (exit 1), and left `cluster status` reporting the
+    cluster NOT ok for good (and `cluster up` would form it afresh, its data lost). A count below
+    0 is a usage error, refused before the state is read."""
+    with pytest.raises(SystemExit) as done:
+        main(["cluster", "add-node", "--replicas", "-1", "--dir", str(tmp_path)])
+    assert done.value.code == 2
+    assert "argument --replicas: must be 0 or more" in capsys.readouterr().err
+    with pytest.raises(ClusterError, match="replicas"):
+        LocalCluster(masters=1, replicas=0, port=40000, dir=tmp_path).add_node(replicas=-1)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["rebuild", "b"],
+        ["reconcile", "b"],
+        ["settle", *DAY, "--id", "s1", "--rewards", TIER],
+        ["reshard", "b", "--shards", "2"],
+    ],
+    ids=["rebuild", "reconcile", "settle", "reshard"],
+)
+def test_a_postgres_that_is_no_postgresql_url_exits_2(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--postgres notaurl` (or a SHARDLB_POSTGRES_URL set to one) failed with exit 1 and psycopg's
+    ProgrammingError, as if the server were down, where a --redis that is no Redis URL exits 2:
+    a script retrying on 1 retried a command that can never work."""
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--redis", "redis://127.0.0.1:1", "--postgres", "notaurl"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --postgres: not a PostgreSQL URL" in err and "Traceback" not in err, err
