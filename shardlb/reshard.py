@@ -264,10 +264,22 @@ class Resharder:
 
     # ---- commands -----------------------------------------------------------------------------
 
+    async def _reach_archive(self) -> None:
+        """Connect to the PostgreSQL given for a journaled board once before anything is done: the
+        archive's move comes after the cut-over, and a server out of reach (or refusing the
+        credentials) found only then left the board committed on its new layout, unfinished."""
+        if not self.postgres_url or (await self.store.get(self.board_id)).config.durability != "journal":
+            return
+        import psycopg  # imported when used: Redis-only deployments need no PostgreSQL driver
+
+        async with await psycopg.AsyncConnection.connect(self.postgres_url, connect_timeout=10):
+            pass
+
     async def start(self, shards: int, bands: list[int] | None = None) -> dict[str, Any]:
         """Record a reshard of the board to ``shards`` hash shards, or with ``bands`` to a band
         board of ``shards`` home shards and those bands (the mover then does it: ``run``). Asked
         again while that same reshard is under way, it returns the record as it is (a retry)."""
+        await self._reach_archive()
         if bands is None:
             sharding = _sharding({"strategy": "hash", "shards": shards})
         else:
@@ -320,6 +332,7 @@ class Resharder:
         """Take the reshard under way from wherever it is to its end. Returns the final status.
         A board deleted meanwhile (BoardNotFound) has its new layout's shards dropped again first:
         a copy under way when the deletion dropped them may have written into them since."""
+        await self._reach_archive()
         async with self._lease():
             _, record = await self.record()
             if not record.get("reshard"):

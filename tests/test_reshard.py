@@ -882,3 +882,23 @@ async def test_registry_records_stay_readable_by_the_routers_of_before(store: Bo
         assert set(orjson.loads(raw)) <= settings | before
     finally:
         await store.delete(board.config.id)
+
+
+async def test_an_unreachable_archive_refuses_a_journaled_reshard_before_it_starts(
+    store: BoardStore, cluster_url: str
+) -> None:
+    """A journaled board's reshard given a PostgreSQL it could not reach recorded the reshard,
+    copied, sealed and cut over, and only then failed on the archive's move (exit status 1, the
+    board left committed on a layout no one asked to keep yet). It is refused before anything is
+    recorded, as a reshard given no PostgreSQL is."""
+    import psycopg
+
+    config = BoardConfig.from_dict("reshard-no-archive", {"sharding": {"strategy": "hash", "shards": 2}})
+    await store.create(config)
+    try:
+        with pytest.raises(psycopg.OperationalError):
+            await reshard.command(cluster_url, config.id, 3, "run", "postgresql://127.0.0.1:1/x", print)
+        status = await Resharder(store, config.id).status()
+        assert (status["state"], status["shards"]) == ("none", 2), status
+    finally:
+        await store.delete(config.id)
