@@ -519,6 +519,10 @@ def reconcile_board(args: argparse.Namespace) -> int:
     if not args.postgres:
         print("shardlb reconcile: give --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr)
         return USAGE
+    folder = None if args.metrics_file is None else args.metrics_file.parent
+    if folder is not None and not folder.is_dir():  # found before the check, not after it
+        print(f"shardlb reconcile: --metrics-file: no folder {str(folder)!r}", file=sys.stderr)
+        return USAGE
 
     async def run() -> bool:
         async with rebuild.connected(args.redis, args.postgres, print) as (rebuilder, store):

@@ -254,3 +254,15 @@ def test_a_postgres_that_is_no_postgresql_url_exits_2(
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert "argument --postgres: not a PostgreSQL URL" in err and "Traceback" not in err, err
+
+
+def test_a_metrics_file_in_a_missing_folder_is_refused_before_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`reconcile --metrics-file` whose folder does not exist was found out only after the whole
+    check had run (exit 1, naming prometheus-client's temporary file, not the operator's path)."""
+    target = tmp_path / "missing" / "reconcile.prom"
+    command = ["reconcile", "b", "--metrics-file", str(target), "--redis", "redis://127.0.0.1:1"]
+    assert main([*command, "--postgres", "postgresql://127.0.0.1:1/x"]) == 2
+    err = capsys.readouterr().err
+    assert str(target.parent) in err and "reconcile.prom." not in err, err
