@@ -124,6 +124,21 @@ CREATE TABLE IF NOT EXISTS match_results (
 -- The periods of its achieved time a result was not applied to (closed or frozen, by name).
 ALTER TABLE match_results ADD COLUMN IF NOT EXISTS skipped text[] NOT NULL DEFAULT '{}';
 CREATE INDEX IF NOT EXISTS match_results_by_shard ON match_results (board, incarnation, shard);
+-- A result's earlier application, kept for each period a later one of its (match, player) skipped:
+-- the row above then holds the later one, and the period still holds this (see `_HOLD`).
+CREATE TABLE IF NOT EXISTS match_holds (
+    board text NOT NULL,
+    incarnation text NOT NULL,
+    match_id text NOT NULL,
+    player_id text NOT NULL,
+    period text NOT NULL,
+    points bigint NOT NULL,
+    achieved_ms bigint NOT NULL,
+    score bigint NOT NULL,
+    shard integer NOT NULL,
+    journal_id text NOT NULL,
+    PRIMARY KEY (board, incarnation, match_id, player_id, period, journal_id)
+);
 """
 
 _COLUMNS = "board, incarnation, match_id, player_id, points, achieved_ms, score, shard, journal_id, skipped"
@@ -156,6 +171,22 @@ _ON_CONFLICT = {
     f"AND {_LATER})",
     "incr": "DO NOTHING",
 }
+# Best and set boards keep one row per (match, player), so a result sent again with another score
+# after a period closed (the board applies it to the total and the open periods only) replaces a row
+# the closed period still holds on the board. Before the upsert, the row archived before is kept in
+# `match_holds` for every period the incoming application skipped and it did not (`_holds` does the
+# same within one batch), so a settlement finds what the frozen period holds. A hold of a row the
+# upsert then keeps, or of an application a removal later dropped (its journal id is before the
+# removal's), changes nothing: it is a copy of a result the period holds, or one the moderation rule
+# leaves out. Incr boards keep the first row and a retry adds nothing: no holds.
+_HOLD = (
+    "INSERT INTO match_holds (board, incarnation, match_id, player_id, period, points, achieved_ms, score, "
+    "shard, journal_id) SELECT m.board, m.incarnation, m.match_id, m.player_id, p, m.points, m.achieved_ms, "
+    "m.score, m.shard, m.journal_id FROM incoming i JOIN match_results m "
+    "USING (board, incarnation, match_id, player_id) CROSS JOIN LATERAL unnest(i.skipped) p "
+    "WHERE (i.board, i.incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+    "AND NOT p = ANY(m.skipped) ON CONFLICT DO NOTHING"
+)
 # Which of one key's rows in a batch goes in: the same rule.
 _FIRST = {
     "best": f"score DESC, {_POSITION.format('incoming')} DESC",
@@ -519,10 +550,20 @@ class Archiver:
             async with cur.copy(f"COPY incoming ({_COLUMNS}) FROM STDIN") as copy:
                 for row in rows:
                     await copy.write_row(row[1:])
+            held = _holds(rows)
+            if held:
+                await cur.executemany(
+                    "INSERT INTO match_holds (board, incarnation, match_id, player_id, period, points, "
+                    "achieved_ms, score, shard, journal_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                    "ON CONFLICT DO NOTHING",
+                    held,
+                )
             for mode, rule in _ON_CONFLICT.items():
                 boards = sorted({(r[1], r[2]) for r in rows if r[0] == mode})
                 if not boards:
                     continue
+                if mode != "incr" and any(r[10] for r in rows if r[0] == mode):
+                    await cur.execute(_HOLD, ([b for b, _ in boards], [i for _, i in boards]))
                 await cur.execute(
                     f"INSERT INTO match_results ({_COLUMNS}) "
                     f"SELECT DISTINCT ON (board, incarnation, match_id, player_id) {_COLUMNS} FROM incoming "
@@ -619,6 +660,25 @@ def _merge_retries(
             else:
                 kept &= set(rows[n][10])
             out[n] = (*rows[n][:10], sorted(kept))
+    return out
+
+
+def _holds(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``match_holds`` rows for copies of one (match, player) within a batch of a best or set board,
+    which the upsert's DISTINCT ON keeps one of: each copy for every period a later copy skipped and
+    it did not (``_HOLD``, which does the same against the row archived before)."""
+    copies: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for row in rows:
+        if row[0] != "incr":
+            copies.setdefault(row[1:5], []).append(row)
+    out = []
+    for found in copies.values():
+        if len(found) < 2 or not any(row[10] for row in found):
+            continue
+        found.sort(key=lambda row: _order(row[9]))
+        for k, later in enumerate(found):
+            for row in found[:k]:
+                out += [(*row[1:5], p, *row[5:10]) for p in sorted(set(later[10]) - set(row[10]))]
     return out
 
 

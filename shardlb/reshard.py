@@ -75,7 +75,7 @@ SEAL_TRIES = 5
 DRAIN_S = 120.0  # how long the mover waits for the archiver to drain the old journals
 STATES = ("copying", "sealing", "committed")
 # The archive's tables whose rows name a shard (a rebuild reads them by it): _rehome moves them.
-REHOMED = ("match_results", "player_removals", "removal_records")
+REHOMED = ("match_results", "match_holds", "player_removals", "removal_records")
 
 # Mark a sealed shard moved, only if the seal held and nothing is left to copy (fenced: KEYS[1]
 # and ARGV[1] are the shard's fence and the mover's epoch, reshard_copy.FENCED).

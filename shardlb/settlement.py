@@ -462,26 +462,29 @@ class Settler:
         """Step 4: every player of the period from ``match_results``, best first (the codec's
         unique order: a higher score, then the larger player id, as shardlb/merge.py)."""
         start, end = (0, 2**62) if name == "total" else period_bounds(board, name)
-        where = (
-            "WHERE board = %s AND incarnation = %s AND achieved_ms >= %s AND achieved_ms < %s "
-            "AND NOT %s = ANY(skipped) " + MODERATED
+        # The period's applications: the rows that did not skip it, and those a later application
+        # of their (match, player) replaced after it closed (``match_holds``: shardlb/archive.py).
+        held = (
+            "SELECT board, incarnation, player_id, shard, points, achieved_ms, score, journal_id FROM {} "
+            "WHERE board = %s AND incarnation = %s AND achieved_ms >= %s AND achieved_ms < %s AND {}"
         )
-        params = (board.config.id, board.incarnation, start, end, name, moderation.ALL)
+        applied = (
+            held.format("match_results", "NOT %s = ANY(skipped)")
+            + " UNION ALL "
+            + held.format("match_holds", "period = %s")
+        )
+        where = f"FROM ({applied}) m WHERE TRUE {MODERATED}"
+        params = (*(board.config.id, board.incarnation, start, end, name) * 2, moderation.ALL)
         mode, codec = board.config.mode, board.codec
         if mode == "best":
-            sql = (
-                f"SELECT max(score), player_id, shard FROM match_results m {where} GROUP BY player_id, shard"
-            )
+            sql = f"SELECT max(score), player_id, shard {where} GROUP BY player_id, shard"
         elif mode == "set":  # the latest result, the better of two at one time (write.lua's rule)
             sql = (
-                f"SELECT DISTINCT ON (player_id, shard) score, player_id, shard FROM match_results m {where} "
+                f"SELECT DISTINCT ON (player_id, shard) score, player_id, shard {where} "
                 "ORDER BY player_id, shard, achieved_ms DESC, score DESC"
             )
         else:
-            sql = (
-                f"SELECT sum(points), player_id, shard, max(achieved_ms) FROM match_results m {where} "
-                "GROUP BY player_id, shard"
-            )
+            sql = f"SELECT sum(points), player_id, shard, max(achieved_ms) {where} GROUP BY player_id, shard"
         async with self.db.transaction():
             cur = await self.db.execute(sql, params)
             found = await cur.fetchall()
