@@ -20,7 +20,8 @@ the same state as one uninterrupted run (tests/test_settlement.py kills a real p
    the row, state ``mismatch``) unless ``force`` is given; PostgreSQL's order is the one paid.
 6. ``store``: ONE transaction writes the snapshot (ranks 1 to top N and every rewarded rank), the
    awards (UNIQUE (settlement, player)), the webhook deliveries, and marks the row ``settled`` with
-   the result. Before the commit nothing is paid; after it, a re-run only returns the result.
+   the result, unless a rewarded player was banned since step 4 (409, nothing paid). Before the
+   commit nothing is paid; after it, a re-run only returns the result.
 
 While the board is resharded (shardlb/reshard.py) a settlement is refused for a retry
 (``Resharding``), before its freeze and again after its check: ``_at_rest``.
@@ -551,6 +552,19 @@ class Settler:
                     f"settlement {sid!r} changed while it ran; run it again", "settlement_id"
                 )
             url = result["webhook_url"] = row[1]  # the one stored (``_begin``), not this run's
+            # A ban committed since ``compute`` read the order (after the check, Redis may still
+            # hold the player): nothing is paid, and the run again leaves the player out.
+            await cur.execute(
+                "SELECT player_id FROM bans WHERE board IN (%s, %s) AND player_id = ANY(%s) LIMIT 1",
+                (board.config.id, moderation.ALL, [order[a.rank - 1].player_id for a in awards]),
+            )
+            banned = await cur.fetchone()
+            if banned is not None:
+                raise SettlementConflict(
+                    f"player {banned[0]!r} was banned while settlement {sid!r} ran: nothing was paid; "
+                    "run it again (its order then leaves the player out)",
+                    "settlement_id",
+                )
             async with cur.copy(
                 "COPY settlement_snapshots (settlement_id, rank, player_id, points, achieved_ms, score) "
                 "FROM STDIN"

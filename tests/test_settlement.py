@@ -661,3 +661,40 @@ async def test_a_late_better_retry_of_a_match_keeps_its_first_score_in_the_close
         assert await awards_of(db, result["settlement_id"]) == [(1, "first", "gold")]
     finally:
         await store.delete(board.config.id)
+
+
+async def test_a_player_banned_after_the_check_is_not_paid(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A ban committed while the settlement ran, after its order was checked, is found before the
+    awards commit: nothing is paid, and the run again leaves the banned player out."""
+    board = await new_board(store, "settle-banned-late")
+    period = day_ago(2)
+    name = board.resolve(period).period
+    try:
+        ref = await written(board, period, "banned-late")
+        cheater = ref.order(name)[0][1]
+        await drain(raw, store, rebuilder.db.info.dsn)
+        dsn = rebuilder.db.info.dsn
+
+        def ban_at_check(step: str) -> None:  # another session's ban, as the router's (Bans.add)
+            if step == "check":
+                with psycopg.connect(dsn, autocommit=True) as other:
+                    other.execute(
+                        "INSERT INTO bans (player_id, board, reason, banned_by) "
+                        "VALUES (%s, %s, 'cheat', 'ops')",
+                        (cheater, board.config.id),
+                    )
+
+        request = Request.of({"settlement_id": "banned-late-1", "rewards": TABLE})
+        with pytest.raises(SettlementConflict):
+            await Settler(rebuilder, ban_at_check).settle(board, period, request)
+        assert await awards_of(db, "banned-late-1") == []
+        await moderation.remove(board, [cheater])  # the ban's removal from Redis (router/moderation.py)
+        await drain(raw, store, rebuilder.db.info.dsn)
+        await Settler(rebuilder).settle(board, period, request)
+        del ref.boards[name][cheater]
+        assert await awards_of(db, "banned-late-1") == expected_awards(ref, period, board)
+    finally:
+        await db.execute("DELETE FROM bans WHERE board = %s", (board.config.id,))
+        await store.delete(board.config.id)
