@@ -629,19 +629,21 @@ async def test_a_board_whose_season_archive_was_under_way_stays_closed_after_a_t
                 await store.delete(board.config.id)
 
 
-@pytest.mark.parametrize("archived_between", [False, True])
+@pytest.mark.parametrize(("mode", "archived_between"), [("best", False), ("best", True), ("set", True)])
 async def test_a_late_better_retry_of_a_match_keeps_its_first_score_in_the_closed_period(
     store: BoardStore,
     raw: Any,
     rebuilder: Rebuilder,
     db: psycopg.AsyncConnection[Any],
+    mode: str,
     archived_between: bool,
 ) -> None:
     """A match sent again with a better score after its period closed counts in the total only, so the
     frozen period keeps the first score; the settlement pays that order. Until 2026-12-05 PostgreSQL lost
     the first score (in one archiver batch or across two): the check stopped the settlement for good,
     and a forced one paid the runner-up."""
-    board = await new_board(store, f"settle-late-retry-{int(archived_between)}")
+    sid = f"late-retry-{mode}-{int(archived_between)}"
+    board = await new_board(store, f"settle-{sid}", mode)
     period = day_ago(2)
     name = board.resolve(period).period
     start, end = period_bounds(board, name)
@@ -655,7 +657,7 @@ async def test_a_late_better_retry_of_a_match_keeps_its_first_score_in_the_close
         assert late.closed == (period,)  # the total took it, the closed period did not
         assert [e.player_id for e in await board.top(10, board.resolve(period))] == ["first", "second"]
         await drain(raw, store, rebuilder.db.info.dsn)
-        request = Request.of({"settlement_id": f"late-retry-{int(archived_between)}", "rewards": table})
+        request = Request.of({"settlement_id": sid, "rewards": table})
         result = await Settler(rebuilder).settle(board, period, request)
         assert result["check"]["drifting"] == [] and result["players"] == 2
         assert await awards_of(db, result["settlement_id"]) == [(1, "first", "gold")]
