@@ -650,6 +650,14 @@ class Rebuilder:
                 continue  # archived, and still in the journal
             fold.add(r)
             rows += 1
+        # A closed period of a best or set board may hold an application whose row a later one of
+        # its (match, player) replaced: folded into that period alone (the fold takes the best or
+        # the latest, so a copy of what a row or entry holds changes nothing). Read after the rows:
+        # the archiver writes a hold in the transaction that replaces its row.
+        for i, r in [] if incr else await self._rows(board, shard, None, None, holds=True):
+            if kept(i, r):
+                fold.add(r)
+                rows += 1
         return Snapshot(mark, rows, journal, arrivals)
 
     async def refill(self, board: Board, shard: int) -> int:
@@ -781,14 +789,26 @@ class Rebuilder:
             start = "(" + _text(got[-1][0])
 
     async def _rows(
-        self, board: Board, shard: int, after: Id | None, upto: Id | None, skip: set[str] | None = None
+        self,
+        board: Board,
+        shard: int,
+        after: Id | None,
+        upto: Id | None,
+        skip: set[str] | None = None,
+        holds: bool = False,
     ) -> list[tuple[Id, Applied]]:
         """The shard's rows with journal ids in (after, upto], without those of banned players and
-        those journaled before a removal of their player on this shard (shardlb/moderation.py)."""
+        those journaled before a removal of their player on this shard (shardlb/moderation.py).
+
+        With ``holds``, its rows of ``match_holds`` instead: a best or set result's earlier
+        application that a later one of its (match, player) replaced in ``match_results`` after a
+        period closed (shardlb/archive.py). Each counts in its one period only: the others of its
+        time are given as skipped."""
         position = _position("m.journal_id")
+        columns = "m.period" if holds else "m.skipped"
         sql = (
-            "SELECT m.match_id, m.player_id, m.points, m.achieved_ms, m.journal_id, m.skipped "
-            "FROM match_results m "
+            f"SELECT m.match_id, m.player_id, m.points, m.achieved_ms, m.journal_id, {columns} "
+            f"FROM {'match_holds' if holds else 'match_results'} m "
             "WHERE m.board = %s AND m.incarnation = %s AND m.shard = %s "
             "AND NOT EXISTS (SELECT 1 FROM bans b "
             "WHERE b.player_id = m.player_id AND b.board IN (m.board, %s)) "
@@ -809,14 +829,15 @@ class Rebuilder:
             found = await cur.fetchall()
         codec = board.codec
         skip = skip or set()
-        return [
-            (
-                parse_id(entry_id),
-                Applied(m, p, points, (at - codec.epoch_ms) // codec.unit_ms, tuple(skipped)),
-            )
-            for m, p, points, at, entry_id, skipped in found
-            if entry_id not in skip
-        ]
+        out = []
+        for m, p, points, at, entry_id, skipped in found:
+            if entry_id in skip:
+                continue
+            units = (at - codec.epoch_ms) // codec.unit_ms
+            if holds:  # ``skipped`` is the hold's period: every other one of its time is skipped
+                skipped = [n for n in board.period_names(codec.units_to_ms(units)) if n != skipped]
+            out.append((parse_id(entry_id), Applied(m, p, points, units, tuple(skipped))))
+        return out
 
     # ---- writing -------------------------------------------------------------------------
 

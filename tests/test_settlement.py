@@ -38,6 +38,7 @@ from shardlb.errors import (
     SettlementNotFound,
 )
 from shardlb.rebuild import Rebuilder
+from shardlb.reconcile import reconcile
 from shardlb.settlement import STEPS, Request, Settler, ensure_schema, period_bounds
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
@@ -699,4 +700,34 @@ async def test_a_player_banned_after_the_check_is_not_paid(
         assert await awards_of(db, "banned-late-1") == expected_awards(ref, period, board)
     finally:
         await db.execute("DELETE FROM bans WHERE board = %s", (board.config.id,))
+        await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "set"])
+async def test_a_rebuild_keeps_the_first_score_of_a_late_retry_in_the_closed_period(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, mode: str
+) -> None:
+    """The late better retry above, once both applications are archived and trimmed from the journal:
+    a reconcile of the closed period finds Redis and PostgreSQL equal, and a rebuild from PostgreSQL
+    puts back the score the period holds (the first), not the retry's. Until 2026-12-06 both read the
+    match's row only: the reconcile showed drift, the rebuild dropped the first score."""
+    board = await new_board(store, f"rebuild-late-retry-{mode}", mode=mode)
+    period = day_ago(2)
+    start, end = period_bounds(board, board.resolve(period).period)
+    try:
+        first = [Score("first", 10, "late-m1", start + 1000), Score("second", 5, "late-m2", start + 2000)]
+        await board.submit(first, now_ms=end - 1)
+        await drain(raw, store, rebuilder.db.info.dsn)
+        [late] = await board.submit([Score("first", 40, "late-m1", start + 1000)])
+        assert late.closed == (period,)
+        await drain(raw, store, rebuilder.db.info.dsn)
+        for prefix in board.prefixes:  # archived: the journal holds none of them now
+            await raw.xtrim(keys.journal_key(prefix), maxlen=0)
+        top = await board.top(10, board.resolve(period))
+        assert [(e.player_id, e.points) for e in top] == [("first", 10), ("second", 5)]
+        assert not any(c.drift for c in await reconcile(rebuilder, board, period))
+        await rebuilder.rebuild(board)
+        assert await board.top(10, board.resolve(period)) == top
+        assert [(e.player_id, e.points) for e in await board.top(10)] == [("first", 40), ("second", 5)]
+    finally:
         await store.delete(board.config.id)
