@@ -20,8 +20,9 @@ the same state as one uninterrupted run (tests/test_settlement.py kills a real p
    the row, state ``mismatch``) unless ``force`` is given; PostgreSQL's order is the one paid.
 6. ``store``: ONE transaction writes the snapshot (ranks 1 to top N and every rewarded rank), the
    awards (UNIQUE (settlement, player)), the webhook deliveries, and marks the row ``settled`` with
-   the result, unless a rewarded player was banned since step 4 (409, nothing paid). Before the
-   commit nothing is paid; after it, a re-run only returns the result.
+   the result, unless a rewarded player was banned since step 4 (409, nothing paid; a ban being
+   committed is waited for, later ones wait for this commit). Before the commit nothing is paid;
+   after it, a re-run only returns the result.
 
 While the board is resharded (shardlb/reshard.py) a settlement is refused for a retry
 (``Resharding``), before its freeze and again after its check: ``_at_rest``.
@@ -553,7 +554,10 @@ class Settler:
                 )
             url = result["webhook_url"] = row[1]  # the one stored (``_begin``), not this run's
             # A ban committed since ``compute`` read the order (after the check, Redis may still
-            # hold the player): nothing is paid, and the run again leaves the player out.
+            # hold the player): nothing is paid, and the run again leaves the player out. SHARE
+            # mode waits for a ban being inserted to commit (or roll back) and holds new ones off
+            # until this commits, so no ban falls between the look-up and the awards.
+            await cur.execute("LOCK TABLE bans IN SHARE MODE")
             await cur.execute(
                 "SELECT player_id FROM bans WHERE board IN (%s, %s) AND player_id = ANY(%s) LIMIT 1",
                 (board.config.id, moderation.ALL, [order[a.rank - 1].player_id for a in awards]),

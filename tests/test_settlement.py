@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -698,6 +699,44 @@ async def test_a_player_banned_after_the_check_is_not_paid(
         await Settler(rebuilder).settle(board, period, request)
         del ref.boards[name][cheater]
         assert await awards_of(db, "banned-late-1") == expected_awards(ref, period, board)
+    finally:
+        await db.execute("DELETE FROM bans WHERE board = %s", (board.config.id,))
+        await store.delete(board.config.id)
+
+
+async def test_a_ban_committing_as_the_awards_are_written_is_not_paid(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A ban inserted by another session before the store step looks bans up, and committed only a
+    moment later: the settlement waits for it and pays nothing. Until 2026-12-06 the look-up did not
+    see the uncommitted ban and the awards committed with the banned winner paid."""
+    board = await new_board(store, "settle-banned-racing")
+    period = day_ago(2)
+    try:
+        ref = await written(board, period, "banned-racing")
+        cheater = ref.order(board.resolve(period).period)[0][1]
+        await drain(raw, store, rebuilder.db.info.dsn)
+        other = psycopg.connect(rebuilder.db.info.dsn)  # a transaction of its own, left open
+        committing: list[Thread] = []
+
+        def ban_in_flight(step: str) -> None:
+            if step == "check":
+                other.execute(
+                    "INSERT INTO bans (player_id, board, reason, banned_by) VALUES (%s, %s, 'cheat', 'ops')",
+                    (cheater, board.config.id),
+                )
+                committing.append(Thread(target=lambda: (time.sleep(1.0), other.commit())))
+                committing[0].start()
+
+        request = Request.of({"settlement_id": "banned-racing-1", "rewards": TABLE})
+        try:
+            with pytest.raises(SettlementConflict):
+                await Settler(rebuilder, ban_in_flight).settle(board, period, request)
+        finally:
+            for t in committing:
+                t.join()
+            other.close()
+        assert await awards_of(db, "banned-racing-1") == []
     finally:
         await db.execute("DELETE FROM bans WHERE board = %s", (board.config.id,))
         await store.delete(board.config.id)
