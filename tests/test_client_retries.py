@@ -245,3 +245,25 @@ async def test_a_buffered_batch_with_refused_results_keeps_one_deadline(router: 
         assert [isinstance(d, ApiError) for d in done] == [i % 3 == 0 for i in range(10)]
         assert len(deadlines) == 5  # the batch, then again after each of its 4 refused results
         assert deadlines[0] <= 30 and all(b < a for a, b in itertools.pairwise(deadlines))
+
+
+async def test_a_buffer_forgets_a_board_once_its_results_are_answered(router: Served) -> None:
+    """A game server posting to a new board name per event (a board per tournament) keeps one buffer
+    for its life: the lane of a board with nothing held or in flight is dropped, and a later post
+    to it gets a new one. Until 2026-12-06 every board name posted to stayed in the buffer."""
+    names = [board_name(f"lanes{i}") for i in range(3)]
+    async with AsyncClient(router.url, ADMIN, backoff=FAST) as client:
+        for name in names:
+            await client.put_board(name)
+        async with ScoreBuffer(client, max_scores=5, max_delay_ms=1) as buffer:
+            for round_no in range(2):
+                posts = [
+                    buffer.post(n, MatchResult(f"p{i}", i + 1 + 10 * round_no, f"r{round_no}-m{i}"))
+                    for n in names
+                    for i in range(7)
+                ]
+                outcomes = await asyncio.gather(*posts)
+                assert [o.status for o in outcomes] == ["improved"] * 21
+                assert buffer._lanes == {}  # nothing held: no board's lane kept
+        for name in names:
+            assert len([e async for e in client.iter_entries(name)]) == 7

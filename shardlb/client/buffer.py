@@ -1,7 +1,8 @@
 """``ScoreBuffer``: results posted one at a time by many tasks, sent as few large requests.
 
 A game server finishing many matches at once would otherwise send a request per result. The buffer
-keeps one lane per board: a result joins its board's lane and its caller waits; the lane sends what
+keeps one lane per board with results held or in flight (dropped once it has none): a result joins
+its board's lane and its caller waits; the lane sends what
 it holds as one ``post_scores`` call once it holds ``max_scores`` results, or ``max_delay_ms`` after
 the first result of a quiet period, whichever comes first. At most ``max_in_flight`` requests per
 board are out at once; results arriving meanwhile wait for the next free one (so under load requests
@@ -130,7 +131,7 @@ class ScoreBuffer:
         """Send every result held, and return when every request has ended. Cancelled, it stops
         waiting; the requests go on for their callers (a later ``close()`` waits for them)."""
         self._closed = True
-        for board, lane in self._lanes.items():
+        for board, lane in list(self._lanes.items()):
             lane.due = True
             self._send_what_is_ready(board, lane)
         while self._requests or self._entering:
@@ -140,7 +141,7 @@ class ScoreBuffer:
                 await asyncio.shield(asyncio.gather(*self._requests, return_exceptions=True))
             else:  # posts let in before closing still wait for room: theirs comes as requests end
                 await asyncio.sleep(0.001)
-            for board, lane in self._lanes.items():
+            for board, lane in list(self._lanes.items()):
                 lane.due = True
                 self._send_what_is_ready(board, lane)
 
@@ -158,6 +159,8 @@ class ScoreBuffer:
             if lane.timer is not None:
                 lane.timer.cancel()
                 lane.timer = None
+            if not lane.in_flight and self._lanes.get(board) is lane:
+                del self._lanes[board]  # nothing held: a board posted to once costs nothing after
         elif lane.timer is None and not lane.due:
             lane.timer = asyncio.get_running_loop().call_later(self.max_delay, self._delay_over, board)
 
