@@ -480,3 +480,53 @@ async def test_the_rates_restart_when_the_counters_go_back(browser: Browser, ser
             assert max(heights) <= 88.0, d  # the chart's axis is at 88: below it, a negative rate
     assert "-" not in await page.locator("#rate-requests").inner_text()
     await page.close()
+
+
+async def test_a_board_view_never_shows_another_answer_as_its_own(browser: Browser, server: Server) -> None:
+    """A board that cannot be opened (deleted, or never made) shows nothing of the board opened
+    before it under its name, and a failed poll of the live top marks the rows it leaves as stale
+    until a poll answers again."""
+    shown, gone = board_name("shown"), board_name("gone")
+    for name in (shown, gone):
+        assert httpx.put(f"{server.url}/v1/boards/{name}", json={}, headers=AS_ADMIN).status_code == 201
+    scores = [{"player_id": f"s{i}", "points": 10 * i, "match_id": "m"} for i in range(3)]
+    posted = httpx.post(f"{server.url}/v1/boards/{shown}/scores", json={"scores": scores}, headers=AS_WRITER)
+    assert posted.status_code == 200, posted.text
+    assert httpx.delete(f"{server.url}/v1/boards/{gone}", headers=AS_ADMIN).status_code == 204
+
+    page = await browser.new_page()
+    await page.goto(f"{server.url}/dashboard")
+    await page.fill("#key", ADMIN)
+    await page.click("#login-form button")
+    await expect(page.locator("#nav")).to_be_visible()
+    await page.goto(f"{server.url}/dashboard#/board/{shown}?player=s1")
+    await expect(page.locator("#entries tbody tr")).to_have_count(3)
+    await expect(page.locator("#player-id")).to_have_text("s1")
+    await expect(page.locator("#board-settings")).to_contain_text("total: 3 players")
+
+    await page.goto(f"{server.url}/dashboard#/board/{gone}")
+    await expect(page.locator("#notice")).to_contain_text("404 board_not_found")
+    await expect(page.locator("#board-name")).to_have_text(gone)
+    await expect(page.locator("#entries tbody tr")).to_have_count(0)
+    await expect(page.locator("#board-settings")).to_have_text("")
+    await expect(page.locator("#page-info")).to_have_text("")
+    await expect(page.locator("#periods button")).to_have_count(0)
+    await expect(page.locator("#player")).to_be_hidden()
+
+    # The live top of a board that opened: a poll that fails leaves its rows marked stale.
+    async def refused(route: Route) -> None:
+        body = {"error": {"code": "cluster_unavailable", "message": "refused by the test", "field": None}}
+        await route.fulfill(status=503, content_type="application/json", body=json.dumps(body))
+
+    await page.goto(f"{server.url}/dashboard#/board/{shown}")
+    await expect(page.locator("#entries tbody tr")).to_have_count(3)
+    await expect(page.locator("#entries")).not_to_have_class("stale")
+    await page.route("**/top?*", refused)
+    await expect(page.locator("#notice")).to_contain_text("503 cluster_unavailable")
+    await expect(page.locator("#entries")).to_have_class("stale")
+    await expect(page.locator("#page-info")).to_have_class("muted stale")
+    await page.unroute("**/top?*", refused)
+    await expect(page.locator("#entries")).not_to_have_class("stale")
+    await expect(page.locator("#page-info")).to_have_class("muted")
+    await expect(page.locator("#notice")).to_have_text("")
+    await page.close()

@@ -261,6 +261,15 @@ async function openBoard(id, params) {
   boardState.player = params.get("player") || "";
   $("board-name").textContent = id;
   $("offset").value = String(boardState.offset);
+  // Nothing of the view shown before stays on screen: an answer for this view replaces it, or an
+  // error leaves it empty (never another board's or period's rows under this one's name).
+  $("board-settings").textContent = "";
+  $("periods").replaceChildren();
+  $("regions-wrap").hidden = true;
+  fill($("entries").tBodies[0], []);
+  $("page-info").textContent = "";
+  stale(["entries", "page-info"], false);
+  $("player").hidden = true;
   try {
     const config = await api(`/v1/boards/${seg(id)}`);
     if (mine !== generation) return;
@@ -308,9 +317,12 @@ async function loadPage(mine) {
           : `no entries past rank ${s.offset}`;
     $("page-info").textContent = `${page.period} · ${what} · as of ${page.as_of}`;
     $("page-info").dataset.period = page.period;
+    stale(["entries", "page-info"], false);
     if ($("notice").className === "error") notice(""); // a refresh that worked ends an error, not news
   } catch (error) {
-    if (mine === generation) failed(error);
+    if (mine !== generation) return;
+    failed(error);
+    stale(["entries", "page-info"], true); // the last answer stays, marked as not the present
   }
 }
 
