@@ -1,8 +1,9 @@
 """Reads of settled periods, served from their snapshots in PostgreSQL (shardlb/settlement_history.py).
 
 ``settled_top`` and ``settled_player`` answer a read of a period that is settled, or return None for
-the live path to answer it. Only a closed dated period can be settled, so reads of an open period
-(nearly all reads) never wait for PostgreSQL. Whether a closed period is settled is kept per process:
+the live path to answer it. Only a closed dated period that ends after the board's epoch can be
+settled, so reads of an open period (nearly all reads), or of one before the epoch, never wait for
+PostgreSQL. Whether a closed period is settled is kept per process:
 a settled answer for good (a settlement is final), an unsettled one for ``UNSETTLED_TTL_S``; a
 snapshot's top, immutable too, is kept in a small LRU. PostgreSQL is reached on a connection per
 miss, as the admin endpoints do, from SHARDLB_POSTGRES_URL; without it reads stay live.
@@ -23,7 +24,7 @@ from router.auth import ANONYMOUS_CLIENT as ANONYMOUS
 from router.errors import ApiError
 from router.media import entry_body
 from router.service import Service
-from shardlb import merge, settlement, settlement_history, times
+from shardlb import merge, periods, settlement, settlement_history, times
 from shardlb.board import Board, Entry
 from shardlb.reads import ResolvedView
 from shardlb.settlement_history import Settled, Standing
@@ -104,6 +105,9 @@ async def _lookup(svc: Service, board: Board, view: ResolvedView) -> Settled | N
         return None
     if times.now_ms() < settlement.closes_at(board, view.period):
         return None
+    c = board.config
+    if periods.end_ms(view.period, board.tz, c.week_start) <= c.epoch_ms:
+        return None  # it holds no result, and settling it is refused: nothing to ask PostgreSQL
     key = (board.config.id, board.incarnation, view.period)
     found = _settled.get(key)
     if found is not None and (found[0] is not None or time.monotonic() < found[1]):

@@ -242,6 +242,39 @@ async def test_public_archive_reads_wait_for_a_few_connections(
         await store.delete(name)
 
 
+async def test_reads_of_periods_before_the_epoch_never_wait_for_the_archive(
+    store: BoardStore, cluster_url: str, postgres_url: str
+) -> None:
+    """No result is achieved before a board's epoch, so a period that ends by then holds none and
+    can never be settled (shardlb/settlement.py refuses it). Its reads are answered without asking
+    PostgreSQL whether it is settled: anonymous callers naming every day of the centuries before
+    the epoch would each cost a connection to the archive for a read the router answers empty.
+    Here every permit of the archive-read gate is held: a read that asked would be 503."""
+    name = board_name("pre-epoch")
+    settings = {"periods": ["total", "daily", "weekly", "monthly"], "epoch": "2020-01-01T00:00:00Z"}
+    await store.create(BoardConfig.from_dict(name, settings))
+    try:
+        async with running(cluster_url, postgres_url=postgres_url, queue_wait_s=0.05) as (app, client):
+            svc = service_of(app)
+            for _ in range(svc.archive_reads.limit):
+                await svc.archive_reads.acquire()
+            try:
+                for period in ("daily:2019-12-31", "weekly:1999-W10", "monthly:0001-01"):
+                    r = await client.get(f"/v1/boards/{name}/top", params={"period": period})
+                    assert r.status_code == 200, (period, r.text)
+                    assert r.json()["entries"] == [] and r.json()["period"] == period
+                    r = await client.get(f"/v1/boards/{name}/players/p", params={"period": period})
+                    assert error_of(r)[:2] == (404, "player_not_found"), (period, r.text)
+                # The first period after the epoch may be settled: that read still asks.
+                r = await client.get(f"/v1/boards/{name}/top", params={"period": "daily:2020-01-01"})
+                assert error_of(r)[:2] == (503, "overloaded"), r.text
+            finally:
+                for _ in range(svc.archive_reads.limit):
+                    svc.archive_reads.release()
+    finally:
+        await store.delete(name)
+
+
 async def test_reads_of_periods_that_can_hold_nothing_keep_no_view(
     store: BoardStore, cluster_url: str
 ) -> None:
