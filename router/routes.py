@@ -333,8 +333,8 @@ async def player(request: Request) -> Response:
     view = _query_view(board, query)
     rank_mode = board.rank_mode(query.get("rank_mode"))
     max_age_ms = params.integer(query, "max_age_ms", 0, 0, MAX_AGE_MS)
-    settled = await history.settled_player(svc, board, view, player_id, rank_mode)  # settled: its snapshot
     estimate = params.flag(query, "estimate")
+    settled = await history.settled_player(svc, board, view, player_id, rank_mode)  # settled: its snapshot
     if settled is not None:
         # A snapshot's rank is final and exact: an estimate of it allows no error.
         extra = {"rank_error": 0} if estimate else {}

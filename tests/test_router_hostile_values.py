@@ -275,6 +275,30 @@ async def test_reads_of_periods_before_the_epoch_never_wait_for_the_archive(
         await store.delete(name)
 
 
+async def test_a_malformed_read_parameter_is_422_before_the_archive_is_asked(
+    store: BoardStore, cluster_url: str, postgres_url: str
+) -> None:
+    """A read of a closed period asks PostgreSQL whether it is settled; its parameters are checked
+    before that, so a malformed one is the caller's 422 whatever the archive's state (here every
+    permit of the archive-read gate is held: a read that asked would be 503)."""
+    name = board_name("bad-flag")
+    await store.create(BoardConfig.from_dict(name, {"periods": ["total", "daily"]}))
+    try:
+        async with running(cluster_url, postgres_url=postgres_url, queue_wait_s=0.05) as (app, client):
+            svc = service_of(app)
+            for _ in range(svc.archive_reads.limit):
+                await svc.archive_reads.acquire()
+            try:
+                wrong = {"period": "daily:2026-01-02", "estimate": "maybe"}
+                r = await client.get(f"/v1/boards/{name}/players/p", params=wrong)
+                assert error_of(r) == (422, "invalid_parameter", "estimate"), r.text
+            finally:
+                for _ in range(svc.archive_reads.limit):
+                    svc.archive_reads.release()
+    finally:
+        await store.delete(name)
+
+
 async def test_reads_of_periods_that_can_hold_nothing_keep_no_view(
     store: BoardStore, cluster_url: str
 ) -> None:
