@@ -457,8 +457,7 @@ class Bans:
                 reason, by, at_ms = await cur.fetchone() or (ban.reason, ban.by, ban.at_ms)
                 ban = Ban(ban.player, ban.board, reason, by, int(at_ms))
         # PostgreSQL's row, written over whatever Redis held: the two converge on the ban kept.
-        record = orjson.dumps({"reason": ban.reason, "by": ban.by, "at": ban.at_ms})
-        await self.client.hset(keys.BANS, field, record)
+        await self.client.hset(keys.BANS, field, _record(ban))
         # Bumped whether or not the record was new: a retry of a ban whose bump failed after its
         # record was stored must still make the routers reload the list (a reload too many is cheap).
         await self.client.incr(keys.BANS_VERSION)
@@ -473,14 +472,26 @@ class Bans:
         reason: str,
         request_id: str | None,
     ) -> bool:
-        """Lift a ban; return whether there was one."""
+        """Lift a ban; return whether there was one. A retry of ``request_id`` (its audit row is
+        there) lifted the ban already: it deletes nothing in PostgreSQL, where a ban stored since
+        is a new one that stays in force, and puts Redis's record in line with PostgreSQL's."""
+        field = ban_field(board, player)
+        since: Ban | None = None
         async with db.transaction():
-            cur = await db.execute("DELETE FROM bans WHERE player_id = %s AND board = %s", (player, board))
-            await audit_once(db, "unban", None if board == ALL else board, player, by, reason, request_id,
-                             {"scope": board})  # fmt: skip
-        gone = bool(await self.client.hdel(keys.BANS, ban_field(board, player)))
+            if await audit_once(db, "unban", None if board == ALL else board, player, by, reason, request_id,
+                                {"scope": board}):  # fmt: skip
+                cur = await db.execute(
+                    "DELETE FROM bans WHERE player_id = %s AND board = %s", (player, board)
+                )
+                lifted = cur.rowcount > 0
+            else:
+                lifted, since = False, await _ban_row(db, player, board)
+        if since is not None:
+            await self.client.hset(keys.BANS, field, _record(since))
+        else:
+            lifted = bool(await self.client.hdel(keys.BANS, field)) or lifted
         await self.client.incr(keys.BANS_VERSION)
-        return gone or cur.rowcount > 0
+        return lifted
 
     async def restore(self, db: psycopg.AsyncConnection[Any]) -> int:
         """Write every ban PostgreSQL holds into Redis and bump the version (routers reload the
@@ -521,6 +532,22 @@ async def banned_in(db: psycopg.AsyncConnection[Any], board: str) -> set[str]:
     async with db.transaction():
         cur = await db.execute("SELECT player_id FROM bans WHERE board = %s OR board = %s", (board, ALL))
         return {row[0] for row in await cur.fetchall()}
+
+
+def _record(ban: Ban) -> bytes:
+    """A ban's record in Redis's list (``keys.BANS``)."""
+    return orjson.dumps({"reason": ban.reason, "by": ban.by, "at": ban.at_ms})
+
+
+async def _ban_row(db: psycopg.AsyncConnection[Any], player: str, board: str) -> Ban | None:
+    """The ban of ``player`` with scope ``board`` that PostgreSQL holds, if any."""
+    cur = await db.execute(
+        "SELECT reason, banned_by, (extract(epoch FROM banned_at) * 1000)::bigint "
+        "FROM bans WHERE player_id = %s AND board = %s",
+        (player, board),
+    )
+    row = await cur.fetchone()
+    return None if row is None else Ban(player, board, row[0], row[1], int(row[2]))
 
 
 async def audit_once(

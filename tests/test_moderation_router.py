@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import psycopg
@@ -622,4 +622,48 @@ async def test_a_removal_half_applied_is_finished_by_its_retry_at_the_first_call
         assert (got.status_code, got.json().get("points")) == (200, 7), got.text
         eu = (await client.get(f"/v1/boards/{name}/top?region=eu")).json()["entries"]
         assert [e["player_id"] for e in eu] == ["p2"]
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_an_unban_retried_after_a_new_ban_leaves_that_ban_in_force(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unban whose answer was lost is sent again with its X-Request-Id after another admin banned
+    the player anew: the retry lifted that new ban, and wrote no audit row for it (the request had
+    its row), so the audit said the player was banned while nothing refused their scores. The retry
+    is the lift made already: the new ban stays, in PostgreSQL, in Redis and in the routers."""
+    import router.moderation
+
+    monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+    async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        name = await make_board(client)
+        player, scope = f"aba-{name}", {"scope": "board", "board": name}
+
+        async def act(action: str, request_id: str) -> dict[str, Any]:
+            r = await client.post(
+                f"/v1/players/{player}:{action}",
+                json={**scope, "reason": request_id},
+                headers={**AS_ADMIN, "X-Request-Id": request_id},
+            )
+            assert r.status_code == 200, r.text
+            return cast(dict[str, Any], r.json())
+
+        await act("ban", f"b1-{name}")
+        assert (await act("unban", f"u1-{name}"))["lifted"] is True
+        await act("ban", f"b2-{name}")
+        await act("unban", f"u1-{name}")  # the first unban's answer was lost: sent again
+        listed = (await client.get(f"/v1/bans?player={player}", headers=AS_ADMIN)).json()["bans"]
+        assert [b["reason"] for b in listed] == [f"b2-{name}"]
+        assert await rows(postgres_url, "SELECT reason FROM bans WHERE player_id = %s", player) == [
+            (f"b2-{name}",)
+        ]
+        assert service_of(app).moderation.bans.banned(name, player)
+        assert await post(client, name, [score(player, 5, "m1")]) == ["banned"]
+        audit = await rows(
+            postgres_url,
+            "SELECT action, request_id FROM moderation_audit WHERE player_id = %s ORDER BY id",
+            player,
+        )
+        assert audit == [("ban", f"b1-{name}"), ("unban", f"u1-{name}"), ("ban", f"b2-{name}")]
+        await act("unban", f"u2-{name}")
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
