@@ -211,16 +211,19 @@ async def _archive(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         await db.close()
 
 
-async def _remove(svc: Service, board_id: str, player: str, request: str | None) -> bool:
+async def _remove(
+    svc: Service, board_id: str, player: str, request: str | None, since_ms: int | None = None
+) -> bool:
     """Remove ``player`` from the board, waiting out a reshard's cut-over as score writes do: each
     try looks the board up anew (a refusal marked the one kept stale), and a removal tried again
     converges (shardlb/moderation.py). Whether the player had an entry (as the first call of
     ``request`` found it: a client's retry with the same X-Request-Id is that removal again, and
-    keeps the results the player posted since; a request id the router made up is new each try)."""
+    keeps the results the player posted since; a request id the router made up is new each try).
+    ``since_ms``: see ``moderation.remove``."""
 
     async def attempt() -> bool:
         board = await svc.boards.get(board_id)
-        return player in await moderation.remove(board, [player], request=request)
+        return player in await moderation.remove(board, [player], request=request, since_ms=since_ms)
 
     return await through_reshard(attempt)
 
@@ -256,18 +259,21 @@ async def _ban_body(request: Request, svc: Service) -> tuple[str, str, str]:
 
 async def ban(request: Request) -> Response:
     """POST /v1/players/{player}:ban: store the ban, let every router learn it, then remove the
-    player's entries from the boards in its scope."""
+    player's entries from the boards in its scope. A retry after the ban was lifted stores
+    nothing, and finishes the removal as the first call would have made it, at the ban's time
+    (``Bans.add``, ``moderation.remove``)."""
     svc, actor, request_id = _admin(request)
     player, scope, reason = await _ban_body(request, svc)
     boards = [await svc.boards.get(scope)] if scope != ALL else await svc.boards.store.boards()
     async with _archive(svc) as db:
-        record = await moderation.Bans(svc.client).add(
+        record, in_force = await moderation.Bans(svc.client).add(
             db, Ban(player, scope, reason, actor, times.now_ms()), request_id
         )
-    await svc.moderation.bans.refresh()
-    await asyncio.sleep(PROPAGATION_S)
-    removal = _request("ban", request_id)
-    removed = [b.config.id for b in boards if await _remove(svc, b.config.id, player, removal)]
+    if in_force:
+        await svc.moderation.bans.refresh()
+        await asyncio.sleep(PROPAGATION_S)
+    removal, since = _request("ban", request_id), None if in_force else record.at_ms
+    removed = [b.config.id for b in boards if await _remove(svc, b.config.id, player, removal, since)]
     return render(request, {**record.body(), "removed_from": sorted(removed)})
 
 

@@ -148,7 +148,11 @@ async def create_schema(db: psycopg.AsyncConnection[Any]) -> None:
 
 
 async def remove(
-    board: Board, players: Sequence[str], now_ms: int | None = None, request: str | None = None
+    board: Board,
+    players: Sequence[str],
+    now_ms: int | None = None,
+    request: str | None = None,
+    since_ms: int | None = None,
 ) -> set[str]:
     """Remove ``players`` from every period of ``board``; return those that had an entry anywhere.
     One remove.lua call per shard, atomic on its shard, concurrent across shards (not atomic across
@@ -159,7 +163,10 @@ async def remove(
     ran already changes nothing and answers as it did, so the results the player posted since stay;
     a shard it did not reach (a call that failed half way) is removed at the time the first call
     recorded elsewhere (``first_units``), keeping what was achieved since. Without it (and past the
-    window) a call again removes again."""
+    window) a call again removes again. ``since_ms``, with ``request``: when no shard has a record
+    of it, the time the request was made, and every shard is removed as one it did not reach (a
+    ban's retry after the ban was lifted, whose first call removed nothing: results posted since
+    the lift stay)."""
     for i, player in enumerate(players):
         check_id(player, f"players[{i}]")
     if request is not None and (not request or "\x00" in request):
@@ -172,6 +179,8 @@ async def remove(
 
     now = times.now_ms() if now_ms is None else now_ms  # one removal time on every shard
     units = None if request is None else await first_units(board, groups, request)
+    if units is None and request is not None and since_ms is not None:
+        units = record_units(board, since_ms)
 
     async def one(shard: int, members: list[str]) -> list[str]:
         async with gate:
@@ -429,39 +438,47 @@ class Bans:
     def __init__(self, client: RedisCluster) -> None:
         self.client = client
 
-    async def add(self, db: psycopg.AsyncConnection[Any], ban: Ban, request_id: str | None) -> Ban:
-        """Store the ban, and return the ban kept: ``ban`` when it is new, else the first one (its
-        time, reason and author), as PostgreSQL has it. Idempotent: a retry, whatever reason it
-        gives, stores nothing new, writes no second audit row, passes at the cap on bans (only a
-        new ban counts against it) and answers the same ban."""
+    async def add(
+        self, db: psycopg.AsyncConnection[Any], ban: Ban, request_id: str | None
+    ) -> tuple[Ban, bool]:
+        """Store the ban, and return the ban kept and whether it is in force: ``ban`` when it is
+        new, else the first one (its time, reason and author), as PostgreSQL has it. Idempotent: a
+        retry, whatever reason it gives, stores nothing new, writes no second audit row, passes at
+        the cap on bans (only a new ban counts against it) and answers the same ban. A retry of
+        ``request_id`` after its ban was lifted (the request's audit row is there, the ban is not)
+        bans nothing either: it answers the ban as the request made it, not in force."""
         field = ban_field(ban.board, ban.player)
-        if not await self.client.hexists(keys.BANS, field) and await self.client.hlen(keys.BANS) >= MAX_BANS:
-            raise BoardConflict(f"at most {MAX_BANS} bans are kept", "player")
+        board = None if ban.board == ALL else ban.board
         async with db.transaction():
-            cur = await db.execute(
-                "INSERT INTO bans (player_id, board, reason, banned_by, request_id, banned_at) "
-                "VALUES (%s, %s, %s, %s, %s, to_timestamp(%s / 1000.0)) ON CONFLICT DO NOTHING "
-                "RETURNING player_id",
-                (ban.player, ban.board, ban.reason, ban.by, request_id, ban.at_ms),
-            )
-            if await cur.fetchone() is not None:
-                scope = {"scope": ban.board}
-                board = None if ban.board == ALL else ban.board
-                await audit(db, "ban", board, ban.player, ban.by, ban.reason, request_id, scope)
-            else:
+            made = None if request_id is None else await _ban_audited(db, ban, request_id)
+            if made is None:
+                if (
+                    not await self.client.hexists(keys.BANS, field)
+                    and await self.client.hlen(keys.BANS) >= MAX_BANS
+                ):
+                    raise BoardConflict(f"at most {MAX_BANS} bans are kept", "player")
                 cur = await db.execute(
-                    "SELECT reason, banned_by, (extract(epoch FROM banned_at) * 1000)::bigint "
-                    "FROM bans WHERE player_id = %s AND board = %s",
-                    (ban.player, ban.board),
+                    "INSERT INTO bans (player_id, board, reason, banned_by, request_id, banned_at) "
+                    "VALUES (%s, %s, %s, %s, %s, to_timestamp(%s / 1000.0)) ON CONFLICT DO NOTHING "
+                    "RETURNING player_id",
+                    (ban.player, ban.board, ban.reason, ban.by, request_id, ban.at_ms),
                 )
-                reason, by, at_ms = await cur.fetchone() or (ban.reason, ban.by, ban.at_ms)
-                ban = Ban(ban.player, ban.board, reason, by, int(at_ms))
+                if await cur.fetchone() is not None:
+                    detail = {"scope": ban.board, "at": ban.at_ms}
+                    await audit(db, "ban", board, ban.player, ban.by, ban.reason, request_id, detail)
+                    kept: Ban | None = ban
+                else:
+                    kept = await _ban_row(db, ban.player, ban.board)
+            else:
+                kept = await _ban_row(db, ban.player, ban.board)  # a ban stored since the lift, if any
+        if kept is None:  # lifted since (or meanwhile): Redis follows the lift, not this request
+            return made or ban, False
         # PostgreSQL's row, written over whatever Redis held: the two converge on the ban kept.
-        await self.client.hset(keys.BANS, field, _record(ban))
+        await self.client.hset(keys.BANS, field, _record(kept))
         # Bumped whether or not the record was new: a retry of a ban whose bump failed after its
         # record was stored must still make the routers reload the list (a reload too many is cheap).
         await self.client.incr(keys.BANS_VERSION)
-        return ban
+        return kept, True
 
     async def lift(
         self,
@@ -548,6 +565,19 @@ async def _ban_row(db: psycopg.AsyncConnection[Any], player: str, board: str) ->
     )
     row = await cur.fetchone()
     return None if row is None else Ban(player, board, row[0], row[1], int(row[2]))
+
+
+async def _ban_audited(db: psycopg.AsyncConnection[Any], ban: Ban, request_id: str) -> Ban | None:
+    """The ban that the request ``request_id`` stored for ``ban``'s player and scope (from its
+    audit row), or None when it stored none. Its time is the audit's when the row has no ``at``."""
+    cur = await db.execute(
+        "SELECT actor, reason, coalesce((detail ->> 'at')::bigint, (extract(epoch FROM at) * 1000)::bigint) "
+        "FROM moderation_audit WHERE player_id = %s AND board IS NOT DISTINCT FROM %s AND action = 'ban' "
+        "AND request_id = %s ORDER BY id LIMIT 1",
+        (ban.player, None if ban.board == ALL else ban.board, request_id),
+    )
+    row = await cur.fetchone()
+    return None if row is None else Ban(ban.player, ban.board, row[1], row[0], int(row[2]))
 
 
 async def audit_once(

@@ -667,3 +667,52 @@ async def test_an_unban_retried_after_a_new_ban_leaves_that_ban_in_force(
         assert audit == [("ban", f"b1-{name}"), ("unban", f"u1-{name}"), ("ban", f"b2-{name}")]
         await act("unban", f"u2-{name}")
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_ban_retried_after_it_was_lifted_does_not_ban_again(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ban of every board answered 503 after it was stored (its removals' calls were lost) is
+    lifted, the player posts again, and then the ban's retry arrives with its X-Request-Id: it
+    stored the ban again, wrote a second audit row for the request and removed the result posted
+    since the lift. The retry is the ban made already: it answers that ban, stores nothing, and its
+    removals are made at the ban's time, as the first call would have made them: the result of
+    before the ban goes (board `before`), the one posted since the lift (board `since`) stays."""
+    from redis.exceptions import ConnectionError as Lost
+
+    import router.moderation
+
+    monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+    async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        before, since = [await make_board(client, mode="incr", periods=["total"]) for _ in range(2)]
+        player = f"again-{before}"
+        await post(client, before, [score(player, 10, "m1", times.now_ms() - 60_000)])
+        url, asked = f"/v1/players/{player}:ban", {**AS_ADMIN, "X-Request-Id": f"b1-{before}"}
+        remove = shardlb.moderation.remove
+
+        async def lost(*args: Any, **kwargs: Any) -> set[str]:
+            raise Lost("the removal's call was lost")
+
+        monkeypatch.setattr(shardlb.moderation, "remove", lost)
+        first = await client.post(url, json={"scope": "all", "reason": "aimbot"}, headers=asked)
+        assert first.status_code == 503, first.text
+        monkeypatch.setattr(shardlb.moderation, "remove", remove)
+        lifted = await client.post(f"/v1/players/{player}:unban", json={"scope": "all"}, headers=AS_ADMIN)
+        assert lifted.json()["lifted"] is True
+        later = times.now_ms() + 2_000  # seconds after the ban, whatever the clock's second now
+        assert await post(client, since, [score(player, 7, "m2", later)]) == ["improved"]
+        again = await client.post(url, json={"scope": "all", "reason": "retry"}, headers=asked)
+        assert again.status_code == 200, again.text
+        assert again.json()["reason"] == "aimbot"
+        assert (await client.get(f"/v1/bans?player={player}", headers=AS_ADMIN)).json() == {"bans": []}
+        assert await rows(postgres_url, "SELECT 1 FROM bans WHERE player_id = %s", player) == []
+        assert not service_of(app).moderation.bans.banned(since, player)
+        assert (await client.get(f"/v1/boards/{before}/players/{player}")).status_code == 404
+        got = await client.get(f"/v1/boards/{since}/players/{player}")
+        assert (got.status_code, got.json().get("points")) == (200, 7), got.text
+        audit = await rows(
+            postgres_url, "SELECT action FROM moderation_audit WHERE player_id = %s ORDER BY id", player
+        )
+        assert audit == [("ban",), ("unban",)]
+        for name in (before, since):
+            await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
