@@ -38,6 +38,7 @@ from shardlb import moderation, times
 from shardlb.archive import connect_db
 from shardlb.board import Board, Prepared, Result
 from shardlb.config import check_id
+from shardlb.errors import BoardNotFound
 from shardlb.moderation import ALL, Ban, Bans, Screen
 from shardlb.outage import Outage
 
@@ -261,7 +262,8 @@ async def ban(request: Request) -> Response:
     """POST /v1/players/{player}:ban: store the ban, let every router learn it, then remove the
     player's entries from the boards in its scope. A retry after the ban was lifted stores
     nothing, and finishes the removal as the first call would have made it, at the ban's time
-    (``Bans.add``, ``moderation.remove``)."""
+    (``Bans.add``, ``moderation.remove``). A board deleted since it was listed is skipped: nothing
+    of the player is left there."""
     svc, actor, request_id = _admin(request)
     player, scope, reason = await _ban_body(request, svc)
     boards = [await svc.boards.get(scope)] if scope != ALL else await svc.boards.store.boards()
@@ -273,7 +275,13 @@ async def ban(request: Request) -> Response:
         await svc.moderation.bans.refresh()
         await asyncio.sleep(PROPAGATION_S)
     removal, since = _request("ban", request_id), None if in_force else record.at_ms
-    removed = [b.config.id for b in boards if await _remove(svc, b.config.id, player, removal, since)]
+    removed = []
+    for board in boards:
+        try:
+            if await _remove(svc, board.config.id, player, removal, since):
+                removed.append(board.config.id)
+        except BoardNotFound:
+            continue
     return render(request, {**record.body(), "removed_from": sorted(removed)})
 
 

@@ -716,3 +716,35 @@ async def test_a_ban_retried_after_it_was_lifted_does_not_ban_again(
         assert audit == [("ban",), ("unban",)]
         for name in (before, since):
             await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_ban_of_every_board_skips_a_board_deleted_meanwhile(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ban of scope `all` lists the boards, stores the ban, waits for the routers, then removes
+    the player from each board: a board deleted in between made the ban 404 `board_not_found` (the
+    ban stored, and the boards after it left unremoved, for a client that takes a 404 as final).
+    A board gone is skipped: there is nothing of the player left on it."""
+    import router.moderation
+
+    monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+    async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        gone, kept = await make_board(client), await make_board(client)
+        player = f"everywhere-{gone}"
+        for name in (gone, kept):
+            await post(client, name, [score(player, 5, "m1")])
+        cache = service_of(app).moderation.bans
+        refresh = cache.refresh
+
+        async def delete_then_refresh() -> None:
+            await client.delete(f"/v1/boards/{gone}", headers=AS_ADMIN)
+            await refresh()
+
+        monkeypatch.setattr(cache, "refresh", delete_then_refresh)
+        r = await client.post(f"/v1/players/{player}:ban", json={"scope": "all"}, headers=AS_ADMIN)
+        monkeypatch.setattr(cache, "refresh", refresh)
+        assert r.status_code == 200, r.text
+        assert {gone, kept} & set(r.json()["removed_from"]) == {kept}
+        assert (await client.get(f"/v1/boards/{kept}/players/{player}")).status_code == 404
+        await client.post(f"/v1/players/{player}:unban", json={"scope": "all"}, headers=AS_ADMIN)
+        await client.delete(f"/v1/boards/{kept}", headers=AS_ADMIN)
