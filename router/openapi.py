@@ -1176,7 +1176,11 @@ SPEC: dict[str, Any] = {
                 "security": _ADMIN,
                 "requestBody": {"required": True, "content": _content(_ref("BanRequest"))},
                 "responses": {
-                    "200": _ok("Banned (again: the first ban is kept)", "Ban"),
+                    "200": _ok(
+                        "Banned (again: the first ban is kept; a retry of a ban lifted since answers it, "
+                        "not in force)",
+                        "Ban",
+                    ),
                     **_errors(400, 401, 403, *_PATH, 409, 413, 415, 422, 503),
                 },
             },
