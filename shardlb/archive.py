@@ -364,7 +364,13 @@ class Archiver:
             return 0
         rows = _merge_retries([row for board, _, entry in batch for row in _rows(board, entry)], batch)
         removals = [(e.board, e.incarnation, e.shard, p, e.id) for _, _, e in batch for p in e.removed]
-        records = [(e.board, e.incarnation, e.shard, p, u, e.id) for _, _, e in batch for p, u in e.recorded]
+        records: list[tuple[Any, ...]] = []
+        for _, _, e in batch:  # with a removal request's name and mark (NULL: named by none)
+            marks: list[str | None] = [*e.marks()] or [None] * len(e.recorded)
+            records += [
+                (e.board, e.incarnation, e.shard, p, u, e.id, e.request or None, mark)
+                for (p, u), mark in zip(e.recorded, marks, strict=True)
+            ]
         await self._write(rows, removals, records)
         acked: dict[str, list[str]] = {}
         for _, key, entry in batch:
@@ -531,8 +537,8 @@ class Archiver:
         async with self.db.transaction(), self.db.cursor() as cur:
             if records:  # removals' records (remove.lua's `rmv`), which a rebuild puts back
                 await cur.executemany(
-                    "INSERT INTO removal_records (board, incarnation, shard, player_id, units, journal_id) "
-                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    "INSERT INTO removal_records (board, incarnation, shard, player_id, units, journal_id, "
+                    "request, request_mark) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
                     records,
                 )
             if removals:  # delete entries (shardlb/moderation.py): a rebuild drops the results before them

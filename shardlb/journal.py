@@ -8,10 +8,10 @@ periods per result (write.lua's header). A result is on the board if and only if
 shard's journal (the script does both in one atomic call). A removal (shardlb/moderation.py,
 remove.lua) is an entry with ``x`` instead of ``r``: a MessagePack array of the player ids removed
 from every period of the shard at that id; results of those players with smaller ids on this shard
-no longer count. The archiver (shardlb/archive.py) copies entries into PostgreSQL, acknowledges
-them (taking their ``n`` off the shard's ``logn``, the results not yet archived that write.lua's
-bound reads) and trims what it committed; a rebuild replays the entries written after
-its snapshot.
+no longer count (``k``, ``q`` and ``u``: the records it made, ``Entry``). The archiver
+(shardlb/archive.py) copies entries into PostgreSQL, acknowledges them (taking their ``n`` off the
+shard's ``logn``, the results not yet archived that write.lua's bound reads) and trims what it
+committed; a rebuild replays the entries written after its snapshot.
 """
 
 from __future__ import annotations
@@ -48,6 +48,21 @@ class Entry(NamedTuple):
     # a delete entry's records of removals (remove.lua's `rmv`): (player, time units), every player
     # a removal asked for named, present or not; none for the inactive cleanup's
     recorded: tuple[tuple[str, int], ...] = ()
+    # a delete entry of a removal named by a request (remove.lua's `q` and `u`): its name and the
+    # units it recorded for each of ``recorded``'s players beside their records ("" and -1: none)
+    request: str = ""
+    request_units: int = -1
+
+    def marks(self) -> list[str]:
+        """Per player of ``recorded``, the value remove.lua gave the request's record of them (field
+        request NUL player): the request's units, with ".1" after them for a player it removed (a
+        number either way, for remove.lua's prune); none without a request."""
+        if not self.request:
+            return []
+        return [
+            f"{self.request_units}.1" if p in self.removed else f"{self.request_units}"
+            for p, _ in self.recorded
+        ]
 
 
 def _text(value: Any) -> str:
@@ -62,7 +77,9 @@ def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
         flat = msgpack.unpackb(get["k"], raw=False) if "k" in get else []
         recorded = tuple((_text(flat[n]), int(flat[n + 1])) for n in range(0, len(flat), 2))
         removed = tuple(_text(p) for p in msgpack.unpackb(get["x"], raw=False))
-        return Entry(*head, [], removed, recorded=recorded)
+        request = _text(get["q"]) if "q" in get else ""
+        units = int(_text(get["u"])) if request else -1
+        return Entry(*head, [], removed, recorded=recorded, request=request, request_units=units)
     counted = int(_text(get["n"])) if "n" in get else 0
     flat = msgpack.unpackb(get["r"], raw=False)
     skips = msgpack.unpackb(get["c"], raw=False) if "c" in get else [""] * (len(flat) // 3)

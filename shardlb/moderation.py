@@ -69,6 +69,10 @@ CREATE TABLE IF NOT EXISTS removal_records (
     journal_id text NOT NULL,
     PRIMARY KEY (board, incarnation, shard, player_id, journal_id)
 );
+-- A removal named by a request (the router's X-Request-Id) records the request beside the player's
+-- record (remove.lua): its name, and the value it gave it (units; ".1" after them: removed).
+ALTER TABLE removal_records ADD COLUMN IF NOT EXISTS request text;
+ALTER TABLE removal_records ADD COLUMN IF NOT EXISTS request_mark text;
 CREATE TABLE IF NOT EXISTS player_removals (
     board text NOT NULL,
     incarnation text NOT NULL,

@@ -173,7 +173,9 @@ class RetryRecords:
 
     - every mode: the removals of the window (``removed``: remove.lua's ``rmv``, player -> the
       removal's time units, the latest removal of a player kept; the hash expires a window after
-      its latest removal), so a retry of a removed player's result stays a duplicate."""
+      its latest removal), so a retry of a removed player's result stays a duplicate, and the
+      records of the removals named by a request (``requested``: request NUL player -> as
+      remove.lua wrote it, the first kept), so the request sent again changes nothing."""
 
     def __init__(self, board: Board, prefix: str, now_ms: int) -> None:
         c = board.config
@@ -206,6 +208,14 @@ class RetryRecords:
             return
         self._put(keys.removals_key(self.prefix), 2, at_ms + self.window, player_id, units)
 
+    def requested(self, at_ms: int, request: str, player_id: str, mark: str) -> None:
+        """A removal request's record of ``player_id`` (``mark``, as remove.lua made it: ``Entry.marks``)
+        journaled at ``at_ms``, if still in the window: the request sent again changes nothing."""
+        if at_ms < self.removals_since:
+            return
+        field = keys.removal_request_field(request, player_id)
+        self._put(keys.removals_key(self.prefix), 2, at_ms + self.window, field, mark)
+
     def arrived(self, player_id: str, at_ms: int) -> None:
         """The activity set's entry of ``player_id`` (``Rebuilder.recall_activity``)."""
         self._put(keys.activity_key(self.prefix), 3, 0, player_id, at_ms)
@@ -226,7 +236,7 @@ class RetryRecords:
             expiry = (start + PIN_SPAN) * self.length + self.window
             self._put(keys.pin_key(self.prefix, start), 1, expiry, member, units)
 
-    def _put(self, name: str, pin: int, expiry: int, member: str, units: int) -> None:
+    def _put(self, name: str, pin: int, expiry: int, member: str, units: int | str) -> None:
         number = self.names.get(name)
         if number is None:
             self.pin.append(pin)
@@ -682,8 +692,11 @@ class Rebuilder:
                 arrived = parse_id(entry.id)[0]
                 for r in entry.results:
                     records.add(arrived, r.match_id, r.player_id, r.units)
-                for player, units in entry.recorded:
+                marks = entry.marks()
+                for n, (player, units) in enumerate(entry.recorded):
                     records.removed(arrived, player, units)
+                    if marks:
+                        records.requested(arrived, entry.request, player, marks[n])
                 if len(records) >= PAGE:  # an entry holds up to a call's results
                     count += await self._recall(prefix, records)
         codec = board.codec
@@ -699,13 +712,15 @@ class Rebuilder:
                     records.add(arrived, match, player, (achieved - codec.epoch_ms) // codec.unit_ms)
                 count += await self._recall(prefix, records)
             await cur.execute(
-                f"SELECT player_id, units, {arrived_ms} FROM removal_records "
+                f"SELECT player_id, units, {arrived_ms}, request, request_mark FROM removal_records "
                 f"WHERE board = %s AND incarnation = %s AND shard = %s AND {arrived_ms} >= %s",
                 (board.config.id, board.incarnation, shard, records.removals_since),
             )
             while rows := await cur.fetchmany(PAGE):
-                for player, units, arrived in rows:
+                for player, units, arrived, request, mark in rows:
                     records.removed(arrived, player, units)
+                    if request:
+                        records.requested(arrived, request, player, mark)
                 count += await self._recall(prefix, records)
         return count + await self._recall(prefix, records)
 

@@ -19,7 +19,7 @@ import redis.exceptions
 
 from shardlb import keys, moderation, times
 from shardlb.archive import Archiver, connect_db
-from shardlb.board import Board, Score
+from shardlb.board import MAX_FUTURE_MS, Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
@@ -504,6 +504,66 @@ async def test_after_a_total_loss_a_removed_players_retry_is_still_refused(
             await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
+
+
+async def test_after_a_total_loss_a_removal_sent_again_keeps_what_the_player_posted_since(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A removal named by a request (the router's X-Request-Id) is made once whatever its retries:
+    remove.lua records the request beside the player's record, and a call again changes nothing.
+    That record was not put back by `rebuild --all`: after a total loss of Redis, an admin's retry
+    of a DELETE whose answer was lost removed the player again, with the result posted since."""
+    config = BoardConfig.from_dict("loss-removal-request", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    async with own_archive(postgres_url) as archive_url:
+        a = await archiver(raw, store, archive_url)
+        try:
+            await board.submit([Score("p7", 90, "m1", now - 60_000), Score("fair", 40, "m2", now - 60_000)])
+            assert await moderation.remove(board, ["p7", "ghost"], request="remove/r-1") == {"p7"}
+            await drain(a)  # the delete entry is in PostgreSQL (and trimmed from the journal)
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", archive_url]
+            assert await asyncio.to_thread(main, command) == 0
+            rebuilt = await store.get(config.id)
+            await posted_since_and_removed_again(rebuilt)
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_a_refill_puts_back_the_removal_requests_still_in_the_journal(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
+) -> None:
+    """The same from a delete entry not archived yet: the request's record comes back from the journal."""
+    config = BoardConfig.from_dict("loss-removal-request-journal", {"sharding": sharding("hash", 1)})
+    board, _ = await store.create(config)
+    prefix = board.prefixes[0]
+    a = await archiver(raw, store, postgres_url)  # the schema; it archives nothing here
+    try:
+        now = times.now_ms()
+        await board.submit([Score("p7", 90, "m1", now - 60_000), Score("fair", 40, "m2", now - 60_000)])
+        assert await moderation.remove(board, ["p7", "ghost"], request="remove/r-1") == {"p7"}
+        kept = await raw.hgetall(keys.removals_key(prefix))
+        await raw.delete(keys.removals_key(prefix), keys.removals_marker_key(prefix))
+        await rebuilder.refill(board, 0)
+        assert await raw.hgetall(keys.removals_key(prefix)) == kept
+        await posted_since_and_removed_again(board)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def posted_since_and_removed_again(board: Board) -> None:
+    """p7 (removed by the request remove/r-1, with "ghost", who had no entry) posts again; the
+    request sent again answers as the first call did and keeps that result; another removes it."""
+    later = times.now_ms() + MAX_FUTURE_MS + 2_000  # achieved after the removal's record
+    assert (await board.submit([Score("p7", 3, "m-again", later)], later))[0].status == "improved"
+    assert await moderation.remove(board, ["p7", "ghost"], request="remove/r-1") == {"p7"}
+    assert (await board.player("p7")).entry.points == 3
+    assert await moderation.remove(board, ["p7"], request="remove/r-2") == {"p7"}
+    assert [e.player_id for e in await board.top(10)] == ["fair"]
 
 
 async def test_a_refill_puts_back_the_removals_still_in_the_journal(

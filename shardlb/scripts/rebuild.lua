@@ -18,7 +18,8 @@
 --   recall: put back retry records of the dedup window (shardlb/rebuild.py, `RetryRecords`): KEYS[4]
 --          the shard's pin marker (`pspan`), KEYS[5..] dedup sets (`dd:<k>`), pin hashes
 --          (`pin:<k>`), the removals hash (`rmv`: the latest removal of each player kept, its
---          expiry never made sooner, and its marker `rmvon` set beside it) and the activity set
+--          expiry never made sooner, and its marker `rmvon` set beside it; a removal request's
+--          record, whose value is text, with HSETNX) and the activity set
 --          (`seen`: ZADD GT, no expiry). ARGV[2] MessagePack: pin span (0 when the call holds no
 --          pin), {per key from KEYS[5]: 1 for a pin hash, 2 for the removals hash, 3 for the
 --          activity set, 0 for a dedup set}, {per key from KEYS[5]: its expiry ms, 0 for none};
@@ -89,6 +90,8 @@ if op == 'recall' then
   for pos = 1, #items, 3 do
     local i = items[pos]
     if pin[i] == 1 then
+      redis.call('HSETNX', KEYS[4 + i], items[pos + 1], items[pos + 2])
+    elseif pin[i] == 2 and type(items[pos + 2]) == 'string' then  -- a removal request's record: the first
       redis.call('HSETNX', KEYS[4 + i], items[pos + 1], items[pos + 2])
     elseif pin[i] == 2 then  -- a removal (remove.lua's `rmv`): the latest of a player's kept
       local held = redis.call('HGET', KEYS[4 + i], items[pos + 1])

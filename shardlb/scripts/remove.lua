@@ -29,8 +29,9 @@
 -- without a version (never seen, or forgotten) starts above the shard's `vfl`, the highest version
 -- forgotten, as in write.lua.
 -- The delete entry (`x`: the players actually removed; `k`: the records below, player and units,
--- flat) goes in the same call: the archiver records it, a rebuild drops this shard's results of
--- those players journaled before it and puts the records back.
+-- flat; with a request, `q` its name and `u` the units its records hold) goes in the same call: the
+-- archiver records it, a rebuild drops this shard's results of those players journaled before it
+-- and puts the records back, the request's too.
 -- With removed_units, each player is also recorded in the shard's `rmv` hash (player -> those
 -- units; `rmvon`, a string beside it, tells write.lua in the MGET it makes anyway that the hash
 -- exists): write.lua answers a result of the player achieved before it `d`, writing nothing,
@@ -207,6 +208,9 @@ if removed_units >= 0 and #todo > 0 then
 end
 if journal == 1 and (#removed > 0 or #records > 0) then
   local k = (#records > 0) and {'k', cmsgpack.pack(records)} or {}
+  if #records > 0 and request ~= '' then  -- the request's records too (`q`, `u`: its units)
+    k[#k + 1], k[#k + 2], k[#k + 3], k[#k + 4] = 'q', request, 'u', string.format('%d', removed_units)
+  end
   out[2] = redis.call('XADD', KEYS[3], '*', 'b', h[3], 'i', h[4], 's', h[5], 'x', cmsgpack.pack(removed), unpack(k))
   redis.call('ZADD', KEYS[1], '+inf', KEYS[3])
 end
