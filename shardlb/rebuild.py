@@ -94,6 +94,18 @@ def period_expiry(board: Board, name: str) -> int:
     )
 
 
+def checked(board: Board, period: str | None, shard: int | None, now_ms: int) -> str | None:
+    """The period board a rebuild of ``board`` writes (``period``, an API period, as a key's name;
+    None: all) with ``shard`` (None: all), or InvalidInput when the board has no such period or shard."""
+    c, layout = board.config, board.layout
+    name = None if period is None else periods.parse(period, c.periods, board.tz, now_ms, c.week_start)
+    if shard is not None and not 0 <= shard < layout.physical:
+        raise InvalidInput(f"board {c.id!r}: shard must be from 0 to {layout.physical - 1}", "shard")
+    if shard is not None and shard >= c.sharding.shards and name not in (None, "total"):
+        raise InvalidInput(f"board {c.id!r}: shard {shard} is a band shard: it holds the total only", "shard")
+    return name
+
+
 def wanted_periods(board: Board, period: str | None, now_ms: int) -> Callable[[str], bool]:
     """Which period boards a rebuild writes: ``period`` alone when given, and no dated period past
     its retention (its key is gone or going; a rebuild must not bring it back)."""
@@ -339,13 +351,8 @@ class Rebuilder:
             await self._check_archive(board)
         layout = board.layout
         now = times.now_ms()
-        c = board.config
-        name = None if period is None else periods.parse(period, c.periods, board.tz, now, c.week_start)
-        if shard is not None and not 0 <= shard < layout.physical:
-            raise InvalidInput(f"shard must be from 0 to {layout.physical - 1}", "shard")
+        name = checked(board, period, shard, now)
         homes = range(board.config.sharding.shards)
-        if shard is not None and shard not in homes and name not in (None, "total"):
-            raise InvalidInput(f"shard {shard} is a band shard: it holds the total only", "shard")
         wanted = wanted_periods(board, name, now)
         reports = []
         for home in homes if shard is None else [s for s in [shard] if s in homes]:
@@ -559,23 +566,24 @@ class Rebuilder:
             )
         return reports
 
-    async def restore(self, store: BoardStore) -> list[Board]:
+    async def restore(
+        self, store: BoardStore, period: str | None = None, shard: int | None = None
+    ) -> list[Board]:
         """Put every board that PostgreSQL knows and the registry lacks back in the registry, with
         its incarnation (a total loss of Redis); return the boards to rebuild. A board whose id the
         registry holds under another incarnation, or that Redis says was deleted (its first shard's
         marker, or the board's deletion mark, which any layout leaves), is left out. The bans go back
         first (``Bans.restore``), so routers refuse banned players' results from the first write to
-        a board restored. A board whose season archive began is closed again (``_seasons``)."""
-        restored = await moderation.Bans(self.client).restore(self.db)
-        self.progress(f"bans: {restored} written back from PostgreSQL")
-        seasons = await self._seasons()
+        a board restored. A board whose season archive began is closed again (``_seasons``).
+        ``period`` and ``shard``, the rebuild's that follows, are checked against every board
+        (``checked``) before anything is written: InvalidInput when one board refuses them."""
         async with self.db.transaction():
             cur = await self.db.execute(
                 "SELECT DISTINCT ON (board) board, incarnation, settings FROM boards "
                 "WHERE deleted_at IS NULL ORDER BY board, created_at DESC"
             )
             found = await cur.fetchall()
-        out = []
+        formers = []
         for board_id, incarnation, settings in found:
             # The layout a reshard recorded with the rows' new shards (shardlb/reshard.py, _rehome);
             # the generation is the layout's, not a setting.
@@ -586,6 +594,14 @@ class Rebuilder:
             if any([await self.client.exists(mark) for mark in marks]):
                 self.progress(f"{board_id}: deleted; left alone")
                 continue
+            checked(former, period, shard, times.now_ms())  # before anything is written
+            formers.append(former)
+        restored = await moderation.Bans(self.client).restore(self.db)
+        self.progress(f"bans: {restored} written back from PostgreSQL")
+        seasons = await self._seasons()
+        out = []
+        for former in formers:
+            config, board_id, incarnation = former.config, former.config.id, former.incarnation
             refilled = []
             closing = (board_id, str(incarnation)) in seasons
             if not await self.client.hexists(keys.BOARDS, board_id):
@@ -597,7 +613,7 @@ class Rebuilder:
                 for shard, prefix in enumerate(former.prefixes[: config.sharding.shards]):
                     await self.refill(former, shard)
                     refilled.append(prefix)
-            board, created = await store.restore(config, incarnation, generation)
+            board, created = await store.restore(config, incarnation, former.generation)
             if board.incarnation != incarnation:
                 self.progress(f"{board_id}: the registry holds another incarnation; left alone")
                 continue
@@ -1048,5 +1064,9 @@ async def run(
     """Rebuild ``boards``, or, when None, every board PostgreSQL knows (put back in the registry
     first when it is missing there)."""
     async with connected(redis_url, postgres_url, progress) as (rebuilder, store):
-        targets = await rebuilder.restore(store) if boards is None else [await store.get(b) for b in boards]
+        targets = (
+            await rebuilder.restore(store, period, shard)
+            if boards is None
+            else [await store.get(b) for b in boards]
+        )
         return {b.config.id: await rebuilder.rebuild(b, period, shard, force) for b in targets}

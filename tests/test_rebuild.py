@@ -324,6 +324,42 @@ async def test_rebuild_all_restores_boards_whose_keys_were_all_lost(
                 await store.delete(c.id)
 
 
+@pytest.mark.parametrize(
+    "wrong", [["--period", "weekly"], ["--period", "daily:2026-02-30"], ["--shard", "3"], ["--shard", "-1"]]
+)
+async def test_rebuild_all_with_a_wrong_period_or_shard_changes_nothing(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, wrong: list[str]
+) -> None:
+    """`rebuild --all` put every board back in the registry (and their bans and retry records)
+    before it looked at --period and --shard, then stopped at the first board that refused them
+    (exit 2), with the boards before it rebuilt. Now they are checked against every board first."""
+    configs = [
+        BoardConfig.from_dict(
+            "all-wrong-a", {"periods": ["daily", "weekly"], "sharding": sharding("hash", 3)}
+        ),
+        BoardConfig.from_dict("all-wrong-b", {"periods": ["daily"], "sharding": sharding("hash", 2)}),
+    ]
+    boards = [(await store.create(c))[0] for c in configs]
+    async with own_archive(postgres_url) as archive_url:
+        a = await archiver(raw, store, archive_url)
+        try:
+            for board in boards:
+                await board.submit([Score("p1", 10, "m1", times.now_ms() - 60_000)])
+            await drain(a)
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", archive_url]
+            assert await asyncio.to_thread(main, [*command, *wrong]) == 2
+            assert await raw.hlen(keys.BOARDS) == 0
+            assert await raw.dbsize() == 0  # nor anything else (bans, retry records)
+            assert await asyncio.to_thread(main, command) == 0
+            assert [e.player_id for e in await (await store.get(configs[1].id)).top(10)] == ["p1"]
+        finally:
+            await a.db.close()
+            for c in configs:
+                with contextlib.suppress(Exception):
+                    await store.delete(c.id)
+
+
 async def test_a_rebuild_from_an_archive_without_the_board_is_refused(
     store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
