@@ -124,6 +124,9 @@ CREATE TABLE IF NOT EXISTS match_results (
 -- The periods of its achieved time a result was not applied to (closed or frozen, by name).
 ALTER TABLE match_results ADD COLUMN IF NOT EXISTS skipped text[] NOT NULL DEFAULT '{}';
 CREATE INDEX IF NOT EXISTS match_results_by_shard ON match_results (board, incarnation, shard);
+-- The few rows that skip a period, which `_HOLD_EARLIER` looks up for every row archived.
+CREATE INDEX IF NOT EXISTS match_results_skipping ON match_results (board, incarnation, match_id, player_id)
+    WHERE skipped <> '{}';
 -- A result's earlier application, kept for each period a later one of its (match, player) skipped:
 -- the row above then holds the later one, and the period still holds this (see `_HOLD`).
 CREATE TABLE IF NOT EXISTS match_holds (
@@ -186,6 +189,18 @@ _HOLD = (
     "USING (board, incarnation, match_id, player_id) CROSS JOIN LATERAL unnest(i.skipped) p "
     "WHERE (i.board, i.incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
     "AND NOT p = ANY(m.skipped) ON CONFLICT DO NOTHING"
+)
+# The same the other way round: an application archived after a later one of its (match, player)
+# (an archiver died between its read and its commit, and its entries were taken over after another
+# archived the later one; or two archivers committed out of order) is held for every period the row
+# skips and it did not: the board has it there. If it then replaces the row, the hold is a copy.
+_HOLD_EARLIER = (
+    "INSERT INTO match_holds (board, incarnation, match_id, player_id, period, points, achieved_ms, score, "
+    "shard, journal_id) SELECT i.board, i.incarnation, i.match_id, i.player_id, p, i.points, i.achieved_ms, "
+    "i.score, i.shard, i.journal_id FROM incoming i JOIN match_results m "
+    "USING (board, incarnation, match_id, player_id) CROSS JOIN LATERAL unnest(m.skipped) p "
+    "WHERE (i.board, i.incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) AND m.skipped <> '{}' "
+    f"AND NOT p = ANY(i.skipped) AND {_POSITION.format('i')} < {_POSITION.format('m')} ON CONFLICT DO NOTHING"
 )
 # Which of one key's rows in a batch goes in: the same rule.
 _FIRST = {
@@ -570,6 +585,8 @@ class Archiver:
                     continue
                 if mode != "incr" and any(r[10] for r in rows if r[0] == mode):
                     await cur.execute(_HOLD, ([b for b, _ in boards], [i for _, i in boards]))
+                if mode != "incr":  # rows that skip a period are few: the join finds them at once
+                    await cur.execute(_HOLD_EARLIER, ([b for b, _ in boards], [i for _, i in boards]))
                 await cur.execute(
                     f"INSERT INTO match_results ({_COLUMNS}) "
                     f"SELECT DISTINCT ON (board, incarnation, match_id, player_id) {_COLUMNS} FROM incoming "

@@ -12,7 +12,9 @@ import psycopg
 import pytest
 
 from shardlb import keys, moderation, times
+from shardlb.archive import Archiver, connect_db
 from shardlb.board import Score
+from shardlb.journal import GROUP
 from shardlb.rebuild import Rebuilder
 from shardlb.settlement import Request, Settler, period_bounds
 from shardlb.store import BoardStore
@@ -60,5 +62,55 @@ async def test_a_retry_after_a_period_closed_keeps_the_result_in_it_unless_remov
         )
         assert result["forced"] is False and result["players"] == (4 if removed else 5)
         assert (await awards_of(db, sid))[0][1:] == ("p3" if removed else "p4", "gold")
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("better", [False, True])
+@pytest.mark.parametrize("mode", ["best", "set"])
+async def test_a_first_application_archived_after_its_retry_keeps_the_result_in_its_period(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    db: psycopg.AsyncConnection[Any],
+    mode: str,
+    better: bool,
+) -> None:
+    """The same, with the two applications archived in the other order: an archiver read the first
+    and died before its commit, another archived the retry, and the first came in once it was
+    taken over (XAUTOCLAIM; two archivers at once do the same). The upsert kept the retry's row,
+    which skips the period, and nothing of the first: the period lost its winner in PostgreSQL.
+    With ``better`` the post sent again is a better score of the match (a correction), which
+    replaces the row: the first application must then be held for the period."""
+    sid = f"retry-late-{mode}-{better}"
+    board = await new_board(store, sid, mode)
+    period = day_ago(2)
+    start, end = period_bounds(board, board.resolve(period).period)
+    journals = [keys.journal_key(p) for p in board.prefixes]
+    try:
+        scores = [Score(f"p{i}", 10 + i, f"m{i}", start + 1000 * i) for i in range(5)]
+        await board.submit(scores, now_ms=end - 1)  # the period open: applied to it
+        for key in journals:  # an archiver reads the first applications and dies before its commit
+            if await raw.exists(key):
+                await raw.xgroup_create(key, GROUP, id="0")
+                await raw.xreadgroup(GROUP, "dead", {key: ">"})
+        again = scores[4]._replace(points=99) if better else scores[4]
+        retried = await board.submit([again], now_ms=times.now_ms())  # the winner's post again, closed
+        assert retried[0].closed == (period,)
+        late = Archiver(raw, store, await connect_db(rebuilder.db.info.dsn), "late", claim_idle_s=3600)
+        try:
+            await late.refresh()
+            while await late.round():  # the retry alone: the first applications stay with "dead"
+                pass
+        finally:
+            await late.db.close()
+        await drain(raw, store, rebuilder.db.info.dsn)  # takes them over
+        top = await board.top(10, board.resolve(period))
+        assert [(e.player_id, e.points) for e in top][:1] == [("p4", 14)]
+        result = await Settler(rebuilder).settle(
+            board, period, Request.of({"settlement_id": sid, "rewards": TABLE})
+        )
+        assert result["forced"] is False and result["players"] == 5
+        assert (await awards_of(db, sid))[0][1:] == ("p4", "gold")
     finally:
         await store.delete(board.config.id)
