@@ -9,11 +9,11 @@ short, with the record's ``reshard`` field holding the state, so that any proces
 1. ``copying``. Every new shard is marked closed ('c': scripts refuse writes there), every old one
    tracked ('t': write.lua and remove.lua add each result's dedup member to the shard's ``chg``
    set). Then each old shard is copied in bounded batches (ZSCAN, SSCAN, HSCAN of every key its
-   index lists: period boards, dedup and pin buckets, the activity set, frozen markers) into the
-   new shards, each member to its new home. Changes tracked meanwhile are copied again in rounds
-   (the mover takes a shard's ``chg`` into ``chgw`` atomically and copies those players' current
-   values), until few are left. Of a band board only the home shards are copied (``copied_shards``);
-   a band target's bands are built from the totals copied.
+   index lists: period boards, dedup and pin buckets, the activity set, the rate limit's counters,
+   frozen markers) into the new shards, each member to its new home. Changes tracked meanwhile
+   are copied again in rounds (the mover takes a shard's ``chg`` into ``chgw`` atomically and
+   copies those players' current values), until few are left. Of a band board only the home
+   shards are copied (``copied_shards``); a band target's bands are built from the totals copied.
 2. ``sealing``. Every old shard gets a seal with a lease: scripts refuse writes (503, retried). The
    last changes are copied, then each old shard is marked moved ('m'), but only if its seal held
    all along and no change is left (one script call, so a lease that ran out means another round,

@@ -11,8 +11,10 @@ pipelined round trips whatever the board's size, because writes wait while it ru
   scores, looked up in their new home shard (and a total of a band target in its band).
 
 Left out: the recent removals (``rmv``: remove.lua forgets old records on the old layout whose
-copies stay, which is harmless), the frozen markers (copied whole to every new shard), and keys that
-expire within ``MARGIN_MS`` (one could expire between the reads of the two layouts).
+copies stay, which is harmless), the rate limit's counters (rate.lua counts before the write, on a
+sealed shard too: a count the copy lacks is of a result refused there, whose retry is counted on
+the new layout), the frozen markers (copied whole to every new shard), and keys that expire within
+``MARGIN_MS`` (one could expire between the reads of the two layouts).
 
 A check, not a proof: a wrong score outside the sample passes, and so would one member missing
 and another too many under the same key. It catches what loses players in bulk: copies lost with a

@@ -187,14 +187,21 @@ class Replicated:
 
 def kind_of(suffix: str) -> str:
     """What a key of a shard is, from its name after the prefix: zset (period boards, the activity
-    set), set (dedup buckets), hash (pins), players (a hash by player: the recent removals), frozen
-    (markers, copied to every new shard), or skip (the journal, counters...)."""
+    set), set (dedup buckets), hash (pins), pairs (a set of match NUL player the check leaves out:
+    the rate limit's counted results), players (a hash by player: the recent removals, the rate
+    limit's counts), frozen (markers, copied to every new shard), or skip (the journal, counters...)."""
     if suffix in ("total", "seen") or suffix[:2] in ("d:", "w:", "m:"):
         return "zset"
     if suffix.startswith("dd:"):
         return "set"
     if suffix.startswith("pin:"):
         return "hash"
+    # rate.lua's minute: a player at the limit stays there, and a retry of a result it counted is
+    # not counted again, after the cut-over as before it.
+    if suffix.startswith("rated:"):
+        return "pairs"
+    if suffix.startswith("rate:"):
+        return "players"
     if suffix == "rmv":  # recent removals (remove.lua): player (or request NUL player) -> when, to their home
         return "players"
     if suffix.startswith("frozen:") or suffix == "rmvon":  # markers: copied to every new shard
@@ -294,12 +301,14 @@ class Copier:
             if kind == "frozen":
                 await self._copy_frozen(key, suffix, expiry, target)
                 continue
-            scan = {"zset": "ZSCAN", "set": "SSCAN", "hash": "HSCAN", "players": "HSCAN"}[kind]
+            scan = {"zset": "ZSCAN", "set": "SSCAN", "pairs": "SSCAN", "hash": "HSCAN", "players": "HSCAN"}[
+                kind
+            ]
             cursor = "0"
             while True:
                 cursor, found = await self.client.execute_command(scan, key, cursor, "COUNT", BATCH)
                 rows = list(found.items()) if isinstance(found, dict) else found
-                if kind == "set":
+                if kind in ("set", "pairs"):
                     rows = [(member, None) for member in rows]
                 elif kind == "zset" and rows and not isinstance(rows[0], tuple):
                     rows = list(zip(rows[::2], rows[1::2], strict=True))
@@ -391,7 +400,7 @@ class Copier:
             key = home + suffix
             if kind == "zset":
                 writes.add(home, "ZADD", key, *(x for m, v in items for x in (v, m)))
-            elif kind == "set":
+            elif kind in ("set", "pairs"):
                 writes.add(home, "SADD", key, *(m for m, _ in items))
             else:
                 writes.add(home, "HSET", key, *(x for m, v in items for x in (m, v)))
@@ -449,7 +458,7 @@ class Copier:
         for suffix, kind, expiry in listed:
             if kind == "zset":
                 read.execute_command("ZMSCORE", prefix + suffix, *players)
-            elif kind == "set" and matches:
+            elif kind in ("set", "pairs") and matches:
                 read.execute_command("SMISMEMBER", prefix + suffix, *matches)
             elif kind == "hash" and matches:
                 read.execute_command("HMGET", prefix + suffix, *matches)
@@ -463,7 +472,7 @@ class Copier:
                 present = [(p, v) for p, v in zip(players, values, strict=True) if v is not None]
                 absent = [p for p, v in zip(players, values, strict=True) if v is None]
                 await self._write(target, suffix, kind, expiry, present, absent, moved=True)
-            elif kind == "set":
+            elif kind in ("set", "pairs"):
                 rows = [(m, None) for m, v in zip(matches, values, strict=True) if v]
                 await self._write(target, suffix, kind, expiry, rows)
             else:

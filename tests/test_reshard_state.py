@@ -98,3 +98,36 @@ async def test_a_closed_board_stays_closed_through_a_reshard(store: BoardStore) 
         await fresh.submit([Score("q", 9, "q1", now)], now + 1000)
     assert await fresh.top(50) == top
     await store.delete(board.config.id)
+
+
+async def test_the_per_minute_rate_limit_holds_through_a_reshard(store: BoardStore) -> None:
+    """rate.lua's counters (the (match, player) pairs counted this minute and each player's count)
+    were left behind on the old layout: after the cut-over a player at the limit could post as
+    many results again in the same minute, and a retry of a result applied before it was counted
+    anew, so it could be refused as past the limit (and recorded as refused) though it is on the
+    board. They are copied with the board, counted before the reshard or while it copies."""
+    board = await make_board(store, 2, max_results_per_player_per_minute=2)
+    screen = moderation.Screen(lambda _board, _player: False)
+    now = times.now_ms()
+    first, second = Score("p1", 5, "m1", now), Score("p1", 6, "m2", now)
+
+    async def post(target: Board, score: Score, at: int) -> list[str]:
+        refused = await screen.refusals(target, target.prepare([score], at), at)
+        if refused:
+            return [r.status for r in refused]
+        return [r.status for r in await target.submit([score], at)]
+
+    assert await post(board, first, now) == ["improved"]
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    record = await mover.start(3)
+    await mover._copy(record)  # copied; the old layout is tracked from here to the seal
+    assert await post(board, second, now + 10) == ["improved"]
+    await mover.run()
+    fresh = await store.get(board.config.id)
+    assert fresh.config.sharding.shards == 3
+    # A third result in the same minute is past the limit; the retries are duplicates.
+    assert await post(fresh, Score("p1", 7, "m3", now), now + 1_000) == ["rate_limit"]
+    assert await post(fresh, first, now + 2_000) == ["duplicate"]
+    assert await post(fresh, second, now + 2_000) == ["duplicate"]
+    assert [(e.player_id, e.points) for e in await fresh.top(5)] == [("p1", 11)]
+    await store.delete(board.config.id)
