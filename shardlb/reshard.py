@@ -374,7 +374,10 @@ class Resharder:
         running elsewhere carries it out at its next step; then this waits for the board's lease (a
         live mover lets it go once it has cancelled, a dead one's runs out) and finishes it. The
         commit refuses a record that carries the request, so once it is recorded the answer
-        "cancelled" is what happens; a reshard committed first is refused here (BoardConflict)."""
+        "cancelled" is what happens; a reshard committed first is refused here (BoardConflict).
+        A live mover still in a long step when the wait ends (a large shard's copy) keeps the
+        lease: the answer is then "cancelling", as true, since that mover (or a resume, should it
+        die) cancels at its next step."""
 
         def ask(record: dict[str, Any]) -> dict[str, Any]:
             move = record.get("reshard")
@@ -385,11 +388,17 @@ class Resharder:
             return {**record, "reshard": {**move, "cancel": True}}
 
         await self._update(ask)
-        async with self._lease():
-            _, record = await self.record()
-            if record.get("reshard", {}).get("cancel"):  # not a reshard started since this one ended
-                self.incarnation = _incarnation(record)
-                await self._cancel(await self._take())
+        try:
+            async with self._lease():
+                _, record = await self.record()
+                if record.get("reshard", {}).get("cancel"):  # not a reshard started since this one ended
+                    self.incarnation = _incarnation(record)
+                    await self._cancel(await self._take())
+        except Busy:
+            self.say(
+                f"{self.board_id}: cancel recorded; the mover running elsewhere cancels it at its next step"
+            )
+            return "cancelling"
         return "cancelled"
 
     async def status(self) -> dict[str, Any]:
@@ -849,6 +858,10 @@ class Cancelled(Exception):
     """The reshard this mover was doing was cancelled (by ``Resharder.cancel`` elsewhere)."""
 
 
+class Busy(BoardConflict):
+    """Another process held the board's lease for longer than a lease: a live mover."""
+
+
 class Lease:
     """The mover's hold on a board, refreshed while it works: one mover at a time."""
 
@@ -862,7 +875,7 @@ class Lease:
         deadline = time.monotonic() + LEASE_MS / 1000 + 1.0
         while not await self.client.eval(_LEASE, 1, self.key, self.token, LEASE_MS):
             if time.monotonic() > deadline:
-                raise BoardConflict("another process is resharding this board", "board")
+                raise Busy("another process is resharding this board", "board")
             await asyncio.sleep(0.25)
         self._task = asyncio.create_task(self._keep())
         return self

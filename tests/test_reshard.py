@@ -434,6 +434,30 @@ async def test_a_cancel_after_the_commit_is_refused_and_the_reshard_finishes(sto
     await work.check()
 
 
+async def test_a_cancel_while_a_live_mover_holds_the_lease_is_answered_as_recorded(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel records its request, then waits for the board's lease to finish the cancel itself.
+    A live mover in the middle of a long step (one large shard's copy) keeps its lease past that
+    wait: the cancel then failed with 409 "another process is resharding this board", though its
+    request was recorded and the running mover (or the next resume) carries it out: the board keeps
+    its layout. It answers that the cancel is recorded, and the mover running elsewhere cancels."""
+    monkeypatch.setattr(reshard, "LEASE_MS", 500)  # the cancel waits a lease and a second for it
+    board, _ = await make_board(store, 2)
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await mover.start(4)
+    key = keys.lease_key(board.config.id)
+    await store.client.set(key, "a-live-mover", px=60_000)  # refreshed all along by its holder
+    said: list[str] = []
+    assert await Resharder(store, board.config.id, say=said.append).cancel() == "cancelling"
+    assert said and "cancels it" in said[-1]
+    assert (await Resharder(store, board.config.id).status())["cancel_requested"]
+    await store.client.delete(key)  # the live mover's next step finds the request and cancels
+    assert (await mover.run())["state"] == "cancelled"
+    after = await store.get(board.config.id)
+    assert after.config.sharding.shards == 2 and not after.moving and not after.also
+
+
 async def test_a_resume_after_the_commit_finishes_past_a_stale_cancel(store: BoardStore) -> None:
     """A committed record that still carries a cancel (the commit used to keep it: a mover that
     stopped after such a commit) is finished by the resume, not refused as "committed already"."""
