@@ -47,7 +47,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from importlib import resources
 from typing import Any, NoReturn
@@ -58,7 +58,7 @@ from redis.asyncio.cluster import RedisCluster
 from shardlb import keys, times
 from shardlb.board import Board
 from shardlb.config import BoardConfig, Sharding, stored_sharding
-from shardlb.errors import BoardConflict, BoardNotFound
+from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput
 from shardlb.fanout import batch
 from shardlb.reshard_check import Mismatch, differences
 from shardlb.reshard_copy import FENCE, FENCE_MS, FENCED, Copier, Lost, Writes, fence_key, fenced, lost
@@ -280,10 +280,11 @@ class Resharder:
         board of ``shards`` home shards and those bands (the mover then does it: ``run``). Asked
         again while that same reshard is under way, it returns the record as it is (a retry)."""
         await self._reach_archive()
-        if bands is None:
-            sharding = _sharding({"strategy": "hash", "shards": shards})
-        else:
-            sharding = _sharding({"strategy": "band", "shards": shards, "bands": bands})
+        with _given():
+            if bands is None:
+                sharding = _sharding({"strategy": "hash", "shards": shards})
+            else:
+                sharding = _sharding({"strategy": "band", "shards": shards, "bands": bands})
 
         def begin(record: dict[str, Any]) -> dict[str, Any]:
             move = record.get("reshard")
@@ -310,7 +311,10 @@ class Resharder:
                     "board",
                 )
             if bands is not None:  # the bands checked against the board's points_max, as a PUT would
-                BoardConfig.from_dict(self.board_id, {**now.config.to_dict(), "sharding": sharding.to_dict()})
+                with _given():
+                    BoardConfig.from_dict(
+                        self.board_id, {**now.config.to_dict(), "sharding": sharding.to_dict()}
+                    )
             return {
                 **record,
                 "reshard": {
@@ -909,6 +913,19 @@ class Lease:
 
 def _sharding(value: dict[str, Any]) -> Sharding:
     return BoardConfig.from_dict("x", {"sharding": value}).sharding
+
+
+@contextlib.contextmanager
+def _given() -> Iterator[None]:
+    """A shard count or band starts refused, named as a reshard is given them (``shards``,
+    ``bands``: the endpoint's body, the CLI's flags), not as a PUT's ``sharding.shards``."""
+    try:
+        yield
+    except InvalidInput as e:
+        if not (e.field or "").startswith("sharding."):
+            raise
+        name = (e.field or "").removeprefix("sharding.")
+        raise InvalidInput(e.message.replace(e.field or "", name), name, e.code) from e
 
 
 def _incarnation(record: dict[str, Any]) -> str:

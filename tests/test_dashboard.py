@@ -163,6 +163,31 @@ async def test_a_board_is_resharded_through_the_admin_endpoint(
     assert again.status_code == 409 and "these bands already" in again.text  # the layout it has
 
 
+async def test_a_reshard_refused_names_the_field_of_its_body(
+    router: tuple[Starlette, httpx.AsyncClient],
+) -> None:
+    """The shard count and band starts a reshard refuses were named as a PUT's (`sharding.shards`,
+    `sharding.bands`), fields its body does not have: the error's field is the body's own
+    (api.md: the offending field), and nothing is recorded."""
+    _, client = router
+    name = board_name("dash-rs-bad")
+    settings = {"durability": "memory", "points_max": 1000, "sharding": {"strategy": "hash", "shards": 3}}
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+    path = f"/v1/admin/boards/{name}/reshard"
+    for body, field in (
+        ({"shards": 2, "bands": [5, 10]}, "bands"),
+        ({"shards": 2, "bands": [0, 5000]}, "bands"),  # above the board's points_max
+        ({"shards": 1024, "bands": [0, 10]}, "shards"),  # too many beside its bands
+    ):
+        r = await client.post(path, json=body, headers=AS_ADMIN)
+        error = r.json()["error"]
+        assert (r.status_code, error["field"]) == (422, field), (body, r.text)
+        assert "sharding." not in error["message"], r.text
+    status = (await client.get(path, headers=AS_ADMIN)).json()
+    assert (status["state"], status["shards"]) == ("none", 3)
+    assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+
+
 async def test_cluster_lists_every_node_with_its_slots_and_memory(
     router: tuple[Starlette, httpx.AsyncClient], cluster: LocalCluster
 ) -> None:
