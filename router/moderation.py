@@ -106,10 +106,16 @@ class RefusalLog:
         self.dropped += max(0, len(rows) - room)
         self.ready.set()
 
+    def close(self) -> None:
+        """Let ``run`` write what is queued, then end (the router's stop waits for it, within
+        SHARDLB_DRAIN_SECONDS, and cuts it off after that)."""
+        self.closed = True
+        self.ready.set()
+
     async def run(self) -> None:
         db: psycopg.AsyncConnection[Any] | None = None
         try:
-            while not self.closed:
+            while not self.closed or self.rows:
                 await self.ready.wait()
                 self.ready.clear()
                 if not self.url:

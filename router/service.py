@@ -2,8 +2,9 @@
 
 ``Service.start`` connects, loads every Lua script on every primary (retrying until the cluster
 answers or SHARDLB_STARTUP_TIMEOUT_S passes) and starts the cache refresh tasks; only then does the
-worker take requests. ``Service.stop`` refuses new writes, drains the coalescer and lets the
-webhook delivery tasks give back what they hold within SHARDLB_DRAIN_SECONDS, and closes the client.
+worker take requests. ``Service.stop`` refuses new writes, drains the coalescer, writes the refused
+results still queued for PostgreSQL and lets the webhook delivery tasks give back what they hold
+within SHARDLB_DRAIN_SECONDS, and closes the client.
 
 Every path to the cluster goes through one of the gates made here; router/budget.py adds up what
 they allow per primary, which the settings check keeps within the client's connection cap.
@@ -79,6 +80,7 @@ class Service:
     # rows they claimed) included: ``stop`` waits for them all.
     delivering: set[asyncio.Task[None]] = field(default_factory=set)
     draining: bool = False
+    recording: asyncio.Task[None] | None = None  # the refusal log's task, also in ``tasks``
     _probe: asyncio.Future[str | None] | None = None
 
     @classmethod
@@ -171,18 +173,19 @@ class Service:
             moderation=Moderation(bans, RefusalLog(settings.postgres_url)),
             archive_reads=archive_reads,
         )
+        service.recording = asyncio.create_task(service.moderation.refusals.run())
         service.tasks = [
             asyncio.create_task(service.tops.run()),
             asyncio.create_task(histograms.run()),
             asyncio.create_task(service.journals.run()),
             asyncio.create_task(bans.run()),
-            asyncio.create_task(service.moderation.refusals.run()),
+            service.recording,
         ]
         return service
 
     async def stop(self) -> None:
-        """Refuse writes, apply what was accepted and end the webhook deliveries (both bounded by
-        SHARDLB_DRAIN_SECONDS), then disconnect."""
+        """Refuse writes, apply what was accepted, record the refused results queued and end the
+        webhook deliveries (all bounded by SHARDLB_DRAIN_SECONDS), then disconnect."""
         self.draining = True
         ends = time.monotonic() + self.settings.drain_seconds
         # Webhook deliveries stop too, while the coalescer drains: each gives back the rows it holds,
@@ -192,8 +195,16 @@ class Service:
         for task in self.deliveries.values():
             task.cancel()
         left = await self.coalescer.close(self.settings.drain_seconds)
-        self.journals.closed = True
-        self.moderation.bans.closed = self.moderation.refusals.closed = True
+        self.journals.closed = self.moderation.bans.closed = True
+        # The refused results answered before the stop are written first (cut off at the drain's
+        # end, as a delivery is): cancelled at once, the rows it held were lost.
+        refusals = self.moderation.refusals
+        refusals.close()
+        if self.recording is not None:
+            await asyncio.wait({self.recording}, timeout=max(ends - time.monotonic(), 0.0))
+        if refusals.rows:
+            fields = {"refused_results": len(refusals.rows)}
+            log.warning("refused results not recorded at the drain's end", extra={"fields": fields})
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -17,6 +17,7 @@ import pytest
 
 import shardlb.moderation
 from shardlb import keys, times
+from shardlb.archive import connect_db
 from shardlb.board import Score
 from shardlb.connection import connect
 from shardlb.moderation import Screen
@@ -748,3 +749,30 @@ async def test_a_ban_of_every_board_skips_a_board_deleted_meanwhile(
         assert (await client.get(f"/v1/boards/{kept}/players/{player}")).status_code == 404
         await client.post(f"/v1/players/{player}:unban", json={"scope": "all"}, headers=AS_ADMIN)
         await client.delete(f"/v1/boards/{kept}", headers=AS_ADMIN)
+
+
+async def test_refused_results_queued_when_the_router_stops_are_recorded_first(
+    cluster_url: str, postgres_url: str
+) -> None:
+    """A router stopping (SIGTERM's lifespan shutdown) cancelled its refusal log's task with the
+    rows still queued, or half way through writing them: refused results answered just before a
+    rolling restart never reached refused_results. The stop writes them first, within the drain."""
+    await (await connect_db(postgres_url)).close()  # the schema in place, as in any archive
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client, max_points_per_result=100)
+    # The board's settings are read again by the second router; the first is stopped right after
+    # the call is answered, before its background task had time to write the row.
+    async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        refusals = service_of(app).moderation.refusals
+        assert await post(client, name, [score("cheat", 1000, "big")], **{"X-Request-Id": "stop-1"}) == [
+            "points_limit"
+        ]
+        assert refusals.rows  # queued, not written yet
+    recorded = await rows(
+        postgres_url,
+        "SELECT player_id, match_id, status, request_id FROM refused_results WHERE board = %s",
+        name,
+    )
+    assert recorded == [("cheat", "big", "points_limit", "stop-1")]
+    async with running(cluster_url) as (_, client):
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
