@@ -37,6 +37,10 @@ uvicorn's protocol bounds nothing (it keeps every header line, and waits for a b
   its high-water mark, ``pause_writing``) may wait SHARDLB_BODY_TIMEOUT_S for the client to read
   down to the low mark; past it the connection is aborted. uvicorn waits for ever there, and the
   request holds its admission slot while it waits.
+- when the server's drain begins (SIGTERM), the request under way on a connection, or the next
+  one it sends (a request on its way, or half sent), is answered with ``connection: close`` and the
+  connection closed after it; uvicorn closed a connection between requests, or in a request's head,
+  at once, with no answer (``shutdown``). An idle one is closed by the keep-alive timeout;
 - a request the parser cannot read is answered 400 ``malformed_request`` with the API's error body
   (uvicorn's own answer is a plain-text page), and the connection closed;
 - the router speaks HTTP/1.1 only: a request that asks to switch protocols (``Upgrade`` with
@@ -252,6 +256,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
         self._counted_as: str | None = None  # the client this connection counts for (``_clients``)
         self._unread: asyncio.TimerHandle | None = None  # the deadline of a write the client blocks
         self._switching = False  # a request asked to switch protocols: what follows is not read
+        self._draining = False  # the server is stopping: the next request read is the last
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))
@@ -288,6 +293,18 @@ class HttpToolsProtocol(_UvicornHttpTools):
                 _clients[client] = left
             else:
                 del _clients[client]
+
+    def shutdown(self) -> None:
+        """The server's drain (SIGTERM) begins. uvicorn closed a connection between two requests at
+        once, and one in the middle of a request's head: a request on its way, or half sent, met a
+        closed connection (or a reset) and no answer. Here the request under way, or the next one
+        read, is answered with ``connection: close`` and the connection closed after it; one that
+        stays idle is closed by the keep-alive timeout (or the head deadline, if nothing came yet)
+        as at any other time, and the server's drain waits for it."""
+        self._draining = True
+        cycle = self.cycle
+        if self._phase != _HEAD and cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False  # the newest request read (a pipelined one, if any)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -381,6 +398,8 @@ class HttpToolsProtocol(_UvicornHttpTools):
                     self.app = app
             else:
                 super().on_headers_complete()
+            self.cycle.keep_alive = False
+        if self._draining:
             self.cycle.keep_alive = False
         self._head_bytes = self._body_raw = self._body_bytes = 0
         if len(self.pipeline) > PIPELINE_MAX:

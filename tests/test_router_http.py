@@ -449,3 +449,76 @@ async def test_each_deadline_holds_whichever_is_shorter(
             assert waited < min(header_s, body_s) + 1.5, waited
         finally:
             writer.close()
+
+
+async def _head(reader: asyncio.StreamReader) -> tuple[str, dict[str, str]]:
+    """The next answer's status line and headers (lower-cased names); its 2-byte body read."""
+    lines = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).decode().split("\r\n")
+    await reader.readexactly(2)
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
+    return lines[0], headers
+
+
+async def test_a_drain_answers_what_open_connections_send_then_closes_them() -> None:
+    """SIGTERM (``should_exit``) closed every connection between two requests at once, and one in the
+    middle of a request's head: a request on its way on a keep-alive connection, or half sent, then
+    met a closed connection or a reset, never an answer (in a rolling restart, the clients of a pod
+    whose endpoint was removed keep their connections to it). Each is now answered, with
+    ``connection: close``, and the connection closed after it; a connection left idle is closed by
+    its keep-alive timeout as ever."""
+    release = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/hold":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, http=HttpToolsProtocol, lifespan="off", log_level="warning", timeout_keep_alive=30
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    opened = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+    try:
+        (idle_r, idle_w), (half_r, half_w), (busy_r, busy_w) = opened
+        idle_w.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await _head(idle_r))[0] == "HTTP/1.1 200 OK"  # kept alive, between requests now
+        half_w.write(b"GET /h HTTP/1.1\r\nHo")
+        busy_w.write(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")  # holds the drain open
+        await asyncio.sleep(0.2)  # both read by the server
+        server.should_exit = True  # what SIGTERM does
+        while True:  # the listener is closed first, the connections told in the same step
+            try:
+                _, probe = await asyncio.open_connection("127.0.0.1", port)
+            except ConnectionError:
+                break
+            probe.close()
+            await asyncio.sleep(0.05)
+        idle_w.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        half_w.write(b"st: x\r\n\r\n")
+        answers = []
+        for reader in (idle_r, half_r):
+            try:
+                answers.append(await _head(reader))
+            except (asyncio.IncompleteReadError, ConnectionError) as e:
+                answers.append((type(e).__name__, {}))
+        release.set()
+        answers.append(await _head(busy_r))
+        assert [(status, headers.get("connection")) for status, headers in answers] == [
+            ("HTTP/1.1 200 OK", "close")
+        ] * 3
+        for reader, _ in opened:
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+    finally:
+        release.set()
+        for _, writer in opened:
+            writer.close()
+        await serving
