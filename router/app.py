@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import signal
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from types import FrameType
 from typing import Any
 
 from redis import exceptions as rx
@@ -136,6 +140,40 @@ class RouterApp(Starlette):
         return told
 
 
+async def _start_unless_stopped(settings: Settings) -> Service | None:
+    """``Service.start``, or None when SIGTERM or SIGINT comes while it waits for the cluster (up
+    to SHARDLB_STARTUP_TIMEOUT_S). uvicorn's handlers only note a signal while the app starts, so a
+    router asked to stop then went on waiting (in a pod: for the kubelet's SIGKILL); here each
+    signal also ends the start, then goes to uvicorn's handler as before."""
+    if threading.current_thread() is not threading.main_thread():
+        return await Service.start(settings)  # no signal reaches this thread's loop
+    loop = asyncio.get_running_loop()
+    starting = asyncio.ensure_future(Service.start(settings))
+    stopped = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopped
+        stopped = True
+        loop.call_soon_threadsafe(starting.cancel)
+        handlers[signal.Signals(signum)](signum, frame)
+
+    # Only signals that a handler catches (uvicorn's): one left to its default still ends the process.
+    handlers = {
+        sig: handler for sig in (signal.SIGINT, signal.SIGTERM) if callable(handler := signal.getsignal(sig))
+    }
+    for sig in handlers:
+        signal.signal(sig, on_signal)
+    try:
+        return await starting
+    except asyncio.CancelledError:
+        if stopped and starting.cancelled():
+            return None
+        raise
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
 def create_app(settings: Settings | None = None) -> RouterApp:
     """The router app. Settings come from the environment when not given (uvicorn's factory call)."""
     settings = settings if settings is not None else Settings.from_env()
@@ -147,12 +185,18 @@ def create_app(settings: Settings | None = None) -> RouterApp:
         if not HIREDIS_AVAILABLE:
             log.warning(HIREDIS_WARNING)
         try:
-            app.state.service = await Service.start(settings)
+            service = await _start_unless_stopped(settings)
         except ClusterUnavailable as e:
             # One line that says why; RouterApp keeps Starlette's traceback of it out of the log.
             log.error(f"router cannot start: {e}", extra={"fields": {"pid": os.getpid()}})
             app.state.start_failure = e
             raise
+        if service is None:
+            # Nothing was served or accepted: uvicorn, which saw the signal too, stops at once.
+            log.info("router stopped while starting", extra={"fields": {"pid": os.getpid()}})
+            yield
+            return
+        app.state.service = service
         probe = None
         try:
             # liveness out of reach of the connection caps (router/liveness.py), from the moment

@@ -120,6 +120,9 @@ class Service:
                     raise ClusterUnavailable(f"no cluster at {redacted(settings.redis_url)}: {e}") from e
                 outage.failed(e)
                 await asyncio.sleep(STARTUP_RETRY_S)
+            except asyncio.CancelledError:  # stopped while it waits (router/app.py)
+                await client.aclose()
+                raise
         outage.succeeded()
         store = BoardStore(client, scripts, settings.journal_max_entries, settings.journal_max_results)
         store.read_replicas = settings.read_from != "primary"

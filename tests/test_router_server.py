@@ -176,6 +176,50 @@ def test_a_router_that_cannot_start_exits_3_with_any_number_of_workers(workers: 
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_while_waiting_for_the_cluster_stops_the_router(workers: int) -> None:
+    """A router waiting for its cluster at start (up to SHARDLB_STARTUP_TIMEOUT_S; 240 s in k8s/,
+    where the routers of a first deploy wait for the bootstrap Job) that got SIGTERM went on
+    waiting: uvicorn only notes a signal while the app starts. A rollout or a scale-down then waited
+    for the kubelet's SIGKILL at the end of the grace period. It stops at once now, with status 0."""
+    with socket.socket() as held, socket.socket() as other:  # ports with nothing behind them
+        held.bind(("127.0.0.1", 0))
+        other.bind(("127.0.0.1", 0))
+        dead, port = held.getsockname()[1], other.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLB_")}
+    env.update(
+        SHARDLB_REDIS_URL=f"redis://127.0.0.1:{dead}",
+        SHARDLB_ADMIN_KEYS="a" * 20,
+        SHARDLB_STARTUP_TIMEOUT_S="3600",
+        SHARDLB_PORT=str(port),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router.server", "serve", "--workers", str(workers)],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        said = []
+        for line in proc.stderr:  # the workers are waiting for the cluster once they say so
+            said.append(line)
+            if sum("cluster not reachable yet" in x for x in said) == workers:
+                break
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the router kept waiting for its cluster after SIGTERM")
+        assert code == 0, "".join(said) + proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
 FRAMING = frozenset({"content-length", "transfer-encoding", "host", "connection"})
 
 
