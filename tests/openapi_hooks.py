@@ -121,7 +121,7 @@ def _board_rule(case: Any, response: Any) -> bool:
     field, code = error["field"], error["code"]
     if case.method == "PUT":
         return field in _SETTINGS_FIELDS
-    if case.path.endswith("/reshard") and field in ("sharding.bands", "sharding.shards"):
+    if case.path.endswith("/reshard") and field in ("bands", "shards"):
         # A reshard's bands must increase from 0 and start at or below the board's points_max, and
         # bands plus shards make at most 1024 shards.
         bands = case.body["bands"]
