@@ -5,7 +5,8 @@
 Users (pick on the command line; both by default):
 - ``GameServer`` posts one match per request: SHARDLB_MATCH_PLAYERS players (default 10) drawn from
   SHARDLB_PLAYERS with a Zipf-like skew (SHARDLB_SKEW), points from SHARDLB_POINTS, a unique match id;
-  a share SHARDLB_RETRY_SHARE (default 0.05) of posts repeat one of the user's recent posts verbatim.
+  a share SHARDLB_RETRY_SHARE (default 0.05) of posts repeat one of the user's recent accepted posts
+  verbatim.
   Paced at SHARDLB_USER_RPS requests/s per user (default 10; or, with SHARDLB_USERS set and no
   SHARDLB_USER_RPS, so that that many users offer SHARDLB_TARGET_WRITES player-scores a second).
 - ``Player`` reads in the mix SHARDLB_READ_MIX (default ``top:30,rank:35,around:15,friends:15,page:5``):
@@ -184,17 +185,17 @@ class GameServer(FastHttpUser):
     def post_match(self) -> None:
         # A replay (a game server retrying a post whose reply it lost) writes nothing new: it gets
         # its own entry, not player-scores, which counts the scores written.
-        name = "player-scores"
-        if self.recent and self.rng.random() < WORKLOAD.retry_share:
+        # Only accepted posts are replayed: one the router refused wrote nothing, and sending it
+        # again would write its scores for the first time.
+        replay = bool(self.recent) and self.rng.random() < WORKLOAD.retry_share
+        if replay:
             body, count = self.rng.choice(self.recent)
-            name = "replayed-scores"
         else:
             match_id, players = WORKLOAD.match(self.rng)
             count = len(players)
             body = encode(
                 {"scores": [{"player_id": p, "points": s, "match_id": match_id} for p, s in players]}
             )
-            self.recent.append((body, count))
         t0 = time.perf_counter()
         with self.client.post(
             SCORES_URL,
@@ -207,9 +208,11 @@ class GameServer(FastHttpUser):
                 response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
                 return
             response.success()
+        if not replay:
+            self.recent.append((body, count))
         self.environment.events.request.fire(
             request_type="WRITE",
-            name=name,
+            name="replayed-scores" if replay else "player-scores",
             response_time=(time.perf_counter() - t0) * 1000,
             response_length=count,
             exception=None,

@@ -207,6 +207,51 @@ def test_replayed_posts_are_not_counted_as_written_scores(tmp_path: Path) -> Non
     assert _spawned(target, [], tmp_path) == {"GameServer": 20}
 
 
+class RefuseFirst(BaseHTTPRequestHandler):
+    """Refuses the first score post it gets (503, as a router whose journal is full, nothing
+    written) and accepts every later one, counting the bodies it accepted."""
+
+    protocol_version = "HTTP/1.1"
+    accepted: ClassVar[Counter[bytes]] = Counter()
+    refused = 0
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        with self.lock:
+            refuse = RefuseFirst.refused == 0
+            if refuse:
+                RefuseFirst.refused = 1
+            else:
+                self.accepted[body] += 1
+        if refuse:
+            error = {"error": {"code": "journal_full", "message": "try later", "field": None}}
+            _send_json(self, 503, json.dumps(error).encode())
+        else:
+            _send_json(self, 200, b'{"results": []}')
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_post_the_router_refused_is_not_replayed_as_if_written(tmp_path: Path) -> None:
+    # A replay stands for a game server retrying a post whose reply it lost: the router had written
+    # it. A post the router refused wrote nothing, so sending it again writes its scores for the
+    # first time; counted as a replay, those scores would be missing from player-scores (every post
+    # after the user's first replays one here, SHARDLB_RETRY_SHARE 1, and the first is refused).
+    RefuseFirst.accepted, RefuseFirst.refused = Counter(), 0
+    retry = {"SHARDLB_RETRY_SHARE": "1", "SHARDLB_USER_RPS": "10"}
+    args = ["-u", "1", "-r", "1", "-t", "3s", "--csv", str(tmp_path / "run"), "GameServer"]
+    done = _locust(retry, args, tmp_path, RefuseFirst)
+    stats = {e.key: e for e in locust_csv.read_stats(tmp_path / "run_stats.csv")}
+    assert stats["POST /v1/boards/[board]/scores"].failures == 1, done.stderr[-2000:]
+    # The server wrote one body's scores (each later post repeats it): one post of player-scores.
+    assert len(RefuseFirst.accepted) == 1, done.stderr[-2000:]
+    assert stats["WRITE player-scores"].requests == 1
+    # (the server also counts a post still under way when Locust stopped its user)
+    assert 0 < stats["WRITE replayed-scores"].requests <= sum(RefuseFirst.accepted.values()) - 1
+
+
 def test_a_missing_board_fails_a_rank_read_and_a_missing_player_does_not(tmp_path: Path) -> None:
     # "rank" and "around" read random players, some without a score in a small test population: a
     # 404 player_not_found is a correct answer. A 404 board_not_found is a broken test (no board,
