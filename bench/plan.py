@@ -32,6 +32,7 @@ from typing import Any
 
 from shardlb.board import JOURNAL_MAX_ENTRIES, JOURNAL_MAX_RESULTS
 from shardlb.config import DEDUP_BUCKETS, DEFAULT_DEDUP_WINDOW_S, PIN_SPAN
+from shardlb.keys import SLOTS
 
 LATEST = Path(__file__).resolve().parent / "results" / "latest" / "summary.json"
 DEDUP_SUMMARY = "dedup.json"  # beside summary.json
@@ -106,6 +107,15 @@ MAX_MASTERS = MAX_SHARDS  # beyond one master a shard, more masters take no part
 MIN_MASTERS = 3
 MIN_MASTERS_WHY = f"the minimum: a failover needs a majority of masters, so {MIN_MASTERS} at least"
 MAX_REPLICAS = 256  # replicas per master the planner will propose before it calls reads over budget
+# The largest load the planner takes (a trillion players, a trillion operations a second): far past any
+# deployment, and small enough that its arithmetic stays finite (1e308 writes/s overflowed it).
+MAX_PLAYERS = 10**12
+MAX_RATE = 1e12
+MAX_WRITE_ROUTERS = 10**6
+# The routers' own limits on SHARDLB_JOURNAL_MAX_RESULTS and SHARDLB_JOURNAL_MAX_ENTRIES
+# (router/settings.py): a bound they would refuse to start with is not one to plan for.
+MAX_JOURNAL_RESULTS = 10**9
+MAX_JOURNAL_ENTRIES = 10**8
 FRAGMENTATION = 1.2  # jemalloc fragmentation and overhead over used_memory
 FORK_HEADROOM = 2.0  # RAM per node over the data: a fork (replica sync, snapshot) may copy every page
 # A journal entry is one write-script call: the router's batch for one shard, at most its
@@ -1087,10 +1097,14 @@ def main(argv: list[str] | None = None) -> int:
     periods = [p.strip() for p in args.periods.split(",") if p.strip()]
     unknown = sorted(set(periods) - {"total", *PERIOD_SETS})
     for flag, rate in (("--writes", args.writes), ("--reads", args.reads)):
-        if not math.isfinite(rate) or rate < 0:
-            parser.error(f"{flag} is a rate a second: a finite number, at least 0 (got {rate:g})")
-    if unknown or args.players < 1 or args.replicas < 0:
-        parser.error(f"bad arguments{': unknown periods ' + ', '.join(unknown) if unknown else ''}")
+        if not (math.isfinite(rate) and 0 <= rate <= MAX_RATE):
+            parser.error(f"{flag} is a rate a second: a finite number, 0 to {MAX_RATE:g} (got {rate:g})")
+    if unknown:
+        parser.error(f"--periods: unknown periods {', '.join(unknown)} (total, {', '.join(PERIOD_SETS)})")
+    if not 1 <= args.players <= MAX_PLAYERS:
+        parser.error(f"--players is the players on a board: 1 to {MAX_PLAYERS:,}")
+    if not 0 <= args.replicas <= MAX_REPLICAS:
+        parser.error(f"--replicas is replicas per master: 0 to {MAX_REPLICAS}")
     if not 0 <= args.incr <= 1:
         parser.error("--incr is a share of the writes, from 0 to 1")
     if not 0 <= args.timeless <= 1:
@@ -1099,19 +1113,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--dedup-window is a board's dedup_window_s: 60 to 2592000 seconds")
     if not 0 <= args.cached <= 1:
         parser.error("--cached is a share of the reads, from 0 to 1")
-    if not 0 <= args.journaled <= 1 or args.journal_max_entries < 1 or args.journal_max_results < 1:
+    if not 0 <= args.journaled <= 1:
+        parser.error("--journaled is a share of the writes, from 0 to 1")
+    if not 1 <= args.journal_max_results <= MAX_JOURNAL_RESULTS:
         parser.error(
-            "--journaled is a share of the writes, from 0 to 1; --journal-max-results and "
-            "--journal-max-entries at least 1"
+            f"--journal-max-results is the routers' SHARDLB_JOURNAL_MAX_RESULTS: 1 to {MAX_JOURNAL_RESULTS:,}"
         )
-    if args.masters_now is not None and args.masters_now < 1:
-        parser.error("--masters-now is a number of masters, at least 1")
+    if not 1 <= args.journal_max_entries <= MAX_JOURNAL_ENTRIES:
+        parser.error(
+            f"--journal-max-entries is the routers' SHARDLB_JOURNAL_MAX_ENTRIES: 1 to {MAX_JOURNAL_ENTRIES:,}"
+        )
+    if args.masters_now is not None and not 1 <= args.masters_now <= SLOTS:
+        parser.error(f"--masters-now is a number of masters: 1 to {SLOTS:,} (a cluster's slots)")
     if args.shards_now is not None and not 1 <= args.shards_now <= 1024:
         parser.error("--shards-now is a board's shard count, from 1 to 1024")
     if args.scores_per_request is not None and not 1 <= args.scores_per_request <= 1000:
         parser.error("--scores-per-request is a request's size: 1 to 1000 scores (the API's limit)")
-    if args.write_routers is not None and args.write_routers < 1:
-        parser.error("--write-routers is a number of router processes, at least 1")
+    if args.write_routers is not None and not 1 <= args.write_routers <= MAX_WRITE_ROUTERS:
+        parser.error(f"--write-routers is a number of router processes: 1 to {MAX_WRITE_ROUTERS:,}")
     if "total" not in periods:
         periods.insert(0, "total")
     costs, source = load_costs(args.summary)

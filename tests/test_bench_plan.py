@@ -793,3 +793,53 @@ def test_readme_sizing_is_the_plan_on_the_committed_latest_costs(capsys: pytest.
     why += "rerun the section for a run copied into latest (make bench does), or put latest back"
     assert f"with {replicas} replicas each ({nodes} Redis nodes," in said, why
     assert f"and {routers} router processes" in said, why
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [
+        ("--players", "0", "--players"),
+        ("--players", "-5", "--players"),
+        ("--players", str(10**400), "--players"),
+        ("--writes", "1e308", "--writes"),
+        ("--reads", "1e308", "--reads"),
+        ("--replicas", "-1", "--replicas"),
+        ("--replicas", str(plan.MAX_REPLICAS + 1), "--replicas"),
+        ("--write-routers", str(10**400), "--write-routers"),
+        ("--journal-max-results", str(10**400), "--journal-max-results"),
+        ("--journal-max-entries", str(10**400), "--journal-max-entries"),
+        ("--masters-now", str(10**400), "--masters-now"),
+    ],
+)
+def test_main_names_the_flag_of_a_number_out_of_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, named: str
+) -> None:
+    """A number the plan cannot use is a usage error naming its flag (exit 2), never a traceback
+    (huge rates overflowed the arithmetic: OverflowError) or a bare "bad arguments"."""
+    args = {"--players": "1000", "--writes": "1000", "--reads": "1000", flag: value}
+    with pytest.raises(SystemExit) as stop:
+        plan.main([*[f"{k}={v}" for k, v in args.items()], "--summary", str(tmp_path / "none.json")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"shardlb plan: error: {named} "), err
+
+
+def test_the_journal_bounds_the_plan_takes_are_the_ones_a_router_starts_with(tmp_path: Path) -> None:
+    """--journal-max-results and --journal-max-entries are the routers' settings: a value the
+    router refuses at start-up is refused by the plan too, and the largest it takes is planned."""
+    from router.settings import Settings, SettingsError
+
+    summary = ["--summary", str(tmp_path / "none.json")]
+    for flag, most in (
+        ("--journal-max-results", plan.MAX_JOURNAL_RESULTS),
+        ("--journal-max-entries", plan.MAX_JOURNAL_ENTRIES),
+    ):
+        variable = "SHARDLB_" + flag.removeprefix("--").replace("-", "_").upper()
+        dev = {"SHARDLB_INSECURE_DEV": "true"}
+        Settings.from_env({**dev, variable: str(most)})
+        with pytest.raises(SettingsError, match=variable):
+            Settings.from_env({**dev, variable: str(most + 1)})
+        assert plan.main(["--players=1000", "--writes=1000", "--reads=0", f"{flag}={most}", *summary]) == 0
+        with pytest.raises(SystemExit) as stop:
+            plan.main(["--players=1000", "--writes=1000", "--reads=0", f"{flag}={most + 1}", *summary])
+        assert stop.value.code == 2
