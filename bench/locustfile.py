@@ -36,10 +36,14 @@ Keys: SHARDLB_WRITE_KEY (writes), SHARDLB_READ_KEY (reads, when required),
 SHARDLB_ADMIN_KEY (when set, the board SHARDLB_BOARD is created at test start with PUT, idempotent,
 as a hash board of SHARDLB_SHARDS shards, default 16).
 SHARDLB_CONTENT=msgpack sends and accepts MessagePack instead of JSON.
+A value the test cannot use (a word for a number, a rate of 0, an unknown SHARDLB_CONTENT) stops it
+before its first request, naming the variable; a SHARDLB_* variable whose name is nearly one of these
+is logged as a likely misspelling (it is ignored).
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
@@ -61,30 +65,81 @@ from locust.runners import WorkerRunner
 from bench import shapes
 from bench.workload import Workload
 
+# Every SHARDLB_* variable the test reads, here and in bench/workload.py: a variable near one of
+# these names is a misspelling (``misspelled``), and the test would run on the default instead.
+SETTINGS = (
+    "SHARDLB_ADMIN_KEY", "SHARDLB_AROUND_RADIUS", "SHARDLB_BOARD", "SHARDLB_CONTENT", "SHARDLB_DURATION",
+    "SHARDLB_FRIENDS", "SHARDLB_MATCH_PLAYERS", "SHARDLB_PAGE_LIMIT", "SHARDLB_PLAYERS", "SHARDLB_POINTS",
+    "SHARDLB_READER_RPS", "SHARDLB_READ_KEY", "SHARDLB_READ_MIX", "SHARDLB_RETRY_SHARE", "SHARDLB_SHAPE",
+    "SHARDLB_SHARDS", "SHARDLB_SKEW", "SHARDLB_STEPS", "SHARDLB_TARGET_READS", "SHARDLB_TARGET_WRITES",
+    "SHARDLB_USERS", "SHARDLB_USER_PHASE", "SHARDLB_USER_RPS", "SHARDLB_WRITE_HOST", "SHARDLB_WRITE_KEY",
+)  # fmt: skip
+# Other programs' variables, which share the environment of `make bench` (bench/run.py) and its steps.
+OTHER_PREFIXES = ("SHARDLB_BENCH_", "SHARDLB_STEPS_")
+
+
+def number(name: str, default: float, lo: float, hi: float, integer: bool = False) -> float:
+    """The variable ``name`` as a number from ``lo`` to ``hi`` (``default`` when unset or empty).
+    Anything else stops the test as Locust imports the file, with the variable named: a value the
+    test cannot use would run a test other than the one asked for, or fail later without a name."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and lo <= value <= hi and (value.is_integer() or not integer)):
+        kind = "a whole number" if integer else "a number"
+        raise ValueError(f"{name}={raw!r}: expected {kind} from {lo:g} to {hi:g}")
+    return value
+
+
+def choice(name: str, choices: tuple[str, ...]) -> str:
+    """The variable ``name``, one of ``choices`` (the first when unset or empty); anything else stops
+    the test, as in ``number``."""
+    raw = os.environ.get(name, "").strip() or choices[0]
+    if raw not in choices:
+        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
+    return raw
+
+
+def misspelled(environ: dict[str, str]) -> list[str]:
+    """A warning for each SHARDLB_* variable that is not one of the test's but nearly the name of one
+    that is not set (the router's SHARDLB_WRITE_KEYS beside the test's own SHARDLB_WRITE_KEY is not
+    a misspelling)."""
+    out = []
+    for name in sorted(n for n in environ if n.startswith("SHARDLB_") and n not in SETTINGS):
+        near = difflib.get_close_matches(name, SETTINGS, n=1, cutoff=0.85)
+        if near and near[0] not in environ and not name.startswith(OTHER_PREFIXES):
+            out.append(f"{name} is not a setting of the load test and is ignored: did you mean {near[0]}?")
+    return out
+
+
 WORKLOAD = Workload.from_env()
 BOARD = WORKLOAD.board
-READER_RPS = float(os.environ.get("SHARDLB_READER_RPS", "5"))
+RATE_MAX = 1e6
+READER_RPS = number("SHARDLB_READER_RPS", 5, 0.001, RATE_MAX)
 SHAPE = os.environ.get("SHARDLB_SHAPE", "")
-TARGET_WRITES = float(os.environ.get("SHARDLB_TARGET_WRITES", "20000"))
-TARGET_READS = float(os.environ.get("SHARDLB_TARGET_READS", "0"))
+TARGET_WRITES = number("SHARDLB_TARGET_WRITES", 20000, 0, 1e9)
+TARGET_READS = number("SHARDLB_TARGET_READS", 0, 0, 1e9)
 # Under a shape, the Player users that offer SHARDLB_TARGET_READS reads/s, held from the start; the
 # shape's own user count is game servers alone (BenchShape.tick).
-SHAPE_READERS = math.ceil(TARGET_READS / READER_RPS) if SHAPE and TARGET_READS > 0 and READER_RPS > 0 else 0
-USERS = os.environ.get("SHARDLB_USERS", "")
+SHAPE_READERS = math.ceil(TARGET_READS / READER_RPS) if SHAPE and TARGET_READS > 0 else 0
+USERS = int(number("SHARDLB_USERS", 0, 1, 1e7, integer=True))
 FRESH_SHARE = WORKLOAD.fresh_share
 # Without a shape, SHARDLB_USERS users together offer SHARDLB_TARGET_WRITES fresh player-scores a
 # second; otherwise each user posts SHARDLB_USER_RPS requests a second.
-USER_RPS = float(
-    os.environ.get("SHARDLB_USER_RPS")
-    or (
-        TARGET_WRITES / max(1, int(USERS)) / WORKLOAD.players_per_match / FRESH_SHARE
-        if USERS.isdigit()
-        else 10
-    )
+USER_RPS = number(
+    "SHARDLB_USER_RPS",
+    TARGET_WRITES / USERS / WORKLOAD.players_per_match / FRESH_SHARE if USERS else 10,
+    0.001,
+    RATE_MAX,
 )
-DURATION = float(os.environ["SHARDLB_DURATION"]) if os.environ.get("SHARDLB_DURATION") else None
-STEPS = int(os.environ.get("SHARDLB_STEPS", "6"))
-MSGPACK = os.environ.get("SHARDLB_CONTENT", "json") == "msgpack"
+DURATION = number("SHARDLB_DURATION", 0, 1, 1e7) or None  # None: the shape's own length
+STEPS = int(number("SHARDLB_STEPS", 6, 1, 1000, integer=True))
+SHARDS = int(number("SHARDLB_SHARDS", 16, 1, 1024, integer=True))
+MSGPACK = choice("SHARDLB_CONTENT", ("json", "msgpack")) == "msgpack"
 CONTENT_TYPE = "application/msgpack" if MSGPACK else "application/json"
 RECENT_POSTS = 64
 # Each user starts at a random point of its first period and keeps that phase, so that the users'
@@ -93,7 +148,7 @@ RECENT_POSTS = 64
 # step was a herd of every user's request within a few milliseconds, then silence for the rest of
 # the period, where independent game servers and players send whenever their matches and screens
 # end. SHARDLB_USER_PHASE=together keeps Locust's own start (every user in step).
-SPREAD = os.environ.get("SHARDLB_USER_PHASE", "spread") != "together"
+SPREAD = choice("SHARDLB_USER_PHASE", ("spread", "together")) == "spread"
 # Workers report to the master every 3 s by default; every second makes the CSV history (and so the
 # per-step rates of a ramp) three times finer, for a negligible cost.
 locust.runners.WORKER_REPORT_INTERVAL = 1.0
@@ -312,6 +367,14 @@ class BenchShape(LoadTestShape):
         return users, max(stage.spawn_rate, float(users)), classes
 
 
+@events.init.add_listener
+def warn_of_misspellings(environment: Any, **_: Any) -> None:
+    """Once (on the master, or the only process), the variables that look like misspelled settings."""
+    if not isinstance(environment.runner, WorkerRunner):
+        for warning in misspelled(dict(os.environ)):
+            logging.warning(warning)
+
+
 @events.test_start.add_listener
 def create_board(environment: Any, **_: Any) -> None:
     """With SHARDLB_ADMIN_KEY set, create the board once (on the master) before any user starts."""
@@ -320,9 +383,7 @@ def create_board(environment: Any, **_: Any) -> None:
     admin = os.environ.get("SHARDLB_ADMIN_KEY")
     if not admin or not environment.host or isinstance(environment.runner, WorkerRunner):
         return
-    body = orjson.dumps(
-        {"sharding": {"strategy": "hash", "shards": int(os.environ.get("SHARDLB_SHARDS", "16"))}}
-    )
+    body = orjson.dumps({"sharding": {"strategy": "hash", "shards": SHARDS}})
     request = urllib.request.Request(
         f"{environment.host}{BASE}",
         data=body,

@@ -333,3 +333,50 @@ def test_a_write_host_that_is_not_a_url_stops_the_test(tmp_path: Path) -> None:
     done = _locust({"SHARDLB_WRITE_HOST": "shardlb-router-writes:8000"}, ["-t", "1s"], tmp_path)
     assert done.returncode != 0
     assert "SHARDLB_WRITE_HOST" in done.stderr
+
+
+def test_a_misspelled_setting_is_warned_about(tmp_path: Path) -> None:
+    # SHARDLB_TARGET_WRITE (no S) would leave the ramp at its default 20,000 writes/s without a word,
+    # and the router's SHARDLB_WRITE_KEYS (dev.env's, exported) is not the test's SHARDLB_WRITE_KEY:
+    # every post would go without a key.
+    typos = {"SHARDLB_TARGET_WRITE": "5000", "SHARDLB_WRITE_KEYS": "k", "SHARDLB_READER_RSP": "1"}
+    done = _locust(typos, ["-u", "1", "-r", "1", "-t", "1s", "Player"], tmp_path)
+    assert "SHARDLB_TARGET_WRITE is not a setting of the load test" in done.stderr, done.stderr[-2000:]
+    assert "did you mean SHARDLB_TARGET_WRITES?" in done.stderr
+    assert "did you mean SHARDLB_WRITE_KEY?" in done.stderr
+    assert "did you mean SHARDLB_READER_RPS?" in done.stderr
+    # A variable of the router's set beside the test's own is not a misspelling of it.
+    done = _locust(
+        {"SHARDLB_WRITE_KEYS": "k", "SHARDLB_WRITE_KEY": "k"},
+        ["-u", "1", "-r", "1", "-t", "1s", "Player"],
+        tmp_path,
+    )
+    assert "is not a setting of the load test" not in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SHARDLB_CONTENT", "msgpak"),
+        ("SHARDLB_USER_PHASE", "togther"),
+        ("SHARDLB_USERS", "ten"),
+        ("SHARDLB_USER_RPS", "0"),
+        ("SHARDLB_USER_RPS", "fast"),
+        ("SHARDLB_READER_RPS", "-5"),
+        ("SHARDLB_TARGET_WRITES", "nan"),
+        ("SHARDLB_STEPS", "0"),
+        ("SHARDLB_DURATION", "-1"),
+        ("SHARDLB_SHARDS", "0"),
+    ],
+)
+def test_a_setting_the_test_cannot_use_stops_it_and_names_the_variable(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    # A value the test cannot use stops it before any request, naming the variable: an unknown
+    # SHARDLB_CONTENT or SHARDLB_USER_PHASE used to run on the default, SHARDLB_USERS=ten was
+    # ignored, SHARDLB_STEPS=0 ran an empty ramp that stopped at once, and the rest raised Python's
+    # own error, which named no variable.
+    short = {"SHARDLB_SHAPE": "ramp", "SHARDLB_DURATION": "2", "SHARDLB_STEPS": "1"}
+    done = _locust({**short, variable: value}, [], tmp_path)
+    assert done.returncode != 0
+    assert f"{variable}=" in done.stderr, done.stderr[-2000:]
