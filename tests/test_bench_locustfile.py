@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -380,3 +381,62 @@ def test_a_setting_the_test_cannot_use_stops_it_and_names_the_variable(
     done = _locust({**short, variable: value}, [], tmp_path)
     assert done.returncode != 0
     assert f"{variable}=" in done.stderr, done.stderr[-2000:]
+
+
+class DevRouter(BaseHTTPRequestHandler):
+    """The router of `make run` as far as the load test sees it: the keys of .shardlb/dev.env and a
+    `demo` board; other boards are 404 board_not_found until an admin PUTs them."""
+
+    protocol_version = "HTTP/1.1"
+    keys: ClassVar[dict[str, str]] = {"SHARDLB_ADMIN_KEYS": "admin_test", "SHARDLB_WRITE_KEYS": "write_test"}
+    boards: ClassVar[set[str]] = {"demo"}
+
+    def _reply(self, status: int, code: str | None = None) -> None:
+        body = {"error": {"code": code, "message": code, "field": None}} if code else {"results": []}
+        _send_json(self, status, json.dumps(body).encode())
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.headers.get("authorization") != f"Bearer {self.keys['SHARDLB_ADMIN_KEYS']}":
+            return self._reply(401, "unauthorized")
+        self.boards.add(self.path.split("/")[3])
+        self._reply(201)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        allowed = {f"Bearer {k}" for k in self.keys.values()}
+        if self.headers.get("authorization") not in allowed:
+            return self._reply(401, "unauthorized")
+        if self.path.split("/")[3] not in self.boards:
+            return self._reply(404, "board_not_found")
+        self._reply(200)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_documented_command_writes_to_the_router_of_make_run(tmp_path: Path) -> None:
+    """bench/README.md's "Locust on its own" command, as written, against what `make run` starts:
+    its keys and its `demo` board. The ramp is cut short; the board, keys and classes are the
+    README's. Without SHARDLB_ADMIN_KEY it posted to a board `bench` that nobody had created: every
+    post failed with 404 board_not_found."""
+    readme = (ROOT / "bench" / "README.md").read_text().split("### Locust on its own", 1)[1]
+    block = readme.split("```", 2)[1].replace("\\\n", " ")
+    line = next(x for x in block.splitlines() if " bench/locustfile.py " in x)
+    words = shlex.split(line)
+    at = next(i for i, w in enumerate(words) if w.endswith("locust"))
+    env = dict(w.split("=", 1) for w in words[:at])
+    for name, value in env.items():  # $SHARDLB_WRITE_KEYS and the like: dev.env's
+        env[name] = DevRouter.keys.get(value.removeprefix("$"), value)
+    args = words[at + 1 :]
+    for flag in ("-f", "--host"):
+        i = args.index(flag)
+        del args[i : i + 2]
+    args.remove("--headless")
+    DevRouter.boards = {"demo"}
+    short = {"SHARDLB_TARGET_WRITES": "200", "SHARDLB_DURATION": "3", "SHARDLB_STEPS": "1"}
+    board = {"SHARDLB_BOARD": env.get("SHARDLB_BOARD", "bench")}  # not the helper's own board
+    done = _locust({**env, **short, **board}, [*args, "--csv", str(tmp_path / "run")], tmp_path, DevRouter)
+    stats = {e.key: e for e in locust_csv.read_stats(tmp_path / "run_stats.csv")}
+    posts = stats["POST /v1/boards/[board]/scores"]
+    assert posts.requests > 0 and posts.failures == 0, done.stderr[-2000:]
