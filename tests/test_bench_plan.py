@@ -843,3 +843,24 @@ def test_the_journal_bounds_the_plan_takes_are_the_ones_a_router_starts_with(tmp
         with pytest.raises(SystemExit) as stop:
             plan.main(["--players=1000", "--writes=1000", "--reads=0", f"{flag}={most + 1}", *summary])
         assert stop.value.code == 2
+
+
+def test_bench_readme_incr_figures_are_the_models_on_the_committed_latest_costs() -> None:
+    """bench/README.md, "The capacity planner", says what bounds an incr deployment with a 24 h
+    window: the records one master's data holds against the incr writes its CPU takes. Both come from
+    the model on bench/results/latest (until 2026-12-06 the CPU figure was the old defaults', "over
+    30,000", where the latest costs give a master's half core about 27,000 even in the bench's own
+    large calls)."""
+    costs, _ = plan.load_costs(plan.LATEST)
+    window = 86_400
+    per_write = plan.dedup_members(1, 1.0, window) * costs["bytes_per_dedup_member"] * plan.FRAGMENTATION
+    held = plan.MAX_DATA_PER_MASTER / per_write
+    # In calls of the raw run's size (call size factor 1): the most a master's CPU takes.
+    write_us = (
+        costs["redis_master_us_per_write"] + (DEDUP_BUCKETS + 1) * costs["redis_master_us_per_dedup_lookup"]
+    )
+    taken = plan.MASTER_UTILISATION * 1e6 / write_us
+    readme = (Path(__file__).resolve().parent.parent / "bench" / "README.md").read_text()
+    said = " ".join(readme.split("## The capacity planner", 1)[1].split())
+    assert f"holds the records of about {round(held, -2):,.0f} incr writes/s" in said
+    assert f"while its CPU takes about {round(taken, -3):,.0f}" in said, taken
