@@ -591,6 +591,23 @@ def layout_steps(
                 ),
             )
         )
+    if p.replicas > 1:
+        # --masters-now counts masters alone: today's may have fewer replicas than the plan's (the
+        # clusters of `make run` and k8s/base have one each), and adding masters gives only the new
+        # ones theirs.
+        steps.append(
+            Step(
+                f"give every master {p.replicas} replicas ({p.nodes} Redis nodes in all; "
+                f"SHARDLB_READ_FROM={p.read_from}): the reads need them; skip the masters that have them",
+                (
+                    f"local:      shardlb cluster add-node --replicas {p.replicas} gives a new master its "
+                    f"own; a cluster formed with `shardlb cluster up --replicas {p.replicas}` has them",
+                    f"Kubernetes: kubectl -n NS scale statefulset/redis-cluster --replicas={p.nodes}; for "
+                    "each new node redis-cli --cluster add-node NEW $SEED --cluster-slave",
+                    f"            --cluster-master-id <the master short of replicas> ({K8S_STEP})",
+                ),
+            )
+        )
     banded = p.reasons.get("sharding") == "band"
     if banded and shards_now is not None:
         steps.append(

@@ -554,7 +554,8 @@ def test_main_prints_the_chosen_layout_and_the_steps_to_a_band_board(
 def test_band_steps_convert_the_board_and_check_each_master_holds_a_band() -> None:
     p = plan.plan(10_000_000, 100_000, 50_000, 1, ["total"], COSTS, sharding="band")
     assert p.masters > 1
-    convert, check = plan.layout_steps(p, masters_now=p.masters, shards_now=16, board="global")
+    replicas, convert, check = plan.layout_steps(p, masters_now=p.masters, shards_now=16, board="global")
+    assert replicas.what.startswith(f"give every master {p.replicas} replicas")  # the reads need them
     assert convert.what.startswith(
         f"make global a band board online: 16 hash shards -> {p.shards} home shards"
     )
@@ -563,7 +564,8 @@ def test_band_steps_convert_the_board_and_check_each_master_holds_a_band() -> No
     assert f"shardlb bands global --count {p.masters} --apply" in convert.commands[3]
     assert f"SHARDLB_BANDS_BOARDS=global:{p.masters}" in convert.commands[3]
     assert check.what == "check that every master serves 1 of global's home shards and one of its bands"
-    assert plan.layout_steps(p, p.masters, None) == []  # the board's layout today not given
+    # the board's layout today not given: the replicas alone
+    assert [s.what.split()[0] for s in plan.layout_steps(p, p.masters, None)] == ["give"]
 
 
 def test_the_scaleout_bench_band_reads_are_printed_when_measured() -> None:
@@ -864,3 +866,35 @@ def test_bench_readme_incr_figures_are_the_models_on_the_committed_latest_costs(
     said = " ".join(readme.split("## The capacity planner", 1)[1].split())
     assert f"holds the records of about {round(held, -2):,.0f} incr writes/s" in said
     assert f"while its CPU takes about {round(taken, -3):,.0f}" in said, taken
+
+
+def test_the_steps_give_every_master_the_replicas_the_reads_need(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reads of this load need several replicas a master. Today's masters and shards being the
+    plan's, the steps said "nothing to change", and adding masters gave only the new ones their
+    replicas: a cluster of 3 masters x 1 replica would have taken the plan without the replicas its
+    reads need. --masters-now counts masters alone, so the steps name the replicas a master needs."""
+    p = plan.plan(1_000_000, 1_000, 20_000, 1, ["total"], COSTS)
+    assert p.replicas > 1 and p.read_from == "replicas"
+    for masters_now in (p.masters, 1):
+        steps = plan.layout_steps(p, masters_now, p.shards, board="global")
+        found = [s for s in steps if s.what.startswith(f"give every master {p.replicas} replicas")]
+        assert len(found) == 1, [s.what for s in steps]
+        assert f"statefulset/redis-cluster --replicas={p.nodes}" in " ".join(found[0].commands)
+        assert steps[-1].what.startswith("check that every master serves")
+    # One replica a master (the clusters of make run and of k8s/base): no step of its own.
+    small = plan.plan(1_000_000, 200_000, 0, 1, ["total"], COSTS)
+    assert small.replicas == 1 and plan.layout_steps(small, small.masters, small.shards) == []
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    args = ["--players=1000000", "--writes=1000", "--reads=20000", "--sharding=hash"]
+    now = [
+        f"--masters-now={p.masters}",
+        f"--shards-now={p.shards}",
+        "--summary",
+        str(tmp_path / "summary.json"),
+    ]
+    assert plan.main([*args, *now]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to change" not in out
+    assert f"  1. give every master {p.replicas} replicas" in out
