@@ -28,7 +28,6 @@ import resource
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -71,25 +70,29 @@ class Tally:
         }
 
 
-def match_bodies(
-    workload: Workload, rng: random.Random, matches: int = 1
-) -> Callable[[], tuple[bytes, int, bool]]:
+class MatchBodies:
     """A user's next POST body, its score count and whether it is a replay: ``matches`` new matches
     of ``workload`` (a game server may batch its results), or, with the workload's retry share, an
-    exact replay of one of the user's recent posts (which writes nothing new)."""
-    recent: deque[tuple[bytes, int]] = deque(maxlen=RECENT_POSTS)
+    exact replay of one of the user's recent accepted posts (which writes nothing new). A post
+    joins those only through ``accepted``: one the router refused wrote nothing, and sent again it
+    would write its scores for the first time, counted as a replay's."""
 
-    def next_body() -> tuple[bytes, int, bool]:
-        if recent and rng.random() < workload.retry_share:
-            return (*rng.choice(recent), True)
+    def __init__(self, workload: Workload, rng: random.Random, matches: int = 1) -> None:
+        self.workload, self.rng, self.matches = workload, rng, matches
+        self.recent: deque[tuple[bytes, int]] = deque(maxlen=RECENT_POSTS)
+
+    def __call__(self) -> tuple[bytes, int, bool]:
+        if self.recent and self.rng.random() < self.workload.retry_share:
+            return (*self.rng.choice(self.recent), True)
         scores = []
-        for _ in range(matches):
-            match_id, players = workload.match(rng)
+        for _ in range(self.matches):
+            match_id, players = self.workload.match(self.rng)
             scores += [{"player_id": p, "points": s, "match_id": match_id} for p, s in players]
-        recent.append((orjson.dumps({"scores": scores}), len(scores)))
-        return (*recent[-1], False)
+        return orjson.dumps({"scores": scores}), len(scores), False
 
-    return next_body
+    def accepted(self, body: bytes, scores: int) -> None:
+        """A new post the router answered 200: from now on it may be replayed."""
+        self.recent.append((body, scores))
 
 
 def request_bytes(host: str, path: str, key: str, body: bytes) -> bytes:
@@ -122,7 +125,7 @@ async def _user(
     split = urlsplit(args.url)
     host, port = split.hostname or "127.0.0.1", split.port or 80
     path = f"/v1/boards/{workload.board}/scores"
-    bodies = match_bodies(workload, random.Random(f"{args.seed}/{i}"), args.matches)  # seed: see run()
+    bodies = MatchBodies(workload, random.Random(f"{args.seed}/{i}"), args.matches)  # seed: see run()
     period, end, settle_at = 1.0 / args.rps, t0 + args.seconds, t0 + args.settle
     await asyncio.sleep(i / users)
     streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -135,6 +138,8 @@ async def _user(
             writer.write(request_bytes(f"{host}:{port}", path, args.key, body))
             status = await _response(reader)
             failed = None if status == 200 else f"HTTP {status}"
+            if failed is None and not replay:
+                bodies.accepted(body, scores)
         except (OSError, asyncio.IncompleteReadError, ValueError) as e:
             failed = repr(e)
             await _close(streams)

@@ -124,17 +124,31 @@ async def test_a_closed_port_is_counted_as_failures(unused_tcp_port: int) -> Non
 
 
 def test_retries_replay_a_recent_post_byte_for_byte() -> None:
-    always = pacer.match_bodies(replace(W, retry_share=1.0), random.Random(1))
+    always = pacer.MatchBodies(replace(W, retry_share=1.0), random.Random(1))
     body, n, replay = always()  # nothing to replay yet: a new match
     assert not replay and n == W.players_per_match
+    always.accepted(body, n)
     assert [always() for _ in range(5)] == [(body, n, True)] * 5
-    never = pacer.match_bodies(replace(W, retry_share=0.0), random.Random(1))
+    never = pacer.MatchBodies(replace(W, retry_share=0.0), random.Random(1))
     posts = [never() for _ in range(20)]
     assert len({b for b, _, _ in posts}) == 20 and not any(r for _, _, r in posts)
-    batched = pacer.match_bodies(replace(W, retry_share=1.0), random.Random(1), matches=3)
+    batched = pacer.MatchBodies(replace(W, retry_share=1.0), random.Random(1), matches=3)
     body, n, _ = batched()
+    batched.accepted(body, n)
     assert n == 3 * W.players_per_match == len(orjson.loads(body)["scores"])
     assert [batched() for _ in range(3)] == [(body, n, True)] * 3
+
+
+def test_a_post_the_router_refused_is_never_replayed() -> None:
+    """A refused post (429, 503, a lost connection) wrote nothing: sent again it would write its
+    scores for the first time, counted as a replay's. Until 2026-12-06 every post was kept for
+    replays before it was sent, as the locustfile's were."""
+    always = pacer.MatchBodies(replace(W, retry_share=1.0), random.Random(1))
+    refused = always()
+    fresh = always()  # the first was never accepted: nothing to replay yet
+    assert not fresh[2] and fresh[0] != refused[0]
+    always.accepted(fresh[0], fresh[1])
+    assert always() == (fresh[0], fresh[1], True)
 
 
 def test_the_request_carries_its_body_in_the_same_write() -> None:
