@@ -49,9 +49,10 @@ set -a
 set +a
 
 # The cluster: `cluster up` finds it running, restarts what died, or forms it afresh. When another
-# process took our ports since last time, move to a free block and remember it.
+# process took our ports before the cluster was first formed, move to a free block and remember it.
+# A cluster formed once keeps its data on its ports and cannot move: `cluster up` says what to do.
 if ! up=$("$PY" -m shardlb cluster up --durable --dir "$CLUSTER_DIR" --port "$SHARDLB_CLUSTER_PORT" 2>&1); then
-    if ! grep -q "is taken" <<<"$up"; then
+    if ! grep -q "pick another --port" <<<"$up"; then
         echo "$up" >&2
         exit 1
     fi

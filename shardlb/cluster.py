@@ -492,6 +492,15 @@ class LocalCluster:
     def _resume(self, deadline: float, alive: dict[int, int]) -> ClusterStatus:
         """Start the stopped nodes of a durable cluster from their files; they rejoin by nodes.conf."""
         server = find_redis_server()
+        # Its nodes.conf files name these ports: the cluster cannot move to others as it is.
+        for port in self.ports:
+            if port not in alive and not ports_free(self.host, port):
+                raise ClusterError(
+                    f"port {port} or its bus port {port + BUS_PORT_OFFSET} on {self.host} is taken by "
+                    f"another process, and the durable cluster in {self.dir} keeps its data on ports "
+                    f"{self.ports[0]}-{self.ports[-1]}: free the port, or remove {self.dir} to start "
+                    "an empty cluster"
+                )
         pids = dict(alive)
         started: dict[int, int] = {}
         try:

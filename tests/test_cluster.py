@@ -205,6 +205,24 @@ def test_up_restarts_a_cluster_with_a_dead_node_and_down_stops_it(
 
 
 @pytest.mark.cluster
+def test_up_of_a_stopped_durable_cluster_names_a_port_another_process_took(cluster_dir: Path) -> None:
+    """A durable cluster keeps its data on its ports: up() cannot move it, so it says which port is
+    taken and keeps the files (it used to start the nodes and fail with one's 'exited with code 1')."""
+    local = LocalCluster(masters=1, replicas=1, port=_free_ports(2), dir=cluster_dir, durable=True)
+    local.up()
+    local.down()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", local.port + 1))
+        other.listen()
+        with pytest.raises(ClusterError, match=f"port {local.port + 1} .* is taken") as raised:
+            local.up()
+    assert "keeps its data" in str(raised.value)
+    assert not any(n.running for n in local.status().nodes)
+    assert (cluster_dir / f"node-{local.port}" / "nodes.conf").exists()
+    assert local.up().ok  # once the port is free again, the cluster starts from its files
+
+
+@pytest.mark.cluster
 def test_up_timeout_names_the_wait_shows_the_log_and_leaves_nothing_running(cluster_dir: Path) -> None:
     local = LocalCluster(masters=1, replicas=0, port=_free_ports(1), dir=cluster_dir)
     with pytest.raises(ClusterError, match="timed out waiting for") as raised:

@@ -31,6 +31,7 @@ if [ "$1" = -m ] && [ "$2" = shardlb ]; then
     echo "$3 $4" >>calls.log
     case "$3 $4" in
     "cluster up")
+        if [ -n "$FAKE_CLUSTER_UP_ERROR" ]; then echo "shardlb: error: $FAKE_CLUSTER_UP_ERROR" >&2; exit 1; fi
         mkdir -p .shardlb/cluster && echo '{}' >.shardlb/cluster/state.json
         echo "SHARDLB_REDIS_URL=redis://127.0.0.1:7000" ;;
     "postgres up")
@@ -168,6 +169,31 @@ def test_make_run_uses_the_postgresql_the_user_names(checkout: Path) -> None:
     # the next run without it: the private server, not the URL dev.env kept from the last run
     run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port(after=int(port))))
     assert postgres_calls(checkout) == ["postgres up"]
+
+
+def test_make_run_does_not_move_a_durable_cluster_whose_port_is_taken(checkout: Path) -> None:
+    """`cluster up` of a stopped durable cluster whose port another process took cannot move it (its
+    nodes.conf files name its ports): make run passes the message on instead of recording a new port
+    block, where the next `cluster up` would only refuse the directory's data as another layout."""
+    (checkout / ".shardlb").mkdir()
+    (checkout / ".shardlb" / "dev.env").write_text("SHARDLB_CLUSTER_PORT=7000\n")
+    taken = (
+        "port 7001 or its bus port 17001 on 127.0.0.1 is taken by another process, and the durable "
+        "cluster in .shardlb/cluster keeps its data on ports 7000-7005: free the port, or remove "
+        ".shardlb/cluster to start an empty cluster"
+    )
+    done = subprocess.run(
+        ["bash", "scripts/dev-run.sh"],
+        cwd=checkout,
+        env=environ(checkout, SHARDLB_PORT=str(free_port()), FAKE_CLUSTER_UP_ERROR=taken),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert taken in done.stderr
+    assert (checkout / "calls.log").read_text().splitlines() == ["cluster up"]
+    assert remembered(checkout, "SHARDLB_CLUSTER_PORT") == "7000"
 
 
 def bin_dir(tmp_path: Path, uid: int, apt_get: str) -> Path:
