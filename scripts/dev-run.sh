@@ -19,8 +19,14 @@ PORT=${SHARDLB_PORT:-8000}
 BOARD=demo
 mkdir -p "$STATE"
 # A PostgreSQL the user names; dev.env's SHARDLB_POSTGRES_URL (sourced below) is only what the last
-# run used, often our own server, which `make stop` stopped and this run must start again.
+# run used, often our own server, which `make stop` stopped and this run must start again. A shell
+# that sourced dev.env (README's first session) exports that URL too: it names no server either.
 GIVEN_POSTGRES_URL=${SHARDLB_POSTGRES_URL:-}
+if [ -n "$GIVEN_POSTGRES_URL" ] && [ -f "$STATE/postgres/postgres.json" ] &&
+    [ "$GIVEN_POSTGRES_URL" = "$("$PY" -c 'import json, sys; from shardlb.postgres import local_url
+print(local_url(json.load(open(sys.argv[1]))["port"]))' "$STATE/postgres/postgres.json")" ]; then
+    GIVEN_POSTGRES_URL=
+fi
 
 # VAR VALUE kept in dev.env (in place of an earlier value): the shell that sources it has what the
 # `shardlb` commands of README need, the cluster's and PostgreSQL's URLs with the keys.

@@ -68,7 +68,7 @@ class LocalPostgres:
 
     @property
     def url(self) -> str:
-        return f"postgresql://{USER}@127.0.0.1:{self.port}/{DATABASE}"
+        return local_url(self.port)
 
     def up(self) -> str:
         """Start the server (initialising it the first time) and return its URL; idempotent."""
@@ -131,6 +131,11 @@ class LocalPostgres:
         if self.owner is None:
             return {}
         return {"user": self.owner.pw_uid, "group": self.owner.pw_gid, "cwd": "/tmp"}
+
+
+def local_url(port: int) -> str:
+    """The URL of the private server on ``port``."""
+    return f"postgresql://{USER}@127.0.0.1:{port}/{DATABASE}"
 
 
 def _server_user() -> pwd.struct_passwd | None:

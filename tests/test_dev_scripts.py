@@ -35,7 +35,7 @@ if [ "$1" = -m ] && [ "$2" = shardlb ]; then
         mkdir -p .shardlb/cluster && echo '{}' >.shardlb/cluster/state.json
         echo "SHARDLB_REDIS_URL=redis://127.0.0.1:7000" ;;
     "postgres up")
-        mkdir -p .shardlb/postgres && echo '{}' >.shardlb/postgres/postgres.json
+        mkdir -p .shardlb/postgres && echo '{"port": 25432}' >.shardlb/postgres/postgres.json
         echo "SHARDLB_POSTGRES_URL=postgresql://shardlb@127.0.0.1:25432/postgres" ;;
     archive*)
         sleep 60 &
@@ -158,6 +158,20 @@ def test_make_stop_stops_the_router_whatever_the_terminal_width(checkout: Path) 
             time.sleep(0.1)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
+
+
+def test_make_run_in_a_shell_that_sourced_dev_env_starts_the_private_postgresql_again(
+    checkout: Path,
+) -> None:
+    """README's first session sources dev.env into the shell, which then exports the private server's
+    URL: make stop stops that server, and the next make run in that shell must start it again, not
+    take the URL for a server the user named (the archiver was left retrying a stopped server)."""
+    port = str(free_port())
+    run(checkout, "dev-run.sh", SHARDLB_PORT=port)
+    run(checkout, "dev-stop.sh")
+    sourced = remembered(checkout, "SHARDLB_POSTGRES_URL")
+    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port(after=int(port))), SHARDLB_POSTGRES_URL=sourced)
+    assert postgres_calls(checkout) == ["postgres up", "postgres down", "postgres up"]
 
 
 def test_make_run_uses_the_postgresql_the_user_names(checkout: Path) -> None:
