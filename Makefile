@@ -102,5 +102,7 @@ chaos: install redis-server postgres ## ~8 min failover, slot-migration and resh
 k8s-check: install redis-server postgres ## offline checks of Dockerfile and k8s/ (render, validate, lint, pod scripts, archiver)
 	$(BIN)/pytest -q tests/test_k8s_manifests.py tests/test_k8s_scripts.py
 
+# As root the private PostgreSQL's data lives outside .shardlb (shardlb/postgres.py): destroy() finds it.
 clean: stop ## remove the virtualenv and local state
+	@[ ! -d .shardlb/postgres ] || $(BIN)/python -c 'from shardlb.postgres import LocalPostgres; LocalPostgres(".shardlb/postgres").destroy()'
 	rm -rf $(VENV) .shardlb

@@ -4,7 +4,8 @@ The scripts run as they are, from a copy of scripts/ in a temporary checkout who
 is a stand-in: `shardlb cluster|postgres up|down` and `shardlb archive` only record that they were
 called (and leave the state files the real ones leave), `router.server` is a small HTTP server that
 answers /readyz and the `demo` board's PUT, and everything else (the scripts' own Python snippets)
-runs in the real interpreter. No cluster, PostgreSQL or router is started.
+runs in the real interpreter. No cluster, PostgreSQL or router is started, but for the PostgreSQL
+that `make clean` must delete.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from shardlb.postgres import LocalPostgres
 from tests.ports import search_start
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,6 +210,34 @@ def test_make_run_does_not_move_a_durable_cluster_whose_port_is_taken(checkout: 
     assert taken in done.stderr
     assert (checkout / "calls.log").read_text().splitlines() == ["cluster up"]
     assert remembered(checkout, "SHARDLB_CLUSTER_PORT") == "7000"
+
+
+def test_make_clean_deletes_the_private_postgresql_data(tmp_path: Path) -> None:
+    """README: make clean deletes "the private PostgreSQL's data". As root that data lives outside
+    .shardlb (shardlb/postgres.py), and make clean left it there: the next make run's server came
+    back with the old archive under a new, empty cluster."""
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/usr/bin/env bash\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    server = LocalPostgres(tmp_path / ".shardlb" / "postgres", port=free_port(), fast=True)
+    server.up()
+    try:
+        done = subprocess.run(
+            ["make", "clean"],
+            cwd=tmp_path,
+            env=environ(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert not (tmp_path / ".shardlb").exists()
+        assert not server.data.exists()
+    finally:
+        server.destroy()
 
 
 def bin_dir(tmp_path: Path, uid: int, apt_get: str) -> Path:
