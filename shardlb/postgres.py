@@ -5,7 +5,8 @@ server of their own: ``initdb`` once into a data directory, ``pg_ctl start`` on 
 trust authentication on loopback only, ``pg_ctl stop`` at the end. PostgreSQL refuses to run as
 root, so as root the server runs as the ``postgres`` user of the machine's PostgreSQL package, with
 its data directory in a folder that user owns (``/tmp/shardlb-postgres-<name>``; the state file in
-our directory points at it).
+our directory points at it). Once a server has run, ``up`` never makes an empty one in place of
+data that has gone: it says so, and the state file's removal is the way to start afresh.
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ class LocalPostgres:
         if self._running():
             return self.url
         if not (self.data / "PG_VERSION").exists():
+            if state.exists():
+                # A server ran here and its data went (as root: /tmp emptied at boot). A new empty
+                # one would pass for the archive: `shardlb rebuild` from it empties the boards.
+                raise ClusterError(
+                    f"the data of the PostgreSQL recorded in {state} is gone from {self.data}, and "
+                    f"the archive with it; remove {state} to start an empty server"
+                )
             self._init()
         if not self.port or not _free(self.port):
             self.port = free_port_block(1, start=self.port or 25432)

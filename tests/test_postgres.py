@@ -1,0 +1,37 @@
+"""The private PostgreSQL server of the archive (`shardlb/postgres.py`), on real servers."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from shardlb.nodes import ClusterError, free_port_block
+from shardlb.postgres import LocalPostgres
+from tests.ports import search_start
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LocalPostgres]:
+    """A private server of the test's own, started once; stopped and deleted afterwards."""
+    local = LocalPostgres(tmp_path / "postgres", port=free_port_block(1, search_start(26600, 50)), fast=True)
+    local.up()
+    yield local
+    local.destroy()
+
+
+def test_up_after_the_data_is_gone_says_so_instead_of_an_empty_archive(server: LocalPostgres) -> None:
+    """As root the data lives under /tmp, which many machines empty at boot while .shardlb (the
+    cluster's files) stays: up() used to run initdb again and give an empty archive as if nothing
+    had been lost."""
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (n int)")
+    server.down()
+    shutil.rmtree(server.data)
+    with pytest.raises(ClusterError, match="is gone") as raised:
+        LocalPostgres(server.dir).up()
+    assert str(server.dir / "postgres.json") in str(raised.value)
+    assert not server.data.exists()
