@@ -4,9 +4,12 @@
 server of their own: ``initdb`` once into a data directory, ``pg_ctl start`` on a free loopback port,
 trust authentication on loopback only, ``pg_ctl stop`` at the end. PostgreSQL refuses to run as
 root, so as root the server runs as the ``postgres`` user of the machine's PostgreSQL package, with
-its data directory in a folder that user owns (``/tmp/shardlb-postgres-<name>``; the state file in
-our directory points at it). Once a server has run, ``up`` never makes an empty one in place of
-data that has gone: it says so, and the state file's removal is the way to start afresh.
+its data directory in a folder that user owns (the state file in our directory points at it): in its
+home (``/var/lib/postgresql/shardlb-postgres-<name>``), or in ``/tmp`` for a ``fast`` server, which
+keeps nothing across a crash anyway. Many machines empty ``/tmp`` at boot: until 2026-12-06 the
+archive of ``make run`` was kept there too, and lost with it. Once a server has run, ``up`` never
+makes an empty one in place of data that has gone: it says so, and the state file's removal is the
+way to start afresh.
 """
 
 from __future__ import annotations
@@ -65,7 +68,12 @@ class LocalPostgres:
             self.data = self.dir / "postgres"
         else:
             digest = hashlib.sha1(str(self.dir).encode()).hexdigest()[:12]
-            self.data = Path(f"/tmp/shardlb-postgres-{digest}")
+            home = Path(self.owner.pw_dir)
+            kept = not fast and home.is_dir() and home.stat().st_uid == self.owner.pw_uid
+            self.data = (home if kept else Path("/tmp")) / f"shardlb-postgres-{digest}"
+        recorded = self.dir / STATE
+        if recorded.exists():  # where it was made, whatever the rule above says now
+            self.data = Path(json.loads(recorded.read_text()).get("data", self.data))
 
     @property
     def url(self) -> str:

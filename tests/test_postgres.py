@@ -35,3 +35,19 @@ def test_up_after_the_data_is_gone_says_so_instead_of_an_empty_archive(server: L
         LocalPostgres(server.dir).up()
     assert str(server.dir / "postgres.json") in str(raised.value)
     assert not server.data.exists()
+
+
+def test_the_data_of_a_server_that_keeps_it_lives_where_its_directory_does_or_outside_tmp(
+    tmp_path: Path,
+) -> None:
+    """`make run`'s archive (fsync on) is the source of truth: as root, where the data cannot sit in
+    the directory, it goes to the postgres user's home, not to /tmp, which many machines empty at
+    boot (it went there until 2026-12-06)."""
+    local = LocalPostgres(tmp_path / "postgres")
+    assert local.data.is_relative_to(local.dir) or not local.data.is_relative_to("/tmp")
+
+
+def test_a_recorded_data_directory_is_used_whatever_the_rule_for_new_ones(server: LocalPostgres) -> None:
+    again = LocalPostgres(server.dir)  # not fast: a new server of this kind would go elsewhere as root
+    assert again.data == server.data
+    assert again.up() == server.url
