@@ -76,6 +76,19 @@ SHARDLB_POSTGRES_URL=$GIVEN_POSTGRES_URL
 if [ -z "$SHARDLB_POSTGRES_URL" ]; then
     pg=$("$PY" -m shardlb postgres up --dir "$STATE/postgres")
     SHARDLB_POSTGRES_URL=$(sed -n 's/^SHARDLB_POSTGRES_URL=//p' <<<"$pg")
+elif ! refused=$("$PY" - "$SHARDLB_POSTGRES_URL" 2>&1 <<'EOF'
+import sys
+import psycopg
+try:
+    psycopg.connect(sys.argv[1], connect_timeout=5).close()
+except psycopg.Error as e:
+    sys.exit(str(e).strip())
+EOF
+); then
+    # The archiver would wait for it for ever while this says shardlb is running.
+    echo "the PostgreSQL of SHARDLB_POSTGRES_URL ($SHARDLB_POSTGRES_URL) does not answer: $refused" >&2
+    echo "start it, or unset SHARDLB_POSTGRES_URL for a private server of make run's own" >&2
+    exit 1
 fi
 export SHARDLB_POSTGRES_URL
 remember SHARDLB_REDIS_URL "$SHARDLB_REDIS_URL"

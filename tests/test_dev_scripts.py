@@ -4,8 +4,9 @@ The scripts run as they are, from a copy of scripts/ in a temporary checkout who
 is a stand-in: `shardlb cluster|postgres up|down` and `shardlb archive` only record that they were
 called (and leave the state files the real ones leave), `router.server` is a small HTTP server that
 answers /readyz and the `demo` board's PUT, and everything else (the scripts' own Python snippets)
-runs in the real interpreter. No cluster, PostgreSQL or router is started, but for the PostgreSQL
-that `make clean` must delete.
+runs in the real interpreter. No cluster or router is started; PostgreSQL only where a test needs a
+real one: the private server that `make clean` must delete, and the suite's own as a server the user
+names (`make run` checks that it answers).
 """
 
 from __future__ import annotations
@@ -176,15 +177,33 @@ def test_make_run_in_a_shell_that_sourced_dev_env_starts_the_private_postgresql_
     assert postgres_calls(checkout) == ["postgres up", "postgres down", "postgres up"]
 
 
-def test_make_run_uses_the_postgresql_the_user_names(checkout: Path) -> None:
+def test_make_run_uses_the_postgresql_the_user_names(checkout: Path, postgres_url: str) -> None:
     port = str(free_port())
-    theirs = "postgresql://app@db.example:5432/lb"
+    theirs = postgres_url  # a server that answers: make run checks it does
     run(checkout, "dev-run.sh", SHARDLB_PORT=port, SHARDLB_POSTGRES_URL=theirs)
     assert not postgres_calls(checkout)
     assert remembered(checkout, "SHARDLB_POSTGRES_URL") == theirs
     # the next run without it: the private server, not the URL dev.env kept from the last run
     run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port(after=int(port))))
     assert postgres_calls(checkout) == ["postgres up"]
+
+
+def test_make_run_stops_when_the_postgresql_the_user_names_does_not_answer(checkout: Path) -> None:
+    """A mistyped SHARDLB_POSTGRES_URL, or a server that is down: make run said shardlb was running
+    while its archiver retried that server for ever (the results waiting in the journals)."""
+    theirs = f"postgresql://app@127.0.0.1:{free_port()}/lb"  # nothing listens there
+    done = subprocess.run(
+        ["bash", "scripts/dev-run.sh"],
+        cwd=checkout,
+        env=environ(checkout, SHARDLB_PORT=str(free_port()), SHARDLB_POSTGRES_URL=theirs),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert f"SHARDLB_POSTGRES_URL ({theirs}) does not answer" in done.stderr
+    assert not (checkout / ".shardlb" / "router.pid").exists()
+    assert not (checkout / ".shardlb" / "archive.pid").exists()
 
 
 def test_make_run_does_not_move_a_durable_cluster_whose_port_is_taken(checkout: Path) -> None:
