@@ -212,6 +212,8 @@ def test_up_of_a_stopped_durable_cluster_names_a_port_another_process_took(clust
     local.up()
     local.down()
     with socket.socket() as other:
+        # The node just stopped leaves its connections in TIME_WAIT: bound as redis-server binds.
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         other.bind(("127.0.0.1", local.port + 1))
         other.listen()
         with pytest.raises(ClusterError, match=f"port {local.port + 1} .* is taken") as raised:
