@@ -286,9 +286,11 @@ def _sharding(value: object, default_shards: int = DEFAULT_SHARDS) -> Sharding:
             raise InvalidInput(f"at most {MAX_SHARDS} shards in all", "sharding.shards_per_region")
         return Sharding("region", per * len(regions), tuple(regions), per)
     bands = value.get("bands")
+    if isinstance(bands, list) and len(bands) > MAX_BANDS:
+        raise InvalidInput(f"sharding.bands: at most {MAX_BANDS} bands", "sharding.bands")
     if (
         not isinstance(bands, list)
-        or not 1 <= len(bands) <= MAX_BANDS
+        or not bands
         or not all(isinstance(b, int) and not isinstance(b, bool) for b in bands)
         or bands[0] != 0
         or any(a >= b for a, b in itertools.pairwise(bands))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardlb.config import BoardConfig
+from shardlb.config import MAX_BANDS, BoardConfig
 from shardlb.errors import InvalidInput
 from shardlb.sharding import Layout
 
@@ -97,3 +97,11 @@ def test_settings_lists_every_field_in_to_dict_order() -> None:
     from shardlb.config import SETTINGS
 
     assert tuple(BoardConfig.from_dict("b", {}).to_dict()) == SETTINGS
+
+
+def test_too_many_band_starts_are_refused_saying_how_many_are_allowed() -> None:
+    """More than MAX_BANDS increasing starts were refused as if they did not increase from 0."""
+    bands = list(range(0, 1000 * (MAX_BANDS + 1), 1000))
+    with pytest.raises(InvalidInput, match=f"at most {MAX_BANDS} bands") as refused:
+        BoardConfig.from_dict("b", {"sharding": {"strategy": "band", "bands": bands}})
+    assert refused.value.field == "sharding.bands"
