@@ -14,6 +14,7 @@ import functools
 import importlib
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 FAILED, USAGE = 1, 2
 INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports a command it stopped
 TERMINATED = 143  # SIGTERM, likewise (128 + 15)
+CLOSED_PIPE = 141  # the reader of its output went away (`| head`): as SIGPIPE would end it (128 + 13)
 LONG_RUNNING = ("serve", "archive")  # they stop on SIGTERM themselves, and exit 0
 
 
@@ -636,6 +638,16 @@ def _crash_hook() -> Callable[[str], None] | None:
     return step
 
 
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (poll says POLLERR)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError):  # no file descriptor (a test's captured stdout), or closed
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the `shardlb` command line; return the exit code."""
     argv = sys.argv[1:] if argv is None else argv
@@ -666,6 +678,14 @@ def main(argv: list[str] | None = None) -> int:
         previous = None
     try:
         code: int = run()
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+    except BrokenPipeError as e:
+        if not _reader_gone():  # a socket's, not our output's: an error like any other
+            print(f"shardlb: error: {type(e).__name__}: {e}", file=sys.stderr)
+            return FAILED
+        # Nothing more can be written there; the interpreter's last flush must not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLOSED_PIPE
     except ShardlbError as e:
         print(f"shardlb: error: {e}", file=sys.stderr)
         return failed(e)

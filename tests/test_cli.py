@@ -266,3 +266,18 @@ def test_a_metrics_file_in_a_missing_folder_is_refused_before_the_check(
     assert main([*command, "--postgres", "postgresql://127.0.0.1:1/x"]) == 2
     err = capsys.readouterr().err
     assert str(target.parent) in err and "reconcile.prom." not in err, err
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly() -> None:
+    """`shardlb ... | head` closes the pipe before the command has written all: the command stops
+    as a program killed by SIGPIPE does (141), without an error line, where it printed
+    'shardlb: error: BrokenPipeError' and exited 1 as if it had failed."""
+    plan = ["plan", "--players", "1000000", "--writes", "100", "--reads", "100"]
+    command = [sys.executable, "-m", "shardlb", *plan]
+    done = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert done.stdout is not None and done.stderr is not None
+    done.stdout.close()  # the reader went away before the first line
+    with done.stderr:
+        errors = done.stderr.read().decode()
+    assert done.wait(timeout=60) == 141, errors
+    assert errors == ""
