@@ -25,6 +25,7 @@ from typing import Any
 
 from shardlb import compat
 from shardlb.cluster import STATE_FILE, ClusterError, ClusterStatus, LocalCluster
+from shardlb.config import check_id
 from shardlb.connection import connection_arguments, postgres_url, seconds
 from shardlb.errors import InvalidInput, ShardlbError
 from shardlb.postgres import LocalPostgres
@@ -284,7 +285,7 @@ def add_rebuild_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     rebuild = commands.add_parser(
         "rebuild", help="recompute a board from PostgreSQL, shard by shard, while writes go on"
     )
-    rebuild.add_argument("board", nargs="?", help="the board (or --all)")
+    rebuild.add_argument("board", nargs="?", type=board_id, help="the board (or --all)")
     rebuild.add_argument(
         "--all", action="store_true", help="every board PostgreSQL knows, put back in the registry if missing"
     )
@@ -504,7 +505,7 @@ def add_reconcile_command(commands: argparse._SubParsersAction[argparse.Argument
     reconcile = commands.add_parser(
         "reconcile", help="compare a board in Redis with PostgreSQL per shard; exit status 1 on drift"
     )
-    reconcile.add_argument("board")
+    reconcile.add_argument("board", type=board_id)
     reconcile.add_argument("--repair", action="store_true", help="rebuild the shards that drift")
     reconcile.add_argument(
         "--metrics-file", type=Path, help="write the result here as Prometheus text (textfile collector)"
@@ -646,6 +647,14 @@ def _reader_gone() -> bool:
         return any(events & select.POLLERR for _, events in poll.poll(0))
     except (OSError, ValueError):  # no file descriptor (a test's captured stdout), or closed
         return False
+
+
+def board_id(value: str) -> str:
+    """A board id argument: one no board can have is a usage error, before any connection."""
+    try:
+        return check_id(value, "board")
+    except InvalidInput as e:
+        raise argparse.ArgumentTypeError(e.message) from e
 
 
 def main(argv: list[str] | None = None) -> int:
