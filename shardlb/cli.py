@@ -552,7 +552,7 @@ def add_settle_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     settle = commands.add_parser(
         "settle", help="freeze a closed period, order it from PostgreSQL, check it and store its awards once"
     )
-    settle.add_argument("board")
+    settle.add_argument("board", type=board_id)
     settle.add_argument("period", help="a dated API period, e.g. daily:2026-11-30")
     settle.add_argument("--id", required=True, help="the settlement id: the same id never pays twice")
     settle.add_argument(

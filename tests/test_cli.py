@@ -283,7 +283,7 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly() -> None:
     assert errors == ""
 
 
-@pytest.mark.parametrize("command", [["reconcile"], ["rebuild"]])
+@pytest.mark.parametrize("command", [["reconcile"], ["rebuild"], ["settle"]])
 @pytest.mark.parametrize("board", ["bad id", "x" * 65])
 def test_a_board_id_no_board_can_have_is_a_usage_error_before_any_connection(
     command: list[str], board: str, capsys: pytest.CaptureFixture[str]
@@ -291,6 +291,8 @@ def test_a_board_id_no_board_can_have_is_a_usage_error_before_any_connection(
     """Refused as `reshard` and `bands` refuse it (exit 2), where it was found only after reaching
     PostgreSQL (exit 1, or the server's error when it is down)."""
     where = ["--redis", "redis://127.0.0.1:1", "--postgres", "postgresql://127.0.0.1:1/none"]
+    if command == ["settle"]:
+        where += ["daily:2026-12-01", "--id", "s1", "--rewards", '[{"rank": 1, "reward": "gold"}]']
     with pytest.raises(SystemExit) as stopped:
         main([*command, board, *where])
     assert stopped.value.code == 2
