@@ -11,8 +11,12 @@ it.
 Public reads (``lookup``) must not be able to crowd writes out of that gate with a flood of board
 ids that do not exist: their fetches and listings first take the read lane, a gate of one permit
 with the registry gate's queue and wait, so they hold at most one registry permit and a write's
-fetch waits behind at most one of them. A write never waits for a fetch a read started. A board
-a read found missing is remembered as missing for ``missing_ttl_s`` (at most ``max_missing`` ids,
+fetch waits behind at most one of them. A write never waits for a fetch a read started. A read of
+a board this router keeps, whose settings expired, fetches them as a write does, outside the lane:
+a flood of unknown ids (from many addresses, it can keep the lane's queue full) must not make
+every read of a real board 503 each time its settings expire, and such fetches are one per kept
+board and ``ttl_s`` (a board found gone is no longer kept, so reads of it go back to the lane). A
+board a read found missing is remembered as missing for ``missing_ttl_s`` (at most ``max_missing`` ids,
 the oldest forgotten first); writes do not trust that memory, and a create through this router
 clears it.
 """
@@ -103,7 +107,9 @@ class Boards:
         missed = self.missing.get(board_id)
         if missed is not None and time.monotonic() - missed < self.missing_ttl_s:
             raise BoardNotFound(f"no board {board_id!r}", "board")
-        if board_id in self._writes:  # a write's fetch is under way: its answer serves this read too
+        if board_id in self._writes or board_id in self._kept:
+            # A write's fetch is under way (its answer serves this read too), or the board is one
+            # this router keeps: fetched outside the read lane (module docstring).
             return await self._writes.join(board_id, lambda: self._fetch(board_id, False))
         return await self._reads.join(board_id, lambda: self._fetch(board_id, True))
 
@@ -137,6 +143,7 @@ class Boards:
                 async with self.gate, metrics.redis_call("board"):
                     board = await self.store.get(board_id)
         except BoardNotFound:
+            self._kept.pop(board_id, None)
             if read:
                 self._missing(board_id)
             raise

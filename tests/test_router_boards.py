@@ -69,3 +69,37 @@ async def test_a_flood_of_unknown_boards_does_not_starve_writes(
         assert {r.status_code for r in reads} <= {404, 503}
         assert write.status_code == 200, write.text
         await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_flood_of_unknown_boards_does_not_starve_reads_of_known_ones(
+    cluster: LocalCluster, store: BoardStore
+) -> None:
+    """While lookups of boards that do not exist fill the read lane and its queue (many addresses
+    can keep it full), a read of a board this router knows, whose kept settings have expired, is
+    still answered: its settings are fetched again outside the lane, as a write's are. A board
+    found deleted then is forgotten, so reads of it go back through the lane."""
+    async with running(cluster.url, read_queue=1) as (app, client):
+        boards = service_of(app).boards
+        name = board_name()
+        await store.create(BoardConfig.from_dict(name, {}))
+        assert (await client.get(f"/v1/boards/{name}/top")).status_code == 200
+        at, board = boards._kept[name]
+        boards._kept[name] = (at - boards.ttl_s, board)  # its settings expired
+        await boards.read_lane.acquire()  # the flood's lookup under way ...
+        waiter = asyncio.ensure_future(boards.read_lane.acquire(wait_s=30))  # ... and its queue
+        await asyncio.sleep(0)
+        try:
+            assert (await client.get(f"/v1/boards/rand-{name}/top")).status_code == 503
+            r = await client.get(f"/v1/boards/{name}/top")
+            assert r.status_code == 200, r.text
+            at, board = boards._kept[name]
+            boards._kept[name] = (at - boards.ttl_s, board)
+            await store.delete(name)
+            assert (await client.get(f"/v1/boards/{name}/top")).status_code == 404
+            assert name not in boards._kept
+            assert (await client.get(f"/v1/boards/{name}/top")).status_code == 503  # the lane again
+        finally:
+            boards.read_lane.release()
+            await waiter
+            boards.read_lane.release()
