@@ -150,15 +150,10 @@ class Coalescer:
         Raises Overloaded at once when the queue is full, ApiError 503 when the router is closing,
         and the error of a failed shard call (scores on other shards may then have been applied).
         """
-        if self.closing:
-            metrics.REJECTED.labels("shutting_down").inc()
-            raise shutting_down()
         n = len(prepared)
+        self.check_room(n)
         if n == 0:
             return []
-        if self._depth + n > self.limit:
-            metrics.REJECTED.labels("queue_full").inc()
-            raise Overloaded(f"the write queue is full ({self._depth} scores waiting); retry shortly", 1.0)
         loop = self._loop.get()
         ticket = _Ticket(n, loop.create_future())
         self._count(n)
@@ -174,6 +169,18 @@ class Coalescer:
         if self._timer is None:
             self._timer = loop.call_later(self.delay_s, self._tick)
         return await ticket.future
+
+    def check_room(self, n: int) -> None:
+        """Refuse ``n`` scores now if ``submit`` would: the router is closing (503 shutting_down), or
+        they would pass the queue's bound (Overloaded). The write path asks before it does anything
+        that leaves a trace (the per-minute counts of router/moderation.py), so a request refused for
+        a full queue changes nothing."""
+        if self.closing:
+            metrics.REJECTED.labels("shutting_down").inc()
+            raise shutting_down()
+        if n and self._depth + n > self.limit:
+            metrics.REJECTED.labels("queue_full").inc()
+            raise Overloaded(f"the write queue is full ({self._depth} scores waiting); retry shortly", 1.0)
 
     async def close(self, timeout: float) -> Drained:
         """Refuse new scores, apply every accepted one within ``timeout`` s; return what was left."""

@@ -165,6 +165,9 @@ class Moderation:
         took room in the bounded queue from other calls' refusals."""
         if not self.screen.needed(board, bool(self.bans.fields)):
             return cast(list[Result], await coalescer.submit(board, prepared))
+        # A full queue refuses the request before the screen counts its results (rate.lua) or
+        # queues its refusals: a 503 overloaded leaves nothing behind.
+        coalescer.check_room(len(prepared))
         refused = {r.position: r.status for r in await self.screen.refusals(board, prepared)}
         if not refused:
             return cast(list[Result], await coalescer.submit(board, prepared))

@@ -781,3 +781,26 @@ async def test_refused_results_queued_when_the_router_stops_are_recorded_first(
     assert recorded == [("cheat", "big", "points_limit", "stop-1")]
     async with running(cluster_url) as (_, client):
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_write_refused_for_a_full_queue_counts_nothing_against_the_limit(cluster_url: str) -> None:
+    """A request refused at once because the write queue is full (503 overloaded) is screened for
+    nothing: it counts none of its results against the per-minute limit, so another match of that
+    player is still taken within the limit afterwards."""
+    # A long tick keeps the first request's scores queued: the queue is full while the second comes.
+    async with running(cluster_url, queue_limit=1000, coalesce_delay_ms=1000, coalesce_max_batch=5000) as (
+        app,
+        client,
+    ):
+        name = await make_board(client, max_results_per_player_per_minute=1)
+        at = times.now_ms()
+        filler = asyncio.ensure_future(post(client, name, [score(f"f{i}", 1, "m", at) for i in range(1000)]))
+        while service_of(app).coalescer.depth < 1000:
+            await asyncio.sleep(0.01)
+        r = await client.post(
+            f"/v1/boards/{name}/scores", json={"scores": [score("p", 5, "m1", at)]}, headers=AS_WRITER
+        )
+        assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded", r.text
+        assert await filler == ["improved"] * 1000
+        assert await post(client, name, [score("p", 7, "m2", at)]) == ["improved"]
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
