@@ -12,13 +12,13 @@ Public reads (``lookup``) must not be able to crowd writes out of that gate with
 ids that do not exist: their fetches and listings first take the read lane, a gate of one permit
 with the registry gate's queue and wait, so they hold at most one registry permit and a write's
 fetch waits behind at most one of them. A write never waits for a fetch a read started. A read of
-a board this router keeps, whose settings expired, fetches them as a write does, outside the lane:
-a flood of unknown ids (from many addresses, it can keep the lane's queue full) must not make
-every read of a real board 503 each time its settings expire, and such fetches are one per kept
-board and ``ttl_s`` (a board found gone is no longer kept, so reads of it go back to the lane). A
-board a read found missing is remembered as missing for ``missing_ttl_s`` (at most ``max_missing`` ids,
-the oldest forgotten first); writes do not trust that memory, and a create through this router
-clears it.
+a board this router keeps, whose settings expired, takes a lane of its own (the kept lane, alike):
+a flood of unknown ids (from many addresses, it can keep the read lane's queue full) must not make
+every read of a real board 503 each time its settings expire, and the kept lane's fetches are at
+most one per kept board and ``ttl_s`` (a board found gone is no longer kept). So a write's fetch
+waits behind at most one read of each lane. A board a read found missing is remembered as
+missing for ``missing_ttl_s`` (at most ``max_missing`` ids, the oldest forgotten first); writes do
+not trust that memory, and a create through this router clears it.
 """
 
 from __future__ import annotations
@@ -73,13 +73,14 @@ class Boards:
         self.store = store
         self.gate = gate
         self.read_lane = Gate(1, gate.queue, gate.wait_s, "lookups of boards not cached")
+        self.kept_lane = Gate(1, gate.queue, gate.wait_s, "lookups of boards kept")
         self.ttl_s = ttl_s
         self.missing_ttl_s = missing_ttl_s
         self.max_missing = max_missing
         self.missing: OrderedDict[str, float] = OrderedDict()  # board id -> when it was found missing
         self._kept: dict[str, tuple[float, Board]] = {}
         self._writes: SingleFlight[str, Board] = SingleFlight()  # fetches for writes
-        self._reads: SingleFlight[str, Board] = SingleFlight()  # fetches for reads, through the read lane
+        self._reads: SingleFlight[str, Board] = SingleFlight()  # fetches for reads, through a lane
         self._lists: SingleFlight[str, list[BoardConfig]] = SingleFlight()  # GET /v1/boards's reads
 
     def cached(self, board_id: str) -> Board | None:
@@ -95,11 +96,11 @@ class Boards:
         if board is not None:
             return board
         check_id(board_id, "board")  # a malformed id is the client's 422, never a wait for the gate
-        return await self._writes.join(board_id, lambda: self._fetch(board_id, False))
+        return await self._writes.join(board_id, lambda: self._fetch(board_id, None))
 
     async def lookup(self, board_id: str) -> Board:
         """The board for a public read: as ``get``, but a board found missing stays missing for a
-        moment, and a fetch goes through the read lane."""
+        moment, and a fetch goes through a lane: the kept lane for a board kept, else the read lane."""
         board = self.cached(board_id)
         if board is not None:
             return board
@@ -107,11 +108,10 @@ class Boards:
         missed = self.missing.get(board_id)
         if missed is not None and time.monotonic() - missed < self.missing_ttl_s:
             raise BoardNotFound(f"no board {board_id!r}", "board")
-        if board_id in self._writes or board_id in self._kept:
-            # A write's fetch is under way (its answer serves this read too), or the board is one
-            # this router keeps: fetched outside the read lane (module docstring).
-            return await self._writes.join(board_id, lambda: self._fetch(board_id, False))
-        return await self._reads.join(board_id, lambda: self._fetch(board_id, True))
+        if board_id in self._writes:  # a write's fetch is under way: its answer serves this read too
+            return await self._writes.join(board_id, lambda: self._fetch(board_id, None))
+        lane = self.kept_lane if board_id in self._kept else self.read_lane
+        return await self._reads.join(board_id, lambda: self._fetch(board_id, lane))
 
     async def create(self, config: BoardConfig) -> tuple[Board, bool]:
         async with self.gate, metrics.redis_call("create_board"):
@@ -134,10 +134,13 @@ class Boards:
         read of the registry is under way share it: a flood of lists is one read at a time."""
         return await self._lists.join("", self._list)
 
-    async def _fetch(self, board_id: str, read: bool) -> Board:
+    async def _fetch(self, board_id: str, lane: Gate | None) -> Board:
+        """Fetch the board's settings through the registry gate; a read's (``lane`` given) first
+        takes its lane."""
+        read = lane is not None
         try:
-            if read:
-                async with self.read_lane, self.gate, metrics.redis_call("board"):
+            if lane is not None:
+                async with lane, self.gate, metrics.redis_call("board"):
                     board = await self.store.get(board_id)
             else:
                 async with self.gate, metrics.redis_call("board"):
