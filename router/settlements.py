@@ -171,14 +171,14 @@ async def list_periods(request: Request) -> Response:
     svc = routes._allow_read(request)
     routes._query(request)
     board = await routes._board(svc, request)
+    now, week_start = times.now_ms(), board.config.week_start
     async with svc.reads:  # public: a call per home shard, in the reads' bound like every other read
-        kept = await settlement_history.kept(board)
+        kept = await settlement_history.kept(board, now)
     settled: dict[str, dict[str, object]] = {}
     if svc.settings.postgres_url:
         async with archive_read(svc) as db:
             every = await settlement_history.settled_periods(db, board.config.id)
         settled = {p: s for p, s in every.items() if s["incarnation"] == board.incarnation and p != "total"}
-    now, week_start = times.now_ms(), board.config.week_start
     out = []
     for name in sorted(
         kept | set(settled), key=lambda n: periods.end_ms(n, board.tz, week_start), reverse=True

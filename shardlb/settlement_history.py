@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from shardlb import keys, moderation, periods, settlement
+from shardlb import keys, moderation, periods, settlement, times
 from shardlb.board import Board
 
 _DATED = re.compile(r"[dwm]:.+")
@@ -103,12 +103,15 @@ async def run_end(
     return last if next_kept or last == players else None
 
 
-async def kept(board: Board) -> set[str]:
-    """The dated periods whose keys some home shard of the board still holds (its key index)."""
+async def kept(board: Board, now_ms: int | None = None) -> set[str]:
+    """The dated periods whose keys some home shard of the board still holds at ``now_ms``: those its
+    key index lists with an expiry still to come (a listing outlives its key until a later write
+    drops it)."""
+    now = times.now_ms() if now_ms is None else now_ms
     found: set[str] = set()
     for shard in board.layout.view(False):
         prefix = board.prefixes[shard]
-        for key in await board.client.zrange(keys.index_key(prefix), 0, -1):
+        for key in await board.client.zrange(keys.index_key(prefix), f"({now}", "+inf", byscore=True):
             name = (key.decode() if isinstance(key, bytes) else str(key))[len(prefix) :]
             if _DATED.fullmatch(name):
                 found.add(name)
