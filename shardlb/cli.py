@@ -517,7 +517,7 @@ def add_reconcile_command(commands: argparse._SubParsersAction[argparse.Argument
 
 def reconcile_board(args: argparse.Namespace) -> int:
     """Print the table; with --repair, rebuild what drifts and check again."""
-    from shardlb import rebuild, reconcile
+    from shardlb import periods, rebuild, reconcile, times
 
     if not args.postgres:
         print("shardlb reconcile: give --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr)
@@ -530,15 +530,21 @@ def reconcile_board(args: argparse.Namespace) -> int:
     async def run() -> bool:
         async with rebuild.connected(args.redis, args.postgres, print) as (rebuilder, store):
             board = await store.get(args.board)
-            found = {}
+            found, config = {}, board.config
             # Without --period, the current one of every period the board keeps.
-            for period in [args.period] if args.period else list(board.config.periods):
-                checks = await reconcile.reconcile(rebuilder, board, period)
-                print(f"period {period}:\n{reconcile.table(checks)}")
+            for period in [args.period] if args.period else list(config.periods):
+                # The current period ("daily") is named once: the repair and the check after it
+                # are of the day checked first, even once the board's midnight has passed.
+                now = times.now_ms()
+                named = periods.api_name(
+                    periods.parse(period, config.periods, board.tz, now, config.week_start)
+                )
+                checks = await reconcile.reconcile(rebuilder, board, named)
+                print(f"period {named}:\n{reconcile.table(checks)}")
                 if args.repair and any(c.drift for c in checks):
-                    await reconcile.repair(rebuilder, board, checks, period)
-                    checks = await reconcile.reconcile(rebuilder, board, period)
-                    print(f"period {period}, after the repair:\n{reconcile.table(checks)}")
+                    await reconcile.repair(rebuilder, board, checks, named)
+                    checks = await reconcile.reconcile(rebuilder, board, named)
+                    print(f"period {named}, after the repair:\n{reconcile.table(checks)}")
                 found[period] = checks
             if args.metrics_file:
                 reconcile.write_metrics(args.metrics_file, board, found)

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shardlb import keys, periods, times
+from shardlb import reconcile as reconcile_module
 from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.rebuild import Rebuilder
@@ -168,6 +169,45 @@ async def test_the_command_checks_every_kept_period_unless_told_one(
         assert await asyncio.to_thread(main, [*base, "--period", "total"]) == 0
         assert await asyncio.to_thread(main, [*base, "--repair"]) == 0
         assert drifting() == {"total": 0, "daily": 0}
+        assert await raw.zscore(keys.period_key(board.prefixes[1], today), "stranger") is None
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_a_repair_past_midnight_mends_the_day_it_checked(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`reconcile --repair` named the current period ("daily") anew for the repair and for the check
+    after it: when a midnight of the board's zone passed after the first check (a long run over many
+    boards; the CronJob's 03:17 UTC is 23:47 in St John's), it rebuilt the next day's shards, checked
+    that day clean and exited 0, leaving the day that drifted as it was."""
+    settings = {"periods": ["daily"], "sharding": sharding("hash", 3)}
+    config = BoardConfig.from_dict("reconcile-midnight", settings)
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    command = ["reconcile", config.id, "--redis", cluster_url, "--postgres", postgres_url]
+    command += ["--period", "daily", "--repair"]
+    real, first_check = times.now_ms, reconcile_module.reconcile
+    shift = 0
+
+    async def then_midnight(*args: Any) -> Any:
+        nonlocal shift
+        try:
+            return await first_check(*args)
+        finally:
+            shift = 86_400_000  # the next day has begun once the first check is done
+
+    try:
+        w = Writer(board, "reconcile/midnight")
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        today = periods.parse("daily", config.periods, board.tz, times.now_ms(), config.week_start)
+        await raw.zadd(keys.period_key(board.prefixes[1], today), {"stranger": 5})
+        monkeypatch.setattr(times, "now_ms", lambda: real() + shift)
+        monkeypatch.setattr(reconcile_module, "reconcile", then_midnight)
+        assert await asyncio.to_thread(main, command) == 0
         assert await raw.zscore(keys.period_key(board.prefixes[1], today), "stranger") is None
     finally:
         await a.db.close()
