@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import math
 import os
@@ -1464,6 +1465,51 @@ def test_band_starts_job_applies_every_board_and_fails_on_any_failure(tmp_path: 
     ]
     code, calls = job("nocount a: :3 b:2")  # malformed entries fail the Job; the rest still run
     assert code == 1 and calls == ["bands b --count 2 --apply"]
+
+
+@pytest.mark.parametrize(
+    ("cron", "name", "setting", "boards"),
+    [
+        (RECONCILE, "reconcile", "SHARDLB_RECONCILE_BOARDS", "a b"),
+        (BANDS, "bands", "SHARDLB_BANDS_BOARDS", "a:3 b:3"),
+    ],
+)
+def test_a_stopped_job_hands_sigterm_to_its_command_and_starts_no_other(
+    tmp_path: Path, cron: str, name: str, setting: str, boards: str
+) -> None:
+    """Kubernetes stops a Job's pod (its deadline, a drain, a deletion) with SIGTERM to the pod's
+    first process: the Job's shell. A shell there ignored it (PID 1 has no default action; any other
+    shell died and left `shardlb` running): the command never had its clean-up, was killed 30 s
+    later, and meanwhile the shell went on to the next board."""
+    c = container(get("prod", "CronJob", cron), name)
+    assert c["command"][:2] == ["sh", "-c"]
+    log, pid = tmp_path / "calls", tmp_path / "pid"
+    stub = tmp_path / "shardlb"
+    stub.write_text(
+        "#!/bin/sh\n"
+        f"trap 'echo \"terminated $2\" >> {log}; exit 143' TERM\n"
+        f'echo $$ > {pid}\necho "$*" >> {log}\n'
+        "while :; do sleep 0.1; done\n"
+    )
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", setting: boards}
+    job = subprocess.Popen(["sh", "-c", c["command"][2]], env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (log.exists() and log.read_text()):
+            assert time.monotonic() < deadline and job.poll() is None, "the first board never started"
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)
+        code = job.wait(30)
+        calls = log.read_text().splitlines()
+        assert code == 143, calls
+        assert [call.split()[:2] for call in calls] == [[name, "a"], ["terminated", "a"]]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        with contextlib.suppress(OSError, ValueError):  # the stub, if the shell left it running
+            os.kill(int(pid.read_text()), signal.SIGKILL)
 
 
 def test_dev_runs_its_own_postgres() -> None:
