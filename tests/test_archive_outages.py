@@ -8,6 +8,7 @@ import asyncio
 import functools
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -366,3 +367,17 @@ async def test_a_postgresql_outage_logs_the_webhook_sweep_at_its_start_and_end(
         lambda _: swept[0] >= 2,
     )
     one_outage(log, "webhook sweep failed; retrying", "webhook sweep works again", 100)
+
+
+async def test_a_stop_ends_an_archiver_whose_postgresql_never_answers(cluster_url: str) -> None:
+    """An address that takes the connection and then answers nothing (a hung server, a failover's
+    old address behind a proxy) held `serve` in its connect for psycopg's default of 130 s, past a
+    pod's 30 s grace period: a SIGTERM then ended in SIGKILL, not in an orderly stop."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the connection is made, and never served
+        url = f"postgresql://shardlb@127.0.0.1:{silent.getsockname()[1]}/shardlb"
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(cluster_url, url, "silent-postgres", stop))
+        stop.set()
+        await asyncio.wait_for(task, 25)
