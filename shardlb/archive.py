@@ -63,6 +63,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from shardlb import keys, moderation, settlement_delivery
 from shardlb.board import Board
 from shardlb.connection import Scripts, connect, connection_arguments, raised_in_redis, redacted, seconds
+from shardlb.errors import ShardlbError
 from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
 from shardlb.outage import Outage
 from shardlb.store import BoardStore
@@ -870,16 +871,16 @@ async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) ->
 
 async def _cleanup(store: BoardStore, stop: asyncio.Event, every_s: float) -> None:
     """The inactive-player cleanup (shardlb/moderation.py), one bounded pass every ``every_s``. Several
-    archivers may run it at once: a removal is idempotent and checks the player's idleness itself."""
+    archivers may run it at once: a removal is idempotent and checks the player's idleness itself.
+    A pass that fails is logged as an outage, as ``repair_bands`` does: one that met a board being
+    resharded or deleted (the library's error) used to end the loop, silently, for the process's life."""
     outage = Outage(log, "inactive cleanup failed; retrying", "inactive cleanup works again")
     while not stop.is_set():
         await _sleep(stop, every_s)
         try:
             done = await moderation.cleanup_pass(store)
         except Exception as e:
-            if not _passing(e):
-                raise
-            outage.failed(e)
+            outage.failed(e, trace=not _passing(e) and not isinstance(e, ShardlbError))
             continue
         outage.succeeded()
         if any(done.values()):

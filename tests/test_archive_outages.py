@@ -20,11 +20,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 import shardlb.archive
-from shardlb import keys, settlement_delivery, times
+from shardlb import keys, moderation, settlement_delivery, times
 from shardlb.archive import Archiver, _cleanup, _journals, _watch_lag, connect_db, repair_bands, serve
 from shardlb.board import Score
 from shardlb.config import BoardConfig
 from shardlb.connection import connect
+from shardlb.errors import BoardNotFound, Resharding
 from shardlb.journal import Lag, journal_lag
 from shardlb.store import BoardStore
 from tests.test_moderation_router import until
@@ -381,3 +382,39 @@ async def test_a_stop_ends_an_archiver_whose_postgresql_never_answers(cluster_ur
         task = asyncio.create_task(serve(cluster_url, url, "silent-postgres", stop))
         stop.set()
         await asyncio.wait_for(task, 25)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        Resharding("board 'x' is being resharded; retry", 1.0),  # the nightly bands Job's reshard
+        BoardNotFound("board 'x' was deleted", "board"),  # deleted between the listing and its removal
+    ],
+)
+async def test_a_board_resharded_or_deleted_under_the_cleanup_does_not_end_it(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    """A pass that met a board being resharded or deleted (the library's error, not an outage of
+    the cluster) ended ``_cleanup`` for the archiver's life, logging nothing: ``serve`` gathers its
+    tasks only when it stops. The pass is logged and the next one runs."""
+    passes = [0]
+    real = moderation.cleanup_pass
+
+    async def fails_once(given: BoardStore) -> dict[str, int]:
+        passes[0] += 1
+        if passes[0] == 1:
+            raise error
+        return await real(given)
+
+    monkeypatch.setattr(moderation, "cleanup_pass", fails_once)
+    stop = asyncio.Event()
+    with kept("shardlb.archive") as log:
+        task = asyncio.create_task(_cleanup(store, stop, 0.001))
+        try:
+            await until(lambda: passes[0] >= 3 or task.done(), "three cleanup passes")
+            assert not task.done(), task.exception()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 20)
+    assert log.lines(logging.WARNING)[0][0] == "inactive cleanup failed; retrying"
+    assert log.lines(logging.INFO)[0][0] == "inactive cleanup works again"
