@@ -8,8 +8,9 @@ leave as one pipeline per primary. A group has at most ``inflight`` calls in fli
 scores that arrive meanwhile are sent together as soon as one returns, so under load batches grow
 instead of calls. One request's scores for a shard travel in one call (unless they pass
 ``max_batch``), applied in the order it gave them; calls in flight together are applied in either
-order, as the calls of two router processes are. Each request waits for its own scores only, and
-gets their statuses in its order.
+order, as the calls of two router processes are. A region request that names a player under
+several regions is queued in rounds, each once the one before was applied (``shardlb.board.rounds``).
+Each request waits for its own scores only, and gets their statuses in its order.
 
 Back-pressure: at most ``limit`` scores may be accepted and not yet applied; a request that would pass
 it is refused at once (Overloaded, 503 with Retry-After) rather than queued. A gate per cluster
@@ -39,7 +40,7 @@ from typing import Any, NamedTuple
 from router import metrics
 from router.errors import shutting_down
 from router.gate import NodeGates
-from shardlb.board import Board, Prepared, Result, by_shard
+from shardlb.board import Board, Prepared, Result, by_shard, in_rounds, rounds
 from shardlb.connection import primary_name, primary_names
 from shardlb.errors import Overloaded, PartlyApplied
 from shardlb.fanout import ScriptPipeline
@@ -149,7 +150,15 @@ class Coalescer:
 
         Raises Overloaded at once when the queue is full, ApiError 503 when the router is closing,
         and the error of a failed shard call (scores on other shards may then have been applied).
+        A region request that names a player under several regions is queued in rounds
+        (``shardlb.board.rounds``): each once the round before it was applied.
         """
+        order = rounds(board.config.sharding, prepared)
+        if order is None:
+            return await self._submit(board, prepared)
+        return await in_rounds(prepared, order, functools.partial(self._submit, board))
+
+    async def _submit(self, board: Board, prepared: Sequence[Prepared]) -> list[Result]:
         n = len(prepared)
         self.check_room(n)
         if n == 0:

@@ -20,7 +20,16 @@ from redis.exceptions import ResponseError
 
 from shardlb import keys, merge, periods, times
 from shardlb.bands import BandMoves, Move
-from shardlb.config import ID_PATTERN, MATCH_ID_MAX, MAX_BANDS, PIN_SPAN, RANK_MODES, BoardConfig, check_id
+from shardlb.config import (
+    ID_PATTERN,
+    MATCH_ID_MAX,
+    MAX_BANDS,
+    PIN_SPAN,
+    RANK_MODES,
+    BoardConfig,
+    Sharding,
+    check_id,
+)
 from shardlb.connection import Scripts
 from shardlb.errors import (
     BoardClosed,
@@ -156,6 +165,51 @@ def by_shard(prepared: Sequence[Prepared]) -> dict[int, list[int]]:
     for i, p in enumerate(prepared):
         groups[p.shard].append(i)
     return groups
+
+
+def rounds(sharding: Sharding, prepared: Sequence[Prepared]) -> list[list[int]] | None:
+    """On a region board where a request names a player under several regions, the positions of
+    ``prepared`` in the rounds their calls are made in, one after the other: round k holds each
+    player's results that name the k-th region the request names for them. None when one round
+    holds everything (every other board, and nearly every region request).
+
+    Why: write.lua homes a player new to the board in the region whose call comes first and
+    refuses the other (region_conflict). The regions' shards are called separately (not atomic
+    together): concurrent calls made the home a race, and a request half applied (the first
+    region's call lost) and retried homed the player in the other region, where one whole call
+    homed them in the first. In rounds, a round is sent once the one before was applied whole, so
+    the first region the request names is written first, every try (design-notes, "Regions")."""
+    if sharding.strategy != "region":
+        return None
+    per = sharding.shards_per_region
+    named: dict[str, list[int]] = {}
+    ranks = []
+    for p in prepared:
+        regions = named.setdefault(p.player_id, [])
+        region = p.shard // per
+        if region not in regions:
+            regions.append(region)
+        ranks.append(regions.index(region))
+    if not any(ranks):
+        return None
+    order: list[list[int]] = [[] for _ in range(max(ranks) + 1)]
+    for i, rank in enumerate(ranks):
+        order[rank].append(i)
+    return order
+
+
+async def in_rounds(
+    prepared: Sequence[Prepared],
+    rounds: Sequence[Sequence[int]],
+    apply: Callable[[list[Prepared]], Coroutine[Any, Any, list[Result]]],
+) -> list[Result]:
+    """The results of ``prepared`` applied round after round (``rounds``) by ``apply``, in
+    their order: a round that fails fails the whole, and the rounds after it are not sent."""
+    results: list[Result | None] = [None] * len(prepared)
+    for positions in rounds:
+        for i, result in zip(positions, await apply([prepared[i] for i in positions]), strict=True):
+            results[i] = result
+    return [r for r in results if r is not None]
 
 
 class Board:
@@ -324,8 +378,16 @@ class Board:
         return int(points)
 
     async def submit(self, scores: Sequence[Score], now_ms: int | None = None) -> list[Result]:
-        """Validate, then apply per shard (atomic per shard, concurrent across shards, not atomic across)."""
+        """Validate, then apply per shard (atomic per shard, concurrent across shards, not atomic across;
+        on a region board in rounds where a player is named under several regions: ``rounds``)."""
         prepared = self.prepare(scores, now_ms)
+        order = rounds(self.config.sharding, prepared)
+        if order is None:
+            return await self._submit(prepared, now_ms)
+        return await in_rounds(prepared, order, functools.partial(self._submit, now_ms=now_ms))
+
+    async def _submit(self, prepared: Sequence[Prepared], now_ms: int | None = None) -> list[Result]:
+        """Apply prepared results per shard, concurrently across shards."""
         groups = by_shard(prepared)
         pipeline = ScriptPipeline(self.client) if len(groups) > 1 else None  # one pipeline per node
         try:

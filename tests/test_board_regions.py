@@ -8,12 +8,16 @@ region than the player's is refused with ``region_conflict`` and changes nothing
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
+from router.coalescer import Coalescer
 from shardlb import periods, times
-from shardlb.board import Score
+from shardlb.board import Board, Prepared, Result, Score
 from shardlb.config import BoardConfig
+from shardlb.errors import PlayerNotFound
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import HOUR, check_view
@@ -45,8 +49,8 @@ async def test_players_posting_under_several_regions_are_listed_once(
     conflicts = 0
     try:
         for batch_no in range(4):
-            # Within one batch a player posts under one region: a batch's shards are written
-            # concurrently, so which of two regions came first would be a race, not a rule.
+            # Within one batch a player posts under one region: a conflict's points are the
+            # total after its round (shardlb.board.rounds), not at its place in the batch as here.
             region_now = {p: rng.choice(names) for p in players}
             batch = []
             for _ in range(30):
@@ -74,5 +78,67 @@ async def test_players_posting_under_several_regions_are_listed_once(
             for region in names:
                 await check_view(board, ref, "total", "total", region, rng)
         assert conflicts > 0  # the workload did post players under a second region
+    finally:
+        await store.delete(config.id)
+
+
+class LostOnce:
+    """Board.apply_shard whose first call to ``shard`` fails before it reaches the cluster."""
+
+    def __init__(self, board: Board, shard: int) -> None:
+        self.real = board.apply_shard
+        self.shard = shard
+        self.failed = False
+
+    async def __call__(
+        self, shard: int, batch: Sequence[Prepared], now_ms: int | None = None, pipeline: Any = None
+    ) -> list[Result]:
+        if shard == self.shard and not self.failed:
+            self.failed = True
+            raise ConnectionError("the call was lost")
+        return await self.real(shard, batch, now_ms, pipeline)
+
+
+@pytest.mark.parametrize("through", ["board", "coalescer"])
+@pytest.mark.parametrize("first", ["eu", "na"])
+async def test_a_request_naming_two_regions_homes_the_player_in_its_first_even_when_retried(
+    store: BoardStore, through: str, first: str
+) -> None:
+    """A new player named under two regions in one request is homed in the first it names, and a
+    request half applied (the first region's call lost) and retried ends the same: the 2026-12-05
+    audit found the region whose call went through kept the player, and a retry then refused
+    the first region's results (region_conflict) where one whole call had applied them."""
+    config = BoardConfig.from_dict(
+        f"two-regions-{through}-{first}",
+        {"mode": "incr", "sharding": {"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 2}},
+    )
+    board, _ = await store.create(config)
+    second = "na" if first == "eu" else "eu"
+    batch = [
+        Score("p1", 10, "m1", None, first),
+        Score("p1", 20, "m2", None, second),
+        Score("p1", 5, "m3", None, first),
+    ]
+    lost = LostOnce(board, board.layout.home("p1", first))
+    board.apply_shard = lost  # type: ignore[method-assign]
+    coalescer = Coalescer()
+
+    async def send() -> list[Result]:
+        if through == "board":
+            return await board.submit(batch)
+        return await coalescer.submit(board, board.prepare(batch))
+
+    try:
+        with pytest.raises(ConnectionError):
+            await send()
+        assert lost.failed
+        got = await send()
+        assert [r.status for r in got] == ["improved", "region_conflict", "improved"]
+        assert (await board.player("p1", board.resolve("total", first))).entry.points == 15
+        with pytest.raises(PlayerNotFound):
+            await board.player("p1", board.resolve("total", second))
+        again = await send()  # a replay changes nothing
+        assert [r.status for r in again] == ["duplicate", "region_conflict", "duplicate"]
+        assert [r.points for r in again] == [15, 15, 15]
     finally:
         await store.delete(config.id)

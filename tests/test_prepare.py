@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardlb import periods
-from shardlb.board import QUARTER_HOUR_MS, Board, Score
+from shardlb.board import QUARTER_HOUR_MS, Board, Score, rounds
 from shardlb.config import BoardConfig
 from shardlb.journal import Applied
 from shardlb.rebuild import Fold
@@ -140,3 +140,21 @@ def test_the_same_periods_window_is_exact_in_any_zone(board_at: tuple[Board, int
     assert reference_names(b, lo * 1000) == names == reference_names(b, hi * 1000)
     assert reference_names(b, lo * 1000 - 1000) != names or now - lo * 1000 >= 86_400_000 - QUARTER_HOUR_MS
     assert reference_names(b, hi * 1000 + 1000) != names or hi * 1000 - now >= 86_400_000 - QUARTER_HOUR_MS
+
+
+def test_rounds_send_each_players_regions_in_the_order_a_request_names_them() -> None:
+    """``rounds``: round k holds each player's results naming the k-th region the request names
+    for them; a request naming one region per player (or a board without regions) is one round."""
+    regional = board(
+        "desc", "earliest", {"strategy": "region", "regions": ["eu", "na", "as"], "shards_per_region": 4}
+    )
+    names = [("p1", "na"), ("p2", "eu"), ("p1", "eu"), ("p1", "na"), ("p2", "eu"), ("p1", "as"), ("p3", "as")]
+    prepared = regional.prepare([Score(p, 1, f"m{i}", None, r) for i, (p, r) in enumerate(names)], NOW_MS)
+    assert rounds(regional.config.sharding, prepared) == [[0, 1, 3, 4, 6], [2], [5]]
+    one_each = [p for p in prepared if p.player_id != "p1"]
+    assert rounds(regional.config.sharding, one_each) is None
+    hashed = board("desc", "earliest", {"strategy": "hash", "shards": 4})
+    assert (
+        rounds(hashed.config.sharding, hashed.prepare([Score("p1", 1, "m"), Score("p1", 2, "n")], NOW_MS))
+        is None
+    )

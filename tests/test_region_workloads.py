@@ -9,9 +9,10 @@ and the router's estimates hold the exact rank within their stated error. Then s
 removed and post again, some under another region: their new first region homes them.
 
 A player's home is decided by the first result applied, so the results that home players are sent
-one client after the other (one region per player in a batch: a batch's shards are written
-concurrently); the concurrent phase only writes players who have a home, where the final state does
-not depend on the order (max, sum, latest time; a conflict is a conflict in any order).
+one client after the other (one region per player in a batch, whose statuses and points are
+compared with the reference's); the concurrent phase only writes players who have a home, where
+the final state does not depend on the order (max, sum, latest time; a conflict is a conflict in
+any order).
 """
 
 from __future__ import annotations
