@@ -126,6 +126,7 @@ class Service:
         outage.succeeded()
         store = BoardStore(client, scripts, settings.journal_max_entries, settings.journal_max_results)
         store.read_replicas = settings.read_from != "primary"
+        store.ack = ack
         finished = await store.reclaim()  # deletions some process left half done
         if finished:
             log.warning("finished interrupted board deletions", extra={"fields": {"boards": finished}})

@@ -34,6 +34,7 @@ from shardlb.config import (
 )
 from shardlb.connection import Scripts
 from shardlb.errors import BoardConflict, BoardNotFound, OutOfRange
+from shardlb.fanout import Ack, confirmed
 
 # How long routers may cache a board's settings (router/boards.py). A board deleted through one
 # process keeps its shards' `gone` markers far longer, so no cached copy can write after it.
@@ -66,6 +67,9 @@ class BoardStore:
         self.journal_max = journal_max
         self.journal_max_results = journal_max_results
         self.read_replicas = False  # given to every Board made here (Board.read_replicas)
+        # The router's SHARDLB_ACK: a board answered created, confirmed or deleted is on a replica
+        # of the registry's primary first, as a score write is on one of its shard's (``_confirm``).
+        self.ack = Ack(0, 0)
 
     async def create(self, config: BoardConfig) -> tuple[Board, bool]:
         """Create the board, or confirm an identical one. Returns (board, created).
@@ -84,6 +88,7 @@ class BoardStore:
             config = resolve_shards(given, await self.masters()) if _auto(given) else given
             record = {**config.to_dict(), "incarnation": secrets.token_hex(4)}
             if not ended and await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
+                await self._confirm()
                 return self._board(config.id, record), True
             raw = await self.client.hget(keys.BOARDS, config.id)
             if raw is None:
@@ -114,6 +119,7 @@ class BoardStore:
                     layouts.append(_sharding(created))
             if not any(_confirms(replace(existing, sharding=s), given) for s in layouts):
                 raise BoardConflict(f"board {config.id!r} exists with other settings", "board")
+            await self._confirm()  # a retry of a creation answered 503 finds it made, perhaps unconfirmed
             return self._board(config.id, found), False
 
     async def masters(self) -> int:
@@ -164,6 +170,7 @@ class BoardStore:
                     continue  # changed meanwhile: look again
                 raw = marked
             await self._drop(board_id, raw, record)
+            await self._confirm()
             return
 
     async def reclaim(self) -> int:
@@ -173,6 +180,16 @@ class BoardStore:
         for board_id, record in left:
             await self._drop(board_id, record, orjson.loads(record))
         return len(left)
+
+    async def _confirm(self) -> None:
+        """Wait, as ``ack`` asks, for a replica of the registry's primary to have everything that
+        primary applied so far (the marker and WAIT of fanout.confirmed, which cover writes made on
+        other connections too); else raise NotAcknowledged (a retry is safe: the same board)."""
+        if not self.ack.replicas:
+            return
+        [reply] = await confirmed(self.client, self.ack, [("EXISTS", keys.BOARDS)])
+        if isinstance(reply, BaseException):
+            raise reply
 
     def _board(self, board_id: str, record: dict[str, Any]) -> Board:
         settings = stored_settings({k: v for k, v in record.items() if k not in _RECORD})

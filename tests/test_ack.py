@@ -37,7 +37,12 @@ ACK_MS = 300  # short: every write to the stopped replica's primary waits this l
 
 def replica_pid(cluster: LocalCluster, board: str) -> int:
     """The pid of the replica of the master that holds the only shard of a one-shard board."""
-    slot = keys.slot_of(keys.shard_prefix(board, 0, 1))
+    return key_replica_pid(cluster, keys.shard_prefix(board, 0, 1))
+
+
+def key_replica_pid(cluster: LocalCluster, key: str) -> int:
+    """The pid of the replica of the master that holds ``key``."""
+    slot = keys.slot_of(key)
     status = cluster.status()
     master = next(n.port for n in status.nodes if any(a <= slot <= b for a, b in n.slots))
     pid = next(n.pid for n in status.nodes if n.role == "replica" and n.master_port == master)
@@ -154,6 +159,41 @@ async def test_a_removal_no_replica_confirms_is_503_in_replica_mode_and_200_in_p
         r = await acked.delete(f"{url}/players/p1", headers=AS_ADMIN)
         assert r.status_code == 200, r.text
         assert (await acked.get(f"{url}/players/p1")).status_code == 404
+
+
+async def test_board_creation_and_deletion_wait_for_a_replica_of_the_registry_in_replica_mode(
+    cluster: LocalCluster,
+) -> None:
+    """A failover audit's finding: the registry's HSETNX was answered 201 by its primary alone, so a
+    kill -9 of that primary within the replication lag lost the board, and with it every score
+    acknowledged on it since (a PUT again makes a new incarnation: they stay out of reach). Creating,
+    confirming and deleting a board now wait for a replica of the registry's primary as a score write
+    waits for its shard's."""
+    async with (
+        running(cluster.url, ack="replica", ack_timeout_ms=ACK_MS) as (_, acked),
+        running(cluster.url) as (_, plain),
+    ):
+        url = f"/v1/boards/{board_name('ack')}"
+        body = {"mode": "incr", "sharding": {"shards": 1}}
+        with stopped(key_replica_pid(cluster, keys.BOARDS)):
+            r = await acked.put(url, json=body, headers=AS_ADMIN)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "cluster_unavailable"
+            assert int(r.headers["retry-after"]) >= 1
+            # Made on the primary: a retry finds it there, and it is not confirmed either.
+            r = await acked.put(url, json=body, headers=AS_ADMIN)
+            assert r.status_code == 503, r.text
+            other = f"/v1/boards/{board_name('ack')}"
+            r = await plain.put(other, json=body, headers=AS_ADMIN)
+            assert r.status_code == 201, r.text
+        r = await acked.put(url, json=body, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+        with stopped(key_replica_pid(cluster, keys.BOARDS)):
+            r = await acked.delete(url, headers=AS_ADMIN)
+            assert r.status_code == 503, r.text
+            r = await plain.delete(other, headers=AS_ADMIN)
+            assert r.status_code == 204, r.text
+        assert (await acked.get(url, headers=AS_ADMIN)).status_code == 404
 
 
 @pytest.fixture
