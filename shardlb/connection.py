@@ -270,7 +270,8 @@ class Scripts:
         if read_strategy(client) is not None and client.get_replicas():
             # counts.lua, near.lua and places.lua are the scripts board reads send to replicas
             # (no-writes; SCRIPT LOAD on a primary does not reach them). A replica that lost one
-            # answers NOSCRIPT: the read then falls back to the primary.
+            # (started again) answers NOSCRIPT: that read falls back to the primary, and the script
+            # is loaded on the replica for the next (fanout.Batch.load_scripts).
             for script in (self.counts, self.near, self.places):
                 await client.execute_command("SCRIPT LOAD", script.script, target_nodes=client.get_replicas())
 

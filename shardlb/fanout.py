@@ -134,6 +134,7 @@ class Batch(SortedSetCommands):
         if self.ack is not None and self.timeout is not None:
             self.timeout += self.ack.timeout_ms / 1000
         self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self.unscripted: dict[str, ClusterNode] = {}  # replicas that answered NOSCRIPT (``load_scripts``)
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         """Record one command (redis-py's command methods call this); its first key routes it."""
@@ -223,6 +224,12 @@ class Batch(SortedSetCommands):
                     _SHUNNED[node.name] = time.monotonic() + SHUN_S
             elif ack is not None:
                 _confirm(ack, queue)
+            elif (
+                on_replicas
+                and node.name in on_replicas
+                and any(type(c.result) is rx.NoScriptError for c in queue)
+            ):
+                self.unscripted[node.name] = node
         if ack is None:  # an acknowledged call must get its WAIT where it ran: it is made again
             await self._follow_asks(commands)
         for reader, role in roles:
@@ -267,6 +274,17 @@ class Batch(SortedSetCommands):
                 queue.append(role)
                 roles.append((node, role))
         return checks, roles
+
+    async def load_scripts(self, script: Script) -> None:
+        """Load ``script`` on the replicas that answered NOSCRIPT to this batch. A replica started
+        again (a killed primary back as its successor's replica) has an empty script cache, and
+        SCRIPT LOAD on a primary does not reach it: without this, every read of the script sent there
+        would be made again on its primary until the router restarted. One that cannot take it now
+        is asked again at its next NOSCRIPT."""
+        for node in self.unscripted.values():
+            with contextlib.suppress(rx.RedisError, rx.RedisClusterException, OSError):
+                await self.client.execute_command("SCRIPT LOAD", script.script, target_nodes=node)
+        self.unscripted.clear()
 
     async def _follow_asks(self, commands: list[Command]) -> None:
         """Send each command answered ASK (its slot is moving and its key has left) to the node named,
@@ -388,6 +406,7 @@ async def script_calls(
     for key, *args in calls:
         pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
     replies: list[Any] | None = await pipe.direct()
+    await pipe.load_scripts(script)
     if replies is None:
         gate = asyncio.Semaphore(SCRIPT_CALLS_IN_FLIGHT)  # one read must not take every connection
 

@@ -231,6 +231,7 @@ class View:
         pipe = batch(self.client, replicas=self.replicas, shared=True)
         pipe.execute_command("EVALSHA", script.sha, 1, key, member, radius)
         replies = await pipe.direct()
+        await pipe.load_scripts(script)
         # Anything but a reply on that path (NOSCRIPT, a moved slot): the script object, on the primary.
         reply = replies[0] if replies is not None else await script(keys=[key], args=[member, radius])
         if not reply:

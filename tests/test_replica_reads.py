@@ -139,6 +139,39 @@ async def test_band_tops_and_pages_from_replicas(store: BoardStore, replica_stor
         await store.delete(config.id)
 
 
+async def test_a_replica_that_lost_its_scripts_serves_script_reads_again(
+    store: BoardStore, replica_store: BoardStore
+) -> None:
+    """A failover audit's finding: a replica started again (a primary killed and back as its
+    successor's replica, or any restart) has an empty script cache. near.lua, places.lua and
+    counts.lua answered NOSCRIPT there, the read fell back to the primaries, and nothing loaded them
+    again: until the router restarted, every such read went to the replica and then to the primary.
+    The first NOSCRIPT from a replica now loads the script there, so the next reads stay on it."""
+    config = BoardConfig.from_dict("replica-noscript", {"sharding": {"strategy": "hash", "shards": 3}})
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    scores = [Score(f"p{i:03d}", (i * 37) % 500, f"m{i}", now) for i in range(90)]
+    client = replica_store.client
+    try:
+        reader, want = await _written_then_read_from_replicas(board, ref, scores, replica_store)
+        await client.execute_command("SCRIPT FLUSH", target_nodes=client.get_replicas())
+        primaries = client.get_primaries()
+        asked = want[::9]
+        for attempt in ("first", "again"):
+            before = await _calls(client, primaries)
+            for e in asked:
+                lo = max(0, e.rank - 3)
+                assert await reader.around(e.player_id, 2) == want[lo : e.rank + 2]
+            ids = [e.player_id for e in asked]
+            assert await reader.query(ids) == asked
+            if attempt == "again":
+                assert await _calls(client, primaries) == before, "the primaries served the reads"
+    finally:
+        await replica_store.scripts.load(client)  # the replicas' scripts, as the other tests expect
+        await store.delete(config.id)
+
+
 def test_read_from_is_one_of_its_values() -> None:
     for value in ("primary", "replicas", "any"):
         Settings(read_from=value, insecure_dev=True).check()
