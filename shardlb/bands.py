@@ -139,8 +139,9 @@ class BandMoves:
 
         The home shard lists them (``vrm``, remove.lua). One ZRANGEBYSCORE per home shard (one
         pipeline per node) first: a board with none to forget costs no more. Each player's version,
-        pending move and total are read in one MULTI on their home shard; a player still gone there,
-        their removal confirmed (nothing pending), is forgotten on every band shard (prune.lua:
+        pending move, total and removal time are read in one MULTI on their home shard; a player
+        still gone there, their removal confirmed (nothing pending) and still that old (not removed
+        again since the listing), is forgotten on every band shard (prune.lua:
         only a version at most the removal's, and no row), then, once every band answered, on the
         home shard, only while nothing changed there. Bands first: a router of the release before
         numbers a player without a version from 1 again, so no band may keep one after the home
@@ -189,11 +190,16 @@ class BandMoves:
             pipe.hmget(keys.version_key(prefix), players)
             pipe.hmget(keys.pending_key(prefix), players)
             pipe.zmscore(keys.period_key(prefix, "total"), players)
-            versions, moving, totals = await pipe.execute()
+            pipe.zmscore(keys.removed_versions_key(prefix), players)
+            versions, moving, totals, removals = await pipe.execute()
+        # The removal's time is read with its version: a player removed again since the listing
+        # (posted and removed anew) holds the version of a recent removal, whose tombstones the
+        # bands keep against the late band calls of that post.
+        rows = zip(players, versions, moving, totals, removals, strict=True)
         gone = {
             player: int(version)
-            for player, version, pending, total in zip(players, versions, moving, totals, strict=True)
-            if version is not None and pending is None and total is None
+            for player, version, pending, total, at in rows
+            if version is not None and pending is None and total is None and at is not None and at <= cutoff
         }
         pairs = zip(moving, totals, strict=True)
         kept = sum(1 for pending, total in pairs if pending is not None and total is None)

@@ -446,3 +446,48 @@ async def test_the_lists_and_floors_go_with_the_board_and_a_reshard_carries_none
     finally:
         with contextlib.suppress(Exception):
             await store.delete(config.id)
+
+
+async def test_a_removal_made_again_while_a_pass_lists_the_player_keeps_its_tombstones(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``p`` was removed three days ago, and a pass lists them. Before the pass reads their
+    version, they post again (its band call held up: a router stalled, a slow network) and are
+    removed again. That removal is minutes old: the bands must keep its version, against that late
+    band call. The pass read the new version as the removal's, and told every band to forget it:
+    the late add then put ``p`` back on the board for good (nothing was left pending to drop it)."""
+    config = churn_config("band-versions-relisted")
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    then = now - 3 * DAY
+    held_up: list[tuple[list[str], list[Any]]] = []
+
+    async def stalled(*, keys: list[str], args: list[Any]) -> Any:
+        held_up.append((keys, args))
+        raise ConnectionError("the band call is held up")
+
+    writer = await store.get(config.id)
+    writer.scripts = dataclasses.replace(writer.scripts, band=stalled)
+    real = bands.BandMoves._prune_home
+
+    async def relisted(self: bands.BandMoves, home: int, players: list[str], cutoff: int) -> int:
+        monkeypatch.undo()
+        with pytest.raises(ConnectionError):
+            await writer.submit([Score("p", 1500, "m2", now)], now_ms=now)
+        await moderation.remove(board, ["p"], now_ms=now)
+        return await real(self, home, players, cutoff)
+
+    try:
+        await posted(board, ref, [Score("p", 500, "m1", then), Score("other", 50, "m1", now)], now)
+        await moderation.remove(board, ["p"], now_ms=then + 1000)
+        forget(ref, "p")
+        monkeypatch.setattr(bands.BandMoves, "_prune_home", relisted)
+        await board.prune()
+        assert held_up
+        for keys_, args in held_up:  # the post's band call lands at last
+            await board.scripts.band(keys=keys_, args=args)
+        assert await listed(board) == {"p"}
+        assert await mismatches(board, ref) == []
+    finally:
+        await store.delete(config.id)
