@@ -390,3 +390,33 @@ async def test_a_pass_with_nothing_pending_reads_one_hlen_per_home_shard(store: 
         assert {c: after[c] - before[c] for c in asked} == {**dict.fromkeys(asked, 0), "hlen": 3}
     finally:
         await store.delete(config.id)
+
+
+async def test_a_page_that_reads_only_the_band_of_a_stale_row_lists_it_until_the_repair(
+    store: BoardStore,
+) -> None:
+    """A best board: p1 rises from 50 to 500 (band 0 to band 1) and the old band's drop is lost.
+    Top keeps the better of the two rows it reads, but a page that reads band 0 alone lists p1
+    there again, at the old 50, and ranks the players after one lower (docs/design-notes.md, "Band
+    boards"): as the docs say, until the repair finishes the move."""
+    config = band_config("band-stale-page", "best")
+    writer, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    try:
+        first = [Score("o1", 2000, "m1", now), Score("o2", 10, "m1", now), Score("p1", 50, "m1", now)]
+        await writer.submit(first, now_ms=now)
+        ref.submit(first, now_ms=now)
+        lose(writer, "r", 1)
+        with pytest.raises(ConnectionError):
+            await writer.submit([Score("p1", 500, "m2", now)], now_ms=now)
+        ref.submit([Score("p1", 500, "m2", now)], now_ms=now)
+        reader = await store.get(config.id)
+        reader.shallow = 0
+        listed = [(e.player_id, e.points, e.rank) for o in range(4) for e in await reader.entries(o, 1)]
+        assert listed == [("o1", 2000, 1), ("p1", 500, 2), ("p1", 50, 3), ("o2", 10, 4)]
+        assert [e.player_id for e in await reader.top(10)] == ["o1", "p1", "o2"]
+        assert await reader.repair() == 1
+        assert await mismatches(reader, ref) == []
+    finally:
+        await store.delete(config.id)
