@@ -173,15 +173,13 @@ async def settled_player(
         rank, ahead = found.rank, found.rank  # ``ahead``: the players with at least its points
         if rank_mode == "competition":
             # The percentile counts the whole run of equal points (docs/design-notes.md,
-            # "Percentile"); only the snapshot's contiguous top holds a run's start, and its end
-            # only when the rank after it was kept: otherwise the frozen board answers.
-            last = None
-            if found.rank <= done.top_n:
-                last = await settlement_history.run_end(db, done.settlement_id, found, players)
-            if last is None:
+            # "Percentile"); the snapshot tells a run's start when it kept that rank, and its end
+            # when it kept the rank after it: otherwise the frozen board answers.
+            last = await settlement_history.run_end(db, done.settlement_id, found, players)
+            first = await settlement_history.run_start(db, done.settlement_id, found)
+            if last is None or first is None:
                 return None
-            rank = await settlement_history.run_start(db, done.settlement_id, found)
-            ahead = last
+            rank, ahead = first, last
     return {
         **_entry(found, rank),
         "players": players,

@@ -932,7 +932,8 @@ _SETTLEMENT_SCHEMAS: dict[str, Any] = {
                         },
                         "final": {
                             "type": "object",
-                            "description": "per settled period: the final rank and points reached",
+                            "description": "per settled period whose snapshot holds the player: the "
+                            "final rank (as the board's rank_mode numbers it) and points reached",
                         },
                     },
                 },

@@ -23,7 +23,6 @@ MAX_HISTORY = 1000
 class Settled(NamedTuple):
     settlement_id: str
     players: int
-    top_n: int
 
 
 class Standing(NamedTuple):
@@ -37,12 +36,12 @@ class Standing(NamedTuple):
 async def settled(db: psycopg.AsyncConnection[Any], board: Board, name: str) -> Settled | None:
     """The settlement of a board's period, when it is settled."""
     cur = await db.execute(
-        "SELECT settlement_id, (result->>'players')::bigint, top_n FROM settlements "
+        "SELECT settlement_id, (result->>'players')::bigint FROM settlements "
         "WHERE board = %s AND incarnation = %s AND period = %s AND state = 'settled'",
         (board.config.id, board.incarnation, name),
     )
     row = await cur.fetchone()
-    return None if row is None else Settled(row[0], int(row[1]), int(row[2]))
+    return None if row is None else Settled(row[0], int(row[1]))
 
 
 async def top(db: psycopg.AsyncConnection[Any], settlement_id: str, limit: int) -> list[Standing]:
@@ -72,15 +71,26 @@ async def player(db: psycopg.AsyncConnection[Any], settlement_id: str, player_id
     return None if row is None else Standing(*row)
 
 
-async def run_start(db: psycopg.AsyncConnection[Any], settlement_id: str, s: Standing) -> int:
-    """The competition rank of ``s`` (a row of the snapshot's contiguous top): the first rank of its
-    run of equal points."""
+# The first rank of the run of equal points that a snapshot row (``{sid}``, ``{rank}``, ``{points}``)
+# is in, its competition rank, when the snapshot can tell. Points fall with the rank, so the run
+# starts right after the last kept rank above the row with other points (or at 1), and is known when
+# that rank was kept: every kept rank from there to the row's has its points.
+RUN_START = (
+    "SELECT q.first FROM (SELECT coalesce(max(b.rank), 0) + 1 AS first FROM settlement_snapshots b "
+    "WHERE b.settlement_id = {sid} AND b.rank < {rank} AND b.points <> {points}) q WHERE EXISTS "
+    "(SELECT 1 FROM settlement_snapshots k WHERE k.settlement_id = {sid} AND k.rank = q.first)"
+)
+
+
+async def run_start(db: psycopg.AsyncConnection[Any], settlement_id: str, s: Standing) -> int | None:
+    """The competition rank of ``s`` (a row of the snapshot): the first rank of its run of equal
+    points, or None when the snapshot did not keep that rank (a rewarded rank below its top N)."""
     cur = await db.execute(
-        "SELECT min(rank) FROM settlement_snapshots WHERE settlement_id = %s AND points = %s AND rank <= %s",
-        (settlement_id, s.points, s.rank),
+        RUN_START.format(sid="%(sid)s", rank="%(rank)s", points="%(points)s"),
+        {"sid": settlement_id, "rank": s.rank, "points": s.points},
     )
     row = await cur.fetchone()
-    return int(row[0]) if row and row[0] is not None else s.rank
+    return None if row is None else int(row[0])
 
 
 async def run_end(
@@ -148,13 +158,23 @@ async def player_history(
         (moderation.ALL, board.config.id, board.incarnation, player_id, limit),
     )
     results = await cur.fetchall()
+    # On a board numbering competition ranks, the final rank is one too (as a read of the settled
+    # period gives it); a rank the snapshot cannot tell is left out, as for a player outside it.
+    competition = board.config.rank_mode == "competition"
+    first = (
+        RUN_START.format(sid="s.settlement_id", rank="s.rank", points="s.points") if competition else "NULL"
+    )
     cur = await db.execute(
-        "SELECT t.period, s.rank, s.points FROM settlements t "
+        f"SELECT t.period, s.rank, s.points, ({first}) FROM settlements t "
         "JOIN settlement_snapshots s USING (settlement_id) "
         "WHERE t.board = %s AND t.incarnation = %s AND t.state = 'settled' AND s.player_id = %s",
         (board.config.id, board.incarnation, player_id),
     )
-    final = {period: (rank, points) for period, rank, points in await cur.fetchall()}
+    final = {
+        period: (start if competition else rank, points)
+        for period, rank, points, start in await cur.fetchall()
+        if start is not None or not competition
+    }
     out = []
     for match_id, points, achieved, skipped, counts in results:
         every = periods.names_at(achieved, board.config.periods, board.tz, board.config.week_start)

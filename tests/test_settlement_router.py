@@ -193,6 +193,59 @@ async def test_history_leaves_out_a_period_that_skipped_the_result(
         await store.delete(name)
 
 
+async def test_history_gives_the_final_rank_the_board_numbers(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """On a board whose ranks are competition ranks, a player's history gave the snapshot's unique
+    rank as the final one: of two players tied for first, the second had final rank 2 while the
+    settled read of that player said 1. A rewarded player below the snapshot's top N whose run of
+    equal points starts at a rank the snapshot did not keep has no final rank it could give; one
+    whose run the snapshot holds whole is read from it, as one in the top N is."""
+    name = board_name("hist-comp")
+    board = await new_board(store, name, rank_mode="competition")
+    period = day_ago(2)
+    start, end = period_bounds(board, board.resolve(period).period)
+    points = {"a": 100, "b": 100, "c": 50, "d": 30, "e": 30, "f": 30, "g": 20, "h": 20}
+    try:
+        scores = [Score(p, n, f"{name}-{p}", start + 1000 * i) for i, (p, n) in enumerate(points.items())]
+        await board.submit(scores, now_ms=end - 1)
+        await drain(raw, store, postgres_url)
+        # Kept: ranks 1-2 (top N), 3-4 (c, d) and 8 (h, whose run of 20 points starts at rank 7).
+        table = [
+            {"rank": 1, "reward": "gold"},
+            {"ranks": [3, 4], "reward": "silver"},
+            {"rank": 8, "reward": "x"},
+        ]
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            done = await settle(client, name, period, settlement_id=f"s-{name}", rewards=table, top_n=2)
+            assert done.status_code == 200, done.text
+            final, snapshot = {}, set()
+            for player in points:
+                read = (
+                    await client.get(f"/v1/boards/{name}/players/{player}", params={"period": period})
+                ).json()
+                history = (await client.get(f"/v1/boards/{name}/players/{player}/history")).json()
+                [row] = history["results"]
+                final[player] = (read["rank"], row["final"].get(period, {}).get("rank"))
+                if read.get("settled"):
+                    snapshot.add(player)
+        assert final == {
+            "a": (1, 1),
+            "b": (1, 1),
+            "c": (3, 3),
+            "d": (4, 4),
+            "e": (4, None),  # outside the snapshot: the frozen board answers the read
+            "f": (4, None),
+            "g": (7, None),
+            "h": (7, None),  # rewarded, but its run starts at rank 7, not kept
+        }
+        # d's run of 30 points may go on past rank 4 as far as the snapshot tells: the frozen board
+        # answers its percentile
+        assert snapshot == {"a", "b", "c"}
+    finally:
+        await store.delete(name)
+
+
 async def test_bad_settlement_requests_are_4xx_and_pay_nothing(
     store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
 ) -> None:
