@@ -277,7 +277,7 @@ async def ban(request: Request) -> Response:
     player, scope, reason = await _ban_body(request, svc)
     boards = [await svc.boards.get(scope)] if scope != ALL else await svc.boards.store.boards()
     async with _archive(svc) as db:
-        record, in_force = await moderation.Bans(svc.client).add(
+        record, in_force = await svc.moderation.bans.bans.add(
             db, Ban(player, scope, reason, actor, times.now_ms()), request_id
         )
     if in_force:
@@ -299,7 +299,7 @@ async def unban(request: Request) -> Response:
     svc, actor, request_id = _admin(request)
     player, scope, reason = await _ban_body(request, svc)
     async with _archive(svc) as db:
-        lifted = await moderation.Bans(svc.client).lift(db, player, scope, actor, reason, request_id)
+        lifted = await svc.moderation.bans.bans.lift(db, player, scope, actor, reason, request_id)
     await svc.moderation.bans.refresh()
     return render(request, {"player_id": player, "lifted": lifted})
 

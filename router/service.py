@@ -134,7 +134,7 @@ class Service:
         registry = Gate(REGISTRY_LANES, settings.read_queue, settings.queue_wait_s, "board lookups")
         archive_reads = Gate(ARCHIVE_READ_LANES, settings.read_queue, settings.queue_wait_s, "archive reads")
 
-        bans = BanCache(Bans(client))
+        bans = BanCache(Bans(client, ack))
         await bans.refresh()  # before the first request: a ban in force is never missed at start
 
         async def fetch_top(board: Board, view: ResolvedView, limit: int) -> Rendered:

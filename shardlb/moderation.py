@@ -13,7 +13,9 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
 - **Bans** (``Bans``): PostgreSQL keeps them (``bans``, the truth that a rebuild reads), and Redis
   keeps the list routers cache (``lb:bans``, a hash ``<board or *>/<player>`` -> record, and a
   version ``lb:bans:v`` that moves with every change, so a router reloads the list only when it
-  changed). A ban also removes the player's entries, so Redis and a rebuild agree.
+  changed). A ban also removes the player's entries, so Redis and a rebuild agree. With ``ack``
+  (the router's SHARDLB_ACK) a ban or lift is answered only once a replica of the list's primary
+  has it (``Bans._confirm``).
 - **Sanity limits** (``Screen``): per score, before anything is written, ``banned``, then
   ``points_limit`` (points above ``max_points_per_result``), then ``rate_limit`` (past
   ``max_results_per_player_per_minute``; rate.lua counts (match, player) pairs, so a retry is not a
@@ -46,6 +48,7 @@ from shardlb.board import MAX_FUTURE_MS, Board, Prepared
 from shardlb.config import check_id
 from shardlb.connection import Scripts, connect
 from shardlb.errors import BoardConflict, InvalidInput, field_name
+from shardlb.fanout import Ack, confirmed
 from shardlb.store import BoardStore
 
 # Per-score statuses of results refused before they were written (the write's other statuses are
@@ -439,8 +442,9 @@ def check_reason(value: object, required: bool) -> str:
 class Bans:
     """The ban list: PostgreSQL (the truth, read by rebuilds) and Redis (what routers cache)."""
 
-    def __init__(self, client: RedisCluster) -> None:
+    def __init__(self, client: RedisCluster, ack: Ack | None = None) -> None:
         self.client = client
+        self.ack = Ack(0, 0) if ack is None else ack  # the router's SHARDLB_ACK (``_confirm``)
 
     async def add(
         self, db: psycopg.AsyncConnection[Any], ban: Ban, request_id: str | None
@@ -482,6 +486,7 @@ class Bans:
         # Bumped whether or not the record was new: a retry of a ban whose bump failed after its
         # record was stored must still make the routers reload the list (a reload too many is cheap).
         await self.client.incr(keys.BANS_VERSION)
+        await self._confirm()
         return kept, True
 
     async def lift(
@@ -512,7 +517,22 @@ class Bans:
         else:
             lifted = bool(await self.client.hdel(keys.BANS, field)) or lifted
         await self.client.incr(keys.BANS_VERSION)
+        await self._confirm()
         return lifted
+
+    async def _confirm(self) -> None:
+        """Wait, as ``ack`` asks, for a replica of the list's primary and of its version's to have
+        everything those primaries applied so far (fanout.confirmed's marker and WAIT), else raise
+        NotAcknowledged. A ban lost in a failover would go unenforced until a rebuild wrote the
+        list back from PostgreSQL, and a lost lift would go on refusing the player; either, sent
+        again, writes the same record and bumps the version again (a reload too many)."""
+        if not self.ack.replicas:
+            return
+        for reply in await confirmed(
+            self.client, self.ack, [("EXISTS", keys.BANS), ("EXISTS", keys.BANS_VERSION)]
+        ):
+            if isinstance(reply, BaseException):
+                raise reply
 
     async def restore(self, db: psycopg.AsyncConnection[Any]) -> int:
         """Write every ban PostgreSQL holds into Redis and bump the version (routers reload the

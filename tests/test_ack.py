@@ -196,6 +196,48 @@ async def test_board_creation_and_deletion_wait_for_a_replica_of_the_registry_in
         assert (await acked.get(url, headers=AS_ADMIN)).status_code == 404
 
 
+async def test_bans_and_lifts_wait_for_a_replica_of_the_ban_list_in_replica_mode(
+    cluster: LocalCluster, postgres_url: str
+) -> None:
+    """A failover audit's finding: a ban's record in Redis's list (``lb:bans``) was answered by its
+    primary alone, so a kill -9 of that primary within the replication lag lost it, and routers took
+    the banned player's scores again until a rebuild wrote the bans back from PostgreSQL (a lost
+    lift, likewise, kept refusing a player no longer banned). A ban and a lift now wait for a
+    replica of the list's primary as a score write waits for its shard's."""
+    async with running(cluster.url, ack="replica", ack_timeout_ms=ACK_MS, postgres_url=postgres_url) as (
+        _,
+        acked,
+    ):
+        held = key_replica_pid(cluster, keys.BANS)
+        board = await make_board(acked)
+        while replica_pid(cluster, board) == held:  # the ban's removal must have its replica
+            board = await make_board(acked)
+        player = f"{board}-p1"
+        url = f"/v1/players/{player}"
+        body = {"scope": "board", "board": board, "reason": "cheating"}
+        banning = {**AS_ADMIN, "X-Request-Id": f"ban-{board}"}
+        with stopped(held):
+            r = await acked.post(f"{url}:ban", json=body, headers=banning)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "cluster_unavailable"
+            assert int(r.headers["retry-after"]) >= 1
+        # Stored all the same (PostgreSQL and the list's primary): the retry is that ban, confirmed.
+        r = await acked.post(f"{url}:ban", json=body, headers=banning)
+        assert r.status_code == 200, r.text
+        assert r.json()["board"] == board and r.json()["reason"] == "cheating"
+        r = await acked.get("/v1/bans", params={"player": player}, headers=AS_ADMIN)
+        assert [b["board"] for b in r.json()["bans"]] == [board]
+        lifting = {**AS_ADMIN, "X-Request-Id": f"unban-{board}"}
+        with stopped(held):
+            r = await acked.post(f"{url}:unban", json=body, headers=lifting)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "cluster_unavailable"
+        r = await acked.post(f"{url}:unban", json=body, headers=lifting)
+        assert r.status_code == 200, r.text
+        r = await acked.get("/v1/bans", params={"player": player}, headers=AS_ADMIN)
+        assert r.json()["bans"] == []
+
+
 @pytest.fixture
 async def acked_store(cluster: LocalCluster) -> AsyncIterator[BoardStore]:
     """A library user's store whose writes wait for one replica (fanout.acknowledged)."""
