@@ -230,7 +230,13 @@ class Resharder:
     async def _update(self, change: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
         """Compare-and-set the record; ``change`` may raise to refuse. Once the mover has taken a
         reshard, a record of another incarnation (the board deleted and created again under its id)
-        is refused as the board not found: the board it was moving is gone."""
+        is refused as the board not found: the board it was moving is gone.
+
+        The record is confirmed by a replica of the registry's primary before the mover goes on
+        (``Copier.confirm``; NotAcknowledged stops it, for a resume), as its shard writes are. A
+        commit lost in a failover after the new layout was opened would name the old layout
+        again, and a resume would find the new one apart from it and drop it with every write it
+        took (``_recopy``); a lost epoch could be taken again by another mover."""
         while True:
             raw, record = await self.record()
             if self.incarnation is not None and _incarnation(record) != self.incarnation:
@@ -239,6 +245,7 @@ class Resharder:
             if await self.store.scripts.registry(
                 keys=[keys.BOARDS], args=[self.board_id, raw, orjson.dumps(new)]
             ):
+                await self.copier.confirm(keys.BOARDS)
                 return new
 
     def _layouts(self, record: dict[str, Any]) -> tuple[Board, Board]:

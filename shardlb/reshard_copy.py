@@ -19,7 +19,7 @@ and marks a shard moved on the strength of its copies; a copy that reached a pri
 be lost with it in a failover, after the mover had stopped looking for it. A call that no replica
 confirms within ``REPLICA_WAIT_MS`` stops the mover with NotAcknowledged, its progress not
 recorded, for a resume. A shard whose primary has no replica (``Replicated``) is written as
-before, unconfirmed.
+before, unconfirmed. The mover's record in the registry is confirmed the same way (``confirm``).
 """
 
 from __future__ import annotations
@@ -273,6 +273,23 @@ class Copier:
         if isinstance(failed, ResponseError) and "FENCED" in str(failed):
             raise lost(self.board_id) from failed
         raise failed
+
+    async def confirm(self, key: str) -> None:
+        """Return once a replica of ``key``'s primary has everything that primary applied so far
+        (the marker and WAIT of ``fanout.confirmed``), when it has a replica; else raise
+        NotAcknowledged. For the board's registry record (``Resharder._update``)."""
+        await self.replicated.read()
+        if not self.replicated(key):
+            return
+        [reply] = await confirmed(self.client, self.ack, [("EXISTS", key)])
+        if isinstance(reply, NotAcknowledged):
+            raise NotAcknowledged(
+                f"no replica confirmed the reshard's record of {self.board_id!r} within "
+                f"{self.ack.timeout_ms} ms on {self.replicated.describe(key)}: a failover could lose "
+                "it, so the mover stops here; resume once that replica is in sync with its primary"
+            ) from reply
+        if isinstance(reply, BaseException):
+            raise reply
 
     async def _plain(self, calls: list[tuple[Any, ...]], outcomes: bool) -> list[Any]:
         if not calls:

@@ -21,6 +21,7 @@ from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.errors import NotAcknowledged
+from shardlb.fanout import Ack
 from shardlb.reshard import Resharder
 from shardlb.reshard_copy import Replicated
 from shardlb.store import BoardStore
@@ -216,3 +217,59 @@ async def test_a_replica_the_cluster_marked_failed_still_stops_the_mover_until_i
         await client.aclose()
         await asyncio.to_thread(cluster.up)
         await healthy(cluster)
+
+
+async def test_a_cut_over_no_replica_of_the_registry_confirms_leaves_the_new_layout_closed(
+    cluster: LocalCluster,
+) -> None:
+    """A failover audit's finding: the record naming the new layout was written on the registry's
+    primary alone before the new shards were opened. Lost in a failover after the new layout took
+    writes, it named the old layout again: a resume then checked the old layout against the new,
+    found them apart and dropped the new one (``_recopy``), with the writes acknowledged there; a
+    resume after the old shards were dropped could lose the whole board so. The mover now has a
+    replica of the registry's primary confirm each record it writes before it goes on, and stops
+    resumable, with the new layout still closed, when none does."""
+    client = connect(cluster.url, timeout=5.0)
+    try:
+        store = BoardStore(client, Scripts.register(client))
+        await client.initialize()
+        nodes = (await asyncio.to_thread(cluster.status)).nodes
+        registry = owner(nodes, keys.slot_of(keys.BOARDS))
+        pid = next(n.pid for n in nodes if n.role == "replica" and n.master_port == registry)
+        assert pid is not None
+        board_id = f"fo-cut-{os.getpid()}"
+        # The new shards have their replicas (their opening waits for one): only the record waits.
+        new = [keys.shard_prefix(board_id, s, 2) for s in range(2)]
+        assert all(owner(nodes, keys.slot_of(p)) != registry for p in new), (
+            "a new shard on the registry's master"
+        )
+        body = {"mode": "best", "durability": "memory", "sharding": {"strategy": "hash", "shards": 1}}
+        board, _ = await store.create(BoardConfig.from_dict(board_id, body))
+        await board.submit([Score(f"p{i}", 1 + i, f"m{i}") for i in range(200)])
+        before = await board.top(200)
+        stopped: list[int] = []
+
+        def say(line: str) -> None:  # right before the commit: the registry's replica stops
+            if "new layout checked against the old" in line:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+
+        mover = Resharder(store, board_id, say=say, cache_s=0)
+        mover.copier.ack = Ack(1, 300)  # stopped well under the cluster's node timeout
+        record = await mover.start(2)
+        _, target = mover._layouts(record)
+        try:
+            with pytest.raises(NotAcknowledged, match="resume"):
+                await mover.run()
+        finally:
+            for each in stopped:
+                os.kill(each, signal.SIGCONT)
+        assert stopped
+        # The record names the new layout on the primary, but the new layout took no write: lost in
+        # a failover, the record goes back to sealing, and a resume seals and checks again.
+        assert [await client.get(keys.move_key(p)) for p in target.prefixes] == ["c", "c"]
+        status = await Resharder(store, board_id, say=lambda _: None, cache_s=0).run()
+        assert status["state"] == "none" and status["shards"] == 2
+        assert await (await store.get(board_id)).top(200) == before
+    finally:
+        await client.aclose()
