@@ -178,11 +178,33 @@ class Moderation:
         if queued is not None:
             queued.update(i for i, _ in fresh)
         allowed = [p for i, p in enumerate(prepared) if i not in refused]
+        # Read before the writes: a refused result's points are the total after the results before
+        # it (api.md), which for a player none of whose results came earlier in the call is the
+        # total that the board holds now.
+        totals = await _totals(board, prepared, refused)
         applied = iter(await coalescer.submit(board, allowed) if allowed else [])
-        return [
-            Result(p.player_id, p.match_id, refused[i], 0) if i in refused else next(applied)
-            for i, p in enumerate(prepared)
-        ]
+        out: list[Result] = []
+        for i, p in enumerate(prepared):
+            if i in refused:
+                out.append(Result(p.player_id, p.match_id, refused[i], totals.get(p.player_id, 0)))
+            else:
+                out.append(result := next(applied))
+                totals[p.player_id] = result.points  # what a later refused result of theirs answers
+        return out
+
+
+async def _totals(board: Board, prepared: Sequence[Prepared], refused: dict[int, str]) -> dict[str, int]:
+    """The points on the total board of the players refused in ``prepared`` before any result of
+    theirs came in it (one ZMSCORE per home shard); a player without any is left out."""
+    players, seen = [], set()
+    for i, p in enumerate(prepared):
+        if i in refused and p.player_id not in seen:
+            players.append(p.player_id)
+        seen.add(p.player_id)
+    if not players:
+        return {}
+    found = await board.scores(players, board.resolve())
+    return {player: board.codec.decode_units(score)[0] for player, score in found.items()}
 
 
 # ---- endpoints (admin) -------------------------------------------------------------------------

@@ -399,7 +399,8 @@ _SCHEMAS: dict[str, Any] = {
                 "enum": [*STATUS.values(), *REFUSED.values()],
                 "description": "Addition: 'overflow' (incr boards) when the sum would pass points_max; "
                 "nothing was written for that score. Addition (moderation): 'banned', 'points_limit', "
-                "'rate_limit': refused before anything was written (points 0). Addition (region boards): "
+                "'rate_limit': refused before anything was written (points: the player's total, as it "
+                "stands). Addition (region boards): "
                 "'region_conflict', the result names another region than the player's first; nothing was "
                 "written, points is the player's total in their own region.",
             },

@@ -229,6 +229,39 @@ async def test_sanity_limits_refuse_and_log_with_the_request_id(cluster_url: str
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
+async def test_a_refused_result_answers_the_players_total_as_every_result_does(cluster_url: str) -> None:
+    """api.md: a result's ``points`` is the player's value on the total board after the write. A
+    result refused by a sanity limit changes nothing, so it answers the total as it stands after
+    the results before it (those of the same call included), as ``overflow`` and
+    ``region_conflict`` do; it answered 0, as if the player had lost every point."""
+    async with running(cluster_url) as (_, client):
+        name = await make_board(client, max_points_per_result=100, max_results_per_player_per_minute=2)
+        at = times.now_ms()
+        body = [
+            score("p1", 40, "m1", at),
+            score("p1", 500, "big", at),  # points_limit, after m1
+            score("p1", 60, "m2", at),
+            score("p1", 70, "m3", at),  # rate_limit, after m2
+            score("p2", 900, "x", at),  # points_limit, no total yet
+        ]
+        r = await client.post(f"/v1/boards/{name}/scores", json={"scores": body}, headers=AS_WRITER)
+        assert r.status_code == 200, r.text
+        assert [(x["status"], x["points"]) for x in r.json()["results"]] == [
+            ("improved", 40),
+            ("points_limit", 40),
+            ("improved", 60),
+            ("rate_limit", 60),
+            ("points_limit", 0),
+        ]
+        # Refused alone in a later call: the total the board holds.
+        r = await client.post(
+            f"/v1/boards/{name}/scores", json={"scores": [score("p1", 999, "big2", at)]}, headers=AS_WRITER
+        )
+        assert r.status_code == 200, r.text
+        assert [(x["status"], x["points"]) for x in r.json()["results"]] == [("points_limit", 60)]
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
 async def test_a_retried_match_counts_once_against_the_per_minute_limit(store: BoardStore) -> None:
     from shardlb.config import BoardConfig
 
