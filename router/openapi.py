@@ -109,6 +109,8 @@ _PERIOD = {
 _TIME_OR_NULL = {"oneOf": [*_TIME_IN["oneOf"], {"type": "null"}]}
 _ID_OR_NULL = {**_ID, "type": ["string", "null"]}
 _COUNT = {"type": "integer", "minimum": 1, "maximum": MAX_SHARDS}
+_NO_NUL = "^[^\\u0000]*$"  # any characters but NUL (U+0000), which PostgreSQL's text cannot hold
+_REASON = {"type": ["string", "null"], "maxLength": REASON_MAX, "pattern": _NO_NUL}
 _TIME_OUT = {"type": "string", "format": "date-time"}
 # A board or player id of "." or ".." is valid, but clients resolve it as a path segment (RFC 3986)
 # unless it is percent-encoded, and the request then reaches another route or none: 404 or 405.
@@ -369,7 +371,7 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "string",
                 "minLength": 1,
                 "maxLength": MATCH_ID_MAX,
-                "pattern": "^[^\\u0000]*$",
+                "pattern": _NO_NUL,
                 "description": "any characters but NUL (U+0000), which PostgreSQL's text cannot hold",
             },
             "achieved_at": {
@@ -579,7 +581,7 @@ _SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "scope": {"const": "board"},
                     "board": _ID,
-                    "reason": {"type": ["string", "null"], "maxLength": REASON_MAX},
+                    "reason": _REASON,
                 },
             },
             {
@@ -589,7 +591,7 @@ _SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "scope": {"const": "all"},
                     "board": {"type": "null"},
-                    "reason": {"type": ["string", "null"], "maxLength": REASON_MAX},
+                    "reason": _REASON,
                 },
             },
         ]
@@ -1299,7 +1301,7 @@ SPEC: dict[str, Any] = {
                         "name": "reason",
                         "in": "query",
                         "required": False,
-                        "schema": {"type": "string", "maxLength": REASON_MAX},
+                        "schema": {**_REASON, "type": "string"},
                         "description": "why, kept in the audit",
                     }
                 ],

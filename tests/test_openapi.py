@@ -18,6 +18,7 @@ from jsonschema import Draft202012Validator
 from shardlb import times
 from shardlb.cluster import LocalCluster
 from shardlb.errors import InvalidInput
+from shardlb.moderation import REASON_MAX, check_reason
 from tests.router_support import ADMIN, AS_ADMIN, AS_READER, AS_WRITER, board_name, running
 from tests.test_router_server import ROOT, Server
 
@@ -127,6 +128,26 @@ async def test_score_id_lengths_in_the_schema_are_what_the_server_takes(
         score = {"player_id": player, "points": 1, "match_id": match}
         r = await client.post(f"/v1/boards/{name}/scores", json={"scores": [score]}, headers=AS_WRITER)
         assert r.status_code == (200 if valid(document, schema, score) else 422), (len(player), len(match))
+
+
+async def test_a_moderation_reason_schema_is_what_the_server_takes(document: dict[str, Any]) -> None:
+    """A ban's (or unban's) reason and a removal's ``reason`` parameter, judged by the parser both
+    go through: it refuses NUL (PostgreSQL's text cannot hold it), which the schemas allowed."""
+    ban = document["components"]["schemas"]["BanRequest"]["oneOf"]
+    [removal] = document["paths"]["/v1/boards/{board}/players/{player}"]["delete"]["parameters"]
+    for value in ["why", "", "r" * REASON_MAX, "r" * (REASON_MAX + 1), "a\x00b", "\x00", None]:
+        try:
+            check_reason(value, required=False)
+            accepted = True
+        except InvalidInput:
+            accepted = False
+        for scope in ban:
+            body = {"scope": scope["properties"]["scope"]["const"], "board": "b", "reason": value}
+            if body["scope"] == "all":
+                body["board"] = None
+            assert valid(document, scope, body) == accepted, (body, accepted)
+        if value is not None:  # a query parameter is a string or absent
+            assert valid(document, removal["schema"], value) == accepted, (value, accepted)
 
 
 def test_schemathesis_with_every_check(server: Server, tmp_path: Path) -> None:
