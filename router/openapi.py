@@ -12,7 +12,7 @@ from router.dashboard import ASSETS
 from router.limiter import SCRAPE_READS
 from router.routes import MAX_AGE_MS, MAX_OFFSET, MAX_RADIUS
 from router.scores import MAX_ITEMS
-from shardlb import periods, settlement, times
+from shardlb import periods, settlement, settlement_delivery, times
 from shardlb.board import MAX_FUTURE_MS, STATUS
 from shardlb.codec import RESOLUTION_MS
 from shardlb.config import (
@@ -1026,7 +1026,10 @@ _SETTLEMENT_PATHS: dict[str, Any] = {
                     "name": "after",
                     "in": "query",
                     "required": False,
-                    "schema": {"type": "string"},
+                    "schema": {
+                        "type": "string",
+                        "pattern": f"^[0-9]{{1,{settlement_delivery.CURSOR_DIGITS}}}$",
+                    },
                     "description": "the `next` of the previous page",
                 },
                 {

@@ -71,6 +71,7 @@ LEASE_S = 300.0  # how long a claim keeps other deliverers off its rows (longer 
 SWEEP_EVERY_S = 5.0  # between an archiver's sweeps of due deliveries (`shardlb archive --deliver-every`)
 SWEEP_BUDGET_S = 30.0  # a sweep's rounds for one settlement, at most, before the next one's
 SIGNATURE = "X-Shardlb-Signature"
+CURSOR_DIGITS = 12  # an awards page's cursor (`after`): the rank it ends at, at most this many digits
 # A delivery with an attempt to come (the placeholder: MAX_ATTEMPTS). Not one due 'infinity' with
 # attempts left (set by hand, to hold a delivery back or on attempts reset without next_at): a due
 # time computed from it raised (an interval cannot hold it) and stopped every round of its
@@ -136,7 +137,7 @@ async def awards(
     """A page of the awards not acknowledged yet, by rank, after the cursor ``after``."""
     start = 0
     if after is not None:  # checked first: a bad request is 422 whether the settlement exists or not
-        if not (after.isascii() and after.isdigit()) or len(after) > 12:
+        if not (after.isascii() and after.isdigit()) or len(after) > CURSOR_DIGITS:
             raise InvalidInput("after must be a cursor from a previous page", "after", "invalid_cursor")
         start = int(after)
     await _settled(db, settlement_id)

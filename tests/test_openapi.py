@@ -150,6 +150,23 @@ async def test_a_moderation_reason_schema_is_what_the_server_takes(document: dic
             assert valid(document, removal["schema"], value) == accepted, (value, accepted)
 
 
+async def test_the_awards_cursor_schema_is_what_the_server_takes(
+    cluster: LocalCluster, postgres_url: str
+) -> None:
+    """``after`` is checked before the settlement is looked up: 422 invalid_cursor for a value the
+    server refuses, 404 settlement_not_found (no such settlement) for one it takes. The schema
+    allowed any string."""
+    async with running(cluster.url, postgres_url=postgres_url) as (_, c):
+        document = (await c.get("/openapi.json")).json()
+        [after, _] = document["paths"]["/v1/settlements/{settlement}/awards"]["get"]["parameters"]
+        for value in ["0", "17", "9" * 12, "9" * 13, "", "x", "-1", "1.5", "٣", " 5"]:
+            r = await c.get(
+                f"/v1/settlements/{board_name()}/awards", params={"after": value}, headers=AS_WRITER
+            )
+            assert r.status_code in (404, 422), r.text
+            assert valid(document, after["schema"], value) == (r.status_code == 404), (value, r.text)
+
+
 def test_schemathesis_with_every_check(server: Server, tmp_path: Path) -> None:
     """schemathesis run --checks all on the served document, all phases (coverage, fuzzing, stateful),
     with an admin key so every operation gets past auth; deterministic (no seed, no example database),
