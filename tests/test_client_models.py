@@ -117,6 +117,10 @@ DAMAGE: dict[str, list[tuple[tuple[str | int, ...], Any, str]]] = {
     ],
     "get_board": [
         (("players",), [1], "players is not an object"),
+        (("players", "total"), "1", "players.total is not an integer"),
+        (("players", "total"), True, "players.total is not an integer"),
+        (("resets_at",), {"daily": 5}, "resets_at.daily is not an RFC 3339 time"),
+        (("resets_at",), {"daily": "2026-11-30T05:00:00"}, "resets_at.daily is not an RFC 3339 time"),
         (("closed",), "no", "closed is not a boolean"),
     ],
     "list_boards": [

@@ -67,6 +67,24 @@ class _Fields:
     def mapping(self, name: str, optional: bool = False) -> Any:
         return self._get(name, dict, "an object", optional)
 
+    def counts(self, name: str) -> dict[str, int] | None:
+        """An optional object of integers (players per period)."""
+        found = self.mapping(name, optional=True)
+        if found is None:
+            return None
+        inner = _Fields(found, self.path(name))
+        return {key: inner.integer(key) for key in found}
+
+    def times_by_name(self, name: str) -> dict[str, str] | None:
+        """An optional object of RFC 3339 times, kept as the server spelt them."""
+        found = self.mapping(name, optional=True)
+        if found is None:
+            return None
+        inner = _Fields(found, self.path(name))
+        for key in found:
+            inner.time(key)
+        return dict(found)
+
     def texts(self, name: str, optional: bool = False) -> list[str]:
         values = self._get(name, list, "a list", optional) or []
         for i, value in enumerate(values):
@@ -295,9 +313,9 @@ class BoardInfo:
             f.texts("periods"),
             dict(f.mapping("sharding")),
             {k: v for k, v in body.items() if k not in _STATE},
-            f.mapping("players", optional=True),
+            f.counts("players"),
             created,
-            f.mapping("resets_at", optional=True),
+            f.times_by_name("resets_at"),
             f.flag("closed", absent=None),  # None, not False, from all but get_board
         )
 
