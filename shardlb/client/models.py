@@ -151,8 +151,9 @@ class MatchResult:
 @dataclass(frozen=True)
 class ScoreOutcome:
     """What the server did with one posted result: ``status`` is ``improved``, ``unchanged``,
-    ``duplicate`` (a replay of a result it already has), or one of the router's additions
-    (``overflow``, ``region_conflict``); ``points`` is the player's ``total`` after the write.
+    ``duplicate`` (a replay of a result it already has), or one of the router's additions, which
+    wrote nothing (``overflow``, ``region_conflict``, and the moderation refusals ``banned``,
+    ``points_limit``, ``rate_limit``); ``points`` is the player's ``total`` after the write.
 
     After a retry, a result that an earlier attempt had already applied reports ``duplicate`` (or
     ``unchanged``): the board counts it once either way."""
