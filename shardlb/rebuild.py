@@ -770,7 +770,9 @@ class Rebuilder:
         self, board: Board, shard: int, after: Id, upto: Id
     ) -> tuple[list[Applied], dict[str, Id]]:
         """``since``, without the results of removed (before their removal) or banned players, and
-        the removals in the range: player -> the id of the latest."""
+        the removals in the range: player -> the id of the latest. A best or set result trimmed away
+        whose row a later application of its (match, player) replaced after a period closed is read
+        from its hold, as ``snapshot`` reads them (the row alone, at the later id, skips that period)."""
         prefix = board.prefixes[shard]
         read = await self._entries(prefix, after, upto)
         first = (await self.mark(prefix)).first
@@ -779,6 +781,8 @@ class Rebuilder:
         if first is None or first > after:
             ids = {entry.id for entry in read}
             found += await self._rows(board, shard, after, upto, skip=ids)
+            if board.config.mode != "incr":  # read after the rows, as in ``snapshot``
+                found += await self._rows(board, shard, after, upto, skip=ids, holds=True)
             for player, cut in (await self._removals(board, shard, after, upto)).items():
                 cuts[player] = max(cut, cuts.get(player, cut))
         kept = _kept(cuts, await moderation.banned_in(self.db, board.config.id))

@@ -11,6 +11,7 @@ import contextlib
 import random
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -25,6 +26,7 @@ from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.errors import BoardConflict, ClusterUnavailable
 from shardlb.rebuild import Rebuilder
+from shardlb.settlement import period_bounds
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.router_support import AS_ADMIN, AS_WRITER, running
@@ -878,4 +880,49 @@ async def test_a_player_removed_while_the_bands_are_rebuilt_stays_removed(
         assert await board.repair() == 0
         assert [e.player_id for e in await board.top(10)] == ["p5", "p4", "p3", "p2"]
     finally:
+        await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "set"])
+async def test_a_late_retry_archived_during_the_catch_up_keeps_the_first_score_in_the_closed_period(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, monkeypatch: Any, mode: str
+) -> None:
+    """A result applied after the snapshot, its period closed, then a better retry of it (the board
+    applies that to the total alone), both archived and trimmed from the journal before the swap: the
+    catch-up reads them from PostgreSQL, where the match's row holds the retry and ``match_holds`` the
+    first application, which the closed period keeps. Until 2026-12-06 the catch-up read the row
+    alone, and the rebuilt period lost the first score."""
+    config = BoardConfig.from_dict(
+        f"rebuild-catch-up-hold-{mode}",
+        {"mode": mode, "periods": ["daily"], "retention_days": {"daily": 30}, "sharding": {"shards": 1},
+         "dedup_window_s": 30 * 86_400},
+    )  # fmt: skip
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    period = "daily:" + (datetime.now(UTC).date() - timedelta(days=2)).isoformat()  # closed a day ago
+    start, end = period_bounds(board, board.resolve(period).period)
+    try:
+        await board.submit([Score("earlier", 3, "hold-m0", start + 500)], now_ms=end - 1)
+        await drain(a)
+        real_snapshot, written = rebuilder.snapshot, []
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            first = [Score("first", 10, "hold-m1", start + 1000), Score("second", 5, "hold-m2", start + 2000)]
+            await board.submit(first, now_ms=end - 1)
+            [late] = await board.submit([Score("first", 40, "hold-m1", start + 1000)])
+            written.append(late.closed)
+            await drain(a)
+            for prefix in board.prefixes:  # archived: the journal holds none of them now
+                await raw.xtrim(keys.journal_key(prefix), maxlen=0)
+            return snap
+
+        monkeypatch.setattr(rebuilder, "snapshot", snapshot)
+        top = [("first", 10), ("second", 5), ("earlier", 3)]
+        await rebuilder.rebuild(board)
+        assert written == [(period,)]
+        assert [(e.player_id, e.points) for e in await board.top(10, board.resolve(period))] == top
+        assert [(e.player_id, e.points) for e in await board.top(10)] == [("first", 40), *top[1:]]
+    finally:
+        await a.db.close()
         await store.delete(config.id)
