@@ -17,8 +17,8 @@ For each home shard, one after another (the design and its reasons: docs/design-
    temporary keys first: the live board goes from its state at X' to the rebuilt state at X' in one
    atomic call, and readers never see an empty or partial board. After ``swap_tries`` attempts the
    swap is forced, and the few results written between the last attempt and the swap are applied to
-   the live keys right after it, each once, except the results of players a removal journaled since
-   the swap wiped on the live keys (rebuild.lua reads those delete entries in that same call).
+   the live keys right after it, each once (``Rebuilder._apply_live``: what a removal since the
+   swap wiped on the live keys stays wiped, and a post since the swap stays).
    ``swap`` first checks every temporary key's size against what was filled (a failover can lose
    the fill while the journal stays at X, and a missing key would unlink a live board); when one
    differs it changes nothing but drop them, and the shard is filled again from step 1
@@ -462,15 +462,11 @@ class Rebuilder:
             # and removals (each removal's ZREM goes before the player's results kept after it).
             new, cuts = await self.changes(board, shard, mark.position, parse_id(last))
             report.journal += len(new)
+            if status == "ok":  # forced: the swap is done, and these go onto the live keys, once
+                report.journal += await self._apply_live(board, shard, fold, pairs, new, cuts, last)
+                break
             mark = Mark(last, parse_id(last), None)
             removals = [v for player in cuts for v in (player, 0, 0, 0, 0)]
-            if status == "ok":  # forced: the swap is done, and these go onto the live keys, once
-                live = {name: keys.period_key(prefix, name) for name in (pairs if cuts else ())}
-                live |= {name: keys.period_key(prefix, name) for r in new for name in fold.names(r)}
-                # Not forced: rebuild.lua leaves out the players removed since `last` (wiped live).
-                items = [*removals, *self._items(fold, new, live)]
-                await self._call(board, shard, "apply", live, last, False, items)
-                break
             for r in new:
                 for name in fold.names(r):
                     if name not in pairs:  # applied to a key the swap creates: nothing filled
@@ -478,6 +474,50 @@ class Rebuilder:
             items = [*items, *removals, *self._items(fold, new, pairs)]
         await self.recall_activity(board, shard, snap.arrivals)
         return pairs
+
+    async def _apply_live(
+        self,
+        board: Board,
+        shard: int,
+        fold: Fold,
+        pairs: dict[str, str],
+        new: list[Applied],
+        cuts: dict[str, Id],
+        swapped: str,
+    ) -> int:
+        """After a swap forced at ``swapped``: put ``new`` (the results between the last attempt's
+        position and ``swapped``, which the RENAME overwrote) onto the live keys, once, with
+        ``cuts`` (the removals among them). Returns how many results it read after the swap.
+
+        What was written since the swap is on the live keys already, so rebuild.lua's ``apply``
+        leaves out every player a removal since ``swapped`` wiped there (their results in ``new``
+        are older). A player removed in ``new`` is removed from the live keys and gets back their
+        results kept after that removal, with those written since the swap (the ZREM wipes them
+        too). rebuild.lua reads what came after the position it is given itself; whatever the
+        archiver trimmed of it is read here, from PostgreSQL: ``apply`` answers "moved", changing
+        nothing, when an entry after that position may be gone from the journal, or when a player
+        it would remove has results after it, and is sent again from the journal's new end. After
+        SWAP_TRIES such answers it goes on with what the journal still holds."""
+        if not new and not cuts:
+            return 0
+        prefix = board.prefixes[shard]
+        through, gone, since, read = swapped, set[str](), list[Applied](), 0
+        for tries in itertools.count(1):
+            kept = [r for r in [*new, *since] if r.player_id not in gone]
+            live = {name: keys.period_key(prefix, name) for r in kept for name in fold.names(r)}
+            live |= {name: keys.period_key(prefix, name) for name in (pairs if cuts else ())}
+            removals = [v for player in cuts if player not in gone for v in (player, 0, 0, 0, 0)]
+            items = [*removals, *self._items(fold, kept, live)]
+            force = tries > SWAP_TRIES
+            status, last = await self._call(board, shard, "apply", live, through, force, items, left=gone)
+            if status == "ok":
+                return read
+            more, removed = await self.changes(board, shard, parse_id(through), parse_id(last))
+            read += len(more)
+            gone |= set(removed)
+            since += [r for r in more if r.player_id in cuts]
+            through = last
+        raise AssertionError("unreachable")
 
     async def recall_activity(self, board: Board, shard: int, arrivals: dict[str, int]) -> None:
         """Put back the shard's activity set (write.lua's, on inactive_after boards: player -> the
@@ -921,9 +961,10 @@ class Rebuilder:
         force: bool,
         items: Sequence[Any],
         sizes: dict[str, int] | None = None,
+        left: Iterable[str] = (),
     ) -> tuple[str, str]:
         """rebuild.lua's ``swap`` (targets: the temporary keys, each of its size in ``sizes``) or
-        ``apply`` (the live keys)."""
+        ``apply`` (the live keys, leaving out the players ``left``)."""
         prefix = board.prefixes[shard]
         targets = [
             (target, keys.period_key(prefix, name), period_expiry(board, name), (sizes or {}).get(name, -1))
@@ -931,7 +972,7 @@ class Rebuilder:
         ]
         if op == "apply":
             targets = [(live, live, expiry, -1) for _, live, expiry, _ in targets]
-        return await self._swap_keys(prefix, targets, op, board, expected, force, items)
+        return await self._swap_keys(prefix, targets, op, board, expected, force, items, left)
 
     async def _swap_keys(
         self,
@@ -942,6 +983,7 @@ class Rebuilder:
         expected: str = "",
         force: bool = True,
         items: Sequence[Any] = (),
+        left: Iterable[str] = (),
     ) -> tuple[str, str]:
         """rebuild.lua's ``swap`` or ``apply`` of ``targets``: (target, live key, expiry, the size the
         target was filled to, -1 for none: ``apply``). Returns (status, the journal's last id); the
@@ -950,7 +992,7 @@ class Rebuilder:
         header = [
             board.config.mode if board else "best", c.time_bits if c else 0, c.points_max if c else 0,
             c.order if c else "desc", c.tiebreak if c else "earliest", expected, int(force),
-            [expiry for _, _, expiry, _ in targets], [size for _, _, _, size in targets],
+            [expiry for _, _, expiry, _ in targets], [size for _, _, _, size in targets], sorted(left),
         ]  # fmt: skip
         names = [keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix)]
         for target, live, _, _ in targets:

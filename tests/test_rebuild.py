@@ -720,6 +720,89 @@ async def test_a_removal_right_after_a_forced_swap_stays_removed(
         await store.delete(config.id)
 
 
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_removal_right_after_a_forced_swap_stays_removed_once_archived(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, monkeypatch: Any, mode: str
+) -> None:
+    """As above, with the archiver quick: the removal archived and trimmed from the journal before the
+    results written since the snapshot go onto the live keys, where rebuild.lua looked for it alone."""
+    config = BoardConfig.from_dict(f"rebuild-forced-trim-{mode}", {"mode": mode, "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        scores = [Score(f"p{i}", 10 * i, f"m{i}", now) for i in range(1, 4)]
+        await board.submit([*scores, Score("cheater", 5, "early", now)], now_ms=now)
+        await drain(a)
+        rebuilder.swap_tries = 0  # the first swap is forced
+        real_snapshot, real_changes = rebuilder.snapshot, rebuilder.changes
+        removed = []
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            await board.submit([Score("cheater", 999, "late", now)], now_ms=now)  # after the snapshot
+            return snap
+
+        async def changes(*args: Any, **kwargs: Any) -> Any:
+            got = await real_changes(*args, **kwargs)
+            if not removed:  # the forced swap is done: removed, archived and trimmed meanwhile
+                removed.append(await moderation.remove(board, ["cheater"]))
+                await drain(a)
+                await raw.xtrim(keys.journal_key(board.prefixes[0]), maxlen=0)
+            return got
+
+        monkeypatch.setattr(rebuilder, "snapshot", snapshot)
+        monkeypatch.setattr(rebuilder, "changes", changes)
+        await rebuilder.rebuild(board)
+        assert removed == [{"cheater"}]
+        top = await board.top(10, board.resolve("total"))
+        assert [e.player_id for e in top] == ["p3", "p2", "p1"]
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_post_right_after_a_forced_swap_of_a_player_removed_before_it_stays(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, monkeypatch: Any, mode: str
+) -> None:
+    """A player removed between the snapshot and a forced swap, who posts again between the swap and
+    the call that puts the results written meanwhile onto the live keys: that call removes the
+    player's results of before the removal, not the post made after the swap."""
+    config = BoardConfig.from_dict(f"rebuild-forced-post-{mode}", {"mode": mode, "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        scores = [Score(f"p{i}", 10 * i, f"m{i}", now - HOUR) for i in range(1, 4)]
+        await board.submit([*scores, Score("back", 5, "early", now - HOUR)], now_ms=now - HOUR)
+        await drain(a)
+        rebuilder.swap_tries = 0  # the first swap is forced
+        real_snapshot, real_changes = rebuilder.snapshot, rebuilder.changes
+        posted: list[Any] = []
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            assert await moderation.remove(board, ["back"], now_ms=now - HOUR // 2) == {"back"}
+            return snap
+
+        async def changes(*args: Any, **kwargs: Any) -> Any:
+            got = await real_changes(*args, **kwargs)
+            if not posted:  # the forced swap is done: a post before the results go on
+                posted.extend(await board.submit([Score("back", 50, "again", now)], now_ms=now))
+            return got
+
+        monkeypatch.setattr(rebuilder, "snapshot", snapshot)
+        monkeypatch.setattr(rebuilder, "changes", changes)
+        await rebuilder.rebuild(board)
+        assert [r.status for r in posted] == ["improved"]
+        top = await board.top(10, board.resolve("total"))
+        assert [(e.player_id, e.points) for e in top] == [("back", 50), ("p3", 30), ("p2", 20), ("p1", 10)]
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
 async def test_a_refill_puts_back_only_the_records_removals_made(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
 ) -> None:

@@ -12,9 +12,14 @@
 --          its live key (and UNLINK a live key whose target does not exist: filled with nobody),
 --          registering each in the key index with its expiry as write.lua does. Otherwise change
 --          nothing. Returns {'ok' or 'moved', last-generated id}.
---   apply: apply ARGV[3]'s results to the targets (the live keys themselves) and register them;
---          unless `force` is 1, leaving out the players of the delete entries journaled after
+--   apply: apply ARGV[3]'s results to the targets (the live keys themselves) and register them,
+--          leaving out the players of ARGV[2]'s `left` and of the delete entries journaled after
 --          `expected` (a removal since wiped them on the live keys; their results would come back).
+--          Unless `force` is 1, first return {'moved', last-generated id}, changing nothing, when an
+--          entry after `expected` may have been trimmed (no entry at or before it is left, and the
+--          journal has moved past it: the caller reads it from PostgreSQL), or when a player that a
+--          removal item (pair number 0) names has results journaled after `expected` (its ZREM
+--          would wipe them: the caller sends them with it).
 --   recall: put back retry records of the dedup window (shardlb/rebuild.py, `RetryRecords`): KEYS[4]
 --          the shard's pin marker (`pspan`), KEYS[5..] dedup sets (`dd:<k>`), pin hashes
 --          (`pin:<k>`), the removals hash (`rmv`: the latest removal of each player kept, its
@@ -32,7 +37,7 @@
 --          to write.lua (one window past). Returns {'ok', ''}.
 -- ARGV[2]    MessagePack: mode, time_bits, points_max, order, tiebreak, expected id, force,
 --            {expiry ms of each pair's live key, 0 = never}, {size of each pair's target as filled
---            (swap; -1 for apply)}
+--            (swap; -1 for apply)}, {players `left` out (apply)}
 -- ARGV[3]    MessagePack, flat: per result and period, player, score, points, time_units, pair number;
 --            pair number 0 removes the player from every target (a removal, shardlb/moderation.py)
 -- The results are applied with write.lua's rules (best: the higher score; set: the later time, ties
@@ -129,7 +134,7 @@ end
 
 local h = cmsgpack.unpack(ARGV[2])
 local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
-local expected, force, expiry, sizes = h[6], h[7], h[8], h[9]
+local expected, force, expiry, sizes, left = h[6], h[7], h[8], h[9], h[10] or {}
 local tmax = T - 1
 local last = last_id(KEYS[3])
 -- Every target as filled before any is renamed. The fill is acknowledged by the master alone: a
@@ -155,13 +160,28 @@ if op == 'swap' and last ~= expected and force == 0 then
 end
 -- apply after a forced swap: what was written since `expected` is on the live keys already, and a
 -- removal among it wiped its player there: that player's results (from before it) are not put back.
+local items = cmsgpack.unpack(ARGV[3])
 local cut = {}
-if op == 'apply' and force == 0 and last ~= expected then
+for _, player in ipairs(left) do cut[player] = true end
+if op == 'apply' and last ~= expected then
+  if force == 0 and #redis.call('XRANGE', KEYS[3], '-', expected, 'COUNT', 1) == 0 then
+    return {'moved', last}  -- trimmed up to `expected` at least: what came after may be gone
+  end
+  local zrem = {}
+  for pos = 1, #items, 5 do
+    if items[pos + 4] == 0 then zrem[items[pos]] = true end
+  end
   for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '(' .. expected, '+')) do
     local fields = entry[2]
     for i = 1, #fields, 2 do
       if fields[i] == 'x' then  -- a delete entry (remove.lua): the players it removed
         for _, player in ipairs(cmsgpack.unpack(fields[i + 1])) do cut[player] = true end
+      elseif fields[i] == 'r' and force == 0 and next(zrem) then  -- results: (match NUL player, points, units)
+        local applied = cmsgpack.unpack(fields[i + 1])
+        for n = 1, #applied, 3 do
+          local player = string.match(applied[n], '%z(.*)$')
+          if zrem[player] and not cut[player] then return {'moved', last} end
+        end
       end
     end
   end
@@ -179,7 +199,6 @@ local function join(points, units)
   return pp * T + tp
 end
 
-local items = cmsgpack.unpack(ARGV[3])
 for pos = 1, #items, 5 do
   local player, score, points, units = items[pos], items[pos + 1], items[pos + 2], items[pos + 3]
   if cut[player] then  -- removed since the forced swap: left out (see `cut`)
