@@ -143,11 +143,8 @@ def test_bad_settings_exit_2_naming_the_variable() -> None:
         assert done.stderr.startswith(f"shardlb serve: error: {variable}: ")
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_a_router_that_cannot_start_exits_3_with_any_number_of_workers(workers: int) -> None:
-    """A router whose app cannot start (no Redis to reach) exits 3, so a supervisor (systemd's
-    Restart=on-failure, a pod's restart policy) sees a failure. With more than one worker uvicorn's
-    parent stopped on its worker's start failure and exited 0, as after an orderly SIGTERM."""
+def _no_cluster_env(startup_timeout_s: str) -> tuple[dict[str, str], int]:
+    """The environment of a router whose cluster address has nothing behind it, and its dead port."""
     with socket.socket() as held, socket.socket() as other:  # ports with nothing behind them
         held.bind(("127.0.0.1", 0))
         other.bind(("127.0.0.1", 0))
@@ -156,9 +153,18 @@ def test_a_router_that_cannot_start_exits_3_with_any_number_of_workers(workers: 
     env.update(
         SHARDLB_REDIS_URL=f"redis://127.0.0.1:{dead}",
         SHARDLB_ADMIN_KEYS="a" * 20,
-        SHARDLB_STARTUP_TIMEOUT_S="0",
+        SHARDLB_STARTUP_TIMEOUT_S=startup_timeout_s,
         SHARDLB_PORT=str(port),
     )
+    return env, dead
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_router_that_cannot_start_exits_3_with_any_number_of_workers(workers: int) -> None:
+    """A router whose app cannot start (no Redis to reach) exits 3, so a supervisor (systemd's
+    Restart=on-failure, a pod's restart policy) sees a failure. With more than one worker uvicorn's
+    parent stopped on its worker's start failure and exited 0, as after an orderly SIGTERM."""
+    env, dead = _no_cluster_env("0")
     done = subprocess.run(
         [sys.executable, "-m", "router.server", "serve", "--workers", str(workers)],
         cwd=ROOT,
@@ -182,17 +188,7 @@ def test_sigterm_while_waiting_for_the_cluster_stops_the_router(workers: int) ->
     where the routers of a first deploy wait for the bootstrap Job) that got SIGTERM went on
     waiting: uvicorn only notes a signal while the app starts. A rollout or a scale-down then waited
     for the kubelet's SIGKILL at the end of the grace period. It stops at once now, with status 0."""
-    with socket.socket() as held, socket.socket() as other:  # ports with nothing behind them
-        held.bind(("127.0.0.1", 0))
-        other.bind(("127.0.0.1", 0))
-        dead, port = held.getsockname()[1], other.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLB_")}
-    env.update(
-        SHARDLB_REDIS_URL=f"redis://127.0.0.1:{dead}",
-        SHARDLB_ADMIN_KEYS="a" * 20,
-        SHARDLB_STARTUP_TIMEOUT_S="3600",
-        SHARDLB_PORT=str(port),
-    )
+    env, _ = _no_cluster_env("3600")
     proc = subprocess.Popen(
         [sys.executable, "-m", "router.server", "serve", "--workers", str(workers)],
         cwd=ROOT,
