@@ -13,6 +13,8 @@ connections: each is now a 4xx before anything is written, or waits its turn beh
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -44,6 +46,18 @@ def deep(levels: int) -> str:
 def json_with(body: dict[str, Any], field: str, raw: str) -> bytes:
     """``body`` as JSON with the value of ``field`` (at any depth) replaced by the JSON text ``raw``."""
     return orjson.dumps(body).replace(f'"{field}":"@"'.encode(), f'"{field}":{raw}'.encode())
+
+
+@contextlib.asynccontextmanager
+async def held(gate: Gate) -> AsyncIterator[None]:
+    """Every permit of ``gate`` taken for the block, and given back after it."""
+    for _ in range(gate.limit):
+        await gate.acquire()
+    try:
+        yield
+    finally:
+        for _ in range(gate.limit):
+            gate.release()
 
 
 async def test_a_nul_in_a_match_id_is_refused_before_anything_is_written(
@@ -217,26 +231,16 @@ async def test_public_archive_reads_wait_for_a_few_connections(
             ]
             for path in paths:
                 assert (await client.get(path)).status_code in (200, 404)
-            for _ in range(svc.archive_reads.limit):
-                await svc.archive_reads.acquire()
-            try:
+            async with held(svc.archive_reads):  # every permit taken: a read that waits for one is 503
                 for path in paths:
                     if "period=" in path:
                         path = path.replace("2026-01-01", "2026-01-02")  # not yet known as unsettled
                     assert error_of(await client.get(path))[:2] == (503, "overloaded"), path
-            finally:
-                for _ in range(svc.archive_reads.limit):
-                    svc.archive_reads.release()
             for path in paths:
                 assert (await client.get(path)).status_code in (200, 404)
-            for _ in range(svc.reads.limit):
-                await svc.reads.acquire()
-            try:
+            async with held(svc.reads):  # every permit taken: a read that waits for one is 503
                 r = await client.get(f"/v1/boards/{name}/periods")
                 assert error_of(r)[:2] == (503, "overloaded"), r.text
-            finally:
-                for _ in range(svc.reads.limit):
-                    svc.reads.release()
             assert (await client.get(f"/v1/boards/{name}/periods")).status_code == 200
     finally:
         await store.delete(name)
@@ -256,9 +260,7 @@ async def test_reads_of_periods_before_the_epoch_never_wait_for_the_archive(
     try:
         async with running(cluster_url, postgres_url=postgres_url, queue_wait_s=0.05) as (app, client):
             svc = service_of(app)
-            for _ in range(svc.archive_reads.limit):
-                await svc.archive_reads.acquire()
-            try:
+            async with held(svc.archive_reads):  # every permit taken: a read that waits for one is 503
                 for period in ("daily:2019-12-31", "weekly:1999-W10", "monthly:0001-01"):
                     r = await client.get(f"/v1/boards/{name}/top", params={"period": period})
                     assert r.status_code == 200, (period, r.text)
@@ -268,9 +270,6 @@ async def test_reads_of_periods_before_the_epoch_never_wait_for_the_archive(
                 # The first period after the epoch may be settled: that read still asks.
                 r = await client.get(f"/v1/boards/{name}/top", params={"period": "daily:2020-01-01"})
                 assert error_of(r)[:2] == (503, "overloaded"), r.text
-            finally:
-                for _ in range(svc.archive_reads.limit):
-                    svc.archive_reads.release()
     finally:
         await store.delete(name)
 
@@ -286,15 +285,10 @@ async def test_a_malformed_read_parameter_is_422_before_the_archive_is_asked(
     try:
         async with running(cluster_url, postgres_url=postgres_url, queue_wait_s=0.05) as (app, client):
             svc = service_of(app)
-            for _ in range(svc.archive_reads.limit):
-                await svc.archive_reads.acquire()
-            try:
+            async with held(svc.archive_reads):  # every permit taken: a read that waits for one is 503
                 wrong = {"period": "daily:2026-01-02", "estimate": "maybe"}
                 r = await client.get(f"/v1/boards/{name}/players/p", params=wrong)
                 assert error_of(r) == (422, "invalid_parameter", "estimate"), r.text
-            finally:
-                for _ in range(svc.archive_reads.limit):
-                    svc.archive_reads.release()
     finally:
         await store.delete(name)
 
