@@ -25,7 +25,7 @@ from prometheus_client import (
 from prometheus_client import values as _values
 
 from router.errors import redis_error_kind
-from shardlb.errors import ShardlbError
+from shardlb.errors import ClusterUnavailable, PartlyApplied, ShardlbError
 
 
 def _pid() -> int:
@@ -127,8 +127,14 @@ class redis_call:
         self.start = time.perf_counter()
 
     async def __aexit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
-        if isinstance(e, Exception) and not isinstance(e, ShardlbError):
-            REDIS_ERRORS.labels(self.op, redis_error_kind(e)).inc()  # a missing player is an answer
+        if isinstance(e, PartlyApplied):  # counted by the error that kept its results out
+            e = e.error
+        # A missing player or a full queue is an answer, not a failed call; a cluster that cannot
+        # serve it (ClusterUnavailable, NotAcknowledged: 503 cluster_unavailable) is one.
+        if isinstance(e, Exception) and (
+            not isinstance(e, ShardlbError) or isinstance(e, ClusterUnavailable)
+        ):
+            REDIS_ERRORS.labels(self.op, redis_error_kind(e)).inc()
         _seconds(self.op).observe(time.perf_counter() - self.start)
 
 

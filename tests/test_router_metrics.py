@@ -1,13 +1,20 @@
 """router/metrics.py in multiprocess mode: each process writes its own values, also after a fork,
-and /metrics sums them; the process id that check uses is kept, not asked of the kernel per update."""
+and /metrics sums them; the process id that check uses is kept, not asked of the kernel per update.
+Which failed cluster calls the errors counter counts, and under which kind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from redis import exceptions as rx
+
+from router import metrics
+from shardlb.errors import NotAcknowledged, Overloaded, PartlyApplied, PlayerNotFound
 
 SCRIPT = """
 import os, sys
@@ -131,3 +138,35 @@ def test_a_killed_workers_live_gauges_leave_the_scrape(tmp_path: Path) -> None:
     assert values.get("shardlb_coalescer_queue_depth") == 3.0
     assert values.get("shardlb_journal_lag_seconds", 0.0) != 900.0
     assert len({name.rsplit("_", 1)[1] for name in files}) == 1  # only the live process's files
+
+
+def _redis_errors(op: str, kind: str) -> float:
+    return metrics.registry().get_sample_value("shardlb_redis_errors_total", {"op": op, "kind": kind}) or 0.0
+
+
+async def _failing_call(op: str, error: BaseException) -> None:
+    with contextlib.suppress(type(error)):
+        async with metrics.redis_call(op):
+            raise error
+
+
+async def test_a_write_no_replica_confirmed_counts_as_a_failed_cluster_call() -> None:
+    # NotAcknowledged is a ClusterUnavailable (503 cluster_unavailable): cluster trouble, not an
+    # answer like a missing player, so the errors counter has to show it.
+    before = _redis_errors("test_unacked", "NotAcknowledged")
+    await _failing_call("test_unacked", NotAcknowledged("0 of 1 replicas confirmed the write"))
+    assert _redis_errors("test_unacked", "NotAcknowledged") == before + 1
+
+
+async def test_a_partly_applied_batch_counts_the_error_that_stopped_it() -> None:
+    before = _redis_errors("test_partly", "ConnectionError")
+    await _failing_call("test_partly", PartlyApplied([None], rx.ConnectionError("connection reset")))
+    assert _redis_errors("test_partly", "ConnectionError") == before + 1
+    assert _redis_errors("test_partly", "other") == 0
+
+
+async def test_an_answer_of_the_library_is_no_failed_cluster_call() -> None:
+    await _failing_call("test_answers", PlayerNotFound("no such player", "player"))
+    await _failing_call("test_answers", Overloaded("too many calls waiting"))
+    for kind in ("PlayerNotFound", "Overloaded", "other"):
+        assert _redis_errors("test_answers", kind) == 0
