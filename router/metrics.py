@@ -96,7 +96,8 @@ JOURNAL_RESULTS = Gauge(
 )
 JOURNAL_SECONDS = Gauge(
     "shardlb_journal_lag_seconds",
-    "Age of the oldest journal entry not yet archived in PostgreSQL.",
+    "Age of the oldest entry not yet archived in PostgreSQL, in the journal furthest behind (nearest a "
+    "bound); the archivers' shardlb_archive_lag_seconds is the oldest over every journal.",
     multiprocess_mode="livemostrecent",
 )
 GC_PAUSE = Histogram(
