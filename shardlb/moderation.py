@@ -352,9 +352,24 @@ async def cleanup_pass(
     store: BoardStore, names: Sequence[str] = (), limit: int = CLEANUP_LIMIT
 ) -> dict[str, int]:
     """One cleanup pass over the boards ``names`` (all with ``inactive_after`` when empty): players
-    removed per board. `shardlb cleanup` runs one; the archiver runs one every ``--cleanup-every``."""
+    removed per board. `shardlb cleanup` runs one; the archiver runs one every ``--cleanup-every``.
+    Each board is cleaned up on its own: one that fails (resharded or deleted meanwhile, a master
+    down) does not hold up the boards after it; the first failure is raised once every board was
+    gone over. (Until 2026-12-06 it ended the pass, so the boards after it kept their idle players
+    for as long as it failed.)"""
     boards = [await store.get(n) for n in names] if names else await store.boards()
-    return {b.config.id: await cleanup(b, limit=limit) for b in boards if b.config.inactive_after}
+    done: dict[str, int] = {}
+    failed: Exception | None = None
+    for b in boards:
+        if not b.config.inactive_after:
+            continue
+        try:
+            done[b.config.id] = await cleanup(b, limit=limit)
+        except Exception as e:
+            failed = failed or e
+    if failed is not None:
+        raise failed
+    return done
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -495,6 +495,40 @@ async def test_shardlb_cleanup_runs_one_pass(
             await store.delete("moderation-cli-plain")
 
 
+async def test_a_board_whose_cleanup_fails_does_not_hold_up_the_other_boards(store: BoardStore) -> None:
+    """One cleanup pass goes over every board with ``inactive_after``. A board that refused it (here
+    one of its shards marked moved away by a reshard, as a dead master or a board deleted meanwhile
+    would also refuse) ended the pass there, so every board after it kept its idle players, pass
+    after pass, for as long as that board failed (a retry records audit's finding, 2026-12-06).
+    Now each board is cleaned up on its own, and the pass raises the failure once it has gone
+    over them all (the archiver logs it as an outage)."""
+    configs = [
+        BoardConfig.from_dict(f"moderation-pass-{n}", {"inactive_after": 60, "sharding": sharding("hash", 1)})
+        for n in ("a", "b")
+    ]
+    boards = [(await store.create(c))[0] for c in configs]
+    now = times.now_ms()
+    try:
+        for board in boards:
+            await board.submit([Score("old", 5, "m1", now - HOUR)], now_ms=now - HOUR)
+            await board.submit([Score("new", 5, "m2", now)], now_ms=now)
+        moved = keys.gone_key(boards[0].prefixes[0])[:-4] + "mv"  # write.lua's and remove.lua's `mv`
+        await boards[0].client.set(moved, "m")
+        with pytest.raises(Resharding):
+            await moderation.cleanup_pass(store, [c.id for c in configs])
+        assert [e.player_id for e in await boards[1].top(10)] == ["new"]
+        await boards[0].client.delete(moved)
+        assert await moderation.cleanup_pass(store, [c.id for c in configs]) == {
+            configs[0].id: 1,
+            configs[1].id: 0,
+        }
+        assert [e.player_id for e in await boards[0].top(10)] == ["new"]
+    finally:
+        for c in configs:
+            with contextlib.suppress(Exception):
+                await store.delete(c.id)
+
+
 @pytest.mark.parametrize("mode", ["best", "incr"])
 async def test_a_removal_during_a_rebuild_holds_after_the_swap(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, mode: str
