@@ -55,9 +55,9 @@ JOURNAL_FULL = "JOURNALFULL"  # write.lua's error when the shard's journal is at
 # results, it lasts the same time at any call size, and bounds memory at about 67 to 284 bytes a
 # result (calls of many results to calls of one: `shardlb plan`).
 JOURNAL_MAX_RESULTS = 1_000_000
-# Entries (script calls) it may hold (SHARDLB_JOURNAL_MAX_ENTRIES): an entry holds at least one
-# result, so entries never outnumber the results bound, and by default this one never bites (the
-# setting's maximum). Set it lower to cap entries too.
+# Entries (script calls) it may hold (SHARDLB_JOURNAL_MAX_ENTRIES): an entry counts at least one
+# result (a removal's delete entry, a player: remove.lua), so entries never outnumber the results
+# bound, and by default this one never bites (the setting's maximum). Set it lower to cap entries too.
 JOURNAL_MAX_ENTRIES = 100_000_000
 MAX_FUTURE_MS = 5 * 60_000
 HOLDS_NOTHING_MARGIN_MS = 3_600_000  # Board.holds_nothing's margin for other clocks

@@ -7,7 +7,8 @@ when some result was not applied to a closed or frozen period of its own: the na
 periods per result (write.lua's header). A result is on the board if and only if it is in its
 shard's journal (the script does both in one atomic call). A removal (shardlb/moderation.py,
 remove.lua) is an entry with ``x`` instead of ``r``: a MessagePack array of the player ids removed
-from every period of the shard at that id; results of those players with smaller ids on this shard
+from every period of the shard at that id (its ``n`` counts the players it names, and counts in
+the shard's ``logn`` as results do); results of those players with smaller ids on this shard
 no longer count (``k``, ``q`` and ``u``: the records it made, ``Entry``). The archiver
 (shardlb/archive.py) copies entries into PostgreSQL, acknowledges them (taking their ``n`` off the
 shard's ``logn``, the results not yet archived that write.lua's bound reads) and trims what it
@@ -73,14 +74,14 @@ def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
     """An entry as XRANGE / XREADGROUP return it (from a client that does not decode replies)."""
     get = {_text(k): v for k, v in fields.items()}
     head = (_text(entry_id), _text(get["b"]), _text(get["i"]), int(_text(get["s"])))
+    counted = int(_text(get["n"])) if "n" in get else 0
     if "x" in get:
         flat = msgpack.unpackb(get["k"], raw=False) if "k" in get else []
         recorded = tuple((_text(flat[n]), int(flat[n + 1])) for n in range(0, len(flat), 2))
         removed = tuple(_text(p) for p in msgpack.unpackb(get["x"], raw=False))
         request = _text(get["q"]) if "q" in get else ""
         units = int(_text(get["u"])) if request else -1
-        return Entry(*head, [], removed, recorded=recorded, request=request, request_units=units)
-    counted = int(_text(get["n"])) if "n" in get else 0
+        return Entry(*head, [], removed, counted, recorded, request, units)
     flat = msgpack.unpackb(get["r"], raw=False)
     skips = msgpack.unpackb(get["c"], raw=False) if "c" in get else [""] * (len(flat) // 3)
     results = []

@@ -256,6 +256,8 @@ async def remove_on_shard(
             now,  # band boards: when the player's versions may be forgotten from (BandMoves.prune)
             "" if stale_before_ms or request is None else request,
             int(units is not None),
+            board.journal_max,  # the journal's bounds hold for a delete entry too (remove.lua)
+            board.journal_max_results,
         ]
     )
     args = [header, msgpack.packb(list(players))]

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from shardlb import keys, periods, times
+from shardlb import keys, moderation, periods, times
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.connection import connect
@@ -143,6 +143,48 @@ async def test_the_results_bound_counts_results_not_entries(store: BoardStore, c
     # acknowledging after the board is gone writes no stray counts key
     await store.scripts.ack(keys=[key, counts], args=[GROUP, "1-0", "5"])
     assert not await store.client.exists(counts)
+
+
+async def test_a_full_journal_refuses_a_removal_and_a_delete_entry_counts_its_players(
+    store: BoardStore, cluster_url: str
+) -> None:
+    """A removal journals a delete entry, so it is held to the journal's bounds as a write is: at
+    either bound it is refused (Overloaded, 503 over HTTP) before anything is removed or journaled,
+    and a delete entry's players count against the results bound until the archiver acknowledges
+    it. Until 2026-12-06 remove.lua appended its entry whatever the bounds: removals (of players
+    present or not) grew a full journal without end while the archive was away."""
+    config = BoardConfig.from_dict("journal-removals", {"sharding": {"strategy": "hash", "shards": 1}})
+    board, _ = await store.create(config)
+    board.journal_max_results = 3
+    raw = connect(cluster_url, decode=False)
+    key = keys.journal_key(board.prefixes[0])
+    counts = keys.journal_counts_key(board.prefixes[0])
+    now = times.now_ms()
+    try:
+        await board.submit([Score("a", 1, "m1", now), Score("b", 2, "m1", now)], now_ms=now)
+        assert await moderation.remove(board, ["a"], now_ms=now) == {"a"}  # 2 < 3: taken, now at 3
+        lag = await journal_lag(raw, key)
+        assert (lag.entries, lag.results) == (2, 3)
+        for players in (["b"], ["nobody"]):
+            with pytest.raises(Overloaded):
+                await moderation.remove(board, players, now_ms=now)
+        assert [e.player_id for e in await board.top(10)] == ["b"]
+        assert (await journal_lag(raw, key)).entries == 2
+        # the archiver acknowledges the delete entry by its count: room for the removal again
+        await raw.xgroup_create(key, GROUP, id="0")
+        delivered = await raw.xreadgroup(GROUP, "t", {key: ">"})
+        entry = decode(*delivered[0][1][1])
+        assert (entry.removed, entry.counted) == (("a",), 1)
+        await store.scripts.ack(keys=[key, counts], args=[GROUP, entry.id, str(entry.counted)])
+        assert await moderation.remove(board, ["b"], now_ms=now) == {"b"}
+        # the entries bound holds for removals too
+        board.journal_max = 3
+        with pytest.raises(Overloaded):
+            await moderation.remove(board, ["nobody"], now_ms=now)
+        assert (await journal_lag(raw, key)).entries == 3
+    finally:
+        await raw.aclose()
+        await store.delete(config.id)
 
 
 async def test_an_empty_journal_sets_its_results_count_right(store: BoardStore, cluster_url: str) -> None:

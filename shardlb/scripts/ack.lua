@@ -2,8 +2,8 @@
 -- the shard's count of results not archived. All KEYS share the shard's hash tag.
 --
 -- KEYS[1]  the shard's journal (a stream), KEYS[2] its `logn` (write.lua: results not archived yet)
--- ARGV[1]  the consumer group; ARGV[2..] pairs: entry id, its count of results (the entry's n; 0
---          for an entry without one: a removal, or one journaled before there was n)
+-- ARGV[1]  the consumer group; ARGV[2..] pairs: entry id, its count of results (the entry's n: a
+--          delete entry's players; 0 for an entry without one, journaled before there was n)
 -- Returns the results taken off.
 --
 -- An entry counts only when its XACK acknowledges it (XACK answers 1 once per delivered entry,

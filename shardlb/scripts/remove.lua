@@ -15,7 +15,8 @@
 --         removed_at (ms: the removal's time, recorded in `vrm` on band boards; absent: not recorded),
 --         request (optional; '': none): the name of the removal asked for (the router's
 --         `remove/<X-Request-Id>`), and again (optional, 1: removed_units are the time an earlier
---         call of that request recorded on another shard; see below)
+--         call of that request recorded on another shard; see below), the journal's bounds
+--         (optional; 0: none): entries, then results not archived (write.lua's; see below)
 -- ARGV[2] MessagePack array of player ids
 -- Returns {'stale'} when the key index lists a key the caller did not pass (a period began since it
 -- read the index: it reads again), else {'ok', journal id or '', per player: 1 removed / 0 absent,
@@ -28,7 +29,10 @@
 -- forgets the player's versions there and on every band (prune.lua, shardlb/bands.py). A player
 -- without a version (never seen, or forgotten) starts above the shard's `vfl`, the highest version
 -- forgotten, as in write.lua.
--- The delete entry (`x`: the players actually removed; `k`: the records below, player and units,
+-- On a journaled board at either bound of its journal the call is refused (JOURNALFULL), nothing
+-- changed: a removal's retry converges, as after any failure (shardlb/moderation.py).
+-- The delete entry (`n`: its count of players, which `logn` counts as write.lua counts results;
+-- `x`: the players actually removed; `k`: the records below, player and units,
 -- flat; with a request, `q` its name and `u` the units its records hold) goes in the same call: the
 -- archiver records it, a rebuild drops this shard's results of those players journaled before it
 -- and puts the records back, the request's too.
@@ -64,6 +68,25 @@ end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return redis.error_reply('BOARDGONE this board was deleted')
 end
+local h = cmsgpack.unpack(ARGV[1])
+-- A journaled removal is held to the journal's bounds as write.lua's calls are: at either bound
+-- it is refused (JOURNALFULL) before anything changes, and its delete entry's `n` (its players)
+-- counts in `logn` like a result. An empty journal sets a drifted count right, as in write.lua.
+local counted = base .. 'logn'
+local jmax, rmax = h[15] or 0, h[16] or 0
+if h[1] == 1 and (jmax > 0 or rmax > 0) then
+  local entries = redis.call('XLEN', KEYS[3])
+  local full = jmax > 0 and entries >= jmax
+  local unarchived = tonumber(redis.call('GET', counted)) or 0
+  if entries == 0 then
+    if unarchived ~= 0 then redis.call('SET', counted, 0) end
+  elseif rmax > 0 and unarchived >= rmax then
+    full = true
+  end
+  if full then
+    return redis.error_reply('JOURNALFULL the journal of this shard is at its bound; the archiver is behind')
+  end
+end
 local given = {}
 for i = 6, #KEYS do given[KEYS[i]] = true end
 for _, name in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
@@ -72,7 +95,6 @@ for _, name in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   end
 end
 
-local h = cmsgpack.unpack(ARGV[1])
 local journal, bands, stale_before = h[1], h[2], h[6]
 local players = cmsgpack.unpack(ARGV[2])
 local removed_versions = base .. 'vrm'
@@ -211,7 +233,10 @@ if journal == 1 and (#removed > 0 or #records > 0) then
   if #records > 0 and request ~= '' then  -- the request's records too (`q`, `u`: its units)
     k[#k + 1], k[#k + 2], k[#k + 3], k[#k + 4] = 'q', request, 'u', string.format('%d', removed_units)
   end
-  out[2] = redis.call('XADD', KEYS[3], '*', 'b', h[3], 'i', h[4], 's', h[5], 'x', cmsgpack.pack(removed), unpack(k))
+  local n = (#records > 0) and (#records / 2) or #removed  -- the players it names, at least one
+  local count = string.format('%d', n)
+  out[2] = redis.call('XADD', KEYS[3], '*', 'b', h[3], 'i', h[4], 's', h[5], 'n', count, 'x', cmsgpack.pack(removed), unpack(k))
   redis.call('ZADD', KEYS[1], '+inf', KEYS[3])
+  if redis.call('INCRBY', counted, count) == n then redis.call('ZADD', KEYS[1], '+inf', counted) end
 end
 return out
