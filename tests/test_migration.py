@@ -233,7 +233,10 @@ async def test_no_acknowledged_result_is_lost_and_no_read_is_inexact_while_slots
 
 @pytest.fixture(scope="module")
 def replicated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    port = free_port_block(4, start=search_start(22300, 40))
+    # Its tests kill a node and start it again on its port: from a range no other module searches
+    # (23500-23899), or another worker's server may take the port meanwhile (a CI run of 2026-12-05
+    # found a router's search from 22000 on the killed replica's port).
+    port = free_port_block(4, start=search_start(23500, 40))
     local = LocalCluster(2, 1, port, Path(tmp_path_factory.mktemp("migration-replicas")))
     local.up()
     try:
