@@ -9,7 +9,9 @@ home (``/var/lib/postgresql/shardlb-postgres-<name>``), or in ``/tmp`` for a ``f
 keeps nothing across a crash anyway. Many machines empty ``/tmp`` at boot: until 2026-12-06 the
 archive of ``make run`` was kept there too, and lost with it. Once a server has run, ``up`` never
 makes an empty one in place of data that has gone: it says so, and the state file's removal is the
-way to start afresh.
+way to start afresh. Without a state file, data found under the directory's name is an earlier
+directory's of the same path (a checkout deleted and cloned again): ``up`` deletes it and starts
+an empty server.
 """
 
 from __future__ import annotations
@@ -85,6 +87,11 @@ class LocalPostgres:
         state = self.dir / STATE
         if state.exists() and not self.port:
             self.port = int(json.loads(state.read_text())["port"])
+        if not state.exists() and (self.data / "PG_VERSION").exists():
+            # No server of this directory was recorded: data under its name is an earlier one's (a
+            # checkout deleted and cloned again at the same path, as root where the data lives
+            # outside it). Kept, it would pass for this one's archive: bans, audit rows, results.
+            self._forget_leftover()
         if self._running():
             return self.url
         if not (self.data / "PG_VERSION").exists():
@@ -119,6 +126,12 @@ class LocalPostgres:
         shutil.rmtree(self.data, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             (self.dir / STATE).unlink()
+
+    def _forget_leftover(self) -> None:
+        """Stop a server still running on data no state file records, and delete that data."""
+        if self._running():
+            self._run(binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+        shutil.rmtree(self.data, ignore_errors=True)
 
     def _init(self) -> None:
         self.data.mkdir(parents=True, exist_ok=True)

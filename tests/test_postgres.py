@@ -51,3 +51,28 @@ def test_a_recorded_data_directory_is_used_whatever_the_rule_for_new_ones(server
     again = LocalPostgres(server.dir)  # not fast: a new server of this kind would go elsewhere as root
     assert again.data == server.data
     assert again.up() == server.url
+
+
+def test_a_directory_made_again_gets_an_empty_server_not_the_data_of_the_one_deleted(
+    tmp_path: Path,
+) -> None:
+    """As root the data lives outside the directory, under a name taken from its path: a checkout
+    deleted and cloned again at the same path (its .shardlb gone, the state file with it) got the
+    old checkout's archive back, bans and audit rows included. With no state file there is no
+    server of this directory to keep: data left under that name is an earlier one's."""
+    where = tmp_path / "postgres"
+    first = LocalPostgres(where, port=free_port_block(1, search_start(26600, 50)), fast=True)
+    first.up()
+    try:
+        with psycopg.connect(first.url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE left_behind (n int)")
+        first.down()
+        shutil.rmtree(where)  # the checkout deleted: the data outside it (as root) stays
+        again = LocalPostgres(where, port=first.port, fast=True)
+        again.up()
+        with psycopg.connect(again.url, autocommit=True) as conn:
+            found = conn.execute("SELECT to_regclass('left_behind')").fetchone()
+        assert found == (None,)
+    finally:
+        LocalPostgres(where).destroy()
+        first.destroy()
