@@ -57,9 +57,15 @@ class JournalWatch:
         # ends on this flag, which Service.stop sets before it cancels.
         self.closed = False
         self.outage = Outage(log, "journal lag not read", "journal lag read again")
+        # Checks may overlap (the loop's and a caller's): a check's view is kept only if no check
+        # begun after it has been kept already, so an older view never replaces a newer one.
+        self.begun = 0
+        self.kept = 0
 
     async def check(self) -> Worst:
-        """Read every journal once; keep and return the worst."""
+        """Read every journal once; return the worst, and keep it unless a newer check was kept."""
+        self.begun += 1
+        mine = self.begun
         worst = Worst(None, Lag(0, 0.0), self.worst.bound, self.worst.results_bound)
         for board in await self.store.boards():
             if self.closed:
@@ -70,7 +76,9 @@ class JournalWatch:
                 lag = await journal_lag(self.raw, keys.journal_key(prefix))
                 if (worst.share(lag), lag.seconds) > (worst.share(worst.lag), worst.lag.seconds):
                     worst = Worst(board.config.id, lag, worst.bound, worst.results_bound)
-        self.worst = worst
+        if mine < self.kept:
+            return worst
+        self.worst, self.kept = worst, mine
         metrics.JOURNAL_ENTRIES.set(worst.lag.entries)
         metrics.JOURNAL_RESULTS.set(worst.lag.results)
         metrics.JOURNAL_SECONDS.set(worst.lag.seconds)

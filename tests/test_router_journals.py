@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from router.journals import JournalWatch
-from shardlb.board import Board
+from shardlb.board import Board, Score
 from shardlb.cluster import LocalCluster
+from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
@@ -80,3 +81,44 @@ async def test_a_redis_outage_logs_the_journal_watch_at_its_start_and_end_not_ev
     assert [m for m, _ in warnings] == ["journal lag not read"], len(warnings)
     [(message, fields)] = log.lines(logging.INFO)
     assert message == "journal lag read again" and fields["failures"] >= failed
+
+
+class HeldStore(BoardStore):
+    """A board store whose first listing is held, after it is read, until ``go`` is set: a check
+    of the journal watch that began before a write and ends after it."""
+
+    def __init__(self, client: Any, scripts: Scripts) -> None:
+        super().__init__(client, scripts)
+        self.listed = asyncio.Event()
+        self.go = asyncio.Event()
+        self.held = False
+
+    async def boards(self) -> list[Board]:
+        listed = await super().boards()
+        if not self.held:
+            self.held = True
+            self.listed.set()
+            await self.go.wait()
+        return listed
+
+
+async def test_a_check_begun_before_a_newer_one_does_not_replace_its_view(
+    store: BoardStore, raw: Any
+) -> None:
+    """The CI run of stop 50 failed here: /readyz showed 0 entries just after a check had found
+    the new board's entry. The watch's own loop had listed the boards before the board was made,
+    finished after the test's check, and put its older view in place of the newer one."""
+    held = HeldStore(store.client, store.scripts)
+    watch = JournalWatch(raw, held, 1000, 1000)
+    early = asyncio.create_task(watch.check())  # the loop's check: lists the boards, then waits
+    await held.listed.wait()
+    board, _ = await store.create(BoardConfig.from_dict(board_name("late"), {}))
+    try:
+        await board.submit([Score("p1", 5, "m")])
+        late = asyncio.create_task(watch.check())  # the test's check, begun after the write
+        await asyncio.sleep(0.2)
+        held.go.set()
+        await asyncio.gather(early, late)
+        assert watch.worst.board == board.config.id and watch.worst.lag.entries == 1, watch.worst
+    finally:
+        await store.delete(board.config.id)
