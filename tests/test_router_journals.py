@@ -84,17 +84,19 @@ async def test_a_redis_outage_logs_the_journal_watch_at_its_start_and_end_not_ev
 
 
 class HeldStore(BoardStore):
-    """A board store whose first listing is held, after it is read, until ``go`` is set: a check
-    of the journal watch that began before a write and ends after it."""
+    """A board store that lists only the board named ``only`` (other tests' boards share the
+    cluster) and holds its first listing, after it is read, until ``go`` is set: a check of the
+    journal watch that began before a write and ends after it."""
 
-    def __init__(self, client: Any, scripts: Scripts) -> None:
+    def __init__(self, client: Any, scripts: Scripts, only: str) -> None:
         super().__init__(client, scripts)
+        self.only = only
         self.listed = asyncio.Event()
         self.go = asyncio.Event()
         self.held = False
 
     async def boards(self) -> list[Board]:
-        listed = await super().boards()
+        listed = [b for b in await super().boards() if b.config.id == self.only]
         if not self.held:
             self.held = True
             self.listed.set()
@@ -108,11 +110,12 @@ async def test_a_check_begun_before_a_newer_one_does_not_replace_its_view(
     """The CI run of stop 50 failed here: /readyz showed 0 entries just after a check had found
     the new board's entry. The watch's own loop had listed the boards before the board was made,
     finished after the test's check, and put its older view in place of the newer one."""
-    held = HeldStore(store.client, store.scripts)
+    name = board_name("late")
+    held = HeldStore(store.client, store.scripts, only=name)
     watch = JournalWatch(raw, held, 1000, 1000)
     early = asyncio.create_task(watch.check())  # the loop's check: lists the boards, then waits
     await held.listed.wait()
-    board, _ = await store.create(BoardConfig.from_dict(board_name("late"), {}))
+    board, _ = await store.create(BoardConfig.from_dict(name, {}))
     try:
         await board.submit([Score("p1", 5, "m")])
         late = asyncio.create_task(watch.check())  # the test's check, begun after the write
