@@ -49,7 +49,7 @@ from functools import lru_cache
 SLOTS = 16384
 BOARDS = "lb:boards"
 BANS = "lb:bans"  # hash "<board or *>/<player>" -> ban record JSON (shardlb/moderation.py)
-BANS_VERSION = "lb:bans:v"  # bumped on every change of BANS: routers reload the set when it moves
+BANS_VERSION = "lb:bans:v"  # drawn anew at every change of BANS: routers reload the set when it moves
 
 
 def slot_of(key: str) -> int:

@@ -13,9 +13,12 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
 - **Bans** (``Bans``): PostgreSQL keeps them (``bans``, the truth that a rebuild reads), and Redis
   keeps the list routers cache (``lb:bans``, a hash ``<board or *>/<player>`` -> record, and a
   version ``lb:bans:v`` that moves with every change, so a router reloads the list only when it
-  changed). A ban also removes the player's entries, so Redis and a rebuild agree. With ``ack``
-  (the router's SHARDLB_ACK) a ban or lift is answered only once a replica of the list's primary
-  has it (``Bans._confirm``).
+  changed). The version is drawn at random at each change, not counted (``Bans._moved``): a
+  counter lost in a failover with the last change went back a step, and the next change handed
+  out the number again, under which routers had loaded the lost change and so kept their list.
+  A ban also removes the player's entries, so Redis and a rebuild agree. With ``ack`` (the
+  router's SHARDLB_ACK) a ban or lift is answered only once a replica of the list's primary has it
+  (``Bans._confirm``).
 - **Sanity limits** (``Screen``): per score, before anything is written, ``banned``, then
   ``points_limit`` (points above ``max_points_per_result``), then ``rate_limit`` (past
   ``max_results_per_player_per_minute``; rate.lua counts (match, player) pairs, so a retry is not a
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -58,6 +62,7 @@ ALL = "*"  # the scope of a ban on every board
 MAX_BANS = 1_000_000  # bans kept at once: every router holds the whole list in memory
 BANS_PAGE = 2000  # bans written back per HSET by a restore
 REASON_MAX = 500
+VERSIONS = 2**62  # the ban list's versions are drawn from 1..VERSIONS (``Bans._moved``)
 STALE_TRIES = 10  # key-index reads before a removal gives up (a period begins at most every day)
 SHARDS_IN_FLIGHT = 16
 CLEANUP_LIMIT = 1000  # players removed per shard and cleanup pass
@@ -500,9 +505,9 @@ class Bans:
             return made or ban, False
         # PostgreSQL's row, written over whatever Redis held: the two converge on the ban kept.
         await self.client.hset(keys.BANS, field, _record(kept))
-        # Bumped whether or not the record was new: a retry of a ban whose bump failed after its
+        # Moved whether or not the record was new: a retry of a ban whose move failed after its
         # record was stored must still make the routers reload the list (a reload too many is cheap).
-        await self.client.incr(keys.BANS_VERSION)
+        await self._moved()
         await self._confirm()
         return kept, True
 
@@ -533,16 +538,25 @@ class Bans:
             await self.client.hset(keys.BANS, field, _record(since))
         else:
             lifted = bool(await self.client.hdel(keys.BANS, field)) or lifted
-        await self.client.incr(keys.BANS_VERSION)
+        await self._moved()
         await self._confirm()
         return lifted
+
+    async def _moved(self) -> None:
+        """Give the list a new version, drawn at random (1..2**62): routers reload the list when the
+        version they read is not the one they loaded it under (``BanCache.refresh``), whatever its
+        order. A counter could hand out a number again after a failover, when the replica promoted
+        had not yet got the last change: a router that had loaded that change under the number then
+        kept it, and missed the next change. A router of the release before INCRs the number, which
+        moves it too (2**62 leaves it room below INCR's overflow)."""
+        await self.client.set(keys.BANS_VERSION, 1 + secrets.randbelow(VERSIONS))
 
     async def _confirm(self) -> None:
         """Wait, as ``ack`` asks, for a replica of the list's primary and of its version's to have
         everything those primaries applied so far (fanout.confirmed's marker and WAIT), else raise
         NotAcknowledged. A ban lost in a failover would go unenforced until a rebuild wrote the
         list back from PostgreSQL, and a lost lift would go on refusing the player; either, sent
-        again, writes the same record and bumps the version again (a reload too many)."""
+        again, writes the same record and moves the version again (a reload too many)."""
         if not self.ack.replicas:
             return
         for reply in await confirmed(
@@ -552,7 +566,7 @@ class Bans:
                 raise reply
 
     async def restore(self, db: psycopg.AsyncConnection[Any]) -> int:
-        """Write every ban PostgreSQL holds into Redis and bump the version (routers reload the
+        """Write every ban PostgreSQL holds into Redis and move the version (routers reload the
         list): after a loss of Redis the list is empty and routers would take banned players'
         results again (``Rebuilder.restore``). PostgreSQL's records go over Redis's, as in ``add``,
         so it is idempotent. A ban lifted during the call may come back in Redis (not in
@@ -569,7 +583,7 @@ class Bans:
                 for player, board, reason, by, at_ms in rows[i : i + BANS_PAGE]
             }
             await self.client.hset(keys.BANS, mapping=records)
-        await self.client.incr(keys.BANS_VERSION)
+        await self._moved()
         return len(rows)
 
     async def version(self) -> int:
