@@ -474,12 +474,17 @@ class Bans:
         """Store the ban, and return the ban kept and whether it is in force: ``ban`` when it is
         new, else the first one (its time, reason and author), as PostgreSQL has it. Idempotent: a
         retry, whatever reason it gives, stores nothing new, writes no second audit row, passes at
-        the cap on bans (only a new ban counts against it) and answers the same ban. A retry of
-        ``request_id`` after its ban was lifted (the request's audit row is there, the ban is not)
-        bans nothing either: it answers the ban as the request made it, not in force."""
+        the cap on bans (only a new ban counts against it) and answers the same ban. A request that
+        finds the ban in force is audited all the same (its own actor and reason; the detail holds
+        the ban it answers, ``kept``): the trail shows every request, and its retry finds the row.
+        A retry of ``request_id`` after its ban was lifted (the request's audit row is there, the
+        ban is not) bans nothing either: it answers the ban as the request was answered, not in
+        force."""
         field = ban_field(ban.board, ban.player)
         board = None if ban.board == ALL else ban.board
         async with db.transaction():
+            if request_id is not None:  # a retry sent while the first runs waits for its row
+                await _hold(db, "ban", board, ban.player, request_id)
             made = None if request_id is None else await _ban_audited(db, ban, request_id)
             if made is None:
                 if (
@@ -499,6 +504,11 @@ class Bans:
                     kept: Ban | None = ban
                 else:
                     kept = await _ban_row(db, ban.player, ban.board)
+                    if kept is not None:
+                        # Until 2026-12-05 unaudited: a retry after the lift then banned again.
+                        detail = {"scope": ban.board, "at": kept.at_ms, "kept": True}
+                        detail |= {"reason": kept.reason, "by": kept.by}
+                        await audit(db, "ban", board, ban.player, ban.by, ban.reason, request_id, detail)
             else:
                 kept = await _ban_row(db, ban.player, ban.board)  # a ban stored since the lift, if any
         if kept is None:  # lifted since (or meanwhile): Redis follows the lift, not this request
@@ -623,10 +633,12 @@ async def _ban_row(db: psycopg.AsyncConnection[Any], player: str, board: str) ->
 
 
 async def _ban_audited(db: psycopg.AsyncConnection[Any], ban: Ban, request_id: str) -> Ban | None:
-    """The ban that the request ``request_id`` stored for ``ban``'s player and scope (from its
-    audit row), or None when it stored none. Its time is the audit's when the row has no ``at``."""
+    """The ban that the request ``request_id`` stored for ``ban``'s player and scope, or found in
+    force (``kept``), from its audit row; None when it has none. Its time is the audit's when the
+    row has no ``at``."""
     cur = await db.execute(
-        "SELECT actor, reason, coalesce((detail ->> 'at')::bigint, (extract(epoch FROM at) * 1000)::bigint) "
+        "SELECT coalesce(detail ->> 'by', actor), coalesce(detail ->> 'reason', reason), "
+        "coalesce((detail ->> 'at')::bigint, (extract(epoch FROM at) * 1000)::bigint) "
         "FROM moderation_audit WHERE player_id = %s AND board IS NOT DISTINCT FROM %s AND action = 'ban' "
         "AND request_id = %s ORDER BY id LIMIT 1",
         (ban.player, None if ban.board == ALL else ban.board, request_id),
@@ -650,9 +662,7 @@ async def audit_once(
     caller's transaction: a lock on the request id until it ends makes a retry sent while the first
     is still running wait for the first's row (or for its rollback), so both cannot find none."""
     if request_id is not None:
-        # Ids hold no '/': one text per (action, board, player, request id).
-        name = f"{action}/{board or ALL}/{player}/{request_id}"
-        await db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+        await _hold(db, action, board, player, request_id)
         cur = await db.execute(
             "SELECT 1 FROM moderation_audit WHERE player_id = %s AND board IS NOT DISTINCT FROM %s "
             "AND action = %s AND request_id = %s LIMIT 1",
@@ -662,6 +672,16 @@ async def audit_once(
             return False
     await audit(db, action, board, player, actor, reason, request_id, detail)
     return True
+
+
+async def _hold(
+    db: psycopg.AsyncConnection[Any], action: str, board: str | None, player: str, request_id: str
+) -> None:
+    """Lock the request ``request_id``'s ``action`` on ``player`` of ``board`` until the caller's
+    transaction ends: a retry sent while the first still runs waits for the first's audit row."""
+    # Ids hold no '/': one text per (action, board, player, request id).
+    name = f"{action}/{board or ALL}/{player}/{request_id}"
+    await db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
 
 
 async def audit(

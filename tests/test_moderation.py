@@ -385,6 +385,47 @@ async def test_a_ban_list_version_lost_in_a_failover_is_never_handed_out_again(
         await db.close()
 
 
+async def test_a_ban_asked_again_under_another_request_is_audited_and_its_retry_bans_nothing(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """A ban asked for while the same ban was in force (another admin, another X-Request-Id) kept
+    the first ban, and wrote no audit row: the audit trail did not show the request, and its retry
+    after the ban was lifted found no row of its request and stored the ban again. Now the request
+    is audited (its own actor and reason, ``kept`` in the detail), once whatever its retries, sent
+    at once too, and its retry after the lift answers the ban it was answered and stores nothing."""
+    bans = moderation.Bans(store.client)
+    player, now = f"asked-twice-{times.now_ms()}", times.now_ms()
+    first = moderation.Ban(player, moderation.ALL, "aimbot", "admin-a", now)
+    again = moderation.Ban(player, moderation.ALL, "wallhack", "admin-b", now + 1000)
+    db = await connect_db(postgres_url)
+    others = [await connect_db(postgres_url) for _ in range(3)]
+    try:
+        assert await bans.add(db, first, "r1") == (first, True)
+        answers = await asyncio.gather(*(bans.add(other, again, "r2") for other in others))
+        assert answers == [(first, True)] * 3
+        cur = await db.execute(
+            "SELECT action, request_id, actor, reason, detail ->> 'kept' FROM moderation_audit "
+            "WHERE player_id = %s ORDER BY id",
+            (player,),
+        )
+        assert await cur.fetchall() == [
+            ("ban", "r1", "admin-a", "aimbot", None),
+            ("ban", "r2", "admin-b", "wallhack", "true"),
+        ]
+        assert await bans.lift(db, player, moderation.ALL, "admin-a", "appeal", "u1")
+        retried = moderation.Ban(player, moderation.ALL, "retry", "admin-b", now + 60_000)
+        assert await bans.add(db, retried, "r2") == (first, False)
+        assert player not in {b.player for b in await bans.all()}
+        cur = await db.execute("SELECT count(*) FROM bans WHERE player_id = %s", (player,))
+        assert await cur.fetchone() == (0,)
+        cur = await db.execute("SELECT count(*) FROM moderation_audit WHERE player_id = %s", (player,))
+        assert await cur.fetchone() == (3,)
+    finally:
+        await bans.lift(db, player, moderation.ALL, "test", "cleanup", None)
+        for conn in (db, *others):
+            await conn.close()
+
+
 async def test_bans_come_back_after_a_total_loss(
     store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
 ) -> None:

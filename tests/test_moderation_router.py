@@ -288,9 +288,10 @@ async def test_a_retried_match_counts_once_against_the_per_minute_limit(store: B
 async def test_a_retried_ban_answers_the_ban_stored_and_is_audited_once(
     cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A ban retried (its answer lost), even with another reason, answers the ban that is kept (the
-    first's time and reason, as GET /v1/bans and PostgreSQL have them), writes one audit row, and
-    passes at the cap on bans, which only a new ban would exceed."""
+    """A ban retried (its answer lost: the same X-Request-Id), even with another reason, answers the
+    ban that is kept (the first's time and reason, as GET /v1/bans and PostgreSQL have them), writes
+    one audit row, and passes at the cap on bans, which only a new ban would exceed. A ban asked
+    for again under another request id answers the same, and is audited as a request of its own."""
     import router.moderation
     import shardlb.moderation
 
@@ -298,17 +299,14 @@ async def test_a_retried_ban_answers_the_ban_stored_and_is_audited_once(
     async with running(cluster_url, postgres_url=postgres_url) as (app, client):
         name = await make_board(client)
         player = f"twice-{name}"
-        url = f"/v1/players/{player}:ban"
-        first = await client.post(
-            url, json={"scope": "board", "board": name, "reason": "aimbot"}, headers=AS_ADMIN
-        )
+        url, asked = f"/v1/players/{player}:ban", {**AS_ADMIN, "X-Request-Id": f"twice-{name}"}
+        scope = {"scope": "board", "board": name}
+        first = await client.post(url, json={**scope, "reason": "aimbot"}, headers=asked)
         assert first.status_code == 200, first.text
         await asyncio.sleep(0.05)
         held = await service_of(app).client.hlen(keys.BANS)
         monkeypatch.setattr(shardlb.moderation, "MAX_BANS", held)
-        again = await client.post(
-            url, json={"scope": "board", "board": name, "reason": "wallhack"}, headers=AS_ADMIN
-        )
+        again = await client.post(url, json={**scope, "reason": "wallhack"}, headers=asked)
         assert again.status_code == 200, again.text
         kept = {k: first.json()[k] for k in ("player_id", "scope", "board", "reason", "by", "banned_at")}
         assert {k: again.json()[k] for k in kept} == kept
@@ -326,6 +324,16 @@ async def test_a_retried_ban_answers_the_ban_stored_and_is_audited_once(
             player,
         )
         assert audited == [(1,)]
+        another = await client.post(url, json=scope, headers=AS_ADMIN)
+        assert {k: another.json()[k] for k in kept} == kept
+        audited = await rows(
+            postgres_url,
+            "SELECT request_id = %s, detail ->> 'kept' FROM moderation_audit WHERE action = 'ban' "
+            "AND player_id = %s ORDER BY id",
+            f"twice-{name}",
+            player,
+        )
+        assert audited == [(True, None), (False, "true")]
         other = await client.post(
             f"/v1/players/other-{name}:ban", json={"scope": "board", "board": name}, headers=AS_ADMIN
         )
