@@ -53,6 +53,7 @@ from shardlb.config import check_id
 from shardlb.connection import Scripts, connect
 from shardlb.errors import BoardConflict, InvalidInput, field_name
 from shardlb.fanout import Ack, confirmed
+from shardlb.reshard_copy import Replicated
 from shardlb.store import BoardStore
 
 # Per-score statuses of results refused before they were written (the write's other statuses are
@@ -561,26 +562,31 @@ class Bans:
         moves it too (2**62 leaves it room below INCR's overflow)."""
         await self.client.set(keys.BANS_VERSION, 1 + secrets.randbelow(VERSIONS))
 
-    async def _confirm(self) -> None:
+    async def _confirm(self, replicated: Replicated | None = None) -> None:
         """Wait, as ``ack`` asks, for a replica of the list's primary and of its version's to have
         everything those primaries applied so far (fanout.confirmed's marker and WAIT), else raise
         NotAcknowledged. A ban lost in a failover would go unenforced until a rebuild wrote the
         list back from PostgreSQL, and a lost lift would go on refusing the player; either, sent
-        again, writes the same record and moves the version again (a reload too many)."""
+        again, writes the same record and moves the version again (a reload too many).
+        ``replicated``: only for the primaries it says have a replica (``restore``)."""
         if not self.ack.replicas:
             return
-        for reply in await confirmed(
-            self.client, self.ack, [("EXISTS", keys.BANS), ("EXISTS", keys.BANS_VERSION)]
-        ):
+        names = [keys.BANS, keys.BANS_VERSION]
+        if replicated is not None:
+            await replicated.read()
+            names = [name for name in names if replicated(name)]
+        for reply in await confirmed(self.client, self.ack, [("EXISTS", name) for name in names]):
             if isinstance(reply, BaseException):
                 raise reply
 
-    async def restore(self, db: psycopg.AsyncConnection[Any]) -> int:
+    async def restore(self, db: psycopg.AsyncConnection[Any], replicated: Replicated | None = None) -> int:
         """Write every ban PostgreSQL holds into Redis and move the version (routers reload the
         list): after a loss of Redis the list is empty and routers would take banned players'
         results again (``Rebuilder.restore``). PostgreSQL's records go over Redis's, as in ``add``,
         so it is idempotent. A ban lifted during the call may come back in Redis (not in
-        PostgreSQL): lift it again. Returns how many bans it wrote."""
+        PostgreSQL): lift it again. Confirmed as ``ack`` asks, like a ban (``_confirm``; with
+        ``replicated``, where the list's primaries have a replica). Returns how many bans it
+        wrote."""
         async with db.transaction():
             cur = await db.execute(
                 "SELECT player_id, board, reason, banned_by, (extract(epoch FROM banned_at) * 1000)::bigint "
@@ -594,6 +600,7 @@ class Bans:
             }
             await self.client.hset(keys.BANS, mapping=records)
         await self._moved()
+        await self._confirm(replicated)
         return len(rows)
 
     async def version(self) -> int:

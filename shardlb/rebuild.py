@@ -56,7 +56,9 @@ from shardlb.board import GONE, MOVED, Board
 from shardlb.config import PIN_SPAN, BoardConfig, stored_settings
 from shardlb.connection import Script, Scripts, connect
 from shardlb.errors import BoardConflict, BoardNotFound, ClusterUnavailable, InvalidInput
+from shardlb.fanout import Ack
 from shardlb.journal import Applied, Entry, decode
+from shardlb.reshard_copy import REPLICA_WAIT_MS, Replicated
 from shardlb.store import BoardStore
 
 Id = tuple[int, int]  # a journal entry id, (ms, seq): ordered as Redis orders them
@@ -328,6 +330,7 @@ class Rebuilder:
         self.db = db
         self.progress = progress or (lambda _: None)
         self.swap_tries = swap_tries
+        self.replica_wait_ms = REPLICA_WAIT_MS  # ``restore``'s wait for a replica of the ban list
         # Shards (prefixes) whose retry records ``restore`` put back: their next rebuild skips that.
         self._refilled: set[str] = set()
 
@@ -636,7 +639,10 @@ class Rebuilder:
                 continue
             checked(former, period, shard, times.now_ms())  # before anything is written
             formers.append(former)
-        restored = await moderation.Bans(self.client).restore(self.db)
+        # Confirmed by a replica wherever the list's primaries have one, as the reshard's mover
+        # confirms its writes: the boards restored next rely on the bans being there for good.
+        bans = moderation.Bans(self.client, Ack(1, self.replica_wait_ms))
+        restored = await bans.restore(self.db, Replicated(self.client))
         self.progress(f"bans: {restored} written back from PostgreSQL")
         seasons = await self._seasons()
         out = []

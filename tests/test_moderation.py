@@ -18,13 +18,15 @@ from shardlb import journal, keys, moderation, periods, reconcile, times
 from shardlb.archive import connect_db
 from shardlb.board import MAX_FUTURE_MS, Board, Score
 from shardlb.cli import main
+from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
-from shardlb.errors import BoardNotFound, PlayerNotFound, Resharding
+from shardlb.errors import BoardNotFound, NotAcknowledged, PlayerNotFound, Resharding
 from shardlb.rebuild import Rebuilder
 from shardlb.reshard import Resharder
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
+from tests.test_ack import key_replica_pid, stopped
 from tests.test_board import HOUR, sharding
 from tests.test_board_retries import fail_band_once
 from tests.test_rebuild import Writer, archiver, check, damage, drain, own_archive
@@ -466,6 +468,32 @@ async def test_bans_come_back_after_a_total_loss(
             await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
+
+
+async def test_the_bans_a_rebuild_restores_wait_for_a_replica_of_the_list(
+    store: BoardStore, raw: Any, postgres_url: str, cluster: LocalCluster
+) -> None:
+    """A failover audit's finding: bans and lifts waited for a replica of the list (41c70cc), but
+    `rebuild --all` wrote the bans back (``Bans.restore``) on the list's primary alone, and went on
+    to restore the boards: a kill -9 of that primary within its replication lag lost the list
+    again, and routers took the banned players' results on the boards restored. The restore now
+    waits for a replica wherever the list's primaries have one, as the reshard's mover does, else
+    stops with NotAcknowledged (running it again is safe)."""
+    bans = moderation.Bans(store.client)
+    ban = moderation.Ban("restored-on-a-replica", moderation.ALL, "bot", "admin", times.now_ms())
+    async with own_archive(postgres_url) as url:
+        db = await connect_db(url)
+        try:
+            await bans.add(db, ban, None)
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+            rebuilder.replica_wait_ms = 300  # the replica is stopped well within the node timeout
+            with stopped(key_replica_pid(cluster, keys.BANS)), pytest.raises(NotAcknowledged):
+                await rebuilder.restore(store)
+            assert await rebuilder.restore(store) == []  # confirmed, the replica back
+            assert ban in await bans.all()
+        finally:
+            await bans.lift(db, ban.player, ban.board, "test", "cleanup", None)
+            await db.close()
 
 
 async def test_the_inactive_cleanup_removes_exactly_the_stale_players_a_bounded_number_per_pass(
