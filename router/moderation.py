@@ -59,20 +59,28 @@ class BanCache:
         self.bans = bans
         self.every_s = every_s
         self.version = -1
-        self.fields: frozenset[str] = frozenset()
+        self.fields: dict[str, str | None] = {}  # ban field -> the board's incarnation (Ban.incarnation)
         self.closed = False
         self.outage = Outage(log, "ban list not refreshed", "ban list refreshed again")
 
-    def banned(self, board: str, player: str) -> bool:
+    def banned(self, board: str, player: str, incarnation: str | None = None) -> bool:
+        """Whether ``player`` is banned on ``board`` (of ``incarnation``; None: any) or everywhere."""
         fields = self.fields
-        return bool(fields) and (
-            moderation.ban_field(board, player) in fields or moderation.ban_field(ALL, player) in fields
-        )
+        if not fields:
+            return False
+        if moderation.ban_field(ALL, player) in fields:
+            return True
+        field = moderation.ban_field(board, player)
+        if field not in fields:
+            return False
+        made_on = fields[field]
+        return made_on is None or incarnation is None or made_on == incarnation
 
     async def refresh(self) -> None:
         version = await self.bans.version()
         if version != self.version:
-            self.fields = frozenset(moderation.ban_field(b.board, b.player) for b in await self.bans.all())
+            found = await self.bans.all()
+            self.fields = {moderation.ban_field(b.board, b.player): b.incarnation for b in found}
             self.version = version
 
     async def run(self) -> None:
@@ -297,10 +305,14 @@ async def ban(request: Request) -> Response:
     of the player is left there."""
     svc, actor, request_id = _admin(request)
     player, scope, reason = await _ban_body(request, svc)
-    boards = [await svc.boards.get(scope)] if scope != ALL else await svc.boards.store.boards()
+    # The registry's record, not this router's cached one: a board ban holds on the incarnation
+    # it names, which must be the board's now, not one deleted since.
+    boards = [await svc.boards.store.get(scope)] if scope != ALL else await svc.boards.store.boards()
     async with _archive(svc) as db:
+        # A ban of one board holds on this board, not on one created again under its id.
+        incarnation = None if scope == ALL else boards[0].incarnation
         record, in_force = await svc.moderation.bans.bans.add(
-            db, Ban(player, scope, reason, actor, times.now_ms()), request_id
+            db, Ban(player, scope, reason, actor, times.now_ms(), incarnation), request_id
         )
     if in_force:
         await svc.moderation.bans.refresh()
@@ -327,9 +339,14 @@ async def unban(request: Request) -> Response:
 
 
 async def list_bans(request: Request) -> Response:
-    """GET /v1/bans[?player=]: every ban in force, or one player's."""
+    """GET /v1/bans[?player=]: every ban in force, or one player's. A ban of a board that was
+    deleted (or deleted and created again: another incarnation) is not in force, and not listed."""
     svc, _, _ = _admin(request)
     query = params.checked(request.query_params.multi_items(), frozenset({"player"}))
     player = None if "player" not in query else check_id(query["player"], "player")
-    found = await moderation.Bans(svc.client).all()
-    return render(request, {"bans": [b.body() for b in found if player is None or b.player == player]})
+    found = [b for b in await moderation.Bans(svc.client).all() if player is None or b.player == player]
+    held = {b.board for b in found if b.incarnation is not None}
+    boards = await svc.boards.store.boards() if held else []
+    incarnations = {board.config.id: board.incarnation for board in boards}
+    listed = [b for b in found if b.incarnation is None or incarnations.get(b.board) == b.incarnation]
+    return render(request, {"bans": [b.body() for b in listed]})

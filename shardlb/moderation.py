@@ -16,7 +16,9 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
   changed). The version is drawn at random at each change, not counted (``Bans._moved``): a
   counter lost in a failover with the last change went back a step, and the next change handed
   out the number again, under which routers had loaded the lost change and so kept their list.
-  A ban also removes the player's entries, so Redis and a rebuild agree. With ``ack`` (the
+  A ban of one board holds on the incarnation it was made on (``Ban.incarnation``): a board
+  deleted and created again under its id starts without it. A ban also removes the player's
+  entries, so Redis and a rebuild agree. With ``ack`` (the
   router's SHARDLB_ACK) a ban or lift is answered only once a replica of the list's primary has it
   (``Bans._confirm``).
 - **Sanity limits** (``Screen``): per score, before anything is written, ``banned``, then
@@ -100,6 +102,10 @@ CREATE TABLE IF NOT EXISTS bans (
     banned_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (player_id, board)
 );
+-- The incarnation of the board a ban of one board was made on (``Ban.incarnation``): the ban holds
+-- on that board only, not on one created again under its id. NULL: every board of the id (a ban of
+-- every board, and one stored before this column).
+ALTER TABLE bans ADD COLUMN IF NOT EXISTS incarnation text;
 CREATE TABLE IF NOT EXISTS moderation_audit (
     id bigserial PRIMARY KEY,
     action text NOT NULL,
@@ -419,6 +425,13 @@ class Ban(NamedTuple):
     reason: str
     by: str
     at_ms: int
+    # The board's incarnation, for a ban of one board: it holds on that board, not on one deleted
+    # and created again under its id (a new board starts without the old one's bans). None: on
+    # every incarnation (a ban of every board; one made before incarnations were kept).
+    incarnation: str | None = None
+
+    def holds_on(self, incarnation: str) -> bool:
+        return self.incarnation is None or self.incarnation == incarnation
 
     def body(self) -> dict[str, Any]:
         return {
@@ -493,23 +506,30 @@ class Bans:
                     and await self.client.hlen(keys.BANS) >= MAX_BANS
                 ):
                     raise BoardConflict(f"at most {MAX_BANS} bans are kept", "player")
+                # A ban of a board deleted since (another incarnation) is not in force: this one
+                # takes its place.
                 cur = await db.execute(
-                    "INSERT INTO bans (player_id, board, reason, banned_by, request_id, banned_at) "
-                    "VALUES (%s, %s, %s, %s, %s, to_timestamp(%s / 1000.0)) ON CONFLICT DO NOTHING "
-                    "RETURNING player_id",
-                    (ban.player, ban.board, ban.reason, ban.by, request_id, ban.at_ms),
+                    "INSERT INTO bans (player_id, board, reason, banned_by, request_id, banned_at, "
+                    "incarnation) VALUES (%s, %s, %s, %s, %s, to_timestamp(%s / 1000.0), %s) "
+                    "ON CONFLICT (player_id, board) DO UPDATE SET reason = EXCLUDED.reason, "
+                    "banned_by = EXCLUDED.banned_by, request_id = EXCLUDED.request_id, "
+                    "banned_at = EXCLUDED.banned_at, incarnation = EXCLUDED.incarnation "
+                    "WHERE bans.incarnation <> EXCLUDED.incarnation RETURNING player_id",
+                    (ban.player, ban.board, ban.reason, ban.by, request_id, ban.at_ms, ban.incarnation),
                 )
                 if await cur.fetchone() is not None:
-                    detail = {"scope": ban.board, "at": ban.at_ms}
+                    detail: dict[str, Any] = {"scope": ban.board, "at": ban.at_ms}
+                    if ban.incarnation is not None:
+                        detail["incarnation"] = ban.incarnation
                     await audit(db, "ban", board, ban.player, ban.by, ban.reason, request_id, detail)
                     kept: Ban | None = ban
                 else:
                     kept = await _ban_row(db, ban.player, ban.board)
                     if kept is not None:
                         # Until 2026-12-05 unaudited: a retry after the lift then banned again.
-                        detail = {"scope": ban.board, "at": kept.at_ms, "kept": True}
-                        detail |= {"reason": kept.reason, "by": kept.by}
-                        await audit(db, "ban", board, ban.player, ban.by, ban.reason, request_id, detail)
+                        again = {"scope": ban.board, "at": kept.at_ms, "kept": True}
+                        again |= {"reason": kept.reason, "by": kept.by}
+                        await audit(db, "ban", board, ban.player, ban.by, ban.reason, request_id, again)
             else:
                 kept = await _ban_row(db, ban.player, ban.board)  # a ban stored since the lift, if any
         if kept is None:  # lifted since (or meanwhile): Redis follows the lift, not this request
@@ -589,14 +609,14 @@ class Bans:
         wrote."""
         async with db.transaction():
             cur = await db.execute(
-                "SELECT player_id, board, reason, banned_by, (extract(epoch FROM banned_at) * 1000)::bigint "
-                "FROM bans"
+                "SELECT player_id, board, reason, banned_by, (extract(epoch FROM banned_at) * 1000)::bigint, "
+                "incarnation FROM bans"
             )
             rows = await cur.fetchall()
         for i in range(0, len(rows), BANS_PAGE):
             records: dict[Any, bytes] = {
-                ban_field(board, player): orjson.dumps({"reason": reason, "by": by, "at": int(at_ms)})
-                for player, board, reason, by, at_ms in rows[i : i + BANS_PAGE]
+                ban_field(board, player): _record(Ban(player, board, reason, by, int(at_ms), incarnation))
+                for player, board, reason, by, at_ms, incarnation in rows[i : i + BANS_PAGE]
             }
             await self.client.hset(keys.BANS, mapping=records)
         await self._moved()
@@ -612,31 +632,44 @@ class Bans:
         for name, record in raw.items():
             board, _, player = _text(name).partition("/")
             r = orjson.loads(record)
-            out.append(Ban(player, board, str(r["reason"]), str(r["by"]), int(r["at"])))
+            inc = r.get("inc")
+            out.append(Ban(player, board, str(r["reason"]), str(r["by"]), int(r["at"]), inc and str(inc)))
         return sorted(out, key=lambda b: (b.player, b.board))
 
 
-async def banned_in(db: psycopg.AsyncConnection[Any], board: str) -> set[str]:
-    """The players banned on ``board`` or everywhere, as PostgreSQL has them (for a rebuild)."""
+async def banned_in(db: psycopg.AsyncConnection[Any], board: Board) -> set[str]:
+    """The players banned on ``board`` (its incarnation) or everywhere, as PostgreSQL has them (for
+    a rebuild)."""
     async with db.transaction():
-        cur = await db.execute("SELECT player_id FROM bans WHERE board = %s OR board = %s", (board, ALL))
+        cur = await db.execute(
+            f"SELECT player_id FROM bans b WHERE {BANNED_ON}", (board.config.id, board.incarnation)
+        )
         return {row[0] for row in await cur.fetchall()}
 
 
+# The bans of ``bans b`` in force on a board, given its id and incarnation (in that order): a ban of
+# every board, or one of this board made on this incarnation (or before incarnations were kept).
+BANNED_ON = f"(b.board = '{ALL}' OR (b.board = %s AND (b.incarnation IS NULL OR b.incarnation = %s)))"
+
+
 def _record(ban: Ban) -> bytes:
-    """A ban's record in Redis's list (``keys.BANS``)."""
-    return orjson.dumps({"reason": ban.reason, "by": ban.by, "at": ban.at_ms})
+    """A ban's record in Redis's list (``keys.BANS``); ``inc``: its incarnation, if it has one (a
+    router of the release before reads the other fields only)."""
+    record: dict[str, Any] = {"reason": ban.reason, "by": ban.by, "at": ban.at_ms}
+    if ban.incarnation is not None:
+        record["inc"] = ban.incarnation
+    return orjson.dumps(record)
 
 
 async def _ban_row(db: psycopg.AsyncConnection[Any], player: str, board: str) -> Ban | None:
     """The ban of ``player`` with scope ``board`` that PostgreSQL holds, if any."""
     cur = await db.execute(
-        "SELECT reason, banned_by, (extract(epoch FROM banned_at) * 1000)::bigint "
+        "SELECT reason, banned_by, (extract(epoch FROM banned_at) * 1000)::bigint, incarnation "
         "FROM bans WHERE player_id = %s AND board = %s",
         (player, board),
     )
     row = await cur.fetchone()
-    return None if row is None else Ban(player, board, row[0], row[1], int(row[2]))
+    return None if row is None else Ban(player, board, row[0], row[1], int(row[2]), row[3])
 
 
 async def _ban_audited(db: psycopg.AsyncConnection[Any], ban: Ban, request_id: str) -> Ban | None:
@@ -726,10 +759,10 @@ class Refusal:
 
 
 class Screen:
-    """Refusals of a batch of prepared results (see the module docstring). ``banned(board, player)``
-    answers from the caller's ban list (a router's cache)."""
+    """Refusals of a batch of prepared results (see the module docstring). ``banned(board,
+    player, incarnation)`` answers from the caller's ban list (a router's cache)."""
 
-    def __init__(self, banned: Callable[[str, str], bool]) -> None:
+    def __init__(self, banned: Callable[[str, str, str], bool]) -> None:
         self.banned = banned
 
     def needed(self, board: Board, any_bans: bool) -> bool:
@@ -745,7 +778,7 @@ class Screen:
         out: list[Refusal] = []
         counted: list[int] = []
         for i, p in enumerate(prepared):
-            if self.banned(board_id, p.player_id):
+            if self.banned(board_id, p.player_id, board.incarnation):
                 out.append(Refusal(i, REFUSED["banned"]))
             elif c.max_points_per_result is not None and p.points > c.max_points_per_result:
                 out.append(Refusal(i, REFUSED["points"]))

@@ -696,7 +696,7 @@ class Rebuilder:
         entries = await self._entries(prefix, None, mark.position)
         # Removed players' results journaled before the removal, and banned players', are left out
         # (PostgreSQL's own removals and bans are left out by the query in _rows).
-        kept = _kept(_cuts(entries), await moderation.banned_in(self.db, board.config.id))
+        kept = _kept(_cuts(entries), await moderation.banned_in(self.db, board))
         arrivals: dict[str, int] = {}
         active = board.config.inactive_after is not None
 
@@ -831,7 +831,7 @@ class Rebuilder:
                 found += await self._rows(board, shard, after, upto, skip=ids, holds=True)
             for player, cut in (await self._removals(board, shard, after, upto)).items():
                 cuts[player] = max(cut, cuts.get(player, cut))
-        kept = _kept(cuts, await moderation.banned_in(self.db, board.config.id))
+        kept = _kept(cuts, await moderation.banned_in(self.db, board))
         return [r for i, r in found if kept(i, r)], cuts
 
     async def _removals(self, board: Board, shard: int, after: Id, upto: Id) -> dict[str, Id]:
@@ -891,8 +891,8 @@ class Rebuilder:
             f"SELECT m.match_id, m.player_id, m.points, m.achieved_ms, m.journal_id, {columns} "
             f"FROM {'match_holds' if holds else 'match_results'} m "
             "WHERE m.board = %s AND m.incarnation = %s AND m.shard = %s "
-            "AND NOT EXISTS (SELECT 1 FROM bans b "
-            "WHERE b.player_id = m.player_id AND b.board IN (m.board, %s)) "
+            "AND NOT EXISTS (SELECT 1 FROM bans b WHERE b.player_id = m.player_id AND (b.board = %s "
+            "OR (b.board = m.board AND (b.incarnation IS NULL OR b.incarnation = m.incarnation)))) "
             "AND NOT EXISTS (SELECT 1 FROM player_removals x "
             "WHERE (x.board, x.incarnation, x.shard, x.player_id) "
             "= (m.board, m.incarnation, m.shard, m.player_id) "

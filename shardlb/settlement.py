@@ -130,7 +130,8 @@ CREATE INDEX IF NOT EXISTS match_results_by_player
 # before a removal of their player on that shard (shardlb/moderation.py). A removed or banned player
 # is therefore neither ranked nor rewarded, and Redis (which the removal emptied too) agrees.
 MODERATED = (
-    "AND NOT EXISTS (SELECT 1 FROM bans b WHERE b.player_id = m.player_id AND b.board IN (m.board, %s)) "
+    "AND NOT EXISTS (SELECT 1 FROM bans b WHERE b.player_id = m.player_id AND (b.board = %s "
+    "OR (b.board = m.board AND (b.incarnation IS NULL OR b.incarnation = m.incarnation)))) "
     "AND NOT EXISTS (SELECT 1 FROM player_removals x "
     "WHERE (x.board, x.incarnation, x.shard, x.player_id) = (m.board, m.incarnation, m.shard, m.player_id) "
     "AND (split_part(x.journal_id, '-', 1)::numeric, split_part(x.journal_id, '-', 2)::numeric) "
@@ -559,8 +560,8 @@ class Settler:
             # until this commits, so no ban falls between the look-up and the awards.
             await cur.execute("LOCK TABLE bans IN SHARE MODE")
             await cur.execute(
-                "SELECT player_id FROM bans WHERE board IN (%s, %s) AND player_id = ANY(%s) LIMIT 1",
-                (board.config.id, moderation.ALL, [order[a.rank - 1].player_id for a in awards]),
+                f"SELECT player_id FROM bans b WHERE {moderation.BANNED_ON} AND player_id = ANY(%s) LIMIT 1",
+                (board.config.id, board.incarnation, [order[a.rank - 1].player_id for a in awards]),
             )
             banned = await cur.fetchone()
             if banned is not None:

@@ -781,7 +781,7 @@ async def test_the_rate_limit_of_a_stale_board_leaves_no_key_behind(store: Board
     await store.create(config)
     stale = await BoardStore(store.client, store.scripts).get(config.id)  # another router's copy
     now = times.now_ms()
-    screen = moderation.Screen(lambda _board, _player: False)
+    screen = moderation.Screen(lambda _board, _player, _incarnation: False)
     scores = [Score(f"p{i}", 1, f"m{i}", now) for i in range(8)]
     try:
         assert await screen.refusals(stale, stale.prepare(scores, now), now) == []

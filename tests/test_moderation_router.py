@@ -270,7 +270,7 @@ async def test_a_retried_match_counts_once_against_the_per_minute_limit(store: B
     )
     board, _ = await store.create(config)
     try:
-        screen = Screen(lambda board, player: False)
+        screen = Screen(lambda board, player, incarnation: False)
         now = 1_790_000_000_000  # one fixed minute (and the next)
         first = board.prepare([Score("p", 1, "a"), Score("p", 2, "b"), Score("q", 1, "a")], now)
         assert await screen.refusals(board, first, now) == []
@@ -795,6 +795,45 @@ async def test_a_ban_of_every_board_skips_a_board_deleted_meanwhile(
         assert (await client.get(f"/v1/boards/{kept}/players/{player}")).status_code == 404
         await client.post(f"/v1/players/{player}:unban", json={"scope": "all"}, headers=AS_ADMIN)
         await client.delete(f"/v1/boards/{kept}", headers=AS_ADMIN)
+
+
+async def test_a_board_created_again_under_its_id_starts_without_the_old_boards_bans(
+    cluster_url: str, postgres_url: str, store: BoardStore, rebuilder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A board deleted and created again with the same id is a new board (a new incarnation, none
+    of the old keys), but bans of the old board's scope were kept by id: the new board refused the
+    player's scores, GET /v1/bans listed the ban, and a rebuild of the new board left the player
+    out. A board ban now holds on the board it was made on; a ban of every board still holds."""
+    import router.moderation
+
+    monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client)
+        player, everywhere = f"old-ban-{name}", f"all-ban-{name}"
+        scope = {"scope": "board", "board": name}
+        r = await client.post(f"/v1/players/{player}:ban", json=scope, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+        r = await client.post(f"/v1/players/{everywhere}:ban", json={"scope": "all"}, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+        r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"]}, headers=AS_ADMIN)
+        assert r.status_code == 201, r.text
+        assert await post(client, name, [score(player, 5, "m1"), score(everywhere, 5, "m2")]) == [
+            "improved",
+            "banned",
+        ]
+        listed = (await client.get(f"/v1/bans?player={player}", headers=AS_ADMIN)).json()["bans"]
+        assert listed == []
+        banned = await shardlb.moderation.banned_in(rebuilder.db, await store.get(name))
+        assert player not in banned and everywhere in banned
+        # Banned again on the new board: a ban of its own, in force, audited.
+        again = {**scope, "reason": "again"}
+        r = await client.post(f"/v1/players/{player}:ban", json=again, headers=AS_ADMIN)
+        assert r.status_code == 200 and r.json()["reason"] == "again", r.text
+        assert await post(client, name, [score(player, 6, "m3")]) == ["banned"]
+        for who, lifted in ((player, scope), (everywhere, {"scope": "all"})):
+            await client.post(f"/v1/players/{who}:unban", json=lifted, headers=AS_ADMIN)
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
 async def test_refused_results_queued_when_the_router_stops_are_recorded_first(

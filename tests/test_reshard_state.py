@@ -107,7 +107,7 @@ async def test_the_per_minute_rate_limit_holds_through_a_reshard(store: BoardSto
     anew, so it could be refused as past the limit (and recorded as refused) though it is on the
     board. They are copied with the board, counted before the reshard or while it copies."""
     board = await make_board(store, 2, max_results_per_player_per_minute=2)
-    screen = moderation.Screen(lambda _board, _player: False)
+    screen = moderation.Screen(lambda _board, _player, _incarnation: False)
     now = times.now_ms()
     first, second = Score("p1", 5, "m1", now), Score("p1", 6, "m2", now)
 
