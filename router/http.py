@@ -41,6 +41,9 @@ uvicorn's protocol bounds nothing (it keeps every header line, and waits for a b
   one it sends (a request on its way, or half sent), is answered with ``connection: close`` and the
   connection closed after it; uvicorn closed a connection between requests, or in a request's head,
   at once, with no answer (``shutdown``). An idle one is closed by the keep-alive timeout;
+- a request that asked for ``100 Continue`` (``Expect: 100-continue``) and is answered before its
+  body was asked for (refused on its head: a key, a media type, a declared length) closes the
+  connection after that answer (``_send_after_expect``);
 - a request the parser cannot read is answered 400 ``malformed_request`` with the API's error body
   (uvicorn's own answer is a plain-text page), and the connection closed;
 - the router speaks HTTP/1.1 only: a request that asks to switch protocols (``Upgrade`` with
@@ -64,13 +67,13 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpTools
 from uvicorn.server import ServerState
 
@@ -401,6 +404,10 @@ class HttpToolsProtocol(_UvicornHttpTools):
             self.cycle.keep_alive = False
         if self._draining:
             self.cycle.keep_alive = False
+        if self.expect_100_continue:
+            # The cycle's class is uvicorn's (the module makes it by name): its send is wrapped here.
+            cycle = self.cycle
+            cycle.send = functools.partial(_send_after_expect, cycle, cycle.send)  # type: ignore[method-assign]
         self._head_bytes = self._body_raw = self._body_bytes = 0
         if len(self.pipeline) > PIPELINE_MAX:
             # Requests read ahead of their answers (pipelined) each hold a request cycle, and
@@ -536,6 +543,19 @@ _SWITCH_WITH_BODY = ApiError(
     "malformed_request",
     "a request that asks to switch protocols (Upgrade) may not have a body: this server speaks HTTP/1.1 only",
 )
+
+
+async def _send_after_expect(
+    cycle: RequestResponseCycle, send: Callable[[Any], Awaitable[None]], message: Message
+) -> None:
+    """``send`` of a request that asked for ``100 Continue``: an answer begun before its body was
+    asked for (the app refused it on its head: a key, a media type, a declared length) closes the
+    connection. The client may skip the body once it has a final answer (RFC 9110 10.1.1), or send
+    it all the same: kept open, the connection would read its next request as that body, or that
+    body as a request."""
+    if message["type"] == "http.response.start" and cycle.waiting_for_100_continue and cycle.more_body:
+        cycle.keep_alive = False
+    await send(message)
 
 
 def _has_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:

@@ -13,7 +13,7 @@ more than a valid request holds.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import msgpack
@@ -129,14 +129,42 @@ def error_response(request: Request, error: ApiError) -> Response:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refused with 413 once it passes ``limit`` bytes (declared or streamed)."""
-    return await read_limited(request.stream(), request.headers.get("content-length"), limit)
+    """The raw body, refused with 413 once it passes ``limit`` bytes (declared or streamed), and
+    refused on its head before any of it is read (``check_body_head``)."""
+    headers = request.headers
+    check_body_head(
+        headers.get("content-type"), headers.getlist("content-encoding"), headers.get("content-length"), limit
+    )
+    return await read_limited(request.stream(), limit)
 
 
-async def read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
-    """Join a body's chunks; 413 as soon as the declared length or the bytes so far pass ``limit``."""
+def check_body_head(
+    content_type: str | None, encodings: Iterable[str], declared: str | None, limit: int
+) -> None:
+    """Refuse a body on what its request's head says of it, before any of it is read: a content
+    coding (415), a media type (415) or a declared length past ``limit`` (413) the router does not
+    take. The first read of the body sends ``100 Continue`` to a client that sent ``Expect:
+    100-continue``; a request refused here is answered without it, and its body is never sent
+    (router/http.py closes the connection after such an answer)."""
+    codings = (c.strip() for value in encodings for c in value.split(","))
+    coded = [c for c in codings if c.lower() not in ("", "identity")]
+    if coded:
+        # A body is decoded as it came: a compressed one would be a malformed JSON or MessagePack
+        # body (400) at best. api.md has bodies uncompressed; RFC 9110 15.5.16 says 415 and which
+        # codings are taken.
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"send the body uncompressed: Content-Encoding {', '.join(coded)} is not accepted",
+            headers={"Accept-Encoding": "identity"},
+        )
+    media_type(content_type)
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
+
+
+async def read_limited(chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    """Join a body's chunks; 413 as soon as the bytes so far pass ``limit``."""
     parts = []
     size = 0
     try:
@@ -150,11 +178,9 @@ async def read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit
     return b"".join(parts)
 
 
-def whole_body(body: bytes, declared: str | None, limit: int) -> bytes:
+def whole_body(body: bytes, limit: int) -> bytes:
     """A body that came in one message, refused with 413 as ``read_limited`` would refuse it."""
-    if (declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit) or len(
-        body
-    ) > limit:
+    if len(body) > limit:
         raise _too_large(limit)
     return body
 
@@ -179,16 +205,23 @@ def headers_too_large(limit: int) -> ApiError:
     return ApiError(431, "headers_too_large", f"the request line and headers are larger than {limit} bytes")
 
 
-def decode(body: bytes, content_type: str | None, empty: Any = None) -> Any:
-    """Decode a request body by its Content-Type: 415 for other types, 400 when it does not parse.
-
-    A missing Content-Type is read as JSON (curl-friendly); an empty body is ``empty`` when given.
-    """
+def media_type(content_type: str | None) -> str:
+    """The media type of a request's ``content_type``: JSON when absent, 415 when it is neither
+    JSON nor MessagePack."""
     media = (content_type or JSON).partition(";")[0].strip().lower()
     if media not in _MSGPACK_TYPES and media != JSON and not media.endswith("+json"):
         raise ApiError(
             415, "unsupported_media_type", f"send {JSON} or {MSGPACK}, not {media or 'an empty Content-Type'}"
         )
+    return media
+
+
+def decode(body: bytes, content_type: str | None, empty: Any = None) -> Any:
+    """Decode a request body by its Content-Type: 415 for other types, 400 when it does not parse.
+
+    A missing Content-Type is read as JSON (curl-friendly); an empty body is ``empty`` when given.
+    """
+    media = media_type(content_type)
     if not body.strip() and empty is not None:
         return empty
     packed = media in _MSGPACK_TYPES

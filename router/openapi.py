@@ -645,7 +645,9 @@ _ERROR_TEXT = {
     408: "The request line and headers, or the body, did not arrive within SHARDLB_HEADER_TIMEOUT_S "
     "/ SHARDLB_BODY_TIMEOUT_S (request_timeout); the connection is closed.",
     413: "The body is larger than SHARDLB_MAX_BODY_BYTES (body_too_large).",
-    415: "Content-Type is neither application/json nor application/msgpack (unsupported_media_type).",
+    415: "Content-Type is neither application/json nor application/msgpack, or the body has a "
+    "Content-Encoding (gzip, ...): bodies are sent uncompressed (unsupported_media_type; "
+    "Accept-Encoding: identity).",
     422: "A well-formed request with an invalid value; `field` names it (e.g. scores[3].points): "
     "invalid_id, invalid_match_id, invalid_time, out_of_range, invalid_period, invalid_region, "
     "invalid_parameter, missing_field, unknown_field, too_many, invalid_body, invalid_input, "

@@ -3,9 +3,10 @@
 Writes are most of a router's traffic, so this one endpoint skips Starlette's request machinery: the
 app (router/app.py) hands a POST to this path straight to ``ScoresEndpoint`` wrapped in the access
 middleware, and Starlette's router holds the same object for every other method (its 405 lists
-POST). The rules are those of every other route: the key is checked first, then the whole body is
-read (capped), decoded and validated before anything reaches the cluster, so a request that fails
-validation writes nothing; every error leaves as api.md's error body with its 4xx or 503.
+POST). The rules are those of every other route: the key is checked first, then what the head says
+of the body (``media.check_body_head``), then the whole body is read (capped), decoded and
+validated before anything reaches the cluster, so a request that fails validation writes nothing;
+every error leaves as api.md's error body with its 4xx or 503.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from router.auth import Scope as KeyScope
 from router.boards import through_reshard
 from router.errors import shutting_down, to_api_error
 from router.media import (
+    check_body_head,
     decode_object,
     read_limited,
     rendered,
@@ -42,7 +44,7 @@ MAX_ITEMS = 1000
 SCORE_FIELDS = frozenset({"player_id", "points", "match_id", "achieved_at", "region"})
 SCORE_REQUIRED = ("player_id", "points", "match_id")
 NO_PARAMETERS: frozenset[str] = frozenset()
-_WANTED = frozenset({b"authorization", b"content-type", b"content-length", b"accept"})
+_WANTED = frozenset({b"authorization", b"content-type", b"content-length", b"accept", b"content-encoding"})
 _new = tuple.__new__
 
 
@@ -121,16 +123,21 @@ class ScoresEndpoint:
         if svc.draining:
             raise shutting_down()  # before reading the body: it would be refused after that anyway
         declared = headers.get(b"content-length")
-        length = None if declared is None else declared.decode("latin-1")
+        content_type = headers.get(b"content-type")
+        media = None if content_type is None else content_type.decode("latin-1")
+        encodings = (
+            [value.decode("latin-1") for name, value in scope["headers"] if name == b"content-encoding"]
+            if b"content-encoding" in headers
+            else ()
+        )
+        limit = svc.settings.max_body_bytes
+        check_body_head(media, encodings, None if declared is None else declared.decode("latin-1"), limit)
         message = await receive()
         if message["type"] == "http.request" and not message.get("more_body", False):
-            raw = whole_body(message.get("body", b""), length, svc.settings.max_body_bytes)
+            raw = whole_body(message.get("body", b""), limit)
         else:
-            raw = await read_limited(_chunks(receive, message), length, svc.settings.max_body_bytes)
-        content_type = headers.get(b"content-type")
-        scores = parse_scores(
-            decode_object(raw, None if content_type is None else content_type.decode("latin-1"))
-        )
+            raw = await read_limited(_chunks(receive, message), limit)
+        scores = parse_scores(decode_object(raw, media))
         request_id = scope.get("state", {}).get("request_id")
         queued: set[int] = set()  # refusals queued by an attempt before (Moderation.submit)
 
