@@ -473,6 +473,43 @@ async def test_a_request_over_the_routers_body_cap_goes_again_in_smaller_ones(cl
             assert (await client.get_board(name)).players == {"total": 300}
 
 
+class _Statuses(httpx.AsyncHTTPTransport):
+    """The network transport, keeping each answer's status and each request's number of scores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, int]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        sent = len(orjson.loads(request.content).get("scores", [])) if request.content else 0
+        self.seen.append((response.status_code, sent))
+        return response
+
+
+@pytest.mark.cluster
+async def test_the_client_remembers_the_batch_size_a_413_taught_it(cluster: Any) -> None:
+    """After a 413 the client split the request, but the next call started again at 1000 scores a
+    request: every call of a ScoreBuffer's full batches paid a refused request first. The size that
+    went through is kept for the client's later calls; the results of both calls apply once each,
+    with their own match ids."""
+    async with served_router(cluster.url, max_body_bytes=4096) as served:
+        name = board_name("cap")
+        transport = _Statuses()
+        async with AsyncClient(served.url, ADMIN, format="json", backoff=FAST, transport=transport) as client:
+            await client.put_board(name, mode="incr")
+            first = [MatchResult(f"player-{i:04d}", 1, f"match-{i:06d}") for i in range(300)]
+            assert {o.status for o in await client.post_scores(name, first)} == {"improved"}
+            refused = [sent for status, sent in transport.seen if status == 413]
+            assert refused and all(sent > 1 for sent in refused)
+            transport.seen.clear()
+            second = [MatchResult(f"player-{i:04d}", 2, f"later-{i:06d}") for i in range(300)]
+            assert [o.points for o in await client.post_scores(name, second)] == [3] * 300
+            assert {status for status, _ in transport.seen} == {200}  # no request refused again
+            assert sum(sent for _, sent in transport.seen) == 300
+            assert (await client.get_board(name)).players == {"total": 300}
+
+
 async def test_a_cancelled_callers_result_that_fails_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     """A cancelled caller's result is still sent; when its request then failed, nobody heard of
     it: the error went to a future no one awaited. It is logged, naming the result."""

@@ -154,6 +154,9 @@ class AsyncClient:
         # request grows with the number of requests waiting in it and with its connections
         # (encode/httpx#3215; measured in README.md, "For game developers").
         self._gate = asyncio.Semaphore(max_connections)
+        # Scores a write request may carry: the API's limit, less once a request was refused as too
+        # large (413) for the router's body cap, which later calls then keep below (post_scores).
+        self._write_items = MAX_ITEMS
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -286,12 +289,13 @@ class AsyncClient:
         error's ``applied``; a ``field`` such as ``scores[1003].points`` counts from the start of
         ``results``): posting the same list again is safe and applies only what is missing. A
         request the router refuses as too large (413, past its ``SHARDLB_MAX_BODY_BYTES``; nothing
-        of it was read) goes again as requests half its size, and so do the ones after it.
+        of it was read) goes again as requests half its size, and so do the ones after it and the
+        client's later calls (it never sends more again: a router's cap is not announced).
         """
         end = self._end(deadline)
         items = list(results)
         outcomes: list[ScoreOutcome] = []
-        start, size = 0, MAX_ITEMS
+        start, size = 0, self._write_items
         while start < len(items):
             scores = [_encodable(r.body(), start + i) for i, r in enumerate(items[start : start + size])]
             try:
@@ -305,6 +309,7 @@ class AsyncClient:
             except ApiError as e:
                 if e.status == 413 and len(scores) > 1:
                     size = (len(scores) + 1) // 2
+                    self._write_items = min(self._write_items, size)
                     continue
                 if start == 0:
                     raise
