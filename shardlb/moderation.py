@@ -795,6 +795,10 @@ async def _over_rate(board: Board, prepared: Sequence[Prepared], limit: int, now
     """Positions in ``prepared`` past the per-minute limit (rate.lua per shard, concurrently)."""
     now = times.now_ms() if now_ms is None else now_ms
     minute = now // 60_000
+    # The incr dedup window's buckets, as Board.apply_shard names them for write.lua: a result in
+    # it is a retry of one applied (rate.lua).
+    c, b = board.config, board.config.dedup_bucket_ms
+    dedup = [(now - c.dedup_window_s * 1000) // b, now // b] if c.mode == "incr" else [1, 0]
     groups: dict[int, list[int]] = defaultdict(list)
     for i, p in enumerate(prepared):
         groups[p.shard].append(i)
@@ -803,7 +807,7 @@ async def _over_rate(board: Board, prepared: Sequence[Prepared], limit: int, now
         prefix = board.prefixes[shard]
         counted, counts = keys.rate_keys(prefix, minute)
         previous, _ = keys.rate_keys(prefix, minute - 1)
-        args: list[Any] = [limit, (minute + 2) * 60_000]
+        args: list[Any] = [limit, (minute + 2) * 60_000, *dedup]
         for i in idx:
             args += [f"{prepared[i].match_id}\x00{prepared[i].player_id}", prepared[i].player_id]
         try:

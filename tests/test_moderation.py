@@ -30,6 +30,7 @@ from tests.test_ack import key_replica_pid, stopped
 from tests.test_board import HOUR, sharding
 from tests.test_board_retries import fail_band_once
 from tests.test_rebuild import Writer, archiver, check, damage, drain, own_archive
+from tests.test_reshard_state import make_board
 
 pytestmark = pytest.mark.cluster
 
@@ -761,6 +762,33 @@ async def test_a_retry_of_a_result_not_kept_stays_out_after_a_removal(
         assert await board.top(10) == []
     finally:
         await store.delete(config.id)
+
+
+async def test_a_retry_of_an_applied_result_is_a_duplicate_not_a_rate_limit(store: BoardStore) -> None:
+    """rate.lua knew a result's (match, player) for two minutes only: a game server retrying a
+    result applied earlier, while its player was at the per-minute limit, got ``rate_limit`` (and a
+    row in refused_results for a result the board holds) where the board says ``duplicate``. A
+    result in the incr board's dedup window is let through uncounted, as one counted this minute."""
+    board = await make_board(store, 2, max_results_per_player_per_minute=2)  # an incr board
+    screen = moderation.Screen(lambda _board, _player: False)
+    now = times.now_ms()
+
+    async def post(score: Score, at: int) -> list[str]:
+        refused = await screen.refusals(board, board.prepare([score], at), at)
+        if refused:
+            return [r.status for r in refused]
+        return [r.status for r in await board.submit([score], at)]
+
+    first = Score("p1", 5, "m1", now)
+    assert await post(first, now) == ["improved"]
+    later = now + 5 * 60_000  # past the two minutes rate.lua keeps, well within the dedup window
+    assert await post(Score("p1", 1, "m2", later), later) == ["improved"]
+    assert await post(Score("p1", 1, "m3", later), later + 1) == ["improved"]
+    assert await post(Score("p1", 1, "m4", later), later + 2) == ["rate_limit"]  # at the limit
+    assert await post(first, later + 3) == ["duplicate"]  # a retry: the board's own answer
+    assert await post(Score("p1", 1, "m5", later), later + 4) == ["rate_limit"]  # still at the limit
+    assert [(e.player_id, e.points) for e in await board.top(5)] == [("p1", 7)]
+    await store.delete(board.config.id)
 
 
 @pytest.mark.parametrize("then", ["deleted", "resharded"])

@@ -4,10 +4,15 @@
 -- KEYS[1] the shard's key index, KEYS[2] this minute's counted (match, player) pairs (a set),
 -- KEYS[3] this minute's counts per player (a hash), KEYS[4] the previous minute's pairs,
 -- KEYS[5] the shard's `gone` marker
--- ARGV[1] the limit, ARGV[2] when this minute's keys expire (ms), then per result: member
---         (match_id NUL player_id), player
+-- ARGV[1] the limit, ARGV[2] when this minute's keys expire (ms), ARGV[3] and ARGV[4] the first and
+--         the current dedup bucket of an incr board (write.lua's `dd:<k>` sets; first > current on
+--         other boards), then per result: member (match_id NUL player_id), player
 -- Returns per result 1 (allowed) or 0 (past the limit: not counted). A pair counted already, this
 -- minute or the one before, is allowed and not counted again: a retry of a match is one result.
+-- So is a pair in the dedup window (the bucket after the current one too, as write.lua looks
+-- there): write.lua answers it `duplicate`, writing nothing, and a retry of a result applied
+-- minutes ago must get that answer, not `rate_limit` (with a refused_results row for a result the
+-- board holds). The dedup sets are only read here, never written: they are write.lua's.
 --
 -- A shard deleted (`gone`) or resharded away (`mv` other than 't') is refused as write.lua refuses
 -- it, nothing written: its key index was dropped with its keys, and a counter listed here would
@@ -21,11 +26,27 @@ if marked[2] then
   return redis.error_reply('BOARDGONE this board was deleted')
 end
 local limit, expire_at = tonumber(ARGV[1]), ARGV[2]
+local first_bucket, now_bucket = tonumber(ARGV[3]), tonumber(ARGV[4])
+local applied = {}  -- members in the dedup window: one SMISMEMBER per bucket for the whole call
+if first_bucket <= now_bucket then
+  local members = {}
+  for i = 5, #ARGV, 2 do members[#members + 1] = ARGV[i] end
+  for k = first_bucket, now_bucket + 1 do
+    for first = 1, #members, 1000 do  -- unpack has a bound on its values
+      local last = math.min(first + 999, #members)
+      local got = redis.call('SMISMEMBER', base .. 'dd:' .. string.format('%d', k), unpack(members, first, last))
+      for j = first, last do
+        if got[j - first + 1] == 1 then applied[members[j]] = true end
+      end
+    end
+  end
+end
 local out = {}
-for i = 3, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local member, player = ARGV[i], ARGV[i + 1]
   local ok = 1
-  if redis.call('SISMEMBER', KEYS[2], member) == 0 and redis.call('SISMEMBER', KEYS[4], member) == 0 then
+  if not applied[member] and redis.call('SISMEMBER', KEYS[2], member) == 0
+      and redis.call('SISMEMBER', KEYS[4], member) == 0 then
     if tonumber(redis.call('HGET', KEYS[3], player) or '0') >= limit then
       ok = 0
     else
