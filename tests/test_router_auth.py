@@ -3,6 +3,8 @@ limit is in test_router_limiter.py)."""
 
 from __future__ import annotations
 
+import ipaddress
+
 import httpx
 import pytest
 
@@ -134,3 +136,40 @@ def test_wrong_keys_from_one_client_are_throttled() -> None:
     assert status(None, "10.0.0.1") == 200  # no key: the read budget's business, not this
     same_64 = [status(f"Bearer guess-{i}", f"2001:db8::{i:x}") for i in range(AUTH_FAILURE_BURST + 1)]
     assert same_64[-1] == 429
+
+
+def test_the_wrong_key_table_is_bounded_whatever_the_number_of_addresses() -> None:
+    """A botnet presenting wrong keys from many addresses (or one IPv6 block of many /64s) adds a
+    bucket per address: at most SHARDLB_RATE_CLIENTS are kept, the least recently seen forgotten
+    first (which only gives that address a full bucket again)."""
+    from router.errors import ApiError
+
+    keys = Keys(Settings(write_keys=(WRITE,), read_keys=(READ,), rate_clients=500))
+    for i in range(5000):
+        with pytest.raises(ApiError):
+            keys.require("Bearer guess", f"2001:db8:{i:x}::1", Scope.READ)
+    assert len(keys.failures) == 500
+
+
+async def test_a_guesser_behind_a_trusted_proxy_leaves_its_neighbours_alone(cluster: LocalCluster) -> None:
+    """Behind a trusted proxy the client is the X-Forwarded-For address, on every path that checks a
+    key (the score write's short way in included): one client's wrong keys throttle that client, not
+    every client of the proxy."""
+    from router.auth import AUTH_FAILURE_BURST
+
+    async with running(cluster.url, trusted_proxies=(ipaddress.ip_network("127.0.0.1/32"),)) as (_, client):
+        board = board_name("guess")
+        assert (await client.put(f"/v1/boards/{board}", headers=AS_ADMIN)).status_code == 201
+        body = {"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}
+
+        async def post(headers: dict[str, str]) -> int:
+            return (await client.post(f"/v1/boards/{board}/scores", json=body, headers=headers)).status_code
+
+        guesser = {"X-Forwarded-For": "203.0.113.7", "Authorization": "Bearer guess"}
+        assert [await post(guesser) for _ in range(AUTH_FAILURE_BURST)] == [401] * AUTH_FAILURE_BURST
+        assert await post(guesser) == 429
+        assert await post({**AS_WRITER, "X-Forwarded-For": "203.0.113.7"}) == 429
+        assert await post({**AS_WRITER, "X-Forwarded-For": "203.0.113.8"}) == 200
+        admin = {**AS_ADMIN, "X-Forwarded-For": "203.0.113.8"}
+        assert (await client.get(f"/v1/boards/{board}", headers=admin)).status_code == 200
+        assert (await client.delete(f"/v1/boards/{board}", headers=admin)).status_code == 204
