@@ -1,5 +1,5 @@
 """Requests that announce their body before sending it, against the router as a process: `Expect:
-100-continue` (curl sends it for bodies past 1 KiB) gets `100 Continue` only once the body is
+100-continue` (curl sends it for large bodies) gets `100 Continue` only once the body is
 wanted; a request refused on its head alone (a wrong key, a declared length past the cap, a media
 type or a content coding the router does not read) is answered without it, and the connection is
 closed after that answer, as the body it announced may or may not follow. A compressed body
@@ -88,7 +88,7 @@ async def _closed(reader: asyncio.StreamReader) -> bool:
 
 async def test_a_post_that_expects_100_continue_gets_it_then_its_answer(server: Server, board: str) -> None:
     body = _scores(30, "expect-ok")
-    assert len(body) > 1024  # what curl sends with Expect
+    assert len(body) > 1024  # what older curl sent with Expect
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
         writer.write(_head(f"/v1/boards/{board}/scores", len(body)))
