@@ -24,7 +24,7 @@ from router.auth import ANONYMOUS_CLIENT as ANONYMOUS
 from router.errors import ApiError
 from router.media import entry_body
 from router.service import Service
-from shardlb import merge, periods, settlement, settlement_history, times
+from shardlb import merge, periods, pgconn, settlement, settlement_history, times
 from shardlb.board import Board, Entry
 from shardlb.reads import ResolvedView
 from shardlb.settlement_history import Settled, Standing
@@ -55,7 +55,8 @@ async def archive_db(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]
     no PostgreSQL, 503 (retry) when it cannot be reached or fails."""
     url = archive_url(svc)
     try:
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=5) as db:
+        settings = pgconn.options(url, connect_timeout=5)
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True, **settings) as db:
             if url not in _schema:
                 await settlement.ensure_schema(db)
                 _schema.add(url)

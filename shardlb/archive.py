@@ -56,11 +56,10 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 from prometheus_client import Counter, Gauge, start_http_server
-from psycopg.conninfo import conninfo_to_dict
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from shardlb import keys, moderation, settlement_delivery
+from shardlb import keys, moderation, pgconn, settlement_delivery
 from shardlb.board import Board
 from shardlb.connection import Scripts, connect, connection_arguments, raised_in_redis, redacted, seconds
 from shardlb.errors import ShardlbError
@@ -100,11 +99,6 @@ FORGET_EVERY_S = 60.0
 # now logged as an Outage (shardlb/outage.py): at its start, once a minute and at its end.
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
-# Seconds a connection to PostgreSQL may take to open. An address that takes the connection and
-# then answers nothing (a hung server, a failover's old address behind a proxy) held `serve` and
-# `_reconnect` for psycopg's default of 130 s, and a SIGTERM meanwhile waited for it past the pod's
-# 30 s grace period (k8s/base/archiver/deployment.yaml), to end in SIGKILL.
-CONNECT_TIMEOUT_S = 10
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS boards (
@@ -234,12 +228,9 @@ class _Unreadable(NamedTuple):
 
 async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
     """A connection with the schema in place (idempotent)."""
-    # A URL's own connect_timeout wins; psycopg's default (130 s) outlasts a pod's grace period.
-    timeout: dict[str, Any] = (
-        {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": CONNECT_TIMEOUT_S}
-    )
+    # Opened within 10 s, and dropped about a minute after its server vanished (shardlb/pgconn.py).
     conn = await psycopg.AsyncConnection.connect(
-        url, autocommit=False, application_name="shardlb-archive", **timeout
+        url, autocommit=False, application_name="shardlb-archive", **pgconn.options(url)
     )
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(7427466)")  # one CREATE at a time

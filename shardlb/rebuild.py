@@ -50,7 +50,7 @@ import psycopg
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from shardlb import keys, moderation, periods, times
+from shardlb import keys, moderation, periods, pgconn, times
 from shardlb.bands import Move
 from shardlb.board import GONE, MOVED, Board
 from shardlb.config import PIN_SPAN, BoardConfig, stored_settings
@@ -1091,7 +1091,8 @@ async def connected(
     rebuild`, `shardlb reconcile` and the router's admin endpoint work with."""
     raw, client = connect(redis_url, decode=False, timeout=30.0), connect(redis_url)
     try:
-        db = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+        settings = pgconn.options(postgres_url)
+        db = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True, **settings)
         try:
             yield (
                 Rebuilder(raw, Scripts.register(raw).rebuild, db, progress),

@@ -55,7 +55,7 @@ from typing import Any, NoReturn
 import orjson
 from redis.asyncio.cluster import RedisCluster
 
-from shardlb import keys, times
+from shardlb import keys, pgconn, times
 from shardlb.board import Board
 from shardlb.config import BoardConfig, Sharding, stored_sharding
 from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput
@@ -279,7 +279,8 @@ class Resharder:
             return
         import psycopg  # imported when used: Redis-only deployments need no PostgreSQL driver
 
-        async with await psycopg.AsyncConnection.connect(self.postgres_url, connect_timeout=10):
+        url = self.postgres_url
+        async with await psycopg.AsyncConnection.connect(url, **pgconn.options(url)):
             pass
 
     async def start(self, shards: int, bands: list[int] | None = None) -> dict[str, Any]:
@@ -762,7 +763,8 @@ class Resharder:
 
         shards = target.config.sharding.shards
         ident = [target.config.id, target.incarnation]
-        async with await psycopg.AsyncConnection.connect(self.postgres_url or "", autocommit=False) as db:
+        url = self.postgres_url or ""
+        async with await psycopg.AsyncConnection.connect(url, autocommit=False, **pgconn.options(url)) as db:
             async with db.cursor() as cur:
                 await cur.execute(
                     " UNION ".join(

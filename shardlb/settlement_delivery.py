@@ -52,7 +52,7 @@ import httpx
 import orjson
 import psycopg
 
-from shardlb import periods
+from shardlb import periods, pgconn
 from shardlb.config import check_id
 from shardlb.errors import InvalidInput, SettlementConflict, SettlementNotFound
 from shardlb.outage import Outage
@@ -447,7 +447,10 @@ async def sweep_forever(
                 try:
                     if db is None or db.closed:
                         db = await psycopg.AsyncConnection.connect(
-                            postgres_url, autocommit=True, application_name="shardlb-webhooks"
+                            postgres_url,
+                            autocommit=True,
+                            application_name="shardlb-webhooks",
+                            **pgconn.options(postgres_url),
                         )
                     done = await sweep(db, http, secret, base_s, cap_s)
                 except (psycopg.Error, OSError) as e:
@@ -483,5 +486,6 @@ async def deliver_all(
     postgres_url: str, secret: str, settlement_id: str, deadline_s: float | None = None
 ) -> dict[str, int]:
     """``deliver_until_done`` on a connection of its own (the router's task, `shardlb settle`)."""
-    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as db:
+    settings = pgconn.options(postgres_url)
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True, **settings) as db:
         return await deliver_until_done(db, secret, settlement_id, deadline_s)
