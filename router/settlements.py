@@ -22,11 +22,13 @@ from starlette.routing import Route
 
 from router import params, routes
 from router.auth import Scope
+from router.boards import through_reshard
 from router.errors import ApiError
 from router.history import archive_db, archive_read, archive_url
 from router.media import read_object, render
 from router.service import Service
 from shardlb import periods, settlement, settlement_delivery, settlement_history, times
+from shardlb.board import Board
 from shardlb.config import check_id
 from shardlb.errors import InvalidInput, field_name
 
@@ -170,10 +172,17 @@ async def list_periods(request: Request) -> Response:
     """The dated periods a board keeps in Redis and those settled, newest first."""
     svc = routes._allow_read(request)
     routes._query(request)
-    board = await routes._board(svc, request)
-    now, week_start = times.now_ms(), board.config.week_start
-    async with svc.reads:  # public: a call per home shard, in the reads' bound like every other read
-        kept = await settlement_history.kept(board, now)
+    now = times.now_ms()
+
+    async def read() -> tuple[Board, set[str]]:
+        # Each try looks the board up anew: a layout replaced since it was kept is read again
+        # (through_reshard), as every other read is.
+        board = await routes._board(svc, request)
+        async with svc.reads:  # public: a call per home shard, in the reads' bound like every other read
+            return board, await settlement_history.kept(board, now)
+
+    board, kept = await through_reshard(read)
+    week_start = board.config.week_start
     settled: dict[str, dict[str, object]] = {}
     if svc.settings.postgres_url:
         async with archive_read(svc) as db:

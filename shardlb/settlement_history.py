@@ -116,7 +116,8 @@ async def run_end(
 async def kept(board: Board, now_ms: int | None = None) -> set[str]:
     """The dated periods whose keys some home shard of the board still holds at ``now_ms``: those its
     key index lists with an expiry still to come (a listing outlives its key until a later write
-    drops it)."""
+    drops it). Resharding when the board's layout was replaced meanwhile (as the other reads: the
+    old one's keys are dropped after the cut-over, and their listings with them)."""
     now = times.now_ms() if now_ms is None else now_ms
     found: set[str] = set()
     for shard in board.layout.view(False):
@@ -125,6 +126,8 @@ async def kept(board: Board, now_ms: int | None = None) -> set[str]:
             name = (key.decode() if isinstance(key, bytes) else str(key))[len(prefix) :]
             if _DATED.fullmatch(name):
                 found.add(name)
+    if board.moving:
+        await board.check_layout()
     return found
 
 

@@ -35,3 +35,36 @@ async def test_a_period_whose_keys_have_expired_is_not_kept(store: BoardStore) -
         assert await settlement_history.kept(board) == {today}
     finally:
         await store.delete(config.id)
+
+
+async def test_the_periods_listing_waits_out_a_reshard_of_the_layout_it_read(
+    store: BoardStore, cluster_url: str
+) -> None:
+    """A router that fetched the board while it was being resharded lists its periods from the old
+    layout's key indexes; once the new layout was committed and the old keys dropped, ``kept`` found
+    none and `GET .../periods` answered an empty list (200) where every other read is refused on the
+    old layout and made again on the new one. It now is too: ``kept`` checks the layout's markers
+    (Board.check_layout) and the listing is tried again (router/boards.py, through_reshard)."""
+    from shardlb.errors import Resharding
+    from shardlb.reshard import Resharder
+    from tests.router_support import running
+
+    config = BoardConfig.from_dict("kept-resharded", {"periods": ["daily"], "durability": "memory"})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, f"m{i}", now) for i in range(20)], now_ms=now)
+        today = periods.api_name(periods.names_at(now, config.periods, board.tz)[1])
+        await Resharder(store, config.id, say=lambda _: None, cache_s=0).start(4)
+        moving = await store.get(config.id)
+        async with running(cluster_url) as (_, client):
+            before = await client.get(f"/v1/boards/{config.id}/periods")  # the router keeps it moving
+            assert before.status_code == 200, before.text
+            assert [(p["period"], p["kept"]) for p in before.json()["periods"]] == [(today, True)]
+            await Resharder(store, config.id, say=lambda _: None, cache_s=0).run()
+            with pytest.raises(Resharding):
+                await settlement_history.kept(moving)
+            after = await client.get(f"/v1/boards/{config.id}/periods")
+            assert (after.status_code, after.json()) == (200, before.json())
+    finally:
+        await store.delete(config.id)
