@@ -252,18 +252,24 @@ async def _archive(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
 
 
 async def _remove(
-    svc: Service, board_id: str, player: str, request: str | None, since_ms: int | None = None
+    svc: Service,
+    board_id: str,
+    player: str,
+    request: str | None,
+    since_ms: int | None = None,
+    now_ms: int | None = None,
 ) -> bool:
     """Remove ``player`` from the board, waiting out a reshard's cut-over as score writes do: each
     try looks the board up anew (a refusal marked the one kept stale), and a removal tried again
     converges (shardlb/moderation.py). Whether the player had an entry (as the first call of
     ``request`` found it: a client's retry with the same X-Request-Id is that removal again, and
     keeps the results the player posted since; a request id the router made up is new each try).
-    ``since_ms``: see ``moderation.remove``."""
+    ``since_ms`` and ``now_ms``: see ``moderation.remove``."""
 
     async def attempt() -> bool:
         board = await svc.boards.get(board_id)
-        return player in await moderation.remove(board, [player], request=request, since_ms=since_ms)
+        removed = await moderation.remove(board, [player], now_ms, request=request, since_ms=since_ms)
+        return player in removed
 
     return await through_reshard(attempt)
 
@@ -282,10 +288,15 @@ async def remove_player(request: Request) -> Response:
     reason = moderation.check_reason(query.get("reason"), required=False)
     board_id = (await svc.boards.get(request.path_params["board"])).config.id
     player = check_id(request.path_params["player"], "player")
+    now = times.now_ms()  # the removal's time, kept in its audit row for a retry past the window
     async with _archive(svc) as db, db.transaction():
         # A request id the router made up is new, so a retry without one is audited again.
-        await moderation.audit_once(db, "remove", board_id, player, actor, reason, request_id)
-    removed = await _remove(svc, board_id, player, _request("remove", request_id))
+        first_ms = await moderation.audit_removal(db, board_id, player, actor, reason, request_id, now)
+    removal = _request("remove", request_id)
+    if first_ms is None:
+        removed = await _remove(svc, board_id, player, removal, now_ms=now)
+    else:  # a retry: at the first call's time wherever no shard has its record (moderation.remove)
+        removed = await _remove(svc, board_id, player, removal, since_ms=first_ms)
     return render(request, {"board": board_id, "player_id": player, "removed": removed})
 
 

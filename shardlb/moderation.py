@@ -182,10 +182,11 @@ async def remove(
     ran already changes nothing and answers as it did, so the results the player posted since stay;
     a shard it did not reach (a call that failed half way) is removed at the time the first call
     recorded elsewhere (``first_units``), keeping what was achieved since. Without it (and past the
-    window) a call again removes again. ``since_ms``, with ``request``: when no shard has a record
-    of it, the time the request was made, and every shard is removed as one it did not reach (a
-    ban's retry after the ban was lifted, whose first call removed nothing: results posted since
-    the lift stay)."""
+    window, unless ``since_ms`` is given) a call again removes again. ``since_ms``, with
+    ``request``: when no shard has a record of it, the time the request was made, and every shard is
+    removed as one it did not reach (a ban's retry after the ban was lifted, whose first call
+    removed nothing: results posted since the lift stay; a DELETE's retry past the window, at the
+    time its audit row keeps)."""
     for i, player in enumerate(players):
         check_id(player, f"players[{i}]")
     if request is not None and (not request or "\x00" in request):
@@ -722,6 +723,34 @@ async def _hold(
     # Ids hold no '/': one text per (action, board, player, request id).
     name = f"{action}/{board or ALL}/{player}/{request_id}"
     await db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+
+
+async def audit_removal(
+    db: psycopg.AsyncConnection[Any],
+    board: str,
+    player: str,
+    actor: str,
+    reason: str,
+    request_id: str | None,
+    at_ms: int,
+) -> int | None:
+    """``audit_once`` of a removal of ``player`` from ``board`` asked for at ``at_ms``; None when it
+    wrote the row (the first call of ``request_id``), else the time of the removal the request's
+    first call asked for (the row's ``at``; a row written before it was kept: the row's own time).
+
+    A retry is finished at that time (``remove``'s ``since_ms``) when no shard keeps a record of the
+    request any more: past the dedup window they have all expired, and the audit row is then all
+    that says the retry is not a new removal (it removed the results posted since the first call)."""
+    if await audit_once(db, "remove", board, player, actor, reason, request_id, {"at": at_ms}):
+        return None
+    cur = await db.execute(
+        "SELECT coalesce((detail ->> 'at')::bigint, (extract(epoch FROM at) * 1000)::bigint) "
+        "FROM moderation_audit WHERE player_id = %s AND board = %s AND action = 'remove' "
+        "AND request_id = %s ORDER BY id LIMIT 1",
+        (player, board, request_id),
+    )
+    row = await cur.fetchone()
+    return None if row is None else int(row[0])
 
 
 async def audit(

@@ -599,8 +599,11 @@ async def test_a_removal_retried_with_its_request_id_keeps_the_results_posted_si
     removal ran twice). It now ends as one removal followed by the new results, and answers as the
     first did; a DELETE with another request id is a removal of its own. The first removal is made
     10 minutes back on the removal's clock, so that a best board (whose record of a removal reaches
-    5 minutes past it) takes a result achieved now as a new one."""
+    5 minutes past it) takes a result achieved now as a new one (the router gives the removal its
+    time, which its audit row keeps)."""
     import types
+
+    import router.moderation
 
     async with running(cluster_url, postgres_url=postgres_url) as (_, client):
         name = await make_board(client, mode=mode, periods=["total"])
@@ -609,7 +612,9 @@ async def test_a_removal_retried_with_its_request_id_keeps_the_results_posted_si
         await post(client, name, [score("p1", 10, "m1", before), score("p2", 5, "m2", before)])
         url, asked = f"/v1/boards/{name}/players/p1", {**AS_ADMIN, "X-Request-Id": f"del-{name}"}
         with monkeypatch.context() as m:
-            m.setattr(shardlb.moderation, "times", types.SimpleNamespace(now_ms=lambda: now - 600_000))
+            back = types.SimpleNamespace(now_ms=lambda: now - 600_000)
+            m.setattr(shardlb.moderation, "times", back)
+            m.setattr(router.moderation, "times", back)
             first = await client.delete(url, headers=asked)
         assert (first.status_code, first.json()["removed"]) == (200, True)
         assert await post(client, name, [score("p1", 7, "m3", now)]) == ["improved"]
@@ -624,6 +629,46 @@ async def test_a_removal_retried_with_its_request_id_keeps_the_results_posted_si
         assert (await client.get(f"/v1/boards/{name}/players/p1")).status_code == 404
         audit = await rows(postgres_url, "SELECT request_id FROM moderation_audit WHERE board = %s", name)
         assert sorted(audit) == [(f"del-2-{name}",), (f"del-{name}",)]
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_removal_retried_past_the_dedup_window_keeps_the_results_posted_since(
+    cluster_url: str, postgres_url: str, store: BoardStore, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A DELETE retried with its X-Request-Id after the board's dedup window, when every shard has
+    let its record of the request expire: the retry removed the player again, results posted since
+    the first call included, although its audit row (kept in PostgreSQL) said it was the same
+    request. It is now finished at the first call's time, which that row holds, as a retry within
+    the window is: what the player posted since stays. The first call is made 10 minutes back on
+    the router's clock, as in the test above (a best board's record reaches 5 minutes past it)."""
+    import types
+
+    import router.moderation
+
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client, mode=mode, periods=["total"])
+        now = times.now_ms()
+        before = now - 1_200_000
+        await post(client, name, [score("p1", 10, "m1", before), score("p2", 5, "m2", before)])
+        url, asked = f"/v1/boards/{name}/players/p1", {**AS_ADMIN, "X-Request-Id": f"late-{name}"}
+        with monkeypatch.context() as m:
+            back = types.SimpleNamespace(now_ms=lambda: now - 600_000)
+            m.setattr(shardlb.moderation, "times", back)
+            m.setattr(router.moderation, "times", back)
+            first = await client.delete(url, headers=asked)
+        assert (first.status_code, first.json()["removed"]) == (200, True)
+        board = await store.get(name)
+        assert await post(client, name, [score("p1", 7, "m3", now)]) == ["improved"]
+        for prefix in board.prefixes:  # the window is over: every shard's records have expired
+            await store.client.delete(keys.removals_key(prefix))
+        again = await client.delete(url, headers=asked)
+        assert again.status_code == 200, again.text
+        assert again.json()["removed"] is False  # nothing of before the first call was left
+        got = await client.get(f"/v1/boards/{name}/players/p1")
+        assert (got.status_code, got.json().get("points")) == (200, 7), got.text
+        audit = await rows(postgres_url, "SELECT request_id FROM moderation_audit WHERE board = %s", name)
+        assert audit == [(f"late-{name}",)]
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
