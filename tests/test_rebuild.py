@@ -775,6 +775,64 @@ async def test_a_post_right_after_a_forced_swap_of_a_player_removed_before_it_st
         await store.delete(config.id)
 
 
+class Killed(BaseException):
+    """The rebuild's process killed at this point (nothing of it catches a BaseException)."""
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_rebuild_killed_between_its_forced_swap_and_the_apply_is_finished_by_the_next(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, monkeypatch: Any, mode: str
+) -> None:
+    """A rebuild killed after its forced swap and before ``_apply_live`` leaves the live keys at the
+    snapshot's state plus what was written after the swap: a result and a removal written between
+    the snapshot and the swap are missing (the removed player is back). The journal and the archive
+    still hold them, and a rebuild run again folds the whole shard from them and swaps it in: it ends
+    where one complete rebuild does, the post after the swap kept."""
+    config = BoardConfig.from_dict(f"rebuild-killed-swap-{mode}", {"mode": mode, "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        scores = [Score(f"p{i}", 10 * i, f"m{i}", now - HOUR) for i in range(1, 4)]
+        await board.submit([*scores, Score("cheater", 5, "early", now - HOUR)], now_ms=now - HOUR)
+        await drain(a)
+        rebuilder.swap_tries = 0  # the first swap is forced
+        real_snapshot, real_changes = rebuilder.snapshot, rebuilder.changes
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            await board.submit([Score("p1", 100, "between", now)], now_ms=now)  # before the swap
+            assert await moderation.remove(board, ["cheater"]) == {"cheater"}
+            return snap
+
+        async def changes(*args: Any, **kwargs: Any) -> Any:
+            got = await real_changes(*args, **kwargs)
+            await board.submit([Score("p2", 200, "after", now)], now_ms=now)  # after the swap
+            return got
+
+        async def killed(*args: Any, **kwargs: Any) -> int:
+            raise Killed
+
+        with monkeypatch.context() as m:
+            m.setattr(rebuilder, "snapshot", snapshot)
+            m.setattr(rebuilder, "changes", changes)
+            m.setattr(rebuilder, "_apply_live", killed)
+            with pytest.raises(Killed):
+                await rebuilder.rebuild(board)
+        top = await board.top(10, board.resolve("total"))
+        p2 = 200 if mode == "best" else 220
+        assert [(e.player_id, e.points) for e in top] == [("p2", p2), ("p3", 30), ("p1", 10), ("cheater", 5)]
+        await drain(a)  # the archiver goes on meanwhile
+        again = Rebuilder(raw, Scripts.register(raw).rebuild, rebuilder.db)  # a process of its own
+        await again.rebuild(board)
+        top = await board.top(10, board.resolve("total"))
+        p1 = 100 if mode == "best" else 110
+        assert [(e.player_id, e.points) for e in top] == [("p2", p2), ("p1", p1), ("p3", 30)]
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
 async def test_a_refill_puts_back_only_the_records_removals_made(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
 ) -> None:
