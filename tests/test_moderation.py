@@ -770,7 +770,7 @@ async def test_a_retry_of_an_applied_result_is_a_duplicate_not_a_rate_limit(stor
     row in refused_results for a result the board holds) where the board says ``duplicate``. A
     result in the incr board's dedup window is let through uncounted, as one counted this minute."""
     board = await make_board(store, 2, max_results_per_player_per_minute=2)  # an incr board
-    screen = moderation.Screen(lambda _board, _player: False)
+    screen = moderation.Screen(lambda _board, _player, _incarnation: False)
     now = times.now_ms()
 
     async def post(score: Score, at: int) -> list[str]:
