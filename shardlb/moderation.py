@@ -66,6 +66,21 @@ MAX_BANS = 1_000_000  # bans kept at once: every router holds the whole list in 
 BANS_PAGE = 2000  # bans written back per HSET by a restore
 REASON_MAX = 500
 VERSIONS = 2**62  # the ban list's versions are drawn from 1..VERSIONS (``Bans._moved``)
+# A restore's second pass over the list (``Bans.restore``): KEYS[1] the list; ARGV field, the record
+# read, PostgreSQL's record ('' for none), ...: each field set to PostgreSQL's record (removed for
+# none) only while it holds the record read: a ban or lift made since wrote its own, which stays.
+_CONVERGE = """
+for i = 1, #ARGV, 3 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    if ARGV[i + 2] == '' then
+      redis.call('HDEL', KEYS[1], ARGV[i])
+    else
+      redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+    end
+  end
+end
+return 0
+"""
 STALE_TRIES = 10  # key-index reads before a removal gives up (a period begins at most every day)
 SHARDS_IN_FLIGHT = 16
 CLEANUP_LIMIT = 1000  # players removed per shard and cleanup pass
@@ -601,28 +616,38 @@ class Bans:
                 raise reply
 
     async def restore(self, db: psycopg.AsyncConnection[Any], replicated: Replicated | None = None) -> int:
-        """Write every ban PostgreSQL holds into Redis and move the version (routers reload the
-        list): after a loss of Redis the list is empty and routers would take banned players'
-        results again (``Rebuilder.restore``). PostgreSQL's records go over Redis's, as in ``add``,
-        so it is idempotent. A ban lifted during the call may come back in Redis (not in
-        PostgreSQL): lift it again. Confirmed as ``ack`` asks, like a ban (``_confirm``; with
-        ``replicated``, where the list's primaries have a replica). Returns how many bans it
-        wrote."""
-        async with db.transaction():
-            cur = await db.execute(
-                "SELECT player_id, board, reason, banned_by, (extract(epoch FROM banned_at) * 1000)::bigint, "
-                "incarnation FROM bans"
-            )
-            rows = await cur.fetchall()
-        for i in range(0, len(rows), BANS_PAGE):
-            records: dict[Any, bytes] = {
-                ban_field(board, player): _record(Ban(player, board, reason, by, int(at_ms), incarnation))
-                for player, board, reason, by, at_ms, incarnation in rows[i : i + BANS_PAGE]
-            }
-            await self.client.hset(keys.BANS, mapping=records)
+        """Make Redis's list PostgreSQL's and move the version (routers reload the list): after a
+        loss of Redis the list is empty and routers would take banned players' results again
+        (``Rebuilder.restore``); after a failover that lost a lift's HDEL it holds a ban PostgreSQL
+        lifted, which went on refusing the player (until 2026-12-05 a restore removed nothing).
+        Every ban PostgreSQL holds is written first, over Redis's record as in ``add``; only then
+        are the records it does not hold removed (``_differences``), so a router reading the list
+        meanwhile never misses a ban in force. Idempotent; a ban or lift made during the call ends
+        as it made it. Confirmed as ``ack`` asks, like a ban (``_confirm``; with ``replicated``,
+        where the list's primaries have a replica). Returns how many bans it wrote."""
+        written = await _records(db)
+        fields = list(written)
+        for i in range(0, len(fields), BANS_PAGE):
+            await self.client.hset(keys.BANS, mapping={f: written[f] for f in fields[i : i + BANS_PAGE]})
+        changes = await self._differences(db)
+        for i in range(0, len(changes), BANS_PAGE):
+            pairs = [v for change in changes[i : i + BANS_PAGE] for v in change]
+            await self.client.eval(_CONVERGE, 1, keys.BANS, *pairs)
         await self._moved()
         await self._confirm(replicated)
-        return len(rows)
+        return len(written)
+
+    async def _differences(self, db: psycopg.AsyncConnection[Any]) -> list[tuple[str, bytes, bytes]]:
+        """Each record of Redis's list that is not PostgreSQL's: (field, the record read,
+        PostgreSQL's record, or b"" when it holds no such ban), for ``_CONVERGE``. The list is read
+        first, then PostgreSQL: a ban or lift changes its row before its record, so a record that
+        one made meanwhile, read here, agrees with the rows read after; a record the restore wrote
+        over one made meanwhile (from the rows it read before) does not, and is set right."""
+        held: dict[str, bytes] = {}
+        async for field, record in self.client.hscan_iter(keys.BANS, count=BANS_PAGE):
+            held[_text(field)] = record if isinstance(record, bytes) else str(record).encode()
+        records = await _records(db)
+        return [(f, r, records.get(f, b"")) for f, r in held.items() if records.get(f) != r]
 
     async def version(self) -> int:
         return int(await self.client.get(keys.BANS_VERSION) or 0)
@@ -651,6 +676,20 @@ async def banned_in(db: psycopg.AsyncConnection[Any], board: Board) -> set[str]:
 # The bans of ``bans b`` in force on a board, given its id and incarnation (in that order): a ban of
 # every board, or one of this board made on this incarnation (or before incarnations were kept).
 BANNED_ON = f"(b.board = '{ALL}' OR (b.board = %s AND (b.incarnation IS NULL OR b.incarnation = %s)))"
+
+
+async def _records(db: psycopg.AsyncConnection[Any]) -> dict[str, bytes]:
+    """Every ban PostgreSQL holds, as Redis's list keeps it: field -> record."""
+    async with db.transaction():
+        cur = await db.execute(
+            "SELECT player_id, board, reason, banned_by, (extract(epoch FROM banned_at) * 1000)::bigint, "
+            "incarnation FROM bans"
+        )
+        rows = await cur.fetchall()
+    return {
+        ban_field(board, player): _record(Ban(player, board, reason, by, int(at_ms), incarnation))
+        for player, board, reason, by, at_ms, incarnation in rows
+    }
 
 
 def _record(ban: Ban) -> bytes:

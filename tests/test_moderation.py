@@ -497,6 +497,74 @@ async def test_the_bans_a_rebuild_restores_wait_for_a_replica_of_the_list(
             await db.close()
 
 
+async def test_a_restore_removes_a_ban_whose_lift_redis_lost(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A failover audit's finding: ``Bans.restore`` wrote PostgreSQL's bans over Redis's list and
+    removed none, so a lift whose HDEL a failover lost (PostgreSQL's row deleted, the promoted
+    replica still holding the record) kept refusing the player after `rebuild --all`, though
+    PostgreSQL said the ban was lifted. The restore now leaves Redis's list as PostgreSQL's, and
+    moves the version (routers reload); the bans in force are written before anything is removed."""
+    bans = moderation.Bans(store.client)
+    now = times.now_ms()
+    kept = moderation.Ban("restore-kept", moderation.ALL, "bot", "admin", now)
+    lifted = moderation.Ban("restore-lifted", moderation.ALL, "bot", "admin", now)
+    async with own_archive(postgres_url) as url:
+        db = await connect_db(url)
+        try:
+            for ban in (kept, lifted):
+                await bans.add(db, ban, None)
+            record = await raw.hget(keys.BANS, moderation.ban_field(lifted.board, lifted.player))
+            await bans.lift(db, lifted.player, lifted.board, "admin", "appeal", None)
+            # The lift's HDEL lost in a failover: the promoted replica has the record still.
+            await raw.hset(keys.BANS, moderation.ban_field(lifted.board, lifted.player), record)
+            assert lifted in await bans.all()
+            before = await bans.version()
+            assert await bans.restore(db) == 1
+            assert await bans.all() == [kept]
+            assert await bans.version() != before
+            assert await bans.restore(db) == 1  # again: the same list
+            assert await bans.all() == [kept]
+        finally:
+            for ban in (kept, lifted):
+                await bans.lift(db, ban.player, ban.board, "test", "cleanup", None)
+            await db.close()
+
+
+async def test_a_ban_and_a_lift_made_while_a_restore_runs_end_as_they_made_them(
+    store: BoardStore, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore writes the bans it read from PostgreSQL, then sets right what differs: a lift
+    made between its read and its write (the restore's write puts the record back) is removed, and
+    a ban made meanwhile (not among the rows it read) stays."""
+    bans = moderation.Bans(store.client)
+    now = times.now_ms()
+    lifted = moderation.Ban("restore-lifted-meanwhile", moderation.ALL, "bot", "admin", now)
+    made = moderation.Ban("restore-made-meanwhile", moderation.ALL, "bot", "admin", now)
+    async with own_archive(postgres_url) as url:
+        db = await connect_db(url)
+        real, meanwhile = store.client.hset, []
+
+        async def hset(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("mapping") and not meanwhile:  # the restore's write of the rows it read
+                meanwhile.append(True)
+                await bans.lift(db, lifted.player, lifted.board, "admin", "appeal", None)
+                await bans.add(db, made, None)
+            return await real(*args, **kwargs)
+
+        try:
+            await bans.add(db, lifted, None)
+            monkeypatch.setattr(store.client, "hset", hset)
+            assert await bans.restore(db) == 1
+            assert meanwhile
+            assert await bans.all() == [made]
+        finally:
+            monkeypatch.undo()
+            for ban in (lifted, made):
+                await bans.lift(db, ban.player, ban.board, "test", "cleanup", None)
+            await db.close()
+
+
 async def test_the_inactive_cleanup_removes_exactly_the_stale_players_a_bounded_number_per_pass(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
 ) -> None:
