@@ -24,6 +24,10 @@ For each home shard, one after another (the design and its reasons: docs/design-
    differs it changes nothing but drop them, and the shard is filled again from step 1
    (``FILL_TRIES`` times, then ClusterUnavailable).
 
+After a total loss (``Rebuilder.restore``, `rebuild --all`), each swap, and what the shard's
+rebuild writes on the live keys after it, wait for a replica of the shard's primary wherever it has
+one (``Rebuilder._swapper``), as the ban list and the registry's records written back do.
+
 Before step 1, ``refill`` puts back the shard's retry records of the dedup window (``RetryRecords``:
 an incr board's dedup sets, a best or set board's pins) that a loss of Redis took, so a result sent
 again after the rebuild is answered as before the loss. Band boards then rebuild their band shards
@@ -55,8 +59,8 @@ from shardlb.bands import Move
 from shardlb.board import GONE, MOVED, Board
 from shardlb.config import PIN_SPAN, BoardConfig, stored_settings
 from shardlb.connection import Script, Scripts, connect
-from shardlb.errors import BoardConflict, BoardNotFound, ClusterUnavailable, InvalidInput
-from shardlb.fanout import Ack
+from shardlb.errors import BoardConflict, BoardNotFound, ClusterUnavailable, InvalidInput, NotAcknowledged
+from shardlb.fanout import Ack, AckedScript, confirmed
 from shardlb.journal import Applied, Entry, decode
 from shardlb.reshard_copy import REPLICA_WAIT_MS, Replicated
 from shardlb.store import BoardStore
@@ -330,7 +334,10 @@ class Rebuilder:
         self.db = db
         self.progress = progress or (lambda _: None)
         self.swap_tries = swap_tries
-        self.replica_wait_ms = REPLICA_WAIT_MS  # ``restore``'s wait for a replica of the ban list
+        self.replica_wait_ms = REPLICA_WAIT_MS  # ``restore``'s waits for a replica (``confirming``)
+        # Set by ``restore`` (a total loss: what a swap writes is then the whole board): from then
+        # on each swap waits for a replica of its shard's primary, wherever it has one.
+        self.confirming: Replicated | None = None
         # Shards (prefixes) whose retry records ``restore`` put back: their next rebuild skips that.
         self._refilled: set[str] = set()
 
@@ -451,7 +458,7 @@ class Rebuilder:
         fold.boards = {}  # the temporary keys hold them now
         report.rows, report.journal = snap.rows, snap.journal
         pairs = {name: f"{prefix}tmp:{token}:{name}" for name in sorted(names)}
-        mark, items = snap.mark, list[Any]()
+        mark, items, after = snap.mark, list[Any](), bool(snap.arrivals)
         await self.check_layout(board)  # a reshard recorded since the rebuild began: refused now
         for tries in itertools.count(1):
             report.tries += 1
@@ -467,6 +474,7 @@ class Rebuilder:
             report.journal += len(new)
             if status == "ok":  # forced: the swap is done, and these go onto the live keys, once
                 report.journal += await self._apply_live(board, shard, fold, pairs, new, cuts, last)
+                after = True
                 break
             mark = Mark(last, parse_id(last), None)
             removals = [v for player in cuts for v in (player, 0, 0, 0, 0)]
@@ -476,7 +484,29 @@ class Rebuilder:
                         pairs[name], sizes[name] = f"{prefix}tmp:{token}:{name}", 0
             items = [*items, *removals, *self._items(fold, new, pairs)]
         await self.recall_activity(board, shard, snap.arrivals)
+        if after:  # written on the live keys since the swap: confirmed as the swap was
+            await self._confirm_shard(prefix)
         return pairs
+
+    async def _confirm_shard(self, prefix: str) -> None:
+        """Once ``restore`` set ``confirming``: return when a replica of the shard's primary, if it
+        has one, has everything it applied so far (fanout.confirmed's marker and WAIT), else raise
+        NotAcknowledged (the rebuild run again writes it again)."""
+        key = keys.index_key(prefix)
+        if self.confirming is None:
+            return
+        await self.confirming.read()
+        if not self.confirming(key):
+            return
+        [reply] = await confirmed(self.client, Ack(1, self.replica_wait_ms), [("EXISTS", key)])
+        if isinstance(reply, NotAcknowledged):
+            raise NotAcknowledged(
+                f"no replica confirmed the rebuild's writes on {prefix!r} within {self.replica_wait_ms} "
+                f"ms on {self.confirming.describe(key)}: a failover could lose them. Run the rebuild "
+                "again once that replica is in sync with its primary"
+            ) from reply
+        if isinstance(reply, BaseException):
+            raise reply
 
     async def _apply_live(
         self,
@@ -619,7 +649,12 @@ class Rebuilder:
         first (``Bans.restore``), so routers refuse banned players' results from the first write to
         a board restored. A board whose season archive began is closed again (``_seasons``).
         ``period`` and ``shard``, the rebuild's that follows, are checked against every board
-        (``checked``) before anything is written: InvalidInput when one board refuses them."""
+        (``checked``) before anything is written: InvalidInput when one board refuses them.
+
+        What it writes waits for a replica wherever the primary has one (the ban list, then the
+        registry's records: ``_confirm_registry``), and so does every swap of this rebuilder from
+        then on (``confirming``): the rebuilds of the boards returned. NotAcknowledged when none
+        has it within ``replica_wait_ms``; running it all again converges."""
         async with self.db.transaction():
             cur = await self.db.execute(
                 "SELECT DISTINCT ON (board) board, incarnation, settings FROM boards "
@@ -641,8 +676,9 @@ class Rebuilder:
             formers.append(former)
         # Confirmed by a replica wherever the list's primaries have one, as the reshard's mover
         # confirms its writes: the boards restored next rely on the bans being there for good.
+        replicated = Replicated(self.client)
         bans = moderation.Bans(self.client, Ack(1, self.replica_wait_ms))
-        restored = await bans.restore(self.db, Replicated(self.client))
+        restored = await bans.restore(self.db, replicated)
         self.progress(f"bans: {restored} written back from PostgreSQL")
         seasons = await self._seasons()
         out = []
@@ -668,7 +704,41 @@ class Rebuilder:
             self._refilled.update(refilled)
             self.progress(f"{board_id}: {'restored to' if created else 'found in'} the registry")
             out.append(board)
+        await self._confirm_registry(out, replicated)
+        self.confirming = replicated  # the rebuilds of ``out`` that follow: each swap too
         return out
+
+    async def _confirm_registry(self, boards: Sequence[Board], replicated: Replicated) -> None:
+        """Return once a replica of the registry's primary, if it has one, holds the record of
+        each of ``boards`` (HMGET with fanout.confirmed's marker and WAIT, made again on the new
+        primary after a failover, where a record lost is then seen missing); else raise
+        NotAcknowledged: running the restore again writes them again. Until 2026-12-05 the
+        records were written on the primary alone, and a kill -9 of it right after could lose a
+        board restored while the rebuild went on and said it was done."""
+        await replicated.read()
+        if not boards or not replicated(keys.BOARDS):
+            return
+        ids = [b.config.id for b in boards]
+        ack = Ack(1, self.replica_wait_ms)
+        [reply] = await confirmed(self.client, ack, [("HMGET", keys.BOARDS, *ids)])
+        if isinstance(reply, NotAcknowledged):
+            raise NotAcknowledged(
+                f"no replica confirmed the registry's restored records within {ack.timeout_ms} ms on "
+                f"{replicated.describe(keys.BOARDS)}: a failover could lose them. Run the rebuild "
+                "again once that replica is in sync with its primary"
+            ) from reply
+        if isinstance(reply, BaseException):
+            raise reply
+        lost = [
+            b.config.id
+            for b, raw in zip(boards, reply, strict=True)
+            if raw is None or str(orjson.loads(raw).get("incarnation", "0")) != b.incarnation
+        ]
+        if lost:
+            raise NotAcknowledged(
+                f"the registry's records of {', '.join(lost)} are gone since they were restored (a "
+                "failover, or deleted meanwhile?): run the rebuild again"
+            )
 
     async def _seasons(self) -> set[tuple[str, str]]:
         """(board, incarnation) of every season settlement in the archive (shardlb/settlement.py:
@@ -1025,9 +1095,18 @@ class Rebuilder:
 
     async def _script(self, names: Sequence[str], args: Sequence[Any]) -> Any:
         """rebuild.lua, with a deleted board's refusal as BoardNotFound, and a shard's refusal while
-        a reshard has marked it (BOARDMOVED) as the rebuild's refusal during a reshard."""
+        a reshard has marked it (BOARDMOVED) as the rebuild's refusal during a reshard. A swap is
+        confirmed as ``confirming`` asks (``_swapper``)."""
+        script = await self._swapper(names[0]) if args[0] == "swap" else self.script
         try:
-            return await self.script(keys=names, args=args)
+            return await script(keys=names, args=args)
+        except NotAcknowledged as e:
+            assert self.confirming is not None
+            raise NotAcknowledged(
+                f"no replica confirmed the rebuild's swap of {names[0].removesuffix('idx')!r} within "
+                f"{self.replica_wait_ms} ms on {self.confirming.describe(names[0])}: a failover could "
+                "lose it. Run the rebuild again once that replica is in sync with its primary"
+            ) from e
         except ResponseError as e:
             if str(e).startswith(GONE):
                 raise BoardNotFound("the board was deleted during the rebuild", "board") from e
@@ -1036,6 +1115,21 @@ class Rebuilder:
                     "the board is being resharded: rebuild it once that is over", "board"
                 ) from e
             raise
+
+    async def _swapper(self, key: str) -> Script:
+        """rebuild.lua for a swap on the shard of ``key``: once ``restore`` set ``confirming``, and
+        wherever the shard's primary has a replica, the call, the marker and WAIT on one connection
+        (``fanout.AckedScript``): NotAcknowledged when no replica has it within
+        ``replica_wait_ms``, and after a failover the swap is made again on the new primary, where
+        it swaps the temporary keys in if they are there and not swapped, or answers "lost" and
+        the shard is filled again. Until 2026-12-05 a kill -9 of the primary right after the swap
+        could lose the board `rebuild --all` had just put back, and it said it was done."""
+        if self.confirming is None:
+            return self.script
+        await self.confirming.read()
+        if not self.confirming(key):
+            return self.script
+        return AckedScript.of(self.script, Ack(1, self.replica_wait_ms))
 
 
 def _resharding(board: Board) -> BoardConflict:

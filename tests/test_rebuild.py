@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import secrets
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,14 +24,16 @@ from shardlb import keys, moderation, times
 from shardlb.archive import Archiver, connect_db
 from shardlb.board import MAX_FUTURE_MS, Board, Score
 from shardlb.cli import main
+from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
-from shardlb.errors import BoardConflict, ClusterUnavailable
+from shardlb.errors import BoardConflict, ClusterUnavailable, NotAcknowledged
 from shardlb.rebuild import Rebuilder
 from shardlb.settlement import period_bounds
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.router_support import AS_ADMIN, AS_WRITER, running
+from tests.test_ack import key_replica_pid, stopped
 from tests.test_archive import archived
 from tests.test_board import HOUR, expected_entries, sharding
 
@@ -448,6 +452,125 @@ async def own_archive(postgres_url: str) -> AsyncIterator[str]:
     async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
         await admin.execute(f"CREATE DATABASE {name}")
     yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def master_of(cluster: LocalCluster, key: str) -> int:
+    """The port of the master that serves ``key``."""
+    slot = keys.slot_of(key)
+    return next(n.port for n in cluster.status().nodes if any(a <= slot <= b for a, b in n.slots))
+
+
+def shard_apart(cluster: LocalCluster, board: Board) -> str:
+    """The prefix of a shard of ``board`` whose primary holds neither the registry nor the ban list:
+    its replica stopped holds up no write of a restore but the board's own."""
+    taken = {master_of(cluster, k) for k in (keys.BOARDS, keys.BANS, keys.BANS_VERSION)}
+    return next(p for p in board.prefixes if master_of(cluster, keys.index_key(p)) not in taken)
+
+
+async def rebuild_all(rebuilder: Rebuilder, store: BoardStore) -> list[Board]:
+    """What `rebuild --all` does (``rebuild.run``): the restore, then a rebuild of every board."""
+    boards = await rebuilder.restore(store)
+    for board in boards:
+        await rebuilder.rebuild(board)
+    return boards
+
+
+async def test_the_boards_a_rebuild_all_swaps_in_wait_for_a_replica(
+    store: BoardStore, raw: Any, postgres_url: str, cluster: LocalCluster
+) -> None:
+    """A failover audit's finding: after the bans waited for a replica of their list (c0dcfb7),
+    `rebuild --all` still swapped the rebuilt boards in on their primaries alone: a kill -9 of a
+    primary right after its swap could lose the board just put back, while the rebuild said it
+    was done. Each swap of a `rebuild --all` now waits for a replica wherever the shard's primary
+    has one, as the bans do, else stops with NotAcknowledged; running it again converges."""
+    config = BoardConfig.from_dict("rebuild-all-ack", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    prefix = shard_apart(cluster, board)
+    now = times.now_ms()
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, store, url)
+        try:
+            await board.submit([Score(f"p{i}", i, f"m{i}", now - 60_000) for i in range(1, 11)])
+            await drain(a)
+            await raw.delete(keys.period_key(prefix, "total"))  # lost with Redis
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
+            rebuilder.replica_wait_ms = 300  # the replica is stopped well within the node timeout
+            replica = key_replica_pid(cluster, keys.index_key(prefix))
+            with stopped(replica), pytest.raises(NotAcknowledged, match="swap"):
+                await rebuild_all(rebuilder, store)
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
+            assert [b.config.id for b in await rebuild_all(rebuilder, store)] == [board.config.id]
+            assert await board.size(board.resolve("total")) == 10  # again, the replica back
+        finally:
+            await a.db.close()
+            await store.delete(config.id)
+
+
+async def test_the_activity_a_rebuild_all_puts_back_after_a_swap_waits_for_a_replica(
+    store: BoardStore, raw: Any, postgres_url: str, cluster: LocalCluster
+) -> None:
+    """What a shard's rebuild writes on the live keys after its swap (an inactive_after board's
+    activity set, ``recall_activity``) waits for a replica too, as the swap did."""
+    config = BoardConfig.from_dict(
+        "rebuild-all-activity", {"inactive_after": 3600, "sharding": sharding("hash", 3)}
+    )
+    board, _ = await store.create(config)
+    prefix = shard_apart(cluster, board)
+    now = times.now_ms()
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, store, url)
+        try:
+            await board.submit([Score(f"p{i}", i, f"m{i}", now - 60_000) for i in range(1, 31)])
+            await drain(a)
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
+            rebuilder.replica_wait_ms = 300
+            replica, real = key_replica_pid(cluster, keys.index_key(prefix)), rebuilder.recall_activity
+
+            async def recall_activity(b: Board, shard: int, arrivals: dict[str, int]) -> None:
+                await real(b, shard, arrivals)
+                if b.prefixes[shard] == prefix:  # its swap confirmed: the replica stops right after
+                    os.kill(replica, signal.SIGSTOP)
+
+            rebuilder.recall_activity = recall_activity  # type: ignore[method-assign]
+            try:
+                with pytest.raises(NotAcknowledged, match="writes on"):
+                    await rebuild_all(rebuilder, store)
+            finally:
+                os.kill(replica, signal.SIGCONT)
+            await rebuild_all(Rebuilder(raw, Scripts.register(raw).rebuild, a.db), store)
+            assert await board.size(board.resolve("total")) == 30
+        finally:
+            await a.db.close()
+            await store.delete(config.id)
+
+
+async def test_the_registry_a_rebuild_all_restores_waits_for_a_replica(
+    store: BoardStore, raw: Any, postgres_url: str, cluster: LocalCluster
+) -> None:
+    """Likewise the board registry's records `rebuild --all` puts back (``BoardStore.restore``):
+    a kill -9 of the registry's primary right after could lose a board restored. They now wait for
+    a replica of the registry's primary, if it has one, before any board is rebuilt."""
+    config = BoardConfig.from_dict("rebuild-all-registry", {"sharding": sharding("hash", 1)})
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, store, url)
+        try:
+            await board.submit([Score(f"p{i}", i, f"m{i}", now - 60_000) for i in range(1, 11)])
+            await drain(a)
+            await raw.hdel(keys.BOARDS, config.id)  # the registry lost with Redis
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
+            rebuilder.replica_wait_ms = 300
+            replica = key_replica_pid(cluster, keys.BOARDS)
+            with stopped(replica), pytest.raises(NotAcknowledged, match="registry"):
+                await rebuilder.restore(store)
+            assert (await store.get(config.id)).incarnation == board.incarnation
+            back = await rebuild_all(Rebuilder(raw, Scripts.register(raw).rebuild, a.db), store)
+            assert [b.incarnation for b in back] == [board.incarnation]  # again, the replica back
+            assert await board.size(board.resolve("total")) == 10
+        finally:
+            await a.db.close()
+            await store.delete(config.id)
 
 
 async def test_after_a_total_loss_a_retry_is_answered_as_before_the_loss(
