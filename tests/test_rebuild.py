@@ -263,6 +263,51 @@ async def test_temporary_keys_lost_before_the_swap_are_filled_again(
         await store.delete(config.id)
 
 
+class Killed(Exception):
+    """A rebuild process killed at one of its steps."""
+
+
+@pytest.mark.parametrize("step", ["refill", "fill", "swap", "activity", "band swap"])
+async def test_a_rebuild_killed_at_any_step_converges_when_run_again(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, step: str
+) -> None:
+    """A rebuild of one board stopped right after one of its steps (a kill, a lost connection),
+    then run again by a fresh process: the board is as the reference says, with the writes taken
+    between the two runs."""
+    config = BoardConfig.from_dict(
+        f"rebuild-killed-{step.replace(' ', '-')}",
+        {"mode": "incr", "periods": ["daily"], "inactive_after": 3600, "sharding": sharding("band", 3)},
+    )
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    name = {"fill": "_fill", "swap": "_swap_keys", "band swap": "_swap_keys", "activity": "recall_activity"}
+    real = getattr(rebuilder, name.get(step, step))
+
+    async def killed(*args: Any, **kwargs: Any) -> Any:
+        done = await real(*args, **kwargs)
+        if step != "band swap" or args[0] in board.prefixes[config.sharding.shards :]:
+            raise Killed(step)  # right after the step's first call (a band shard's swap)
+        return done
+
+    try:
+        w = Writer(board, f"killed/{step}")
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        await w.batch()
+        await damage(board, raw)
+        setattr(rebuilder, name.get(step, step), killed)
+        with pytest.raises(Killed):
+            await rebuilder.rebuild(board)
+        await w.batch()  # taken between the two runs
+        again = await store.get(config.id)
+        await Rebuilder(raw, Scripts.register(raw).rebuild, rebuilder.db).rebuild(again)
+        await check(again, w.ref)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
 async def test_a_rebuild_whose_temporary_keys_keep_being_lost_changes_nothing(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
 ) -> None:
@@ -542,6 +587,59 @@ async def test_the_activity_a_rebuild_all_puts_back_after_a_swap_waits_for_a_rep
         finally:
             await a.db.close()
             await store.delete(config.id)
+
+
+@pytest.mark.parametrize("step", ["bans", "registry", "swap"])
+async def test_a_rebuild_all_killed_at_any_step_converges_when_run_again(
+    store: BoardStore, raw: Any, postgres_url: str, step: str
+) -> None:
+    """`rebuild --all` after a total loss of two boards, stopped right after the ban list is
+    written back, after the first board's record is, or after its first swap, then run again by a
+    fresh process: both boards are back, as PostgreSQL has them."""
+    configs = [
+        BoardConfig.from_dict(f"rebuild-all-killed-{i}", {"mode": "incr", "sharding": sharding("hash", 3)})
+        for i in range(2)
+    ]
+    boards = [(await store.create(c))[0] for c in configs]
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, store, url)
+        try:
+            writers = [Writer(b, f"all-killed/{step}/{b.config.id}") for b in boards]
+            for w in writers:
+                for _ in range(2):
+                    await w.batch()
+            await drain(a)
+            for board in boards:  # every key of the boards, as in a total loss of Redis
+                for prefix in board.prefixes:
+                    listed = await raw.zrange(keys.index_key(prefix), 0, -1)
+                    await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
+                await raw.hdel(keys.BOARDS, board.config.id)
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
+            bans, restore, swap = moderation.Bans.restore, store.restore, rebuilder._swap_keys
+
+            async def killed(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+                await call(*args)
+                raise Killed(step)
+
+            with contextlib.ExitStack() as patches, pytest.raises(Killed):
+                mp = patches.enter_context(pytest.MonkeyPatch.context())
+                if step == "bans":
+                    mp.setattr(moderation.Bans, "restore", lambda self, *args: killed(bans, self, *args))
+                elif step == "registry":
+                    mp.setattr(store, "restore", lambda *args: killed(restore, *args))
+                else:
+                    mp.setattr(rebuilder, "_swap_keys", lambda *args: killed(swap, *args))
+                await rebuild_all(rebuilder, store)
+            back = await rebuild_all(Rebuilder(raw, Scripts.register(raw).rebuild, a.db), store)
+            assert sorted(b.config.id for b in back) == [c.id for c in configs]
+            for board, w in zip(boards, writers, strict=True):
+                assert (await store.get(board.config.id)).incarnation == board.incarnation
+                await check(board, w.ref)
+        finally:
+            await a.db.close()
+            for c in configs:
+                with contextlib.suppress(Exception):
+                    await store.delete(c.id)
 
 
 async def test_the_registry_a_rebuild_all_restores_waits_for_a_replica(
