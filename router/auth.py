@@ -78,6 +78,16 @@ class Keys:
             found |= int(scope) * hmac.compare_digest(digest, presented)
         return Scope(found) if found else None
 
+    def may_write(self, header: str) -> bool:
+        """Whether the Authorization ``header`` presents a key of the write scope or above: the
+        keys of game servers and operators, whom the access middleware lets hold a slot while
+        their body arrives (router/middleware.py). Counts no wrong key: the route's ``require``
+        does, when it checks the same header."""
+        if self.open_access:
+            return True
+        key = presented(header)
+        return key is not None and (self.scope_of(key) or 0) >= Scope.WRITE
+
     def require(self, header: str | None, peer: str, need: Scope) -> Caller:
         """Check the Authorization header's key against ``need``: 401 without a valid key, 403 with
         too small a scope."""
@@ -98,15 +108,14 @@ class Keys:
                 raise ApiError(
                     429, "rate_limited", "too many wrong keys from this client; slow down", retry_after=wait
                 )
-        kind, _, key = header.partition(" ")
-        key = key.strip()
-        if kind.lower() != "bearer" or not key:
+        key = presented(header)
+        if key is None:
             self.failures.take(ANONYMOUS_CLIENT + client_network(peer))
             raise ApiError(
                 401, "unauthorized", "the Authorization header must be 'Bearer <key>'", headers=_CHALLENGE
             )
-        presented = _digest(key)
-        scope = self._scope_of_digest(presented)
+        digest = _digest(key)
+        scope = self._scope_of_digest(digest)
         if scope is None:
             self.failures.take(ANONYMOUS_CLIENT + client_network(peer))
             raise ApiError(401, "unauthorized", "this key is not valid", headers=_CHALLENGE)
@@ -116,7 +125,15 @@ class Keys:
                 "forbidden",
                 f"a {scope.name.lower()} key may not do this; it needs the {need.name.lower()} scope",
             )
-        return Caller(scope, KEY_CLIENT + presented[:12].hex())
+        return Caller(scope, KEY_CLIENT + digest[:12].hex())
+
+
+def presented(header: str) -> str | None:
+    """The key of an Authorization header ``Bearer <key>`` (the scheme in any case), or None when
+    the header is not of that form."""
+    kind, _, key = header.partition(" ")
+    key = key.strip()
+    return key if kind.lower() == "bearer" and key else None
 
 
 @functools.lru_cache(maxsize=4096)

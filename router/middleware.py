@@ -17,10 +17,12 @@ without a key takes its admission slot at once, as any other, while its client h
 BODY_SLOTS_PER_CLIENT such requests holding slots; past that, its body is read first, up to
 SHARDLB_MAX_READ_BODY_BYTES (the most a request without a key may send), and the slot taken only
 then. So one client sending bodies slowly holds at most that many slots (each at most the body
-deadline), and its other requests, and everybody else's, still get in. A request with an
-Authorization header takes its slot at once: every route checks the key before it reads a body (a
-wrong one is 401 at once), so only a key holder can keep a slot waiting, and a game server posting
-on many connections from one address pays nothing for the counts.
+deadline), and its other requests, and everybody else's, still get in. A request with a key of
+the write scope or above takes its slot at once: every route checks the key before it reads a body
+(a wrong one is 401 at once), so only such a key holder can keep a slot waiting, and a game server
+posting on many connections from one address pays nothing for the counts. A body sent with a read
+key (or a wrong one) takes a body slot as one without a key does, though not the share of requests
+in progress: a read key may go to whoever may read.
 """
 
 from __future__ import annotations
@@ -107,12 +109,18 @@ class Observe:
             if self.admission is None or not scope["path"].startswith("/v1/"):
                 await self.app(scope, receive, send_with_id)
             else:
-                anonymous, body = _anonymity(scope["headers"])
-                if not anonymous:
-                    with self.admission:
-                        await self.app(scope, receive, send_with_id)
-                elif body and scope["method"] not in ("GET", "HEAD"):
-                    await self._with_body(self.admission, scope, receive, send_with_id, state)
+                authorization, body = _head(scope["headers"])
+                body = body and scope["method"] not in ("GET", "HEAD")
+                if authorization is not None:
+                    if body and not _may_write(scope, authorization):
+                        # A read key's body (or a wrong key's) takes a body slot as one without a
+                        # key does; its reads are not held to the share of requests in progress.
+                        await self._with_body(self.admission, scope, receive, send_with_id, state, False)
+                    else:
+                        with self.admission:
+                            await self.app(scope, receive, send_with_id)
+                elif body:
+                    await self._with_body(self.admission, scope, receive, send_with_id, state, True)
                 else:  # _admit inlined: the cached reads pass here, a coroutine less each
                     client = scope.get("client")
                     address = body_client(client[0] if client else "")
@@ -160,25 +168,49 @@ class Observe:
                 )
 
     async def _with_body(
-        self, admission: Admission, scope: Scope, receive: Receive, send: Send, state: dict[str, Any]
+        self,
+        admission: Admission,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        state: dict[str, Any],
+        shared: bool,
     ) -> None:
-        """Admit a request without a key that has a body: at once while its client holds fewer than
-        BODY_SLOTS_PER_CLIENT slots with bodies, else once its body has arrived, or as much of it as
-        a request without a key may send (a larger body is then refused at once by a public route,
-        and read on by a keyed one). A body read ahead holds no slot while it arrives."""
+        """Admit a request that has a body and no key of the write scope: at once while its client
+        holds fewer than BODY_SLOTS_PER_CLIENT slots with bodies, else once its body has arrived, or
+        as much of it as a request without a key may send (a larger body is then refused at once by
+        a public route, and read on by a keyed one). A body read ahead holds no slot while it
+        arrives. ``shared``: the request has no key, and is held to its client's share of the
+        requests in progress too (``_admit``)."""
         client = scope.get("client")
         address = body_client(client[0] if client else "")
         held = self.bodies.get(address, 0)
         if held >= BODY_SLOTS_PER_CLIENT:
             receive = await _read_ahead(receive, _read_ahead_bytes(scope))
             if TIMED_OUT not in state:  # else router/http.py has answered 408 already
-                await self._admit(admission, address, scope, receive, send, state)
+                await self._enter(admission, address, scope, receive, send, state, shared)
             return
         self.bodies[address] = held + 1
         try:
-            await self._admit(admission, address, scope, receive, send, state)
+            await self._enter(admission, address, scope, receive, send, state, shared)
         finally:
             _less(self.bodies, address)
+
+    async def _enter(
+        self,
+        admission: Admission,
+        address: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        state: dict[str, Any],
+        shared: bool,
+    ) -> None:
+        if shared:
+            await self._admit(admission, address, scope, receive, send, state)
+        else:
+            with admission:
+                await self.app(scope, receive, send)
 
     async def _admit(
         self,
@@ -276,17 +308,30 @@ def _read_ahead_bytes(scope: Scope) -> int:
 body_client = client_network
 
 
-def _anonymity(headers: list[tuple[bytes, bytes]]) -> tuple[bool, bool]:
-    """Whether the request has no Authorization, and whether it has a body. A request with one is
-    checked before its body is read (a wrong key is 401 at once), so only a real key holder, whom
-    the operator trusts, can make a slot wait for a body; such requests skip the per-client counts."""
+def _head(headers: list[tuple[bytes, bytes]]) -> tuple[bytes | None, bool]:
+    """The request's (first) Authorization, and whether it has a body. Every route checks a key
+    before it reads a body (a wrong one is 401 at once), so only a holder of a key of the write
+    scope, whom the operator trusts, can make a slot wait for a body; such requests skip the
+    per-client counts. A read key is the least of the keys (with SHARDLB_READS_REQUIRE_KEY it goes
+    to whoever may read): its body is counted as one without a key is (until 2026-12-05 any key
+    skipped the counts, and a read key's stalled players:query bodies held every slot)."""
+    authorization = None
     body = False
     for name, value in headers:
         if name == b"authorization":
-            return False, False
-        if (name == b"content-length" and value.strip(b" \t0")) or name == b"transfer-encoding":
+            if authorization is None:
+                authorization = value
+        elif (name == b"content-length" and value.strip(b" \t0")) or name == b"transfer-encoding":
             body = True
-    return True, body
+    return authorization, body
+
+
+def _may_write(scope: Scope, authorization: bytes) -> bool:
+    """Whether the request's Authorization presents a key of the write scope or above (an app
+    without a service, as in some tests, trusts every key, as the middleware did before)."""
+    service = getattr(getattr(scope.get("app"), "state", None), "service", None)
+    keys = getattr(service, "keys", None)
+    return keys is None or bool(keys.may_write(authorization.decode("latin-1")))
 
 
 async def _read_ahead(receive: Receive, limit: int) -> Receive:

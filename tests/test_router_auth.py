@@ -27,6 +27,9 @@ def test_scope_of_each_key_and_the_highest_wins() -> None:
     assert keys.scope_of("r-key") is Scope.READ
     assert keys.scope_of("both") is Scope.ADMIN
     assert keys.scope_of("a-ke") is None and keys.scope_of("") is None and keys.scope_of("a-key ") is None
+    # Whom the access middleware lets hold a slot while a body arrives: write and admin keys only.
+    assert [keys.may_write(h) for h in ("Bearer a-key", "bearer w-key", "Bearer  both ")] == [True] * 3
+    assert not any(keys.may_write(h) for h in ("Bearer r-key", "Bearer nope", "Basic w-key", "w-key", ""))
 
 
 def test_keys_are_not_in_the_settings_repr() -> None:

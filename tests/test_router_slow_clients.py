@@ -159,6 +159,34 @@ async def test_stalled_bodies_hold_few_slots_and_are_408(slow_server: Server, bo
 
 
 @pytest.mark.cluster
+async def test_stalled_bodies_with_a_read_key_hold_few_slots(slow_server: Server, board: str) -> None:
+    """A read key is the least of the keys (with SHARDLB_READS_REQUIRE_KEY it is handed to whoever
+    may read): a players:query sent with one and stalled in its body took its slot at once, as a
+    game server's write does, so twice the worker's slots of them from one address held every slot
+    and a write key's post was 503 overloaded until their body deadline. Such a body now holds a
+    slot as one without a key does; a key of the write scope still takes its slot at once."""
+    keyed = f"Host: x\r\nAuthorization: {AS_READER['Authorization']}\r\n".encode()
+    head = _stalled_query(board).replace(b"Host: x\r\n", keyed)
+    stalled = [await _open(slow_server, head) for _ in range(2 * SLOTS)]
+    try:
+        await asyncio.sleep(0.5)  # the router has taken them in (a settling pause, nothing timed)
+        async with httpx.AsyncClient(base_url=slow_server.url, timeout=10) as client:
+            body = {"scores": [{"player_id": "p", "points": 6, "match_id": "slow-read-key"}]}
+            write = await client.post(f"/v1/boards/{board}/scores", json=body, headers=AS_WRITER)
+            assert write.status_code == 200, write.text
+            query = await client.post(
+                f"/v1/boards/{board}/players:query", json={"player_ids": ["p"]}, headers=AS_READER
+            )
+            assert query.status_code == 200, query.text
+        for reader, _ in stalled:
+            status, _, body_bytes = await _answer(reader)
+            assert (status, _error(body_bytes)) == (408, "request_timeout")
+    finally:
+        for _, writer in stalled:
+            writer.close()
+
+
+@pytest.mark.cluster
 async def test_a_stalled_write_body_is_408(slow_server: Server, board: str) -> None:
     """The write endpoint (raw ASGI, keys checked first) is cut off alike, in MessagePack if asked."""
     reader, writer = await _open(
