@@ -647,7 +647,7 @@ _ERROR_TEXT = {
     413: "The body is larger than SHARDLB_MAX_BODY_BYTES (body_too_large).",
     415: "Content-Type is neither application/json nor application/msgpack, or the body has a "
     "Content-Encoding (gzip, ...): bodies are sent uncompressed (unsupported_media_type; "
-    "Accept-Encoding: identity).",
+    "Accept-Encoding: identity), or a Transfer-Encoding other than chunked.",
     422: "A well-formed request with an invalid value; `field` names it (e.g. scores[3].points): "
     "invalid_id, invalid_match_id, invalid_time, out_of_range, invalid_period, invalid_region, "
     "invalid_parameter, missing_field, unknown_field, too_many, invalid_body, invalid_input, "

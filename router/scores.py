@@ -44,7 +44,16 @@ MAX_ITEMS = 1000
 SCORE_FIELDS = frozenset({"player_id", "points", "match_id", "achieved_at", "region"})
 SCORE_REQUIRED = ("player_id", "points", "match_id")
 NO_PARAMETERS: frozenset[str] = frozenset()
-_WANTED = frozenset({b"authorization", b"content-type", b"content-length", b"accept", b"content-encoding"})
+_WANTED = frozenset(
+    {
+        b"authorization",
+        b"content-type",
+        b"content-length",
+        b"accept",
+        b"content-encoding",
+        b"transfer-encoding",
+    }
+)
 _new = tuple.__new__
 
 
@@ -125,13 +134,15 @@ class ScoresEndpoint:
         declared = headers.get(b"content-length")
         content_type = headers.get(b"content-type")
         media = None if content_type is None else content_type.decode("latin-1")
-        encodings = (
-            [value.decode("latin-1") for name, value in scope["headers"] if name == b"content-encoding"]
-            if b"content-encoding" in headers
-            else ()
-        )
+        encodings = _every(scope, headers, b"content-encoding")
         limit = svc.settings.max_body_bytes
-        check_body_head(media, encodings, None if declared is None else declared.decode("latin-1"), limit)
+        check_body_head(
+            media,
+            encodings,
+            None if declared is None else declared.decode("latin-1"),
+            limit,
+            _every(scope, headers, b"transfer-encoding"),
+        )
         message = await receive()
         if message["type"] == "http.request" and not message.get("more_body", False):
             raw = whole_body(message.get("body", b""), limit)
@@ -188,3 +199,11 @@ async def _chunks(receive: Receive, message: Message) -> AsyncIterator[bytes]:
         if not message.get("more_body", False):
             return
         message = await receive()
+
+
+def _every(scope: Scope, first: dict[bytes, bytes], name: bytes) -> list[str] | tuple[()]:
+    """Every value of the header ``name`` (a header may be repeated), looked for only when
+    ``first`` (the first value of each wanted header) has one: most writes carry neither coding."""
+    if name not in first:
+        return ()
+    return [value.decode("latin-1") for header, value in scope["headers"] if header == name]

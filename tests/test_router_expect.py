@@ -163,3 +163,34 @@ async def test_a_gzip_body_is_415_and_writes_nothing(server: Server, board: str)
         headers={**AS_WRITER, "Content-Type": "application/json", "Content-Encoding": "identity"},
     )
     assert plain.status_code == 200, plain.text
+
+
+@pytest.mark.parametrize("path", ["scores", "players:query"])
+async def test_a_transfer_coding_other_than_chunked_is_415_and_writes_nothing(
+    server: Server, board: str, path: str
+) -> None:
+    """``Transfer-Encoding: gzip, chunked`` frames the body in chunks of gzip data. The parser takes
+    the chunks off and leaves the gzip coding to the app, which read the chunks as JSON: gzip was a
+    400 malformed_body, and a sender whose coding did nothing to its bytes had them applied (the
+    write below answered 200). A transfer coding the router does not apply is refused as a content
+    coding is (RFC 9112 6.1), on the head, and nothing is written."""
+    match = f"te-{path.replace(':', '-')}"
+    plain = _scores(2, match) if path == "scores" else orjson.dumps({"player_ids": [f"{match}-0"]})
+    for coding, body in (("gzip", gzip.compress(plain)), ("gzip", plain), ("deflate", plain)):
+        head = (
+            f"POST /v1/boards/{board}/{path} HTTP/1.1\r\nHost: router.test\r\n"
+            f"Authorization: Bearer {WRITE}\r\nContent-Type: application/json\r\n"
+            f"Transfer-Encoding: {coding}, chunked\r\n\r\n"
+        ).encode()
+        chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            writer.write(head + chunked)
+            await writer.drain()
+            status, _, answer = await _answer(reader)
+            error = orjson.loads(answer)["error"]
+            assert (status, error["code"]) == (415, "unsupported_media_type"), (coding, answer)
+            assert "Transfer-Encoding" in error["message"]
+        finally:
+            writer.close()
+    assert httpx.get(f"{server.url}/v1/boards/{board}/players/{match}-0").status_code == 404
