@@ -220,6 +220,7 @@ def create_app(settings: Settings | None = None) -> RouterApp:
             "access_log": settings.access_log,
             "admission": Admission(settings.max_requests),
             "proxies": settings.trusted_proxies,
+            "open_access": settings.open_access,
         },
         # Settlement routes first: a POST to `/v1/boards/{board}:archive` must be tried before
         # `/v1/boards/{board}`, whose pattern also matches it (a board id may hold ':').

@@ -74,9 +74,11 @@ class Observe:
         access_log: bool = False,
         admission: Admission | None = None,
         proxies: Sequence[Network] = (),
+        open_access: bool = False,
     ) -> None:
         self.app = app
         self.access_log = access_log
+        self.open_access = open_access  # SHARDLB_INSECURE_DEV without keys: every request is admin
         self.admission = admission  # shared by every Observe of one app
         self.bodies = {} if admission is None else _BODIES.setdefault(admission, {})
         self.requests = {} if admission is None else _REQUESTS.setdefault(admission, {})
@@ -106,7 +108,20 @@ class Observe:
 
         failure: BaseException | None = None
         try:
-            if self.admission is None or not scope["path"].startswith("/v1/"):
+            if self.open_access and scope["method"] not in ("GET", "HEAD") and _from_another_site(scope):
+                # Without keys nothing tells the operator's requests from a web page's: a page on any
+                # site the developer visits may POST to the router on their laptop with no preflight
+                # (fetch's no-cors mode, a body without a type, read as JSON). Browsers say where a
+                # request comes from; curl and the clients send no Origin.
+                error = ApiError(
+                    403,
+                    "forbidden",
+                    "this router runs without keys (SHARDLB_INSECURE_DEV): it takes no request that "
+                    "a browser sends from another site",
+                )
+                state["error"] = error
+                await send_rendered(send_with_id, rendered_error(error, _wants_msgpack(scope)))
+            elif self.admission is None or not scope["path"].startswith("/v1/"):
                 await self.app(scope, receive, send_with_id)
             else:
                 authorization, body = _head(scope["headers"])
@@ -350,6 +365,26 @@ async def _read_ahead(receive: Receive, limit: int) -> Receive:
         return messages.popleft() if messages else await receive()
 
     return replay
+
+
+def _from_another_site(scope: Scope) -> bool:
+    """Whether a browser sent the request from a page of another site: its ``Sec-Fetch-Site``
+    says so (same-site too: another port of localhost is the same site), or its ``Origin`` is not
+    the ``Host`` it was sent to (``null``, from a sandboxed frame or a file, included)."""
+    site = origin = host = None
+    for name, value in scope["headers"]:
+        if name == b"sec-fetch-site":
+            site = value
+        elif name == b"origin":
+            origin = value
+        elif name == b"host":
+            host = value
+    if site is not None and site.strip().lower() in (b"cross-site", b"same-site"):
+        return True
+    if origin is None:
+        return False
+    _, sep, authority = origin.strip().partition(b"://")
+    return not sep or authority.lower() != (host or b"").strip().lower()
 
 
 def _wants_msgpack(scope: Scope) -> bool:

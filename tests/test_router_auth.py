@@ -112,6 +112,40 @@ async def test_insecure_dev_mode_opens_everything(cluster: LocalCluster) -> None
         assert (await client.delete(f"/v1/boards/{board}")).status_code == 204
 
 
+@pytest.mark.cluster
+async def test_insecure_dev_mode_takes_nothing_a_browser_sends_from_another_site(
+    cluster: LocalCluster,
+) -> None:
+    """Without keys every request is admin, and a POST a web page makes with fetch(..., {mode:
+    "no-cors"}) and a body without a type needs no preflight: any site a developer visited could
+    post scores to the router on their laptop, archive a board, ban a player. Such a request (its
+    Origin another site's, or Sec-Fetch-Site cross-site or same-site) is 403 and does nothing; one
+    from the dashboard's own page (same origin), curl and clients (no Origin) do as before."""
+    async with running(cluster.url, admin_keys=(), write_keys=(), read_keys=(), insecure_dev=True) as (
+        _,
+        client,
+    ):
+        board = board_name()
+        assert (await client.put(f"/v1/boards/{board}")).status_code == 201
+        body = b'{"scores": [{"player_id": "p", "points": 1, "match_id": "m"}]}'
+        for browser in (
+            {"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"},
+            {"Origin": "https://evil.example"},
+            {"Origin": "null"},
+            {"Origin": "http://localhost:3000", "Sec-Fetch-Site": "same-site"},
+            {"Sec-Fetch-Site": "cross-site"},
+        ):
+            r = await client.post(f"/v1/boards/{board}/scores", content=body, headers=browser)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (browser, r.text)
+            r = await client.post(f"/v1/boards/{board}:archive", content=b"{}", headers=browser)
+            assert r.status_code == 403, (browser, r.text)
+        assert (await client.get(f"/v1/boards/{board}/players/p")).status_code == 404  # nothing written
+        own = {"Origin": "http://router.test", "Sec-Fetch-Site": "same-origin"}
+        assert (await client.post(f"/v1/boards/{board}/scores", content=body, headers=own)).status_code == 200
+        assert (await client.post(f"/v1/boards/{board}/scores", content=body)).status_code == 200
+        assert (await client.delete(f"/v1/boards/{board}")).status_code == 204
+
+
 def test_wrong_keys_from_one_client_are_throttled() -> None:
     """Each wrong key costs its client (address; IPv6 /64) a token of a small bucket: past
     AUTH_FAILURE_BURST of them every keyed request from there is 429 until tokens come back (one a
