@@ -263,10 +263,6 @@ async def test_temporary_keys_lost_before_the_swap_are_filled_again(
         await store.delete(config.id)
 
 
-class Killed(Exception):
-    """A rebuild process killed at one of its steps."""
-
-
 @pytest.mark.parametrize("step", ["refill", "fill", "swap", "activity", "band swap"])
 async def test_a_rebuild_killed_at_any_step_converges_when_run_again(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, step: str
