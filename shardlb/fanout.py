@@ -73,6 +73,8 @@ _MOVED_OR_BROKEN = (
     rx.TimeoutError,
     OSError,
 )
+# Of those, the ones after which a call may or may not have run (``AckedScript``'s ``once``).
+_BROKEN = (rx.ConnectionError, rx.TimeoutError, OSError)
 # Replicas that board reads stopped asking (by node name), until when (time.monotonic()): one whose
 # pipeline broke or stalled the round, or that said it is not in sync with its primary
 # (``Batch._check_replicas``). Until then their primaries serve their share of the reads.
@@ -536,16 +538,21 @@ class AckedScript(Script):
     broken connection, a keyed read through the cluster client lets it follow the redirect and
     refresh its slot map under its own retry policy; then the call is made again (a write script
     applied twice leaves the state of one call). Other error replies, and NotAcknowledged, raise.
+    ``once``: a call that must not be applied twice (an increment) is made again after a redirect
+    or NOSCRIPT only (it did not run); after a broken connection, which may have applied it and
+    then lost it with its primary, or not, it raises NotAcknowledged: its caller makes it again
+    from a state it knows.
     """
 
-    def __init__(self, client: RedisCluster, script: str, ack: Ack) -> None:
+    def __init__(self, client: RedisCluster, script: str, ack: Ack, once: bool = False) -> None:
         super().__init__(client, script)
         self.ack = ack
+        self.once = once
 
     @classmethod
-    def of(cls, script: Script, ack: Ack) -> AckedScript:
+    def of(cls, script: Script, ack: Ack, once: bool = False) -> AckedScript:
         text = script.script
-        acked = cls(script.cluster, text if isinstance(text, str) else bytes(text).decode(), ack)
+        acked = cls(script.cluster, text if isinstance(text, str) else bytes(text).decode(), ack, once)
         acked.sha = script.sha
         return acked
 
@@ -562,6 +569,11 @@ class AckedScript(Script):
                 return reply
             if isinstance(reply, rx.NoScriptError):
                 await self.reload(key)
+            elif self.once and isinstance(reply, _BROKEN):
+                raise NotAcknowledged(
+                    "the call's connection broke before a replica confirmed it: it may have been "
+                    "applied and lost with its primary, or kept, and it is not one to make twice"
+                ) from reply
             elif isinstance(reply, _MOVED_OR_BROKEN):
                 await self.cluster.exists(key)
             else:

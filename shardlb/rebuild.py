@@ -26,7 +26,8 @@ For each home shard, one after another (the design and its reasons: docs/design-
 
 After a total loss (``Rebuilder.restore``, `rebuild --all`), each swap, and what the shard's
 rebuild writes on the live keys after it, wait for a replica of the shard's primary wherever it has
-one (``Rebuilder._swapper``), as the ban list and the registry's records written back do.
+one, each call with its own marker and WAIT (``Rebuilder._acked``), as the ban list and the
+registry's records written back do.
 
 Before step 1, ``refill`` puts back the shard's retry records of the dedup window (``RetryRecords``:
 an incr board's dedup sets, a best or set board's pins) that a loss of Redis took, so a result sent
@@ -70,6 +71,7 @@ SEQ_MAX = 2**64 - 1
 TMP_TTL_MS = 3_600_000
 SWAP_TRIES = 50
 FILL_TRIES = 3  # fills of a shard's temporary keys before a rebuild gives up (see rebuild_shard)
+CONFIRMED = ("swap", "apply", "recall")  # rebuild.lua ops that wait for a replica once ``confirming``
 PAGE = 2000
 DAY_MS = 86_400_000
 # A result sent without achieved_at was given its arrival as its time; the journal does not say which
@@ -458,7 +460,7 @@ class Rebuilder:
         fold.boards = {}  # the temporary keys hold them now
         report.rows, report.journal = snap.rows, snap.journal
         pairs = {name: f"{prefix}tmp:{token}:{name}" for name in sorted(names)}
-        mark, items, after = snap.mark, list[Any](), bool(snap.arrivals)
+        mark, items = snap.mark, list[Any]()
         await self.check_layout(board)  # a reshard recorded since the rebuild began: refused now
         for tries in itertools.count(1):
             report.tries += 1
@@ -474,7 +476,6 @@ class Rebuilder:
             report.journal += len(new)
             if status == "ok":  # forced: the swap is done, and these go onto the live keys, once
                 report.journal += await self._apply_live(board, shard, fold, pairs, new, cuts, last)
-                after = True
                 break
             mark = Mark(last, parse_id(last), None)
             removals = [v for player in cuts for v in (player, 0, 0, 0, 0)]
@@ -483,30 +484,10 @@ class Rebuilder:
                     if name not in pairs:  # applied to a key the swap creates: nothing filled
                         pairs[name], sizes[name] = f"{prefix}tmp:{token}:{name}", 0
             items = [*items, *removals, *self._items(fold, new, pairs)]
+        # Written on the live keys after the swap (``_apply_live``, this): each call confirmed as
+        # the swap was (``_script``).
         await self.recall_activity(board, shard, snap.arrivals)
-        if after:  # written on the live keys since the swap: confirmed as the swap was
-            await self._confirm_shard(prefix)
         return pairs
-
-    async def _confirm_shard(self, prefix: str) -> None:
-        """Once ``restore`` set ``confirming``: return when a replica of the shard's primary, if it
-        has one, has everything it applied so far (fanout.confirmed's marker and WAIT), else raise
-        NotAcknowledged (the rebuild run again writes it again)."""
-        key = keys.index_key(prefix)
-        if self.confirming is None:
-            return
-        await self.confirming.read()
-        if not self.confirming(key):
-            return
-        [reply] = await confirmed(self.client, Ack(1, self.replica_wait_ms), [("EXISTS", key)])
-        if isinstance(reply, NotAcknowledged):
-            raise NotAcknowledged(
-                f"no replica confirmed the rebuild's writes on {prefix!r} within {self.replica_wait_ms} "
-                f"ms on {self.confirming.describe(key)}: a failover could lose them. Run the rebuild "
-                "again once that replica is in sync with its primary"
-            ) from reply
-        if isinstance(reply, BaseException):
-            raise reply
 
     async def _apply_live(
         self,
@@ -1095,15 +1076,17 @@ class Rebuilder:
 
     async def _script(self, names: Sequence[str], args: Sequence[Any]) -> Any:
         """rebuild.lua, with a deleted board's refusal as BoardNotFound, and a shard's refusal while
-        a reshard has marked it (BOARDMOVED) as the rebuild's refusal during a reshard. A swap is
-        confirmed as ``confirming`` asks (``_swapper``)."""
-        script = await self._swapper(names[0]) if args[0] == "swap" else self.script
+        a reshard has marked it (BOARDMOVED) as the rebuild's refusal during a reshard. A swap,
+        and what goes on the live keys after it (``apply``, ``recall``), is confirmed as
+        ``confirming`` asks (``_acked``)."""
+        op = args[0]
+        script = await self._acked(names[0], once=op == "apply") if op in CONFIRMED else self.script
         try:
             return await script(keys=names, args=args)
         except NotAcknowledged as e:
             assert self.confirming is not None
             raise NotAcknowledged(
-                f"no replica confirmed the rebuild's swap of {names[0].removesuffix('idx')!r} within "
+                f"no replica confirmed the rebuild's {op} on {names[0].removesuffix('idx')!r} within "
                 f"{self.replica_wait_ms} ms on {self.confirming.describe(names[0])}: a failover could "
                 "lose it. Run the rebuild again once that replica is in sync with its primary"
             ) from e
@@ -1116,20 +1099,25 @@ class Rebuilder:
                 ) from e
             raise
 
-    async def _swapper(self, key: str) -> Script:
-        """rebuild.lua for a swap on the shard of ``key``: once ``restore`` set ``confirming``, and
+    async def _acked(self, key: str, once: bool = False) -> Script:
+        """rebuild.lua for a call on the shard of ``key``: once ``restore`` set ``confirming``, and
         wherever the shard's primary has a replica, the call, the marker and WAIT on one connection
         (``fanout.AckedScript``): NotAcknowledged when no replica has it within
-        ``replica_wait_ms``, and after a failover the swap is made again on the new primary, where
-        it swaps the temporary keys in if they are there and not swapped, or answers "lost" and
-        the shard is filled again. Until 2026-12-05 a kill -9 of the primary right after the swap
-        could lose the board `rebuild --all` had just put back, and it said it was done."""
+        ``replica_wait_ms``. After a failover a swap is made again on the new primary, where it
+        swaps the temporary keys in if they are there and not swapped, or answers "lost" and the
+        shard is filled again; a ``recall`` is made again too (it only adds what is missing). An
+        ``apply`` is not (``once``: it adds an incr board's points): its connection broken, it
+        raises NotAcknowledged, and the rebuild run again folds the shard from the journal and
+        the archive. Until 2026-12-05 a kill -9 of the primary right after the swap could lose
+        the board `rebuild --all` had just put back, and it said it was done; and the apply was
+        confirmed by a call of its own after it (an EXISTS with the marker and WAIT), which a
+        failover in between had the replica promoted confirm without it."""
         if self.confirming is None:
             return self.script
         await self.confirming.read()
         if not self.confirming(key):
             return self.script
-        return AckedScript.of(self.script, Ack(1, self.replica_wait_ms))
+        return AckedScript.of(self.script, Ack(1, self.replica_wait_ms), once=once)
 
 
 def _resharding(board: Board) -> BoardConflict:

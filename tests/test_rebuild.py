@@ -568,13 +568,14 @@ async def test_the_activity_a_rebuild_all_puts_back_after_a_swap_waits_for_a_rep
             replica, real = key_replica_pid(cluster, keys.index_key(prefix)), rebuilder.recall_activity
 
             async def recall_activity(b: Board, shard: int, arrivals: dict[str, int]) -> None:
-                await real(b, shard, arrivals)
                 if b.prefixes[shard] == prefix:  # its swap confirmed: the replica stops right after
                     os.kill(replica, signal.SIGSTOP)
+                await real(b, shard, arrivals)
 
             rebuilder.recall_activity = recall_activity  # type: ignore[method-assign]
             try:
-                with pytest.raises(NotAcknowledged, match="writes on"):
+                # Each call of it waits (until 2026-12-05 a call of its own after them did).
+                with pytest.raises(NotAcknowledged, match="recall on"):
                     await rebuild_all(rebuilder, store)
             finally:
                 os.kill(replica, signal.SIGCONT)
