@@ -20,7 +20,7 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
   deleted and created again under its id starts without it. A ban also removes the player's
   entries, so Redis and a rebuild agree. With ``ack`` (the
   router's SHARDLB_ACK) a ban or lift is answered only once a replica of the list's primary has it
-  (``Bans._confirm``).
+  (``Bans._write``: each write sent with its marker and WAIT).
 - **Sanity limits** (``Screen``): per score, before anything is written, ``banned``, then
   ``points_limit`` (points above ``max_points_per_result``), then ``rate_limit`` (past
   ``max_results_per_player_per_minute``; rate.lua counts (match, player) pairs, so a retry is not a
@@ -496,7 +496,7 @@ class Bans:
 
     def __init__(self, client: RedisCluster, ack: Ack | None = None) -> None:
         self.client = client
-        self.ack = Ack(0, 0) if ack is None else ack  # the router's SHARDLB_ACK (``_confirm``)
+        self.ack = Ack(0, 0) if ack is None else ack  # the router's SHARDLB_ACK (``_write``)
 
     async def add(
         self, db: psycopg.AsyncConnection[Any], ban: Ban, request_id: str | None
@@ -551,11 +551,10 @@ class Bans:
         if kept is None:  # lifted since (or meanwhile): Redis follows the lift, not this request
             return made or ban, False
         # PostgreSQL's row, written over whatever Redis held: the two converge on the ban kept.
-        await self.client.hset(keys.BANS, field, _record(kept))
+        await self._write(("HSET", keys.BANS, field, _record(kept)))
         # Moved whether or not the record was new: a retry of a ban whose move failed after its
         # record was stored must still make the routers reload the list (a reload too many is cheap).
         await self._moved()
-        await self._confirm()
         return kept, True
 
     async def lift(
@@ -582,38 +581,41 @@ class Bans:
             else:
                 lifted, since = False, await _ban_row(db, player, board)
         if since is not None:
-            await self.client.hset(keys.BANS, field, _record(since))
+            await self._write(("HSET", keys.BANS, field, _record(since)))
         else:
-            lifted = bool(await self.client.hdel(keys.BANS, field)) or lifted
+            lifted = bool(await self._write(("HDEL", keys.BANS, field))) or lifted
         await self._moved()
-        await self._confirm()
         return lifted
 
-    async def _moved(self) -> None:
+    async def _moved(self, replicated: Replicated | None = None) -> None:
         """Give the list a new version, drawn at random (1..2**62): routers reload the list when the
         version they read is not the one they loaded it under (``BanCache.refresh``), whatever its
         order. A counter could hand out a number again after a failover, when the replica promoted
         had not yet got the last change: a router that had loaded that change under the number then
         kept it, and missed the next change. A router of the release before INCRs the number, which
-        moves it too (2**62 leaves it room below INCR's overflow)."""
-        await self.client.set(keys.BANS_VERSION, 1 + secrets.randbelow(VERSIONS))
+        moves it too (2**62 leaves it room below INCR's overflow). Confirmed as ``_write`` is, once
+        the list's writes before it are: a router that reloads on it finds them."""
+        await self._write(("SET", keys.BANS_VERSION, 1 + secrets.randbelow(VERSIONS)), replicated)
 
-    async def _confirm(self, replicated: Replicated | None = None) -> None:
-        """Wait, as ``ack`` asks, for a replica of the list's primary and of its version's to have
-        everything those primaries applied so far (fanout.confirmed's marker and WAIT), else raise
-        NotAcknowledged. A ban lost in a failover would go unenforced until a rebuild wrote the
-        list back from PostgreSQL, and a lost lift would go on refusing the player; either, sent
-        again, writes the same record and moves the version again (a reload too many).
-        ``replicated``: only for the primaries it says have a replica (``restore``)."""
-        if not self.ack.replicas:
-            return
-        names = [keys.BANS, keys.BANS_VERSION]
-        if replicated is not None:
-            await replicated.read()
-            names = [name for name in names if replicated(name)]
-        for reply in await confirmed(self.client, self.ack, [("EXISTS", name) for name in names]):
-            if isinstance(reply, BaseException):
-                raise reply
+    async def _write(self, command: tuple[Any, ...], replicated: Replicated | None = None) -> Any:
+        """Make one write of the list or its version (a command on one key) and return its
+        reply, confirmed as ``ack`` asks: the write, a marker and WAIT go to the key's primary as
+        one pipeline on one connection (fanout.confirmed), else NotAcknowledged. A ban lost in a
+        failover would go unenforced until a rebuild wrote the list back from PostgreSQL, and a lost
+        lift would go on refusing the player; either, sent again, writes the same record and moves
+        the version again (a reload too many). A primary that fails during the call has the write
+        made again on the replica promoted. Until 2026-12-05 the marker and WAIT were a call of
+        their own after the writes (``_confirm``): a failover in between had them confirmed on the
+        replica promoted, which never had the ban, and the ban was answered.
+        ``replicated`` (read already): confirmed only where it says the key's primary has a replica
+        (``restore``)."""
+        key = str(command[3] if command[0] == "EVAL" else command[1])
+        if not self.ack.replicas or (replicated is not None and not replicated(key)):
+            return await self.client.execute_command(*command)
+        [reply] = await confirmed(self.client, self.ack, [command])
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
 
     async def restore(self, db: psycopg.AsyncConnection[Any], replicated: Replicated | None = None) -> int:
         """Make Redis's list PostgreSQL's and move the version (routers reload the list): after a
@@ -623,18 +625,20 @@ class Bans:
         Every ban PostgreSQL holds is written first, over Redis's record as in ``add``; only then
         are the records it does not hold removed (``_differences``), so a router reading the list
         meanwhile never misses a ban in force. Idempotent; a ban or lift made during the call ends
-        as it made it. Confirmed as ``ack`` asks, like a ban (``_confirm``; with ``replicated``,
+        as it made it. Confirmed as ``ack`` asks, like a ban (``_write``; with ``replicated``,
         where the list's primaries have a replica). Returns how many bans it wrote."""
+        if replicated is not None:
+            await replicated.read()
         written = await _records(db)
         fields = list(written)
         for i in range(0, len(fields), BANS_PAGE):
-            await self.client.hset(keys.BANS, mapping={f: written[f] for f in fields[i : i + BANS_PAGE]})
+            page = [v for f in fields[i : i + BANS_PAGE] for v in (f, written[f])]
+            await self._write(("HSET", keys.BANS, *page), replicated)
         changes = await self._differences(db)
         for i in range(0, len(changes), BANS_PAGE):
             pairs = [v for change in changes[i : i + BANS_PAGE] for v in change]
-            await self.client.eval(_CONVERGE, 1, keys.BANS, *pairs)
-        await self._moved()
-        await self._confirm(replicated)
+            await self._write(("EVAL", _CONVERGE, 1, keys.BANS, *pairs), replicated)
+        await self._moved(replicated)
         return len(written)
 
     async def _differences(self, db: psycopg.AsyncConnection[Any]) -> list[tuple[str, bytes, bytes]]:

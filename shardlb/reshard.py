@@ -58,7 +58,7 @@ from redis.asyncio.cluster import RedisCluster
 from shardlb import keys, pgconn, times
 from shardlb.board import Board
 from shardlb.config import BoardConfig, Sharding, stored_sharding
-from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput
+from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput, NotAcknowledged
 from shardlb.fanout import batch
 from shardlb.reshard_check import Mismatch, differences
 from shardlb.reshard_copy import FENCE, FENCE_MS, FENCED, Copier, Lost, Writes, fence_key, fenced, lost
@@ -232,8 +232,11 @@ class Resharder:
         reshard, a record of another incarnation (the board deleted and created again under its id)
         is refused as the board not found: the board it was moving is gone.
 
-        The record is confirmed by a replica of the registry's primary before the mover goes on
-        (``Copier.confirm``; NotAcknowledged stops it, for a resume), as its shard writes are. A
+        The record is read back from a replica of the registry's primary before the mover goes on
+        (``Copier.confirm``; NotAcknowledged stops it, for a resume), as its shard writes are
+        confirmed: as written, the mover goes on; as it was before (the write lost in a failover),
+        the change is made again; gone, the board was deleted; else (changed meanwhile)
+        NotAcknowledged. A
         commit lost in a failover after the new layout was opened would name the old layout
         again, and a resume would find the new one apart from it and drop it with every write it
         took (``_recopy``); a lost epoch could be taken again by another mover."""
@@ -242,11 +245,20 @@ class Resharder:
             if self.incarnation is not None and _incarnation(record) != self.incarnation:
                 raise BoardNotFound(f"board {self.board_id!r} was deleted during the reshard", "board")
             new = change(dict(record))
-            if await self.store.scripts.registry(
-                keys=[keys.BOARDS], args=[self.board_id, raw, orjson.dumps(new)]
-            ):
-                await self.copier.confirm(keys.BOARDS)
-                return new
+            written = orjson.dumps(new)
+            if await self.store.scripts.registry(keys=[keys.BOARDS], args=[self.board_id, raw, written]):
+                held = await self.copier.confirm(keys.BOARDS, self.board_id, written)
+                # Gone: deleted meanwhile, which the record read next says (BoardNotFound).
+                if held is not None:
+                    if orjson.loads(held) == new:
+                        return new
+                    if orjson.loads(held) != record:
+                        raise NotAcknowledged(
+                            f"the registry's record of {self.board_id!r} changed since the mover "
+                            "wrote it (another mover, or a failover lost it?): the mover stops "
+                            "here; resume it"
+                        )
+                # As the mover read it (the write lost in a failover): made again.
 
     def _layouts(self, record: dict[str, Any]) -> tuple[Board, Board]:
         """(the layout being moved away from, the one being moved to) of a reshard under way."""

@@ -19,7 +19,7 @@ and marks a shard moved on the strength of its copies; a copy that reached a pri
 be lost with it in a failover, after the mover had stopped looking for it. A call that no replica
 confirms within ``REPLICA_WAIT_MS`` stops the mover with NotAcknowledged, its progress not
 recorded, for a resume. A shard whose primary has no replica (``Replicated``) is written as
-before, unconfirmed. The mover's record in the registry is confirmed the same way (``confirm``).
+before, unconfirmed. The mover's record in the registry is read back the same way (``confirm``).
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ class Replicated:
         if not again and time.monotonic() - self.read_at < TOPOLOGY_S:
             return
         # Asked of the registry's primary, which the mover needs anyway (a random node may be a
-        # replica that does not answer).
+        # replica that does not answer); a client that sent nothing yet knows no slot map.
+        await self.client.initialize()
         node = self.client.get_node_from_key(keys.BOARDS)
         known: Any = await self.client.execute_command("CLUSTER NODES", target_nodes=node)
         waited = followed(known.values())
@@ -274,14 +275,18 @@ class Copier:
             raise lost(self.board_id) from failed
         raise failed
 
-    async def confirm(self, key: str) -> None:
-        """Return once a replica of ``key``'s primary has everything that primary applied so far
-        (the marker and WAIT of ``fanout.confirmed``), when it has a replica; else raise
-        NotAcknowledged. For the board's registry record (``Resharder._update``)."""
+    async def confirm(self, key: str, field: str, written: Any) -> Any:
+        """The hash ``key``'s ``field`` as a replica of its primary holds it, once it does: an HGET
+        with the marker and WAIT of ``fanout.confirmed``, made again on the new primary after a
+        failover, where a value lost is then read as the replica promoted has it; ``written`` when
+        that primary has no replica (nothing to wait for). NotAcknowledged when none confirms in
+        time. For the board's registry record (``Resharder._update``), which compares. Until
+        2026-12-05 an EXISTS of ``key`` carried the marker and WAIT, a call of its own after the
+        write: a failover in between had the replica promoted confirm a record it never had."""
         await self.replicated.read()
         if not self.replicated(key):
-            return
-        [reply] = await confirmed(self.client, self.ack, [("EXISTS", key)])
+            return written
+        [reply] = await confirmed(self.client, self.ack, [("HGET", key, field)])
         if isinstance(reply, NotAcknowledged):
             raise NotAcknowledged(
                 f"no replica confirmed the reshard's record of {self.board_id!r} within "
@@ -290,6 +295,7 @@ class Copier:
             ) from reply
         if isinstance(reply, BaseException):
             raise reply
+        return reply
 
     async def _plain(self, calls: list[tuple[Any, ...]], outcomes: bool) -> list[Any]:
         if not calls:

@@ -33,7 +33,7 @@ from shardlb.config import (
     stored_sharding,
 )
 from shardlb.connection import Scripts
-from shardlb.errors import BoardConflict, BoardNotFound, OutOfRange
+from shardlb.errors import BoardConflict, BoardNotFound, NotAcknowledged, OutOfRange
 from shardlb.fanout import Ack, confirmed
 
 # How long routers may cache a board's settings (router/boards.py). A board deleted through one
@@ -88,7 +88,7 @@ class BoardStore:
             config = resolve_shards(given, await self.masters()) if _auto(given) else given
             record = {**config.to_dict(), "incarnation": secrets.token_hex(4)}
             if not ended and await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
-                await self._confirm()
+                await self._confirm(config.id, record["incarnation"])
                 return self._board(config.id, record), True
             raw = await self.client.hget(keys.BOARDS, config.id)
             if raw is None:
@@ -119,7 +119,8 @@ class BoardStore:
                     layouts.append(_sharding(created))
             if not any(_confirms(replace(existing, sharding=s), given) for s in layouts):
                 raise BoardConflict(f"board {config.id!r} exists with other settings", "board")
-            await self._confirm()  # a retry of a creation answered 503 finds it made, perhaps unconfirmed
+            # A retry of a creation answered 503 finds it made, perhaps unconfirmed.
+            await self._confirm(config.id, str(found.get("incarnation", "0")))
             return self._board(config.id, found), False
 
     async def masters(self) -> int:
@@ -170,7 +171,7 @@ class BoardStore:
                     continue  # changed meanwhile: look again
                 raw = marked
             await self._drop(board_id, raw, record)
-            await self._confirm()
+            await self._confirm(board_id, str(record.get("incarnation", "0")), deleted=True)
             return
 
     async def reclaim(self) -> int:
@@ -181,15 +182,27 @@ class BoardStore:
             await self._drop(board_id, record, orjson.loads(record))
         return len(left)
 
-    async def _confirm(self) -> None:
-        """Wait, as ``ack`` asks, for a replica of the registry's primary to have everything that
-        primary applied so far (the marker and WAIT of fanout.confirmed, which cover writes made on
-        other connections too); else raise NotAcknowledged (a retry is safe: the same board)."""
+    async def _confirm(self, board_id: str, incarnation: str, deleted: bool = False) -> None:
+        """Return once, as ``ack`` asks, a replica of the registry's primary holds the board's
+        record of ``incarnation`` (``deleted``: holds none of it); else raise NotAcknowledged (a
+        retry is safe: the same board, or its deletion made again). The record is read back with
+        the marker and WAIT of fanout.confirmed (which cover writes made on other connections too),
+        made again on the new primary after a failover, where a record lost is then seen as the
+        promoted replica has it. Until 2026-12-05 it confirmed with an EXISTS of the registry: a
+        failover between the write and that call had the replica promoted confirm a creation (or a
+        deletion) it never had, and a 201 was answered for a board then gone."""
         if not self.ack.replicas:
             return
-        [reply] = await confirmed(self.client, self.ack, [("EXISTS", keys.BOARDS)])
+        [reply] = await confirmed(self.client, self.ack, [("HGET", keys.BOARDS, board_id)])
         if isinstance(reply, BaseException):
             raise reply
+        held = reply is not None and str(orjson.loads(reply).get("incarnation", "0")) == incarnation
+        if held == deleted:
+            raise NotAcknowledged(
+                f"the registry's record of board {board_id!r} is "
+                f"{'there again' if deleted else 'gone'} since it was written (a failover lost the "
+                "write, or another request changed it meanwhile); retrying is safe"
+            )
 
     def _board(self, board_id: str, record: dict[str, Any]) -> Board:
         settings = stored_settings({k: v for k, v in record.items() if k not in _RECORD})

@@ -1,0 +1,259 @@
+"""Confirmations that a failover's loss must not pass: a write confirmed on a replica by a WAIT sent
+after it, as a call of its own, was confirmed on the replica promoted if the primary failed in
+between, although the write was lost with it. Each test loses the write's effect on the primary
+right before the confirming call (``losing``: the state the promoted replica would have) and
+checks that the write is either there once answered, or reported NotAcknowledged and converges
+when made again."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+import orjson
+import pytest
+import redis.exceptions
+
+from shardlb import fanout, keys, moderation, reshard_copy, times
+from shardlb import store as store_module
+from shardlb.archive import connect_db
+from shardlb.board import Score
+from shardlb.config import BoardConfig
+from shardlb.errors import NotAcknowledged
+from shardlb.fanout import Ack, confirmed
+from shardlb.rebuild import Rebuilder
+from shardlb.reshard import Resharder
+from shardlb.reshard_copy import Replicated
+from shardlb.store import BoardStore
+from tests.test_board import HOUR
+from tests.test_rebuild import archiver, drain
+
+pytestmark = pytest.mark.cluster
+
+ACK_MS = 2000
+
+
+def losing(
+    monkeypatch: pytest.MonkeyPatch, module: ModuleType, key: str, undo: Callable[[], Awaitable[Any]]
+) -> list[bool]:
+    """Make ``module``'s first fanout.confirmed call that names ``key`` run ``undo`` first (the
+    failover's loss, on the primary); the list returned holds True once it ran."""
+    ran: list[bool] = []
+
+    async def first_losing(client: Any, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        named = {str(c[3] if c[0] in ("EVAL", "EVALSHA") else c[1]) for c in commands}
+        if not ran and key in named:
+            await undo()
+            ran.append(True)
+        return await confirmed(client, ack, commands)
+
+    monkeypatch.setattr(module, "confirmed", first_losing)
+    return ran
+
+
+async def test_a_ban_or_lift_lost_before_its_confirmation_is_never_answered(
+    store: BoardStore, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Bans._confirm`` sent its marker and WAIT after the ban's HSET, as a call of its own: a
+    failover in between confirmed the ban on the replica promoted, which never had it, and the ban
+    was answered while routers went on taking the player's results."""
+    client = store.client
+    bans = moderation.Bans(client, Ack(1, ACK_MS))
+    player = f"lost-ban-{os.getpid()}-{random.randrange(10**9)}"
+    ban = moderation.Ban(player, moderation.ALL, "bot", "test", times.now_ms())
+    field = moderation.ban_field(ban.board, player)
+    db = await connect_db(postgres_url)
+    try:
+        ran = losing(monkeypatch, moderation, keys.BANS, lambda: client.hdel(keys.BANS, field))
+        try:
+            await bans.add(db, ban, f"ban-{player}")
+        except NotAcknowledged:
+            pass  # reported: the retry below makes it again
+        else:
+            assert await client.hget(keys.BANS, field) is not None, "a lost ban was answered"
+        assert ran
+        monkeypatch.undo()
+        assert await bans.add(db, ban, f"ban-{player}") == (ban, True)
+        assert await client.hget(keys.BANS, field) is not None
+        record = await client.hget(keys.BANS, field)
+        ran = losing(monkeypatch, moderation, keys.BANS, lambda: client.hset(keys.BANS, field, record))
+        try:
+            await bans.lift(db, player, ban.board, "test", "done", f"unban-{player}")
+        except NotAcknowledged:
+            pass
+        else:
+            assert await client.hget(keys.BANS, field) is None, "a lost lift was answered"
+        assert ran
+        monkeypatch.undo()
+        await bans.lift(db, player, ban.board, "test", "done", f"unban-{player}")
+        assert await client.hget(keys.BANS, field) is None
+    finally:
+        monkeypatch.undo()
+        await bans.lift(db, player, ban.board, "test", "cleanup", None)
+        await db.close()
+
+
+async def test_a_reshard_record_lost_before_its_confirmation_is_never_gone_on_from(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Copier.confirm`` sent its marker and WAIT after the mover's compare-and-set of the record:
+    a failover in between confirmed the record on the replica promoted, which never had it, and
+    the mover went on from a step the registry no longer held (a commit lost after the new layout
+    took writes led a resume to drop that layout)."""
+    board_id = f"lost-rec-{os.getpid()}-{random.randrange(10**9)}"
+    body = {"mode": "incr", "durability": "memory", "sharding": {"strategy": "hash", "shards": 1}}
+    await store.create(BoardConfig.from_dict(board_id, body))
+    client = store.client
+    try:
+        before = await client.hget(keys.BOARDS, board_id)
+        mover = Resharder(store, board_id, say=lambda _: None)
+        ran = losing(
+            monkeypatch, reshard_copy, keys.BOARDS, lambda: client.hset(keys.BOARDS, board_id, before)
+        )
+        try:
+            await mover._update(lambda r: {**r, "probe": 1})
+        except NotAcknowledged:
+            pass
+        else:
+            raw = await client.hget(keys.BOARDS, board_id)
+            assert orjson.loads(raw).get("probe") == 1, "a lost record was gone on from"
+        assert ran
+        monkeypatch.undo()
+        await mover._update(lambda r: {**r, "probe": 2})
+        assert orjson.loads(await client.hget(keys.BOARDS, board_id)).get("probe") == 2
+    finally:
+        monkeypatch.undo()
+        await client.hset(keys.BOARDS, board_id, before)  # no "probe": a setting the board lacks
+        await store.delete(board_id)
+
+
+async def test_a_board_created_or_deleted_and_lost_before_its_confirmation_is_never_answered(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``BoardStore._confirm`` sent its marker and WAIT after the registry's write, as a call of its
+    own: a failover in between confirmed on the replica promoted a creation it never had (a 201 for
+    a board then gone, with every score acknowledged on it), or a deletion it never had (a 204 for a
+    board still there)."""
+    client = store.client
+    acked = BoardStore(client, store.scripts)
+    acked.ack = Ack(1, ACK_MS)
+    board_id = f"lost-board-{os.getpid()}-{random.randrange(10**9)}"
+    config = BoardConfig.from_dict(board_id, {"mode": "incr", "sharding": {"shards": 1}})
+    try:
+        ran = losing(monkeypatch, store_module, keys.BOARDS, lambda: client.hdel(keys.BOARDS, board_id))
+        try:
+            await acked.create(config)
+        except NotAcknowledged:
+            pass
+        else:
+            assert await client.hget(keys.BOARDS, board_id) is not None, "a lost board was answered"
+        assert ran
+        monkeypatch.undo()
+        board, _ = await acked.create(config)
+        raw = await client.hget(keys.BOARDS, board_id)
+        assert raw is not None and orjson.loads(raw)["incarnation"] == board.incarnation
+        ran = losing(monkeypatch, store_module, keys.BOARDS, lambda: client.hset(keys.BOARDS, board_id, raw))
+        try:
+            await acked.delete(board_id)
+        except NotAcknowledged:
+            pass
+        else:
+            assert await client.hget(keys.BOARDS, board_id) is None, "a lost deletion was answered"
+        assert ran
+        monkeypatch.undo()
+        await acked.delete(board_id)
+        assert await client.hget(keys.BOARDS, board_id) is None
+    finally:
+        monkeypatch.undo()
+        if await client.hexists(keys.BOARDS, board_id):
+            await store.delete(board_id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_forced_swaps_apply_lost_in_a_failover_is_never_said_done(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    """A rebuild that waits for replicas (``confirming``: `rebuild --all` after ``restore``) puts
+    the results written between its snapshot and a forced swap onto the live keys after the swap
+    (``_apply_live``), then confirmed them with ``_confirm_shard``: an EXISTS with the marker and
+    WAIT, a call of its own. A failover in between had the replica promoted (the swap, not the
+    apply) confirm it, and the rebuild said done with those results missing and a player removed
+    meanwhile back. Here the primary "fails" right after the first round that carries a WAIT once
+    the apply began: that round's connection breaks, and the apply's effect is gone."""
+    config = BoardConfig.from_dict(
+        f"lost-apply-{mode}-{random.randrange(10**9)}", {"mode": mode, "sharding": {"shards": 1}}
+    )
+    board, _ = await store.create(config)
+    prefix = board.prefixes[0]
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        scores = [Score(f"p{i}", 10 * i, f"m{i}", now - HOUR) for i in range(1, 4)]
+        await board.submit([*scores, Score("cheater", 5, "early", now - HOUR)], now_ms=now - HOUR)
+        await drain(a)
+        rebuilder.swap_tries = 0  # the first swap is forced
+        rebuilder.confirming = Replicated(raw)
+        rebuilder.replica_wait_ms = ACK_MS
+        real_snapshot, real_apply, real_pipelines = (
+            rebuilder.snapshot,
+            rebuilder._apply_live,
+            fanout._pipelines,
+        )
+        before: dict[Any, Any] = {}
+        lost: list[bool] = []
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            await board.submit([Score("p1", 100, "between", now)], now_ms=now)  # before the swap
+            assert await moderation.remove(board, ["cheater"]) == {"cheater"}
+            return snap
+
+        async def apply_live(*args: Any, **kwargs: Any) -> int:
+            names = [keys.index_key(prefix), *await raw.zrange(keys.index_key(prefix), 0, -1)]
+            before.update({name: await raw.dump(name) for name in names})  # as the swap left them
+            return await real_apply(*args, **kwargs)
+
+        async def pipelines(sends: Any, timeout: Any) -> Any:
+            out = await real_pipelines(sends, timeout)
+            carries_wait = any(c.args[0] == "WAIT" for _, commands in sends for c in commands)
+            if before and not lost and carries_wait:  # the failover: the apply lost, the link broken
+                lost.append(True)
+                for name, dumped in before.items():
+                    await raw.delete(name)
+                    if dumped is not None:
+                        await raw.restore(name, 0, dumped)
+                return [redis.exceptions.ConnectionError("the primary failed")] * len(sends)
+            return out
+
+        monkeypatch.setattr(rebuilder, "snapshot", snapshot)
+        monkeypatch.setattr(rebuilder, "_apply_live", apply_live)
+        monkeypatch.setattr(fanout, "_pipelines", pipelines)
+        p1 = 100 if mode == "best" else 110
+        complete = [("p1", p1), ("p3", 30), ("p2", 20)]
+        try:
+            await rebuilder.rebuild(board)
+        except NotAcknowledged:
+            pass  # reported: run again below
+        else:
+            top = await board.top(10, board.resolve("total"))
+            assert [(e.player_id, e.points) for e in top] == complete, "a lost apply was said done"
+        assert lost
+        monkeypatch.undo()
+        await drain(a)
+        again = Rebuilder(raw, rebuilder.script, rebuilder.db)
+        again.confirming = Replicated(raw)
+        await again.rebuild(board)
+        top = await board.top(10, board.resolve("total"))
+        assert [(e.player_id, e.points) for e in top] == complete
+    finally:
+        monkeypatch.undo()
+        await a.db.close()
+        await store.delete(config.id)
