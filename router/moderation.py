@@ -258,16 +258,21 @@ async def _remove(
     request: str | None,
     since_ms: int | None = None,
     now_ms: int | None = None,
+    incarnation: str | None = None,
 ) -> bool:
     """Remove ``player`` from the board, waiting out a reshard's cut-over as score writes do: each
     try looks the board up anew (a refusal marked the one kept stale), and a removal tried again
     converges (shardlb/moderation.py). Whether the player had an entry (as the first call of
     ``request`` found it: a client's retry with the same X-Request-Id is that removal again, and
     keeps the results the player posted since; a request id the router made up is new each try).
-    ``since_ms`` and ``now_ms``: see ``moderation.remove``."""
+    ``since_ms`` and ``now_ms``: see ``moderation.remove``. ``incarnation``: remove only from that
+    incarnation of the board (a ban's, which holds on it alone); a board created again under the id
+    since is left alone (False), as a board deleted is."""
 
     async def attempt() -> bool:
         board = await svc.boards.get(board_id)
+        if incarnation is not None and board.incarnation != incarnation:
+            return False
         removed = await moderation.remove(board, [player], now_ms, request=request, since_ms=since_ms)
         return player in removed
 
@@ -332,7 +337,12 @@ async def ban(request: Request) -> Response:
     removed = []
     for board in boards:
         try:
-            if await _remove(svc, board.config.id, player, removal, since):
+            # Only from the board the ban holds on (``record.incarnation``: the one it was made on,
+            # None for a ban of every board or of before 2026-12-05): one deleted and created again
+            # under its id since (while this ban waited, or before its retry) is another board, on
+            # which this ban is not in force. Until 2026-12-05 the removal took the player's
+            # results off the new board, and out of its rebuild and settlement.
+            if await _remove(svc, board.config.id, player, removal, since, incarnation=record.incarnation):
                 removed.append(board.config.id)
         except BoardNotFound:
             continue

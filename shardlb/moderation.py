@@ -545,6 +545,8 @@ class Bans:
                         # Until 2026-12-05 unaudited: a retry after the lift then banned again.
                         again = {"scope": ban.board, "at": kept.at_ms, "kept": True}
                         again |= {"reason": kept.reason, "by": kept.by}
+                        if kept.incarnation is not None:  # for a retry (``_ban_audited``)
+                            again["incarnation"] = kept.incarnation
                         await audit(db, "ban", board, ban.player, ban.by, ban.reason, request_id, again)
             else:
                 kept = await _ban_row(db, ban.player, ban.board)  # a ban stored since the lift, if any
@@ -719,16 +721,17 @@ async def _ban_row(db: psycopg.AsyncConnection[Any], player: str, board: str) ->
 async def _ban_audited(db: psycopg.AsyncConnection[Any], ban: Ban, request_id: str) -> Ban | None:
     """The ban that the request ``request_id`` stored for ``ban``'s player and scope, or found in
     force (``kept``), from its audit row; None when it has none. Its time is the audit's when the
-    row has no ``at``."""
+    row has no ``at``; its incarnation the row's (none in a row of before 2026-12-05)."""
     cur = await db.execute(
         "SELECT coalesce(detail ->> 'by', actor), coalesce(detail ->> 'reason', reason), "
-        "coalesce((detail ->> 'at')::bigint, (extract(epoch FROM at) * 1000)::bigint) "
+        "coalesce((detail ->> 'at')::bigint, (extract(epoch FROM at) * 1000)::bigint), "
+        "detail ->> 'incarnation' "
         "FROM moderation_audit WHERE player_id = %s AND board IS NOT DISTINCT FROM %s AND action = 'ban' "
         "AND request_id = %s ORDER BY id LIMIT 1",
         (ban.player, None if ban.board == ALL else ban.board, request_id),
     )
     row = await cur.fetchone()
-    return None if row is None else Ban(ban.player, ban.board, row[1], row[0], int(row[2]))
+    return None if row is None else Ban(ban.player, ban.board, row[1], row[0], int(row[2]), row[3])
 
 
 async def audit_once(

@@ -881,6 +881,69 @@ async def test_a_board_created_again_under_its_id_starts_without_the_old_boards_
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
+async def test_a_ban_of_a_board_deleted_since_removes_nothing_from_the_board_created_again(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ban of one board holds on the board it was made on, but its removal looked the board up
+    again by id: a ban whose board was deleted and created again during its wait for the routers,
+    or a retry of a ban (its X-Request-Id) sent after that, removed the player from the new board,
+    on which the ban is not in force. The player's results there were gone, and so were they from a
+    rebuild and a settlement of the new board (the removal is journaled). The removal now runs on
+    the board the ban holds on only."""
+    import router.moderation
+
+    monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+    async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        name = await make_board(client)
+        raced, retried, lifted = f"raced-{name}", f"retried-{name}", f"lifted-{name}"
+        scope = {"scope": "board", "board": name}
+        asked = {**AS_ADMIN, "X-Request-Id": f"old-{name}"}
+        assert (await client.post(f"/v1/players/{retried}:ban", json=scope, headers=asked)).status_code == 200
+        asked_lifted = {**AS_ADMIN, "X-Request-Id": f"lifted-{name}"}
+        r = await client.post(f"/v1/players/{lifted}:ban", json=scope, headers=asked_lifted)
+        assert r.status_code == 200, r.text
+        r = await client.post(f"/v1/players/{lifted}:unban", json=scope, headers=AS_ADMIN)
+        assert r.json()["lifted"] is True, r.text
+
+        async def created_again() -> None:
+            assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+            r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"]}, headers=AS_ADMIN)
+            assert r.status_code == 201, r.text
+            scores = [score(raced, 5, "m1"), score(retried, 7, "m2"), score(lifted, 6, "m5")]
+            assert await post(client, name, scores) == ["improved"] * 3
+
+        cache = service_of(app).moderation.bans
+        refresh = cache.refresh
+
+        async def recreate_then_refresh() -> None:  # during the ban's wait for the routers
+            monkeypatch.setattr(cache, "refresh", refresh)
+            await created_again()
+            await refresh()
+
+        monkeypatch.setattr(cache, "refresh", recreate_then_refresh)
+        r = await client.post(f"/v1/players/{raced}:ban", json=scope, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+        assert r.json()["removed_from"] == []
+        # The first ban's answer was lost: its retry comes after the board was created again.
+        r = await client.post(f"/v1/players/{retried}:ban", json=scope, headers=asked)
+        assert r.status_code == 200, r.text
+        assert r.json()["removed_from"] == []
+        # And one lifted before: its retry finishes its removal, at the ban's time, on its board only.
+        r = await client.post(f"/v1/players/{lifted}:ban", json=scope, headers=asked_lifted)
+        assert r.status_code == 200, r.text
+        assert r.json()["removed_from"] == []
+        for player, points in ((raced, 5), (retried, 7), (lifted, 6)):
+            got = await client.get(f"/v1/boards/{name}/players/{player}")
+            assert (got.status_code, got.json().get("points")) == (200, points), got.text
+        assert await post(client, name, [score(raced, 8, "m3"), score(retried, 9, "m4")]) == [
+            "improved",
+            "improved",
+        ]
+        for player in (raced, retried):
+            await client.post(f"/v1/players/{player}:unban", json=scope, headers=AS_ADMIN)
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
 async def test_refused_results_queued_when_the_router_stops_are_recorded_first(
     cluster_url: str, postgres_url: str
 ) -> None:
