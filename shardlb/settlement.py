@@ -427,14 +427,19 @@ class Settler:
         row = await cur.fetchone()
         return None if row is None else tuple(row)
 
-    async def settled_season(self, board_id: str, request: Request) -> dict[str, Any] | None:
+    async def settled_season(
+        self, board_id: str, request: Request, besides: str | None = None
+    ) -> dict[str, Any] | None:
         """The stored result of a season archive of ``board_id`` (a board it deleted) under the
         request's id, checked against the request as a run of a settlement is (``_compare``); None
-        when there is none, as for a board that never existed."""
+        when there is none, as for a board that never existed. ``besides``: the incarnation of the
+        board that holds the id now; a settlement of it is not one of a board deleted (None)."""
         _check_signable(request)
         await ensure_schema(self.db)
         row = await self.stored(request.settlement_id)
         if row is None or row[0] != board_id or row[2] != "total" or row[5] != "settled":
+            return None
+        if besides is not None and row[1] == besides:
             return None
         rewards = settlement_rewards.to_json(request.rewards)
         _compare(request, (board_id, row[1], "total", rewards, request.top_n), row)
@@ -699,7 +704,8 @@ async def archive_season(
     """A board's season ended: settle its total (snapshot, awards) like a period, then delete the
     board (every key UNLINKed, shardlb/store.py); the settlement and its snapshot stay in PostgreSQL.
     Run again with the same id after a crash, it finishes what is left and returns the same result;
-    once the board is gone, the stored result is checked against the request as any run's is."""
+    once the board is gone, the stored result is checked against the request as any run's is, also
+    when a board was created again under its id since (the next season's), which is left alone."""
     async with rebuild.connected(redis_url, postgres_url) as (rebuilder, store):
         try:
             board = await store.get(board_id)
@@ -708,6 +714,13 @@ async def archive_season(
             done = await Settler(rebuilder).settled_season(board_id, request)
             if done is None:
                 raise
+            return {**done, "archived": True}
+        # The id's settlement archived an earlier incarnation, deleted since: its answer was lost and
+        # the board created again. Until 2026-12-05 this run took the new board for the settlement's
+        # and answered 409 settlement_conflict, and a client that archived under a new id then
+        # closed, paid and deleted the new season's board.
+        done = await Settler(rebuilder).settled_season(board_id, request, besides=board.incarnation)
+        if done is not None:
             return {**done, "archived": True}
         result = await Settler(rebuilder, step, drain_wait_s).settle(board, "total", request, season=True)
         await (delete or store.delete)(board_id)  # the router's, so that its cache forgets the board

@@ -427,6 +427,44 @@ async def test_an_archive_run_again_once_its_board_is_gone_is_checked_as_a_settl
             await store.delete(name)
 
 
+async def test_an_archive_run_again_after_its_board_was_created_again_answers_its_result(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """An archive whose answer was lost, run again after the next season's board was created under
+    the same id: the run found the new board, took the stored settlement for another board's and
+    answered 409 settlement_conflict ("a settlement id is used for one settlement only"), as if
+    nothing had been archived; a client that then archived under a new id closed, paid and deleted
+    the new board. It now answers the stored result, as once the board is gone, and leaves the new
+    board (open, its results kept) alone; another table is still 409."""
+    name = board_name("season-next")
+    board = await new_board(store, name)
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", 10 * i, f"{name}-m{i}", now - 1000) for i in range(1, 6)])
+        await drain(raw, store, postgres_url)
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            body = {"settlement_id": f"season-{name}", "rewards": [{"rank": 1, "reward": "crown"}]}
+            done = await client.post(f"/v1/boards/{name}:archive", json=body, headers=AS_ADMIN)
+            assert done.status_code == 200, done.text
+            r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"]}, headers=AS_ADMIN)
+            assert r.status_code == 201, r.text
+            new = [{"player_id": "next", "points": 7, "match_id": f"{name}-next"}]
+            posted = await client.post(f"/v1/boards/{name}/scores", json={"scores": new}, headers=AS_WRITER)
+            assert posted.status_code == 200, posted.text
+            again = await client.post(f"/v1/boards/{name}:archive", json=body, headers=AS_ADMIN)
+            assert (again.status_code, again.json()) == (200, done.json())
+            other = {**body, "rewards": [{"ranks": [1, 5], "reward": "crown"}]}
+            conflict = await client.post(f"/v1/boards/{name}:archive", json=other, headers=AS_ADMIN)
+            assert (conflict.status_code, conflict.json()["error"]["code"]) == (409, "settlement_conflict")
+            kept = await client.get(f"/v1/boards/{name}")
+            assert (kept.status_code, kept.json()["closed"]) == (200, False)
+            got = await client.get(f"/v1/boards/{name}/players/next")
+            assert (got.status_code, got.json()["points"]) == (200, 7), got.text
+    finally:
+        if name in {c.id for c in await store.list()}:
+            await store.delete(name)
+
+
 async def test_a_board_whose_archive_stopped_takes_no_more_results(
     store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
 ) -> None:
