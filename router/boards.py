@@ -120,10 +120,13 @@ class Boards:
         self.missing.pop(config.id, None)
         return made
 
-    async def delete(self, board_id: str) -> None:
-        async with self.gate, metrics.redis_call("delete_board"):
-            await self.store.delete(board_id)
-        self._kept.pop(board_id, None)
+    async def delete(self, board_id: str, incarnation: str | None = None) -> None:
+        """``BoardStore.delete`` (of that incarnation only, when given), forgetting the cached board."""
+        try:
+            async with self.gate, metrics.redis_call("delete_board"):
+                await self.store.delete(board_id, incarnation)
+        finally:
+            self._kept.pop(board_id, None)
 
     async def _list(self) -> list[BoardConfig]:  # before ``list``, which hides the builtin below it
         async with self.read_lane, self.gate, metrics.redis_call("list_boards"):

@@ -699,7 +699,7 @@ async def archive_season(
     request: Request,
     step: Callable[[str], None] | None = None,
     drain_wait_s: float = DRAIN_WAIT_S,
-    delete: Callable[[str], Awaitable[None]] | None = None,
+    delete: Callable[[str, str | None], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """A board's season ended: settle its total (snapshot, awards) like a period, then delete the
     board (every key UNLINKed, shardlb/store.py); the settlement and its snapshot stay in PostgreSQL.
@@ -723,5 +723,9 @@ async def archive_season(
         if done is not None:
             return {**done, "archived": True}
         result = await Settler(rebuilder, step, drain_wait_s).settle(board, "total", request, season=True)
-        await (delete or store.delete)(board_id)  # the router's, so that its cache forgets the board
+        # The router's delete, so that its cache forgets the board. The board settled only: one
+        # deleted since is gone already, and one created again under the id meanwhile (the next
+        # season's) is another board, which until 2026-12-05 this deleted with all its results.
+        with contextlib.suppress(BoardNotFound):
+            await (delete or store.delete)(board_id, board.incarnation)
         return {**result, "archived": True}

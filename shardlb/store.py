@@ -157,14 +157,18 @@ class BoardStore:
     async def list(self) -> list[BoardConfig]:
         return sorted((b.config for b in await self.boards()), key=lambda c: c.id)
 
-    async def delete(self, board_id: str) -> None:
-        """Mark the board deleting, drop every shard, then remove its record (see the module docstring)."""
+    async def delete(self, board_id: str, incarnation: str | None = None) -> None:
+        """Mark the board deleting, drop every shard, then remove its record (see the module docstring).
+        ``incarnation``: only that board; one created again under the id since is BoardNotFound (a
+        season archive deletes the board it settled, not the next season's)."""
         check_id(board_id, "board")
         while True:
             raw = await self.client.hget(keys.BOARDS, board_id)
             if raw is None:
                 raise BoardNotFound(f"no board {board_id!r}", "board")
             record = orjson.loads(raw)
+            if incarnation is not None and str(record.get("incarnation", "0")) != incarnation:
+                raise BoardNotFound(f"no board {board_id!r} of incarnation {incarnation!r}", "board")
             if record.get("state") != "deleting":
                 marked = orjson.dumps({**record, "state": "deleting"})
                 if not await self._swap(board_id, raw, marked):

@@ -29,7 +29,7 @@ from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
-from shardlb.connection import Scripts
+from shardlb.connection import Scripts, connect
 from shardlb.errors import (
     ArchiveBehind,
     BoardClosed,
@@ -40,7 +40,7 @@ from shardlb.errors import (
 )
 from shardlb.rebuild import Rebuilder
 from shardlb.reconcile import reconcile
-from shardlb.settlement import STEPS, Request, Settler, ensure_schema, period_bounds
+from shardlb.settlement import STEPS, Request, Settler, archive_season, ensure_schema, period_bounds
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_rebuild import own_archive
@@ -629,6 +629,46 @@ async def test_a_board_whose_season_archive_was_under_way_stays_closed_after_a_t
             await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(board.config.id)
+
+
+async def test_a_season_archive_deletes_the_board_it_settled_not_one_created_again(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """A season archive settles the board's total, then deletes the board: by its id, whichever
+    board held it then. Deleted and created again in between (the next season's board, made by
+    another admin or process), the new board was deleted with all its results. The archive now
+    deletes the incarnation it settled only; a board created again is left alone."""
+    name = "season-own-board"
+    board = await new_board(store, name)
+
+    async def created_again() -> None:  # another process: its own connection and event loop
+        client = connect(cluster_url)
+        try:
+            other = BoardStore(client, Scripts.register(client))
+            await other.delete(name)
+            again, _ = await other.create(BoardConfig.from_dict(name, {"periods": ["daily"]}))
+            await again.submit([Score("next", 7, "next-m1")])
+        finally:
+            await client.aclose()
+
+    def at_commit(step: str) -> None:
+        if step == "commit":
+            other = Thread(target=lambda: asyncio.run(created_again()))
+            other.start()
+            other.join()
+
+    try:
+        await board.submit([Score("p1", 10, "m1", times.now_ms() - 60_000)])
+        await drain(raw, store, postgres_url)
+        request = Request.of({"settlement_id": "season-own-1", "rewards": TABLE})
+        result = await archive_season(cluster_url, postgres_url, name, request, step=at_commit)
+        assert (result["archived"], result["players"]) == (True, 1)
+        new = await store.get(name)
+        assert new.incarnation != board.incarnation and not await new.closed()
+        assert [(e.player_id, e.points) for e in await new.top(10)] == [("next", 7)]
+    finally:
+        with contextlib.suppress(BoardNotFound):
+            await store.delete(name)
 
 
 @pytest.mark.parametrize(("mode", "archived_between"), [("best", False), ("best", True), ("set", True)])
