@@ -671,6 +671,63 @@ async def test_a_season_archive_deletes_the_board_it_settled_not_one_created_aga
             await store.delete(name)
 
 
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+async def test_a_board_created_again_settles_its_own_results_bans_and_removals(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], mode: str
+) -> None:
+    """A board deleted and created again under its id settles the same period as a new board: the
+    old incarnation's rows (its results under the same match ids, a late retry's hold), its board
+    bans and its removals count for nothing there; a ban stored without an incarnation (before
+    2026-12-05) still holds on the board of its id. Awards as the reference of the new board says."""
+    name = f"settle-again-{mode}"
+    board = await new_board(store, name, mode)
+    period = day_ago(2)
+    day = board.resolve(period).period
+    start, end = period_bounds(board, day)
+    players = [f"p{i:02d}" for i in range(12)]
+    banned_before, legacy, removed_before = players[1], players[2], players[3]
+    try:
+        old = [Score(p, 10 + i, f"m-{p}", start + 1000 * (i + 1)) for i, p in enumerate(players)]
+        await board.submit(old, now_ms=end - 1)
+        await drain(raw, store, rebuilder.db.info.dsn)
+        if mode != "incr":  # a late better retry after the day closed: the old day's hold
+            await board.submit([Score(players[0], 90, f"m-{players[0]}", start + 1000)])
+        await moderation.remove(board, [removed_before])
+        await drain(raw, store, rebuilder.db.info.dsn)
+        for table, held in (("match_holds", int(mode != "incr")), ("player_removals", 1)):
+            sql = f"SELECT count(*) FROM {table} WHERE board = %s AND incarnation = %s"
+            cur = await db.execute(sql, (name, board.incarnation))
+            assert await cur.fetchone() == (held,)  # the old incarnation's rows are there
+        await db.execute(
+            "INSERT INTO bans (player_id, board, reason, banned_by, incarnation) VALUES "
+            "(%s, %s, 'old', 'ops', %s), (%s, %s, 'legacy', 'ops', NULL)",
+            (banned_before, name, board.incarnation, legacy, name),
+        )
+        await store.delete(name)
+        again = await new_board(store, name, mode)
+        assert again.incarnation != board.incarnation
+        ref = ReferenceBoard(again.config)
+        new = [
+            Score(p, 50 - 3 * i, f"m-{p}", start + 2000 * (i + 1))
+            for i, p in enumerate(players)
+            if p != legacy  # refused by the routers: its ban holds on every board of the id
+        ]
+        await again.submit(new, now_ms=end - 1)
+        ref.submit(new, now_ms=end - 1)
+        await drain(raw, store, rebuilder.db.info.dsn)
+        request = Request.of({"settlement_id": f"again-{mode}", "rewards": TABLE})
+        result = await Settler(rebuilder).settle(again, period, request)
+        assert result["check"]["drifting"] == [] and result["players"] == len(players) - 1
+        paid = await awards_of(db, f"again-{mode}")
+        assert paid == expected_awards(ref, period, again)
+        winners = {p for _, p, _ in paid}
+        assert {banned_before, removed_before} <= winners and legacy not in winners
+    finally:
+        await db.execute("DELETE FROM bans WHERE board = %s", (name,))
+        with contextlib.suppress(BoardNotFound):
+            await store.delete(name)
+
+
 @pytest.mark.parametrize(("mode", "archived_between"), [("best", False), ("best", True), ("set", True)])
 async def test_a_late_better_retry_of_a_match_keeps_its_first_score_in_the_closed_period(
     store: BoardStore,
