@@ -62,6 +62,11 @@ class BanCache:
         self.fields: dict[str, str | None] = {}  # ban field -> the board's incarnation (Ban.incarnation)
         self.closed = False
         self.outage = Outage(log, "ban list not refreshed", "ban list refreshed again")
+        # Refreshes overlap (the task's and a ban's or an unban's request): a refresh's list is
+        # kept only if no refresh begun after it has been kept already, so the task's pass that
+        # began before a ban never puts back the list without it (router/journals.py alike).
+        self.begun = 0
+        self.kept = 0
 
     def banned(self, board: str, player: str, incarnation: str | None = None) -> bool:
         """Whether ``player`` is banned on ``board`` (of ``incarnation``; None: any) or everywhere."""
@@ -77,11 +82,16 @@ class BanCache:
         return made_on is None or incarnation is None or made_on == incarnation
 
     async def refresh(self) -> None:
+        self.begun += 1
+        mine = self.begun
         version = await self.bans.version()
         if version != self.version:
             found = await self.bans.all()
-            self.fields = {moderation.ban_field(b.board, b.player): b.incarnation for b in found}
-            self.version = version
+            fields = {moderation.ban_field(b.board, b.player): b.incarnation for b in found}
+            if mine < self.kept:
+                return
+            self.fields, self.version = fields, version
+        self.kept = max(self.kept, mine)
 
     async def run(self) -> None:
         while not self.closed:
