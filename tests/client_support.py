@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,21 +19,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shardlb.board import Score
 from shardlb.client import Entry, MatchResult
 from shardlb.config import BoardConfig
-from tests.ports import search_start
+from tests.ports import server_port
 from tests.reference import ReferenceBoard
 from tests.router_support import running
 
 
 def free_port() -> int:
-    """A free TCP port below the ephemeral range, away from the clusters' and the router tests' blocks."""
-    for port in range(search_start(28000, 200), 30000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port")
+    """A free TCP port of this process's own, below the ephemeral range (tests/ports.py)."""
+    return server_port()
 
 
 class DroppedAnswer(Exception):

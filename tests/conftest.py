@@ -1,4 +1,9 @@
-"""Shared fixtures: the suite's own Redis Cluster, started by the same code as `shardlb cluster up`."""
+"""Shared fixtures: the suite's own Redis Cluster, started by the same code as `shardlb cluster up`.
+
+Ports: every server a test starts takes its port from tests/ports.py, ``node_ports`` for Redis nodes
+and ``server_port`` for anything else, never from a start of its own: the xdist workers of a run
+then never search the same ports (see that module for the ranges and the slices).
+"""
 
 from __future__ import annotations
 
@@ -8,26 +13,19 @@ from collections.abc import Iterator
 import pytest
 
 from shardlb import compat
-from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.cluster import LocalCluster
 from shardlb.postgres import LocalPostgres
-from tests.ports import search_start
+from tests.ports import node_ports, server_port
 
 # As every process of shardlb does (the CLI, the router's app): the code under test runs with the
 # asyncio it runs with in production (shardlb/compat.py).
 compat.mend_wait_for()
 
 
-def _free_ports(count: int) -> int:
-    # Searching from a start of this process's own (tests/ports.py) keeps test sessions and xdist
-    # workers running side by side from racing for one block; bus ports (+10000) stay below Linux's
-    # ephemeral range (32768 and up).
-    return free_port_block(count, start=search_start(20000, 200))
-
-
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A healthy cluster of 3 masters with 1 replica each for the whole session; stopped at the end."""
-    local = LocalCluster(masters=3, replicas=1, port=_free_ports(6), dir=tmp_path_factory.mktemp("cluster"))
+    local = LocalCluster(masters=3, replicas=1, port=node_ports(6), dir=tmp_path_factory.mktemp("cluster"))
     local.up()
     try:
         yield local
@@ -48,8 +46,8 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if given:
         yield given
         return
-    # Its own start here too: the xdist workers may each start a server at the same moment.
-    server = LocalPostgres(tmp_path_factory.mktemp("postgres"), port=search_start(25432, 50), fast=True)
+    # From this process's own ports too: the xdist workers may each start a server at the same moment.
+    server = LocalPostgres(tmp_path_factory.mktemp("postgres"), port=server_port(), fast=True)
     url = server.up()
     try:
         yield url

@@ -16,13 +16,13 @@ import redis
 
 from shardlb import times
 from shardlb.board import Score
-from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.errors import InvalidInput
 from shardlb.reshard import Resharder, layout_bytes, short_of_memory
 from shardlb.store import BoardStore
-from tests.ports import search_start
+from tests.ports import node_ports
 
 pytestmark = pytest.mark.cluster
 
@@ -210,9 +210,7 @@ def test_short_of_memory_wants_the_copy_to_fit_below_every_masters_maxmemory() -
 async def test_bands_apply_refuses_a_copy_that_would_not_fit(tmp_path: Path) -> None:
     """On a private one-master cluster with a maxmemory just above what it holds, --apply leaves a
     skewed band board alone (exit 1, why on stderr); without the limit it reshards it."""
-    cluster = LocalCluster(
-        masters=1, replicas=0, port=free_port_block(1, start=search_start(20300, 100)), dir=tmp_path
-    )
+    cluster = LocalCluster(masters=1, replicas=0, port=node_ports(1), dir=tmp_path)
     cluster.up()
     client = connect(cluster.url)
     try:

@@ -19,8 +19,8 @@ import pytest
 from bench import chaos
 from bench.durability import ArchiverProcess
 from bench.services import Router, free_port
-from shardlb.cluster import LocalCluster, free_port_block
-from tests.ports import search_start
+from shardlb.cluster import LocalCluster
+from tests.ports import node_ports, server_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -30,8 +30,7 @@ WRITE_S = 2.0  # of writes before the fault, and again once the cluster is healt
 
 @pytest.fixture(scope="module")
 def durable_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # Bus ports (+10000) stay below 32768, away from the session cluster's and test_router_oom's blocks.
-    port = free_port_block(6, start=search_start(22600, 50))
+    port = node_ports(6)
     local = LocalCluster(3, 1, port, Path(tmp_path_factory.mktemp("chaos")), durable=True)
     local.up()
     try:
@@ -48,7 +47,7 @@ async def runs(
     logs = Path(tmp_path_factory.mktemp("chaos-logs"))
     archiver = ArchiverProcess(durable_cluster.url, postgres_url, logs / "archiver.log").start()
     try:
-        port = free_port(search_start(26000, 300))
+        port = free_port(server_port())
         with Router(durable_cluster.url, port, 1, logs / "router.log", chaos.router_env("replica")) as r:
             scenarios = [
                 await chaos.scenario(r.url, durable_cluster, "replica", fault, WRITE_S, WRITE_S, **LOAD)

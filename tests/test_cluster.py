@@ -24,14 +24,13 @@ from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.keys import SLOTS
 from shardlb.store import BoardStore
-from tests.ports import search_start
+from tests.ports import node_ports
 
 PASSWORD = "dur-able/pass"  # a / to show the URL percent-encodes it
 
 
 def _free_ports(count: int) -> int:
-    # Like the session fixture: a start of this process's own, so side-by-side runs rarely collide.
-    return free_port_block(count, start=search_start(20000, 200))
+    return node_ports(count)  # this process's own ports, as every test's (tests/ports.py)
 
 
 def _alive(pid: int) -> bool:

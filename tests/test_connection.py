@@ -22,13 +22,13 @@ from router.service import Service
 from router.settings import Settings
 from shardlb import times
 from shardlb.board import Score
-from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect, parse_url, raised_in_redis, redacted
 from shardlb.errors import ClusterUnavailable, InvalidInput
 from shardlb.fanout import ScriptPipeline
 from shardlb.store import BoardStore
-from tests.ports import search_start
+from tests.ports import node_ports, server_port
 
 PASSWORD = secrets.token_hex(16)
 
@@ -97,7 +97,7 @@ def protected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster
     local = LocalCluster(
         masters=3,
         replicas=1,
-        port=free_port_block(6, start=search_start(24000, 200)),
+        port=node_ports(6),
         dir=tmp_path_factory.mktemp("protected"),
     )
     local.up()
@@ -180,7 +180,7 @@ def test_redacted_hides_the_credentials_only() -> None:
 
 async def test_the_routers_start_up_error_does_not_show_the_password() -> None:
     settings = Settings(
-        redis_url=f"redis://:s3cret-pw@127.0.0.1:{free_port_block(1)}",
+        redis_url=f"redis://:s3cret-pw@127.0.0.1:{server_port()}",
         startup_timeout_s=0.2,
         insecure_dev=True,
     )
@@ -208,7 +208,7 @@ async def test_the_routers_start_up_logs_a_cluster_out_of_reach_once_not_every_t
     monkeypatch.setattr(Scripts, "load", counted)
     monkeypatch.setattr(router.service, "STARTUP_RETRY_S", 0.001)
     settings = Settings(
-        redis_url=f"redis://127.0.0.1:{free_port_block(1)}", startup_timeout_s=3, insecure_dev=True
+        redis_url=f"redis://127.0.0.1:{server_port()}", startup_timeout_s=3, insecure_dev=True
     )
     with kept("shardlb.router") as log, pytest.raises(ClusterUnavailable):
         await Service.start(settings)

@@ -19,8 +19,8 @@ from starlette.applications import Starlette
 
 from router import admin, dashboard
 from shardlb import keys
-from shardlb.cluster import LocalCluster, free_port_block
-from tests.ports import search_start
+from shardlb.cluster import LocalCluster
+from tests.ports import node_ports
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running, service_of
 from tests.test_router_server import Server
 
@@ -282,8 +282,7 @@ def test_metrics_add_up_every_worker(cluster: LocalCluster, tmp_path: Path) -> N
 async def test_cluster_view_answers_with_a_node_down(tmp_path: Path) -> None:
     """A private cluster loses a replica: the cluster view still answers, shows that node without
     memory, and once the others agree it has failed, flags it."""
-    # Bus ports (+10000) below the ephemeral range, away from the other test clusters' blocks.
-    port = free_port_block(6, start=search_start(22000, 50))
+    port = node_ports(6)
     local = LocalCluster(3, 1, port, tmp_path / "cluster")
     local.up()
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from shardlb.postgres import LocalPostgres
-from tests.ports import search_start
+from tests.ports import server_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,15 +77,9 @@ HTTPServer((os.environ["SHARDLB_HOST"], int(os.environ["SHARDLB_PORT"])), Handle
 """
 
 
-def free_port(after: int = 0) -> int:
-    for port in range(max(search_start(26000, 200), after + 1), 28000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port")
+def free_port() -> int:
+    """A port of this process's own (tests/ports.py): each call hands out another one."""
+    return server_port()
 
 
 @pytest.fixture
@@ -141,9 +134,9 @@ def test_make_run_after_make_stop_starts_the_private_postgresql_again(checkout: 
     run(checkout, "dev-run.sh", SHARDLB_PORT=port)
     run(checkout, "dev-stop.sh")
     assert postgres_calls(checkout) == ["postgres up", "postgres down"]
-    # dev.env now remembers the private server's URL: that is not a server the user named. (A port
-    # of its own: in the suite another worker's server may take the first one as soon as it is free.)
-    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port(after=int(port))))
+    # dev.env now remembers the private server's URL: that is not a server the user named. (Another
+    # port than the first: free_port hands out each port once.)
+    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port()))
     assert postgres_calls(checkout) == ["postgres up", "postgres down", "postgres up"]
     assert remembered(checkout, "SHARDLB_POSTGRES_URL") == "postgresql://shardlb@127.0.0.1:25432/postgres"
 
@@ -173,7 +166,7 @@ def test_make_run_in_a_shell_that_sourced_dev_env_starts_the_private_postgresql_
     run(checkout, "dev-run.sh", SHARDLB_PORT=port)
     run(checkout, "dev-stop.sh")
     sourced = remembered(checkout, "SHARDLB_POSTGRES_URL")
-    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port(after=int(port))), SHARDLB_POSTGRES_URL=sourced)
+    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port()), SHARDLB_POSTGRES_URL=sourced)
     assert postgres_calls(checkout) == ["postgres up", "postgres down", "postgres up"]
 
 
@@ -184,7 +177,7 @@ def test_make_run_uses_the_postgresql_the_user_names(checkout: Path, postgres_ur
     assert not postgres_calls(checkout)
     assert remembered(checkout, "SHARDLB_POSTGRES_URL") == theirs
     # the next run without it: the private server, not the URL dev.env kept from the last run
-    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port(after=int(port))))
+    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port()))
     assert postgres_calls(checkout) == ["postgres up"]
 
 

@@ -36,11 +36,9 @@ import contextlib
 import http.server
 import json
 import os
-import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -53,6 +51,8 @@ from pathlib import Path
 import pytest
 import redis
 from redis.cluster import RedisCluster
+
+from tests.ports import node_ports
 
 pytestmark = pytest.mark.slow
 
@@ -76,22 +76,9 @@ def _require_redis() -> None:
             pytest.fail(f"{tool} is not on PATH: run `make redis-server` (tests need Redis 7+)")
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("0.0.0.0", port))  # free on every address, 127.0.0.x included
-        except OSError:
-            return False
-    return True
-
-
 def _free_port() -> int:
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(21000, 29000)
-        if _port_free(port) and _port_free(port + 10000):
-            return port
-    raise RuntimeError("no free port pair (P, P + 10000) found")
+    """A port P of this process's own for nodes (tests/ports.py), P and P + 10000 free on every address."""
+    return node_ports(1, host="0.0.0.0")
 
 
 def _cli(*args: str, password: str | None = PASSWORD, timeout: float = 5) -> subprocess.CompletedProcess[str]:

@@ -27,10 +27,10 @@ from bench import chaos, migrate
 from bench.services import Router, free_port
 from router.errors import to_api_error
 from shardlb import BoardConfig, BoardStore, Score, Scripts, connect, keys, slots
-from shardlb.cluster import ClusterError, LocalCluster, free_port_block
+from shardlb.cluster import ClusterError, LocalCluster
 from shardlb.connection import slot_of
 from shardlb.fanout import batch
-from tests.ports import search_start
+from tests.ports import node_ports, server_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -40,8 +40,7 @@ WRITE_S = 1.5  # of writes before the change, and again after it
 
 @pytest.fixture(scope="module")
 def moving_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # Bus ports (+10000) below 32768, away from the session cluster's and test_chaos's blocks.
-    port = free_port_block(3, start=search_start(22100, 40))
+    port = node_ports(3)
     local = LocalCluster(3, 0, port, Path(tmp_path_factory.mktemp("migration")))
     local.up()
     try:
@@ -212,7 +211,7 @@ async def moves(
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """Both cluster changes under writes and reads through one router: what each measured."""
     logs = Path(tmp_path_factory.mktemp("migration-logs"))
-    port = free_port(search_start(27000, 300))
+    port = free_port(server_port())
     with Router(moving_cluster.url, port, 1, logs / "router.log", chaos.router_env("primary")) as r:
         yield await migrate.run(r.url, moving_cluster, WRITE_S, 0, **LOAD)
 
@@ -233,10 +232,10 @@ async def test_no_acknowledged_result_is_lost_and_no_read_is_inexact_while_slots
 
 @pytest.fixture(scope="module")
 def replicated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # Its tests kill a node and start it again on its port: from a range no other module searches
-    # (23500-23899), or another worker's server may take the port meanwhile (a CI run of 2026-12-05
-    # found a router's search from 22000 on the killed replica's port).
-    port = free_port_block(4, start=search_start(23500, 40))
+    # Its tests kill a node and start it again on its port: no other worker's server may take the
+    # port meanwhile (a CI run of 2026-12-05 found a router's search on the killed replica's port),
+    # which tests/ports.py's ranges and slices rule out.
+    port = node_ports(4)
     local = LocalCluster(2, 1, port, Path(tmp_path_factory.mktemp("migration-replicas")))
     local.up()
     try:

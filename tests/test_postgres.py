@@ -9,15 +9,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from shardlb.nodes import ClusterError, free_port_block
+from shardlb.nodes import ClusterError
 from shardlb.postgres import LocalPostgres
-from tests.ports import search_start
+from tests.ports import server_port
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LocalPostgres]:
     """A private server of the test's own, started once; stopped and deleted afterwards."""
-    local = LocalPostgres(tmp_path / "postgres", port=free_port_block(1, search_start(26600, 50)), fast=True)
+    local = LocalPostgres(tmp_path / "postgres", port=server_port(), fast=True)
     local.up()
     yield local
     local.destroy()
@@ -61,7 +61,7 @@ def test_a_directory_made_again_gets_an_empty_server_not_the_data_of_the_one_del
     old checkout's archive back, bans and audit rows included. With no state file there is no
     server of this directory to keep: data left under that name is an earlier one's."""
     where = tmp_path / "postgres"
-    first = LocalPostgres(where, port=free_port_block(1, search_start(26600, 50)), fast=True)
+    first = LocalPostgres(where, port=server_port(), fast=True)
     first.up()
     try:
         with psycopg.connect(first.url, autocommit=True) as conn:

@@ -17,7 +17,7 @@ import pytest
 from bench.chaos import healthy, node, promoted
 from shardlb import keys
 from shardlb.board import Score
-from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.errors import NotAcknowledged
@@ -25,14 +25,14 @@ from shardlb.fanout import Ack
 from shardlb.reshard import Resharder
 from shardlb.reshard_copy import Replicated
 from shardlb.store import BoardStore
-from tests.ports import search_start
+from tests.ports import node_ports
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
 def failing_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    port = free_port_block(6, start=search_start(22900, 50))
+    port = node_ports(6)
     local = LocalCluster(3, 1, port, Path(tmp_path_factory.mktemp("reshard-failover")), durable=True)
     local.up()
     try:
@@ -149,7 +149,7 @@ async def test_the_mover_waits_for_replicas_only_where_primaries_have_them(
     none, as before the confirmation."""
     waited, replicated = await reshard_counting_waits(failing_cluster, "fo-waits")
     assert replicated == {True} and waited > 0
-    port = free_port_block(1, start=search_start(23000, 50))
+    port = node_ports(1)
     alone = LocalCluster(1, 0, port, tmp_path / "alone")
     alone.up()
     try:

@@ -15,7 +15,7 @@ import pytest
 
 from bench import reshard
 from shardlb.cluster import LocalCluster
-from tests.ports import search_start
+from tests.ports import server_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -28,9 +28,7 @@ async def steps(
     cluster: LocalCluster, postgres_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> list[dict[str, Any]]:
     logs = Path(tmp_path_factory.mktemp("reshard-logs"))
-    return await reshard.with_router(
-        logs, cluster.url, postgres_url, WRITE_S, search_start(27500, 200), **LOAD
-    )
+    return await reshard.with_router(logs, cluster.url, postgres_url, WRITE_S, server_port(), **LOAD)
 
 
 @pytest.mark.parametrize("name", [name for name, _ in reshard.STEPS])

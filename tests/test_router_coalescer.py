@@ -19,12 +19,12 @@ from router.coalescer import Coalescer, Drained, primary_of
 from router.errors import ApiError
 from shardlb import keys, times
 from shardlb.board import Prepared, Result, Score
-from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.errors import Overloaded
 from shardlb.store import BoardStore
-from tests.ports import search_start
+from tests.ports import node_ports
 from tests.reference import ReferenceBoard
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of, settings_for
 from tests.test_router_logs import kept
@@ -325,7 +325,7 @@ async def test_a_primary_out_of_reach_is_a_few_warnings_per_primary_not_one_per_
     call that works. Two primaries down one after the other each have their warning."""
     # 2 masters, no replica: one master alone cannot mark the other failed, so the cluster stays up
     # for the live one's slots; durable, so `up` starts the killed nodes again from their files.
-    port = free_port_block(2, start=search_start(20000, 200))
+    port = node_ports(2)
     local = LocalCluster(2, 0, port, tmp_path / "c", durable=True)
     local.up()
     client = connect(local.url)

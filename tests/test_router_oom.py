@@ -16,9 +16,9 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys
-from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.cluster import LocalCluster
 from shardlb.connection import connect
-from tests.ports import search_start
+from tests.ports import node_ports
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -29,8 +29,7 @@ MAX_REQUESTS = 200
 
 @pytest.fixture(scope="module")
 def small_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # Bus ports (+10000) stay below 32768, away from the session cluster's block (20000-21999).
-    port = free_port_block(2, start=search_start(22000, 50))
+    port = node_ports(2)
     local = LocalCluster(masters=2, replicas=0, port=port, dir=Path(tmp_path_factory.mktemp("oom")))
     local.up()
     try:

@@ -32,9 +32,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from shardlb.cluster import LocalCluster, free_port_block
+from shardlb.cluster import LocalCluster
 from shardlb.store import BoardStore
-from tests.ports import search_start
+from tests.ports import node_ports, server_port
 from tests.router_support import ADMIN, AS_ADMIN, AS_WRITER, READ, WRITE, board_name, running
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,15 +56,8 @@ schemathesis.serializer("application/msgpack")(_pack)
 
 
 def free_port() -> int:
-    """A free TCP port below the ephemeral range (the workplace rule), away from the clusters' blocks."""
-    for port in range(search_start(24000, 400), 32000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port")
+    """A free TCP port of this process's own, below the ephemeral range (tests/ports.py)."""
+    return server_port()
 
 
 class Server:
@@ -335,12 +328,11 @@ async def test_sigterm_drains_accepted_writes(
 
 @pytest.mark.cluster
 async def test_outage_is_503_and_not_ready(tmp_path: Path) -> None:
-    """A cluster of its own, stopped under a running router: reads, writes and /readyz answer 503.
-    (Its bus port, +10000, stays below the ephemeral range.)"""
+    """A cluster of its own, stopped under a running router: reads, writes and /readyz answer 503."""
     small = LocalCluster(
         masters=1,
         replicas=0,
-        port=free_port_block(1, start=search_start(22000, 70)),
+        port=node_ports(1),
         dir=tmp_path / "cluster",
     )
     small.up()
