@@ -550,9 +550,11 @@ async def total_loss(
     archiver: durability.ArchiverProcess,
     scenarios: list[Scenario],
     out: Path,
+    router_port: int = 22400,
 ) -> dict[str, Any]:
     """Every scenario's boards after a total loss of Redis and `rebuild --all`: checksums before and
-    after, and the ledgers read back again through a new router."""
+    after, and the ledgers read back again through a new router (on the first free port from
+    ``router_port``: the tests pass one of their own, tests/ports.py)."""
     names = [b for s in scenarios for b in s.boards]
     log("waiting for the archiver to catch up")
     await wait_archived(cluster.url, names)
@@ -563,7 +565,7 @@ async def total_loss(
     rebuild_s = await asyncio.to_thread(rebuild_all, cluster.url, postgres_url, out / "rebuild.log")
     after = await checksums(cluster.url, postgres_url, names)
     lost_after = dict.fromkeys(MODES, 0)
-    with Router(cluster.url, free_port(22400), 1, out / "router-after.log", router_env("primary")) as r:
+    with Router(cluster.url, free_port(router_port), 1, out / "router-after.log", router_env("primary")) as r:
         for s in scenarios:
             counts = await compare(r.url, s.boards, s.ledger)
             lost_after[s.mode] += counts["lost"] + counts["best_lost"]

@@ -53,7 +53,7 @@ async def runs(
                 await chaos.scenario(r.url, durable_cluster, "replica", fault, WRITE_S, WRITE_S, **LOAD)
                 for fault in ("kill-lagging", "failover")
             ]
-        loss = await chaos.total_loss(durable_cluster, postgres_url, archiver, scenarios, logs)
+        loss = await chaos.total_loss(durable_cluster, postgres_url, archiver, scenarios, logs, server_port())
         yield scenarios, loss
     finally:
         archiver.stop()
