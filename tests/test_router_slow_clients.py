@@ -507,7 +507,9 @@ async def test_the_probe_port_has_bounds_of_its_own(monkeypatch: pytest.MonkeyPa
     """What the caps do not cover is bounded on its own: PROBE_CONNECTIONS at once (one more is
     closed at once), a silent connection closed after PROBE_TIMEOUT_S, a head past PROBE_HEAD_BYTES
     closed."""
-    monkeypatch.setattr(liveness, "PROBE_TIMEOUT_S", 0.5)
+    # Long enough that the silent ones are still open while the one more is refused, on a loaded
+    # machine too (make test runs three workers on two cores).
+    monkeypatch.setattr(liveness, "PROBE_TIMEOUT_S", 1.5)
     port = free_port()
     listener = await liveness.listen(Settings(insecure_dev=True, probe_port=port, probe_host="127.0.0.1"))
     assert listener is not None
@@ -515,7 +517,10 @@ async def test_the_probe_port_has_bounds_of_its_own(monkeypatch: pytest.MonkeyPa
     try:
         silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(liveness.PROBE_CONNECTIONS)]
         opened += [writer for _, writer in silent]
-        await asyncio.sleep(0.1)  # the listener has taken them in (a settling pause, nothing timed)
+        deadline = asyncio.get_running_loop().time() + PATIENCE_S
+        while listener.open < liveness.PROBE_CONNECTIONS:  # until the listener has taken them in
+            assert asyncio.get_running_loop().time() < deadline, listener.open
+            await asyncio.sleep(0.005)
         assert listener.open == liveness.PROBE_CONNECTIONS
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         opened.append(writer)
