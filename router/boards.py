@@ -18,7 +18,10 @@ every read of a real board 503 each time its settings expire, and the kept lane'
 most one per kept board and ``ttl_s`` (a board found gone is no longer kept). So a write's fetch
 waits behind at most one read of each lane. A board a read found missing is remembered as
 missing for ``missing_ttl_s`` (at most ``max_missing`` ids, the oldest forgotten first); writes do
-not trust that memory, and a create through this router clears it.
+not trust that memory, and a create through this router clears it. A fetch that overlapped a create
+or a delete through this router answers its callers but keeps nothing, and requests after the
+change do not join it: what it read may be from before the change, and would hide a board just
+created or keep one just deleted.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class Boards:
         self._writes: SingleFlight[str, Board] = SingleFlight()  # fetches for writes
         self._reads: SingleFlight[str, Board] = SingleFlight()  # fetches for reads, through a lane
         self._lists: SingleFlight[str, list[BoardConfig]] = SingleFlight()  # GET /v1/boards's reads
+        self.changes = 0  # creates and deletes through this router done: see ``_fetch``
 
     def cached(self, board_id: str) -> Board | None:
         """The board as kept, while its settings are fresh; else None (``get`` fetches them)."""
@@ -116,6 +120,7 @@ class Boards:
     async def create(self, config: BoardConfig) -> tuple[Board, bool]:
         async with self.gate, metrics.redis_call("create_board"):
             made = await self.store.create(config)
+        self._changed(config.id)
         self._kept.pop(config.id, None)
         self.missing.pop(config.id, None)
         return made
@@ -125,7 +130,8 @@ class Boards:
         try:
             async with self.gate, metrics.redis_call("delete_board"):
                 await self.store.delete(board_id, incarnation)
-        finally:
+        finally:  # failed too: it may have been applied, and a fetch meanwhile may have seen either
+            self._changed(board_id)
             self._kept.pop(board_id, None)
 
     async def _list(self) -> list[BoardConfig]:  # before ``list``, which hides the builtin below it
@@ -141,6 +147,7 @@ class Boards:
         """Fetch the board's settings through the registry gate; a read's (``lane`` given) first
         takes its lane."""
         read = lane is not None
+        changes = self.changes
         try:
             if lane is not None:
                 async with lane, self.gate, metrics.redis_call("board"):
@@ -149,15 +156,26 @@ class Boards:
                 async with self.gate, metrics.redis_call("board"):
                     board = await self.store.get(board_id)
         except BoardNotFound:
+            if self.changes != changes:  # a create or a delete ended meanwhile: this may be older
+                raise
             self._kept.pop(board_id, None)
             if read:
                 self._missing(board_id)
             raise
+        if self.changes != changes:
+            return board
         self.missing.pop(board_id, None)
         if len(self._kept) >= MAX_BOARDS:
             self._kept.clear()
         self._kept[board_id] = (time.monotonic(), board)
         return board
+
+    def _changed(self, board_id: str) -> None:
+        """After a create or a delete of ``board_id``: fetches under way keep nothing, and later
+        lookups do not join them."""
+        self.changes += 1
+        self._writes.forget(board_id)
+        self._reads.forget(board_id)
 
     def _missing(self, board_id: str) -> None:
         self.missing.pop(board_id, None)

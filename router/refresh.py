@@ -53,6 +53,11 @@ class SingleFlight(Generic[K, V]):
             future.add_done_callback(functools.partial(self._done, key))
         return await asyncio.shield(future)
 
+    def forget(self, key: K) -> None:
+        """Callers asking for ``key`` from now on start a fetch of their own: the one under way
+        (its callers still get its outcome) may have read what has changed since."""
+        self._running.pop(key, None)
+
     def _done(self, key: K, done: asyncio.Future[V]) -> None:
         # A failure nobody waits for any more is not logged as never retrieved: asyncio.shield
         # marks it retrieved for each waiter that gave up.

@@ -7,8 +7,12 @@ from typing import Any
 
 import pytest
 
+from router.boards import Boards
+from router.gate import Gate
+from shardlb.board import Board
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
+from shardlb.errors import BoardNotFound
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running, service_of
 
@@ -102,3 +106,86 @@ async def test_a_flood_of_unknown_boards_does_not_starve_reads_of_known_ones(
             boards.read_lane.release()
             await waiter
             boards.read_lane.release()
+
+
+class HeldStore(BoardStore):
+    """A board store whose first ``get`` is held, after it read the registry, until ``go`` is set:
+    a read's fetch of a board that began before a create or a delete and ends after it."""
+
+    def __init__(self, client: Any, scripts: Any) -> None:
+        super().__init__(client, scripts)
+        self.read = asyncio.Event()
+        self.go = asyncio.Event()
+        self.held = False
+
+    async def get(self, board_id: str) -> Board:
+        try:
+            return await super().get(board_id)
+        finally:
+            if not self.held:
+                self.held = True
+                self.read.set()
+                await self.go.wait()
+
+
+async def held_lookup(boards: Boards, store: HeldStore, board_id: str) -> asyncio.Future[Board]:
+    """A read's lookup of ``board_id`` whose registry read is done and whose answer is held."""
+    fetch = asyncio.ensure_future(boards.lookup(board_id))
+    await store.read.wait()
+    return fetch
+
+
+@pytest.mark.cluster
+async def test_a_read_begun_before_a_create_does_not_hide_the_new_board(store: BoardStore) -> None:
+    """A board created through this router is visible to reads at once (router/boards.py); a read
+    of it that found it missing just before and ended just after marked it missing anew: reads
+    answered 404 for a second after the create's 201."""
+    held = HeldStore(store.client, store.scripts)
+    boards = Boards(held, Gate(4))
+    name = board_name("held")
+    fetch = await held_lookup(boards, held, name)
+    try:
+        await boards.create(BoardConfig.from_dict(name, {}))
+        held.go.set()
+        with pytest.raises(BoardNotFound):
+            await fetch  # the read's own answer: the board was not there when it looked
+        assert (await boards.lookup(name)).config.id == name
+    finally:
+        await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_read_begun_before_a_delete_does_not_keep_the_deleted_board(store: BoardStore) -> None:
+    """A delete through this router forgets the board at once; a read of it that began before and
+    ended after kept the deleted incarnation: reads of it answered for CACHE_SECONDS more."""
+    name = board_name("held")
+    await store.create(BoardConfig.from_dict(name, {}))
+    held = HeldStore(store.client, store.scripts)
+    boards = Boards(held, Gate(4))
+    fetch = await held_lookup(boards, held, name)
+    await boards.delete(name)
+    held.go.set()
+    assert (await fetch).config.id == name  # the read's own answer: it was there when it looked
+    assert boards.cached(name) is None
+    with pytest.raises(BoardNotFound):
+        await boards.lookup(name)
+
+
+@pytest.mark.cluster
+async def test_a_write_after_a_create_does_not_wait_for_a_fetch_begun_before_it(store: BoardStore) -> None:
+    """A write's lookup of a board joins the fetch of it under way; one begun before the board was
+    created through this router answered the write after it 404 board_not_found."""
+    held = HeldStore(store.client, store.scripts)
+    boards = Boards(held, Gate(4))
+    name = board_name("held")
+    early = asyncio.ensure_future(boards.get(name))  # a write's fetch before the create
+    await held.read.wait()
+    try:
+        await boards.create(BoardConfig.from_dict(name, {}))
+        later = await asyncio.wait_for(boards.get(name), 10)  # held until `go` if it joins the early one
+        assert later.config.id == name
+    finally:
+        held.go.set()
+        with pytest.raises(BoardNotFound):
+            await early
+        await store.delete(name)
