@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +271,14 @@ class _Unanswered:
         await asyncio.sleep(3600)
 
 
+async def until(done: Callable[[], bool]) -> None:
+    """Once ``done()``: the coalescer's tasks have got that far (a loaded machine may take a while)."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, "the coalescer never got there"
+        await asyncio.sleep(0.001)
+
+
 async def test_a_drain_that_times_out_answers_every_request_even_those_still_queued() -> None:
     def prepared(player: str) -> Prepared:
         return Prepared(player, "m", 1, 0, 0, 0, ("total",))
@@ -277,9 +286,9 @@ async def test_a_drain_that_times_out_answers_every_request_even_those_still_que
     board: Any = _Unanswered()
     coalescer = Coalescer(delay_s=0.001, max_batch=2, node_of=lambda b, s: "n")
     sent = asyncio.create_task(coalescer.submit(board, [prepared("a1"), prepared("a2")]))
-    await asyncio.sleep(0.01)  # its call is in flight
+    await until(lambda: board.sent == ["a1", "a2"])  # its call is in flight
     queued = asyncio.create_task(coalescer.submit(board, [prepared("b1")]))  # behind it (one call at a time)
-    await asyncio.sleep(0.01)
+    await until(lambda: coalescer.depth == 3)
     assert await coalescer.close(0.2) == Drained(not_applied=1, in_doubt=2)
     done, _ = await asyncio.wait({sent, queued}, timeout=2)
     assert done == {sent, queued}
@@ -304,9 +313,9 @@ async def test_a_timed_out_drain_counts_as_not_applied_only_what_was_never_sent(
         asyncio.create_task(coalescer.submit(board, [prepared("a1", 0), prepared("a2", 0)])),  # sent
         asyncio.create_task(coalescer.submit(board, [prepared("b1", 1)])),  # waits for the permit
     ]
-    await asyncio.sleep(0.05)
+    await until(lambda: board.sent == ["a1", "a2"] and coalescer.depth == 3)
     requests.append(asyncio.create_task(coalescer.submit(board, [prepared("a3", 0)])))  # queued behind a1, a2
-    await asyncio.sleep(0.01)
+    await until(lambda: coalescer.depth == 4)
     with kept("shardlb.router") as log:
         drained = await coalescer.close(0.2)
     assert board.sent == ["a1", "a2"]
