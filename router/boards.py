@@ -172,10 +172,11 @@ class Boards:
 
     def _changed(self, board_id: str) -> None:
         """After a create or a delete of ``board_id``: fetches under way keep nothing, and later
-        lookups do not join them."""
+        lookups and lists do not join them."""
         self.changes += 1
         self._writes.forget(board_id)
         self._reads.forget(board_id)
+        self._lists.forget("")
 
     def _missing(self, board_id: str) -> None:
         self.missing.pop(board_id, None)

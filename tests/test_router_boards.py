@@ -189,3 +189,42 @@ async def test_a_write_after_a_create_does_not_wait_for_a_fetch_begun_before_it(
         with pytest.raises(BoardNotFound):
             await early
         await store.delete(name)
+
+
+class HeldList(BoardStore):
+    """A board store whose first listing is held, after it read the registry, until ``go`` is set."""
+
+    def __init__(self, client: Any, scripts: Any) -> None:
+        super().__init__(client, scripts)
+        self.read = asyncio.Event()
+        self.go = asyncio.Event()
+        self.held = False
+
+    async def list(self) -> list[BoardConfig]:
+        listed = await super().list()
+        if not self.held:
+            self.held = True
+            self.read.set()
+            await self.go.wait()
+        return listed
+
+
+@pytest.mark.cluster
+async def test_a_list_after_a_create_does_not_join_a_listing_begun_before_it(store: BoardStore) -> None:
+    """GET /v1/boards shares the registry read under way; one begun before a create through this
+    router answered the list after the create's 201 without the new board."""
+    held = HeldList(store.client, store.scripts)
+    boards = Boards(held, Gate(4))
+    name = board_name("held")
+    early = asyncio.ensure_future(boards.list())
+    await held.read.wait()
+    try:
+        await boards.create(BoardConfig.from_dict(name, {}))
+        later = asyncio.ensure_future(boards.list())
+        await asyncio.sleep(0)  # it joins the early listing, or takes its turn in the read lane
+        held.go.set()
+        assert name not in {c.id for c in await early}
+        assert name in {c.id for c in await asyncio.wait_for(later, 10)}
+    finally:
+        held.go.set()
+        await store.delete(name)
