@@ -115,6 +115,10 @@ async def _lookup(svc: Service, board: Board, view: ResolvedView) -> Settled | N
         return found[0]
     async with archive_read(svc) as db:
         done = await settlement_history.settled(db, board, view.period)
+    found = _settled.get(key)
+    if done is None and found is not None and found[0] is not None:
+        # A lookup begun after this one found it settled meanwhile: that answer is final.
+        return found[0]
     _settled[key] = (done, time.monotonic() + UNSETTLED_TTL_S)
     _settled.move_to_end(key)
     while len(_settled) > SETTLED_KEPT:

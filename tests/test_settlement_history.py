@@ -3,6 +3,12 @@ cluster: what ``GET /v1/boards/{board}/periods`` answers as ``kept``."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
 from shardlb import keys, periods, settlement_history, times
@@ -68,3 +74,44 @@ async def test_the_periods_listing_waits_out_a_reshard_of_the_layout_it_read(
             assert (after.status_code, after.json()) == (200, before.json())
     finally:
         await store.delete(config.id)
+
+
+async def test_a_lookup_begun_before_a_settlement_does_not_hide_it_once_seen(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A router keeps a period found settled for good (a settlement is final, router/history.py);
+    a lookup that asked PostgreSQL before the settlement and answered after a later one had found
+    it settled put "not settled" in its place: reads of the period went live again for
+    UNSETTLED_TTL_S."""
+    from router import history
+    from tests.test_settlement import day_ago
+
+    board, _ = await store.create(BoardConfig.from_dict(f"held-{times.now_ms()}", {"periods": ["daily"]}))
+    view = board.resolve(day_ago(3))
+    svc: Any = SimpleNamespace(settings=SimpleNamespace(postgres_url="postgresql://never-reached"))
+    asked, go = asyncio.Event(), asyncio.Event()
+    done = settlement_history.Settled("held", 3)
+
+    @contextlib.asynccontextmanager
+    async def no_db(_: Any) -> AsyncIterator[None]:
+        yield None
+
+    async def settled(db: Any, board: Any, name: str) -> settlement_history.Settled | None:
+        if not asked.is_set():  # the first lookup: PostgreSQL answers before the settlement
+            asked.set()
+            await go.wait()
+            return None
+        return done
+
+    monkeypatch.setattr(history, "archive_read", no_db)
+    monkeypatch.setattr(settlement_history, "settled", settled)
+    try:
+        early = asyncio.ensure_future(history._lookup(svc, board, view))
+        await asked.wait()
+        assert await history._lookup(svc, board, view) == done
+        go.set()
+        assert await early == done  # the settlement found meanwhile is final: its answer too
+        assert await history._lookup(svc, board, view) == done
+    finally:
+        go.set()
+        await store.delete(board.config.id)
