@@ -84,9 +84,9 @@ async def test_a_redis_outage_logs_the_journal_watch_at_its_start_and_end_not_ev
 
 
 class HeldStore(BoardStore):
-    """A board store that lists only the board named ``only`` (other tests' boards share the
-    cluster) and holds its first listing, after it is read, until ``go`` is set: a check of the
-    journal watch that began before a write and ends after it."""
+    """A board store whose first listing is held, after it is read, until ``go`` is set: a check
+    of the journal watch that began before a write and ends after it. It lists the board ``only``
+    alone: the session's cluster holds the journals other modules left behind, further behind."""
 
     def __init__(self, client: Any, scripts: Scripts, only: str) -> None:
         super().__init__(client, scripts)
