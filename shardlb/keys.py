@@ -12,6 +12,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:ver / :pend              band boards: versions, unfinished band moves
     lb:{<tag>}:<board>:<inc>:<shard>:vrm / :vfl               band homes: removed players' versions, floor
     lb:{<tag>}:<board>:<inc>:<shard>:gone                     set (with a TTL) when the board is deleted
+    lb:{<tag>}:<board>:<inc>:<shard>:swap                     a rebuild's forced swap, until its apply (a TTL)
     lb:{<tag>}:<board>:<inc>:<shard>:log                      the journal: a stream of applied results
     lb:{<tag>}:<board>:<inc>:<shard>:logn                     its results not archived yet (a count)
     lb:{<tag>}:<board>:<inc>:<shard>:seen                     inactive_after boards: player -> last post ms
@@ -209,6 +210,13 @@ def removal_request_field(request: str, player: str) -> str:
 def removals_marker_key(prefix: str) -> str:
     """A string beside ``removals_key`` with its expiry: write.lua reads it in its one MGET."""
     return prefix + "rmvon"
+
+
+def swap_marker_key(prefix: str) -> str:
+    """A token a rebuild's forced swap sets (with a TTL, listed in the key index) and the apply
+    after it checks and unlinks in its call (shardlb/rebuild.py, ``Rebuilder._apply_live``):
+    rebuild.lua builds this name itself from the prefix: keep them in step."""
+    return prefix + "swap"
 
 
 def journal_key(prefix: str) -> str:

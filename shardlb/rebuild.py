@@ -18,7 +18,10 @@ For each home shard, one after another (the design and its reasons: docs/design-
    atomic call, and readers never see an empty or partial board. After ``swap_tries`` attempts the
    swap is forced, and the few results written between the last attempt and the swap are applied to
    the live keys right after it, each once (``Rebuilder._apply_live``: what a removal since the
-   swap wiped on the live keys stays wiped, and a post since the swap stays).
+   swap wiped on the live keys stays wiped, and a post since the swap stays). The swap sets a
+   marker that the apply checks in its call (a failover can lose the swap and keep the board as it
+   was, those results on it already), and the apply waits for a replica wherever the primary has
+   one, which has the swap before it then too.
    ``swap`` first checks every temporary key's size against what was filled (a failover can lose
    the fill while the journal stays at X, and a missing key would unlink a live board); when one
    differs it changes nothing but drop them, and the shard is filled again from step 1
@@ -27,7 +30,8 @@ For each home shard, one after another (the design and its reasons: docs/design-
 After a total loss (``Rebuilder.restore``, `rebuild --all`), each swap, and what the shard's
 rebuild writes on the live keys after it, wait for a replica of the shard's primary wherever it has
 one, each call with its own marker and WAIT (``Rebuilder._acked``), as the ban list and the
-registry's records written back do.
+registry's records written back do. A rebuild of named boards swaps on the primary alone, but the
+apply after a forced swap waits too (``Rebuilder._apply_live``).
 
 Before step 1, ``refill`` puts back the shard's retry records of the dedup window (``RetryRecords``:
 an incr board's dedup sets, a best or set board's pins) that a loss of Redis took, so a result sent
@@ -340,6 +344,9 @@ class Rebuilder:
         # Set by ``restore`` (a total loss: what a swap writes is then the whole board): from then
         # on each swap waits for a replica of its shard's primary, wherever it has one.
         self.confirming: Replicated | None = None
+        # Which primaries have replicas, for the calls that wait whatever ``confirming`` says (the
+        # apply after a forced swap); read when first needed.
+        self._replicated: Replicated | None = None
         # Shards (prefixes) whose retry records ``restore`` put back: their next rebuild skips that.
         self._refilled: set[str] = set()
 
@@ -461,11 +468,15 @@ class Rebuilder:
         report.rows, report.journal = snap.rows, snap.journal
         pairs = {name: f"{prefix}tmp:{token}:{name}" for name in sorted(names)}
         mark, items = snap.mark, list[Any]()
+        swap = secrets.token_hex(8)  # a forced swap's marker, which the apply after it checks
         await self.check_layout(board)  # a reshard recorded since the rebuild began: refused now
         for tries in itertools.count(1):
             report.tries += 1
             force = tries > self.swap_tries
-            status, last = await self._call(board, shard, "swap", pairs, mark.last, force, items, sizes)
+            marker = swap if force else ""  # a swap not forced unlinks one (no apply follows it)
+            status, last = await self._call(
+                board, shard, "swap", pairs, mark.last, force, items, sizes, marker
+            )
             if status == "lost":
                 return None
             if last == mark.last:
@@ -475,7 +486,7 @@ class Rebuilder:
             new, cuts = await self.changes(board, shard, mark.position, parse_id(last))
             report.journal += len(new)
             if status == "ok":  # forced: the swap is done, and these go onto the live keys, once
-                report.journal += await self._apply_live(board, shard, fold, pairs, new, cuts, last)
+                report.journal += await self._apply_live(board, shard, fold, pairs, new, cuts, last, swap)
                 break
             mark = Mark(last, parse_id(last), None)
             removals = [v for player in cuts for v in (player, 0, 0, 0, 0)]
@@ -485,7 +496,7 @@ class Rebuilder:
                         pairs[name], sizes[name] = f"{prefix}tmp:{token}:{name}", 0
             items = [*items, *removals, *self._items(fold, new, pairs)]
         # Written on the live keys after the swap (``_apply_live``, this): each call confirmed as
-        # the swap was (``_script``).
+        # the swap was (``_script``), the apply wherever the primary has a replica.
         await self.recall_activity(board, shard, snap.arrivals)
         return pairs
 
@@ -498,10 +509,22 @@ class Rebuilder:
         new: list[Applied],
         cuts: dict[str, Id],
         swapped: str,
+        swap: str,
     ) -> int:
-        """After a swap forced at ``swapped``: put ``new`` (the results between the last attempt's
-        position and ``swapped``, which the RENAME overwrote) onto the live keys, once, with
-        ``cuts`` (the removals among them). Returns how many results it read after the swap.
+        """After a swap forced at ``swapped`` (its marker ``swap``): put ``new`` (the results
+        between the last attempt's position and ``swapped``, which the RENAME overwrote) onto the
+        live keys, once, with ``cuts`` (the removals among them). Returns how many results it read
+        after the swap.
+
+        Each ``apply`` waits for a replica wherever the shard's primary has one, even in a rebuild
+        of named boards, whose swaps do not (``_acked``): the swap and the apply are two calls, and
+        a failover between them that kept the swap alone lost ``new`` (acknowledged results) while
+        the rebuild said done. The WAIT covers the swap too, which went before on that primary. A
+        failover that lost the swap left the board as before it, ``new`` on it already: rebuild.lua
+        finds the swap's marker gone and answers "unswapped", changing nothing (ClusterUnavailable;
+        until 2026-12-05 it added ``new`` again, and an incr board counted their points twice).
+        Either way the rebuild stops, and run again it folds the shard from the journal and the
+        archive. Another rebuild's swap since (of the same shard) replaced the marker: refused too.
 
         What was written since the swap is on the live keys already, so rebuild.lua's ``apply``
         leaves out every player a removal since ``swapped`` wiped there (their results in ``new``
@@ -523,9 +546,13 @@ class Rebuilder:
             removals = [v for player in cuts if player not in gone for v in (player, 0, 0, 0, 0)]
             items = [*removals, *self._items(fold, kept, live)]
             force = tries > SWAP_TRIES
-            status, last = await self._call(board, shard, "apply", live, through, force, items, left=gone)
+            status, last = await self._call(
+                board, shard, "apply", live, through, force, items, left=gone, swap=swap, confirm=True
+            )
             if status == "ok":
                 return read
+            if status == "unswapped":
+                raise _unswapped(board, shard)
             more, removed = await self.changes(board, shard, parse_id(through), parse_id(last))
             read += len(more)
             gone |= set(removed)
@@ -1018,10 +1045,14 @@ class Rebuilder:
         force: bool,
         items: Sequence[Any],
         sizes: dict[str, int] | None = None,
+        swap: str = "",
         left: Iterable[str] = (),
+        confirm: bool = False,
     ) -> tuple[str, str]:
-        """rebuild.lua's ``swap`` (targets: the temporary keys, each of its size in ``sizes``) or
-        ``apply`` (the live keys, leaving out the players ``left``)."""
+        """rebuild.lua's ``swap`` (targets: the temporary keys, each of its size in ``sizes``;
+        it sets the marker ``swap``) or ``apply`` (the live keys, leaving out the players ``left``,
+        refused unless the marker is ``swap``). ``confirm``: the call waits for a replica whatever
+        ``confirming`` says (``_acked``)."""
         prefix = board.prefixes[shard]
         targets = [
             (target, keys.period_key(prefix, name), period_expiry(board, name), (sizes or {}).get(name, -1))
@@ -1029,7 +1060,7 @@ class Rebuilder:
         ]
         if op == "apply":
             targets = [(live, live, expiry, -1) for _, live, expiry, _ in targets]
-        return await self._swap_keys(prefix, targets, op, board, expected, force, items, left)
+        return await self._swap_keys(prefix, targets, op, board, expected, force, items, left, swap, confirm)
 
     async def _swap_keys(
         self,
@@ -1041,20 +1072,25 @@ class Rebuilder:
         force: bool = True,
         items: Sequence[Any] = (),
         left: Iterable[str] = (),
+        swap: str = "",
+        confirm: bool = False,
     ) -> tuple[str, str]:
         """rebuild.lua's ``swap`` or ``apply`` of ``targets``: (target, live key, expiry, the size the
         target was filled to, -1 for none: ``apply``). Returns (status, the journal's last id); the
-        status of a swap is "lost" when a target is not as filled (it changed nothing)."""
+        status of a swap is "lost" when a target is not as filled (it changed nothing), that of an
+        apply "unswapped" when the shard's swap marker is not ``swap`` (it changed nothing)."""
         c = None if board is None else board.codec
         header = [
             board.config.mode if board else "best", c.time_bits if c else 0, c.points_max if c else 0,
             c.order if c else "desc", c.tiebreak if c else "earliest", expected, int(force),
             [expiry for _, _, expiry, _ in targets], [size for _, _, _, size in targets], sorted(left),
+            swap, TMP_TTL_MS,
         ]  # fmt: skip
         names = [keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix)]
         for target, live, _, _ in targets:
             names += [target, live]
-        status, last = await self._script(names, [op, msgpack.packb(header), msgpack.packb(list(items))])
+        args = [op, msgpack.packb(header), msgpack.packb(list(items))]
+        status, last = await self._script(names, args, confirm)
         return _text(status), _text(last)
 
     async def check_layout(self, board: Board) -> None:
@@ -1074,20 +1110,26 @@ class Rebuilder:
         if record.get("reshard") or int(record.get("generation", 0)) != board.generation:
             raise _resharding(board)
 
-    async def _script(self, names: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _script(self, names: Sequence[str], args: Sequence[Any], confirm: bool = False) -> Any:
         """rebuild.lua, with a deleted board's refusal as BoardNotFound, and a shard's refusal while
         a reshard has marked it (BOARDMOVED) as the rebuild's refusal during a reshard. A swap,
         and what goes on the live keys after it (``apply``, ``recall``), is confirmed as
-        ``confirming`` asks (``_acked``)."""
+        ``confirming`` asks, or, with ``confirm``, wherever the shard's primary has a replica
+        (``_acked``)."""
         op = args[0]
-        script = await self._acked(names[0], once=op == "apply") if op in CONFIRMED else self.script
+        replicated = self.confirming
+        if replicated is None and confirm:
+            replicated = self._replicated = self._replicated or Replicated(self.client)
+        script = self.script
+        if op in CONFIRMED and replicated is not None:
+            script = await self._acked(replicated, names[0], once=op == "apply")
         try:
             return await script(keys=names, args=args)
         except NotAcknowledged as e:
-            assert self.confirming is not None
+            assert replicated is not None
             raise NotAcknowledged(
                 f"no replica confirmed the rebuild's {op} on {names[0].removesuffix('idx')!r} within "
-                f"{self.replica_wait_ms} ms on {self.confirming.describe(names[0])}: a failover could "
+                f"{self.replica_wait_ms} ms on {replicated.describe(names[0])}: a failover could "
                 "lose it. Run the rebuild again once that replica is in sync with its primary"
             ) from e
         except ResponseError as e:
@@ -1099,9 +1141,10 @@ class Rebuilder:
                 ) from e
             raise
 
-    async def _acked(self, key: str, once: bool = False) -> Script:
-        """rebuild.lua for a call on the shard of ``key``: once ``restore`` set ``confirming``, and
-        wherever the shard's primary has a replica, the call, the marker and WAIT on one connection
+    async def _acked(self, replicated: Replicated, key: str, once: bool = False) -> Script:
+        """rebuild.lua for a call on the shard of ``key``: once ``restore`` set ``confirming`` (or
+        for the apply after a forced swap, ``replicated``: see ``_apply_live``), and wherever the
+        shard's primary has a replica, the call, the marker and WAIT on one connection
         (``fanout.AckedScript``): NotAcknowledged when no replica has it within
         ``replica_wait_ms``. After a failover a swap is made again on the new primary, where it
         swaps the temporary keys in if they are there and not swapped, or answers "lost" and the
@@ -1112,10 +1155,8 @@ class Rebuilder:
         the board `rebuild --all` had just put back, and it said it was done; and the apply was
         confirmed by a call of its own after it (an EXISTS with the marker and WAIT), which a
         failover in between had the replica promoted confirm without it."""
-        if self.confirming is None:
-            return self.script
-        await self.confirming.read()
-        if not self.confirming(key):
+        await replicated.read()
+        if not replicated(key):
             return self.script
         return AckedScript.of(self.script, Ack(1, self.replica_wait_ms), once=once)
 
@@ -1124,6 +1165,16 @@ def _resharding(board: Board) -> BoardConflict:
     return BoardConflict(
         f"board {board.config.id!r} is being resharded: rebuild or reconcile it once that is over "
         f"(shardlb reshard {board.config.id} --status; --resume finishes one left half done)",
+        "board",
+    )
+
+
+def _unswapped(board: Board, shard: int) -> ClusterUnavailable:
+    return ClusterUnavailable(
+        f"board {board.config.id!r} shard {shard}: the rebuild's forced swap is gone from the shard's "
+        "primary before the results written between its last try and the swap were put back (lost in a "
+        "failover, or another rebuild of the shard swapped since): they were not applied again, the "
+        "board the shard holds now has them already. Rebuild it again once the cluster is stable",
         "board",
     )
 

@@ -22,7 +22,7 @@ from shardlb import store as store_module
 from shardlb.archive import connect_db
 from shardlb.board import Score
 from shardlb.config import BoardConfig
-from shardlb.errors import NotAcknowledged
+from shardlb.errors import ClusterUnavailable, NotAcknowledged
 from shardlb.fanout import Ack, confirmed
 from shardlb.rebuild import Rebuilder
 from shardlb.reshard import Resharder
@@ -257,3 +257,179 @@ async def test_a_forced_swaps_apply_lost_in_a_failover_is_never_said_done(
         monkeypatch.undo()
         await a.db.close()
         await store.delete(config.id)
+
+
+async def shard_keys(raw: Any, prefix: str) -> dict[bytes, bytes]:
+    """Every key of a shard (its prefix), dumped: the state a replica promoted would hold."""
+    return {name: await raw.dump(name) for name in await named(raw, prefix)}
+
+
+async def named(raw: Any, prefix: str) -> list[bytes]:
+    """The names of a shard's keys (KEYS on its primary: the cluster client asks a random node)."""
+    return list(await raw.keys(prefix + "*", target_nodes=raw.get_node_from_key(prefix)))
+
+
+async def put_back(raw: Any, prefix: str, state: dict[bytes, bytes]) -> None:
+    """The shard's keys as ``state`` holds them: the others deleted, each of them restored."""
+    for name in await named(raw, prefix):
+        await raw.delete(name)
+    for name, dumped in state.items():
+        await raw.restore(name, 0, dumped)
+
+
+async def forced_board(store: BoardStore, raw: Any, postgres_url: str, name: str, mode: str) -> Any:
+    """A one-shard board with three players and a cheater, archived; returns (board, archiver)."""
+    body = {"mode": mode, "sharding": {"shards": 1}}
+    config = BoardConfig.from_dict(f"{name}-{mode}-{random.randrange(10**9)}", body)
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    now = times.now_ms()
+    scores = [Score(f"p{i}", 10 * i, f"m{i}", now - HOUR) for i in range(1, 4)]
+    await board.submit([*scores, Score("cheater", 5, "early", now - HOUR)], now_ms=now - HOUR)
+    await drain(a)
+    return board, a
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_one_board_forced_swaps_apply_lost_in_a_failover_is_never_said_done(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    monkeypatch: pytest.MonkeyPatch,
+    postgres_url: str,
+    mode: str,
+) -> None:
+    """A rebuild of one board (`shardlb rebuild BOARD`, the admin endpoint, `reconcile --repair`)
+    forced its swap and put the results written between its last try and the swap onto the live
+    keys in a second call (``_apply_live``), both on the primary alone. The primary failing right
+    after the apply, before a replica had it, left the replica promoted with the swap and without
+    the apply: those results (acknowledged by a replica, in ``SHARDLB_ACK=replica``) and the removal
+    among them were gone, and the rebuild said done. Here the apply's effect is lost right after it
+    ran: with a WAIT on its connection that connection breaks, else the reply came back first."""
+    board, a = await forced_board(store, raw, postgres_url, "lost-one-apply", mode)
+    prefix = board.prefixes[0]
+    now = times.now_ms()
+    try:
+        rebuilder.swap_tries = 0  # the first swap is forced
+        rebuilder.replica_wait_ms = ACK_MS
+        real_snapshot, real_apply = rebuilder.snapshot, rebuilder._apply_live
+        real_run, real_pipelines = rebuilder.script.run, fanout._pipelines
+        before: dict[bytes, bytes] = {}
+        lost: list[bool] = []
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            await board.submit([Score("p1", 100, "between", now)], now_ms=now)  # before the swap
+            assert await moderation.remove(board, ["cheater"]) == {"cheater"}
+            return snap
+
+        async def apply_live(*args: Any, **kwargs: Any) -> int:
+            before.update(await shard_keys(raw, prefix))  # as the swap left them
+            return await real_apply(*args, **kwargs)
+
+        async def run(numkeys: int, values: list[Any]) -> Any:  # the call without a WAIT
+            reply = await real_run(numkeys, values)
+            if before and not lost and values[numkeys] == "apply":  # answered, then lost
+                lost.append(True)
+                await put_back(raw, prefix, before)
+            return reply
+
+        async def pipelines(sends: Any, timeout: Any) -> Any:  # the call with a WAIT
+            out = await real_pipelines(sends, timeout)
+            carries_wait = any(c.args[0] == "WAIT" for _, commands in sends for c in commands)
+            if before and not lost and carries_wait:  # the apply lost, the connection broken
+                lost.append(True)
+                await put_back(raw, prefix, before)
+                return [redis.exceptions.ConnectionError("the primary failed")] * len(sends)
+            return out
+
+        monkeypatch.setattr(rebuilder, "snapshot", snapshot)
+        monkeypatch.setattr(rebuilder, "_apply_live", apply_live)
+        monkeypatch.setattr(rebuilder.script, "run", run)
+        monkeypatch.setattr(fanout, "_pipelines", pipelines)
+        complete = [("p1", 100 if mode == "best" else 110), ("p3", 30), ("p2", 20)]
+        try:
+            await rebuilder.rebuild(board)
+        except NotAcknowledged:
+            pass  # reported: run again below
+        else:
+            top = await board.top(10, board.resolve("total"))
+            assert [(e.player_id, e.points) for e in top] == complete, "a lost apply was said done"
+        assert lost
+        monkeypatch.undo()
+        await drain(a)
+        again = Rebuilder(raw, rebuilder.script, rebuilder.db)
+        await again.rebuild(board)
+        top = await board.top(10, board.resolve("total"))
+        assert [(e.player_id, e.points) for e in top] == complete
+    finally:
+        monkeypatch.undo()
+        await a.db.close()
+        await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_forced_swap_lost_in_a_failover_is_never_applied_to(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    monkeypatch: pytest.MonkeyPatch,
+    postgres_url: str,
+    mode: str,
+) -> None:
+    """The other half of a failover between a forced swap and its apply: the swap lost with the
+    primary, the apply made on the replica promoted, which holds the board as it was before the
+    swap, the results written between the last try and the swap included. The apply added them
+    again (an incr board counted their points twice), and the rebuild said done. Now the apply
+    finds the swap's marker missing and changes nothing: a clear error, and the rebuild run again
+    converges. Here the shard's keys are put back as they were before the swap right before the
+    apply (the state of the replica promoted), whatever confirmed the swap."""
+    board, a = await forced_board(store, raw, postgres_url, "lost-one-swap", mode)
+    prefix = board.prefixes[0]
+    now = times.now_ms()
+    try:
+        rebuilder.swap_tries = 0  # the first swap is forced
+        rebuilder.replica_wait_ms = ACK_MS
+        real_snapshot, real_apply, real_call = rebuilder.snapshot, rebuilder._apply_live, rebuilder._call
+        before: dict[bytes, bytes] = {}
+        lost: list[bool] = []
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            await board.submit([Score("p1", 100, "between", now)], now_ms=now)  # before the swap
+            assert await moderation.remove(board, ["cheater"]) == {"cheater"}
+            return snap
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if args[2] == "swap" and not before:
+                before.update(await shard_keys(raw, prefix))  # the board before the swap
+            return await real_call(*args, **kwargs)
+
+        async def apply_live(*args: Any, **kwargs: Any) -> int:
+            lost.append(True)
+            await put_back(raw, prefix, before)  # the swap lost with the primary
+            return await real_apply(*args, **kwargs)
+
+        monkeypatch.setattr(rebuilder, "snapshot", snapshot)
+        monkeypatch.setattr(rebuilder, "_call", call)
+        monkeypatch.setattr(rebuilder, "_apply_live", apply_live)
+        complete = [("p1", 100 if mode == "best" else 110), ("p3", 30), ("p2", 20)]
+        refused: list[str] = []
+        try:
+            await rebuilder.rebuild(board)
+        except ClusterUnavailable as e:
+            refused.append(str(e))
+        assert lost
+        top = await board.top(10, board.resolve("total"))
+        assert [(e.player_id, e.points) for e in top] == complete, "applied again after the swap was lost"
+        assert refused and "swap" in refused[0], "a lost swap was said done"
+        monkeypatch.undo()
+        await drain(a)
+        again = Rebuilder(raw, rebuilder.script, rebuilder.db)
+        await again.rebuild(board)
+        top = await board.top(10, board.resolve("total"))
+        assert [(e.player_id, e.points) for e in top] == complete
+    finally:
+        monkeypatch.undo()
+        await a.db.close()
+        await store.delete(board.config.id)

@@ -1054,6 +1054,114 @@ async def test_a_rebuild_killed_between_its_forced_swap_and_the_apply_is_finishe
         await store.delete(config.id)
 
 
+async def test_a_forced_swap_gone_before_its_apply_is_a_503_and_exit_1_and_a_rerun_converges(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, monkeypatch: Any
+) -> None:
+    """The apply after a forced swap refuses when the swap's marker is gone from the shard (the
+    swap lost in a failover: tests/test_ack_losses.py, which checks the board a real loss leaves;
+    here the marker alone is taken away): the admin endpoint answers 503 cluster_unavailable and
+    `shardlb rebuild` exits 1, both saying why; run again, the rebuild converges (each result once)."""
+    config = BoardConfig.from_dict("rebuild-unswapped", {"mode": "incr", "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        scores = [Score(f"p{i}", 10 * i, f"m{i}", now - HOUR) for i in range(1, 4)]
+        await board.submit(scores, now_ms=now - HOUR)
+        await drain(a)
+        real_init, real_snapshot, real_apply = Rebuilder.__init__, Rebuilder.snapshot, Rebuilder._apply_live
+        unswapped: list[bool] = []
+        loop = asyncio.get_running_loop()
+
+        async def here(call: Awaitable[Any]) -> Any:
+            """``call`` on the test's loop, whose clients these are (the CLI runs a loop of its own)."""
+            future = asyncio.run_coroutine_threadsafe(call, loop)  # type: ignore[arg-type]
+            return await asyncio.wrap_future(future)
+
+        def init(self: Rebuilder, *args: Any, **kwargs: Any) -> None:
+            real_init(self, *args, **kwargs)
+            self.swap_tries = 0  # the first swap is forced
+
+        async def snapshot(self: Rebuilder, *args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(self, *args, **kwargs)
+            await here(board.submit([Score("p1", 100, f"between-{len(unswapped)}", now)], now_ms=now))
+            return snap
+
+        async def apply_live(self: Rebuilder, *args: Any, **kwargs: Any) -> int:
+            unswapped.append(True)
+            await here(raw.delete(keys.swap_marker_key(board.prefixes[0])))  # gone with the swap
+            return await real_apply(self, *args, **kwargs)
+
+        monkeypatch.setattr(Rebuilder, "__init__", init)
+        monkeypatch.setattr(Rebuilder, "snapshot", snapshot)
+        monkeypatch.setattr(Rebuilder, "_apply_live", apply_live)
+        async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+            answer = await client.post(f"/v1/boards/{config.id}:rebuild", headers=AS_ADMIN)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "cluster_unavailable"
+        assert "forced swap" in answer.json()["error"]["message"]
+        command = ["rebuild", config.id, "--redis", cluster_url, "--postgres", postgres_url]
+        assert await asyncio.to_thread(main, command) == 1
+        assert len(unswapped) == 2
+        monkeypatch.undo()
+        await drain(a)
+        assert await asyncio.to_thread(main, command) == 0
+        top = await board.top(10, board.resolve("total"))
+        assert [(e.player_id, e.points) for e in top] == [("p1", 210), ("p3", 30), ("p2", 20)]
+    finally:
+        monkeypatch.undo()
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_a_forced_swaps_apply_after_another_rebuilds_swap_counts_nothing_twice(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, monkeypatch: Any
+) -> None:
+    """Two rebuilds of one shard at once (two operators, or `reconcile --repair` beside `shardlb
+    rebuild`): one forces its swap, the other swaps its own board in before the first one's apply,
+    that board holding the results written before the first swap. The apply added them again on
+    top (an incr board counted them twice, and the rebuild said done); now it finds its swap's
+    marker replaced and refuses, and the board holds each result once."""
+    config = BoardConfig.from_dict("rebuild-two-at-once", {"mode": "incr", "sharding": {"shards": 1}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        now = times.now_ms()
+        scores = [Score(f"p{i}", 10 * i, f"m{i}", now - HOUR) for i in range(1, 4)]
+        await board.submit(scores, now_ms=now - HOUR)
+        await drain(a)
+        rebuilder.swap_tries = 0  # the first swap is forced
+        other = Rebuilder(raw, rebuilder.script, rebuilder.db)
+        real_snapshot, real_changes = rebuilder.snapshot, rebuilder.changes
+        done: list[Any] = []
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            await board.submit([Score("p1", 100, "between", now)], now_ms=now)  # before the swap
+            return snap
+
+        async def changes(*args: Any, **kwargs: Any) -> Any:
+            got = await real_changes(*args, **kwargs)
+            if not done:  # the forced swap is done: the other rebuild swaps before the apply
+                done.append(await other.rebuild(board))
+            return got
+
+        monkeypatch.setattr(rebuilder, "snapshot", snapshot)
+        monkeypatch.setattr(rebuilder, "changes", changes)
+        refused: list[str] = []
+        try:
+            await rebuilder.rebuild(board)
+        except ClusterUnavailable as e:
+            refused.append(str(e))
+        assert done
+        top = await board.top(10, board.resolve("total"))
+        assert [(e.player_id, e.points) for e in top] == [("p1", 110), ("p3", 30), ("p2", 20)]
+        assert refused and "another rebuild" in refused[0]
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
 async def test_a_refill_puts_back_only_the_records_removals_made(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
 ) -> None:

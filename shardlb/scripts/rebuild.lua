@@ -10,9 +10,16 @@
 --          them again. Else if the journal's last-generated id is still `expected` (or `force` is
 --          1): apply ARGV[3]'s results to the targets, then RENAME every target that exists over
 --          its live key (and UNLINK a live key whose target does not exist: filled with nobody),
---          registering each in the key index with its expiry as write.lua does. Otherwise change
---          nothing. Returns {'ok' or 'moved', last-generated id}.
---   apply: apply ARGV[3]'s results to the targets (the live keys themselves) and register them,
+--          registering each in the key index with its expiry as write.lua does, and set the
+--          shard's swap marker (`swap`) to ARGV[2]'s `mark` for `marker ms` (listed in the key
+--          index; with no mark it is unlinked). Otherwise change nothing. Returns {'ok' or 'moved',
+--          last-generated id}.
+--   apply: first, when the swap marker is not `mark` (the forced swap it follows was lost in a
+--          failover, or another swap came since), return {'unswapped', last-generated id},
+--          changing nothing: its results are on the board that swap replaced already, or would be
+--          applied on top of another rebuild's. Then apply ARGV[3]'s results to the targets (the
+--          live keys themselves) and register them, and unlink the marker (an apply made again
+--          finds none: made once),
 --          leaving out the players of ARGV[2]'s `left` and of the delete entries journaled after
 --          `expected` (a removal since wiped them on the live keys; their results would come back).
 --          Unless `force` is 1, first return {'moved', last-generated id}, changing nothing, when an
@@ -37,7 +44,8 @@
 --          to write.lua (one window past). Returns {'ok', ''}.
 -- ARGV[2]    MessagePack: mode, time_bits, points_max, order, tiebreak, expected id, force,
 --            {expiry ms of each pair's live key, 0 = never}, {size of each pair's target as filled
---            (swap; -1 for apply)}, {players `left` out (apply)}
+--            (swap; -1 for apply)}, {players `left` out (apply)}, mark (swap, apply: a token of the
+--            swap, '' for none), marker ms (swap: how long the marker lives)
 -- ARGV[3]    MessagePack, flat: per result and period, player, score, points, time_units, pair number;
 --            pair number 0 removes the player from every target (a removal, shardlb/moderation.py)
 -- The results are applied with write.lua's rules (best: the higher score; set: the later time, ties
@@ -135,8 +143,16 @@ end
 local h = cmsgpack.unpack(ARGV[2])
 local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
 local expected, force, expiry, sizes, left = h[6], h[7], h[8], h[9], h[10] or {}
+local mark, marker = h[11] or '', string.sub(KEYS[2], 1, -5) .. 'swap'
 local tmax = T - 1
 local last = last_id(KEYS[3])
+-- An apply follows the forced swap that set the marker, on the same primary. A failover in between
+-- can lose the swap, the marker with it, and leave the board as it was before it: the results this
+-- apply carries are on that board already (an incr board would count them twice). Checked here, in
+-- the call that writes, so nothing comes between the check and the apply.
+if op == 'apply' and (mark == '' or redis.call('GET', marker) ~= mark) then
+  return {'unswapped', last}
+end
 -- Every target as filled before any is renamed. The fill is acknowledged by the master alone: a
 -- failover between the fill and this call can promote a replica that has none of it, or a prefix
 -- of its commands (so a short count), while the journal still says nothing moved; an expired
@@ -243,5 +259,12 @@ for i = 1, npairs do
       redis.call('ZADD', KEYS[1], '+inf', live)
     end
   end
+end
+if op == 'swap' and mark ~= '' then
+  redis.call('SET', marker, mark, 'PX', h[12])
+  redis.call('ZADD', KEYS[1], redis.call('PEXPIRETIME', marker), marker)
+else  -- a swap without a mark (a band shard's), or an apply done: no apply is to follow
+  redis.call('UNLINK', marker)
+  redis.call('ZREM', KEYS[1], marker)
 end
 return {'ok', last}
