@@ -259,9 +259,10 @@ async def test_a_forced_swaps_apply_lost_in_a_failover_is_never_said_done(
         await store.delete(config.id)
 
 
-async def shard_keys(raw: Any, prefix: str) -> dict[bytes, bytes]:
-    """Every key of a shard (its prefix), dumped: the state a replica promoted would hold."""
-    return {name: await raw.dump(name) for name in await named(raw, prefix)}
+async def shard_keys(raw: Any, prefix: str) -> dict[bytes, tuple[bytes, int]]:
+    """Every key of a shard (its prefix), dumped with its TTL (ms, 0 for none): the state a replica
+    promoted would hold."""
+    return {name: (await raw.dump(name), max(await raw.pttl(name), 0)) for name in await named(raw, prefix)}
 
 
 async def named(raw: Any, prefix: str) -> list[bytes]:
@@ -269,12 +270,12 @@ async def named(raw: Any, prefix: str) -> list[bytes]:
     return list(await raw.keys(prefix + "*", target_nodes=raw.get_node_from_key(prefix)))
 
 
-async def put_back(raw: Any, prefix: str, state: dict[bytes, bytes]) -> None:
+async def put_back(raw: Any, prefix: str, state: dict[bytes, tuple[bytes, int]]) -> None:
     """The shard's keys as ``state`` holds them: the others deleted, each of them restored."""
     for name in await named(raw, prefix):
         await raw.delete(name)
-    for name, dumped in state.items():
-        await raw.restore(name, 0, dumped)
+    for name, (dumped, ttl) in state.items():
+        await raw.restore(name, ttl, dumped)
 
 
 async def forced_board(store: BoardStore, raw: Any, postgres_url: str, name: str, mode: str) -> Any:
@@ -314,7 +315,7 @@ async def test_a_one_board_forced_swaps_apply_lost_in_a_failover_is_never_said_d
         rebuilder.replica_wait_ms = ACK_MS
         real_snapshot, real_apply = rebuilder.snapshot, rebuilder._apply_live
         real_run, real_pipelines = rebuilder.script.run, fanout._pipelines
-        before: dict[bytes, bytes] = {}
+        before: dict[bytes, tuple[bytes, int]] = {}
         lost: list[bool] = []
 
         async def snapshot(*args: Any, **kwargs: Any) -> Any:
@@ -391,7 +392,7 @@ async def test_a_forced_swap_lost_in_a_failover_is_never_applied_to(
         rebuilder.swap_tries = 0  # the first swap is forced
         rebuilder.replica_wait_ms = ACK_MS
         real_snapshot, real_apply, real_call = rebuilder.snapshot, rebuilder._apply_live, rebuilder._call
-        before: dict[bytes, bytes] = {}
+        before: dict[bytes, tuple[bytes, int]] = {}
         lost: list[bool] = []
 
         async def snapshot(*args: Any, **kwargs: Any) -> Any:
