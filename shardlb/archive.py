@@ -382,7 +382,11 @@ class Archiver:
         if not batch:
             return 0
         rows = _merge_retries([row for board, _, entry in batch for row in _rows(board, entry)], batch)
-        removals = [(e.board, e.incarnation, e.shard, p, e.id) for _, _, e in batch for p in e.removed]
+        removals = [
+            (e.board, e.incarnation, e.shard, p, e.id, _listed(e.kept_in(p)))
+            for _, _, e in batch
+            for p in e.removed
+        ]
         records: list[tuple[Any, ...]] = []
         for _, _, e in batch:  # with a removal request's name and mark (NULL: named by none)
             marks: list[str | None] = [*e.marks()] or [None] * len(e.recorded)
@@ -560,10 +564,11 @@ class Archiver:
                     "request, request_mark) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
                     records,
                 )
-            if removals:  # delete entries (shardlb/moderation.py): a rebuild drops the results before them
+            if removals:  # delete entries (shardlb/moderation.py): a rebuild drops the results before
+                # them, but in the periods the removal left whole (``kept``)
                 await cur.executemany(
-                    "INSERT INTO player_removals (board, incarnation, shard, player_id, journal_id) "
-                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    "INSERT INTO player_removals (board, incarnation, shard, player_id, journal_id, kept) "
+                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
                     removals,
                 )
             if not rows:
@@ -634,6 +639,11 @@ def _settings(board: Board) -> dict[str, Any]:
     layout generation once a reshard drew one (shardlb/reshard.py records each new one)."""
     settings = board.config.to_dict()
     return {**settings, "generation": board.generation} if board.generation else settings
+
+
+def _listed(periods: frozenset[str] | None) -> list[str] | None:
+    """``player_removals.kept`` of a removal that left ``periods`` whole (None: none)."""
+    return None if periods is None else sorted(periods)
 
 
 def _journals(board: Board) -> list[str]:

@@ -9,7 +9,8 @@ shard's journal (the script does both in one atomic call). A removal (shardlb/mo
 remove.lua) is an entry with ``x`` instead of ``r``: a MessagePack array of the player ids removed
 from every period of the shard at that id (its ``n`` counts the players it names, and counts in
 the shard's ``logn`` as results do); results of those players with smaller ids on this shard
-no longer count (``k``, ``q`` and ``u``: the records it made, ``Entry``). The archiver
+no longer count, but in the periods ``a`` says it left whole (``k``, ``q`` and ``u``: the records
+it made; ``a``: ``Entry.kept``). The archiver
 (shardlb/archive.py) copies entries into PostgreSQL, acknowledges them (taking their ``n`` off the
 shard's ``logn``, the results not yet archived that write.lua's bound reads) and trims what it
 committed; a rebuild replays the entries written after its snapshot.
@@ -53,6 +54,19 @@ class Entry(NamedTuple):
     # units it recorded for each of ``recorded``'s players beside their records ("" and -1: none)
     request: str = ""
     request_units: int = -1
+    # a delete entry's players of ``removed`` whose entry stayed in some periods (remove.lua's `a`,
+    # journaled since 2026-12-05: a removal made at an earlier call's time keeps the entries
+    # achieved since), with the names of those periods; a player not listed stayed in none
+    kept: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def kept_in(self, player: str) -> frozenset[str] | None:
+        """The periods whose entry of ``player``, one of ``removed``, this removal left whole: their
+        results journaled before it still count there. None when it left none (every entry without
+        `a`, as before it was journaled)."""
+        for p, names in self.kept:
+            if p == player:
+                return frozenset(names)
+        return None
 
     def marks(self) -> list[str]:
         """Per player of ``recorded``, the value remove.lua gave the request's record of them (field
@@ -81,7 +95,9 @@ def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
         removed = tuple(_text(p) for p in msgpack.unpackb(get["x"], raw=False))
         request = _text(get["q"]) if "q" in get else ""
         units = int(_text(get["u"])) if request else -1
-        return Entry(*head, [], removed, counted, recorded, request, units)
+        held = msgpack.unpackb(get["a"], raw=False) if "a" in get else []
+        kept = tuple((_text(held[n]), tuple(_text(held[n + 1]).split(","))) for n in range(0, len(held), 2))
+        return Entry(*head, [], removed, counted, recorded, request, units, kept)
     flat = msgpack.unpackb(get["r"], raw=False)
     skips = msgpack.unpackb(get["c"], raw=False) if "c" in get else [""] * (len(flat) // 3)
     results = []

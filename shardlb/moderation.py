@@ -5,11 +5,13 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
   shard; every region's on a region board), each call atomic on its shard: the player leaves every
   period board there, and a delete entry joins the shard's journal in the same call. The archiver
   records delete entries in ``player_removals``; a rebuild drops the shard's results of that player
-  journaled before the entry. On band boards the call also bumps the player's version and records
-  every band as pending, and the band shards then drop the player at that version (band.lua), so a
-  retry converges and a late band move cannot bring the player back. Removing again is harmless,
-  and a removal named by a request (``remove``'s ``request``: the router's X-Request-Id) is made
-  once per shard whatever its retries: a retry keeps the results the player posted since.
+  journaled before the entry, but in the periods it left whole (a removal made at an earlier call's
+  time keeps the entries achieved since: ``kept``). On band boards the call also bumps the player's
+  version and records every band as pending, and the band shards then drop the player at that
+  version (band.lua), so a retry converges and a late band move cannot bring the player back.
+  Removing again is harmless, and a removal named by a request (``remove``'s ``request``: the
+  router's X-Request-Id) is made once per shard whatever its retries: a retry keeps the results the
+  player posted since.
 - **Bans** (``Bans``): PostgreSQL keeps them (``bans``, the truth that a rebuild reads), and Redis
   keeps the list routers cache (``lb:bans``, a hash ``<board or *>/<player>`` -> record, and a
   version ``lb:bans:v`` that moves with every change, so a router reloads the list only when it
@@ -108,6 +110,10 @@ CREATE TABLE IF NOT EXISTS player_removals (
     archived_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (board, incarnation, shard, player_id, journal_id)
 );
+-- The periods whose entry of the player the removal left whole (remove.lua's `a`: a removal made at
+-- an earlier call's time keeps the entries achieved since): the player's earlier rows still count
+-- there. NULL: it left none, as every removal archived before this column.
+ALTER TABLE player_removals ADD COLUMN IF NOT EXISTS kept text[];
 CREATE TABLE IF NOT EXISTS bans (
     player_id text NOT NULL,
     board text NOT NULL,

@@ -71,6 +71,10 @@ from shardlb.reshard_copy import REPLICA_WAIT_MS, Replicated
 from shardlb.store import BoardStore
 
 Id = tuple[int, int]  # a journal entry id, (ms, seq): ordered as Redis orders them
+# A removal of a player (a delete entry, or its row of ``player_removals``): its journal id, and the
+# periods whose entry of the player it left whole (``Entry.kept_in``; None: none, as most do).
+Cut = tuple[Id, frozenset[str] | None]
+Cuts = dict[str, list[Cut]]  # player -> their removals
 SEQ_MAX = 2**64 - 1
 TMP_TTL_MS = 3_600_000
 SWAP_TRIES = 50
@@ -489,7 +493,7 @@ class Rebuilder:
                 report.journal += await self._apply_live(board, shard, fold, pairs, new, cuts, last, swap)
                 break
             mark = Mark(last, parse_id(last), None)
-            removals = [v for player in cuts for v in (player, 0, 0, 0, 0)]
+            removals = _removal_items(cuts, pairs)
             for r in new:
                 for name in fold.names(r):
                     if name not in pairs:  # applied to a key the swap creates: nothing filled
@@ -507,7 +511,7 @@ class Rebuilder:
         fold: Fold,
         pairs: dict[str, str],
         new: list[Applied],
-        cuts: dict[str, Id],
+        cuts: Cuts,
         swapped: str,
         swap: str,
     ) -> int:
@@ -543,7 +547,7 @@ class Rebuilder:
             kept = [r for r in [*new, *since] if r.player_id not in gone]
             live = {name: keys.period_key(prefix, name) for r in kept for name in fold.names(r)}
             live |= {name: keys.period_key(prefix, name) for name in (pairs if cuts else ())}
-            removals = [v for player in cuts if player not in gone for v in (player, 0, 0, 0, 0)]
+            removals = _removal_items({p: c for p, c in cuts.items() if p not in gone}, live)
             items = [*removals, *self._items(fold, kept, live)]
             force = tries > SWAP_TRIES
             status, last = await self._call(
@@ -773,8 +777,10 @@ class Rebuilder:
         journal = rows = 0
         entries = await self._entries(prefix, None, mark.position)
         # Removed players' results journaled before the removal, and banned players', are left out
-        # (PostgreSQL's own removals and bans are left out by the query in _rows).
-        kept = _kept(_cuts(entries), await moderation.banned_in(self.db, board))
+        # (PostgreSQL's own removals and bans are left out by the query in _rows), but in the
+        # periods a removal left whole, PostgreSQL's too (``_removals``).
+        cuts = _merged(_cuts(entries), await self._removals(board, shard, None, None, partial=True))
+        kept = _kept(board, cuts, await moderation.banned_in(self.db, board))
         arrivals: dict[str, int] = {}
         active = board.config.inactive_after is not None
 
@@ -782,8 +788,8 @@ class Rebuilder:
             if active and arrivals.get(r.player_id, -1) < i[0]:
                 arrivals[r.player_id] = i[0]
 
-        for i, r in ((parse_id(e.id), r) for e in entries for r in e.results):
-            if not kept(i, r):
+        for i, got in ((parse_id(e.id), r) for e in entries for r in e.results):
+            if (r := kept(i, got)) is None:
                 continue
             arrived(i, r)
             if incr:
@@ -792,8 +798,8 @@ class Rebuilder:
                 seen.add((r.match_id, r.player_id))
             fold.add(r)
             journal += 1
-        for i, r in await self._rows(board, shard, None, mark.position if incr else None):
-            if not kept(i, r):
+        for i, got in await self._rows(board, shard, None, mark.position if incr else None):
+            if (r := kept(i, got)) is None:
                 continue
             arrived(i, r)
             if incr and (r.match_id, r.player_id) in seen:
@@ -804,8 +810,8 @@ class Rebuilder:
         # its (match, player) replaced: folded into that period alone (the fold takes the best or
         # the latest, so a copy of what a row or entry holds changes nothing). Read after the rows:
         # the archiver writes a hold in the transaction that replaces its row.
-        for i, r in [] if incr else await self._rows(board, shard, None, None, holds=True):
-            if kept(i, r):
+        for i, got in [] if incr else await self._rows(board, shard, None, None, holds=True):
+            if (r := kept(i, got)) is not None:
                 fold.add(r)
                 rows += 1
         return Snapshot(mark, rows, journal, arrivals)
@@ -890,13 +896,12 @@ class Rebuilder:
         trimmed during the read is then found in PostgreSQL; one found in both is taken once)."""
         return (await self.changes(board, shard, after, upto))[0]
 
-    async def changes(
-        self, board: Board, shard: int, after: Id, upto: Id
-    ) -> tuple[list[Applied], dict[str, Id]]:
-        """``since``, without the results of removed (before their removal) or banned players, and
-        the removals in the range: player -> the id of the latest. A best or set result trimmed away
-        whose row a later application of its (match, player) replaced after a period closed is read
-        from its hold, as ``snapshot`` reads them (the row alone, at the later id, skips that period)."""
+    async def changes(self, board: Board, shard: int, after: Id, upto: Id) -> tuple[list[Applied], Cuts]:
+        """``since``, without the results of removed (before their removal, but in the periods it
+        left whole) or banned players, and the removals in the range, per player. A best or set
+        result trimmed away whose row a later application of its (match, player) replaced after a
+        period closed is read from its hold, as ``snapshot`` reads them (the row alone, at the later
+        id, skips that period)."""
         prefix = board.prefixes[shard]
         read = await self._entries(prefix, after, upto)
         first = (await self.mark(prefix)).first
@@ -907,23 +912,36 @@ class Rebuilder:
             found += await self._rows(board, shard, after, upto, skip=ids)
             if board.config.mode != "incr":  # read after the rows, as in ``snapshot``
                 found += await self._rows(board, shard, after, upto, skip=ids, holds=True)
-            for player, cut in (await self._removals(board, shard, after, upto)).items():
-                cuts[player] = max(cut, cuts.get(player, cut))
-        kept = _kept(cuts, await moderation.banned_in(self.db, board))
-        return [r for i, r in found if kept(i, r)], cuts
+            cuts = _merged(cuts, await self._removals(board, shard, after, upto))
+        kept = _kept(board, cuts, await moderation.banned_in(self.db, board))
+        return [r for r in (kept(i, r) for i, r in found) if r is not None], cuts
 
-    async def _removals(self, board: Board, shard: int, after: Id, upto: Id) -> dict[str, Id]:
-        """Removals the archiver recorded for the shard with ids in (after, upto]."""
+    async def _removals(
+        self, board: Board, shard: int, after: Id | None, upto: Id | None, partial: bool = False
+    ) -> Cuts:
+        """Removals the archiver recorded for the shard with ids in (after, upto]; with ``partial``,
+        only those that left some periods whole (the query in ``_rows`` leaves out the results
+        before the others)."""
         position = _position("journal_id")
+        sql = (
+            "SELECT player_id, journal_id, kept FROM player_removals WHERE board = %s AND incarnation = %s "
+            "AND shard = %s"
+        )
+        params: list[Any] = [board.config.id, board.incarnation, shard]
+        if partial:
+            sql += " AND kept IS NOT NULL"
+        if after is not None:
+            sql += f" AND {position} > (%s, %s)"
+            params += after
+        if upto is not None:
+            sql += f" AND {position} <= (%s, %s)"
+            params += upto
         async with self.db.transaction():
-            cur = await self.db.execute(
-                "SELECT player_id, journal_id FROM player_removals WHERE board = %s AND incarnation = %s "
-                f"AND shard = %s AND {position} > (%s, %s) AND {position} <= (%s, %s)",
-                [board.config.id, board.incarnation, shard, *after, *upto],
-            )
-            cuts: dict[str, Id] = {}
-            for player, entry_id in await cur.fetchall():
-                cuts[player] = max(parse_id(entry_id), cuts.get(player, (0, 0)))
+            cur = await self.db.execute(sql, params)
+            cuts: Cuts = {}
+            for player, entry_id, kept in await cur.fetchall():
+                periods = None if kept is None else frozenset(kept)
+                cuts.setdefault(player, []).append((parse_id(entry_id), periods))
         return cuts
 
     async def members(self, key: str) -> dict[str, int]:
@@ -957,7 +975,8 @@ class Rebuilder:
         holds: bool = False,
     ) -> list[tuple[Id, Applied]]:
         """The shard's rows with journal ids in (after, upto], without those of banned players and
-        those journaled before a removal of their player on this shard (shardlb/moderation.py).
+        those journaled before a removal of their player on this shard (shardlb/moderation.py) that
+        left no period whole (the few others are the callers': ``_removals``, ``_kept``).
 
         With ``holds``, its rows of ``match_holds`` instead: a best or set result's earlier
         application that a later one of its (match, player) replaced in ``match_results`` after a
@@ -974,7 +993,7 @@ class Rebuilder:
             "AND NOT EXISTS (SELECT 1 FROM player_removals x "
             "WHERE (x.board, x.incarnation, x.shard, x.player_id) "
             "= (m.board, m.incarnation, m.shard, m.player_id) "
-            f"AND {_position('x.journal_id')} > {position})"
+            f"AND {_position('x.journal_id')} > {position} AND x.kept IS NULL)"
         )
         params: list[Any] = [board.config.id, board.incarnation, shard, moderation.ALL]
         if after is not None:
@@ -1197,23 +1216,64 @@ def _position(column: str) -> str:
     return f"(split_part({column}, '-', 1)::numeric, split_part({column}, '-', 2)::numeric)"
 
 
-def _cuts(entries: Iterable[Entry]) -> dict[str, Id]:
-    """The journal's removals (delete entries): player -> the id of the latest."""
-    cuts: dict[str, Id] = {}
+def _cuts(entries: Iterable[Entry]) -> Cuts:
+    """The journal's removals (delete entries), per player."""
+    cuts: Cuts = {}
     for entry in entries:
         for player in entry.removed:
-            cuts[player] = max(parse_id(entry.id), cuts.get(player, (0, 0)))
+            cuts.setdefault(player, []).append((parse_id(entry.id), entry.kept_in(player)))
     return cuts
 
 
-def _kept(cuts: dict[str, Id], banned: set[str]) -> Callable[[Id, Applied], bool]:
-    """Whether a result journaled at an id counts: its player is not banned, nor removed after it."""
+def _merged(cuts: Cuts, more: Cuts) -> Cuts:
+    """``cuts`` and ``more``, a removal found in both (the journal and PostgreSQL) taken once."""
+    out = dict(cuts)
+    for player, found in more.items():
+        out[player] = sorted({*out.get(player, ()), *found}, key=lambda cut: cut[0])
+    return out
 
-    def kept(entry_id: Id, r: Applied) -> bool:
-        cut = cuts.get(r.player_id)
-        return r.player_id not in banned and (cut is None or entry_id > cut)
+
+def _kept(board: Board, cuts: Cuts, banned: set[str]) -> Callable[[Id, Applied], Applied | None]:
+    """A result journaled at an id as it counts: None when its player is banned, or removed after it
+    by a removal that left no period whole; else in the periods every removal after it left whole
+    (the others added to its ``skipped``: a removal made at an earlier call's time keeps the
+    player's entries achieved since, period by period, remove.lua), or as it is."""
+    codec = board.codec
+
+    def kept(entry_id: Id, r: Applied) -> Applied | None:
+        if r.player_id in banned:
+            return None
+        later = [periods for at, periods in cuts.get(r.player_id, ()) if at > entry_id]
+        if not later:
+            return r
+        if None in later:
+            return None
+        every = board.period_names(codec.units_to_ms(r.units))
+        dropped = {n for n in every if n not in r.skipped and any(n not in p for p in later if p is not None)}
+        if not dropped:
+            return r
+        if all(n in dropped or n in r.skipped for n in every):
+            return None
+        return r._replace(skipped=tuple(n for n in every if n in dropped or n in r.skipped))
 
     return kept
+
+
+def _removal_items(cuts: Cuts, pairs: dict[str, str]) -> list[Any]:
+    """rebuild.lua's items for ``cuts``, the removals among results applied to ``pairs`` (period ->
+    key, numbered from 1 in their order, as ``Rebuilder._items`` numbers them): a player removed
+    from every pair (number 0), or from each pair one of their removals did not leave whole (its
+    number, negative)."""
+    out: list[Any] = []
+    for player, found in cuts.items():
+        kept = [periods for _, periods in found]
+        if None in kept:
+            out += [player, 0, 0, 0, 0]
+            continue
+        for n, name in enumerate(pairs, 1):
+            if any(p is not None and name not in p for p in kept):
+                out += [player, 0, 0, 0, -n]
+    return out
 
 
 @asynccontextmanager

@@ -126,17 +126,27 @@ CREATE INDEX IF NOT EXISTS match_results_by_player
 """
 
 
-# The rows a rebuild keeps (shardlb/rebuild.py, ``_rows``): none of a banned player's, none journaled
-# before a removal of their player on that shard (shardlb/moderation.py). A removed or banned player
-# is therefore neither ranked nor rewarded, and Redis (which the removal emptied too) agrees.
-MODERATED = (
+# The rows a rebuild keeps (shardlb/rebuild.py, ``_rows``): none of a banned player's (``BANNED``:
+# the parameter is moderation.ALL), none journaled before a removal of their player on that shard
+# (shardlb/moderation.py) that did not leave the period whole (``REMOVED``: the parameter is the
+# period's name; ``kept`` lists those a removal made at an earlier call's time left whole, where the
+# player's entry was achieved since). A removed or banned player is therefore neither ranked nor
+# rewarded, and Redis (which the removal emptied too) agrees.
+BANNED = (
     "AND NOT EXISTS (SELECT 1 FROM bans b WHERE b.player_id = m.player_id AND (b.board = %s "
-    "OR (b.board = m.board AND (b.incarnation IS NULL OR b.incarnation = m.incarnation)))) "
-    "AND NOT EXISTS (SELECT 1 FROM player_removals x "
-    "WHERE (x.board, x.incarnation, x.shard, x.player_id) = (m.board, m.incarnation, m.shard, m.player_id) "
-    "AND (split_part(x.journal_id, '-', 1)::numeric, split_part(x.journal_id, '-', 2)::numeric) "
-    "> (split_part(m.journal_id, '-', 1)::numeric, split_part(m.journal_id, '-', 2)::numeric))"
+    "OR (b.board = m.board AND (b.incarnation IS NULL OR b.incarnation = m.incarnation))))"
 )
+# A removal of the row's player on its shard journaled after the row, in ``x``.
+REMOVED_AFTER = (
+    "(x.board, x.incarnation, x.shard, x.player_id) = (m.board, m.incarnation, m.shard, m.player_id) "
+    "AND (split_part(x.journal_id, '-', 1)::numeric, split_part(x.journal_id, '-', 2)::numeric) "
+    "> (split_part(m.journal_id, '-', 1)::numeric, split_part(m.journal_id, '-', 2)::numeric)"
+)
+REMOVED = (
+    f"AND NOT EXISTS (SELECT 1 FROM player_removals x WHERE {REMOVED_AFTER} "
+    "AND NOT coalesce(%s = ANY(x.kept), FALSE))"
+)
+MODERATED = f"{BANNED} {REMOVED}"
 
 
 async def ensure_schema(db: psycopg.AsyncConnection[Any]) -> None:
@@ -482,7 +492,7 @@ class Settler:
             + held.format("match_holds", "period = %s")
         )
         where = f"FROM ({applied}) m WHERE TRUE {MODERATED}"
-        params = (*(board.config.id, board.incarnation, start, end, name) * 2, moderation.ALL)
+        params = (*(board.config.id, board.incarnation, start, end, name) * 2, moderation.ALL, name)
         mode, codec = board.config.mode, board.codec
         if mode == "best":
             sql = f"SELECT max(score), player_id, shard {where} GROUP BY player_id, shard"

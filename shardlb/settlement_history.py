@@ -153,9 +153,13 @@ async def player_history(
     for each of those that is settled, the final rank and points the player reached there (the rank
     is known when the player is in the snapshot)."""
     # A result the moderation rule leaves out (its player banned, or removed after it) counts in
-    # no period: a rebuild and a settlement skip it, as Redis does since the removal.
+    # no period: a rebuild and a settlement skip it, as Redis does since the removal; but in the
+    # periods every later removal left whole (``player_removals.kept``: per removal, its periods
+    # comma-separated, '' for none).
     cur = await db.execute(
-        f"SELECT m.match_id, m.points, m.achieved_ms, m.skipped, TRUE {settlement.MODERATED} "
+        f"SELECT m.match_id, m.points, m.achieved_ms, m.skipped, TRUE {settlement.BANNED}, "
+        "(SELECT array_agg(coalesce(array_to_string(x.kept, ','), '')) FROM player_removals x "
+        f"WHERE {settlement.REMOVED_AFTER}) "
         "FROM match_results m WHERE m.board = %s AND m.incarnation = %s AND m.player_id = %s "
         "ORDER BY m.achieved_ms DESC, m.match_id LIMIT %s",
         (moderation.ALL, board.config.id, board.incarnation, player_id, limit),
@@ -179,9 +183,10 @@ async def player_history(
         if start is not None or not competition
     }
     out = []
-    for match_id, points, achieved, skipped, counts in results:
+    for match_id, points, achieved, skipped, counts, removals in results:
         every = periods.names_at(achieved, board.config.periods, board.tz, board.config.week_start)
-        names = [n for n in every if n not in skipped] if counts else []
+        kept = [set(k.split(",")) for k in removals or ()]
+        names = [n for n in every if n not in skipped and all(n in k for k in kept)] if counts else []
         out.append(
             {
                 "match_id": match_id,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import msgpack
 import pytest
 
 from shardlb import keys, moderation, periods, times
@@ -256,3 +257,13 @@ async def test_a_memory_board_keeps_no_journal(store: BoardStore, cluster_url: s
         assert await journal_of(board, cluster_url) == []
     finally:
         await store.delete(config.id)
+
+
+def test_a_delete_entry_names_the_periods_its_removal_left_whole() -> None:
+    """`a` (remove.lua, since 2026-12-05): per player, the periods their entry stayed in. An entry
+    without it, as every one journaled before, left none (``kept_in`` None), as it meant then."""
+    head = {b"b": b"board", b"i": b"inc", b"s": b"0", b"n": b"2", b"x": msgpack.packb(["p", "q"])}
+    old = decode(b"5-0", head)
+    assert old.kept == () and old.kept_in("p") is None and old.kept_in("q") is None
+    new = decode(b"6-0", {**head, b"a": msgpack.packb(["p", "total,d:2026-12-03"])})
+    assert new.kept_in("p") == frozenset({"total", "d:2026-12-03"}) and new.kept_in("q") is None

@@ -1368,3 +1368,66 @@ async def test_a_late_retry_archived_during_the_catch_up_keeps_the_first_score_i
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+@pytest.mark.parametrize(
+    ("mode", "archived_between"), [("best", False), ("best", True), ("incr", True), ("set", False)]
+)
+async def test_a_removal_that_keeps_some_periods_made_during_the_rebuild_stays_as_redis_made_it(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    postgres_url: str,
+    monkeypatch: Any,
+    mode: str,
+    archived_between: bool,
+) -> None:
+    """A removal made at an earlier call's time (a DELETE retried past the dedup window) between the
+    snapshot and the swap, its delete entry read from the journal or, archived and trimmed, from
+    PostgreSQL: the catch-up removes the player from the periods the removal did not leave whole
+    only, and the periods it kept hold the player's entry as Redis does. Until 2026-12-05 the
+    catch-up removed the player from every period."""
+    config = BoardConfig.from_dict(
+        f"rebuild-kept-{mode}-{int(archived_between)}",
+        {"mode": mode, "periods": ["daily"], "retention_days": {"daily": 30}, "sharding": {"shards": 1},
+         "dedup_window_s": 30 * 86_400},
+    )  # fmt: skip
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    today = datetime.now(UTC).date()
+    old_day, day = (board.resolve(f"daily:{(today - timedelta(days=n)).isoformat()}") for n in (3, 2))
+    s1, _ = period_bounds(board, old_day.period)
+    s2, e2 = period_bounds(board, day.period)
+    at = s2 + HOUR
+    try:
+        first = [Score("p", 5, "p-1", s2 + HOUR // 2), Score("q", 3, "q-1", s2 + 1000)]
+        await board.submit(first, now_ms=at - 1)
+        await moderation.remove(board, ["p"], now_ms=at, request="remove/R")
+        await board.submit([Score("p", 8, "p-2", s2 + 3 * HOUR)], now_ms=e2 - 1)
+        await raw.delete(keys.removals_key(board.prefixes[0]))  # the dedup window is over
+        await board.submit([Score("p", 20, "p-old", s1 + HOUR)], now_ms=s1 + 2 * HOUR)
+        await drain(a)
+        real_snapshot, tops = rebuilder.snapshot, {}
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            if not tops:
+                # The rebuild put back the records of the window it finds (the test's clock is
+                # not past it): gone again, as they would be
+                await raw.delete(keys.removals_key(board.prefixes[0]))
+                assert await moderation.remove(board, ["p"], request="remove/R", since_ms=at) == {"p"}
+                for period in (board.resolve("total"), day, old_day):
+                    tops[period.period] = [(e.player_id, e.points) for e in await board.top(10, period)]
+                if archived_between:
+                    await drain(a)
+                    await raw.xtrim(keys.journal_key(board.prefixes[0]), maxlen=0)
+            return snap
+
+        monkeypatch.setattr(rebuilder, "snapshot", snapshot)
+        await rebuilder.rebuild(board)
+        assert tops[day.period] == [("p", 8), ("q", 3)]
+        for period in (board.resolve("total"), day, old_day):
+            assert [(e.player_id, e.points) for e in await board.top(10, period)] == tops[period.period]
+    finally:
+        await a.db.close()
+        await store.delete(config.id)

@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardlb import keys, moderation, settlement_delivery, times
+from shardlb import keys, moderation, periods, settlement_delivery, times
 from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
 from shardlb.cli import main
@@ -41,6 +41,7 @@ from shardlb.errors import (
 from shardlb.rebuild import Rebuilder
 from shardlb.reconcile import reconcile
 from shardlb.settlement import STEPS, Request, Settler, archive_season, ensure_schema, period_bounds
+from shardlb.settlement_history import player_history
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_rebuild import own_archive
@@ -865,5 +866,70 @@ async def test_a_rebuild_keeps_the_first_score_of_a_late_retry_in_the_closed_per
         await rebuilder.rebuild(board)
         assert await board.top(10, board.resolve(period)) == top
         assert [(e.player_id, e.points) for e in await board.top(10)] == [("first", 40), ("second", 5)]
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+async def test_a_removal_that_keeps_some_periods_settles_reconciles_and_rebuilds_as_redis_holds(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], mode: str
+) -> None:
+    """A removal retried past the dedup window is made at the first call's time (``since_ms``): the
+    player's entries achieved since stay, older ones go, period by period (remove.lua). Here the
+    player's day holds a result posted since (kept), the day before an older one (removed), and the
+    total both: a best total of before goes, an incr sum and a set board's latest stay. Until
+    2026-12-05 the delete entry named the player, so PostgreSQL dropped every earlier row of the
+    player on the shard: the settlement of the day stopped with settlement_mismatch, and a reconcile
+    showed drift, in every mode."""
+    board = await new_board(store, f"settle-kept-{mode}", mode=mode)
+    ref = ReferenceBoard(board.config)
+    old_day, day = day_ago(3), day_ago(2)
+    s1, _ = period_bounds(board, board.resolve(old_day).period)
+    s2, e2 = period_bounds(board, board.resolve(day).period)
+    at = s2 + 3_600_000  # the removal's first call
+
+    async def submit(scores: list[Score], now_ms: int) -> None:
+        await board.submit(scores, now_ms=now_ms)
+        ref.submit(scores, now_ms=now_ms)
+
+    try:
+        await submit([Score("p", 5, "p-1", s2 + 1_800_000), Score("q", 3, "q-1", s2 + 1000)], at - 1)
+        await moderation.remove(board, ["p"], now_ms=at, request="remove/R")
+        ref.remove("p", at, "remove/R")
+        await submit([Score("p", 8, "p-2", s2 + 3 * 3_600_000)], e2 - 1)  # posted since: stays
+        for prefix in board.prefixes:  # the dedup window is over: the removal's records are gone
+            await raw.delete(keys.removals_key(prefix))
+        ref.removed.clear()
+        ref.requests = {"remove/R": (ref.record_units(at), set(), set())}
+        # A late result achieved before the removal, sent while its day was open: it goes.
+        await submit([Score("p", 20, "p-old", s1 + 3_600_000)], s1 + 7_200_000)
+        assert await moderation.remove(board, ["p"], request="remove/R", since_ms=at) == {"p"}
+        assert ref.remove("p", request="remove/R")
+        names = ["total", board.resolve(day).period, board.resolve(old_day).period]
+        for name in names:
+            top = await board.top(10, board.resolve(periods.api_name(name)))
+            assert [(e.player_id, e.points) for e in top] == [(p, n) for _, p, n, _ in ref.order(name)]
+        await ensure_schema(db)
+        for name in names:  # the journal's entries, then the archived rows
+            assert not any(c.drift for c in await reconcile(rebuilder, board, periods.api_name(name)))
+        await drain(raw, store, rebuilder.db.info.dsn)
+        for name in names:
+            assert not any(c.drift for c in await reconcile(rebuilder, board, periods.api_name(name)))
+        # The player's history: each result in the periods that hold it (the total kept, but on best)
+        totals = [] if mode == "best" else ["total"]
+        history = {h["match_id"]: sorted(h["periods"]) for h in await player_history(db, board, "p", 10)}
+        assert history == {"p-1": [], "p-2": sorted([day, *totals]), "p-old": totals}
+        table = [{"rank": 1, "reward": "gold"}, {"rank": 2, "reward": "silver"}]
+        request = Request.of({"settlement_id": f"kept-{mode}", "rewards": table})
+        result = await Settler(rebuilder).settle(board, day, request)
+        assert result["check"]["drifting"] == [] and not result["forced"]
+        # The reference's order of the day, rewarded by the table
+        order = ref.order(names[1])
+        expected = [(r["rank"], p, r["reward"]) for (_, p, _, _), r in zip(order, table, strict=True)]
+        assert await awards_of(db, f"kept-{mode}") == expected == [(1, "p", "gold"), (2, "q", "silver")]
+        tops = {name: await board.top(10, board.resolve(periods.api_name(name))) for name in names}
+        await rebuilder.rebuild(board)
+        for name in names:
+            assert await board.top(10, board.resolve(periods.api_name(name))) == tops[name]
     finally:
         await store.delete(board.config.id)

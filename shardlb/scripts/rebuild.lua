@@ -25,8 +25,8 @@
 --          Unless `force` is 1, first return {'moved', last-generated id}, changing nothing, when an
 --          entry after `expected` may have been trimmed (no entry at or before it is left, and the
 --          journal has moved past it: the caller reads it from PostgreSQL), or when a player that a
---          removal item (pair number 0) names has results journaled after `expected` (its ZREM
---          would wipe them: the caller sends them with it).
+--          removal item (pair number 0 or below) names has results journaled after `expected` (its
+--          ZREM would wipe them: the caller sends them with it).
 --   recall: put back retry records of the dedup window (shardlb/rebuild.py, `RetryRecords`): KEYS[4]
 --          the shard's pin marker (`pspan`), KEYS[5..] dedup sets (`dd:<k>`), pin hashes
 --          (`pin:<k>`), the removals hash (`rmv`: the latest removal of each player kept, its
@@ -47,7 +47,8 @@
 --            (swap; -1 for apply)}, {players `left` out (apply)}, mark (swap, apply: a token of the
 --            swap, '' for none), marker ms (swap: how long the marker lives)
 -- ARGV[3]    MessagePack, flat: per result and period, player, score, points, time_units, pair number;
---            pair number 0 removes the player from every target (a removal, shardlb/moderation.py)
+--            pair number 0 removes the player from every target (a removal, shardlb/moderation.py),
+--            a negative one -n from the n-th pair's target alone (a removal that left others whole)
 -- The results are applied with write.lua's rules (best: the higher score; set: the later time, ties
 -- by score; incr: the sum, the latest time). They were journaled and counted once already, so there
 -- is no dedup, overflow check, band bookkeeping or journaling here.
@@ -185,7 +186,7 @@ if op == 'apply' and last ~= expected then
   end
   local zrem = {}
   for pos = 1, #items, 5 do
-    if items[pos + 4] == 0 then zrem[items[pos]] = true end
+    if items[pos + 4] <= 0 then zrem[items[pos]] = true end
   end
   for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '(' .. expected, '+')) do
     local fields = entry[2]
@@ -220,6 +221,8 @@ for pos = 1, #items, 5 do
   if cut[player] then  -- removed since the forced swap: left out (see `cut`)
   elseif items[pos + 4] == 0 then
     for i = 1, npairs do redis.call('ZREM', KEYS[2 + 2 * i], player) end
+  elseif items[pos + 4] < 0 then
+    redis.call('ZREM', KEYS[2 - 2 * items[pos + 4]], player)
   else
     local key = KEYS[2 + 2 * items[pos + 4]]
     local s = redis.call('ZSCORE', key, player)

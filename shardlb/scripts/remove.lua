@@ -33,9 +33,11 @@
 -- changed: a removal's retry converges, as after any failure (shardlb/moderation.py).
 -- The delete entry (`n`: its count of players, which `logn` counts as write.lua counts results;
 -- `x`: the players actually removed; `k`: the records below, player and units,
--- flat; with a request, `q` its name and `u` the units its records hold) goes in the same call: the
--- archiver records it, a rebuild drops this shard's results of those players journaled before it
--- and puts the records back, the request's too.
+-- flat; with a request, `q` its name and `u` the units its records hold; with `again`, `a`: per
+-- player of `x` whose entry stayed in some period, the player and those periods' names, comma-
+-- separated, flat) goes in the same call: the archiver records it, a rebuild drops this shard's
+-- results of those players journaled before it (but in the periods `a` names, which this call left
+-- whole) and puts the records back, the request's too. An entry without `a` kept nothing.
 -- With removed_units, each player is also recorded in the shard's `rmv` hash (player -> those
 -- units; `rmvon`, a string beside it, tells write.lua in the MGET it makes anyway that the hash
 -- exists): write.lua answers a result of the player achieved before it `d`, writing nothing,
@@ -120,6 +122,7 @@ local function period_board(key)  -- a period board's scores are the codec's (no
   return suffix == 'total' or (string.sub(suffix, 2, 2) == ':' and string.find('dwm', string.sub(suffix, 1, 1), 1, true) ~= nil)
 end
 local out, removed, todo, found = {'ok', ''}, {}, {}, {}
+local held_periods = {}  -- flat: player, the names of the periods their entry stayed in (`again`)
 for _, player in ipairs(players) do
   local first = request ~= '' and redis.call('HGET', record, request .. '\0' .. player)
   if first then  -- this request removed the player here already: answer as it did, change nothing
@@ -132,7 +135,7 @@ for _, player in ipairs(players) do
       local seen = redis.call('ZSCORE', KEYS[6], player)
       go = seen ~= false and tonumber(seen) <= stale_before
     end
-    local n, kept, held_total, others = 0, false, false, {}
+    local n, kept, held_total, others, names = 0, false, false, {}, {}
     if go then
       local latest = removed_units
       for _, key in ipairs(sets) do
@@ -146,6 +149,7 @@ for _, player in ipairs(players) do
         if since and units >= removed_units then  -- achieved since the request's removal: stays
           kept = true
           held_total = held_total or key == total
+          names[#names + 1] = string.sub(key, #base + 1)
         elseif not period_board(key) then
           others[#others + 1] = key
         else
@@ -175,6 +179,10 @@ for _, player in ipairs(players) do
       end
     end
     if n > 0 then removed[#removed + 1] = player end
+    if n > 0 and #names > 0 then
+      held_periods[#held_periods + 1] = player
+      held_periods[#held_periods + 1] = table.concat(names, ',')
+    end
     found[player] = n > 0
     out[#out + 1] = (n > 0) and 1 or 0
     out[#out + 1] = version
@@ -232,6 +240,9 @@ if journal == 1 and (#removed > 0 or #records > 0) then
   local k = (#records > 0) and {'k', cmsgpack.pack(records)} or {}
   if #records > 0 and request ~= '' then  -- the request's records too (`q`, `u`: its units)
     k[#k + 1], k[#k + 2], k[#k + 3], k[#k + 4] = 'q', request, 'u', string.format('%d', removed_units)
+  end
+  if #held_periods > 0 then  -- `a`: the periods each removed player stayed in (see the header)
+    k[#k + 1], k[#k + 2] = 'a', cmsgpack.pack(held_periods)
   end
   local n = (#records > 0) and (#records / 2) or #removed  -- the players it names, at least one
   local count = string.format('%d', n)
