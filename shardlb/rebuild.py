@@ -76,6 +76,7 @@ Id = tuple[int, int]  # a journal entry id, (ms, seq): ordered as Redis orders t
 Cut = tuple[Id, frozenset[str] | None]
 Cuts = dict[str, list[Cut]]  # player -> their removals
 SEQ_MAX = 2**64 - 1
+START: Id = (0, 0)  # before every journal entry
 TMP_TTL_MS = 3_600_000
 SWAP_TRIES = 50
 FILL_TRIES = 3  # fills of a shard's temporary keys before a rebuild gives up (see rebuild_shard)
@@ -532,22 +533,31 @@ class Rebuilder:
 
         What was written since the swap is on the live keys already, so rebuild.lua's ``apply``
         leaves out every player a removal since ``swapped`` wiped there (their results in ``new``
-        are older). A player removed in ``new`` is removed from the live keys and gets back their
-        results kept after that removal, with those written since the swap (the ZREM wipes them
-        too). rebuild.lua reads what came after the position it is given itself; whatever the
-        archiver trimmed of it is read here, from PostgreSQL: ``apply`` answers "moved", changing
-        nothing, when an entry after that position may be gone from the journal, or when a player
-        it would remove has results after it, and is sent again from the journal's new end. After
-        SWAP_TRIES such answers it goes on with what the journal still holds."""
+        are older), but in the periods that removal left whole (a removal made at an earlier call's
+        time keeps the entries achieved since: its delete entry's ``a``), which held the player's
+        entry as the board had it then: their results go on there (until 2026-12-05 the player was
+        left out of every period until the next rebuild). A player removed in ``new`` is removed
+        from the live keys and gets back their results kept after that removal, with those written
+        since the swap (the ZREM wipes them too). rebuild.lua reads what came after the position it
+        is given itself; whatever the archiver trimmed of it is read here, from PostgreSQL:
+        ``apply`` answers "moved", changing nothing, when an entry after that position may be gone
+        from the journal, or when a player it would remove has results after it, and is sent again
+        from the journal's new end. After SWAP_TRIES such answers it goes on with what the journal
+        still holds."""
         if not new and not cuts:
             return 0
         prefix = board.prefixes[shard]
-        through, gone, since, read = swapped, set[str](), list[Applied](), 0
+        through, since, read = swapped, list[Applied](), 0
+        gone: Cuts = {}
         for tries in itertools.count(1):
-            kept = [r for r in [*new, *since] if r.player_id not in gone]
+            # A removal since the swap (``gone``) wiped its player on the live keys but in the
+            # periods it left whole, where their results go on (every one of them is older).
+            outside = _kept(board, gone, set())
+            kept = [r for r in (outside(START, r) for r in [*new, *since]) if r is not None]
             live = {name: keys.period_key(prefix, name) for r in kept for name in fold.names(r)}
             live |= {name: keys.period_key(prefix, name) for name in (pairs if cuts else ())}
-            removals = _removal_items({p: c for p, c in cuts.items() if p not in gone}, live)
+            wiped = {p for p, found in gone.items() if any(periods is None for _, periods in found)}
+            removals = _removal_items({p: c for p, c in cuts.items() if p not in wiped}, live)
             items = [*removals, *self._items(fold, kept, live)]
             force = tries > SWAP_TRIES
             status, last = await self._call(
@@ -559,7 +569,7 @@ class Rebuilder:
                 raise _unswapped(board, shard)
             more, removed = await self.changes(board, shard, parse_id(through), parse_id(last))
             read += len(more)
-            gone |= set(removed)
+            gone = _merged(gone, removed)
             since += [r for r in more if r.player_id in cuts]
             through = last
         raise AssertionError("unreachable")
@@ -1065,12 +1075,13 @@ class Rebuilder:
         items: Sequence[Any],
         sizes: dict[str, int] | None = None,
         swap: str = "",
-        left: Iterable[str] = (),
+        left: Cuts | None = None,
         confirm: bool = False,
     ) -> tuple[str, str]:
         """rebuild.lua's ``swap`` (targets: the temporary keys, each of its size in ``sizes``;
         it sets the marker ``swap``) or ``apply`` (the live keys, leaving out the players ``left``,
-        refused unless the marker is ``swap``). ``confirm``: the call waits for a replica whatever
+        removed since the swap, but in the periods their removals left whole; refused unless the
+        marker is ``swap``). ``confirm``: the call waits for a replica whatever
         ``confirming`` says (``_acked``)."""
         prefix = board.prefixes[shard]
         targets = [
@@ -1079,7 +1090,9 @@ class Rebuilder:
         ]
         if op == "apply":
             targets = [(live, live, expiry, -1) for _, live, expiry, _ in targets]
-        return await self._swap_keys(prefix, targets, op, board, expected, force, items, left, swap, confirm)
+        return await self._swap_keys(
+            prefix, targets, op, board, expected, force, items, _left(left or {}), swap, confirm
+        )
 
     async def _swap_keys(
         self,
@@ -1090,7 +1103,7 @@ class Rebuilder:
         expected: str = "",
         force: bool = True,
         items: Sequence[Any] = (),
-        left: Iterable[str] = (),
+        left: Sequence[str] = (),
         swap: str = "",
         confirm: bool = False,
     ) -> tuple[str, str]:
@@ -1102,7 +1115,7 @@ class Rebuilder:
         header = [
             board.config.mode if board else "best", c.time_bits if c else 0, c.points_max if c else 0,
             c.order if c else "desc", c.tiebreak if c else "earliest", expected, int(force),
-            [expiry for _, _, expiry, _ in targets], [size for _, _, _, size in targets], sorted(left),
+            [expiry for _, _, expiry, _ in targets], [size for _, _, _, size in targets], list(left),
             swap, TMP_TTL_MS,
         ]  # fmt: skip
         names = [keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix)]
@@ -1257,6 +1270,17 @@ def _kept(board: Board, cuts: Cuts, banned: set[str]) -> Callable[[Id, Applied],
         return r._replace(skipped=tuple(n for n in every if n in dropped or n in r.skipped))
 
     return kept
+
+
+def _left(gone: Cuts) -> list[str]:
+    """rebuild.lua's ``left`` for ``gone`` (removals since a forced swap), flat: per player, the
+    periods every one of their removals left whole, comma-separated ('': none)."""
+    out: list[str] = []
+    for player, found in sorted(gone.items()):
+        kept = [periods for _, periods in found]
+        held = frozenset[str]() if None in kept else frozenset.intersection(*kept)  # type: ignore[arg-type]
+        out += [player, ",".join(sorted(held))]
+    return out
 
 
 def _removal_items(cuts: Cuts, pairs: dict[str, str]) -> list[Any]:

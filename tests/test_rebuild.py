@@ -1431,3 +1431,83 @@ async def test_a_removal_that_keeps_some_periods_made_during_the_rebuild_stays_a
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+@pytest.mark.parametrize("archived", [False, True], ids=["journaled", "archived"])
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_a_removal_that_keeps_some_periods_right_after_a_forced_swap_keeps_them(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    postgres_url: str,
+    monkeypatch: Any,
+    mode: str,
+    archived: bool,
+) -> None:
+    """A removal made at an earlier call's time (a DELETE retried past the dedup window) between a
+    forced swap and its apply, its delete entry in the journal where rebuild.lua reads it or,
+    archived and trimmed, in PostgreSQL: the apply leaves the player out of the periods it wiped
+    alone, and puts the player's results written before the swap into those it left whole (as the
+    next rebuild does). Until 2026-12-05 the apply left the player out of every period."""
+    config = BoardConfig.from_dict(
+        f"rebuild-forced-kept-{mode}-{int(archived)}",
+        {"mode": mode, "periods": ["daily"], "retention_days": {"daily": 30}, "sharding": {"shards": 1},
+         "dedup_window_s": 30 * 86_400},
+    )  # fmt: skip
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    today = datetime.now(UTC).date()
+    old_day, day = (board.resolve(f"daily:{(today - timedelta(days=n)).isoformat()}") for n in (3, 2))
+    s1, _ = period_bounds(board, old_day.period)
+    s2, e2 = period_bounds(board, day.period)
+    at = s2 + HOUR
+    try:
+        first = [Score("p", 5, "p-1", s2 + HOUR // 2), Score("q", 3, "q-1", s2 + 1000)]
+        await board.submit(first, now_ms=at - 1)
+        await moderation.remove(board, ["p"], now_ms=at, request="remove/R")
+        await board.submit([Score("p", 8, "p-2", s2 + 3 * HOUR)], now_ms=e2 - 1)
+        await raw.delete(keys.removals_key(board.prefixes[0]))  # the dedup window is over
+        await board.submit([Score("p", 20, "p-old", s1 + HOUR)], now_ms=s1 + 2 * HOUR)
+        await drain(a)
+        rebuilder.swap_tries = 0  # the first swap is forced
+        real_snapshot, real_changes = rebuilder.snapshot, rebuilder.changes
+        removed: list[Any] = []
+        late = {"best": 30, "incr": 4}[mode]
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            await board.submit([Score("p", late, "p-3", s2 + 4 * HOUR)], now_ms=e2 - 1)  # after it
+            return snap
+
+        async def changes(*args: Any, **kwargs: Any) -> Any:
+            got = await real_changes(*args, **kwargs)
+            if not removed:  # the forced swap is done: the retry removes p-old's periods
+                await raw.delete(keys.removals_key(board.prefixes[0]))  # put back by the rebuild
+                removed.append(await moderation.remove(board, ["p"], request="remove/R", since_ms=at))
+                if archived:
+                    await drain(a)
+                    await raw.xtrim(keys.journal_key(board.prefixes[0]), maxlen=0)
+            return got
+
+        monkeypatch.setattr(rebuilder, "snapshot", snapshot)
+        monkeypatch.setattr(rebuilder, "changes", changes)
+        await rebuilder.rebuild(board)
+        assert removed == [{"p"}]
+        # On the swapped board the retry found p-old's total on best (gone), p-2 + p-old on incr
+        # (achieved since: kept); p-3 goes into the day, and into the total where it was kept.
+        want = {
+            "best": {"total": [("q", 3)], day.period: [("p", 30), ("q", 3)], old_day.period: []},
+            "incr": {"total": [("p", 32), ("q", 3)], day.period: [("p", 12), ("q", 3)], old_day.period: []},
+        }[mode]
+        got = {}
+        for period in (board.resolve("total"), day, old_day):
+            got[period.period] = [(e.player_id, e.points) for e in await board.top(10, period)]
+        assert got == want
+        monkeypatch.undo()
+        await drain(a)
+        await rebuilder.rebuild(board)  # from PostgreSQL alone: the same
+        for period in (board.resolve("total"), day, old_day):
+            assert [(e.player_id, e.points) for e in await board.top(10, period)] == want[period.period]
+    finally:
+        await a.db.close()
+        await store.delete(config.id)

@@ -21,7 +21,9 @@
 --          live keys themselves) and register them, and unlink the marker (an apply made again
 --          finds none: made once),
 --          leaving out the players of ARGV[2]'s `left` and of the delete entries journaled after
---          `expected` (a removal since wiped them on the live keys; their results would come back).
+--          `expected` (a removal since wiped them on the live keys; their results would come back),
+--          but in the periods each such removal left whole (a delete entry's `a`, remove.lua; `left`'s
+--          names), which held the player's entry when it was made: results and removal items apply there.
 --          Unless `force` is 1, first return {'moved', last-generated id}, changing nothing, when an
 --          entry after `expected` may have been trimmed (no entry at or before it is left, and the
 --          journal has moved past it: the caller reads it from PostgreSQL), or when a player that a
@@ -44,8 +46,10 @@
 --          to write.lua (one window past). Returns {'ok', ''}.
 -- ARGV[2]    MessagePack: mode, time_bits, points_max, order, tiebreak, expected id, force,
 --            {expiry ms of each pair's live key, 0 = never}, {size of each pair's target as filled
---            (swap; -1 for apply)}, {players `left` out (apply)}, mark (swap, apply: a token of the
---            swap, '' for none), marker ms (swap: how long the marker lives)
+--            (swap; -1 for apply)}, {`left` (apply), flat: per player removed since the swap, the
+--            names of the periods every such removal left whole, comma-separated ('': none)},
+--            mark (swap, apply: a token of the swap, '' for none), marker ms (swap: how long the
+--            marker lives)
 -- ARGV[3]    MessagePack, flat: per result and period, player, score, points, time_units, pair number;
 --            pair number 0 removes the player from every target (a removal, shardlb/moderation.py),
 --            a negative one -n from the n-th pair's target alone (a removal that left others whole)
@@ -176,10 +180,32 @@ if op == 'swap' and last ~= expected and force == 0 then
   return {'moved', last}
 end
 -- apply after a forced swap: what was written since `expected` is on the live keys already, and a
--- removal among it wiped its player there: that player's results (from before it) are not put back.
+-- removal among it wiped its player there: that player's results (from before it) are not put back,
+-- but in the periods it left whole (remove.lua's `a`: a removal made at an earlier call's time keeps
+-- the entries achieved since), which held them when it was made. `cut`: player -> true (wiped from
+-- every period) or the set of the period names every such removal left whole.
 local items = cmsgpack.unpack(ARGV[3])
 local cut = {}
-for _, player in ipairs(left) do cut[player] = true end
+local function cut_from(player, kept)  -- kept: the names, comma-separated ('' or nil: none)
+  local before = cut[player]
+  if before == true then return end
+  if kept == nil or kept == '' then
+    cut[player] = true
+    return
+  end
+  local set = {}
+  for name in string.gmatch(kept, '[^,]+') do
+    if before == nil or before[name] then set[name] = true end
+  end
+  cut[player] = next(set) and set or true
+end
+local pair_names = {}  -- each pair's period name: its live key after the shard's prefix
+for i = 1, npairs do pair_names[i] = string.sub(KEYS[3 + 2 * i], #base + 1) end
+local function alone(player, i)  -- whether the apply leaves the player's entry of pair i as it is
+  local c = cut[player]
+  return c == true or (c ~= nil and not c[pair_names[i]])
+end
+for pos = 1, #left, 2 do cut_from(left[pos], left[pos + 1]) end
 if op == 'apply' and last ~= expected then
   if force == 0 and #redis.call('XRANGE', KEYS[3], '-', expected, 'COUNT', 1) == 0 then
     return {'moved', last}  -- trimmed up to `expected` at least: what came after may be gone
@@ -190,17 +216,22 @@ if op == 'apply' and last ~= expected then
   end
   for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '(' .. expected, '+')) do
     local fields = entry[2]
+    local gone, kept = nil, {}
     for i = 1, #fields, 2 do
       if fields[i] == 'x' then  -- a delete entry (remove.lua): the players it removed
-        for _, player in ipairs(cmsgpack.unpack(fields[i + 1])) do cut[player] = true end
+        gone = cmsgpack.unpack(fields[i + 1])
+      elseif fields[i] == 'a' then  -- ... and the periods it left whole, per player
+        local held = cmsgpack.unpack(fields[i + 1])
+        for n = 1, #held, 2 do kept[held[n]] = held[n + 1] end
       elseif fields[i] == 'r' and force == 0 and next(zrem) then  -- results: (match NUL player, points, units)
         local applied = cmsgpack.unpack(fields[i + 1])
         for n = 1, #applied, 3 do
           local player = string.match(applied[n], '%z(.*)$')
-          if zrem[player] and not cut[player] then return {'moved', last} end
+          if zrem[player] and cut[player] ~= true then return {'moved', last} end
         end
       end
     end
+    for _, player in ipairs(gone or {}) do cut_from(player, kept[player]) end
   end
 end
 
@@ -218,11 +249,13 @@ end
 
 for pos = 1, #items, 5 do
   local player, score, points, units = items[pos], items[pos + 1], items[pos + 2], items[pos + 3]
-  if cut[player] then  -- removed since the forced swap: left out (see `cut`)
-  elseif items[pos + 4] == 0 then
-    for i = 1, npairs do redis.call('ZREM', KEYS[2 + 2 * i], player) end
+  if items[pos + 4] == 0 then
+    for i = 1, npairs do
+      if not alone(player, i) then redis.call('ZREM', KEYS[2 + 2 * i], player) end
+    end
   elseif items[pos + 4] < 0 then
-    redis.call('ZREM', KEYS[2 - 2 * items[pos + 4]], player)
+    if not alone(player, -items[pos + 4]) then redis.call('ZREM', KEYS[2 - 2 * items[pos + 4]], player) end
+  elseif alone(player, items[pos + 4]) then  -- removed there since the forced swap (see `cut`)
   else
     local key = KEYS[2 + 2 * items[pos + 4]]
     local s = redis.call('ZSCORE', key, player)
