@@ -790,18 +790,21 @@ class Rebuilder:
         # (PostgreSQL's own removals and bans are left out by the query in _rows), but in the
         # periods a removal left whole, PostgreSQL's too (``_removals``).
         cuts = _merged(_cuts(entries), await self._removals(board, shard, None, None, partial=True))
-        kept = _kept(board, cuts, await moderation.banned_in(self.db, board))
+        banned = await moderation.banned_in(self.db, board)
+        kept, counts = _kept(board, cuts, banned), _active(cuts, banned)
         arrivals: dict[str, int] = {}
         active = board.config.inactive_after is not None
 
         def arrived(i: Id, r: Applied) -> None:
-            if active and arrivals.get(r.player_id, -1) < i[0]:
+            # The activity set's time, as write.lua set it and remove.lua left it: a removal that
+            # left some period whole keeps the player's whole, posts it took out of the others too.
+            if active and arrivals.get(r.player_id, -1) < i[0] and counts(i, r):
                 arrivals[r.player_id] = i[0]
 
         for i, got in ((parse_id(e.id), r) for e in entries for r in e.results):
+            arrived(i, got)
             if (r := kept(i, got)) is None:
                 continue
-            arrived(i, r)
             if incr:
                 if (r.match_id, r.player_id) in seen:
                     continue  # applied again after the dedup window: PostgreSQL counts it once too
@@ -809,9 +812,9 @@ class Rebuilder:
             fold.add(r)
             journal += 1
         for i, got in await self._rows(board, shard, None, mark.position if incr else None):
+            arrived(i, got)
             if (r := kept(i, got)) is None:
                 continue
-            arrived(i, r)
             if incr and (r.match_id, r.player_id) in seen:
                 continue  # archived, and still in the journal
             fold.add(r)
@@ -1281,6 +1284,20 @@ def _left(gone: Cuts) -> list[str]:
         held = frozenset[str]() if None in kept else frozenset.intersection(*kept)  # type: ignore[arg-type]
         out += [player, ",".join(sorted(held))]
     return out
+
+
+def _active(cuts: Cuts, banned: set[str]) -> Callable[[Id, Applied], bool]:
+    """Whether a result journaled at an id sets its player's time in the activity set (write.lua's
+    `seen`): unless the player is banned, or removed after it by a removal that left no period whole.
+    remove.lua keeps the activity entry with any period entry it keeps, so a post it took out of
+    every period it was in (a best total of before the removal) still counts there."""
+
+    def counts(entry_id: Id, r: Applied) -> bool:
+        if r.player_id in banned:
+            return False
+        return not any(at > entry_id and periods is None for at, periods in cuts.get(r.player_id, ()))
+
+    return counts
 
 
 def _removal_items(cuts: Cuts, pairs: dict[str, str]) -> list[Any]:

@@ -1511,3 +1511,50 @@ async def test_a_removal_that_keeps_some_periods_right_after_a_forced_swap_keeps
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr"])
+async def test_the_activity_a_rebuild_puts_back_keeps_a_post_a_removal_that_kept_some_periods_left(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str, mode: str
+) -> None:
+    """remove.lua keeps a player's activity entry (inactive_after boards: the last post's time) whole
+    when it leaves any of their period entries whole, even where it removed the post that set it (a
+    best total of before the removal). A rebuild after the activity set was lost puts back the same
+    time: that post's. Until 2026-12-05 it took the player's last post among the results still on
+    the board (the best total's p-old gone: p-2's, earlier)."""
+    config = BoardConfig.from_dict(
+        f"rebuild-kept-activity-{mode}",
+        {"mode": mode, "periods": ["daily"], "retention_days": {"daily": 30}, "sharding": {"shards": 1},
+         "dedup_window_s": 30 * 86_400, "inactive_after": 30 * 86_400},
+    )  # fmt: skip
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    today = datetime.now(UTC).date()
+    old_day, day = (board.resolve(f"daily:{(today - timedelta(days=n)).isoformat()}") for n in (3, 2))
+    s1, _ = period_bounds(board, old_day.period)
+    s2, e2 = period_bounds(board, day.period)
+    at = s2 + HOUR
+    prefix, seen = board.prefixes[0], keys.activity_key(board.prefixes[0])
+    journal = keys.journal_key(prefix)
+    try:
+        first = [Score("p", 5, "p-1", s2 + HOUR // 2), Score("q", 3, "q-1", s2 + 1000)]
+        await board.submit(first, now_ms=at - 1)
+        await moderation.remove(board, ["p"], now_ms=at, request="remove/R")
+        await board.submit([Score("p", 8, "p-2", s2 + 3 * HOUR)], now_ms=e2 - 1)
+        await raw.delete(keys.removals_key(prefix))  # the dedup window is over
+        before = int((await raw.xrevrange(journal, count=1))[0][0].split(b"-")[0])
+        while times.now_ms() <= before:  # p-old's entry a later ms than p-2's
+            await asyncio.sleep(0.002)
+        await board.submit([Score("p", 20, "p-old", s1 + HOUR)], now_ms=s1 + 2 * HOUR)
+        last_post = int((await raw.xrevrange(journal, count=1))[0][0].split(b"-")[0])
+        assert last_post > before
+        await raw.delete(keys.removals_key(prefix))
+        assert await moderation.remove(board, ["p"], request="remove/R", since_ms=at) == {"p"}
+        assert await raw.zscore(seen, "p") is not None  # kept with the day's entry
+        await drain(a)
+        await raw.delete(seen)  # lost
+        await rebuilder.rebuild(board)
+        assert await raw.zscore(seen, "p") == last_post
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
