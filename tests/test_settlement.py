@@ -933,3 +933,74 @@ async def test_a_removal_that_keeps_some_periods_settles_reconciles_and_rebuilds
             assert await board.top(10, board.resolve(periods.api_name(name))) == tops[name]
     finally:
         await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("batches", [1, 2], ids=["one-batch", "two-batches"])
+async def test_a_retry_after_a_removal_that_kept_its_closed_period_settles_reconciles_and_rebuilds_as_redis(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], batches: int
+) -> None:
+    """The archiver's merge of one result applied twice (``_merge_retries`` in one batch, the
+    upsert's ``_SKIPPED`` across two) starts again from the later application when a removal of the
+    player came between them, also one that left some periods whole (a retry at the first call's
+    time). Here it kept the day (p-2 achieved since) and took the best total (p-old, before): p-2
+    sent again after the day closed goes into the total alone, and the row then skips the day. The
+    day still holds p-2's first application through ``match_holds``, which the removal's ``kept``
+    lets count: the day settles, reconciles and rebuilds as Redis and the reference hold it."""
+    board = await new_board(store, f"settle-kept-retry-{batches}")
+    ref = ReferenceBoard(board.config)
+    old_day, day = day_ago(3), day_ago(2)
+    s1, _ = period_bounds(board, board.resolve(old_day).period)
+    s2, e2 = period_bounds(board, board.resolve(day).period)
+    at = s2 + 3_600_000  # the removal's first call
+    again = Score("p", 8, "p-2", s2 + 3 * 3_600_000)
+
+    async def submit(scores: list[Score], now_ms: int) -> None:
+        await board.submit(scores, now_ms=now_ms)
+        ref.submit(scores, now_ms=now_ms)
+
+    try:
+        await submit([Score("p", 5, "p-1", s2 + 1_800_000), Score("q", 3, "q-1", s2 + 1000)], at - 1)
+        await moderation.remove(board, ["p"], now_ms=at, request="remove/R")
+        ref.remove("p", at, "remove/R")
+        await submit([again], e2 - 1)  # posted since: stays in the day
+        for prefix in board.prefixes:  # the dedup window is over: the removal's records are gone
+            await raw.delete(keys.removals_key(prefix))
+        ref.removed.clear()
+        ref.requests = {"remove/R": (ref.record_units(at), set(), set())}
+        await submit([Score("p", 20, "p-old", s1 + 3_600_000)], s1 + 7_200_000)  # the best total
+        assert await moderation.remove(board, ["p"], request="remove/R", since_ms=at) == {"p"}
+        assert ref.remove("p", request="remove/R")
+        if batches == 2:
+            await drain(raw, store, rebuilder.db.info.dsn)
+        now = times.now_ms()
+        await submit([again], now)  # sent again after the day closed: the total alone
+        assert ref.closed == [(day,)]
+        names = ["total", board.resolve(day).period, board.resolve(old_day).period]
+        for name in names:
+            top = await board.top(10, board.resolve(periods.api_name(name)))
+            assert [(e.player_id, e.points) for e in top] == [(p, n) for _, p, n, _ in ref.order(name)]
+        assert [(p, n) for _, p, n, _ in ref.order(names[0])] == [("p", 8), ("q", 3)]
+        assert [(p, n) for _, p, n, _ in ref.order(names[1])] == [("p", 8), ("q", 3)]
+        await drain(raw, store, rebuilder.db.info.dsn)
+        await ensure_schema(db)
+        cur = await db.execute(
+            "SELECT skipped FROM match_results WHERE board = %s AND match_id = 'p-2'", (board.config.id,)
+        )
+        assert await cur.fetchall() == [([names[1]],)]  # the later application's
+        cur = await db.execute(
+            "SELECT period FROM match_holds WHERE board = %s AND match_id = 'p-2'", (board.config.id,)
+        )
+        assert await cur.fetchall() == [(names[1],)]  # the first, for the day
+        for name in names:
+            assert not any(c.drift for c in await reconcile(rebuilder, board, periods.api_name(name)))
+        table = [{"rank": 1, "reward": "gold"}, {"rank": 2, "reward": "silver"}]
+        request = Request.of({"settlement_id": f"kept-retry-{batches}", "rewards": table})
+        result = await Settler(rebuilder).settle(board, day, request)
+        assert result["check"]["drifting"] == [] and not result["forced"]
+        assert await awards_of(db, f"kept-retry-{batches}") == [(1, "p", "gold"), (2, "q", "silver")]
+        tops = {name: await board.top(10, board.resolve(periods.api_name(name))) for name in names}
+        await rebuilder.rebuild(board)
+        for name in names:
+            assert await board.top(10, board.resolve(periods.api_name(name))) == tops[name]
+    finally:
+        await store.delete(board.config.id)
