@@ -13,6 +13,7 @@ from redis import exceptions as rx
 
 from shardlb.connection import raised_in_redis
 from shardlb.errors import (
+    ArchiveUnprepared,
     BoardConflict,
     BoardNotFound,
     ClusterUnavailable,
@@ -45,6 +46,7 @@ TABLE: tuple[tuple[type[BaseException], int, str | None], ...] = (
     (BoardConflict, 409, None),
     (Overloaded, 503, None),
     (ClusterUnavailable, 503, None),
+    (ArchiveUnprepared, 503, None),  # archive_unavailable, as PostgreSQL failing (api.md)
     (rx.MaxConnectionsError, 503, CLUSTER_UNAVAILABLE),  # a node's connection pool was full
     (rx.ConnectionError, 503, CLUSTER_UNAVAILABLE),  # refused, reset, closed mid-call, still loading
     (rx.TimeoutError, 503, CLUSTER_UNAVAILABLE),  # socket or connect timeout

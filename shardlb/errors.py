@@ -121,6 +121,16 @@ class SettlementConflict(BoardConflict):
             self.code = code
 
 
+class ArchiveUnprepared(ShardlbError):
+    """PostgreSQL lacks a table or column of the archive's schema that a rebuild or reconcile reads:
+    no archiver of this version has connected to that database (the archiver sets the schema up,
+    shardlb/archive.py ``connect_db``; a rebuild's connection may have no right to). Nothing was
+    done; start one, or check the PostgreSQL URL. A router answers it as PostgreSQL failing."""
+
+    code = "archive_unavailable"
+    retry_after = 5.0
+
+
 class ArchiveBehind(Overloaded):
     """The archiver has not yet copied every journaled result of a frozen period into PostgreSQL:
     retry once it has (the settlement has changed nothing that a retry would repeat)."""

@@ -64,7 +64,14 @@ from shardlb.bands import Move
 from shardlb.board import GONE, MOVED, Board
 from shardlb.config import PIN_SPAN, BoardConfig, stored_settings
 from shardlb.connection import Script, Scripts, connect
-from shardlb.errors import BoardConflict, BoardNotFound, ClusterUnavailable, InvalidInput, NotAcknowledged
+from shardlb.errors import (
+    ArchiveUnprepared,
+    BoardConflict,
+    BoardNotFound,
+    ClusterUnavailable,
+    InvalidInput,
+    NotAcknowledged,
+)
 from shardlb.fanout import Ack, AckedScript, confirmed
 from shardlb.journal import Applied, Entry, decode
 from shardlb.reshard_copy import REPLICA_WAIT_MS, Replicated
@@ -1317,17 +1324,52 @@ def _removal_items(cuts: Cuts, pairs: dict[str, str]) -> list[Any]:
     return out
 
 
+# What a rebuild and a reconcile read of the archive: each table by the last column it gained (a
+# newer archiver's ALTER TABLE), so an archive an archiver of before set up is told apart too.
+ARCHIVE_COLUMNS = (
+    ("boards", "settings"),
+    ("match_results", "skipped"),
+    ("match_holds", "journal_id"),
+    ("player_removals", "kept"),
+    ("removal_records", "request_mark"),
+    ("bans", "incarnation"),
+)
+
+
+async def check_schema(db: psycopg.AsyncConnection[Any]) -> None:
+    """ArchiveUnprepared when a table or column of ``ARCHIVE_COLUMNS`` is missing. Read only: the
+    archiver sets the schema up (``archive.connect_db``), which a rebuild leaves to it, as its
+    connection (a router's admin endpoint, an operator's tool) may have no right to run DDL, and
+    tables created here would make a wrong --postgres look like an empty archive."""
+    async with db.transaction():
+        cur = await db.execute(
+            "SELECT w.t, w.c, to_regclass(w.t) IS NOT NULL FROM unnest(%s::text[], %s::text[]) "
+            "WITH ORDINALITY AS w(t, c, n) WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a "
+            "WHERE a.attrelid = to_regclass(w.t) AND a.attname = w.c AND NOT a.attisdropped) ORDER BY w.n",
+            ([t for t, _ in ARCHIVE_COLUMNS], [c for _, c in ARCHIVE_COLUMNS]),
+        )
+        missing = [f"column {t}.{c}" if there else f"table {t}" for t, c, there in await cur.fetchall()]
+    if missing:
+        raise ArchiveUnprepared(
+            f"PostgreSQL has no {', no '.join(missing)}: no archiver of this version has set up its "
+            "schema in this database. Start `shardlb archive` against it first (it creates them), or "
+            "check the PostgreSQL URL"
+        )
+
+
 @asynccontextmanager
 async def connected(
     redis_url: str, postgres_url: str, progress: Callable[[str], None] | None = None
 ) -> AsyncIterator[tuple[Rebuilder, BoardStore]]:
     """A Rebuilder and the board registry on fresh connections (closed on exit): what `shardlb
-    rebuild`, `shardlb reconcile` and the router's admin endpoint work with."""
+    rebuild`, `shardlb reconcile` and the router's admin endpoint work with. ArchiveUnprepared
+    when PostgreSQL lacks the archive's schema (``check_schema``)."""
     raw, client = connect(redis_url, decode=False, timeout=30.0), connect(redis_url)
     try:
         settings = pgconn.options(postgres_url)
         db = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True, **settings)
         try:
+            await check_schema(db)
             yield (
                 Rebuilder(raw, Scripts.register(raw).rebuild, db, progress),
                 BoardStore(client, Scripts.register(client)),

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shardlb import keys, periods, times
 from shardlb import reconcile as reconcile_module
+from shardlb.archive import connect_db
+from shardlb.board import Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.rebuild import Rebuilder
@@ -235,4 +239,42 @@ async def test_a_board_being_resharded_is_refused_not_reported_drifting(
         assert not any(c.drift for c in await reconcile(rebuilder, await store.get(config.id)))
     finally:
         await a.db.close()
+        await store.delete(config.id)
+
+
+@pytest.mark.parametrize("archive", ["untouched", "before-kept"])
+async def test_reconcile_and_rebuild_against_an_archive_without_its_schema_say_to_start_the_archiver(
+    store: BoardStore, postgres_url: str, cluster_url: str, capsys: Any, archive: str
+) -> None:
+    """A database no archiver has set up (no tables), or one an archiver of before 2026-12-05 set up
+    (no ``player_removals.kept``): `shardlb reconcile` and `shardlb rebuild` exit 1 with one line
+    saying what is missing and to start the archiver first, and create nothing (their connection
+    may have no right to: the archiver's sets the schema up). Until 2026-12-05 they failed on the
+    first query (``relation "bans" does not exist``)."""
+    config = BoardConfig.from_dict(f"reconcile-unset-{archive}", {"sharding": sharding("hash", 1)})
+    board, _ = await store.create(config)
+    name = f"unset_{secrets.token_hex(4)}"
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    url = postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    if archive == "before-kept":
+        await (await connect_db(url)).close()  # the schema of an archiver of before
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as db:
+            await db.execute("ALTER TABLE player_removals DROP COLUMN kept")
+    try:
+        await board.submit([Score("p", 5, "m", times.now_ms())])
+        for command in (["reconcile", config.id], ["rebuild", config.id]):
+            capsys.readouterr()
+            assert await asyncio.to_thread(main, [*command, "--redis", cluster_url, "--postgres", url]) == 1
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "shardlb archive" in err[0], err
+            assert ("player_removals.kept" if archive == "before-kept" else "bans") in err[0]
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as db:
+            cur = await db.execute(
+                "SELECT to_regclass('bans') IS NULL, (SELECT count(*) FROM pg_attribute "
+                "WHERE attrelid = to_regclass('player_removals') AND attname = 'kept')"
+            )
+            assert await cur.fetchone() == (archive == "untouched", 0)
+        assert [e.player_id for e in await board.top(10)] == ["p"]
+    finally:
         await store.delete(config.id)

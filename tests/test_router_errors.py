@@ -7,7 +7,7 @@ from redis import exceptions as rx
 from redis.asyncio.connection import Connection
 
 from router.errors import to_api_error
-from shardlb.errors import ClusterUnavailable, Overloaded
+from shardlb.errors import ArchiveUnprepared, ClusterUnavailable, Overloaded
 
 
 async def _error_inside_redis_py() -> BaseException:
@@ -58,3 +58,11 @@ async def test_a_failure_inside_redis_py_is_503_and_other_bugs_stay_500() -> Non
         assert (to_api_error(e).status, to_api_error(e).code) == (500, "internal_error")
     busy = to_api_error(Overloaded("too many reads", 2.5))
     assert (busy.status, busy.code, busy.headers["retry-after"]) == (503, "overloaded", "3")
+
+
+def test_an_archive_without_its_schema_is_503_archive_unavailable() -> None:
+    """A rebuild's PostgreSQL without the archive's schema (shardlb/rebuild.py, ``check_schema``) is
+    answered as PostgreSQL failing is (api.md), with the library's message saying what is missing."""
+    error = to_api_error(ArchiveUnprepared("PostgreSQL has no table bans: start `shardlb archive`"))
+    assert (error.status, error.code, error.headers) == (503, "archive_unavailable", {"retry-after": "5"})
+    assert "shardlb archive" in error.message
