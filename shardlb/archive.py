@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import itertools
 import logging
@@ -232,11 +233,50 @@ async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
     conn = await psycopg.AsyncConnection.connect(
         url, autocommit=False, application_name="shardlb-archive", **pgconn.options(url)
     )
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(7427466)")  # one CREATE at a time
-        await conn.execute(SCHEMA)
-        await moderation.create_schema(conn)
+    await ensure_schema(conn, SCHEMA, moderation.SCHEMA)
     return conn
+
+
+# The digests of the schemas set up in this database (``ensure_schema``).
+APPLIED = """
+CREATE TABLE IF NOT EXISTS schema_applied (
+    digest text PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+
+async def ensure_schema(db: psycopg.AsyncConnection[Any], *parts: str) -> None:
+    """Run the DDL ``parts`` (idempotent: CREATE ... IF NOT EXISTS, ALTER TABLE ... ADD COLUMN IF
+    NOT EXISTS) unless this very text was applied to the database before, in one transaction, one
+    creator at a time.
+
+    The check comes first because the DDL is not free when it changes nothing: an ALTER TABLE takes
+    an ACCESS EXCLUSIVE lock on its table whether or not the column exists, so it waited for every
+    transaction reading the table (a rebuild's read of millions of rows) while every statement on
+    it, the archiver's inserts included, queued behind it. It ran at every archiver (re)connect,
+    every ban request and every settlement. A new version's DDL text has another digest, so an
+    upgrade sets its schema up at its first connect. A table dropped by hand is not made again:
+    ``rebuild.check_schema`` names it to whoever reads the archive."""
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    if await _applied(db, digest):
+        return
+    async with db.transaction():
+        await db.execute("SELECT pg_advisory_xact_lock(7427466)")  # one CREATE at a time
+        for part in (*parts, APPLIED):
+            await db.execute(part)
+        await db.execute("INSERT INTO schema_applied (digest) VALUES (%s) ON CONFLICT DO NOTHING", (digest,))
+
+
+async def _applied(db: psycopg.AsyncConnection[Any], digest: str) -> bool:
+    """Whether the schema of ``digest`` was applied to the database (no lock but catalog reads)."""
+    async with db.transaction():
+        cur = await db.execute("SELECT to_regclass('schema_applied') IS NOT NULL")
+        row = await cur.fetchone()
+        if not (row and row[0]):
+            return False
+        cur = await db.execute("SELECT 1 FROM schema_applied WHERE digest = %s", (digest,))
+        return await cur.fetchone() is not None
 
 
 class Archiver:

@@ -180,10 +180,6 @@ $migrate$;
 """
 
 
-async def create_schema(db: psycopg.AsyncConnection[Any]) -> None:
-    await db.execute(SCHEMA)
-
-
 # ---- removal ------------------------------------------------------------------------------
 
 

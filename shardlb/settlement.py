@@ -151,11 +151,7 @@ MODERATED = f"{BANNED} {REMOVED}"
 
 async def ensure_schema(db: psycopg.AsyncConnection[Any]) -> None:
     """The archive's and moderation's tables and the settlement's (idempotent; one creator at a time)."""
-    async with db.transaction():
-        await db.execute("SELECT pg_advisory_xact_lock(7427466)")
-        await db.execute(archive.SCHEMA)
-        await moderation.create_schema(db)
-        await db.execute(SCHEMA)
+    await archive.ensure_schema(db, archive.SCHEMA, moderation.SCHEMA, SCHEMA)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,57 @@
+"""Setting the archive's schema up takes no lock once it is in place.
+
+Every ban, lift and audit request of a router (router/moderation.py), every settlement and the
+archiver at each reconnect ran the whole schema's DDL, its `ALTER TABLE ... ADD COLUMN IF NOT
+EXISTS` included. Such an ALTER takes an ACCESS EXCLUSIVE lock whether or not the column exists: it
+waited for every transaction reading the table (a rebuild's or a reconcile's read of millions of
+rows), and meanwhile every other statement on the table queued behind it, the archiver's inserts
+included (journals then filling to their bound, writes refused). The DDL now runs only when this
+version's schema was never applied to the database (archive.ensure_schema)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from shardlb import archive, settlement
+from tests.test_rebuild import own_archive
+
+pytestmark = pytest.mark.cluster
+
+# A statement that must wait for a lock fails after this instead of waiting.
+IMPATIENT = "options=-c%20lock_timeout%3D1500"
+
+
+@pytest.fixture
+async def archive_url(postgres_url: str) -> AsyncIterator[str]:
+    async with own_archive(postgres_url) as url:
+        await (await archive.connect_db(url)).close()  # set up once: an archiver's first start
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as db:
+            await settlement.ensure_schema(db)  # and a first settlement's
+        yield url
+
+
+async def test_the_schema_in_place_is_not_set_up_again_under_a_long_read(archive_url: str) -> None:
+    impatient = f"{archive_url}?{IMPATIENT}"
+    async with await psycopg.AsyncConnection.connect(archive_url) as reader:
+        # A long read in progress (a rebuild's): it holds ACCESS SHARE on the tables it read.
+        for table in ("match_results", "player_removals", "bans", "removal_records", "boards"):
+            await reader.execute(f"SELECT count(*) FROM {table}")
+        db = await archive.connect_db(impatient)  # the archiver's (re)connect, a router's ban request
+        await db.close()
+        async with await psycopg.AsyncConnection.connect(impatient, autocommit=True) as other:
+            await settlement.ensure_schema(other)  # a settlement's, a router's history read
+        await reader.rollback()
+
+
+async def test_a_schema_of_another_version_is_set_up(archive_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(archive_url, autocommit=True) as db:
+        await db.execute("ALTER TABLE bans DROP COLUMN incarnation")
+        await db.execute("DELETE FROM schema_applied")  # as if set up by an earlier version
+        await (await archive.connect_db(archive_url)).close()
+        cur = await db.execute(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = 'bans'::regclass AND attname = 'incarnation'"
+        )
+        assert (await cur.fetchone()) == (1,)
