@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from router.admin import RESHARD_BODY_BYTES
 from router.dashboard import ASSETS
 from router.limiter import SCRAPE_READS
 from router.routes import MAX_AGE_MS, MAX_OFFSET, MAX_RADIUS
@@ -631,7 +632,9 @@ _ERROR_TEXT = {
     "that is not HTTP/1.1 the parser can read, or that asks to switch protocols (Upgrade) and has a "
     "body (malformed_request, the connection is closed).",
     401: "Missing or unknown key (code unauthorized).",
-    403: "The key's scope does not allow this (code forbidden).",
+    403: "The key's scope does not allow this (code forbidden); on a router without keys "
+    "(SHARDLB_INSECURE_DEV), a request other than GET or HEAD that a browser sends from another site "
+    "(its Origin or Sec-Fetch-Site).",
     404: "Unknown board, player, route or settlement (board_not_found, player_not_found, not_found, "
     "settlement_not_found).",
     405: "Method not allowed on this route (method_not_allowed).",
@@ -644,7 +647,8 @@ _ERROR_TEXT = {
     "season is being archived (board_closed).",
     408: "The request line and headers, or the body, did not arrive within SHARDLB_HEADER_TIMEOUT_S "
     "/ SHARDLB_BODY_TIMEOUT_S (request_timeout); the connection is closed.",
-    413: "The body is larger than SHARDLB_MAX_BODY_BYTES (body_too_large).",
+    413: "The body is larger than the operation's cap (body_too_large): SHARDLB_MAX_BODY_BYTES, "
+    f"SHARDLB_MAX_READ_BODY_BYTES for players:query, {RESHARD_BODY_BYTES // 1024} KiB for a reshard.",
     415: "Content-Type is neither application/json nor application/msgpack, or the body has a "
     "Content-Encoding (gzip, ...): bodies are sent uncompressed (unsupported_media_type; "
     "Accept-Encoding: identity), or a Transfer-Encoding other than chunked.",
@@ -657,7 +661,7 @@ _ERROR_TEXT = {
     "(headers_too_large); the connection is closed.",
     429: "This client's read rate limit is used up (a /metrics scrape takes "
     f"{SCRAPE_READS} reads of it), or a client without a key has as many requests (or archive reads) "
-    "in progress as it may hold (rate_limited); see Retry-After.",
+    "in progress as it may hold, or it sent too many wrong keys (rate_limited); see Retry-After.",
     503: "Retry after Retry-After seconds. Overloaded (overloaded), shutting down "
     "(shutting_down), the cluster unavailable (cluster_unavailable) or the shard's master out of memory "
     "(out_of_memory), not ready (not_ready, /readyz), a reshard's cut-over (board_resharding); "
