@@ -287,7 +287,10 @@ def add_rebuild_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     )
     rebuild.add_argument("board", nargs="?", type=board_id, help="the board (or --all)")
     rebuild.add_argument(
-        "--all", action="store_true", help="every board PostgreSQL knows, put back in the registry if missing"
+        "--all",
+        action="store_true",
+        help="every board PostgreSQL knows, put back in the registry if missing, after the ban list "
+        "(after a loss of Redis)",
     )
     rebuild.add_argument("--shard", type=int, help="one shard only")
     rebuild.add_argument(
