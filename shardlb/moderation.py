@@ -387,7 +387,7 @@ async def cleanup_pass(
     removed per board. `shardlb cleanup` runs one; the archiver runs one every ``--cleanup-every``.
     Each board is cleaned up on its own: one that fails (resharded or deleted meanwhile, a master
     down) does not hold up the boards after it; the first failure is raised once every board was
-    gone over. (Until 2026-12-06 it ended the pass, so the boards after it kept their idle players
+    gone over. (Until 2026-12-05 it ended the pass, so the boards after it kept their idle players
     for as long as it failed.)"""
     boards = [await store.get(n) for n in names] if names else await store.boards()
     done: dict[str, int] = {}

@@ -6,7 +6,7 @@ trust authentication on loopback only, ``pg_ctl stop`` at the end. PostgreSQL re
 root, so as root the server runs as the ``postgres`` user of the machine's PostgreSQL package, with
 its data directory in a folder that user owns (the state file in our directory points at it): in its
 home (``/var/lib/postgresql/shardlb-postgres-<name>``), or in ``/tmp`` for a ``fast`` server, which
-keeps nothing across a crash anyway. Many machines empty ``/tmp`` at boot: until 2026-12-06 the
+keeps nothing across a crash anyway. Many machines empty ``/tmp`` at boot: until 2026-12-05 the
 archive of ``make run`` was kept there too, and lost with it. Once a server has run, ``up`` never
 makes an empty one in place of data that has gone: it says so, and the state file's removal is the
 way to start afresh. Without a state file, data found under the directory's name is an earlier

@@ -141,7 +141,7 @@ def test_retries_replay_a_recent_post_byte_for_byte() -> None:
 
 def test_a_post_the_router_refused_is_never_replayed() -> None:
     """A refused post (429, 503, a lost connection) wrote nothing: sent again it would write its
-    scores for the first time, counted as a replay's. Until 2026-12-06 every post was kept for
+    scores for the first time, counted as a replay's. Until 2026-12-05 every post was kept for
     replays before it was sent, as the locustfile's were."""
     always = pacer.MatchBodies(replace(W, retry_share=1.0), random.Random(1))
     refused = always()

@@ -850,7 +850,7 @@ def test_the_journal_bounds_the_plan_takes_are_the_ones_a_router_starts_with(tmp
 def test_bench_readme_incr_figures_are_the_models_on_the_committed_latest_costs() -> None:
     """bench/README.md, "The capacity planner", says what bounds an incr deployment with a 24 h
     window: the records one master's data holds against the incr writes its CPU takes. Both come from
-    the model on bench/results/latest (until 2026-12-06 the CPU figure was the old defaults', "over
+    the model on bench/results/latest (until 2026-12-05 the CPU figure was the old defaults', "over
     30,000", where the latest costs give a master's half core about 27,000 even in the bench's own
     large calls)."""
     costs, _ = plan.load_costs(plan.LATEST)

@@ -250,7 +250,7 @@ async def test_a_buffered_batch_with_refused_results_keeps_one_deadline(router: 
 async def test_a_buffer_forgets_a_board_once_its_results_are_answered(router: Served) -> None:
     """A game server posting to a new board name per event (a board per tournament) keeps one buffer
     for its life: the lane of a board with nothing held or in flight is dropped, and a later post
-    to it gets a new one. Until 2026-12-06 every board name posted to stayed in the buffer."""
+    to it gets a new one. Until 2026-12-05 every board name posted to stayed in the buffer."""
     names = [board_name(f"lanes{i}") for i in range(3)]
     async with AsyncClient(router.url, ADMIN, backoff=FAST) as client:
         for name in names:

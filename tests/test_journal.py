@@ -152,7 +152,7 @@ async def test_a_full_journal_refuses_a_removal_and_a_delete_entry_counts_its_pl
     """A removal journals a delete entry, so it is held to the journal's bounds as a write is: at
     either bound it is refused (Overloaded, 503 over HTTP) before anything is removed or journaled,
     and a delete entry's players count against the results bound until the archiver acknowledges
-    it. Until 2026-12-06 remove.lua appended its entry whatever the bounds: removals (of players
+    it. Until 2026-12-05 remove.lua appended its entry whatever the bounds: removals (of players
     present or not) grew a full journal without end while the archive was away."""
     config = BoardConfig.from_dict("journal-removals", {"sharding": {"strategy": "hash", "shards": 1}})
     board, _ = await store.create(config)

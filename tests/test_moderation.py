@@ -672,7 +672,7 @@ async def test_a_board_whose_cleanup_fails_does_not_hold_up_the_other_boards(sto
     """One cleanup pass goes over every board with ``inactive_after``. A board that refused it (here
     one of its shards marked moved away by a reshard, as a dead master or a board deleted meanwhile
     would also refuse) ended the pass there, so every board after it kept its idle players, pass
-    after pass, for as long as that board failed (a retry records audit's finding, 2026-12-06).
+    after pass, for as long as that board failed (a retry records audit's finding, 2026-12-05).
     Now each board is cleaned up on its own, and the pass raises the failure once it has gone
     over them all (the archiver logs it as an outage)."""
     configs = [

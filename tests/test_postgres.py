@@ -42,7 +42,7 @@ def test_the_data_of_a_server_that_keeps_it_lives_where_its_directory_does_or_ou
 ) -> None:
     """`make run`'s archive (fsync on) is the source of truth: as root, where the data cannot sit in
     the directory, it goes to the postgres user's home, not to /tmp, which many machines empty at
-    boot (it went there until 2026-12-06)."""
+    boot (it went there until 2026-12-05)."""
     local = LocalPostgres(tmp_path / "postgres")
     assert local.data.is_relative_to(local.dir) or not local.data.is_relative_to("/tmp")
 

@@ -915,7 +915,7 @@ async def test_a_removal_right_after_a_forced_swap_stays_removed(
     """A forced swap puts the results written since the snapshot onto the live keys in a second call;
     a player removed between the swap and that call must not come back with their older results.
     ``archived``: the archiver quick, the removal archived and trimmed from the journal before that
-    call, where rebuild.lua looked for it alone (until 2026-12-06 the player came back)."""
+    call, where rebuild.lua looked for it alone (until 2026-12-05 the player came back)."""
     config = BoardConfig.from_dict(
         f"rebuild-forced-cut-{mode}-{int(archived)}", {"mode": mode, "sharding": {"shards": 1}}
     )
@@ -1332,7 +1332,7 @@ async def test_a_late_retry_archived_during_the_catch_up_keeps_the_first_score_i
     """A result applied after the snapshot, its period closed, then a better retry of it (the board
     applies that to the total alone), both archived and trimmed from the journal before the swap: the
     catch-up reads them from PostgreSQL, where the match's row holds the retry and ``match_holds`` the
-    first application, which the closed period keeps. Until 2026-12-06 the catch-up read the row
+    first application, which the closed period keeps. Until 2026-12-05 the catch-up read the row
     alone, and the rebuilt period lost the first score."""
     config = BoardConfig.from_dict(
         f"rebuild-catch-up-hold-{mode}",

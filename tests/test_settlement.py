@@ -806,7 +806,7 @@ async def test_a_ban_committing_as_the_awards_are_written_is_not_paid(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any]
 ) -> None:
     """A ban inserted by another session before the store step looks bans up, and committed only a
-    moment later: the settlement waits for it and pays nothing. Until 2026-12-06 the look-up did not
+    moment later: the settlement waits for it and pays nothing. Until 2026-12-05 the look-up did not
     see the uncommitted ban and the awards committed with the banned winner paid."""
     board = await new_board(store, "settle-banned-racing")
     period = day_ago(2)
@@ -846,7 +846,7 @@ async def test_a_rebuild_keeps_the_first_score_of_a_late_retry_in_the_closed_per
 ) -> None:
     """The late better retry above, once both applications are archived and trimmed from the journal:
     a reconcile of the closed period finds Redis and PostgreSQL equal, and a rebuild from PostgreSQL
-    puts back the score the period holds (the first), not the retry's. Until 2026-12-06 both read the
+    puts back the score the period holds (the first), not the retry's. Until 2026-12-05 both read the
     match's row only: the reconcile showed drift, the rebuild dropped the first score."""
     board = await new_board(store, f"rebuild-late-retry-{mode}", mode=mode)
     period = day_ago(2)
