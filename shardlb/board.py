@@ -9,7 +9,7 @@ import itertools
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
@@ -545,6 +545,22 @@ class Board:
         if str(e).startswith(JOURNAL_FULL):
             return Overloaded("the board's journal is full: PostgreSQL or the archiver is behind", 5.0)
         return e
+
+    async def check_live(self, shards: Iterable[int]) -> None:
+        """Raise as a write to ``shards`` would when one of them was deleted (BoardNotFound) or
+        resharded away (Resharding), with this board marked as the write marks it; else return.
+        One MGET of rate.lua's markers per shard: for an answer that writes nothing, and so learns
+        nothing from a script (a result refused before it is written, Screen)."""
+
+        async def one(shard: int) -> None:
+            marks = (keys.move_key(self.prefixes[shard]), keys.gone_key(self.prefixes[shard]))
+            move, gone = await self.client.execute_command("MGET", *marks)
+            if move is not None and move not in (b"t", "t"):
+                raise self.gone(ResponseError(f"{MOVED} this board is being resharded; retry"))
+            if gone is not None:
+                raise self.gone(ResponseError(f"{GONE} this board was deleted"))
+
+        await asyncio.gather(*(one(s) for s in set(shards)))
 
     async def repair(self) -> int:
         """Finish band moves that a failed call left pending (band boards); return how many."""

@@ -865,6 +865,14 @@ class Screen:
         if limit is not None and counted:
             over = await _over_rate(board, [prepared[i] for i in counted], limit, now_ms)
             out += [Refusal(counted[n], REFUSED["rate"]) for n in over]
+        # A refusal writes nothing, so nothing tells a caller that holds a board deleted since (a
+        # router keeps one for seconds) that it is gone: its ban (which holds on that incarnation
+        # only) or its limits would refuse the results of the board created again under the id.
+        # Answered as that write would be (BoardNotFound; rate.lua asked its shards already).
+        # Until 2026-12-05 such a router answered `banned` for a player not banned there.
+        screened = {prepared[r.position].shard for r in out if r.status != REFUSED["rate"]}
+        if screened:
+            await board.check_live(screened)
         return sorted(out, key=lambda r: r.position)
 
 

@@ -1,0 +1,60 @@
+"""Bans across a board deleted and created again under its id, through two routers, one of which still
+holds the old board in its cache (router/boards.py keeps a board's settings for a few seconds, until
+a write finds it deleted): a ban of one board holds on the board it was made on (router/README.md,
+"Additions: moderation"), and a router's stale copy must neither refuse the new board's scores for
+the old board's ban nor leave a banned player's results on the new board."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.router_support import AS_ADMIN, AS_WRITER, running, service_of
+from tests.test_moderation_router import make_board, post, refusals_recorded, score
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(autouse=True)
+def no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bans answer at once: both routers refresh their lists by hand here."""
+    import router.moderation
+
+    monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+
+
+async def test_a_stale_router_does_not_refuse_the_new_boards_scores_for_the_old_boards_ban(
+    cluster_url: str, postgres_url: str
+) -> None:
+    """The player is banned on the board, which is then deleted and created again through another
+    router: the ban does not hold on the new board. A router that still held the old board in its
+    cache screened the score against the old board's incarnation, found the ban, and answered
+    `banned` (200, final for a client) without writing anything, so it never learnt the board was
+    gone; the refusal was recorded in refused_results for the new board too. It answers as for any
+    write to a board it still held (404 board_not_found: a retry reaches the new board), and
+    records no refusal."""
+    async with (
+        running(cluster_url, postgres_url=postgres_url) as (app, client),
+        running(cluster_url, postgres_url=postgres_url) as (stale_app, stale),
+    ):
+        name = await make_board(client)
+        player, scope = f"stale-{name}", {"scope": "board", "board": name}
+        r = await client.post(f"/v1/players/{player}:ban", json=scope, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+        await service_of(stale_app).moderation.bans.refresh()
+        assert await post(stale, name, [score("fair", 1, "m0")]) == ["improved"]  # `stale` keeps it
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+        r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"]}, headers=AS_ADMIN)
+        assert r.status_code == 201, r.text
+        body = {"scores": [score(player, 5, "m1")]}
+        first = await stale.post(f"/v1/boards/{name}/scores", json=body, headers=AS_WRITER)
+        assert first.status_code in (200, 404), first.text
+        if first.status_code == 200:
+            assert first.json()["results"][0]["status"] == "improved"
+        else:
+            assert first.json()["error"]["code"] == "board_not_found"
+            assert await post(stale, name, body["scores"]) == ["improved"]  # the retry
+        got = await client.get(f"/v1/boards/{name}/players/{player}")
+        assert (got.status_code, got.json().get("points")) == (200, 5), got.text
+        assert await refusals_recorded(postgres_url, name, app, stale_app) == []
+        await client.post(f"/v1/players/{player}:unban", json=scope, headers=AS_ADMIN)
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
