@@ -269,6 +269,7 @@ async def _remove(
     since_ms: int | None = None,
     now_ms: int | None = None,
     incarnation: str | None = None,
+    anew: bool = False,
 ) -> bool:
     """Remove ``player`` from the board, waiting out a reshard's cut-over as score writes do: each
     try looks the board up anew (a refusal marked the one kept stale), and a removal tried again
@@ -277,13 +278,28 @@ async def _remove(
     keeps the results the player posted since; a request id the router made up is new each try).
     ``since_ms`` and ``now_ms``: see ``moderation.remove``. ``incarnation``: remove only from that
     incarnation of the board (a ban's, which holds on it alone); a board created again under the id
-    since is left alone (False), as a board deleted is."""
+    since is left alone (False), as a board deleted is.
+
+    ``anew`` (a ban's removals): this router's copy of the board is looked up in the registry again
+    when it is not of ``incarnation``, or turns out deleted, rather than taken for the board: a
+    router keeps a board for seconds, and one deleted and created again through another router
+    meanwhile is the board in the ban's scope (its incarnation read from the registry). Until
+    2026-12-05 such a ban removed nothing there, and the banned player stayed on the board, ranked."""
 
     async def attempt() -> bool:
         board = await svc.boards.get(board_id)
+        if anew and incarnation is not None and board.incarnation != incarnation:
+            board = await svc.boards.store.get(board_id)
         if incarnation is not None and board.incarnation != incarnation:
             return False
-        removed = await moderation.remove(board, [player], now_ms, request=request, since_ms=since_ms)
+        try:
+            removed = await moderation.remove(board, [player], now_ms, request=request, since_ms=since_ms)
+        except BoardNotFound:
+            if not anew or incarnation is not None:  # the board the ban holds on is gone: nothing left
+                raise
+            # This router's copy was deleted (now marked so): the board under the id now, if any.
+            board = await svc.boards.store.get(board_id)
+            removed = await moderation.remove(board, [player], now_ms, request=request, since_ms=since_ms)
         return player in removed
 
     return await through_reshard(attempt)
@@ -352,7 +368,9 @@ async def ban(request: Request) -> Response:
             # under its id since (while this ban waited, or before its retry) is another board, on
             # which this ban is not in force. Until 2026-12-05 the removal took the player's
             # results off the new board, and out of its rebuild and settlement.
-            if await _remove(svc, board.config.id, player, removal, since, incarnation=record.incarnation):
+            if await _remove(
+                svc, board.config.id, player, removal, since, incarnation=record.incarnation, anew=True
+            ):
                 removed.append(board.config.id)
         except BoardNotFound:
             continue

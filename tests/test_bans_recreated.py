@@ -6,8 +6,11 @@ the old board's ban nor leave a banned player's results on the new board."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from shardlb import times
 from tests.router_support import AS_ADMIN, AS_WRITER, running, service_of
 from tests.test_moderation_router import make_board, post, refusals_recorded, score
 
@@ -57,4 +60,46 @@ async def test_a_stale_router_does_not_refuse_the_new_boards_scores_for_the_old_
         assert (got.status_code, got.json().get("points")) == (200, 5), got.text
         assert await refusals_recorded(postgres_url, name, app, stale_app) == []
         await client.post(f"/v1/players/{player}:unban", json=scope, headers=AS_ADMIN)
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_ban_through_a_stale_router_removes_the_player_from_the_board_created_again(
+    cluster_url: str, postgres_url: str
+) -> None:
+    """The board is deleted and created again through one router, the player posts there, and the
+    player is banned (on that board, or on every board) through another router that still held the
+    old board in its cache. The ban is stored for the new board (its incarnation read from the
+    registry), but its removal looked the board up in that cache: the old board's incarnation did
+    not match the ban's, so nothing was removed (a ban of every board met the old board deleted, and
+    skipped it). The banned player's results stayed on the new board, ranked, while a rebuild or a
+    settlement of it leaves them out. The removal now looks the board up again when its copy is not
+    the board the ban holds on (or was deleted)."""
+    async with (
+        running(cluster_url, postgres_url=postgres_url) as (_, client),
+        running(cluster_url, postgres_url=postgres_url) as (_, stale),
+    ):
+        name = await make_board(client)
+        on_board, everywhere = f"board-{name}", f"all-{name}"
+        assert await post(stale, name, [score("fair", 1, "m0")]) == ["improved"]  # `stale` keeps it
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+        r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"]}, headers=AS_ADMIN)
+        assert r.status_code == 201, r.text
+        at = times.now_ms()
+        assert await post(client, name, [score(on_board, 5, "m1", at), score(everywhere, 6, "m2", at)]) == [
+            "improved",
+            "improved",
+        ]
+        bans: list[tuple[str, dict[str, Any]]] = [
+            # The board's first: its removal reads the registry, leaving `stale`'s copy as it was.
+            (on_board, {"scope": "board", "board": name}),
+            (everywhere, {"scope": "all"}),
+        ]
+        for player, scope in bans:
+            r = await stale.post(f"/v1/players/{player}:ban", json=scope, headers=AS_ADMIN)
+            assert r.status_code == 200, r.text
+            assert name in r.json()["removed_from"], (player, r.text)
+            got = await client.get(f"/v1/boards/{name}/players/{player}")
+            assert got.status_code == 404, (player, got.text)
+        for player, scope in bans:
+            await client.post(f"/v1/players/{player}:unban", json=scope, headers=AS_ADMIN)
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
