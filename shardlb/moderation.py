@@ -572,18 +572,22 @@ class Bans:
     ) -> bool:
         """Lift a ban; return whether there was one. A retry of ``request_id`` (its audit row is
         there) lifted the ban already: it deletes nothing in PostgreSQL, where a ban stored since
-        is a new one that stays in force, and puts Redis's record in line with PostgreSQL's."""
-        field = ban_field(board, player)
+        is a new one that stays in force, puts Redis's record in line with PostgreSQL's, and
+        answers as the first call did (the row's ``lifted``). Until 2026-12-05 it answered false,
+        the ban it had lifted being gone: as if there had been none."""
+        field, scope = ban_field(board, player), None if board == ALL else board
         since: Ban | None = None
         async with db.transaction():
-            if await audit_once(db, "unban", None if board == ALL else board, player, by, reason, request_id,
-                                {"scope": board}):  # fmt: skip
+            first = None if request_id is None else await _lift_audited(db, scope, player, request_id)
+            if first is None:
                 cur = await db.execute(
                     "DELETE FROM bans WHERE player_id = %s AND board = %s", (player, board)
                 )
                 lifted = cur.rowcount > 0
+                detail = {"scope": board, "lifted": lifted}
+                await audit(db, "unban", scope, player, by, reason, request_id, detail)
             else:
-                lifted, since = False, await _ban_row(db, player, board)
+                lifted, since = first, await _ban_row(db, player, board)
         if since is not None:
             await self._write(("HSET", keys.BANS, field, _record(since)))
         else:
@@ -734,6 +738,24 @@ async def _ban_audited(db: psycopg.AsyncConnection[Any], ban: Ban, request_id: s
     )
     row = await cur.fetchone()
     return None if row is None else Ban(ban.player, ban.board, row[1], row[0], int(row[2]), row[3])
+
+
+async def _lift_audited(
+    db: psycopg.AsyncConnection[Any], board: str | None, player: str, request_id: str
+) -> bool | None:
+    """Whether the request ``request_id``'s lift of ``player``'s ban of ``board`` (None: every
+    board) lifted one, from its audit row (false for a row of before 2026-12-05, which does not
+    say); None when it has no row. Holds the request until the caller's transaction ends, as
+    ``audit_once`` does: a retry sent while the first runs waits for its row."""
+    await _hold(db, "unban", board, player, request_id)
+    cur = await db.execute(
+        "SELECT coalesce((detail ->> 'lifted')::boolean, FALSE) FROM moderation_audit "
+        "WHERE player_id = %s AND board IS NOT DISTINCT FROM %s AND action = 'unban' AND request_id = %s "
+        "ORDER BY id LIMIT 1",
+        (player, board, request_id),
+    )
+    row = await cur.fetchone()
+    return None if row is None else bool(row[0])
 
 
 async def audit_once(

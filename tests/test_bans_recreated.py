@@ -103,3 +103,25 @@ async def test_a_ban_through_a_stale_router_removes_the_player_from_the_board_cr
         for player, scope in bans:
             await client.post(f"/v1/players/{player}:unban", json=scope, headers=AS_ADMIN)
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_an_unban_retried_answers_as_its_first_call(cluster_url: str, postgres_url: str) -> None:
+    """An unban whose answer was lost is sent again with its X-Request-Id: the retry is the lift made
+    already (it deletes nothing, and writes no audit row), but it answered `lifted: false`, as if
+    there had been no ban to lift: the ban it lifted was gone by then. It answers as the first call
+    did, as a ban's or a removal's retry does."""
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client)
+        player, scope = f"unban-{name}", {"scope": "board", "board": name}
+        r = await client.post(f"/v1/players/{player}:ban", json=scope, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+        asked = {**AS_ADMIN, "X-Request-Id": f"u1-{name}"}
+        for _ in range(2):
+            r = await client.post(f"/v1/players/{player}:unban", json=scope, headers=asked)
+            assert r.status_code == 200, r.text
+            assert r.json() == {"player_id": player, "lifted": True}
+        asked = {**AS_ADMIN, "X-Request-Id": f"u2-{name}"}
+        for _ in range(2):  # nothing to lift: so says its retry too
+            r = await client.post(f"/v1/players/{player}:unban", json=scope, headers=asked)
+            assert r.json() == {"player_id": player, "lifted": False}, r.text
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
