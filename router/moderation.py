@@ -378,11 +378,20 @@ async def ban(request: Request) -> Response:
 
 
 async def unban(request: Request) -> Response:
-    """POST /v1/players/{player}:unban: lift a ban of that scope (later scores count again)."""
+    """POST /v1/players/{player}:unban: lift a ban of that scope (later scores count again).
+    ``lifted`` says whether a ban in force was lifted: one of a board deleted since (another
+    incarnation, or none now) was not, as GET /v1/bans has it."""
     svc, actor, request_id = _admin(request)
     player, scope, reason = await _ban_body(request, svc)
+    incarnation: str | None = ALL
+    if scope != ALL:
+        try:
+            incarnation = (await svc.boards.store.get(scope)).incarnation  # the registry's, not a copy
+        except BoardNotFound:
+            incarnation = None
+    bans = svc.moderation.bans.bans
     async with _archive(svc) as db:
-        lifted = await svc.moderation.bans.bans.lift(db, player, scope, actor, reason, request_id)
+        lifted = await bans.lift(db, player, scope, actor, reason, request_id, incarnation)
     await svc.moderation.bans.refresh()
     return render(request, {"player_id": player, "lifted": lifted})
 

@@ -569,29 +569,40 @@ class Bans:
         by: str,
         reason: str,
         request_id: str | None,
+        incarnation: str | None = ALL,
     ) -> bool:
-        """Lift a ban; return whether there was one. A retry of ``request_id`` (its audit row is
-        there) lifted the ban already: it deletes nothing in PostgreSQL, where a ban stored since
-        is a new one that stays in force, puts Redis's record in line with PostgreSQL's, and
+        """Lift a ban; return whether there was one in force. A retry of ``request_id`` (its audit
+        row is there) lifted the ban already: it deletes nothing in PostgreSQL, where a ban stored
+        since is a new one that stays in force, puts Redis's record in line with PostgreSQL's, and
         answers as the first call did (the row's ``lifted``). Until 2026-12-05 it answered false,
-        the ban it had lifted being gone: as if there had been none."""
+        the ban it had lifted being gone: as if there had been none.
+
+        ``incarnation``: the board's now (None: there is none), for a ban of one board: a ban made
+        on another incarnation is not in force (``Ban.holds_on``; GET /v1/bans does not list it),
+        and its lift, which deletes it all the same, answers false (until 2026-12-05 it answered
+        true). ALL: whatever the ban's incarnation."""
         field, scope = ban_field(board, player), None if board == ALL else board
         since: Ban | None = None
         async with db.transaction():
             first = None if request_id is None else await _lift_audited(db, scope, player, request_id)
             if first is None:
                 cur = await db.execute(
-                    "DELETE FROM bans WHERE player_id = %s AND board = %s", (player, board)
+                    "DELETE FROM bans WHERE player_id = %s AND board = %s RETURNING incarnation",
+                    (player, board),
                 )
-                lifted = cur.rowcount > 0
+                found = await cur.fetchone()
+                held, made_on = found is not None, None if found is None else found[0]
+                lifted = held and (incarnation == ALL or made_on is None or made_on == incarnation)
                 detail = {"scope": board, "lifted": lifted}
                 await audit(db, "unban", scope, player, by, reason, request_id, detail)
             else:
-                lifted, since = first, await _ban_row(db, player, board)
+                lifted, held, since = first, True, await _ban_row(db, player, board)
         if since is not None:
             await self._write(("HSET", keys.BANS, field, _record(since)))
         else:
-            lifted = bool(await self._write(("HDEL", keys.BANS, field))) or lifted
+            # A record PostgreSQL did not hold (a lift's HDEL lost in a failover, a restore not yet
+            # run) was a ban in force for the routers: its lift says so.
+            lifted = (bool(await self._write(("HDEL", keys.BANS, field))) and not held) or lifted
         await self._moved()
         return lifted
 

@@ -12,7 +12,7 @@ import pytest
 
 from shardlb import times
 from tests.router_support import AS_ADMIN, AS_WRITER, running, service_of
-from tests.test_moderation_router import make_board, post, refusals_recorded, score
+from tests.test_moderation_router import make_board, post, refusals_recorded, rows, score
 
 pytestmark = pytest.mark.cluster
 
@@ -124,4 +124,34 @@ async def test_an_unban_retried_answers_as_its_first_call(cluster_url: str, post
         for _ in range(2):  # nothing to lift: so says its retry too
             r = await client.post(f"/v1/players/{player}:unban", json=scope, headers=asked)
             assert r.json() == {"player_id": player, "lifted": False}, r.text
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_an_unban_of_a_ban_not_in_force_since_the_board_was_created_again_lifts_none(
+    cluster_url: str, postgres_url: str
+) -> None:
+    """A ban of a board deleted (and created again) is not in force: GET /v1/bans does not list it
+    and no router refuses the player for it. Its lift answered `lifted: true` all the same, as if
+    the player had been banned until then. It answers false, and still deletes the old ban; a ban
+    made on the board as it is now is lifted as ever."""
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name, gone = await make_board(client), await make_board(client)
+        player = f"old-{name}"
+        scope, scope_gone = {"scope": "board", "board": name}, {"scope": "board", "board": gone}
+        for body in (scope, scope_gone):
+            r = await client.post(f"/v1/players/{player}:ban", json=body, headers=AS_ADMIN)
+            assert r.status_code == 200, r.text
+        for board in (name, gone):
+            assert (await client.delete(f"/v1/boards/{board}", headers=AS_ADMIN)).status_code == 204
+        r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"]}, headers=AS_ADMIN)
+        assert r.status_code == 201, r.text
+        assert (await client.get(f"/v1/bans?player={player}", headers=AS_ADMIN)).json() == {"bans": []}
+        for body in (scope, scope_gone):
+            r = await client.post(f"/v1/players/{player}:unban", json=body, headers=AS_ADMIN)
+            assert r.json() == {"player_id": player, "lifted": False}, r.text
+        assert await rows(postgres_url, "SELECT 1 FROM bans WHERE player_id = %s", player) == []
+        r = await client.post(f"/v1/players/{player}:ban", json=scope, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+        r = await client.post(f"/v1/players/{player}:unban", json=scope, headers=AS_ADMIN)
+        assert r.json() == {"player_id": player, "lifted": True}, r.text
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
