@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from shardlb import times
+from shardlb import keys, moderation, times
+from shardlb.rebuild import Rebuilder
+from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_WRITER, running, service_of
 from tests.test_moderation_router import make_board, post, refusals_recorded, rows, score
 
@@ -154,4 +156,43 @@ async def test_an_unban_of_a_ban_not_in_force_since_the_board_was_created_again_
         assert r.status_code == 200, r.text
         r = await client.post(f"/v1/players/{player}:unban", json=scope, headers=AS_ADMIN)
         assert r.json() == {"player_id": player, "lifted": True}, r.text
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_bans_written_back_of_a_board_created_again_do_not_hold_on_the_new_board(
+    cluster_url: str, postgres_url: str, store: BoardStore, rebuilder: Rebuilder
+) -> None:
+    """`shardlb rebuild --all` writes PostgreSQL's bans back into Redis (``Bans.restore``), those of
+    a board deleted and created again since among them, with their incarnation: routers that reload
+    the list apply them to the old board only, so the new board takes the player's scores, and
+    GET /v1/bans does not list them, while a ban of every board and one made on the new board hold."""
+    async with (
+        running(cluster_url, postgres_url=postgres_url) as (app, client),
+        running(cluster_url, postgres_url=postgres_url) as (other_app, other),
+    ):
+        name = await make_board(client)
+        old, everywhere, new = f"old-{name}", f"all-{name}", f"new-{name}"
+        scope = {"scope": "board", "board": name}
+        for player, body in ((old, scope), (everywhere, {"scope": "all"})):
+            r = await client.post(f"/v1/players/{player}:ban", json=body, headers=AS_ADMIN)
+            assert r.status_code == 200, r.text
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+        r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"]}, headers=AS_ADMIN)
+        assert r.status_code == 201, r.text
+        r = await client.post(f"/v1/players/{new}:ban", json=scope, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+        fields = [moderation.ban_field(name, old), moderation.ban_field(moderation.ALL, everywhere)]
+        await store.client.hdel(keys.BANS, *fields, moderation.ban_field(name, new))  # Redis lost them
+        await rebuilder.restore(store)
+        held = {b.player: b for b in await moderation.Bans(store.client).all()}
+        assert {old, everywhere, new} <= set(held) and held[old].incarnation != held[new].incarnation
+        for a in (app, other_app):
+            await service_of(a).moderation.bans.refresh()
+        for n, c in enumerate((client, other)):
+            statuses = await post(c, name, [score(p, 5 + n, f"m{n}-{p}") for p in (old, everywhere, new)])
+            assert statuses == ["improved", "banned", "banned"]
+        listed = (await client.get("/v1/bans", headers=AS_ADMIN)).json()["bans"]
+        assert {b["player_id"] for b in listed} & {old, everywhere, new} == {everywhere, new}
+        for player, body in ((old, scope), (everywhere, {"scope": "all"}), (new, scope)):
+            await client.post(f"/v1/players/{player}:unban", json=body, headers=AS_ADMIN)
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
