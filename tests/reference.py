@@ -19,7 +19,10 @@ class ReferenceBoard:
     config: BoardConfig
     boards: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     seen: set[tuple[str, str]] = field(default_factory=set)
-    region_of: dict[str, str] = field(default_factory=dict)
+    region_of: dict[str, str] = field(default_factory=dict)  # player -> the region of their total
+    # (period, player) -> the region of that entry: a removal that kept some periods (``remove``'s
+    # ``request``) can leave a player's period entries in a region their total has left since
+    where: dict[tuple[str, str], str] = field(default_factory=dict)
     frozen: set[str] = field(default_factory=set)  # period names frozen (Board.freeze)
     closed: list[tuple[str, ...]] = field(default_factory=list)  # per score of the last submit: API names
     removed: dict[str, int] = field(default_factory=dict)  # player -> time units of their removal
@@ -52,9 +55,14 @@ class ReferenceBoard:
             total = self.boards.setdefault("total", {})
             before = total.get(s.player_id)
             status = "unchanged"
-            home = self.region_of.get(s.player_id)
-            if s.region is not None and before is not None and home != s.region:
-                status = "region_conflict"  # a player's first region sticks: nothing is written
+            # A player's first region sticks: a result under another is refused, nothing written,
+            # where that region holds the player in a period of the result (the total, or a period
+            # entry a removal kept when it took the total).
+            if s.region is not None and any(
+                s.player_id in self.boards.get(n, {}) and self.where.get((n, s.player_id)) != s.region
+                for n in names
+            ):
+                status = "region_conflict"
             elif units < self.removed.get(s.player_id, -1):
                 status = "duplicate"  # achieved before the player's removal: nothing is written
             elif self.config.mode == "incr":
@@ -87,10 +95,13 @@ class ReferenceBoard:
                         if name == "total" and new != old_score:
                             status = "improved"
             after = total.get(s.player_id)
-            if after is not None and s.region is not None:
-                self.region_of.setdefault(s.player_id, s.region)
-            out.append((status, after[0] if after else 0))
             applied = status in ("improved", "unchanged")
+            if applied and s.region is not None:
+                for name in names:
+                    self.where[(name, s.player_id)] = s.region
+                if after is not None:
+                    self.region_of[s.player_id] = s.region
+            out.append((status, after[0] if after else 0))
             self.closed.append(tuple(periods.api_name(n) for n in shut) if applied else ())
         return out
 
@@ -114,7 +125,7 @@ class ReferenceBoard:
             for board in self.boards.values()
             if player in board and (since is None or board[player][1] < since)
         ]
-        if all(player not in board for board in self.boards.values()):
+        if player not in self.boards.get("total", {}):
             self.region_of.pop(player, None)
         if at_ms is not None:
             units = self.record_units(at_ms) if since is None else since
@@ -139,7 +150,7 @@ class ReferenceBoard:
         rows = [
             (codec.encode_units(points, units), player, points, units)
             for player, (points, units) in self.boards.get(name, {}).items()
-            if region is None or self.region_of.get(player) == region
+            if region is None or self.where.get((name, player)) == region
         ]
         return sorted(rows, reverse=True)
 

@@ -36,7 +36,8 @@
 --   status: i improved, u unchanged, d duplicate (an incr result seen in the dedup window, or a
 --             result achieved before its player's removal: remove.lua's `rmv`),
 --           o overflow (incr past points_max),
---           r region conflict (nothing written; `after` is the player's total in their region),
+--           r region conflict (nothing written; `after` is the player's total in their region, none
+--             when only an entry of a period of the result is there: see `held` below),
 --           p pinned (nothing written; `after` is the time units this (match, player) was first
 --             seen with, outside the header's same periods: the caller sends the result again
 --             with that time and its periods; a pin inside them is applied here with its time)
@@ -229,6 +230,20 @@ local function zscore(key, member)
   if s then return tonumber(s) end
   return nil
 end
+-- Whether another region's shard (rivals: their totals' KEYS) holds `player` in a dated period of
+-- the result (its keys KEYS[pk[at + 2 .. at + n]]). The rivals' period keys are named from their
+-- totals' prefixes, as the dedup buckets are named here: every shard a player can live in shares
+-- this call's hash tag (shardlb/sharding.py). Only asked for a player new to this shard and
+-- without a total anywhere, so a regular player's result costs nothing more.
+local function held_elsewhere(player, pk, at, n)
+  for i = 1, #rivals do
+    local other = string.sub(KEYS[rivals[i]], 1, -6)  -- the rival's prefix: its total's name less `total`
+    for j = 2, n do
+      if redis.call('ZSCORE', other .. string.sub(KEYS[pk[at + j]], #base + 1), player) then return true end
+    end
+  end
+  return false
+end
 local function band_of(score)
   local points = split(score)
   local b = 0
@@ -319,12 +334,16 @@ while pos <= #items do
   local after = before
 
   -- A player already on this shard lives nowhere else; a new one may live in another region.
-  local elsewhere = nil
+  -- `held`: no other region has their total, but one holds an entry of a period of this result
+  -- (a removal at an earlier call's time takes a best total of before and keeps a period's entry
+  -- achieved since, remove.lua's `again`): the result would give them a second entry there.
+  local elsewhere, held = nil, false
   if before == nil then
     for i = 1, #rivals do
       elsewhere = zscore(KEYS[rivals[i]], player)
       if elsewhere then break end
     end
+    if elsewhere == nil then held = held_elsewhere(player, pk, at, n) end
   end
   -- A result sent without a time is pinned to the first server time it was seen with, so its
   -- retries land in the same periods with the same time. A pin whose time goes to the same
@@ -333,7 +352,7 @@ while pos <= #items do
   -- prepares a result when its request comes, and may call later, past a midnight); another is
   -- answered `p`, and the caller sends it again with its time's periods.
   local pinned = nil
-  if elsewhere == nil and server_time == 1 then
+  if elsewhere == nil and not held and server_time == 1 then
     pinned = pinned_at[member] or nil
     if pinned == nil then
       new_pins[#new_pins + 1] = member  -- written in one HSET after the loop
@@ -348,7 +367,7 @@ while pos <= #items do
   end
 
   local removed = removed_at[player]
-  if elsewhere then
+  if elsewhere or held then  -- held: no total there, `after` is none
     status, after = 'r', elsewhere
   elseif pinned then
     status, after = 'p', pinned
