@@ -220,3 +220,38 @@ async def test_a_region_player_who_kept_a_period_posts_under_another_region_once
         assert (await board.player("p", day)).entry.points == 50
     finally:
         await store.delete(config.id)
+
+
+@pytest.mark.parametrize("strategy", ["band", "region"])
+async def test_a_retry_in_the_dedup_window_is_not_rate_limited_on_band_and_region_boards(
+    store: BoardStore, strategy: str
+) -> None:
+    """rate.lua reads write.lua's dedup buckets on the shard a result goes to: a player's home on a
+    band board, the shard of their region on a region board (the region the result names)."""
+    config = BoardConfig.from_dict(
+        f"kept-rate-{strategy}-{random.randrange(10**6)}",
+        {"mode": "incr", "periods": ["daily"], "max_results_per_player_per_minute": 2,
+         "sharding": sharding(strategy, 16 if strategy == "region" else 3)},
+    )  # fmt: skip
+    board, _ = await store.create(config)
+    screen = moderation.Screen(lambda _board, _player, _incarnation: False)
+    region = config.sharding.regions[-1] if config.sharding.regions else None
+    now = times.now_ms()
+
+    async def post(score: Score, at: int) -> list[str]:
+        refused = await screen.refusals(board, board.prepare([score], at), at)
+        if refused:
+            return [r.status for r in refused]
+        return [r.status for r in await board.submit([score], at)]
+
+    try:
+        first = Score("p1", 5, "m1", now, region)
+        assert await post(first, now) == ["improved"]
+        later = now + 5 * 60_000
+        assert await post(Score("p1", 1, "m2", later, region), later) == ["improved"]
+        assert await post(Score("p1", 1, "m3", later, region), later + 1) == ["improved"]
+        assert await post(Score("p1", 1, "m4", later, region), later + 2) == ["rate_limit"]
+        assert await post(first, later + 3) == ["duplicate"]
+        assert [(e.player_id, e.points) for e in await board.top(5)] == [("p1", 7)]
+    finally:
+        await store.delete(config.id)

@@ -1433,6 +1433,7 @@ async def test_a_removal_that_keeps_some_periods_made_during_the_rebuild_stays_a
         await store.delete(config.id)
 
 
+@pytest.mark.parametrize("strategy", ["hash", "band"])
 @pytest.mark.parametrize("archived", [False, True], ids=["journaled", "archived"])
 @pytest.mark.parametrize("mode", ["best", "incr"])
 async def test_a_removal_that_keeps_some_periods_right_after_a_forced_swap_keeps_them(
@@ -1443,15 +1444,18 @@ async def test_a_removal_that_keeps_some_periods_right_after_a_forced_swap_keeps
     monkeypatch: Any,
     mode: str,
     archived: bool,
+    strategy: str,
 ) -> None:
     """A removal made at an earlier call's time (a DELETE retried past the dedup window) between a
     forced swap and its apply, its delete entry in the journal where rebuild.lua reads it or,
     archived and trimmed, in PostgreSQL: the apply leaves the player out of the periods it wiped
     alone, and puts the player's results written before the swap into those it left whole (as the
     next rebuild does). Until 2026-12-05 the apply left the player out of every period."""
+    # A band board's band shards (the band total's reads) follow the home shard: 2026-12-05.
+    shards = {"shards": 1} if strategy == "hash" else {"strategy": "band", "shards": 1, "bands": [0, 10, 25]}
     config = BoardConfig.from_dict(
-        f"rebuild-forced-kept-{mode}-{int(archived)}",
-        {"mode": mode, "periods": ["daily"], "retention_days": {"daily": 30}, "sharding": {"shards": 1},
+        f"rebuild-forced-kept-{mode}-{int(archived)}-{strategy}",
+        {"mode": mode, "periods": ["daily"], "retention_days": {"daily": 30}, "sharding": shards,
          "dedup_window_s": 30 * 86_400},
     )  # fmt: skip
     board, _ = await store.create(config)
