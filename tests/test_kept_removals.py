@@ -18,11 +18,14 @@ from shardlb import keys, moderation, times
 from shardlb.board import Board, Score
 from shardlb.config import RANK_MODES, BoardConfig
 from shardlb.rebuild import Rebuilder
+from shardlb.reconcile import reconcile
+from shardlb.settlement import Request, Settler
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import sharding
 from tests.test_board_ranks import check_ranks
 from tests.test_rebuild import archiver, drain
+from tests.test_settlement import awards_of
 
 pytestmark = pytest.mark.cluster
 
@@ -169,6 +172,20 @@ async def test_removals_that_keep_some_periods_match_the_reference_and_rebuild(
         await board.repair()
         await check_all(board, ref, rng)
         await drain(a)
+        # Reconcile finds no drift in any period (PostgreSQL keeps the removals' kept periods), and the
+        # settlement of the closed day ranks as Redis and the reference do.
+        names = ["total", *(n for n in sorted(ref.boards) if n != "total")]
+        for name in names:
+            api = "total" if name == "total" else "daily:" + name[2:]
+            assert not any(c.drift for c in await reconcile(rebuilder, board, api)), name
+        day = "daily:" + datetime.fromtimestamp(day2 / 1000, UTC).date().isoformat()
+        sid = f"{config.id}-day2"
+        table = [{"rank": r, "reward": f"r{r}"} for r in range(1, 6)]
+        asked = Request.of({"settlement_id": sid, "rewards": table})
+        result = await Settler(rebuilder).settle(board, day, asked)
+        assert result["check"]["drifting"] == [] and not result["forced"]
+        want = [(i + 1, p, f"r{i + 1}") for i, (_, p, _, _) in enumerate(ref.order("d:" + day[6:])[:5])]
+        assert await awards_of(rebuilder.db, sid) == want
         on_board = sorted(ref.boards["total"])
         await damage(board, raw, [(p, home_region[p]) for p in (on_board[0], on_board[-1])])
         await rebuilder.rebuild(board)
