@@ -125,11 +125,12 @@ class Boards:
         self.missing.pop(config.id, None)
         return made
 
-    async def delete(self, board_id: str, incarnation: str | None = None) -> None:
-        """``BoardStore.delete`` (of that incarnation only, when given), forgetting the cached board."""
+    async def delete(self, board_id: str, incarnation: str | None = None) -> str:
+        """``BoardStore.delete`` (of that incarnation only, when given), forgetting the cached board;
+        returns the incarnation deleted."""
         try:
             async with self.gate, metrics.redis_call("delete_board"):
-                await self.store.delete(board_id, incarnation)
+                return await self.store.delete(board_id, incarnation)
         finally:  # failed too: it may have been applied, and a fetch meanwhile may have seen either
             self._changed(board_id)
             self._kept.pop(board_id, None)

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
+from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -38,7 +39,7 @@ from shardlb import moderation, times
 from shardlb.archive import connect_db
 from shardlb.board import Board, Prepared, Result
 from shardlb.config import check_id
-from shardlb.errors import BoardNotFound
+from shardlb.errors import BoardNotFound, NotAcknowledged
 from shardlb.moderation import ALL, Ban, Bans, Screen
 from shardlb.outage import Outage
 
@@ -394,6 +395,27 @@ async def unban(request: Request) -> Response:
         lifted = await bans.lift(db, player, scope, actor, reason, request_id, incarnation)
     await svc.moderation.bans.refresh()
     return render(request, {"player_id": player, "lifted": lifted})
+
+
+async def forget_bans(svc: Service, board_id: str, incarnation: str) -> None:
+    """After DELETE /v1/boards/{board}: forget the bans of the board deleted (``Bans.forget``), in
+    force nowhere now. The deletion is done and answered 204 whatever happens here: without
+    PostgreSQL, or when it or Redis fails, the bans are left (not in force, and not listed) for the
+    archiver's sweep (``Bans.sweep``), and logged."""
+    url = svc.settings.postgres_url
+    if not url:
+        return
+    try:
+        db = await connect_db(url)
+        try:
+            await svc.moderation.bans.bans.forget(db, board_id, incarnation)
+        finally:
+            await db.close()
+    except (psycopg.Error, OSError, RedisError, NotAcknowledged) as e:
+        log.warning(
+            "the bans of a board deleted were not forgotten: the archiver's sweep forgets them",
+            extra={"fields": {"board": board_id, "incarnation": incarnation, "error": type(e).__name__}},
+        )
 
 
 async def list_bans(request: Request) -> Response:

@@ -205,7 +205,9 @@ async def get_board(request: Request) -> Response:
 async def delete_board(request: Request) -> Response:
     svc = _allow(request, Scope.ADMIN)
     _query(request)
-    await svc.boards.delete(request.path_params["board"])
+    board_id = request.path_params["board"]
+    incarnation = await svc.boards.delete(board_id)
+    await moderation.forget_bans(svc, board_id, incarnation)  # none of them holds anywhere now
     return Response(status_code=204)
 
 

@@ -33,7 +33,8 @@ Board settings are kept in ``boards`` too, so a total loss of Redis can be rebui
 
 Beside the rounds, the `shardlb archive` process runs the board upkeep that nothing else always
 runs: the inactive-player cleanup (``_cleanup``) and the repair of band moves that writes left
-pending (``repair_bands``, every ``--repair-every`` seconds; it needs Redis only).
+pending (``repair_bands``, every ``--repair-every`` seconds; it needs Redis only). Its refresh also
+forgets the bans of boards deleted (``moderation.Bans.sweep``, ``SWEEP_BANS_EVERY_S``).
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ RETRY_REFUSED_S = 5.0
 # deleted (forget.lua), at most every FORGET_EVERY_S a journal, after a trim or an acknowledgement.
 FORGET_IDLE_S = 3600.0
 FORGET_EVERY_S = 60.0
+# The bans of boards deleted are forgotten (``moderation.Bans.sweep``) when a refresh marks a board
+# deleted, at the archiver's start, after a sweep that failed, and at least this often: a board the
+# archiver does not keep (no journal) is known deleted by Redis's mark only, which lasts a day.
+SWEEP_BANS_EVERY_S = 600.0
 # A round that fails (PostgreSQL or the cluster away) is tried again after RETRY_FIRST_S, the pause
 # doubling on each failure in a row up to RETRY_MAX_S; the first round that works ends the outage.
 # Fixed 1 s pauses logged two warnings a second for as long as an outage lasted; the failures are
@@ -311,8 +316,12 @@ class Archiver:
         self._forgotten: dict[str, float] = {}  # journal key -> monotonic time of its last forget.lua
         self._unexplained: set[tuple[str, str]] = set()  # boards missing without a mark, reported once
         self._held: dict[str, _Held] = {}  # journal key -> the entry PostgreSQL refused there
+        self._swept = -math.inf  # monotonic time of the last sweep of deleted boards' bans that worked
         self.outage = Outage(log, "archive round failed; retrying", "archive rounds work again")
         self.db_outage = Outage(log, "PostgreSQL not reachable; retrying", "PostgreSQL reachable again")
+        self.sweep_outage = Outage(
+            log, "bans of deleted boards not forgotten; retrying", "bans of deleted boards forgotten again"
+        )
 
     async def refresh(self) -> None:
         """Learn the registry's boards (and record their settings in PostgreSQL)."""
@@ -349,6 +358,17 @@ class Archiver:
                     ([b for b, _ in gone], [i for _, i in gone]),
                 )
         self._known.update((b.config.id, b.incarnation) for b in new)
+        if gone or time.monotonic() - self._swept >= SWEEP_BANS_EVERY_S:
+            # The deletions DELETE or a season archive did not finish forgetting (a router without
+            # PostgreSQL, a failure half way, the library's delete): retried at the next refresh.
+            # Its failure is logged, not the round's: archiving goes on without it.
+            try:
+                await moderation.Bans(self.store.client).sweep(self.db)
+            except (psycopg.Error, RedisError, OSError, ShardlbError) as e:
+                self.sweep_outage.failed(e)
+            else:
+                self.sweep_outage.succeeded()
+                self._swept = time.monotonic()
 
     async def _deleted(self, listed: set[tuple[str, str]]) -> list[tuple[str, str]]:
         """The boards PostgreSQL holds as live, the registry lacks, and Redis says were deleted.

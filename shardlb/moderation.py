@@ -19,8 +19,9 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
   counter lost in a failover with the last change went back a step, and the next change handed
   out the number again, under which routers had loaded the lost change and so kept their list.
   A ban of one board holds on the incarnation it was made on (``Ban.incarnation``): a board
-  deleted and created again under its id starts without it. A ban also removes the player's
-  entries, so Redis and a rebuild agree. With ``ack`` (the
+  deleted and created again under its id starts without it, and the board's deletion forgets it
+  (``Bans.forget``; the archiver's ``Bans.sweep`` finishes what a deletion left). A ban also
+  removes the player's entries, so Redis and a rebuild agree. With ``ack`` (the
   router's SHARDLB_ACK) a ban or lift is answered only once a replica of the list's primary has it
   (``Bans._write``: each write sent with its marker and WAIT).
 - **Sanity limits** (``Screen``): per score, before anything is written, ``banned``, then
@@ -83,6 +84,21 @@ for i = 1, #ARGV, 3 do
 end
 return 0
 """
+# The forgetting of a deleted board's bans (``Bans.forget``): KEYS[1] the list, ARGV[1] the board's
+# incarnation, then fields: each removed only while its record holds that incarnation. A ban of the
+# player on the board created again under the id since took the field over, and stays. A record
+# that is no JSON object (written by hand) is left alone, not an error.
+_FORGET = """
+local removed = 0
+for i = 2, #ARGV do
+  local record = redis.call('HGET', KEYS[1], ARGV[i])
+  local ok, ban = pcall(cjson.decode, record or '')
+  if ok and type(ban) == 'table' and ban['inc'] == ARGV[1] then
+    removed = removed + redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+end
+return removed
+"""
 STALE_TRIES = 10  # key-index reads before a removal gives up (a period begins at most every day)
 SHARDS_IN_FLIGHT = 16
 CLEANUP_LIMIT = 1000  # players removed per shard and cleanup pass
@@ -127,6 +143,8 @@ CREATE TABLE IF NOT EXISTS bans (
 -- on that board only, not on one created again under its id. NULL: every board of the id (a ban of
 -- every board, and one stored before this column).
 ALTER TABLE bans ADD COLUMN IF NOT EXISTS incarnation text;
+-- The bans of one incarnation, which its deletion forgets (``Bans.forget``).
+CREATE INDEX IF NOT EXISTS bans_by_incarnation ON bans (board, incarnation) WHERE incarnation IS NOT NULL;
 CREATE TABLE IF NOT EXISTS moderation_audit (
     id bigserial PRIMARY KEY,
     action text NOT NULL,
@@ -605,6 +623,58 @@ class Bans:
             lifted = (bool(await self._write(("HDEL", keys.BANS, field))) and not held) or lifted
         await self._moved()
         return lifted
+
+    async def forget(self, db: psycopg.AsyncConnection[Any], board: str, incarnation: str) -> int:
+        """Forget the bans of ``board``'s incarnation ``incarnation``, which the caller knows deleted:
+        they hold on that board alone (``Ban.holds_on``), so none is in force again, but they counted
+        against MAX_BANS, loaded into every router and sent every board's writes through the
+        screen. Returns how many PostgreSQL held. Redis's records go first (only while they hold
+        that incarnation: ``_FORGET``), then PostgreSQL's rows, the list of what is left to do: a
+        call that fails half way leaves the rows, and the call made again (or ``sweep``) finishes
+        it; a restore meanwhile writes the records back, which it removes again. The board is
+        marked deleted in PostgreSQL in the same transaction, as the archiver marks it (a no-op for
+        a board it does not keep): `rebuild --all` never brings back a board whose bans are gone.
+        Bans stored without an incarnation (before 2026-12-05: every board of the id) stay, and the
+        audit rows of the bans stay (no row is written: the ban stopped with the board's deletion,
+        not here)."""
+        async with db.transaction():
+            cur = await db.execute(
+                "SELECT player_id FROM bans WHERE board = %s AND incarnation = %s", (board, incarnation)
+            )
+            players = [row[0] for row in await cur.fetchall()]
+        fields = [ban_field(board, p) for p in players]
+        for i in range(0, len(fields), BANS_PAGE):
+            await self._write(("EVAL", _FORGET, 1, keys.BANS, incarnation, *fields[i : i + BANS_PAGE]))
+        async with db.transaction():
+            await db.execute("DELETE FROM bans WHERE board = %s AND incarnation = %s", (board, incarnation))
+            await db.execute(
+                "UPDATE boards SET deleted_at = now() WHERE deleted_at IS NULL AND board = %s "
+                "AND incarnation = %s",
+                (board, incarnation),
+            )
+        if players:  # also when a call before removed the records and failed before the version
+            await self._moved()
+        return len(players)
+
+    async def sweep(self, db: psycopg.AsyncConnection[Any], board: str | None = None) -> int:
+        """``forget`` the bans of every incarnation known deleted (of ``board`` only, when given);
+        returns how many. Known deleted: PostgreSQL's ``boards`` has it deleted (the archiver's mark,
+        or ``forget``'s), or Redis's mark of the deletion is there (``keys.deleted_key``, kept a
+        day). A board that the registry merely lacks is left alone: it may be a Redis that lost
+        everything, whose boards `rebuild --all` puts back with their bans."""
+        async with db.transaction():
+            cur = await db.execute(
+                "SELECT DISTINCT b.board, b.incarnation, d.deleted_at IS NOT NULL FROM bans b "
+                "LEFT JOIN boards d ON (d.board, d.incarnation) = (b.board, b.incarnation) "
+                "WHERE b.incarnation IS NOT NULL AND (%s::text IS NULL OR b.board = %s)",
+                (board, board),
+            )
+            found = await cur.fetchall()
+        done = 0
+        for name, incarnation, deleted in found:
+            if deleted or await self.client.exists(keys.deleted_key(name, incarnation)):
+                done += await self.forget(db, name, incarnation)
+        return done
 
     async def _moved(self, replicated: Replicated | None = None) -> None:
         """Give the list a new version, drawn at random (1..2**62): routers reload the list when the

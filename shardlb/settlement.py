@@ -61,6 +61,7 @@ from shardlb.errors import (
 from shardlb.rebuild import Rebuilder
 from shardlb.reconcile import ShardCheck, checksum
 from shardlb.settlement_rewards import Tier
+from shardlb.store import BoardStore
 
 DEFAULT_TOP_N = 1000
 MAX_TOP_N = 100_000
@@ -705,7 +706,7 @@ async def archive_season(
     request: Request,
     step: Callable[[str], None] | None = None,
     drain_wait_s: float = DRAIN_WAIT_S,
-    delete: Callable[[str, str | None], Awaitable[None]] | None = None,
+    delete: Callable[[str, str | None], Awaitable[object]] | None = None,
 ) -> dict[str, Any]:
     """A board's season ended: settle its total (snapshot, awards) like a period, then delete the
     board (every key UNLINKed, shardlb/store.py); the settlement and its snapshot stay in PostgreSQL.
@@ -720,6 +721,7 @@ async def archive_season(
             done = await Settler(rebuilder).settled_season(board_id, request)
             if done is None:
                 raise
+            await _forget_bans(rebuilder, store, board_id)  # if a run before failed to
             return {**done, "archived": True}
         # The id's settlement archived an earlier incarnation, deleted since: its answer was lost and
         # the board created again. Until 2026-12-05 this run took the new board for the settlement's
@@ -727,6 +729,7 @@ async def archive_season(
         # closed, paid and deleted the new season's board.
         done = await Settler(rebuilder).settled_season(board_id, request, besides=board.incarnation)
         if done is not None:
+            await _forget_bans(rebuilder, store, board_id)
             return {**done, "archived": True}
         result = await Settler(rebuilder, step, drain_wait_s).settle(board, "total", request, season=True)
         # The router's delete, so that its cache forgets the board. The board settled only: one
@@ -734,4 +737,12 @@ async def archive_season(
         # season's) is another board, which until 2026-12-05 this deleted with all its results.
         with contextlib.suppress(BoardNotFound):
             await (delete or store.delete)(board_id, board.incarnation)
+        await _forget_bans(rebuilder, store, board_id)
         return {**result, "archived": True}
+
+
+async def _forget_bans(rebuilder: Rebuilder, store: BoardStore, board_id: str) -> None:
+    """Forget the bans of the board's incarnations deleted (the one archived among them), as a
+    DELETE does (``Bans.sweep``: only those known deleted). A run that fails here has deleted the
+    board already: run again, it finds the settlement stored and finishes this."""
+    await moderation.Bans(store.client).sweep(rebuilder.db, board_id)

@@ -157,10 +157,11 @@ class BoardStore:
     async def list(self) -> list[BoardConfig]:
         return sorted((b.config for b in await self.boards()), key=lambda c: c.id)
 
-    async def delete(self, board_id: str, incarnation: str | None = None) -> None:
-        """Mark the board deleting, drop every shard, then remove its record (see the module docstring).
-        ``incarnation``: only that board; one created again under the id since is BoardNotFound (a
-        season archive deletes the board it settled, not the next season's)."""
+    async def delete(self, board_id: str, incarnation: str | None = None) -> str:
+        """Mark the board deleting, drop every shard, then remove its record (see the module docstring);
+        returns the incarnation deleted. ``incarnation``: only that board; one created again under
+        the id since is BoardNotFound (a season archive deletes the board it settled, not the next
+        season's)."""
         check_id(board_id, "board")
         while True:
             raw = await self.client.hget(keys.BOARDS, board_id)
@@ -175,8 +176,9 @@ class BoardStore:
                     continue  # changed meanwhile: look again
                 raw = marked
             await self._drop(board_id, raw, record)
-            await self._confirm(board_id, str(record.get("incarnation", "0")), deleted=True)
-            return
+            deleted = str(record.get("incarnation", "0"))
+            await self._confirm(board_id, deleted, deleted=True)
+            return deleted
 
     async def reclaim(self) -> int:
         """Finish every deletion that stopped half way; return how many."""
