@@ -215,3 +215,28 @@ async def test_the_archiver_forgets_the_bans_of_boards_deleted_without_them_and_
         await lift(postgres_url, store, (name, again), (name, once))
         with contextlib.suppress(BoardNotFound):
             await store.delete(name)
+
+
+async def test_a_delete_whose_forgetting_fails_answers_204_and_the_archiver_finishes_it(
+    cluster_url: str, postgres_url: str, store: BoardStore, raw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The board is deleted, then PostgreSQL fails the forgetting of its bans: the DELETE is done, and
+    answers 204 (its retry would find no board); the bans, in force nowhere, are left for the
+    archiver, whose next refresh forgets them."""
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client)
+        player, scope = f"left-{name}", {"scope": "board", "board": name}
+        r = await client.post(f"/v1/players/{player}:ban", json=scope, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+
+        async def lost(*args: Any, **kw: Any) -> Any:
+            raise psycopg.OperationalError("connection lost")
+
+        monkeypatch.setattr(Bans, "forget", lost)
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+        assert await held(store, ban_field(name, player)) == {ban_field(name, player)}
+        monkeypatch.undo()
+        a = await archived(raw, store, postgres_url)
+        await a.db.close()
+        assert await held(store, ban_field(name, player)) == set()
+        assert await stored(postgres_url, (name, player)) == set()
