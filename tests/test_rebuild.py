@@ -340,35 +340,54 @@ async def test_rebuild_all_restores_boards_whose_keys_were_all_lost(
     ]
     boards = [(await store.create(c))[0] for c in configs]
     writers = [Writer(b, f"all/{b.config.id}") for b in boards]
-    a = await archiver(raw, store, postgres_url)
-    try:
-        for w in writers:
-            for _ in range(3):
-                await w.batch()
-        await drain(a)
-        await writers[0].batch()  # in the journal only: lost with Redis, as PostgreSQL never had it
-        lost_incarnations = [b.incarnation for b in boards]
-        for board in boards:  # everything of the boards goes, as in a total loss of Redis
-            for prefix in board.prefixes:
-                listed = await raw.zrange(keys.index_key(prefix), 0, -1)
-                await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
-            await raw.hdel(keys.BOARDS, board.config.id)
-        await a.refresh()  # a running archiver looks at the empty registry before the operator acts
-        command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", postgres_url]
-        assert await asyncio.to_thread(main, command) == 0  # the command runs its own event loop
-        out = capsys.readouterr().out
-        for board, incarnation in zip(boards, lost_incarnations, strict=True):
-            assert f"{board.config.id}: restored to the registry" in out
-            back = await store.get(board.config.id)
-            assert back.incarnation == incarnation
-            ref = ReferenceBoard(board.config)
-            ref.submit(await archived(postgres_url, back), now_ms=times.now_ms())
-            await check(back, ref)
-    finally:
-        await a.db.close()
-        for c in configs:
-            with contextlib.suppress(Exception):
-                await store.delete(c.id)
+    # `rebuild --all` rebuilds every board its archive knows: an archive of the test's own, kept by
+    # an archiver that sees the test's boards alone. Run on the suite's PostgreSQL, the command also
+    # rebuilt every other board the session had archived there, and refused one whose journal an
+    # archiver of another database had trimmed (tests/test_ack.py's boards, once the own-archive
+    # tests below had archived them): it exited 1.
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, OnlyStore(store.client, store.scripts, {c.id for c in configs}), url)
+        try:
+            for w in writers:
+                for _ in range(3):
+                    await w.batch()
+            await drain(a)
+            await writers[0].batch()  # in the journal only: lost with Redis, as PostgreSQL never had it
+            lost_incarnations = [b.incarnation for b in boards]
+            for board in boards:  # everything of the boards goes, as in a total loss of Redis
+                for prefix in board.prefixes:
+                    listed = await raw.zrange(keys.index_key(prefix), 0, -1)
+                    await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
+                await raw.hdel(keys.BOARDS, board.config.id)
+            await a.refresh()  # a running archiver looks at the empty registry before the operator acts
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
+            assert await asyncio.to_thread(main, command) == 0  # the command runs its own event loop
+            out = capsys.readouterr().out
+            for board, incarnation in zip(boards, lost_incarnations, strict=True):
+                assert f"{board.config.id}: restored to the registry" in out
+                back = await store.get(board.config.id)
+                assert back.incarnation == incarnation
+                ref = ReferenceBoard(board.config)
+                ref.submit(await archived(url, back), now_ms=times.now_ms())
+                await check(back, ref)
+        finally:
+            await a.db.close()
+            for c in configs:
+                with contextlib.suppress(Exception):
+                    await store.delete(c.id)
+
+
+class OnlyStore(BoardStore):
+    """A board store that lists the boards named ``only`` alone: an archiver on it archives (and
+    records in its database) the test's boards, not those other modules left in the session's
+    cluster."""
+
+    def __init__(self, client: Any, scripts: Scripts, only: set[str]) -> None:
+        super().__init__(client, scripts)
+        self.only = only
+
+    async def boards(self) -> list[Board]:
+        return [b for b in await super().boards() if b.config.id in self.only]
 
 
 @pytest.mark.parametrize(
