@@ -8,11 +8,14 @@ then never search the same ports (see that module for the ranges and the slices)
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 
 import pytest
+import redis
+from redis.cluster import ClusterNode, RedisCluster
 
-from shardlb import compat
+from shardlb import compat, keys, moderation
 from shardlb.cluster import LocalCluster
 from shardlb.postgres import LocalPostgres
 from tests.ports import node_ports, server_port
@@ -53,6 +56,61 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
     finally:
         server.destroy()
+
+
+# The fixtures through which a module reaches the session's cluster (``cluster`` under them all).
+ON_CLUSTER = ("cluster", "cluster_url", "store", "raw", "rebuilder")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_leaves_no_global_ban(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each module on the session's cluster: a ban of every board (scope ``all``) that it
+    made and left in place fails it by name. The modules after it on the same xdist worker share
+    the cluster's ban list: routers and writes there refuse that player everywhere, and many tests
+    post as the same few players (``p1``, ``cheat``). The ban's record is taken out of Redis's list
+    (its version moved, as a lift does) so the modules after it start without it; a row left in a
+    PostgreSQL database stays there."""
+    items = [i for i in request.session.items if i.module is request.module]
+    if not any(name in item.fixturenames for item in items for name in ON_CLUSTER):
+        yield
+        return
+    cluster: LocalCluster = request.getfixturevalue("cluster")
+    before = _global_bans(cluster)
+    yield
+    left = _global_bans(cluster) - before
+    if not left:
+        return
+    client = _sync_client(cluster)
+    try:
+        client.hdel(keys.BANS, *left)
+        client.set(keys.BANS_VERSION, 1 + secrets.randbelow(moderation.VERSIONS))
+    finally:
+        client.close()
+    pytest.fail(f"{request.module.__name__} left bans of every board in place: {sorted(left)}")
+
+
+def _global_bans(cluster: LocalCluster) -> set[str]:
+    """The ban list's fields that ban a player on every board; none when the cluster cannot be
+    read (a module that leaves it broken fails on that, not here)."""
+    everywhere = moderation.ban_field(moderation.ALL, "")
+    try:
+        client = _sync_client(cluster)
+    except redis.RedisError:
+        return set()
+    try:
+        fields = client.hkeys(keys.BANS)
+    except redis.RedisError:
+        return set()
+    finally:
+        client.close()
+    return {f for f in fields if f.startswith(everywhere)}
+
+
+def _sync_client(cluster: LocalCluster) -> RedisCluster:
+    """A blocking client of its own: nothing on the session's event loop, which the library modules
+    check for what they leave running (tests/store_fixture.py)."""
+    nodes = [ClusterNode(cluster.host, port) for port in cluster.ports]
+    return RedisCluster(startup_nodes=nodes, password=cluster.password, decode_responses=True)
 
 
 pytest_plugins = ["tests.store_fixture"]
