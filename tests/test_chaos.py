@@ -11,9 +11,11 @@ is stopped and emptied, and `shardlb rebuild --all` must give back boards equal 
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from bench import chaos
@@ -40,12 +42,24 @@ def durable_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
 
 
 @pytest.fixture(scope="module")
+async def archive_url(postgres_url: str) -> str:
+    """A database of the module's own on the suite's PostgreSQL: the cluster's archive, as in
+    production. `rebuild --all` after the total loss restores every board its archive knows; on the
+    suite's database that was also every board the worker's modules before this one had archived
+    (tests/test_archive.py's, test_settlement.py's...), rebuilt into this cluster beside its own."""
+    name = f"chaos_{secrets.token_hex(4)}"
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    return postgres_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture(scope="module")
 async def runs(
-    durable_cluster: LocalCluster, postgres_url: str, tmp_path_factory: pytest.TempPathFactory
+    durable_cluster: LocalCluster, archive_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[list[chaos.Scenario], dict[str, object]]]:
     """Both faults under replica-mode writes, then the total loss: what each measured."""
     logs = Path(tmp_path_factory.mktemp("chaos-logs"))
-    archiver = ArchiverProcess(durable_cluster.url, postgres_url, logs / "archiver.log").start()
+    archiver = ArchiverProcess(durable_cluster.url, archive_url, logs / "archiver.log").start()
     try:
         port = free_port(server_port())
         with Router(durable_cluster.url, port, 1, logs / "router.log", chaos.router_env("replica")) as r:
@@ -53,7 +67,7 @@ async def runs(
                 await chaos.scenario(r.url, durable_cluster, "replica", fault, WRITE_S, WRITE_S, **LOAD)
                 for fault in ("kill-lagging", "failover")
             ]
-        loss = await chaos.total_loss(durable_cluster, postgres_url, archiver, scenarios, logs, server_port())
+        loss = await chaos.total_loss(durable_cluster, archive_url, archiver, scenarios, logs, server_port())
         yield scenarios, loss
     finally:
         archiver.stop()
