@@ -11,6 +11,7 @@ import os
 import secrets
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 import redis
 from redis.cluster import ClusterNode, RedisCluster
@@ -68,11 +69,13 @@ def _module_leaves_no_global_ban(request: pytest.FixtureRequest) -> Iterator[Non
     """After each module on the session's cluster: a ban of every board (scope ``all``) that it
     made and left in place fails it by name. The modules after it on the same xdist worker share
     the cluster's ban list: routers and writes there refuse that player everywhere, and many tests
-    post as the same few players (``p1``, ``cheat``). The ban's record is taken out of Redis's list
-    (its version moved, as a lift does) so the modules after it start without it; a row left in a
-    PostgreSQL database stays there."""
+    post as the same few players (``p1``, ``cheat``); rebuilds and settlements leave them out. The
+    ban is taken out of Redis's list (its version moved, as a lift does) and out of the suite's
+    PostgreSQL database, so the modules after it start without it (a database of a test's own is
+    that test's)."""
     items = [i for i in request.session.items if i.module is request.module]
-    if not any(name in item.fixturenames for item in items for name in ON_CLUSTER):
+    used = {name for item in items for name in item.fixturenames}
+    if not used & set(ON_CLUSTER):
         yield
         return
     cluster: LocalCluster = request.getfixturevalue("cluster")
@@ -88,6 +91,10 @@ def _module_leaves_no_global_ban(request: pytest.FixtureRequest) -> Iterator[Non
         client.set(keys.BANS_VERSION, 1 + secrets.randbelow(moderation.VERSIONS))
     finally:
         client.close()
+    if "postgres_url" in used:  # and from the suite's database, where rebuilds and settlements read bans
+        players = [field.partition("/")[2] for field in left]
+        with psycopg.connect(request.getfixturevalue("postgres_url"), autocommit=True) as db:
+            db.execute("DELETE FROM bans WHERE board = %s AND player_id = ANY(%s)", (moderation.ALL, players))
     pytest.fail(f"{request.module.__name__} left bans of every board in place: {sorted(left)}")
 
 
