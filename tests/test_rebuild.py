@@ -342,9 +342,10 @@ async def test_rebuild_all_restores_boards_whose_keys_were_all_lost(
     writers = [Writer(b, f"all/{b.config.id}") for b in boards]
     # `rebuild --all` rebuilds every board its archive knows: an archive of the test's own, kept by
     # an archiver that sees the test's boards alone. Run on the suite's PostgreSQL, the command also
-    # rebuilt every other board the session had archived there, and refused one whose journal an
-    # archiver of another database had trimmed (tests/test_ack.py's boards, once the own-archive
-    # tests below had archived them): it exited 1.
+    # rebuilt every board other modules had left in the cluster and an archiver had recorded there,
+    # and refused one whose journal an archiver of another database had trimmed: it exited 1 (a
+    # board of tests/test_ack.py, then test_the_boards_a_rebuild_all_swaps_in_wait_for_a_replica
+    # and test_the_admin_endpoint_rebuilds_a_board before this test, in one session).
     async with own_archive(postgres_url) as url:
         a = await archiver(raw, OnlyStore(store.client, store.scripts, {c.id for c in configs}), url)
         try:
