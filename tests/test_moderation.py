@@ -231,12 +231,16 @@ async def test_a_removal_lost_on_the_players_shard_is_finished_at_the_first_call
         now = times.now_ms()
         await board.submit([Score("p1", 10, "m1", now - 60_000, "eu"), Score("p2", 5, "m2", now, "eu")], now)
         eu, na = board.layout.home("p1", "eu"), board.layout.home("p1", "na")
-        remove_on_shard = moderation.remove_on_shard
+        remove_on_shard, na_done = moderation.remove_on_shard, asyncio.Event()
 
         async def lose_eu(board: Board, shard: int, *args: Any, **kwargs: Any) -> list[str]:
             if shard == eu:
+                await na_done.wait()  # lost after the na shard's call came back (as below)
                 raise ConnectionError("the call to the eu shard was lost")
-            return await remove_on_shard(board, shard, *args, **kwargs)
+            try:
+                return await remove_on_shard(board, shard, *args, **kwargs)
+            finally:
+                na_done.set()
 
         monkeypatch.setattr(moderation, "remove_on_shard", lose_eu)
         with pytest.raises(ConnectionError):
