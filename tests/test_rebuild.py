@@ -28,6 +28,7 @@ from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.errors import BoardConflict, ClusterUnavailable, NotAcknowledged
+from shardlb.reads import ResolvedView
 from shardlb.rebuild import Rebuilder
 from shardlb.settlement import period_bounds
 from shardlb.store import BoardStore
@@ -1390,6 +1391,26 @@ async def test_a_late_retry_archived_during_the_catch_up_keeps_the_first_score_i
         await store.delete(config.id)
 
 
+async def removed_then_posted_late(board: Board, raw: Any, a: Any) -> tuple[ResolvedView, ResolvedView, int]:
+    """The scenario of the kept-removal tests below, archived: p posts 5 on the day two days ago,
+    is removed an hour into it (request remove/R), posts 8 later that day, then, the removal's
+    records gone (the dedup window over), a late 20 dated the day before. Returns that day before,
+    the day, and the removal's time."""
+    today = datetime.now(UTC).date()
+    old_day, day = (board.resolve(f"daily:{(today - timedelta(days=n)).isoformat()}") for n in (3, 2))
+    s1, _ = period_bounds(board, old_day.period)
+    s2, e2 = period_bounds(board, day.period)
+    at = s2 + HOUR
+    first = [Score("p", 5, "p-1", s2 + HOUR // 2), Score("q", 3, "q-1", s2 + 1000)]
+    await board.submit(first, now_ms=at - 1)
+    await moderation.remove(board, ["p"], now_ms=at, request="remove/R")
+    await board.submit([Score("p", 8, "p-2", s2 + 3 * HOUR)], now_ms=e2 - 1)
+    await raw.delete(keys.removals_key(board.prefixes[0]))  # the dedup window is over
+    await board.submit([Score("p", 20, "p-old", s1 + HOUR)], now_ms=s1 + 2 * HOUR)
+    await drain(a)
+    return old_day, day, at
+
+
 @pytest.mark.parametrize(
     ("mode", "archived_between"), [("best", False), ("best", True), ("incr", True), ("set", False)]
 )
@@ -1414,19 +1435,8 @@ async def test_a_removal_that_keeps_some_periods_made_during_the_rebuild_stays_a
     )  # fmt: skip
     board, _ = await store.create(config)
     a = await archiver(raw, store, postgres_url)
-    today = datetime.now(UTC).date()
-    old_day, day = (board.resolve(f"daily:{(today - timedelta(days=n)).isoformat()}") for n in (3, 2))
-    s1, _ = period_bounds(board, old_day.period)
-    s2, e2 = period_bounds(board, day.period)
-    at = s2 + HOUR
     try:
-        first = [Score("p", 5, "p-1", s2 + HOUR // 2), Score("q", 3, "q-1", s2 + 1000)]
-        await board.submit(first, now_ms=at - 1)
-        await moderation.remove(board, ["p"], now_ms=at, request="remove/R")
-        await board.submit([Score("p", 8, "p-2", s2 + 3 * HOUR)], now_ms=e2 - 1)
-        await raw.delete(keys.removals_key(board.prefixes[0]))  # the dedup window is over
-        await board.submit([Score("p", 20, "p-old", s1 + HOUR)], now_ms=s1 + 2 * HOUR)
-        await drain(a)
+        old_day, day, at = await removed_then_posted_late(board, raw, a)
         real_snapshot, tops = rebuilder.snapshot, {}
 
         async def snapshot(*args: Any, **kwargs: Any) -> Any:
@@ -1480,19 +1490,9 @@ async def test_a_removal_that_keeps_some_periods_right_after_a_forced_swap_keeps
     )  # fmt: skip
     board, _ = await store.create(config)
     a = await archiver(raw, store, postgres_url)
-    today = datetime.now(UTC).date()
-    old_day, day = (board.resolve(f"daily:{(today - timedelta(days=n)).isoformat()}") for n in (3, 2))
-    s1, _ = period_bounds(board, old_day.period)
-    s2, e2 = period_bounds(board, day.period)
-    at = s2 + HOUR
     try:
-        first = [Score("p", 5, "p-1", s2 + HOUR // 2), Score("q", 3, "q-1", s2 + 1000)]
-        await board.submit(first, now_ms=at - 1)
-        await moderation.remove(board, ["p"], now_ms=at, request="remove/R")
-        await board.submit([Score("p", 8, "p-2", s2 + 3 * HOUR)], now_ms=e2 - 1)
-        await raw.delete(keys.removals_key(board.prefixes[0]))  # the dedup window is over
-        await board.submit([Score("p", 20, "p-old", s1 + HOUR)], now_ms=s1 + 2 * HOUR)
-        await drain(a)
+        old_day, day, at = await removed_then_posted_late(board, raw, a)
+        s2, e2 = period_bounds(board, day.period)
         rebuilder.swap_tries = 0  # the first swap is forced
         real_snapshot, real_changes = rebuilder.snapshot, rebuilder.changes
         removed: list[Any] = []
