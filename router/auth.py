@@ -63,6 +63,9 @@ class Keys:
                 digest = _digest(key)
                 granted[digest] = max(scope, granted.get(digest, scope))  # a key in two lists: the higher
         self._keys = list(granted.items())
+        # ``may_write`` is asked of every write's header before the route checks it again: the
+        # answer per header, kept as ``_digest`` keeps its digests (bounded; a wrong key's too).
+        self._writes = functools.lru_cache(maxsize=4096)(self._may_write)
         from router.limiter import RateLimiter  # (router.limiter imports this module)
 
         self.failures = RateLimiter(AUTH_FAILURE_RATE, AUTH_FAILURE_BURST, settings.rate_clients)
@@ -85,6 +88,9 @@ class Keys:
         does, when it checks the same header."""
         if self.open_access:
             return True
+        return self._writes(header)
+
+    def _may_write(self, header: str) -> bool:
         key = presented(header)
         return key is not None and (self.scope_of(key) or 0) >= Scope.WRITE
 
