@@ -233,10 +233,14 @@ class _Unreadable(NamedTuple):
 
 
 async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
-    """A connection with the schema in place (idempotent)."""
+    """A connection with the schema in place (idempotent). Autocommit: what must be atomic runs in
+    a ``transaction()`` block (BEGIN ... COMMIT), and a statement outside one is committed on its
+    own. Until 2026-12-05 it was not autocommit: one statement outside a block left a transaction
+    open, every block after it became a savepoint inside it, and closing the connection rolled
+    back what those blocks had answered as stored (a ban, its audit row)."""
     # Opened within 10 s, and dropped about a minute after its server vanished (shardlb/pgconn.py).
     conn = await psycopg.AsyncConnection.connect(
-        url, autocommit=False, application_name="shardlb-archive", **pgconn.options(url)
+        url, autocommit=True, application_name="shardlb-archive", **pgconn.options(url)
     )
     await ensure_schema(conn, SCHEMA, moderation.SCHEMA)
     return conn

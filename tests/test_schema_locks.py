@@ -11,11 +11,12 @@ version's schema was never applied to the database (archive.ensure_schema)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import psycopg
 import pytest
 
-from shardlb import archive, settlement
+from shardlb import archive, moderation, settlement, times
 from tests.test_rebuild import own_archive
 
 pytestmark = pytest.mark.cluster
@@ -55,3 +56,28 @@ async def test_a_schema_of_another_version_is_set_up(archive_url: str) -> None:
             "SELECT count(*) FROM pg_attribute WHERE attrelid = 'bans'::regclass AND attname = 'incarnation'"
         )
         assert (await cur.fetchone()) == (1,)
+
+
+async def test_a_write_after_a_read_outside_a_transaction_is_committed(archive_url: str, store: Any) -> None:
+    """``connect_db``'s connections were not autocommit: a statement run outside a ``transaction()``
+    block left a transaction open, every block after it became a savepoint inside it, and closing
+    the connection rolled them back. A ban and its audit row answered as stored were then never in
+    PostgreSQL (a test's reads between a ban and its lift left the ban there, which a later
+    `rebuild --all` wrote back into Redis: a CI run of 2026-12-05), and the open transaction held
+    its locks meanwhile. The connection commits every statement outside a block now."""
+    bans = moderation.Bans(store.client)
+    ban = moderation.Ban(f"read-first-{times.now_ms()}", moderation.ALL, "bot", "test", times.now_ms())
+    db = await archive.connect_db(archive_url)
+    try:
+        await db.execute("SELECT count(*) FROM bans")  # a read of its own, outside any block
+        await bans.add(db, ban, "read-first")
+        async with await psycopg.AsyncConnection.connect(archive_url, autocommit=True) as other:
+            cur = await other.execute("SELECT reason FROM bans WHERE player_id = %s", (ban.player,))
+            assert await cur.fetchall() == [("bot",)]
+        await bans.lift(db, ban.player, ban.board, "test", "cleanup", None)
+    finally:
+        await db.close()
+    async with await psycopg.AsyncConnection.connect(archive_url, autocommit=True) as other:
+        cur = await other.execute("SELECT count(*) FROM bans WHERE player_id = %s", (ban.player,))
+        assert await cur.fetchone() == (0,)
+    assert ban.player not in {b.player for b in await bans.all()}
