@@ -2,13 +2,15 @@
 
 Every error leaves the router as ``{"error": {"code", "message", "field"}}`` with the status below.
 A 5xx is only ever the router's or the cluster's fault: anything a client sent maps to a 4xx, and
-trouble with the cluster is a 503 with Retry-After, which a client may retry.
+trouble with the cluster (or with PostgreSQL, the archive) is a 503 with Retry-After, which a client may
+retry.
 """
 
 from __future__ import annotations
 
 import math
 
+import psycopg
 from redis import exceptions as rx
 
 from shardlb.connection import raised_in_redis
@@ -31,6 +33,8 @@ OUT_OF_MEMORY = "out_of_memory"
 # buckets and period boards expire, or when an operator adds memory or masters: minutes, not the
 # second that a failover takes, so clients are asked to wait longer.
 OUT_OF_MEMORY_RETRY_S = 10
+ARCHIVE_UNAVAILABLE = "archive_unavailable"
+ARCHIVE_RETRY_S = 5  # as the handlers that wrap their own PostgreSQL calls answer (router/history.py)
 # An error's message and field often quote what the client sent (an unknown field's name, a bad
 # id): both are cut to these lengths, so an answer and its log line stay small whatever was sent.
 MESSAGE_MAX = 300
@@ -47,6 +51,9 @@ TABLE: tuple[tuple[type[BaseException], int, str | None], ...] = (
     (Overloaded, 503, None),
     (ClusterUnavailable, 503, None),
     (ArchiveUnprepared, 503, None),  # archive_unavailable, as PostgreSQL failing (api.md)
+    # PostgreSQL failing on a path that does not wrap its own calls (a reshard's first reach of the
+    # archive was a 500 until 2026-12-05): never the client's fault, nor a bug of the router.
+    (psycopg.Error, 503, ARCHIVE_UNAVAILABLE),
     (rx.MaxConnectionsError, 503, CLUSTER_UNAVAILABLE),  # a node's connection pool was full
     (rx.ConnectionError, 503, CLUSTER_UNAVAILABLE),  # refused, reset, closed mid-call, still loading
     (rx.TimeoutError, 503, CLUSTER_UNAVAILABLE),  # socket or connect timeout
@@ -105,6 +112,10 @@ def to_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ShardlbError) and code is None:
         retry = getattr(exc, "retry_after", 1.0) if status == 503 else None
         return ApiError(status, exc.code, exc.message, exc.field, retry_after=retry)
+    if code == ARCHIVE_UNAVAILABLE:
+        return ApiError(
+            503, ARCHIVE_UNAVAILABLE, f"PostgreSQL failed: {type(exc).__name__}", retry_after=ARCHIVE_RETRY_S
+        )
     if code == OUT_OF_MEMORY:
         return ApiError(
             503,
