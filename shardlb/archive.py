@@ -237,14 +237,26 @@ async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
     a ``transaction()`` block (BEGIN ... COMMIT), and a statement outside one is committed on its
     own. Until 2026-12-05 it was not autocommit: one statement outside a block left a transaction
     open, every block after it became a savepoint inside it, and closing the connection rolled
-    back what those blocks had answered as stored (a ban, its audit row)."""
+    back what those blocks had answered as stored (a ban, its audit row).
+
+    A set-up that fails (or is cancelled) closes the connection: until 2026-12-05 it was left open
+    for the garbage collector, a connection of the server's for as long as its error was kept."""
     # Opened within 10 s, and dropped about a minute after its server vanished (shardlb/pgconn.py).
     conn = await psycopg.AsyncConnection.connect(
         url, autocommit=True, application_name="shardlb-archive", **pgconn.options(url)
     )
-    await ensure_schema(conn, SCHEMA, moderation.SCHEMA)
+    try:
+        await ensure_schema(conn, SCHEMA, moderation.SCHEMA)
+    except BaseException:
+        await conn.close()
+        raise
     return conn
 
+
+# How long setting a new schema up waits for a lock (``ensure_schema``) before it gives up: its
+# ALTER TABLEs wait for ACCESS EXCLUSIVE behind every transaction on their table, and every
+# statement on the table, the archiver's inserts included, queues behind them meanwhile.
+SCHEMA_LOCK_TIMEOUT_S = 5.0
 
 # The digests of the schemas set up in this database (``ensure_schema``).
 APPLIED = """
@@ -266,11 +278,20 @@ async def ensure_schema(db: psycopg.AsyncConnection[Any], *parts: str) -> None:
     it, the archiver's inserts included, queued behind it. It ran at every archiver (re)connect,
     every ban request and every settlement. A new version's DDL text has another digest, so an
     upgrade sets its schema up at its first connect. A table dropped by hand is not made again:
-    ``rebuild.check_schema`` names it to whoever reads the archive."""
+    ``rebuild.check_schema`` names it to whoever reads the archive.
+
+    That first set-up waits at most SCHEMA_LOCK_TIMEOUT_S for each lock, then fails
+    (LockNotAvailable, an OperationalError: the archiver retries it as an outage, a router answers
+    503 archive_unavailable) and is tried again by a later connect. Until 2026-12-05 it waited as
+    long as a long read of the table lasted (a rebuild's), and the archiver's inserts, queued
+    behind it, with it: the journals filled to their bound and writes were refused."""
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     if await _applied(db, digest):
         return
     async with db.transaction():
+        # For this transaction only (the DDL's): the connection's own statements keep the URL's.
+        wait = f"{SCHEMA_LOCK_TIMEOUT_S * 1000:.0f}ms"
+        await db.execute("SELECT set_config('lock_timeout', %s, true)", (wait,))
         await db.execute("SELECT pg_advisory_xact_lock(7427466)")  # one CREATE at a time
         for part in (*parts, APPLIED):
             await db.execute(part)

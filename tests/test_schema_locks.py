@@ -10,6 +10,7 @@ version's schema was never applied to the database (archive.ensure_schema)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -81,3 +82,43 @@ async def test_a_write_after_a_read_outside_a_transaction_is_committed(archive_u
         cur = await other.execute("SELECT count(*) FROM bans WHERE player_id = %s", (ban.player,))
         assert await cur.fetchone() == (0,)
     assert ban.player not in {b.player for b in await bans.all()}
+
+
+async def test_a_new_schema_under_a_long_read_gives_up_rather_than_hold_the_archive_up(
+    archive_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new version's schema is set up at its first connect (an archiver's, a router's ban or
+    history read): its ALTER TABLE waits for ACCESS EXCLUSIVE behind a long read of the table (a
+    rebuild's), and every statement on the table queues behind it. Until 2026-12-05 it waited for
+    as long as the read lasted, and the archiver's inserts (and every read of the archive) with it;
+    now it gives up after ``SCHEMA_LOCK_TIMEOUT_S`` (an error its callers retry: an outage of the
+    archiver, a 503 of the router), lets the queue go on, and is set up by a later connect. The
+    connection whose set-up failed is closed (it was left open for the garbage collector)."""
+    monkeypatch.setattr(archive, "SCHEMA_LOCK_TIMEOUT_S", 0.2)
+    async with await psycopg.AsyncConnection.connect(archive_url, autocommit=True) as db:
+        await db.execute("DELETE FROM schema_applied")  # a version whose schema is not set up yet
+    async with await psycopg.AsyncConnection.connect(archive_url) as reader:
+        await reader.execute("SELECT count(*) FROM match_results")  # a long read in progress
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            # The guard only stops a test that would otherwise wait for ever.
+            await asyncio.wait_for(archive.connect_db(archive_url), 60)
+        async with await psycopg.AsyncConnection.connect(archive_url, autocommit=True) as writer:
+            # And the connection it opened is closed, not left to the garbage collector.
+            cur = await writer.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'shardlb-archive'"
+            )
+            assert await cur.fetchone() == (0,)
+            # The archiver's write meanwhile goes through: nothing queues it behind the DDL now.
+            await asyncio.wait_for(
+                writer.execute(
+                    "INSERT INTO match_results (board, incarnation, match_id, player_id, points, "
+                    "achieved_ms, score, shard, journal_id) VALUES ('b', 'i', 'm', 'p', 1, 1, 1, 0, '1-0')"
+                ),
+                60,
+            )
+        await reader.rollback()
+    await (await archive.connect_db(archive_url)).close()  # the read over: set up
+    async with await psycopg.AsyncConnection.connect(archive_url, autocommit=True) as db:
+        cur = await db.execute("SELECT count(*) FROM schema_applied")
+        assert await cur.fetchone() == (1,)
