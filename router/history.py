@@ -68,6 +68,17 @@ async def archive_db(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]
 
 
 @asynccontextmanager
+async def archive_call(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """``archive_db`` for a write key's call (router/settlements.py): it waits for one of the
+    worker's few archive-call permits (``Service.archive_calls``), and past the queue's bounds is
+    503 overloaded, so a game server's burst of calls cannot take every connection PostgreSQL
+    allows from the archiver, bans and settlements."""
+    archive_url(svc)  # 409 first when there is no archive at all
+    async with svc.archive_calls, archive_db(svc) as db:
+        yield db
+
+
+@asynccontextmanager
 async def archive_read(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """``archive_db`` for a public read: it waits for one of the worker's few archive-read permits
     (``Service.archive_reads``), and past the queue's bounds is 503 overloaded. A client without a

@@ -52,6 +52,8 @@ STARTUP_RETRY_S = 0.5  # the pause between tries to reach the cluster at start
 
 # PostgreSQL connections a worker's public reads of the archive may hold at once (``archive_reads``).
 ARCHIVE_READ_LANES = 4
+# ... and its write key's calls (a settlement, its awards, their acknowledgement: ``archive_calls``).
+ARCHIVE_CALL_LANES = 4
 
 
 @dataclass
@@ -71,6 +73,9 @@ class Service:
     # PostgreSQL connections that public reads (settled periods, player histories) may hold at once
     # in this worker: each opens one, so callers without a key must not open one each.
     archive_reads: Gate = field(default_factory=lambda: Gate(ARCHIVE_READ_LANES, what="archive reads"))
+    # The same for the settlement calls of a write key (router/settlements.py): a connection each,
+    # and as many at once as the worker took requests (SHARDLB_MAX_REQUESTS) until 2026-12-05.
+    archive_calls: Gate = field(default_factory=lambda: Gate(ARCHIVE_CALL_LANES, what="archive calls"))
     # Archive reads in progress or waiting, by client without a key (router/history.py).
     archive_readers: dict[str, int] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -133,6 +138,7 @@ class Service:
         reads = Gate(settings.read_concurrency, settings.read_queue, settings.queue_wait_s, "reads")
         registry = Gate(REGISTRY_LANES, settings.read_queue, settings.queue_wait_s, "board lookups")
         archive_reads = Gate(ARCHIVE_READ_LANES, settings.read_queue, settings.queue_wait_s, "archive reads")
+        archive_calls = Gate(ARCHIVE_CALL_LANES, settings.read_queue, settings.queue_wait_s, "archive calls")
 
         bans = BanCache(Bans(client, ack))
         await bans.refresh()  # before the first request: a ban in force is never missed at start
@@ -176,6 +182,7 @@ class Service:
             ),
             moderation=Moderation(bans, RefusalLog(settings.postgres_url)),
             archive_reads=archive_reads,
+            archive_calls=archive_calls,
         )
         service.recording = asyncio.create_task(service.moderation.refusals.run())
         service.tasks = [

@@ -1,7 +1,8 @@
 """Endpoints of settlement and history (issue 12, items 2-4; the mechanism: shardlb/settlement.py).
 
 Settling and archiving (admin) run on connections of their own to the cluster and PostgreSQL, as a
-rebuild does; every other handler opens one connection to PostgreSQL (router/history.py). A
+rebuild does; every other handler opens one connection to PostgreSQL (router/history.py), under a
+permit of the worker's: ``archive_read`` for public reads, ``archive_call`` for a write key's. A
 settlement with a webhook gets its deliveries sent by a task of this worker after the answer, for
 as long as its retries last (about 12 hours); any left when the worker stops, and any that failed
 for good, are sent when the same settlement is requested again.
@@ -24,7 +25,7 @@ from router import params, routes
 from router.auth import Scope
 from router.boards import through_reshard
 from router.errors import ApiError
-from router.history import archive_db, archive_read, archive_url
+from router.history import archive_call, archive_read, archive_url
 from router.media import read_object, render
 from router.service import Service
 from shardlb import periods, settlement, settlement_delivery, settlement_history, times
@@ -137,7 +138,7 @@ async def get_settlement(request: Request) -> Response:
     svc = routes._allow(request, Scope.WRITE)
     routes._query(request)
     settlement_id = check_id(request.path_params["settlement"], "settlement")
-    async with archive_db(svc) as db:
+    async with archive_call(svc) as db:
         found = await settlement_delivery.get(db, settlement_id)
     return render(request, found)
 
@@ -148,7 +149,7 @@ async def list_awards(request: Request) -> Response:
     query = routes._query(request, "after", "limit")
     settlement_id = check_id(request.path_params["settlement"], "settlement")
     limit = params.integer(query, "limit", 100, 1, MAX_PAGE)
-    async with archive_db(svc) as db:
+    async with archive_call(svc) as db:
         page = await settlement_delivery.awards(db, settlement_id, query.get("after"), limit)
     return render(request, page)
 
@@ -163,7 +164,7 @@ async def ack_awards(request: Request) -> Response:
     for name in body:
         if name != "award_ids":
             raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
-    async with archive_db(svc) as db:
+    async with archive_call(svc) as db:
         done = await settlement_delivery.ack(db, settlement_id, body.get("award_ids"))
     return render(request, done)
 
