@@ -354,8 +354,8 @@ class Resharder:
 
     async def run(self) -> dict[str, Any]:
         """Take the reshard under way from wherever it is to its end. Returns the final status.
-        A board deleted meanwhile (BoardNotFound) has its new layout's shards dropped again first:
-        a copy under way when the deletion dropped them may have written into them since."""
+        A board deleted meanwhile (BoardNotFound) has both layouts' shards dropped again first: a
+        copy (or the marks) under way when the deletion dropped them may have written there since."""
         await self._reach_archive()
         async with self._lease():
             _, record = await self.record()
@@ -382,10 +382,14 @@ class Resharder:
             return await self.status()
 
     async def _drop_copies(self, record: dict[str, Any]) -> None:
-        """Drop the new layout's shards of a reshard whose board was deleted while it copied (the
-        deletion dropped them once; this mover's late copies would otherwise stay, unexpiring)."""
+        """Drop both layouts' shards of a reshard whose board was deleted while it copied (the
+        deletion dropped them once; this mover's late copies would otherwise stay, unexpiring). The
+        old layout's too: the mover's marks (``_copy``) may have come after the deletion, and a
+        `t` marker there had no expiry and was listed in no index (until 2026-12-05 it stayed for
+        good). Only shards of the incarnation deleted: a board created again under the id since
+        has other key names."""
         source, target = self._layouts(record)
-        for prefix in target.prefixes:
+        for prefix in source.prefixes + target.prefixes:
             await self.store.scripts.drop(
                 keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[GONE_MS]
             )

@@ -509,6 +509,32 @@ async def test_a_board_deleted_while_it_is_copied_leaves_no_keys(store: BoardSto
     assert await keys_of(store, board) == 0
 
 
+async def test_a_board_deleted_before_its_layouts_are_marked_keeps_no_marker(store: BoardStore) -> None:
+    """The deletion lands between the mover's take of the reshard and its marks on both layouts:
+    the marks go onto shards the deletion has dropped already, the old layout's `t` with no expiry
+    and listed nowhere. The mover that finds the board gone dropped the new layout again, but not the
+    old one, whose `mv` stayed for good."""
+    board, _ = await make_board(store, 3)
+    await board.submit([Score(f"p{i}", i, f"m{i}") for i in range(20)])
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=CACHE)
+    await mover.start(2)
+    target = store.layout(replace(board.config, sharding=Sharding("hash", 2)), board.incarnation, 1)
+    send, deleted = mover.copier.send, []
+
+    async def deleted_first(*args: Any, **kwargs: Any) -> Any:
+        if not deleted:
+            deleted.append(await store.delete(board.config.id))
+        return await send(*args, **kwargs)
+
+    mover.copier.send = deleted_first  # type: ignore[method-assign]
+    with pytest.raises(BoardNotFound):
+        await mover.run()
+    assert deleted
+    markers = [keys.move_key(p) for p in board.prefixes + target.prefixes]
+    left = {m: await store.client.pttl(m) for m in markers}
+    assert {m: ttl for m, ttl in left.items() if ttl != -2} == {}
+
+
 @pytest.mark.parametrize("command", ["reshard --resume", "bands --apply"])
 async def test_a_cancelled_reshard_is_not_called_unfinished(
     store: BoardStore, cluster_url: str, capsys: pytest.CaptureFixture[str], command: str
