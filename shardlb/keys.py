@@ -21,6 +21,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:d:2026-11-30      set once that period is frozen (expires with it)
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:total             set once the board is closed (a season archive)
     lb:{<tag>}:<board>:<inc>:<shard>:mv / seal / chg / chgw   a reshard's marker, seal, changes, changes taken
+    lb:{<tag>}:<board>:<inc>:<shard>:fence                    the epoch of the mover holding a reshard (a TTL)
     lb:reshard:<board>                                        the lease of the process resharding a board
     lb:{<tag>}:ack                                            a replica-acknowledged write's marker (expires)
 
@@ -131,6 +132,13 @@ def changes_key(prefix: str) -> str:
 def taken_key(prefix: str) -> str:
     """The changes the mover took and has not copied yet (kept there should the mover die)."""
     return prefix + "chgw"
+
+
+def fence_key(prefix: str) -> str:
+    """The epoch of the mover that holds the reshard, on one shard of either layout (its slot): each
+    of the mover's writes there checks it (shardlb/reshard_copy.py). A deletion removes it before it
+    drops the shard (shardlb/store.py), so no mover writes there again."""
+    return prefix + "fence"
 
 
 def lease_key(board: str) -> str:

@@ -375,11 +375,27 @@ class Resharder:
             except BoardNotFound:
                 await self._drop_copies(record)
                 raise
+            except Lost as e:
+                # The deletion removes every fence (BoardStore.delete): a mover of a board deleted
+                # meanwhile is refused as one that lost the reshard to another. Said as it is.
+                if not await self._gone():
+                    raise
+                await self._drop_copies(record)
+                raise BoardNotFound(f"board {self.board_id!r} was deleted during the reshard", "board") from e
             if record["reshard"]["state"] == "committed":
                 record = await self._finish(record)
             took = time.monotonic() - began
             self.say(f"{self.board_id}: {record.get('reshard', {}).get('state', 'done')} after {took:.1f} s")
             return await self.status()
+
+    async def _gone(self) -> bool:
+        """Whether the board this mover took the reshard of is deleted (or being deleted): the
+        registry lacks it, or holds another incarnation."""
+        try:
+            _, record = await self.record()
+        except BoardNotFound:
+            return True
+        return self.incarnation is not None and _incarnation(record) != self.incarnation
 
     async def _drop_copies(self, record: dict[str, Any]) -> None:
         """Drop both layouts' shards of a reshard whose board was deleted while it copied (the

@@ -94,9 +94,7 @@ return redis.call('SCARD', KEYS[2])
 )
 
 
-def fence_key(prefix: str) -> str:
-    """The epoch of the mover that holds the reshard, on one shard of either layout (its slot)."""
-    return prefix + "fence"
+fence_key = keys.fence_key  # the shard's fence: FENCED's KEYS[1]
 
 
 class Lost(BoardConflict):

@@ -7,7 +7,8 @@ incarnation). The incarnation is drawn at creation and is part of every key name
 Deleting is retry-safe and leaves nothing behind: the record is first marked ``deleting`` (from then
 on the board reads as missing), then every shard is dropped by drop.lua, which sets the shard's
 ``gone`` marker and unlinks its keys in one call (a late write from a router that still holds the
-board is refused by the marker), and only then is the record removed. A delete that stopped half
+board is refused by the marker; a reshard's mover, by its fence, removed right before), and only
+then is the record removed. A delete that stopped half
 way is finished by the next delete or create of that id, or by ``reclaim``.
 """
 
@@ -239,13 +240,21 @@ class BoardStore:
         # archiver can tell a deletion from a Redis that lost its registry (shardlb/archive.py).
         await self.client.set(keys.deleted_key(board_id, board.incarnation), 1, px=GONE_MS)
         gate = asyncio.Semaphore(DROPS_IN_FLIGHT)
+        moving = bool(record.get("reshard"))  # a mover holds fences only while the record has one
 
         async def drop(prefix: str) -> None:
             async with gate:
+                # A reshard's fence first: a mover's write arriving after it is refused (FENCED), one
+                # before it is unlinked by the drop. Until 2026-12-05 the fence outlived the deletion,
+                # and a copy the mover had read before it landed on the shard dropped, listed in
+                # its index with no expiry: if the mover then stopped before it saw the board gone
+                # (killed, or another error), nothing ever removed them.
+                if moving:
+                    await self.client.delete(keys.fence_key(prefix))
                 await self.scripts.drop(keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[GONE_MS])
 
         await asyncio.gather(*(drop(p) for p in board.prefixes + board.also))
-        if record.get("reshard"):
+        if moving:
             await self.client.delete(keys.lease_key(board_id))
         await self._swap(board_id, raw, b"")
 

@@ -535,6 +535,39 @@ async def test_a_board_deleted_before_its_layouts_are_marked_keeps_no_marker(sto
     assert {m: ttl for m, ttl in left.items() if ttl != -2} == {}
 
 
+async def test_a_mover_killed_after_its_board_was_deleted_leaves_no_copies(store: BoardStore) -> None:
+    """The board is deleted while a batch the mover read is on its way to the new layout, and the
+    mover dies before it learns of the deletion (killed, or stopped by another error): nothing may
+    stay of the copy. The fences outlived the deletion, so the batch landed on shards already
+    dropped, listed in their index with no expiry, and no resume could find them (the board is
+    gone): they stayed for good."""
+    board, ref = await make_board(store, 3)
+    work = Workload(Router(store, board.config.id), ref, seed=13, players=300)
+    for _ in range(10):
+        await work.write()
+    mover = Resharder(store, board.config.id, say=lambda _: None, cache_s=CACHE)
+    await mover.start(5)
+    target = store.layout(replace(board.config, sharding=Sharding("hash", 5)), board.incarnation, 1)
+    write, deleted = mover.copier._write, []
+
+    async def deleted_then_killed(*args: Any, **kwargs: Any) -> None:
+        if not deleted:
+            deleted.append(await store.delete(board.config.id))
+            await write(*args, **kwargs)
+            raise RuntimeError("the mover is killed")
+        await write(*args, **kwargs)
+
+    mover.copier._write = deleted_then_killed  # type: ignore[method-assign]
+    with pytest.raises((RuntimeError, BoardConflict, BoardNotFound)):
+        await mover.run()
+    assert deleted
+    left = {}
+    for prefix in board.prefixes + target.prefixes:
+        for name in await store.client.keys(f"{prefix}*"):
+            left[name] = await store.client.pttl(name)
+    assert {k: ttl for k, ttl in left.items() if ttl < 0} == {}, left
+
+
 @pytest.mark.parametrize("command", ["reshard --resume", "bands --apply"])
 async def test_a_cancelled_reshard_is_not_called_unfinished(
     store: BoardStore, cluster_url: str, capsys: pytest.CaptureFixture[str], command: str
