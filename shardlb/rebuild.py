@@ -75,7 +75,7 @@ from shardlb.errors import (
 from shardlb.fanout import Ack, AckedScript, confirmed
 from shardlb.journal import Applied, Entry, decode
 from shardlb.reshard_copy import REPLICA_WAIT_MS, Replicated
-from shardlb.store import BoardStore
+from shardlb.store import GONE_MS, BoardStore
 
 Id = tuple[int, int]  # a journal entry id, (ms, seq): ordered as Redis orders them
 # A removal of a player (a delete entry, or its row of ``player_removals``): its journal id, and the
@@ -102,6 +102,17 @@ def parse_id(value: Any) -> Id:
     text = value.decode() if isinstance(value, bytes) else str(value)
     ms, _, seq = text.partition("-")
     return int(ms), int(seq or 0)
+
+
+async def _unrestored(store: BoardStore, former: Board, refilled: list[str]) -> None:
+    """Drop what a restore put back of ``former`` (its retry records in ``refilled`` shards, and the
+    closing markers of every shard, written before it was registered) when the registry ends up
+    holding another board of its id: that incarnation is no board now, and nothing else would ever
+    drop its keys. drop.lua on every shard of it, as a deletion's (``gone`` for a day)."""
+    if not refilled:
+        return
+    for prefix in former.prefixes:
+        await store.scripts.drop(keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[GONE_MS])
 
 
 def format_id(entry_id: Id) -> str:
@@ -713,7 +724,7 @@ class Rebuilder:
         out = []
         for former in formers:
             config, board_id, incarnation = former.config, former.config.id, former.incarnation
-            refilled = []
+            refilled: list[str] = []
             closing = (board_id, str(incarnation)) in seasons
             if not await self.client.hexists(keys.BOARDS, board_id):
                 # Before routers can find the board again: its retries are recognised from their
@@ -724,8 +735,15 @@ class Rebuilder:
                 for shard, prefix in enumerate(former.prefixes[: config.sharding.shards]):
                     await self.refill(former, shard)
                     refilled.append(prefix)
-            board, created = await store.restore(config, incarnation, former.generation)
+            try:
+                board, created = await store.restore(config, incarnation, former.generation)
+            except BoardNotFound:  # the registry's record of the id is being deleted
+                await _unrestored(store, former, refilled)
+                raise
             if board.incarnation != incarnation:
+                # Created again under its id since the registry was read: what was put back of this
+                # incarnation is dropped (until 2026-12-05 it stayed, its key index without expiry).
+                await _unrestored(store, former, refilled)
                 self.progress(f"{board_id}: the registry holds another incarnation; left alone")
                 continue
             if closing and await board.close():  # the registry kept it, and a shard lost its marker

@@ -1582,3 +1582,45 @@ async def test_the_activity_a_rebuild_puts_back_keeps_a_post_a_removal_that_kept
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+class CreatedMeanwhile(BoardStore):
+    """A board store on which an admin creates the board again under its id (another incarnation)
+    right before `rebuild --all` registers the one it restores: the one in the registry is left
+    alone, as the restore says."""
+
+    async def restore(self, config: BoardConfig, incarnation: str, generation: int = 0) -> tuple[Board, bool]:
+        await self.create(config)
+        return await super().restore(config, incarnation, generation)
+
+
+async def test_a_board_created_meanwhile_leaves_no_key_of_the_one_a_restore_refilled(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """`rebuild --all` puts a board's retry records back (``refill``) before it registers it; when
+    the registry holds another incarnation by then, the restored one is left out. Its refilled
+    shards stayed: their key index and pin marker with no expiry, under an incarnation no registry
+    names and no deletion would drop, for good."""
+    config = BoardConfig.from_dict("rebuild-all-meanwhile", {"mode": "incr", "sharding": sharding("hash", 2)})
+    board, _ = await store.create(config)
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, OnlyStore(store.client, store.scripts, {config.id}), url)
+        try:
+            await board.submit([Score(f"p{i}", i, f"m{i}") for i in range(1, 21)])  # pinned, deduped
+            await drain(a)
+            for prefix in board.prefixes:  # everything of the board goes, as in a total loss of Redis
+                listed = await raw.zrange(keys.index_key(prefix), 0, -1)
+                await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
+            await raw.hdel(keys.BOARDS, config.id)
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
+            restored = await rebuilder.restore(CreatedMeanwhile(store.client, store.scripts))
+            assert config.id not in [b.config.id for b in restored]
+            assert (await store.get(config.id)).incarnation != board.incarnation
+            left = {}
+            for prefix in board.prefixes:
+                for name in await raw.keys(f"{prefix}*"):
+                    left[name] = await raw.pttl(name)
+            assert {k: ttl for k, ttl in left.items() if ttl < 0} == {}, left
+        finally:
+            await a.db.close()
+            await store.delete(config.id)
