@@ -22,11 +22,15 @@ def percentile(sorted_ms: list[float], q: float) -> float:
 @dataclass
 class Phase:
     """A timed phase: player-scores written (or reads done) in ``items``, latencies in ms per kind,
-    and the CPU seconds the driving process(es) spent, to tell whether the driver was the limit."""
+    and the CPU seconds the driving process(es) spent, to tell whether the driver was the limit.
+    ``replayed``: the scores of exact retries a write phase sent beside its ``items``; they cost
+    the store a check and write nothing new, so rates and costs per write leave them out, as the
+    HTTP bench does (bench/locustfile.py)."""
 
     name: str
     seconds: float = 0.0
     items: int = 0
+    replayed: int = 0
     errors: int = 0
     cpu_seconds: float = 0.0
     processes: int = 1
@@ -46,6 +50,7 @@ class Phase:
         """Add another process's share of the same phase (wall time is the longest share)."""
         self.seconds = max(self.seconds, other.seconds)
         self.items += other.items
+        self.replayed += other.replayed
         self.errors += other.errors
         self.cpu_seconds += other.cpu_seconds
         self.processes += other.processes
@@ -79,6 +84,7 @@ class Phase:
             "seconds": round(self.seconds, 2),
             "items": self.items,
             "items_per_s": round(self.rate, 1),
+            "replayed_items": self.replayed,
             "ops": self.ops,
             "errors": self.errors,
             "error_samples": self.error_samples,

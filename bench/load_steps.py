@@ -191,17 +191,22 @@ def library_step(
     url: str, workload: Workload, groups: dict[str, list[int]], seconds: float, batch_matches: int
 ) -> dict[str, Any]:
     """bench.drivers' raw writes at the board in batches of ``batch_matches`` matches, with a seed of
-    their own (new matches); the script calls they made, from the nodes' command counts."""
+    their own (new matches); the script calls they made, from the nodes' command counts. Its rate
+    and CPU are per score written, as the router's steps' are; ``scores`` are all those the calls
+    carried, the exact retries' too (the size of a call, for ``call_costs``)."""
     job = Job("raw writes", url, workload, seconds, 4, batch_matches, seed=random.randrange(1, 2**31))
     phase = driver_phase(job, 2, groups)
-    scores = phase["items"]  # all of them inside the metered window, which also holds the start-up
+    # All of them inside the metered window, which also holds the start-up.
+    written = phase["items"]
+    scores = written + phase.get("replayed_items", 0)
     calls = phase["cpu"].get("commands", {}).get("evalsha", {}).get("calls", 0)
     return {
         "scores_per_s": round(phase["items_per_s"]),
         "p99_ms": None,
         "router_us": None,
-        "store_us": per_score(phase["cpu"]["cpu_s"], scores)["store_us"],
-        "driver_us": round(phase["driver_cpu_seconds"] / scores * 1e6, 1) if scores else None,
+        "store_us": per_score(phase["cpu"]["cpu_s"], written)["store_us"],
+        "driver_us": round(phase["driver_cpu_seconds"] / written * 1e6, 1) if written else None,
+        "written": written,
         "scores": scores,
         "script_calls": calls,
         "scores_per_call": round(scores / calls, 2) if calls else None,

@@ -508,12 +508,13 @@ def load_costs(path: Path) -> tuple[dict[str, float], str]:
 
 
 def _raw_scores_per_call(summary: dict[str, Any]) -> float | None:
-    """The scores per write script call of the raw run (its items over its EVALSHA calls)."""
+    """The scores per write script call of the raw run: its scores over its EVALSHA calls, the
+    exact retries' (``replayed_items``, which ride the calls but are not counted as written) too."""
     writes = summary.get("raw", {}).get("writes", {})
     calls = writes.get("cpu", {}).get("commands", {}).get("evalsha", {}).get("calls")
-    items = writes.get("items")
+    items, replayed = writes.get("items"), writes.get("replayed_items", 0)
     if isinstance(calls, int) and calls > 0 and isinstance(items, int | float) and items > 0:
-        return round(items / calls, 2)
+        return round((items + (replayed if isinstance(replayed, int | float) else 0)) / calls, 2)
     return None
 
 

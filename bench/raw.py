@@ -23,11 +23,12 @@ LAP_STRIDE = 7919  # a prime: lap k pairs match i's players with match i + k * L
 class MatchPool:
     """Pre-drawn matches, so the timed loop measures the library, not the random number generator.
 
-    ``take`` hands out ``n`` matches; a ``retry_share`` of them repeat an earlier match (same match id,
-    same scores), as a game server retrying a post whose reply it lost. Once the pool wraps, a match
-    comes back under a new id with its players paired with another match's points, different on each
-    lap: replaying the same (player, points) pairs would make most writes of a long phase no-ops for a
-    ``best`` board, which cost the cluster far less than the fresh results Locust posts.
+    ``take`` hands out ``n`` matches (``draw``: and how many of their scores are fresh); a
+    ``retry_share`` of them repeat an earlier match (same match id, same scores), as a game server
+    retrying a post whose reply it lost. Once the pool wraps, a match comes back under a new id with
+    its players paired with another match's points, different on each lap: replaying the same
+    (player, points) pairs would make most writes of a long phase no-ops for a ``best`` board, which
+    cost the cluster far less than the fresh results Locust posts.
     """
 
     def __init__(self, workload: Workload, seed: int, size: int = POOL_MATCHES) -> None:
@@ -39,10 +40,18 @@ class MatchPool:
 
     def take(self, n: int) -> list[Score]:
         """The scores of ``n`` matches. Once the pool wraps, its matches come back under new ids."""
+        return self.draw(n)[0]
+
+    def draw(self, n: int) -> tuple[list[Score], int]:
+        """The scores of ``n`` matches, and how many of them are fresh (not a retry's). A retry
+        writes nothing new (the HTTP bench counts its scores apart, bench/locustfile.py), so a driver
+        counts only the fresh ones as player-scores written."""
         out: list[Score] = []
+        fresh = 0
         size = len(self.matches)
         for _ in range(n):
-            if self.next and self.rng.random() < self.workload.retry_share:
+            retry = bool(self.next) and self.rng.random() < self.workload.retry_share
+            if retry:
                 seq = self.rng.randrange(max(0, self.next - size), self.next)
             else:
                 seq = self.next
@@ -54,11 +63,13 @@ class MatchPool:
                 _, other = self.matches[(seq + lap * LAP_STRIDE) % size]
                 players = [(player, points) for (player, _), (_, points) in zip(players, other, strict=False)]
             out.extend(Score(player, points, match_id) for player, points in players)
-        return out
+            fresh += 0 if retry else len(players)
+        return out, fresh
 
 
 async def write_batch(board: Board, scores: Sequence[Score]) -> int:
-    """Prepare, group by shard, one script call per shard, concurrently. Returns scores applied."""
+    """Prepare, group by shard, one script call per shard, concurrently. Returns the results the
+    store answered (a retry's among them: its ``duplicate`` or ``unchanged``)."""
     prepared = board.prepare(scores)
     groups = by_shard(prepared)
     replies = await asyncio.gather(
@@ -78,7 +89,8 @@ async def writes(
     scores: int = 0,
 ) -> Phase:
     """Batched writes for ``seconds``, or until about ``scores`` player-scores are applied if that comes
-    first; one latency sample per batch of ``batch_matches`` matches.
+    first; one latency sample per batch of ``batch_matches`` matches. The phase's ``items`` are the
+    fresh scores written, its ``replayed`` the retries' (sent in the same calls, written before).
 
     With ``scores``, the pool holds enough matches that it does not wrap: a lap pairs the same players
     with other points, so on a ``best`` board a wrapped pool beats fewer bests than fresh draws (as
@@ -87,10 +99,12 @@ async def writes(
     pool = MatchPool(workload, seed, max(POOL_MATCHES, wanted))
 
     async def step(phase: Phase, _: int) -> None:
-        batch = pool.take(batch_matches)
+        batch, fresh = pool.draw(batch_matches)
         t0 = time.perf_counter()
-        applied = await write_batch(board, batch)
+        answered = await write_batch(board, batch)
+        applied = min(fresh, answered)
         phase.record("write batch", elapsed_ms(t0), applied)
+        phase.replayed += answered - applied
 
     return await run_phase(Phase(name), seconds, concurrency, step, scores)
 

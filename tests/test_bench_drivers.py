@@ -173,3 +173,28 @@ async def test_a_loaded_band_board_holds_what_writes_would_have_left(store: Boar
     finally:
         await store.delete(w.board)
         await store.delete("bench-t-band-sent")
+
+
+async def test_exact_retries_are_not_counted_as_writes(board: Board, postgres_url: str) -> None:
+    """A retried match writes nothing new (the router answers it from its dedup records, the HTTP
+    bench counts it apart), so no driver counts its scores as player-scores written: with every
+    match after the first a retry, each driver writes one match's scores at most, whatever it sent."""
+    replays = replace(W, retry_share=1.0)
+    one = replays.players_per_match
+    phase = await raw.writes(board, replays, seconds=0.3, concurrency=2, batch_matches=5)
+    assert phase.errors == 0, phase.error_samples
+    assert phase.items == one and phase.replayed == 5 * one * phase.ops - one
+    assert phase.report()["replayed_items"] == phase.replayed
+    written = await peers.textbook_writes(board.client, W.board, board.codec, replays, 0.3, 4)
+    assert written.errors == 0 and written.ops > one and written.items <= one
+    assert written.items + written.replayed == written.ops
+    small = replace(replays, board="bench-pg-retries")
+    assert await peers.pg_load(postgres_url, small.board, board.codec, small) == small.players
+    try:
+        pg = await peers.pg_writes(postgres_url, small.board, board.codec, small, seconds=0.3, concurrency=2)
+        assert pg.errors == 0 and pg.ops > 1 and pg.items == one
+        assert pg.replayed == (pg.ops - 1) * one
+    finally:
+        conn = await peers.pg_connect(postgres_url)
+        await conn.execute(f"DROP TABLE IF EXISTS {peers.pg_table(small.board)}")
+        await conn.close()

@@ -92,3 +92,23 @@ def test_the_two_library_steps_split_a_calls_fixed_part_from_its_scores_part() -
     assert line.startswith("- 3 shards, a write script call: masters 120.0 µs a call + 10.00 µs a score")
     assert "replicas 40.0 + 3.00" in line
     assert load_steps.call_lines({}) == ""
+
+
+def test_a_library_step_counts_retries_in_its_calls_not_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 95,000 fresh scores and 5,000 exact retries in 1,000 script calls over 10 s: the retries make
+    # the calls' size, and the CPU and the rate are per score written, as the router's steps' are.
+    phase = {
+        "items": 95_000,
+        "replayed_items": 5_000,
+        "items_per_s": 9_500.0,
+        "driver_cpu_seconds": 0.95,
+        "cpu": {
+            "cpu_s": {"redis masters": 0.76, "redis replicas": 0.19},
+            "commands": {"evalsha": {"calls": 1_000}},
+        },
+    }
+    monkeypatch.setattr(load_steps, "driver_phase", lambda job, processes, groups: phase)
+    row = load_steps.library_step("redis://x", load_steps.Workload(), {}, 10.0, 100)
+    assert row["scores_per_s"] == 9_500 and row["scores"] == 100_000 and row["written"] == 95_000
+    assert row["scores_per_call"] == 100.0
+    assert (row["store_us"], row["driver_us"]) == (10.0, 10.0)

@@ -708,6 +708,11 @@ def test_call_costs_come_from_the_load_steps_and_the_raw_runs_call_size(tmp_path
     (tmp_path / plan.LOAD_STEPS_SUMMARY).write_text(json.dumps(steps))
     costs, source = plan.load_costs(summary)
     assert costs["raw_scores_per_call"] == 75.0
+    # The raw run's exact retries ride its calls beside the fresh scores it counts as written.
+    retried = {**raw, "items": 855_000, "replayed_items": 45_000}
+    summary.write_text(json.dumps({"started": "then", "costs": COSTS, "raw": {"writes": retried}}))
+    assert plan.load_costs(summary)[0]["raw_scores_per_call"] == 75.0
+    summary.write_text(json.dumps({"started": "then", "costs": COSTS, "raw": {"writes": raw}}))
     assert (costs["redis_master_us_per_call"], costs["redis_master_us_per_score_in_call"]) == (118.6, 10.35)
     assert "script call costs from" in source
     (tmp_path / plan.LOAD_STEPS_SUMMARY).write_text(json.dumps({"call_costs": {}}))
