@@ -180,3 +180,24 @@ def test_a_step_without_windowed_percentiles_reports_the_whole_runs(run: SimpleN
     out = report.latency_step(run, shapes.schedule("soak", 1000, 12, user_rps=10, scores_per_request=10))
     assert (out["p50_ms"], out["p95_ms"], out["p99_ms"]) == (20, 80, 120)  # the stats file's POST row
     assert out["latency_window_s"] == 12
+
+
+def test_a_read_mix_counts_only_the_reads_that_succeeded(tmp_path: Path) -> None:
+    """Locust's Requests/s counts every request, failed ones too: a router answering a third of the
+    reads with a quick 503 would read as a third more reads/s. The mix's rate is its successes'."""
+    prefix = tmp_path / "http-reads"
+    write(
+        Path(f"{prefix}_stats.csv"),
+        STATS,
+        [
+            stats_row("GET", "/v1/boards/[board]/top", 2000, 1000, 0.0, 5, 9, 12),
+            stats_row("GET", "/v1/boards/[board]/players/[id]", 1000, 0, 0.0, 5, 9, 12),
+            stats_row("", "Aggregated", 3000, 1000, 0.0, 5, 9, 12),
+        ],
+    )
+    cpu = {"busiest_process_share": {"locust": 0.2}, "cpu_s": {}, "wall_s": 20}
+    run = SimpleNamespace(stats=Path(f"{prefix}_stats.csv"), cpu=cpu, warnings=[], returncode=1)
+    out = report.http_reads(run)
+    assert out["reads_per_s"] == 100.0  # 2,000 that succeeded over 20 s, not Locust's 150
+    assert (out["failures"], out["requests"]) == (1000, 3000)
+    assert out["endpoints"]["Aggregated"]["rps"] == 150.0  # Locust's own figure, as it printed it

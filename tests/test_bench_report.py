@@ -12,7 +12,16 @@ import pytest
 from bench import read_goals, report
 
 LATEST = Path(__file__).resolve().parent.parent / "bench" / "results" / "latest" / "summary.json"
-DERIVED = ("ratios", "costs", "cpu_per_write", "contaminated", "stolen", "durability_figures", "read_goals")
+DERIVED = (
+    "ratios",
+    "costs",
+    "cpu_per_write",
+    "contaminated",
+    "stolen",
+    "failed",
+    "durability_figures",
+    "read_goals",
+)
 
 
 @pytest.fixture
@@ -388,3 +397,39 @@ def test_the_band_write_factor_is_the_masters_as_the_cost_it_scales() -> None:
 
     summary = {"http": {"writes_band": {"hash": step(1.0, 1.0, 100_000), "band": step(3.0, 1.0, 100_000)}}}
     assert band_costs(summary)["band_store_write_factor"] == 3.0
+
+
+def test_a_phase_whose_requests_failed_is_flagged_and_meets_no_goal(summary: dict[str, Any]) -> None:
+    """The rates count only what succeeded, but a ramp that held 60,000 writes/s while a tenth of its
+    posts failed did not meet the 50,000 writes/s goal: the service refused a tenth of its load. Such
+    a phase is named at the top of summary.md and no write goal is called met on it."""
+    w = summary["http"]["writes"]
+    w["sustained_writes_per_s"] = 60_000
+    post = w["endpoints"][f"POST {report.POST_NAME}"]
+    post["failures"] = post["requests"] // 10
+    summary["raw"]["writes"]["items_per_s"] = 70_000.0
+    light = summary["light_client"]
+    light["writes_per_s"], light["failures"] = 60_000, light["requests"]  # half its requests
+    summary["raw"]["reads"]["errors"] = summary["raw"]["reads"]["ops"]
+    for key in DERIVED:
+        summary.pop(key, None)
+    report.finish(summary)
+    assert summary["failed"]["http writes"] == pytest.approx(0.1, abs=0.001)
+    assert summary["failed"]["the router's own maximum"] == 0.5
+    assert summary["failed"]["raw reads"] == 0.5
+    assert "http reads" not in summary["failed"]
+    assert summary["goal"]["writes_met"] is False and summary["goal"]["ratio_met"] is False
+    text = report.markdown(summary, "test")
+    assert "**Failed requests** (share of each phase's requests or calls that failed): http writes 0.1" in (
+        text
+    )
+    own = next(line for line in text.splitlines() if line.startswith("- the router's own maximum"))
+    assert f"{light['failures']} failures; " in own and "(goal 50,000: not met)" in own
+    assert "goal 50,000 player-score writes/s through HTTP: not met" in text
+    # With the failures gone, the same rates meet the goals.
+    post["failures"], light["failures"], summary["raw"]["reads"]["errors"] = 0, 0, 0
+    for key in DERIVED:
+        summary.pop(key, None)
+    report.finish(summary)
+    assert summary["failed"] == {} and summary["goal"]["writes_met"] is True
+    assert summary["goal"]["ratio_met"] is True and "**Failed requests**" not in report.markdown(summary, "t")
