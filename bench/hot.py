@@ -230,14 +230,17 @@ def measure(
 
 def combined(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One target's rounds as one row: requests, answers and CPU summed (CPU per request weighted
-    by each round's requests), the rate over the rounds' time, latency the median of the rounds'."""
+    by each round's requests), the rate over the rounds' time, latency the median of the rounds'.
+    wrk's Requests/sec counts every answer, a quick 503 too: ``rps`` is the 2xx answers' rate
+    (since 2026-12-05), ``answers_per_s`` wrk's."""
     out = dict(parts[-1])
     requests = sum(p["requests"] for p in parts)
     seconds = sum(p["requests"] / p["rps"] for p in parts if p["rps"])
-    out["requests"] = requests
-    out["rps"] = requests / seconds if seconds else 0.0
     for name in ("non_2xx", "socket_errors"):
         out[name] = sum(p.get(name, 0) for p in parts)
+    out["requests"] = requests
+    out["answers_per_s"] = requests / seconds if seconds else 0.0
+    out["rps"] = (requests - out["non_2xx"]) / seconds if seconds else 0.0
     for name in ("server_us", "masters_us", "replicas_us"):
         out[name] = round(sum(p[name] * p["requests"] for p in parts) / requests, 1) if requests else 0.0
     for name in [k for k in parts[-1] if k.endswith("_ms")]:

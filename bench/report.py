@@ -343,6 +343,9 @@ def failed_shares(summary: dict[str, Any]) -> dict[str, float]:
             phase = summary.get(group, {}).get(part)
             if phase:
                 counts.append((f"{group} {part}", phase["errors"], phase["ops"] + phase["errors"]))
+    for row in summary.get("hot", {}).get("targets", []):  # wrk: a socket error is no answer
+        errors = row.get("socket_errors", 0)
+        counts.append((f"hot reads: {row['name']}", row.get("non_2xx", 0) + errors, row["requests"] + errors))
     return {
         name: round(failed / attempted, 3)
         for name, failed, attempted in counts

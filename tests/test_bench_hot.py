@@ -88,10 +88,26 @@ def test_a_targets_rounds_combine_into_one_row() -> None:
     ]  # fmt: skip
     row = hot.combined(rounds)
     assert (row["requests"], row["non_2xx"], row["rounds"], row["name"]) == (6000, 3, 3, "t")
-    assert row["rps"] == pytest.approx(6000 / (2 + 3 + 2))
+    assert row["rps"] == pytest.approx((6000 - 3) / (2 + 3 + 2))  # the 3 non-2xx are not counted
     assert row["server_us"] == pytest.approx((100 * 1000 + 60 * 3000 + 80 * 2000) / 6000, abs=0.05)
     assert row["masters_us"] == pytest.approx((10 * 1000 + 20 * 3000 + 15 * 2000) / 6000, abs=0.05)
     assert (row["p50_ms"], row["p99_ms"]) == (1.5, 7.0)
+
+
+def test_a_targets_rate_counts_only_its_2xx_answers() -> None:
+    """wrk's Requests/sec counts every answer: a router refusing half the reads with a quick 503 read
+    twice as fast as it answered. The row's rate is its 2xx answers' over the rounds' time (and a
+    socket error is no answer at all); wrk's own rate stays beside it."""
+    rounds = [
+        {"requests": 1000, "rps": 500.0, "non_2xx": 500, "socket_errors": 7, "server_us": 1.0,
+         "masters_us": 1.0, "replicas_us": 0.0, "name": "t"},
+        {"requests": 3000, "rps": 1000.0, "non_2xx": 1500, "server_us": 1.0, "masters_us": 1.0,
+         "replicas_us": 0.0, "name": "t"},
+    ]  # fmt: skip
+    row = hot.combined(rounds)
+    assert row["rps"] == pytest.approx(2000 / (2 + 3))
+    assert row["answers_per_s"] == pytest.approx(4000 / (2 + 3))
+    assert (row["non_2xx"], row["socket_errors"]) == (2000, 7)
 
 
 def test_goals_are_the_ratios_of_their_figures(summary: dict[str, Any]) -> None:

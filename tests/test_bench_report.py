@@ -411,12 +411,15 @@ def test_a_phase_whose_requests_failed_is_flagged_and_meets_no_goal(summary: dic
     light = summary["light_client"]
     light["writes_per_s"], light["failures"] = 60_000, light["requests"]  # half its requests
     summary["raw"]["reads"]["errors"] = summary["raw"]["reads"]["ops"]
+    hot = summary["hot"]["targets"][0]
+    hot["non_2xx"], hot["socket_errors"] = hot["requests"] // 2, 0
     for key in DERIVED:
         summary.pop(key, None)
     report.finish(summary)
     assert summary["failed"]["http writes"] == pytest.approx(0.1, abs=0.001)
     assert summary["failed"]["the router's own maximum"] == 0.5
     assert summary["failed"]["raw reads"] == 0.5
+    assert summary["failed"][f"hot reads: {hot['name']}"] == pytest.approx(0.5, abs=0.001)
     assert "http reads" not in summary["failed"]
     assert summary["goal"]["writes_met"] is False and summary["goal"]["ratio_met"] is False
     text = report.markdown(summary, "test")
@@ -427,7 +430,7 @@ def test_a_phase_whose_requests_failed_is_flagged_and_meets_no_goal(summary: dic
     assert f"{light['failures']} failures; " in own and "(goal 50,000: not met)" in own
     assert "goal 50,000 player-score writes/s through HTTP: not met" in text
     # With the failures gone, the same rates meet the goals.
-    post["failures"], light["failures"], summary["raw"]["reads"]["errors"] = 0, 0, 0
+    post["failures"], light["failures"], summary["raw"]["reads"]["errors"], hot["non_2xx"] = 0, 0, 0, 0
     for key in DERIVED:
         summary.pop(key, None)
     report.finish(summary)
