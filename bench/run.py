@@ -534,8 +534,8 @@ def latency_curve(
             step["profile"] = profile
         users = stages[-1].users
         step["paced"] = paced_step(s, workload, cluster, f"paced-{share * 100:g}", out, users, seconds)
-        if len(scrapes) == 2 and scrapes[1]:
-            step["router"] = server_latency.quantiles(scrapes[0], scrapes[1], (0.5, 0.95, 0.99))
+        if (own := server_latency.window(scrapes)) is not None:
+            step["router"] = own
         router_p = step.get("router", {})
         paced = step["paced"]
         log(
@@ -600,8 +600,8 @@ def paced_step(
     if done.returncode != 0 or not done.stdout.strip():
         return {"skipped": f"bench.pacer exited {done.returncode}: {done.stderr.strip()[-300:]}"}
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    if len(scrapes) == 2 and scrapes[0] and scrapes[1]:
-        result["router"] = server_latency.quantiles(scrapes[0], scrapes[1], (0.5, 0.95, 0.99))
+    if (own := server_latency.window(scrapes)) is not None:
+        result["router"] = own
     return {**result, "users": users, "window_s": seconds - settle}
 
 

@@ -83,6 +83,16 @@ def quantiles(
     return out
 
 
+def window(
+    scrapes: Sequence[Buckets], qs: Sequence[float] = (0.5, 0.95, 0.99)
+) -> dict[str, float | None] | None:
+    """``quantiles`` between a window's two scrapes, or None unless both were read: a failed scrape
+    reads as no buckets, and the router's whole life would pass for the window."""
+    if len(scrapes) != 2 or not scrapes[0] or not scrapes[1]:
+        return None
+    return quantiles(scrapes[0], scrapes[1], qs)
+
+
 GC_METRIC = "shardlb_gc_pause_seconds"
 
 

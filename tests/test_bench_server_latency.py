@@ -77,3 +77,17 @@ def test_the_collections_between_two_scrapes_summed_over_generations() -> None:
     assert server_latency.gc_between(None, after) is None
     assert server_latency.parse_gc(_page([0.002])) == {"collections": 0, "pause_s": 0}
     assert server_latency.scrape_gc("http://127.0.0.1:9", timeout=0.5) is None
+
+
+def test_a_window_needs_both_of_its_scrapes() -> None:
+    """A scrape that failed reads as no buckets: the router's whole life would then pass for the
+    window at the end of a step (its half-rate start and its spawning included). No figures
+    instead; and none before the second scrape."""
+    before = server_latency.parse(_page([0.003] * 10))
+    after = server_latency.parse(_page([0.003] * 10 + [0.02] * 10))
+    got = server_latency.window([before, after])
+    assert got == server_latency.quantiles(before, after, (0.5, 0.95, 0.99)) and got["p50_ms"] is not None
+    assert got["p50_ms"] > 5  # the later requests alone
+    assert server_latency.window([{}, after]) is None
+    assert server_latency.window([before, {}]) is None
+    assert server_latency.window([before]) is None
