@@ -522,9 +522,24 @@ def _contenders(summary: dict[str, Any]) -> list[str]:
         "per match for PostgreSQL. "
         "The raw writes go to a twin of the board, loaded with the same players, and stop at "
         f"{_raw_scores(summary)}: the same number of fresh results onto the same state as the HTTP ramp "
-        "(a `best` board's write costs the store less once its players' bests have risen).",
+        "(a `best` board's write costs the store less once its players' bests have risen)."
+        + _postgres_mix(summary),
         "",
     ]
+
+
+def _postgres_mix(summary: dict[str, Any]) -> str:
+    """What PostgreSQL's reads leave out of the mix (bench/peers.py pg_reads reads the top-100 and
+    "my rank" alone), when its reads ran and the mix has more."""
+    kinds = sorted(summary.get("postgres", {}).get("reads", {}).get("latency_ms", {}))
+    mix = summary.get("workload", {}).get("read_mix") or {}
+    if not kinds or not mix or set(mix) <= set(kinds):
+        return ""
+    share = sum(mix.get(k, 0) for k in kinds) / sum(mix.values())
+    return (
+        f" PostgreSQL's reads are the mix's {' and '.join(kinds)} reads alone ({share:.0%} of the mix, in "
+        "their proportion): its reads/s and store CPU per read are not the whole mix's."
+    )
 
 
 def _raw_scores(summary: dict[str, Any]) -> str:

@@ -436,3 +436,17 @@ def test_a_phase_whose_requests_failed_is_flagged_and_meets_no_goal(summary: dic
     report.finish(summary)
     assert summary["failed"] == {} and summary["goal"]["writes_met"] is True
     assert summary["goal"]["ratio_met"] is True and "**Failed requests**" not in report.markdown(summary, "t")
+
+
+def test_the_contenders_table_says_postgresql_reads_another_mix(summary: dict[str, Any]) -> None:
+    """PostgreSQL reads only the mix's top-100 and "my rank" (bench/peers.py pg_reads): its reads/s
+    sits in the same column as the whole mix's of the others, so the table says which it is."""
+    assert sorted(summary["postgres"]["reads"]["latency_ms"]) == ["rank", "top"]
+    summary["workload"]["read_mix"] = {"top": 30, "rank": 35, "around": 15, "friends": 15, "page": 5}
+    text = report.markdown(summary, "test")
+    assert (
+        "PostgreSQL's reads are the mix's rank and top reads alone (65% of the mix, in their "
+        "proportion): its reads/s and store CPU per read are not the whole mix's." in text
+    )
+    summary["workload"]["read_mix"] = {"top": 30, "rank": 35}
+    assert "PostgreSQL's reads are" not in report.markdown(summary, "test")  # the whole mix
