@@ -99,16 +99,19 @@ def per_score(cpu_s: dict[str, float], scores: float) -> dict[str, float | None]
 def table(rows: list[dict[str, Any]]) -> str:
     """The steps as a markdown table: one line per board and step. The library's line has its own CPU
     per score (its callers' processes) where the others have the router's; the store is the masters
-    and their replicas."""
+    and their replicas. The failures are the pacer's failed requests, or the library's failed
+    batches."""
     lines = [
         "| shards | step | scores/s | scores a call | router (library) µs per score | store µs per score "
-        "| p99 ms |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "| p99 ms | failures |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if "skipped" in row:
-            lines.append(f"| {row['shards']} | {row['step']} | skipped: {row['skipped']} | | | | |")
+            lines.append(f"| {row['shards']} | {row['step']} | skipped: {row['skipped']} | | | | | |")
             continue
+        # The scores/s are those of the requests (or library batches) that succeeded.
+        failures = row.get("failures", row.get("errors"))
         p99 = "-" if row.get("p99_ms") is None else f"{row['p99_ms']:.1f}"
         if row.get("router_us") is not None:
             router = f"{row['router_us']:.1f}"
@@ -119,7 +122,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         per_call = "-" if row.get("scores_per_call") is None else f"{row['scores_per_call']:.1f}"
         lines.append(
             f"| {row['shards']} | {row['step']} | {row['scores_per_s']:,.0f} | {per_call} | {router} | "
-            f"{row['store_us']:.1f} | {p99} |"
+            f"{row['store_us']:.1f} | {p99} | {'-' if failures is None else failures} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -207,6 +210,7 @@ def library_step(
         "store_us": per_score(phase["cpu"]["cpu_s"], written)["store_us"],
         "driver_us": round(phase["driver_cpu_seconds"] / written * 1e6, 1) if written else None,
         "written": written,
+        "errors": phase["errors"],
         "scores": scores,
         "script_calls": calls,
         "scores_per_call": round(scores / calls, 2) if calls else None,

@@ -816,10 +816,10 @@ def _sweeps(sweeps: dict[str, Any]) -> list[str]:
         lines += [
             "## Sweep: cluster masters (raw writes)",
             "",
-            "| masters | writes/s | p99 ms per batch |",
-            "|---:|---:|---:|",
+            "| masters | writes/s | p99 ms per batch | failed batches |",
+            "|---:|---:|---:|---:|",
             *(
-                f"| {p['masters']} | {_rate(p['writes_per_s'])} | {_ms(p['p99_ms'])} |"
+                f"| {p['masters']} | {_rate(p['writes_per_s'])} | {_ms(p['p99_ms'])} | {p.get('errors', 0)} |"
                 for p in sweeps["masters"]
             ),
             "",
@@ -828,11 +828,12 @@ def _sweeps(sweeps: dict[str, Any]) -> list[str]:
         lines += [
             f"## Sweep: router processes (HTTP writes, {_rate(sweeps.get('router_offered_writes'))} offered)",
             "",
-            "| router processes | writes/s | p99 ms | router CPU µs/write | store CPU µs/write |",
-            "|---:|---:|---:|---:|---:|",
+            "| router processes | writes/s | p99 ms | router CPU µs/write | store CPU µs/write | failures |",
+            "|---:|---:|---:|---:|---:|---:|",
             *(
                 f"| {p['router_workers']} | {_rate(p['writes_per_s'])} | {_ms(p['p99_ms'])} "
-                f"| {_sweep_cpu(p, 'router')} | {_sweep_cpu(p, 'redis masters', 'redis replicas')} |"
+                f"| {_sweep_cpu(p, 'router')} | {_sweep_cpu(p, 'redis masters', 'redis replicas')} "
+                f"| {p.get('failures', 0)} |"
                 for p in sweeps["routers"]
             ),
             "",

@@ -52,17 +52,22 @@ def test_the_table_has_a_line_per_step_and_says_why_one_was_skipped() -> None:
          "router_us": None, "driver_us": 6.54, "store_us": 3.7, "p99_ms": None},
         {"shards": 16, "step": "64 connections back to back", "skipped": "bench.pacer exited 1: boom"},
     ]  # fmt: skip
+    rows[0]["failures"] = 0
+    rows[1]["errors"] = 0
     lines = load_steps.table(rows).splitlines()
-    assert lines[0].startswith("| shards | step | scores/s |")
-    assert lines[2] == "| 3 | 5,000 scores/s paced | 4,990 | 3.0 | 27.8 | 22.1 | 12.3 |"
-    assert lines[3] == "| 3 | the library, batches of 100 matches | 148,587 | - | (6.5) | 3.7 | - |"
-    assert lines[4] == "| 16 | 64 connections back to back | skipped: bench.pacer exited 1: boom | | | | |"
+    assert lines[0].startswith("| shards | step | scores/s |") and lines[0].endswith("| p99 ms | failures |")
+    assert lines[2] == "| 3 | 5,000 scores/s paced | 4,990 | 3.0 | 27.8 | 22.1 | 12.3 | 0 |"
+    assert lines[3] == "| 3 | the library, batches of 100 matches | 148,587 | - | (6.5) | 3.7 | - | 0 |"
+    assert lines[4] == "| 16 | 64 connections back to back | skipped: bench.pacer exited 1: boom | | | | | |"
     assert len(lines) == 5
     no_driver = {**rows[1], "driver_us": None}
     assert (
         load_steps.table([no_driver]).splitlines()[2]
-        == "| 3 | the library, batches of 100 matches | 148,587 | - | - | 3.7 | - |"
+        == "| 3 | the library, batches of 100 matches | 148,587 | - | - | 3.7 | - | 0 |"
     )
+    # A step's rate counts the requests that succeeded: the ones refused are beside it.
+    refused = {**rows[0], "failures": 412}
+    assert load_steps.table([refused]).splitlines()[2].endswith("| 12.3 | 412 |")
 
 
 def test_the_two_library_steps_split_a_calls_fixed_part_from_its_scores_part() -> None:
@@ -108,7 +113,9 @@ def test_a_library_step_counts_retries_in_its_calls_not_as_written(monkeypatch: 
         },
     }
     monkeypatch.setattr(load_steps, "driver_phase", lambda job, processes, groups: phase)
+    phase["errors"] = 3
     row = load_steps.library_step("redis://x", load_steps.Workload(), {}, 10.0, 100)
+    assert row["errors"] == 3
     assert row["scores_per_s"] == 9_500 and row["scores"] == 100_000 and row["written"] == 95_000
     assert row["scores_per_call"] == 100.0
     assert (row["store_us"], row["driver_us"]) == (10.0, 10.0)

@@ -450,3 +450,22 @@ def test_the_contenders_table_says_postgresql_reads_another_mix(summary: dict[st
     )
     summary["workload"]["read_mix"] = {"top": 30, "rank": 35}
     assert "PostgreSQL's reads are" not in report.markdown(summary, "test")  # the whole mix
+
+
+def test_the_sweeps_print_their_failures() -> None:
+    """A sweep step's rate counts accepted writes only: beside it, how many requests or batches
+    failed, so a step that refused half its load does not read as a capacity."""
+    sweeps = {
+        "masters": [{"masters": 1, "writes_per_s": 90_000.0, "p99_ms": 40.0, "errors": 12, "cpu": {}}],
+        "router_offered_writes": 50_000,
+        "routers": [
+            {"router_workers": 1, "writes_per_s": 30_000, "p99_ms": 90.0, "failures": 2_500,
+             "scores_written": 240_000, "cpu": {"cpu_s": {"router": 3.0}}},
+        ],
+    }  # fmt: skip
+    text = "\n".join(report._sweeps(sweeps))
+    assert "| masters | writes/s | p99 ms per batch | failed batches |" in text
+    assert "| 1 | 90,000 | 40 | 12 |" in text
+    head = "| router processes | writes/s | p99 ms | router CPU µs/write | store CPU µs/write | failures |"
+    assert head in text
+    assert "| 1 | 30,000 | 90 | 12.5 | - | 2500 |" in text
