@@ -54,18 +54,23 @@ class Keys:
         self.open_access = settings.open_access
         self.reads_require_key = settings.reads_require_key
         granted: dict[bytes, Scope] = {}
+        longest = 0
         for scope, keys in (
             (Scope.READ, settings.read_keys),
             (Scope.WRITE, settings.write_keys),
             (Scope.ADMIN, settings.admin_keys),
         ):
             for key in keys:
+                longest = max(longest, len(key))
                 digest = _digest(key)
                 granted[digest] = max(scope, granted.get(digest, scope))  # a key in two lists: the higher
         self._keys = list(granted.items())
         # ``may_write`` is asked of every write's header before the route checks it again: the
-        # answer per header, kept as ``_digest`` keeps its digests (bounded; a wrong key's too).
+        # answer per header is kept (a wrong key's too), for headers no longer than one that
+        # presents the longest key. Anybody's header is asked about, before any key is checked:
+        # kept whatever their size, 4096 of them held up to 4096 x SHARDLB_MAX_HEADER_BYTES.
         self._writes = functools.lru_cache(maxsize=4096)(self._may_write)
+        self._kept_chars = len("Bearer ") + longest
         from router.limiter import RateLimiter  # (router.limiter imports this module)
 
         self.failures = RateLimiter(AUTH_FAILURE_RATE, AUTH_FAILURE_BURST, settings.rate_clients)
@@ -88,7 +93,7 @@ class Keys:
         does, when it checks the same header."""
         if self.open_access:
             return True
-        return self._writes(header)
+        return self._writes(header) if len(header) <= self._kept_chars else self._may_write(header)
 
     def _may_write(self, header: str) -> bool:
         key = presented(header)

@@ -4,6 +4,7 @@ limit is in test_router_limiter.py)."""
 from __future__ import annotations
 
 import ipaddress
+import tracemalloc
 
 import httpx
 import pytest
@@ -30,6 +31,27 @@ def test_scope_of_each_key_and_the_highest_wins() -> None:
     # Whom the access middleware lets hold a slot while a body arrives: write and admin keys only.
     assert [keys.may_write(h) for h in ("Bearer a-key", "bearer w-key", "Bearer  both ")] == [True] * 3
     assert not any(keys.may_write(h) for h in ("Bearer r-key", "Bearer nope", "Basic w-key", "w-key", ""))
+
+
+def test_headers_presented_keep_no_memory_in_proportion_to_their_size() -> None:
+    """The access middleware asks ``may_write`` of every request with a body and an Authorization
+    header, before any key is checked, and the answer is kept per header. Kept whole, 4096 headers
+    (anybody's: nothing is checked yet) of up to SHARDLB_MAX_HEADER_BYTES each stayed in every
+    worker, about 256 MiB at the default 64 KiB (64 GiB at the 16 MiB allowed): what an anonymous
+    caller can make a worker hold must not grow with the size of what it sends."""
+    keys = Keys(Settings(write_keys=(WRITE,)))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1024):
+            header = f"Bearer {i:08d}" + "x" * 32 * 1024
+            assert not keys.may_write(header)
+        del header
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 4 * 1024 * 1024, f"{held / 2**20:.0f} MiB kept for 1024 headers of 32 KiB"
+    assert keys.may_write(f"Bearer {WRITE}")  # the keys' own headers are still answered
 
 
 def test_keys_are_not_in_the_settings_repr() -> None:
