@@ -248,6 +248,8 @@ async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
     try:
         await ensure_schema(conn, SCHEMA, moderation.SCHEMA)
     except BaseException:
+        # Failed or cancelled (a router's request cut off by its stop): nobody else holds the
+        # connection to close it. Until 2026-12-05 it stayed open until the collector took it.
         await conn.close()
         raise
     return conn

@@ -705,3 +705,33 @@ async def test_an_entry_postgres_refuses_holds_its_own_journal_only(
         await a.db.close()
         await store.delete(bad.id)
         await store.delete(good.id)
+
+
+async def test_a_connection_whose_schema_check_is_cancelled_is_closed(postgres_url: str) -> None:
+    """``connect_db`` opens a connection, then checks the schema on it. Cancelled there (a router's
+    ban or removal cut off by its stop, an archiver stopped while PostgreSQL is slow), it left the
+    connection open, with nothing to close it but the collector once the cancelled task is gone:
+    a PostgreSQL backend held meanwhile, and a ResourceWarning. The check is made to wait on a
+    lock here, so that the cancellation lands in it."""
+    await (await connect_db(postgres_url)).close()  # the schema is in place
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as blocker:
+        waiting = "SELECT pid FROM pg_stat_activity WHERE application_name = 'shardlb-archive' AND pid <> %s"
+        async with blocker.transaction():
+            await blocker.execute("LOCK TABLE schema_applied IN ACCESS EXCLUSIVE MODE")
+            task = asyncio.create_task(connect_db(postgres_url))
+            pids: list[tuple[Any, ...]] = []
+            while not pids:  # the new connection waits for the lock, in its schema check
+                await asyncio.sleep(0.05)
+                assert not task.done()
+                pids = await (await blocker.execute(waiting, (blocker.info.backend_pid,))).fetchall()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        # The cancelled task is still referenced (as a server's task list holds it a while): its
+        # connection must be closed all the same.
+        left = pids
+        for _ in range(100):
+            left = await (await blocker.execute(waiting, (blocker.info.backend_pid,))).fetchall()
+            if not left:
+                break
+            await asyncio.sleep(0.05)
+        assert task.cancelled() and not left, f"backend still open: {left}"
