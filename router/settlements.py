@@ -69,7 +69,15 @@ def _deliver_later(svc: Service, result: dict[str, Any]) -> None:
 
     async def deliver() -> None:
         if running is not None:  # before that, this one's first round would find them leased
-            await asyncio.wait([running])
+            try:
+                await asyncio.wait([running])
+            except asyncio.CancelledError:
+                # Replaced in its turn (or stopped) before it began: the task replacing it waits
+                # for it alone, so it ends once the one it replaced has given its claims back.
+                # Until 2026-12-05 it ended at once, and a third request's task found the first's
+                # rows leased and slept out the 5-minute lease. The stop's cut-off still ends it.
+                await asyncio.wait([running])
+                raise
         try:
             counts = await settlement_delivery.deliver_all(
                 svc.settings.postgres_url, svc.settings.webhook_secret, settlement_id

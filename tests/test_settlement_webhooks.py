@@ -727,6 +727,52 @@ async def test_a_settlement_requested_again_while_delivering_sends_at_once(
         await store.delete(name)
 
 
+@pytest.mark.cluster
+async def test_a_settlement_requested_twice_more_while_a_give_back_waits_sends_at_once(
+    store: BoardStore, raw: Any, db: psycopg.AsyncConnection[Any], cluster_url: str, postgres_url: str
+) -> None:
+    """Each request again replaces the task before it, which waited for the one it had replaced to
+    give its claims back. Replaced in turn while it waited, it ended at once, and the third task,
+    waiting for it alone, started while the first still held its rows: its first round found them
+    leased, and it slept until the 5-minute lease ran out. The replaced tasks' give-backs are
+    waited for whatever the number of requests again (here the first's waits on row locks)."""
+    name = board_name("hook-thrice-http")
+    await ready(store, raw, postgres_url, name, 2)
+    sid = f"thrice-{name}"
+    try:
+        with Hook(held=True) as hook:
+            url = f"/v1/boards/{name}/periods/{day_ago(2)}:settle"
+            body = {"settlement_id": sid, "rewards": TABLE, "webhook_url": hook.url}
+            async with running(cluster_url, postgres_url=postgres_url, webhook_secret=SECRET) as (_, client):
+                ok = await client.post(url, json=body, headers=AS_ADMIN)
+                assert ok.status_code == 200, ok.text
+                total = ok.json()["awards"]["total"]
+                for _ in range(200):  # the first task's posts are out, and held
+                    if hook.posts.total() == total:
+                        break
+                    await asyncio.sleep(0.05)
+                async with await psycopg.AsyncConnection.connect(postgres_url) as locker:
+                    await locker.execute(
+                        "SELECT 1 FROM settlement_deliveries WHERE award_id IN (SELECT award_id FROM "
+                        "settlement_awards WHERE settlement_id = %s) FOR UPDATE",
+                        (sid,),
+                    )
+                    for _ in range(2):
+                        again = await client.post(url, json=body, headers=AS_ADMIN)
+                        assert again.status_code == 200 and again.json() == ok.json()
+                    await asyncio.sleep(2)
+                    await locker.commit()
+                hook.release.set()
+                for _ in range(600):  # 30 s, far inside the 300 s lease
+                    if (await delivery_counts(db, sid))["delivered"] == total:
+                        break
+                    await asyncio.sleep(0.05)
+                assert await delivery_counts(db, sid) == {"delivered": total, "pending": 0, "failed": 0}
+        assert set(hook.posts) == await award_ids(db, sid) and hook.bad_signatures == 0
+    finally:
+        await store.delete(name)
+
+
 async def leased(db: psycopg.AsyncConnection[Any], settlement_id: str) -> int:
     """The settlement's deliveries still held under a claim's lease (not due within a minute)."""
     cur = await db.execute(
