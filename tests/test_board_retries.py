@@ -430,20 +430,21 @@ async def test_pins_written_one_hash_per_bucket_are_found_until_they_expire(stor
 
 
 async def test_the_index_drops_listings_of_expired_keys_once_a_second(store: BoardStore) -> None:
-    """write.lua drops the key index's listings of keys expired by now when the caller asks, and
-    the library asks on its first call a second a shard: a listing of an expired key lasts at most
-    until the next second's first write, and the calls in between skip the command."""
+    """write.lua drops the key index's listings of keys expired by Redis's clock when the caller
+    asks, and the library asks on its first call a second a shard: a listing of an expired key lasts
+    at most until the next second's first write, and the calls in between skip the command."""
     config = BoardConfig.from_dict("index-trim", {"sharding": {"strategy": "hash", "shards": 1}})
     board, _ = await store.create(config)
     client, index = store.client, keys.index_key(board.prefixes[0])
     now = (times.now_ms() // 1000 + 1) * 1000  # the start of a second: the calls below share it
+    gone = now - 2000  # expired by Redis's clock too (``now`` is up to a second ahead of it)
     try:
-        await client.zadd(index, {board.prefixes[0] + "gone:1": now - 1})
+        await client.zadd(index, {board.prefixes[0] + "gone:1": gone})
         await board.submit([Score("a", 1, "m1", now)], now_ms=now)  # the second's first call
         assert await client.zscore(index, board.prefixes[0] + "gone:1") is None
-        await client.zadd(index, {board.prefixes[0] + "gone:2": now - 1})
+        await client.zadd(index, {board.prefixes[0] + "gone:2": gone})
         await board.submit([Score("b", 2, "m2", now + 10)], now_ms=now + 10)  # same second: kept
-        assert await client.zscore(index, board.prefixes[0] + "gone:2") == now - 1
+        assert await client.zscore(index, board.prefixes[0] + "gone:2") == gone
         await board.submit([Score("c", 3, "m3", now + 1000)], now_ms=now + 1000)  # the next second
         assert await client.zscore(index, board.prefixes[0] + "gone:2") is None
         assert await client.zscore(index, keys.period_key(board.prefixes[0], "total")) == float("inf")

@@ -19,8 +19,8 @@
 --             same periods: the first and last time units whose results go to the periods of a
 --             result achieved now (lo > hi: none),
 --             journal bound (results not yet archived; 0 or absent: none),
---             trim: 1 (or absent) to drop the key index's listings of keys expired by now, 0 to
---             leave them for a later call (the caller asks about once a second a shard)
+--             trim: 1 (or absent) to drop the key index's listings of keys expired by Redis's
+--             clock (TIME), 0 to leave them for a later call (the caller asks about once a second a shard)
 --             Dedup and pin buckets are not KEYS: their names (<prefix>dd:<k>, <prefix>pin:<k>) are
 --             built here from the shard's prefix, the hash tag of every key of the call, as `mv`, `seal`
 --             and `chg` are (25 bucket names a call, twice for an incr board, were most of its KEYS).
@@ -516,5 +516,12 @@ if #listed > 0 then redis.call('ZADD', KEYS[1], unpack(listed)) end
 -- Listings of expired keys, dropped about once a second (the caller's choice): a listing that stays
 -- a while names a key that no longer exists, which every reader of the index takes in its stride
 -- (a drop unlinks nothing, a reshard copies nothing), and the command was 6% of a call of one result.
-if (h[29] or 1) ~= 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now)) end
+-- Expired by Redis's clock, the one that expires the keys, not the router's `now`: a router whose
+-- clock ran ahead dropped the listings of keys still alive for that long, which a deletion or a
+-- reshard (both go by the index) then missed (until 2026-12-05).
+if (h[29] or 1) ~= 0 then
+  local t = redis.call('TIME')
+  local ms = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ms)
+end
 return out
