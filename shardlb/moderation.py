@@ -995,12 +995,14 @@ async def _over_rate(board: Board, prepared: Sequence[Prepared], limit: int, now
         prefix = board.prefixes[shard]
         counted, counts = keys.rate_keys(prefix, minute)
         previous, _ = keys.rate_keys(prefix, minute - 1)
+        following, _ = keys.rate_keys(prefix, minute + 1)  # a router ahead's (rate.lua)
         args: list[Any] = [limit, (minute + 2) * 60_000, *dedup]
         for i in idx:
             args += [f"{prepared[i].match_id}\x00{prepared[i].player_id}", prepared[i].player_id]
         try:
             reply = await board.scripts.rate(
-                keys=[keys.index_key(prefix), counted, counts, previous, keys.gone_key(prefix)], args=args
+                keys=[keys.index_key(prefix), counted, counts, previous, keys.gone_key(prefix), following],
+                args=args,
             )
         except ResponseError as e:
             raise board.gone(e) from e

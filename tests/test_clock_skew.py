@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from shardlb import keys, times
+from shardlb import keys, moderation, times
 from shardlb.board import Score
 from shardlb.config import BoardConfig
 from shardlb.errors import BoardNotFound
@@ -63,3 +63,39 @@ async def test_a_router_ahead_keeps_the_key_index_listing_of_a_key_still_alive(
         await store.client.delete(alive)
         with contextlib.suppress(BoardNotFound):
             await store.delete(config.id)
+
+
+async def test_a_retry_through_a_router_behind_is_not_counted_again_per_minute(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rate.lua recognised a retry by its (match, player) in this minute's and the previous
+    minute's counters: a result counted by a router 30 s ahead, in the minute it had begun, and
+    retried through one 30 s behind, still in the minute before, was counted again, and at the
+    limit refused as ``rate_limit`` though the board holds it. The next minute's pairs are read too."""
+    config = BoardConfig.from_dict(
+        "clock-rate", {"max_results_per_player_per_minute": 1, "sharding": {"shards": 1}}
+    )
+    board, _ = await store.create(config)
+    screen = moderation.Screen(lambda _board, _player, _incarnation: False)
+    at = clock(monkeypatch)
+    true = (times.now_ms() // 60_000 + 1) * 60_000 + 10_000  # 10 s into a minute, in the past for neither
+
+    async def post(score: Score, router_ms: int) -> list[str]:
+        at(router_ms)
+        refused = await screen.refusals(board, board.prepare([score]))
+        if refused:
+            return [r.status for r in refused]
+        return [r.status for r in await board.submit([score])]
+
+    try:
+        achieved = true - 60_000
+        behind, ahead = true - SKEW_MS, true + SKEW_MS  # in minutes m and m + 1
+        assert await post(Score("p1", 5, "m0", achieved), behind) == ["improved"]  # minute m: 1
+        assert await post(Score("p1", 7, "m1", achieved), ahead) == ["improved"]  # minute m + 1: 1
+        # the game server did not hear the answer and sends m1 again, through the router behind
+        assert await post(Score("p1", 7, "m1", achieved), behind + 1) == ["unchanged"]
+        assert await post(Score("p1", 9, "m2", achieved), behind + 2) == ["rate_limit"]  # at the limit
+        assert [(e.player_id, e.points) for e in await board.top(5)] == [("p1", 7)]
+    finally:
+        monkeypatch.undo()
+        await store.delete(config.id)

@@ -3,12 +3,16 @@
 --
 -- KEYS[1] the shard's key index, KEYS[2] this minute's counted (match, player) pairs (a set),
 -- KEYS[3] this minute's counts per player (a hash), KEYS[4] the previous minute's pairs,
--- KEYS[5] the shard's `gone` marker
+-- KEYS[5] the shard's `gone` marker, KEYS[6] the next minute's pairs (read only: a router whose
+-- clock is ahead may have counted the pair there already, see below)
 -- ARGV[1] the limit, ARGV[2] when this minute's keys expire (ms), ARGV[3] and ARGV[4] the first and
 --         the current dedup bucket of an incr board (write.lua's `dd:<k>` sets; first > current on
 --         other boards), then per result: member (match_id NUL player_id), player
 -- Returns per result 1 (allowed) or 0 (past the limit: not counted). A pair counted already, this
 -- minute or the one before, is allowed and not counted again: a retry of a match is one result.
+-- Routers' clocks differ: a router ahead counts a pair in a minute a router behind has not begun,
+-- so the next minute's pairs count as seen too (until 2026-12-05 a retry through the router behind
+-- was counted again, and at the limit refused though the board held it). Skews under a minute.
 -- So is a pair in the dedup window (the bucket after the current one too, as write.lua looks
 -- there): write.lua answers it `duplicate`, writing nothing, and a retry of a result applied
 -- minutes ago must get that answer, not `rate_limit` (with a refused_results row for a result the
@@ -46,7 +50,8 @@ for i = 5, #ARGV, 2 do
   local member, player = ARGV[i], ARGV[i + 1]
   local ok = 1
   if not applied[member] and redis.call('SISMEMBER', KEYS[2], member) == 0
-      and redis.call('SISMEMBER', KEYS[4], member) == 0 then
+      and redis.call('SISMEMBER', KEYS[4], member) == 0
+      and (not KEYS[6] or redis.call('SISMEMBER', KEYS[6], member) == 0) then
     if tonumber(redis.call('HGET', KEYS[3], player) or '0') >= limit then
       ok = 0
     else
