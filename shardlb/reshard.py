@@ -215,6 +215,9 @@ class Resharder:
         # the record and in every shard's fence (reshard_copy.FENCED).
         self.incarnation: str | None = None
         self.epoch: int | None = None
+        # When this process first knew of the reshard (time.monotonic): it recorded the start, or
+        # found it under way. The wait for the routers' caches is measured from there (``_copy``).
+        self.known: float | None = None
 
     # ---- the record ---------------------------------------------------------------------------
 
@@ -342,12 +345,13 @@ class Resharder:
                     "sharding": sharding.to_dict(),
                     "generation": now.generation + 1,
                     "from_shards": now.config.sharding.shards,
-                    "started_ms": int(time.time() * 1000),
+                    "started_ms": times.now_ms(),
                     "copied": [],
                 },
             }
 
         record = await self._update(begin)
+        self._knows()
         banded = f" and {len(bands)} bands" if bands else ""
         self.say(f"{self.board_id}: reshard to {shards} shards{banded} recorded")
         return record
@@ -361,6 +365,7 @@ class Resharder:
             _, record = await self.record()
             if not record.get("reshard"):
                 raise BoardConflict(f"board {self.board_id!r} has no reshard under way", "board")
+            self._knows()
             self.incarnation = _incarnation(record)
             record = await self._take()
             if record["reshard"].get("cancel") and record["reshard"]["state"] in STATES[:2]:
@@ -387,6 +392,12 @@ class Resharder:
             took = time.monotonic() - began
             self.say(f"{self.board_id}: {record.get('reshard', {}).get('state', 'done')} after {took:.1f} s")
             return await self.status()
+
+    def _knows(self) -> float:
+        """When this process first knew of the reshard (now, if this is the first time)."""
+        if self.known is None:
+            self.known = time.monotonic()
+        return self.known
 
     async def _gone(self) -> bool:
         """Whether the board this mover took the reshard of is deleted (or being deleted): the
@@ -523,8 +534,12 @@ class Resharder:
             if left <= QUIET:
                 break
         # Routers that fetched the record before the reshard began may hold it this long; they must
-        # all know the layout is moving (and check their reads) before any write is refused.
-        wait = record["reshard"]["started_ms"] / 1000 + self.cache_s + 1.0 - time.time()
+        # all know the layout is moving (and check their reads) before any write is refused. Measured
+        # on this process's monotonic clock from when it first knew of the reshard (the record was
+        # there by then): until 2026-12-05 from the record's `started_ms` by the wall clock, so a
+        # clock stepped ahead since, or a mover resuming on a host ahead of the starter's, sealed at
+        # once. A mover that resumes a reshard begun long ago waits once more than it had to.
+        wait = self._knows() + self.cache_s + 1.0 - time.monotonic()
         if wait > 0:
             self.say(f"{self.board_id}: waiting {wait:.1f} s for every router to know of the reshard")
             await asyncio.sleep(wait)

@@ -6,6 +6,7 @@ suite's cluster. docs/design-notes.md, "Clocks", lists the assumptions these tes
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 
 import pytest
@@ -14,7 +15,8 @@ from shardlb import keys, moderation, times
 from shardlb.board import Score
 from shardlb.config import BoardConfig
 from shardlb.errors import BoardNotFound
-from shardlb.store import BoardStore
+from shardlb.reshard import Resharder
+from shardlb.store import CACHE_SECONDS, BoardStore
 
 pytestmark = pytest.mark.cluster
 
@@ -96,6 +98,32 @@ async def test_a_retry_through_a_router_behind_is_not_counted_again_per_minute(
         assert await post(Score("p1", 7, "m1", achieved), behind + 1) == ["unchanged"]
         assert await post(Score("p1", 9, "m2", achieved), behind + 2) == ["rate_limit"]  # at the limit
         assert [(e.player_id, e.points) for e in await board.top(5)] == [("p1", 7)]
+    finally:
+        monkeypatch.undo()
+        await store.delete(config.id)
+
+
+async def test_a_mover_whose_clock_steps_ahead_still_waits_for_the_routers_caches(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Routers keep a board's record up to CACHE_SECONDS: the mover seals the old shards only once
+    every router knows of the reshard (its reads then check the layout). It measured that wait from
+    the record's ``started_ms`` by the wall clock, so a clock stepped 30 s ahead meanwhile (NTP, or a
+    mover resuming on a host ahead of the one that started) sealed at once. The wait is now measured
+    on this process's monotonic clock, from when it first knew of the reshard."""
+    config = BoardConfig.from_dict("clock-reshard", {"durability": "memory", "sharding": {"shards": 2}})
+    await store.create(config)
+    said: list[str] = []
+    try:
+        mover = Resharder(store, config.id, say=said.append, cache_s=CACHE_SECONDS)
+        await mover.start(3)
+        wall, now_ms = time.time, times.now_ms
+        monkeypatch.setattr(time, "time", lambda: wall() + SKEW_MS / 1000)  # the host's clock steps ahead
+        monkeypatch.setattr(times, "now_ms", lambda: now_ms() + SKEW_MS)
+        status = await mover.run()
+        monkeypatch.undo()
+        assert status["state"] == "none" and status["shards"] == 3
+        assert [line for line in said if "for every router to know of the reshard" in line], said
     finally:
         monkeypatch.undo()
         await store.delete(config.id)
