@@ -11,12 +11,13 @@ from collections.abc import Callable
 
 import pytest
 
-from shardlb import keys, moderation, times
+from shardlb import keys, moderation, periods, times
 from shardlb.board import Score
 from shardlb.config import BoardConfig
 from shardlb.errors import BoardNotFound
 from shardlb.reshard import Resharder
 from shardlb.store import CACHE_SECONDS, BoardStore
+from tests.test_board_retries import _next_midnight
 
 pytestmark = pytest.mark.cluster
 
@@ -124,6 +125,38 @@ async def test_a_mover_whose_clock_steps_ahead_still_waits_for_the_routers_cache
         monkeypatch.undo()
         assert status["state"] == "none" and status["shards"] == 3
         assert [line for line in said if "for every router to know of the reshard" in line], said
+    finally:
+        monkeypatch.undo()
+        await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "incr", "set"])
+async def test_a_result_without_a_time_retried_across_midnight_through_routers_a_minute_apart(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Confirms an assumption (no defect): a result sent without ``achieved_at`` takes the writing
+    router's clock, so 15 s before midnight a router 30 s ahead files it in the new day. Its retry
+    through a router 30 s behind (still 45 s before midnight) lands there too, once (the pin), and
+    back through the router ahead is still one result."""
+    config = BoardConfig.from_dict(
+        f"clock-midnight-{mode}", {"mode": mode, "periods": ["daily"], "sharding": {"shards": 1}}
+    )
+    board, _ = await store.create(config)
+    at = clock(monkeypatch)
+    true = _next_midnight() - 15_000
+    try:
+        statuses = []
+        for router_ms in (true + SKEW_MS, true - SKEW_MS, true + SKEW_MS + 1):
+            at(router_ms)
+            statuses += [r.status for r in await board.submit([Score("p1", 10, "m1")])]
+        assert statuses[0] == "improved" and set(statuses[1:]) <= {"unchanged", "duplicate"}, statuses
+        before, after = (
+            board.resolve("daily:" + periods.names_at(t, config.periods, board.tz)[1][2:])
+            for t in (true - SKEW_MS, true + SKEW_MS)
+        )
+        assert before.period != after.period
+        assert [(e.player_id, e.points) for e in await board.top(5, after)] == [("p1", 10)]
+        assert await board.top(5, before) == []
     finally:
         monkeypatch.undo()
         await store.delete(config.id)
