@@ -555,7 +555,9 @@ async def test_the_boards_a_rebuild_all_swaps_in_wait_for_a_replica(
     async with own_archive(postgres_url) as url:
         a = await archiver(raw, store, url)
         try:
-            await board.submit([Score(f"p{i}", i, f"m{i}", now - 60_000) for i in range(1, 11)])
+            # dated 10 minutes back: not taken for results sent without a time (PIN_SLACK_MS), so the
+            # rebuild's first write that waits for a replica is the swap
+            await board.submit([Score(f"p{i}", i, f"m{i}", now - 600_000) for i in range(1, 11)])
             await drain(a)
             await raw.delete(keys.period_key(prefix, "total"))  # lost with Redis
             rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)

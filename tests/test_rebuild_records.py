@@ -85,3 +85,23 @@ def test_removals_of_the_window_come_back_in_every_mode() -> None:
             (f"{PREFIX}rmv", 2, expiry, "p1", units[0]),
             (f"{PREFIX}rmv", 2, expiry, "p2", units[1]),
         ]
+
+
+def test_a_pin_comes_back_for_a_router_whose_clock_is_30_s_off_redis() -> None:
+    """A result's arrival is its journal id's time, Redis's clock; its server time was the writing
+    router's. With a slack of 10 s, the results of a router 30 s ahead of Redis or 30 s behind got
+    no pin back after a loss of Redis, and a retry of one of them sent without a time then took its
+    own arrival as its time (across midnight, a second day's board). The slack covers a minute."""
+    now = 1_800_000_000_000
+    r = records("best", now)
+    units = (now - 5 * HOUR - r.codec.epoch_ms) // 1000
+    at = r.codec.units_to_ms(units)
+    r.add(at - 30_000, "ahead", "p1", units)  # the router's clock 30 s ahead of Redis's
+    r.add(at + 30_000, "behind", "p2", units)  # and 30 s behind
+    k = at // HOUR
+    start = k - k % PIN_SPAN
+    expiry = (start + PIN_SPAN) * HOUR + 24 * HOUR
+    assert batch(r) == [
+        (f"{PREFIX}pin:{start}", 1, expiry, "ahead\x00p1", units),
+        (f"{PREFIX}pin:{start}", 1, expiry, "behind\x00p2", units),
+    ]
