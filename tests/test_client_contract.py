@@ -6,6 +6,7 @@ caller; a 408 (the request never reached the app) is sent again."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -17,6 +18,7 @@ import orjson
 import pytest
 
 from shardlb.client import (
+    ApiError,
     AsyncClient,
     Backoff,
     InvalidRequest,
@@ -528,3 +530,54 @@ async def test_a_cancelled_callers_result_that_fails_is_logged(caplog: pytest.Lo
     logged = [r for r in caplog.records if r.name == "shardlb.client"]
     assert len(logged) == 1 and "alice" in logged[0].getMessage() and "match-77" in logged[0].getMessage()
     assert "board_closed" in logged[0].getMessage()
+
+
+class _SplitServer:
+    """A router of a small body cap (413 past ``cap`` scores) that refuses any request naming
+    ``refused`` with ``status``/``code`` (422 naming that score's field), and applies the rest,
+    counting how many times each result was sent in a request it answered 200."""
+
+    def __init__(self, cap: int, refused: str, status: int, code: str) -> None:
+        self.cap, self.refused, self.status, self.code = cap, refused, status, code
+        self.applied: Counter[str] = Counter()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        scores = orjson.loads(request.content)["scores"]
+        if len(scores) > self.cap:
+            error = {"code": "body_too_large", "message": "too large", "field": None}
+            return httpx.Response(413, json={"error": error})
+        players = [s["player_id"] for s in scores]
+        if self.refused in players:
+            field = f"scores[{players.index(self.refused)}].points" if self.status == 422 else None
+            error = {"code": self.code, "message": "no", "field": field}
+            return httpx.Response(self.status, json={"error": error})
+        self.applied.update(players)
+        results = [{**s, "status": "improved"} for s in scores]
+        return httpx.Response(200, json={"results": results})
+
+
+@pytest.mark.parametrize("status,code", [(409, "board_closed"), (422, "out_of_range")])
+async def test_a_buffered_batch_split_by_a_413_answers_the_results_applied_before_a_refusal(
+    status: int, code: str
+) -> None:
+    """A batch the client split after a 413 (it keeps the smaller size since 2026-12-05) went as
+    several requests; when a later one was refused, every caller of the batch got the error, also
+    those whose results an earlier request had applied (the error's ``applied``): they were told
+    their results failed, and a refused value made the buffer send the applied ones again. Each
+    caller whose result was applied now gets its outcome, and no result is sent twice."""
+    server = _SplitServer(cap=2, refused="late", status=status, code=code)
+    transport = httpx.MockTransport(server)
+    client = AsyncClient("http://r.test", "k", format="json", backoff=FAST, transport=transport)
+    async with client, ScoreBuffer(client, max_scores=4, max_delay_ms=20) as buffer:
+        players = ["a", "b", "late", "d"]
+        done = await asyncio.gather(
+            *(buffer.post("b", MatchResult(p, 5, f"m-{p}")) for p in players), return_exceptions=True
+        )
+    assert [o.status for o in done[:2] if isinstance(o, ScoreOutcome)] == ["improved", "improved"], done
+    assert isinstance(done[2], ApiError) and done[2].status == status
+    if status == 422:  # the refused value fails its own caller only; the others are applied once
+        assert isinstance(done[3], ScoreOutcome)
+        assert server.applied == Counter({"a": 1, "b": 1, "d": 1})
+    else:  # the request that carried it was refused whole
+        assert isinstance(done[3], ApiError) and done[3].status == status
+        assert server.applied == Counter({"a": 1, "b": 1})

@@ -180,13 +180,21 @@ class ScoreBuffer:
                     raise TransportError(f"POST /v1/boards/{board}/scores: no answer (deadline passed)", 1)
                 try:
                     outcomes = await self.client.post_scores(board, [w.result for w in batch], deadline=left)
-                except ApiError as e:
-                    bad = _bad_index(e, len(batch))
-                    if bad is None:
+                except ClientError as e:
+                    # A batch the client split (past the size a 413 taught it) went as several
+                    # requests: those before the one that failed were applied, and their callers
+                    # get their outcomes, not the error, and are not sent again (until 2026-12-05
+                    # they got the error, or, after a refused value, were sent a second time).
+                    done = len(e.applied)
+                    for waiting, outcome in zip(batch[:done], e.applied, strict=True):
+                        _settle(waiting, outcome)
+                    batch = batch[done:]
+                    bad = _bad_index(e, done + len(batch)) if isinstance(e, ApiError) else None
+                    if not isinstance(e, ApiError) or bad is None or bad < done:
                         raise
                     # Nothing of a refused request was written: its caller gets the error, as if it
                     # had posted alone, and the others go again without it.
-                    _settle(batch.pop(bad), error=_as_single(e))
+                    _settle(batch.pop(bad - done), error=_as_single(e))
                     continue
                 for waiting, outcome in zip(batch, outcomes, strict=True):
                     _settle(waiting, outcome)
