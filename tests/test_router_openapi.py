@@ -134,3 +134,16 @@ def test_additions_to_api_md_are_marked() -> None:
         if value not in ("improved", "unchanged", "duplicate") and value not in status["description"]
     ]
     assert unmarked == [], unmarked
+
+
+def test_the_settlement_sections_statuses_name_the_archive_permits_refusals() -> None:
+    """router/README.md's settlement section lists its endpoints' statuses, but left out the two
+    refusals of 2026-12-05's archive permits (router/history.py): 503 ``overloaded`` for a write
+    key's settlement, awards and ack calls past the worker's permits and their queue, and 429
+    ``rate_limited`` for a third archive read (history, periods, a settled read) of one client
+    without a key. A game server reading the section saw only ``archive_behind`` and
+    ``archive_unavailable`` as the 503s to retry."""
+    readme = (ROOT / "router" / "README.md").read_text()
+    section = readme.split("## Additions: settlement and history", 1)[1].split("\n## ", 1)[0]
+    statuses = section.split("- Statuses:", 1)[1].split("\n- ", 1)[0]
+    assert "`overloaded`" in statuses and "`rate_limited`" in statuses, statuses
