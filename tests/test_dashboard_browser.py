@@ -299,6 +299,29 @@ async def test_removing_a_player_asks_first_and_says_why_it_cannot(
     await page.close()
 
 
+async def test_a_removal_without_an_answer_says_so(browser: Browser, server: Server, board: str) -> None:
+    """A removal whose request got no answer (the router restarting, the network cut) showed
+    "undefined undefined: Failed to fetch": the page read an HTTP status and code that a failed
+    fetch does not have. It now says there was no answer, and that the removal may have been made."""
+    page = await browser.new_page()
+    victim = "player-00009"
+    await open_player(page, server, board, victim)
+
+    async def cut(route: Route) -> None:
+        if route.request.method == "DELETE":
+            await route.abort("connectionreset")
+        else:
+            await route.continue_()
+
+    await page.route(f"**/v1/boards/{board}/players/{victim}*", cut)
+    await page.click("#remove")
+    await page.click("#confirm-yes")
+    error = page.locator("#player-error")
+    await expect(error).to_contain_text("no answer from the router")
+    assert "undefined" not in await error.inner_text()
+    await page.close()
+
+
 async def test_removing_a_player_is_audited_with_the_reason_given(
     browser: Browser, cluster: LocalCluster, postgres_url: str, board: str, tmp_path: Path
 ) -> None:

@@ -397,9 +397,12 @@ async function removePlayer() {
   } catch (error) {
     // 405 (or 404 "no such route"): a router from before the moderation endpoint.
     const missing = error instanceof ApiError && (error.status === 405 || (error.status === 404 && error.code === "not_found"));
+    // No answer at all (a failed fetch has no status): the router may have made the removal.
     $("player-error").textContent = missing
       ? "Removing players is not available on this router (it has no DELETE /v1/boards/{board}/players/{player})."
-      : `${error.status} ${error.code}: ${error.message}`;
+      : error instanceof ApiError
+        ? `${error.status} ${error.code}: ${error.message}`
+        : `no answer from the router (${error.message}): ${player} may have been removed; search again to see`;
   }
 }
 
