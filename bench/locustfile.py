@@ -50,6 +50,7 @@ import os
 import random
 import re
 import time
+import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable
@@ -60,6 +61,7 @@ import locust.runners
 import msgpack
 import orjson
 from locust import FastHttpUser, LoadTestShape, User, events, task
+from locust.exception import StopTest
 from locust.runners import WorkerRunner
 
 from bench import shapes
@@ -375,9 +377,17 @@ def warn_of_misspellings(environment: Any, **_: Any) -> None:
             logging.warning(warning)
 
 
+# How long the board's PUT is tried again while the router answers 429 or 503 (starting up, busy).
+CREATE_PATIENCE_S = 60.0
+
+
 @events.test_start.add_listener
 def create_board(environment: Any, **_: Any) -> None:
-    """With SHARDLB_ADMIN_KEY set, create the board once (on the master) before any user starts."""
+    """With SHARDLB_ADMIN_KEY set, create the board once (on the master) before any user starts.
+    A 429 or 503 is tried again (after its Retry-After, for CREATE_PATIENCE_S at most); any other
+    refusal stops the test with the router's answer. Until 2026-12-05 urlopen's error on a refusal
+    (a 409: a board of that id with other settings) was logged by Locust as an uncaught error in an
+    event handler, and the whole test ran against a board that was not the one asked for, or none."""
     if WRITE_HOST and not isinstance(environment.runner, WorkerRunner):
         logging.info("score posts go to %s, every other request to %s", WRITE_HOST, environment.host)
     admin = os.environ.get("SHARDLB_ADMIN_KEY")
@@ -390,6 +400,35 @@ def create_board(environment: Any, **_: Any) -> None:
         method="PUT",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {admin}"},
     )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        if response.status not in (200, 201):
-            raise RuntimeError(f"PUT {BASE} answered {response.status}")
+    deadline = time.monotonic() + CREATE_PATIENCE_S
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                response.read()
+                return
+        except urllib.error.HTTPError as e:
+            answer = e.read()[:500].decode(errors="replace")
+            wait = _retry_after(e.headers.get("retry-after"))
+            if e.code in (429, 503) and time.monotonic() + wait < deadline:
+                logging.warning("PUT %s answered %d, asking again in %.1f s: %s", BASE, e.code, wait, answer)
+                gevent.sleep(wait)
+                continue
+            _stop_test(environment, f"PUT {BASE} answered {e.code}: {answer}")
+        except OSError as e:  # no router there: refused, reset, timed out
+            _stop_test(environment, f"PUT {BASE} failed: {e}")
+        return
+
+
+def _retry_after(header: str | None) -> float:
+    """A Retry-After in seconds (1 when absent or not a number of seconds), at most 10."""
+    try:
+        return min(max(float(header or 1), 0.0), 10.0)
+    except ValueError:
+        return 1.0
+
+
+def _stop_test(environment: Any, reason: str) -> None:
+    """Stop the test before any user's request, exit code 1, saying ``reason``."""
+    environment.process_exit_code = 1
+    # Out of the runner's start, before it spawns a user: Locust logs it and stops.
+    raise StopTest(reason) from None

@@ -440,3 +440,60 @@ def test_the_documented_command_writes_to_the_router_of_make_run(tmp_path: Path)
     stats = {e.key: e for e in locust_csv.read_stats(tmp_path / "run_stats.csv")}
     posts = stats["POST /v1/boards/[board]/scores"]
     assert posts.requests > 0 and posts.failures == 0, done.stderr[-2000:]
+
+
+class Refusing(BaseHTTPRequestHandler):
+    """A router that refuses the board's PUT: with ``answers`` (status, code) in turn, then 201; a
+    write or read after it is counted in ``after``."""
+
+    protocol_version = "HTTP/1.1"
+    answers: ClassVar[list[tuple[int, str]]] = []
+    puts: ClassVar[int] = 0
+    after: ClassVar[int] = 0
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        type(self).puts += 1
+        if self.answers:
+            status, code = self.answers.pop(0)
+            body = {"error": {"code": code, "message": f"refused: {code}", "field": None}}
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("retry-after", "0")
+            body_bytes = json.dumps(body).encode()
+            self.send_header("content-length", str(len(body_bytes)))
+            self.end_headers()
+            self.wfile.write(body_bytes)
+            return
+        _send_json(self, 201, b"{}")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        type(self).after += 1
+        _send_json(self, 200, b'{"results": []}')
+
+    do_GET = do_POST
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_board_the_router_refuses_to_create_stops_the_test_and_says_why(tmp_path: Path) -> None:
+    """The board's PUT answered 409 (a board of that id with other settings): urlopen raised, Locust
+    logged it as an uncaught error in an event handler and ran the whole test against a board that
+    was not the one asked for (or none), its check of the status never reached. The test stops
+    now, with the router's error code, before any user's request."""
+    Refusing.answers, Refusing.puts, Refusing.after = [(409, "board_conflict")], 0, 0
+    done = _locust({"SHARDLB_ADMIN_KEY": "admin"}, ["-u", "2", "-r", "2", "-t", "3s"], tmp_path, Refusing)
+    assert done.returncode != 0, done.stderr[-2000:]
+    assert "409" in done.stderr and "board_conflict" in done.stderr, done.stderr[-2000:]
+    assert Refusing.after == 0
+
+
+def test_a_board_put_answered_503_is_tried_again(tmp_path: Path) -> None:
+    """A router starting up (503) or busy (429) is asked again, as its Retry-After says, before the
+    test gives up on the board."""
+    Refusing.answers, Refusing.puts, Refusing.after = [(503, "not_ready"), (429, "rate_limited")], 0, 0
+    done = _locust({"SHARDLB_ADMIN_KEY": "admin"}, ["-u", "2", "-r", "2", "-t", "2s"], tmp_path, Refusing)
+    assert Refusing.puts == 3, done.stderr[-2000:]
+    assert Refusing.after > 0, done.stderr[-2000:]
