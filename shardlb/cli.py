@@ -359,6 +359,14 @@ def reshard_board(args: argparse.Namespace) -> int:
         print(f"shardlb reshard: {e.message}", file=sys.stderr)
         return failed(e)
     print(json.dumps(status))
+    if action == "status" and status.get("mover") == "none":
+        print(
+            f"shardlb reshard: no process moves {args.board}'s reshard ({status.get('state')}): the "
+            "board stays in both layouts and its tracked changes grow with every write. A router "
+            "resumes it once its lease has been free for a lease (a journaled board's only with "
+            f"SHARDLB_POSTGRES_URL); else `shardlb reshard {args.board} --resume` or --cancel",
+            file=sys.stderr,
+        )
     return _unfinished("reshard", args.board, status) if action == "run" else 0
 
 

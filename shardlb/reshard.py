@@ -356,12 +356,15 @@ class Resharder:
         self.say(f"{self.board_id}: reshard to {shards} shards{banded} recorded")
         return record
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self, wait: bool = True) -> dict[str, Any]:
         """Take the reshard under way from wherever it is to its end. Returns the final status.
         A board deleted meanwhile (BoardNotFound) has both layouts' shards dropped again first: a
-        copy (or the marks) under way when the deletion dropped them may have written there since."""
+        copy (or the marks) under way when the deletion dropped them may have written there since.
+        The board's lease held by another process is waited for a lease (a mover that died lets
+        it run out); ``wait=False``: Busy at once (router/reshards.py: every router that finds a
+        reshard abandoned tries, one takes it)."""
         await self._reach_archive()
-        async with self._lease():
+        async with self._lease(None if wait else 0.0):
             _, record = await self.record()
             if not record.get("reshard"):
                 raise BoardConflict(f"board {self.board_id!r} has no reshard under way", "board")
@@ -474,6 +477,8 @@ class Resharder:
         for prefix in source.prefixes:
             pending.execute_command("SCARD", keys.changes_key(prefix))
             pending.execute_command("SCARD", keys.taken_key(prefix))
+        pending.execute_command("EXISTS", keys.lease_key(self.board_id))
+        *changes, leased = await pending.execute()
         copied = copied_shards(source)
         done = len(move.get("copied", [])) if move["state"] == "copying" else len(copied)
         elapsed = time.time() - move["started_ms"] / 1000
@@ -486,11 +491,14 @@ class Resharder:
             "from_shards": source.config.sharding.shards,
             "to_shards": target.config.sharding.shards,
             "shards_copied": done,
-            "changes_pending": sum(await pending.execute()),
+            "changes_pending": sum(changes),
             "elapsed_s": round(elapsed, 1),
             "eta_s": left,
             "cancel_requested": bool(move.get("cancel")),
             "writes_refused_ms": move.get("refused_ms"),
+            # "none": no process holds the board's lease, so nothing moves the reshard on; for
+            # longer than a lease, the reshard is abandoned (router/reshards.py resumes it).
+            "mover": "running" if leased else "none",
         }
 
     # ---- the steps ----------------------------------------------------------------------------
@@ -909,8 +917,8 @@ class Resharder:
             await self._cancel(record)
             raise Cancelled(f"the reshard of {self.board_id!r} was cancelled")
 
-    def _lease(self) -> Lease:
-        self.held = Lease(self.client, keys.lease_key(self.board_id), self.token)
+    def _lease(self, wait_s: float | None = None) -> Lease:
+        self.held = Lease(self.client, keys.lease_key(self.board_id), self.token, wait_s)
         return self.held
 
 
@@ -925,14 +933,15 @@ class Busy(BoardConflict):
 class Lease:
     """The mover's hold on a board, refreshed while it works: one mover at a time."""
 
-    def __init__(self, client: RedisCluster, key: str, token: str) -> None:
+    def __init__(self, client: RedisCluster, key: str, token: str, wait_s: float | None = None) -> None:
         self.client, self.key, self.token = client, key, token
+        self.wait_s = wait_s  # how long another's lease is waited for (None: a lease)
         self._task: asyncio.Task[None] | None = None
         self.lost = False  # another process holds it, or it ran out unrefreshed: the mover stops
 
     async def __aenter__(self) -> Lease:
         # A mover that died leaves its lease to run out: wait that long for it, not longer.
-        deadline = time.monotonic() + LEASE_MS / 1000 + 1.0
+        deadline = time.monotonic() + (LEASE_MS / 1000 + 1.0 if self.wait_s is None else self.wait_s)
         while not await self.client.eval(_LEASE, 1, self.key, self.token, LEASE_MS):
             if time.monotonic() > deadline:
                 raise Busy("another process is resharding this board", "board")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import subprocess
@@ -127,6 +128,29 @@ def test_a_reshard_left_half_done_is_not_a_success(
     monkeypatch.setattr(reshard, "command", done)
     assert main(["reshard", "b", "--shards", "4", "--redis", "redis://127.0.0.1:1"]) == 0
     assert main(["reshard", "b", "--status", "--redis", "redis://127.0.0.1:1"]) == 0
+
+
+def test_a_reshard_no_process_moves_says_so_in_its_status(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reshard whose mover died (a router restarted under it, a killed CLI) holds the board in both
+    layouts, its change sets growing with every write: the status says nobody moves it, and how to
+    resume or cancel it; one a mover holds says nothing more."""
+    from shardlb import reshard
+
+    status: dict[str, object] = {"board": "b", "shards": 4, "state": "copying", "mover": "none"}
+
+    async def found(*_: object) -> dict[str, object]:
+        return status
+
+    monkeypatch.setattr(reshard, "command", found)
+    assert main(["reshard", "b", "--status", "--redis", "redis://127.0.0.1:1"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["mover"] == "none"
+    assert "no process moves" in err and "--resume" in err and "--cancel" in err, err
+    status["mover"] = "running"
+    assert main(["reshard", "b", "--status", "--redis", "redis://127.0.0.1:1"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 UNREACHABLE = ["--redis", "redis://127.0.0.1:1", "--postgres", "postgresql://127.0.0.1:1/x"]
