@@ -9,8 +9,7 @@ the router keeps no history, so any number of dashboards cost it nothing between
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -19,18 +18,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from router import metrics, params, routes, scores
+from router import metrics, params, reshards, routes, scores
 from router.auth import Scope
 from router.media import read_object, render
 from router.service import Service
 from shardlb import keys, times
 from shardlb.board import band_skew
 from shardlb.config import MAX_SHARDS, check_id
-from shardlb.errors import BoardConflict, BoardNotFound, ClusterUnavailable, InvalidInput, field_name
+from shardlb.errors import BoardConflict, ClusterUnavailable, InvalidInput, field_name
 from shardlb.reads import View
-from shardlb.reshard import Cancelled, Resharder
-
-log = logging.getLogger("shardlb.router")
+from shardlb.reshard import Resharder
 
 # The operations a game's traffic is made of, by (method, route template) as the metrics label them
 # (board admin, moderation and these admin reads are neither).
@@ -214,9 +211,6 @@ async def traffic(request: Request) -> Response:
 
 RESHARD_FIELDS = frozenset({"shards", "bands", "resume"})
 RESHARD_BODY_BYTES = 16 * 1024  # 256 bands at most
-MOVER_TRIES = 5
-MOVER_PAUSE_S = 2.0
-_movers: dict[str, asyncio.Task[None]] = {}  # board id -> this process's mover (one at a time)
 
 
 async def reshard(request: Request) -> Response:
@@ -226,7 +220,7 @@ async def reshard(request: Request) -> Response:
     svc = _admin(request)
     params.checked(request.query_params.multi_items(), frozenset())
     board_id = check_id(request.path_params["board"], "board")
-    mover = Resharder(svc.boards.store, board_id, _said(board_id), svc.settings.postgres_url or None)
+    mover = Resharder(svc.boards.store, board_id, reshards.said(board_id), svc.settings.postgres_url or None)
     if request.method == "GET":
         return render(request, await mover.status())
     if request.method == "DELETE":
@@ -251,31 +245,8 @@ async def reshard(request: Request) -> Response:
         await mover.start(shards, bands)
     elif (await mover.status())["state"] == "none":
         raise BoardConflict(f"board {board_id!r} has no reshard under way", "board")
-    running = _movers.get(board_id)
-    if running is None or running.done():
-        _movers[board_id] = asyncio.create_task(_move(mover))
+    reshards.start(mover)
     return render(request, await mover.status(), 202)
-
-
-async def _move(mover: Resharder) -> None:
-    """Run the reshard; after a failure resume it a few times (each resume takes it from its
-    recorded state), then leave it recorded for a POST {"resume": true} or `shardlb reshard --resume`."""
-    for attempt in range(MOVER_TRIES):
-        try:
-            await mover.run()
-            return
-        except (Cancelled, BoardNotFound):
-            return
-        except Exception:
-            log.exception("reshard stopped", extra={"fields": {"board": mover.board_id, "try": attempt + 1}})
-            await asyncio.sleep(MOVER_PAUSE_S)
-
-
-def _said(board_id: str) -> Callable[[str], None]:
-    def say(line: str) -> None:
-        log.info(line, extra={"fields": {"board": board_id}})
-
-    return say
 
 
 ROUTES = [

@@ -100,6 +100,19 @@ JOURNAL_SECONDS = Gauge(
     "bound); the archivers' shardlb_archive_lag_seconds is the oldest over every journal.",
     multiprocess_mode="livemostrecent",
 )
+# Every worker reads the registry's reshards on its own (router/reshards.py), as the journals.
+RESHARDS_UNDER_WAY = Gauge(
+    "shardlb_reshards_under_way",
+    "Boards with a reshard recorded and not finished (moving, or abandoned).",
+    multiprocess_mode="livemostrecent",
+)
+RESHARDS_ABANDONED = Gauge(
+    "shardlb_reshards_abandoned",
+    "Reshards no mover has held the lease of for a lease or more: the board stays in both layouts and "
+    "its old shards' change sets grow with every write until a mover resumes it (a router that may "
+    "take it does) or it is cancelled.",
+    multiprocess_mode="livemostrecent",
+)
 GC_PAUSE = Histogram(
     "shardlb_gc_pause_seconds",
     "Time a worker stood still in a garbage collection, by generation (router/heap.py).",

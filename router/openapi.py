@@ -511,7 +511,7 @@ _SCHEMAS: dict[str, Any] = {
     "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
     "Ready": {
         "type": "object",
-        "required": ["status", "journal"],
+        "required": ["status", "journal", "reshards"],
         "properties": {
             "status": {"type": "string"},
             "journal": {
@@ -526,6 +526,17 @@ _SCHEMAS: dict[str, Any] = {
                     "bound": {"type": "integer", "minimum": 1},
                     "results": {"type": "integer", "minimum": 0},
                     "results_bound": {"type": "integer", "minimum": 1},
+                },
+            },
+            "reshards": {
+                "type": "object",
+                "description": "Addition (2026-12-05): the reshards under way, and the boards of those "
+                "abandoned (no mover has held the lease for a lease; at most 20 named), which a router "
+                "that may take them resumes",
+                "required": ["under_way", "abandoned"],
+                "properties": {
+                    "under_way": {"type": "integer", "minimum": 0},
+                    "abandoned": {"type": "array", "items": {"type": "string"}, "maxItems": 20},
                 },
             },
         },
@@ -1473,6 +1484,11 @@ _SCHEMAS.update(
                 "eta_s": {"type": ["number", "null"], "description": "estimated seconds left in the copy"},
                 "cancel_requested": {"type": "boolean"},
                 "writes_refused_ms": {"type": ["number", "null"], "description": "the cut-over's pause"},
+                "mover": {
+                    "enum": ["running", "none"],
+                    "description": "while one is under way, whether a process holds the board's lease "
+                    "(none for longer than a lease: abandoned, resumed by a router that may take it)",
+                },
                 "last": {
                     "type": ["object", "null"],
                     "description": "the last reshard done (state none): from_shards, to_shards, seconds, "

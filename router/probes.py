@@ -23,12 +23,14 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     """Ready when not draining, every primary answers, and all 16384 slots are served. The body
     also shows the journal nearest its bound, in results or entries not archived (it does not make
-    the router unready: writes to that board's full shards are refused on their own)."""
+    the router unready: writes to that board's full shards are refused on their own), and the
+    reshards under way and abandoned (router/reshards.py; nor do they)."""
     svc = service(request)
     problem = await svc.problem()
     if problem is not None:
         return error_response(request, ApiError(503, "not_ready", problem, retry_after=1))
-    return render(request, {"status": "ready", "journal": svc.journals.worst.body()})
+    body = {"status": "ready", "journal": svc.journals.worst.body(), "reshards": svc.reshards.body()}
+    return render(request, body)
 
 
 async def prometheus(request: Request) -> Response:

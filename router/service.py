@@ -34,6 +34,7 @@ from router.journals import JournalWatch
 from router.limiter import ReadLimits
 from router.media import entry_body
 from router.moderation import BanCache, Moderation, RefusalLog
+from router.reshards import ReshardWatch
 from router.settings import Settings
 from shardlb.board import Board
 from shardlb.connection import Scripts, connect, redacted
@@ -70,6 +71,7 @@ class Service:
     histograms: Histograms
     journals: JournalWatch
     moderation: Moderation
+    reshards: ReshardWatch
     # PostgreSQL connections that public reads (settled periods, player histories) may hold at once
     # in this worker: each opens one, so callers without a key must not open one each.
     archive_reads: Gate = field(default_factory=lambda: Gate(ARCHIVE_READ_LANES, what="archive reads"))
@@ -181,6 +183,7 @@ class Service:
                 settings.journal_max_results,
             ),
             moderation=Moderation(bans, RefusalLog(settings.postgres_url)),
+            reshards=ReshardWatch(store, registry, settings.postgres_url),
             archive_reads=archive_reads,
             archive_calls=archive_calls,
         )
@@ -190,6 +193,7 @@ class Service:
             asyncio.create_task(histograms.run()),
             asyncio.create_task(service.journals.run()),
             asyncio.create_task(bans.run()),
+            asyncio.create_task(service.reshards.run()),
             service.recording,
         ]
         return service
@@ -206,7 +210,7 @@ class Service:
         for task in self.deliveries.values():
             task.cancel()
         left = await self.coalescer.close(self.settings.drain_seconds)
-        self.journals.closed = self.moderation.bans.closed = True
+        self.journals.closed = self.moderation.bans.closed = self.reshards.closed = True
         # The refused results answered before the stop are written first (cut off at the drain's
         # end, as a delivery is): cancelled at once, the rows it held were lost.
         refusals = self.moderation.refusals

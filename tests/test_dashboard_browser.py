@@ -376,6 +376,7 @@ async def test_the_cluster_view_shows_nodes_shards_and_live_traffic(
     journal = api(server, "/readyz")["journal"]
     await expect(page.locator("#journal-bound")).to_have_text(str(journal["bound"]))
     await expect(page.locator("#journal-results-bound")).to_have_text(str(journal["results_bound"]))
+    await expect(page.locator("#reshards")).to_contain_text(" under way")
 
     await page.select_option("#shard-board", board)
     shard_map = api(server, f"/v1/admin/boards/{board}/shards")

@@ -478,6 +478,10 @@ async function loadNodes(mine) {
     $("journal-entries").textContent = String(journal.entries ?? "–");
     $("journal-seconds").textContent = String(journal.seconds ?? "–");
     $("journal-bound").textContent = String(journal.bound ?? "–");
+    // Abandoned: no mover for a lease (router/reshards.py); a router that may take it resumes it.
+    const moving = ready.reshards;
+    $("reshards").textContent = !moving ? "–" : `${moving.under_way} under way` +
+      (moving.abandoned.length ? ` · ABANDONED, no mover: ${moving.abandoned.join(", ")}` : "");
     stale(["nodes", "durability"], false);
     return true;
   } catch (error) {

@@ -1,0 +1,154 @@
+"""The reshards this router's process moves, and those nobody moves: seen, and resumed.
+
+A reshard's mover (shardlb/reshard.py) runs in the process that started it: `shardlb reshard`, or
+a router, whose admin endpoint runs it in the background (``start``). One that dies (its router
+restarted by a rolling deploy, a killed CLI) leaves the board in both layouts: every write adds a
+member to the old shards' change sets (``chg``, no expiry) beside the new layout's copy, until a
+mover comes back. Until 2026-12-05 nothing noticed.
+
+Every ``every_s`` each worker lists the reshards under way and looks at their leases (one EXISTS
+each), under the board registry's gate (router/budget.py counts its connections). One whose lease
+was free at every look for ``after_s`` (a lease: a live mover refreshes it every third of one) is
+abandoned: counted in /metrics, listed in /readyz, and resumed by this worker, if it may take it
+(a journaled board's archive moves with it: only with SHARDLB_POSTGRES_URL). Every router that
+finds it tries; the lease lets one mover run and the others give way at once
+(``Resharder.run(wait=False)``). A worker tries a board again at most every ``RETRY_S``: a mover
+that keeps failing (a replica out of sync, the archiver behind) is logged at each try, not every
+few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from router import metrics
+from router.gate import Gate
+from shardlb import keys
+from shardlb.board import Board
+from shardlb.errors import BoardNotFound
+from shardlb.fanout import batch
+from shardlb.outage import Outage
+from shardlb.reshard import LEASE_MS, Busy, Cancelled, Resharder
+from shardlb.store import BoardStore
+
+log = logging.getLogger("shardlb.router")
+
+MOVER_TRIES = 5
+MOVER_PAUSE_S = 2.0
+RETRY_S = 60.0  # how soon a worker resumes a board again that its last resume left unfinished
+LISTED = 20  # abandoned boards /readyz names at most
+_movers: dict[str, asyncio.Task[None]] = {}  # board id -> this process's mover (one at a time)
+
+
+def start(mover: Resharder, wait: bool = True) -> None:
+    """Run ``mover`` in the background of this process, unless it runs one of the board already.
+    ``wait``: for a lease another process holds (a resume asked for), else give way to it."""
+    running = _movers.get(mover.board_id)
+    if running is None or running.done():
+        _movers[mover.board_id] = asyncio.create_task(_move(mover, wait))
+
+
+async def _move(mover: Resharder, wait: bool) -> None:
+    """Run the reshard; after a failure resume it a few times (each resume takes it from its
+    recorded state), then leave it recorded for a POST {"resume": true}, `shardlb reshard
+    --resume` or a watch that finds it abandoned. Busy: a live mover elsewhere has it."""
+    for attempt in range(MOVER_TRIES):
+        try:
+            await mover.run(wait=wait)
+            return
+        except (Cancelled, BoardNotFound, Busy):
+            return
+        except Exception:
+            log.exception("reshard stopped", extra={"fields": {"board": mover.board_id, "try": attempt + 1}})
+            await asyncio.sleep(MOVER_PAUSE_S)
+
+
+def said(board_id: str) -> Callable[[str], None]:
+    """A mover's progress lines, logged with its board."""
+
+    def say(line: str) -> None:
+        log.info(line, extra={"fields": {"board": board_id}})
+
+    return say
+
+
+class ReshardWatch:
+    """Finds the reshards nobody moves (see the module docstring); ``check`` looks, ``resume``
+    starts a mover for those this worker may take."""
+
+    def __init__(
+        self,
+        store: BoardStore,
+        gate: Gate,
+        postgres_url: str = "",
+        every_s: float = 5.0,
+        after_s: float = LEASE_MS / 1000,
+    ) -> None:
+        self.store = store
+        self.gate = gate
+        self.postgres_url = postgres_url
+        self.every_s = every_s
+        self.after_s = after_s
+        self.free_since: dict[str, float] = {}  # board id -> when its lease was first seen free
+        self.under_way: dict[str, Board] = {}
+        self.abandoned: list[str] = []
+        self.tried: dict[str, float] = {}  # board id -> when this worker last resumed it
+        self.closed = False  # as JournalWatch.closed
+        self.outage = Outage(log, "reshards not read", "reshards read again")
+
+    async def check(self) -> list[str]:
+        """Look at every reshard's lease once; keep and return the abandoned ones."""
+        async with self.gate, metrics.redis_call("reshards"):
+            boards = [b for b in await self.store.boards() if b.also]  # ``also``: a reshard under way
+            leases = batch(self.store.client)
+            for board in boards:
+                leases.execute_command("EXISTS", keys.lease_key(board.config.id))
+            held = await leases.execute() if boards else []
+        now = time.monotonic()
+        free = [b.config.id for b, leased in zip(boards, held, strict=True) if not leased]
+        self.free_since = {board_id: self.free_since.get(board_id, now) for board_id in free}
+        self.under_way = {b.config.id: b for b in boards}
+        abandoned = sorted(b for b, since in self.free_since.items() if now - since >= self.after_s)
+        for board_id in set(abandoned) - set(self.abandoned):
+            log.warning("reshard abandoned: no mover holds its lease", extra={"fields": {"board": board_id}})
+        self.abandoned = abandoned
+        metrics.RESHARDS_UNDER_WAY.set(len(boards))
+        metrics.RESHARDS_ABANDONED.set(len(abandoned))
+        return abandoned
+
+    def resume(self) -> list[str]:
+        """Start a mover for each abandoned reshard this worker may take; return their boards."""
+        now = time.monotonic()
+        started = []
+        for board_id in self.abandoned:
+            journaled = self.under_way[board_id].config.durability == "journal"
+            if journaled and not self.postgres_url:
+                continue
+            if board_id in self.tried and now - self.tried[board_id] < RETRY_S:
+                continue
+            self.tried[board_id] = now
+            log.warning("resuming an abandoned reshard", extra={"fields": {"board": board_id}})
+            start(Resharder(self.store, board_id, said(board_id), self.postgres_url or None), wait=False)
+            started.append(board_id)
+        self.tried = {b: at for b, at in self.tried.items() if b in self.under_way}
+        return started
+
+    def body(self) -> dict[str, Any]:
+        """For /readyz: the reshards under way, and the boards of those abandoned (``LISTED``)."""
+        return {"under_way": len(self.under_way), "abandoned": self.abandoned[:LISTED]}
+
+    async def run(self) -> None:
+        while not self.closed:
+            try:
+                await self.check()
+                self.resume()
+            except Exception as e:  # the cluster is in trouble: /readyz says so on its own
+                self.outage.failed(e)
+            else:
+                self.outage.succeeded()
+            if not self.closed:
+                await asyncio.sleep(self.every_s)

@@ -1,0 +1,140 @@
+"""router/reshards.py: a reshard whose mover died (a router restarted under it, a killed
+`shardlb reshard`) is seen, and finished by a router that may take it.
+
+Until 2026-12-05 nothing noticed one: the board stayed in both layouts, and every write added a
+member to the old shards' change sets (``chg``, no expiry) until an operator resumed or cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from typing import Any
+
+import pytest
+
+from shardlb import keys, reshard, times
+from shardlb.board import Board, Score
+from shardlb.cluster import LocalCluster
+from shardlb.config import BoardConfig
+from shardlb.reshard import Busy, Resharder
+from shardlb.store import BoardStore
+from tests.router_support import running, service_of
+from tests.test_reshard import _kill_at, _mover
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+WAIT_S = 120.0  # the longest a test waits for a router to notice and finish a reshard
+
+
+async def make_board(store: BoardStore, shards: int, durability: str = "memory") -> Board:
+    board_id = f"rsa-{os.getpid()}-{random.randrange(10**9)}"
+    body = {"mode": "incr", "durability": durability, "sharding": {"strategy": "hash", "shards": shards}}
+    board, _ = await store.create(BoardConfig.from_dict(board_id, body))
+    return board
+
+
+async def changes_held(store: BoardStore, board: Board) -> tuple[int, list[int]]:
+    """The members of the old shards' change sets, and each set's expiry (PTTL: -1 none)."""
+    held, expiries = 0, []
+    for prefix in board.prefixes:
+        held += await store.client.scard(keys.changes_key(prefix))
+        expiries.append(await store.client.pttl(keys.changes_key(prefix)))
+    return held, expiries
+
+
+async def post(board: Board, count: int, tag: str) -> None:
+    now = times.now_ms()
+    for start in range(0, count, 100):
+        scores = [Score(f"p{i % 300}", 1, f"{tag}-{i}", now) for i in range(start, start + 100)]
+        await board.submit(scores, now)
+
+
+async def until(check: Any, what: str) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        found = await check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.5)
+
+
+async def test_a_killed_movers_reshard_is_resumed_by_a_router(
+    store: BoardStore, cluster: LocalCluster
+) -> None:
+    """A mover killed mid-copy leaves the board tracked: every write adds a member to a change set
+    that never expires, beside the new layout's copy, until a mover comes back. A router sees the
+    reshard abandoned once the lease has been free for a lease, and finishes it."""
+    board = await make_board(store, 3)
+    await post(board, 600, "before")
+    await _kill_at(_mover(cluster, board.config.id, "--shards", "5"), "copied shard 2/3")
+    assert (await Resharder(store, board.config.id).status())["state"] == "copying"
+    held, _ = await changes_held(store, board)
+    await post(board, 2000, "after")  # results of 2,000 matches: one member each
+    grown, expiries = await changes_held(store, board)
+    assert grown - held == 2000 and expiries == [-1, -1, -1]  # unbounded, until a mover comes
+
+    async def no_mover() -> bool:  # the killed mover's lease runs out
+        return (await Resharder(store, board.config.id).status())["mover"] == "none"
+
+    await until(no_mover, "the killed mover's lease never ran out")
+
+    async with running(cluster.url) as (app, _client):
+        watch = service_of(app).reshards
+        watch.every_s = 0.5
+
+        async def done() -> bool:
+            return (await Resharder(store, board.config.id).status())["state"] == "none"
+
+        await until(done, "no router finished the reshard")
+    fresh = await store.get(board.config.id)
+    assert fresh.config.sharding.shards == 5
+    assert sum([e.points for e in await fresh.top(300)]) == 2600  # every result, once
+    assert await changes_held(store, board) == (0, [-2, -2, -2])  # the old layout dropped
+    await store.delete(board.config.id)
+
+
+async def test_a_router_without_the_archive_reports_a_journaled_boards_reshard_and_leaves_it(
+    store: BoardStore, cluster: LocalCluster, postgres_url: str
+) -> None:
+    """A journaled board's reshard moves its archive: a router without SHARDLB_POSTGRES_URL must
+    not take it, but shows it abandoned (/readyz, /metrics, the reshard's status), so that an
+    operator (or a router with the archive) finishes or cancels it."""
+    board = await make_board(store, 2, durability="journal")
+    await Resharder(store, board.config.id, say=lambda _: None, postgres_url=postgres_url).start(3)
+    async with running(cluster.url) as (app, client):
+        watch = service_of(app).reshards
+        watch.after_s = 0.0  # no mover at this first look counts
+        await watch.check()
+        watch.resume()
+        ready = (await client.get("/readyz")).json()
+        assert board.config.id in ready["reshards"]["abandoned"], ready
+        assert ready["reshards"]["under_way"] >= 1, ready
+        text = (await client.get("/metrics")).text
+        assert "shardlb_reshards_abandoned " in text and "shardlb_reshards_abandoned 0.0" not in text, text
+        await asyncio.sleep(0.5)
+        status = await Resharder(store, board.config.id).status()
+        assert (status["state"], status["shards_copied"], status["mover"]) == ("copying", 0, "none"), status
+    await Resharder(store, board.config.id, say=lambda _: None, postgres_url=postgres_url).cancel()
+    await store.delete(board.config.id)
+
+
+async def test_a_resume_that_finds_a_live_mover_gives_way(store: BoardStore) -> None:
+    """Routers that see the same reshard abandoned all try: the lease lets one mover run, and the
+    others give way at once (``run(wait=False)``), where a resume asked by an operator waits a
+    lease for a mover that died."""
+    board = await make_board(store, 2)
+    mover = Resharder(store, board.config.id, say=lambda _: None)
+    await mover.start(3)
+    lease = reshard.Lease(store.client, keys.lease_key(board.config.id), "another")
+    await lease.__aenter__()
+    assert (await mover.status())["mover"] == "running"
+    with pytest.raises(Busy):
+        await Resharder(store, board.config.id, say=lambda _: None).run(wait=False)
+    await lease.__aexit__()
+    assert (await mover.status())["mover"] == "none"
+    await mover.cancel()
+    await store.delete(board.config.id)
