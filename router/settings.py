@@ -18,7 +18,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from router.budget import LANES, READ_PIPELINES, RESERVE, connections_needed
 from shardlb.board import JOURNAL_MAX_ENTRIES, JOURNAL_MAX_RESULTS
-from shardlb.connection import READ_FROM, has_password, parse_url
+from shardlb.connection import READ_FROM, has_password, parse_url, postgres_url_error
 from shardlb.errors import InvalidInput
 from shardlb.fanout import ACK_LEVELS
 from shardlb.settlement import webhook_url
@@ -296,7 +296,7 @@ def _postgres_url(url: str) -> None:
     try:
         parts = conninfo_to_dict(url)
     except psycopg.Error as e:
-        raise SettingsError("SHARDLB_POSTGRES_URL", f"{message} ({e})") from e
+        raise SettingsError("SHARDLB_POSTGRES_URL", f"{message} ({postgres_url_error(e, url)})") from e
     ports = str(parts.get("port", "")).split(",")
     if any(p and not (p.isdigit() and 0 < int(p) < 65536) for p in ports):
         raise SettingsError("SHARDLB_POSTGRES_URL", f"{message}: a port is 1 to 65535")

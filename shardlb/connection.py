@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import math
 import os
+import re
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
@@ -302,8 +303,37 @@ def postgres_url(text: str) -> str:
     try:
         conninfo_to_dict(text)
     except ProgrammingError as e:
-        raise argparse.ArgumentTypeError(f"not a PostgreSQL URL: {str(e).strip()}") from e
+        raise argparse.ArgumentTypeError(f"not a PostgreSQL URL: {postgres_url_error(e, text)}") from e
     return text
+
+
+_QUOTED = re.compile(r'"([^"]*)"')
+_KEYWORD_PASSWORD = re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'?|\S*)")
+
+
+def postgres_url_error(error: BaseException, url: str) -> str:
+    """libpq's reason for refusing ``url`` (a URL or a ``key=value`` string), without its password:
+    libpq quotes what it could not read, the whole URL or the password's own token, and the
+    message goes to stderr at start-up, a pod's or a cron job's log. Only the quoted parts are
+    searched, so a short password does not blank the words around them."""
+    text = str(error).strip()
+    if "://" in url:
+        userinfo, at, _ = url.partition("://")[2].rpartition("@")
+        raw = userinfo.partition(":")[2] if at else ""
+    else:
+        found = _KEYWORD_PASSWORD.search(url)
+        raw = found.group(1).strip("'") if found else ""
+    secrets = {s for s in (raw, unquote(raw)) if s}
+    if not secrets:
+        return text
+
+    def hidden(quoted: re.Match[str]) -> str:
+        part = quoted.group(1).replace(url, redacted(url))
+        for secret in secrets:
+            part = part.replace(secret, "***")
+        return f'"{part}"'
+
+    return _QUOTED.sub(hidden, text)
 
 
 def seconds(text: str) -> float:

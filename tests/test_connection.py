@@ -7,6 +7,7 @@ to every node it discovers from it, on the plain command path and on the per-nod
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -24,7 +25,7 @@ from shardlb import times
 from shardlb.board import Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
-from shardlb.connection import Scripts, connect, parse_url, raised_in_redis, redacted
+from shardlb.connection import Scripts, connect, parse_url, postgres_url, raised_in_redis, redacted
 from shardlb.errors import ClusterUnavailable, InvalidInput
 from shardlb.fanout import ScriptPipeline
 from shardlb.store import BoardStore
@@ -84,6 +85,24 @@ def test_bad_urls_do_not_echo_the_password(url: str) -> None:
     with pytest.raises(InvalidInput) as e:
         parse_url(url)
     assert "s3cret" not in e.value.message and e.value.field == "SHARDLB_REDIS_URL"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://shardlb:s3cret@[::1/shardlb",
+        "postgresql://shardlb:s3%zzcret@db/shardlb",
+        "postgresql://shardlb:s3cret@db/shardlb?x",
+    ],
+)
+def test_a_bad_postgres_url_is_a_usage_error_without_its_password(url: str) -> None:
+    """`--postgres` (or SHARDLB_POSTGRES_URL) of `shardlb archive` and the maintenance commands:
+    argparse prints the message to stderr, a pod's or a cron job's log; libpq quoted the URL in it,
+    or the password's token (until 2026-12-05)."""
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        postgres_url(url)
+    assert "s3" not in str(e.value) and "cret" not in str(e.value), str(e.value)
+    assert str(e.value).startswith("not a PostgreSQL URL: ")
 
 
 def test_credentials_come_once_before_the_first_node() -> None:

@@ -126,6 +126,24 @@ def test_a_bad_value_names_its_variable(variable: str, value: str) -> None:
     assert str(e.value).startswith(f"{variable}: ")
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("postgresql://shardlb:s3cret@[::1/shardlb", "IPv6 host"),  # libpq quotes the whole URL
+        ("postgresql://shardlb:s3%zzcret@db/shardlb", "percent-encoded"),  # and the password's token
+        ("postgres://shardlb:s3cret@db/shardlb?sslmode", "query parameter"),
+    ],
+)
+def test_a_bad_postgres_url_is_refused_without_its_password(url: str, reason: str) -> None:
+    """The message is printed at start-up, into the pod's log: libpq's reason stays, the password
+    not (until 2026-12-05 it was there, quoted by libpq)."""
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({**KEYED, "SHARDLB_POSTGRES_URL": url})
+    assert e.value.variable == "SHARDLB_POSTGRES_URL"
+    assert "s3" not in str(e.value) and "cret" not in str(e.value), str(e.value)
+    assert reason in str(e.value)  # libpq's, which says what to fix
+
+
 def test_no_keys_refuses_to_start_unless_insecure_dev() -> None:
     with pytest.raises(SettingsError) as e:
         Settings.from_env({})
