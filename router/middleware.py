@@ -3,7 +3,8 @@ the bound on requests at once, and the client's address behind a trusted proxy.
 
 Pure ASGI (no BaseHTTPMiddleware, which costs a large share of throughput). Every response carries
 ``X-Request-Id`` (the client's, when it sent a sane one); every error response is logged as one JSON
-line with that id; access lines for every request only when SHARDLB_ACCESS_LOG is on. A request to
+line with that id, a refused one (4xx, 503) at debug but for a line a minute (``RefusedLines``);
+access lines for every request only when SHARDLB_ACCESS_LOG is on. A request to
 the API (``/v1/``) past SHARDLB_MAX_REQUESTS in progress is answered 503 at once; probes and metrics
 always pass, so an overloaded router is not also restarted. When the peer is one of
 SHARDLB_TRUSTED_PROXIES, ``scope["client"]`` becomes the address it forwarded (router/limiter.py).
@@ -36,7 +37,7 @@ import re
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -54,6 +55,8 @@ _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 BODY_SLOTS_PER_CLIENT = 2
 # A log line keeps this much of a request's path: a 60 KB path must not make a 60 KB line.
 LOGGED_PATH_CHARS = 200
+# Refused requests (4xx, 503) are logged as one line this often at most per worker (RefusedLines).
+REFUSALS_LOG_EVERY_S = 60.0
 # The methods the latency histogram names; llhttp parses 34, and a series for each of them on every
 # route would let anyone add thousands of series to a scrape: the rest are counted as "other".
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
@@ -284,13 +287,54 @@ class Observe:
             # cost a traceback each. One line names the cause; the metrics count them.
             if failure is not None:
                 fields["cause"] = f"{type(failure).__name__}: {str(failure)[:300]}"
-            log.warning("request refused", extra={"fields": fields})
+            if self.access_log:
+                log.warning("request refused", extra={"fields": fields})
+            else:
+                _unavailable.refused(fields)
         elif failure is not None or status >= 500:
             log.error("request failed", exc_info=failure, extra={"fields": fields})
         elif status >= 400:
-            log.info("request refused", extra={"fields": fields})
+            if self.access_log:
+                log.info("request refused", extra={"fields": fields})
+            else:
+                _client_errors.refused(fields)
         else:
             log.info("request", extra={"fields": fields})
+
+
+class RefusedLines:
+    """The log lines of refused requests of one kind (4xx: the client's doing; 503: back-pressure
+    or cluster trouble), a line a minute at most at ``level``. Anybody may send tens of thousands
+    of requests a second that are refused, and as many during an outage: a line each (some 300
+    bytes) filled a disk and drowned every other line. The first refusal is logged at once; each
+    later one that comes a minute or more after the last line logged is logged with ``refused``
+    (the refusals since that line, this one included) and ``codes`` (them by error code, a bounded
+    set: the error table's). Each other refusal is a ``debug`` line (SHARDLB_LOG_LEVEL=debug shows
+    them all); shardlb_http_responses_total counts every one."""
+
+    def __init__(
+        self, level: int, every_s: float = REFUSALS_LOG_EVERY_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.level = level
+        self.every_s = every_s
+        self.clock = clock
+        self.logged_at: float | None = None
+        self.codes: dict[str, int] = {}
+
+    def refused(self, fields: dict[str, Any]) -> None:
+        code = str(fields.get("code") or fields["status"])
+        self.codes[code] = self.codes.get(code, 0) + 1
+        now = self.clock()
+        if self.logged_at is not None and now - self.logged_at < self.every_s:
+            log.debug("request refused", extra={"fields": fields})
+            return
+        codes, self.codes, self.logged_at = self.codes, {}, now
+        line = {**fields, "refused": sum(codes.values()), "codes": codes}
+        log.log(self.level, "request refused", extra={"fields": line})
+
+
+_client_errors = RefusedLines(logging.INFO)
+_unavailable = RefusedLines(logging.WARNING)
 
 
 def _less(counts: dict[str, int], key: str) -> None:
@@ -418,7 +462,7 @@ def log_refused(error: ApiError, request_id: str, method: str, path: str) -> Non
         "error": error.message,
         "field": error.field,
     }
-    log.info("request refused", extra={"fields": fields})
+    _client_errors.refused(fields)
 
 
 def _new_prefix() -> None:

@@ -233,6 +233,7 @@ async def test_an_exhausted_pool_answers_only_200_or_503(
         name = await tied_board(client)
     logger = logging.getLogger("shardlb")  # where the router's JSON handler is (router/logs.py)
     logger.addHandler(caplog.handler)
+    caplog.set_level(logging.DEBUG, logger="shardlb.router")  # a 503 is a line a minute at warning
     try:
         seen = await hammer_with_a_tiny_pool(cluster.url, name)
     finally:
@@ -242,5 +243,5 @@ async def test_an_exhausted_pool_answers_only_200_or_503(
     assert {status for _, status, _ in seen} <= {200, 503}, seen
     assert any(code == "cluster_unavailable" for _, _, code in seen), seen
     refused = [r for r in caplog.records if getattr(r, "fields", {}).get("status") == 503]
-    assert refused and all(r.levelname == "WARNING" and not r.exc_info for r in refused)
+    assert refused and all(r.levelname in ("WARNING", "DEBUG") and not r.exc_info for r in refused)
     assert all(getattr(r, "fields", {}).get("code") in ("cluster_unavailable", "overloaded") for r in refused)

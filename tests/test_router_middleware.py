@@ -4,6 +4,7 @@ nothing else answered."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,9 +13,10 @@ import msgpack
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from router import metrics
-from router.middleware import LOGGED_PATH_CHARS, Observe
+from router import metrics, middleware
+from router.middleware import LOGGED_PATH_CHARS, Observe, RefusedLines
 from shardlb.cluster import LocalCluster
+from shardlb.errors import ClusterUnavailable
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
 
 
@@ -118,9 +120,90 @@ async def test_a_long_path_is_cut_in_the_log_line(caplog: pytest.LogCaptureFixtu
     LOGGED_PATH_CHARS characters, as router/http.py logs a request it refuses itself."""
     path = "/v1/boards/" + "a" * 60_000
     transport = httpx.ASGITransport(app=Observe(_not_found))
-    with caplog.at_level("INFO", logger="shardlb.router"):
+    with caplog.at_level("DEBUG", logger="shardlb.router"):  # a line a minute at info (RefusedLines)
         async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
             assert (await client.get(path, headers={"X-Request-Id": "long-path"})).status_code == 404
     [line] = [r for r in caplog.records if getattr(r, "fields", {}).get("request_id") == "long-path"]
     assert line.fields["path"] == path[:LOGGED_PATH_CHARS]  # type: ignore[attr-defined]
     assert LOGGED_PATH_CHARS == 200
+
+
+async def _no_cluster(scope: Scope, receive: Receive, send: Send) -> None:
+    raise ClusterUnavailable("no cluster at redis://***@db:7000: Connection refused")
+
+
+def _logged(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "shardlb.router" and r.levelno == level]
+
+
+@pytest.mark.cluster
+async def test_client_errors_are_not_one_log_line_each(
+    cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anybody may send tens of thousands of requests a second that are refused (a path that is no
+    route, a board that does not exist, a wrong key, a body that is no JSON, a bad id): a line each
+    at the default level was some 10 MB of log a second per worker. They are counted
+    (shardlb_http_responses_total); the log holds one line of them a minute at most."""
+    async with running(cluster.url) as (_, client):
+        name = board_name()
+        assert (await client.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+        logger = logging.getLogger("shardlb")  # where the router's JSON handler is (router/logs.py)
+        logger.addHandler(caplog.handler)
+        try:
+            for i in range(60):
+                scores = f"/v1/boards/{name}/scores"
+                answers = [
+                    await client.get(f"/v1/nothing/{i}"),
+                    await client.get(f"/v1/boards/no-{i}/top"),
+                    await client.get(f"/v1/boards/{name}/players/bad%20id"),
+                    await client.post(scores, headers={"Authorization": "Bearer x"}),
+                    await client.post(scores, content=b"{", headers=AS_WRITER),
+                ]
+                assert all(400 <= a.status_code < 500 for a in answers), answers
+        finally:
+            logger.removeHandler(caplog.handler)
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+    assert len([r for r in caplog.records if r.levelno >= logging.INFO]) <= 1, caplog.text
+
+
+async def test_503s_are_not_one_log_line_each(caplog: pytest.LogCaptureFixture) -> None:
+    """A cluster out of reach (or a worker past SHARDLB_MAX_REQUESTS) refuses every request: a
+    warning each was a line per request, as many a second as came in, while the outage lasted."""
+    transport = httpx.ASGITransport(app=Observe(_no_cluster))
+    with caplog.at_level("INFO", logger="shardlb.router"):
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            for _ in range(300):
+                assert (await client.get("/v1/boards/b/top")).status_code == 503
+    assert len(_logged(caplog, logging.WARNING)) <= 1
+
+
+async def test_refusals_are_logged_at_once_then_once_a_minute_with_their_counts(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first refusal is a line at once; the next line, a minute later, counts every refusal
+    since the one before by code; the others are debug lines. 503s have a line of their own: a
+    flood of 404s does not hide the start of an outage."""
+    now = [0.0]
+    monkeypatch.setattr(middleware, "_client_errors", RefusedLines(logging.INFO, clock=lambda: now[0]))
+    monkeypatch.setattr(middleware, "_unavailable", RefusedLines(logging.WARNING, clock=lambda: now[0]))
+    with caplog.at_level("DEBUG", logger="shardlb.router"):
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=Observe(_not_found)), base_url="http://router"
+        ) as client:
+            for second in range(100):
+                now[0] = float(second)
+                assert (await client.get(f"/v1/x/{second}")).status_code == 404
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=Observe(_no_cluster)), base_url="http://router"
+        ) as client:
+            assert (await client.get("/v1/boards/b/top")).status_code == 503
+    lines = [(r.levelno, r.fields) for r in caplog.records if r.name == "shardlb.router"]  # type: ignore[attr-defined]
+    assert len(lines) == 101  # each refusal once, at one level or the other
+    info = [fields for level, fields in lines if level == logging.INFO]
+    assert [(f["path"], f["refused"], f["codes"]) for f in info] == [
+        ("/v1/x/0", 1, {"404": 1}),
+        ("/v1/x/60", 60, {"404": 60}),  # 1 to 60
+    ]
+    [(level, fields)] = [(level, f) for level, f in lines if f["status"] == 503]
+    assert level == logging.WARNING and fields["code"] == "cluster_unavailable"
+    assert fields["refused"] == 1 and "Connection refused" in fields["cause"]
