@@ -1080,6 +1080,9 @@ def main(argv: list[str] | None = None) -> int:
     handler = logging.StreamHandler()
     handler.setFormatter(_PlainLines("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+    # httpx logs each request it sends at info, URL and all: one line per webhook delivery, holding
+    # the receiver's URL, whose path or query is often its credential. Its warnings still show.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="0.0.0.0")
 

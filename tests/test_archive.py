@@ -735,3 +735,45 @@ async def test_a_connection_whose_schema_check_is_cancelled_is_closed(postgres_u
                 break
             await asyncio.sleep(0.05)
         assert task.cancelled() and not left, f"backend still open: {left}"
+
+
+# `shardlb archive` as main() sets it up, its serve() replaced by one webhook POST (as the webhook
+# sweep sends them: httpx) to a receiver whose URL carries its token, and a line of the archiver's.
+WEBHOOK_POST = """
+import asyncio, http.server, logging, threading
+import httpx
+from shardlb import archive
+
+class Receiver(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+url = f"http://127.0.0.1:{server.server_address[1]}/hooks/T0/s3cret-token?key=s3cret-key"
+
+async def serve(*args, **kwargs):
+    async with httpx.AsyncClient() as http:
+        assert (await http.post(url, content=b"{}")).status_code == 200
+    logging.getLogger("shardlb.archive").info("webhook deliveries swept", extra={"fields": {"delivered": 1}})
+
+archive.serve = serve
+archive.main(["--redis", "redis://127.0.0.1:1", "--postgres", "postgresql://shardlb@127.0.0.1:1/x"])
+"""
+
+
+def test_the_archivers_log_holds_no_webhook_url() -> None:
+    """httpx logs every request it sends at info, URL and all, and `shardlb archive` logs at info
+    through the root logger: each webhook delivery was a line holding the receiver's URL, whose path
+    or query often is its credential (a token the receiver checks), one line per award."""
+    done = subprocess.run(
+        [sys.executable, "-c", WEBHOOK_POST], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "webhook deliveries swept delivered=1" in done.stderr, done.stderr
+    assert "s3cret" not in done.stderr, done.stderr
