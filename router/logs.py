@@ -1,5 +1,6 @@
 """One JSON object per log line on stderr, for every logger of a router process: the router's own
-``shardlb.router``, shardlb's library modules' and uvicorn's.
+``shardlb.router``, shardlb's library modules', uvicorn's and, at warning and above, every other
+library's (redis-py, asyncio).
 
 Structured fields travel in ``extra={"fields": {...}}`` and become keys of the line.
 """
@@ -58,4 +59,12 @@ def configure(level: str = "info") -> logging.Logger:
             logger.addHandler(handler)
         if name == "uvicorn.error" and not any(isinstance(f, _AnsweredBy400Line) for f in logger.filters):
             logger.addFilter(_AnsweredBy400Line())
+    # Every other library's lines (redis-py's, the event loop's, psycopg's) through the root logger,
+    # at warning and above: without a handler there they went out through Python's last resort, as
+    # plain text among the JSON lines. Their info lines stay out (httpx's, one per request it sends,
+    # name each webhook's URL, often its credential).
+    root = logging.getLogger()
+    root.setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
+    if not any(isinstance(h.formatter, JsonFormatter) for h in root.handlers):
+        root.addHandler(handler)
     return logging.getLogger(LOGGER)

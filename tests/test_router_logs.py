@@ -58,6 +58,36 @@ def test_the_level_holds_for_every_logger() -> None:
     assert [x["message"] for x in lines_at("warning")] == ["reshard lease not refreshed"]
 
 
+# The lines of libraries the router runs that log on their own: redis-py (a topology refresh that
+# failed while a node is down), the event loop (a task that failed unseen), httpx (each request it
+# sends, webhook deliveries included, at info, URL and all).
+OTHERS = """
+import logging, sys
+from router import logs
+
+logs.configure(sys.argv[1])
+logging.getLogger("redis.asyncio.cluster").error("Topology refresh failed, keeping the current one: x")
+logging.getLogger("asyncio").error("Task exception was never retrieved")
+logging.getLogger("httpx").info("HTTP Request: POST https://hooks.example/T0/s3cret-token")
+"""
+
+
+def test_the_lines_of_the_libraries_it_runs_are_json_too() -> None:
+    """redis-py's and the event loop's warnings and errors reached stderr through Python's last
+    resort handler, as plain text among the JSON lines (a log shipper parsing JSON dropped them,
+    or the whole stream). They are JSON lines now, at warning and above only: a library's info
+    chatter stays out (httpx's line per request names each webhook URL, often its credential)."""
+    done = subprocess.run(
+        [sys.executable, "-c", OTHERS, "info"], capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = [orjson.loads(line) for line in done.stderr.splitlines()]  # each line JSON, or this fails
+    assert [(x["logger"], x["level"]) for x in lines] == [
+        ("redis.asyncio.cluster", "error"),
+        ("asyncio", "error"),
+    ]
+    assert "s3cret" not in done.stderr
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_router_process_writes_only_json_lines(cluster: LocalCluster, tmp_path: Path, workers: int) -> None:
