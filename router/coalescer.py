@@ -19,7 +19,7 @@ router/budget.py); a group that cannot get a permit within ``wait_s`` fails its 
 rather than wait on. ``close`` refuses new scores and applies everything accepted, within a time
 bound (SIGTERM drain), and says what it left (``Drained``).
 
-A failed call fails its requests (each logs its own 503 line, router/logs.py) and is logged as an
+A failed call fails its requests (503s, a line a minute of them: router/middleware.py) and is logged as an
 outage of its primary (shardlb/outage.py): at its first failure, then once a minute at most with the
 count, and at the first call that works through it again, so a primary down costs a few lines
 rather than one per batch; another primary's outage has lines of its own.
