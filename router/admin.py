@@ -245,7 +245,7 @@ async def reshard(request: Request) -> Response:
         await mover.start(shards, bands)
     elif (await mover.status())["state"] == "none":
         raise BoardConflict(f"board {board_id!r} has no reshard under way", "board")
-    reshards.start(mover)
+    svc.reshards.start(mover)
     return render(request, await mover.status(), 202)
 
 

@@ -41,15 +41,6 @@ MOVER_TRIES = 5
 MOVER_PAUSE_S = 2.0
 RETRY_S = 60.0  # how soon a worker resumes a board again that its last resume left unfinished
 LISTED = 20  # abandoned boards /readyz names at most
-_movers: dict[str, asyncio.Task[None]] = {}  # board id -> this process's mover (one at a time)
-
-
-def start(mover: Resharder, wait: bool = True) -> None:
-    """Run ``mover`` in the background of this process, unless it runs one of the board already.
-    ``wait``: for a lease another process holds (a resume asked for), else give way to it."""
-    running = _movers.get(mover.board_id)
-    if running is None or running.done():
-        _movers[mover.board_id] = asyncio.create_task(_move(mover, wait))
 
 
 async def _move(mover: Resharder, wait: bool) -> None:
@@ -99,6 +90,27 @@ class ReshardWatch:
         self.tried: dict[str, float] = {}  # board id -> when this worker last resumed it
         self.closed = False  # as JournalWatch.closed
         self.outage = Outage(log, "reshards not read", "reshards read again")
+        # board id -> this router's mover (one a board): its admin endpoint's and the resumed ones.
+        # The router's own, not the process's: its stop cancels them (``stop``).
+        self.movers: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, mover: Resharder, wait: bool = True) -> None:
+        """Run ``mover`` in the background, unless this router runs one of the board already.
+        ``wait``: for a lease another process holds (a resume asked for), else give way to it."""
+        self.movers = {b: task for b, task in self.movers.items() if not task.done()}
+        if mover.board_id not in self.movers:
+            self.movers[mover.board_id] = asyncio.create_task(_move(mover, wait))
+
+    async def stop(self) -> None:
+        """Cancel this router's movers (as a killed process would lose them; their leases run out
+        and a router that runs on resumes the reshards, see the module docstring). Until
+        2026-12-05 they were the process's: a router's stop left them moving on the client it
+        closed, reconnecting connections nobody closed."""
+        self.closed = True
+        for task in self.movers.values():
+            task.cancel()
+        await asyncio.gather(*self.movers.values(), return_exceptions=True)
+        self.movers.clear()
 
     async def check(self) -> list[str]:
         """Look at every reshard's lease once; keep and return the abandoned ones."""
@@ -132,7 +144,7 @@ class ReshardWatch:
                 continue
             self.tried[board_id] = now
             log.warning("resuming an abandoned reshard", extra={"fields": {"board": board_id}})
-            start(Resharder(self.store, board_id, said(board_id), self.postgres_url or None), wait=False)
+            self.start(Resharder(self.store, board_id, said(board_id), self.postgres_url or None), wait=False)
             started.append(board_id)
         self.tried = {b: at for b, at in self.tried.items() if b in self.under_way}
         return started

@@ -223,6 +223,7 @@ class Service:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.reshards.stop()  # before the client closes: its movers use it
         await self._deliveries_ended(ends - time.monotonic())
         await self.client.aclose()
         await self.journals.raw.aclose()

@@ -138,3 +138,30 @@ async def test_a_resume_that_finds_a_live_mover_gives_way(store: BoardStore) -> 
     assert (await mover.status())["mover"] == "none"
     await mover.cancel()
     await store.delete(board.config.id)
+
+
+async def test_a_router_stopped_while_its_mover_runs_leaves_no_mover_running(
+    store: BoardStore, cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A router's movers (its admin endpoint's, those its watch resumed) were tasks of the process,
+    not of the router: its stop left them running on the client it had closed, reconnecting
+    connections nobody closed (a CI run of 2026-12-05: ResourceWarnings in a later test of the same
+    worker), and in a test process they moved boards for routers long stopped. The stop cancels
+    them now: the lease they held runs out, and another router resumes the reshard."""
+    monkeypatch.setenv("SHARDLB_RESHARD_PAUSE", "copied shard 1/3:30")  # mid-copy at the stop
+    board = await make_board(store, 3)
+    await post(board, 300, "before")
+    await Resharder(store, board.config.id, say=lambda _: None).start(5)
+    async with running(cluster.url) as (app, _client):
+        watch = service_of(app).reshards
+        watch.after_s, watch.every_s = 0.0, 0.2  # resumed at the watch's next look
+
+        async def holding() -> bool:
+            return (await Resharder(store, board.config.id).status())["mover"] == "running"
+
+        await until(holding, "the resumed mover never took the lease")
+        movers = list(watch.movers.values())
+    assert movers and all(task.done() for task in movers)
+    monkeypatch.delenv("SHARDLB_RESHARD_PAUSE")
+    await Resharder(store, board.config.id, say=lambda _: None).cancel()
+    await store.delete(board.config.id)
