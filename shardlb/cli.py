@@ -42,6 +42,10 @@ DELEGATED = {
         "copy the boards' journals into PostgreSQL until stopped (see `shardlb archive --help`)",
     ),
     "cleanup": ("shardlb.moderation", "remove inactive players once (see `shardlb cleanup --help`)"),
+    "prune": (
+        "shardlb.prune",
+        "remove the archived rows of boards deleted a grace ago (see `shardlb prune --help`)",
+    ),
     "plan": (
         "bench.plan",
         "recommend masters, shards and routers from the last bench (see `shardlb plan --help`)",

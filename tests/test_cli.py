@@ -95,7 +95,12 @@ def test_unreachable_servers_are_a_message_not_a_traceback(
 
 
 @pytest.mark.parametrize(
-    "command", [["archive", "--postgres", "postgresql://127.0.0.1:1/x"], ["cleanup", "b"]]
+    "command",
+    [
+        ["archive", "--postgres", "postgresql://127.0.0.1:1/x"],
+        ["cleanup", "b"],
+        ["prune", "--postgres", "postgresql://127.0.0.1:1/x"],
+    ],
 )
 def test_delegated_commands_fail_with_a_message_too(
     command: list[str], capsys: pytest.CaptureFixture[str]
@@ -168,9 +173,20 @@ DAY = ["b", "daily:2026-11-30"]
         ["reshard", "b", "--shards", "2", "--redis", "http://x"],
         ["bands", "b", "--count", "2", "--redis", "http://x"],
         ["cleanup", "b", "--redis", "http://x"],
+        ["prune", "--redis", "http://x", "--postgres", "postgresql://127.0.0.1:1/x"],
         ["cluster", "up", "--masters", "0", "--dir", "/nonexistent/shardlb"],
     ],
-    ids=["top-n", "rewards", "id", "rebuild-url", "reshard-url", "bands-url", "cleanup-url", "masters"],
+    ids=[
+        "top-n",
+        "rewards",
+        "id",
+        "rebuild-url",
+        "reshard-url",
+        "bands-url",
+        "cleanup-url",
+        "prune-url",
+        "masters",
+    ],
 )
 def test_a_bad_argument_exits_2_as_a_usage_error_does(
     argv: list[str], capsys: pytest.CaptureFixture[str]

@@ -1,0 +1,159 @@
+"""The archive's prune: the rows of board incarnations deleted longer ago than a grace, removed from
+PostgreSQL in bounded batches (`shardlb prune`; docs/design-notes.md, "What PostgreSQL keeps").
+
+Nothing else ever removes an archived result: the archiver only inserts, and every result of a live
+board stays needed for as long as the board lives (its total is rebuilt, reconciled and settled
+from all of them, and a player's history lists them). A deleted incarnation is read by nothing:
+`rebuild --all` skips it (``boards.deleted_at``), a rebuild, reconcile, settlement or history read
+needs the board in the registry, and a board created again under the id has another incarnation.
+So its rows of ``TABLES`` go; what stays:
+
+- its ``boards`` row, the mark that keeps `rebuild --all` from bringing it back;
+- its settlements, snapshots, awards, acks and webhook deliveries (a season archive run again
+  answers its stored result, the history of a board id lists the settlements of every
+  incarnation, and the deliveries are the record of what was paid);
+- ``moderation_audit`` and ``refused_results``, which name a board id, not an incarnation.
+
+An incarnation PostgreSQL holds deleted while the registry holds it (an incarnation drawn again
+for a board created again under the id: 32 random bits; or a mark set by hand) is a live board and
+is left alone. Each batch is one DELETE of at most ``batch`` rows in a transaction of its own: its
+row locks are on rows no insert touches (the archiver writes no deleted board's rows: a round that
+read entries before the board's deletion may commit them after it, which is what the grace is
+for, and what a later prune removes), and its transaction ends before the next, so neither the
+archiver's inserts nor a schema set-up's ALTER TABLE (shardlb/archive.py, ``ensure_schema``) wait
+long behind it. A call removes at most ``limit`` rows and says whether rows were left; it can be
+cut off anywhere and run again (each batch is committed or not at all; a row removed is never
+needed again)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+from typing import Any, NamedTuple
+
+import orjson
+import psycopg
+from redis.asyncio.cluster import RedisCluster
+
+from shardlb import keys
+from shardlb.archive import connect_db
+from shardlb.connection import connect, connection_arguments, seconds
+
+GRACE_S = 7 * 86_400.0  # how long after its deletion a board's rows are kept
+BATCH_ROWS = 10_000  # rows a DELETE removes, in a transaction of its own
+LIMIT_ROWS = 10_000_000  # rows a call removes at most
+# The archive's tables whose rows name one incarnation, and that nothing reads once it is deleted.
+TABLES = ("match_results", "match_holds", "player_removals", "removal_records")
+
+
+class Pruned(NamedTuple):
+    """What a call removed, by (board, incarnation) (only those it removed rows of), and whether it
+    left nothing to prune: False when it stopped at its ``limit``."""
+
+    rows: dict[tuple[str, str], int]
+    done: bool
+
+
+async def prunable(
+    db: psycopg.AsyncConnection[Any], client: RedisCluster, grace_s: float
+) -> list[tuple[str, str]]:
+    """The incarnations deleted ``grace_s`` seconds ago or more that the registry does not hold."""
+    cur = await db.execute(
+        "SELECT board, incarnation FROM boards WHERE deleted_at <= now() - make_interval(secs => %s) "
+        "ORDER BY deleted_at, board, incarnation",
+        (grace_s,),
+    )
+    out = []
+    for board, incarnation in await cur.fetchall():
+        record = await client.hget(keys.BOARDS, board)
+        if record is None or str(orjson.loads(record).get("incarnation", "0")) != incarnation:
+            out.append((board, incarnation))
+    return out
+
+
+async def prune(
+    db: psycopg.AsyncConnection[Any],
+    client: RedisCluster,
+    grace_s: float = GRACE_S,
+    batch: int = BATCH_ROWS,
+    limit: int = LIMIT_ROWS,
+) -> Pruned:
+    """Remove the rows of ``TABLES`` of every incarnation ``prunable`` names, at most ``batch`` a
+    transaction and ``limit`` in all (see the module docstring). ``db`` is in autocommit."""
+    removed: dict[tuple[str, str], int] = {}
+    left = limit
+    for ident in await prunable(db, client, grace_s):
+        for table in TABLES:
+            while left:
+                size = min(batch, left)
+                # The rows' physical addresses, read and deleted in one statement (a TID scan).
+                cur = await db.execute(
+                    f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
+                    "WHERE board = %s AND incarnation = %s LIMIT %s))",
+                    (*ident, size),
+                )
+                if cur.rowcount:
+                    removed[ident] = removed.get(ident, 0) + cur.rowcount
+                left -= cur.rowcount
+                if cur.rowcount < size:
+                    break
+            if not left:
+                return Pruned(removed, False)
+    return Pruned(removed, True)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a number of rows, 1 or more, got {text!r}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`shardlb prune`: remove from PostgreSQL the archived rows (results, holds, removals and their
+    records) of the boards deleted at least --grace seconds ago, --batch rows a transaction and at
+    most --limit rows. Exit status 0 when nothing is left to prune, 3 when --limit stopped it (run
+    it again), 2 for bad arguments. The boards' settlements, snapshots and awards, the moderation
+    audit and the refused results stay."""
+    parser = argparse.ArgumentParser(
+        prog="shardlb prune",
+        description=inspect.cleandoc(main.__doc__ or ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    connection_arguments(parser)
+    parser.add_argument(
+        "--grace",
+        type=seconds,
+        default=GRACE_S,
+        help=f"seconds after a board's deletion before its rows go (default {GRACE_S:.0f}: 7 days)",
+    )
+    parser.add_argument(
+        "--batch", type=_positive, default=BATCH_ROWS, help=f"rows a transaction (default {BATCH_ROWS:,})"
+    )
+    parser.add_argument(
+        "--limit", type=_positive, default=LIMIT_ROWS, help=f"rows at most in all (default {LIMIT_ROWS:,})"
+    )
+    args = parser.parse_args(argv)
+    if not args.postgres:
+        parser.error("give --postgres or SHARDLB_POSTGRES_URL")
+
+    async def run() -> Pruned:
+        client = connect(args.redis)
+        try:
+            db = await connect_db(args.postgres)  # the schema in place: a new database has no table yet
+            try:
+                return await prune(db, client, args.grace, args.batch, args.limit)
+            finally:
+                await db.close()
+        finally:
+            await client.aclose()
+
+    done = asyncio.run(run())
+    for (board, incarnation), rows in done.rows.items():
+        print(f"{board} (incarnation {incarnation}, deleted): {rows:,} rows removed")
+    print("nothing left to prune" if done.done else f"--limit {args.limit:,} reached: run it again")
+    return 0 if done.done else 3

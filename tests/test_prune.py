@@ -1,0 +1,275 @@
+"""The archive's prune (shardlb/prune.py) against the suite's cluster and a PostgreSQL database of
+each test's own: it removes the rows of board incarnations deleted longer ago than the grace, in
+bounded batches, and never a row that a live board's rebuild, reconcile, settlement or history reads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from shardlb import moderation, prune, times
+from shardlb.archive import Archiver, connect_db
+from shardlb.board import Board, Score
+from shardlb.cli import main
+from shardlb.connection import Scripts
+from shardlb.errors import BoardNotFound
+from shardlb.rebuild import Rebuilder
+from shardlb.reconcile import reconcile
+from shardlb.settlement import Request, Settler, archive_season, ensure_schema, period_bounds
+from shardlb.settlement_history import player_history
+from shardlb.store import BoardStore
+from tests.test_settlement import TABLE, awards_of, day_ago, expected_awards, new_board, written
+
+pytestmark = pytest.mark.cluster
+
+TABLES = ("match_results", "match_holds", "player_removals", "removal_records")
+
+
+@contextlib.asynccontextmanager
+async def own_db(postgres_url: str, name: str) -> AsyncIterator[str]:
+    """A database of the test's own, dropped after it: a prune there sees this test's boards only,
+    and removes no deleted board's rows that another module's test still looks at."""
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {name}")
+    try:
+        yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+async def archived(raw: Any, store: BoardStore, db: psycopg.AsyncConnection[Any]) -> None:
+    """Every journal drained, and the boards deleted since marked so (the archiver's refresh)."""
+    a = Archiver(raw, store, db, "prune-tests", claim_idle_s=0)
+    await a.refresh()
+    while await a.round():
+        pass
+    await a.refresh()
+
+
+async def rows_of(db: psycopg.AsyncConnection[Any], board: str, incarnation: str) -> dict[str, list[Any]]:
+    out = {}
+    for table in TABLES:
+        cur = await db.execute(
+            f"SELECT * FROM {table} WHERE board = %s AND incarnation = %s ORDER BY 1, 2, 3, 4, 5",
+            (board, incarnation),
+        )
+        out[table] = [tuple(row) for row in await cur.fetchall()]
+    return out
+
+
+async def late_retry(board: Board, ref: Any, period: str, seed: str) -> None:
+    """A result of the closed day sent again with more points after the close: the day keeps the
+    first (a row of ``match_holds``), the total takes the second."""
+    start, end = period_bounds(board, board.resolve(period).period)
+    first, again = (Score("p003", points, f"{seed}-late", start + 1000) for points in (1, 49))
+    for score, now in ((first, end - 1), (again, times.now_ms())):
+        await board.submit([score], now_ms=now)
+        ref.submit([score], now_ms=now)
+
+
+async def test_a_prune_removes_a_deleted_board_and_no_row_a_live_board_reads(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """The deleted board's results, holds, removals and records go, past the grace; its ``boards``
+    row stays (the mark `rebuild --all` reads); the live board's rows are the same, and its rebuild,
+    reconcile, settlement of a closed day and history read answer as before the prune."""
+    async with own_db(postgres_url, "prune_live") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        gone = await new_board(store, "prune-gone")
+        live = await new_board(store, "prune-live")
+        period = day_ago(2)
+        try:
+            await late_retry(gone, await written(gone, period, "gone"), period, "gone")
+            await moderation.remove(gone, ["p001"])
+            ref = await written(live, period, "live")
+            await late_retry(live, ref, period, "live")
+            await moderation.remove(live, ["p001"])
+            await archived(raw, store, db)
+            before = await rows_of(db, live.config.id, live.incarnation)
+            history = await player_history(db, live, "p002", 100)
+            assert all(before.values())  # results, a hold, a removal and its record
+            assert all((await rows_of(db, gone.config.id, gone.incarnation)).values())
+            await store.delete(gone.config.id)
+            await archived(raw, store, db)
+
+            report = await prune.prune(db, store.client, grace_s=0)
+
+            assert report.done and report.rows[(gone.config.id, gone.incarnation)] > 0
+            assert not any((await rows_of(db, gone.config.id, gone.incarnation)).values())
+            cur = await db.execute("SELECT deleted_at IS NOT NULL FROM boards WHERE board = 'prune-gone'")
+            assert await cur.fetchall() == [(True,)]
+            assert await rows_of(db, live.config.id, live.incarnation) == before
+            assert await player_history(db, live, "p002", 100) == history
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+            before_top = await live.top(1000)
+            await rebuilder.rebuild(live)
+            assert await live.top(1000) == before_top
+            assert not any(c.drift for c in await reconcile(rebuilder, live, "total"))
+            request = Request.of({"settlement_id": "prune-live-1", "rewards": TABLE, "top_n": 7})
+            result = await Settler(rebuilder).settle(live, period, request)
+            assert result["check"]["drifting"] == []
+            ref.remove("p001")
+            assert await awards_of(db, "prune-live-1") == expected_awards(ref, period, live)
+        finally:
+            await db.close()
+            for board in (gone, live):
+                with contextlib.suppress(BoardNotFound):
+                    await store.delete(board.config.id)
+
+
+async def test_a_prune_waits_for_the_grace_and_leaves_a_board_the_registry_holds(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A deletion younger than the grace is kept. An incarnation PostgreSQL holds deleted while the
+    registry holds it (an incarnation drawn again for a board created again under the id, or a mark
+    set by hand) is a live board: kept whatever its mark says, and it rebuilds whole."""
+    async with own_db(postgres_url, "prune_grace") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        gone = await new_board(store, "prune-grace-gone")
+        marked = await new_board(store, "prune-grace-marked")
+        try:
+            for board in (gone, marked):
+                await written(board, day_ago(2), board.config.id)
+            await archived(raw, store, db)
+            await store.delete(gone.config.id)
+            await archived(raw, store, db)
+            await db.execute(
+                "UPDATE boards SET deleted_at = now() - interval '2 hours' WHERE board IN (%s, %s)",
+                (gone.config.id, marked.config.id),
+            )
+            kept = {b.config.id: await rows_of(db, b.config.id, b.incarnation) for b in (gone, marked)}
+
+            report = await prune.prune(db, store.client, grace_s=3 * 3600)
+            assert report.rows == {} and report.done
+            assert kept[gone.config.id] == await rows_of(db, gone.config.id, gone.incarnation)
+
+            report = await prune.prune(db, store.client, grace_s=3600)
+            assert set(report.rows) == {(gone.config.id, gone.incarnation)} and report.done
+            assert await rows_of(db, marked.config.id, marked.incarnation) == kept[marked.config.id]
+            top = await marked.top(1000)
+            await Rebuilder(raw, Scripts.register(raw).rebuild, db).rebuild(marked)
+            assert await marked.top(1000) == top
+        finally:
+            await db.close()
+            for board in (gone, marked):
+                with contextlib.suppress(BoardNotFound):
+                    await store.delete(board.config.id)
+
+
+async def test_a_prune_is_bounded_per_call_and_converges_when_run_again(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """Each call removes at most ``limit`` rows, ``batch`` rows a transaction, and says whether rows
+    are left; called again it goes on where it stopped (a call cut off mid-way too), and a call after
+    the last removes nothing."""
+    async with own_db(postgres_url, "prune_bounded") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        gone = await new_board(store, "prune-bounded")
+        try:
+            await written(gone, day_ago(2), "bounded")
+            await moderation.remove(gone, ["p001", "p002"])
+            await archived(raw, store, db)
+            total = sum(map(len, (await rows_of(db, gone.config.id, gone.incarnation)).values()))
+            await store.delete(gone.config.id)
+            await archived(raw, store, db)
+
+            removed, calls = 0, 0
+            while True:
+                report = await prune.prune(db, store.client, grace_s=0, batch=7, limit=20)
+                calls += 1
+                got = sum(report.rows.values())
+                assert got <= 20
+                removed += got
+                left = sum(map(len, (await rows_of(db, gone.config.id, gone.incarnation)).values()))
+                assert removed + left == total
+                if report.done:
+                    break
+                assert got == 20
+            assert left == 0 and calls >= total // 20
+            again = await prune.prune(db, store.client, grace_s=0, batch=7, limit=20)
+            assert again.rows == {} and again.done
+        finally:
+            await db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(gone.config.id)
+
+
+async def test_a_board_created_again_and_a_season_archived_keep_what_they_read_after_a_prune(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """The old incarnation of an id created again is pruned, the new one settles and rebuilds from
+    its own rows; a season archived (settled, then deleted) is pruned, and its archive run again
+    answers its stored result, its snapshot and awards untouched."""
+    async with own_db(postgres_url, "prune_again") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        name = "prune-again"
+        old = await new_board(store, name)
+        season = await new_board(store, "prune-season")
+        period = day_ago(2)
+        try:
+            await written(old, period, "old")
+            await written(season, period, "season")
+            await archived(raw, store, db)
+            request = Request.of({"settlement_id": "prune-season-1", "rewards": TABLE})
+            first = await archive_season(cluster_url, url, season.config.id, request)
+            await store.delete(name)
+            again = await new_board(store, name)
+            ref = await written(again, period, "again")
+            await archived(raw, store, db)
+            awards = await awards_of(db, "prune-season-1")
+            assert awards
+
+            report = await prune.prune(db, store.client, grace_s=0)
+
+            assert set(report.rows) == {(name, old.incarnation), (season.config.id, season.incarnation)}
+            assert (await archive_season(cluster_url, url, season.config.id, request)) == first
+            assert await awards_of(db, "prune-season-1") == awards
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+            top = await again.top(1000)
+            await rebuilder.rebuild(again)
+            assert await again.top(1000) == top
+            result = await Settler(rebuilder).settle(
+                again, period, Request.of({"settlement_id": "prune-again-1", "rewards": TABLE})
+            )
+            assert result["check"]["drifting"] == []
+            assert await awards_of(db, "prune-again-1") == expected_awards(ref, period, again)
+        finally:
+            await db.close()
+            for board_id in (name, "prune-season"):
+                with contextlib.suppress(BoardNotFound):
+                    await store.delete(board_id)
+
+
+async def test_the_prune_command(store: BoardStore, raw: Any, postgres_url: str, cluster_url: str) -> None:
+    """`shardlb prune` prunes and says what; a bad --grace or --batch is a usage error (2)."""
+    async with own_db(postgres_url, "prune_command") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        gone = await new_board(store, "prune-command")
+        try:
+            await written(gone, day_ago(2), "command")
+            await archived(raw, store, db)
+            await store.delete(gone.config.id)
+            await archived(raw, store, db)
+            command = ["prune", "--redis", cluster_url, "--postgres", url, "--grace", "0"]
+            assert await asyncio.to_thread(main, command) == 0
+            assert not any((await rows_of(db, gone.config.id, gone.incarnation)).values())
+            for bad in (["--grace", "-1"], ["--batch", "0"], ["--limit", "0"]):
+                with pytest.raises(SystemExit) as e:
+                    main(["prune", "--redis", cluster_url, "--postgres", url, *bad])
+                assert e.value.code == 2
+        finally:
+            await db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(gone.config.id)
