@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install redis-server postgres wrk chromium screenshots run stop test lint format typecheck bench bench-scale bench-scaleout bench-load-steps bench-app bench-rebalance bench-dedup bench-lua bench-rebuild bench-settle bench-reshard chaos k8s-check clean
+.PHONY: help install redis-server postgres wrk chromium screenshots run stop test lint format typecheck bench bench-scale bench-scaleout bench-load-steps bench-app bench-rebalance bench-dedup bench-archive bench-lua bench-rebuild bench-settle bench-reshard chaos k8s-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -80,6 +80,9 @@ bench-rebalance: install redis-server ## ~1 min: a band board's drifted bands dr
 
 bench-dedup: install redis-server ## ~2 min: bytes per incr dedup record and the CPU of dedup buckets
 	$(BIN)/python -m bench.dedup
+
+bench-archive: install postgres ## ~1 min: PostgreSQL bytes per archived result (SHARDLB_ARCHIVE_RESULTS), for `shardlb plan`
+	$(BIN)/python -m bench.archive_size
 
 bench-app: install redis-server ## ~1 min: the router app's own CPU per score write, no HTTP server (AGAINST=<git rev> to compare)
 	$(BIN)/python -m bench.app_cost $(if $(AGAINST),--against $(AGAINST),)

@@ -10,7 +10,8 @@ The costs (CPU microseconds per write and per read on a Redis master and in the 
 player) come from bench/results/latest/summary.json, written by `make bench`, and the bytes per incr
 dedup record, the bytes per pin and the CPU of a dedup lookup from bench/results/latest/dedup.json,
 written by `make bench-dedup`, and a write script call's fixed part and each score's part of a
-master's CPU from bench/results/latest/load-steps.json, written by `make bench-load-steps`; without
+master's CPU from bench/results/latest/load-steps.json, written by `make bench-load-steps`; the
+PostgreSQL bytes per archived result are DEFAULTS' figure from `make bench-archive`; without
 them, the DEFAULTS below (from runs on the 2-core development
 machine) are used and the output says so. The model is deliberately simple and printed in full:
 every number can be checked by hand. With today's layout (``--masters-now``, ``--shards-now``) it
@@ -62,6 +63,10 @@ DEFAULTS: dict[str, float] = {
     # `make bench` (journal memory, 2026-12-01 07:03): a journal entry's own bytes and each result's.
     "bytes_per_journal_entry": 216.6,
     "bytes_per_journaled_result": 67.0,
+    # A row of the archive's match_results, its indexes included: `make bench-archive`
+    # (bench/archive_size.py, 1,000,000 results through the archiver's own upsert, UUID match ids,
+    # PostgreSQL 15, 2026-12-05). Nothing removes a row while its board lives (shardlb/prune.py).
+    "bytes_per_archived_result": 356.6,
     # A read's Redis cost on each node it touches: a fixed part per node (its round trip: the system
     # calls and the pipeline) and a part per shard the node holds. Split from the hot reads' "my rank"
     # on 3 and on 16 shards (bench/hot.py, 2026-12-01 21:37) and scaled to the mix's cost on 16 shards.
@@ -841,6 +846,7 @@ def render(
             f"  maxmemory            {_gib(p.data_bytes / p.masters + p.journal.bytes_per_master)} per "
             "master, policy noeviction (a full master refuses writes: 503 out_of_memory)",
             f"  journal bound        {_journal_line(p.journal, journal_max_entries, journal_max_results)}",
+            f"  PostgreSQL disk      {_archive_line(writes * journaled, costs)}",
             "",
             *steps,
             f"Costs: {source}",
@@ -986,6 +992,22 @@ def _request_line(costs: dict[str, float], scores_per_request: float | None) -> 
         f"router_us_per_request x (1/{scores_per_request:g} - 1/{c['router_scores_per_request']:g}) = "
         f"{router_write_us(c, scores_per_request):.1f} us (at least {MIN_ROUTER_US_PER_WRITE:g})"
     ]
+
+
+def archive_bytes_per_day(journaled_writes: float, costs: dict[str, float]) -> float:
+    """The bytes the archive's results grow by in a day of ``journaled_writes`` a second (each write
+    one result, each result one row of match_results with its indexes)."""
+    return journaled_writes * 86_400 * costs["bytes_per_archived_result"]
+
+
+def _archive_line(journaled_writes: float, costs: dict[str, float]) -> str:
+    if not journaled_writes:
+        return "none (no journaled board)"
+    return (
+        f"{_size(archive_bytes_per_day(journaled_writes, costs))} a day of archived results at these writes "
+        "all day (journaled writes/s x 86,400 x bytes_per_archived_result); kept as long as their board "
+        "lives, removed by `shardlb prune` once it is deleted"
+    )
 
 
 def _journal_line(j: Journal, max_entries: int, max_results: int = JOURNAL_MAX_RESULTS) -> str:

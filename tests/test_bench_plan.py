@@ -27,6 +27,7 @@ COSTS = {
     "redis_master_us_per_dedup_lookup": 0.5,
     "bytes_per_journal_entry": 200.0,
     "bytes_per_journaled_result": 70.0,
+    "bytes_per_archived_result": 350.0,
     "journal_calls_per_shard_s": 100.0,
     "redis_node_us_per_read": 100.0,
     "redis_shard_us_per_read": 20.0,
@@ -903,3 +904,22 @@ def test_the_steps_give_every_master_the_replicas_the_reads_need(
     out = capsys.readouterr().out
     assert "nothing to change" not in out
     assert f"  1. give every master {p.replicas} replicas" in out
+
+
+def test_main_prints_what_the_archive_grows_by_a_day(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator sizing PostgreSQL had no figure: every journaled result is a row of the archive
+    for as long as its board lives. The plan prints the disk a day of the journaled writes takes at
+    the measured bytes per archived result (1,000 writes/s x 86,400 s x 350 B = 28.2 GiB)."""
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    args = _main_args(tmp_path, 1000)
+    assert plan.main(args) == 0
+    out = capsys.readouterr().out
+    assert "PostgreSQL disk      28.2 GiB a day of archived results" in out
+    assert "bytes_per_archived_result = 350" in out
+    assert plan.main([*args, "--journaled", "0.5"]) == 0
+    assert "PostgreSQL disk      14.1 GiB a day of archived results" in capsys.readouterr().out
+    assert plan.main([*args, "--journaled", "0"]) == 0
+    assert "PostgreSQL disk      none (no journaled board)" in capsys.readouterr().out
+    assert plan.DEFAULTS["bytes_per_archived_result"] > 0  # a summary without it: the measured default
