@@ -43,8 +43,14 @@ from shardlb.connection import connect, connection_arguments, seconds
 GRACE_S = 7 * 86_400.0  # how long after its deletion a board's rows are kept
 BATCH_ROWS = 10_000  # rows a DELETE removes, in a transaction of its own
 LIMIT_ROWS = 10_000_000  # rows a call removes at most
-# The archive's tables whose rows name one incarnation, and that nothing reads once it is deleted.
-TABLES = ("match_results", "match_holds", "player_removals", "removal_records")
+# The archive's tables whose rows name one incarnation, and that nothing reads once it is deleted,
+# each with its primary key's third column (after board and incarnation): ``batch_statement``.
+TABLES = {
+    "match_results": "match_id",
+    "match_holds": "match_id",
+    "player_removals": "shard",
+    "removal_records": "shard",
+}
 
 
 class Pruned(NamedTuple):
@@ -87,12 +93,7 @@ async def prune(
         for table in TABLES:
             while left:
                 size = min(batch, left)
-                # The rows' physical addresses, read and deleted in one statement (a TID scan).
-                cur = await db.execute(
-                    f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
-                    "WHERE board = %s AND incarnation = %s LIMIT %s))",
-                    (*ident, size),
-                )
+                cur = await db.execute(batch_statement(table), (*ident, size))
                 if cur.rowcount:
                     removed[ident] = removed.get(ident, 0) + cur.rowcount
                 left -= cur.rowcount
@@ -101,6 +102,18 @@ async def prune(
             if not left:
                 return Pruned(removed, False)
     return Pruned(removed, True)
+
+
+def batch_statement(table: str) -> str:
+    """The DELETE of one batch of a board incarnation's rows of ``table`` (parameters: board,
+    incarnation, rows): their physical addresses, read and deleted in one statement (a TID scan).
+    Ordered by the primary key, so the planner reads its index: with ``LIMIT`` alone, statistics
+    taken before a prune removed the incarnation's rows (until autovacuum's next ANALYZE) had it
+    scan the whole table to find none (tests/test_prune.py)."""
+    return (
+        f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
+        f"WHERE board = %s AND incarnation = %s ORDER BY board, incarnation, {TABLES[table]} LIMIT %s))"
+    )
 
 
 def _positive(text: str) -> int:

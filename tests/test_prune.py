@@ -273,3 +273,33 @@ async def test_the_prune_command(store: BoardStore, raw: Any, postgres_url: str,
             await db.close()
             with contextlib.suppress(BoardNotFound):
                 await store.delete(gone.config.id)
+
+
+async def test_a_batch_reads_the_index_even_when_the_statistics_say_half_the_table_is_the_board(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A batch found its rows with ``LIMIT`` alone: on statistics that said the incarnation held many
+    rows (taken before a prune removed them, until autovacuum's next ANALYZE) the planner read the
+    table from its start to find them, and found none: every call then read all of match_results,
+    billions of live rows, once per deleted incarnation. Ordered by the primary key, the batch reads
+    the index (measured on 600,000 rows: a sequential scan of all of them before)."""
+    async with own_db(postgres_url, "prune_plan") as url:
+        db = await connect_db(url)
+        try:
+            rows = ", ".join(
+                f"('b', '{inc}', 'm{n}', 'p{n}', 1, 1, 1, 0, '1-0')"
+                for inc in ("gone", "live")
+                for n in range(20_000)
+            )
+            await db.execute(
+                "INSERT INTO match_results (board, incarnation, match_id, player_id, points, achieved_ms, "
+                f"score, shard, journal_id) VALUES {rows}"
+            )
+            await db.execute("ANALYZE match_results")
+            await db.execute("DELETE FROM match_results WHERE incarnation = 'gone'")  # statistics now stale
+            statement = prune.batch_statement("match_results").replace("%s", "{}")
+            cur = await db.execute("EXPLAIN " + statement.format("'b'", "'gone'", 100))
+            plan = "\n".join(row[0] for row in await cur.fetchall())
+            assert "Seq Scan" not in plan and "match_results_pkey" in plan, plan
+        finally:
+            await db.close()
