@@ -149,6 +149,27 @@ CREATE TABLE IF NOT EXISTS match_holds (
     journal_id text NOT NULL,
     PRIMARY KEY (board, incarnation, match_id, player_id, period, journal_id)
 );
+-- Per journal, the newest entry id archived in this database, written in the transaction of the
+-- rows: every entry a journal trimmed (acknowledged after its commit) is at or before it, unless
+-- this database lost commits (restored from a backup). See ``_GAPS``.
+CREATE TABLE IF NOT EXISTS journal_marks (
+    journal text PRIMARY KEY,
+    board text NOT NULL,
+    incarnation text NOT NULL,
+    archived_to text NOT NULL
+);
+-- Journals found to have trimmed entries this database does not hold: acknowledged results that
+-- Redis's board holds and a rebuild would drop (`rebuild._check_archive` refuses it until forced).
+CREATE TABLE IF NOT EXISTS archive_gaps (
+    journal text NOT NULL,
+    board text NOT NULL,
+    incarnation text NOT NULL,
+    shard integer NOT NULL,
+    archived_to text NOT NULL,
+    trimmed_to text NOT NULL,
+    found_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (journal, trimmed_to)
+);
 """
 
 _COLUMNS = "board, incarnation, match_id, player_id, points, achieved_ms, score, shard, journal_id, skipped"
@@ -209,6 +230,27 @@ _HOLD_EARLIER = (
     "WHERE (i.board, i.incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) AND m.skipped <> '{}' "
     f"AND NOT p = ANY(i.skipped) AND {_POSITION.format('i')} < {_POSITION.format('m')} ON CONFLICT DO NOTHING"
 )
+# A stream id as a comparable pair (``_POSITION`` for a column or expression that is the id itself).
+_ID = "(split_part({0}, '-', 1)::numeric, split_part({0}, '-', 2)::numeric)"
+# Before a journal's entries go in: when the journal has trimmed (``max-deleted-entry-id``, read
+# before this transaction) past the newest entry this database holds of it, entries it acknowledged
+# after a commit are not here: the database was restored from a backup taken before (or an entry
+# was acknowledged by hand). Recorded for good; a journal never marked (archived by a release of
+# before 2026-12-05 only, or never) is not judged.
+_GAPS = (
+    "INSERT INTO archive_gaps (journal, board, incarnation, shard, archived_to, trimmed_to) "
+    "SELECT j.journal, j.board, j.incarnation, j.shard, m.archived_to, j.trimmed "
+    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::text[]) "
+    "AS j(journal, board, incarnation, shard, trimmed) JOIN journal_marks m USING (journal) "
+    f"WHERE {_ID.format('j.trimmed')} > {_ID.format('m.archived_to')} "
+    "ON CONFLICT DO NOTHING RETURNING journal, board, archived_to, trimmed_to"
+)
+_MARK = (
+    "INSERT INTO journal_marks (journal, board, incarnation, archived_to) "
+    "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) "
+    "ON CONFLICT (journal) DO UPDATE SET archived_to = EXCLUDED.archived_to "
+    f"WHERE {_ID.format('EXCLUDED.archived_to')} > {_ID.format('journal_marks.archived_to')}"
+)
 # Which of one key's rows in a batch goes in: the same rule.
 _FIRST = {
     "best": f"score DESC, {_POSITION.format('incoming')} DESC",
@@ -223,6 +265,17 @@ class _Held(NamedTuple):
 
     entry: str
     tried: float
+
+
+class _Mark(NamedTuple):
+    """One journal of a batch: its newest entry there, and the newest id it had trimmed before."""
+
+    journal: str
+    board: str
+    incarnation: str
+    shard: int
+    newest: str
+    trimmed: str
 
 
 class _Unreadable(NamedTuple):
@@ -481,7 +534,8 @@ class Archiver:
                 (e.board, e.incarnation, e.shard, p, u, e.id, e.request or None, mark)
                 for (p, u), mark in zip(e.recorded, marks, strict=True)
             ]
-        await self._write(rows, removals, records)
+        cuts = await self._marks(batch)
+        await self._write(rows, removals, records, cuts)
         acked: dict[str, list[str]] = {}
         for _, key, entry in batch:
             acked.setdefault(key, []).extend((entry.id, str(entry.counted)))
@@ -580,7 +634,13 @@ class Archiver:
             await _sleep(stop, idle_s)
 
     async def _reconnect(self) -> None:
-        """A new connection when PostgreSQL closed ours (a restart, a failover, a proxy's timeout)."""
+        """A new connection when PostgreSQL closed ours (a restart, a failover, a proxy's timeout).
+
+        The boards recorded through the old one are recorded again at the next refresh (``INSERT
+        ... ON CONFLICT DO NOTHING``): the server now reached may be a restore from a backup taken
+        before some of them (or a failover to a standby that lagged), and `rebuild --all` restores
+        boards from its `boards`. Until 2026-12-05 a board recorded before the restore was not
+        recorded again while the archiver ran."""
         if not self.db.closed or self.db_url is None:
             return
         try:
@@ -588,6 +648,7 @@ class Archiver:
         except (psycopg.Error, OSError) as e:
             self.db_outage.failed(e)
         else:
+            self._known.clear()
             self.db_outage.succeeded()
 
     async def lag(self) -> dict[str, Lag]:
@@ -638,59 +699,127 @@ class Archiver:
             got = [e for e in got if _order(e.id) < _order(unreadable.id)]
         return got, unreadable
 
+    async def _marks(self, batch: Sequence[tuple[Board, str, Entry]]) -> list[_Mark]:
+        """Per journal of ``batch``: its newest entry there, and the newest id it has trimmed, read
+        now, before the transaction that compares it with this database's mark (``_GAPS``)."""
+        newest: dict[str, Entry] = {}
+        for _, key, e in batch:
+            if key not in newest or _order(e.id) > _order(newest[key].id):
+                newest[key] = e
+        gate = asyncio.Semaphore(JOURNALS_IN_FLIGHT)
+
+        async def trimmed(key: str) -> str:
+            async with gate:
+                try:
+                    info: dict[Any, Any] = await self.client.xinfo_stream(key)
+                except ResponseError:  # the journal went with its board: nothing to compare
+                    return "0-0"
+            got = {_text(k): v for k, v in info.items()}
+            return _text(got.get("max-deleted-entry-id") or "0-0")
+
+        found = await asyncio.gather(*(trimmed(key) for key in newest))
+        return [
+            _Mark(key, e.board, e.incarnation, e.shard, e.id, cut)
+            for (key, e), cut in zip(newest.items(), found, strict=True)
+        ]
+
     async def _write(
         self,
         rows: Sequence[tuple[Any, ...]],
         removals: Sequence[tuple[Any, ...]] = (),
         records: Sequence[tuple[Any, ...]] = (),
+        marks: Sequence[_Mark] = (),
     ) -> None:
+        gaps: list[tuple[Any, ...]] = []
         async with self.db.transaction(), self.db.cursor() as cur:
-            if records:  # removals' records (remove.lua's `rmv`), which a rebuild puts back
-                await cur.executemany(
-                    "INSERT INTO removal_records (board, incarnation, shard, player_id, units, journal_id, "
-                    "request, request_mark) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    records,
-                )
-            if removals:  # delete entries (shardlb/moderation.py): a rebuild drops the results before
-                # them, but in the periods the removal left whole (``kept``)
-                await cur.executemany(
-                    "INSERT INTO player_removals (board, incarnation, shard, player_id, journal_id, kept) "
-                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    removals,
-                )
-            if not rows:
-                return
-            await cur.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS incoming (LIKE match_results INCLUDING DEFAULTS) "
-                "ON COMMIT DELETE ROWS"
-            )
-            async with cur.copy(f"COPY incoming ({_COLUMNS}) FROM STDIN") as copy:
-                for row in rows:
-                    await copy.write_row(row[1:])
-            held = _holds(rows)
-            if held:
-                await cur.executemany(
-                    "INSERT INTO match_holds (board, incarnation, match_id, player_id, period, points, "
-                    "achieved_ms, score, shard, journal_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT DO NOTHING",
-                    held,
-                )
-            for mode, rule in _ON_CONFLICT.items():
-                boards = sorted({(r[1], r[2]) for r in rows if r[0] == mode})
-                if not boards:
-                    continue
-                if mode != "incr" and any(r[10] for r in rows if r[0] == mode):
-                    await cur.execute(_HOLD, ([b for b, _ in boards], [i for _, i in boards]))
-                if mode != "incr":  # rows that skip a period are few: the join finds them at once
-                    await cur.execute(_HOLD_EARLIER, ([b for b, _ in boards], [i for _, i in boards]))
+            if marks:
                 await cur.execute(
-                    f"INSERT INTO match_results ({_COLUMNS}) "
-                    f"SELECT DISTINCT ON (board, incarnation, match_id, player_id) {_COLUMNS} FROM incoming "
-                    "WHERE (board, incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
-                    f"ORDER BY board, incarnation, match_id, player_id, {_FIRST[mode]} "
-                    f"ON CONFLICT (board, incarnation, match_id, player_id) {rule}",
-                    ([b for b, _ in boards], [i for _, i in boards]),
+                    _GAPS,
+                    (
+                        [m.journal for m in marks],
+                        [m.board for m in marks],
+                        [m.incarnation for m in marks],
+                        [m.shard for m in marks],
+                        [m.trimmed for m in marks],
+                    ),
                 )
+                gaps = await cur.fetchall()
+                await cur.execute(
+                    _MARK,
+                    (
+                        [m.journal for m in marks],
+                        [m.board for m in marks],
+                        [m.incarnation for m in marks],
+                        [m.newest for m in marks],
+                    ),
+                )
+            await self._rows(cur, rows, removals, records)
+        for journal, board, archived_to, trimmed_to in gaps:  # committed: logged and counted once
+            GAPS.inc()
+            log.error(
+                "journal %s (board %s) trimmed entries up to %s, but this archive holds its entries up to "
+                "%s only: results acknowledged after a commit are missing from PostgreSQL (restored from "
+                "a backup?). Redis's board still holds them; rebuilds of the board are refused until "
+                "forced (docs/design-notes.md, \"PostgreSQL restored from a backup\")",
+                journal, board, trimmed_to, archived_to,
+                extra={"fields": {"journal": journal, "board": board, "archived_to": archived_to,
+                                  "trimmed_to": trimmed_to}},
+            )  # fmt: skip
+
+    async def _rows(
+        self,
+        cur: psycopg.AsyncCursor[Any],
+        rows: Sequence[tuple[Any, ...]],
+        removals: Sequence[tuple[Any, ...]],
+        records: Sequence[tuple[Any, ...]],
+    ) -> None:
+        """The entries' rows, inside ``_write``'s transaction."""
+        if records:  # removals' records (remove.lua's `rmv`), which a rebuild puts back
+            await cur.executemany(
+                "INSERT INTO removal_records (board, incarnation, shard, player_id, units, journal_id, "
+                "request, request_mark) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                records,
+            )
+        if removals:  # delete entries (shardlb/moderation.py): a rebuild drops the results before
+            # them, but in the periods the removal left whole (``kept``)
+            await cur.executemany(
+                "INSERT INTO player_removals (board, incarnation, shard, player_id, journal_id, kept) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                removals,
+            )
+        if not rows:
+            return
+        await cur.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS incoming (LIKE match_results INCLUDING DEFAULTS) "
+            "ON COMMIT DELETE ROWS"
+        )
+        async with cur.copy(f"COPY incoming ({_COLUMNS}) FROM STDIN") as copy:
+            for row in rows:
+                await copy.write_row(row[1:])
+        held = _holds(rows)
+        if held:
+            await cur.executemany(
+                "INSERT INTO match_holds (board, incarnation, match_id, player_id, period, points, "
+                "achieved_ms, score, shard, journal_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT DO NOTHING",
+                held,
+            )
+        for mode, rule in _ON_CONFLICT.items():
+            boards = sorted({(r[1], r[2]) for r in rows if r[0] == mode})
+            if not boards:
+                continue
+            if mode != "incr" and any(r[10] for r in rows if r[0] == mode):
+                await cur.execute(_HOLD, ([b for b, _ in boards], [i for _, i in boards]))
+            if mode != "incr":  # rows that skip a period are few: the join finds them at once
+                await cur.execute(_HOLD_EARLIER, ([b for b, _ in boards], [i for _, i in boards]))
+            await cur.execute(
+                f"INSERT INTO match_results ({_COLUMNS}) "
+                f"SELECT DISTINCT ON (board, incarnation, match_id, player_id) {_COLUMNS} FROM incoming "
+                "WHERE (board, incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+                f"ORDER BY board, incarnation, match_id, player_id, {_FIRST[mode]} "
+                f"ON CONFLICT (board, incarnation, match_id, player_id) {rule}",
+                ([b for b, _ in boards], [i for _, i in boards]),
+            )
 
     async def _trim(self, key: str, gate: asyncio.Semaphore) -> None:
         """Trim a journal that gave this round nothing (``IDLE_TRIM_EVERY_S``)."""
@@ -820,7 +949,15 @@ async def trim(client: RedisCluster, key: str) -> None:
     if pending["pending"]:
         oldest = _id(pending["min"])
         floor = min(floor, oldest, key=_order)
-    await client.xtrim(key, minid=floor, approximate=False)
+    # The newest entry to go is deleted on its own (XDEL), after the trim of those before it: XTRIM
+    # leaves the stream's max-deleted-entry-id as it was, XDEL sets it, and the archiver compares it
+    # with the newest entry PostgreSQL holds (``_GAPS``) to notice a database restored from a backup.
+    below: Any = await client.xrevrange(key, max=f"({floor}", min="-", count=1)
+    if not below:
+        return
+    newest = _id(below[0][0])
+    await client.xtrim(key, minid=newest, approximate=False)
+    await client.xdel(key, newest)
 
 
 def _id(value: Any) -> str:
@@ -874,6 +1011,10 @@ UNREADABLE = Counter(
 )
 HELD_JOURNALS = Gauge(
     "shardlb_archive_held_journals", "journals held at an entry PostgreSQL refused or that cannot be read"
+)
+GAPS = Counter(
+    "shardlb_archive_gaps_total",
+    "journals found to have trimmed entries the archive lacks (restored from a backup?), each once",
 )
 BAND_REPAIRS = Counter(
     "shardlb_band_repairs_total",

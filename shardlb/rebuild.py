@@ -405,6 +405,28 @@ class Rebuilder:
             reports += await self.rebuild_bands(board)
         return reports
 
+    async def _check_gaps(self, board: Board) -> None:
+        """BoardConflict when ``archive_gaps`` holds a gap of ``board`` and Redis holds players."""
+        cur = await self.db.execute("SELECT to_regclass('archive_gaps') IS NOT NULL")
+        table = await cur.fetchone()
+        if not (table and table[0]):  # an archive no archiver of 2026-12-05 or later wrote
+            return
+        cur = await self.db.execute(
+            "SELECT count(*), min(found_at) FROM archive_gaps WHERE board = %s AND incarnation = %s",
+            (board.config.id, board.incarnation),
+        )
+        row = await cur.fetchone()
+        if not row or not row[0] or not await board.size(board.resolve("total")):
+            return
+        raise BoardConflict(
+            f"this archive lacks results of board {board.config.id!r} (incarnation {board.incarnation}) "
+            f"that its journals acknowledged and trimmed ({row[0]} journal gaps in archive_gaps, the "
+            f"first found {row[1]:%Y-%m-%d %H:%M:%S %Z}: was PostgreSQL restored from a backup?). Redis's "
+            'board still holds them; rebuilding would drop them. See docs/design-notes.md, "PostgreSQL '
+            'restored from a backup" (force it: shardlb rebuild --force)',
+            "board",
+        )
+
     async def _check_archive(self, board: Board) -> None:
         """Refuse to rebuild from an archive that holds no result of ``board`` (its id and
         incarnation) when the board's journals say results were archived somewhere (entries were
@@ -413,7 +435,14 @@ class Rebuilder:
         wrong --postgres. The rebuild would replace every shard with the journal's tail alone, and
         every archived player would be gone. A journal never trimmed still holds every result: a
         rebuild from it alone is whole. The journals are read first: an entry trimmed by then was
-        committed before, so the archive read after it holds its rows if it is the board's."""
+        committed before, so the archive read after it holds its rows if it is the board's.
+
+        Refused too (since 2026-12-05) when the archiver found that the board's journals trimmed
+        entries this archive lacks (``archive_gaps``: a PostgreSQL restored from a backup older than
+        what the archiver had acknowledged): Redis's board holds those results and the archive never
+        will, so the rebuild would drop them (docs/design-notes.md, "PostgreSQL restored from a
+        backup"). Before, it dropped them and said done."""
+        await self._check_gaps(board)
         trimmed = 0
         for prefix in board.prefixes:
             try:

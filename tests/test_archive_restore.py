@@ -1,0 +1,151 @@
+"""PostgreSQL restored from a backup while Redis holds newer data (docs/design-notes.md, "PostgreSQL
+restored from a backup"): against the suite's cluster and databases of the test's own, the restore
+made with CREATE DATABASE ... TEMPLATE (the backup) and the archiver pointed at the copy."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from typing import Any
+
+import psycopg
+import pytest
+
+from shardlb import times
+from shardlb.archive import connect_db
+from shardlb.board import Score
+from shardlb.config import BoardConfig
+from shardlb.connection import Scripts
+from shardlb.errors import BoardConflict
+from shardlb.rebuild import Rebuilder
+from shardlb.store import BoardStore
+from tests.test_archive import archived
+from tests.test_board import sharding
+from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
+
+pytestmark = pytest.mark.cluster
+
+
+async def backup_of(url: str) -> str:
+    """A copy of the database at ``url`` as it is now (no connection to it may be open)."""
+    name = f"backup_{secrets.token_hex(4)}"
+    base, source = url.rsplit("/", 1)
+    async with await psycopg.AsyncConnection.connect(f"{base}/postgres", autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {source}")
+    return f"{base}/{name}"
+
+
+async def test_results_archived_after_the_backup_are_reported_and_not_dropped_by_a_rebuild(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """Results acknowledged and archived after the backup are trimmed from the journals: the
+    restored archive cannot get them back, but Redis's board still holds them. The archiver records
+    the gap at its first write to the restored database, and a rebuild (which would replace the
+    board with the archive's rows and drop them) is refused until forced. What the journals still
+    held at the restore (not yet archived) is archived into the restored database."""
+    config = BoardConfig.from_dict("restore-gap", {"sharding": sharding("hash", 2)})
+    board, _ = await store.create(config)
+    only = OnlyStore(store.client, store.scripts, {config.id})
+    now = times.now_ms()
+    async with own_archive(postgres_url) as live:
+        a = await archiver(raw, only, live)
+        try:
+            await board.submit([Score(f"a{i}", i, f"ma{i}", now) for i in range(10)])
+            await drain(a)
+            await a.db.close()
+            restored = await backup_of(live)  # the backup: taken here
+            a = await archiver(raw, only, live)
+            await board.submit([Score(f"b{i}", 100 + i, f"mb{i}", now) for i in range(10)])
+            await drain(a)  # archived into the live database, acknowledged and trimmed
+            await a.db.close()
+            await board.submit([Score(f"c{i}", 200 + i, f"mc{i}", now) for i in range(10)])
+            # PostgreSQL lost, restored from the backup: the archiver now writes there.
+            a = await archiver(raw, only, restored)
+            await drain(a)
+            rows = {s.player_id for s in await archived(restored, board)}
+            assert rows == {f"a{i}" for i in range(10)} | {f"c{i}" for i in range(10)}
+            assert await board.size(board.resolve("total")) == 30  # Redis holds the b results
+            async with await psycopg.AsyncConnection.connect(restored, autocommit=True) as db:
+                cur = await db.execute(
+                    "SELECT count(*) FROM archive_gaps WHERE board = %s AND incarnation = %s",
+                    (config.id, board.incarnation),
+                )
+                row = await cur.fetchone()
+                assert row is not None and row[0] >= 1
+                rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+                with pytest.raises(BoardConflict) as refused:
+                    await rebuilder.rebuild(board)
+                assert "archive_gaps" in refused.value.message
+                assert await board.size(board.resolve("total")) == 30
+                # Later writes archived into the restored database do not hide the gap.
+                await board.submit([Score("d1", 1, "md1", now)])
+                await drain(a)
+                with pytest.raises(BoardConflict):
+                    await rebuilder.rebuild(board)
+                await rebuilder.rebuild(board, force=True)  # the operator's choice: the archive wins
+                assert await board.size(board.resolve("total")) == 21
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_an_archive_that_lost_nothing_records_no_gap(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """The same rounds against one database that kept everything: no gap, and the rebuild runs."""
+    config = BoardConfig.from_dict("restore-nogap", {"sharding": sharding("hash", 2)})
+    board, _ = await store.create(config)
+    only = OnlyStore(store.client, store.scripts, {config.id})
+    now = times.now_ms()
+    async with own_archive(postgres_url) as live:
+        a = await archiver(raw, only, live)
+        try:
+            for n in range(3):
+                await board.submit([Score(f"p{n}{i}", i, f"m{n}{i}", now) for i in range(10)])
+                await drain(a)
+            await a.db.close()
+            a = await archiver(raw, only, live)  # an archiver started again: the marks are kept
+            await board.submit([Score("q", 1, "mq", now)])
+            await drain(a)
+            cur = await a.db.execute("SELECT count(*) FROM archive_gaps")
+            row = await cur.fetchone()
+            assert row is not None and row[0] == 0
+            await Rebuilder(raw, Scripts.register(raw).rebuild, a.db).rebuild(board)
+            assert await board.size(board.resolve("total")) == 31
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_an_archiver_reconnected_to_a_restored_database_records_the_boards_made_since(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A board created after the backup has no row in the restored `boards`, which `rebuild --all`
+    restores boards from. The running archiver, whose connection broke with the restore, knew the
+    board already and recorded nothing: after a later loss of Redis the board was not restored."""
+    config = BoardConfig.from_dict("restore-boards", {"sharding": sharding("hash", 2)})
+    only = OnlyStore(store.client, store.scripts, {config.id})
+    async with own_archive(postgres_url) as live:
+        a = await archiver(raw, only, live)
+        try:
+            await a.db.close()
+            restored = await backup_of(live)  # the backup: taken before the board
+            a.db = await connect_db(live)
+            board, _ = await store.create(config)
+            await a.refresh()
+            await a.db.close()  # PostgreSQL restored: the connection is gone, the URL now reaches the backup
+            a.db_url = restored
+            await a._reconnect()
+            await a.refresh()
+            cur = await a.db.execute(
+                "SELECT count(*) FROM boards WHERE board = %s AND incarnation = %s AND deleted_at IS NULL",
+                (config.id, board.incarnation),
+            )
+            row = await cur.fetchone()
+            assert row is not None and row[0] == 1
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
