@@ -679,6 +679,27 @@ class Board:
 
         return sum(await asyncio.gather(*(one(prefix) for prefix in self.prefixes)))
 
+    async def mark_paid(self, name: str, settlement_id: str) -> None:
+        """Record on every shard that period ``name`` (``total`` for a season) was paid by
+        ``settlement_id`` (keys.paid_key; freeze.lua's marker write: the first id stays)."""
+
+        async def one(prefix: str) -> None:
+            marker = [keys.index_key(prefix), keys.gone_key(prefix), keys.paid_key(prefix, name)]
+            try:
+                await self.scripts.freeze(keys=marker, args=[self._expiry(name), settlement_id])
+            except ResponseError as e:
+                raise self.gone(e) from e
+
+        await asyncio.gather(*(one(prefix) for prefix in self.prefixes))
+
+    async def paid(self, name: str) -> str | None:
+        """The settlement that paid period ``name``, as any shard recorded it (``mark_paid``)."""
+        pipe = batch(self.client)
+        for prefix in self.prefixes:
+            pipe.execute_command("GET", keys.paid_key(prefix, name))
+        found = [v for v in await pipe.execute() if v is not None]
+        return (found[0].decode() if isinstance(found[0], bytes) else str(found[0])) if found else None
+
     async def closed(self) -> bool:
         """Whether the board is closed (``close``) on any shard: it takes no results there."""
         return await self._marked("total", any)

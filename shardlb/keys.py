@@ -20,6 +20,7 @@ dedup buckets and its key index atomically:
     lb:bans / lb:bans:v                                       banned players (scope/player -> record), version
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:d:2026-11-30      set once that period is frozen (expires with it)
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:total             set once the board is closed (a season archive)
+    lb:{<tag>}:<board>:<inc>:<shard>:frozen:d:2026-11-30:paid the settlement that paid it (expires with it)
     lb:{<tag>}:<board>:<inc>:<shard>:mv / seal / chg / chgw   a reshard's marker, seal, changes, changes taken
     lb:{<tag>}:<board>:<inc>:<shard>:fence                    the epoch of the mover holding a reshard (a TTL)
     lb:reshard:<board>                                        the lease of the process resharding a board
@@ -255,6 +256,15 @@ def frozen_key(prefix: str, period: str) -> str:
     """The marker that ``period`` (``d:2026-11-30``) is frozen on this shard: write.lua applies
     nothing more to it. It lives in the shard's slot and expires with the period's key."""
     return f"{prefix}frozen:{period}"
+
+
+def paid_key(prefix: str, period: str) -> str:
+    """The record that ``period`` was settled and paid: the settlement's id, set once its awards
+    are committed in PostgreSQL, expiring with the period's key (the total's: never). A settlement
+    asked for again against an archive that lacks that settlement (restored from a backup taken
+    before it) is refused rather than paid twice (shardlb/settlement.py). Named under ``frozen:``
+    so a reshard copies it to every new shard as it does the freeze markers."""
+    return f"{prefix}frozen:{period}:paid"
 
 
 def ack_key(slot: int) -> str:

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 import httpx
 import orjson
 import psycopg
+from redis.exceptions import ResponseError
 
 from shardlb import archive, keys, moderation, periods, rebuild, settlement_rewards, times
 from shardlb.board import Board
@@ -315,8 +316,10 @@ class Settler:
                 await self.db.execute("SELECT pg_advisory_unlock(%s)", (lock,))
 
     async def _run(self, board: Board, name: str, request: Request, now: int) -> dict[str, Any]:
+        await self._not_lost(board, name)
         stored = await self._begin(board, name, request)
         if stored is not None:
+            await self._record_paid(board, name, request)  # a run killed before it, or of before
             return stored
         self.step("begin")
         await self._at_rest(board)
@@ -360,7 +363,29 @@ class Settler:
                 "period",
                 "settlement_mismatch",
             )
-        return await self._store(board, name, request, order, checks)
+        result = await self._store(board, name, request, order, checks)
+        # After the commit: a Redis record of the payment that outlives a restore of PostgreSQL
+        # (``_not_lost``). Failing here, the run is answered with the error; run again, it finds
+        # the stored result and records it then.
+        await self._record_paid(board, name, request)
+        return result
+
+    async def _record_paid(self, board: Board, name: str, request: Request) -> None:
+        """``Board.mark_paid``, after the payment's commit. A board deleted since (a season's
+        archive, or a deletion meanwhile) has nothing to record it on and no period to settle
+        again. A reshard's refusal is Resharding: the run again, after it, records it."""
+        try:
+            await board.mark_paid(name, request.settlement_id)
+        except BoardNotFound:
+            pass
+        except ResponseError as e:
+            if "BOARDMOVED" not in str(e):
+                raise
+            raise Resharding(
+                f"board {board.config.id!r} is being resharded: settlement {request.settlement_id!r} is "
+                "paid; run it again when the reshard ends to record it in Redis",
+                RESHARD_RETRY_S,
+            ) from e
 
     async def _at_rest(self, board: Board) -> None:
         """Refuse, for a retry, while the board is resharded or has been since ``board`` was read
@@ -379,6 +404,28 @@ class Settler:
                 "when the reshard finishes; settle it then (shardlb reshard --status)",
                 RESHARD_RETRY_S,
             ) from e
+
+    async def _not_lost(self, board: Board, name: str) -> None:
+        """Refuse (409 period_settled) a period Redis records as paid (``Board.mark_paid``) by a
+        settlement this archive does not hold as settled: PostgreSQL was restored from a backup
+        taken before it was paid. Its awards went out (webhooks, pages read); the run would pay
+        every winner again, under award ids the restored sequence hands out again (docs/
+        design-notes.md, "PostgreSQL restored from a backup"). Until 2026-12-05 it did."""
+        paid = await board.paid(name)
+        if paid is None:
+            return
+        cur = await self.db.execute(
+            "SELECT 1 FROM settlements WHERE settlement_id = %s AND state = 'settled'", (paid,)
+        )
+        if await cur.fetchone() is not None:
+            return
+        raise SettlementConflict(
+            f"period {periods.api_name(name)} of board {board.config.id!r} was paid by settlement "
+            f"{paid!r}, which this archive does not hold (PostgreSQL restored from a backup taken before "
+            'it?): not paid again. See docs/design-notes.md, "PostgreSQL restored from a backup"',
+            "settlement_id",
+            "period_settled",
+        )
 
     async def _begin(self, board: Board, name: str, request: Request) -> dict[str, Any] | None:
         """Step 1: the row, inserted or compared (``_compare``); the stored result when it is

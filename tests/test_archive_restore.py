@@ -16,12 +16,15 @@ from shardlb.archive import connect_db
 from shardlb.board import Score
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
-from shardlb.errors import BoardConflict
+from shardlb.errors import BoardConflict, SettlementConflict
 from shardlb.rebuild import Rebuilder
+from shardlb.settlement import Request, Settler
 from shardlb.store import BoardStore
 from tests.test_archive import archived
 from tests.test_board import sharding
 from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
+from tests.test_settlement import TABLE, day_ago, new_board, written
+from tests.test_settlement import drain as settle_drain
 
 pytestmark = pytest.mark.cluster
 
@@ -117,6 +120,46 @@ async def test_an_archive_that_lost_nothing_records_no_gap(
             await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
+
+
+@pytest.mark.parametrize("again", ["same-id", "new-id"])
+async def test_a_settlement_paid_after_the_backup_is_not_paid_again(
+    store: BoardStore, raw: Any, postgres_url: str, again: str
+) -> None:
+    """The settlement's rows are PostgreSQL's alone: restored to before it, the archive has no
+    settlement of the period, and the run asked again (the client never saw its answer) or under
+    another id paid every winner a second time, under award ids the restored sequence hands out again.
+    Redis keeps the payment's record beside the period's freeze (as long as the period's keys): the
+    run is refused (409 period_settled) and nothing is paid again."""
+    board = await new_board(store, f"restore-settle-{again}")
+    period = day_ago(2)
+    request = Request.of({"settlement_id": f"rs-{again}", "rewards": TABLE})
+    async with own_archive(postgres_url) as live:
+        try:
+            await written(board, period, f"rs/{again}")
+            await settle_drain(raw, OnlyStore(store.client, store.scripts, {board.config.id}), live)
+            restored = await backup_of(live)  # the backup: taken before the settlement
+            async with await psycopg.AsyncConnection.connect(live, autocommit=True) as db:
+                settler = Settler(Rebuilder(raw, Scripts.register(raw).rebuild, db))
+                first = await settler.settle(board, period, request)
+                assert first["awards"]["total"] > 0
+            async with await psycopg.AsyncConnection.connect(restored, autocommit=True) as db:
+                settler = Settler(Rebuilder(raw, Scripts.register(raw).rebuild, db))
+                other = Request.of({"settlement_id": "rs-x", "rewards": TABLE})
+                named = request if again == "same-id" else other
+                with pytest.raises(SettlementConflict) as refused:
+                    await settler.settle(board, period, named)
+                assert refused.value.code == "period_settled"
+                assert f"rs-{again}" in refused.value.message
+                cur = await db.execute("SELECT count(*) FROM settlement_awards")
+                row = await cur.fetchone()
+                assert row is not None and row[0] == 0
+                cur = await db.execute("SELECT count(*) FROM settlements")
+                row = await cur.fetchone()
+                assert row is not None and row[0] == 0
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board.config.id)
 
 
 async def test_an_archiver_reconnected_to_a_restored_database_records_the_boards_made_since(
