@@ -561,6 +561,14 @@ def reconcile_board(args: argparse.Namespace) -> int:
                     checks = await reconcile.reconcile(rebuilder, board, named)
                     print(f"period {named}, after the repair:\n{reconcile.table(checks)}")
                 found[period] = checks
+            # Drift the archive cannot mend: results Redis acknowledged that a PostgreSQL restored
+            # from a backup lacks (docs/design-notes.md, "PostgreSQL restored from a backup").
+            for shard, archived_to, trimmed_to, at in await rebuilder.gaps(board):
+                print(
+                    f"archive_gaps: shard {shard}'s journal trimmed entries up to {trimmed_to}, this archive "
+                    f"holds them up to {archived_to} only (found {at:%Y-%m-%d %H:%M:%S %Z}): PostgreSQL "
+                    "restored from a backup? a repair would drop them from Redis, and is refused"
+                )
             if args.metrics_file:
                 reconcile.write_metrics(args.metrics_file, board, found)
             return any(c.drift for checks in found.values() for c in checks)

@@ -405,25 +405,31 @@ class Rebuilder:
             reports += await self.rebuild_bands(board)
         return reports
 
-    async def _check_gaps(self, board: Board) -> None:
-        """BoardConflict when ``archive_gaps`` holds a gap of ``board`` and Redis holds players."""
+    async def gaps(self, board: Board) -> list[tuple[Any, ...]]:
+        """The gaps the archiver found in this archive for ``board`` (``archive_gaps``: journals
+        that trimmed entries it lacks), as (shard, archived_to, trimmed_to, found_at), by shard."""
         cur = await self.db.execute("SELECT to_regclass('archive_gaps') IS NOT NULL")
         table = await cur.fetchone()
         if not (table and table[0]):  # an archive no archiver of 2026-12-05 or later wrote
-            return
+            return []
         cur = await self.db.execute(
-            "SELECT count(*), min(found_at) FROM archive_gaps WHERE board = %s AND incarnation = %s",
+            "SELECT shard, archived_to, trimmed_to, found_at FROM archive_gaps "
+            "WHERE board = %s AND incarnation = %s ORDER BY shard, found_at",
             (board.config.id, board.incarnation),
         )
-        row = await cur.fetchone()
-        if not row or not row[0] or not await board.size(board.resolve("total")):
+        return list(await cur.fetchall())
+
+    async def _check_gaps(self, board: Board) -> None:
+        """BoardConflict when ``archive_gaps`` holds a gap of ``board`` and Redis holds players."""
+        found = await self.gaps(board)
+        if not found or not await board.size(board.resolve("total")):
             return
         raise BoardConflict(
             f"this archive lacks results of board {board.config.id!r} (incarnation {board.incarnation}) "
-            f"that its journals acknowledged and trimmed ({row[0]} journal gaps in archive_gaps, the "
-            f"first found {row[1]:%Y-%m-%d %H:%M:%S %Z}: was PostgreSQL restored from a backup?). Redis's "
-            'board still holds them; rebuilding would drop them. See docs/design-notes.md, "PostgreSQL '
-            'restored from a backup" (force it: shardlb rebuild --force)',
+            f"that its journals acknowledged and trimmed ({len(found)} journal gaps in archive_gaps, the "
+            f"first found {min(g[3] for g in found):%Y-%m-%d %H:%M:%S %Z}: was PostgreSQL restored from a "
+            "backup?). Redis's board still holds them; rebuilding would drop them. See docs/design-notes.md, "
+            '"PostgreSQL restored from a backup" (force it: shardlb rebuild --force)',
             "board",
         )
 

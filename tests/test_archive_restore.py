@@ -4,6 +4,7 @@ made with CREATE DATABASE ... TEMPLATE (the backup) and the archiver pointed at 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from shardlb import times
 from shardlb.archive import connect_db
 from shardlb.board import Score
+from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
 from shardlb.errors import BoardConflict, SettlementConflict
@@ -188,6 +190,43 @@ async def test_an_archiver_reconnected_to_a_restored_database_records_the_boards
             )
             row = await cur.fetchone()
             assert row is not None and row[0] == 1
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_reconcile_names_the_gap_and_its_repair_keeps_the_board(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shardlb reconcile` after the restore: the drift it shows comes with the gap that explains it,
+    and `--repair` (the nightly CronJob's option) is refused rather than dropping the results."""
+    config = BoardConfig.from_dict("restore-reconcile", {"sharding": sharding("hash", 2)})
+    board, _ = await store.create(config)
+    only = OnlyStore(store.client, store.scripts, {config.id})
+    now = times.now_ms()
+    async with own_archive(postgres_url) as live:
+        a = await archiver(raw, only, live)
+        try:
+            await board.submit([Score(f"a{i}", i, f"ma{i}", now) for i in range(10)])
+            await drain(a)
+            await a.db.close()
+            restored = await backup_of(live)
+            a = await archiver(raw, only, live)
+            await board.submit([Score(f"b{i}", 100 + i, f"mb{i}", now) for i in range(10)])
+            await drain(a)
+            await a.db.close()
+            await board.submit([Score("c", 1, "mc", now)])
+            a = await archiver(raw, only, restored)
+            await drain(a)
+            command = ["reconcile", config.id, "--redis", cluster_url, "--postgres", restored]
+            capsys.readouterr()
+            assert await asyncio.to_thread(main, command) == 1
+            out = capsys.readouterr().out
+            assert "DRIFT" in out and "archive_gaps" in out
+            assert await asyncio.to_thread(main, [*command, "--repair"]) == 1
+            assert "archive_gaps" in capsys.readouterr().err
+            assert await board.size(board.resolve("total")) == 21
         finally:
             await a.db.close()
             with contextlib.suppress(Exception):
