@@ -182,6 +182,9 @@ class Limits:
     connections: int
     client_connections: int = 1 << 62
     proxies: tuple[Network, ...] = ()
+    # SHARDLB_ACCESS_LOG: a request refused here has no access line, so its refusal line is its
+    # only trace, and is logged each time rather than a line a minute (router/middleware.py).
+    access_log: bool = False
 
 
 @functools.cache
@@ -198,6 +201,7 @@ def limits() -> Limits:
         settings.max_connections,
         settings.max_client_connections,
         settings.trusted_proxies,
+        settings.access_log,
     )
 
 
@@ -482,7 +486,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
         request_id = new_request_id()
         url = getattr(self, "url", None)
         url = url[:LOGGED_PATH_CHARS].decode("latin-1") if isinstance(url, bytes) else ""
-        log_refused(error, request_id, "", url)
+        log_refused(error, request_id, "", url, self.limits.access_log)
         self.transport.write(self._answer(error, self.headers or [], request_id))
         self.transport.close()
 
@@ -523,7 +527,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
     async def _refusal(self, error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
         """The app of a pipelined request refused in its body phase: ``error``, then the close."""
         request_id = new_request_id()
-        log_refused(error, request_id, scope["method"], scope["path"])
+        log_refused(error, request_id, scope["method"], scope["path"], self.limits.access_log)
         status, headers, body = _rendered(error, scope["headers"])
         headers += [(b"x-request-id", request_id.encode()), (b"connection", b"close")]
         await send({"type": "http.response.start", "status": status, "headers": headers})

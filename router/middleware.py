@@ -449,9 +449,10 @@ def new_request_id() -> str:
     return f"{_prefix}{next(_sequence):016x}"
 
 
-def log_refused(error: ApiError, request_id: str, method: str, path: str) -> None:
+def log_refused(error: ApiError, request_id: str, method: str, path: str, each: bool = False) -> None:
     """A request refused by the HTTP protocol before any app ran (router/http.py: 408, 431), logged
-    and counted as the middleware logs and counts a refusal."""
+    and counted as the middleware logs and counts a refusal: ``each`` (SHARDLB_ACCESS_LOG) a line
+    each, else a line a minute (``RefusedLines``)."""
     _counter("unmatched", error.status).inc()
     fields = {
         "request_id": request_id,
@@ -462,7 +463,10 @@ def log_refused(error: ApiError, request_id: str, method: str, path: str) -> Non
         "error": error.message,
         "field": error.field,
     }
-    _client_errors.refused(fields)
+    if each:
+        log.info("request refused", extra={"fields": fields})
+    else:
+        _client_errors.refused(fields)
 
 
 def _new_prefix() -> None:

@@ -667,3 +667,28 @@ async def test_a_client_that_stops_reading_its_answers_is_cut_off(
             writer.close()
         httpx.delete(f"{server.url}/v1/boards/{name}", headers=AS_ADMIN)
         assert server.stop() == 0
+
+
+@pytest.mark.cluster
+async def test_the_access_log_logs_each_request_the_protocol_refuses(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """SHARDLB_ACCESS_LOG=true logs each refused request (router/README.md, "Service endpoints"),
+    the 400/408/431 that router/http.py answers before any app runs too: those have no access line
+    of their own, and their refusal lines were kept to one a minute whatever the setting."""
+    log = tmp_path_factory.mktemp("access") / "router.log"
+    server = Server(cluster.url, log, SHARDLB_ACCESS_LOG="true")
+    try:
+        for i in range(3):
+            reader, writer = await _open(server, f"GET /healthz/{i} HTTP/1.1\r\nBad Name: x\r\n\r\n".encode())
+            try:
+                status, _, body = await _answer(reader)
+                assert (status, _error(body)) == (400, "malformed_request")
+                assert await _closed(reader)
+            finally:
+                writer.close()
+    finally:
+        assert server.stop() == 0
+    lines = [orjson.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    refused = [line for line in lines if line.get("code") == "malformed_request"]
+    assert len(refused) == 3, refused
