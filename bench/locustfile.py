@@ -34,7 +34,8 @@ game servers' score posts there and every other request to --host, as game serve
 write pool (k8s/README.md, "Sizing"); the CSV rows are the same either way.
 Keys: SHARDLB_WRITE_KEY (writes), SHARDLB_READ_KEY (reads, when required),
 SHARDLB_ADMIN_KEY (when set, the board SHARDLB_BOARD is created at test start with PUT, idempotent,
-as a hash board of SHARDLB_SHARDS shards, default 16).
+as a hash board of SHARDLB_SHARDS shards, default 16; a 429 or 503 is asked again after Retry-After
+for CREATE_PATIENCE_S, any other refusal stops the test before any user, exit status 1).
 SHARDLB_CONTENT=msgpack sends and accepts MessagePack instead of JSON.
 A value the test cannot use (a word for a number, a rate of 0, an unknown SHARDLB_CONTENT) stops it
 before its first request, naming the variable; a SHARDLB_* variable whose name is nearly one of these
