@@ -334,7 +334,11 @@ def add_reshard_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     what.add_argument("--shards", type=int, help="the new shard count (of home shards, with --bands)")
     what.add_argument("--resume", action="store_true", help="take the reshard under way to its end")
     what.add_argument("--cancel", action="store_true", help="cancel a reshard not committed yet")
-    what.add_argument("--status", action="store_true", help="print the state, progress and time left")
+    what.add_argument(
+        "--status",
+        action="store_true",
+        help="print the state, progress, time left and whether a process moves it",
+    )
     reshard.add_argument(
         "--bands", help="make it a band board with these band starts, e.g. 0,1000,10000 (with --shards)"
     )
