@@ -504,6 +504,7 @@ class Archiver:
                 del self._held[key]
         done = 0
         await asyncio.gather(*(self._trim(key, gate) for key in idle))
+        await self._judge([(journals[key][0], key) for key in idle])
         try:
             done = await self._archive(together)
         except psycopg.Error as e:
@@ -706,6 +707,14 @@ class Archiver:
         for _, key, e in batch:
             if key not in newest or _order(e.id) > _order(newest[key].id):
                 newest[key] = e
+        found = await self._trimmed_to(list(newest))
+        return [
+            _Mark(key, e.board, e.incarnation, e.shard, e.id, cut)
+            for (key, e), cut in zip(newest.items(), found, strict=True)
+        ]
+
+    async def _trimmed_to(self, journals: Sequence[str]) -> list[str]:
+        """Each journal's ``max-deleted-entry-id``: the newest entry ``trim`` has deleted."""
         gate = asyncio.Semaphore(JOURNALS_IN_FLIGHT)
 
         async def trimmed(key: str) -> str:
@@ -717,11 +726,25 @@ class Archiver:
             got = {_text(k): v for k, v in info.items()}
             return _text(got.get("max-deleted-entry-id") or "0-0")
 
-        found = await asyncio.gather(*(trimmed(key) for key in newest))
-        return [
-            _Mark(key, e.board, e.incarnation, e.shard, e.id, cut)
-            for (key, e), cut in zip(newest.items(), found, strict=True)
+        return list(await asyncio.gather(*(trimmed(key) for key in journals)))
+
+    async def _judge(self, idle: Sequence[tuple[Board, str]]) -> None:
+        """``_GAPS`` for journals that gave this round nothing, after their idle trim (at most every
+        IDLE_TRIM_EVERY_S a journal): a journal without a write since PostgreSQL was restored lost
+        its trimmed entries from the archive as much as a busy one. Until 2026-12-05 a journal was
+        compared only before a write of its entries, so a quiet board's loss went unrecorded, and
+        `reconcile --repair` or a rebuild dropped those results from Redis. No mark is written."""
+        found = await self._trimmed_to([key for _, key in idle])
+        marks = [
+            _Mark(key, board.config.id, board.incarnation, _shard(board, key), "", cut)
+            for (board, key), cut in zip(idle, found, strict=True)
+            if cut != "0-0"
         ]
+        if not marks:
+            return
+        async with self.db.transaction(), self.db.cursor() as cur:
+            gaps = await self._gaps(cur, marks)
+        self._report(gaps)
 
     async def _write(
         self,
@@ -733,17 +756,7 @@ class Archiver:
         gaps: list[tuple[Any, ...]] = []
         async with self.db.transaction(), self.db.cursor() as cur:
             if marks:
-                await cur.execute(
-                    _GAPS,
-                    (
-                        [m.journal for m in marks],
-                        [m.board for m in marks],
-                        [m.incarnation for m in marks],
-                        [m.shard for m in marks],
-                        [m.trimmed for m in marks],
-                    ),
-                )
-                gaps = await cur.fetchall()
+                gaps = await self._gaps(cur, marks)
                 await cur.execute(
                     _MARK,
                     (
@@ -754,7 +767,27 @@ class Archiver:
                     ),
                 )
             await self._rows(cur, rows, removals, records)
-        for journal, board, archived_to, trimmed_to in gaps:  # committed: logged and counted once
+        self._report(gaps)
+
+    @staticmethod
+    async def _gaps(cur: psycopg.AsyncCursor[Any], marks: Sequence[_Mark]) -> list[tuple[Any, ...]]:
+        """``_GAPS`` for ``marks``, inside the caller's transaction; returns the gaps recorded."""
+        await cur.execute(
+            _GAPS,
+            (
+                [m.journal for m in marks],
+                [m.board for m in marks],
+                [m.incarnation for m in marks],
+                [m.shard for m in marks],
+                [m.trimmed for m in marks],
+            ),
+        )
+        return list(await cur.fetchall())
+
+    @staticmethod
+    def _report(gaps: Sequence[tuple[Any, ...]]) -> None:
+        """Log and count the gaps a committed transaction recorded (each once: ``_GAPS``)."""
+        for journal, board, archived_to, trimmed_to in gaps:
             GAPS.inc()
             log.error(
                 "journal %s (board %s) trimmed entries up to %s, but this archive holds its entries up to "
@@ -855,6 +888,15 @@ def _settings(board: Board) -> dict[str, Any]:
     layout generation once a reshard drew one (shardlb/reshard.py records each new one)."""
     settings = board.config.to_dict()
     return {**settings, "generation": board.generation} if board.generation else settings
+
+
+def _shard(board: Board, journal: str) -> int:
+    """The shard number of one of ``_journals(board)``: its place in its layout's prefixes."""
+    for prefixes in (board.prefixes, board.also):
+        for shard, prefix in enumerate(prefixes):
+            if keys.journal_key(prefix) == journal:
+                return shard
+    raise ValueError(f"{journal!r} is no journal of board {board.config.id!r}")
 
 
 def _listed(periods: frozenset[str] | None) -> list[str] | None:

@@ -231,3 +231,45 @@ async def test_reconcile_names_the_gap_and_its_repair_keeps_the_board(
             await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
+
+
+async def test_a_journal_without_writes_since_the_restore_is_judged_too(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A board that takes no write after the restore (a finished event, a quiet hour) has the same
+    loss: its results acknowledged after the backup were trimmed and are not in the restored
+    archive. Its journals were compared only before a write of entries, so none was, no gap was
+    recorded, `reconcile` named nothing and its `--repair` (and a rebuild) dropped them from Redis:
+    the archiver compares an idle journal at its idle trim too."""
+    config = BoardConfig.from_dict("restore-quiet", {"sharding": sharding("hash", 2)})
+    board, _ = await store.create(config)
+    only = OnlyStore(store.client, store.scripts, {config.id})
+    now = times.now_ms()
+    async with own_archive(postgres_url) as live:
+        a = await archiver(raw, only, live)
+        try:
+            await board.submit([Score(f"a{i}", i, f"ma{i}", now) for i in range(10)])
+            await drain(a)
+            await a.db.close()
+            restored = await backup_of(live)
+            a = await archiver(raw, only, live)
+            await board.submit([Score(f"b{i}", 100 + i, f"mb{i}", now) for i in range(10)])
+            await drain(a)
+            await a.db.close()
+            a = await archiver(raw, only, restored)  # no write since: every journal idle
+            await drain(a)
+            cur = await a.db.execute(
+                "SELECT count(*) FROM archive_gaps WHERE board = %s AND incarnation = %s",
+                (config.id, board.incarnation),
+            )
+            row = await cur.fetchone()
+            assert row is not None and row[0] >= 1
+            command = ["reconcile", config.id, "--redis", cluster_url, "--postgres", restored, "--repair"]
+            capsys.readouterr()
+            assert await asyncio.to_thread(main, command) == 1
+            assert "archive_gaps" in capsys.readouterr().err
+            assert await board.size(board.resolve("total")) == 20
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
