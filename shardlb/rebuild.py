@@ -433,6 +433,41 @@ class Rebuilder:
             "board",
         )
 
+    async def _check_marks(self, board: Board, deleted: dict[str, tuple[int, str]]) -> None:
+        """BoardConflict when a journal of ``board`` trimmed (``deleted``: its shard and
+        ``max-deleted-entry-id``, read before this) past the newest entry this archive holds of it
+        (``journal_marks``) and Redis holds players: the archiver's comparison (shardlb/archive.py,
+        ``_GAPS``) made by the rebuild itself. The archiver records a gap only once it has run
+        against this database (a new URL whose archivers were not restarted yet, archivers scaled
+        down): until 2026-12-05 a rebuild or `reconcile --repair` run before then dropped the
+        results from Redis. A journal never marked (archived by a release of before) is not judged."""
+        if not deleted:
+            return
+        cur = await self.db.execute("SELECT to_regclass('journal_marks') IS NOT NULL")
+        table = await cur.fetchone()
+        if not (table and table[0]):
+            return
+        journals = list(deleted)
+        cur = await self.db.execute(
+            "SELECT j.journal, m.archived_to, j.trimmed FROM unnest(%s::text[], %s::text[]) "
+            "AS j(journal, trimmed) JOIN journal_marks m USING (journal) "
+            f"WHERE {_position('j.trimmed')} > {_position('m.archived_to')}",
+            (journals, [deleted[j][1] for j in journals]),
+        )
+        behind = sorted(await cur.fetchall(), key=lambda row: deleted[row[0]][0])
+        if not behind or not await board.size(board.resolve("total")):
+            return
+        shard, archived_to, trimmed_to = deleted[behind[0][0]][0], behind[0][1], behind[0][2]
+        raise BoardConflict(
+            f"this archive lacks results of board {board.config.id!r} (incarnation {board.incarnation}) "
+            f"that its journals acknowledged and trimmed: shard {shard}'s journal trimmed entries up to "
+            f"{trimmed_to}, but journal_marks holds them up to {archived_to} only ({len(behind)} journals "
+            "behind: was PostgreSQL restored from a backup?). Redis's board still holds them; rebuilding "
+            'would drop them. See docs/design-notes.md, "PostgreSQL restored from a backup" (force it: '
+            "shardlb rebuild --force)",
+            "board",
+        )
+
     async def _check_archive(self, board: Board) -> None:
         """Refuse to rebuild from an archive that holds no result of ``board`` (its id and
         incarnation) when the board's journals say results were archived somewhere (entries were
@@ -450,13 +485,18 @@ class Rebuilder:
         backup"). Before, it dropped them and said done."""
         await self._check_gaps(board)
         trimmed = 0
-        for prefix in board.prefixes:
+        deleted: dict[str, tuple[int, str]] = {}  # journal -> (its shard, its max-deleted-entry-id)
+        for shard, prefix in enumerate(board.prefixes):
             try:
                 got: dict[Any, Any] = await self.client.xinfo_stream(keys.journal_key(prefix))
             except ResponseError:  # no journal on this shard (yet)
                 continue
             info = {k.decode() if isinstance(k, bytes) else k: v for k, v in got.items()}
             trimmed += int(info.get("entries-added") or 0) - int(info.get("length") or 0)
+            cut = _text(info.get("max-deleted-entry-id") or "0-0")
+            if cut != "0-0":
+                deleted[keys.journal_key(prefix)] = (shard, cut)
+        await self._check_marks(board, deleted)
         if not trimmed:
             return
         cur = await self.db.execute(

@@ -273,3 +273,45 @@ async def test_a_journal_without_writes_since_the_restore_is_judged_too(
             await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
+
+
+async def test_a_rebuild_compares_the_journals_with_the_archive_itself(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The gap is refused before any archiver has written to (or even reached) the restored
+    database: a new URL whose archivers are not restarted yet, archivers scaled down, the reconcile
+    CronJob's `--repair` left running. The rebuild compares each journal's trimmed id with the
+    archive's mark itself, rather than rely on `archive_gaps` alone."""
+    config = BoardConfig.from_dict("restore-unseen", {"sharding": sharding("hash", 2)})
+    board, _ = await store.create(config)
+    only = OnlyStore(store.client, store.scripts, {config.id})
+    now = times.now_ms()
+    async with own_archive(postgres_url) as live:
+        a = await archiver(raw, only, live)
+        try:
+            await board.submit([Score(f"a{i}", i, f"ma{i}", now) for i in range(10)])
+            await drain(a)
+            await a.db.close()
+            restored = await backup_of(live)
+            a = await archiver(raw, only, live)
+            await board.submit([Score(f"b{i}", 100 + i, f"mb{i}", now) for i in range(10)])
+            await drain(a)
+            await a.db.close()
+            command = ["reconcile", config.id, "--redis", cluster_url, "--postgres", restored, "--repair"]
+            capsys.readouterr()
+            assert await asyncio.to_thread(main, command) == 1
+            assert "journal_marks" in capsys.readouterr().err
+            assert await board.size(board.resolve("total")) == 20
+            async with await psycopg.AsyncConnection.connect(restored, autocommit=True) as db:
+                rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+                with pytest.raises(BoardConflict):
+                    await rebuilder.rebuild(board)
+                await rebuilder.rebuild(board, force=True)
+                assert await board.size(board.resolve("total")) == 10
+            async with await psycopg.AsyncConnection.connect(live, autocommit=True) as db:
+                await Rebuilder(raw, Scripts.register(raw).rebuild, db).rebuild(board)  # the archive whole
+                assert await board.size(board.resolve("total")) == 20
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
