@@ -32,7 +32,7 @@ from shardlb.board import Board
 from shardlb.errors import BoardNotFound
 from shardlb.fanout import batch
 from shardlb.outage import Outage
-from shardlb.reshard import LEASE_MS, Busy, Cancelled, Resharder
+from shardlb.reshard import LEASE_MS, Busy, Cancelled, NoReshard, Resharder
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.router")
@@ -46,10 +46,16 @@ LISTED = 20  # abandoned boards /readyz names at most
 async def _move(mover: Resharder, wait: bool) -> None:
     """Run the reshard; after a failure resume it a few times (each resume takes it from its
     recorded state), then leave it recorded for a POST {"resume": true}, `shardlb reshard
-    --resume` or a watch that finds it abandoned. Busy: a live mover elsewhere has it."""
+    --resume` or a watch that finds it abandoned. Busy: a live mover elsewhere has it. NoReshard:
+    it is over since it was seen (another router's mover finished it, an operator cancelled it):
+    every worker resumes from its own last look, so this is a race the watch makes, not a failure
+    (until 2026-12-05 logged as one with its traceback, and tried again MOVER_TRIES times)."""
     for attempt in range(MOVER_TRIES):
         try:
             await mover.run(wait=wait)
+            return
+        except NoReshard:
+            log.info("reshard over before this mover took it", extra={"fields": {"board": mover.board_id}})
             return
         except (Cancelled, BoardNotFound, Busy):
             return

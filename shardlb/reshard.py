@@ -369,7 +369,7 @@ class Resharder:
         async with self._lease(None if wait else 0.0):
             _, record = await self.record()
             if not record.get("reshard"):
-                raise BoardConflict(f"board {self.board_id!r} has no reshard under way", "board")
+                raise NoReshard(f"board {self.board_id!r} has no reshard under way", "board")
             self._knows()
             self.incarnation = _incarnation(record)
             record = await self._take()
@@ -890,7 +890,7 @@ class Resharder:
         def take(record: dict[str, Any]) -> dict[str, Any]:
             move = record.get("reshard")
             if not move:
-                raise BoardConflict(f"board {self.board_id!r} has no reshard under way", "board")
+                raise NoReshard(f"board {self.board_id!r} has no reshard under way", "board")
             epoch = max(int(move.get("epoch", 0)), int(move["started_ms"]) * 1000) + 1
             return {**record, "reshard": {**move, "epoch": epoch}}
 
@@ -930,6 +930,11 @@ class Cancelled(Exception):
 
 class Busy(BoardConflict):
     """Another process held the board's lease for longer than a lease: a live mover."""
+
+
+class NoReshard(BoardConflict):
+    """The board has no reshard under way (any more, for a resume: another mover finished it, it
+    was cancelled, or the board was created again without one)."""
 
 
 class Lease:

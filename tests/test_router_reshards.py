@@ -8,6 +8,7 @@ member to the old shards' change sets (``chg``, no expiry) until an operator res
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import time
@@ -15,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from router.gate import Gate
+from router.reshards import ReshardWatch
 from shardlb import keys, reshard, times
 from shardlb.board import Board, Score
 from shardlb.cluster import LocalCluster
@@ -165,3 +168,40 @@ async def test_a_router_stopped_while_its_mover_runs_leaves_no_mover_running(
     monkeypatch.delenv("SHARDLB_RESHARD_PAUSE")
     await Resharder(store, board.config.id, say=lambda _: None).cancel()
     await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("meanwhile", ["cancelled", "finished", "created again"])
+async def test_a_resume_that_finds_the_reshard_over_gives_way_without_an_error(
+    store: BoardStore, caplog: pytest.LogCaptureFixture, meanwhile: str
+) -> None:
+    """Every router worker that sees a reshard abandoned resumes it, each from its own last look:
+    by the time its mover reads the record, another router's mover may have finished it, an
+    operator cancelled it, or the board been deleted and created again without one. The mover then
+    met "no reshard under way" (BoardConflict), logged as a failure with its traceback ("reshard
+    stopped") and tried again, MOVER_TRIES times, each failing alike: a benign race of the watch
+    that many routers make common, seen as an error."""
+    board = await make_board(store, 2)
+    board_id = board.config.id
+    await post(board, 200, "before")
+    await Resharder(store, board_id, say=lambda _: None).start(3)
+    watch = ReshardWatch(store, Gate(4), every_s=0.2, after_s=0.0)
+    assert await watch.check() == [board_id]  # seen abandoned: no mover holds its lease
+    if meanwhile == "cancelled":
+        assert await Resharder(store, board_id, say=lambda _: None).cancel() == "cancelled"
+    elif meanwhile == "finished":
+        assert (await Resharder(store, board_id, say=lambda _: None, cache_s=0).run())["state"] == "none"
+    else:
+        await store.delete(board_id)
+        await store.create(BoardConfig.from_dict(board_id, {"mode": "incr", "durability": "memory"}))
+    logger = logging.getLogger("shardlb")  # where the router's handler is (router/logs.py)
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="shardlb.router")
+    try:
+        assert watch.resume() == [board_id]
+        await asyncio.gather(*watch.movers.values())
+    finally:
+        logger.removeHandler(caplog.handler)
+    failed = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not failed, [(r.getMessage(), r.exc_info and r.exc_info[1]) for r in failed]
+    assert (await Resharder(store, board_id).status())["state"] == "none"
+    await store.delete(board_id)
