@@ -109,7 +109,8 @@ class ReshardWatch:
 
     async def stop(self) -> None:
         """Cancel this router's movers (as a killed process would lose them; their leases run out
-        and a router that runs on resumes the reshards, see the module docstring). Until
+        and a router that runs on resumes the reshards, see the module docstring; one that seals
+        lets the old layout take writes again first, Resharder._seal). Until
         2026-12-05 they were the process's: a router's stop left them moving on the client it
         closed, reconnecting connections nobody closed."""
         self.closed = True

@@ -220,6 +220,7 @@ class Resharder:
         # When this process first knew of the reshard (time.monotonic): it recorded the start, or
         # found it under way. The wait for the routers' caches is measured from there (``_copy``).
         self.known: float | None = None
+        self.committing = False  # the sealing under way has sent its commit (``_seal``)
 
     # ---- the record ---------------------------------------------------------------------------
 
@@ -559,10 +560,20 @@ class Resharder:
 
     async def _seal(self, record: dict[str, Any]) -> dict[str, Any]:
         source, target = self._layouts(record)
+        self.committing = False
         try:
             return await self._sealed(source, target)
         except Exception:
             await self._unseal(source)
+            raise
+        except asyncio.CancelledError:
+            # The mover's task cancelled (a router's stop, router/reshards.py): undone as a failure
+            # is, or the shards it had moved refused writes until a router resumed the reshard, a
+            # lease and more later (until 2026-12-05). Not once the commit is sent: its reply lost
+            # to the cancel, the record read here could precede it, and shards reopened under a
+            # committed record would take writes nobody copies. Those wait for the resume.
+            if not self.committing:
+                await self._unseal(source)
             raise
 
     async def _unseal(self, source: Board) -> None:
@@ -662,6 +673,7 @@ class Resharder:
             kept = {k: v for k, v in move.items() if k not in ("sharding", "generation", "copied")}
             return {**settings, "reshard": {**kept, "state": "committed", "from": former}}
 
+        self.committing = True
         try:
             record = await self._update(commit)
         except Cancelled:

@@ -205,3 +205,41 @@ async def test_a_resume_that_finds_the_reshard_over_gives_way_without_an_error(
     assert not failed, [(r.getMessage(), r.exc_info and r.exc_info[1]) for r in failed]
     assert (await Resharder(store, board_id).status())["state"] == "none"
     await store.delete(board_id)
+
+
+async def test_a_router_stopped_while_its_mover_seals_lets_the_old_layout_take_writes(
+    store: BoardStore, cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A router's stop cancels its movers. One cancelled while it sealed left the old shards it had
+    sealed marked moved (for a day) under a record that still names the old layout: every write
+    to them was refused (503 board_resharding after the router's 2 s of retries) until another
+    router saw the lease free for a lease and resumed it, 10-15 s, where the cut-over refuses
+    writes for tens to hundreds of milliseconds. The seal phase holds the whole layout check, so a
+    rolling deploy during a large board's cut-over met it. A failed sealing is undone (the old
+    layout takes writes again, tracked); a cancelled one before its commit now is too."""
+    monkeypatch.setenv("SHARDLB_RESHARD_PAUSE", "sealed and moved:60")
+    board = await make_board(store, 2)
+    board_id = board.config.id
+    await post(board, 200, "before")
+    await Resharder(store, board_id, say=lambda _: None).start(3)
+
+    async def sealed() -> bool:
+        return [await store.client.get(keys.move_key(p)) for p in board.prefixes] == ["m", "m"]
+
+    async with running(cluster.url) as (app, _client):
+        watch = service_of(app).reshards
+        watch.after_s, watch.every_s = 0.0, 0.2  # resumed at the watch's next look
+        await until(sealed, "the resumed mover never sealed the old layout")
+    monkeypatch.delenv("SHARDLB_RESHARD_PAUSE")
+    status = await Resharder(store, board_id).status()
+    assert (status["state"], status["mover"]) == ("sealing", "none"), status
+    markers = [await store.client.get(keys.move_key(p)) for p in board.prefixes]
+    assert markers == ["t", "t"], f"the old layout stays refusing writes: {markers}"
+    fresh = await store.get(board_id)
+    now = times.now_ms()
+    [result] = await fresh.submit([Score("p1", 1, "after-stop", now)], now)
+    assert result.status == "improved"
+    final = await Resharder(store, board_id, say=lambda _: None, cache_s=0).run()
+    assert (final["state"], final["shards"]) == ("none", 3)
+    assert sum([e.points for e in await (await store.get(board_id)).top(300)]) == 201
+    await store.delete(board_id)
