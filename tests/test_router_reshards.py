@@ -8,6 +8,7 @@ member to the old shards' change sets (``chg``, no expiry) until an operator res
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -22,10 +23,13 @@ from shardlb import keys, reshard, times
 from shardlb.board import Board, Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
+from shardlb.errors import BoardConflict
 from shardlb.reshard import Busy, Resharder
 from shardlb.store import BoardStore
 from tests.router_support import running, service_of
 from tests.test_reshard import _kill_at, _mover
+from tests.test_reshard_fencing import points
+from tests.test_reshard_fencing import post as fenced_post
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -242,4 +246,103 @@ async def test_a_router_stopped_while_its_mover_seals_lets_the_old_layout_take_w
     final = await Resharder(store, board_id, say=lambda _: None, cache_s=0).run()
     assert (final["state"], final["shards"]) == ("none", 3)
     assert sum([e.points for e in await (await store.get(board_id)).top(300)]) == 201
+    await store.delete(board_id)
+
+
+async def test_routers_that_take_over_from_a_live_mover_whose_lease_ran_out_lose_nothing(
+    store: BoardStore,
+    cluster: LocalCluster,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A live mover (another process's) stalls mid-copy with a batch it read in hand, and its lease
+    refresh comes too late: the lease runs out. Three routers see the reshard abandoned at once and
+    resume it: one mover takes it (a new epoch in every shard's fence), the others give way without
+    an error line, and it finishes while results keep coming. Then the stalled mover goes on: its
+    late refresh does not take the lease back, its write of what it read before the stall is
+    refused and it stops; every result counts once and a retry of one is still a duplicate."""
+    board = await make_board(store, 3)
+    board_id = board.config.id
+    players = [f"p{i:04d}" for i in range(3000)]
+    model = dict.fromkeys(players, 2)
+    for start in range(0, len(players), 1000):
+        await fenced_post(store, board_id, [Score(p, 2, f"m0-{p}") for p in players[start : start + 1000]])
+
+    a = Resharder(store, board_id, say=lambda _: None, cache_s=0.5)
+    write, batches, held, go = a.copier._write, [], asyncio.Event(), asyncio.Event()
+
+    async def stalls_on_the_second(*args: Any, **kwargs: Any) -> None:
+        suffix, rows = args[1], args[4]
+        if suffix == "total" and not kwargs.get("moved"):
+            batches.append([m for m, _ in rows])
+            if len(batches) == 2:
+                held.set()
+                await go.wait()
+        await write(*args, **kwargs)
+
+    a.copier._write = stalls_on_the_second  # type: ignore[method-assign]
+    await a.start(4)
+    first = asyncio.ensure_future(a.run())
+    await held.wait()
+    assert a.held is not None and a.held._task is not None
+    a.held._task.cancel()  # its refresh is late: the lease runs out (here at once, not after LEASE_MS)
+    await store.client.delete(keys.lease_key(board_id))
+    read = batches[1]
+    improved = ["improved"] * len(read)
+    assert await fenced_post(store, board_id, [Score(p, 3, f"m1-{p}") for p in read]) == improved
+    for p in read:
+        model[p] += 3
+
+    takes = []
+    take = Resharder._take
+
+    async def counted(self: Resharder) -> dict[str, Any]:
+        takes.append(self.board_id)
+        return await take(self)
+
+    monkeypatch.setattr(Resharder, "_take", counted)
+    logger = logging.getLogger("shardlb")
+    async with contextlib.AsyncExitStack() as routers:
+        apps = [(await routers.enter_async_context(running(cluster.url)))[0] for _ in range(3)]
+        logger.addHandler(caplog.handler)
+        routers.callback(logger.removeHandler, caplog.handler)
+        watches = [service_of(app).reshards for app in apps]
+
+        async def looked() -> bool:  # each watch's first look (then it sleeps every_s, 5 s)
+            return all(board_id in w.free_since for w in watches)
+
+        await until(looked, "a router never looked at the reshards")
+        for watch in watches:
+            watch.after_s, watch.every_s = 0.0, 0.2
+        tried = await asyncio.gather(*(w.check() for w in watches))
+        assert all(board_id in seen for seen in tried), tried
+        for watch in watches:
+            watch.resume()
+
+        async def done() -> bool:
+            return (await Resharder(store, board_id).status())["state"] == "none"
+
+        await until(done, "no router finished the reshard")
+        for watch in watches:
+            await asyncio.gather(*watch.movers.values())
+        assert await fenced_post(store, board_id, [Score(p, 4, f"m2-{p}") for p in read]) == improved
+        for p in read:
+            model[p] += 4
+        await asyncio.gather(*(w.check() for w in watches))
+        # Other tests' boards may have reshards under way: only this board's are looked at.
+        assert all(board_id not in w.under_way and board_id not in w.abandoned for w in watches)
+    assert takes == [board_id], f"{len(takes)} movers took the reshard over"
+    failed = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not failed, [(r.getMessage(), r.exc_info and r.exc_info[1]) for r in failed]
+    assert await points(store, board_id) == model
+
+    go.set()
+    with pytest.raises(BoardConflict):
+        await first
+    assert await store.client.get(keys.lease_key(board_id)) is None  # not taken back by the late mover
+    now = await points(store, board_id)
+    wrong = {p: (model[p], now.get(p)) for p in model if now.get(p) != model[p]}
+    assert not wrong, f"{len(wrong)} players changed by the stalled mover, e.g. {list(wrong.items())[:3]}"
+    assert (await store.get(board_id)).config.sharding.shards == 4
+    assert await fenced_post(store, board_id, [Score(read[0], 4, f"m2-{read[0]}")]) == ["duplicate"]
     await store.delete(board_id)
