@@ -12,9 +12,9 @@ was free at every look for ``after_s`` (a lease: a live mover refreshes it every
 abandoned: counted in /metrics, listed in /readyz, and resumed by this worker, if it may take it
 (a journaled board's archive moves with it: only with SHARDLB_POSTGRES_URL). Every router that
 finds it tries; the lease lets one mover run and the others give way at once
-(``Resharder.run(wait=False)``). A worker tries a board again at most every ``RETRY_S``: a mover
-that keeps failing (a replica out of sync, the archiver behind) is logged at each try, not every
-few seconds.
+(``Resharder.run(wait=False)``). A worker tries a board again at most every ``RETRY_S``, one run a
+try: a mover that keeps failing (a replica out of sync, the archiver behind, PostgreSQL down) is
+logged once a try, not every few seconds.
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ RETRY_S = 60.0  # how soon a worker resumes a board again that its last resume l
 LISTED = 20  # abandoned boards /readyz names at most
 
 
-async def _move(mover: Resharder, wait: bool) -> None:
-    """Run the reshard; after a failure resume it a few times (each resume takes it from its
-    recorded state), then leave it recorded for a POST {"resume": true}, `shardlb reshard
+async def _move(mover: Resharder, wait: bool, tries: int = MOVER_TRIES) -> None:
+    """Run the reshard; after a failure resume it up to ``tries`` times in all (each resume takes it
+    from its recorded state), then leave it recorded for a POST {"resume": true}, `shardlb reshard
     --resume` or a watch that finds it abandoned. Busy: a live mover elsewhere has it. NoReshard:
     it is over since it was seen (another router's mover finished it, an operator cancelled it):
     every worker resumes from its own last look, so this is a race the watch makes, not a failure
     (until 2026-12-05 logged as one with its traceback, and tried again MOVER_TRIES times)."""
-    for attempt in range(MOVER_TRIES):
+    for attempt in range(tries):
         try:
             await mover.run(wait=wait)
             return
@@ -61,7 +61,8 @@ async def _move(mover: Resharder, wait: bool) -> None:
             return
         except Exception:
             log.exception("reshard stopped", extra={"fields": {"board": mover.board_id, "try": attempt + 1}})
-            await asyncio.sleep(MOVER_PAUSE_S)
+            if attempt + 1 < tries:
+                await asyncio.sleep(MOVER_PAUSE_S)
 
 
 def said(board_id: str) -> Callable[[str], None]:
@@ -100,12 +101,13 @@ class ReshardWatch:
         # The router's own, not the process's: its stop cancels them (``stop``).
         self.movers: dict[str, asyncio.Task[None]] = {}
 
-    def start(self, mover: Resharder, wait: bool = True) -> None:
+    def start(self, mover: Resharder, wait: bool = True, tries: int = MOVER_TRIES) -> None:
         """Run ``mover`` in the background, unless this router runs one of the board already.
-        ``wait``: for a lease another process holds (a resume asked for), else give way to it."""
+        ``wait``: for a lease another process holds (a resume asked for), else give way to it;
+        ``tries``: runs after failures (``_move``)."""
         self.movers = {b: task for b, task in self.movers.items() if not task.done()}
         if mover.board_id not in self.movers:
-            self.movers[mover.board_id] = asyncio.create_task(_move(mover, wait))
+            self.movers[mover.board_id] = asyncio.create_task(_move(mover, wait, tries))
 
     async def stop(self) -> None:
         """Cancel this router's movers (as a killed process would lose them; their leases run out
@@ -151,7 +153,10 @@ class ReshardWatch:
                 continue
             self.tried[board_id] = now
             log.warning("resuming an abandoned reshard", extra={"fields": {"board": board_id}})
-            self.start(Resharder(self.store, board_id, said(board_id), self.postgres_url or None), wait=False)
+            # One run a try: the watch's next try is its retry (until 2026-12-05 each try was
+            # MOVER_TRIES runs 2 s apart, each failure an error line: five in 8 s every minute).
+            mover = Resharder(self.store, board_id, said(board_id), self.postgres_url or None)
+            self.start(mover, wait=False, tries=1)
             started.append(board_id)
         self.tried = {b: at for b, at in self.tried.items() if b in self.under_way}
         return started

@@ -346,3 +346,35 @@ async def test_routers_that_take_over_from_a_live_mover_whose_lease_ran_out_lose
     assert (await store.get(board_id)).config.sharding.shards == 4
     assert await fenced_post(store, board_id, [Score(read[0], 4, f"m2-{read[0]}")]) == ["duplicate"]
     await store.delete(board_id)
+
+
+async def test_a_resume_that_cannot_reach_the_archive_is_one_line_a_try(
+    store: BoardStore, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journaled board's reshard, abandoned, and a router whose PostgreSQL is down: its watch
+    tries it once a minute (RETRY_S), the README says so that a mover that keeps failing is logged
+    at each try, "not every few seconds". Each try was the admin endpoint's five (MOVER_TRIES), 2 s
+    apart: five error lines with their tracebacks in 8 s, a minute, per worker of every router.
+    The watch's tries are its own retries: one line each."""
+    board = await make_board(store, 2, durability="journal")
+    board_id = board.config.id
+    await Resharder(store, board_id, say=lambda _: None, postgres_url=postgres_url).start(3)
+    down = "postgresql://shardlb@127.0.0.1:1/postgres"  # nothing listens on port 1
+    watch = ReshardWatch(store, Gate(4), postgres_url=down, every_s=0.2, after_s=0.0)
+    logger = logging.getLogger("shardlb")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="shardlb.router")
+    try:
+        assert await watch.check() == [board_id]
+        assert watch.resume() == [board_id]
+        await asyncio.gather(*watch.movers.values())
+        assert watch.resume() == []  # tried again only after RETRY_S
+    finally:
+        logger.removeHandler(caplog.handler)
+    # Through the handler on ``shardlb`` and, where no router has configured logging, the root's.
+    failed = list({id(r): r for r in caplog.records if r.levelno >= logging.ERROR}.values())
+    assert len(failed) == 1, [r.getMessage() for r in failed]
+    status = await Resharder(store, board_id).status()
+    assert (status["state"], status["shards_copied"]) == ("copying", 0), status
+    await Resharder(store, board_id, say=lambda _: None, postgres_url=postgres_url).cancel()
+    await store.delete(board_id)
