@@ -91,7 +91,10 @@ class ReshardWatch:
         self.postgres_url = postgres_url
         self.every_s = every_s
         self.after_s = after_s
-        self.free_since: dict[str, float] = {}  # board id -> when its lease was first seen free
+        # (board id, the reshard's ``started_ms``) -> when its lease was first seen free. Per
+        # reshard: one recorded after a cancel starts afresh, though no look saw the lease the
+        # cancel held (until 2026-12-05 per board: it was abandoned at once, before its mover came).
+        self.free_since: dict[tuple[str, int | None], float] = {}
         self.under_way: dict[str, Board] = {}
         self.abandoned: list[str] = []
         self.tried: dict[str, float] = {}  # board id -> when this worker last resumed it
@@ -130,10 +133,10 @@ class ReshardWatch:
                 leases.execute_command("EXISTS", keys.lease_key(board.config.id))
             held = await leases.execute() if boards else []
         now = time.monotonic()
-        free = [b.config.id for b, leased in zip(boards, held, strict=True) if not leased]
-        self.free_since = {board_id: self.free_since.get(board_id, now) for board_id in free}
+        free = [(b.config.id, b.reshard_ms) for b, leased in zip(boards, held, strict=True) if not leased]
+        self.free_since = {reshard: self.free_since.get(reshard, now) for reshard in free}
         self.under_way = {b.config.id: b for b in boards}
-        abandoned = sorted(b for b, since in self.free_since.items() if now - since >= self.after_s)
+        abandoned = sorted(b for (b, _), since in self.free_since.items() if now - since >= self.after_s)
         for board_id in set(abandoned) - set(self.abandoned):
             log.warning("reshard abandoned: no mover holds its lease", extra={"fields": {"board": board_id}})
         self.abandoned = abandoned

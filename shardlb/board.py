@@ -245,6 +245,9 @@ class Board:
         self.moving = False
         self.moved = False
         self.also: list[str] = []
+        # Which reshard: when it was recorded (its ``started_ms``). Another one recorded after a
+        # cancel has another (router/reshards.py counts a lease's free time per reshard).
+        self.reshard_ms: int | None = None
         self.bands = BandMoves(self)
         self.journal_max = JOURNAL_MAX_ENTRIES
         self.journal_max_results = JOURNAL_MAX_RESULTS

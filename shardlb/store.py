@@ -219,6 +219,7 @@ class BoardStore:
         move = record.get("reshard")
         if move:
             board.moving = move.get("state") in RESHARD_SOURCE_STATES
+            board.reshard_ms = move.get("started_ms")
             other = move.get("from") or move
             board.also = self.layout(
                 replace(config, sharding=_sharding(other["sharding"])), incarnation, int(other["generation"])

@@ -309,7 +309,7 @@ async def test_routers_that_take_over_from_a_live_mover_whose_lease_ran_out_lose
         watches = [service_of(app).reshards for app in apps]
 
         async def looked() -> bool:  # each watch's first look (then it sleeps every_s, 5 s)
-            return all(board_id in w.free_since for w in watches)
+            return all(board_id in [b for b, _ in w.free_since] for w in watches)
 
         await until(looked, "a router never looked at the reshards")
         for watch in watches:
@@ -377,4 +377,29 @@ async def test_a_resume_that_cannot_reach_the_archive_is_one_line_a_try(
     status = await Resharder(store, board_id).status()
     assert (status["state"], status["shards_copied"]) == ("copying", 0), status
     await Resharder(store, board_id, say=lambda _: None, postgres_url=postgres_url).cancel()
+    await store.delete(board_id)
+
+
+async def test_a_reshard_recorded_after_an_abandoned_one_was_cancelled_is_not_abandoned_at_once(
+    store: BoardStore,
+) -> None:
+    """A watch counted a lease's free time per board, not per reshard: an operator who cancels an
+    abandoned reshard and records another (`shardlb reshard B --cancel`, then `--shards N`) has
+    the new one seen abandoned at the watch's next look, before the command's mover takes its
+    lease (the cancel held the lease between two looks, unseen). A router then resumed it, and the
+    operator's command waited a lease for the lease and failed: "another process is resharding
+    this board"."""
+    board = await make_board(store, 2)
+    board_id = board.config.id
+    await Resharder(store, board_id, say=lambda _: None).start(3)
+    watch = ReshardWatch(store, Gate(4), every_s=0.2, after_s=0.5)
+    assert await watch.check() == []  # first seen free now
+    await asyncio.sleep(0.6)
+    assert await watch.check() == [board_id]  # abandoned, left to the operator here
+    assert await Resharder(store, board_id, say=lambda _: None).cancel() == "cancelled"
+    await Resharder(store, board_id, say=lambda _: None).start(4)  # the command's mover comes next
+    assert await watch.check() == [], "a reshard recorded this instant counted as abandoned"
+    await asyncio.sleep(0.6)
+    assert await watch.check() == [board_id]  # free for after_s since it was seen: abandoned now
+    await Resharder(store, board_id, say=lambda _: None).cancel()
     await store.delete(board_id)
