@@ -107,7 +107,13 @@ class ReshardWatch:
     def start(self, mover: Resharder, wait: bool = True, tries: int = MOVER_TRIES) -> None:
         """Run ``mover`` in the background, unless this router runs one of the board already.
         ``wait``: for a lease another process holds (a resume asked for), else give way to it;
-        ``tries``: runs after failures (``_move``)."""
+        ``tries``: runs after failures (``_move``). None once the router stops: ``stop`` would not
+        cancel it (a request answered while it drains started one until 2026-12-05, moving the
+        board on the closed client); the reshard is recorded, and a router that runs on resumes it."""
+        if self.closed:
+            fields = {"board": mover.board_id}
+            log.info("router stopping: reshard left to the routers", extra={"fields": fields})
+            return
         self.movers = {b: task for b, task in self.movers.items() if not task.done()}
         if mover.board_id not in self.movers:
             self.movers[mover.board_id] = asyncio.create_task(_move(mover, wait, tries))

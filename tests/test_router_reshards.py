@@ -403,3 +403,24 @@ async def test_a_reshard_recorded_after_an_abandoned_one_was_cancelled_is_not_ab
     assert await watch.check() == [board_id]  # free for after_s since it was seen: abandoned now
     await Resharder(store, board_id, say=lambda _: None).cancel()
     await store.delete(board_id)
+
+
+async def test_a_mover_started_after_the_routers_stop_is_not_left_running(store: BoardStore) -> None:
+    """A router's stop cancels its movers; a reshard request still being answered then (its record
+    written while the stop ran: the lifespan shutdown answers requests while it drains) started one
+    after it, which nothing cancelled: it moved the board on the client the stop closed. Once
+    stopped, the watch starts none (the reshard is recorded: a router still running resumes it)."""
+    board = await make_board(store, 2)
+    board_id = board.config.id
+    mover = Resharder(store, board_id, say=lambda _: None)
+    await mover.start(3)
+    watch = ReshardWatch(store, Gate(4))
+    await watch.stop()
+    watch.start(mover)
+    left = list(watch.movers.values())
+    for task in left:
+        task.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
+    assert not left, "a mover started after the stop"
+    await Resharder(store, board_id, say=lambda _: None).cancel()
+    await store.delete(board_id)
