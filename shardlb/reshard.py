@@ -240,9 +240,9 @@ class Resharder:
 
         The record is read back from a replica of the registry's primary before the mover goes on
         (``Copier.confirm``; NotAcknowledged stops it, for a resume), as its shard writes are
-        confirmed: as written, the mover goes on; as it was before (the write lost in a failover),
-        the change is made again; gone, the board was deleted; else (changed meanwhile)
-        NotAcknowledged. A
+        confirmed: as written (perhaps with a cancel asked since: ``_asking``), the mover goes on;
+        as it was before (the write lost in a failover), the change is made again; gone, the board
+        was deleted; else (changed meanwhile) NotAcknowledged. A
         commit lost in a failover after the new layout was opened would name the old layout
         again, and a resume would find the new one apart from it and drop it with every write it
         took (``_recopy``); a lost epoch could be taken again by another mover."""
@@ -256,8 +256,8 @@ class Resharder:
                 held = await self.copier.confirm(keys.BOARDS, self.board_id, written)
                 # Gone: deleted meanwhile, which the record read next says (BoardNotFound).
                 if held is not None:
-                    if orjson.loads(held) == new:
-                        return new
+                    if orjson.loads(held) in (new, _asking(new)):
+                        return new  # as written, or with a cancel recorded since: seen at the next step
                     if orjson.loads(held) != record:
                         raise NotAcknowledged(
                             f"the registry's record of {self.board_id!r} changed since the mover "
@@ -1010,6 +1010,14 @@ def _given() -> Iterator[None]:
             raise
         name = (e.field or "").removeprefix("sharding.")
         raise InvalidInput(e.message.replace(e.field or "", name), name, e.code) from e
+
+
+def _asking(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with a cancel asked of its reshard, as ``Resharder.cancel`` records it: one
+    recorded between the mover's write and its read-back leaves the mover's write standing, and is
+    carried out at its next step (until 2026-12-05 the mover stopped with NotAcknowledged)."""
+    move = record.get("reshard")
+    return {**record, "reshard": {**move, "cancel": True}} if move else record
 
 
 def _incarnation(record: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ from shardlb.board import Board, Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.errors import BoardConflict
-from shardlb.reshard import Busy, Resharder
+from shardlb.reshard import Busy, Cancelled, Resharder
 from shardlb.store import BoardStore
 from tests.router_support import running, service_of
 from tests.test_reshard import _kill_at, _mover
@@ -423,4 +423,35 @@ async def test_a_mover_started_after_the_routers_stop_is_not_left_running(store:
     await asyncio.gather(*left, return_exceptions=True)
     assert not left, "a mover started after the stop"
     await Resharder(store, board_id, say=lambda _: None).cancel()
+    await store.delete(board_id)
+
+
+async def test_a_cancel_recorded_as_the_mover_confirms_its_record_is_carried_out(store: BoardStore) -> None:
+    """An operator cancels while a mover (a router's resumed one, or `shardlb reshard`) records its
+    progress: the cancel lands between the mover's compare-and-set and its read-back from a
+    replica. The mover found the record neither as it wrote it nor as before and stopped with
+    NotAcknowledged, "another mover, or a failover lost it?": an error line (the command's
+    exit with that message) for a cancel that was carried out only by the operator's wait for the
+    lease. The mover sees its write there, with the cancel on top, and cancels at its next step."""
+    board = await make_board(store, 3)
+    board_id = board.config.id
+    await post(board, 300, "before")
+    mover = Resharder(store, board_id, say=lambda _: None, cache_s=0)
+    await mover.start(4)
+    confirm, cancels = mover.copier.confirm, []
+
+    async def cancelled_meanwhile(key: str, field: str, written: Any) -> Any:
+        if not cancels and b'"copied":[0]' in written:
+            cancels.append(asyncio.ensure_future(Resharder(store, board_id, say=lambda _: None).cancel()))
+            while not (await mover.record())[1]["reshard"].get("cancel"):
+                await asyncio.sleep(0.01)
+        return await confirm(key, field, written)
+
+    mover.copier.confirm = cancelled_meanwhile  # type: ignore[method-assign]
+    with pytest.raises(Cancelled):
+        await mover.run()
+    assert await cancels[0] == "cancelled"
+    status = await Resharder(store, board_id).status()
+    assert (status["state"], status["shards"]) == ("none", 3), status
+    assert sum([e.points for e in await (await store.get(board_id)).top(300)]) == 300
     await store.delete(board_id)
