@@ -571,10 +571,23 @@ class Resharder:
             # is, or the shards it had moved refused writes until a router resumed the reshard, a
             # lease and more later (until 2026-12-05). Not once the commit is sent: its reply lost
             # to the cancel, the record read here could precede it, and shards reopened under a
-            # committed record would take writes nobody copies. Those wait for the resume.
+            # committed record would take writes nobody copies. Then the new layout is opened if
+            # the record says the commit landed (else its closed shards refused every write until
+            # the resume); if not, both wait for the resume.
             if not self.committing:
                 await self._unseal(source)
+            else:
+                await self._open_if_committed(target)
             raise
+
+    async def _open_if_committed(self, target: Board) -> None:
+        """Open the new layout if the record names it, committed by this mover (``_seal``)."""
+        try:
+            _, record = await self.record()
+            self._ours(record, "committed")
+            await self._open(target)
+        except Exception as e:  # not committed, or another mover's now: the resume opens it
+            self.say(f"{self.board_id}: stopped at the commit; a resume finishes it ({e!r})")
 
     async def _unseal(self, source: Board) -> None:
         """After a failure while sealing: if the record still names the old layout (the commit was not

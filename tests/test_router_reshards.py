@@ -455,3 +455,38 @@ async def test_a_cancel_recorded_as_the_mover_confirms_its_record_is_carried_out
     assert (status["state"], status["shards"]) == ("none", 3), status
     assert sum([e.points for e in await (await store.get(board_id)).top(300)]) == 300
     await store.delete(board_id)
+
+
+async def test_a_mover_cancelled_once_its_commit_is_written_opens_the_new_layout(store: BoardStore) -> None:
+    """A mover's task cancelled (a router's stop) while it waited for a replica to confirm its
+    commit: the record names the new layout, whose shards were still closed, so every write was
+    refused (503 after the router's 2 s of retries) until a router resumed the reshard a lease and
+    more later. The cancelled mover opens them if the record it reads says the commit landed."""
+    board = await make_board(store, 2)
+    board_id = board.config.id
+    await post(board, 200, "before")
+    mover = Resharder(store, board_id, say=lambda _: None, cache_s=0)
+    await mover.start(3)
+    confirm, waiting = mover.copier.confirm, asyncio.Event()
+
+    async def stalls_on_the_commit(key: str, field: str, written: Any) -> Any:
+        if b'"state":"committed"' in written and b"refused_ms" not in written:
+            waiting.set()
+            await asyncio.sleep(3600)  # a replica slow to confirm
+        return await confirm(key, field, written)
+
+    mover.copier.confirm = stalls_on_the_commit  # type: ignore[method-assign]
+    task = asyncio.ensure_future(mover.run())
+    await waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    fresh = await store.get(board_id)
+    assert fresh.config.sharding.shards == 3  # committed
+    now = times.now_ms()
+    [result] = await fresh.submit([Score("p1", 1, "after-stop", now)], now)
+    assert result.status == "improved"
+    final = await Resharder(store, board_id, say=lambda _: None, cache_s=0).run()
+    assert (final["state"], final["shards"]) == ("none", 3)
+    assert sum([e.points for e in await (await store.get(board_id)).top(300)]) == 201
+    await store.delete(board_id)
