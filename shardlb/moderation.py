@@ -85,15 +85,19 @@ end
 return 0
 """
 # The forgetting of a deleted board's bans (``Bans.forget``): KEYS[1] the list, ARGV[1] the board's
-# incarnation, then fields: each removed only while its record holds that incarnation. A ban of the
-# player on the board created again under the id since took the field over, and stays. A record
-# that is no JSON object (written by hand) is left alone, not an error.
+# incarnation, then field, the ban's time (ms, PostgreSQL's row), ...: each removed only while its
+# record holds that incarnation, or holds none and that time: a router of the release before
+# 2026-12-05 writes a ban's record again from its row (a retry, a ban asked for again) without
+# `inc`, and that record is this ban still. A ban of the player on the board created again under
+# the id since took the field over (its incarnation, or its own time), and stays. A record that is
+# no JSON object (written by hand) is left alone, not an error.
 _FORGET = """
 local removed = 0
-for i = 2, #ARGV do
+for i = 2, #ARGV, 2 do
   local record = redis.call('HGET', KEYS[1], ARGV[i])
   local ok, ban = pcall(cjson.decode, record or '')
-  if ok and type(ban) == 'table' and ban['inc'] == ARGV[1] then
+  if ok and type(ban) == 'table' and (ban['inc'] == ARGV[1]
+      or (ban['inc'] == nil and ban['at'] == tonumber(ARGV[i + 1]))) then
     removed = removed + redis.call('HDEL', KEYS[1], ARGV[i])
   end
 end
@@ -634,17 +638,22 @@ class Bans:
         it; a restore meanwhile writes the records back, which it removes again. The board is
         marked deleted in PostgreSQL in the same transaction, as the archiver marks it (a no-op for
         a board it does not keep): `rebuild --all` never brings back a board whose bans are gone.
-        Bans stored without an incarnation (before 2026-12-05: every board of the id) stay, and the
-        audit rows of the bans stay (no row is written: the ban stopped with the board's deletion,
-        not here)."""
+        A record without ``inc`` but with the row's time is the same ban, written again by a router
+        of the release before (until 2026-12-05 it stayed, refusing the player on the board created
+        again while PostgreSQL held no ban). Bans stored without an incarnation (before 2026-12-05:
+        every board of the id) stay, and the audit rows of the bans stay (no row is written: the
+        ban stopped with the board's deletion, not here)."""
         async with db.transaction():
             cur = await db.execute(
-                "SELECT player_id FROM bans WHERE board = %s AND incarnation = %s", (board, incarnation)
+                "SELECT player_id, (extract(epoch FROM banned_at) * 1000)::bigint FROM bans "
+                "WHERE board = %s AND incarnation = %s",
+                (board, incarnation),
             )
-            players = [row[0] for row in await cur.fetchall()]
-        fields = [ban_field(board, p) for p in players]
-        for i in range(0, len(fields), BANS_PAGE):
-            await self._write(("EVAL", _FORGET, 1, keys.BANS, incarnation, *fields[i : i + BANS_PAGE]))
+            found = await cur.fetchall()
+        players = [row[0] for row in found]
+        args = [v for player, at_ms in found for v in (ban_field(board, player), int(at_ms))]
+        for i in range(0, len(args), 2 * BANS_PAGE):
+            await self._write(("EVAL", _FORGET, 1, keys.BANS, incarnation, *args[i : i + 2 * BANS_PAGE]))
         async with db.transaction():
             await db.execute("DELETE FROM bans WHERE board = %s AND incarnation = %s", (board, incarnation))
             await db.execute(

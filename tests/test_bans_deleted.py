@@ -240,3 +240,35 @@ async def test_a_delete_whose_forgetting_fails_answers_204_and_the_archiver_fini
         await a.db.close()
         assert await held(store, ban_field(name, player)) == set()
         assert await stored(postgres_url, (name, player)) == set()
+
+
+async def test_a_ban_whose_record_a_router_of_the_release_before_wrote_again_goes_with_its_board(
+    cluster_url: str, postgres_url: str, store: BoardStore
+) -> None:
+    """While old and new routers run side by side (the upgrade of 2026-12-05), a router of the
+    release before that answers a ban's retry, or the ban asked for again while in force, writes
+    Redis's record again from PostgreSQL's row in its own format: reason, by and at, no ``inc``.
+    The deletion then forgot PostgreSQL's row but left that record (only records holding the
+    incarnation went): the ban went on refusing the player on the board created again, in every
+    router, and GET /v1/bans listed it, while PostgreSQL held no ban. A record without ``inc``
+    whose time is the forgotten row's is that ban, and goes with it; a ban stored before
+    incarnations were kept (its row has none) stays."""
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client)
+        player, old = f"rewritten-{name}", f"old-{name}"
+        scope = {"scope": "board", "board": name}
+        r = await client.post(f"/v1/players/{player}:ban", json=scope, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+        field = ban_field(name, player)
+        [record] = await store.client.hmget(keys.BANS, [field])
+        written = orjson.loads(record)
+        # As the release before writes it back from the row (moderation.py of c25d589, Bans.add).
+        before = {"reason": written["reason"], "by": written["by"], "at": written["at"]}
+        await store.client.hset(keys.BANS, field, orjson.dumps(before))
+        await legacy_ban(store, postgres_url, name, old)
+        try:
+            assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+            assert await stored(postgres_url, (name, player)) == set()
+            assert await held(store, field, ban_field(name, old)) == {ban_field(name, old)}
+        finally:
+            await lift(postgres_url, store, (name, player), (name, old))
