@@ -14,7 +14,7 @@ import pytest
 
 from shardlb import times
 from shardlb.archive import connect_db
-from shardlb.board import Score
+from shardlb.board import Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
@@ -40,6 +40,26 @@ async def backup_of(url: str) -> str:
     return f"{base}/{name}"
 
 
+async def lost_after_backup(board: Board, raw: Any, only: OnlyStore, live: str, now: int) -> str:
+    """The loss every test here starts from: ten results (``a0``..``a9``) archived into ``live``,
+    the backup taken, ten more (``b0``..``b9``, 100 points up) archived into ``live``, acknowledged
+    and trimmed from the journals. Returns the backup's URL (every archiver closed)."""
+    a = await archiver(raw, only, live)
+    try:
+        await board.submit([Score(f"a{i}", i, f"ma{i}", now) for i in range(10)])
+        await drain(a)
+    finally:
+        await a.db.close()
+    restored = await backup_of(live)  # the backup: taken here
+    a = await archiver(raw, only, live)
+    try:
+        await board.submit([Score(f"b{i}", 100 + i, f"mb{i}", now) for i in range(10)])
+        await drain(a)  # archived into the live database, acknowledged and trimmed
+    finally:
+        await a.db.close()
+    return restored
+
+
 async def test_results_archived_after_the_backup_are_reported_and_not_dropped_by_a_rebuild(
     store: BoardStore, raw: Any, postgres_url: str
 ) -> None:
@@ -53,19 +73,11 @@ async def test_results_archived_after_the_backup_are_reported_and_not_dropped_by
     only = OnlyStore(store.client, store.scripts, {config.id})
     now = times.now_ms()
     async with own_archive(postgres_url) as live:
-        a = await archiver(raw, only, live)
+        restored = await lost_after_backup(board, raw, only, live, now)
+        await board.submit([Score(f"c{i}", 200 + i, f"mc{i}", now) for i in range(10)])
+        # PostgreSQL lost, restored from the backup: the archiver now writes there.
+        a = await archiver(raw, only, restored)
         try:
-            await board.submit([Score(f"a{i}", i, f"ma{i}", now) for i in range(10)])
-            await drain(a)
-            await a.db.close()
-            restored = await backup_of(live)  # the backup: taken here
-            a = await archiver(raw, only, live)
-            await board.submit([Score(f"b{i}", 100 + i, f"mb{i}", now) for i in range(10)])
-            await drain(a)  # archived into the live database, acknowledged and trimmed
-            await a.db.close()
-            await board.submit([Score(f"c{i}", 200 + i, f"mc{i}", now) for i in range(10)])
-            # PostgreSQL lost, restored from the backup: the archiver now writes there.
-            a = await archiver(raw, only, restored)
             await drain(a)
             rows = {s.player_id for s in await archived(restored, board)}
             assert rows == {f"a{i}" for i in range(10)} | {f"c{i}" for i in range(10)}
@@ -206,18 +218,10 @@ async def test_reconcile_names_the_gap_and_its_repair_keeps_the_board(
     only = OnlyStore(store.client, store.scripts, {config.id})
     now = times.now_ms()
     async with own_archive(postgres_url) as live:
-        a = await archiver(raw, only, live)
+        restored = await lost_after_backup(board, raw, only, live, now)
+        await board.submit([Score("c", 1, "mc", now)])
+        a = await archiver(raw, only, restored)
         try:
-            await board.submit([Score(f"a{i}", i, f"ma{i}", now) for i in range(10)])
-            await drain(a)
-            await a.db.close()
-            restored = await backup_of(live)
-            a = await archiver(raw, only, live)
-            await board.submit([Score(f"b{i}", 100 + i, f"mb{i}", now) for i in range(10)])
-            await drain(a)
-            await a.db.close()
-            await board.submit([Score("c", 1, "mc", now)])
-            a = await archiver(raw, only, restored)
             await drain(a)
             command = ["reconcile", config.id, "--redis", cluster_url, "--postgres", restored]
             capsys.readouterr()
@@ -246,17 +250,9 @@ async def test_a_journal_without_writes_since_the_restore_is_judged_too(
     only = OnlyStore(store.client, store.scripts, {config.id})
     now = times.now_ms()
     async with own_archive(postgres_url) as live:
-        a = await archiver(raw, only, live)
+        restored = await lost_after_backup(board, raw, only, live, now)
+        a = await archiver(raw, only, restored)  # no write since: every journal idle
         try:
-            await board.submit([Score(f"a{i}", i, f"ma{i}", now) for i in range(10)])
-            await drain(a)
-            await a.db.close()
-            restored = await backup_of(live)
-            a = await archiver(raw, only, live)
-            await board.submit([Score(f"b{i}", 100 + i, f"mb{i}", now) for i in range(10)])
-            await drain(a)
-            await a.db.close()
-            a = await archiver(raw, only, restored)  # no write since: every journal idle
             await drain(a)
             cur = await a.db.execute(
                 "SELECT count(*) FROM archive_gaps WHERE board = %s AND incarnation = %s",
@@ -287,16 +283,8 @@ async def test_a_rebuild_compares_the_journals_with_the_archive_itself(
     only = OnlyStore(store.client, store.scripts, {config.id})
     now = times.now_ms()
     async with own_archive(postgres_url) as live:
-        a = await archiver(raw, only, live)
         try:
-            await board.submit([Score(f"a{i}", i, f"ma{i}", now) for i in range(10)])
-            await drain(a)
-            await a.db.close()
-            restored = await backup_of(live)
-            a = await archiver(raw, only, live)
-            await board.submit([Score(f"b{i}", 100 + i, f"mb{i}", now) for i in range(10)])
-            await drain(a)
-            await a.db.close()
+            restored = await lost_after_backup(board, raw, only, live, now)
             command = ["reconcile", config.id, "--redis", cluster_url, "--postgres", restored, "--repair"]
             capsys.readouterr()
             assert await asyncio.to_thread(main, command) == 1
@@ -312,6 +300,5 @@ async def test_a_rebuild_compares_the_journals_with_the_archive_itself(
                 await Rebuilder(raw, Scripts.register(raw).rebuild, db).rebuild(board)  # the archive whole
                 assert await board.size(board.resolve("total")) == 20
         finally:
-            await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
