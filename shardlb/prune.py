@@ -6,7 +6,8 @@ board stays needed for as long as the board lives (its total is rebuilt, reconci
 from all of them, and a player's history lists them). A deleted incarnation is read by nothing:
 `rebuild --all` skips it (``boards.deleted_at``), a rebuild, reconcile, settlement or history read
 needs the board in the registry, and a board created again under the id has another incarnation.
-So its rows of ``TABLES`` go; what stays:
+So its rows of ``TABLES`` go, and the archiver's marks and gaps of its journals (``BOOKKEEPING``);
+what stays:
 
 - its ``boards`` row, the mark that keeps `rebuild --all` from bringing it back;
 - its settlements, snapshots, awards, acks and webhook deliveries (a season archive run again
@@ -51,6 +52,10 @@ TABLES = {
     "player_removals": "shard",
     "removal_records": "shard",
 }
+# The archiver's bookkeeping of an incarnation's journals (shardlb/archive.py): a row a shard's
+# journal, a few a board, read only while the board lives (a rebuild's restore check). Removed in
+# one statement each, after the rows above.
+BOOKKEEPING = ("journal_marks", "archive_gaps")
 
 
 class Pruned(NamedTuple):
@@ -86,7 +91,8 @@ async def prune(
     limit: int = LIMIT_ROWS,
 ) -> Pruned:
     """Remove the rows of ``TABLES`` of every incarnation ``prunable`` names, at most ``batch`` a
-    transaction and ``limit`` in all (see the module docstring). ``db`` is in autocommit."""
+    transaction and ``limit`` in all (see the module docstring), then its ``BOOKKEEPING`` rows (a few a
+    board: neither counted in ``Pruned.rows`` nor against ``limit``). ``db`` is in autocommit."""
     removed: dict[tuple[str, str], int] = {}
     left = limit
     for ident in await prunable(db, client, grace_s):
@@ -101,6 +107,8 @@ async def prune(
                     break
             if not left:
                 return Pruned(removed, False)
+        for table in BOOKKEEPING:
+            await db.execute(f"DELETE FROM {table} WHERE board = %s AND incarnation = %s", ident)
     return Pruned(removed, True)
 
 
@@ -128,10 +136,10 @@ def _positive(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`shardlb prune`: remove from PostgreSQL the archived rows (results, holds, removals and their
-    records) of the boards deleted at least --grace seconds ago, --batch rows a transaction and at
-    most --limit rows. Exit status 0 when nothing is left to prune, 3 when --limit stopped it (run
-    it again), 2 for bad arguments. The boards' settlements, snapshots and awards, the moderation
-    audit and the refused results stay."""
+    records, and the archiver's marks of their journals) of the boards deleted at least --grace
+    seconds ago, --batch rows a transaction and at most --limit rows. Exit status 0 when nothing is
+    left to prune, 3 when --limit stopped it (run it again), 2 for bad arguments. The boards'
+    settlements, snapshots and awards, the moderation audit and the refused results stay."""
     parser = argparse.ArgumentParser(
         prog="shardlb prune",
         description=inspect.cleandoc(main.__doc__ or ""),

@@ -53,11 +53,13 @@ async def archived(raw: Any, store: BoardStore, db: psycopg.AsyncConnection[Any]
     await a.refresh()
 
 
-async def rows_of(db: psycopg.AsyncConnection[Any], board: str, incarnation: str) -> dict[str, list[Any]]:
+async def rows_of(
+    db: psycopg.AsyncConnection[Any], board: str, incarnation: str, tables: tuple[str, ...] = TABLES
+) -> dict[str, list[Any]]:
     out = {}
-    for table in TABLES:
+    for table in tables:
         cur = await db.execute(
-            f"SELECT * FROM {table} WHERE board = %s AND incarnation = %s ORDER BY 1, 2, 3, 4, 5",
+            f"SELECT * FROM {table} WHERE board = %s AND incarnation = %s ORDER BY 1, 2, 3, 4",
             (board, incarnation),
         )
         out[table] = [tuple(row) for row in await cur.fetchall()]
@@ -97,6 +99,15 @@ async def test_a_prune_removes_a_deleted_board_and_no_row_a_live_board_reads(
             history = await player_history(db, live, "p002", 100)
             assert all(before.values())  # results, a hold, a removal and its record
             assert all((await rows_of(db, gone.config.id, gone.incarnation)).values())
+            marks = ("journal_marks",)
+            live_marks = await rows_of(db, live.config.id, live.incarnation, marks)
+            live_ident = (live.config.id, live.incarnation)
+            assert all((await rows_of(db, gone.config.id, gone.incarnation, marks)).values())
+            await db.execute(  # a gap of each board, as the archiver records one (shardlb/archive.py)
+                "INSERT INTO archive_gaps (journal, board, incarnation, shard, archived_to, trimmed_to) "
+                "VALUES (%s, %s, %s, 0, '1-0', '2-0'), (%s, %s, %s, 0, '1-0', '2-0')",
+                ("gone-journal", gone.config.id, gone.incarnation, "live-journal", *live_ident),
+            )
             await store.delete(gone.config.id)
             await archived(raw, store, db)
 
@@ -104,6 +115,13 @@ async def test_a_prune_removes_a_deleted_board_and_no_row_a_live_board_reads(
 
             assert report.done and report.rows[(gone.config.id, gone.incarnation)] > 0
             assert not any((await rows_of(db, gone.config.id, gone.incarnation)).values())
+            # the archiver's bookkeeping of the deleted incarnation's journals goes too, not the live one's
+            bookkeeping = ("journal_marks", "archive_gaps")
+            assert not any((await rows_of(db, gone.config.id, gone.incarnation, bookkeeping)).values())
+            assert await rows_of(db, live.config.id, live.incarnation, marks) == live_marks
+            live_gaps = await rows_of(db, live.config.id, live.incarnation, ("archive_gaps",))
+            assert len(live_gaps["archive_gaps"]) == 1
+            await db.execute("DELETE FROM archive_gaps WHERE journal = 'live-journal'")
             cur = await db.execute("SELECT deleted_at IS NOT NULL FROM boards WHERE board = 'prune-gone'")
             assert await cur.fetchall() == [(True,)]
             assert await rows_of(db, live.config.id, live.incarnation) == before
