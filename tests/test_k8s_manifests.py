@@ -59,6 +59,7 @@ ROUTER_PORT = 8000
 ARCHIVER = "shardlb-archiver"
 RECONCILE = "shardlb-reconcile"
 BANDS = "shardlb-bands"
+PRUNE = "shardlb-prune"
 REDIS = "redis-cluster"
 POSTGRES = "shardlb-postgres"  # the dev overlay's PostgreSQL (StatefulSet and Service)
 SECRET = "shardlb-keys"
@@ -1337,10 +1338,10 @@ def test_every_postgres_client_has_the_archive_url(overlay: str) -> None:
                 assert pod_labels(owner).get(key) == value, owner["metadata"]["name"]
                 assert ref["name"] == postgres_secret_name(overlay) and ref["key"] == "SHARDLB_POSTGRES_URL"
     pool = {WRITE_POOL} if overlay in WRITE_POOL_OVERLAYS else set()
-    assert set(refs) == {ROUTER, ARCHIVER, RECONCILE, BANDS, *pool}
+    assert set(refs) == {ROUTER, ARCHIVER, RECONCILE, BANDS, PRUNE, *pool}
     # the router runs without it (its archive endpoints then answer 409); the others need it
     assert all(refs[name].get("optional") is True for name in (ROUTER, *pool))
-    assert not any(refs[name].get("optional") for name in (ARCHIVER, RECONCILE, BANDS))
+    assert not any(refs[name].get("optional") for name in (ARCHIVER, RECONCILE, BANDS, PRUNE))
     from router.settings import Settings
 
     url = "postgresql://shardlb:pw@db.example.com:5432/shardlb"
@@ -1354,10 +1355,11 @@ def test_network_policy_of_the_archive(overlay: str) -> None:
     archiver = pod_labels(archiver_owner)
     reconcile = pod_labels(get(overlay, "CronJob", RECONCILE))
     bands = pod_labels(get(overlay, "CronJob", BANDS))
+    prune = pod_labels(get(overlay, "CronJob", PRUNE))
     router = pod_labels(get(overlay, "Deployment", ROUTER))
     redis = pod_labels(get(overlay, "StatefulSet", REDIS))
     # they talk to Redis' client port, PostgreSQL (at any address: prod's is outside) and DNS only
-    for source in (archiver, reconcile, bands):
+    for source in (archiver, reconcile, bands, prune):
         assert admits(overlay, source, redis, 6379)
         assert not admits(overlay, source, redis, 16379)
         assert egress_outside(overlay, source, 5432) and egress_outside(overlay, source, 53)
@@ -1377,10 +1379,10 @@ def test_network_policy_of_the_archive(overlay: str) -> None:
     ]
     outside = [peer for peer in peers if "podSelector" not in peer]
     assert outside == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
-    # nothing connects to the reconcile and band starts Jobs
+    # nothing connects to the reconcile, band starts and prune Jobs
     for source in (None, router, archiver, {"app": "any-pod"}):
-        assert not admits(overlay, source, reconcile, port)
-        assert not admits(overlay, source, bands, port)
+        for job in (reconcile, bands, prune):
+            assert not admits(overlay, source, job, port)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -1397,21 +1399,22 @@ def test_reconcile_runs_nightly_one_at_a_time(overlay: str) -> None:
     assert {"SHARDLB_RECONCILE_BOARDS", "SHARDLB_RECONCILE_ARGS"} <= set(settings)
 
 
-def job_script(tmp_path: Path, cron: str, name: str, failing: str) -> Callable[..., tuple[int, list[str]]]:
+def job_script(tmp_path: Path, cron: str, name: str, status: str) -> Callable[..., tuple[int, list[str]]]:
     """The shell script of CronJob ``cron``'s container ``name``, run as the pod would, with a
-    `shardlb` that records its arguments and fails (exit 1) for the board named ``failing``: a call
-    (the ConfigMap's settings) gives the exit status and the `shardlb` calls made."""
+    `shardlb` that records its arguments in the file ``$calls`` and exits with the status of the
+    shell line ``status`` (e.g. `[ "$2" != broken ]`: 1 for the board named broken): a call (settings
+    over the ConfigMap's) gives the exit status and the `shardlb` calls made."""
     c = container(get("prod", "CronJob", cron), name)
     assert c["command"][:2] == ["sh", "-c"]
     script = c["command"][2]
     log = tmp_path / "calls"
     stub = tmp_path / "shardlb"
-    stub.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$2" != {failing} ]\n')
+    stub.write_text(f'#!/bin/sh\ncalls={log}\necho "$*" >> "$calls"\n{status}\n')
     stub.chmod(0o755)
 
     def job(**settings: str) -> tuple[int, list[str]]:
         log.write_text("")
-        env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", **settings}
+        env = {**os.environ, **config_data("prod", c), "PATH": f"{tmp_path}:{os.environ['PATH']}", **settings}
         result = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=False)
         return result.returncode, log.read_text().splitlines()
 
@@ -1419,7 +1422,7 @@ def job_script(tmp_path: Path, cron: str, name: str, failing: str) -> Callable[.
 
 
 def test_reconcile_job_checks_every_board_and_fails_on_any_drift(tmp_path: Path) -> None:
-    run = job_script(tmp_path, RECONCILE, "reconcile", failing="drifting")
+    run = job_script(tmp_path, RECONCILE, "reconcile", '[ "$2" != drifting ]')
 
     def job(boards: str, args: str = "") -> tuple[int, list[str]]:
         return run(SHARDLB_RECONCILE_BOARDS=boards, SHARDLB_RECONCILE_ARGS=args)
@@ -1447,7 +1450,7 @@ def test_band_starts_job_runs_nightly_one_at_a_time(overlay: str) -> None:
 
 
 def test_band_starts_job_applies_every_board_and_fails_on_any_failure(tmp_path: Path) -> None:
-    run = job_script(tmp_path, BANDS, "bands", failing="broken")
+    run = job_script(tmp_path, BANDS, "bands", '[ "$2" != broken ]')
 
     def job(boards: str, args: str = "") -> tuple[int, list[str]]:
         return run(SHARDLB_BANDS_BOARDS=boards, SHARDLB_BANDS_ARGS=args)
@@ -1467,11 +1470,96 @@ def test_band_starts_job_applies_every_board_and_fails_on_any_failure(tmp_path: 
     assert code == 1 and calls == ["bands b --count 2 --apply"]
 
 
+def daily_window(cron: dict[str, Any]) -> tuple[int, int]:
+    """The minutes of the day from and until which (mod 1440) a daily CronJob's Jobs may run: its
+    schedule, and then its Jobs' deadline."""
+    minute, hour, *rest = cron["spec"]["schedule"].split()
+    assert rest == ["*", "*", "*"] and cron["spec"]["timeZone"] == "Etc/UTC", cron["spec"]["schedule"]
+    start = int(hour) * 60 + int(minute)
+    deadline = cron["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"]
+    return start, (start + math.ceil(deadline / 60)) % 1440
+
+
+def starts_within(minute: int, window: tuple[int, int]) -> bool:
+    start, end = window
+    return start <= minute < end if start < end else minute >= start or minute < end
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_prune_runs_nightly_apart_from_the_other_jobs_one_at_a_time(
+    overlay: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cron = get(overlay, "CronJob", PRUNE)
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    # its whole window (to its deadline) keeps clear of reconcile's and bands' starts, and theirs of its
+    prune = daily_window(cron)
+    for other in (RECONCILE, BANDS):
+        theirs = daily_window(get(overlay, "CronJob", other))
+        assert not starts_within(theirs[0], prune) and not starts_within(prune[0], theirs), other
+    c = container(cron, "prune")
+    assert redis_password_ref(c) == REDIS_SECRET
+    archiver = container(get(overlay, "Deployment", ARCHIVER), "archiver")
+    settings = config_data(overlay, c)
+    assert settings["SHARDLB_REDIS_URL"] == config_data(overlay, archiver)["SHARDLB_REDIS_URL"]
+    # run like the reconcile Job: same pod and container security settings, nothing mounted but /tmp
+    reconcile = get(overlay, "CronJob", RECONCILE)
+    assert pod_spec(cron)["securityContext"] == pod_spec(reconcile)["securityContext"]
+    assert c["securityContext"] == container(reconcile, "reconcile")["securityContext"]
+    assert [m["mountPath"] for m in c["volumeMounts"]] == ["/tmp"]
+    # its calls' options are prune's own: its parser takes them and stops only at the missing URL
+    from shardlb import prune as prune_module
+
+    args = shlex.split(settings["SHARDLB_PRUNE_ARGS"])
+    monkeypatch.delenv("SHARDLB_POSTGRES_URL", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        prune_module.main(args)
+    assert stopped.value.code == 2 and "give --postgres" in capsys.readouterr().err
+    # the budget stops the calls before the Job's deadline does (a failed Job), leaving room for the
+    # pod's start and a last call of --limit rows at 10,000 rows/s (1,000,000 rows took 38-63 s on a
+    # 2-core test machine, prune-cronjob.yaml)
+    limit = int(arg_value(args, "--limit"))
+    deadline = cron["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"]
+    budget = int(settings["SHARDLB_PRUNE_BUDGET_S"])
+    assert budget > 0 and budget + 600 + limit / 10_000 <= deadline
+    assert cron["spec"]["jobTemplate"]["spec"]["backoffLimit"] == 0
+
+
+# a stub `shardlb`'s status: the word of EXITS at its call's number (the first call, the first word)
+EXITS = 'set -- $EXITS; shift $(($(wc -l < "$calls") - 1)); exit "$1"'
+
+
+def prune_default_call() -> str:
+    settings = config_data("prod", container(get("prod", "CronJob", PRUNE), "prune"))
+    return f"prune {settings['SHARDLB_PRUNE_ARGS']}"
+
+
+def test_prune_job_calls_it_again_while_the_limit_stops_it_and_the_budget_lasts(tmp_path: Path) -> None:
+    run = job_script(tmp_path, PRUNE, "prune", EXITS)
+    assert run(EXITS="0", SHARDLB_PRUNE_ARGS="--grace 86400") == (0, ["prune --grace 86400"])
+    # exit 3, --limit reached: run again at once, until nothing is left; the Job succeeds
+    assert run(EXITS="3 3 0", SHARDLB_PRUNE_ARGS="--limit 5") == (0, ["prune --limit 5"] * 3)
+    # the budget spent with rows left: no call more, and the Job succeeds (the next night goes on)
+    assert run(EXITS="3 3 3", SHARDLB_PRUNE_BUDGET_S="0") == (0, [prune_default_call()])
+    # the ConfigMap's options and budget by default
+    assert run(EXITS="3 0") == (0, [prune_default_call()] * 2)
+
+
+def test_prune_job_fails_on_any_other_status(tmp_path: Path) -> None:
+    run = job_script(tmp_path, PRUNE, "prune", EXITS)
+    # PostgreSQL or Redis unreachable (1), bad options (2): the Job fails with that status, no retry
+    assert run(EXITS="1 0") == (1, [prune_default_call()])
+    assert run(EXITS="3 2 0", SHARDLB_PRUNE_ARGS="--batch 0") == (2, ["prune --batch 0"] * 2)
+    # a budget that is not a number of seconds runs nothing
+    for budget in ("", "1h", "-5", "90 s"):
+        assert run(EXITS="0", SHARDLB_PRUNE_BUDGET_S=budget) == (2, []), budget
+
+
 @pytest.mark.parametrize(
     ("cron", "name", "setting", "boards"),
     [
         (RECONCILE, "reconcile", "SHARDLB_RECONCILE_BOARDS", "a b"),
         (BANDS, "bands", "SHARDLB_BANDS_BOARDS", "a:3 b:3"),
+        (PRUNE, "prune", "SHARDLB_PRUNE_ARGS", "a b"),  # exit 3 (run it again) would not start another
     ],
 )
 def test_a_stopped_job_hands_sigterm_to_its_command_and_starts_no_other(
@@ -1480,7 +1568,7 @@ def test_a_stopped_job_hands_sigterm_to_its_command_and_starts_no_other(
     """Kubernetes stops a Job's pod (its deadline, a drain, a deletion) with SIGTERM to the pod's
     first process: the Job's shell. A shell there ignored it (PID 1 has no default action; any other
     shell died and left `shardlb` running): the command never had its clean-up, was killed 30 s
-    later, and meanwhile the shell went on to the next board."""
+    later, and meanwhile the shell went on to the next board (or prune call)."""
     c = container(get("prod", "CronJob", cron), name)
     assert c["command"][:2] == ["sh", "-c"]
     log, pid = tmp_path / "calls", tmp_path / "pid"
@@ -1492,7 +1580,8 @@ def test_a_stopped_job_hands_sigterm_to_its_command_and_starts_no_other(
         "while :; do sleep 0.1; done\n"
     )
     stub.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", setting: boards}
+    path = f"{tmp_path}:{os.environ['PATH']}"
+    env = {**os.environ, **config_data("prod", c), "PATH": path, setting: boards}
     job = subprocess.Popen(["sh", "-c", c["command"][2]], env=env, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -1542,7 +1631,7 @@ def test_dev_runs_its_own_postgres() -> None:
         assert c[probe]["exec"]["command"][0] == "pg_isready", probe
     # only the archive's clients reach it; it reaches nothing, not even DNS
     postgres = pod_labels(sts)
-    clients = {ROUTER, ARCHIVER, RECONCILE, BANDS}
+    clients = {ROUTER, ARCHIVER, RECONCILE, BANDS, PRUNE}
     for owner in pod_owners("dev"):
         if owner is not sts:
             allowed = admits("dev", pod_labels(owner), postgres, 5432)
