@@ -110,6 +110,11 @@ class TopCache:
         kept = self._views.get(view)
         return None if kept is None else kept.as_of_ms
 
+    def forget(self, board_id: str) -> None:
+        """Drop every kept view of ``board_id``: a player was removed from it (router/moderation.py),
+        and this worker's reads after the removal's answer must not show them."""
+        self._views.forget(lambda view: view.board == board_id)
+
     async def run(self) -> None:
         """Refresh every kept view forever (router/refresh.py); one task per worker runs this."""
         await self._views.run()

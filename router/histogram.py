@@ -139,6 +139,10 @@ class Histograms:
         snapshot = await self._views.load(key, lambda: self._sample(key, board))
         return snapshot.estimate(row)
 
+    def forget(self, board_id: str) -> None:
+        """Drop every kept snapshot of ``board_id`` (a player was removed: ``TopCache.forget``)."""
+        self._views.forget(lambda view: view.board == board_id)
+
     async def run(self) -> None:
         """Refresh every kept snapshot forever (router/refresh.py). One that cannot be refreshed is
         dropped at once: it would state a bound for an ever older board."""

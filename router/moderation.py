@@ -303,7 +303,13 @@ async def _remove(
             removed = await moderation.remove(board, [player], now_ms, request=request, since_ms=since_ms)
         return player in removed
 
-    return await through_reshard(attempt)
+    try:
+        return await through_reshard(attempt)
+    finally:
+        # This worker's cached tops and histograms of the board were read before the removal (or
+        # its part that went through, when it failed half way): its reads after the answer go live.
+        svc.tops.forget(board_id)
+        svc.histograms.forget(board_id)
 
 
 def _request(action: str, request_id: str | None) -> str | None:

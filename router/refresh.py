@@ -11,8 +11,9 @@ the first failure, once a minute at most, and the first pass whose refreshes all
 ``max_weight`` for what the kept values weigh together (``weigh``: the top cache's rows, the
 histograms' samples), the least recently read go first, and a value heavier than the whole budget
 is handed to its caller but not kept: what callers can make a worker keep and refresh is bounded
-in bytes, not only in keys. The board cache (router/boards.py) uses only the single flight: its entries expire
-instead of being refreshed.
+in bytes, not only in keys. ``forget`` drops the values of the keys it names (a player removed from
+a board: router/moderation.py) and keeps nothing a fetch begun before it read. The board cache
+(router/boards.py) uses only the single flight: its entries expire instead of being refreshed.
 """
 
 from __future__ import annotations
@@ -102,6 +103,9 @@ class Refreshed(Generic[K, V]):
         self.weight = 0  # what the kept values weigh together
         self._kept: OrderedDict[K, _Kept[V]] = OrderedDict()  # least recently read first
         self._flights: SingleFlight[K, V] = SingleFlight()
+        self._fetching: dict[K, int] = {}  # key -> fetches under way (``fetch``)
+        # key -> when ``forget`` dropped it, while a fetch begun before may still keep what it read
+        self._cuts: dict[K, float] = {}
         self.outage = Outage(log, f"{name} refresh failed", f"{name} refresh works again")
 
     def __len__(self) -> int:
@@ -123,9 +127,28 @@ class Refreshed(Generic[K, V]):
     async def fetch(self, key: K, fetch: Callable[[], Awaitable[V]]) -> V:
         """``fetch()``'s value, kept for ``key`` unless a fetch started later was kept first; not shared."""
         started = time.monotonic()
-        value = await fetch()
-        self._keep(key, value, started, add=True)
+        self._fetching[key] = self._fetching.get(key, 0) + 1
+        try:
+            value = await fetch()
+            if started >= self._cuts.get(key, started):
+                self._keep(key, value, started, add=True)
+        finally:
+            self._fetching[key] -= 1
+            if not self._fetching[key]:
+                del self._fetching[key]
+                self._cuts.pop(key, None)
         return value
+
+    def forget(self, which: Callable[[K], bool]) -> None:
+        """Drop the kept values of the keys ``which`` names, as read before what just changed: the
+        next read of one fetches it anew, and neither a refresh nor a fetch begun before this call
+        keeps what it read (its callers, who asked before, still get it)."""
+        now = time.monotonic()
+        for key in [k for k in self._kept if which(k)]:
+            self._drop(key)
+        for key in [k for k in self._fetching if which(k)]:
+            self._cuts[key] = now
+            self._flights.forget(key)
 
     async def run(self) -> None:
         """Refresh every kept value forever, dropping idle ones and ones that keep failing (one task

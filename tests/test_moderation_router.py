@@ -95,6 +95,38 @@ async def test_a_removal_is_absent_from_every_read_audited_and_retry_safe(
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
+async def test_a_removal_is_absent_from_the_routers_cached_reads_once_answered(
+    cluster_url: str, postgres_url: str
+) -> None:
+    # Caches refreshed once an hour: what a read shows after the answer comes from the removal, not
+    # from a refresh. Until 2026-12-05 the top cache and the histograms kept the copy read before
+    # the removal: /top listed the player removed, ranked, and estimates counted them.
+    slow = {"top_refresh_s": 3600.0, "histogram_refresh_s": 3600.0}
+    async with running(cluster_url, postgres_url=postgres_url, **slow) as (_, client):
+        name = await make_board(client)
+        await post(client, name, [score(f"p{i}", 10 * i, f"m{i}") for i in range(6)])
+        for player, path, headers in [
+            ("p4", f"/v1/boards/{name}/players/p4", {"X-Request-Id": "cached-1"}),
+            ("p3", "/v1/players/p3:ban", {}),
+        ]:
+            top = (await client.get(f"/v1/boards/{name}/top")).json()["entries"]
+            assert player in [e["player_id"] for e in top]
+            before = (await client.get(f"/v1/boards/{name}/players/p0?estimate=true")).json()["players"]
+            if path.endswith(":ban"):
+                body = {"scope": "board", "board": name, "reason": "cheating"}
+                r = await client.post(path, json=body, headers={**AS_ADMIN, **headers})
+            else:
+                r = await client.delete(path, headers={**AS_ADMIN, **headers})
+            assert r.status_code == 200, r.text
+            for period in ("total", "daily"):
+                top = (await client.get(f"/v1/boards/{name}/top?period={period}")).json()["entries"]
+                assert player not in [e["player_id"] for e in top]
+                assert [e["rank"] for e in top] == list(range(1, len(top) + 1))
+            guess = (await client.get(f"/v1/boards/{name}/players/p0?estimate=true")).json()
+            assert guess["players"] == before - 1 and guess["rank"] == before - 1
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
 async def test_bad_removals_are_refused_and_write_nothing(cluster_url: str, postgres_url: str) -> None:
     async with running(cluster_url, postgres_url=postgres_url) as (_, client):
         name = await make_board(client)

@@ -202,6 +202,31 @@ async def test_a_fetch_started_earlier_never_replaces_one_started_later() -> Non
     assert kept.get("k") == "new"  # ... but the kept copy stays the later one
 
 
+async def test_forget_drops_the_values_named_and_keeps_none_read_before_it() -> None:
+    source = Source()
+    kept = refreshed(source)
+    for key in ("a:1", "a:2", "b:1"):
+        await kept.load(key, source.fetch(f"{key} old"))
+    slow_source = Source()
+    slow_source.gate.clear()
+    slow = asyncio.ensure_future(kept.load("a:3", slow_source.fetch("a:3 old")))  # begun before
+    await until(lambda: slow_source.calls == 1)
+    kept.forget(lambda key: key.startswith("a:"))
+    assert kept.get("a:1") is None and kept.get("a:2") is None and kept.get("b:1") == "b:1 old"
+    # A reader after the forget does not join the fetch begun before it: it fetches anew.
+    assert await kept.load("a:3", source.fetch("a:3 new")) == "a:3 new"
+    slow_source.gate.set()
+    assert await slow == "a:3 old"  # its caller, who asked before, gets what it read ...
+    assert kept.get("a:3") == "a:3 new"  # ... which is not kept
+    slow_source.gate.clear()
+    late = asyncio.ensure_future(kept.fetch("a:4", slow_source.fetch("a:4 old")))
+    await until(lambda: slow_source.calls == 2)
+    kept.forget(lambda key: key == "a:4")
+    slow_source.gate.set()
+    assert await late == "a:4 old" and kept.get("a:4") is None and len(kept) == 2
+    assert await kept.load("a:4", source.fetch("a:4 new")) == "a:4 new" and kept.get("a:4") == "a:4 new"
+
+
 async def test_past_the_weight_budget_the_least_recently_read_go_first() -> None:
     """``max_weight`` bounds what the kept values weigh together (the top cache's rows, the
     histograms' samples), whatever their number: past it the least recently read go first, and a
