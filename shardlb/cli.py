@@ -46,6 +46,10 @@ DELEGATED = {
         "shardlb.prune",
         "remove the archived rows of boards deleted a grace ago (see `shardlb prune --help`)",
     ),
+    "erase": (
+        "shardlb.erase",
+        "remove a player's archived rows that no board reads any more (see `shardlb erase --help`)",
+    ),
     "plan": (
         "bench.plan",
         "recommend masters, shards and routers from the last bench (see `shardlb plan --help`)",

@@ -100,6 +100,7 @@ def test_unreachable_servers_are_a_message_not_a_traceback(
         ["archive", "--postgres", "postgresql://127.0.0.1:1/x"],
         ["cleanup", "b"],
         ["prune", "--postgres", "postgresql://127.0.0.1:1/x"],
+        ["erase", "p1", "--postgres", "postgresql://127.0.0.1:1/x"],
     ],
 )
 def test_delegated_commands_fail_with_a_message_too(
@@ -174,6 +175,7 @@ DAY = ["b", "daily:2026-11-30"]
         ["bands", "b", "--count", "2", "--redis", "http://x"],
         ["cleanup", "b", "--redis", "http://x"],
         ["prune", "--redis", "http://x", "--postgres", "postgresql://127.0.0.1:1/x"],
+        ["erase", "p1", "--redis", "http://x", "--postgres", "postgresql://127.0.0.1:1/x"],
         ["cluster", "up", "--masters", "0", "--dir", "/nonexistent/shardlb"],
     ],
     ids=[
@@ -185,6 +187,7 @@ DAY = ["b", "daily:2026-11-30"]
         "bands-url",
         "cleanup-url",
         "prune-url",
+        "erase-url",
         "masters",
     ],
 )

@@ -1,0 +1,173 @@
+"""Erasing a player's archived rows (`shardlb erase PLAYER`; router/README.md, "Erasing a player").
+
+A removal (a DELETE of the player, a ban's, the inactive cleanup) takes the player off the board in
+Redis and keeps their archived results, which then count nowhere: PostgreSQL's rule, the one every
+rebuild, reconcile and settlement reads (``settlement.REMOVED``), leaves out a row journaled before a
+removal of its player on its shard. This command removes what that rule already leaves out, and
+nothing a board still reads:
+
+- the player's ``match_results`` and ``match_holds`` rows journaled before a removal of the player
+  on the same shard that kept no period (``ERASABLE``). A row of a removal that kept some periods
+  (a retry made at an earlier call's time), a row posted after the last removal, and any row while
+  the removal is not archived yet still count: they stay, and the call reports them (``left``);
+- every row of the player in prune's tables on an incarnation deleted and not held by the registry
+  (``prune.prunable`` without its grace: nothing reads them; `shardlb prune` would take them with
+  the board's other rows);
+- the player's ``refused_results`` (the record of refused results; nothing reads it back but the
+  insert's check for a row already there).
+
+Kept on purpose, and counted in the report: on a live board the player's ``player_removals`` and
+``removal_records`` (they keep a result journaled before the removal and archived after this call
+from counting again, and a rebuild within the dedup window puts the retry records back from them;
+they go with the board, by `shardlb prune`); ``moderation_audit`` (the audit log, which a request's
+retry reads); ``bans`` (a ban in force is what refuses the player's later results); the settlements'
+snapshots and awards (the record of what was paid). Redis is not touched: remove the player first.
+
+Each batch is one DELETE of at most ``batch`` rows in a transaction of its own, as prune's are, and a
+row it removes is never needed again: the call can be cut off anywhere and run again, and a call
+after the last removes nothing. Rows journaled before the removal that the archiver commits after
+the call (it archives a journal in order, so only while the removal's own row is not archived yet)
+are left out by the removal's row, which stays, and go at the next call."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+from typing import Any, NamedTuple
+
+import psycopg
+from redis.asyncio.cluster import RedisCluster
+
+from shardlb import prune
+from shardlb.archive import connect_db
+from shardlb.config import check_id
+from shardlb.connection import connect, connection_arguments
+from shardlb.errors import InvalidInput
+from shardlb.settlement import REMOVED_AFTER, ensure_schema
+
+BATCH_ROWS = prune.BATCH_ROWS
+# A row of ``m`` (match_results or match_holds) journaled before a removal of its player on its shard
+# that kept no period: the archive's rule counts it nowhere (settlement.REMOVED, for every period).
+ERASABLE = (
+    f"EXISTS (SELECT 1 FROM player_removals x WHERE {REMOVED_AFTER} AND coalesce(cardinality(x.kept), 0) = 0)"
+)
+COUNTED = ("match_results", "match_holds")
+# What stays of a player on purpose (the module docstring), counted for the report.
+KEPT = {
+    "player_removals": "SELECT count(*) FROM player_removals WHERE player_id = %s",
+    "removal_records": "SELECT count(*) FROM removal_records WHERE player_id = %s",
+    "moderation_audit": "SELECT count(*) FROM moderation_audit WHERE player_id = %s",
+    "bans": "SELECT count(*) FROM bans WHERE player_id = %s",
+    "settlement_snapshots": "SELECT count(*) FROM settlement_snapshots WHERE player_id = %s",
+    "settlement_awards": "SELECT count(*) FROM settlement_awards WHERE player_id = %s",
+}
+
+
+class Erased(NamedTuple):
+    """What a call removed, by (board, incarnation, table) (only those it removed rows of; the
+    incarnation '' for ``refused_results``, which names a board id only); the player's rows that
+    still count, by (board, incarnation); and the rows naming the player kept on purpose, by table."""
+
+    rows: dict[tuple[str, str, str], int]
+    left: dict[tuple[str, str], int]
+    kept: dict[str, int]
+
+
+async def erase(
+    db: psycopg.AsyncConnection[Any], client: RedisCluster, player: str, batch: int = BATCH_ROWS
+) -> Erased:
+    """Remove ``player``'s archived rows that nothing reads (see the module docstring). ``db`` is
+    in autocommit."""
+    check_id(player, "player")
+    await ensure_schema(db)  # the settlements' tables too, whose rows of the player are counted
+    removed: dict[tuple[str, str, str], int] = {}
+
+    async def delete(table: str, where: str, args: tuple[Any, ...], ident: tuple[str, str, str]) -> None:
+        statement = (
+            f"DELETE FROM {table} WHERE ctid = ANY(ARRAY("
+            f"SELECT m.ctid FROM {table} m WHERE {where} LIMIT %s))"
+        )
+        while True:
+            cur = await db.execute(statement, (*args, batch))
+            if cur.rowcount:
+                removed[ident] = removed.get(ident, 0) + cur.rowcount
+            if cur.rowcount < batch:
+                return
+
+    deleted = set(await prune.prunable(db, client, 0))
+    cur = await db.execute("SELECT board, incarnation FROM boards ORDER BY board, incarnation")
+    left: dict[tuple[str, str], int] = {}
+    for board, incarnation in await cur.fetchall():
+        mine = "m.board = %s AND m.incarnation = %s AND m.player_id = %s"
+        args = (board, incarnation, player)
+        if (board, incarnation) in deleted:
+            for table in prune.TABLES:
+                await delete(table, mine, args, (board, incarnation, table))
+            continue
+        for table in COUNTED:
+            await delete(table, f"{mine} AND {ERASABLE}", args, (board, incarnation, table))
+        counts = await db.execute(
+            "SELECT " + " + ".join(f"(SELECT count(*) FROM {table} m WHERE {mine})" for table in COUNTED),
+            args * len(COUNTED),
+        )
+        row = await counts.fetchone()
+        if row is not None and row[0]:
+            left[(board, incarnation)] = int(row[0])
+    await delete("refused_results", "m.player_id = %s", (player,), ("*", "", "refused_results"))
+    kept = {}
+    for name, query in KEPT.items():
+        found = await (await db.execute(query, (player,))).fetchone()
+        if found is not None and found[0]:
+            kept[name] = int(found[0])
+    return Erased(removed, left, kept)
+
+
+def _player(text: str) -> str:
+    try:
+        return check_id(text, "player")
+    except InvalidInput as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`shardlb erase PLAYER`: remove from PostgreSQL the player's archived rows that nothing reads
+    any more: their results and holds journaled before a removal of theirs that kept no period, all
+    their rows on boards deleted, and their refused results. Remove the player from the boards first
+    (a DELETE per board, or a ban of every board) and let the archiver archive the removals. Exit
+    status 0 when none of the player's results is left, 3 when some still count (the player still
+    ranked, posted since, or the removal not archived yet: run it again once it is), 1 when a server
+    fails, 2 for bad arguments. Rows naming the player that the service keeps on purpose (the
+    removals' own rows on live boards, the moderation audit, bans, settled standings) stay and are
+    counted. Safe to run again at any time."""
+    parser = argparse.ArgumentParser(
+        prog="shardlb erase",
+        description=inspect.cleandoc(main.__doc__ or ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("player", type=_player, help="the player id")
+    connection_arguments(parser)
+    args = parser.parse_args(argv)
+    if not args.postgres:
+        parser.error("give --postgres or SHARDLB_POSTGRES_URL")
+
+    async def run() -> Erased:
+        client = connect(args.redis)
+        try:
+            db = await connect_db(args.postgres)
+            try:
+                return await erase(db, client, args.player)
+            finally:
+                await db.close()
+        finally:
+            await client.aclose()
+
+    done = asyncio.run(run())
+    for (board, incarnation, table), rows in done.rows.items():
+        where = "every board" if board == "*" else f"{board} (incarnation {incarnation})"
+        print(f"{where}: {rows:,} rows of {table} removed")
+    for (board, incarnation), rows in done.left.items():
+        print(f"{board} (incarnation {incarnation}): {rows:,} results still count: not removed")
+    for name, rows in done.kept.items():
+        print(f"kept on purpose: {rows:,} rows of {name}")
+    return 3 if done.left else 0

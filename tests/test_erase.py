@@ -1,0 +1,168 @@
+"""Erasing a player's archived rows (shardlb/erase.py) against the suite's cluster and a PostgreSQL
+database of each test's own: it removes the rows no board reads any more (results and holds before
+a removal that kept nothing, every row on a deleted board, refused results), never one a board still
+counts, and a live board's rebuild, reconcile and settlement answer as before it; run again, it
+removes nothing more."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from shardlb import erase, moderation, times
+from shardlb.archive import connect_db
+from shardlb.board import Score
+from shardlb.cli import main
+from shardlb.connection import Scripts
+from shardlb.errors import BoardNotFound
+from shardlb.rebuild import Rebuilder
+from shardlb.reconcile import reconcile
+from shardlb.settlement import Request, Settler, ensure_schema
+from shardlb.settlement_history import player_history
+from shardlb.store import BoardStore
+from tests.test_prune import TABLES, archived, late_retry, own_db, rows_of
+from tests.test_settlement import TABLE, awards_of, day_ago, expected_awards, new_board, written
+
+pytestmark = pytest.mark.cluster
+
+PLAYER = "p003"  # written's players are p000..p039; late_retry gives p003 a hold too
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def of_player(
+    db: psycopg.AsyncConnection[Any], board: str, incarnation: str, mine: bool
+) -> dict[str, Any]:
+    """The board's rows of ``TABLES`` of PLAYER (``mine``) or of every other player."""
+    rows = await rows_of(db, board, incarnation)
+    return {table: [r for r in found if (r[3] == PLAYER) == mine] for table, found in rows.items()}
+
+
+async def refused(db: psycopg.AsyncConnection[Any], player: str) -> int:
+    cur = await db.execute("SELECT count(*) FROM refused_results WHERE player_id = %s", (player,))
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_an_erase_removes_only_rows_no_board_reads_and_converges(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    async with own_db(postgres_url, "erase_rows") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        removed, ranked, gone = [
+            await new_board(store, unique(prefix))
+            for prefix in ("erase-removed", "erase-ranked", "erase-gone")
+        ]
+        period = day_ago(2)
+        try:
+            ref = await written(removed, period, "removed")
+            await late_retry(removed, ref, period, "removed")
+            await late_retry(ranked, await written(ranked, period, "ranked"), period, "ranked")
+            await written(gone, period, "gone")
+            for board in (removed, gone):
+                await moderation.remove(board, [PLAYER], request="remove/erase-1")
+            await moderation.record_refusals(
+                db, [(b.config.id, PLAYER, "refused-1", 99, "points_limit", None) for b in (removed, ranked)]
+            )
+            await archived(raw, store, db)
+            mine = await of_player(db, removed.config.id, removed.incarnation, True)
+            assert mine["match_results"] and mine["match_holds"] and mine["player_removals"]
+            others = {
+                b.config.id: await of_player(db, b.config.id, b.incarnation, False) for b in (removed, ranked)
+            }
+            ranked_mine = await of_player(db, ranked.config.id, ranked.incarnation, True)
+            assert ranked_mine["match_results"]
+            await store.delete(gone.config.id)
+            await archived(raw, store, db)
+
+            done = await erase.erase(db, store.client, PLAYER, batch=3)
+
+            for table in ("match_results", "match_holds"):
+                assert done.rows[(removed.config.id, removed.incarnation, table)] == len(mine[table])
+            assert done.rows[("*", "", "refused_results")] == 2 and await refused(db, PLAYER) == 0
+            after = await of_player(db, removed.config.id, removed.incarnation, True)
+            assert after == {**{t: [] for t in TABLES}, "player_removals": mine["player_removals"],
+                             "removal_records": mine["removal_records"]}  # fmt: skip
+            assert not any((await of_player(db, gone.config.id, gone.incarnation, True)).values())
+            assert any((await of_player(db, gone.config.id, gone.incarnation, False)).values())
+            # The board where the player is still ranked keeps every row of theirs, and says so.
+            assert await of_player(db, ranked.config.id, ranked.incarnation, True) == ranked_mine
+            still = len(ranked_mine["match_results"]) + len(ranked_mine["match_holds"])
+            assert done.left == {(ranked.config.id, ranked.incarnation): still}
+            assert done.kept["player_removals"] == len(mine["player_removals"])
+            for board in (removed, ranked):
+                still_others = await of_player(db, board.config.id, board.incarnation, False)
+                assert still_others == others[board.config.id]
+            assert await player_history(db, removed, PLAYER, 100) == []
+
+            # The board from which the player was erased answers as before: rebuilt, reconciled, settled.
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+            for view in (None, period):
+                before = await removed.top(1000, removed.resolve(view) if view else None)
+                await rebuilder.rebuild(removed)
+                assert await removed.top(1000, removed.resolve(view) if view else None) == before
+                assert PLAYER not in [e.player_id for e in before]
+            assert not any(c.drift for c in await reconcile(rebuilder, removed, "total"))
+            request = Request.of({"settlement_id": f"{removed.config.id}-1", "rewards": TABLE, "top_n": 7})
+            result = await Settler(rebuilder).settle(removed, period, request)
+            assert result["check"]["drifting"] == []
+            ref.remove(PLAYER)
+            assert await awards_of(db, f"{removed.config.id}-1") == expected_awards(ref, period, removed)
+
+            again = await erase.erase(db, store.client, PLAYER)  # run again: nothing more
+            assert again.rows == {} and again.left == done.left
+            command = ["erase", PLAYER, "--redis", cluster_url, "--postgres", url]
+            assert await asyncio.to_thread(main, command) == 3  # the command runs its own event loop
+            await moderation.remove(ranked, [PLAYER])
+            await archived(raw, store, db)
+            assert await asyncio.to_thread(main, command) == 0
+            assert not (await of_player(db, ranked.config.id, ranked.incarnation, True))["match_results"]
+            for bad in (["p!3"], []):
+                with pytest.raises(SystemExit) as e:
+                    main(["erase", *bad, "--redis", cluster_url, "--postgres", url])
+                assert e.value.code == 2
+        finally:
+            await db.close()
+            for board in (removed, ranked, gone):
+                with contextlib.suppress(BoardNotFound):
+                    await store.delete(board.config.id)
+
+
+async def test_an_erase_keeps_a_result_posted_after_the_removal(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A result of the player achieved after the removal counts again (Redis ranks it, a rebuild
+    puts it back): its row stays, reported as still counting; the row from before the removal goes."""
+    async with own_db(postgres_url, "erase_since") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        board = await new_board(store, unique("erase-since"), mode="incr")
+        try:
+            now = times.now_ms()
+            await board.submit([Score(PLAYER, 10, "before", now - 60_000), Score("p001", 5, "other", now)])
+            await moderation.remove(board, [PLAYER])
+            await board.submit([Score(PLAYER, 7, "since", times.now_ms() + 2000)])
+            await archived(raw, store, db)
+
+            done = await erase.erase(db, store.client, PLAYER)
+
+            left = (await of_player(db, board.config.id, board.incarnation, True))["match_results"]
+            assert [r[2] for r in left] == ["since"]
+            assert done.rows == {(board.config.id, board.incarnation, "match_results"): 1}
+            assert done.left == {(board.config.id, board.incarnation): 1}
+            before = await board.top(10)
+            await Rebuilder(raw, Scripts.register(raw).rebuild, db).rebuild(board)
+            assert await board.top(10) == before
+            assert [(e.player_id, e.points) for e in before] == [(PLAYER, 7), ("p001", 5)]
+        finally:
+            await db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(board.config.id)
