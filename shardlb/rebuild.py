@@ -154,10 +154,22 @@ def wanted_periods(board: Board, period: str | None, now_ms: int) -> Callable[[s
     return keep
 
 
+def added(old: tuple[int, int] | None, points: int, units: int) -> tuple[int, int]:
+    """An incr entry (points, time units) after one more result, write.lua's rule: the sum, at the
+    latest time among the results that scored; while nothing has scored (a sum of 0, as points are
+    never negative), at the earliest result's time. A property of the set of results, so a fold in
+    any order gives what the board holds (docs/design-notes.md, "Writes")."""
+    if old is None or (old[0] == 0 and (points > 0 or units < old[1])):
+        return points, units
+    if points > 0:
+        return old[0] + points, max(old[1], units)
+    return old
+
+
 class Fold:
     """One shard's period boards folded from results in any order by the board's rule: write.lua's
     rule in a form that does not depend on order (best: the highest score; set: the latest time,
-    then the highest score; incr: the sum of points and the latest time)."""
+    then the highest score; incr: ``added``)."""
 
     def __init__(self, board: Board, wanted: Callable[[str], bool]) -> None:
         self.mode = board.config.mode
@@ -184,9 +196,7 @@ class Fold:
                 if old is None or (r.units, score) > old:
                     board[r.player_id] = (r.units, score)
             else:
-                board[r.player_id] = (
-                    (r.points, r.units) if old is None else (old[0] + r.points, max(old[1], r.units))
-                )
+                board[r.player_id] = added(old, r.points, r.units)
 
     def scores(self, name: str) -> dict[str, int]:
         """The period board ``name`` as player -> encoded score."""

@@ -545,8 +545,12 @@ class Settler:
                 f"SELECT DISTINCT ON (player_id, shard) score, player_id, shard {where} "
                 "ORDER BY player_id, shard, achieved_ms DESC, score DESC"
             )
-        else:
-            sql = f"SELECT sum(points), player_id, shard, max(achieved_ms) {where} GROUP BY player_id, shard"
+        else:  # the sum, at the latest time that scored; with nothing scored, the earliest (write.lua)
+            sql = (
+                "SELECT sum(points), player_id, shard, CASE WHEN sum(points) > 0 THEN "
+                f"max(achieved_ms) FILTER (WHERE points > 0) ELSE min(achieved_ms) END {where} "
+                "GROUP BY player_id, shard"
+            )
         async with self.db.transaction():
             cur = await self.db.execute(sql, params)
             found = await cur.fetchall()

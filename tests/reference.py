@@ -14,6 +14,16 @@ from shardlb.codec import ScoreCodec
 from shardlb.config import BoardConfig
 
 
+def added(old: tuple[int, int] | None, points: int, units: int) -> tuple[int, int]:
+    """An incr entry (sum, time units) after a result: the sum, at the latest time among the results
+    that scored; a player with nothing scored yet is at the earliest of their results (0 points)."""
+    if old is None or (points > 0 and old[0] == 0):
+        return points, units
+    if points > 0:
+        return old[0] + points, max(old[1], units)
+    return old if old[0] > 0 else (0, min(old[1], units))
+
+
 @dataclass
 class ReferenceBoard:
     config: BoardConfig
@@ -69,17 +79,17 @@ class ReferenceBoard:
                 if (s.match_id, s.player_id) in self.seen:
                     status = "duplicate"
                 else:
-                    news = {}
-                    for name in names:
-                        old = self.boards.setdefault(name, {}).get(s.player_id, (0, units))
-                        news[name] = (old[0] + s.points, max(old[1], units))
+                    news = {
+                        name: added(self.boards.setdefault(name, {}).get(s.player_id), s.points, units)
+                        for name in names
+                    }
                     if news["total"][0] > codec.points_max:
                         status = "overflow"
                     else:
                         self.seen.add((s.match_id, s.player_id))
                         for name, value in news.items():
                             self.boards[name][s.player_id] = value
-                        status = "improved" if s.points > 0 or before is None else "unchanged"
+                        status = "unchanged" if news["total"] == before else "improved"
             else:
                 new = codec.encode_units(s.points, units)
                 for name in names:

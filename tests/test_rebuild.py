@@ -72,8 +72,9 @@ async def archive_until(a: Archiver, stop: asyncio.Event) -> None:
 class Writer:
     """Random batches sent to the board and fed to the reference in the order they were answered."""
 
-    def __init__(self, board: Board, seed: str, players: int = 30) -> None:
+    def __init__(self, board: Board, seed: str, players: int = 30, zeros: float = 0.0) -> None:
         self.board = board
+        self.zeros = zeros  # the share of new results that score 0 points
         self.ref = ReferenceBoard(board.config)
         self.rng = random.Random(seed)
         self.players = [f"p{i:03d}" for i in range(players)]
@@ -91,7 +92,8 @@ class Writer:
             player = self.rng.choice(self.players)
             region = self.home.setdefault(player, self.rng.choice(self.regions)) if self.regions else None
             at = now - self.rng.choice([0, 1, 30]) * HOUR
-            batch.append(Score(player, self.rng.randrange(0, 300), f"m{len(self.sent)}", at, region))
+            points = 0 if self.zeros and self.rng.random() < self.zeros else self.rng.randrange(0, 300)
+            batch.append(Score(player, points, f"m{len(self.sent)}", at, region))
             self.sent.append(batch[-1])
         await self.board.submit(batch, now_ms=now)
         self.ref.submit(batch, now_ms=now)
@@ -150,6 +152,58 @@ async def test_a_damaged_board_is_rebuilt_as_the_reference_says(
         await store.delete(config.id)
 
 
+@pytest.mark.parametrize("tiebreak", ["earliest", "latest"])
+@pytest.mark.parametrize("strategy", ["hash", "region", "band"])
+async def test_an_incr_board_with_results_of_no_points_is_rebuilt_in_its_live_order(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    postgres_url: str,
+    monkeypatch: Any,
+    strategy: str,
+    tiebreak: str,
+) -> None:
+    """Many 0-point results, some at a player's latest time: the rebuild (the archive's rows and the
+    journal's entries folded, then the results written since its snapshot applied by rebuild.lua,
+    on the temporary keys or after a forced swap on the live ones) keeps each player's time as the
+    live board has it (the latest result that scored; the earliest for a player of 0 points)."""
+    config = BoardConfig.from_dict(
+        f"rebuild-zeros-{strategy}-{tiebreak}",
+        {"mode": "incr", "tiebreak": tiebreak, "periods": ["daily"], "points_max": 100_000,
+         "sharding": sharding(strategy, 3)},
+    )  # fmt: skip
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url)
+    try:
+        w = Writer(board, f"zeros/{strategy}/{tiebreak}", players=20, zeros=0.5)
+        for _ in range(3):
+            await w.batch()
+        await drain(a)
+        for _ in range(2):
+            await w.batch()
+        await check(board, w.ref)
+        live = {name: await board.top(100, board.resolve(name)) for name in ("total",)}
+        await raw.delete(*(keys.period_key(p, "total") for p in board.prefixes))
+        await rebuilder.rebuild(board)
+        await check(board, w.ref)
+        assert {name: await board.top(100, board.resolve(name)) for name in live} == live
+        real_snapshot = rebuilder.snapshot
+
+        async def snapshot(*args: Any, **kwargs: Any) -> Any:
+            snap = await real_snapshot(*args, **kwargs)
+            await w.batch(10)  # after the snapshot: applied by rebuild.lua
+            return snap
+
+        monkeypatch.setattr(rebuilder, "snapshot", snapshot)
+        for tries in (50, 0):  # the tail on the temporary keys; after a forced swap, on the live ones
+            rebuilder.swap_tries = tries
+            await rebuilder.rebuild(board)
+            await check(board, w.ref)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
 @pytest.mark.parametrize("swap_tries", [50, 1])
 @pytest.mark.parametrize(("mode", "strategy"), [("incr", "hash"), ("best", "band"), ("set", "region")])
 async def test_a_rebuild_under_writes_loses_and_doubles_nothing(
@@ -173,7 +227,7 @@ async def test_a_rebuild_under_writes_loses_and_doubles_nothing(
     a = await archiver(own, store, postgres_url)
     stop = asyncio.Event()
     archiving = asyncio.create_task(archive_until(a, stop))
-    w = Writer(board, f"live/{mode}/{swap_tries}", players=200)
+    w = Writer(board, f"live/{mode}/{swap_tries}", players=200, zeros=0.3 if mode == "incr" else 0.0)
     for _ in range(5):
         await w.batch()
     floor = await board.size()

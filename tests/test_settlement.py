@@ -61,11 +61,17 @@ def day_ago(days: int) -> str:
 
 
 async def written(
-    board: Board, period: str, seed: str, players: int = 40, results: int = 120
+    board: Board,
+    period: str,
+    seed: str,
+    players: int = 40,
+    results: int = 120,
+    values: list[int] | None = None,
 ) -> ReferenceBoard:
     """Random results achieved inside ``period`` (with retries of earlier ones), fed to the board
     and to the reference in the order they were answered, sent while the period was open (the
-    writes' clock is the period's last millisecond, or now for the current one)."""
+    writes' clock is the period's last millisecond, or now for the current one). Points from 0 to
+    49, or drawn from ``values``."""
     rng = random.Random(seed)
     ref = ReferenceBoard(board.config)
     start, end = period_bounds(board, board.resolve(period).period)
@@ -78,9 +84,8 @@ async def written(
                 batch.append(rng.choice(sent))
                 continue
             at = rng.randrange(start, end, 1000)
-            batch.append(
-                Score(f"p{rng.randrange(players):03d}", rng.randrange(0, 50), f"{seed}-m{batch_no}-{n}", at)
-            )
+            points = rng.choice(values) if values else rng.randrange(0, 50)
+            batch.append(Score(f"p{rng.randrange(players):03d}", points, f"{seed}-m{batch_no}-{n}", at))
             sent.append(batch[-1])
         await board.submit(batch, now_ms=end - 1)
         ref.submit(batch, now_ms=end - 1)
@@ -159,6 +164,36 @@ async def test_awards_follow_the_reference_order(
         order = ref.order(name)
         ranks = sorted({*range(1, 8), *(r for r, _, _ in want)})
         assert [tuple(k) for k in kept] == [(r, order[r - 1][1], order[r - 1][2]) for r in ranks]
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("tiebreak", ["earliest", "latest"])
+async def test_an_incr_period_with_results_of_no_points_settles_in_the_boards_order(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, db: psycopg.AsyncConnection[Any], tiebreak: str
+) -> None:
+    """Sums that tie often, and many 0-point results: PostgreSQL's order (the latest time that
+    scored, the earliest for a player of 0 points) is the board's, so the check finds no drift and
+    the snapshot keeps each player's time as the reference has it."""
+    board = await new_board(store, f"settle-zeros-{tiebreak}", "incr", tiebreak=tiebreak)
+    period = day_ago(2)
+    sid = f"zeros-{tiebreak}"
+    try:
+        ref = await written(board, period, sid, players=30, results=150, values=[0, 0, 0, 5, 10])
+        await drain(raw, store, rebuilder.db.info.dsn)
+        request = Request.of({"settlement_id": sid, "rewards": TABLE, "top_n": 30})
+        result = await Settler(rebuilder).settle(board, period, request)
+        assert result["check"]["drifting"] == [] and result["forced"] is False
+        assert await awards_of(db, sid) == expected_awards(ref, period, board)
+        cur = await db.execute(
+            "SELECT player_id, points, achieved_ms FROM settlement_snapshots WHERE settlement_id = %s "
+            "ORDER BY rank",
+            (sid,),
+        )
+        order = ref.order(board.resolve(period).period)
+        assert [tuple(k) for k in await cur.fetchall()] == [
+            (p, points, ref.codec.units_to_ms(units)) for _, p, points, units in order
+        ]
     finally:
         await store.delete(board.config.id)
 

@@ -54,7 +54,8 @@
 --            pair number 0 removes the player from every target (a removal, shardlb/moderation.py),
 --            a negative one -n from the n-th pair's target alone (a removal that left others whole)
 -- The results are applied with write.lua's rules (best: the higher score; set: the later time, ties
--- by score; incr: the sum, the latest time). They were journaled and counted once already, so there
+-- by score; incr: the sum, at the latest time among the results that scored, or the earliest while
+-- none has). They were journaled and counted once already, so there
 -- is no dedup, overflow check, band bookkeeping or journaling here.
 
 local function last_id(key)
@@ -268,10 +269,14 @@ for pos = 1, #items, 5 do
       local _, old_units = 0, 0
       if old ~= nil then _, old_units = split(old) end
       if old == nil or units > old_units or (units == old_units and score > old) then new = score end
-    else
+    else  -- write.lua's incr rule (the latest time that scored; with 0 points, the earliest)
       local op_, ou = 0, units
       if old ~= nil then op_, ou = split(old) end
-      new = join(op_ + points, math.max(ou, units))
+      if old == nil or (op_ == 0 and (points > 0 or units < ou)) then
+        new = join(points, units)
+      elseif points > 0 then
+        new = join(op_ + points, math.max(ou, units))
+      end
     end
     if new ~= nil then redis.call('ZADD', key, fmt(new), player) end
   end

@@ -33,7 +33,9 @@
 --             growing as it goes, while {cmsgpack.unpack(s)} sizes the table once; the header and
 --             the items were a sixth of a small call's instructions (`make bench-lua`).
 -- Returns per result: status, total score after, version, pending band moves, skipped periods.
---   status: i improved, u unchanged, d duplicate (an incr result seen in the dedup window, or a
+--   status: i improved (the total's entry changed; incr: more points, a new player, or a player of
+--             0 points moved to an earlier result's time), u unchanged (applied, the total as it was),
+--           d duplicate (an incr result seen in the dedup window, or a
 --             result achieved before its player's removal: remove.lua's `rmv`),
 --           o overflow (incr past points_max),
 --           r region conflict (nothing written; `after` is the player's total in their region, none
@@ -405,24 +407,34 @@ while pos <= #items do
     if deduped[member] then
       status = 'd'
     else
+      -- Per key, the sum at the latest time among the results that scored; a player with nothing
+      -- scored yet (sum 0) is at the earliest of their results. So a 0-point result changes no
+      -- entry that has points (no ZADD), and the outcome does not depend on arrival order
+      -- (docs/design-notes.md, "Writes"). new[j] nil: key j stays as it is.
       local new = {}
       for j = 1, n do
         local old = (j == 1) and before or zscore(KEYS[pk[at + j]], player)
         local op, ou = 0, units
         if old ~= nil then op, ou = split(old) end
         if op + points > pmax then status = 'o' break end
-        new[j] = join(op + points, math.max(ou, units))
+        if old == nil or (op == 0 and (points > 0 or units < ou)) then
+          new[j] = join(points, units)
+        elseif points > 0 then
+          new[j] = join(op + points, math.max(ou, units))
+        end
       end
       if status ~= 'o' then
         for j = 1, n do
-          redis.call('ZADD', KEYS[pk[at + j]], fmt(new[j]), player)
-          touched[pk[at + j]] = true
+          if new[j] then
+            redis.call('ZADD', KEYS[pk[at + j]], fmt(new[j]), player)
+            touched[pk[at + j]] = true
+          end
         end
-        after = new[1]
+        after = new[1] or before
         redis.call('SADD', ddn[ndd], member)
         deduped[member] = 1
         wrote_bucket(dd, ddn)
-        if points > 0 or before == nil then status = 'i' end
+        if after ~= before then status = 'i' end
       end
     end
   end
