@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install redis-server postgres wrk chromium screenshots run stop test lint format typecheck bench bench-scale bench-scaleout bench-load-steps bench-app bench-rebalance bench-dedup bench-archive bench-lua bench-rebuild bench-settle bench-reshard chaos k8s-check clean
+.PHONY: help install redis-server postgres wrk chromium screenshots run stop test lint format typecheck bench bench-scale bench-scaleout bench-load-steps bench-app bench-versus-reads bench-rebalance bench-dedup bench-archive bench-lua bench-rebuild bench-settle bench-reshard chaos k8s-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -89,6 +89,14 @@ bench-app: install redis-server ## ~1 min: the router app's own CPU per score wr
 
 bench-lua: install redis-server ## ~3 min: Redis instructions per score in write.lua under callgrind (AGAINST=<git rev> to compare)
 	$(BIN)/python -m bench.lua_cost --full-window $(if $(AGAINST),--against $(AGAINST),)
+
+# The other revision runs from a clone of this repository under .shardlb/ with its own .venv (its own
+# dependencies, as it pinned them), kept for the next run of that revision; `make clean` removes it.
+bench-versus-reads: install redis-server ## ~6 min at 1M players: make bench's read mix on the one-shard-per-master board through this tree's router and AGAINST=<git rev>'s in turn (SHARDLB_BENCH_PLAYERS, ROUNDS=4)
+	@[ -n "$(AGAINST)" ] || { echo "usage: make bench-versus-reads AGAINST=<git rev> [ROUNDS=4]"; exit 2; }
+	rev=$$(git rev-parse --short "$(AGAINST)^{commit}") && dir=.shardlb/against-$$rev && \
+	{ [ -d $$dir ] || git clone -q . $$dir; } && git -C $$dir checkout -q --detach $$rev && \
+	$(MAKE) -C $$dir install && $(BIN)/python -m bench.versus_reads $$dir --rounds $(or $(ROUNDS),4)
 
 bench-rebuild: install redis-server ## ~1 min: rebuild a 1M-player board from PostgreSQL (SHARDLB_REBUILD_PLAYERS)
 	$(BIN)/python -m bench.rebuild

@@ -76,6 +76,9 @@ class Router:
     log: Path
     env: Mapping[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    # Another checkout's router (bench/versus_reads.py): run by that tree's .venv python, with its
+    # code first on PYTHONPATH. None: this checkout's, by this interpreter.
+    tree: Path | None = None
 
     @property
     def url(self) -> str:
@@ -85,10 +88,12 @@ class Router:
         # A bench's load comes from one address (Locust's users, the pacer's, wrk's connections:
         # a thousand at the ramp's top): the per-address connection cap would refuse most of it.
         env = {**os.environ, "SHARDLB_REDIS_URL": self.redis_url, **BENCH_ROUTER_ENV, **self.env}
+        if self.tree is not None:
+            env["PYTHONPATH"] = str(self.tree)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
-                    sys.executable,
+                    sys.executable if self.tree is None else str(self.tree / ".venv" / "bin" / "python"),
                     "-m",
                     "router.server",
                     "--host",
@@ -98,7 +103,7 @@ class Router:
                     "--workers",
                     str(self.workers),
                 ],
-                cwd=ROOT,
+                cwd=self.tree or ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
