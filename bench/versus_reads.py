@@ -12,12 +12,16 @@ SHARDLB_BENCH_ROUTER_WORKERS processes (2) from each tree in turn, the order swa
 each run by its tree's own .venv with its own code first on PYTHONPATH and the same settings
 (bench/run.py ``router_env``), and drives it with bench/run.py's ``read_mix`` (this checkout's
 locustfile for both: SHARDLB_BENCH_READ_USERS "Player" users, 40, for SHARDLB_BENCH_READ_SECONDS,
-15). Measured per round, as `make bench` measures its mixes: reads/s that succeeded, failures, store
-CPU per read (masters and replicas, /proc) and the masters' alone, router CPU per read, each kind of
-read's rate and p99, and the commands the cluster ran (INFO commandstats).
+15), after a round 0 of WARMUP_S a side that is not counted. Measured per round, as `make bench`
+measures its mixes: reads/s that succeeded, failures, store CPU per read (masters and replicas,
+/proc) and the masters' alone, router CPU per read, each kind of read's rate and p99, the commands
+the cluster ran (INFO commandstats), and the cores that processes outside the bench used meanwhile
+(``other_cores``: a round is only as good as the machine was quiet; SHARDLB_BENCH_QUIET_WAIT waits
+for a quiet machine before the start, as in `make bench`).
 
-Prints each side's medians over the rounds and their ratio, then the commands per read of each side
-(all rounds together); everything goes to bench/results/<time>-versus-reads/versus_reads.json.
+Prints each side's medians over the rounds and their ratio, each round's own ratio of reads/s and of
+store CPU per read (their spread is the machine's), then the commands per read of each side (all
+rounds together); everything goes to bench/results/<time>-versus-reads/versus_reads.json.
 """
 
 from __future__ import annotations
@@ -36,13 +40,14 @@ from typing import Any
 from bench import hot, report
 from bench.commandstats import profile_lines
 from bench.harness import log, run_dir
-from bench.run import Settings, read_mix, router_env
+from bench.run import Settings, read_mix, router_env, wait_for_quiet
 from bench.services import ROOT, Router, free_port
 from bench.testbed import node_pids, start_cluster
 from bench.workload import Workload
 from shardlb.cluster import LocalCluster
 
 SIDES = ("this", "other")
+WARMUP_S = 5.0  # each side's mix of round 0, which is not counted
 # Figures of a round that are not medians of the table.
 _NOT_FIGURES = ("round", "side", "commands", "requests")
 
@@ -50,7 +55,7 @@ _NOT_FIGURES = ("round", "side", "commands", "requests")
 def figures(reads: dict[str, Any]) -> dict[str, Any]:
     """One read mix (``report.http_reads``) as a round's figures: per read (every request, as
     `make bench` counts its store CPU per mix read), and each kind of read's rate and p99."""
-    count, cpu = reads["requests"], reads["cpu"]["cpu_s"]
+    count, cpu, wall = reads["requests"], reads["cpu"]["cpu_s"], reads["cpu"]["wall_s"]
     per = lambda name: round(cpu[name] / count * 1e6, 1) if name in cpu and count else None  # noqa: E731
     out: dict[str, Any] = {
         "reads_per_s": reads["reads_per_s"],
@@ -59,8 +64,10 @@ def figures(reads: dict[str, Any]) -> dict[str, Any]:
         "masters_us_per_read": per("redis masters"),
         "router_us_per_read": per("router"),
         "locust_cpu_bound": reads["locust_cpu_bound"],
-        "other_cpu_s": reads["cpu"]["other_cpu_s"],
-        "steal_cpu_s": reads["cpu"]["steal_cpu_s"],
+        # Cores that processes outside the bench used, and that the hypervisor gave other guests:
+        # near 0 on a quiet machine; a round where they are not says little.
+        "other_cores": round(reads["cpu"]["other_cpu_s"] / wall, 2) if wall else None,
+        "stolen_cores": round(reads["cpu"]["steal_cpu_s"] / wall, 2) if wall else None,
     }
     for name, e in reads["endpoints"].items():
         label = "all reads" if name == "Aggregated" else name
@@ -81,6 +88,18 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             values = [r[name] for r in mine if _number(r.get(name))]
             if values:
                 out[side][name] = statistics.median(values)
+    return out
+
+
+def paired(rounds: list[dict[str, Any]], name: str, names: tuple[str, str] = SIDES) -> list[float]:
+    """Each round's own ratio ``a / b`` of figure ``name``: the two sides of a round ran a minute
+    apart, so the spread of these says how much the machine moved under the medians' ratio."""
+    out = []
+    for n in dict.fromkeys(r["round"] for r in rounds):
+        got = {r["side"]: r.get(name) for r in rounds if r["round"] == n}
+        a, b = got.get(names[0]), got.get(names[1])
+        if _number(a) and _number(b) and b:
+            out.append(round(a / b, 3))
     return out
 
 
@@ -119,7 +138,8 @@ def _round(
     got["commands"] = reads["cpu"].get("commands", {})
     log(
         f"round {n}, {side}: {got['reads_per_s']:,.0f} reads/s, {got['failures']} failures, store "
-        f"{got['store_us_per_read']} µs, router {got['router_us_per_read']} µs per read"
+        f"{got['store_us_per_read']} µs, router {got['router_us_per_read']} µs per read; "
+        f"{got['other_cores']} cores used by others"
     )
     return got
 
@@ -155,10 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"this": ROOT, "other": other}
     players = replace(Workload.from_env(), players=s.players)
     board = hot.hot_board_workload(players, s.masters)  # bench-s3, as `make bench` names it
+    if s.quiet_wait > 0:  # SHARDLB_BENCH_QUIET_WAIT, as `make bench`
+        log(f"machine load before the start: {wait_for_quiet(s.quiet_wait):.2f} cores")
     out = run_dir(time.strftime("%Y%m%d-%H%M%S") + "-versus-reads")
     log(f"results in {out}; this {_commit(ROOT)}, other {_commit(other)} ({other})")
     cluster = start_cluster(s.masters, s.replicas, out / "cluster", start=22100)
     rounds: list[dict[str, Any]] = []
+    warmup: list[dict[str, Any]] = []
     try:
         masters, replicas = node_pids(cluster)
         redis = {"redis masters": masters, "redis replicas": replicas}
@@ -166,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         hot.prepare(cluster.url, players, s.masters, s.driver_processes)
         load_s = round(time.monotonic() - began, 1)
         log(f"{board.board}: {s.masters} shards, {s.players:,} players loaded in {load_s} s")
+        # Round 0, each side's short mix, not counted: the first reads after the load find the
+        # replicas still taking it, the new sorted sets still rehashing, the machine's caches cold.
+        warm = replace(s, read_seconds=min(s.read_seconds, WARMUP_S))
+        warmup = [_round(side, trees[side], 0, warm, board, cluster, redis, out) for side in SIDES]
         for n in range(1, args.rounds + 1):
             for side in SIDES if n % 2 else SIDES[::-1]:
                 rounds.append(_round(side, trees[side], n, s, board, cluster, redis, out))
@@ -180,11 +207,16 @@ def main(argv: list[str] | None = None) -> int:
         "load_s": load_s,
         "settings": asdict(s),
         "medians": summary,
+        "warmup": warmup,
+        "paired_reads_per_s": paired(rounds, "reads_per_s"),
         "rounds": rounds,
     }
     (out / "versus_reads.json").write_text(json.dumps(result, indent=2) + "\n")
     print("\n".join(table(summary)))
-    print()
+    for name in ("reads_per_s", "store_us_per_read"):
+        ratios = paired(rounds, name)
+        print(f"\n{name}, this / other in each round: {', '.join(map(str, ratios))}", end="")
+    print("\n")
     columns = [(side, *_commands(rounds, side), summary[side].get("store_us_per_read")) for side in SIDES]
     print("\n".join(profile_lines(columns)))
     return 0

@@ -63,8 +63,9 @@ def test_versus_reads_figures_count_cpu_over_every_request_as_make_bench_does() 
         },
         "cpu": {
             "cpu_s": {"redis masters": 3.0, "redis replicas": 1.0, "router": 5.0, "locust": 7.0},
-            "other_cpu_s": 0.5,
+            "other_cpu_s": 5.0,
             "steal_cpu_s": 0.0,
+            "wall_s": 10.0,
         },
     }
     got = figures(reads)
@@ -74,10 +75,11 @@ def test_versus_reads_figures_count_cpu_over_every_request_as_make_bench_does() 
     assert got["GET /v1/boards/[board]/top: reads/s"] == 400.0
     assert got["GET /v1/boards/[board]/top: p99 ms"] == 20.0
     assert got["all reads: reads/s"] == 1000.0
+    assert got["other_cores"] == 0.5
 
 
 def test_versus_reads_medians_and_ratio_per_figure() -> None:
-    from bench.versus_reads import medians, table
+    from bench.versus_reads import medians, paired, table
 
     rounds = [
         {"round": 1, "side": "this", "requests": 5, "reads_per_s": 100.0, "p99": 10.0, "flag": True},
@@ -100,3 +102,6 @@ def test_versus_reads_medians_and_ratio_per_figure() -> None:
         "| p99 | 11.0 | 5.0 | 2.200 |",
         "| failures | 0.0 | - | - |",
     ]
+    # Round by round: round 3 has no "other" side, so no ratio.
+    assert paired(rounds, "reads_per_s") == [0.5, 0.583]
+    assert paired(rounds, "p99") == [2.0]  # round 2's "other" is NaN
