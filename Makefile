@@ -92,7 +92,7 @@ bench-lua: install redis-server ## ~3 min: Redis instructions per score in write
 
 # The other revision runs from a clone of this repository under .shardlb/ with its own .venv (its own
 # dependencies, as it pinned them), kept for the next run of that revision; `make clean` removes it.
-bench-versus-reads: install redis-server ## ~4 min at 1M players (+1 min the first time, its install): make bench's read mix on the one-shard-per-master board through this tree's router and AGAINST=<git rev>'s in turn (SHARDLB_BENCH_PLAYERS, ROUNDS=4)
+bench-versus-reads: install redis-server ## ~5 min at 1M players (+2 min the first time: the clone and its install): make bench's read mix on the one-shard-per-master board through this tree's router and AGAINST=<git rev>'s in turn (SHARDLB_BENCH_PLAYERS, ROUNDS=4)
 	@[ -n "$(AGAINST)" ] || { echo "usage: make bench-versus-reads AGAINST=<git rev> [ROUNDS=4]"; exit 2; }
 	rev=$$(git rev-parse --short "$(AGAINST)^{commit}") && dir=.shardlb/against-$$rev && \
 	{ [ -d $$dir ] || git clone -q . $$dir; } && git -C $$dir checkout -q --detach $$rev && \
