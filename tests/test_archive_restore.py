@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -300,5 +301,60 @@ async def test_a_rebuild_compares_the_journals_with_the_archive_itself(
                 await Rebuilder(raw, Scripts.register(raw).rebuild, db).rebuild(board)  # the archive whole
                 assert await board.size(board.resolve("total")) == 20
         finally:
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+def runbook_step_5(board: str, incarnation: str) -> str:
+    """The SQL of step 5 of docs/design-notes.md's runbook "PostgreSQL restored to an earlier point",
+    as written there (for its example board ``arena``, incarnation ``028a280e``), for this board."""
+    notes = (Path(__file__).parent.parent / "docs" / "design-notes.md").read_text()
+    step = notes[notes.index("*Runbook: PostgreSQL restored to an earlier point") :]
+    step = step[step.index("\n5. ") :]
+    sql = step[step.index("```sql\n") + len("```sql\n") : step.index("```", step.index("```sql\n") + 7)]
+    assert "'arena'" in sql and "'028a280e'" in sql
+    return sql.replace("'arena'", f"'{board}'").replace("'028a280e'", f"'{incarnation}'")
+
+
+async def test_the_runbooks_step_5_clears_a_gap_for_good(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """Once the operator decided (step 4), step 5 clears the board's gaps: the rows stay gone under
+    later archivers and rebuilds run without --force. A DELETE of the rows alone (the step until
+    2026-12-05) did neither: the journals' marks were still behind what they trimmed, so the next
+    archiver round recorded the gaps again and the rebuild's own comparison refused."""
+    config = BoardConfig.from_dict("restore-cleared", {"sharding": sharding("hash", 2)})
+    board, _ = await store.create(config)
+    only = OnlyStore(store.client, store.scripts, {config.id})
+    now = times.now_ms()
+    gaps = "SELECT count(*) FROM archive_gaps WHERE board = %s AND incarnation = %s"
+    async with own_archive(postgres_url) as live:
+        restored = await lost_after_backup(board, raw, only, live, now)
+        a = await archiver(raw, only, restored)
+        try:
+            await drain(a)
+            key = (config.id, board.incarnation)
+            assert (await (await a.db.execute(gaps, key)).fetchone()) != (0,)
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
+            await rebuilder.rebuild(board, force=True)  # step 4: the archive wins
+            assert await board.size(board.resolve("total")) == 10
+            await a.db.execute("DELETE FROM archive_gaps WHERE board = %s AND incarnation = %s", key)
+            await a.db.close()
+            a = await archiver(raw, only, restored)
+            await drain(a)  # its first round compares every journal again
+            assert (await (await a.db.execute(gaps, key)).fetchone()) != (0,)
+            async with await psycopg.AsyncConnection.connect(restored, autocommit=True) as db:
+                await db.execute(runbook_step_5(config.id, board.incarnation))
+            await a.db.close()
+            a = await archiver(raw, only, restored)
+            await drain(a)
+            assert (await (await a.db.execute(gaps, key)).fetchone()) == (0,)
+            await board.submit([Score("c", 1, "mc", now)])
+            await drain(a)
+            assert (await (await a.db.execute(gaps, key)).fetchone()) == (0,)
+            await Rebuilder(raw, Scripts.register(raw).rebuild, a.db).rebuild(board)
+            assert await board.size(board.resolve("total")) == 11
+        finally:
+            await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
