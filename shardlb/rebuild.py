@@ -548,8 +548,9 @@ class Rebuilder:
             report.retries += await self.refill(board, shard)  # lost with them, if as recent
         else:
             raise _lost(board, shard)
-        counted = "total" if wanted("total") else next(iter(sorted(pairs)), "total")
-        report.players = int(await self.client.zcard(keys.period_key(prefix, counted)))
+        # The period rebuilt: one without a key (a day without results) has none, not the total's.
+        counted = "total" if wanted("total") else next(iter(sorted(pairs)), None)
+        report.players = int(await self.client.zcard(keys.period_key(prefix, counted))) if counted else 0
         report.seconds = time.perf_counter() - start
         self.progress(
             f"{board.config.id} shard {shard + 1}/{board.layout.physical}: {report.players} players, "

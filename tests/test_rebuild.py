@@ -1680,3 +1680,33 @@ async def test_a_board_created_meanwhile_leaves_no_key_of_the_one_a_restore_refi
         finally:
             await a.db.close()
             await store.delete(config.id)
+
+
+async def test_a_rebuild_of_one_period_reports_that_periods_players(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shardlb rebuild BOARD --period daily:<a day without results>` printed each shard's total as
+    its players ("1665 players" for a day that has none), as the admin endpoint's report did: the
+    count fell back to the total when the period rebuilt had no key. Now it counts that period."""
+    settings = {"periods": ["daily"], "sharding": sharding("hash", 2)}
+    config = BoardConfig.from_dict("rebuild-one-period", settings)
+    board, _ = await store.create(config)
+    async with own_archive(postgres_url) as archive_url:
+        a = await archiver(raw, store, archive_url)
+        try:
+            await board.submit([Score(f"p{i}", i, f"m{i}", times.now_ms() - 1000) for i in range(10)])
+            await drain(a)
+            yesterday = "daily:" + (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
+            assert [r.players for r in await rebuilder.rebuild(board, yesterday)] == [0, 0]
+            assert sum(r.players for r in await rebuilder.rebuild(board, "daily")) == 10
+            assert sum(r.players for r in await rebuilder.rebuild(board)) == 10
+            capsys.readouterr()
+            command = ["rebuild", config.id, "--redis", cluster_url, "--postgres", archive_url]
+            assert await asyncio.to_thread(main, [*command, "--period", yesterday]) == 0
+            out = capsys.readouterr().out
+            assert out.count(": 0 players,") == 2, out
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
