@@ -542,8 +542,8 @@ class Rebuilder:
             if pairs is not None:
                 break
             self.progress(
-                f"{board.config.id} shard {shard + 1}/{board.layout.physical}: its temporary keys were "
-                "lost before the swap (a failover?); filling them again"
+                f"{board.config.id} shard {shard} ({shard + 1} of {board.layout.physical}): its temporary "
+                "keys were lost before the swap (a failover?); filling them again"
             )
             report.retries += await self.refill(board, shard)  # lost with them, if as recent
         else:
@@ -553,8 +553,9 @@ class Rebuilder:
         report.players = int(await self.client.zcard(keys.period_key(prefix, counted))) if counted else 0
         report.seconds = time.perf_counter() - start
         self.progress(
-            f"{board.config.id} shard {shard + 1}/{board.layout.physical}: {report.players} players, "
-            f"{report.rows} results from PostgreSQL, {report.journal} from the journal, "
+            f"{board.config.id} shard {shard} ({shard + 1} of {board.layout.physical}): "
+            f"{report.players} players, {report.rows} results from PostgreSQL, "
+            f"{report.journal} from the journal, "
             f"{report.retries} retry records, swapped on try {report.tries}, {report.seconds:.2f}s"
         )
         return report
@@ -762,7 +763,8 @@ class Rebuilder:
         for r in reports:
             r.seconds = elapsed / len(reports)
             self.progress(
-                f"{board.config.id} band shard {r.shard + 1}/{layout.physical}: {r.players} players"
+                f"{board.config.id} band shard {r.shard} ({r.shard + 1} of {layout.physical}): "
+                f"{r.players} players"
             )
         return reports
 

@@ -1706,6 +1706,10 @@ async def test_a_rebuild_of_one_period_reports_that_periods_players(
             assert await asyncio.to_thread(main, [*command, "--period", yesterday]) == 0
             out = capsys.readouterr().out
             assert out.count(": 0 players,") == 2, out
+            # Its lines name a shard as --shard, reconcile and archive_gaps do (from 0): "shard 1/2"
+            # was shard 0, and `--shard 1` printed "shard 2/2".
+            assert await asyncio.to_thread(main, [*command, "--shard", "1"]) == 0
+            assert f"{config.id} shard 1 (2 of 2): " in capsys.readouterr().out
         finally:
             await a.db.close()
             with contextlib.suppress(Exception):
