@@ -324,6 +324,10 @@ class Mark(NamedTuple):
     first: Id | None
 
 
+# Rows of a board whose shards ``_check_rows_layout`` compares with its layout before a rebuild.
+LAYOUT_SAMPLE = 1000
+
+
 class Snapshot(NamedTuple):
     mark: Mark
     rows: int  # results taken from PostgreSQL
@@ -400,6 +404,7 @@ class Rebuilder:
                 f"board {board.config.id!r} keeps no journal (durability memory): nothing to rebuild it from",
                 "board",
             )
+        await self._check_rows_layout(board)
         if not force:
             await self._check_archive(board)
         layout = board.layout
@@ -414,6 +419,36 @@ class Rebuilder:
         if layout.strategy == "band" and name in (None, "total"):
             reports += await self.rebuild_bands(board)
         return reports
+
+    async def _check_rows_layout(self, board: Board) -> None:
+        """BoardConflict, forced or not, when the archive's rows of ``board`` name other shards
+        than its layout gives their players: an archive restored from a backup taken before a
+        reshard (whose re-homing of the rows it lost). Each shard's rebuild reads the rows of its
+        number, so it would put players on shards their reads do not look at and leave others out
+        (drilled 2026-12-05: 600 players resharded 3 -> 2 after the backup came back as 405). A
+        sample of the rows (the oldest in the table's order, those a reshard re-homed) is checked;
+        region boards, which a reshard does not take, are not."""
+        layout = board.layout
+        if layout.strategy == "region":
+            return
+        cur = await self.db.execute(
+            "SELECT player_id, shard FROM match_results WHERE board = %s AND incarnation = %s LIMIT %s",
+            (board.config.id, board.incarnation, LAYOUT_SAMPLE),
+        )
+        wrong = [(p, s) for p, s in await cur.fetchall() if layout.home(p) != s]
+        if not wrong:
+            return
+        player, shard = wrong[0]
+        raise BoardConflict(
+            f"this archive's rows of board {board.config.id!r} (incarnation {board.incarnation}) name "
+            f"other shards than its layout ({layout.sharding.shards} shards, generation "
+            f"{board.generation}) gives their players: player {player!r} is on shard {shard}, its "
+            f"layout puts it on {layout.home(player)} ({len(wrong)} of the rows sampled). Was "
+            "PostgreSQL restored from a backup taken before a reshard? A rebuild from these rows "
+            'would scatter the board, and is refused even forced. See docs/design-notes.md, "PostgreSQL '
+            'restored from a backup"',
+            "board",
+        )
 
     async def gaps(self, board: Board) -> list[tuple[Any, ...]]:
         """The gaps the archiver found in this archive for ``board`` (``archive_gaps``: journals

@@ -21,6 +21,7 @@ from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
 from shardlb.errors import BoardConflict, SettlementConflict
 from shardlb.rebuild import Rebuilder
+from shardlb.reshard import Resharder
 from shardlb.settlement import Request, Settler
 from shardlb.store import BoardStore
 from tests.test_archive import archived
@@ -356,5 +357,53 @@ async def test_the_runbooks_step_5_clears_a_gap_for_good(
             assert await board.size(board.resolve("total")) == 11
         finally:
             await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_a_rebuild_from_an_archive_restored_from_before_a_reshard_is_refused(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A backup taken before a reshard holds the board's rows under the old layout's shards, and
+    the new layout's journals have no marks there, so no gap is found. A rebuild (forced or not)
+    read each new shard's rows by the old shard numbers: drilled 2026-12-05 on `make run`, a board
+    of 600 players resharded 3 -> 2 after the backup came back with 405, the players of the old
+    shard 2 gone and the others on shards their reads do not look at. Refused now."""
+    config = BoardConfig.from_dict("restore-resharded", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    only = OnlyStore(store.client, store.scripts, {config.id})
+    now = times.now_ms()
+    async with own_archive(postgres_url) as live:
+        a = await archiver(raw, only, live)
+        try:
+            await board.submit([Score(f"a{i}", i, f"ma{i}", now) for i in range(30)])
+            await drain(a)
+        finally:
+            await a.db.close()
+        restored = await backup_of(live)  # the backup: taken before the reshard
+        mover = Resharder(only, config.id, say=lambda _: None, postgres_url=live, cache_s=0, drain_s=0.2)
+        await mover.start(2)
+        a = await archiver(raw, only, live)
+        try:
+            status = await mover.run()
+            while status["state"] != "none":
+                await drain(a)
+                status = await mover.run()
+        finally:
+            await a.db.close()
+        fresh = await store.get(config.id)
+        try:
+            assert fresh.config.sharding.shards == 2
+            async with await psycopg.AsyncConnection.connect(restored, autocommit=True) as db:
+                rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+                for force in (False, True):
+                    with pytest.raises(BoardConflict) as refused:
+                        await rebuilder.rebuild(fresh, force=force)
+                    assert "layout" in refused.value.message
+                assert await fresh.size(fresh.resolve("total")) == 30
+            async with await psycopg.AsyncConnection.connect(live, autocommit=True) as db:
+                await Rebuilder(raw, Scripts.register(raw).rebuild, db).rebuild(fresh)  # re-homed rows
+                assert await fresh.size(fresh.resolve("total")) == 30
+        finally:
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
