@@ -375,8 +375,9 @@ def reshard_board(args: argparse.Namespace) -> int:
         print(
             f"shardlb reshard: no process moves {args.board}'s reshard ({status.get('state')}): the "
             "board stays in both layouts and its tracked changes grow with every write. A router "
-            "resumes it once its lease has been free for a lease (a journaled board's only with "
-            f"SHARDLB_POSTGRES_URL); else `shardlb reshard {args.board} --resume` or --cancel",
+            f"resumes it once its lease has been free for {reshard.LEASE_MS / 1000:.0f} s (a "
+            "journaled board's only with SHARDLB_POSTGRES_URL); else "
+            f"`shardlb reshard {args.board} --resume` or --cancel",
             file=sys.stderr,
         )
     return _unfinished("reshard", args.board, status) if action == "run" else 0

@@ -431,7 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shardlb cleanup", description=main.__doc__)
     parser.add_argument("boards", nargs="*", help="these boards only (default: every board with the setting)")
     parser.add_argument("--limit", type=int, default=CLEANUP_LIMIT, help="players removed per shard at most")
-    parser.add_argument("--redis", default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"))
+    parser.add_argument(
+        "--redis",
+        default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"),
+        help="the cluster (default $SHARDLB_REDIS_URL or redis://127.0.0.1:7000)",
+    )
     args = parser.parse_args(argv)
     if args.limit < 1:
         parser.error("--limit must be at least 1")

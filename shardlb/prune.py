@@ -64,6 +64,8 @@ class Pruned(NamedTuple):
 
     rows: dict[tuple[str, str], int]
     done: bool
+    # incarnations deleted less than the grace ago, whose rows a later call removes
+    waiting: int = 0
 
 
 async def prunable(
@@ -109,7 +111,11 @@ async def prune(
                 return Pruned(removed, False)
         for table in BOOKKEEPING:
             await db.execute(f"DELETE FROM {table} WHERE board = %s AND incarnation = %s", ident)
-    return Pruned(removed, True)
+    cur = await db.execute(
+        "SELECT count(*) FROM boards WHERE deleted_at > now() - make_interval(secs => %s)", (grace_s,)
+    )
+    row = await cur.fetchone()
+    return Pruned(removed, True, row[0] if row else 0)
 
 
 def batch_statement(table: str) -> str:
@@ -176,5 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     done = asyncio.run(run())
     for (board, incarnation), rows in done.rows.items():
         print(f"{board} (incarnation {incarnation}, deleted): {rows:,} rows removed")
+    if done.waiting:
+        these = "incarnation is" if done.waiting == 1 else "incarnations are"
+        grace = f"--grace {args.grace:,.0f} s"
+        print(f"{done.waiting:,} deleted board {these} within the grace ({grace}): pruned later")
     print("nothing left to prune" if done.done else f"--limit {args.limit:,} reached: run it again")
     return 0 if done.done else 3

@@ -37,7 +37,7 @@ One mover at a time: it holds a lease on the board, and takes the reshard with a
 record and in a fence on every shard of both layouts, that each of its calls checks (``_take``,
 reshard_copy.FENCED). A mover that stalled past its lease, or whose board was deleted and created
 again, changes nothing once another has taken over. One that died leaves the lease to run out, and
-a router resumes its reshard once the lease has been free for a lease (router/reshards.py, since
+a router resumes its reshard once the lease has been free for ``LEASE_MS`` (router/reshards.py, since
 2026-12-05; before, only `--resume` or the admin endpoint's resume did).
 """
 

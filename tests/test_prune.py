@@ -269,8 +269,11 @@ async def test_a_board_created_again_and_a_season_archived_keep_what_they_read_a
                     await store.delete(board_id)
 
 
-async def test_the_prune_command(store: BoardStore, raw: Any, postgres_url: str, cluster_url: str) -> None:
-    """`shardlb prune` prunes and says what; a bad --grace or --batch is a usage error (2)."""
+async def test_the_prune_command(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shardlb prune` prunes and says what, and names what the grace still keeps; a bad --grace or
+    --batch is a usage error (2)."""
     async with own_db(postgres_url, "prune_command") as url:
         db = await connect_db(url)
         await ensure_schema(db)
@@ -280,8 +283,16 @@ async def test_the_prune_command(store: BoardStore, raw: Any, postgres_url: str,
             await archived(raw, store, db)
             await store.delete(gone.config.id)
             await archived(raw, store, db)
-            command = ["prune", "--redis", cluster_url, "--postgres", url, "--grace", "0"]
-            assert await asyncio.to_thread(main, command) == 0
+            kept = await rows_of(db, gone.config.id, gone.incarnation)
+            capsys.readouterr()
+            command = ["prune", "--redis", cluster_url, "--postgres", url]
+            assert await asyncio.to_thread(main, command) == 0  # the default grace: 7 days
+            said = capsys.readouterr().out
+            assert "1 deleted board incarnation is within the grace" in said, said
+            assert await rows_of(db, gone.config.id, gone.incarnation) == kept
+            assert await asyncio.to_thread(main, [*command, "--grace", "0"]) == 0
+            said = capsys.readouterr().out
+            assert "rows removed" in said and "nothing left to prune" in said and "within" not in said, said
             assert not any((await rows_of(db, gone.config.id, gone.incarnation)).values())
             for bad in (["--grace", "-1"], ["--batch", "0"], ["--limit", "0"]):
                 with pytest.raises(SystemExit) as e:
