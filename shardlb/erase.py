@@ -9,7 +9,13 @@ nothing a board still reads:
 - the player's ``match_results`` and ``match_holds`` rows journaled before a removal of the player
   on the same shard that kept no period (``ERASABLE``). A row of a removal that kept some periods
   (a retry made at an earlier call's time), a row posted after the last removal, and any row while
-  the removal is not archived yet still count: they stay, and the call reports them (``left``);
+  the removal is not archived yet still count: they stay, and the call reports them (``left``).
+  A ``match_results`` row that arrived within the board's dedup window stays too, reported as
+  ``held`` with the time it may go (``_window``): a rebuild puts the shard's retry records back
+  from those rows (``rebuild.RetryRecords``: an incr board's dedup sets, a best or set board's
+  pins), a removed player's too: without them, the retry of a result sent without ``achieved_at``
+  after a loss of Redis would be taken again and put the player back on the board (erased at once,
+  until 2026-12-05; tests/test_erase.py);
 - every row of the player in prune's tables on an incarnation deleted and not held by the registry
   (``prune.prunable`` without its grace: nothing reads them; `shardlb prune` would take them with
   the board's other rows);
@@ -34,16 +40,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import psycopg
 from redis.asyncio.cluster import RedisCluster
 
-from shardlb import prune
+from shardlb import prune, times
 from shardlb.archive import connect_db
-from shardlb.config import check_id
+from shardlb.board import Board
+from shardlb.config import DEDUP_WINDOW_S, BoardConfig, check_id, stored_settings
 from shardlb.connection import connect, connection_arguments
 from shardlb.errors import InvalidInput
+from shardlb.rebuild import PIN_SLACK_MS, RetryRecords
 from shardlb.settlement import REMOVED_AFTER, ensure_schema
 
 BATCH_ROWS = prune.BATCH_ROWS
@@ -53,6 +62,11 @@ ERASABLE = (
     f"EXISTS (SELECT 1 FROM player_removals x WHERE {REMOVED_AFTER} AND coalesce(cardinality(x.kept), 0) = 0)"
 )
 COUNTED = ("match_results", "match_holds")
+# When a row arrived (its journal id's time, Redis's clock): what a rebuild's refill goes by.
+ARRIVED = "split_part(m.journal_id, '-', 1)::bigint"
+# Taken off the window's start for the clocks of this host, Redis and a later rebuild's host
+# (the skew the design covers: docs/design-notes.md, "Clocks").
+CLOCK_SLACK_MS = PIN_SLACK_MS
 # What stays of a player on purpose (the module docstring), counted for the report.
 KEPT = {
     "player_removals": "SELECT count(*) FROM player_removals WHERE player_id = %s",
@@ -67,19 +81,51 @@ KEPT = {
 class Erased(NamedTuple):
     """What a call removed, by (board, incarnation, table) (only those it removed rows of; the
     incarnation '' for ``refused_results``, which names a board id only); the player's rows that
-    still count, by (board, incarnation); and the rows naming the player kept on purpose, by table."""
+    still count, by (board, incarnation); the rows naming the player kept on purpose, by table; and
+    the rows that count nowhere but stay for the dedup window, by (board, incarnation): how many,
+    and the time (epoch ms) from which a call removes them all."""
 
     rows: dict[tuple[str, str, str], int]
     left: dict[tuple[str, str], int]
     kept: dict[str, int]
+    held: dict[tuple[str, str], tuple[int, int]]
+
+
+def _window(board: str, incarnation: str, settings: Any) -> Callable[[int], int]:
+    """For a time (ms), the earliest arrival (ms) of a ``match_results`` row of the board that a
+    rebuild's refill may read from then on (``RetryRecords.since_ms``), less the clocks' slack.
+    Settings that do not parse are given the longest window a board can have, twice."""
+    try:
+        stored = {k: v for k, v in dict(settings).items() if k != "generation"}
+        config = BoardConfig.from_dict(board, stored_settings(stored))
+    except (InvalidInput, TypeError, ValueError):
+        return lambda now_ms: now_ms - 2 * DEDUP_WINDOW_S[1] * 1000 - CLOCK_SLACK_MS
+    former = Board(None, config, None, incarnation)  # type: ignore[arg-type]  # read by no server
+    return lambda now_ms: RetryRecords(former, "", now_ms).since_ms - CLOCK_SLACK_MS
+
+
+def _erasable_from(window: Callable[[int], int], arrived_ms: int, now_ms: int) -> int:
+    """The time (to the minute) from which ``window`` has passed a row that arrived at ``arrived_ms``
+    (``window`` moves on by dedup buckets: the start is found near, then stepped to)."""
+    at = arrived_ms + now_ms - window(now_ms)
+    while window(at) <= arrived_ms:
+        at += 60_000
+    while window(at - 60_000) > arrived_ms:
+        at -= 60_000
+    return at
 
 
 async def erase(
-    db: psycopg.AsyncConnection[Any], client: RedisCluster, player: str, batch: int = BATCH_ROWS
+    db: psycopg.AsyncConnection[Any],
+    client: RedisCluster,
+    player: str,
+    batch: int = BATCH_ROWS,
+    now_ms: int | None = None,
 ) -> Erased:
     """Remove ``player``'s archived rows that nothing reads (see the module docstring). ``db`` is
-    in autocommit."""
+    in autocommit; ``now_ms`` (tests) the time the dedup windows are judged at."""
     check_id(player, "player")
+    now = times.now_ms() if now_ms is None else now_ms
     await ensure_schema(db)  # the settlements' tables too, whose rows of the player are counted
     removed: dict[tuple[str, str, str], int] = {}
 
@@ -96,31 +142,44 @@ async def erase(
                 return
 
     deleted = set(await prune.prunable(db, client, 0))
-    cur = await db.execute("SELECT board, incarnation FROM boards ORDER BY board, incarnation")
+    cur = await db.execute("SELECT board, incarnation, settings FROM boards ORDER BY board, incarnation")
     left: dict[tuple[str, str], int] = {}
-    for board, incarnation in await cur.fetchall():
+    held: dict[tuple[str, str], tuple[int, int]] = {}
+    for board, incarnation, settings in await cur.fetchall():
         mine = "m.board = %s AND m.incarnation = %s AND m.player_id = %s"
         args = (board, incarnation, player)
         if (board, incarnation) in deleted:
             for table in prune.TABLES:
                 await delete(table, mine, args, (board, incarnation, table))
             continue
-        for table in COUNTED:
-            await delete(table, f"{mine} AND {ERASABLE}", args, (board, incarnation, table))
+        window = _window(board, incarnation, settings)
+        since = window(now)
+        recent = (f"{mine} AND {ERASABLE} AND {ARRIVED} >= %s", (*args, since))
+        await delete("match_results", f"{mine} AND {ERASABLE} AND {ARRIVED} < %s", (*args, since),
+                     (board, incarnation, "match_results"))  # fmt: skip
+        await delete("match_holds", f"{mine} AND {ERASABLE}", args, (board, incarnation, "match_holds"))
         counts = await db.execute(
-            "SELECT " + " + ".join(f"(SELECT count(*) FROM {table} m WHERE {mine})" for table in COUNTED),
-            args * len(COUNTED),
+            "SELECT "
+            + " + ".join(f"(SELECT count(*) FROM {table} m WHERE {mine})" for table in COUNTED)
+            + f", (SELECT count(*) FROM match_results m WHERE {recent[0]}), "
+            f"(SELECT max({ARRIVED}) FROM match_results m WHERE {recent[0]})",
+            (*(args * len(COUNTED)), *recent[1], *recent[1]),
         )
         row = await counts.fetchone()
-        if row is not None and row[0]:
-            left[(board, incarnation)] = int(row[0])
+        if row is None:
+            continue
+        everything, waiting, last = int(row[0]), int(row[1]), row[2]
+        if everything > waiting:
+            left[(board, incarnation)] = everything - waiting
+        if waiting:
+            held[(board, incarnation)] = (waiting, _erasable_from(window, int(last), now))
     await delete("refused_results", "m.player_id = %s", (player,), ("*", "", "refused_results"))
     kept = {}
     for name, query in KEPT.items():
         found = await (await db.execute(query, (player,))).fetchone()
         if found is not None and found[0]:
             kept[name] = int(found[0])
-    return Erased(removed, left, kept)
+    return Erased(removed, left, kept, held)
 
 
 def _player(text: str) -> str:
@@ -137,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     (a DELETE per board, or a ban of every board) and let the archiver archive the removals. Exit
     status 0 when none of the player's results is left, 3 when some still count (the player still
     ranked, posted since, or the removal not archived yet: run it again once it is), 1 when a server
-    fails, 2 for bad arguments. Rows naming the player that the service keeps on purpose (the
-    removals' own rows on live boards, the moderation audit, bans, settled standings) stay and are
-    counted. Safe to run again at any time."""
+    fails, 2 for bad arguments. Exit status 3 too while results of before the removal arrived
+    within the board's dedup window: a rebuild puts the window's retry records back from them, so
+    they stay until the time printed (run it again then). Rows naming the player that the service
+    keeps on purpose (the removals' own rows on live boards, the moderation audit, bans, settled
+    standings) stay and are counted. Safe to run again at any time."""
     parser = argparse.ArgumentParser(
         prog="shardlb erase",
         description=inspect.cleandoc(main.__doc__ or ""),
@@ -168,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{where}: {rows:,} rows of {table} removed")
     for (board, incarnation), rows in done.left.items():
         print(f"{board} (incarnation {incarnation}): {rows:,} results still count: not removed")
+    for (board, incarnation), (rows, until) in done.held.items():
+        print(
+            f"{board} (incarnation {incarnation}): {rows:,} results of before the removal kept for the "
+            f"dedup window (a rebuild's retry records): run it again from {times.format_ms(until)}"
+        )
     for name, rows in done.kept.items():
         print(f"kept on purpose: {rows:,} rows of {name}")
-    return 3 if done.left else 0
+    return 3 if done.left or done.held else 0

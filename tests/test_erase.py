@@ -14,10 +14,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardlb import erase, moderation, times
+from shardlb import erase, keys, moderation, times
 from shardlb.archive import connect_db
 from shardlb.board import Score
 from shardlb.cli import main
+from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound
 from shardlb.rebuild import Rebuilder
@@ -31,6 +32,15 @@ from tests.test_settlement import TABLE, awards_of, day_ago, expected_awards, ne
 pytestmark = pytest.mark.cluster
 
 PLAYER = "p003"  # written's players are p000..p039; late_retry gives p003 a hold too
+HOUR = 3_600_000
+# An erase judged this far ahead finds every row of now past what a rebuild's refill reads on a
+# board of new_board's (a dedup window of 30 days, and pins up to 4 buckets of 30 h before it):
+# test_an_erase_keeps_the_rows_a_rebuild_puts_retry_records_back_from.
+PAST_WINDOW_MS = 40 * 24 * HOUR
+
+
+def past_window() -> int:
+    return times.now_ms() + PAST_WINDOW_MS
 
 
 def unique(prefix: str) -> str:
@@ -52,7 +62,7 @@ async def refused(db: psycopg.AsyncConnection[Any], player: str) -> int:
 
 
 async def test_an_erase_removes_only_rows_no_board_reads_and_converges(
-    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async with own_db(postgres_url, "erase_rows") as url:
         db = await connect_db(url)
@@ -83,7 +93,7 @@ async def test_an_erase_removes_only_rows_no_board_reads_and_converges(
             await store.delete(gone.config.id)
             await archived(raw, store, db)
 
-            done = await erase.erase(db, store.client, PLAYER, batch=3)
+            done = await erase.erase(db, store.client, PLAYER, batch=3, now_ms=past_window())
 
             for table in ("match_results", "match_holds"):
                 assert done.rows[(removed.config.id, removed.incarnation, table)] == len(mine[table])
@@ -117,14 +127,23 @@ async def test_an_erase_removes_only_rows_no_board_reads_and_converges(
             ref.remove(PLAYER)
             assert await awards_of(db, f"{removed.config.id}-1") == expected_awards(ref, period, removed)
 
-            again = await erase.erase(db, store.client, PLAYER)  # run again: nothing more
+            again = await erase.erase(db, store.client, PLAYER, now_ms=past_window())  # again: nothing more
             assert again.rows == {} and again.left == done.left
             command = ["erase", PLAYER, "--redis", cluster_url, "--postgres", url]
             assert await asyncio.to_thread(main, command) == 3  # the command runs its own event loop
             await moderation.remove(ranked, [PLAYER])
             await archived(raw, store, db)
-            assert await asyncio.to_thread(main, command) == 0
+            # Removed now, their rows arrived within the dedup window: held, and said so (exit 3).
+            capsys.readouterr()
+            assert await asyncio.to_thread(main, command) == 3
+            printed = capsys.readouterr().out
+            assert f"{ranked.config.id} (incarnation {ranked.incarnation}): " in printed
+            assert "kept for the dedup window" in printed and "still count" not in printed
+            assert (await of_player(db, ranked.config.id, ranked.incarnation, True))["match_results"]
+            done = await erase.erase(db, store.client, PLAYER, now_ms=past_window())
+            assert done.left == done.held == {}
             assert not (await of_player(db, ranked.config.id, ranked.incarnation, True))["match_results"]
+            assert await asyncio.to_thread(main, command) == 0
             for bad in (["p!3"], []):
                 with pytest.raises(SystemExit) as e:
                     main(["erase", *bad, "--redis", cluster_url, "--postgres", url])
@@ -152,7 +171,7 @@ async def test_an_erase_keeps_a_result_posted_after_the_removal(
             await board.submit([Score(PLAYER, 7, "since", times.now_ms() + 2000)])
             await archived(raw, store, db)
 
-            done = await erase.erase(db, store.client, PLAYER)
+            done = await erase.erase(db, store.client, PLAYER, now_ms=past_window())
 
             left = (await of_player(db, board.config.id, board.incarnation, True))["match_results"]
             assert [r[2] for r in left] == ["since"]
@@ -166,3 +185,62 @@ async def test_an_erase_keeps_a_result_posted_after_the_removal(
             await db.close()
             with contextlib.suppress(BoardNotFound):
                 await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("mode", ["incr", "best"])
+async def test_an_erase_keeps_the_rows_a_rebuild_puts_retry_records_back_from(
+    store: BoardStore, raw: Any, postgres_url: str, mode: str
+) -> None:
+    """Within the dedup window a rebuild puts back a shard's retry records from match_results (an
+    incr board's dedup sets, a best board's pins: RetryRecords), a removed player's rows included:
+    the retry of a result sent without achieved_at, made after the removal and a loss of the
+    shard's records, is then answered `duplicate`, as before the loss. An erase of the removal's
+    rows must wait for the window: erased at once, the retry put the player back on the board."""
+    async with own_db(postgres_url, f"erase_window_{mode}") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        settings = {"mode": mode, "sharding": {"shards": 3}}  # the default window, 24 h
+        config = BoardConfig.from_dict(unique(f"erase-window-{mode}"), settings)
+        board, _ = await store.create(config)
+        try:
+            await board.submit([Score(PLAYER, 10, "m1", None), Score("p001", 5, "m2", None)])
+            await moderation.remove(board, [PLAYER])
+            await archived(raw, store, db)
+
+            now = times.now_ms()
+            done = await erase.erase(db, store.client, PLAYER, now_ms=now)
+
+            # Nothing of the results goes yet; they count nowhere (not "left"), held for the window.
+            ident = (config.id, board.incarnation)
+            assert done.rows == {} and done.left == {}
+            rows, until = done.held[ident]
+            assert rows == 1 and now + 24 * HOUR < until <= now + 30 * HOUR
+            mine = (await of_player(db, config.id, board.incarnation, True))["match_results"]
+            assert [r[2] for r in mine] == ["m1"]
+            # The player's home shard loses its retry records (a master back empty), and is rebuilt.
+            home = board.layout.home(PLAYER)
+            prefix = board.prefixes[home]
+            lost = [
+                name
+                for name in await raw.zrange(keys.index_key(prefix), 0, -1)
+                if name.startswith((f"{prefix}dd:".encode(), f"{prefix}pin:".encode()))
+            ]
+            assert lost
+            await raw.delete(*lost)
+            await raw.zrem(keys.index_key(prefix), *lost)
+            await Rebuilder(raw, Scripts.register(raw).rebuild, db).rebuild(board, shard=home)
+            later = times.now_ms() + 2 * HOUR  # well within the 24 h window
+            again = await board.submit([Score(PLAYER, 10, "m1", None)], now_ms=later)
+            assert [r.status for r in again] == ["duplicate"]
+            assert [e.player_id for e in await board.top(10)] == ["p001"]
+
+            # From the time it gave, the window has passed them: they go, and nothing is held.
+            early = (await erase.erase(db, store.client, PLAYER, now_ms=until - 60_000)).held[ident]
+            assert early[0] == 1 and abs(early[1] - until) <= 60_000
+            done = await erase.erase(db, store.client, PLAYER, now_ms=until)
+            assert done.rows == {(*ident, "match_results"): 1} and done.held == done.left == {}
+            assert not (await of_player(db, config.id, board.incarnation, True))["match_results"]
+        finally:
+            await db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(config.id)
