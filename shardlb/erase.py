@@ -32,8 +32,12 @@ snapshots and awards (the record of what was paid). Redis is not touched: remove
 Each batch is one DELETE of at most ``batch`` rows in a transaction of its own, as prune's are, and a
 row it removes is never needed again: the call can be cut off anywhere and run again, and a call
 after the last removes nothing. Rows journaled before the removal that the archiver commits after
-the call (it archives a journal in order, so only while the removal's own row is not archived yet)
-are left out by the removal's row, which stays, and go at the next call."""
+the call are left out by the removal's row, which stays, and go at the next call. One archiver
+commits a journal in order, so those come while the removal's own row is not archived yet (its
+rows still count: ``left``); but an archiver that read an entry and died before its commit leaves
+it to be taken over after another has archived the later ones, the removal's among them. A call
+then finds nothing left of the player, and says the board's journals still hold entries of before
+the removal (``unarchived``; until 2026-12-05 it answered that nothing was left)."""
 
 from __future__ import annotations
 
@@ -46,14 +50,15 @@ from typing import Any, NamedTuple
 import psycopg
 from redis.asyncio.cluster import RedisCluster
 
-from shardlb import prune, times
+from shardlb import keys, prune, times
 from shardlb.archive import connect_db
 from shardlb.board import Board
 from shardlb.config import DEDUP_WINDOW_S, BoardConfig, check_id, stored_settings
-from shardlb.connection import connect, connection_arguments
+from shardlb.connection import Scripts, connect, connection_arguments
 from shardlb.errors import InvalidInput
 from shardlb.rebuild import PIN_SLACK_MS, RetryRecords
 from shardlb.settlement import REMOVED_AFTER, ensure_schema
+from shardlb.store import BoardStore
 
 BATCH_ROWS = prune.BATCH_ROWS
 # A row of ``m`` (match_results or match_holds) journaled before a removal of its player on its shard
@@ -83,12 +88,14 @@ class Erased(NamedTuple):
     incarnation '' for ``refused_results``, which names a board id only); the player's rows that
     still count, by (board, incarnation); the rows naming the player kept on purpose, by table; and
     the rows that count nowhere but stay for the dedup window, by (board, incarnation): how many,
-    and the time (epoch ms) from which a call removes them all."""
+    and the time (epoch ms) from which a call removes them all; and the live boards whose journals
+    still hold entries of before the player's last removal there (``_unarchived``)."""
 
     rows: dict[tuple[str, str, str], int]
     left: dict[tuple[str, str], int]
     kept: dict[str, int]
     held: dict[tuple[str, str], tuple[int, int]]
+    unarchived: set[tuple[str, str]]
 
 
 def _window(board: str, incarnation: str, settings: Any) -> Callable[[int], int]:
@@ -113,6 +120,49 @@ def _erasable_from(window: Callable[[int], int], arrived_ms: int, now_ms: int) -
     while window(at - 60_000) > arrived_ms:
         at -= 60_000
     return at
+
+
+# Whether a journal (KEYS[1]) holds an entry up to ARGV[1] (XRANGE's end): 1 or 0. A script, as the
+# entry itself (MessagePack) is no text a decoding client can read.
+_BEFORE = "return #redis.call('XRANGE', KEYS[1], '-', ARGV[1], 'COUNT', 1)"
+
+
+def _position(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+async def _unarchived(
+    db: psycopg.AsyncConnection[Any], client: RedisCluster, player: str
+) -> set[tuple[str, str]]:
+    """The live boards (the registry's incarnations) with a removal of ``player`` archived whose
+    journals still hold an entry of before the latest of them: not archived yet, or archived and not
+    trimmed yet. An archiver that read such an entry and died before its commit, while another
+    archived the later ones (the removal's among them), commits it once the entry is taken over:
+    a row of the player the next call removes, which this one cannot see. Any journal of the board
+    is looked at (a removal's shard number is its layout's: old and new ones during a reshard)."""
+    cur = await db.execute(
+        "SELECT board, incarnation, journal_id FROM player_removals WHERE player_id = %s", (player,)
+    )
+    latest: dict[tuple[str, str], str] = {}
+    for board, incarnation, entry_id in await cur.fetchall():
+        known = latest.get((board, incarnation))
+        if known is None or _position(entry_id) > _position(known):
+            latest[(board, incarnation)] = entry_id
+    if not latest:
+        return set()
+    store = BoardStore(client, Scripts.register(client))
+    live = {(b.config.id, b.incarnation): b for b in await store.boards()}
+    out = set()
+    for ident, entry_id in sorted(latest.items()):
+        board = live.get(ident)
+        if board is None:
+            continue
+        for prefix in dict.fromkeys(board.prefixes + board.also):
+            if await client.eval(_BEFORE, 1, keys.journal_key(prefix), f"({entry_id}"):
+                out.add(ident)
+                break
+    return out
 
 
 async def erase(
@@ -174,12 +224,13 @@ async def erase(
         if waiting:
             held[(board, incarnation)] = (waiting, _erasable_from(window, int(last), now))
     await delete("refused_results", "m.player_id = %s", (player,), ("*", "", "refused_results"))
+    unarchived = await _unarchived(db, client, player)
     kept = {}
     for name, query in KEPT.items():
         found = await (await db.execute(query, (player,))).fetchone()
         if found is not None and found[0]:
             kept[name] = int(found[0])
-    return Erased(removed, left, kept, held)
+    return Erased(removed, left, kept, held, unarchived)
 
 
 def _player(text: str) -> str:
@@ -194,13 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     any more: their results and holds journaled before a removal of theirs that kept no period, all
     their rows on boards deleted, and their refused results. Remove the player from the boards first
     (a DELETE per board, or a ban of every board) and let the archiver archive the removals. Exit
-    status 0 when none of the player's results is left, 3 when some still count (the player still
-    ranked, posted since, or the removal not archived yet: run it again once it is), 1 when a server
-    fails, 2 for bad arguments. Exit status 3 too while results of before the removal arrived
-    within the board's dedup window: a rebuild puts the window's retry records back from them, so
-    they stay until the time printed (run it again then). Rows naming the player that the service
-    keeps on purpose (the removals' own rows on live boards, the moderation audit, bans, settled
-    standings) stay and are counted. Safe to run again at any time."""
+    status 0 when none of the player's results is left; 3 when some still count (the player still
+    ranked, posted since, or the removal not archived yet: run it again once it is), when results
+    of before the removal arrived within the board's dedup window (a rebuild puts the window's
+    retry records back from them: they stay until the time printed, run it again then) or when a
+    board's journals still hold entries of before the removal (run it again once the archiver has
+    archived them); 1 when a server fails; 2 for bad arguments. A player id that begins with '-'
+    goes after '--'. Rows naming the player that the service keeps on purpose (the removals' own
+    rows on live boards, the moderation audit, bans, settled standings) stay and are counted. Safe
+    to run again at any time."""
     parser = argparse.ArgumentParser(
         prog="shardlb erase",
         description=inspect.cleandoc(main.__doc__ or ""),
@@ -234,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{board} (incarnation {incarnation}): {rows:,} results of before the removal kept for the "
             f"dedup window (a rebuild's retry records): run it again from {times.format_ms(until)}"
         )
+    for board, incarnation in sorted(done.unarchived):
+        print(
+            f"{board} (incarnation {incarnation}): its journals still hold entries of before the removal, "
+            "which the archiver may bring rows of the player from: run it again once it has archived them"
+        )
     for name, rows in done.kept.items():
         print(f"kept on purpose: {rows:,} rows of {name}")
-    return 3 if done.left or done.held else 0
+    return 3 if done.left or done.held or done.unarchived else 0

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from shardlb import erase, keys, moderation, times
-from shardlb.archive import connect_db
+from shardlb.archive import GROUP, Archiver, connect_db
 from shardlb.board import Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
@@ -244,3 +244,50 @@ async def test_an_erase_keeps_the_rows_a_rebuild_puts_retry_records_back_from(
             await db.close()
             with contextlib.suppress(BoardNotFound):
                 await store.delete(config.id)
+
+
+async def test_an_erase_waits_for_the_entries_of_before_the_removal_still_in_a_journal(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """Two archivers commit a journal's entries out of order: one read the player's result and died
+    before its commit, another archived the removal after it; the first entry comes in once it is
+    taken over. An erase in between removes nothing and must not answer that none of the player's
+    results is left (exit 0): it says the board's journals still hold entries of before the
+    removal (exit 3), and a call once they are archived removes the row they brought."""
+    async with own_db(postgres_url, "erase_late") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        board = await new_board(store, unique("erase-late"))
+        ident = (board.config.id, board.incarnation)
+        try:
+            now = times.now_ms()
+            await board.submit([Score(PLAYER, 10, "m1", now - 60_000), Score("p001", 5, "m2", now - 60_000)])
+            for prefix in board.prefixes:  # an archiver reads the results and dies before its commit
+                key = keys.journal_key(prefix)
+                if await raw.exists(key):
+                    await raw.xgroup_create(key, GROUP, id="0")
+                    await raw.xreadgroup(GROUP, "dead", {key: ">"})
+            await moderation.remove(board, [PLAYER])
+            late = Archiver(raw, store, db, "late", claim_idle_s=3600)  # the removal alone
+            await late.refresh()
+            while await late.round():
+                pass
+            cur = await db.execute("SELECT count(*) FROM player_removals WHERE player_id = %s", (PLAYER,))
+            assert (await cur.fetchone()) == (1,)
+            assert not (await of_player(db, *ident, True))["match_results"]
+
+            done = await erase.erase(db, store.client, PLAYER, now_ms=past_window())
+            assert done.rows == {} and done.left == {} and done.held == {}
+            assert done.unarchived == {ident}
+            command = ["erase", PLAYER, "--redis", cluster_url, "--postgres", url]
+            assert await asyncio.to_thread(main, command) == 3
+
+            await archived(raw, store, db)  # taken over: the result comes in, after the removal's row
+            assert (await of_player(db, *ident, True))["match_results"]
+            done = await erase.erase(db, store.client, PLAYER, now_ms=past_window())
+            assert done.rows == {(*ident, "match_results"): 1}
+            assert done.left == done.held == {} and done.unarchived == set()
+        finally:
+            await db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(board.config.id)
