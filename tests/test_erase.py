@@ -291,3 +291,93 @@ async def test_an_erase_waits_for_the_entries_of_before_the_removal_still_in_a_j
             await db.close()
             with contextlib.suppress(BoardNotFound):
                 await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize(("mode", "shards"), [("best", 3), ("incr", 1)])
+async def test_an_erase_across_a_reshard_keeps_what_the_board_counts(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch, mode: str, shards: int
+) -> None:
+    """A board of 2 shards resharded, its mover stopped between the cut-over and the re-homing of the
+    archive's rows: rows of the old layout keep its shard numbers, the removals made since have the
+    new ones. Erases then (and after the resumed reshard re-homed the rows) remove only what no
+    shard counts: the board reconciles without drift and rebuilds to what Redis held, with the
+    results posted after each removal."""
+    from shardlb.reshard import Resharder
+    from tests.test_rebuild import archive_round
+
+    async with own_db(postgres_url, f"erase_reshard_{mode}") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+        config = BoardConfig.from_dict(unique("erase-reshard"), {"mode": mode, "sharding": {"shards": 2}})
+        board, _ = await store.create(config)
+        a = Archiver(raw, store, db, "erase-reshard", claim_idle_s=0)
+        players = [f"r{i:02d}" for i in range(24)]
+        ahead = past_window() + PAST_WINDOW_MS
+
+        async def archive_while(run: Any) -> Any:
+            stop = asyncio.Event()
+
+            async def archive() -> None:
+                while not stop.is_set():
+                    await a.refresh()
+                    if not await archive_round(a):
+                        await asyncio.sleep(0.02)
+
+            task = asyncio.ensure_future(archive())
+            try:
+                return await run
+            finally:
+                stop.set()
+                await task
+
+        try:
+            now = times.now_ms()
+            await board.submit([Score(p, 10 + i, f"a-{p}", now - 60_000) for i, p in enumerate(players)], now)
+            await moderation.remove(board, players[:8], now_ms=now + 1000)
+            since = now + 7 * 60_000  # after the removal's record
+            await board.submit([Score(p, 3, f"b-{p}", since) for p in players[:4]], now_ms=since)
+            await archived(raw, store, db)
+
+            async def stopped_before_the_rehome(mover: Any, target: Any) -> int:
+                raise RuntimeError("the mover stopped before the re-homing")
+
+            real = Resharder._rehome
+            monkeypatch.setattr(Resharder, "_rehome", stopped_before_the_rehome)
+            mover = Resharder(store, config.id, say=lambda _: None, postgres_url=url, cache_s=0)
+            await mover.start(shards, None)
+            with pytest.raises(RuntimeError, match="re-homing"):
+                await archive_while(mover.run())
+            monkeypatch.setattr(Resharder, "_rehome", real)
+
+            board = await store.get(config.id)
+            later = times.now_ms() + 20 * 60_000
+            await moderation.remove(board, players[8:16], now_ms=later)
+            since = later + 7 * 60_000
+            await board.submit([Score(p, 4, f"c-{p}", since) for p in players[8:11] + players[16:20]], since)
+            await archived(raw, store, db)
+            want = set(players) - set(players[:16]) | set(players[:4]) | set(players[8:11])
+            assert {e.player_id for e in await board.top(100)} == want
+            for player in players[:16]:
+                await erase.erase(db, store.client, player, now_ms=ahead)
+            before = await board.top(100)
+
+            mover = Resharder(store, config.id, say=lambda _: None, postgres_url=url, cache_s=0)
+            await archive_while(mover.run())
+            await archived(raw, store, db)
+            board = await store.get(config.id)
+            assert board.layout.physical == shards and await board.top(100) == before
+            for player in players[:16]:
+                await erase.erase(db, store.client, player, now_ms=ahead)
+            assert not [c for c in await reconcile(rebuilder, board, "total") if c.drift]
+            await rebuilder.rebuild(board)
+            assert await board.top(100) == before
+            cur = await db.execute(
+                "SELECT DISTINCT player_id FROM match_results WHERE board = %s AND player_id = ANY(%s)",
+                (config.id, players[:16]),
+            )
+            assert {row[0] for row in await cur.fetchall()} == set(players[:4]) | set(players[8:11])
+        finally:
+            await db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(config.id)
