@@ -329,7 +329,8 @@ def rebuild_boards(args: argparse.Namespace) -> int:
 
 
 def add_reshard_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`shardlb reshard BOARD --shards N | --resume | --cancel | --status` (shardlb/reshard.py)."""
+    """`shardlb reshard BOARD --shards N | --resume | --cancel | --status | --rehome`
+    (shardlb/reshard.py)."""
     reshard = commands.add_parser(
         "reshard", help="move a board to another shard count while it takes writes and reads"
     )
@@ -343,6 +344,13 @@ def add_reshard_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         action="store_true",
         help="print the state, progress, time left and whether a process moves it",
     )
+    what.add_argument(
+        "--rehome",
+        action="store_true",
+        help="move the board's archived rows to the shards of its layout now, as a reshard's end "
+        "does: for a PostgreSQL restored from a backup taken before a reshard (refused while one "
+        "is under way)",
+    )
     reshard.add_argument(
         "--bands", help="make it a band board with these band starts, e.g. 0,1000,10000 (with --shards)"
     )
@@ -351,10 +359,11 @@ def add_reshard_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def reshard_board(args: argparse.Namespace) -> int:
-    """Run, resume, cancel or show a reshard; print progress lines, then the status as JSON."""
+    """Run, resume, cancel or show a reshard, or re-home the board's archived rows; print progress
+    lines, then the status (or what was re-homed) as JSON."""
     from shardlb import reshard
 
-    action = "status" if args.status else "cancel" if args.cancel else "run"
+    action = "status" if args.status else "cancel" if args.cancel else "rehome" if args.rehome else "run"
     try:
         bands = None if args.bands is None else [int(b) for b in args.bands.split(",")]
     except ValueError:
@@ -362,6 +371,9 @@ def reshard_board(args: argparse.Namespace) -> int:
         return USAGE
     if bands is not None and args.shards is None:
         print("shardlb reshard: --bands goes with --shards", file=sys.stderr)
+        return USAGE
+    if args.rehome and not args.postgres:
+        print("shardlb reshard: --rehome needs --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr)
         return USAGE
     try:
         status = asyncio.run(

@@ -427,7 +427,8 @@ class Rebuilder:
         number, so it would put players on shards their reads do not look at and leave others out
         (drilled 2026-12-05: 600 players resharded 3 -> 2 after the backup came back as 405). A
         sample of the rows (the oldest in the table's order, those a reshard re-homed) is checked;
-        region boards, which a reshard does not take, are not."""
+        region boards, which a reshard does not take, are not. `shardlb reshard BOARD --rehome`
+        (``Resharder.rehome``) moves the rows to the layout's shards."""
         layout = board.layout
         if layout.strategy == "region":
             return
@@ -445,8 +446,9 @@ class Rebuilder:
             f"{board.generation}) gives their players: player {player!r} is on shard {shard}, its "
             f"layout puts it on {layout.home(player)} ({len(wrong)} of the rows sampled). Was "
             "PostgreSQL restored from a backup taken before a reshard? A rebuild from these rows "
-            'would scatter the board, and is refused even forced. See docs/design-notes.md, "PostgreSQL '
-            'restored from a backup"',
+            "would scatter the board, and is refused even forced: move them to the layout's shards "
+            f"first (`shardlb reshard {board.config.id} --rehome`). See docs/design-notes.md, "
+            '"PostgreSQL restored from a backup"',
             "board",
         )
 

@@ -25,7 +25,9 @@ short, with the record's ``reshard`` field holding the state, so that any proces
    while the record names the new layout is refused and made again on the new one.
 4. The old journals are drained by the archiver, the archive's rows re-homed to the new shard
    numbers (PostgreSQL), the old keys dropped (their 'm' markers stay a day, so a late write hears
-   "moved") and the ``reshard`` field removed.
+   "moved") and the ``reshard`` field removed. The re-homing alone, to the layout the board has,
+   is ``Resharder.rehome`` (`shardlb reshard BOARD --rehome`): for an archive restored from a
+   backup taken before a reshard.
 
 A reshard can be cancelled until it is committed: the request is recorded in ``reshard``, a mover
 carries it out at its next step, the markers go, the new keys are dropped, and the old layout never
@@ -836,11 +838,73 @@ class Resharder:
                 return False
             await asyncio.sleep(0.5)
 
-    async def _rehome(self, target: Board) -> int:
+    async def rehome(self) -> dict[str, Any]:
+        """Give the board's archived rows the shards of the layout the registry names now: the
+        reshard's last step (``_rehome``) made again, for an archive restored from a backup taken
+        before a reshard of the board, whose rows name the old layout's shards (a rebuild refuses
+        them: docs/design-notes.md, "PostgreSQL restored from a backup"). Refused while a reshard
+        is under way (its finish re-homes them), on a region board (never resharded) and on one
+        that keeps no journal (nothing archived). One transaction that sets only the shard of rows
+        not on their player's home shard: cut off, it changed nothing, and run again it converges.
+        Returns the board, its layout and the rows it moved."""
+        if not self.postgres_url:
+            raise BoardConflict(
+                "the archive's rows are what moves: give PostgreSQL (--postgres, SHARDLB_POSTGRES_URL)",
+                "board",
+            )
+        _, record = await self.record()
+        board = self._at_rest(record)
+        if board.layout.strategy not in ("hash", "band"):
+            raise BoardConflict(
+                f"only hash and band boards are resharded; this one is a {board.layout.strategy} "
+                "board, whose archived rows are on its layout's shards",
+                "board",
+            )
+        if board.config.durability != "journal":
+            raise BoardConflict(
+                f"board {self.board_id!r} keeps no journal (durability memory): nothing archived to re-home",
+                "board",
+            )
+        rows = await self._rehome(board, at_rest=True)
+        shards = board.config.sharding.shards
+        self.say(
+            f"{self.board_id}: {rows} archived rows re-homed to the layout's {shards} shards; next, "
+            f"`shardlb reconcile {self.board_id}`: drift there is what this archive lacks (results "
+            "acknowledged after its backup point, which no gap names), and a rebuild or --repair "
+            "would drop it from Redis"
+        )
+        return {"board": self.board_id, "shards": shards, "generation": board.generation, "rehomed": rows}
+
+    def _at_rest(self, record: dict[str, Any], layout: Board | None = None) -> Board:
+        """The board ``record`` names, refused (BoardConflict) while a reshard is under way or, given
+        ``layout``, when the record names another incarnation or layout generation than it."""
+        move = record.get("reshard")
+        if move:
+            raise BoardConflict(
+                f"board {self.board_id!r} is being resharded ({move['state']}): the reshard's finish "
+                f"re-homes the archive's rows; finish it (`shardlb reshard {self.board_id} --resume`) "
+                "or cancel it first",
+                "board",
+            )
+        board = self.store._board(self.board_id, record)
+        now = (board.incarnation, board.generation)
+        if layout is not None and now != (layout.incarnation, layout.generation):
+            raise BoardConflict(
+                f"board {self.board_id!r} changed while its rows were re-homed (another layout or "
+                "incarnation); nothing was changed: run it again",
+                "board",
+            )
+        return board
+
+    async def _rehome(self, target: Board, at_rest: bool = False) -> int:
         """Give the board's archived rows their shard in the new layout: its results, its delete
         entries and its removal records, every one of which a rebuild reads by shard. The players
         are those any of the three names: a player removed before they posted has a record and no
-        result."""
+        result. Re-homings of one board (a reshard's finish, ``rehome``) take turns on a lock of
+        the transaction; ``at_rest`` (``rehome``): the registry is read once it is held, and the
+        board must still have ``target``'s layout and no reshard under way. A reshard whose finish
+        waited meanwhile moves the rows after this, to its own layout; one that finished before
+        has changed the layout, or is still in the record: refused."""
         import psycopg  # imported when used: Redis-only deployments need no PostgreSQL driver
 
         shards = target.config.sharding.shards
@@ -848,6 +912,9 @@ class Resharder:
         url = self.postgres_url or ""
         async with await psycopg.AsyncConnection.connect(url, autocommit=False, **pgconn.options(url)) as db:
             async with db.cursor() as cur:
+                await cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"rehome/{ident[0]}"])
+                if at_rest:
+                    self._at_rest((await self.record())[1], target)
                 await cur.execute(
                     " UNION ".join(
                         f"SELECT player_id FROM {table} WHERE board = %(board)s AND incarnation = %(inc)s"
@@ -1047,9 +1114,9 @@ async def command(
     bands: list[int] | None = None,
 ) -> dict[str, Any]:
     """`shardlb reshard`'s work on fresh connections: ``action`` is run (start a reshard to
-    ``shards``, or resume the one under way when ``shards`` is None), cancel or status. A run that
-    carried out a cancel (recorded by another process) returns the board's status with the state
-    ``cancelled``."""
+    ``shards``, or resume the one under way when ``shards`` is None), cancel, status or rehome
+    (``Resharder.rehome``). A run that carried out a cancel (recorded by another process) returns
+    the board's status with the state ``cancelled``."""
     from shardlb.connection import Scripts, connect
 
     client = connect(redis_url, timeout=30.0)
@@ -1060,6 +1127,8 @@ async def command(
             return await mover.status()
         if action == "cancel":
             return {"board": board_id, "state": await mover.cancel()}
+        if action == "rehome":
+            return await mover.rehome()
         if shards is not None:
             await mover.start(shards, bands)
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardlb import times
+from shardlb import moderation, times
 from shardlb.archive import connect_db
 from shardlb.board import Board, Score
 from shardlb.cli import main
@@ -21,13 +22,15 @@ from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
 from shardlb.errors import BoardConflict, SettlementConflict
 from shardlb.rebuild import Rebuilder
-from shardlb.reshard import Resharder
-from shardlb.settlement import Request, Settler
+from shardlb.reconcile import reconcile
+from shardlb.reshard import REHOMED, Resharder
+from shardlb.settlement import Request, Settler, period_bounds
+from shardlb.sharding import player_hash
 from shardlb.store import BoardStore
 from tests.test_archive import archived
 from tests.test_board import sharding
 from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
-from tests.test_settlement import TABLE, day_ago, new_board, written
+from tests.test_settlement import TABLE, awards_of, day_ago, expected_awards, new_board, written
 from tests.test_settlement import drain as settle_drain
 
 pytestmark = pytest.mark.cluster
@@ -404,6 +407,282 @@ async def test_a_rebuild_from_an_archive_restored_from_before_a_reshard_is_refus
             async with await psycopg.AsyncConnection.connect(live, autocommit=True) as db:
                 await Rebuilder(raw, Scripts.register(raw).rebuild, db).rebuild(fresh)  # re-homed rows
                 assert await fresh.size(fresh.resolve("total")) == 30
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def resharded(only: OnlyStore, board_id: str, live: str, shards: int, bands: list[int] | None) -> Board:
+    """The board moved to ``shards`` (and ``bands``), to the end: its old journals archived into
+    ``live`` and its rows re-homed there. Returns the board on its new layout."""
+    mover = Resharder(only, board_id, say=lambda _: None, postgres_url=live, cache_s=0, drain_s=0.2)
+    await mover.start(shards, bands)
+    a = await archiver(only.client, only, live)
+    try:
+        status = await mover.run()
+        while status["state"] != "none":
+            await drain(a)
+            status = await mover.run()
+    finally:
+        await a.db.close()
+    return await only.get(board_id)
+
+
+async def off_layout(url: str, board: Board) -> dict[str, tuple[int, int]]:
+    """Per table a reshard re-homes: (rows of ``board``, those on another shard than its layout's)."""
+    out = {}
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as db:
+        for table in REHOMED:
+            cur = await db.execute(
+                f"SELECT player_id, shard FROM {table} WHERE board = %s AND incarnation = %s",
+                (board.config.id, board.incarnation),
+            )
+            rows = await cur.fetchall()
+            out[table] = (len(rows), sum(board.layout.home(p) != s for p, s in rows))
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["hash", "band"])
+async def test_rehome_brings_an_archive_restored_from_before_a_reshard_back_in_line(
+    store: BoardStore,
+    raw: Any,
+    postgres_url: str,
+    cluster_url: str,
+    capsys: pytest.CaptureFixture[str],
+    strategy: str,
+) -> None:
+    """The drill of 2026-12-05 to its end: a board written (a closed day's results, a late better
+    retry of one of them, which leaves a hold, and a removal), the backup, a reshard 3 -> 2 and
+    results of that day after it, PostgreSQL restored. The archive holds the rows of before under
+    the old layout's shards and those archived since under the new one's: a rebuild is refused
+    and a settlement folds a player per shard, twice. `shardlb reshard BOARD --rehome` moves every
+    row to the layout's shards (run twice: the second changes nothing); then the rebuild runs,
+    reconcile finds no drift, and the settlement pays the reference's order."""
+    layout: dict[str, Any] = {"shards": 3}
+    bands = None
+    if strategy == "band":
+        bands = [0, 20, 40]
+        layout = {"strategy": "band", "shards": 3, "bands": bands}
+    board = await new_board(store, f"restore-rehome-{strategy}", sharding=layout)
+    config = board.config
+    only = OnlyStore(store.client, store.scripts, {config.id})
+    period = day_ago(2)
+    name = board.resolve(period).period
+    start, end = period_bounds(board, name)
+    async with own_archive(postgres_url) as live:
+        try:
+            ref = await written(board, period, f"rehome/{strategy}/before")
+            first = [Score("late", 30, "late-m", start + 1000)]
+            await board.submit(first, now_ms=end - 1)
+            ref.submit(first, now_ms=end - 1)
+            again = [Score("late", 45, "late-m", start + 1000)]  # after the day closed: the total only
+            await board.submit(again)
+            ref.submit(again, now_ms=times.now_ms())
+            # A player whose home moves with the reshard, removed (their earlier rows must stay out).
+            cheater = next(p for _, p, _, _ in ref.order(name) if player_hash(p) % 3 != player_hash(p) % 2)
+            await moderation.remove(board, [cheater], request="remove/rehome")
+            ref.remove(cheater, at_ms=times.now_ms())
+            await settle_drain(raw, only, live)
+            restored = await backup_of(live)  # the backup: taken before the reshard
+            fresh = await resharded(only, config.id, live, 2, bands)
+            assert fresh.config.sharding.shards == 2 and fresh.generation == board.generation + 1
+            await written(fresh, period, f"rehome/{strategy}/after", ref=ref)  # on the new shards
+            await settle_drain(raw, only, restored)  # the restore: the journals' rest archived there
+            before = await off_layout(restored, fresh)
+            assert all(rows for rows, _ in before.values()), before
+            assert before["match_results"][1] and before["player_removals"][1] and before["match_holds"][1]
+
+            async with await psycopg.AsyncConnection.connect(restored, autocommit=True) as db:
+                rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+                with pytest.raises(BoardConflict) as refused:
+                    await rebuilder.rebuild(fresh)
+                assert "--rehome" in refused.value.message
+                order = await Settler(rebuilder).final_order(fresh, name)
+                assert len(order) > len({s.player_id for s in order})  # players counted twice
+
+            command = ["reshard", config.id, "--rehome", "--redis", cluster_url, "--postgres", restored]
+            capsys.readouterr()
+            assert await asyncio.to_thread(main, command) == 0
+            done = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+            assert done["rehomed"] == sum(off for _, off in before.values())
+            assert done["shards"] == 2 and done["generation"] == fresh.generation
+            assert await asyncio.to_thread(main, command) == 0  # again: in line, nothing to change
+            assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rehomed"] == 0
+            after = await off_layout(restored, fresh)
+            assert after == {table: (rows, 0) for table, (rows, _) in before.items()}
+
+            async with await psycopg.AsyncConnection.connect(restored, autocommit=True) as db:
+                cur = await db.execute(
+                    "SELECT settings FROM boards WHERE board = %s AND incarnation = %s",
+                    (config.id, board.incarnation),
+                )
+                row = await cur.fetchone()
+                assert row is not None and row[0]["generation"] == fresh.generation
+                assert row[0]["sharding"]["shards"] == 2
+                rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+                players = await fresh.size(fresh.resolve("total"))
+                await rebuilder.rebuild(fresh)
+                assert await fresh.size(fresh.resolve("total")) == players == len(ref.order("total"))
+                for checked_period in ("total", period):
+                    checks = await reconcile(rebuilder, fresh, checked_period)
+                    assert not any(c.drift for c in checks), checks
+                request = Request.of({"settlement_id": f"rehome-{strategy}", "rewards": TABLE})
+                result = await Settler(rebuilder).settle(fresh, period, request)
+                assert result["check"]["drifting"] == [] and result["forced"] is False
+                assert result["players"] == len(ref.order(name))
+                assert await awards_of(db, f"rehome-{strategy}") == expected_awards(ref, period, fresh)
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_rehome_is_refused_where_it_has_nothing_to_do_or_a_reshard_will(
+    store: BoardStore,
+    postgres_url: str,
+    cluster_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A region board is never resharded, a memory board archives nothing, and a reshard under way
+    re-homes the rows at its finish (a re-homing to the layout before its cut-over would be undone
+    by it, or undo it): each is refused, exit 1, nothing changed. Without PostgreSQL: exit 2."""
+    region = BoardConfig.from_dict("rehome-region", {"sharding": sharding("region", 3)})
+    memory = BoardConfig.from_dict("rehome-memory", {"sharding": sharding("hash", 2), "durability": "memory"})
+    moving = BoardConfig.from_dict("rehome-moving", {"sharding": sharding("hash", 3)})
+    try:
+        for config in (region, memory, moving):
+            await store.create(config)
+        # A reshard recorded while a re-homing waits for its turn (a reshard's finish holds the
+        # lock, here a connection of the test): the registry is read again once it has the lock.
+        mover = Resharder(store, moving.id, say=lambda _: None, postgres_url=postgres_url)
+        async with (
+            await psycopg.AsyncConnection.connect(postgres_url) as holder,
+            await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as watcher,
+        ):
+            await holder.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"rehome/{moving.id}",))
+            waiting = Resharder(store, moving.id, say=lambda _: None, postgres_url=postgres_url)
+            task = asyncio.create_task(waiting.rehome())
+            for _ in range(200):
+                cur = await watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' "
+                    "AND query LIKE 'SELECT pg_advisory_xact_lock%'"
+                )
+                if ((await cur.fetchone()) or (0,))[0] >= 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert not task.done()
+            await mover.start(2)
+            await holder.rollback()
+            with pytest.raises(BoardConflict) as refused:
+                await task
+            assert "being resharded" in refused.value.message
+        for config, why in ((region, "region board"), (memory, "no journal"), (moving, "being resharded")):
+            command = ["reshard", config.id, "--rehome", "--redis", cluster_url, "--postgres", postgres_url]
+            capsys.readouterr()
+            assert await asyncio.to_thread(main, command) == 1
+            assert why in capsys.readouterr().err
+        await mover.cancel()
+        monkeypatch.delenv("SHARDLB_POSTGRES_URL", raising=False)
+        assert await asyncio.to_thread(main, ["reshard", moving.id, "--rehome", "--redis", cluster_url]) == 2
+        assert "--postgres" in capsys.readouterr().err
+    finally:
+        for config in (region, memory, moving):
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_a_rehome_cut_off_changes_nothing_and_run_again_converges(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """The re-homing is one transaction: its connection killed while it waits on a row of its
+    third table (a lock held by hand; an archiver's write of that row would do), no row of any
+    table has moved, the results it had updated included; run again, every row is on its
+    layout's shard."""
+    config = BoardConfig.from_dict("restore-rehome-cut", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    only = OnlyStore(store.client, store.scripts, {config.id})
+    now = times.now_ms()
+    async with own_archive(postgres_url) as live:
+        try:
+            moved = next(f"a{i}" for i in range(30) if player_hash(f"a{i}") % 3 != player_hash(f"a{i}") % 2)
+            a = await archiver(raw, only, live)
+            try:
+                await board.submit([Score(f"a{i}", i, f"ma{i}", now) for i in range(30)])
+                await moderation.remove(board, [moved])
+                await drain(a)
+            finally:
+                await a.db.close()
+            restored = await backup_of(live)
+            fresh = await resharded(only, config.id, live, 2, None)
+            before = await off_layout(restored, fresh)
+            assert before["match_results"][1] > 0 and before["player_removals"][1] == 1
+            mover = Resharder(only, config.id, say=lambda _: None, postgres_url=restored)
+            # Two connections: one holds the row, the other looks (pg_stat_activity is read once a
+            # transaction).
+            async with (
+                await psycopg.AsyncConnection.connect(restored, autocommit=True) as holder,
+                await psycopg.AsyncConnection.connect(restored, autocommit=True) as watcher,
+                holder.transaction(),
+            ):
+                # Its removal's row: the results before it in the transaction are moved by then.
+                await holder.execute(
+                    "SELECT 1 FROM player_removals WHERE board = %s AND player_id = %s FOR UPDATE",
+                    (config.id, moved),
+                )
+                task = asyncio.create_task(mover.rehome())
+                for _ in range(200):
+                    cur = await watcher.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE player_removals%%'"
+                    )
+                    waiting = await cur.fetchall()
+                    if waiting:
+                        break
+                    await asyncio.sleep(0.05)
+                assert waiting, "the re-homing never reached the locked row"
+                await watcher.execute("SELECT pg_terminate_backend(%s)", (waiting[0][0],))
+                with pytest.raises(psycopg.OperationalError):
+                    await task
+            assert await off_layout(restored, fresh) == before
+            done = await mover.rehome()
+            assert done["rehomed"] == sum(off for _, off in before.values())
+            assert all(off == 0 for _, off in (await off_layout(restored, fresh)).values())
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_after_a_rehome_reconcile_shows_what_the_restore_lost_and_no_gap_names_it(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The runbook's step 5 after `--rehome`: results acknowledged after the backup point and before
+    the reshard (``b0``..``b9``) were trimmed from journals the reshard then dropped, so no gap
+    records them. Reconcile shows their shards drifting, and only that tells them; a rebuild is
+    not refused and makes the board agree with the archive (the step 4 choice, made by running it)."""
+    config = BoardConfig.from_dict("restore-rehome-lost", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    only = OnlyStore(store.client, store.scripts, {config.id})
+    now = times.now_ms()
+    async with own_archive(postgres_url) as live:
+        try:
+            restored = await lost_after_backup(board, raw, only, live, now)
+            fresh = await resharded(only, config.id, live, 2, None)
+            a = await archiver(raw, only, restored)
+            try:
+                await drain(a)
+            finally:
+                await a.db.close()
+            rehome = ["reshard", config.id, "--rehome", "--redis", cluster_url, "--postgres", restored]
+            assert await asyncio.to_thread(main, rehome) == 0
+            capsys.readouterr()
+            command = ["reconcile", config.id, "--redis", cluster_url, "--postgres", restored]
+            assert await asyncio.to_thread(main, command) == 1
+            out = capsys.readouterr().out
+            assert "DRIFT" in out and "archive_gaps" not in out
+            assert await fresh.size(fresh.resolve("total")) == 20
+            async with await psycopg.AsyncConnection.connect(restored, autocommit=True) as db:
+                await Rebuilder(raw, Scripts.register(raw).rebuild, db).rebuild(fresh)
+            assert await fresh.size(fresh.resolve("total")) == 10
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(config.id)

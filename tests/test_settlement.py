@@ -67,13 +67,14 @@ async def written(
     players: int = 40,
     results: int = 120,
     values: list[int] | None = None,
+    ref: ReferenceBoard | None = None,
 ) -> ReferenceBoard:
     """Random results achieved inside ``period`` (with retries of earlier ones), fed to the board
     and to the reference in the order they were answered, sent while the period was open (the
     writes' clock is the period's last millisecond, or now for the current one). Points from 0 to
-    49, or drawn from ``values``."""
+    49, or drawn from ``values``. Given ``ref``, it is fed (results written before)."""
     rng = random.Random(seed)
-    ref = ReferenceBoard(board.config)
+    ref = ReferenceBoard(board.config) if ref is None else ref
     start, end = period_bounds(board, board.resolve(period).period)
     end = min(end, times.now_ms())
     sent: list[Score] = []
