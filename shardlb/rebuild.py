@@ -33,11 +33,14 @@ one, each call with its own marker and WAIT (``Rebuilder._acked``), as the ban l
 registry's records written back do. A rebuild of named boards swaps on the primary alone, but the
 apply after a forced swap waits too (``Rebuilder._apply_live``).
 
-Before step 1, ``refill`` puts back the shard's retry records of the dedup window (``RetryRecords``:
-an incr board's dedup sets, a best or set board's pins) that a loss of Redis took, so a result sent
-again after the rebuild is answered as before the loss. Band boards then rebuild their band shards
-from the rebuilt totals (``rebuild_bands``). After the swap, a board with ``inactive_after`` gets its
-activity set back from the snapshot (``recall_activity``).
+Before any shard, ``start_journal`` gives each journal a last-generated id past the newest id
+PostgreSQL holds of its shard: a journal lost with Redis is made again from a clock that may be
+behind the lost node's, and PostgreSQL orders the shard's rows by journal id (docs/design-notes.md,
+"Clocks"). Before step 1, ``refill`` puts back the shard's retry records of the dedup window
+(``RetryRecords``: an incr board's dedup sets, a best or set board's pins) that a loss of Redis
+took, so a result sent again after the rebuild is answered as before the loss. Band boards then
+rebuild their band shards from the rebuilt totals (``rebuild_bands``). After the swap, a board
+with ``inactive_after`` gets its activity set back from the snapshot (``recall_activity``).
 """
 
 from __future__ import annotations
@@ -87,7 +90,8 @@ START: Id = (0, 0)  # before every journal entry
 TMP_TTL_MS = 3_600_000
 SWAP_TRIES = 50
 FILL_TRIES = 3  # fills of a shard's temporary keys before a rebuild gives up (see rebuild_shard)
-CONFIRMED = ("swap", "apply", "recall")  # rebuild.lua ops that wait for a replica once ``confirming``
+# rebuild.lua ops that wait for a replica once ``confirming``
+CONFIRMED = ("swap", "apply", "recall", "start")
 PAGE = 2000
 DAY_MS = 86_400_000
 # A result sent without achieved_at was given its arrival as its time; the journal does not say which
@@ -412,8 +416,11 @@ class Rebuilder:
         name = checked(board, period, shard, now)
         homes = range(board.config.sharding.shards)
         wanted = wanted_periods(board, name, now)
+        chosen = homes if shard is None else [s for s in [shard] if s in homes]
+        for home in chosen:  # all first: the rebuild of one takes a while, and writes go on
+            await self.start_journal(board, home)
         reports = []
-        for home in homes if shard is None else [s for s in [shard] if s in homes]:
+        for home in chosen:
             reports.append(await self.rebuild_shard(board, home, wanted))
         # A band board's band shards index the totals: rebuilt whenever a total may have changed.
         if layout.strategy == "band" and name in (None, "total"):
@@ -859,6 +866,7 @@ class Rebuilder:
                 if closing:
                     await former.close()
                 for shard, prefix in enumerate(former.prefixes[: config.sharding.shards]):
+                    await self.start_journal(former, shard, confirm=True)
                     await self.refill(former, shard)
                     refilled.append(prefix)
             try:
@@ -1033,6 +1041,71 @@ class Rebuilder:
                         records.requested(arrived, request, player, mark)
                 count += await self._recall(prefix, records)
         return count + await self._recall(prefix, records)
+
+    async def archived_to(self, board: Board, shard: int) -> Id:
+        """The newest journal id PostgreSQL holds of ``board`` (its incarnation) on home ``shard``:
+        of its rows there in each table whose rules order them by journal id (results, holds,
+        removals, removal records; after a reshard, rows the old layout's journals gave), and of the
+        archiver's marks of the shard's journal (``journal_marks``, and the ``archive_gaps`` it
+        recorded: the restore detection's). START for none. It reads every row of the shard, as the
+        snapshot does."""
+        ident = (board.config.id, board.incarnation)
+        journal = keys.journal_key(board.prefixes[shard])
+        tables = ("match_results", "match_holds", "player_removals", "removal_records")
+        queries: list[tuple[str, tuple[Any, ...]]] = [
+            (f"SELECT journal_id FROM {t} WHERE board = %s AND incarnation = %s AND shard = %s "
+             f"ORDER BY {_position('journal_id')} DESC LIMIT 1", (*ident, shard))
+            for t in tables
+        ]  # fmt: skip
+        async with self.db.transaction():
+            cur = await self.db.execute(
+                "SELECT to_regclass('journal_marks') IS NOT NULL, to_regclass('archive_gaps') IS NOT NULL"
+            )
+            marks, gaps = await cur.fetchone() or (False, False)
+            if marks:
+                queries.append(("SELECT archived_to FROM journal_marks WHERE journal = %s", (journal,)))
+            for column in ("archived_to", "trimmed_to") if gaps else ():
+                queries.append(
+                    (f"SELECT {column} FROM archive_gaps WHERE journal = %s "
+                     f"ORDER BY {_position(column)} DESC LIMIT 1", (journal,))
+                )  # fmt: skip
+            newest = START
+            for sql, params in queries:
+                cur = await self.db.execute(sql, params)
+                found = await cur.fetchone()
+                if found is not None:
+                    newest = max(newest, parse_id(found[0]))
+        return newest
+
+    async def start_journal(self, board: Board, shard: int, confirm: bool = False) -> bool:
+        """Give home ``shard``'s journal a last-generated id of at least ``archived_to``'s (rebuild.lua's
+        ``start``), so the entries it takes next have ids past every id PostgreSQL holds of the
+        shard. A journal lost with Redis is made again by the next write, with ids from its node's
+        clock, which can be behind those the lost node gave (skew, a clock stepped back): until
+        2026-12-05 PostgreSQL then took a result posted after the rebuild for one journaled before
+        an archived removal of its player (counted nowhere there, and the next rebuild dropped it),
+        an incr rebuild (rows up to the journal's position) left out the rows past the clock, and the
+        archiver's restore detection compared trimmed ids with marks they had not reached. The
+        reshard starts a new layout's journals the same way. Made again, it changes nothing;
+        ``confirm``: it waits for a replica wherever the primary has one (``_script``). Returns
+        whether it moved the journal."""
+        if board.config.durability != "journal":
+            return False
+        floor = await self.archived_to(board, shard)
+        if floor == START:
+            return False
+        prefix = board.prefixes[shard]
+        if parse_id((await self.mark(prefix)).last) >= floor:  # as usual: no write, nothing to confirm
+            return False
+        names = [keys.index_key(prefix), keys.gone_key(prefix), keys.journal_key(prefix)]
+        status, _ = await self._script(names, ["start", format_id(floor)], confirm)
+        if _text(status) != "started":
+            return False
+        self.progress(
+            f"{board.config.id} shard {shard}: its journal's next ids set past {format_id(floor)}, "
+            "the newest id PostgreSQL holds of the shard"
+        )
+        return True
 
     async def _recall(self, prefix: str, records: RetryRecords) -> int:
         """rebuild.lua's ``recall`` of the records gathered so far, if any; returns how many."""

@@ -2,7 +2,7 @@
 --
 -- KEYS[1] the shard's key index, KEYS[2] its `gone` marker, KEYS[3] its journal,
 -- KEYS[4..]  pairs (target, live): the key results are applied to, and the period board it becomes
--- ARGV[1]    'mark', 'swap' or 'apply'
+-- ARGV[1]    'mark', 'swap', 'apply', 'start' or 'recall'
 --   mark:  returns {last-generated journal id ('0-0' for no journal), id of its first entry ('' for
 --          none: the archiver trims the journal from the start), TIME seconds, TIME micros}
 --   swap:  if a target's size (ZCARD, HLEN for a hash; 0 when it does not exist) is not its `size`
@@ -29,6 +29,12 @@
 --          journal has moved past it: the caller reads it from PostgreSQL), or when a player that a
 --          removal item (pair number 0 or below) names has results journaled after `expected` (its
 --          ZREM would wipe them: the caller sends them with it).
+--   start: ARGV[2] an id: unless the journal's last-generated id is that id or after it, it is
+--          made that id (XSETID; the entries the journal holds stay), so its next ids are past it.
+--          A journal that does not exist is made, empty (an entry of that id added and trimmed at
+--          once, as the reshard starts a new layout's journals, its count of entries added then
+--          put back to 0) and listed in the key index. Returns {'started', the id} or {'past', the
+--          journal's last-generated id}: made again, it changes nothing.
 --   recall: put back retry records of the dedup window (shardlb/rebuild.py, `RetryRecords`): KEYS[4]
 --          the shard's pin marker (`pspan`), KEYS[5..] dedup sets (`dd:<k>`), pin hashes
 --          (`pin:<k>`), the removals hash (`rmv`: the latest removal of each player kept, its
@@ -67,6 +73,19 @@ local function last_id(key)
   return '0-0'
 end
 
+-- Whether stream id a is before stream id b ('<ms>-<seq>', as Redis spells them: no leading zeros),
+-- compared as text: a sequence number can be past what a Lua number holds exactly.
+local function id_before(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  local function less(x, y)
+    if #x ~= #y then return #x < #y end
+    return x < y
+  end
+  if am ~= bm then return less(am, bm) end
+  return less(as, bs)
+end
+
 local op = ARGV[1]
 if op == 'mark' then
   local first = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
@@ -90,6 +109,23 @@ if redis.call('EXISTS', base .. 'mv', base .. 'seal') > 0 then
     for i = 1, npairs do redis.call('UNLINK', KEYS[2 + 2 * i]) end
   end
   return redis.error_reply('BOARDMOVED this board is being resharded; retry')
+end
+
+if op == 'start' then
+  -- The journal's last-generated id moved up to ARGV[2] (XSETID), never back: the next ids are past
+  -- it. A journal that does not exist is made empty, with an entry of that id added and trimmed at
+  -- once and its count of entries added put back to 0 (none was), and listed in the key index as
+  -- write.lua lists it. The entries a journal holds stay (XSETID trims nothing).
+  local last = last_id(KEYS[3])
+  if not id_before(last, ARGV[2]) then return {'past', last} end
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    redis.call('XSETID', KEYS[3], ARGV[2])
+  else
+    redis.call('XADD', KEYS[3], 'MAXLEN', '0', ARGV[2], 'start', '1')
+    redis.call('XSETID', KEYS[3], ARGV[2], 'ENTRIESADDED', 0)
+  end
+  redis.call('ZADD', KEYS[1], '+inf', KEYS[3])
+  return {'started', ARGV[2]}
 end
 
 if op == 'recall' then
