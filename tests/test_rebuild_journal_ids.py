@@ -212,3 +212,45 @@ async def test_a_journal_made_again_before_the_rebuild_keeps_its_entries(
             await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
+
+
+async def test_after_a_restore_the_archiver_still_notices_a_postgresql_restored_from_a_backup(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """The archiver records a gap when a journal trimmed entries past its mark in PostgreSQL
+    (``journal_marks``: a database restored from a backup lacks what was acknowledged since). The
+    mark was a day past the journal made again after the restore: its trims never reached it, and a
+    PostgreSQL that lost the results posted since went unnoticed."""
+    config = BoardConfig.from_dict("ids-gaps", {"sharding": sharding("hash", 1)})
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    async with own_archive(postgres_url) as archive_url:
+        a = await archiver(raw, store, archive_url)
+        try:
+            await board.submit([Score("p1", 10, "m1", now - 60_000)])
+            await clocks_ahead(raw, board)
+            await board.submit([Score("p2", 20, "m2", now - 60_000)])
+            await drain(a)
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", archive_url]
+            assert await asyncio.to_thread(main, command) == 0
+            async with await psycopg.AsyncConnection.connect(archive_url, autocommit=True) as db:
+                sql = "SELECT journal, archived_to FROM journal_marks WHERE board = %s"
+                cur = await db.execute(sql, (config.id,))
+                backup = await cur.fetchall()  # the marks of a backup taken now
+                await board.submit([Score("p3", 30, "m3", times.now_ms() - 1000)])
+                await archived_again(a)
+                # PostgreSQL restored from that backup: p3's row and the mark past it are gone
+                sql = "DELETE FROM match_results WHERE board = %s AND player_id = %s"
+                await db.execute(sql, (config.id, "p3"))
+                for journal, archived_to in backup:
+                    sql = "UPDATE journal_marks SET archived_to = %s WHERE journal = %s"
+                    await db.execute(sql, (archived_to, journal))
+                await board.submit([Score("p4", 40, "m4", times.now_ms() - 1000)])
+                await drain(a)
+                cur = await db.execute("SELECT count(*) FROM archive_gaps WHERE board = %s", (config.id,))
+                assert (await cur.fetchone() or (0,))[0] == 1
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
