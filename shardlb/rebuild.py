@@ -389,7 +389,8 @@ class Rebuilder:
         # Which primaries have replicas, for the calls that wait whatever ``confirming`` says (the
         # apply after a forced swap); read when first needed.
         self._replicated: Replicated | None = None
-        # Shards (prefixes) whose retry records ``restore`` put back: their next rebuild skips that.
+        # Shards (prefixes) whose journals ``restore`` started and whose retry records it put back:
+        # their next rebuild skips both (``start_journal``, ``refill``).
         self._refilled: set[str] = set()
 
     async def rebuild(
@@ -418,7 +419,8 @@ class Rebuilder:
         wanted = wanted_periods(board, name, now)
         chosen = homes if shard is None else [s for s in [shard] if s in homes]
         for home in chosen:  # all first: the rebuild of one takes a while, and writes go on
-            await self.start_journal(board, home)
+            if board.prefixes[home] not in self._refilled:  # else ``restore`` started it just now
+                await self.start_journal(board, home)
         reports = []
         for home in chosen:
             reports.append(await self.rebuild_shard(board, home, wanted))
