@@ -40,6 +40,15 @@ async def incr_board(store: BoardStore, strategy: str, tiebreak: str, order: str
     return board
 
 
+def first_time(board: Board, now: int) -> int:
+    """Half an hour before ``now`` in whole seconds (the board keeps seconds), or the first second
+    of ``now``'s day when that is earlier: the tests' results, up to 4 minutes after it, fall in
+    ``now``'s day (soon after midnight, half an hour back was the day before) and at most 4 minutes
+    ahead of ``now`` (the write path takes up to 5)."""
+    day = periods.names_at(now, board.config.periods, board.tz)[1]
+    return max((now - 30 * MINUTE) // 1000 * 1000, periods.start_ms(day, board.tz) + 1000)
+
+
 def region(board: Board) -> str | None:
     regions = list(board.config.sharding.regions)
     return regions[0] if regions else None
@@ -59,7 +68,7 @@ async def test_a_result_of_no_points_moves_nobody_among_players_tied_on_their_su
     still behind (until 2026-12-05 a took the 0-point match's time: behind b, or ahead)."""
     board = await incr_board(store, strategy, tiebreak)
     now = times.now_ms()
-    t0 = (now - 30 * MINUTE) // 1000 * 1000  # whole seconds: the board keeps seconds
+    t0 = first_time(board, now)
     where = region(board)
     day = "daily:" + periods.names_at(now, board.config.periods, board.tz)[1][2:]
     try:
@@ -91,7 +100,7 @@ async def test_a_player_of_no_points_is_at_the_earliest_of_their_results_in_any_
     takes its own time, even one achieved before their 0-point results."""
     board = await incr_board(store, strategy, "earliest", "asc")
     now = times.now_ms()
-    t0 = (now - 30 * MINUTE) // 1000 * 1000  # whole seconds: the board keeps seconds
+    t0 = first_time(board, now)
     where = region(board)
     day = "daily:" + periods.names_at(now, board.config.periods, board.tz)[1][2:]
     ref = ReferenceBoard(board.config)
