@@ -1,0 +1,259 @@
+"""Adversarial checks of the incr time rule of 2026-12-05 (docs/design-notes.md, "An incr player's
+time") where it meets the rest of the system: a reshard under writes, removals (a request retried at
+its first call's time), a period that closes, a settlement, reconcile and rebuild, on hash, band and
+region boards. Most results score 0 and the players are few, so sums tie and the time decides."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from shardlb import moderation, reconcile, times
+from shardlb.board import Score
+from shardlb.config import BoardConfig
+from shardlb.rebuild import Rebuilder
+from shardlb.reshard import Resharder
+from shardlb.settlement import Request, Settler
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+from tests.test_board import sharding
+from tests.test_kept_removals import MissShards, check_all, damage
+from tests.test_rebuild import archive_round, archiver, drain
+from tests.test_reshard import CACHE, Router, Workload, make_board
+from tests.test_settlement import awards_of
+
+pytestmark = pytest.mark.cluster
+
+
+class ZeroWorkload(Workload):
+    """Workload's calls with most results of 0 points, achieved up to 10 minutes back in any order
+    (whole seconds: equal times are common), and retries of earlier calls."""
+
+    def batch(self) -> list[Score]:
+        rng = self.rng
+        if self.sent and rng.random() < 0.25:
+            return rng.choice(self.sent)
+        now = times.now_ms()
+        scores = [
+            Score(
+                rng.choice(self.players),
+                rng.choice([0, 0, 0, 0, 1, 7]),
+                f"m{self.writes}-{i}",
+                now - rng.randint(0, 600) * 1000,
+            )
+            for i in range(rng.randint(1, 12))
+        ]
+        self.sent.append(scores)
+        return scores
+
+
+RESHARDS = {
+    "hash": ({"strategy": "hash", "shards": 2}, (5, None)),
+    "band": ({"strategy": "band", "shards": 2, "bands": [0, 400]}, (3, [0, 3, 8, 20])),
+}
+
+
+@pytest.mark.parametrize("tiebreak", ["earliest", "latest"])
+@pytest.mark.parametrize("kind", sorted(RESHARDS))
+async def test_a_reshard_under_results_of_no_points_keeps_every_time_and_rebuilds_to_it(
+    store: BoardStore, raw: Any, rebuilder: Any, postgres_url: str, kind: str, tiebreak: str
+) -> None:
+    """Writers post mostly 0-point results (and retries) while the board is resharded (a band board
+    into bands its players cross); reads agree with the reference all along, and after it reconcile
+    finds no drift and a rebuild from PostgreSQL gives the same board."""
+    first, (shards, bands) = RESHARDS[kind]
+    board, ref = await make_board(
+        store, first["shards"], durability="journal", sharding=first, tiebreak=tiebreak
+    )
+    router = Router(store, board.config.id)
+    seed = sorted(RESHARDS).index(kind) * 2 + (tiebreak == "latest")
+    work = ZeroWorkload(router, ref, seed=seed, players=40)
+    a = await archiver(raw, store, postgres_url)
+    stop = asyncio.Event()
+
+    async def archive() -> None:
+        while not stop.is_set():
+            await a.refresh()
+            if not await archive_round(a):
+                await asyncio.sleep(0.02)
+
+    archiving = asyncio.ensure_future(archive())
+    try:
+        for _ in range(40):
+            await work.write()
+        await work.check()
+        done = asyncio.Event()
+        writers = asyncio.ensure_future(work.run_until(done, check_every=3))
+        try:
+            mover = Resharder(
+                store, board.config.id, say=lambda _: None, postgres_url=postgres_url, cache_s=CACHE
+            )
+            await mover.start(shards, bands)
+            final = await mover.run()
+        finally:
+            done.set()
+            await writers
+        assert final["state"] == "none" and final["shards"] == shards
+        for _ in range(20):
+            await work.write()
+        await work.check()
+    finally:
+        stop.set()
+        await archiving
+    try:
+        await a.refresh()
+        await drain(a)
+        current = await store.get(board.config.id)
+        for period in ("total", "daily"):
+            checks = await reconcile.reconcile(rebuilder, current, period)
+            assert not [c for c in checks if c.drift], (period, checks)
+        await rebuilder.rebuild(current)
+        router.board = None
+        await work.check()
+        day = current.resolve("daily")
+        want = sorted(ref.order(day.period), reverse=True)
+        got = await current.top(len(want) + 1, day)
+        assert [(e.player_id, e.points, ref.codec.time_units(e.achieved_ms)) for e in got] == [
+            (p, points, units) for _, p, points, units in want
+        ]
+    finally:
+        await a.db.close()
+        await store.delete(board.config.id)
+
+
+HOUR = 3_600_000
+DAY = 24 * HOUR
+
+
+@pytest.mark.parametrize("tiebreak", ["earliest", "latest"])
+@pytest.mark.parametrize("strategy", ["hash", "band", "region"])
+async def test_removals_around_results_of_no_points_match_the_reference_the_archive_and_a_rebuild(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    strategy: str,
+    tiebreak: str,
+) -> None:
+    """A request whose first call misses a player's shard, retried at its time after the player
+    posted only 0-point results (their entry of before goes now); a removal after a 0-point result
+    dated ahead of the clock, whose retry stays a duplicate; players of 0 points throughout. Reads
+    (every period, per region, band shards included), reconcile, the settlement of the closed day
+    and a rebuild all agree with the reference."""
+    rng = random.Random(f"incr-attack-removals/{strategy}/{tiebreak}")
+    config = BoardConfig.from_dict(
+        f"incr-attack-rm-{strategy}-{tiebreak}-{rng.randrange(10**6)}",
+        {
+            "mode": "incr",
+            "tiebreak": tiebreak,
+            "periods": ["daily"],
+            "retention_days": {"daily": 30},
+            "points_max": 1000,
+            "dedup_window_s": 30 * 86_400,
+            "sharding": sharding(strategy, 16 if strategy == "region" else 3),
+        },
+    )
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    miss = MissShards(moderation.remove_on_shard)
+    monkeypatch.setattr(moderation, "remove_on_shard", miss)
+    regions = list(config.sharding.regions)
+    home_region = {f"p{i:02d}": rng.choice(regions) if regions else None for i in range(24)}
+    today = times.now_ms() // DAY * DAY
+    day1, day2 = today - 4 * DAY, today - 3 * DAY
+    a = await archiver(raw, store, postgres_url)
+    made = 0
+
+    async def post(players: list[str], at: int, now: int, points: list[int] | None = None) -> None:
+        nonlocal made
+        batch = []
+        for n, p in enumerate(players):
+            made += 1
+            value = points[n] if points is not None else rng.choice([0, 0, 0, 2, 9])
+            batch.append(Score(p, value, f"m{made}", at + rng.randrange(0, 3) * 1000, home_region[p]))
+        got = await board.submit(batch, now_ms=now)
+        assert [(r.status, r.points) for r in got] == ref.submit(batch, now_ms=now)
+        return None
+
+    async def again(batch: list[Score], now: int) -> None:
+        got = await board.submit(batch, now_ms=now)
+        assert [(r.status, r.points) for r in got] == ref.submit(batch, now_ms=now)
+
+    try:
+        everyone = sorted(home_region)
+        zeros = everyone[:4]  # players of 0 points throughout
+        others = everyone[4:]
+        for k in range(3):
+            await post(zeros, day1 + (5 - k) * HOUR, day1 + 21 * HOUR, [0] * len(zeros))
+            await post(rng.sample(others, 10), day1 + rng.randrange(1, 20) * HOUR, day1 + 21 * HOUR)
+        await post(others, day2 + HOUR // 2, day2 + HOUR, [rng.choice([1, 4]) for _ in others])
+        await post(zeros, day2 + HOUR // 2, day2 + HOUR, [0] * len(zeros))
+        await drain(a)
+
+        # Request R: its first call misses the home shard of one player with points and one of 0
+        # points (sharing a shard, when one does); both then post only 0-point results.
+        homes = {p: board.layout.home(p, home_region[p]) for p in everyone}
+        target = next(p for p in others if any(homes[z] == homes[p] for z in zeros))
+        zero = next(z for z in zeros if homes[z] == homes[target])
+        reached = [p for p in others if homes[p] != homes[target]][:2]
+        at_r = day2 + 2 * HOUR
+        miss.missed = {homes[target]}
+        await moderation.remove(board, [target, zero, *reached], now_ms=at_r, request="remove/R")
+        for p in reached:
+            ref.remove(p, at_r, "remove/R")
+        miss.missed = set()
+        since = day2 + 3 * HOUR + 2000
+        sent_since = [Score(p, 0, f"since-{p}", since, home_region[p]) for p in (target, zero)]
+        await again(sent_since, day2 + 3 * HOUR)
+        await post([target, zero], day2 + 3 * HOUR, day2 + 3 * HOUR, [0, 0])
+        await moderation.remove(board, [target, zero, *reached], now_ms=day2 + 4 * HOUR, request="remove/R")
+        for p in (target, zero, *reached):
+            ref.remove(p, day2 + 4 * HOUR, "remove/R")
+        # Their entries of before went, in every period (until 2026-12-05 the 0-point result's time
+        # kept them, with their points of before).
+        assert target not in ref.boards["total"] and zero not in ref.boards["total"]
+        await again(sent_since, day2 + 4 * HOUR)  # retries: duplicates
+        await post([target, zero], day2 + 5 * HOUR, day2 + 5 * HOUR, [0, 3])
+        # Results of day 1 that come after it closed: the total alone takes them.
+        late = rng.sample([p for p in others if p not in (target, *reached)], 6)
+        await post(late, day1 + 22 * HOUR, day2 + 5 * HOUR, [0, 0, 0, 5, 0, 1])
+        assert set(ref.closed) == {("daily:" + datetime.fromtimestamp(day1 / 1000, UTC).date().isoformat(),)}
+
+        # A 0-point result dated 3 minutes ahead of the clock, then a removal; its retry after it is
+        # a duplicate, and a new result dated between the removal and it is taken.
+        ahead = next(p for p in others if p not in (target, *reached))
+        now = day2 + 6 * HOUR
+        early = [Score(ahead, 0, "ahead", now + 3 * 60_000, home_region[ahead])]
+        await again(early, now)
+        await moderation.remove(board, [ahead], now_ms=now + 1000)
+        ref.remove(ahead, now + 1000)
+        await again(early, now + 2000)
+        await post([ahead], now + 60_000, now + 3000, [0])
+
+        await board.repair()
+        await check_all(board, ref, rng)
+        await drain(a)
+        names = ["total", *(n for n in sorted(ref.boards) if n != "total")]
+        for name in names:
+            api = "total" if name == "total" else "daily:" + name[2:]
+            assert not any(c.drift for c in await reconcile.reconcile(rebuilder, board, api)), name
+        day = "daily:" + datetime.fromtimestamp(day2 / 1000, UTC).date().isoformat()
+        sid = f"{config.id}-day2"
+        table = [{"rank": r, "reward": f"r{r}"} for r in range(1, 8)]
+        asked = Request.of({"settlement_id": sid, "rewards": table})
+        result = await Settler(rebuilder).settle(board, day, asked)
+        assert result["check"]["drifting"] == [] and not result["forced"]
+        want = [(i + 1, p, f"r{i + 1}") for i, (_, p, _, _) in enumerate(ref.order("d:" + day[6:])[:7])]
+        assert await awards_of(rebuilder.db, sid) == want
+        on_board = sorted(ref.boards["total"])
+        await damage(board, raw, [(p, home_region[p]) for p in (on_board[0], on_board[-1])])
+        await rebuilder.rebuild(board)
+        await check_all(board, ref, rng)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
