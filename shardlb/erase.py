@@ -25,9 +25,11 @@ nothing a board still reads:
 Kept on purpose, and counted in the report: on a live board the player's ``player_removals`` and
 ``removal_records`` (they keep a result journaled before the removal and archived after this call
 from counting again, and a rebuild within the dedup window puts the retry records back from them;
-they go with the board, by `shardlb prune`); ``moderation_audit`` (the audit log, which a request's
-retry reads); ``bans`` (a ban in force is what refuses the player's later results); the settlements'
-snapshots and awards (the record of what was paid). Redis is not touched: remove the player first.
+on an incr board ``_cover`` first raises each record to cover the results erased before it, whose
+dedup records a rebuild cannot put back; they go with the board, by `shardlb prune`);
+``moderation_audit`` (the audit log, which a request's retry reads); ``bans`` (a ban in force is
+what refuses the player's later results); the settlements' snapshots and awards (the record of
+what was paid). Redis is not touched: remove the player first.
 
 Each batch is one DELETE of at most ``batch`` rows in a transaction of its own, as prune's are, and a
 row it removes is never needed again: the call can be cut off anywhere and run again, and a call
@@ -202,6 +204,8 @@ async def erase(
             for table in prune.TABLES:
                 await delete(table, mine, args, (board, incarnation, table))
             continue
+        if settings.get("mode") == "incr":
+            await _cover(db, board, incarnation, player, settings)
         window = _window(board, incarnation, settings)
         since = window(now)
         recent = (f"{mine} AND {ERASABLE} AND {ARRIVED} >= %s", (*args, since))
@@ -231,6 +235,33 @@ async def erase(
         if found is not None and found[0]:
             kept[name] = int(found[0])
     return Erased(removed, left, kept, held, unarchived)
+
+
+async def _cover(
+    db: psycopg.AsyncConnection[Any], board: str, incarnation: str, player: str, settings: dict[str, Any]
+) -> None:
+    """Raise the removal records of ``player`` on an incr board (each removal that kept no period)
+    to 1 + the time units of the latest result of theirs journaled before it on its shard, before
+    those results are erased. A rebuild within the dedup window puts back the shard's retry records
+    from the archive: the dedup records of the rows erased cannot come back, so the removal's record
+    alone must refuse a retry of each. remove.lua records the later of the removal's time and 1 +
+    the time of the entries it took, which covered every result until 2026-12-05; since then a
+    0-point result leaves an incr entry's time alone, and one dated ahead of the clock (a board
+    takes up to MAX_FUTURE_MS) can be later than both. Best and set records already cover that far
+    (``moderation.record_units``). Idempotent: a record never goes down."""
+    stored = dict(settings)
+    stored.pop("generation", None)
+    codec = BoardConfig.from_dict(board, stored_settings(stored)).codec()
+    await db.execute(
+        "UPDATE removal_records r SET units = c.units FROM ("
+        "SELECT x.shard, x.journal_id, (max(m.achieved_ms) - %s) / %s + 1 AS units "
+        f"FROM player_removals x JOIN match_results m ON {REMOVED_AFTER} "
+        "WHERE x.board = %s AND x.incarnation = %s AND x.player_id = %s "
+        "AND coalesce(cardinality(x.kept), 0) = 0 GROUP BY x.shard, x.journal_id) c "
+        "WHERE r.board = %s AND r.incarnation = %s AND r.player_id = %s AND r.shard = c.shard "
+        "AND r.journal_id = c.journal_id AND r.units < c.units",
+        (codec.epoch_ms, codec.unit_ms, board, incarnation, player, board, incarnation, player),
+    )
 
 
 def _player(text: str) -> str:

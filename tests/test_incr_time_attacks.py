@@ -6,22 +6,28 @@ region boards. Most results score 0 and the players are few, so sums tie and the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from shardlb import moderation, reconcile, times
+from shardlb import erase, keys, moderation, reconcile, times
+from shardlb.archive import connect_db
 from shardlb.board import Score
 from shardlb.config import BoardConfig
+from shardlb.connection import Scripts
+from shardlb.errors import BoardNotFound
 from shardlb.rebuild import Rebuilder
 from shardlb.reshard import Resharder
-from shardlb.settlement import Request, Settler
+from shardlb.settlement import Request, Settler, ensure_schema
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import sharding
+from tests.test_erase import past_window
 from tests.test_kept_removals import MissShards, check_all, damage
+from tests.test_prune import archived, own_db
 from tests.test_rebuild import archive_round, archiver, drain
 from tests.test_reshard import CACHE, Router, Workload, make_board
 from tests.test_settlement import awards_of
@@ -257,3 +263,48 @@ async def test_removals_around_results_of_no_points_match_the_reference_the_arch
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+async def test_a_retry_of_an_erased_result_of_no_points_dated_ahead_stays_a_duplicate_after_a_loss(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A player posts points, then a 0-point result dated 3 minutes ahead of the clock (a board takes
+    that), and is removed. Their archived rows are erased (`shardlb erase`), and Redis loses the
+    shard's retry records, which a refill puts back from the journal and PostgreSQL: the dedup
+    records of the erased rows cannot come back, so only the removal's record refuses a retry. It
+    must cover every result applied before the removal, as it did while the entry's time was the
+    latest of all: a retry of the 0-point result is a duplicate, and the player stays off the board."""
+    async with own_db(postgres_url, "incr_attack_erase") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        config = BoardConfig.from_dict(
+            f"incr-attack-erase-{random.randrange(10**6)}",
+            {"mode": "incr", "durability": "journal", "sharding": {"strategy": "hash", "shards": 1}},
+        )
+        board, _ = await store.create(config)
+        prefix = board.prefixes[0]
+        rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+        try:
+            now = times.now_ms()
+            ahead = Score("cheat", 0, "m-ahead", now + 3 * 60_000)
+            first = [Score("cheat", 10, "m1", now - 60_000), Score("fair", 4, "m2", now - 60_000)]
+            await board.submit(first, now)
+            assert [r.status for r in await board.submit([ahead], now)] == ["unchanged"]
+            assert await moderation.remove(board, ["cheat"], now_ms=now + 1000) == {"cheat"}
+            await archived(raw, store, db)
+            # judged past the dedup window, as an erase run then would (erase keeps the rows a refill
+            # within the window reads; tests/test_erase.py)
+            done = await erase.erase(db, store.client, "cheat", now_ms=past_window())
+            assert done.rows[(config.id, board.incarnation, "match_results")] == 2
+            # The loss: the shard's dedup sets and removal records, put back by a refill.
+            listed = [k.decode() for k in await raw.zrange(keys.index_key(prefix), 0, -1)]
+            lost = [k for k in listed if k.startswith(prefix + "dd:")]
+            await raw.delete(*lost, keys.removals_key(prefix), keys.removals_marker_key(prefix))
+            await rebuilder.refill(board, 0)
+            got = await board.submit([ahead], times.now_ms())
+            assert [(r.status, r.points) for r in got] == [("duplicate", 0)]
+            assert [e.player_id for e in await board.top(10)] == ["fair"]
+        finally:
+            await db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(config.id)
