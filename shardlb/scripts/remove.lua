@@ -10,7 +10,9 @@
 --         record_until (ms: when the shard's record of removals may expire),
 --         time_bits and earliest (1: tiebreak earliest) of the board's codec, to read the time of a
 --         score: a player's record is the later of removed_units and 1 + the latest time of their
---         removed entries (a result dated ahead of the clock, up to 5 minutes, stays refused too),
+--         removed entries (a result dated ahead of the clock, up to 5 minutes, stays refused too;
+--         on an incr board a 0-point result leaves the entry's time alone since 2026-12-05, and
+--         only its dedup record refuses its retry: docs/design-notes.md, "A retry after a removal"),
 --         forget_before (units: a record below it is from a removal older than the dedup window),
 --         removed_at (ms: the removal's time, recorded in `vrm` on band boards; absent: not recorded),
 --         request (optional; '': none): the name of the removal asked for (the router's
