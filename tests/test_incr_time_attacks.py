@@ -18,10 +18,10 @@ from shardlb.archive import connect_db
 from shardlb.board import Score
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
-from shardlb.errors import BoardNotFound
+from shardlb.errors import BoardNotFound, SettlementConflict
 from shardlb.rebuild import Rebuilder
 from shardlb.reshard import Resharder
-from shardlb.settlement import Request, Settler, ensure_schema
+from shardlb.settlement import Request, Settler, ensure_schema, period_bounds
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import sharding
@@ -30,7 +30,8 @@ from tests.test_kept_removals import MissShards, check_all, damage
 from tests.test_prune import archived, own_db
 from tests.test_rebuild import archive_round, archiver, drain
 from tests.test_reshard import CACHE, Router, Workload, make_board
-from tests.test_settlement import awards_of
+from tests.test_settlement import TABLE, awards_of, day_ago, expected_awards, new_board, written
+from tests.test_settlement import drain as drain_settle
 
 pytestmark = pytest.mark.cluster
 
@@ -308,3 +309,43 @@ async def test_a_retry_of_an_erased_result_of_no_points_dated_ahead_stays_a_dupl
             await db.close()
             with contextlib.suppress(BoardNotFound):
                 await store.delete(config.id)
+
+
+async def test_an_upgraded_period_with_entries_of_the_old_rule_settles_after_a_reconcile_repair(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
+) -> None:
+    """README "Upgrading an install", item 11: entries a router of before wrote (the time of a
+    player's latest result, a 0-point one included) make a settlement of their period stop with
+    nothing paid; `shardlb reconcile BOARD --period P --repair` rewrites them by the new rule, and
+    the settlement then pays the reference's order. The old entries are made by hand here: the
+    reference's entry, at the player's latest result's time."""
+    board = await new_board(store, f"incr-attack-upgrade-{random.randrange(10**6)}", "incr")
+    period = day_ago(2)
+    name = board.resolve(period).period
+    try:
+        ref = await written(board, period, "upgrade", players=20, results=80, values=[0, 0, 0, 3, 8])
+        start, end = period_bounds(board, name)
+        tied = [Score("a", 11, "ua-1", start + 1000), Score("b", 11, "ub-1", start + 2000)]
+        tied.append(Score("a", 0, "ua-2", end - 1000))  # the old rule put a below b
+        await board.submit(tied, now_ms=end - 1)
+        ref.submit(tied, now_ms=end - 1)
+        codec = board.codec
+        old = {"a": codec.encode_units(11, codec.time_units(end - 1000))}
+        for view in ("total", name):
+            await raw.zadd(keys.period_key(board.prefixes[board.layout.home("a", None)], view), old)
+        await drain_settle(raw, store, postgres_url)
+        request = Request.of({"settlement_id": f"{board.config.id}-1", "rewards": TABLE})
+        with pytest.raises(SettlementConflict, match="disagree"):
+            await Settler(rebuilder).settle(board, period, request)
+        for view in ("total", period):
+            checks = await reconcile.reconcile(rebuilder, board, view)
+            assert [c.shard for c in checks if c.drift] == [board.layout.home("a", None)], view
+            await reconcile.repair(rebuilder, board, checks, view)
+            assert not any(c.drift for c in await reconcile.reconcile(rebuilder, board, view)), view
+        result = await Settler(rebuilder).settle(board, period, request)
+        assert result["check"]["drifting"] == [] and not result["forced"]
+        assert await awards_of(rebuilder.db, f"{board.config.id}-1") == expected_awards(ref, period, board)
+        got = [e.player_id for e in await board.top(100, board.resolve(period))]
+        assert got == [p for _, p, _, _ in ref.order(name)] and got.index("a") < got.index("b")
+    finally:
+        await store.delete(board.config.id)
