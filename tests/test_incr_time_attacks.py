@@ -24,6 +24,7 @@ from shardlb.reshard import Resharder
 from shardlb.settlement import Request, Settler, ensure_schema, period_bounds
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
+from tests.test_band_repair import BANDS, FAULTS, OTHERS, lose, mismatches, pending
 from tests.test_board import sharding
 from tests.test_erase import past_window
 from tests.test_kept_removals import MissShards, check_all, damage
@@ -349,3 +350,53 @@ async def test_an_upgraded_period_with_entries_of_the_old_rule_settles_after_a_r
         assert got == [p for _, p, _, _ in ref.order(name)] and got.index("a") < got.index("b")
     finally:
         await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("fault", ["dead", "add-lost", "remove-lost"])
+async def test_a_result_of_no_points_finishes_a_band_move_a_lost_call_left(
+    store: BoardStore, fault: str
+) -> None:
+    """An incr band board: p1's result crosses a band limit through a router that loses band calls;
+    p1's next result scores 0 (the total stays, no new version) through another router, whose call
+    still answers the pending move and sends it: every read equals the reference at once, with no
+    repair pass. Likewise a player of 0 points moved to an earlier time (a new version)."""
+    config = BoardConfig.from_dict(
+        f"incr-attack-band-{fault}-{random.randrange(10**6)}",
+        {"mode": "incr", "sharding": {"strategy": "band", "bands": BANDS, "shards": 3}},
+    )
+    writer, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    now = times.now_ms() // 1000 * 1000
+    try:
+        first = [Score(f"o{i}", p, "m1", now - 60_000) for i, p in enumerate(OTHERS)]
+        first += [Score("p1", 60, "m1", now), Score("z", 0, "m1", now - 30_000)]
+        await writer.submit(first, now_ms=now)
+        ref.submit(first, now_ms=now)
+        kind, count = FAULTS[fault]
+        lose(writer, kind, count)
+        move = [Score("p1", 50, "m2", now + 1000)]
+        with pytest.raises(ConnectionError):
+            await writer.submit(move, now_ms=now + 1000)
+        ref.submit(move, now_ms=now + 1000)
+        reader = await store.get(config.id)
+        zero = [Score("p1", 0, "m3", now + 2000)]
+        got = await reader.submit(zero, now_ms=now + 2000)
+        assert ref.submit(zero, now_ms=now + 2000) == [("unchanged", 110)]
+        assert [(r.status, r.points) for r in got] == [("unchanged", 110)]
+        assert await mismatches(reader, ref) == []
+        assert await pending(reader) == 0
+        # z, of 0 points, is moved earlier by a 0-point result through the losing router (when it
+        # still loses), then posts 0 again later: the move is finished by that call.
+        lose(writer, kind, count)
+        earlier = [Score("z", 0, "m2", now - 50_000)]
+        with contextlib.suppress(ConnectionError):
+            await writer.submit(earlier, now_ms=now + 3000)
+        ref.submit(earlier, now_ms=now + 3000)
+        later = [Score("z", 0, "m3", now + 3000)]
+        got = await reader.submit(later, now_ms=now + 3000)
+        assert ref.submit(later, now_ms=now + 3000) == [("unchanged", 0)]
+        assert [(r.status, r.points) for r in got] == [("unchanged", 0)]
+        assert await mismatches(reader, ref) == []
+        assert await pending(reader) == 0
+    finally:
+        await store.delete(config.id)
