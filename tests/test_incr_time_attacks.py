@@ -11,6 +11,7 @@ import random
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 
 from shardlb import erase, keys, moderation, reconcile, times
@@ -21,7 +22,7 @@ from shardlb.connection import Scripts
 from shardlb.errors import BoardNotFound, SettlementConflict
 from shardlb.rebuild import Rebuilder
 from shardlb.reshard import Resharder
-from shardlb.settlement import Request, Settler, ensure_schema, period_bounds
+from shardlb.settlement import Request, Settler, archive_season, ensure_schema, period_bounds
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_band_repair import BANDS, FAULTS, OTHERS, lose, mismatches, pending
@@ -400,3 +401,34 @@ async def test_a_result_of_no_points_finishes_a_band_move_a_lost_call_left(
         assert await pending(reader) == 0
     finally:
         await store.delete(config.id)
+
+
+@pytest.mark.parametrize("tiebreak", ["earliest", "latest"])
+async def test_a_season_of_results_of_no_points_is_archived_in_the_boards_order(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, tiebreak: str
+) -> None:
+    """A season's archive settles the total (frozen, checked against PostgreSQL's order, the new
+    rule's SQL): sums that tie often and many 0-point results over two days, players of 0 points
+    among them: no drift, and the snapshot is the live board's order and times."""
+    board = await new_board(store, f"incr-attack-season-{tiebreak}-{random.randrange(10**6)}", "incr",
+                            tiebreak=tiebreak)  # fmt: skip
+    name = board.config.id
+    try:
+        for days, seed in ((3, "season-a"), (2, "season-b")):
+            await written(board, day_ago(days), seed, players=25, results=60, values=[0, 0, 0, 4])
+        await drain_settle(raw, store, postgres_url)
+        request = Request.of({"settlement_id": f"{name}-season", "rewards": TABLE, "top_n": 50})
+        live = [(e.player_id, e.points, e.achieved_ms) for e in await board.top(100)]
+        assert sum(1 for _, points, _ in live if points == 0) > 1
+        result = await archive_season(cluster_url, postgres_url, name, request)
+        assert result["archived"] and result["check"]["drifting"] == [] and not result["forced"]
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as db:
+            cur = await db.execute(
+                "SELECT player_id, points, achieved_ms FROM settlement_snapshots WHERE settlement_id = %s "
+                "ORDER BY rank",
+                (f"{name}-season",),
+            )
+            assert [tuple(r) for r in await cur.fetchall()] == live
+    finally:
+        with contextlib.suppress(BoardNotFound):
+            await store.delete(name)
