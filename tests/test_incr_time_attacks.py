@@ -432,3 +432,130 @@ async def test_a_season_of_results_of_no_points_is_archived_in_the_boards_order(
     finally:
         with contextlib.suppress(BoardNotFound):
             await store.delete(name)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("strategy", ["hash", "band", "region"])
+async def test_random_histories_of_results_of_no_points_retries_and_removals_agree_everywhere(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    strategy: str,
+    seed: int,
+) -> None:
+    """Random steps over a day and past its close: calls of mostly 0-point results (achieved hours
+    back, up to 4 minutes ahead of the clock, or left to the server's clock), retries of earlier
+    calls, removals (plain, and requests whose first call misses a shard, retried later at its time).
+    Then every read, reconcile, a rebuild after damage and the closed day's settlement agree with the
+    reference."""
+    rng = random.Random(f"incr-attack-random/{strategy}/{seed}")
+    config = BoardConfig.from_dict(
+        f"incr-attack-rand-{strategy}-{seed}-{rng.randrange(10**6)}",
+        {
+            "mode": "incr",
+            "tiebreak": rng.choice(["earliest", "latest"]),
+            "order": rng.choice(["desc", "asc"]),
+            "periods": ["daily"],
+            "retention_days": {"daily": 30},
+            "points_max": 10_000,
+            "dedup_window_s": 30 * 86_400,
+            "sharding": sharding(strategy, 16 if strategy == "region" else 3),
+        },
+    )
+    board, _ = await store.create(config)
+    ref = ReferenceBoard(config)
+    miss = MissShards(moderation.remove_on_shard)
+    monkeypatch.setattr(moderation, "remove_on_shard", miss)
+    regions = list(config.sharding.regions)
+    home_region = {f"p{i:02d}": rng.choice(regions) if regions else None for i in range(16)}
+    players = sorted(home_region)
+    today = times.now_ms() // DAY * DAY
+    day = today - 3 * DAY
+    now = day + HOUR
+    a = await archiver(raw, store, postgres_url)
+    sent: list[list[Score]] = []
+    open_requests: list[tuple[str, list[str]]] = []
+
+    async def submit(batch: list[Score]) -> None:
+        got = await board.submit(batch, now_ms=now)
+        assert [(r.status, r.points) for r in got] == ref.submit(batch, now_ms=now), batch
+
+    try:
+        for step in range(90):
+            now += rng.choice([1000, 60_000, 20 * 60_000])
+            if step == 70:
+                now = day + DAY + HOUR  # past the day's close: its late results count in the total only
+            roll = rng.random()
+            if roll < 0.6 or not sent:
+                batch = []
+                for n in range(rng.randint(1, 6)):
+                    p = rng.choice(players)
+                    kind = rng.random()
+                    at = (
+                        None
+                        if kind < 0.15
+                        else now + rng.randrange(0, 240) * 1000
+                        if kind < 0.3
+                        else max(day, now - rng.randrange(0, 3 * 3600) * 1000)
+                    )
+                    points = rng.choice([0, 0, 0, 0, 1, 5])
+                    batch.append(Score(p, points, f"m{step}-{n}", at, home_region[p]))
+                sent.append(batch)
+                await submit(batch)
+            elif roll < 0.8:
+                await submit(rng.choice(sent))
+            elif roll < 0.9:
+                p = rng.choice(players)
+                await moderation.remove(board, [p], now_ms=now)
+                ref.remove(p, now)
+            elif open_requests and rng.random() < 0.6:
+                request, who = open_requests.pop()
+                await moderation.remove(board, who, now_ms=now, request=request)
+                for p in who:
+                    ref.remove(p, now, request)
+            else:
+                who = rng.sample(players, 3)
+                homes = {p: board.layout.home(p, home_region[p]) for p in who}
+                miss.missed = {homes[who[0]]}
+                request = f"remove/{step}"
+                await moderation.remove(board, who, now_ms=now, request=request)
+                miss.missed = set()
+                # The first call, on the shards it reached: every entry goes, one dated ahead of the
+                # clock too (the reference's ``remove`` with a request known takes a later player
+                # for a retry, which keeps those), then the request as the reference records it.
+                reached = [p for p in who if homes[p] != homes[who[0]]]
+                found = {p for p in reached if ref.remove(p, now)}
+                if reached:  # a request no shard recorded is a new removal when sent again
+                    ref.requests[request] = (ref.record_units(now), set(reached), found)
+                open_requests.append((request, who))
+        for request, who in open_requests:
+            await moderation.remove(board, who, now_ms=now, request=request)
+            for p in who:
+                ref.remove(p, now, request)
+        await board.repair()
+        await check_all(board, ref, rng)
+        await drain(a)
+        names = ["total", *(n for n in sorted(ref.boards) if n != "total")]
+        for name in names:
+            api = "total" if name == "total" else "daily:" + name[2:]
+            assert not any(c.drift for c in await reconcile.reconcile(rebuilder, board, api)), name
+        dayname = "daily:" + datetime.fromtimestamp(day / 1000, UTC).date().isoformat()
+        if ref.order("d:" + dayname[6:]):
+            sid = f"{config.id}-day"
+            table = [{"rank": r, "reward": f"r{r}"} for r in range(1, 6)]
+            asked = Request.of({"settlement_id": sid, "rewards": table})
+            result = await Settler(rebuilder).settle(board, dayname, asked)
+            assert result["check"]["drifting"] == [] and not result["forced"]
+            order = ref.order("d:" + dayname[6:])[:5]
+            want = [(i + 1, p, f"r{i + 1}") for i, (_, p, _, _) in enumerate(order)]
+            assert await awards_of(rebuilder.db, sid) == want
+        on_board = sorted(ref.boards["total"])
+        if len(on_board) >= 2:
+            await damage(board, raw, [(p, home_region[p]) for p in (on_board[0], on_board[-1])])
+        await rebuilder.rebuild(board)
+        await check_all(board, ref, rng)
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
