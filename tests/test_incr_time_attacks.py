@@ -478,9 +478,27 @@ async def test_random_histories_of_results_of_no_points_retries_and_removals_agr
     sent: list[list[Score]] = []
     open_requests: list[tuple[str, list[str]]] = []
 
+    pins: dict[tuple[str, str], int] = {}  # a result sent without a time: the first time it was seen
+
+    def pinned(s: Score) -> Score:
+        return s._replace(achieved_ms=pins.setdefault((s.match_id, s.player_id), now))
+
     async def submit(batch: list[Score]) -> None:
         got = await board.submit(batch, now_ms=now)
-        assert [(r.status, r.points) for r in got] == ref.submit(batch, now_ms=now), batch
+        # The board pins a result without a time to its first server time, refused or not (the
+        # reference has no pins): its retries are answered at that time.
+        timed = [s if s.achieved_ms is not None else pinned(s) for s in batch]
+        assert [(r.status, r.points) for r in got] == ref.submit(timed, now_ms=now), batch
+
+    def first_call(request: str, reached: list[str], recorded: bool) -> None:
+        """The reference after a request's first call that reached the homes of ``reached``: every
+        entry of theirs goes, one dated ahead of the clock too (the reference's ``remove`` with a
+        request it knows takes a later player of the same call for a retry, which keeps those), then
+        the request is recorded if a shard recorded it (``recorded``: on a region board any shard
+        a player could live on; a request no shard recorded is a new removal when sent again)."""
+        found = {p for p in reached if ref.remove(p, now)}
+        if recorded:
+            ref.requests[request] = (ref.record_units(now), set(reached), found)
 
     try:
         for step in range(90):
@@ -513,6 +531,8 @@ async def test_random_histories_of_results_of_no_points_retries_and_removals_agr
             elif open_requests and rng.random() < 0.6:
                 request, who = open_requests.pop()
                 await moderation.remove(board, who, now_ms=now, request=request)
+                if request not in ref.requests:
+                    first_call(request, who, True)
                 for p in who:
                     ref.remove(p, now, request)
             else:
@@ -521,17 +541,14 @@ async def test_random_histories_of_results_of_no_points_retries_and_removals_agr
                 miss.missed = {homes[who[0]]}
                 request = f"remove/{step}"
                 await moderation.remove(board, who, now_ms=now, request=request)
+                recorded = any(set(board.layout.candidates(p)) - miss.missed for p in who)
                 miss.missed = set()
-                # The first call, on the shards it reached: every entry goes, one dated ahead of the
-                # clock too (the reference's ``remove`` with a request known takes a later player
-                # for a retry, which keeps those), then the request as the reference records it.
-                reached = [p for p in who if homes[p] != homes[who[0]]]
-                found = {p for p in reached if ref.remove(p, now)}
-                if reached:  # a request no shard recorded is a new removal when sent again
-                    ref.requests[request] = (ref.record_units(now), set(reached), found)
+                first_call(request, [p for p in who if homes[p] != homes[who[0]]], recorded)
                 open_requests.append((request, who))
         for request, who in open_requests:
             await moderation.remove(board, who, now_ms=now, request=request)
+            if request not in ref.requests:
+                first_call(request, who, True)
             for p in who:
                 ref.remove(p, now, request)
         await board.repair()
