@@ -1,0 +1,85 @@
+"""A match id used again for a player with another result (other points, another ``achieved_at``)
+on best and set boards: docs/design-notes.md ("One total order") says the board takes it as a new
+result, and Redis files each application under the dated periods of its own time. PostgreSQL keeps
+one row per (board, incarnation, match, player): the archiver's upsert keeps the better (best) or
+later (set) application and drops the other, and a hold (``match_holds``) is written only for the
+periods an application *skipped* (closed or frozen), not for a period that the other application's
+time is simply not in. The dated period that held the dropped application then drifts once the
+journal is trimmed: reconcile reports it, a rebuild removes the player from it, and its settlement
+stops (forced, it pays from PostgreSQL's order). Found 2026-12-05 by bisecting a concurrency run
+(two archivers, removals, a rebuild, match ids drawn from a small pool): no other ingredient of that
+run made Redis and PostgreSQL disagree. The total is right in both modes (its rule is the row's).
+
+Incr refuses the second application as ``duplicate`` within the dedup window, so both sides agree
+(the control case); past the window an incr board counts it again in Redis alone, a documented
+limit ("Rebuild and reconcile", "Known limit")."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from shardlb import keys
+from shardlb.board import Score
+from shardlb.errors import SettlementConflict
+from shardlb.rebuild import Rebuilder
+from shardlb.reconcile import reconcile
+from shardlb.settlement import Request, Settler, period_bounds
+from shardlb.store import BoardStore
+from tests.test_settlement import day_ago, drain, new_board
+
+pytestmark = pytest.mark.cluster
+
+LOST = (
+    "the archiver keeps one row per (match, player) and holds the other application only for periods it "
+    "skipped (closed): the dated period of the application it dropped loses it once the journal is trimmed"
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "first", "second"),
+    [
+        pytest.param("best", 10, 40, marks=pytest.mark.xfail(strict=True, reason=LOST)),
+        pytest.param("best", 40, 10, marks=pytest.mark.xfail(strict=True, reason=LOST)),
+        pytest.param("set", 40, 10, marks=pytest.mark.xfail(strict=True, reason=LOST)),
+        ("incr", 40, 10),
+    ],
+)
+async def test_a_match_id_used_again_on_another_day_stays_in_both_days(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, mode: str, first: int, second: int
+) -> None:
+    """Player P posts match m1 on day D-3 (``first`` points) and m1 again on day D-2 (``second``),
+    each sent while its day was open; Q posts a match of its own each day. Redis holds P in both
+    days (best and set; incr refuses the second as duplicate). Once archived and trimmed, each day
+    must reconcile, rebuild to what Redis held, and settle without drift."""
+    board = await new_board(store, f"reuse-{mode}-{first}-{second}", mode)
+    days = [day_ago(3), day_ago(2)]
+    try:
+        for day, points in zip(days, (first, second), strict=True):
+            start, end = period_bounds(board, board.resolve(day).period)
+            sent = [Score("P", points, "m1", start + 3_600_000), Score("Q", 5, f"q-{day}", start + 3_600_000)]
+            got = await board.submit(sent, now_ms=end - 1)
+            assert not got[0].closed
+        tops = {day: await board.top(10, board.resolve(day)) for day in days}
+        held = [e.player_id for e in tops[days[1]]]
+        assert held == (["Q"] if mode == "incr" else ["P", "Q"])
+        await drain(raw, store, rebuilder.db.info.dsn)
+        for prefix in board.prefixes:  # archived: the journal holds none of them now
+            await raw.xtrim(keys.journal_key(prefix), maxlen=0)
+        drifting = {day for day in days if any(c.drift for c in await reconcile(rebuilder, board, day))}
+        settled = {}
+        for day in days:
+            request = Request.of({"settlement_id": f"{board.config.id}-{day}-{uuid.uuid4().hex[:6]}",
+                                  "rewards": [{"rank": 1, "reward": "gold"}]})  # fmt: skip
+            try:
+                await Settler(rebuilder).settle(board, day, request)
+                settled[day] = "paid"
+            except SettlementConflict as e:
+                settled[day] = e.code
+        await rebuilder.rebuild(board)
+        rebuilt = {day: await board.top(10, board.resolve(day)) for day in days}
+        assert (drifting, settled, rebuilt) == (set(), dict.fromkeys(days, "paid"), tops)
+    finally:
+        await store.delete(board.config.id)
