@@ -52,7 +52,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -250,6 +250,17 @@ _MARK = (
     "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) "
     "ON CONFLICT (journal) DO UPDATE SET archived_to = EXCLUDED.archived_to "
     f"WHERE {_ID.format('EXCLUDED.archived_to')} > {_ID.format('journal_marks.archived_to')}"
+)
+# The rows archived before of the batch's (match, player) pairs at another achieved time than an
+# incoming application: the match id used again with another time (docs/design-notes.md, "Score
+# codec"), or a result sent without a time and retried after its pin expired. Each application is in
+# the dated periods of its own time on the board; ``_time_holds`` holds those the row loses.
+_OTHER_TIMES = (
+    "SELECT DISTINCT m.board, m.incarnation, m.match_id, m.player_id, m.points, m.achieved_ms, m.score, "
+    "m.shard, m.journal_id, m.skipped FROM incoming i JOIN match_results m "
+    "USING (board, incarnation, match_id, player_id) "
+    "WHERE (i.board, i.incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+    "AND m.achieved_ms <> i.achieved_ms"
 )
 # Which of one key's rows in a batch goes in: the same rule.
 _FIRST = {
@@ -831,6 +842,11 @@ class Archiver:
             for row in rows:
                 await copy.write_row(row[1:])
         held = _holds(rows)
+        timed = [r for r in rows if r[0] != "incr" and _dated(self.boards.get((r[1], r[2])))]
+        if timed:
+            boards = sorted({(r[1], r[2]) for r in timed})
+            await cur.execute(_OTHER_TIMES, ([b for b, _ in boards], [i for _, i in boards]))
+            held += _time_holds(timed, await cur.fetchall(), self.boards)
         if held:
             await cur.executemany(
                 "INSERT INTO match_holds (board, incarnation, match_id, player_id, period, points, "
@@ -975,6 +991,41 @@ def _holds(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         for k, later in enumerate(found):
             for row in found[:k]:
                 out += [(*row[1:5], p, *row[5:10]) for p in sorted(set(later[10]) - set(row[10]))]
+    return out
+
+
+def _dated(board: Board | None) -> bool:
+    """Whether ``board`` (None: not among the archiver's) keeps a dated period: a board of the
+    total alone needs no ``_time_holds``, nor their look-up."""
+    return board is not None and len(board.config.periods) > 1
+
+
+def _time_holds(
+    rows: Sequence[tuple[Any, ...]],
+    archived: Sequence[tuple[Any, ...]],
+    boards: Mapping[tuple[str, str], Board],
+) -> list[tuple[Any, ...]]:
+    """``match_holds`` rows for the applications of one (match, player) of a best or set board at two
+    or more achieved times (``rows`` of the batch, ``archived``: ``_OTHER_TIMES``): each application for
+    every dated period of its time that it did not skip and another application is not in. The board
+    has it there, and the one row the upsert keeps is in the periods of its own time only. A hold of
+    the application the row keeps is a copy, and one of an application the row's rule beats in the
+    period changes no fold (best: the highest score; set: the latest time); the moderation rule
+    drops a hold journaled before a removal as it drops a row (its own journal id)."""
+    found: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for row in rows:
+        found.setdefault(row[1:5], []).append(row[1:])
+    for row in archived:
+        if row[:4] in found:
+            found[row[:4]].append(tuple(row))
+    out = []
+    for (board_id, incarnation, *_), applied in found.items():
+        board = boards.get((board_id, incarnation))
+        if board is None or len({a[5] for a in applied}) < 2:
+            continue
+        dated = [set(board.period_names(a[5])) - {"total"} - set(a[9]) for a in applied]
+        for a, mine in zip(applied, dated, strict=True):
+            out += [(*a[:4], p, *a[4:9]) for p in sorted(mine) if any(p not in other for other in dated)]
     return out
 
 
