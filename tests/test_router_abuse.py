@@ -78,7 +78,10 @@ async def test_hostile_query_bodies_do_not_grow_the_router(cluster: LocalCluster
                     *(send(name, big) for _ in range(12)),
                     *(send(f"rand{round_}-{i}", small) for i in range(12)),
                 )
-                assert all(400 <= s < 500 for s in statuses), statuses
+                # refused: a 4xx, or 503 when a starved machine keeps the registry's answer past
+                # the request's budget (a CI run under load once had some); never a 2xx or a 500
+                odd = sorted(s for s in statuses if not (400 <= s < 500 or s == 503))
+                assert not odd, (odd, sorted(statuses))
             await asyncio.sleep(0.5)
             grown = (_rss_kib(server.proc.pid) - before) / 1024
             assert grown < 40, f"the router grew by {grown:.0f} MiB"
