@@ -13,7 +13,10 @@ crash anywhere leaves entries to read again; the upsert makes a replay harmless:
 - rows are keyed by (board, incarnation, match_id, player_id), one per result as the game sent it;
 - ``best`` keeps the better score of a key sent twice, ``set`` the later time, ``incr`` the first:
   the same rule the board applied (an incr board's dedup window lets Redis count a replay that
-  comes after the window; PostgreSQL counts it once, and reconcile reports the difference).
+  comes after the window; PostgreSQL counts it once, and reconcile reports the difference);
+- but of two applications of a key with a removal of the player between them, the later one, as
+  the board the removal emptied took it again (``_CUT``; a later one that lost to the rule before
+  the removal was archived waits in ``match_later`` for it: ``_PROMOTE``).
 
 An entry PostgreSQL refuses (a data error, a constraint: not a lost connection, a timeout or a
 deadlock, which fail the round for ``run`` to retry) must not stop the other journals: when the
@@ -149,6 +152,55 @@ CREATE TABLE IF NOT EXISTS match_holds (
     journal_id text NOT NULL,
     PRIMARY KEY (board, incarnation, match_id, player_id, period, journal_id)
 );
+-- Later applications of a (match, player) than the one `match_results` holds that its rule did not
+-- take (a best board's lower score, a set board's earlier time, an incr board's copy), and the row
+-- an earlier application replaced by that rule (the trigger below): one becomes the row when a
+-- removal of the player archived late turns out to be between them (`_PROMOTE`). Few: a key's
+-- results sent again. See `_CUT`.
+CREATE TABLE IF NOT EXISTS match_later (
+    board text NOT NULL,
+    incarnation text NOT NULL,
+    match_id text NOT NULL,
+    player_id text NOT NULL,
+    points bigint NOT NULL,
+    achieved_ms bigint NOT NULL,
+    score bigint NOT NULL,
+    shard integer NOT NULL,
+    journal_id text NOT NULL,
+    skipped text[] NOT NULL DEFAULT '{}',
+    archived_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (board, incarnation, match_id, player_id, shard, journal_id)
+);
+-- An application a row of `match_results` no longer holds (replaced by the upsert or `_PROMOTE`):
+-- kept in `match_later` when it is the later one, and held in `match_holds` in every period a
+-- removal after it left whole (`player_removals.kept`), where the board still has it.
+CREATE INDEX IF NOT EXISTS match_later_by_player ON match_later (board, incarnation, player_id);
+CREATE OR REPLACE FUNCTION match_results_keep_replaced() RETURNS trigger LANGUAGE plpgsql AS $keep$
+BEGIN
+    IF (split_part(NEW.journal_id, '-', 1)::numeric, split_part(NEW.journal_id, '-', 2)::numeric)
+       < (split_part(OLD.journal_id, '-', 1)::numeric, split_part(OLD.journal_id, '-', 2)::numeric) THEN
+        INSERT INTO match_later (board, incarnation, match_id, player_id, points, achieved_ms, score, shard,
+                                 journal_id, skipped)
+        VALUES (OLD.board, OLD.incarnation, OLD.match_id, OLD.player_id, OLD.points, OLD.achieved_ms,
+                OLD.score, OLD.shard, OLD.journal_id, OLD.skipped)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    INSERT INTO match_holds (board, incarnation, match_id, player_id, period, points, achieved_ms, score,
+                             shard, journal_id)
+    SELECT OLD.board, OLD.incarnation, OLD.match_id, OLD.player_id, p, OLD.points, OLD.achieved_ms,
+           OLD.score, OLD.shard, OLD.journal_id
+    FROM player_removals x CROSS JOIN LATERAL unnest(x.kept) p
+    WHERE (x.board, x.incarnation, x.shard, x.player_id)
+        = (OLD.board, OLD.incarnation, OLD.shard, OLD.player_id)
+      AND (split_part(x.journal_id, '-', 1)::numeric, split_part(x.journal_id, '-', 2)::numeric)
+        > (split_part(OLD.journal_id, '-', 1)::numeric, split_part(OLD.journal_id, '-', 2)::numeric)
+      AND NOT p = ANY(OLD.skipped)
+    ON CONFLICT DO NOTHING;
+    RETURN NEW;
+END
+$keep$;
+CREATE OR REPLACE TRIGGER match_results_keep_replaced BEFORE UPDATE ON match_results FOR EACH ROW
+    WHEN (OLD.journal_id <> NEW.journal_id) EXECUTE FUNCTION match_results_keep_replaced();
 -- Per journal, the newest entry id archived in this database, written in the transaction of the
 -- rows: every entry a journal trimmed (acknowledged after its commit) is at or before it, unless
 -- this database lost commits (restored from a backup). See ``_GAPS``.
@@ -190,17 +242,33 @@ _SKIPPED = (
     "THEN ARRAY(SELECT unnest(match_results.skipped) INTERSECT SELECT unnest(EXCLUDED.skipped)) "
     "ELSE EXCLUDED.skipped END"
 )
+# A row is *cut* when a removal of its player on its shard was journaled after it: it counts
+# nowhere (settlement.REMOVED_AFTER), but in the periods that removal kept. A result sent again once
+# the removal's records and the dedup window are gone is taken by the board again, whatever the
+# mode: the player is back with it alone. So between two applications of one key, one cut and one
+# not, the one not cut is the row, whatever the mode's rule says (a best board's lower score, a set
+# board's earlier time, an incr board's retry), and whichever is archived first (an archiver that
+# died holding the first one: its entries are taken over after the later one is archived). Until
+# 2026-12-05 the rule alone chose, PostgreSQL kept the cut row, and a rebuild dropped the result.
+_CUT = (
+    "EXISTS (SELECT 1 FROM player_removals x WHERE (x.board, x.incarnation, x.shard, x.player_id) "
+    "= ({0}.board, {0}.incarnation, {0}.shard, {0}.player_id) "
+    f"AND {_POSITION.format('x')} > {_POSITION.format('{0}')})"
+)
+_REVIVED = f"({_CUT.format('match_results')} AND NOT {_CUT.format('EXCLUDED')})"
+_KEEPS = f"NOT ({_CUT.format('EXCLUDED')} AND NOT {_CUT.format('match_results')})"
+_REPLACE = (
+    "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, score = EXCLUDED.score, "
+    f"shard = EXCLUDED.shard, journal_id = EXCLUDED.journal_id, {_SKIPPED} WHERE {_REVIVED} OR ({_KEEPS} AND "
+)
 _ON_CONFLICT = {
-    "best": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
-    f"score = EXCLUDED.score, journal_id = EXCLUDED.journal_id, {_SKIPPED} "
-    "WHERE EXCLUDED.score > match_results.score "
-    f"OR (EXCLUDED.score = match_results.score AND {_LATER})",
-    "set": "DO UPDATE SET points = EXCLUDED.points, achieved_ms = EXCLUDED.achieved_ms, "
-    f"score = EXCLUDED.score, journal_id = EXCLUDED.journal_id, {_SKIPPED} "
-    "WHERE (EXCLUDED.achieved_ms, EXCLUDED.score) > (match_results.achieved_ms, match_results.score) "
+    "best": f"{_REPLACE}(EXCLUDED.score > match_results.score "
+    f"OR (EXCLUDED.score = match_results.score AND {_LATER})))",
+    "set": f"{_REPLACE}((EXCLUDED.achieved_ms, EXCLUDED.score) "
+    "> (match_results.achieved_ms, match_results.score) "
     "OR ((EXCLUDED.achieved_ms, EXCLUDED.score) = (match_results.achieved_ms, match_results.score) "
-    f"AND {_LATER})",
-    "incr": "DO NOTHING",
+    f"AND {_LATER})))",
+    "incr": f"{_REPLACE}FALSE)",
 }
 # Best and set boards keep one row per (match, player), so a result sent again with another score
 # after a period closed (the board applies it to the total and the open periods only) replaces a row
@@ -268,6 +336,49 @@ _FIRST = {
     "set": f"achieved_ms DESC, score DESC, {_POSITION.format('incoming')} DESC",
     "incr": "achieved_ms",
 }
+
+
+# A batch's rows that the upsert did not take (it took fewer rows than the batch holds: only a key's
+# copies can lose, so most batches skip this), found with one look-up of its row per incoming row:
+# one later than the row is kept in `match_later`, for a removal between them archived after them
+# (``_PROMOTE``); on a best or set board, one that a removal after it left periods of whole
+# (``kept``) is held in those periods, as the trigger on `match_results` holds a row replaced. The
+# look-ups are subqueries (OFFSET 0: never flattened), so they are index scans whatever the
+# statistics say (a temporary table has none). 2-4 ms for a batch of 500 (2026-12-05).
+_LOSERS = (
+    "WITH losers AS MATERIALIZED (SELECT i.*, r.journal_id AS row_id FROM incoming i CROSS JOIN LATERAL "
+    "(SELECT m.shard, m.journal_id FROM match_results m "
+    "WHERE (m.board, m.incarnation, m.match_id, m.player_id) "
+    "= (i.board, i.incarnation, i.match_id, i.player_id) OFFSET 0) r "
+    "WHERE (i.board, i.incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+    "AND (i.shard, i.journal_id) <> (r.shard, r.journal_id)), "
+    f"later AS (INSERT INTO match_later ({_COLUMNS}) SELECT {_COLUMNS} FROM losers i "
+    f"WHERE {_POSITION.format('i')} > {_ID.format('i.row_id')} ON CONFLICT DO NOTHING) "
+)
+_KEEP_LATER = {
+    "incr": f"{_LOSERS} SELECT 1",
+    "held": f"{_LOSERS} INSERT INTO match_holds (board, incarnation, match_id, player_id, period, points, "
+    "achieved_ms, score, shard, journal_id) SELECT i.board, i.incarnation, i.match_id, i.player_id, k.p, "
+    "i.points, i.achieved_ms, i.score, i.shard, i.journal_id FROM losers i CROSS JOIN LATERAL "
+    "(SELECT unnest(x.kept) p FROM player_removals x WHERE (x.board, x.incarnation, x.shard, x.player_id) "
+    "= (i.board, i.incarnation, i.shard, i.player_id) "
+    f"AND {_POSITION.format('x')} > {_POSITION.format('i')} OFFSET 0) k "
+    "WHERE NOT k.p = ANY(i.skipped) ON CONFLICT DO NOTHING",
+}
+# After a batch's removals: a row they cut (``_CUT``) is replaced by the application of `match_later`
+# that no removal cut, by the mode's rule (``_FIRST``): a result sent again after a removal whose
+# delete entry was archived after it (two archivers, or one that died holding the entry).
+_PROMOTE = (
+    "UPDATE match_results m SET points = l.points, achieved_ms = l.achieved_ms, score = l.score, "
+    "shard = l.shard, journal_id = l.journal_id, skipped = l.skipped FROM (SELECT DISTINCT ON "
+    "(board, incarnation, match_id, player_id) * FROM match_later incoming "
+    "WHERE (board, incarnation, player_id) IN "
+    "(SELECT * FROM unnest(%s::text[], %s::text[], %s::text[])) "
+    f"AND NOT {_CUT.format('incoming')} ORDER BY board, incarnation, match_id, player_id, {{0}}) l "
+    "WHERE (m.board, m.incarnation, m.match_id, m.player_id) "
+    "= (l.board, l.incarnation, l.match_id, l.player_id) "
+    f"AND {_CUT.format('m')}"
+)
 
 
 class _Held(NamedTuple):
@@ -547,8 +658,10 @@ class Archiver:
                 (e.board, e.incarnation, e.shard, p, u, e.id, e.request or None, mark)
                 for (p, u), mark in zip(e.recorded, marks, strict=True)
             ]
+        # the players removed, whose rows the removals cut (``_PROMOTE``)
+        revived = sorted({(b.config.mode, e.board, e.incarnation, p) for b, _, e in batch for p in e.removed})
         cuts = await self._marks(batch)
-        await self._write(rows, removals, records, cuts)
+        await self._write(rows, removals, records, cuts, revived)
         acked: dict[str, list[str]] = {}
         for _, key, entry in batch:
             acked.setdefault(key, []).extend((entry.id, str(entry.counted)))
@@ -764,6 +877,7 @@ class Archiver:
         removals: Sequence[tuple[Any, ...]] = (),
         records: Sequence[tuple[Any, ...]] = (),
         marks: Sequence[_Mark] = (),
+        revived: Sequence[tuple[str, str, str, str]] = (),
     ) -> None:
         gaps: list[tuple[Any, ...]] = []
         async with self.db.transaction(), self.db.cursor() as cur:
@@ -779,6 +893,7 @@ class Archiver:
                     ),
                 )
             await self._rows(cur, rows, removals, records)
+            await self._promote(cur, revived)
         self._report(gaps)
 
     @staticmethod
@@ -862,14 +977,36 @@ class Archiver:
                 await cur.execute(_HOLD, ([b for b, _ in boards], [i for _, i in boards]))
             if mode != "incr":  # rows that skip a period are few: the join finds them at once
                 await cur.execute(_HOLD_EARLIER, ([b for b, _ in boards], [i for _, i in boards]))
+            named = ([b for b, _ in boards], [i for _, i in boards])
+            mine = [r for r in rows if r[0] == mode]
+            # Of one key's copies in the batch, one not cut (``_CUT``) comes first, before the mode's
+            # rule: looked up for the keys with copies, in a batch that has any.
+            copies = len({r[1:5] for r in mine}) < len(mine)
+            source = (
+                "(SELECT *, count(*) OVER (PARTITION BY board, incarnation, match_id, player_id) AS copies "
+                "FROM incoming WHERE (board, incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[]))) "
+                f"incoming ORDER BY board, incarnation, match_id, player_id, CASE WHEN copies > 1 THEN "
+                f"{_CUT.format('incoming')} ELSE FALSE END, {_FIRST[mode]}"
+                if copies
+                else "incoming WHERE (board, incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+                f"ORDER BY board, incarnation, match_id, player_id, {_FIRST[mode]}"
+            )
             await cur.execute(
                 f"INSERT INTO match_results ({_COLUMNS}) "
-                f"SELECT DISTINCT ON (board, incarnation, match_id, player_id) {_COLUMNS} FROM incoming "
-                "WHERE (board, incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
-                f"ORDER BY board, incarnation, match_id, player_id, {_FIRST[mode]} "
+                f"SELECT DISTINCT ON (board, incarnation, match_id, player_id) {_COLUMNS} FROM {source} "
                 f"ON CONFLICT (board, incarnation, match_id, player_id) {rule}",
-                ([b for b, _ in boards], [i for _, i in boards]),
+                named,
             )
+            if cur.rowcount < len(mine):  # rows not taken: rare (a key's results sent again)
+                await cur.execute(_KEEP_LATER["incr" if mode == "incr" else "held"], named)
+
+    @staticmethod
+    async def _promote(cur: psycopg.AsyncCursor[Any], revived: Sequence[tuple[str, str, str, str]]) -> None:
+        """``_PROMOTE`` for the players a batch's removals name (mode, board, incarnation, player),
+        inside ``_write``'s transaction, after the rows."""
+        for mode in sorted({r[0] for r in revived}):
+            named = [r[1:] for r in revived if r[0] == mode]
+            await cur.execute(_PROMOTE.format(_FIRST[mode]), [list(c) for c in zip(*named, strict=True)])
 
     async def _trim(self, key: str, gate: asyncio.Semaphore) -> None:
         """Trim a journal that gave this round nothing (``IDLE_TRIM_EVERY_S``)."""

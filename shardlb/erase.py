@@ -6,8 +6,10 @@ rebuild, reconcile and settlement reads (``settlement.REMOVED``), leaves out a r
 removal of its player on its shard. This command removes what that rule already leaves out, and
 nothing a board still reads:
 
-- the player's ``match_results`` and ``match_holds`` rows journaled before a removal of the player
-  on the same shard that kept no period (``ERASABLE``). A row of a removal that kept some periods
+- the player's ``match_results``, ``match_holds`` and ``match_later`` rows journaled before a removal
+  of the player on the same shard that kept no period (``ERASABLE``; a row of ``match_later`` is a
+  later application that the row of its (match, player) did not take, shardlb/archive.py: one a
+  removal cut never becomes the row). A row of a removal that kept some periods
   (a retry made at an earlier call's time), a row posted after the last removal, and any row while
   the removal is not archived yet still count: they stay, and the call reports them (``left``).
   A ``match_results`` row that arrived within the board's dedup window stays too, reported as
@@ -68,7 +70,7 @@ BATCH_ROWS = prune.BATCH_ROWS
 ERASABLE = (
     f"EXISTS (SELECT 1 FROM player_removals x WHERE {REMOVED_AFTER} AND coalesce(cardinality(x.kept), 0) = 0)"
 )
-COUNTED = ("match_results", "match_holds")
+COUNTED = ("match_results", "match_holds", "match_later")
 # When a row arrived (its journal id's time, Redis's clock): what a rebuild's refill goes by.
 ARRIVED = "split_part(m.journal_id, '-', 1)::bigint"
 # Taken off the window's start for the clocks of this host, Redis and a later rebuild's host
@@ -211,7 +213,8 @@ async def erase(
         recent = (f"{mine} AND {ERASABLE} AND {ARRIVED} >= %s", (*args, since))
         await delete("match_results", f"{mine} AND {ERASABLE} AND {ARRIVED} < %s", (*args, since),
                      (board, incarnation, "match_results"))  # fmt: skip
-        await delete("match_holds", f"{mine} AND {ERASABLE}", args, (board, incarnation, "match_holds"))
+        for table in COUNTED[1:]:
+            await delete(table, f"{mine} AND {ERASABLE}", args, (board, incarnation, table))
         counts = await db.execute(
             "SELECT "
             + " + ".join(f"(SELECT count(*) FROM {table} m WHERE {mine})" for table in COUNTED)

@@ -49,6 +49,7 @@ LIMIT_ROWS = 10_000_000  # rows a call removes at most
 TABLES = {
     "match_results": "match_id",
     "match_holds": "match_id",
+    "match_later": "match_id",
     "player_removals": "shard",
     "removal_records": "shard",
 }

@@ -79,7 +79,7 @@ SEAL_TRIES = 5
 DRAIN_S = 120.0  # how long the mover waits for the archiver to drain the old journals
 STATES = ("copying", "sealing", "committed")
 # The archive's tables whose rows name a shard (a rebuild reads them by it): _rehome moves them.
-REHOMED = ("match_results", "match_holds", "player_removals", "removal_records")
+REHOMED = ("match_results", "match_holds", "match_later", "player_removals", "removal_records")
 
 # Mark a sealed shard moved, only if the seal held and nothing is left to copy (fenced: KEYS[1]
 # and ARGV[1] are the shard's fence and the mover's epoch, reshard_copy.FENCED).
@@ -915,17 +915,23 @@ class Resharder:
                 await cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"rehome/{ident[0]}"])
                 if at_rest:
                     self._at_rest((await self.record())[1], target)
+                # Those the archive has: `match_later` came with the archiver of 2026-12-05 (later that
+                # day), and an archive set up by an archiver of before has none yet.
+                await cur.execute(
+                    "SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(t) IS NOT NULL", [list(REHOMED)]
+                )
+                tables = [row[0] for row in await cur.fetchall()]
                 await cur.execute(
                     " UNION ".join(
                         f"SELECT player_id FROM {table} WHERE board = %(board)s AND incarnation = %(inc)s"
-                        for table in REHOMED
+                        for table in tables
                     ),
                     {"board": ident[0], "inc": ident[1]},
                 )
                 players = [row[0] for row in await cur.fetchall()]
                 homes = [player_hash(p) % shards for p in players]
                 updated = 0
-                for table in REHOMED:
+                for table in tables:
                     await cur.execute(
                         f"UPDATE {table} AS m SET shard = u.shard "
                         "FROM unnest(%s::text[], %s::int[]) AS u(player_id, shard) "

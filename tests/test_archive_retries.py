@@ -6,19 +6,23 @@ the retry alone counts, as on the board. Against the suite's cluster and Postgre
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import psycopg
 import pytest
+from redis.exceptions import ResponseError
 
 from shardlb import keys, moderation, times
 from shardlb.archive import Archiver, connect_db
-from shardlb.board import Score
+from shardlb.board import Board, Score
 from shardlb.journal import GROUP
 from shardlb.rebuild import Rebuilder
+from shardlb.reconcile import reconcile
 from shardlb.settlement import Request, Settler, period_bounds
 from shardlb.store import BoardStore
 from tests import test_settlement
+from tests.test_board import sharding
 from tests.test_settlement import TABLE, awards_of, day_ago, drain, new_board
 
 pytestmark = pytest.mark.cluster
@@ -112,5 +116,146 @@ async def test_a_first_application_archived_after_its_retry_keeps_the_result_in_
         )
         assert result["forced"] is False and result["players"] == 5
         assert (await awards_of(db, sid))[0][1:] == ("p4", "gold")
+    finally:
+        await store.delete(board.config.id)
+
+
+async def _window_over(raw: Any, board: Board) -> None:
+    """What a dedup window's passing takes away on every shard: the removals' records and the incr
+    dedup buckets (best and set results sent with their time keep no pin)."""
+    for prefix in board.prefixes:
+        await raw.delete(keys.removals_key(prefix), keys.removals_marker_key(prefix))
+        for name in await raw.zrange(keys.index_key(prefix), 0, -1):
+            if name.startswith(f"{prefix}dd:".encode()):
+                await raw.delete(name)
+
+
+async def _read_by_dead(raw: Any, board: Board) -> None:
+    """An archiver reads every journal's new entries and dies before its commit."""
+    for key in (keys.journal_key(p) for p in board.prefixes):
+        if await raw.exists(key):
+            with contextlib.suppress(ResponseError):  # BUSYGROUP: made by an archiver before
+                await raw.xgroup_create(key, GROUP, id="0")
+            await raw.xreadgroup(GROUP, "dead", {key: ">"})
+
+
+async def _archive_live(raw: Any, store: BoardStore, url: str) -> None:
+    """Archive what is not held by the dead archiver (its entries are not taken over)."""
+    live = Archiver(raw, store, await connect_db(url), "live", claim_idle_s=3600)
+    try:
+        await live.refresh()
+        while await live.round():
+            pass
+    finally:
+        await live.db.close()
+
+
+@pytest.mark.parametrize("order", ["apart", "together", "first late", "removal late", "twice", "closed"])
+@pytest.mark.parametrize("strategy", ["hash", "band", "region"])
+@pytest.mark.parametrize("mode", ["best", "set", "incr"])
+async def test_a_result_sent_again_past_the_window_after_a_removal_counts_in_postgresql_as_on_the_board(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, mode: str, strategy: str, order: str
+) -> None:
+    """A removed player's result sent again with the same match id once the dedup window has passed
+    (the removal's record and the incr dedup records gone) is taken by Redis: the player is back on
+    the board with it alone. PostgreSQL kept the row of before the removal (``best``: a lower score
+    sent again, ``set``: an earlier time, ``incr``: any), which the removal rule counts nowhere:
+    reconcile showed drift and a rebuild dropped the acknowledged result (until 2026-12-05).
+    ``order``: each step archived before the next; all in one round; the first application archived
+    last (an archiver died holding it); the removal archived last; removed and sent again twice; the
+    first sent while a period was open that is closed when it is sent again (the board has the player
+    in the total alone, and no period keeps the first: the removal took it out)."""
+    sid = f"again-{mode}-{strategy}-{order.replace(' ', '-')}"
+    url = rebuilder.db.info.dsn
+    board = await new_board(store, sid, mode, sharding=sharding(strategy, 3))
+    region = "r0" if strategy == "region" else None
+    t0, first_at = times.now_ms() - 120_000, None
+    if order == "closed":
+        start, end = period_bounds(board, board.resolve(day_ago(2)).period)
+        t0, first_at = start + 60_000, end - 1
+    again = {"best": [50, 30], "set": [100, 100], "incr": [100, 100]}[mode]
+    sent = [Score("P", 100, "m1", t0, region)] + [
+        Score("P", points, "m1", t0 - 1000 * (k + 1) if mode == "set" else t0, region)
+        for k, points in enumerate(again)
+    ]
+    try:
+        await board.submit([sent[0], Score("Q", 10, "q1", t0, region)], now_ms=first_at)
+        if order == "first late":
+            await _read_by_dead(raw, board)
+        elif order != "together":
+            await drain(raw, store, url)
+        for k in range(2 if order == "twice" else 1):
+            await moderation.remove(board, ["P"])
+            if order == "removal late":
+                await _read_by_dead(raw, board)
+            elif order in ("apart", "twice", "closed"):
+                await drain(raw, store, url)
+            await _window_over(raw, board)
+            got = await board.submit([sent[k + 1]])
+            assert got[0].status == "improved"
+            if order in ("first late", "removal late"):
+                await _archive_live(raw, store, url)
+        await drain(raw, store, url)  # takes over what the dead archiver held
+        want = sent[2 if order == "twice" else 1]
+        top = await board.top(10)
+        assert [(e.player_id, e.points) for e in top] == [("P", want.points), ("Q", 10)]
+        names = ["total", day_ago(2)] if order == "closed" else ["total"]
+        for name in names:
+            assert not [c for c in await reconcile(rebuilder, board, name) if c.drift], name
+        closed = await board.top(10, board.resolve(day_ago(2)))
+        await rebuilder.rebuild(board)  # from PostgreSQL alone: the journals are trimmed
+        assert await board.top(10) == top
+        assert await board.top(10, board.resolve(day_ago(2))) == closed
+        if order == "closed":
+            assert [e.player_id for e in closed] == ["Q"]
+            result = await Settler(rebuilder).settle(
+                board, day_ago(2), Request.of({"settlement_id": sid, "rewards": TABLE})
+            )
+            assert result["forced"] is False and result["players"] == 1
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("order", ["apart", "first late"])
+@pytest.mark.parametrize("strategy", ["hash", "band", "region"])
+@pytest.mark.parametrize("mode", ["best", "set"])
+async def test_a_result_sent_again_after_a_removal_that_kept_its_periods_stays_in_them(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, mode: str, strategy: str, order: str
+) -> None:
+    """The same past a removal that kept some periods (a DELETE retried past the window, at the time
+    of its first call: the entries achieved since stay). The board keeps the first application there,
+    and the worse one sent again changes nothing in them (it is in the others: a best board's total):
+    PostgreSQL's row is now the one sent again (the first is cut), and the first is held in the
+    periods the removal kept (the trigger on ``match_results``). With ``first late`` the first is
+    archived after the rest (an archiver died holding it): it loses to the row, and is held so."""
+    sid = f"again-kept-{mode}-{strategy}-{order.replace(' ', '-')}"
+    url = rebuilder.db.info.dsn
+    board = await new_board(store, sid, mode, sharding=sharding(strategy, 3))
+    region = "r0" if strategy == "region" else None
+    now = times.now_ms()
+    today = now - now % 86_400_000
+    t1 = today + (now - today) // 2
+    first, worse = Score("P", 50, "m1", t1, region), Score("P", 30, "m1", t1 - (mode == "set") * 1000, region)
+    try:
+        await board.submit([Score("P", 100, "m0", today - 3_600_000, region), first])
+        if order == "first late":
+            await _read_by_dead(raw, board)
+        await board.submit([Score("Q", 10, "q1", t1, region)])
+        await drain(raw, store, url) if order == "apart" else await _archive_live(raw, store, url)
+        # Keeps today's entry (m1), and on a set board the total's (the latest: m1 too).
+        await moderation.remove(board, ["P"], request="remove/late", since_ms=today)
+        await drain(raw, store, url) if order == "apart" else await _archive_live(raw, store, url)
+        await _window_over(raw, board)
+        await board.submit([worse])
+        await drain(raw, store, url)
+        names = ["total", "daily", day_ago(1)]
+        before = [await board.top(10, board.resolve(n)) for n in names]
+        total = {"best": [("P", 30), ("Q", 10)], "set": [("P", 50), ("Q", 10)]}[mode]
+        assert [(e.player_id, e.points) for e in before[0]] == total
+        assert [(e.player_id, e.points) for e in before[1]] == [("P", 50), ("Q", 10)]
+        for name in names:
+            assert not [c for c in await reconcile(rebuilder, board, name) if c.drift], name
+        await rebuilder.rebuild(board)
+        assert [await board.top(10, board.resolve(n)) for n in names] == before
     finally:
         await store.delete(board.config.id)

@@ -84,7 +84,7 @@ async def test_an_erase_removes_only_rows_no_board_reads_and_converges(
             )
             await archived(raw, store, db)
             mine = await of_player(db, removed.config.id, removed.incarnation, True)
-            assert mine["match_results"] and mine["match_holds"] and mine["player_removals"]
+            assert all(mine[t] for t in ("match_results", "match_holds", "match_later", "player_removals"))
             others = {
                 b.config.id: await of_player(db, b.config.id, b.incarnation, False) for b in (removed, ranked)
             }
@@ -95,7 +95,7 @@ async def test_an_erase_removes_only_rows_no_board_reads_and_converges(
 
             done = await erase.erase(db, store.client, PLAYER, batch=3, now_ms=past_window())
 
-            for table in ("match_results", "match_holds"):
+            for table in ("match_results", "match_holds", "match_later"):
                 assert done.rows[(removed.config.id, removed.incarnation, table)] == len(mine[table])
             assert done.rows[("*", "", "refused_results")] == 2 and await refused(db, PLAYER) == 0
             after = await of_player(db, removed.config.id, removed.incarnation, True)
@@ -105,7 +105,7 @@ async def test_an_erase_removes_only_rows_no_board_reads_and_converges(
             assert any((await of_player(db, gone.config.id, gone.incarnation, False)).values())
             # The board where the player is still ranked keeps every row of theirs, and says so.
             assert await of_player(db, ranked.config.id, ranked.incarnation, True) == ranked_mine
-            still = len(ranked_mine["match_results"]) + len(ranked_mine["match_holds"])
+            still = sum(len(ranked_mine[table]) for table in ("match_results", "match_holds", "match_later"))
             assert done.left == {(ranked.config.id, ranked.incarnation): still}
             assert done.kept["player_removals"] == len(mine["player_removals"])
             for board in (removed, ranked):
@@ -181,6 +181,54 @@ async def test_an_erase_keeps_a_result_posted_after_the_removal(
             await Rebuilder(raw, Scripts.register(raw).rebuild, db).rebuild(board)
             assert await board.top(10) == before
             assert [(e.player_id, e.points) for e in before] == [(PLAYER, 7), ("p001", 5)]
+        finally:
+            await db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("erased", ["between", "after"])
+@pytest.mark.parametrize("mode", ["best", "set", "incr"])
+async def test_an_erase_keeps_a_result_sent_again_past_the_window_after_the_removal(
+    store: BoardStore, raw: Any, postgres_url: str, mode: str, erased: str
+) -> None:
+    """The match of before the removal sent again once the dedup window has passed (a best board's
+    lower score, a set board's earlier time, an incr board's same result): Redis ranks the player
+    with it. Its row is the one that counts (shardlb/archive.py, ``_CUT``), and an erase, made
+    between the removal and the post or after both, leaves it, reported as still counting. Until
+    2026-12-05 the row of before the removal stayed in its place, and an erase after the post
+    removed it: a rebuild then dropped the acknowledged result."""
+    async with own_db(postgres_url, f"erase_again_{mode}_{erased}") as url:
+        db = await connect_db(url)
+        await ensure_schema(db)
+        board = await new_board(store, unique("erase-again"), mode=mode)
+        try:
+            t0 = times.now_ms() - 120_000
+            await board.submit([Score(PLAYER, 100, "m1", t0), Score("p001", 5, "other", t0)])
+            await moderation.remove(board, [PLAYER])
+            await archived(raw, store, db)
+            if erased == "between":
+                await erase.erase(db, store.client, PLAYER, now_ms=past_window())
+            for prefix in board.prefixes:  # the window over: the removal's records and dedup sets gone
+                await raw.delete(keys.removals_key(prefix), keys.removals_marker_key(prefix))
+                for name in await raw.zrange(keys.index_key(prefix), 0, -1):
+                    if name.startswith(f"{prefix}dd:".encode()):
+                        await raw.delete(name)
+            again = {"best": Score(PLAYER, 50, "m1", t0), "set": Score(PLAYER, 50, "m1", t0 - 1000)}.get(
+                mode, Score(PLAYER, 100, "m1", t0)
+            )
+            assert (await board.submit([again]))[0].status == "improved"
+            await archived(raw, store, db)
+
+            done = await erase.erase(db, store.client, PLAYER, now_ms=past_window())
+
+            left = (await of_player(db, board.config.id, board.incarnation, True))["match_results"]
+            assert [r[2] for r in left] == ["m1"]
+            assert done.rows == {} and done.left == {(board.config.id, board.incarnation): 1}
+            before = await board.top(10)
+            assert [(e.player_id, e.points) for e in before] == [(PLAYER, again.points), ("p001", 5)]
+            await Rebuilder(raw, Scripts.register(raw).rebuild, db).rebuild(board)
+            assert await board.top(10) == before
         finally:
             await db.close()
             with contextlib.suppress(BoardNotFound):

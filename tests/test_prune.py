@@ -27,7 +27,7 @@ from tests.test_settlement import TABLE, awards_of, day_ago, expected_awards, ne
 
 pytestmark = pytest.mark.cluster
 
-TABLES = ("match_results", "match_holds", "player_removals", "removal_records")
+TABLES = ("match_results", "match_holds", "match_later", "player_removals", "removal_records")
 
 
 @contextlib.asynccontextmanager
@@ -68,10 +68,11 @@ async def rows_of(
 
 async def late_retry(board: Board, ref: Any, period: str, seed: str) -> None:
     """A result of the closed day sent again with more points after the close: the day keeps the
-    first (a row of ``match_holds``), the total takes the second."""
+    first (a row of ``match_holds``), the total takes the second; then the first sent again, which
+    the board leaves as it was (a row of ``match_later``: a later application the row did not take)."""
     start, end = period_bounds(board, board.resolve(period).period)
     first, again = (Score("p003", points, f"{seed}-late", start + 1000) for points in (1, 49))
-    for score, now in ((first, end - 1), (again, times.now_ms())):
+    for score, now in ((first, end - 1), (again, times.now_ms()), (first, times.now_ms())):
         await board.submit([score], now_ms=now)
         ref.submit([score], now_ms=now)
 
