@@ -489,7 +489,9 @@ async def test_rehome_brings_an_archive_restored_from_before_a_reshard_back_in_l
             await written(fresh, period, f"rehome/{strategy}/after", ref=ref)  # on the new shards
             await settle_drain(raw, only, restored)  # the restore: the journals' rest archived there
             before = await off_layout(restored, fresh)
-            assert all(rows for rows, _ in before.values()), before
+            # every table holds rows to move, but `match_later` (a losing copy of a result sent again
+            # after a removal: none here; tests/test_archive_retries.py)
+            assert all(rows for table, (rows, _) in before.items() if table != "match_later"), before
             assert before["match_results"][1] and before["player_removals"][1] and before["match_holds"][1]
 
             async with await psycopg.AsyncConnection.connect(restored, autocommit=True) as db:
