@@ -16,6 +16,7 @@ from redis.exceptions import ResponseError
 from shardlb import keys, moderation, times
 from shardlb.archive import Archiver, connect_db
 from shardlb.board import Board, Score
+from shardlb.errors import SettlementConflict
 from shardlb.journal import GROUP
 from shardlb.rebuild import Rebuilder
 from shardlb.reconcile import reconcile
@@ -257,5 +258,85 @@ async def test_a_result_sent_again_after_a_removal_that_kept_its_periods_stays_i
             assert not [c for c in await reconcile(rebuilder, board, name) if c.drift], name
         await rebuilder.rebuild(board)
         assert [await board.top(10, board.resolve(n)) for n in names] == before
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize(
+    "order", ["apart", "together", "first late", "removal late", "twice", "twice, first late"]
+)
+@pytest.mark.parametrize("kept", [False, True])
+@pytest.mark.parametrize(("mode", "first", "second"), [("best", 10, 40), ("best", 40, 10), ("set", 40, 10)])
+async def test_a_match_id_used_again_on_another_day_after_a_removal_holds_what_the_board_holds(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    mode: str,
+    first: int,
+    second: int,
+    kept: bool,
+    order: str,
+) -> None:
+    """The two archive changes of 2026-12-05 together (a match id used again on another day:
+    ``_time_holds``; a result sent again after a removal: ``_CUT``, ``match_later``, the trigger):
+    P posts m1 on day D-3, is removed (``kept``: a DELETE retried past the window at a time after an
+    older result m0 of D-4, so the removal keeps D-3's entry), the window passes, and P posts m1 again
+    on day D-2. Whatever the order the entries are archived in, every period (the total, D-4, D-3,
+    D-2) reconciles, settles without a mismatch and rebuilds from PostgreSQL to what Redis held."""
+    sid = f"reuse-rm-{mode}-{first}-{second}-{int(kept)}-{order.replace(' ', '-').replace(',', '')}"
+    url = rebuilder.db.info.dsn
+    board = await new_board(store, sid, mode)
+    days = [day_ago(4), day_ago(3), day_ago(2)] + ([day_ago(1)] if order.startswith("twice") else [])
+    starts = {d: period_bounds(board, board.resolve(d).period) for d in days}
+    try:
+        s4, e4 = starts[days[0]]
+        at4 = s4 + 3_600_000
+        await board.submit([Score("P", 100, "m0", at4), Score("Q", 5, "q4", at4)], now_ms=e4 - 1)
+        s3, e3 = starts[days[1]]
+        at3 = s3 + 3_600_000
+        await board.submit([Score("P", first, "m1", at3), Score("Q", 5, "q3", at3)], now_ms=e3 - 1)
+        if order.endswith("first late"):
+            await _read_by_dead(raw, board)
+        elif order != "together":
+            await drain(raw, store, url)
+        later = [(days[2], second)] + ([(days[3], second + 5)] if order.startswith("twice") else [])
+        for k, (day, points) in enumerate(later):
+            if kept:
+                await moderation.remove(board, ["P"], request=f"remove/late-{k}", since_ms=s3)
+            else:
+                await moderation.remove(board, ["P"])
+            if order == "removal late":
+                await _read_by_dead(raw, board)
+            elif order in ("apart", "twice"):
+                await drain(raw, store, url)
+            elif order == "twice, first late":
+                await _archive_live(raw, store, url)
+            await _window_over(raw, board)
+            start, end = starts[day]
+            got = await board.submit(
+                [Score("P", points, "m1", start + 3_600_000), Score("Q", 5, f"q-{day}", start + 3_600_000)],
+                now_ms=end - 1,
+            )
+            assert not got[0].closed and got[0].status != "duplicate", got[0]
+        if order in ("first late", "removal late", "twice, first late"):
+            await _archive_live(raw, store, url)
+        await drain(raw, store, url)  # takes over what the dead archiver held
+        names = ["total", *days]
+        tops = {n: await board.top(10, board.resolve(n)) for n in names}
+        assert "P" in [e.player_id for e in tops[days[-1]]]
+        for prefix in board.prefixes:  # archived: PostgreSQL alone from here
+            await raw.xtrim(keys.journal_key(prefix), maxlen=0)
+        drifting = {n for n in names if any(c.drift for c in await reconcile(rebuilder, board, n))}
+        settled = {}
+        for day in days:
+            try:
+                request = Request.of({"settlement_id": f"{sid}-{day}", "rewards": TABLE})
+                await Settler(rebuilder).settle(board, day, request)
+                settled[day] = "paid"
+            except SettlementConflict as e:
+                settled[day] = e.code
+        await rebuilder.rebuild(board)
+        rebuilt = {n: await board.top(10, board.resolve(n)) for n in names}
+        assert (drifting, settled, rebuilt) == (set(), dict.fromkeys(days, "paid"), tops)
     finally:
         await store.delete(board.config.id)
