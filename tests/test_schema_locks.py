@@ -122,3 +122,19 @@ async def test_a_new_schema_under_a_long_read_gives_up_rather_than_hold_the_arch
     async with await psycopg.AsyncConnection.connect(archive_url, autocommit=True) as db:
         cur = await db.execute("SELECT count(*) FROM schema_applied")
         assert await cur.fetchone() == (1,)
+
+
+async def test_the_trigger_is_set_up_again_by_two_processes_at_once(archive_url: str) -> None:
+    """A new version's set-up (schema_applied emptied: another digest) run by two processes at once on
+    an archive that has the trigger of ``match_results`` already: ``CREATE OR REPLACE FUNCTION`` and
+    ``CREATE OR REPLACE TRIGGER`` run again, one after the other (the advisory lock), without error,
+    and one trigger stays. (Under a long read the set-up gives up at the ALTER TABLEs, as above.)"""
+    async with await psycopg.AsyncConnection.connect(archive_url, autocommit=True) as db:
+        await db.execute("DELETE FROM schema_applied")
+        for one in await asyncio.gather(archive.connect_db(archive_url), archive.connect_db(archive_url)):
+            await one.close()
+        cur = await db.execute(
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'match_results'::regclass "
+            "AND tgname = 'match_results_keep_replaced'"
+        )
+        assert (await cur.fetchone()) == (1,)
