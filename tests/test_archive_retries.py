@@ -340,3 +340,57 @@ async def test_a_match_id_used_again_on_another_day_after_a_removal_holds_what_t
         assert (drifting, settled, rebuilt) == (set(), dict.fromkeys(days, "paid"), tops)
     finally:
         await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("order", ["apart", "first late"])
+@pytest.mark.parametrize(("mode", "first", "again"), [("best", 10, 40), ("best", 40, 10), ("set", 40, 10)])
+async def test_a_match_id_used_again_after_a_removal_that_kept_another_matchs_day_stays_out_of_it(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, mode: str, first: int, again: int, order: str
+) -> None:
+    """P posts m1 on D-3 and m2 on D-2; a removal retried past the window at the start of D-2 keeps
+    D-2 (m2, achieved since) and takes m1 out; m1 is sent again on D-1. The row of m1 is replaced by
+    the one sent again, and the one it replaces is held for the periods the removal kept
+    (``match_results_keep_replaced``): D-2 is one, though m1 of D-3 was never in it. Every period
+    must still reconcile, settle and rebuild to what Redis holds."""
+    sid = f"reuse-kept-other-{mode}-{first}-{again}-{order.replace(' ', '-')}"
+    url = rebuilder.db.info.dsn
+    board = await new_board(store, sid, mode)
+    days = [day_ago(3), day_ago(2), day_ago(1)]
+    bounds = {d: period_bounds(board, board.resolve(d).period) for d in days}
+    try:
+        sent = [("m1", first), ("m2", 20), ("m1", again)]
+        for k, (day, (match, points)) in enumerate(zip(days, sent, strict=True)):
+            start, end = bounds[day]
+            if k == 2:
+                await moderation.remove(board, ["P"], request="remove/late", since_ms=bounds[days[1]][0])
+                await drain(raw, store, url) if order == "apart" else await _archive_live(raw, store, url)
+                await _window_over(raw, board)
+            at = start + 3_600_000
+            sent_now = [Score("P", points, match, at), Score("Q", 5, f"q{k}", at)]
+            got = await board.submit(sent_now, now_ms=end - 1)
+            assert not got[0].closed and got[0].status != "duplicate", got[0]
+            if k == 0 and order == "first late":
+                await _read_by_dead(raw, board)
+            elif order == "apart":
+                await drain(raw, store, url)
+        await drain(raw, store, url)
+        names = ["total", *days]
+        tops = {n: await board.top(10, board.resolve(n)) for n in names}
+        assert [e.player_id for e in tops[days[0]]] == ["Q"]
+        assert "P" in [e.player_id for e in tops[days[1]]]
+        for prefix in board.prefixes:
+            await raw.xtrim(keys.journal_key(prefix), maxlen=0)
+        drifting = {n for n in names if any(c.drift for c in await reconcile(rebuilder, board, n))}
+        settled = {}
+        for day in days:
+            try:
+                request = Request.of({"settlement_id": f"{sid}-{day}", "rewards": TABLE})
+                await Settler(rebuilder).settle(board, day, request)
+                settled[day] = "paid"
+            except SettlementConflict as e:
+                settled[day] = e.code
+        await rebuilder.rebuild(board)
+        rebuilt = {n: await board.top(10, board.resolve(n)) for n in names}
+        assert (drifting, settled, rebuilt) == (set(), dict.fromkeys(days, "paid"), tops)
+    finally:
+        await store.delete(board.config.id)
