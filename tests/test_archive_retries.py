@@ -30,6 +30,29 @@ pytestmark = pytest.mark.cluster
 db = test_settlement.db  # the fixture: a PostgreSQL connection
 
 
+async def agrees_from_the_archive(
+    raw: Any, rebuilder: Rebuilder, board: Board, names: list[str], days: list[str], sid: str
+) -> None:
+    """With every journal of ``board`` archived, then trimmed (PostgreSQL alone from here), each
+    period of ``names`` reconciles without drift, each of ``days`` settles (``sid``-day), and a
+    rebuild gives back the boards of ``names`` read before."""
+    tops = {n: await board.top(10, board.resolve(n)) for n in names}
+    for prefix in board.prefixes:
+        await raw.xtrim(keys.journal_key(prefix), maxlen=0)
+    drifting = {n for n in names if any(c.drift for c in await reconcile(rebuilder, board, n))}
+    settled = {}
+    for day in days:
+        try:
+            request = Request.of({"settlement_id": f"{sid}-{day}", "rewards": TABLE})
+            await Settler(rebuilder).settle(board, day, request)
+            settled[day] = "paid"
+        except SettlementConflict as e:
+            settled[day] = e.code
+    await rebuilder.rebuild(board)
+    rebuilt = {n: await board.top(10, board.resolve(n)) for n in names}
+    assert (drifting, settled, rebuilt) == (set(), dict.fromkeys(days, "paid"), tops)
+
+
 @pytest.mark.parametrize("removed", [False, True])
 @pytest.mark.parametrize("rounds", ["two rounds", "one round"])
 @pytest.mark.parametrize("mode", ["best", "set"])
@@ -321,23 +344,8 @@ async def test_a_match_id_used_again_on_another_day_after_a_removal_holds_what_t
         if order in ("first late", "removal late", "twice, first late"):
             await _archive_live(raw, store, url)
         await drain(raw, store, url)  # takes over what the dead archiver held
-        names = ["total", *days]
-        tops = {n: await board.top(10, board.resolve(n)) for n in names}
-        assert "P" in [e.player_id for e in tops[days[-1]]]
-        for prefix in board.prefixes:  # archived: PostgreSQL alone from here
-            await raw.xtrim(keys.journal_key(prefix), maxlen=0)
-        drifting = {n for n in names if any(c.drift for c in await reconcile(rebuilder, board, n))}
-        settled = {}
-        for day in days:
-            try:
-                request = Request.of({"settlement_id": f"{sid}-{day}", "rewards": TABLE})
-                await Settler(rebuilder).settle(board, day, request)
-                settled[day] = "paid"
-            except SettlementConflict as e:
-                settled[day] = e.code
-        await rebuilder.rebuild(board)
-        rebuilt = {n: await board.top(10, board.resolve(n)) for n in names}
-        assert (drifting, settled, rebuilt) == (set(), dict.fromkeys(days, "paid"), tops)
+        assert "P" in [e.player_id for e in await board.top(10, board.resolve(days[-1]))]
+        await agrees_from_the_archive(raw, rebuilder, board, ["total", *days], days, sid)
     finally:
         await store.delete(board.config.id)
 
@@ -374,23 +382,8 @@ async def test_a_match_id_used_again_after_a_removal_that_kept_another_matchs_da
             elif order == "apart":
                 await drain(raw, store, url)
         await drain(raw, store, url)
-        names = ["total", *days]
-        tops = {n: await board.top(10, board.resolve(n)) for n in names}
-        assert [e.player_id for e in tops[days[0]]] == ["Q"]
-        assert "P" in [e.player_id for e in tops[days[1]]]
-        for prefix in board.prefixes:
-            await raw.xtrim(keys.journal_key(prefix), maxlen=0)
-        drifting = {n for n in names if any(c.drift for c in await reconcile(rebuilder, board, n))}
-        settled = {}
-        for day in days:
-            try:
-                request = Request.of({"settlement_id": f"{sid}-{day}", "rewards": TABLE})
-                await Settler(rebuilder).settle(board, day, request)
-                settled[day] = "paid"
-            except SettlementConflict as e:
-                settled[day] = e.code
-        await rebuilder.rebuild(board)
-        rebuilt = {n: await board.top(10, board.resolve(n)) for n in names}
-        assert (drifting, settled, rebuilt) == (set(), dict.fromkeys(days, "paid"), tops)
+        assert [e.player_id for e in await board.top(10, board.resolve(days[0]))] == ["Q"]
+        assert "P" in [e.player_id for e in await board.top(10, board.resolve(days[1]))]
+        await agrees_from_the_archive(raw, rebuilder, board, ["total", *days], days, sid)
     finally:
         await store.delete(board.config.id)
