@@ -421,6 +421,7 @@ async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
         url, autocommit=True, application_name="shardlb-archive", **pgconn.options(url)
     )
     try:
+        check_server_version(conn.info.server_version)
         await ensure_schema(conn, SCHEMA, moderation.SCHEMA)
     except BaseException:
         # Failed or cancelled (a router's request cut off by its stop): nobody else holds the
@@ -428,6 +429,23 @@ async def connect_db(url: str) -> psycopg.AsyncConnection[Any]:
         await conn.close()
         raise
     return conn
+
+
+# The oldest PostgreSQL the schema runs on: CREATE OR REPLACE TRIGGER (``match_results_keep_replaced``)
+# came with 14.
+MIN_SERVER_VERSION = 140000
+
+
+def check_server_version(version: int) -> None:
+    """NotSupportedError naming the server's version and the one needed, for a server older than
+    MIN_SERVER_VERSION (``connection.info.server_version``: 150020 for 15.20). Without it the schema's
+    set-up failed with a syntax error near TRIGGER, which the archiver retried for ever as an outage."""
+    if version < MIN_SERVER_VERSION:
+        found = f"{version // 10000}.{version % 10000}"
+        raise psycopg.NotSupportedError(
+            f"PostgreSQL {found} is too old for shardlb's archive: it needs {MIN_SERVER_VERSION // 10000} or "
+            "newer (README, requirements)"
+        )
 
 
 # How long setting a new schema up waits for a lock (``ensure_schema``) before it gives up: its

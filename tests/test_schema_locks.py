@@ -138,3 +138,16 @@ async def test_the_trigger_is_set_up_again_by_two_processes_at_once(archive_url:
             "AND tgname = 'match_results_keep_replaced'"
         )
         assert (await cur.fetchone()) == (1,)
+
+
+async def test_a_server_older_than_the_schema_needs_is_named_not_a_syntax_error(archive_url: str) -> None:
+    """The schema's trigger needs PostgreSQL 14: an older server is refused with its version and the
+    one needed, before any DDL runs. The suite's server (15 or newer) passes the same check."""
+    with pytest.raises(psycopg.NotSupportedError, match=r"PostgreSQL 13\.4 is too old .* needs 14 or newer"):
+        archive.check_server_version(130004)
+    archive.check_server_version(140000)
+    db = await archive.connect_db(archive_url)
+    try:
+        assert db.info.server_version >= archive.MIN_SERVER_VERSION
+    finally:
+        await db.close()
