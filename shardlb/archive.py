@@ -133,7 +133,14 @@ CREATE TABLE IF NOT EXISTS match_results (
 );
 -- The periods of its achieved time a result was not applied to (closed or frozen, by name).
 ALTER TABLE match_results ADD COLUMN IF NOT EXISTS skipped text[] NOT NULL DEFAULT '{}';
-CREATE INDEX IF NOT EXISTS match_results_by_shard ON match_results (board, incarnation, shard);
+-- A shard's rows (a rebuild's snapshot, `archived_to`, the retry records), by shard FIRST: until
+-- 2026-12-06 this index was (board, incarnation, shard), and the planner, which estimates a board's
+-- rows from averages (a board growing since the last ANALYZE, or one big board among many small
+-- ones, looks small), took its (board, incarnation) prefix for the archiver's look-ups of a (match,
+-- player): every row of the board read for each row of a batch (tests/test_archive_plans.py). With
+-- the shard first it serves only a query that names the shard; the look-ups take the primary key.
+CREATE INDEX IF NOT EXISTS match_results_on_shard ON match_results (shard, board, incarnation);
+DROP INDEX IF EXISTS match_results_by_shard;
 -- The few rows that skip a period, which `_HOLD_EARLIER` looks up for every row archived.
 CREATE INDEX IF NOT EXISTS match_results_skipping ON match_results (board, incarnation, match_id, player_id)
     WHERE skipped <> '{}';

@@ -1,0 +1,100 @@
+"""The archiver's look-ups of archived rows by their (match, player) key, planned by PostgreSQL on the
+statistics it has: they must go through an index on that key, never through every row of the board.
+
+The planner estimates a board's rows from averages (rows over distinct values; a board that grew
+since the last ANALYZE, or one big board among many small ones, looks small). Until 2026-12-06 the
+index of a shard's rows was (board, incarnation, shard), and on such estimates its (board,
+incarnation) prefix looked as good as the primary key and was smaller: each incoming row of a batch
+then read every archived row of its board (one archive statement took a minute on a board of 5,000
+rows in the suite's database; on a season's board of millions, the archiver would fall behind for
+good). That index now leads with the shard (`match_results_on_shard`)."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import psycopg
+import pytest
+
+from shardlb import archive
+from shardlb.archive import connect_db
+from tests.test_prune import own_db
+
+pytestmark = pytest.mark.cluster
+
+BIG_ROWS = 20_000
+SMALL_BOARDS = 300
+
+# The statements of an archive round that find the archived row of an incoming (match, player), with
+# the board lists they take: ``_KEEP_LATER``'s look-up of the rows a batch lost, the time holds'
+# look-up of other times (``_OTHER_TIMES``), and the period holds before the upsert.
+KEY_INDEXES = ("match_results_pkey", "match_results_skipping")  # (board, incarnation, match_id, player_id)
+STATEMENTS = {
+    "losers, held": archive._KEEP_LATER["held"],
+    "losers, incr": archive._KEEP_LATER["incr"],
+    "other times": archive._OTHER_TIMES,
+    "holds": archive._HOLD,
+    "earlier holds": archive._HOLD_EARLIER,
+}
+
+
+def scans(plan: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(node type, relation, index) of every scan in a JSON plan."""
+    found = []
+    if "Relation Name" in plan or "Index Name" in plan:
+        found.append((plan["Node Type"], plan.get("Relation Name", ""), plan.get("Index Name", "")))
+    for child in plan.get("Plans", []):
+        found += scans(child)
+    return found
+
+
+async def filled(db: psycopg.AsyncConnection[Any]) -> None:
+    """An archive of many small boards and one big one, as the planner sees it after ANALYZE."""
+    await db.execute(
+        "INSERT INTO match_results (board, incarnation, match_id, player_id, points, achieved_ms, score, "
+        "shard, journal_id) SELECT 'small-' || b, 'inc-' || b, 'm' || r, 'p' || r, r, 1, r, r %% 3, "
+        "'1-' || r FROM generate_series(1, %s) b, generate_series(1, 20) r",
+        (SMALL_BOARDS,),
+    )
+    await db.execute(
+        "INSERT INTO match_results (board, incarnation, match_id, player_id, points, achieved_ms, score, "
+        "shard, journal_id) SELECT 'big', 'inc-big', 'm' || (r / 10), 'p' || (r %% 1000), r, 1, r, r %% 3, "
+        "'2-' || r FROM generate_series(1, %s) r",
+        (BIG_ROWS,),
+    )
+    await db.execute("ANALYZE")
+
+
+async def test_a_batchs_lookups_of_archived_rows_never_read_the_whole_board(postgres_url: str) -> None:
+    name = f"plans_{os.getpid()}_{random.randrange(10**6)}"
+    async with own_db(postgres_url, name) as url:
+        db = await connect_db(url)
+        try:
+            await filled(db)
+            async with db.transaction(force_rollback=True):
+                await db.execute("CREATE TEMP TABLE incoming (LIKE match_results INCLUDING DEFAULTS)")
+                await db.execute(
+                    "INSERT INTO incoming SELECT board, incarnation, match_id, player_id, points + 1, 2, "
+                    "score + 1, shard, '3-' || points, archived_at, '{daily:x}' FROM match_results "
+                    "WHERE board = 'big' LIMIT 500"
+                )
+                bad = {}
+                for what, sql in STATEMENTS.items():
+                    cur = await db.execute(f"EXPLAIN (FORMAT JSON) {sql}", (["big"], ["inc-big"]))
+                    row = await cur.fetchone()
+                    assert row is not None
+                    found = scans(row[0][0]["Plan"])
+                    # every scan of match_results, by the key's index (or its partial twin)
+                    wrong = [
+                        s
+                        for s in found
+                        if (s[1] == "match_results" or s[2].startswith("match_results"))
+                        and s[2] not in KEY_INDEXES
+                    ]
+                    if wrong:
+                        bad[what] = wrong
+                assert not bad, bad
+        finally:
+            await db.close()
