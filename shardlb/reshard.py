@@ -901,10 +901,14 @@ class Resharder:
         entries and its removal records, every one of which a rebuild reads by shard. The players
         are those any of the three names: a player removed before they posted has a record and no
         result. Re-homings of one board (a reshard's finish, ``rehome``) take turns on a lock of
-        the transaction; ``at_rest`` (``rehome``): the registry is read once it is held, and the
+        the transaction, and the registry is read once it is held. ``at_rest`` (``rehome``): the
         board must still have ``target``'s layout and no reshard under way. A reshard whose finish
         waited meanwhile moves the rows after this, to its own layout; one that finished before
-        has changed the layout, or is still in the record: refused."""
+        has changed the layout, or is still in the record: refused. A reshard's finish: the record
+        must still hold this mover's reshard, committed to ``target`` (``_finishing``), or the
+        mover stops (``Lost``) having changed nothing. A mover that stalled here past its lease
+        would otherwise move the rows (and ``boards``' settings) after another finished the
+        reshard, or after a newer reshard, to a layout that is no longer the board's."""
         import psycopg  # imported when used: Redis-only deployments need no PostgreSQL driver
 
         shards = target.config.sharding.shards
@@ -915,6 +919,8 @@ class Resharder:
                 await cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"rehome/{ident[0]}"])
                 if at_rest:
                     self._at_rest((await self.record())[1], target)
+                else:
+                    self._finishing((await self.record())[1], target)
                 # Those the archive has: `match_later` came with the archiver of 2026-12-05 (later that
                 # day), and an archive set up by an archiver of before has none yet.
                 await cur.execute(
@@ -951,6 +957,28 @@ class Resharder:
                 )
             await db.commit()
         return updated
+
+    def _finishing(self, record: dict[str, Any], target: Board) -> None:
+        """Refuse the archive's move (``_rehome``) at a reshard's finish unless ``record`` still
+        holds this mover's reshard (its epoch, as every fenced step checks it: ``_ours``), committed,
+        and the layout it names is ``target``. Read under the re-homing's lock: a mover that takes
+        the reshard over meanwhile, or a newer reshard, moves the rows after this one, by that lock.
+        Until 2026-12-05 the move checked nothing: a mover that stalled before it past its lease
+        moved the rows back to its layout after another mover had finished the reshard and the
+        board had been resharded again, and a rebuild found them on shards its layout does not
+        give their players (tests/test_reshard_fencing.py)."""
+        if self.incarnation is not None and _incarnation(record) != self.incarnation:
+            raise BoardNotFound(f"board {self.board_id!r} was deleted during the reshard", "board")
+        if self.epoch is not None and (record.get("reshard") or {}).get("epoch") != self.epoch:
+            raise lost(self.board_id)  # taken over, or finished by another mover (and perhaps more since)
+        self._ours(record, "committed")
+        now = self._layouts(record)[1]
+        if (now.incarnation, now.generation, now.config.sharding) != (
+            target.incarnation,
+            target.generation,
+            target.config.sharding,
+        ):
+            raise lost(self.board_id)
 
     async def _tell(self, line: str) -> None:
         """Say ``line``; then, for fault-injection tests, pause if SHARDLB_RESHARD_PAUSE names a part

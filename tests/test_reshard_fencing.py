@@ -19,6 +19,7 @@ from shardlb.config import BoardConfig
 from shardlb.errors import BoardConflict, BoardNotFound, Resharding
 from shardlb.rebuild import Rebuilder
 from shardlb.reshard import Lease, Resharder
+from shardlb.reshard_copy import Lost
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_READER, running
 from tests.test_rebuild import archiver, drain
@@ -281,3 +282,76 @@ async def test_the_rebuild_endpoint_checks_the_board_as_the_registry_has_it(
         r = await client.post(f"/v1/boards/{board_id}:rebuild", headers=AS_ADMIN)
         assert r.status_code == 409, r.text
     assert await Resharder(store, board_id, say=lambda _: None).cancel() == "cancelled"
+
+
+async def rows_and_settings(postgres_url: str, board: Board) -> tuple[dict[str, list[tuple[str, int]]], Any]:
+    """The board's archived rows that name a shard (player, shard; per table) and its settings as
+    PostgreSQL keeps them (what a rebuild after a total loss restores it from)."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as db:
+        rows = {}
+        ident = (board.config.id, board.incarnation)
+        for table in reshard.REHOMED:
+            cur = await db.execute("SELECT to_regclass(%s) IS NOT NULL", [table])
+            if (await cur.fetchone() or [False])[0]:
+                cur = await db.execute(
+                    f"SELECT player_id, shard FROM {table} WHERE board = %s AND incarnation = %s "
+                    "ORDER BY player_id, shard",
+                    ident,
+                )
+                rows[table] = [(p, s) for p, s in await cur.fetchall()]
+        cur = await db.execute("SELECT settings FROM boards WHERE board = %s AND incarnation = %s", ident)
+        settings = [row[0] for row in await cur.fetchall()]
+    return rows, settings
+
+
+async def test_a_stalled_mover_does_not_rehome_the_archive_to_a_layout_no_longer_the_boards(
+    store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
+) -> None:
+    """Mover A stalls at the finish, right before it moves the archive's rows to the new layout
+    (``_rehome``), past its lease; mover B takes the reshard (2 -> 3 shards) over and finishes it,
+    and another reshard (3 -> 5) is done. The move of the rows checked nothing of the reshard: A
+    then gave every row its shard in the 3-shard layout, and wrote that layout into PostgreSQL's
+    ``boards``, while the board has 5 shards. Its rows named shards its layout does not give their
+    players, and a rebuild of the board was refused (a total loss of Redis would have brought it
+    back with 3 shards)."""
+    board = await journaled(store, raw, postgres_url)
+    board_id = board.config.id
+    a = Resharder(store, board_id, say=lambda _: None, postgres_url=postgres_url, cache_s=0)
+    rehome, held, go = a._rehome, asyncio.Event(), asyncio.Event()
+
+    async def stalls_before_the_rehome(target: Board, at_rest: bool = False) -> int:
+        held.set()
+        await go.wait()
+        return await rehome(target, at_rest)
+
+    a._rehome = stalls_before_the_rehome  # type: ignore[method-assign]
+    await a.start(3)
+    first = asyncio.ensure_future(a.run())
+    await held.wait()
+    stalled(a)
+    await lease_ran_out(store, board_id)
+
+    b = Resharder(store, board_id, say=lambda _: None, postgres_url=postgres_url, cache_s=0)
+    assert (await b.run())["state"] == "none"
+    c = Resharder(store, board_id, say=lambda _: None, postgres_url=postgres_url, cache_s=0)
+    await c.start(5)
+    assert (await c.run())["shards"] == 5
+    now = await store.get(board_id)
+    before = await rows_and_settings(postgres_url, now)
+
+    go.set()
+    with pytest.raises(Lost):
+        await first
+    rows, settings = await rows_and_settings(postgres_url, now)
+    wrong = {t: [(p, s) for p, s in r if s != now.layout.home(p)] for t, r in rows.items()}
+    moved = [row for r in wrong.values() for row in r]
+    assert not moved, f"{len(moved)} rows moved off the board's layout by the stalled mover, e.g. {moved[:3]}"
+    assert len(rows["match_results"]) == 200
+    assert [(s["sharding"]["shards"], s["generation"]) for s in settings] == [(5, now.generation)]
+    assert (rows, settings) == before
+    lost = [f"p{i:03d}" for i in range(200) if now.layout.home(f"p{i:03d}") == 0]
+    await store.client.zrem(keys.period_key(now.prefixes[0], "total"), *lost)  # Redis lost them
+    await rebuilder.rebuild(await store.get(board_id))
+    assert await points(store, board_id) == {f"p{i:03d}": 4 for i in range(200)}
