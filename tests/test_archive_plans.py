@@ -30,6 +30,7 @@ SMALL_BOARDS = 300
 # The statements of an archive round that find the archived row of an incoming (match, player), with
 # the board lists they take: ``_KEEP_LATER``'s look-up of the rows a batch lost, the time holds'
 # look-up of other times (``_OTHER_TIMES``), and the period holds before the upsert.
+OLD_INDEX = "CREATE INDEX match_results_by_shard ON match_results (board, incarnation, shard)"
 KEY_INDEXES = ("match_results_pkey", "match_results_skipping")  # (board, incarnation, match_id, player_id)
 STATEMENTS = {
     "losers, held": archive._KEEP_LATER["held"],
@@ -98,3 +99,25 @@ async def test_a_batchs_lookups_of_archived_rows_never_read_the_whole_board(post
                 assert not bad, bad
         finally:
             await db.close()
+
+
+async def test_the_set_up_replaces_the_index_that_led_with_the_board(postgres_url: str) -> None:
+    """An archive set up by a release before 2026-12-06 has `match_results_by_shard`: the next
+    set-up builds `match_results_on_shard` and drops it (README, "Upgrading an install", 14)."""
+    name = f"plans_up_{os.getpid()}_{random.randrange(10**6)}"
+    async with own_db(postgres_url, name) as url:
+        db = await connect_db(url)
+        try:
+            await db.execute("DROP INDEX match_results_on_shard")
+            await db.execute(OLD_INDEX)
+            await db.execute("DELETE FROM schema_applied")  # as a database of the release before
+            await db.commit()
+        finally:
+            await db.close()
+        db = await connect_db(url)
+        try:
+            cur = await db.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'match_results'")
+            names = {row[0] for row in await cur.fetchall()}
+        finally:
+            await db.close()
+        assert "match_results_on_shard" in names and "match_results_by_shard" not in names, names
