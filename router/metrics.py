@@ -120,6 +120,11 @@ GC_PAUSE = Histogram(
     buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
 RATE_LIMITED = Counter("shardlb_rate_limited_total", "Reads refused by the per-client rate limit.")
+RESULTS_REFUSED = Counter(
+    "shardlb_results_refused_total",
+    "Results refused before they were written (banned, points_limit, rate_limit), by status.",
+    ["status"],
+)
 CONNECTIONS_REFUSED = Counter(
     "shardlb_http_connections_refused_total",
     "Connections closed at once because the worker, or their client, held as many as allowed already "

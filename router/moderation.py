@@ -15,6 +15,14 @@ more are dropped and counted (a flood of refusals must not hold memory or slow w
 keeps one row per refused result (``moderation.record_refusals``), so the rows of a call retried,
 and a batch written again after a lost reply, add nothing; a call made again through a reshard's
 cut-over queues each refusal once (``Moderation.submit``).
+
+Each refused result is counted (shardlb_results_refused_total, by status), but only the first
+``LINES_PER_MINUTE`` of a minute are a `result refused` info line each: a game server that keeps
+posting a banned player's results, or a ban of a very active player, made a line per refused
+result, as many a second as were posted, for as long as it lasted. The others are debug lines
+(SHARDLB_LOG_LEVEL=debug shows each), and once the minute is over one info line, `refused results
+not logged each`, counts them by status and board (``RefusalLog.summarize``): at the next refusal,
+when the log's task sees the minute end, or at the router's stop. The table is the record of each.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
@@ -30,7 +39,7 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router import params
+from router import metrics, params
 from router.auth import Scope
 from router.boards import through_reshard
 from router.errors import ApiError
@@ -51,6 +60,9 @@ REFRESH_S = 1.0
 PROPAGATION_S = 2 * REFRESH_S + 0.5
 LOG_MAX = 10_000
 LOG_BATCH = 500
+LINES_PER_MINUTE = 100  # refused results logged a line each in a minute (the module docstring)
+LINES_EVERY_S = 60.0
+SUMMARY_BOARDS = 20  # boards named in a `refused results not logged each` line, those with the most
 
 
 class BanCache:
@@ -108,7 +120,9 @@ class BanCache:
 class RefusalLog:
     """Refused results on their way to ``refused_results`` (see the module docstring)."""
 
-    def __init__(self, postgres_url: str) -> None:
+    def __init__(
+        self, postgres_url: str, every_s: float = LINES_EVERY_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.url = postgres_url
         self.rows: list[tuple[str, str, str, int, str, str | None]] = []
         self.dropped = 0
@@ -116,14 +130,63 @@ class RefusalLog:
         self.closed = False
         self.retry_s = 1.0  # the pause before PostgreSQL is tried again
         self.outage = Outage(log, "refused results not recorded; retrying", "refused results recorded again")
+        self.every_s = every_s
+        self.clock = clock
+        self.minute: float | None = None  # when the minute of log lines under way began; None: none is
+        self.lined = 0  # refused results logged a line each in it
+        self.unlined: dict[tuple[str, str], int] = {}  # the others, by (board, status)
 
     def add(self, rows: Sequence[tuple[str, str, str, int, str, str | None]]) -> None:
+        self.summarize(over_only=True)
+        if self.minute is None:
+            self.minute = self.clock()
         for row in rows:
-            log.info("result refused", extra={"fields": dict(zip(_ROW, row, strict=True))})
+            metrics.RESULTS_REFUSED.labels(row[4]).inc()
+            fields = {"fields": dict(zip(_ROW, row, strict=True))}
+            if self.lined < LINES_PER_MINUTE:
+                self.lined += 1
+                log.info("result refused", extra=fields)
+            else:
+                self.unlined[row[0], row[4]] = self.unlined.get((row[0], row[4]), 0) + 1
+                log.debug("result refused", extra=fields)
         room = LOG_MAX - len(self.rows)
         self.rows += rows[:room]
         self.dropped += max(0, len(rows) - room)
         self.ready.set()
+
+    def summarize(self, over_only: bool = False) -> None:
+        """End the minute of log lines under way (``over_only``: if it is over), with the line that
+        counts its refused results not logged each, if any."""
+        if self.minute is None:
+            return
+        since = self.clock() - self.minute
+        if over_only and since < self.every_s:
+            return
+        unlined, self.unlined, self.minute, self.lined = self.unlined, {}, None, 0
+        if not unlined:
+            return
+        statuses: dict[str, int] = {}
+        boards: dict[str, int] = {}
+        for (board, status), count in unlined.items():
+            statuses[status] = statuses.get(status, 0) + count
+            boards[board] = boards.get(board, 0) + count
+        most = dict(sorted(boards.items(), key=lambda item: -item[1])[:SUMMARY_BOARDS])
+        fields: dict[str, object] = {"refused": sum(statuses.values()), "statuses": statuses, "boards": most}
+        if len(boards) > len(most):
+            fields["other_boards"] = len(boards) - len(most)
+        fields["since_s"] = round(since, 1)
+        log.info("refused results not logged each", extra={"fields": fields})
+
+    async def _wait(self) -> None:
+        """Until rows are added or the close, or the minute of log lines under way is over."""
+        if self.minute is None:
+            await self.ready.wait()
+        else:
+            with contextlib.suppress(TimeoutError):
+                left = self.minute + self.every_s - self.clock()
+                await asyncio.wait_for(self.ready.wait(), max(left, 0.0))
+            self.summarize(over_only=True)
+        self.ready.clear()
 
     def close(self) -> None:
         """Let ``run`` write what is queued, then end (the router's stop waits for it, within
@@ -135,8 +198,7 @@ class RefusalLog:
         db: psycopg.AsyncConnection[Any] | None = None
         try:
             while not self.closed or self.rows:
-                await self.ready.wait()
-                self.ready.clear()
+                await self._wait()
                 if not self.url:
                     self.rows.clear()  # no archive: the log lines are the record
                     continue
@@ -148,10 +210,12 @@ class RefusalLog:
                     except (psycopg.Error, OSError) as e:
                         self.outage.failed(e)
                         await asyncio.sleep(self.retry_s)
+                        self.summarize(over_only=True)
                         continue
                     self.outage.succeeded()
                     del self.rows[: len(batch)]
         finally:
+            self.summarize()
             if db is not None:
                 await db.close()
 

@@ -1071,3 +1071,103 @@ async def test_a_write_refused_for_a_full_queue_counts_nothing_against_the_limit
         assert await filler == ["improved"] * 1000
         assert await post(client, name, [score("p", 7, "m2", at)]) == ["improved"]
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_flood_of_refused_results_is_a_bounded_number_of_log_lines_and_every_one_recorded(
+    cluster_url: str, postgres_url: str
+) -> None:
+    """A game server that keeps posting a banned player's results (or a cheat's points past the
+    limit) logged a `result refused` info line per refused result, without bound: as many lines a
+    second as it posted. Now the first 100 refused results of a minute are a line each; the others
+    are debug lines, counted by status and board in one `refused results not logged each` line when
+    the minute is over (at the next refusal, or the router's stop). refused_results still holds every
+    refused result, and shardlb_results_refused_total counts each."""
+    from tests.test_router_logs import kept
+
+    now = [0.0]
+    with kept("shardlb.router") as log:
+        async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+            name = await make_board(client, max_points_per_result=100)
+            counted = [await refused_count(client)]
+            service_of(app).moderation.refusals.clock = lambda: now[0]
+            for call in range(3):  # 300 refused results within a minute
+                body = [score(f"c{call}-{i}", 500, f"m{call}-{i}") for i in range(100)]
+                assert set(await post(client, name, body)) == {"points_limit"}
+            assert len(await refusals_recorded(postgres_url, name, app)) == 300
+            counted.append(await refused_count(client))
+            now[0] = 60.0  # the next minute: 101 more
+            body = [score(f"later-{i}", 500, f"later-{i}") for i in range(101)]
+            assert set(await post(client, name, body)) == {"points_limit"}
+            assert len(await refusals_recorded(postgres_url, name, app)) == 401
+            await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+    each = [fields for message, fields in log.lines(logging.INFO) if message == "result refused"]
+    assert len(each) == 200
+    assert [f["match_id"] for f in each[:100]] == [f"m{c}-{i}" for c in range(1) for i in range(100)]
+    assert [f["match_id"] for f in each[100:]] == [f"later-{i}" for i in range(100)]
+    summaries = [fields for message, fields in log.lines() if message == "refused results not logged each"]
+    assert summaries == [
+        {"refused": 200, "statuses": {"points_limit": 200}, "boards": {name: 200}, "since_s": 60.0},
+        {"refused": 1, "statuses": {"points_limit": 1}, "boards": {name: 1}, "since_s": 0.0},
+    ]
+    debug = [m for m, _ in log.lines(logging.DEBUG) if m == "result refused"]
+    assert len(debug) == 201  # SHARDLB_LOG_LEVEL=debug shows each one
+    assert counted[1] - counted[0] == 300
+
+
+async def refused_count(client: httpx.AsyncClient) -> float:
+    """shardlb_results_refused_total{status="points_limit"} as /metrics has it (0 before the first)."""
+    for line in (await client.get("/metrics")).text.splitlines():
+        if line.startswith('shardlb_results_refused_total{status="points_limit"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_the_count_of_refused_results_not_logged_each_comes_when_their_minute_ends() -> None:
+    """A flood that stops within its minute leaves its count to the log's task, which says it once
+    the minute is over, with no further refusal to bring it; then nothing more."""
+    from router.moderation import LINES_PER_MINUTE, RefusalLog
+    from tests.test_router_logs import kept
+
+    refusals = RefusalLog("", every_s=0.05)  # no archive: the rows are dropped, the lines stay
+
+    def said() -> list[dict[str, Any]]:
+        return [fields for message, fields in log.lines() if message == "refused results not logged each"]
+
+    with kept("shardlb.router") as log:
+        task = asyncio.create_task(refusals.run())
+        try:
+            flood = [("b1" if i % 3 else "b2", f"p{i}", f"m{i}", 5, "banned", None) for i in range(250)]
+            refusals.add(flood)
+            await until(lambda: bool(said()), "the minute's count")
+            refusals.add([("b1", "late", "late", 5, "rate_limit", None)])  # a minute of its own
+        finally:
+            refusals.close()
+            await task
+    [summary] = said()
+    assert summary.pop("since_s") >= 0.05
+    unlogged = flood[LINES_PER_MINUTE:]
+    boards = {b: sum(1 for row in unlogged if row[0] == b) for b in ("b1", "b2")}
+    assert summary == {"refused": 150, "statuses": {"banned": 150}, "boards": boards}
+    each = [f["match_id"] for m, f in log.lines(logging.INFO) if m == "result refused"]
+    assert each == [row[2] for row in flood[:LINES_PER_MINUTE]] + ["late"]
+
+
+def test_the_count_names_the_boards_with_the_most_refused_results() -> None:
+    """A flood over many boards keeps its count line short: the boards with the most, and how many
+    others."""
+    from router.moderation import LINES_PER_MINUTE, SUMMARY_BOARDS, RefusalLog
+    from tests.test_router_logs import kept
+
+    refusals = RefusalLog("", clock=lambda: 0.0)
+    rows = [("b0", f"p{i}", f"m{i}", 5, "banned", None) for i in range(LINES_PER_MINUTE)]
+    rows += [
+        (f"b{n}", f"p{n}-{i}", f"m{n}-{i}", 5, "rate_limit", None) for n in range(30) for i in range(n + 1)
+    ]
+    with kept("shardlb.router") as log:
+        refusals.add(rows)
+        refusals.summarize()
+    [(_, fields)] = [line for line in log.lines() if line[0] == "refused results not logged each"]
+    assert fields["refused"] == sum(n + 1 for n in range(30))
+    assert fields["statuses"] == {"rate_limit": fields["refused"]}
+    assert fields["boards"] == {f"b{n}": n + 1 for n in range(29, 29 - SUMMARY_BOARDS, -1)}
+    assert fields["other_boards"] == 30 - SUMMARY_BOARDS
