@@ -15,6 +15,17 @@ what stays:
   incarnation, and the deliveries are the record of what was paid);
 - ``moderation_audit`` and ``refused_results``, which name a board id, not an incarnation.
 
+``refused_results`` has a retention of its own, asked for (``refused_days``; `--refused-days`): its
+rows older than that many days go, whatever their board. Nothing in the service reads the table
+back (no endpoint, the dashboard, a rebuild, reconcile or settlement); it is a record for the
+operator, which `shardlb erase` empties of one player, and its unique index makes a result refused
+again once its row is gone a row again, a new record of a new refusal. So removing its old rows
+changes no answer. It is not the default: how long a record of refusals is kept is the operator's
+decision (the k8s CronJob asks for 90 days: k8s/README.md). ``moderation_audit`` has none: a ban's,
+lift's or removal's retry reads its row (``moderation.audit_once``), a retry of a request whose row
+is gone would act again (ban again a player unbanned since, remove again the results posted since),
+and it grows by admin requests, not by traffic.
+
 An incarnation PostgreSQL holds deleted while the registry holds it (an incarnation drawn again
 for a board created again under the id: 32 random bits; or a mark set by hand) is a live board and
 is left alone. Each batch is one DELETE of at most ``batch`` rows in a transaction of its own: its
@@ -24,7 +35,8 @@ for, and what a later prune removes), and its transaction ends before the next, 
 archiver's inserts nor a schema set-up's ALTER TABLE (shardlb/archive.py, ``ensure_schema``) wait
 long behind it. A call removes at most ``limit`` rows and says whether rows were left; it can be
 cut off anywhere and run again (each batch is committed or not at all; a row removed is never
-needed again)."""
+needed again). A batch of ``refused_results`` (``REFUSED_BATCH``) is its oldest rows by id, of which
+it removes those older than the days: rows nothing else locks but `shardlb erase`."""
 
 from __future__ import annotations
 
@@ -57,6 +69,18 @@ TABLES = {
 # journal, a few a board, read only while the board lives (a rebuild's restore check). Removed in
 # one statement each, after the rows above.
 BOOKKEEPING = ("journal_marks", "archive_gaps")
+# One batch of refused_results older than the days (parameters: rows, days): the oldest rows by id,
+# those of them refused before the days. The router's log inserts them as they come, so id order is
+# time order (but for the milliseconds of two routers' inserts at once): a batch that finds fewer
+# rows to remove than it read has reached the rows within the days, and is the last. It reads
+# ``batch`` entries of the primary key at most, never the table (an index on ``at`` would cost
+# every insert, and a first set-up building it on a large table held the schema's locks meanwhile).
+# A row older than one before it in id order waits for that one, a night at most.
+REFUSED_BATCH = (
+    "DELETE FROM refused_results WHERE ctid = ANY(ARRAY(SELECT ctid FROM "
+    "(SELECT ctid, at FROM refused_results ORDER BY id LIMIT %s) AS oldest "
+    "WHERE at < now() - make_interval(days => %s)))"
+)
 
 
 class Pruned(NamedTuple):
@@ -67,6 +91,8 @@ class Pruned(NamedTuple):
     done: bool
     # incarnations deleted less than the grace ago, whose rows a later call removes
     waiting: int = 0
+    # rows of refused_results removed (older than ``refused_days``)
+    refused: int = 0
 
 
 async def prunable(
@@ -92,10 +118,13 @@ async def prune(
     grace_s: float = GRACE_S,
     batch: int = BATCH_ROWS,
     limit: int = LIMIT_ROWS,
+    refused_days: int | None = None,
 ) -> Pruned:
     """Remove the rows of ``TABLES`` of every incarnation ``prunable`` names, at most ``batch`` a
     transaction and ``limit`` in all (see the module docstring), then its ``BOOKKEEPING`` rows (a few a
-    board: neither counted in ``Pruned.rows`` nor against ``limit``). ``db`` is in autocommit."""
+    board: neither counted in ``Pruned.rows`` nor against ``limit``); then, with ``refused_days``, the
+    rows of ``refused_results`` older than that many days, within the same ``batch`` and ``limit``.
+    ``db`` is in autocommit."""
     removed: dict[tuple[str, str], int] = {}
     left = limit
     for ident in await prunable(db, client, grace_s):
@@ -112,11 +141,21 @@ async def prune(
                 return Pruned(removed, False)
         for table in BOOKKEEPING:
             await db.execute(f"DELETE FROM {table} WHERE board = %s AND incarnation = %s", ident)
+    refused = 0
+    while refused_days is not None:
+        if not left:
+            return Pruned(removed, False, refused=refused)
+        size = min(batch, left)
+        cur = await db.execute(REFUSED_BATCH, (size, refused_days))
+        refused += cur.rowcount
+        left -= cur.rowcount
+        if cur.rowcount < size:
+            break
     cur = await db.execute(
         "SELECT count(*) FROM boards WHERE deleted_at > now() - make_interval(secs => %s)", (grace_s,)
     )
     row = await cur.fetchone()
-    return Pruned(removed, True, row[0] if row else 0)
+    return Pruned(removed, True, row[0] if row else 0, refused)
 
 
 def batch_statement(table: str) -> str:
@@ -141,12 +180,24 @@ def _positive(text: str) -> int:
     return value
 
 
+def _days(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a number of days, 1 or more, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """`shardlb prune`: remove from PostgreSQL the archived rows (results, holds, removals and their
     records, and the archiver's marks of their journals) of the boards deleted at least --grace
-    seconds ago, --batch rows a transaction and at most --limit rows. Exit status 0 when nothing is
-    left to prune, 3 when --limit stopped it (run it again), 2 for bad arguments. The boards'
-    settlements, snapshots and awards, the moderation audit and the refused results stay."""
+    seconds ago, --batch rows a transaction and at most --limit rows; with --refused-days, the
+    refused results recorded more than that many days ago too. Exit status 0 when nothing is left to
+    prune, 3 when --limit stopped it (run it again), 2 for bad arguments. The boards' settlements,
+    snapshots and awards and the moderation audit stay, and the refused results without
+    --refused-days."""
     parser = argparse.ArgumentParser(
         prog="shardlb prune",
         description=inspect.cleandoc(main.__doc__ or ""),
@@ -165,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--limit", type=_positive, default=LIMIT_ROWS, help=f"rows at most in all (default {LIMIT_ROWS:,})"
     )
+    parser.add_argument(
+        "--refused-days",
+        type=_days,
+        default=None,
+        help="remove the rows of refused_results older than this many days (default: keep them all)",
+    )
     args = parser.parse_args(argv)
     if not args.postgres:
         parser.error("give --postgres or SHARDLB_POSTGRES_URL")
@@ -174,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             db = await connect_db(args.postgres)  # the schema in place: a new database has no table yet
             try:
-                return await prune(db, client, args.grace, args.batch, args.limit)
+                return await prune(db, client, args.grace, args.batch, args.limit, args.refused_days)
             finally:
                 await db.close()
         finally:
@@ -183,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     done = asyncio.run(run())
     for (board, incarnation), rows in done.rows.items():
         print(f"{board} (incarnation {incarnation}, deleted): {rows:,} rows removed")
+    if args.refused_days is not None:
+        print(f"refused_results older than {args.refused_days:,} days: {done.refused:,} rows removed")
     if done.waiting:
         these = "incarnation is" if done.waiting == 1 else "incarnations are"
         grace = f"--grace {args.grace:,.0f} s"

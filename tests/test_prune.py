@@ -333,3 +333,116 @@ async def test_a_batch_reads_the_index_even_when_the_statistics_say_half_the_tab
             assert "Seq Scan" not in plan and "match_results_pkey" in plan, plan
         finally:
             await db.close()
+
+
+async def refused_rows(db: psycopg.AsyncConnection[Any], old: int, recent: int) -> list[str]:
+    """``old`` rows of refused_results refused 100 days ago, then ``recent`` refused 10 days ago, in
+    the order the router's log inserts them (id order is time order); their match ids."""
+    matches = [f"old-{n}" for n in range(old)] + [f"recent-{n}" for n in range(recent)]
+    for match in matches:
+        days = 100 if match.startswith("old") else 10
+        await db.execute(
+            "INSERT INTO refused_results (board, player_id, match_id, points, status, at) "
+            "VALUES ('b', 'p', %s, 5, 'banned', now() - make_interval(days => %s))",
+            (match, days),
+        )
+    return matches
+
+
+async def refused_left(db: psycopg.AsyncConnection[Any]) -> list[str]:
+    cur = await db.execute("SELECT match_id FROM refused_results ORDER BY id")
+    return [row[0] for row in await cur.fetchall()]
+
+
+async def test_a_prune_removes_refused_results_older_than_the_days_asked_in_bounded_batches(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """refused_results grew for good: nothing but `shardlb erase` of one player removed a row of it,
+    so a game server posting a banned player's results for months filled PostgreSQL. With
+    ``refused_days`` a prune removes the rows older than that, ``batch`` a transaction and at most
+    ``limit`` a call (counted with the deleted boards' rows), and says how many; called again it
+    goes on, and the rows within the days stay. Without it, none goes (it is opt-in)."""
+    async with own_db(postgres_url, "prune_refused") as url:
+        db = await connect_db(url)
+        try:
+            matches = await refused_rows(db, 45, 10)
+            report = await prune.prune(db, store.client, grace_s=0, batch=7, limit=20)
+            assert report.done and report.refused == 0 and await refused_left(db) == matches
+
+            removed, calls = 0, 0
+            while True:
+                report = await prune.prune(db, store.client, grace_s=0, batch=7, limit=20, refused_days=90)
+                calls += 1
+                assert report.refused <= 20 and not report.rows
+                removed += report.refused
+                assert await refused_left(db) == matches[removed:]
+                if report.done:
+                    break
+                assert report.refused == 20
+            assert removed == 45 and calls == 3
+            again = await prune.prune(db, store.client, grace_s=0, batch=7, limit=20, refused_days=90)
+            assert again.done and again.refused == 0
+            assert await refused_left(db) == [f"recent-{n}" for n in range(10)]
+            # the days are whole days back from now: 9 takes the rows of 10 days ago
+            report = await prune.prune(db, store.client, grace_s=0, refused_days=9)
+            assert report.done and report.refused == 10 and await refused_left(db) == []
+        finally:
+            await db.close()
+
+
+async def test_the_prune_command_removes_refused_results_when_asked(
+    store: BoardStore, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shardlb prune --refused-days N` says how many rows of refused_results it removed; without
+    the option it removes none and says nothing of them; days below 1 are a usage error (2)."""
+    async with own_db(postgres_url, "prune_refused_command") as url:
+        db = await connect_db(url)
+        try:
+            await refused_rows(db, 3, 2)
+            capsys.readouterr()
+            command = ["prune", "--redis", cluster_url, "--postgres", url]
+            assert await asyncio.to_thread(main, command) == 0
+            said = capsys.readouterr().out
+            assert "refused_results" not in said and len(await refused_left(db)) == 5, said
+            assert await asyncio.to_thread(main, [*command, "--refused-days", "30"]) == 0
+            said = capsys.readouterr().out
+            assert "refused_results older than 30 days: 3 rows removed" in said, said
+            assert "nothing left to prune" in said and len(await refused_left(db)) == 2
+            for bad in ("0", "-1", "x"):
+                with pytest.raises(SystemExit) as e:
+                    main([*command, "--refused-days", bad])
+                assert e.value.code == 2
+        finally:
+            await db.close()
+
+
+async def test_a_batch_of_refused_results_reads_a_bounded_part_of_the_index(postgres_url: str) -> None:
+    """A batch of refused_results reads the oldest ``batch`` rows by the primary key (id order is
+    the order the router's log inserted them), never the whole table: the last batch of a night
+    finds the rows within the days there, and stops."""
+    async with own_db(postgres_url, "prune_refused_plan") as url:
+        db = await connect_db(url)
+        try:
+            await db.execute(
+                "INSERT INTO refused_results (board, player_id, match_id, points, status) "
+                "SELECT 'b', 'p', 'm' || n, 5, 'banned' FROM generate_series(1, 50000) n"
+            )
+            await db.execute("ANALYZE refused_results")
+            # none older than the days: the batch removes nothing, and reads 100 entries to know it
+            cur = await db.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + prune.REFUSED_BATCH, (100, 90))
+            row = await cur.fetchone()
+            assert row is not None
+            scans = list(plan_nodes(row[0][0]["Plan"]))
+            assert {n["Node Type"] for n in scans} & {"Seq Scan", "Bitmap Heap Scan"} == set(), scans
+            [index] = [n for n in scans if n.get("Index Name") == "refused_results_pkey"]
+            assert index["Actual Rows"] <= 100, index
+            assert len(await refused_left(db)) == 50_000
+        finally:
+            await db.close()
+
+
+def plan_nodes(node: dict[str, Any]) -> Any:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, its init plans' included."""
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
