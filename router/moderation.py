@@ -200,7 +200,8 @@ class RefusalLog:
             while not self.closed or self.rows:
                 await self._wait()
                 if not self.url:
-                    self.rows.clear()  # no archive: the log lines (past 100 a minute, their count) are the record
+                    # no archive: the log lines are the record (past 100 a minute, their count)
+                    self.rows.clear()
                     continue
                 while self.rows:
                     batch = self.rows[:LOG_BATCH]
