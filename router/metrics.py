@@ -125,6 +125,12 @@ RESULTS_REFUSED = Counter(
     "Results refused before they were written (banned, points_limit, rate_limit), by status.",
     ["status"],
 )
+# Refused results past the router's queue of them (router/moderation.py, LOG_MAX) while PostgreSQL is
+# slow or away: counted and logged with the minute's count, not in `refused_results`.
+REFUSED_UNRECORDED = Counter(
+    "shardlb_refused_results_unrecorded_total",
+    "Refused results left out of PostgreSQL's refused_results: the router's queue of them was full.",
+)
 CONNECTIONS_REFUSED = Counter(
     "shardlb_http_connections_refused_total",
     "Connections closed at once because the worker, or their client, held as many as allowed already "

@@ -12,7 +12,9 @@ last list (and cannot write either).
 Refused results (``banned``, ``points_limit``, ``rate_limit``) are logged to PostgreSQL's
 ``refused_results`` by a background task, in batches, off the write path; at most ``LOG_MAX`` wait,
 more are dropped and counted (a flood of refusals must not hold memory or slow writes). The table
-keeps one row per refused result (``moderation.record_refusals``), so the rows of a call retried,
+keeps one row per refused result (``moderation.record_refusals``; those dropped past ``LOG_MAX`` are
+counted by shardlb_refused_results_unrecorded_total and the ``not_recorded`` field of the minute's
+count line below), so the rows of a call retried,
 and a batch written again after a lost reply, add nothing; a call made again through a reshard's
 cut-over queues each refusal once (``Moderation.submit``).
 
@@ -135,6 +137,7 @@ class RefusalLog:
         self.minute: float | None = None  # when the minute of log lines under way began; None: none is
         self.lined = 0  # refused results logged a line each in it
         self.unlined: dict[tuple[str, str], int] = {}  # the others, by (board, status)
+        self.unrecorded = 0  # refused results of the minute past the queue (LOG_MAX): not in the table
 
     def add(self, rows: Sequence[tuple[str, str, str, int, str, str | None]]) -> None:
         self.summarize(over_only=True)
@@ -151,7 +154,11 @@ class RefusalLog:
                 log.debug("result refused", extra=fields)
         room = LOG_MAX - len(self.rows)
         self.rows += rows[:room]
-        self.dropped += max(0, len(rows) - room)
+        dropped = max(0, len(rows) - room)
+        if dropped:
+            self.dropped += dropped
+            self.unrecorded += dropped
+            metrics.REFUSED_UNRECORDED.inc(dropped)
         self.ready.set()
 
     def summarize(self, over_only: bool = False) -> None:
@@ -163,7 +170,8 @@ class RefusalLog:
         if over_only and since < self.every_s:
             return
         unlined, self.unlined, self.minute, self.lined = self.unlined, {}, None, 0
-        if not unlined:
+        unrecorded, self.unrecorded = self.unrecorded, 0
+        if not unlined and not unrecorded:
             return
         statuses: dict[str, int] = {}
         boards: dict[str, int] = {}
@@ -174,6 +182,8 @@ class RefusalLog:
         fields: dict[str, object] = {"refused": sum(statuses.values()), "statuses": statuses, "boards": most}
         if len(boards) > len(most):
             fields["other_boards"] = len(boards) - len(most)
+        if unrecorded:  # past the queue while PostgreSQL was slow or away: in no table
+            fields["not_recorded"] = unrecorded
         fields["since_s"] = round(since, 1)
         log.info("refused results not logged each", extra={"fields": fields})
 

@@ -1171,3 +1171,25 @@ def test_the_count_names_the_boards_with_the_most_refused_results() -> None:
     assert fields["statuses"] == {"rate_limit": fields["refused"]}
     assert fields["boards"] == {f"b{n}": n + 1 for n in range(29, 29 - SUMMARY_BOARDS, -1)}
     assert fields["other_boards"] == 30 - SUMMARY_BOARDS
+
+
+def test_refused_results_past_the_queue_are_counted_where_an_operator_sees_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past LOG_MAX waiting rows, refused results were dropped from the record with nothing to say
+    so: a count in the object only. They are now a metric and a field of the minute's count line."""
+    from router import metrics
+    from router import moderation as router_moderation
+    from router.moderation import LINES_PER_MINUTE, RefusalLog
+    from tests.test_router_logs import kept
+
+    monkeypatch.setattr(router_moderation, "LOG_MAX", LINES_PER_MINUTE + 10)
+    refusals = RefusalLog("postgresql://127.0.0.1:1/nothing", clock=lambda: 0.0)
+    before = metrics.REFUSED_UNRECORDED._value.get()
+    rows = [("b1", f"p{i}", f"m{i}", 5, "banned", None) for i in range(LINES_PER_MINUTE + 50)]
+    with kept("shardlb.router") as log:
+        refusals.add(rows)
+        refusals.summarize()
+    assert metrics.REFUSED_UNRECORDED._value.get() - before == 40
+    [summary] = [f for m, f in log.lines() if m == "refused results not logged each"]
+    assert summary["not_recorded"] == 40
