@@ -93,6 +93,23 @@ async def run_start(db: psycopg.AsyncConnection[Any], settlement_id: str, s: Sta
     return None if row is None else int(row[0])
 
 
+# The last kept rank of the run of equal points that a snapshot row (``sid``, ``rank``, ``points``)
+# is in, and whether the rank after it was kept (``run_end``). Points fall with the rank, so it is
+# the kept rank before the first one below the row with other points: both found in the primary
+# key's order, from the row on, reading the run. Until 2026-12-06 it was the largest rank of those
+# points from the row on, which read every kept rank below the row (a snapshot of 100,000 ranks
+# for a player near the top: tests/test_read_plans.py).
+RUN_END = (
+    "SELECT e.last, EXISTS (SELECT 1 FROM settlement_snapshots n WHERE n.settlement_id = %(sid)s "
+    "AND n.rank = e.last + 1) FROM (SELECT (SELECT r.rank FROM settlement_snapshots r "
+    "WHERE r.settlement_id = %(sid)s AND r.rank >= %(rank)s AND r.rank < coalesce(o.rank, "
+    "9223372036854775807) "
+    "AND r.points = %(points)s ORDER BY r.rank DESC LIMIT 1) AS last FROM (SELECT (SELECT k.rank "
+    "FROM settlement_snapshots k WHERE k.settlement_id = %(sid)s AND k.rank > %(rank)s "
+    "AND k.points <> %(points)s ORDER BY k.rank LIMIT 1) AS rank) o) e"
+)
+
+
 async def run_end(
     db: psycopg.AsyncConnection[Any], settlement_id: str, s: Standing, players: int
 ) -> int | None:
@@ -100,12 +117,7 @@ async def run_end(
     points), or None when the snapshot cannot tell: the snapshot's last row of those points is not
     the board's last rank and the rank after it was not kept, so the run may go on past it. Points
     fall with the rank, so every rank between two rows of equal points has those points too."""
-    cur = await db.execute(
-        "SELECT e.last, EXISTS (SELECT 1 FROM settlement_snapshots n WHERE n.settlement_id = %s "
-        "AND n.rank = e.last + 1) FROM (SELECT max(rank) AS last FROM settlement_snapshots "
-        "WHERE settlement_id = %s AND points = %s AND rank >= %s) e",
-        (settlement_id, settlement_id, s.points, s.rank),
-    )
+    cur = await db.execute(RUN_END, {"sid": settlement_id, "rank": s.rank, "points": s.points})
     row = await cur.fetchone()
     if row is None or row[0] is None:
         return None
