@@ -1225,6 +1225,7 @@ class Rebuilder:
         if upto is not None:
             params += upto
         async with self.db.transaction():
+            await self.db.execute(ROWS_SETTINGS)
             cur = await self.db.execute(sql, params)
             found = await cur.fetchall()
         codec = board.codec
@@ -1445,13 +1446,20 @@ ANY_ROW = (
 )
 
 
+# For the transaction of ``rows_sql``'s read (``Rebuilder._rows``): no nested loop. On a board grown
+# since the last ANALYZE (estimated at a row or two) the planner made the NOT EXISTS on
+# player_removals a nested-loop anti join over the (board, incarnation, shard) prefix, every removal
+# of the shard read again for each row: 32 s for a shard of 25,000 rows and 2,500 removals, 1.4 s
+# for 5,000 and 1,000 (tests/test_read_plans.py). Without it, a hash of the shard's removals (and of
+# the bans), read once: 32 ms there, and 45 ms against 37 on an archive analysed as it is (a
+# look-up of each row's removals by their full key instead took 120 and 165 ms; 2026-12-06).
+ROWS_SETTINGS = "SELECT set_config('enable_nestloop', 'off', true)"
+
+
 def rows_sql(holds: bool, after: bool, upto: bool) -> str:
     """``Rebuilder._rows``'s query (parameters: board, incarnation, shard, moderation.ALL, then the
-    journal ids ``after`` and ``upto`` as (ms, seq) when given). Each row's removals are looked up
-    by their full key (board, incarnation, shard, player): the subquery is never flattened into a
-    join (OFFSET 0). Until 2026-12-06 it was, and on a board grown since the last ANALYZE (estimated
-    at a row or two) the planner read every removal of the shard again for each of its rows: 1.4 s
-    for a shard of 5,000 rows and 1,000 removals (tests/test_read_plans.py)."""
+    journal ids ``after`` and ``upto`` as (ms, seq) when given), run after ``ROWS_SETTINGS`` in its
+    transaction."""
     position = _position("m.journal_id")
     columns = "m.period" if holds else "m.skipped"
     sql = (
@@ -1463,7 +1471,7 @@ def rows_sql(holds: bool, after: bool, upto: bool) -> str:
         "AND NOT EXISTS (SELECT 1 FROM player_removals x "
         "WHERE (x.board, x.incarnation, x.shard, x.player_id) "
         "= (m.board, m.incarnation, m.shard, m.player_id) "
-        f"AND {_position('x.journal_id')} > {position} AND x.kept IS NULL OFFSET 0)"
+        f"AND {_position('x.journal_id')} > {position} AND x.kept IS NULL)"
     )
     if after:
         sql += f" AND {position} > (%s, %s)"
