@@ -21,6 +21,7 @@ import pytest
 from shardlb import archive
 from shardlb.archive import connect_db
 from tests.test_prune import own_db
+from tests.test_read_plans import archive_of
 
 pytestmark = pytest.mark.cluster
 
@@ -31,7 +32,10 @@ SMALL_BOARDS = 300
 # the board lists they take: ``_KEEP_LATER``'s look-up of the rows a batch lost, the time holds'
 # look-up of other times (``_OTHER_TIMES``), and the period holds before the upsert.
 OLD_INDEX = "CREATE INDEX match_results_by_shard ON match_results (board, incarnation, shard)"
-KEY_INDEXES = ("match_results_pkey", "match_results_skipping")  # (board, incarnation, match_id, player_id)
+# The key's index (board, incarnation, match_id, player_id), its partial twin, or the player's rows on
+# the board (board, incarnation, player_id, achieved_ms), which the planner takes on some estimates:
+# bounded by the player's results on the board, never the board's.
+KEY_INDEXES = ("match_results_pkey", "match_results_skipping", "match_results_by_player")
 STATEMENTS = {
     "losers, held": archive._KEEP_LATER["held"],
     "losers, incr": archive._KEEP_LATER["incr"],
@@ -68,12 +72,20 @@ async def filled(db: psycopg.AsyncConnection[Any]) -> None:
     await db.execute("ANALYZE")
 
 
-async def test_a_batchs_lookups_of_archived_rows_never_read_the_whole_board(postgres_url: str) -> None:
+@pytest.mark.parametrize("shape", ["analysed", "even", "grown"])
+async def test_a_batchs_lookups_of_archived_rows_never_read_the_whole_board(
+    postgres_url: str, shape: str
+) -> None:
+    """``analysed``: this module's archive; ``even`` and ``grown``: tests/test_read_plans.py's (the
+    big board analysed as it is, or while it was small)."""
     name = f"plans_{os.getpid()}_{random.randrange(10**6)}"
     async with own_db(postgres_url, name) as url:
         db = await connect_db(url)
         try:
-            await filled(db)
+            if shape == "analysed":
+                await filled(db)
+            else:
+                await archive_of(db, shape)
             async with db.transaction(force_rollback=True):
                 await db.execute("CREATE TEMP TABLE incoming (LIKE match_results INCLUDING DEFAULTS)")
                 await db.execute(
@@ -87,7 +99,7 @@ async def test_a_batchs_lookups_of_archived_rows_never_read_the_whole_board(post
                     row = await cur.fetchone()
                     assert row is not None
                     found = scans(row[0][0]["Plan"])
-                    # every scan of match_results, by the key's index (or its partial twin)
+                    # every scan of match_results, by the key's index or the player's
                     wrong = [
                         s
                         for s in found
