@@ -70,7 +70,20 @@ from shardlb.sharding import player_hash
 from shardlb.store import CACHE_SECONDS, GONE_MS, BoardStore
 
 log = logging.getLogger("shardlb.reshard")
-LEASE_MS = 10_000  # the mover's lease on the board; refreshed while it works, so a dead one ends soon
+
+
+def _lease_ms() -> int:
+    """10 s, or SHARDLB_RESHARD_LEASE_MS: for tests only, which kill a mover process and would
+    otherwise wait out its whole lease before another may take the board (README, "Tests")."""
+    raw = os.environ.get("SHARDLB_RESHARD_LEASE_MS", "")
+    if not raw:
+        return 10_000
+    if not raw.isdigit() or int(raw) < 100:
+        raise ValueError(f"SHARDLB_RESHARD_LEASE_MS must be whole milliseconds from 100, got {raw!r}")
+    return int(raw)
+
+
+LEASE_MS = _lease_ms()  # the mover's lease on the board; refreshed while it works, so a dead one ends soon
 SEAL_MS = 10_000  # how long a seal holds writes back; the mover finishes well within it
 MOVED_MS = 86_400_000  # how long an old shard answers "moved" after its keys are dropped
 QUIET = 2_000  # tracked changes left at which the mover seals

@@ -37,6 +37,8 @@ pytestmark = pytest.mark.cluster
 
 CACHE = 0.5  # how long the test's "router" keeps a board; the mover is told the same
 PAUSES = "copied shard 2/:30,sealed and moved:30"  # where the killed movers wait to be killed
+# The killed movers' lease (10 s in production): the mover that resumes after one waits it out.
+MOVER_LEASE_MS = 3000
 
 
 class Router:
@@ -636,7 +638,12 @@ def _mover(cluster: LocalCluster, board_id: str, *args: str) -> subprocess.Popen
         stderr=subprocess.STDOUT,
         text=True,
         # Each pause gives the test time to kill the mover right there.
-        env={**os.environ, "SHARDLB_POSTGRES_URL": "", "SHARDLB_RESHARD_PAUSE": PAUSES},
+        env={
+            **os.environ,
+            "SHARDLB_POSTGRES_URL": "",
+            "SHARDLB_RESHARD_PAUSE": PAUSES,
+            "SHARDLB_RESHARD_LEASE_MS": str(MOVER_LEASE_MS),
+        },
     )
 
 

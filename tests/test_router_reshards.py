@@ -27,7 +27,7 @@ from shardlb.errors import BoardConflict
 from shardlb.reshard import Busy, Cancelled, Resharder
 from shardlb.store import BoardStore
 from tests.router_support import running, service_of
-from tests.test_reshard import _kill_at, _mover
+from tests.test_reshard import MOVER_LEASE_MS, _kill_at, _mover
 from tests.test_reshard_fencing import points
 from tests.test_reshard_fencing import post as fenced_post
 
@@ -91,7 +91,8 @@ async def test_a_killed_movers_reshard_is_resumed_by_a_router(
 
     async with running(cluster.url) as (app, _client):
         watch = service_of(app).reshards
-        watch.every_s = 0.5
+        # Free for a lease: the killed mover's (shortened for the test, as the look's interval).
+        watch.every_s, watch.after_s = 0.5, MOVER_LEASE_MS / 1000
 
         async def done() -> bool:
             return (await Resharder(store, board.config.id).status())["state"] == "none"
