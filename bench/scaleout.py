@@ -10,9 +10,9 @@ node ports from 22300, below 22768), every thread of each redis-server is pinned
 process: one asyncio loop, ``sched_setaffinity``) to the CPU that holds the fewest masters
 (``placement``). A hash board of one shard per master (the planner's layout;
 SHARDLB_SCALEOUT_SHARDS_PER_MASTER) is preloaded with SHARDLB_SCALEOUT_PLAYERS players
-(bench/population.py), then, after a second of warm-up each (and with SHARDLB_SCALEOUT_QUIET_WAIT,
-a wait of up to that many seconds for other load on the machine to drop, as `make bench` can), for
-SHARDLB_SCALEOUT_SECONDS:
+(bench/population.py), then, after a second of warm-up each (``Settings.warmup``; and with
+SHARDLB_SCALEOUT_QUIET_WAIT, a wait of up to that many seconds for other load on the machine to
+drop, as `make bench` can), for SHARDLB_SCALEOUT_SECONDS:
 
 - writes: batches of SHARDLB_SCALEOUT_BATCH_MATCHES matches, grouped by shard, one script call per
   shard (bench/raw.py), SHARDLB_SCALEOUT_WRITE_TASKS batches in flight;
@@ -88,7 +88,7 @@ class Settings:
 
     masters: tuple[int, ...] = (1, 2, 3)
     players: int = 200_000
-    seconds: int = 8
+    seconds: float = 8  # of each timed phase (fractions too: tests/test_bench_scaleout.py's tiny run)
     write_tasks: int = 4
     read_tasks: int = 16
     batch_matches: int = 100
@@ -97,6 +97,7 @@ class Settings:
     replica_masters: int = 3  # the masters of the replicas sweep's clusters
     replicas: tuple[int, ...] = (1, 2)  # replicas per master, one cluster each (empty: no sweep)
     band: bool = True  # a band board's writes and reads on each cluster of the masters sweep too
+    warmup: float = WARMUP_S  # seconds of the untimed warm-up before each phase (the tiny run's is shorter)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -395,19 +396,19 @@ async def phases(
     load generator on ``driver_cpu``."""
     out: dict[str, Any] = {}
     with pinned(driver_cpu):
-        await raw.writes(board, workload, WARMUP_S, s.write_tasks, s.batch_matches, seed=11)
+        await raw.writes(board, workload, s.warmup, s.write_tasks, s.batch_matches, seed=11)
         meter.mark()
         phase = await raw.writes(board, workload, s.seconds, s.write_tasks, s.batch_matches, seed=12)
         meter.mark()
         out["writes"] = meter.phase(phase)
-        await rank_reads(board, workload, WARMUP_S, s.read_tasks, seed=21)
+        await rank_reads(board, workload, s.warmup, s.read_tasks, seed=21)
         meter.mark()
         phase = await rank_reads(board, workload, s.seconds, s.read_tasks, seed=22)
         meter.mark()
         out["reads"] = meter.phase(phase)
         # With max_age_ms: on the band board the other bands' sizes as an exact read kept them, on
         # the hash board the other shards' counts of a player read before at the same score.
-        await rank_reads(board, workload, WARMUP_S, s.read_tasks, seed=23, max_age_ms=KEPT_AGE_MS)
+        await rank_reads(board, workload, s.warmup, s.read_tasks, seed=23, max_age_ms=KEPT_AGE_MS)
         meter.mark()
         phase = await rank_reads(board, workload, s.seconds, s.read_tasks, seed=24, max_age_ms=KEPT_AGE_MS)
         meter.mark()
@@ -415,7 +416,7 @@ async def phases(
         if board.layout.strategy == "hash":  # a screen polling the ranks of a few players
             polled = polled_players(workload)
             for kind, age in (("reads_polled", 0), ("reads_polled_kept", KEPT_AGE_MS)):
-                await rank_reads(board, workload, WARMUP_S, s.read_tasks, 25, age, polled)
+                await rank_reads(board, workload, s.warmup, s.read_tasks, 25, age, polled)
                 meter.mark()
                 phase = await rank_reads(board, workload, s.seconds, s.read_tasks, 26, age, polled)
                 meter.mark()
@@ -456,7 +457,7 @@ async def measure_replicas(
         meter = Meter(nodes, groups)
         with pinned(driver_cpu):
             for kind, board, seed in (("primaries", on_primaries, 31), ("replicas", on_replicas, 41)):
-                await rank_reads(board, workload, WARMUP_S, s.read_tasks, seed)
+                await rank_reads(board, workload, s.warmup, s.read_tasks, seed)
                 meter.mark()
                 phase = await rank_reads(board, workload, s.seconds, s.read_tasks, seed + 1)
                 meter.mark()
