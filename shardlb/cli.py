@@ -465,7 +465,7 @@ def propose_bands(args: argparse.Namespace) -> int:
     from shardlb.board import band_skew
     from shardlb.connection import Scripts, connect
     from shardlb.errors import BoardConflict
-    from shardlb.reshard import Cancelled, Resharder, layout_bytes, masters_free, short_of_memory
+    from shardlb.reshard import Cancelled, Resharder, cli_cache_s, layout_bytes, masters_free, short_of_memory
     from shardlb.store import BoardStore
 
     if args.apply and not args.skew >= 1.0:
@@ -484,7 +484,7 @@ def propose_bands(args: argparse.Namespace) -> int:
             board = await store.get(args.board)
             home_shards = board.config.sharding.shards
             say = functools.partial(print, file=sys.stderr)
-            mover = Resharder(store, args.board, say, args.postgres or None)
+            mover = Resharder(store, args.board, say, args.postgres or None, cache_s=cli_cache_s())
             if args.apply and (await mover.status())["state"] != "none":  # a run stopped half way
                 say(f"{args.board}: a reshard is under way; taking it to its end, then nothing more")
                 final = await mover.run()

@@ -84,6 +84,24 @@ def _lease_ms() -> int:
 
 
 LEASE_MS = _lease_ms()  # the mover's lease on the board; refreshed while it works, so a dead one ends soon
+
+
+def cli_cache_s() -> float:
+    """How long routers may keep a board (CACHE_SECONDS), as a mover the CLI runs waits it out before
+    it seals; or SHARDLB_RESHARD_CACHE_S: for tests only, with no router or one that keeps a board
+    for less (README, "Tests"). A router's own movers wait its own cache's time."""
+    raw = os.environ.get("SHARDLB_RESHARD_CACHE_S", "")
+    if not raw:
+        return CACHE_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= CACHE_SECONDS:
+        raise ValueError(f"SHARDLB_RESHARD_CACHE_S must be seconds from 0 to {CACHE_SECONDS:g}, got {raw!r}")
+    return value
+
+
 SEAL_MS = 10_000  # how long a seal holds writes back; the mover finishes well within it
 MOVED_MS = 86_400_000  # how long an old shard answers "moved" after its keys are dropped
 QUIET = 2_000  # tracked changes left at which the mover seals
@@ -1169,7 +1187,7 @@ async def command(
     client = connect(redis_url, timeout=30.0)
     try:
         store = BoardStore(client, Scripts.register(client))
-        mover = Resharder(store, board_id, say, postgres_url)
+        mover = Resharder(store, board_id, say, postgres_url, cache_s=cli_cache_s())
         if action == "status":
             return await mover.status()
         if action == "cancel":

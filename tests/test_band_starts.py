@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import random
 import subprocess
 import sys
@@ -245,4 +246,8 @@ async def test_bands_apply_refuses_a_copy_that_would_not_fit(tmp_path: Path) -> 
 async def bands_command(*args: str) -> subprocess.CompletedProcess[str]:
     """`shardlb bands ...` in a process of its own (its asyncio.run needs a thread without a loop)."""
     command = [sys.executable, "-m", "shardlb", "bands", *args]
-    return await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
+    # No router keeps the boards: the reshards of --apply need not wait for routers' caches.
+    env = {**os.environ, "SHARDLB_RESHARD_CACHE_S": "0"}
+    return await asyncio.to_thread(
+        subprocess.run, command, capture_output=True, text=True, timeout=60, env=env
+    )

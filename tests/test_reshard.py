@@ -643,6 +643,7 @@ def _mover(cluster: LocalCluster, board_id: str, *args: str) -> subprocess.Popen
             "SHARDLB_POSTGRES_URL": "",
             "SHARDLB_RESHARD_PAUSE": PAUSES,
             "SHARDLB_RESHARD_LEASE_MS": str(MOVER_LEASE_MS),
+            "SHARDLB_RESHARD_CACHE_S": str(CACHE),  # as the in-process movers are told
         },
     )
 
