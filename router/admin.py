@@ -220,7 +220,15 @@ async def reshard(request: Request) -> Response:
     svc = _admin(request)
     params.checked(request.query_params.multi_items(), frozenset())
     board_id = check_id(request.path_params["board"], "board")
-    mover = Resharder(svc.boards.store, board_id, reshards.said(board_id), svc.settings.postgres_url or None)
+    # It seals once every router may know of the reshard: after as long as this one keeps a board
+    # (CACHE_SECONDS, as every router; a test's router may keep one for less, tests/test_dashboard.py).
+    mover = Resharder(
+        svc.boards.store,
+        board_id,
+        reshards.said(board_id),
+        svc.settings.postgres_url or None,
+        cache_s=svc.boards.ttl_s,
+    )
     if request.method == "GET":
         return render(request, await mover.status())
     if request.method == "DELETE":
