@@ -87,16 +87,18 @@ async def writes(
     seed: int = 1,
     name: str = "raw writes",
     scores: int = 0,
+    pool_matches: int = POOL_MATCHES,
 ) -> Phase:
     """Batched writes for ``seconds``, or until about ``scores`` player-scores are applied if that comes
     first; one latency sample per batch of ``batch_matches`` matches. The phase's ``items`` are the
     fresh scores written, its ``replayed`` the retries' (sent in the same calls, written before).
+    The pool is drawn first, ``pool_matches`` at least (a short phase needs fewer).
 
     With ``scores``, the pool holds enough matches that it does not wrap: a lap pairs the same players
     with other points, so on a ``best`` board a wrapped pool beats fewer bests than fresh draws (as
     Locust posts) would, and costs the store less."""
     wanted = -(-scores // workload.players_per_match) + concurrency * batch_matches if scores else 0
-    pool = MatchPool(workload, seed, max(POOL_MATCHES, wanted))
+    pool = MatchPool(workload, seed, max(pool_matches, wanted))
 
     async def step(phase: Phase, _: int) -> None:
         batch, fresh = pool.draw(batch_matches)

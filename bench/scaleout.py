@@ -97,6 +97,7 @@ class Settings:
     replica_masters: int = 3  # the masters of the replicas sweep's clusters
     replicas: tuple[int, ...] = (1, 2)  # replicas per master, one cluster each (empty: no sweep)
     band: bool = True  # a band board's writes and reads on each cluster of the masters sweep too
+    pool_matches: int = raw.POOL_MATCHES  # matches drawn before each write phase (the tiny run's are fewer)
     warmup: float = WARMUP_S  # seconds of the untimed warm-up before each phase (the tiny run's is shorter)
 
     @classmethod
@@ -396,9 +397,13 @@ async def phases(
     load generator on ``driver_cpu``."""
     out: dict[str, Any] = {}
     with pinned(driver_cpu):
-        await raw.writes(board, workload, s.warmup, s.write_tasks, s.batch_matches, seed=11)
+        await raw.writes(
+            board, workload, s.warmup, s.write_tasks, s.batch_matches, seed=11, pool_matches=s.pool_matches
+        )
         meter.mark()
-        phase = await raw.writes(board, workload, s.seconds, s.write_tasks, s.batch_matches, seed=12)
+        phase = await raw.writes(
+            board, workload, s.seconds, s.write_tasks, s.batch_matches, seed=12, pool_matches=s.pool_matches
+        )
         meter.mark()
         out["writes"] = meter.phase(phase)
         await rank_reads(board, workload, s.warmup, s.read_tasks, seed=21)

@@ -304,6 +304,7 @@ def test_a_tiny_run_pins_every_node_and_measures_every_phase(tmp_path: Path) -> 
         # master's CPU per operation, the replicas' part), and 18 phases of 1 s took most of a minute.
         seconds=0.4,
         warmup=0.1,
+        pool_matches=4000,  # each write phase's draw: 20,000 matches cost 0.4 s of CPU before it
         read_tasks=4,
         replica_masters=2,
         replicas=(1,),
