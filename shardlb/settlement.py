@@ -130,10 +130,11 @@ CREATE INDEX IF NOT EXISTS match_results_by_player
 
 # The rows a rebuild keeps (shardlb/rebuild.py, ``_rows``): none of a banned player's (``BANNED``:
 # the parameter is moderation.ALL), none journaled before a removal of their player on that shard
-# (shardlb/moderation.py) that did not leave the period whole (``REMOVED``: the parameter is the
-# period's name; ``kept`` lists those a removal made at an earlier call's time left whole, where the
-# player's entry was achieved since). A removed or banned player is therefore neither ranked nor
-# rewarded, and Redis (which the removal emptied too) agrees.
+# (shardlb/moderation.py) that did not leave the period whole (``REMOVED``: the parameters are the
+# board and incarnation of the rows, then the period's name; ``kept`` lists those a removal made at
+# an earlier call's time left whole, where the player's entry was achieved since). A removed or
+# banned player is therefore neither ranked nor rewarded, and Redis (which the removal emptied too)
+# agrees.
 BANNED = (
     "AND NOT EXISTS (SELECT 1 FROM bans b WHERE b.player_id = m.player_id AND (b.board = %s "
     "OR (b.board = m.board AND (b.incarnation IS NULL OR b.incarnation = m.incarnation))))"
@@ -144,11 +145,23 @@ REMOVED_AFTER = (
     "AND (split_part(x.journal_id, '-', 1)::numeric, split_part(x.journal_id, '-', 2)::numeric) "
     "> (split_part(m.journal_id, '-', 1)::numeric, split_part(m.journal_id, '-', 2)::numeric)"
 )
+# The board and incarnation are given again, as constants, though ``REMOVED_AFTER`` ties them to the
+# row's: the settlement's rows come out of a UNION ALL (``order_sql``), whose branches' constants the
+# planner does not carry to its output, and on an archive analysed as it is it hashed every board's
+# removals for the anti join (all of player_removals, for each settlement). With them, the board's
+# removals only, read once (with ``ORDER_SETTINGS``; tests/test_read_plans.py, 2026-12-06).
 REMOVED = (
-    f"AND NOT EXISTS (SELECT 1 FROM player_removals x WHERE {REMOVED_AFTER} "
-    "AND NOT coalesce(%s = ANY(x.kept), FALSE))"
+    "AND NOT EXISTS (SELECT 1 FROM player_removals x WHERE (x.board, x.incarnation) = (%s, %s) "
+    f"AND {REMOVED_AFTER} AND NOT coalesce(%s = ANY(x.kept), FALSE))"
 )
 MODERATED = f"{BANNED} {REMOVED}"
+# For the transaction of ``order_sql``'s read (``Settlement.final_order``): no nested loop. On a board
+# grown since the last ANALYZE (estimated at a row or two) the planner, given ``REMOVED``'s constants,
+# made the NOT EXISTS a nested loop over a copy of the board's removals, all of them read again for
+# each row: 3.2 s for 20,000 rows and 2,000 removals. Without it, a hash of them (a look-up of each
+# row's removals by the full key, OFFSET 0, made a board of 100,000 rows 6x slower). As the rebuild's
+# read of a shard (rebuild.ROWS_SETTINGS).
+ORDER_SETTINGS = "SELECT set_config('enable_nestloop', 'off', true)"
 
 
 async def ensure_schema(db: psycopg.AsyncConnection[Any]) -> None:
@@ -524,34 +537,10 @@ class Settler:
         """Step 4: every player of the period from ``match_results``, best first (the codec's
         unique order: a higher score, then the larger player id, as shardlb/merge.py)."""
         start, end = (0, 2**62) if name == "total" else period_bounds(board, name)
-        # The period's applications: the rows that did not skip it, and those a later application
-        # of their (match, player) replaced after it closed (``match_holds``: shardlb/archive.py).
-        held = (
-            "SELECT board, incarnation, player_id, shard, points, achieved_ms, score, journal_id FROM {} "
-            "WHERE board = %s AND incarnation = %s AND achieved_ms >= %s AND achieved_ms < %s AND {}"
-        )
-        applied = (
-            held.format("match_results", "NOT %s = ANY(skipped)")
-            + " UNION ALL "
-            + held.format("match_holds", "period = %s")
-        )
-        where = f"FROM ({applied}) m WHERE TRUE {MODERATED}"
-        params = (*(board.config.id, board.incarnation, start, end, name) * 2, moderation.ALL, name)
         mode, codec = board.config.mode, board.codec
-        if mode == "best":
-            sql = f"SELECT max(score), player_id, shard {where} GROUP BY player_id, shard"
-        elif mode == "set":  # the latest result, the better of two at one time (write.lua's rule)
-            sql = (
-                f"SELECT DISTINCT ON (player_id, shard) score, player_id, shard {where} "
-                "ORDER BY player_id, shard, achieved_ms DESC, score DESC"
-            )
-        else:  # the sum, at the latest time that scored; with nothing scored, the earliest (write.lua)
-            sql = (
-                "SELECT sum(points), player_id, shard, CASE WHEN sum(points) > 0 THEN "
-                f"max(achieved_ms) FILTER (WHERE points > 0) ELSE min(achieved_ms) END {where} "
-                "GROUP BY player_id, shard"
-            )
+        sql, params = order_sql(mode), order_params(board.config.id, board.incarnation, start, end, name)
         async with self.db.transaction():
+            await self.db.execute(ORDER_SETTINGS)
             cur = await self.db.execute(sql, params)
             found = await cur.fetchall()
         if mode == "incr":
@@ -663,6 +652,42 @@ class Settler:
             )
         self.step("commit")
         return result
+
+
+def order_sql(mode: str) -> str:
+    """``Settlement.final_order``'s query on a board of ``mode`` (parameters: ``order_params``), run
+    after ``ORDER_SETTINGS`` in its transaction: per (player, shard), the period's applications that
+    moderation leaves (``MODERATED``) folded by the mode's rule."""
+    # The period's applications: the rows that did not skip it, and those a later application
+    # of their (match, player) replaced after it closed (``match_holds``: shardlb/archive.py).
+    held = (
+        "SELECT board, incarnation, player_id, shard, points, achieved_ms, score, journal_id FROM {} "
+        "WHERE board = %s AND incarnation = %s AND achieved_ms >= %s AND achieved_ms < %s AND {}"
+    )
+    applied = (
+        held.format("match_results", "NOT %s = ANY(skipped)")
+        + " UNION ALL "
+        + held.format("match_holds", "period = %s")
+    )
+    where = f"FROM ({applied}) m WHERE TRUE {MODERATED}"
+    if mode == "best":
+        return f"SELECT max(score), player_id, shard {where} GROUP BY player_id, shard"
+    if mode == "set":  # the latest result, the better of two at one time (write.lua's rule)
+        return (
+            f"SELECT DISTINCT ON (player_id, shard) score, player_id, shard {where} "
+            "ORDER BY player_id, shard, achieved_ms DESC, score DESC"
+        )
+    # incr: the sum, at the latest time that scored; with nothing scored, the earliest (write.lua)
+    return (
+        "SELECT sum(points), player_id, shard, CASE WHEN sum(points) > 0 THEN "
+        f"max(achieved_ms) FILTER (WHERE points > 0) ELSE min(achieved_ms) END {where} "
+        "GROUP BY player_id, shard"
+    )
+
+
+def order_params(board_id: str, incarnation: str, start: int, end: int, name: str) -> tuple[Any, ...]:
+    """``order_sql``'s parameters: the period ``name`` of a board's incarnation, achieved in [start, end)."""
+    return (*(board_id, incarnation, start, end, name) * 2, moderation.ALL, board_id, incarnation, name)
 
 
 def check_report(checks: Sequence[ShardCheck]) -> dict[str, Any]:
