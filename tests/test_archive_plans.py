@@ -7,7 +7,8 @@ index of a shard's rows was (board, incarnation, shard), and on such estimates i
 incarnation) prefix looked as good as the primary key and was smaller: each incoming row of a batch
 then read every archived row of its board (one archive statement took a minute on a board of 5,000
 rows in the suite's database; on a season's board of millions, the archiver would fall behind for
-good). That index now leads with the shard (`match_results_on_shard`)."""
+good). That index now leads with the shard (`match_results_on_shard`). The round's check of its
+journals' marks (``_GAPS``) reads theirs by the key, not the whole of journal_marks."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from shardlb import archive
 from shardlb.archive import connect_db
 from tests.test_prune import own_db
-from tests.test_read_plans import archive_of
+from tests.test_read_plans import archive_of, rows_read
 
 pytestmark = pytest.mark.cluster
 
@@ -133,3 +134,45 @@ async def test_the_set_up_replaces_the_index_that_led_with_the_board(postgres_ur
         finally:
             await db.close()
         assert "match_results_on_shard" in names and "match_results_by_shard" not in names, names
+
+
+@pytest.mark.parametrize(("boards", "passed"), [(301, 4), (5_000, 100)])
+async def test_a_rounds_gap_check_reads_the_marks_of_its_journals(
+    postgres_url: str, boards: int, passed: int
+) -> None:
+    """``_GAPS`` (every round that writes, and the idle journals' check) reads the marks of the
+    journals it is given, by the key, among those of every board's 4 shards. Until 2026-12-06 it
+    joined them to the whole table: a sequential scan of journal_marks for 4 journals of 1,204, or
+    100 of 20,000."""
+    name = f"plans_gaps_{passed}_{os.getpid()}_{random.randrange(10**6)}"
+    async with own_db(postgres_url, name) as url:
+        db = await connect_db(url)
+        try:
+            await db.execute(
+                "INSERT INTO journal_marks (journal, board, incarnation, archived_to) "
+                "SELECT 'j:b' || b || ':' || s, 'b' || b, 'inc', '5-' || b "
+                "FROM generate_series(1, %s) b, generate_series(0, 3) s",
+                (boards,),
+            )
+            await db.execute("ANALYZE")
+            await db.commit()
+            # the journals of the first boards, and one never marked (of board 0); every other one
+            # trimmed past its mark (5-<board>), the others up to it
+            journals = [f"j:b{1 + i // 4}:{i % 4}" for i in range(passed - 1)] + ["j:b0:0"]
+            owners = [j.split(":")[1] for j in journals]
+            trimmed = [f"{14 if i % 2 else 5}-{owners[i][1:]}" for i in range(passed)]
+            params = (journals, owners, ["inc"] * passed, [int(j[-1]) for j in journals], trimmed)
+            async with db.transaction(force_rollback=True):
+                cur = await db.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {archive._GAPS}", params)
+                row = await cur.fetchone()
+                assert row is not None
+                read = rows_read(row[0][0]["Plan"], "journal_marks")
+            assert read <= passed, (read, scans(row[0][0]["Plan"]))
+            async with db.transaction(force_rollback=True):
+                cur = await db.execute(archive._GAPS, params)
+                found = sorted(await cur.fetchall())
+            assert found == sorted(
+                (journals[i], owners[i], f"5-{owners[i][1:]}", trimmed[i]) for i in range(passed - 1) if i % 2
+            )
+        finally:
+            await db.close()
