@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 import psycopg
 
+from shardlb.archive import connect_db
 from shardlb.board import Board
 from shardlb.cluster import LocalCluster, free_port_block
 from shardlb.config import BoardConfig
@@ -132,6 +133,8 @@ async def main() -> None:
             pg = LocalPostgres(Path(tmp) / "pg", fast=True)
             postgres_url = pg.up()
         try:
+            schema = await connect_db(postgres_url)  # the archive's tables, as the archiver makes them
+            await schema.close()
             async with connected(redis_url, postgres_url) as (rebuilder, store):
                 await ensure_schema(rebuilder.db)
                 config = BoardConfig.from_dict(
