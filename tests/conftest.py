@@ -132,4 +132,35 @@ def _sync_client(cluster: LocalCluster) -> RedisCluster:
     )
 
 
+# The modules that take longest (a minute or so each: their own clusters, reshards, failovers, Locust,
+# a browser), handed to the xdist workers first: `--dist loadscope` gives out modules in the order
+# they were collected, and one of these started last kept its worker busy for a minute after the
+# others had ended. The order of tests within a module does not change.
+SLOW_FIRST = (
+    "test_chaos",
+    "test_reshard_http",
+    "test_reshard",
+    "test_bench_locustfile",
+    "test_k8s_scripts",
+    "test_dashboard_browser",
+    "test_migration",
+    "test_router_reshards",
+    "test_reshard_failover",
+    "test_settlement_webhooks",
+    "test_router_slow_clients",
+    "test_openapi",
+    "test_router_server",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: n for n, name in enumerate(SLOW_FIRST)}
+
+    def module_rank(item: pytest.Item) -> int:
+        name = item.module.__name__.rpartition(".")[2] if item.module else ""
+        return rank.get(name, len(SLOW_FIRST))
+
+    items.sort(key=module_rank)  # stable: each module's tests keep their order
+
+
 pytest_plugins = ["tests.store_fixture"]
