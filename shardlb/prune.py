@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import orjson
@@ -170,24 +171,23 @@ def batch_statement(table: str) -> str:
     )
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a number of rows, 1 or more, got {text!r}")
-    return value
+def _at_least_one(what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of ``what``, 1 or more."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"a number of {what}, 1 or more, got {text!r}")
+        return value
+
+    return parse
 
 
-def _days(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a number of days, 1 or more, got {text!r}")
-    return value
+_positive = _at_least_one("rows")
+_days = _at_least_one("days")
 
 
 def main(argv: list[str] | None = None) -> int:

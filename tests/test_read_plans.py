@@ -155,6 +155,36 @@ def rows_read(node: dict[str, Any], relation: str) -> int:
 BIG = ("big", "inc-big")
 
 
+async def removals_read_past_the_boards(
+    postgres_url: str,
+    shape: str,
+    lookups: dict[str, tuple[str, tuple[Any, ...]]],
+    settings: str,
+    removals: int = 3,
+) -> dict[str, int]:
+    """The statements of ``lookups`` (run as their code runs them: in a transaction, after
+    ``settings``) that read more of player_removals than the big board's removals, with how many,
+    on an archive of ``shape`` of a database of its own."""
+    name = f"reads_{shape}_{os.getpid()}_{random.randrange(10**6)}"
+    async with own_db(postgres_url, name) as url:
+        db = await connect_db(url)
+        try:
+            await archive_of(db, shape, removals=removals)
+            cur = await db.execute("SELECT count(*) FROM player_removals WHERE board = 'big'")
+            row = await cur.fetchone()
+            assert row is not None
+            bad = {}
+            for what, (sql, params) in lookups.items():
+                async with db.transaction():
+                    await db.execute(settings)
+                    read = rows_read(await plan(db, sql, params, analyze=True), "player_removals")
+                if read > row[0]:
+                    bad[what] = read
+            return bad
+        finally:
+            await db.close()
+
+
 def removal_lookups() -> dict[str, tuple[str, tuple[Any, ...]]]:
     """The rebuild's reads of a shard, which look up each row's removals (``settlement.REMOVED_AFTER``),
     with the big board's parameters (the settlement's order: ``order_lookups``)."""
@@ -187,49 +217,19 @@ def order_lookups() -> dict[str, tuple[str, tuple[Any, ...]]]:
 async def test_the_settlements_order_reads_the_boards_removals_only(postgres_url: str, shape: str) -> None:
     """Until 2026-12-06, on ``even``, the order hashed every board's removals: the board is a
     parameter of each branch of its UNION ALL, which the planner did not carry to the NOT EXISTS."""
-    name = f"reads_order_{shape}_{os.getpid()}_{random.randrange(10**6)}"
-    async with own_db(postgres_url, name) as url:
-        db = await connect_db(url)
-        try:
-            # the big board's removals a tenth of the table (a sequential scan is right for most)
-            await archive_of(db, shape, removals=60)
-            cur = await db.execute("SELECT count(*) FROM player_removals WHERE board = 'big'")
-            row = await cur.fetchone()
-            assert row is not None
-            bad = {}
-            for what, (sql, params) in order_lookups().items():
-                async with db.transaction():  # as the settlement reads: with its settings
-                    await db.execute(settlement.ORDER_SETTINGS)
-                    read = rows_read(await plan(db, sql, params, analyze=True), "player_removals")
-                if read > row[0]:
-                    bad[what] = read
-            assert not bad, bad
-        finally:
-            await db.close()
+    # the big board's removals a tenth of the table (a sequential scan is right for most)
+    bad = await removals_read_past_the_boards(
+        postgres_url, shape, order_lookups(), settlement.ORDER_SETTINGS, 60
+    )
+    assert not bad, bad
 
 
 @pytest.mark.parametrize("shape", ["even", "grown"])
 async def test_the_removals_of_a_boards_rows_are_read_at_most_once(postgres_url: str, shape: str) -> None:
-    name = f"reads_{shape}_{os.getpid()}_{random.randrange(10**6)}"
-    async with own_db(postgres_url, name) as url:
-        db = await connect_db(url)
-        try:
-            await archive_of(db, shape)
-            cur = await db.execute("SELECT count(*) FROM player_removals WHERE board = 'big'")
-            row = await cur.fetchone()
-            assert row is not None
-            bad = {}
-            for what, (sql, params) in removal_lookups().items():
-                # At most the board's removals, once (a hash of them) or a player's for each row (by
-                # the full key): neither the shard's again for each row (a prefix), nor every board's.
-                async with db.transaction():  # as the rebuild reads: with its settings
-                    await db.execute(rebuild.ROWS_SETTINGS)
-                    read = rows_read(await plan(db, sql, params, analyze=True), "player_removals")
-                if read > row[0]:
-                    bad[what] = read
-            assert not bad, bad
-        finally:
-            await db.close()
+    # At most the board's removals, once (a hash of them) or a player's for each row (by the full
+    # key): neither the shard's again for each row (a prefix), nor every board's.
+    bad = await removals_read_past_the_boards(postgres_url, shape, removal_lookups(), rebuild.ROWS_SETTINGS)
+    assert not bad, bad
 
 
 async def test_the_check_for_an_archived_row_reads_the_boards_index(postgres_url: str) -> None:
