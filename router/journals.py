@@ -1,28 +1,41 @@
 """How far the archive is behind, as this router sees the journals: for /metrics and /readyz.
 
-Every ``every_s`` seconds the watcher reads each journaled board's shards (XLEN, the oldest
-entry's id and the results counts, through a small client of its own that leaves replies
-undecoded) and keeps the worst journal, the one nearest either bound: its entries and results not
-yet archived and the age of the oldest. Writes to a shard whose journal reaches a bound are refused
-with 503 (write.lua); the gauges show it coming.
+A check reads each journaled board's shards (XLEN, the oldest entry's id and the results counts,
+through a small client of its own that leaves replies undecoded; one pipeline per node for up to
+``journal.LAGS_AT_ONCE`` journals at a time) and keeps the worst journal, the one nearest either
+bound: its entries and results not yet archived and the age of the oldest. Writes to a shard whose
+journal reaches a bound are refused with 503 (write.lua); the gauges show it coming.
+
+The journals are the cluster's, not the worker's: one check every ``every_s`` seconds serves every
+worker of every router. A check publishes its reading (``keys.JOURNAL_LAG``, living ``every_s``),
+and each worker's loop takes that reading while it lives; once it has expired, the worker that gets
+the lease (``keys.JOURNAL_LAG_LEASE``, SET NX) checks and publishes, and the others keep their last
+view meanwhile. Until 2026-12-06 every worker read every journal itself every ``every_s``: with
+2,000 boards of 10 shards, 60,000 commands a check, one after another (7 s on loopback, longer than
+the interval), in each worker of each router.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
+import orjson
 from router import metrics
 from shardlb import keys
-from shardlb.journal import Lag, journal_lag
+from shardlb.journal import Lag, journal_lags
 from shardlb.outage import Outage
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.router")
+# How long the worker checking the journals holds the lease at most: a check that outlives it (or a
+# worker killed mid-check) lets another worker check too.
+LEASE_MS = 60_000
 
 
 @dataclass
@@ -63,31 +76,62 @@ class JournalWatch:
         self.kept = 0
 
     async def check(self) -> Worst:
-        """Read every journal once; return the worst, and keep it unless a newer check was kept."""
+        """Read every journal once; return the worst, publish it for the other workers (the module
+        docstring), and keep it unless a newer check was kept."""
         self.begun += 1
         mine = self.begun
         worst = Worst(None, Lag(0, 0.0), self.worst.bound, self.worst.results_bound)
-        for board in await self.store.boards():
-            if self.closed:
-                break
-            if board.config.durability != "journal":
-                continue
-            for prefix in board.prefixes:  # one call at a time: the client has two connections a node
-                lag = await journal_lag(self.raw, keys.journal_key(prefix))
-                if (worst.share(lag), lag.seconds) > (worst.share(worst.lag), worst.lag.seconds):
-                    worst = Worst(board.config.id, lag, worst.bound, worst.results_bound)
-        if mine < self.kept:
+        journals = [
+            (board.config.id, keys.journal_key(prefix))
+            for board in await self.store.boards()
+            if board.config.durability == "journal"
+            for prefix in board.prefixes
+        ]
+        if self.closed:
             return worst
+        lags = await journal_lags(self.raw, [key for _, key in journals])
+        for (board_id, _), lag in zip(journals, lags, strict=True):
+            if (worst.share(lag), lag.seconds) > (worst.share(worst.lag), worst.lag.seconds):
+                worst = Worst(board_id, lag, worst.bound, worst.results_bound)
+        if self._keep(worst, mine):  # an older check's view is not published over a newer one
+            oldest_ms = int((time.time() - worst.lag.seconds) * 1000)
+            reading = {"board": worst.board, "entries": worst.lag.entries, "results": worst.lag.results}
+            await self.raw.set(keys.JOURNAL_LAG, orjson.dumps({**reading, "oldest_ms": oldest_ms}),
+                               px=max(1, int(self.every_s * 1000)))  # fmt: skip
+        return worst
+
+    async def look(self) -> None:
+        """The loop's turn: take the reading another worker published while it lives; else check,
+        if this worker gets the lease (else another worker is checking: keep the last view)."""
+        self.begun += 1
+        mine = self.begun
+        published = await self.raw.get(keys.JOURNAL_LAG)
+        if published is not None:
+            got = orjson.loads(published)
+            seconds = 0.0 if not got["entries"] else max(0.0, time.time() - got["oldest_ms"] / 1000)
+            lag = Lag(int(got["entries"]), seconds, int(got["results"]))
+            self._keep(Worst(got["board"], lag, self.worst.bound, self.worst.results_bound), mine)
+            return
+        if not await self.raw.set(keys.JOURNAL_LAG_LEASE, 1, nx=True, px=LEASE_MS):
+            return
+        try:
+            await self.check()
+        finally:
+            await self.raw.delete(keys.JOURNAL_LAG_LEASE)
+
+    def _keep(self, worst: Worst, mine: int) -> bool:
+        if mine < self.kept:
+            return False
         self.worst, self.kept = worst, mine
         metrics.JOURNAL_ENTRIES.set(worst.lag.entries)
         metrics.JOURNAL_RESULTS.set(worst.lag.results)
         metrics.JOURNAL_SECONDS.set(worst.lag.seconds)
-        return worst
+        return True
 
     async def run(self) -> None:
         while not self.closed:
             try:
-                await self.check()
+                await self.look()
             except Exception as e:  # the cluster is in trouble: /readyz says so on its own
                 self.outage.failed(e)
             else:

@@ -19,13 +19,16 @@ committed; a rebuild replays the entries written after its snapshot.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import msgpack
 from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys
+from shardlb.fanout import batch
 
+LAGS_AT_ONCE = 500  # journals whose lag one pipeline per node reads (``journal_lags``)
 GROUP = "archiver"  # the consumer group every archiver reads the journals with
 
 
@@ -119,6 +122,31 @@ class Lag(NamedTuple):
     entries: int
     seconds: float
     results: int = 0
+
+
+async def journal_lags(client: RedisCluster, journals: Sequence[str]) -> list[Lag]:
+    """``journal_lag`` of each of ``journals``, read ``LAGS_AT_ONCE`` at a time with one pipeline per
+    node (fanout.batch): a round trip per node and chunk, not three per journal one after another
+    (2,000 boards of 10 shards: 60,000 round trips, 7 s on loopback). Each journal's three reads are
+    not atomic together, as in ``journal_lag``."""
+    out: list[Lag] = []
+    now = time.time()
+    for start in range(0, len(journals), LAGS_AT_ONCE):
+        chunk = journals[start : start + LAGS_AT_ONCE]
+        reads = batch(client)
+        for key in chunk:
+            reads.execute_command("XRANGE", key, "-", "+", "COUNT", 1)
+            reads.execute_command("XLEN", key)
+            reads.execute_command("GET", keys.journal_counts_of(key))
+        replies = await reads.execute()
+        for i in range(len(chunk)):
+            first, entries, results = replies[3 * i : 3 * i + 3]
+            if not first:
+                out.append(Lag(0, 0.0))
+                continue
+            ms = int(_text(first[0][0]).split("-")[0])
+            out.append(Lag(int(entries), max(0.0, now - ms / 1000), max(0, int(results or 0))))
+    return out
 
 
 async def journal_lag(client: RedisCluster, key: str) -> Lag:

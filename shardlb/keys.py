@@ -53,6 +53,10 @@ SLOTS = 16384
 BOARDS = "lb:boards"
 BANS = "lb:bans"  # hash "<board or *>/<player>" -> ban record JSON (shardlb/moderation.py)
 BANS_VERSION = "lb:bans:v"  # drawn anew at every change of BANS: routers reload the set when it moves
+# The routers' journal watch (router/journals.py): the last reading of every journal, shared by
+# every worker while it lives, and the lease of the one worker reading them anew.
+JOURNAL_LAG = "lb:journals:lag"
+JOURNAL_LAG_LEASE = "lb:journals:lag:lease"
 
 
 def slot_of(key: str) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from router.journals import JournalWatch
+from shardlb import keys
 from shardlb.board import Board, Score
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
@@ -123,4 +124,42 @@ async def test_a_check_begun_before_a_newer_one_does_not_replace_its_view(
         await early
         assert watch.worst.board == board.config.id and watch.worst.lag.entries == 1, watch.worst
     finally:
+        await store.delete(board.config.id)
+
+
+async def journal_reads(client: Any) -> int:
+    """XLEN calls the cluster's primaries have run (INFO commandstats): one per journal a check reads."""
+    stats = await client.info("commandstats", target_nodes=client.PRIMARIES)
+    return sum(int(node.get("cmdstat_xlen", {}).get("calls", 0)) for node in stats.values())
+
+
+async def test_one_check_of_the_journals_serves_every_worker(store: BoardStore, raw: Any) -> None:
+    """Every worker of every router read every journal itself every 5 s: with 2,000 boards of 10
+    shards, 60,000 commands a check per worker, one after another (7 s on loopback, longer than the
+    interval), so a thousand workers kept the cluster busy with lag reads alone. A check's reading
+    is now published for ``every_s``, and a worker's loop takes it instead of reading the journals."""
+    from tests.test_moderation_router import until
+
+    board, _ = await store.create(BoardConfig.from_dict(board_name("shared"), {}))
+    await raw.delete(keys.JOURNAL_LAG, keys.JOURNAL_LAG_LEASE)
+    first = JournalWatch(raw, store, 1000, 1000, every_s=60)
+    second = JournalWatch(raw, store, 1000, 1000, every_s=60)
+    tasks = []
+    try:
+        await board.submit([Score("p1", 5, "m")])
+        before = await journal_reads(raw)
+        tasks.append(asyncio.create_task(first.run()))
+        await until(lambda: first.kept > 0, "the first worker's check")
+        read = await journal_reads(raw) - before
+        assert read >= 1 and first.worst.lag.entries >= 1
+        tasks.append(asyncio.create_task(second.run()))
+        await until(lambda: second.kept > 0, "the second worker's view")
+        assert await journal_reads(raw) - before == read  # the second worker read no journal
+        assert (second.worst.board, second.worst.lag.entries) == (first.worst.board, first.worst.lag.entries)
+    finally:
+        first.closed = second.closed = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await raw.delete(keys.JOURNAL_LAG, keys.JOURNAL_LAG_LEASE)
         await store.delete(board.config.id)
