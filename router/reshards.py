@@ -133,7 +133,7 @@ class ReshardWatch:
     async def check(self) -> list[str]:
         """Look at every reshard's lease once; keep and return the abandoned ones."""
         async with self.gate, metrics.redis_call("reshards"):
-            boards = [b for b in await self.store.boards() if b.also]  # ``also``: a reshard under way
+            boards = await self.store.resharding()
             leases = batch(self.store.client)
             for board in boards:
                 leases.execute_command("EXISTS", keys.lease_key(board.config.id))

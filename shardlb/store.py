@@ -51,6 +51,9 @@ DROPS_IN_FLIGHT = 16
 # board was created with is in ``last_reshard`` (``created``), once a reshard has changed it.
 # (``created`` at the top: records written by main for a few hours on 2026-12-05, read still.)
 _RECORD = ("incarnation", "state", "generation", "reshard", "last_reshard", "created")
+# How a record that names a reshard under way spells it (orjson writes no spaces; ``last_reshard``
+# is another field): ``resharding`` parses only the records that hold it.
+_RESHARD_FIELD = '"reshard":'
 RESHARD_SOURCE_STATES = ("copying", "sealing")  # the registry's layout is being copied away
 
 
@@ -154,6 +157,16 @@ class BoardStore:
         raw = await self.client.hgetall(keys.BOARDS)
         records = ((str(k), orjson.loads(v)) for k, v in raw.items())
         return [self._board(k, r) for k, r in records if r.get("state") != "deleting"]
+
+    async def resharding(self) -> list[Board]:
+        """The boards of the registry with a reshard recorded (``Board.also``), not those being
+        deleted. Only the records that name a reshard are parsed and made boards: routers ask every
+        few seconds (router/reshards.py), and making every board of a registry of 2,000 took 200 ms
+        of the worker's event loop each time; the read itself is 3 ms."""
+        raw = await self.client.hgetall(keys.BOARDS)
+        named = ((str(k), orjson.loads(v)) for k, v in raw.items() if _RESHARD_FIELD in str(v))
+        boards = [self._board(k, r) for k, r in named if r.get("state") != "deleting"]
+        return [b for b in boards if b.also]
 
     async def list(self) -> list[BoardConfig]:
         return sorted((b.config for b in await self.boards()), key=lambda c: c.id)

@@ -491,3 +491,33 @@ async def test_a_mover_cancelled_once_its_commit_is_written_opens_the_new_layout
     assert (final["state"], final["shards"]) == ("none", 3)
     assert sum([e.points for e in await (await store.get(board_id)).top(300)]) == 201
     await store.delete(board_id)
+
+
+class MadeStore(BoardStore):
+    """A board store that records the ids of the boards it makes (``layout``)."""
+
+    def __init__(self, store: BoardStore) -> None:
+        super().__init__(store.client, store.scripts)
+        self.made: list[str] = []
+
+    def layout(self, config: BoardConfig, incarnation: str, generation: int) -> Board:
+        self.made.append(config.id)
+        return super().layout(config, incarnation, generation)
+
+
+async def test_the_watch_makes_no_board_without_a_reshard(store: BoardStore) -> None:
+    """Every worker's watch made a Board of every record of the registry every 5 s to find the few
+    under reshard: 200 ms of its event loop at 2,000 boards, 0.4 s every 5 s with the journal watch's
+    listing. It makes only the boards whose record names a reshard."""
+    quiet = await make_board(store, 2)
+    moving = await make_board(store, 2)
+    counted = MadeStore(store)
+    watch = ReshardWatch(counted, Gate(4))
+    try:
+        await Resharder(store, moving.config.id, say=lambda _: None).start(3)
+        await watch.check()
+        assert moving.config.id in watch.under_way
+        assert quiet.config.id not in counted.made and moving.config.id in counted.made
+    finally:
+        await store.delete(quiet.config.id)
+        await store.delete(moving.config.id)
