@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from redis.asyncio.cluster import RedisCluster
 
-import orjson
 from router import metrics
 from shardlb import keys
 from shardlb.journal import Lag, journal_lags

@@ -81,9 +81,10 @@ REDIS_ERRORS = Counter(
 CACHE = Counter(
     "shardlb_cache_requests_total", "Read cache lookups, by cache and result.", ["cache", "result"]
 )
-# Every worker reads the same journals on its own (router/journals.py): the scrape shows the newest
-# reading of a live worker. "max" would keep a stopped worker's last value for good (only live*
-# modes drop it, in worker_exit) and would show an older, higher reading while the lag goes down.
+# Every worker keeps a view of the journals (one reading a cluster shares: router/journals.py): the
+# scrape shows the newest view of a live worker. "max" would keep a stopped worker's last value for
+# good (only live* modes drop it, in worker_exit) and would show an older, higher reading while the
+# lag goes down.
 JOURNAL_ENTRIES = Gauge(
     "shardlb_journal_lag_entries",
     "Journal entries not yet archived in PostgreSQL, in the journal furthest behind (nearest a bound).",
