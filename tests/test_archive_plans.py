@@ -136,6 +136,33 @@ async def test_the_set_up_replaces_the_index_that_led_with_the_board(postgres_ur
         assert "match_results_on_shard" in names and "match_results_by_shard" not in names, names
 
 
+async def test_the_old_index_built_again_by_an_older_release_is_dropped_at_the_next_connect(
+    postgres_url: str,
+) -> None:
+    """A process of the release before whose schema digest this database has not applied yet (an old
+    router's first history request or settlement during the roll-out, after a new archiver's set-up)
+    runs the old DDL: `match_results_by_shard` is built again, and the new digests, applied already,
+    would never drop it. Beside `match_results_on_shard` the planner takes it again for the archiver's
+    look-ups (every row of the board for each result of a batch). The next set-up of this release
+    drops it."""
+    name = f"plans_old_{os.getpid()}_{random.randrange(10**6)}"
+    async with own_db(postgres_url, name) as url:
+        db = await connect_db(url)  # this release's schema, applied
+        try:
+            # as the old release's first set-up does: its DDL, then its own digest recorded
+            await db.execute(OLD_INDEX)
+            await db.execute("INSERT INTO schema_applied (digest) VALUES ('a digest of the release before')")
+        finally:
+            await db.close()
+        db = await connect_db(url)
+        try:
+            cur = await db.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'match_results'")
+            names = {row[0] for row in await cur.fetchall()}
+        finally:
+            await db.close()
+        assert "match_results_on_shard" in names and "match_results_by_shard" not in names, names
+
+
 @pytest.mark.parametrize(("boards", "passed"), [(301, 4), (5_000, 100)])
 async def test_a_rounds_gap_check_reads_the_marks_of_its_journals(
     postgres_url: str, boards: int, passed: int
