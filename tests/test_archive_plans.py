@@ -114,6 +114,16 @@ async def test_a_batchs_lookups_of_archived_rows_never_read_the_whole_board(
             await db.close()
 
 
+async def indexes_after_a_connect(url: str) -> set[str]:
+    """The indexes of match_results once a process of this release has connected (its set-up)."""
+    db = await connect_db(url)
+    try:
+        cur = await db.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'match_results'")
+        return {row[0] for row in await cur.fetchall()}
+    finally:
+        await db.close()
+
+
 async def test_the_set_up_replaces_the_index_that_led_with_the_board(postgres_url: str) -> None:
     """An archive set up by a release before 2026-12-06 has `match_results_by_shard`: the next
     set-up builds `match_results_on_shard` and drops it (README, "Upgrading an install", 14)."""
@@ -127,12 +137,7 @@ async def test_the_set_up_replaces_the_index_that_led_with_the_board(postgres_ur
             await db.commit()
         finally:
             await db.close()
-        db = await connect_db(url)
-        try:
-            cur = await db.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'match_results'")
-            names = {row[0] for row in await cur.fetchall()}
-        finally:
-            await db.close()
+        names = await indexes_after_a_connect(url)
         assert "match_results_on_shard" in names and "match_results_by_shard" not in names, names
 
 
@@ -154,12 +159,7 @@ async def test_the_old_index_built_again_by_an_older_release_is_dropped_at_the_n
             await db.execute("INSERT INTO schema_applied (digest) VALUES ('a digest of the release before')")
         finally:
             await db.close()
-        db = await connect_db(url)
-        try:
-            cur = await db.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'match_results'")
-            names = {row[0] for row in await cur.fetchall()}
-        finally:
-            await db.close()
+        names = await indexes_after_a_connect(url)
         assert "match_results_on_shard" in names and "match_results_by_shard" not in names, names
 
 
