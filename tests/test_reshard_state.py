@@ -108,7 +108,9 @@ async def test_the_per_minute_rate_limit_holds_through_a_reshard(store: BoardSto
     board. They are copied with the board, counted before the reshard or while it copies."""
     board = await make_board(store, 2, max_results_per_player_per_minute=2)
     screen = moderation.Screen(lambda _board, _player, _incarnation: False)
-    now = times.now_ms()
+    # The start of this minute: the posts below, 2 s apart at most, count in one minute (from a
+    # time in a minute's last seconds the third fell in the next one, answered improved).
+    now = times.now_ms() // 60_000 * 60_000
     first, second = Score("p1", 5, "m1", now), Score("p1", 6, "m2", now)
 
     async def post(target: Board, score: Score, at: int) -> list[str]:
