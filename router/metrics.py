@@ -120,6 +120,13 @@ GC_PAUSE = Histogram(
     ["generation"],
     buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
+# The ban list's refreshes that read something (router/moderation.py, BanCache): "changes", the fields
+# its change log named; "whole", the whole list (the first, a move the log lacks, hourly).
+BAN_LIST_READS = Counter(
+    "shardlb_ban_list_reads_total",
+    "Refreshes of the router's ban list that read it: the fields changed (changes) or all of it (whole).",
+    ["kind"],
+)
 RATE_LIMITED = Counter("shardlb_rate_limited_total", "Reads refused by the per-client rate limit.")
 RESULTS_REFUSED = Counter(
     "shardlb_results_refused_total",

@@ -2,9 +2,15 @@
 bans, and the write path's screen of banned players and sanity limits (shardlb/moderation.py).
 
 Every router holds the ban list in memory (``BanCache``) and checks each score against it before it
-is queued. The list is refreshed every ``REFRESH_S``: one GET of the list's version, and a reload of
-the whole list only when it moved. So a ban reaches every router within about ``REFRESH_S`` (plus a
-reload). A ban request therefore stores the ban, waits ``PROPAGATION_S`` (two refreshes), and only
+is queued. The list is refreshed every ``REFRESH_S``: one GET of the list's version and, only when it
+moved, the records of the fields the list's change log names since this copy last read it
+(``BanCache.follow``; shardlb/moderation.py, ``Bans._note``). The whole list is read, a page at a
+time, only when the log cannot say what changed (the first refresh, a change by a router of the
+release before, a restore or a forgetting, entries trimmed or lost in a failover) and at least every
+``FULL_LOAD_S``. So a ban reaches every router within about ``REFRESH_S``. Until 2026-12-06 every
+move read the whole list: at 100,000 bans half a second of each worker's event loop and 12.7 MB
+from one primary, in every worker of every router, at every ban or lift. A ban request therefore
+stores the ban, waits ``PROPAGATION_S`` (two refreshes), and only
 then removes the player's entries: a score that a router accepted before it learnt of the ban has
 been written by then, and the removal takes it away too. A router that cannot reach Redis keeps its
 last list (and cannot write either).
@@ -32,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -64,24 +71,29 @@ LOG_MAX = 10_000
 LOG_BATCH = 500
 LINES_PER_MINUTE = 100  # refused results logged a line each in a minute (the module docstring)
 LINES_EVERY_S = 60.0
+CHANGES_READ = 1000  # change-log entries a refresh reads; more, and it loads the whole list
+FULL_LOAD_S = 3600.0  # the whole list is loaded again at least this often (``BanCache.refresh``)
 SUMMARY_BOARDS = 20  # boards named in a `refused results not logged each` line, those with the most
 
 
 class BanCache:
     """The ban list as this router knows it (see the module docstring)."""
 
-    def __init__(self, bans: Bans, every_s: float = REFRESH_S) -> None:
+    def __init__(
+        self, bans: Bans, every_s: float = REFRESH_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.bans = bans
         self.every_s = every_s
-        self.version = -1
+        self.clock = clock
+        self.version = -1  # the list's version this copy is at; -1: none loaded yet
+        self.position = moderation.NO_CHANGE  # the change log's last entry read
+        self.load_by = 0.0  # when the whole list is next loaded at the latest (``clock``)
         self.fields: dict[str, str | None] = {}  # ban field -> the board's incarnation (Ban.incarnation)
         self.closed = False
         self.outage = Outage(log, "ban list not refreshed", "ban list refreshed again")
-        # Refreshes overlap (the task's and a ban's or an unban's request): a refresh's list is
-        # kept only if no refresh begun after it has been kept already, so the task's pass that
-        # began before a ban never puts back the list without it (router/journals.py alike).
-        self.begun = 0
-        self.kept = 0
+        # Refreshes overlap (the task's and a ban's or an unban's request): one at a time, so a
+        # refresh begun before a ban never puts back a copy without it after one begun since.
+        self.lock = asyncio.Lock()
 
     def banned(self, board: str, player: str, incarnation: str | None = None) -> bool:
         """Whether ``player`` is banned on ``board`` (of ``incarnation``; None: any) or everywhere."""
@@ -97,16 +109,55 @@ class BanCache:
         return made_on is None or incarnation is None or made_on == incarnation
 
     async def refresh(self) -> None:
-        self.begun += 1
-        mine = self.begun
-        version = await self.bans.version()
-        if version != self.version:
-            found = await self.bans.all()
-            fields = {moderation.ban_field(b.board, b.player): b.incarnation for b in found}
-            if mine < self.kept:
-                return
-            self.fields, self.version = fields, version
-        self.kept = max(self.kept, mine)
+        """Bring the copy up to the list: nothing when the version has not moved; else the fields
+        the change log names since the copy's position (``follow``), or the whole list (``load``)
+        when the log cannot say (the first refresh, a move the log lacks, entries trimmed or lost),
+        and at least every ``FULL_LOAD_S``."""
+        async with self.lock:
+            due = self.clock() >= self.load_by
+            if self.version >= 0 and not due:
+                version = await self.bans.version()
+                if version == self.version or await self.follow():
+                    return
+            await self.load()
+
+    async def follow(self) -> bool:
+        """Read the fields the change log names since this copy's position and take their records
+        as the list holds them now; False, changing nothing, unless the log's entries lead without
+        a gap from this copy's version to the list's."""
+        now, entries = await self.bans.changes(self.position, CHANGES_READ)
+        if self.position != moderation.NO_CHANGE:
+            if not entries or entries[0].id != self.position:
+                return False  # the entry read last is gone: trimmed, or lost with a failover
+            entries = entries[1:]
+        at, named = self.version, set()
+        for entry in entries:
+            if entry.before != at:
+                return False  # a move the log lacks: a router of the release before, a restore
+            at = entry.after
+            named.update(entry.fields)
+        if at != now or len(entries) >= CHANGES_READ - 1:
+            return False  # a move since the last entry that the log lacks, or more to read
+        for field, incarnation, held in await self.bans.held_on(sorted(named)):
+            if held:
+                self.fields[field] = incarnation
+            else:
+                self.fields.pop(field, None)
+        self.version = now
+        if entries:
+            self.position = entries[-1].id
+        metrics.BAN_LIST_READS.labels("changes").inc()
+        return True
+
+    async def load(self) -> None:
+        """Load the whole list, a page at a time; the log's position and the version are read
+        first, so a change made during the scan is read again from the log at the next refresh."""
+        version, position = await self.bans.mark()
+        fields = {field: incarnation async for field, incarnation in self.bans.scan()}
+        self.fields, self.version, self.position = fields, version, position
+        # Spread, so that the workers started together do not all load it at once again.
+        self.load_by = self.clock() + FULL_LOAD_S * random.uniform(0.75, 1.25)
+        metrics.BAN_LIST_READS.labels("whole").inc()
 
     async def run(self) -> None:
         while not self.closed:

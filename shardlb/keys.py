@@ -18,6 +18,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:seen                     inactive_after boards: player -> last post ms
     lb:{<tag>}:<board>:<inc>:<shard>:rate:<minute> / rated:<minute>   per-minute result counts (sanity)
     lb:bans / lb:bans:v                                       banned players (scope/player -> record), version
+    lb:{lb:bans:v}:log                                        the ban list's change log (beside the version)
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:d:2026-11-30      set once that period is frozen (expires with it)
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:total             set once the board is closed (a season archive)
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:d:2026-11-30:paid the settlement that paid it (expires with it)
@@ -53,6 +54,10 @@ SLOTS = 16384
 BOARDS = "lb:boards"
 BANS = "lb:bans"  # hash "<board or *>/<player>" -> ban record JSON (shardlb/moderation.py)
 BANS_VERSION = "lb:bans:v"  # drawn anew at every change of BANS: routers reload the set when it moves
+# The fields each change of BANS wrote, in the version's hash slot (its tag is the version's name), so
+# one script logs a change and moves the version at once: routers read the fields named since they
+# last looked instead of the whole list (shardlb/moderation.py, ``Bans.changes``).
+BANS_LOG = "lb:{lb:bans:v}:log"
 # The routers' journal watch (router/journals.py): the last reading of every journal, shared by
 # every worker while it lives, and the lease of the one worker reading them anew.
 JOURNAL_LAG = "lb:journals:lag"

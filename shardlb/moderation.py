@@ -14,10 +14,13 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
   player posted since.
 - **Bans** (``Bans``): PostgreSQL keeps them (``bans``, the truth that a rebuild reads), and Redis
   keeps the list routers cache (``lb:bans``, a hash ``<board or *>/<player>`` -> record, and a
-  version ``lb:bans:v`` that moves with every change, so a router reloads the list only when it
-  changed). The version is drawn at random at each change, not counted (``Bans._moved``): a
-  counter lost in a failover with the last change went back a step, and the next change handed
-  out the number again, under which routers had loaded the lost change and so kept their list.
+  version ``lb:bans:v`` that moves with every change, so a router reads the list only when it
+  changed). A ban or a lift logs the field it writes in the list's change log (``Bans._note``,
+  in the version's hash slot: the entry and the version's move are one script), so routers read
+  that field alone, not the whole list. The version is drawn at random at each change, not
+  counted (``Bans._moved``): a counter lost in a failover with the last change went back a step,
+  and the next change handed out the number again, under which routers had loaded the lost change
+  and so kept their list.
   A ban of one board holds on the incarnation it was made on (``Ban.incarnation``): a board
   deleted and created again under its id starts without it, and the board's deletion forgets it
   (``Bans.forget``; the archiver's ``Bans.sweep`` finishes what a deletion left). A ban also
@@ -42,7 +45,7 @@ import asyncio
 import os
 import secrets
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -69,6 +72,40 @@ MAX_BANS = 1_000_000  # bans kept at once: every router holds the whole list in 
 BANS_PAGE = 2000  # bans written back per HSET by a restore
 REASON_MAX = 500
 VERSIONS = 2**62  # the ban list's versions are drawn from 1..VERSIONS (``Bans._moved``)
+CHANGES_KEPT = 10_000  # entries of the list's change log kept (about: XADD's MAXLEN ~)
+CHANGES_KEPT_MS = 86_400_000  # and for a day at most: an entry names a player (``_note``)
+NO_CHANGE = "0-0"  # the change log's position before its first entry (no entry has that id)
+# An entry of the ban list's change log (``Bans._note``): KEYS[1] the version, KEYS[2] the log (one
+# hash slot); ARGV[1] the entries kept, ARGV[2] the version to set ('' : it stays, a note made
+# before the list's write), ARGV[3] the fields, as a JSON array, ARGV[4] how long entries are kept
+# (ms; older ones go, by the server's clock, which makes the entries' ids). The entry holds the
+# version it found (`from`) and the one it leaves (`to`): a router follows the log only along that
+# chain, so a version moved without an entry (a router of the release before, a restore) makes it
+# load the whole list.
+_NOTE = """
+local from = redis.call('GET', KEYS[1]) or '0'
+local to = from
+if ARGV[2] ~= '' then
+  to = ARGV[2]
+  redis.call('SET', KEYS[1], to)
+end
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'from', from, 'to', to, 'fields', ARGV[3])
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d', ms - tonumber(ARGV[4])))
+return id
+"""
+# The version and the log's entries from ARGV[1] on (that entry first, while it is kept), at most
+# ARGV[2] of them, read at once (``Bans.changes``); or, with ARGV[1] '', the version and the log's
+# last entry's id (``Bans.mark``: where a router that loads the whole list follows the log from).
+_CHANGES = """
+local version = redis.call('GET', KEYS[1]) or '0'
+if ARGV[1] == '' then
+  local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+  return {version, last[1] and last[1][1] or '0-0'}
+end
+return {version, redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2])}
+"""
 # A restore's second pass over the list (``Bans.restore``): KEYS[1] the list; ARGV field, the record
 # read, PostgreSQL's record ('' for none), ...: each field set to PostgreSQL's record (removed for
 # none) only while it holds the record read: a ban or lift made since wrote its own, which stays.
@@ -581,10 +618,11 @@ class Bans:
         if kept is None:  # lifted since (or meanwhile): Redis follows the lift, not this request
             return made or ban, False
         # PostgreSQL's row, written over whatever Redis held: the two converge on the ban kept.
+        await self._note([field])
         await self._write(("HSET", keys.BANS, field, _record(kept)))
         # Moved whether or not the record was new: a retry of a ban whose move failed after its
-        # record was stored must still make the routers reload the list (a reload too many is cheap).
-        await self._moved()
+        # record was stored must still make the routers read it (a read too many is cheap).
+        await self._moved([field])
         return kept, True
 
     async def lift(
@@ -623,13 +661,14 @@ class Bans:
                 await audit(db, "unban", scope, player, by, reason, request_id, detail)
             else:
                 lifted, held, since = first, True, await _ban_row(db, player, board)
+        await self._note([field])
         if since is not None:
             await self._write(("HSET", keys.BANS, field, _record(since)))
         else:
             # A record PostgreSQL did not hold (a lift's HDEL lost in a failover, a restore not yet
             # run) was a ban in force for the routers: its lift says so.
             lifted = (bool(await self._write(("HDEL", keys.BANS, field))) and not held) or lifted
-        await self._moved()
+        await self._moved([field])
         return lifted
 
     async def forget(self, db: psycopg.AsyncConnection[Any], board: str, incarnation: str) -> int:
@@ -689,15 +728,36 @@ class Bans:
                 done += await self.forget(db, name, incarnation)
         return done
 
-    async def _moved(self, replicated: Replicated | None = None) -> None:
-        """Give the list a new version, drawn at random (1..2**62): routers reload the list when the
-        version they read is not the one they loaded it under (``BanCache.refresh``), whatever its
+    async def _moved(self, fields: Sequence[str] | None = None, replicated: Replicated | None = None) -> None:
+        """Give the list a new version, drawn at random (1..2**62): routers look at the list again
+        when the version they read is not the one they hold (``BanCache.refresh``), whatever its
         order. A counter could hand out a number again after a failover, when the replica promoted
         had not yet got the last change: a router that had loaded that change under the number then
         kept it, and missed the next change. A router of the release before INCRs the number, which
         moves it too (2**62 leaves it room below INCR's overflow). Confirmed as ``_write`` is, once
-        the list's writes before it are: a router that reloads on it finds them."""
-        await self._write(("SET", keys.BANS_VERSION, 1 + secrets.randbelow(VERSIONS)), replicated)
+        the list's writes before it are: a router that reads on it finds them.
+
+        ``fields``: the fields the change wrote, logged with the move in one script (``_note``), so
+        routers read those alone. None (a restore, a forgetting: many fields at once): the version
+        moves with no entry, and routers load the whole list, as a router of the release before
+        does at every move."""
+        version = 1 + secrets.randbelow(VERSIONS)
+        if fields is None:
+            await self._write(("SET", keys.BANS_VERSION, version), replicated)
+        else:
+            await self._note(fields, version)
+
+    async def _note(self, fields: Sequence[str], version: int | None = None) -> None:
+        """Log the fields a change writes in the list's change log (``_NOTE``), moving the version
+        to ``version`` in the same script. A change notes its fields twice: before it writes them,
+        with the version as it is, and with the move once they are written. The move's entry is the
+        one routers wait for, read after the write; the first names the fields for a change cut
+        short between its write and its move (a crash, a lost connection): the next change's move
+        makes routers read them, as a reload of the whole list did. Confirmed as ``_write`` is."""
+        names = orjson.dumps(list(fields)).decode()
+        move = "" if version is None else str(version)
+        note = (_NOTE, 2, keys.BANS_VERSION, keys.BANS_LOG, CHANGES_KEPT, move, names, CHANGES_KEPT_MS)
+        await self._write(("EVAL", *note))
 
     async def _write(self, command: tuple[Any, ...], replicated: Replicated | None = None) -> Any:
         """Make one write of the list or its version (a command on one key) and return its
@@ -740,7 +800,7 @@ class Bans:
         for i in range(0, len(changes), BANS_PAGE):
             pairs = [v for change in changes[i : i + BANS_PAGE] for v in change]
             await self._write(("EVAL", _CONVERGE, 1, keys.BANS, *pairs), replicated)
-        await self._moved(replicated)
+        await self._moved(None, replicated)
         return len(written)
 
     async def _differences(self, db: psycopg.AsyncConnection[Any]) -> list[tuple[str, bytes, bytes]]:
@@ -757,6 +817,39 @@ class Bans:
 
     async def version(self) -> int:
         return int(await self.client.get(keys.BANS_VERSION) or 0)
+
+    async def mark(self) -> tuple[int, str]:
+        """The version and the change log's last entry (NO_CHANGE: none), read at once: where a
+        router that loads the whole list (``scan``) follows the log from."""
+        version, last = await self._read_log("", 0)
+        return int(version), _text(last)
+
+    async def changes(self, position: str, count: int) -> tuple[int, list[Change]]:
+        """The version and the change log's entries from ``position`` on (that entry first, while
+        the log keeps it), at most ``count``, read at once."""
+        version, found = await self._read_log(position, count)
+        out = []
+        for entry_id, flat in found:
+            values = {_text(k): v for k, v in zip(flat[::2], flat[1::2], strict=True)}
+            names = [str(n) for n in orjson.loads(values["fields"])]
+            out.append(Change(_text(entry_id), int(values["from"]), int(values["to"]), names))
+        return int(version), out
+
+    async def _read_log(self, position: str, count: int) -> Any:
+        args = ("EVAL", _CHANGES, 2, keys.BANS_VERSION, keys.BANS_LOG, position, count)
+        return await self.client.execute_command(*args)
+
+    async def held_on(self, fields: Sequence[str]) -> list[tuple[str, str | None, bool]]:
+        """(field, the incarnation its ban holds on, whether the list holds it) of each field."""
+        records = await self.client.hmget(keys.BANS, list(fields)) if fields else []
+        return [(f, _incarnation(r), r is not None) for f, r in zip(fields, records, strict=True)]
+
+    async def scan(self) -> AsyncIterator[tuple[str, str | None]]:
+        """Every field of the list and the incarnation its ban holds on, a page at a time (HSCAN):
+        a router's event loop serves requests between pages. A field written or removed during the
+        scan may be missed or seen: its change's entries come after a ``mark`` read before."""
+        async for field, record in self.client.hscan_iter(keys.BANS, count=BANS_PAGE):
+            yield _text(field), _incarnation(record)
 
     async def all(self) -> list[Ban]:
         raw = await self.client.hgetall(keys.BANS)
@@ -796,6 +889,27 @@ async def _records(db: psycopg.AsyncConnection[Any]) -> dict[str, bytes]:
         ban_field(board, player): _record(Ban(player, board, reason, by, int(at_ms), incarnation))
         for player, board, reason, by, at_ms, incarnation in rows
     }
+
+
+class Change(NamedTuple):
+    """An entry of the ban list's change log: its id, the version it found and the one it left
+    (equal for a change's first note), and the fields the change writes."""
+
+    id: str
+    before: int
+    after: int
+    fields: list[str]
+
+
+def _incarnation(record: Any) -> str | None:
+    """The incarnation a ban's record holds on (None: every incarnation, as a record without `inc`
+    of before 2026-12-05, or one that is no JSON object, written by hand: a ban all the same)."""
+    try:
+        found = orjson.loads(record) if record is not None else None
+    except orjson.JSONDecodeError:
+        return None
+    inc = found.get("inc") if isinstance(found, dict) else None
+    return None if inc is None else str(inc)
 
 
 def _record(ban: Ban) -> bytes:

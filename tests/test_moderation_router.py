@@ -541,13 +541,18 @@ async def test_a_refused_result_of_a_call_that_waits_out_a_reshard_is_recorded_o
 
 
 class CountedBans(shardlb.moderation.Bans):
-    """The ban list of a real cluster client, counting the refreshes that asked for its version."""
+    """The ban list of a real cluster client, counting the refreshes that asked for its version
+    (or for its mark, where a refresh that loads the whole list starts)."""
 
     asked = 0
 
     async def version(self) -> int:
         self.asked += 1
         return await super().version()
+
+    async def mark(self) -> tuple[int, str]:
+        self.asked += 1
+        return await super().mark()
 
 
 async def until(done: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -581,52 +586,6 @@ async def test_a_ban_list_outage_logs_its_start_and_end_not_every_refresh(store:
     assert [m for m, _ in warnings] == ["ban list not refreshed"], len(warnings)
     [(message, fields)] = log.lines(logging.INFO)
     assert message == "ban list refreshed again" and fields["failures"] >= failed
-
-
-class HeldBans(shardlb.moderation.Bans):
-    """The ban list of a real cluster client whose first reload is held, after it read the list,
-    until ``go`` is set: the refresh task's pass that began before a ban and ends after it."""
-
-    def __init__(self, client: Any) -> None:
-        super().__init__(client)
-        self.listed = asyncio.Event()
-        self.go = asyncio.Event()
-        self.held = False
-
-    async def all(self) -> list[shardlb.moderation.Ban]:
-        listed = await super().all()
-        if not self.held:
-            self.held = True
-            self.listed.set()
-            await self.go.wait()
-        return listed
-
-
-async def test_a_refresh_begun_before_a_ban_does_not_replace_the_list_that_has_it(
-    store: BoardStore, postgres_url: str
-) -> None:
-    """A ban's or an unban's request refreshes its router's list before it answers (and a test
-    refreshes another router's, as its task does every second); the task's own pass, begun before
-    the ban and ending after that refresh, put its older list back: for up to a second the router
-    took scores of a player it had just banned (or refused those of one it had just unbanned)."""
-    from router.moderation import BanCache
-
-    bans = HeldBans(store.client)
-    cache = BanCache(bans)
-    player = f"held-{times.now_ms()}"
-    early = asyncio.create_task(cache.refresh())  # the task's pass: reads the list, then waits
-    await bans.listed.wait()
-    db = await connect_db(postgres_url)  # the schema in place, as in any archive
-    try:
-        await bans.add(db, shardlb.moderation.Ban(player, "held-board", "", "test", times.now_ms()), None)
-        await cache.refresh()  # the ban request's refresh, begun after the ban
-        assert cache.banned("held-board", player)
-        bans.go.set()
-        await early
-        assert cache.banned("held-board", player)
-    finally:
-        await bans.lift(db, player, "held-board", "test", "cleanup", None)
-        await db.close()
 
 
 async def test_a_postgresql_outage_logs_the_refusal_logs_retries_once_a_minute(

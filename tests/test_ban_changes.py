@@ -1,0 +1,285 @@
+"""The routers' copy of the ban list (router/moderation.py, ``BanCache``) follows the list's change log
+(shardlb/moderation.py, ``Bans._note``): a ban or a lift makes each router read the fields it
+changed, not the whole list, and whatever else happens to the list (a router of the release before
+writing it, a restore, a change cut short, entries trimmed or lost in a failover), every copy ends
+equal to the list once the version has moved and it refreshed. Against the suite's cluster and
+PostgreSQL; the reference is the list itself, read whole."""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+
+from router.moderation import BanCache
+from shardlb import keys, moderation, times
+from shardlb.archive import connect_db
+from shardlb.store import BoardStore
+
+pytestmark = pytest.mark.cluster
+
+
+class CountedBans(moderation.Bans):
+    """The ban list of a real cluster client, counting what a refresh read: the whole list
+    (``wholes``) or the fields named (``named``)."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self.wholes = 0
+        self.named: list[str] = []
+
+    async def all(self) -> list[moderation.Ban]:  # the whole list, as the release before read it
+        self.wholes += 1
+        return await super().all()
+
+    async def scan(self) -> AsyncIterator[tuple[str, str | None]]:
+        self.wholes += 1
+        async for found in super().scan():
+            yield found
+
+    async def held_on(self, fields: Sequence[str]) -> list[tuple[str, str | None, bool]]:
+        self.named += fields
+        return await super().held_on(fields)
+
+
+async def whole(client: Any) -> dict[str, str | None]:
+    """The list as a router should hold it: field -> the incarnation its ban holds on."""
+    return {
+        moderation._text(field): moderation._incarnation(record)
+        for field, record in (await client.hgetall(keys.BANS)).items()
+    }
+
+
+async def moved_by_hand(client: Any) -> None:
+    """What a router of the release before does after writing the list: INCR the version."""
+    await client.incr(keys.BANS_VERSION)
+
+
+async def test_a_ban_and_a_lift_reach_a_router_by_their_fields_not_by_reading_the_whole_list(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """Every ban or lift made every worker of every router read the whole list: at 100,000 bans
+    half a second of its event loop and 12.7 MB from one primary, per worker, per ban. Now it reads
+    the field the change wrote."""
+    client = store.client
+    board = f"counted-{secrets.token_hex(4)}"
+    seeded = {moderation.ban_field(board, f"seed{i}"): b'{"reason":"","by":"t","at":1}' for i in range(2000)}
+    await client.hset(keys.BANS, mapping=seeded)
+    await moved_by_hand(client)
+    bans = CountedBans(client)
+    cache = BanCache(bans)
+    db = await connect_db(postgres_url)
+    try:
+        await cache.refresh()
+        assert bans.wholes == 1 and cache.banned(board, "seed7")
+        ban = moderation.Ban("cheater", board, "aimbot", "test", times.now_ms(), "inc1")
+        await bans.add(db, ban, None)
+        await cache.refresh()
+        assert cache.banned(board, "cheater", "inc1") and not cache.banned(board, "cheater", "inc2")
+        await bans.lift(db, "cheater", board, "test", "appeal", None)
+        await cache.refresh()
+        assert not cache.banned(board, "cheater")
+        await cache.refresh()  # nothing moved: nothing read
+        assert bans.wholes == 1, "the whole list was read again"
+        assert bans.named == [moderation.ban_field(board, "cheater")] * 2
+        assert cache.fields == await whole(client)
+    finally:
+        await client.hdel(keys.BANS, *seeded)
+        await moved_by_hand(client)
+        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
+        await db.close()
+
+
+async def test_a_refresh_begun_before_a_ban_does_not_replace_the_copy_that_has_it(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """A ban's request refreshes its router's copy before it answers; the refresh task's pass,
+    begun before the ban and ending after it, must not leave the copy without the ban: refreshes
+    take turns, and the one begun after the ban reads it."""
+    import asyncio
+
+    class HeldBans(moderation.Bans):
+        """Holds its first whole read, after reading, until ``go`` is set."""
+
+        def __init__(self, client: Any) -> None:
+            super().__init__(client)
+            self.listed, self.go, self.held = asyncio.Event(), asyncio.Event(), False
+
+        async def scan(self) -> AsyncIterator[tuple[str, str | None]]:
+            found = [f async for f in super().scan()]
+            if not self.held:
+                self.held = True
+                self.listed.set()
+                await self.go.wait()
+            for f in found:
+                yield f
+
+    bans = HeldBans(store.client)
+    cache = BanCache(bans)
+    player, board = f"held-{times.now_ms()}", "held-board"
+    early = asyncio.create_task(cache.refresh())  # the task's pass: reads the list, then waits
+    await bans.listed.wait()
+    db = await connect_db(postgres_url)
+    try:
+        await bans.add(db, moderation.Ban(player, board, "", "test", times.now_ms()), None)
+        late = asyncio.create_task(cache.refresh())  # the ban request's refresh, begun after the ban
+        await asyncio.sleep(0.05)
+        bans.go.set()
+        await early
+        await late
+        assert cache.banned(board, player)
+        await cache.refresh()
+        assert cache.banned(board, player)
+    finally:
+        await bans.lift(db, player, board, "test", "cleanup", None)
+        await db.close()
+
+
+async def test_every_copy_ends_equal_to_the_list_whatever_writes_it(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """Random sequences of what writes the list: bans and lifts of this release (logged), a router
+    of the release before (the list and an INCR, nothing logged), a restore from PostgreSQL, a
+    change cut short between its write and its move, the log trimmed, and a failover that lost the
+    log's last entry and the version's move but not the list's write (two primaries). Three
+    copies refresh at random; each, once refreshed after the version moved, equals the list read
+    whole. A copy that saw only logged changes since its last refresh never reads the whole list."""
+    client = store.client
+    rng = random.Random(20261206)
+    board = f"random-{secrets.token_hex(4)}"
+    players = [f"p{i}" for i in range(12)]
+    db = await connect_db(postgres_url)
+    caches = [BanCache(CountedBans(client)) for _ in range(3)]
+    logged_only = [False] * 3  # since each copy's last refresh, only logged changes
+    cut = False  # a change whose move is lost, since the version last moved
+    bans = moderation.Bans(client)
+    try:
+        for cache in caches:
+            await cache.refresh()
+        for step in range(250):
+            kind = rng.choice(["ban", "ban", "lift", "lift", "old", "cut", "trim", "failover", "restore"])
+            player = rng.choice(players)
+            field = moderation.ban_field(board, player)
+            if kind == "ban":
+                inc = rng.choice([None, "i1", "i2"])
+                await bans.add(db, moderation.Ban(player, board, "r", "t", times.now_ms(), inc), None)
+            elif kind == "lift":
+                await bans.lift(db, player, board, "t", "r", None)
+            elif kind == "old":  # the release before: the record, then INCR
+                if rng.random() < 0.5:
+                    await client.hset(keys.BANS, field, b'{"reason":"old","by":"t","at":1}')
+                else:
+                    await client.hdel(keys.BANS, field)
+                await moved_by_hand(client)
+            elif kind == "cut":  # noted and written, never moved: the next move carries it
+                await bans._note([field])
+                await client.hset(keys.BANS, field, b'{"reason":"cut","by":"t","at":2,"inc":"i3"}')
+            elif kind == "trim":
+                await client.xtrim(keys.BANS_LOG, maxlen=rng.choice([0, 1, 3]), approximate=False)
+            elif kind == "failover":
+                # The version's primary lost a change's move (its entry and the version's SET), the
+                # list's primary kept its write; the change's first note stays (written before it).
+                last = await client.xrevrange(keys.BANS_LOG, count=1)
+                entry = {moderation._text(k): v for k, v in last[0][1].items()} if last else {}
+                if not entry or entry["from"] == entry["to"]:
+                    continue
+                await client.xdel(keys.BANS_LOG, last[0][0])
+                await client.set(keys.BANS_VERSION, entry["from"])
+            else:
+                await bans.restore(db)
+            if kind in ("old", "trim", "failover", "restore"):
+                logged_only = [False] * 3
+            # A change whose move was lost (cut short, or in the failover: a copy still at the version
+            # it went back to has nothing to look at) shows once a move follows it, as it did when
+            # every move reloaded the whole list.
+            cut = kind in ("cut", "failover") or (cut and kind == "trim")
+            for i, cache in enumerate(caches):
+                if rng.random() < 0.4:
+                    counted = cache.bans
+                    assert isinstance(counted, CountedBans)
+                    wholes = counted.wholes
+                    await cache.refresh()
+                    if logged_only[i]:
+                        assert counted.wholes == wholes, f"step {step}: read whole after logged changes only"
+                    if not cut:  # a cut change shows once a move follows it
+                        assert cache.fields == await whole(client), f"step {step} ({kind}), copy {i}"
+                    logged_only[i] = True
+        for cache in caches:  # a last logged change moves the version past any cut one
+            await bans.add(db, moderation.Ban("last", board, "r", "t", times.now_ms()), None)
+            await cache.refresh()
+            assert cache.fields == await whole(client)
+        named = [len(c.bans.named) for c in caches if isinstance(c.bans, CountedBans)]
+        assert min(named) >= 20, named  # the log was followed, not only the whole list read
+    finally:
+        fields = [f for f in await whole(client) if f.startswith(board + "/")]
+        if fields:
+            await client.hdel(keys.BANS, *fields)
+        await moved_by_hand(client)
+        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
+        await db.close()
+
+
+async def test_a_change_cut_short_whose_note_was_trimmed_is_read_with_the_whole_list(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """A change cut short (noted and written, never moved) shows at the next move through its note.
+    If the log was trimmed past the copy's position meanwhile, note and all, the entries left lead
+    from the copy's version to the list's all the same: only the missing position says that
+    something was lost, and the copy reads the whole list."""
+    client = store.client
+    board = f"trimmed-{secrets.token_hex(4)}"
+    bans = CountedBans(client)
+    cache = BanCache(bans)
+    db = await connect_db(postgres_url)
+    try:
+        await bans.add(db, moderation.Ban("first", board, "r", "t", times.now_ms()), None)
+        await cache.refresh()
+        cut = moderation.ban_field(board, "cut")
+        await bans._note([cut])
+        await client.hset(keys.BANS, cut, b'{"reason":"cut","by":"t","at":2}')
+        await client.xtrim(keys.BANS_LOG, maxlen=0, approximate=False)
+        await bans.add(db, moderation.Ban("next", board, "r", "t", times.now_ms()), None)
+        wholes = bans.wholes
+        await cache.refresh()
+        assert cache.banned(board, "cut") and cache.banned(board, "next")
+        assert bans.wholes == wholes + 1
+    finally:
+        fields = [f for f in await whole(client) if f.startswith(board + "/")]
+        await client.hdel(keys.BANS, *fields)
+        await moved_by_hand(client)
+        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
+        await db.close()
+
+
+async def test_the_change_log_keeps_no_entry_past_its_time(
+    store: BoardStore, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry names a player (the ban's field): the log keeps entries a day at most (here 200 ms),
+    however few changes follow, and a copy whose position went with them reads the whole list."""
+    import asyncio
+
+    monkeypatch.setattr(moderation, "CHANGES_KEPT_MS", 200)
+    client = store.client
+    board = f"aged-{secrets.token_hex(4)}"
+    bans = CountedBans(client)
+    cache = BanCache(bans)
+    db = await connect_db(postgres_url)
+    try:
+        await bans.add(db, moderation.Ban("old", board, "r", "t", times.now_ms()), None)
+        await cache.refresh()
+        await asyncio.sleep(0.3)
+        await bans.add(db, moderation.Ban("new", board, "r", "t", times.now_ms()), None)
+        logged = [entry for _, entry in await client.xrange(keys.BANS_LOG)]
+        names = " ".join(str(value) for entry in logged for value in entry.values())
+        assert f"{board}/new" in names and f"{board}/old" not in names
+        wholes = bans.wholes
+        await cache.refresh()
+        assert cache.banned(board, "old") and cache.banned(board, "new") and bans.wholes == wholes + 1
+    finally:
+        await client.hdel(keys.BANS, moderation.ban_field(board, "old"), moderation.ban_field(board, "new"))
+        await moved_by_hand(client)
+        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
+        await db.close()
