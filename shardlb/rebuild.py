@@ -945,8 +945,9 @@ class Rebuilder:
         journal = rows = 0
         entries = await self._entries(prefix, None, mark.position)
         # Removed players' results journaled before the removal, and banned players', are left out
-        # (PostgreSQL's own removals and bans are left out by the query in _rows), but in the
-        # periods a removal left whole, PostgreSQL's too (``_removals``).
+        # (PostgreSQL's own removals are left out by the query in _rows, its rows of banned players
+        # by ``kept`` as the journal's are), but in the periods a removal left whole, PostgreSQL's
+        # too (``_removals``).
         cuts = _merged(_cuts(entries), await self._removals(board, shard, None, None, partial=True))
         banned = await moderation.banned_in(self.db, board)
         kept, counts = _kept(board, cuts, banned), _active(cuts, banned)
@@ -1210,16 +1211,16 @@ class Rebuilder:
         skip: set[str] | None = None,
         holds: bool = False,
     ) -> list[tuple[Id, Applied]]:
-        """The shard's rows with journal ids in (after, upto], without those of banned players and
-        those journaled before a removal of their player on this shard (shardlb/moderation.py) that
-        left no period whole (the few others are the callers': ``_removals``, ``_kept``).
+        """The shard's rows with journal ids in (after, upto], without those journaled before a
+        removal of their player on this shard (shardlb/moderation.py) that left no period whole (the
+        few others, and banned players' rows, are the callers': ``_removals``, ``_kept``).
 
         With ``holds``, its rows of ``match_holds`` instead: a best or set result's earlier
         application that a later one of its (match, player) replaced in ``match_results`` after a
         period closed (shardlb/archive.py). Each counts in its one period only: the others of its
         time are given as skipped."""
         sql = rows_sql(holds, after is not None, upto is not None)
-        params: list[Any] = [board.config.id, board.incarnation, shard, moderation.ALL]
+        params: list[Any] = [board.config.id, board.incarnation, shard]
         if after is not None:
             params += after
         if upto is not None:
@@ -1457,17 +1458,20 @@ ROWS_SETTINGS = "SELECT set_config('enable_nestloop', 'off', true)"
 
 
 def rows_sql(holds: bool, after: bool, upto: bool) -> str:
-    """``Rebuilder._rows``'s query (parameters: board, incarnation, shard, moderation.ALL, then the
-    journal ids ``after`` and ``upto`` as (ms, seq) when given), run after ``ROWS_SETTINGS`` in its
-    transaction."""
+    """``Rebuilder._rows``'s query (parameters: board, incarnation, shard, then the journal ids
+    ``after`` and ``upto`` as (ms, seq) when given), run after ``ROWS_SETTINGS`` in its transaction.
+
+    Banned players' rows are not left out here but by its callers, with the journal's entries
+    (``_kept``, from ``moderation.banned_in``): one reading of the bans for both. Until 2026-12-06
+    the query left them out too, and with nested loops off that NOT EXISTS hashed every ban of
+    every board for each shard read: 300 ms a shard of 20,000 rows with 1,000,000 bans of other
+    boards, against 25-31 ms without it (tests/test_read_plans.py)."""
     position = _position("m.journal_id")
     columns = "m.period" if holds else "m.skipped"
     sql = (
         f"SELECT m.match_id, m.player_id, m.points, m.achieved_ms, m.journal_id, {columns} "
         f"FROM {'match_holds' if holds else 'match_results'} m "
         "WHERE m.board = %s AND m.incarnation = %s AND m.shard = %s "
-        "AND NOT EXISTS (SELECT 1 FROM bans b WHERE b.player_id = m.player_id AND (b.board = %s "
-        "OR (b.board = m.board AND (b.incarnation IS NULL OR b.incarnation = m.incarnation)))) "
         "AND NOT EXISTS (SELECT 1 FROM player_removals x "
         "WHERE (x.board, x.incarnation, x.shard, x.player_id) "
         "= (m.board, m.incarnation, m.shard, m.player_id) "
