@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ from router import metrics
 from shardlb import keys
 from shardlb.journal import Lag, journal_lags
 from shardlb.outage import Outage
+from shardlb.reshard import RELEASE_LEASE
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.router")
@@ -112,12 +114,15 @@ class JournalWatch:
             lag = Lag(int(got["entries"]), seconds, int(got["results"]))
             self._keep(Worst(got["board"], lag, self.worst.bound, self.worst.results_bound), mine)
             return
-        if not await self.raw.set(keys.JOURNAL_LAG_LEASE, 1, nx=True, px=LEASE_MS):
+        token = secrets.token_hex(8)
+        if not await self.raw.set(keys.JOURNAL_LAG_LEASE, token, nx=True, px=LEASE_MS):
             return
         try:
             await self.check()
         finally:
-            await self.raw.delete(keys.JOURNAL_LAG_LEASE)
+            # Only while it is still this worker's: a check that outlived it (until 2026-12-06 a
+            # plain DEL) let another take it, whose lease a DEL would end, and a third check too.
+            await self.raw.eval(RELEASE_LEASE, 1, keys.JOURNAL_LAG_LEASE, token)
 
     def _keep(self, worst: Worst, mine: int) -> bool:
         if mine < self.kept:

@@ -166,8 +166,9 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
-# Let the lease go, only if it is still this mover's.
-_RELEASE = """
+# Let a lease go (KEYS[1] the lease, ARGV[1] its holder's token), only if it is still the holder's: a
+# mover's, or the journal watch's (router/journals.py).
+RELEASE_LEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 """
@@ -1137,7 +1138,7 @@ class Lease:
     async def __aexit__(self, *_: object) -> None:
         if self._task is not None:
             self._task.cancel()
-        await self.client.eval(_RELEASE, 1, self.key, self.token)
+        await self.client.eval(RELEASE_LEASE, 1, self.key, self.token)
 
 
 def _sharding(value: dict[str, Any]) -> Sharding:

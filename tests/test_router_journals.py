@@ -163,3 +163,34 @@ async def test_one_check_of_the_journals_serves_every_worker(store: BoardStore, 
         await asyncio.gather(*tasks, return_exceptions=True)
         await raw.delete(keys.JOURNAL_LAG, keys.JOURNAL_LAG_LEASE)
         await store.delete(board.config.id)
+
+
+async def test_a_check_that_outlived_its_lease_leaves_the_next_holders_lease(
+    store: BoardStore, raw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check that outlives its lease (``LEASE_MS``) lets another worker take it; when the first
+    ended, it deleted the lease whoever held it (a plain DEL), and a third worker could check beside
+    the second. It now deletes the lease only while it still holds its own."""
+    import router.journals
+
+    monkeypatch.setattr(router.journals, "LEASE_MS", 100)
+    await raw.delete(keys.JOURNAL_LAG, keys.JOURNAL_LAG_LEASE)
+    slow = JournalWatch(raw, store, 1000, 1000, every_s=0.05)
+    checked = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_check() -> Any:
+        checked.set()
+        await release.wait()  # past its lease
+
+    monkeypatch.setattr(slow, "check", slow_check)
+    try:
+        task = asyncio.create_task(slow.look())
+        await checked.wait()
+        await asyncio.sleep(0.3)  # the lease expired: another worker takes it
+        assert await raw.set(keys.JOURNAL_LAG_LEASE, b"another", nx=True, px=60_000)
+        release.set()
+        await task
+        assert await raw.get(keys.JOURNAL_LAG_LEASE) == b"another"
+    finally:
+        await raw.delete(keys.JOURNAL_LAG, keys.JOURNAL_LAG_LEASE)
