@@ -66,8 +66,18 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from shardlb import keys, moderation, pgconn, settlement_delivery
 from shardlb.board import Board
-from shardlb.connection import Scripts, connect, connection_arguments, raised_in_redis, redacted, seconds
+from shardlb.connection import (
+    Script,
+    Scripts,
+    connect,
+    connection_arguments,
+    raised_in_redis,
+    redacted,
+    script_source,
+    seconds,
+)
 from shardlb.errors import ShardlbError
+from shardlb.fanout import batch
 from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
 from shardlb.outage import Outage
 from shardlb.store import BoardStore
@@ -77,6 +87,9 @@ log = logging.getLogger("shardlb.archive")
 # Journals read (or acknowledged) at once: each call holds a connection to the journal's node, and
 # a board may have hundreds of shards; all at once would outrun the client's connections per node.
 JOURNALS_IN_FLIGHT = 16
+# Journals whose round's read (poll.lua), or idle trim (trim.lua), go in one pipeline per node
+# (``Archiver._each``): a round's cost is then a round trip per node and chunk, not per journal.
+JOURNALS_AT_ONCE = 500
 # Now and then (at most every RECOUNT_EVERY_S a journal, right after an acknowledgement, while at
 # most RECOUNT_LIMIT entries are not acknowledged) the count of results not archived is set again
 # from the journal itself (recount.lua): a count that drifted is right again on a busy shard too.
@@ -546,6 +559,10 @@ class Archiver:
     ) -> None:
         self.client = client  # replies as bytes: entries carry MessagePack
         self.store = store
+        # The journal scripts, on this client (replies as bytes) with the board's scripts' text.
+        self._poller = Script(client, script_source("poll.lua"))
+        self._trimmer = Script(client, script_source("trim.lua"))
+        self._forgetter = Script(client, script_source("forget.lua"))
         self.db = db
         self.db_url = db_url  # to open a new connection when PostgreSQL drops this one
         self.name = name
@@ -648,13 +665,7 @@ class Archiver:
             for key in map(keys.journal_key, _journals(board))
             if key not in self._held or now - self._held[key].tried >= RETRY_REFUSED_S
         ]
-        gate = asyncio.Semaphore(JOURNALS_IN_FLIGHT)
-
-        async def read(key: str) -> tuple[list[Entry], _Unreadable | None]:
-            async with gate:
-                return await self._read(key)
-
-        batches = await asyncio.gather(*(read(key) for _, key in streams))
+        batches = await self._poll([key for _, key in streams])
         self._failed = True  # until this round's entries are committed and acknowledged
         journals = {key: (board, got, bad) for (board, key), (got, bad) in zip(streams, batches, strict=True)}
         together, alone, idle = [], [], []
@@ -669,9 +680,9 @@ class Archiver:
             else:  # nothing of ours pending: acknowledged by hand, or another archiver took it over
                 del self._held[key]
         done = 0
-        await asyncio.gather(*(self._trim(key, gate) for key in idle))
+        cuts = await self._trim_idle(idle)
         # A journal without its group has no stream yet (``_read``): nothing trimmed to compare.
-        await self._judge([(journals[key][0], key) for key in idle if key in self._groups])
+        await self._judge([(journals[key][0], key, cut) for key, cut in cuts.items() if key in self._groups])
         try:
             done = await self._archive(together)
         except psycopg.Error as e:
@@ -778,11 +789,18 @@ class Archiver:
 
     async def run(self, stop: asyncio.Event, idle_s: float = 0.2, refresh_s: float = 2.0) -> None:
         """Archive until ``stop`` is set, refreshing the board list every ``refresh_s``; errors are
-        logged and retried after a pause (the entries stay in the journals meanwhile)."""
+        logged and retried after a pause (the entries stay in the journals meanwhile).
+
+        After a round that archived nothing it waits ``idle_s``, or as long as that round took if
+        longer: an idle archiver polls its journals at most half the time. A round reads every
+        journal of the registry, so with many boards its time grows with them (20,000 journals: a
+        second or so), and back to back such rounds kept a core and the masters busy finding
+        nothing (docs/design-notes.md, "Work that grows with the whole cluster")."""
         refreshed = 0.0
         while not stop.is_set():
+            began = time.monotonic()
             try:
-                if time.monotonic() - refreshed > refresh_s:
+                if began - refreshed > refresh_s:
                     await self.refresh()
                     refreshed = time.monotonic()
                 done = await self.round()
@@ -801,7 +819,7 @@ class Archiver:
             if done:
                 ARCHIVED.inc(done)
                 continue
-            await _sleep(stop, idle_s)
+            await _sleep(stop, max(idle_s, time.monotonic() - began))
 
     async def _reconnect(self) -> None:
         """A new connection when PostgreSQL closed ours (a restart, a failover, a proxy's timeout).
@@ -830,44 +848,70 @@ class Archiver:
                 out[key] = await journal_lag(self.client, key)
         return out
 
-    async def _read(self, key: str) -> tuple[list[Entry], _Unreadable | None]:
+    async def _poll(self, journals: Sequence[str]) -> list[tuple[list[Entry], _Unreadable | None]]:
+        """``_read`` of each journal: poll.lua through one pipeline per node (``_each``). Until
+        2026-12-06 each journal was three round trips of its own (XAUTOCLAIM, XREADGROUP and the
+        COMMAND GETKEYS redis-py asks before each XREADGROUP): an idle archiver of 2,000 boards of
+        10 shards took 16 s a round and most of a core to find nothing."""
+        replies = await self._each(self._poller, [(key, *self._poll_args(key)) for key in journals])
+        out = []
+        for key, reply in zip(journals, replies, strict=True):
+            if isinstance(reply, BaseException):
+                # Read again alone, this consumer's pending entries first: a call that ran but lost
+                # its reply handed out entries that only this consumer holds now.
+                out.append(await self._read(key, own_first=True))
+            else:
+                out.append(self._entries(key, reply))
+        return out
+
+    async def _read(self, key: str, own_first: bool = False) -> tuple[list[Entry], _Unreadable | None]:
         """The journal's entries for this round, in the order read, and the first that cannot be
-        decoded, if any: the entries returned stop before it (the journal is held there)."""
-        if key not in self._groups:
-            # Never MKSTREAM: a stream made here is no key of the board's index, so a deletion
-            # would not unlink it, and one made for a board deleted since would stay for good. A
-            # journal not written yet has nothing to read; its group is made once write.lua made it.
-            try:
-                await self.client.xgroup_create(key, GROUP, id="0")
-            except ResponseError as e:
-                if not str(e).startswith("BUSYGROUP"):  # no such key (BUSYGROUP: the group exists)
-                    return [], None
-            self._groups.add(key)
-        try:
-            claimed: Any = await self.client.xautoclaim(
-                key, GROUP, self.name, self.claim_idle_ms, count=self.count
-            )
-            # After a failed round, or on a held journal, this consumer's own unacknowledged entries
-            # come first ("0"): a held journal takes nothing new until its refused entry is gone.
-            start = "0" if self._failed or key in self._held else ">"
-            fresh: Any = await self.client.xreadgroup(GROUP, self.name, {key: start}, count=self.count)
-        except ResponseError as e:
-            if "NOGROUP" in str(e):  # the journal went with its board, or was trimmed away whole
-                self._groups.discard(key)
-                return [], None
-            raise
+        decoded, if any: the entries returned stop before it (the journal is held there).
+        ``own_first``: this consumer's pending entries (XREADGROUP from '0'), whatever the round."""
+        return self._entries(key, await self._poller(keys=[key], args=self._poll_args(key, own_first)))
+
+    def _poll_args(self, key: str, own_first: bool = False) -> list[Any]:
+        # After a failed round, or on a held journal, this consumer's own unacknowledged entries
+        # come first ("0"): a held journal takes nothing new until its refused entry is gone.
+        start = "0" if own_first or self._failed or key in self._held else ">"
+        return [GROUP, self.name, self.claim_idle_ms, self.count, start]
+
+    def _entries(self, key: str, reply: Any) -> tuple[list[Entry], _Unreadable | None]:
+        """``_read``'s answer from poll.lua's reply (None: the journal does not exist)."""
+        if reply is None:  # the journal went with its board, or has not been written yet
+            self._groups.discard(key)
+            return [], None
+        self._groups.add(key)
+        claimed, fresh = reply
         got, unreadable = [], None
-        for i, f in [*claimed[1], *(item for _, items in fresh or [] for item in items)]:
-            if not f:
+        for i, flat in [*claimed, *fresh]:
+            if not flat:
                 continue
             try:
-                got.append(decode(i, f))
+                got.append(decode(i, dict(zip(flat[::2], flat[1::2], strict=True))))
             except Exception as e:  # whatever a damaged entry makes decode raise
                 if unreadable is None or _order(_id(i)) < _order(unreadable.id):
                     unreadable = _Unreadable(_id(i), e)
         if unreadable is not None:
             got = [e for e in got if _order(e.id) < _order(unreadable.id)]
         return got, unreadable
+
+    async def _each(self, script: Script, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``script`` on each of ``calls`` (a journal, then its arguments): JOURNALS_AT_ONCE at a
+        time, one pipeline per node (fanout.batch). Each reply, or the exception its call met there
+        (a slot moved, a lost connection, NOSCRIPT): the caller makes that one again alone, through
+        the cluster client, which follows redirects and loads the script."""
+        out: list[Any] = []
+        for start in range(0, len(calls), JOURNALS_AT_ONCE):
+            chunk = calls[start : start + JOURNALS_AT_ONCE]
+            pipe = batch(self.client)
+            for key, *args in chunk:
+                pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
+            try:
+                out += await pipe.outcomes()
+            except (RedisError, RedisClusterException, OSError) as e:
+                out += [e] * len(chunk)
+        return out
 
     async def _marks(self, batch: Sequence[tuple[Board, str, Entry]]) -> list[_Mark]:
         """Per journal of ``batch``: its newest entry there, and the newest id it has trimmed, read
@@ -897,16 +941,34 @@ class Archiver:
 
         return list(await asyncio.gather(*(trimmed(key) for key in journals)))
 
-    async def _judge(self, idle: Sequence[tuple[Board, str]]) -> None:
+    async def _trim_idle(self, journals: Sequence[str]) -> dict[str, str]:
+        """Trim the journals that gave this round nothing (at most every IDLE_TRIM_EVERY_S a
+        journal), trim.lua through one pipeline per node, and forget their idle consumers (at most
+        every FORGET_EVERY_S). Returns each one's max-deleted-entry-id ('0-0': none, or no
+        journal) for ``_judge``."""
+        now = time.monotonic()
+        forgotten = [key for key in journals if now - self._forgotten.get(key, -math.inf) >= FORGET_EVERY_S]
+        replies = await self._each(self._trimmer, [(key, GROUP) for key in journals])
+        await self._each(self._forgetter, [(key, GROUP, self.forget_idle_ms, self.name) for key in forgotten])
+        out = {}
+        for key, reply in zip(journals, replies, strict=True):
+            if isinstance(reply, BaseException):
+                reply = await trim(self._trimmer, key)
+            out[key] = "0-0" if reply is None else _text(reply)
+            self._trimmed[key] = now
+        for key in forgotten:  # a forgetting that failed is made at the next trim
+            self._forgotten[key] = now
+        return out
+
+    async def _judge(self, idle: Sequence[tuple[Board, str, str]]) -> None:
         """``_GAPS`` for journals that gave this round nothing, after their idle trim (at most every
         IDLE_TRIM_EVERY_S a journal): a journal without a write since PostgreSQL was restored lost
         its trimmed entries from the archive as much as a busy one. Until 2026-12-05 a journal was
         compared only before a write of its entries, so a quiet board's loss went unrecorded, and
         `reconcile --repair` or a rebuild dropped those results from Redis. No mark is written."""
-        found = await self._trimmed_to([key for _, key in idle])
         marks = [
             _Mark(key, board.config.id, board.incarnation, _shard(board, key), "", cut)
-            for (board, key), cut in zip(idle, found, strict=True)
+            for board, key, cut in idle
             if cut != "0-0"
         ]
         if not marks:
@@ -1052,20 +1114,12 @@ class Archiver:
             named = [r[1:] for r in revived if r[0] == mode]
             await cur.execute(_PROMOTE.format(_FIRST[mode]), [list(c) for c in zip(*named, strict=True)])
 
-    async def _trim(self, key: str, gate: asyncio.Semaphore) -> None:
-        """Trim a journal that gave this round nothing (``IDLE_TRIM_EVERY_S``)."""
-        async with gate:
-            with contextlib.suppress(ResponseError):  # no such key: the journal went with its board
-                await trim(self.client, key)
-            await self._forget(key)
-        self._trimmed[key] = time.monotonic()
-
     async def _ack(self, key: str, pairs: list[str]) -> None:
         """Acknowledge entries (``pairs``: id, its count of results, ...) and take their results off
         the count not archived (ack.lua), then trim what every consumer has acknowledged."""
         counts = keys.journal_counts_of(key)
         await self.store.scripts.ack(keys=[key, counts], args=[GROUP, *pairs])
-        await trim(self.client, key)
+        await trim(self._trimmer, key)
         now = self._trimmed[key] = time.monotonic()
         if now - self._recounted.get(key, -math.inf) >= RECOUNT_EVERY_S:
             self._recounted[key] = now
@@ -1078,7 +1132,7 @@ class Archiver:
         now = time.monotonic()
         if now - self._forgotten.get(key, -math.inf) >= FORGET_EVERY_S:
             self._forgotten[key] = now
-            await self.store.scripts.forget(keys=[key], args=[GROUP, self.forget_idle_ms, self.name])
+            await self._forgetter(keys=[key], args=[GROUP, self.forget_idle_ms, self.name])
 
 
 def _settings(board: Board) -> dict[str, Any]:
@@ -1210,29 +1264,12 @@ def _time_holds(
     return out
 
 
-async def trim(client: RedisCluster, key: str) -> None:
-    """Drop the journal's entries that every consumer has acknowledged: those older than its oldest
-    pending entry, or, with none pending, up to what the group has been given."""
-    # What the group has handed out is read BEFORE what is pending: an entry handed out in between
-    # is newer than that mark, so it is kept whether or not its consumer has acknowledged it yet.
-    groups = await client.xinfo_groups(key)
-    last = next((g for g in groups if _text(g["name"]) == GROUP), None)
-    if last is None:
-        return
-    floor = _next(_id(last["last-delivered-id"]))
-    pending = await client.xpending(key, GROUP)
-    if pending["pending"]:
-        oldest = _id(pending["min"])
-        floor = min(floor, oldest, key=_order)
-    # The newest entry to go is deleted on its own (XDEL), after the trim of those before it: XTRIM
-    # leaves the stream's max-deleted-entry-id as it was, XDEL sets it, and the archiver compares it
-    # with the newest entry PostgreSQL holds (``_GAPS``) to notice a database restored from a backup.
-    below: Any = await client.xrevrange(key, max=f"({floor}", min="-", count=1)
-    if not below:
-        return
-    newest = _id(below[0][0])
-    await client.xtrim(key, minid=newest, approximate=False)
-    await client.xdel(key, newest)
+async def trim(script: Script, key: str) -> str | None:
+    """Drop the journal's entries that every consumer has acknowledged (trim.lua, ``script``: those
+    older than its oldest pending entry, or, with none pending, up to what the group has been
+    given). Returns its max-deleted-entry-id; None when the journal or its group does not exist."""
+    found = await script(keys=[key], args=[GROUP])
+    return None if found is None else _text(found)
 
 
 def _id(value: Any) -> str:

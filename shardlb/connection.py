@@ -233,7 +233,7 @@ class Script(AsyncScript):
             self.sha = await self.cluster.execute_command("SCRIPT LOAD", self.script, target_nodes=node)
 
 
-def _source(name: str) -> str:
+def script_source(name: str) -> str:
     return resources.files("shardlb.scripts").joinpath(name).read_text()
 
 
@@ -258,10 +258,12 @@ class Scripts:
     recount: Script
     forget: Script
     prune: Script
+    poll: Script
+    trim: Script
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:
-        return cls(**{f.name: Script(client, _source(f"{f.name}.lua")) for f in fields(cls)})
+        return cls(**{f.name: Script(client, script_source(f"{f.name}.lua")) for f in fields(cls)})
 
     async def load(self, client: RedisCluster) -> None:
         await client.initialize()

@@ -777,3 +777,83 @@ def test_the_archivers_log_holds_no_webhook_url() -> None:
     )
     assert "webhook deliveries swept delivered=1" in done.stderr, done.stderr
     assert "s3cret" not in done.stderr, done.stderr
+
+
+async def test_an_idle_round_reads_and_trims_its_journals_through_pipelines(
+    store: BoardStore, raw: Any, postgres_url: str, cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An archiver read each journal every round with three round trips of its own (XAUTOCLAIM,
+    XREADGROUP, and the COMMAND GETKEYS redis-py's cluster client asks before each XREADGROUP), and
+    trimmed each idle one every 5 s with four more: with 2,000 boards of 10 shards an idle round
+    took 16 s and most of a core. A round now reads and trims through one pipeline per node and
+    chunk of journals: no call of its own per journal, and no COMMAND GETKEYS."""
+    import redis as sync_redis
+
+    config = BoardConfig.from_dict("archive-pipelined", {"sharding": {"strategy": "hash", "shards": 8}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url, "piped")
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(40)], now_ms=now)
+        assert await drain(a) == 40
+        await a.round()  # any script a node lacked is loaded by now
+        a._trimmed.clear()  # every journal's idle trim is due
+        a._forgotten.clear()
+        calls: list[Any] = []
+        direct = raw.execute_command
+
+        async def counted(*args: Any, **options: Any) -> Any:
+            calls.append(args[0])
+            return await direct(*args, **options)
+
+        def getkeys() -> int:
+            total = 0
+            for port in cluster.ports:
+                node = sync_redis.Redis(host=cluster.host, port=port, password=cluster.password)
+                stats = node.info("commandstats")
+                node.close()
+                total += stats.get("cmdstat_command|getkeys", {}).get("calls", 0)
+            return total
+
+        before = getkeys()
+        monkeypatch.setattr(raw, "execute_command", counted)
+        assert await a.round() == 0
+        monkeypatch.undo()
+        assert calls == []
+        assert getkeys() == before
+        for prefix in board.prefixes:  # each journal trimmed: every entry was archived
+            assert await raw.xlen(keys.journal_key(prefix)) == 0
+        late = times.now_ms()
+        await board.submit([Score("late", 99, "m2", late)], now_ms=late)
+        assert await drain(a) == 1
+        assert {s.player_id for s in await archived(postgres_url, board)} >= {"p0", "p39", "late"}
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
+
+
+async def test_an_idle_archiver_waits_as_long_as_its_round_took(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round reads every journal of the registry; with many boards it takes a second or more, and
+    an idle archiver ran them back to back (0.2 s apart), keeping a core and the masters busy
+    finding nothing. After a round that archived nothing it now waits as long as the round took."""
+    a = await archiver(raw, store, postgres_url, "paced")
+    stop = asyncio.Event()
+    pauses: list[float] = []
+
+    async def slow_round() -> int:
+        await asyncio.sleep(0.3)  # a round over many journals
+        return 0
+
+    async def pause(_: asyncio.Event, seconds: float) -> None:
+        pauses.append(seconds)
+        stop.set()
+
+    monkeypatch.setattr(a, "round", slow_round)
+    monkeypatch.setattr(archive, "_sleep", pause)
+    try:
+        await a.run(stop, idle_s=0.2)
+        assert len(pauses) == 1 and pauses[0] >= 0.3
+    finally:
+        await a.db.close()
