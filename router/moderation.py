@@ -130,10 +130,13 @@ class BanCache:
             if not entries or entries[0].id != self.position:
                 return False  # the entry read last is gone: trimmed, or lost with a failover
             entries = entries[1:]
-        at, named = self.version, set()
+        at: int | None = self.version
+        named: set[str] = set()
         for entry in entries:
             if entry.before != at:
-                return False  # a move the log lacks: a router of the release before, a restore
+                # A move the log lacks (a router of the release before, a restore), or an entry that
+                # is no note of this release (``before`` None).
+                return False
             at = entry.after
             named.update(entry.fields)
         if at != now or len(entries) >= CHANGES_READ - 1:

@@ -832,12 +832,7 @@ class Bans:
         """The version and the change log's entries from ``position`` on (that entry first, while
         the log keeps it), at most ``count``, read at once."""
         version, found = await self._read_log(position, count)
-        out = []
-        for entry_id, flat in found:
-            values = {_text(k): v for k, v in zip(flat[::2], flat[1::2], strict=True)}
-            names = [str(n) for n in orjson.loads(values["fields"])]
-            out.append(Change(_text(entry_id), int(values["from"]), int(values["to"]), names))
-        return int(version), out
+        return int(version), [_change(entry_id, flat) for entry_id, flat in found]
 
     async def _read_log(self, position: str, count: int) -> Any:
         args = ("EVAL", _CHANGES, 2, keys.BANS_VERSION, keys.BANS_LOG, position, count)
@@ -897,12 +892,26 @@ async def _records(db: psycopg.AsyncConnection[Any]) -> dict[str, bytes]:
 
 class Change(NamedTuple):
     """An entry of the ban list's change log: its id, the version it found and the one it left
-    (equal for a change's first note), and the fields the change writes."""
+    (equal for a change's first note), and the fields the change writes. ``before`` and ``after``
+    None: an entry that is no note of this release (written by hand, or by a later release in
+    another form), which says nothing a router can follow."""
 
     id: str
-    before: int
-    after: int
+    before: int | None
+    after: int | None
     fields: list[str]
+
+
+def _change(entry_id: Any, flat: Sequence[Any]) -> Change:
+    """An entry of the change log as ``_CHANGES`` reads it."""
+    values = {_text(k): v for k, v in zip(flat[::2], flat[1::2], strict=True)}
+    try:
+        names = orjson.loads(values["fields"])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("fields: not a list of names")
+        return Change(_text(entry_id), int(values["from"]), int(values["to"]), names)
+    except (KeyError, TypeError, ValueError):  # orjson's errors are ValueErrors
+        return Change(_text(entry_id), None, None, [])
 
 
 def _incarnation(record: Any) -> str | None:

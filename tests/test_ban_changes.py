@@ -283,3 +283,43 @@ async def test_the_change_log_keeps_no_entry_past_its_time(
         await moved_by_hand(client)
         await db.execute("DELETE FROM bans WHERE board = %s", (board,))
         await db.close()
+
+
+async def test_an_entry_the_copy_cannot_read_makes_it_read_the_whole_list(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """An entry of the log that is not a note of this release (written by hand, or by a later
+    release in another form) says nothing a copy can follow: it reads the whole list, as at a move
+    the log lacks. Until 2026-12-06 (later that day) every refresh failed on it (KeyError, or a
+    decode error), and the copy stayed as it was until the entry left the log."""
+    client = store.client
+    board = f"unread-{secrets.token_hex(4)}"
+    db = await connect_db(postgres_url)
+    odd_entries: list[dict[str, str]] = [
+        {"note": "by hand"},
+        {"from": "1", "to": "2", "fields": "not json"},
+        {"from": "x", "to": "2", "fields": "[]"},
+        {"from": "1", "to": "2", "fields": '{"a": 1}'},
+    ]
+    try:
+        for i, odd in enumerate(odd_entries):
+            bans = CountedBans(client)
+            cache = BanCache(bans)
+            await bans.add(db, moderation.Ban(f"before{i}", board, "r", "t", times.now_ms()), None)
+            await cache.refresh()
+            await client.xadd(keys.BANS_LOG, odd)
+            await bans.add(db, moderation.Ban(f"after{i}", board, "r", "t", times.now_ms()), None)
+            wholes = bans.wholes
+            await cache.refresh()
+            assert cache.banned(board, f"after{i}"), odd
+            assert bans.wholes == wholes + 1 and cache.fields == await whole(client)
+            await bans.add(db, moderation.Ban(f"later{i}", board, "r", "t", times.now_ms()), None)
+            await cache.refresh()  # past the odd entry now: the log is followed again
+            assert cache.banned(board, f"later{i}") and bans.wholes == wholes + 1
+    finally:
+        fields = [f for f in await whole(client) if f.startswith(board + "/")]
+        if fields:
+            await client.hdel(keys.BANS, *fields)
+        await moved_by_hand(client)
+        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
+        await db.close()
