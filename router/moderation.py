@@ -87,6 +87,9 @@ class BanCache:
         self.clock = clock
         self.version = -1  # the list's version this copy is at; -1: none loaded yet
         self.position = moderation.NO_CHANGE  # the change log's last entry read
+        # Fields of changes whose first note was read and whose move was not yet: field -> (how many
+        # such notes, the last one's time). Read again at every move (``follow``): see ``opened``.
+        self.open: dict[str, tuple[int, int]] = {}
         self.load_by = 0.0  # when the whole list is next loaded at the latest (``clock``)
         self.fields: dict[str, str | None] = {}  # ban field -> the board's incarnation (Ban.incarnation)
         self.closed = False
@@ -122,16 +125,17 @@ class BanCache:
             await self.load()
 
     async def follow(self) -> bool:
-        """Read the fields the change log names since this copy's position and take their records
-        as the list holds them now; False, changing nothing, unless the log's entries lead without
-        a gap from this copy's version to the list's."""
+        """Read the fields the change log names since this copy's position, and those of the
+        changes still open (``opened``), and take their records as the list holds them now; False,
+        changing nothing, unless the log's entries lead without a gap from this copy's version to
+        the list's."""
         now, entries = await self.bans.changes(self.position, CHANGES_READ)
         if self.position != moderation.NO_CHANGE:
             if not entries or entries[0].id != self.position:
                 return False  # the entry read last is gone: trimmed, or lost with a failover
             entries = entries[1:]
         at: int | None = self.version
-        named: set[str] = set()
+        named = set(self.open)
         for entry in entries:
             if entry.before != at:
                 # A move the log lacks (a router of the release before, a restore), or an entry that
@@ -149,15 +153,20 @@ class BanCache:
         self.version = now
         if entries:
             self.position = entries[-1].id
+            self.open = opened(self.open, entries)
         metrics.BAN_LIST_READS.labels("changes").inc()
         return True
 
     async def load(self) -> None:
         """Load the whole list, a page at a time; the log's position and the version are read
-        first, so a change made during the scan is read again from the log at the next refresh."""
-        version, position = await self.bans.mark()
+        first, so a change made during the scan is read again from the log at the next refresh,
+        and so is one whose first note was there already (it may write during the scan, behind it,
+        and be cut short)."""
+        version, recent = await self.bans.mark(CHANGES_READ)
         fields = {field: incarnation async for field, incarnation in self.bans.scan()}
-        self.fields, self.version, self.position = fields, version, position
+        self.fields, self.version = fields, version
+        self.position = recent[-1].id if recent else moderation.NO_CHANGE
+        self.open = opened({}, recent)
         # Spread, so that the workers started together do not all load it at once again.
         self.load_by = self.clock() + FULL_LOAD_S * random.uniform(0.75, 1.25)
         metrics.BAN_LIST_READS.labels("whole").inc()
@@ -171,6 +180,32 @@ class BanCache:
             else:
                 self.outage.succeeded()
             await asyncio.sleep(self.every_s)
+
+
+def opened(
+    before: dict[str, tuple[int, int]], entries: Sequence[moderation.Change]
+) -> dict[str, tuple[int, int]]:
+    """The changes still open after ``entries``, given those open ``before`` (``BanCache.open``). A
+    change notes its field before its write and again with its move (``Bans._note``); a copy may
+    read the first note, and the field, before the write. Were the change then cut short (no move:
+    a crash, a lost reply, a write not confirmed), nothing after would name the field, and the copy
+    would miss the write until its hourly whole read, where a reload of the whole list at the next
+    move read it before 2026-12-06 (later that day). So a first note stays open, its field read
+    again at every move, until a move naming the field is read, or for OPEN_MS at most (after the
+    last entry read): a change writes within that. Counted per field, as two changes of one player
+    may run at once."""
+    found = dict(before)
+    for entry in entries:
+        for field in entry.fields:
+            notes, _ = found.get(field, (0, 0))
+            if entry.first:
+                found[field] = (notes + 1, entry.ms)
+            elif notes > 1:
+                found[field] = (notes - 1, found[field][1])
+            else:
+                found.pop(field, None)
+    since = entries[-1].ms - moderation.OPEN_MS if entries else 0
+    return {field: (notes, ms) for field, (notes, ms) in found.items() if ms >= since}
 
 
 class RefusalLog:

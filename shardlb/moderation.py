@@ -75,6 +75,9 @@ VERSIONS = 2**62  # the ban list's versions are drawn from 1..VERSIONS (``Bans._
 CHANGES_KEPT = 10_000  # entries of the list's change log kept (about: XADD's MAXLEN ~)
 CHANGES_KEPT_MS = 86_400_000  # and for a day at most: an entry names a player (``_note``)
 NO_CHANGE = "0-0"  # the change log's position before its first entry (no entry has that id)
+# A change's first note stays open (its write may come yet) until its move is read, and this long at
+# most, by the entries' clock: a copy reads its field again at every move meanwhile (``Change.first``).
+OPEN_MS = 60_000
 # An entry of the ban list's change log (``Bans._note``): KEYS[1] the version, KEYS[2] the log (one
 # hash slot); ARGV[1] the entries kept, ARGV[2] the version to set ('' : it stays, a note made
 # before the list's write), ARGV[3] the fields, as a JSON array, ARGV[4] how long entries are kept
@@ -97,12 +100,19 @@ return id
 """
 # The version and the log's entries from ARGV[1] on (that entry first, while it is kept), at most
 # ARGV[2] of them, read at once (``Bans.changes``); or, with ARGV[1] '', the version and the log's
-# last entry's id (``Bans.mark``: where a router that loads the whole list follows the log from).
+# entries of the last ARGV[3] ms before its last one, at most ARGV[2] of them, the last first
+# (``Bans.mark``: where a router that loads the whole list follows the log from, and the first notes
+# still open then).
 _CHANGES = """
 local version = redis.call('GET', KEYS[1]) or '0'
 if ARGV[1] == '' then
   local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-  return {version, last[1] and last[1][1] or '0-0'}
+  if not last[1] then
+    return {version, {}}
+  end
+  local ms = tonumber(string.match(last[1][1], '^(%d+)'))
+  local since = string.format('%d', math.max(0, ms - tonumber(ARGV[3])))
+  return {version, redis.call('XREVRANGE', KEYS[2], '+', since, 'COUNT', ARGV[2])}
 end
 return {version, redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2])}
 """
@@ -822,11 +832,13 @@ class Bans:
     async def version(self) -> int:
         return int(await self.client.get(keys.BANS_VERSION) or 0)
 
-    async def mark(self) -> tuple[int, str]:
-        """The version and the change log's last entry (NO_CHANGE: none), read at once: where a
-        router that loads the whole list (``scan``) follows the log from."""
-        version, last = await self._read_log("", 0)
-        return int(version), _text(last)
+    async def mark(self, count: int) -> tuple[int, list[Change]]:
+        """The version and the change log's entries of the last OPEN_MS up to its last one, at most
+        ``count`` (the last of them), oldest first, read at once: a router that loads the whole list
+        (``scan``) follows the log from the last, and reads again the fields of the first notes
+        among them still open (``Change.first``)."""
+        version, found = await self._read_log("", count)
+        return int(version), [_change(entry_id, flat) for entry_id, flat in reversed(found)]
 
     async def changes(self, position: str, count: int) -> tuple[int, list[Change]]:
         """The version and the change log's entries from ``position`` on (that entry first, while
@@ -835,7 +847,7 @@ class Bans:
         return int(version), [_change(entry_id, flat) for entry_id, flat in found]
 
     async def _read_log(self, position: str, count: int) -> Any:
-        args = ("EVAL", _CHANGES, 2, keys.BANS_VERSION, keys.BANS_LOG, position, count)
+        args = ("EVAL", _CHANGES, 2, keys.BANS_VERSION, keys.BANS_LOG, position, count, OPEN_MS)
         return await self.client.execute_command(*args)
 
     async def held_on(self, fields: Sequence[str]) -> list[tuple[str, str | None, bool]]:
@@ -900,6 +912,16 @@ class Change(NamedTuple):
     before: int | None
     after: int | None
     fields: list[str]
+
+    @property
+    def first(self) -> bool:
+        """Whether it is a change's first note, made before its write (``Bans._note``)."""
+        return self.before is not None and self.before == self.after
+
+    @property
+    def ms(self) -> int:
+        """When the log's primary made it (its id's time part)."""
+        return int(self.id.partition("-")[0])
 
 
 def _change(entry_id: Any, flat: Sequence[Any]) -> Change:

@@ -550,9 +550,9 @@ class CountedBans(shardlb.moderation.Bans):
         self.asked += 1
         return await super().version()
 
-    async def mark(self) -> tuple[int, str]:
+    async def mark(self, count: int) -> tuple[int, list[shardlb.moderation.Change]]:
         self.asked += 1
-        return await super().mark()
+        return await super().mark(count)
 
 
 async def until(done: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
