@@ -145,6 +145,8 @@ class BanCache:
             named.update(entry.fields)
         if at != now or len(entries) >= CHANGES_READ - 1:
             return False  # a move since the last entry that the log lacks, or more to read
+        if moderation.WHOLE in named:
+            return False  # a restore or a forgetting, under way (its first note open) or made
         for field, incarnation, held in await self.bans.held_on(sorted(named)):
             if held:
                 self.fields[field] = incarnation

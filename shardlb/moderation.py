@@ -74,6 +74,9 @@ REASON_MAX = 500
 VERSIONS = 2**62  # the ban list's versions are drawn from 1..VERSIONS (``Bans._moved``)
 CHANGES_KEPT = 10_000  # entries of the list's change log kept (about: XADD's MAXLEN ~)
 CHANGES_KEPT_MS = 86_400_000  # and for a day at most: an entry names a player (``_note``)
+# The name a note gives for the whole list (a restore, a forgetting: many fields at once); no field
+# is named so (a field is "<board or *>/<player>"). A router reads the whole list at it (``_moved``).
+WHOLE = "*"
 NO_CHANGE = "0-0"  # the change log's position before its first entry (no entry has that id)
 # A change's first note stays open (its write may come yet) until its move is read, and this long at
 # most, by the entries' clock: a copy reads its field again at every move meanwhile (``Change.first``).
@@ -709,6 +712,8 @@ class Bans:
             found = await cur.fetchall()
         players = [row[0] for row in found]
         args = [v for player, at_ms in found for v in (ban_field(board, player), int(at_ms))]
+        if players:
+            await self._note([WHOLE])
         for i in range(0, len(args), 2 * BANS_PAGE):
             await self._write(("EVAL", _FORGET, 1, keys.BANS, incarnation, *args[i : i + 2 * BANS_PAGE]))
         async with db.transaction():
@@ -719,7 +724,7 @@ class Bans:
                 (board, incarnation),
             )
         if players:  # also when a call before removed the records and failed before the version
-            await self._moved()
+            await self._moved([WHOLE])
         return len(players)
 
     async def sweep(self, db: psycopg.AsyncConnection[Any], board: str | None = None) -> int:
@@ -742,7 +747,7 @@ class Bans:
                 done += await self.forget(db, name, incarnation)
         return done
 
-    async def _moved(self, fields: Sequence[str] | None = None, replicated: Replicated | None = None) -> None:
+    async def _moved(self, fields: Sequence[str], replicated: Replicated | None = None) -> None:
         """Give the list a new version, drawn at random (1..2**62): routers look at the list again
         when the version they read is not the one they hold (``BanCache.refresh``), whatever its
         order. A counter could hand out a number again after a failover, when the replica promoted
@@ -752,16 +757,16 @@ class Bans:
         the list's writes before it are: a router that reads on it finds them.
 
         ``fields``: the fields the change wrote, logged with the move in one script (``_note``), so
-        routers read those alone. None (a restore, a forgetting: many fields at once): the version
-        moves with no entry, and routers load the whole list, as a router of the release before
-        does at every move."""
-        version = 1 + secrets.randbelow(VERSIONS)
-        if fields is None:
-            await self._write(("SET", keys.BANS_VERSION, version), replicated)
-        else:
-            await self._note(fields, version)
+        routers read those alone; [WHOLE] (a restore, a forgetting: many fields at once), routers
+        read the whole list. Until 2026-12-06 (later that day) those moved the version with no
+        entry, and none before their writes: a move of theirs lost in a failover, or never made
+        (the call cut short), left the copies that followed the next ban's notes without their
+        writes until the hourly whole read."""
+        await self._note(fields, 1 + secrets.randbelow(VERSIONS), replicated)
 
-    async def _note(self, fields: Sequence[str], version: int | None = None) -> None:
+    async def _note(
+        self, fields: Sequence[str], version: int | None = None, replicated: Replicated | None = None
+    ) -> None:
         """Log the fields a change writes in the list's change log (``_NOTE``), moving the version
         to ``version`` in the same script. A change notes its fields twice: before it writes them,
         with the version as it is, and with the move once they are written. The move's entry is the
@@ -771,7 +776,7 @@ class Bans:
         names = orjson.dumps(list(fields)).decode()
         move = "" if version is None else str(version)
         note = (_NOTE, 2, keys.BANS_VERSION, keys.BANS_LOG, CHANGES_KEPT, move, names, CHANGES_KEPT_MS)
-        await self._write(("EVAL", *note))
+        await self._write(("EVAL", *note), replicated)
 
     async def _write(self, command: tuple[Any, ...], replicated: Replicated | None = None) -> Any:
         """Make one write of the list or its version (a command on one key) and return its
@@ -805,6 +810,7 @@ class Bans:
         where the list's primaries have a replica). Returns how many bans it wrote."""
         if replicated is not None:
             await replicated.read()
+        await self._note([WHOLE], replicated=replicated)
         written = await _records(db)
         fields = list(written)
         for i in range(0, len(fields), BANS_PAGE):
@@ -814,7 +820,7 @@ class Bans:
         for i in range(0, len(changes), BANS_PAGE):
             pairs = [v for change in changes[i : i + BANS_PAGE] for v in change]
             await self._write(("EVAL", _CONVERGE, 1, keys.BANS, *pairs), replicated)
-        await self._moved(None, replicated)
+        await self._moved([WHOLE], replicated)
         return len(written)
 
     async def _differences(self, db: psycopg.AsyncConnection[Any]) -> list[tuple[str, bytes, bytes]]:

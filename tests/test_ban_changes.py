@@ -153,8 +153,9 @@ async def test_every_copy_ends_equal_to_the_list_whatever_writes_it(
     players = [f"p{i}" for i in range(12)]
     db = await connect_db(postgres_url)
     caches = [BanCache(CountedBans(client)) for _ in range(3)]
-    # Since each copy's last refresh, only logged changes, and its position still in the log (a
-    # refresh that found the version unmoved after a trim read nothing: its next move reads whole).
+    # Since each copy's last refresh, only logged changes, its position still in the log (a refresh
+    # that found the version unmoved after a trim read nothing: its next move reads whole), and no
+    # restore open.
     logged_only = [False] * 3
     cut = False  # a change whose move is lost, since the version last moved
     bans = moderation.Bans(client)
@@ -212,6 +213,8 @@ async def test_every_copy_ends_equal_to_the_list_whatever_writes_it(
                         assert cache.fields == await whole(client), f"step {step} ({kind}), copy {i}"
                     kept = await client.xrange(keys.BANS_LOG, cache.position, cache.position)
                     logged_only[i] = cache.position == moderation.NO_CHANGE or bool(kept)
+                    # A restore whose move the failover lost stays open: each move reads whole then.
+                    logged_only[i] &= moderation.WHOLE not in cache.open
         for cache in caches:  # a last logged change moves the version past any cut one
             await bans.add(db, moderation.Ban("last", board, "r", "t", times.now_ms()), None)
             await cache.refresh()
@@ -365,6 +368,52 @@ async def test_an_entry_the_copy_cannot_read_makes_it_read_the_whole_list(
             await bans.add(db, moderation.Ban(f"later{i}", board, "r", "t", times.now_ms()), None)
             await cache.refresh()  # past the odd entry now: the log is followed again
             assert cache.banned(board, f"later{i}") and bans.wholes == wholes + 1
+    finally:
+        fields = [f for f in await whole(client) if f.startswith(board + "/")]
+        if fields:
+            await client.hdel(keys.BANS, *fields)
+        await moved_by_hand(client)
+        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
+        await db.close()
+
+
+async def test_a_restore_whose_move_was_lost_is_read_whole_at_the_next_move(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """A restore (or a forgetting) writes many fields and moves the version with no field named.
+    Were its move lost (a failover of the version's primary that kept the list's writes, or the
+    call cut short before its move), the next ban's notes lead on from the version the copy holds,
+    and until 2026-12-06 (later that day) the copy followed them and missed the restore's writes
+    until its hourly whole read, where a reload at the next move read them before. Now a restore
+    notes, before it writes, that the whole list changes: the next move makes the copy read it."""
+    client = store.client
+    board = f"restored-{secrets.token_hex(4)}"
+    stray = moderation.ban_field(board, "stray")  # a ban PostgreSQL does not hold: the restore drops it
+    bans = CountedBans(client)
+    cache = BanCache(bans)
+    db = await connect_db(postgres_url)
+    try:
+        await client.hset(keys.BANS, stray, b'{"reason":"stray","by":"t","at":1}')
+        await bans.add(db, moderation.Ban("first", board, "r", "t", times.now_ms()), None)
+        await cache.refresh()
+        assert cache.banned(board, "stray")
+        version = await bans.version()
+        log_end = await client.xrevrange(keys.BANS_LOG, count=1)
+        await bans.restore(db)
+        # The failover: the version's primary lost the restore's move (and any entry made with it).
+        since = "(" + moderation._text(log_end[0][0])
+        made = await client.xrange(keys.BANS_LOG, min=since)
+        notes = [moderation._change(e, [x for kv in v.items() for x in kv]) for e, v in made]
+        moves = [note.id for note in notes if not note.first]
+        if moves:
+            await client.xdel(keys.BANS_LOG, *moves)
+        await client.set(keys.BANS_VERSION, version)
+        await cache.refresh()  # nothing to look at: the version is the copy's
+        await bans.add(db, moderation.Ban("next", board, "r", "t", times.now_ms()), None)
+        await cache.refresh()
+        assert cache.banned(board, "next")
+        assert not cache.banned(board, "stray"), "the restore's removal was missed past the next move"
+        assert cache.fields == await whole(client)
     finally:
         fields = [f for f in await whole(client) if f.startswith(board + "/")]
         if fields:
