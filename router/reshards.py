@@ -15,12 +15,25 @@ finds it tries; the lease lets one mover run and the others give way at once
 (``Resharder.run(wait=False)``). A worker tries a board again at most every ``RETRY_S``, one run a
 try: a mover that keeps failing (a replica out of sync, the archiver behind, PostgreSQL down) is
 logged once a try, not every few seconds.
+
+A look reads the index of the reshards under way, which registry.lua keeps beside the registry in
+the call that writes a record (``BoardStore.resharding``), and those boards' records: a few hundred
+bytes, where the whole registry is 1.1 MB at 2,000 boards (until 2026-12-06 every look read it, in
+every worker). Processes of the release before write records without the index, so a reshard
+recorded by one during a rolling upgrade is missing from it: once every ``whole_every_s`` (60 s) one
+worker of the cluster (the first to ask: a lease, ``keys.RESHARDS_LOOK``) reads the whole registry,
+finds such reshards and mends the index, and every worker sees them at its next look. A reshard
+recorded by a process of the release before is so seen up to a minute (and a look) later than one
+of this release, then abandoned as any other. The index and the record are written in one call in
+one slot, so a failover that loses the last writes loses both; the whole look also mends any
+other difference (a record written by hand), within a minute.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +54,7 @@ MOVER_TRIES = 5
 MOVER_PAUSE_S = 2.0
 RETRY_S = 60.0  # how soon a worker resumes a board again that its last resume left unfinished
 LISTED = 20  # abandoned boards /readyz names at most
+WHOLE_EVERY_S = 60.0  # how often one worker of the cluster reads the whole registry (the docstring)
 
 
 async def _move(mover: Resharder, wait: bool, tries: int = MOVER_TRIES) -> None:
@@ -85,12 +99,15 @@ class ReshardWatch:
         postgres_url: str = "",
         every_s: float = 5.0,
         after_s: float = LEASE_MS / 1000,
+        whole_every_s: float = WHOLE_EVERY_S,
     ) -> None:
         self.store = store
         self.gate = gate
         self.postgres_url = postgres_url
         self.every_s = every_s
         self.after_s = after_s
+        self.whole_every_s = whole_every_s  # the turn's lease too: the same in every worker
+        self.asked_whole = -math.inf  # when this worker last asked for the whole look (monotonic)
         # (board id, the reshard's ``started_ms``) -> when its lease was first seen free. Per
         # reshard: one recorded after a cancel starts afresh, though no look saw the lease the
         # cancel held (until 2026-12-05 per board: it was abandoned at once, before its mover came).
@@ -133,7 +150,7 @@ class ReshardWatch:
     async def check(self) -> list[str]:
         """Look at every reshard's lease once; keep and return the abandoned ones."""
         async with self.gate, metrics.redis_call("reshards"):
-            boards = await self.store.resharding()
+            boards = await self.store.resharding(whole=await self._whole_turn())
             leases = batch(self.store.client)
             for board in boards:
                 leases.execute_command("EXISTS", keys.lease_key(board.config.id))
@@ -149,6 +166,16 @@ class ReshardWatch:
         metrics.RESHARDS_UNDER_WAY.set(len(boards))
         metrics.RESHARDS_ABANDONED.set(len(abandoned))
         return abandoned
+
+    async def _whole_turn(self) -> bool:
+        """Whether this look reads the whole registry (the module docstring): this worker asks once
+        every ``whole_every_s``, and takes the turn if no worker of the cluster took it for as long."""
+        now = time.monotonic()
+        if now - self.asked_whole < self.whole_every_s:
+            return False
+        self.asked_whole = now
+        lease_ms = max(1, int(self.whole_every_s * 1000))
+        return bool(await self.store.client.set(keys.RESHARDS_LOOK, 1, nx=True, px=lease_ms))
 
     def resume(self) -> list[str]:
         """Start a mover for each abandoned reshard this worker may take; return their boards."""

@@ -592,7 +592,7 @@ class Archiver:
             # redis-py's cluster client must know the slots before commands run concurrently.
             await self.client.initialize()
             self._ready = True
-        found = await self.store.boards()
+        found = await self.store.boards(reuse=True)  # Boards made again only for records that changed
         self.boards = {(b.config.id, b.incarnation): b for b in found if b.config.durability == "journal"}
         journals = {keys.journal_key(p) for b in self.boards.values() for p in _journals(b)}
         # What is kept per board or journal goes with it: boards come and go for the archiver's life.

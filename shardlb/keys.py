@@ -25,6 +25,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:mv / seal / chg / chgw   a reshard's marker, seal, changes, changes taken
     lb:{<tag>}:<board>:<inc>:<shard>:fence                    the epoch of the mover holding a reshard (a TTL)
     lb:reshard:<board>                                        the lease of the process resharding a board
+    lb:boards / lb:{196e9}:boards:reshards                    the registry; its boards under reshard
     lb:{<tag>}:ack                                            a replica-acknowledged write's marker (expires)
 
 ``<inc>`` is the board's incarnation, a token drawn when the board is created: a board deleted and
@@ -52,6 +53,12 @@ from functools import lru_cache
 
 SLOTS = 16384
 BOARDS = "lb:boards"
+# The ids of the registry's records that name a reshard under way (a set), written by registry.lua
+# in the same call as the record: its tag is the token of the registry's slot (7553), so no
+# failover keeps one write without the other. And the lease of the routers' whole look at the
+# registry, which finds what the index lacks (router/reshards.py).
+RESHARDS = "lb:{196e9}:boards:reshards"
+RESHARDS_LOOK = "lb:{196e9}:boards:reshards:look"
 BANS = "lb:bans"  # hash "<board or *>/<player>" -> ban record JSON (shardlb/moderation.py)
 BANS_VERSION = "lb:bans:v"  # drawn anew at every change of BANS: routers reload the set when it moves
 # The fields each change of BANS wrote, in the version's hash slot (its tag is the version's name), so

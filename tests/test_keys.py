@@ -111,3 +111,9 @@ def test_homes_in_one_pass_are_each_players_home(sharding: Sharding, region: str
     layout = Layout(sharding)
     players = [f"p{i}" for i in range(500)] + ["", "ünï", "x" * 128]
     assert layout.homes(players, region) == [layout.home(p, region) for p in players]
+
+
+def test_the_index_of_reshards_shares_the_registrys_slot() -> None:
+    """registry.lua writes a record and its place in the index of reshards under way in one call
+    (one slot), so no failover can keep one of the two writes without the other."""
+    assert keys.slot_of(keys.RESHARDS) == keys.slot_of(keys.BOARDS)

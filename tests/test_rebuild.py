@@ -442,8 +442,8 @@ class OnlyStore(BoardStore):
         super().__init__(client, scripts)
         self.only = only
 
-    async def boards(self) -> list[Board]:
-        return [b for b in await super().boards() if b.config.id in self.only]
+    async def boards(self, reuse: bool = False) -> list[Board]:
+        return [b for b in await super().boards(reuse) if b.config.id in self.only]
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ from tests.router_support import running, service_of
 from tests.test_reshard import MOVER_LEASE_MS, _kill_at, _mover
 from tests.test_reshard_fencing import points
 from tests.test_reshard_fencing import post as fenced_post
+from tests.test_store import MadeStore
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -493,18 +494,6 @@ async def test_a_mover_cancelled_once_its_commit_is_written_opens_the_new_layout
     await store.delete(board_id)
 
 
-class MadeStore(BoardStore):
-    """A board store that records the ids of the boards it makes (``layout``)."""
-
-    def __init__(self, store: BoardStore) -> None:
-        super().__init__(store.client, store.scripts)
-        self.made: list[str] = []
-
-    def layout(self, config: BoardConfig, incarnation: str, generation: int) -> Board:
-        self.made.append(config.id)
-        return super().layout(config, incarnation, generation)
-
-
 async def test_the_watch_makes_no_board_without_a_reshard(store: BoardStore) -> None:
     """Every worker's watch made a Board of every record of the registry every 5 s to find the few
     under reshard: 200 ms of its event loop at 2,000 boards, 0.4 s every 5 s with the journal watch's
@@ -521,3 +510,65 @@ async def test_the_watch_makes_no_board_without_a_reshard(store: BoardStore) -> 
     finally:
         await store.delete(quiet.config.id)
         await store.delete(moving.config.id)
+
+
+async def registry_reads(store: BoardStore) -> int:
+    """HGETALL calls the cluster's primaries have run (INFO commandstats)."""
+    stats = await store.client.info("commandstats", target_nodes=store.client.PRIMARIES)
+    return sum(int(node.get("cmdstat_hgetall", {}).get("calls", 0)) for node in stats.values())
+
+
+async def test_the_watch_reads_the_whole_registry_only_at_a_whole_look(store: BoardStore) -> None:
+    """Every worker of every router read the whole registry every 5 s (HGETALL, 1.1 MB at 2,000
+    boards) to find the few boards under reshard. A look reads the index of reshards under way
+    (kept by registry.lua beside the registry) and their records; the whole registry is read at a
+    whole look only, by one worker of the cluster every ``whole_every_s``."""
+    board = await make_board(store, 2)
+    board_id = board.config.id
+    await Resharder(store, board_id, say=lambda _: None).start(3)
+    watch = ReshardWatch(store, Gate(4), whole_every_s=3600)
+    try:
+        await watch.check()  # its first look may be the cluster's whole look
+        before = await registry_reads(store)
+        for _ in range(3):
+            await watch.check()
+            assert board_id in watch.under_way
+        assert await registry_reads(store) == before
+    finally:
+        await store.client.delete(keys.RESHARDS_LOOK)  # the turn it took, for an hour
+        await Resharder(store, board_id, say=lambda _: None).cancel()
+        await store.delete(board_id)
+
+
+async def test_a_reshard_the_index_lacks_is_seen_by_every_worker_after_a_whole_look(
+    store: BoardStore,
+) -> None:
+    """A reshard recorded by a router or CLI of the release before (which writes no index), and
+    left there (its process restarted by the rolling deploy): the whole look, every
+    ``whole_every_s`` by one worker of the cluster, finds it and mends the index, and every worker's
+    next look sees it, abandoned, and resumes it."""
+    board = await make_board(store, 2)
+    board_id = board.config.id
+    await post(board, 200, "before")
+    await Resharder(store, board_id, say=lambda _: None).start(3)
+    await store.client.srem(keys.RESHARDS, board_id)  # as the release before records it
+    # A router's watch (another test's) may hold the turn for its minute: the test's come first.
+    await store.client.delete(keys.RESHARDS_LOOK)
+    watches = [ReshardWatch(store, Gate(4), after_s=0.0, whole_every_s=0.5) for _ in range(2)]
+    try:
+
+        async def seen() -> bool:
+            for watch in watches:
+                await watch.check()
+            return all(board_id in w.abandoned for w in watches)
+
+        await until(seen, "a worker never saw the reshard the index lacked")
+        assert await store.client.sismember(keys.RESHARDS, board_id)
+        assert watches[0].resume() == [board_id]
+        await asyncio.gather(*watches[0].movers.values())
+        assert (await Resharder(store, board_id).status())["state"] == "none"
+        assert not await store.client.sismember(keys.RESHARDS, board_id)
+    finally:
+        for watch in watches:
+            await watch.stop()
+        await store.delete(board_id)

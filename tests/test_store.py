@@ -6,15 +6,17 @@ the same cluster plays a second process that still holds a board another one del
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
 
-from shardlb import times
-from shardlb.board import Score
+from shardlb import keys, times
+from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
-from shardlb.errors import BoardNotFound
+from shardlb.errors import BoardConflict, BoardNotFound
+from shardlb.reshard import Resharder
 from shardlb.store import BoardStore
 from tests.test_board_retries import FailOnce
 
@@ -112,3 +114,123 @@ async def test_a_board_with_more_shards_than_connections_per_node_is_deleted(clu
             await store.get(config.id)
     finally:
         await client.aclose()
+
+
+async def indexed(store: BoardStore, board_id: str) -> bool:
+    return bool(await store.client.sismember(keys.RESHARDS, board_id))
+
+
+async def registry_reads(store: BoardStore) -> int:
+    """HGETALL calls the cluster's primaries have run (INFO commandstats)."""
+    stats = await store.client.info("commandstats", target_nodes=store.client.PRIMARIES)
+    return sum(int(node.get("cmdstat_hgetall", {}).get("calls", 0)) for node in stats.values())
+
+
+async def test_the_index_of_reshards_follows_every_write_of_the_registry(store: BoardStore) -> None:
+    """The routers' watch (router/reshards.py) read the whole registry (1.1 MB at 2,000 boards)
+    every 5 s in every worker to find the few boards under reshard. registry.lua, the one writer
+    of records that name a reshard, keeps their ids in an index beside it, in the same call."""
+    config = BoardConfig.from_dict("indexed", {"mode": "incr", "durability": "memory"})
+    await store.create(config)
+    try:
+        assert not await indexed(store, config.id)
+        mover = Resharder(store, config.id, say=lambda _: None, cache_s=0)
+        await mover.start(2)
+        assert await indexed(store, config.id)
+        await mover.cancel()
+        assert not await indexed(store, config.id)
+        await mover.start(3)
+        assert await indexed(store, config.id)
+        assert [b.config.id for b in await store.resharding() if b.config.id == config.id] == [config.id]
+        assert (await Resharder(store, config.id, say=lambda _: None, cache_s=0).run())["state"] == "none"
+        assert not await indexed(store, config.id)
+        await mover.start(4)
+        assert await indexed(store, config.id)
+    finally:
+        await store.delete(config.id)
+    assert not await indexed(store, config.id)  # deleted with its reshard under way
+
+
+async def test_a_look_at_the_reshards_reads_only_their_records(store: BoardStore) -> None:
+    """``resharding`` read the whole registry; it reads the index and the records it names, and
+    the whole registry only when asked (``whole``)."""
+    config = BoardConfig.from_dict("looked-at", {"mode": "incr", "durability": "memory"})
+    await store.create(config)
+    try:
+        await Resharder(store, config.id, say=lambda _: None).start(2)
+        before = await registry_reads(store)
+        for _ in range(3):
+            assert config.id in [b.config.id for b in await store.resharding()]
+        assert await registry_reads(store) == before
+        assert config.id in [b.config.id for b in await store.resharding(whole=True)]
+        assert await registry_reads(store) == before + 1
+    finally:
+        await store.delete(config.id)
+
+
+async def test_a_whole_look_finds_the_reshards_the_index_lacks_and_mends_it(store: BoardStore) -> None:
+    """A router or CLI of the release before writes records without the index: a reshard it
+    records is missing from it, and one it ends (finished, cancelled, the board deleted) stays
+    listed. A whole look finds the first and lists it, and drops the second, as the records are at
+    that moment (one script call); a look at the index drops what it finds listed without a reshard."""
+    started = BoardConfig.from_dict("old-started", {"mode": "incr", "durability": "memory"})
+    ended = BoardConfig.from_dict("old-ended", {"mode": "incr", "durability": "memory"})
+    for config in (started, ended):
+        await store.create(config)
+    try:
+        await Resharder(store, started.id, say=lambda _: None).start(2)
+        await store.client.srem(keys.RESHARDS, started.id)  # as the release before records it
+        await store.client.sadd(keys.RESHARDS, ended.id)  # its reshard ended by the release before
+        assert started.id not in [b.config.id for b in await store.resharding()]
+        assert not await indexed(store, ended.id)  # a look at the index drops what has no reshard
+        await store.client.sadd(keys.RESHARDS, ended.id)
+        found = [b.config.id for b in await store.resharding(whole=True)]
+        assert started.id in found and ended.id not in found
+        assert await indexed(store, started.id) and not await indexed(store, ended.id)
+        assert started.id in [b.config.id for b in await store.resharding()]
+    finally:
+        for config in (started, ended):
+            await store.delete(config.id)
+
+
+class MadeStore(BoardStore):
+    """A board store that counts the boards it makes (``layout``), by id."""
+
+    def __init__(self, store: BoardStore) -> None:
+        super().__init__(store.client, store.scripts)
+        self.made: list[str] = []
+
+    def layout(self, config: BoardConfig, incarnation: str, generation: int) -> Board:
+        self.made.append(config.id)
+        return super().layout(config, incarnation, generation)
+
+
+async def test_boards_makes_again_only_the_boards_whose_record_changed(store: BoardStore) -> None:
+    """The archiver lists the registry's boards every 2 s (``Archiver.refresh``): making a Board of
+    every record took 170-200 ms at 2,000 boards. With ``reuse``, a record whose bytes are those of
+    the last listing gives the Board made then, unless that Board learnt it is deleted or moved."""
+    ids = ["kept-a", "kept-b", "kept-c"]
+    for board_id in ids:
+        await store.create(BoardConfig.from_dict(board_id, {"mode": "incr", "durability": "memory"}))
+    counted = MadeStore(store)
+    try:
+        first = {b.config.id: b for b in await counted.boards(reuse=True) if b.config.id in ids}
+        assert sorted(first) == ids
+        counted.made.clear()
+        again = {b.config.id: b for b in await counted.boards(reuse=True) if b.config.id in ids}
+        assert [i for i in counted.made if i in ids] == []
+        assert all(again[i] is first[i] for i in ids)
+        await Resharder(store, "kept-a", say=lambda _: None).start(2)  # its record changes
+        first["kept-b"].deleted = True  # as a script's answer tells a holder
+        await store.delete("kept-c")
+        now = {b.config.id: b for b in await counted.boards(reuse=True) if b.config.id in ids}
+        # kept-a: both its layouts
+        assert sorted(i for i in counted.made if i in ids) == ["kept-a", "kept-a", "kept-b"]
+        assert now["kept-a"].also and now["kept-a"] is not first["kept-a"]
+        assert now["kept-b"] is not first["kept-b"] and not now["kept-b"].deleted
+        assert "kept-c" not in now
+    finally:
+        with contextlib.suppress(BoardConflict):  # none recorded, if the test stopped before
+            await Resharder(store, "kept-a", say=lambda _: None).cancel()
+        for board_id in ids[:2]:
+            await store.delete(board_id)

@@ -1,7 +1,33 @@
--- Compare-and-set one board's record in the registry hash.
+-- Compare-and-set one board's record in the registry hash, and keep its place in the index of
+-- the records that name a reshard under way (shardlb/store.py, ``resharding``).
 --
--- KEYS[1] the registry; ARGV[1] board id, ARGV[2] the record expected now, ARGV[3] the new record
--- ('' removes the field). Returns 1 when the record was as expected and has been replaced, else 0.
+-- KEYS[1] the registry, KEYS[2] the index (a set of board ids, in the registry's slot).
+-- ARGV[1] board id, ARGV[2] the record expected now, ARGV[3] the new record ('' removes the field).
+-- Returns 1 when the record was as expected and has been replaced, else 0.
+-- ARGV[1] '': index the boards ARGV[2..] as their records are now, and return 1 (a whole look's
+-- mending of what processes of the release before wrote without the index).
+
+-- Listed while the record has a "reshard" object; the registry's readers parse the same field.
+local function index(id)
+  local raw = redis.call('HGET', KEYS[1], id)
+  local moving = false
+  if raw then
+    local parsed, record = pcall(cjson.decode, raw)
+    moving = parsed and type(record) == 'table' and type(record['reshard']) == 'table'
+  end
+  if moving then
+    redis.call('SADD', KEYS[2], id)
+  else
+    redis.call('SREM', KEYS[2], id)
+  end
+end
+
+if ARGV[1] == '' then
+  for i = 2, #ARGV do
+    index(ARGV[i])
+  end
+  return 1
+end
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   return 0
 end
@@ -10,4 +36,5 @@ if ARGV[3] == '' then
 else
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 end
+index(ARGV[1])
 return 1
