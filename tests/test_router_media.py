@@ -78,6 +78,9 @@ def test_msgpack_bounds_admit_every_valid_body() -> None:
         b'{"mode": "incr", "mode": "best"}',
         b'{"player_ids": ["a"], "player_ids": []}',
         b'{"a": {"b": 1, "b" : 1}}',
+        # Compact, as a body encoded again is: only a body that IS its encoding again skips the count.
+        b'{"mode":"best","mode":"best"}',
+        b'{"scores":[{"player_id":"p","points":5,"match_id":"m","points":5}]}',
         # An escaped colon in a string must not hide a repeated key from a count of colons.
         b'{"scores": [{"player_id": "p\\u003a", "points": 5, "points": 7, "match_id": "m"}]}',
     ],
