@@ -15,8 +15,8 @@ import functools
 import hashlib
 import hmac
 import ipaddress
-from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 from router.errors import ApiError
 from router.settings import Settings
@@ -28,12 +28,16 @@ class Scope(IntEnum):
     ADMIN = 3
 
 
-@dataclass(frozen=True)
-class Caller:
-    """Who sent a request: the scope granted and a stable id for rate limiting (no key material)."""
+class Caller(NamedTuple):
+    """Who sent a request: the scope granted and a stable id for rate limiting (no key material).
+    A tuple: every request makes one, and a frozen dataclass takes three times as long to build."""
 
     scope: Scope | None
     client: str
+
+
+# Scope by value, 0 for none: ``Scope(value)`` goes through the enum's Python-level lookup.
+_SCOPES: tuple[Scope | None, ...] = (None, *Scope)
 
 
 # Rate-limiting ids of keyed clients start with this; clients without a key are "ip:<address>"
@@ -84,7 +88,7 @@ class Keys:
         for digest, scope in self._keys:
             # No early exit: every configured key is compared, whichever matches.
             found |= int(scope) * hmac.compare_digest(digest, presented)
-        return Scope(found) if found else None
+        return _SCOPES[found]
 
     def may_write(self, header: str) -> bool:
         """Whether the Authorization ``header`` presents a key of the write scope or above: the
