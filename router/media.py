@@ -32,6 +32,8 @@ MSGPACK = "application/msgpack"
 _MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
 _JSON_TYPES = frozenset({JSON, "application/*", "*/*"})
 _JSON_BYTES, _MSGPACK_BYTES = JSON.encode(), MSGPACK.encode()
+# What most clients send as Accept (HTTP libraries' default, or JSON asked for): JSON, not parsed.
+_PLAIN_ACCEPTS = frozenset({JSON, "*/*"})
 # The most a valid body holds: 1000 scores or player ids, 1024 regions of a board; five fields in a
 # score (the room above lets an unknown field still be named by a 422); ids of 64 and match ids of
 # 128 characters. Nothing valid is binary or an extension type but a MessagePack timestamp, which
@@ -52,7 +54,7 @@ ACCEPT_RANGES = 16
 def wants_msgpack(accept: str | None) -> bool:
     """True when Accept prefers MessagePack over JSON (q-values honoured; JSON wins ties and absence),
     among its first ACCEPT_RANGES media ranges: reading thousands cost a hundred requests' CPU."""
-    if not accept:
+    if not accept or accept in _PLAIN_ACCEPTS:
         return False
     best_json = best_msgpack = -1.0
     for part in accept.split(",", ACCEPT_RANGES)[:ACCEPT_RANGES]:
@@ -92,7 +94,7 @@ def rendered(
     """A response as ASGI sends it: status, headers (with Content-Type and Content-Length) and body.
     Every body the router sends is rendered here, on Starlette's path and on the raw ASGI ones."""
     body = msgpack.packb(data, use_bin_type=True) if packed else orjson.dumps(data)
-    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()] if headers else []
     raw.append((b"content-length", str(len(body)).encode()))
     raw.append((b"content-type", _MSGPACK_BYTES if packed else _JSON_BYTES))
     return status, raw, body
@@ -159,8 +161,8 @@ def check_body_head(
     # or applied as sent when the coding changed nothing. RFC 9112 6.1 has 501 for a transfer
     # coding the server does not know; a 4xx, as for a content coding, tells the client the fault
     # is its request, and that a retry of it fails alike.
-    layers = (c.strip() for value in transfer for c in value.split(","))
-    unread = [c for c in layers if c.lower() not in ("", "chunked")]
+    # One comprehension, no generator: most requests name no coding, and pay for nothing but it.
+    unread = [c for v in transfer for c in map(str.strip, v.split(",")) if c.lower() not in ("", "chunked")]
     if unread:
         raise ApiError(
             415,
@@ -168,8 +170,7 @@ def check_body_head(
             f"send the body with a Content-Length or chunked: Transfer-Encoding {', '.join(unread)} "
             "is not accepted",
         )
-    codings = (c.strip() for value in encodings for c in value.split(","))
-    coded = [c for c in codings if c.lower() not in ("", "identity")]
+    coded = [c for v in encodings for c in map(str.strip, v.split(",")) if c.lower() not in ("", "identity")]
     if coded:
         # A body is decoded as it came: a compressed one would be a malformed JSON or MessagePack
         # body (400) at best. api.md has bodies uncompressed; RFC 9110 15.5.16 says 415 and which
