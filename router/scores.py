@@ -71,12 +71,14 @@ def parse_scores(body: dict[str, Any]) -> list[Score]:
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise InvalidInput("each score must be an object", f"scores[{i}]", "invalid_input")
-        if not item.keys() <= SCORE_FIELDS:
+        player_id, points, match_id = item.get("player_id"), item.get("points"), item.get("match_id")
+        # Three keys, the three required ones: none unknown, nothing more to look at.
+        usual = len(item) == 3 and player_id is not None and points is not None and match_id is not None
+        if not usual and not item.keys() <= SCORE_FIELDS:
             name = next(name for name in item if name not in SCORE_FIELDS)
             raise InvalidInput(
                 f"unknown field {field_name(name)!r}", f"scores[{i}].{field_name(name)}", "unknown_field"
             )
-        player_id, points, match_id = item.get("player_id"), item.get("points"), item.get("match_id")
         if type(points) is not int:
             points = params.integral(points)
         if player_id is None or points is None or match_id is None:

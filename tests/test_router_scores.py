@@ -13,6 +13,9 @@ import orjson
 import pytest
 
 from router.app import RouterApp
+from router.scores import parse_scores
+from shardlb.board import Score
+from shardlb.errors import InvalidInput
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
 
 pytestmark = pytest.mark.cluster
@@ -135,3 +138,30 @@ async def test_a_root_path_takes_starlettes_route_with_the_same_result(cluster: 
             r = await client.post(f"/lb/v1/boards/{name}/scores", json=_scores("r"), headers=AS_WRITER)
             assert r.status_code == 200 and r.json()["results"][0]["status"] == "improved"
             assert len(r.headers["x-request-id"]) == 32
+
+
+@pytest.mark.parametrize(
+    ("item", "field", "code"),
+    [
+        # Three keys, one of them unknown: the unknown one is named, as with any other count of keys.
+        ({"player_id": "p", "points": 1, "bonus": 1}, "scores[0].bonus", "unknown_field"),
+        ({"player_id": "p", "points": 1, "match_id": "m", "bonus": 1}, "scores[0].bonus", "unknown_field"),
+        # The three required keys, one of them null: missing, not taken for the usual score.
+        ({"player_id": "p", "points": None, "match_id": "m"}, "scores[0].points", "missing_field"),
+        ({"player_id": None, "points": 1, "match_id": "m"}, "scores[0].player_id", "missing_field"),
+        ({"player_id": "p", "points": 1}, "scores[0].match_id", "missing_field"),
+    ],
+)
+def test_parse_scores_names_the_first_fault_of_a_score(item: dict[str, Any], field: str, code: str) -> None:
+    with pytest.raises(InvalidInput) as e:
+        parse_scores({"scores": [item]})
+    assert (e.value.field, e.value.code) == (field, code)
+
+
+def test_parse_scores_keeps_what_a_score_sends() -> None:
+    usual = {"player_id": "p", "points": 5.0, "match_id": "m"}
+    timed = {**usual, "achieved_at": "2026-12-06T00:00:00Z", "region": "eu"}
+    assert parse_scores({"scores": [usual, timed]}) == [
+        Score("p", 5, "m"),
+        Score("p", 5, "m", 1_796_515_200_000, "eu"),
+    ]
