@@ -494,19 +494,18 @@ class Board:
         items: list[Any] = []
         locks: list[Any] = []  # per dated period key: write.lua's test whether it is closed or frozen
         indices: dict[tuple[str, ...], list[int]] = {}  # a batch's scores mostly share their periods
-        for p in batch:
-            index = indices.get(p.periods)
+        for player, match, points, units, score, _, names, server_time in batch:  # Prepared's fields
+            index = indices.get(names)
             if index is None:
-                index = indices[p.periods] = []
-                for name in p.periods:
+                index = indices[names] = []
+                for name in names:
                     key = keys.period_key(prefix, name)
                     fresh = key not in slot
                     index.append(key_index(key, self._expiry(name)))
                     if fresh and name != "total":
                         marker = key_index(keys.frozen_key(prefix, name), 0)
                         locks += [slot[key], marker, self._closes(name), name]
-            member = f"{p.match_id}\x00{p.player_id}"
-            items += [p.player_id, p.score, p.points, p.units, member, int(p.server_time), *index]
+            items += [player, score, points, units, f"{match}\x00{player}", int(server_time), *index]
         journal = key_index(keys.journal_key(prefix), 0) if self.config.durability == "journal" else 0
         activity = key_index(keys.activity_key(prefix), 0) if self.config.inactive_after else 0
         c = self.codec
