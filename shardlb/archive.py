@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import hashlib
 import inspect
 import itertools
@@ -559,10 +560,6 @@ class Archiver:
     ) -> None:
         self.client = client  # replies as bytes: entries carry MessagePack
         self.store = store
-        # The journal scripts, on this client (replies as bytes) with the board's scripts' text.
-        self._poller = Script(client, script_source("poll.lua"))
-        self._trimmer = Script(client, script_source("trim.lua"))
-        self._forgetter = Script(client, script_source("forget.lua"))
         self.db = db
         self.db_url = db_url  # to open a new connection when PostgreSQL drops this one
         self.name = name
@@ -585,6 +582,20 @@ class Archiver:
         self.sweep_outage = Outage(
             log, "bans of deleted boards not forgotten; retrying", "bans of deleted boards forgotten again"
         )
+
+    # The journal scripts on this archiver's client (replies as bytes: entries carry MessagePack),
+    # made at their first use (bench/archive_size.py makes an archiver without a cluster).
+    @functools.cached_property
+    def _poller(self) -> Script:
+        return Script(self.client, script_source("poll.lua"))
+
+    @functools.cached_property
+    def _trimmer(self) -> Script:
+        return Script(self.client, script_source("trim.lua"))
+
+    @functools.cached_property
+    def _forgetter(self) -> Script:
+        return Script(self.client, script_source("forget.lua"))
 
     async def refresh(self) -> None:
         """Learn the registry's boards (and record their settings in PostgreSQL)."""
