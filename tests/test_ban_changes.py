@@ -58,6 +58,17 @@ async def moved_by_hand(client: Any) -> None:
     await client.incr(keys.BANS_VERSION)
 
 
+async def forget(client: Any, board: str, db: Any) -> None:
+    """Take a test's board's bans out of the list (the version moved, as an old router moves it) and
+    out of PostgreSQL, and close ``db``."""
+    fields = [f for f in await whole(client) if f.startswith(board + "/")]
+    if fields:
+        await client.hdel(keys.BANS, *fields)
+    await moved_by_hand(client)
+    await db.execute("DELETE FROM bans WHERE board = %s", (board,))
+    await db.close()
+
+
 async def test_a_ban_and_a_lift_reach_a_router_by_their_fields_not_by_reading_the_whole_list(
     store: BoardStore, postgres_url: str
 ) -> None:
@@ -87,10 +98,7 @@ async def test_a_ban_and_a_lift_reach_a_router_by_their_fields_not_by_reading_th
         assert bans.named == [moderation.ban_field(board, "cheater")] * 2
         assert cache.fields == await whole(client)
     finally:
-        await client.hdel(keys.BANS, *seeded)
-        await moved_by_hand(client)
-        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
-        await db.close()
+        await forget(client, board, db)
 
 
 async def test_a_refresh_begun_before_a_ban_does_not_replace_the_copy_that_has_it(
@@ -222,12 +230,7 @@ async def test_every_copy_ends_equal_to_the_list_whatever_writes_it(
         named = [len(c.bans.named) for c in caches if isinstance(c.bans, CountedBans)]
         assert min(named) >= 20, named  # the log was followed, not only the whole list read
     finally:
-        fields = [f for f in await whole(client) if f.startswith(board + "/")]
-        if fields:
-            await client.hdel(keys.BANS, *fields)
-        await moved_by_hand(client)
-        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
-        await db.close()
+        await forget(client, board, db)
 
 
 async def test_a_change_cut_short_whose_note_was_trimmed_is_read_with_the_whole_list(
@@ -255,11 +258,7 @@ async def test_a_change_cut_short_whose_note_was_trimmed_is_read_with_the_whole_
         assert cache.banned(board, "cut") and cache.banned(board, "next")
         assert bans.wholes == wholes + 1
     finally:
-        fields = [f for f in await whole(client) if f.startswith(board + "/")]
-        await client.hdel(keys.BANS, *fields)
-        await moved_by_hand(client)
-        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
-        await db.close()
+        await forget(client, board, db)
 
 
 async def test_the_change_log_keeps_no_entry_past_its_time(
@@ -287,10 +286,7 @@ async def test_the_change_log_keeps_no_entry_past_its_time(
         await cache.refresh()
         assert cache.banned(board, "old") and cache.banned(board, "new") and bans.wholes == wholes + 1
     finally:
-        await client.hdel(keys.BANS, moderation.ban_field(board, "old"), moderation.ban_field(board, "new"))
-        await moved_by_hand(client)
-        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
-        await db.close()
+        await forget(client, board, db)
 
 
 async def test_a_change_cut_short_after_a_copy_read_its_first_note_is_read_at_the_next_move(
@@ -329,12 +325,7 @@ async def test_a_change_cut_short_after_a_copy_read_its_first_note_is_read_at_th
             assert cache.banned(board, f"cut-{whole_read}"), f"whole_read={whole_read}"
             assert cache.fields == await whole(client)
     finally:
-        fields = [f for f in await whole(client) if f.startswith(board + "/")]
-        if fields:
-            await client.hdel(keys.BANS, *fields)
-        await moved_by_hand(client)
-        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
-        await db.close()
+        await forget(client, board, db)
 
 
 async def test_an_entry_the_copy_cannot_read_makes_it_read_the_whole_list(
@@ -369,12 +360,7 @@ async def test_an_entry_the_copy_cannot_read_makes_it_read_the_whole_list(
             await cache.refresh()  # past the odd entry now: the log is followed again
             assert cache.banned(board, f"later{i}") and bans.wholes == wholes + 1
     finally:
-        fields = [f for f in await whole(client) if f.startswith(board + "/")]
-        if fields:
-            await client.hdel(keys.BANS, *fields)
-        await moved_by_hand(client)
-        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
-        await db.close()
+        await forget(client, board, db)
 
 
 async def test_a_restore_whose_move_was_lost_is_read_whole_at_the_next_move(
@@ -415,9 +401,4 @@ async def test_a_restore_whose_move_was_lost_is_read_whole_at_the_next_move(
         assert not cache.banned(board, "stray"), "the restore's removal was missed past the next move"
         assert cache.fields == await whole(client)
     finally:
-        fields = [f for f in await whole(client) if f.startswith(board + "/")]
-        if fields:
-            await client.hdel(keys.BANS, *fields)
-        await moved_by_hand(client)
-        await db.execute("DELETE FROM bans WHERE board = %s", (board,))
-        await db.close()
+        await forget(client, board, db)
