@@ -23,17 +23,6 @@ local function fields(flat)
   return f
 end
 
-local function order(id)  -- an entry id as two numbers, compared as Redis orders them
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-
-local function before(a, b)
-  local am, as = order(a)
-  local bm, bs = order(b)
-  return am < bm or (am == bm and as < bs)
-end
-
 local function deleted()
   return fields(redis.call('XINFO', 'STREAM', KEYS[1]))['max-deleted-entry-id'] or '0-0'
 end
@@ -44,12 +33,20 @@ for _, g in ipairs(groups) do
   if f['name'] == ARGV[1] then last = f['last-delivered-id'] end
 end
 if last == nil then return false end
--- The floor: the entry after the last one handed out, or the oldest pending one if older.
-local ms, seq = order(last)
-local floor = string.format('%d-%d', ms, seq + 1)
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1])
-if tonumber(pending[1]) > 0 and before(pending[2], floor) then floor = pending[2] end
-local below = redis.call('XREVRANGE', KEYS[1], '(' .. floor, '-', 'COUNT', 1)
+-- The entries to go: those up to the last one handed out, or before the oldest pending one if that
+-- is older. Every pending entry was handed out, so it is at or before the last one (unless XGROUP
+-- SETID moved the group back): the oldest pending entry up to the last one handed out is the floor,
+-- and with none the last one handed out is the newest to go. Redis compares the ids, never Lua,
+-- whose numbers are doubles: the floor computed here (the id after the last handed out, until
+-- 2026-12-06) was rounded past 2^53, up as well as down, and an entry not handed out yet went too.
+-- write.lua's ids never come near (ms, and a small sequence), but any explicit id may.
+local oldest = redis.call('XPENDING', KEYS[1], ARGV[1], '-', last, 1)
+local below
+if #oldest > 0 then
+  below = redis.call('XREVRANGE', KEYS[1], '(' .. oldest[1][1], '-', 'COUNT', 1)
+else
+  below = redis.call('XREVRANGE', KEYS[1], last, '-', 'COUNT', 1)
+end
 if #below == 0 then return deleted() end
 local newest = below[1][1]
 redis.call('XTRIM', KEYS[1], 'MINID', newest)

@@ -1,0 +1,102 @@
+"""The archiver's reads and trims of its journals (poll.lua, trim.lua, one pipeline per node:
+docs/design-notes.md, "An idle archiver"): what a failure of those pipelines leaves, and trim.lua
+against the Python trim it replaced, on the suite's cluster and PostgreSQL."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from shardlb import archive
+from shardlb.connection import Script, script_source
+from shardlb.journal import GROUP
+
+pytestmark = pytest.mark.cluster
+
+# Entry ids the trim cases draw from: the usual ones, and ids past 2^53 (write.lua's never are; an
+# id given explicitly may be), up to the largest Redis takes.
+_MS = [1, 7, 1_765_000_000_000, 2**53 - 1, 2**53 + 1, 2**63 + 5, 2**64 - 1]
+_SEQ = [0, 1, 2, 2**53 - 1, 2**53 + 1, 2**54 + 6, 2**54 + 7, 2**64 - 2, 2**64 - 1]
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def test_a_trim_drops_what_the_python_trim_dropped_whatever_the_ids(raw: Any) -> None:
+    """trim.lua against the trim it replaced (shardlb/archive.py before 2026-12-06), on random
+    journals: entries before the one after the group's last delivered entry, or before its oldest
+    pending one if older, are dropped, the newest of them last (max-deleted-entry-id); nothing else,
+    whatever other group reads the journal. Lua's numbers are doubles: computed from ids past 2^53,
+    the floor was rounded, up as well as down (and past 2^63 the script failed), and the trim
+    deleted an entry not handed out yet. Where the Python trim failed (the last entry handed out
+    has the largest sequence: the id after it is none), entries up to that one go."""
+    trim = Script(raw, script_source("trim.lua"))
+    rng = random.Random("trim.lua")
+    key = "{archive-trim-cases}:journal"
+    pool = sorted({(ms, seq) for ms in _MS for seq in _SEQ if (ms, seq) != (0, 0)})
+    try:
+        for case in range(60):
+            await raw.delete(key)
+            ids = [f"{ms}-{seq}" for ms, seq in sorted(rng.sample(pool, rng.randrange(0, 8)))]
+            deleted = "0-0"  # the stream's max-deleted-entry-id before the trim
+            if not ids:  # a journal whose entries have all gone: the key stays, empty
+                await raw.xadd(key, {"f": "v"}, id="1-1")
+                await raw.xdel(key, "1-1")
+                deleted = "1-1"
+            for i in ids:
+                await raw.xadd(key, {"f": i}, id=i)
+            if rng.random() < 0.1:  # the key without the archivers' group
+                assert await archive.trim(trim, key) is None, case
+                assert [_text(i) for i, _ in await raw.xrange(key)] == ids, case
+                continue
+            await raw.xgroup_create(key, GROUP, id="0")
+            await raw.xgroup_create(key, "other", id="0")
+            await raw.xreadgroup("other", "o", {key: ">"}, count=rng.randrange(1, 4))
+            delivered: list[str] = []
+            for consumer in rng.sample(["c1", "c2"], rng.randrange(0, 3)):
+                got = await raw.xreadgroup(GROUP, consumer, {key: ">"}, count=rng.randrange(1, 4))
+                delivered += [_text(i) for _, items in got or [] for i, _ in items]
+            acked = [i for i in delivered if rng.random() < 0.6]
+            if acked:
+                await raw.xack(key, GROUP, *acked)
+            # What the Python trim dropped: ids below the floor, exactly.
+            last = _order(delivered[-1]) if delivered else (0, 0)
+            floor = (last[0], last[1] + 1)
+            pending = [_order(i) for i in delivered if i not in acked]
+            if pending:
+                floor = min(floor, min(pending))
+            kept = [i for i in ids if _order(i) >= floor]
+            gone = [i for i in ids if _order(i) < floor]
+            cut = await archive.trim(trim, key)
+            assert [_text(i) for i, _ in await raw.xrange(key)] == kept, (case, ids, delivered, acked)
+            assert cut == (gone[-1] if gone else deleted), (case, ids, delivered, acked)
+    finally:
+        await raw.delete(key)
+
+
+async def test_a_trim_keeps_an_entry_not_handed_out_next_to_one_acknowledged(raw: Any) -> None:
+    """The case of the test above where a rounded floor lost an entry: 1-(2^54+6) acknowledged,
+    1-(2^54+7) never handed out. As a double 2^54+6 and 2^54+7 are both 2^54+8, so the floor came
+    out past the entry waiting and the trim deleted it."""
+    trim = Script(raw, script_source("trim.lua"))
+    key = "{archive-trim-rounded}:journal"
+    done, waiting = f"1-{2**54 + 6}", f"1-{2**54 + 7}"
+    try:
+        await raw.delete(key)
+        await raw.xadd(key, {"f": "v"}, id=done)
+        await raw.xadd(key, {"f": "v"}, id=waiting)
+        await raw.xgroup_create(key, GROUP, id="0")
+        await raw.xreadgroup(GROUP, "c1", {key: ">"}, count=1)
+        await raw.xack(key, GROUP, done)
+        assert await archive.trim(trim, key) == done
+        assert [_text(i) for i, _ in await raw.xrange(key)] == [waiting]
+    finally:
+        await raw.delete(key)
