@@ -960,14 +960,20 @@ class Archiver:
         now = time.monotonic()
         forgotten = [key for key in journals if now - self._forgotten.get(key, -math.inf) >= FORGET_EVERY_S]
         replies = await self._each(self._trimmer, [(key, GROUP) for key in journals])
-        await self._each(self._forgetter, [(key, GROUP, self.forget_idle_ms, self.name) for key in forgotten])
         out = {}
         for key, reply in zip(journals, replies, strict=True):
             if isinstance(reply, BaseException):
                 reply = await trim(self._trimmer, key)
             out[key] = "0-0" if reply is None else _text(reply)
             self._trimmed[key] = now
-        for key in forgotten:  # a forgetting that failed is made at the next trim
+        # A forgetting that failed there is made again alone too, as ``_forget`` makes it: dropped,
+        # its NOSCRIPT never loaded forget.lua on a node that lost its scripts (a promoted replica),
+        # and where every journal stayed idle no consumer was forgotten there again.
+        args: list[str | int] = [GROUP, self.forget_idle_ms, self.name]
+        forgot = await self._each(self._forgetter, [(key, *args) for key in forgotten])
+        for key, reply in zip(forgotten, forgot, strict=True):
+            if isinstance(reply, BaseException):
+                await self._forgetter(keys=[key], args=args)
             self._forgotten[key] = now
         return out
 

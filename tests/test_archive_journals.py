@@ -4,14 +4,19 @@ against the Python trim it replaced, on the suite's cluster and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
 import pytest
 
-from shardlb import archive
+from shardlb import archive, keys, times
+from shardlb.board import Score
+from shardlb.config import BoardConfig
 from shardlb.connection import Script, script_source
 from shardlb.journal import GROUP
+from shardlb.store import BoardStore
+from tests.test_archive import archiver, drain
 
 pytestmark = pytest.mark.cluster
 
@@ -28,6 +33,10 @@ def _order(entry_id: str) -> tuple[int, int]:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def _consumers(raw: Any, key: str) -> set[str]:
+    return {_text(c["name"]) for c in await raw.xinfo_consumers(key, GROUP)}
 
 
 async def test_a_trim_drops_what_the_python_trim_dropped_whatever_the_ids(raw: Any) -> None:
@@ -100,3 +109,30 @@ async def test_a_trim_keeps_an_entry_not_handed_out_next_to_one_acknowledged(raw
         assert [_text(i) for i, _ in await raw.xrange(key)] == [waiting]
     finally:
         await raw.delete(key)
+
+
+async def test_an_idle_round_forgets_consumers_on_a_node_without_its_scripts(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A promoted replica, or a node started again, has an empty script cache: the round's
+    pipelined calls there get NOSCRIPT. Reads and trims are made again alone, which loads their
+    script; the forgetting of idle consumers was dropped with its error (and counted as done), so
+    where journals stay idle no archiver that ran before was ever forgotten."""
+    config = BoardConfig.from_dict("archive-forget-noscript", {"sharding": {"strategy": "hash", "shards": 3}})
+    board, _ = await store.create(config)
+    before = await archiver(raw, store, postgres_url, "before")
+    live = await archiver(raw, store, postgres_url, "live", forget_idle_s=0.3)
+    journals = [keys.journal_key(p) for p in board.prefixes]
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(20)], now_ms=now)
+        assert await drain(before) == 20
+        await asyncio.sleep(0.4)
+        await raw.execute_command("SCRIPT FLUSH", target_nodes=raw.PRIMARIES)
+        assert await live.round() == 0
+        for key in journals:
+            assert "before" not in await _consumers(raw, key), key
+    finally:
+        await before.db.close()
+        await live.db.close()
+        await store.delete(config.id)
