@@ -677,7 +677,6 @@ class Archiver:
             if key not in self._held or now - self._held[key].tried >= RETRY_REFUSED_S
         ]
         batches = await self._poll([key for _, key in streams])
-        self._failed = True  # until this round's entries are committed and acknowledged
         journals = {key: (board, got, bad) for (board, key), (got, bad) in zip(streams, batches, strict=True)}
         together, alone, idle = [], [], []
         for key, (board, got, unreadable) in journals.items():
@@ -864,7 +863,14 @@ class Archiver:
         2026-12-06 each journal was three round trips of its own (XAUTOCLAIM, XREADGROUP and the
         COMMAND GETKEYS redis-py asks before each XREADGROUP): an idle archiver of 2,000 boards of
         10 shards took 16 s a round and most of a core to find nothing."""
-        replies = await self._each(self._poller, [(key, *self._poll_args(key)) for key in journals])
+        calls = [(key, *self._poll_args(key)) for key in journals]
+        # The round counts as failed from here until its entries are committed and acknowledged
+        # (``round``): the reads hand entries to this consumer alone, and if one made again alone
+        # fails too, the round ends without the others' replies. Marked only after the reads, the
+        # next round read from '>' and missed those entries until XAUTOCLAIM took them over
+        # (``claim_idle_s``, 30 s).
+        self._failed = True
+        replies = await self._each(self._poller, calls)
         out = []
         for key, reply in zip(journals, replies, strict=True):
             if isinstance(reply, BaseException):

@@ -9,14 +9,15 @@ import random
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from shardlb import archive, keys, times
+from shardlb import archive, fanout, keys, times
 from shardlb.board import Score
 from shardlb.config import BoardConfig
 from shardlb.connection import Script, script_source
 from shardlb.journal import GROUP
 from shardlb.store import BoardStore
-from tests.test_archive import archiver, drain
+from tests.test_archive import archived, archiver, drain
 
 pytestmark = pytest.mark.cluster
 
@@ -135,4 +136,43 @@ async def test_an_idle_round_forgets_consumers_on_a_node_without_its_scripts(
     finally:
         await before.db.close()
         await live.db.close()
+        await store.delete(config.id)
+
+
+async def test_entries_read_in_a_round_that_failed_are_read_at_the_next(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round's reads hand entries to this archiver (poll.lua's XREADGROUP '>'). When the round
+    fails before they are committed (here a node's pipeline lost its replies and the read made
+    again alone failed too: a failover), the next round must read its own pending entries first
+    ('0'), from every journal: read from '>' they came back only once XAUTOCLAIM took them over,
+    ``claim_idle_s`` later (30 s)."""
+    config = BoardConfig.from_dict("archive-poll-failed", {"sharding": {"strategy": "hash", "shards": 6}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url, "polled")
+    ours = {keys.journal_key(p) for p in board.prefixes}
+    try:
+        await drain(a)  # what other modules left in the registry's journals
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(30)], now_ms=now)
+        real = fanout._pipelines
+
+        async def lost(sends: Any, timeout: float | None) -> list[Any]:
+            outcomes = await real(sends, timeout)  # every call ran
+            first = next(i for i, (_, queue) in enumerate(sends) if any(c.args[3] in ours for c in queue))
+            outcomes[first] = RedisConnectionError("the node's replies were lost")
+            return outcomes
+
+        async def down(key: str, own_first: bool = False) -> Any:
+            raise RedisConnectionError("the node is failing over")
+
+        monkeypatch.setattr(fanout, "_pipelines", lost)
+        monkeypatch.setattr(a, "_read", down)
+        with pytest.raises(RedisConnectionError):
+            await a.round()
+        monkeypatch.undo()
+        assert await drain(a) == 30
+        assert len(await archived(postgres_url, board)) == 30
+    finally:
+        await a.db.close()
         await store.delete(config.id)
