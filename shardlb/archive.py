@@ -808,11 +808,11 @@ class Archiver:
         nothing (docs/design-notes.md, "Work that grows with the whole cluster")."""
         refreshed = 0.0
         while not stop.is_set():
-            began = time.monotonic()
             try:
-                if began - refreshed > refresh_s:
+                if time.monotonic() - refreshed > refresh_s:
                     await self.refresh()
                     refreshed = time.monotonic()
+                began = time.monotonic()  # the round's own time: a refresh held up is no reason to wait
                 done = await self.round()
             except Exception as e:
                 if not _passing(e):

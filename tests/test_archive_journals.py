@@ -176,3 +176,34 @@ async def test_entries_read_in_a_round_that_failed_are_read_at_the_next(
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+async def test_an_idle_archivers_pause_does_not_count_its_refresh(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a round that archived nothing the archiver waits as long as that round took. The
+    refresh of the board list before it (every 2 s: the registry, a PostgreSQL transaction, now and
+    then the sweep of deleted boards' bans) is no round: counted in, a refresh that PostgreSQL held
+    up made the archiver wait as long again before it read a journal."""
+    a = await archiver(raw, store, postgres_url, "paced-refresh")
+    stop = asyncio.Event()
+    pauses: list[float] = []
+
+    async def slow_refresh() -> None:
+        await asyncio.sleep(0.5)
+
+    async def quick_round() -> int:
+        return 0
+
+    async def pause(_: asyncio.Event, seconds: float) -> None:
+        pauses.append(seconds)
+        stop.set()
+
+    monkeypatch.setattr(a, "refresh", slow_refresh)
+    monkeypatch.setattr(a, "round", quick_round)
+    monkeypatch.setattr(archive, "_sleep", pause)
+    try:
+        await a.run(stop, idle_s=0.2, refresh_s=0.0)
+        assert pauses == [0.2]
+    finally:
+        await a.db.close()
