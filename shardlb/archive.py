@@ -576,6 +576,7 @@ class Archiver:
         self._forgotten: dict[str, float] = {}  # journal key -> monotonic time of its last forget.lua
         self._unexplained: set[tuple[str, str]] = set()  # boards missing without a mark, reported once
         self._held: dict[str, _Held] = {}  # journal key -> the entry PostgreSQL refused there
+        self._busy: set[str] = set()  # journals that gave the last round entries (``_poll``)
         self._swept = -math.inf  # monotonic time of the last sweep of deleted boards' bans that worked
         self.outage = Outage(log, "archive round failed; retrying", "archive rounds work again")
         self.db_outage = Outage(log, "PostgreSQL not reachable; retrying", "PostgreSQL reachable again")
@@ -870,15 +871,26 @@ class Archiver:
         # next round read from '>' and missed those entries until XAUTOCLAIM took them over
         # (``claim_idle_s``, 30 s).
         self._failed = True
-        replies = await self._each(self._poller, calls)
+        # The journals that gave the last round entries go JOURNALS_IN_FLIGHT to a pipeline: each
+        # reply may hold ``count`` entries twice over (claimed and new), and 500 such in one
+        # pipeline (a backlog after a PostgreSQL outage) passed the socket's timeout, every call of
+        # it then read again alone. The others, nearly always empty, go JOURNALS_AT_ONCE.
+        busy = [c for c in calls if c[0] in self._busy]
+        quiet = [c for c in calls if c[0] not in self._busy]
+        replies: dict[str, Any] = {}
+        for group, at_once in ((busy, JOURNALS_IN_FLIGHT), (quiet, JOURNALS_AT_ONCE)):
+            got = await self._each(self._poller, group, at_once)
+            replies.update(zip([c[0] for c in group], got, strict=True))
         out = []
-        for key, reply in zip(journals, replies, strict=True):
+        for key in journals:
+            reply = replies[key]
             if isinstance(reply, BaseException):
                 # Read again alone, this consumer's pending entries first: a call that ran but lost
                 # its reply handed out entries that only this consumer holds now.
                 out.append(await self._read(key, own_first=True))
             else:
                 out.append(self._entries(key, reply))
+        self._busy = {key for key, (got, unreadable) in zip(journals, out, strict=True) if got or unreadable}
         return out
 
     async def _read(self, key: str, own_first: bool = False) -> tuple[list[Entry], _Unreadable | None]:
@@ -913,14 +925,16 @@ class Archiver:
             got = [e for e in got if _order(e.id) < _order(unreadable.id)]
         return got, unreadable
 
-    async def _each(self, script: Script, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """``script`` on each of ``calls`` (a journal, then its arguments): JOURNALS_AT_ONCE at a
-        time, one pipeline per node (fanout.batch). Each reply, or the exception its call met there
-        (a slot moved, a lost connection, NOSCRIPT): the caller makes that one again alone, through
-        the cluster client, which follows redirects and loads the script."""
+    async def _each(
+        self, script: Script, calls: Sequence[tuple[Any, ...]], at_once: int = JOURNALS_AT_ONCE
+    ) -> list[Any]:
+        """``script`` on each of ``calls`` (a journal, then its arguments): ``at_once`` at a time,
+        one pipeline per node (fanout.batch). Each reply, or the exception its call met there (a
+        slot moved, a lost connection, NOSCRIPT): the caller makes that one again alone, through the
+        cluster client, which follows redirects and loads the script."""
         out: list[Any] = []
-        for start in range(0, len(calls), JOURNALS_AT_ONCE):
-            chunk = calls[start : start + JOURNALS_AT_ONCE]
+        for start in range(0, len(calls), at_once):
+            chunk = calls[start : start + at_once]
             pipe = batch(self.client)
             for key, *args in chunk:
                 pipe.execute_command("EVALSHA", script.sha, 1, key, *args)

@@ -207,3 +207,39 @@ async def test_an_idle_archivers_pause_does_not_count_its_refresh(
         assert pauses == [0.2]
     finally:
         await a.db.close()
+
+
+async def test_journals_that_gave_entries_are_read_a_few_to_a_pipeline(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each read may answer ``count`` entries twice over (claimed and new): 500 journals with a
+    backlog (after a PostgreSQL outage) in one pipeline passed the socket's 2 s timeout, and every
+    call of it was read again alone, one journal at a time (helper D's measurement: 330 of 500).
+    A journal that gave the last round entries is now read JOURNALS_IN_FLIGHT to a pipeline."""
+    config = BoardConfig.from_dict("archive-backlog", {"sharding": {"strategy": "hash", "shards": 40}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url, "backlog")
+    polled: list[list[str]] = []  # the journals each pipeline read
+
+    class Counted(fanout.Batch):
+        async def outcomes(self) -> list[Any]:
+            polled.append([_text(args[3]) for args, _ in self.calls if args[1] == a._poller.sha])
+            return await super().outcomes()
+
+    monkeypatch.setattr(archive, "batch", lambda client: Counted(client))
+    journals = {keys.journal_key(p) for p in board.prefixes}
+    try:
+        for rounds in range(2):
+            now = times.now_ms()
+            await board.submit([Score(f"p{i}", rounds, f"m{rounds}", now) for i in range(400)], now_ms=now)
+            polled.clear()
+            assert await a.round() == 400
+        # The second round read the 40 journals that gave the first entries 16 to a pipeline.
+        ours = [len(keys_read) for keys_read in polled if journals & set(keys_read)]
+        assert sum(len(journals & set(k)) for k in polled) == 40
+        assert ours and max(ours) <= archive.JOURNALS_IN_FLIGHT, ours
+        assert await drain(a) == 0
+        assert len(await archived(postgres_url, board)) == 800  # 400 players, 2 matches
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
