@@ -598,6 +598,14 @@ class Archiver:
     def _forgetter(self) -> Script:
         return Script(self.client, script_source("forget.lua"))
 
+    @functools.cached_property
+    def _acker(self) -> Script:
+        return Script(self.client, script_source("ack.lua"))
+
+    @functools.cached_property
+    def _recounter(self) -> Script:
+        return Script(self.client, script_source("recount.lua"))
+
     async def refresh(self) -> None:
         """Learn the registry's boards (and record their settings in PostgreSQL)."""
         if not self._ready:
@@ -691,7 +699,7 @@ class Archiver:
             else:  # nothing of ours pending: acknowledged by hand, or another archiver took it over
                 del self._held[key]
         done = 0
-        cuts = await self._trim_idle(idle)
+        cuts = await self._trim(idle)
         # A journal without its group has no stream yet (``_read``): nothing trimmed to compare.
         await self._judge([(journals[key][0], key, cut) for key, cut in cuts.items() if key in self._groups])
         try:
@@ -731,13 +739,7 @@ class Archiver:
         acked: dict[str, list[str]] = {}
         for _, key, entry in batch:
             acked.setdefault(key, []).extend((entry.id, str(entry.counted)))
-        gate = asyncio.Semaphore(JOURNALS_IN_FLIGHT)
-
-        async def ack(key: str, pairs: list[str]) -> None:
-            async with gate:
-                await self._ack(key, pairs)
-
-        await asyncio.gather(*(ack(key, pairs) for key, pairs in acked.items()))
+        await self._ack(acked)
         return len(rows) + len(removals)
 
     async def _alone(
@@ -926,23 +928,39 @@ class Archiver:
         return got, unreadable
 
     async def _each(
-        self, script: Script, calls: Sequence[tuple[Any, ...]], at_once: int = JOURNALS_AT_ONCE
+        self,
+        script: Script,
+        calls: Sequence[tuple[Any, ...]],
+        at_once: int = JOURNALS_AT_ONCE,
+        numkeys: int = 1,
     ) -> list[Any]:
-        """``script`` on each of ``calls`` (a journal, then its arguments): ``at_once`` at a time,
-        one pipeline per node (fanout.batch). Each reply, or the exception its call met there (a
-        slot moved, a lost connection, NOSCRIPT): the caller makes that one again alone, through the
-        cluster client, which follows redirects and loads the script."""
+        """``script`` on each of ``calls`` (its ``numkeys`` keys, a journal's, then its arguments):
+        ``at_once`` at a time, one pipeline per node (fanout.batch). Each reply, or the exception
+        its call met there (a slot moved, a lost connection, NOSCRIPT): the caller makes that one
+        again alone, through the cluster client, which follows redirects and loads the script."""
         out: list[Any] = []
         for start in range(0, len(calls), at_once):
             chunk = calls[start : start + at_once]
             pipe = batch(self.client)
-            for key, *args in chunk:
-                pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
+            for call in chunk:
+                pipe.execute_command("EVALSHA", script.sha, numkeys, *call)
             try:
                 out += await pipe.outcomes()
             except (RedisError, RedisClusterException, OSError) as e:
                 out += [e] * len(chunk)
         return out
+
+    async def _each_or_alone(
+        self, script: Script, calls: Sequence[tuple[Any, ...]], numkeys: int = 1
+    ) -> list[Any]:
+        """``_each``, and each call that failed there made again alone (its error is raised then,
+        and the round fails: its entries are read again). For calls that may be made twice: an
+        acknowledgement, a trim, a recount and a forgetting are."""
+        replies = await self._each(script, calls, numkeys=numkeys)
+        return [
+            await script.run(numkeys, list(call)) if isinstance(reply, BaseException) else reply
+            for call, reply in zip(calls, replies, strict=True)
+        ]
 
     async def _marks(self, batch: Sequence[tuple[Board, str, Entry]]) -> list[_Mark]:
         """Per journal of ``batch``: its newest entry there, and the newest id it has trimmed, read
@@ -958,42 +976,55 @@ class Archiver:
         ]
 
     async def _trimmed_to(self, journals: Sequence[str]) -> list[str]:
-        """Each journal's ``max-deleted-entry-id``: the newest entry ``trim`` has deleted."""
-        gate = asyncio.Semaphore(JOURNALS_IN_FLIGHT)
+        """Each journal's ``max-deleted-entry-id``: the newest entry a trim has deleted ('0-0': none,
+        or no journal). XINFO STREAM through one pipeline per node; a read that failed there is
+        made again alone (until 2026-12-06 each was a call of its own, 16 at a time)."""
+        out: list[str] = []
+        for start in range(0, len(journals), JOURNALS_AT_ONCE):
+            chunk = journals[start : start + JOURNALS_AT_ONCE]
+            pipe = batch(self.client)
+            for key in chunk:
+                pipe.execute_command("XINFO", "STREAM", key)
+            try:
+                replies = await pipe.outcomes()
+            except (RedisError, RedisClusterException, OSError) as e:
+                replies = [e] * len(chunk)
+            for key, reply in zip(chunk, replies, strict=True):
+                if isinstance(reply, BaseException):
+                    try:
+                        reply = await self.client.xinfo_stream(key)
+                    except ResponseError:  # the journal went with its board: nothing to compare
+                        reply = []
+                out.append(_deleted_to(reply))
+        return out
 
-        async def trimmed(key: str) -> str:
-            async with gate:
-                try:
-                    info: dict[Any, Any] = await self.client.xinfo_stream(key)
-                except ResponseError:  # the journal went with its board: nothing to compare
-                    return "0-0"
-            got = {_text(k): v for k, v in info.items()}
-            return _text(got.get("max-deleted-entry-id") or "0-0")
+    async def _trim(self, journals: Sequence[str], recount: bool = False) -> dict[str, str]:
+        """Trim ``journals`` (trim.lua), and forget their idle consumers (at most every
+        FORGET_EVERY_S a journal); with ``recount``, set their count of results not archived again
+        (recount.lua, at most every RECOUNT_EVERY_S a journal). Through one pipeline per node, each
+        call that failed there made again alone (``_each_or_alone``). Called for the journals that
+        gave a round nothing (at most every IDLE_TRIM_EVERY_S a journal) and, with ``recount``,
+        for those a round acknowledged (``_ack``). Returns each one's max-deleted-entry-id ('0-0':
+        none, or no journal) for ``_judge``.
 
-        return list(await asyncio.gather(*(trimmed(key) for key in journals)))
-
-    async def _trim_idle(self, journals: Sequence[str]) -> dict[str, str]:
-        """Trim the journals that gave this round nothing (at most every IDLE_TRIM_EVERY_S a
-        journal), trim.lua through one pipeline per node, and forget their idle consumers (at most
-        every FORGET_EVERY_S). Returns each one's max-deleted-entry-id ('0-0': none, or no
-        journal) for ``_judge``."""
+        A forgetting that failed in its pipeline is made again alone too: dropped, its NOSCRIPT
+        never loaded forget.lua on a node that lost its scripts (a promoted replica), and where
+        every journal stayed idle no consumer was forgotten there again."""
         now = time.monotonic()
-        forgotten = [key for key in journals if now - self._forgotten.get(key, -math.inf) >= FORGET_EVERY_S]
-        replies = await self._each(self._trimmer, [(key, GROUP) for key in journals])
-        out = {}
-        for key, reply in zip(journals, replies, strict=True):
-            if isinstance(reply, BaseException):
-                reply = await trim(self._trimmer, key)
-            out[key] = "0-0" if reply is None else _text(reply)
+        trimmed = await self._each_or_alone(self._trimmer, [(key, GROUP) for key in journals])
+        out = {key: "0-0" if cut is None else _text(cut) for key, cut in zip(journals, trimmed, strict=True)}
+        for key in journals:
             self._trimmed[key] = now
-        # A forgetting that failed there is made again alone too, as ``_forget`` makes it: dropped,
-        # its NOSCRIPT never loaded forget.lua on a node that lost its scripts (a promoted replica),
-        # and where every journal stayed idle no consumer was forgotten there again.
+        if recount:
+            due = [key for key in journals if now - self._recounted.get(key, -math.inf) >= RECOUNT_EVERY_S]
+            calls = [(key, keys.journal_counts_of(key), GROUP, RECOUNT_LIMIT) for key in due]
+            await self._each_or_alone(self._recounter, calls, numkeys=2)
+            for key in due:
+                self._recounted[key] = now
+        forgotten = [key for key in journals if now - self._forgotten.get(key, -math.inf) >= FORGET_EVERY_S]
         args: list[str | int] = [GROUP, self.forget_idle_ms, self.name]
-        forgot = await self._each(self._forgetter, [(key, *args) for key in forgotten])
-        for key, reply in zip(forgotten, forgot, strict=True):
-            if isinstance(reply, BaseException):
-                await self._forgetter(keys=[key], args=args)
+        await self._each_or_alone(self._forgetter, [(key, *args) for key in forgotten])
+        for key in forgotten:
             self._forgotten[key] = now
         return out
 
@@ -1151,25 +1182,17 @@ class Archiver:
             named = [r[1:] for r in revived if r[0] == mode]
             await cur.execute(_PROMOTE.format(_FIRST[mode]), [list(c) for c in zip(*named, strict=True)])
 
-    async def _ack(self, key: str, pairs: list[str]) -> None:
-        """Acknowledge entries (``pairs``: id, its count of results, ...) and take their results off
-        the count not archived (ack.lua), then trim what every consumer has acknowledged."""
-        counts = keys.journal_counts_of(key)
-        await self.store.scripts.ack(keys=[key, counts], args=[GROUP, *pairs])
-        await trim(self._trimmer, key)
-        now = self._trimmed[key] = time.monotonic()
-        if now - self._recounted.get(key, -math.inf) >= RECOUNT_EVERY_S:
-            self._recounted[key] = now
-            await self.store.scripts.recount(keys=[key, counts], args=[GROUP, RECOUNT_LIMIT])
-        await self._forget(key)
-
-    async def _forget(self, key: str) -> None:
-        """Delete the group's consumers that hold nothing and have been idle FORGET_IDLE_S
-        (forget.lua), at most every FORGET_EVERY_S a journal."""
-        now = time.monotonic()
-        if now - self._forgotten.get(key, -math.inf) >= FORGET_EVERY_S:
-            self._forgotten[key] = now
-            await self._forgetter(keys=[key], args=[GROUP, self.forget_idle_ms, self.name])
+    async def _ack(self, acked: Mapping[str, Sequence[str]]) -> None:
+        """Acknowledge entries (per journal, ``pairs``: id, its count of results, ...) and take
+        their results off the count not archived (ack.lua, which counts an entry once however
+        often it is acknowledged), then trim what every consumer has acknowledged (``_trim``).
+        Through one pipeline per node: until 2026-12-06 each journal's acknowledgement, trim and
+        recount were calls of their own, 16 at a time, and writes spread over many journals made
+        a round of as many calls."""
+        journals = list(acked)
+        calls = [(key, keys.journal_counts_of(key), GROUP, *acked[key]) for key in journals]
+        await self._each_or_alone(self._acker, calls, numkeys=2)
+        await self._trim(journals, recount=True)
 
 
 def _settings(board: Board) -> dict[str, Any]:
@@ -1307,6 +1330,14 @@ async def trim(script: Script, key: str) -> str | None:
     given). Returns its max-deleted-entry-id; None when the journal or its group does not exist."""
     found = await script(keys=[key], args=[GROUP])
     return None if found is None else _text(found)
+
+
+def _deleted_to(info: Any) -> str:
+    """``max-deleted-entry-id`` of an XINFO STREAM reply: a flat list of names and values (through
+    a pipeline), or a dict (redis-py's reply)."""
+    fields = info if isinstance(info, dict) else dict(zip(info[::2], info[1::2], strict=True))
+    got = {_text(k): v for k, v in fields.items()}
+    return _text(got.get("max-deleted-entry-id") or "0-0")
 
 
 def _id(value: Any) -> str:

@@ -367,8 +367,10 @@ def _unusable(outcome: BaseException) -> bool:
 
 
 def _key_of(args: Sequence[Any]) -> Any:
-    """The one key a recorded command names (EVALSHA sha numkeys key ...)."""
-    return args[3] if args[0] in ("EVALSHA", "EVAL") else args[1]
+    """The one key a recorded command names (EVALSHA sha numkeys key ..., XINFO STREAM key)."""
+    if args[0] in ("EVALSHA", "EVAL"):
+        return args[3]
+    return args[2] if args[0] == "XINFO" else args[1]
 
 
 def _confirm(ack: Ack, queue: list[Command]) -> None:

@@ -243,3 +243,40 @@ async def test_journals_that_gave_entries_are_read_a_few_to_a_pipeline(
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+async def test_a_busy_round_acknowledges_and_trims_through_pipelines(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round that archived entries of many journals made three calls of its own for each (the
+    newest deleted id for the gap check, ack.lua, trim.lua; recount.lua every 30 s), 16 at a time:
+    writes spread over 20,000 journals outran one archiver at about 2,400 results a second. They go
+    through one pipeline per node now: the round makes no Redis call of its own."""
+    config = BoardConfig.from_dict("archive-busy", {"sharding": {"strategy": "hash", "shards": 8}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url, "busy")
+    try:
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m0", now) for i in range(40)], now_ms=now)
+        assert await drain(a) == 40  # any script a node lacked is loaded by now
+        await board.submit([Score(f"p{i}", 100 + i, "m1", now) for i in range(40)], now_ms=now)
+        a._recounted.clear()  # every journal's recount is due
+        calls: list[Any] = []
+        direct = raw.execute_command
+
+        async def counted(*args: Any, **options: Any) -> Any:
+            calls.append(args[0])
+            return await direct(*args, **options)
+
+        monkeypatch.setattr(raw, "execute_command", counted)
+        assert await a.round() == 40
+        monkeypatch.undo()
+        assert calls == []
+        for prefix in board.prefixes:  # acknowledged, counted and trimmed
+            key = keys.journal_key(prefix)
+            assert await raw.xlen(key) == 0
+            assert int(await raw.get(keys.journal_counts_of(key)) or 0) == 0
+        assert len(await archived(postgres_url, board)) == 80
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
