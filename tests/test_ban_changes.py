@@ -95,7 +95,9 @@ async def test_a_ban_and_a_lift_reach_a_router_by_their_fields_not_by_reading_th
         assert not cache.banned(board, "cheater")
         await cache.refresh()  # nothing moved: nothing read
         assert bans.wholes == 1, "the whole list was read again"
-        assert bans.named == [moderation.ban_field(board, "cheater")] * 2
+        # (fields of changes another test left open may be read again beside it: ``opened``)
+        ours = [f for f in bans.named if f.startswith(board + "/")]
+        assert ours == [moderation.ban_field(board, "cheater")] * 2
         assert cache.fields == await whole(client)
     finally:
         await forget(client, board, db)
