@@ -85,11 +85,13 @@ from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.archive")
 
-# Journals read (or acknowledged) at once: each call holds a connection to the journal's node, and
-# a board may have hundreds of shards; all at once would outrun the client's connections per node.
+# Journals read at once whose reads may each answer ``count`` entries twice over (those that gave
+# the last round entries, and reads that failed in a larger pipeline: ``Archiver._poll``): 500 such
+# in one pipeline passed the socket's timeout.
 JOURNALS_IN_FLIGHT = 16
-# Journals whose round's read (poll.lua), or idle trim (trim.lua), go in one pipeline per node
-# (``Archiver._each``): a round's cost is then a round trip per node and chunk, not per journal.
+# Journals whose other calls go in one pipeline per node (``Archiver._each``): the quiet journals'
+# reads (poll.lua), and every round's gap-check reads, acknowledgements, trims, recounts and
+# forgettings. A round's cost is then a round trip per node and chunk, not per journal.
 JOURNALS_AT_ONCE = 500
 # Now and then (at most every RECOUNT_EVERY_S a journal, right after an acknowledgement, while at
 # most RECOUNT_LIMIT entries are not acknowledged) the count of results not archived is set again
@@ -883,12 +885,26 @@ class Archiver:
         for group, at_once in ((busy, JOURNALS_IN_FLIGHT), (quiet, JOURNALS_AT_ONCE)):
             got = await self._each(self._poller, group, at_once)
             replies.update(zip([c[0] for c in group], got, strict=True))
+        # Those that failed there are read again, this consumer's pending entries first: a call
+        # that ran but lost its reply handed out entries that only this consumer holds now. Again
+        # JOURNALS_IN_FLIGHT to a pipeline: a journal with a backlog the last round did not see
+        # (an archiver's first round, entries claimed from a dead archiver) went with the quiet
+        # ones, and their pipeline passed the socket's timeout; until 2026-12-06 each was then read
+        # alone, one at a time. What fails again is read alone, as is a call its node answered with
+        # an error (NOSCRIPT, MOVED...): the cluster client loads the script, or follows the slot.
+        failed = [
+            key
+            for key in journals
+            if isinstance(replies[key], BaseException) and not isinstance(replies[key], ResponseError)
+        ]
+        if failed:
+            again = [(key, *self._poll_args(key, own_first=True)) for key in failed]
+            got = await self._each(self._poller, again, JOURNALS_IN_FLIGHT)
+            replies.update(zip(failed, got, strict=True))
         out = []
         for key in journals:
             reply = replies[key]
             if isinstance(reply, BaseException):
-                # Read again alone, this consumer's pending entries first: a call that ran but lost
-                # its reply handed out entries that only this consumer holds now.
                 out.append(await self._read(key, own_first=True))
             else:
                 out.append(self._entries(key, reply))
@@ -936,8 +952,9 @@ class Archiver:
     ) -> list[Any]:
         """``script`` on each of ``calls`` (its ``numkeys`` keys, a journal's, then its arguments):
         ``at_once`` at a time, one pipeline per node (fanout.batch). Each reply, or the exception
-        its call met there (a slot moved, a lost connection, NOSCRIPT): the caller makes that one
-        again alone, through the cluster client, which follows redirects and loads the script."""
+        its call met there (a slot moved, a lost connection, NOSCRIPT, a timeout): the caller makes
+        that one again, in the end alone, through the cluster client, which follows redirects and
+        loads the script."""
         out: list[Any] = []
         for start in range(0, len(calls), at_once):
             chunk = calls[start : start + at_once]

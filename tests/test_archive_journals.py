@@ -280,3 +280,50 @@ async def test_a_busy_round_acknowledges_and_trims_through_pipelines(
     finally:
         await a.db.close()
         await store.delete(config.id)
+
+
+async def test_reads_that_failed_in_a_large_pipeline_are_made_again_a_few_to_a_pipeline(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An archiver that knows no busy journal yet (its first round: started again during a backlog,
+    or one more archiver) reads every journal JOURNALS_AT_ONCE to a pipeline, and a backlog there
+    passes the socket's timeout (helper D: 330 of 500 calls failed). The calls that failed are read
+    again JOURNALS_IN_FLIGHT to a pipeline, this consumer's pending entries first; until 2026-12-06
+    each was read again alone, one journal at a time."""
+    config = BoardConfig.from_dict("archive-first-backlog", {"sharding": {"strategy": "hash", "shards": 40}})
+    board, _ = await store.create(config)
+    ours = {keys.journal_key(p) for p in board.prefixes}
+    a = await archiver(raw, store, postgres_url, "first-backlog")
+    polled: list[int] = []  # the poll.lua calls of each pipeline of ours that kept its replies
+    alone: list[str] = []
+    read = a._read
+
+    class Backlogged(fanout.Batch):
+        async def outcomes(self) -> list[Any]:
+            got = await super().outcomes()  # every call ran: its entries are this consumer's now
+            polls = [args for args, _ in self.calls if args[1] == a._poller.sha]
+            if any(_text(args[3]) in ours for args in polls):
+                if len(polls) > archive.JOURNALS_IN_FLIGHT:
+                    raise TimeoutError("a backlog's replies took longer than the socket's timeout")
+                polled.append(len(polls))
+            return got
+
+    async def counted(key: str, own_first: bool = False) -> Any:
+        alone.append(key)
+        return await read(key, own_first)
+
+    try:
+        await drain(a)  # what other modules left in the registry's journals
+        a._busy.clear()  # as a new archiver's first round
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(400)], now_ms=now)
+        monkeypatch.setattr(archive, "batch", lambda client: Backlogged(client))
+        monkeypatch.setattr(a, "_read", counted)
+        assert await a.round() == 400
+        monkeypatch.undo()
+        assert alone == []
+        assert polled and max(polled) <= archive.JOURNALS_IN_FLIGHT, polled
+        assert len(await archived(postgres_url, board)) == 400
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
