@@ -5,14 +5,16 @@ against the Python trim it replaced, on the suite's cluster and PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shardlb import archive, fanout, keys, times
-from shardlb.board import Score
+from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.connection import Script, script_source
 from shardlb.journal import GROUP
@@ -34,6 +36,22 @@ def _order(entry_id: str) -> tuple[int, int]:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@contextlib.asynccontextmanager
+async def archived_board(
+    store: BoardStore, raw: Any, postgres_url: str, name: str, shards: int, consumer: str
+) -> AsyncIterator[tuple[Board, archive.Archiver]]:
+    """A hash board of ``shards`` shards and an archiver of its own named ``consumer``: both gone
+    after."""
+    config = BoardConfig.from_dict(name, {"sharding": {"strategy": "hash", "shards": shards}})
+    board, _ = await store.create(config)
+    a = await archiver(raw, store, postgres_url, consumer)
+    try:
+        yield board, a
+    finally:
+        await a.db.close()
+        await store.delete(config.id)
 
 
 async def _consumers(raw: Any, key: str) -> set[str]:
@@ -147,11 +165,8 @@ async def test_entries_read_in_a_round_that_failed_are_read_at_the_next(
     again alone failed too: a failover), the next round must read its own pending entries first
     ('0'), from every journal: read from '>' they came back only once XAUTOCLAIM took them over,
     ``claim_idle_s`` later (30 s)."""
-    config = BoardConfig.from_dict("archive-poll-failed", {"sharding": {"strategy": "hash", "shards": 6}})
-    board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url, "polled")
-    ours = {keys.journal_key(p) for p in board.prefixes}
-    try:
+    async with archived_board(store, raw, postgres_url, "archive-poll-failed", 6, "polled") as (board, a):
+        ours = {keys.journal_key(p) for p in board.prefixes}
         await drain(a)  # what other modules left in the registry's journals
         now = times.now_ms()
         await board.submit([Score(f"p{i}", i, "m1", now) for i in range(30)], now_ms=now)
@@ -173,9 +188,6 @@ async def test_entries_read_in_a_round_that_failed_are_read_at_the_next(
         monkeypatch.undo()
         assert await drain(a) == 30
         assert len(await archived(postgres_url, board)) == 30
-    finally:
-        await a.db.close()
-        await store.delete(config.id)
 
 
 async def test_an_idle_archivers_pause_does_not_count_its_refresh(
@@ -216,19 +228,16 @@ async def test_journals_that_gave_entries_are_read_a_few_to_a_pipeline(
     backlog (after a PostgreSQL outage) in one pipeline passed the socket's 2 s timeout, and every
     call of it was read again alone, one journal at a time (helper D's measurement: 330 of 500).
     A journal that gave the last round entries is now read JOURNALS_IN_FLIGHT to a pipeline."""
-    config = BoardConfig.from_dict("archive-backlog", {"sharding": {"strategy": "hash", "shards": 40}})
-    board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url, "backlog")
-    polled: list[list[str]] = []  # the journals each pipeline read
+    async with archived_board(store, raw, postgres_url, "archive-backlog", 40, "backlog") as (board, a):
+        polled: list[list[str]] = []  # the journals each pipeline read
 
-    class Counted(fanout.Batch):
-        async def outcomes(self) -> list[Any]:
-            polled.append([_text(args[3]) for args, _ in self.calls if args[1] == a._poller.sha])
-            return await super().outcomes()
+        class Counted(fanout.Batch):
+            async def outcomes(self) -> list[Any]:
+                polled.append([_text(args[3]) for args, _ in self.calls if args[1] == a._poller.sha])
+                return await super().outcomes()
 
-    monkeypatch.setattr(archive, "batch", lambda client: Counted(client))
-    journals = {keys.journal_key(p) for p in board.prefixes}
-    try:
+        monkeypatch.setattr(archive, "batch", lambda client: Counted(client))
+        journals = {keys.journal_key(p) for p in board.prefixes}
         for rounds in range(2):
             now = times.now_ms()
             await board.submit([Score(f"p{i}", rounds, f"m{rounds}", now) for i in range(400)], now_ms=now)
@@ -240,9 +249,6 @@ async def test_journals_that_gave_entries_are_read_a_few_to_a_pipeline(
         assert ours and max(ours) <= archive.JOURNALS_IN_FLIGHT, ours
         assert await drain(a) == 0
         assert len(await archived(postgres_url, board)) == 800  # 400 players, 2 matches
-    finally:
-        await a.db.close()
-        await store.delete(config.id)
 
 
 async def test_a_busy_round_acknowledges_and_trims_through_pipelines(
@@ -252,10 +258,7 @@ async def test_a_busy_round_acknowledges_and_trims_through_pipelines(
     newest deleted id for the gap check, ack.lua, trim.lua; recount.lua every 30 s), 16 at a time:
     writes spread over 20,000 journals outran one archiver at about 2,400 results a second. They go
     through one pipeline per node now: the round makes no Redis call of its own."""
-    config = BoardConfig.from_dict("archive-busy", {"sharding": {"strategy": "hash", "shards": 8}})
-    board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url, "busy")
-    try:
+    async with archived_board(store, raw, postgres_url, "archive-busy", 8, "busy") as (board, a):
         now = times.now_ms()
         await board.submit([Score(f"p{i}", i, "m0", now) for i in range(40)], now_ms=now)
         assert await drain(a) == 40  # any script a node lacked is loaded by now
@@ -277,9 +280,6 @@ async def test_a_busy_round_acknowledges_and_trims_through_pipelines(
             assert await raw.xlen(key) == 0
             assert int(await raw.get(keys.journal_counts_of(key)) or 0) == 0
         assert len(await archived(postgres_url, board)) == 80
-    finally:
-        await a.db.close()
-        await store.delete(config.id)
 
 
 async def test_reads_that_failed_in_a_large_pipeline_are_made_again_a_few_to_a_pipeline(
@@ -290,29 +290,27 @@ async def test_reads_that_failed_in_a_large_pipeline_are_made_again_a_few_to_a_p
     passes the socket's timeout (helper D: 330 of 500 calls failed). The calls that failed are read
     again JOURNALS_IN_FLIGHT to a pipeline, this consumer's pending entries first; until 2026-12-06
     each was read again alone, one journal at a time."""
-    config = BoardConfig.from_dict("archive-first-backlog", {"sharding": {"strategy": "hash", "shards": 40}})
-    board, _ = await store.create(config)
-    ours = {keys.journal_key(p) for p in board.prefixes}
-    a = await archiver(raw, store, postgres_url, "first-backlog")
-    polled: list[int] = []  # the poll.lua calls of each pipeline of ours that kept its replies
-    alone: list[str] = []
-    read = a._read
+    made = archived_board(store, raw, postgres_url, "archive-first-backlog", 40, "first-backlog")
+    async with made as (board, a):
+        ours = {keys.journal_key(p) for p in board.prefixes}
+        polled: list[int] = []  # the poll.lua calls of each pipeline of ours that kept its replies
+        alone: list[str] = []
+        read = a._read
 
-    class Backlogged(fanout.Batch):
-        async def outcomes(self) -> list[Any]:
-            got = await super().outcomes()  # every call ran: its entries are this consumer's now
-            polls = [args for args, _ in self.calls if args[1] == a._poller.sha]
-            if any(_text(args[3]) in ours for args in polls):
-                if len(polls) > archive.JOURNALS_IN_FLIGHT:
-                    raise TimeoutError("a backlog's replies took longer than the socket's timeout")
-                polled.append(len(polls))
-            return got
+        class Backlogged(fanout.Batch):
+            async def outcomes(self) -> list[Any]:
+                got = await super().outcomes()  # every call ran: its entries are this consumer's now
+                polls = [args for args, _ in self.calls if args[1] == a._poller.sha]
+                if any(_text(args[3]) in ours for args in polls):
+                    if len(polls) > archive.JOURNALS_IN_FLIGHT:
+                        raise TimeoutError("a backlog's replies took longer than the socket's timeout")
+                    polled.append(len(polls))
+                return got
 
-    async def counted(key: str, own_first: bool = False) -> Any:
-        alone.append(key)
-        return await read(key, own_first)
+        async def counted(key: str, own_first: bool = False) -> Any:
+            alone.append(key)
+            return await read(key, own_first)
 
-    try:
         await drain(a)  # what other modules left in the registry's journals
         a._busy.clear()  # as a new archiver's first round
         now = times.now_ms()
@@ -324,6 +322,3 @@ async def test_reads_that_failed_in_a_large_pipeline_are_made_again_a_few_to_a_p
         assert alone == []
         assert polled and max(polled) <= archive.JOURNALS_IN_FLIGHT, polled
         assert len(await archived(postgres_url, board)) == 400
-    finally:
-        await a.db.close()
-        await store.delete(config.id)
