@@ -103,6 +103,10 @@ RECOUNT_LIMIT = 200
 # killed between its acknowledgement and its trim left them there for good when no write came. At
 # SHARDLB_JOURNAL_MAX_ENTRIES no write can come: they refused every write to the shard.
 IDLE_TRIM_EVERY_S = 5.0
+# An idle archiver waits as long as its last round took, but never longer than this (Archiver.run):
+# a round of 20,000 journals takes about a second, and one held up by a failover must not hold back
+# the next read of every journal as long.
+PAUSE_MAX_S = 5.0
 # PostgreSQL's text cannot hold NUL (U+0000). Routers refuse match ids holding it (Board.prepare),
 # but an entry journaled before that rule, or through the library past its checks, would fail every
 # round of every journal for ever: its NULs are archived as U+FFFD instead.
@@ -571,7 +575,11 @@ class Archiver:
         self.boards: dict[tuple[str, str], Board] = {}
         self._groups: set[str] = set()
         self._known: set[tuple[str, str]] = set()
-        self._failed = False
+        # A new archiver reads its own pending entries first ('0', ``_poll_args``), as after a failed
+        # round: it may be one killed between its reads and its commit, started again under its
+        # name (a pod's restart keeps it). Until 2026-12-06 it read from '>', and those entries
+        # waited for XAUTOCLAIM (``claim_idle_s``, 30 s), though no other archiver held them.
+        self._failed = True
         self._ready = False
         self._recounted: dict[str, float] = {}  # journal key -> monotonic time of its last recount
         self._trimmed: dict[str, float] = {}  # journal key -> monotonic time of its last trim
@@ -579,6 +587,7 @@ class Archiver:
         self._unexplained: set[tuple[str, str]] = set()  # boards missing without a mark, reported once
         self._held: dict[str, _Held] = {}  # journal key -> the entry PostgreSQL refused there
         self._busy: set[str] = set()  # journals that gave the last round entries (``_poll``)
+        self._own: set[str] = set()  # journals that may hold more of this consumer's pending entries
         self._swept = -math.inf  # monotonic time of the last sweep of deleted boards' bans that worked
         self.outage = Outage(log, "archive round failed; retrying", "archive rounds work again")
         self.db_outage = Outage(log, "PostgreSQL not reachable; retrying", "PostgreSQL reachable again")
@@ -624,6 +633,7 @@ class Archiver:
         self._trimmed = {k: at for k, at in self._trimmed.items() if k in journals}
         self._held = {k: held for k, held in self._held.items() if k in journals}
         self._forgotten = {k: at for k, at in self._forgotten.items() if k in journals}
+        self._own &= journals
         new = [b for key, b in self.boards.items() if key not in self._known]
         async with self.db.transaction():
             for b in new:
@@ -802,12 +812,20 @@ class Archiver:
             )  # fmt: skip
         self._held[key] = _Held(entry, time.monotonic())
 
-    async def run(self, stop: asyncio.Event, idle_s: float = 0.2, refresh_s: float = 2.0) -> None:
+    async def run(
+        self,
+        stop: asyncio.Event,
+        idle_s: float = 0.2,
+        refresh_s: float = 2.0,
+        pause_max_s: float = PAUSE_MAX_S,
+    ) -> None:
         """Archive until ``stop`` is set, refreshing the board list every ``refresh_s``; errors are
         logged and retried after a pause (the entries stay in the journals meanwhile).
 
         After a round that archived nothing it waits ``idle_s``, or as long as that round took if
-        longer: an idle archiver polls its journals at most half the time. A round reads every
+        longer, up to ``pause_max_s``: an idle archiver polls its journals at most half the time
+        (less with so many journals that a round takes longer than ``pause_max_s``), and one round
+        held up (a failover, a slow node) holds the next no more than ``pause_max_s``. A round reads every
         journal of the registry, so with many boards its time grows with them (20,000 journals: a
         second or so), and back to back such rounds kept a core and the masters busy finding
         nothing (docs/design-notes.md, "Work that grows with the whole cluster")."""
@@ -834,7 +852,7 @@ class Archiver:
             if done:
                 ARCHIVED.inc(done)
                 continue
-            await _sleep(stop, max(idle_s, time.monotonic() - began))
+            await _sleep(stop, max(idle_s, min(pause_max_s, time.monotonic() - began)))
 
     async def _reconnect(self) -> None:
         """A new connection when PostgreSQL closed ours (a restart, a failover, a proxy's timeout).
@@ -918,9 +936,16 @@ class Archiver:
         return self._entries(key, await self._poller(keys=[key], args=self._poll_args(key, own_first)))
 
     def _poll_args(self, key: str, own_first: bool = False) -> list[Any]:
-        # After a failed round, or on a held journal, this consumer's own unacknowledged entries
-        # come first ("0"): a held journal takes nothing new until its refused entry is gone.
-        start = "0" if own_first or self._failed or key in self._held else ">"
+        # On a held journal this consumer's own unacknowledged entries alone ("0"): it takes
+        # nothing new until its refused entry is gone. After a failed round, in an archiver's first
+        # round, and where the last read of them came back full, its own unacknowledged entries
+        # first, new ones if none ("0>").
+        if key in self._held:
+            start = "0"
+        elif own_first or self._failed or key in self._own:
+            start = "0>"
+        else:
+            start = ">"
         return [GROUP, self.name, self.claim_idle_ms, self.count, start]
 
     def _entries(self, key: str, reply: Any) -> tuple[list[Entry], _Unreadable | None]:
@@ -929,11 +954,19 @@ class Archiver:
             self._groups.discard(key)
             return [], None
         self._groups.add(key)
-        claimed, fresh = reply
+        claimed, fresh, own = reply
+        # A full read of this consumer's own pending entries may have left more: read them next
+        # round too, not ``claim_idle_s`` later through XAUTOCLAIM.
+        if own and len(fresh) >= self.count:
+            self._own.add(key)
+        else:
+            self._own.discard(key)
         got, unreadable = [], None
+        seen = set()  # an entry claimed (XAUTOCLAIM) is also among this consumer's own, read from '0'
         for i, flat in [*claimed, *fresh]:
-            if not flat:
+            if not flat or i in seen:
                 continue
+            seen.add(i)
             try:
                 got.append(decode(i, dict(zip(flat[::2], flat[1::2], strict=True))))
             except Exception as e:  # whatever a damaged entry makes decode raise

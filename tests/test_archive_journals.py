@@ -227,6 +227,77 @@ async def test_an_idle_archivers_pause_does_not_count_its_refresh(
         await a.db.close()
 
 
+async def test_an_archiver_started_again_under_its_name_reads_its_own_pending_entries_first(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """An archiver killed between its reads and its commit leaves the entries it read pending to its
+    name. Started again under that name (a pod's restart keeps it), its first round must read them
+    ('0'): read from '>', they waited for XAUTOCLAIM, ``claim_idle_s`` later (30 s), though no other
+    archiver holds them."""
+    async with archived_board(store, raw, postgres_url, "archive-reborn", 3, "reborn") as (board, first):
+        await drain(first)  # what other modules left in the registry's journals
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(12)], now_ms=now)
+        ours = [keys.journal_key(p) for p in board.prefixes]
+        read = await first._poll(ours)  # the reads of a round whose process then died
+        assert sum(len(got) for got, _ in read) == len(ours)  # an entry a shard
+        again = await archiver(raw, store, postgres_url, "reborn")
+        try:
+            assert await drain(again) == 12
+            assert len(await archived(postgres_url, board)) == 12
+        finally:
+            await again.db.close()
+
+
+async def test_more_pending_entries_than_a_read_takes_are_read_over_the_next_rounds(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A read of this consumer's own pending entries takes ``count`` at most. When it came back full
+    the next round reads them again ('0>'), until one comes back short: from '>' the rest waited
+    for XAUTOCLAIM, ``claim_idle_s`` (30 s) later."""
+    async with archived_board(store, raw, postgres_url, "archive-reborn-many", 1, "many") as (board, first):
+        await drain(first)
+        (key,) = [keys.journal_key(p) for p in board.prefixes]
+        now = times.now_ms()
+        for i in range(12):  # an entry each
+            await board.submit([Score(f"p{i}", i, f"m{i}", now)], now_ms=now)
+        await raw.xgroup_create(key, GROUP, id="0")  # as poll.lua makes it
+        handed = await raw.xreadgroup(GROUP, "many", {key: ">"}, count=20)  # a killed archiver's reads
+        assert len(handed[0][1]) == 12
+        again = await archiver(raw, store, postgres_url, "many", count=5)
+        try:
+            assert [await again.round() for _ in range(4)] == [5, 5, 2, 0]
+            assert len(await archived(postgres_url, board)) == 12
+        finally:
+            await again.db.close()
+
+
+async def test_an_idle_archivers_pause_after_a_slow_round_is_bounded(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an idle round the archiver waits as long as that round took, but no longer than
+    ``pause_max_s``: one round held up (a failover, a slow node) must not hold the next as long."""
+    a = await archiver(raw, store, postgres_url, "paced-slow")
+    stop = asyncio.Event()
+    pauses: list[float] = []
+
+    async def slow_round() -> int:
+        await asyncio.sleep(0.3)
+        return 0
+
+    async def pause(_: asyncio.Event, seconds: float) -> None:
+        pauses.append(seconds)
+        stop.set()
+
+    monkeypatch.setattr(a, "round", slow_round)
+    monkeypatch.setattr(archive, "_sleep", pause)
+    try:
+        await a.run(stop, idle_s=0.05, refresh_s=60.0, pause_max_s=0.1)
+        assert pauses == [0.1]
+    finally:
+        await a.db.close()
+
+
 async def test_journals_that_gave_entries_are_read_a_few_to_a_pipeline(
     store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

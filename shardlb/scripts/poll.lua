@@ -7,14 +7,29 @@
 --
 -- KEYS[1] the shard's journal (a stream)
 -- ARGV[1] the consumer group, ARGV[2] the caller's consumer, ARGV[3] the claim time (ms),
---         ARGV[4] the entries read at most (each way), ARGV[5] XREADGROUP's id: '>' (new entries) or
---         '0' (the caller's own pending entries: after a failed round, or on a held journal)
+--         ARGV[4] the entries read at most (each way), ARGV[5] what XREADGROUP reads: '>' (new
+--         entries), '0' (the caller's own pending entries: on a held journal) or '0>' (the caller's
+--         own pending entries, and new ones if it holds none: after a failed round, or when the
+--         caller may be an archiver started again under its name)
 -- Returns false when the journal does not exist: never made here (no MKSTREAM), a stream made for a
 -- board deleted since would stay for good, its key in no index; a journal not written yet has
--- nothing to read. Else {claimed, read}: two lists of entries, each {id, {field, value, ...}}. The
--- group is made on the journal's first read (from its start, '0'), and again if it went.
+-- nothing to read. Else {claimed, read, own}: two lists of entries, each {id, {field, value, ...}},
+-- and 1 when `read` holds the caller's pending entries (0 when new ones). The group is made on the
+-- journal's first read (from its start, '0'), and again if it went.
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0')  -- BUSYGROUP: there already
 local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
-local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], ARGV[5])
-return {claimed[2], read and read[1][2] or {}}
+local function group_read(from)
+  local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], from)
+  return read and read[1][2] or {}
+end
+if ARGV[5] == '>' then return {claimed[2], group_read('>'), 0} end
+local own = group_read('0')
+if ARGV[5] == '0>' then
+  local held = false  -- a pending entry deleted since comes back without its fields: none to read
+  for _, entry in ipairs(own) do
+    if entry[2] then held = true break end
+  end
+  if not held then return {claimed[2], group_read('>'), 0} end
+end
+return {claimed[2], own, 1}
