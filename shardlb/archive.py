@@ -161,6 +161,14 @@ ALTER TABLE match_results ADD COLUMN IF NOT EXISTS skipped text[] NOT NULL DEFAU
 -- the shard first it serves only a query that names the shard; the look-ups take the primary key.
 CREATE INDEX IF NOT EXISTS match_results_on_shard ON match_results (shard, board, incarnation);
 DROP INDEX IF EXISTS match_results_by_shard;
+-- That a board's incarnation goes with its id. Without it the planner multiplied their frequencies,
+-- estimated a board its statistics do not list (one grown since the last ANALYZE; any board in a plan
+-- made for every value, which a statement run again and again on a connection gets) at under a row,
+-- and then every index naming the board cost the same: the reads of one shard took the player's
+-- index or the primary key and read the whole board (tests/test_read_plans.py). With it, a board is
+-- estimated at its frequency, and the shard's index is the cheaper by the shard's share. ANALYZE
+-- computes it: no cost to an insert.
+CREATE STATISTICS IF NOT EXISTS match_results_board (dependencies) ON board, incarnation FROM match_results;
 -- The few rows that skip a period, which `_HOLD_EARLIER` looks up for every row archived.
 CREATE INDEX IF NOT EXISTS match_results_skipping ON match_results (board, incarnation, match_id, player_id)
     WHERE skipped <> '{}';

@@ -999,8 +999,8 @@ class Rebuilder:
         write records meanwhile and what this puts back agree. rebuild.lua refuses the calls on a
         deleted board (BoardNotFound), which then gets no keys back.
 
-        PostgreSQL has no index by journal time: the query reads every row of the shard (the index
-        by board, incarnation and shard) and sends those of the window."""
+        PostgreSQL has no index by journal time: the query reads every row of the shard (through
+        `match_results_on_shard`) and sends those of the window."""
         prefix = board.prefixes[shard]
         records = RetryRecords(board, prefix, times.now_ms())
         count = 0
@@ -1020,11 +1020,7 @@ class Rebuilder:
         codec = board.codec
         arrived_ms = "split_part(journal_id, '-', 1)::bigint"
         async with self.db.transaction(), self.db.cursor(name="retry_records") as cur:
-            await cur.execute(
-                f"SELECT match_id, player_id, achieved_ms, {arrived_ms} FROM match_results "
-                f"WHERE board = %s AND incarnation = %s AND shard = %s AND {arrived_ms} >= %s",
-                (board.config.id, board.incarnation, shard, records.since_ms),
-            )
+            await cur.execute(RECENT_ROWS, (board.config.id, board.incarnation, shard, records.since_ms))
             while rows := await cur.fetchmany(PAGE):
                 for match, player, achieved, arrived in rows:
                     records.add(arrived, match, player, (achieved - codec.epoch_ms) // codec.unit_ms)
@@ -1052,11 +1048,7 @@ class Rebuilder:
         ident = (board.config.id, board.incarnation)
         journal = keys.journal_key(board.prefixes[shard])
         tables = ("match_results", "match_holds", "player_removals", "removal_records")
-        queries: list[tuple[str, tuple[Any, ...]]] = [
-            (f"SELECT journal_id FROM {t} WHERE board = %s AND incarnation = %s AND shard = %s "
-             f"ORDER BY {_position('journal_id')} DESC LIMIT 1", (*ident, shard))
-            for t in tables
-        ]  # fmt: skip
+        queries: list[tuple[str, tuple[Any, ...]]] = [(newest_sql(t), (*ident, shard)) for t in tables]
         async with self.db.transaction():
             cur = await self.db.execute(
                 "SELECT to_regclass('journal_marks') IS NOT NULL, to_regclass('archive_gaps') IS NOT NULL"
@@ -1482,6 +1474,23 @@ def rows_sql(holds: bool, after: bool, upto: bool) -> str:
     if upto:
         sql += f" AND {position} <= (%s, %s)"
     return sql
+
+
+# The shard's results that arrived at or after a time (ms), for its retry records (``Rebuilder.refill``;
+# parameters: board, incarnation, shard, the time).
+RECENT_ROWS = (
+    "SELECT match_id, player_id, achieved_ms, split_part(journal_id, '-', 1)::bigint FROM match_results "
+    "WHERE board = %s AND incarnation = %s AND shard = %s AND split_part(journal_id, '-', 1)::bigint >= %s"
+)
+
+
+def newest_sql(table: str) -> str:
+    """The newest journal id of a board's shard in ``table`` (``Rebuilder.archived_to``; parameters:
+    board, incarnation, shard)."""
+    return (
+        f"SELECT journal_id FROM {table} WHERE board = %s AND incarnation = %s AND shard = %s "
+        f"ORDER BY {_position('journal_id')} DESC LIMIT 1"
+    )
 
 
 def _position(column: str) -> str:

@@ -10,7 +10,9 @@ row by (board, incarnation, shard) alone, every removal of the shard read again 
 (1.4 s for a shard of 5,000 rows and 1,000 removals); the rebuild's check for any archived row
 read the table up to the board's first row (a sequential scan under LIMIT 1), and the end of a run
 of equal points in a settled snapshot read every rank below it. The settlement's final order
-(``settlement.order_sql``) hashed every board's removals on ``even``."""
+(``settlement.order_sql``) hashed every board's removals on ``even``. Later that day: the reads of
+one shard's results read the whole board's on ``grown``, and on ``even`` too in the plan made for
+every value that a statement run over and over on one connection gets."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
 
 from shardlb import moderation, rebuild, settlement, settlement_history
 from shardlb.archive import connect_db
@@ -303,5 +306,71 @@ async def test_the_bans_read_are_the_boards_and_every_boards_only(postgres_url: 
             assert {w: n for w, n in read.items() if n > 60} == {}
             cur = await db.execute(f"SELECT count(*) FROM bans b WHERE {moderation.BANNED_ON}", BIG)
             assert await cur.fetchone() == (60,)
+        finally:
+            await db.close()
+
+
+def shard_reads() -> dict[str, tuple[str, tuple[Any, ...], str]]:
+    """The reads of one shard's results (statement, the big board's shard 1, settings of the
+    transaction they run in): the newest journal id archived (``Rebuilder.archived_to``), the results
+    of the dedup window (``Rebuilder.refill``'s retry records), and the rebuild's read of a shard,
+    whole and since a journal id."""
+    shard = (*BIG, 1)
+    return {
+        "newest journal id archived": (rebuild.newest_sql("match_results"), shard, ""),
+        "retry records": (rebuild.RECENT_ROWS, (*shard, 0), ""),
+        "rebuild's read of a shard": (rebuild.rows_sql(False, False, False), shard, rebuild.ROWS_SETTINGS),
+        "rebuild's read of a shard since": (
+            rebuild.rows_sql(False, True, True),
+            (*shard, 2, BIG_ROWS // 2, 2, BIG_ROWS),
+            rebuild.ROWS_SETTINGS,
+        ),
+    }
+
+
+async def generic_rows_read(db: psycopg.AsyncConnection[Any], sql: str, params: Any, relation: str) -> int:
+    """The rows of ``relation`` read by ``sql``'s generic plan (planned without its parameters' values),
+    which a statement run over and over on a connection gets: psycopg prepares it at its 5th run, and
+    PostgreSQL plans it once for all values from its 6th prepared run on where that plan looks no
+    dearer than those made for the values."""
+    numbered = sql
+    for n in range(1, len(params) + 1):
+        numbered = numbered.replace("%s", f"${n}", 1)
+    await db.execute(f"PREPARE generic_read AS {numbered}")
+    try:
+        await db.execute("SELECT set_config('plan_cache_mode', 'force_generic_plan', true)")
+        values = pgsql.SQL(", ").join(pgsql.Literal(v) for v in params)
+        cur = await db.execute(
+            pgsql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE generic_read ({})").format(values)
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return rows_read(row[0][0]["Plan"], relation)
+    finally:
+        await db.execute("DEALLOCATE generic_read")
+
+
+@pytest.mark.parametrize("shape", ["even", "grown"])
+async def test_a_shards_reads_read_the_shards_rows_only(postgres_url: str, shape: str) -> None:
+    """The big board's shard holds a quarter of its 20,000 results. Until 2026-12-06 (night), on
+    ``grown`` each of these reads took the (board, incarnation) prefix of the player's index (or the
+    primary key) and read all 20,000: the planner, taking board and incarnation for independent
+    columns, estimated the board at under a row, and every index that names the board then cost
+    the same. A rebuild of 16 shards read the board 16 times."""
+    name = f"reads_shard_{shape}_{os.getpid()}_{random.randrange(10**6)}"
+    async with own_db(postgres_url, name) as url:
+        db = await connect_db(url)
+        try:
+            await archive_of(db, shape)
+            cur = await db.execute("SELECT count(*) FROM match_results WHERE board = 'big' AND shard = 1")
+            assert await cur.fetchone() == (BIG_ROWS // SHARDS,)
+            read = {}
+            for what, (sql, params, settings) in shard_reads().items():
+                async with db.transaction():
+                    if settings:
+                        await db.execute(settings)
+                    read[what] = rows_read(await plan(db, sql, params, analyze=True), "match_results")
+                    read[f"{what}, generic"] = await generic_rows_read(db, sql, params, "match_results")
+            assert {w: n for w, n in read.items() if n > BIG_ROWS // SHARDS} == {}, read
         finally:
             await db.close()
