@@ -44,7 +44,8 @@ DELEGATED = {
     "cleanup": ("shardlb.moderation", "remove inactive players once (see `shardlb cleanup --help`)"),
     "prune": (
         "shardlb.prune",
-        "remove the archived rows of boards deleted a grace ago (see `shardlb prune --help`)",
+        "remove the archived rows of boards deleted a grace ago, old refused results and audit rows if asked "
+        "(see `shardlb prune --help`)",
     ),
     "erase": (
         "shardlb.erase",

@@ -21,10 +21,24 @@ back (no endpoint, the dashboard, a rebuild, reconcile or settlement); it is a r
 operator, which `shardlb erase` empties of one player, and its unique index makes a result refused
 again once its row is gone a row again, a new record of a new refusal. So removing its old rows
 changes no answer. It is not the default: how long a record of refusals is kept is the operator's
-decision (the k8s CronJob asks for 90 days: k8s/README.md). ``moderation_audit`` has none: a ban's,
-lift's or removal's retry reads its row (``moderation.audit_once``), a retry of a request whose row
-is gone would act again (ban again a player unbanned since, remove again the results posted since),
-and it grows by admin requests, not by traffic.
+decision (the k8s CronJob asks for 90 days: k8s/README.md).
+
+``moderation_audit`` has one too, asked for (``audit_days``; `--audit-days`), of ``AUDIT_MIN_DAYS``
+(30) at least. A ban's, lift's or removal's retry with its request id reads the request's row
+(``moderation.audit_once``, ``_ban_audited``, ``_lift_audited``, ``audit_removal``) to answer as the
+first call was answered; once the row is gone the request id is forgotten and a retry is a new
+request: a ban lifted since is stored again, a ban stored since is lifted, a removal past the
+board's dedup window removes the results posted since (tests/test_prune_audit.py). So the days are
+the horizon of a request id's retries, and at least the longest dedup window (30 days,
+``config.DEDUP_WINDOW_S``): within it a removal's retry is the same removal on Redis's records alone,
+and beyond it nothing but the audit row says so. No row has to stay for a ban in force: nothing
+reads the audit for a ban's state (``bans`` holds the ban, its author, reason, time and request id;
+a ban in force answers its retry from there). Nothing else reads the table (no endpoint lists it;
+`shardlb erase` counts a player's rows). It is not the default: it is the audit log, which the
+operator may have to keep (the k8s CronJob does not ask for it). A batch is its oldest rows by id,
+as ``refused_results``'s: the rows are written as requests come, ``at`` the time of their
+transaction's start, which a request waiting on its request id's lock (``moderation._hold``) may
+put a few seconds before a row of a smaller id.
 
 An incarnation PostgreSQL holds deleted while the registry holds it (an incarnation drawn again
 for a board created again under the id: 32 random bits; or a mark set by hand) is a live board and
@@ -35,8 +49,9 @@ for, and what a later prune removes), and its transaction ends before the next, 
 archiver's inserts nor a schema set-up's ALTER TABLE (shardlb/archive.py, ``ensure_schema``) wait
 long behind it. A call removes at most ``limit`` rows and says whether rows were left; it can be
 cut off anywhere and run again (each batch is committed or not at all; a row removed is never
-needed again). A batch of ``refused_results`` (``REFUSED_BATCH``) is its oldest rows by id, of which
-it removes those older than the days: rows nothing else locks but `shardlb erase`."""
+needed again). A batch of ``refused_results`` (``REFUSED_BATCH``) or ``moderation_audit``
+(``AUDIT_BATCH``) is its oldest rows by id, of which it removes those older than the days: rows
+nothing else locks but `shardlb erase` (refused results) and a retry's read (the audit)."""
 
 from __future__ import annotations
 
@@ -52,6 +67,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys
 from shardlb.archive import connect_db
+from shardlb.config import DEDUP_WINDOW_S
 from shardlb.connection import connect, connection_arguments, seconds
 
 GRACE_S = 7 * 86_400.0  # how long after its deletion a board's rows are kept
@@ -83,6 +99,17 @@ REFUSED_BATCH = (
     "WHERE at < now() - make_interval(days => %s)))"
 )
 
+# One batch of moderation_audit older than the days (parameters: rows, days), read as
+# ``REFUSED_BATCH`` reads its table: by the primary key, the table's one index in time order.
+AUDIT_BATCH = (
+    "DELETE FROM moderation_audit WHERE ctid = ANY(ARRAY(SELECT ctid FROM "
+    "(SELECT ctid, at FROM moderation_audit ORDER BY id LIMIT %s) AS oldest "
+    "WHERE at < now() - make_interval(days => %s)))"
+)
+# The fewest days the audit's rows are kept for (``audit_days``): a request id's retries are
+# recognised that long, the longest dedup window a board may have (see the module docstring).
+AUDIT_MIN_DAYS = DEDUP_WINDOW_S[1] // 86_400
+
 
 class Pruned(NamedTuple):
     """What a call removed, by (board, incarnation) (only those it removed rows of), and whether it
@@ -94,6 +121,8 @@ class Pruned(NamedTuple):
     waiting: int = 0
     # rows of refused_results removed (older than ``refused_days``)
     refused: int = 0
+    # rows of moderation_audit removed (older than ``audit_days``)
+    audit: int = 0
 
 
 async def prunable(
@@ -120,12 +149,16 @@ async def prune(
     batch: int = BATCH_ROWS,
     limit: int = LIMIT_ROWS,
     refused_days: int | None = None,
+    audit_days: int | None = None,
 ) -> Pruned:
     """Remove the rows of ``TABLES`` of every incarnation ``prunable`` names, at most ``batch`` a
     transaction and ``limit`` in all (see the module docstring), then its ``BOOKKEEPING`` rows (a few a
     board: neither counted in ``Pruned.rows`` nor against ``limit``); then, with ``refused_days``, the
-    rows of ``refused_results`` older than that many days, within the same ``batch`` and ``limit``.
-    ``db`` is in autocommit."""
+    rows of ``refused_results`` older than that many days, and with ``audit_days`` (``AUDIT_MIN_DAYS``
+    at least, else ValueError) those of ``moderation_audit``, within the same ``batch`` and
+    ``limit``. ``db`` is in autocommit."""
+    if audit_days is not None and audit_days < AUDIT_MIN_DAYS:
+        raise ValueError(f"audit_days: {AUDIT_MIN_DAYS} or more, got {audit_days}")
     removed: dict[tuple[str, str], int] = {}
     left = limit
     for ident in await prunable(db, client, grace_s):
@@ -142,21 +175,22 @@ async def prune(
                 return Pruned(removed, False)
         for table in BOOKKEEPING:
             await db.execute(f"DELETE FROM {table} WHERE board = %s AND incarnation = %s", ident)
-    refused = 0
-    while refused_days is not None:
-        if not left:
-            return Pruned(removed, False, refused=refused)
-        size = min(batch, left)
-        cur = await db.execute(REFUSED_BATCH, (size, refused_days))
-        refused += cur.rowcount
-        left -= cur.rowcount
-        if cur.rowcount < size:
-            break
+    older = {REFUSED_BATCH: 0, AUDIT_BATCH: 0}
+    for statement, days in ((REFUSED_BATCH, refused_days), (AUDIT_BATCH, audit_days)):
+        while days is not None:
+            if not left:
+                return Pruned(removed, False, refused=older[REFUSED_BATCH], audit=older[AUDIT_BATCH])
+            size = min(batch, left)
+            cur = await db.execute(statement, (size, days))
+            older[statement] += cur.rowcount
+            left -= cur.rowcount
+            if cur.rowcount < size:
+                break
     cur = await db.execute(
         "SELECT count(*) FROM boards WHERE deleted_at > now() - make_interval(secs => %s)", (grace_s,)
     )
     row = await cur.fetchone()
-    return Pruned(removed, True, row[0] if row else 0, refused)
+    return Pruned(removed, True, row[0] if row else 0, older[REFUSED_BATCH], older[AUDIT_BATCH])
 
 
 def batch_statement(table: str) -> str:
@@ -171,33 +205,41 @@ def batch_statement(table: str) -> str:
     )
 
 
-def _at_least_one(what: str) -> Callable[[str], int]:
-    """An argparse type: a whole number of ``what``, 1 or more."""
+def _at_least(least: int, what: str, why: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number of ``what``, ``least`` or more (``why``: said when not)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"a number of {what}, 1 or more, got {text!r}")
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"a number of {what}, {least} or more{why}, got {text!r}")
         return value
 
     return parse
 
 
-_positive = _at_least_one("rows")
-_days = _at_least_one("days")
+_positive = _at_least(1, "rows")
+_days = _at_least(1, "days")
+_audit_days = _at_least(
+    AUDIT_MIN_DAYS,
+    "days",
+    " (a ban's, lift's or removal's retry with its X-Request-Id reads its audit row: once it is gone "
+    "the retry is a new request)",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`shardlb prune`: remove from PostgreSQL the archived rows (results, holds, removals and their
     records, and the archiver's marks of their journals) of the boards deleted at least --grace
     seconds ago, --batch rows a transaction and at most --limit rows; with --refused-days, the
-    refused results recorded more than that many days ago too. Exit status 0 when nothing is left to
-    prune, 3 when --limit stopped it (run it again), 2 for bad arguments. The boards' settlements,
-    snapshots and awards and the moderation audit stay, and the refused results without
-    --refused-days."""
+    refused results recorded more than that many days ago too; with --audit-days, the moderation
+    audit's rows (bans, lifts, removals asked for) written more than that many days ago (30 at least:
+    a request's retry with its X-Request-Id after its row is gone is a new request). Exit status 0
+    when nothing is left to prune, 3 when --limit stopped it (run it again), 2 for bad arguments. The
+    boards' settlements, snapshots and awards stay, and the refused results and the moderation audit
+    without their options."""
     parser = argparse.ArgumentParser(
         prog="shardlb prune",
         description=inspect.cleandoc(main.__doc__ or ""),
@@ -222,6 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="remove the rows of refused_results older than this many days (default: keep them all)",
     )
+    parser.add_argument(
+        "--audit-days",
+        type=_audit_days,
+        default=None,
+        help=f"remove the rows of moderation_audit older than this many days, {AUDIT_MIN_DAYS} or more: "
+        "a ban, lift or removal retried with its X-Request-Id after that is a new request "
+        "(default: keep them all)",
+    )
     args = parser.parse_args(argv)
     if not args.postgres:
         parser.error("give --postgres or SHARDLB_POSTGRES_URL")
@@ -231,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             db = await connect_db(args.postgres)  # the schema in place: a new database has no table yet
             try:
-                return await prune(db, client, args.grace, args.batch, args.limit, args.refused_days)
+                return await prune(
+                    db, client, args.grace, args.batch, args.limit, args.refused_days, args.audit_days
+                )
             finally:
                 await db.close()
         finally:
@@ -242,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{board} (incarnation {incarnation}, deleted): {rows:,} rows removed")
     if args.refused_days is not None:
         print(f"refused_results older than {args.refused_days:,} days: {done.refused:,} rows removed")
+    if args.audit_days is not None:
+        print(f"moderation_audit older than {args.audit_days:,} days: {done.audit:,} rows removed")
     if done.waiting:
         these = "incarnation is" if done.waiting == 1 else "incarnations are"
         grace = f"--grace {args.grace:,.0f} s"

@@ -1517,6 +1517,9 @@ def test_prune_runs_nightly_apart_from_the_other_jobs_one_at_a_time(
     # refused_results is kept for a bounded time: without --refused-days (prune keeps them all by
     # default) it grew for good under the nightly prune
     assert int(arg_value(args, "--refused-days")) >= 1
+    # the moderation audit is kept for good unless the operator asks (an audit log's retention is
+    # theirs to decide; k8s/README.md): the Job passes no --audit-days
+    assert not any(a.startswith("--audit-days") for a in args), args
     # the budget stops the calls before the Job's deadline does (a failed Job), leaving room for the
     # pod's start and a last call of --limit rows at 10,000 rows/s (1,000,000 rows took 38-63 s on a
     # 2-core test machine, prune-cronjob.yaml)
