@@ -12,17 +12,19 @@ journals' marks (``_GAPS``) reads theirs by the key, not the whole of journal_ma
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
 
 from shardlb import archive
 from shardlb.archive import connect_db
 from tests.test_prune import own_db
-from tests.test_read_plans import archive_of, rows_read
+from tests.test_read_plans import archive_of, generic_rows_read, rows_read
 
 pytestmark = pytest.mark.cluster
 
@@ -73,6 +75,28 @@ async def filled(db: psycopg.AsyncConnection[Any]) -> None:
     await db.execute("ANALYZE")
 
 
+async def explained(db: psycopg.AsyncConnection[Any], sql: str, params: Any, generic: bool) -> dict[str, Any]:
+    """The JSON plan of ``sql``: made for ``params``, or with ``generic`` the plan made once for every
+    value, which a statement run over and over on one connection may get (psycopg prepares it at its
+    5th run; tests/test_read_plans.py, ``generic_rows_read``). Inside a transaction."""
+    if not generic:
+        cur = await db.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+    else:
+        numbered = sql
+        for n in range(1, len(params) + 1):
+            numbered = numbered.replace("%s", f"${n}", 1)
+        await db.execute(f"PREPARE generic_plan AS {numbered}")
+        await db.execute("SELECT set_config('plan_cache_mode', 'force_generic_plan', true)")
+        values = pgsql.SQL(", ").join(pgsql.Literal(v) for v in params)
+        cur = await db.execute(pgsql.SQL("EXPLAIN (FORMAT JSON) EXECUTE generic_plan ({})").format(values))
+    row = await cur.fetchone()
+    if generic:
+        await db.execute("DEALLOCATE generic_plan")
+        await db.execute("SELECT set_config('plan_cache_mode', 'auto', true)")
+    assert row is not None
+    return dict(row[0][0]["Plan"])
+
+
 @pytest.mark.parametrize("shape", ["analysed", "even", "grown"])
 async def test_a_batchs_lookups_of_archived_rows_never_read_the_whole_board(
     postgres_url: str, shape: str
@@ -95,11 +119,8 @@ async def test_a_batchs_lookups_of_archived_rows_never_read_the_whole_board(
                     "WHERE board = 'big' LIMIT 500"
                 )
                 bad = {}
-                for what, sql in STATEMENTS.items():
-                    cur = await db.execute(f"EXPLAIN (FORMAT JSON) {sql}", (["big"], ["inc-big"]))
-                    row = await cur.fetchone()
-                    assert row is not None
-                    found = scans(row[0][0]["Plan"])
+                for (what, sql), generic in itertools.product(STATEMENTS.items(), (False, True)):
+                    found = scans(await explained(db, sql, (["big"], ["inc-big"]), generic))
                     # every scan of match_results, by the key's index or the player's
                     wrong = [
                         s
@@ -108,7 +129,7 @@ async def test_a_batchs_lookups_of_archived_rows_never_read_the_whole_board(
                         and s[2] not in KEY_INDEXES
                     ]
                     if wrong:
-                        bad[what] = wrong
+                        bad[f"{what}{', generic' if generic else ''}"] = wrong
                 assert not bad, bad
         finally:
             await db.close()
@@ -195,6 +216,9 @@ async def test_a_rounds_gap_check_reads_the_marks_of_its_journals(
                 assert row is not None
                 read = rows_read(row[0][0]["Plan"], "journal_marks")
             assert read <= passed, (read, scans(row[0][0]["Plan"]))
+            async with db.transaction(force_rollback=True):  # in the plan made for every value
+                generic = await generic_rows_read(db, archive._GAPS, params, "journal_marks")
+            assert generic <= passed, generic
             async with db.transaction(force_rollback=True):
                 cur = await db.execute(archive._GAPS, params)
                 found = sorted(await cur.fetchall())

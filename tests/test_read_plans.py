@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 
-from shardlb import moderation, rebuild, settlement, settlement_history
+from shardlb import erase, moderation, prune, rebuild, settlement, settlement_history
 from shardlb.archive import connect_db
 from tests.test_prune import own_db
 
@@ -372,5 +372,76 @@ async def test_a_shards_reads_read_the_shards_rows_only(postgres_url: str, shape
                     read[what] = rows_read(await plan(db, sql, params, analyze=True), "match_results")
                     read[f"{what}, generic"] = await generic_rows_read(db, sql, params, "match_results")
             assert {w: n for w, n in read.items() if n > BIG_ROWS // SHARDS} == {}, read
+        finally:
+            await db.close()
+
+
+def batch_reads(
+    shard_removals: int, board_holds: int, batch: int
+) -> dict[str, tuple[str, tuple[Any, ...], str, int]]:
+    """Statements a connection runs over and over, one shard or batch at a time, beside the shard's
+    results (``shard_reads``): (statement, the big board's parameters, the relation it reads, the
+    most it must read of it). The removals a rebuild reads per shard (``Rebuilder._removals``) and
+    the newest of them (``archived_to``); a shard's holds (no index names the shard: the board's
+    holds, few); a prune's batch of a deleted board's rows (its batch and the batch's tuples); an
+    erase's batch of a player's rows on a board (the player's 20)."""
+    shard = (*BIG, 1)
+    removals = (
+        "SELECT player_id, journal_id, kept FROM player_removals "
+        "WHERE board = %s AND incarnation = %s AND shard = %s"
+    )
+    player = "m.board = %s AND m.incarnation = %s AND m.player_id = %s"
+    erased = f"{player} AND {erase.ERASABLE} AND {erase.ARRIVED} < %s"
+    return {
+        "removals of a shard": (removals, shard, "player_removals", shard_removals),
+        "newest removal": (rebuild.newest_sql("player_removals"), shard, "player_removals", shard_removals),
+        "newest hold": (rebuild.newest_sql("match_holds"), shard, "match_holds", board_holds),
+        "prune's batch of results": (
+            prune.batch_statement("match_results"),
+            (*BIG, batch),
+            "match_results",
+            2 * batch,
+        ),
+        "prune's batch of removals": (
+            prune.batch_statement("player_removals"),
+            (*BIG, batch),
+            "player_removals",
+            2 * batch,
+        ),
+        "erase's batch of results": (
+            "DELETE FROM match_results WHERE ctid = ANY(ARRAY("
+            f"SELECT m.ctid FROM match_results m WHERE {erased} LIMIT %s))",
+            (*BIG, "p7", 2**62, batch),
+            "match_results",
+            BIG_ROWS // 1000,
+        ),
+    }
+
+
+@pytest.mark.parametrize("shape", ["even", "grown"])
+async def test_per_shard_and_per_batch_statements_read_no_more_in_the_generic_plan(
+    postgres_url: str, shape: str
+) -> None:
+    """Each statement's plan made for every value (``generic_rows_read``) reads what it must, as the
+    plan made for its values does (2026-12-06: no statement of the archiver, a rebuild, a prune or
+    an erase read more in it; docs/design-notes.md)."""
+    name = f"reads_batch_{shape}_{os.getpid()}_{random.randrange(10**6)}"
+    async with own_db(postgres_url, name) as url:
+        db = await connect_db(url)
+        try:
+            await archive_of(db, shape)
+            cur = await db.execute(
+                "SELECT (SELECT count(*) FROM player_removals WHERE board = 'big' AND shard = 1), "
+                "(SELECT count(*) FROM match_holds WHERE board = 'big')"
+            )
+            counts = await cur.fetchone()
+            assert counts is not None
+            read = {}
+            for what, (sql, params, relation, most) in batch_reads(*counts, batch=1000).items():
+                async with db.transaction(force_rollback=True):
+                    found = await generic_rows_read(db, sql, params, relation)
+                if found > most:
+                    read[what] = (found, most)
+            assert read == {}
         finally:
             await db.close()
