@@ -165,7 +165,9 @@ async def prune(
         for table in TABLES:
             while left:
                 size = min(batch, left)
-                cur = await db.execute(batch_statement(table), (*ident, size))
+                async with db.transaction():
+                    await db.execute(BATCH_SETTINGS)
+                    cur = await db.execute(batch_statement(table), (*ident, size))
                 if cur.rowcount:
                     removed[ident] = removed.get(ident, 0) + cur.rowcount
                 left -= cur.rowcount
@@ -191,6 +193,14 @@ async def prune(
     )
     row = await cur.fetchone()
     return Pruned(removed, True, row[0] if row else 0, older[REFUSED_BATCH], older[AUDIT_BATCH])
+
+
+# Run in a batch's transaction before ``batch_statement``: the batch is read in the primary key's
+# order, never sorted. A board grown since the last ANALYZE looks like a row or two to the planner,
+# which then read it through another index and sorted all of it for each batch (21,000 rows for a
+# batch of 1,000 on a board of 20,000: a board of n rows pruned in n²/batch;
+# tests/test_read_plans.py), as rebuild.ROWS_SETTINGS does for the nested loops of a shard's read.
+BATCH_SETTINGS = "SELECT set_config('enable_sort', 'off', true)"
 
 
 def batch_statement(table: str) -> str:
