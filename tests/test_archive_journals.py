@@ -10,6 +10,7 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgpack
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -401,3 +402,205 @@ async def test_reads_that_failed_in_a_large_pipeline_are_made_again_a_few_to_a_p
         assert alone == []
         assert polled and max(polled) <= archive.JOURNALS_IN_FLIGHT, polled
         assert len(await archived(postgres_url, board)) == 400
+
+
+async def test_an_archiver_started_again_holds_at_an_unreadable_entry_among_its_own(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own pending entries hold one that cannot be read (the journal was held there by the
+    process that died: held journals are known in memory only). The first round of the archiver
+    started again archives the entries before it, holds the journal there (nothing after it
+    archived, nothing new read), and goes on past it once it is acknowledged by hand; each entry
+    once, none skipped."""
+    made = archived_board(store, raw, postgres_url, "archive-reborn-bad", 1, "reborn-bad")
+    async with made as (board, first):
+        await drain(first)
+        (key,) = [keys.journal_key(p) for p in board.prefixes]
+        now = times.now_ms()
+        await board.submit([Score("before", 1, "m1", now)], now_ms=now)
+        fields = {"b": board.config.id, "i": board.incarnation, "s": "0", "n": "1"}  # no results
+        broken = _text(await raw.xadd(key, fields))
+        await raw.incrby(keys.journal_counts_of(key), 1)
+        await board.submit([Score("after", 3, "m3", now)], now_ms=now)
+        (read,) = await first._poll([key])  # the reads of a round whose process then died
+        assert ([e.id for e in read[0]], read[1] and read[1].id) == ([read[0][0].id], broken)
+        await board.submit([Score("new", 4, "m4", now)], now_ms=now)  # after the death: not its own
+        monkeypatch.setattr(archive, "RETRY_REFUSED_S", 0.0)
+        again = await archiver(raw, store, postgres_url, "reborn-bad", claim_idle_s=3600)
+        try:
+            assert await drain(again) == 1
+            assert [s.player_id for s in await archived(postgres_url, board)] == ["before"]
+            assert key in again._held
+            pending = await raw.xpending(key, GROUP)
+            assert (pending["pending"], _text(pending["min"])) == (2, broken)  # "new" not read: held
+            await raw.xack(key, GROUP, broken)  # the operator skips it
+            assert await drain(again) == 2
+            assert [s.player_id for s in await archived(postgres_url, board)] == ["before", "after", "new"]
+            assert (await raw.xpending(key, GROUP))["pending"] == 0
+        finally:
+            await again.db.close()
+
+
+async def test_own_pending_entries_with_one_deleted_by_hand_are_archived_at_the_first_round(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A pending entry deleted by hand (XDEL) among the entries of an archiver started again under
+    its name: the read's XAUTOCLAIM drops it from the group at once (Redis 7 does, whatever its idle
+    time), the others are archived at the first round, the results written since at the next, each
+    once."""
+    made = archived_board(store, raw, postgres_url, "archive-reborn-gone", 1, "reborn-gone")
+    async with made as (board, first):
+        await drain(first)
+        (key,) = [keys.journal_key(p) for p in board.prefixes]
+        now = times.now_ms()
+        for i in range(6):
+            await board.submit([Score(f"p{i}", i, f"m{i}", now)], now_ms=now)
+        (read,) = await first._poll([key])
+        assert len(read[0]) == 6
+        await raw.xdel(key, read[0][2].id)
+        await board.submit([Score("new", 9, "m9", now)], now_ms=now)
+        again = await archiver(raw, store, postgres_url, "reborn-gone", claim_idle_s=3600)
+        try:
+            assert await again.round() == 5
+            assert await again.round() == 1
+            assert await drain(again) == 0
+            got = sorted(s.player_id for s in await archived(postgres_url, board))
+            assert got == ["new", "p0", "p1", "p3", "p4", "p5"]
+        finally:
+            await again.db.close()
+
+
+async def test_two_archivers_under_one_name_archive_each_result_once(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two archivers given one name by mistake: the second's first round reads the entries the
+    first has read and not yet committed (its own, by name), and both archive them. The upsert and
+    ack.lua make that a replay: one row per result, the journals' count of results not archived
+    taken off once (not below zero), the journals emptied."""
+    async with archived_board(store, raw, postgres_url, "archive-twins", 3, "twin") as (board, one):
+        await drain(one)
+        ours = [keys.journal_key(p) for p in board.prefixes]
+        now = times.now_ms()
+        await board.submit([Score(f"p{i}", i, "m1", now) for i in range(12)], now_ms=now)
+        two = await archiver(raw, store, postgres_url, "twin")
+        seconds: list[int] = []
+        commit = one._archive
+
+        async def late(batch: Any) -> int:  # `one` has read; `two` starts before it commits
+            if batch and not seconds:
+                seconds.append(await two.round())
+            return await commit(batch)
+
+        monkeypatch.setattr(one, "_archive", late)
+        try:
+            assert await one.round() == 12
+            assert seconds == [12]
+            monkeypatch.undo()
+            assert await drain(one) == 0 and await drain(two) == 0
+            assert len(await archived(postgres_url, board)) == 12
+            for key in ours:
+                assert await raw.xlen(key) == 0, key
+                assert int(await raw.get(keys.journal_counts_of(key)) or 0) == 0, key
+        finally:
+            await two.db.close()
+
+
+async def test_a_held_journal_skipped_by_hand_reads_the_rest_of_its_own_over_the_next_rounds(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held journal reads its own pending entries alone ('0'), ``count`` at most. When its refused
+    entry is acknowledged by hand more than ``count`` may wait behind it (handed out with it: an
+    archiver started again under its name): they are archived over the next rounds ('0>'), then
+    what was written meanwhile, not ``claim_idle_s`` later (30 s)."""
+    made = archived_board(store, raw, postgres_url, "archive-held-many", 1, "held-many")
+    async with made as (board, first):
+        await drain(first)
+        (key,) = [keys.journal_key(p) for p in board.prefixes]
+        now = times.now_ms()
+        huge = msgpack.packb(["m0", 2**63, board.codec.time_units(now)])  # no bigint holds it
+        fields = {"b": board.config.id, "i": board.incarnation, "s": "0", "n": "1", "r": huge}
+        refused = _text(await raw.xadd(key, fields))
+        await raw.incrby(keys.journal_counts_of(key), 1)
+        for i in range(7):
+            await board.submit([Score(f"p{i}", i, f"m{i + 1}", now)], now_ms=now)
+        await raw.xgroup_create(key, GROUP, id="0")  # as poll.lua makes it
+        handed = await raw.xreadgroup(GROUP, "held-many", {key: ">"}, count=20)  # a killed archiver's
+        assert len(handed[0][1]) == 8
+        monkeypatch.setattr(archive, "RETRY_REFUSED_S", 0.0)
+        a = await archiver(raw, store, postgres_url, "held-many", count=4, claim_idle_s=3600)
+        try:
+            assert await a.round() == 0  # its own first: held at the refused entry
+            assert key in a._held
+            await board.submit([Score("new", 9, "m9", now)], now_ms=now)
+            assert await a.round() == 0  # held: nothing new read
+            await raw.xack(key, GROUP, refused)  # the operator skips it
+            assert [await a.round() for _ in range(4)] == [4, 3, 1, 0]
+            assert sorted(s.player_id for s in await archived(postgres_url, board)) == [
+                "new",
+                *[f"p{i}" for i in range(7)],
+            ]
+            assert (await raw.xpending(key, GROUP))["pending"] == 0
+        finally:
+            await a.db.close()
+
+
+async def test_a_dead_archivers_entry_deleted_by_hand_is_passed_over_by_the_takeover(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """XAUTOCLAIM (Redis 7) drops a pending entry deleted since from the group and names it apart
+    (its reply's third list, which poll.lua leaves out). An archiver's first round takes over a dead
+    archiver's entries with one of them deleted by hand: claimed, then read again from '0' as its
+    own, the others are archived once each; none is left pending."""
+    made = archived_board(store, raw, postgres_url, "archive-claim-gone", 1, "claim-gone")
+    async with made as (board, dead):
+        await drain(dead)
+        (key,) = [keys.journal_key(p) for p in board.prefixes]
+        now = times.now_ms()
+        for i in range(6):
+            await board.submit([Score(f"p{i}", i, f"m{i}", now)], now_ms=now)
+        (read,) = await dead._poll([key])  # delivered to `dead`, which never writes them
+        assert len(read[0]) == 6
+        await raw.xdel(key, read[0][4].id)
+        alive = await archiver(raw, store, postgres_url, "claim-gone-alive", claim_idle_s=0)
+        try:
+            assert await alive.round() == 5
+            assert await drain(alive) == 0
+            assert sorted(s.player_id for s in await archived(postgres_url, board)) == [
+                "p0",
+                "p1",
+                "p2",
+                "p3",
+                "p5",
+            ]
+            assert (await raw.xpending(key, GROUP))["pending"] == 0
+        finally:
+            await alive.db.close()
+
+
+async def test_a_read_of_its_own_that_finds_only_deleted_entries_reads_new_ones(raw: Any) -> None:
+    """poll.lua's '0>' when the caller's first pending entries were deleted since: XAUTOCLAIM drops
+    ``count`` of them from the group (Redis 7, whatever their idle time), the read from '0' answers
+    the next without their fields, and the call reads new entries instead (its third value 0), not
+    nothing. A pending entry left behind more deleted ones than that is read by a later call."""
+    poll = Script(raw, script_source("poll.lua"))
+    key = "{archive-poll-deleted}:journal"
+    try:
+        await raw.delete(key)
+        for ms in range(1, 5):
+            await raw.xadd(key, {"f": str(ms)}, id=f"{ms}-0")
+        await raw.xgroup_create(key, GROUP, id="0")
+        await raw.xreadgroup(GROUP, "c", {key: ">"}, count=10)
+        await raw.xdel(key, "1-0", "2-0", "3-0")
+        await raw.xadd(key, {"f": "5"}, id="5-0")
+
+        def ids(reply: Any) -> list[Any]:
+            claimed, read, own = reply
+            return [[_text(i) for i, _ in claimed], [(_text(i), bool(f)) for i, f in read], own]
+
+        args = [GROUP, "c", 3_600_000, 1, "0>"]
+        assert ids(await poll(keys=[key], args=args)) == [[], [("5-0", True)], 0]
+        assert ids(await poll(keys=[key], args=args)) == [[], [], 0]  # 2-0 dropped, 3-0 deleted: none new
+        assert ids(await poll(keys=[key], args=args)) == [[], [("4-0", True)], 1]
+        assert (await raw.xpending(key, GROUP))["pending"] == 2  # 4-0 and 5-0, not yet acknowledged
+    finally:
+        await raw.delete(key)
