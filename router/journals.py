@@ -85,10 +85,11 @@ class JournalWatch:
         worst = Worst(None, Lag(0, 0.0), self.worst.bound, self.worst.results_bound)
         # Boards made again only for records that changed since the last check (making every one
         # held the checking worker's event loop 200 ms at 2,000 boards, each check until
-        # 2026-12-06); the store keeps them between checks (18 MB at 2,000 boards of 10 shards).
+        # 2026-12-06); the store keeps them between checks (18 MB at 2,000 boards of 10 shards),
+        # and reads the registry only when its version moved, or once a minute (``follow``).
         journals = [
             (board.config.id, keys.journal_key(prefix))
-            for board in await self.store.boards(reuse=True)
+            for board in await self.store.follow()
             if board.config.durability == "journal"
             for prefix in board.prefixes
         ]

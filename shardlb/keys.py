@@ -26,6 +26,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:fence                    the epoch of the mover holding a reshard (a TTL)
     lb:reshard:<board>                                        the lease of the process resharding a board
     lb:boards / lb:{196e9}:boards:reshards                    the registry; its boards under reshard
+    lb:{196e9}:boards:v                                       the registry's version (moves with each change)
     lb:{<tag>}:ack                                            a replica-acknowledged write's marker (expires)
 
 ``<inc>`` is the board's incarnation, a token drawn when the board is created: a board deleted and
@@ -59,6 +60,10 @@ BOARDS = "lb:boards"
 # registry, which finds what the index lacks (router/reshards.py).
 RESHARDS = "lb:{196e9}:boards:reshards"
 RESHARDS_LOOK = "lb:{196e9}:boards:reshards:look"
+# The registry's version, drawn anew (by the writer) at every change of a record, in the same
+# registry.lua call, in the registry's slot too: a reader that holds the registry reads it again
+# only when the version moved (``BoardStore.follow``: the archiver's refresh, the journal watch).
+BOARDS_VERSION = "lb:{196e9}:boards:v"
 BANS = "lb:bans"  # hash "<board or *>/<player>" -> ban record JSON (shardlb/moderation.py)
 BANS_VERSION = "lb:bans:v"  # drawn anew at every change of BANS: routers reload the set when it moves
 # The fields each change of BANS wrote, in the version's hash slot (its tag is the version's name), so

@@ -286,8 +286,7 @@ class Resharder:
                 raise BoardNotFound(f"board {self.board_id!r} was deleted during the reshard", "board")
             new = change(dict(record))
             written = orjson.dumps(new)
-            registry = [keys.BOARDS, keys.RESHARDS]  # the record, and its place in the index (store.py)
-            if await self.store.scripts.registry(keys=registry, args=[self.board_id, raw, written]):
+            if await self.store.swap(self.board_id, raw, written):  # with the index and the version
                 held = await self.copier.confirm(keys.BOARDS, self.board_id, written)
                 # Gone: deleted meanwhile, which the record read next says (BoardNotFound).
                 if held is not None:

@@ -2,7 +2,10 @@
 
 Boards live in one registry hash (``lb:boards``: id -> record JSON, the settings plus the board's
 incarnation), and the ids of those whose record names a reshard under way in an index beside it
-(``keys.RESHARDS``, written with the record by registry.lua: ``resharding``). The incarnation is
+(``keys.RESHARDS``, written with the record by registry.lua: ``resharding``). Every change of a
+record (its creation too) moves the registry's version (``keys.BOARDS_VERSION``) in the same
+registry.lua call, so a reader that holds the registry reads it again only when it moved
+(``follow``). The incarnation is
 drawn at creation and is part of every key name of the board (shardlb/keys.py), so a board deleted
 and created again never meets its former data.
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -57,6 +61,9 @@ _RECORD = ("incarnation", "state", "generation", "reshard", "last_reshard", "cre
 # ``resharding`` parses only the records that hold it.
 _RESHARD_FIELD = '"reshard"'
 RESHARD_SOURCE_STATES = ("copying", "sealing")  # the registry's layout is being copied away
+# ``follow`` reads the whole registry at least this often, moved or not: processes of the release
+# before write records without moving the version (README, "Upgrading an install").
+WHOLE_READ_EVERY_S = 60.0
 
 
 class BoardStore:
@@ -79,6 +86,9 @@ class BoardStore:
         # ``boards``' last listing with ``reuse``: board id -> (its record's bytes, this store's
         # settings, the Board made of them)
         self._made: dict[str, tuple[Any, tuple[int, int, bool], Board]] = {}
+        # ``follow``'s last whole read: the version read before it, when (monotonic s), the
+        # store's settings then, and the boards listed
+        self._followed: tuple[Any, float, tuple[int, int, bool], list[Board]] | None = None
 
     async def create(self, config: BoardConfig) -> tuple[Board, bool]:
         """Create the board, or confirm an identical one. Returns (board, created).
@@ -96,7 +106,7 @@ class BoardStore:
         while True:
             config = resolve_shards(given, await self.masters()) if _auto(given) else given
             record = {**config.to_dict(), "incarnation": secrets.token_hex(4)}
-            if not ended and await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
+            if not ended and await self.swap(config.id, b"", orjson.dumps(record)):
                 await self._confirm(config.id, record["incarnation"])
                 return self._board(config.id, record), True
             raw = await self.client.hget(keys.BOARDS, config.id)
@@ -145,7 +155,7 @@ class BoardStore:
         record: dict[str, Any] = {**config.to_dict(), "incarnation": incarnation}
         if generation:
             record["generation"] = generation
-        if await self.client.hsetnx(keys.BOARDS, config.id, orjson.dumps(record)):
+        if await self.swap(config.id, b"", orjson.dumps(record)):
             return self._board(config.id, record), True
         return await self.get(config.id), False
 
@@ -184,6 +194,31 @@ class BoardStore:
             self._made = made
         return [board for _, _, board in made.values()]
 
+    async def follow(self, whole_every_s: float = WHOLE_READ_EVERY_S) -> list[Board]:
+        """``boards(reuse=True)``, read again only when the registry's version moved since the
+        last read, a Board listed then has learnt since that it is deleted or moved, the store's
+        settings changed, or ``whole_every_s`` passed: else the boards of the last read, at the
+        cost of a GET. For callers that list the boards every few seconds (the archiver's refresh,
+        the journal watch), where the registry is 1.1 MB at 2,000 boards. The version is read
+        before the registry: a change between the two is read again at the next call, never
+        missed. ``whole_every_s`` bounds how late a record written without moving the version (by
+        a process of the release before) is seen; a registry lost with Redis loses its version too."""
+        version = await self.client.get(keys.BOARDS_VERSION)
+        settings = (self.journal_max, self.journal_max_results, self.read_replicas)
+        last = self._followed
+        if (
+            last is not None
+            and last[0] == version
+            and last[2] == settings
+            and time.monotonic() - last[1] < whole_every_s
+            and not any(b.stale for b in last[3])
+        ):
+            return list(last[3])
+        at = time.monotonic()
+        boards = await self.boards(reuse=True)
+        self._followed = (version, at, settings, boards)
+        return list(boards)
+
     async def resharding(self, whole: bool = False) -> list[Board]:
         """The boards of the registry with a reshard recorded (``Board.also``), not those being
         deleted. Routers ask every few seconds (router/reshards.py), where the whole registry is
@@ -206,7 +241,7 @@ class BoardStore:
         named = {k: r for k, r in named.items() if isinstance(r.get("reshard"), dict | list)}
         wrong = listed ^ set(named) if whole else listed - set(named)
         if wrong:
-            await self.scripts.registry(keys=[keys.BOARDS, keys.RESHARDS], args=["", *sorted(wrong)])
+            await self.scripts.registry(keys=_REGISTRY, args=["", *sorted(wrong)])
         boards = [self._board(k, r) for k, r in named.items() if r.get("state") != "deleting"]
         return [b for b in boards if b.also]
 
@@ -228,7 +263,7 @@ class BoardStore:
                 raise BoardNotFound(f"no board {board_id!r} of incarnation {incarnation!r}", "board")
             if record.get("state") != "deleting":
                 marked = orjson.dumps({**record, "state": "deleting"})
-                if not await self._swap(board_id, raw, marked):
+                if not await self.swap(board_id, raw, marked):
                     continue  # changed meanwhile: look again
                 raw = marked
             await self._drop(board_id, raw, record)
@@ -312,11 +347,21 @@ class BoardStore:
         await asyncio.gather(*(drop(p) for p in board.prefixes + board.also))
         if moving:
             await self.client.delete(keys.lease_key(board_id))
-        await self._swap(board_id, raw, b"")
+        await self.swap(board_id, raw, b"")
 
-    async def _swap(self, board_id: str, expected: bytes | str, new: bytes) -> bool:
-        registry = [keys.BOARDS, keys.RESHARDS]  # the record, and its place in the index (``resharding``)
-        return bool(await self.scripts.registry(keys=registry, args=[board_id, expected, new]))
+    async def swap(self, board_id: str, expected: bytes | str, new: bytes) -> bool:
+        """Replace the board's record ``expected`` (b"": none, a creation) by ``new`` (b"": none,
+        the record removed) and move the registry's version, in one registry.lua call; False when
+        the record was not ``expected``. Every change of the registry goes through here."""
+        # Drawn, not counted: a counter that a failover set back could come to a value a reader
+        # holds again, with other records.
+        version = secrets.token_hex(8)
+        return bool(await self.scripts.registry(keys=_REGISTRY, args=[board_id, expected, new, version]))
+
+
+# The registry, the index of its reshards under way (``resharding``) and its version (``follow``):
+# registry.lua's keys, in one slot.
+_REGISTRY = [keys.BOARDS, keys.RESHARDS, keys.BOARDS_VERSION]
 
 
 def _confirms(known: BoardConfig, given: BoardConfig) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import orjson
 import psycopg
 import pytest
 from prometheus_client import REGISTRY
@@ -886,3 +887,92 @@ async def test_the_archivers_refresh_makes_again_only_the_boards_whose_record_ch
         with contextlib.suppress(Exception):
             await Resharder(store, config.id, say=lambda _: None, postgres_url=postgres_url).cancel()
         await store.delete(config.id)
+
+
+async def registry_reads(raw: Any) -> int:
+    """HGETALL and HSCAN calls the cluster's primaries have run (INFO commandstats)."""
+    stats = await raw.info("commandstats", target_nodes=raw.PRIMARIES)
+    counted = ("cmdstat_hgetall", "cmdstat_hscan")
+    return sum(int(node.get(c, {}).get("calls", 0)) for node in stats.values() for c in counted)
+
+
+async def test_an_idle_archiver_reads_the_registry_only_when_its_version_moved(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """The archiver's refresh read the whole registry every 2 s (an HGETALL of 1 MB at 2,000
+    boards) whether or not a record had changed. Every change of a record moves the registry's
+    version in the same call (registry.lua): a refresh reads the registry only when the version
+    moved, and sees each kind of change at the next refresh."""
+    kept = BoardConfig.from_dict("followed-kept", {"sharding": {"strategy": "hash", "shards": 2}})
+    later = BoardConfig.from_dict("followed-later", {"sharding": {"strategy": "hash", "shards": 2}})
+    board, _ = await store.create(kept)
+    a = await archiver(raw, store, postgres_url, whole_read_s=3600.0)
+    try:
+        before = await registry_reads(store.client)
+        for _ in range(5):
+            await a.refresh()
+        assert await registry_reads(store.client) == before
+
+        new, _ = await store.create(later)  # a creation
+        await a.refresh()
+        assert (later.id, new.incarnation) in a.boards
+        assert await deleted_at(postgres_url, new) is None  # recorded in PostgreSQL
+
+        raw_record = await raw.hget(keys.BOARDS, later.id)
+        record = orjson.loads(raw_record)
+        assert await store.swap(later.id, raw_record, orjson.dumps({**record, "durability": "memory"}))
+        await a.refresh()  # a change of settings: no journal to drain any more
+        assert (later.id, new.incarnation) not in a.boards
+
+        await Resharder(store, kept.id, say=lambda _: None, postgres_url=postgres_url).start(3)
+        await a.refresh()  # a reshard: the new layout's journals are the archiver's too
+        assert len(a.boards[(kept.id, board.incarnation)].also) == 3
+
+        await store.delete(kept.id)  # a deletion
+        await a.refresh()
+        assert (kept.id, board.incarnation) not in a.boards
+        assert await deleted_at(postgres_url, board) is not None
+
+        await store.swap(later.id, await raw.hget(keys.BOARDS, later.id), raw_record)  # journaled again
+        await a.refresh()
+        assert (later.id, new.incarnation) in a.boards
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as db:
+            await db.execute("DELETE FROM boards WHERE board = %s", (later.id,))  # a restore from before
+        a._known.clear()  # as ``_reconnect`` leaves it: every board recorded again at the next refresh
+        reads = await registry_reads(store.client)
+        await a.refresh()
+        assert await registry_reads(store.client) == reads
+        assert await deleted_at(postgres_url, new) is None
+    finally:
+        await a.db.close()
+        for config in (kept, later):
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_a_record_written_without_moving_the_version_is_read_at_the_whole_read(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """Processes of the release before write records without moving the registry's version
+    (during a rolling upgrade): the archiver reads the whole registry at least every
+    ``whole_read_s`` (a minute) all the same, and a Board it holds that learnt it was deleted or
+    resharded has it read at the next refresh."""
+    config = BoardConfig.from_dict("followed-old", {"sharding": {"strategy": "hash", "shards": 2}})
+    record = {**config.to_dict(), "incarnation": "0ld0"}
+    a = await archiver(raw, store, postgres_url, whole_read_s=3600.0)
+    try:
+        await raw.hsetnx(keys.BOARDS, config.id, orjson.dumps(record))  # as the release before creates it
+        await a.refresh()
+        assert (config.id, "0ld0") not in a.boards  # the version did not move
+        a.whole_read_s = 0.0
+        await a.refresh()
+        assert (config.id, "0ld0") in a.boards
+        a.whole_read_s = 3600.0
+        await raw.hdel(keys.BOARDS, config.id)  # deleted by the release before
+        a.boards[(config.id, "0ld0")].deleted = True  # as a script's BOARDGONE tells a Board it holds
+        await a.refresh()
+        assert (config.id, "0ld0") not in a.boards
+    finally:
+        await a.db.close()
+        with contextlib.suppress(Exception):
+            await store.delete(config.id)

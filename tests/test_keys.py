@@ -117,3 +117,10 @@ def test_the_index_of_reshards_shares_the_registrys_slot() -> None:
     """registry.lua writes a record and its place in the index of reshards under way in one call
     (one slot), so no failover can keep one of the two writes without the other."""
     assert keys.slot_of(keys.RESHARDS) == keys.slot_of(keys.BOARDS)
+
+
+def test_the_registrys_version_shares_the_registrys_slot() -> None:
+    """registry.lua moves the version in the call that changes a record: one slot, so a failover
+    that loses the change loses the move with it (a reader would not see it moved for nothing, nor
+    a change without its move)."""
+    assert keys.slot_of(keys.BOARDS_VERSION) == keys.slot_of(keys.BOARDS)

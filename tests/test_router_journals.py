@@ -40,13 +40,18 @@ async def test_readyz_and_metrics_show_the_journal_furthest_behind(cluster: Loca
 
 
 class CountedStore(BoardStore):
-    """A board store, counting the board listings asked of it."""
+    """A board store, counting the board listings asked of it: ``boards`` (the archiver's loops)
+    and ``follow`` (a check of the journals; one that reads the registry again asks both)."""
 
     asked = 0
 
     async def boards(self, reuse: bool = False) -> list[Board]:
         self.asked += 1
         return await super().boards(reuse)
+
+    async def follow(self, whole_every_s: float = 60.0) -> list[Board]:
+        self.asked += 1
+        return await super().follow(whole_every_s)
 
 
 def dead_store() -> CountedStore:
@@ -225,3 +230,27 @@ async def test_a_check_makes_boards_only_of_records_that_changed(
         await store.delete(other.config.id)
     finally:
         await store.delete(board.config.id)
+
+
+async def test_a_check_reads_the_registry_only_when_its_version_moved(store: BoardStore, raw: Any) -> None:
+    """A check read the whole registry (1.1 MB at 2,000 boards) every 5 s. It now reads it again
+    only when the registry's version moved (``BoardStore.follow``): a board created is in the next
+    check all the same."""
+    from tests.test_archive import registry_reads
+
+    board, _ = await store.create(BoardConfig.from_dict(board_name("followed"), {}))
+    watch = JournalWatch(raw, store, 1000, 1000, every_s=60)
+    other = None
+    try:
+        await watch.check()
+        before = await registry_reads(store.client)
+        for _ in range(3):
+            await watch.check()
+        assert await registry_reads(store.client) == before
+        other, _ = await store.create(BoardConfig.from_dict(board_name("followed-new"), {}))
+        await watch.check()
+        assert await registry_reads(store.client) == before + 1
+    finally:
+        await store.delete(board.config.id)
+        if other is not None:
+            await store.delete(other.config.id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -234,3 +235,38 @@ async def test_boards_makes_again_only_the_boards_whose_record_changed(store: Bo
             await Resharder(store, "kept-a", say=lambda _: None).cancel()
         for board_id in ids[:2]:
             await store.delete(board_id)
+
+
+async def test_every_change_of_the_registry_moves_its_version(store: BoardStore) -> None:
+    """``follow`` reads the registry again only when its version moved: every writer of a record
+    (a creation, a restore, a reshard's steps, a deletion's mark and removal) moves it in the same
+    registry.lua call; a confirmation of a board that exists, and a whole look's mending of the
+    index, change no record and leave it."""
+    config = BoardConfig.from_dict("versioned", {"mode": "incr", "durability": "memory"})
+
+    async def version() -> Any:
+        return await store.client.get(keys.BOARDS_VERSION)
+
+    seen = [await version()]
+
+    async def moved() -> bool:
+        seen.append(await version())
+        return seen[-1] != seen[-2]
+
+    try:
+        board, _ = await store.create(config)
+        assert await moved()
+        await store.create(config)  # confirmed
+        assert not await moved()
+        await Resharder(store, config.id, say=lambda _: None, cache_s=0).start(2)
+        assert await moved()
+        await store.client.sadd(keys.RESHARDS, "versioned-none")  # mended by a whole look
+        await store.resharding(whole=True)
+        assert not await moved() and not await indexed(store, "versioned-none")
+        await store.delete(config.id)
+        assert await moved()
+        _, registered = await store.restore(config, board.incarnation)
+        assert registered and await moved()
+    finally:
+        with contextlib.suppress(BoardNotFound):
+            await store.delete(config.id)

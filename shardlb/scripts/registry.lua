@@ -1,11 +1,15 @@
--- Compare-and-set one board's record in the registry hash, and keep its place in the index of
--- the records that name a reshard under way (shardlb/store.py, ``resharding``).
+-- Compare-and-set one board's record in the registry hash, keep its place in the index of the
+-- records that name a reshard under way (shardlb/store.py, ``resharding``), and move the
+-- registry's version (``BoardStore.follow``), all in one call.
 --
--- KEYS[1] the registry, KEYS[2] the index (a set of board ids, in the registry's slot).
--- ARGV[1] board id, ARGV[2] the record expected now, ARGV[3] the new record ('' removes the field).
+-- KEYS[1] the registry, KEYS[2] the index (a set of board ids), KEYS[3] the registry's version (a
+-- string), all three in the registry's slot.
+-- ARGV[1] board id, ARGV[2] the record expected now ('' : none, a creation), ARGV[3] the new
+-- record ('' removes the field), ARGV[4] the registry's new version (drawn by the caller).
 -- Returns 1 when the record was as expected and has been replaced, else 0.
 -- ARGV[1] '': index the boards ARGV[2..] as their records are now, and return 1 (a whole look's
--- mending of what processes of the release before wrote without the index).
+-- mending of what processes of the release before wrote without the index; no record changes, the
+-- version stays).
 
 -- Listed while the record has a "reshard" object; the registry's readers parse the same field.
 local function index(id)
@@ -28,7 +32,8 @@ if ARGV[1] == '' then
   end
   return 1
 end
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
+-- A record is JSON, never '': '' expects none.
+if (redis.call('HGET', KEYS[1], ARGV[1]) or '') ~= ARGV[2] then
   return 0
 end
 if ARGV[3] == '' then
@@ -37,4 +42,5 @@ else
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 end
 index(ARGV[1])
+redis.call('SET', KEYS[3], ARGV[4])
 return 1
