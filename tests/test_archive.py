@@ -835,6 +835,41 @@ async def test_an_idle_round_reads_and_trims_its_journals_through_pipelines(
         await store.delete(config.id)
 
 
+async def first_pause(
+    a: Archiver,
+    monkeypatch: pytest.MonkeyPatch,
+    round_takes_s: float,
+    refresh_takes_s: float = 0.0,
+    **run: Any,
+) -> float:
+    """The pause of ``a.run(**run)`` after its first round, an idle one that takes
+    ``round_takes_s``, the refresh of the board list before it ``refresh_takes_s`` (neither
+    touches Redis or PostgreSQL)."""
+    stop = asyncio.Event()
+    pauses: list[float] = []
+
+    async def refresh() -> None:
+        await asyncio.sleep(refresh_takes_s)
+
+    async def idle_round() -> int:
+        await asyncio.sleep(round_takes_s)
+        return 0
+
+    async def pause(_: asyncio.Event, seconds: float) -> None:
+        pauses.append(seconds)
+        stop.set()
+
+    monkeypatch.setattr(a, "refresh", refresh)
+    monkeypatch.setattr(a, "round", idle_round)
+    monkeypatch.setattr(archive, "_sleep", pause)
+    try:
+        await a.run(stop, **run)
+    finally:
+        monkeypatch.undo()
+    assert len(pauses) == 1
+    return pauses[0]
+
+
 async def test_an_idle_archiver_waits_as_long_as_its_round_took(
     store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -842,22 +877,8 @@ async def test_an_idle_archiver_waits_as_long_as_its_round_took(
     an idle archiver ran them back to back (0.2 s apart), keeping a core and the masters busy
     finding nothing. After a round that archived nothing it now waits as long as the round took."""
     a = await archiver(raw, store, postgres_url, "paced")
-    stop = asyncio.Event()
-    pauses: list[float] = []
-
-    async def slow_round() -> int:
-        await asyncio.sleep(0.3)  # a round over many journals
-        return 0
-
-    async def pause(_: asyncio.Event, seconds: float) -> None:
-        pauses.append(seconds)
-        stop.set()
-
-    monkeypatch.setattr(a, "round", slow_round)
-    monkeypatch.setattr(archive, "_sleep", pause)
     try:
-        await a.run(stop, idle_s=0.2)
-        assert len(pauses) == 1 and pauses[0] >= 0.3
+        assert await first_pause(a, monkeypatch, round_takes_s=0.3, idle_s=0.2) >= 0.3  # many journals
     finally:
         await a.db.close()
 

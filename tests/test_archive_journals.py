@@ -20,7 +20,7 @@ from shardlb.config import BoardConfig
 from shardlb.connection import Script, script_source
 from shardlb.journal import GROUP
 from shardlb.store import BoardStore
-from tests.test_archive import archived, archiver, drain
+from tests.test_archive import archived, archiver, drain, first_pause
 
 pytestmark = pytest.mark.cluster
 
@@ -205,25 +205,8 @@ async def test_an_idle_archivers_pause_does_not_count_its_refresh(
     then the sweep of deleted boards' bans) is no round: counted in, a refresh that PostgreSQL held
     up made the archiver wait as long again before it read a journal."""
     a = await archiver(raw, store, postgres_url, "paced-refresh")
-    stop = asyncio.Event()
-    pauses: list[float] = []
-
-    async def slow_refresh() -> None:
-        await asyncio.sleep(0.5)
-
-    async def quick_round() -> int:
-        return 0
-
-    async def pause(_: asyncio.Event, seconds: float) -> None:
-        pauses.append(seconds)
-        stop.set()
-
-    monkeypatch.setattr(a, "refresh", slow_refresh)
-    monkeypatch.setattr(a, "round", quick_round)
-    monkeypatch.setattr(archive, "_sleep", pause)
     try:
-        await a.run(stop, idle_s=0.2, refresh_s=0.0)
-        assert pauses == [0.2]
+        assert await first_pause(a, monkeypatch, 0.0, refresh_takes_s=0.5, idle_s=0.2, refresh_s=0.0) == 0.2
     finally:
         await a.db.close()
 
@@ -279,22 +262,8 @@ async def test_an_idle_archivers_pause_after_a_slow_round_is_bounded(
     """After an idle round the archiver waits as long as that round took, but no longer than
     ``pause_max_s``: one round held up (a failover, a slow node) must not hold the next as long."""
     a = await archiver(raw, store, postgres_url, "paced-slow")
-    stop = asyncio.Event()
-    pauses: list[float] = []
-
-    async def slow_round() -> int:
-        await asyncio.sleep(0.3)
-        return 0
-
-    async def pause(_: asyncio.Event, seconds: float) -> None:
-        pauses.append(seconds)
-        stop.set()
-
-    monkeypatch.setattr(a, "round", slow_round)
-    monkeypatch.setattr(archive, "_sleep", pause)
     try:
-        await a.run(stop, idle_s=0.05, refresh_s=60.0, pause_max_s=0.1)
-        assert pauses == [0.1]
+        assert await first_pause(a, monkeypatch, 0.3, idle_s=0.05, pause_max_s=0.1) == 0.1
     finally:
         await a.db.close()
 
