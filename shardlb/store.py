@@ -86,6 +86,7 @@ class BoardStore:
         # ``boards``' last listing with ``reuse``: board id -> (its record's bytes, this store's
         # settings, the Board made of them)
         self._made: dict[str, tuple[Any, tuple[int, int, bool], Board]] = {}
+        self._made_version: Any = None  # the registry's version, read with that listing
         # ``follow``'s last whole read: the version read before it, when (monotonic s), the
         # store's settings then, and the boards listed
         self._followed: tuple[Any, float, tuple[int, int, bool], list[Board]] | None = None
@@ -177,7 +178,16 @@ class BoardStore:
         store then holds the listing too (18 MB at 2,000 boards of 10 shards, Boards included),
         which a router's occasional listings would keep for nothing. A Board given again is
         shared, as a router's cache shares one (router/boards.py)."""
-        raw = await self.client.hgetall(keys.BOARDS)
+        if reuse:
+            # With the registry's version, in one MULTI: the version ``follow`` holds the listing
+            # with. Read apart, a change made between the two reads and then lost in a failover
+            # (which sets the version back) was held as if it were the version's.
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.get(keys.BOARDS_VERSION)
+                pipe.hgetall(keys.BOARDS)
+                version, raw = await pipe.execute()
+        else:
+            raw = await self.client.hgetall(keys.BOARDS)
         settings = (self.journal_max, self.journal_max_results, self.read_replicas)
         kept = self._made if reuse else {}
         made: dict[str, tuple[Any, tuple[int, int, bool], Board]] = {}
@@ -191,7 +201,7 @@ class BoardStore:
             if record.get("state") != "deleting":
                 made[board_id] = (value, settings, self._board(board_id, record))
         if reuse:
-            self._made = made
+            self._made, self._made_version = made, version
         return [board for _, _, board in made.values()]
 
     async def follow(self, whole_every_s: float = WHOLE_READ_EVERY_S) -> list[Board]:
@@ -199,10 +209,12 @@ class BoardStore:
         last read, a Board listed then has learnt since that it is deleted or moved, the store's
         settings changed, or ``whole_every_s`` passed: else the boards of the last read, at the
         cost of a GET. For callers that list the boards every few seconds (the archiver's refresh,
-        the journal watch), where the registry is 1.1 MB at 2,000 boards. The version is read
-        before the registry: a change between the two is read again at the next call, never
-        missed. ``whole_every_s`` bounds how late a record written without moving the version (by
-        a process of the release before) is seen; a registry lost with Redis loses its version too."""
+        the journal watch), where the registry is 1.1 MB at 2,000 boards. A listing is held with
+        the version read in the same MULTI as the registry (``boards``): a change after it moves
+        the version, and a failover that loses a change it lists sets the version back to another
+        (drawn, never counted). ``whole_every_s`` bounds how late a record written without moving
+        the version (by a process of the release before) is seen; a registry lost with Redis loses
+        its version too."""
         version = await self.client.get(keys.BOARDS_VERSION)
         settings = (self.journal_max, self.journal_max_results, self.read_replicas)
         last = self._followed
@@ -216,7 +228,9 @@ class BoardStore:
             return list(last[3])
         at = time.monotonic()
         boards = await self.boards(reuse=True)
-        self._followed = (version, at, settings, boards)
+        # The version read with the registry, not the one above (two reads): ``boards`` sets it
+        # with the listing it returns, nothing awaited between, so no other read comes in between.
+        self._followed = (self._made_version, at, settings, boards)
         return list(boards)
 
     async def resharding(self, whole: bool = False) -> list[Board]:

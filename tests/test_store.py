@@ -270,3 +270,42 @@ async def test_every_change_of_the_registry_moves_its_version(store: BoardStore)
     finally:
         with contextlib.suppress(BoardNotFound):
             await store.delete(config.id)
+
+
+async def test_a_change_a_failover_lost_after_a_whole_read_is_not_held(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``follow`` read the version (a GET) and then the registry (an HGETALL), two calls: a
+    creation made between the two was in the listing, held with the version from before it. A
+    failover that then lost the creation (the promoted replica has the record and the version as
+    they were before it: one registry.lua call on one slot) set the version back to the one held,
+    and the board lost was listed until the next whole read, a minute later. The version a
+    listing is held with is read with it, in one MULTI."""
+    config = BoardConfig.from_dict("followed-lost", {"durability": "memory"})
+    follower = BoardStore(store.client, store.scripts)  # a reader of its own: nothing held yet
+    client = store.client
+    get = client.get
+    before: list[Any] = []
+
+    async def get_then_create(name: Any, *args: Any, **kwargs: Any) -> Any:
+        got = await get(name, *args, **kwargs)
+        if name == keys.BOARDS_VERSION and not before:
+            before.append(got)
+            await store.create(config)  # a creation between the GET and the registry's read
+        return got
+
+    try:
+        monkeypatch.setattr(client, "get", get_then_create)
+        assert config.id in [b.config.id for b in await follower.follow()]
+        monkeypatch.undo()
+        # The failover: the promoted replica holds neither the record nor the version's move.
+        await client.hdel(keys.BOARDS, config.id)
+        if before[0] is None:
+            await client.delete(keys.BOARDS_VERSION)
+        else:
+            await client.set(keys.BOARDS_VERSION, before[0])
+        assert config.id not in [b.config.id for b in await follower.follow()]
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(BoardNotFound):
+            await store.delete(config.id)
