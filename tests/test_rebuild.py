@@ -415,6 +415,9 @@ async def test_rebuild_all_restores_boards_whose_keys_were_all_lost(
                     listed = await raw.zrange(keys.index_key(prefix), 0, -1)
                     await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
                 await raw.hdel(keys.BOARDS, board.config.id)
+            # and the registry's version: a refresh that holds the registry reads it again only
+            # when that moved (``BoardStore.follow``), and the loss takes it too
+            await raw.delete(keys.BOARDS_VERSION)
             await a.refresh()  # a running archiver looks at the empty registry before the operator acts
             command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
             assert await asyncio.to_thread(main, command) == 0  # the command runs its own event loop
