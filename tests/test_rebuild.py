@@ -493,30 +493,27 @@ async def test_a_rebuild_from_an_archive_without_the_board_is_refused(
     archived player gone. Refused while Redis holds players, unless forced; nothing is changed."""
     config = BoardConfig.from_dict("rebuild-empty-archive", {"sharding": sharding("hash", 3)})
     board, _ = await store.create(config)
-    name = f"empty_{secrets.token_hex(4)}"
-    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
-        await admin.execute(f"CREATE DATABASE {name}")
-    empty_url = postgres_url.rsplit("/", 1)[0] + f"/{name}"
-    db = await connect_db(empty_url)  # the schema, no rows
-    try:
-        await board.submit([Score(f"p{i}", i, f"m{i}", times.now_ms()) for i in range(1, 11)])
-        a = await archiver(raw, store, postgres_url)
-        await drain(a)  # archived in the right archive, and out of the journal
-        await a.db.close()
-        wrong = Rebuilder(raw, Scripts.register(raw).rebuild, db)
-        with pytest.raises(BoardConflict) as refused:
-            await wrong.rebuild(board)
-        assert "holds no result" in refused.value.message and refused.value.field == "board"
-        assert await board.size(board.resolve("total")) == 10
-        command = ["rebuild", config.id, "--redis", cluster_url, "--postgres", empty_url]
-        assert await asyncio.to_thread(main, command) == 1  # the CLI says why
-        assert "holds no result" in capsys.readouterr().err
-        assert await board.size(board.resolve("total")) == 10
-        await wrong.rebuild(board, force=True)  # asked for: the journal's tail alone, here nothing
-        assert await board.size(board.resolve("total")) == 0
-    finally:
-        await db.close()
-        await store.delete(config.id)
+    async with own_archive(postgres_url, "empty") as empty_url:
+        db = await connect_db(empty_url)  # the schema, no rows
+        try:
+            await board.submit([Score(f"p{i}", i, f"m{i}", times.now_ms()) for i in range(1, 11)])
+            a = await archiver(raw, store, postgres_url)
+            await drain(a)  # archived in the right archive, and out of the journal
+            await a.db.close()
+            wrong = Rebuilder(raw, Scripts.register(raw).rebuild, db)
+            with pytest.raises(BoardConflict) as refused:
+                await wrong.rebuild(board)
+            assert "holds no result" in refused.value.message and refused.value.field == "board"
+            assert await board.size(board.resolve("total")) == 10
+            command = ["rebuild", config.id, "--redis", cluster_url, "--postgres", empty_url]
+            assert await asyncio.to_thread(main, command) == 1  # the CLI says why
+            assert "holds no result" in capsys.readouterr().err
+            assert await board.size(board.resolve("total")) == 10
+            await wrong.rebuild(board, force=True)  # asked for: the journal's tail alone, here nothing
+            assert await board.size(board.resolve("total")) == 0
+        finally:
+            await db.close()
+            await store.delete(config.id)
 
 
 async def test_a_memory_board_cannot_be_rebuilt(store: BoardStore, rebuilder: Rebuilder) -> None:
@@ -564,13 +561,18 @@ async def test_the_admin_endpoint_rebuilds_a_board(
 
 
 @contextlib.asynccontextmanager
-async def own_archive(postgres_url: str) -> AsyncIterator[str]:
-    """A database of its own on the suite's PostgreSQL: `rebuild --all` then restores this test's
-    boards only, not every board the suite archived before."""
-    name = f"loss_{secrets.token_hex(4)}"
+async def own_archive(postgres_url: str, prefix: str = "loss") -> AsyncIterator[str]:
+    """A database of its own on the suite's PostgreSQL, dropped after: `rebuild --all` then restores
+    this test's boards only, not every board the suite archived before. (Until 2026-12-06 it was
+    never dropped: each run of the suite left dozens on the machine's PostgreSQL.)"""
+    name = f"{prefix}_{secrets.token_hex(4)}"
     async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
         await admin.execute(f"CREATE DATABASE {name}")
-    yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def master_of(cluster: LocalCluster, key: str) -> int:
