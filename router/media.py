@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -93,7 +94,14 @@ def rendered(
 ) -> tuple[int, RawHeaders, bytes]:
     """A response as ASGI sends it: status, headers (with Content-Type and Content-Length) and body.
     Every body the router sends is rendered here, on Starlette's path and on the raw ASGI ones."""
-    body = msgpack.packb(data, use_bin_type=True) if packed else orjson.dumps(data)
+    return _framed(
+        msgpack.packb(data, use_bin_type=True) if packed else orjson.dumps(data), packed, status, headers
+    )
+
+
+def _framed(
+    body: bytes, packed: bool, status: int = 200, headers: Mapping[str, str] | None = None
+) -> tuple[int, RawHeaders, bytes]:
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()] if headers else []
     raw.append((b"content-length", str(len(body)).encode()))
     raw.append((b"content-type", _MSGPACK_BYTES if packed else _JSON_BYTES))
@@ -122,6 +130,24 @@ def _response(parts: tuple[int, RawHeaders, bytes]) -> Response:
 def render(request: Request, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """``data`` rendered in the format the request's Accept header asks for."""
     return _response(rendered(data, wants_msgpack(request.headers.get("accept")), status, headers))
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A body rendered once in both formats, for an answer sent again and again (GET /v1/boards)."""
+
+    json_bytes: bytes
+    msgpack_bytes: bytes
+
+    @classmethod
+    def of(cls, data: Any) -> Rendered:
+        return cls(orjson.dumps(data), msgpack.packb(data, use_bin_type=True))
+
+
+def render_held(request: Request, body: Rendered) -> Response:
+    """``body`` in the format the request's Accept header asks for, as ``render`` sends it."""
+    packed = wants_msgpack(request.headers.get("accept"))
+    return _response(_framed(body.msgpack_bytes if packed else body.json_bytes, packed))
 
 
 def error_response(request: Request, error: ApiError) -> Response:

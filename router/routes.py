@@ -23,7 +23,7 @@ from router.auth import Scope
 from router.boards import through_reshard
 from router.errors import ApiError
 from router.histogram import Estimate
-from router.media import RawHeaders, entry_body, read_object, render, rendered
+from router.media import RawHeaders, entry_body, read_object, render, render_held, rendered
 from router.scores import MAX_ITEMS, ScoresEndpoint
 from router.service import Service
 from shardlb import merge, rebuild, times
@@ -177,8 +177,7 @@ async def put_board(request: Request) -> Response:
 async def list_boards(request: Request) -> Response:
     svc = _allow_read(request)
     _query(request)
-    configs = await svc.boards.list()
-    return render(request, {"boards": [c.to_dict() for c in configs]})
+    return render_held(request, await svc.boards.list())
 
 
 @_through_reshard

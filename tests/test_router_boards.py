@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
+import msgpack
+import orjson
 import pytest
 
 from router.boards import Boards
 from router.gate import Gate
+from shardlb import keys
 from shardlb.board import Board
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
@@ -200,8 +204,8 @@ class HeldList(BoardStore):
         self.go = asyncio.Event()
         self.held = False
 
-    async def list(self) -> list[BoardConfig]:
-        listed = await super().list()
+    async def records(self) -> tuple[Any, dict[str, Any]]:
+        listed = await super().records()
         if not self.held:
             self.held = True
             self.read.set()
@@ -223,8 +227,206 @@ async def test_a_list_after_a_create_does_not_join_a_listing_begun_before_it(sto
         later = asyncio.ensure_future(boards.list())
         await asyncio.sleep(0)  # it joins the early listing, or takes its turn in the read lane
         held.go.set()
-        assert name not in {c.id for c in await early}
-        assert name in {c.id for c in await asyncio.wait_for(later, 10)}
+        assert name not in listed(await early)
+        assert name in listed(await asyncio.wait_for(later, 10))
     finally:
         held.go.set()
+        await store.delete(name)
+
+
+def listed(body: Any) -> set[str]:
+    """The board ids of a GET /v1/boards body as ``Boards.list`` renders it."""
+    return {b["board"] for b in orjson.loads(body.json_bytes)["boards"]}
+
+
+async def registry_reads(store: BoardStore) -> int:
+    """HGETALLs the registry's primary has run (INFO commandstats)."""
+    node = store.client.get_node_from_key(keys.BOARDS)
+    stats = await store.client.info("commandstats", target_nodes=node)
+    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
+
+
+def count_boards_made(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A counter of the Board objects made from now on (this process)."""
+    made = [0]
+    init = Board.__init__
+
+    def counting(self: Board, *args: Any, **kwargs: Any) -> None:
+        made[0] += 1
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Board, "__init__", counting)
+    return made
+
+
+@pytest.mark.cluster
+async def test_board_lists_read_the_registry_once_while_it_does_not_change(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET /v1/boards is a public read. Each one read the whole registry (an HGETALL of 1 MB at
+    2,000 boards) and made a Board of every record, 170-200 ms of a worker's event loop: a trickle
+    of anonymous lists, each within its address's read budget, kept a worker busy. The body is now
+    held with the registry's version: a list while the version stands is a GET, and no Board is
+    made for a list at all."""
+    name = board_name("listed")
+    await store.create(BoardConfig.from_dict(name, {}))
+    try:
+        boards = Boards(store, Gate(4))
+        made = count_boards_made(monkeypatch)
+        before = await registry_reads(store)
+        bodies = [await boards.list() for _ in range(20)]
+        assert await registry_reads(store) - before == 1
+        assert made[0] == 0
+        assert all(name in listed(b) for b in bodies)
+        assert {b.json_bytes for b in bodies} == {bodies[0].json_bytes} and {
+            b.msgpack_bytes for b in bodies
+        } == {bodies[0].msgpack_bytes}
+    finally:
+        await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_list_shows_a_change_made_elsewhere_at_the_next_call(store: BoardStore) -> None:
+    """A board created or deleted by another router (not through this one's ``Boards``) moves the
+    registry's version: the next list reads the registry again and shows the change."""
+    name = board_name("listed")
+    boards = Boards(store, Gate(4))
+    assert name not in listed(await boards.list())
+    await store.create(BoardConfig.from_dict(name, {}))
+    try:
+        assert name in listed(await boards.list())
+    finally:
+        await store.delete(name)
+    assert name not in listed(await boards.list())
+    created = board_name("listed")  # and through this router's own Boards
+    await boards.create(BoardConfig.from_dict(created, {}))
+    assert created in listed(await boards.list())
+    await boards.delete(created)
+    assert created not in listed(await boards.list())
+
+
+@pytest.mark.cluster
+async def test_a_record_written_without_moving_the_version_is_listed_after_the_ttl(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Processes of the release before write records without moving the registry's version
+    (README, "Upgrading an install"): a held listing is read again once it is ``ttl_s`` old, and
+    a read that finds the same records keeps the body it had (nothing parsed or rendered again)."""
+    name = board_name("listed")
+    boards = Boards(store, Gate(4), ttl_s=3600.0)
+    first = await boards.list()
+    record = orjson.dumps({**BoardConfig.from_dict(name, {}).to_dict(), "incarnation": "0a0b0c0d"})
+    await store.client.hset(keys.BOARDS, name, record)  # as the release before creates: no version
+    try:
+        assert name not in listed(await boards.list())  # held: the version did not move
+        boards.ttl_s = 0.0
+        before = await registry_reads(store)
+        again = await boards.list()
+        assert await registry_reads(store) - before == 1
+        assert name in listed(again)
+        parsed = [0]
+        real = BoardConfig.from_dict
+
+        def counting(*args: Any, **kwargs: Any) -> BoardConfig:
+            parsed[0] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(BoardConfig, "from_dict", counting)
+        assert (
+            await boards.list()
+        ).json_bytes is again.json_bytes  # read again, same records: kept as it was
+        assert parsed[0] == 0
+        assert first.json_bytes != again.json_bytes
+    finally:
+        await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_the_board_list_body_is_what_it_was(cluster: LocalCluster, store: BoardStore) -> None:
+    """GET /v1/boards's body, in JSON and in MessagePack, is byte for byte the one rendered from a
+    Board of every record sorted by id (what it was before the body was held), for boards of every
+    sharding, moderation settings, records written by releases before (without fields added since)
+    and a board being deleted (not listed); and it stays so across a change."""
+    prefix = board_name("shape")
+    made = [
+        BoardConfig.from_dict(f"{prefix}-hash", {"mode": "incr", "periods": ["total", "daily"]}),
+        BoardConfig.from_dict(
+            f"{prefix}-band", {"sharding": {"strategy": "band", "bands": [0, 100], "shards": 2}}
+        ),
+        BoardConfig.from_dict(
+            f"{prefix}-region",
+            {"sharding": {"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 2}},
+        ),
+        BoardConfig.from_dict(
+            f"{prefix}-moderated", {"max_points_per_result": 50, "inactive_after": 86_400, "order": "asc"}
+        ),
+    ]
+    for config in made:
+        await store.create(config)
+    old_band = {
+        "board": f"{prefix}-old-band",
+        "sharding": {"strategy": "band", "bands": [0, 10], "shards": 1},
+    }
+    old_plain = {
+        "board": f"{prefix}-old",
+        "mode": "set",
+        "periods": ["total"],
+        "sharding": {"strategy": "hash", "shards": 2},
+    }
+    gone = {**BoardConfig.from_dict(f"{prefix}-gone", {}).to_dict(), "state": "deleting"}
+    for record in (old_band, old_plain, gone):
+        await store.swap(str(record["board"]), b"", orjson.dumps({**record, "incarnation": "01020304"}))
+    ids = [c.id for c in made] + [f"{prefix}-old-band", f"{prefix}-old", f"{prefix}-gone"]
+
+    async def expected() -> tuple[bytes, bytes]:
+        data = {
+            "boards": [
+                c.to_dict() for c in sorted((b.config for b in await store.boards()), key=lambda c: c.id)
+            ]
+        }
+        return orjson.dumps(data), msgpack.packb(data, use_bin_type=True)
+
+    try:
+        async with running(cluster.url) as (_, client):
+            for turn in range(2):
+                as_json = await client.get("/v1/boards")
+                as_msgpack = await client.get("/v1/boards", headers={"Accept": "application/msgpack"})
+                assert as_json.headers["content-type"] == "application/json"
+                assert as_msgpack.headers["content-type"] == "application/msgpack"
+                assert (as_json.content, as_msgpack.content) == await expected()
+                assert {f"{prefix}-old", f"{prefix}-old-band"} <= {
+                    b["board"] for b in as_json.json()["boards"]
+                }
+                assert f"{prefix}-gone" not in {b["board"] for b in as_json.json()["boards"]}
+                if turn == 0:
+                    await store.delete(f"{prefix}-region")
+    finally:
+        for board_id in ids:
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(board_id)
+
+
+@pytest.mark.cluster
+async def test_board_lists_through_the_app_read_the_registry_once(
+    cluster: LocalCluster, store: BoardStore
+) -> None:
+    """Through the app, with the router's other registry readers running beside it (the journal
+    and reshard watches): N GET /v1/boards with no change make one registry read for the list."""
+    name = board_name("listed")
+    await store.create(BoardConfig.from_dict(name, {}))
+    try:
+        async with running(cluster.url) as (app, client):
+            boards = service_of(app).boards
+            real, reads = boards.store.records, [0]
+
+            async def counted() -> tuple[Any, dict[str, Any]]:
+                reads[0] += 1
+                return await real()
+
+            boards.store.records = counted  # type: ignore[method-assign]
+            answers = [await client.get("/v1/boards") for _ in range(20)]
+            assert {r.status_code for r in answers} == {200}
+            assert {r.content for r in answers} == {answers[0].content}
+            assert reads[0] == 1
+    finally:
         await store.delete(name)

@@ -372,13 +372,13 @@ async def test_concurrent_board_lists_share_one_registry_read(store: BoardStore,
     try:
         async with running(cluster_url, read_rate=0) as (app, client):
             boards = service_of(app).boards
-            real, calls = boards.store.list, [0]
+            real, calls = boards.store.records, [0]
 
-            async def counted() -> list[BoardConfig]:
+            async def counted() -> tuple[Any, dict[str, Any]]:
                 calls[0] += 1
                 return await real()
 
-            boards.store.list = counted  # type: ignore[method-assign]
+            boards.store.records = counted  # type: ignore[method-assign]
             answers = await asyncio.gather(*(client.get("/v1/boards") for _ in range(40)))
             assert all(r.status_code == 200 for r in answers)
             assert all(name in {b["board"] for b in r.json()["boards"]} for r in answers)
