@@ -61,11 +61,16 @@ def free_port() -> int:
 
 
 class Server:
-    """``python -m router.server serve`` in a child process."""
+    """``python -m router.server serve`` in a child process.
+
+    A port handed out by tests/ports.py is checked free, not held: a process of another session
+    whose slice is this one's (by its pid) can take it before the router binds it (a CI run of
+    2026-12-06 lost a test so, beside helpers' own test runs). A router that exits on a port found
+    in use is started again on the next port, unless the caller named the port."""
+
+    TRIES = 3  # starts on ports of our own choosing, when a port was taken meanwhile
 
     def __init__(self, url: str, log: Path, workers: int = 1, port: int | None = None, **env: str) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDLB_", "PROMETHEUS_"))}
         environ.update(
@@ -77,7 +82,16 @@ class Server:
                 **env,
             }
         )
-        with open(log, "wb") as out:
+        for tries_left in range(1 if port else self.TRIES, 0, -1):
+            self.port = port or free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            if self._start(environ, workers) or tries_left == 1:
+                break
+        self._wait_ready()
+
+    def _start(self, environ: dict[str, str], workers: int) -> bool:
+        """Start the router on ``self.port``; False when it exited at once on that port in use."""
+        with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -96,14 +110,27 @@ class Server:
             )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+            if self.proc.poll() is not None:
+                return "address already in use" not in self.log.read_text()
+            if self._ready():
+                return True
             time.sleep(0.1)
-        raise AssertionError(f"router not ready:\n{log.read_text()}")
+        return True  # _wait_ready says what is wrong
+
+    def _ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()
+            if self._ready():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"router not ready:\n{self.log.read_text()}")
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -116,6 +143,29 @@ def server(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> I
     running_server = Server(cluster.url, tmp_path_factory.mktemp("router") / "router.log")
     yield running_server
     assert running_server.stop() == 0
+
+
+@pytest.mark.cluster
+def test_a_port_taken_before_the_router_binds_it_is_left_for_another(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test helper's own start: a port handed out free and taken by another process before the
+    router binds it (CI of 2026-12-06: `address already in use`, exit 3) costs a start, not the test."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    held = taken.getsockname()[1]
+    ports = iter([held])
+    monkeypatch.setattr(sys.modules[__name__], "free_port", lambda: next(ports, None) or server_port())
+    try:
+        server = Server(cluster.url, tmp_path / "router.log")
+    finally:
+        taken.close()
+    try:
+        assert server.port != held
+        assert httpx.get(f"{server.url}/readyz", timeout=5).status_code == 200
+    finally:
+        assert server.stop() == 0
 
 
 def test_bad_settings_exit_2_naming_the_variable() -> None:
