@@ -114,7 +114,8 @@ class Keys:
             raise ApiError(
                 401,
                 "unauthorized",
-                f"this call needs a {need.name.lower()} key: send 'Authorization: Bearer <key>'",
+                f"this call needs {'an' if need is Scope.ADMIN else 'a'} {need.name.lower()} key: "
+                "send 'Authorization: Bearer <key>'",
                 headers=_CHALLENGE,
             )
         if len(self.failures):  # a client that presented wrong keys lately: is it out of tries?

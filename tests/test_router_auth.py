@@ -168,6 +168,22 @@ async def test_insecure_dev_mode_takes_nothing_a_browser_sends_from_another_site
         assert (await client.delete(f"/v1/boards/{board}")).status_code == 204
 
 
+def test_a_call_without_a_key_names_the_scope_it_needs() -> None:
+    """The 401 of a call made without a key says which key to send, in a sentence a person reads
+    (until 2026-12-06 an admin call's said "needs a admin key")."""
+    from router.errors import ApiError
+
+    keys = Keys(Settings(admin_keys=(ADMIN,), write_keys=(WRITE,)))
+    messages = {}
+    for need in (Scope.WRITE, Scope.ADMIN):
+        with pytest.raises(ApiError) as e:
+            keys.require(None, "10.0.0.1", need)
+        assert (e.value.status, e.value.code) == (401, "unauthorized")
+        messages[need] = e.value.message
+    assert messages[Scope.WRITE].startswith("this call needs a write key:")
+    assert messages[Scope.ADMIN].startswith("this call needs an admin key:")
+
+
 def test_wrong_keys_from_one_client_are_throttled() -> None:
     """Each wrong key costs its client (address; IPv6 /64) a token of a small bucket: past
     AUTH_FAILURE_BURST of them every keyed request from there is 429 until tokens come back (one a
