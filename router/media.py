@@ -281,7 +281,9 @@ def decode(body: bytes, content_type: str | None, empty: Any = None) -> Any:
             data = orjson.loads(body)
     except Exception as e:  # only decoding is inside the try: any failure is a malformed body
         kind = "MessagePack" if packed else "JSON"
-        raise ApiError(400, "malformed_body", f"the body is not valid {kind}: {e}") from e
+        # msgpack says nothing of the byte that starts no value (0xc1): its error has no text.
+        why = str(e) or "a byte that starts no value"
+        raise ApiError(400, "malformed_body", f"the body is not valid {kind}: {why}") from e
     if _may_repeat_a_key(body, data, packed):
         _refuse_repeated_keys(body, packed)
     return data

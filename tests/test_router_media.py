@@ -150,3 +150,13 @@ def test_deep_bodies_are_decoded_or_400_never_an_exception(body: bytes, kind: st
         media.decode(body, kind)
     except ApiError as e:
         assert (e.status, e.code) == (400, "malformed_body")
+
+
+@pytest.mark.parametrize("body", [b"\xc1", b"\x81\xa1a\xc1"])
+def test_a_msgpack_body_with_a_reserved_byte_is_400_saying_why(body: bytes) -> None:
+    """msgpack's error for the one byte that starts no value (0xc1) has no text: the message ended
+    "not valid MessagePack: " with nothing after it (until 2026-12-06)."""
+    with pytest.raises(ApiError) as e:
+        media.decode(body, "application/msgpack")
+    assert (e.value.status, e.value.code) == (400, "malformed_body")
+    assert not e.value.message.rstrip().endswith(":"), e.value.message
