@@ -556,6 +556,8 @@ def parse_scope(body: dict[str, Any]) -> tuple[str, str]:
     if scope not in ("board", "all"):
         raise InvalidInput("scope must be 'board' or 'all'", "scope")
     board = body.get("board")
+    if scope == "board" and board is None:
+        raise InvalidInput("a ban of scope 'board' names its board", "board", "missing_field")
     if scope == "board":
         board = check_id(board, "board")
     elif board is not None:

@@ -21,7 +21,7 @@ from shardlb.cli import main
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
-from shardlb.errors import BoardNotFound, NotAcknowledged, PlayerNotFound, Resharding
+from shardlb.errors import BoardNotFound, InvalidInput, NotAcknowledged, PlayerNotFound, Resharding
 from shardlb.rebuild import Rebuilder
 from shardlb.reshard import Resharder
 from shardlb.store import BoardStore
@@ -64,6 +64,25 @@ async def delete_entries(raw: Any, board: Board) -> list[journal.Entry]:
             if entry.removed:
                 found.append(entry)
     return found
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "words"),
+    [
+        ({"scope": "board"}, "missing_field", "scope 'board' names its board"),
+        ({"scope": "board", "board": None}, "missing_field", "scope 'board' names its board"),
+        ({"scope": "board", "board": "a b"}, "invalid_id", "ids are"),
+        ({"scope": "all", "board": "arena"}, "invalid_input", "scope 'all' names no board"),
+    ],
+)
+def test_a_ban_body_says_what_its_board_field_lacks(body: dict[str, Any], code: str, words: str) -> None:
+    """A ban of one board sent without the board was refused as a malformed id ("ids are 1-64
+    characters ..."), which a caller who left the field out cannot tell from a typo (until
+    2026-12-06)."""
+    with pytest.raises(InvalidInput) as e:
+        moderation.parse_scope(body)
+    assert (e.value.code, e.value.field) == (code, "board")
+    assert words in str(e.value)
 
 
 @pytest.mark.parametrize(
