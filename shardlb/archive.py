@@ -1650,14 +1650,15 @@ def main(argv: list[str] | None = None) -> int:
         "--repair-every",
         type=seconds,
         default=REPAIR_EVERY_S,
-        help="seconds between passes that finish band moves left pending by lost band calls (0: none)",
+        help="seconds between passes that finish band moves left pending by lost band calls "
+        f"(0: none; default {REPAIR_EVERY_S:g})",
     )
     parser.add_argument(
         "--deliver-every",
         type=seconds,
         default=settlement_delivery.SWEEP_EVERY_S,
         help="seconds between sweeps that send due settlement webhooks no router is sending; needs "
-        "SHARDLB_WEBHOOK_SECRET (0: none)",
+        f"SHARDLB_WEBHOOK_SECRET (0: none; default {settlement_delivery.SWEEP_EVERY_S:g})",
     )
     args = parser.parse_args(argv)
     if not args.postgres:

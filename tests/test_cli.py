@@ -34,6 +34,25 @@ def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) 
     assert all(name in out for name in ("cluster", "serve", "plan"))
 
 
+def test_archive_help_states_the_default_of_each_loop(capsys: pytest.CaptureFixture[str]) -> None:
+    """README and router/README give the repair loop and the webhook sweep 5 s each; `shardlb archive
+    --help` stated only the cleanup's default (until 2026-12-06), so an operator could not tell
+    from the command whether an unset flag meant "never"."""
+    from shardlb import settlement_delivery
+    from shardlb.archive import REPAIR_EVERY_S
+
+    with pytest.raises(SystemExit):
+        main(["archive", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+
+    def said(flag: str) -> str:  # the flag's help, after the usage line that names it too
+        return out.rsplit(f"{flag} {flag[2:].replace('-', '_').upper()}", 1)[1]
+
+    assert f"(0: none; default {REPAIR_EVERY_S:g})" in said("--repair-every")
+    assert f"(0: none; default {settlement_delivery.SWEEP_EVERY_S:g})" in said("--deliver-every")
+    assert "(0: none; default 60)" in said("--cleanup-every")
+
+
 def test_settle_refuses_a_webhook_without_a_secret(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
