@@ -484,7 +484,12 @@ def main(argv: list[str] | None = None) -> int:
     """`shardlb cleanup`: one pass of the inactive-player cleanup (boards with inactive_after)."""
     parser = argparse.ArgumentParser(prog="shardlb cleanup", description=main.__doc__)
     parser.add_argument("boards", nargs="*", help="these boards only (default: every board with the setting)")
-    parser.add_argument("--limit", type=int, default=CLEANUP_LIMIT, help="players removed per shard at most")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=CLEANUP_LIMIT,
+        help=f"players removed per shard at most (default {CLEANUP_LIMIT:,})",
+    )
     parser.add_argument(
         "--redis",
         default=os.environ.get("SHARDLB_REDIS_URL", "redis://127.0.0.1:7000"),

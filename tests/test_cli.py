@@ -53,6 +53,17 @@ def test_archive_help_states_the_default_of_each_loop(capsys: pytest.CaptureFixt
     assert "(0: none; default 60)" in said("--cleanup-every")
 
 
+def test_cleanup_help_states_its_default_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    """router/README gives `shardlb cleanup --limit` a default of 1000 players per shard; its help
+    named none (until 2026-12-06)."""
+    from shardlb.moderation import CLEANUP_LIMIT
+
+    with pytest.raises(SystemExit):
+        main(["cleanup", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"players removed per shard at most (default {CLEANUP_LIMIT:,})" in out
+
+
 def test_settle_refuses_a_webhook_without_a_secret(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
