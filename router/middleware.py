@@ -2,8 +2,9 @@
 the bound on requests at once, and the client's address behind a trusted proxy.
 
 Pure ASGI (no BaseHTTPMiddleware, which costs a large share of throughput). Every response carries
-``X-Request-Id`` (the client's, when it sent a sane one); every error response is logged as one JSON
-line with that id, a refused one (4xx, 503) at debug but for a line a minute (``RefusedLines``);
+``X-Request-Id`` (the client's, when it sent a sane one; on the calls whose retries it names, one
+that is not sane is refused: ``retry_key``); every error response is logged as one JSON line with
+that id, a refused one (4xx, 503) at debug but for a line a minute (``RefusedLines``);
 access lines for every request only when SHARDLB_ACCESS_LOG is on. A request to
 the API (``/v1/``) past SHARDLB_MAX_REQUESTS in progress is answered 503 at once; probes and metrics
 always pass, so an overloaded router is not also restarted. When the peer is one of
@@ -52,6 +53,7 @@ from router.settings import Network
 
 log = logging.getLogger("shardlb.router")
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
+REPLACED = "request_id_replaced"  # in a request's state: it sent an X-Request-Id that was not sane
 BODY_SLOTS_PER_CLIENT = 2
 # A log line keeps this much of a request's path: a 60 KB path must not make a 60 KB line.
 LOGGED_PATH_CHARS = 200
@@ -95,9 +97,11 @@ class Observe:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        request_id = _request_id(scope)
+        request_id, replaced = _request_id(scope)
         state: dict[str, Any] = scope.setdefault("state", {})
         state["request_id"] = request_id
+        if replaced:
+            state[REPLACED] = True
         status = 0
         if self.proxies:
             _forwarded_client(scope, self.proxies)
@@ -436,11 +440,33 @@ def _wants_msgpack(scope: Scope) -> bool:
     return accept is not None and wants_msgpack(accept.decode("latin-1"))
 
 
-def _request_id(scope: Scope) -> str:
+def _request_id(scope: Scope) -> tuple[str, bool]:
+    """The request's id, and whether the client sent an X-Request-Id that was not sane (replaced)."""
+    replaced = False
     for name, value in scope["headers"]:
-        if name == b"x-request-id" and _REQUEST_ID.fullmatch(value):
-            return str(value.decode())
-    return new_request_id()
+        if name == b"x-request-id":
+            if _REQUEST_ID.fullmatch(value):
+                return str(value.decode()), False
+            replaced = True
+    return new_request_id(), replaced
+
+
+def retry_key(state: Any) -> str | None:
+    """The request id of a call whose retry it names (a removal, a ban, a lift: router/moderation.py,
+    where a retry with the same id is the same call). An X-Request-Id that is not sane is 400
+    ``invalid_request_id`` there, before anything is written: replaced by a random one, as for any
+    other call's tracing, it left the client without the retry key it thought it sent, and a ban
+    lifted and then retried with it banned again (until 2026-12-06). Sent without one, the call gets
+    the id the router made up, new each try. ``state``: the request's (``request.state``)."""
+    if getattr(state, REPLACED, False):
+        raise ApiError(
+            400,
+            "invalid_request_id",
+            "X-Request-Id is this call's retry key: it must be 1-128 characters of A-Z a-z 0-9 . _ : - "
+            "(or left out, and each try is a call of its own)",
+        )
+    request_id = getattr(state, "request_id", None)
+    return None if request_id is None else str(request_id)
 
 
 def new_request_id() -> str:

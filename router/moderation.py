@@ -53,6 +53,7 @@ from router.auth import Scope
 from router.boards import through_reshard
 from router.errors import ApiError
 from router.media import read_object, render
+from router.middleware import retry_key
 from shardlb import moderation, times
 from shardlb.archive import connect_db
 from shardlb.board import Board, Prepared, Result
@@ -399,12 +400,12 @@ def _service(request: Request) -> Service:
     return cast("Service", request.app.state.service)
 
 
-def _admin(request: Request) -> tuple[Service, str, str | None]:
-    """The service, who is asking (the key's client id) and the request id, once the key is admin."""
+def _admin(request: Request) -> tuple[Service, str]:
+    """The service and who is asking (the key's client id), once the key is admin."""
     svc = _service(request)
     peer = request.client.host if request.client else "unknown"
     caller = svc.keys.require(request.headers.get("authorization"), peer, Scope.ADMIN)
-    return svc, caller.client, getattr(request.state, "request_id", None)
+    return svc, caller.client
 
 
 @contextlib.asynccontextmanager
@@ -487,7 +488,8 @@ def _request(action: str, request_id: str | None) -> str | None:
 async def remove_player(request: Request) -> Response:
     """DELETE /v1/boards/{board}/players/{player}?reason=...: audited first (once per request id),
     then removed."""
-    svc, actor, request_id = _admin(request)
+    svc, actor = _admin(request)
+    request_id = retry_key(request.state)  # a retry with the same id is this call again
     query = params.checked(request.query_params.multi_items(), frozenset({"reason"}))
     reason = moderation.check_reason(query.get("reason"), required=False)
     board_id = (await svc.boards.get(request.path_params["board"])).config.id
@@ -518,7 +520,8 @@ async def ban(request: Request) -> Response:
     nothing, and finishes the removal as the first call would have made it, at the ban's time
     (``Bans.add``, ``moderation.remove``). A board deleted since it was listed is skipped: nothing
     of the player is left there."""
-    svc, actor, request_id = _admin(request)
+    svc, actor = _admin(request)
+    request_id = retry_key(request.state)  # a retry with the same id is this call again
     player, scope, reason = await _ban_body(request, svc)
     # The registry's record, not this router's cached one: a board ban holds on the incarnation
     # it names, which must be the board's now, not one deleted since.
@@ -554,7 +557,8 @@ async def unban(request: Request) -> Response:
     """POST /v1/players/{player}:unban: lift a ban of that scope (later scores count again).
     ``lifted`` says whether a ban in force was lifted: one of a board deleted since (another
     incarnation, or none now) was not, as GET /v1/bans has it."""
-    svc, actor, request_id = _admin(request)
+    svc, actor = _admin(request)
+    request_id = retry_key(request.state)  # a retry with the same id is this call again
     player, scope, reason = await _ban_body(request, svc)
     incarnation: str | None = ALL
     if scope != ALL:
@@ -593,7 +597,7 @@ async def forget_bans(svc: Service, board_id: str, incarnation: str) -> None:
 async def list_bans(request: Request) -> Response:
     """GET /v1/bans[?player=]: every ban in force, or one player's. A ban of a board that was
     deleted (or deleted and created again: another incarnation) is not in force, and not listed."""
-    svc, _, _ = _admin(request)
+    svc, _ = _admin(request)
     query = params.checked(request.query_params.multi_items(), frozenset({"player"}))
     player = None if "player" not in query else check_id(query["player"], "player")
     found = [b for b in await moderation.Bans(svc.client).all() if player is None or b.player == player]

@@ -848,6 +848,47 @@ async def test_a_ban_retried_after_it_was_lifted_does_not_ban_again(
             await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
+async def test_a_retry_key_that_is_not_sane_is_refused_and_writes_nothing(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A removal's, ban's or lift's X-Request-Id is its retry key. One that is not sane (here 129
+    characters) was replaced by a random id, as for any call's tracing: the client believed it had a
+    retry key and had none, so a ban lifted and then retried with that id banned again. Such a call
+    is now 400 `invalid_request_id`, with nothing written; sent without an id it goes through (the
+    router makes one up), and other calls still just replace an id that is not sane."""
+    import router.moderation
+
+    monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client)
+        player = f"key-{name}"
+        await post(client, name, [score(player, 5, "m1")])
+        bad = {**AS_ADMIN, "X-Request-Id": "k" * 129}
+        ban, body = f"/v1/players/{player}:ban", {"scope": "board", "board": name, "reason": "aimbot"}
+        calls = [
+            ("POST", ban, body, bad),
+            ("POST", f"/v1/players/{player}:unban", body, bad),
+            ("DELETE", f"/v1/boards/{name}/players/{player}", None, bad),
+            ("POST", ban, body, {**AS_ADMIN, "X-Request-Id": "bad id"}),
+            ("POST", ban, body, {**AS_ADMIN, "X-Request-Id": ""}),
+        ]
+        for method, url, json, headers in calls:
+            r = await client.request(method, url, json=json, headers=headers)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] == "invalid_request_id"
+            assert "1-128 characters" in r.json()["error"]["message"]
+            assert r.headers["x-request-id"] != "k" * 129
+        assert await rows(postgres_url, "SELECT 1 FROM moderation_audit WHERE player_id = %s", player) == []
+        assert await rows(postgres_url, "SELECT 1 FROM bans WHERE player_id = %s", player) == []
+        assert (await client.get(f"/v1/boards/{name}/players/{player}")).json()["points"] == 5
+        # Other calls keep their tracing-only id; a removal without one gets one made up.
+        read = await client.get(f"/v1/boards/{name}/players/{player}", headers={"X-Request-Id": "k" * 129})
+        assert read.status_code == 200 and read.headers["x-request-id"] != "k" * 129
+        removed = await client.delete(f"/v1/boards/{name}/players/{player}", headers=AS_ADMIN)
+        assert removed.json()["removed"] is True
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
 async def test_a_ban_of_every_board_skips_a_board_deleted_meanwhile(
     cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
