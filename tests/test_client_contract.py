@@ -52,8 +52,9 @@ async def router(cluster: Any) -> AsyncIterator[Served]:
         # datetime): MessagePack's TypeError failed the whole batch, outside ClientError.
         MatchResult("p", Decimal(5), "bad-3"),  # type: ignore[arg-type]
         MatchResult("p", 5, "bad-4", achieved_at=date(2026, 12, 5)),  # type: ignore[arg-type]
+        MatchResult("p", 5, "bad-5", achieved_at=datetime(2026, 12, 5, 12, 0)),  # no time zone
     ],
-    ids=["bigint", "surrogate", "decimal", "date"],
+    ids=["bigint", "surrogate", "decimal", "date", "naive"],
 )
 async def test_a_result_the_client_cannot_encode_fails_alone(
     router: Served, format: str, bad: MatchResult
@@ -71,6 +72,34 @@ async def test_a_result_the_client_cannot_encode_fails_alone(
         assert all(isinstance(d, ScoreOutcome) for d in done[:9]), done
         assert isinstance(done[9], InvalidRequest)
         assert (await client.get_board(name)).players == {"total": 9}
+        await client.delete_board(name)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("format", ["msgpack", "json"])
+async def test_an_achieved_at_without_a_time_zone_is_refused_before_it_is_sent(
+    router: Served, format: str
+) -> None:
+    """A ``datetime`` without a time zone went as RFC 3339 text without an offset, which the server
+    refuses (422 ``invalid_time``, the whole request): the client now refuses it itself, naming the
+    field, before anything is sent (no request id: no request), as it does a value it cannot encode."""
+    name = board_name("contract")
+    naive = datetime.now(UTC).replace(tzinfo=None, microsecond=0)  # a UTC time, its zone dropped
+    async with AsyncClient(router.url, ADMIN, format=format, backoff=FAST) as client:
+        await client.put_board(name)
+        async with httpx.AsyncClient(base_url=router.url) as http:  # what the client sent before
+            sent = {"player_id": "p", "points": 1, "match_id": "m", "achieved_at": naive.isoformat()}
+            server = await http.post(f"/v1/boards/{name}/scores", json={"scores": [sent]}, headers=AS_ADMIN)
+        assert (server.status_code, server.json()["error"]["code"]) == (422, "invalid_time"), server.text
+        with pytest.raises(InvalidRequest) as refused:
+            await client.post_scores(name, [MatchResult("p", 1, "m"), MatchResult("q", 2, "n", naive)])
+        error = refused.value
+        assert (error.status, error.code, error.field) == (422, "invalid_time", "scores[1].achieved_at")
+        assert "time zone" in error.message and error.request_id is None
+        assert (await client.get_board(name)).players == {"total": 0}
+        aware = naive.replace(tzinfo=UTC)
+        [posted] = await client.post_scores(name, [MatchResult("q", 2, "n", achieved_at=aware)])
+        assert posted.status == "improved"
         await client.delete_board(name)
 
 

@@ -67,12 +67,24 @@ def _no_body(body: Any) -> None:
     """What ``delete_board`` reads of its answer (204): nothing."""
 
 
-def _encodable(score: dict[str, Any], index: int) -> dict[str, Any]:
-    """``score`` when it can be sent (JSON or MessagePack); else InvalidRequest naming its field
-    (422, as the server would name it), before anything is sent: one result that cannot even be
-    encoded must fail alone (a ScoreBuffer then sends the others), not as its batch's
+def _encodable(result: MatchResult, index: int) -> dict[str, Any]:
+    """``result``'s body when it can be sent (JSON or MessagePack); else InvalidRequest naming its
+    field (422, as the server would name it), before anything is sent: one result that cannot even
+    be encoded must fail alone (a ScoreBuffer then sends the others), not as its batch's
     OverflowError, nor a value of a type neither format carries (a ``Decimal``, a ``date``) as its
-    batch's TypeError."""
+    batch's TypeError. A ``datetime`` without a time zone is refused too: it went as a time without
+    an offset, which the server refuses (``invalid_time``), and a local time's offset is not ours
+    to guess (until 2026-12-06 it was sent, and its request refused)."""
+    at = result.achieved_at
+    if isinstance(at, datetime) and at.utcoffset() is None:
+        raise InvalidRequest(
+            422,
+            "invalid_time",
+            f"achieved_at is a datetime without a time zone ({at.isoformat()}): give it one "
+            "(datetime.now(UTC), or .replace(tzinfo=...)) or send epoch milliseconds",
+            f"scores[{index}].achieved_at",
+        )
+    score = result.body()
     for name, value in score.items():
         if not isinstance(value, str | int | float):
             raise InvalidRequest(
@@ -297,7 +309,7 @@ class AsyncClient:
         outcomes: list[ScoreOutcome] = []
         start, size = 0, self._write_items
         while start < len(items):
-            scores = [_encodable(r.body(), start + i) for i, r in enumerate(items[start : start + size])]
+            scores = [_encodable(r, start + i) for i, r in enumerate(items[start : start + size])]
             try:
                 _, applied = await self._call(
                     "POST",

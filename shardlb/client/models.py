@@ -123,7 +123,9 @@ class MatchResult:
     up per attempt.
 
     ``achieved_at`` is an aware ``datetime``, integer epoch milliseconds or an RFC 3339 string; left
-    out, the server uses the time the result first arrived (and keeps it for the retries).
+    out, the server uses the time the result first arrived (and keeps it for the retries). A
+    ``datetime`` without a time zone is ``InvalidRequest`` (422 ``invalid_time``, naming the field)
+    when posted, before anything is sent.
     ``region`` is required on region boards and ignored elsewhere.
     """
 
