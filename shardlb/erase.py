@@ -311,21 +311,44 @@ def main(argv: list[str] | None = None) -> int:
             await client.aclose()
 
     done = asyncio.run(run())
+    for line in lines(done):
+        print(line)
+    return 3 if _unfinished(done) else 0
+
+
+def _unfinished(done: Erased) -> bool:
+    """Whether rows of the player are still to erase (now or later): exit status 3."""
+    return bool(done.left or done.held or done.unarchived)
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
+
+
+def lines(done: Erased) -> list[str]:
+    """What `shardlb erase` prints of ``done``: what it removed, or that it removed nothing (as
+    `shardlb prune` says "nothing left to prune"; until 2026-12-06 it printed nothing), then what
+    stays and why."""
+    out = []
     for (board, incarnation, table), rows in done.rows.items():
         where = "every board" if board == "*" else f"{board} (incarnation {incarnation})"
-        print(f"{where}: {rows:,} rows of {table} removed")
+        out.append(f"{where}: {_count(rows, 'row', 'rows')} of {table} removed")
+    if not done.rows:
+        out.append("nothing erased yet" if _unfinished(done) else "nothing to erase")
     for (board, incarnation), rows in done.left.items():
-        print(f"{board} (incarnation {incarnation}): {rows:,} results still count: not removed")
+        counts = _count(rows, "result still counts", "results still count")
+        out.append(f"{board} (incarnation {incarnation}): {counts}: not removed")
     for (board, incarnation), (rows, until) in done.held.items():
-        print(
-            f"{board} (incarnation {incarnation}): {rows:,} results of before the removal kept for the "
-            f"dedup window (a rebuild's retry records): run it again from {times.format_ms(until)}"
+        out.append(
+            f"{board} (incarnation {incarnation}): {_count(rows, 'result', 'results')} of before the removal "
+            "kept for the dedup window (a rebuild's retry records): run it again from "
+            + times.format_ms(until)
         )
     for board, incarnation in sorted(done.unarchived):
-        print(
+        out.append(
             f"{board} (incarnation {incarnation}): its journals still hold entries of before the removal, "
             "which the archiver may bring rows of the player from: run it again once it has archived them"
         )
     for name, rows in done.kept.items():
-        print(f"kept on purpose: {rows:,} rows of {name}")
-    return 3 if done.left or done.held or done.unarchived else 0
+        out.append(f"kept on purpose: {_count(rows, 'row', 'rows')} of {name}")
+    return out

@@ -429,3 +429,36 @@ async def test_an_erase_across_a_reshard_keeps_what_the_board_counts(
             await db.close()
             with contextlib.suppress(BoardNotFound):
                 await store.delete(config.id)
+
+
+async def test_an_erase_with_nothing_to_erase_says_so(
+    postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shardlb erase` of a player with no rows printed nothing at all (`shardlb prune` says "nothing
+    left to prune"): it says so now."""
+    async with own_db(postgres_url, "erase_nothing") as url:
+        command = ["erase", unique("nobody"), "--redis", cluster_url, "--postgres", url]
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, command) == 0
+        assert capsys.readouterr().out == "nothing to erase\n"
+
+
+def test_an_erases_lines_count_one_row_as_one() -> None:
+    """What `shardlb erase` prints (``erase.lines``): "1 rows" was printed for a single row."""
+    done = erase.Erased(
+        rows={("b", "i1", "match_results"): 1, ("*", "", "refused_results"): 2},
+        left={("c", "i2"): 1},
+        kept={"moderation_audit": 1},
+        held={("d", "i3"): (1, 0)},
+        unarchived=set(),
+    )
+    assert erase.lines(done) == [
+        "b (incarnation i1): 1 row of match_results removed",
+        "every board: 2 rows of refused_results removed",
+        "c (incarnation i2): 1 result still counts: not removed",
+        "d (incarnation i3): 1 result of before the removal kept for the dedup window (a rebuild's retry "
+        f"records): run it again from {times.format_ms(0)}",
+        "kept on purpose: 1 row of moderation_audit",
+    ]
+    nothing_now = erase.Erased({}, {}, {}, {("d", "i3"): (2, 0)}, set())
+    assert erase.lines(nothing_now)[0] == "nothing erased yet"
