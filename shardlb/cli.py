@@ -542,7 +542,7 @@ def add_reconcile_command(commands: argparse._SubParsersAction[argparse.Argument
     reconcile = commands.add_parser(
         "reconcile", help="compare a board in Redis with PostgreSQL per shard; exit status 1 on drift"
     )
-    reconcile.add_argument("board", type=board_id)
+    reconcile.add_argument("board", type=board_id, help="the board")
     reconcile.add_argument("--repair", action="store_true", help="rebuild the shards that drift")
     reconcile.add_argument(
         "--metrics-file", type=Path, help="write the result here as Prometheus text (textfile collector)"
@@ -603,7 +603,7 @@ def add_settle_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     settle = commands.add_parser(
         "settle", help="freeze a closed period, order it from PostgreSQL, check it and store its awards once"
     )
-    settle.add_argument("board", type=board_id)
+    settle.add_argument("board", type=board_id, help="the board")
     settle.add_argument("period", help="a dated API period, e.g. daily:2026-11-30")
     settle.add_argument("--id", required=True, help="the settlement id: the same id never pays twice")
     settle.add_argument(

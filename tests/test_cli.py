@@ -64,6 +64,25 @@ def test_cleanup_help_states_its_default_limit(capsys: pytest.CaptureFixture[str
     assert f"players removed per shard at most (default {CLEANUP_LIMIT:,})" in out
 
 
+def test_every_positional_argument_has_help() -> None:
+    """`shardlb reconcile --help` and `shardlb settle --help` listed `board` without a word (until
+    2026-12-06), where rebuild, reshard and bands say "the board"."""
+    import argparse
+
+    from shardlb.cli import build_parser
+
+    bare = []
+    pending = [("shardlb", build_parser())]
+    while pending:
+        name, parser = pending.pop()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend((f"{name} {command}", sub) for command, sub in action.choices.items())
+            elif not action.option_strings and not action.help:
+                bare.append(f"{name} {action.dest}")
+    assert bare == []
+
+
 def test_settle_refuses_a_webhook_without_a_secret(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
