@@ -240,6 +240,11 @@ _audit_days = _at_least(
 )
 
 
+def removed(rows: int) -> str:
+    """A line's count of rows removed: "1 row removed" (until 2026-12-06 "1 rows"), "2 rows removed"."""
+    return f"{rows:,} row{'' if rows == 1 else 's'} removed"
+
+
 def main(argv: list[str] | None = None) -> int:
     """`shardlb prune`: remove from PostgreSQL the archived rows (results, holds, removals and their
     records, and the archiver's marks of their journals) of the boards deleted at least --grace
@@ -301,11 +306,11 @@ def main(argv: list[str] | None = None) -> int:
 
     done = asyncio.run(run())
     for (board, incarnation), rows in done.rows.items():
-        print(f"{board} (incarnation {incarnation}, deleted): {rows:,} rows removed")
+        print(f"{board} (incarnation {incarnation}, deleted): {removed(rows)}")
     if args.refused_days is not None:
-        print(f"refused_results older than {args.refused_days:,} days: {done.refused:,} rows removed")
+        print(f"refused_results older than {args.refused_days:,} days: {removed(done.refused)}")
     if args.audit_days is not None:
-        print(f"moderation_audit older than {args.audit_days:,} days: {done.audit:,} rows removed")
+        print(f"moderation_audit older than {args.audit_days:,} days: {removed(done.audit)}")
     if done.waiting:
         these = "incarnation is" if done.waiting == 1 else "incarnations are"
         grace = f"--grace {args.grace:,.0f} s"

@@ -446,3 +446,10 @@ def plan_nodes(node: dict[str, Any]) -> Any:
     yield node
     for child in node.get("Plans", []):
         yield from plan_nodes(child)
+
+
+def test_a_line_counts_one_row_as_one() -> None:
+    """`shardlb prune` printed "1 rows removed" (as `shardlb erase` did, until 2026-12-06)."""
+    assert prune.removed(1) == "1 row removed"
+    assert prune.removed(0) == "0 rows removed"
+    assert prune.removed(1_234) == "1,234 rows removed"
