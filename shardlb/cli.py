@@ -25,7 +25,7 @@ from typing import Any
 
 from shardlb import compat
 from shardlb.cluster import STATE_FILE, ClusterError, ClusterStatus, LocalCluster
-from shardlb.config import check_id
+from shardlb.config import REBUILD_JOBS, check_id
 from shardlb.connection import connection_arguments, postgres_url, seconds
 from shardlb.errors import InvalidInput, ShardlbError
 from shardlb.postgres import LocalPostgres
@@ -154,6 +154,17 @@ def add_cluster_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
             default=DEFAULT_CLUSTER_DIR,
             help=f"directory of the nodes and their state file (default {DEFAULT_CLUSTER_DIR})",
         )
+
+
+def _jobs(text: str) -> int:
+    """An argparse type: a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
+    return value
 
 
 def _count(text: str) -> int:
@@ -303,6 +314,14 @@ def add_rebuild_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     )
     rebuild.add_argument("--shard", type=int, help="one shard only")
     rebuild.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=REBUILD_JOBS,
+        metavar="N",
+        help=f"boards restored and rebuilt side by side, each on a PostgreSQL connection of its own "
+        f"(default {REBUILD_JOBS}; a board's shards go one after another; with --all)",
+    )
+    rebuild.add_argument(
         "--force",
         action="store_true",
         help="rebuild even from an archive that holds no result of the board while Redis holds players",
@@ -323,7 +342,7 @@ def rebuild_boards(args: argparse.Namespace) -> int:
         return USAGE
     boards = None if args.all else [args.board]
     done = asyncio.run(
-        rebuild.run(args.redis, args.postgres, boards, args.period, args.shard, print, args.force)
+        rebuild.run(args.redis, args.postgres, boards, args.period, args.shard, print, args.force, args.jobs)
     )
     print(f"rebuilt {len(done)} board(s)")
     return 0

@@ -37,6 +37,10 @@ DEFAULT_SHARDS = 16  # a library caller's default (BoardConfig.from_dict); see A
 AUTO_SHARDS = 0
 DEFAULT_POINTS_MAX = 2_097_151  # with resolution ms, small enough to leave 30 days of time bits
 DEFAULT_DEDUP_WINDOW_S = 86_400  # api.md: "within the board's dedup window, default 24 h"
+# Boards `shardlb rebuild --all` restores and rebuilds side by side (its --jobs; shardlb/rebuild.py,
+# ``Rebuilder.jobs``), each on a PostgreSQL connection of its own. Measured on 2 cores (bench/README.md,
+# "Chaos"): more only adds connections once Redis, PostgreSQL and the rebuild share the cores.
+REBUILD_JOBS = 4
 # An incr board's dedup window is kept in this many time buckets, one set each per shard. A bucket
 # expires a window after it ends, so a member lives between one window and one window plus a
 # bucket: memory peaks at (1 + 1/DEDUP_BUCKETS) windows of writes. Each bucket costs one more

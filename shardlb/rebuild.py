@@ -31,7 +31,11 @@ After a total loss (``Rebuilder.restore``, `rebuild --all`), each swap, and what
 rebuild writes on the live keys after it, wait for a replica of the shard's primary wherever it has
 one, each call with its own marker and WAIT (``Rebuilder._acked``), as the ban list and the
 registry's records written back do. A rebuild of named boards swaps on the primary alone, but the
-apply after a forced swap waits too (``Rebuilder._apply_live``).
+apply after a forced swap waits too (``Rebuilder._apply_live``). `rebuild --all` takes ``jobs``
+boards side by side (`--jobs`, 4 by default), each on a PostgreSQL connection of its own: the
+restore's per-board work (``_restore_board``), then, once every record is confirmed, the boards'
+rebuilds (``rebuild_all``); the shards of one board go in order as above, and every ordering rule
+of one board holds as when the boards went one after another (``side_by_side``: an error in one).
 
 Before any shard, ``start_journal`` gives each journal a last-generated id past the newest id
 PostgreSQL holds of its shard: a journal lost with Redis is made again from a clock that may be
@@ -45,16 +49,17 @@ with ``inactive_after`` gets its activity set back from the snapshot (``recall_a
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import msgpack
 import orjson
@@ -65,7 +70,7 @@ from redis.exceptions import ResponseError
 from shardlb import keys, moderation, periods, pgconn, times
 from shardlb.bands import Move
 from shardlb.board import GONE, MOVED, Board
-from shardlb.config import PIN_SPAN, BoardConfig, stored_settings
+from shardlb.config import PIN_SPAN, REBUILD_JOBS, BoardConfig, stored_settings
 from shardlb.connection import Script, Scripts, connect
 from shardlb.errors import (
     ArchiveUnprepared,
@@ -376,12 +381,18 @@ class Rebuilder:
         db: psycopg.AsyncConnection[Any],
         progress: Callable[[str], None] | None = None,
         swap_tries: int = SWAP_TRIES,
+        jobs: int = 1,
+        connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]] | None = None,
     ) -> None:
         self.client = client
         self.script = script
         self.db = db
         self.progress = progress or (lambda _: None)
         self.swap_tries = swap_tries
+        # Boards ``restore`` and ``rebuild_all`` take side by side, each on a PostgreSQL connection
+        # of its own that ``connect`` opens (without it, one at a time on ``db``): see ``_workers``.
+        self.jobs = jobs
+        self.connect = connect
         self.replica_wait_ms = REPLICA_WAIT_MS  # ``restore``'s waits for a replica (``confirming``)
         # Set by ``restore`` (a total loss: what a swap writes is then the whole board): from then
         # on each swap waits for a replica of its shard's primary, wherever it has one.
@@ -826,7 +837,11 @@ class Rebuilder:
         What it writes waits for a replica wherever the primary has one (the ban list, then the
         registry's records: ``_confirm_registry``), and so does every swap of this rebuilder from
         then on (``confirming``): the rebuilds of the boards returned. NotAcknowledged when none
-        has it within ``replica_wait_ms``; running it all again converges."""
+        has it within ``replica_wait_ms``; running it all again converges.
+
+        The boards go back ``jobs`` at a time (``_restore_board``; ``side_by_side`` says what an
+        error in one does), after the bans and before ``_confirm_registry``, whose single call
+        confirms every record written."""
         async with self.db.transaction():
             cur = await self.db.execute(
                 "SELECT DISTINCT ON (board) board, incarnation, settings FROM boards "
@@ -853,40 +868,105 @@ class Rebuilder:
         restored = await bans.restore(self.db, replicated)
         self.progress(f"bans: {restored} written back from PostgreSQL")
         seasons = await self._seasons()
-        out = []
-        for former in formers:
-            config, board_id, incarnation = former.config, former.config.id, former.incarnation
-            refilled: list[str] = []
-            closing = (board_id, str(incarnation)) in seasons
-            if not await self.client.hexists(keys.BOARDS, board_id):
-                # Before routers can find the board again: its retries are recognised from their
-                # first write on, not only once its shard's turn to be rebuilt comes; a board
-                # closed for its season takes no result.
-                if closing:
-                    await former.close()
-                for shard, prefix in enumerate(former.prefixes[: config.sharding.shards]):
-                    await self.start_journal(former, shard, confirm=True)
-                    await self.refill(former, shard)
-                    refilled.append(prefix)
-            try:
-                board, created = await store.restore(config, incarnation, former.generation)
-            except BoardNotFound:  # the registry's record of the id is being deleted
-                await _unrestored(store, former, refilled)
-                raise
-            if board.incarnation != incarnation:
-                # Created again under its id since the registry was read: what was put back of this
-                # incarnation is dropped (until 2026-12-05 it stayed, its key index without expiry).
-                await _unrestored(store, former, refilled)
-                self.progress(f"{board_id}: the registry holds another incarnation; left alone")
-                continue
-            if closing and await board.close():  # the registry kept it, and a shard lost its marker
-                self.progress(f"{board_id}: closed again (its season archive began)")
-            self._refilled.update(refilled)
-            self.progress(f"{board_id}: {'restored to' if created else 'found in'} the registry")
-            out.append(board)
+        async with self._workers(len(formers)) as workers:
+            found = await side_by_side(
+                workers,
+                formers,
+                lambda worker, former: worker._restore_board(store, former, seasons),
+                lambda former: former.config.id,
+                self.progress,
+            )
+        out = [board for board in found if board is not None]
         await self._confirm_registry(out, replicated)
         self.confirming = replicated  # the rebuilds of ``out`` that follow: each swap too
         return out
+
+    async def _restore_board(
+        self, store: BoardStore, former: Board, seasons: set[tuple[str, str]]
+    ) -> Board | None:
+        """``restore``'s work on one board: its journals started and its retry records put back,
+        then its record in the registry; the board, or None when the registry holds another
+        incarnation of its id. Boards go through it side by side (``jobs``), each on its own
+        PostgreSQL connection; what a board writes before its record comes back is its own."""
+        config, board_id, incarnation = former.config, former.config.id, former.incarnation
+        refilled: list[str] = []
+        closing = (board_id, str(incarnation)) in seasons
+        if not await self.client.hexists(keys.BOARDS, board_id):
+            # Before routers can find the board again: its retries are recognised from their
+            # first write on, not only once its shard's turn to be rebuilt comes; a board
+            # closed for its season takes no result.
+            if closing:
+                await former.close()
+            for shard, prefix in enumerate(former.prefixes[: config.sharding.shards]):
+                await self.start_journal(former, shard, confirm=True)
+                await self.refill(former, shard)
+                refilled.append(prefix)
+        try:
+            board, created = await store.restore(config, incarnation, former.generation)
+        except BoardNotFound:  # the registry's record of the id is being deleted
+            await _unrestored(store, former, refilled)
+            raise
+        if board.incarnation != incarnation:
+            # Created again under its id since the registry was read: what was put back of this
+            # incarnation is dropped (until 2026-12-05 it stayed, its key index without expiry).
+            await _unrestored(store, former, refilled)
+            self.progress(f"{board_id}: the registry holds another incarnation; left alone")
+            return None
+        if closing and await board.close():  # the registry kept it, and a shard lost its marker
+            self.progress(f"{board_id}: closed again (its season archive began)")
+        self._refilled.update(refilled)
+        self.progress(f"{board_id}: {'restored to' if created else 'found in'} the registry")
+        return board
+
+    async def rebuild_all(
+        self,
+        boards: Sequence[Board],
+        period: str | None = None,
+        shard: int | None = None,
+        force: bool = False,
+    ) -> dict[str, list[ShardReport]]:
+        """``rebuild`` of each of ``boards`` (by id, in their order), ``jobs`` boards at a time,
+        each on its own PostgreSQL connection; the shards of one board go one after another as
+        ever. ``side_by_side`` says what an error in one board does. A board named twice is
+        rebuilt once (two rebuilds of one shard at a time would only refuse each other's swaps)."""
+        boards = list({b.config.id: b for b in boards}.values())
+        async with self._workers(len(boards)) as workers:
+            done = await side_by_side(
+                workers,
+                boards,
+                lambda worker, board: worker.rebuild(board, period, shard, force),
+                lambda board: board.config.id,
+                self.progress,
+            )
+        return {b.config.id: reports for b, reports in zip(boards, done, strict=True)}
+
+    @asynccontextmanager
+    async def _workers(self, boards: int) -> AsyncIterator[list[Rebuilder]]:
+        """This rebuilder and, with ``connect``, up to ``jobs`` - 1 others for ``boards`` boards,
+        each on a PostgreSQL connection of its own (closed on exit): a connection runs one
+        transaction at a time, and ``refill`` and ``snapshot`` read theirs in transactions. They
+        share the cluster client (its connection pool serves concurrent calls), rebuild.lua, and
+        what ``restore`` leaves for the rebuilds that follow: ``_refilled`` (the same set; each
+        board adds and takes its own shards' prefixes) and ``confirming`` as it is when they are
+        made."""
+        count = max(1, min(self.jobs, boards)) if self.connect is not None else 1
+        opened: list[psycopg.AsyncConnection[Any]] = []
+        try:
+            for _ in range(count - 1):
+                assert self.connect is not None
+                opened.append(await self.connect())
+            yield [self, *(self._sibling(db) for db in opened)]
+        finally:
+            for db in opened:
+                await db.close()
+
+    def _sibling(self, db: psycopg.AsyncConnection[Any]) -> Rebuilder:
+        """A rebuilder like this one on ``db``, sharing its state (``_workers``)."""
+        other = Rebuilder(self.client, self.script, db, self.progress, self.swap_tries)
+        other.replica_wait_ms = self.replica_wait_ms
+        other.confirming, other._replicated = self.confirming, self._replicated
+        other._refilled = self._refilled
+        return other
 
     async def _confirm_registry(self, boards: Sequence[Board], replicated: Replicated) -> None:
         """Return once a replica of the registry's primary, if it has one, holds the record of
@@ -1399,6 +1479,54 @@ class Rebuilder:
         return AckedScript.of(self.script, Ack(1, self.replica_wait_ms), once=once)
 
 
+Item = TypeVar("Item")
+Done = TypeVar("Done")
+
+
+async def side_by_side(
+    workers: Sequence[Rebuilder],
+    items: Sequence[Item],
+    work: Callable[[Rebuilder, Item], Awaitable[Done]],
+    name: Callable[[Item], str],
+    progress: Callable[[str], None],
+) -> list[Done]:
+    """``work(worker, item)`` for each of ``items``, each worker taking the next item once it is
+    done with its last (so at most ``len(workers)`` at once, in the items' order); the results in
+    the items' order. An error stops the hand-out: no worker takes another item, those under way
+    finish theirs (a board is not left between two steps), every error is reported through
+    ``progress`` naming its item, and the first is raised once all are done: no task is left
+    running. The items not begun are as an error stopped a sequential run at: running it all
+    again converges (each step writes what PostgreSQL and the journals say). Anything but an
+    Exception (a cancellation, ^C) cancels every worker at once."""
+    results: list[Any] = [None] * len(items)
+    pending = iter(enumerate(items))
+    errors: list[Exception] = []
+
+    async def run(worker: Rebuilder) -> None:
+        for n, item in pending:  # one iterator for every worker: each item is taken once
+            if errors:
+                return
+            try:
+                results[n] = await work(worker, item)
+            except Exception as e:
+                errors.append(e)
+                if len(workers) > 1:
+                    progress(f"{name(item)}: stopped: {type(e).__name__}: {e}")
+                return
+
+    tasks = [asyncio.ensure_future(run(worker)) for worker in workers]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:  # raised as it is (a TaskGroup would wrap it), once every task has ended
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    if errors:
+        raise errors[0]
+    return results
+
+
 def _resharding(board: Board) -> BoardConflict:
     return BoardConflict(
         f"board {board.config.id!r} is being resharded: rebuild or reconcile it once that is over "
@@ -1618,19 +1746,24 @@ async def check_schema(db: psycopg.AsyncConnection[Any]) -> None:
 
 @asynccontextmanager
 async def connected(
-    redis_url: str, postgres_url: str, progress: Callable[[str], None] | None = None
+    redis_url: str, postgres_url: str, progress: Callable[[str], None] | None = None, jobs: int = 1
 ) -> AsyncIterator[tuple[Rebuilder, BoardStore]]:
     """A Rebuilder and the board registry on fresh connections (closed on exit): what `shardlb
     rebuild`, `shardlb reconcile` and the router's admin endpoint work with. ArchiveUnprepared
-    when PostgreSQL lacks the archive's schema (``check_schema``)."""
+    when PostgreSQL lacks the archive's schema (``check_schema``). ``jobs``: the Rebuilder's (it
+    opens a connection of its own for each board it takes beyond the first)."""
     raw, client = connect(redis_url, decode=False, timeout=30.0), connect(redis_url)
     try:
         settings = pgconn.options(postgres_url)
-        db = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True, **settings)
+
+        async def another() -> psycopg.AsyncConnection[Any]:
+            return await psycopg.AsyncConnection.connect(postgres_url, autocommit=True, **settings)
+
+        db = await another()
         try:
             await check_schema(db)
             yield (
-                Rebuilder(raw, Scripts.register(raw).rebuild, db, progress),
+                Rebuilder(raw, Scripts.register(raw).rebuild, db, progress, jobs=jobs, connect=another),
                 BoardStore(client, Scripts.register(client)),
             )
         finally:
@@ -1648,13 +1781,15 @@ async def run(
     shard: int | None = None,
     progress: Callable[[str], None] | None = None,
     force: bool = False,
+    jobs: int = REBUILD_JOBS,
 ) -> dict[str, list[ShardReport]]:
     """Rebuild ``boards``, or, when None, every board PostgreSQL knows (put back in the registry
-    first when it is missing there)."""
-    async with connected(redis_url, postgres_url, progress) as (rebuilder, store):
+    first when it is missing there), ``jobs`` boards at a time (``Rebuilder.restore``,
+    ``Rebuilder.rebuild_all``)."""
+    async with connected(redis_url, postgres_url, progress, jobs) as (rebuilder, store):
         targets = (
             await rebuilder.restore(store, period, shard)
             if boards is None
             else [await store.get(b) for b in boards]
         )
-        return {b.config.id: await rebuilder.rebuild(b, period, shard, force) for b in targets}
+        return await rebuilder.rebuild_all(targets, period, shard, force)

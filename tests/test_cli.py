@@ -389,3 +389,24 @@ def test_a_board_id_no_board_can_have_is_a_usage_error_before_any_connection(
         main([*command, board, *where])
     assert stopped.value.code == 2
     assert "ids are 1-64 characters" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2", "two"])
+def test_rebuild_jobs_must_be_a_whole_number_of_1_or_more(
+    jobs: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rebuild --all --jobs N` takes N boards side by side: 0 would take none (and say done)."""
+    argv = [
+        "rebuild",
+        "--all",
+        "--jobs",
+        jobs,
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--postgres",
+        "postgresql://x/y",
+    ]
+    with pytest.raises(SystemExit) as usage:
+        main(argv)
+    assert usage.value.code == 2
+    assert "--jobs: must be 1 or more" in capsys.readouterr().err

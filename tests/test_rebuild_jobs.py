@@ -1,0 +1,249 @@
+"""`rebuild --all` with boards side by side (`--jobs`, ``Rebuilder.jobs``): the boards come back as
+their reference says, a retry posted as a board's record comes back is recognised while the other
+boards are still being restored, and an error in one board's task is reported once the other tasks
+have finished their boards, and a second run converges."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import psycopg
+import pytest
+
+from shardlb import keys, rebuild, times
+from shardlb.board import Board, Score
+from shardlb.cli import main
+from shardlb.config import BoardConfig
+from shardlb.connection import Scripts
+from shardlb.errors import ClusterUnavailable
+from shardlb.rebuild import Rebuilder
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+from tests.test_archive import archived
+from tests.test_board import sharding
+from tests.test_rebuild import OnlyStore, Writer, archiver, check, drain, own_archive
+
+pytestmark = pytest.mark.cluster
+
+SPECS: dict[str, dict[str, Any]] = {
+    "jobs-incr": {"mode": "incr", "periods": ["daily"], "sharding": sharding("hash", 3)},
+    "jobs-best": {"mode": "best", "tiebreak": "latest", "sharding": sharding("hash", 3)},
+    "jobs-set": {"mode": "set", "periods": ["daily"], "sharding": sharding("hash", 2)},
+    "jobs-band": {"mode": "incr", "points_max": 100_000, "sharding": sharding("band", 3)},
+}
+
+
+async def lost(raw: Any, boards: list[Board]) -> None:
+    """Every key of ``boards`` and their registry records gone, as in a total loss of Redis (the
+    suite's cluster holds other modules' boards, which a FLUSHALL would take too)."""
+    for board in boards:
+        for prefix in board.prefixes:
+            listed = await raw.zrange(keys.index_key(prefix), 0, -1)
+            await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
+        await raw.hdel(keys.BOARDS, board.config.id)
+    await raw.delete(keys.BOARDS_VERSION)
+
+
+async def written(store: BoardStore, raw: Any, url: str, specs: dict[str, dict[str, Any]]) -> list[Writer]:
+    """The boards of ``specs`` written to (part archived, the last batch of each in its journal
+    only, lost with Redis) and then lost: their writers."""
+    boards = [(await store.create(BoardConfig.from_dict(b, s)))[0] for b, s in specs.items()]
+    writers = [Writer(b, f"jobs/{b.config.id}") for b in boards]
+    a = await archiver(raw, OnlyStore(store.client, store.scripts, set(specs)), url)
+    try:
+        for w in writers:
+            for _ in range(3):
+                await w.batch()
+        await drain(a)
+        for w in writers:
+            await w.batch()  # in the journal only: PostgreSQL never had it
+    finally:
+        await a.db.close()
+    await lost(raw, boards)
+    return writers
+
+
+async def as_archived(url: str, board: Board) -> ReferenceBoard:
+    ref = ReferenceBoard(board.config)
+    ref.submit(await archived(url, board), now_ms=times.now_ms())
+    return ref
+
+
+class UnderWay:
+    """How many boards were at once in a step of the rebuilders (``_restore_board``, ``rebuild``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now: dict[str, set[str]] = {"restore": set(), "rebuild": set()}
+        self.most = {"restore": 0, "rebuild": 0}
+        restore, rebuild_ = Rebuilder._restore_board, Rebuilder.rebuild
+
+        async def restoring(r: Rebuilder, store: BoardStore, former: Board, *args: Any) -> Any:
+            with self.step("restore", former):
+                return await restore(r, store, former, *args)
+
+        async def rebuilding(r: Rebuilder, board: Board, *args: Any) -> Any:
+            with self.step("rebuild", board):
+                return await rebuild_(r, board, *args)
+
+        monkeypatch.setattr(Rebuilder, "_restore_board", restoring)
+        monkeypatch.setattr(Rebuilder, "rebuild", rebuilding)
+
+    @contextlib.contextmanager
+    def step(self, name: str, board: Board) -> Any:
+        self.now[name].add(board.config.id)
+        self.most[name] = max(self.most[name], len(self.now[name]))
+        try:
+            yield
+        finally:
+            self.now[name].discard(board.config.id)
+
+
+async def test_boards_rebuilt_side_by_side_come_back_as_their_reference(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four boards of every mode (a band board among them), three at a time: each as PostgreSQL
+    has it, and more than one board was under way at once (restore and rebuild alike)."""
+    under_way = UnderWay(monkeypatch)
+    async with own_archive(postgres_url) as url:
+        try:
+            writers = await written(store, raw, url, SPECS)
+            lines: list[str] = []
+            done = await rebuild.run(cluster_url, url, None, progress=lines.append, jobs=3)
+            assert sorted(done) == sorted(SPECS)
+            assert under_way.most == {"restore": 3, "rebuild": 3}
+            for w in writers:
+                back = await store.get(w.board.config.id)
+                assert back.incarnation == w.board.incarnation
+                await check(back, await as_archived(url, back))
+                assert f"{w.board.config.id}: restored to the registry" in lines
+        finally:
+            for b in SPECS:
+                with contextlib.suppress(Exception):
+                    await store.delete(b)
+
+
+class Retrying(BoardStore):
+    """A board store whose ``restore`` posts, right after a board's record is back in the registry
+    (from then on routers find the board), the retries ``sent`` holds for it: their replies go into
+    ``replies``, with the boards the other tasks were restoring at that moment."""
+
+    def __init__(self, store: BoardStore, sent: dict[str, list[Score]], under_way: UnderWay) -> None:
+        super().__init__(store.client, store.scripts)
+        self.sent, self.under_way = sent, under_way
+        self.replies: dict[str, list[str]] = {}
+        self.beside: set[str] = set()
+
+    async def restore(self, config: BoardConfig, incarnation: str, generation: int = 0) -> tuple[Board, bool]:
+        board, created = await super().restore(config, incarnation, generation)
+        self.beside |= self.under_way.now["restore"] - {config.id}
+        replies = await board.submit(self.sent[config.id], now_ms=times.now_ms())
+        self.replies[config.id] = [r.status for r in replies]
+        return board, created
+
+
+async def test_a_retry_posted_as_its_board_comes_back_is_recognised_beside_the_other_boards(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each board's journals are started and its retry records put back before its record comes
+    back in the registry, whatever the other tasks are doing: a retry posted the moment a board is
+    found again is answered as before the loss (an incr board's `duplicate`, a best board's pinned
+    time), and counts once. The other tasks are restoring their boards meanwhile."""
+    under_way = UnderWay(monkeypatch)
+    now = times.now_ms()
+    sent = {
+        "jobs-retry-incr": [Score("p1", 10, "m1", now - 60_000), Score("p2", 10, "m2", None)],
+        "jobs-retry-best": [Score("p1", 10, "m1", None)],
+        "jobs-retry-other": [Score("p3", 10, "m3", now - 60_000)],
+    }
+    modes = {"jobs-retry-incr": "incr", "jobs-retry-best": "best", "jobs-retry-other": "incr"}
+    settings = {"sharding": sharding("hash", 3), "tiebreak": "latest"}  # a later time would win
+    configs = [BoardConfig.from_dict(b, {**settings, "mode": m}) for b, m in modes.items()]
+    boards = [(await store.create(c))[0] for c in configs]
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, OnlyStore(store.client, store.scripts, set(modes)), url)
+        db = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        try:
+            for board in boards:
+                await board.submit(sent[board.config.id])
+            await drain(a)
+            players = ["p1", "p2", "p3"]
+            before = {b.config.id: await b.scores(players) for b in boards}
+            await lost(raw, boards)
+
+            async def another() -> psycopg.AsyncConnection[Any]:
+                return await psycopg.AsyncConnection.connect(url, autocommit=True)
+
+            rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, db, jobs=3, connect=another)
+            retrying = Retrying(store, sent, under_way)
+            restored = await rebuilder.restore(retrying)
+            assert retrying.beside  # the others were still being restored meanwhile
+            assert retrying.replies == {
+                "jobs-retry-incr": ["duplicate", "duplicate"],
+                # its first time again, from its pin (the board itself is empty until its rebuild)
+                "jobs-retry-best": ["improved"],
+                "jobs-retry-other": ["duplicate"],
+            }
+            await rebuilder.rebuild_all(restored)
+            # each counted once, the best board's at its first time (not the retry's arrival)
+            assert {b.config.id: await b.scores(players) for b in boards} == before
+        finally:
+            await db.close()
+            await a.db.close()
+            for b in modes:
+                with contextlib.suppress(Exception):
+                    await store.delete(b)
+
+
+@pytest.mark.parametrize("step", ["refill", "rebuild_shard"])
+async def test_an_error_in_one_boards_task_is_reported_after_the_others_and_a_second_run_converges(
+    store: BoardStore,
+    raw: Any,
+    postgres_url: str,
+    cluster_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    step: str,
+) -> None:
+    """One board's restore (its refill) or rebuild (a shard's) fails: the tasks of the other
+    boards finish theirs, every error is printed naming its board, then the command exits 1 (no
+    task left running: nothing is printed after). Run again, it brings every board back."""
+    specs = {f"jobs-fail-{n}": s for n, s in zip("abc", SPECS.values(), strict=False)}
+    failing = "jobs-fail-b"
+    real = getattr(Rebuilder, step)
+
+    async def fails(self: Rebuilder, board: Board, shard: int, *args: Any) -> Any:
+        if board.config.id == failing and shard == 1:
+            raise ClusterUnavailable(f"{step} failed here (a test)", "board")
+        return await real(self, board, shard, *args)
+
+    async with own_archive(postgres_url) as url:
+        try:
+            await written(store, raw, url, specs)
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url, "--jobs", "3"]
+            with monkeypatch.context() as patch:
+                patch.setattr(Rebuilder, step, fails)
+                assert await asyncio.to_thread(main, command) == 1
+            out, err = capsys.readouterr()
+            assert f"{step} failed here (a test)" in err
+            lines = out.splitlines()
+            assert f"{failing}: stopped: ClusterUnavailable: {step} failed here (a test)" in lines
+            others = [b for b in specs if b != failing]
+            if step == "refill":  # the other boards' restores finished; nothing was rebuilt
+                assert {f"{b}: restored to the registry" for b in others} <= set(lines)
+                assert not [line for line in lines if "swapped on try" in line]
+            else:  # the other boards' rebuilds finished, every shard of them
+                for b in others:
+                    shards = specs[b]["sharding"]["shards"]
+                    assert [line for line in lines if line.startswith(f"{b} shard {shards - 1} ")]
+            await asyncio.sleep(0.2)
+            assert not capsys.readouterr().out  # no task went on after the command returned
+            assert await asyncio.to_thread(main, command) == 0
+            for b in specs:
+                back = await store.get(b)
+                await check(back, await as_archived(url, back))
+        finally:
+            for b in specs:
+                with contextlib.suppress(Exception):
+                    await store.delete(b)
