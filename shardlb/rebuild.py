@@ -1494,10 +1494,11 @@ async def side_by_side(
     done with its last (so at most ``len(workers)`` at once, in the items' order); the results in
     the items' order. An error stops the hand-out: no worker takes another item, those under way
     finish theirs (a board is not left between two steps), every error is reported through
-    ``progress`` naming its item, and the first is raised once all are done: no task is left
-    running. The items not begun are as an error stopped a sequential run at: running it all
-    again converges (each step writes what PostgreSQL and the journals say). Anything but an
-    Exception (a cancellation, ^C) cancels every worker at once."""
+    ``progress`` naming its item (with one worker, the error alone is raised, as before), and the
+    first is raised once all are done: no task is left running. The items not begun are where a
+    run one item at a time would have stopped: running it all again converges (each step writes
+    what PostgreSQL and the journals say). Anything but an Exception (a cancellation, ^C) cancels
+    every worker at once and is raised as it is."""
     results: list[Any] = [None] * len(items)
     pending = iter(enumerate(items))
     errors: list[Exception] = []
