@@ -948,13 +948,28 @@ class Rebuilder:
         share the cluster client (its connection pool serves concurrent calls), rebuild.lua, and
         what ``restore`` leaves for the rebuilds that follow: ``_refilled`` (the same set; each
         board adds and takes its own shards' prefixes) and ``confirming`` as it is when they are
-        made."""
+        made.
+
+        A connection PostgreSQL refuses (max_connections, the role's CONNECTION LIMIT) leaves the
+        boards to those opened, this rebuilder's at least, as ``progress`` says: the recovery
+        after a total loss needed one connection before `--jobs` came, and until 2026-12-06 a
+        server that took no more failed it after the bans went back, every board left out of
+        the registry."""
         count = max(1, min(self.jobs, boards)) if self.connect is not None else 1
         opened: list[psycopg.AsyncConnection[Any]] = []
         try:
             for _ in range(count - 1):
                 assert self.connect is not None
-                opened.append(await self.connect())
+                try:
+                    opened.append(await self.connect())
+                except psycopg.OperationalError as e:
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    taken = len(opened) + 1
+                    self.progress(
+                        f"PostgreSQL refused a connection ({first}): {taken} board"
+                        f"{'' if taken == 1 else 's'} at a time, not {count}"
+                    )
+                    break
             yield [self, *(self._sibling(db) for db in opened)]
         finally:
             for db in opened:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
+from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -240,6 +243,60 @@ async def test_an_error_in_one_boards_task_is_reported_after_the_others_and_a_se
             await asyncio.sleep(0.2)
             assert not capsys.readouterr().out  # no task went on after the command returned
             assert await asyncio.to_thread(main, command) == 0
+            for b in specs:
+                back = await store.get(b)
+                await check(back, await as_archived(url, back))
+        finally:
+            for b in specs:
+                with contextlib.suppress(Exception):
+                    await store.delete(b)
+
+
+Admin = psycopg.AsyncConnection[Any]
+
+
+@contextlib.asynccontextmanager
+async def archive_of_a_role(postgres_url: str) -> AsyncIterator[tuple[str, Admin, str]]:
+    """A database of its own (as ``own_archive``) owned by a role made for the test, not a
+    superuser (PostgreSQL holds a role's CONNECTION LIMIT against it, never against a superuser),
+    both dropped after: its URL as that role, an admin connection to set the limit on, the role."""
+    role = f"jobs_{secrets.token_hex(4)}"
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+        await admin.execute(f"CREATE ROLE {role} LOGIN")
+        try:
+            async with own_archive(postgres_url) as url:
+                await admin.execute(f"ALTER DATABASE {url.rsplit('/', 1)[1]} OWNER TO {role}")
+                parts = urlsplit(url)
+                yield parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}").geturl(), admin, role
+        finally:
+            await admin.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+async def test_a_postgresql_that_takes_no_more_connections_still_restores_every_board(
+    store: BoardStore,
+    raw: Any,
+    postgres_url: str,
+    cluster_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The recovery after a total loss asked one PostgreSQL connection until --jobs came: a server
+    at its connection limit (max_connections, the role's) refuses the others, and the run goes on
+    with the connections it has, saying so, rather than failing after the bans went back (until
+    2026-12-06, exit 1 and every board missing from the registry)."""
+    specs = {f"jobs-limit-{n}": s for n, s in zip("abc", SPECS.values(), strict=False)}
+    async with archive_of_a_role(postgres_url) as (url, admin, role):
+        try:
+            await written(store, raw, url, specs)
+            await admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT 1")
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url, "--jobs", "3"]
+            assert await asyncio.to_thread(main, command) == 0
+            lines = capsys.readouterr().out.splitlines()
+            assert lines[-1] == "rebuilt 3 board(s)"
+            refused = [line for line in lines if line.startswith("PostgreSQL refused a connection")]
+            # once for the restore, once for the rebuilds
+            assert len(refused) == 2 and all(line.endswith(": 1 board at a time, not 3") for line in refused)
+            assert f'too many connections for role "{role}"' in refused[0]
+            await admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
             for b in specs:
                 back = await store.get(b)
                 await check(back, await as_archived(url, back))
