@@ -304,3 +304,133 @@ async def test_a_postgresql_that_takes_no_more_connections_still_restores_every_
             for b in specs:
                 with contextlib.suppress(Exception):
                     await store.delete(b)
+
+
+class Connections:
+    """The PostgreSQL connections opened from here on (psycopg's ``AsyncConnection.connect``
+    followed) and the most of them open at once while a board was in a step of the rebuilders
+    (``_restore_board``, ``rebuild``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.opened: list[psycopg.AsyncConnection[Any]] = []
+        self.most = {"restore": 0, "rebuild": 0}
+        connect = psycopg.AsyncConnection.connect
+        restore, rebuild_ = Rebuilder._restore_board, Rebuilder.rebuild
+
+        async def connecting(*args: Any, **kwargs: Any) -> Any:
+            db = await connect(*args, **kwargs)
+            self.opened.append(db)
+            return db
+
+        async def restoring(r: Rebuilder, *args: Any) -> Any:
+            self.most["restore"] = max(self.most["restore"], self.open())
+            return await restore(r, *args)
+
+        async def rebuilding(r: Rebuilder, *args: Any) -> Any:
+            self.most["rebuild"] = max(self.most["rebuild"], self.open())
+            return await rebuild_(r, *args)
+
+        monkeypatch.setattr(psycopg.AsyncConnection, "connect", connecting)
+        monkeypatch.setattr(Rebuilder, "_restore_board", restoring)
+        monkeypatch.setattr(Rebuilder, "rebuild", rebuilding)
+
+    def open(self) -> int:
+        return sum(not db.closed for db in self.opened)
+
+
+async def test_more_jobs_than_boards_open_a_connection_per_board_and_no_board_none(
+    store: BoardStore,
+    raw: Any,
+    postgres_url: str,
+    cluster_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--jobs 8 for 2 boards: 2 connections at once (the run's and one more), not 8; an archive of
+    no board: none more, and `rebuilt 0 board(s)`. Every one is closed at the end."""
+    specs = {f"jobs-few-{n}": s for n, s in zip("ab", SPECS.values(), strict=False)}
+    async with own_archive(postgres_url) as url:
+        try:
+            await written(store, raw, url, specs)
+            connections = Connections(monkeypatch)
+            done = await rebuild.run(cluster_url, url, None, jobs=8)
+            assert sorted(done) == sorted(specs)
+            assert connections.most == {"restore": 2, "rebuild": 2}
+            assert len(connections.opened) == 3 and not connections.open()
+        finally:
+            for b in specs:
+                with contextlib.suppress(Exception):
+                    await store.delete(b)
+    async with own_archive(postgres_url) as url:
+        await (await archiver(raw, OnlyStore(store.client, store.scripts, set()), url)).db.close()
+        connections = Connections(monkeypatch)
+        assert await rebuild.run(cluster_url, url, None, jobs=8) == {}
+        assert len(connections.opened) == 1 and not connections.open()
+        command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url, "--jobs", "8"]
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, command) == 0
+        assert capsys.readouterr().out.splitlines()[-1] == "rebuilt 0 board(s)"
+
+
+async def test_the_admin_endpoint_reconcile_and_settle_stay_on_one_connection(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rebuild.connected`` without ``jobs`` (the router's POST /v1/boards/{board}:rebuild,
+    `reconcile --repair`, the settlement's) holds one PostgreSQL connection, whatever it rebuilds:
+    given several boards, ``rebuild_all`` takes them one after another on it."""
+    specs = {f"jobs-one-{n}": s for n, s in zip("ab", SPECS.values(), strict=False)}
+    boards = [(await store.create(BoardConfig.from_dict(b, s)))[0] for b, s in specs.items()]
+    async with own_archive(postgres_url) as url:
+        await (await archiver(raw, OnlyStore(store.client, store.scripts, set(specs)), url)).db.close()
+        under_way = UnderWay(monkeypatch)
+        connections = Connections(monkeypatch)
+        try:
+            async with rebuild.connected(cluster_url, url) as (rebuilder, _):
+                done = await rebuilder.rebuild_all(boards)
+            assert sorted(done) == sorted(specs)
+            assert under_way.most["rebuild"] == 1
+            assert connections.most["rebuild"] == 1 and len(connections.opened) == 1
+        finally:
+            for b in specs:
+                with contextlib.suppress(Exception):
+                    await store.delete(b)
+
+
+async def test_a_cancelled_run_ends_every_task_and_closes_every_connection(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ^C (asyncio.run cancels the command's task) while boards are rebuilt side by side: the
+    run raises CancelledError once every task has ended, each PostgreSQL connection closed, and no
+    task goes on writing after it."""
+    specs = {f"jobs-cancel-{n}": s for n, s in zip("abc", SPECS.values(), strict=False)}
+    stuck = asyncio.Event()
+    real = Rebuilder.rebuild_shard
+
+    async def hangs(self: Rebuilder, board: Board, shard: int, *args: Any) -> Any:
+        if board.config.id == "jobs-cancel-b" and shard == 1:
+            stuck.set()
+            await asyncio.sleep(3600)
+        return await real(self, board, shard, *args)
+
+    monkeypatch.setattr(Rebuilder, "rebuild_shard", hangs)
+    async with own_archive(postgres_url) as url:
+        try:
+            await written(store, raw, url, specs)
+            connections = Connections(monkeypatch)
+            lines: list[str] = []
+            run = asyncio.ensure_future(rebuild.run(cluster_url, url, None, progress=lines.append, jobs=3))
+            await asyncio.wait_for(stuck.wait(), 120)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            # the run's, then 2 more for the restores and 2 for the rebuilds: every one closed
+            assert len(connections.opened) == 5 and not connections.open()
+            left = [t for t in asyncio.all_tasks() if "side_by_side" in t.get_coro().__qualname__]
+            assert not left
+            seen = len(lines)
+            await asyncio.sleep(0.2)
+            assert len(lines) == seen  # nothing went on after
+        finally:
+            for b in specs:
+                with contextlib.suppress(Exception):
+                    await store.delete(b)
