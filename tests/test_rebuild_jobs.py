@@ -434,3 +434,57 @@ async def test_a_cancelled_run_ends_every_task_and_closes_every_connection(
             for b in specs:
                 with contextlib.suppress(Exception):
                     await store.delete(b)
+
+
+@pytest.mark.parametrize("jobs", ["1", "3"])
+async def test_one_job_stops_at_the_failing_board_and_more_report_every_failing_board(
+    store: BoardStore,
+    raw: Any,
+    postgres_url: str,
+    cluster_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    jobs: str,
+) -> None:
+    """Two boards' refills fail. --jobs 1 goes as before --jobs came: the first error stops the
+    run at its board (the board before it restored, the one after it not begun), printed once, no
+    `stopped` line. --jobs 3: both errors are printed naming their boards, the first on stderr
+    too, the third board is restored beside them. Exit 1 either way."""
+    specs = {f"jobs-two-{n}": s for n, s in zip("abc", SPECS.values(), strict=False)}
+    failing = {"jobs-two-b", "jobs-two-c"} if jobs == "3" else {"jobs-two-b"}
+    real = Rebuilder.refill
+
+    async def fails(self: Rebuilder, board: Board, shard: int, *args: Any) -> Any:
+        if board.config.id in failing:
+            raise ClusterUnavailable(f"refill of {board.config.id} failed here (a test)", "board")
+        return await real(self, board, shard, *args)
+
+    async with own_archive(postgres_url) as url:
+        try:
+            await written(store, raw, url, specs)
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url, "--jobs", jobs]
+            with monkeypatch.context() as patch:
+                patch.setattr(Rebuilder, "refill", fails)
+                capsys.readouterr()
+                assert await asyncio.to_thread(main, command) == 1
+            out, err = capsys.readouterr()
+            lines = out.splitlines()
+            stopped = sorted(line for line in lines if ": stopped: " in line)
+            assert "jobs-two-a: restored to the registry" in lines
+            if jobs == "1":
+                assert not stopped
+                assert err == "shardlb: error: refill of jobs-two-b failed here (a test)\n"
+                assert not await raw.hexists(keys.BOARDS, "jobs-two-c")  # not begun
+            else:
+                why = "ClusterUnavailable: refill of {} failed here (a test)"
+                assert stopped == [f"{b}: stopped: {why.format(b)}" for b in sorted(failing)]
+                assert len(err.splitlines()) == 1 and "failed here (a test)" in err
+            assert not [line for line in lines if "swapped on try" in line]  # nothing rebuilt
+            assert await asyncio.to_thread(main, command) == 0
+            for b in specs:
+                back = await store.get(b)
+                await check(back, await as_archived(url, back))
+        finally:
+            for b in specs:
+                with contextlib.suppress(Exception):
+                    await store.delete(b)
