@@ -300,10 +300,26 @@ class Board:
         # periods hold for every time in [lo, hi).
         lo = hi = -1
         names: tuple[str, ...] = ()
+        # Most scores are sent without a time: theirs is ``now``, whose units, time part and
+        # check are worked out once a request rather than once a score.
+        now_units = (now - lowest) // unit_ms
+        now_part = time_max - now_units if earliest else now_units
+        now_kept = lowest + now_units * unit_ms
+        now_ok = lowest <= now <= highest
         out = []
         for i, s in enumerate(scores):
-            player, match, points, sent = s.player_id, s.match_id, s.points, s.achieved_ms
-            achieved = now if sent is None else sent
+            player, points, match, sent, region = s
+            if sent is None:
+                achieved, units, part, kept, in_range = now, now_units, now_part, now_kept, now_ok
+            else:
+                achieved = sent
+                units = (sent - lowest) // unit_ms
+                part = time_max - units if earliest else units
+                # Periods follow the time kept (whole units from the epoch), as the archive, rebuilds
+                # and settlement see it: with resolution "s" and an epoch off a whole second, a result
+                # sent in a day's first fraction of a second is kept, and filed, in the day before.
+                kept = lowest + units * unit_ms
+                in_range = lowest <= sent <= highest
             # One test for the common case of a good score; _refuse says what is wrong, if anything.
             if not (
                 type(player) is str
@@ -313,16 +329,11 @@ class Board:
                 and "\x00" not in match
                 and type(points) is int
                 and 0 <= points <= points_max
-                and lowest <= achieved <= highest
+                and in_range
             ):
                 points = self._refuse(s, achieved, now, f"{field}[{i}]")
-            units = (achieved - lowest) // unit_ms
-            # Periods follow the time kept (whole units from the epoch), as the archive, rebuilds
-            # and settlement see it: with resolution "s" and an epoch off a whole second, a result
-            # sent in a day's first fraction of a second is kept, and filed, in the day before.
-            kept = lowest + units * unit_ms
             if by_region:
-                shard = self.layout.home(player, s.region, f"{field}[{i}].region")
+                shard = self.layout.home(player, region, f"{field}[{i}].region")
             else:
                 shard = crc32(player.encode()) % shards  # Layout.home
             if not lo <= kept < hi:
@@ -337,8 +348,7 @@ class Board:
                         match,
                         points,
                         units,
-                        ((points if desc else points_max - points) << time_bits)
-                        | (time_max - units if earliest else units),
+                        ((points if desc else points_max - points) << time_bits) | part,
                         shard,
                         names,
                         sent is None,
