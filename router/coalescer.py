@@ -53,7 +53,8 @@ GONE_CHECK_S = 1.0  # how often, at most, a call that works looks for failing pr
 
 
 class _Ticket:
-    """One request's scores: each result lands at its index; the future resolves with all of them."""
+    """One request's scores: each result lands at its index (``Coalescer._answer``); the future
+    resolves with all of them."""
 
     __slots__ = ("future", "remaining", "results")
 
@@ -61,12 +62,6 @@ class _Ticket:
         self.results: list[Result | None] = [None] * n
         self.remaining = n
         self.future = future
-
-    def fill(self, index: int, result: Result) -> None:
-        self.results[index] = result
-        self.remaining -= 1
-        if self.remaining == 0 and not self.future.done():
-            self.future.set_result([r for r in self.results if r is not None])
 
     def fail(self, exc: BaseException) -> None:
         # A request whose scores span shards fails as a whole on the first failed shard call; the
@@ -234,7 +229,8 @@ class Coalescer:
         try:
             while group.queue:
                 size = min(len(group.queue), self.max_batch)
-                batch = [group.queue.popleft() for _ in range(size)]
+                take = group.queue.popleft
+                batch = [take() for _ in range(size)]
                 await self._apply(group, batch)
         finally:
             group.running -= 1
@@ -281,7 +277,12 @@ class Coalescer:
         counts: dict[str, int] = {}
         for (_, ticket, index), result in zip(batch, results, strict=True):
             if result is not None:
-                ticket.fill(index, result)
+                # The result lands at its index; the ticket's future resolves with all of them once
+                # the last one is in (written out here, not a method: a call less a score).
+                ticket.results[index] = result
+                ticket.remaining -= 1
+                if not ticket.remaining and not ticket.future.done():
+                    ticket.future.set_result([r for r in ticket.results if r is not None])
                 counts[result.status] = counts.get(result.status, 0) + 1
             elif failure is not None:
                 ticket.fail(failure)

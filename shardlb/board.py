@@ -446,8 +446,11 @@ class Board:
         moves = []
         repin: dict[int, Prepared] = {}
         shift, desc, points_max = self.codec.time_bits, self.codec.order == "desc", self.codec.points_max
-        for n, p in enumerate(batch):
-            status, after, version, pending, skipped = reply[5 * n : 5 * n + 5]
+        # Five values a result (write.lua's header), taken in turn: no slice of the reply a result.
+        fields = iter(reply)
+        for n, (p, status, after, version, pending, skipped) in enumerate(
+            zip(batch, fields, fields, fields, fields, fields, strict=True)
+        ):
             if status == "p":  # sent before without a time: again, with the time it was first seen at
                 repin[n] = self.at_units(p, int(after))
                 results.append(None)
