@@ -3,6 +3,8 @@
 Keys come from SHARDLB_ADMIN_KEYS / SHARDLB_WRITE_KEYS / SHARDLB_READ_KEYS. A presented key is
 hashed and compared with every configured key's hash by ``hmac.compare_digest``, all of them every
 time, so neither the timing of a comparison nor the position of a match tells an attacker anything.
+What a header of a key's length presents is kept (``Keys._kept``): a write asks twice, the access
+middleware and then the route, and the hash and comparisons are made once.
 Each wrong key (or malformed Authorization) costs its client a token of a small bucket
 (AUTH_FAILURE_BURST, refilled at AUTH_FAILURE_RATE a second); while it has none, every request of
 that client presenting a key is 429, a right key included, so keys cannot be guessed at the
@@ -69,11 +71,12 @@ class Keys:
                 digest = _digest(key)
                 granted[digest] = max(scope, granted.get(digest, scope))  # a key in two lists: the higher
         self._keys = list(granted.items())
-        # ``may_write`` is asked of every write's header before the route checks it again: the
-        # answer per header is kept (a wrong key's too), for headers no longer than one that
-        # presents the longest key. Anybody's header is asked about, before any key is checked:
-        # kept whatever their size, 4096 of them held up to 4096 x SHARDLB_MAX_HEADER_BYTES.
-        self._writes = functools.lru_cache(maxsize=4096)(self._may_write)
+        # ``may_write`` is asked of every write's header before the route checks it again
+        # (``require``): what a header presents is kept (a wrong key's too), for headers no longer
+        # than one that presents the longest key, so the key is hashed and compared once, not twice
+        # a write. Anybody's header is asked about, before any key is checked: kept whatever their
+        # size, 4096 of them held up to 4096 x SHARDLB_MAX_HEADER_BYTES.
+        self._kept = functools.lru_cache(maxsize=4096)(self._presented)
         self._kept_chars = len("Bearer ") + longest
         from router.limiter import RateLimiter  # (router.limiter imports this module)
 
@@ -97,11 +100,21 @@ class Keys:
         does, when it checks the same header."""
         if self.open_access:
             return True
-        return self._writes(header) if len(header) <= self._kept_chars else self._may_write(header)
+        caller = self._caller(header)
+        return caller is not None and (caller.scope or 0) >= Scope.WRITE
 
-    def _may_write(self, header: str) -> bool:
+    def _caller(self, header: str) -> Caller | None:
+        """``_presented``, kept for headers of a key's length (``_kept``)."""
+        return self._kept(header) if len(header) <= self._kept_chars else self._presented(header)
+
+    def _presented(self, header: str) -> Caller | None:
+        """Who the Authorization ``header`` says is asking: None when it is not of the form ``Bearer
+        <key>``; a scope of None when the key is not configured."""
         key = presented(header)
-        return key is not None and (self.scope_of(key) or 0) >= Scope.WRITE
+        if key is None:
+            return None
+        digest = _digest(key)
+        return Caller(self._scope_of_digest(digest), KEY_CLIENT + digest[:12].hex())
 
     def require(self, header: str | None, peer: str, need: Scope) -> Caller:
         """Check the Authorization header's key against ``need``: 401 without a valid key, 403 with
@@ -124,14 +137,13 @@ class Keys:
                 raise ApiError(
                     429, "rate_limited", "too many wrong keys from this client; slow down", retry_after=wait
                 )
-        key = presented(header)
-        if key is None:
+        caller = self._caller(header)
+        if caller is None:
             self.failures.take(ANONYMOUS_CLIENT + client_network(peer))
             raise ApiError(
                 401, "unauthorized", "the Authorization header must be 'Bearer <key>'", headers=_CHALLENGE
             )
-        digest = _digest(key)
-        scope = self._scope_of_digest(digest)
+        scope = caller.scope
         if scope is None:
             self.failures.take(ANONYMOUS_CLIENT + client_network(peer))
             raise ApiError(401, "unauthorized", "this key is not valid", headers=_CHALLENGE)
@@ -141,7 +153,7 @@ class Keys:
                 "forbidden",
                 f"a {scope.name.lower()} key may not do this; it needs the {need.name.lower()} scope",
             )
-        return Caller(scope, KEY_CLIENT + digest[:12].hex())
+        return caller
 
 
 def presented(header: str) -> str | None:
