@@ -64,7 +64,7 @@ HOLDS_NOTHING_MARGIN_MS = 3_600_000  # Board.holds_nothing's margin for other cl
 # How often a process's write calls ask write.lua to drop a shard's index listings of expired keys.
 TRIM_EVERY_MS = 1000
 # Period names are cached per quarter hour of the time: each quarter keeps the local days (almost
-# always one) that meet it, with their bounds (Board._periods_at).
+# always one) that meet it, with their bounds (Board.periods_at).
 QUARTER_HOUR_MS = 15 * 60_000
 _new = tuple.__new__  # builds a NamedTuple from a tuple of its fields without its __new__'s call
 
@@ -337,7 +337,7 @@ class Board:
             else:
                 shard = crc32(player.encode()) % shards  # Layout.home
             if not lo <= kept < hi:
-                lo, hi, names = self._periods_at(kept)
+                lo, hi, names = self.periods_at(kept)
             # tuple.__new__ straight: a NamedTuple's own __new__ is a Python function, a call more
             # per score (about half of a Prepared's cost to build)
             out.append(
@@ -363,7 +363,7 @@ class Board:
         return p._replace(
             units=units,
             score=self.codec.encode_units(p.points, units),
-            periods=self._periods_at(achieved)[2],
+            periods=self.periods_at(achieved)[2],
             server_time=False,
         )
 
@@ -589,9 +589,9 @@ class Board:
     def period_names(self, at_ms: int) -> tuple[str, ...]:
         """The periods (``total`` first) a result kept at ``at_ms`` counts in: ``periods.names_at``,
         from the board's cache of local days."""
-        return self._periods_at(at_ms)[2]
+        return self.periods_at(at_ms)[2]
 
-    def _periods_at(self, at_ms: int) -> tuple[int, int, tuple[str, ...]]:
+    def periods_at(self, at_ms: int) -> tuple[int, int, tuple[str, ...]]:
         """(lo, hi, names): the local day holding ``at_ms`` as [lo, hi) in epoch ms, and the names of
         the periods every result kept in it counts in (periods begin where days do)."""
         for day in self._days_in_quarter(at_ms // QUARTER_HOUR_MS):
@@ -600,7 +600,7 @@ class Board:
         raise AssertionError("the days of a quarter hour cover it")
 
     def _days_meeting(self, quarter: int) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
-        """The local days that meet the quarter hour ``quarter``, first to last, as _periods_at gives
+        """The local days that meet the quarter hour ``quarter``, first to last, as periods_at gives
         them. Nearly always one: a day starts inside a quarter hour only where the zone's offset is
         no whole quarter hour (local mean time, Monrovia's -0:44:30 until 1972, Kiritimati's -10:40
         until 1979), or where its clock jumps over midnight at an instant off the quarter hour."""
@@ -616,11 +616,11 @@ class Board:
         """[first, end) in epoch ms: the local day starting at ``day_start`` with the days next to it
         whose results go to the same periods (a board without a daily period), as far as a day past
         it either way."""
-        first, end, names = self._periods_at(day_start)
+        first, end, names = self.periods_at(day_start)
         lowest, highest = first - SAME_PERIODS_MS, end + SAME_PERIODS_MS
-        while first > lowest and (day := self._periods_at(first - 1))[2] == names:
+        while first > lowest and (day := self.periods_at(first - 1))[2] == names:
             first = day[0]
-        while end < highest and (day := self._periods_at(end))[2] == names:
+        while end < highest and (day := self.periods_at(end))[2] == names:
             end = day[1]
         return first, end
 
@@ -628,7 +628,7 @@ class Board:
         """[lo, hi]: the time units of the results that go to the same periods as one achieved at
         ``now`` (within a day of it). write.lua applies a result sent without a time whose pin
         (first server time) lies in it at once, with that time, rather than answer ``p``."""
-        first, end = self._same_periods(self._periods_at(now)[0])
+        first, end = self._same_periods(self.periods_at(now)[0])
         c = self.codec
         lo_ms, hi_ms = max(first, now - SAME_PERIODS_MS), min(end, now + SAME_PERIODS_MS)  # [lo_ms, hi_ms)
         return [-(-(lo_ms - c.epoch_ms) // c.unit_ms), (hi_ms - 1 - c.epoch_ms) // c.unit_ms]

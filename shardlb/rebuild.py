@@ -184,28 +184,42 @@ class Fold:
         self.mode = board.config.mode
         self.codec = board.codec
         self.boards: dict[str, dict[str, Any]] = {}
-        self._period_names = board.period_names  # the write path's own cache of local days
+        self._periods_at = board.periods_at  # the write path's own cache of local days
         self._wanted = lru_cache(maxsize=4096)(lambda names: tuple(n for n in names if wanted(n)))
+        # The local day of the result named last, [lo, hi) in epoch ms, with its wanted periods: a
+        # shard's results come a day after another (the journal's, the rows in the table's order),
+        # and the look-ups of the day and of its wanted periods were a tenth of the rebuilding
+        # process's CPU (2026-12-06).
+        self._day: tuple[int, int, tuple[str, ...]] = (0, 0, ())
 
     def names(self, r: Applied) -> tuple[str, ...]:
         """The wanted period boards result ``r`` counts in: those of its achieved time but the closed
         or frozen ones the board skipped when it applied ``r`` (as journaled)."""
-        names: tuple[str, ...] = self._wanted(self._period_names(self.codec.units_to_ms(r.units)))
-        return tuple(n for n in names if n not in r.skipped) if r.skipped else names
+        at = self.codec.units_to_ms(r.units)
+        day = self._day
+        if not day[0] <= at < day[1]:
+            lo, hi, every = self._periods_at(at)
+            day = self._day = (lo, hi, self._wanted(every))
+        return tuple(n for n in day[2] if n not in r.skipped) if r.skipped else day[2]
 
     def add(self, r: Applied) -> None:
+        player, boards = r.player_id, self.boards
+        if self.mode == "incr":
+            for name in self.names(r):
+                board = boards.get(name)
+                if board is None:
+                    board = boards[name] = {}
+                board[player] = added(board.get(player), r.points, r.units)
+            return
         score = self.codec.encode_units(r.points, r.units)
+        value: Any = score if self.mode == "best" else (r.units, score)
         for name in self.names(r):
-            board = self.boards.setdefault(name, {})
-            old = board.get(r.player_id)
-            if self.mode == "best":
-                if old is None or score > old:
-                    board[r.player_id] = score
-            elif self.mode == "set":
-                if old is None or (r.units, score) > old:
-                    board[r.player_id] = (r.units, score)
-            else:
-                board[r.player_id] = added(old, r.points, r.units)
+            board = boards.get(name)
+            if board is None:
+                board = boards[name] = {}
+            old = board.get(player)
+            if old is None or value > old:
+                board[player] = value
 
     def scores(self, name: str) -> dict[str, int]:
         """The period board ``name`` as player -> encoded score."""
@@ -261,6 +275,8 @@ class RetryRecords:
         self.pin: list[int] = []
         self.expiry: list[int] = []
         self.items: list[Any] = []
+        # A dedup bucket's or pin hash's number in this batch, by its bucket (``_bucket``).
+        self.buckets: dict[int, int] = {}
 
     @property
     def since_ms(self) -> int:
@@ -292,7 +308,7 @@ class RetryRecords:
         if self.incr:
             k = arrived_ms // self.length
             if k >= self.first:
-                self._put(keys.dedup_key(self.prefix, k), 0, (k + 1) * self.length + self.window, member, 0)
+                self.items += [self.buckets.get(k) or self._bucket(k), member, 0]
             return
         achieved = self.codec.units_to_ms(units)
         if abs(arrived_ms - achieved) > self.slack:
@@ -300,17 +316,32 @@ class RetryRecords:
         k = achieved // self.length
         start = k - k % PIN_SPAN
         if start >= self.first_pin:
-            expiry = (start + PIN_SPAN) * self.length + self.window
-            self._put(keys.pin_key(self.prefix, start), 1, expiry, member, units)
+            self.items += [self.buckets.get(start) or self._bucket(start), member, units]
+
+    def _bucket(self, k: int) -> int:
+        """The number of bucket ``k``'s dedup set (incr) or of the pin hash it starts (best, set),
+        its key named once a batch (``buckets``): the results of a batch fall in a few buckets, and
+        naming the key of each was a tenth of ``refill``'s CPU (2026-12-06)."""
+        if self.incr:
+            name, pin, expiry = keys.dedup_key(self.prefix, k), 0, (k + 1) * self.length + self.window
+        else:
+            name, pin, expiry = keys.pin_key(self.prefix, k), 1, (k + PIN_SPAN) * self.length + self.window
+        number = self.buckets[k] = self._number(name, pin, expiry)
+        return number
 
     def _put(self, name: str, pin: int, expiry: int, member: str, units: int | str) -> None:
+        self.items += [self._number(name, pin, expiry), member, units]
+
+    def _number(self, name: str, pin: int, expiry: int) -> int:
+        """Key ``name``'s number in this batch (from 1), listed with ``pin`` and ``expiry`` the first
+        time; a removals hash expires at the latest of its records' ``expiry``."""
         number = self.names.get(name)
         if number is None:
             self.pin.append(pin)
             self.expiry.append(expiry)
             number = self.names[name] = len(self.names) + 1
-        self.expiry[number - 1] = max(self.expiry[number - 1], expiry)  # a removals hash: its latest
-        self.items += [number, member, units]
+        self.expiry[number - 1] = max(self.expiry[number - 1], expiry)
+        return number
 
     def __len__(self) -> int:
         return len(self.items) // 3
@@ -1052,11 +1083,12 @@ class Rebuilder:
         def arrived(i: Id, r: Applied) -> None:
             # The activity set's time, as write.lua set it and remove.lua left it: a removal that
             # left some period whole keeps the player's whole, posts it took out of the others too.
-            if active and arrivals.get(r.player_id, -1) < i[0] and counts(i, r):
+            if arrivals.get(r.player_id, -1) < i[0] and counts(i, r):
                 arrivals[r.player_id] = i[0]
 
         for i, got in ((parse_id(e.id), r) for e in entries for r in e.results):
-            arrived(i, got)
+            if active:
+                arrived(i, got)
             if (r := kept(i, got)) is None:
                 continue
             if incr:
@@ -1066,10 +1098,11 @@ class Rebuilder:
             fold.add(r)
             journal += 1
         for i, got in await self._rows(board, shard, None, mark.position if incr else None):
-            arrived(i, got)
+            if active:
+                arrived(i, got)
             if (r := kept(i, got)) is None:
                 continue
-            if incr and (r.match_id, r.player_id) in seen:
+            if seen and (r.match_id, r.player_id) in seen:
                 continue  # archived, and still in the journal
             fold.add(r)
             rows += 1
@@ -1325,7 +1358,7 @@ class Rebuilder:
             units = (at - codec.epoch_ms) // codec.unit_ms
             if holds:  # ``skipped`` is the hold's period: every other one of its time is skipped
                 skipped = [n for n in board.period_names(codec.units_to_ms(units)) if n != skipped]
-            out.append((parse_id(entry_id), Applied(m, p, points, units, tuple(skipped))))
+            out.append((parse_id(entry_id), Applied(m, p, points, units, tuple(skipped or ()))))
         return out
 
     # ---- writing -------------------------------------------------------------------------
@@ -1603,7 +1636,9 @@ def rows_sql(holds: bool, after: bool, upto: bool) -> str:
     every board for each shard read: 300 ms a shard of 20,000 rows with 1,000,000 bans of other
     boards, against 25-31 ms without it (tests/test_read_plans.py)."""
     position = _position("m.journal_id")
-    columns = "m.period" if holds else "m.skipped"
+    # Most results skipped no period: NULL for them, which psycopg reads as None, where an empty
+    # array took a microsecond a row to parse, as much as the rest of the row (2026-12-06).
+    columns = "m.period" if holds else "nullif(m.skipped, '{}')"
     sql = (
         f"SELECT m.match_id, m.player_id, m.points, m.achieved_ms, m.journal_id, {columns} "
         f"FROM {'match_holds' if holds else 'match_results'} m "
@@ -1669,7 +1704,10 @@ def _kept(board: Board, cuts: Cuts, banned: set[str]) -> Callable[[Id, Applied],
     def kept(entry_id: Id, r: Applied) -> Applied | None:
         if r.player_id in banned:
             return None
-        later = [periods for at, periods in cuts.get(r.player_id, ()) if at > entry_id]
+        found = cuts.get(r.player_id)
+        if not found:  # as most are
+            return r
+        later = [periods for at, periods in found if at > entry_id]
         if not later:
             return r
         if None in later:
