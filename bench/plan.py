@@ -781,6 +781,12 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
+def _gib_up(n: float) -> float:
+    """``n`` bytes rounded up to a tenth of a GiB, as ``_gib`` prints it: a figure an operator sets
+    as a limit (maxmemory, a container's memory) must hold what the plan counted, not round below it."""
+    return math.ceil(round(n / 2**30 * 10, 6)) / 10 * 2**30
+
+
 def _size(n: float) -> str:
     return _gib(n) if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
@@ -825,6 +831,9 @@ def render(
     """The plan, ``steps`` from today's layout to it, the costs it used, the model with its figures,
     what ``measured`` scale-out says beside it, and the assumptions behind it."""
     nodes = p.masters * (1 + p.replicas)
+    # Rounded up (until 2026-12-06 to the nearest tenth, which could fall below the journals), and
+    # the node's memory printed as twice the printed maxmemory, as the overlays set the two.
+    maxmemory = _gib_up(p.data_bytes / p.masters + p.journal.bytes_per_master)
     return "\n".join(
         [
             f"Plan for {players:,} players, {writes:,.0f} player-score writes/s ({incr:.0%} to incr boards, "
@@ -840,11 +849,11 @@ def render(
             f"  shards per board     {p.shards}  ({p.reasons['shards']})",
             f"  router processes     {p.routers}  (one core each"
             f"{'' if p.write_routers == p.routers else f'; {p.write_routers} of them take the writes'})",
-            f"  memory per node      {_gib(p.memory_per_node_bytes)}  (data {_gib(p.data_bytes / p.masters)} "
-            f"+ full journals {_size(p.journal.bytes_per_master)} per master x {FORK_HEADROOM:g} for fork "
-            "copy-on-write)",
-            f"  maxmemory            {_gib(p.data_bytes / p.masters + p.journal.bytes_per_master)} per "
-            "master, policy noeviction (a full master refuses writes: 503 out_of_memory)",
+            f"  memory per node      {_gib(FORK_HEADROOM * maxmemory)}  "
+            f"(data {_gib(p.data_bytes / p.masters)} + full journals {_size(p.journal.bytes_per_master)} "
+            f"per master x {FORK_HEADROOM:g} for fork copy-on-write)",
+            f"  maxmemory            {_gib(maxmemory)} per master, policy noeviction (a full master "
+            "refuses writes: 503 out_of_memory)",
             f"  journal bound        {_journal_line(p.journal, journal_max_entries, journal_max_results)}",
             f"  PostgreSQL disk      {_archive_line(writes * journaled, costs)}",
             "",

@@ -923,3 +923,29 @@ def test_main_prints_what_the_archive_grows_by_a_day(
     assert plan.main([*args, "--journaled", "0"]) == 0
     assert "PostgreSQL disk      none (no journaled board)" in capsys.readouterr().out
     assert plan.DEFAULTS["bytes_per_archived_result"] > 0  # a summary without it: the measured default
+
+
+def _printed_gib(out: str, row: str) -> float:
+    """Bytes of the ``row`` line's first figure in GiB (``maxmemory   4.3 GiB per master``)."""
+    found = re.search(rf"^  {row} +([0-9.]+) GiB", out, re.MULTILINE)
+    assert found, out
+    return float(found.group(1)) * GIB
+
+
+@pytest.mark.parametrize("players", [5_000, 100_000_000])
+def test_the_printed_maxmemory_holds_the_data_and_full_journals(
+    players: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The printed `maxmemory` goes into REDIS_MAXMEMORY as it reads (k8s/README.md, "Sizing"), and
+    the printed memory per node into the container's limit at twice it. Until 2026-12-06 both were
+    rounded to the nearest tenth of a GiB: 4.3 GiB for the README's 4.34 GiB of data and journals a
+    master, and 0.1 GiB for a small game's 147 MiB of full journals, below what a master must hold."""
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    args = [f"--players={players}", "--writes=50000", "--reads=2000", "--sharding=hash"]
+    assert plan.main([*args, "--summary", str(tmp_path / "summary.json")]) == 0
+    out = capsys.readouterr().out
+    p = plan.plan(players, 50_000, 2_000, 1, ["total"], {**plan.DEFAULTS, **COSTS})
+    need = p.data_bytes / p.masters + p.journal.bytes_per_master
+    maxmemory = _printed_gib(out, "maxmemory")
+    assert need <= maxmemory < need + 0.1 * GIB
+    assert _printed_gib(out, "memory per node") >= plan.FORK_HEADROOM * maxmemory
