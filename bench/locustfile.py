@@ -55,7 +55,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import gevent
 import locust.runners
@@ -81,6 +81,13 @@ SETTINGS = (
 OTHER_PREFIXES = ("SHARDLB_BENCH_", "SHARDLB_STEPS_")
 
 
+def unusable(message: str) -> NoReturn:
+    """Stop the test as Locust imports the file, saying ``message`` (it names the variable) on a line
+    of its own, exit status 1. Until 2026-12-06 it was a ValueError, whose message came last in a
+    Python traceback through Locust's loader."""
+    raise SystemExit(message)
+
+
 def number(name: str, default: float, lo: float, hi: float, integer: bool = False) -> float:
     """The variable ``name`` as a number from ``lo`` to ``hi`` (``default`` when unset or empty).
     Anything else stops the test as Locust imports the file, with the variable named: a value the
@@ -94,7 +101,7 @@ def number(name: str, default: float, lo: float, hi: float, integer: bool = Fals
         value = math.nan
     if not (math.isfinite(value) and lo <= value <= hi and (value.is_integer() or not integer)):
         kind = "a whole number" if integer else "a number"
-        raise ValueError(f"{name}={raw!r}: expected {kind} from {lo:g} to {hi:g}")
+        unusable(f"{name}={raw!r}: expected {kind} from {lo:g} to {hi:g}")
     return value
 
 
@@ -103,7 +110,7 @@ def choice(name: str, choices: tuple[str, ...]) -> str:
     the test, as in ``number``."""
     raw = os.environ.get(name, "").strip() or choices[0]
     if raw not in choices:
-        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
+        unusable(f"{name}={raw!r}: expected one of {', '.join(choices)}")
     return raw
 
 
@@ -119,11 +126,18 @@ def misspelled(environ: dict[str, str]) -> list[str]:
     return out
 
 
-WORKLOAD = Workload.from_env()
+try:
+    WORKLOAD = Workload.from_env()
+except ValueError as e:  # its message names the variable
+    unusable(str(e))
 BOARD = WORKLOAD.board
 RATE_MAX = 1e6
 READER_RPS = number("SHARDLB_READER_RPS", 5, 0.001, RATE_MAX)
-SHAPE = os.environ.get("SHARDLB_SHAPE", "")
+SHAPE = os.environ.get("SHARDLB_SHAPE", "").strip()
+if SHAPE and SHAPE not in shapes.SHAPES:
+    unusable(
+        f"SHARDLB_SHAPE={SHAPE!r}: expected one of {', '.join(shapes.SHAPES)}, or unset for Locust's -u/-r/-t"
+    )
 TARGET_WRITES = number("SHARDLB_TARGET_WRITES", 20000, 0, 1e9)
 TARGET_READS = number("SHARDLB_TARGET_READS", 0, 0, 1e9)
 # Under a shape, the Player users that offer SHARDLB_TARGET_READS reads/s, held from the start; the
@@ -167,7 +181,7 @@ def _write_host() -> str:
     here, as Locust imports the file: anything but a base URL would make every post fail."""
     host = os.environ.get("SHARDLB_WRITE_HOST", "").strip().rstrip("/")
     if host and not re.fullmatch(r"https?://[^/?#\s]+", host):
-        raise ValueError(
+        unusable(
             f"SHARDLB_WRITE_HOST={host!r}: give the write routers' base URL, e.g. http://shardlb-router-writes:8000"
         )
     return host
