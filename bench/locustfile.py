@@ -392,6 +392,17 @@ def warn_of_misspellings(environment: Any, **_: Any) -> None:
             logging.warning(warning)
 
 
+@events.test_start.add_listener
+def strip_host_slash(environment: Any, **_: Any) -> None:
+    """``--host http://127.0.0.1:8000/`` (or the web UI's host with its slash) as the same router:
+    every request's path starts with a slash. Here, before the board's PUT and before the runner
+    hands the host to the users (and to the workers). Until 2026-12-06 the paths were joined after
+    the slash: the PUT went to //v1/boards/... (404 no such route) and every user's request failed
+    as a protocol-relative URI."""
+    if environment.host:
+        environment.host = environment.host.rstrip("/")
+
+
 # How long the board's PUT is tried again while the router answers 429 or 503 (starting up, busy).
 CREATE_PATIENCE_S = 60.0
 

@@ -100,8 +100,10 @@ def _locust(
     args: list[str],
     tmp_path: Path,
     handler: type[BaseHTTPRequestHandler] = Arrivals,
+    host_suffix: str = "",
 ) -> subprocess.CompletedProcess[str]:
-    """Run the locustfile headless against a fresh server of ``handler`` (Arrivals.times: its POSTs)."""
+    """Run the locustfile headless against a fresh server of ``handler`` (Arrivals.times: its POSTs),
+    its ``--host`` ending in ``host_suffix``."""
     Arrivals.times = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -114,7 +116,7 @@ def _locust(
         return subprocess.run(
             [
                 *(str(locust), "-f", str(ROOT / "bench" / "locustfile.py"), "--headless", "--only-summary"),
-                *("--host", f"http://127.0.0.1:{server.server_port}", *args),
+                *("--host", f"http://127.0.0.1:{server.server_port}{host_suffix}", *args),
             ],
             env={**os.environ, **base, **env},
             cwd=tmp_path,
@@ -444,6 +446,21 @@ def test_the_documented_command_writes_to_the_router_of_make_run(tmp_path: Path)
     short = {"SHARDLB_TARGET_WRITES": "200", "SHARDLB_DURATION": "3", "SHARDLB_STEPS": "1"}
     board = {"SHARDLB_BOARD": env.get("SHARDLB_BOARD", "bench")}  # not the helper's own board
     done = _locust({**env, **short, **board}, [*args, "--csv", str(tmp_path / "run")], tmp_path, DevRouter)
+    stats = {e.key: e for e in locust_csv.read_stats(tmp_path / "run_stats.csv")}
+    posts = stats["POST /v1/boards/[board]/scores"]
+    assert posts.requests > 0 and posts.failures == 0, done.stderr[-2000:]
+
+
+def test_a_host_given_with_a_trailing_slash_is_the_same_router(tmp_path: Path) -> None:
+    """`--host http://127.0.0.1:8000/`, as a browser's address bar gives it: until 2026-12-06 every
+    path was joined after the slash, the board's PUT went to //v1/boards/... (404 no such route, the
+    test stopped) and, without an admin key, every request failed as a protocol-relative URI."""
+    DevRouter.boards = {"demo"}
+    keys = {"SHARDLB_ADMIN_KEY": "admin_test", "SHARDLB_WRITE_KEY": "write_test"}
+    short = {"SHARDLB_TARGET_WRITES": "200", "SHARDLB_DURATION": "3", "SHARDLB_STEPS": "1"}
+    env = {**keys, **short, "SHARDLB_SHAPE": "ramp", "SHARDLB_BOARD": "bench"}
+    done = _locust(env, ["--csv", str(tmp_path / "run")], tmp_path, DevRouter, host_suffix="/")
+    assert done.returncode == 0, done.stderr[-2000:]
     stats = {e.key: e for e in locust_csv.read_stats(tmp_path / "run_stats.csv")}
     posts = stats["POST /v1/boards/[board]/scores"]
     assert posts.requests > 0 and posts.failures == 0, done.stderr[-2000:]
