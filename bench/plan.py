@@ -367,6 +367,12 @@ def plan(
     replica_us = c["redis_replica_us_per_write"] * scaled * call_size_factor(c, batch)
     replica_write = writes / masters * replica_us / 1e6
     read_from, replicas, over = readers(group_read, write_cores / masters, replicas, replica_write)
+    if over:  # at the top, not only in the model's reads line (until 2026-12-06)
+        warnings.append(
+            f"the reads take {group_read:,.1f} cores of each primary's group, more than {MAX_REPLICAS} "
+            "replicas a master hold: OVER BUDGET, the plan does NOT hold them; cache more reads in the "
+            "routers (--cached, max_age_ms) or split the load over clusters"
+        )
     redis_cores = write_cores + group_read * masters + replica_write * masters * replicas
     shards_reason = (
         f"{per_master} per master: a read pays a round trip per node and a little per shard, so "

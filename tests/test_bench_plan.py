@@ -949,3 +949,20 @@ def test_the_printed_maxmemory_holds_the_data_and_full_journals(
     maxmemory = _printed_gib(out, "maxmemory")
     assert need <= maxmemory < need + 0.1 * GIB
     assert _printed_gib(out, "memory per node") >= plan.FORK_HEADROOM * maxmemory
+
+
+def test_a_plan_whose_reads_need_more_replicas_than_the_cap_says_so_at_its_top(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """10M reads a second, none cached, need thousands of replicas a master; the plan gives 256. Until
+    2026-12-06 only the model's reads line, far below, said OVER BUDGET (and the layout line, of the
+    other layout): the figures at the top read as a plan that holds the load."""
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    args = ["--players=1000000", "--writes=1000", "--reads=10000000", "--cached=0", "--sharding=hash"]
+    assert plan.main([*args, "--summary", str(tmp_path / "summary.json")]) == 0
+    out = capsys.readouterr().out
+    top = out.split("\n\n")[1]  # the plan's own lines, before the costs and the model
+    assert re.search(r"^  WARNING: .*OVER BUDGET", top, re.MULTILINE), top
+    # a plan that fits has no such line
+    assert plan.main([*args[:2], "--reads=1000", "--summary", str(tmp_path / "summary.json")]) == 0
+    assert "WARNING" not in capsys.readouterr().out
