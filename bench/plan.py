@@ -1146,7 +1146,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--board", default="BOARD", help="the board's name in the printed steps")
     parser.add_argument(
-        "--summary", type=Path, default=LATEST, help=f"bench summary to read (default {LATEST})"
+        "--summary",
+        type=Path,
+        help=f"bench summary to read (default {LATEST}, or the documented costs where it is absent)",
     )
     args = parser.parse_args(argv)
     periods = [p.strip() for p in args.periods.split(",") if p.strip()]
@@ -1188,6 +1190,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--write-routers is a number of router processes: 1 to {MAX_WRITE_ROUTERS:,}")
     if "total" not in periods:
         periods.insert(0, "total")
+    if args.summary is None:
+        args.summary = LATEST
+    elif not args.summary.is_file():
+        # Named, it is the run the plan is meant to price: until 2026-12-06 a mistyped path gave a
+        # plan on the default costs, exit 0, said only in the Costs line.
+        parser.error(f"--summary: no such file: {args.summary} (a bench run's summary.json)")
     costs, source = load_costs(args.summary)
     load = (
         args.players, args.writes, args.reads, args.replicas, periods, costs, args.incr, args.dedup_window,

@@ -108,23 +108,10 @@ def test_the_issue_13_target_load_gets_a_layout_that_fits() -> None:
 
 
 def test_main_reads_the_latest_summary_or_says_it_has_none(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert (
-        plan.main(
-            [
-                "--players",
-                "1000000",
-                "--writes",
-                "5000",
-                "--reads",
-                "10",
-                "--summary",
-                str(tmp_path / "none.json"),
-            ]
-        )
-        == 0
-    )
+    monkeypatch.setattr(plan, "LATEST", tmp_path / "latest" / "summary.json")  # a checkout without one
+    assert plan.main(["--players", "1000000", "--writes", "5000", "--reads", "10"]) == 0
     assert "using the documented defaults" in capsys.readouterr().out
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"started": "then", "costs": {**COSTS, "router_us_per_read": None}}))
@@ -832,12 +819,15 @@ def test_main_names_the_flag_of_a_number_out_of_range(
     assert err.startswith(f"shardlb plan: error: {named} "), err
 
 
-def test_the_journal_bounds_the_plan_takes_are_the_ones_a_router_starts_with(tmp_path: Path) -> None:
+def test_the_journal_bounds_the_plan_takes_are_the_ones_a_router_starts_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """--journal-max-results and --journal-max-entries are the routers' settings: a value the
     router refuses at start-up is refused by the plan too, and the largest it takes is planned."""
     from router.settings import Settings, SettingsError
 
-    summary = ["--summary", str(tmp_path / "none.json")]
+    monkeypatch.setattr(plan, "LATEST", tmp_path / "none.json")  # the documented costs
+    summary: list[str] = []
     for flag, most in (
         ("--journal-max-results", plan.MAX_JOURNAL_RESULTS),
         ("--journal-max-entries", plan.MAX_JOURNAL_ENTRIES),
@@ -966,3 +956,14 @@ def test_a_plan_whose_reads_need_more_replicas_than_the_cap_says_so_at_its_top(
     # a plan that fits has no such line
     assert plan.main([*args[:2], "--reads=1000", "--summary", str(tmp_path / "summary.json")]) == 0
     assert "WARNING" not in capsys.readouterr().out
+
+
+def test_a_summary_named_that_is_not_there_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped --summary gave a plan on the documented costs, exit 0 (until 2026-12-06)."""
+    missing = tmp_path / "20261206-0818O9" / "summary.json"
+    with pytest.raises(SystemExit) as exit:
+        plan.main(["--players", "1000000", "--writes", "5000", "--reads", "10", "--summary", str(missing)])
+    assert exit.value.code == 2
+    assert f"--summary: no such file: {missing}" in capsys.readouterr().err
