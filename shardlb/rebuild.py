@@ -32,10 +32,11 @@ rebuild writes on the live keys after it, wait for a replica of the shard's prim
 one, each call with its own marker and WAIT (``Rebuilder._acked``), as the ban list and the
 registry's records written back do. A rebuild of named boards swaps on the primary alone, but the
 apply after a forced swap waits too (``Rebuilder._apply_live``). `rebuild --all` takes ``jobs``
-boards side by side (`--jobs`, 4 by default), each on a PostgreSQL connection of its own: the
-restore's per-board work (``_restore_board``), then, once every record is confirmed, the boards'
-rebuilds (``rebuild_all``); the shards of one board go in order as above, and every ordering rule
-of one board holds as when the boards went one after another (``side_by_side``: an error in one).
+boards side by side (`--jobs`, 4 by default), each on a PostgreSQL connection of its own
+(``Rebuilder.recover``): the restore's per-board work (``_restore_board``, then the board's record
+confirmed), and each board's rebuild once its own record is confirmed, by the first task with no
+board left to restore; the shards of one board go in order as above, and every ordering rule of
+one board holds as when the boards went one after another (``side_by_side``: an error in one).
 
 Before any shard, ``start_journal`` gives each journal a last-generated id past the newest id
 PostgreSQL holds of its shard: a journal lost with Redis is made again from a clock that may be
@@ -865,14 +866,40 @@ class Rebuilder:
         ``period`` and ``shard``, the rebuild's that follows, are checked against every board
         (``checked``) before anything is written: InvalidInput when one board refuses them.
 
-        What it writes waits for a replica wherever the primary has one (the ban list, then the
-        registry's records: ``_confirm_registry``), and so does every swap of this rebuilder from
-        then on (``confirming``): the rebuilds of the boards returned. NotAcknowledged when none
-        has it within ``replica_wait_ms``; running it all again converges.
+        What it writes waits for a replica wherever the primary has one (the ban list, then each
+        board's record: ``_confirm_registry``), and so does every swap of this rebuilder from then
+        on (``confirming``): the rebuilds of the boards returned. NotAcknowledged when none has it
+        within ``replica_wait_ms``; running it all again converges.
 
-        The boards go back ``jobs`` at a time (``_restore_board``; ``side_by_side`` says what an
-        error in one does), after the bans and before ``_confirm_registry``, whose single call
-        confirms every record written."""
+        The boards go back ``jobs`` at a time (``_restore_board``, then its record confirmed;
+        ``side_by_side`` says what an error in one does). ``recover`` rebuilds each board as soon
+        as its record is confirmed, without waiting for the others."""
+        restored, _ = await self._recover(store, period, shard)
+        return restored
+
+    async def recover(
+        self, store: BoardStore, period: str | None = None, shard: int | None = None, force: bool = False
+    ) -> dict[str, list[ShardReport]]:
+        """`rebuild --all`: ``restore``, and each board returned rebuilt (``rebuild``) as soon as
+        its own record is confirmed on a replica, not once every board's is: a task with no board
+        left to restore takes the rebuild of a board restored, while other tasks may still be
+        restoring theirs (``side_by_side``'s ``then``). Restores go first, so every board is back
+        in the registry, where routers find it, as early as when all were restored before any was
+        rebuilt (until 2026-12-06, with one confirmation of every record between the two). Each
+        rebuild waits for replicas as after ``restore`` (``confirming``)."""
+        _, reports = await self._recover(store, period, shard, force, rebuild=True)
+        return reports
+
+    async def _recover(
+        self,
+        store: BoardStore,
+        period: str | None,
+        shard: int | None,
+        force: bool = False,
+        rebuild: bool = False,
+    ) -> tuple[list[Board], dict[str, list[ShardReport]]]:
+        """``restore``'s work, and with ``rebuild`` ``recover``'s: the boards restored, the
+        reports of those rebuilt."""
         async with self.db.transaction():
             cur = await self.db.execute(
                 "SELECT DISTINCT ON (board) board, incarnation, settings FROM boards "
@@ -899,18 +926,37 @@ class Rebuilder:
         restored = await bans.restore(self.db, replicated)
         self.progress(f"bans: {restored} written back from PostgreSQL")
         seasons = await self._seasons()
+
+        async def put_back(worker: Rebuilder, former: Board) -> Board | None:
+            board = await worker._restore_board(store, former, seasons)
+            if board is not None:
+                await worker._confirm_registry([board], replicated)
+            return board
+
+        reports: dict[str, list[ShardReport]] = {}
+
+        async def rebuilt(worker: Rebuilder, board: Board) -> None:
+            # Its own record confirmed: its swaps wait for a replica as every one of the run's.
+            # Set for the rebuild alone: the worker's next restore (its refill's ``recall``) goes
+            # on the primary alone, as every restore does.
+            before, worker.confirming = worker.confirming, replicated
+            try:
+                reports[board.config.id] = await worker.rebuild(board, period, shard, force)
+            finally:
+                worker.confirming = before
+
         async with self._workers(len(formers)) as workers:
             found = await side_by_side(
                 workers,
                 formers,
-                lambda worker, former: worker._restore_board(store, former, seasons),
+                put_back,
                 lambda former: former.config.id,
                 self.progress,
+                then=rebuilt if rebuild else None,
             )
         out = [board for board in found if board is not None]
-        await self._confirm_registry(out, replicated)
         self.confirming = replicated  # the rebuilds of ``out`` that follow: each swap too
-        return out
+        return out, {b.config.id: reports[b.config.id] for b in out if b.config.id in reports}
 
     async def _restore_board(
         self, store: BoardStore, former: Board, seasons: set[tuple[str, str]]
@@ -918,7 +964,9 @@ class Rebuilder:
         """``restore``'s work on one board: its journals started and its retry records put back,
         then its record in the registry; the board, or None when the registry holds another
         incarnation of its id. Boards go through it side by side (``jobs``), each on its own
-        PostgreSQL connection; what a board writes before its record comes back is its own."""
+        PostgreSQL connection; what a board writes before its record comes back is its own. From
+        then on routers find the board: they take its writes (its retries recognised) and read it
+        empty or partly rebuilt until its shards are swapped (``recover``)."""
         config, board_id, incarnation = former.config, former.config.id, former.incarnation
         refilled: list[str] = []
         closing = (board_id, str(incarnation)) in seasons
@@ -979,7 +1027,7 @@ class Rebuilder:
         share the cluster client (its connection pool serves concurrent calls), rebuild.lua, and
         what ``restore`` leaves for the rebuilds that follow: ``_refilled`` (the same set; each
         board adds and takes its own shards' prefixes) and ``confirming`` as it is when they are
-        made.
+        made (``recover`` sets a worker's own for each rebuild it takes).
 
         A connection PostgreSQL refuses (max_connections, the role's CONNECTION LIMIT) leaves the
         boards to those opened, this rebuilder's at least, as ``progress`` says: the recovery
@@ -1020,7 +1068,10 @@ class Rebuilder:
         primary after a failover, where a record lost is then seen missing); else raise
         NotAcknowledged: running the restore again writes them again. Until 2026-12-05 the
         records were written on the primary alone, and a kill -9 of it right after could lose a
-        board restored while the rebuild went on and said it was done."""
+        board restored while the rebuild went on and said it was done. ``_recover`` confirms each
+        board's record as soon as it is written, in that board's task: until 2026-12-06 one call
+        confirmed every record once all were written, and no board's rebuild began before the
+        slowest board's restore was done."""
         await replicated.read()
         if not boards or not replicated(keys.BOARDS):
             return
@@ -1029,7 +1080,8 @@ class Rebuilder:
         [reply] = await confirmed(self.client, ack, [("HMGET", keys.BOARDS, *ids)])
         if isinstance(reply, NotAcknowledged):
             raise NotAcknowledged(
-                f"no replica confirmed the registry's restored records within {ack.timeout_ms} ms on "
+                f"no replica confirmed the registry's restored records of {', '.join(ids)} within "
+                f"{ack.timeout_ms} ms on "
                 f"{replicated.describe(keys.BOARDS)}: a failover could lose them. Run the rebuild "
                 "again once that replica is in sync with its primary"
             ) from reply
@@ -1537,30 +1589,66 @@ async def side_by_side(
     work: Callable[[Rebuilder, Item], Awaitable[Done]],
     name: Callable[[Item], str],
     progress: Callable[[str], None],
+    then: Callable[[Rebuilder, Done], Awaitable[None]] | None = None,
 ) -> list[Done]:
     """``work(worker, item)`` for each of ``items``, each worker taking the next item once it is
     done with its last (so at most ``len(workers)`` at once, in the items' order); the results in
-    the items' order. An error stops the hand-out: no worker takes another item, those under way
-    finish theirs (a board is not left between two steps), every error is reported through
+    the items' order. ``then``: a second step on each result but None (``Rebuilder.recover``: a
+    board's rebuild once it is restored), taken by a worker when no item is left to begin, in the
+    order the results came; a worker with none ready waits for one while items are under way.
+    An error stops the hand-out: no worker takes another item or step, those under way finish
+    theirs (a board is not left between two steps), every error is reported through
     ``progress`` naming its item (with one worker, the error alone is raised, as before), and the
-    first is raised once all are done: no task is left running. The items not begun are where a
-    run one item at a time would have stopped: running it all again converges (each step writes
-    what PostgreSQL and the journals say). Anything but an Exception (a cancellation, ^C) cancels
-    every worker at once and is raised as it is."""
+    first is raised once all are done: no task is left running. The items not begun, and the
+    results whose ``then`` was not, are where a run one item at a time would have stopped: running
+    it all again converges (each step writes what PostgreSQL and the journals say). Anything but
+    an Exception (a cancellation, ^C) cancels every worker at once and is raised as it is."""
     results: list[Any] = [None] * len(items)
     pending = iter(enumerate(items))
     errors: list[Exception] = []
+    ready: list[int] = []  # items whose result awaits ``then``, oldest first
+    begun = 0  # items whose ``work`` is under way
+    changed = asyncio.Condition()
+
+    def failed(item: Item, e: Exception) -> None:
+        errors.append(e)
+        if len(workers) > 1:
+            progress(f"{name(item)}: stopped: {type(e).__name__}: {e}")
+
+    def news() -> bool:  # what a worker waiting for a result to take on waits for
+        return bool(ready or errors or not begun)
 
     async def run(worker: Rebuilder) -> None:
-        for n, item in pending:  # one iterator for every worker: each item is taken once
-            if errors:
+        nonlocal begun
+        while not errors:
+            taken = next(pending, None)  # one iterator for every worker: each item is taken once
+            if taken is not None:
+                n, item = taken
+                begun += 1
+                try:
+                    results[n] = await work(worker, item)
+                    if then is not None and results[n] is not None:
+                        ready.append(n)
+                except Exception as e:
+                    failed(item, e)
+                finally:
+                    begun -= 1
+                    async with changed:
+                        changed.notify_all()
+                continue
+            if then is None:
                 return
+            if not ready:
+                if not begun:
+                    return
+                async with changed:
+                    await changed.wait_for(news)
+                continue
+            n = ready.pop(0)
             try:
-                results[n] = await work(worker, item)
+                await then(worker, results[n])
             except Exception as e:
-                errors.append(e)
-                if len(workers) > 1:
-                    progress(f"{name(item)}: stopped: {type(e).__name__}: {e}")
+                failed(items[n], e)
                 return
 
     tasks = [asyncio.ensure_future(run(worker)) for worker in workers]
@@ -1838,12 +1926,9 @@ async def run(
     jobs: int = REBUILD_JOBS,
 ) -> dict[str, list[ShardReport]]:
     """Rebuild ``boards``, or, when None, every board PostgreSQL knows (put back in the registry
-    first when it is missing there), ``jobs`` boards at a time (``Rebuilder.restore``,
-    ``Rebuilder.rebuild_all``)."""
+    first when it is missing there: ``Rebuilder.recover``), ``jobs`` boards at a time
+    (``Rebuilder.rebuild_all``)."""
     async with connected(redis_url, postgres_url, progress, jobs) as (rebuilder, store):
-        targets = (
-            await rebuilder.restore(store, period, shard)
-            if boards is None
-            else [await store.get(b) for b in boards]
-        )
-        return await rebuilder.rebuild_all(targets, period, shard, force)
+        if boards is None:
+            return await rebuilder.recover(store, period, shard, force)
+        return await rebuilder.rebuild_all([await store.get(b) for b in boards], period, shard, force)

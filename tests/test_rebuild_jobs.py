@@ -21,6 +21,7 @@ from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
 from shardlb.errors import ClusterUnavailable
+from shardlb.fanout import Ack
 from shardlb.rebuild import Rebuilder
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
@@ -210,8 +211,9 @@ async def test_an_error_in_one_boards_task_is_reported_after_the_others_and_a_se
     step: str,
 ) -> None:
     """One board's restore (its refill) or rebuild (a shard's) fails: the tasks of the other
-    boards finish theirs, every error is printed naming its board, then the command exits 1 (no
-    task left running: nothing is printed after). Run again, it brings every board back."""
+    boards finish theirs (a board's rebuild begun as soon as it was restored, every shard of it),
+    every error is printed naming its board, then the command exits 1 (no task left running:
+    nothing is printed after). Run again, it brings every board back."""
     specs = {f"jobs-fail-{n}": s for n, s in zip("abc", SPECS.values(), strict=False)}
     failing = "jobs-fail-b"
     real = getattr(Rebuilder, step)
@@ -233,13 +235,14 @@ async def test_an_error_in_one_boards_task_is_reported_after_the_others_and_a_se
             lines = out.splitlines()
             assert f"{failing}: stopped: ClusterUnavailable: {step} failed here (a test)" in lines
             others = [b for b in specs if b != failing]
-            if step == "refill":  # the other boards' restores finished; nothing was rebuilt
+            if step == "refill":  # the other boards' restores finished; the failing one's not
                 assert {f"{b}: restored to the registry" for b in others} <= set(lines)
-                assert not [line for line in lines if "swapped on try" in line]
-            else:  # the other boards' rebuilds finished, every shard of them
-                for b in others:
-                    shards = specs[b]["sharding"]["shards"]
-                    assert [line for line in lines if line.startswith(f"{b} shard {shards - 1} ")]
+                assert f"{failing}: restored to the registry" not in lines
+                assert not [line for line in lines if line.startswith(f"{failing} shard 0 (")]
+            for b in others:  # a rebuild begun (a board's own, once restored) finished every shard
+                shards = specs[b]["sharding"]["shards"]
+                if [line for line in lines if line.startswith(f"{b} shard 0 (")]:
+                    assert [line for line in lines if line.startswith(f"{b} shard {shards - 1} (")]
             await asyncio.sleep(0.2)
             assert not capsys.readouterr().out  # no task went on after the command returned
             assert await asyncio.to_thread(main, command) == 0
@@ -293,8 +296,8 @@ async def test_a_postgresql_that_takes_no_more_connections_still_restores_every_
             lines = capsys.readouterr().out.splitlines()
             assert lines[-1] == "rebuilt 3 board(s)"
             refused = [line for line in lines if line.startswith("PostgreSQL refused a connection")]
-            # once for the restore, once for the rebuilds
-            assert len(refused) == 2 and all(line.endswith(": 1 board at a time, not 3") for line in refused)
+            # once: the restores and the rebuilds go on the same tasks (``Rebuilder.recover``)
+            assert len(refused) == 1 and refused[0].endswith(": 1 board at a time, not 3")
             assert f'too many connections for role "{role}"' in refused[0]
             await admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
             for b in specs:
@@ -356,7 +359,8 @@ async def test_more_jobs_than_boards_open_a_connection_per_board_and_no_board_no
             done = await rebuild.run(cluster_url, url, None, jobs=8)
             assert sorted(done) == sorted(specs)
             assert connections.most == {"restore": 2, "rebuild": 2}
-            assert len(connections.opened) == 3 and not connections.open()
+            # the run's and one more, for the restores and the rebuilds alike
+            assert len(connections.opened) == 2 and not connections.open()
         finally:
             for b in specs:
                 with contextlib.suppress(Exception):
@@ -423,8 +427,8 @@ async def test_a_cancelled_run_ends_every_task_and_closes_every_connection(
             run.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await run
-            # the run's, then 2 more for the restores and 2 for the rebuilds: every one closed
-            assert len(connections.opened) == 5 and not connections.open()
+            # the run's, then 2 more for the restores and the rebuilds: every one closed
+            assert len(connections.opened) == 3 and not connections.open()
             left = [t for t in asyncio.all_tasks() if "side_by_side" in t.get_coro().__qualname__]
             assert not left
             seen = len(lines)
@@ -481,6 +485,118 @@ async def test_one_job_stops_at_the_failing_board_and_more_report_every_failing_
                 assert len(err.splitlines()) == 1 and "failed here (a test)" in err
             assert not [line for line in lines if "swapped on try" in line]  # nothing rebuilt
             assert await asyncio.to_thread(main, command) == 0
+            for b in specs:
+                back = await store.get(b)
+                await check(back, await as_archived(url, back))
+        finally:
+            for b in specs:
+                with contextlib.suppress(Exception):
+                    await store.delete(b)
+
+
+async def test_a_board_is_rebuilt_as_soon_as_its_record_is_confirmed_while_another_is_restored(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until 2026-12-06 one confirmation of every record restored stood between the restores and
+    the rebuilds: no board's rebuild began before the slowest board's restore was done. Now a
+    task with no board left to restore rebuilds a board whose own record is confirmed: here one
+    board's restore waits (up to 30 s) until another board's rebuild has begun, and does not
+    wait in vain. Every rebuild begins after its board's record is confirmed, with its swaps
+    waiting for a replica (``confirming``), and every board comes back as PostgreSQL has it."""
+    specs = {f"jobs-early-{n}": s for n, s in zip("abc", SPECS.values(), strict=False)}
+    slow = "jobs-early-c"
+    begun = asyncio.Event()
+    confirmed: set[str] = set()
+    starts: list[tuple[str, bool, bool, set[str]]] = []  # board, confirmed, confirming, restoring
+    restore, confirm, rebuild_ = Rebuilder._restore_board, Rebuilder._confirm_registry, Rebuilder.rebuild
+
+    async def restoring(r: Rebuilder, store: BoardStore, former: Board, *args: Any) -> Any:
+        if former.config.id == slow:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(begun.wait(), 30)
+        return await restore(r, store, former, *args)
+
+    async def confirming(r: Rebuilder, boards: Any, *args: Any) -> None:
+        await confirm(r, boards, *args)
+        confirmed.update(b.config.id for b in boards)
+
+    async def rebuilding(r: Rebuilder, board: Board, *args: Any) -> Any:
+        now = set(under_way.now["restore"])
+        starts.append((board.config.id, board.config.id in confirmed, r.confirming is not None, now))
+        begun.set()
+        return await rebuild_(r, board, *args)
+
+    monkeypatch.setattr(Rebuilder, "_restore_board", restoring)
+    monkeypatch.setattr(Rebuilder, "_confirm_registry", confirming)
+    monkeypatch.setattr(Rebuilder, "rebuild", rebuilding)
+    under_way = UnderWay(monkeypatch)  # over the patches above: it sees the slow restore as under way
+    async with own_archive(postgres_url) as url:
+        try:
+            await written(store, raw, url, specs)
+            done = await rebuild.run(cluster_url, url, None, jobs=3)
+            assert sorted(done) == sorted(specs)
+            assert sorted(b for b, _, _, _ in starts) == sorted(specs)
+            assert all(ok and acked for _, ok, acked, _ in starts)
+            assert [b for b, _, _, restoring_now in starts if slow in restoring_now]
+            for b in specs:
+                back = await store.get(b)
+                await check(back, await as_archived(url, back))
+        finally:
+            for b in specs:
+                with contextlib.suppress(Exception):
+                    await store.delete(b)
+
+
+async def test_a_record_no_replica_confirms_stops_its_board_before_its_rebuild(
+    store: BoardStore,
+    raw: Any,
+    postgres_url: str,
+    cluster_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One board's record is not confirmed (its HMGET and WAIT ask one replica more than the
+    registry's primary has: a real WAIT that comes back short, as with its replica stopped, but for
+    this board alone): that board is never rebuilt, the error is printed naming it and the command
+    exits 1, the other boards' rebuilds begun finish. Run again, every board comes back."""
+    specs = {f"jobs-unacked-{n}": s for n, s in zip("abc", SPECS.values(), strict=False)}
+    failing = "jobs-unacked-b"
+    real = rebuild.confirmed
+
+    async def short(client: Any, ack: Ack, commands: Any) -> list[Any]:
+        if any(c[0] == "HMGET" and failing in c for c in commands):
+            ack = Ack(ack.replicas + 1, 300)
+        return await real(client, ack, commands)
+
+    async with own_archive(postgres_url) as url:
+        try:
+            await written(store, raw, url, specs)
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url, "--jobs", "3"]
+            with monkeypatch.context() as patch:
+                under_way = UnderWay(patch)
+                rebuilt: list[str] = []
+                counting = Rebuilder.rebuild
+
+                async def rebuilding(r: Rebuilder, board: Board, *args: Any) -> Any:
+                    rebuilt.append(board.config.id)
+                    return await counting(r, board, *args)
+
+                patch.setattr(Rebuilder, "rebuild", rebuilding)
+                patch.setattr(rebuild, "confirmed", short)
+                assert await asyncio.to_thread(main, command) == 1
+            assert under_way.most["restore"] >= 2
+            out, err = capsys.readouterr()
+            lines = out.splitlines()
+            why = f"no replica confirmed the registry's restored records of {failing} within"
+            assert why in err
+            assert [line for line in lines if line.startswith(f"{failing}: stopped: NotAcknowledged: {why}")]
+            assert failing not in rebuilt
+            assert not [line for line in lines if line.startswith(f"{failing} shard 0 (")]
+            for b in rebuilt:  # a rebuild begun finished every shard
+                shards = specs[b]["sharding"]["shards"]
+                assert [line for line in lines if line.startswith(f"{b} shard {shards - 1} (")]
+            assert await asyncio.to_thread(main, command) == 0
+            assert f"{failing}: found in the registry" in capsys.readouterr().out.splitlines()
             for b in specs:
                 back = await store.get(b)
                 await check(back, await as_archived(url, back))
