@@ -1,7 +1,8 @@
 """`rebuild --all` with boards side by side (`--jobs`, ``Rebuilder.jobs``): the boards come back as
 their reference says, a retry posted as a board's record comes back is recognised while the other
-boards are still being restored, and an error in one board's task is reported once the other tasks
-have finished their boards, and a second run converges."""
+boards are still being restored, a board's rebuild begins once its own record is confirmed (while
+others are still being restored) and never when it is not, and an error in one board's task is
+reported once the other tasks have finished their boards, and a second run converges."""
 
 from __future__ import annotations
 
