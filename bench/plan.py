@@ -112,6 +112,7 @@ MAX_MASTERS = MAX_SHARDS  # beyond one master a shard, more masters take no part
 MIN_MASTERS = 3
 MIN_MASTERS_WHY = f"the minimum: a failover needs a majority of masters, so {MIN_MASTERS} at least"
 MAX_REPLICAS = 256  # replicas per master the planner will propose before it calls reads over budget
+MAX_CLUSTER_NODES = 1000  # nodes of one Redis Cluster: its documented design target (cluster-spec)
 # The largest load the planner takes (a trillion players, a trillion operations a second): far past any
 # deployment, and small enough that its arithmetic stays finite (1e308 writes/s overflowed it).
 MAX_PLAYERS = 10**12
@@ -151,7 +152,7 @@ class Plan:
     router_cores: float
     journal: Journal
     reasons: dict[str, str] = field(default_factory=dict)
-    fits: bool = True  # False: the reads need more than MAX_REPLICAS replicas per master
+    fits: bool = True  # False: past MAX_REPLICAS replicas a master, MAX_MASTERS or MAX_CLUSTER_NODES
     scores_per_call: float = 0.0  # in a router's write script call for one shard (``scores_per_call``)
     write_routers: int = 0  # the routers that take the writes (all of them unless a pool was asked)
     write_us: float = 0.0  # a master's CPU per write at that call size (w of the model)
@@ -373,6 +374,12 @@ def plan(
             "replicas a master hold: OVER BUDGET, the plan does NOT hold them; cache more reads in the "
             "routers (--cached, max_age_ms) or split the load over clusters"
         )
+    if masters * (1 + replicas) > MAX_CLUSTER_NODES:
+        warnings.append(
+            f"{masters * (1 + replicas):,} Redis nodes in one cluster, past the {MAX_CLUSTER_NODES:,} "
+            "Redis Cluster is built for (every node gossips with the others): split the load over "
+            "clusters, or cache more reads in the routers (--cached, max_age_ms)"
+        )
     redis_cores = write_cores + group_read * masters + replica_write * masters * replicas
     shards_reason = (
         f"{per_master} per master: a read pays a round trip per node and a little per shard, so "
@@ -406,7 +413,8 @@ def plan(
     if not journaled:
         journal = Journal(0.0, 0.0, 0.0, 0.0)
     memory_per_node = int((data / masters + journal.bytes_per_master) * FORK_HEADROOM)
-    fits = not over and max(by_memory, by_cpu) <= MAX_MASTERS
+    one_cluster = masters * (1 + replicas) <= MAX_CLUSTER_NODES
+    fits = not over and max(by_memory, by_cpu) <= MAX_MASTERS and one_cluster
     return Plan(
         masters, replicas, shards, read_from, routers, memory_per_node, data, dedup, redis_cores,
         router_cores, journal, reasons, fits, batch, writers, write_us, tuple(warnings),

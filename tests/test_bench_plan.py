@@ -967,3 +967,21 @@ def test_a_summary_named_that_is_not_there_is_a_usage_error(
         plan.main(["--players", "1000000", "--writes", "5000", "--reads", "10", "--summary", str(missing)])
     assert exit.value.code == 2
     assert f"--summary: no such file: {missing}" in capsys.readouterr().err
+
+
+def test_a_plan_past_a_clusters_nodes_says_so_and_does_not_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Redis Cluster is built for about 1,000 nodes. Until 2026-12-06 a plan of 33,567 nodes (167
+    masters x 200 replicas) was recommended as one that fits, without a word."""
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
+    summary = ["--summary", str(tmp_path / "summary.json")]
+    assert plan.main(["--players=100000000", "--writes=500000", "--reads=1000000", *summary]) == 0
+    top = capsys.readouterr().out.split("\n\n")[1]
+    assert re.search(r"^  WARNING: [\d,]+ Redis nodes in one cluster, past the 1,000", top, re.MULTILINE), top
+    load = {"players": 100_000_000, "writes": 500_000, "reads": 1_000_000, "replicas": 1}
+    p = plan.plan(**load, periods=["total"], costs=COSTS)
+    assert p.nodes > plan.MAX_CLUSTER_NODES and not p.fits
+    # README's plan stays well inside
+    assert plan.main(["--players=100000000", "--writes=50000", "--reads=200000", *summary]) == 0
+    assert "Redis nodes in one cluster" not in capsys.readouterr().out
