@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import redis
 
-from bench import app_cost
+from bench import app_cost, lua_cost
 from shardlb import keys
 from shardlb.cluster import LocalCluster
+
+NO_VALGRIND = lua_cost.missing_tools()
 
 
 def test_the_fit_splits_a_request_from_its_scores() -> None:
@@ -49,3 +55,39 @@ def test_a_worker_measures_this_tree_against_the_suite_cluster(cluster: LocalClu
         assert not [b for b in client.hkeys(keys.BOARDS) if b.startswith(b"app-cost-")]
     finally:
         client.close()
+
+
+@pytest.mark.skipif(NO_VALGRIND is not None, reason=str(NO_VALGRIND))
+def test_a_tiny_counted_run_against_a_revision_ends_with_both_tables() -> None:
+    """`make bench-app INSTRUCTIONS=1 AGAINST=rev`, tiny, as a user starts it (a cluster of its own):
+    the CPU table, then the instruction counts of both revisions under callgrind, labelled a proxy."""
+    env = {k: v for k, v in os.environ.items() if k != "SHARDLB_REDIS_URL"}
+    command = [
+        sys.executable, "-m", "bench.app_cost", "--instructions", "--against", "HEAD", "--rounds", "1",
+        "--requests", "10", "--waves", "1", "--concurrency", "8", "--shards", "3",
+    ]  # fmt: skip
+    run = subprocess.run(
+        command, cwd=app_cost.ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert "| router app CPU | this | HEAD | change |" in run.stdout, out[-3000:]
+    assert "A proxy" in run.stdout
+    assert "| router app instructions (proxy) | this | HEAD | change |" in run.stdout
+    counted = [line for line in run.stdout.splitlines() if "instructions a request |" in line]
+    assert len(counted) == 3
+    for line in counted:  # whole numbers for both revisions, every one above 10,000
+        assert all(int(cell.replace(",", "")) > 10_000 for cell in line.split("|")[2:4]), line
+
+
+def test_without_valgrind_the_counted_mode_says_what_to_install(tmp_path: object) -> None:
+    """No valgrind on PATH: one line naming it and Debian's package, exit status 1, no traceback
+    (as `make bench-lua` says it), before any cluster is started."""
+    env = {**os.environ, "PATH": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.app_cost", "--instructions"],
+        cwd=app_cost.ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 1
+    assert "valgrind not found" in run.stderr and "apt-get install valgrind" in run.stderr
+    assert "Traceback" not in run.stderr
