@@ -36,6 +36,9 @@ Keys: SHARDLB_WRITE_KEY (writes), SHARDLB_READ_KEY (reads, when required),
 SHARDLB_ADMIN_KEY (when set, the board SHARDLB_BOARD is created at test start with PUT, idempotent,
 as a hash board of SHARDLB_SHARDS shards, default 16; a 429 or 503 is asked again after Retry-After
 for CREATE_PATIENCE_S, any other refusal stops the test before any user, exit status 1).
+SHARDLB_PRELOAD=1 (default 0: none) gives every player of SHARDLB_PLAYERS their initial points at
+test start, after the board's creation and before any user (``preload``): without it, most rank and
+around reads of a fresh board are 404 player_not_found, cheap, and counted as successes.
 SHARDLB_CONTENT=msgpack sends and accepts MessagePack instead of JSON.
 A value the test cannot use (a word for a number, a rate of 0, an unknown SHARDLB_CONTENT) stops it
 before its first request, naming the variable; a SHARDLB_* variable whose name is nearly one of these
@@ -53,11 +56,13 @@ import re
 import time
 import urllib.error
 import urllib.request
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, NoReturn
 
 import gevent
+import gevent.pool
 import locust.runners
 import msgpack
 import orjson
@@ -66,16 +71,17 @@ from locust.exception import StopTest
 from locust.runners import WorkerRunner
 
 from bench import shapes
-from bench.workload import Workload
+from bench.workload import INITIAL_SPREAD_S, Workload
 
 # Every SHARDLB_* variable the test reads, here and in bench/workload.py: a variable near one of
 # these names is a misspelling (``misspelled``), and the test would run on the default instead.
 SETTINGS = (
     "SHARDLB_ADMIN_KEY", "SHARDLB_AROUND_RADIUS", "SHARDLB_BOARD", "SHARDLB_CONTENT", "SHARDLB_DURATION",
     "SHARDLB_FRIENDS", "SHARDLB_MATCH_PLAYERS", "SHARDLB_PAGE_LIMIT", "SHARDLB_PLAYERS", "SHARDLB_POINTS",
-    "SHARDLB_READER_RPS", "SHARDLB_READ_KEY", "SHARDLB_READ_MIX", "SHARDLB_RETRY_SHARE", "SHARDLB_SHAPE",
-    "SHARDLB_SHARDS", "SHARDLB_SKEW", "SHARDLB_STEPS", "SHARDLB_TARGET_READS", "SHARDLB_TARGET_WRITES",
-    "SHARDLB_USERS", "SHARDLB_USER_PHASE", "SHARDLB_USER_RPS", "SHARDLB_WRITE_HOST", "SHARDLB_WRITE_KEY",
+    "SHARDLB_PRELOAD", "SHARDLB_READER_RPS", "SHARDLB_READ_KEY", "SHARDLB_READ_MIX", "SHARDLB_RETRY_SHARE",
+    "SHARDLB_SHAPE", "SHARDLB_SHARDS", "SHARDLB_SKEW", "SHARDLB_STEPS", "SHARDLB_TARGET_READS",
+    "SHARDLB_TARGET_WRITES", "SHARDLB_USERS", "SHARDLB_USER_PHASE", "SHARDLB_USER_RPS", "SHARDLB_WRITE_HOST",
+    "SHARDLB_WRITE_KEY",
 )  # fmt: skip
 # Other programs' variables, which share the environment of `make bench` (bench/run.py) and its steps.
 OTHER_PREFIXES = ("SHARDLB_BENCH_", "SHARDLB_STEPS_")
@@ -166,6 +172,9 @@ RECENT_POSTS = 64
 # the period, where independent game servers and players send whenever their matches and screens
 # end. SHARDLB_USER_PHASE=together keeps Locust's own start (every user in step).
 SPREAD = choice("SHARDLB_USER_PHASE", ("spread", "together")) == "spread"
+# SHARDLB_PRELOAD=1: every player of SHARDLB_PLAYERS gets their initial points before the users start
+# (``preload``).
+PRELOAD = choice("SHARDLB_PRELOAD", ("0", "1")) == "1"
 # Workers report to the master every 3 s by default; every second makes the CSV history (and so the
 # per-step rates of a ramp) three times finer, for a negligible cost.
 locust.runners.WORKER_REPORT_INTERVAL = 1.0
@@ -403,8 +412,34 @@ def strip_host_slash(environment: Any, **_: Any) -> None:
         environment.host = environment.host.rstrip("/")
 
 
-# How long the board's PUT is tried again while the router answers 429 or 503 (starting up, busy).
+# How long a request of the test's own (the board's PUT, the preload's) is tried again while the
+# router answers 429 or 503 (starting up, busy).
 CREATE_PATIENCE_S = 60.0
+
+
+class Refused(Exception):
+    """The router refused a request of the test's own (or did not answer); the message says how."""
+
+
+def _ask(request: urllib.request.Request, what: str) -> bytes:
+    """Send ``request`` outside Locust's stats and return the body of its answer. A 429 or 503 is
+    asked again after its Retry-After, for CREATE_PATIENCE_S at most; any other refusal, or no
+    router answering, raises Refused with the router's answer."""
+    deadline = time.monotonic() + CREATE_PATIENCE_S
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return bytes(response.read())
+        except urllib.error.HTTPError as e:
+            answer = e.read()[:500].decode(errors="replace")
+            wait = _retry_after(e.headers.get("retry-after"))
+            if e.code in (429, 503) and time.monotonic() + wait < deadline:
+                logging.warning("%s answered %d, asking again in %.1f s: %s", what, e.code, wait, answer)
+                gevent.sleep(wait)
+                continue
+            raise Refused(f"{what} answered {e.code}: {answer}") from None
+        except OSError as e:  # no router there: refused, reset, timed out
+            raise Refused(f"{what} failed: {e}") from None
 
 
 @events.test_start.add_listener
@@ -426,23 +461,105 @@ def create_board(environment: Any, **_: Any) -> None:
         method="PUT",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {admin}"},
     )
-    deadline = time.monotonic() + CREATE_PATIENCE_S
-    while True:
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                response.read()
-                return
-        except urllib.error.HTTPError as e:
-            answer = e.read()[:500].decode(errors="replace")
-            wait = _retry_after(e.headers.get("retry-after"))
-            if e.code in (429, 503) and time.monotonic() + wait < deadline:
-                logging.warning("PUT %s answered %d, asking again in %.1f s: %s", BASE, e.code, wait, answer)
-                gevent.sleep(wait)
-                continue
-            _stop_test(environment, f"PUT {BASE} answered {e.code}: {answer}")
-        except OSError as e:  # no router there: refused, reset, timed out
-            _stop_test(environment, f"PUT {BASE} failed: {e}")
+    try:
+        _ask(request, f"PUT {BASE}")
+    except Refused as e:
+        _stop_test(environment, str(e))
+
+
+# The preload's scores a request (the API's most) and requests in flight.
+PRELOAD_BATCH = 1000
+PRELOAD_IN_FLIGHT = 8
+DAY_MS = 86_400_000
+
+
+def preload_times(epoch_ms: int, now_ms: int) -> tuple[int, float]:
+    """(anchor, scale): player ``i`` reached their points at ``anchor - initial_age_s(i) * 1000 *
+    scale``. The anchor is the day's start (UTC), so that a preload run again the same day sends the
+    same scores, a replay; the ages (up to 30 days, so that ties stay as rare as in a live board)
+    shrink to fit after a newer epoch, before which the board refuses a time."""
+    anchor = now_ms // DAY_MS * DAY_MS
+    if anchor <= epoch_ms:  # a season that started today
+        anchor = now_ms
+    spread_ms = INITIAL_SPREAD_S * 1000
+    return anchor, min(max(anchor - epoch_ms - 1, 0), spread_ms) / spread_ms
+
+
+def preload_body(first: int, stop: int, anchor: int, scale: float, points_max: int) -> bytes:
+    """The scores of players ``first`` .. ``stop - 1``, each under its own match id (a replay of
+    the preload changes nothing)."""
+    return orjson.dumps(
+        {
+            "scores": [
+                {
+                    "player_id": f"p{i}",
+                    "points": min(WORKLOAD.initial_points(i), points_max),
+                    "match_id": f"preload-{i}",
+                    "achieved_at": anchor - int(WORKLOAD.initial_age_s(i) * 1000 * scale),
+                }
+                for i in range(first, stop)
+            ]
+        }
+    )
+
+
+@events.test_start.add_listener
+def preload(environment: Any, **_: Any) -> None:
+    """With SHARDLB_PRELOAD=1, give every player of SHARDLB_PLAYERS their initial points (the
+    workload's, as `make bench` preloads them) once, on the master, after the board's creation (a
+    listener registered after ``create_board``) and before any user starts: otherwise most rank and
+    around reads of a fresh board are cheap 404s that Locust counts as successes. Over HTTP with the
+    write key, outside Locust's stats; a 429 or 503 is asked again, any other refusal stops the test
+    with the router's answer."""
+    if not PRELOAD or not environment.host or isinstance(environment.runner, WorkerRunner):
         return
+    try:
+        _preload(environment.host)
+    except Refused as e:
+        _stop_test(environment, f"preload: {e}")
+    # A shape's clock (the local runner starts it before this event) counts from the users' start.
+    if environment.shape_class is not None:
+        environment.shape_class.reset_time()
+
+
+def _preload(host: str) -> None:
+    read = {"Accept": "application/json", **_auth("SHARDLB_READ_KEY")}
+    settings = orjson.loads(_ask(urllib.request.Request(f"{host}{BASE}", headers=read), f"GET {BASE}"))
+    epoch_ms = int(datetime.fromisoformat(settings["epoch"]).timestamp() * 1000)
+    anchor, scale = preload_times(epoch_ms, int(time.time() * 1000))
+    headers = {"Content-Type": "application/json", "Accept": "application/json", **_auth("SHARDLB_WRITE_KEY")}
+    total = WORKLOAD.players
+    statuses: Counter[str] = Counter()
+
+    def post(first: int) -> int:
+        stop = min(first + PRELOAD_BATCH, total)
+        body = preload_body(first, stop, anchor, scale, int(settings["points_max"]))
+        request = urllib.request.Request(f"{host}{BASE}/scores", data=body, headers=headers)
+        answer = orjson.loads(_ask(request, f"POST {BASE}/scores (players p{first}..p{stop - 1})"))
+        statuses.update(r["status"] for r in answer["results"])
+        return stop - first
+
+    logging.info("preload: %d players into %s, %d a request", total, BOARD, PRELOAD_BATCH)
+    t0 = time.perf_counter()
+    done, tenth = 0, 1
+    pool = gevent.pool.Pool(PRELOAD_IN_FLIGHT)
+    try:
+        for count in pool.imap_unordered(post, range(0, total, PRELOAD_BATCH)):
+            done += count
+            if done * 10 >= tenth * total and done < total:
+                tenth = done * 10 // total + 1
+                rate = done / (time.perf_counter() - t0)
+                logging.info("preload: %d%% (%d players), %.0f players/s", done * 100 // total, done, rate)
+    finally:
+        pool.kill()
+    took = time.perf_counter() - t0
+    logging.info(
+        "preload: %d players in %.1f s (%.0f players/s): %s",
+        total,
+        took,
+        total / took,
+        ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())),
+    )
 
 
 def _retry_after(header: str | None) -> float:

@@ -5,6 +5,7 @@ servers its write target needs."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -19,9 +20,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
+import httpx
 import pytest
 
 from bench import locust_csv
+from bench.workload import Workload
+from tests.client_support import served_router
+from tests.router_support import ADMIN, AS_READER, READ, WRITE, board_name
 
 ROOT = Path(__file__).resolve().parent.parent
 USERS = 24
@@ -107,27 +112,34 @@ def _locust(
     Arrivals.times = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        return _locust_at(f"http://127.0.0.1:{server.server_port}{host_suffix}", env, args, tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _locust_at(
+    host: str, env: dict[str, str], args: list[str], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """Run the locustfile headless against the router at ``host``."""
     base = {"SHARDLB_PLAYERS": "1000", "SHARDLB_BOARD": "phase-t", "SHARDLB_ADMIN_KEY": ""}
     base["SHARDLB_SHAPE"] = ""
     # The locustfile imports bench.shapes and bench.workload: this checkout's, whatever is installed.
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     locust = Path(sys.executable).parent / "locust"
-    try:
-        return subprocess.run(
-            [
-                *(str(locust), "-f", str(ROOT / "bench" / "locustfile.py"), "--headless", "--only-summary"),
-                *("--host", f"http://127.0.0.1:{server.server_port}{host_suffix}", *args),
-            ],
-            env={**os.environ, **base, **env},
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    finally:
-        server.shutdown()
-        server.server_close()
+    return subprocess.run(
+        [
+            *(str(locust), "-f", str(ROOT / "bench" / "locustfile.py"), "--headless", "--only-summary"),
+            *("--host", host, *args),
+        ],
+        env={**os.environ, **base, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def _arrivals(phase: str, tmp_path: Path) -> list[float]:
@@ -521,3 +533,93 @@ def test_a_board_put_answered_503_is_tried_again(tmp_path: Path) -> None:
     done = _locust({"SHARDLB_ADMIN_KEY": "admin"}, ["-u", "2", "-r", "2", "-t", "2s"], tmp_path, Refusing)
     assert Refusing.puts == 3, done.stderr[-2000:]
     assert Refusing.after > 0, done.stderr[-2000:]
+
+
+async def test_a_preload_gives_every_player_their_initial_points(cluster_url: str, tmp_path: Path) -> None:
+    """SHARDLB_PRELOAD=1 against the real router: every player of SHARDLB_PLAYERS (2500: two full
+    requests and a partial one) is on the board with the workload's initial points, so that rank
+    and around reads find them instead of a cheap 404; run again, it is a replay that changes
+    nothing."""
+    board = board_name("preload")
+    workload = Workload(board=board, players=2500)
+    env = {
+        **{"SHARDLB_PRELOAD": "1", "SHARDLB_PLAYERS": "2500", "SHARDLB_BOARD": board},
+        **{"SHARDLB_ADMIN_KEY": ADMIN, "SHARDLB_WRITE_KEY": WRITE, "SHARDLB_READ_KEY": READ},
+    }
+    # No users: the preload alone. -t counts the preload too: 6 s leave it a wide margin.
+    args = ["-u", "0", "-r", "1", "-t", "6s"]
+    async with served_router(cluster_url) as served:
+        first = await asyncio.to_thread(_locust_at, served.url, env, args, tmp_path)
+        assert first.returncode == 0, first.stderr[-2000:]
+        loaded = first.stderr[-2000:]
+        assert "preload: 2500 players in" in loaded and "2500 improved" in loaded, loaded
+        async with httpx.AsyncClient(base_url=served.url, headers=AS_READER, timeout=30) as client:
+
+            async def points() -> dict[str, int]:
+                found: dict[str, int] = {}
+                for start in range(0, 2500, 1000):
+                    ids = [f"p{i}" for i in range(start, min(start + 1000, 2500))]
+                    reply = await client.post(f"/v1/boards/{board}/players:query", json={"player_ids": ids})
+                    assert reply.status_code == 200, reply.text
+                    found |= {e["player_id"]: e["points"] for e in reply.json()["entries"]}
+                return found
+
+            expected = {f"p{i}": workload.initial_points(i) for i in range(2500)}
+            assert await points() == expected
+            again = await asyncio.to_thread(_locust_at, served.url, env, args, tmp_path)
+            assert again.returncode == 0, again.stderr[-2000:]
+            replayed = again.stderr[-2000:]
+            assert "preload: 2500 players in" in replayed and "improved" not in replayed, replayed
+            assert await points() == expected
+            settings = (await client.get(f"/v1/boards/{board}")).json()
+            assert settings["players"]["total"] == 2500
+
+
+def test_a_bad_preload_value_stops_the_test_and_names_it(tmp_path: Path) -> None:
+    done = _locust({"SHARDLB_PRELOAD": "yes"}, ["-t", "1s"], tmp_path)
+    assert done.returncode != 0
+    assert re.search(r"^SHARDLB_PRELOAD=", done.stderr, re.MULTILINE), done.stderr[-2000:]
+
+
+class RefusingScores(BaseHTTPRequestHandler):
+    """A router whose board exists and which answers the score posts with ``answers`` in turn, then
+    200; ``posts`` and ``gets`` count the requests."""
+
+    protocol_version = "HTTP/1.1"
+    answers: ClassVar[list[tuple[int, str]]] = []
+    posts: ClassVar[int] = 0
+    gets: ClassVar[int] = 0
+
+    def do_GET(self) -> None:
+        type(self).gets += 1
+        _send_json(self, 200, b'{"epoch": "2020-01-01T00:00:00Z", "points_max": 2097151, "players": {}}')
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        type(self).posts += 1
+        if not self.answers:
+            return _send_json(self, 200, b'{"results": []}')
+        status, code = self.answers.pop(0)
+        body = json.dumps({"error": {"code": code, "message": f"refused: {code}", "field": None}}).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("retry-after", "0")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_preload_the_router_refuses_stops_the_test_and_says_why(tmp_path: Path) -> None:
+    """A busy router (503) is asked again; a refusal (401: a wrong write key) stops the test with the
+    router's answer before any user, as the board's PUT does. SHARDLB_PLAYERS=1000: one request."""
+    RefusingScores.answers = [(503, "overloaded"), (401, "unauthorized")]
+    RefusingScores.posts = RefusingScores.gets = 0
+    env = {"SHARDLB_PRELOAD": "1", "SHARDLB_PLAYERS": "1000"}
+    done = _locust(env, ["-u", "1", "-r", "1", "-t", "3s", "Player"], tmp_path, RefusingScores)
+    assert done.returncode != 0, done.stderr[-2000:]
+    assert "401" in done.stderr and "unauthorized" in done.stderr, done.stderr[-2000:]
+    assert RefusingScores.posts == 2  # the 503's post asked again
+    assert RefusingScores.gets == 1  # the board's settings; no Player's read after the 401
