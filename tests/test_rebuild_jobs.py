@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -201,6 +201,29 @@ async def test_a_retry_posted_as_its_board_comes_back_is_recognised_beside_the_o
                     await store.delete(b)
 
 
+def failing_at(step: str, boards: set[str], at_shard: int | None = None) -> Callable[..., Any]:
+    """``Rebuilder.<step>`` (refill, rebuild_shard: called with a board and a shard) that raises
+    ClusterUnavailable for ``boards`` (on ``at_shard`` alone, when given)."""
+    real = getattr(Rebuilder, step)
+
+    async def fails(self: Rebuilder, board: Board, shard: int, *args: Any) -> Any:
+        if board.config.id in boards and at_shard in (None, shard):
+            raise ClusterUnavailable(f"{step} of {board.config.id} failed here (a test)", "board")
+        return await real(self, board, shard, *args)
+
+    return fails
+
+
+async def run_again_converges(
+    command: list[str], store: BoardStore, url: str, specs: dict[str, dict[str, Any]]
+) -> None:
+    """The same command run again exits 0 and leaves every board of ``specs`` as archived."""
+    assert await asyncio.to_thread(main, command) == 0
+    for b in specs:
+        back = await store.get(b)
+        await check(back, await as_archived(url, back))
+
+
 @pytest.mark.parametrize("step", ["refill", "rebuild_shard"])
 async def test_an_error_in_one_boards_task_is_reported_after_the_others_and_a_second_run_converges(
     store: BoardStore,
@@ -216,40 +239,32 @@ async def test_an_error_in_one_boards_task_is_reported_after_the_others_and_a_se
     every error is printed naming its board, then the command exits 1 (no task left running:
     nothing is printed after). Run again, it brings every board back."""
     specs = {f"jobs-fail-{n}": s for n, s in zip("abc", SPECS.values(), strict=False)}
-    failing = "jobs-fail-b"
-    real = getattr(Rebuilder, step)
-
-    async def fails(self: Rebuilder, board: Board, shard: int, *args: Any) -> Any:
-        if board.config.id == failing and shard == 1:
-            raise ClusterUnavailable(f"{step} failed here (a test)", "board")
-        return await real(self, board, shard, *args)
+    failing_board = "jobs-fail-b"
+    why = f"{step} of {failing_board} failed here (a test)"
 
     async with own_archive(postgres_url) as url:
         try:
             await written(store, raw, url, specs)
             command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url, "--jobs", "3"]
             with monkeypatch.context() as patch:
-                patch.setattr(Rebuilder, step, fails)
+                patch.setattr(Rebuilder, step, failing_at(step, {failing_board}, at_shard=1))
                 assert await asyncio.to_thread(main, command) == 1
             out, err = capsys.readouterr()
-            assert f"{step} failed here (a test)" in err
+            assert why in err
             lines = out.splitlines()
-            assert f"{failing}: stopped: ClusterUnavailable: {step} failed here (a test)" in lines
-            others = [b for b in specs if b != failing]
+            assert f"{failing_board}: stopped: ClusterUnavailable: {why}" in lines
+            others = [b for b in specs if b != failing_board]
             if step == "refill":  # the other boards' restores finished; the failing one's not
                 assert {f"{b}: restored to the registry" for b in others} <= set(lines)
-                assert f"{failing}: restored to the registry" not in lines
-                assert not [line for line in lines if line.startswith(f"{failing} shard 0 (")]
+                assert f"{failing_board}: restored to the registry" not in lines
+                assert not [line for line in lines if line.startswith(f"{failing_board} shard 0 (")]
             for b in others:  # a rebuild begun (a board's own, once restored) finished every shard
                 shards = specs[b]["sharding"]["shards"]
                 if [line for line in lines if line.startswith(f"{b} shard 0 (")]:
                     assert [line for line in lines if line.startswith(f"{b} shard {shards - 1} (")]
             await asyncio.sleep(0.2)
             assert not capsys.readouterr().out  # no task went on after the command returned
-            assert await asyncio.to_thread(main, command) == 0
-            for b in specs:
-                back = await store.get(b)
-                await check(back, await as_archived(url, back))
+            await run_again_converges(command, store, url, specs)
         finally:
             for b in specs:
                 with contextlib.suppress(Exception):
@@ -456,20 +471,14 @@ async def test_one_job_stops_at_the_failing_board_and_more_report_every_failing_
     `stopped` line. --jobs 3: both errors are printed naming their boards, the first on stderr
     too, the third board is restored beside them. Exit 1 either way."""
     specs = {f"jobs-two-{n}": s for n, s in zip("abc", SPECS.values(), strict=False)}
-    failing = {"jobs-two-b", "jobs-two-c"} if jobs == "3" else {"jobs-two-b"}
-    real = Rebuilder.refill
-
-    async def fails(self: Rebuilder, board: Board, shard: int, *args: Any) -> Any:
-        if board.config.id in failing:
-            raise ClusterUnavailable(f"refill of {board.config.id} failed here (a test)", "board")
-        return await real(self, board, shard, *args)
+    failing_boards = {"jobs-two-b", "jobs-two-c"} if jobs == "3" else {"jobs-two-b"}
 
     async with own_archive(postgres_url) as url:
         try:
             await written(store, raw, url, specs)
             command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url, "--jobs", jobs]
             with monkeypatch.context() as patch:
-                patch.setattr(Rebuilder, "refill", fails)
+                patch.setattr(Rebuilder, "refill", failing_at("refill", failing_boards))
                 capsys.readouterr()
                 assert await asyncio.to_thread(main, command) == 1
             out, err = capsys.readouterr()
@@ -482,13 +491,10 @@ async def test_one_job_stops_at_the_failing_board_and_more_report_every_failing_
                 assert not await raw.hexists(keys.BOARDS, "jobs-two-c")  # not begun
             else:
                 why = "ClusterUnavailable: refill of {} failed here (a test)"
-                assert stopped == [f"{b}: stopped: {why.format(b)}" for b in sorted(failing)]
+                assert stopped == [f"{b}: stopped: {why.format(b)}" for b in sorted(failing_boards)]
                 assert len(err.splitlines()) == 1 and "failed here (a test)" in err
             assert not [line for line in lines if "swapped on try" in line]  # nothing rebuilt
-            assert await asyncio.to_thread(main, command) == 0
-            for b in specs:
-                back = await store.get(b)
-                await check(back, await as_archived(url, back))
+            await run_again_converges(command, store, url, specs)
         finally:
             for b in specs:
                 with contextlib.suppress(Exception):
