@@ -186,11 +186,18 @@ def worker_main(args: argparse.Namespace) -> int:
 def measure(root: Path, url: str, shards: int, requests: int, concurrency: int) -> dict[str, float]:
     """One round of one variant: this file run as a script in a fresh process, with the source tree
     at ``root`` first on the path (its router/ and shardlb/ are the ones measured)."""
+    target = ["--url", url, "--shards", str(shards), "--concurrency", str(concurrency)]
+    return _worker(root, [*target, "--requests", str(requests)])
+
+
+def _worker(root: Path, args: list[str], under: list[str] | None = None) -> dict[str, float]:
+    """Run this file as a worker with ``args`` in a fresh process, with ``root`` first on the path;
+    the JSON of its last line. ``under``: a command it runs under (valgrind), with a fixed hash
+    seed: str hashes, and so the order of sets and the probes of dicts, are the same in every run."""
     env = {**os.environ, "PYTHONPATH": str(root), "SHARDLB_LOG_LEVEL": "warning"}
-    command = [
-        sys.executable, str(Path(__file__).resolve()), "--worker", "--url", url, "--shards", str(shards),
-        "--requests", str(requests), "--concurrency", str(concurrency),
-    ]  # fmt: skip
+    if under:
+        env["PYTHONHASHSEED"] = "0"
+    command = [*(under or []), sys.executable, str(Path(__file__).resolve()), "--worker", *args]
     done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=root, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"the worker for {root} failed:\n{done.stderr[-3000:]}")
@@ -212,18 +219,9 @@ def count(root: Path, url: str, shards: int, waves: int, concurrency: int) -> di
     instrumentation on only around its waves of posts; instructions a request of each measure."""
     with tempfile.TemporaryDirectory(prefix="app-count-") as tmp:
         out = Path(tmp) / "callgrind.out"
-        # A fixed hash seed: str hashes, and so the order of sets and the probes of dicts, are the
-        # same in every run.
-        env = {**os.environ, "PYTHONPATH": str(root), "SHARDLB_LOG_LEVEL": "warning", "PYTHONHASHSEED": "0"}
-        command = [
-            "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-            sys.executable, str(Path(__file__).resolve()), "--worker", "--url", url, "--shards", str(shards),
-            "--concurrency", str(concurrency), "--count-waves", str(waves),
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=root, env=env)
-        if done.returncode != 0:
-            raise RuntimeError(f"the counted worker for {root} failed:\n{done.stderr[-3000:]}")
-        requests: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+        valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+        target = ["--url", url, "--shards", str(shards), "--concurrency", str(concurrency)]
+        requests = _worker(root, [*target, "--count-waves", str(waves)], valgrind)
         # One dump a measure, numbered in the order counted (callgrind.out.1, .2, ...).
         dumps = sorted(Path(tmp).glob(out.name + ".*"), key=lambda p: int(p.suffix[1:]))
         if len(dumps) != len(COUNTS):
