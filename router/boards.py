@@ -58,6 +58,8 @@ MISSING_TTL_S = 1.0
 # How long a request waits out a reshard's cut-over (shardlb/reshard.py) before it is answered 503
 # board_resharding: the cut-over takes tens of milliseconds, a few hundred at most.
 RESHARD_WAIT_S = 2.0
+# How long a board being rebuilt after a loss of Redis (``Board.rebuilding``) is kept
+REBUILDING_TTL_S = 1.0
 RESHARD_RETRY_S = 0.05
 T = TypeVar("T")
 
@@ -114,9 +116,12 @@ class Boards:
     def cached(self, board_id: str) -> Board | None:
         """The board as kept, while its settings are fresh; else None (``get`` fetches them)."""
         kept = self._kept.get(board_id)
-        if kept is not None and time.monotonic() - kept[0] < self.ttl_s and not kept[1].stale:
-            return kept[1]
-        return None
+        if kept is None or kept[1].stale:
+            return None
+        # A board being rebuilt is fetched again sooner: its record loses its mark with the
+        # rebuild's last swap, and its reads and writes are refused until this router sees that.
+        ttl = min(self.ttl_s, REBUILDING_TTL_S) if kept[1].rebuilding else self.ttl_s
+        return kept[1] if time.monotonic() - kept[0] < ttl else None
 
     async def get(self, board_id: str) -> Board:
         """The board for a write (BoardNotFound when there is none; InvalidInput for a malformed id)."""

@@ -88,6 +88,9 @@ class TopCache:
             # for every day of the calendar cannot fill the cache with views to refresh.
             _HIT.inc()
             return [], now
+        # A board being rebuilt (shardlb/store.py, ``rebuilding``): refused, not served from what
+        # was kept before Redis was lost, nor read from shards not rebuilt yet and kept.
+        board.check_view(view)
         kept = self._views.get(key)
         if kept is not None and self._fits(kept, board, limit):
             _HIT.inc()

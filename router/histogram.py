@@ -130,6 +130,7 @@ class Histograms:
     async def estimate(self, board: Board, view: ResolvedView, row: Row) -> Estimate:
         """The estimated rank of ``row`` in a view, from the kept snapshot (built on first use)."""
         key = view  # equal views (two spellings of one period) share one entry
+        board.check_view(view)  # a board being rebuilt: no estimate from shards not rebuilt yet
         kept = self._views.get(key)
         if kept is not None and (kept.board is board or kept.board.config == board.config):
             _HIT.inc()

@@ -677,7 +677,9 @@ _ERROR_TEXT = {
     "in progress as it may hold, or it sent too many wrong keys (rate_limited); see Retry-After.",
     503: "Retry after Retry-After seconds. Overloaded (overloaded), shutting down "
     "(shutting_down), the cluster unavailable (cluster_unavailable) or the shard's master out of memory "
-    "(out_of_memory), not ready (not_ready, /readyz), a reshard's cut-over (board_resharding); "
+    "(out_of_memory), not ready (not_ready, /readyz), a reshard's cut-over (board_resharding), a board "
+    "being rebuilt after a loss of Redis whose answer would come from a shard not rebuilt yet "
+    "(board_rebuilding: nothing written, retry the same match_id); "
     "PostgreSQL failed (archive_unavailable) or the archiver is behind a settlement (archive_behind).",
 }
 _RETRY_AFTER = {

@@ -38,6 +38,7 @@ from shardlb.errors import (
     Overloaded,
     PartlyApplied,
     PlayerNotFound,
+    Rebuilding,
     Resharding,
 )
 from shardlb.fanout import ScriptPipeline, batch
@@ -48,6 +49,7 @@ from shardlb.sharding import Layout
 STATUS = {"i": "improved", "u": "unchanged", "d": "duplicate", "o": "overflow", "r": "region_conflict"}
 GONE = "BOARDGONE"  # the error write.lua and band.lua answer with once the board was deleted
 MOVED = "BOARDMOVED"  # the scripts' error while a reshard holds the shard (shardlb/reshard.py)
+REBUILDING_RETRY_S = 5.0  # Retry-After of a call refused while its shards are rebuilt (check_built)
 CLOSED = "BOARDCLOSED"  # write.lua's error once the board's total is closed (a season's archive)
 JOURNAL_FULL = "JOURNALFULL"  # write.lua's error when the shard's journal is at its bound
 # Results a shard's journal may hold not yet archived before writes are refused: the buffer while
@@ -238,6 +240,10 @@ class Board:
         ]
         # Set once a script reports this incarnation deleted: a cache holding the board drops it.
         self.deleted = False
+        # The shards `rebuild --all` restored after a loss of Redis and has not swapped in yet (the
+        # registry's record, shardlb/store.py): reads and writes that touch one are refused
+        # (``check_built``). Empty but for that window.
+        self.rebuilding: frozenset[int] = frozenset()
         # A reshard (shardlb/reshard.py): ``moving`` while this layout is being copied to another
         # (reads then check that it is still current); ``moved`` once this process learnt that it is
         # not (a cache holding the board fetches it again); ``also``: the other layout's prefixes,
@@ -355,6 +361,8 @@ class Board:
                     ),
                 )
             )
+        if self.rebuilding:
+            self.check_built({s for p in out for s in (p.shard, *self.layout.rivals(p.shard))}, "write")
         return out
 
     def at_units(self, p: Prepared, units: int) -> Prepared:
@@ -787,7 +795,26 @@ class Board:
         offset at that instant; None for the total."""
         return periods.resets_at(name, self.tz, self.config.week_start)
 
+    def check_built(self, shards: Iterable[int], what: str = "read") -> None:
+        """Rebuilding when one of ``shards`` is not rebuilt yet (``rebuilding``): its answer would
+        come from a shard emptied by a loss of Redis (docs/design-notes.md, "A board being rebuilt")."""
+        waiting = sorted(self.rebuilding.intersection(shards))
+        if waiting:
+            raise Rebuilding(
+                f"board {self.config.id!r} is being rebuilt after a loss of Redis (shards "
+                f"{', '.join(map(str, waiting))} not rebuilt yet): this {what} would not be exact. "
+                "Nothing was written; retry shortly",
+                REBUILDING_RETRY_S,
+            )
+
+    def check_view(self, view: ResolvedView) -> None:
+        """``check_built`` for the shards a read of ``view`` merges."""
+        if self.rebuilding:
+            shards = self.layout.view(view.period == "total", view.region)
+            self.check_built(shards)
+
     def _merged(self, view: ResolvedView) -> View:
+        self.check_view(view)
         return View(
             self.client,
             view.keys,
@@ -939,7 +966,10 @@ class Board:
     async def scores(self, player_ids: Sequence[str], view: ResolvedView | None = None) -> dict[str, float]:
         """Each player's score in a view, from their home shard(s); players without one are left out."""
         view = view or self.resolve()
-        return await self._scores({p: self.layout.candidates(p, view.region) for p in player_ids}, view)
+        placed = {p: self.layout.candidates(p, view.region) for p in player_ids}
+        if self.rebuilding:
+            self.check_built({s for shards in placed.values() for s in shards})
+        return await self._scores(placed, view)
 
     async def _scores(self, placed: Mapping[str, Sequence[int]], view: ResolvedView) -> dict[str, float]:
         """``scores`` of players whose candidate shards are known (``Layout.candidates``)."""

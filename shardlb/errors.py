@@ -143,3 +143,12 @@ class Resharding(Overloaded):
     that is no longer current. Nothing was written; the caller fetches the board again and retries."""
 
     code = "board_resharding"
+
+
+class Rebuilding(Overloaded):
+    """The board is being rebuilt after a loss of Redis (`shardlb rebuild --all`: restored to the
+    registry, some of its shards not swapped in yet), and this call's answer depends on a shard not
+    rebuilt yet: it would be inexact (an empty top, a rank from half the shards, a write's total
+    against an empty shard). Nothing was written; retry once the rebuild is done."""
+
+    code = "board_rebuilding"

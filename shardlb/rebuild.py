@@ -83,6 +83,7 @@ from shardlb.errors import (
 )
 from shardlb.fanout import Ack, AckedScript, confirmed
 from shardlb.journal import Applied, Entry, decode
+from shardlb.reads import View
 from shardlb.reshard_copy import REPLICA_WAIT_MS, Replicated
 from shardlb.store import GONE_MS, BoardStore
 
@@ -467,10 +468,22 @@ class Rebuilder:
         reports = []
         for home in chosen:
             reports.append(await self.rebuild_shard(board, home, wanted))
+            if name is None:  # every period of the shard rebuilt: its reads and writes are exact
+                await self._built(board, [home])
         # A band board's band shards index the totals: rebuilt whenever a total may have changed.
         if layout.strategy == "band" and name in (None, "total"):
             reports += await self.rebuild_bands(board)
+            if name is None:
+                await self._built(board, range(board.config.sharding.shards, layout.physical))
         return reports
+
+    async def _built(self, board: Board, shards: Iterable[int]) -> None:
+        """Take ``shards``, rebuilt whole, off the shards the board's record names not rebuilt
+        (``BoardStore.rebuilt``: after a loss of Redis, ``_restore_board`` marked them all)."""
+        done = board.rebuilding.intersection(shards)
+        if done:
+            await BoardStore(board.client, board.scripts).rebuilt(board.config.id, board.incarnation, done)
+            board.rebuilding = board.rebuilding - done
 
     async def _check_rows_layout(self, board: Board) -> None:
         """BoardConflict, forced or not, when the archive's rows of ``board`` name other shards
@@ -521,7 +534,7 @@ class Rebuilder:
     async def _check_gaps(self, board: Board) -> None:
         """BoardConflict when ``archive_gaps`` holds a gap of ``board`` and Redis holds players."""
         found = await self.gaps(board)
-        if not found or not await board.size(board.resolve("total")):
+        if not found or not await _held(board):
             return
         raise BoardConflict(
             f"this archive lacks results of board {board.config.id!r} (incarnation {board.incarnation}) "
@@ -554,7 +567,7 @@ class Rebuilder:
             (journals, [deleted[j][1] for j in journals]),
         )
         behind = sorted(await cur.fetchall(), key=lambda row: deleted[row[0]][0])
-        if not behind or not await board.size(board.resolve("total")):
+        if not behind or not await _held(board):
             return
         shard, archived_to, trimmed_to = deleted[behind[0][0]][0], behind[0][1], behind[0][2]
         raise BoardConflict(
@@ -601,7 +614,7 @@ class Rebuilder:
         cur = await self.db.execute(ANY_ROW, (board.config.id, board.incarnation))
         if await cur.fetchone() is not None:
             return
-        players = await board.size(board.resolve("total"))
+        players = await _held(board)
         if players:
             raise BoardConflict(
                 f"this archive holds no result of board {board.config.id!r} (incarnation "
@@ -965,8 +978,8 @@ class Rebuilder:
         then its record in the registry; the board, or None when the registry holds another
         incarnation of its id. Boards go through it side by side (``jobs``), each on its own
         PostgreSQL connection; what a board writes before its record comes back is its own. From
-        then on routers find the board: they take its writes (its retries recognised) and read it
-        empty or partly rebuilt until its shards are swapped (``recover``)."""
+        then on routers find the board, its record naming every shard not rebuilt yet: reads and
+        writes that touch one are refused until its swap (``Board.check_built``, ``_built``)."""
         config, board_id, incarnation = former.config, former.config.id, former.incarnation
         refilled: list[str] = []
         closing = (board_id, str(incarnation)) in seasons
@@ -981,7 +994,10 @@ class Rebuilder:
                 await self.refill(former, shard)
                 refilled.append(prefix)
         try:
-            board, created = await store.restore(config, incarnation, former.generation)
+            # Every shard marked not rebuilt (reads and writes that touch one are refused) until
+            # its swap (``rebuild``): the record comes back with its mark, in one write.
+            unbuilt = range(former.layout.physical)
+            board, created = await store.restore(config, incarnation, former.generation, unbuilt)
         except BoardNotFound:  # the registry's record of the id is being deleted
             await _unrestored(store, former, refilled)
             raise
@@ -1662,6 +1678,13 @@ async def side_by_side(
     if errors:
         raise errors[0]
     return results
+
+
+async def _held(board: Board) -> int:
+    """The players Redis holds on ``board``'s total, counted shard by shard whether or not they are
+    rebuilt (``Board.size`` refuses a board being rebuilt: ``Board.check_built``)."""
+    view = board.resolve("total")
+    return sum(await View(board.client, view.keys, board.scripts.counts).sizes())
 
 
 def _resharding(board: Board) -> BoardConflict:

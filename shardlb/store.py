@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -60,6 +61,10 @@ _RECORD = ("incarnation", "state", "generation", "reshard", "last_reshard", "cre
 # What every record that names a reshard under way holds (``last_reshard`` is another field):
 # ``resharding`` parses only the records that hold it.
 _RESHARD_FIELD = '"reshard"'
+# A record's ``state`` while `rebuild --all` rebuilds the board after a loss of Redis: {REBUILDING:
+# [shards not rebuilt yet]}. Inside ``state``, not a field of its own: routers of the release before
+# take only "deleting" from it, and would refuse a record with an unknown field (see _RECORD).
+REBUILDING = "rebuilding"
 RESHARD_SOURCE_STATES = ("copying", "sealing")  # the registry's layout is being copied away
 # ``follow`` reads the whole registry at least this often, moved or not: processes of the release
 # before write records without moving the version (README, "Upgrading an install").
@@ -148,17 +153,45 @@ class BoardStore:
         await self.client.initialize()  # a no-op once the client knows the cluster
         return len(self.client.get_primaries())
 
-    async def restore(self, config: BoardConfig, incarnation: str, generation: int = 0) -> tuple[Board, bool]:
+    async def restore(
+        self, config: BoardConfig, incarnation: str, generation: int = 0, rebuilding: Sequence[int] = ()
+    ) -> tuple[Board, bool]:
         """Register a board under the incarnation (and layout generation) it had (a rebuild after
         Redis lost the registry, shardlb/rebuild.py), so its keys and its rows in PostgreSQL are
         found again. Returns (board, registered); a board already in the registry is returned as it
-        is there, whatever its incarnation."""
+        is there, whatever its incarnation. ``rebuilding``: the shards not rebuilt yet, which the
+        record names (``state``) until ``rebuilt`` takes them off (``Board.rebuilding``)."""
         record: dict[str, Any] = {**config.to_dict(), "incarnation": incarnation}
         if generation:
             record["generation"] = generation
+        if rebuilding:
+            record["state"] = {REBUILDING: sorted(rebuilding)}
         if await self.swap(config.id, b"", orjson.dumps(record)):
             return self._board(config.id, record), True
         return await self.get(config.id), False
+
+    async def rebuilt(self, board_id: str, incarnation: str, shards: Iterable[int]) -> None:
+        """Take ``shards`` off the shards the board's record names not rebuilt (``restore``), the
+        mark gone with the last of them; through ``swap``, so the registry's version moves and
+        routers fetch the record again. Nothing when the record is another incarnation's, being
+        deleted, or names none of them."""
+        done = set(shards)
+        while True:
+            raw = await self.client.hget(keys.BOARDS, board_id)
+            if raw is None:
+                return
+            record = orjson.loads(raw)
+            if str(record.get("incarnation", "0")) != incarnation:
+                return
+            left = _rebuilding(record)
+            if not left & done:
+                return
+            state = sorted(left - done)
+            new = {k: v for k, v in record.items() if k != "state"}
+            if state:
+                new["state"] = {REBUILDING: state}
+            if await self.swap(board_id, raw, orjson.dumps(new)):
+                return
 
     async def get(self, board_id: str) -> Board:
         check_id(board_id, "board")
@@ -326,6 +359,7 @@ class BoardStore:
         config = _config(board_id, record)
         incarnation, generation = str(record.get("incarnation", "0")), int(record.get("generation", 0))
         board = self.layout(config, incarnation, generation)
+        board.rebuilding = frozenset(_rebuilding(record))
         move = record.get("reshard")
         if move:
             board.moving = move.get("state") in RESHARD_SOURCE_STATES
@@ -382,6 +416,12 @@ class BoardStore:
 # The registry, the index of its reshards under way (``resharding``) and its version (``follow``):
 # registry.lua's keys, in one slot.
 _REGISTRY = [keys.BOARDS, keys.RESHARDS, keys.BOARDS_VERSION]
+
+
+def _rebuilding(record: dict[str, Any]) -> set[int]:
+    """The shards a record names not rebuilt yet (``BoardStore.restore``)."""
+    state = record.get("state")
+    return {int(s) for s in state.get(REBUILDING, ())} if isinstance(state, dict) else set()
 
 
 def configs(records: dict[str, Any]) -> list[BoardConfig]:

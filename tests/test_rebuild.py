@@ -12,7 +12,7 @@ import os
 import random
 import secrets
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -1650,9 +1650,11 @@ class CreatedMeanwhile(BoardStore):
     right before `rebuild --all` registers the one it restores: the one in the registry is left
     alone, as the restore says."""
 
-    async def restore(self, config: BoardConfig, incarnation: str, generation: int = 0) -> tuple[Board, bool]:
+    async def restore(
+        self, config: BoardConfig, incarnation: str, generation: int = 0, rebuilding: Sequence[int] = ()
+    ) -> tuple[Board, bool]:
         await self.create(config)
-        return await super().restore(config, incarnation, generation)
+        return await super().restore(config, incarnation, generation, rebuilding)
 
 
 async def test_a_board_created_meanwhile_leaves_no_key_of_the_one_a_restore_refilled(
