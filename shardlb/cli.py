@@ -317,10 +317,9 @@ def add_rebuild_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     rebuild.add_argument(
         "--jobs",
         type=_jobs,
-        default=REBUILD_JOBS,
         metavar="N",
-        help=f"boards restored and rebuilt side by side, each on a PostgreSQL connection of its own "
-        f"(default {REBUILD_JOBS}; a board's shards go one after another; with --all)",
+        help=f"with --all: boards restored and rebuilt side by side, each on a PostgreSQL connection "
+        f"of its own (default {REBUILD_JOBS}; a board's shards go one after another)",
     )
     rebuild.add_argument(
         "--force",
@@ -341,14 +340,21 @@ def rebuild_boards(args: argparse.Namespace) -> int:
             "shardlb rebuild: give a BOARD or --all, and --postgres or SHARDLB_POSTGRES_URL", file=sys.stderr
         )
         return USAGE
+    if args.jobs is not None and not args.all:  # taken and ignored, it would say nothing of why
+        print(
+            "shardlb rebuild: --jobs goes with --all (a board's shards are rebuilt one after another)",
+            file=sys.stderr,
+        )
+        return USAGE
     boards = None if args.all else [args.board]
     # What start-up made (the modules, some 50,000 objects) goes out of the collector's way, as a
     # router worker's does (router/heap.py): a rebuild makes several objects per result, and the
     # full collections they set off walked start-up's heap each time, a tenth of the process's CPU
     # (`rebuild --all` of 792,000 results, 2026-12-06).
     gc.freeze()
+    jobs = args.jobs or REBUILD_JOBS
     done = asyncio.run(
-        rebuild.run(args.redis, args.postgres, boards, args.period, args.shard, print, args.force, args.jobs)
+        rebuild.run(args.redis, args.postgres, boards, args.period, args.shard, print, args.force, jobs)
     )
     print(f"rebuilt {len(done)} board(s)")
     return 0

@@ -410,3 +410,14 @@ def test_rebuild_jobs_must_be_a_whole_number_of_1_or_more(
         main(argv)
     assert usage.value.code == 2
     assert "--jobs: must be 1 or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("jobs", ["1", "4"])
+def test_rebuild_jobs_without_all_is_a_usage_error(jobs: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rebuild BOARD --jobs N` was taken and did nothing (a board's shards go one after another,
+    --jobs is how many boards of --all go side by side): an operator who meant to speed one board
+    up was told nothing."""
+    argv = ["rebuild", "b", "--jobs", jobs, "--redis", "redis://127.0.0.1:1"]
+    assert main([*argv, "--postgres", "postgresql://127.0.0.1:1/x"]) == 2
+    err = capsys.readouterr().err
+    assert err == "shardlb rebuild: --jobs goes with --all (a board's shards are rebuilt one after another)\n"
