@@ -170,14 +170,15 @@ def choose(plans: dict[str, Plan]) -> tuple[str, str]:
     on a tie the first given (hash: its writes cost less and it needs no band starts)."""
     best = min(plans, key=lambda k: (not plans[k].fits, plans[k].nodes, plans[k].routers))
     others = "; ".join(
-        f"{name}: {p.nodes} nodes and {p.routers} routers{'' if p.fits else ', OVER BUDGET'}"
+        f"{name}: {_count(p.nodes, 'node')} and {_count(p.routers, 'router')}"
+        f"{'' if p.fits else ', OVER BUDGET'}"
         for name, p in plans.items()
         if name != best
     )
     chosen = plans[best]
     return best, (
-        f"{chosen.nodes} Redis nodes and {chosen.routers} router processes against {others} "
-        "(--sharding hash|band plans one layout)"
+        f"{_count(chosen.nodes, 'Redis node')} and {_count(chosen.routers, 'router process')} against "
+        f"{others} (--sharding hash|band plans one layout)"
     )
 
 
@@ -394,8 +395,8 @@ def plan(
     if banded:
         shards_reason = (
             f"home shards, {per_master} per master (what a band board created without a shard count gets"
-            f"{'' if per_master == 1 else ' with one per master: give the count'}), and {masters} band(s), "
-            "one per master: a band board; set "
+            f"{'' if per_master == 1 else ' with one per master: give the count'}), and "
+            f"{_count(masters, 'band')}, one per master: a band board; set "
             "its band starts with `shardlb bands BOARD --count "
             f"{masters}` (each band about as many players) and keep them so as scores move with "
             "its `--apply` from cron"
@@ -483,12 +484,12 @@ def shards_per_master(players: int, masters: int) -> int:
 
 
 def _reads_reason(group_read: float, read_from: str, replicas: int, over: bool) -> str:
-    reason = f"reads take {group_read:.2f} core of each primary's group (every read touches every group)"
+    reason = f"reads take {group_read:.2f} cores of each primary's group (every read touches every group)"
     if read_from == "primary":
         return f"{reason}: the primaries serve them (SHARDLB_READ_FROM=primary)"
     line = (
-        f"{reason}: more than a primary has beside its writes, so {replicas} replica(s) per master serve "
-        f"them, {MASTER_UTILISATION:g} core each less what applying their master's writes takes "
+        f"{reason}: more than a primary has beside its writes, so {_count(replicas, 'replica')} per master "
+        f"serve them, {MASTER_UTILISATION:g} core each less what applying their master's writes takes "
         "(SHARDLB_READ_FROM=replicas; replicas may lag)"
     )
     if over:
@@ -599,8 +600,8 @@ def layout_steps(
         times = f"   ({extra} times)" if extra > 1 else ""
         steps.append(
             Step(
-                f"add {extra} master(s), {masters_now} -> {p.masters} ({masters_why(p)}), "
-                f"{p.replicas} replica(s) each, and move their share of the slots onto them (online)",
+                f"add {_count(extra, 'master')}, {masters_now} -> {p.masters} ({masters_why(p)}), "
+                f"{_count(p.replicas, 'replica')} each, and move their share of the slots onto them (online)",
                 (
                     f"local:      shardlb cluster add-node --replicas {p.replicas}{times}",
                     "            shardlb cluster rebalance",
@@ -718,8 +719,15 @@ def _steps_lines(steps: list[Step], p: Plan, masters_now: int | None, shards_now
     return [*lines, ""]
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def _writers(n: int) -> str:
+    return f"; {n} of them {'takes' if n == 1 else 'take'} the writes"
+
+
+def _count(n: float, noun: str) -> str:
+    """``n`` and its noun, plural unless ``n`` is one (`process` takes `es`); a float as ``:g``
+    prints it."""
+    shown = f"{n:g}" if isinstance(n, float) else str(n)
+    return f"{shown} {noun}" if n == 1 else f"{shown} {noun}{'es' if noun.endswith('s') else 's'}"
 
 
 def scaleout_lines(result: dict[str, Any]) -> list[str]:
@@ -862,7 +870,7 @@ def render(
             f"  reads from           {p.read_from}  (SHARDLB_READ_FROM)",
             f"  shards per board     {p.shards}  ({p.reasons['shards']})",
             f"  router processes     {p.routers}  (one core each"
-            f"{'' if p.write_routers == p.routers else f'; {p.write_routers} of them take the writes'})",
+            f"{'' if p.write_routers == p.routers else _writers(p.write_routers)})",
             f"  memory per node      {_gib(FORK_HEADROOM * maxmemory)}  "
             f"(data {_gib(p.data_bytes / p.masters)} + full journals {_size(p.journal.bytes_per_master)} "
             f"per master x {FORK_HEADROOM:g} for fork copy-on-write)",
@@ -967,8 +975,9 @@ def _call_lines(
     factor = call_size_factor(c, p.scores_per_call)
     touched = touched_shards(scores, p.shards)
     lines = [
-        f"  scores a write call = a request's {scores:g} scores / the {touched:.1f} of {p.shards} shards it "
-        f"touches + writes / {p.write_routers} routers taking writes / {p.shards} shards x "
+        f"  scores a write call = a request's {_count(scores, 'score')} / the {touched:.1f} of "
+        f"{p.shards} shards it touches + writes / {_count(p.write_routers, 'router')} taking writes / "
+        f"{p.shards} shards x "
         f"{COALESCE_DELAY_S * 1000:g} ms coalescing delay = {p.scores_per_call:.1f}; call size factor = "
         f"(redis_master_us_per_score_in_call + redis_master_us_per_call / {p.scores_per_call:.1f}) / "
         f"(the same at raw_scores_per_call) = {factor:.2f}",
@@ -995,12 +1004,13 @@ def _pool_lines(shared: Plan, pooled: Plan) -> list[str]:
     if pooled.nodes >= shared.nodes:
         return []
     return [
-        f"With a pool of {pooled.write_routers} routers that take the score writes (--write-routers "
-        f"{pooled.write_routers}; the game servers post their scores to that pool's address, every "
-        "other request goes to the rest), each router's write calls carry "
+        f"With a pool of {_count(pooled.write_routers, 'router')} that take the score writes "
+        f"(--write-routers {pooled.write_routers}; the game servers post their scores to that pool's "
+        "address, every other request goes to the rest), each router's write calls carry "
         f"{pooled.scores_per_call:.1f} scores instead of {shared.scores_per_call:.1f}, and the same load "
-        f"takes {pooled.nodes} Redis nodes ({pooled.masters} masters x {pooled.replicas} replicas) and "
-        f"{pooled.routers} router processes instead of {shared.nodes} and {shared.routers}.",
+        f"takes {_count(pooled.nodes, 'Redis node')} ({pooled.masters} masters x "
+        f"{_count(pooled.replicas, 'replica')}) and {_count(pooled.routers, 'router process')} "
+        f"instead of {shared.nodes} and {shared.routers}.",
         "",
     ]
 
@@ -1011,8 +1021,8 @@ def _request_line(costs: dict[str, float], scores_per_request: float | None) -> 
         return []
     c = {**DEFAULTS, **costs}
     return [
-        f"  router_us_per_write at {scores_per_request:g} scores a request = router_us_per_write + "
-        f"router_us_per_request x (1/{scores_per_request:g} - 1/{c['router_scores_per_request']:g}) = "
+        f"  router_us_per_write at {_count(scores_per_request, 'score')} a request = router_us_per_write "
+        f"+ router_us_per_request x (1/{scores_per_request:g} - 1/{c['router_scores_per_request']:g}) = "
         f"{router_write_us(c, scores_per_request):.1f} us (at least {MIN_ROUTER_US_PER_WRITE:g})"
     ]
 

@@ -84,7 +84,7 @@ def test_reads_beyond_the_primaries_are_served_by_enough_replicas() -> None:
     # the minimum of 3.
     p = plan.plan(1000, 1000, 10_000, 1, ["total"], COSTS)
     assert (p.masters, p.shards, p.read_from, p.replicas) == (3, 3, "replicas", 2)
-    assert "2 replica(s) per master" in p.reasons["reads"] and "OVER BUDGET" not in p.reasons["reads"]
+    assert "2 replicas per master" in p.reasons["reads"] and "OVER BUDGET" not in p.reasons["reads"]
     assert plan.plan(1000, 1000, 0, 1, ["total"], COSTS).masters == p.masters
     # Asked for more replicas than the reads need: kept. All reads cached: the primaries suffice.
     assert plan.plan(1000, 1000, 10_000, 3, ["total"], COSTS).replicas == 3
@@ -316,7 +316,7 @@ def test_more_masters_come_before_the_reshard_that_spreads_the_board_over_them()
     steps = plan.layout_steps(p, masters_now=2, shards_now=2, board="global")
     assert [s.what.split(" ", 1)[0] for s in steps] == ["add", "reshard", "check"]
     add, reshard, check = steps
-    assert "add 2 master(s), 2 -> 4 (CPU-bound), 1 replica(s) each" in add.what
+    assert "add 2 masters, 2 -> 4 (CPU-bound), 1 replica each" in add.what
     assert add.commands[0].split(":", 1)[1].split() == [
         "shardlb", "cluster", "add-node", "--replicas", "1", "(2", "times)",
     ]  # fmt: skip
@@ -379,7 +379,7 @@ def test_main_prints_the_steps_from_todays_layout(tmp_path: Path, capsys: pytest
         "From today's layout (2 masters; the board on 2 shards) to the plan's (4 masters; 4 shards):" in out
     )
     lines = out.splitlines()
-    first = next(i for i, line in enumerate(lines) if line.startswith("  1. add 2 master(s), 2 -> 4"))
+    first = next(i for i, line in enumerate(lines) if line.startswith("  1. add 2 masters, 2 -> 4"))
     assert lines[first + 1] == "       local:      shardlb cluster add-node --replicas 1   (2 times)"
     assert any(line.startswith("  2. reshard global online, 2 -> 4 shards") for line in lines)
     assert any(line.strip().startswith("shardlb reshard global --shards 4") for line in lines)
@@ -719,7 +719,7 @@ def test_a_plan_has_at_least_three_masters_for_failover(
     assert (small.masters, small.shards, small.nodes, small.reasons["masters"]) == (3, 3, 6, "minimum")
     add = plan.layout_steps(small, masters_now=1, shards_now=1)[0]
     assert add.what.startswith(
-        "add 2 master(s), 1 -> 3 (the minimum: a failover needs a majority of masters, so 3 at least)"
+        "add 2 masters, 1 -> 3 (the minimum: a failover needs a majority of masters, so 3 at least)"
     )
     (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": COSTS}))
     assert plan.main(_main_args(tmp_path, 1000)) == 0
@@ -985,3 +985,32 @@ def test_a_plan_past_a_clusters_nodes_says_so_and_does_not_fit(
     # README's plan stays well inside
     assert plan.main(["--players=100000000", "--writes=50000", "--reads=200000", *summary]) == 0
     assert "Redis nodes in one cluster" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "singular"),
+    [
+        (
+            ["--players=1000", "--writes=1", "--reads=1", "--scores-per-request=1", "--masters-now=1"],
+            ["and 1 router process against", "a request's 1 score /", "1 replica each", "at 1 score a"],
+        ),
+        (
+            ["--players=1000", "--writes=1", "--reads=1", "--write-routers=1", "--sharding=band"],
+            ["1 of them takes the writes", "writes / 1 router taking writes"],
+        ),
+        (["--players=1000000", "--writes=50000", "--reads=200000"], ["With a pool of 5 routers"]),
+        (["--players=1000000", "--writes=1000", "--reads=5000", "--cached=0", "--sharding=hash"], []),
+    ],
+    ids=["one-of-each", "write-routers", "pool", "replicas"],
+)
+def test_a_count_of_one_is_printed_singular(
+    args: list[str], singular: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ "1 router processes against band: 3 nodes and 1 routers", "a request's 1 scores", "add 2
+    master(s)" (until 2026-12-06): every count the plan prints agrees with its noun. Rates keep
+    their unit ("1 reads/s"), decimals their plural ("1.0 scores")."""
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": CALLS}))
+    assert plan.main([*args, "--summary", str(tmp_path / "summary.json")]) == 0
+    out = capsys.readouterr().out
+    assert not re.findall(r"(?<![\d.,])1 (?:Redis )?[a-z]+s\b(?!/)|\w\(s\)", out)
+    assert all(phrase in out for phrase in singular), out
