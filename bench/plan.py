@@ -327,9 +327,16 @@ def plan(
     router_cores = (writes * router_write + reads * router_read) / 1e6
     routers = max(1, math.ceil(router_cores / ROUTER_UTILISATION))
     writers = routers
+    warnings = []
     if write_routers is not None:
         writers = max(write_routers, write_pool(writes, router_write))
         routers = writers + math.ceil(reads * router_read / 1e6 / ROUTER_UTILISATION)
+        if writers > write_routers:  # a pool of the size asked would not hold the writes
+            warnings.append(
+                f"--write-routers {write_routers} raised to {writers}: the writes take "
+                f"{writes * router_write / 1e6:.2f} cores of the routers' CPU, {ROUTER_UTILISATION:g} of a "
+                f"core a router; a pool of {write_routers} would not hold them"
+            )
     extra = len([p for p in periods if p != "total"])
     base_us = c["redis_master_us_per_write"] * (1 + EXTRA_PERIOD_WRITE_COST * extra)
     base_us *= c["band_store_write_factor"] if banded else 1.0
@@ -356,7 +363,7 @@ def plan(
         if by_cpu <= masters or masters >= MAX_MASTERS:
             break
         masters = min(MAX_MASTERS, by_cpu)
-    warnings = _cap_warnings(players, shards, masters * per_master, by_memory, by_cpu)
+    warnings += _cap_warnings(players, shards, masters * per_master, by_memory, by_cpu)
     per_master = math.ceil(shards / masters)  # the busiest master's, once the shards are capped
     group_read = (
         reads * (1 - cached) * (c["redis_node_us_per_read"] + per_master * c["redis_shard_us_per_read"])

@@ -1014,3 +1014,21 @@ def test_a_count_of_one_is_printed_singular(
     out = capsys.readouterr().out
     assert not re.findall(r"(?<![\d.,])1 (?:Redis )?[a-z]+s\b(?!/)|\w\(s\)", out)
     assert all(phrase in out for phrase in singular), out
+
+
+def test_a_write_pool_smaller_than_the_writes_need_is_raised_and_the_plan_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--write-routers 1` for 50,000 writes a second, which take 5 routers' CPU: the plan was of 5,
+    said only as "5 of them take the writes" (until 2026-12-06), and a pool of 1 deployed from it
+    would not hold the writes."""
+    (tmp_path / "summary.json").write_text(json.dumps({"started": "then", "costs": CALLS}))
+    summary = ["--summary", str(tmp_path / "summary.json")]
+    args = ["--players=1000000", "--writes=50000", "--reads=200000", *summary]
+    assert plan.main([*args, "--write-routers=1"]) == 0
+    top = capsys.readouterr().out.split("\n\n")[1]
+    raised = r"^  WARNING: --write-routers 1 raised to 5: the writes take 2\.50 cores of the routers' CPU"
+    assert re.search(raised, top, re.MULTILINE), top
+    assert "5 of them take the writes" in top
+    assert plan.main([*args, "--write-routers=5"]) == 0  # enough: no word of it
+    assert "--write-routers" not in capsys.readouterr().out.split("\n\n")[1]
