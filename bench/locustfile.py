@@ -35,7 +35,8 @@ write pool (k8s/README.md, "Sizing"); the CSV rows are the same either way.
 Keys: SHARDLB_WRITE_KEY (writes), SHARDLB_READ_KEY (reads, when required),
 SHARDLB_ADMIN_KEY (when set, the board SHARDLB_BOARD is created at test start with PUT, idempotent,
 as a hash board of SHARDLB_SHARDS shards, default 16; a 429 or 503 is asked again after Retry-After
-for CREATE_PATIENCE_S, any other refusal stops the test before any user, exit status 1).
+for CREATE_PATIENCE_S, any other refusal stops the test before any user, exit status 1, with the
+router's answer on one line).
 SHARDLB_PRELOAD=1 (default 0: none) gives every player of SHARDLB_PLAYERS their initial points at
 test start, after the board's creation and before any user (``preload``): without it, most rank and
 around reads of a fresh board are 404 player_not_found, cheap, and counted as successes.
@@ -67,7 +68,6 @@ import locust.runners
 import msgpack
 import orjson
 from locust import FastHttpUser, LoadTestShape, User, events, task
-from locust.exception import StopTest
 from locust.runners import WorkerRunner
 
 from bench import shapes
@@ -531,11 +531,16 @@ def _preload(host: str) -> None:
     total = WORKLOAD.players
     statuses: Counter[str] = Counter()
 
-    def post(first: int) -> int:
+    def post(first: int) -> int | Refused:
+        """The players posted, or the refusal, which the loop below raises: raised in the pool's
+        greenlet, gevent's hub would print its traceback above the test's one line (``_stop_test``)."""
         stop = min(first + PRELOAD_BATCH, total)
         body = preload_body(first, stop, anchor, scale, int(settings["points_max"]))
         request = urllib.request.Request(f"{host}{BASE}/scores", data=body, headers=headers)
-        answer = orjson.loads(_ask(request, f"POST {BASE}/scores (players p{first}..p{stop - 1})"))
+        try:
+            answer = orjson.loads(_ask(request, f"POST {BASE}/scores (players p{first}..p{stop - 1})"))
+        except Refused as e:
+            return e
         statuses.update(r["status"] for r in answer["results"])
         return stop - first
 
@@ -545,6 +550,8 @@ def _preload(host: str) -> None:
     pool = gevent.pool.Pool(PRELOAD_IN_FLIGHT)
     try:
         for count in pool.imap_unordered(post, range(0, total, PRELOAD_BATCH)):
+            if isinstance(count, Refused):
+                raise count
             done += count
             if done * 10 >= tenth * total and done < total:
                 tenth = done * 10 // total + 1
@@ -570,8 +577,19 @@ def _retry_after(header: str | None) -> float:
         return 1.0
 
 
-def _stop_test(environment: Any, reason: str) -> None:
-    """Stop the test before any user's request, exit code 1, saying ``reason``."""
+def _stop_test(environment: Any, reason: str) -> NoReturn:
+    """Stop the test before any user's request, exit code 1, saying ``reason`` on a line of its own.
+
+    What Locust does with a StopTest raised in the start's greenlet, done here, because Locust does
+    it for only some of the greenlets that fire test_start: there gevent's hub printed the
+    StopTest's traceback above the line, and under --processes with -u (the master's start in a
+    greenlet of locust.main) Locust logged the traceback alone as an unhandled exception and ran
+    on to -t (until 2026-12-06). Leaving the start's greenlet as one killed (GreenletExit) spawns
+    no user and is no error to gevent or Locust; the runner stops in a greenlet of its own, as the
+    start's greenlet would be killed by it."""
     environment.process_exit_code = 1
-    # Out of the runner's start, before it spawns a user: Locust logs it and stops.
-    raise StopTest(reason) from None
+    logging.error(reason)
+    runner = environment.runner
+    headless = environment.parsed_options is None or environment.parsed_options.headless
+    gevent.spawn(runner.quit if headless else runner.stop)  # the web UI's runner waits for a new Start
+    raise gevent.GreenletExit

@@ -25,7 +25,7 @@ import pytest
 
 from bench import locust_csv
 from bench.workload import Workload
-from tests.client_support import served_router
+from tests.client_support import free_port, served_router
 from tests.router_support import ADMIN, AS_READER, READ, WRITE, board_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -514,16 +514,33 @@ class Refusing(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_board_the_router_refuses_to_create_stops_the_test_and_says_why(tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", [[], ["--processes", "2"]], ids=["one-process", "processes"])
+def test_a_board_the_router_refuses_to_create_stops_the_test_and_says_why(
+    tmp_path: Path, processes: list[str]
+) -> None:
     """The board's PUT answered 409 (a board of that id with other settings): urlopen raised, Locust
     logged it as an uncaught error in an event handler and ran the whole test against a board that
     was not the one asked for (or none), its check of the status never reached. The test stops
-    now, with the router's error code, before any user's request."""
+    now, with the router's error code, before any user's request, on one line: until 2026-12-06
+    gevent printed the StopTest's traceback through Locust's runner above it, and under
+    --processes Locust printed the traceback alone and ran on to -t."""
     Refusing.answers, Refusing.puts, Refusing.after = [(409, "board_conflict")], 0, 0
-    done = _locust({"SHARDLB_ADMIN_KEY": "admin"}, ["-u", "2", "-r", "2", "-t", "3s"], tmp_path, Refusing)
+    if processes:  # the master on a port of its own: Locust's default one may be another test's
+        port = str(free_port())
+        processes += ["--master-bind-port", port, "--master-port", port]
+    args = ["-u", "2", "-r", "2", "-t", "20s", *processes]
+    done = _locust({"SHARDLB_ADMIN_KEY": "admin"}, args, tmp_path, Refusing)
     assert done.returncode != 0, done.stderr[-2000:]
-    assert "409" in done.stderr and "board_conflict" in done.stderr, done.stderr[-2000:]
+    assert "run-time limit reached" not in done.stderr, done.stderr[-2000:]  # stopped, not run to -t
+    _one_line(done.stderr, "PUT /v1/boards/phase-t answered 409: ", "board_conflict")
     assert Refusing.after == 0
+
+
+def _one_line(stderr: str, *said: str) -> None:
+    """Locust's output says why the test stopped on one line of its own, once, with no traceback."""
+    lines = [line for line in stderr.splitlines() if all(s in line for s in said)]
+    assert len(lines) == 1 and "/ERROR/" in lines[0], stderr[-2000:]
+    assert "Traceback" not in stderr and "failed with StopTest" not in stderr, stderr[-2000:]
 
 
 def test_a_board_put_answered_503_is_tried_again(tmp_path: Path) -> None:
@@ -620,6 +637,7 @@ def test_a_preload_the_router_refuses_stops_the_test_and_says_why(tmp_path: Path
     env = {"SHARDLB_PRELOAD": "1", "SHARDLB_PLAYERS": "1000"}
     done = _locust(env, ["-u", "1", "-r", "1", "-t", "3s", "Player"], tmp_path, RefusingScores)
     assert done.returncode != 0, done.stderr[-2000:]
-    assert "401" in done.stderr and "unauthorized" in done.stderr, done.stderr[-2000:]
+    said = "preload: POST /v1/boards/phase-t/scores (players p0..p999) answered 401: "
+    _one_line(done.stderr, said, "unauthorized")
     assert RefusingScores.posts == 2  # the 503's post asked again
     assert RefusingScores.gets == 1  # the board's settings; no Player's read after the 401
