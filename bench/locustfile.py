@@ -39,7 +39,9 @@ for CREATE_PATIENCE_S, any other refusal stops the test before any user, exit st
 router's answer on one line).
 SHARDLB_PRELOAD=1 (default 0: none) gives every player of SHARDLB_PLAYERS their initial points at
 test start, after the board's creation and before any user (``preload``): without it, most rank and
-around reads of a fresh board are 404 player_not_found, cheap, and counted as successes.
+around reads of a fresh board are 404 player_not_found, cheap, and counted as successes; once a
+process and --host (a second Start in the web UI skips it); a region board is refused (the users
+post no region).
 SHARDLB_CONTENT=msgpack sends and accepts MessagePack instead of JSON.
 A value the test cannot use (a word for a number, a rate of 0, an unknown SHARDLB_CONTENT) stops it
 before its first request, naming the variable; a SHARDLB_* variable whose name is nearly one of these
@@ -471,6 +473,9 @@ def create_board(environment: Any, **_: Any) -> None:
 PRELOAD_BATCH = 1000
 PRELOAD_IN_FLIGHT = 8
 DAY_MS = 86_400_000
+# The hosts whose board this process has preloaded: a second Start in the web UI (a new test_start)
+# goes on from there, without the minute a million players' replay would take before its first user.
+PRELOADED: set[str] = set()
 
 
 def preload_times(epoch_ms: int, now_ms: int) -> tuple[int, float]:
@@ -513,10 +518,15 @@ def preload(environment: Any, **_: Any) -> None:
     with the router's answer."""
     if not PRELOAD or not environment.host or isinstance(environment.runner, WorkerRunner):
         return
+    if environment.host in PRELOADED:
+        said = "preload: %s on %s already preloaded by this Locust process, skipped"
+        logging.info(said, BOARD, environment.host)
+        return
     try:
         _preload(environment.host)
     except Refused as e:
         _stop_test(environment, f"preload: {e}")
+    PRELOADED.add(environment.host)
     # A shape's clock (the local runner starts it before this event) counts from the users' start.
     if environment.shape_class is not None:
         environment.shape_class.reset_time()
@@ -525,6 +535,14 @@ def preload(environment: Any, **_: Any) -> None:
 def _preload(host: str) -> None:
     read = {"Accept": "application/json", **_auth("SHARDLB_READ_KEY")}
     settings = orjson.loads(_ask(urllib.request.Request(f"{host}{BASE}", headers=read), f"GET {BASE}"))
+    sharding = settings.get("sharding") or {}
+    if sharding.get("strategy") == "region":
+        # Its every score names the player's region (api.md); the test's users post none, and a
+        # preload that picked regions would home players where no user of the test plays them.
+        raise Refused(
+            f"{BOARD} is a region board ({', '.join(sharding.get('regions', []))}): the test's users post "
+            "no region, which such a board refuses, so it preloads none; load-test a hash or band board"
+        )
     epoch_ms = int(datetime.fromisoformat(settings["epoch"]).timestamp() * 1000)
     anchor, scale = preload_times(epoch_ms, int(time.time() * 1000))
     headers = {"Content-Type": "application/json", "Accept": "application/json", **_auth("SHARDLB_WRITE_KEY")}

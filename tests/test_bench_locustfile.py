@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
@@ -641,3 +642,101 @@ def test_a_preload_the_router_refuses_stops_the_test_and_says_why(tmp_path: Path
     _one_line(done.stderr, said, "unauthorized")
     assert RefusingScores.posts == 2  # the 503's post asked again
     assert RefusingScores.gets == 1  # the board's settings; no Player's read after the 401
+
+
+class Preloadable(BaseHTTPRequestHandler):
+    """A router whose board ``phase-t`` has the settings ``sharding`` names; it answers every other
+    request 200 and counts each by method and path (``seen``)."""
+
+    protocol_version = "HTTP/1.1"
+    sharding: ClassVar[dict[str, object]] = {"strategy": "hash", "shards": 16}
+    seen: ClassVar[Counter[str]] = Counter()
+
+    def _count(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        path = self.path.partition("?")[0]
+        type(self).seen[f"{self.command} {path}"] += 1
+        if path == "/v1/boards/phase-t":
+            settings = {"epoch": "2020-01-01T00:00:00Z", "points_max": 2097151, "sharding": self.sharding}
+            return _send_json(self, 200, json.dumps(settings).encode())
+        _send_json(self, 200, b'{"results": [], "entries": []}')
+
+    do_GET = do_POST = _count
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_preload_of_a_region_board_stops_the_test_on_one_line(tmp_path: Path) -> None:
+    """Every score of a region board names the player's region; the test's users post none (every
+    post would be refused 400), and the preload posted none either: each of its requests was
+    refused and the test stopped on "answered 400" (until 2026-12-06). It says why now, before any
+    score is posted."""
+    Preloadable.sharding = {"strategy": "region", "regions": ["eu", "na"], "shards_per_region": 2}
+    Preloadable.seen = Counter()
+    env = {"SHARDLB_PRELOAD": "1", "SHARDLB_PLAYERS": "1000"}
+    done = _locust(env, ["-u", "1", "-r", "1", "-t", "3s", "Player"], tmp_path, Preloadable)
+    assert done.returncode != 0, done.stderr[-2000:]
+    _one_line(done.stderr, "preload: phase-t is a region board (eu, na): the test's users post no region")
+    assert Preloadable.seen == {"GET /v1/boards/phase-t": 1}  # no score, no user's read
+
+
+def test_a_second_start_in_the_web_ui_does_not_preload_again(tmp_path: Path) -> None:
+    """Start, Stop, Start in Locust's web UI: each Start fires test_start, and each ran the whole
+    preload again (until 2026-12-06), a replay that changed nothing and took a minute for a million
+    players before the first user. The second Start goes on from the first's preload."""
+    Preloadable.sharding = {"strategy": "hash", "shards": 16}
+    Preloadable.seen = Counter()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Preloadable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host, port = f"http://127.0.0.1:{server.server_port}", free_port()
+    env = {"SHARDLB_PRELOAD": "1", "SHARDLB_PLAYERS": "2500", "SHARDLB_BOARD": "phase-t", "SHARDLB_SHAPE": ""}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    locust = Path(sys.executable).parent / "locust"
+    command = [str(locust), "-f", str(ROOT / "bench" / "locustfile.py"), "--host", host, "Player"]
+    web = f"http://127.0.0.1:{port}"
+    with (tmp_path / "locust.log").open("w+") as log:
+        process = subprocess.Popen(
+            [*command, "--web-host", "127.0.0.1", "--web-port", str(port)],
+            env={**os.environ, **env},
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+
+            def until(done: Callable[[], bool]) -> None:
+                deadline = time.monotonic() + 30
+                while not done():
+                    assert time.monotonic() < deadline and process.poll() is None, log_text()
+                    time.sleep(0.1)
+
+            def log_text() -> str:
+                log.seek(0)
+                return log.read()[-3000:]
+
+            def reads() -> int:
+                return Preloadable.seen["GET /v1/boards/phase-t/top"]
+
+            def started() -> bool:
+                try:
+                    return httpx.get(web, timeout=1).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            until(started)
+            for start in range(2):
+                before = reads()
+                swarm = {"user_count": "1", "spawn_rate": "1", "host": host}
+                assert httpx.post(f"{web}/swarm", data=swarm, timeout=10).json()["success"], log_text()
+                until(lambda before=before: reads() > before)  # the users read: any preload is over
+                if not start:
+                    assert httpx.post(f"{web}/stop", timeout=10).status_code == 200
+            assert Preloadable.seen["POST /v1/boards/phase-t/scores"] == 3, log_text()  # 2500 players once
+            assert Preloadable.seen["GET /v1/boards/phase-t"] == 1, log_text()
+            assert "phase-t on " + host + " already preloaded by this Locust process" in log_text()
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+            server.shutdown()
+            server.server_close()
