@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import metrics
@@ -451,21 +452,31 @@ def _request_id(scope: Scope) -> tuple[str, bool]:
     return new_request_id(), replaced
 
 
-def retry_key(state: Any) -> str | None:
+def retry_key(request: Request) -> str | None:
     """The request id of a call whose retry it names (a removal, a ban, a lift: router/moderation.py,
     where a retry with the same id is the same call). An X-Request-Id that is not sane is 400
     ``invalid_request_id`` there, before anything is written: replaced by a random one, as for any
     other call's tracing, it left the client without the retry key it thought it sent, and a ban
-    lifted and then retried with it banned again (until 2026-12-06). Sent without one, the call gets
-    the id the router made up, new each try. ``state``: the request's (``request.state``)."""
-    if getattr(state, REPLACED, False):
+    lifted and then retried with it banned again (until 2026-12-06). So are two X-Request-Id headers
+    that differ: the first sane one would be the key, and a proxy may add one or change their order
+    between a try and its retry (the same id sent twice is one key). Sent without one, the call gets
+    the id the router made up, new each try. Counted here, on these three calls alone: every other
+    request's id stays the middleware's one pass over the headers (``_request_id``)."""
+    sent = {value for name, value in request.scope["headers"] if name == b"x-request-id"}
+    if len(sent) > 1:
+        raise ApiError(
+            400,
+            "invalid_request_id",
+            f"X-Request-Id is this call's retry key: send one, not {len(sent)} different ones",
+        )
+    if getattr(request.state, REPLACED, False):
         raise ApiError(
             400,
             "invalid_request_id",
             "X-Request-Id is this call's retry key: it must be 1-128 characters of A-Z a-z 0-9 . _ : - "
             "(or left out, and each try is a call of its own)",
         )
-    request_id = getattr(state, "request_id", None)
+    request_id = getattr(request.state, "request_id", None)
     return None if request_id is None else str(request_id)
 
 

@@ -489,7 +489,7 @@ async def remove_player(request: Request) -> Response:
     """DELETE /v1/boards/{board}/players/{player}?reason=...: audited first (once per request id),
     then removed."""
     svc, actor = _admin(request)
-    request_id = retry_key(request.state)  # a retry with the same id is this call again
+    request_id = retry_key(request)  # a retry with the same id is this call again
     query = params.checked(request.query_params.multi_items(), frozenset({"reason"}))
     reason = moderation.check_reason(query.get("reason"), required=False)
     board_id = (await svc.boards.get(request.path_params["board"])).config.id
@@ -521,7 +521,7 @@ async def ban(request: Request) -> Response:
     (``Bans.add``, ``moderation.remove``). A board deleted since it was listed is skipped: nothing
     of the player is left there."""
     svc, actor = _admin(request)
-    request_id = retry_key(request.state)  # a retry with the same id is this call again
+    request_id = retry_key(request)  # a retry with the same id is this call again
     player, scope, reason = await _ban_body(request, svc)
     # The registry's record, not this router's cached one: a board ban holds on the incarnation
     # it names, which must be the board's now, not one deleted since.
@@ -558,7 +558,7 @@ async def unban(request: Request) -> Response:
     ``lifted`` says whether a ban in force was lifted: one of a board deleted since (another
     incarnation, or none now) was not, as GET /v1/bans has it."""
     svc, actor = _admin(request)
-    request_id = retry_key(request.state)  # a retry with the same id is this call again
+    request_id = retry_key(request)  # a retry with the same id is this call again
     player, scope, reason = await _ban_body(request, svc)
     incarnation: str | None = ALL
     if scope != ALL:

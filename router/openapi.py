@@ -642,8 +642,8 @@ _ERROR_TEXT = {
     "operation does not take (unknown_parameter) or one given twice (repeated_parameter); a request "
     "that is not HTTP/1.1 the parser can read, or that asks to switch protocols (Upgrade) and has a "
     "body (malformed_request, the connection is closed); a removal, ban or unban whose X-Request-Id, "
-    "its retry key, is not 1-128 characters of A-Z a-z 0-9 . _ : - (invalid_request_id, nothing "
-    "written).",
+    "its retry key, is not 1-128 characters of A-Z a-z 0-9 . _ : -, or that sends two X-Request-Id "
+    "headers that differ (invalid_request_id, nothing written).",
     401: "Missing or unknown key (code unauthorized).",
     403: "The key's scope does not allow this (code forbidden); on a router without keys "
     "(SHARDLB_INSECURE_DEV), a request other than GET or HEAD that a browser sends from another site "
@@ -696,7 +696,8 @@ _HEADERS: dict[str, Any] = {
     "X-Request-Id": {
         "description": "Addition: the request's id, also in the router's log lines: the client's own "
         "X-Request-Id when it sent a sane one (1-128 characters of A-Z a-z 0-9 . _ : -), else a new one "
-        "(a removal, ban or unban sent with one that is not sane is 400 invalid_request_id)",
+        "(a removal, ban or unban sent with one that is not sane, or with two that differ, is 400 "
+        "invalid_request_id; other calls take the first sane one)",
         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
         "required": True,
     },

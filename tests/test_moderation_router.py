@@ -889,6 +889,50 @@ async def test_a_retry_key_that_is_not_sane_is_refused_and_writes_nothing(
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
+async def test_two_different_retry_keys_in_one_call_are_refused_and_write_nothing(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two X-Request-Id headers that differ (a client's own and a proxy's, or a sane one beside one
+    that is not) on a removal, ban or lift: the first sane one was the retry key (until
+    2026-12-06), so which key the call was stored under hung on the order of the headers, which a
+    proxy may change between a try and its retry. Such a call is 400 `invalid_request_id` now, with
+    nothing written; the same id sent twice is one key, and the other calls keep the first sane id."""
+    import router.moderation
+
+    monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client)
+        player = f"keys-{name}"
+        await post(client, name, [score(player, 5, "m1")])
+        admin = list(AS_ADMIN.items())
+        ban, body = f"/v1/players/{player}:ban", {"scope": "board", "board": name, "reason": "aimbot"}
+        both = [*admin, ("X-Request-Id", "try-1"), ("X-Request-Id", "proxy-9")]
+        calls = [
+            ("POST", ban, body, both),
+            ("POST", f"/v1/players/{player}:unban", body, both),
+            ("DELETE", f"/v1/boards/{name}/players/{player}", None, both),
+            ("POST", ban, body, [*admin, ("X-Request-Id", "bad id"), ("X-Request-Id", "try-1")]),
+        ]
+        for method, url, json, headers in calls:
+            r = await client.request(method, url, json=json, headers=headers)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] == "invalid_request_id"
+            assert "2 different" in r.json()["error"]["message"], r.text
+        assert await rows(postgres_url, "SELECT 1 FROM moderation_audit WHERE player_id = %s", player) == []
+        assert await rows(postgres_url, "SELECT 1 FROM bans WHERE player_id = %s", player) == []
+        assert (await client.get(f"/v1/boards/{name}/players/{player}")).json()["points"] == 5
+        # Other calls trace the first sane id; the same id twice is one retry key.
+        read = await client.get(f"/v1/boards/{name}/players/{player}", headers=both)
+        assert read.status_code == 200 and read.headers["x-request-id"] == "try-1"
+        same = [*admin, ("X-Request-Id", "try-2"), ("X-Request-Id", "try-2")]
+        banned = await client.post(ban, json=body, headers=same)
+        assert banned.status_code < 300 and banned.headers["x-request-id"] == "try-2", banned.text
+        audited = "SELECT request_id FROM moderation_audit WHERE player_id = %s"
+        audit = await rows(postgres_url, audited, player)
+        assert len(audit) == 1 and "try-2" in str(audit[0][0]), audit
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
 async def test_a_ban_of_every_board_skips_a_board_deleted_meanwhile(
     cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
