@@ -214,6 +214,18 @@ async def in_rounds(
     return [r for r in results if r is not None]
 
 
+def rebuilding(board_id: str, waiting: Iterable[int], then: str) -> Rebuilding:
+    """The refusal of a call on a board being rebuilt after a loss of Redis whose shards ``waiting``
+    are not rebuilt yet (docs/design-notes.md, "A board being rebuilt"); ``then`` says what the
+    caller may do."""
+    shards = ", ".join(map(str, sorted(waiting)))
+    return Rebuilding(
+        f"board {board_id!r} is being rebuilt after a loss of Redis (shards {shards} not rebuilt "
+        f"yet): {then}",
+        REBUILDING_RETRY_S,
+    )
+
+
 class Board:
     """A board: its settings, its shards' key names, and the calls that read and write it."""
 
@@ -798,13 +810,10 @@ class Board:
     def check_built(self, shards: Iterable[int], what: str = "read") -> None:
         """Rebuilding when one of ``shards`` is not rebuilt yet (``rebuilding``): its answer would
         come from a shard emptied by a loss of Redis (docs/design-notes.md, "A board being rebuilt")."""
-        waiting = sorted(self.rebuilding.intersection(shards))
+        waiting = self.rebuilding.intersection(shards)
         if waiting:
-            raise Rebuilding(
-                f"board {self.config.id!r} is being rebuilt after a loss of Redis (shards "
-                f"{', '.join(map(str, waiting))} not rebuilt yet): this {what} would not be exact. "
-                "Nothing was written; retry shortly",
-                REBUILDING_RETRY_S,
+            raise rebuilding(
+                self.config.id, waiting, f"this {what} would not be exact. Nothing was written; retry shortly"
             )
 
     def check_view(self, view: ResolvedView) -> None:

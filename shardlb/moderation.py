@@ -288,6 +288,9 @@ async def remove(
     for player in dict.fromkeys(players):
         for shard in board.layout.candidates(player):
             groups[shard].append(player)
+    # A shard not rebuilt yet after a loss of Redis would answer "no entry" for a player it will
+    # hold after its swap: refused whole, nothing written (a retry after the rebuild converges).
+    board.check_built(groups, "removal")
     gate = asyncio.Semaphore(SHARDS_IN_FLIGHT)
 
     now = times.now_ms() if now_ms is None else now_ms  # one removal time on every shard

@@ -70,7 +70,7 @@ from redis.exceptions import ResponseError
 
 from shardlb import keys, moderation, periods, pgconn, times
 from shardlb.bands import Move
-from shardlb.board import GONE, MOVED, Board
+from shardlb.board import GONE, MOVED, Board, rebuilding
 from shardlb.config import PIN_SPAN, REBUILD_JOBS, BoardConfig, stored_settings
 from shardlb.connection import Script, Scripts, connect
 from shardlb.errors import (
@@ -85,7 +85,7 @@ from shardlb.fanout import Ack, AckedScript, confirmed
 from shardlb.journal import Applied, Entry, decode
 from shardlb.reads import View
 from shardlb.reshard_copy import REPLICA_WAIT_MS, Replicated
-from shardlb.store import GONE_MS, BoardStore
+from shardlb.store import GONE_MS, BoardStore, not_rebuilt
 
 Id = tuple[int, int]  # a journal entry id, (ms, seq): ordered as Redis orders them
 # A removal of a player (a delete entry, or its row of ``player_removals``): its journal id, and the
@@ -470,10 +470,11 @@ class Rebuilder:
             reports.append(await self.rebuild_shard(board, home, wanted))
             if name is None:  # every period of the shard rebuilt: its reads and writes are exact
                 await self._built(board, [home])
-        # A band board's band shards index the totals: rebuilt whenever a total may have changed.
+        # A band board's band shards index the totals: rebuilt whenever a total may have changed,
+        # and exact once no home shard is marked (with --shard, the others may still be empty).
         if layout.strategy == "band" and name in (None, "total"):
             reports += await self.rebuild_bands(board)
-            if name is None:
+            if name is None and not board.rebuilding.intersection(homes):
                 await self._built(board, range(board.config.sharding.shards, layout.physical))
         return reports
 
@@ -1527,12 +1528,14 @@ class Rebuilder:
         status, last = await self._script(names, args, confirm)
         return _text(status), _text(last)
 
-    async def check_layout(self, board: Board) -> None:
+    async def check_layout(self, board: Board, whole: str = "") -> None:
         """Refuse to go on when the registry's record (read now, not the caller's copy, which a
         router may have kept for seconds) is not ``board``'s layout at rest: a reshard under way
         copies the shards without the rebuild's writes (rebuild.lua refuses them too, on the
         shards the reshard has marked), and a layout replaced or a board deleted is not the one
-        being rebuilt."""
+        being rebuilt. ``whole``: the caller's work (a verb: "settle", "reconcile"), which compares
+        every shard with the archive, refused (Rebuilding) too while the record names shards not
+        rebuilt yet after a loss of Redis: they would all show drift that the rebuild mends."""
         raw = await self.client.hget(keys.BOARDS, board.config.id)
         record = None if raw is None else orjson.loads(raw)
         if (
@@ -1543,6 +1546,13 @@ class Rebuilder:
             raise BoardNotFound("the board was deleted during the rebuild", "board")
         if record.get("reshard") or int(record.get("generation", 0)) != board.generation:
             raise _resharding(board)
+        waiting = not_rebuilt(record)
+        if whole and waiting:
+            raise rebuilding(
+                board.config.id,
+                waiting,
+                f"{whole} it once `shardlb rebuild` has rebuilt them (a run stopped half way: run it again)",
+            )
 
     async def _script(self, names: Sequence[str], args: Sequence[Any], confirm: bool = False) -> Any:
         """rebuild.lua, with a deleted board's refusal as BoardNotFound, and a shard's refusal while

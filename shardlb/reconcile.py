@@ -8,7 +8,8 @@ ZSCAN after X. Players written between X and the end of the read (the journal sa
 out of both sides, and counted as ``busy``: a reconcile needs no pause in the writes. On a band
 board the band shards are checked against the totals PostgreSQL gives, grouped by band.
 
-``--repair`` rebuilds the shards that drift (shardlb/rebuild.py), and nothing else.
+``--repair`` rebuilds the shards that drift (shardlb/rebuild.py), and nothing else. Both are refused
+while the board is resharded, or rebuilt after a loss of Redis (``Rebuilder.check_layout``).
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ async def reconcile(rebuilder: Rebuilder, board: Board, period: str = "total") -
     if board.config.durability != "journal":
         raise BoardConflict(f"board {board.config.id!r} keeps no journal (durability memory)", "board")
     # During a reshard the archived rows are filed under the old layout's shards: every shard would
-    # show drift that is not there. Refused, as a rebuild is, until the reshard is over.
-    await rebuilder.check_layout(board)
+    # show drift that is not there. Refused, as a rebuild is, until the reshard is over; and while
+    # shards emptied by a loss of Redis are not rebuilt yet (docs/design-notes.md, "A board being
+    # rebuilt"): the rebuild under way mends them, a repair would only write beside it.
+    await rebuilder.check_layout(board, "reconcile")
     now = times.now_ms()
     name = periods.parse(period, board.config.periods, board.tz, now, board.config.week_start)
     wanted = wanted_periods(board, name, now)
@@ -120,7 +123,9 @@ async def repair(
     rebuilder: Rebuilder, board: Board, checks: list[ShardCheck], period: str = "total"
 ) -> list[ShardReport]:
     """Rebuild the shards that drift (a band board's band shards all at once: they are rebuilt
-    together from the totals, and after any home shard of the total)."""
+    together from the totals, and after any home shard of the total). Refused, as ``reconcile``
+    is, while the board is being rebuilt after a loss of Redis."""
+    await rebuilder.check_layout(board, "reconcile")
     homes = range(board.config.sharding.shards)
     drifting = [c.shard for c in checks if c.drift]
     reports = []

@@ -60,7 +60,7 @@ import orjson
 from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys, pgconn, times
-from shardlb.board import Board
+from shardlb.board import Board, rebuilding
 from shardlb.config import BoardConfig, Sharding, stored_sharding
 from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput, NotAcknowledged
 from shardlb.fanout import batch
@@ -356,6 +356,10 @@ class Resharder:
                     "board",
                 )
             now = self.store._board(self.board_id, record)
+            if now.rebuilding:  # its shards would be copied empty: the rebuild takes the old layout
+                raise rebuilding(
+                    self.board_id, now.rebuilding, "reshard it once `shardlb rebuild` has rebuilt them"
+                )
             if now.layout.strategy not in ("hash", "band"):
                 raise BoardConflict(
                     f"only hash and band boards can be resharded; this one is a {now.layout.strategy} board",

@@ -25,7 +25,8 @@ the same state as one uninterrupted run (tests/test_settlement.py kills a real p
    after it, a re-run only returns the result.
 
 While the board is resharded (shardlb/reshard.py) a settlement is refused for a retry
-(``Resharding``), before its freeze and again after its check: ``_at_rest``.
+(``Resharding``), before its freeze and again after its check: ``_at_rest``; so it is while
+`shardlb rebuild` has not rebuilt every shard of the board after a loss of Redis (``Rebuilding``).
 
 Two runs of one id at once are kept apart by a PostgreSQL advisory lock held for the run (the second
 gets 409 ``settlement_busy``); a killed run's lock goes with its connection.
@@ -414,9 +415,11 @@ class Settler:
         shards, which the check compares with the new one's, and the old layout's journals may hold
         results the archiver has not taken (``drained`` waits for the layout's own journals only): a
         settlement then would find a drift that is no drift, and a forced one would pay an order that
-        lacks results the board acknowledged."""
+        lacks results the board acknowledged. Refused too (Rebuilding, 503 board_rebuilding) while
+        the board is being rebuilt after a loss of Redis: the check would read shards still empty
+        (docs/design-notes.md, "A board being rebuilt")."""
         try:
-            await self.rebuilder.check_layout(board)
+            await self.rebuilder.check_layout(board, "settle")
         except BoardNotFound:
             raise
         except BoardConflict as e:

@@ -183,7 +183,7 @@ class BoardStore:
             record = orjson.loads(raw)
             if str(record.get("incarnation", "0")) != incarnation:
                 return
-            left = _rebuilding(record)
+            left = not_rebuilt(record)
             if not left & done:
                 return
             state = sorted(left - done)
@@ -359,7 +359,7 @@ class BoardStore:
         config = _config(board_id, record)
         incarnation, generation = str(record.get("incarnation", "0")), int(record.get("generation", 0))
         board = self.layout(config, incarnation, generation)
-        board.rebuilding = frozenset(_rebuilding(record))
+        board.rebuilding = frozenset(not_rebuilt(record))
         move = record.get("reshard")
         if move:
             board.moving = move.get("state") in RESHARD_SOURCE_STATES
@@ -418,7 +418,7 @@ class BoardStore:
 _REGISTRY = [keys.BOARDS, keys.RESHARDS, keys.BOARDS_VERSION]
 
 
-def _rebuilding(record: dict[str, Any]) -> set[int]:
+def not_rebuilt(record: dict[str, Any]) -> set[int]:
     """The shards a record names not rebuilt yet (``BoardStore.restore``)."""
     state = record.get("state")
     return {int(s) for s in state.get(REBUILDING, ())} if isinstance(state, dict) else set()

@@ -11,36 +11,47 @@ import contextlib
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
-from shardlb import rebuild, times
+from shardlb import keys, moderation, rebuild, reconcile, times
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.errors import PlayerNotFound, Rebuilding
 from shardlb.rebuild import connected
+from shardlb.reshard import Resharder
+from shardlb.settlement import Request, Settler
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
-from tests.router_support import AS_WRITER, running
+from tests.router_support import AS_ADMIN, AS_WRITER, running
 from tests.test_board import expected_entries, sharding
 from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
 from tests.test_rebuild_jobs import lost
+from tests.test_settlement import TABLE, awards_of, day_ago, expected_awards, new_board
+from tests.test_settlement import written as written_in
 
 pytestmark = pytest.mark.cluster
 
 
-async def written(store: BoardStore, raw: Any, url: str, board_id: str, mode: str) -> list[Score]:
+async def written(
+    store: BoardStore, raw: Any, url: str, board_id: str, mode: str, strategy: str = "hash"
+) -> list[Score]:
     """A board of ``mode`` whose players p0..p8 scored 100 + 10 x i, archived, then lost: the scores."""
-    config = BoardConfig.from_dict(board_id, {"mode": mode, "sharding": sharding("hash", 3)})
+    config = BoardConfig.from_dict(board_id, {"mode": mode, "sharding": sharding(strategy, 3)})
     board, _ = await store.create(config)
     scores = [Score(f"p{i}", 100 + 10 * i, f"m{i}", times.now_ms() - 1000) for i in range(9)]
     await board.submit(scores)
-    a = await archiver(raw, OnlyStore(store.client, store.scripts, {board_id}), url)
+    await archived_and_lost(store, raw, url, board)
+    return scores
+
+
+async def archived_and_lost(store: BoardStore, raw: Any, url: str, board: Board) -> None:
+    a = await archiver(raw, OnlyStore(store.client, store.scripts, {board.config.id}), url)
     try:
         await drain(a)
     finally:
         await a.db.close()
     await lost(raw, [board])
-    return scores
 
 
 async def restored(cluster_url: str, url: str) -> list[Board]:
@@ -190,3 +201,163 @@ async def test_a_rebuild_stopped_half_way_leaves_its_refusals_and_a_second_run_c
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("window-stop")
+
+
+async def test_a_settlement_in_the_window_is_refused_until_the_rebuild_and_pays_after_it(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """Failed before the fix: a settlement run in the window froze the empty shards and stopped
+    with ``settlement_mismatch`` (its check reads the frozen Redis board: every shard drifting),
+    leaving its row in state mismatch. It is now refused (Rebuilding, 503 board_rebuilding) before
+    its freeze, and the same settlement run after the rebuild pays the reference's order."""
+    async with own_archive(postgres_url, "window") as url:
+        board = await new_board(store, "window-settle")
+        period = day_ago(2)
+        try:
+            ref = await written_in(board, period, "window-settle")
+            await archived_and_lost(store, raw, url, board)
+            await restored(cluster_url, url)
+            request = Request.of({"settlement_id": "window-settle-1", "rewards": TABLE})
+            async with connected(cluster_url, url) as (rebuilder, other):
+                back = await other.get("window-settle")
+                with pytest.raises(Rebuilding) as refused:
+                    await Settler(rebuilder).settle(back, period, request)
+                assert "settle it once" in refused.value.message
+                assert not await back.frozen(back.resolve(period).period)  # refused before its freeze
+            await rebuild.run(cluster_url, url, None)
+            async with connected(cluster_url, url) as (rebuilder, other):
+                back = await other.get("window-settle")
+                result = await Settler(rebuilder).settle(back, period, request)
+                assert result["check"]["drifting"] == []
+                assert await awards_of(rebuilder.db, "window-settle-1") == expected_awards(ref, period, back)
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("window-settle")
+
+
+async def test_a_reconcile_its_repair_and_a_reshard_are_refused_until_the_rebuild(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """Failed before the fix: a reconcile in the window reported every shard not rebuilt yet as
+    drifting, its repair rebuilt a marked shard's total (writing into it beside the rebuild), and a
+    reshard was recorded, to copy empty shards. Each is now refused (Rebuilding) with nothing
+    written, and the reconcile after the rebuild finds no drift."""
+    async with own_archive(postgres_url, "window") as url:
+        try:
+            await written(store, raw, url, "window-check", "best")
+            await restored(cluster_url, url)
+            async with connected(cluster_url, url) as (rebuilder, other):
+                back = await other.get("window-check")
+                with pytest.raises(Rebuilding):
+                    await reconcile.reconcile(rebuilder, back, "total")
+                drifting = [reconcile.ShardCheck(1, 0, 3, 0, 1, 0)]
+                with pytest.raises(Rebuilding):
+                    await reconcile.repair(rebuilder, back, drifting, "total")
+                assert await rebuilder.members(keys.period_key(back.prefixes[1], "total")) == {}
+                with pytest.raises(Rebuilding):
+                    await Resharder(other, "window-check", say=lambda _: None, postgres_url=url).start(4)
+                assert "reshard" not in orjson.loads(await raw.hget(keys.BOARDS, "window-check"))
+            await rebuild.run(cluster_url, url, None)
+            async with connected(cluster_url, url) as (rebuilder, other):
+                checks = await reconcile.reconcile(rebuilder, await other.get("window-check"), "total")
+                assert [c.drift for c in checks] == [False] * 3
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("window-check")
+
+
+async def test_a_removal_in_the_window_is_refused_and_the_same_removal_after_it_removes(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """Failed before the fix: removing p8 in the window answered that p8 had no entry (its shard
+    empty), while the delete entry it journaled took p8 off at the swap; the same removal again
+    (its request's record found) answered the same. It is now refused with nothing written (no
+    entry in the journal), and the same removal after the rebuild removes p8 and answers so."""
+    async with own_archive(postgres_url, "window") as url:
+        try:
+            sent = await written(store, raw, url, "window-remove", "incr")
+            await restored(cluster_url, url)
+            back = await store.get("window-remove")
+            journal = keys.journal_key(back.prefixes[back.layout.home("p8")])
+            before = await raw.xlen(journal)
+            with pytest.raises(Rebuilding):
+                await moderation.remove(back, ["p8"], request="remove/window")
+            assert await raw.xlen(journal) == before
+            await rebuild.run(cluster_url, url, ["window-remove"])  # one board, not --all
+            back = await store.get("window-remove")
+            assert await moderation.remove(back, ["p8"], request="remove/window") == {"p8"}
+            ref = reference(back, [s for s in sent if s.player_id != "p8"])
+            assert await back.top(20) == expected_entries(ref, "total", None)
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("window-remove")
+
+
+async def test_a_band_boards_band_shards_keep_their_mark_until_every_home_shard_is_rebuilt(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """Failed before the fix: `shardlb rebuild BOARD --shard 3` (a band shard) of a band board
+    restored by a stopped `--all` rebuilt its band shards from home shards still empty and took
+    their marks off, and so did `--shard 0` from one home shard of three: the board's top (its band
+    shards) answered an empty or partial top. The band shards now keep their marks until no home
+    shard is marked; a rebuild of the whole board (one board, not --all) takes every mark off."""
+    async with own_archive(postgres_url, "window") as url:
+        try:
+            sent = await written(store, raw, url, "window-band", "best", "band")
+            await restored(cluster_url, url)
+            bands = set(range(3, 7))
+            for shard, left in ((3, {0, 1, 2} | bands), (0, {1, 2} | bands)):
+                await rebuild.run(cluster_url, url, ["window-band"], shard=shard)
+                back = await store.get("window-band")
+                assert back.rebuilding == left, shard
+                with pytest.raises(Rebuilding):
+                    await back.top(10)
+            await rebuild.run(cluster_url, url, ["window-band"])
+            back = await store.get("window-band")
+            assert not back.rebuilding
+            assert await back.top(20) == expected_entries(reference(back, sent), "total", None)
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("window-band")
+
+
+async def test_the_routers_removals_bans_reshards_and_board_reads_answer_503_then_converge(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """Through the router in the window: GET of the board (what the dashboard opens), a DELETE of
+    a player, a ban of the board and a reshard through the admin endpoint are 503
+    ``board_rebuilding`` (the removal answered "no entry" before the fix). After the rebuild the
+    DELETE and the ban sent again with their X-Request-Id converge: the player is removed once,
+    the banned one is gone, the board is exact."""
+    async with own_archive(postgres_url, "window") as url:
+        try:
+            sent = await written(store, raw, url, "window-admin", "best")
+            await restored(cluster_url, url)
+            async with running(cluster_url, postgres_url=url) as (_, client):
+                base = "/v1/boards/window-admin"
+                remove = {**AS_ADMIN, "X-Request-Id": "window-remove-1"}
+                ban = {**AS_ADMIN, "X-Request-Id": "window-ban-1"}
+                ban_body = {"scope": "board", "board": "window-admin", "reason": "test"}
+                _refused(await client.get(base))
+                _refused(await client.delete(f"{base}/players/p8", headers=remove))
+                _refused(await client.post("/v1/players/p7:ban", json=ban_body, headers=ban))
+                reshard = "/v1/admin/boards/window-admin/reshard"
+                _refused(await client.post(reshard, json={"shards": 4}, headers=AS_ADMIN))
+                await rebuild.run(cluster_url, url, None)
+                for _ in range(100):  # until this router fetches the record without its mark (1 s)
+                    answer = await client.delete(f"{base}/players/p8", headers=remove)
+                    if answer.status_code != 503:
+                        break
+                    await asyncio.sleep(0.05)
+                assert answer.status_code == 200 and answer.json()["removed"] is True, answer.text
+                # The ban was stored before its 503, and the rebuild leaves banned players out (it
+                # reads the bans from PostgreSQL): its retry finds nothing of p7 left to remove.
+                answer = await client.post("/v1/players/p7:ban", json=ban_body, headers=ban)
+                assert answer.status_code == 200 and answer.json()["removed_from"] == [], answer.text
+                assert (await client.get(base)).status_code == 200
+            back = await store.get("window-admin")
+            ref = reference(back, [s for s in sent if s.player_id not in ("p7", "p8")])
+            assert await back.top(20) == expected_entries(ref, "total", None)
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("window-admin")
