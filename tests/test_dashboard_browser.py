@@ -554,3 +554,38 @@ async def test_a_board_view_never_shows_another_answer_as_its_own(browser: Brows
     await expect(page.locator("#page-info")).to_have_class("muted")
     await expect(page.locator("#notice")).to_have_text("")
     await page.close()
+
+
+async def test_a_board_being_rebuilt_says_so_and_opens_once_the_rebuild_is_done(
+    browser: Browser, server: Server
+) -> None:
+    """GET /v1/boards/{board} answers 503 ``board_rebuilding`` while `shardlb rebuild --all` has not
+    rebuilt the board's shards after a loss of Redis (tests/test_rebuild_window.py makes one). The
+    view showed the error once and stayed empty for good; it now says the board is being rebuilt,
+    and opens by itself once the board answers (the page asks again after Retry-After)."""
+    name = board_name("rebuilt")
+    assert httpx.put(f"{server.url}/v1/boards/{name}", json={}, headers=AS_ADMIN).status_code == 201
+    scores = [{"player_id": f"r{i}", "points": 10 * i, "match_id": "m"} for i in range(3)]
+    posted = httpx.post(f"{server.url}/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+    assert posted.status_code == 200, posted.text
+
+    async def rebuilding(route: Route) -> None:
+        message = f"board '{name}' is being rebuilt after a loss of Redis (shards 0, 1 not rebuilt yet)"
+        body = {"error": {"code": "board_rebuilding", "message": message, "field": None}}
+        await route.fulfill(
+            status=503, content_type="application/json", body=json.dumps(body), headers={"retry-after": "1"}
+        )
+
+    page = await browser.new_page()
+    await page.goto(f"{server.url}/dashboard")
+    await page.fill("#key", ADMIN)
+    await page.click("#login-form button")
+    await expect(page.locator("#nav")).to_be_visible()
+    await page.route(f"**/v1/boards/{name}", rebuilding)
+    await page.goto(f"{server.url}/dashboard#/board/{name}")
+    await expect(page.locator("#board-settings")).to_contain_text("being rebuilt after a loss of Redis")
+    await expect(page.locator("#entries tbody tr")).to_have_count(0)
+    await page.unroute(f"**/v1/boards/{name}", rebuilding)
+    await expect(page.locator("#board-settings")).to_contain_text("total: 3 players")
+    await expect(page.locator("#entries tbody tr")).to_have_count(3)
+    await page.close()

@@ -10,16 +10,18 @@ const TOP_EVERY_MS = 1000;
 const CLUSTER_EVERY_MS = 2000;
 const HISTORY = 90; // chart points kept: three minutes at one every two seconds
 const MIN_SPAN = 20; // the x axis of a chart starts as 20 points wide and grows to HISTORY
+const REBUILDING_RETRY_S = 5; // a board being rebuilt is asked for again this often, without a Retry-After
 
 const $ = (id) => document.getElementById(id);
 let timers = [];
 let generation = 0; // bumped on each view change: answers for an older view are dropped
 
 class ApiError extends Error {
-  constructor(status, code, message) {
+  constructor(status, code, message, retryAfter) {
     super(message);
     this.status = status;
     this.code = code;
+    this.retryAfter = retryAfter; // seconds, from Retry-After (NaN without one)
   }
 }
 
@@ -43,7 +45,8 @@ async function api(path, options = {}) {
       sessionStorage.removeItem(KEY);
       showLogin("The key was refused (401): enter it again.");
     }
-    throw new ApiError(response.status, error.code || "http_" + response.status, error.message || response.statusText);
+    const retryAfter = parseInt(response.headers.get("Retry-After") || "", 10);
+    throw new ApiError(response.status, error.code || "http_" + response.status, error.message || response.statusText, retryAfter);
   }
   return body;
 }
@@ -285,6 +288,17 @@ async function openBoard(id, params) {
     switches($("regions"), regions, boardState.region, (r) => r || "all", (r) => go(boardHash({ region: r, offset: 0 })));
   } catch (error) {
     failed(error);
+    if (error instanceof ApiError && error.code === "board_rebuilding") {
+      // After a loss of Redis, `shardlb rebuild --all` restores the board before it rebuilds its
+      // shards, and the API refuses what those not rebuilt yet would answer: not a failure of the
+      // board, a state that ends. The view is opened again after Retry-After until it answers.
+      const wait = Math.max(1, error.retryAfter || REBUILDING_RETRY_S);
+      $("board-settings").textContent =
+        "This board is being rebuilt after a loss of Redis (shardlb rebuild): its reads are refused " +
+        `until its shards are rebuilt, and this view opens by itself then (asking again every ${wait} s).`;
+      // clearInterval (route, showLogin) clears a timeout too: one list of timers in browsers.
+      timers.push(setTimeout(() => mine === generation && route(), wait * 1000));
+    }
     return;
   }
   const refresh = () => loadPage(mine);
