@@ -14,7 +14,8 @@ service's latency with less of the machine taken by the client; Locust's stay in
 them. ``--matches N`` puts N matches in each request, as a game server batching its results
 would. Prints one JSON object: requests, the fresh player-scores they carried (``scores``; an exact
 retry's go to ``replayed_scores``, as they write nothing new) and failures after ``settle`` s,
-the requests' rate, p50/p95/p99 ms, and the client's own CPU seconds.
+the requests' rate, p50/p95/p99 ms, the client's own CPU seconds, and in how many of the counted
+window's 100 ms slots the requests at or above the p99 started (``p99_slots``, ``SLOT_S``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ from bench.latency import percentile
 from bench.workload import Workload
 
 RECENT_POSTS = 64  # as the locustfile: a retry replays one of the user's last posts
+# ``p99_slots`` counts the slots of this length in which the requests at or above the p99 started:
+# a handful of a window's hundred says that its p99 is the worst few hundred ms of it (one stall
+# of the router or the machine), not a tail spread over the whole window.
+SLOT_S = 0.1
 
 
 @dataclass
@@ -45,6 +50,7 @@ class Tally:
     """Latencies (ms) and failures of the requests that started after the settle time."""
 
     latencies: list[float] = field(default_factory=list)
+    starts: list[float] = field(default_factory=list)  # each latency's start, s from the run's start
     scores: int = 0  # fresh player-scores in the counted requests
     replayed_scores: int = 0  # those of the counted exact retries: they write nothing new
     failures: int = 0
@@ -54,6 +60,19 @@ class Tally:
         self.failures += 1
         if len(self.failure_samples) < 5:
             self.failure_samples.append(what)
+
+    def p99_slots(self) -> dict[str, int] | None:
+        """The SLOT_S slots in which the requests at or above the p99 started (``slots``), and how
+        many of them the busiest slot holds (``busiest``) of how many (``requests``)."""
+        if not self.latencies:
+            return None
+        p99 = percentile(sorted(self.latencies), 99)
+        counts: dict[int, int] = {}
+        for start, ms in zip(self.starts, self.latencies, strict=True):
+            if ms >= p99:
+                slot = int(start / SLOT_S)
+                counts[slot] = counts.get(slot, 0) + 1
+        return {"slots": len(counts), "busiest": max(counts.values()), "requests": sum(counts.values())}
 
     def summary(self, seconds: float) -> dict[str, Any]:
         done = sorted(self.latencies)
@@ -66,6 +85,7 @@ class Tally:
             "p50_ms": round(percentile(done, 50), 1) if done else None,
             "p95_ms": round(percentile(done, 95), 1) if done else None,
             "p99_ms": round(percentile(done, 99), 1) if done else None,
+            "p99_slots": self.p99_slots(),
             "failure_samples": self.failure_samples,
         }
 
@@ -148,6 +168,7 @@ async def _user(
         if start >= settle_at:
             if failed is None:
                 tally.latencies.append((done - start) * 1000)
+                tally.starts.append(start - t0)
                 if replay:
                     tally.replayed_scores += scores
                 else:

@@ -34,6 +34,20 @@ def cpu_seconds(pid: int) -> float | None:
     return None if fields is None else (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def run_wait_seconds(pid: int) -> float | None:
+    """Seconds the threads of one process have spent ready to run and waiting for a core (the
+    second field of each thread's /proc schedstat), or None once it is gone or where the kernel
+    keeps no such figures. On cores that every process shares, a request waits for its process's
+    turn as long as this grows."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return total / 1e9
+
+
 def machine_ticks(stat: str) -> tuple[int, int]:
     """(spent, stolen) clock ticks of all cores from the text of /proc/stat. Spent is user, nice,
     system, irq and softirq: what this machine's processes and kernel ran. Stolen is the time the
@@ -97,6 +111,8 @@ class CpuMeter:
     first: dict[int, float] = field(default_factory=dict)
     last: dict[int, float] = field(default_factory=dict)
     owner: dict[int, str] = field(default_factory=dict)
+    waited_first: dict[int, float] = field(default_factory=dict)
+    waited_last: dict[int, float] = field(default_factory=dict)
     machine0: float = 0.0
     steal0: float = 0.0
     wall0: float = 0.0
@@ -116,10 +132,15 @@ class CpuMeter:
                     value = cpu_seconds(pid)
                     if value is None:
                         continue
+                    waited = run_wait_seconds(pid)
                     if pid not in self.first:
                         self.first[pid] = value if initial else 0.0
                         self.owner[pid] = name
+                        if waited is not None:
+                            self.waited_first[pid] = waited if initial else 0.0
                     self.last[pid] = value
+                    if waited is not None and pid in self.waited_first:
+                        self.waited_last[pid] = waited
 
     def start(self) -> CpuMeter:
         # This process and its children not claimed by a group (driver processes, the sampler itself):
@@ -149,6 +170,9 @@ class CpuMeter:
     def report(self) -> dict[str, Any]:
         per_group: dict[str, float] = {name: 0.0 for name in self.groups}
         busiest: dict[str, float] = {name: 0.0 for name in self.groups}
+        waited: dict[str, float] = {name: 0.0 for name in self.groups}
+        for pid, value in self.waited_last.items():
+            waited[self.owner[pid]] += value - self.waited_first[pid]
         for pid, value in self.last.items():
             used = value - self.first[pid]
             per_group[self.owner[pid]] += used
@@ -168,4 +192,7 @@ class CpuMeter:
                 name: round(v / self.wall, 2) if self.wall else 0.0 for name, v in busiest.items()
             },
             "processes": {name: sum(1 for p in self.owner.values() if p == name) for name in self.groups},
+            # Seconds each group's threads were ready to run and waited for a core (summed over its
+            # processes' threads): a request served by a process waits for its turn as long.
+            "waited_s": {name: round(v, 2) for name, v in waited.items()},
         }

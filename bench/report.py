@@ -717,7 +717,12 @@ def _latency_curve(summary: dict[str, Any]) -> list[str]:
         "and retries, from one process that writes HTTP by hand. Locust spends about as much CPU per "
         "request as the router, on the same two cores; this client a fraction of it, so its "
         "percentiles (over the same window at the end of the step) are closer to what the service "
-        "itself gives; the router's own histogram under it is scraped over the same window.",
+        "itself gives; the router's own histogram under it is scraped over the same window. "
+        '"p99 from n 100-ms slots": the requests at or above the client\'s p99 started in n of the '
+        "window's hundred 100-ms slots; a few say that one stall of the router or the machine set "
+        'the p99 (bench/README.md, "Where the write p99 at 80% comes from"). "Router waited": '
+        "the milliseconds a second its threads were ready to run and waited for a core over the "
+        "window (/proc schedstat).",
         "",
     ]
     profiled = [
@@ -760,10 +765,18 @@ def _paced(step: dict[str, Any]) -> str:
         return "-"
     if "skipped" in paced:
         return f"skipped: {paced['skipped']}"
-    return (
+    cell = (
         f"{_ms(paced['p50_ms'])} / {_ms(paced['p95_ms'])} / {_ms(paced['p99_ms'])}, "
         f"{paced['requests_per_s']:,.0f}/s, {paced['failures']}, {paced['client_cpu_s']:g}"
     )
+    slots = paced.get("p99_slots")
+    if slots:  # runs before 2026-12-06 12:30 have none
+        cell += f"; p99 from {slots['slots']} 100-ms slot(s)"
+    cpu = paced.get("cpu") or {}
+    waited, wall = (cpu.get("waited_s") or {}).get("router"), cpu.get("wall_s")
+    if waited is not None and wall:
+        cell += f"; router waited {waited / wall * 1000:,.0f} ms/s for a core"
+    return cell
 
 
 def _own(step: dict[str, Any]) -> str:

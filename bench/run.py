@@ -568,40 +568,44 @@ def paced_step(
     """The load of a latency step's Locust users (``users`` at s.user_rps requests a second, of
     ``matches`` matches each) offered by bench/pacer.py, a client that takes a fraction of Locust's
     CPU, through a fresh router of s.write_workers processes: its figures over the same window at
-    the end (Locust's last RECENT_WINDOW_S seconds) and the router's own over that window
-    (``router``, as ``soak_run`` scrapes it), or why it could not run."""
+    the end (Locust's last RECENT_WINDOW_S seconds), the router's own over that window
+    (``router``, as ``soak_run`` scrapes it), and the CPU of the router, the client and the store
+    over it with the seconds each waited for a core (``cpu``), or why it could not run."""
     settle = max(0.0, seconds - locust_csv.RECENT_WINDOW_S)
     router = Router(cluster.url, free_port(22400), s.write_workers, out / f"{name}-router.log", router_env())
     scrapes: list[server_latency.Buckets] = []
+    masters, replicas = node_pids(cluster)
     with router:
-        timer = threading.Timer(settle, lambda: scrapes.append(server_latency.scrape(router.url)))
+        assert router.proc is not None
         command = [
             *(sys.executable, "-m", "bench.pacer", "--url", router.url, "--users", str(users)),
             *("--rps", str(s.user_rps), "--seconds", str(seconds), "--settle", str(settle)),
             *("--key", WRITE_KEY, "--matches", str(matches)),
         ]
         log(f"{name}: {users} paced users through {s.write_workers} router workers")
-        timer.start()
+        proc = _pacer(command, s, workload, subprocess.PIPE)
+        groups = {"redis masters": masters, "redis replicas": replicas, "router": [router.proc.pid]}
+        meter = CpuMeter({**groups, "client": [proc.pid]})
         try:
-            done = subprocess.run(
-                command,
-                env={**os.environ, **locust_env(s, workload, {})},
-                capture_output=True,
-                text=True,
-                timeout=seconds + 60,
-                cwd=ROOT,
-            )
+            time.sleep(settle)
+            scrapes.append(server_latency.scrape(router.url))
+            meter.start()
+            stdout, stderr = proc.communicate(timeout=seconds + 60)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
             return {"skipped": f"bench.pacer did not finish within {seconds + 60:.0f} s"}
         finally:
-            timer.cancel()
-            timer.join()
+            # The client's own exit is in the window: its last requests' answers are too.
+            cpu = meter.stop() if meter.wall0 else None
             scrapes.append(server_latency.scrape(router.url))
-    if done.returncode != 0 or not done.stdout.strip():
-        return {"skipped": f"bench.pacer exited {done.returncode}: {done.stderr.strip()[-300:]}"}
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if proc.returncode != 0 or not stdout.strip():
+        return {"skipped": f"bench.pacer exited {proc.returncode}: {stderr.strip()[-300:]}"}
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
     if (own := server_latency.window(scrapes)) is not None:
         result["router"] = own
+    if cpu is not None:
+        result["cpu"] = cpu
     return {**result, "users": users, "window_s": seconds - settle}
 
 

@@ -178,3 +178,25 @@ async def test_runs_without_a_seed_post_matches_of_their_own(
     assert matches[2] & matches[3]
     parsed = pacer.parser().parse_args(["--url", "http://h:1", "--users", "1"])
     assert parsed.seed is None
+
+
+def test_p99_slots_say_whether_the_slowest_requests_came_together() -> None:
+    """The requests at or above the p99 (3 of 200) all started in one 100 ms slot: one stall set
+    the p99; spread over the window, each has a slot of its own."""
+    starts = [i * 0.01 for i in range(200)]  # 2 s, 100 requests a second
+    slow = (125, 126, 127)
+    together = pacer.Tally(latencies=[50.0 if i in slow else 5.0 for i in range(200)], starts=starts)
+    assert together.p99_slots() == {"slots": 1, "busiest": 3, "requests": 3}
+    assert together.summary(2.0)["p99_slots"] == {"slots": 1, "busiest": 3, "requests": 3}
+    apart = pacer.Tally(latencies=[50.0 if i in (15, 105, 185) else 5.0 for i in range(200)], starts=starts)
+    assert apart.p99_slots() == {"slots": 3, "busiest": 1, "requests": 3}
+    assert pacer.Tally().p99_slots() is None
+
+
+async def test_a_runs_counted_requests_each_have_their_start(
+    serving: tuple[Server, Server, int, int],
+) -> None:
+    _, _, port, _ = serving
+    got = await pacer.run(_args(port), W)
+    slots = got["p99_slots"]
+    assert slots is not None and 1 <= slots["slots"] <= slots["requests"] and slots["busiest"] >= 1

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.procs import CpuMeter, cpu_seconds, descendants, machine_ticks
+from bench.procs import CpuMeter, cpu_seconds, descendants, machine_ticks, run_wait_seconds
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
 
@@ -27,6 +27,26 @@ def test_a_busy_child_is_metered_through_its_parent() -> None:
     assert 0.3 <= report["cpu_s"]["me"] <= report["machine_cpu_s"] + 0.1
     assert report["processes"]["me"] >= 2
     assert cpu_seconds(os.getpid()) is not None and cpu_seconds(2**22 + 7) is None
+
+
+def test_processes_that_outnumber_the_cores_are_metered_waiting_for_one() -> None:
+    """One more spinning child than there are cores: together they wait for a core at least about
+    as long as one of them runs, and the meter says so (``waited_s``, from /proc schedstat)."""
+    if run_wait_seconds(os.getpid()) is None:
+        pytest.skip("the kernel keeps no schedstat")
+    burn = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
+    meter = CpuMeter({"me": [os.getpid()]}, interval=0.05).start()
+    children = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range((os.cpu_count() or 1) + 1)]
+    try:
+        for child in children:
+            child.wait(60)
+        report = meter.stop()
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert report["waited_s"]["me"] >= 0.1
+    assert run_wait_seconds(2**22 + 7) is None
 
 
 def test_the_machines_cpu_leaves_out_steal_and_guest_time() -> None:

@@ -223,6 +223,14 @@ def test_markdown_prints_the_latency_curve_and_the_planned_reads(measured: dict[
         "| 6.5 / 14 / 27.5, 715/s, 0, 2.5 | 2.2 / 9.5 / 19.5 |" in text
     )
     assert "The light paced client (bench/pacer.py)" in text
+    # Since 2026-12-06: where the client's p99 came from and how long the router waited for a core.
+    paced = measured["latency_curve"]["steps"][1]["paced"]
+    paced["p99_slots"] = {"slots": 3, "busiest": 52, "requests": 72}
+    paced["cpu"] = {"wall_s": 10.0, "waited_s": {"router": 2.5, "client": 1.0}}
+    assert (
+        "| 6.5 / 14 / 27.5, 715/s, 0, 2.5; p99 from 3 100-ms slot(s); router waited 250 ms/s for a core "
+        "| 2.2 / 9.5 / 19.5 |" in report.markdown(measured, "test")
+    )
     measured["latency_curve"]["steps"][0]["paced"] = {"skipped": "bench.pacer exited 1: boom"}
     assert "| no | skipped: bench.pacer exited 1: boom | - |" in report.markdown(measured, "test")
     assert "include Locust's own scheduling" in text
