@@ -203,10 +203,25 @@ def _light_goals(light: dict[str, Any], raw: dict[str, Any]) -> list[dict[str, A
                     False,
                     f"{step['users']} paced users offering {step['offered_writes_per_s']:,} writes/s, "
                     f"{step['achieved_writes_per_s']:,} achieved, {step['failures']} failures"
-                    + (f"; the router's own p99 {own:g} ms" if own is not None else ""),
+                    + (f"; the router's own p99 {own:g} ms" if own is not None else "")
+                    + stall_note(step),
                 )
             )
     return out
+
+
+def stall_note(paced: dict[str, Any]) -> str:
+    """What a paced step says of its p99's stall, when it has it (runs since 2026-12-06): in how
+    many 100-ms slots its slowest requests started, and how long the router waited for a core."""
+    note = ""
+    slots = paced.get("p99_slots")
+    if slots:
+        note += f"; p99 from {slots['slots']} 100-ms slot(s)"
+    cpu = paced.get("cpu") or {}
+    waited, wall = (cpu.get("waited_s") or {}).get("router"), cpu.get("wall_s")
+    if waited is not None and wall:
+        note += f"; router waited {waited / wall * 1000:,.0f} ms/s for a core"
+    return note
 
 
 def _cpu_goals(light: dict[str, Any], raw: dict[str, Any], at: str) -> list[dict[str, Any]]:

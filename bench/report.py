@@ -765,18 +765,10 @@ def _paced(step: dict[str, Any]) -> str:
         return "-"
     if "skipped" in paced:
         return f"skipped: {paced['skipped']}"
-    cell = (
+    return (
         f"{_ms(paced['p50_ms'])} / {_ms(paced['p95_ms'])} / {_ms(paced['p99_ms'])}, "
         f"{paced['requests_per_s']:,.0f}/s, {paced['failures']}, {paced['client_cpu_s']:g}"
-    )
-    slots = paced.get("p99_slots")
-    if slots:  # runs before 2026-12-06 12:30 have none
-        cell += f"; p99 from {slots['slots']} 100-ms slot(s)"
-    cpu = paced.get("cpu") or {}
-    waited, wall = (cpu.get("waited_s") or {}).get("router"), cpu.get("wall_s")
-    if waited is not None and wall:
-        cell += f"; router waited {waited / wall * 1000:,.0f} ms/s for a core"
-    return cell
+    ) + read_goals.stall_note(paced)
 
 
 def _own(step: dict[str, Any]) -> str:
