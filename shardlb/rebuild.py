@@ -127,6 +127,21 @@ async def _unrestored(store: BoardStore, former: Board, refilled: list[str]) -> 
         await store.scripts.drop(keys=[keys.index_key(prefix), keys.gone_key(prefix)], args=[GONE_MS])
 
 
+def _hidden(board_id: str, held: str, archived: Sequence[str]) -> str:
+    """What `rebuild --all` says of a board created again before it restored the archive's: the
+    two ways out."""
+    names = ", ".join(archived)
+    quoted = ", ".join(f"'{i}'" for i in archived)
+    return (
+        f"board {board_id!r}: the registry holds incarnation {held}, and the archive holds {names} "
+        f"too, never deleted: the board was created again since Redis lost it (a PUT before "
+        f"`rebuild --all`?), and {names} is not restored. To restore it, DELETE "
+        f"/v1/boards/{board_id} (what was written to {held} goes with it) and run `shardlb rebuild "
+        f"--all` again; to keep {held}, mark the archived one deleted: UPDATE boards SET "
+        f"deleted_at = now() WHERE board = '{board_id}' AND incarnation IN ({quoted})"
+    )
+
+
 def format_id(entry_id: Id) -> str:
     return f"{entry_id[0]}-{entry_id[1]}"
 
@@ -436,6 +451,9 @@ class Rebuilder:
         # Shards (prefixes) whose journals ``restore`` started and whose retry records it put back:
         # their next rebuild skips both (``start_journal``, ``refill``).
         self._refilled: set[str] = set()
+        # Boards ``restore`` left out because the registry holds an incarnation created since the
+        # loss beside the archive's (``_restore_board``): ``recover`` names them once it is done.
+        self._passed_over: list[str] = []
 
     async def rebuild(
         self, board: Board, period: str | None = None, shard: int | None = None, force: bool = False
@@ -902,6 +920,8 @@ class Rebuilder:
         rebuilt (until 2026-12-06, with one confirmation of every record between the two). Each
         rebuild waits for replicas as after ``restore`` (``confirming``)."""
         _, reports = await self._recover(store, period, shard, force, rebuild=True)
+        if self._passed_over:
+            raise BoardConflict("; ".join(self._passed_over), "board")
         return reports
 
     async def _recover(
@@ -914,14 +934,23 @@ class Rebuilder:
     ) -> tuple[list[Board], dict[str, list[ShardReport]]]:
         """``restore``'s work, and with ``rebuild`` ``recover``'s: the boards restored, the
         reports of those rebuilt."""
+        self._passed_over.clear()  # in place: the siblings share it
         async with self.db.transaction():
             cur = await self.db.execute(
-                "SELECT DISTINCT ON (board) board, incarnation, settings FROM boards "
+                "SELECT board, incarnation, settings FROM boards "
                 "WHERE deleted_at IS NULL ORDER BY board, created_at DESC"
             )
             found = await cur.fetchall()
         formers = []
+        # Per id, newest first, the first incarnation Redis does not say was deleted is restored;
+        # those live in the archive below it lost their record without a deletion mark, as a loss
+        # of Redis loses them, and the id was created again since (``_restore_board`` says so).
+        # One deleted (the mark lasts a day) before the archiver recorded it passes to the next.
+        older: dict[str, list[str]] = {}
         for board_id, incarnation, settings in found:
+            if board_id in older:
+                older[board_id].append(str(incarnation))
+                continue
             # The layout a reshard recorded with the rows' new shards (shardlb/reshard.py, _rehome);
             # the generation is the layout's, not a setting.
             generation = int(settings.pop("generation", 0))
@@ -933,6 +962,7 @@ class Rebuilder:
                 continue
             checked(former, period, shard, times.now_ms())  # before anything is written
             formers.append(former)
+            older[board_id] = []
         # Confirmed by a replica wherever the list's primaries have one, as the reshard's mover
         # confirms its writes: the boards restored next rely on the bans being there for good.
         replicated = Replicated(self.client)
@@ -942,7 +972,7 @@ class Rebuilder:
         seasons = await self._seasons()
 
         async def put_back(worker: Rebuilder, former: Board) -> Board | None:
-            board = await worker._restore_board(store, former, seasons)
+            board = await worker._restore_board(store, former, seasons, older[former.config.id])
             if board is not None:
                 await worker._confirm_registry([board], replicated)
             return board
@@ -973,18 +1003,30 @@ class Rebuilder:
         return out, {b.config.id: reports[b.config.id] for b in out if b.config.id in reports}
 
     async def _restore_board(
-        self, store: BoardStore, former: Board, seasons: set[tuple[str, str]]
+        self,
+        store: BoardStore,
+        former: Board,
+        seasons: set[tuple[str, str]],
+        older: Sequence[str] = (),
     ) -> Board | None:
         """``restore``'s work on one board: its journals started and its retry records put back,
         then its record in the registry; the board, or None when the registry holds another
         incarnation of its id. Boards go through it side by side (``jobs``), each on its own
         PostgreSQL connection; what a board writes before its record comes back is its own. From
         then on routers find the board, its record naming every shard not rebuilt yet: reads and
-        writes that touch one are refused until its swap (``Board.check_built``, ``_built``)."""
+        writes that touch one are refused until its swap (``Board.check_built``, ``_built``).
+
+        ``older``: the incarnations of its id live in the archive beside ``former``. A board the
+        registry held before the restore while they exist, or held under another incarnation, was
+        created again since the loss (a PUT before `rebuild --all`): it is left alone, and the
+        archived incarnation it hides is named in ``_passed_over``, for the operator to choose.
+        Until 2026-12-06 the one in the registry was rebuilt from its own few rows, "found in the
+        registry", and the run exited 0, the archive's results of the id named nowhere."""
         config, board_id, incarnation = former.config, former.config.id, former.incarnation
         refilled: list[str] = []
         closing = (board_id, str(incarnation)) in seasons
-        if not await self.client.hexists(keys.BOARDS, board_id):
+        held = await self.client.hexists(keys.BOARDS, board_id)
+        if not held:
             # Before routers can find the board again: its retries are recognised from their
             # first write on, not only once its shard's turn to be rebuilt comes; a board
             # closed for its season takes no result.
@@ -1003,10 +1045,16 @@ class Rebuilder:
             await _unrestored(store, former, refilled)
             raise
         if board.incarnation != incarnation:
-            # Created again under its id since the registry was read: what was put back of this
-            # incarnation is dropped (until 2026-12-05 it stayed, its key index without expiry).
+            # Created again under its id since the loss (or since the registry was read): what was
+            # put back of this incarnation is dropped (until 2026-12-05 it stayed, its key index
+            # without expiry).
             await _unrestored(store, former, refilled)
             self.progress(f"{board_id}: the registry holds another incarnation; left alone")
+            self._passed_over.append(_hidden(board_id, board.incarnation, [str(incarnation), *older]))
+            return None
+        if held and older:
+            self.progress(f"{board_id}: the registry holds an incarnation created since; left alone")
+            self._passed_over.append(_hidden(board_id, board.incarnation, older))
             return None
         if closing and await board.close():  # the registry kept it, and a shard lost its marker
             self.progress(f"{board_id}: closed again (its season archive began)")
@@ -1076,7 +1124,7 @@ class Rebuilder:
         other = Rebuilder(self.client, self.script, db, self.progress, self.swap_tries)
         other.replica_wait_ms = self.replica_wait_ms
         other.confirming, other._replicated = self.confirming, self._replicated
-        other._refilled = self._refilled
+        other._refilled, other._passed_over = self._refilled, self._passed_over
         return other
 
     async def _confirm_registry(self, boards: Sequence[Board], replicated: Replicated) -> None:

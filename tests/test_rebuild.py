@@ -1689,6 +1689,52 @@ async def test_a_board_created_meanwhile_leaves_no_key_of_the_one_a_restore_refi
             await store.delete(config.id)
 
 
+async def test_a_board_created_again_before_rebuild_all_is_named_and_the_others_restored(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After a total loss of Redis, a `PUT /v1/boards/{board}` before `rebuild --all` (an admin
+    script that confirms its boards at start; `make run` does it for `demo`) creates the board
+    again, empty, under a new incarnation. `rebuild --all` then said "found in the registry",
+    rebuilt that one from its own few rows and exited 0: the incarnation that held every archived
+    result stayed out of the registry, named nowhere (found walking k8s/README.md's runbook,
+    2026-12-06). Now the other boards are restored and rebuilt, and the run exits 1 naming both
+    incarnations; deleting the new one and running it again brings the archived one back."""
+    configs = [
+        BoardConfig.from_dict("again-after-loss", {"sharding": sharding("hash", 2)}),
+        BoardConfig.from_dict("again-after-loss-other", {"sharding": sharding("hash", 2)}),
+    ]
+    boards = [(await store.create(c))[0] for c in configs]
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, OnlyStore(store.client, store.scripts, {c.id for c in configs}), url)
+        try:
+            for board in boards:
+                await board.submit([Score(f"p{i}", i, f"m{i}") for i in range(1, 21)])
+            await drain(a)
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            again, _ = await store.create(configs[0])  # the PUT before the operator's rebuild
+            await again.submit([Score("late", 5, "m-late")])
+            await a.refresh()  # the archiver records the new incarnation
+            await drain(a)
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
+            assert await asyncio.to_thread(main, command) == 1
+            said = capsys.readouterr()
+            assert boards[0].incarnation in said.err and again.incarnation in said.err, said
+            other = await store.get(configs[1].id)
+            assert other.incarnation == boards[1].incarnation and len(await other.top(50)) == 20
+            assert (await store.get(configs[0].id)).incarnation == again.incarnation  # left as it was
+            # The way back the message gives, run at once: before the archiver records the
+            # deletion, the incarnation deleted is the archive's newest live one of the id.
+            await store.delete(configs[0].id)
+            assert await asyncio.to_thread(main, command) == 0
+            back = await store.get(configs[0].id)
+            assert back.incarnation == boards[0].incarnation and len(await back.top(50)) == 20
+        finally:
+            await a.db.close()
+            for c in configs:
+                with contextlib.suppress(Exception):
+                    await store.delete(c.id)
+
+
 async def test_a_rebuild_of_one_period_reports_that_periods_players(
     store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
