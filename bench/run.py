@@ -725,7 +725,8 @@ def _router_max(
         "achieved_writes_per_s": round(paced.get("scores", 0) / paced.get("window_s", 1.0)),
     }
     log(
-        f"{at_80}: {users} paced users, p50/p95/p99 "
+        f"{at_80}: {users} paced users, {result['at_80']['achieved_writes_per_s']:,} of "
+        f"{result['at_80']['offered_writes_per_s']:,} writes/s, p50/p95/p99 "
         f"{paced.get('p50_ms')}/{paced.get('p95_ms')}/{paced.get('p99_ms')} ms"
     )
     return result

@@ -256,6 +256,32 @@ def test_the_write_goals_are_read_again_at_the_routers_own_maximum(summary: dict
     assert not [g for g in summary["read_goals"] if "own maximum" in g["goal"]]
 
 
+def test_an_80_percent_step_the_router_did_not_hold_is_flagged_overloaded_not_reported_as_80(
+    summary: dict[str, Any],
+) -> None:
+    """A paced step that achieved 93% of what it offered (the run of 2026-12-05 03:00: 42,710 of
+    46,000 writes/s) measured past the router's capacity: its p99 is not the p99 at 80%, so the
+    goal row says overloaded, with both rates, and reports no figure and no verdict. Within 2% of
+    its offered rate it is the 80% figure."""
+    summary["light_client"] = _light(11.6, 9.4, 278.8)
+    step = summary["light_client"]["at_80"]
+    step.update(users=920, offered_writes_per_s=46_000, achieved_writes_per_s=42_710)
+    read_goals.finish(summary)
+    p99 = goal(summary, "write p99 ms at 80% of the router's own maximum")
+    assert p99["measured"] is None and p99["met"] is None and p99["overloaded"] is True
+    assert p99["detail"].startswith(
+        "**overloaded**: 920 paced users offering 46,000 writes/s, 42,710 achieved (7.2% short), "
+        "0 failures; its p99 278.8 ms is past what the router held, not at 80%"
+    )
+    text = "\n".join(read_goals.markdown(summary))
+    row = "| write p99 ms at 80% of the router's own maximum (light paced client) | overloaded | <= 50.00 |"
+    assert row in text
+    step["achieved_writes_per_s"] = 45_100  # 1.96% short: held
+    read_goals.finish(summary)
+    p99 = goal(summary, "write p99 ms at 80% of the router's own maximum")
+    assert p99["measured"] == 278.8 and p99["met"] is False and not p99.get("overloaded")
+
+
 def test_the_write_goals_are_read_once_more_with_matches_batched_in_a_request(
     summary: dict[str, Any],
 ) -> None:

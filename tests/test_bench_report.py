@@ -202,6 +202,22 @@ def test_write_p99_goal_is_read_at_the_latency_curves_80_percent_step(measured: 
     )
 
 
+def test_an_80_percent_step_short_of_its_offered_rate_is_flagged_overloaded(measured: dict[str, Any]) -> None:
+    """The latency curve's 80% step that achieved 93% of its offered writes/s measured an overload:
+    the goal row names it so, with both rates, and reports no p99 as the 80% figure."""
+    measured["latency_curve"]["steps"][1]["achieved"] = 6_700
+    report.finish(measured)
+    p99 = _goal(measured, "write p99 ms at 80% of the sustained maximum")
+    assert p99["measured"] is None and p99["met"] is None and p99["overloaded"] is True
+    assert p99["detail"].startswith(
+        "**overloaded**: latency curve: constant 7,200 writes/s offered (80% of 9,000 sustained), "
+        "6,700 achieved (6.9% short), 3 failures; its p99 41 ms is past what the router held, not at 80%"
+    )
+    assert "| write p99 ms at 80% of the sustained maximum | overloaded | <= 50.00 | - |" in report.markdown(
+        measured, "test"
+    )
+
+
 def test_write_p99_goal_falls_back_to_the_ramp(measured: dict[str, Any]) -> None:
     achieved, p99 = read_goals.write_p99_at(measured, 0.8) or (0, 0.0)
     measured["latency_curve"]["steps"] = [_step(0.5, 4_500, 4_480, 18.0)]  # no 80% step
