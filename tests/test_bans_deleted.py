@@ -23,6 +23,7 @@ from shardlb.moderation import ALL, Ban, Bans, ban_field
 from shardlb.rebuild import Rebuilder
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, board_name, running
+from tests.store_fixture import forget_others_restored
 from tests.test_moderation_router import make_board, rows
 
 pytestmark = pytest.mark.cluster
@@ -105,6 +106,7 @@ async def test_a_board_deleted_forgets_its_bans_and_leaves_every_other_ban(
             assert r.status_code == 200, r.text
             monkeypatch.undo()
             await rebuilder.restore(store)  # PostgreSQL's bans written back: not the one forgotten
+            await forget_others_restored(store)  # boards of other modules, back marked as being rebuilt
             assert await held(store, *fields) == set(fields[1:])
             # Created again and banned there: that ban is the new board's, and goes with it.
             r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"]}, headers=AS_ADMIN)
@@ -200,6 +202,7 @@ async def test_the_archiver_forgets_the_bans_of_boards_deleted_without_them_and_
         await store.delete(name)
         await store.client.hdel(keys.BANS, ban_field(name, once))  # half way: Redis's record only
         await rebuilder.restore(store)
+        await forget_others_restored(store)
         assert await held(store, ban_field(name, once)) == {ban_field(name, once)}  # written back
         new = await journaled(store, name)
         await bans.add(db, Ban(again, name, "again", "test", times.now_ms(), new.incarnation), None)

@@ -14,6 +14,7 @@ from shardlb import keys, moderation, times
 from shardlb.rebuild import Rebuilder
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_WRITER, running, service_of
+from tests.store_fixture import forget_others_restored
 from tests.test_moderation_router import make_board, post, refusals_recorded, rows, score
 
 pytestmark = pytest.mark.cluster
@@ -186,6 +187,7 @@ async def test_bans_written_back_of_a_board_created_again_do_not_hold_on_the_new
         fields = [moderation.ban_field(name, old), moderation.ban_field(moderation.ALL, everywhere)]
         await store.client.hdel(keys.BANS, *fields, moderation.ban_field(name, new))  # Redis lost them
         await rebuilder.restore(store)
+        await forget_others_restored(store)  # boards of other modules, back marked as being rebuilt
         held = {b.player: b for b in await moderation.Bans(store.client).all()}
         assert {old, everywhere, new} <= set(held) and held[old].incarnation != held[new].incarnation
         for a in (app, other_app):

@@ -34,6 +34,7 @@ from shardlb.settlement import period_bounds
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.router_support import AS_ADMIN, AS_WRITER, running
+from tests.store_fixture import forget_others_restored
 from tests.test_ack import key_replica_pid, stopped
 from tests.test_archive import archived
 from tests.test_board import HOUR, expected_entries, sharding
@@ -594,6 +595,7 @@ async def rebuild_all(rebuilder: Rebuilder, store: BoardStore) -> list[Board]:
     also archived the boards other modules left in the worker's cluster (tests/test_ack.py's, run
     before this module on one worker, made these tests fail), and those are not theirs to rebuild."""
     boards = [b for b in await rebuilder.restore(store) if b.config.id.startswith("rebuild-all-")]
+    await forget_others_restored(store, lambda board_id: board_id.startswith("rebuild-all-"))
     for board in boards:
         await rebuilder.rebuild(board)
     return boards
