@@ -597,6 +597,10 @@ class Archiver:
         self._unexplained: set[tuple[str, str]] = set()  # boards missing without a mark, reported once
         self._held: dict[str, _Held] = {}  # journal key -> the entry PostgreSQL refused there
         self._busy: set[str] = set()  # journals that gave the last round entries (``_poll``)
+        # The journals whose shards carry sentinels (their board's record says so: ``refresh``), for
+        # poll.lua to look at, and those it found without one in this round (``_lost``)
+        self._watched: set[str] = set()
+        self._missing: set[str] = set()
         self._own: set[str] = set()  # journals that may hold more of this consumer's pending entries
         self._swept = -math.inf  # monotonic time of the last sweep of deleted boards' bans that worked
         self.outage = Outage(log, "archive round failed; retrying", "archive rounds work again")
@@ -648,6 +652,7 @@ class Archiver:
         self._held = {k: held for k, held in self._held.items() if k in journals}
         self._forgotten = {k: at for k, at in self._forgotten.items() if k in journals}
         self._own &= journals
+        self._watched = {keys.journal_key(p) for b in self.boards.values() if b.sentinels for p in b.prefixes}
         new = [b for key, b in self.boards.items() if key not in self._known]
         async with self.db.transaction():
             for b in new:
@@ -713,6 +718,7 @@ class Archiver:
         ]
         batches = await self._poll([key for _, key in streams])
         journals = {key: (board, got, bad) for (board, key), (got, bad) in zip(streams, batches, strict=True)}
+        await self._lost([(board, key) for board, key in streams if key in self._missing])
         together, alone, idle = [], [], []
         for key, (board, got, unreadable) in journals.items():
             trimmed = self._trimmed.get(key, -math.inf)
@@ -740,6 +746,33 @@ class Archiver:
         self._failed = False
         HELD_JOURNALS.set(len(self._held))
         return done
+
+    async def _lost(self, found: Sequence[tuple[Board, str]]) -> None:
+        """Mark the shards whose journals poll.lua found without their sentinel (Redis lost their
+        slot while the registry kept the board: a master and its replica lost at once, the slot
+        served again empty) not rebuilt (``BoardStore.lost``): reads that merge one and writes to
+        it are refused (503 board_rebuilding) until `shardlb rebuild BOARD --shard N` swaps it in.
+        Those marked already are left. Each shard marked is logged as an ERROR and counted
+        (LOST_SHARDS); a failure is the round's (it is tried again at the next)."""
+        shards: dict[tuple[str, str], tuple[Board, set[int]]] = {}
+        for board, key in found:
+            shard = _shard(board, key)
+            if shard not in board.rebuilding:
+                shards.setdefault((board.config.id, board.incarnation), (board, set()))[1].add(shard)
+        for board, lost in shards.values():
+            for shard in await self.store.lost(board, lost):
+                LOST_SHARDS.inc()
+                log.error(
+                    "shard %d of board %s lost its keys while the registry kept the board (its "
+                    "sentinel is missing): marked not rebuilt, its reads and writes answer 503 "
+                    "board_rebuilding until `shardlb rebuild %s --shard %d` brings it back from "
+                    "PostgreSQL and its journal",
+                    shard,
+                    board.config.id,
+                    board.config.id,
+                    shard,
+                    extra={"fields": {"board": board.config.id, "incarnation": board.incarnation}},
+                )
 
     async def _archive(self, batch: Sequence[tuple[Board, str, Entry]]) -> int:
         """Commit ``batch`` in one transaction, then acknowledge it; returns the results archived."""
@@ -900,7 +933,8 @@ class Archiver:
         2026-12-06 each journal was three round trips of its own (XAUTOCLAIM, XREADGROUP and the
         COMMAND GETKEYS redis-py asks before each XREADGROUP): an idle archiver of 2,000 boards of
         10 shards took 16 s a round and most of a core to find nothing."""
-        calls = [(key, *self._poll_args(key)) for key in journals]
+        calls = [self._poll_call(key) for key in journals]
+        self._missing = set()
         # The round counts as failed from here until its entries are committed and acknowledged
         # (``round``): the reads hand entries to this consumer alone, and if one made again alone
         # fails too, the round ends without the others' replies. Marked only after the reads, the
@@ -915,7 +949,7 @@ class Archiver:
         quiet = [c for c in calls if c[0] not in self._busy]
         replies: dict[str, Any] = {}
         for group, at_once in ((busy, JOURNALS_IN_FLIGHT), (quiet, JOURNALS_AT_ONCE)):
-            got = await self._each(self._poller, group, at_once)
+            got = await self._each(self._poller, group, at_once, numkeys=2)
             replies.update(zip([c[0] for c in group], got, strict=True))
         # Those that failed there are read again, this consumer's pending entries first: a call
         # that ran but lost its reply handed out entries that only this consumer holds now. Again
@@ -930,8 +964,8 @@ class Archiver:
             if isinstance(replies[key], BaseException) and not isinstance(replies[key], ResponseError)
         ]
         if failed:
-            again = [(key, *self._poll_args(key, own_first=True)) for key in failed]
-            got = await self._each(self._poller, again, JOURNALS_IN_FLIGHT)
+            again = [self._poll_call(key, own_first=True) for key in failed]
+            got = await self._each(self._poller, again, JOURNALS_IN_FLIGHT, numkeys=2)
             replies.update(zip(failed, got, strict=True))
         out = []
         for key in journals:
@@ -947,7 +981,14 @@ class Archiver:
         """The journal's entries for this round, in the order read, and the first that cannot be
         decoded, if any: the entries returned stop before it (the journal is held there).
         ``own_first``: this consumer's pending entries (XREADGROUP from '0'), whatever the round."""
-        return self._entries(key, await self._poller(keys=[key], args=self._poll_args(key, own_first)))
+        call = self._poll_call(key, own_first)
+        return self._entries(key, await self._poller(keys=call[:2], args=call[2:]))
+
+    def _poll_call(self, key: str, own_first: bool = False) -> tuple[Any, ...]:
+        """poll.lua's keys and arguments for the journal ``key``: its shard's sentinel beside it,
+        looked at when its board's record says the shard carries one (``_watched``)."""
+        sentinel = keys.sentinel_key(key.removesuffix(keys.journal_key("")))
+        return (key, sentinel, *self._poll_args(key, own_first), "1" if key in self._watched else "0")
 
     def _poll_args(self, key: str, own_first: bool = False) -> list[Any]:
         # On a held journal this consumer's own unacknowledged entries alone ("0"): it takes
@@ -964,11 +1005,15 @@ class Archiver:
 
     def _entries(self, key: str, reply: Any) -> tuple[list[Entry], _Unreadable | None]:
         """``_read``'s answer from poll.lua's reply (None: the journal does not exist)."""
+        if reply is not None and len(reply) > 3 and reply[3] == 1:
+            self._missing.add(key)  # its sentinel is gone: ``_lost``
+            if reply[0] is None:
+                reply = None
         if reply is None:  # the journal went with its board, or has not been written yet
             self._groups.discard(key)
             return [], None
         self._groups.add(key)
-        claimed, fresh, own = reply
+        claimed, fresh, own = reply[:3]
         # A full read of this consumer's own pending entries may have left more: read them next
         # round too, not ``claim_idle_s`` later through XAUTOCLAIM.
         if own and len(fresh) >= self.count:
@@ -1455,6 +1500,11 @@ UNREADABLE = Counter(
 )
 HELD_JOURNALS = Gauge(
     "shardlb_archive_held_journals", "journals held at an entry PostgreSQL refused or that cannot be read"
+)
+LOST_SHARDS = Counter(
+    "shardlb_archive_lost_shards_total",
+    "shards found without their sentinel (Redis lost their slot, the registry kept the board) and marked "
+    "not rebuilt until `shardlb rebuild BOARD --shard N` (Archiver._lost)",
 )
 GAPS = Counter(
     "shardlb_archive_gaps_total",

@@ -256,6 +256,9 @@ class Board:
         # registry's record, shardlb/store.py): reads and writes that touch one are refused
         # (``check_built``). Empty but for that window.
         self.rebuilding: frozenset[int] = frozenset()
+        # Whether every shard of this layout carries its sentinel (keys.sentinel_key, the record's
+        # state): only then does the archiver take one missing for a shard lost alone.
+        self.sentinels = False
         # A reshard (shardlb/reshard.py): ``moving`` while this layout is being copied to another
         # (reads then check that it is still current); ``moved`` once this process learnt that it is
         # not (a cache holding the board fetches it again); ``also``: the other layout's prefixes,

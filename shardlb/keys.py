@@ -13,6 +13,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:vrm / :vfl               band homes: removed players' versions, floor
     lb:{<tag>}:<board>:<inc>:<shard>:gone                     set (with a TTL) when the board is deleted
     lb:{<tag>}:<board>:<inc>:<shard>:swap                     a rebuild's forced swap, until its apply (a TTL)
+    lb:{<tag>}:<board>:<inc>:<shard>:here                     the shard's sentinel (while it holds its data)
     lb:{<tag>}:<board>:<inc>:<shard>:log                      the journal: a stream of applied results
     lb:{<tag>}:<board>:<inc>:<shard>:logn                     its results not archived yet (a count)
     lb:{<tag>}:<board>:<inc>:<shard>:seen                     inactive_after boards: player -> last post ms
@@ -240,6 +241,15 @@ def removal_request_field(request: str, player: str) -> str:
 def removals_marker_key(prefix: str) -> str:
     """A string beside ``removals_key`` with its expiry: write.lua reads it in its one MGET."""
     return prefix + "rmvon"
+
+
+def sentinel_key(prefix: str) -> str:
+    """A string set when the shard comes to exist (the board's creation, `rebuild --all`'s restore
+    and each whole rebuild of the shard: shardlb/store.py, shardlb/rebuild.py) and never expiring:
+    in the shard's own slot, it goes with the shard's keys when Redis loses that slot alone, and the
+    archiver, finding it missing, marks the shard not rebuilt (shardlb/archive.py). drop.lua builds
+    this name itself from the prefix: keep them in step."""
+    return prefix + "here"
 
 
 def swap_marker_key(prefix: str) -> str:

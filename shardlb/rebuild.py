@@ -490,19 +490,37 @@ class Rebuilder:
                 await self._built(board, [home])
         # A band board's band shards index the totals: rebuilt whenever a total may have changed,
         # and exact once no home shard is marked (with --shard, the others may still be empty).
+        every = shard is None and name is None  # every shard given its sentinel (``_built``)
         if layout.strategy == "band" and name in (None, "total"):
             reports += await self.rebuild_bands(board)
-            if name is None and not board.rebuilding.intersection(homes):
+            if name is None and not (board.rebuilding | await self._marked(board)).intersection(homes):
                 await self._built(board, range(board.config.sharding.shards, layout.physical))
+            else:
+                every = False
+        if every:  # a board of the release before carries sentinels from now on
+            await BoardStore(board.client, board.scripts).carry(board)
         return reports
 
     async def _built(self, board: Board, shards: Iterable[int]) -> None:
         """Take ``shards``, rebuilt whole, off the shards the board's record names not rebuilt
-        (``BoardStore.rebuilt``: after a loss of Redis, ``_restore_board`` marked them all)."""
-        done = board.rebuilding.intersection(shards)
+        (``BoardStore.rebuilt``: after a loss of Redis, ``_restore_board`` marked them all; after
+        a loss of their slots alone, the archiver, ``BoardStore.lost``). Their sentinels first
+        (keys.sentinel_key): the shards hold their data again, and a mark the archiver makes from
+        here on is taken back by it (``lost``). The record's mark is read anew, not the Board's:
+        the archiver may have marked a shard since this rebuild fetched the board."""
+        shards = list(shards)
+        store = BoardStore(board.client, board.scripts)
+        await store.sentinels([board.prefixes[s] for s in shards])
+        done = (board.rebuilding | await self._marked(board)).intersection(shards)
         if done:
-            await BoardStore(board.client, board.scripts).rebuilt(board.config.id, board.incarnation, done)
+            await store.rebuilt(board.config.id, board.incarnation, done)
             board.rebuilding = board.rebuilding - done
+
+    async def _marked(self, board: Board) -> set[int]:
+        """The shards the board's record names not rebuilt now (those of another incarnation: none)."""
+        raw = await self.client.hget(keys.BOARDS, board.config.id)
+        record = orjson.loads(raw) if raw is not None else {}
+        return not_rebuilt(record) if str(record.get("incarnation", "")) == board.incarnation else set()
 
     async def _check_rows_layout(self, board: Board) -> None:
         """BoardConflict, forced or not, when the archive's rows of ``board`` name other shards

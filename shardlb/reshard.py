@@ -67,7 +67,7 @@ from shardlb.fanout import batch
 from shardlb.reshard_check import Mismatch, differences
 from shardlb.reshard_copy import FENCE, FENCE_MS, FENCED, Copier, Lost, Writes, fence_key, fenced, lost
 from shardlb.sharding import player_hash
-from shardlb.store import CACHE_SECONDS, GONE_MS, BoardStore
+from shardlb.store import CACHE_SECONDS, GONE_MS, SENTINELS, BoardStore
 
 log = logging.getLogger("shardlb.reshard")
 
@@ -713,6 +713,9 @@ class Resharder:
         if problems:
             await self._recopy(source, target, problems)
         await self._start_journals(source, target)
+        # The new layout holds its data: its shards' sentinels, which the commit's record names
+        # (store.SENTINELS), so the archiver takes one lost later for a shard Redis lost.
+        await self.store.sentinels(target.prefixes)
         refused = (time.monotonic() - began) * 1000
         former = {"sharding": source.config.sharding.to_dict(), "generation": source.generation}
 
@@ -721,6 +724,8 @@ class Resharder:
             if move.get("cancel"):  # checked in the compare-and-set that commits: no cancel comes too late
                 raise Cancelled(f"the reshard of {self.board_id!r} was cancelled")
             settings = {**record, "sharding": move["sharding"], "generation": move["generation"]}
+            if isinstance(record.get("state"), dict | None):  # a reshard refuses a board being rebuilt
+                settings["state"] = {**(record.get("state") or {}), SENTINELS: move["generation"]}
             kept = {k: v for k, v in move.items() if k not in ("sharding", "generation", "copied")}
             return {**settings, "reshard": {**kept, "state": "committed", "from": former}}
 

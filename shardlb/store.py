@@ -65,6 +65,12 @@ _RESHARD_FIELD = '"reshard"'
 # [shards not rebuilt yet]}. Inside ``state``, not a field of its own: routers of the release before
 # take only "deleting" from it, and would refuse a record with an unknown field (see _RECORD).
 REBUILDING = "rebuilding"
+# A record's ``state`` {SENTINELS: generation}: every shard of that layout generation was given its
+# sentinel (keys.sentinel_key) when it came to exist, so one missing is a shard Redis lost while the
+# registry kept the board (the archiver marks it REBUILDING, ``lost``). Records of the release
+# before have none: their shards are never taken for lost. The generation, not a flag: a writer of
+# the record that keeps its state (a reshard's commit) leaves it naming a layout that is gone.
+SENTINELS = "sentinels"
 RESHARD_SOURCE_STATES = ("copying", "sealing")  # the registry's layout is being copied away
 # ``follow`` reads the whole registry at least this often, moved or not: processes of the release
 # before write records without moving the version (README, "Upgrading an install").
@@ -111,11 +117,19 @@ class BoardStore:
         ended = codec.last_ms < times.now_ms()
         while True:
             config = resolve_shards(given, await self.masters()) if _auto(given) else given
-            record = {**config.to_dict(), "incarnation": secrets.token_hex(4)}
-            if not ended and await self.swap(config.id, b"", orjson.dumps(record)):
-                await self._confirm(config.id, record["incarnation"])
-                return self._board(config.id, record), True
+            record = {**config.to_dict(), "incarnation": secrets.token_hex(4), "state": {SENTINELS: 0}}
+            # Read first: a PUT that confirms a board (the common one) writes no sentinel.
             raw = await self.client.hget(keys.BOARDS, config.id)
+            if raw is None and not ended:
+                # The sentinels before the record that says they are there: the archiver never
+                # sees the record without them. A creation that loses the race takes them back.
+                board = self._board(config.id, record)
+                await self.sentinels(board.prefixes)
+                if await self.swap(config.id, b"", orjson.dumps(record)):
+                    await self._confirm(config.id, record["incarnation"])
+                    return board, True
+                await self.client.delete(*(keys.sentinel_key(p) for p in board.prefixes))
+                continue
             if raw is None:
                 if ended:
                     raise OutOfRange(
@@ -165,7 +179,11 @@ class BoardStore:
         if generation:
             record["generation"] = generation
         if rebuilding:
-            record["state"] = {REBUILDING: sorted(rebuilding)}
+            # Each shard's swap writes its sentinel before it takes the shard off (shardlb/rebuild.py):
+            # only a restore that names every shard says the layout carries them.
+            physical = self.layout(config, incarnation, generation).layout.physical
+            every = set(rebuilding) == set(range(physical))
+            record["state"] = {REBUILDING: sorted(rebuilding), **({SENTINELS: generation} if every else {})}
         if await self.swap(config.id, b"", orjson.dumps(record)):
             return self._board(config.id, record), True
         return await self.get(config.id), False
@@ -186,12 +204,80 @@ class BoardStore:
             left = not_rebuilt(record)
             if not left & done:
                 return
-            state = sorted(left - done)
-            new = {k: v for k, v in record.items() if k != "state"}
-            if state:
-                new["state"] = {REBUILDING: state}
-            if await self.swap(board_id, raw, orjson.dumps(new)):
+            if await self.swap(board_id, raw, orjson.dumps(_marked(record, left - done))):
                 return
+
+    async def lost(self, board: Board, shards: Iterable[int]) -> list[int]:
+        """Mark ``shards`` of ``board`` not rebuilt (REBUILDING) because their sentinels are
+        missing: Redis lost them while the registry kept the board (the archiver's finding,
+        shardlb/archive.py). Reads and writes that touch one are refused until `shardlb rebuild
+        BOARD --shard N` swaps it in (``rebuilt``). Returns the shards marked by this call.
+
+        Each sentinel is read again after the record and before the compare-and-set, and once more
+        after it: a whole rebuild of the shard writes its sentinel before it takes the mark off, so
+        a rebuild that ran between the archiver's look and this call either changed the record (the
+        compare-and-set fails and the sentinel is found) or wrote the sentinel, found then, and the
+        mark made is taken off again here. Nothing when the record is another incarnation's or
+        layout's, being deleted, or no longer says the layout carries sentinels."""
+        wanted = set(shards)
+        while True:
+            raw = await self.client.hget(keys.BOARDS, board.config.id)
+            if raw is None:
+                return []
+            record = orjson.loads(raw)
+            if (
+                str(record.get("incarnation", "0")) != board.incarnation
+                or int(record.get("generation", 0)) != board.generation
+                or record.get("reshard")
+                or carries_sentinels(record) != board.generation
+            ):
+                return []
+            left = not_rebuilt(record)
+            missing = [s for s in sorted(wanted - left) if not await self._sentinel(board, s)]
+            if not missing:
+                return []
+            if await self.swap(board.config.id, raw, orjson.dumps(_marked(record, left | set(missing)))):
+                break
+        back = [s for s in missing if await self._sentinel(board, s)]
+        if back:
+            await self.rebuilt(board.config.id, board.incarnation, back)
+        return [s for s in missing if s not in back]
+
+    async def carry(self, board: Board) -> None:
+        """Record that every shard of ``board``'s layout carries its sentinel (SENTINELS), once a
+        whole rebuild wrote them all (shardlb/rebuild.py): a board created by the release before
+        has none until then. Nothing when the record says so already, is another incarnation's
+        or layout's, names a reshard or is being deleted."""
+        while True:
+            raw = await self.client.hget(keys.BOARDS, board.config.id)
+            if raw is None:
+                return
+            record = orjson.loads(raw)
+            state = record.get("state")
+            if (
+                str(record.get("incarnation", "0")) != board.incarnation
+                or int(record.get("generation", 0)) != board.generation
+                or record.get("reshard")
+                or not isinstance(state, dict | None)
+                or carries_sentinels(record) == board.generation
+            ):
+                return
+            new = {**record, "state": {**(state or {}), SENTINELS: board.generation}}
+            if await self.swap(board.config.id, raw, orjson.dumps(new)):
+                return
+
+    async def _sentinel(self, board: Board, shard: int) -> bool:
+        return bool(await self.client.exists(keys.sentinel_key(board.prefixes[shard])))
+
+    async def sentinels(self, prefixes: Iterable[str]) -> None:
+        """Set the sentinel of each shard of ``prefixes`` (keys.sentinel_key), DROPS_IN_FLIGHT at once."""
+        gate = asyncio.Semaphore(DROPS_IN_FLIGHT)
+
+        async def put(prefix: str) -> None:
+            async with gate:
+                await self.client.set(keys.sentinel_key(prefix), 1)
+
+        await asyncio.gather(*(put(p) for p in prefixes))
 
     async def get(self, board_id: str) -> Board:
         check_id(board_id, "board")
@@ -360,6 +446,7 @@ class BoardStore:
         incarnation, generation = str(record.get("incarnation", "0")), int(record.get("generation", 0))
         board = self.layout(config, incarnation, generation)
         board.rebuilding = frozenset(not_rebuilt(record))
+        board.sentinels = carries_sentinels(record) == board.generation and not record.get("reshard")
         move = record.get("reshard")
         if move:
             board.moving = move.get("state") in RESHARD_SOURCE_STATES
@@ -422,6 +509,26 @@ def not_rebuilt(record: dict[str, Any]) -> set[int]:
     """The shards a record names not rebuilt yet (``BoardStore.restore``)."""
     state = record.get("state")
     return {int(s) for s in state.get(REBUILDING, ())} if isinstance(state, dict) else set()
+
+
+def carries_sentinels(record: dict[str, Any]) -> int | None:
+    """The layout generation whose shards carry sentinels, as the record says (None: none)."""
+    state = record.get("state")
+    found = state.get(SENTINELS) if isinstance(state, dict) else None
+    return found if isinstance(found, int) else None
+
+
+def _marked(record: dict[str, Any], rebuilding: set[int]) -> dict[str, Any]:
+    """``record`` naming ``rebuilding`` as its shards not rebuilt (none: no such mark), what else
+    its state holds kept."""
+    state = record.get("state")
+    kept = {k: v for k, v in state.items() if k != REBUILDING} if isinstance(state, dict) else {}
+    if rebuilding:
+        kept[REBUILDING] = sorted(rebuilding)
+    new = {k: v for k, v in record.items() if k != "state"}
+    if kept:
+        new["state"] = kept
+    return new
 
 
 def configs(records: dict[str, Any]) -> list[BoardConfig]:

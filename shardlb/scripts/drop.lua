@@ -10,9 +10,9 @@ for _, name in ipairs(names) do
   redis.call('UNLINK', name)
 end
 redis.call('UNLINK', KEYS[1])
--- A reshard's keys (shardlb/reshard.py) are not in the index. A 'm' marker stays, with its TTL, so
+-- A reshard's keys (shardlb/reshard.py) and the shard's sentinel (keys.sentinel_key) are not in the index. A 'm' marker stays, with its TTL, so
 -- a late write hears "moved" rather than "deleted".
 local base = string.sub(KEYS[2], 1, -5)
-redis.call('UNLINK', base .. 'chg', base .. 'chgw', base .. 'seal')
+redis.call('UNLINK', base .. 'chg', base .. 'chgw', base .. 'seal', base .. 'here')  -- 'here': its sentinel
 if redis.call('GET', base .. 'mv') ~= 'm' then redis.call('UNLINK', base .. 'mv') end
 return #names

@@ -1,0 +1,181 @@
+"""A PARTIAL loss of Redis: one shard's slot lost every key (a master and its replica lost at once,
+`redis-cli --cluster fix --cluster-fix-with-unreachable-masters` serving the slot again, empty) while
+the registry, on another master, kept the board. The shard's sentinel (keys.sentinel_key) went with
+it: the archiver's next round finds it missing and marks the shard not rebuilt, so reads that merge
+it and writes to it are refused (503 ``board_rebuilding``) until `shardlb rebuild BOARD --shard N`
+brings it back from PostgreSQL and its journal. A board of the release before (no sentinels) is
+never marked."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import orjson
+import pytest
+
+from shardlb import keys, times
+from shardlb.board import Board, Score
+from shardlb.config import BoardConfig
+from shardlb.errors import Rebuilding
+from shardlb.rebuild import connected
+from shardlb.reshard import Resharder
+from shardlb.store import BoardStore
+from tests.reference import ReferenceBoard
+from tests.router_support import AS_WRITER, running
+from tests.test_board import expected_entries, sharding
+from tests.test_rebuild import OnlyStore, archive_round, archiver, drain, own_archive
+from tests.test_rebuild_window import _refused
+
+pytestmark = pytest.mark.cluster
+
+
+async def slot_wiped(raw: Any, board: Board, shard: int) -> int:
+    """Every key of the shard's slot that is the board's (its shard set, journal, dedup, index,
+    sentinel...) and the slot's ack marker deleted, as a slot served again empty has none; the keys
+    other modules' boards may have in that slot are left. Returns how many went."""
+    prefix = board.prefixes[shard]
+    node = raw.get_node_from_key(prefix)
+    slot = keys.slot_of(prefix)
+    found = await raw.execute_command("CLUSTER GETKEYSINSLOT", slot, 100_000, target_nodes=node)
+    names = [k.decode() if isinstance(k, bytes) else k for k in found]
+    ours = [k for k in names if k.startswith(prefix) or k == keys.ack_key(keys.slot_of(prefix))]
+    if ours:
+        await raw.delete(*ours)
+    return len(ours)
+
+
+async def board_written(store: BoardStore, board_id: str, **more: Any) -> tuple[Board, list[Score]]:
+    config = BoardConfig.from_dict(board_id, {"mode": "best", "sharding": sharding("hash", 3), **more})
+    board, _ = await store.create(config)
+    scores = [Score(f"p{i}", 100 + 10 * i, f"m{i}", times.now_ms() - 1000) for i in range(30)]
+    await board.submit(scores)
+    return board, scores
+
+
+def reference(board: Board, scores: list[Score]) -> ReferenceBoard:
+    ref = ReferenceBoard(board.config)
+    ref.submit(scores, now_ms=times.now_ms())
+    return ref
+
+
+async def test_a_shard_lost_alone_is_marked_within_one_archiver_round_and_rebuilt(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """Failed before the change: after the wipe the top answered 20 of 30 players (no error), a best
+    write answered ``improved`` below the player's real best, and nothing was marked. Now one
+    archiver round marks the shard, reads and writes are refused (in the library and as 503 through
+    the router), and `rebuild BOARD --shard 1` clears it: reads and writes agree with the reference."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, "partial-best")
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-best"}), url)
+            try:
+                await drain(a)
+                assert await slot_wiped(raw, board, 1) > 0
+                on_lost = [s for s in sent if board.layout.home(s.player_id) == 1]
+                await a.refresh()
+                await archive_round(a)
+                back = await store.get("partial-best")
+                assert back.rebuilding == {1}
+                with pytest.raises(Rebuilding):
+                    await back.top(10)
+                with pytest.raises(Rebuilding):
+                    await back.player(on_lost[0].player_id)
+                with pytest.raises(Rebuilding):
+                    await back.submit([Score(on_lost[0].player_id, 1, "late-1", times.now_ms())])
+                top, post = "/v1/boards/partial-best/top?limit=5", "/v1/boards/partial-best/scores"
+                async with running(cluster_url) as (_, client):
+                    _refused(await client.get(top))
+                    late = {"player_id": on_lost[0].player_id, "points": 1, "match_id": "late-2"}
+                    body = {"scores": [late]}
+                    _refused(await client.post(post, json=body, headers=AS_WRITER))
+                # Marked once: the next rounds find it marked already and change nothing.
+                await a.refresh()
+                await archive_round(a)
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    await rebuilder.rebuild(await other.get("partial-best"), shard=1)
+                back = await store.get("partial-best")
+                assert not back.rebuilding
+                assert await raw.exists(keys.sentinel_key(back.prefixes[1]))
+                again = Score(on_lost[0].player_id, 1, "late-3", times.now_ms())
+                [result] = await back.submit([again])
+                assert result.points == on_lost[0].points
+                want = expected_entries(reference(back, [*sent, again]), "total", None)
+                assert await back.top(50) == want
+                # The rebuild wrote the sentinel again: the archiver leaves the board be.
+                await a.refresh()
+                await archive_round(a)
+                assert not (await store.get("partial-best")).rebuilding
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-best")
+
+
+async def test_a_board_of_the_release_before_is_never_marked(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A board created before sentinels (no flag in its record, no sentinel on its shards) is left
+    as it was: the archiver cannot tell its shards from lost ones, and marks none. A whole rebuild
+    of it gives it its sentinels (the way a board of before gets them)."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, "partial-old")
+            raw_record = await raw.hget(keys.BOARDS, "partial-old")
+            record = orjson.loads(raw_record)
+            assert record.get("state") == {"sentinels": 0}
+            before = {k: v for k, v in record.items() if k != "state"}  # as the release before wrote it
+            assert await store.swap("partial-old", raw_record, orjson.dumps(before))
+            await raw.delete(*(keys.sentinel_key(p) for p in board.prefixes))
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-old"}), url)
+            try:
+                for _ in range(3):
+                    await a.refresh()
+                    await archive_round(a)
+                    await asyncio.sleep(0.01)
+                back = await store.get("partial-old")
+                assert not back.rebuilding and not back.sentinels
+                assert await back.top(50) == expected_entries(reference(back, sent), "total", None)
+                # A whole rebuild gives every shard its sentinel, and the record says so from then
+                # on: a shard lost after it is marked.
+                await drain(a)
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    await rebuilder.rebuild(await other.get("partial-old"))
+                back = await store.get("partial-old")
+                assert back.sentinels and not back.rebuilding
+                await slot_wiped(raw, back, 2)
+                await a.refresh()
+                await archive_round(a)
+                assert (await store.get("partial-old")).rebuilding == {2}
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-old")
+
+
+async def test_a_reshard_gives_the_new_layout_its_sentinels_and_the_record_its_generation(
+    store: BoardStore, raw: Any
+) -> None:
+    """The new layout's shards carry sentinels from the commit on, the record names the new
+    generation, and the old layout's sentinels go with its keys (the new one's with the board)."""
+    try:
+        # durability memory: a journaled board's reshard moves its archive too (PostgreSQL)
+        board, sent = await board_written(store, "partial-reshard", durability="memory")
+        assert all([await raw.exists(keys.sentinel_key(p)) for p in board.prefixes])
+        mover = Resharder(store, "partial-reshard", say=lambda _: None, cache_s=0)
+        await mover.start(5)
+        await mover.run()
+        back = await store.get("partial-reshard")
+        record = orjson.loads(await raw.hget(keys.BOARDS, "partial-reshard"))
+        assert back.generation == 1 and record["state"]["sentinels"] == 1
+        assert all([await raw.exists(keys.sentinel_key(p)) for p in back.prefixes])
+        assert back.sentinels == (not record.get("reshard"))
+        assert await back.top(50) == expected_entries(reference(back, sent), "total", None)
+    finally:
+        with contextlib.suppress(Exception):
+            await store.delete("partial-reshard")
+    assert not any([await raw.exists(keys.sentinel_key(p)) for p in [*board.prefixes, *back.prefixes]])
