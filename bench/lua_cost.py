@@ -48,6 +48,7 @@ import redis
 
 from bench.harness import log, run_dir
 from bench.services import ROOT, free_port
+from shardlb import keys
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 
@@ -155,6 +156,9 @@ def instructions_per_score(
         },
     )
     board = Board(None, config, None)  # type: ignore[arg-type]  # only builds the calls' arguments
+    # As a board created since 2026-12-06: each call reads the shard's sentinel (a script of before
+    # takes the header's last item for nothing)
+    board.sentinels = True
     rng = random.Random(1)
     sent = 0
 
@@ -173,6 +177,7 @@ def instructions_per_score(
         counted_server(Path(tmp)) as (client, pid, out),
     ):
         sha = client.script_load(script)
+        client.set(keys.sentinel_key(board.prefixes[0]), 1)
         if full_window:
             # One timeless call in each bucket of the past window, through the script itself: the
             # buckets it keeps (dedup sets, pin hashes) are then those of a board a day old, in the

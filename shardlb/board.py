@@ -52,6 +52,7 @@ MOVED = "BOARDMOVED"  # the scripts' error while a reshard holds the shard (shar
 REBUILDING_RETRY_S = 5.0  # Retry-After of a call refused while its shards are rebuilt (check_built)
 CLOSED = "BOARDCLOSED"  # write.lua's error once the board's total is closed (a season's archive)
 JOURNAL_FULL = "JOURNALFULL"  # write.lua's error when the shard's journal is at its bound
+LOST = "SHARDLOST"  # write.lua's error (then the shard) when its sentinel is missing (keys.sentinel_key)
 # Results a shard's journal may hold not yet archived before writes are refused: the buffer while
 # PostgreSQL or the archiver is down (router setting SHARDLB_JOURNAL_MAX_RESULTS). Counted in
 # results, it lasts the same time at any call size, and bounds memory at about 67 to 284 bytes a
@@ -550,7 +551,7 @@ class Board:
             version, pending, dedup, pins, rivals, list(self.config.sharding.bands), expiry,
             journal, self.journal_max, self.config.id, self.incarnation, shard, locks, activity, b, window,
             PIN_SPAN, int(len(items) <= STREAM_VALUES), *(self._same_period_units(now) if pins else (0, -1)),
-            self.journal_max_results if journal else 0, self._trim(shard, now),
+            self.journal_max_results if journal else 0, self._trim(shard, now), int(self.sentinels),
         ]  # fmt: skip
         return key_list, [
             _stream(header),
@@ -568,7 +569,8 @@ class Board:
 
     def gone(self, e: ResponseError) -> Exception:
         """The library's error for a script's own error reply: BoardNotFound for BOARDGONE (and the
-        board marked deleted), Overloaded for JOURNALFULL; any other reply stays ``e``."""
+        board marked deleted), Overloaded for JOURNALFULL, Rebuilding for SHARDLOST (the shard held as
+        not rebuilt by this Board); any other reply stays ``e``."""
         if str(e).startswith(GONE):
             self.deleted = True
             return BoardNotFound(f"board {self.config.id!r} was deleted", "board")
@@ -582,6 +584,17 @@ class Board:
             )
         if str(e).startswith(JOURNAL_FULL):
             return Overloaded("the board's journal is full: PostgreSQL or the archiver is behind", 5.0)
+        if str(e).startswith(LOST):
+            # Held by this Board from now on: its reads of the shard are refused too, until the
+            # record, fetched again, says whether the archiver marked it (or a rebuild brought it back).
+            shard = int(str(e).split()[1])
+            self.rebuilding = self.rebuilding | {shard}
+            return rebuilding(
+                self.config.id,
+                [shard],
+                f"shard {shard} lost its keys (shardlb rebuild {self.config.id} --shard {shard}). Nothing "
+                "was written; retry shortly",
+            )
         return e
 
     async def check_live(self, shards: Iterable[int]) -> None:

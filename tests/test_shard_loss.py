@@ -179,3 +179,44 @@ async def test_a_reshard_gives_the_new_layout_its_sentinels_and_the_record_its_g
         with contextlib.suppress(Exception):
             await store.delete("partial-reshard")
     assert not any([await raw.exists(keys.sentinel_key(p)) for p in [*board.prefixes, *back.prefixes]])
+
+
+async def test_a_write_to_a_lost_shard_is_refused_before_the_archiver_marks_it(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """write.lua checks the shard's sentinel (in the MGET of its markers) on a board whose record
+    says its shards carry them: a write to a shard lost since is refused (Rebuilding, nothing
+    written) before any archiver round, and the Board that met the refusal refuses its reads of
+    that shard too. Failed before: the write answered ``improved`` with 1 point (the player's best
+    is higher) and was applied to the empty shard."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, "partial-write")
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-write"}), url)
+            try:
+                await drain(a)
+            finally:
+                await a.db.close()
+            await slot_wiped(raw, board, 1)
+            on_lost = [s for s in sent if board.layout.home(s.player_id) == 1]
+            kept = [s for s in sent if board.layout.home(s.player_id) != 1]
+            with pytest.raises(Rebuilding):
+                await board.submit([Score(on_lost[0].player_id, 1, "late-1", times.now_ms())])
+            assert not await raw.exists(keys.period_key(board.prefixes[1], "total"))
+            assert board.rebuilding == {1}
+            with pytest.raises(Rebuilding):
+                await board.top(10)
+            # Other shards take writes as ever.
+            [result] = await board.submit([Score(kept[0].player_id, 1, "late-2", times.now_ms())])
+            assert result.points == kept[0].points
+            # Through a router (its coalesced write path): 503 board_rebuilding, nothing written.
+            async with running(cluster_url) as (_, client):
+                late = {"player_id": on_lost[1].player_id, "points": 1, "match_id": "late-3"}
+                answer = await client.post(
+                    "/v1/boards/partial-write/scores", json={"scores": [late]}, headers=AS_WRITER
+                )
+                _refused(answer)
+            assert not await raw.exists(keys.period_key(board.prefixes[1], "total"))
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-write")

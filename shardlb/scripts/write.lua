@@ -20,7 +20,10 @@
 --             result achieved now (lo > hi: none),
 --             journal bound (results not yet archived; 0 or absent: none),
 --             trim: 1 (or absent) to drop the key index's listings of keys expired by Redis's
---             clock (TIME), 0 to leave them for a later call (the caller asks about once a second a shard)
+--             clock (TIME), 0 to leave them for a later call (the caller asks about once a second a shard),
+--             sentinel: 1 when the board's record says its shards carry sentinels (shardlb/store.py,
+--             SENTINELS): a shard without its `here` refuses the call (SHARDLOST), nothing applied;
+--             0 or absent: not looked at
 --             Dedup and pin buckets are not KEYS: their names (<prefix>dd:<k>, <prefix>pin:<k>) are
 --             built here from the shard's prefix, the hash tag of every key of the call, as `mv`, `seal`
 --             and `chg` are (25 bucket names a call, twice for an incr board, were most of its KEYS).
@@ -71,13 +74,19 @@
 -- is read before `gone`: the old layout's keys are reclaimed after a reshard, and a late write must
 -- hear "moved", not "deleted".
 --
+-- The shard's sentinel (`here`, keys.sentinel_key: set when the shard came to exist with its data)
+-- missing on a board whose shards carry one means Redis lost this slot and serves it again empty
+-- while the registry kept the board: every call is refused (SHARDLOST) until `shardlb rebuild BOARD
+-- --shard N` brings the shard back; answered here, a best board's write would say `improved` below
+-- the player's real best (docs/design-notes.md, "A shard lost alone").
+--
 -- The total's frozen marker (set when the board's season is archived: shardlb/settlement.py) closes
 -- the shard: every call is refused (BOARDCLOSED), nothing applied, so the archive's check and
 -- awards cover every result the board ever took.
 --
 -- Every marker the call tests (the reshard's `mv` and `seal`, `gone`, the pin span's `pspan`, the
 -- total's and each dated period's frozen marker, on a journaled board the journal's `logn`, the
--- removals' `rmvon`, and on a band board the version floor `vfl`) is a string, read in ONE MGET: a
+-- removals' `rmvon`, on a band board the version floor `vfl`, and the sentinel `here`) is a string, read in ONE MGET: a
 -- command costs a script more than its work here, and a call of one or two results (the usual HTTP
 -- batch) paid for seven of them.
 local base = string.sub(KEYS[2], 1, -5)
@@ -98,6 +107,11 @@ if h[8] > 0 then  -- band boards: the highest version forgotten here (`vfl`, Ban
   marks[#marks + 1] = base .. 'vfl'
   floor_at = #marks
 end
+local here_at = 0
+if (h[30] or 0) == 1 then
+  marks[#marks + 1] = base .. 'here'
+  here_at = #marks
+end
 local marked = redis.call('MGET', unpack(marks))
 local move = marked[1]
 if move and (move ~= 't' or marked[2]) then
@@ -108,6 +122,9 @@ if marked[3] then
 end
 if marked[5] then
   return redis.error_reply('BOARDCLOSED this board is closed: its season is being archived')
+end
+if here_at > 0 and not marked[here_at] then
+  return redis.error_reply('SHARDLOST ' .. string.format('%d', h[19]) .. ' this shard lost its keys: rebuild it')
 end
 local mode, T, pmax, desc, earliest = h[1], 2 ^ h[2], h[3], h[4] == 'desc', h[5] == 'earliest'
 local now, P, vk, pendk = h[6], h[7], h[8], h[9]
