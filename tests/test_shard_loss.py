@@ -220,3 +220,42 @@ async def test_a_write_to_a_lost_shard_is_refused_before_the_archiver_marks_it(
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-write")
+
+
+@pytest.mark.parametrize("lost", [4, 1], ids=["band-shard", "home-shard"])
+async def test_a_band_boards_shard_lost_alone_is_marked_and_rebuilt(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, lost: int
+) -> None:
+    """A band board (3 home shards, band shards 3-6): a band shard lost alone is marked, its top
+    refused, and `rebuild BOARD --shard 4` rebuilds the band shards from the homes and takes it
+    off; a home shard lost alone is marked, and `--shard 1` rebuilds it (and the band shards) and
+    takes it off. Reads then agree with the reference."""
+    board_id = f"partial-band-{lost}"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, board_id, sharding=sharding("band", 3))
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {board_id}), url)
+            try:
+                await drain(a)
+                await slot_wiped(raw, board, lost)
+                await a.refresh()
+                await archive_round(a)
+                back = await store.get(board_id)
+                assert back.rebuilding == {lost}
+                if lost >= 3:
+                    with pytest.raises(Rebuilding):
+                        await back.top(10)
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    await rebuilder.rebuild(await other.get(board_id), shard=lost)
+                back = await store.get(board_id)
+                assert not back.rebuilding
+                assert all([await raw.exists(keys.sentinel_key(p)) for p in back.prefixes])
+                assert await back.top(50) == expected_entries(reference(back, sent), "total", None)
+                await a.refresh()
+                await archive_round(a)
+                assert not (await store.get(board_id)).rebuilding
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
