@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from shardlb import keys, times
+from shardlb import keys, rebuild, times
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.errors import Rebuilding
@@ -26,7 +26,7 @@ from tests.reference import ReferenceBoard
 from tests.router_support import AS_WRITER, running
 from tests.test_board import expected_entries, sharding
 from tests.test_rebuild import OnlyStore, archive_round, archiver, drain, own_archive
-from tests.test_rebuild_window import _refused
+from tests.test_rebuild_window import _refused, written
 
 pytestmark = pytest.mark.cluster
 
@@ -259,3 +259,31 @@ async def test_a_band_boards_shard_lost_alone_is_marked_and_rebuilt(
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(board_id)
+
+
+async def test_a_board_rebuilt_after_a_total_loss_carries_its_sentinels(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """`rebuild --all` after a total loss: the restored record says the layout carries sentinels,
+    each swap writes its shard's, and once the board is rebuilt a shard lost alone is marked."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            sent = await written(store, raw, url, "partial-total", "best")
+            assert list(await rebuild.run(cluster_url, url, None)) == ["partial-total"]
+            back = await store.get("partial-total")
+            assert not back.rebuilding and back.sentinels
+            assert all([await raw.exists(keys.sentinel_key(p)) for p in back.prefixes])
+            assert await back.top(20) == expected_entries(reference(back, sent), "total", None)
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-total"}), url)
+            try:
+                await archive_round(a)
+                assert not (await store.get("partial-total")).rebuilding
+                await slot_wiped(raw, back, 0)
+                await a.refresh()
+                await archive_round(a)
+                assert (await store.get("partial-total")).rebuilding == {0}
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-total")
