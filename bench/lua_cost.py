@@ -156,8 +156,8 @@ def instructions_per_score(
         },
     )
     board = Board(None, config, None)  # type: ignore[arg-type]  # only builds the calls' arguments
-    # As a board created since 2026-12-06: each call reads the shard's sentinel (a script of before
-    # takes the header's last item for nothing)
+    # As a journaled board created since 2026-12-06 (whatever this one's durability): each call reads
+    # the shard's sentinel (a script of before takes the header's last item for nothing)
     board.sentinels = True
     rng = random.Random(1)
     sent = 0

@@ -258,7 +258,8 @@ class Board:
         # (``check_built``). Empty but for that window.
         self.rebuilding: frozenset[int] = frozenset()
         # Whether every shard of this layout carries its sentinel (keys.sentinel_key, the record's
-        # state): only then does the archiver take one missing for a shard lost alone.
+        # state) and the board keeps a journal to rebuild from: only then does the archiver take one
+        # missing for a shard lost alone, and write.lua refuse a call there (SHARDLOST).
         self.sentinels = False
         # A reshard (shardlb/reshard.py): ``moving`` while this layout is being copied to another
         # (reads then check that it is still current); ``moved`` once this process learnt that it is

@@ -446,7 +446,13 @@ class BoardStore:
         incarnation, generation = str(record.get("incarnation", "0")), int(record.get("generation", 0))
         board = self.layout(config, incarnation, generation)
         board.rebuilding = frozenset(not_rebuilt(record))
-        board.sentinels = carries_sentinels(record) == board.generation and not record.get("reshard")
+        # A board without a journal is held to none: nothing could rebuild a shard it lost, and a
+        # refusal (write.lua's, a mark) could never be lifted; it takes the loss, as ever.
+        board.sentinels = (
+            carries_sentinels(record) == board.generation
+            and not record.get("reshard")
+            and config.durability == "journal"
+        )
         move = record.get("reshard")
         if move:
             board.moving = move.get("state") in RESHARD_SOURCE_STATES
