@@ -62,7 +62,9 @@ async def forget_others_restored(store: BoardStore, own: Callable[[str], bool] =
     archiver's own that archived what other modules left on the worker's cluster, that is boards other
     tests deleted without their deletion being archived. Since 2026-12-06 such a board comes back
     marked until rebuilt (503 ``board_rebuilding``), and a ban of every board made by a later test
-    on the worker met it (CI of 2026-12-06 failed two tests of test_bans_recreated.py so)."""
+    on the worker met it (CI of 2026-12-06 failed two tests of test_bans_recreated.py so). Every
+    restore of a test that does not rebuild all it restored calls this after it. (Not from the
+    module fixture below: asking for the async ``store`` there broke every module's set-up.)"""
     for board in await store.boards():
         if board.rebuilding and not own(board.config.id):
             await store.delete(board.config.id, board.incarnation)
@@ -77,20 +79,13 @@ async def _module_leaves_nothing_running(request: pytest.FixtureRequest) -> Asyn
     torn down after them (a module's servers and clients are closed by then).
 
     Only the library's modules: the others (router, bench, k8s) were not checked when this was added
-    and keep servers of their own; extending ``SHARED`` or dropping the condition covers them.
-
-    A module that used ``store`` also leaves no board marked as being rebuilt
-    (``forget_others_restored``): its restores may have brought back other modules' boards."""
+    and keep servers of their own; extending ``SHARED`` or dropping the condition covers them."""
     items = [i for i in request.session.items if i.module is request.module]
     if not any(name in item.fixturenames for item in items for name in SHARED):
         yield
         return
-    uses_store = any("store" in item.fixturenames for item in items)
-    board_store = request.getfixturevalue("store") if uses_store else None
     tasks, threads = asyncio.all_tasks(), set(threading.enumerate())
     yield
-    if board_store is not None:  # boards its restores brought back and left marked: no later module's
-        await forget_others_restored(board_store)
     here = asyncio.current_task()  # pytest-asyncio tears down in a task of its own
     deadline = time.monotonic() + GRACE_S
     while True:
