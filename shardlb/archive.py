@@ -985,10 +985,15 @@ class Archiver:
         return self._entries(key, await self._poller(keys=call[:2], args=call[2:]))
 
     def _poll_call(self, key: str, own_first: bool = False) -> tuple[Any, ...]:
-        """poll.lua's keys and arguments for the journal ``key``: its shard's sentinel beside it,
-        looked at when its board's record says the shard carries one (``_watched``)."""
+        """poll.lua's keys and arguments for the journal ``key``: its shard's sentinel beside it
+        when its board's record says the shard carries one (``_watched``), else the journal again.
+        Not a sentinel that does not exist: while a move of the slot is open, Redis answers a call
+        naming keys of the slot some of which it lacks TRYAGAIN, and until 2026-12-06 every round
+        failed for as long as a board without sentinels had its slot moved."""
+        if key not in self._watched:
+            return (key, key, *self._poll_args(key, own_first), "0")
         sentinel = keys.sentinel_key(key.removesuffix(keys.journal_key("")))
-        return (key, sentinel, *self._poll_args(key, own_first), "1" if key in self._watched else "0")
+        return (key, sentinel, *self._poll_args(key, own_first), "1")
 
     def _poll_args(self, key: str, own_first: bool = False) -> list[Any]:
         # On a held journal this consumer's own unacknowledged entries alone ("0"): it takes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -305,3 +306,52 @@ async def test_a_memory_boards_shard_lost_alone_takes_writes_as_before(store: Bo
     finally:
         with contextlib.suppress(Exception):
             await store.delete("partial-memory")
+
+
+@contextlib.asynccontextmanager
+async def slot_open(raw: Any, key: str) -> AsyncIterator[None]:
+    """The slot of ``key`` open as a move opens it (``CLUSTER SETSLOT ... MIGRATING`` on its master,
+    ``IMPORTING`` on another; shardlb/slots.py) with no key moved yet, and made stable again after."""
+    await raw.initialize()
+    slot = keys.slot_of(key)
+    source = raw.get_node_from_key(key)
+    target = next(n for n in raw.get_primaries() if n.name != source.name)
+    ids = [await raw.execute_command("CLUSTER MYID", target_nodes=n) for n in (source, target)]
+    source_id, target_id = (i.decode() if isinstance(i, bytes) else i for i in ids)
+    await raw.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id, target_nodes=target)
+    await raw.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id, target_nodes=source)
+    try:
+        yield
+    finally:
+        for node in (source, target):
+            await raw.execute_command("CLUSTER SETSLOT", slot, "STABLE", target_nodes=node)
+
+
+async def test_an_open_slot_leaves_the_archiver_reading_a_board_without_sentinels(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A board of the release before has no sentinel: poll.lua named the missing key beside its
+    journal all the same, and while a move of their slot was open (`shardlb cluster rebalance`,
+    `add-node`, `remove-node`) Redis answered every read of that journal TRYAGAIN (a command naming
+    keys of an open slot, some there and some not): each archiver round failed until the slot was
+    closed. Failed before the fix: ClusterError "TTL exhausted." (TRYAGAIN every time) from the round."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, "partial-open")
+            raw_record = await raw.hget(keys.BOARDS, "partial-open")
+            before = {k: v for k, v in orjson.loads(raw_record).items() if k != "state"}
+            assert await store.swap("partial-open", raw_record, orjson.dumps(before))
+            await raw.delete(*(keys.sentinel_key(p) for p in board.prefixes))
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-open"}), url)
+            try:
+                async with slot_open(raw, keys.journal_key(board.prefixes[1])):
+                    archived = 0
+                    while got := await archive_round(a):
+                        archived += got
+                assert archived == len(sent)
+                assert not (await store.get("partial-open")).rebuilding
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-open")

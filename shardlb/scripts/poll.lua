@@ -5,7 +5,9 @@
 -- keyword), so a round's calls go as one pipeline per node (docs/design-notes.md, "Work that grows
 -- with the whole cluster").
 --
--- KEYS[1] the shard's journal (a stream), KEYS[2] the shard's sentinel (keys.sentinel_key)
+-- KEYS[1] the shard's journal (a stream), KEYS[2] the shard's sentinel (keys.sentinel_key), or the
+--         journal again when ARGV[6] is '0' (a key that does not exist would make Redis answer
+--         TRYAGAIN while a move of the slot is open)
 -- ARGV[1] the consumer group, ARGV[2] the caller's consumer, ARGV[3] the claim time (ms),
 --         ARGV[4] the entries read at most (each way), ARGV[5] what XREADGROUP reads: '>' (new
 --         entries), '0' (the caller's own pending entries: on a held journal) or '0>' (the caller's
