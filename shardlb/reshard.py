@@ -51,7 +51,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from importlib import resources
 from typing import Any, NoReturn
@@ -67,7 +67,7 @@ from shardlb.fanout import batch
 from shardlb.reshard_check import Mismatch, differences
 from shardlb.reshard_copy import FENCE, FENCE_MS, FENCED, Copier, Lost, Writes, fence_key, fenced, lost
 from shardlb.sharding import player_hash
-from shardlb.store import CACHE_SECONDS, GONE_MS, SENTINELS, BoardStore
+from shardlb.store import CACHE_SECONDS, GONE_MS, SENTINELS, BoardStore, carries_sentinels
 
 log = logging.getLogger("shardlb.reshard")
 
@@ -651,9 +651,26 @@ class Resharder:
             undo.execute_command("EVAL", _UNSEAL, 3, *names, self.copier.fence)
         await fenced(self.board_id, undo.execute())
 
-    async def _recopy(self, source: Board, target: Board, problems: list[str]) -> NoReturn:
+    async def _lost_shards(self, source: Board) -> list[int]:
+        """The old layout's shards without their sentinel (keys.sentinel_key) when the record says
+        that layout carries them and the board keeps a journal (as ``Board.sentinels``): Redis lost
+        them alone. The archiver leaves a board whose record names a reshard, so nothing else
+        would tell: until 2026-12-06 the mover copied such a shard empty, found the new layout
+        holding what the old one held, and committed it, the shard's players gone for good."""
+        _, record = await self.record()
+        if carries_sentinels(record) != source.generation or source.config.durability != "journal":
+            return []
+        found = batch(self.client)
+        for prefix in source.prefixes:
+            found.execute_command("EXISTS", keys.sentinel_key(prefix))
+        return [s for s, there in enumerate(await found.execute()) if not there]
+
+    async def _recopy(
+        self, source: Board, target: Board, problems: list[str], lost: Sequence[int] = ()
+    ) -> NoReturn:
         """Refuse the cut-over to a new layout that does not hold what the old one holds
-        (reshard_check): the old layout takes writes again, still tracked; the new one is dropped
+        (reshard_check), or from an old one that ``lost`` shards (``_lost_shards``): the old
+        layout takes writes again, still tracked; the new one is dropped
         and the record goes back to copying with no shard copied, so a resume copies the board
         afresh. Copying again on top would not do: a copy puts members in but never takes out one
         the old layout lacks, so a new layout with one too many would be refused at every resume.
@@ -668,6 +685,17 @@ class Resharder:
             return {**record, "reshard": {**move, "state": "copying", "copied": []}}
 
         await self._update(again)
+        if lost:
+            named = ", ".join(map(str, lost))
+            raise Mismatch(
+                f"the cut-over of {self.board_id!r} is refused: "
+                f"{'shard' if len(lost) == 1 else 'shards'} {named} of the old layout lost "
+                f"{'its' if len(lost) == 1 else 'their'} keys (the sentinel is missing: Redis lost "
+                "the slot and serves it again empty), and a copy would lose those players for good. "
+                "The old layout takes writes again and the new one was dropped: cancel the reshard "
+                f"(`shardlb reshard {self.board_id} --cancel`), rebuild the shard from PostgreSQL "
+                f"(`shardlb rebuild {self.board_id} --shard {lost[0]}`), then reshard again"
+            )
         raise Mismatch(
             f"the cut-over of {self.board_id!r} is refused: the new layout does not hold what the old "
             f"one holds ({'; '.join(problems[:5])}{'; ...' if len(problems) > 5 else ''}). The old "
@@ -707,7 +735,12 @@ class Resharder:
             )
         else:
             raise BoardConflict("could not seal every shard within its lease; resume to try again", "board")
-        # Both layouts stand still now: the new one must hold what the old one holds.
+        # Both layouts stand still now. A shard of the old one that Redis lost alone was copied
+        # empty, and the new layout would hold what it holds: refused before the check.
+        lost = await self._lost_shards(source)
+        if lost:
+            await self._recopy(source, target, [], lost)
+        # The new one must hold what the old one holds.
         problems = await differences(self.client, copied_shards(source), target)
         await self._tell(f"{self.board_id}: new layout checked against the old: {len(problems)} differ")
         if problems:

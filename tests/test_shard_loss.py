@@ -22,6 +22,7 @@ from shardlb.config import BoardConfig
 from shardlb.errors import Rebuilding
 from shardlb.rebuild import connected
 from shardlb.reshard import Resharder
+from shardlb.reshard_check import Mismatch
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.router_support import AS_WRITER, running
@@ -355,3 +356,35 @@ async def test_an_open_slot_leaves_the_archiver_reading_a_board_without_sentinel
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-open")
+
+
+async def test_a_reshard_refuses_to_commit_a_shard_the_old_layout_lost(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A shard lost alone while its board is resharded: the archiver leaves a board whose record
+    names a reshard, and the mover copied the empty shard, found the new layout holding what the old
+    one held, gave the new layout its sentinels and committed: the shard's players were gone for good,
+    the loss never marked. Failed before: DID NOT RAISE, the board committed on 5 shards with 19 of 30
+    players. Now the cut-over is refused (the old layout takes writes again, the new one dropped), and
+    once the reshard is cancelled the shard is held to its sentinel again (a write there refused)."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, "partial-reshard-lost")
+            on_lost = [s for s in sent if board.layout.home(s.player_id) == 1]
+            mover = Resharder(
+                store, "partial-reshard-lost", say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0
+            )
+            await mover.start(5)
+            await slot_wiped(raw, board, 1)
+            with pytest.raises(Mismatch, match="shard 1 of the old layout lost its keys"):
+                await mover.run()
+            record = orjson.loads(await raw.hget(keys.BOARDS, "partial-reshard-lost"))
+            assert int(record.get("generation", 0)) == 0 and record["reshard"]["state"] == "copying"
+            await Resharder(store, "partial-reshard-lost", say=lambda _: None, cache_s=0).cancel()
+            back = await store.get("partial-reshard-lost")
+            assert back.generation == 0 and back.sentinels
+            with pytest.raises(Rebuilding):
+                await back.submit([Score(on_lost[0].player_id, 1, "late-1", times.now_ms())])
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-reshard-lost")
