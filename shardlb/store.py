@@ -71,6 +71,7 @@ REBUILDING = "rebuilding"
 # before have none: their shards are never taken for lost. The generation, not a flag: a writer of
 # the record that keeps its state (a reshard's commit) leaves it naming a layout that is gone.
 SENTINELS = "sentinels"
+SENTINEL_ATTEMPTS = 3  # writes of a shard's sentinel lost in failovers before ``sentinels`` gives up
 RESHARD_SOURCE_STATES = ("copying", "sealing")  # the registry's layout is being copied away
 # ``follow`` reads the whole registry at least this often, moved or not: processes of the release
 # before write records without moving the version (README, "Upgrading an install").
@@ -270,14 +271,32 @@ class BoardStore:
         return bool(await self.client.exists(keys.sentinel_key(board.prefixes[shard])))
 
     async def sentinels(self, prefixes: Iterable[str]) -> None:
-        """Set the sentinel of each shard of ``prefixes`` (keys.sentinel_key), DROPS_IN_FLIGHT at once."""
+        """Set the sentinel of each shard of ``prefixes`` (keys.sentinel_key), DROPS_IN_FLIGHT at once,
+        confirmed as ``ack`` asks (fanout.confirmed): one a failover lost before a replica had it
+        is set again. Unconfirmed, a creation answered after such a failover left its shard taken
+        for lost though it lost nothing (write.lua's SHARDLOST, the archiver's mark)."""
         gate = asyncio.Semaphore(DROPS_IN_FLIGHT)
 
         async def put(prefix: str) -> None:
             async with gate:
                 await self.client.set(keys.sentinel_key(prefix), 1)
 
-        await asyncio.gather(*(put(p) for p in prefixes))
+        todo = list(prefixes)
+        for _ in range(SENTINEL_ATTEMPTS):
+            await asyncio.gather(*(put(p) for p in todo))
+            if not self.ack.replicas:
+                return
+            replies = await confirmed(self.client, self.ack, [("EXISTS", keys.sentinel_key(p)) for p in todo])
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+            todo = [p for p, there in zip(todo, replies, strict=True) if not there]
+            if not todo:
+                return
+        raise NotAcknowledged(
+            f"{len(todo)} shard sentinels were lost again and again before a replica held them (failovers?); "
+            "retrying is safe"
+        )
 
     async def get(self, board_id: str) -> Board:
         check_id(board_id, "board")

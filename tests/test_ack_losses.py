@@ -172,6 +172,50 @@ async def test_a_board_created_or_deleted_and_lost_before_its_confirmation_is_ne
             await store.delete(board_id)
 
 
+async def test_a_boards_sentinels_are_confirmed_before_its_record(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A creation confirmed on a replica the registry's record alone, not its shards' sentinels
+    (keys.sentinel_key): a failover of a shard's primary before its replica had the sentinel left
+    a board answered 201 whose shard was then taken for lost though it lost nothing (its writes
+    refused SHARDLOST, the archiver's mark, until `shardlb rebuild BOARD --shard N`). The sentinels
+    are lost here at the creation's first confirmation. Failed before: the board was answered with
+    shard 0's sentinel missing (``all([0, 1, 1])``), so its writes there were refused."""
+    client = store.client
+    acked = BoardStore(client, store.scripts)
+    acked.ack = Ack(1, ACK_MS)
+    board_id = f"lost-sentinel-{os.getpid()}-{random.randrange(10**9)}"
+    config = BoardConfig.from_dict(board_id, {"mode": "best", "sharding": {"shards": 3}})
+    incarnation = "5e471e15"
+    monkeypatch.setattr(store_module.secrets, "token_hex", lambda _: incarnation)
+    names = [keys.sentinel_key(p) for p in acked.layout(config, incarnation, 0).prefixes]
+    ran: list[bool] = []
+
+    async def first_losing(client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        if not ran:
+            await client.delete(names[0])  # shard 0's primary failed over before its replica had it
+            ran.append(True)
+        return await confirmed(client_, ack, commands)
+
+    monkeypatch.setattr(store_module, "confirmed", first_losing)
+    try:
+        try:
+            board, _ = await acked.create(config)
+        except NotAcknowledged:
+            monkeypatch.undo()
+            board, _ = await acked.create(config)
+        assert ran
+        monkeypatch.undo()
+        assert board.sentinels and all([await client.exists(n) for n in names])
+        scores = [Score(f"p{i}", 10, f"m{i}", times.now_ms()) for i in range(30)]
+        assert {board.layout.home(s.player_id) for s in scores} == {0, 1, 2}
+        assert len(await board.submit(scores)) == 30
+    finally:
+        monkeypatch.undo()
+        if await client.hexists(keys.BOARDS, board_id):
+            await store.delete(board_id)
+
+
 @pytest.mark.parametrize("mode", ["best", "incr"])
 async def test_a_forced_swaps_apply_lost_in_a_failover_is_never_said_done(
     store: BoardStore,
