@@ -747,8 +747,13 @@ class Resharder:
             await self._recopy(source, target, problems)
         await self._start_journals(source, target)
         # The new layout holds its data: its shards' sentinels, which the commit's record names
-        # (store.SENTINELS), so the archiver takes one lost later for a shard Redis lost.
-        await self.store.sentinels(target.prefixes)
+        # (store.SENTINELS), so the archiver takes one lost later for a shard Redis lost. Fenced
+        # and confirmed on a replica as the copies are: one a failover lost would have its shard
+        # taken for lost though it lost nothing (until 2026-12-06 they were plain SETs).
+        here = Writes()
+        for prefix in target.prefixes:
+            here.add(prefix, "SET", keys.sentinel_key(prefix), 1)
+        await self.copier.send(here)
         refused = (time.monotonic() - began) * 1000
         former = {"sharding": source.config.sharding.to_dict(), "generation": source.generation}
 

@@ -216,6 +216,51 @@ async def test_a_boards_sentinels_are_confirmed_before_its_record(
             await store.delete(board_id)
 
 
+async def test_a_reshards_new_sentinels_are_confirmed_before_its_commit(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mover wrote the new layout's sentinels (keys.sentinel_key) with plain SETs, while every
+    copy it makes is confirmed on a replica: a failover of a new shard's primary before its
+    replica had the sentinel left the board committed with that shard taken for lost though it
+    lost nothing. The sentinel is lost here at the first confirmation the mover makes once it was
+    written, unless that confirmation is its own. Failed before: shard 0 of the new layout was
+    committed without its sentinel (``all([0, 1, 1, 1, 1])``)."""
+    board_id = f"lost-here-{os.getpid()}-{random.randrange(10**9)}"
+    body = {"mode": "best", "durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    board, _ = await store.create(BoardConfig.from_dict(board_id, body))
+    client = store.client
+    names: list[str] = []  # the new layout's sentinels
+    ran: list[bool] = []
+
+    async def first_losing(client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        if not ran:
+            if any(names[0] in map(str, c) for c in commands):
+                ran.append(True)  # its own confirmation: a loss before it is seen there
+            elif await client.exists(names[0]):
+                await client.delete(names[0])  # its primary failed over before its replica had it
+                ran.append(True)
+        return await confirmed(client_, ack, commands)
+
+    try:
+        await board.submit([Score(f"p{i}", 10 + i, f"m{i}", times.now_ms()) for i in range(20)])
+        mover = Resharder(store, board_id, say=lambda _: None, cache_s=0)
+        _, target = mover._layouts(await mover.start(5))
+        names += [keys.sentinel_key(p) for p in target.prefixes]
+        monkeypatch.setattr(reshard_copy, "confirmed", first_losing)
+        try:
+            await mover.run()
+        except NotAcknowledged:
+            monkeypatch.undo()
+            await Resharder(store, board_id, say=lambda _: None, cache_s=0).run()
+        assert ran
+        monkeypatch.undo()
+        back = await store.get(board_id)
+        assert back.generation == 1 and all([await client.exists(n) for n in names])
+    finally:
+        monkeypatch.undo()
+        await store.delete(board_id)
+
+
 @pytest.mark.parametrize("mode", ["best", "incr"])
 async def test_a_forced_swaps_apply_lost_in_a_failover_is_never_said_done(
     store: BoardStore,
