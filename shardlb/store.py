@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
 
 from shardlb import keys, times
 from shardlb.board import JOURNAL_MAX_ENTRIES, JOURNAL_MAX_RESULTS, Board
@@ -125,7 +126,13 @@ class BoardStore:
                 # The sentinels before the record that says they are there: the archiver never
                 # sees the record without them. A creation that loses the race takes them back.
                 board = self._board(config.id, record)
-                await self.sentinels(board.prefixes)
+                try:
+                    await self.sentinels(board.prefixes)
+                except (NotAcknowledged, RedisError):
+                    # No record names them (a replica that did not confirm them, under the ack):
+                    # taken back, or they would stay for good, listed in no index.
+                    await self.client.delete(*(keys.sentinel_key(p) for p in board.prefixes))
+                    raise
                 if await self.swap(config.id, b"", orjson.dumps(record)):
                     await self._confirm(config.id, record["incarnation"])
                     return board, True

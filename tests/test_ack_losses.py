@@ -210,6 +210,18 @@ async def test_a_boards_sentinels_are_confirmed_before_its_record(
         scores = [Score(f"p{i}", 10, f"m{i}", times.now_ms()) for i in range(30)]
         assert {board.layout.home(s.player_id) for s in scores} == {0, 1, 2}
         assert len(await board.submit(scores)) == 30
+        # A creation whose sentinels no replica confirms leaves none behind (no record names them).
+        await store.delete(board_id)
+        monkeypatch.setattr(store_module.secrets, "token_hex", lambda _: incarnation)
+
+        async def unconfirmed(client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+            return [NotAcknowledged("no replica confirmed it") for _ in commands]
+
+        monkeypatch.setattr(store_module, "confirmed", unconfirmed)
+        with pytest.raises(NotAcknowledged):
+            await acked.create(config)
+        assert not any([await client.exists(n) for n in names])
+        assert not await client.hexists(keys.BOARDS, board_id)
     finally:
         monkeypatch.undo()
         if await client.hexists(keys.BOARDS, board_id):
