@@ -367,6 +367,9 @@ async def remove_on_shard(
             int(units is not None),
             board.journal_max,  # the journal's bounds hold for a delete entry too (remove.lua)
             board.journal_max_results,
+            # A removal asked for is refused on a shard Redis lost alone (Board.gone: Rebuilding);
+            # the inactive cleanup would remove nothing there, and goes on.
+            int(board.sentinels and not stale_before_ms),
         ]
     )
     args = [header, msgpack.packb(list(players))]

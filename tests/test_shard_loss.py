@@ -17,7 +17,7 @@ import orjson
 import pytest
 from redis.exceptions import RedisError
 
-from shardlb import keys, rebuild, times
+from shardlb import keys, moderation, rebuild, times
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.errors import Rebuilding
@@ -425,3 +425,35 @@ async def test_a_shard_whose_slot_is_moving_is_not_taken_for_lost(
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-moving")
+
+
+async def test_a_removal_on_a_lost_shard_is_refused_before_the_archiver_marks_it(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """remove.lua checks the shard's sentinel as write.lua does: a player's removal (a DELETE, a
+    ban's) on a shard lost since is refused (Rebuilding, nothing written) before any archiver round.
+    Failed before: DID NOT RAISE; the removal answered that the player had no entry, and once
+    `rebuild --shard 1` brought the shard back from PostgreSQL the player was on the board again."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, "partial-remove")
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-remove"}), url)
+            try:
+                await drain(a)
+            finally:
+                await a.db.close()
+            await slot_wiped(raw, board, 1)
+            player = next(s.player_id for s in sent if board.layout.home(s.player_id) == 1)
+            with pytest.raises(Rebuilding):
+                await moderation.remove(board, [player], request="remove/lost-1")
+            assert board.rebuilding == {1}
+            # The inactive cleanup is not held to it: it would remove nothing there.
+            assert await moderation.remove_on_shard(board, 1, [player], stale_before_ms=times.now_ms()) == []
+            async with connected(cluster_url, url) as (rebuilder, other):
+                await rebuilder.rebuild(await other.get("partial-remove"), shard=1)
+            back = await store.get("partial-remove")
+            assert await moderation.remove(back, [player], request="remove/lost-1") == {player}
+            assert player not in {e.player_id for e in await back.top(50)}
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-remove")

@@ -18,7 +18,9 @@
 --         request (optional; '': none): the name of the removal asked for (the router's
 --         `remove/<X-Request-Id>`), and again (optional, 1: removed_units are the time an earlier
 --         call of that request recorded on another shard; see below), the journal's bounds
---         (optional; 0: none): entries, then results not archived (write.lua's; see below)
+--         (optional; 0: none): entries, then results not archived (write.lua's; see below),
+--         sentinel (optional; 1: the shard's `here` must exist, as write.lua's header item says:
+--         without it the call is refused, SHARDLOST and the shard, nothing changed)
 -- ARGV[2] MessagePack array of player ids
 -- Returns {'stale'} when the key index lists a key the caller did not pass (a period began since it
 -- read the index: it reads again), else {'ok', journal id or '', per player: 1 removed / 0 absent,
@@ -73,6 +75,12 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   return redis.error_reply('BOARDGONE this board was deleted')
 end
 local h = cmsgpack.unpack(ARGV[1])
+-- A shard Redis lost alone (its sentinel gone with its slot) would answer "no entry" for a player
+-- its rebuild brings back, and record the request so that its retry answers so again
+-- (docs/design-notes.md, "A shard lost alone").
+if h[17] == 1 and redis.call('EXISTS', base .. 'here') == 0 then
+  return redis.error_reply('SHARDLOST ' .. string.format('%d', h[5]) .. ' this shard lost its keys: rebuild it')
+end
 -- A journaled removal is held to the journal's bounds as write.lua's calls are: at either bound
 -- it is refused (JOURNALFULL) before anything changes, and its delete entry's `n` (its players)
 -- counts in `logn` like a result. An empty journal sets a drifted count right, as in write.lua.
