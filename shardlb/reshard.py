@@ -51,7 +51,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from importlib import resources
 from typing import Any, NoReturn
@@ -665,12 +665,9 @@ class Resharder:
             found.execute_command("EXISTS", keys.sentinel_key(prefix))
         return [s for s, there in enumerate(await found.execute()) if not there]
 
-    async def _recopy(
-        self, source: Board, target: Board, problems: list[str], lost: Sequence[int] = ()
-    ) -> NoReturn:
+    async def _recopy(self, source: Board, target: Board, problems: list[str]) -> NoReturn:
         """Refuse the cut-over to a new layout that does not hold what the old one holds
-        (reshard_check), or from an old one that ``lost`` shards (``_lost_shards``): the old
-        layout takes writes again, still tracked; the new one is dropped
+        (reshard_check): the old layout takes writes again, still tracked; the new one is dropped
         and the record goes back to copying with no shard copied, so a resume copies the board
         afresh. Copying again on top would not do: a copy puts members in but never takes out one
         the old layout lacks, so a new layout with one too many would be refused at every resume.
@@ -685,17 +682,6 @@ class Resharder:
             return {**record, "reshard": {**move, "state": "copying", "copied": []}}
 
         await self._update(again)
-        if lost:
-            named = ", ".join(map(str, lost))
-            raise Mismatch(
-                f"the cut-over of {self.board_id!r} is refused: "
-                f"{'shard' if len(lost) == 1 else 'shards'} {named} of the old layout lost "
-                f"{'its' if len(lost) == 1 else 'their'} keys (the sentinel is missing: Redis lost "
-                "the slot and serves it again empty), and a copy would lose those players for good. "
-                "The old layout takes writes again and the new one was dropped: cancel the reshard "
-                f"(`shardlb reshard {self.board_id} --cancel`), rebuild the shard from PostgreSQL "
-                f"(`shardlb rebuild {self.board_id} --shard {lost[0]}`), then reshard again"
-            )
         raise Mismatch(
             f"the cut-over of {self.board_id!r} is refused: the new layout does not hold what the old "
             f"one holds ({'; '.join(problems[:5])}{'; ...' if len(problems) > 5 else ''}). The old "
@@ -736,10 +722,23 @@ class Resharder:
         else:
             raise BoardConflict("could not seal every shard within its lease; resume to try again", "board")
         # Both layouts stand still now. A shard of the old one that Redis lost alone was copied
-        # empty, and the new layout would hold what it holds: refused before the check.
+        # empty, and the new layout would hold what it holds: refused before the check, and the
+        # reshard cancelled, since copying again would copy it empty again (a router's mover
+        # resumes by itself, sealing the board each time): the board keeps its layout, where the
+        # archiver marks the shard for its rebuild.
         lost = await self._lost_shards(source)
         if lost:
-            await self._recopy(source, target, [], lost)
+            _, record = await self.record()
+            await self._cancel(record)
+            named = ", ".join(map(str, lost))
+            raise Mismatch(
+                f"the cut-over of {self.board_id!r} is refused and the reshard cancelled: "
+                f"{'shard' if len(lost) == 1 else 'shards'} {named} of the old layout lost "
+                f"{'its' if len(lost) == 1 else 'their'} keys (the sentinel is missing: Redis lost "
+                "the slot and serves it again empty), and a copy would lose those players for good. "
+                f"The board keeps its layout: rebuild the shard from PostgreSQL (`shardlb rebuild "
+                f"{self.board_id} --shard {lost[0]}`), then reshard again"
+            )
         # The new one must hold what the old one holds.
         problems = await differences(self.client, copied_shards(source), target)
         await self._tell(f"{self.board_id}: new layout checked against the old: {len(problems)} differ")
