@@ -631,6 +631,10 @@ class Archiver:
     def _recounter(self) -> Script:
         return Script(self.client, script_source("recount.lua"))
 
+    @functools.cached_property
+    def _resentinel(self) -> Script:
+        return Script(self.client, script_source("sentinel.lua"))
+
     async def refresh(self) -> None:
         """Learn the registry's boards (and record their settings in PostgreSQL). The registry is
         read only when its version moved, or at least every ``whole_read_s`` (``BoardStore.follow``):
@@ -760,6 +764,9 @@ class Archiver:
             if shard not in board.rebuilding:
                 shards.setdefault((board.config.id, board.incarnation), (board, set()))[1].add(shard)
         for board, lost in shards.values():
+            lost -= await self._empty(board, lost)
+            if not lost:
+                continue
             for shard in await self.store.lost(board, lost):
                 LOST_SHARDS.inc()
                 log.error(
@@ -773,6 +780,53 @@ class Archiver:
                     shard,
                     extra={"fields": {"board": board.config.id, "incarnation": board.incarnation}},
                 )
+
+    async def _empty(self, board: Board, shards: set[int]) -> set[int]:
+        """Of ``shards`` (their sentinels found missing), those with nothing a rebuild could bring
+        back, whose sentinel is written again (sentinel.lua) instead of a mark: PostgreSQL holds no
+        row of the shard (SHARD_ARCHIVED: what a rebuild of the shard reads) and the shard holds
+        nothing in Redis. A failover lost the sentinel of a board created (or a shard rebuilt) with
+        ``SHARDLB_ACK=primary`` before its replica had it; marked, the healthy board refused
+        service until an operator's rebuild. The journal's entries not archived died with the node
+        either way. A band shard is left to the mark: its players come from the home shards, not
+        from its own rows. Each written is logged as a WARNING and counted (REWRITTEN_SENTINELS); a
+        sentinel found there again (a rebuild, an archiver of another name) is neither.
+
+        The record is read first (``BoardStore.watched``): nothing for a board being deleted,
+        resharded, or of another incarnation or layout since, nor for a shard it marks already. A
+        write meanwhile is refused by write.lua until the sentinel is back (the shard stays empty);
+        a deletion leaves its `gone` marker and a reshard its `mv`, which sentinel.lua refuses."""
+        homes = board.layout.sharding.shards if board.layout.strategy == "band" else len(board.prefixes)
+        wanted = {s for s in shards if s < homes}
+        marked = await self.store.watched(board) if wanted else None
+        if marked is None:
+            return set()
+        done = set()
+        for shard in sorted(wanted - marked):
+            params = {"board": board.config.id, "incarnation": board.incarnation, "shard": shard}
+            async with self.db.transaction():
+                await self.db.execute(SHARD_ARCHIVED_SETTINGS)
+                cur = await self.db.execute(SHARD_ARCHIVED, params)
+                row = await cur.fetchone()
+            if row is None or row[0]:
+                continue
+            prefix = board.prefixes[shard]
+            names = [keys.sentinel_key(prefix), *(prefix + k for k in _HOLDING)]
+            written = await self._resentinel(keys=names, args=[])
+            if written == -1:
+                continue
+            done.add(shard)
+            if written == 1:
+                REWRITTEN_SENTINELS.inc()
+                log.warning(
+                    "sentinel missing on a shard with nothing archived: written again (shard %d of board "
+                    "%s holds nothing and PostgreSQL holds no row of it, so nothing was lost that a "
+                    "rebuild could bring back; a failover before its replica had the sentinel?)",
+                    shard,
+                    board.config.id,
+                    extra={"fields": dict(params)},
+                )
+        return done
 
     async def _archive(self, batch: Sequence[tuple[Board, str, Entry]]) -> int:
         """Commit ``batch`` in one transaction, then acknowledge it; returns the results archived."""
@@ -1316,6 +1370,56 @@ def _settings(board: Board) -> dict[str, Any]:
     return {**settings, "generation": board.generation} if board.generation else settings
 
 
+# Whether PostgreSQL holds any row of a board's shard that its rebuild reads (``Archiver._empty``):
+# its results (``match_results``, through match_results_on_shard, shard first), its removals and
+# removal records (their primary keys: board, incarnation, shard). Not ``match_holds``, which has no
+# index by shard (a look there read every hold of the board: 2,000 in tests/test_read_plans.py): a
+# hold is an earlier application of a (match, player) whose later one is the ``match_results`` row,
+# on the same shard (the player's home; a reshard rehomes both), and no deletion takes the row and
+# leaves the hold (``erase`` takes rows journaled before a removal: the hold, earlier, goes first).
+# Each EXISTS stops at its first row. Run only for a shard whose sentinel is missing, never on the
+# round's path, and after SHARD_ARCHIVED_SETTINGS in its transaction: without them PostgreSQL
+# planned an EXISTS it expects a row from soon as a sequential scan, which reads the table up to the
+# shard's first row (6,001 rows for the big board's shard in tests/test_read_plans.py, against 1),
+# or the whole table when the estimate is wrong and the shard has none.
+SHARD_ARCHIVED_SETTINGS = "SELECT set_config('enable_seqscan', 'off', true)"
+SHARD_ARCHIVED = (
+    "SELECT EXISTS (SELECT 1 FROM match_results "
+    "WHERE shard = %(shard)s AND board = %(board)s AND incarnation = %(incarnation)s) "
+    "OR EXISTS (SELECT 1 FROM player_removals "
+    "WHERE board = %(board)s AND incarnation = %(incarnation)s AND shard = %(shard)s) "
+    "OR EXISTS (SELECT 1 FROM removal_records "
+    "WHERE board = %(board)s AND incarnation = %(incarnation)s AND shard = %(shard)s)"
+)
+# The keys of a shard (after its prefix) that say it holds something, or is being dropped or moved,
+# which sentinel.lua checks before it writes a sentinel again: the journal and its count (every
+# write and removal of a journaled board), the key index (every key written that expires, and the
+# dated periods), the total, the removals, a band home's versions and moves, the activity set and
+# pin marker, a rebuild's forced swap, the closed board's freeze, a deletion's `gone`, a reshard's.
+_HOLDING = (
+    "log",
+    "logn",
+    "idx",
+    "total",
+    "rmv",
+    "rmvon",
+    "ver",
+    "pend",
+    "vrm",
+    "vfl",
+    "seen",
+    "pspan",
+    "swap",
+    "frozen:total",
+    "gone",
+    "mv",
+    "seal",
+    "chg",
+    "chgw",
+    "fence",
+)
+
+
 def _shard(board: Board, journal: str) -> int:
     """The shard number of one of ``_journals(board)``: its place in its layout's prefixes."""
     for prefixes in (board.prefixes, board.also):
@@ -1510,6 +1614,12 @@ LOST_SHARDS = Counter(
     "shardlb_archive_lost_shards_total",
     "shards found without their sentinel (Redis lost their slot, the registry kept the board) and marked "
     "not rebuilt until `shardlb rebuild BOARD --shard N` (Archiver._lost)",
+)
+REWRITTEN_SENTINELS = Counter(
+    "shardlb_archive_rewritten_sentinels_total",
+    "shards found without their sentinel that held nothing, in Redis or archived in PostgreSQL (a "
+    "failover lost a new board's sentinel before its replica had it): written again, not marked "
+    "(Archiver._empty)",
 )
 GAPS = Counter(
     "shardlb_archive_gaps_total",

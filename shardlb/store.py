@@ -233,12 +233,7 @@ class BoardStore:
             if raw is None:
                 return []
             record = orjson.loads(raw)
-            if (
-                str(record.get("incarnation", "0")) != board.incarnation
-                or int(record.get("generation", 0)) != board.generation
-                or record.get("reshard")
-                or carries_sentinels(record) != board.generation
-            ):
+            if not _watched(record, board):
                 return []
             left = not_rebuilt(record)
             missing = [s for s in sorted(wanted - left) if not await self._sentinel(board, s)]
@@ -250,6 +245,16 @@ class BoardStore:
         if back:
             await self.rebuilt(board.config.id, board.incarnation, back)
         return [s for s in missing if s not in back]
+
+    async def watched(self, board: Board) -> set[int] | None:
+        """The shards the registry's record of ``board`` names not rebuilt, read now, when the record
+        is still that incarnation's and layout's, names no reshard, is not being deleted and says the
+        layout carries sentinels (the shards ``lost`` would mark); else None."""
+        raw = await self.client.hget(keys.BOARDS, board.config.id)
+        if raw is None:
+            return None
+        record = orjson.loads(raw)
+        return not_rebuilt(record) if _watched(record, board) else None
 
     async def carry(self, board: Board) -> None:
         """Record that every shard of ``board``'s layout carries its sentinel (SENTINELS), once a
@@ -541,6 +546,17 @@ def not_rebuilt(record: dict[str, Any]) -> set[int]:
     """The shards a record names not rebuilt yet (``BoardStore.restore``)."""
     state = record.get("state")
     return {int(s) for s in state.get(REBUILDING, ())} if isinstance(state, dict) else set()
+
+
+def _watched(record: dict[str, Any], board: Board) -> bool:
+    """Whether ``record`` is still ``board``'s (its incarnation and layout), names no reshard and
+    says the layout carries sentinels (a record being deleted says nothing of them)."""
+    return (
+        str(record.get("incarnation", "0")) == board.incarnation
+        and int(record.get("generation", 0)) == board.generation
+        and not record.get("reshard")
+        and carries_sentinels(record) == board.generation
+    )
 
 
 def carries_sentinels(record: dict[str, Any]) -> int | None:

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 
-from shardlb import erase, moderation, prune, rebuild, settlement, settlement_history
+from shardlb import archive, erase, moderation, prune, rebuild, settlement, settlement_history
 from shardlb.archive import connect_db
 from tests.test_prune import own_db
 
@@ -467,5 +467,34 @@ async def test_a_prunes_batch_reads_its_batch(postgres_url: str, shape: str) -> 
                     )
                 read[table] = found
             assert {t: n for t, n in read.items() if n > 2 * 1000} == {}, read
+        finally:
+            await db.close()
+
+
+@pytest.mark.parametrize("shape", ["even", "grown"])
+async def test_the_check_for_a_shards_archived_rows_reads_a_few(postgres_url: str, shape: str) -> None:
+    """``archive.SHARD_ARCHIVED`` (the archiver's look before it writes a missing sentinel again):
+    on the big board's shard 1 (rows) and a shard of it without any (7), each table is read
+    through an index and no further than a few rows past what it answers. Without
+    SHARD_ARCHIVED_SETTINGS (``even``, shard 1) every EXISTS was a sequential scan, the one on
+    ``match_results`` reading 6,001 rows; with ``match_holds`` in it, every hold of the board
+    (2,000) was read for shard 7."""
+    name = f"reads_shard_any_{shape}_{os.getpid()}_{random.randrange(10**6)}"
+    async with own_db(postgres_url, name) as url:
+        db = await connect_db(url)
+        try:
+            await archive_of(db, shape)
+            for shard, want in ((1, True), (7, False)):
+                params = {"board": BIG[0], "incarnation": BIG[1], "shard": shard}
+                async with db.transaction():
+                    await db.execute(archive.SHARD_ARCHIVED_SETTINGS)
+                    cur = await db.execute(archive.SHARD_ARCHIVED, params)
+                    assert await cur.fetchone() == (want,)
+                    node = await plan(db, archive.SHARD_ARCHIVED, params, analyze=True)
+                found = conditions(node)
+                assert [s for s in found if "Index" not in s[1]] == [], found
+                tables = ("match_results", "player_removals", "removal_records")
+                read = {t: rows_read(node, t) for t in tables}
+                assert all(n <= 50 for n in read.values()), (shard, read)
         finally:
             await db.close()

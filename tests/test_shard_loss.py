@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 from redis.exceptions import RedisError
 
 from shardlb import keys, moderation, rebuild, times
@@ -456,3 +457,104 @@ async def test_a_removal_on_a_lost_shard_is_refused_before_the_archiver_marks_it
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-remove")
+
+
+def rewritten() -> float:
+    return REGISTRY.get_sample_value("shardlb_archive_rewritten_sentinels_total") or 0.0
+
+
+async def test_a_fresh_boards_lost_sentinel_is_written_again_not_marked(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A board created with ``SHARDLB_ACK=primary`` whose sentinel a failover lost before its replica
+    had it (deleted here): PostgreSQL holds nothing of the shard and the shard holds nothing, so a
+    rebuild would bring nothing back. The archiver's round writes the sentinel again instead of
+    marking the shard, and the board takes writes there. Failed before: the round marked shard 1
+    (``rebuilding == {1}``) and every write to it answered 503 until an operator's rebuild."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            config = BoardConfig.from_dict("partial-fresh", {"mode": "best", "sharding": sharding("hash", 3)})
+            board, _ = await store.create(config)
+            await raw.delete(keys.sentinel_key(board.prefixes[1]))
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-fresh"}), url)
+            try:
+                before = rewritten()
+                await archive_round(a)
+                back = await store.get("partial-fresh")
+                assert not back.rebuilding
+                assert await raw.exists(keys.sentinel_key(board.prefixes[1]))
+                assert rewritten() == before + 1
+                player = next(f"p{i}" for i in range(100) if back.layout.home(f"p{i}") == 1)
+                [result] = await back.submit([Score(player, 7, "m1", times.now_ms() - 1000)])
+                assert result.points == 7
+                await drain(a)
+                assert not (await store.get("partial-fresh")).rebuilding
+                assert rewritten() == before + 1
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-fresh")
+
+
+async def test_a_shard_with_nothing_archived_is_sentinelled_again_the_others_marked(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A board whose results went to shards 0 and 2 alone, archived: shard 1 wiped holds nothing and
+    PostgreSQL holds no row of it, so the round writes its sentinel again; shard 2 wiped, whose rows
+    PostgreSQL holds, is marked as before, and shard 0 is left as it was."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            config = BoardConfig.from_dict("partial-some", {"mode": "best", "sharding": sharding("hash", 3)})
+            board, _ = await store.create(config)
+            players = [f"p{i}" for i in range(200) if board.layout.home(f"p{i}") != 1][:30]
+            assert {board.layout.home(p) for p in players} == {0, 2}
+            sent = [Score(p, 100 + i, f"m{i}", times.now_ms() - 1000) for i, p in enumerate(players)]
+            await board.submit(sent)
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-some"}), url)
+            try:
+                await drain(a)
+                await slot_wiped(raw, board, 1)
+                await slot_wiped(raw, board, 2)
+                await a.refresh()
+                await archive_round(a)
+                back = await store.get("partial-some")
+                assert back.rebuilding == {2}
+                assert await raw.exists(keys.sentinel_key(board.prefixes[1]))
+                assert not await raw.exists(keys.sentinel_key(board.prefixes[2]))
+                assert await raw.exists(keys.sentinel_key(board.prefixes[0]))
+                kept = [s for s in sent if board.layout.home(s.player_id) == 0]
+                new = next(f"q{i}" for i in range(100) if back.layout.home(f"q{i}") == 1)
+                [result] = await back.submit([Score(new, 5, "late-1", times.now_ms())])
+                assert result.points == 5
+                [result] = await back.submit([Score(kept[0].player_id, 1, "late-2", times.now_ms())])
+                assert result.points == kept[0].points
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-some")
+
+
+async def test_a_shard_holding_results_not_archived_is_marked_though_postgres_has_none(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """The sentinel alone gone from a shard that holds results no archiver took yet: PostgreSQL holds
+    no row of it, but the shard holds its journal and keys, so it is not written again (sentinel.lua
+    finds them) and the shard is marked as before."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, _ = await board_written(store, "partial-held")
+            await raw.delete(keys.sentinel_key(board.prefixes[1]))
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-held"}), url)
+            try:
+                before = rewritten()
+                await archive_round(a)
+                assert (await store.get("partial-held")).rebuilding == {1}
+                assert not await raw.exists(keys.sentinel_key(board.prefixes[1]))
+                assert rewritten() == before
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-held")
