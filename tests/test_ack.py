@@ -180,14 +180,19 @@ async def test_board_creation_and_deletion_wait_for_a_replica_of_the_registry_in
             assert r.status_code == 503, r.text
             assert r.json()["error"]["code"] == "cluster_unavailable"
             assert int(r.headers["retry-after"]) >= 1
-            # Made on the primary: a retry finds it there, and it is not confirmed either.
+            # A retry is not confirmed either: made on the primary, or (when the board's one shard
+            # shares the registry's primary) its sentinel unconfirmed and taken back, no record made.
             r = await acked.put(url, json=body, headers=AS_ADMIN)
             assert r.status_code == 503, r.text
             other = f"/v1/boards/{board_name('ack')}"
             r = await plain.put(other, json=body, headers=AS_ADMIN)
             assert r.status_code == 201, r.text
         r = await acked.put(url, json=body, headers=AS_ADMIN)
-        assert r.status_code == 200, r.text
+        # 200: the record made on the primary alone, confirmed now; 201: none was made, for the
+        # shard's sentinel, confirmed before the record since 09b4d2e, went unconfirmed first and
+        # was taken back (its primary the registry's: every local run of this test, and CI at
+        # 5d9099d, which failed here with 201).
+        assert r.status_code in (200, 201), r.text
         with stopped(key_replica_pid(cluster, keys.BOARDS)):
             r = await acked.delete(url, headers=AS_ADMIN)
             assert r.status_code == 503, r.text
