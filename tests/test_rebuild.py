@@ -59,9 +59,12 @@ async def archive_round(a: Archiver) -> int:
     return await a.round()
 
 
-async def drain(a: Archiver) -> None:
-    while await archive_round(a):
-        pass
+async def drain(a: Archiver) -> int:
+    """Archive rounds until one finds nothing; the entries archived in all."""
+    archived = 0
+    while got := await archive_round(a):
+        archived += got
+    return archived
 
 
 async def archive_until(a: Archiver, stop: asyncio.Event) -> None:

@@ -79,6 +79,14 @@ def reference(board: Board, scores: list[Score]) -> ReferenceBoard:
     return ref
 
 
+async def rebuilt_exactly(store: BoardStore, board_id: str, sent: list[Score]) -> Board:
+    """The board as the registry has it now: no shard left marked, and its top the reference's."""
+    back = await store.get(board_id)
+    assert not back.rebuilding
+    assert await back.top(20) == expected_entries(reference(back, sent), "total", None)
+    return back
+
+
 async def test_a_board_restored_and_not_rebuilt_refuses_what_it_cannot_answer_exactly(
     store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
 ) -> None:
@@ -195,9 +203,7 @@ async def test_a_rebuild_stopped_half_way_leaves_its_refusals_and_a_second_run_c
                 await back.top(10)
             monkeypatch.setattr(rebuild.Rebuilder, "rebuild_shard", real)
             assert list(await rebuild.run(cluster_url, url, None, jobs=1)) == ["window-stop"]
-            back = await store.get("window-stop")
-            assert not back.rebuilding
-            assert await back.top(20) == expected_entries(reference(back, sent), "total", None)
+            await rebuilt_exactly(store, "window-stop", sent)
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("window-stop")
@@ -313,9 +319,7 @@ async def test_a_band_boards_band_shards_keep_their_mark_until_every_home_shard_
                 with pytest.raises(Rebuilding):
                     await back.top(10)
             await rebuild.run(cluster_url, url, ["window-band"])
-            back = await store.get("window-band")
-            assert not back.rebuilding
-            assert await back.top(20) == expected_entries(reference(back, sent), "total", None)
+            await rebuilt_exactly(store, "window-band", sent)
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("window-band")

@@ -26,11 +26,10 @@ from shardlb.rebuild import connected
 from shardlb.reshard import Resharder
 from shardlb.reshard_check import Mismatch
 from shardlb.store import BoardStore
-from tests.reference import ReferenceBoard
 from tests.router_support import AS_WRITER, running
 from tests.test_board import expected_entries, sharding
 from tests.test_rebuild import OnlyStore, archive_round, archiver, drain, own_archive
-from tests.test_rebuild_window import _refused, written
+from tests.test_rebuild_window import _refused, reference, written
 
 pytestmark = pytest.mark.cluster
 
@@ -57,12 +56,6 @@ async def board_written(store: BoardStore, board_id: str, **more: Any) -> tuple[
     scores = [Score(f"p{i}", 100 + 10 * i, f"m{i}", times.now_ms() - 1000) for i in range(30)]
     await board.submit(scores)
     return board, scores
-
-
-def reference(board: Board, scores: list[Score]) -> ReferenceBoard:
-    ref = ReferenceBoard(board.config)
-    ref.submit(scores, now_ms=times.now_ms())
-    return ref
 
 
 async def test_a_shard_lost_alone_is_marked_within_one_archiver_round_and_rebuilt(
@@ -348,9 +341,7 @@ async def test_an_open_slot_leaves_the_archiver_reading_a_board_without_sentinel
             a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-open"}), url)
             try:
                 async with slot_open(raw, keys.journal_key(board.prefixes[1])):
-                    archived = 0
-                    while got := await archive_round(a):
-                        archived += got
+                    archived = await drain(a)
                 assert archived == len(sent)
                 assert not (await store.get("partial-open")).rebuilding
             finally:
@@ -415,10 +406,7 @@ async def test_a_shard_whose_slot_is_moving_is_not_taken_for_lost(
                         await a.round()
                     assert not (await store.get("partial-moving")).rebuilding
                 await raw.restore(key, 0, dump)
-                archived = 0
-                while got := await archive_round(a):
-                    archived += got
-                assert archived == len(sent)
+                assert await drain(a) == len(sent)
                 assert not (await store.get("partial-moving")).rebuilding
             finally:
                 await a.db.close()
