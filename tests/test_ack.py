@@ -189,7 +189,7 @@ async def test_board_creation_and_deletion_wait_for_a_replica_of_the_registry_in
             assert r.status_code == 201, r.text
         r = await acked.put(url, json=body, headers=AS_ADMIN)
         # 200: the record made on the primary alone, confirmed now; 201: none was made, for the
-        # shard's sentinel, confirmed before the record since 09b4d2e, went unconfirmed first and
+        # shard's sentinel, confirmed before the record since ce70fe7, went unconfirmed first and
         # was taken back (its primary the registry's: every local run of this test, and CI at
         # 5d9099d, which failed here with 201).
         assert r.status_code in (200, 201), r.text
