@@ -788,28 +788,35 @@ class Archiver:
         nothing in Redis. A failover lost the sentinel of a board created (or a shard rebuilt) with
         ``SHARDLB_ACK=primary`` before its replica had it; marked, the healthy board refused
         service until an operator's rebuild. The journal's entries not archived died with the node
-        either way. A band shard is left to the mark: its players come from the home shards, not
-        from its own rows. Each written is logged as a WARNING and counted (REWRITTEN_SENTINELS); a
-        sentinel found there again (a rebuild, an archiver of another name) is neither.
+        either way. A band shard's rebuild reads no rows: it takes the home shards' totals and
+        versions (``Rebuilder.rebuild_bands``), so it is written again when it holds nothing and no
+        home shard holds a total, a version or a pending move, each home carrying its sentinel and
+        unmarked (``_homes_empty``): its rebuild would write nothing there either. Each written is
+        logged as a WARNING and counted (REWRITTEN_SENTINELS); a sentinel found there again (a
+        rebuild, an archiver of another name) is neither.
 
         The record is read first (``BoardStore.watched``): nothing for a board being deleted,
         resharded, or of another incarnation or layout since, nor for a shard it marks already. A
         write meanwhile is refused by write.lua until the sentinel is back (the shard stays empty);
         a deletion leaves its `gone` marker and a reshard its `mv`, which sentinel.lua refuses."""
         homes = board.layout.sharding.shards if board.layout.strategy == "band" else len(board.prefixes)
-        wanted = {s for s in shards if s < homes}
-        marked = await self.store.watched(board) if wanted else None
+        marked = await self.store.watched(board) if shards else None
         if marked is None:
             return set()
         done = set()
-        for shard in sorted(wanted - marked):
+        # The home shards first: one written again there may let the band shards be written again.
+        for shard in sorted(shards - marked):
             params = {"board": board.config.id, "incarnation": board.incarnation, "shard": shard}
-            async with self.db.transaction():
-                await self.db.execute(SHARD_ARCHIVED_SETTINGS)
-                cur = await self.db.execute(SHARD_ARCHIVED, params)
-                row = await cur.fetchone()
-            if row is None or row[0]:
-                continue
+            if shard >= homes:
+                if not await self._homes_empty(board, homes, marked):
+                    continue
+            else:
+                async with self.db.transaction():
+                    await self.db.execute(SHARD_ARCHIVED_SETTINGS)
+                    cur = await self.db.execute(SHARD_ARCHIVED, params)
+                    row = await cur.fetchone()
+                if row is None or row[0]:
+                    continue
             prefix = board.prefixes[shard]
             names = [keys.sentinel_key(prefix), *(prefix + k for k in _HOLDING)]
             written = await self._resentinel(keys=names, args=[])
@@ -827,6 +834,25 @@ class Archiver:
                     extra={"fields": dict(params)},
                 )
         return done
+
+    async def _homes_empty(self, board: Board, homes: int, marked: set[int]) -> bool:
+        """Whether a band board's home shards hold nothing its band shards' rebuild would read
+        (``Rebuilder.rebuild_bands``: every home's totals and versions): each home unmarked, carrying
+        its sentinel (one lost with its keys is no evidence), and holding no total, no version and
+        no pending band move. One EXISTS per home shard, only for a band shard found without its
+        sentinel. A write to a home after this look that moves a player into the band shard reaches
+        it by band.lua, which checks no sentinel: before sentinel.lua, the band shard holds its row
+        and is marked; after, it holds its row and its sentinel."""
+        if marked.intersection(range(homes)):
+            return False
+        for home in range(homes):
+            prefix = board.prefixes[home]
+            if not await self.client.exists(keys.sentinel_key(prefix)):
+                return False
+            held = (keys.period_key(prefix, "total"), keys.version_key(prefix), keys.pending_key(prefix))
+            if await self.client.exists(*held):
+                return False
+        return True
 
     async def _archive(self, batch: Sequence[tuple[Board, str, Entry]]) -> int:
         """Commit ``batch`` in one transaction, then acknowledge it; returns the results archived."""

@@ -546,3 +546,62 @@ async def test_a_shard_holding_results_not_archived_is_marked_though_postgres_ha
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-held")
+
+
+async def test_a_fresh_band_boards_lost_band_sentinel_is_written_again_not_marked(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A band board (3 home shards, band shards 3-6) created with ``SHARDLB_ACK=primary`` whose band
+    shard's sentinel a failover lost before its replica had it (deleted here): the band shard holds
+    nothing, and its rebuild (from the home shards' totals and versions) would bring nothing back,
+    the home shards holding none. The round writes the sentinel again instead of marking the shard,
+    and the board's top is served. Failed before: the round marked shard 4 (``rebuilding == {4}``)
+    and every top read answered 503 until an operator's rebuild."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            settings = {"mode": "best", "sharding": sharding("band", 3)}
+            config = BoardConfig.from_dict("partial-band-fresh", settings)
+            board, _ = await store.create(config)
+            await raw.delete(keys.sentinel_key(board.prefixes[4]))
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-band-fresh"}), url)
+            try:
+                before = rewritten()
+                await archive_round(a)
+                back = await store.get("partial-band-fresh")
+                assert not back.rebuilding
+                assert await raw.exists(keys.sentinel_key(board.prefixes[4]))
+                assert rewritten() == before + 1
+                sent = [Score(f"p{i}", 100 + 10 * i, f"m{i}", times.now_ms() - 1000) for i in range(30)]
+                await back.submit(sent)
+                assert await back.top(50) == expected_entries(reference(back, sent), "total", None)
+                await drain(a)
+                assert not (await store.get("partial-band-fresh")).rebuilding
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-band-fresh")
+
+
+async def test_a_band_shard_whose_homes_hold_players_is_marked_though_it_holds_none(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A band shard's sentinel gone (its keys wiped) while the home shards hold players: its rebuild
+    would bring back their versions (and any of them in its band), so it is marked as before, not
+    sentinelled again, though the band shard holds nothing and PostgreSQL holds no row of it."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, _ = await board_written(store, "partial-band-held", sharding=sharding("band", 3))
+            await slot_wiped(raw, board, 4)
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-band-held"}), url)
+            try:
+                before = rewritten()
+                await archive_round(a)
+                assert (await store.get("partial-band-held")).rebuilding == {4}
+                assert not await raw.exists(keys.sentinel_key(board.prefixes[4]))
+                assert rewritten() == before
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-band-held")

@@ -1,5 +1,6 @@
 -- Write a shard's sentinel (keys.sentinel_key) again when it went missing from a shard that holds
--- nothing and of which PostgreSQL holds nothing either (shardlb/archive.py, ``Archiver._empty``):
+-- nothing and of which PostgreSQL holds nothing either (a band shard: whose home shards hold no total,
+-- version or pending move, what its rebuild reads; shardlb/archive.py, ``Archiver._empty``):
 -- a failover lost the sentinel of a board just created (or just rebuilt) before its replica had it,
 -- and a rebuild would bring nothing back. Set only if the shard still holds none of the keys below:
 -- every write and removal to a board's shard writes its journal and key index (write.lua,
