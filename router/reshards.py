@@ -45,7 +45,7 @@ from shardlb.board import Board
 from shardlb.errors import BoardNotFound
 from shardlb.fanout import batch
 from shardlb.outage import Outage
-from shardlb.reshard import LEASE_MS, Busy, Cancelled, NoReshard, Resharder
+from shardlb.reshard import LEASE_MS, Busy, Cancelled, NoReshard, Resharder, ShardsLost
 from shardlb.store import BoardStore
 
 log = logging.getLogger("shardlb.router")
@@ -63,7 +63,10 @@ async def _move(mover: Resharder, wait: bool, tries: int = MOVER_TRIES) -> None:
     --resume` or a watch that finds it abandoned. Busy: a live mover elsewhere has it. NoReshard:
     it is over since it was seen (another router's mover finished it, an operator cancelled it):
     every worker resumes from its own last look, so this is a race the watch makes, not a failure
-    (until 2026-12-05 logged as one with its traceback, and tried again MOVER_TRIES times)."""
+    (until 2026-12-05 logged as one with its traceback, and tried again MOVER_TRIES times).
+    ShardsLost: the mover cancelled the reshard, a shard of the old layout lost: one ERROR line
+    naming the board, the shards and the rebuild to run (until 2026-12-06 "reshard stopped" with
+    its traceback, then a try that found the reshard over)."""
     for attempt in range(tries):
         try:
             await mover.run(wait=wait)
@@ -72,6 +75,18 @@ async def _move(mover: Resharder, wait: bool, tries: int = MOVER_TRIES) -> None:
             log.info("reshard over before this mover took it", extra={"fields": {"board": mover.board_id}})
             return
         except (Cancelled, BoardNotFound, Busy):
+            return
+        except ShardsLost as e:  # cancelled: nothing to resume, a rebuild for the operator to run
+            fields = {"board": e.board_id, "shards": e.shards, "run": e.commands}
+            log.error(
+                "reshard cancelled: %s %s of the old layout lost %s keys (Redis lost the slot); the "
+                "board keeps its layout: run %s, then reshard again",
+                "shard" if len(e.shards) == 1 else "shards",
+                ", ".join(map(str, e.shards)),
+                "its" if len(e.shards) == 1 else "their",
+                " and ".join(f"`{c}`" for c in e.commands),
+                extra={"fields": fields},
+            )
             return
         except Exception:
             log.exception("reshard stopped", extra={"fields": {"board": mover.board_id, "try": attempt + 1}})

@@ -730,15 +730,7 @@ class Resharder:
         if lost:
             _, record = await self.record()
             await self._cancel(record)
-            named = ", ".join(map(str, lost))
-            raise Mismatch(
-                f"the cut-over of {self.board_id!r} is refused and the reshard cancelled: "
-                f"{'shard' if len(lost) == 1 else 'shards'} {named} of the old layout lost "
-                f"{'its' if len(lost) == 1 else 'their'} keys (the sentinel is missing: Redis lost "
-                "the slot and serves it again empty), and a copy would lose those players for good. "
-                f"The board keeps its layout: rebuild the shard from PostgreSQL (`shardlb rebuild "
-                f"{self.board_id} --shard {lost[0]}`), then reshard again"
-            )
+            raise ShardsLost(self.board_id, lost)
         # The new one must hold what the old one holds.
         problems = await differences(self.client, copied_shards(source), target)
         await self._tell(f"{self.board_id}: new layout checked against the old: {len(problems)} differ")
@@ -1126,6 +1118,28 @@ class Resharder:
     def _lease(self, wait_s: float | None = None) -> Lease:
         self.held = Lease(self.client, keys.lease_key(self.board_id), self.token, wait_s)
         return self.held
+
+
+class ShardsLost(Mismatch):
+    """The cut-over refused and the reshard cancelled: ``shards`` of the old layout lost their keys
+    (``Resharder._lost_shards``). ``commands``: what brings them back, one `shardlb rebuild` a shard,
+    after which the board can be resharded again. A router's mover logs it as one line
+    (router/reshards.py), not as a failure with its traceback."""
+
+    def __init__(self, board_id: str, shards: list[int]) -> None:
+        self.board_id, self.shards = board_id, shards
+        self.commands = [f"shardlb rebuild {board_id} --shard {s}" for s in shards]
+        run = " and ".join(f"`{c}`" for c in self.commands)
+        one = len(shards) == 1
+        super().__init__(
+            f"the cut-over of {board_id!r} is refused and the reshard cancelled: "
+            f"{'shard' if one else 'shards'} {', '.join(map(str, shards))} of the old layout lost "
+            f"{'its' if one else 'their'} keys (the sentinel is missing: Redis lost the slot and serves "
+            "it again empty), and a copy would lose those players for good. The board keeps its layout: "
+            f"run {run} to bring {'it' if one else 'them'} back from PostgreSQL and the journal, then "
+            "reshard again",
+            "board",
+        )
 
 
 class Cancelled(Exception):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from prometheus_client import REGISTRY
 from redis.exceptions import RedisError
 
+from router import reshards
 from shardlb import keys, moderation, rebuild, times
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
@@ -380,6 +382,42 @@ async def test_a_reshard_refuses_to_commit_a_shard_the_old_layout_lost(
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-reshard-lost")
+
+
+async def test_a_routers_mover_cancelling_for_a_lost_shard_logs_one_line_naming_the_command(
+    store: BoardStore, raw: Any, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A router's mover (router/reshards.py) whose reshard is cancelled because a shard of the old
+    layout lost its keys: one ERROR line, no traceback, naming the board, the shard and the command
+    to run, and no retry. Failed before: "reshard stopped" logged with the Mismatch's traceback,
+    then a second try that found the reshard over ("reshard over before this mover took it")."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, _ = await board_written(store, "partial-reshard-log")
+            mover = Resharder(
+                store, "partial-reshard-log", say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0
+            )
+            await mover.start(5)
+            await slot_wiped(raw, board, 1)
+            logger = logging.getLogger("shardlb")  # where the router's handler is (router/logs.py)
+            logger.addHandler(caplog.handler)
+            caplog.set_level(logging.INFO, logger="shardlb.router")
+            try:
+                await reshards._move(mover, wait=True)
+            finally:
+                logger.removeHandler(caplog.handler)
+            # Each record once: caplog's own handler may see it too, when the logger propagates.
+            ours = list({id(r): r for r in caplog.records if r.name == "shardlb.router"}.values())
+            assert len(ours) == 1, [r.getMessage() for r in ours]
+            [line] = ours
+            assert line.levelno == logging.ERROR and line.exc_info is None
+            text = line.getMessage()
+            assert "\n" not in text
+            assert "shard 1" in text and "`shardlb rebuild partial-reshard-log --shard 1`" in text
+            assert line.fields["board"] == "partial-reshard-log" and line.fields["shards"] == [1]  # type: ignore[attr-defined]
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-reshard-log")
 
 
 @pytest.mark.parametrize("moved", ["sentinel", "journal"])
