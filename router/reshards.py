@@ -77,7 +77,7 @@ async def _move(mover: Resharder, wait: bool, tries: int = MOVER_TRIES) -> None:
         except (Cancelled, BoardNotFound, Busy):
             return
         except ShardsLost as e:  # cancelled: nothing to resume, a rebuild for the operator to run
-            fields = {"board": e.board_id, "shards": e.shards, "run": e.commands}
+            fields = {"board": e.board_id, "shards": list(e.shards), "run": list(e.commands)}
             log.error(
                 "reshard cancelled: %s %s of the old layout lost %s keys (Redis lost the slot); the "
                 "board keeps its layout: run %s, then reshard again",

@@ -730,7 +730,7 @@ class Resharder:
         if lost:
             _, record = await self.record()
             await self._cancel(record)
-            raise ShardsLost(self.board_id, lost)
+            raise ShardsLost.of(self.board_id, lost)
         # The new one must hold what the old one holds.
         problems = await differences(self.client, copied_shards(source), target)
         await self._tell(f"{self.board_id}: new layout checked against the old: {len(problems)} differ")
@@ -1124,14 +1124,19 @@ class ShardsLost(Mismatch):
     """The cut-over refused and the reshard cancelled: ``shards`` of the old layout lost their keys
     (``Resharder._lost_shards``). ``commands``: what brings them back, one `shardlb rebuild` a shard,
     after which the board can be resharded again. A router's mover logs it as one line
-    (router/reshards.py), not as a failure with its traceback."""
+    (router/reshards.py), not as a failure with its traceback. Made by ``of``; the constructor is
+    every library error's (message, field)."""
 
-    def __init__(self, board_id: str, shards: list[int]) -> None:
-        self.board_id, self.shards = board_id, shards
-        self.commands = [f"shardlb rebuild {board_id} --shard {s}" for s in shards]
-        run = " and ".join(f"`{c}`" for c in self.commands)
+    board_id = ""
+    shards: tuple[int, ...] = ()
+    commands: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, board_id: str, shards: list[int]) -> ShardsLost:
+        commands = tuple(f"shardlb rebuild {board_id} --shard {s}" for s in shards)
+        run = " and ".join(f"`{c}`" for c in commands)
         one = len(shards) == 1
-        super().__init__(
+        error = cls(
             f"the cut-over of {board_id!r} is refused and the reshard cancelled: "
             f"{'shard' if one else 'shards'} {', '.join(map(str, shards))} of the old layout lost "
             f"{'its' if one else 'their'} keys (the sentinel is missing: Redis lost the slot and serves "
@@ -1140,6 +1145,8 @@ class ShardsLost(Mismatch):
             "reshard again",
             "board",
         )
+        error.board_id, error.shards, error.commands = board_id, tuple(shards), commands
+        return error
 
 
 class Cancelled(Exception):
