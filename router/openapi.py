@@ -678,8 +678,8 @@ _ERROR_TEXT = {
     503: "Retry after Retry-After seconds. Overloaded (overloaded), shutting down "
     "(shutting_down), the cluster unavailable (cluster_unavailable) or the shard's master out of memory "
     "(out_of_memory), not ready (not_ready, /readyz), a reshard's cut-over (board_resharding), a board "
-    "being rebuilt after a loss of Redis (of all of it, or of one shard's slot alone) whose answer would "
-    "come from a shard not rebuilt yet "
+    "whose answer would come from a shard that lost its data in Redis (all of Redis, or one shard's slot "
+    "alone) and is not rebuilt yet: `shardlb rebuild` restores it, the message says which "
     "(board_rebuilding: nothing written, retry the same match_id); "
     "PostgreSQL failed (archive_unavailable) or the archiver is behind a settlement (archive_behind).",
 }

@@ -216,13 +216,20 @@ async def in_rounds(
 
 
 def rebuilding(board_id: str, waiting: Iterable[int], then: str) -> Rebuilding:
-    """The refusal of a call on a board being rebuilt after a loss of Redis whose shards ``waiting``
-    are not rebuilt yet (docs/design-notes.md, "A board being rebuilt"); ``then`` says what the
-    caller may do."""
-    shards = ", ".join(map(str, sorted(waiting)))
+    """The refusal of a call on a board whose shards ``waiting`` lost their data in Redis and are
+    not rebuilt yet: all of Redis lost, `rebuild --all` restoring the board (docs/design-notes.md, "A
+    board being rebuilt"), or a shard's slot lost alone, marked by the archiver or met by a script
+    ("A shard lost alone"), which nothing rebuilds until an operator runs the command it names.
+    ``then`` says what the caller may do. Until 2026-12-06 it said "being rebuilt after a loss of
+    Redis" in both cases, though a shard lost alone waits for an operator."""
+    shards = sorted(waiting)
+    one = len(shards) == 1
+    run = f"shardlb rebuild {board_id}" + (f" --shard {shards[0]}" if one else "")
     return Rebuilding(
-        f"board {board_id!r} is being rebuilt after a loss of Redis (shards {shards} not rebuilt "
-        f"yet): {then}",
+        f"board {board_id!r}: {'shard' if one else 'shards'} {', '.join(map(str, shards))} lost "
+        f"{'its' if one else 'their'} data in Redis and {'is' if one else 'are'} not rebuilt yet "
+        f"(`{run}` brings {'it' if one else 'them'} back from PostgreSQL and the journal, unless a "
+        f"`shardlb rebuild` of the board is under way): {then}",
         REBUILDING_RETRY_S,
     )
 
@@ -591,10 +598,7 @@ class Board:
             shard = int(str(e).split()[1])
             self.rebuilding = self.rebuilding | {shard}
             return rebuilding(
-                self.config.id,
-                [shard],
-                f"shard {shard} lost its keys (shardlb rebuild {self.config.id} --shard {shard}). Nothing "
-                "was written; retry shortly",
+                self.config.id, [shard], "a write would meet an empty shard. Nothing was written; retry later"
             )
         return e
 
@@ -830,7 +834,7 @@ class Board:
         waiting = self.rebuilding.intersection(shards)
         if waiting:
             raise rebuilding(
-                self.config.id, waiting, f"this {what} would not be exact. Nothing was written; retry shortly"
+                self.config.id, waiting, f"this {what} would not be exact. Nothing was written; retry later"
             )
 
     def check_view(self, view: ResolvedView) -> None:

@@ -313,7 +313,11 @@ def add_rebuild_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         help="every board PostgreSQL knows, put back in the registry if missing, after the ban list "
         "(after a loss of Redis)",
     )
-    rebuild.add_argument("--shard", type=int, help="one shard only")
+    rebuild.add_argument(
+        "--shard",
+        type=int,
+        help="one shard only (one lost alone: the archiver's error and the 503 board_rebuilding name it)",
+    )
     rebuild.add_argument(
         "--jobs",
         type=_jobs,

@@ -146,9 +146,10 @@ class Resharding(Overloaded):
 
 
 class Rebuilding(Overloaded):
-    """The board is being rebuilt after a loss of Redis (`shardlb rebuild --all`: restored to the
-    registry, some of its shards not swapped in yet), and this call's answer depends on a shard not
-    rebuilt yet: it would be inexact (an empty top, a rank from half the shards, a write's total
-    against an empty shard). Nothing was written; retry once the rebuild is done."""
+    """Some of the board's shards lost their data in Redis and are not rebuilt yet (all of Redis
+    lost: `shardlb rebuild --all` restored the board and has not swapped them in yet; one shard's
+    slot lost alone: nothing rebuilds it until `shardlb rebuild BOARD --shard N`), and this call's
+    answer depends on one: it would be inexact (an empty top, a rank from half the shards, a
+    write's total against an empty shard). Nothing was written; retry once it is rebuilt."""
 
     code = "board_rebuilding"

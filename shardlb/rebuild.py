@@ -1617,7 +1617,7 @@ class Rebuilder:
             raise rebuilding(
                 board.config.id,
                 waiting,
-                f"{whole} it once `shardlb rebuild` has rebuilt them (a run stopped half way: run it again)",
+                f"{whole} it once they are rebuilt (a `shardlb rebuild` stopped half way: run it again)",
             )
 
     async def _script(self, names: Sequence[str], args: Sequence[Any], confirm: bool = False) -> Any:

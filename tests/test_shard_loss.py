@@ -420,6 +420,57 @@ async def test_a_routers_mover_cancelling_for_a_lost_shard_logs_one_line_naming_
                 await store.delete("partial-reshard-log")
 
 
+async def test_a_lost_shards_refusals_name_the_rebuild_to_run_not_a_rebuild_under_way(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """Every refusal a shard lost alone brings (write.lua's SHARDLOST before the archiver's round, a
+    read once it marked the shard, a settlement's or reconcile's check, a reshard's start, through
+    the library and as the router's 503 body) names the command that brings it back, and says no
+    rebuild is under way. Failed before: "board 'partial-words' is being rebuilt after a loss of
+    Redis (shards 1 not rebuilt yet): this read would not be exact. Nothing was written; retry
+    shortly", though no rebuild ran and none would until an operator's."""
+    command = "`shardlb rebuild partial-words --shard 1`"
+
+    def told(message: str) -> None:
+        assert command in message, message
+        assert "being rebuilt" not in message and "after a loss of Redis" not in message, message
+        assert "shard 1 lost its data in Redis" in message, message
+
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, "partial-words")
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-words"}), url)
+            try:
+                await drain(a)
+                await slot_wiped(raw, board, 1)
+                on_lost = next(s.player_id for s in sent if board.layout.home(s.player_id) == 1)
+                with pytest.raises(Rebuilding) as refused:
+                    await board.submit([Score(on_lost, 1, "late-1", times.now_ms())])
+                told(refused.value.message)
+                await a.refresh()
+                await archive_round(a)
+                back = await store.get("partial-words")
+                with pytest.raises(Rebuilding) as refused:
+                    await back.top(10)
+                told(refused.value.message)
+                async with connected(cluster_url, url) as (rebuilder, _):
+                    with pytest.raises(Rebuilding) as refused:
+                        await rebuilder.check_layout(back, "settle")
+                    told(refused.value.message)
+                with pytest.raises(Rebuilding) as refused:
+                    await Resharder(store, "partial-words", say=lambda _: None, postgres_url=url).start(5)
+                told(refused.value.message)
+                async with running(cluster_url) as (_, client):
+                    response = await client.get("/v1/boards/partial-words/top?limit=5")
+                    _refused(response)
+                    told(response.json()["error"]["message"])
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-words")
+
+
 @pytest.mark.parametrize("moved", ["sentinel", "journal"])
 async def test_a_shard_whose_slot_is_moving_is_not_taken_for_lost(
     store: BoardStore, raw: Any, postgres_url: str, moved: str

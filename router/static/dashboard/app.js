@@ -289,13 +289,15 @@ async function openBoard(id, params) {
   } catch (error) {
     failed(error);
     if (error instanceof ApiError && error.code === "board_rebuilding") {
-      // After a loss of Redis, `shardlb rebuild --all` restores the board before it rebuilds its
-      // shards, and the API refuses what those not rebuilt yet would answer: not a failure of the
-      // board, a state that ends. The view is opened again after Retry-After until it answers.
+      // Shards that lost their data in Redis and are not rebuilt yet: after a loss of all of Redis
+      // `shardlb rebuild --all` rebuilds them; a shard lost alone waits for an operator's `shardlb
+      // rebuild BOARD --shard N`, which the API's message names (until 2026-12-06 this said "being
+      // rebuilt" either way). The API refuses what they would answer: not a failure of the board,
+      // a state that ends. The view is opened again after Retry-After until it answers.
       const wait = Math.max(1, error.retryAfter || REBUILDING_RETRY_S);
       $("board-settings").textContent =
-        "This board is being rebuilt after a loss of Redis (shardlb rebuild): its reads are refused " +
-        `until its shards are rebuilt, and this view opens by itself then (asking again every ${wait} s).`;
+        `This board's reads are refused: ${error.message}. This view opens by itself once its ` +
+        `shards are rebuilt (asking again every ${wait} s).`;
       // clearInterval (route, showLogin) clears a timeout too: one list of timers in browsers.
       timers.push(setTimeout(() => mine === generation && route(), wait * 1000));
     }
