@@ -511,10 +511,45 @@ class Rebuilder:
         shards = list(shards)
         store = BoardStore(board.client, board.scripts)
         await store.sentinels([board.prefixes[s] for s in shards])
+        await self._confirm_sentinels([board.prefixes[s] for s in shards])
         done = (board.rebuilding | await self._marked(board)).intersection(shards)
         if done:
             await store.rebuilt(board.config.id, board.incarnation, done)
             board.rebuilding = board.rebuilding - done
+
+    async def _confirm_sentinels(self, prefixes: Sequence[str]) -> None:
+        """Confirm the sentinels ``_built`` wrote on a replica, wherever the shard's primary has one,
+        whatever SHARDLB_ACK says: per node one pipeline of their EXISTS, the marker and WAIT, up to
+        ``replica_wait_ms`` (``fanout.confirmed``). The marker is written after the sentinel, and
+        the sentinel after the swap, so a replica that has the marker has both (a replica applies
+        its primary's writes in order). Until 2026-12-06 they were not confirmed (with
+        SHARDLB_ACK=primary, a rebuild of a named board): a failover right after the rebuild
+        lost the sentinel of a shard whose swap the replica had, and the archiver marked the
+        healthy shard again, its writes refused (SHARDLOST) until another rebuild. A sentinel found
+        missing is not written again (a failover lost it, and maybe the swap with it: the shard
+        may be as empty as before): NotAcknowledged, and the shard keeps its mark until the
+        rebuild runs again, as for a WAIT that came short."""
+        replicated = self._replicated = self._replicated or Replicated(self.client)
+        await replicated.read()
+        names = [n for n in map(keys.sentinel_key, prefixes) if replicated(n)]
+        if not names:
+            return
+        replies = await confirmed(self.client, Ack(1, self.replica_wait_ms), [("EXISTS", n) for n in names])
+        for name, reply in zip(names, replies, strict=True):
+            if isinstance(reply, NotAcknowledged):
+                raise NotAcknowledged(
+                    f"no replica confirmed the rebuild's sentinel {name!r} within {self.replica_wait_ms} "
+                    f"ms on {replicated.describe(name)}: a failover could lose it, and the shard be "
+                    "taken for lost again. Its mark stays: run the rebuild again once that replica is in "
+                    "sync with its primary"
+                ) from reply
+            if isinstance(reply, BaseException):
+                raise reply
+            if not reply:
+                raise NotAcknowledged(
+                    f"the rebuild's sentinel {name!r} was lost before a replica had it (a failover?), "
+                    "and the shard's rebuild may have gone with it. Its mark stays: run the rebuild again"
+                )
 
     async def _marked(self, board: Board) -> set[int]:
         """The shards the board's record names not rebuilt now (those of another incarnation: none)."""

@@ -20,10 +20,10 @@ from prometheus_client import REGISTRY
 from redis.exceptions import RedisError
 
 from router import reshards
-from shardlb import keys, moderation, rebuild, times
+from shardlb import fanout, keys, moderation, rebuild, times
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
-from shardlb.errors import Rebuilding
+from shardlb.errors import NotAcknowledged, Rebuilding
 from shardlb.rebuild import connected
 from shardlb.reshard import Resharder
 from shardlb.reshard_check import Mismatch
@@ -694,3 +694,57 @@ async def test_a_band_shard_whose_homes_hold_players_is_marked_though_it_holds_n
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-band-held")
+
+
+async def test_a_rebuilds_sentinel_is_confirmed_on_a_replica_before_its_mark_goes(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rebuild BOARD --shard N` wrote the shard's sentinel on its primary alone (SHARDLB_ACK=primary,
+    a rebuild of a named board) and took the mark off: a failover before the replica had it lost the
+    sentinel after the rebuild said done, and the archiver marked the healthy shard again (its writes
+    refused SHARDLOST meanwhile). Now the rebuild confirms its sentinels on a replica (EXISTS, the
+    marker and WAIT on one connection, wherever the primary has one) before it takes the mark off;
+    one found lost (deleted here, at that confirmation: the failover before it) is not written
+    again, since the swap before it may have gone too: NotAcknowledged, the shard stays marked, and
+    the rebuild run again clears it. Failed before: ``assert ran`` (no confirmation named the
+    sentinel; the rebuild said done)."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, "partial-confirmed")
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-confirmed"}), url)
+            try:
+                await drain(a)
+                await slot_wiped(raw, board, 1)
+                await a.refresh()
+                await archive_round(a)
+                assert (await store.get("partial-confirmed")).rebuilding == {1}
+                sentinel = keys.sentinel_key(board.prefixes[1])
+                ran: list[bool] = []
+
+                async def losing(client: Any, ack: Any, commands: Any) -> list[Any]:
+                    if not ran and any(sentinel in map(str, c) for c in commands):
+                        await raw.delete(sentinel)  # its primary failed over before its replica had it
+                        ran.append(True)
+                    return await fanout.confirmed(client, ack, commands)
+
+                monkeypatch.setattr(rebuild, "confirmed", losing, raising=False)
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    with pytest.raises(NotAcknowledged, match="sentinel"):
+                        await rebuilder.rebuild(await other.get("partial-confirmed"), shard=1)
+                assert ran
+                monkeypatch.undo()
+                assert (await store.get("partial-confirmed")).rebuilding == {1}
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    await rebuilder.rebuild(await other.get("partial-confirmed"), shard=1)
+                back = await store.get("partial-confirmed")
+                assert not back.rebuilding and await raw.exists(sentinel)
+                assert await back.top(50) == expected_entries(reference(back, sent), "total", None)
+                await a.refresh()
+                await archive_round(a)
+                assert not (await store.get("partial-confirmed")).rebuilding
+            finally:
+                await a.db.close()
+        finally:
+            monkeypatch.undo()
+            with contextlib.suppress(Exception):
+                await store.delete("partial-confirmed")
