@@ -651,15 +651,17 @@ async def test_a_fresh_band_boards_lost_band_sentinel_is_written_again_not_marke
             settings = {"mode": "best", "sharding": sharding("band", 3)}
             config = BoardConfig.from_dict("partial-band-fresh", settings)
             board, _ = await store.create(config)
-            await raw.delete(keys.sentinel_key(board.prefixes[4]))
+            # A band shard's, and a home shard's (a failover of a primary holding both: "spread")
+            lost = [keys.sentinel_key(board.prefixes[s]) for s in (4, 0)]
+            await raw.delete(*lost)
             a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-band-fresh"}), url)
             try:
                 before = rewritten()
                 await archive_round(a)
                 back = await store.get("partial-band-fresh")
                 assert not back.rebuilding
-                assert await raw.exists(keys.sentinel_key(board.prefixes[4]))
-                assert rewritten() == before + 1
+                assert all([await raw.exists(n) for n in lost])
+                assert rewritten() == before + 2
                 sent = [Score(f"p{i}", 100 + 10 * i, f"m{i}", times.now_ms() - 1000) for i in range(30)]
                 await back.submit(sent)
                 assert await back.top(50) == expected_entries(reference(back, sent), "total", None)
