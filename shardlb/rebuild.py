@@ -81,7 +81,7 @@ from shardlb.errors import (
     InvalidInput,
     NotAcknowledged,
 )
-from shardlb.fanout import Ack, AckedScript, confirmed
+from shardlb.fanout import Ack, AckedScript, batch, confirmed
 from shardlb.journal import Applied, Entry, decode
 from shardlb.reads import View
 from shardlb.reshard_copy import REPLICA_WAIT_MS, Replicated
@@ -507,15 +507,29 @@ class Rebuilder:
         a loss of their slots alone, the archiver, ``BoardStore.lost``). Their sentinels first
         (keys.sentinel_key): the shards hold their data again, and a mark the archiver makes from
         here on is taken back by it (``lost``). The record's mark is read anew, not the Board's:
-        the archiver may have marked a shard since this rebuild fetched the board."""
+        the archiver may have marked a shard since this rebuild fetched the board. The sentinels
+        that were not there before (a shard lost, a board of the release before) and those of the
+        shards whose marks go are confirmed on a replica first (``_confirm_sentinels``); one that
+        was there all along is not waited for: a failover that loses the SET leaves it there."""
         shards = list(shards)
+        prefixes = [board.prefixes[s] for s in shards]
         store = BoardStore(board.client, board.scripts)
-        await store.sentinels([board.prefixes[s] for s in shards])
-        await self._confirm_sentinels([board.prefixes[s] for s in shards])
+        absent = await self._absent(prefixes)
+        await store.sentinels(prefixes)
         done = (board.rebuilding | await self._marked(board)).intersection(shards)
+        new = [p for s, p in zip(shards, prefixes, strict=True) if s in done or p in absent]
+        await self._confirm_sentinels(new)
         if done:
             await store.rebuilt(board.config.id, board.incarnation, done)
             board.rebuilding = board.rebuilding - done
+
+    async def _absent(self, prefixes: Sequence[str]) -> set[str]:
+        """Of ``prefixes``, those whose shard's sentinel is missing now (one EXISTS each, one
+        pipeline per node)."""
+        found = batch(self.client)
+        for prefix in prefixes:
+            found.execute_command("EXISTS", keys.sentinel_key(prefix))
+        return {p for p, there in zip(prefixes, await found.execute(), strict=True) if not there}
 
     async def _confirm_sentinels(self, prefixes: Sequence[str]) -> None:
         """Confirm the sentinels ``_built`` wrote on a replica, wherever the shard's primary has one,
