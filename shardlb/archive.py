@@ -825,12 +825,14 @@ class Archiver:
             done.add(shard)
             if written == 1:
                 REWRITTEN_SENTINELS.inc()
+                why = "its home shards hold no player" if shard >= homes else "PostgreSQL holds no row of it"
                 log.warning(
                     "sentinel missing on a shard with nothing archived: written again (shard %d of board "
-                    "%s holds nothing and PostgreSQL holds no row of it, so nothing was lost that a "
-                    "rebuild could bring back; a failover before its replica had the sentinel?)",
+                    "%s holds nothing and %s, so nothing was lost that a rebuild could bring back; a "
+                    "failover before its replica had the sentinel?)",
                     shard,
                     board.config.id,
+                    why,
                     extra={"fields": dict(params)},
                 )
         return done
@@ -839,7 +841,7 @@ class Archiver:
         """Whether a band board's home shards hold nothing its band shards' rebuild would read
         (``Rebuilder.rebuild_bands``: every home's totals and versions): each home unmarked, carrying
         its sentinel (one lost with its keys is no evidence), and holding no total, no version and
-        no pending band move. One EXISTS per home shard, only for a band shard found without its
+        no pending band move. Two EXISTS per home shard, only for a band shard found without its
         sentinel. A write to a home after this look that moves a player into the band shard reaches
         it by band.lua, which checks no sentinel: before sentinel.lua, the band shard holds its row
         and is marked; after, it holds its row and its sentinel."""
