@@ -1,12 +1,29 @@
 """The board registry as requests see it: cached, one fetch per board at a time, bounded.
 
 Every request names a board. Its settings are kept for ``ttl_s`` seconds, or until a write finds
-this incarnation deleted (``Board.deleted``: another process deleted it; a new one may exist);
-when they expire, the first request fetches them and the requests arriving meanwhile wait for that
-same fetch (router/refresh.py) instead of sending one each (a thousand writers must not all HGET
-the registry at once, on one primary). Fetches, listing, creating and deleting boards share one
-small Gate, so the registry takes at most ``gate.limit`` connections, on the one primary that holds
-it.
+this incarnation deleted (``Board.deleted``: another process deleted it; a new one may exist), or
+until this worker sees that another process changed its record (below); when they expire, the
+first request fetches them and the requests arriving meanwhile wait for that same fetch
+(router/refresh.py) instead of sending one each (a thousand writers must not all HGET the registry
+at once, on one primary). Fetches, listing, creating and deleting boards share one small Gate, so
+the registry takes at most ``gate.limit`` connections, on the one primary that holds it.
+
+A change made by another process (the archiver's mark of a shard lost alone, a rebuild's marks
+taken off, a deletion or a reshard's step through another router or the CLI) is seen within a
+quarter of a second: each worker reads the registry's version (a GET of one key, through the
+registry gate) every ``FOLLOW_S`` (``run``), and when it moved, reads which boards changed from
+the change log registry.lua writes with it (``BoardStore.moved``: one MULTI of a GET and an LRANGE
+of a few entries) and expires their copies only; the next request of such a board fetches it as
+an expired one (single flight, the kept lane). When the log cannot say (a move without a note, or
+more moves than it keeps), the records kept unexpired are compared with the registry's (an HMGET,
+500 at a time, about 0.5 kB a board), at most once every ``RECHECK_S_PER_BOARD`` per board
+compared. A fetch under way when a move is taken in keeps nothing, and later requests do not join
+it. Costs per worker: 4 GETs a second to the registry's primary; a move costs a MULTI of a few
+hundred bytes whatever the boards kept (a comparison of 2,000 boards kept: about 1 MB, at most once
+a second). Nothing is added on a request's path. The expiry (``ttl_s``, 5 s) stays the bound for
+what the version does not show: records written by processes of the release before the version
+(they do not move it), and any time the looks fail (Redis unreachable: logged as an ``Outage``, a
+few lines an hour; a look the registry gate refuses is skipped).
 
 Public reads (``lookup``) must not be able to crowd writes out of that gate with a flood of board
 ids that do not exist: their fetches and listings first take the read lane, a gate of one permit
@@ -26,15 +43,18 @@ created or keep one just deleted.
 The board list (GET /v1/boards, public) is held as rendered, with the registry's version read with
 it (``BoardStore.records``): a list while the version stands and the listing is younger than
 ``ttl_s`` costs a GET of the version. Every change of a record moves the version, but processes of
-the release before write records without moving it, so a listing older than ``ttl_s`` is read
-again; when its records are those it was made of (a digest), the body is kept as it was. A worker
-holds one listing, its two renderings (1.7 MB at 2,000 boards), never a Board of it.
+the release before the version (README, "Upgrading an install", 19) write records without moving
+it, so a listing older than ``ttl_s`` is read again; when its records are those it was made of (a
+digest), the body is kept as it was. A worker holds one listing, its two renderings (1.7 MB at
+2,000 boards), never a Board of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -42,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
+from redis.exceptions import RedisClusterException, RedisError
 
 from router import metrics
 from router.gate import Gate
@@ -49,8 +70,11 @@ from router.media import Rendered
 from router.refresh import SingleFlight
 from shardlb.board import Board
 from shardlb.config import BoardConfig, check_id
-from shardlb.errors import BoardNotFound, Resharding
+from shardlb.errors import BoardNotFound, Overloaded, Resharding
+from shardlb.outage import Outage
 from shardlb.store import CACHE_SECONDS, BoardStore, configs
+
+log = logging.getLogger("shardlb.router")
 
 MAX_BOARDS = 10_000
 MAX_MISSING = 10_000
@@ -61,7 +85,14 @@ RESHARD_WAIT_S = 2.0
 # How long a board being rebuilt after a loss of Redis (``Board.rebuilding``) is kept
 REBUILDING_TTL_S = 1.0
 RESHARD_RETRY_S = 0.05
+# How often each worker reads the registry's version (``Boards.run``): a record changed by another
+# process is seen within this (and a look), not when the copy expires.
+FOLLOW_S = 0.25
+# A comparison of the records kept (``Boards.follow`` when the change log cannot say which changed)
+# waits this long per board compared before the next: at most 2,000 records a second a worker.
+RECHECK_S_PER_BOARD = 0.0005
 T = TypeVar("T")
+_UNREAD = object()  # the version before the first look
 
 
 async def through_reshard(attempt: Callable[[], Awaitable[T]], wait_s: float = RESHARD_WAIT_S) -> T:
@@ -112,6 +143,12 @@ class Boards:
         self._lists: SingleFlight[str, Rendered] = SingleFlight()  # GET /v1/boards's reads
         self._listing: Listing | None = None  # GET /v1/boards's body, held (module docstring)
         self.changes = 0  # creates and deletes through this router done: see ``_fetch``
+        self.follow_s = FOLLOW_S
+        self.moves = 0  # moves of the registry's version taken in by ``follow``: see ``_fetch``
+        self._seen: Any = _UNREAD  # the registry's version as ``follow`` last took it in
+        self._recheck_by = 0.0  # no comparison of the records kept before this (monotonic s)
+        self.closed = False  # ``run`` ends (the worker stops)
+        self.outage = Outage(log, "board registry's version not read", "board registry's version read again")
 
     def cached(self, board_id: str) -> Board | None:
         """The board as kept, while its settings are fresh; else None (``get`` fetches them)."""
@@ -195,7 +232,7 @@ class Boards:
         """Fetch the board's settings through the registry gate; a read's (``lane`` given) first
         takes its lane."""
         read = lane is not None
-        changes = self.changes
+        changes, moves = self.changes, self.moves
         try:
             if lane is not None:
                 async with lane, self.gate, metrics.redis_call("board"):
@@ -210,7 +247,7 @@ class Boards:
             if read:
                 self._missing(board_id)
             raise
-        if self.changes != changes:
+        if self.changes != changes or self.moves != moves:  # what it read may be from before
             return board
         self.missing.pop(board_id, None)
         if len(self._kept) >= MAX_BOARDS:
@@ -226,6 +263,72 @@ class Boards:
         self._reads.forget(board_id)
         self._lists.forget("")
         self._listing = None
+
+    async def run(self) -> None:
+        """``follow`` every ``follow_s`` until ``closed``. A failure (Redis unreachable, a timeout)
+        is logged as an ``Outage`` (a few lines an hour) and the next look comes at its time: the
+        copies meanwhile expire after ``ttl_s``, as before the version was followed. A look the
+        registry gate refuses (its queue full) is skipped: requests first."""
+        while not self.closed:
+            try:
+                await self.follow()
+            except Overloaded:
+                pass
+            except (RedisError, RedisClusterException, OSError) as e:
+                self.outage.failed(e)
+            except Exception as e:  # a bug: logged with its trace, as seldom, and the loop goes on
+                self.outage.failed(e, trace=True)
+            else:
+                self.outage.succeeded()
+            await asyncio.sleep(self.follow_s)
+
+    async def follow(self) -> None:
+        """Read the registry's version (a GET, through the registry gate); when it moved, expire
+        the kept copies of the boards whose records changed: those the change log names
+        (``BoardStore.moved``), or, when it cannot say, those whose record differs from the one
+        kept (``BoardStore.held``, at most every ``RECHECK_S_PER_BOARD`` per board compared). An
+        expired copy stays kept for the kept lane; the next request fetches it (single flight).
+        Fetches under way keep nothing, and requests from then on do not join them: what they read
+        may be from before the move."""
+        async with self.gate:
+            version = await self.store.version()
+        if version == self._seen:
+            return
+        changed = None
+        if self._seen is not _UNREAD:
+            async with self.gate:
+                version, changed = await self.store.moved(self._seen)
+        if changed is None:
+            now = time.monotonic()
+            if now < self._recheck_by:
+                return  # the next look tries again
+            self._moved()
+            compared = {i: k for i, k in self._kept.items() if now - k[0] < self.ttl_s}
+            ids = sorted(compared)
+            records = []
+            if ids:
+                async with self.gate:
+                    records = await self.store.held(ids)
+            self._recheck_by = time.monotonic() + len(ids) * RECHECK_S_PER_BOARD
+            for board_id, record in zip(ids, records, strict=True):
+                # A copy kept since was fetched after ``_moved``: newer than the record compared.
+                if self._kept.get(board_id) is compared[board_id] and record != compared[board_id][1].record:
+                    self._kept[board_id] = (-math.inf, compared[board_id][1])
+        else:
+            self._moved()
+            for board_id in changed:
+                self.missing.pop(board_id, None)
+                kept = self._kept.get(board_id)
+                if kept is not None:
+                    self._kept[board_id] = (-math.inf, kept[1])
+        self._seen = version
+
+    def _moved(self) -> None:
+        """A move of the version is being taken in: fetches under way keep nothing, and later
+        lookups do not join them."""
+        self.moves += 1
+        self._writes.clear()
+        self._reads.clear()
 
     def _missing(self, board_id: str) -> None:
         self.missing.pop(board_id, None)

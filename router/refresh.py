@@ -59,6 +59,10 @@ class SingleFlight(Generic[K, V]):
         (its callers still get its outcome) may have read what has changed since."""
         self._running.pop(key, None)
 
+    def clear(self) -> None:
+        """``forget`` every key."""
+        self._running.clear()
+
     def _done(self, key: K, done: asyncio.Future[V]) -> None:
         # A failure nobody waits for any more is not logged as never retrieved: asyncio.shield
         # marks it retrieved for each waiter that gave up.

@@ -13,6 +13,7 @@ they allow per primary, which the settings check keeps within the client's conne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -187,6 +188,9 @@ class Service:
             archive_reads=archive_reads,
             archive_calls=archive_calls,
         )
+        # The registry's version before the first request (else taken in at the first look).
+        with contextlib.suppress(rx.RedisError, rx.RedisClusterException, OSError):
+            await service.boards.follow()
         service.recording = asyncio.create_task(service.moderation.refusals.run())
         service.tasks = [
             asyncio.create_task(service.tops.run()),
@@ -194,6 +198,7 @@ class Service:
             asyncio.create_task(service.journals.run()),
             asyncio.create_task(bans.run()),
             asyncio.create_task(service.reshards.run()),
+            asyncio.create_task(service.boards.run()),
             service.recording,
         ]
         return service
@@ -210,7 +215,7 @@ class Service:
         for task in self.deliveries.values():
             task.cancel()
         left = await self.coalescer.close(self.settings.drain_seconds)
-        self.journals.closed = self.moderation.bans.closed = self.reshards.closed = True
+        self.journals.closed = self.moderation.bans.closed = self.reshards.closed = self.boards.closed = True
         # The refused results answered before the stop are written first (cut off at the drain's
         # end, as a delivery is): cancelled at once, the rows it held were lost.
         refusals = self.moderation.refusals

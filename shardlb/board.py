@@ -278,6 +278,10 @@ class Board:
         # Which reshard: when it was recorded (its ``started_ms``). Another one recorded after a
         # cancel has another (router/reshards.py counts a lease's free time per reshard).
         self.reshard_ms: int | None = None
+        # The registry's record this Board was made of, as read (``BoardStore.get``; None when made
+        # otherwise): a router compares it with the record now when it cannot tell which boards
+        # changed (router/boards.py, ``Boards.follow``).
+        self.record: str | bytes | None = None
         self.bands = BandMoves(self)
         self.journal_max = JOURNAL_MAX_ENTRIES
         self.journal_max_results = JOURNAL_MAX_RESULTS

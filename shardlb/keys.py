@@ -28,6 +28,7 @@ dedup buckets and its key index atomically:
     lb:reshard:<board>                                        the lease of the process resharding a board
     lb:boards / lb:{196e9}:boards:reshards                    the registry; its boards under reshard
     lb:{196e9}:boards:v                                       the registry's version (moves with each change)
+    lb:{196e9}:boards:changes                                 its last moves, each naming the board changed
     lb:{<tag>}:ack                                            a replica-acknowledged write's marker (expires)
 
 ``<inc>`` is the board's incarnation, a token drawn when the board is created: a board deleted and
@@ -65,6 +66,10 @@ RESHARDS_LOOK = "lb:{196e9}:boards:reshards:look"
 # registry.lua call, in the registry's slot too: a reader that holds the registry reads it again
 # only when the version moved (``BoardStore.follow``: the archiver's refresh, the journal watch).
 BOARDS_VERSION = "lb:{196e9}:boards:v"
+# The last moves of that version, newest first, each naming the board whose record changed (a list
+# of at most ``store.CHANGES_KEPT``), written in the same call: a router that follows the version
+# (router/boards.py) learns which of the boards it keeps changed, without reading their records.
+BOARDS_CHANGES = "lb:{196e9}:boards:changes"
 BANS = "lb:bans"  # hash "<board or *>/<player>" -> ban record JSON (shardlb/moderation.py)
 BANS_VERSION = "lb:bans:v"  # drawn anew at every change of BANS: routers reload the set when it moves
 # The fields each change of BANS wrote, in the version's hash slot (its tag is the version's name), so

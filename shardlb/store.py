@@ -77,6 +77,13 @@ RESHARD_SOURCE_STATES = ("copying", "sealing")  # the registry's layout is being
 # ``follow`` reads the whole registry at least this often, moved or not: processes of the release
 # before write records without moving the version (README, "Upgrading an install").
 WHOLE_READ_EVERY_S = 60.0
+# The moves of the version the change log keeps (keys.BOARDS_CHANGES, about 100 bytes each), and how
+# many ``moved`` reads first: a router that follows the version every quarter second finds the
+# one or two moves since its last look in that first read, and the whole log covers 500 moves a
+# second between two looks (a `rebuild --all` swaps a shard at a time, far fewer).
+CHANGES_KEPT = 128
+CHANGES_FIRST = 8
+HELD_PAGE = 500  # records a ``held`` HMGET asks at once (about 250 kB)
 
 
 class BoardStore:
@@ -316,7 +323,9 @@ class BoardStore:
         record = None if raw is None else orjson.loads(raw)
         if record is None or record.get("state") == "deleting":
             raise BoardNotFound(f"no board {board_id!r}", "board")
-        return self._board(board_id, record)
+        board = self._board(board_id, record)
+        board.record = raw
+        return board
 
     async def boards(self, reuse: bool = False) -> list[Board]:
         """Every board of the registry (not those being deleted).
@@ -415,6 +424,32 @@ class BoardStore:
     async def version(self) -> Any:
         """The registry's version (``records``; None while no record was written by this release)."""
         return await self.client.get(keys.BOARDS_VERSION)
+
+    async def moved(self, since: Any) -> tuple[Any, set[str] | None]:
+        """The registry's version now and the boards whose records changed since version ``since``,
+        as the change log says (``keys.BOARDS_CHANGES``, read in one MULTI with the version). None
+        for the boards when the log cannot say: ``since`` is not in it (more moves than it keeps,
+        a failover that set the version back), or a move in between is not (a process of a
+        release before the log moves the version without a note). The caller then compares the
+        records it holds (``held``). A first read of CHANGES_FIRST entries, then of the whole log.
+        (A process of a release before the version moves nothing: README, "Upgrading an install",
+        19.)"""
+        for last in (CHANGES_FIRST - 1, CHANGES_KEPT - 1):
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.get(keys.BOARDS_VERSION)
+                pipe.lrange(keys.BOARDS_CHANGES, 0, last)
+                version, entries = await pipe.execute()
+            changed = _chain(entries, version, since)
+            if changed is not None or len(entries) <= last:
+                return version, changed
+        return version, None
+
+    async def held(self, board_ids: Sequence[str]) -> list[Any]:
+        """The registry's records of ``board_ids`` as they are now (None: none), HELD_PAGE at a time."""
+        found: list[Any] = []
+        for at in range(0, len(board_ids), HELD_PAGE):
+            found.extend(await self.client.hmget(keys.BOARDS, list(board_ids[at : at + HELD_PAGE])))
+        return found
 
     async def list(self) -> list[BoardConfig]:
         return configs((await self.records())[1])
@@ -534,12 +569,40 @@ class BoardStore:
         # Drawn, not counted: a counter that a failover set back could come to a value a reader
         # holds again, with other records.
         version = secrets.token_hex(8)
-        return bool(await self.scripts.registry(keys=_REGISTRY, args=[board_id, expected, new, version]))
+        args = [board_id, expected, new, version, CHANGES_KEPT]
+        return bool(await self.scripts.registry(keys=_REGISTRY, args=args))
 
 
-# The registry, the index of its reshards under way (``resharding``) and its version (``follow``):
-# registry.lua's keys, in one slot.
-_REGISTRY = [keys.BOARDS, keys.RESHARDS, keys.BOARDS_VERSION]
+# The registry, the index of its reshards under way (``resharding``), its version (``follow``) and
+# the log of its moves (``moved``): registry.lua's keys, in one slot.
+_REGISTRY = [keys.BOARDS, keys.RESHARDS, keys.BOARDS_VERSION, keys.BOARDS_CHANGES]
+
+
+def _chain(entries: Sequence[Any], version: Any, since: Any) -> set[str] | None:
+    """The boards the change log ``entries`` (newest first, '<before> <after> <board id>') names
+    between version ``since`` and ``version``, when they chain without a gap from one to the other;
+    else None."""
+    version, since = _text(version), _text(since)
+    if version == since:
+        return set()
+    at, changed = version, set()
+    for entry in entries:
+        parts = _text(entry).split(" ", 2)
+        if len(parts) != 3 or parts[1] != at:
+            return None  # a move the log lacks
+        before, _, board_id = parts
+        changed.add(board_id)
+        at = before
+        if at == since:
+            return changed
+    return None
+
+
+def _text(value: Any) -> str:
+    """A version or a log entry as text ('' for none), whatever the client decodes."""
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def not_rebuilt(record: dict[str, Any]) -> set[int]:

@@ -124,3 +124,8 @@ def test_the_registrys_version_shares_the_registrys_slot() -> None:
     that loses the change loses the move with it (a reader would not see it moved for nothing, nor
     a change without its move)."""
     assert keys.slot_of(keys.BOARDS_VERSION) == keys.slot_of(keys.BOARDS)
+
+
+def test_the_registrys_change_log_shares_the_registrys_slot() -> None:
+    """registry.lua notes each move of the version in the change log in the same call: one slot."""
+    assert keys.slot_of(keys.BOARDS_CHANGES) == keys.slot_of(keys.BOARDS)

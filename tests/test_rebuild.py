@@ -421,7 +421,7 @@ async def test_rebuild_all_restores_boards_whose_keys_were_all_lost(
                 await raw.hdel(keys.BOARDS, board.config.id)
             # and the registry's version: a refresh that holds the registry reads it again only
             # when that moved (``BoardStore.follow``), and the loss takes it too
-            await raw.delete(keys.BOARDS_VERSION)
+            await raw.delete(keys.BOARDS_VERSION, keys.BOARDS_CHANGES)
             await a.refresh()  # a running archiver looks at the empty registry before the operator acts
             command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
             assert await asyncio.to_thread(main, command) == 0  # the command runs its own event loop

@@ -48,7 +48,7 @@ async def lost(raw: Any, boards: list[Board]) -> None:
             listed = await raw.zrange(keys.index_key(prefix), 0, -1)
             await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
         await raw.hdel(keys.BOARDS, board.config.id)
-    await raw.delete(keys.BOARDS_VERSION)
+    await raw.delete(keys.BOARDS_VERSION, keys.BOARDS_CHANGES)
 
 
 async def written(store: BoardStore, raw: Any, url: str, specs: dict[str, dict[str, Any]]) -> list[Writer]:

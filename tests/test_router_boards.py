@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import msgpack
 import orjson
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from router.boards import Boards
 from router.gate import Gate
@@ -429,4 +431,151 @@ async def test_board_lists_through_the_app_read_the_registry_once(
             assert {r.content for r in answers} == {answers[0].content}
             assert reads[0] == 1
     finally:
+        await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_board_deleted_through_another_router_is_gone_soon_from_this_one(
+    cluster: LocalCluster, store: BoardStore
+) -> None:
+    """Two routers read a board; one deletes it. The other learns of it from the registry's version
+    (each worker follows it every ``FOLLOW_S``), not when its copy expires: this one keeps a board
+    for an hour. Failed before: it answered the deleted board's top, 200, for as long as it kept
+    the copy (``CACHE_SECONDS``, 5 s; here an hour)."""
+    name = board_name("seen")
+    async with running(cluster.url) as (_, first), running(cluster.url) as (other_app, other):
+        service_of(other_app).boards.ttl_s = 3600.0
+        assert (await first.put(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 201
+        assert (await other.get(f"/v1/boards/{name}/top")).status_code == 200
+        assert (await first.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20.0  # generous: the copy is kept for an hour
+        while True:
+            answer = await other.get(f"/v1/boards/{name}/top")
+            if answer.status_code == 404 or loop.time() > deadline:
+                break
+            assert answer.status_code == 200, answer.text
+            await asyncio.sleep(0.02)
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "board_not_found"
+
+
+async def command_calls(store: BoardStore, command: str) -> int:
+    """Calls of ``command`` the registry's primary has run (INFO commandstats)."""
+    node = store.client.get_node_from_key(keys.BOARDS)
+    stats = await store.client.info("commandstats", target_nodes=node)
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def marked(store: BoardStore, board_id: str, write: Any) -> None:
+    """The board's record changed (a shard marked not rebuilt), as another process would: ``write``
+    takes (id, record now, new record)."""
+    raw = await store.client.hget(keys.BOARDS, board_id)
+    record = orjson.loads(raw)
+    await write(board_id, raw, orjson.dumps({**record, "state": {**record["state"], "rebuilding": [0]}}))
+
+
+@pytest.mark.cluster
+async def test_following_the_version_expires_the_boards_changed_and_only_them(store: BoardStore) -> None:
+    """A move of the registry's version expires the copies of the boards whose records changed, and
+    only those: the change log names them (no record read). A record written without a note (a
+    process of the release before: no version moved, or moved without the log) is found by
+    comparing the records kept (one HMGET), once the version moves."""
+    names = [board_name("followed") for _ in range(3)]
+    for name in names:
+        await store.create(BoardConfig.from_dict(name, {}))
+    try:
+        boards = Boards(store, Gate(4), ttl_s=3600.0)
+        await boards.follow()
+        for name in names:
+            await boards.lookup(name)
+        await boards.follow()  # nothing moved: nothing read but the version
+        await marked(store, names[0], store.swap)
+        hmgets, gets = await command_calls(store, "hmget"), await command_calls(store, "hget")
+        await boards.follow()
+        assert await command_calls(store, "hmget") == hmgets and await command_calls(store, "hget") == gets
+        assert boards.cached(names[0]) is None
+        assert all(boards.cached(n) is not None for n in names[1:])
+        assert (await boards.lookup(names[0])).rebuilding == {0}
+
+        async def unnoted(board_id: str, _: Any, new: bytes) -> None:
+            await store.client.hset(keys.BOARDS, board_id, new)
+            await store.client.set(keys.BOARDS_VERSION, board_name("v"))
+
+        await marked(store, names[1], unnoted)
+        hmgets = await command_calls(store, "hmget")
+        await boards.follow()
+        assert boards.cached(names[1]) is None
+        assert all(boards.cached(n) is not None for n in (names[0], names[2]))
+        assert await command_calls(store, "hmget") == hmgets + 1
+    finally:
+        for name in names:
+            await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_fetch_begun_before_a_move_keeps_nothing(store: BoardStore) -> None:
+    """A fetch that read a record before another process changed it, and ends after ``follow``
+    took the move in, answers its callers but keeps nothing: kept, it would hide the change until
+    the copy expired. Requests after the move do not join it."""
+    name = board_name("held")
+    await store.create(BoardConfig.from_dict(name, {}))
+    try:
+        held = HeldStore(store.client, store.scripts)
+        boards = Boards(held, Gate(4), ttl_s=3600.0)
+        await boards.follow()
+        fetch = asyncio.ensure_future(boards.get(name))  # a write's lookup, its answer held
+        await held.read.wait()
+        await marked(store, name, store.swap)
+        await boards.follow()
+        later = asyncio.ensure_future(boards.get(name))  # does not join the held fetch
+        assert (await asyncio.wait_for(later, 10)).rebuilding == {0}
+        held.go.set()
+        assert not (await fetch).rebuilding  # its own answer: read before the change
+        assert boards.cached(name) is not None and boards.cached(name).rebuilding == {0}  # type: ignore[union-attr]
+    finally:
+        held.go.set()
+        await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_the_follow_loop_is_quiet_and_goes_on_through_redis_errors(
+    store: BoardStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every look failing (Redis unreachable): one warning for the outage, not one a look, the loop
+    goes on, the copies are served as kept, and the first look that works logs the recovery and
+    takes the moves in."""
+    name = board_name("followed")
+    await store.create(BoardConfig.from_dict(name, {}))
+    boards = Boards(store, Gate(4), ttl_s=3600.0)
+    boards.follow_s = 0.01
+    real = store.version
+    looks = [0]
+
+    async def failing() -> Any:
+        looks[0] += 1
+        raise RedisConnectionError("no registry")
+
+    task = asyncio.ensure_future(boards.run())
+    try:
+        await boards.lookup(name)
+        store.version = failing  # type: ignore[method-assign]
+        caplog.set_level(logging.INFO, "shardlb.router")
+        while looks[0] < 30:
+            await asyncio.sleep(0.01)
+        assert not task.done()
+        assert (await boards.lookup(name)).config.id == name  # served as kept
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "not read" in warnings[0].getMessage()
+        await marked(store, name, store.swap)
+        store.version = real  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20.0
+        while boards.cached(name) is not None and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert boards.cached(name) is None
+        assert any("read again" in r.getMessage() for r in caplog.records)
+    finally:
+        boards.closed = True
+        store.version = real  # type: ignore[method-assign]
+        await asyncio.wait_for(task, 10)
         await store.delete(name)

@@ -28,7 +28,7 @@ from shardlb.rebuild import connected
 from shardlb.reshard import Resharder
 from shardlb.reshard_check import Mismatch
 from shardlb.store import BoardStore
-from tests.router_support import AS_WRITER, running
+from tests.router_support import AS_WRITER, running, service_of
 from tests.test_board import expected_entries, sharding
 from tests.test_rebuild import OnlyStore, archive_round, archiver, drain, own_archive
 from tests.test_rebuild_window import _refused, reference, written
@@ -763,3 +763,34 @@ async def test_a_rebuilds_sentinel_is_confirmed_on_a_replica_before_its_mark_goe
             monkeypatch.undo()
             with contextlib.suppress(Exception):
                 await store.delete("partial-confirmed")
+
+
+async def test_a_router_that_keeps_the_board_refuses_its_reads_soon_after_another_process_marks_it(
+    store: BoardStore, raw: Any, cluster_url: str
+) -> None:
+    """A router that reads a board (and writes nothing to it) keeps its record; another process
+    (the archiver) marks a shard lost. The router learns of it from the registry's version, which
+    each worker follows every ``FOLLOW_S``, not when its copy expires. The router here keeps a
+    board for an hour, so only that can tell it. Failed before: its top answered the players of
+    the shards left, 200, until the copy expired (``CACHE_SECONDS``, 5 s; here an hour)."""
+    try:
+        board, sent = await board_written(store, "partial-seen", durability="journal")
+        async with running(cluster_url, top_refresh_s=0.05) as (app, client):
+            service_of(app).boards.ttl_s = 3600.0
+            top = "/v1/boards/partial-seen/top?limit=50"
+            first = await client.get(top)
+            assert first.status_code == 200 and len(first.json()["entries"]) == len(sent)
+            await slot_wiped(raw, board, 1)
+            assert await store.lost(await store.get("partial-seen"), [1]) == [1]  # as the archiver does
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20.0  # generous: the copy is kept for an hour
+            while True:
+                answer = await client.get(top)
+                if answer.status_code == 503 or loop.time() > deadline:
+                    break
+                assert answer.status_code == 200, answer.text
+                await asyncio.sleep(0.02)
+            _refused(answer)
+    finally:
+        with contextlib.suppress(Exception):
+            await store.delete("partial-seen")

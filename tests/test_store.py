@@ -10,9 +10,11 @@ import contextlib
 import dataclasses
 from typing import Any
 
+import orjson
 import pytest
 
 from shardlb import keys, times
+from shardlb import store as store_module
 from shardlb.board import Board, Score
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
@@ -309,3 +311,41 @@ async def test_a_change_a_failover_lost_after_a_whole_read_is_not_held(
         monkeypatch.undo()
         with contextlib.suppress(BoardNotFound):
             await store.delete(config.id)
+
+
+async def test_the_change_log_names_the_boards_changed_between_two_versions(store: BoardStore) -> None:
+    """registry.lua notes each move of the version with the board whose record changed
+    (keys.BOARDS_CHANGES): ``moved`` names the boards changed since a version, and None when the
+    log cannot say (a move without a note, as a process of the release before makes, or a version
+    older than the log keeps). The log keeps CHANGES_KEPT moves."""
+    names = ["logged-a", "logged-b"]
+    try:
+        since = await store.version()
+        assert (await store.moved(since))[1] == set()
+        await store.create(BoardConfig.from_dict(names[0], {"durability": "memory"}))
+        await store.create(BoardConfig.from_dict(names[1], {"durability": "memory"}))
+        version, changed = await store.moved(since)
+        assert changed == set(names) and version == await store.version()
+        raw = await store.client.hget(keys.BOARDS, names[0])
+        for turn in range(store_module.CHANGES_KEPT + 2):  # more moves than the log keeps
+            record = orjson.loads(raw)
+            marked = {**record, "state": {**record["state"], "turn": turn}}
+            assert await store.swap(names[0], raw, orjson.dumps(marked))
+            raw = orjson.dumps(marked)
+            if turn == 10:
+                recent = await store.version()
+        assert await store.client.llen(keys.BOARDS_CHANGES) == store_module.CHANGES_KEPT
+        assert (await store.moved(version))[1] is None  # further back than the log keeps
+        assert (await store.moved(recent))[1] == {names[0]}
+        now = await store.version()
+        await store.client.set(keys.BOARDS_VERSION, "moved-by-an-older-process")  # no note
+        assert (await store.moved(now))[1] is None
+        await store.delete(names[1])  # noted, but after a move without a note: still None from `now`
+        assert (await store.moved(now))[1] is None
+        after = await store.version()
+        await store.delete(names[0])
+        assert (await store.moved(after))[1] == {names[0]}
+    finally:
+        for name in names:
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)

@@ -1,11 +1,16 @@
 -- Compare-and-set one board's record in the registry hash, keep its place in the index of the
 -- records that name a reshard under way (shardlb/store.py, ``resharding``), and move the
--- registry's version (``BoardStore.follow``), all in one call.
+-- registry's version (``BoardStore.follow``) and note the move in the registry's change log
+-- (``BoardStore.moved``: routers learn which record changed), all in one call.
 --
 -- KEYS[1] the registry, KEYS[2] the index (a set of board ids), KEYS[3] the registry's version (a
--- string), all three in the registry's slot.
+-- string), KEYS[4] the change log (a list, newest first), all four in the registry's slot.
 -- ARGV[1] board id, ARGV[2] the record expected now ('' : none, a creation), ARGV[3] the new
--- record ('' removes the field), ARGV[4] the registry's new version (drawn by the caller).
+-- record ('' removes the field), ARGV[4] the registry's new version (drawn by the caller),
+-- ARGV[5] how many entries the log keeps.
+-- Each entry is '<version before> <version after> <board id>' ('' before: no version yet), so a
+-- reader can tell a chain of moves the log holds whole from one that a writer without the log (a
+-- process of the release before) or a failover broke.
 -- Returns 1 when the record was as expected and has been replaced, else 0.
 -- ARGV[1] '': index the boards ARGV[2..] as their records are now, and return 1 (a whole look's
 -- mending of what processes of the release before wrote without the index; no record changes, the
@@ -42,5 +47,8 @@ else
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 end
 index(ARGV[1])
+local before = redis.call('GET', KEYS[3]) or ''
 redis.call('SET', KEYS[3], ARGV[4])
+redis.call('LPUSH', KEYS[4], before .. ' ' .. ARGV[4] .. ' ' .. ARGV[1])
+redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[5]) - 1)
 return 1
