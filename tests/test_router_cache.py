@@ -13,7 +13,7 @@ from shardlb.board import Score
 from shardlb.cluster import LocalCluster
 from shardlb.reshard import Resharder
 from shardlb.store import CACHE_SECONDS, BoardStore
-from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running
+from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -68,5 +68,46 @@ async def test_a_top_kept_across_a_reshard_is_never_the_old_layout_read_as_new(
                 assert seen in want, (seen, as_of - acknowledged)
                 await asyncio.sleep(0.1)
             assert seen == ["c", "b", "a"]
+        finally:
+            await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_router_that_keeps_a_board_follows_a_reshard_made_elsewhere(
+    cluster: LocalCluster, store: BoardStore
+) -> None:
+    """A router that reads a board and keeps it (an hour here) while another process reshards it
+    learns of each step from the registry's version (router/boards.py, ``Boards.follow``): once the
+    new layout is open, its top holds a write made there. Failed before: the router kept the old
+    layout's Board for as long as its copy lived, and its top never held the write."""
+    name = board_name("moved")
+    body = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    async with running(cluster.url, top_refresh_s=0.05) as (app, client):
+        service_of(app).boards.ttl_s = 3600.0
+        assert (await client.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)).status_code == 201
+        scores = [
+            {"player_id": p, "points": n, "match_id": "m", "achieved_at": T0}
+            for p, n in (("a", 10), ("b", 20))
+        ]
+        posted = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+        assert posted.status_code == 200, posted.text
+        assert top_of(await client.get(f"/v1/boards/{name}/top"))[0] == ["b", "a"]
+        try:
+            # The mover waits a second for the routers' copies: this one follows the version.
+            mover = Resharder(store, name, say=lambda _: None, cache_s=1.0)
+            await mover.start(3)
+            assert (await mover.run())["shards"] == 3
+            fresh = await store.get(name)
+            await fresh.submit([Score("c", 30, "m", T0)], times.now_ms())
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20.0  # generous: the router keeps a board for an hour
+            while loop.time() < deadline:
+                seen = top_of(await client.get(f"/v1/boards/{name}/top"))[0]
+                if seen == ["c", "b", "a"]:
+                    break
+                assert seen == ["b", "a"], seen
+                await asyncio.sleep(0.05)
+            assert seen == ["c", "b", "a"]
+            kept = service_of(app).boards.cached(name)
+            assert kept is not None and kept.generation == fresh.generation
         finally:
             await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
