@@ -5,18 +5,26 @@ the deadline that bounds every call."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import orjson
 import pytest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shardlb import times
+from shardlb.board import Score
 from shardlb.client import (
     AsyncClient,
     Backoff,
+    BoardRebuilding,
+    BoardResharding,
     InvalidRequest,
     MatchResult,
     RateLimited,
@@ -27,8 +35,23 @@ from shardlb.client import (
 )
 from shardlb.client.errors import ApiError, ClientClosed, retry_after_seconds
 from shardlb.config import BoardConfig
-from tests.client_support import Served, expected_entries, free_port, reference_for, rows, served_router
+from shardlb.rebuild import connected
+from shardlb.store import BoardStore
+from tests.client_support import (
+    DroppedAnswer,
+    Served,
+    expected_entries,
+    free_port,
+    reference_for,
+    rows,
+    served_router,
+)
 from tests.router_support import ADMIN, board_name
+from tests.test_board import expected_entries as board_expected
+from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
+from tests.test_rebuild_jobs import lost
+from tests.test_rebuild_window import reference, restored
+from tests.test_shard_loss import slot_wiped
 
 FAST = Backoff(base=0.002, cap=0.02)
 
@@ -267,3 +290,188 @@ async def test_a_buffer_forgets_a_board_once_its_results_are_answered(router: Se
                 assert buffer._lanes == {}  # nothing held: no board's lane kept
         for name in names:
             assert len([e async for e in client.iter_entries(name)]) == 7
+
+
+# The service's refusals that say "come back later" (api.md, router/errors.py, docs/design-notes.md):
+# code, status, Retry-After. A shard lost alone is ``board_rebuilding`` too ("A shard lost alone").
+LATER = [
+    ("board_rebuilding", 503, "5"),
+    ("board_resharding", 503, "1"),
+    ("overloaded", 503, "1"),
+    ("cluster_unavailable", 503, "1"),
+    ("rate_limited", 429, "1"),
+]
+
+
+@dataclass(frozen=True)
+class _Told(Backoff):
+    """Records the Retry-After the client hands it on each retry, and waits nothing."""
+
+    told: list[float | None] = field(default_factory=list)
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        self.told.append(retry_after)
+        return 0.0
+
+
+def _refusing(refusals: list[tuple[str, int, str]], seen: list[httpx.Request]) -> httpx.MockTransport:
+    """Answers each refusal in turn, then the write's results."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if len(seen) <= len(refusals):
+            code, status, wait = refusals[len(seen) - 1]
+            body = {"error": {"code": code, "message": f"refused by the test ({code})", "field": None}}
+            return httpx.Response(status, json=body, headers={"retry-after": wait})
+        results = [{"player_id": "p", "match_id": "m", "status": "improved", "points": 5}]
+        return httpx.Response(200, json={"results": results})
+
+    return httpx.MockTransport(handler)
+
+
+async def test_each_refusal_for_later_is_retried_as_the_same_call_after_its_retry_after() -> None:
+    """A write refused with each of the service's "come back later" answers is sent again: the same
+    body (its match ids) and the same X-Request-Id on every attempt, each wait at least the answer's
+    Retry-After, until the service takes it."""
+    seen: list[httpx.Request] = []
+    backoff = _Told()
+    transport = _refusing(LATER, seen)
+    async with AsyncClient("http://r.test", "k", format="json", backoff=backoff, transport=transport) as c:
+        [outcome] = await c.post_scores("b", [MatchResult("p", 5, "m")], deadline=60)
+    assert outcome.status == "improved" and len(seen) == len(LATER) + 1
+    assert len({r.headers["x-request-id"] for r in seen}) == 1
+    assert len({r.content for r in seen}) == 1
+    assert backoff.told == [float(wait) for _, _, wait in LATER]
+
+
+@pytest.mark.parametrize(("code", "status", "wait"), LATER, ids=[code for code, _, _ in LATER])
+async def test_a_refusal_that_outlasts_the_deadline_is_raised_typed_at_once(
+    code: str, status: int, wait: str
+) -> None:
+    """A Retry-After past what is left of the deadline: no attempt more, the refusal raised as its own
+    type (a board being rebuilt or resharded is told from an overloaded router) with its Retry-After,
+    so a game server can keep the results and post them again later with the same match ids."""
+    seen: list[httpx.Request] = []
+    transport = _refusing([(code, status, "30")] * 3, seen)
+    async with AsyncClient("http://r.test", "k", format="json", transport=transport) as c:
+        with pytest.raises(ApiError) as raised:
+            await c.post_scores("b", [MatchResult("p", 5, "m")], deadline=5)
+    kinds = {
+        "board_rebuilding": BoardRebuilding,
+        "board_resharding": BoardResharding,
+        "overloaded": Unavailable,
+        "cluster_unavailable": Unavailable,
+        "rate_limited": RateLimited,
+    }
+    error = raised.value
+    assert type(error) is kinds[code] and isinstance(error, Unavailable if status == 503 else RateLimited)
+    assert (error.status, error.code, error.retry_after) == (status, code, 30)
+    assert error.attempts == 1 and len(seen) == 1
+    assert error.retryable
+
+
+async def test_an_invalid_request_id_is_never_sent_again() -> None:
+    """400 ``invalid_request_id`` (two X-Request-Id headers that differ, which a proxy may add): the
+    request is wrong as sent, and would be as wrong the second time."""
+    seen: list[httpx.Request] = []
+    transport = _refusing([("invalid_request_id", 400, "1")] * 3, seen)
+    async with AsyncClient("http://r.test", "k", format="json", backoff=FAST, transport=transport) as c:
+        with pytest.raises(InvalidRequest) as raised:
+            await c.top("b")
+    assert (raised.value.code, raised.value.attempts, len(seen)) == ("invalid_request_id", 1, 1)
+    assert not raised.value.retryable
+
+
+class _LostMidCall:
+    """ASGI, in front of the router: the first score write is applied, then ``lose`` runs and the
+    write's answer is cut off (the client cannot tell whether it was applied); ``rebuild`` runs on
+    the first refusal after that, before the refusal goes out. ``answers``: each write's status and
+    error code, as the router gave them."""
+
+    def __init__(
+        self, app: ASGIApp, lose: Callable[[], Awaitable[None]], rebuild: Callable[[], Awaitable[None]]
+    ) -> None:
+        self.app, self.lose, self.rebuild = app, lose, rebuild
+        self.answers: list[tuple[int, str | None]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not (scope["type"] == "http" and scope["method"] == "POST" and scope["path"].endswith("/scores")):
+            await self.app(scope, receive, send)
+            return
+        answer: list[Message] = []
+
+        async def keep(message: Message) -> None:
+            answer.append(message)
+
+        await self.app(scope, receive, keep)
+        status = answer[0]["status"]
+        body = b"".join(m.get("body", b"") for m in answer[1:])
+        self.answers.append((status, orjson.loads(body)["error"]["code"] if status >= 400 else None))
+        if len(self.answers) == 1:
+            await self.lose()
+            await send(answer[0])
+            raise DroppedAnswer("the test cuts this answer off after the router applied the write")
+        if status >= 400 and not any(s >= 400 for s, _ in self.answers[:-1]):
+            await self.rebuild()
+        for message in answer:
+            await send(message)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("loss", ["shard-alone", "total"])
+async def test_a_write_retried_across_a_loss_of_redis_counts_once_once_the_board_is_back(
+    router: Served, store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, loss: str
+) -> None:
+    """An incr board's write is applied and archived, its answer lost; Redis then loses one shard
+    alone (its slot served again empty) or everything (`rebuild --all` restores the board). The
+    client's retry is refused, 503 ``board_rebuilding`` with Retry-After 5; once the board is
+    rebuilt the next retry, the same X-Request-Id and match ids, is answered ``duplicate`` with each
+    player's total counting the result once, and the board agrees with the reference."""
+    name = board_name(f"lost-{loss}")
+    async with own_archive(postgres_url, "clientloss") as url:
+        config = BoardConfig.from_dict(name, {"mode": "incr", "sharding": {"shards": 3}})
+        board, _ = await store.create(config)
+        now = times.now_ms() - 1000
+        before = [Score(f"p{i}", 100 + 10 * i, f"m{i}", now) for i in range(30)]
+        await board.submit(before)
+        homes = {board.layout.home(s.player_id): s.player_id for s in before}
+        late = [MatchResult(homes[shard], 7, "late", now) for shard in sorted(homes)]
+        assert len(late) == 3  # one player of each shard
+
+        async def lose() -> None:
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+            try:
+                await drain(a)
+            finally:
+                await a.db.close()
+            # Every key of the lost shards, their sentinels too (``lost`` leaves those, which a
+            # total loss takes), and for a total loss the board's record: `rebuild --all` restores it.
+            for shard in [1] if loss == "shard-alone" else range(3):
+                assert await slot_wiped(raw, board, shard) > 0
+            if loss == "total":
+                await lost(raw, [board])
+                await restored(cluster_url, url)
+
+        async def rebuild_it() -> None:
+            async with connected(cluster_url, url) as (rebuilder, other):
+                await rebuilder.rebuild(await other.get(name), shard=1 if loss == "shard-alone" else None)
+
+        steps = _LostMidCall(router.faults.app, lose, rebuild_it)
+        router.faults.app = steps
+        try:
+            async with AsyncClient(router.url, ADMIN, format="json", deadline=60) as client:
+                outcomes = await client.post_scores(name, late)
+            assert steps.answers[0] == (200, None) and steps.answers[-1] == (200, None)
+            assert set(steps.answers[1:-1]) == {(503, "board_rebuilding")}, steps.answers
+            totals = {s.player_id: s.points for s in before}
+            assert [(o.player_id, o.status, o.points) for o in outcomes] == [
+                (r.player_id, "duplicate", totals[r.player_id] + 7) for r in late
+            ]
+            back = await store.get(name)
+            assert not back.rebuilding
+            sent = [*before, *(Score(r.player_id, r.points, r.match_id, now) for r in late)]
+            assert await back.top(50) == board_expected(reference(back, sent), "total", None)
+        finally:
+            router.faults.app = steps.app
+            with contextlib.suppress(Exception):
+                await store.delete(name)

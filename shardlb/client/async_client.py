@@ -3,8 +3,10 @@
 Every call runs under a deadline (the client's ``deadline`` seconds, or the call's own): attempts,
 waits between them and the last answer all fit inside it, so a call never takes longer, whatever the
 server does. Within it, a call is sent again after a failure that a retry can fix: no answer (the
-connection failed or dropped, an attempt timed out) or 408, 429, 502, 503, 504; the wait is
-``Backoff``'s (exponential, full jitter, at least ``Retry-After``). Other errors are raised at once
+connection failed or dropped, an attempt timed out) or 408, 429, 502, 503, 504 (a board being
+rebuilt or resharded among them: ``BoardRebuilding``, ``BoardResharding``); the wait is
+``Backoff``'s (exponential, full jitter, at least ``Retry-After``), and a refusal whose
+``Retry-After`` would outlast the deadline is raised at once. Other errors are raised at once
 (a 4xx means the request is wrong, and would be as wrong the second time). Every call is safe to
 send again: reads and board settings are idempotent, and score writes carry their match ids (see
 ``MatchResult``). The attempts of one call share one ``X-Request-Id``, so the router's logs tie

@@ -135,13 +135,35 @@ class RateLimited(ApiError):
 
 
 class Unavailable(ApiError):
-    """5xx: overloaded, shutting down, cluster trouble (503), or a proxy's 502/504, or a server bug (500)."""
+    """5xx: the service cannot take the call now (503, with ``retry_after``: ``overloaded``,
+    ``shutting_down``, ``cluster_unavailable``, ``out_of_memory``, ``not_ready``,
+    ``archive_unavailable``, ``archive_behind``, and the board's own states below), a proxy's
+    502/504, all retried until the deadline; or a server bug (500, never retried). A write so
+    refused may have been applied in part (a request across shards): sent again with the same
+    match ids, each result still counts once."""
+
+
+class BoardRebuilding(Unavailable):
+    """503 ``board_rebuilding``: the board is being rebuilt after a loss of Redis, and the call's
+    answer would come from a shard not rebuilt yet; nothing of it was written. After a total loss
+    `shardlb rebuild --all` is under way; a shard lost alone (its master and replica at once) waits
+    for an operator's `shardlb rebuild BOARD --shard N`, which may take far longer than a call's
+    deadline. Keep the results and post them again later with the same match ids (within the
+    board's dedup window, 24 h by default): the rebuild puts back what the service already
+    applied, so each counts once."""
+
+
+class BoardResharding(Unavailable):
+    """503 ``board_resharding``: the board's layout is changing (a reshard's cut-over); nothing was
+    written, and the call goes through once the new layout is in place (seconds)."""
 
 
 _BY_CODE: dict[str, type[ApiError]] = {
     "board_not_found": BoardNotFound,
     "player_not_found": PlayerNotFound,
     "board_closed": BoardClosed,
+    "board_rebuilding": BoardRebuilding,
+    "board_resharding": BoardResharding,
 }
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: InvalidRequest,
