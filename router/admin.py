@@ -161,6 +161,9 @@ async def shards(request: Request) -> Response:
     for shard, (prefix, members) in enumerate(zip(board.prefixes, sizes, strict=True)):
         slot = keys.slot_of(prefix)
         row = {"shard": shard, "slot": slot, "node": owner_of(slot, owned), "members": members}
+        # Marked not rebuilt after a loss of Redis (docs/design-notes.md, "A board being rebuilt",
+        # "A shard lost alone"): its count is of an emptied shard, and its reads and writes are refused.
+        row["rebuilding"] = shard in board.rebuilding
         if banded:  # home shards hold every record; band shards index the total by points
             row["role"] = "home" if shard < homes else "band"
             if shard >= homes:

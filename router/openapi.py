@@ -1562,6 +1562,12 @@ _SCHEMAS.update(
                             "slot": {"type": "integer", "minimum": 0, "maximum": 16383},
                             "node": {"type": ["string", "null"], "description": "null: slot unassigned"},
                             "members": {"type": "integer", "minimum": 0},
+                            "rebuilding": {
+                                "type": "boolean",
+                                "description": "the shard is marked not rebuilt after a loss of Redis "
+                                "(all of it, or the shard's slot alone): reads and writes of it are 503 "
+                                "board_rebuilding until `shardlb rebuild` brings it back",
+                            },
                             "role": {
                                 "enum": ["home", "band"],
                                 "description": "band boards: a home shard (every player's record) or a band "

@@ -27,8 +27,12 @@ from PIL import Image
 from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from shardlb.cluster import LocalCluster
+from shardlb.rebuild import connected
+from shardlb.store import BoardStore
 from tests.router_support import ADMIN, AS_ADMIN, AS_WRITER, READ, board_name
+from tests.test_rebuild import OnlyStore, archive_round, archiver, drain, own_archive
 from tests.test_router_server import ROOT, Server
+from tests.test_shard_loss import slot_wiped
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -385,7 +389,7 @@ async def test_the_cluster_view_shows_nodes_shards_and_live_traffic(
         "#shards tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
     )
     assert cells == [
-        [str(s["shard"]), str(s["slot"]), s["node"], str(s["members"]), ""] for s in shard_map["shards"]
+        [str(s["shard"]), str(s["slot"]), s["node"], str(s["members"]), "", ""] for s in shard_map["shards"]
     ]
     await expect(page.locator("#shard-skew")).to_have_text("")
     await page.select_option("#shard-board", banded)
@@ -596,3 +600,128 @@ async def test_a_board_being_rebuilt_says_so_and_opens_once_the_rebuild_is_done(
     await expect(page.locator("#board-settings")).to_contain_text("total: 3 players")
     await expect(page.locator("#entries tbody tr")).to_have_count(3)
     await page.close()
+
+
+async def signed_in(browser: Browser, server: Server) -> Page:
+    page = await browser.new_page()
+    await page.goto(f"{server.url}/dashboard")
+    await page.fill("#key", ADMIN)
+    await page.click("#login-form button")
+    await expect(page.locator("#nav")).to_be_visible()
+    return page
+
+
+def small_board(server: Server, prefix: str, players: int = 3, shards: int = 2) -> str:
+    name = board_name(prefix)
+    settings = {"sharding": {"strategy": "hash", "shards": shards}}
+    assert httpx.put(f"{server.url}/v1/boards/{name}", json=settings, headers=AS_ADMIN).status_code == 201
+    scores = [{"player_id": f"r{i}", "points": 10 * i + 10, "match_id": "m"} for i in range(players)]
+    posted = httpx.post(f"{server.url}/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+    assert posted.status_code == 200, posted.text
+    return name
+
+
+def refusing(code: str, status: int, times: int) -> Any:
+    """A route handler that answers the request ``times`` times with this refusal (Retry-After 1),
+    then lets it through to the router."""
+    left = [times]
+
+    async def handler(route: Route) -> None:
+        if left[0] <= 0:
+            await route.continue_()
+            return
+        left[0] -= 1
+        error = {"code": code, "message": f"refused by the test ({code})", "field": None}
+        body, wait = json.dumps({"error": error}), {"retry-after": "1"}
+        await route.fulfill(status=status, content_type="application/json", body=body, headers=wait)
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "says"),
+    [
+        ("board_resharding", 503, "being resharded"),
+        ("overloaded", 503, "cannot answer for this board now (503 overloaded"),
+        ("rate_limited", 429, "cannot answer for this board now (429 rate_limited"),
+    ],
+    ids=["resharding", "overloaded", "rate-limited"],
+)
+async def test_a_board_refused_for_now_says_why_and_opens_by_itself(
+    browser: Browser, server: Server, code: str, status: int, says: str
+) -> None:
+    """GET /v1/boards/{board} refused for now: a reshard's cut-over (503 ``board_resharding``), an
+    overloaded router (503) or the read limit (429), each with Retry-After. Only
+    ``board_rebuilding`` was asked for again; after any other the view showed the error once and
+    stayed empty until the operator opened it again. It now says what the refusal is and opens by
+    itself once the board answers."""
+    name = small_board(server, "later")
+    page = await signed_in(browser, server)
+    await page.route(f"**/v1/boards/{name}", refusing(code, status, 2))
+    await page.goto(f"{server.url}/dashboard#/board/{name}")
+    await expect(page.locator("#board-settings")).to_contain_text(says)
+    await expect(page.locator("#board-settings")).to_contain_text("opens by itself")
+    await expect(page.locator("#board-settings")).to_contain_text("total: 3 players", timeout=15_000)
+    await expect(page.locator("#entries tbody tr")).to_have_count(3)
+    await page.close()
+
+
+async def test_a_page_of_entries_refused_for_now_is_read_again(browser: Browser, server: Server) -> None:
+    """A page at an offset is read once (not polled as the top is): refused for now (503, Retry-After)
+    it stayed empty and stale until the operator paged again. It is read again after Retry-After."""
+    name = small_board(server, "deep")
+    page = await signed_in(browser, server)
+    await page.route("**/entries?*", refusing("overloaded", 503, 1))
+    await page.goto(f"{server.url}/dashboard#/board/{name}?offset=1")
+    await expect(page.locator("#page-info")).to_contain_text("asking again")
+    await expect(page.locator("#entries tbody tr")).to_have_count(2, timeout=15_000)
+    await expect(page.locator("#entries")).not_to_have_class("stale")
+    await expect(page.locator("#page-info")).to_contain_text("ranks 2–3")
+    await page.close()
+
+
+async def test_a_shard_lost_alone_is_named_with_its_command_and_the_board_opens_once_rebuilt(
+    browser: Browser, server: Server, store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """One shard of a board lost alone (its slot served again empty) and marked by the archiver's
+    round: the board's GET answers 503 ``board_rebuilding``. The board view named neither the shard
+    nor the command that brings it back (`shardlb rebuild BOARD --shard N`: nothing runs it by
+    itself), and the cluster view's shard map showed the shard as an empty one of the board. The
+    board view now names the shard and the command, the shard map says the shard is not rebuilt,
+    and both show the board again once the rebuild is done."""
+    name = small_board(server, "lost", players=30, shards=3)
+    async with own_archive(postgres_url, "dashboard") as url:
+        board = await store.get(name)
+        a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+        try:
+            await drain(a)
+            assert await slot_wiped(raw, board, 1) > 0
+            await a.refresh()
+            await archive_round(a)
+        finally:
+            await a.db.close()
+        assert (await store.get(name)).rebuilding == {1}
+        page = await signed_in(browser, server)
+        await page.goto(f"{server.url}/dashboard#/board/{name}")
+        settings = page.locator("#board-settings")
+        # The router may answer from the record it kept of before the mark for a few seconds.
+        await expect(settings).to_contain_text("being rebuilt after a loss of Redis", timeout=15_000)
+        await expect(settings).to_contain_text(f"shardlb rebuild {name} --shard 1")
+        await expect(page.locator("#entries tbody tr")).to_have_count(0)
+        shard_map = await browser.new_page()
+        await shard_map.goto(f"{server.url}/dashboard#/cluster")  # the same key: sessionStorage is per tab
+        await shard_map.fill("#key", ADMIN)
+        await shard_map.click("#login-form button")
+        await shard_map.select_option("#shard-board", name)
+        states = shard_map.locator("#shards tbody tr td:last-child")
+        await expect(states).to_have_text(["", "NOT REBUILT", ""])
+        await expect(shard_map.locator("#shard-lost")).to_contain_text(f"shardlb rebuild {name} --shard 1")
+        async with connected(cluster_url, url) as (rebuilder, other):
+            await rebuilder.rebuild(await other.get(name), shard=1)
+        await expect(states).to_have_text(["", "", ""], timeout=15_000)
+        await expect(shard_map.locator("#shard-lost")).to_have_text("")
+        await expect(settings).to_contain_text("total: 30 players", timeout=15_000)
+        await expect(page.locator("#entries tbody tr")).to_have_count(30)
+        await shard_map.close()
+        await page.close()
+    await store.delete(name)

@@ -10,7 +10,8 @@ const TOP_EVERY_MS = 1000;
 const CLUSTER_EVERY_MS = 2000;
 const HISTORY = 90; // chart points kept: three minutes at one every two seconds
 const MIN_SPAN = 20; // the x axis of a chart starts as 20 points wide and grows to HISTORY
-const REBUILDING_RETRY_S = 5; // a board being rebuilt is asked for again this often, without a Retry-After
+const REFUSED_RETRY_S = 5; // a view refused for now is asked for again this often, without a Retry-After
+const LATER = new Set([408, 429, 502, 503, 504]); // "come back later": the client's retried statuses
 
 const $ = (id) => document.getElementById(id);
 let timers = [];
@@ -25,13 +26,21 @@ class ApiError extends Error {
   }
 }
 
+// A fetch that got no answer at all (the router restarting, the network cut): no status, no code.
+class NoAnswer extends Error {}
+
 // ---- the API --------------------------------------------------------------------------------
 
 async function api(path, options = {}) {
   const headers = { Accept: "application/json" };
   const key = sessionStorage.getItem(KEY);
   if (key) headers.Authorization = "Bearer " + key;
-  const response = await fetch(path, { ...options, headers, cache: "no-store", credentials: "omit" });
+  let response;
+  try {
+    response = await fetch(path, { ...options, headers, cache: "no-store", credentials: "omit" });
+  } catch (error) {
+    throw new NoAnswer(error.message);
+  }
   if (response.status === 204) return null;
   let body = null;
   try {
@@ -52,6 +61,19 @@ async function api(path, options = {}) {
 }
 
 const seg = encodeURIComponent;
+
+// A refusal that says "come back later" (or no answer): what the view asks again, after Retry-After.
+function forNow(error) {
+  return error instanceof NoAnswer || (error instanceof ApiError && LATER.has(error.status));
+}
+
+function waitFor(error) {
+  return Math.max(1, error.retryAfter || REFUSED_RETRY_S);
+}
+
+function said(error) {
+  return error instanceof ApiError ? `${error.status} ${error.code}: ${error.message}` : `no answer: ${error.message}`;
+}
 
 function query(params) {
   const search = new URLSearchParams();
@@ -287,20 +309,9 @@ async function openBoard(id, params) {
     $("regions-wrap").hidden = !regions.length;
     switches($("regions"), regions, boardState.region, (r) => r || "all", (r) => go(boardHash({ region: r, offset: 0 })));
   } catch (error) {
+    if (mine !== generation) return;
     failed(error);
-    if (error instanceof ApiError && error.code === "board_rebuilding") {
-      // Shards that lost their data in Redis and are not rebuilt yet: after a loss of all of Redis
-      // `shardlb rebuild --all` rebuilds them; a shard lost alone waits for an operator's `shardlb
-      // rebuild BOARD --shard N`, which the API's message names (until 2026-12-06 this said "being
-      // rebuilt" either way). The API refuses what they would answer: not a failure of the board,
-      // a state that ends. The view is opened again after Retry-After until it answers.
-      const wait = Math.max(1, error.retryAfter || REBUILDING_RETRY_S);
-      $("board-settings").textContent =
-        `This board's reads are refused: ${error.message}. This view opens by itself once its ` +
-        `shards are rebuilt (asking again every ${wait} s).`;
-      // clearInterval (route, showLogin) clears a timeout too: one list of timers in browsers.
-      timers.push(setTimeout(() => mine === generation && route(), wait * 1000));
-    }
+    if (forNow(error)) await refusedForNow(error, mine);
     return;
   }
   const refresh = () => loadPage(mine);
@@ -310,6 +321,47 @@ async function openBoard(id, params) {
   $("player-error").textContent = "";
   if (boardState.player) searchPlayer(boardState.player);
   else $("player").hidden = true;
+}
+
+// The board view refused for now: a board being rebuilt after a loss of Redis or resharded, an
+// overloaded router, the read limit, no answer. Not a failure of the board: a state that ends, said
+// in place of its settings, with nothing of the view left on screen (rows read before it would be
+// taken for the present); the view is opened again after Retry-After until it answers.
+async function refusedForNow(error, mine) {
+  timers.forEach(clearInterval); // the live top's poll too: clearInterval clears a timeout as well
+  timers = [];
+  const wait = waitFor(error);
+  const id = boardState.id;
+  let text = `The router cannot answer for this board now (${said(error)}). This view opens by itself once it does (asking again every ${wait} s).`;
+  if (error.code === "board_resharding") {
+    text = "This board is being resharded (its layout is changing): the router refuses what the cut-over would leave inexact. " +
+      `This view opens by itself once it answers (asking again every ${wait} s).`;
+  } else if (error.code === "board_rebuilding") {
+    const shards = await notRebuilt(id);
+    if (mine !== generation) return;
+    const which = shards.length ? ` (shard${shards.length > 1 ? "s" : ""} ${shards.join(", ")} not rebuilt yet)` : "";
+    const commands = (shards.length ? shards : ["N"]).map((n) => `\`shardlb rebuild ${id} --shard ${n}\``).join(", ");
+    text = `This board is being rebuilt after a loss of Redis${which}: its reads and writes that need those shards are refused until they are rebuilt. ` +
+      `After a loss of all of Redis, \`shardlb rebuild --all\` rebuilds them; a shard lost alone waits for an operator to run ${commands}. ` +
+      `This view opens by itself once the board answers (asking again every ${wait} s).`;
+  }
+  $("board-settings").textContent = text;
+  $("periods").replaceChildren();
+  fill($("entries").tBodies[0], []);
+  $("page-info").textContent = "";
+  stale(["entries", "page-info"], false);
+  $("player").hidden = true;
+  timers.push(setTimeout(() => mine === generation && route(), wait * 1000));
+}
+
+// The shards of a board marked not rebuilt, from the shard map (empty when it does not answer).
+async function notRebuilt(id) {
+  try {
+    const map = await api(`/v1/admin/boards/${seg(id)}/shards`);
+    return map.shards.filter((s) => s.rebuilding).map((s) => s.shard);
+  } catch (_) {
+    return [];
+  }
 }
 
 async function loadPage(mine) {
@@ -339,6 +391,15 @@ async function loadPage(mine) {
     if (mine !== generation) return;
     failed(error);
     stale(["entries", "page-info"], true); // the last answer stays, marked as not the present
+    if (error instanceof ApiError && error.code === "board_rebuilding") {
+      // A shard lost while the board is open: its counts and rows are of the shards left.
+      await refusedForNow(error, mine);
+    } else if (s.offset !== 0 && forNow(error)) {
+      // A page is read once, not polled as the top is: read again after Retry-After.
+      const wait = waitFor(error);
+      $("page-info").textContent = `refused for now (${said(error)}): asking again in ${wait} s`;
+      timers.push(setTimeout(() => mine === generation && loadPage(mine), wait * 1000));
+    }
   }
 }
 
@@ -528,7 +589,14 @@ async function loadShards(mine) {
     if (mine !== generation) return;
     // Band boards: each shard's role, and how far the largest band is past its share.
     const band = (s) => (s.role === "band" ? `band from ${s.band_from} points` : s.role || "");
-    fill($("shards").tBodies[0], map.shards.map((s) => row([el("td", s.shard, "num"), el("td", s.slot, "num"), s.node || "unassigned", el("td", s.members, "num"), band(s)])));
+    // A shard marked not rebuilt after a loss of Redis: its members are those of an emptied shard.
+    const state = (s) => (s.rebuilding ? "NOT REBUILT" : "");
+    fill($("shards").tBodies[0], map.shards.map((s) => row([el("td", s.shard, "num"), el("td", s.slot, "num"), s.node || "unassigned", el("td", s.members, "num"), band(s), state(s)])));
+    const lost = map.shards.filter((s) => s.rebuilding).map((s) => s.shard);
+    $("shard-lost").textContent = !lost.length ? "" :
+      `Shard${lost.length > 1 ? "s" : ""} ${lost.join(", ")} not rebuilt after a loss of Redis: reads and writes that need ${lost.length > 1 ? "them" : "it"} ` +
+      `are refused (503 board_rebuilding) until a running \`shardlb rebuild --all\`, or for a shard lost alone ` +
+      lost.map((n) => `\`shardlb rebuild ${board} --shard ${n}\``).join(", ") + ", brings them back.";
     $("shard-skew").textContent = map.band_skew === undefined ? "" :
       `largest band / mean band: ${map.band_skew} (shardlb bands --apply draws the starts again past 1.5)`;
     stale(["shards"], false);
