@@ -725,3 +725,66 @@ async def test_a_shard_lost_alone_is_named_with_its_command_and_the_board_opens_
         await shard_map.close()
         await page.close()
     await store.delete(name)
+
+
+async def test_a_removal_refused_for_now_and_confirmed_again_is_one_call(
+    browser: Browser, cluster: LocalCluster, store: BoardStore, raw: Any, postgres_url: str, tmp_path: Path
+) -> None:
+    """A removal of a player whose shard was lost alone: the router audits it, then refuses it (503
+    ``board_rebuilding``, nothing removed). The page sent no X-Request-Id, the removal's retry key
+    (router/middleware.py ``retry_key``), so the operator's Remove after the rebuild was a second
+    call: audited twice, removed at a time of its own. The page now keeps the id of a removal
+    refused for now or left without an answer, and sends it again when the same removal is
+    confirmed again: one call, audited once."""
+    async with own_archive(postgres_url, "dashremove") as url:
+        only: set[str] = set()
+        a = await archiver(raw, OnlyStore(store.client, store.scripts, only), url)  # its schema first
+        server = Server(cluster.url, tmp_path / "router.log", SHARDLB_POSTGRES_URL=url)
+        try:
+            name = small_board(server, "remove", players=30, shards=3)
+            only.add(name)
+            await a.refresh()
+            await drain(a)
+            board = await store.get(name)
+            victim = next(f"r{i}" for i in range(30) if board.layout.home(f"r{i}") == 1)
+            page = await signed_in(browser, server)
+            await page.goto(f"{server.url}/dashboard#/board/{name}?player={victim}")
+            await expect(page.locator("#player-id")).to_have_text(victim)
+            assert await slot_wiped(raw, board, 1) > 0
+
+            async def remove() -> httpx.Headers:
+                await page.click("#remove")
+                await page.fill("#confirm-reason", "cheating")
+                async with page.expect_response(lambda r: r.request.method == "DELETE") as answered:
+                    await page.click("#confirm-yes")
+                response = await answered.value
+                sent = await response.request.all_headers()
+                return httpx.Headers({**sent, ":status": str(response.status)})
+
+            first = await remove()
+            assert first[":status"] == "503"
+            await expect(page.locator("#player-error")).to_contain_text("503 board_rebuilding")
+            async with connected(cluster.url, url) as (rebuilder, other):
+                await rebuilder.rebuild(await other.get(name), shard=1)
+            tries = [first]
+            while tries[-1][":status"] == "503" and len(tries) < 30:  # until the router reads the record
+                await asyncio.sleep(0.2)
+                tries.append(await remove())
+            assert tries[-1][":status"] == "200"
+            await expect(page.locator("#notice")).to_contain_text(f"Removed {victim} from {name}")
+            ids = {t.get("x-request-id") for t in tries}
+            assert len(ids) == 1 and None not in ids, ids
+            async with await psycopg.AsyncConnection.connect(url) as db:
+                cursor = await db.execute(
+                    "SELECT count(*) FROM moderation_audit WHERE action = 'remove' AND board = %s "
+                    "AND player_id = %s",
+                    (name, victim),
+                )
+                assert await cursor.fetchone() == (1,)
+            r = httpx.get(f"{server.url}/v1/boards/{name}/players/{victim}")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "player_not_found"
+            await page.close()
+            await store.delete(name)
+        finally:
+            await a.db.close()
+            assert server.stop() == 0

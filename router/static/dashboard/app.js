@@ -32,7 +32,7 @@ class NoAnswer extends Error {}
 // ---- the API --------------------------------------------------------------------------------
 
 async function api(path, options = {}) {
-  const headers = { Accept: "application/json" };
+  const headers = { Accept: "application/json", ...(options.headers || {}) };
   const key = sessionStorage.getItem(KEY);
   if (key) headers.Authorization = "Bearer " + key;
   let response;
@@ -459,27 +459,45 @@ function confirmDialog(text) {
   });
 }
 
+// A removal whose answer was lost or refused for now (a shard lost alone: 503 board_rebuilding, after
+// the router audited it), with its X-Request-Id: the router's retry key for removals. Confirmed again
+// (same board, player and reason) it goes with the same id, so the router takes it as the same call,
+// audited once and made at the first call's time, not as a second removal.
+let unfinished = null;
+
+function newRequestId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16)); // randomUUID needs a secure context
+  return "dashboard-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
 async function removePlayer() {
   const player = $("remove").dataset.player;
   const board = boardState.id;
-  $("confirm-reason").value = "";
+  const again = unfinished && unfinished.board === board && unfinished.player === player ? unfinished : null;
+  $("confirm-reason").value = again ? again.reason : "";
   const question = `Remove player "${player}" from board "${board}"? Their entries in every period of this board are deleted (their later results count again).`;
   if (!player || !(await confirmDialog(question))) return;
   const reason = $("confirm-reason").value.trim();
+  const id = again && again.reason === reason ? again.id : newRequestId();
+  unfinished = { board, player, reason, id };
   try {
-    const done = await api(`/v1/boards/${seg(board)}/players/${seg(player)}` + query({ reason }), { method: "DELETE" });
+    const path = `/v1/boards/${seg(board)}/players/${seg(player)}` + query({ reason });
+    const done = await api(path, { method: "DELETE", headers: { "X-Request-Id": id } });
+    unfinished = null;
     notice(done && done.removed === false ? `${player} had no entry on ${board}: nothing removed.` : `Removed ${player} from ${board}.`);
     $("player").hidden = true;
     loadPage(generation);
   } catch (error) {
+    if (!forNow(error)) unfinished = null;
+    const retry = "Remove again to retry it: the same call, which the router makes once.";
     // 405 (or 404 "no such route"): a router from before the moderation endpoint.
     const missing = error instanceof ApiError && (error.status === 405 || (error.status === 404 && error.code === "not_found"));
     // No answer at all (a failed fetch has no status): the router may have made the removal.
     $("player-error").textContent = missing
       ? "Removing players is not available on this router (it has no DELETE /v1/boards/{board}/players/{player})."
       : error instanceof ApiError
-        ? `${error.status} ${error.code}: ${error.message}`
-        : `no answer from the router (${error.message}): ${player} may have been removed; search again to see`;
+        ? `${error.status} ${error.code}: ${error.message}` + (forNow(error) ? ` ${retry}` : "")
+        : `no answer from the router (${error.message}): ${player} may have been removed; search again to see, or ${retry[0].toLowerCase()}${retry.slice(1)}`;
   }
 }
 
