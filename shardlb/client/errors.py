@@ -115,7 +115,11 @@ class NotFound(ApiError):
 
 
 class BoardNotFound(NotFound):
-    """404 ``board_not_found``."""
+    """404 ``board_not_found``: no such board. Also, after a loss of all of Redis, every board from
+    when the cluster serves again until `shardlb rebuild --all` restores it (then
+    ``BoardRebuilding`` until its shards are rebuilt): a board that existed is not gone for good,
+    and a ``put_board`` then would create it again, empty (docs/design-notes.md, "A board created
+    again before the restore")."""
 
 
 class PlayerNotFound(NotFound):
