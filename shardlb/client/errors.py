@@ -135,7 +135,9 @@ class BoardClosed(Conflict):
 
 
 class RateLimited(ApiError):
-    """429: too many requests (reads, or wrong keys); ``retry_after`` says when to come back."""
+    """429 ``rate_limited``: this client's read rate is used up, it holds as many requests at once
+    as a client without a key may, or it sent too many wrong keys; ``retry_after`` says when to come
+    back. Retried until the deadline like a 503 (raised at once when ``retry_after`` outlasts it)."""
 
 
 class Unavailable(ApiError):
