@@ -788,3 +788,21 @@ async def test_a_removal_refused_for_now_and_confirmed_again_is_one_call(
         finally:
             await a.db.close()
             assert server.stop() == 0
+
+
+async def test_the_boards_list_says_which_board_is_being_rebuilt(browser: Browser, server: Server) -> None:
+    """The boards list reads each board's GET for its players: one refused (503 ``board_rebuilding``
+    after a loss of Redis, ``board_resharding``) showed "–", as for a board that failed for any
+    reason. It now says the board's state; the others show their players as ever."""
+    rebuilt, moving, fine = (small_board(server, p) for p in ("listrebuilt", "listmoving", "listfine"))
+    page = await signed_in(browser, server)
+    await page.route(f"**/v1/boards/{rebuilt}", refusing("board_rebuilding", 503, 1000))
+    await page.route(f"**/v1/boards/{moving}", refusing("board_resharding", 503, 1000))
+    await page.goto(f"{server.url}/dashboard#/boards")
+    players = page.locator("#boards-table tbody tr", has_text=rebuilt).locator("td").last
+    await expect(players).to_have_text("being rebuilt (503 board_rebuilding)")
+    players = page.locator("#boards-table tbody tr", has_text=moving).locator("td").last
+    await expect(players).to_have_text("being resharded (503 board_resharding)")
+    players = page.locator("#boards-table tbody tr", has_text=fine).locator("td").last
+    await expect(players).to_have_text("total 3")
+    await page.close()

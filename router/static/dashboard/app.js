@@ -231,19 +231,28 @@ function sharding(s) {
   return `hash: ${s.shards} shards`;
 }
 
+// A board's players the list could not read: its state when the router names one.
+function unread(error) {
+  if (!(error instanceof ApiError)) return "–";
+  const refusal = `(${error.status} ${error.code})`;
+  if (error.code === "board_rebuilding") return `being rebuilt ${refusal}`;
+  if (error.code === "board_resharding") return `being resharded ${refusal}`;
+  return `– ${refusal}`;
+}
+
 async function openBoards() {
   show("boards");
   const mine = generation;
   try {
     const { boards } = await api("/v1/boards");
-    const details = await Promise.all(boards.map((b) => api(`/v1/boards/${seg(b.board)}`).catch(() => null)));
+    const details = await Promise.all(boards.map((b) => api(`/v1/boards/${seg(b.board)}`).catch((error) => error)));
     if (mine !== generation) return;
     fill(
       $("boards-table").tBodies[0],
       boards.map((b, i) => {
         const link = el("a", b.board);
         link.href = `#/board/${seg(b.board)}`;
-        const players = details[i] ? Object.entries(details[i].players).map(([k, n]) => `${k} ${n}`).join(", ") : "–";
+        const players = details[i] instanceof Error ? unread(details[i]) : Object.entries(details[i].players).map(([k, n]) => `${k} ${n}`).join(", ");
         return row([link, b.mode, b.order, b.periods.join(", "), sharding(b.sharding), b.durability, b.timezone, players]);
       }),
     );
