@@ -332,7 +332,7 @@ async function openBoard(id, params) {
   else $("player").hidden = true;
 }
 
-// The board view refused for now: a board being rebuilt after a loss of Redis or resharded, an
+// The board view refused for now: a board with shards not rebuilt (a loss of Redis) or resharded, an
 // overloaded router, the read limit, no answer. Not a failure of the board: a state that ends, said
 // in place of its settings, with nothing of the view left on screen (rows read before it would be
 // taken for the present); the view is opened again after Retry-After until it answers.
@@ -348,11 +348,16 @@ async function refusedForNow(error, mine) {
   } else if (error.code === "board_rebuilding") {
     const shards = await notRebuilt(id);
     if (mine !== generation) return;
-    const which = shards.length ? ` (shard${shards.length > 1 ? "s" : ""} ${shards.join(", ")} not rebuilt yet)` : "";
-    const commands = (shards.length ? shards : ["N"]).map((n) => `\`shardlb rebuild ${id} --shard ${n}\``).join(", ");
-    text = `This board is being rebuilt after a loss of Redis${which}: its reads and writes that need those shards are refused until they are rebuilt. ` +
-      `After a loss of all of Redis, \`shardlb rebuild --all\` rebuilds them; a shard lost alone waits for an operator to run ${commands}. ` +
-      `This view opens by itself once the board answers (asking again every ${wait} s).`;
+    const again = `This view opens by itself once the board answers (asking again every ${wait} s).`;
+    if (shards.length) {
+      const commands = shards.map((n) => `\`shardlb rebuild ${id} --shard ${n}\``).join(", ");
+      text = `Shard${shards.length > 1 ? "s" : ""} ${shards.join(", ")} of this board lost ${shards.length > 1 ? "their" : "its"} data in Redis and ${shards.length > 1 ? "are" : "is"} not rebuilt yet: ` +
+        "the board's reads and writes that need them are refused until they are. Unless a `shardlb rebuild` " +
+        `of the board (or \`shardlb rebuild --all\`, after a loss of all of Redis) is under way, an operator runs ${commands}. ${again}`;
+    } else {
+      // The shard map did not answer (or named none): the API's own message names them.
+      text = `The router refuses this board for now: ${error.message}. ${again}`;
+    }
   }
   $("board-settings").textContent = text;
   $("periods").replaceChildren();
