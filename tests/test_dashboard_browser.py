@@ -705,7 +705,7 @@ async def test_a_shard_lost_alone_is_named_with_its_command_and_the_board_opens_
         await page.goto(f"{server.url}/dashboard#/board/{name}")
         settings = page.locator("#board-settings")
         # The router may answer from the record it kept of before the mark for a few seconds.
-        await expect(settings).to_contain_text("lost its data in Redis and is not rebuilt yet", timeout=15_000)
+        await expect(settings).to_contain_text("lost its data in Redis and is not rebuilt", timeout=15_000)
         await expect(settings).to_contain_text(f"shardlb rebuild {name} --shard 1")
         await expect(page.locator("#entries tbody tr")).to_have_count(0)
         shard_map = await browser.new_page()
