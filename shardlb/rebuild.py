@@ -508,13 +508,18 @@ class Rebuilder:
         (keys.sentinel_key): the shards hold their data again, and a mark the archiver makes from
         here on is taken back by it (``lost``). The record's mark is read anew, not the Board's:
         the archiver may have marked a shard since this rebuild fetched the board. The sentinels
-        that were not there before (a shard lost, a board of the release before) and those of the
-        shards whose marks go are confirmed on a replica first (``_confirm_sentinels``); one that
-        was there all along is not waited for: a failover that loses the SET leaves it there."""
+        that were not there before (a shard lost), those of the shards whose marks go, and every
+        one of a board whose record does not say yet that its layout carries them (a board of the
+        release before, whose whole rebuild then says so: ``BoardStore.carry``) are confirmed on a
+        replica first (``_confirm_sentinels``); one that was there all along is not waited for: a
+        failover that loses the SET leaves it there. Earlier on 2026-12-06 a board of the release
+        before had only those missing confirmed, so a run after one that came short
+        (NotAcknowledged) found them there, waited for no replica and wrote the record's word:
+        a failover then lost the sentinels and the archiver marked the healthy shards."""
         shards = list(shards)
         prefixes = [board.prefixes[s] for s in shards]
         store = BoardStore(board.client, board.scripts)
-        absent = await self._absent(prefixes)
+        absent = await self._absent(prefixes) if board.sentinels else set(prefixes)
         await store.sentinels(prefixes)
         done = (board.rebuilding | await self._marked(board)).intersection(shards)
         new = [p for s, p in zip(shards, prefixes, strict=True) if s in done or p in absent]

@@ -794,3 +794,61 @@ async def test_a_router_that_keeps_the_board_refuses_its_reads_soon_after_anothe
     finally:
         with contextlib.suppress(Exception):
             await store.delete("partial-seen")
+
+
+async def test_a_board_of_the_release_before_carries_sentinels_only_once_a_replica_has_them(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole rebuild of a board of the release before writes every shard's sentinel and then says
+    in the record that its layout carries them (``BoardStore.carry``): from then on one missing is a
+    shard lost. A run whose confirmation came short (NotAcknowledged, a replica out of sync) leaves
+    the sentinels it wrote on the primaries; the rebuild run again found them there and waited for
+    no replica ("there all along"), so with that replica as far behind as before a run said done and
+    wrote the record's word: a failover then lost the sentinels (and only the rebuild's tail) and
+    the archiver marked the healthy shards, their writes refused until another rebuild. Now every
+    sentinel is confirmed until the record says the layout carries them. Failed before: the fourth
+    run, the replica as far behind, said done (``said`` ending in "done") and the record named the
+    sentinels."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, "partial-old-lag")
+            raw_record = await raw.hget(keys.BOARDS, "partial-old-lag")
+            before = {k: v for k, v in orjson.loads(raw_record).items() if k != "state"}
+            assert await store.swap("partial-old-lag", raw_record, orjson.dumps(before))
+            await raw.delete(*(keys.sentinel_key(p) for p in board.prefixes))
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-old-lag"}), url)
+            try:
+                await drain(a)
+            finally:
+                await a.db.close()
+            asked: list[str] = []
+
+            async def behind(client: Any, ack: Any, commands: Any) -> list[Any]:
+                # A replica that does not catch up: every WAIT comes short.
+                replies = await fanout.confirmed(client, ack, commands)
+                asked.extend(str(c[1]) for c in commands)
+                return [NotAcknowledged("WAIT came short") for _ in replies]
+
+            monkeypatch.setattr(rebuild, "confirmed", behind)
+            said: list[str] = []
+            for _ in range(len(board.prefixes) + 1):
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    try:
+                        await rebuilder.rebuild(await other.get("partial-old-lag"))
+                        said.append("done")
+                    except NotAcknowledged as e:
+                        assert "sentinel" in e.message
+                        said.append("NotAcknowledged")
+            assert said == ["NotAcknowledged"] * (len(board.prefixes) + 1)
+            assert not (await store.get("partial-old-lag")).sentinels
+            assert asked and set(asked) <= {keys.sentinel_key(p) for p in board.prefixes}
+            monkeypatch.undo()
+            async with connected(cluster_url, url) as (rebuilder, other):
+                await rebuilder.rebuild(await other.get("partial-old-lag"))
+            back = await store.get("partial-old-lag")
+            assert back.sentinels and not back.rebuilding
+            assert await back.top(50) == expected_entries(reference(back, sent), "total", None)
+        finally:
+            monkeypatch.undo()
+            with contextlib.suppress(Exception):
+                await store.delete("partial-old-lag")
