@@ -852,3 +852,47 @@ async def test_a_board_of_the_release_before_carries_sentinels_only_once_a_repli
             monkeypatch.undo()
             with contextlib.suppress(Exception):
                 await store.delete("partial-old-lag")
+
+
+async def test_a_band_shard_lost_with_the_home_shard_of_its_players_is_marked_not_written_again(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A band board whose players all live on home shard 0 (archived), their totals in band shard
+    4: the two slots lost at once (a primary holding both). Home shard 0 holds nothing now, and
+    shards 1 and 2 never held anything, but PostgreSQL holds shard 0's rows: it is marked, and so
+    is band shard 4, though every home shard holds no total or version, since home shard 0 lacks
+    its sentinel (one lost with its keys is no evidence: ``Archiver._homes_empty``). Written again,
+    band shard 4 would serve the board's top empty, unrefused, until shard 0's rebuild. A pin of
+    86b59e5's rule: `rebuild BOARD --shard 0` then brings both back."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            settings = {"mode": "best", "sharding": sharding("band", 3)}
+            board, _ = await store.create(BoardConfig.from_dict("partial-band-pair", settings))
+            players = [f"p{i}" for i in range(300) if board.layout.home(f"p{i}") == 0][:20]
+            sent = [Score(p, 100 + i % 10, f"m{i}", times.now_ms() - 1000) for i, p in enumerate(players)]
+            assert {board.layout.band_shard(s.points) for s in sent} == {4}
+            await board.submit(sent)
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-band-pair"}), url)
+            try:
+                await drain(a)
+                await slot_wiped(raw, board, 0)
+                await slot_wiped(raw, board, 4)
+                before = rewritten()
+                await a.refresh()
+                await archive_round(a)
+                back = await store.get("partial-band-pair")
+                assert back.rebuilding == {0, 4}
+                assert not await raw.exists(keys.sentinel_key(board.prefixes[4]))
+                assert rewritten() == before
+                with pytest.raises(Rebuilding):
+                    await back.top(10)
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    await rebuilder.rebuild(await other.get("partial-band-pair"), shard=0)
+                back = await store.get("partial-band-pair")
+                assert not back.rebuilding
+                assert await back.top(50) == expected_entries(reference(back, sent), "total", None)
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-band-pair")
