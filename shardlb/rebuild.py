@@ -1671,7 +1671,7 @@ class Rebuilder:
             raise rebuilding(
                 board.config.id,
                 waiting,
-                f"{whole} it once they are rebuilt (a `shardlb rebuild` stopped half way: run it again)",
+                f"{whole} it once {'it is' if len(waiting) == 1 else 'they are'} rebuilt",
             )
 
     async def _script(self, names: Sequence[str], args: Sequence[Any], confirm: bool = False) -> Any:

@@ -357,7 +357,10 @@ class Resharder:
                 )
             now = self.store._board(self.board_id, record)
             if now.rebuilding:  # its shards would be copied empty: the rebuild takes the old layout
-                raise rebuilding(self.board_id, now.rebuilding, "reshard it once they are rebuilt")
+                one = len(now.rebuilding) == 1
+                raise rebuilding(
+                    self.board_id, now.rebuilding, f"reshard it once {'it is' if one else 'they are'} rebuilt"
+                )
             if now.layout.strategy not in ("hash", "band"):
                 raise BoardConflict(
                     f"only hash and band boards can be resharded; this one is a {now.layout.strategy} board",

@@ -435,6 +435,8 @@ async def test_a_lost_shards_refusals_name_the_rebuild_to_run_not_a_rebuild_unde
         assert command in message, message
         assert "being rebuilt" not in message and "after a loss of Redis" not in message, message
         assert "shard 1 lost its data in Redis" in message, message
+        # One shard: "it", not "they"; and no run of `shardlb rebuild` stopped half way (none ran).
+        assert "they are" not in message and "stopped half way" not in message, message
 
     async with own_archive(postgres_url, "partial") as url:
         try:
