@@ -57,7 +57,7 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple, TypeVar
@@ -66,7 +66,7 @@ import msgpack
 import orjson
 import psycopg
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from shardlb import keys, moderation, periods, pgconn, times
 from shardlb.bands import Move
@@ -556,18 +556,22 @@ class Rebuilder:
         replies = await confirmed(self.client, Ack(1, self.replica_wait_ms), [("EXISTS", n) for n in names])
         for name, reply in zip(names, replies, strict=True):
             if isinstance(reply, NotAcknowledged):
+                with suppress(RedisError):  # the replicas' flags as they are now, if it can
+                    await replicated.read(again=True)
                 raise NotAcknowledged(
                     f"no replica confirmed the rebuild's sentinel {name!r} within {self.replica_wait_ms} "
                     f"ms on {replicated.describe(name)}: a failover could lose it, and the shard be "
-                    "taken for lost again. Its mark stays: run the rebuild again once that replica is in "
-                    "sync with its primary"
+                    "taken for lost again. A shard marked not rebuilt stays marked: run the rebuild "
+                    "again once that replica is in sync with its primary; a replica gone for good is "
+                    "waited for until an operator removes it (CLUSTER FORGET its id on every node)"
                 ) from reply
             if isinstance(reply, BaseException):
                 raise reply
             if not reply:
                 raise NotAcknowledged(
                     f"the rebuild's sentinel {name!r} was lost before a replica had it (a failover?), "
-                    "and the shard's rebuild may have gone with it. Its mark stays: run the rebuild again"
+                    "and the shard's rebuild may have gone with it. A shard marked not rebuilt stays "
+                    "marked: run the rebuild again"
                 )
 
     async def _marked(self, board: Board) -> set[int]:
