@@ -480,6 +480,12 @@ class Rebuilder:
         homes = range(board.config.sharding.shards)
         wanted = wanted_periods(board, name, now)
         chosen = homes if shard is None else [s for s in [shard] if s in homes]
+        bands = range(board.config.sharding.shards, layout.physical)
+        banded = layout.strategy == "band" and name in (None, "total")
+        if banded and (await self._homes_waiting(board)).difference(chosen if name is None else ()):
+            # A home shard not rebuilt (marked, or lost and not marked yet) gives the band shards
+            # none of its players: marked first, they are refused until the last home's rebuild.
+            await self._hold_bands(board, bands)
         for home in chosen:  # all first: the rebuild of one takes a while, and writes go on
             if board.prefixes[home] not in self._refilled:  # else ``restore`` started it just now
                 await self.start_journal(board, home)
@@ -489,17 +495,42 @@ class Rebuilder:
             if name is None:  # every period of the shard rebuilt: its reads and writes are exact
                 await self._built(board, [home])
         # A band board's band shards index the totals: rebuilt whenever a total may have changed,
-        # and exact once no home shard is marked (with --shard, the others may still be empty).
+        # and exact once no home shard waits (with --shard, the others may still be empty): until
+        # then they are marked (``_hold_bands``), also when a home was lost meanwhile.
         every = shard is None and name is None  # every shard given its sentinel (``_built``)
-        if layout.strategy == "band" and name in (None, "total"):
+        if banded:
             reports += await self.rebuild_bands(board)
-            if name is None and not (board.rebuilding | await self._marked(board)).intersection(homes):
-                await self._built(board, range(board.config.sharding.shards, layout.physical))
+            waiting = await self._homes_waiting(board)
+            if waiting:
+                await self._hold_bands(board, bands)
+            if name is None and not waiting:
+                await self._built(board, bands)
             else:
                 every = False
         if every:  # a board of the release before carries sentinels from now on
             await BoardStore(board.client, board.scripts).carry(board)
         return reports
+
+    async def _homes_waiting(self, board: Board) -> set[int]:
+        """A band board's home shards that are not rebuilt: those the record (read now) or the Board
+        marks, and, on a board whose shards carry sentinels, those without one (lost, the archiver's
+        mark still to come). A band shard rebuilt now would miss their players."""
+        homes = range(board.config.sharding.shards)
+        waiting = set((board.rebuilding | await self._marked(board)).intersection(homes))
+        if board.sentinels:
+            absent = await self._absent([board.prefixes[h] for h in homes])
+            waiting |= {h for h in homes if board.prefixes[h] in absent}
+        return waiting
+
+    async def _hold_bands(self, board: Board, bands: Iterable[int]) -> None:
+        """Mark a band board's band shards not rebuilt (``BoardStore.unbuilt``) before they are
+        rebuilt from a home shard that is not: until 2026-12-06 they were not, and after `rebuild
+        BOARD --shard 1` of a board that lost home shards 1 and 2 the top was served from band
+        shards holding no player of shard 2, without an error, until `--shard 2`
+        (tests/test_shard_loss.py). Their mark goes with the rebuild after which no home waits."""
+        bands = set(bands)
+        await BoardStore(board.client, board.scripts).unbuilt(board, bands)
+        board.rebuilding = board.rebuilding | bands
 
     async def _built(self, board: Board, shards: Iterable[int]) -> None:
         """Take ``shards``, rebuilt whole, off the shards the board's record names not rebuilt

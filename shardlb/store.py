@@ -222,6 +222,31 @@ class BoardStore:
             if await self.swap(board_id, raw, orjson.dumps(_marked(record, left - done))):
                 return
 
+    async def unbuilt(self, board: Board, shards: Iterable[int]) -> None:
+        """Mark ``shards`` of ``board`` not rebuilt (REBUILDING), whatever their sentinels say: a
+        band board's band shards about to be rebuilt from a home shard that is not rebuilt, which
+        would leave them inexact (``Rebuilder.rebuild``). Through ``swap``, so routers fetch the
+        record again. Nothing when the record is gone, another incarnation's or layout's, names a
+        reshard, is being deleted, or names them already."""
+        wanted = set(shards)
+        while True:
+            raw = await self.client.hget(keys.BOARDS, board.config.id)
+            if raw is None:
+                return
+            record = orjson.loads(raw)
+            if (
+                str(record.get("incarnation", "0")) != board.incarnation
+                or int(record.get("generation", 0)) != board.generation
+                or record.get("reshard")
+                or not isinstance(record.get("state"), dict | None)
+            ):
+                return
+            left = not_rebuilt(record)
+            if wanted <= left:
+                return
+            if await self.swap(board.config.id, raw, orjson.dumps(_marked(record, left | wanted))):
+                return
+
     async def lost(self, board: Board, shards: Iterable[int]) -> list[int]:
         """Mark ``shards`` of ``board`` not rebuilt (REBUILDING) because their sentinels are
         missing: Redis lost them while the registry kept the board (the archiver's finding,

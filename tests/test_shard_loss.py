@@ -900,3 +900,53 @@ async def test_a_band_shard_lost_with_the_home_shard_of_its_players_is_marked_no
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-band-pair")
+
+
+async def test_a_band_boards_top_is_never_served_from_bands_rebuilt_while_a_home_shard_waits(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A band board (3 home shards, band shards 3-6) whose home shards 1 and 2 Redis lost at once (a
+    primary holding both): the archiver marks both, the band shards, untouched, still index every
+    player. `rebuild BOARD --shard 1`, the command the archiver's first ERROR line names, rebuilds
+    home shard 1 and then the band shards from every home's totals, home shard 2's empty: its
+    players went from the band shards. The band shards stayed unmarked (their mark goes once no home
+    is marked; they had none), and the total view reads them alone: the top was served without home
+    shard 2's players, no error, until `--shard 2`. Now the band shards are marked before a rebuild
+    that reads a home shard not rebuilt (marked, or without its sentinel), so the top is refused
+    (503 board_rebuilding) until the last home's rebuild, which takes every mark off. Failed before:
+    the top answered (DID NOT RAISE Rebuilding) with fewer players than the reference."""
+    board_id = "partial-band-two"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, board_id, sharding=sharding("band", 3))
+            assert {board.layout.home(s.player_id) for s in sent} == {0, 1, 2}
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {board_id}), url)
+            try:
+                await drain(a)
+                await slot_wiped(raw, board, 1)
+                await slot_wiped(raw, board, 2)
+                await a.refresh()
+                await archive_round(a)
+                assert (await store.get(board_id)).rebuilding == {1, 2}
+                want = expected_entries(reference(board, sent), "total", None)
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    await rebuilder.rebuild(await other.get(board_id), shard=1)
+                back = await store.get(board_id)
+                assert 2 in back.rebuilding and 1 not in back.rebuilding
+                with pytest.raises(Rebuilding):
+                    await back.top(50)
+                await a.refresh()
+                await archive_round(a)
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    await rebuilder.rebuild(await other.get(board_id), shard=2)
+                back = await store.get(board_id)
+                assert not back.rebuilding
+                assert await back.top(50) == want
+                await a.refresh()
+                await archive_round(a)
+                assert not (await store.get(board_id)).rebuilding
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
