@@ -285,8 +285,9 @@ class Boards:
     async def follow(self) -> None:
         """Read the registry's version (a GET, through the registry gate); when it moved, expire
         the kept copies of the boards whose records changed: those the change log names
-        (``BoardStore.moved``), or, when it cannot say, those whose record differs from the one
-        kept (``BoardStore.held``, at most every ``RECHECK_S_PER_BOARD`` per board compared). An
+        (``BoardStore.moved``) whose record now differs from the one kept (``BoardStore.held`` of
+        those alone: a copy fetched after the change is kept), or, when the log cannot say, every
+        kept copy whose record differs (at most every ``RECHECK_S_PER_BOARD`` per board compared). An
         expired copy stays kept for the kept lane; the next request fetches it (single flight).
         Fetches under way keep nothing, and requests from then on do not join them: what they read
         may be from before the move."""
@@ -318,9 +319,16 @@ class Boards:
             self._moved()
             for board_id in changed:
                 self.missing.pop(board_id, None)
-                kept = self._kept.get(board_id)
-                if kept is not None:
-                    self._kept[board_id] = (-math.inf, kept[1])
+            # Only copies whose record differs from the registry's now: a copy fetched after the
+            # change (this router's own create, a board fetched since) is kept, and so is what
+            # was built of it (its cached top, its ETag).
+            compared = {i: self._kept[i] for i in sorted(changed) if i in self._kept}
+            if compared:
+                async with self.gate:
+                    records = await self.store.held(list(compared))
+                for (board_id, kept), record in zip(compared.items(), records, strict=True):
+                    if self._kept.get(board_id) is kept and record != kept[1].record:
+                        self._kept[board_id] = (-math.inf, kept[1])
         self._seen = version
 
     def _moved(self) -> None:

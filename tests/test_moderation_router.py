@@ -15,6 +15,7 @@ import httpx
 import psycopg
 import pytest
 
+import router.boards
 import shardlb.moderation
 from shardlb import keys, times
 from shardlb.archive import connect_db
@@ -429,6 +430,9 @@ async def test_a_removal_and_a_ban_that_meet_a_reshard_wait_it_out_and_are_audit
     from shardlb.reshard import Resharder
 
     monkeypatch.setattr(router.moderation, "PROPAGATION_S", 0.0)
+    # A router that does not see the reshards before its calls (its looks at the registry's
+    # version failing, or a router of the release before: router/boards.py, ``follow``).
+    monkeypatch.setattr(router.boards, "FOLLOW_S", 3600.0)
     async with running(cluster_url, postgres_url=postgres_url) as (app, client):
         removed, banned = [await make_board(client, durability="memory") for _ in range(2)]
         for name in (removed, banned):
@@ -500,7 +504,7 @@ async def test_a_refused_result_retried_after_a_503_is_recorded_once(
 
 
 async def test_a_refused_result_of_a_call_that_waits_out_a_reshard_is_recorded_once(
-    cluster_url: str, postgres_url: str, store: BoardStore
+    cluster_url: str, postgres_url: str, store: BoardStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A score call that reached a board's old layout after a reshard is made again by the router
     itself on the new one (router/boards.py, through_reshard), and each attempt queued the results
@@ -518,6 +522,8 @@ async def test_a_refused_result_of_a_call_that_waits_out_a_reshard_is_recorded_o
                 self.seen.append(getattr(record, "fields", {}))
 
     logged, logger = Refusals(), logging.getLogger("shardlb.router")
+    # A router that does not see the reshard before the call (router/boards.py, ``follow``).
+    monkeypatch.setattr(router.boards, "FOLLOW_S", 3600.0)
     async with running(cluster_url, postgres_url=postgres_url) as (app, client):
         name = await make_board(client, durability="memory", max_points_per_result=100)
         await post(client, name, [score(f"p{i}", i, f"m{i}") for i in range(10)])
