@@ -50,6 +50,7 @@ from redis.exceptions import ResponseError
 
 from shardlb import archive, keys, moderation, periods, rebuild, settlement_rewards, times
 from shardlb.board import Board
+from shardlb.board import rebuilding as rebuilding_error
 from shardlb.config import check_id
 from shardlb.errors import (
     ArchiveBehind,
@@ -60,6 +61,7 @@ from shardlb.errors import (
     SettlementConflict,
     field_name,
 )
+from shardlb.fanout import batch
 from shardlb.rebuild import Rebuilder
 from shardlb.reconcile import ShardCheck, checksum
 from shardlb.settlement_rewards import Tier
@@ -417,7 +419,8 @@ class Settler:
         settlement then would find a drift that is no drift, and a forced one would pay an order that
         lacks results the board acknowledged. Refused too (Rebuilding, 503 board_rebuilding) while
         the board is being rebuilt after a loss of Redis: the check would read shards still empty
-        (docs/design-notes.md, "A board being rebuilt")."""
+        (docs/design-notes.md, "A board being rebuilt"), and while a shard of it has lost its keys
+        alone (``_lost_shards``)."""
         try:
             await self.rebuilder.check_layout(board, "settle")
         except BoardNotFound:
@@ -428,6 +431,36 @@ class Settler:
                 "when the reshard finishes; settle it then (shardlb reshard --status)",
                 RESHARD_RETRY_S,
             ) from e
+        lost = await self._lost_shards(board)
+        if lost:
+            board_id = board.config.id
+            run = (
+                f"`shardlb rebuild {board_id} --shard {lost[0]}`"
+                if len(lost) == 1
+                else f"`shardlb rebuild {board_id} --shard N` for each (or `shardlb rebuild {board_id}`)"
+            )
+            raise rebuilding_error(
+                board_id,
+                lost,
+                f"Redis lost the keys of shards {', '.join(map(str, lost))} alone (the sentinel is "
+                f"missing); nothing was paid. Run {run}, then settle again (docs/design-notes.md, "
+                '"A shard lost alone")',
+            )
+
+    async def _lost_shards(self, board: Board) -> list[int]:
+        """The board's shards without their sentinel (keys.sentinel_key) when its record says its
+        layout carries them (``Board.sentinels``): Redis lost them alone, and the archiver may not
+        have marked them yet (its next round; none while no archiver runs). Asked before the freeze
+        and after the check (``_at_rest``), so a shard lost before or while the check read it is
+        refused, not reported as drift: until 2026-12-06 the settlement stopped with
+        ``settlement_mismatch``, its row left in ``mismatch``, and its message said to settle again
+        with ``force``."""
+        if not board.sentinels:
+            return []
+        found = batch(self.rebuilder.client)
+        for prefix in board.prefixes:
+            found.execute_command("EXISTS", keys.sentinel_key(prefix))
+        return [s for s, there in enumerate(await found.execute()) if not there]
 
     async def _not_lost(self, board: Board, name: str) -> None:
         """Refuse (409 period_settled) a period Redis records as paid (``Board.mark_paid``) by a
