@@ -752,6 +752,25 @@ class Board:
 
         await asyncio.gather(*(one(prefix) for prefix in self.prefixes))
 
+    async def settled_again(self, name: str, shards: Iterable[int], settlement_id: str | None) -> None:
+        """Put back on ``shards`` (rebuilt after Redis lost them) the markers of a settlement of the
+        dated period ``name`` that PostgreSQL holds: its freeze, and, given the ``settlement_id``
+        that paid it, the record of the payment (``mark_paid``). freeze.lua keeps a marker that is
+        there, so this is idempotent. A rebuild calls it (shardlb/rebuild.py, ``_built``)."""
+        name, expire_at, now = self.dated(name), self._expiry(name), times.now_ms()
+        for shard in shards:
+            prefix = self.prefixes[shard]
+            markers = [(keys.frozen_key(prefix, name), now), (keys.paid_key(prefix, name), settlement_id)]
+            for marker, value in markers:
+                if value is None:
+                    continue
+                try:
+                    await self.scripts.freeze(
+                        keys=[keys.index_key(prefix), keys.gone_key(prefix), marker], args=[expire_at, value]
+                    )
+                except ResponseError as e:
+                    raise self.gone(e) from e
+
     async def paid(self, name: str) -> str | None:
         """The settlement that paid period ``name``, as any shard recorded it (``mark_paid``)."""
         pipe = batch(self.client)

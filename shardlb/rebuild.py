@@ -549,6 +549,7 @@ class Rebuilder:
         a failover then lost the sentinels and the archiver marked the healthy shards."""
         shards = list(shards)
         prefixes = [board.prefixes[s] for s in shards]
+        await self._settled_again(board, shards)
         store = BoardStore(board.client, board.scripts)
         absent = await self._absent(prefixes) if board.sentinels else set(prefixes)
         await store.sentinels(prefixes)
@@ -604,6 +605,31 @@ class Rebuilder:
                     "and the shard's rebuild may have gone with it. A shard marked not rebuilt stays "
                     "marked: run the rebuild again"
                 )
+
+    async def _settled_again(self, board: Board, shards: list[int]) -> None:
+        """The markers of the board's settlements of dated periods still kept (``Board.
+        settled_again``) put back on ``shards``, before their mark is taken off: Redis lost them
+        with the shards. The freeze: no write applies to the period there. The record of a payment
+        (``Board.mark_paid``): a settlement of the period is refused (409 period_settled) once
+        PostgreSQL is restored from a backup taken before it (shardlb/settlement.py, ``_not_lost``).
+        Until 2026-12-06 neither came back: after a loss of Redis and `rebuild --all`, a period paid
+        before it was paid again, under another id or the same one, by a run after such a restore
+        (tests/test_settlement_recovery.py)."""
+        async with self.db.transaction():
+            cur = await self.db.execute("SELECT to_regclass('settlements') IS NOT NULL")
+            found = await cur.fetchone()
+            if not found or not found[0]:
+                return
+            cur = await self.db.execute(
+                "SELECT period, settlement_id, state FROM settlements "
+                "WHERE board = %s AND incarnation = %s AND period <> 'total'",
+                (board.config.id, board.incarnation),
+            )
+            rows = await cur.fetchall()
+        now = times.now_ms()
+        for name, settlement_id, state in rows:
+            if not board.holds_nothing(name, now):  # past its retention its keys have expired
+                await board.settled_again(name, shards, settlement_id if state == "settled" else None)
 
     async def _marked(self, board: Board) -> set[int]:
         """The shards the board's record names not rebuilt now (those of another incarnation: none)."""
