@@ -73,6 +73,10 @@ DRAIN_WAIT_S = 30.0
 RESHARD_RETRY_S = 5.0  # the Retry-After of a settlement refused while its board is resharded
 MAX_URL = 2048  # characters of a webhook_url
 SHARDS_IN_FLIGHT = 8  # shards read at once by the check (each a ZSCAN on its own connection)
+# Award ids (``award_id``) lie in [AWARD_ID_FLOOR, 2^63): above every id the table's sequence gave
+# out (before 2026-12-06, and a release of before writing beside this one), so the two never meet.
+AWARD_ID_FLOOR = 2**40
+AWARD_SALTS = 4  # draws of a settlement's award ids before a clash of ids is raised
 STEPS = ("begin", "freeze", "drain", "compute", "check", "snapshot", "awards", "commit")
 
 SCHEMA = """
@@ -640,6 +644,34 @@ class Settler:
             "forced": any(c.drift for c in checks),
             "check": check_report(checks),
         }
+        # The award ids are drawn from the settlement and the player (``award_id``), not from the
+        # table's sequence: a PostgreSQL restored from a backup hands a sequence's numbers out again.
+        for salt in range(AWARD_SALTS):
+            try:
+                await self._write(board, request, result, order, awards, points, kept, salt)
+            except psycopg.errors.UniqueViolation as e:
+                # Two awards drew one id (a chance of about n^2 / 2^64 for n awards in the table):
+                # rolled back, drawn again under the next salt.
+                if e.diag.constraint_name != "settlement_awards_pkey" or salt == AWARD_SALTS - 1:
+                    raise
+                continue
+            break
+        self.step("commit")
+        return result
+
+    async def _write(
+        self,
+        board: Board,
+        request: Request,
+        result: dict[str, Any],
+        order: Sequence[Standing],
+        awards: Sequence[settlement_rewards.Award],
+        points: Sequence[int],
+        kept: Sequence[int],
+        salt: int,
+    ) -> None:
+        """``_store``'s transaction, the award ids drawn under ``salt`` (``award_id``)."""
+        sid, codec = request.settlement_id, board.codec
         async with self.db.transaction(), self.db.cursor() as cur:
             await cur.execute(
                 "SELECT state, webhook_url FROM settlements WHERE settlement_id = %s FOR UPDATE", (sid,)
@@ -676,11 +708,12 @@ class Settler:
                     await copy.write_row((sid, rank, s.player_id, p, at, s.score))
             self.step("snapshot")
             async with cur.copy(
-                "COPY settlement_awards (settlement_id, rank, player_id, points, reward) FROM STDIN"
+                "COPY settlement_awards (award_id, settlement_id, rank, player_id, points, reward) FROM STDIN"
             ) as copy:
                 for a in awards:
+                    player = order[a.rank - 1].player_id
                     await copy.write_row(
-                        (sid, a.rank, order[a.rank - 1].player_id, points[a.rank - 1], a.reward)
+                        (award_id(sid, player, salt), sid, a.rank, player, points[a.rank - 1], a.reward)
                     )
             self.step("awards")
             if url:
@@ -694,8 +727,6 @@ class Settler:
                 "WHERE settlement_id = %s",
                 (orjson.dumps(result["check"]).decode(), orjson.dumps(result).decode(), sid),
             )
-        self.step("commit")
-        return result
 
 
 def order_sql(mode: str) -> str:
@@ -797,6 +828,21 @@ def _unsigned(settlement_id: str) -> SettlementConflict:
         None,
         "webhook_not_configured",
     )
+
+
+def award_id(settlement_id: str, player_id: str, salt: int = 0) -> int:
+    """The id of the award of ``settlement_id`` to ``player_id``: the webhook's Idempotency-Key and
+    the id a game server pages and acknowledges. Drawn from the two (and ``salt``, 0 unless two
+    awards drew one id), not from a sequence: after PostgreSQL is restored from a backup taken
+    before a settlement, the sequence would hand its award ids out again to the next settlements,
+    whose webhooks a receiver then drops as repeats of keys it took (until 2026-12-06;
+    tests/test_settlement_recovery.py). The same settlement paying the same player again (run
+    again after such a restore, once nothing refuses it) gives the same id, so the receiver drops
+    that repeat instead."""
+    digest = hashlib.blake2b(
+        f"award\x00{salt}\x00{settlement_id}\x00{player_id}".encode(), digest_size=8
+    ).digest()
+    return AWARD_ID_FLOOR + int.from_bytes(digest, "big") % (2**63 - AWARD_ID_FLOOR)
 
 
 def _lock_key(settlement_id: str) -> int:

@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
-from shardlb import rebuild
+from shardlb import keys, rebuild, settlement
 from shardlb.errors import Rebuilding, SettlementConflict
 from shardlb.rebuild import connected
-from shardlb.settlement import STEPS, Request, Settler
+from shardlb.settlement import STEPS, Request, Settler, ensure_schema
+from shardlb.settlement_delivery import deliver_until_done
 from shardlb.store import BoardStore
 from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
 from tests.test_rebuild_jobs import lost
-from tests.test_settlement import TABLE, awards_of, day_ago, expected_awards, new_board, written
+from tests.test_settlement import TABLE, Receiver, awards_of, day_ago, expected_awards, new_board, written
 from tests.test_shard_loss import slot_wiped
 
 pytestmark = pytest.mark.cluster
@@ -30,6 +31,15 @@ async def archived(store: BoardStore, raw: Any, url: str, board_id: str) -> None
         await drain(a)
     finally:
         await a.db.close()
+
+
+async def awards_with_ids(db: Any, settlement_id: str) -> list[tuple[Any, ...]]:
+    """(award id, rank, player) of each award of the settlement, by rank."""
+    cur = await db.execute(
+        "SELECT award_id, rank, player_id FROM settlement_awards WHERE settlement_id = %s ORDER BY rank",
+        (settlement_id,),
+    )
+    return [tuple(row) for row in await cur.fetchall()]
 
 
 async def state_of(db: Any, settlement_id: str) -> str | None:
@@ -183,6 +193,92 @@ async def test_a_settlement_stopped_after_any_step_then_a_total_loss_pays_each_w
                 with pytest.raises(SettlementConflict) as refused:
                     await Settler(rebuilder).settle(back, days["begin"], other_id)
                 assert refused.value.code == "period_settled"
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
+
+
+async def test_awards_after_a_restore_of_postgresql_never_reuse_an_idempotency_key(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A period settled and its webhooks delivered, then PostgreSQL restored from a backup taken
+    before that settlement (its rows gone, the award ids' sequence back where it was), then another
+    period settled. Failed before the fix: the second settlement's awards were given the award ids
+    of the first one's, and so its webhooks the Idempotency-Keys the receiver had taken already: a
+    receiver dropping repeats by the key, as it must, dropped every one of them, and the game
+    server's pages offered ids it had paid. Now no key is used twice."""
+    board_id = "recover-keys"
+    async with own_archive(postgres_url, "settle_recover") as url:
+        board = await new_board(store, board_id)
+        first, second = day_ago(2), day_ago(3)
+        try:
+            for period in (first, second):
+                await written(board, period, f"{board_id}/{period}")
+            await archived(store, raw, url, board_id)
+            async with connected(cluster_url, url) as (rebuilder, other):
+                db = rebuilder.db
+                back = await other.get(board_id)
+                await ensure_schema(db)
+                seq = "pg_get_serial_sequence('settlement_awards', 'award_id')"
+                cur = await db.execute(f"SELECT {seq}")
+                name = (await cur.fetchone())[0]  # type: ignore[index]
+                cur = await db.execute(f"SELECT last_value, is_called FROM {name}")
+                backup = await cur.fetchone()
+                with Receiver("s3cret") as receiver:
+                    body = {"settlement_id": f"{board_id}-1", "rewards": TABLE, "webhook_url": receiver.url}
+                    await Settler(rebuilder).settle(back, first, Request.of(body))
+                    await deliver_until_done(db, "s3cret", f"{board_id}-1", deadline_s=60, base_s=0.05)
+                    taken = set(receiver.posts)
+                    assert taken
+                    # The restore: the settlement's rows gone, the sequence as the backup had it.
+                    await forgotten(db, f"{board_id}-1")
+                    await db.execute(f"SELECT setval({seq}, %s, %s)", tuple(backup))  # type: ignore[arg-type]
+                    body = {"settlement_id": f"{board_id}-2", "rewards": TABLE, "webhook_url": receiver.url}
+                    await Settler(rebuilder).settle(back, second, Request.of(body))
+                    await deliver_until_done(db, "s3cret", f"{board_id}-2", deadline_s=60, base_s=0.05)
+                    keys_now = {str(row[0]) for row in await awards_with_ids(db, f"{board_id}-2")}
+                    assert keys_now and set(receiver.posts) >= keys_now
+                    assert not keys_now & taken
+                    # The first settlement run again once nothing refuses it (its record in Redis
+                    # gone too: past the period's retention) pays its players under the same keys,
+                    # which the receiver drops as repeats.
+                    name_first = back.resolve(first).period
+                    await raw.delete(*(keys.paid_key(p, name_first) for p in back.prefixes))
+                    body = {"settlement_id": f"{board_id}-1", "rewards": TABLE, "webhook_url": receiver.url}
+                    await Settler(rebuilder).settle(back, first, Request.of(body))
+                    assert {str(row[0]) for row in await awards_with_ids(db, f"{board_id}-1")} == taken
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
+
+
+async def test_two_awards_drawing_one_id_are_drawn_again(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Award ids come from a hash of the settlement and the player: when two draw one id (made
+    certain here for the first draw), the transaction rolls back and the ids are drawn again under
+    the next salt; the settlement pays the reference's awards, each under its own id."""
+    board_id = "recover-clash"
+    real = settlement.award_id
+
+    def clashing(settlement_id: str, player_id: str, salt: int = 0) -> int:
+        return real(settlement_id, "" if salt == 0 else player_id, salt)
+
+    monkeypatch.setattr(settlement, "award_id", clashing)
+    async with own_archive(postgres_url, "settle_recover") as url:
+        board = await new_board(store, board_id)
+        period = day_ago(2)
+        try:
+            ref = await written(board, period, board_id)
+            await archived(store, raw, url, board_id)
+            async with connected(cluster_url, url) as (rebuilder, other):
+                back = await other.get(board_id)
+                request = Request.of({"settlement_id": board_id, "rewards": TABLE})
+                await Settler(rebuilder).settle(back, period, request)
+                want = expected_awards(ref, period, back)
+                assert want and await awards_of(rebuilder.db, board_id) == want
+                ids = [row[0] for row in await awards_with_ids(rebuilder.db, board_id)]
+                assert len(set(ids)) == len(ids) and min(ids) >= settlement.AWARD_ID_FLOOR
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(board_id)
