@@ -438,6 +438,7 @@ class Settler:
         lost = await self._lost_shards(board)
         if lost:
             board_id = board.config.id
+            shards = ("shard " if len(lost) == 1 else "shards ") + ", ".join(map(str, lost))
             run = (
                 f"`shardlb rebuild {board_id} --shard {lost[0]}`"
                 if len(lost) == 1
@@ -446,9 +447,8 @@ class Settler:
             raise rebuilding_error(
                 board_id,
                 lost,
-                f"Redis lost the keys of shards {', '.join(map(str, lost))} alone (the sentinel is "
-                f"missing); nothing was paid. Run {run}, then settle again (docs/design-notes.md, "
-                '"A shard lost alone")',
+                f"Redis lost the keys of {shards} alone (the sentinel is missing); nothing was paid. Run "
+                f'{run}, then settle again (docs/design-notes.md, "A shard lost alone")',
             )
 
     async def _lost_shards(self, board: Board) -> list[int]:

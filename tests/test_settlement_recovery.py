@@ -48,14 +48,15 @@ async def state_of(db: Any, settlement_id: str) -> str | None:
     return None if row is None else row[0]
 
 
-@pytest.mark.parametrize("when", ["before", "after-freeze"])
+@pytest.mark.parametrize("when", ["before", "after-freeze", "two-before"])
 async def test_a_shard_lost_alone_is_refused_until_its_rebuild_then_settles_exactly(
     store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, when: str
 ) -> None:
     """A shard's slot wiped before the settlement (no archiver round since, so nothing marked it),
-    or between its drain and its check. The settlement is refused (Rebuilding) naming `shardlb
-    rebuild BOARD --shard 1`, its row not left in ``mismatch``, nothing paid; after that rebuild the
-    same settlement pays the reference's order, and once only."""
+    or between its drain and its check (or two shards' slots before it). The settlement is refused
+    (Rebuilding) naming `shardlb rebuild BOARD --shard 1` (the form for each, for two), its row not
+    left in ``mismatch``, nothing paid; after that rebuild the same settlement pays the reference's
+    order, and once only."""
     board_id = f"recover-shard-{when}"
     async with own_archive(postgres_url, "settle_recover") as url:
         board = await new_board(store, board_id)
@@ -65,8 +66,10 @@ async def test_a_shard_lost_alone_is_refused_until_its_rebuild_then_settles_exac
             await archived(store, raw, url, board_id)
             request = Request.of({"settlement_id": f"{board_id}-1", "rewards": TABLE})
 
-            if when == "before":
+            if when != "after-freeze":
                 assert await slot_wiped(raw, board, 1) > 0
+            if when == "two-before":
+                assert await slot_wiped(raw, board, 2) > 0
             async with connected(cluster_url, url) as (rebuilder, other):
                 back = await other.get(board_id)
                 settler = Settler(rebuilder)
@@ -80,11 +83,16 @@ async def test_a_shard_lost_alone_is_refused_until_its_rebuild_then_settles_exac
                     settler.drained = drained_then_wiped  # type: ignore[method-assign]
                 with pytest.raises(Rebuilding) as refused:
                     await settler.settle(back, period, request)
-                assert f"shardlb rebuild {board_id} --shard 1" in refused.value.message
+                if when == "two-before":
+                    assert "shards 1, 2 alone" in refused.value.message
+                    assert f"`shardlb rebuild {board_id} --shard N` for each" in refused.value.message
+                else:
+                    assert f"shardlb rebuild {board_id} --shard 1`" in refused.value.message
                 assert await state_of(rebuilder.db, f"{board_id}-1") != "mismatch"
                 assert await awards_of(rebuilder.db, f"{board_id}-1") == []
             async with connected(cluster_url, url) as (rebuilder, other):
-                await rebuilder.rebuild(await other.get(board_id), shard=1)
+                for shard in (1, 2) if when == "two-before" else (1,):
+                    await rebuilder.rebuild(await other.get(board_id), shard=shard)
             async with connected(cluster_url, url) as (rebuilder, other):
                 back = await other.get(board_id)
                 result = await Settler(rebuilder).settle(back, period, request)
