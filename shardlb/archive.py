@@ -1676,22 +1676,40 @@ async def serve(
     """Archive every journaled board until ``stop`` is set, keeping the lag gauges current; with
     ``repair_every_s``, finish the band moves writes left pending meanwhile (``repair_bands``); with
     ``deliver_every_s`` and a ``webhook_secret``, send the settlement webhook deliveries that are due
-    and that no router or command is sending (``settlement_delivery.sweep_forever``)."""
-    raw = connect(redis_url, decode=False)
-    client = connect(redis_url)
-    scripts = Scripts.register(client)
-    await scripts.load(client)
-    store = BoardStore(client, scripts)
-    # Band repairs need Redis only: they go on while PostgreSQL is away.
-    tasks = [asyncio.create_task(repair_bands(store, stop, repair_every_s))] if repair_every_s else []
+    and that no router or command is sending (``settlement_delivery.sweep_forever``).
+
+    The sweep needs PostgreSQL alone, so it starts first, and the archiver waits for Redis as it
+    waits for PostgreSQL: until 2026-12-06 an archiver started while Redis was out of reach (an
+    outage, its pod restarted meanwhile) exited at once, over and over, and the deliveries a stopped
+    router left waited for Redis (tests/test_settlement_recovery.py)."""
+    tasks = []
     if deliver_every_s and webhook_secret:  # on a PostgreSQL connection of its own, reconnecting itself
         sweep = settlement_delivery.sweep_forever(postgres_url, webhook_secret, stop, deliver_every_s)
         tasks.append(asyncio.create_task(sweep))
     elif deliver_every_s:
         log.info("settlement webhooks are not swept by this archiver: SHARDLB_WEBHOOK_SECRET is not set")
+    raw = connect(redis_url, decode=False)
+    client = connect(redis_url)
     db = None
-    outage = Outage(log, "PostgreSQL not reachable yet; retrying", "PostgreSQL reachable")
     try:
+        scripts = Scripts.register(client)
+        outage = Outage(log, "Redis not reachable yet; retrying", "Redis reachable")
+        while True:  # the cluster may come up after us (the router waits for it too: router/service.py)
+            try:
+                await scripts.load(client)
+                break
+            except (RedisError, RedisClusterException, OSError) as e:
+                pause = retry_pause(outage.failures + 1)
+                outage.failed(e, {"pause_s": pause})
+                await _sleep(stop, pause)
+                if stop.is_set():
+                    return
+        outage.succeeded()
+        store = BoardStore(client, scripts)
+        # Band repairs need Redis only: they go on while PostgreSQL is away.
+        if repair_every_s:
+            tasks.append(asyncio.create_task(repair_bands(store, stop, repair_every_s)))
+        outage = Outage(log, "PostgreSQL not reachable yet; retrying", "PostgreSQL reachable")
         while db is None:  # PostgreSQL may come up after us: the journals wait meanwhile
             try:
                 db = await connect_db(postgres_url)

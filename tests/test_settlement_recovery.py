@@ -5,12 +5,15 @@ refused with a message naming what to run, paying nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from typing import Any
 
+import psycopg
 import pytest
 
-from shardlb import keys, rebuild, settlement
+from shardlb import archive, keys, rebuild, settlement
 from shardlb.errors import Rebuilding, SettlementConflict
 from shardlb.rebuild import connected
 from shardlb.settlement import STEPS, Request, Settler, ensure_schema
@@ -18,10 +21,14 @@ from shardlb.settlement_delivery import deliver_until_done
 from shardlb.store import BoardStore
 from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
 from tests.test_rebuild_jobs import lost
+from tests.test_router_logs import kept
 from tests.test_settlement import TABLE, Receiver, awards_of, day_ago, expected_awards, new_board, written
 from tests.test_shard_loss import slot_wiped
 
 pytestmark = pytest.mark.cluster
+
+NO_REDIS = "redis://127.0.0.1:1"  # nothing listens on port 1
+SECRET = "s3cret"
 
 
 async def archived(store: BoardStore, raw: Any, url: str, board_id: str) -> None:
@@ -290,3 +297,48 @@ async def test_two_awards_drawing_one_id_are_drawn_again(
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(board_id)
+
+
+async def test_the_archivers_webhook_sweep_goes_on_while_redis_is_out_of_reach(postgres_url: str) -> None:
+    """An award's delivery left due (its router stopped), and `shardlb archive` started while Redis
+    cannot be reached (a Redis outage, the archiver's pod restarted meanwhile). Failed before the
+    fix: ``serve`` raised RedisClusterUnreachableError at its start (the command exited 1, its pod
+    restarting over and over), so the sweep, which needs PostgreSQL alone, sent nothing until Redis
+    was back. Now the archiver waits for Redis as it waits for PostgreSQL, the sweep running
+    meanwhile: the delivery is made (its first post failed, its retry taken), under its award id."""
+    async with own_archive(postgres_url, "settle_recover") as url:
+        db = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        stack = contextlib.ExitStack()
+        try:
+            await ensure_schema(db)
+            with Receiver(SECRET) as receiver:
+                await db.execute(
+                    "INSERT INTO settlements (settlement_id, board, incarnation, period, rewards, top_n, "
+                    "tie_awards, webhook_url, state) VALUES "
+                    "('sweep-1', 'sweep', '0', 'd:2026-11-30', '[]', 10, 'cut', %s, 'settled')",
+                    (receiver.url,),
+                )
+                cur = await db.execute(
+                    "INSERT INTO settlement_awards (settlement_id, rank, player_id, points, reward) "
+                    "VALUES ('sweep-1', 1, 'p1', 10, 'gold') RETURNING award_id"
+                )
+                award = (await cur.fetchone())[0]  # type: ignore[index]
+                await db.execute(
+                    "INSERT INTO settlement_deliveries (award_id, url) VALUES (%s, %s)", (award, receiver.url)
+                )
+                stop = asyncio.Event()
+                logged = stack.enter_context(kept("shardlb.archive"))
+                task = asyncio.create_task(
+                    archive.serve(NO_REDIS, url, "off", stop, deliver_every_s=0.05, webhook_secret=SECRET)
+                )
+                for _ in range(600):  # a bound, not a timing: the sweep's retry is due after 1 s
+                    if task.done() or receiver.posts.get(str(award), 0) >= 2:
+                        break
+                    await asyncio.sleep(0.1)
+                stop.set()
+                await asyncio.wait_for(task, 30)
+            assert receiver.posts == {str(award): 2}
+            assert [m for m, _ in logged.lines(logging.WARNING)] == ["Redis not reachable yet; retrying"]
+        finally:
+            stack.close()
+            await db.close()
