@@ -1688,23 +1688,25 @@ async def serve(
         tasks.append(asyncio.create_task(sweep))
     elif deliver_every_s:
         log.info("settlement webhooks are not swept by this archiver: SHARDLB_WEBHOOK_SECRET is not set")
-    raw = connect(redis_url, decode=False)
-    client = connect(redis_url)
-    db = None
+    raw = client = db = None
     try:
-        scripts = Scripts.register(client)
         outage = Outage(log, "Redis not reachable yet; retrying", "Redis reachable")
         while True:  # the cluster may come up after us (the router waits for it too: router/service.py)
+            client = connect(redis_url)  # a client of its own each try: none keeps a failed start's state
+            scripts = Scripts.register(client)
             try:
                 await scripts.load(client)
                 break
             except (RedisError, RedisClusterException, OSError) as e:
+                await client.aclose()
+                client = None
                 pause = retry_pause(outage.failures + 1)
                 outage.failed(e, {"pause_s": pause})
                 await _sleep(stop, pause)
                 if stop.is_set():
                     return
         outage.succeeded()
+        raw = connect(redis_url, decode=False)
         store = BoardStore(client, scripts)
         # Band repairs need Redis only: they go on while PostgreSQL is away.
         if repair_every_s:
@@ -1732,8 +1734,10 @@ async def serve(
         await asyncio.gather(*tasks, return_exceptions=True)
         if db is not None:
             await db.close()
-        await raw.aclose()
-        await client.aclose()
+        if raw is not None:
+            await raw.aclose()
+        if client is not None:
+            await client.aclose()
 
 
 async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) -> None:

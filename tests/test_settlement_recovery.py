@@ -13,7 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardlb import archive, keys, rebuild, settlement
+from shardlb import archive, keys, rebuild, settlement, times
+from shardlb.board import Score
 from shardlb.errors import Rebuilding, SettlementConflict
 from shardlb.rebuild import connected
 from shardlb.settlement import STEPS, Request, Settler, ensure_schema
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.cluster
 
 NO_REDIS = "redis://127.0.0.1:1"  # nothing listens on port 1
 SECRET = "s3cret"
+ARCHIVED = "SELECT count(*) FROM match_results WHERE board = %s"
 
 
 async def archived(store: BoardStore, raw: Any, url: str, board_id: str) -> None:
@@ -342,3 +344,46 @@ async def test_the_archivers_webhook_sweep_goes_on_while_redis_is_out_of_reach(p
         finally:
             stack.close()
             await db.close()
+
+
+async def test_an_archiver_started_before_redis_archives_once_redis_is_there(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for Redis ends: its first tries meet no cluster, a later one the suite's; the archiver
+    then runs and archives a result written meanwhile (each try with a client of its own)."""
+    tries: list[str] = []
+    real = archive.connect
+
+    def connecting(url: str, **kwargs: Any) -> Any:
+        tries.append(url)
+        return real(NO_REDIS if len(tries) <= 3 else url, **kwargs)
+
+    monkeypatch.setattr(archive, "connect", connecting)
+    monkeypatch.setattr(archive, "retry_pause", lambda failures: 0.01)
+    board = await new_board(store, "recover-late-redis")
+    try:
+        await board.submit([Score("p1", 10, "m1", times.now_ms())])
+        async with own_archive(postgres_url, "settle_recover") as url:
+            stop = asyncio.Event()
+            with kept("shardlb.archive") as logged:
+                task = asyncio.create_task(archive.serve(cluster_url, url, "late", stop))
+                db = await psycopg.AsyncConnection.connect(url, autocommit=True)
+                try:
+                    for _ in range(600):  # a bound, not a timing
+                        if task.done():
+                            break
+                        with contextlib.suppress(psycopg.Error):
+                            cur = await db.execute(ARCHIVED, ("recover-late-redis",))
+                            if (await cur.fetchone())[0]:  # type: ignore[index]
+                                break
+                        await asyncio.sleep(0.1)
+                    stop.set()
+                    await asyncio.wait_for(task, 30)
+                    cur = await db.execute(ARCHIVED, ("recover-late-redis",))
+                    assert (await cur.fetchone())[0] == 1  # type: ignore[index]
+                finally:
+                    await db.close()
+            assert len(tries) >= 4
+            assert "Redis reachable" in [m for m, _ in logged.lines(logging.INFO)]
+    finally:
+        await store.delete(board.config.id)
