@@ -241,7 +241,9 @@ class Boards:
                 async with self.gate, metrics.redis_call("board"):
                     board = await self.store.get(board_id)
         except BoardNotFound:
-            if self.changes != changes:  # a create or a delete ended meanwhile: this may be older
+            # A create or a delete ended meanwhile, or a move was taken in (``follow``): this may be
+            # older, and remembered missing it would hide a board the move created.
+            if self.changes != changes or self.moves != moves:
                 raise
             self._kept.pop(board_id, None)
             if read:
@@ -304,6 +306,9 @@ class Boards:
             if now < self._recheck_by:
                 return  # the next look tries again
             self._moved()
+            # Any board may have been created: none is remembered missing any more (as the log's
+            # names are taken off below).
+            self.missing.clear()
             compared = {i: k for i, k in self._kept.items() if now - k[0] < self.ttl_s}
             ids = sorted(compared)
             records = []

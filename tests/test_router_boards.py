@@ -619,3 +619,51 @@ async def test_the_follow_loop_is_quiet_and_goes_on_through_redis_errors(
         store.version = real  # type: ignore[method-assign]
         await asyncio.wait_for(task, 10)
         await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_read_that_found_a_board_missing_before_a_move_does_not_hide_it(store: BoardStore) -> None:
+    """A read's fetch that found no board, and ends after ``follow`` took in the move of its
+    creation by another process, answers its caller but remembers nothing: the board is read at
+    the next request. Failed before: the late answer marked it missing anew after the change log
+    had taken it off, and reads answered 404 for ``missing_ttl_s`` (an hour here)."""
+    name = board_name("late")
+    held = HeldStore(store.client, store.scripts)
+    boards = Boards(held, Gate(4), ttl_s=3600.0, missing_ttl_s=3600.0)
+    await boards.follow()
+    try:
+        fetch = await held_lookup(boards, held, name)  # found nothing, its answer held
+        await store.create(BoardConfig.from_dict(name, {}))  # through another process
+        await boards.follow()
+        held.go.set()
+        with pytest.raises(BoardNotFound):
+            await fetch  # its own answer: read before the creation
+        assert (await boards.lookup(name)).config.id == name
+    finally:
+        held.go.set()
+        with contextlib.suppress(BoardNotFound):
+            await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_board_created_by_a_process_that_writes_no_note_is_not_hidden_by_the_missing_memory(
+    store: BoardStore,
+) -> None:
+    """A board remembered missing, then created by a process whose move the change log does not
+    name (a process of the release before the log, or a gap): when ``follow`` cannot tell which
+    boards changed, it forgets the boards remembered missing too, as it compares the copies it
+    keeps. Failed before: only the boards the log named were taken off that memory, so reads of
+    this one answered 404 for ``missing_ttl_s`` (an hour here)."""
+    name = board_name("unnoted")
+    boards = Boards(store, Gate(4), ttl_s=3600.0, missing_ttl_s=3600.0)
+    await boards.follow()
+    try:
+        with pytest.raises(BoardNotFound):
+            await boards.lookup(name)
+        await store.create(BoardConfig.from_dict(name, {}))
+        await store.client.set(keys.BOARDS_VERSION, board_name("v"))  # a move without a note
+        await boards.follow()
+        assert (await boards.lookup(name)).config.id == name
+    finally:
+        with contextlib.suppress(BoardNotFound):
+            await store.delete(name)
