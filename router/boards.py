@@ -23,7 +23,9 @@ hundred bytes whatever the boards kept (a comparison of 2,000 boards kept: about
 a second). Nothing is added on a request's path. The expiry (``ttl_s``, 5 s) stays the bound for
 what the version does not show: records written by processes of the release before the version
 (they do not move it), and any time the looks fail (Redis unreachable: logged as an ``Outage``, a
-few lines an hour; a look the registry gate refuses is skipped).
+few lines an hour), and while every permit of the registry gate is held (a look takes only a
+permit free now: it never waits in the gate's queue ahead of requests' fetches, nor takes a place
+in it; it is skipped).
 
 Public reads (``lookup``) must not be able to crowd writes out of that gate with a flood of board
 ids that do not exist: their fetches and listings first take the read lane, a gate of one permit
@@ -269,8 +271,8 @@ class Boards:
     async def run(self) -> None:
         """``follow`` every ``follow_s`` until ``closed``. A failure (Redis unreachable, a timeout)
         is logged as an ``Outage`` (a few lines an hour) and the next look comes at its time: the
-        copies meanwhile expire after ``ttl_s``, as before the version was followed. A look the
-        registry gate refuses (its queue full) is skipped: requests first."""
+        copies meanwhile expire after ``ttl_s``, as before the version was followed. A look that finds
+        no registry permit free (``Gate.spare``) is skipped: requests first."""
         while not self.closed:
             try:
                 await self.follow()
@@ -293,13 +295,13 @@ class Boards:
         expired copy stays kept for the kept lane; the next request fetches it (single flight).
         Fetches under way keep nothing, and requests from then on do not join them: what they read
         may be from before the move."""
-        async with self.gate:
+        with self.gate.spare():  # never queued ahead of requests' fetches: skipped (``run``)
             version = await self.store.version()
         if version == self._seen:
             return
         changed = None
         if self._seen is not _UNREAD:
-            async with self.gate:
+            with self.gate.spare():
                 version, changed = await self.store.moved(self._seen)
         if changed is None:
             now = time.monotonic()
@@ -313,7 +315,7 @@ class Boards:
             ids = sorted(compared)
             records = []
             if ids:
-                async with self.gate:
+                with self.gate.spare():
                     records = await self.store.held(ids)
             self._recheck_by = time.monotonic() + len(ids) * RECHECK_S_PER_BOARD
             for board_id, record in zip(ids, records, strict=True):

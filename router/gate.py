@@ -10,7 +10,9 @@ the requests a worker handles at once, and never waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
+from collections.abc import Iterator
 from types import TracebackType
 
 from shardlb.errors import Overloaded
@@ -68,6 +70,19 @@ class Gate:
             raise
         finally:
             timer.cancel()
+
+    @contextlib.contextmanager
+    def spare(self) -> Iterator[None]:
+        """Hold a permit that is free now, else raise Overloaded at once: for a background loop that
+        must never wait in the queue ahead of requests, nor take a place in it (router/boards.py,
+        ``Boards.follow``). While a permit is free nobody waits, so this takes none from a waiter."""
+        if not self._free:
+            raise Overloaded(f"no {self.what} permit free now", retry_after=1.0)
+        self._free -= 1
+        try:
+            yield
+        finally:
+            self.release()
 
     def release(self) -> None:
         while self._waiters:

@@ -18,7 +18,7 @@ from shardlb import keys
 from shardlb.board import Board
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
-from shardlb.errors import BoardNotFound
+from shardlb.errors import BoardNotFound, Overloaded
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running, service_of
 
@@ -667,3 +667,31 @@ async def test_a_board_created_by_a_process_that_writes_no_note_is_not_hidden_by
     finally:
         with contextlib.suppress(BoardNotFound):
             await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_look_at_the_version_never_waits_for_the_registry_gate(store: BoardStore) -> None:
+    """While requests' fetches hold every permit of the registry gate (a slow registry primary), a
+    look at the registry's version is skipped, not queued: queued, it took a place in the gate's
+    queue and the next permit freed before the requests that came after it, and held it for as
+    long as the primary took to answer. Failed before: the look waited in the gate's queue."""
+    gate = Gate(2, 10, 30.0)
+    boards = Boards(store, gate, ttl_s=3600.0)
+    await boards.follow()
+    await gate.acquire()
+    await gate.acquire()  # two fetches under way
+    look = asyncio.ensure_future(boards.follow())
+    try:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert gate.waiting == 0
+        with pytest.raises(Overloaded):
+            await look
+    finally:
+        gate.release()
+        gate.release()
+        look.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Overloaded):
+            await look
+    await boards.follow()  # a permit free: the look is made
+    assert gate.held == 0
