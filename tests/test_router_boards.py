@@ -695,3 +695,45 @@ async def test_a_look_at_the_version_never_waits_for_the_registry_gate(store: Bo
             await look
     await boards.follow()  # a permit free: the look is made
     assert gate.held == 0
+
+
+@pytest.mark.cluster
+async def test_the_follow_loop_goes_on_through_a_bug_and_says_so_once_with_its_trace(
+    store: BoardStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error that is no outage (a bug: here a ValueError from every look) neither ends the loop
+    nor floods the log: one warning, with the traceback, and the looks go on; the first look that
+    works again takes the move in."""
+    name = board_name("buggy")
+    await store.create(BoardConfig.from_dict(name, {}))
+    boards = Boards(store, Gate(4), ttl_s=3600.0)
+    boards.follow_s = 0.01
+    real = store.version
+    looks = [0]
+
+    async def broken() -> Any:
+        looks[0] += 1
+        raise ValueError("a bug")
+
+    task = asyncio.ensure_future(boards.run())
+    try:
+        await boards.lookup(name)
+        caplog.set_level(logging.INFO, "shardlb.router")
+        store.version = broken  # type: ignore[method-assign]
+        while looks[0] < 30 and not task.done():
+            await asyncio.sleep(0.01)
+        assert not task.done()
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and warnings[0].exc_info is not None
+        await marked(store, name, store.swap)
+        store.version = real  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20.0
+        while boards.cached(name) is not None and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert boards.cached(name) is None
+    finally:
+        boards.closed = True
+        store.version = real  # type: ignore[method-assign]
+        await asyncio.wait_for(task, 10)
+        await store.delete(name)
