@@ -17,10 +17,11 @@ of a few entries) and expires their copies only; the next request of such a boar
 an expired one (single flight, the kept lane). When the log cannot say (a move without a note, or
 more moves than it keeps), the records kept unexpired are compared with the registry's (an HMGET,
 500 at a time, about 0.5 kB a board), at most once every ``RECHECK_S_PER_BOARD`` per board
-compared. A fetch under way when a move is taken in keeps nothing, and later requests do not join
-it. Costs per worker: 4 GETs a second to the registry's primary; a move costs a MULTI of a few
-hundred bytes whatever the boards kept (a comparison of 2,000 boards kept: about 1 MB, at most once
-a second). Nothing is added on a request's path. The expiry (``ttl_s``, 5 s) stays the bound for
+compared. A fetch under way of a board a move taken in names (of any board, when the log cannot
+say) keeps nothing, and later requests do not join it. Costs per worker: 4 GETs a second to the
+registry's primary; a move costs a MULTI of a few hundred bytes whatever the boards kept (a
+comparison of 2,000 boards kept: about 1 MB, at most once a second). Nothing is added on a
+request's path. The expiry (``ttl_s``, 5 s) stays the bound for
 what the version does not show: records written by processes of the release before the version
 (they do not move it), and any time the looks fail (Redis unreachable: logged as an ``Outage``, a
 few lines an hour), and while every permit of the registry gate is held (a look takes only a
@@ -147,6 +148,10 @@ class Boards:
         self.changes = 0  # creates and deletes through this router done: see ``_fetch``
         self.follow_s = FOLLOW_S
         self.moves = 0  # moves of the registry's version taken in by ``follow``: see ``_fetch``
+        # Board id -> ``moves`` when a move the change log names it in was taken in, and ``moves``
+        # when one it could not name was: a fetch begun before either keeps nothing (``_fetch``).
+        self._named: dict[str, int] = {}
+        self._unnamed = 0
         self._seen: Any = _UNREAD  # the registry's version as ``follow`` last took it in
         self._recheck_by = 0.0  # no comparison of the records kept before this (monotonic s)
         self.closed = False  # ``run`` ends (the worker stops)
@@ -245,13 +250,13 @@ class Boards:
         except BoardNotFound:
             # A create or a delete ended meanwhile, or a move was taken in (``follow``): this may be
             # older, and remembered missing it would hide a board the move created.
-            if self.changes != changes or self.moves != moves:
+            if self.changes != changes or self._moved_since(board_id, moves):
                 raise
             self._kept.pop(board_id, None)
             if read:
                 self._missing(board_id)
             raise
-        if self.changes != changes or self.moves != moves:  # what it read may be from before
+        if self.changes != changes or self._moved_since(board_id, moves):  # it may be from before
             return board
         self.missing.pop(board_id, None)
         if len(self._kept) >= MAX_BOARDS:
@@ -293,8 +298,9 @@ class Boards:
         those alone: a copy fetched after the change is kept), or, when the log cannot say, every
         kept copy whose record differs (at most every ``RECHECK_S_PER_BOARD`` per board compared). An
         expired copy stays kept for the kept lane; the next request fetches it (single flight).
-        Fetches under way keep nothing, and requests from then on do not join them: what they read
-        may be from before the move."""
+        Fetches under way of the boards changed (of every board, when the log cannot say) keep
+        nothing, and requests from then on do not join them: what they read may be from before the
+        move."""
         with self.gate.spare():  # never queued ahead of requests' fetches: skipped (``run``)
             version = await self.store.version()
         if version == self._seen:
@@ -323,8 +329,16 @@ class Boards:
                 if self._kept.get(board_id) is compared[board_id] and record != compared[board_id][1].record:
                     self._kept[board_id] = (-math.inf, compared[board_id][1])
         else:
-            self._moved()
+            # Only fetches of the boards named keep nothing (``_moved_since``). The names are
+            # bounded: past MAX_BOARDS the move is taken as one the log could not name.
+            if len(self._named) + len(changed) > MAX_BOARDS:
+                self._moved()
+            else:
+                self.moves += 1
             for board_id in changed:
+                self._named[board_id] = self.moves
+                self._writes.forget(board_id)
+                self._reads.forget(board_id)
                 self.missing.pop(board_id, None)
             # Only copies whose record differs from the registry's now: a copy fetched after the
             # change (this router's own create, a board fetched since) is kept, and so is what
@@ -339,11 +353,18 @@ class Boards:
         self._seen = version
 
     def _moved(self) -> None:
-        """A move of the version is being taken in: fetches under way keep nothing, and later
-        lookups do not join them."""
+        """A move of the version that may have changed any record is being taken in: fetches under
+        way keep nothing, and later lookups do not join them."""
         self.moves += 1
+        self._unnamed = self.moves
+        self._named.clear()  # what they say, this says of every board
         self._writes.clear()
         self._reads.clear()
+
+    def _moved_since(self, board_id: str, moves: int) -> bool:
+        """Whether a move taken in after ``moves`` (``self.moves`` then) may have changed the record
+        of ``board_id``: one the change log named it in, or one it could not name."""
+        return self._unnamed > moves or self._named.get(board_id, 0) > moves
 
     def _missing(self, board_id: str) -> None:
         self.missing.pop(board_id, None)

@@ -737,3 +737,31 @@ async def test_the_follow_loop_goes_on_through_a_bug_and_says_so_once_with_its_t
         store.version = real  # type: ignore[method-assign]
         await asyncio.wait_for(task, 10)
         await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_fetch_under_way_keeps_its_board_through_a_move_that_names_another(store: BoardStore) -> None:
+    """A move the change log says changed another board does not touch a fetch under way: it keeps
+    what it read, and requests after the move join it. Failed before: every move taken in made
+    every fetch under way keep nothing and start again at the next request (one more registry read
+    a fetch and a move: where the registry's primary answers slower than the looks come, a board's
+    copy was never kept while the version moved, and each request of it queued a fetch)."""
+    names = [board_name("fetched"), board_name("changed")]
+    for name in names:
+        await store.create(BoardConfig.from_dict(name, {}))
+    held = HeldStore(store.client, store.scripts)
+    try:
+        boards = Boards(held, Gate(4), ttl_s=3600.0)
+        await boards.follow()
+        fetch = asyncio.ensure_future(boards.get(names[0]))
+        await held.read.wait()
+        await marked(store, names[1], store.swap)
+        await boards.follow()
+        later = asyncio.ensure_future(boards.get(names[0]))  # joins the fetch under way
+        held.go.set()
+        assert await fetch is await later
+        assert boards.cached(names[0]) is not None
+    finally:
+        held.go.set()
+        for name in names:
+            await store.delete(name)
