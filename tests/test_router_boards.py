@@ -122,14 +122,14 @@ class HeldStore(BoardStore):
         super().__init__(client, scripts)
         self.read = asyncio.Event()
         self.go = asyncio.Event()
-        self.held = False
+        self.holding = False
 
     async def get(self, board_id: str) -> Board:
         try:
             return await super().get(board_id)
         finally:
-            if not self.held:
-                self.held = True
+            if not self.holding:
+                self.holding = True
                 self.read.set()
                 await self.go.wait()
 
@@ -204,12 +204,12 @@ class HeldList(BoardStore):
         super().__init__(client, scripts)
         self.read = asyncio.Event()
         self.go = asyncio.Event()
-        self.held = False
+        self.holding = False
 
     async def records(self) -> tuple[Any, dict[str, Any]]:
         listed = await super().records()
-        if not self.held:
-            self.held = True
+        if not self.holding:
+            self.holding = True
             self.read.set()
             await self.go.wait()
         return listed

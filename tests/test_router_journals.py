@@ -99,12 +99,12 @@ class HeldStore(BoardStore):
         self.only = only
         self.listed = asyncio.Event()
         self.go = asyncio.Event()
-        self.held = False
+        self.holding = False
 
     async def boards(self, reuse: bool = False) -> list[Board]:
         listed = [b for b in await super().boards(reuse) if b.config.id == self.only]
-        if not self.held:
-            self.held = True
+        if not self.holding:
+            self.holding = True
             self.listed.set()
             await self.go.wait()
         return listed
