@@ -55,6 +55,7 @@ digest), the body is kept as it was. A worker holds one listing, its two renderi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import math
@@ -313,15 +314,16 @@ class Boards:
             now = time.monotonic()
             if now < self._recheck_by:
                 return  # the next look tries again
-            self._moved()
-            # Any board may have been created: none is remembered missing any more (as the log's
-            # names are taken off below).
-            self.missing.clear()
             compared = {i: k for i, k in self._kept.items() if now - k[0] < self.ttl_s}
             ids = sorted(compared)
             records = []
-            if ids:
-                with self.gate.spare():
+            # The permit first: a look the gate refuses discards nothing (the next one compares).
+            with self.gate.spare() if ids else contextlib.nullcontext():
+                self._moved()
+                # Any board may have been created: none is remembered missing any more (as the
+                # log's names are taken off below).
+                self.missing.clear()
+                if ids:
                     records = await self.store.held(ids)
             self._recheck_by = time.monotonic() + len(ids) * RECHECK_S_PER_BOARD
             for board_id, record in zip(ids, records, strict=True):

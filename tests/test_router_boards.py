@@ -765,3 +765,56 @@ async def test_a_fetch_under_way_keeps_its_board_through_a_move_that_names_anoth
         held.go.set()
         for name in names:
             await store.delete(name)
+
+
+class Crowded(HeldStore):
+    """A HeldStore whose ``moved`` ends with a request queued at the registry gate ``gate``: the
+    permit it frees goes to that request, and none is free for what comes next."""
+
+    gate: Gate
+    queued: asyncio.Future[None] | None = None
+
+    async def moved(self, since: Any) -> tuple[Any, set[str] | None]:
+        found = await super().moved(since)
+        self.queued = asyncio.ensure_future(self.gate.acquire())
+        await asyncio.sleep(0)
+        return found
+
+
+@pytest.mark.cluster
+async def test_a_comparison_the_gate_refuses_does_not_discard_the_fetches_under_way(
+    store: BoardStore,
+) -> None:
+    """A move the log cannot name, taken in while every registry permit is busy: the comparison of
+    the records kept is skipped (the next look makes it), and fetches under way are left as they
+    are. Failed before: the look discarded every fetch under way first and then found no permit,
+    so under a busy gate each look discarded them again without comparing anything."""
+    names = [board_name("kept"), board_name("fetched")]
+    for name in names:
+        await store.create(BoardConfig.from_dict(name, {}))
+    gate = Gate(2, 10, 30.0)
+    crowded = Crowded(store.client, store.scripts)
+    crowded.gate = gate
+    try:
+        boards = Boards(crowded, gate, ttl_s=3600.0)
+        await boards.follow()
+        crowded.holding = True  # not held: a copy kept, for the comparison
+        await boards.lookup(names[0])
+        crowded.holding = False
+        fetch = asyncio.ensure_future(boards.get(names[1]))  # holds a permit until ``go``
+        await crowded.read.wait()
+        await store.client.set(keys.BOARDS_VERSION, board_name("v"))  # a move without a note
+        with pytest.raises(Overloaded):
+            await boards.follow()
+        assert crowded.queued is not None
+        await crowded.queued
+        gate.release()
+        crowded.go.set()
+        await fetch
+        assert boards.cached(names[1]) is not None  # the fetch kept what it read
+        await boards.follow()  # a permit free: the comparison is made
+        assert boards.cached(names[0]) is not None and boards.cached(names[1]) is not None
+    finally:
+        crowded.go.set()
+        for name in names:
+            await store.delete(name)
