@@ -17,7 +17,8 @@ of a few entries) and expires their copies only; the next request of such a boar
 an expired one (single flight, the kept lane). When the log cannot say (a move without a note, or
 more moves than it keeps), the records kept unexpired are compared with the registry's (an HMGET,
 500 at a time, about 0.5 kB a board), at most once every ``RECHECK_S_PER_BOARD`` per board
-compared. A fetch under way of a board a move taken in names (of any board, when the log cannot
+compared; meanwhile the moves the log names after the one it lacks are taken in as any other. A
+fetch under way of a board a move taken in names (of any board, when the log cannot
 say) keeps nothing, and later requests do not join it. Costs per worker: 4 GETs a second to the
 registry's primary; a move costs a MULTI of a few hundred bytes whatever the boards kept (a
 comparison of 2,000 boards kept: about 1 MB, at most once a second). Nothing is added on a
@@ -155,6 +156,7 @@ class Boards:
         self._unnamed = 0
         self._seen: Any = _UNREAD  # the registry's version as ``follow`` last took it in
         self._recheck_by = 0.0  # no comparison of the records kept before this (monotonic s)
+        self._owed = False  # a move the change log could not name owes a comparison (``follow``)
         self.closed = False  # ``run`` ends (the worker stops)
         self.outage = Outage(log, "board registry's version not read", "board registry's version read again")
 
@@ -295,64 +297,83 @@ class Boards:
     async def follow(self) -> None:
         """Read the registry's version (a GET, through the registry gate); when it moved, expire
         the kept copies of the boards whose records changed: those the change log names
-        (``BoardStore.moved``) whose record now differs from the one kept (``BoardStore.held`` of
-        those alone: a copy fetched after the change is kept), or, when the log cannot say, every
-        kept copy whose record differs (at most every ``RECHECK_S_PER_BOARD`` per board compared). An
+        (``BoardStore.moved``, as far back as it chains), and, when it cannot say all, those whose
+        record differs from the one kept (``_compare``, at most every ``RECHECK_S_PER_BOARD`` per
+        board compared: it is owed until then, and made at a look even if nothing moved since). An
         expired copy stays kept for the kept lane; the next request fetches it (single flight).
         Fetches under way of the boards changed (of every board, when the log cannot say) keep
         nothing, and requests from then on do not join them: what they read may be from before the
         move."""
         with self.gate.spare():  # never queued ahead of requests' fetches: skipped (``run``)
             version = await self.store.version()
-        if version == self._seen:
-            return
-        changed = None
-        if self._seen is not _UNREAD:
-            with self.gate.spare():
-                version, changed = await self.store.moved(self._seen)
-        if changed is None:
-            now = time.monotonic()
-            if now < self._recheck_by:
-                return  # the next look tries again
-            compared = {i: k for i, k in self._kept.items() if now - k[0] < self.ttl_s}
-            ids = sorted(compared)
-            records = []
-            # The permit first: a look the gate refuses discards nothing (the next one compares).
-            with self.gate.spare() if ids else contextlib.nullcontext():
-                self._moved()
-                # Any board may have been created: none is remembered missing any more (as the
-                # log's names are taken off below).
-                self.missing.clear()
-                if ids:
-                    records = await self.store.held(ids)
-            self._recheck_by = time.monotonic() + len(ids) * RECHECK_S_PER_BOARD
-            for board_id, record in zip(ids, records, strict=True):
-                # A copy kept since was fetched after ``_moved``: newer than the record compared.
-                if self._kept.get(board_id) is compared[board_id] and record != compared[board_id][1].record:
-                    self._kept[board_id] = (-math.inf, compared[board_id][1])
-        else:
-            # Only fetches of the boards named keep nothing (``_moved_since``). The names are
-            # bounded: past MAX_BOARDS the move is taken as one the log could not name.
-            if len(self._named) + len(changed) > MAX_BOARDS:
-                self._moved()
+        if version != self._seen:
+            if self._seen is _UNREAD:
+                self._owed = True  # the first look: nothing is known (nothing is kept yet)
             else:
-                self.moves += 1
-            for board_id in changed:
-                self._named[board_id] = self.moves
-                self._writes.forget(board_id)
-                self._reads.forget(board_id)
-                self.missing.pop(board_id, None)
-            # Only copies whose record differs from the registry's now: a copy fetched after the
-            # change (this router's own create, a board fetched since) is kept, and so is what
-            # was built of it (its cached top, its ETag).
-            compared = {i: self._kept[i] for i in sorted(changed) if i in self._kept}
-            if compared:
-                async with self.gate:
-                    records = await self.store.held(list(compared))
-                for (board_id, kept), record in zip(compared.items(), records, strict=True):
-                    if self._kept.get(board_id) is kept and record != kept[1].record:
-                        self._kept[board_id] = (-math.inf, kept[1])
-        self._seen = version
+                with self.gate.spare():
+                    version, changed, named = await self.store.moved(self._seen)
+                # What the log names is taken in at once, even past a move it lacks (a gap).
+                await self._expire(named)
+                if changed is None:
+                    # A gap: any board may have changed. Any may have been created (none is
+                    # remembered missing any more), and the records kept are compared, in turn.
+                    self.missing.clear()
+                    self._owed = True
+            self._seen = version
+        if self._owed and time.monotonic() >= self._recheck_by:
+            await self._compare()
+
+    async def _expire(self, changed: set[str]) -> None:
+        """Expire the kept copies of the boards ``changed`` (the change log named them) whose record
+        now differs from the one kept (one HMGET of those kept, ``BoardStore.held``), take them off
+        the missing memory, and have their fetches under way keep nothing (``_moved_since``). A
+        copy fetched after the change (this router's own create, a board fetched since) is kept,
+        and so is what was built of it (its cached top, its ETag): until 2026-12-06 every copy
+        named expired, and a board this router had just created was fetched again and its top read
+        again from every shard. The names are bounded: past MAX_BOARDS the move is taken as one
+        the log could not name."""
+        if not changed:
+            return
+        # The copies to compare, and the fetches under way marked, before the HMGET: a fetch that
+        # ends while it is read keeps nothing (it may have read the record before the change).
+        compared = {i: self._kept[i] for i in sorted(changed) if i in self._kept}
+        if len(self._named) + len(changed) > MAX_BOARDS:
+            self._moved()
+        else:
+            self.moves += 1
+        for board_id in changed:
+            self._named[board_id] = self.moves
+            self._writes.forget(board_id)
+            self._reads.forget(board_id)
+            self.missing.pop(board_id, None)
+        records: list[Any] = []
+        if compared:
+            with self.gate.spare():  # refused: the next look reads the move again and compares
+                records = await self.store.held(list(compared))
+        for (board_id, kept), record in zip(compared.items(), records, strict=True):
+            if self._kept.get(board_id) is kept and record != kept[1].record:
+                self._kept[board_id] = (-math.inf, kept[1])
+
+    async def _compare(self) -> None:
+        """The comparison a gap owes: the records kept unexpired against the registry's (an HMGET,
+        ``BoardStore.held``), those that differ expired; fetches under way keep nothing. The next
+        one no sooner than ``RECHECK_S_PER_BOARD`` per board compared."""
+        now = time.monotonic()
+        compared = {i: k for i, k in self._kept.items() if now - k[0] < self.ttl_s}
+        ids = sorted(compared)
+        records = []
+        # The permit first: a look the gate refuses discards nothing (the next one compares).
+        with self.gate.spare() if ids else contextlib.nullcontext():
+            self._moved()
+            self.missing.clear()
+            if ids:
+                records = await self.store.held(ids)
+        self._owed = False
+        self._recheck_by = time.monotonic() + len(ids) * RECHECK_S_PER_BOARD
+        for board_id, record in zip(ids, records, strict=True):
+            # A copy kept since was fetched after ``_moved``: newer than the record compared.
+            if self._kept.get(board_id) is compared[board_id] and record != compared[board_id][1].record:
+                self._kept[board_id] = (-math.inf, compared[board_id][1])
 
     def _moved(self) -> None:
         """A move of the version that may have changed any record is being taken in: fetches under

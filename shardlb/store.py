@@ -450,24 +450,25 @@ class BoardStore:
         """The registry's version (``records``; None while no record was written by this release)."""
         return await self.client.get(keys.BOARDS_VERSION)
 
-    async def moved(self, since: Any) -> tuple[Any, set[str] | None]:
-        """The registry's version now and the boards whose records changed since version ``since``,
-        as the change log says (``keys.BOARDS_CHANGES``, read in one MULTI with the version). None
-        for the boards when the log cannot say: ``since`` is not in it (more moves than it keeps,
-        a failover that set the version back), or a move in between is not (a process of a
-        release before the log moves the version without a note). The caller then compares the
-        records it holds (``held``). A first read of CHANGES_FIRST entries, then of the whole log.
-        (A process of a release before the version moves nothing: README, "Upgrading an install",
-        19.)"""
+    async def moved(self, since: Any) -> tuple[Any, set[str] | None, set[str]]:
+        """The registry's version now, the boards whose records changed since version ``since``,
+        as the change log says (``keys.BOARDS_CHANGES``, read in one MULTI with the version), and
+        the boards the log names from the version now back to the first move it lacks (all those
+        changed, when it lacks none). None for the boards changed when the log cannot say:
+        ``since`` is not in it (more moves than it keeps, a failover that set the version back), or
+        a move in between is not (a process of a release before the log moves the version without
+        a note). The caller then compares the records it holds (``held``). A first read of
+        CHANGES_FIRST entries, then of the whole log. (A process of a release before the version
+        moves nothing: README, "Upgrading an install", 19.)"""
         for last in (CHANGES_FIRST - 1, CHANGES_KEPT - 1):
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.get(keys.BOARDS_VERSION)
                 pipe.lrange(keys.BOARDS_CHANGES, 0, last)
                 version, entries = await pipe.execute()
-            changed = _chain(entries, version, since)
-            if changed is not None or len(entries) <= last:
-                return version, changed
-        return version, None
+            named, whole, gap = _chain(entries, version, since)
+            if whole or gap or len(entries) <= last:  # else ``since`` may be further back
+                break
+        return version, (named if whole else None), named
 
     async def held(self, board_ids: Sequence[str]) -> list[Any]:
         """The registry's records of ``board_ids`` as they are now (None: none), HELD_PAGE at a time."""
@@ -603,24 +604,24 @@ class BoardStore:
 _REGISTRY = [keys.BOARDS, keys.RESHARDS, keys.BOARDS_VERSION, keys.BOARDS_CHANGES]
 
 
-def _chain(entries: Sequence[Any], version: Any, since: Any) -> set[str] | None:
+def _chain(entries: Sequence[Any], version: Any, since: Any) -> tuple[set[str], bool, bool]:
     """The boards the change log ``entries`` (newest first, '<before> <after> <board id>') names
-    between version ``since`` and ``version``, when they chain without a gap from one to the other;
-    else None."""
+    from ``version`` back, as far as they chain; whether they reach ``since``; and whether a move
+    they lack stopped them (else they ran out)."""
     version, since = _text(version), _text(since)
+    at, changed = version, set[str]()
     if version == since:
-        return set()
-    at, changed = version, set()
+        return changed, True, False
     for entry in entries:
         parts = _text(entry).split(" ", 2)
         if len(parts) != 3 or parts[1] != at:
-            return None  # a move the log lacks
+            return changed, False, True  # a move the log lacks
         before, _, board_id = parts
         changed.add(board_id)
         at = before
         if at == since:
-            return changed
-    return None
+            return changed, True, False
+    return changed, False, False
 
 
 def _text(value: Any) -> str:

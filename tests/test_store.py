@@ -324,7 +324,7 @@ async def test_the_change_log_names_the_boards_changed_between_two_versions(stor
         assert (await store.moved(since))[1] == set()
         await store.create(BoardConfig.from_dict(names[0], {"durability": "memory"}))
         await store.create(BoardConfig.from_dict(names[1], {"durability": "memory"}))
-        version, changed = await store.moved(since)
+        version, changed, _ = await store.moved(since)
         assert changed == set(names) and version == await store.version()
         raw = await store.client.hget(keys.BOARDS, names[0])
         for turn in range(store_module.CHANGES_KEPT + 2):  # more moves than the log keeps
@@ -339,9 +339,9 @@ async def test_the_change_log_names_the_boards_changed_between_two_versions(stor
         assert (await store.moved(recent))[1] == {names[0]}
         now = await store.version()
         await store.client.set(keys.BOARDS_VERSION, "moved-by-an-older-process")  # no note
-        assert (await store.moved(now))[1] is None
+        assert (await store.moved(now))[1:] == (None, set())
         await store.delete(names[1])  # noted, but after a move without a note: still None from `now`
-        assert (await store.moved(now))[1] is None
+        assert (await store.moved(now))[1:] == (None, {names[1]})  # what the log names past the gap
         after = await store.version()
         await store.delete(names[0])
         assert (await store.moved(after))[1] == {names[0]}
