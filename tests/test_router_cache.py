@@ -11,6 +11,7 @@ import pytest
 from shardlb import times
 from shardlb.board import Score
 from shardlb.cluster import LocalCluster
+from shardlb.config import BoardConfig
 from shardlb.reshard import Resharder
 from shardlb.store import CACHE_SECONDS, BoardStore
 from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
@@ -109,5 +110,38 @@ async def test_a_router_that_keeps_a_board_follows_a_reshard_made_elsewhere(
             assert seen == ["c", "b", "a"]
             kept = service_of(app).boards.cached(name)
             assert kept is not None and kept.generation == fresh.generation
+        finally:
+            await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
+async def test_a_top_kept_of_a_board_deleted_and_created_again_elsewhere_is_not_served(
+    cluster: LocalCluster, store: BoardStore
+) -> None:
+    """A router keeps a board's top; another process deletes the board and creates it again with
+    the same settings (a new incarnation, empty). Once the router has taken the new board in (its
+    next look at the registry's version), its top is the new board's, not the kept top of the one
+    deleted: the views the top cache keys on name the incarnation (shardlb/reads.py). Checked in a
+    review of the version's following; it held. Without the following it fails (the router keeps
+    the deleted board's copy for an hour here)."""
+    name = board_name("again")
+    body = {"durability": "memory"}
+    async with running(cluster.url, top_refresh_s=3600.0) as (app, client):
+        service_of(app).boards.ttl_s = 3600.0
+        assert (await client.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)).status_code == 201
+        scores = [{"player_id": "a", "points": 10, "match_id": "m", "achieved_at": T0}]
+        posted = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+        assert posted.status_code == 200, posted.text
+        assert top_of(await client.get(f"/v1/boards/{name}/top"))[0] == ["a"]
+        old = service_of(app).boards.cached(name)
+        try:
+            await store.delete(name)  # another process
+            await store.create(BoardConfig.from_dict(name, body))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20.0  # generous: the router keeps a board for an hour
+            while service_of(app).boards.cached(name) in (old, None) and loop.time() < deadline:
+                await client.get(f"/v1/boards/{name}/top")
+                await asyncio.sleep(0.05)
+            assert service_of(app).boards.cached(name) not in (old, None)
+            assert top_of(await client.get(f"/v1/boards/{name}/top"))[0] == []
         finally:
             await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
