@@ -265,7 +265,8 @@ async def test_an_erase_keeps_the_rows_a_rebuild_puts_retry_records_back_from(
             assert rows == 1 and now + 24 * HOUR < until <= now + 30 * HOUR
             mine = (await of_player(db, config.id, board.incarnation, True))["match_results"]
             assert [r[2] for r in mine] == ["m1"]
-            # The player's home shard loses its retry records (a master back empty), and is rebuilt.
+            # A PARTIAL loss, on purpose: the player's home shard loses its retry records alone
+            # (a master back empty takes every key, tests/test_shard_loss.py), and is rebuilt.
             home = board.layout.home(PLAYER)
             prefix = board.prefixes[home]
             lost = [

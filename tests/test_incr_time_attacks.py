@@ -299,7 +299,8 @@ async def test_a_retry_of_an_erased_result_of_no_points_dated_ahead_stays_a_dupl
             # within the window reads; tests/test_erase.py)
             done = await erase.erase(db, store.client, "cheat", now_ms=past_window())
             assert done.rows[(config.id, board.incarnation, "match_results")] == 2
-            # The loss: the shard's dedup sets and removal records, put back by a refill.
+            # The loss, PARTIAL on purpose: the shard's dedup sets and removal records alone (the
+            # rest of the shard kept), put back by a refill.
             listed = [k.decode() for k in await raw.zrange(keys.index_key(prefix), 0, -1)]
             lost = [k for k in listed if k.startswith(prefix + "dd:")]
             await raw.delete(*lost, keys.removals_key(prefix), keys.removals_marker_key(prefix))

@@ -414,14 +414,10 @@ async def test_rebuild_all_restores_boards_whose_keys_were_all_lost(
             await drain(a)
             await writers[0].batch()  # in the journal only: lost with Redis, as PostgreSQL never had it
             lost_incarnations = [b.incarnation for b in boards]
-            for board in boards:  # everything of the boards goes, as in a total loss of Redis
-                for prefix in board.prefixes:
-                    listed = await raw.zrange(keys.index_key(prefix), 0, -1)
-                    await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
-                await raw.hdel(keys.BOARDS, board.config.id)
-            # and the registry's version: a refresh that holds the registry reads it again only
-            # when that moved (``BoardStore.follow``), and the loss takes it too
-            await raw.delete(keys.BOARDS_VERSION, keys.BOARDS_CHANGES)
+            # A total loss of Redis: every key goes, the boards' sentinels, the registry and its
+            # version and change log included (deleting the boards' listed keys and records alone
+            # left the sentinels, which the real loss takes).
+            await raw.flushall(target_nodes=raw.PRIMARIES)
             await a.refresh()  # a running archiver looks at the empty registry before the operator acts
             command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
             assert await asyncio.to_thread(main, command) == 0  # the command runs its own event loop
@@ -623,7 +619,7 @@ async def test_the_boards_a_rebuild_all_swaps_in_wait_for_a_replica(
             # rebuild's first write that waits for a replica is the swap
             await board.submit([Score(f"p{i}", i, f"m{i}", now - 600_000) for i in range(1, 11)])
             await drain(a)
-            await raw.delete(keys.period_key(prefix, "total"))  # lost with Redis
+            await raw.delete(keys.period_key(prefix, "total"))  # a PARTIAL loss: the total alone
             rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
             rebuilder.replica_wait_ms = 300  # the replica is stopped well within the node timeout
             replica = key_replica_pid(cluster, keys.index_key(prefix))
@@ -689,18 +685,14 @@ async def test_a_rebuild_all_killed_at_any_step_converges_when_run_again(
     ]
     boards = [(await store.create(c))[0] for c in configs]
     async with own_archive(postgres_url) as url:
-        a = await archiver(raw, store, url)
+        a = await archiver(raw, OnlyStore(store.client, store.scripts, {c.id for c in configs}), url)
         try:
             writers = [Writer(b, f"all-killed/{step}/{b.config.id}") for b in boards]
             for w in writers:
                 for _ in range(2):
                     await w.batch()
             await drain(a)
-            for board in boards:  # every key of the boards, as in a total loss of Redis
-                for prefix in board.prefixes:
-                    listed = await raw.zrange(keys.index_key(prefix), 0, -1)
-                    await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
-                await raw.hdel(keys.BOARDS, board.config.id)
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
             rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
             bans, restore, swap = moderation.Bans.restore, store.restore, rebuilder._swap_keys
 
@@ -743,7 +735,7 @@ async def test_the_registry_a_rebuild_all_restores_waits_for_a_replica(
         try:
             await board.submit([Score(f"p{i}", i, f"m{i}", now - 60_000) for i in range(1, 11)])
             await drain(a)
-            await raw.hdel(keys.BOARDS, config.id)  # the registry lost with Redis
+            await raw.hdel(keys.BOARDS, config.id)  # a PARTIAL loss: the board's record alone
             rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
             rebuilder.replica_wait_ms = 300
             replica = key_replica_pid(cluster, keys.BOARDS)
@@ -942,9 +934,11 @@ async def test_a_refill_puts_back_the_removals_still_in_the_journal(
 async def test_a_shard_rebuild_puts_back_the_retry_records_it_lost(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
 ) -> None:
-    """One shard lost its dedup sets (a master that came back empty): `rebuild --shard` puts them
-    back from PostgreSQL and the journal, with write.lua's names, members and expiries, listed in
-    the key index (so a deletion of the board drops them); the other shards' are left as they were."""
+    """A PARTIAL loss, on purpose: one shard's dedup sets alone go (a master that came back empty
+    takes every key of its slots, sentinel included: tests/test_shard_loss.py), so the refill's own
+    work is seen: `rebuild --shard` puts them back from PostgreSQL and the journal, with write.lua's
+    names, members and expiries, listed in the key index (so a deletion of the board drops them);
+    the other shards' are left as they were."""
     config = BoardConfig.from_dict("loss-shard", {"mode": "incr", "sharding": sharding("hash", 3)})
     board, _ = await store.create(config)
     a = await archiver(raw, store, postgres_url)
@@ -1676,10 +1670,7 @@ async def test_a_board_created_meanwhile_leaves_no_key_of_the_one_a_restore_refi
         try:
             await board.submit([Score(f"p{i}", i, f"m{i}") for i in range(1, 21)])  # pinned, deduped
             await drain(a)
-            for prefix in board.prefixes:  # everything of the board goes, as in a total loss of Redis
-                listed = await raw.zrange(keys.index_key(prefix), 0, -1)
-                await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
-            await raw.hdel(keys.BOARDS, config.id)
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
             rebuilder = Rebuilder(raw, Scripts.register(raw).rebuild, a.db)
             restored = await rebuilder.restore(CreatedMeanwhile(store.client, store.scripts))
             await forget_others_restored(store)  # other modules' boards, back marked

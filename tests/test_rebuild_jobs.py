@@ -40,15 +40,16 @@ SPECS: dict[str, dict[str, Any]] = {
 }
 
 
-async def lost(raw: Any, boards: list[Board]) -> None:
-    """Every key of ``boards`` and their registry records gone, as in a total loss of Redis (the
-    suite's cluster holds other modules' boards, which a FLUSHALL would take too)."""
-    for board in boards:
-        for prefix in board.prefixes:
-            listed = await raw.zrange(keys.index_key(prefix), 0, -1)
-            await raw.delete(*listed, keys.index_key(prefix), keys.journal_key(prefix))
-        await raw.hdel(keys.BOARDS, board.config.id)
-    await raw.delete(keys.BOARDS_VERSION, keys.BOARDS_CHANGES)
+async def lost(raw: Any) -> None:
+    """A total loss of Redis: every master flushed (FLUSHALL), as a cluster whose every node lost
+    its data is. Every key goes: the boards' keys and their sentinels (``<prefix>here``), the
+    registry with its version and change log, the ban list, the deletion marks, the ack markers.
+    Until 2026-12-06 this deleted the boards' listed keys, journals and records alone and left their
+    sentinels, so a router that kept a board from before the loss wrote to its empty shards after
+    the restore (200) where the real loss answers 503 ``board_rebuilding``. Other modules' boards on
+    the worker's cluster go too; a test that restores from the suite's own PostgreSQL calls
+    ``tests.store_fixture.forget_others_restored`` after it."""
+    await raw.flushall(target_nodes=raw.PRIMARIES)
 
 
 async def written(store: BoardStore, raw: Any, url: str, specs: dict[str, dict[str, Any]]) -> list[Writer]:
@@ -66,7 +67,7 @@ async def written(store: BoardStore, raw: Any, url: str, specs: dict[str, dict[s
             await w.batch()  # in the journal only: PostgreSQL never had it
     finally:
         await a.db.close()
-    await lost(raw, boards)
+    await lost(raw)
     return writers
 
 
@@ -145,10 +146,11 @@ class Retrying(BoardStore):
     ) -> tuple[Board, bool]:
         board, created = await super().restore(config, incarnation, generation, rebuilding)
         self.beside |= self.under_way.now["restore"] - {config.id}
-        # Posted as a router of the release before posts it, ignoring the record's mark (this
-        # release's refuses it: tests/test_rebuild_window.py): its retry records must be back.
+        # Posted as a router of the release before posts it, ignoring the record's mark and the
+        # shards' sentinels, which the loss took and the swaps write again (this release's refuses
+        # it: tests/test_rebuild_window.py): its retry records must be back.
         assert board.rebuilding == set(range(board.layout.physical))
-        board.rebuilding = frozenset()
+        board.rebuilding, board.sentinels = frozenset(), False
         replies = await board.submit(self.sent[config.id], now_ms=times.now_ms())
         self.replies[config.id] = [r.status for r in replies]
         return board, created
@@ -181,7 +183,7 @@ async def test_a_retry_posted_as_its_board_comes_back_is_recognised_beside_the_o
             await drain(a)
             players = ["p1", "p2", "p3"]
             before = {b.config.id: await b.scores(players) for b in boards}
-            await lost(raw, boards)
+            await lost(raw)
 
             async def another() -> psycopg.AsyncConnection[Any]:
                 return await psycopg.AsyncConnection.connect(url, autocommit=True)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 
@@ -45,11 +46,14 @@ async def clocks_ahead(raw: Any, board: Board, by_ms: int = DAY_MS) -> None:
 
 
 async def lose_shards(raw: Any, board: Board) -> None:
-    """Every key of the board's shards is gone (their nodes lost their data), the registry's
-    record of it stays."""
+    """A PARTIAL loss of Redis: every key of the board's shards is gone, their sentinels
+    (``<prefix>here``) included (their nodes lost their data), while the registry's record of it,
+    on a node kept, stays (a 2-shard board's shards are on the first and last masters, the
+    registry's slot on the middle one). Until 2026-12-06 the sentinels were left, which the loss
+    takes: writes to the lost shards were then taken before the rebuild."""
     for prefix in board.prefixes:
         names = await raw.zrange(keys.index_key(prefix), 0, -1)
-        await raw.delete(keys.index_key(prefix), *names)
+        await raw.delete(keys.index_key(prefix), keys.sentinel_key(prefix), *names)
         assert not await raw.exists(keys.journal_key(prefix))
 
 
@@ -179,9 +183,17 @@ async def test_a_journal_made_again_before_the_rebuild_keeps_its_entries(
 ) -> None:
     """The board's shards were lost, the registry kept it, and results were posted before the
     rebuild: their journal, made again by write.lua, holds them unarchived. The rebuild moves its
-    next ids past the archive's (XSETID) and trims nothing: they are archived after it."""
+    next ids past the archive's (XSETID) and trims nothing: they are archived after it. Only a
+    board of the release before (no sentinels: its record says none) takes those writes: the
+    sentinels went with the shards, and write.lua refuses a board's write where its sentinel is
+    missing (503 ``board_rebuilding``; tests/test_shard_loss.py)."""
     config = BoardConfig.from_dict("ids-kept-entries", {"sharding": sharding("hash", 2)})
-    board, _ = await store.create(config)
+    await store.create(config)
+    raw_record = await raw.hget(keys.BOARDS, config.id)
+    before_sentinels = {k: v for k, v in orjson.loads(raw_record).items() if k != "state"}
+    assert await store.swap(config.id, raw_record, orjson.dumps(before_sentinels))
+    board = await store.get(config.id)
+    assert not board.sentinels
     now = times.now_ms()
     async with own_archive(postgres_url) as archive_url:
         a = await archiver(raw, store, archive_url)

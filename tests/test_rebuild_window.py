@@ -23,7 +23,7 @@ from shardlb.reshard import Resharder
 from shardlb.settlement import Request, Settler
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
-from tests.router_support import AS_ADMIN, AS_WRITER, running
+from tests.router_support import AS_ADMIN, AS_WRITER, running, service_of
 from tests.test_board import expected_entries, sharding
 from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
 from tests.test_rebuild_jobs import lost
@@ -51,7 +51,7 @@ async def archived_and_lost(store: BoardStore, raw: Any, url: str, board: Board)
         await drain(a)
     finally:
         await a.db.close()
-    await lost(raw, [board])
+    await lost(raw)
 
 
 async def restored(cluster_url: str, url: str) -> list[Board]:
@@ -169,6 +169,51 @@ async def test_the_router_answers_503_board_rebuilding_and_caches_nothing_of_the
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("window-http")
+
+
+async def test_a_router_that_kept_the_board_from_before_a_total_loss_refuses_its_writes_at_once(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A router that read and wrote the board before the loss keeps its copy (for an hour here) and
+    has not looked at the registry's version since (its next look is an hour away here: a router
+    within its ``FOLLOW_S``, or of the release before, which follows nothing). After the loss (every
+    master flushed: the shards' sentinels go with their keys) and the restore, its writes meet the
+    empty shards and are refused at once (write.lua finds no sentinel: 503 ``board_rebuilding``);
+    once it looks, its reads are refused too, and after the rebuild and its next look it answers
+    the reference. With the loss modelled by deleting the boards' listed keys and records alone
+    (``lost`` until 2026-12-06: the sentinels left), this router's writes were answered 200 against
+    the empty shards."""
+    async with own_archive(postgres_url, "window") as url:
+        try:
+            config = BoardConfig.from_dict("window-kept", {"mode": "best", "sharding": sharding("hash", 3)})
+            board, _ = await store.create(config)
+            sent = [Score(f"p{i}", 100 + 10 * i, f"m{i}", times.now_ms() - 1000) for i in range(9)]
+            await board.submit(sent)
+            async with running(cluster_url) as (app, client):
+                boards = service_of(app).boards
+                boards.ttl_s, boards.follow_s = 3600.0, 3600.0
+                await asyncio.sleep(0.5)  # its loop's last look at FOLLOW_S, then an hour's sleep
+                top = "/v1/boards/window-kept/top?limit=20"
+                post = "/v1/boards/window-kept/scores"
+                assert (await client.get(top)).status_code == 200
+                body = {"scores": [{"player_id": "p8", "points": 1, "match_id": "before"}]}
+                assert (await client.post(post, json=body, headers=AS_WRITER)).status_code == 200
+                await archived_and_lost(store, raw, url, board)
+                await restored(cluster_url, url)
+                for player in ("p0", "p1", "p2", "p8"):
+                    late = {"scores": [{"player_id": player, "points": 500, "match_id": f"late-{player}"}]}
+                    _refused(await client.post(post, json=late, headers=AS_WRITER))
+                await boards.follow()  # its next look: the record's marks
+                _refused(await client.get(top))
+                assert list(await rebuild.run(cluster_url, url, None)) == ["window-kept"]
+                await boards.follow()
+                answer = await client.get(top)
+                assert answer.status_code == 200, answer.text
+                want = expected_entries(reference(await store.get("window-kept"), sent), "total", None)
+                assert [e["player_id"] for e in answer.json()["entries"]] == [e.player_id for e in want]
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("window-kept")
 
 
 def _refused(response: httpx.Response) -> None:

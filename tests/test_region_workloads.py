@@ -209,8 +209,9 @@ async def test_concurrent_clients_on_a_region_board_match_the_reference(
             assert rehomed  # some removed player did come back under another region
             await check_everything(boards[2], ref, rng, later, cluster_url)
 
-            # Every period board lost, then rebuilt from PostgreSQL: each player in the region of
-            # the shard that applied their results, removals and new homes included.
+            # Every period board lost (a PARTIAL loss, on purpose: the journals, retry records and
+            # sentinels kept), then rebuilt from PostgreSQL: each player in the region of the shard
+            # that applied their results, removals and new homes included.
             a = await archiver(raw, store, postgres_url)
             try:
                 await drain(a)

@@ -1,10 +1,11 @@
 """A PARTIAL loss of Redis: one shard's slot lost every key (a master and its replica lost at once,
 `redis-cli --cluster fix --cluster-fix-with-unreachable-masters` serving the slot again, empty) while
-the registry, on another master, kept the board. The shard's sentinel (keys.sentinel_key) went with
-it: the archiver's next round finds it missing and marks the shard not rebuilt, so reads that merge
-it and writes to it are refused (503 ``board_rebuilding``) until `shardlb rebuild BOARD --shard N`
-brings it back from PostgreSQL and its journal. A board of the release before (no sentinels) is
-never marked."""
+the registry, on another master, kept the board (``slot_wiped``: that one slot; the last tests flush
+a whole master, with the registry's or the ban list's slot). The shard's sentinel
+(keys.sentinel_key) went with it: the archiver's next round finds it missing and marks the shard
+not rebuilt, so reads that merge it and writes to it are refused (503 ``board_rebuilding``) until
+`shardlb rebuild BOARD --shard N` brings it back from PostgreSQL and its journal. A board of the
+release before (no sentinels) is never marked."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from redis.exceptions import RedisError
 from router import reshards
 from shardlb import fanout, keys, moderation, rebuild, times
 from shardlb.board import Board, Score
+from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.errors import NotAcknowledged, Rebuilding
 from shardlb.rebuild import connected
@@ -37,9 +39,13 @@ pytestmark = pytest.mark.cluster
 
 
 async def slot_wiped(raw: Any, board: Board, shard: int) -> int:
-    """Every key of the shard's slot that is the board's (its shard set, journal, dedup, index,
-    sentinel...) and the slot's ack marker deleted, as a slot served again empty has none; the keys
-    other modules' boards may have in that slot are left. Returns how many went."""
+    """A PARTIAL loss: every key of the shard's slot that is the board's (its shard set, journal,
+    dedup, index, sentinel...) and the slot's ack marker deleted, as a slot served again empty has
+    none. Left, on purpose: the keys other modules' boards may have in that slot, and every other
+    slot of the master that serves it, which a master lost with its replica takes too (on the
+    suite's 3 masters shard 1 of 3 shares its master with the registry's slot, 7553, and shard 0
+    with the ban list's, 345 and 3298: the tests ending this module flush a whole master). Returns
+    how many went."""
     prefix = board.prefixes[shard]
     await raw.initialize()  # a no-op once the client knows the slots
     node = raw.get_node_from_key(prefix)
@@ -50,6 +56,16 @@ async def slot_wiped(raw: Any, board: Board, shard: int) -> int:
     if ours:
         await raw.delete(*ours)
     return len(ours)
+
+
+async def forget_others_lost(store: BoardStore) -> None:
+    """After a test flushed one master: the boards other modules left on the worker's cluster lost
+    the shards that master served (their sentinels too) while the registry, if another master kept
+    it, still names them. Each is deleted (its keys left on the other masters with it), so no later
+    module's archiver on the suite's database marks them lost or rebuilds them."""
+    for board in await store.boards():
+        with contextlib.suppress(Exception):
+            await store.delete(board.config.id, board.incarnation)
 
 
 async def board_written(store: BoardStore, board_id: str, **more: Any) -> tuple[Board, list[Score]]:
@@ -950,3 +966,53 @@ async def test_a_band_boards_top_is_never_served_from_bands_rebuilt_while_a_home
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(board_id)
+
+
+async def test_a_shards_master_lost_with_the_registrys_slot_is_brought_back_by_rebuild_all(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """What a master and its replica lost at once takes is every slot of that master, not one shard's
+    slot (``slot_wiped``): on the suite's 3 masters, shard 1 of a 3-shard board lives on the middle
+    master with the registry's slot (7553: its records, version and change log). That master
+    flushed, the board is missing from the registry while shards 0 and 2 keep their keys and take
+    writes (a process that kept the board: journaled, not archived), and its shard 1 refuses
+    them. `rebuild --all` brings the board back whole: the results archived and those written since
+    to the shards kept."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, "partial-master")
+            await raw.initialize()
+            node = raw.get_node_from_key(board.prefixes[1])
+            assert raw.get_node_from_key(keys.BOARDS) == node  # the registry goes with shard 1
+            assert node not in {raw.get_node_from_key(board.prefixes[s]) for s in (0, 2)}
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-master"}), url)
+            try:
+                await drain(a)
+                await raw.flushall(target_nodes=node)  # a master lost: every slot of it, empty again
+                by_shard = {s: [x for x in sent if board.layout.home(x.player_id) == s] for s in range(3)}
+                now = times.now_ms()
+                late = [Score(by_shard[s][0].player_id, 1000 + s, f"late-{s}", now) for s in (0, 2)]
+                assert [r.points for r in await board.submit(late)] == [1000, 1002]
+                with pytest.raises(Rebuilding):
+                    await board.submit([Score(by_shard[1][0].player_id, 1001, "late-1", times.now_ms())])
+                await a.refresh()
+                await archive_round(a)
+                assert await store.boards() == [] or "partial-master" not in [
+                    b.config.id for b in await store.boards()
+                ]
+                command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
+                assert await asyncio.to_thread(main, command) == 0
+                back = await store.get("partial-master")
+                assert back.incarnation == board.incarnation and not back.rebuilding
+                want = expected_entries(reference(back, [*sent, *late]), "total", None)
+                assert await back.top(50) == want
+                await drain(a)
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    await rebuilder.rebuild(await other.get("partial-master"))
+                assert await (await store.get("partial-master")).top(50) == want
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-master")
+            await forget_others_lost(store)
