@@ -687,6 +687,19 @@ class Archiver:
             else:
                 self.sweep_outage.succeeded()
                 self._swept = time.monotonic()
+        # The ban list lost with its master (``Bans.recover``: one EXISTS a refresh): written back
+        # from PostgreSQL before routers take banned players' results for long. Logged as the sweep.
+        try:
+            written = await moderation.Bans(self.store.client).recover(self.db)
+        except (psycopg.Error, RedisError, OSError, ShardlbError) as e:
+            self.sweep_outage.failed(e)
+        else:
+            if written is not None:
+                RECOVERED_BANS.inc(written)
+                log.warning(
+                    "the ban list was missing from Redis while PostgreSQL holds bans: written back",
+                    extra={"fields": {"bans": written}},
+                )
 
     async def _deleted(self, listed: set[tuple[str, str]]) -> list[tuple[str, str]]:
         """The boards PostgreSQL holds as live, the registry lacks, and Redis says were deleted.
@@ -1642,6 +1655,10 @@ LOST_SHARDS = Counter(
     "shardlb_archive_lost_shards_total",
     "shards found without their sentinel (Redis lost their slot, the registry kept the board) and marked "
     "not rebuilt until `shardlb rebuild BOARD --shard N` (Archiver._lost)",
+)
+RECOVERED_BANS = Counter(
+    "shardlb_archive_recovered_bans_total",
+    "bans written back from PostgreSQL because Redis had lost the ban list (a master lost with its replica)",
 )
 REWRITTEN_SENTINELS = Counter(
     "shardlb_archive_rewritten_sentinels_total",

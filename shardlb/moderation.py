@@ -836,6 +836,23 @@ class Bans:
         await self._moved([WHOLE], replicated)
         return len(written)
 
+    async def recover(self, db: psycopg.AsyncConnection[Any]) -> int | None:
+        """``restore`` the list when Redis lost it: its key missing while PostgreSQL holds a ban (a
+        list with a ban is never empty, and a lift deletes its row before its record). A master
+        lost with its replica takes the list with its slot while the registry, on another master,
+        keeps the boards: the runbook of a shard lost alone (`rebuild BOARD --shard N`) never
+        writes it back, and until 2026-12-06 banned players posted again for good (the archiver
+        calls this at each refresh). Returns how many bans it wrote, None when the list was there
+        or PostgreSQL holds none: one EXISTS, and one read of PostgreSQL only when it is missing."""
+        if await self.client.exists(keys.BANS):
+            return None
+        async with db.transaction():
+            cur = await db.execute("SELECT EXISTS (SELECT 1 FROM bans)")
+            row = await cur.fetchone()
+        if row is None or not row[0]:
+            return None
+        return await self.restore(db)
+
     async def _differences(self, db: psycopg.AsyncConnection[Any]) -> list[tuple[str, bytes, bytes]]:
         """Each record of Redis's list that is not PostgreSQL's: (field, the record read,
         PostgreSQL's record, or b"" when it holds no such ban), for ``_CONVERGE``. The list is read

@@ -30,7 +30,7 @@ from shardlb.rebuild import connected
 from shardlb.reshard import Resharder
 from shardlb.reshard_check import Mismatch
 from shardlb.store import BoardStore
-from tests.router_support import AS_WRITER, running, service_of
+from tests.router_support import AS_ADMIN, AS_WRITER, running, service_of
 from tests.test_board import expected_entries, sharding
 from tests.test_rebuild import OnlyStore, archive_round, archiver, drain, own_archive
 from tests.test_rebuild_window import _refused, reference, written
@@ -1015,4 +1015,71 @@ async def test_a_shards_master_lost_with_the_registrys_slot_is_brought_back_by_r
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-master")
+            await forget_others_lost(store)
+
+
+async def test_a_ban_list_lost_with_its_master_is_written_back_by_the_archivers_next_refresh(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """The ban list (``lb:bans``, slot 345; its version and change log, slot 3298) lives on the first
+    of the suite's 3 masters, with shard 0 of every 3-shard board. That master lost (every slot of
+    it flushed, the registry kept on the middle one), the archiver marks shard 0 and names the
+    command to run, `shardlb rebuild BOARD --shard 0`: nothing else of the runbook writes the list
+    back (only `rebuild --all`, for a total loss). Failed before the fix: after the rebuild a router
+    took the banned player's result (``duplicate``, not ``banned``: only the removal's retry record
+    stopped this one) and the list stayed empty for good. Now the archiver's next refresh finds the
+    list missing while PostgreSQL holds a ban, and writes it back (``Bans.recover``): a router
+    started then refuses the player, and so does one that ran across the loss once it reads the
+    list again (the version moved)."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, _ = await board_written(store, "partial-bans")
+            await raw.initialize()
+            node = raw.get_node_from_key(keys.BANS)
+            assert raw.get_node_from_key(board.prefixes[0]) == node != raw.get_node_from_key(keys.BOARDS)
+            post = "/v1/boards/partial-bans/scores"
+            ban = {"scope": "board", "board": "partial-bans", "reason": "test"}
+            field = moderation.ban_field("partial-bans", "p7")
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-bans"}), url)
+            try:
+                async with running(cluster_url, postgres_url=url) as (_, kept):  # a router across it
+                    answer = await kept.post("/v1/players/p7:ban", json=ban, headers=AS_ADMIN)
+                    assert answer.status_code == 200, answer.text
+                    await drain(a)
+                    await raw.flushall(target_nodes=node)  # that master lost: every slot of it, empty
+                    await a.refresh()
+                    await archive_round(a)
+                    assert (await store.get("partial-bans")).rebuilding == {0}
+                    assert await raw.hexists(keys.BANS, field)
+                    async with connected(cluster_url, url) as (rebuilder, other):
+                        await rebuilder.rebuild(await other.get("partial-bans"), shard=0)
+                    assert not (await store.get("partial-bans")).rebuilding
+                    async with running(cluster_url, postgres_url=url) as (_, client):  # one started now
+                        body = {"scores": [{"player_id": "p7", "points": 5000, "match_id": "after-loss"}]}
+                        answer = await client.post(post, json=body, headers=AS_WRITER)
+                        assert answer.status_code == 200, answer.text
+                        assert [r["status"] for r in answer.json()["results"]] == ["banned"], answer.text
+                    # The router that ran across the loss reads the list again once the version moved.
+                    loop = asyncio.get_running_loop()
+                    deadline, statuses, tries = loop.time() + 20.0, [], 0
+                    while loop.time() < deadline:
+                        tries += 1
+                        late = {"player_id": "p7", "points": 5000, "match_id": f"kept-{tries}"}
+                        body = {"scores": [late]}
+                        answer = await kept.post(post, json=body, headers=AS_WRITER)
+                        statuses = [r["status"] for r in answer.json()["results"]]
+                        if statuses == ["banned"]:
+                            break
+                        await asyncio.sleep(0.1)
+                    assert statuses == ["banned"]
+                # Found there, the list is not written again: the version stays.
+                version = await raw.get(keys.BANS_VERSION)
+                await a.refresh()
+                assert await raw.get(keys.BANS_VERSION) == version
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-bans")
+            await raw.hdel(keys.BANS, moderation.ban_field("partial-bans", "p7"))
             await forget_others_lost(store)
