@@ -172,7 +172,9 @@ async def test_only_a_deleted_board_is_marked_deleted_not_one_redis_lost(
     try:
         assert await deleted_at(postgres_url, one) is None and await deleted_at(postgres_url, other) is None
         await store.delete(deleted.id)
-        await raw.hdel(keys.BOARDS, lost.id)  # as a Redis that lost everything: no record, no marker
+        # A PARTIAL model of a Redis that lost everything, on purpose: the record alone (no record,
+        # no deletion mark of this board; a real loss would take the other board's mark too).
+        await raw.hdel(keys.BOARDS, lost.id)
         await a.refresh()
         assert await deleted_at(postgres_url, one) is not None
         assert await deleted_at(postgres_url, other) is None

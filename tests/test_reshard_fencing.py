@@ -244,7 +244,7 @@ async def test_a_rebuild_begun_before_a_reshard_is_refused_before_it_swaps(
     cut-over left what it restored behind (the rebuild said ok)."""
     board = await journaled(store, raw, postgres_url)
     lost = [f"p{i:03d}" for i in range(200) if board.layout.home(f"p{i:03d}") == 0]
-    await store.client.zrem(keys.period_key(board.prefixes[0], "total"), *lost)  # Redis lost them
+    await store.client.zrem(keys.period_key(board.prefixes[0], "total"), *lost)  # PARTIAL: these alone
     await copied(store, board.config.id, postgres_url)
     with pytest.raises(BoardConflict, match="resharded"):
         await rebuilder.rebuild(board)  # fetched before the reshard: it says nothing of one
@@ -352,6 +352,6 @@ async def test_a_stalled_mover_does_not_rehome_the_archive_to_a_layout_no_longer
     assert [(s["sharding"]["shards"], s["generation"]) for s in settings] == [(5, now.generation)]
     assert (rows, settings) == before
     lost = [f"p{i:03d}" for i in range(200) if now.layout.home(f"p{i:03d}") == 0]
-    await store.client.zrem(keys.period_key(now.prefixes[0], "total"), *lost)  # Redis lost them
+    await store.client.zrem(keys.period_key(now.prefixes[0], "total"), *lost)  # PARTIAL: these alone
     await rebuilder.rebuild(await store.get(board_id))
     assert await points(store, board_id) == {f"p{i:03d}": 4 for i in range(200)}
