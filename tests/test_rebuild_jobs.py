@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -299,6 +300,35 @@ async def archive_of_a_role(postgres_url: str) -> AsyncIterator[tuple[str, Admin
             await admin.execute(f"DROP ROLE IF EXISTS {role}")
 
 
+async def alone_under_the_limit(url: str) -> None:
+    """Returns once the role of ``url`` (its CONNECTION LIMIT just set to 1) holds no session, so
+    that the next connection, the CLI's first, gets in. A connection closed just before (the
+    archiver's, in ``written``) still counts against the limit until its backend process has exited,
+    a while after the client closed it; under load that refused the CLI's first connection. A
+    backend drops out of pg_stat_activity a little before it stops counting, so that view is not
+    enough: a connection of the role is made (it gets in only if no other is counted) and its own
+    backend is waited out until its process is gone (the suite's PostgreSQL runs on this machine).
+    Bounded: after 30 s the test fails here, not in the CLI."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        try:
+            probe = await psycopg.AsyncConnection.connect(url)
+            break
+        except psycopg.OperationalError as e:
+            if "too many connections" not in str(e) or asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+    pid = probe.info.backend_pid
+    await probe.close()
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"backend {pid} still running"
+        await asyncio.sleep(0.02)
+
+
 async def test_a_postgresql_that_takes_no_more_connections_still_restores_every_board(
     store: BoardStore,
     raw: Any,
@@ -315,6 +345,7 @@ async def test_a_postgresql_that_takes_no_more_connections_still_restores_every_
         try:
             await written(store, raw, url, specs)
             await admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT 1")
+            await alone_under_the_limit(url)
             command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url, "--jobs", "3"]
             assert await asyncio.to_thread(main, command) == 0
             lines = capsys.readouterr().out.splitlines()
