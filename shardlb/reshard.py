@@ -657,12 +657,17 @@ class Resharder:
         that layout carries them and the board keeps a journal (as ``Board.sentinels``): Redis lost
         them alone. The archiver leaves a board whose record names a reshard, so nothing else
         would tell: until 2026-12-06 the mover copied such a shard empty, found the new layout
-        holding what the old one held, and committed it, the shard's players gone for good."""
+        holding what the old one held, and committed it, the shard's players gone for good. Only
+        the shards a reshard copies (``copied_shards``): a band board's band shards are never read,
+        the new layout's bands being built from the home shards' totals, so one lost there loses
+        nothing to the copy (until 2026-12-06 it cancelled the reshard, sending the operator to a
+        rebuild the reshard never needed; the old layout's keys, its bands', go at the commit)."""
         _, record = await self.record()
         if carries_sentinels(record) != source.generation or source.config.durability != "journal":
             return []
         found = batch(self.client)
-        for prefix in source.prefixes:
+        copied = copied_shards(source)
+        for prefix in copied:
             found.execute_command("EXISTS", keys.sentinel_key(prefix))
         return [s for s, there in enumerate(await found.execute()) if not there]
 

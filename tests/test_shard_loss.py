@@ -400,6 +400,33 @@ async def test_a_reshard_refuses_to_commit_a_shard_the_old_layout_lost(
                 await store.delete("partial-reshard-lost")
 
 
+async def test_a_reshard_of_a_band_board_commits_though_a_band_shard_of_the_old_layout_lost_its_keys(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A band shard (not a home shard) of the old layout lost alone while the board is resharded: a
+    reshard never copies a band shard (``copied_shards``: the new layout's bands are built from the
+    home shards' totals), so nothing of the board was lost to the copy and the reshard commits, the
+    new layout holding every player. Failed before: Mismatch "shard 4 of the old layout lost its
+    keys", the reshard cancelled and the operator sent to a rebuild the reshard never needed."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, "partial-reshard-band", sharding=sharding("band", 3))
+            mover = Resharder(
+                store, "partial-reshard-band", say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0
+            )
+            await mover.start(5)
+            assert await slot_wiped(raw, board, 4)
+            await mover.run()
+            back = await store.get("partial-reshard-band")
+            record = orjson.loads(await raw.hget(keys.BOARDS, "partial-reshard-band"))
+            assert back.generation == 1 and back.layout.strategy == "hash" and not back.rebuilding
+            assert record["reshard"]["state"] == "committed" and record["state"]["sentinels"] == 1
+            assert await back.top(50) == expected_entries(reference(back, sent), "total", None)
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-reshard-band")
+
+
 async def test_a_routers_mover_cancelling_for_a_lost_shard_logs_one_line_naming_the_command(
     store: BoardStore, raw: Any, postgres_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
