@@ -66,7 +66,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from shardlb import keys, moderation, pgconn, settlement_delivery
-from shardlb.board import Board
+from shardlb.board import Board, band_shards, whence
 from shardlb.connection import (
     Script,
     Scripts,
@@ -785,12 +785,12 @@ class Archiver:
                 log.error(
                     "shard %d of board %s lost its keys while the registry kept the board (its "
                     "sentinel is missing): marked not rebuilt, its reads and writes answer 503 "
-                    "board_rebuilding until `shardlb rebuild %s --shard %d` brings it back from "
-                    "PostgreSQL and its journal",
+                    "board_rebuilding until `shardlb rebuild %s --shard %d` brings it back %s",
                     shard,
                     board.config.id,
                     board.config.id,
                     shard,
+                    whence([shard], band_shards(board)),
                     extra={"fields": {"board": board.config.id, "incarnation": board.incarnation}},
                 )
 

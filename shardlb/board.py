@@ -215,20 +215,48 @@ async def in_rounds(
     return [r for r in results if r is not None]
 
 
-def rebuilding(board_id: str, waiting: Iterable[int], then: str) -> Rebuilding:
+def band_shards(board: Board) -> range:
+    """A band board's band shards (after its home shards: a rebuild makes them again from the
+    homes' totals, ``Rebuilder.rebuild_bands``); none for any other board."""
+    if board.layout.strategy != "band":
+        return range(0)
+    return range(board.layout.sharding.shards, len(board.prefixes))
+
+
+def whence(shards: Iterable[int], bands: Iterable[int] = ()) -> str:
+    """Where a rebuild of ``shards`` takes them from, ``bands`` among them being band shards: "from
+    PostgreSQL and the journal" (home and hash shards), "from the home shards" (band shards), both
+    named when both are there."""
+    shards = sorted(shards)
+    banded = [s for s in shards if s in set(bands)]
+    homes = [s for s in shards if s not in banded]
+    if not banded:
+        return "from PostgreSQL and the journal"
+    if not homes:
+        return "from the home shards"
+
+    def named(these: list[int]) -> str:
+        return ("shard " if len(these) == 1 else "shards ") + ", ".join(map(str, these))
+
+    return f"({named(homes)} from PostgreSQL and the journal, {named(banded)} from the home shards)"
+
+
+def rebuilding(board_id: str, waiting: Iterable[int], then: str, bands: Iterable[int] = ()) -> Rebuilding:
     """The refusal of a call on a board whose shards ``waiting`` lost their data in Redis and are
     not rebuilt yet: all of Redis lost, `rebuild --all` restoring the board (docs/design-notes.md, "A
     board being rebuilt"), or a shard's slot lost alone, marked by the archiver or met by a script
     ("A shard lost alone"), which nothing rebuilds until an operator runs the command it names.
-    ``then`` says what the caller may do. Until 2026-12-06 it said "being rebuilt after a loss of
-    Redis" in both cases, though a shard lost alone waits for an operator."""
+    ``then`` says what the caller may do; ``bands``, the board's band shards (``band_shards``), which
+    a rebuild takes from the home shards. Until 2026-12-06 it said "being rebuilt after a loss of
+    Redis" in both cases, though a shard lost alone waits for an operator, and that band shards came
+    back "from PostgreSQL and the journal", which their rebuild never reads."""
     shards = sorted(waiting)
     one = len(shards) == 1
     run = f"shardlb rebuild {board_id}" + (f" --shard {shards[0]}" if one else "")
     return Rebuilding(
         f"board {board_id!r}: {'shard' if one else 'shards'} {', '.join(map(str, shards))} lost "
         f"{'its' if one else 'their'} data in Redis and {'is' if one else 'are'} not rebuilt yet "
-        f"(`{run}` brings {'it' if one else 'them'} back from PostgreSQL and the journal, unless a "
+        f"(`{run}` brings {'it' if one else 'them'} back {whence(shards, bands)}, unless a "
         f"`shardlb rebuild` of the board is under way): {then}",
         REBUILDING_RETRY_S,
     )
@@ -602,7 +630,10 @@ class Board:
             shard = int(str(e).split()[1])
             self.rebuilding = self.rebuilding | {shard}
             return rebuilding(
-                self.config.id, [shard], "a write would meet an empty shard. Nothing was written; retry later"
+                self.config.id,
+                [shard],
+                "a write would meet an empty shard. Nothing was written; retry later",
+                band_shards(self),
             )
         return e
 
@@ -857,7 +888,10 @@ class Board:
         waiting = self.rebuilding.intersection(shards)
         if waiting:
             raise rebuilding(
-                self.config.id, waiting, f"this {what} would not be exact. Nothing was written; retry later"
+                self.config.id,
+                waiting,
+                f"this {what} would not be exact. Nothing was written; retry later",
+                band_shards(self),
             )
 
     def check_view(self, view: ResolvedView) -> None:

@@ -70,7 +70,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from shardlb import keys, moderation, periods, pgconn, times
 from shardlb.bands import Move
-from shardlb.board import GONE, MOVED, Board, rebuilding
+from shardlb.board import GONE, MOVED, Board, band_shards, rebuilding
 from shardlb.config import PIN_SPAN, REBUILD_JOBS, BoardConfig, stored_settings
 from shardlb.connection import Script, Scripts, connect
 from shardlb.errors import (
@@ -1733,6 +1733,7 @@ class Rebuilder:
                 board.config.id,
                 waiting,
                 f"{whole} it once {'it is' if len(waiting) == 1 else 'they are'} rebuilt",
+                band_shards(board),
             )
 
     async def _script(self, names: Sequence[str], args: Sequence[Any], confirm: bool = False) -> Any:

@@ -60,7 +60,7 @@ import orjson
 from redis.asyncio.cluster import RedisCluster
 
 from shardlb import keys, pgconn, times
-from shardlb.board import Board, rebuilding
+from shardlb.board import Board, band_shards, rebuilding
 from shardlb.config import BoardConfig, Sharding, stored_sharding
 from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput, NotAcknowledged
 from shardlb.fanout import batch
@@ -359,7 +359,10 @@ class Resharder:
             if now.rebuilding:  # its shards would be copied empty: the rebuild takes the old layout
                 one = len(now.rebuilding) == 1
                 raise rebuilding(
-                    self.board_id, now.rebuilding, f"reshard it once {'it is' if one else 'they are'} rebuilt"
+                    self.board_id,
+                    now.rebuilding,
+                    f"reshard it once {'it is' if one else 'they are'} rebuilt",
+                    band_shards(now),
                 )
             if now.layout.strategy not in ("hash", "band"):
                 raise BoardConflict(

@@ -49,7 +49,7 @@ import psycopg
 from redis.exceptions import ResponseError
 
 from shardlb import archive, keys, moderation, periods, rebuild, settlement_rewards, times
-from shardlb.board import Board
+from shardlb.board import Board, band_shards
 from shardlb.board import rebuilding as rebuilding_error
 from shardlb.config import check_id
 from shardlb.errors import (
@@ -449,6 +449,7 @@ class Settler:
                 lost,
                 f"Redis lost the keys of {shards} alone (the sentinel is missing); nothing was paid. Run "
                 f'{run}, then settle again (docs/design-notes.md, "A shard lost alone")',
+                band_shards(board),
             )
 
     async def _lost_shards(self, board: Board) -> list[int]:

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from router import reshards
 from shardlb import fanout, keys, moderation, rebuild, times
 from shardlb.board import Board, Score
+from shardlb.board import rebuilding as rebuilding_error
 from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.errors import NotAcknowledged, Rebuilding
@@ -240,27 +241,45 @@ async def test_a_write_to_a_lost_shard_is_refused_before_the_archiver_marks_it(
 
 @pytest.mark.parametrize("lost", [4, 1], ids=["band-shard", "home-shard"])
 async def test_a_band_boards_shard_lost_alone_is_marked_and_rebuilt(
-    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, lost: int
+    store: BoardStore,
+    raw: Any,
+    postgres_url: str,
+    cluster_url: str,
+    lost: int,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A band board (3 home shards, band shards 3-6): a band shard lost alone is marked, its top
     refused, and `rebuild BOARD --shard 4` rebuilds the band shards from the homes and takes it
     off; a home shard lost alone is marked, and `--shard 1` rebuilds it (and the band shards) and
-    takes it off. Reads then agree with the reference."""
+    takes it off. Reads then agree with the reference. The archiver's ERROR and the refusal say
+    where the rebuild takes the shard from: a band shard from the home shards (until 2026-12-06
+    both said "from PostgreSQL and the journal", which a band shard's rebuild never reads)."""
     board_id = f"partial-band-{lost}"
     async with own_archive(postgres_url, "partial") as url:
         try:
             board, sent = await board_written(store, board_id, sharding=sharding("band", 3))
             a = await archiver(raw, OnlyStore(store.client, store.scripts, {board_id}), url)
+            logger = logging.getLogger("shardlb.archive")
             try:
                 await drain(a)
                 await slot_wiped(raw, board, lost)
                 await a.refresh()
-                await archive_round(a)
+                logger.addHandler(caplog.handler)
+                try:
+                    await archive_round(a)
+                finally:
+                    logger.removeHandler(caplog.handler)
                 back = await store.get(board_id)
                 assert back.rebuilding == {lost}
+                # What brings it back, said truly: a band shard's rebuild reads the home shards only.
+                [error] = {r.getMessage() for r in caplog.records if r.levelno == logging.ERROR}
+                assert f"`shardlb rebuild {board_id} --shard {lost}` brings it back from" in error
+                assert ("PostgreSQL" in error) == (lost < 3) and ("home shards" in error) == (lost >= 3)
                 if lost >= 3:
-                    with pytest.raises(Rebuilding):
+                    with pytest.raises(Rebuilding) as refused:
                         await back.top(10)
+                    told = refused.value.message
+                    assert "brings it back from the home shards" in told and "PostgreSQL" not in told, told
                 async with connected(cluster_url, url) as (rebuilder, other):
                     await rebuilder.rebuild(await other.get(board_id), shard=lost)
                 back = await store.get(board_id)
@@ -275,6 +294,18 @@ async def test_a_band_boards_shard_lost_alone_is_marked_and_rebuilt(
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(board_id)
+
+
+def test_a_refusal_says_where_the_rebuild_takes_each_shard_from() -> None:
+    """``board.rebuilding``: home shards come back from PostgreSQL and the journal, band shards from
+    the home shards (``Rebuilder.rebuild_bands``); a refusal naming both says both."""
+    homes = rebuilding_error("b", [1], "x", bands=range(3, 7)).message
+    assert "brings it back from PostgreSQL and the journal" in homes and "home shards" not in homes
+    bands = rebuilding_error("b", [4, 5], "x", bands=range(3, 7)).message
+    assert "brings them back from the home shards" in bands and "PostgreSQL" not in bands
+    both = rebuilding_error("b", [1, 4], "x", bands=range(3, 7)).message
+    assert "brings them back (shard 1 from PostgreSQL and the journal, shard 4 from the home shards)" in both
+    assert "from PostgreSQL and the journal" in rebuilding_error("b", [0, 1], "x").message
 
 
 async def test_a_board_rebuilt_after_a_total_loss_carries_its_sentinels(
