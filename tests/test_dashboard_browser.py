@@ -666,6 +666,54 @@ async def test_a_board_refused_for_now_says_why_and_opens_by_itself(
     await page.close()
 
 
+async def test_the_live_top_refused_for_now_waits_its_retry_after_bounded(
+    browser: Browser, server: Server
+) -> None:
+    """The live top's poll refused with a Retry-After (503 overloaded) asks again only once it has
+    passed, at most a minute later (a Retry-After of an hour waits a minute), its rows marked stale
+    meanwhile; then it polls every second again. The page's clock is Playwright's, moved by the
+    test: each request's time is the page's. Failed before: the second poll came 1 s after the
+    first refusal (it polled every second whatever the router said)."""
+    name = small_board(server, "patient")
+    page = await browser.new_page()
+    await page.clock.install()
+    await page.goto(f"{server.url}/dashboard")
+    await page.fill("#key", ADMIN)
+    await page.click("#login-form button")
+    await expect(page.locator("#nav")).to_be_visible()
+    await page.clock.pause_at(datetime.now(UTC) + timedelta(seconds=5))
+    await page.goto(f"{server.url}/dashboard#/board/{name}")
+    await expect(page.locator("#entries tbody tr")).to_have_count(3)
+
+    asked: list[int] = []  # the page's time of each poll of the top
+    waits = ["30", "3600"]
+
+    async def handler(route: Route) -> None:
+        asked.append(int(await page.evaluate("Date.now()")))
+        if len(asked) > len(waits):
+            await route.continue_()
+            return
+        error = {"code": "overloaded", "message": "refused by the test", "field": None}
+        body, headers = json.dumps({"error": error}), {"retry-after": waits[len(asked) - 1]}
+        await route.fulfill(status=503, content_type="application/json", body=body, headers=headers)
+
+    await page.route("**/top?*", handler)
+    await page.clock.run_for(1000)
+    await expect(page.locator("#entries")).to_have_class("stale")
+    await expect(page.locator("#notice")).to_contain_text("503 overloaded")
+    for _ in range(150):  # seconds of the page's time, one at a time
+        await page.clock.run_for(1000)
+        await page.evaluate("0")
+        if len(asked) >= 3:
+            break
+    await expect(page.locator("#entries")).not_to_have_class("stale")
+    await expect(page.locator("#entries tbody tr")).to_have_count(3)
+    assert len(asked) >= 3, asked
+    assert asked[1] - asked[0] >= 30_000, asked
+    assert asked[2] - asked[1] >= 60_000, asked  # an hour asked for: a minute waited
+    await page.close()
+
+
 async def test_a_page_of_entries_refused_for_now_is_read_again(browser: Browser, server: Server) -> None:
     """A page at an offset is read once (not polled as the top is): refused for now (503, Retry-After)
     it stayed empty and stale until the operator paged again. It is read again after Retry-After."""

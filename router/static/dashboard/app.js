@@ -11,6 +11,7 @@ const CLUSTER_EVERY_MS = 2000;
 const HISTORY = 90; // chart points kept: three minutes at one every two seconds
 const MIN_SPAN = 20; // the x axis of a chart starts as 20 points wide and grows to HISTORY
 const REFUSED_RETRY_S = 5; // a view refused for now is asked for again this often, without a Retry-After
+const POLL_WAIT_MAX_S = 60; // a poll refused with a Retry-After waits it, up to this long
 const LATER = new Set([408, 429, 502, 503, 504]); // "come back later": the client's retried statuses
 
 const $ = (id) => document.getElementById(id);
@@ -69,6 +70,13 @@ function forNow(error) {
 
 function waitFor(error) {
   return Math.max(1, error.retryAfter || REFUSED_RETRY_S);
+}
+
+// How long a poll refused for now waits before the next (ms): its Retry-After, at most
+// POLL_WAIT_MAX_S; none without one (the poll keeps its rhythm).
+function pollWait(error) {
+  if (!forNow(error) || !(error.retryAfter > 0)) return undefined;
+  return Math.min(error.retryAfter, POLL_WAIT_MAX_S) * 1000;
 }
 
 function said(error) {
@@ -135,14 +143,17 @@ function show(section) {
 }
 
 // Call fn now and every ms; a call still waiting for its answers makes the next one skip its turn,
-// so a slow router is not sent a pile of polls.
+// so a slow router is not sent a pile of polls. A call that returns a number of ms (a refusal's
+// Retry-After: ``pollWait``) makes the turns skip until that long has passed.
 function every(ms, fn) {
   let running = false;
+  let until = 0;
   const tick = async () => {
-    if (running) return;
+    if (running || Date.now() < until) return;
     running = true;
     try {
-      await fn();
+      const wait = await fn();
+      until = typeof wait === "number" ? Date.now() + wait : 0;
     } finally {
       running = false;
     }
@@ -413,6 +424,9 @@ async function loadPage(mine) {
       const wait = waitFor(error);
       $("page-info").textContent = `refused for now (${said(error)}): asking again in ${wait} s`;
       timers.push(setTimeout(() => mine === generation && loadPage(mine), wait * 1000));
+    } else if (s.offset === 0) {
+      // The live top (``every``): refused with a Retry-After, the next poll waits it (bounded).
+      return pollWait(error);
     }
   }
 }
