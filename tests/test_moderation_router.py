@@ -434,6 +434,7 @@ async def test_a_removal_and_a_ban_that_meet_a_reshard_wait_it_out_and_are_audit
     # version failing, or a router of the release before: router/boards.py, ``follow``).
     monkeypatch.setattr(router.boards, "FOLLOW_S", 3600.0)
     async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        service_of(app).boards.ttl_s = 3600.0  # nor when its copies expire (a slow run's reshards)
         removed, banned = [await make_board(client, durability="memory") for _ in range(2)]
         for name in (removed, banned):
             await post(client, name, [score(f"p{i}", 10 * i, f"m{i}") for i in range(10)])
@@ -525,6 +526,7 @@ async def test_a_refused_result_of_a_call_that_waits_out_a_reshard_is_recorded_o
     # A router that does not see the reshard before the call (router/boards.py, ``follow``).
     monkeypatch.setattr(router.boards, "FOLLOW_S", 3600.0)
     async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        service_of(app).boards.ttl_s = 3600.0  # nor when its copy expires (a slow run's reshard)
         name = await make_board(client, durability="memory", max_points_per_result=100)
         await post(client, name, [score(f"p{i}", i, f"m{i}") for i in range(10)])
         await Resharder(store, name, say=lambda _: None, cache_s=0).start(4)

@@ -425,6 +425,12 @@ async def test_board_lists_through_the_app_read_the_registry_once(
                 reads[0] += 1
                 return await real()
 
+            # The journal watch's first look (``BoardStore.follow``, in the background from the
+            # start) reads the registry once; its later looks only while the version stands.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30.0
+            while boards.store._followed is None and loop.time() < deadline:
+                await asyncio.sleep(0.01)
             boards.store.records = counted  # type: ignore[method-assign]
             answers = [await client.get("/v1/boards") for _ in range(20)]
             assert {r.status_code for r in answers} == {200}

@@ -145,7 +145,7 @@ async def test_a_period_paid_before_a_total_loss_stays_paid_after_rebuild_all(
                 await Settler(rebuilder).settle(await other.get(board_id), period, request)
                 want = expected_awards(ref, period, board)
                 assert want and await awards_of(rebuilder.db, f"{board_id}-1") == want
-            await lost(raw, [board])
+            await lost(raw)
             await rebuild.run(cluster_url, url, None)
             async with connected(cluster_url, url) as (rebuilder, other):
                 back = await other.get(board_id)
@@ -193,7 +193,7 @@ async def test_a_settlement_stopped_after_any_step_then_a_total_loss_pays_each_w
                         await Settler(rebuilder, step).settle(await other.get(board_id), period, request)
                     paid = await awards_of(rebuilder.db, f"{board_id}-{stop}")
                     assert paid == ([] if stop != "commit" else expected_awards(refs[stop], period, board))
-            await lost(raw, [board])
+            await lost(raw)
             await rebuild.run(cluster_url, url, None)
             async with connected(cluster_url, url) as (rebuilder, other):
                 back = await other.get(board_id)
