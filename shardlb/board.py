@@ -786,9 +786,11 @@ class Board:
     async def settled_again(self, name: str, shards: Iterable[int], settlement_id: str | None) -> None:
         """Put back on ``shards`` (rebuilt after Redis lost them) the markers of a settlement of the
         dated period ``name`` that PostgreSQL holds: its freeze, and, given the ``settlement_id``
-        that paid it, the record of the payment (``mark_paid``). freeze.lua keeps a marker that is
+        that paid it, the record of the payment (``mark_paid``). For ``total`` (a season archive
+        begun) the freeze is the close (``close``: no expiry). freeze.lua keeps a marker that is
         there, so this is idempotent. A rebuild calls it (shardlb/rebuild.py, ``_built``)."""
-        name, expire_at, now = self.dated(name), self._expiry(name), times.now_ms()
+        name = name if name == "total" else self.dated(name)
+        expire_at, now = self._expiry(name), times.now_ms()
         for shard in shards:
             prefix = self.prefixes[shard]
             markers = [(keys.frozen_key(prefix, name), now), (keys.paid_key(prefix, name), settlement_id)]

@@ -607,29 +607,39 @@ class Rebuilder:
                 )
 
     async def _settled_again(self, board: Board, shards: list[int]) -> None:
-        """The markers of the board's settlements of dated periods still kept (``Board.
+        """The markers of the board's settlements of periods still kept (``Board.
         settled_again``) put back on ``shards``, before their mark is taken off: Redis lost them
         with the shards. The freeze: no write applies to the period there. The record of a payment
         (``Board.mark_paid``): a settlement of the period is refused (409 period_settled) once
         PostgreSQL is restored from a backup taken before it (shardlb/settlement.py, ``_not_lost``).
         Until 2026-12-06 neither came back: after a loss of Redis and `rebuild --all`, a period paid
         before it was paid again, under another id or the same one, by a run after such a restore
-        (tests/test_settlement_recovery.py)."""
+        (tests/test_settlement_recovery.py). The total's (a season archive begun, its board not
+        deleted yet) too: its freeze closed the board for good (``Board.close``); until 2026-12-06
+        a shard lost alone and rebuilt (`rebuild BOARD --shard N`) took results again, the other
+        shards refusing them (``_restore_board`` closed it again after a total loss only)."""
         async with self.db.transaction():
             cur = await self.db.execute("SELECT to_regclass('settlements') IS NOT NULL")
             found = await cur.fetchone()
             if not found or not found[0]:
                 return
             cur = await self.db.execute(
-                "SELECT period, settlement_id, state FROM settlements "
-                "WHERE board = %s AND incarnation = %s AND period <> 'total'",
+                "SELECT period, settlement_id, state FROM settlements WHERE board = %s AND incarnation = %s",
                 (board.config.id, board.incarnation),
             )
             rows = await cur.fetchall()
         now = times.now_ms()
         for name, settlement_id, state in rows:
-            if not board.holds_nothing(name, now):  # past its retention its keys have expired
-                await board.settled_again(name, shards, settlement_id if state == "settled" else None)
+            if board.holds_nothing(name, now):  # past its retention its keys have expired
+                continue
+            # A dated period is closed when it is settled, so its freeze changes no write. The
+            # total is not: a season archive refused before its freeze (a shard lost, a reshard)
+            # left its row `started` and the board open, and its close comes back only where the
+            # archive closed the board (another shard closed; ``_restore_board`` closes every one
+            # after a total loss), or past its check (settled, or stopped at a mismatch).
+            if name == "total" and state == "started" and not await board.closed():
+                continue
+            await board.settled_again(name, shards, settlement_id if state == "settled" else None)
 
     async def _marked(self, board: Board) -> set[int]:
         """The shards the board's record names not rebuilt now (those of another incarnation: none)."""

@@ -15,7 +15,7 @@ import pytest
 
 from shardlb import archive, keys, rebuild, settlement, times
 from shardlb.board import Score
-from shardlb.errors import Rebuilding, SettlementConflict
+from shardlb.errors import BoardClosed, Rebuilding, SettlementConflict
 from shardlb.rebuild import connected
 from shardlb.settlement import STEPS, Request, Settler, ensure_schema
 from shardlb.settlement_delivery import deliver_until_done
@@ -387,3 +387,79 @@ async def test_an_archiver_started_before_redis_archives_once_redis_is_there(
             assert "Redis reachable" in [m for m, _ in logged.lines(logging.INFO)]
     finally:
         await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("stop", ["freeze", "commit"])
+async def test_a_board_closed_for_its_season_stays_closed_after_a_shard_lost_alone_is_rebuilt(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, stop: str
+) -> None:
+    """A season archive (the total's settlement) stopped after its freeze, which closed the board
+    for good (``Board.close``), or after its commit (paid, the board not deleted yet); then shard
+    1's slot lost alone and `shardlb rebuild BOARD --shard 1`. Failed before the fix: the rebuild
+    wrote back the markers of the dated periods' settlements only (``Rebuilder._settled_again``
+    skipped the total), so shard 1 lost its close marker for good and took results again (and the
+    record of the season's payment), while the other shards refused them."""
+    board_id = f"recover-season-{stop}"
+    async with own_archive(postgres_url, "settle_recover") as url:
+        board = await new_board(store, board_id)
+        try:
+            await written(board, day_ago(2), board_id)
+            await archived(store, raw, url, board_id)
+            request = Request.of({"settlement_id": board_id, "rewards": TABLE})
+
+            def step(name: str) -> None:
+                if name == stop:
+                    raise Fault(name)
+
+            async with connected(cluster_url, url) as (rebuilder, other):
+                with pytest.raises(Fault):
+                    settler = Settler(rebuilder, step)
+                    await settler.settle(await other.get(board_id), "total", request, season=True)
+            assert await slot_wiped(raw, board, 1) > 0
+            async with connected(cluster_url, url) as (rebuilder, other):
+                await rebuilder.rebuild(await other.get(board_id), shard=1)
+            async with connected(cluster_url, url) as (rebuilder, other):
+                back = await other.get(board_id)
+                closed = [bool(await raw.exists(keys.frozen_key(p, "total"))) for p in back.prefixes]
+                assert closed == [True] * len(back.prefixes)
+                # The run stopped before its record of the payment (``_record_paid``): the rebuilt
+                # shard has it from PostgreSQL, the others get it from the run again.
+                paid = await raw.get(keys.paid_key(back.prefixes[1], "total"))
+                assert paid == (board_id.encode() if stop == "commit" else None)
+                late = next(p for p in (f"late{i}" for i in range(100)) if back.layout.home(p) == 1)
+                with pytest.raises(BoardClosed):
+                    await back.submit([Score(late, 10, "late-m", times.now_ms())])
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
+
+
+async def test_a_season_archive_refused_before_its_close_leaves_a_rebuilt_shard_open(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A season archive refused before its freeze (shard 1 lost alone: Rebuilding, its row left
+    ``started``, no shard closed), then `rebuild BOARD --shard 1` as its message says. The rebuild
+    writes back the close of a season archive only where it closed the board (another shard closed,
+    or the settlement past its check): this board stays open on every shard, not closed on shard 1
+    alone for good while the others take results."""
+    board_id = "recover-season-refused"
+    async with own_archive(postgres_url, "settle_recover") as url:
+        board = await new_board(store, board_id)
+        try:
+            await written(board, day_ago(2), board_id)
+            await archived(store, raw, url, board_id)
+            request = Request.of({"settlement_id": board_id, "rewards": TABLE})
+            assert await slot_wiped(raw, board, 1) > 0
+            async with connected(cluster_url, url) as (rebuilder, other):
+                with pytest.raises(Rebuilding):
+                    await Settler(rebuilder).settle(await other.get(board_id), "total", request, season=True)
+                assert await state_of(rebuilder.db, board_id) == "started"
+                await rebuilder.rebuild(await other.get(board_id), shard=1)
+            async with connected(cluster_url, url) as (rebuilder, other):
+                back = await other.get(board_id)
+                assert not await back.closed()
+                late = next(p for p in (f"late{i}" for i in range(100)) if back.layout.home(p) == 1)
+                await back.submit([Score(late, 10, "late-m", times.now_ms())])
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
