@@ -63,7 +63,7 @@ import orjson
 import psycopg
 from prometheus_client import Counter, Gauge, start_http_server
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import ExceptionType, RedisClusterException, RedisError, ResponseError
 
 from shardlb import keys, moderation, pgconn, settlement_delivery
 from shardlb.board import Board, band_shards, whence
@@ -1717,6 +1717,10 @@ async def serve(
             except (RedisError, RedisClusterException, OSError) as e:
                 await client.aclose()
                 client = None
+                if misconfigured(e):  # no wait repairs it: exit, the pod restarted with its settings
+                    fields = {"error": str(e), "redis": redacted(redis_url)}
+                    log.error("Redis refused the archiver's settings; not retried", extra={"fields": fields})
+                    raise
                 pause = retry_pause(outage.failures + 1)
                 outage.failed(e, {"pause_s": pause})
                 await _sleep(stop, pause)
@@ -1755,6 +1759,24 @@ async def serve(
             await raw.aclose()
         if client is not None:
             await client.aclose()
+
+
+def misconfigured(error: BaseException) -> bool:
+    """Whether ``error`` (of the start's try for Redis) is one of the settings that no wait repairs:
+    credentials the cluster refuses (AuthenticationError, AuthorizationError, NoPermissionError:
+    redis-py's ``ExceptionType.AUTH``), or a seed node that is no cluster node; the cluster client
+    raises either as the cause of a RedisClusterException, an outage as a
+    RedisClusterUnreachableError or a connection error. ``serve`` waits out an outage and exits on
+    these, as on a bad URL: until 2026-12-06 (the wait came that day) it waited on them for good,
+    its liveness probe answering and nothing archived (tests/test_settlement_recovery.py)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if getattr(seen, "error_type", None) == ExceptionType.AUTH:
+            return True
+        if type(seen) is RedisClusterException and "Cluster mode is not enabled" in str(seen):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) -> None:

@@ -8,10 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from redis.exceptions import RedisClusterException
 
 from shardlb import archive, keys, rebuild, settlement, times
 from shardlb.board import Score
@@ -20,6 +24,7 @@ from shardlb.rebuild import connected
 from shardlb.settlement import STEPS, Request, Settler, ensure_schema
 from shardlb.settlement_delivery import deliver_until_done
 from shardlb.store import BoardStore
+from tests.client_support import free_port
 from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
 from tests.test_rebuild_jobs import lost
 from tests.test_router_logs import kept
@@ -463,3 +468,42 @@ async def test_a_season_archive_refused_before_its_close_leaves_a_rebuilt_shard_
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(board_id)
+
+
+@pytest.mark.parametrize("setting", ["credentials", "no-cluster"])
+async def test_an_archiver_whose_redis_settings_are_refused_exits_rather_than_waits(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, setting: str
+) -> None:
+    """The wait for Redis at the archiver's start is for an outage, not for settings no wait
+    repairs: credentials the cluster refuses (a user it does not know), or a seed node that is a
+    Redis out of cluster mode, end ``serve`` with the error, as a bad URL does, so `shardlb
+    archive` exits 1 and its pod restarts with the Secret as it is now. Failed before the fix: it
+    retried for good, logging "Redis not reachable yet; retrying", its liveness probe (the metrics
+    server) answering, nothing archived."""
+    monkeypatch.setattr(archive, "retry_pause", lambda failures: 0.01)
+    with contextlib.ExitStack() as stack:
+        if setting == "credentials":
+            refused, expected = cluster_url.replace("redis://", "redis://nobody:wrong@"), "username-password"
+        else:
+            port = free_port()
+            server = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+            standalone = subprocess.Popen([*server, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+            stack.callback(standalone.wait, 30)
+            stack.callback(standalone.terminate)
+            refused, expected = f"redis://127.0.0.1:{port}", "Cluster mode is not enabled"
+            for _ in range(100):  # a bound: the server listening
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+                    break
+                await asyncio.sleep(0.05)
+        stop = asyncio.Event()
+        logged = stack.enter_context(kept("shardlb.archive"))
+        task = asyncio.create_task(archive.serve(refused, "postgresql://127.0.0.1:1/x", "refused", stop))
+        for _ in range(300):  # a bound, not a timing: tries come every 0.01 s
+            if task.done():
+                break
+            await asyncio.sleep(0.1)
+        stop.set()
+        with pytest.raises(RedisClusterException) as error:
+            await asyncio.wait_for(task, 30)
+    assert expected in str(error.value)
+    assert "Redis not reachable yet; retrying" not in [m for m, _ in logged.lines(logging.WARNING)]
