@@ -635,11 +635,24 @@ class Rebuilder:
             # A dated period is closed when it is settled, so its freeze changes no write. The
             # total is not: a season archive refused before its freeze (a shard lost, a reshard)
             # left its row `started` and the board open, and its close comes back only where the
-            # archive closed the board (another shard closed; ``_restore_board`` closes every one
-            # after a total loss), or past its check (settled, or stopped at a mismatch).
-            if name == "total" and state == "started" and not await board.closed():
+            # archive closed the board, or past its check (settled, or stopped at a mismatch).
+            if name == "total" and state == "started" and not await self._season_closed(board, shards):
                 continue
             await board.settled_again(name, shards, settlement_id if state == "settled" else None)
+
+    async def _season_closed(self, board: Board, shards: list[int]) -> bool:
+        """Whether the board's season archive, its row `started`, closed it, as Redis tells: a
+        shard closed, or no shard left to tell (each one lost, marked or being rebuilt: the close
+        comes back, as ``_restore_board`` puts it back after a total loss). Only a shard that kept
+        its keys tells that the archive was refused before its freeze (the board open)."""
+        if await board.closed():
+            return True
+        gone = set(shards) | board.rebuilding | await self._marked(board)
+        left = [p for s, p in enumerate(board.prefixes) if s not in gone]
+        if left and board.sentinels:
+            absent = await self._absent(left)
+            left = [p for p in left if p not in absent]
+        return not left
 
     async def _marked(self, board: Board) -> set[int]:
         """The shards the board's record names not rebuilt now (those of another incarnation: none)."""

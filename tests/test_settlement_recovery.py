@@ -507,3 +507,38 @@ async def test_an_archiver_whose_redis_settings_are_refused_exits_rather_than_wa
             await asyncio.wait_for(task, 30)
     assert expected in str(error.value)
     assert "Redis not reachable yet; retrying" not in [m for m, _ in logged.lines(logging.WARNING)]
+
+
+async def test_a_one_shard_board_closed_for_its_season_stays_closed_after_its_shard_is_rebuilt(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A season archive stopped after its freeze, on a board of one shard, whose slot is then lost
+    alone and rebuilt: no shard is left to say whether the archive closed the board, and its close
+    comes back, as after a total loss (its row is `started` either way)."""
+    board_id = "recover-season-one"
+    async with own_archive(postgres_url, "settle_recover") as url:
+        board = await new_board(store, board_id, sharding={"shards": 1})
+        try:
+            await written(board, day_ago(2), board_id)
+            await archived(store, raw, url, board_id)
+            request = Request.of({"settlement_id": board_id, "rewards": TABLE})
+
+            def step(name: str) -> None:
+                if name == "freeze":
+                    raise Fault(name)
+
+            async with connected(cluster_url, url) as (rebuilder, other):
+                with pytest.raises(Fault):
+                    settler = Settler(rebuilder, step)
+                    await settler.settle(await other.get(board_id), "total", request, season=True)
+            assert await slot_wiped(raw, board, 0) > 0
+            async with connected(cluster_url, url) as (rebuilder, other):
+                await rebuilder.rebuild(await other.get(board_id), shard=0)
+            async with connected(cluster_url, url) as (rebuilder, other):
+                back = await other.get(board_id)
+                assert await back.closed()
+                with pytest.raises(BoardClosed):
+                    await back.submit([Score("late", 10, "late-m", times.now_ms())])
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
