@@ -1636,7 +1636,10 @@ async def _sleep(stop: asyncio.Event, seconds: float) -> None:
 # ---- the `shardlb archive` process ------------------------------------------------------------
 
 ARCHIVED = Counter("shardlb_archive_results_total", "results copied from the journals into PostgreSQL")
-FAILED_ROUNDS = Counter("shardlb_archive_failed_rounds_total", "archive rounds that failed and were retried")
+FAILED_ROUNDS = Counter(
+    "shardlb_archive_failed_rounds_total",
+    "archive rounds that failed and were retried (and tries of the start's waits for Redis and PostgreSQL)",
+)
 LAG_ENTRIES = Gauge("shardlb_archive_lag_entries", "journal entries not yet archived, largest over journals")
 LAG_RESULTS = Gauge("shardlb_archive_lag_results", "results not yet archived, largest over journals")
 LAG_SECONDS = Gauge("shardlb_archive_lag_seconds", "age of the oldest journal entry not yet archived")
@@ -1721,6 +1724,7 @@ async def serve(
                     fields = {"error": str(e), "redis": redacted(redis_url)}
                     log.error("Redis refused the archiver's settings; not retried", extra={"fields": fields})
                     raise
+                FAILED_ROUNDS.inc()  # the probes answer meanwhile: the metrics say it (k8s/README.md)
                 pause = retry_pause(outage.failures + 1)
                 outage.failed(e, {"pause_s": pause})
                 await _sleep(stop, pause)
@@ -1737,6 +1741,7 @@ async def serve(
             try:
                 db = await connect_db(postgres_url)
             except (psycopg.Error, OSError) as e:
+                FAILED_ROUNDS.inc()
                 pause = retry_pause(outage.failures + 1)
                 outage.failed(e, {"pause_s": pause})
                 await _sleep(stop, pause)

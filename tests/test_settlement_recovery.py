@@ -25,6 +25,7 @@ from shardlb.settlement import STEPS, Request, Settler, ensure_schema
 from shardlb.settlement_delivery import deliver_until_done
 from shardlb.store import BoardStore
 from tests.client_support import free_port
+from tests.test_archive_outages import failed_rounds
 from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
 from tests.test_rebuild_jobs import lost
 from tests.test_router_logs import kept
@@ -542,3 +543,26 @@ async def test_a_one_shard_board_closed_for_its_season_stays_closed_after_its_sh
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(board_id)
+
+
+async def test_an_archiver_waiting_for_redis_at_its_start_counts_failed_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While it waits for Redis at its start, the archiver's pod is live and ready (the probes ask
+    its metrics server) and its lag gauges read 0 (no journal read yet): each failed try counts in
+    ``shardlb_archive_failed_rounds_total``, the counter the runbook alerts on when it rises (k8s/
+    README.md), as a round that fails once it runs does. Failed before the fix: the counter stayed
+    where it was for as long as the wait lasted, and nothing in the metrics told the archiver had
+    not started (the restarts that said so before the wait came are gone)."""
+    monkeypatch.setattr(archive, "retry_pause", lambda failures: 0.01)
+    before = failed_rounds()
+    stop = asyncio.Event()
+    with kept("shardlb.archive"):
+        task = asyncio.create_task(archive.serve(NO_REDIS, "postgresql://127.0.0.1:1/x", "waiting", stop))
+        for _ in range(300):  # a bound, not a timing: tries come every 0.01 s
+            if task.done() or failed_rounds() - before >= 3:
+                break
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert failed_rounds() - before >= 3
