@@ -649,7 +649,7 @@ class Settler:
         # table's sequence: a PostgreSQL restored from a backup hands a sequence's numbers out again.
         for salt in range(AWARD_SALTS):
             try:
-                await self._write(board, request, result, order, awards, points, kept, salt)
+                await self._write(board, name, request, result, order, awards, points, kept, salt)
             except psycopg.errors.UniqueViolation as e:
                 # Two awards drew one id (a chance of about n^2 / 2^64 for n awards in the table):
                 # rolled back, drawn again under the next salt.
@@ -663,6 +663,7 @@ class Settler:
     async def _write(
         self,
         board: Board,
+        name: str,
         request: Request,
         result: dict[str, Any],
         order: Sequence[Standing],
@@ -673,6 +674,7 @@ class Settler:
     ) -> None:
         """``_store``'s transaction, the award ids drawn under ``salt`` (``award_id``)."""
         sid, codec = request.settlement_id, board.codec
+        of = (board.config.id, board.incarnation, name)  # what a run of the id again settles too
         async with self.db.transaction(), self.db.cursor() as cur:
             await cur.execute(
                 "SELECT state, webhook_url FROM settlements WHERE settlement_id = %s FOR UPDATE", (sid,)
@@ -714,7 +716,7 @@ class Settler:
                 for a in awards:
                     player = order[a.rank - 1].player_id
                     await copy.write_row(
-                        (award_id(sid, player, salt), sid, a.rank, player, points[a.rank - 1], a.reward)
+                        (award_id(sid, player, salt, of), sid, a.rank, player, points[a.rank - 1], a.reward)
                     )
             self.step("awards")
             if url:
@@ -831,17 +833,24 @@ def _unsigned(settlement_id: str) -> SettlementConflict:
     )
 
 
-def award_id(settlement_id: str, player_id: str, salt: int = 0) -> int:
+def award_id(
+    settlement_id: str, player_id: str, salt: int = 0, of: tuple[str, str, str] = ("", "", "")
+) -> int:
     """The id of the award of ``settlement_id`` to ``player_id``: the webhook's Idempotency-Key and
-    the id a game server pages and acknowledges. Drawn from the two (and ``salt``, 0 unless two
-    awards drew one id), not from a sequence: after PostgreSQL is restored from a backup taken
-    before a settlement, the sequence would hand its award ids out again to the next settlements,
-    whose webhooks a receiver then drops as repeats of keys it took (until 2026-12-06;
-    tests/test_settlement_recovery.py). The same settlement paying the same player again (run
-    again after such a restore, once nothing refuses it) gives the same id, so the receiver drops
-    that repeat instead."""
+    the id a game server pages and acknowledges. Drawn from the two, what the settlement settles
+    (``of``: its board, incarnation and period) and ``salt`` (0 unless two awards drew one id),
+    not from a sequence: after PostgreSQL is restored from a backup taken before a settlement, the
+    sequence would hand its award ids out again to the next settlements, whose webhooks a receiver
+    then drops as repeats of keys it took (until 2026-12-06; tests/test_settlement_recovery.py).
+    The same settlement paying the same player again (run again after such a restore, once nothing
+    refuses it) gives the same id, so the receiver drops that repeat instead; its id used for
+    another period then (the restore freed it) gives others (drawn from the id and the player
+    alone, earlier on 2026-12-06, they were the first payment's, and that period's webhooks were
+    dropped as repeats)."""
+    board, incarnation, period = of
     digest = hashlib.blake2b(
-        f"award\x00{salt}\x00{settlement_id}\x00{player_id}".encode(), digest_size=8
+        f"award\x00{salt}\x00{settlement_id}\x00{player_id}\x00{board}\x00{incarnation}\x00{period}".encode(),
+        digest_size=8,
     ).digest()
     return AWARD_ID_FLOOR + int.from_bytes(digest, "big") % (2**63 - AWARD_ID_FLOOR)
 

@@ -284,8 +284,8 @@ async def test_two_awards_drawing_one_id_are_drawn_again(
     board_id = "recover-clash"
     real = settlement.award_id
 
-    def clashing(settlement_id: str, player_id: str, salt: int = 0) -> int:
-        return real(settlement_id, "" if salt == 0 else player_id, salt)
+    def clashing(settlement_id: str, player_id: str, salt: int = 0, of: Any = ("", "", "")) -> int:
+        return real(settlement_id, "" if salt == 0 else player_id, salt, of)
 
     monkeypatch.setattr(settlement, "award_id", clashing)
     async with own_archive(postgres_url, "settle_recover") as url:
@@ -566,3 +566,39 @@ async def test_an_archiver_waiting_for_redis_at_its_start_counts_failed_rounds(
         stop.set()
         await asyncio.wait_for(task, 30)
     assert failed_rounds() - before >= 3
+
+
+async def test_a_settlement_id_used_again_for_another_period_after_a_restore_draws_other_keys(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A settlement paid and delivered, then PostgreSQL restored from a backup taken before it (its
+    rows gone, its id free again), then its id used for another period of the board (a game server
+    whose own records were restored too counts its ids again), the same players winning. Failed
+    before the fix: the award ids, drawn from the settlement id and the player alone, were the
+    first payment's, so a receiver dropping repeats by the Idempotency-Key dropped every webhook
+    of the new period's payment. Now the board, its incarnation and the period are drawn from too."""
+    board_id = "recover-reused-id"
+    async with own_archive(postgres_url, "settle_recover") as url:
+        board = await new_board(store, board_id)
+        first, second = day_ago(2), day_ago(3)
+        try:
+            for period in (first, second):  # five players, every one of them a winner
+                await written(board, period, f"{board_id}/{period}", players=5, results=60)
+            await archived(store, raw, url, board_id)
+            async with connected(cluster_url, url) as (rebuilder, other):
+                db = rebuilder.db
+                back = await other.get(board_id)
+                with Receiver(SECRET) as receiver:
+                    body = {"settlement_id": f"{board_id}-1", "rewards": TABLE, "webhook_url": receiver.url}
+                    for period in (first, second):
+                        await Settler(rebuilder).settle(back, period, Request.of(body))
+                        await deliver_until_done(db, SECRET, f"{board_id}-1", deadline_s=60, base_s=0.05)
+                        paid = {str(row[0]) for row in await awards_with_ids(db, f"{board_id}-1")}
+                        if period == first:
+                            taken = paid
+                            await forgotten(db, f"{board_id}-1")  # the restore
+                    assert taken and paid and set(receiver.posts) >= taken | paid
+                    assert not paid & taken
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
