@@ -17,6 +17,17 @@ from collections.abc import Callable
 OUTAGE_LOG_EVERY_S = 60.0
 
 
+def described(error: BaseException) -> str:
+    """``repr(error)``, with its message (escaped, as a repr has it) when the repr leaves it out:
+    redis-py 8 gives its errors a repr of their kind and class alone
+    (``server:RedisClusterUnreachableError``), so until 2026-12-06 an outage's warnings named no
+    node tried and no cause (a refused connection, a timeout, a name that does not resolve)."""
+    text = repr(error)
+    if type(error).__repr__ is BaseException.__repr__ or not str(error):
+        return text  # the message is in it, escaped
+    return f"{text}({str(error)!r})"
+
+
 class Outage:
     """The failures of a loop that retries, logged as its first failure (a warning at once), then
     one warning every ``every_s`` at most, with ``failures`` since the line before and ``since_s``
@@ -49,7 +60,7 @@ class Outage:
         now = self.clock()
         self.failures += 1
         self.unlogged += 1
-        line: dict[str, object] = {**(fields or {}), "error": repr(error), "failures": self.unlogged}
+        line: dict[str, object] = {**(fields or {}), "error": described(error), "failures": self.unlogged}
         if self.began is None:
             self.began = now
         elif now - self.logged_at < self.every_s:

@@ -24,6 +24,7 @@ from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.errors import Overloaded
+from shardlb.outage import described
 from shardlb.store import BoardStore
 from tests.ports import node_ports
 from tests.reference import ReferenceBoard
@@ -380,7 +381,7 @@ async def test_a_primary_out_of_reach_is_a_few_warnings_per_primary_not_one_per_
             ("shard write failed", second, 1),
         ], warnings
         for (_, fields), node in zip(warnings, (first, second), strict=True):
-            assert fields["error"] in {repr(e) for e in failures[node]}  # the first failure's
+            assert fields["error"] in {described(e) for e in failures[node]}  # the first failure's
             assert fields["board"] == "outage" and fields["scores"] == 1
         assert [(m, f["node"], f["failures"]) for m, f in log.lines(logging.INFO)] == [
             ("shard writes work again", first, per_node),

@@ -602,3 +602,23 @@ async def test_a_settlement_id_used_again_for_another_period_after_a_restore_dra
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(board_id)
+
+
+async def test_the_archivers_wait_for_redis_logs_what_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait's warning (``Outage``) names the failure, not only its class: redis-py 8 gives its
+    errors a repr of their kind and class alone ("server:RedisClusterUnreachableError"), so until the fix
+    the log an operator is told to watch while an archiver waits said nothing of the nodes tried or
+    why they failed (a refused connection, a timeout, a name that does not resolve)."""
+    monkeypatch.setattr(archive, "retry_pause", lambda failures: 0.01)
+    stop = asyncio.Event()
+    with kept("shardlb.archive") as logged:
+        task = asyncio.create_task(archive.serve(NO_REDIS, "postgresql://127.0.0.1:1/x", "waiting", stop))
+        for _ in range(300):  # a bound, not a timing
+            if task.done() or logged.lines(logging.WARNING):
+                break
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    (message, fields), *_ = logged.lines(logging.WARNING)
+    assert message == "Redis not reachable yet; retrying"
+    assert "RedisClusterUnreachableError" in fields["error"] and "127.0.0.1:1" in fields["error"], fields
