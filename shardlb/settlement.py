@@ -898,7 +898,7 @@ async def archive_season(
             done = await Settler(rebuilder).settled_season(board_id, request)
             if done is None:
                 raise
-            await _forget_bans(rebuilder, store, board_id)  # if a run before failed to
+            await _deleted(rebuilder, store, board_id, request)  # if a run before failed to
             return {**done, "archived": True}
         # The id's settlement archived an earlier incarnation, deleted since: its answer was lost and
         # the board created again. Until 2026-12-05 this run took the new board for the settlement's
@@ -906,7 +906,7 @@ async def archive_season(
         # closed, paid and deleted the new season's board.
         done = await Settler(rebuilder).settled_season(board_id, request, besides=board.incarnation)
         if done is not None:
-            await _forget_bans(rebuilder, store, board_id)
+            await _deleted(rebuilder, store, board_id, request)
             return {**done, "archived": True}
         result = await Settler(rebuilder, step, drain_wait_s).settle(board, "total", request, season=True)
         # The router's delete, so that its cache forgets the board. The board settled only: one
@@ -914,12 +914,23 @@ async def archive_season(
         # season's) is another board, which until 2026-12-05 this deleted with all its results.
         with contextlib.suppress(BoardNotFound):
             await (delete or store.delete)(board_id, board.incarnation)
-        await _forget_bans(rebuilder, store, board_id)
+        await _deleted(rebuilder, store, board_id, request)
         return {**result, "archived": True}
 
 
-async def _forget_bans(rebuilder: Rebuilder, store: BoardStore, board_id: str) -> None:
-    """Forget the bans of the board's incarnations deleted (the one archived among them), as a
-    DELETE does (``Bans.sweep``: only those known deleted). A run that fails here has deleted the
-    board already: run again, it finds the settlement stored and finishes this."""
+async def _deleted(rebuilder: Rebuilder, store: BoardStore, board_id: str, request: Request) -> None:
+    """Record in PostgreSQL that the incarnation the settlement ``request`` archived is deleted,
+    then forget the bans of the board's incarnations deleted (the one archived among them), as a
+    DELETE does (``Bans.sweep``: only those known deleted). The mark is the archive's own: until
+    2026-12-06 only a board with bans got it here (``Bans.forget``, through the sweep), the others
+    from the archiver's next refresh, so Redis lost before that refresh had `rebuild --all` bring
+    the archived board back, closed, with every result of its season. A run that fails here has
+    deleted the board already: run again, it finds the settlement stored and finishes this."""
+    row = await Settler(rebuilder).stored(request.settlement_id)
+    if row is not None and row[0] == board_id:
+        await rebuilder.db.execute(
+            "UPDATE boards SET deleted_at = now() WHERE deleted_at IS NULL AND board = %s "
+            "AND incarnation = %s",
+            (board_id, str(row[1])),
+        )
     await moderation.Bans(store.client).sweep(rebuilder.db, board_id)
