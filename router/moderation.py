@@ -54,11 +54,12 @@ from router.boards import through_reshard
 from router.errors import ApiError
 from router.media import read_object, render
 from router.middleware import retry_key
-from shardlb import moderation, times
+from shardlb import archive, moderation, times
 from shardlb.archive import connect_db
 from shardlb.board import Board, Prepared, Result
 from shardlb.config import check_id
 from shardlb.errors import BoardNotFound, NotAcknowledged
+from shardlb.journal import Entry
 from shardlb.moderation import ALL, Ban, Bans, Screen
 from shardlb.outage import Outage
 
@@ -438,6 +439,7 @@ async def _remove(
     now_ms: int | None = None,
     incarnation: str | None = None,
     anew: bool = False,
+    db: psycopg.AsyncConnection[Any] | None = None,
 ) -> bool:
     """Remove ``player`` from the board, waiting out a reshard's cut-over as score writes do: each
     try looks the board up anew (a refusal marked the one kept stale), and a removal tried again
@@ -452,7 +454,13 @@ async def _remove(
     when it is not of ``incarnation``, or turns out deleted, rather than taken for the board: a
     router keeps a board for seconds, and one deleted and created again through another router
     meanwhile is the board in the ban's scope (its incarnation read from the registry). Until
-    2026-12-05 such a ban removed nothing there, and the banned player stayed on the board, ranked."""
+    2026-12-05 such a ban removed nothing there, and the banned player stayed on the board, ranked.
+
+    ``db``: the delete entries the removal journaled are archived there before this returns
+    (``archive.record_removals``), so a removal answered survives a loss of Redis before the
+    archiver's next round; a failure there is the caller's 503, and the retry with the same
+    X-Request-Id converges and archives them again."""
+    journaled: list[tuple[str, Entry]] = []
 
     async def attempt() -> bool:
         board = await svc.boards.get(board_id)
@@ -461,17 +469,24 @@ async def _remove(
         if incarnation is not None and board.incarnation != incarnation:
             return False
         try:
-            removed = await moderation.remove(board, [player], now_ms, request=request, since_ms=since_ms)
+            removed = await moderation.remove(
+                board, [player], now_ms, request=request, since_ms=since_ms, journaled=journaled
+            )
         except BoardNotFound:
             if not anew or incarnation is not None:  # the board the ban holds on is gone: nothing left
                 raise
             # This router's copy was deleted (now marked so): the board under the id now, if any.
             board = await svc.boards.store.get(board_id)
-            removed = await moderation.remove(board, [player], now_ms, request=request, since_ms=since_ms)
+            removed = await moderation.remove(
+                board, [player], now_ms, request=request, since_ms=since_ms, journaled=journaled
+            )
         return player in removed
 
     try:
-        return await through_reshard(attempt)
+        found = await through_reshard(attempt)
+        if db is not None:
+            await archive.record_removals(db, journaled)
+        return found
     finally:
         # This worker's cached tops and histograms of the board were read before the removal (or
         # its part that went through, when it failed half way): its reads after the answer go live.
@@ -495,14 +510,15 @@ async def remove_player(request: Request) -> Response:
     board_id = (await svc.boards.get(request.path_params["board"])).config.id
     player = check_id(request.path_params["player"], "player")
     now = times.now_ms()  # the removal's time, kept in its audit row for a retry past the window
-    async with _archive(svc) as db, db.transaction():
-        # A request id the router made up is new, so a retry without one is audited again.
-        first_ms = await moderation.audit_removal(db, board_id, player, actor, reason, request_id, now)
-    removal = _request("remove", request_id)
-    if first_ms is None:
-        removed = await _remove(svc, board_id, player, removal, now_ms=now)
-    else:  # a retry: at the first call's time wherever no shard has its record (moderation.remove)
-        removed = await _remove(svc, board_id, player, removal, since_ms=first_ms)
+    async with _archive(svc) as db:
+        async with db.transaction():
+            # A request id the router made up is new, so a retry without one is audited again.
+            first_ms = await moderation.audit_removal(db, board_id, player, actor, reason, request_id, now)
+        removal = _request("remove", request_id)
+        if first_ms is None:
+            removed = await _remove(svc, board_id, player, removal, now_ms=now, db=db)
+        else:  # a retry: at the first call's time wherever no shard has its record (moderation.remove)
+            removed = await _remove(svc, board_id, player, removal, since_ms=first_ms, db=db)
     return render(request, {"board": board_id, "player_id": player, "removed": removed})
 
 
@@ -537,19 +553,27 @@ async def ban(request: Request) -> Response:
         await asyncio.sleep(PROPAGATION_S)
     removal, since = _request("ban", request_id), None if in_force else record.at_ms
     removed = []
-    for board in boards:
-        try:
-            # Only from the board the ban holds on (``record.incarnation``: the one it was made on,
-            # None for a ban of every board or of before 2026-12-05): one deleted and created again
-            # under its id since (while this ban waited, or before its retry) is another board, on
-            # which this ban is not in force. Until 2026-12-05 the removal took the player's
-            # results off the new board, and out of its rebuild and settlement.
-            if await _remove(
-                svc, board.config.id, player, removal, since, incarnation=record.incarnation, anew=True
-            ):
-                removed.append(board.config.id)
-        except BoardNotFound:
-            continue
+    async with _archive(svc) as db:  # each board's removal archived before the answer (``_remove``)
+        for board in boards:
+            try:
+                # Only from the board the ban holds on (``record.incarnation``: the one it was made
+                # on, None for a ban of every board or of before 2026-12-05): one deleted and created
+                # again under its id since (while this ban waited, or before its retry) is another
+                # board, on which this ban is not in force. Until 2026-12-05 the removal took the
+                # player's results off the new board, and out of its rebuild and settlement.
+                if await _remove(
+                    svc,
+                    board.config.id,
+                    player,
+                    removal,
+                    since,
+                    incarnation=record.incarnation,
+                    anew=True,
+                    db=db,
+                ):
+                    removed.append(board.config.id)
+            except BoardNotFound:
+                continue
     return render(request, {**record.body(), "removed_from": sorted(removed)})
 
 

@@ -874,20 +874,7 @@ class Archiver:
         if not batch:
             return 0
         rows = _merge_retries([row for board, _, entry in batch for row in _rows(board, entry)], batch)
-        removals = [
-            (e.board, e.incarnation, e.shard, p, e.id, _listed(e.kept_in(p)))
-            for _, _, e in batch
-            for p in e.removed
-        ]
-        records: list[tuple[Any, ...]] = []
-        for _, _, e in batch:  # with a removal request's name and mark (NULL: named by none)
-            marks: list[str | None] = [*e.marks()] or [None] * len(e.recorded)
-            records += [
-                (e.board, e.incarnation, e.shard, p, u, e.id, e.request or None, mark)
-                for (p, u), mark in zip(e.recorded, marks, strict=True)
-            ]
-        # the players removed, whose rows the removals cut (``_PROMOTE``)
-        revived = sorted({(b.config.mode, e.board, e.incarnation, p) for b, _, e in batch for p in e.removed})
+        removals, records, revived = _removal_rows([(b.config.mode, e) for b, _, e in batch])
         cuts = await self._marks(batch)
         await self._write(rows, removals, records, cuts, revived)
         acked: dict[str, list[str]] = {}
@@ -1317,19 +1304,7 @@ class Archiver:
         records: Sequence[tuple[Any, ...]],
     ) -> None:
         """The entries' rows, inside ``_write``'s transaction."""
-        if records:  # removals' records (remove.lua's `rmv`), which a rebuild puts back
-            await cur.executemany(
-                "INSERT INTO removal_records (board, incarnation, shard, player_id, units, journal_id, "
-                "request, request_mark) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                records,
-            )
-        if removals:  # delete entries (shardlb/moderation.py): a rebuild drops the results before
-            # them, but in the periods the removal left whole (``kept``)
-            await cur.executemany(
-                "INSERT INTO player_removals (board, incarnation, shard, player_id, journal_id, kept) "
-                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                removals,
-            )
+        await _insert_removals(cur, removals, records)
         if not rows:
             return
         await cur.execute(
@@ -1402,6 +1377,61 @@ class Archiver:
         calls = [(key, keys.journal_counts_of(key), GROUP, *acked[key]) for key in journals]
         await self._each_or_alone(self._acker, calls, numkeys=2)
         await self._trim(journals, recount=True)
+
+
+async def record_removals(db: psycopg.AsyncConnection[Any], entries: Sequence[tuple[str, Entry]]) -> None:
+    """Archive delete entries ((board mode, entry): ``moderation.remove``'s ``journaled``) now, in
+    one transaction, as a round would (``player_removals``, ``removal_records``, ``_PROMOTE``): a
+    removal asked for is in PostgreSQL before it is answered. Until 2026-12-06 it was in the
+    journal alone until the archiver's next round, and Redis lost meanwhile (a total loss, or the
+    shard's master with its replica) took it: the rebuild brought the player back from their
+    archived rows. The round that archives the entry again changes nothing (ON CONFLICT DO
+    NOTHING; ``_PROMOTE`` is idempotent), as for an entry two archivers both read."""
+    removals, records, revived = _removal_rows(entries)
+    if not removals and not records:
+        return
+    async with db.transaction(), db.cursor() as cur:
+        await _insert_removals(cur, removals, records)
+        await Archiver._promote(cur, revived)
+
+
+def _removal_rows(
+    entries: Sequence[tuple[str, Entry]],
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[str, str, str, str]]]:
+    """The rows of the delete entries among ``entries`` ((board mode, entry)): ``player_removals``,
+    ``removal_records``, and the players removed, whose rows the removals cut (``_PROMOTE``)."""
+    removals = [
+        (e.board, e.incarnation, e.shard, p, e.id, _listed(e.kept_in(p)))
+        for _, e in entries
+        for p in e.removed
+    ]
+    records: list[tuple[Any, ...]] = []
+    for _, e in entries:  # with a removal request's name and mark (NULL: named by none)
+        marks: list[str | None] = [*e.marks()] or [None] * len(e.recorded)
+        records += [
+            (e.board, e.incarnation, e.shard, p, u, e.id, e.request or None, mark)
+            for (p, u), mark in zip(e.recorded, marks, strict=True)
+        ]
+    revived = sorted({(mode, e.board, e.incarnation, p) for mode, e in entries for p in e.removed})
+    return removals, records, revived
+
+
+async def _insert_removals(
+    cur: psycopg.AsyncCursor[Any], removals: Sequence[tuple[Any, ...]], records: Sequence[tuple[Any, ...]]
+) -> None:
+    if records:  # removals' records (remove.lua's `rmv`), which a rebuild puts back
+        await cur.executemany(
+            "INSERT INTO removal_records (board, incarnation, shard, player_id, units, journal_id, "
+            "request, request_mark) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            records,
+        )
+    if removals:  # delete entries (shardlb/moderation.py): a rebuild drops the results before
+        # them, but in the periods the removal left whole (``kept``)
+        await cur.executemany(
+            "INSERT INTO player_removals (board, incarnation, shard, player_id, journal_id, kept) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            removals,
+        )
 
 
 def _settings(board: Board) -> dict[str, Any]:

@@ -53,6 +53,7 @@ import msgpack
 import orjson
 import psycopg
 from redis.asyncio.cluster import RedisCluster
+from redis.client import NEVER_DECODE
 from redis.exceptions import ResponseError
 
 from shardlb import keys, times
@@ -61,6 +62,7 @@ from shardlb.config import check_id
 from shardlb.connection import Scripts, connect
 from shardlb.errors import BoardConflict, InvalidInput, field_name
 from shardlb.fanout import Ack, confirmed
+from shardlb.journal import Entry, decode
 from shardlb.reshard_copy import Replicated
 from shardlb.store import BoardStore
 
@@ -155,6 +157,7 @@ return removed
 """
 STALE_TRIES = 10  # key-index reads before a removal gives up (a period begins at most every day)
 SHARDS_IN_FLIGHT = 16
+PAGE = 1000  # journal entries a read when a removal's retry looks for its first call's entry
 CLEANUP_LIMIT = 1000  # players removed per shard and cleanup pass
 
 SCHEMA = """
@@ -265,6 +268,7 @@ async def remove(
     now_ms: int | None = None,
     request: str | None = None,
     since_ms: int | None = None,
+    journaled: list[tuple[str, Entry]] | None = None,
 ) -> set[str]:
     """Remove ``players`` from every period of ``board``; return those that had an entry anywhere.
     One remove.lua call per shard, atomic on its shard, concurrent across shards (not atomic across
@@ -279,7 +283,10 @@ async def remove(
     ``request``: when no shard has a record of it, the time the request was made, and every shard is
     removed as one it did not reach (a ban's retry after the ban was lifted, whose first call
     removed nothing: results posted since the lift stay; a DELETE's retry past the window, at the
-    time its audit row keeps)."""
+    time its audit row keeps).
+
+    ``journaled``: the delete entries the calls journaled are added to it, (the board's mode,
+    entry), for the caller to archive before it answers (``archive.record_removals``)."""
     for i, player in enumerate(players):
         check_id(player, f"players[{i}]")
     if request is not None and (not request or "\x00" in request):
@@ -300,7 +307,9 @@ async def remove(
 
     async def one(shard: int, members: list[str]) -> list[str]:
         async with gate:
-            return await remove_on_shard(board, shard, members, now_ms=now, request=request, units=units)
+            return await remove_on_shard(
+                board, shard, members, now_ms=now, request=request, units=units, journaled=journaled
+            )
 
     found = await asyncio.gather(*(one(s, m) for s, m in groups.items()))
     return {p for got in found for p in got}
@@ -331,6 +340,7 @@ async def remove_on_shard(
     now_ms: int | None = None,
     request: str | None = None,
     units: int | None = None,
+    journaled: list[tuple[str, Entry]] | None = None,
 ) -> list[str]:
     """remove.lua on one shard (see the module docstring); returns the players it removed. With
     ``stale_before_ms``, only players whose last post (activity set) is at or before it. Without it
@@ -384,6 +394,11 @@ async def remove_on_shard(
             break
     else:
         raise BoardConflict("the board's key index kept changing during the removal; retry", "board")
+    entry_id = _text(reply[1])
+    if journaled is not None and board.config.durability == "journal" and (entry_id or request):
+        # This call's entry, or (a retry that journaled nothing here) its request's first one.
+        found = await _delete_entries(board, shard, entry_id, entry_id, None if entry_id else request)
+        journaled += [(board.config.mode, entry) for entry in found]
     removed, versions, again = [], [], []
     for n, player in enumerate(players):
         flag, version = int(reply[2 + 2 * n]), int(reply[3 + 2 * n])
@@ -398,6 +413,27 @@ async def remove_on_shard(
     if again:  # the first call's band part, if it was lost (a later write may have sent it since)
         await board.bands.finish_pending(shard, again)
     return removed
+
+
+async def _delete_entries(board: Board, shard: int, start: str, end: str, request: str | None) -> list[Entry]:
+    """The delete entries of the shard's journal from ``start`` to ``end`` (ids; "" and "": the whole
+    journal), read undecoded (their fields are MessagePack) from the shard's primary; with
+    ``request``, only those of that removal request. A retry of a request whose call here journaled
+    nothing (it ran here before) looks for its first call's entry that way: not archived yet, it is
+    still in the journal (the archiver trims only what it committed); gone, PostgreSQL has it. The
+    journal holds what the archiver has not committed yet, up to its bound: read PAGE at a time."""
+    key, raw = keys.journal_key(board.prefixes[shard]), {NEVER_DECODE: True}
+    low, high = start or "-", end or "+"
+    wanted = None if not request else request.encode()
+    out: list[Entry] = []
+    while True:
+        got: Any = await board.client.execute_command("XRANGE", key, low, high, "COUNT", PAGE, **raw)
+        for entry_id, fields in got or ():
+            if fields and b"x" in fields and (wanted is None or fields.get(b"q") == wanted):
+                out.append(decode(entry_id, fields))
+        if not got or len(got) < PAGE:
+            return out
+        low = "(" + _text(got[-1][0])
 
 
 def record_units(board: Board, now_ms: int) -> int:

@@ -1,7 +1,9 @@
-"""Acknowledged removals through a total loss of Redis (every master flushed) and `shardlb rebuild
---all`, made at once after the call, before the archiver's next round: a board deleted (DELETE 204,
-a season archive) stays deleted, a player removed stays removed (docs/design-notes.md, "A total
-loss of Redis")."""
+"""Acknowledged removals through a loss of Redis made at once after the call, before the archiver's
+next round: a total loss (every master flushed) and `shardlb rebuild --all`, or one shard's slot
+lost and `shardlb rebuild BOARD --shard N`. A board deleted (DELETE 204, a season archive) stays
+deleted, a player removed (a DELETE, a ban's removal) stays removed, and the call sent again with
+the same X-Request-Id answers as the first did (docs/design-notes.md, "A total loss of Redis",
+"A removal answered is archived")."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import asyncio
 import contextlib
 from typing import Any
 
+import psycopg
 import pytest
 
-from shardlb import times
+from shardlb import archive, keys, moderation, rebuild, times
 from shardlb.archive import Archiver, connect_db
 from shardlb.board import Score
 from shardlb.cli import main
@@ -21,7 +24,8 @@ from shardlb.settlement import Request, archive_season
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN
 from tests.router_support import running as router
-from tests.test_rebuild import own_archive
+from tests.test_rebuild import OnlyStore, own_archive
+from tests.test_shard_loss import slot_wiped
 
 pytestmark = pytest.mark.cluster
 
@@ -33,7 +37,10 @@ async def archived_board(raw: Any, store: BoardStore, url: str, name: str) -> Ar
     ``boards`` too); the archiver, to close."""
     config = BoardConfig.from_dict(name, {"periods": ["daily"], "sharding": {"shards": 3}})
     board, _ = await store.create(config)
-    a = Archiver(raw, store, await connect_db(url), name, claim_idle_s=0)
+    # Of this board alone: the suite's cluster holds other modules' boards, whose journals it must
+    # not archive into this test's database (nor trim).
+    only = OnlyStore(store.client, store.scripts, {name})
+    a = Archiver(raw, only, await connect_db(url), name, claim_idle_s=0)
     await a.refresh()
     await board.submit([Score(p, 10, f"m-{p}", times.now_ms() - 60_000) for p in ("p1", "p2")])
     while await a.round():
@@ -89,6 +96,170 @@ async def test_a_board_archived_for_its_season_stays_deleted_after_a_total_loss(
                 await store.get(name)
             again = await archive_season(cluster_url, url, name, request)
             assert again == first
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_player_removed_through_the_router_stays_removed_after_a_total_loss(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """DELETE /v1/boards/{b}/players/{p} answered ``removed: true``, then Redis lost at once, before
+    the archiver's round took the removal's delete entry into ``player_removals``: `rebuild --all`
+    must not bring the player back from their archived rows, and the DELETE sent again with the same
+    X-Request-Id answers as the first call did."""
+    name = "acked-remove-player"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
+                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+                assert r.status_code == 200 and r.json()["removed"] is True, r.text
+                await lose_redis_and_rebuild_all(raw, cluster_url, url)
+                board = await store.get(name)
+                assert [e.player_id for e in await board.top(10)] == ["p2"]
+                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+                assert r.status_code == 200 and r.json()["removed"] is True, r.text
+                assert [e.player_id for e in await board.top(10)] == ["p2"]
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_player_removed_stays_removed_after_their_shard_is_lost_alone(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """The same removal, then the player's shard lost alone (every key of its slot, the journal
+    with the delete entry too) and `shardlb rebuild BOARD --shard N`: the player stays removed."""
+    name = "acked-remove-shard"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            board = await store.get(name)
+            shard = board.layout.home("p1")
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
+                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+                assert r.status_code == 200 and r.json()["removed"] is True, r.text
+                assert await slot_wiped(raw, board, shard)
+                command = ["rebuild", name, "--shard", str(shard), "--redis", cluster_url, "--postgres", url]
+                assert await asyncio.to_thread(main, command) == 0
+                assert [e.player_id for e in await board.top(10)] == ["p2"]
+                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+                assert r.status_code == 200 and r.json()["removed"] is True, r.text
+                assert [e.player_id for e in await board.top(10)] == ["p2"]
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_bans_removal_survives_a_total_loss_and_the_lift_that_follows(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """A ban of one board, answered with the board in ``removed_from``, then Redis lost at once:
+    `rebuild --all` leaves the banned player out (it reads the bans), but the ban's removal was in
+    the journal alone. The same ban sent again after the rebuild answered ``removed_from: []`` (the
+    first said the board), and once the ban was lifted the next rebuild brought the player back
+    with the results of before the ban. The removal is archived before the answer now."""
+    name = "acked-ban"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-ban-1"}
+                scope = {"scope": "board", "board": name, "reason": "test"}
+                first = await client.post("/v1/players/p1:ban", json=scope, headers=headers)
+                assert first.status_code == 200 and first.json()["removed_from"] == [name], first.text
+                await lose_redis_and_rebuild_all(raw, cluster_url, url)
+                board = await store.get(name)
+                assert [e.player_id for e in await board.top(10)] == ["p2"]
+                again = await client.post("/v1/players/p1:ban", json=scope, headers=headers)
+                assert again.status_code == 200, again.text
+                assert again.json()["removed_from"] == first.json()["removed_from"]
+                lift = await client.post("/v1/players/p1:unban", json=scope, headers=AS_ADMIN)
+                assert lift.status_code == 200 and lift.json()["lifted"] is True, lift.text
+                assert not await raw.hexists(keys.BANS, moderation.ban_field(name, "p1"))
+                command = ["rebuild", name, "--redis", cluster_url, "--postgres", url]
+                assert await asyncio.to_thread(main, command) == 0
+                assert [e.player_id for e in await board.top(10)] == ["p2"]
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_board_deleted_while_rebuild_all_restores_it_stays_deleted(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DELETE made in the rebuild window (the board back in the registry, marked, its shards not
+    swapped yet: docs/design-notes.md, "A board being rebuilt") is answered 204 and holds: the run
+    does not bring the board back, a second `rebuild --all` leaves it alone, and none of its shards
+    keeps a key the rebuild wrote (a sentinel, which never expires)."""
+    name = "acked-delete-window"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        board = await store.get(name)
+        try:
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                answers = []
+                original = rebuild.Rebuilder.rebuild
+
+                async def deleted_first(self: rebuild.Rebuilder, *args: Any, **kwargs: Any) -> Any:
+                    if not answers:  # in the window: restored, not rebuilt
+                        assert (await store.get(name)).rebuilding
+                        answer = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+                        answers.append(answer.status_code)
+                    return await original(self, *args, **kwargs)
+
+                monkeypatch.setattr(rebuild.Rebuilder, "rebuild", deleted_first)
+                with contextlib.suppress(BoardNotFound):
+                    async with rebuild.connected(cluster_url, url) as (rebuilder, other):
+                        await rebuilder.recover(other)
+                monkeypatch.undo()
+                assert answers == [204]
+                with pytest.raises(BoardNotFound):
+                    await store.get(name)
+                command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
+                assert await asyncio.to_thread(main, command) == 0
+                with pytest.raises(BoardNotFound):
+                    await store.get(name)
+                for prefix in board.prefixes:
+                    assert not await raw.exists(keys.sentinel_key(prefix), keys.index_key(prefix))
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_removal_whose_archiving_failed_is_archived_by_its_retry(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL failing once the removal is made in Redis: 503 ``archive_unavailable``; the retry
+    with the same X-Request-Id answers as the first would have, and archives the removal, so a
+    total loss right after it does not undo it."""
+    name = "acked-remove-retry"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
+
+                async def lost(*args: Any, **kwargs: Any) -> None:
+                    raise psycopg.OperationalError("connection lost")
+
+                monkeypatch.setattr(archive, "record_removals", lost)
+                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+                assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+                monkeypatch.undo()
+                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+                assert r.status_code == 200 and r.json()["removed"] is True, r.text
+                await lose_redis_and_rebuild_all(raw, cluster_url, url)
+                assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
         finally:
             await a.db.close()
             with contextlib.suppress(BoardNotFound):
