@@ -1379,6 +1379,17 @@ class Archiver:
         await self._trim(journals, recount=True)
 
 
+async def mark_deleted(db: psycopg.AsyncConnection[Any], board: str, incarnation: str) -> None:
+    """Record in ``boards`` that ``board``'s incarnation ``incarnation`` is deleted, as the archiver's
+    refresh does once it sees Redis's mark (a no-op for an incarnation it does not keep): `rebuild
+    --all` then never restores it, whatever Redis has lost since. Made by whoever deletes a board,
+    before its answer (a DELETE, a season archive)."""
+    await db.execute(
+        "UPDATE boards SET deleted_at = now() WHERE deleted_at IS NULL AND board = %s AND incarnation = %s",
+        (board, incarnation),
+    )
+
+
 async def record_removals(db: psycopg.AsyncConnection[Any], entries: Sequence[tuple[str, Entry]]) -> None:
     """Archive delete entries ((board mode, entry): ``moderation.remove``'s ``journaled``) now, in
     one transaction, as a round would (``player_removals``, ``removal_records``, ``_PROMOTE``): a

@@ -928,9 +928,5 @@ async def _deleted(rebuilder: Rebuilder, store: BoardStore, board_id: str, reque
     deleted the board already: run again, it finds the settlement stored and finishes this."""
     row = await Settler(rebuilder).stored(request.settlement_id)
     if row is not None and row[0] == board_id:
-        await rebuilder.db.execute(
-            "UPDATE boards SET deleted_at = now() WHERE deleted_at IS NULL AND board = %s "
-            "AND incarnation = %s",
-            (board_id, str(row[1])),
-        )
+        await archive.mark_deleted(rebuilder.db, board_id, str(row[1]))
     await moderation.Bans(store.client).sweep(rebuilder.db, board_id)

@@ -19,7 +19,7 @@ from shardlb.archive import Archiver, connect_db
 from shardlb.board import Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
-from shardlb.errors import BoardNotFound
+from shardlb.errors import BoardNotFound, NotAcknowledged
 from shardlb.settlement import Request, archive_season
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN
@@ -260,6 +260,37 @@ async def test_a_removal_whose_archiving_failed_is_archived_by_its_retry(
                 assert r.status_code == 200 and r.json()["removed"] is True, r.text
                 await lose_redis_and_rebuild_all(raw, cluster_url, url)
                 assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_board_deleted_whose_bans_are_not_forgotten_stays_deleted_after_a_total_loss(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DELETE answers 204 when forgetting the board's bans fails (``Bans.forget``: its Redis
+    part first, NotAcknowledged when no replica of the ban list's primary confirms in time). That
+    call was also what marked the board deleted in PostgreSQL: Redis lost before the archiver's next
+    refresh, `rebuild --all` brought the deleted board back. The mark is made before the bans now."""
+    name = "acked-delete-unforgotten"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                scope = {"scope": "board", "board": name, "reason": "test"}
+                r = await client.post("/v1/players/p1:ban", json=scope, headers=AS_ADMIN)
+                assert r.status_code == 200, r.text
+
+                async def unconfirmed(*args: Any, **kwargs: Any) -> int:
+                    raise NotAcknowledged("no replica of the ban list's primary confirmed in time")
+
+                monkeypatch.setattr(moderation.Bans, "forget", unconfirmed)
+                assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+                monkeypatch.undo()
+                await lose_redis_and_rebuild_all(raw, cluster_url, url)
+                with pytest.raises(BoardNotFound):
+                    await store.get(name)
         finally:
             await a.db.close()
             with contextlib.suppress(BoardNotFound):
