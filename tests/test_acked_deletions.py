@@ -295,3 +295,38 @@ async def test_a_board_deleted_whose_bans_are_not_forgotten_stays_deleted_after_
             await a.db.close()
             with contextlib.suppress(BoardNotFound):
                 await store.delete(name)
+
+
+async def test_a_lift_answered_holds_through_a_total_loss_and_its_retry_answers_as_it_did(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """A ban, then its lift (``lifted: true``), then Redis lost at once: `rebuild --all` writes the
+    ban list back from PostgreSQL, without the ban lifted (its row went first); the lift and the
+    ban sent again with their X-Request-Ids answer as their
+    first calls did, and the ban's retry bans nothing (it was lifted since)."""
+    name = "acked-lift"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                scope = {"scope": "board", "board": name, "reason": "test"}
+                ban_headers = {**AS_ADMIN, "X-Request-Id": f"{name}-ban-1"}
+                lift_headers = {**AS_ADMIN, "X-Request-Id": f"{name}-lift-1"}
+                ban = await client.post("/v1/players/p1:ban", json=scope, headers=ban_headers)
+                assert ban.status_code == 200 and ban.json()["removed_from"] == [name], ban.text
+                lift = await client.post("/v1/players/p1:unban", json=scope, headers=lift_headers)
+                assert lift.status_code == 200 and lift.json()["lifted"] is True, lift.text
+                await lose_redis_and_rebuild_all(raw, cluster_url, url)
+                assert not await raw.hexists(keys.BANS, moderation.ban_field(name, "p1"))
+                again = await client.post("/v1/players/p1:unban", json=scope, headers=lift_headers)
+                assert again.status_code == 200 and again.json() == lift.json(), again.text
+                again = await client.post("/v1/players/p1:ban", json=scope, headers=ban_headers)
+                assert again.status_code == 200, again.text
+                assert again.json()["removed_from"] == [name]
+                assert not await raw.hexists(keys.BANS, moderation.ban_field(name, "p1"))
+                board = await store.get(name)
+                assert [e.player_id for e in await board.top(10)] == ["p2"]  # the ban's removal held
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
