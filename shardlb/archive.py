@@ -675,6 +675,16 @@ class Archiver:
                     "IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
                     ([b for b, _ in gone], [i for _, i in gone]),
                 )
+        # A board recorded now may have been deleted since the registry was read: the DELETE's own
+        # mark (``mark_deleted``, an UPDATE) found no row then, and the row just made is live. Its
+        # Redis mark (set before that UPDATE) is looked for once the row is committed, so one of the
+        # two sees the other (until 2026-12-06 the board stayed live, and `rebuild --all` after a
+        # loss of Redis before the next refresh brought it back). One EXISTS per board new to it.
+        late = [b for b in new if await self.client.exists(keys.deleted_key(b.config.id, b.incarnation))]
+        if late:
+            for b in late:
+                await mark_deleted(self.db, b.config.id, b.incarnation)
+            gone = [*gone, *((b.config.id, b.incarnation) for b in late)]
         self._known.update((b.config.id, b.incarnation) for b in new)
         if gone or time.monotonic() - self._swept >= SWEEP_BANS_EVERY_S:
             # The deletions DELETE or a season archive did not finish forgetting (a router without

@@ -16,7 +16,7 @@ import pytest
 
 from shardlb import archive, keys, moderation, rebuild, times
 from shardlb.archive import Archiver, connect_db
-from shardlb.board import Score
+from shardlb.board import Board, Score
 from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.errors import BoardNotFound, NotAcknowledged
@@ -326,6 +326,40 @@ async def test_a_lift_answered_holds_through_a_total_loss_and_its_retry_answers_
                 assert not await raw.hexists(keys.BANS, moderation.ban_field(name, "p1"))
                 board = await store.get(name)
                 assert [e.player_id for e in await board.top(10)] == ["p2"]  # the ban's removal held
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_board_deleted_while_the_archiver_first_records_it_stays_deleted_after_a_total_loss(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """A board new to the archiver, deleted between the refresh's read of the registry and its
+    INSERT of the board's row: the DELETE's mark in PostgreSQL (an UPDATE) found no row yet, the
+    INSERT then made a live one, and the refresh judged the board listed. Redis lost before the
+    next refresh, `rebuild --all` brought the deleted board back. The refresh now looks for the
+    deletion mark of each board it recorded, once its row is committed."""
+    name = "acked-delete-first-refresh"
+    config = BoardConfig.from_dict(name, {"periods": ["daily"], "sharding": {"shards": 3}})
+    await store.create(config)
+    async with own_archive(postgres_url) as url:
+
+        class DeletedAfterTheRead(OnlyStore):
+            async def follow(self, *args: Any, **kwargs: Any) -> list[Board]:
+                listed = await super().follow(*args, **kwargs)
+                if any(b.config.id == name for b in listed):
+                    incarnation = await store.delete(name)  # the router's DELETE, meanwhile
+                    await archive.mark_deleted(a.db, name, incarnation)
+                return listed
+
+        only = DeletedAfterTheRead(store.client, store.scripts, {name})
+        a = Archiver(raw, only, await connect_db(url), name)
+        try:
+            await a.refresh()
+            await lose_redis_and_rebuild_all(raw, cluster_url, url)
+            with pytest.raises(BoardNotFound):
+                await store.get(name)
         finally:
             await a.db.close()
             with contextlib.suppress(BoardNotFound):
