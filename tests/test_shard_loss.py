@@ -28,7 +28,7 @@ from shardlb.cli import main
 from shardlb.config import BoardConfig
 from shardlb.errors import NotAcknowledged, Rebuilding
 from shardlb.rebuild import connected
-from shardlb.reshard import Resharder
+from shardlb.reshard import Resharder, ShardsLost
 from shardlb.reshard_check import Mismatch
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN, AS_WRITER, running, service_of
@@ -492,6 +492,150 @@ async def test_a_routers_mover_cancelling_for_a_lost_shard_logs_one_line_naming_
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-reshard-log")
+
+
+def bettered(score: Score, match: str) -> Score:
+    """A result of ``score``'s player one point above it, now."""
+    return Score(score.player_id, score.points + 1, match, times.now_ms())
+
+
+async def shard_keys(raw: Any, prefix: str) -> list[str]:
+    """Every key of one shard (its prefix) in its slot, expired or not: what a reshard left there."""
+    await raw.initialize()
+    node = raw.get_node_from_key(prefix)
+    slot = keys.slot_of(prefix)
+    found = await raw.execute_command("CLUSTER GETKEYSINSLOT", slot, 100_000, target_nodes=node)
+    names = [k.decode() if isinstance(k, bytes) else k for k in found]
+    return sorted([k for k in names if k.startswith(prefix) and await raw.exists(k)])
+
+
+async def reshard_left(raw: Any, store: BoardStore, board: Board, shards: int) -> list[str]:
+    """What a reshard of ``board`` to ``shards`` hash shards left: the old layout's reshard keys
+    (fence, `mv` marker, seal, tracked changes) and any key of the new layout's shards."""
+    settings = {**board.config.to_dict(), "sharding": sharding("hash", shards)}
+    config = BoardConfig.from_dict(board.config.id, settings)
+    target = store.layout(config, board.incarnation, board.generation + 1)
+    names = (keys.fence_key, keys.move_key, keys.seal_key, keys.changes_key, keys.taken_key)
+    left = [name(p) for p in board.prefixes for name in names if await raw.exists(name(p))]
+    for prefix in target.prefixes:
+        left += await shard_keys(raw, prefix)
+    return left
+
+
+async def test_a_cli_reshard_cancelled_for_a_lost_shard_leaves_the_board_as_it_was(
+    store: BoardStore,
+    raw: Any,
+    postgres_url: str,
+    cluster_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`shardlb reshard BOARD --shards 5` run after a shard lost its keys and before the archiver's
+    round marked it: exit 1, the message names the rebuild, and the cancel leaves the board as it
+    was before the reshard: no fence, marker, seal or tracked set on the old layout's shards, nothing
+    on the new one's, the healthy shards taking writes, the lost one refusing them, then marked by
+    the archiver's round. Run again then, the reshard is refused (exit 1, nothing recorded); after
+    `shardlb rebuild BOARD --shard 1` the shard holds what it held and no reshard key, and the
+    reshard commits with every player. (A pinning test: it held.)"""
+    monkeypatch.setenv("SHARDLB_RESHARD_CACHE_S", "0")
+    name = "partial-reshard-cli"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, name)
+            on = {s: [x for x in sent if board.layout.home(x.player_id) == s] for s in range(3)}
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+            try:
+                await drain(a)
+                assert await slot_wiped(raw, board, 1) > 0
+                reshard = ["reshard", name, "--shards", "5", "--redis", cluster_url, "--postgres", url]
+                assert await asyncio.to_thread(main, reshard) == 1
+                out, err = capsys.readouterr()
+                assert f"{name}: reshard cancelled; the board keeps 3 shards" in out
+                assert "shard 1 of the old layout lost its keys" in err
+                assert f"`shardlb rebuild {name} --shard 1`" in err
+                record = orjson.loads(await raw.hget(keys.BOARDS, name))
+                assert "reshard" not in record and int(record.get("generation", 0)) == 0
+                assert await reshard_left(raw, store, board, 5) == []
+                assert await shard_keys(raw, board.prefixes[1]) == []
+                back = await store.get(name)
+                late = [bettered(on[s][0], f"late-{s}") for s in (0, 2)]
+                assert [r.status for r in await back.submit(late)] == ["improved", "improved"]
+                with pytest.raises(Rebuilding):
+                    await back.submit([Score(on[1][0].player_id, 1, "late-1", times.now_ms())])
+                await a.refresh()
+                await archive_round(a)
+                assert (await store.get(name)).rebuilding == {1}
+                assert await asyncio.to_thread(main, reshard) == 1
+                assert f"`shardlb rebuild {name} --shard 1`" in capsys.readouterr().err
+                assert "reshard" not in orjson.loads(await raw.hget(keys.BOARDS, name))
+                rebuild_1 = ["rebuild", name, "--shard", "1", "--redis", cluster_url, "--postgres", url]
+                assert await asyncio.to_thread(main, rebuild_1) == 0
+                back = await store.get(name)
+                assert not back.rebuilding and await reshard_left(raw, store, board, 5) == []
+                assert not await raw.exists(keys.fence_key(board.prefixes[1]))
+                again = Score(on[1][0].player_id, 1, "late-3", times.now_ms())
+                [result] = await back.submit([again])
+                assert result.points == on[1][0].points
+                await drain(a)
+                assert await asyncio.to_thread(main, reshard) == 0
+                capsys.readouterr()
+                moved = await store.get(name)
+                assert moved.generation == 1 and moved.config.sharding.shards == 5
+                want = expected_entries(reference(moved, [*sent, *late, again]), "total", None)
+                assert await moved.top(50) == want
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
+
+
+async def test_a_shard_with_nothing_to_bring_back_is_sentinelled_again_after_the_reshard_it_cancelled(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A reshard cancelled for a shard that lost its keys where PostgreSQL holds no row of it (its
+    players all on the other shards): the archiver's rule writes its sentinel again rather than
+    marking it (sentinel.lua, ``Archiver._empty``), which only holds if the cancel left none of the
+    reshard's keys there (its `fence`, `mv`, seal, tracked sets are among those sentinel.lua takes
+    for "holds something"). Then the shard takes writes and the reshard commits. (A pinning test:
+    it held.)"""
+    name = "partial-reshard-empty"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            config = BoardConfig.from_dict(name, {"mode": "best", "sharding": sharding("hash", 3)})
+            board, _ = await store.create(config)
+            players = [f"p{i}" for i in range(200) if board.layout.home(f"p{i}") != 1][:30]
+            sent = [Score(p, 100 + i, f"m{i}", times.now_ms() - 1000) for i, p in enumerate(players)]
+            await board.submit(sent)
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+            try:
+                await drain(a)
+                await slot_wiped(raw, board, 1)
+                mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
+                await mover.start(5)
+                with pytest.raises(ShardsLost):
+                    await mover.run()
+                assert await reshard_left(raw, store, board, 5) == []
+                before = rewritten()
+                await a.refresh()
+                await archive_round(a)
+                back = await store.get(name)
+                assert not back.rebuilding and rewritten() == before + 1
+                assert await raw.exists(keys.sentinel_key(board.prefixes[1]))
+                new = next(f"q{i}" for i in range(100) if back.layout.home(f"q{i}") == 1)
+                [result] = await back.submit([Score(new, 5, "late-1", times.now_ms())])
+                assert result.points == 5
+                await drain(a)
+                mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
+                await mover.start(5)
+                assert (await mover.run())["state"] == "none"
+                moved = await store.get(name)
+                assert moved.generation == 1 and len(await moved.top(50)) == 31
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
 
 
 async def test_a_lost_shards_refusals_name_the_rebuild_to_run_not_a_rebuild_under_way(
