@@ -431,10 +431,16 @@ class Resharder:
             except Lost as e:
                 # The deletion removes every fence (BoardStore.delete): a mover of a board deleted
                 # meanwhile is refused as one that lost the reshard to another. Said as it is.
-                if not await self._gone():
-                    raise
-                await self._drop_copies(record)
-                raise BoardNotFound(f"board {self.board_id!r} was deleted during the reshard", "board") from e
+                if await self._gone():
+                    await self._drop_copies(record)
+                    raise BoardNotFound(
+                        f"board {self.board_id!r} was deleted during the reshard", "board"
+                    ) from e
+                # So does a shard of the old layout that lost its keys, its fence with them.
+                lost = await self._lost_since_taken()
+                if lost:
+                    raise ShardsLost.of(self.board_id, lost) from e
+                raise
             if record["reshard"]["state"] == "committed":
                 record = await self._finish(record)
             took = time.monotonic() - began
@@ -640,8 +646,11 @@ class Resharder:
                 return
             await self._reopen(source)
             self.say(f"{self.board_id}: sealing failed; the old layout takes writes again until a resume")
-        except Lost:
-            self.say(f"{self.board_id}: sealing failed, and another mover holds the reshard: left to it")
+        except Lost:  # or a shard lost its keys, its fence with them: ``run`` tells which
+            self.say(
+                f"{self.board_id}: sealing failed, and a shard's fence refused the undo (another mover "
+                "holds the reshard, or the shard lost its keys)"
+            )
         except Exception as e:  # the seals' leases run out on their own; moved shards wait for a resume
             self.say(f"{self.board_id}: sealing failed and could not be undone ({e!r}); resume it")
 
@@ -673,6 +682,29 @@ class Resharder:
         for prefix in copied:
             found.execute_command("EXISTS", keys.sentinel_key(prefix))
         return [s for s, there in enumerate(await found.execute()) if not there]
+
+    async def _lost_since_taken(self) -> list[int]:
+        """After a fenced call was refused: when the record still holds this mover's reshard (its
+        epoch: nobody took it over) before the commit, and shards of the old layout lost their keys
+        (``_lost_shards``), their fences with them, those shards, the reshard cancelled as when the
+        mover finds them at the cut-over: the reshard taken again (its fences written anew on every
+        shard, so the cancel's fenced calls reach the lost ones too) and cancelled. Else []: the
+        refusal stands (another mover's, or a fence lost otherwise: a resume fences anew). Until
+        2026-12-06 a shard lost after the mover took the reshard stopped it with Lost, "another
+        mover took the reshard over", though none had; the reshard stayed recorded, its fences and
+        markers on the other shards, until a resume cancelled it."""
+        _, record = await self.record()
+        move = record.get("reshard") or {}
+        if (
+            _incarnation(record) != self.incarnation
+            or move.get("epoch") != self.epoch
+            or move.get("state") not in STATES[:2]
+        ):
+            return []
+        lost = await self._lost_shards(self._layouts(record)[0])
+        if lost:
+            await self._cancel(await self._take())
+        return lost
 
     async def _recopy(self, source: Board, target: Board, problems: list[str]) -> NoReturn:
         """Refuse the cut-over to a new layout that does not hold what the old one holds

@@ -638,6 +638,60 @@ async def test_a_shard_with_nothing_to_bring_back_is_sentinelled_again_after_the
                 await store.delete(name)
 
 
+@pytest.mark.parametrize("after", ["copied shard 1/3", "sealed and moved"])
+async def test_a_shard_lost_while_the_mover_works_cancels_the_reshard_as_one_lost_before(
+    store: BoardStore, raw: Any, postgres_url: str, after: str
+) -> None:
+    """A shard of the old layout loses its keys after the mover took the reshard (its fence went with
+    them): while it copies, or once it has sealed and moved the old shards, before it looks at their
+    sentinels. Nobody else took the reshard over, so the answer is the one a shard lost before the
+    run gets: ShardsLost, the reshard cancelled and the board as it was (no reshard key on either
+    layout, the healthy shards taking writes, the lost shard refusing them and marked by the
+    archiver's round). Failed before: the mover's next fenced call on the shard was refused and it
+    stopped with Lost "another mover took the reshard ... over (this one's lease ran out)", though
+    none did, leaving the reshard recorded (copying, or sealing), its fences and markers on every
+    other shard for a day, and the lost shard taking writes against an empty shard (the record's
+    reshard turns write.lua's sentinel check off) until a resume."""
+    name = "partial-reshard-mid"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, name)
+            on = {s: [x for x in sent if board.layout.home(x.player_id) == s] for s in range(3)}
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+            try:
+                await drain(a)
+                mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
+                tell, wiped = mover._tell, []
+
+                async def wiping(line: str) -> None:
+                    await tell(line)
+                    if after in line and not wiped:
+                        wiped.append(await slot_wiped(raw, board, 1))
+
+                mover._tell = wiping  # type: ignore[method-assign]
+                await mover.start(5)
+                with pytest.raises(ShardsLost, match="shard 1 of the old layout lost its keys"):
+                    await mover.run()
+                assert wiped and wiped[0] > 0
+                record = orjson.loads(await raw.hget(keys.BOARDS, name))
+                assert "reshard" not in record and int(record.get("generation", 0)) == 0
+                assert await reshard_left(raw, store, board, 5) == []
+                back = await store.get(name)
+                assert back.sentinels and not back.moving
+                late = [bettered(on[s][0], f"late-{s}") for s in (0, 2)]
+                assert [r.status for r in await back.submit(late)] == ["improved", "improved"]
+                with pytest.raises(Rebuilding):
+                    await back.submit([Score(on[1][0].player_id, 1, "late-1", times.now_ms())])
+                await a.refresh()
+                await archive_round(a)
+                assert (await store.get(name)).rebuilding == {1}
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
+
+
 async def test_a_lost_shards_refusals_name_the_rebuild_to_run_not_a_rebuild_under_way(
     store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
 ) -> None:
