@@ -814,6 +814,21 @@ def rewritten() -> float:
     return REGISTRY.get_sample_value("shardlb_archive_rewritten_sentinels_total") or 0.0
 
 
+async def marked_not_rewritten(store: BoardStore, raw: Any, url: str, board: Board, shard: int) -> None:
+    """One archiver round (of ``board`` alone) marks ``shard`` not rebuilt and writes no sentinel of
+    it again: the shard lost something its rebuild brings back."""
+    name = board.config.id
+    a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+    try:
+        before = rewritten()
+        await archive_round(a)
+        assert (await store.get(name)).rebuilding == {shard}
+        assert not await raw.exists(keys.sentinel_key(board.prefixes[shard]))
+        assert rewritten() == before
+    finally:
+        await a.db.close()
+
+
 async def test_a_fresh_boards_lost_sentinel_is_written_again_not_marked(
     store: BoardStore, raw: Any, postgres_url: str
 ) -> None:
@@ -897,15 +912,7 @@ async def test_a_shard_holding_results_not_archived_is_marked_though_postgres_ha
         try:
             board, _ = await board_written(store, "partial-held")
             await raw.delete(keys.sentinel_key(board.prefixes[1]))
-            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-held"}), url)
-            try:
-                before = rewritten()
-                await archive_round(a)
-                assert (await store.get("partial-held")).rebuilding == {1}
-                assert not await raw.exists(keys.sentinel_key(board.prefixes[1]))
-                assert rewritten() == before
-            finally:
-                await a.db.close()
+            await marked_not_rewritten(store, raw, url, board, 1)
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-held")
@@ -958,15 +965,7 @@ async def test_a_band_shard_whose_homes_hold_players_is_marked_though_it_holds_n
         try:
             board, _ = await board_written(store, "partial-band-held", sharding=sharding("band", 3))
             await slot_wiped(raw, board, 4)
-            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-band-held"}), url)
-            try:
-                before = rewritten()
-                await archive_round(a)
-                assert (await store.get("partial-band-held")).rebuilding == {4}
-                assert not await raw.exists(keys.sentinel_key(board.prefixes[4]))
-                assert rewritten() == before
-            finally:
-                await a.db.close()
+            await marked_not_rewritten(store, raw, url, board, 4)
         finally:
             with contextlib.suppress(Exception):
                 await store.delete("partial-band-held")
