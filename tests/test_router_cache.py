@@ -27,6 +27,18 @@ def top_of(r: httpx.Response) -> tuple[list[str], int]:
     return [e["player_id"] for e in body["entries"]], times.parse(body["as_of"], "as_of")
 
 
+async def two_players(client: httpx.AsyncClient, name: str) -> None:
+    """Board ``name`` created in memory on 2 shards, players a (10) and b (20) posted, its top read."""
+    body = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    assert (await client.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)).status_code == 201
+    scores = [
+        {"player_id": p, "points": n, "match_id": "m", "achieved_at": T0} for p, n in (("a", 10), ("b", 20))
+    ]
+    posted = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+    assert posted.status_code == 200, posted.text
+    assert top_of(await client.get(f"/v1/boards/{name}/top"))[0] == ["b", "a"]
+
+
 async def test_a_top_kept_across_a_reshard_is_never_the_old_layout_read_as_new(
     cluster: LocalCluster, store: BoardStore
 ) -> None:
@@ -35,16 +47,8 @@ async def test_a_top_kept_across_a_reshard_is_never_the_old_layout_read_as_new(
     open, the old layout's rows (or nothing, once they are dropped) stamped with a fresh ``as_of``:
     an answer as of T holds every write acknowledged before T."""
     name = board_name("moved")
-    body = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
     async with running(cluster.url, top_refresh_s=0.05) as (_, client):
-        assert (await client.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)).status_code == 201
-        scores = [
-            {"player_id": p, "points": n, "match_id": "m", "achieved_at": T0}
-            for p, n in (("a", 10), ("b", 20))
-        ]
-        posted = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
-        assert posted.status_code == 200, posted.text
-        assert top_of(await client.get(f"/v1/boards/{name}/top"))[0] == ["b", "a"]
+        await two_players(client, name)
         try:
             # The mover waits out the routers' board caches before it seals, as in production.
             mover = Resharder(store, name, say=lambda _: None, cache_s=CACHE_SECONDS)
@@ -81,17 +85,9 @@ async def test_a_router_that_keeps_a_board_follows_a_reshard_made_elsewhere(
     new layout is open, its top holds a write made there. Failed before: the router kept the old
     layout's Board for as long as its copy lived, and its top never held the write."""
     name = board_name("moved")
-    body = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
     async with running(cluster.url, top_refresh_s=0.05) as (app, client):
         service_of(app).boards.ttl_s = 3600.0
-        assert (await client.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)).status_code == 201
-        scores = [
-            {"player_id": p, "points": n, "match_id": "m", "achieved_at": T0}
-            for p, n in (("a", 10), ("b", 20))
-        ]
-        posted = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
-        assert posted.status_code == 200, posted.text
-        assert top_of(await client.get(f"/v1/boards/{name}/top"))[0] == ["b", "a"]
+        await two_players(client, name)
         try:
             # The mover waits a second for the routers' copies: this one follows the version.
             mover = Resharder(store, name, say=lambda _: None, cache_s=1.0)
