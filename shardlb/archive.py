@@ -53,6 +53,7 @@ import logging
 import math
 import os
 import random
+import re
 import signal
 import socket
 import time
@@ -479,7 +480,8 @@ MIN_SERVER_VERSION = 140000
 def check_server_version(version: int) -> None:
     """NotSupportedError naming the server's version and the one needed, for a server older than
     MIN_SERVER_VERSION (``connection.info.server_version``: 150020 for 15.20). Without it the schema's
-    set-up failed with a syntax error near TRIGGER, which the archiver retried for ever as an outage."""
+    set-up failed with a syntax error near TRIGGER, which the archiver retried for ever as an outage
+    (and, until 2026-12-06, this error too: ``refused_settings``)."""
     if version < MIN_SERVER_VERSION:
         found = f"{version // 10000}.{version % 10000}"
         raise psycopg.NotSupportedError(
@@ -1792,6 +1794,10 @@ async def serve(
             try:
                 db = await connect_db(postgres_url)
             except (psycopg.Error, OSError) as e:
+                if refused_settings(e):  # as for Redis above: exit, the pod restarted with its settings
+                    refused = "PostgreSQL refused the archiver's settings; not retried"
+                    log.error(refused, extra={"fields": {"error": str(e)}})
+                    raise
                 FAILED_ROUNDS.inc()
                 pause = retry_pause(outage.failures + 1)
                 outage.failed(e, {"pause_s": pause})
@@ -1833,6 +1839,44 @@ def misconfigured(error: BaseException) -> bool:
             return True
         seen = seen.__cause__
     return False
+
+
+# The SQLSTATEs of a PostgreSQL that refuses the archiver's settings, which no wait repairs: class
+# 28 (invalid authorization: a wrong password, a role unknown or not allowed to log in, no
+# pg_hba.conf entry), 3D000 (no such database), 42501 (insufficient privilege: no CONNECT on the
+# database, no CREATE in its schema for the archive's tables).
+REFUSED_SQLSTATES = ("28", "3D000", "42501")
+
+# What libpq says of the same refusals at a connection's start, where it gives psycopg no SQLSTATE
+# (``sqlstate`` is None: psycopg issue 1188), only the server's message, and the message is all
+# there is to go by. These are the server's English texts: a server whose lc_messages is another
+# language says them in it, and its refusals are waited on, as any failure was before.
+REFUSED_AT_CONNECT = re.compile(
+    r"authentication failed for user"  # 28P01, and 28000 of ident, peer, LDAP, certificates, ...
+    r"|no pg_hba\.conf entry for|pg_hba\.conf rejects connection"  # 28000
+    r'|role "[^"]*" (?:does not exist|is not permitted to log in)'  # 28000
+    r'|database "[^"]*" does not exist'  # 3D000
+    r"|permission denied for database"  # 42501, no CONNECT privilege
+    r"|fe_sendauth: no password supplied"  # libpq's own: the server asks one, the URL has none
+)
+
+
+def refused_settings(error: BaseException) -> bool:
+    """Whether ``error`` (of the start's try for PostgreSQL, ``connect_db``) is a refusal of the
+    archiver's settings that no wait repairs (REFUSED_SQLSTATES, REFUSED_AT_CONNECT), or a server
+    too old for the schema (NotSupportedError, ``check_server_version``). An outage is none of them:
+    a refused connection or a timeout (no SQLSTATE, no such message), a server that takes no more
+    connections (53300), one starting up or shutting down (57P03). ``serve`` exits on these, as on
+    the settings Redis refuses (``misconfigured``): until 2026-12-06 it waited on them for good, the
+    pod live, nothing archived, its Secret never read again (tests/test_settlement_recovery.py)."""
+    if isinstance(error, psycopg.NotSupportedError):
+        return True
+    if not isinstance(error, psycopg.Error):
+        return False
+    state = error.sqlstate
+    if state is not None:
+        return state.startswith(REFUSED_SQLSTATES)
+    return REFUSED_AT_CONNECT.search(str(error)) is not None
 
 
 async def _watch_lag(archiver: Archiver, stop: asyncio.Event, every_s: float) -> None:
@@ -1938,8 +1982,9 @@ def _port(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`shardlb archive`: run one archiver until SIGTERM or SIGINT (several may run at once).
-    Exit status 0 when stopped so, 2 for bad arguments; an unreachable cluster at start is 1 (the
-    `shardlb` command line's message), an unreachable PostgreSQL is waited for (logged, retried)."""
+    Exit status 0 when stopped so, 2 for bad arguments, 1 for settings Redis or PostgreSQL refuses
+    at the start (the `shardlb` command line's message); an unreachable cluster or PostgreSQL is
+    waited for (logged, retried)."""
     parser = argparse.ArgumentParser(
         prog="shardlb archive",
         description=inspect.cleandoc(main.__doc__ or ""),

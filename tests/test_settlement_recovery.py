@@ -8,10 +8,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import socket
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -28,7 +31,7 @@ from tests.client_support import free_port
 from tests.test_archive_outages import failed_rounds
 from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
 from tests.test_rebuild_jobs import lost
-from tests.test_router_logs import kept
+from tests.test_router_logs import Kept, kept
 from tests.test_settlement import TABLE, Receiver, awards_of, day_ago, expected_awards, new_board, written
 from tests.test_shard_loss import slot_wiped
 
@@ -508,6 +511,116 @@ async def test_an_archiver_whose_redis_settings_are_refused_exits_rather_than_wa
             await asyncio.wait_for(task, 30)
     assert expected in str(error.value)
     assert "Redis not reachable yet; retrying" not in [m for m, _ in logged.lines(logging.WARNING)]
+
+
+@contextlib.asynccontextmanager
+async def a_role(postgres_url: str, *options: str) -> AsyncIterator[str]:
+    """A role made for the test on the suite's PostgreSQL (``options``: LOGIN, NOLOGIN, CONNECTION
+    LIMIT 0), dropped after: its name."""
+    role = f"refused_{secrets.token_hex(4)}"
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+        await admin.execute(f"CREATE ROLE {role} {' '.join(options)}")
+    try:
+        yield role
+    finally:
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+            await admin.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def as_role(url: str, role: str) -> str:
+    parts = urlsplit(url)
+    return parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}").geturl()
+
+
+async def served(redis_url: str, postgres_url: str) -> tuple[BaseException | None, Kept]:
+    """``serve`` run until it ends (stopped after 300 tries): what it raised, and its log."""
+    stop = asyncio.Event()
+    with kept("shardlb.archive") as logged:
+        task = asyncio.create_task(archive.serve(redis_url, postgres_url, "settings", stop))
+        for _ in range(300):  # a bound, not a timing: tries come every 0.01 s
+            if task.done():
+                break
+            await asyncio.sleep(0.1)
+        stop.set()
+        try:
+            await asyncio.wait_for(task, 30)
+        except Exception as e:  # what the test asserts on
+            return e, logged
+    return None, logged
+
+
+@pytest.mark.parametrize("setting", ["no-role", "no-login", "no-database", "no-create", "too-old"])
+async def test_an_archiver_whose_postgresql_settings_are_refused_exits_rather_than_waits(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    """The wait for PostgreSQL at the archiver's start is for an outage, as the wait for Redis is
+    (the test before): a role the server does not know or lets not log in (SQLSTATE class 28,
+    invalid authorization: a wrong password is one too), a database that does not exist (3D000),
+    a role not allowed to create the archive's tables (42501), a server too old for the schema end
+    ``serve`` with the error, so `shardlb archive` exits 1 and its pod restarts with the Secret as
+    it is now. Failed before the fix: each was retried for good as "PostgreSQL not reachable yet",
+    the pod live and archiving nothing. The server tells the first three at the connection's
+    start, where libpq gives psycopg no SQLSTATE (``sqlstate`` is None): its message says it."""
+    monkeypatch.setattr(archive, "retry_pause", lambda failures: 0.01)
+    async with contextlib.AsyncExitStack() as stack:
+        if setting == "no-role":
+            url, expected = as_role(postgres_url, f"nobody_{secrets.token_hex(4)}"), "does not exist"
+        elif setting == "no-login":
+            url = as_role(postgres_url, await stack.enter_async_context(a_role(postgres_url, "NOLOGIN")))
+            expected = "is not permitted to log in"
+        elif setting == "no-database":
+            url = f"{postgres_url.rsplit('/', 1)[0]}/nothing_{secrets.token_hex(4)}"
+            expected = "does not exist"
+        elif setting == "no-create":  # may connect, may not create a table in schema public
+            role = await stack.enter_async_context(a_role(postgres_url, "LOGIN"))
+            url = await stack.enter_async_context(own_archive(postgres_url, "settle_refused"))
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+                await admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+            url, expected = as_role(url, role), "permission denied for schema public"
+        else:
+            monkeypatch.setattr(archive, "MIN_SERVER_VERSION", 99_0000)
+            url, expected = postgres_url, "too old"
+        error, logged = await served(cluster_url, url)
+    assert isinstance(error, psycopg.Error), error
+    assert expected in str(error)
+    refused = "PostgreSQL refused the archiver's settings; not retried"
+    assert [m for m, _ in logged.lines(logging.ERROR)] == [refused]
+    assert "PostgreSQL not reachable yet; retrying" not in [m for m, _ in logged.lines(logging.WARNING)]
+
+
+async def test_an_archiver_whose_role_is_at_its_connection_limit_waits(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that takes no more connections (SQLSTATE 53300, here the role's CONNECTION LIMIT 0)
+    is an outage, not a setting refused: the archiver waits, and runs once the limit is lifted (as it
+    does through a refused connection, tests/test_archive_outages.py)."""
+    monkeypatch.setattr(archive, "retry_pause", lambda failures: 0.01)
+    async with (
+        a_role(postgres_url, "LOGIN", "CONNECTION LIMIT 0") as role,
+        own_archive(postgres_url, "settle_limit") as url,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as admin,
+    ):
+        await admin.execute(f"ALTER DATABASE {url.rsplit('/', 1)[1]} OWNER TO {role}")
+        before = failed_rounds()
+        stop = asyncio.Event()
+        with kept("shardlb.archive") as logged:
+            task = asyncio.create_task(archive.serve(cluster_url, as_role(url, role), "limit", stop))
+            for _ in range(300):  # a bound, not a timing: tries come every 0.01 s
+                if task.done() or failed_rounds() - before >= 3:
+                    break
+                await asyncio.sleep(0.1)
+            await admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
+            for _ in range(300):  # a bound, not a timing
+                if task.done() or "archiver running" in [m for m, _ in logged.lines(logging.INFO)]:
+                    break
+                await asyncio.sleep(0.1)
+            stop.set()
+            await asyncio.wait_for(task, 30)
+    warnings = logged.lines(logging.WARNING)
+    assert warnings and all(m == "PostgreSQL not reachable yet; retrying" for m, _ in warnings)
+    assert "too many connections" in warnings[0][1]["error"]
+    assert "archiver running" in [m for m, _ in logged.lines(logging.INFO)]
+    assert not logged.lines(logging.ERROR)
 
 
 async def test_a_one_shard_board_closed_for_its_season_stays_closed_after_its_shard_is_rebuilt(
