@@ -436,21 +436,10 @@ class Settler:
                 RESHARD_RETRY_S,
             ) from e
         lost = await self._lost_shards(board)
-        if lost:
-            board_id = board.config.id
-            shards = ("shard " if len(lost) == 1 else "shards ") + ", ".join(map(str, lost))
-            run = (
-                f"`shardlb rebuild {board_id} --shard {lost[0]}`"
-                if len(lost) == 1
-                else f"`shardlb rebuild {board_id} --shard N` for each (or `shardlb rebuild {board_id}`)"
-            )
-            raise rebuilding_error(
-                board_id,
-                lost,
-                f"Redis lost the keys of {shards} alone (the sentinel is missing); nothing was paid. Run "
-                f'{run}, then settle again (docs/design-notes.md, "A shard lost alone")',
-                band_shards(board),
-            )
+        if lost:  # the command to run is named once, by ``rebuilding_error``: until 2026-12-06 twice
+            once = "it is" if len(lost) == 1 else "they are"
+            then = f"nothing was paid; settle again once {once} rebuilt"
+            raise rebuilding_error(board.config.id, lost, then, band_shards(board))
 
     async def _lost_shards(self, board: Board) -> list[int]:
         """The board's shards without their sentinel (keys.sentinel_key) when its record says its

@@ -16,18 +16,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
 import psycopg
 import pytest
 from redis.exceptions import RedisClusterException
 
 from shardlb import archive, keys, rebuild, settlement, times
 from shardlb.board import Score
+from shardlb.cli import main
 from shardlb.errors import BoardClosed, Rebuilding, SettlementConflict
 from shardlb.rebuild import connected
 from shardlb.settlement import STEPS, Request, Settler, ensure_schema
 from shardlb.settlement_delivery import deliver_until_done
 from shardlb.store import BoardStore
 from tests.client_support import free_port
+from tests.router_support import AS_ADMIN, running
 from tests.test_archive_outages import failed_rounds
 from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
 from tests.test_rebuild_jobs import lost
@@ -72,7 +75,7 @@ async def test_a_shard_lost_alone_is_refused_until_its_rebuild_then_settles_exac
 ) -> None:
     """A shard's slot wiped before the settlement (no archiver round since, so nothing marked it),
     or between its drain and its check (or two shards' slots before it). The settlement is refused
-    (Rebuilding) naming `shardlb rebuild BOARD --shard 1` (the form for each, for two), its row not
+    (Rebuilding) naming `shardlb rebuild BOARD --shard 1` (`shardlb rebuild BOARD` for two), its row not
     left in ``mismatch``, nothing paid; after that rebuild the same settlement pays the reference's
     order, and once only."""
     board_id = f"recover-shard-{when}"
@@ -102,10 +105,10 @@ async def test_a_shard_lost_alone_is_refused_until_its_rebuild_then_settles_exac
                 with pytest.raises(Rebuilding) as refused:
                     await settler.settle(back, period, request)
                 if when == "two-before":
-                    assert "shards 1, 2 alone" in refused.value.message
-                    assert f"`shardlb rebuild {board_id} --shard N` for each" in refused.value.message
+                    assert "shards 1, 2 lost their data" in refused.value.message
+                    assert f"`shardlb rebuild {board_id}` brings them back" in refused.value.message
                 else:
-                    assert f"shardlb rebuild {board_id} --shard 1`" in refused.value.message
+                    assert f"`shardlb rebuild {board_id} --shard 1` brings it back" in refused.value.message
                 assert await state_of(rebuilder.db, f"{board_id}-1") != "mismatch"
                 assert await awards_of(rebuilder.db, f"{board_id}-1") == []
             async with connected(cluster_url, url) as (rebuilder, other):
@@ -119,6 +122,57 @@ async def test_a_shard_lost_alone_is_refused_until_its_rebuild_then_settles_exac
                 assert want and await awards_of(rebuilder.db, f"{board_id}-1") == want
                 assert await Settler(rebuilder).settle(back, period, request) == result
                 assert await awards_of(rebuilder.db, f"{board_id}-1") == want
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
+
+
+@pytest.mark.parametrize("lost", [[1], [1, 2]])
+async def test_a_settlement_refused_for_a_shard_lost_alone_names_its_rebuild_once(
+    store: BoardStore,
+    raw: Any,
+    postgres_url: str,
+    cluster_url: str,
+    capsys: pytest.CaptureFixture[str],
+    lost: list[int],
+) -> None:
+    """The message of that refusal, as `shardlb settle` prints it and as the router's 503 body
+    gives it: the lost shards and the command that brings them back, once, then what the caller
+    does. Failed before the fix: the Board's text (``board.rebuilding``) named `shardlb rebuild
+    BOARD --shard 1` and the settlement's own named it again ("Run `shardlb rebuild BOARD --shard
+    1`, then settle again"; for two shards `shardlb rebuild BOARD`, then `--shard N` for each), and
+    the message, some 440 characters, was cut at the router's 300 (``router.errors.MESSAGE_MAX``)
+    to "...; nothing wa…": the 503 body said neither that nothing was paid nor to settle again."""
+    board_id = f"recover-once-{len(lost)}"
+    async with own_archive(postgres_url, "settle_recover") as url:
+        board = await new_board(store, board_id)
+        period = day_ago(2)
+        try:
+            await written(board, period, board_id, players=6, results=12)
+            await archived(store, raw, url, board_id)
+            for shard in lost:
+                assert await slot_wiped(raw, board, shard) > 0
+            command = ["settle", board_id, period, "--id", f"{board_id}-1"]
+            command += ["--rewards", orjson.dumps(TABLE).decode()]
+            command += ["--redis", cluster_url, "--postgres", url]
+            code = await asyncio.to_thread(main, command)
+            printed = capsys.readouterr().err.strip()
+            async with running(cluster_url, postgres_url=url) as (_, client):
+                answer = await client.post(
+                    f"/v1/boards/{board_id}/periods/{period}:settle",
+                    json={"settlement_id": f"{board_id}-1", "rewards": TABLE},
+                    headers=AS_ADMIN,
+                )
+            assert code == 1 and answer.status_code == 503, (printed, answer.text)
+            body = answer.json()["error"]
+            assert body["code"] == "board_rebuilding"
+            assert printed == f"shardlb: error: {body['message']}"  # whole: not cut by the router
+            message = body["message"]
+            one = len(lost) == 1
+            run = f"`shardlb rebuild {board_id}" + (" --shard 1`" if one else "`")
+            assert message.count(f"shardlb rebuild {board_id}") == 1 and run in message, message
+            then = f"nothing was paid; settle again once {'it is' if one else 'they are'} rebuilt"
+            assert message.endswith(then), message
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(board_id)
