@@ -1732,14 +1732,16 @@ class Rebuilder:
         status, last = await self._script(names, args, confirm)
         return _text(status), _text(last)
 
-    async def check_layout(self, board: Board, whole: str = "") -> None:
+    async def check_layout(self, board: Board, whole: str = "", reads: Iterable[int] | None = None) -> None:
         """Refuse to go on when the registry's record (read now, not the caller's copy, which a
         router may have kept for seconds) is not ``board``'s layout at rest: a reshard under way
         copies the shards without the rebuild's writes (rebuild.lua refuses them too, on the
         shards the reshard has marked), and a layout replaced or a board deleted is not the one
         being rebuilt. ``whole``: the caller's work (a verb: "settle", "reconcile"), which compares
         every shard with the archive, refused (Rebuilding) too while the record names shards not
-        rebuilt yet after a loss of Redis: they would all show drift that the rebuild mends."""
+        rebuilt yet after a loss of Redis: they would all show drift that the rebuild mends.
+        ``reads``: the shards that work reads, when not every one (a settlement reads a band
+        board's home shards alone): the marks of the others refuse nothing."""
         raw = await self.client.hget(keys.BOARDS, board.config.id)
         record = None if raw is None else orjson.loads(raw)
         if (
@@ -1751,6 +1753,8 @@ class Rebuilder:
         if record.get("reshard") or int(record.get("generation", 0)) != board.generation:
             raise _resharding(board)
         waiting = not_rebuilt(record)
+        if reads is not None:
+            waiting &= set(reads)
         if whole and waiting:
             raise rebuilding(
                 board.config.id,

@@ -424,9 +424,13 @@ class Settler:
         lacks results the board acknowledged. Refused too (Rebuilding, 503 board_rebuilding) while
         the board is being rebuilt after a loss of Redis: the check would read shards still empty
         (docs/design-notes.md, "A board being rebuilt"), and while a shard of it has lost its keys
-        alone (``_lost_shards``)."""
+        alone (``_lost_shards``). Only the shards the settlement reads count: a band board's band
+        shards, which hold the top of the total alone, made again from the home shards by their
+        rebuild, are never drained nor checked (``Layout.view(False)``: the home shards). Until
+        2026-12-06 a band shard lost alone refused the settlement too, which had nothing to lose by
+        it (tests/test_settlement_recovery.py)."""
         try:
-            await self.rebuilder.check_layout(board, "settle")
+            await self.rebuilder.check_layout(board, "settle", reads=board.layout.view(False))
         except BoardNotFound:
             raise
         except BoardConflict as e:
@@ -442,7 +446,7 @@ class Settler:
             raise rebuilding_error(board.config.id, lost, then, band_shards(board))
 
     async def _lost_shards(self, board: Board) -> list[int]:
-        """The board's shards without their sentinel (keys.sentinel_key) when its record says its
+        """The board's home shards without their sentinel (keys.sentinel_key) when its record says its
         layout carries them (``Board.sentinels``): Redis lost them alone, and the archiver may not
         have marked them yet (its next round; none while no archiver runs). Asked before the freeze
         and after the check (``_at_rest``), so a shard lost before or while the check read it is
@@ -451,10 +455,11 @@ class Settler:
         with ``force``."""
         if not board.sentinels:
             return []
+        shards = board.layout.view(False)  # those the drain and the check read (``_at_rest``)
         found = batch(self.rebuilder.client)
-        for prefix in board.prefixes:
-            found.execute_command("EXISTS", keys.sentinel_key(prefix))
-        return [s for s, there in enumerate(await found.execute()) if not there]
+        for shard in shards:
+            found.execute_command("EXISTS", keys.sentinel_key(board.prefixes[shard]))
+        return [s for s, there in zip(shards, await found.execute(), strict=True) if not there]
 
     async def _not_lost(self, board: Board, name: str) -> None:
         """Refuse (409 period_settled) a period Redis records as paid (``Board.mark_paid``) by a

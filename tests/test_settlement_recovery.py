@@ -22,7 +22,7 @@ import pytest
 from redis.exceptions import RedisClusterException
 
 from shardlb import archive, keys, rebuild, settlement, times
-from shardlb.board import Score
+from shardlb.board import Score, band_shards
 from shardlb.cli import main
 from shardlb.errors import BoardClosed, Rebuilding, SettlementConflict
 from shardlb.rebuild import connected
@@ -32,7 +32,8 @@ from shardlb.store import BoardStore
 from tests.client_support import free_port
 from tests.router_support import AS_ADMIN, running
 from tests.test_archive_outages import failed_rounds
-from tests.test_rebuild import OnlyStore, archiver, drain, own_archive
+from tests.test_board import sharding
+from tests.test_rebuild import OnlyStore, archive_round, archiver, drain, own_archive
 from tests.test_rebuild_jobs import lost
 from tests.test_router_logs import Kept, kept
 from tests.test_settlement import TABLE, Receiver, awards_of, day_ago, expected_awards, new_board, written
@@ -173,6 +174,54 @@ async def test_a_settlement_refused_for_a_shard_lost_alone_names_its_rebuild_onc
             assert message.count(f"shardlb rebuild {board_id}") == 1 and run in message, message
             then = f"nothing was paid; settle again once {'it is' if one else 'they are'} rebuilt"
             assert message.endswith(then), message
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
+
+
+@pytest.mark.parametrize("marked", [False, True])
+async def test_a_band_shard_lost_alone_holds_up_no_settlement(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, marked: bool
+) -> None:
+    """A band board's settlement reads its home shards alone: it drains their journals and checks
+    their period against PostgreSQL's order (``Layout.view(False)``), where a band shard holds the
+    top of the total only, made again from the homes by its rebuild. So a band shard lost alone (its
+    slot wiped, before the archiver's round or marked by it) holds up no settlement: it pays the
+    reference's order, exactly, and the band shard stays lost (the top of the total refused once it
+    is marked) until `shardlb rebuild BOARD --shard N`. Failed before the fix: Rebuilding, "shard 4
+    lost its data in Redis", from the settlement's look at every shard's sentinel (``_lost_shards``)
+    and, marked, from its look at the record (``Rebuilder.check_layout``), nothing paid."""
+    board_id = f"recover-band-{'marked' if marked else 'unmarked'}"
+    async with own_archive(postgres_url, "settle_recover") as url:
+        board = await new_board(store, board_id, sharding=sharding("band", 3))
+        period = day_ago(2)
+        band = band_shards(board)[1]
+        try:
+            ref = await written(board, period, board_id)
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {board_id}), url)
+            try:
+                await drain(a)
+                assert await slot_wiped(raw, board, band) > 0
+                if marked:
+                    await a.refresh()
+                    await archive_round(a)
+                    assert (await store.get(board_id)).rebuilding == {band}
+            finally:
+                await a.db.close()
+            request = Request.of({"settlement_id": f"{board_id}-1", "rewards": TABLE})
+            async with connected(cluster_url, url) as (rebuilder, other):
+                back = await other.get(board_id)
+                result = await Settler(rebuilder).settle(back, period, request)
+                assert result["check"]["drifting"] == [] and result["check"]["shards"] == 3
+                want = expected_awards(ref, period, back)
+                assert want and await awards_of(rebuilder.db, f"{board_id}-1") == want
+                assert await Settler(rebuilder).settle(back, period, request) == result
+            back = await store.get(board_id)
+            assert await back.paid(back.resolve(period).period) == f"{board_id}-1"
+            if marked:
+                assert back.rebuilding == {band}
+                with pytest.raises(Rebuilding):
+                    await back.top(10)
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(board_id)
