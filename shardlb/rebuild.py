@@ -619,24 +619,28 @@ class Rebuilder:
         a shard lost alone and rebuilt (`rebuild BOARD --shard N`) took results again, the other
         shards refusing them (``_restore_board`` closed it again after a total loss only)."""
         async with self.db.transaction():
-            cur = await self.db.execute("SELECT to_regclass('settlements') IS NOT NULL")
-            found = await cur.fetchone()
-            if not found or not found[0]:
+            begun = await _freeze_begun(self.db)
+            if begun is None:
                 return
             cur = await self.db.execute(
-                "SELECT period, settlement_id, state FROM settlements WHERE board = %s AND incarnation = %s",
+                f"SELECT period, settlement_id, state, {begun} FROM settlements "
+                "WHERE board = %s AND incarnation = %s",
                 (board.config.id, board.incarnation),
             )
             rows = await cur.fetchall()
         now = times.now_ms()
-        for name, settlement_id, state in rows:
+        for name, settlement_id, state, froze in rows:
             if board.holds_nothing(name, now):  # past its retention its keys have expired
                 continue
             # A dated period is closed when it is settled, so its freeze changes no write. The
             # total is not: a season archive refused before its freeze (a shard lost, a reshard)
             # left its row `started` and the board open, and its close comes back only where the
             # archive closed the board, or past its check (settled, or stopped at a mismatch).
-            if name == "total" and state == "started" and not await self._season_closed(board, shards):
+            # PostgreSQL tells it first (``freeze_begun`` FALSE: the run never went to its freeze;
+            # NULL, a row of a release before, cannot tell): after a total loss no shard can, and
+            # until 2026-12-06 the board came back closed for good (``_seasons``).
+            started = name == "total" and state == "started"
+            if started and (froze is False or not await self._season_closed(board, shards)):
                 continue
             await board.settled_again(name, shards, settlement_id if state == "settled" else None)
 
@@ -1050,7 +1054,7 @@ class Rebuilder:
         registry holds under another incarnation, or that Redis says was deleted (its first shard's
         marker, or the board's deletion mark, which any layout leaves), is left out. The bans go back
         first (``Bans.restore``), so routers refuse banned players' results from the first write to
-        a board restored. A board whose season archive began is closed again (``_seasons``).
+        a board restored. A board whose season archive went to its freeze is closed again (``_seasons``).
         ``period`` and ``shard``, the rebuild's that follows, are checked against every board
         (``checked``) before anything is written: InvalidInput when one board refuses them.
 
@@ -1213,7 +1217,7 @@ class Rebuilder:
             self._passed_over.append(_hidden(board_id, board.incarnation, older))
             return None
         if closing and await board.close():  # the registry kept it, and a shard lost its marker
-            self.progress(f"{board_id}: closed again (its season archive began)")
+            self.progress(f"{board_id}: closed again (its season archive went to its freeze)")
         self._refilled.update(refilled)
         self.progress(f"{board_id}: {'restored to' if created else 'found in'} the registry")
         return board
@@ -1321,16 +1325,21 @@ class Rebuilder:
 
     async def _seasons(self) -> set[tuple[str, str]]:
         """(board, incarnation) of every season settlement in the archive (shardlb/settlement.py:
-        the total's, begun by ``archive_season``), settled or not: its freeze step closed the board
-        for good (``Board.close``, a marker in Redis alone). Settled, the board is deleted right
-        after; one still here (the archive died before the deletion) stays closed too. None when the
-        archive has no settlements table (no settlement ever ran on it)."""
+        the total's, begun by ``archive_season``) that went to its freeze, settled or not: that step
+        closed the board for good (``Board.close``, a marker in Redis alone). Settled, the board is
+        deleted right after; one still here (the archive died before the deletion) stays closed too.
+        One whose row says its run never went to its freeze (``freeze_begun`` FALSE: refused before
+        it, a shard lost or a reshard, or stopped before it) left the board open, and it comes back
+        open; until 2026-12-06 every row of the total closed it, for good. A row of a release
+        before (NULL, or no such column) cannot tell and closes it, as then. None when the archive
+        has no settlements table (no settlement ever ran on it)."""
         async with self.db.transaction():
-            cur = await self.db.execute("SELECT to_regclass('settlements') IS NOT NULL")
-            found = await cur.fetchone()
-            if not found or not found[0]:
+            begun = await _freeze_begun(self.db)
+            if begun is None:
                 return set()
-            cur = await self.db.execute("SELECT board, incarnation FROM settlements WHERE period = 'total'")
+            cur = await self.db.execute(
+                f"SELECT board, incarnation FROM settlements WHERE period = 'total' AND {begun} IS NOT FALSE"
+            )
             return {(board, str(incarnation)) for board, incarnation in await cur.fetchall()}
 
     # ---- reading the snapshot ------------------------------------------------------------
@@ -1935,6 +1944,21 @@ def _lost(board: Board, shard: int) -> ClusterUnavailable:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def _freeze_begun(db: psycopg.AsyncConnection[Any]) -> str | None:
+    """The settlements table's column ``freeze_begun`` (shardlb/settlement.py, ``_freeze_begun``)
+    as an expression to select: the column, or NULL (cannot tell) when the table was set up by a
+    release before it and no settlement of this one has run since (its ALTER TABLE comes with
+    one); None when the archive has no settlements table."""
+    cur = await db.execute(
+        "SELECT to_regclass('settlements') IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute a "
+        "WHERE a.attrelid = to_regclass('settlements') AND a.attname = 'freeze_begun' AND NOT a.attisdropped)"
+    )
+    found = await cur.fetchone()
+    if not found or not found[0]:
+        return None
+    return "freeze_begun" if found[1] else "NULL::boolean"
 
 
 # Whether the archive holds a row of a board (its id and incarnation): ``_check_archive``. Ordered by

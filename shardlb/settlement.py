@@ -8,7 +8,9 @@ the same state as one uninterrupted run (tests/test_settlement.py kills a real p
    request (another board, period, reward table, top N or webhook URL: 409; already settled: its
    stored result is returned and nothing else happens). One settlement per (board, incarnation, period).
 2. ``freeze``: the period is frozen on every shard (``freeze``: no write changes it from then on;
-   reads go on). The total's freeze closes the board: it takes no more results at all.
+   reads go on). The total's freeze closes the board: it takes no more results at all. Before it,
+   the row records that the run goes to its freeze (``freeze_begun``, ``_freeze_begun``): what
+   `rebuild --all` reads after a total loss of Redis to close the board again, or not.
 3. ``drain``: the journals are read for their position after the freeze; every result the period
    holds was journaled before it. Settling waits until the archiver has copied the journals up to
    there into PostgreSQL (each journal's first entry is past that position), or raises
@@ -132,6 +134,7 @@ CREATE INDEX IF NOT EXISTS settlement_deliveries_due ON settlement_deliveries (n
     WHERE delivered_at IS NULL;
 CREATE INDEX IF NOT EXISTS match_results_by_player
     ON match_results (board, incarnation, player_id, achieved_ms);
+ALTER TABLE settlements ADD COLUMN IF NOT EXISTS freeze_begun boolean;
 """
 
 
@@ -351,6 +354,7 @@ class Settler:
             return stored
         self.step("begin")
         await self._at_rest(board)
+        await self._freeze_begun(request)
         await freeze(board, name)
         self.step("freeze")
         await self.drained(board, name)
@@ -397,6 +401,20 @@ class Settler:
         # the stored result and records it then.
         await self._record_paid(board, name, request)
         return result
+
+    async def _freeze_begun(self, request: Request) -> None:
+        """Record in PostgreSQL, before step 2, that the run goes to its freeze (``freeze_begun``):
+        the one record a total loss of Redis leaves of whether a season archive closed its board.
+        `rebuild --all` closes again the board of a total's row that says so, or that a release of
+        before wrote (NULL: it cannot tell), and leaves open one whose archive was refused or stopped
+        before it (FALSE, as ``_begin`` inserts it): shardlb/rebuild.py, ``_seasons``. Written before
+        the close, so a run killed between the two has the board come back closed, as the run again
+        closes it, and never open after the archive closed it."""
+        await self.db.execute(
+            "UPDATE settlements SET freeze_begun = TRUE "
+            "WHERE settlement_id = %s AND freeze_begun IS NOT TRUE",
+            (request.settlement_id,),
+        )
 
     async def _record_paid(self, board: Board, name: str, request: Request) -> None:
         """``Board.mark_paid``, after the payment's commit. A board deleted since (a season's
@@ -491,7 +509,8 @@ class Settler:
         _check_signable(request)
         await self.db.execute(
             "INSERT INTO settlements (settlement_id, board, incarnation, period, rewards, top_n, tie_awards, "
-            "webhook_url, state) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'started') ON CONFLICT DO NOTHING",
+            "webhook_url, state, freeze_begun) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'started', FALSE) "
+            "ON CONFLICT DO NOTHING",
             (
                 request.settlement_id,
                 board.config.id,

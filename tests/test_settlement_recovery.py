@@ -577,6 +577,98 @@ async def test_a_season_archive_refused_before_its_close_leaves_a_rebuilt_shard_
                 await store.delete(board_id)
 
 
+async def test_a_season_archive_refused_before_its_close_leaves_a_one_shard_board_open(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """The test before on a board of one shard, lost alone: the archive is refused (Rebuilding)
+    before its freeze, and `rebuild BOARD --shard 0` has no shard left to tell whether the archive
+    closed the board. Failed before the fix: the `started` row closed it
+    (``Rebuilder._season_closed``), its writes refused for good; now its row says the run never went
+    to its freeze (``freeze_begun`` FALSE), and the board stays open."""
+    board_id = "recover-season-refused-one"
+    async with own_archive(postgres_url, "settle_recover") as url:
+        board = await new_board(store, board_id, sharding={"shards": 1})
+        try:
+            await written(board, day_ago(2), board_id)
+            await archived(store, raw, url, board_id)
+            request = Request.of({"settlement_id": board_id, "rewards": TABLE})
+            assert await slot_wiped(raw, board, 0) > 0
+            async with connected(cluster_url, url) as (rebuilder, other):
+                with pytest.raises(Rebuilding):
+                    await Settler(rebuilder).settle(await other.get(board_id), "total", request, season=True)
+                assert await state_of(rebuilder.db, board_id) == "started"
+                await rebuilder.rebuild(await other.get(board_id), shard=0)
+            async with connected(cluster_url, url) as (rebuilder, other):
+                back = await other.get(board_id)
+                assert not await back.closed()
+                [taken] = await back.submit([Score("late", 10, "late-m", times.now_ms())])
+                assert taken.status == "improved" and "total" not in taken.closed
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
+
+
+@pytest.mark.parametrize(
+    "stop", ["refused", "begin", "freeze", "commit", "begin-release-before", "begin-no-column"]
+)
+async def test_a_season_archive_stopped_before_its_close_leaves_the_board_open_after_a_total_loss(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, stop: str
+) -> None:
+    """A season archive refused before its freeze (shard 1 lost alone: Rebuilding), or stopped right
+    after its first step (the row inserted, ``started``), neither of which closed the board; or
+    stopped after its freeze, or after its commit (paid, the board not deleted yet), which did. Then
+    every key of Redis lost and `shardlb rebuild --all`. Failed before the fix: ``_restore_board``
+    (and the rebuild's ``_settled_again``, no shard being left to tell) closed the board for every
+    row of the total, so the two boards live before the loss came back closed, their writes
+    refused for good. Now PostgreSQL records when the archive goes to close the board
+    (``settlements.freeze_begun``), and only those come back closed. A row of a release before
+    (``freeze_begun`` NULL, or an archive without the column) cannot tell, and closes the board as
+    then, though this one stopped after ``begin``."""
+    board_id = f"recover-season-lost-{stop}"
+    before = stop.startswith("begin-")
+    stop = stop.split("-")[0]
+    async with own_archive(postgres_url, "settle_recover") as url:
+        board = await new_board(store, board_id)
+        try:
+            await written(board, day_ago(2), board_id)
+            await archived(store, raw, url, board_id)
+            request = Request.of({"settlement_id": board_id, "rewards": TABLE})
+
+            def step(name: str) -> None:
+                if name == stop:
+                    raise Fault(name)
+
+            if stop == "refused":
+                assert await slot_wiped(raw, board, 1) > 0
+            async with connected(cluster_url, url) as (rebuilder, other):
+                with pytest.raises(Rebuilding if stop == "refused" else Fault):
+                    settler = Settler(rebuilder, step)
+                    await settler.settle(await other.get(board_id), "total", request, season=True)
+                state = await state_of(rebuilder.db, board_id)
+                assert state == ("settled" if stop == "commit" else "started")
+                assert await (await other.get(board_id)).closed() == (stop in ("freeze", "commit"))
+                if before:
+                    await rebuilder.db.execute("UPDATE settlements SET freeze_begun = NULL")
+                if board_id.endswith("no-column"):
+                    await rebuilder.db.execute("ALTER TABLE settlements DROP COLUMN freeze_begun")
+            await lost(raw)
+            await rebuild.run(cluster_url, url, None)
+            async with connected(cluster_url, url) as (rebuilder, other):
+                back = await other.get(board_id)
+                late = [Score("late", 10, "late-m", times.now_ms())]
+                if stop in ("refused", "begin") and not before:
+                    assert not await back.closed()
+                    [taken] = await back.submit(late)
+                    assert taken.status == "improved" and "total" not in taken.closed
+                else:
+                    assert await back.closed()
+                    with pytest.raises(BoardClosed):
+                        await back.submit(late)
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
+
+
 @pytest.mark.parametrize("setting", ["credentials", "no-cluster"])
 async def test_an_archiver_whose_redis_settings_are_refused_exits_rather_than_waits(
     cluster_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, setting: str
