@@ -226,7 +226,7 @@ def band_shards(board: Board) -> range:
 def whence(shards: Iterable[int], bands: Iterable[int] = ()) -> str:
     """Where a rebuild of ``shards`` takes them from, ``bands`` among them being band shards: "from
     PostgreSQL and the journal" (home and hash shards), "from the home shards" (band shards), both
-    named when both are there."""
+    said when both are there."""
     shards = sorted(shards)
     banded = [s for s in shards if s in set(bands)]
     homes = [s for s in shards if s not in banded]
@@ -236,9 +236,30 @@ def whence(shards: Iterable[int], bands: Iterable[int] = ()) -> str:
         return "from the home shards"
 
     def named(these: list[int]) -> str:
-        return ("shard " if len(these) == 1 else "shards ") + ", ".join(map(str, these))
+        return ("shard " if len(these) == 1 else "shards ") + listed(these)
 
     return f"({named(homes)} from PostgreSQL and the journal, {named(banded)} from the home shards)"
+
+
+def listed(shards: Iterable[int], most: int | None = None) -> str:
+    """``shards`` as "1, 2, 3", runs of four or more as "4-9"; past ``most`` of those, the others as
+    "and N more"."""
+    runs: list[list[int]] = []
+    for s in sorted(shards):
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    said = [f"{r[0]}-{r[-1]}" if len(r) > 3 else ", ".join(map(str, r)) for r in runs]
+    if most is None or len(said) <= most:
+        return ", ".join(said)
+    more = sum(len(r) for r in runs[most:])
+    return ", ".join(said[:most]) + f" and {more} more"
+
+
+# The longest message ``rebuilding`` gives: the router cuts an error's message at its MESSAGE_MAX
+# (router/errors.py), the same 300.
+REBUILDING_MAX = 300
 
 
 def rebuilding(board_id: str, waiting: Iterable[int], then: str, bands: Iterable[int] = ()) -> Rebuilding:
@@ -249,17 +270,35 @@ def rebuilding(board_id: str, waiting: Iterable[int], then: str, bands: Iterable
     ``then`` says what the caller may do; ``bands``, the board's band shards (``band_shards``), which
     a rebuild takes from the home shards. Until 2026-12-06 it said "being rebuilt after a loss of
     Redis" in both cases, though a shard lost alone waits for an operator, and that band shards came
-    back "from PostgreSQL and the journal", which their rebuild never reads."""
+    back "from PostgreSQL and the journal", which their rebuild never reads.
+
+    The message is at most REBUILDING_MAX characters for any board id (``check_id``: up to 64) and
+    shards: the shards, then ``then``, then the command once (the only place the board id is
+    named), where it takes them from and that a rebuild under way does it too. When that is too
+    long, where they come from is left out, then the list of shards is shortened ("and N more").
+    Until 2026-12-06 it named the board id twice and was some 250 characters for a short id, so the
+    router cut the command or "Nothing was written" off for a long one."""
     shards = sorted(waiting)
     one = len(shards) == 1
-    run = f"shardlb rebuild {board_id}" + (f" --shard {shards[0]}" if one else "")
-    return Rebuilding(
-        f"board {board_id!r}: {'shard' if one else 'shards'} {', '.join(map(str, shards))} lost "
-        f"{'its' if one else 'their'} data in Redis and {'is' if one else 'are'} not rebuilt yet "
-        f"(`{run}` brings {'it' if one else 'them'} back {whence(shards, bands)}, unless a "
-        f"`shardlb rebuild` of the board is under way): {then}",
-        REBUILDING_RETRY_S,
-    )
+    run = f"`shardlb rebuild {board_id}" + (f" --shard {shards[0]}`" if one else "`")
+    back = f"brings {'it' if one else 'them'} back"
+
+    def said(most: int | None, where: bool) -> str:
+        head = f"{'shard' if one else 'shards'} {listed(shards, most)}"
+        came = f" {whence(shards, bands)}" if where else ""
+        return (
+            f"{head} lost {'its' if one else 'their'} data in Redis, not rebuilt yet: {then}. "
+            f"{run} {back}{came}, unless a rebuild of the board is under way"
+        )
+
+    message = said(None, True)
+    if len(message) > REBUILDING_MAX:
+        message = said(None, False)
+    most = 8
+    while len(message) > REBUILDING_MAX and most > 1:
+        most -= 1
+        message = said(most, False)
+    return Rebuilding(message, REBUILDING_RETRY_S)
 
 
 class Board:
@@ -632,7 +671,7 @@ class Board:
             return rebuilding(
                 self.config.id,
                 [shard],
-                "a write would meet an empty shard. Nothing was written; retry later",
+                "this write would not be exact. Nothing was written; retry later",
                 band_shards(self),
             )
         return e

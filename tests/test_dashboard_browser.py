@@ -575,9 +575,9 @@ async def test_a_board_being_rebuilt_says_so_and_opens_once_the_rebuild_is_done(
 
     async def rebuilding(route: Route) -> None:
         message = (
-            f"board '{name}': shards 0, 1 lost their data in Redis and are not rebuilt yet (`shardlb rebuild "
-            f"{name}` brings them back from PostgreSQL and the journal, unless a `shardlb rebuild` of the "
-            "board is under way): this read would not be exact. Nothing was written; retry later"
+            "shards 0, 1 lost their data in Redis, not rebuilt yet: this read would not be exact. Nothing "
+            f"was written; retry later. `shardlb rebuild {name}` brings them back from PostgreSQL and the "
+            "journal, unless a rebuild of the board is under way"
         )
         body = {"error": {"code": "board_rebuilding", "message": message, "field": None}}
         await route.fulfill(

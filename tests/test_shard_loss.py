@@ -21,16 +21,17 @@ from prometheus_client import REGISTRY
 from redis.exceptions import RedisError
 
 from router import reshards
+from router.errors import MESSAGE_MAX
 from shardlb import fanout, keys, moderation, rebuild, times
 from shardlb.board import Board, Score
 from shardlb.board import rebuilding as rebuilding_error
 from shardlb.cli import main
-from shardlb.config import BoardConfig
+from shardlb.config import ID_MAX, BoardConfig
 from shardlb.errors import NotAcknowledged, Rebuilding
 from shardlb.rebuild import connected
 from shardlb.reshard import Resharder, ShardsLost
 from shardlb.reshard_check import Mismatch
-from shardlb.store import BoardStore
+from shardlb.store import BoardStore, _marked
 from tests.router_support import AS_ADMIN, AS_WRITER, running, service_of
 from tests.test_board import expected_entries, sharding
 from tests.test_rebuild import OnlyStore, archive_round, archiver, drain, own_archive
@@ -306,6 +307,85 @@ def test_a_refusal_says_where_the_rebuild_takes_each_shard_from() -> None:
     both = rebuilding_error("b", [1, 4], "x", bands=range(3, 7)).message
     assert "brings them back (shard 1 from PostgreSQL and the journal, shard 4 from the home shards)" in both
     assert "from PostgreSQL and the journal" in rebuilding_error("b", [0, 1], "x").message
+
+
+# The texts each caller of ``board.rebuilding`` gives as what to do (``then``), the longest of each.
+THENS = (
+    "this removal would not be exact. Nothing was written; retry later",  # Board.check_built
+    "this write would not be exact. Nothing was written; retry later",  # write.lua's SHARDLOST
+    "nothing was paid; settle again once they are rebuilt",  # Settler._at_rest
+    "reconcile it once they are rebuilt",  # Rebuilder.check_layout
+    "reshard it once they are rebuilt",  # Resharder.start
+)
+LONGEST_ID = "L" * ID_MAX
+
+
+@pytest.mark.parametrize(
+    ("lost", "bands"),
+    [
+        ([1], ()),
+        ([1023], ()),
+        ([0, 1, 2], ()),
+        ([1000, 1001, 1019], ()),
+        ([4, 5, 6], range(3, 7)),
+        ([1, 4, 5], range(3, 7)),
+        ([1000, 1001, 1019], range(1010, 1024)),
+        (list(range(0, 1024, 3)), ()),
+    ],
+)
+def test_every_refusal_for_shards_not_rebuilt_fits_the_routers_message(lost: list[int], bands: range) -> None:
+    """``board.rebuilding`` for the longest board id ``check_id`` allows, one shard, three and many:
+    at most ``router.errors.MESSAGE_MAX`` characters (the router cuts a message there), naming the
+    exact command and ending with what the caller does. Failed before the fix: some 350-450
+    characters (the board id twice), so a 503 body lost "Nothing was written; retry later" or the
+    command."""
+    for then in THENS:
+        message = rebuilding_error(LONGEST_ID, lost, then, bands).message
+        assert len(message) <= MESSAGE_MAX, (len(message), message)
+        run = f"`shardlb rebuild {LONGEST_ID}" + (f" --shard {lost[0]}`" if len(lost) == 1 else "`")
+        assert run in message and message.count(LONGEST_ID) == 1, message
+        assert then in message, message
+        if len(lost) <= 3:
+            assert all(str(s) in message for s in lost), message
+
+
+@pytest.mark.parametrize("lost", [[1], [0, 1, 2]], ids=["one", "three"])
+async def test_a_routers_refusal_for_the_longest_board_id_is_the_librarys_whole_message(
+    store: BoardStore, cluster_url: str, lost: list[int]
+) -> None:
+    """A board of the longest id, shards marked not rebuilt: the router's 503 body for a read and a
+    write is the library's message, not cut, and names the command to run. Failed before the fix:
+    the body was cut at 300 characters (``...…``), its tail (the command's end or "Nothing was
+    written; retry later") lost."""
+    board_id = "x" * ID_MAX
+    _, sent = await board_written(store, board_id)
+    try:
+        raw = await store.client.hget(keys.BOARDS, board_id)
+        assert await store.swap(board_id, raw, orjson.dumps(_marked(orjson.loads(raw), set(lost))))
+        back = await store.get(board_id)
+        assert back.rebuilding == set(lost)
+        on_lost = next(s for s in sent if back.layout.home(s.player_id) == lost[0])
+        with pytest.raises(Rebuilding) as read:
+            await back.top(5)
+        with pytest.raises(Rebuilding) as write:
+            await back.submit([Score(on_lost.player_id, 1, "late-1", times.now_ms())])
+        async with running(cluster_url) as (_, client):
+            answer = await client.get(f"/v1/boards/{board_id}/top?limit=5")
+            _refused(answer)
+            assert answer.json()["error"]["message"] == read.value.message
+            late = {"player_id": on_lost.player_id, "points": 1, "match_id": "late-2"}
+            post = f"/v1/boards/{board_id}/scores"
+            answer = await client.post(post, json={"scores": [late]}, headers=AS_WRITER)
+            _refused(answer)
+            assert answer.json()["error"]["message"] == write.value.message
+        # The read merges every shard: the marked ones; the write touches one shard: that one.
+        for message, named in ((read.value.message, lost), (write.value.message, [lost[0]])):
+            run = f"`shardlb rebuild {board_id}" + (f" --shard {named[0]}`" if len(named) == 1 else "`")
+            assert run in message and "Nothing was written; retry later" in message, message
+            assert len(message) <= MESSAGE_MAX, (len(message), message)
+    finally:
+        with contextlib.suppress(Exception):
+            await store.delete(board_id)
 
 
 async def test_a_board_rebuilt_after_a_total_loss_carries_its_sentinels(
