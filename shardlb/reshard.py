@@ -67,7 +67,7 @@ from shardlb.fanout import batch
 from shardlb.reshard_check import Mismatch, differences
 from shardlb.reshard_copy import FENCE, FENCE_MS, FENCED, Copier, Lost, Writes, fence_key, fenced, lost
 from shardlb.sharding import player_hash
-from shardlb.store import CACHE_SECONDS, GONE_MS, SENTINELS, BoardStore, carries_sentinels
+from shardlb.store import CACHE_SECONDS, GONE_MS, REBUILDING, SENTINELS, BoardStore, carries_sentinels
 
 log = logging.getLogger("shardlb.reshard")
 
@@ -356,11 +356,16 @@ class Resharder:
                     "board",
                 )
             now = self.store._board(self.board_id, record)
-            if now.rebuilding:  # its shards would be copied empty: the rebuild takes the old layout
-                one = len(now.rebuilding) == 1
+            # A shard not rebuilt that the reshard copies would be copied empty: the rebuild takes
+            # the old layout. A band board's band shards are never copied (``copied_shards``: the
+            # new bands are built from the homes' totals), so their marks alone refuse nothing, and
+            # the commit leaves them with the old layout (until 2026-12-06 they refused the start).
+            waiting = now.rebuilding - set(band_shards(now))
+            if waiting:
+                one = len(waiting) == 1
                 raise rebuilding(
                     self.board_id,
-                    now.rebuilding,
+                    waiting,
                     f"reshard it once {'it is' if one else 'they are'} rebuilt",
                     band_shards(now),
                 )
@@ -794,8 +799,11 @@ class Resharder:
             if move.get("cancel"):  # checked in the compare-and-set that commits: no cancel comes too late
                 raise Cancelled(f"the reshard of {self.board_id!r} was cancelled")
             settings = {**record, "sharding": move["sharding"], "generation": move["generation"]}
-            if isinstance(record.get("state"), dict | None):  # a reshard refuses a board being rebuilt
-                settings["state"] = {**(record.get("state") or {}), SENTINELS: move["generation"]}
+            if isinstance(record.get("state"), dict | None):
+                # The old layout's marks are not the new one's: a reshard starts with none on the
+                # shards it copies, and a band shard's (``start``) names a shard of the old layout.
+                state = {k: v for k, v in (record.get("state") or {}).items() if k != REBUILDING}
+                settings["state"] = {**state, SENTINELS: move["generation"]}
             kept = {k: v for k, v in move.items() if k not in ("sharding", "generation", "copied")}
             return {**settings, "reshard": {**kept, "state": "committed", "from": former}}
 

@@ -538,6 +538,55 @@ async def test_a_reshard_of_a_band_board_commits_though_a_band_shard_of_the_old_
                 await store.delete("partial-reshard-band")
 
 
+@pytest.mark.parametrize("lost", [4, 1], ids=["band-shard", "home-shard"])
+async def test_a_band_board_whose_only_marked_shards_are_bands_is_resharded_its_bands_built_from_the_homes(
+    store: BoardStore, raw: Any, postgres_url: str, lost: int
+) -> None:
+    """A band board (home shards 0-2, band shards 3-6) whose band shard 4 the archiver marked not
+    rebuilt: a reshard copies the home shards alone and builds the new layout's bands from their
+    totals (``copied_shards``), so it starts and commits, the old layout's mark not carried into the
+    new layout's record (there, shard 4 is another, whole shard), and the new layout's reads are the
+    reference's. A home shard marked still refuses the start (its players would be copied empty).
+    Failed before the fix: Rebuilding at ``start`` for the band shard ("reshard it once it is
+    rebuilt"), though the rebuild it asked for builds nothing the reshard reads."""
+    name = f"partial-band-mark-{lost}"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, name, sharding=sharding("band", 3))
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+            try:
+                await drain(a)
+                assert await slot_wiped(raw, board, lost)
+                await a.refresh()
+                await archive_round(a)
+                assert (await store.get(name)).rebuilding == {lost}
+            finally:
+                await a.db.close()
+            mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
+            if lost < 3:
+                with pytest.raises(Rebuilding) as refused:
+                    await mover.start(3, bands=[0, 100, 250])
+                assert f"`shardlb rebuild {name} --shard 1`" in refused.value.message
+                assert not orjson.loads(await raw.hget(keys.BOARDS, name)).get("reshard")
+                return
+            await mover.start(3, bands=[0, 100, 250])
+            await mover.run()
+            record = orjson.loads(await raw.hget(keys.BOARDS, name))
+            assert record.get("reshard", {}).get("state", "committed") == "committed", record
+            assert record["state"] == {"sentinels": 1}, record["state"]  # no "rebuilding": [4]
+            back = await store.get(name)
+            assert back.generation == 1 and back.layout.strategy == "band" and not back.rebuilding
+            assert back.config.sharding.bands == (0, 100, 250)
+            assert all([await raw.exists(keys.sentinel_key(p)) for p in back.prefixes])
+            want = expected_entries(reference(back, sent), "total", None)
+            assert await back.top(50) == want
+            for entry in want[::7]:  # a player's rank counts the band shards above his
+                assert (await back.player(entry.player_id)).entry == entry
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
+
+
 async def test_a_routers_mover_cancelling_for_a_lost_shard_logs_one_line_naming_the_command(
     store: BoardStore, raw: Any, postgres_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
