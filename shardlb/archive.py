@@ -1735,6 +1735,17 @@ BAND_REPAIRS = Counter(
 REPAIR_EVERY_S = 5.0
 
 
+async def _failed_try(outage: Outage, stop: asyncio.Event, e: BaseException) -> bool:
+    """One failed try of a wait at the archiver's start (for Redis, then PostgreSQL): counted in
+    FAILED_ROUNDS (the probes answer meanwhile: the metrics say it, k8s/README.md), logged as an
+    outage, then a pause; True when asked to stop meanwhile."""
+    FAILED_ROUNDS.inc()
+    pause = retry_pause(outage.failures + 1)
+    outage.failed(e, {"pause_s": pause})
+    await _sleep(stop, pause)
+    return stop.is_set()
+
+
 async def serve(
     redis_url: str,
     postgres_url: str,
@@ -1777,11 +1788,7 @@ async def serve(
                     fields = {"error": str(e), "redis": redacted(redis_url)}
                     log.error("Redis refused the archiver's settings; not retried", extra={"fields": fields})
                     raise
-                FAILED_ROUNDS.inc()  # the probes answer meanwhile: the metrics say it (k8s/README.md)
-                pause = retry_pause(outage.failures + 1)
-                outage.failed(e, {"pause_s": pause})
-                await _sleep(stop, pause)
-                if stop.is_set():
+                if await _failed_try(outage, stop, e):
                     return
         outage.succeeded()
         raw = connect(redis_url, decode=False)
@@ -1798,11 +1805,7 @@ async def serve(
                     refused = "PostgreSQL refused the archiver's settings; not retried"
                     log.error(refused, extra={"fields": {"error": str(e)}})
                     raise
-                FAILED_ROUNDS.inc()
-                pause = retry_pause(outage.failures + 1)
-                outage.failed(e, {"pause_s": pause})
-                await _sleep(stop, pause)
-                if stop.is_set():
+                if await _failed_try(outage, stop, e):
                     return
         outage.succeeded()
         archiver = Archiver(raw, store, db, name, db_url=postgres_url)
