@@ -64,7 +64,7 @@ _RESETS_AT = {
     "type": ["string", "null"],
     "format": "date-time",
     "description": "Addition: when the period read ends (RFC 3339, the board's UTC offset at that "
-    "instant); null for total",
+    "instant, 'Z' where it is zero); null for total",
 }
 
 
@@ -339,7 +339,7 @@ _SCHEMAS: dict[str, Any] = {
                     "resets_at": {
                         "type": "object",
                         "description": "Addition: per kept dated period kind, when its current period "
-                        "ends (RFC 3339, the board's UTC offset at that instant)",
+                        "ends (RFC 3339, the board's UTC offset at that instant, 'Z' where it is zero)",
                         "additionalProperties": {"type": "string", "format": "date-time"},
                     },
                     "closed": {

@@ -227,15 +227,19 @@ def closes_ms(
 
 def resets_at(name: str, tz: ZoneInfo, week_start: str = "monday") -> str | None:
     """When the period ``name`` ends, as RFC 3339 with the board's UTC offset at that instant
-    (``2026-12-01T00:00:00+09:00``); None for the total, which never ends. An offset with seconds
-    (local mean time, before a zone's standard time: -00:44:30 in Monrovia until 1972), which RFC
-    3339 cannot write, is given in UTC instead."""
+    (``2026-12-01T00:00:00+09:00``); None for the total, which never ends. An offset of zero is
+    written "Z" (``2026-12-01T00:00:00Z``), as every other time of the API (shardlb/times.py):
+    the same instant as "+00:00", which a UTC board's resets_at read beside them until 2026-12-06.
+    An offset with seconds (local mean time, before a zone's standard time: -00:44:30 in Monrovia
+    until 1972), which RFC 3339 cannot write, is given in UTC instead."""
     if name == "total":
         return None
     at = datetime.fromtimestamp(end_ms(name, tz, week_start) / 1000, tz=tz)
     offset = at.utcoffset()
-    if offset is not None and offset.total_seconds() % 60:
+    if offset is None or offset.total_seconds() % 60:
         at = at.astimezone(UTC)
+    if not at.utcoffset():
+        return at.replace(tzinfo=None).isoformat() + "Z"
     return at.isoformat()
 
 

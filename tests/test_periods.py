@@ -178,7 +178,11 @@ def test_a_period_closes_its_grace_after_its_end() -> None:
     ("name", "zone", "week_start", "resets"),
     [
         ("total", "UTC", "monday", None),
-        ("d:2026-11-30", "UTC", "monday", "2026-12-01T00:00:00+00:00"),
+        # At offset zero, "Z", as every other time the API writes (achieved_at, as_of): until
+        # 2026-12-06 a UTC board's resets_at read "+00:00" beside them.
+        ("d:2026-11-30", "UTC", "monday", "2026-12-01T00:00:00Z"),
+        ("d:2026-11-30", "Europe/London", "monday", "2026-12-01T00:00:00Z"),
+        ("d:2026-06-30", "Europe/London", "monday", "2026-07-01T00:00:00+01:00"),
         ("d:2026-11-30", "Asia/Tokyo", "monday", "2026-12-01T00:00:00+09:00"),
         ("w:2026-W49", "Asia/Tokyo", "sunday", "2026-12-06T00:00:00+09:00"),
         ("m:2026-03", "America/New_York", "monday", "2026-04-01T00:00:00-04:00"),  # daylight time
@@ -201,6 +205,7 @@ def test_resets_at_is_rfc_3339_even_where_the_offset_has_seconds(name: str, zone
     1883) came out with seconds, which RFC 3339 has no room for; those are given in UTC now."""
     at = periods.resets_at(name, ZoneInfo(zone))
     assert at is not None and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d([+-]\d\d:\d\d|Z)", at), at
+    assert not at.endswith("+00:00"), at  # UTC is "Z": test_resets_at_is_the_end_in_the_boards_offset
     assert datetime.fromisoformat(at).timestamp() * 1000 == periods.end_ms(name, ZoneInfo(zone))
 
 

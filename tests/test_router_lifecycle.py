@@ -7,6 +7,7 @@ shardlb.periods, so a wrong period end there fails these tests.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -88,6 +89,23 @@ async def test_resets_at_on_the_board_and_every_read(client: httpx.AsyncClient) 
                 continue
             assert r.status_code == 200, (path, period, r.text)
             assert r.json()["resets_at"] == expected, (path, period)
+
+
+async def test_a_utc_boards_times_are_all_written_with_z(client: httpx.AsyncClient) -> None:
+    """Every time of a UTC board's answers reads "...Z", as achieved_at does: until 2026-12-06
+    resets_at read "+00:00" beside them (the same instant, spelt another way)."""
+    name = await make_board(client, {"periods": ["daily", "weekly", "monthly"]})
+    await post(client, name, [score("a", 5, "m1", times.now_ms())])
+    utc = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?Z")
+    board = (await client.get(f"/v1/boards/{name}")).json()
+    assert set(board["resets_at"]) == {"daily", "weekly", "monthly"}
+    written = [board["epoch"], *board["resets_at"].values()]
+    for path in ("top?period=daily", "entries?period=weekly", "players/a?period=monthly"):
+        body = (await client.get(f"/v1/boards/{name}/{path}")).json()
+        entries = body.get("entries", [body])
+        written += [body["resets_at"], *(e["achieved_at"] for e in entries)]
+        written += [body["as_of"]] if "as_of" in body else []
+    assert [at for at in written if not utc.fullmatch(at)] == []
 
 
 async def test_a_late_score_says_which_periods_it_missed(client: httpx.AsyncClient) -> None:
