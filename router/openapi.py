@@ -381,8 +381,9 @@ _SCHEMAS: dict[str, Any] = {
                 f"than {MAX_FUTURE_MS // 60_000} minutes ahead of the server's clock",
             },
             "region": {
-                "description": "one of the board's regions, required on region boards; ignored elsewhere, "
-                "whatever it holds (api.md)",
+                "description": "one of the board's regions, required on region boards (422 "
+                "missing_field without it, invalid_region for another); ignored elsewhere, whatever "
+                "it holds (api.md)",
             },
         },
     },

@@ -434,6 +434,13 @@ class Board:
             ):
                 points = self._refuse(s, achieved, now, f"{field}[{i}]")
             if by_region:
+                if region is None:  # left out (or null): missing, as a match_id left out is
+                    regions = ", ".join(self.layout.sharding.regions)
+                    raise InvalidInput(
+                        f"region is required on a region board: one of {regions}",
+                        f"{field}[{i}].region",
+                        "missing_field",
+                    )
                 shard = self.layout.home(player, region, f"{field}[{i}].region")
             else:
                 shard = crc32(player.encode()) % shards  # Layout.home

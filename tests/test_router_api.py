@@ -208,14 +208,20 @@ async def test_region_board(client: httpx.AsyncClient) -> None:
     assert_error(
         await client.get(f"/v1/boards/{name}/top", params={"region": "mars"}), 422, "invalid_region", "region"
     )
-    for region in (None, "", "mars", "r" * 65, 7, ["eu"]):
-        extra = {} if region is None else {"region": region}
+    # A region left out (or null, read as absent) is missing, as a match_id left out is: until
+    # 2026-12-06 it was `invalid_region`, as if one had been sent.
+    for extra, code in [
+        ({}, "missing_field"),
+        ({"region": None}, "missing_field"),
+        *(({"region": region}, "invalid_region") for region in ("", "mars", "r" * 65, 7, ["eu"])),
+    ]:
         r = await client.post(
             f"/v1/boards/{name}/scores",
             headers=AS_WRITER,
             json={"scores": [score("e3", 40, "m2", region="eu"), score("x", 1, "m", **extra)]},
         )
-        assert_error(r, 422, "invalid_region", "scores[1].region")
+        assert_error(r, 422, code, "scores[1].region")
+        assert ("required" in r.json()["error"]["message"]) == (code == "missing_field"), r.text
     after = (await client.get(f"/v1/boards/{name}/top")).json()["entries"]
     assert "e3" not in {e["player_id"] for e in after}  # a refused request writes nothing
 
