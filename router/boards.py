@@ -193,9 +193,9 @@ class Boards:
         lane = self.kept_lane if board_id in self._kept else self.read_lane
         return await self._reads.join(board_id, lambda: self._fetch(board_id, lane))
 
-    async def create(self, config: BoardConfig) -> tuple[Board, bool]:
+    async def create(self, config: BoardConfig, confirm_only: bool = False) -> tuple[Board, bool]:
         async with self.gate, metrics.redis_call("create_board"):
-            made = await self.store.create(config)
+            made = await self.store.create(config, confirm_only)
         self._changed(config.id)
         self._kept.pop(config.id, None)
         self.missing.pop(config.id, None)

@@ -225,6 +225,9 @@ _SCHEMAS: dict[str, Any] = {
                 "properties": {
                     k: {"type": "integer", "minimum": 0, "maximum": MAX_RETENTION_DAYS} for k in periods.DATED
                 },
+                "description": "only for periods the board keeps: another is 422 (field "
+                "retention_days.<period>), unless the settings confirm a board made with them before "
+                "2026-12-06, when such a retention was dropped",
             },
             "points_max": {
                 "type": "integer",

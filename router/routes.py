@@ -29,7 +29,7 @@ from router.service import Service
 from shardlb import merge, rebuild, times
 from shardlb.board import Board, Entry
 from shardlb.config import AUTO_SHARDS, ID_PATTERN, MAX_SHARDS, BoardConfig, check_id
-from shardlb.errors import InvalidInput, PlayerNotFound, field_name
+from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput, PlayerNotFound, field_name
 from shardlb.merge import Row
 from shardlb.reads import ResolvedView
 
@@ -170,8 +170,31 @@ async def put_board(request: Request) -> Response:
     except (ValueError, OverflowError) as e:
         # e.g. an epoch whose UTC instant falls before year 1: accepted by the parser, not writable back.
         raise InvalidInput(f"these settings cannot be stored: {e}", "epoch", "invalid_time") from e
-    board, created = await svc.boards.create(config)
+    # A retention of a period the board does not keep was dropped, and the board made without it,
+    # until 2026-12-06: a board made so still answers 200 to those settings (a game server's PUT at
+    # each start), and they make no board now.
+    stray = _retention_not_kept(body, config)
+    try:
+        board, created = await svc.boards.create(config, confirm_only=stray is not None)
+    except (BoardNotFound, BoardConflict) as e:
+        if stray is None:
+            raise
+        kept = ", ".join(config.periods)
+        raise InvalidInput(
+            f"retention_days names {stray!r}, a period this board does not keep ({kept}): add it to "
+            "periods or leave its retention out",
+            f"retention_days.{stray}",
+        ) from e
     return render(request, board.config.to_dict(), 201 if created else 200)
+
+
+def _retention_not_kept(body: dict[str, object], config: BoardConfig) -> str | None:
+    """The first period kind ``retention_days`` names that the board does not keep, if any (the
+    body is checked already: an object of dated kinds, ``BoardConfig.from_dict``)."""
+    given = body.get("retention_days")
+    if not isinstance(given, dict):
+        return None
+    return next((kind for kind in given if kind not in config.periods), None)
 
 
 async def list_boards(request: Request) -> Response:

@@ -111,13 +111,14 @@ class BoardStore:
         # store's settings then, and the boards listed
         self._followed: tuple[Any, float, tuple[int, int, bool], list[Board]] | None = None
 
-    async def create(self, config: BoardConfig) -> tuple[Board, bool]:
+    async def create(self, config: BoardConfig, confirm_only: bool = False) -> tuple[Board, bool]:
         """Create the board, or confirm an identical one. Returns (board, created).
 
         Settings with AUTO_SHARDS (hash or band sharding that names no shard count, as the HTTP API
         reads them) create a board of one shard per master, and confirm an existing board of any
         shard count (``resolve_shards``). OutOfRange (field ``epoch``) for settings whose codec
-        holds no time from now on, unless they confirm a board that exists."""
+        holds no time from now on, unless they confirm a board that exists. ``confirm_only``: never
+        create; BoardNotFound when no board has the id."""
         given = config
         # Settings whose codec holds no time from now on (an epoch too old for the points_max and
         # resolution: with the default epoch, resolution "ms" ends in February 2020) would make a
@@ -129,6 +130,8 @@ class BoardStore:
             record = {**config.to_dict(), "incarnation": secrets.token_hex(4), "state": {SENTINELS: 0}}
             # Read first: a PUT that confirms a board (the common one) writes no sentinel.
             raw = await self.client.hget(keys.BOARDS, config.id)
+            if raw is None and confirm_only:
+                raise BoardNotFound(f"no board {config.id!r}", "board")
             if raw is None and not ended:
                 # The sentinels before the record that says they are there: the archiver never
                 # sees the record without them. A creation that loses the race takes them back.

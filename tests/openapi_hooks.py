@@ -116,11 +116,20 @@ def unsupported_method_unless_the_path_names_a_board(ctx: Any, response: Any, ca
         raise
 
 
+def _retention_not_kept(case: Any, field: str | None) -> bool:
+    """A PUT's retention of a period its `periods` does not keep (`retention_days.daily`): refused
+    unless the settings confirm a board made with them before, which no schema can say."""
+    kind = (field or "").removeprefix("retention_days.")
+    body = case.body if isinstance(case.body, dict) else {}
+    kept = body.get("periods") or ["total"]
+    return field != kind and kind in (body.get("retention_days") or {}) and kind not in kept
+
+
 def _board_rule(case: Any, response: Any) -> bool:
     error = response.json()["error"]
     field, code = error["field"], error["code"]
     if case.method == "PUT":
-        return field in _SETTINGS_FIELDS
+        return field in _SETTINGS_FIELDS or _retention_not_kept(case, field)
     if case.path.endswith("/reshard") and field in ("bands", "shards"):
         # A reshard's bands must increase from 0 and start at or below the board's points_max, and
         # bands plus shards make at most 1024 shards.

@@ -17,7 +17,8 @@ from prometheus_client import REGISTRY
 from router.logs import JsonFormatter
 from shardlb import periods, times
 from shardlb.cluster import LocalCluster
-from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running
+from shardlb.config import AUTO_SHARDS, BoardConfig
+from tests.router_support import AS_ADMIN, AS_WRITER, board_name, running, service_of
 
 pytestmark = pytest.mark.cluster
 
@@ -90,6 +91,42 @@ async def test_board_lifecycle(client: httpx.AsyncClient) -> None:
     assert deleted.status_code == 204 and deleted.content == b""
     assert_error(await client.get(f"/v1/boards/{name}"), 404, "board_not_found", "board")
     assert_error(await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN), 404, "board_not_found", "board")
+
+
+async def test_a_retention_of_a_period_not_kept_is_refused_unless_it_confirms_a_board(
+    cluster: LocalCluster,
+) -> None:
+    """`retention_days` naming a period the board does not keep was dropped without a word (201, a
+    board made without it, until 2026-12-06): it is 422 naming it now. A board created that way
+    before (the key stored nowhere) still answers 200 to the same PUT, which game servers send at
+    every start."""
+    stray = {"periods": ["total", "weekly"], "retention_days": {"daily": 3, "weekly": 35}}
+    async with running(cluster.url) as (app, client):
+        name = board_name()
+        assert_error(
+            await client.put(f"/v1/boards/{name}", json=stray, headers=AS_ADMIN),
+            422,
+            "invalid_input",
+            "retention_days.daily",
+        )
+        assert_error(await client.get(f"/v1/boards/{name}"), 404, "board_not_found", "board")
+
+        old = board_name()  # made of these settings as the PUT made it before
+        config = BoardConfig.from_dict(old, stray, default_shards=AUTO_SHARDS)
+        await service_of(app).boards.store.create(config)
+        again = await client.put(f"/v1/boards/{old}", json=stray, headers=AS_ADMIN)
+        assert again.status_code == 200, again.text
+        assert again.json()["retention_days"] == {"weekly": 35}
+        kept_only = {**stray, "retention_days": {"weekly": 35}}
+        assert (await client.put(f"/v1/boards/{old}", json=kept_only, headers=AS_ADMIN)).status_code == 200
+        # Settings that confirm no board: the key is the fault named, not the board's settings.
+        assert_error(
+            await client.put(f"/v1/boards/{old}", json={**stray, "mode": "incr"}, headers=AS_ADMIN),
+            422,
+            "invalid_input",
+            "retention_days.daily",
+        )
+        assert (await client.delete(f"/v1/boards/{old}", headers=AS_ADMIN)).status_code == 204
 
 
 async def test_put_without_body_takes_the_defaults(client: httpx.AsyncClient, cluster: LocalCluster) -> None:
