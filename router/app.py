@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import admin, dashboard, heap, liveness, logs, metrics, probes, routes, scores, settlements
@@ -54,7 +54,24 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     message = "no such route" if exc.status_code == 404 else str(exc.detail)
-    return error_response(request, ApiError(exc.status_code, code, message, headers=dict(exc.headers or {})))
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        allow = _allowed(request)
+        headers["Allow"] = ", ".join(allow)
+        message = f"{request.method} is not allowed here; this path takes {', '.join(allow)}"
+    return error_response(request, ApiError(exc.status_code, code, message, headers=headers))
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every method that some route takes at the request's path. Starlette's 405 names those of
+    the first route that matched the path only: on `/v1/boards/x:rebuild`, the action's POST, not
+    the GET, PUT and DELETE of the board "x:rebuild" (ids may hold ':'), until 2026-12-06."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 class Direct:

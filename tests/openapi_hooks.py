@@ -1,6 +1,6 @@
 """Schemathesis hooks for tests/test_openapi.py's run (loaded by the CLI through SCHEMATHESIS_HOOKS).
 
-MessagePack bodies both ways, and two checks in place of schemathesis's own:
+MessagePack bodies both ways, and three checks in place of schemathesis's own:
 
 - for ``positive_data_acceptance``, the same, except for the refusals that no schema can foresee
   because they depend on the board a request names, on other fields of the same body, or on the
@@ -9,6 +9,9 @@ MessagePack bodies both ways, and two checks in place of schemathesis's own:
 - for ``unsupported_method``, the same, except on the paths of the board actions (``:rebuild``,
   ``:archive``), which are also the paths of boards whose ids end that way: GET, PUT and DELETE
   there reach the board's own route rather than answer 405.
+- for ``allow_header_conformance``, the same, except that a 405's Allow on those paths names the
+  board's methods too (the path's methods, as RFC 9110 has it), which the document gives to
+  ``/v1/boards/{board}`` only.
 """
 
 from __future__ import annotations
@@ -23,7 +26,11 @@ import httpx
 import msgpack
 import schemathesis
 from schemathesis.core.failures import Failure
-from schemathesis.specs.openapi.checks import positive_data_acceptance, unsupported_method
+from schemathesis.specs.openapi.checks import (
+    allow_header_conformance,
+    positive_data_acceptance,
+    unsupported_method,
+)
 
 from router.params import integral
 from shardlb import times
@@ -113,6 +120,18 @@ def unsupported_method_unless_the_path_names_a_board(ctx: Any, response: Any, ca
     except Failure:
         if case.path in _ACTION_PATHS and response.request.method in _BOARD_METHODS:
             return None  # answered by the board route, as api.md's ids require
+        raise
+
+
+@schemathesis.check
+def allow_header_conforms_unless_the_path_names_a_board(ctx: Any, response: Any, case: Any) -> bool | None:
+    try:
+        return allow_header_conformance(ctx, response, case)
+    except Failure:
+        values = ", ".join(response.headers.get("allow") or [])  # a list per header, as schemathesis's
+        allow = {method.strip() for method in values.split(",")}
+        if case.path in _ACTION_PATHS and allow == {"POST", *_BOARD_METHODS}:
+            return None  # the action's POST and the board's methods (router/app.py, ``_allowed``)
         raise
 
 
