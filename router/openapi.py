@@ -619,7 +619,7 @@ _SCHEMAS: dict[str, Any] = {
             "player_id": _ID,
             "scope": {"enum": ["board", "all"]},
             "board": {"type": ["string", "null"]},
-            "reason": {"type": "string"},
+            "reason": {"type": "string", "description": '"" when the ban was asked for without one'},
             "by": {"type": "string", "description": "the admin key's client id"},
             "banned_at": _TIME_OUT,
             "removed_from": {

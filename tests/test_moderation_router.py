@@ -215,6 +215,30 @@ async def test_a_ban_refuses_later_scores_in_every_router_and_a_rebuild_leaves_t
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
 
 
+async def test_a_ban_without_a_reason_has_the_empty_reason_everywhere(
+    cluster_url: str, postgres_url: str
+) -> None:
+    """A reason is optional (left out or null): the ban's is then "", never null, in its answer,
+    in GET /v1/bans, in PostgreSQL and in the audit (router/README.md; the OpenAPI Ban's reason is
+    a string), as a removal without `?reason=` is audited with ""."""
+    async with running(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = await make_board(client)
+        for n, sent in enumerate(({}, {"reason": None})):
+            player = f"quiet{n}"
+            scope = {"scope": "board", "board": name}
+            r = await client.post(f"/v1/players/{player}:ban", json={**scope, **sent}, headers=AS_ADMIN)
+            assert r.status_code == 200 and r.json()["reason"] == "", r.text
+            listed = (await client.get(f"/v1/bans?player={player}", headers=AS_ADMIN)).json()["bans"]
+            assert [b["reason"] for b in listed] == [""]
+            assert await rows(postgres_url, "SELECT reason FROM bans WHERE player_id = %s", player) == [("",)]
+            audited = "SELECT action, reason FROM moderation_audit WHERE player_id = %s ORDER BY id"
+            assert await rows(postgres_url, audited, player) == [("ban", "")]
+            lifted = await client.post(f"/v1/players/{player}:unban", json=scope, headers=AS_ADMIN)
+            assert lifted.json() == {"player_id": player, "lifted": True}
+            assert await rows(postgres_url, audited, player) == [("ban", ""), ("unban", "")]
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+
+
 async def test_sanity_limits_refuse_and_log_with_the_request_id(cluster_url: str, postgres_url: str) -> None:
     async with running(cluster_url, postgres_url=postgres_url) as (_, client):
         name = await make_board(client, max_points_per_result=100, max_results_per_player_per_minute=3)
