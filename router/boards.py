@@ -15,13 +15,16 @@ registry gate) every ``FOLLOW_S`` (``run``), and when it moved, reads which boar
 the change log registry.lua writes with it (``BoardStore.moved``: one MULTI of a GET and an LRANGE
 of a few entries) and expires their copies only; the next request of such a board fetches it as
 an expired one (single flight, the kept lane). When the log cannot say (a move without a note, or
-more moves than it keeps), the records kept unexpired are compared with the registry's (an HMGET,
-500 at a time, about 0.5 kB a board), at most once every ``RECHECK_S_PER_BOARD`` per board
-compared; meanwhile the moves the log names after the one it lacks are taken in as any other. A
+more moves than it keeps), the records kept unexpired are compared with the registry's: their
+digests first (``BoardStore.digests``, an HMGET of about 20 bytes a board, read with the version),
+then the records whose digest differs (an HMGET of those only), at most once every
+``RECHECK_S_PER_BOARD`` per board compared; meanwhile the moves the log names after the one it
+lacks are taken in as any other. A
 fetch under way of a board a move taken in names (of any board, when the log cannot
 say) keeps nothing, and later requests do not join it. Costs per worker: 4 GETs a second to the
 registry's primary; a move costs a MULTI of a few hundred bytes whatever the boards kept (a
-comparison of 2,000 boards kept: about 1 MB, at most once a second). Nothing is added on a
+comparison of 2,000 boards kept: about 50 kB and the records changed, at most once a second; it was
+about 1 MB, every record, until the digests). Nothing is added on a
 request's path. The expiry (``ttl_s``, 5 s) stays the bound for
 what the version does not show: records written by processes of the release before the version
 (they do not move it), and any time the looks fail (Redis unreachable: logged as an ``Outage``, a
@@ -61,6 +64,7 @@ import hashlib
 import logging
 import math
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -77,7 +81,7 @@ from shardlb.board import Board
 from shardlb.config import BoardConfig, check_id
 from shardlb.errors import BoardNotFound, Overloaded, Resharding
 from shardlb.outage import Outage
-from shardlb.store import CACHE_SECONDS, BoardStore, configs
+from shardlb.store import CACHE_SECONDS, BoardStore, configs, digest
 
 log = logging.getLogger("shardlb.router")
 
@@ -94,7 +98,8 @@ RESHARD_RETRY_S = 0.05
 # process is seen within this (and a look), not when the copy expires.
 FOLLOW_S = 0.25
 # A comparison of the records kept (``Boards.follow`` when the change log cannot say which changed)
-# waits this long per board compared before the next: at most 2,000 records a second a worker.
+# waits this long per board compared before the next: at most 2,000 digests a second a worker (and
+# the records whose digest differs).
 RECHECK_S_PER_BOARD = 0.0005
 T = TypeVar("T")
 _UNREAD = object()  # the version before the first look
@@ -157,6 +162,8 @@ class Boards:
         self._seen: Any = _UNREAD  # the registry's version as ``follow`` last took it in
         self._recheck_by = 0.0  # no comparison of the records kept before this (monotonic s)
         self._owed = False  # a move the change log could not name owes a comparison (``follow``)
+        # The digests of the copies at the last comparison (``_compare``), not holding the copies
+        self._digests: dict[str, tuple[weakref.ref[Board], str | None]] = {}
         self.closed = False  # ``run`` ends (the worker stops)
         self.outage = Outage(log, "board registry's version not read", "board registry's version read again")
 
@@ -355,9 +362,11 @@ class Boards:
                 self._kept[board_id] = (-math.inf, kept[1])
 
     async def _compare(self) -> None:
-        """The comparison a gap owes: the records kept unexpired against the registry's (an HMGET,
-        ``BoardStore.held``), those that differ expired; fetches under way keep nothing. The next
-        one no sooner than ``RECHECK_S_PER_BOARD`` per board compared."""
+        """The comparison a gap owes: the records kept unexpired against the registry's, those that
+        differ expired; fetches under way keep nothing. Their digests first (``BoardStore.digests``,
+        about 20 bytes a board), then the records of those whose digest is not their copy's (an
+        HMGET, ``BoardStore.held``). The next one no sooner than ``RECHECK_S_PER_BOARD`` per board
+        compared."""
         now = time.monotonic()
         compared = {i: k for i, k in self._kept.items() if now - k[0] < self.ttl_s}
         ids = sorted(compared)
@@ -367,9 +376,20 @@ class Boards:
             self._moved()
             self.missing.clear()
             if ids:
-                records = await self.store.held(ids)
+                digests = await self.store.digests(ids)
+                # Each copy's digest is made once, not at every comparison (2,000: 2-3 ms).
+                made, self._digests = self._digests, {}
+                for board_id in ids:
+                    board = compared[board_id][1]
+                    held = made.get(board_id)
+                    if held is None or held[0]() is not board:
+                        held = (weakref.ref(board), digest(board.record))
+                    self._digests[board_id] = held
+                pairs = zip(ids, digests, strict=True)
+                ids = [i for i, d in pairs if d is None or d != self._digests[i][1]]
+                records = await self.store.held(ids) if ids else []
         self._owed = False
-        self._recheck_by = time.monotonic() + len(ids) * RECHECK_S_PER_BOARD
+        self._recheck_by = time.monotonic() + len(compared) * RECHECK_S_PER_BOARD
         for board_id, record in zip(ids, records, strict=True):
             # A copy kept since was fetched after ``_moved``: newer than the record compared.
             if self._kept.get(board_id) is compared[board_id] and record != compared[board_id][1].record:

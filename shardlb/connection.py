@@ -250,6 +250,7 @@ class Scripts:
     places: Script
     drop: Script
     registry: Script
+    digests: Script
     rebuild: Script
     remove: Script
     rate: Script

@@ -70,6 +70,12 @@ BOARDS_VERSION = "lb:{196e9}:boards:v"
 # of at most ``store.CHANGES_KEPT``), written in the same call: a router that follows the version
 # (router/boards.py) learns which of the boards it keeps changed, without reading their records.
 BOARDS_CHANGES = "lb:{196e9}:boards:changes"
+# A digest of each record (a hash: board id -> the first 16 hex digits of its SHA-1), written by
+# registry.lua in the same call, and under the field '' (never a board id) the version through which
+# every digest is its record's: a router that cannot tell from the log which records changed
+# compares the digests of those it keeps, and reads only the records whose digest differs
+# (shardlb/scripts/digests.lua, ``BoardStore.digests``).
+BOARDS_DIGESTS = "lb:{196e9}:boards:digests"
 BANS = "lb:bans"  # hash "<board or *>/<player>" -> ban record JSON (shardlb/moderation.py)
 BANS_VERSION = "lb:bans:v"  # drawn anew at every change of BANS: routers reload the set when it moves
 # The fields each change of BANS wrote, in the version's hash slot (its tag is the version's name), so

@@ -5,7 +5,8 @@ incarnation), and the ids of those whose record names a reshard under way in an 
 (``keys.RESHARDS``, written with the record by registry.lua: ``resharding``). Every change of a
 record (its creation too) moves the registry's version (``keys.BOARDS_VERSION``) in the same
 registry.lua call, so a reader that holds the registry reads it again only when it moved
-(``follow``). The incarnation is
+(``follow``), and writes the record's digest beside it (``keys.BOARDS_DIGESTS``), so a router that
+compares the records it keeps reads only those that changed (``digests``). The incarnation is
 drawn at creation and is part of every key name of the board (shardlb/keys.py), so a board deleted
 and created again never meets its former data.
 
@@ -20,6 +21,7 @@ way is finished by the next delete or create of that id, or by ``reclaim``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import time
 from collections.abc import Iterable, Sequence
@@ -28,7 +30,7 @@ from typing import Any
 
 import orjson
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from shardlb import keys, times
 from shardlb.board import JOURNAL_MAX_ENTRIES, JOURNAL_MAX_RESULTS, Board
@@ -84,6 +86,9 @@ WHOLE_READ_EVERY_S = 60.0
 CHANGES_KEPT = 128
 CHANGES_FIRST = 8
 HELD_PAGE = 500  # records a ``held`` HMGET asks at once (about 250 kB)
+DIGESTS_PAGE = 2000  # digests a ``digests`` HMGET asks at once (about 40 kB)
+DIGESTS_TRIES = 3  # reads of a page of digests (``digests``), each after they were made whole
+DIGEST_CHARS = 16  # the hex digits of a record's SHA-1 a digest keeps (registry.lua, digests.lua)
 
 
 class BoardStore:
@@ -480,6 +485,33 @@ class BoardStore:
             found.extend(await self.client.hmget(keys.BOARDS, list(board_ids[at : at + HELD_PAGE])))
         return found
 
+    async def digests(self, board_ids: Sequence[str]) -> list[str | None]:
+        """The digests of the registry's records of ``board_ids`` as they are now (``digest``; None:
+        no record, or none known), DIGESTS_PAGE at a time: a caller that holds records (a router,
+        router/boards.py) reads only those whose digest differs from its own's. Each page is an
+        HMGET read in one MULTI with the version, and taken when the digests are whole through it
+        (registry.lua); else a process that writes none (of a release before them) moved the
+        version since, and digests.lua makes every digest again first, once for every reader."""
+        found: list[str | None] = []
+        for at in range(0, len(board_ids), DIGESTS_PAGE):
+            page = list(board_ids[at : at + DIGESTS_PAGE])
+            for _ in range(DIGESTS_TRIES):
+                async with self.client.pipeline(transaction=True) as pipe:
+                    pipe.get(keys.BOARDS_VERSION)
+                    pipe.hmget(keys.BOARDS_DIGESTS, ["", *page])
+                    version, values = await pipe.execute()
+                if values[0] is not None and _text(values[0]) == _text(version):
+                    found.extend(None if v is None else _text(v) for v in values[1:])
+                    break
+                try:
+                    await self.scripts.digests(keys=_DIGESTS)
+                except ResponseError:  # refused (OOM: it writes): none known, every record read
+                    found.extend(None for _ in page)
+                    break
+            else:  # writers that write none keep moving the version: none known, every record read
+                found.extend(None for _ in page)
+        return found
+
     async def list(self) -> list[BoardConfig]:
         return configs((await self.records())[1])
 
@@ -602,9 +634,18 @@ class BoardStore:
         return bool(await self.scripts.registry(keys=_REGISTRY, args=args))
 
 
-# The registry, the index of its reshards under way (``resharding``), its version (``follow``) and
-# the log of its moves (``moved``): registry.lua's keys, in one slot.
-_REGISTRY = [keys.BOARDS, keys.RESHARDS, keys.BOARDS_VERSION, keys.BOARDS_CHANGES]
+# The registry, the index of its reshards under way (``resharding``), its version (``follow``), the
+# log of its moves (``moved``) and its records' digests (``digests``): registry.lua's keys, in one slot.
+_REGISTRY = [keys.BOARDS, keys.RESHARDS, keys.BOARDS_VERSION, keys.BOARDS_CHANGES, keys.BOARDS_DIGESTS]
+_DIGESTS = [keys.BOARDS, keys.BOARDS_DIGESTS, keys.BOARDS_VERSION]  # digests.lua's
+
+
+def digest(record: str | bytes | None) -> str | None:
+    """A record's digest as registry.lua writes it beside the record (``BoardStore.digests``)."""
+    if record is None:
+        return None
+    raw = record.encode() if isinstance(record, str) else record
+    return hashlib.sha1(raw, usedforsecurity=False).hexdigest()[:DIGEST_CHARS]
 
 
 def _chain(entries: Sequence[Any], version: Any, since: Any) -> tuple[set[str], bool, bool]:

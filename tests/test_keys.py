@@ -129,3 +129,9 @@ def test_the_registrys_version_shares_the_registrys_slot() -> None:
 def test_the_registrys_change_log_shares_the_registrys_slot() -> None:
     """registry.lua notes each move of the version in the change log in the same call: one slot."""
     assert keys.slot_of(keys.BOARDS_CHANGES) == keys.slot_of(keys.BOARDS)
+
+
+def test_the_registrys_digests_share_the_registrys_slot() -> None:
+    """registry.lua writes a record's digest in the call that writes the record, and digests.lua
+    reads the records, the version and the digests in one call: one slot."""
+    assert keys.slot_of(keys.BOARDS_DIGESTS) == keys.slot_of(keys.BOARDS)

@@ -11,10 +11,12 @@ import msgpack
 import orjson
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError
 
 from router.boards import Boards
 from router.gate import Gate
 from shardlb import keys
+from shardlb import store as store_module
 from shardlb.board import Board
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
@@ -486,6 +488,24 @@ async def command_calls(store: BoardStore, command: str) -> int:
     return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
+def records_read(store: BoardStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the registry's records the store's client reads from now on (HGET, HMGET; an
+    HGETALL reads them all: ``*``), in the order asked."""
+    read: list[str] = []
+    send = store.client.execute_command
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        command = str(args[0]).upper()
+        if command in ("HGET", "HMGET", "HGETALL") and args[1] == keys.BOARDS:
+            read.extend(str(a) for a in args[2:] if command != "HGET" or a is args[2])
+            if command == "HGETALL":
+                read.append("*")
+        return await send(*args, **kwargs)
+
+    monkeypatch.setattr(store.client, "execute_command", counted)
+    return read
+
+
 async def marked(store: BoardStore, board_id: str, write: Any) -> None:
     """The board's record changed (a shard marked not rebuilt), as another process would: ``write``
     takes (id, record now, new record)."""
@@ -495,12 +515,15 @@ async def marked(store: BoardStore, board_id: str, write: Any) -> None:
 
 
 @pytest.mark.cluster
-async def test_following_the_version_expires_the_boards_changed_and_only_them(store: BoardStore) -> None:
+async def test_following_the_version_expires_the_boards_changed_and_only_them(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A move of the registry's version expires the copies of the boards whose records changed, and
     only those: the change log names them (one HMGET of the named boards kept, to compare). A
     record written without a note (a
     process of the release before: no version moved, or moved without the log) is found by
-    comparing the records kept (one HMGET), once the version moves."""
+    comparing the records kept (their digests, then the record whose digest differs), once the
+    version moves."""
     names = [board_name("followed") for _ in range(3)]
     for name in names:
         await store.create(BoardConfig.from_dict(name, {}))
@@ -525,12 +548,13 @@ async def test_following_the_version_expires_the_boards_changed_and_only_them(st
             await store.client.set(keys.BOARDS_VERSION, board_name("v"))
 
         await marked(store, names[1], unnoted)
-        hmgets = await command_calls(store, "hmget")
+        read = records_read(store, monkeypatch)
         await boards.follow()
         assert boards.cached(names[1]) is None
         assert all(boards.cached(n) is not None for n in (names[0], names[2]))
-        assert await command_calls(store, "hmget") == hmgets + 1
+        assert read == [names[1]]
     finally:
+        monkeypatch.undo()
         for name in names:
             await store.delete(name)
 
@@ -856,5 +880,94 @@ async def test_a_change_the_log_names_after_a_gap_is_seen_while_the_comparison_w
         assert boards.cached(names[1]) is not None
         assert (await boards.lookup(names[0])).rebuilding == {0}
     finally:
+        for name in names:
+            await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_comparison_reads_only_the_records_that_changed(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A move the change log cannot name (a gap) makes every worker compare the copies it keeps
+    with the registry: it reads the registry's digests of them (registry.lua writes a record's with
+    it) and fetches the records whose digest differs from its copy's only: one changed through
+    registry.lua, one changed by a process of the release before the log (an HSET and a move of
+    the version, no note and no digest), and, after more moves than the log keeps, the one they
+    changed. Failed before: each comparison read every record kept (an HMGET of each, about 1 MB
+    a worker at 2,000 boards, and every worker of every router read it for the same move)."""
+    names = [board_name("digested") for _ in range(4)]
+    for name in names:
+        await store.create(BoardConfig.from_dict(name, {}))
+    try:
+        boards = Boards(store, Gate(4), ttl_s=3600.0)
+        await boards.follow()
+        for name in names:
+            await boards.lookup(name)
+        await boards.follow()
+
+        async def unnoted(board_id: str, _: Any, new: bytes) -> None:
+            await store.client.hset(keys.BOARDS, board_id, new)
+            await store.client.set(keys.BOARDS_VERSION, board_name("v"))
+
+        await marked(store, names[0], unnoted)
+        await marked(store, names[1], store.swap)
+        read = records_read(store, monkeypatch)
+        await boards.follow()
+        assert sorted(read) == sorted(names[:2])
+        assert boards.cached(names[0]) is None and boards.cached(names[1]) is None
+        assert all(boards.cached(n) is not None for n in names[2:])
+        assert (await boards.lookup(names[0])).rebuilding == {0}
+        assert (await boards.lookup(names[1])).rebuilding == {0}
+        await boards.follow()
+
+        raw = await store.client.hget(keys.BOARDS, names[2])
+        for turn in range(store_module.CHANGES_KEPT + 1):  # a gap: more moves than the log keeps
+            record = orjson.loads(raw)
+            new = orjson.dumps({**record, "state": {**record["state"], "turn": turn}})
+            assert await store.swap(names[2], raw, new)
+            raw = new
+        read.clear()
+        await boards.follow()
+        assert read == [names[2]]
+        assert boards.cached(names[2]) is None
+        assert all(boards.cached(n) is not None for n in (names[0], names[1], names[3]))
+    finally:
+        monkeypatch.undo()
+        for name in names:
+            await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_comparison_whose_digests_cannot_be_made_whole_reads_every_record(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the digests are not whole (a process that writes none moved the version) and Redis
+    refuses to make them again (digests.lua writes: a primary out of memory refuses it), the
+    comparison reads every record kept, as before the digests, and still finds the one changed."""
+    names = [board_name("undigested") for _ in range(2)]
+    for name in names:
+        await store.create(BoardConfig.from_dict(name, {}))
+    try:
+        boards = Boards(store, Gate(4), ttl_s=3600.0)
+        await boards.follow()
+        for name in names:
+            await boards.lookup(name)
+        await boards.follow()
+
+        async def refused(*_: Any, **__: Any) -> Any:
+            raise OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'.")
+
+        async def unnoted(board_id: str, _: Any, new: bytes) -> None:
+            await store.client.hset(keys.BOARDS, board_id, new)
+            await store.client.set(keys.BOARDS_VERSION, board_name("v"))
+
+        await marked(store, names[0], unnoted)
+        monkeypatch.setattr(store.scripts, "digests", refused)
+        read = records_read(store, monkeypatch)
+        await boards.follow()
+        assert sorted(read) == sorted(names)
+        assert boards.cached(names[0]) is None and boards.cached(names[1]) is not None
+    finally:
+        monkeypatch.undo()
         for name in names:
             await store.delete(name)

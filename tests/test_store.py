@@ -313,6 +313,52 @@ async def test_a_change_a_failover_lost_after_a_whole_read_is_not_held(
             await store.delete(config.id)
 
 
+async def test_the_digests_are_the_records_even_after_a_writer_that_writes_none(store: BoardStore) -> None:
+    """registry.lua writes each record's digest (``store.digest``) with it, and the version through
+    which every digest is whole (field ''), which ``digests`` then reads as they are. A process of
+    the release before the digests (it moves the version without writing one) breaks that chain,
+    and a change through registry.lua after it does not mend it: ``digests`` makes every digest
+    again from its record (digests.lua), a removed record's taken out."""
+    names = ["digest-a", "digest-b", "digest-c"]
+
+    async def records() -> list[Any]:
+        return list(await store.client.hmget(keys.BOARDS, names))
+
+    async def whole() -> Any:
+        return await store.client.hget(keys.BOARDS_DIGESTS, "")
+
+    try:
+        for name in names:
+            await store.create(BoardConfig.from_dict(name, {"durability": "memory"}))
+        await store.digests([])  # whole from here on, whatever wrote the registry before this test
+        assert await store.digests(names) == [store_module.digest(r) for r in await records()]
+        raw = await store.client.hget(keys.BOARDS, names[0])
+        marked = orjson.dumps({**orjson.loads(raw), "state": {"rebuilding": [0]}})
+        assert await store.swap(names[0], raw, marked)
+        assert await whole() == await store.version()
+        assert await store.digests(names) == [store_module.digest(r) for r in await records()]
+        # A process of the release before: a record changed and another removed, no digest written.
+        await store.client.hset(keys.BOARDS, names[1], marked.replace(b"rebuilding", b"other"))
+        removed = await store.client.hget(keys.BOARDS, names[2])
+        await store.client.hdel(keys.BOARDS, names[2])
+        await store.client.set(keys.BOARDS_VERSION, "moved-by-an-older-process")
+        raw = await store.client.hget(keys.BOARDS, names[0])
+        assert await store.swap(names[0], raw, orjson.dumps({**orjson.loads(raw), "state": {}}))
+        assert await whole() != await store.version()  # the chain stays broken
+        now = await records()
+        assert now[2] is None
+        assert await store.digests(names) == [store_module.digest(now[0]), store_module.digest(now[1]), None]
+        assert await whole() == await store.version()
+        assert not await store.client.hexists(keys.BOARDS_DIGESTS, names[2])
+        await store.delete(names[0])
+        assert (await store.digests(names))[0] is None
+        await store.client.hset(keys.BOARDS, names[2], removed)  # deleted below, with its shards
+    finally:
+        for name in names:
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
 async def test_the_change_log_names_the_boards_changed_between_two_versions(store: BoardStore) -> None:
     """registry.lua notes each move of the version with the board whose record changed
     (keys.BOARDS_CHANGES): ``moved`` names the boards changed since a version, and None when the

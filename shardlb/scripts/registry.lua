@@ -1,10 +1,13 @@
 -- Compare-and-set one board's record in the registry hash, keep its place in the index of the
 -- records that name a reshard under way (shardlb/store.py, ``resharding``), and move the
 -- registry's version (``BoardStore.follow``) and note the move in the registry's change log
--- (``BoardStore.moved``: routers learn which record changed), all in one call.
+-- (``BoardStore.moved``: routers learn which record changed), and write the record's digest
+-- (``BoardStore.digests``), all in one call.
 --
 -- KEYS[1] the registry, KEYS[2] the index (a set of board ids), KEYS[3] the registry's version (a
--- string), KEYS[4] the change log (a list, newest first), all four in the registry's slot.
+-- string), KEYS[4] the change log (a list, newest first), KEYS[5] the digests (a hash: board id ->
+-- the first 16 hex digits of the record's SHA-1, and '' -> the version through which every digest
+-- is its record's), all five in the registry's slot.
 -- ARGV[1] board id, ARGV[2] the record expected now ('' : none, a creation), ARGV[3] the new
 -- record ('' removes the field), ARGV[4] the registry's new version (drawn by the caller),
 -- ARGV[5] how many entries the log keeps.
@@ -49,6 +52,17 @@ end
 index(ARGV[1])
 local before = redis.call('GET', KEYS[3]) or ''
 redis.call('SET', KEYS[3], ARGV[4])
+if ARGV[3] == '' then
+  redis.call('HDEL', KEYS[5], ARGV[1])
+else
+  redis.call('HSET', KEYS[5], ARGV[1], string.sub(redis.sha1hex(ARGV[3]), 1, 16))
+end
+-- Every digest stays its record's through this move only if it was through the one before: a
+-- process of a release before the digests moves the version without writing one (digests.lua then
+-- makes them all again).
+if redis.call('HGET', KEYS[5], '') == before then
+  redis.call('HSET', KEYS[5], '', ARGV[4])
+end
 redis.call('LPUSH', KEYS[4], before .. ' ' .. ARGV[4] .. ' ' .. ARGV[1])
 redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[5]) - 1)
 return 1
