@@ -658,7 +658,10 @@ class Archiver:
         self._held = {k: held for k, held in self._held.items() if k in journals}
         self._forgotten = {k: at for k, at in self._forgotten.items() if k in journals}
         self._own &= journals
-        self._watched = {keys.journal_key(p) for b in self.boards.values() if b.sentinels for p in b.prefixes}
+        # Not a board being resharded: ``BoardStore.lost`` marks none (the mover looks at the old
+        # layout's sentinels itself, Resharder._lost_shards), and a mark would outlast its layout.
+        watched = [b for b in self.boards.values() if b.sentinels and not b.resharding]
+        self._watched = {keys.journal_key(p) for b in watched for p in b.prefixes}
         new = [b for key, b in self.boards.items() if key not in self._known]
         async with self.db.transaction():
             for b in new:

@@ -143,13 +143,19 @@ Read = Callable[Concatenate["Board", P], Coroutine[Any, Any, R]]
 def exact(read: Read[P, R]) -> Read[P, R]:
     """A public read that stays exact while the board is resharded: on a board whose layout is
     being moved (``Board.moving``) the answer is checked against the layout's markers after it was
-    read (``Board.check_layout``), and refused (Resharding) once another layout took over."""
+    read (``Board.check_layout``), and refused (Resharding) once another layout took over. While the
+    record names a reshard the archiver marks no shard lost alone, so the same check looks at the
+    layout's sentinels: a shard found without one is held as not rebuilt (``rebuilding``, as
+    write.lua's refusal holds it) and the read made again, refused if it merges that shard."""
 
     @functools.wraps(read)
     async def checked(self: Board, /, *args: P.args, **kwargs: P.kwargs) -> R:
         answer = await read(self, *args, **kwargs)
-        if self.moving:
-            await self.check_layout()
+        if self.moving or (self.resharding and self.sentinels):
+            lost = await self.check_layout()
+            if not lost <= self.rebuilding:
+                self.rebuilding = self.rebuilding | lost
+                return await checked(self, *args, **kwargs)
         return answer
 
     return checked
@@ -335,10 +341,13 @@ class Board:
         # state) and the board keeps a journal to rebuild from: only then does the archiver take one
         # missing for a shard lost alone, and write.lua refuse a call there (SHARDLOST).
         self.sentinels = False
-        # A reshard (shardlb/reshard.py): ``moving`` while this layout is being copied to another
-        # (reads then check that it is still current); ``moved`` once this process learnt that it is
-        # not (a cache holding the board fetches it again); ``also``: the other layout's prefixes,
-        # whose keys go with the board if it is deleted and whose journals the archiver drains.
+        # A reshard (shardlb/reshard.py): ``resharding`` while the record names one (any state; the
+        # archiver then marks no shard, and reads check the sentinels themselves: ``exact``);
+        # ``moving`` while this layout is being copied to another (reads then check that it is still
+        # current); ``moved`` once this process learnt that it is not (a cache holding the board
+        # fetches it again); ``also``: the other layout's prefixes, whose keys go with the board if
+        # it is deleted and whose journals the archiver drains.
+        self.resharding = False
         self.moving = False
         self.moved = False
         self.also: list[str] = []
@@ -874,23 +883,32 @@ class Board:
 
     # ---- reads ----------------------------------------------------------------------------
 
-    async def check_layout(self) -> None:
-        """Raise Resharding if a read of this layout may have missed a write (shardlb/reshard.py).
+    async def check_layout(self) -> frozenset[int]:
+        """Raise Resharding if a read of this layout may have missed a write (shardlb/reshard.py);
+        else return the shards found without their sentinel, on a board being resharded whose
+        layout carries them (Redis lost them alone: docs/design-notes.md, "A shard lost alone").
 
         The mover marks every shard of the old layout moved ('m') before the new layout takes a
         write, so a read whose shards all carried no such marker when looked at afterwards saw
         every write acknowledged before it began. A marker alone is not enough to refuse: until
         the registry names the new layout, it has not been opened, and the old one is still whole.
+        The sentinels ride in the same pipeline (their shard's slot, so no round trip more).
         """
+        moves = [keys.move_key(p) for p in self.prefixes] if self.moving else []
+        here = [keys.sentinel_key(p) for p in self.prefixes] if self.resharding and self.sentinels else []
         pipe = batch(self.client, shared=True)
-        for prefix in self.prefixes:
-            pipe.execute_command("GET", keys.move_key(prefix))
-        if not any(marker in ("m", b"m") for marker in await pipe.execute()):
-            return
+        for name in moves:
+            pipe.execute_command("GET", name)
+        for name in here:
+            pipe.execute_command("EXISTS", name)
+        found = await pipe.execute()
+        lost = frozenset(s for s, there in enumerate(found[len(moves) :]) if not there)
+        if not any(marker in ("m", b"m") for marker in found[: len(moves)]):
+            return lost
         raw = await self.client.hget(keys.BOARDS, self.config.id)
         record = orjson.loads(raw) if raw else {}
         if record.get("incarnation") == self.incarnation and record.get("generation", 0) == self.generation:
-            return
+            return lost
         self.moved = True
         raise Resharding(f"board {self.config.id!r} was resharded meanwhile; read it again", 1.0)
 

@@ -574,14 +574,15 @@ class BoardStore:
         board = self.layout(config, incarnation, generation)
         board.rebuilding = frozenset(not_rebuilt(record))
         # A board without a journal is held to none: nothing could rebuild a shard it lost, and a
-        # refusal (write.lua's, a mark) could never be lifted; it takes the loss, as ever.
-        board.sentinels = (
-            carries_sentinels(record) == board.generation
-            and not record.get("reshard")
-            and config.durability == "journal"
-        )
+        # refusal (write.lua's, a mark) could never be lifted; it takes the loss, as ever. Held to
+        # them while a reshard is under way too: the layout the record names keeps its sentinels
+        # until its keys are dropped (the old one, until the commit; the new one was given them
+        # before it), and until 2026-12-06 a write to a shard lost then was answered against the
+        # empty shard (docs/design-notes.md, "A shard lost alone").
+        board.sentinels = carries_sentinels(record) == board.generation and config.durability == "journal"
         move = record.get("reshard")
         if move:
+            board.resharding = True
             board.moving = move.get("state") in RESHARD_SOURCE_STATES
             board.reshard_ms = move.get("started_ms")
             other = move.get("from") or move

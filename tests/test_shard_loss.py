@@ -821,6 +821,113 @@ async def test_a_shard_lost_while_the_mover_works_cancels_the_reshard_as_one_los
                 await store.delete(name)
 
 
+@pytest.mark.parametrize("during", ["copied shard 1/3", "sealed and moved"], ids=["copying", "sealing"])
+async def test_a_write_to_a_shard_lost_during_a_reshard_is_refused_before_the_movers_next_call_there(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, during: str
+) -> None:
+    """A shard of the old layout loses its keys while the mover copies (or once it has sealed and
+    moved the old shards): until the mover's next fenced call there, a write to a player homed on it
+    is refused (503 ``board_rebuilding``, nothing written), by the library and through a router,
+    and so is a read that merges the shard; a read of a healthy shard is answered, and a write
+    there too while the copy goes on. The reshard then cancels as it does for a shard lost before
+    it. Failed before: the record's reshard turned write.lua's sentinel check off, and the write
+    answered ``improved`` at 1 point (the player's best is higher) against the empty shard (when
+    sealing, too: the shard's moved marker went with its keys)."""
+    name = "partial-reshard-write"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, name)
+            on = {s: [x for x in sent if board.layout.home(x.player_id) == s] for s in range(3)}
+            mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
+            tell, seen = mover._tell, []
+
+            async def losing(line: str) -> None:
+                await tell(line)
+                if during not in line or seen:
+                    return
+                assert await slot_wiped(raw, board, 1) > 0
+                moving = await store.get(name)
+                assert moving.moving
+                late = Score(on[1][0].player_id, 1, "late-1", times.now_ms())
+                with pytest.raises(Rebuilding, match="shard 1 lost its data"):
+                    await moving.submit([late])
+                assert not await raw.exists(keys.period_key(board.prefixes[1], "total"))
+                with pytest.raises(Rebuilding):
+                    await (await store.get(name)).top(10)
+                healthy = await store.get(name)
+                assert list(await healthy.scores([on[0][0].player_id])) == [on[0][0].player_id]
+                if during.startswith("copied"):  # sealed, the healthy shards refuse writes for a retry
+                    [result] = await healthy.submit([bettered(on[0][1], "late-9")])
+                    assert result.status == "improved"
+                async with running(cluster_url) as (_, client):
+                    body = {"scores": [{"player_id": on[1][1].player_id, "points": 1, "match_id": "late-2"}]}
+                    answer = await client.post(f"/v1/boards/{name}/scores", json=body, headers=AS_WRITER)
+                    _refused(answer)
+                assert not await raw.exists(keys.period_key(board.prefixes[1], "total"))
+                seen.append(line)
+
+            mover._tell = losing  # type: ignore[method-assign]
+            await mover.start(5)
+            with pytest.raises(ShardsLost, match="shard 1 of the old layout lost its keys"):
+                await mover.run()
+            assert seen
+            record = orjson.loads(await raw.hget(keys.BOARDS, name))
+            assert "reshard" not in record and int(record.get("generation", 0)) == 0
+            assert await reshard_left(raw, store, board, 5) == []
+            back = await store.get(name)
+            late = [bettered(on[s][0], f"late-{s}") for s in (0, 2)]
+            assert [r.status for r in await back.submit(late)] == ["improved", "improved"]
+            with pytest.raises(Rebuilding):
+                await back.submit([Score(on[1][0].player_id, 1, "late-3", times.now_ms())])
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
+
+
+async def test_a_write_to_a_new_shard_lost_after_the_cut_over_is_refused_before_the_reshard_finishes(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A shard of the new layout loses its keys after the commit, while the reshard waits to finish
+    (the archiver has not drained the old journals yet): the record still names the reshard, so the
+    archiver marks nothing, but the new layout was given its sentinels before the commit, and a
+    write to a player homed on the lost shard is refused (nothing written), as is a read that merges
+    it. Once the reshard finishes, the archiver's round marks the shard. Failed before: the write
+    answered ``improved`` at 1 point against the empty shard."""
+    name = "partial-reshard-committed"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            _, sent = await board_written(store, name)
+            mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
+            await mover.start(5)
+            assert (await mover.run())["state"] == "committed"  # no archiver ran: its journals wait
+            moved = await store.get(name)
+            assert moved.generation == 1 and not moved.moving
+            assert await slot_wiped(raw, moved, 2) > 0
+            on = {s: [x for x in sent if moved.layout.home(x.player_id) == s] for s in (0, 2)}
+            with pytest.raises(Rebuilding, match="shard 2 lost its data"):
+                await moved.submit([Score(on[2][0].player_id, 1, "late-1", times.now_ms())])
+            assert not await raw.exists(keys.period_key(moved.prefixes[2], "total"))
+            with pytest.raises(Rebuilding):
+                await (await store.get(name)).top(10)
+            healthy = await store.get(name)
+            assert list(await healthy.scores([on[0][0].player_id])) == [on[0][0].player_id]
+            [result] = await healthy.submit([bettered(on[0][0], "late-0")])
+            assert result.status == "improved"
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+            try:
+                await drain(a)
+                again = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=5)
+                assert (await again.run())["state"] == "none"
+                await a.refresh()
+                await archive_round(a)
+                assert (await store.get(name)).rebuilding == {2}
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
+
+
 async def test_a_lost_shards_refusals_name_the_rebuild_to_run_not_a_rebuild_under_way(
     store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
 ) -> None:
