@@ -273,6 +273,55 @@ async def test_a_reshards_new_sentinels_are_confirmed_before_its_commit(
         await store.delete(board_id)
 
 
+async def test_a_movers_fences_are_confirmed_before_a_stalled_mover_can_write_again(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mover that takes a reshard over writes its epoch into every shard's fence, so that the
+    mover it took over from, stalled between a read and its write, is refused there
+    (tests/test_reshard_fencing.py). Those fence writes were plain: a failover of a shard's
+    primary before its replica had the new fence left the older epoch there, and the stalled
+    mover's write landed in the new layout as if it still held the reshard. The fence is lost here
+    at the first confirmation made once it was written, unless that confirmation is its own.
+    Failed before: DID NOT RAISE Lost, the stalled mover's stale copy written."""
+    board_id = f"lost-fence-{os.getpid()}-{random.randrange(10**9)}"
+    body = {"mode": "best", "durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    board, _ = await store.create(BoardConfig.from_dict(board_id, body))
+    client = store.client
+    ran: list[bool] = []
+    try:
+        await board.submit([Score(f"p{i}", 10 + i, f"m{i}", times.now_ms()) for i in range(20)])
+        stale = Resharder(store, board_id, say=lambda _: None, cache_s=0)
+        _, target = stale._layouts(await stale.start(3))
+        stale.incarnation = board.incarnation
+        await stale._take()  # then it stalls, past its lease
+        fence = reshard_copy.fence_key(target.prefixes[0])
+        before = await client.get(fence)
+
+        async def first_losing(client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+            if not ran:
+                if any(c[1] == reshard_copy.FENCE and str(c[3]) == fence for c in commands):
+                    ran.append(True)  # its own confirmation: a loss before it is seen there
+                elif await client.get(fence) not in (None, before):
+                    await client.set(fence, before, px=reshard_copy.FENCE_MS)  # the replica's, promoted
+                    ran.append(True)
+            return await confirmed(client_, ack, commands)
+
+        monkeypatch.setattr(reshard_copy, "confirmed", first_losing)
+        taker = Resharder(store, board_id, say=lambda _: None, cache_s=0)
+        taker.incarnation = board.incarnation
+        await taker._take()
+        total = keys.period_key(target.prefixes[0], "total")
+        late = reshard_copy.Writes()
+        late.add(target.prefixes[0], "ZADD", total, 1, "p0")
+        with pytest.raises(reshard_copy.Lost):
+            await stale.copier.send(late)
+        assert ran
+        assert not await client.exists(total)
+    finally:
+        monkeypatch.undo()
+        await store.delete(board_id)
+
+
 @pytest.mark.parametrize("mode", ["best", "incr"])
 async def test_a_forced_swaps_apply_lost_in_a_failover_is_never_said_done(
     store: BoardStore,
