@@ -598,22 +598,17 @@ async def unban(request: Request) -> Response:
 
 
 async def forget_bans(svc: Service, board_id: str, incarnation: str) -> None:
-    """After DELETE /v1/boards/{board}: record the deletion in PostgreSQL (``archive.mark_deleted``),
-    then forget the bans of the board deleted (``Bans.forget``), in force nowhere now. The deletion
-    is done and answered 204 whatever happens here: without PostgreSQL, or when it or Redis fails,
-    the mark and the bans are left (the bans not in force, and not listed) for the archiver's
-    refresh and sweep (``Bans.sweep``), and logged."""
+    """After DELETE /v1/boards/{board}: forget the bans of the board deleted (``Bans.forget``), in
+    force nowhere now. The deletion is done (and recorded in PostgreSQL before it was made:
+    ``routes._mark_deleted``) and answered 204 whatever happens here: without PostgreSQL, or when it
+    or Redis fails, the bans are left (not in force, and not listed) for the archiver's sweep
+    (``Bans.sweep``), and logged."""
     url = svc.settings.postgres_url
     if not url:
         return
     try:
         db = await connect_db(url)
         try:
-            # The deletion first, on its own: the bans' forgetting marks it too, but after its Redis
-            # part, whose failure (NotAcknowledged: the ban list's replica behind) left a board
-            # answered deleted live in PostgreSQL, which `rebuild --all` restored after a loss of
-            # Redis before the archiver's next refresh (until 2026-12-06).
-            await archive.mark_deleted(db, board_id, incarnation)
             await svc.moderation.bans.bans.forget(db, board_id, incarnation)
         finally:
             await db.close()

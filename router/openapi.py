@@ -1168,6 +1168,10 @@ SPEC: dict[str, Any] = {
             "delete": {
                 "operationId": "deleteBoard",
                 "summary": "Remove a board and all its keys",
+                "description": "Addition: a journaled board's deletion is recorded in PostgreSQL "
+                "before anything is deleted in Redis, so a rebuild after a loss of Redis never brings "
+                "it back; PostgreSQL failing there is 503 archive_unavailable with nothing deleted "
+                "(send the DELETE again).",
                 "security": _ADMIN,
                 "responses": {"204": {"description": "Deleted"}, **_errors(400, 401, 403, *_PATH, 422, 503)},
             },

@@ -26,7 +26,7 @@ from router.histogram import Estimate
 from router.media import RawHeaders, entry_body, read_object, render, render_held, rendered
 from router.scores import MAX_ITEMS, ScoresEndpoint
 from router.service import Service
-from shardlb import merge, rebuild, times
+from shardlb import archive, merge, rebuild, times
 from shardlb.board import Board, Entry
 from shardlb.config import AUTO_SHARDS, ID_PATTERN, MAX_SHARDS, BoardConfig, check_id
 from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput, PlayerNotFound, field_name
@@ -228,9 +228,40 @@ async def delete_board(request: Request) -> Response:
     svc = _allow(request, Scope.ADMIN)
     _query(request)
     board_id = request.path_params["board"]
-    incarnation = await svc.boards.delete(board_id)
+    incarnation = await svc.boards.delete(board_id, await _mark_deleted(svc, board_id))
     await moderation.forget_bans(svc, board_id, incarnation)  # none of them holds anywhere now
     return Response(status_code=204)
+
+
+async def _mark_deleted(svc: Service, board_id: str) -> str | None:
+    """Before DELETE /v1/boards/{board} changes anything in Redis: the incarnation it deletes (the
+    registry's, one whose deletion stopped half way too), recorded deleted in PostgreSQL
+    (``archive.mark_deleting``), so that `rebuild --all` never brings back a board answered 204,
+    whatever Redis loses after the answer. PostgreSQL failing is 503 ``archive_unavailable`` with
+    nothing deleted, and the DELETE sent again is the one deletion. Until 2026-12-06 the mark came
+    after the deletion, and its failure was logged and answered 204 on Redis's mark alone
+    (tests/test_acked_deletions.py). None (the incarnation the registry holds then) without
+    PostgreSQL; a board without a journal has nothing there to mark."""
+    url = svc.settings.postgres_url
+    if not url:
+        return None
+    board = await svc.boards.store.get(board_id, deleting=True)
+    if board.config.durability != "journal":
+        return board.incarnation
+    try:
+        db = await archive.connect_db(url)
+        try:
+            await archive.mark_deleting(db, board)
+        finally:
+            await db.close()
+    except psycopg.Error as e:
+        raise ApiError(
+            503,
+            "archive_unavailable",
+            f"PostgreSQL failed ({type(e).__name__}): the board is not deleted; send the DELETE again",
+            retry_after=5,
+        ) from e
+    return board.incarnation
 
 
 async def rebuild_board(request: Request) -> Response:

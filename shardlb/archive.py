@@ -1405,6 +1405,19 @@ async def mark_deleted(db: psycopg.AsyncConnection[Any], board: str, incarnation
     )
 
 
+async def mark_deleting(db: psycopg.AsyncConnection[Any], board: Board) -> None:
+    """``mark_deleted`` made before ``board`` is deleted in Redis (a router's DELETE), its row
+    written deleted when the archiver has not recorded the incarnation yet: the archiver's INSERT
+    of it then changes nothing (ON CONFLICT DO NOTHING). An UPDATE alone would find no row there,
+    and the archiver, recording the board between the mark and the deletion in Redis and looking
+    for Redis's mark of the deletion before it was set, would leave the row it made live."""
+    await db.execute(
+        "INSERT INTO boards (board, incarnation, settings, deleted_at) VALUES (%s, %s, %s, now()) "
+        "ON CONFLICT (board, incarnation) DO UPDATE SET deleted_at = now() WHERE boards.deleted_at IS NULL",
+        (board.config.id, board.incarnation, orjson.dumps(_settings(board)).decode()),
+    )
+
+
 async def record_removals(db: psycopg.AsyncConnection[Any], entries: Sequence[tuple[str, Entry]]) -> None:
     """Archive delete entries ((board mode, entry): ``moderation.remove``'s ``journaled``) now, in
     one transaction, as a round would (``player_removals``, ``removal_records``, ``_PROMOTE``): a

@@ -350,11 +350,14 @@ class BoardStore:
             "retrying is safe"
         )
 
-    async def get(self, board_id: str) -> Board:
+    async def get(self, board_id: str, deleting: bool = False) -> Board:
+        """The board of the registry's record (BoardNotFound when there is none). ``deleting``: one
+        whose deletion stopped half way too (its record marked ``deleting``), which a DELETE of it
+        finishes (``delete``); else it reads as missing."""
         check_id(board_id, "board")
         raw = await self.client.hget(keys.BOARDS, board_id)
         record = None if raw is None else orjson.loads(raw)
-        if record is None or record.get("state") == "deleting":
+        if record is None or (record.get("state") == "deleting" and not deleting):
             raise BoardNotFound(f"no board {board_id!r}", "board")
         board = self._board(board_id, record)
         board.record = raw

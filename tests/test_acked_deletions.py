@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -24,7 +25,9 @@ from shardlb.settlement import Request, archive_season
 from shardlb.store import BoardStore
 from tests.router_support import AS_ADMIN
 from tests.router_support import running as router
+from tests.test_archive_outages import NOBODY
 from tests.test_rebuild import OnlyStore, own_archive
+from tests.test_schema_locks import IMPATIENT
 from tests.test_shard_loss import slot_wiped
 
 pytestmark = pytest.mark.cluster
@@ -46,6 +49,19 @@ async def archived_board(raw: Any, store: BoardStore, url: str, name: str) -> Ar
     while await a.round():
         pass
     return a
+
+
+@contextlib.asynccontextmanager
+async def failing(url: str, failure: str, table: str) -> AsyncIterator[str]:
+    """A URL of ``url``'s database on which PostgreSQL fails: ``down``, nothing listens at its
+    address; ``locked``, ``table`` held by another transaction past the URL's lock_timeout (its
+    writes refused, LockNotAvailable)."""
+    if failure == "down":
+        yield NOBODY
+        return
+    async with await psycopg.AsyncConnection.connect(url) as locker:
+        await locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        yield f"{url}?{IMPATIENT}"
 
 
 async def lose_redis_and_rebuild_all(raw: Any, cluster_url: str, url: str) -> None:
@@ -357,6 +373,77 @@ async def test_a_board_deleted_while_the_archiver_first_records_it_stays_deleted
         a = Archiver(raw, only, await connect_db(url), name)
         try:
             await a.refresh()
+            await lose_redis_and_rebuild_all(raw, cluster_url, url)
+            with pytest.raises(BoardNotFound):
+                await store.get(name)
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+@pytest.mark.parametrize("failure", ["down", "locked"])
+async def test_a_board_delete_postgresql_fails_deletes_nothing_and_its_retry_stays_deleted(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, failure: str
+) -> None:
+    """PostgreSQL failing at the DELETE (down, or refusing the write to ``boards``): the DELETE was
+    answered 204 on Redis's mark alone, and Redis lost before the archiver's next refresh had
+    `rebuild --all` bring the board back. The mark in PostgreSQL now comes first: its failure is
+    503 ``archive_unavailable`` with Retry-After and nothing deleted, and the DELETE sent again
+    once PostgreSQL answers is the one deletion, which holds through a total loss."""
+    name = f"acked-delete-pg-{failure}"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        incarnation = (await store.get(name)).incarnation
+        try:
+            async with (
+                failing(url, failure, "boards") as broken,
+                router(cluster_url, postgres_url=broken) as (_, client),
+            ):
+                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+                assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+                assert r.headers["retry-after"] == "5"
+            assert (await store.get(name)).incarnation == incarnation  # nothing deleted
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+                await lose_redis_and_rebuild_all(raw, cluster_url, url)
+                with pytest.raises(BoardNotFound):
+                    await store.get(name)
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_board_the_archiver_records_between_the_deletes_mark_and_its_redis_part_stays_deleted(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DELETE's mark in PostgreSQL comes before the deletion in Redis: for a board the archiver
+    has not recorded yet, an UPDATE would find no row, and the archiver's refresh between the two
+    (the board still listed, Redis's mark of the deletion not set yet) would record it live, and
+    with the forgetting of its bans failing after it (which marks it too) nothing marked it
+    before Redis was lost. The mark writes the row deleted, which the archiver's INSERT leaves
+    alone."""
+    name = "acked-delete-unrecorded"
+    config = BoardConfig.from_dict(name, {"periods": ["daily"], "sharding": {"shards": 3}})
+    await store.create(config)
+    async with own_archive(postgres_url) as url:
+        a = Archiver(raw, OnlyStore(store.client, store.scripts, {name}), await connect_db(url), name)
+        original = archive.mark_deleting
+
+        async def refreshed_after(*args: Any, **kwargs: Any) -> None:
+            await original(*args, **kwargs)
+            await a.refresh()  # the archiver's first refresh of the board, meanwhile
+
+        async def unconfirmed(*args: Any, **kwargs: Any) -> int:  # its bans' forgetting marks it too
+            raise NotAcknowledged("no replica of the ban list's primary confirmed in time")
+
+        monkeypatch.setattr(archive, "mark_deleting", refreshed_after)
+        monkeypatch.setattr(moderation.Bans, "forget", unconfirmed)
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+            monkeypatch.undo()
             await lose_redis_and_rebuild_all(raw, cluster_url, url)
             with pytest.raises(BoardNotFound):
                 await store.get(name)
