@@ -45,7 +45,7 @@ import asyncio
 import os
 import secrets
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -383,6 +383,10 @@ async def remove_on_shard(
         ]
     )
     args = [header, msgpack.packb(list(players))]
+    archived = journaled is not None and board.config.durability == "journal"
+    # The players removed here before, within the dedup window (their records, read before this
+    # call writes its own): one this call finds gone may be so by a delete entry not archived yet.
+    earlier = await _recorded(board, shard, players) if archived else []
     for _ in range(STALE_TRIES):
         listed = [_text(k) for k in await board.client.zrange(keys.index_key(prefix), 0, -1)]
         names = fixed + [k for k in dict.fromkeys(listed) if k not in fixed]
@@ -395,10 +399,6 @@ async def remove_on_shard(
     else:
         raise BoardConflict("the board's key index kept changing during the removal; retry", "board")
     entry_id = _text(reply[1])
-    if journaled is not None and board.config.durability == "journal" and (entry_id or request):
-        # This call's entry, or (a retry that journaled nothing here) its request's first one.
-        found = await _delete_entries(board, shard, entry_id, entry_id, None if entry_id else request)
-        journaled += [(board.config.mode, entry) for entry in found]
     removed, versions, again = [], [], []
     for n, player in enumerate(players):
         flag, version = int(reply[2 + 2 * n]), int(reply[3 + 2 * n])
@@ -408,6 +408,10 @@ async def remove_on_shard(
             versions.append((player, version))
         elif version < 0 and banded:
             again.append(player)
+    if journaled is not None and archived:
+        gone = {p for p in earlier if p not in removed}
+        found = await _delete_entries(board, shard, entry_id, None if entry_id else request, gone)
+        journaled += [(board.config.mode, entry) for entry in found]
     if versions:
         await _remove_from_bands(board, shard, versions)
     if again:  # the first call's band part, if it was lost (a later write may have sent it since)
@@ -415,22 +419,46 @@ async def remove_on_shard(
     return removed
 
 
-async def _delete_entries(board: Board, shard: int, start: str, end: str, request: str | None) -> list[Entry]:
-    """The delete entries of the shard's journal from ``start`` to ``end`` (ids; "" and "": the whole
-    journal), read undecoded (their fields are MessagePack) from the shard's primary; with
-    ``request``, only those of that removal request. A retry of a request whose call here journaled
-    nothing (it ran here before) looks for its first call's entry that way: not archived yet, it is
-    still in the journal (the archiver trims only what it committed); gone, PostgreSQL has it. The
-    journal holds what the archiver has not committed yet, up to its bound: read PAGE at a time."""
+async def _recorded(board: Board, shard: int, players: Sequence[str]) -> list[str]:
+    """The players of ``players`` the shard holds a removal record of (``keys.removals_key``): removed
+    there within the dedup window."""
+    held = await board.client.hmget(keys.removals_key(board.prefixes[shard]), list(players))
+    return [p for p, v in zip(players, held, strict=True) if v is not None]
+
+
+async def _delete_entries(
+    board: Board, shard: int, entry_id: str, request: str | None, gone: Collection[str] = ()
+) -> list[Entry]:
+    """The delete entries a removal's call on the shard archives before its answer: its own
+    (``entry_id``: "" when it journaled none); with ``request``, that request's (a retry of a
+    request whose call here journaled nothing, as it ran here before, looks for its first call's
+    entry that way); with ``gone`` (players the call found already removed), every entry that
+    removed one of them. Not archived yet, such an entry is still in the journal (the archiver trims
+    only what it committed); gone, PostgreSQL has it. A removal found by another's retry is one
+    whose archiving failed (its caller answered 503) or the archiver has not taken yet: until
+    2026-12-06 a removal sent again under another request id answered ``removed: false`` and
+    archived nothing of the first, which a loss of Redis then undid. Read undecoded (their fields
+    are MessagePack) from the shard's primary: the entry alone when it is all that is wanted, else
+    the journal, which holds what the archiver has not committed yet, up to its bound, PAGE at a
+    time."""
     key, raw = keys.journal_key(board.prefixes[shard]), {NEVER_DECODE: True}
-    low, high = start or "-", end or "+"
-    wanted = None if not request else request.encode()
+    if not request and not gone:  # the call's own entry alone
+        if not entry_id:
+            return []
+        low, high = entry_id, entry_id
+    else:
+        low, high = "-", "+"
+    wanted, removed = None if not request else request.encode(), set(gone)
     out: list[Entry] = []
     while True:
         got: Any = await board.client.execute_command("XRANGE", key, low, high, "COUNT", PAGE, **raw)
-        for entry_id, fields in got or ():
-            if fields and b"x" in fields and (wanted is None or fields.get(b"q") == wanted):
-                out.append(decode(entry_id, fields))
+        for at, fields in got or ():
+            if not fields or b"x" not in fields:
+                continue
+            entry = decode(at, fields)
+            named = bool(wanted) and fields.get(b"q") == wanted
+            if entry.id == entry_id or named or removed.intersection(entry.removed):
+                out.append(entry)
         if not got or len(got) < PAGE:
             return out
         low = "(" + _text(got[-1][0])

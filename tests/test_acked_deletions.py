@@ -415,6 +415,40 @@ async def test_a_board_delete_postgresql_fails_deletes_nothing_and_its_retry_sta
                 await store.delete(name)
 
 
+@pytest.mark.parametrize("retry", ["same-id", "new-id"])
+async def test_a_removal_whose_archiving_failed_holds_through_a_total_loss_after_its_retry(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, retry: str
+) -> None:
+    """PostgreSQL refusing the removal's rows (``player_removals`` locked) once the removal is made
+    in Redis: 503 ``archive_unavailable``, its delete entry in the journal alone (the archiver has
+    not run). The DELETE sent again answers 200, and the removal must hold through a total loss:
+    with the same X-Request-Id the retry finds the first call's entry by its request's name; with
+    another id (a new removal, which finds the player gone: ``removed: false``) it archived only
+    its own entry, which names nobody removed, and `rebuild --all` brought the player back."""
+    name = f"acked-remove-pg-{retry}"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            async with (
+                failing(url, "locked", "player_removals") as broken,
+                router(cluster_url, postgres_url=broken) as (_, client),
+            ):
+                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
+                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+                assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+                assert r.headers["retry-after"] == "5"
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                again = headers if retry == "same-id" else {**AS_ADMIN, "X-Request-Id": f"{name}-rm-2"}
+                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=again)
+                assert r.status_code == 200 and r.json()["removed"] is (retry == "same-id"), r.text
+                await lose_redis_and_rebuild_all(raw, cluster_url, url)
+                assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
 async def test_a_board_the_archiver_records_between_the_deletes_mark_and_its_redis_part_stays_deleted(
     store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -447,6 +481,42 @@ async def test_a_board_the_archiver_records_between_the_deletes_mark_and_its_red
             await lose_redis_and_rebuild_all(raw, cluster_url, url)
             with pytest.raises(BoardNotFound):
                 await store.get(name)
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_bans_removal_whose_archiving_failed_holds_after_the_ban_sent_again_under_another_id(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """A ban whose removal PostgreSQL refused (503 ``archive_unavailable``: the ban stored, the
+    player removed in Redis, the delete entry in the journal alone), then the ban sent again under
+    another X-Request-Id: a new request, which finds the player gone (``removed_from: []``). It
+    archived nothing of the first removal: Redis lost, `rebuild --all` left the player out while
+    banned, and brought them back with their results of before the ban once it was lifted."""
+    name = "acked-ban-pg"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        scope = {"scope": "board", "board": name, "reason": "test"}
+        try:
+            async with (
+                failing(url, "locked", "player_removals") as broken,
+                router(cluster_url, postgres_url=broken) as (_, client),
+            ):
+                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-ban-1"}
+                r = await client.post("/v1/players/p1:ban", json=scope, headers=headers)
+                assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-ban-2"}
+                r = await client.post("/v1/players/p1:ban", json=scope, headers=headers)
+                assert r.status_code == 200 and r.json()["removed_from"] == [], r.text
+                await lose_redis_and_rebuild_all(raw, cluster_url, url)
+                lift = await client.post("/v1/players/p1:unban", json=scope, headers=AS_ADMIN)
+                assert lift.status_code == 200 and lift.json()["lifted"] is True, lift.text
+                command = ["rebuild", name, "--redis", cluster_url, "--postgres", url]
+                assert await asyncio.to_thread(main, command) == 0
+                assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
         finally:
             await a.db.close()
             with contextlib.suppress(BoardNotFound):
