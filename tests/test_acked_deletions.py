@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 
@@ -517,6 +518,35 @@ async def test_a_bans_removal_whose_archiving_failed_holds_after_the_ban_sent_ag
                 command = ["rebuild", name, "--redis", cluster_url, "--postgres", url]
                 assert await asyncio.to_thread(main, command) == 0
                 assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_board_whose_deletion_stopped_half_way_is_marked_and_finished_by_a_delete(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """A deletion that stopped half way (the record marked ``deleting``: the board reads as
+    missing) is finished by the next DELETE, which marks that incarnation deleted in PostgreSQL
+    first as for any other: the mark's read of the registry takes such a record too."""
+    name = "acked-delete-half-way"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        incarnation = (await store.get(name)).incarnation
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                # After the router's start, whose reclaim would finish it.
+                record = orjson.loads(await raw.hget(keys.BOARDS, name))
+                await raw.hset(keys.BOARDS, name, orjson.dumps({**record, "state": "deleting"}))
+                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+                assert r.status_code == 204, r.text
+            assert await raw.hget(keys.BOARDS, name) is None
+            cur = await a.db.execute(
+                "SELECT deleted_at IS NOT NULL FROM boards WHERE board = %s AND incarnation = %s",
+                (name, incarnation),
+            )
+            assert await cur.fetchall() == [(True,)]
         finally:
             await a.db.close()
             with contextlib.suppress(BoardNotFound):
