@@ -123,6 +123,12 @@ FORGET_EVERY_S = 60.0
 # deleted, at the archiver's start, after a sweep that failed, and at least this often: a board the
 # archiver does not keep (no journal) is known deleted by Redis's mark only, which lasts a day.
 SWEEP_BANS_EVERY_S = 600.0
+# A DELETE marks the board deleted in PostgreSQL before it deletes it in Redis (router/routes.py,
+# ``_mark_deleted``), and one that fails in Redis after its mark (answered 503) leaves a live board
+# marked. A mark older than this of an incarnation the registry lists (not being deleted) is taken
+# back before each sweep (``Archiver._undeleted``): a DELETE under way passes from its mark to its
+# record's ``deleting`` state, which the listing leaves out, in two Redis calls.
+FAILED_DELETE_S = 60.0
 # A round that fails (PostgreSQL or the cluster away) is tried again after RETRY_FIRST_S, the pause
 # doubling on each failure in a row up to RETRY_MAX_S; the first round that works ends the outage.
 # Fixed 1 s pauses logged two warnings a second for as long as an outage lasted; the failures are
@@ -696,6 +702,7 @@ class Archiver:
             # PostgreSQL, a failure half way, the library's delete): retried at the next refresh.
             # Its failure is logged, not the round's: archiving goes on without it.
             try:
+                await self._undeleted(found)
                 await moderation.Bans(self.store.client).sweep(self.db)
             except (psycopg.Error, RedisError, OSError, ShardlbError) as e:
                 self.sweep_outage.failed(e)
@@ -715,6 +722,24 @@ class Archiver:
                     "the ban list was missing from Redis while PostgreSQL holds bans: written back",
                     extra={"fields": {"bans": written}},
                 )
+
+    async def _undeleted(self, found: Sequence[Board]) -> None:
+        """Take back the deletion marks older than FAILED_DELETE_S of the incarnations the registry
+        lists (``found``, the boards not being deleted): a DELETE that failed after its mark and was
+        not sent again. The board lives: `rebuild --all` must restore it after a loss of Redis, and
+        its bans hold. Logged, each."""
+        cur = await self.db.execute(
+            "UPDATE boards SET deleted_at = NULL WHERE deleted_at < now() - make_interval(secs => %s) "
+            "AND (board, incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+            "RETURNING board, incarnation",
+            (FAILED_DELETE_S, [b.config.id for b in found], [b.incarnation for b in found]),
+        )
+        for board, incarnation in await cur.fetchall():
+            log.warning(
+                "a board marked deleted in PostgreSQL is still in the registry (a DELETE that failed "
+                "after its mark): marked live again",
+                extra={"fields": {"board": board, "incarnation": incarnation}},
+            )
 
     async def _deleted(self, listed: set[tuple[str, str]]) -> list[tuple[str, str]]:
         """The boards PostgreSQL holds as live, the registry lacks, and Redis says were deleted.

@@ -809,7 +809,8 @@ class Bans:
         returns how many. Known deleted: PostgreSQL's ``boards`` has it deleted (the archiver's mark,
         or ``forget``'s), or Redis's mark of the deletion is there (``keys.deleted_key``, kept a
         day). A board that the registry merely lacks is left alone: it may be a Redis that lost
-        everything, whose boards `rebuild --all` puts back with their bans."""
+        everything, whose boards `rebuild --all` puts back with their bans. So is one it holds
+        (not being deleted), whatever PostgreSQL says."""
         async with db.transaction():
             cur = await db.execute(
                 "SELECT DISTINCT b.board, b.incarnation, d.deleted_at IS NOT NULL FROM bans b "
@@ -820,8 +821,15 @@ class Bans:
             found = await cur.fetchall()
         done = 0
         for name, incarnation, deleted in found:
-            if deleted or await self.client.exists(keys.deleted_key(name, incarnation)):
-                done += await self.forget(db, name, incarnation)
+            if not deleted and not await self.client.exists(keys.deleted_key(name, incarnation)):
+                continue
+            # One the registry holds is a live board: a DELETE marked it deleted in PostgreSQL, then
+            # failed in Redis (router/routes.py, ``_mark_deleted``), and its bans are in force.
+            record = await self.client.hget(keys.BOARDS, name)
+            held = {} if record is None else orjson.loads(record)
+            if held and held.get("state") != "deleting" and str(held.get("incarnation", "0")) == incarnation:
+                continue
+            done += await self.forget(db, name, incarnation)
         return done
 
     async def _moved(self, fields: Sequence[str], replicated: Replicated | None = None) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+import redis.exceptions
 
 from shardlb import archive, keys, moderation, rebuild, times
 from shardlb.archive import Archiver, connect_db
@@ -547,6 +548,46 @@ async def test_a_board_whose_deletion_stopped_half_way_is_marked_and_finished_by
                 (name, incarnation),
             )
             assert await cur.fetchall() == [(True,)]
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_board_whose_delete_failed_after_its_mark_keeps_its_bans_and_its_restore(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DELETE marks the board deleted in PostgreSQL, then fails in Redis (503
+    ``cluster_unavailable``, nothing deleted) and is not sent again: the board lives, its row
+    marked deleted. The archiver's sweep forgot its bans (in force on a live board), and `rebuild
+    --all` after a loss of Redis left the board out. The sweep leaves an incarnation the registry
+    holds alone now, and the archiver's refresh takes back a mark older than FAILED_DELETE_S of a
+    board the registry lists."""
+    name = "acked-delete-failed-after-mark"
+    field = moderation.ban_field(name, "p1")
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                scope = {"scope": "board", "board": name, "reason": "test"}
+                r = await client.post("/v1/players/p1:ban", json=scope, headers=AS_ADMIN)
+                assert r.status_code == 200, r.text
+
+                async def unreachable(*args: Any, **kwargs: Any) -> str:
+                    raise redis.exceptions.ConnectionError("the registry's primary is unreachable")
+
+                monkeypatch.setattr(BoardStore, "delete", unreachable)
+                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+                assert r.status_code == 503 and r.json()["error"]["code"] == "cluster_unavailable", r.text
+                monkeypatch.undo()
+            await moderation.Bans(raw).sweep(a.db)
+            assert await raw.hexists(keys.BANS, field)  # in force: the board lives
+            monkeypatch.setattr(archive, "FAILED_DELETE_S", 0.0)
+            monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
+            await a.refresh()
+            await lose_redis_and_rebuild_all(raw, cluster_url, url)
+            assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
+            assert await raw.hexists(keys.BANS, field)
         finally:
             await a.db.close()
             with contextlib.suppress(BoardNotFound):
