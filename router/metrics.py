@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import time
+from collections.abc import Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -23,8 +24,10 @@ from prometheus_client import (
     multiprocess,
 )
 from prometheus_client import values as _values
+from prometheus_client.metrics_core import Metric
 
 from router.errors import redis_error_kind
+from shardlb import archive
 from shardlb.errors import ClusterUnavailable, PartlyApplied, ShardlbError
 
 
@@ -219,9 +222,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# The archiver's families (shardlb/archive.py), registered in every process that imports it, this
+# one too: a router never moves them, and a scrape of it that showed them would say "archive lag 0"
+# whatever the archivers' lag (they serve their own on --metrics-port).
+_ARCHIVER_FAMILIES = frozenset(family.name for metric in archive.METRICS for family in metric.describe())
+
+
+class _RouterFamilies:
+    """A registry's families but the archiver's."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in self.source.collect() if family.name not in _ARCHIVER_FAMILIES)
+
+
 def render() -> tuple[bytes, str]:
     """The metrics text and its content type."""
-    return generate_latest(registry()), CONTENT_TYPE_LATEST
+    scraped = CollectorRegistry(auto_describe=False)
+    scraped.register(_RouterFamilies(registry()))
+    return generate_latest(scraped), CONTENT_TYPE_LATEST
 
 
 def worker_exit(pid: int) -> None:

@@ -1771,6 +1771,23 @@ BAND_REPAIRS = Counter(
     "shardlb_band_repairs_total",
     "band moves a write left pending (lost band calls) that the repair loop finished (repair_bands)",
 )
+# Every metric above: a process that imports this module without archiving (a router) leaves them
+# out of its scrape (router/metrics.py), where they would read 0.
+METRICS = (
+    ARCHIVED,
+    FAILED_ROUNDS,
+    LAG_ENTRIES,
+    LAG_RESULTS,
+    LAG_SECONDS,
+    REFUSED,
+    UNREADABLE,
+    HELD_JOURNALS,
+    LOST_SHARDS,
+    RECOVERED_BANS,
+    REWRITTEN_SENTINELS,
+    GAPS,
+    BAND_REPAIRS,
+)
 # Seconds between the repair loop's passes (`shardlb archive --repair-every`): how long at most a
 # band move whose calls were lost stays unfinished, plus the pass itself, while an archiver runs.
 REPAIR_EVERY_S = 5.0

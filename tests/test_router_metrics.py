@@ -140,6 +140,32 @@ def test_a_killed_workers_live_gauges_leave_the_scrape(tmp_path: Path) -> None:
     assert len({name.rsplit("_", 1)[1] for name in files}) == 1  # only the live process's files
 
 
+FAMILIES = """
+import json
+import router.app  # noqa: F401 -- all a worker imports, shardlb.archive among it (moderation, settlement)
+from router import metrics
+
+body, _ = metrics.render()
+types = [line for line in body.decode().splitlines() if line.startswith("# TYPE ")]
+print(json.dumps(sorted(line.split(" ")[2] for line in types)))
+"""
+
+
+def test_the_scrape_holds_no_archiver_metric_in_either_mode(tmp_path: Path) -> None:
+    """A router imports shardlb/archive.py, whose counters and gauges register where it is imported.
+    A router never moves them: its /metrics showed `shardlb_archive_lag_seconds 0.0` (and the
+    archiver's other families at 0) beside its own journal lag, which read as an archive caught up
+    to whoever scraped a router; the archivers' port serves them (k8s/README.md, "The archive")."""
+    for env in (dict(os.environ), {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}):
+        done = subprocess.run(
+            [sys.executable, "-c", FAMILIES], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        families = json.loads(done.stdout)
+        assert "shardlb_journal_lag_seconds" in families  # the router's own
+        assert [f for f in families if f.startswith("shardlb_archive_") or f == "shardlb_band_repairs"] == []
+
+
 def _redis_errors(op: str, kind: str) -> float:
     return metrics.registry().get_sample_value("shardlb_redis_errors_total", {"op": op, "kind": kind}) or 0.0
 
