@@ -148,6 +148,7 @@ class Boards:
         self.max_missing = max_missing
         self.missing: OrderedDict[str, float] = OrderedDict()  # board id -> when it was found missing
         self._kept: dict[str, tuple[float, Board]] = {}
+        self._fetched: dict[str, int] = {}  # board id -> ``moves`` when its kept copy was fetched
         self._writes: SingleFlight[str, Board] = SingleFlight()  # fetches for writes
         self._reads: SingleFlight[str, Board] = SingleFlight()  # fetches for reads, through a lane
         self._lists: SingleFlight[str, Rendered] = SingleFlight()  # GET /v1/boards's reads
@@ -176,6 +177,21 @@ class Boards:
         # rebuild's last swap, and its reads and writes are refused until this router sees that.
         ttl = min(self.ttl_s, REBUILDING_TTL_S) if kept[1].rebuilding else self.ttl_s
         return kept[1] if time.monotonic() - kept[0] < ttl else None
+
+    def unchanged(self, board: Board) -> bool:
+        """Whether ``board`` is the copy kept of its id and no move of the registry's version taken
+        in since it was fetched may have changed its record (``follow``): a cache that reads
+        through it (router/cache.py) may go on doing so without looking the board up again. Its
+        age does not count: an old copy is as good as its record, which the version watches."""
+        board_id = board.config.id
+        kept = self._kept.get(board_id)
+        return (
+            kept is not None
+            and kept[1] is board
+            and kept[0] != -math.inf
+            and board_id in self._fetched
+            and not self._moved_since(board_id, self._fetched[board_id])
+        )
 
     async def get(self, board_id: str) -> Board:
         """The board for a write (BoardNotFound when there is none; InvalidInput for a malformed id)."""
@@ -271,7 +287,9 @@ class Boards:
         self.missing.pop(board_id, None)
         if len(self._kept) >= MAX_BOARDS:
             self._kept.clear()
+            self._fetched.clear()
         self._kept[board_id] = (time.monotonic(), board)
+        self._fetched[board_id] = moves
         return board
 
     def _changed(self, board_id: str) -> None:

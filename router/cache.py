@@ -10,21 +10,31 @@ copy that could not be refreshed for ``STALE_REFRESHES`` rounds, so a broken clu
 not hidden. A dated period that can hold nothing (expired, or not begun: ``Board.holds_nothing``)
 is answered empty and never kept. A copy serves only readers whose board object it could have been
 read through exactly: across a reshard, one refreshed through a board fetched before the reshard
-began is not served to a reader whose board knows of it (``_fits``).
+began is not served to a reader whose board knows of it (``_fits``). A refresh reads through the
+board as the router knows it now: when the registry's version moved in a way that may have changed
+its record since the board object was fetched, it looks the board up again (``boards``: the board
+cache, router/boards.py). The views of a board that is gone or has a shard marked not rebuilt (a
+loss of Redis) are dropped, by such a refresh or by a read refused for it: what they kept may have
+been read from a shard lost before anything marked it, and the first read once the board is
+rebuilt reads it anew.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router import metrics
 from router.gate import Gate
 from router.refresh import Refreshed
 from shardlb import times
 from shardlb.board import Board
+from shardlb.errors import BoardNotFound, Rebuilding
 from shardlb.reads import ResolvedView
+
+if TYPE_CHECKING:
+    from router.boards import Boards
 
 _HIT, _MISS = metrics.CACHE.labels("top", "hit"), metrics.CACHE.labels("top", "miss")
 
@@ -57,9 +67,11 @@ class TopCache:
         idle_s: float = 60.0,
         live: Gate | None = None,
         max_rows: int | None = None,
+        boards: Boards | None = None,
     ) -> None:
         self.fetch = fetch
         self.live = live
+        self.boards = boards
         self._views: Refreshed[_Key, _Top] = Refreshed(
             "top",
             self._refetch,
@@ -89,8 +101,13 @@ class TopCache:
             _HIT.inc()
             return [], now
         # A board being rebuilt (shardlb/store.py, ``rebuilding``): refused, not served from what
-        # was kept before Redis was lost, nor read from shards not rebuilt yet and kept.
-        board.check_view(view)
+        # was kept before Redis was lost, nor read from shards not rebuilt yet and kept; and what
+        # was kept goes (module docstring).
+        try:
+            board.check_view(view)
+        except Rebuilding:
+            self.forget(board.config.id)
+            raise
         kept = self._views.get(key)
         if kept is not None and self._fits(kept, board, limit):
             _HIT.inc()
@@ -123,7 +140,24 @@ class TopCache:
         await self._views.run()
 
     async def _refetch(self, key: _Key, kept: _Top) -> _Top:
-        return await self._read(key, kept.board, kept.limit)
+        if self.boards is None or self.boards.unchanged(kept.board):
+            return await self._read(key, kept.board, kept.limit)
+        try:
+            board = await self.boards.lookup(key.board)
+            board.check_view(key)
+        except (BoardNotFound, Rebuilding):
+            current = None
+        else:
+            current = board
+        if current is None or (current.incarnation, current.generation) != (
+            kept.board.incarnation,
+            kept.board.generation,
+        ):
+            # Gone, marked not rebuilt, or no longer the layout the view's keys name: dropped
+            # (module docstring); the copy handed back is not kept (Refreshed._keep).
+            self._views.forget(lambda view: view == key)
+            return kept
+        return await self._read(key, current, kept.limit)
 
     async def _read(self, key: _Key, board: Board, limit: int, live: bool = False) -> _Top:
         as_of = times.now_ms()

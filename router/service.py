@@ -151,10 +151,11 @@ class Service:
                 found = await board.top(limit, view, "unique")  # a read asking competition re-ranks
             return [entry_body(e) for e in found]
 
+        boards = Boards(store, registry)
         service = cls(
             settings=settings,
             client=client,
-            boards=Boards(store, registry),
+            boards=boards,
             keys=Keys(settings),
             limiter=ReadLimits.of(settings),
             reads=reads,
@@ -174,6 +175,7 @@ class Service:
                 settings.top_idle_s,
                 live=reads,
                 max_rows=settings.top_cache_rows,
+                boards=boards,
             ),
             histograms=histograms,
             # Journal entries carry MessagePack: the watcher reads them through its own small client.
