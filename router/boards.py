@@ -79,8 +79,9 @@ from router.media import Rendered
 from router.refresh import SingleFlight
 from shardlb.board import Board
 from shardlb.config import BoardConfig, check_id
-from shardlb.errors import BoardNotFound, Overloaded, Resharding
+from shardlb.errors import BoardNotFound, Overloaded, Rebuilding, Resharding
 from shardlb.outage import Outage
+from shardlb.reads import ResolvedView
 from shardlb.store import CACHE_SECONDS, BoardStore, configs, digest
 
 log = logging.getLogger("shardlb.router")
@@ -192,6 +193,23 @@ class Boards:
             and board_id in self._fetched
             and not self._moved_since(board_id, self._fetched[board_id])
         )
+
+    async def current(self, board: Board, view: ResolvedView) -> Board | None:
+        """The board a cache that read ``view`` through ``board`` refreshes it through (router/cache.py,
+        router/histogram.py): ``board`` while its record cannot have changed (``unchanged``), else the
+        board looked up again; None when the view is not to be kept any more: the board gone, a shard
+        the view merges marked not rebuilt (what was kept may have been read from it while its keys
+        were gone), or another incarnation or layout than the view's keys name."""
+        if self.unchanged(board):
+            return board
+        try:
+            now = await self.lookup(board.config.id)
+            now.check_view(view)
+        except (BoardNotFound, Rebuilding):
+            return None
+        if (now.incarnation, now.generation) != (board.incarnation, board.generation):
+            return None
+        return now
 
     async def get(self, board_id: str) -> Board:
         """The board for a write (BoardNotFound when there is none; InvalidInput for a malformed id)."""

@@ -11,12 +11,11 @@ not hidden. A dated period that can hold nothing (expired, or not begun: ``Board
 is answered empty and never kept. A copy serves only readers whose board object it could have been
 read through exactly: across a reshard, one refreshed through a board fetched before the reshard
 began is not served to a reader whose board knows of it (``_fits``). A refresh reads through the
-board as the router knows it now: when the registry's version moved in a way that may have changed
-its record since the board object was fetched, it looks the board up again (``boards``: the board
-cache, router/boards.py). The views of a board that is gone or has a shard marked not rebuilt (a
-loss of Redis) are dropped, by such a refresh or by a read refused for it: what they kept may have
-been read from a shard lost before anything marked it, and the first read once the board is
-rebuilt reads it anew.
+board as the router knows it now (``Boards.current``: looked up again when the registry's version
+moved in a way that may have changed its record). The views of a board that is gone or has a shard
+marked not rebuilt (a loss of Redis) are dropped, by such a refresh or by a read refused for it:
+what they kept may have been read from a shard lost before anything marked it, and the first read
+once the board is rebuilt reads it anew.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from router.gate import Gate
 from router.refresh import Refreshed
 from shardlb import times
 from shardlb.board import Board
-from shardlb.errors import BoardNotFound, Rebuilding
+from shardlb.errors import Rebuilding
 from shardlb.reads import ResolvedView
 
 if TYPE_CHECKING:
@@ -140,24 +139,11 @@ class TopCache:
         await self._views.run()
 
     async def _refetch(self, key: _Key, kept: _Top) -> _Top:
-        if self.boards is None or self.boards.unchanged(kept.board):
-            return await self._read(key, kept.board, kept.limit)
-        try:
-            board = await self.boards.lookup(key.board)
-            board.check_view(key)
-        except (BoardNotFound, Rebuilding):
-            current = None
-        else:
-            current = board
-        if current is None or (current.incarnation, current.generation) != (
-            kept.board.incarnation,
-            kept.board.generation,
-        ):
-            # Gone, marked not rebuilt, or no longer the layout the view's keys name: dropped
-            # (module docstring); the copy handed back is not kept (Refreshed._keep).
+        board = kept.board if self.boards is None else await self.boards.current(kept.board, key)
+        if board is None:  # the copy handed back is not kept (Refreshed._keep)
             self._views.forget(lambda view: view == key)
             return kept
-        return await self._read(key, current, kept.limit)
+        return await self._read(key, board, kept.limit)
 
     async def _read(self, key: _Key, board: Board, limit: int, live: bool = False) -> _Top:
         as_of = times.now_ms()

@@ -20,6 +20,7 @@ import asyncio
 import bisect
 from dataclasses import dataclass
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from redis.asyncio.cluster import RedisCluster
 
@@ -29,8 +30,12 @@ from router.gate import NodeGates
 from router.refresh import Refreshed
 from shardlb import times
 from shardlb.board import Board
+from shardlb.errors import Rebuilding
 from shardlb.merge import Row
 from shardlb.reads import ResolvedView
+
+if TYPE_CHECKING:
+    from router.boards import Boards
 
 _HIT, _MISS = metrics.CACHE.labels("histogram", "hit"), metrics.CACHE.labels("histogram", "miss")
 MAX_VIEWS = 1_000
@@ -107,6 +112,7 @@ class Histograms:
         source = resources.files("router").joinpath("sample.lua").read_text()
         self.script = BoundedScript(client, source, gates)
         self.samples = samples
+        self.boards: Boards | None = None  # the board cache, once the service has made it
         self._views: Refreshed[_Key, Snapshot] = Refreshed(
             "histogram",
             self._refetch,
@@ -130,7 +136,11 @@ class Histograms:
     async def estimate(self, board: Board, view: ResolvedView, row: Row) -> Estimate:
         """The estimated rank of ``row`` in a view, from the kept snapshot (built on first use)."""
         key = view  # equal views (two spellings of one period) share one entry
-        board.check_view(view)  # a board being rebuilt: no estimate from shards not rebuilt yet
+        try:
+            board.check_view(view)  # a board being rebuilt: no estimate from shards not rebuilt yet
+        except Rebuilding:
+            self.forget(board.config.id)  # nor from what was kept (router/cache.py, TopCache)
+            raise
         kept = self._views.get(key)
         if kept is not None and (kept.board is board or kept.board.config == board.config):
             _HIT.inc()
@@ -150,7 +160,11 @@ class Histograms:
         await self._views.run()
 
     async def _refetch(self, key: _Key, kept: Snapshot) -> Snapshot:
-        return await self._sample(key, kept.board)
+        board = kept.board if self.boards is None else await self.boards.current(kept.board, key)
+        if board is None:  # dropped, as the top cache's views (router/cache.py)
+            self._views.forget(lambda view: view == key)
+            return kept
+        return await self._sample(key, board)
 
     async def _sample(self, key: _Key, board: Board) -> Snapshot:
         as_of = times.now_ms()

@@ -152,6 +152,7 @@ class Service:
             return [entry_body(e) for e in found]
 
         boards = Boards(store, registry)
+        histograms.boards = boards
         service = cls(
             settings=settings,
             client=client,
