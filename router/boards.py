@@ -190,6 +190,7 @@ class Boards:
             kept is not None
             and kept[1] is board
             and kept[0] != -math.inf
+            and not board.stale
             and board_id in self._fetched
             and not self._moved_since(board_id, self._fetched[board_id])
         )
