@@ -268,7 +268,9 @@ def listed(shards: Iterable[int], most: int | None = None) -> str:
 REBUILDING_MAX = 300
 
 
-def rebuilding(board_id: str, waiting: Iterable[int], then: str, bands: Iterable[int] = ()) -> Rebuilding:
+def rebuilding(
+    board_id: str, waiting: Iterable[int], then: str, bands: Iterable[int] = (), resharding: bool = False
+) -> Rebuilding:
     """The refusal of a call on a board whose shards ``waiting`` lost their data in Redis and are
     not rebuilt yet: all of Redis lost, `rebuild --all` restoring the board (docs/design-notes.md, "A
     board being rebuilt"), or a shard's slot lost alone, marked by the archiver or met by a script
@@ -283,7 +285,12 @@ def rebuilding(board_id: str, waiting: Iterable[int], then: str, bands: Iterable
     named), where it takes them from and that a rebuild under way does it too. When that is too
     long, where they come from is left out, then the list of shards is shortened ("and N more").
     Until 2026-12-06 it named the board id twice and was some 250 characters for a short id, so the
-    router cut the command or "Nothing was written" off for a long one."""
+    router cut the command or "Nothing was written" off for a long one.
+
+    ``resharding``: the board's record names a reshard, which refuses every rebuild (409) until it
+    is over, so the command named is the resume that ends it: a cancel before the cut-over
+    (``ShardsLost``) or the finish after it (``Resharder._finish``, which marks the new layout's
+    lost shards) then names the rebuild to run. Until 2026-12-06 the refusal named the rebuild."""
     shards = sorted(waiting)
     one = len(shards) == 1
     run = f"`shardlb rebuild {board_id}" + (f" --shard {shards[0]}`" if one else "`")
@@ -292,12 +299,15 @@ def rebuilding(board_id: str, waiting: Iterable[int], then: str, bands: Iterable
     def said(most: int | None, where: bool) -> str:
         head = f"{'shard' if one else 'shards'} {listed(shards, most)}"
         came = f" {whence(shards, bands)}" if where else ""
-        return (
-            f"{head} lost {'its' if one else 'their'} data in Redis, not rebuilt yet: {then}. "
-            f"{run} {back}{came}, unless a rebuild of the board is under way"
-        )
+        told = f"{head} lost {'its' if one else 'their'} data in Redis, not rebuilt yet: {then}. "
+        if resharding:
+            return (
+                f"{told}A reshard is under way: `shardlb reshard {board_id} --resume` ends it and "
+                "names any rebuild left to run"
+            )
+        return f"{told}{run} {back}{came}, unless a rebuild of the board is under way"
 
-    message = said(None, True)
+    message = said(None, not resharding)
     if len(message) > REBUILDING_MAX:
         message = said(None, False)
     most = 8
@@ -689,6 +699,7 @@ class Board:
                 [shard],
                 "this write would not be exact. Nothing was written; retry later",
                 band_shards(self),
+                self.resharding,
             )
         return e
 
@@ -958,6 +969,7 @@ class Board:
                 waiting,
                 f"this {what} would not be exact. Nothing was written; retry later",
                 band_shards(self),
+                self.resharding,
             )
 
     def check_view(self, view: ResolvedView) -> None:

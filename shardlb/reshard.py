@@ -67,7 +67,15 @@ from shardlb.fanout import batch
 from shardlb.reshard_check import Mismatch, differences
 from shardlb.reshard_copy import FENCE, FENCE_MS, FENCED, Copier, Lost, Writes, fence_key, fenced, lost
 from shardlb.sharding import player_hash
-from shardlb.store import CACHE_SECONDS, GONE_MS, REBUILDING, SENTINELS, BoardStore, carries_sentinels
+from shardlb.store import (
+    CACHE_SECONDS,
+    GONE_MS,
+    REBUILDING,
+    SENTINELS,
+    BoardStore,
+    carries_sentinels,
+    not_rebuilt,
+)
 
 log = logging.getLogger("shardlb.reshard")
 
@@ -679,12 +687,17 @@ class Resharder:
         the new layout's bands being built from the home shards' totals, so one lost there loses
         nothing to the copy (until 2026-12-06 it cancelled the reshard, sending the operator to a
         rebuild the reshard never needed; the old layout's keys, its bands', go at the commit)."""
+        return await self._missing(source, copied_shards(source))
+
+    async def _missing(self, board: Board, prefixes: list[str] | None = None) -> list[int]:
+        """The shards of ``board`` (those of ``prefixes``, given: a prefix of ``board.prefixes``)
+        without their sentinel, when the record, read now, says that layout carries them and the
+        board keeps a journal (as ``Board.sentinels``); else []."""
         _, record = await self.record()
-        if carries_sentinels(record) != source.generation or source.config.durability != "journal":
+        if carries_sentinels(record) != board.generation or board.config.durability != "journal":
             return []
         found = batch(self.client)
-        copied = copied_shards(source)
-        for prefix in copied:
+        for prefix in board.prefixes if prefixes is None else prefixes:
             found.execute_command("EXISTS", keys.sentinel_key(prefix))
         return [s for s, there in enumerate(await found.execute()) if not there]
 
@@ -831,6 +844,10 @@ class Resharder:
 
     async def _finish(self, record: dict[str, Any]) -> dict[str, Any]:
         source, target = self._layouts(record)
+        if await self._missing(target):
+            # A new shard Redis lost since the commit lost its fence with its keys (every fenced
+            # call there refused): the reshard taken again, fenced anew on every shard.
+            record = await self._take()
         await self._open(target)  # again, should the mover have died between commit and open
         if source.config.durability == "journal":
             if not await self._drained(source):
@@ -854,6 +871,12 @@ class Resharder:
 
         await asyncio.gather(*(drop(p) for p in source.prefixes))
         self.say(f"{self.board_id}: the old layout's {len(source.prefixes)} shards dropped")
+        # The new layout's shards Redis lost alone since the commit: marked not rebuilt in the record
+        # that ends the reshard, as the archiver marks one (it leaves a board being resharded, so
+        # until 2026-12-06 the mark came at its first round after the finish, reads answered from
+        # the shards left meanwhile, and the rebuild the refusals name was refused until the finish).
+        # Nothing brings one back meanwhile: a rebuild is refused while the record names a reshard.
+        lost = await self._missing(target)
 
         def finished(record: dict[str, Any]) -> dict[str, Any]:
             move = self._ours(record, "committed")
@@ -872,9 +895,18 @@ class Resharder:
                 created = former.get("sharding")
             if created is not None:
                 last["created"] = created
-            return {**{k: v for k, v in record.items() if k != "reshard"}, "last_reshard": last}
+            done = {**{k: v for k, v in record.items() if k != "reshard"}, "last_reshard": last}
+            state = record.get("state")
+            if lost and isinstance(state, dict | None):
+                done["state"] = {**(state or {}), REBUILDING: sorted(not_rebuilt(record) | set(lost))}
+            return done
 
         record = await self._update(finished)
+        if lost:
+            then = "marked at the reshard's finish, its reads and writes refused until it is rebuilt"
+            if len(lost) > 1:
+                then = "marked at the reshard's finish, their reads and writes refused until they are rebuilt"
+            self.say(f"{self.board_id}: {rebuilding(self.board_id, lost, then, band_shards(target)).message}")
         await self._unfence(source, target)
         return record
 
@@ -895,7 +927,13 @@ class Resharder:
         gone = Writes()
         for prefix in source.prefixes + target.prefixes:
             gone.add(prefix, "DEL", fence_key(prefix))
-        await self.copier.send(gone, confirm=False)  # a fence left behind expires; it guards nothing now
+        # A fence left behind expires; it guards nothing now. A shard that refuses (FENCED) holds
+        # none of this mover's to remove: lost with the shard's keys (until 2026-12-06 the mover
+        # then stopped with Lost, "another mover took the reshard over", its reshard over), or a
+        # later mover's, which stays.
+        for reply in await self.copier.run(gone.calls(self.copier.fence), outcomes=True, confirm=False):
+            if isinstance(reply, Exception) and "FENCED" not in str(reply):
+                raise reply
 
     async def _cancel(self, record: dict[str, Any]) -> None:
         if record["reshard"]["state"] not in STATES[:2]:

@@ -27,7 +27,7 @@ from shardlb.board import Board, Score
 from shardlb.board import rebuilding as rebuilding_error
 from shardlb.cli import main
 from shardlb.config import ID_MAX, BoardConfig
-from shardlb.errors import NotAcknowledged, Rebuilding
+from shardlb.errors import BoardConflict, NotAcknowledged, Rebuilding
 from shardlb.rebuild import connected
 from shardlb.reshard import Resharder, ShardsLost
 from shardlb.reshard_check import Mismatch
@@ -347,6 +347,11 @@ def test_every_refusal_for_shards_not_rebuilt_fits_the_routers_message(lost: lis
         assert then in message, message
         if len(lost) <= 3:
             assert all(str(s) in message for s in lost), message
+        # During a reshard, which refuses every rebuild, the command is the resume that ends it.
+        during = rebuilding_error(LONGEST_ID, lost, then, bands, resharding=True).message
+        assert len(during) <= MESSAGE_MAX, (len(during), during)
+        assert f"`shardlb reshard {LONGEST_ID} --resume`" in during and then in during, during
+        assert "shardlb rebuild" not in during, during
 
 
 @pytest.mark.parametrize("lost", [[1], [0, 1, 2]], ids=["one", "three"])
@@ -891,8 +896,9 @@ async def test_a_write_to_a_new_shard_lost_after_the_cut_over_is_refused_before_
     (the archiver has not drained the old journals yet): the record still names the reshard, so the
     archiver marks nothing, but the new layout was given its sentinels before the commit, and a
     write to a player homed on the lost shard is refused (nothing written), as is a read that merges
-    it. Once the reshard finishes, the archiver's round marks the shard. Failed before: the write
-    answered ``improved`` at 1 point against the empty shard."""
+    it. Once the reshard finishes the shard is marked (by the finish itself since 2026-12-06), and
+    the archiver's round leaves it so. Failed before: the write answered ``improved`` at 1 point
+    against the empty shard."""
     name = "partial-reshard-committed"
     async with own_archive(postgres_url, "partial") as url:
         try:
@@ -923,6 +929,106 @@ async def test_a_write_to_a_new_shard_lost_after_the_cut_over_is_refused_before_
                 assert (await store.get(name)).rebuilding == {2}
             finally:
                 await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
+
+
+async def test_a_lost_shards_refusal_during_a_reshard_names_the_resume_whose_finish_marks_it_for_the_rebuild(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A new layout's shard lost after the cut-over, while the reshard waits to finish: the 503 (a
+    write's and a read's, library and router) names `shardlb reshard BOARD --resume`, not the
+    rebuild, which is refused (409) while the reshard is under way; the resume's finish marks the
+    shard in the record it writes (no archiver round needed: a read is refused at once, not answered
+    from the shards left) and says the rebuild to run, which then brings the board back whole.
+    Failed before: the refusal named `shardlb rebuild BOARD --shard 2`, refused until the finish,
+    and after the finish the top answered the players of the shards left until the archiver's round."""
+    name = "partial-reshard-path"
+    resume = f"`shardlb reshard {name} --resume`"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            _, sent = await board_written(store, name)
+            mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
+            await mover.start(5)
+            assert (await mover.run())["state"] == "committed"  # no archiver ran: its journals wait
+            moved = await store.get(name)
+            assert await slot_wiped(raw, moved, 2) > 0
+            lost = next(x for x in sent if moved.layout.home(x.player_id) == 2)
+            with pytest.raises(Rebuilding) as write:
+                await moved.submit([Score(lost.player_id, 1, "late-1", times.now_ms())])
+            with pytest.raises(Rebuilding) as read:
+                await (await store.get(name)).top(10)
+            for message in (write.value.message, read.value.message):
+                assert resume in message and "shardlb rebuild" not in message, message
+            async with running(cluster_url) as (_, client):
+                answer = await client.get(f"/v1/boards/{name}/top?limit=5")
+                _refused(answer)
+                assert resume in answer.json()["error"]["message"], answer.text
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+            try:
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    with pytest.raises(BoardConflict, match="being resharded"):
+                        await rebuilder.rebuild(await other.get(name), shard=2)
+                await drain(a)
+                said: list[str] = []
+                again = Resharder(store, name, say=said.append, postgres_url=url, cache_s=0, drain_s=5)
+                assert (await again.run())["state"] == "none"
+                assert any(f"`shardlb rebuild {name} --shard 2`" in line for line in said), said
+                back = await store.get(name)
+                assert back.rebuilding == {2}
+                with pytest.raises(Rebuilding, match=f"shardlb rebuild {name} --shard 2"):
+                    await back.top(10)
+            finally:
+                await a.db.close()
+            async with connected(cluster_url, url) as (rebuilder, other):
+                await rebuilder.rebuild(await other.get(name), shard=2)
+            back = await store.get(name)
+            assert not back.rebuilding
+            assert await back.top(50) == expected_entries(reference(back, sent), "total", None)
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
+
+
+@pytest.mark.parametrize("when", ["_finish", "_drained"], ids=["before-the-finish", "draining"])
+async def test_a_new_shard_lost_during_the_movers_own_finish_is_marked_not_taken_for_another_mover(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, when: str
+) -> None:
+    """The mover that cut over goes on to finish, and a shard of the new layout loses its keys
+    (its fence with them) as the finish begins, or while it waits for the old journals: the finish
+    drops the old layout, marks the shard and says the rebuild to run, which brings the board back
+    whole. Failed before: the finish's first (or last) fenced call met the lost shard's missing
+    fence and the run stopped with "another mover took the reshard over", though none had (and,
+    draining, the reshard was over)."""
+    name = "partial-reshard-finish"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            _, sent = await board_written(store, name)
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+            try:
+                await drain(a)
+            finally:
+                await a.db.close()
+            said: list[str] = []
+            mover = Resharder(store, name, say=said.append, postgres_url=url, cache_s=0, drain_s=5)
+            step = getattr(mover, when)
+
+            async def losing(*args: Any) -> Any:
+                assert await slot_wiped(raw, await store.get(name), 2) > 0
+                return await step(*args)
+
+            setattr(mover, when, losing)
+            await mover.start(5)
+            assert (await mover.run())["state"] == "none"
+            assert any(f"`shardlb rebuild {name} --shard 2`" in line for line in said), said
+            back = await store.get(name)
+            assert back.generation == 1 and back.rebuilding == {2}
+            async with connected(cluster_url, url) as (rebuilder, other):
+                await rebuilder.rebuild(await other.get(name), shard=2)
+            back = await store.get(name)
+            assert not back.rebuilding
+            assert await back.top(50) == expected_entries(reference(back, sent), "total", None)
         finally:
             with contextlib.suppress(Exception):
                 await store.delete(name)
