@@ -903,7 +903,8 @@ class Board:
         write, so a read whose shards all carried no such marker when looked at afterwards saw
         every write acknowledged before it began. A marker alone is not enough to refuse: until
         the registry names the new layout, it has not been opened, and the old one is still whole.
-        The sentinels ride in the same pipeline (their shard's slot, so no round trip more).
+        The sentinels ride in the same pipeline (their shard's slot, so no round trip more); one
+        found missing has the record read (``_check_recorded``): a deleted board is BoardNotFound.
         """
         moves = [keys.move_key(p) for p in self.prefixes] if self.moving else []
         here = [keys.sentinel_key(p) for p in self.prefixes] if self.resharding and self.sentinels else []
@@ -914,6 +915,8 @@ class Board:
             pipe.execute_command("EXISTS", name)
         found = await pipe.execute()
         lost = frozenset(s for s, there in enumerate(found[len(moves) :]) if not there)
+        if lost:
+            await self._check_recorded()
         if not any(marker in ("m", b"m") for marker in found[: len(moves)]):
             return lost
         raw = await self.client.hget(keys.BOARDS, self.config.id)
@@ -922,6 +925,23 @@ class Board:
             return lost
         self.moved = True
         raise Resharding(f"board {self.config.id!r} was resharded meanwhile; read it again", 1.0)
+
+    async def _check_recorded(self) -> None:
+        """BoardNotFound (this Board marked deleted) when the registry no longer holds this board:
+        no record, one being deleted or another incarnation's. For a read that found a sentinel
+        missing (``check_layout``): a deletion drops every shard, sentinels with them, and until
+        2026-12-06 a process still holding the board answered such a read 503 ``board_rebuilding``
+        (every shard taken for lost alone) until it fetched the record again. One HGET, made only
+        then."""
+        raw = await self.client.hget(keys.BOARDS, self.config.id)
+        record = orjson.loads(raw) if raw else {}
+        if (
+            not record
+            or record.get("state") == "deleting"
+            or str(record.get("incarnation", "0")) != self.incarnation
+        ):
+            self.deleted = True
+            raise BoardNotFound(f"board {self.config.id!r} was deleted", "board")
 
     def resolve(
         self, period: str = "total", region: str | None = None, now_ms: int | None = None

@@ -1034,6 +1034,37 @@ async def test_a_new_shard_lost_during_the_movers_own_finish_is_marked_not_taken
                 await store.delete(name)
 
 
+@pytest.mark.parametrize("at", ["copying", "committed"])
+async def test_a_read_of_a_board_deleted_during_its_reshard_is_not_found_not_rebuilding(
+    store: BoardStore, postgres_url: str, at: str
+) -> None:
+    """A process holding a board being resharded (a router, until it fetches the record again) reads
+    it after the board was deleted: the deletion dropped every shard, sentinels with them, and the
+    read's look at the sentinels (``Board.check_layout``) took every shard for lost alone: 503
+    ``board_rebuilding``, naming a reshard to resume, where the board is gone. Now a read that finds a
+    sentinel missing reads the record too: gone (or being deleted, or another incarnation), the
+    read is BoardNotFound (404 ``board_not_found``) and the Board marked deleted (a cache drops it)."""
+    from shardlb.errors import BoardNotFound
+
+    name = f"partial-reshard-deleted-{at}"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            await board_written(store, name)
+            mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
+            await mover.start(5)
+            if at == "committed":
+                assert (await mover.run())["state"] == "committed"  # no archiver ran: its journals wait
+            held = await store.get(name)
+            assert held.resharding and held.sentinels
+            await store.delete(name)
+            with pytest.raises(BoardNotFound):
+                await held.top(10)
+            assert held.deleted and held.stale
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
+
+
 async def test_a_lost_shards_refusals_name_the_rebuild_to_run_not_a_rebuild_under_way(
     store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
 ) -> None:
