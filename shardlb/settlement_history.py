@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import psycopg
 
 from shardlb import keys, moderation, periods, settlement, times
-from shardlb.board import Board
+from shardlb.board import Board, exact
 
 _DATED = re.compile(r"[dwm]:.+")
 MAX_HISTORY = 1000
@@ -125,11 +125,16 @@ async def run_end(
     return last if next_kept or last == players else None
 
 
+@exact
 async def kept(board: Board, now_ms: int | None = None) -> set[str]:
     """The dated periods whose keys some home shard of the board still holds at ``now_ms``: those its
     key index lists with an expiry still to come (a listing outlives its key until a later write
     drops it). Resharding when the board's layout was replaced meanwhile (as the other reads: the
-    old one's keys are dropped after the cut-over, and their listings with them)."""
+    old one's keys are dropped after the cut-over, and their listings with them). Rebuilding when a
+    home shard is not rebuilt (``Board.check_built``), or, during a reshard, is found without its
+    sentinel (``exact``): its index went with its keys, and the periods it alone held would be
+    missing. Until 2026-12-06 the listing answered from the other shards in both cases."""
+    board.check_built(board.layout.view(False))
     now = times.now_ms() if now_ms is None else now_ms
     found: set[str] = set()
     for shard in board.layout.view(False):
@@ -138,8 +143,6 @@ async def kept(board: Board, now_ms: int | None = None) -> set[str]:
             name = (key.decode() if isinstance(key, bytes) else str(key))[len(prefix) :]
             if _DATED.fullmatch(name):
                 found.add(name)
-    if board.moving:
-        await board.check_layout()
     return found
 
 

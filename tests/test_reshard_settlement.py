@@ -79,3 +79,46 @@ async def test_a_settlement_during_a_reshard_pays_the_true_order_or_waits(
         assert await awards_of(db, sid) == expected_awards(ref, period, fresh)
     finally:
         await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("at", ["copying", "committed"])
+async def test_a_settlement_during_a_reshard_whose_shard_was_lost_alone_pays_nothing(
+    store: BoardStore,
+    raw: Any,
+    rebuilder: Rebuilder,
+    db: psycopg.AsyncConnection[Any],
+    postgres_url: str,
+    at: str,
+) -> None:
+    """A shard lost alone while the board is resharded (of the old layout while it is copied, of
+    the new one after the cut-over: the archiver marks neither while the record names the reshard):
+    a forced settlement of a closed period is refused for a retry and pays nothing, where a check
+    merging the shards left would pay an order without the lost shard's players. It is refused
+    for the reshard itself (``Settler._at_rest``: the record's reshard, whatever its shards hold),
+    before its freeze; a pinning test (it held when written, 2026-12-06)."""
+    from shardlb.errors import Rebuilding, Resharding
+    from tests.test_shard_loss import slot_wiped
+
+    board = await new_board(store, f"settle-reshard-lost-{at}-{random.randrange(10**9)}", "incr")
+    period = day_ago(2)
+    ref = ReferenceBoard(board.config)
+    try:
+        await post(board, ref, period, "before")
+        await drain(raw, store, postgres_url)
+        mover = Resharder(store, board.config.id, say=lambda _: None, postgres_url=postgres_url,
+                          cache_s=0, drain_s=0)  # fmt: skip
+        await mover.start(5)
+        if at == "committed":
+            await post(board, ref, period, "tracked")  # not archived: the finish waits for them
+            assert (await mover.run())["state"] == "committed"
+        fresh = await store.get(board.config.id)
+        assert fresh.resharding and await slot_wiped(raw, fresh, 1) > 0
+        sid = f"srl-{board.config.id}"
+        request = Request.of({"settlement_id": sid, "rewards": TABLE, "force": True})
+        with pytest.raises((Resharding, Rebuilding)):
+            await Settler(rebuilder, drain_wait_s=0.2).settle(fresh, period, request)
+        assert await awards_of(db, sid) == []
+        cur = await db.execute("SELECT state FROM settlements WHERE settlement_id = %s", (sid,))
+        assert all(row[0] != "settled" for row in await cur.fetchall())
+    finally:
+        await store.delete(board.config.id)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 
 from shardlb import keys, periods, settlement_history, times
@@ -117,3 +118,46 @@ async def test_a_lookup_begun_before_a_settlement_does_not_hide_it_once_seen(
     finally:
         go.set()
         await store.delete(board.config.id)
+
+
+async def test_a_periods_listing_that_merges_a_lost_shard_is_refused_during_a_reshard_and_once_marked(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """A shard of the board loses its keys while a reshard copies it (the archiver marks nothing
+    then, and nothing had yet): ``kept`` read the other shards' key indexes and answered without
+    the period only the lost shard held (yesterday's, of a player homed there), 200 through the
+    router, though every other read merging that shard is refused. So it did once the reshard was
+    cancelled and the shard marked not rebuilt (``kept`` never looked at ``Board.rebuilding``). Now
+    it is refused (Rebuilding: 503 ``board_rebuilding``) in both cases, as the reads are."""
+    from shardlb.errors import Rebuilding
+    from shardlb.reshard import Resharder, ShardsLost
+    from shardlb.store import _marked
+    from tests.test_rebuild import own_archive
+    from tests.test_shard_loss import board_written, slot_wiped
+
+    name = "kept-lost"
+    async with own_archive(postgres_url, "kept") as url:
+        try:
+            board, sent = await board_written(store, name, periods=["daily"])
+            now = times.now_ms()
+            then = now - DAY_MS
+            lone = next(s.player_id for s in sent if board.layout.home(s.player_id) == 1)
+            await board.submit([Score(lone, 5, "y1", then)], now_ms=then)
+            yesterday, today = (periods.names_at(at, board.config.periods, board.tz)[1] for at in (then, now))
+            assert await settlement_history.kept(board) == {yesterday, today}
+            mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
+            await mover.start(5)
+            assert await slot_wiped(raw, board, 1) > 0
+            with pytest.raises(Rebuilding, match="shard 1 lost its data"):
+                await settlement_history.kept(await store.get(name))
+            with pytest.raises(ShardsLost):
+                await mover.run()
+            record = await store.client.hget(keys.BOARDS, name)
+            assert await store.swap(name, record, orjson.dumps(_marked(orjson.loads(record), {1})))
+            marked = await store.get(name)
+            assert marked.rebuilding == {1} and not marked.resharding
+            with pytest.raises(Rebuilding, match="shard 1 lost its data"):
+                await settlement_history.kept(marked)
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
