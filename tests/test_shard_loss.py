@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from router import reshards
 from router.errors import MESSAGE_MAX
 from shardlb import fanout, keys, moderation, rebuild, times
-from shardlb.board import Board, Score
+from shardlb.board import Board, Score, band_shards
 from shardlb.board import rebuilding as rebuilding_error
 from shardlb.cli import main
 from shardlb.config import ID_MAX, BoardConfig
@@ -290,6 +290,57 @@ async def test_a_band_boards_shard_lost_alone_is_marked_and_rebuilt(
                 await a.refresh()
                 await archive_round(a)
                 assert not (await store.get(board_id)).rebuilding
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(board_id)
+
+
+@pytest.mark.parametrize("during", ["rest", "copying"])
+async def test_a_band_write_moving_a_player_into_a_lost_band_shard_is_answered_exactly(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, during: str
+) -> None:
+    """band.lua looks at no sentinel: a write that moves a player into a band shard lost alone is
+    applied there (the band shard's row, its version) as on any band shard. The answer is still
+    exact: it is write.lua's, on the player's home shard, whose sentinel it checks; the band shards
+    only index the total, and are made again from the homes' totals (``Rebuilder.rebuild_bands``,
+    a reshard building its new bands the same way). So at rest the band shard is marked at the
+    archiver's round (it holds the row band.lua wrote: not taken for empty), refused, and its
+    rebuild gives the reference's top; during a reshard the new layout commits with the write in
+    it. A pinning test (it held when written, 2026-12-06)."""
+    board_id = f"partial-band-write-{during}"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, sent = await board_written(store, board_id, sharding=sharding("band", 3))
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {board_id}), url)
+            try:
+                await drain(a)
+                mover = Resharder(store, board_id, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=5)
+                if during == "copying":
+                    await mover.start(5)
+                p1 = next(s for s in sent if s.player_id == "p1")  # 110 points: the band from 40
+                late = Score("p1", 200, "late-1", times.now_ms())  # into the band from 120
+                into = board.layout.band_shard(200)
+                assert into != board.layout.band_shard(p1.points) and into in band_shards(board)
+                assert await slot_wiped(raw, board, into) > 0
+                [result] = await (await store.get(board_id)).submit([late])
+                assert (result.status, result.points) == ("improved", 200)
+                want = expected_entries(reference(board, [*sent, late]), "total", None)
+                if during == "copying":
+                    await drain(a)
+                    assert (await mover.run())["state"] == "none"
+                    assert await (await store.get(board_id)).top(50) == want
+                    return
+                await a.refresh()
+                await archive_round(a)
+                back = await store.get(board_id)
+                assert back.rebuilding == {into}
+                with pytest.raises(Rebuilding):
+                    await back.top(10)
+                async with connected(cluster_url, url) as (rebuilder, other):
+                    await rebuilder.rebuild(await other.get(board_id), shard=into)
+                assert await (await store.get(board_id)).top(50) == want
             finally:
                 await a.db.close()
         finally:
