@@ -21,7 +21,8 @@ then the records whose digest differs (an HMGET of those only), at most once eve
 ``RECHECK_S_PER_BOARD`` per board compared; meanwhile the moves the log names after the one it
 lacks are taken in as any other. A
 fetch under way of a board a move taken in names (of any board, when the log cannot
-say) keeps nothing, and later requests do not join it. Costs per worker: 4 GETs a second to the
+say) keeps nothing, and later requests do not join it, unless it read the registry at the version
+the move was taken in through (``_moved_since``). Costs per worker: 4 GETs a second to the
 registry's primary; a move costs a MULTI of a few hundred bytes whatever the boards kept (a
 comparison of 2,000 boards kept: about 50 kB and the records changed, at most once a second; it was
 about 1 MB, every record, until the digests). Nothing is added on a
@@ -158,9 +159,10 @@ class Boards:
         self.follow_s = FOLLOW_S
         self.moves = 0  # moves of the registry's version taken in by ``follow``: see ``_fetch``
         # Board id -> ``moves`` when a move the change log names it in was taken in, and ``moves``
-        # when one it could not name was: a fetch begun before either keeps nothing (``_fetch``).
-        self._named: dict[str, int] = {}
-        self._unnamed = 0
+        # when one it could not name was, each with the registry's version it was taken in through:
+        # a fetch begun before either keeps nothing, unless it read that version (``_moved_since``).
+        self._named: dict[str, tuple[int, Any]] = {}
+        self._unnamed: tuple[int, Any] = (0, _UNREAD)
         self._seen: Any = _UNREAD  # the registry's version as ``follow`` last took it in
         self._recheck_by = 0.0  # no comparison of the records kept before this (monotonic s)
         self._owed = False  # a move the change log could not name owes a comparison (``follow``)
@@ -292,17 +294,18 @@ class Boards:
             else:
                 async with self.gate, metrics.redis_call("board"):
                     board = await self.store.get(board_id)
-        except BoardNotFound:
+        except BoardNotFound as e:
             # A create or a delete ended meanwhile, or a move was taken in (``follow``): this may be
             # older, and remembered missing it would hide a board the move created.
-            if self.changes != changes or self._moved_since(board_id, moves):
+            version = _UNREAD if e.record_version is None else e.record_version
+            if self.changes != changes or self._moved_since(board_id, moves, version):
                 raise
             self._kept.pop(board_id, None)
             if read:
                 self._missing(board_id)
             raise
-        if self.changes != changes or self._moved_since(board_id, moves):  # it may be from before
-            return board
+        if self.changes != changes or self._moved_since(board_id, moves, board.record_version):
+            return board  # it may be from before
         self.missing.pop(board_id, None)
         if len(self._kept) >= MAX_BOARDS:
             self._kept.clear()
@@ -357,7 +360,7 @@ class Boards:
                 with self.gate.spare():
                     version, changed, named = await self.store.moved(self._seen)
                 # What the log names is taken in at once, even past a move it lacks (a gap).
-                await self._expire(named)
+                await self._expire(named, version)
                 if changed is None:
                     # A gap: any board may have changed. Any may have been created (none is
                     # remembered missing any more), and the records kept are compared, in turn.
@@ -367,10 +370,11 @@ class Boards:
         if self._owed and time.monotonic() >= self._recheck_by:
             await self._compare()
 
-    async def _expire(self, changed: set[str]) -> None:
+    async def _expire(self, changed: set[str], version: Any) -> None:
         """Expire the kept copies of the boards ``changed`` (the change log named them) whose record
         now differs from the one kept (one HMGET of those kept, ``BoardStore.held``), take them off
-        the missing memory, and have their fetches under way keep nothing (``_moved_since``). A
+        the missing memory, and have their fetches under way keep nothing unless they read the
+        registry at ``version``, the one the log named them through (``_moved_since``). A
         copy fetched after the change (this router's own create, a board fetched since) is kept,
         and so is what was built of it (its cached top, its ETag): until 2026-12-06 every copy
         named expired, and a board this router had just created was fetched again and its top read
@@ -382,11 +386,11 @@ class Boards:
         # ends while it is read keeps nothing (it may have read the record before the change).
         compared = {i: self._kept[i] for i in sorted(changed) if i in self._kept}
         if len(self._named) + len(changed) > MAX_BOARDS:
-            self._moved()
+            self._moved(version)
         else:
             self.moves += 1
         for board_id in changed:
-            self._named[board_id] = self.moves
+            self._named[board_id] = (self.moves, version)
             self._writes.forget(board_id)
             self._reads.forget(board_id)
             self.missing.pop(board_id, None)
@@ -410,7 +414,7 @@ class Boards:
         records = []
         # The permit first: a look the gate refuses discards nothing (the next one compares).
         with self.gate.spare() if ids else contextlib.nullcontext():
-            self._moved()
+            self._moved(self._seen)
             self.missing.clear()
             if ids:
                 digests = await self.store.digests(ids)
@@ -432,19 +436,28 @@ class Boards:
             if self._kept.get(board_id) is compared[board_id] and record != compared[board_id][1].record:
                 self._kept[board_id] = (-math.inf, compared[board_id][1])
 
-    def _moved(self) -> None:
-        """A move of the version that may have changed any record is being taken in: fetches under
-        way keep nothing, and later lookups do not join them."""
+    def _moved(self, version: Any) -> None:
+        """A move of the version that may have changed any record is being taken in, through
+        ``version``: fetches under way keep nothing (unless they read that version), and later
+        lookups do not join them."""
         self.moves += 1
-        self._unnamed = self.moves
+        self._unnamed = (self.moves, version)
         self._named.clear()  # what they say, this says of every board
         self._writes.clear()
         self._reads.clear()
 
-    def _moved_since(self, board_id: str, moves: int) -> bool:
-        """Whether a move taken in after ``moves`` (``self.moves`` then) may have changed the record
-        of ``board_id``: one the change log named it in, or one it could not name."""
-        return self._unnamed > moves or self._named.get(board_id, 0) > moves
+    def _moved_since(self, board_id: str, moves: int, version: Any) -> bool:
+        """Whether a move taken in after ``moves`` (``self.moves`` when a fetch began) may have
+        changed the record of ``board_id`` that the fetch read at the registry's ``version``
+        (``Board.record_version``; ``_UNREAD``: not known): one the change log named it in, or one
+        it could not name, unless the fetch read the very version that move was taken in through
+        (then it holds every change taken in; the fetch of a board created elsewhere, read while
+        ``follow`` took the creation in, is the common one). A fetch that read a version between
+        is taken as older: versions are drawn, not ordered."""
+        for taken, through in (self._unnamed, self._named.get(board_id, (0, _UNREAD))):
+            if taken > moves and (version is _UNREAD or version != through):
+                return True
+        return False
 
     def _missing(self, board_id: str) -> None:
         self.missing.pop(board_id, None)

@@ -366,8 +366,11 @@ class Board:
         self.reshard_ms: int | None = None
         # The registry's record this Board was made of, as read (``BoardStore.get``; None when made
         # otherwise): a router compares it with the record now when it cannot tell which boards
-        # changed (router/boards.py, ``Boards.follow``).
+        # changed (router/boards.py, ``Boards.follow``); and the registry's version read just before
+        # it (None when made otherwise): a router keeps a copy fetched while it took in a move of
+        # that very version (``Boards._moved_since``).
         self.record: str | bytes | None = None
+        self.record_version: Any = None
         self.bands = BandMoves(self)
         self.journal_max = JOURNAL_MAX_ENTRIES
         self.journal_max_results = JOURNAL_MAX_RESULTS

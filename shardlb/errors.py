@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from shardlb.board import Result
@@ -48,6 +48,9 @@ class OutOfRange(InvalidInput):
 
 class BoardNotFound(ShardlbError):
     code = "board_not_found"
+    # The registry's version read just before the record was found missing (``BoardStore.get``, as
+    # ``Board.record_version``); None: not read, or none yet.
+    record_version: Any = None
 
 
 class BoardConflict(ShardlbError):

@@ -351,16 +351,24 @@ class BoardStore:
         )
 
     async def get(self, board_id: str, deleting: bool = False) -> Board:
-        """The board of the registry's record (BoardNotFound when there is none). ``deleting``: one
-        whose deletion stopped half way too (its record marked ``deleting``), which a DELETE of it
+        """The board as its record is now (BoardNotFound when there is none), with the record and
+        the registry's version read just before it (``Board.record``, ``record_version``): the
+        record is that version's or newer. One round trip, not a MULTI: a primary out of memory
+        refuses every MULTI, and boards must still be fetched there. ``deleting``: a board whose
+        deletion stopped half way too (its record marked ``deleting``), which a DELETE of it
         finishes (``delete``); else it reads as missing."""
         check_id(board_id, "board")
-        raw = await self.client.hget(keys.BOARDS, board_id)
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.get(keys.BOARDS_VERSION)  # first: read after it, the record is as new as it
+            pipe.hget(keys.BOARDS, board_id)
+            version, raw = await pipe.execute()
         record = None if raw is None else orjson.loads(raw)
         if record is None or (record.get("state") == "deleting" and not deleting):
-            raise BoardNotFound(f"no board {board_id!r}", "board")
+            missing = BoardNotFound(f"no board {board_id!r}", "board")
+            missing.record_version = version
+            raise missing
         board = self._board(board_id, record)
-        board.record = raw
+        board.record, board.record_version = raw, version
         return board
 
     async def boards(self, reuse: bool = False) -> list[Board]:

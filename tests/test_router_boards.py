@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
@@ -608,6 +609,58 @@ async def test_a_fetch_begun_before_a_move_keeps_nothing(store: BoardStore) -> N
 
 
 @pytest.mark.cluster
+async def test_a_fetch_that_read_the_record_after_its_move_keeps_it(store: BoardStore) -> None:
+    """A board created by another process, then read: the fetch reads the record the creation wrote,
+    and ``follow`` takes the creation's move in while that fetch is under way. The fetch read the
+    registry at the version the move was taken in through, so it holds the record as it is after
+    the move: it is kept. Failed before: fetches were stamped with the moves taken in when they
+    began, so it kept nothing and the next request fetched the board again
+    (``test_a_flood_of_unknown_boards_does_not_starve_reads_of_known_ones`` met a KeyError about 2
+    runs in 10, its follow loop taking the creation in during the first read's fetch)."""
+    name = board_name("created")
+    held = HeldStore(store.client, store.scripts)
+    boards = Boards(held, Gate(4), ttl_s=3600.0)
+    await boards.follow()
+    await store.create(BoardConfig.from_dict(name, {}))  # through another process
+    try:
+        fetch = await held_lookup(boards, held, name)  # read after the creation, its answer held
+        await boards.follow()  # the log names the creation
+        held.go.set()
+        assert (await fetch).config.id == name
+        assert boards.cached(name) is await fetch
+    finally:
+        held.go.set()
+        await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_a_fetch_that_found_a_board_gone_after_its_move_forgets_it(store: BoardStore) -> None:
+    """A board kept, its copy expired, deleted by another process; the read's fetch finds it gone,
+    and ``follow`` takes the deletion in while that fetch is under way. The fetch read the registry
+    at the version the deletion was taken in through: the board is forgotten and remembered
+    missing. Failed before: it kept the expired copy and remembered nothing, so the next read
+    fetched it again (the end of ``test_a_flood_of_unknown_boards_does_not_starve_reads_of_known_
+    ones`` could fail the same way as its start)."""
+    name = board_name("gone")
+    await store.create(BoardConfig.from_dict(name, {}))
+    held = HeldStore(store.client, store.scripts)
+    boards = Boards(held, Gate(4), ttl_s=3600.0, missing_ttl_s=3600.0)
+    await boards.follow()
+    held.holding = True  # not held: a copy kept
+    await boards.lookup(name)
+    held.holding = False
+    at, board = boards._kept[name]
+    boards._kept[name] = (at - boards.ttl_s, board)  # its settings expired
+    await store.delete(name)  # through another process
+    fetch = await held_lookup(boards, held, name)  # read after the deletion, its answer held
+    await boards.follow()  # the log names the deletion
+    held.go.set()
+    with pytest.raises(BoardNotFound):
+        await fetch
+    assert name not in boards._kept and name in boards.missing
+
+
+@pytest.mark.cluster
 async def test_the_follow_loop_is_quiet_and_goes_on_through_redis_errors(
     store: BoardStore, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -971,3 +1024,34 @@ async def test_a_comparison_whose_digests_cannot_be_made_whole_reads_every_recor
         monkeypatch.undo()
         for name in names:
             await store.delete(name)
+
+
+@contextlib.asynccontextmanager
+async def registry_primary(store: BoardStore, setting: str, value: Any) -> AsyncIterator[None]:
+    """The registry's primary with CONFIG ``setting`` at ``value`` for the block, then as it was."""
+    node = store.client.get_node_from_key(keys.BOARDS)
+    policy = await store.client.execute_command("CONFIG GET", "maxmemory-policy", target_nodes=node)
+    assert "noeviction" in str(policy)  # else a maxmemory under what it holds evicts the registry
+    was = await store.client.execute_command("CONFIG GET", setting, target_nodes=node)
+    await store.client.execute_command("CONFIG SET", setting, value, target_nodes=node)
+    try:
+        yield
+    finally:
+        await store.client.execute_command("CONFIG SET", setting, dict(was)[setting], target_nodes=node)
+
+
+@pytest.mark.cluster
+async def test_boards_are_fetched_while_the_registry_primary_is_out_of_memory(store: BoardStore) -> None:
+    """A registry primary out of memory (maxmemory under what it holds) refuses every MULTI, reads
+    too; a board's fetch (``BoardStore.get``, the version and the record) is one round trip without
+    one, so boards are still read there, and a board that is not there is still not found."""
+    name = board_name("oom")
+    await store.create(BoardConfig.from_dict(name, {}))
+    try:
+        boards = Boards(store, Gate(4), ttl_s=3600.0)
+        async with registry_primary(store, "maxmemory", 1):
+            assert (await boards.lookup(name)).config.id == name
+            with pytest.raises(BoardNotFound):
+                await boards.lookup(board_name("oom"))
+    finally:
+        await store.delete(name)
