@@ -516,7 +516,7 @@ class BoardStore:
                     break
                 try:
                     await self.scripts.digests(keys=_DIGESTS)
-                except ResponseError:  # refused (OOM: it writes): none known, every record read
+                except ResponseError:  # refused (it writes; NOREPLICAS): none known, every record read
                     found.extend(None for _ in page)
                     break
             else:  # writers that write none keep moving the version: none known, every record read
