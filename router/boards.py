@@ -194,7 +194,7 @@ class Boards:
             and kept[0] != -math.inf
             and not board.stale
             and board_id in self._fetched
-            and not self._moved_since(board_id, self._fetched[board_id])
+            and not self._moved_since(board_id, self._fetched[board_id], board.record_version)
         )
 
     async def current(self, board: Board, view: ResolvedView) -> Board | None:
