@@ -1435,10 +1435,14 @@ async def mark_deleting(db: psycopg.AsyncConnection[Any], board: Board) -> None:
     written deleted when the archiver has not recorded the incarnation yet: the archiver's INSERT
     of it then changes nothing (ON CONFLICT DO NOTHING). An UPDATE alone would find no row there,
     and the archiver, recording the board between the mark and the deletion in Redis and looking
-    for Redis's mark of the deletion before it was set, would leave the row it made live."""
+    for Redis's mark of the deletion before it was set, would leave the row it made live. A row
+    marked already (a DELETE that failed after its mark, sent again) is marked again at this time:
+    the archiver takes back a mark older than FAILED_DELETE_S of a board the registry lists
+    (``Archiver._undeleted``), and until 2026-12-06 one whose registry read came before the retry
+    took the retry's mark back after its 204 (the first call's time kept)."""
     await db.execute(
         "INSERT INTO boards (board, incarnation, settings, deleted_at) VALUES (%s, %s, %s, now()) "
-        "ON CONFLICT (board, incarnation) DO UPDATE SET deleted_at = now() WHERE boards.deleted_at IS NULL",
+        "ON CONFLICT (board, incarnation) DO UPDATE SET deleted_at = now()",
         (board.config.id, board.incarnation, orjson.dumps(_settings(board)).decode()),
     )
 

@@ -592,3 +592,94 @@ async def test_a_board_whose_delete_failed_after_its_mark_keeps_its_bans_and_its
             await a.db.close()
             with contextlib.suppress(BoardNotFound):
                 await store.delete(name)
+
+
+async def backdated(db: Any, name: str, seconds: float) -> None:
+    """``name``'s deletion mark in ``boards`` made ``seconds`` ago."""
+    await db.execute(
+        "UPDATE boards SET deleted_at = now() - make_interval(secs => %s) "
+        "WHERE board = %s AND deleted_at IS NOT NULL",
+        (seconds, name),
+    )
+
+
+async def test_a_delete_sent_again_after_failed_delete_s_is_not_taken_back_by_a_refresh_that_listed_it(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DELETE failed in Redis after its mark (503), and is sent again more than FAILED_DELETE_S
+    later. The retry's mark left the first one's time as it was, and an archiver's refresh that
+    read the registry before the retry (the board listed) and took back old marks after its 204
+    made the board live in PostgreSQL: Redis lost before the next refresh, `rebuild --all` brought
+    it back. The mark is made again at the retry's time now, which no refresh takes back."""
+    name = "acked-delete-retried-late"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+
+                async def unreachable(*args: Any, **kwargs: Any) -> str:
+                    raise redis.exceptions.ConnectionError("the registry's primary is unreachable")
+
+                monkeypatch.setattr(BoardStore, "delete", unreachable)
+                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+                assert r.status_code == 503 and r.json()["error"]["code"] == "cluster_unavailable", r.text
+                monkeypatch.undo()
+                await backdated(a.db, name, archive.FAILED_DELETE_S + 30)  # the retry comes later
+                original = a._deleted
+
+                async def retried_meanwhile(*args: Any, **kwargs: Any) -> list[tuple[str, str]]:
+                    # The refresh has read the registry (the board listed); the retry runs now.
+                    r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+                    assert r.status_code == 204, r.text
+                    return await original(*args, **kwargs)
+
+                monkeypatch.setattr(a, "_deleted", retried_meanwhile)
+                monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
+                a._known.clear()  # a refresh that reads the registry again
+                await a.refresh()
+                monkeypatch.undo()
+            await lose_redis_and_rebuild_all(raw, cluster_url, url)
+            with pytest.raises(BoardNotFound):
+                await store.get(name)
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_delete_slower_than_failed_delete_s_stays_deleted(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DELETE whose Redis part comes more than FAILED_DELETE_S after its mark (Redis slow, the
+    request queued at the router's gate): an archiver's refresh between the two judged it a DELETE
+    that failed and took the mark back, the DELETE then deleted the board and answered 204 (the
+    forgetting of its bans, which marks it too, failing after it), and Redis lost before the next
+    refresh had `rebuild --all` bring it back. The DELETE marks the incarnation again once it is
+    deleted in Redis, before the bans' forgetting."""
+    name = "acked-delete-slow"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        original = archive.mark_deleting
+
+        async def slow(db: Any, board: Board) -> None:
+            await original(db, board)
+            await backdated(a.db, name, archive.FAILED_DELETE_S + 30)  # Redis answers that much later
+            await a.refresh()  # meanwhile, with a sweep: the board still listed
+
+        async def unconfirmed(*args: Any, **kwargs: Any) -> int:
+            raise NotAcknowledged("no replica of the ban list's primary confirmed in time")
+
+        monkeypatch.setattr(archive, "mark_deleting", slow)
+        monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
+        monkeypatch.setattr(moderation.Bans, "forget", unconfirmed)
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+                assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+            monkeypatch.undo()
+            await lose_redis_and_rebuild_all(raw, cluster_url, url)
+            with pytest.raises(BoardNotFound):
+                await store.get(name)
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
