@@ -233,10 +233,10 @@ async def reshard(request: Request) -> Response:
         cache_s=svc.boards.ttl_s,
     )
     if request.method == "GET":
-        return render(request, await mover.status())
+        return render(request, await _status(svc, mover))
     if request.method == "DELETE":
         await mover.cancel()
-        return render(request, await mover.status())
+        return render(request, await _status(svc, mover))
     body = params.integral(await read_object(request, RESHARD_BODY_BYTES))
     for name in body:
         if name not in RESHARD_FIELDS:
@@ -257,7 +257,19 @@ async def reshard(request: Request) -> Response:
     elif (await mover.status())["state"] == "none":
         raise BoardConflict(f"board {board_id!r} has no reshard under way", "board")
     svc.reshards.start(mover)
-    return render(request, await mover.status(), 202)
+    return render(request, await _status(svc, mover), 202)
+
+
+async def _status(svc: Service, mover: Resharder) -> dict[str, Any]:
+    """The reshard's status (``Resharder.status``), its ``mover`` "starting" where no process holds
+    the board's lease but this router runs a mover of the board that will take it: one the POST just
+    started, whose task has not taken the lease yet (until 2026-12-06 its 202 then said "none", as of a
+    reshard nothing moves on), or one that waits to run again after a failure (router/reshards.py).
+    Read after the lease: a mover that ended meanwhile is not said to start."""
+    status = await mover.status()
+    if status.get("mover") == "none" and svc.reshards.moving(mover.board_id):
+        status["mover"] = "starting"
+    return status
 
 
 ROUTES = [

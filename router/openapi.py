@@ -1500,9 +1500,11 @@ _SCHEMAS.update(
                 "cancel_requested": {"type": "boolean"},
                 "writes_refused_ms": {"type": ["number", "null"], "description": "the cut-over's pause"},
                 "mover": {
-                    "enum": ["running", "none"],
+                    "enum": ["running", "starting", "none"],
                     "description": "while one is under way, whether a process holds the board's lease "
-                    "(none for longer than a lease: abandoned, resumed by a router that may take it)",
+                    "(starting: none does, but this router runs a mover of the board that will take it, "
+                    "e.g. the one a POST just started; none for longer than a lease: abandoned, resumed "
+                    "by a router that may take it)",
                 },
                 "last": {
                     "type": ["object", "null"],

@@ -150,6 +150,12 @@ class ReshardWatch:
         if mover.board_id not in self.movers:
             self.movers[mover.board_id] = asyncio.create_task(_move(mover, wait, tries))
 
+    def moving(self, board_id: str) -> bool:
+        """Whether this router runs a mover of the board that has not ended: one that may not hold
+        the board's lease yet (just started, or waiting to run again after a failure: ``_move``)."""
+        task = self.movers.get(board_id)
+        return task is not None and not task.done()
+
     async def stop(self) -> None:
         """Cancel this router's movers (as a killed process would lose them; their leases run out
         and a router that runs on resumes the reshards, see the module docstring; one that seals

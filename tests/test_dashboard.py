@@ -11,6 +11,7 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from starlette.applications import Starlette
 from router import admin, dashboard
 from shardlb import keys
 from shardlb.cluster import LocalCluster
+from shardlb.reshard import Resharder
 from tests.ports import node_ports
 from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name, running, service_of
 from tests.test_router_server import Server
@@ -164,6 +166,42 @@ async def test_a_board_is_resharded_through_the_admin_endpoint(
         assert shard_map["band_skew"] == round(max(sizes) * len(sizes) / 50, 3)
     again = await client.post(path, json={"shards": 2, "bands": [0, 10, 25, 40]}, headers=AS_ADMIN)
     assert again.status_code == 409 and "these bands already" in again.text  # the layout it has
+
+
+async def test_a_reshard_started_answers_a_mover_starting_before_it_takes_the_lease(
+    router: tuple[Starlette, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The POST's 202 is answered once the router has started its mover, which takes the board's
+    lease only when its task runs: until 2026-12-06 the status read meanwhile said `"mover":
+    "none"` (nothing moves it on) of a reshard whose mover was starting. Here the mover's take is
+    held back until the answers are read, as a busy event loop or a slow PostgreSQL would."""
+    app, client = router
+    monkeypatch.setattr(service_of(app).boards, "ttl_s", 0.5)  # as in the test above
+    name = board_name("dash-rs-start")
+    settings = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+    released = asyncio.Event()
+    run = Resharder.run
+
+    async def held_back(self: Resharder, wait: bool = True) -> dict[str, Any]:
+        await released.wait()
+        return await run(self, wait)
+
+    monkeypatch.setattr(Resharder, "run", held_back)
+    path = f"/v1/admin/boards/{name}/reshard"
+    started = await client.post(path, json={"shards": 3}, headers=AS_ADMIN)
+    assert started.status_code == 202 and started.json()["mover"] == "starting", started.text
+    status = (await client.get(path, headers=AS_ADMIN)).json()
+    assert (status["state"], status["mover"]) == ("copying", "starting"), status
+    released.set()
+    for _ in range(300):
+        status = (await client.get(path, headers=AS_ADMIN)).json()
+        if status["state"] == "none":
+            break
+        assert status["mover"] in ("starting", "running"), status
+        await asyncio.sleep(0.1)
+    assert (status["shards"], status["last"]["to_shards"]) == (3, 3), status
+    assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
 
 
 async def test_a_reshard_refused_names_the_field_of_its_body(
