@@ -117,7 +117,7 @@ class Pruned(NamedTuple):
 
     rows: dict[tuple[str, str], int]
     done: bool
-    # incarnations deleted less than the grace ago, whose rows a later call removes
+    # incarnations deleted less than the grace ago, whose rows a later call removes (``waiting``)
     waiting: int = 0
     # rows of refused_results removed (older than ``refused_days``)
     refused: int = 0
@@ -134,8 +134,31 @@ async def prunable(
         "ORDER BY deleted_at, board, incarnation",
         (grace_s,),
     )
+    return await _unheld(client, await cur.fetchall())
+
+
+async def waiting(db: psycopg.AsyncConnection[Any], client: RedisCluster, grace_s: float) -> int:
+    """How many incarnations deleted less than ``grace_s`` seconds ago, that the registry does not
+    hold, still have rows a prune removes: those a later call prunes. Until 2026-12-06 every
+    incarnation deleted within the grace was counted, one whose rows a call with a shorter grace
+    had removed too, and said to be "pruned later"."""
+    left = " OR ".join(
+        f"EXISTS (SELECT 1 FROM {table} t WHERE t.board = b.board AND t.incarnation = b.incarnation)"
+        for table in (*TABLES, *BOOKKEEPING)
+    )
+    cur = await db.execute(
+        f"SELECT board, incarnation FROM boards b WHERE deleted_at > now() - make_interval(secs => %s) "
+        f"AND ({left})",
+        (grace_s,),
+    )
+    return len(await _unheld(client, await cur.fetchall()))
+
+
+async def _unheld(client: RedisCluster, idents: list[tuple[Any, ...]]) -> list[tuple[str, str]]:
+    """The (board, incarnation) pairs of ``idents`` the registry does not hold: a live board's
+    incarnation is never pruned, whatever PostgreSQL's mark says (the module docstring)."""
     out = []
-    for board, incarnation in await cur.fetchall():
+    for board, incarnation in idents:
         record = await client.hget(keys.BOARDS, board)
         if record is None or str(orjson.loads(record).get("incarnation", "0")) != incarnation:
             out.append((board, incarnation))
@@ -188,11 +211,8 @@ async def prune(
             left -= cur.rowcount
             if cur.rowcount < size:
                 break
-    cur = await db.execute(
-        "SELECT count(*) FROM boards WHERE deleted_at > now() - make_interval(secs => %s)", (grace_s,)
-    )
-    row = await cur.fetchone()
-    return Pruned(removed, True, row[0] if row else 0, older[REFUSED_BATCH], older[AUDIT_BATCH])
+    later = await waiting(db, client, grace_s)
+    return Pruned(removed, True, later, older[REFUSED_BATCH], older[AUDIT_BATCH])
 
 
 # Run in a batch's transaction before ``batch_statement``: the batch is read in the primary key's

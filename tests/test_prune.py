@@ -295,6 +295,11 @@ async def test_the_prune_command(
             said = capsys.readouterr().out
             assert "rows removed" in said and "nothing left to prune" in said and "within" not in said, said
             assert not any((await rows_of(db, gone.config.id, gone.incarnation)).values())
+            # Within the grace again, but nothing of it left: not "pruned later" (until 2026-12-06 it
+            # was counted, its rows gone with --grace 0).
+            assert await asyncio.to_thread(main, command) == 0
+            said = capsys.readouterr().out
+            assert "within" not in said and "nothing left to prune" in said, said
             for bad in (["--grace", "-1"], ["--batch", "0"], ["--limit", "0"]):
                 with pytest.raises(SystemExit) as e:
                     main(["prune", "--redis", cluster_url, "--postgres", url, *bad])
