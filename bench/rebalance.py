@@ -1,6 +1,6 @@
 """`make bench-rebalance`: what drawing a band board's band starts again buys once its scores moved.
 
-    python -m bench.rebalance      # ~1.5 min: its own cluster; SHARDLB_REBALANCE_* settings
+    python -m bench.rebalance      # ~1 min: its own cluster; SHARDLB_REBALANCE_* settings
 
 A private cluster of 3 masters, each redis-server pinned to a CPU as `make bench-scaleout` pins
 them (bench/scaleout.py), and a band board of 3 home shards and 3 bands (one of each per master)

@@ -266,15 +266,18 @@ def removed(rows: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`shardlb prune`: remove from PostgreSQL the archived rows (results, holds, removals and their
-    records, and the archiver's marks of their journals) of the boards deleted at least --grace
-    seconds ago, --batch rows a transaction and at most --limit rows; with --refused-days, the
-    refused results recorded more than that many days ago too; with --audit-days, the moderation
-    audit's rows (bans, lifts, removals asked for) written more than that many days ago (30 at least:
-    a request's retry with its X-Request-Id after its row is gone is a new request). Exit status 0
-    when nothing is left to prune, 3 when --limit stopped it (run it again), 2 for bad arguments. The
-    boards' settlements, snapshots and awards stay, and the refused results and the moderation audit
-    without their options."""
+    """`shardlb prune`: remove from PostgreSQL the archived rows of the boards deleted at least --grace
+    seconds ago (results: match_results; holds: match_holds; later applications a result's row did
+    not take: match_later; removals and their records: player_removals, removal_records; the
+    archiver's marks of their journals: journal_marks, archive_gaps), --batch rows a transaction and
+    at most --limit rows; with --refused-days, the refused results recorded more than that many days
+    ago too; with --audit-days, the moderation audit's rows (bans, lifts, removals asked for) written
+    more than that many days ago (30 at least: a request's retry with its X-Request-Id after its row
+    is gone is a new request). Exit status 0 when nothing is left to prune, 1 when it could not be
+    done (Redis or PostgreSQL out of reach or failing: what was removed stays removed; run it
+    again), 2 for bad arguments, 3 when --limit stopped it (run it again). The boards' settlements,
+    snapshots and awards stay, and the refused results and the moderation audit without their
+    options."""
     parser = argparse.ArgumentParser(
         prog="shardlb prune",
         description=inspect.cleandoc(main.__doc__ or ""),

@@ -458,3 +458,16 @@ def test_a_line_counts_one_row_as_one() -> None:
     assert prune.removed(1) == "1 row removed"
     assert prune.removed(0) == "0 rows removed"
     assert prune.removed(1_234) == "1,234 rows removed"
+
+
+def test_the_help_names_every_table_pruned_and_every_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    """`shardlb prune --help` named results, holds and removals, not the later applications a result's
+    row did not take (``match_later``), which it prunes too, and gave the exit statuses 0, 2 and 3,
+    not 1 (Redis or PostgreSQL out of reach), until 2026-12-06."""
+    with pytest.raises(SystemExit) as e:
+        main(["prune", "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(f"{table}" in out for table in (*prune.TABLES, *prune.BOOKKEEPING)), out
+    for status in ("0 when", "1 when", "2 for", "3 when"):
+        assert f" {status} " in out, (status, out)
