@@ -263,7 +263,8 @@ def cluster_down(args: argparse.Namespace) -> int:
         print(f"no cluster state in {args.dir}: nothing to stop")
         return 0
     stopped = LocalCluster.from_state(args.dir).down()
-    print(f"cluster in {args.dir}: " + (f"{stopped} nodes stopped" if stopped else "not running"))
+    nodes = f"{stopped} node{'' if stopped == 1 else 's'} stopped"
+    print(f"cluster in {args.dir}: " + (nodes if stopped else "not running"))
     return 0
 
 

@@ -100,8 +100,9 @@ class ClusterStatus:
         return not self.problems
 
     def __str__(self) -> str:
-        masters = sum(n.role == "master" for n in self.nodes)
-        head = f"cluster ok: {len(self.nodes)} nodes, {masters} masters" if self.ok else "cluster NOT ok"
+        nodes, masters = len(self.nodes), sum(n.role == "master" for n in self.nodes)
+        counted = f"{nodes} node{'' if nodes == 1 else 's'}, {masters} master{'' if masters == 1 else 's'}"
+        head = f"cluster ok: {counted}" if self.ok else "cluster NOT ok"
         lines = [head, *(f"  ! {p}" for p in self.problems)]
         lines.append(f"  {'port':<6} {'pid':<8} {'process':<8} {'role':<8} {'state':<6} serves")
         for n in self.nodes:

@@ -383,7 +383,7 @@ class Resharder:
                     "shards",
                 )
             if now.config.sharding == sharding:
-                what = f"these bands already ({len(bands)})" if bands else f"{shards} shards already"
+                what = f"these bands already ({len(bands)})" if bands else f"{_shards(shards)} already"
                 raise BoardConflict(f"the board has {what}", "shards")
             if now.config.durability == "journal" and not self.postgres_url:
                 raise BoardConflict(
@@ -411,7 +411,7 @@ class Resharder:
         record = await self._update(begin)
         self._knows()
         banded = f" and {len(bands)} bands" if bands else ""
-        self.say(f"{self.board_id}: reshard to {shards} shards{banded} recorded")
+        self.say(f"{self.board_id}: reshard to {_shards(shards)}{banded} recorded")
         return record
 
     async def run(self, wait: bool = True) -> dict[str, Any]:
@@ -597,7 +597,7 @@ class Resharder:
             left = len(homes) - len(done)
             await self._tell(
                 f"{self.board_id}: copied shard {shard + 1}/{len(homes)} "
-                f"({members} members; {rate:,.0f}/s; {left} shards left)"
+                f"({members} members; {rate:,.0f}/s; {_shards(left)} left)"
             )
         for _ in range(ROUNDS):
             await self._check_cancel()
@@ -837,7 +837,7 @@ class Resharder:
             }
         )
         self.say(
-            f"{self.board_id}: cut over to {target.config.sharding.shards} shards; writes refused "
+            f"{self.board_id}: cut over to {_shards(target.config.sharding.shards)}; writes refused "
             f"{refused:.0f} ms before the record, {self.refused_ms:.0f} ms in all"
         )
         return record
@@ -870,7 +870,7 @@ class Resharder:
                 await self._drop(prefix, MOVED_MS)
 
         await asyncio.gather(*(drop(p) for p in source.prefixes))
-        self.say(f"{self.board_id}: the old layout's {len(source.prefixes)} shards dropped")
+        self.say(f"{self.board_id}: the old layout's {_shards(len(source.prefixes))} dropped")
         # The new layout's shards Redis lost alone since the commit: marked not rebuilt in the record
         # that ends the reshard, as the archiver marks one (it leaves a board being resharded, so
         # until 2026-12-06 the mark came at its first round after the finish, reads answered from
@@ -955,7 +955,7 @@ class Resharder:
         await self._update(cancelled)
         await self._unfence(source, target)
         kept = source.config.sharding.shards
-        self.say(f"{self.board_id}: reshard cancelled; the board keeps {kept} shards")
+        self.say(f"{self.board_id}: reshard cancelled; the board keeps {_shards(kept)}")
 
     async def _start_journals(self, source: Board, target: Board) -> None:
         """Start every new journal past the last id of every old one (an empty stream whose last id
@@ -1025,7 +1025,8 @@ class Resharder:
         rows = await self._rehome(board, at_rest=True)
         shards = board.config.sharding.shards
         self.say(
-            f"{self.board_id}: {rows} archived rows re-homed to the layout's {shards} shards; next, "
+            f"{self.board_id}: {rows} archived {'row' if rows == 1 else 'rows'} re-homed to the layout's "
+            f"{_shards(shards)}; next, "
             f"`shardlb reconcile {self.board_id}`: drift there is what this archive lacks (results "
             "acknowledged after its backup point, which no gap names), and a rebuild or --repair "
             "would drop it from Redis"
@@ -1321,6 +1322,11 @@ def _asking(record: dict[str, Any]) -> dict[str, Any]:
     carried out at its next step (until 2026-12-05 the mover stopped with NotAcknowledged)."""
     move = record.get("reshard")
     return {**record, "reshard": {**move, "cancel": True}} if move else record
+
+
+def _shards(count: int) -> str:
+    """A mover's lines' count of shards: "1 shard", "3 shards" (until 2026-12-06 "1 shards left")."""
+    return f"{count} shard{'' if count == 1 else 's'}"
 
 
 def _incarnation(record: dict[str, Any]) -> str:

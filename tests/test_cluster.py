@@ -233,6 +233,18 @@ def test_up_timeout_names_the_wait_shows_the_log_and_leaves_nothing_running(clus
 
 
 @pytest.mark.cluster
+def test_cli_counts_one_node_as_one(cluster_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`shardlb cluster status` and `down` of a one-node cluster said "1 nodes, 1 masters" and "1 nodes
+    stopped" (until 2026-12-06)."""
+    where = ["--dir", str(cluster_dir)]
+    one = ["--masters", "1", "--replicas", "0", "--port", str(_free_ports(1))]
+    assert main(["cluster", "up", *one, *where]) == 0
+    assert "cluster ok: 1 node, 1 master\n" in capsys.readouterr().out
+    assert main(["cluster", "down", *where]) == 0
+    assert "1 node stopped" in capsys.readouterr().out
+
+
+@pytest.mark.cluster
 def test_cli_up_status_down(cluster_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = _free_ports(2)
     where = ["--dir", str(cluster_dir)]
@@ -242,7 +254,8 @@ def test_cli_up_status_down(cluster_dir: Path, capsys: pytest.CaptureFixture[str
     assert out.splitlines()[-1] == f"SHARDLB_REDIS_URL=redis://127.0.0.1:{base},127.0.0.1:{base + 1}"
 
     assert main(["cluster", "status", *where]) == 0
-    assert "cluster ok" in capsys.readouterr().out
+    # "1 masters" until 2026-12-06
+    assert "cluster ok: 2 nodes, 1 master\n" in capsys.readouterr().out
 
     assert main(["cluster", "down", *where]) == 0
     assert "2 nodes stopped" in capsys.readouterr().out

@@ -618,6 +618,33 @@ async def test_reshard_refuses_what_it_cannot_do(store: BoardStore) -> None:
         await Resharder(store, band.config.id, say=lambda _: None).start(2, [0, 10])
 
 
+async def test_a_movers_lines_count_one_shard_as_one(store: BoardStore) -> None:
+    """A mover's lines (`shardlb reshard`'s output, a router's log) said "1 shards left", "reshard
+    to 1 shards recorded", "cut over to 1 shards", "the board has 1 shards already" and "the board
+    keeps 1 shards" (until 2026-12-06)."""
+    board, _ = await make_board(store, 2)
+    await board.submit([Score(f"p{i}", i, "m1", times.now_ms()) for i in range(20)])
+    said: list[str] = []
+    await Resharder(store, board.config.id, say=said.append, cache_s=0).start(1)
+    await Resharder(store, board.config.id, say=said.append, cache_s=0).run()
+    with pytest.raises(BoardConflict) as refused:
+        await Resharder(store, board.config.id, say=said.append).start(1)
+    mover = Resharder(store, board.config.id, say=said.append, cache_s=0)
+    await mover.start(2)
+    assert await mover.cancel() == "cancelled"
+    lines = "\n".join([*said, refused.value.message])
+    assert " 1 shards" not in lines, lines
+    for line in (
+        ": reshard to 1 shard recorded",
+        "; 1 shard left)",
+        ": cut over to 1 shard;",
+        "the old layout's 2 shards dropped",
+        "the board has 1 shard already",
+        "the board keeps 1 shard\n",
+    ):
+        assert line in lines + "\n", (line, lines)
+
+
 async def test_a_retried_start_of_the_same_reshard_is_the_same_reshard(store: BoardStore) -> None:
     """A client that sends its reshard again (its first answer lost) gets the reshard under way,
     not a 409; another target while one is under way is still refused."""
