@@ -598,10 +598,9 @@ async def unban(request: Request) -> Response:
 
 
 async def forget_bans(svc: Service, board_id: str, incarnation: str) -> None:
-    """After DELETE /v1/boards/{board}: mark the board deleted in PostgreSQL again
-    (``archive.mark_deleted``), then forget the bans of the board deleted (``Bans.forget``), in
-    force nowhere now. The deletion is done (and recorded in PostgreSQL before it was made:
-    ``routes._mark_deleted``) and answered 204 whatever happens here: without PostgreSQL, or when it
+    """After DELETE /v1/boards/{board}: forget the bans of the board deleted (``Bans.forget``), in
+    force nowhere now. The deletion is done (and recorded in PostgreSQL before this:
+    ``routes.delete_board``) and answered 204 whatever happens here: without PostgreSQL, or when it
     or Redis fails, the bans are left (not in force, and not listed) for the archiver's sweep
     (``Bans.sweep``), and logged."""
     url = svc.settings.postgres_url
@@ -610,12 +609,6 @@ async def forget_bans(svc: Service, board_id: str, incarnation: str) -> None:
     try:
         db = await connect_db(url)
         try:
-            # The mark made before the deletion may be taken back by then: a DELETE whose Redis part
-            # came more than FAILED_DELETE_S after it looked to the archiver like one that failed
-            # (``Archiver._undeleted``). ``forget`` marks it too, but after its Redis part, whose
-            # failure left the board live in PostgreSQL (until 2026-12-06), and `rebuild --all`
-            # after a loss of Redis before the archiver's next refresh brought it back.
-            await archive.mark_deleted(db, board_id, incarnation)
             await svc.moderation.bans.bans.forget(db, board_id, incarnation)
         finally:
             await db.close()

@@ -1168,10 +1168,11 @@ SPEC: dict[str, Any] = {
             "delete": {
                 "operationId": "deleteBoard",
                 "summary": "Remove a board and all its keys",
-                "description": "Addition: a journaled board's deletion is recorded in PostgreSQL "
-                "before anything is deleted in Redis, so a rebuild after a loss of Redis never brings "
-                "it back; PostgreSQL failing there is 503 archive_unavailable with nothing deleted "
-                "(send the DELETE again).",
+                "description": "Addition: a journaled board's DELETE is recorded in PostgreSQL as "
+                "begun before anything is deleted in Redis, and as done before the 204, so a rebuild "
+                "after a loss of Redis never brings back a board answered 204 (and brings back one "
+                "whose DELETE failed); PostgreSQL failing is 503 archive_unavailable, with nothing "
+                "deleted when it fails first (send the DELETE again).",
                 "security": _ADMIN,
                 "responses": {"204": {"description": "Deleted"}, **_errors(400, 401, 403, *_PATH, 422, 503)},
             },

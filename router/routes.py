@@ -6,12 +6,13 @@ touches the cluster, so a request that fails validation writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import time
 import weakref
-from collections.abc import Awaitable, Callable
-from typing import cast
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
 
 import psycopg
 from starlette.requests import Request
@@ -225,43 +226,63 @@ async def get_board(request: Request) -> Response:
 
 
 async def delete_board(request: Request) -> Response:
+    """DELETE /v1/boards/{board}. A journaled board, on a router with PostgreSQL, is recorded in
+    two marks (docs/design-notes.md, "A total loss of Redis"): its DELETE begun before anything
+    changes in Redis (``archive.mark_deleting``), then its deletion once Redis has deleted it
+    (``archive.mark_deleted``), before the 204. `rebuild --all` restores a board with the first
+    alone, so a DELETE that fails in Redis (503, the board live) loses nothing to a loss of Redis,
+    and one answered 204 is never undone by it. PostgreSQL failing is 503 ``archive_unavailable``:
+    at the first mark nothing is deleted; at the second the board is gone from Redis, and the
+    DELETE sent again finds it gone and records the deletion before its 404 (``archive.mark_gone``)."""
     svc = _allow(request, Scope.ADMIN)
     _query(request)
     board_id = request.path_params["board"]
-    incarnation = await svc.boards.delete(board_id, await _mark_deleted(svc, board_id))
+    try:
+        board = await _mark_deleting(svc, board_id)
+        incarnation = await svc.boards.delete(board_id, None if board is None else board.incarnation)
+    except BoardNotFound:
+        if svc.settings.postgres_url:
+            async with _archive(svc, "the board's deletion is not recorded") as db:
+                await archive.mark_gone(db, svc.client, board_id)
+        raise
+    if board is not None and board.config.durability == "journal":
+        async with _archive(svc, "the board is deleted, its deletion not recorded") as db:
+            await archive.mark_deleted(db, board_id, incarnation)
     await moderation.forget_bans(svc, board_id, incarnation)  # none of them holds anywhere now
     return Response(status_code=204)
 
 
-async def _mark_deleted(svc: Service, board_id: str) -> str | None:
-    """Before DELETE /v1/boards/{board} changes anything in Redis: the incarnation it deletes (the
-    registry's, one whose deletion stopped half way too), recorded deleted in PostgreSQL
-    (``archive.mark_deleting``), so that `rebuild --all` never brings back a board answered 204,
-    whatever Redis loses after the answer. PostgreSQL failing is 503 ``archive_unavailable`` with
-    nothing deleted, and the DELETE sent again is the one deletion. Until 2026-12-06 the mark came
-    after the deletion, and its failure was logged and answered 204 on Redis's mark alone
-    (tests/test_acked_deletions.py). None (the incarnation the registry holds then) without
-    PostgreSQL; a board without a journal has nothing there to mark."""
-    url = svc.settings.postgres_url
-    if not url:
+async def _mark_deleting(svc: Service, board_id: str) -> Board | None:
+    """Before DELETE /v1/boards/{board} changes anything in Redis: the board it deletes (the
+    registry's incarnation, one whose deletion stopped half way too), its DELETE recorded begun in
+    PostgreSQL when it is journaled. None without PostgreSQL (the incarnation the registry holds
+    then is deleted); a board without a journal has nothing there to mark."""
+    if not svc.settings.postgres_url:
         return None
     board = await svc.boards.store.get(board_id, deleting=True)
-    if board.config.durability != "journal":
-        return board.incarnation
-    try:
-        db = await archive.connect_db(url)
-        try:
+    if board.config.durability == "journal":
+        async with _archive(svc, "the board is not deleted") as db:
             await archive.mark_deleting(db, board)
+    return board
+
+
+@contextlib.asynccontextmanager
+async def _archive(svc: Service, state: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A connection to the router's PostgreSQL for a DELETE's marks; PostgreSQL failing (there or
+    in the block) is 503 ``archive_unavailable`` saying ``state``, to be sent again."""
+    try:
+        db = await archive.connect_db(svc.settings.postgres_url)
+        try:
+            yield db
         finally:
             await db.close()
     except psycopg.Error as e:
         raise ApiError(
             503,
             "archive_unavailable",
-            f"PostgreSQL failed ({type(e).__name__}): the board is not deleted; send the DELETE again",
+            f"PostgreSQL failed ({type(e).__name__}): {state}; send the DELETE again",
             retry_after=5,
         ) from e
-    return board.incarnation
 
 
 async def rebuild_board(request: Request) -> Response:

@@ -123,12 +123,6 @@ FORGET_EVERY_S = 60.0
 # deleted, at the archiver's start, after a sweep that failed, and at least this often: a board the
 # archiver does not keep (no journal) is known deleted by Redis's mark only, which lasts a day.
 SWEEP_BANS_EVERY_S = 600.0
-# A DELETE marks the board deleted in PostgreSQL before it deletes it in Redis (router/routes.py,
-# ``_mark_deleted``), and one that fails in Redis after its mark (answered 503) leaves a live board
-# marked. A mark older than this of an incarnation the registry lists (not being deleted) is taken
-# back before each sweep (``Archiver._undeleted``): a DELETE under way passes from its mark to its
-# record's ``deleting`` state, which the listing leaves out, in two Redis calls.
-FAILED_DELETE_S = 60.0
 # A round that fails (PostgreSQL or the cluster away) is tried again after RETRY_FIRST_S, the pause
 # doubling on each failure in a row up to RETRY_MAX_S; the first round that works ends the outage.
 # Fixed 1 s pauses logged two warnings a second for as long as an outage lasted; the failures are
@@ -145,6 +139,11 @@ CREATE TABLE IF NOT EXISTS boards (
     deleted_at timestamptz,
     PRIMARY KEY (board, incarnation)
 );
+-- When a DELETE of the incarnation began (``mark_deleting``, before its Redis part): pending, not a
+-- deletion. `rebuild --all` restores a board marked so alone (its DELETE was never answered 204);
+-- ``deleted_at``, written once Redis has deleted the board, is the deletion. NULL in rows of the
+-- releases before, as for a board no DELETE began.
+ALTER TABLE boards ADD COLUMN IF NOT EXISTS delete_begun_at timestamptz;
 CREATE TABLE IF NOT EXISTS match_results (
     board text NOT NULL,
     incarnation text NOT NULL,
@@ -702,7 +701,6 @@ class Archiver:
             # PostgreSQL, a failure half way, the library's delete): retried at the next refresh.
             # Its failure is logged, not the round's: archiving goes on without it.
             try:
-                await self._undeleted(found)
                 await moderation.Bans(self.store.client).sweep(self.db)
             except (psycopg.Error, RedisError, OSError, ShardlbError) as e:
                 self.sweep_outage.failed(e)
@@ -722,24 +720,6 @@ class Archiver:
                     "the ban list was missing from Redis while PostgreSQL holds bans: written back",
                     extra={"fields": {"bans": written}},
                 )
-
-    async def _undeleted(self, found: Sequence[Board]) -> None:
-        """Take back the deletion marks older than FAILED_DELETE_S of the incarnations the registry
-        lists (``found``, the boards not being deleted): a DELETE that failed after its mark and was
-        not sent again. The board lives: `rebuild --all` must restore it after a loss of Redis, and
-        its bans hold. Logged, each."""
-        cur = await self.db.execute(
-            "UPDATE boards SET deleted_at = NULL WHERE deleted_at < now() - make_interval(secs => %s) "
-            "AND (board, incarnation) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
-            "RETURNING board, incarnation",
-            (FAILED_DELETE_S, [b.config.id for b in found], [b.incarnation for b in found]),
-        )
-        for board, incarnation in await cur.fetchall():
-            log.warning(
-                "a board marked deleted in PostgreSQL is still in the registry (a DELETE that failed "
-                "after its mark): marked live again",
-                extra={"fields": {"board": board, "incarnation": incarnation}},
-            )
 
     async def _deleted(self, listed: set[tuple[str, str]]) -> list[tuple[str, str]]:
         """The boards PostgreSQL holds as live, the registry lacks, and Redis says were deleted.
@@ -1423,7 +1403,7 @@ async def mark_deleted(db: psycopg.AsyncConnection[Any], board: str, incarnation
     """Record in ``boards`` that ``board``'s incarnation ``incarnation`` is deleted, as the archiver's
     refresh does once it sees Redis's mark (a no-op for an incarnation it does not keep): `rebuild
     --all` then never restores it, whatever Redis has lost since. Made by whoever deletes a board,
-    before its answer (a DELETE, a season archive)."""
+    once it is deleted in Redis and before the answer (a DELETE, a season archive)."""
     await db.execute(
         "UPDATE boards SET deleted_at = now() WHERE deleted_at IS NULL AND board = %s AND incarnation = %s",
         (board, incarnation),
@@ -1431,20 +1411,34 @@ async def mark_deleted(db: psycopg.AsyncConnection[Any], board: str, incarnation
 
 
 async def mark_deleting(db: psycopg.AsyncConnection[Any], board: Board) -> None:
-    """``mark_deleted`` made before ``board`` is deleted in Redis (a router's DELETE), its row
-    written deleted when the archiver has not recorded the incarnation yet: the archiver's INSERT
-    of it then changes nothing (ON CONFLICT DO NOTHING). An UPDATE alone would find no row there,
-    and the archiver, recording the board between the mark and the deletion in Redis and looking
-    for Redis's mark of the deletion before it was set, would leave the row it made live. A row
-    marked already (a DELETE that failed after its mark, sent again) is marked again at this time:
-    the archiver takes back a mark older than FAILED_DELETE_S of a board the registry lists
-    (``Archiver._undeleted``), and until 2026-12-06 one whose registry read came before the retry
-    took the retry's mark back after its 204 (the first call's time kept)."""
+    """Record that a DELETE of ``board`` begins (``boards.delete_begun_at``), before its Redis part:
+    a pending mark, which `rebuild --all` does not take for a deletion (the DELETE may fail in
+    Redis, and answers 503 with the board live), and which ``mark_deleted`` makes the deletion once
+    Redis has deleted the board. The row is written when the archiver has not recorded the
+    incarnation yet (its INSERT then changes nothing: ON CONFLICT DO NOTHING), so that the final
+    mark finds it: an UPDATE alone found no row there, and the archiver, recording the board
+    between the two marks and looking for Redis's mark of the deletion before it was set, left the
+    row it made live (docs/design-notes.md, "A total loss of Redis")."""
     await db.execute(
-        "INSERT INTO boards (board, incarnation, settings, deleted_at) VALUES (%s, %s, %s, now()) "
-        "ON CONFLICT (board, incarnation) DO UPDATE SET deleted_at = now()",
+        "INSERT INTO boards (board, incarnation, settings, delete_begun_at) VALUES (%s, %s, %s, now()) "
+        "ON CONFLICT (board, incarnation) DO UPDATE SET delete_begun_at = now()",
         (board.config.id, board.incarnation, orjson.dumps(_settings(board)).decode()),
     )
+
+
+async def mark_gone(db: psycopg.AsyncConnection[Any], client: RedisCluster, board: str) -> None:
+    """``mark_deleted`` for each incarnation of ``board`` whose DELETE began (``mark_deleting``) and
+    that Redis says was deleted (``keys.deleted_key``, kept a day): a DELETE that deleted the board
+    in Redis and failed on its final mark (503), sent again, finds the board gone and records the
+    deletion before its 404. The archiver's refresh does the same for every board, a refresh later."""
+    cur = await db.execute(
+        "SELECT incarnation FROM boards WHERE board = %s AND delete_begun_at IS NOT NULL "
+        "AND deleted_at IS NULL",
+        (board,),
+    )
+    for (incarnation,) in await cur.fetchall():
+        if await client.exists(keys.deleted_key(board, incarnation)):
+            await mark_deleted(db, board, incarnation)
 
 
 async def record_removals(db: psycopg.AsyncConnection[Any], entries: Sequence[tuple[str, Entry]]) -> None:

@@ -823,8 +823,9 @@ class Bans:
         for name, incarnation, deleted in found:
             if not deleted and not await self.client.exists(keys.deleted_key(name, incarnation)):
                 continue
-            # One the registry holds is a live board: a DELETE marked it deleted in PostgreSQL, then
-            # failed in Redis (router/routes.py, ``_mark_deleted``), and its bans are in force.
+            # One the registry holds is a live board, its bans in force, whatever PostgreSQL says: a
+            # DELETE records the deletion there only once Redis has made it (router/routes.py,
+            # ``delete_board``), so such a mark is one made by hand, which must not lift bans.
             record = await self.client.hget(keys.BOARDS, name)
             held = {} if record is None else orjson.loads(record)
             if held and held.get("state") != "deleting" and str(held.get("incarnation", "0")) == incarnation:

@@ -557,12 +557,11 @@ async def test_a_board_whose_deletion_stopped_half_way_is_marked_and_finished_by
 async def test_a_board_whose_delete_failed_after_its_mark_keeps_its_bans_and_its_restore(
     store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The DELETE marks the board deleted in PostgreSQL, then fails in Redis (503
-    ``cluster_unavailable``, nothing deleted) and is not sent again: the board lives, its row
-    marked deleted. The archiver's sweep forgot its bans (in force on a live board), and `rebuild
-    --all` after a loss of Redis left the board out. The sweep leaves an incarnation the registry
-    holds alone now, and the archiver's refresh takes back a mark older than FAILED_DELETE_S of a
-    board the registry lists."""
+    """The DELETE marks the board in PostgreSQL, then fails in Redis (503 ``cluster_unavailable``,
+    nothing deleted) and is not sent again: the board lives. When that mark was the deletion's, the
+    archiver's sweep forgot its bans (in force on a live board), and `rebuild --all` after a loss
+    of Redis left the board out. The mark made before Redis is a pending one now (and the sweep
+    leaves an incarnation the registry holds alone whatever PostgreSQL says)."""
     name = "acked-delete-failed-after-mark"
     field = moderation.ban_field(name, "p1")
     async with own_archive(postgres_url) as url:
@@ -582,7 +581,6 @@ async def test_a_board_whose_delete_failed_after_its_mark_keeps_its_bans_and_its
                 monkeypatch.undo()
             await moderation.Bans(raw).sweep(a.db)
             assert await raw.hexists(keys.BANS, field)  # in force: the board lives
-            monkeypatch.setattr(archive, "FAILED_DELETE_S", 0.0)
             monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
             await a.refresh()
             await lose_redis_and_rebuild_all(raw, cluster_url, url)
@@ -594,23 +592,92 @@ async def test_a_board_whose_delete_failed_after_its_mark_keeps_its_bans_and_its
                 await store.delete(name)
 
 
+async def test_a_board_whose_delete_failed_in_redis_comes_back_from_a_total_loss_within_the_minute(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DELETE writes its mark in PostgreSQL, then fails in Redis (503 ``cluster_unavailable``:
+    the board is not deleted) and is not sent again; Redis is lost at once, an archiver's refresh
+    (with its sweep) between the two. The board's writes were acknowledged and its deletion was
+    not: `rebuild --all` must bring it back with its scores. The mark made before Redis was the
+    deletion's own, which the archiver took back only at its sweep, for a mark older than 60 s (up
+    to about 11 minutes after the 503): `rebuild --all` left the board out. It is a pending mark
+    now, which `rebuild --all` does not take for a deletion."""
+    name = "acked-delete-failed-then-lost"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+
+                async def unreachable(*args: Any, **kwargs: Any) -> str:
+                    raise redis.exceptions.ConnectionError("the registry's primary is unreachable")
+
+                monkeypatch.setattr(BoardStore, "delete", unreachable)
+                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+                assert r.status_code == 503 and r.json()["error"]["code"] == "cluster_unavailable", r.text
+                monkeypatch.undo()
+            monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
+            await a.refresh()
+            monkeypatch.undo()
+            await lose_redis_and_rebuild_all(raw, cluster_url, url)
+            top = await (await store.get(name)).top(10)
+            assert sorted((e.player_id, e.points) for e in top) == [("p1", 10), ("p2", 10)]
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+async def test_a_delete_whose_last_mark_fails_is_a_503_and_its_retry_marks_it(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DELETE deletes the board in Redis, then PostgreSQL fails on the mark that records the
+    deletion done: 503 ``archive_unavailable`` (not acknowledged; Redis lost now, `rebuild --all`
+    may bring the board back). The DELETE sent again finds the board gone (404) and records the
+    deletion first, from Redis's mark: Redis lost then, the board stays deleted."""
+    name = "acked-delete-last-mark-failed"
+    async with own_archive(postgres_url) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            async with router(cluster_url, postgres_url=url) as (_, client):
+
+                async def refused(*args: Any, **kwargs: Any) -> None:
+                    raise psycopg.OperationalError("connection lost")
+
+                monkeypatch.setattr(archive, "mark_deleted", refused)
+                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+                assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+                assert r.headers["retry-after"] == "5"
+                monkeypatch.undo()
+                with pytest.raises(BoardNotFound):
+                    await store.get(name)
+                assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
+                await lose_redis_and_rebuild_all(raw, cluster_url, url)
+                with pytest.raises(BoardNotFound):
+                    await store.get(name)
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
 async def backdated(db: Any, name: str, seconds: float) -> None:
-    """``name``'s deletion mark in ``boards`` made ``seconds`` ago."""
+    """``name``'s marks in ``boards`` (its DELETE begun, its deletion) made ``seconds`` ago."""
     await db.execute(
-        "UPDATE boards SET deleted_at = now() - make_interval(secs => %s) "
-        "WHERE board = %s AND deleted_at IS NOT NULL",
-        (seconds, name),
+        "UPDATE boards SET delete_begun_at = delete_begun_at - make_interval(secs => %s), "
+        "deleted_at = deleted_at - make_interval(secs => %s) WHERE board = %s",
+        (seconds, seconds, name),
     )
 
 
 async def test_a_delete_sent_again_after_failed_delete_s_is_not_taken_back_by_a_refresh_that_listed_it(
     store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A DELETE failed in Redis after its mark (503), and is sent again more than FAILED_DELETE_S
-    later. The retry's mark left the first one's time as it was, and an archiver's refresh that
-    read the registry before the retry (the board listed) and took back old marks after its 204
-    made the board live in PostgreSQL: Redis lost before the next refresh, `rebuild --all` brought
-    it back. The mark is made again at the retry's time now, which no refresh takes back."""
+    """A DELETE failed in Redis after its mark (503), and is sent again 90 s later, inside an
+    archiver's refresh that read the registry before the retry (the board listed). When the
+    archiver took back a deletion mark older than 60 s of a board its registry read listed (for a
+    DELETE that failed), it took back the retry's after its 204 (the retry's mark kept the first
+    call's time): Redis lost before the next refresh, `rebuild --all` brought the board back. The
+    deletion is recorded after the Redis part now, and nothing takes it back."""
     name = "acked-delete-retried-late"
     async with own_archive(postgres_url) as url:
         a = await archived_board(raw, store, url, name)
@@ -624,7 +691,7 @@ async def test_a_delete_sent_again_after_failed_delete_s_is_not_taken_back_by_a_
                 r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
                 assert r.status_code == 503 and r.json()["error"]["code"] == "cluster_unavailable", r.text
                 monkeypatch.undo()
-                await backdated(a.db, name, archive.FAILED_DELETE_S + 30)  # the retry comes later
+                await backdated(a.db, name, 90)  # the retry comes later
                 original = a._deleted
 
                 async def retried_meanwhile(*args: Any, **kwargs: Any) -> list[tuple[str, str]]:
@@ -650,12 +717,12 @@ async def test_a_delete_sent_again_after_failed_delete_s_is_not_taken_back_by_a_
 async def test_a_delete_slower_than_failed_delete_s_stays_deleted(
     store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A DELETE whose Redis part comes more than FAILED_DELETE_S after its mark (Redis slow, the
-    request queued at the router's gate): an archiver's refresh between the two judged it a DELETE
-    that failed and took the mark back, the DELETE then deleted the board and answered 204 (the
-    forgetting of its bans, which marks it too, failing after it), and Redis lost before the next
-    refresh had `rebuild --all` bring it back. The DELETE marks the incarnation again once it is
-    deleted in Redis, before the bans' forgetting."""
+    """A DELETE whose Redis part comes 90 s after its mark (Redis slow, the request queued at the
+    router's gate), an archiver's refresh (with its sweep) between the two. When the mark before
+    Redis was the deletion's, that refresh judged it a DELETE that failed and took it back, the
+    DELETE then deleted the board and answered 204 (the forgetting of its bans, which marks it too,
+    failing after it), and Redis lost before the next refresh had `rebuild --all` bring it back.
+    The deletion is recorded once Redis has made it, before the 204."""
     name = "acked-delete-slow"
     async with own_archive(postgres_url) as url:
         a = await archived_board(raw, store, url, name)
@@ -663,7 +730,7 @@ async def test_a_delete_slower_than_failed_delete_s_stays_deleted(
 
         async def slow(db: Any, board: Board) -> None:
             await original(db, board)
-            await backdated(a.db, name, archive.FAILED_DELETE_S + 30)  # Redis answers that much later
+            await backdated(a.db, name, 90)  # Redis answers that much later
             await a.refresh()  # meanwhile, with a sweep: the board still listed
 
         async def unconfirmed(*args: Any, **kwargs: Any) -> int:
