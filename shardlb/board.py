@@ -28,6 +28,7 @@ from shardlb.config import (
     RANK_MODES,
     BoardConfig,
     Sharding,
+    all_ids,
     check_id,
 )
 from shardlb.connection import Scripts
@@ -419,6 +420,8 @@ class Board:
         by_region = self.layout.strategy == "region"
         shards = self.layout.sharding.shards
         fullmatch, crc32 = ID_PATTERN.fullmatch, zlib.crc32
+        # Every player id checked at once; one by one only when some is not an id (the error path).
+        every_id = all_ids([s.player_id for s in scores])
         # A request's scores mostly share their local day (most are sent without a time): its
         # periods hold for every time in [lo, hi).
         lo = hi = -1
@@ -445,8 +448,7 @@ class Board:
                 in_range = lowest <= sent <= highest
             # One test for the common case of a good score; _refuse says what is wrong, if anything.
             if not (
-                type(player) is str
-                and fullmatch(player) is not None
+                (every_id or (type(player) is str and fullmatch(player) is not None))
                 and type(match) is str
                 and 0 < len(match) <= MATCH_ID_MAX
                 and "\x00" not in match

@@ -13,6 +13,8 @@ from shardlb.errors import InvalidInput, field_name
 
 ID_MAX = 64  # characters in a board, player or region id
 ID_PATTERN = re.compile(rf"^[A-Za-z0-9_\-.:]{{1,{ID_MAX}}}$", re.ASCII)
+# Ids one a line, for ``all_ids``: "\n" is no id's character.
+_ID_LINES = re.compile(rf"[A-Za-z0-9_\-.:]{{1,{ID_MAX}}}(?:\n[A-Za-z0-9_\-.:]{{1,{ID_MAX}}})*", re.ASCII)
 MATCH_ID_MAX = 128  # characters in a match id (api.md: 1-128)
 MODES = ("best", "incr", "set")
 DURABILITY = ("journal", "memory")
@@ -70,6 +72,18 @@ SETTINGS = (
 )  # fmt: skip
 MODERATION_MAX = {"max_points_per_result": MAX_POINTS, "max_results_per_player_per_minute": 100_000,
                   "inactive_after": 10 * 365 * 86_400}  # fmt: skip
+
+
+def all_ids(values: list[Any]) -> bool:
+    """Whether every value is an id (``ID_PATTERN``), by one match over them all, one a line: a
+    match's fixed part (its state, its Match object: some 2,000 instructions) was most of a score's
+    check, and a write checks each of its player ids."""
+    try:
+        lines = "\n".join(values)
+    except TypeError:  # a value that is not a string
+        return False
+    # A value holding a line end would pass as two lines: as many lines as values, or not all ids.
+    return not values or (lines.count("\n") == len(values) - 1 and _ID_LINES.fullmatch(lines) is not None)
 
 
 def check_id(value: object, field_name: str) -> str:

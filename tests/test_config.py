@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import string
+from typing import Any
 
-from shardlb.config import MAX_BANDS, BoardConfig
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from shardlb.config import ID_PATTERN, MAX_BANDS, BoardConfig, all_ids
 from shardlb.errors import InvalidInput
 from shardlb.sharding import Layout
 
@@ -105,3 +110,31 @@ def test_too_many_band_starts_are_refused_saying_how_many_are_allowed() -> None:
     with pytest.raises(InvalidInput, match=f"at most {MAX_BANDS} bands") as refused:
         BoardConfig.from_dict("b", {"sharding": {"strategy": "band", "bands": bands}})
     assert refused.value.field == "sharding.bands"
+
+
+_ID_CHARS = string.ascii_letters + string.digits + "_-.:"
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.text(_ID_CHARS, max_size=66),
+            st.text(_ID_CHARS + "\n \x00é/", max_size=66),
+            st.integers(),
+            st.none(),
+        ),
+        max_size=8,
+    )
+)
+@example([])
+@example(["a\nb"])  # two ids' characters on two lines, one value: not an id
+@example(["a", "b\n"])
+@example(["a", ""])
+@example(["x" * 64, "y"])
+@example(["x" * 65])
+@example(["\n"])
+def test_all_ids_is_the_id_pattern_on_each(values: list[Any]) -> None:
+    """One match over every value, one a line (Board.prepare's check of a write's player ids),
+    answers as the id pattern on each value would."""
+    expected = all(isinstance(v, str) and ID_PATTERN.fullmatch(v) is not None for v in values)
+    assert all_ids(values) is expected

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from shardlb import periods
 from shardlb.board import QUARTER_HOUR_MS, Board, Score, rounds
 from shardlb.config import BoardConfig
+from shardlb.errors import InvalidInput
 from shardlb.journal import Applied
 from shardlb.rebuild import Fold
 from tests import zone_reference
@@ -158,3 +159,13 @@ def test_rounds_send_each_players_regions_in_the_order_a_request_names_them() ->
         rounds(hashed.config.sharding, hashed.prepare([Score("p1", 1, "m"), Score("p1", 2, "n")], NOW_MS))
         is None
     )
+
+
+@pytest.mark.parametrize("bad", ["a\nb", "", "x" * 65, "é", 7])
+def test_a_player_id_that_is_no_id_is_refused_by_its_place(bad: Any) -> None:
+    """The player ids of a request are checked at once (shardlb/config.py, ``all_ids``); one that is
+    not an id among others that are is still refused by its own field, nothing prepared."""
+    scores = [Score("p1", 5, "m1"), Score(bad, 5, "m1"), Score("p3", 5, "m1")]
+    with pytest.raises(InvalidInput) as refused:
+        board("desc", "earliest", SHARDINGS[1]).prepare(scores, NOW_MS)
+    assert (refused.value.field, refused.value.code) == ("scores[1].player_id", "invalid_id")
