@@ -187,8 +187,10 @@ def check_body_head(
     # or applied as sent when the coding changed nothing. RFC 9112 6.1 has 501 for a transfer
     # coding the server does not know; a 4xx, as for a content coding, tells the client the fault
     # is its request, and that a retry of it fails alike.
-    # One comprehension, no generator: most requests name no coding, and pay for nothing but it.
-    unread = [c for v in transfer for c in map(str.strip, v.split(",")) if c.lower() not in ("", "chunked")]
+    # Most requests name no coding: they pay for a test of each, not for a comprehension.
+    unread = transfer and [
+        c for v in transfer for c in map(str.strip, v.split(",")) if c.lower() not in ("", "chunked")
+    ]
     if unread:
         raise ApiError(
             415,
@@ -196,7 +198,9 @@ def check_body_head(
             f"send the body with a Content-Length or chunked: Transfer-Encoding {', '.join(unread)} "
             "is not accepted",
         )
-    coded = [c for v in encodings for c in map(str.strip, v.split(",")) if c.lower() not in ("", "identity")]
+    coded = encodings and [
+        c for v in encodings for c in map(str.strip, v.split(",")) if c.lower() not in ("", "identity")
+    ]
     if coded:
         # A body is decoded as it came: a compressed one would be a malformed JSON or MessagePack
         # body (400) at best. api.md has bodies uncompressed; RFC 9110 15.5.16 says 415 and which
@@ -257,6 +261,8 @@ def headers_too_large(limit: int) -> ApiError:
 def media_type(content_type: str | None) -> str:
     """The media type of a request's ``content_type``: JSON when absent, 415 when it is neither
     JSON nor MessagePack."""
+    if content_type is None or content_type == JSON:  # what most bodies are sent as: nothing to parse
+        return JSON
     media = (content_type or JSON).partition(";")[0].strip().lower()
     if media not in _MSGPACK_TYPES and media != JSON and not media.endswith("+json"):
         raise ApiError(
