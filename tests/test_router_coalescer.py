@@ -340,6 +340,10 @@ async def test_a_primary_out_of_reach_is_a_few_warnings_per_primary_not_one_per_
     local.up()
     client = connect(local.url)
     try:
+        # Each write on disk before its reply: with `appendfsync everysec` Redis may hold a write back
+        # up to 2 s while an fsync is slow (a loaded machine), and a node killed then comes back
+        # without the shards' sentinels: its writes refused (503 board_rebuilding), as they should be.
+        await client.execute_command("CONFIG SET", "appendfsync", "always", target_nodes=client.PRIMARIES)
         scripts = Scripts.register(client)
         await scripts.load(client)
         store = BoardStore(client, scripts)
