@@ -12,21 +12,21 @@ A change made by another process (the archiver's mark of a shard lost alone, a r
 taken off, a deletion or a reshard's step through another router or the CLI) is seen within a
 quarter of a second: each worker reads the registry's version (a GET of one key, through the
 registry gate) every ``FOLLOW_S`` (``run``), and when it moved, reads which boards changed from
-the change log registry.lua writes with it (``BoardStore.moved``: one MULTI of a GET and an LRANGE
-of a few entries) and expires their copies only; the next request of such a board fetches it as
-an expired one (single flight, the kept lane). When the log cannot say (a move without a note, or
-more moves than it keeps), the records kept unexpired are compared with the registry's: their
-digests first (``BoardStore.digests``, an HMGET of about 20 bytes a board, read with the version),
-then the records whose digest differs (an HMGET of those only), at most once every
-``RECHECK_S_PER_BOARD`` per board compared; meanwhile the moves the log names after the one it
-lacks are taken in as any other. A
-fetch under way of a board a move taken in names (of any board, when the log cannot
-say) keeps nothing, and later requests do not join it, unless it read the registry at the version
-the move was taken in through (``_moved_since``). Costs per worker: 4 GETs a second to the
-registry's primary; a move costs a MULTI of a few hundred bytes whatever the boards kept (a
-comparison of 2,000 boards kept: about 50 kB and the records changed, at most once a second; it was
-about 1 MB, every record, until the digests). Nothing is added on a
-request's path. The expiry (``ttl_s``, 5 s) stays the bound for
+the change log registry.lua writes with it (``BoardStore.moved``: one round trip of the version, an
+LRANGE of a few entries and the version again; no MULTI, which a registry primary out of memory
+refuses, reads too: the looks go on there) and expires their copies only; the next request of
+such a board fetches it as an expired one (single flight, the kept lane). When the log cannot say
+(a move without a note, or more moves than it keeps), the records kept unexpired are compared
+with the registry's: their digests first (``BoardStore.digests``, an HMGET of about 20 bytes a
+board, read after the version), then the records whose digest differs (an HMGET of those only),
+at most once every ``RECHECK_S_PER_BOARD`` per board compared; meanwhile the moves the log names
+after the one it lacks are taken in as any other. A fetch under way of a board a move taken in
+names (of any board, when the log cannot say) keeps nothing, and later requests do not join it,
+unless it read the registry at the version the move was taken in through (``_moved_since``).
+Costs per worker: 4 GETs a second to the registry's primary; a move costs a round trip of a few
+hundred bytes whatever the boards kept (a comparison of 2,000 boards kept: about 50 kB and the
+records changed, at most once a second; it was about 1 MB, every record, until the digests).
+Nothing is added on a request's path. The expiry (``ttl_s``, 5 s) stays the bound for
 what the version does not show: records written by processes of the release before the version
 (they do not move it), and any time the looks fail (Redis unreachable: logged as an ``Outage``, a
 few lines an hour), and while every permit of the registry gate is held (a look takes only a
@@ -48,8 +48,9 @@ or a delete through this router answers its callers but keeps nothing, and reque
 change do not join it: what it read may be from before the change, and would hide a board just
 created or keep one just deleted.
 
-The board list (GET /v1/boards, public) is held as rendered, with the registry's version read with
-it (``BoardStore.records``): a list while the version stands and the listing is younger than
+The board list (GET /v1/boards, public) is held as rendered, with the registry's version it was
+read at (``BoardStore.records``, no MULTI either: the list is answered from a registry primary out
+of memory): a list while the version stands and the listing is younger than
 ``ttl_s`` costs a GET of the version. Every change of a record moves the version, but processes of
 the release before the version (README, "Upgrading an install", 19) write records without moving
 it, so a listing older than ``ttl_s`` is read again; when its records are those it was made of (a

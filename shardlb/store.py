@@ -89,6 +89,12 @@ HELD_PAGE = 500  # records a ``held`` HMGET asks at once (about 250 kB)
 DIGESTS_PAGE = 2000  # digests a ``digests`` HMGET asks at once (about 40 kB)
 DIGESTS_TRIES = 3  # reads of a page of digests (``digests``), each after they were made whole
 DIGEST_CHARS = 16  # the hex digits of a record's SHA-1 a digest keeps (registry.lua, digests.lua)
+# Reads of the registry with its version (``records``, ``moved``) made again while the version moves
+# between the reads of one round trip (``records``); then what was read is held as of no version.
+SETTLE_TRIES = 3
+# The version ``records`` returns when the registry moved under each of its reads: equal to none, so
+# a holder of that listing reads the registry again at its next look.
+UNSETTLED: Any = object()
 
 
 class BoardStore:
@@ -404,11 +410,11 @@ class BoardStore:
         settings changed, or ``whole_every_s`` passed: else the boards of the last read, at the
         cost of a GET. For callers that list the boards every few seconds (the archiver's refresh,
         the journal watch), where the registry is 1.1 MB at 2,000 boards. A listing is held with
-        the version read in the same MULTI as the registry (``boards``): a change after it moves
-        the version, and a failover that loses a change it lists sets the version back to another
-        (drawn, never counted). ``whole_every_s`` bounds how late a record written without moving
-        the version (by a process of the release before) is seen; a registry lost with Redis loses
-        its version too."""
+        the version it is exactly (``records``: read before and after the registry, unchanged
+        between): a change after it moves the version, and a failover that loses a change it lists
+        sets the version back to another (drawn, never counted). ``whole_every_s`` bounds how late a
+        record written without moving the version (by a process of the release before) is seen; a
+        registry lost with Redis loses its version too."""
         version = await self.version()
         settings = (self.journal_max, self.journal_max_results, self.read_replicas)
         last = self._followed
@@ -454,15 +460,34 @@ class BoardStore:
         return [b for b in boards if b.also]
 
     async def records(self) -> tuple[Any, dict[str, Any]]:
-        """The registry's version and its records (board id -> record JSON), read in one MULTI. A
-        holder of what it read asks the version again (``version``) to know whether a record has
-        changed since (``follow``, router/boards.py). Read apart, a change made between the two
-        reads and then lost in a failover (which sets the version back) was held as if it were
-        the version's."""
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.get(keys.BOARDS_VERSION)
-            pipe.hgetall(keys.BOARDS)
-            version, raw = await pipe.execute()
+        """The registry's version and its records (board id -> record JSON), the records exactly
+        that version's. A holder of what it read asks the version again (``version``) to know
+        whether a record has changed since (``follow``, router/boards.py). Read with the version
+        before only, a change made between the two reads and then lost in a failover (which sets
+        the version back) was held as if it were the version's.
+
+        Not a MULTI: a primary out of memory refuses every MULTI, reads too, and the boards must
+        still be listed there (GET /v1/boards, the archiver's refresh). One round trip of the
+        version, the records and the version again: every change of a record moves the version to
+        one drawn anew in the same registry.lua call, so when both reads of it agree no change came
+        between, and the records are that version's, as in a MULTI. When they differ (Redis ran
+        another client's change between two commands of the round trip: seldom), it is read again,
+        SETTLE_TRIES times; a registry that moved under each is returned with UNSETTLED, which
+        equals no version, so its holder reads it again at its next look. Left: a failover between
+        the records and the second read (which the node serves in one go unless the round trip came
+        in pieces) that lost a change the records hold, its promoted replica still at the first
+        version: the listing is held with it until its holder reads the whole registry anyway (the
+        archiver a minute on, a router's list after ``ttl_s``)."""
+        version: Any = UNSETTLED
+        for _ in range(SETTLE_TRIES):
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.get(keys.BOARDS_VERSION)
+                pipe.hgetall(keys.BOARDS)
+                pipe.get(keys.BOARDS_VERSION)
+                before, raw, after = await pipe.execute()
+            if before == after:
+                version = before
+                break
         return version, {str(k): v for k, v in raw.items()}
 
     async def version(self) -> Any:
@@ -471,19 +496,35 @@ class BoardStore:
 
     async def moved(self, since: Any) -> tuple[Any, set[str] | None, set[str]]:
         """The registry's version now, the boards whose records changed since version ``since``,
-        as the change log says (``keys.BOARDS_CHANGES``, read in one MULTI with the version), and
+        as the change log says (``keys.BOARDS_CHANGES``, read with the version), and
         the boards the log names from the version now back to the first move it lacks (all those
         changed, when it lacks none). None for the boards changed when the log cannot say:
         ``since`` is not in it (more moves than it keeps, a failover that set the version back), or
         a move in between is not (a process of a release before the log moves the version without
         a note). The caller then compares the records it holds (``held``). A first read of
         CHANGES_FIRST entries, then of the whole log. (A process of a release before the version
-        moves nothing: README, "Upgrading an install", 19.)"""
+        moves nothing: README, "Upgrading an install", 19.)
+
+        Not a MULTI, which a primary out of memory refuses, reads too (routers must go on following
+        there: a delete's removal of a record is taken there, it frees memory). One round trip of
+        the version, the log and the version again: both reads alike, no move came between (each
+        draws a new version), and the log's newest entry is the move to that version unless that
+        move was not noted, as in a MULTI. Else the log may begin with moves made after the first
+        read: read again, SETTLE_TRIES times, then taken as a gap (a comparison; the moves after the
+        version returned are read at the next look). A failover between the reads that lost a move
+        the log holds, its promoted replica at the first version, makes the log's newest entry a
+        move to another version: a gap too, never a move taken for one it was not."""
         for last in (CHANGES_FIRST - 1, CHANGES_KEPT - 1):
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.get(keys.BOARDS_VERSION)
-                pipe.lrange(keys.BOARDS_CHANGES, 0, last)
-                version, entries = await pipe.execute()
+            for _ in range(SETTLE_TRIES):
+                async with self.client.pipeline(transaction=False) as pipe:
+                    pipe.get(keys.BOARDS_VERSION)
+                    pipe.lrange(keys.BOARDS_CHANGES, 0, last)
+                    pipe.get(keys.BOARDS_VERSION)
+                    version, entries, after = await pipe.execute()
+                if version == after:
+                    break
+            else:
+                return version, None, set()
             named, whole, gap = _chain(entries, version, since)
             if whole or gap or len(entries) <= last:  # else ``since`` may be further back
                 break
@@ -500,14 +541,24 @@ class BoardStore:
         """The digests of the registry's records of ``board_ids`` as they are now (``digest``; None:
         no record, or none known), DIGESTS_PAGE at a time: a caller that holds records (a router,
         router/boards.py) reads only those whose digest differs from its own's. Each page is an
-        HMGET read in one MULTI with the version, and taken when the digests are whole through it
+        HMGET read after the version, and taken when the digests are whole through it
         (registry.lua); else a process that writes none (of a release before them) moved the
-        version since, and digests.lua makes every digest again first, once for every reader."""
+        version since, and digests.lua makes every digest again first, once for every reader.
+
+        The version first, then the HMGET (with the field '', the version the digests are whole
+        through), in one round trip, not a MULTI, which a primary out of memory refuses, reads too.
+        One HMGET is read at once: when its '' is the version read before it, every digest it holds
+        is its record's at that version or at a later change through registry.lua (which writes
+        record and digest together); a change after the version by a process that writes none is
+        not in them, but it moved the version, which the caller's next look sees. A move between
+        the two reads through registry.lua leaves '' at a version newer than the one read: not
+        taken, digests.lua has nothing to do (its field is the version now), and the page is read
+        again."""
         found: list[str | None] = []
         for at in range(0, len(board_ids), DIGESTS_PAGE):
             page = list(board_ids[at : at + DIGESTS_PAGE])
             for _ in range(DIGESTS_TRIES):
-                async with self.client.pipeline(transaction=True) as pipe:
+                async with self.client.pipeline(transaction=False) as pipe:
                     pipe.get(keys.BOARDS_VERSION)
                     pipe.hmget(keys.BOARDS_DIGESTS, ["", *page])
                     version, values = await pipe.execute()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -22,6 +23,7 @@ from shardlb.errors import BoardConflict, BoardNotFound
 from shardlb.reshard import Resharder
 from shardlb.store import BoardStore
 from tests.test_board_retries import FailOnce
+from tests.test_router_boards import registry_primary
 
 pytestmark = pytest.mark.cluster
 
@@ -395,3 +397,98 @@ async def test_the_change_log_names_the_boards_changed_between_two_versions(stor
         for name in names:
             with contextlib.suppress(BoardNotFound):
                 await store.delete(name)
+
+
+async def test_the_registry_is_read_and_followed_while_its_primary_is_out_of_memory(
+    store: BoardStore,
+) -> None:
+    """A registry primary out of memory refuses every MULTI, reads too, and takes the removal of a
+    record (registry.lua's, a delete's last step: it frees memory). Failed before: ``records``,
+    ``moved`` and ``digests`` were MULTIs, so the archiver's listing (``follow``) failed for as long
+    as the primary was full, and so did a router's look. Now each reads there, and a listing after
+    the removal no longer has the board."""
+    names = [f"oom-followed-{i}" for i in range(2)]
+    for name in names:
+        await store.create(BoardConfig.from_dict(name, {"durability": "memory"}))
+    removed = await store.client.hget(keys.BOARDS, names[0])
+    follower = BoardStore(store.client, store.scripts)
+    try:
+        assert set(names) <= {b.config.id for b in await follower.follow()}
+        await store.digests(names)  # whole from here on (digests.lua), whatever wrote before
+        since = await store.version()
+        async with registry_primary(store, "maxmemory", 1):
+            assert set(names) <= set((await store.records())[1])
+            assert await store.swap(names[0], removed, b"")
+            version, changed, named = await store.moved(since)
+            assert version == await store.version() and changed == named == {names[0]}
+            digests = await store.digests(names)
+            assert digests == [None, store_module.digest(await store.client.hget(keys.BOARDS, names[1]))]
+            listed = {b.config.id for b in await follower.follow()}
+            assert names[0] not in listed and names[1] in listed
+    finally:
+        if not await store.client.hexists(keys.BOARDS, names[0]):
+            await store.swap(names[0], b"", removed)  # back, so that its delete drops its keys
+        for name in names:
+            await store.delete(name)
+
+
+class Stepwise:
+    """A pipeline that sends its commands one at a time, and awaits the first of ``changes`` (taken
+    off) after its first command: another client's change that Redis ran between two commands of
+    a round trip, as it may. The commands go to the real cluster."""
+
+    def __init__(self, client: Any, changes: list[Callable[[], Awaitable[Any]]]) -> None:
+        self.client, self.changes, self.queued = client, changes, list[tuple[str, tuple[Any, ...]]]()
+
+    async def __aenter__(self) -> Stepwise:
+        return self
+
+    async def __aexit__(self, *_: Any) -> None:
+        return None
+
+    def __getattr__(self, command: str) -> Callable[..., None]:
+        return lambda *args: self.queued.append((command, args))
+
+    async def execute(self) -> list[Any]:
+        replies = []
+        for command, args in self.queued:
+            replies.append(await getattr(self.client, command)(*args))
+            if len(replies) == 1 and self.changes:
+                await self.changes.pop(0)()
+        return replies
+
+
+async def test_a_change_between_the_reads_of_one_round_trip_is_read_again(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``records`` and ``moved`` read the version, the registry (or its log) and the version again in
+    one round trip, not a MULTI (a primary out of memory refuses every MULTI); Redis may run another
+    client's change between two of those commands. Read again then: a listing is held with the
+    version it is exactly, not the one before a change it holds (which a failover could lose, and set
+    the version back to: ``test_a_change_a_failover_lost_after_a_whole_read_is_not_held``), and the
+    log is chained from the version it begins with, not taken for a gap. A registry that moves
+    under every read is held as of no version (``UNSETTLED``)."""
+    config = BoardConfig.from_dict("stepwise", {"durability": "memory"})
+    since = await store.version()
+
+    async def touch() -> None:
+        raw = await store.client.hget(keys.BOARDS, config.id)
+        record = orjson.loads(raw)
+        state = {**record["state"], "turn": record["state"].get("turn", 0) + 1}
+        assert await store.swap(config.id, raw, orjson.dumps({**record, "state": state}))
+
+    changes: list[Callable[[], Awaitable[Any]]] = [lambda: store.create(config)]
+    try:
+        monkeypatch.setattr(store.client, "pipeline", lambda **_: Stepwise(store.client, changes))
+        version, records = await store.records()
+        assert config.id in records and version == await store.version()
+        changes.append(touch)
+        version, changed, named = await store.moved(since)
+        assert version == await store.version() and changed == named == {config.id}
+        changes.extend([touch] * store_module.SETTLE_TRIES)
+        version, records = await store.records()
+        assert version is store_module.UNSETTLED and not changes
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(BoardNotFound):
+            await store.delete(config.id)
