@@ -242,6 +242,23 @@ def removals_key(prefix: str) -> str:
     return prefix + "rmv"
 
 
+def removal_position_field(player: str) -> str:
+    """The field of ``removals_key`` that holds where the delete entry that last removed ``player``
+    on that shard is (remove.lua builds it itself, and writes its value: ``removal_position`` reads
+    it). As ``removal_request_field`` of no request: a reshard's copy takes it to the player's home."""
+    return f"\x00{player}"
+
+
+def removal_position(value: str) -> str:
+    """The journal id that a ``removal_position_field`` value holds: remove.lua writes the record's
+    units, ".", then the id as digits (its ms on 13 places, then its sequence), so that it reads
+    as a number where the hash's values are read so. "" for a value that holds none."""
+    digits = value.partition(".")[2]
+    if len(digits) <= 13 or not digits.isdigit():
+        return ""
+    return f"{int(digits[:13])}-{int(digits[13:])}"
+
+
 def removal_request_field(request: str, player: str) -> str:
     """The field of ``removals_key`` that records the removal ``request`` of ``player`` on that
     shard (remove.lua builds it itself: keep the two in step). Ids hold no NUL, so it is never a

@@ -45,7 +45,7 @@ import asyncio
 import os
 import secrets
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -386,7 +386,7 @@ async def remove_on_shard(
     archived = journaled is not None and board.config.durability == "journal"
     # The players removed here before, within the dedup window (their records, read before this
     # call writes its own): one this call finds gone may be so by a delete entry not archived yet.
-    earlier = await _recorded(board, shard, players) if archived else []
+    earlier = await _recorded(board, shard, players) if archived else {}
     for _ in range(STALE_TRIES):
         listed = [_text(k) for k in await board.client.zrange(keys.index_key(prefix), 0, -1)]
         names = fixed + [k for k in dict.fromkeys(listed) if k not in fixed]
@@ -409,7 +409,7 @@ async def remove_on_shard(
         elif version < 0 and banded:
             again.append(player)
     if journaled is not None and archived:
-        gone = {p for p in earlier if p not in removed}
+        gone = {p: at for p, at in earlier.items() if p not in removed}
         found = await _delete_entries(board, shard, entry_id, None if entry_id else request, gone)
         journaled += [(board.config.mode, entry) for entry in found]
     if versions:
@@ -419,49 +419,70 @@ async def remove_on_shard(
     return removed
 
 
-async def _recorded(board: Board, shard: int, players: Sequence[str]) -> list[str]:
-    """The players of ``players`` the shard holds a removal record of (``keys.removals_key``): removed
-    there within the dedup window."""
-    held = await board.client.hmget(keys.removals_key(board.prefixes[shard]), list(players))
-    return [p for p, v in zip(players, held, strict=True) if v is not None]
+async def _recorded(board: Board, shard: int, players: Sequence[str]) -> dict[str, str]:
+    """The players of ``players`` the shard holds a removal record of (``keys.removals_key``: removed
+    there within the dedup window), each with the id of the delete entry that last removed them
+    there ("" when the record names none: a record of the release before 2026-12-06, or one a
+    rebuild put back), in one HMGET."""
+    fields = [f for p in players for f in (p, keys.removal_position_field(p))]
+    held = await board.client.hmget(keys.removals_key(board.prefixes[shard]), fields)
+    return {
+        p: keys.removal_position(_text(at)) if at is not None else ""
+        for p, record, at in zip(players, held[::2], held[1::2], strict=True)
+        if record is not None
+    }
 
 
 async def _delete_entries(
-    board: Board, shard: int, entry_id: str, request: str | None, gone: Collection[str] = ()
+    board: Board, shard: int, entry_id: str, request: str | None, gone: dict[str, str] | None = None
 ) -> list[Entry]:
     """The delete entries a removal's call on the shard archives before its answer: its own
     (``entry_id``: "" when it journaled none); with ``request``, that request's (a retry of a
     request whose call here journaled nothing, as it ran here before, looks for its first call's
-    entry that way); with ``gone`` (players the call found already removed), every entry that
-    removed one of them. Not archived yet, such an entry is still in the journal (the archiver trims
-    only what it committed); gone, PostgreSQL has it. A removal found by another's retry is one
-    whose archiving failed (its caller answered 503) or the archiver has not taken yet: until
-    2026-12-06 a removal sent again under another request id answered ``removed: false`` and
-    archived nothing of the first, which a loss of Redis then undid. Read undecoded (their fields
-    are MessagePack) from the shard's primary: the entry alone when it is all that is wanted, else
-    the journal, which holds what the archiver has not committed yet, up to its bound, PAGE at a
-    time."""
+    entry that way); with ``gone`` (players the call found already removed -> the id of the entry
+    that last removed them there, from ``_recorded``), that entry. Not archived yet, such an entry
+    is still in the journal (the archiver trims only what it committed); gone, PostgreSQL has it. A
+    removal found by another's retry is one whose archiving failed (its caller answered 503) or the
+    archiver has not taken yet: until 2026-12-06 a removal sent again under another request id
+    answered ``removed: false`` and archived nothing of the first, which a loss of Redis then undid.
+    An entry that removed the player before the one named is not looked for: the later removal
+    drops every result of theirs the earlier one did. Read undecoded (their fields are MessagePack)
+    from the shard's primary: each entry named alone (XRANGE of its id), and the whole journal
+    (which holds what the archiver has not committed yet, up to its bound, PAGE at a time) only for
+    a request's, or for a player whose record names no entry."""
+    gone = gone or {}
     key, raw = keys.journal_key(board.prefixes[shard]), {NEVER_DECODE: True}
-    if not request and not gone:  # the call's own entry alone
-        if not entry_id:
-            return []
-        low, high = entry_id, entry_id
-    else:
-        low, high = "-", "+"
-    wanted, removed = None if not request else request.encode(), set(gone)
-    out: list[Entry] = []
-    while True:
-        got: Any = await board.client.execute_command("XRANGE", key, low, high, "COUNT", PAGE, **raw)
+    named = {at for at in (entry_id, *gone.values()) if at}
+    unplaced = [p for p, at in gone.items() if not at]
+    wanted = request.encode() if request else None
+    out: dict[str, Entry] = {}
+
+    def take(got: Any, scanned: bool) -> None:
         for at, fields in got or ():
             if not fields or b"x" not in fields:
                 continue
             entry = decode(at, fields)
-            named = bool(wanted) and fields.get(b"q") == wanted
-            if entry.id == entry_id or named or removed.intersection(entry.removed):
-                out.append(entry)
-        if not got or len(got) < PAGE:
-            return out
-        low = "(" + _text(got[-1][0])
+            ours = entry.id == entry_id or (scanned and wanted is not None and fields.get(b"q") == wanted)
+            if ours or ((scanned or entry.id in named) and not set(gone).isdisjoint(entry.removed)):
+                out.setdefault(entry.id, entry)
+
+    for at in sorted(named):
+        take(await board.client.execute_command("XRANGE", key, at, at, **raw), False)
+    # A reshard committed, the entry may be in the old layout's journals (the record was copied here
+    # with its id), which the archiver drains before the reshard ends: an XRANGE of the id on each.
+    missed = sorted(named - set(out) - {entry_id}) if board.also and not board.moving else []
+    for prefix in board.also if missed else ():
+        for at in missed:
+            take(await board.client.execute_command("XRANGE", keys.journal_key(prefix), at, at, **raw), False)
+    if wanted is not None or unplaced:
+        low = "-"
+        while True:
+            got: Any = await board.client.execute_command("XRANGE", key, low, "+", "COUNT", PAGE, **raw)
+            take(got, True)
+            if not got or len(got) < PAGE:
+                break
+            low = "(" + _text(got[-1][0])
+    return list(out.values())
 
 
 def record_units(board: Board, now_ms: int) -> int:

@@ -473,6 +473,8 @@ class Copier:
             return
         players = list(dict.fromkeys(_player(m) for m in members))
         matches = [m for m in members if not m.startswith("\x00")]
+        # and where each player's removal entry is (remove.lua's NUL <player>, beside the record)
+        positions = [keys.removal_position_field(p) for p in players]
         listed = await self._keys(prefix)
         read = batch(self.client)
         wanted = []
@@ -484,7 +486,8 @@ class Copier:
             elif kind == "hash" and matches:
                 read.execute_command("HMGET", prefix + suffix, *matches)
             elif kind == "players":  # and a removal request's fields (remove.lua tracks them as named)
-                read.execute_command("HMGET", prefix + suffix, *players, *matches)
+                beside = positions if suffix == "rmv" else []
+                read.execute_command("HMGET", prefix + suffix, *players, *matches, *beside)
             else:
                 continue
             wanted.append((suffix, kind, expiry))
@@ -497,6 +500,7 @@ class Copier:
                 rows = [(m, None) for m, v in zip(matches, values, strict=True) if v]
                 await self._write(target, suffix, kind, expiry, rows)
             else:
-                named = players + matches if kind == "players" else matches
+                beside = positions if suffix == "rmv" else []
+                named = players + matches + beside if kind == "players" else matches
                 rows = [(m, v) for m, v in zip(named, values, strict=True) if v is not None]
                 await self._write(target, suffix, kind, expiry, rows)

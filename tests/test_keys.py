@@ -135,3 +135,11 @@ def test_the_registrys_digests_share_the_registrys_slot() -> None:
     """registry.lua writes a record's digest in the call that writes the record, and digests.lua
     reads the records, the version and the digests in one call: one slot."""
     assert keys.slot_of(keys.BOARDS_DIGESTS) == keys.slot_of(keys.BOARDS)
+
+
+def test_a_removal_position_reads_the_journal_id_remove_lua_wrote() -> None:
+    assert keys.removal_position("1234.17335000000427") == "1733500000042-7"
+    assert keys.removal_position("1234.00000000000012345") == "1-2345"
+    assert keys.removal_position("1234") == ""  # a record that names no entry
+    assert keys.removal_position("1234.1") == ""
+    assert keys.removal_position_field("p1") == keys.removal_request_field("", "p1")

@@ -952,7 +952,9 @@ async def test_a_shards_removal_record_forgets_removals_older_than_the_dedup_win
         later = now + window_s * 1000 + MAX_FUTURE_MS + 60_000  # past every old record's window
         await moderation.remove(board, ["recent"], now_ms=later - 60_000)
         await moderation.remove(board, ["late"], now_ms=later)
-        assert set(await board.client.hkeys(record)) == {"recent", "late"}
+        # (with where the entry that removed each is: pruned with the record)
+        positions = {keys.removal_position_field(p) for p in ("recent", "late")}
+        assert set(await board.client.hkeys(record)) == {"recent", "late", *positions}
         # the recent ones still refuse a replay of their result
         again = await board.submit([Score("recent", 5, "m1", now - 60_000)], now_ms=later)
         assert [r.status for r in again] == ["duplicate"]
@@ -1029,3 +1031,106 @@ async def test_refused_results_are_recorded_once_and_an_archive_with_copies_is_m
                 assert await cur.fetchone() == (4,)
         finally:
             await db.close()
+
+
+# A removal's journal reads (``moderation._delete_entries``) seen through the board's client: the
+# calls' XRANGE replies, their entries and bytes. A filler is a write entry (no `x`): the archiver
+# has not taken it, as when it is behind.
+FILLERS = 3 * moderation.PAGE
+
+
+async def _filled(raw: Any, key: str, count: int) -> None:
+    pipe = raw.pipeline(transaction=False)
+    for n in range(count):
+        pipe.execute_command("XADD", key, "*", "b", "filler", "n", "1", "r", b"\x90" * 8)
+        if n % 5000 == 4999:
+            await pipe.execute()
+    await pipe.execute()
+
+
+class _Reads:
+    """Wraps the board's client: counts the XRANGE calls and the entries and bytes they return."""
+
+    def __init__(self, board: Board) -> None:
+        self.calls = self.entries = self.bytes = 0
+        self.original = board.client.execute_command
+
+        async def counted(*args: Any, **options: Any) -> Any:
+            got = await self.original(*args, **options)
+            if args and args[0] == "XRANGE":
+                self.calls += 1
+                self.entries += len(got or ())
+                self.bytes += sum(len(i) + sum(len(k) + len(v) for k, v in f.items()) for i, f in got or ())
+            return got
+
+        board.client.execute_command = counted  # type: ignore[method-assign]
+
+
+async def test_a_removal_that_finds_a_player_gone_reads_the_earlier_entry_not_the_whole_journal(
+    store: BoardStore, raw: Any
+) -> None:
+    config = BoardConfig.from_dict("moderation-gone-cost", {"mode": "best", "sharding": sharding("hash", 1)})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        await board.submit([Score("p1", 10, "m1", now), Score("p2", 20, "m2", now)], now)
+        first: list[tuple[str, journal.Entry]] = []
+        assert await moderation.remove(board, ["p1"], request="remove/r-1", journaled=first) == {"p1"}
+        (earlier,) = [e for _, e in first if "p1" in e.removed]
+        await _filled(raw, keys.journal_key(board.prefixes[0]), FILLERS)  # the archiver behind
+        reads, again = _Reads(board), []
+        assert await moderation.remove(board, ["p1"], request="remove/r-2", journaled=again) == set()
+        assert earlier.id in {e.id for _, e in again}  # the first call's entry, archived with this one
+        print(f"\n{FILLERS} fillers: {reads.calls} XRANGE, {reads.entries} entries, {reads.bytes} bytes")
+        assert reads.entries <= 2  # the earlier entry, not the journal's FILLERS behind it
+        # A player never here (a ban of every board sent twice under two ids): no entry to look for.
+        assert await moderation.remove(board, ["p3"], request="remove/r-5", journaled=[]) == set()
+        reads.entries = 0
+        assert await moderation.remove(board, ["p3"], request="remove/r-6", journaled=[]) == set()
+        assert reads.entries <= 2
+        # A record of the release before names no entry: the journal is read for it, as then.
+        assert await moderation.remove(board, ["p2"], request="remove/r-3", journaled=first) == {"p2"}
+        (before,) = [e for _, e in first if "p2" in e.removed]
+        await raw.hdel(keys.removals_key(board.prefixes[0]), keys.removal_position_field("p2"))
+        reads.entries, again = 0, []
+        assert await moderation.remove(board, ["p2"], request="remove/r-4", journaled=again) == set()
+        assert before.id in {e.id for _, e in again}
+        assert reads.entries > FILLERS
+    finally:
+        await store.delete(board.config.id)
+
+
+@pytest.mark.parametrize("when", ["before", "while-copied"])
+async def test_a_removal_that_finds_a_player_gone_after_a_reshard_archives_the_old_layouts_entry(
+    store: BoardStore, postgres_url: str, when: str
+) -> None:
+    """The first removal's entry is in the old layout's journal, which the archiver has not drained
+    yet (the reshard committed, the new layout serving): a removal sent again under another request
+    id there finds the player gone, and archives that entry before it answers, as on one layout.
+    Made while the old layout was copied, its record reaches the new layout by the mover's tracked
+    rounds, where it is, too."""
+    body = {"mode": "best", "sharding": sharding("hash", 1)}
+    config = BoardConfig.from_dict(f"moderation-gone-reshard-{when}", body)
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        await board.submit([Score("p1", 10, "m1", now)], now)
+        mover = Resharder(
+            store, config.id, say=lambda _: None, postgres_url=postgres_url, cache_s=0, drain_s=0.1
+        )
+        first: list[tuple[str, journal.Entry]] = []
+        if when == "while-copied":
+            await mover.start(2)
+            await mover._copy((await mover.record())[1])
+        assert await moderation.remove(board, ["p1"], request="remove/r-1", journaled=first) == {"p1"}
+        (earlier,) = [e for _, e in first if "p1" in e.removed]
+        if when == "before":
+            await mover.start(2)
+        await mover.run()  # committed; the old journal waits for an archiver
+        moved = await store.get(config.id)
+        assert moved.generation != board.generation and moved.also
+        again: list[tuple[str, journal.Entry]] = []
+        assert await moderation.remove(moved, ["p1"], request="remove/r-2", journaled=again) == set()
+        assert earlier.id in {e.id for _, e in again}
+    finally:
+        await store.delete(config.id)

@@ -65,6 +65,9 @@
 -- from the bands (version, pending, `vrm`) even where a newer entry of another period stays. The
 -- field is pruned and expires with the player's record, so past the dedup window a retry removes
 -- again, as one without a request does.
+-- On a journaled board each player recorded also has `NUL <player>` in the hash: the id of the
+-- delete entry that last removed them there (below). A later removal that finds the player gone
+-- reads that entry alone to archive it (shardlb/moderation.py, ``_delete_entries``), not the journal.
 
 local base = string.sub(KEYS[2], 1, -5)  -- a reshard's marker, as in write.lua
 local move = redis.call('GET', base .. 'mv')
@@ -209,6 +212,7 @@ if move and #todo > 0 then  -- tracked as a member with no match id: the mover c
   end
 end
 local records = {}  -- flat: player, units, as recorded (journaled with the delete entry)
+local fresh = {}  -- player -> true when the shard held no record of them before this call
 if removed_units >= 0 and #todo > 0 then
   local marker = base .. 'rmvon'
   local at_units = string.format('%d', removed_units)
@@ -219,6 +223,7 @@ if removed_units >= 0 and #todo > 0 then
     for j = i, last do
       pairs_[#pairs_ + 1] = todo[j]
       local units = math.max(recorded[todo[j]] or removed_units, tonumber(held[j - i + 1]) or -1)
+      fresh[todo[j]] = not held[j - i + 1]
       pairs_[#pairs_ + 1] = string.format('%d', units)
       records[#records + 1] = todo[j]
       records[#records + 1] = units
@@ -232,7 +237,7 @@ if removed_units >= 0 and #todo > 0 then
   local forget_before = h[11] or -1
   local cursor = string.match(redis.call('GET', marker) or '', '^c(%d+)$') or '0'  -- rebuilds set '1'
   if forget_before > 0 then
-    local scan = redis.call('HSCAN', record, cursor, 'COUNT', 2 * #todo + 32)
+    local scan = redis.call('HSCAN', record, cursor, 'COUNT', 6 * #todo + 32)  -- up to 3 fields a player
     cursor = scan[1]
     local old = {}
     for i = 1, #scan[2], 2 do
@@ -259,5 +264,30 @@ if journal == 1 and (#removed > 0 or #records > 0) then
   out[2] = redis.call('XADD', KEYS[3], '*', 'b', h[3], 'i', h[4], 's', h[5], 'n', count, 'x', cmsgpack.pack(removed), unpack(k))
   redis.call('ZADD', KEYS[1], '+inf', KEYS[3])
   if redis.call('INCRBY', counted, count) == n then redis.call('ZADD', KEYS[1], '+inf', counted) end
+end
+-- Where the delete entry that removed a player is (see the header): `NUL <player>` -> the player's
+-- record units, '.', then the entry's id as digits (its ms on 13 places, then its sequence), so
+-- the prune above and the release before read it as a number. A player removed here points at
+-- this entry; one found absent keeps the entry it points at, under its new units (the field is
+-- pruned with the player's own record, not before), or, with no record before this call, points at
+-- this entry too (no removal of theirs here to look for: it names them in `k` alone). A record
+-- without one (the release before's, a rebuild's) gets none: the caller reads the journal for it.
+if out[2] ~= '' and #records > 0 then
+  local ms, seq = string.match(out[2], '^(%d+)%-(%d+)$')
+  local here = string.rep('0', 13 - #ms) .. ms .. seq
+  local positions = {}
+  for i = 1, #records, 2 do
+    local units = string.format('%d', records[i + 1])
+    local field = '\0' .. records[i]
+    local was = not found[records[i]] and redis.call('HGET', record, field)
+    local at = was and string.match(was, '%.(%d+)$')
+    if found[records[i]] or (not at and fresh[records[i]]) then at = here end
+    if at then positions[#positions + 1], positions[#positions + 2] = field, units .. '.' .. at end
+    if #positions >= 1000 then
+      redis.call('HSET', record, unpack(positions))
+      positions = {}
+    end
+  end
+  if #positions > 0 then redis.call('HSET', record, unpack(positions)) end
 end
 return out
