@@ -445,11 +445,13 @@ async def _delete_entries(
     removal found by another's retry is one whose archiving failed (its caller answered 503) or the
     archiver has not taken yet: until 2026-12-06 a removal sent again under another request id
     answered ``removed: false`` and archived nothing of the first, which a loss of Redis then undid.
-    An entry that removed the player before the one named is not looked for: the later removal
-    drops every result of theirs the earlier one did. Read undecoded (their fields are MessagePack)
+    An entry that removed the player before the one named is not looked for (the later removal
+    drops every result of theirs the earlier one did), unless the one named kept some period of
+    theirs whole (its `a`): the journal is then read for the player, as for a record that names
+    none. Read undecoded (their fields are MessagePack)
     from the shard's primary: each entry named alone (XRANGE of its id), and the whole journal
     (which holds what the archiver has not committed yet, up to its bound, PAGE at a time) only for
-    a request's, or for a player whose record names no entry."""
+    a request's, or for a player whose record names no entry or one that kept a period whole."""
     gone = gone or {}
     key, raw = keys.journal_key(board.prefixes[shard]), {NEVER_DECODE: True}
     named = {at for at in (entry_id, *gone.values()) if at}
@@ -474,6 +476,9 @@ async def _delete_entries(
     for prefix in board.also if missed else ():
         for at in missed:
             take(await board.client.execute_command("XRANGE", keys.journal_key(prefix), at, at, **raw), False)
+    # An entry named that kept some period of the player whole (`a`) does not drop their results of
+    # before an earlier removal there: that removal's entry is looked for in the journal, as before.
+    unplaced += [p for p, at in gone.items() if at in out and out[at].kept_in(p) is not None]
     if wanted is not None or unplaced:
         low = "-"
         while True:

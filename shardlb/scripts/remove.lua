@@ -67,7 +67,8 @@
 -- again, as one without a request does.
 -- On a journaled board each player recorded also has `NUL <player>` in the hash: the id of the
 -- delete entry that last removed them there (below). A later removal that finds the player gone
--- reads that entry alone to archive it (shardlb/moderation.py, ``_delete_entries``), not the journal.
+-- reads that entry alone to archive it (shardlb/moderation.py, ``_delete_entries``), not the journal
+-- (unless that entry's `a` names the player: it then reads the journal for their earlier ones).
 
 local base = string.sub(KEYS[2], 1, -5)  -- a reshard's marker, as in write.lua
 local move = redis.call('GET', base .. 'mv')
