@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import orjson
 import psycopg
 import pytest
@@ -64,6 +65,19 @@ async def failing(url: str, failure: str, table: str) -> AsyncIterator[str]:
     async with await psycopg.AsyncConnection.connect(url) as locker:
         await locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
         yield f"{url}?{IMPATIENT}"
+
+
+async def delete_failing_in_redis(client: httpx.AsyncClient, name: str, patch: pytest.MonkeyPatch) -> None:
+    """A DELETE of ``name`` through ``client`` whose Redis part fails after its pending mark in
+    PostgreSQL (the registry's primary out of reach): 503 ``cluster_unavailable``, nothing deleted."""
+
+    async def unreachable(*args: Any, **kwargs: Any) -> str:
+        raise redis.exceptions.ConnectionError("the registry's primary is unreachable")
+
+    with patch.context() as patched:
+        patched.setattr(BoardStore, "delete", unreachable)
+        r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "cluster_unavailable", r.text
 
 
 async def lose_redis_and_rebuild_all(raw: Any, cluster_url: str, url: str) -> None:
@@ -572,13 +586,7 @@ async def test_a_board_whose_delete_failed_after_its_mark_keeps_its_bans_and_its
                 r = await client.post("/v1/players/p1:ban", json=scope, headers=AS_ADMIN)
                 assert r.status_code == 200, r.text
 
-                async def unreachable(*args: Any, **kwargs: Any) -> str:
-                    raise redis.exceptions.ConnectionError("the registry's primary is unreachable")
-
-                monkeypatch.setattr(BoardStore, "delete", unreachable)
-                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
-                assert r.status_code == 503 and r.json()["error"]["code"] == "cluster_unavailable", r.text
-                monkeypatch.undo()
+                await delete_failing_in_redis(client, name, monkeypatch)
             await moderation.Bans(raw).sweep(a.db)
             assert await raw.hexists(keys.BANS, field)  # in force: the board lives
             monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
@@ -607,14 +615,7 @@ async def test_a_board_whose_delete_failed_in_redis_comes_back_from_a_total_loss
         a = await archived_board(raw, store, url, name)
         try:
             async with router(cluster_url, postgres_url=url) as (_, client):
-
-                async def unreachable(*args: Any, **kwargs: Any) -> str:
-                    raise redis.exceptions.ConnectionError("the registry's primary is unreachable")
-
-                monkeypatch.setattr(BoardStore, "delete", unreachable)
-                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
-                assert r.status_code == 503 and r.json()["error"]["code"] == "cluster_unavailable", r.text
-                monkeypatch.undo()
+                await delete_failing_in_redis(client, name, monkeypatch)
             monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
             await a.refresh()
             monkeypatch.undo()
@@ -683,14 +684,7 @@ async def test_a_delete_sent_again_after_failed_delete_s_is_not_taken_back_by_a_
         a = await archived_board(raw, store, url, name)
         try:
             async with router(cluster_url, postgres_url=url) as (_, client):
-
-                async def unreachable(*args: Any, **kwargs: Any) -> str:
-                    raise redis.exceptions.ConnectionError("the registry's primary is unreachable")
-
-                monkeypatch.setattr(BoardStore, "delete", unreachable)
-                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
-                assert r.status_code == 503 and r.json()["error"]["code"] == "cluster_unavailable", r.text
-                monkeypatch.undo()
+                await delete_failing_in_redis(client, name, monkeypatch)
                 await backdated(a.db, name, 90)  # the retry comes later
                 original = a._deleted
 
