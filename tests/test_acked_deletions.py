@@ -55,6 +55,20 @@ async def archived_board(raw: Any, store: BoardStore, url: str, name: str) -> Ar
 
 
 @contextlib.asynccontextmanager
+async def archived(raw: Any, store: BoardStore, base: str, name: str) -> AsyncIterator[tuple[str, Archiver]]:
+    """A database of its own (its URL) and ``archived_board`` in it (its archiver); at the end the
+    archiver's connection closed and the board deleted if it is still there."""
+    async with own_archive(base) as url:
+        a = await archived_board(raw, store, url, name)
+        try:
+            yield url, a
+        finally:
+            await a.db.close()
+            with contextlib.suppress(BoardNotFound):
+                await store.delete(name)
+
+
+@contextlib.asynccontextmanager
 async def failing(url: str, failure: str, table: str) -> AsyncIterator[str]:
     """A URL of ``url``'s database on which PostgreSQL fails: ``down``, nothing listens at its
     address; ``locked``, ``table`` held by another transaction past the URL's lock_timeout (its
@@ -93,19 +107,15 @@ async def test_a_board_deleted_through_the_router_stays_deleted_after_a_total_lo
     router's DELETE marks the board deleted in PostgreSQL itself (``Bans.forget``), so `rebuild
     --all` leaves it alone, and a DELETE sent again after it answers 404 as it would have."""
     name = "acked-delete-router"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            async with router(cluster_url, postgres_url=url) as (_, client):
-                assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
-                await lose_redis_and_rebuild_all(raw, cluster_url, url)
-                with pytest.raises(BoardNotFound):
-                    await store.get(name)
-                assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
 
 
 async def test_a_board_archived_for_its_season_stays_deleted_after_a_total_loss(
@@ -117,21 +127,15 @@ async def test_a_board_archived_for_its_season_stays_deleted_after_a_total_loss(
     archived board back, closed, with every result of the season. The archive now marks it deleted
     itself; its retry after the rebuild answers as the first call."""
     name = "acked-delete-season"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            request = Request.of({"settlement_id": f"{name}-1", "rewards": TABLE})
-            first = await archive_season(cluster_url, url, name, request)
-            assert (first["archived"], first["players"]) == (True, 2)
-            await lose_redis_and_rebuild_all(raw, cluster_url, url)
-            with pytest.raises(BoardNotFound):
-                await store.get(name)
-            again = await archive_season(cluster_url, url, name, request)
-            assert again == first
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+    async with archived(raw, store, postgres_url, name) as (url, _):
+        request = Request.of({"settlement_id": f"{name}-1", "rewards": TABLE})
+        first = await archive_season(cluster_url, url, name, request)
+        assert (first["archived"], first["players"]) == (True, 2)
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
+        again = await archive_season(cluster_url, url, name, request)
+        assert again == first
 
 
 async def test_a_player_removed_through_the_router_stays_removed_after_a_total_loss(
@@ -142,23 +146,19 @@ async def test_a_player_removed_through_the_router_stays_removed_after_a_total_l
     must not bring the player back from their archived rows, and the DELETE sent again with the same
     X-Request-Id answers as the first call did."""
     name = "acked-remove-player"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            async with router(cluster_url, postgres_url=url) as (_, client):
-                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
-                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
-                assert r.status_code == 200 and r.json()["removed"] is True, r.text
-                await lose_redis_and_rebuild_all(raw, cluster_url, url)
-                board = await store.get(name)
-                assert [e.player_id for e in await board.top(10)] == ["p2"]
-                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
-                assert r.status_code == 200 and r.json()["removed"] is True, r.text
-                assert [e.player_id for e in await board.top(10)] == ["p2"]
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
+        headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
+        r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+        assert r.status_code == 200 and r.json()["removed"] is True, r.text
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        board = await store.get(name)
+        assert [e.player_id for e in await board.top(10)] == ["p2"]
+        r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+        assert r.status_code == 200 and r.json()["removed"] is True, r.text
+        assert [e.player_id for e in await board.top(10)] == ["p2"]
 
 
 async def test_a_player_removed_stays_removed_after_their_shard_is_lost_alone(
@@ -167,26 +167,20 @@ async def test_a_player_removed_stays_removed_after_their_shard_is_lost_alone(
     """The same removal, then the player's shard lost alone (every key of its slot, the journal
     with the delete entry too) and `shardlb rebuild BOARD --shard N`: the player stays removed."""
     name = "acked-remove-shard"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            board = await store.get(name)
-            shard = board.layout.home("p1")
-            async with router(cluster_url, postgres_url=url) as (_, client):
-                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
-                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
-                assert r.status_code == 200 and r.json()["removed"] is True, r.text
-                assert await slot_wiped(raw, board, shard)
-                command = ["rebuild", name, "--shard", str(shard), "--redis", cluster_url, "--postgres", url]
-                assert await asyncio.to_thread(main, command) == 0
-                assert [e.player_id for e in await board.top(10)] == ["p2"]
-                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
-                assert r.status_code == 200 and r.json()["removed"] is True, r.text
-                assert [e.player_id for e in await board.top(10)] == ["p2"]
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+    async with archived(raw, store, postgres_url, name) as (url, _):
+        board = await store.get(name)
+        shard = board.layout.home("p1")
+        async with router(cluster_url, postgres_url=url) as (_, client):
+            headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
+            r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+            assert r.status_code == 200 and r.json()["removed"] is True, r.text
+            assert await slot_wiped(raw, board, shard)
+            command = ["rebuild", name, "--shard", str(shard), "--redis", cluster_url, "--postgres", url]
+            assert await asyncio.to_thread(main, command) == 0
+            assert [e.player_id for e in await board.top(10)] == ["p2"]
+            r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+            assert r.status_code == 200 and r.json()["removed"] is True, r.text
+            assert [e.player_id for e in await board.top(10)] == ["p2"]
 
 
 async def test_a_bans_removal_survives_a_total_loss_and_the_lift_that_follows(
@@ -198,30 +192,26 @@ async def test_a_bans_removal_survives_a_total_loss_and_the_lift_that_follows(
     first said the board), and once the ban was lifted the next rebuild brought the player back
     with the results of before the ban. The removal is archived before the answer now."""
     name = "acked-ban"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            async with router(cluster_url, postgres_url=url) as (_, client):
-                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-ban-1"}
-                scope = {"scope": "board", "board": name, "reason": "test"}
-                first = await client.post("/v1/players/p1:ban", json=scope, headers=headers)
-                assert first.status_code == 200 and first.json()["removed_from"] == [name], first.text
-                await lose_redis_and_rebuild_all(raw, cluster_url, url)
-                board = await store.get(name)
-                assert [e.player_id for e in await board.top(10)] == ["p2"]
-                again = await client.post("/v1/players/p1:ban", json=scope, headers=headers)
-                assert again.status_code == 200, again.text
-                assert again.json()["removed_from"] == first.json()["removed_from"]
-                lift = await client.post("/v1/players/p1:unban", json=scope, headers=AS_ADMIN)
-                assert lift.status_code == 200 and lift.json()["lifted"] is True, lift.text
-                assert not await raw.hexists(keys.BANS, moderation.ban_field(name, "p1"))
-                command = ["rebuild", name, "--redis", cluster_url, "--postgres", url]
-                assert await asyncio.to_thread(main, command) == 0
-                assert [e.player_id for e in await board.top(10)] == ["p2"]
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
+        headers = {**AS_ADMIN, "X-Request-Id": f"{name}-ban-1"}
+        scope = {"scope": "board", "board": name, "reason": "test"}
+        first = await client.post("/v1/players/p1:ban", json=scope, headers=headers)
+        assert first.status_code == 200 and first.json()["removed_from"] == [name], first.text
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        board = await store.get(name)
+        assert [e.player_id for e in await board.top(10)] == ["p2"]
+        again = await client.post("/v1/players/p1:ban", json=scope, headers=headers)
+        assert again.status_code == 200, again.text
+        assert again.json()["removed_from"] == first.json()["removed_from"]
+        lift = await client.post("/v1/players/p1:unban", json=scope, headers=AS_ADMIN)
+        assert lift.status_code == 200 and lift.json()["lifted"] is True, lift.text
+        assert not await raw.hexists(keys.BANS, moderation.ban_field(name, "p1"))
+        command = ["rebuild", name, "--redis", cluster_url, "--postgres", url]
+        assert await asyncio.to_thread(main, command) == 0
+        assert [e.player_id for e in await board.top(10)] == ["p2"]
 
 
 async def test_a_board_deleted_while_rebuild_all_restores_it_stays_deleted(
@@ -275,27 +265,23 @@ async def test_a_removal_whose_archiving_failed_is_archived_by_its_retry(
     with the same X-Request-Id answers as the first would have, and archives the removal, so a
     total loss right after it does not undo it."""
     name = "acked-remove-retry"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            async with router(cluster_url, postgres_url=url) as (_, client):
-                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
+        headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
 
-                async def lost(*args: Any, **kwargs: Any) -> None:
-                    raise psycopg.OperationalError("connection lost")
+        async def lost(*args: Any, **kwargs: Any) -> None:
+            raise psycopg.OperationalError("connection lost")
 
-                monkeypatch.setattr(archive, "record_removals", lost)
-                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
-                assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
-                monkeypatch.undo()
-                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
-                assert r.status_code == 200 and r.json()["removed"] is True, r.text
-                await lose_redis_and_rebuild_all(raw, cluster_url, url)
-                assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+        monkeypatch.setattr(archive, "record_removals", lost)
+        r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+        monkeypatch.undo()
+        r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+        assert r.status_code == 200 and r.json()["removed"] is True, r.text
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
 
 
 async def test_a_board_deleted_whose_bans_are_not_forgotten_stays_deleted_after_a_total_loss(
@@ -306,27 +292,23 @@ async def test_a_board_deleted_whose_bans_are_not_forgotten_stays_deleted_after_
     call was also what marked the board deleted in PostgreSQL: Redis lost before the archiver's next
     refresh, `rebuild --all` brought the deleted board back. The mark is made before the bans now."""
     name = "acked-delete-unforgotten"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            async with router(cluster_url, postgres_url=url) as (_, client):
-                scope = {"scope": "board", "board": name, "reason": "test"}
-                r = await client.post("/v1/players/p1:ban", json=scope, headers=AS_ADMIN)
-                assert r.status_code == 200, r.text
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
+        scope = {"scope": "board", "board": name, "reason": "test"}
+        r = await client.post("/v1/players/p1:ban", json=scope, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
 
-                async def unconfirmed(*args: Any, **kwargs: Any) -> int:
-                    raise NotAcknowledged("no replica of the ban list's primary confirmed in time")
+        async def unconfirmed(*args: Any, **kwargs: Any) -> int:
+            raise NotAcknowledged("no replica of the ban list's primary confirmed in time")
 
-                monkeypatch.setattr(moderation.Bans, "forget", unconfirmed)
-                assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
-                monkeypatch.undo()
-                await lose_redis_and_rebuild_all(raw, cluster_url, url)
-                with pytest.raises(BoardNotFound):
-                    await store.get(name)
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+        monkeypatch.setattr(moderation.Bans, "forget", unconfirmed)
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+        monkeypatch.undo()
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
 
 
 async def test_a_lift_answered_holds_through_a_total_loss_and_its_retry_answers_as_it_did(
@@ -337,31 +319,27 @@ async def test_a_lift_answered_holds_through_a_total_loss_and_its_retry_answers_
     ban sent again with their X-Request-Ids answer as their
     first calls did, and the ban's retry bans nothing (it was lifted since)."""
     name = "acked-lift"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            async with router(cluster_url, postgres_url=url) as (_, client):
-                scope = {"scope": "board", "board": name, "reason": "test"}
-                ban_headers = {**AS_ADMIN, "X-Request-Id": f"{name}-ban-1"}
-                lift_headers = {**AS_ADMIN, "X-Request-Id": f"{name}-lift-1"}
-                ban = await client.post("/v1/players/p1:ban", json=scope, headers=ban_headers)
-                assert ban.status_code == 200 and ban.json()["removed_from"] == [name], ban.text
-                lift = await client.post("/v1/players/p1:unban", json=scope, headers=lift_headers)
-                assert lift.status_code == 200 and lift.json()["lifted"] is True, lift.text
-                await lose_redis_and_rebuild_all(raw, cluster_url, url)
-                assert not await raw.hexists(keys.BANS, moderation.ban_field(name, "p1"))
-                again = await client.post("/v1/players/p1:unban", json=scope, headers=lift_headers)
-                assert again.status_code == 200 and again.json() == lift.json(), again.text
-                again = await client.post("/v1/players/p1:ban", json=scope, headers=ban_headers)
-                assert again.status_code == 200, again.text
-                assert again.json()["removed_from"] == [name]
-                assert not await raw.hexists(keys.BANS, moderation.ban_field(name, "p1"))
-                board = await store.get(name)
-                assert [e.player_id for e in await board.top(10)] == ["p2"]  # the ban's removal held
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
+        scope = {"scope": "board", "board": name, "reason": "test"}
+        ban_headers = {**AS_ADMIN, "X-Request-Id": f"{name}-ban-1"}
+        lift_headers = {**AS_ADMIN, "X-Request-Id": f"{name}-lift-1"}
+        ban = await client.post("/v1/players/p1:ban", json=scope, headers=ban_headers)
+        assert ban.status_code == 200 and ban.json()["removed_from"] == [name], ban.text
+        lift = await client.post("/v1/players/p1:unban", json=scope, headers=lift_headers)
+        assert lift.status_code == 200 and lift.json()["lifted"] is True, lift.text
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        assert not await raw.hexists(keys.BANS, moderation.ban_field(name, "p1"))
+        again = await client.post("/v1/players/p1:unban", json=scope, headers=lift_headers)
+        assert again.status_code == 200 and again.json() == lift.json(), again.text
+        again = await client.post("/v1/players/p1:ban", json=scope, headers=ban_headers)
+        assert again.status_code == 200, again.text
+        assert again.json()["removed_from"] == [name]
+        assert not await raw.hexists(keys.BANS, moderation.ban_field(name, "p1"))
+        board = await store.get(name)
+        assert [e.player_id for e in await board.top(10)] == ["p2"]  # the ban's removal held
 
 
 async def test_a_board_deleted_while_the_archiver_first_records_it_stays_deleted_after_a_total_loss(
@@ -442,27 +420,21 @@ async def test_a_removal_whose_archiving_failed_holds_through_a_total_loss_after
     another id (a new removal, which finds the player gone: ``removed: false``) it archived only
     its own entry, which names nobody removed, and `rebuild --all` brought the player back."""
     name = f"acked-remove-pg-{retry}"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            async with (
-                failing(url, "locked", "player_removals") as broken,
-                router(cluster_url, postgres_url=broken) as (_, client),
-            ):
-                headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
-                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
-                assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
-                assert r.headers["retry-after"] == "5"
-            async with router(cluster_url, postgres_url=url) as (_, client):
-                again = headers if retry == "same-id" else {**AS_ADMIN, "X-Request-Id": f"{name}-rm-2"}
-                r = await client.delete(f"/v1/boards/{name}/players/p1", headers=again)
-                assert r.status_code == 200 and r.json()["removed"] is (retry == "same-id"), r.text
-                await lose_redis_and_rebuild_all(raw, cluster_url, url)
-                assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+    async with archived(raw, store, postgres_url, name) as (url, _):
+        async with (
+            failing(url, "locked", "player_removals") as broken,
+            router(cluster_url, postgres_url=broken) as (_, client),
+        ):
+            headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
+            r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+            assert r.headers["retry-after"] == "5"
+        async with router(cluster_url, postgres_url=url) as (_, client):
+            again = headers if retry == "same-id" else {**AS_ADMIN, "X-Request-Id": f"{name}-rm-2"}
+            r = await client.delete(f"/v1/boards/{name}/players/p1", headers=again)
+            assert r.status_code == 200 and r.json()["removed"] is (retry == "same-id"), r.text
+            await lose_redis_and_rebuild_all(raw, cluster_url, url)
+            assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
 
 
 async def test_a_board_the_archiver_records_between_the_deletes_mark_and_its_redis_part_stays_deleted(
@@ -578,26 +550,20 @@ async def test_a_board_whose_delete_failed_after_its_mark_keeps_its_bans_and_its
     leaves an incarnation the registry holds alone whatever PostgreSQL says)."""
     name = "acked-delete-failed-after-mark"
     field = moderation.ban_field(name, "p1")
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            async with router(cluster_url, postgres_url=url) as (_, client):
-                scope = {"scope": "board", "board": name, "reason": "test"}
-                r = await client.post("/v1/players/p1:ban", json=scope, headers=AS_ADMIN)
-                assert r.status_code == 200, r.text
+    async with archived(raw, store, postgres_url, name) as (url, a):
+        async with router(cluster_url, postgres_url=url) as (_, client):
+            scope = {"scope": "board", "board": name, "reason": "test"}
+            r = await client.post("/v1/players/p1:ban", json=scope, headers=AS_ADMIN)
+            assert r.status_code == 200, r.text
 
-                await delete_failing_in_redis(client, name, monkeypatch)
-            await moderation.Bans(raw).sweep(a.db)
-            assert await raw.hexists(keys.BANS, field)  # in force: the board lives
-            monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
-            await a.refresh()
-            await lose_redis_and_rebuild_all(raw, cluster_url, url)
-            assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
-            assert await raw.hexists(keys.BANS, field)
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+            await delete_failing_in_redis(client, name, monkeypatch)
+        await moderation.Bans(raw).sweep(a.db)
+        assert await raw.hexists(keys.BANS, field)  # in force: the board lives
+        monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
+        await a.refresh()
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
+        assert await raw.hexists(keys.BANS, field)
 
 
 async def test_a_board_whose_delete_failed_in_redis_comes_back_from_a_total_loss_within_the_minute(
@@ -611,21 +577,15 @@ async def test_a_board_whose_delete_failed_in_redis_comes_back_from_a_total_loss
     to about 11 minutes after the 503): `rebuild --all` left the board out. It is a pending mark
     now, which `rebuild --all` does not take for a deletion."""
     name = "acked-delete-failed-then-lost"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            async with router(cluster_url, postgres_url=url) as (_, client):
-                await delete_failing_in_redis(client, name, monkeypatch)
-            monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
-            await a.refresh()
-            monkeypatch.undo()
-            await lose_redis_and_rebuild_all(raw, cluster_url, url)
-            top = await (await store.get(name)).top(10)
-            assert sorted((e.player_id, e.points) for e in top) == [("p1", 10), ("p2", 10)]
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+    async with archived(raw, store, postgres_url, name) as (url, a):
+        async with router(cluster_url, postgres_url=url) as (_, client):
+            await delete_failing_in_redis(client, name, monkeypatch)
+        monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
+        await a.refresh()
+        monkeypatch.undo()
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        top = await (await store.get(name)).top(10)
+        assert sorted((e.player_id, e.points) for e in top) == [("p1", 10), ("p2", 10)]
 
 
 async def test_a_delete_whose_last_mark_fails_is_a_503_and_its_retry_marks_it(
@@ -636,29 +596,25 @@ async def test_a_delete_whose_last_mark_fails_is_a_503_and_its_retry_marks_it(
     may bring the board back). The DELETE sent again finds the board gone (404) and records the
     deletion first, from Redis's mark: Redis lost then, the board stays deleted."""
     name = "acked-delete-last-mark-failed"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            async with router(cluster_url, postgres_url=url) as (_, client):
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
 
-                async def refused(*args: Any, **kwargs: Any) -> None:
-                    raise psycopg.OperationalError("connection lost")
+        async def refused(*args: Any, **kwargs: Any) -> None:
+            raise psycopg.OperationalError("connection lost")
 
-                monkeypatch.setattr(archive, "mark_deleted", refused)
-                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
-                assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
-                assert r.headers["retry-after"] == "5"
-                monkeypatch.undo()
-                with pytest.raises(BoardNotFound):
-                    await store.get(name)
-                assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
-                await lose_redis_and_rebuild_all(raw, cluster_url, url)
-                with pytest.raises(BoardNotFound):
-                    await store.get(name)
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+        monkeypatch.setattr(archive, "mark_deleted", refused)
+        r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+        assert r.headers["retry-after"] == "5"
+        monkeypatch.undo()
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
 
 
 async def backdated(db: Any, name: str, seconds: float) -> None:
@@ -680,32 +636,26 @@ async def test_a_delete_sent_again_after_failed_delete_s_is_not_taken_back_by_a_
     call's time): Redis lost before the next refresh, `rebuild --all` brought the board back. The
     deletion is recorded after the Redis part now, and nothing takes it back."""
     name = "acked-delete-retried-late"
-    async with own_archive(postgres_url) as url:
-        a = await archived_board(raw, store, url, name)
-        try:
-            async with router(cluster_url, postgres_url=url) as (_, client):
-                await delete_failing_in_redis(client, name, monkeypatch)
-                await backdated(a.db, name, 90)  # the retry comes later
-                original = a._deleted
+    async with archived(raw, store, postgres_url, name) as (url, a):
+        async with router(cluster_url, postgres_url=url) as (_, client):
+            await delete_failing_in_redis(client, name, monkeypatch)
+            await backdated(a.db, name, 90)  # the retry comes later
+            original = a._deleted
 
-                async def retried_meanwhile(*args: Any, **kwargs: Any) -> list[tuple[str, str]]:
-                    # The refresh has read the registry (the board listed); the retry runs now.
-                    r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
-                    assert r.status_code == 204, r.text
-                    return await original(*args, **kwargs)
+            async def retried_meanwhile(*args: Any, **kwargs: Any) -> list[tuple[str, str]]:
+                # The refresh has read the registry (the board listed); the retry runs now.
+                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+                assert r.status_code == 204, r.text
+                return await original(*args, **kwargs)
 
-                monkeypatch.setattr(a, "_deleted", retried_meanwhile)
-                monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
-                a._known.clear()  # a refresh that reads the registry again
-                await a.refresh()
-                monkeypatch.undo()
-            await lose_redis_and_rebuild_all(raw, cluster_url, url)
-            with pytest.raises(BoardNotFound):
-                await store.get(name)
-        finally:
-            await a.db.close()
-            with contextlib.suppress(BoardNotFound):
-                await store.delete(name)
+            monkeypatch.setattr(a, "_deleted", retried_meanwhile)
+            monkeypatch.setattr(archive, "SWEEP_BANS_EVERY_S", 0.0)
+            a._known.clear()  # a refresh that reads the registry again
+            await a.refresh()
+            monkeypatch.undo()
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
 
 
 async def test_a_delete_slower_than_failed_delete_s_stays_deleted(
