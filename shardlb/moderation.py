@@ -409,8 +409,10 @@ async def remove_on_shard(
         elif version < 0 and banded:
             again.append(player)
     if journaled is not None and archived:
-        gone = {p: at for p, at in earlier.items() if p not in removed}
-        found = await _delete_entries(board, shard, entry_id, None if entry_id else request, gone)
+        # A player this call removed is named by its own entry now, whose kept periods (`a`) send
+        # the call to the journal for their earlier removals as a gone player's named entry would.
+        last = {p: entry_id if p in removed else at for p, at in earlier.items()}
+        found = await _delete_entries(board, shard, entry_id, None if entry_id else request, last)
         journaled += [(board.config.mode, entry) for entry in found]
     if versions:
         await _remove_from_bands(board, shard, versions)
@@ -434,13 +436,14 @@ async def _recorded(board: Board, shard: int, players: Sequence[str]) -> dict[st
 
 
 async def _delete_entries(
-    board: Board, shard: int, entry_id: str, request: str | None, gone: dict[str, str] | None = None
+    board: Board, shard: int, entry_id: str, request: str | None, last: dict[str, str] | None = None
 ) -> list[Entry]:
     """The delete entries a removal's call on the shard archives before its answer: its own
     (``entry_id``: "" when it journaled none); with ``request``, that request's (a retry of a
     request whose call here journaled nothing, as it ran here before, looks for its first call's
-    entry that way); with ``gone`` (players the call found already removed -> the id of the entry
-    that last removed them there, from ``_recorded``), that entry. Not archived yet, such an entry
+    entry that way); with ``last`` (players the shard held a removal record of before the call ->
+    the id of the entry that last removed them there, from ``_recorded``; for one the call removed,
+    its own), that entry. Not archived yet, such an entry
     is still in the journal (the archiver trims only what it committed); gone, PostgreSQL has it. A
     removal found by another's retry is one whose archiving failed (its caller answered 503) or the
     archiver has not taken yet: until 2026-12-06 a removal sent again under another request id
@@ -448,14 +451,15 @@ async def _delete_entries(
     An entry that removed the player before the one named is not looked for (the later removal
     drops every result of theirs the earlier one did), unless the one named kept some period of
     theirs whole (its `a`): the journal is then read for the player, as for a record that names
-    none. Read undecoded (their fields are MessagePack)
+    none; so too when the call's own entry kept a period of a player it removed whole (until
+    2026-12-06 it archived its own entry alone there). Read undecoded (their fields are MessagePack)
     from the shard's primary: each entry named alone (XRANGE of its id), and the whole journal
     (which holds what the archiver has not committed yet, up to its bound, PAGE at a time) only for
     a request's, or for a player whose record names no entry or one that kept a period whole."""
-    gone = gone or {}
+    last = last or {}
     key, raw = keys.journal_key(board.prefixes[shard]), {NEVER_DECODE: True}
-    named = {at for at in (entry_id, *gone.values()) if at}
-    unplaced = [p for p, at in gone.items() if not at]
+    named = {at for at in (entry_id, *last.values()) if at}
+    unplaced = [p for p, at in last.items() if not at]
     wanted = request.encode() if request else None
     out: dict[str, Entry] = {}
 
@@ -465,7 +469,7 @@ async def _delete_entries(
                 continue
             entry = decode(at, fields)
             ours = entry.id == entry_id or (scanned and wanted is not None and fields.get(b"q") == wanted)
-            if ours or ((scanned or entry.id in named) and not set(gone).isdisjoint(entry.removed)):
+            if ours or ((scanned or entry.id in named) and not set(last).isdisjoint(entry.removed)):
                 out.setdefault(entry.id, entry)
 
     for at in sorted(named):
@@ -478,7 +482,7 @@ async def _delete_entries(
             take(await board.client.execute_command("XRANGE", keys.journal_key(prefix), at, at, **raw), False)
     # An entry named that kept some period of the player whole (`a`) does not drop their results of
     # before an earlier removal there: that removal's entry is looked for in the journal, as before.
-    unplaced += [p for p, at in gone.items() if at in out and out[at].kept_in(p) is not None]
+    unplaced += [p for p, at in last.items() if at in out and out[at].kept_in(p) is not None]
     if wanted is not None or unplaced:
         low = "-"
         while True:

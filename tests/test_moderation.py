@@ -1169,7 +1169,7 @@ async def test_a_removal_that_finds_a_player_gone_archives_an_earlier_entry_the_
                 board, ["p1"], request="remove/r-2", since_ms=since, now_ms=today - day, journaled=second
             )
             assert got == {"p1"}
-            (later,) = [e for _, e in second if "p1" in e.removed]
+            (later,) = [e for _, e in second if e.request == "remove/r-2"]
             assert "total" in (later.kept_in("p1") or ())  # the total (10, achieved since) kept
             again: list[tuple[str, journal.Entry]] = []
             got = await moderation.remove(
@@ -1178,6 +1178,54 @@ async def test_a_removal_that_finds_a_player_gone_archives_an_earlier_entry_the_
             assert got == set()
             assert {earlier.id, later.id} <= {e.id for _, e in again}
             await archive.record_removals(a.db, again)  # as the retry's caller does before its answer
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
+            assert await asyncio.to_thread(main, command) == 0
+            rebuilt = await store.get(config.id)
+            assert [e.player_id for e in await rebuilt.top(10)] == []  # not the 100 of before r-1
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_a_removal_that_finds_a_player_and_keeps_a_period_whole_archives_their_earlier_entry(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A removal that finds the player but keeps a period of theirs whole (``since_ms``: its `a`)
+    drops nothing of theirs there: an earlier removal's entry, never archived (its caller's write to
+    PostgreSQL failed, the archiver behind), is what drops their results of before it in that period
+    (the total's 100 here). Its call archives that earlier entry too. Before, it archived its own
+    entry alone, and after a total loss of Redis `rebuild --all` brought back the total of before
+    the first removal."""
+    config = BoardConfig.from_dict(
+        "moderation-found-kept",
+        {"mode": "best", "periods": ["daily"], "dedup_window_s": 2_592_000, "sharding": sharding("hash", 1)},
+    )
+    board, _ = await store.create(config)
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, store, url)
+        try:
+            day = 86_400_000
+            today = times.now_ms() // day * day
+            await board.submit([Score("p1", 100, "m0", today - 5 * day)], now_ms=today - 5 * day + HOUR)
+            await drain(a)  # archived; nothing after it is, but what the calls below archive themselves
+            first: list[tuple[str, journal.Entry]] = []  # not archived: its caller's write failed
+            assert await moderation.remove(
+                board, ["p1"], request="remove/r-1", now_ms=today - 4 * day, journaled=first
+            ) == {"p1"}
+            (earlier,) = [e for _, e in first if "p1" in e.removed]
+            for points, match, at in [(5, "m2", today - 3 * day), (10, "m3", today - 2 * day)]:
+                await board.submit([Score("p1", points, match, at + HOUR)], now_ms=at + 2 * HOUR)
+            since, second = today - 2 * day, []
+            got = await moderation.remove(
+                board, ["p1"], request="remove/r-2", since_ms=since, now_ms=today - day, journaled=second
+            )
+            assert got == {"p1"}
+            (later,) = [e for _, e in second if e.request == "remove/r-2"]
+            assert "total" in (later.kept_in("p1") or ())  # the total (10, achieved since) kept
+            assert earlier.id in {e.id for _, e in second}
+            await archive.record_removals(a.db, second)  # as the removal's caller does before its answer
             await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
             command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
             assert await asyncio.to_thread(main, command) == 0
