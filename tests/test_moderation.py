@@ -1136,70 +1136,20 @@ async def test_a_removal_that_finds_a_player_gone_after_a_reshard_archives_the_o
         await store.delete(config.id)
 
 
-async def test_a_removal_that_finds_a_player_gone_archives_an_earlier_entry_the_named_one_kept_periods_of(
-    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+@pytest.mark.parametrize("later_call", ["finds", "retry-finds-gone"])
+async def test_a_removal_keeping_a_period_whole_archives_the_players_earlier_entry(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, later_call: str
 ) -> None:
-    """The entry the shard's record names kept a period of the player whole (`a`: a removal at an
-    earlier time, ``since_ms``): it does not drop the results of theirs an earlier removal, never
-    archived (its caller's write to PostgreSQL failed, the archiver behind), dropped in that period
-    (the total's 100 here), so a retry under another id that finds the player gone archives that
-    earlier entry too. Before, it archived the named entry alone, and after a total loss of Redis
-    `rebuild --all` brought back the total of before the first removal."""
-    config = BoardConfig.from_dict(
-        "moderation-gone-kept",
-        {"mode": "best", "periods": ["daily"], "dedup_window_s": 2_592_000, "sharding": sharding("hash", 1)},
-    )
-    board, _ = await store.create(config)
-    async with own_archive(postgres_url) as url:
-        a = await archiver(raw, store, url)
-        try:
-            day = 86_400_000
-            today = times.now_ms() // day * day
-            await board.submit([Score("p1", 100, "m0", today - 5 * day)], now_ms=today - 5 * day + HOUR)
-            await drain(a)  # archived; nothing after it is, but what the calls below archive themselves
-            first: list[tuple[str, journal.Entry]] = []  # not archived: its caller's write failed
-            assert await moderation.remove(
-                board, ["p1"], request="remove/r-1", now_ms=today - 4 * day, journaled=first
-            ) == {"p1"}
-            (earlier,) = [e for _, e in first if "p1" in e.removed]
-            for points, match, at in [(5, "m2", today - 3 * day), (10, "m3", today - 2 * day)]:
-                await board.submit([Score("p1", points, match, at + HOUR)], now_ms=at + 2 * HOUR)
-            since, second = today - 2 * day, []
-            got = await moderation.remove(
-                board, ["p1"], request="remove/r-2", since_ms=since, now_ms=today - day, journaled=second
-            )
-            assert got == {"p1"}
-            (later,) = [e for _, e in second if e.request == "remove/r-2"]
-            assert "total" in (later.kept_in("p1") or ())  # the total (10, achieved since) kept
-            again: list[tuple[str, journal.Entry]] = []
-            got = await moderation.remove(
-                board, ["p1"], request="remove/r-3", since_ms=since, now_ms=today - day + 1, journaled=again
-            )
-            assert got == set()
-            assert {earlier.id, later.id} <= {e.id for _, e in again}
-            await archive.record_removals(a.db, again)  # as the retry's caller does before its answer
-            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
-            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
-            assert await asyncio.to_thread(main, command) == 0
-            rebuilt = await store.get(config.id)
-            assert [e.player_id for e in await rebuilt.top(10)] == []  # not the 100 of before r-1
-        finally:
-            await a.db.close()
-            with contextlib.suppress(Exception):
-                await store.delete(config.id)
-
-
-async def test_a_removal_that_finds_a_player_and_keeps_a_period_whole_archives_their_earlier_entry(
-    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
-) -> None:
-    """A removal that finds the player but keeps a period of theirs whole (``since_ms``: its `a`)
-    drops nothing of theirs there: an earlier removal's entry, never archived (its caller's write to
+    """A removal r-2 that keeps a period of the player whole (``since_ms``: its entry's `a`) drops
+    nothing of theirs there: an earlier removal's entry r-1, never archived (its caller's write to
     PostgreSQL failed, the archiver behind), is what drops their results of before it in that period
-    (the total's 100 here). Its call archives that earlier entry too. Before, it archived its own
-    entry alone, and after a total loss of Redis `rebuild --all` brought back the total of before
-    the first removal."""
+    (the total's 100 here). So the call that answers archives r-1's entry too: r-2 itself (``finds``:
+    it finds the player), or a retry r-3 under another id that finds the player gone and the
+    shard's record naming r-2's entry (``retry-finds-gone``). Before, each archived its own or the
+    named entry alone, and after a total loss of Redis `rebuild --all` brought back the total of
+    before the first removal."""
     config = BoardConfig.from_dict(
-        "moderation-found-kept",
+        f"moderation-kept-{later_call}",
         {"mode": "best", "periods": ["daily"], "dedup_window_s": 2_592_000, "sharding": sharding("hash", 1)},
     )
     board, _ = await store.create(config)
@@ -1224,8 +1174,15 @@ async def test_a_removal_that_finds_a_player_and_keeps_a_period_whole_archives_t
             assert got == {"p1"}
             (later,) = [e for _, e in second if e.request == "remove/r-2"]
             assert "total" in (later.kept_in("p1") or ())  # the total (10, achieved since) kept
-            assert earlier.id in {e.id for _, e in second}
-            await archive.record_removals(a.db, second)  # as the removal's caller does before its answer
+            answered = second
+            if later_call == "retry-finds-gone":
+                answered = []
+                retry = {"since_ms": since, "now_ms": today - day + 1, "journaled": answered}
+                got = await moderation.remove(board, ["p1"], request="remove/r-3", **retry)
+                assert got == set()
+                assert later.id in {e.id for _, e in answered}
+            assert earlier.id in {e.id for _, e in answered}
+            await archive.record_removals(a.db, answered)  # as the answering call's caller does first
             await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
             command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
             assert await asyncio.to_thread(main, command) == 0
