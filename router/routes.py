@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import re
 import time
 import weakref
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import psycopg
+from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -33,6 +35,8 @@ from shardlb.config import AUTO_SHARDS, ID_PATTERN, MAX_SHARDS, BoardConfig, che
 from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput, PlayerNotFound, field_name
 from shardlb.merge import Row
 from shardlb.reads import ResolvedView
+
+log = logging.getLogger("shardlb.router")
 
 MAX_OFFSET = 10**12
 # Cached tops, rendered: (view, limit, competition ranks, MessagePack) -> (as_of of the cached top,
@@ -233,7 +237,7 @@ async def delete_board(request: Request) -> Response:
     alone, so a DELETE that fails in Redis (503, the board live) loses nothing to a loss of Redis,
     and one answered 204 is never undone by it. PostgreSQL failing is 503 ``archive_unavailable``:
     at the first mark nothing is deleted; at the second the board is gone from Redis, and the
-    DELETE sent again finds it gone and records the deletion before its 404 (``archive.mark_gone``)."""
+    DELETE sent again finds it gone and records the deletion before its 404 (``_mark_gone``)."""
     svc = _allow(request, Scope.ADMIN)
     _query(request)
     board_id = request.path_params["board"]
@@ -241,13 +245,12 @@ async def delete_board(request: Request) -> Response:
         board = await _mark_deleting(svc, board_id)
         incarnation = await svc.boards.delete(board_id, None if board is None else board.incarnation)
     except BoardNotFound:
-        if svc.settings.postgres_url:
-            async with _archive(svc, "the board's deletion is not recorded") as db:
-                await archive.mark_gone(db, svc.client, board_id)
+        await _mark_gone(svc, board_id)
         raise
     if board is not None and board.config.durability == "journal":
         async with _archive(svc, "the board is deleted, its deletion not recorded") as db:
             await archive.mark_deleted(db, board_id, incarnation)
+        await _paid(svc, board_id, incarnation)
     await moderation.forget_bans(svc, board_id, incarnation)  # none of them holds anywhere now
     return Response(status_code=204)
 
@@ -255,15 +258,46 @@ async def delete_board(request: Request) -> Response:
 async def _mark_deleting(svc: Service, board_id: str) -> Board | None:
     """Before DELETE /v1/boards/{board} changes anything in Redis: the board it deletes (the
     registry's incarnation, one whose deletion stopped half way too), its DELETE recorded begun in
-    PostgreSQL when it is journaled. None without PostgreSQL (the incarnation the registry holds
-    then is deleted); a board without a journal has nothing there to mark."""
+    PostgreSQL when it is journaled, and noted in Redis as owing PostgreSQL its deletion
+    (``archive.owe_deletion``). None without PostgreSQL (the incarnation the registry holds then is
+    deleted); a board without a journal has nothing there to mark."""
     if not svc.settings.postgres_url:
         return None
     board = await svc.boards.store.get(board_id, deleting=True)
     if board.config.durability == "journal":
         async with _archive(svc, "the board is not deleted") as db:
             await archive.mark_deleting(db, board)
+        await archive.owe_deletion(svc.client, board_id, board.incarnation)
     return board
+
+
+async def _mark_gone(svc: Service, board_id: str) -> None:
+    """Before a DELETE's 404: record in PostgreSQL the deletions of the board that Redis notes it
+    is owed (``archive.owe_deletion``: a DELETE that failed on its last mark), and only those. A
+    board with none (made up, deleted and answered 204, never journaled) costs PostgreSQL nothing:
+    until 2026-12-06 every 404 connected to it to look, so any admin client made connections by
+    deleting made-up names, and PostgreSQL down made their 404 a 503."""
+    if not svc.settings.postgres_url:
+        return
+    owed = await archive.owed_deletions(svc.client, board_id)
+    if not owed:
+        return
+    async with _archive(svc, "the board's deletion is not recorded") as db:
+        marked = await archive.mark_gone(db, svc.client, board_id, owed)
+    await archive.paid_deletions(svc.client, board_id, marked)
+
+
+async def _paid(svc: Service, board_id: str, incarnation: str) -> None:
+    """The deletion recorded in PostgreSQL: its note in Redis goes. The DELETE is done and answered
+    204 whatever happens here; a note left (Redis failing) costs a DELETE of the board that finds
+    it gone one look in PostgreSQL, which pays it, until it expires."""
+    try:
+        await archive.paid_deletions(svc.client, board_id, [incarnation])
+    except RedisError as e:
+        log.warning(
+            "a deletion recorded in PostgreSQL is still noted owed in Redis",
+            extra={"fields": {"board": board_id, "incarnation": incarnation, "error": type(e).__name__}},
+        )
 
 
 @contextlib.asynccontextmanager

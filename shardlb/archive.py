@@ -82,7 +82,7 @@ from shardlb.errors import ShardlbError
 from shardlb.fanout import batch
 from shardlb.journal import GROUP, Entry, Lag, decode, journal_lag
 from shardlb.outage import Outage
-from shardlb.store import WHOLE_READ_EVERY_S, BoardStore
+from shardlb.store import GONE_MS, WHOLE_READ_EVERY_S, BoardStore
 
 log = logging.getLogger("shardlb.archive")
 
@@ -1426,19 +1426,48 @@ async def mark_deleting(db: psycopg.AsyncConnection[Any], board: Board) -> None:
     )
 
 
-async def mark_gone(db: psycopg.AsyncConnection[Any], client: RedisCluster, board: str) -> None:
-    """``mark_deleted`` for each incarnation of ``board`` whose DELETE began (``mark_deleting``) and
-    that Redis says was deleted (``keys.deleted_key``, kept a day): a DELETE that deleted the board
-    in Redis and failed on its final mark (503), sent again, finds the board gone and records the
-    deletion before its 404. The archiver's refresh does the same for every board, a refresh later."""
-    cur = await db.execute(
-        "SELECT incarnation FROM boards WHERE board = %s AND delete_begun_at IS NOT NULL "
-        "AND deleted_at IS NULL",
-        (board,),
-    )
-    for (incarnation,) in await cur.fetchall():
+async def mark_gone(
+    db: psycopg.AsyncConnection[Any], client: RedisCluster, board: str, owed: Sequence[str]
+) -> list[str]:
+    """``mark_deleted`` for each incarnation of ``board`` among ``owed`` (``owed_deletions``) that
+    Redis says was deleted (``keys.deleted_key``, kept a day); returns those, whose debt is paid
+    (``paid_deletions``). A DELETE that deleted the board in Redis and failed on its final mark
+    (503), sent again, finds the board gone and records the deletion before its 404. The archiver's
+    refresh does the same for every board, a refresh later."""
+    marked = []
+    for incarnation in owed:
         if await client.exists(keys.deleted_key(board, incarnation)):
             await mark_deleted(db, board, incarnation)
+            marked.append(incarnation)
+    return marked
+
+
+async def owe_deletion(client: RedisCluster, board: str, incarnation: str) -> None:
+    """Note in Redis (``keys.owed_key``) that the DELETE of ``board``'s ``incarnation``, marked
+    begun in PostgreSQL (``mark_deleting``), owes it the deletion (``mark_deleted``) until
+    ``paid_deletions``: a DELETE that finds no board asks PostgreSQL only for a deletion owed
+    (``mark_gone``), and every other 404 costs it nothing. Kept as long as Redis's mark of a
+    deletion (``store.GONE_MS``, which ``mark_gone`` needs too); one MULTI, so no entry is left
+    without its expiry. A total loss of Redis takes the note with the deletion's marks: then
+    PostgreSQL's pending mark alone decides, and `rebuild --all` restores the board (its DELETE was
+    never acknowledged: docs/design-notes.md, "A total loss of Redis")."""
+    key = keys.owed_key(board)
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.sadd(key, incarnation)
+        pipe.pexpire(key, GONE_MS)
+        await pipe.execute()
+
+
+async def owed_deletions(client: RedisCluster, board: str) -> list[str]:
+    """The incarnations of ``board`` whose deletion PostgreSQL is owed (``owe_deletion``)."""
+    found = await client.smembers(keys.owed_key(board))
+    return sorted(i.decode() if isinstance(i, bytes) else str(i) for i in found)
+
+
+async def paid_deletions(client: RedisCluster, board: str, incarnations: Sequence[str]) -> None:
+    """Forget the debts of ``incarnations`` of ``board``: PostgreSQL records their deletion."""
+    if incarnations:
+        await client.srem(keys.owed_key(board), *incarnations)
 
 
 async def record_removals(db: psycopg.AsyncConnection[Any], entries: Sequence[tuple[str, Entry]]) -> None:

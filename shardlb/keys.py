@@ -29,6 +29,7 @@ dedup buckets and its key index atomically:
     lb:boards / lb:{196e9}:boards:reshards                    the registry; its boards under reshard
     lb:{196e9}:boards:v                                       the registry's version (moves with each change)
     lb:{196e9}:boards:changes                                 its last moves, each naming the board changed
+    lb:{196e9}:boards:owed:<board>                            deletions PostgreSQL lacks the mark of (a TTL)
     lb:{<tag>}:ack                                            a replica-acknowledged write's marker (expires)
 
 ``<inc>`` is the board's incarnation, a token drawn when the board is created: a board deleted and
@@ -177,6 +178,13 @@ def fence_key(prefix: str) -> str:
 
 def lease_key(board: str) -> str:
     return f"lb:reshard:{board}"
+
+
+def owed_key(board: str) -> str:
+    """The incarnations of ``board`` whose DELETE began in PostgreSQL and has not recorded its
+    deletion there yet (a set, with a TTL: shardlb/archive.py, ``owe_deletion``). In the registry's
+    slot, so no failover keeps the record's removal without the entry written before it."""
+    return f"lb:{{196e9}}:boards:owed:{board}"
 
 
 def deleted_key(board: str, incarnation: str) -> str:

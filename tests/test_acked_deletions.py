@@ -94,6 +94,11 @@ async def delete_failing_in_redis(client: httpx.AsyncClient, name: str, patch: p
     assert r.status_code == 503 and r.json()["error"]["code"] == "cluster_unavailable", r.text
 
 
+async def connection_lost(*args: Any, **kwargs: Any) -> None:
+    """A PostgreSQL call that fails (in place of ``archive.mark_deleted``)."""
+    raise psycopg.OperationalError("connection lost")
+
+
 async def lose_redis_and_rebuild_all(raw: Any, cluster_url: str, url: str) -> None:
     await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
     command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
@@ -600,11 +605,7 @@ async def test_a_delete_whose_last_mark_fails_is_a_503_and_its_retry_marks_it(
         archived(raw, store, postgres_url, name) as (url, _),
         router(cluster_url, postgres_url=url) as (_, client),
     ):
-
-        async def refused(*args: Any, **kwargs: Any) -> None:
-            raise psycopg.OperationalError("connection lost")
-
-        monkeypatch.setattr(archive, "mark_deleted", refused)
+        monkeypatch.setattr(archive, "mark_deleted", connection_lost)
         r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
         assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
         assert r.headers["retry-after"] == "5"
@@ -612,6 +613,71 @@ async def test_a_delete_whose_last_mark_fails_is_a_503_and_its_retry_marks_it(
         with pytest.raises(BoardNotFound):
             await store.get(name)
         assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
+
+
+async def test_a_delete_that_finds_no_board_asks_postgresql_only_for_a_deletion_it_owes(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every DELETE answered 404 connected to PostgreSQL to look for a deletion to record there
+    (``archive.mark_gone``), so any admin client made connections by deleting made-up names, and
+    with PostgreSQL down the DELETE of a board that never was answered 503 ``archive_unavailable``.
+    Redis now keeps which deletions still owe PostgreSQL their mark: one that does not is a 404
+    with PostgreSQL down (a board that never was, one whose 204 was answered); one whose last mark
+    failed is still the 503 until PostgreSQL records it, and a 404 after that."""
+    name = "acked-delete-owes"
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+        router(cluster_url, postgres_url=NOBODY) as (_, down),
+    ):
+        r = await down.delete("/v1/boards/acked-delete-never-was", headers=AS_ADMIN)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "board_not_found", r.text
+
+        with monkeypatch.context() as patched:
+            patched.setattr(archive, "mark_deleted", connection_lost)
+            r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+        assert await raw.pttl(keys.owed_key(name)) > 0  # owed, for a bounded time
+        r = await down.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
+        assert (await down.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
+        # Answered 204: nothing owed, PostgreSQL not asked by the DELETE sent again.
+        await store.create(BoardConfig.from_dict(name, {}))
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+        assert not await raw.exists(keys.owed_key(name))
+        assert (await down.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
+
+
+async def test_a_delete_whose_last_mark_failed_comes_back_from_a_total_loss_and_deletes_again(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis lost between the Redis part of a DELETE and its last mark (503): Redis's record of the
+    deletion owed goes with it, so the DELETE sent again is a 404 that asks PostgreSQL nothing, and
+    PostgreSQL's pending mark alone decides: `rebuild --all` brings the board back (its DELETE was
+    never acknowledged), and the DELETE sent then deletes it for good."""
+    name = "acked-delete-owed-lost"
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+        router(cluster_url, postgres_url=NOBODY) as (_, down),
+    ):
+        with monkeypatch.context() as patched:
+            patched.setattr(archive, "mark_deleted", connection_lost)
+            r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+        await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+        assert (await down.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        top = await (await store.get(name)).top(10)
+        assert sorted((e.player_id, e.points) for e in top) == [("p1", 10), ("p2", 10)]
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
         await lose_redis_and_rebuild_all(raw, cluster_url, url)
         with pytest.raises(BoardNotFound):
             await store.get(name)
