@@ -256,16 +256,22 @@ async def reshard(request: Request) -> Response:
         await mover.start(shards, bands)
     elif (await mover.status())["state"] == "none":
         raise BoardConflict(f"board {board_id!r} has no reshard under way", "board")
-    svc.reshards.start(mover)
+    # Said in Redis before the task exists, so every process's status read after this answer says
+    # "starting" (the task's own note may come later), and the task's lease takes it back.
+    await mover.announce()
+    if not svc.reshards.start(mover):
+        await mover.unannounce()  # no task of this mover would take it back
     return render(request, await _status(svc, mover), 202)
 
 
 async def _status(svc: Service, mover: Resharder) -> dict[str, Any]:
-    """The reshard's status (``Resharder.status``), its ``mover`` "starting" where no process holds
-    the board's lease but this router runs a mover of the board that will take it: one the POST just
-    started, whose task has not taken the lease yet (until 2026-12-06 its 202 then said "none", as of a
-    reshard nothing moves on), or one that waits to run again after a failure (router/reshards.py).
-    Read after the lease: a mover that ended meanwhile is not said to start."""
+    """The reshard's status (``Resharder.status``): its ``mover`` "starting" where no process holds
+    the board's lease but a mover said it starts (``Resharder.announce``: one a POST just started,
+    whose task has not taken the lease yet, or one that waits to run again after a failure), read
+    alike by every process since 2026-12-06. Said too where this router runs such a mover whose
+    note failed or ran out (router/reshards.py). Read after the lease: a mover that ended meanwhile
+    is not said to start. Until 2026-12-06 the note was this worker's alone, and the POST's 202
+    said "none" before that, as of a reshard nothing moves on."""
     status = await mover.status()
     if status.get("mover") == "none" and svc.reshards.moving(mover.board_id):
         status["mover"] = "starting"

@@ -1503,7 +1503,7 @@ _SCHEMAS.update(
                 "mover": {
                     "enum": ["running", "starting", "none"],
                     "description": "while one is under way, whether a process holds the board's lease "
-                    "(starting: none does, but this router runs a mover of the board that will take it, "
+                    "(starting: none does, but a router runs a mover of the board that will take it, "
                     "e.g. the one a POST just started; none for longer than a lease: abandoned, resumed "
                     "by a router that may take it)",
                 },

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from router import metrics
@@ -66,8 +66,18 @@ async def _move(mover: Resharder, wait: bool, tries: int = MOVER_TRIES) -> None:
     (until 2026-12-05 logged as one with its traceback, and tried again MOVER_TRIES times).
     ShardsLost: the mover cancelled the reshard, a shard of the old layout lost: one ERROR line
     naming the board, the shards and the rebuild to run (until 2026-12-06 "reshard stopped" with
-    its traceback, then a try that found the reshard over)."""
+    its traceback, then a try that found the reshard over).
+
+    Every process's status says the mover starts (``Resharder.announce``) until a run takes the
+    lease, and during the pause before a run again; once it ends, no longer (cancelled, as by the
+    router's stop, its note runs out: ``STARTING_MS``)."""
+    await _runs(mover, wait, tries)
+    await _told(mover.unannounce(), mover.board_id)
+
+
+async def _runs(mover: Resharder, wait: bool, tries: int) -> None:
     for attempt in range(tries):
+        await _told(mover.announce(), mover.board_id)
         try:
             await mover.run(wait=wait)
             return
@@ -91,7 +101,19 @@ async def _move(mover: Resharder, wait: bool, tries: int = MOVER_TRIES) -> None:
         except Exception:
             log.exception("reshard stopped", extra={"fields": {"board": mover.board_id, "try": attempt + 1}})
             if attempt + 1 < tries:
+                await _told(mover.announce(), mover.board_id)  # its run took the first one back
                 await asyncio.sleep(MOVER_PAUSE_S)
+
+
+async def _told(note: Awaitable[None], board_id: str) -> None:
+    """A mover's note of its start (``Resharder.announce``, ``unannounce``), for its status alone:
+    one that fails is logged, and the mover goes on (its own calls meet the same trouble, and say
+    so). Read then, a status may say "none" (or "starting", up to ``reshard.STARTING_MS``) for a while."""
+    try:
+        await note
+    except Exception as e:  # RedisError, or the cluster client's own (RedisClusterException)
+        fields = {"board": board_id, "error": repr(e)}
+        log.warning("reshard mover's start not noted", extra={"fields": fields})
 
 
 def said(board_id: str) -> Callable[[str], None]:
@@ -136,19 +158,22 @@ class ReshardWatch:
         # The router's own, not the process's: its stop cancels them (``stop``).
         self.movers: dict[str, asyncio.Task[None]] = {}
 
-    def start(self, mover: Resharder, wait: bool = True, tries: int = MOVER_TRIES) -> None:
-        """Run ``mover`` in the background, unless this router runs one of the board already.
-        ``wait``: for a lease another process holds (a resume asked for), else give way to it;
-        ``tries``: runs after failures (``_move``). None once the router stops: ``stop`` would not
-        cancel it (a request answered while it drains started one until 2026-12-05, moving the
-        board on the closed client); the reshard is recorded, and a router that runs on resumes it."""
+    def start(self, mover: Resharder, wait: bool = True, tries: int = MOVER_TRIES) -> bool:
+        """Run ``mover`` in the background, unless this router runs one of the board already;
+        whether it did. ``wait``: for a lease another process holds (a resume asked for), else give
+        way to it; ``tries``: runs after failures (``_move``). None once the router stops: ``stop``
+        would not cancel it (a request answered while it drains started one until 2026-12-05,
+        moving the board on the closed client); the reshard is recorded, and a router that runs on
+        resumes it."""
         if self.closed:
             fields = {"board": mover.board_id}
             log.info("router stopping: reshard left to the routers", extra={"fields": fields})
-            return
+            return False
         self.movers = {b: task for b, task in self.movers.items() if not task.done()}
-        if mover.board_id not in self.movers:
-            self.movers[mover.board_id] = asyncio.create_task(_move(mover, wait, tries))
+        if mover.board_id in self.movers:
+            return False
+        self.movers[mover.board_id] = asyncio.create_task(_move(mover, wait, tries))
+        return True
 
     def moving(self, board_id: str) -> bool:
         """Whether this router runs a mover of the board that has not ended: one that may not hold

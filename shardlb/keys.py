@@ -26,6 +26,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:mv / seal / chg / chgw   a reshard's marker, seal, changes, changes taken
     lb:{<tag>}:<board>:<inc>:<shard>:fence                    the epoch of the mover holding a reshard (a TTL)
     lb:reshard:<board>                                        the lease of the process resharding a board
+    lb:{lb:reshard:<board>}:starting                          a mover started, not leased yet (a TTL)
     lb:boards / lb:{196e9}:boards:reshards                    the registry; its boards under reshard
     lb:{196e9}:boards:v                                       the registry's version (moves with each change)
     lb:{196e9}:boards:changes                                 its last moves, each naming the board changed
@@ -178,6 +179,12 @@ def fence_key(prefix: str) -> str:
 
 def lease_key(board: str) -> str:
     return f"lb:reshard:{board}"
+
+
+def starting_key(board: str) -> str:
+    """A mover of ``board``'s reshard started and not holding the lease yet (its token, with a TTL:
+    shardlb/reshard.py, ``Resharder.announce``); its tag is the lease's name, so both are in one slot."""
+    return f"lb:{{{lease_key(board)}}}:starting"
 
 
 def owed_key(board: str) -> str:

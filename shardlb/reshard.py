@@ -92,6 +92,10 @@ def _lease_ms() -> int:
 
 
 LEASE_MS = _lease_ms()  # the mover's lease on the board; refreshed while it works, so a dead one ends soon
+# How long a mover's start is said (``Resharder.announce``) before its lease: its gap is a few
+# milliseconds, but covers its look at PostgreSQL (``_reach_archive``, which may take the connect
+# timeout, 10 s, to fail) and the wait for a lease another mover let go a moment ago.
+STARTING_MS = 15_000
 
 
 def cli_cache_s() -> float:
@@ -423,6 +427,7 @@ class Resharder:
         reshard abandoned tries, one takes it)."""
         await self._reach_archive()
         async with self._lease(None if wait else 0.0):
+            await self.unannounce()  # the lease says it now
             _, record = await self.record()
             if not record.get("reshard"):
                 raise NoReshard(f"board {self.board_id!r} has no reshard under way", "board")
@@ -542,7 +547,8 @@ class Resharder:
             pending.execute_command("SCARD", keys.changes_key(prefix))
             pending.execute_command("SCARD", keys.taken_key(prefix))
         pending.execute_command("EXISTS", keys.lease_key(self.board_id))
-        *changes, leased = await pending.execute()
+        pending.execute_command("EXISTS", keys.starting_key(self.board_id))
+        *changes, leased, starting = await pending.execute()
         copied = copied_shards(source)
         done = len(move.get("copied", [])) if move["state"] == "copying" else len(copied)
         elapsed = time.time() - move["started_ms"] / 1000
@@ -562,8 +568,21 @@ class Resharder:
             "writes_refused_ms": move.get("refused_ms"),
             # "none": no process holds the board's lease, so nothing moves the reshard on; for
             # longer than a lease, the reshard is abandoned (router/reshards.py resumes it).
-            "mover": "running" if leased else "none",
+            # "starting": none holds it, but a mover said it starts (``announce``).
+            "mover": "running" if leased else "starting" if starting else "none",
         }
+
+    async def announce(self) -> None:
+        """Say in Redis that this mover starts (``keys.starting_key``, for ``STARTING_MS``): every
+        process's ``status`` then says ``"mover": "starting"``, not "none", until it takes the
+        board's lease (``run``), or ``unannounce``. For a router that starts a mover in the
+        background (router/reshards.py): until 2026-12-06 only its own worker knew, and another
+        worker, router or `shardlb reshard --status` said "none" of a reshard it had just started."""
+        await self.client.set(keys.starting_key(self.board_id), self.token, px=STARTING_MS)
+
+    async def unannounce(self) -> None:
+        """Take back this mover's ``announce`` (one made since by another mover stays)."""
+        await self.client.eval(RELEASE_LEASE, 1, keys.starting_key(self.board_id), self.token)
 
     # ---- the steps ----------------------------------------------------------------------------
 

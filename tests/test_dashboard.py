@@ -19,7 +19,7 @@ import redis
 from starlette.applications import Starlette
 
 from router import admin, dashboard
-from shardlb import keys
+from shardlb import keys, reshard
 from shardlb.cluster import LocalCluster
 from shardlb.reshard import Resharder
 from tests.ports import node_ports
@@ -201,6 +201,46 @@ async def test_a_reshard_started_answers_a_mover_starting_before_it_takes_the_le
         assert status["mover"] in ("starting", "running"), status
         await asyncio.sleep(0.1)
     assert (status["shards"], status["last"]["to_shards"]) == (3, 3), status
+    assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+
+
+async def test_every_process_sees_the_mover_a_post_started_as_starting(
+    router: tuple[Starlette, httpx.AsyncClient], cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The POST's "starting" was its worker's alone (the mover task it holds): another worker of
+    the router, another router, or `shardlb reshard BOARD --status` read `"mover": "none"` (nothing
+    moves it on) until the mover took the board's lease. The start is noted in Redis now, until the
+    mover takes its lease: every process says "starting", and none says it once the mover is done."""
+    app, client = router
+    monkeypatch.setattr(service_of(app).boards, "ttl_s", 0.5)  # as in the tests above
+    name = board_name("dash-rs-seen")
+    settings = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+    released = asyncio.Event()
+    run = Resharder.run
+
+    async def held_back(self: Resharder, wait: bool = True) -> dict[str, Any]:
+        await released.wait()
+        return await run(self, wait)
+
+    monkeypatch.setattr(Resharder, "run", held_back)
+    path = f"/v1/admin/boards/{name}/reshard"
+    async with running(cluster.url) as (_, other):
+        started = await client.post(path, json={"shards": 3}, headers=AS_ADMIN)
+        assert started.status_code == 202 and started.json()["mover"] == "starting", started.text
+        status = (await other.get(path, headers=AS_ADMIN)).json()
+        assert (status["state"], status["mover"]) == ("copying", "starting"), status
+        shown = await reshard.command(cluster.url, name, action="status")
+        assert (shown["state"], shown["mover"]) == ("copying", "starting"), shown
+        released.set()
+        for _ in range(300):
+            status = (await other.get(path, headers=AS_ADMIN)).json()
+            if status["state"] == "none":
+                break
+            assert status["mover"] in ("starting", "running"), status
+            await asyncio.sleep(0.1)
+        assert (status["shards"], status["last"]["to_shards"]) == (3, 3), status
+    assert not await service_of(app).client.exists(keys.starting_key(name))  # gone with the start
     assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
 
 
