@@ -237,7 +237,8 @@ async def delete_board(request: Request) -> Response:
     alone, so a DELETE that fails in Redis (503, the board live) loses nothing to a loss of Redis,
     and one answered 204 is never undone by it. PostgreSQL failing is 503 ``archive_unavailable``:
     at the first mark nothing is deleted; at the second the board is gone from Redis, and the
-    DELETE sent again finds it gone and records the deletion before its 404 (``_mark_gone``)."""
+    DELETE sent again finds it gone and records the deletion before its 404 (``_mark_gone``), or,
+    the id created again meanwhile, deletes that board and records both before its 204."""
     svc = _allow(request, Scope.ADMIN)
     _query(request)
     board_id = request.path_params["board"]
@@ -251,6 +252,12 @@ async def delete_board(request: Request) -> Response:
         async with _archive(svc, "the board is deleted, its deletion not recorded") as db:
             await archive.mark_deleted(db, board_id, incarnation)
         await _paid(svc, board_id, incarnation)
+    # An earlier incarnation whose DELETE deleted it and failed on its last mark (503), the id
+    # created again before that DELETE was sent again: the retry deletes this one and is answered
+    # 204 for the id, so the earlier one is recorded deleted now too, not only by the archiver's
+    # next refresh (a loss of Redis before it had `rebuild --all` restore it under the 204). Only a
+    # deletion Redis notes owed costs PostgreSQL anything, whatever the new board's durability.
+    await _mark_gone(svc, board_id)
     await moderation.forget_bans(svc, board_id, incarnation)  # none of them holds anywhere now
     return Response(status_code=204)
 

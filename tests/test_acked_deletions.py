@@ -760,3 +760,33 @@ async def test_a_delete_slower_than_failed_delete_s_stays_deleted(
             await a.db.close()
             with contextlib.suppress(BoardNotFound):
                 await store.delete(name)
+
+
+async def test_a_delete_retried_after_the_board_was_created_again_leaves_no_incarnation_to_restore(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DELETE deletes the board in Redis and fails on its last mark (503: "send the DELETE
+    again"); the id is created again (PUT) before the retry, which deletes that board and answers
+    204. The first incarnation kept its pending mark alone (the retry found a board, so no 404's
+    ``mark_gone``), and Redis lost before the archiver's next refresh had `rebuild --all` bring it
+    back: a board the client deleted and was answered 204 for, with the results of before. The
+    DELETE that answers 204 records too the deletions Redis marks of the id's pending incarnations."""
+    name = "acked-delete-retried-after-recreate"
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
+
+        async def refused(*args: Any, **kwargs: Any) -> None:
+            raise psycopg.OperationalError("connection lost")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(archive, "mark_deleted", refused)
+            r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+        r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"]}, headers=AS_ADMIN)
+        assert r.status_code == 201, r.text
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
