@@ -384,9 +384,6 @@ async def remove_on_shard(
     )
     args = [header, msgpack.packb(list(players))]
     archived = journaled is not None and board.config.durability == "journal"
-    # The players removed here before, within the dedup window (their records, read before this
-    # call writes its own): one this call finds gone may be so by a delete entry not archived yet.
-    earlier = await _recorded(board, shard, players) if archived else {}
     for _ in range(STALE_TRIES):
         listed = [_text(k) for k in await board.client.zrange(keys.index_key(prefix), 0, -1)]
         names = fixed + [k for k in dict.fromkeys(listed) if k not in fixed]
@@ -409,9 +406,13 @@ async def remove_on_shard(
         elif version < 0 and banded:
             again.append(player)
     if journaled is not None and archived:
-        # A player this call removed is named by its own entry now, whose kept periods (`a`) send
-        # the call to the journal for their earlier removals as a gone player's named entry would.
-        last = {p: entry_id if p in removed else at for p, at in earlier.items()}
+        # The players removed here within the dedup window, with the entry that last removed each
+        # (their records, read after the call: one this call finds gone may be so by a delete
+        # entry not archived yet, made by another removal just before it, which a read before the
+        # call missed until 2026-12-06). A player this call removed is named by its own entry, whose
+        # kept periods (`a`) send the call to the journal for their earlier removals as a gone
+        # player's named entry would; one it found gone with no record before, by its own too.
+        last = await _recorded(board, shard, players)
         found = await _delete_entries(board, shard, entry_id, None if entry_id else request, last)
         journaled += [(board.config.mode, entry) for entry in found]
     if versions:
@@ -425,7 +426,8 @@ async def _recorded(board: Board, shard: int, players: Sequence[str]) -> dict[st
     """The players of ``players`` the shard holds a removal record of (``keys.removals_key``: removed
     there within the dedup window), each with the id of the delete entry that last removed them
     there ("" when the record names none: a record of the release before 2026-12-06, or one a
-    rebuild put back), in one HMGET."""
+    rebuild put back), in one HMGET. Read after remove.lua's call: a player it removed is named by
+    its entry, one it found gone by the entry that removed them (its own, with no record before)."""
     fields = [f for p in players for f in (p, keys.removal_position_field(p))]
     held = await board.client.hmget(keys.removals_key(board.prefixes[shard]), fields)
     return {

@@ -1100,6 +1100,39 @@ async def test_a_removal_that_finds_a_player_gone_reads_the_earlier_entry_not_th
         await store.delete(board.config.id)
 
 
+async def test_a_removal_that_finds_a_player_removed_meanwhile_archives_that_removals_entry(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two removals of p1 under two request ids at once (a client's retry while its first call
+    is still under way): the first runs on the shard after the second read the shard's records
+    (none of p1 then) and before its call there, and its archiving then fails (503). The second
+    finds p1 gone and answers ``removed: false``; it must archive the first's entry, as for a
+    player found gone by an earlier removal (a loss of Redis would otherwise bring p1 back). Until
+    2026-12-06 the records were read before the call alone, and the entry was not looked for."""
+    settings = {"mode": "best", "sharding": sharding("hash", 1)}
+    config = BoardConfig.from_dict("moderation-gone-meanwhile", settings)
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        await board.submit([Score("p1", 10, "m1", now), Score("p2", 20, "m2", now)], now)
+        original = board.scripts.remove
+        lost: list[tuple[str, journal.Entry]] = []  # the first call's, never archived
+
+        async def first_meanwhile(*args: Any, **kwargs: Any) -> Any:
+            # The second call is about to run remove.lua (its records read before, if ever).
+            monkeypatch.setattr(board.scripts, "remove", original)
+            assert await moderation.remove(board, ["p1"], request="remove/r-1", journaled=lost) == {"p1"}
+            return await original(*args, **kwargs)
+
+        monkeypatch.setattr(board.scripts, "remove", first_meanwhile)
+        again: list[tuple[str, journal.Entry]] = []
+        assert await moderation.remove(board, ["p1"], request="remove/r-2", journaled=again) == set()
+        (first,) = [e for _, e in lost if "p1" in e.removed]
+        assert first.id in {e.id for _, e in again}
+    finally:
+        await store.delete(board.config.id)
+
+
 @pytest.mark.parametrize("when", ["before", "while-copied"])
 async def test_a_removal_that_finds_a_player_gone_after_a_reshard_archives_the_old_layouts_entry(
     store: BoardStore, postgres_url: str, when: str
