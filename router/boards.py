@@ -242,7 +242,7 @@ class Boards:
         async with self.gate, metrics.redis_call("create_board"):
             made = await self.store.create(config, confirm_only)
         self._changed(config.id)
-        self._kept.pop(config.id, None)
+        self._forget(config.id)
         self.missing.pop(config.id, None)
         return made
 
@@ -254,7 +254,7 @@ class Boards:
                 return await self.store.delete(board_id, incarnation)
         finally:  # failed too: it may have been applied, and a fetch meanwhile may have seen either
             self._changed(board_id)
-            self._kept.pop(board_id, None)
+            self._forget(board_id)
 
     async def _list(self) -> Rendered:  # before ``list``, which hides the builtin below it
         changes = self.changes
@@ -301,7 +301,7 @@ class Boards:
             version = _UNREAD if e.record_version is None else e.record_version
             if self.changes != changes or self._moved_since(board_id, moves, version):
                 raise
-            self._kept.pop(board_id, None)
+            self._forget(board_id)
             if read:
                 self._missing(board_id)
             raise
@@ -314,6 +314,13 @@ class Boards:
         self._kept[board_id] = (time.monotonic(), board)
         self._fetched[board_id] = moves
         return board
+
+    def _forget(self, board_id: str) -> None:
+        """Keep nothing of ``board_id``: its copy, and the moves when it was fetched (``_fetched``,
+        which until 2026-12-06 kept an entry for every id ever fetched: cleared only with the
+        copies, at MAX_BOARDS kept at once, which boards deleted as they go never reach)."""
+        self._kept.pop(board_id, None)
+        self._fetched.pop(board_id, None)
 
     def _changed(self, board_id: str) -> None:
         """After a create or a delete of ``board_id``: fetches under way keep nothing, and later

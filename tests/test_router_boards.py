@@ -1165,3 +1165,26 @@ async def test_a_registry_primary_out_of_memory_changes_no_record_without_its_di
         with contextlib.suppress(BoardNotFound):
             for name in names:
                 await store.delete(name)
+
+
+@pytest.mark.cluster
+async def test_boards_deleted_leave_nothing_kept_of_them(store: BoardStore) -> None:
+    """Boards created, fetched and deleted one after another (through this router, and by another
+    process, found gone by a fetch): what the worker keeps of each goes with its copy. Failed
+    before: ``_fetched`` kept an entry for every id ever fetched, cleared only once 10,000 copies
+    were kept at once, which boards deleted as they go never reach (a router's memory growing with
+    every board id it ever served)."""
+    boards = Boards(store, Gate(4), ttl_s=3600.0)
+    for n in range(20):
+        name = board_name(f"churn-{n}")
+        await boards.create(BoardConfig.from_dict(name, {}))
+        await boards.get(name)
+        if n % 2:
+            await boards.delete(name)
+        else:
+            await store.delete(name)  # through another process
+            boards._kept[name] = (boards._kept[name][0] - boards.ttl_s, boards._kept[name][1])
+            with pytest.raises(BoardNotFound):
+                await boards.get(name)
+    assert not boards._kept
+    assert not boards._fetched
