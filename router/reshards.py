@@ -88,13 +88,17 @@ async def _runs(mover: Resharder, wait: bool, tries: int) -> None:
             return
         except ShardsLost as e:  # cancelled: nothing to resume, a rebuild for the operator to run
             fields = {"board": e.board_id, "shards": list(e.shards), "run": list(e.commands)}
+            # No command when every lost shard held nothing: its sentinel was written again.
+            then = f"run {' and '.join(f'`{c}`' for c in e.commands)}, then reshard again"
+            if not e.commands:
+                then = "they held nothing archived, their sentinels written again: reshard again"
             log.error(
                 "reshard cancelled: %s %s of the old layout lost %s keys (Redis lost the slot); the "
-                "board keeps its layout: run %s, then reshard again",
+                "board keeps its layout: %s",
                 "shard" if len(e.shards) == 1 else "shards",
                 ", ".join(map(str, e.shards)),
                 "its" if len(e.shards) == 1 else "their",
-                " and ".join(f"`{c}`" for c in e.commands),
+                then,
                 extra={"fields": fields},
             )
             return

@@ -816,78 +816,28 @@ class Archiver:
 
     async def _empty(self, board: Board, shards: set[int]) -> set[int]:
         """Of ``shards`` (their sentinels found missing), those with nothing a rebuild could bring
-        back, whose sentinel is written again (sentinel.lua) instead of a mark: PostgreSQL holds no
-        row of the shard (SHARD_ARCHIVED: what a rebuild of the shard reads) and the shard holds
-        nothing in Redis. A failover lost the sentinel of a board created (or a shard rebuilt) with
-        ``SHARDLB_ACK=primary`` before its replica had it; marked, the healthy board refused
-        service until an operator's rebuild. The journal's entries not archived died with the node
-        either way. A band shard's rebuild reads no rows: it takes the home shards' totals and
-        versions (``Rebuilder.rebuild_bands``), so it is written again when it holds nothing and no
-        home shard holds a total, a version or a pending move, each home carrying its sentinel and
-        unmarked (``_homes_empty``): its rebuild would write nothing there either. Each written is
-        logged as a WARNING and counted (REWRITTEN_SENTINELS); a sentinel found there again (a
-        rebuild, an archiver of another name) is neither.
-
-        The record is read first (``BoardStore.watched``): nothing for a board being deleted,
-        resharded, or of another incarnation or layout since, nor for a shard it marks already. A
-        write meanwhile is refused by write.lua until the sentinel is back (the shard stays empty);
-        a deletion leaves its `gone` marker and a reshard its `mv`, which sentinel.lua refuses."""
+        back, whose sentinel is written again instead of a mark (``written_again``, whose rule a
+        reshard's mover cancelling for a lost shard follows too). Each written by this call is logged
+        as a WARNING and counted (REWRITTEN_SENTINELS); a sentinel found there again (a rebuild, an
+        archiver of another name, a mover's cancel) is neither."""
+        found = await written_again(self.store, self.db, board, shards, self._resentinel)
         homes = board.layout.sharding.shards if board.layout.strategy == "band" else len(board.prefixes)
-        marked = await self.store.watched(board) if shards else None
-        if marked is None:
-            return set()
-        done = set()
-        # The home shards first: one written again there may let the band shards be written again.
-        for shard in sorted(shards - marked):
-            params = {"board": board.config.id, "incarnation": board.incarnation, "shard": shard}
-            if shard >= homes:
-                if not await self._homes_empty(board, homes, marked):
-                    continue
-            else:
-                async with self.db.transaction():
-                    await self.db.execute(SHARD_ARCHIVED_SETTINGS)
-                    cur = await self.db.execute(SHARD_ARCHIVED, params)
-                    row = await cur.fetchone()
-                if row is None or row[0]:
-                    continue
-            prefix = board.prefixes[shard]
-            names = [keys.sentinel_key(prefix), *(prefix + k for k in _HOLDING)]
-            written = await self._resentinel(keys=names, args=[])
-            if written == -1:
+        for shard, written in sorted(found.items()):
+            if written != 1:
                 continue
-            done.add(shard)
-            if written == 1:
-                REWRITTEN_SENTINELS.inc()
-                why = "its home shards hold no player" if shard >= homes else "PostgreSQL holds no row of it"
-                log.warning(
-                    "sentinel missing on a shard with nothing archived: written again (shard %d of board "
-                    "%s holds nothing and %s, so nothing was lost that a rebuild could bring back; a "
-                    "failover before its replica had the sentinel?)",
-                    shard,
-                    board.config.id,
-                    why,
-                    extra={"fields": dict(params)},
-                )
-        return done
-
-    async def _homes_empty(self, board: Board, homes: int, marked: set[int]) -> bool:
-        """Whether a band board's home shards hold nothing its band shards' rebuild would read
-        (``Rebuilder.rebuild_bands``: every home's totals and versions): each home unmarked, carrying
-        its sentinel (one lost with its keys is no evidence), and holding no total, no version and
-        no pending band move. Two EXISTS per home shard, only for a band shard found without its
-        sentinel. A write to a home after this look that moves a player into the band shard reaches
-        it by band.lua, which checks no sentinel: before sentinel.lua, the band shard holds its row
-        and is marked; after, it holds its row and its sentinel."""
-        if marked.intersection(range(homes)):
-            return False
-        for home in range(homes):
-            prefix = board.prefixes[home]
-            if not await self.client.exists(keys.sentinel_key(prefix)):
-                return False
-            held = (keys.period_key(prefix, "total"), keys.version_key(prefix), keys.pending_key(prefix))
-            if await self.client.exists(*held):
-                return False
-        return True
+            REWRITTEN_SENTINELS.inc()
+            why = "its home shards hold no player" if shard >= homes else "PostgreSQL holds no row of it"
+            fields = {"board": board.config.id, "incarnation": board.incarnation, "shard": shard}
+            log.warning(
+                "sentinel missing on a shard with nothing archived: written again (shard %d of board "
+                "%s holds nothing and %s, so nothing was lost that a rebuild could bring back; a "
+                "failover before its replica had the sentinel?)",
+                shard,
+                board.config.id,
+                why,
+                extra={"fields": fields},
+            )
+        return set(found)
 
     async def _archive(self, batch: Sequence[tuple[Board, str, Entry]]) -> int:
         """Commit ``batch`` in one transaction, then acknowledge it; returns the results archived."""
@@ -1525,6 +1475,74 @@ async def _insert_removals(
         )
 
 
+async def written_again(
+    store: BoardStore, db: psycopg.AsyncConnection[Any], board: Board, shards: set[int], resentinel: Script
+) -> dict[int, int]:
+    """Of ``shards`` of ``board`` (their sentinels found missing), those with nothing a rebuild could
+    bring back, whose sentinel is written again (sentinel.lua, run by ``resentinel``) instead of a
+    mark; each with sentinel.lua's answer (1 written by this call, 0 found there already). The
+    archiver's rule (``Archiver._empty``) and a reshard's mover's, which cancels for a shard lost
+    and marks the others at once (shardlb/reshard.py, ``Resharder._settle``).
+
+    Written again where PostgreSQL holds no row of the shard (SHARD_ARCHIVED: what a rebuild of the
+    shard reads) and the shard holds nothing in Redis. A failover lost the sentinel of a board
+    created (or a shard rebuilt) with ``SHARDLB_ACK=primary`` before its replica had it; marked, the
+    healthy board refused service until an operator's rebuild. The journal's entries not archived
+    died with the node either way. A band shard's rebuild reads no rows: it takes the home shards'
+    totals and versions (``Rebuilder.rebuild_bands``), so it is written again when it holds nothing
+    and no home shard holds a total, a version or a pending move, each home carrying its sentinel
+    and unmarked (``_homes_empty``): its rebuild would write nothing there either.
+
+    The record is read first (``BoardStore.watched``): nothing for a board being deleted,
+    resharded, or of another incarnation or layout since, nor for a shard it marks already. A
+    write meanwhile is refused by write.lua until the sentinel is back (the shard stays empty);
+    a deletion leaves its `gone` marker and a reshard its `mv`, which sentinel.lua refuses."""
+    homes = board.layout.sharding.shards if board.layout.strategy == "band" else len(board.prefixes)
+    marked = await store.watched(board) if shards else None
+    if marked is None:
+        return {}
+    done: dict[int, int] = {}
+    # The home shards first: one written again there may let the band shards be written again.
+    for shard in sorted(shards - marked):
+        params = {"board": board.config.id, "incarnation": board.incarnation, "shard": shard}
+        if shard >= homes:
+            if not await _homes_empty(store.client, board, homes, marked):
+                continue
+        else:
+            async with db.transaction():
+                await db.execute(SHARD_ARCHIVED_SETTINGS)
+                cur = await db.execute(SHARD_ARCHIVED, params)
+                row = await cur.fetchone()
+            if row is None or row[0]:
+                continue
+        prefix = board.prefixes[shard]
+        names = [keys.sentinel_key(prefix), *(prefix + k for k in _HOLDING)]
+        written = int(await resentinel(keys=names, args=[]))
+        if written != -1:
+            done[shard] = written
+    return done
+
+
+async def _homes_empty(client: RedisCluster, board: Board, homes: int, marked: set[int]) -> bool:
+    """Whether a band board's home shards hold nothing its band shards' rebuild would read
+    (``Rebuilder.rebuild_bands``: every home's totals and versions): each home unmarked, carrying
+    its sentinel (one lost with its keys is no evidence), and holding no total, no version and
+    no pending band move. Two EXISTS per home shard, only for a band shard found without its
+    sentinel. A write to a home after this look that moves a player into the band shard reaches
+    it by band.lua, which checks no sentinel: before sentinel.lua, the band shard holds its row
+    and is marked; after, it holds its row and its sentinel."""
+    if marked.intersection(range(homes)):
+        return False
+    for home in range(homes):
+        prefix = board.prefixes[home]
+        if not await client.exists(keys.sentinel_key(prefix)):
+            return False
+        held = (keys.period_key(prefix, "total"), keys.version_key(prefix), keys.pending_key(prefix))
+        if await client.exists(*held):
+            return False
+    return True
+
+
 def _settings(board: Board) -> dict[str, Any]:
     """What PostgreSQL keeps of a board to restore it (shardlb/rebuild.py): its settings, and its
     layout generation once a reshard drew one (shardlb/reshard.py records each new one)."""
@@ -1532,7 +1550,7 @@ def _settings(board: Board) -> dict[str, Any]:
     return {**settings, "generation": board.generation} if board.generation else settings
 
 
-# Whether PostgreSQL holds any row of a board's shard that its rebuild reads (``Archiver._empty``):
+# Whether PostgreSQL holds any row of a board's shard that its rebuild reads (``written_again``):
 # its results (``match_results``, through match_results_on_shard, shard first), its removals and
 # removal records (their primary keys: board, incarnation, shard). Not ``match_holds``, which has no
 # index by shard (a look there read every hold of the board: 2,000 in tests/test_read_plans.py): a

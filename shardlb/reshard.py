@@ -51,7 +51,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import replace
 from importlib import resources
 from typing import Any, NoReturn
@@ -455,9 +455,9 @@ class Resharder:
                         f"board {self.board_id!r} was deleted during the reshard", "board"
                     ) from e
                 # So does a shard of the old layout that lost its keys, its fence with them.
-                lost = await self._lost_since_taken()
+                lost, empty = await self._lost_since_taken()
                 if lost:
-                    raise ShardsLost.of(self.board_id, lost) from e
+                    raise ShardsLost.of(self.board_id, lost, empty) from e
                 raise
             if record["reshard"]["state"] == "committed":
                 record = await self._finish(record)
@@ -720,13 +720,14 @@ class Resharder:
             found.execute_command("EXISTS", keys.sentinel_key(prefix))
         return [s for s, there in enumerate(await found.execute()) if not there]
 
-    async def _lost_since_taken(self) -> list[int]:
+    async def _lost_since_taken(self) -> tuple[list[int], set[int]]:
         """After a fenced call was refused: when the record still holds this mover's reshard (its
         epoch: nobody took it over) before the commit, and shards of the old layout lost their keys
         (``_lost_shards``), their fences with them, those shards, the reshard cancelled as when the
         mover finds them at the cut-over: the reshard taken again (its fences written anew on every
-        shard, so the cancel's fenced calls reach the lost ones too) and cancelled. Else []: the
-        refusal stands (another mover's, or a fence lost otherwise: a resume fences anew). Until
+        shard, so the cancel's fenced calls reach the lost ones too), cancelled, and the shards
+        marked (``_settle``: with those of them written again). Else ([], set()): the refusal
+        stands (another mover's, or a fence lost otherwise: a resume fences anew). Until
         2026-12-06 a shard lost after the mover took the reshard stopped it with Lost, "another
         mover took the reshard over", though none had; the reshard stayed recorded, its fences and
         markers on the other shards, until a resume cancelled it."""
@@ -737,11 +738,58 @@ class Resharder:
             or move.get("epoch") != self.epoch
             or move.get("state") not in STATES[:2]
         ):
-            return []
-        lost = await self._lost_shards(self._layouts(record)[0])
-        if lost:
-            await self._cancel(await self._take())
-        return lost
+            return [], set()
+        source = self._layouts(record)[0]
+        lost = await self._lost_shards(source)
+        if not lost:
+            return [], set()
+        await self._cancel(await self._take())
+        return lost, await self._settle(source, lost)
+
+    async def _settle(self, source: Board, lost: list[int]) -> set[int]:
+        """After the cancel for ``lost`` shards of the old layout, which the board keeps: each marked
+        not rebuilt at once (``BoardStore.lost``), so reads that merge one are refused (503
+        ``board_rebuilding`` naming its rebuild) as they are for a shard lost at rest; or, one that
+        held nothing (PostgreSQL holds no row of it and the shard holds nothing), its sentinel
+        written again instead (``archive.written_again``: the archiver's own rule, so the board
+        serves on). Returns the shards written again. Until 2026-12-06 the mover left both to the
+        archiver's next round (every 5 s), which marks nothing while the record names a reshard:
+        until then reads answered from the shards left, without the lost shard's players.
+
+        Without PostgreSQL (a resume not given it) nothing tells a shard that held nothing: each is
+        marked, and its rebuild (which needs PostgreSQL) brings back nothing and writes the
+        sentinel. A failure here is said and left to the archiver's next round, which decides as
+        this would; the cancel stands either way."""
+        empty: set[int] = set()
+        try:
+            if self.postgres_url:
+                empty = await self._written_again(source, set(lost))
+            marked = await self.store.lost(source, set(lost) - empty)
+        except Exception as e:  # PostgreSQL or the cluster failing: the archiver's round decides
+            self.say(
+                f"{self.board_id}: the lost {_shards(len(lost))} not marked ({e!r}); the archiver's "
+                "next round marks them"
+            )
+            return set()
+        if marked:
+            what = "shard" if len(marked) == 1 else "shards"
+            self.say(
+                f"{self.board_id}: {what} {', '.join(map(str, marked))} marked not rebuilt: reads and "
+                "writes that touch them answer 503 board_rebuilding until they are rebuilt"
+            )
+        return empty
+
+    async def _written_again(self, source: Board, shards: set[int]) -> set[int]:
+        """Of ``shards``, those whose sentinel ``archive.written_again`` wrote (or found) again."""
+        import psycopg  # imported when used: Redis-only deployments need no PostgreSQL driver
+
+        from shardlb import archive
+        from shardlb.connection import Script, script_source
+
+        url = self.postgres_url or ""
+        sentinel = Script(self.client, script_source("sentinel.lua"))
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True, **pgconn.options(url)) as db:
+            return set(await archive.written_again(self.store, db, source, shards, sentinel))
 
     async def _recopy(self, source: Board, target: Board, problems: list[str]) -> NoReturn:
         """Refuse the cut-over to a new layout that does not hold what the old one holds
@@ -808,7 +856,7 @@ class Resharder:
         if lost:
             _, record = await self.record()
             await self._cancel(record)
-            raise ShardsLost.of(self.board_id, lost)
+            raise ShardsLost.of(self.board_id, lost, await self._settle(source, lost))
         # The new one must hold what the old one holds.
         problems = await differences(self.client, copied_shards(source), target)
         await self._tell(f"{self.board_id}: new layout checked against the old: {len(problems)} differ")
@@ -1232,29 +1280,39 @@ class Resharder:
 
 class ShardsLost(Mismatch):
     """The cut-over refused and the reshard cancelled: ``shards`` of the old layout lost their keys
-    (``Resharder._lost_shards``). ``commands``: what brings them back, one `shardlb rebuild` a shard,
-    after which the board can be resharded again. A router's mover logs it as one line
-    (router/reshards.py), not as a failure with its traceback. Made by ``of``; the constructor is
-    every library error's (message, field)."""
+    (``Resharder._lost_shards``). ``commands``: what brings them back, one `shardlb rebuild` a shard
+    the cancel marked not rebuilt (``Resharder._settle``), after which the board can be resharded
+    again; none for a shard that held nothing (``empty``: its sentinel written again). A router's
+    mover logs it as one line (router/reshards.py), not as a failure with its traceback. Made by
+    ``of``; the constructor is every library error's (message, field)."""
 
     board_id = ""
     shards: tuple[int, ...] = ()
     commands: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, board_id: str, shards: list[int]) -> ShardsLost:
-        commands = tuple(f"shardlb rebuild {board_id} --shard {s}" for s in shards)
-        run = " and ".join(f"`{c}`" for c in commands)
+    def of(cls, board_id: str, shards: list[int], empty: Collection[int] = ()) -> ShardsLost:
+        marked = [s for s in shards if s not in empty]
+        commands = tuple(f"shardlb rebuild {board_id} --shard {s}" for s in marked)
         one = len(shards) == 1
-        error = cls(
+        said = (
             f"the cut-over of {board_id!r} is refused and the reshard cancelled: "
             f"{'shard' if one else 'shards'} {', '.join(map(str, shards))} of the old layout lost "
             f"{'its' if one else 'their'} keys (the sentinel is missing: Redis lost the slot and serves "
-            "it again empty), and a copy would lose those players for good. The board keeps its layout: "
-            f"run {run} to bring {'it' if one else 'them'} back from PostgreSQL and the journal, then "
-            "reshard again",
-            "board",
+            "it again empty), and a copy would lose those players for good. The board keeps its layout"
         )
+        if marked:
+            run = " and ".join(f"`{c}`" for c in commands)
+            them = "it" if len(marked) == 1 else "them"
+            said += f": run {run} to bring {them} back from PostgreSQL and the journal, then reshard again"
+        if empty:
+            written = ", ".join(map(str, sorted(empty)))
+            plural = "" if len(empty) == 1 else "s"
+            said += (
+                f"{'; ' if marked else ': '}shard{plural} {written} held nothing archived, so nothing was "
+                f"lost: the sentinel is written again{'' if marked else '; reshard again'}"
+            )
+        error = cls(said, "board")
         error.board_id, error.shards, error.commands = board_id, tuple(shards), commands
         return error
 

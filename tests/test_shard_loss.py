@@ -537,34 +537,48 @@ async def test_an_open_slot_leaves_the_archiver_reading_a_board_without_sentinel
 
 
 async def test_a_reshard_refuses_to_commit_a_shard_the_old_layout_lost(
-    store: BoardStore, raw: Any, postgres_url: str
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
 ) -> None:
     """A shard lost alone while its board is resharded: the archiver leaves a board whose record
     names a reshard, and the mover copied the empty shard, found the new layout holding what the old
     one held, gave the new layout its sentinels and committed: the shard's players were gone for good,
     the loss never marked. Failed before: DID NOT RAISE, the board committed on 5 shards with 19 of 30
     players. Now the cut-over is refused and the reshard cancelled (the new layout dropped): the
-    board keeps its layout, whose shard is held to its sentinel again (a write there refused)."""
+    board keeps its layout, whose shard is held to its sentinel again (a write there refused), and
+    the cancel marks the shard not rebuilt at once, so a read that merges it is refused (503
+    ``board_rebuilding`` naming the rebuild), library and router. Failed before (2026-12-06): no
+    mark until the archiver's next round, the top answered from the two shards left meanwhile."""
+    name = "partial-reshard-lost"
     async with own_archive(postgres_url, "partial") as url:
         try:
-            board, sent = await board_written(store, "partial-reshard-lost")
+            board, sent = await board_written(store, name)
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+            try:
+                await drain(a)  # shard 1's results archived: its rebuild brings them back
+            finally:
+                await a.db.close()
             on_lost = [s for s in sent if board.layout.home(s.player_id) == 1]
-            mover = Resharder(
-                store, "partial-reshard-lost", say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0
-            )
+            mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
             await mover.start(5)
             await slot_wiped(raw, board, 1)
             with pytest.raises(Mismatch, match="shard 1 of the old layout lost its keys"):
                 await mover.run()
-            record = orjson.loads(await raw.hget(keys.BOARDS, "partial-reshard-lost"))
+            record = orjson.loads(await raw.hget(keys.BOARDS, name))
             assert int(record.get("generation", 0)) == 0 and "reshard" not in record
-            back = await store.get("partial-reshard-lost")
+            back = await store.get(name)
             assert back.generation == 0 and back.sentinels
+            assert back.rebuilding == {1}
+            with pytest.raises(Rebuilding, match=f"`shardlb rebuild {name} --shard 1`"):
+                await back.top(10)
             with pytest.raises(Rebuilding):
                 await back.submit([Score(on_lost[0].player_id, 1, "late-1", times.now_ms())])
+            async with running(cluster_url) as (_, client):
+                answer = await client.get(f"/v1/boards/{name}/top?limit=5")
+                _refused(answer)
+                assert f"`shardlb rebuild {name} --shard 1`" in answer.json()["error"]["message"], answer.text
         finally:
             with contextlib.suppress(Exception):
-                await store.delete("partial-reshard-lost")
+                await store.delete(name)
 
 
 async def test_a_reshard_of_a_band_board_commits_though_a_band_shard_of_the_old_layout_lost_its_keys(
@@ -780,10 +794,12 @@ async def test_a_shard_with_nothing_to_bring_back_is_sentinelled_again_after_the
 ) -> None:
     """A reshard cancelled for a shard that lost its keys where PostgreSQL holds no row of it (its
     players all on the other shards): the archiver's rule writes its sentinel again rather than
-    marking it (sentinel.lua, ``Archiver._empty``), which only holds if the cancel left none of the
-    reshard's keys there (its `fence`, `mv`, seal, tracked sets are among those sentinel.lua takes
-    for "holds something"). Then the shard takes writes and the reshard commits. (A pinning test:
-    it held.)"""
+    marking it (sentinel.lua, ``archive.written_again``), which only holds if the cancel left none
+    of the reshard's keys there (its `fence`, `mv`, seal, tracked sets are among those sentinel.lua
+    takes for "holds something"). Since 2026-12-06 the mover's cancel applies that rule itself (it
+    marks every other shard lost at once): the sentinel is back when the run ends, the board not
+    marked, and the archiver's round finds nothing to write. Then the shard takes writes and the
+    reshard commits."""
     name = "partial-reshard-empty"
     async with own_archive(postgres_url, "partial") as url:
         try:
@@ -798,14 +814,18 @@ async def test_a_shard_with_nothing_to_bring_back_is_sentinelled_again_after_the
                 await slot_wiped(raw, board, 1)
                 mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
                 await mover.start(5)
-                with pytest.raises(ShardsLost):
+                with pytest.raises(ShardsLost) as cancelled:
                     await mover.run()
+                assert cancelled.value.shards == (1,) and cancelled.value.commands == ()
+                assert "held nothing" in cancelled.value.message, cancelled.value.message
                 assert await reshard_left(raw, store, board, 5) == []
+                assert await raw.exists(keys.sentinel_key(board.prefixes[1]))
+                assert not (await store.get(name)).rebuilding
                 before = rewritten()
                 await a.refresh()
                 await archive_round(a)
                 back = await store.get(name)
-                assert not back.rebuilding and rewritten() == before + 1
+                assert not back.rebuilding and rewritten() == before
                 assert await raw.exists(keys.sentinel_key(board.prefixes[1]))
                 new = next(f"q{i}" for i in range(100) if back.layout.home(f"q{i}") == 1)
                 [result] = await back.submit([Score(new, 5, "late-1", times.now_ms())])
@@ -836,7 +856,9 @@ async def test_a_shard_lost_while_the_mover_works_cancels_the_reshard_as_one_los
     stopped with Lost "another mover took the reshard ... over (this one's lease ran out)", though
     none did, leaving the reshard recorded (copying, or sealing), its fences and markers on every
     other shard for a day, and the lost shard taking writes against an empty shard (the record's
-    reshard turns write.lua's sentinel check off) until a resume."""
+    reshard turns write.lua's sentinel check off) until a resume. Since 2026-12-06 the cancel also
+    marks the shard not rebuilt at once; before, reads merged the shards left until the archiver's
+    next round marked it."""
     name = "partial-reshard-mid"
     async with own_archive(postgres_url, "partial") as url:
         try:
@@ -863,6 +885,9 @@ async def test_a_shard_lost_while_the_mover_works_cancels_the_reshard_as_one_los
                 assert await reshard_left(raw, store, board, 5) == []
                 back = await store.get(name)
                 assert back.sentinels and not back.moving
+                assert back.rebuilding == {1}  # marked by the cancel, no archiver round first
+                with pytest.raises(Rebuilding, match=f"`shardlb rebuild {name} --shard 1`"):
+                    await back.top(10)
                 late = [bettered(on[s][0], f"late-{s}") for s in (0, 2)]
                 assert [r.status for r in await back.submit(late)] == ["improved", "improved"]
                 with pytest.raises(Rebuilding):
@@ -1560,7 +1585,7 @@ async def test_a_band_shard_lost_with_the_home_shard_of_its_players_is_marked_no
     4: the two slots lost at once (a primary holding both). Home shard 0 holds nothing now, and
     shards 1 and 2 never held anything, but PostgreSQL holds shard 0's rows: it is marked, and so
     is band shard 4, though every home shard holds no total or version, since home shard 0 lacks
-    its sentinel (one lost with its keys is no evidence: ``Archiver._homes_empty``). Written again,
+    its sentinel (one lost with its keys is no evidence: ``archive._homes_empty``). Written again,
     band shard 4 would serve the board's top empty, unrefused, until shard 0's rebuild. A pin of
     86b59e5's rule: `rebuild BOARD --shard 0` then brings both back."""
     async with own_archive(postgres_url, "partial") as url:
