@@ -895,7 +895,7 @@ class Resharder:
             if record.get("reshard"):
                 await self._cancel(record)
             raise
-        await self._open(target)
+        await self._open_committed(target)
         self.refused_ms = (time.monotonic() - began) * 1000
         record = await self._update(
             lambda r: {
@@ -976,6 +976,23 @@ class Resharder:
             self.say(f"{self.board_id}: {rebuilding(self.board_id, lost, then, band_shards(target)).message}")
         await self._unfence(source, target)
         return record
+
+    async def _open_committed(self, target: Board) -> None:
+        """Open the new layout right after the commit. A new shard Redis lost since the mover took
+        the reshard lost its fence with its keys, and the opening's fenced call there is refused:
+        the reshard is then taken again (fenced anew on every shard, as the finish does for one
+        lost later) and the opening made again; the finish marks the shard (``_finish``). Until
+        2026-12-06 the mover stopped there with "another mover took the reshard over", though none
+        had, and a resume finished it."""
+        try:
+            await self._open(target)
+        except Lost:
+            _, record = await self.record()
+            self._ours(record, "committed")  # taken over since (Lost): the other mover goes on
+            if not await self._missing(target):
+                raise  # a fence lost otherwise: a resume fences anew
+            await self._take()
+            await self._open(target)
 
     async def _open(self, target: Board) -> None:
         """Open the new layout's shards (their ``mv`` markers deleted), fenced."""
