@@ -374,7 +374,12 @@ def add_reshard_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     reshard.add_argument("board", help="the board")
     what = reshard.add_mutually_exclusive_group(required=True)
     what.add_argument("--shards", type=int, help="the new shard count (of home shards, with --bands)")
-    what.add_argument("--resume", action="store_true", help="take the reshard under way to its end")
+    what.add_argument(
+        "--resume",
+        action="store_true",
+        help="take the reshard under way to its end; a live mover elsewhere is waited for a lease, then "
+        "its outcome said (exit 0), or, still running, said so (exit 1)",
+    )
     what.add_argument("--cancel", action="store_true", help="cancel a reshard not committed yet")
     what.add_argument(
         "--status",

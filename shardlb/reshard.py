@@ -423,14 +423,29 @@ class Resharder:
         A board deleted meanwhile (BoardNotFound) has both layouts' shards dropped again first: a
         copy (or the marks) under way when the deletion dropped them may have written there since.
         The board's lease held by another process is waited for a lease (a mover that died lets
-        it run out); ``wait=False``: Busy at once (router/reshards.py: every router that finds a
-        reshard abandoned tries, one takes it)."""
+        it run out), then Busy naming a live mover; ``wait=False``: Busy at once (router/reshards.py:
+        every router that finds a reshard abandoned tries, one takes it). A reshard that the mover
+        holding the lease ended meanwhile is said as its outcome, and the status returned (state
+        ``cancelled`` for a cancel), not NoReshard (``_ended``; until 2026-12-06 "no reshard under
+        way", as if there had been none)."""
         await self._reach_archive()
+        # Read before the lease: a reshard that the mover holding it ends while this one waits is
+        # told as that mover's outcome (``_ended``), not as no reshard at all.
+        _, seen = await self.record()
         async with self._lease(None if wait else 0.0):
             await self.unannounce()  # the lease says it now
             _, record = await self.record()
             if not record.get("reshard"):
-                raise NoReshard(f"board {self.board_id!r} has no reshard under way", "board")
+                ended = self._ended(seen, record)
+                if ended is None:
+                    raise NoReshard(f"board {self.board_id!r} has no reshard under way", "board")
+                shards = self.store._board(self.board_id, record).config.sharding.shards
+                self.say(
+                    f"{self.board_id}: another mover {ended} the reshard while this one waited for it "
+                    f"(it held the board's lease): nothing left to resume; the board has {_shards(shards)}"
+                )
+                status = await self.status()
+                return status if ended == "finished" else {**status, "state": "cancelled"}
             self._knows()
             self.incarnation = _incarnation(record)
             record = await self._take()
@@ -464,6 +479,18 @@ class Resharder:
             took = time.monotonic() - began
             self.say(f"{self.board_id}: {record.get('reshard', {}).get('state', 'done')} after {took:.1f} s")
             return await self.status()
+
+    def _ended(self, seen: dict[str, Any], now: dict[str, Any]) -> str | None:
+        """How the reshard of the record ``seen`` (read before the lease) ended, by the record
+        ``now`` (read once the lease is this mover's) that names none: "finished" (the board has
+        its new layout) or "cancelled" (it kept its layout); None when ``seen`` named none either,
+        or the board was created again since."""
+        move = seen.get("reshard")
+        if not move or _incarnation(seen) != _incarnation(now):
+            return None
+        if move["state"] == "committed" or int(now.get("generation", 0)) >= int(move["generation"]):
+            return "finished"
+        return "cancelled"
 
     def _knows(self) -> float:
         """When this process first knew of the reshard (now, if this is the first time)."""
@@ -1291,7 +1318,12 @@ class Resharder:
             raise Cancelled(f"the reshard of {self.board_id!r} was cancelled")
 
     def _lease(self, wait_s: float | None = None) -> Lease:
-        self.held = Lease(self.client, keys.lease_key(self.board_id), self.token, wait_s)
+        busy = (
+            f"another mover is running the reshard of {self.board_id!r} (it holds the board's lease and "
+            "keeps it fresh: a `shardlb reshard` or a router's mover): nothing for this one to do while "
+            f"it runs; follow it with `shardlb reshard {self.board_id} --status`, or stop it with --cancel"
+        )
+        self.held = Lease(self.client, keys.lease_key(self.board_id), self.token, wait_s, busy)
         return self.held
 
 
@@ -1350,9 +1382,17 @@ class NoReshard(BoardConflict):
 class Lease:
     """The mover's hold on a board, refreshed while it works: one mover at a time."""
 
-    def __init__(self, client: RedisCluster, key: str, token: str, wait_s: float | None = None) -> None:
+    def __init__(
+        self,
+        client: RedisCluster,
+        key: str,
+        token: str,
+        wait_s: float | None = None,
+        busy: str = "another process is resharding this board",
+    ) -> None:
         self.client, self.key, self.token = client, key, token
         self.wait_s = wait_s  # how long another's lease is waited for (None: a lease)
+        self.busy = busy  # Busy's message, once the wait is over
         self._task: asyncio.Task[None] | None = None
         self.lost = False  # another process holds it, or it ran out unrefreshed: the mover stops
 
@@ -1361,7 +1401,7 @@ class Lease:
         deadline = time.monotonic() + (LEASE_MS / 1000 + 1.0 if self.wait_s is None else self.wait_s)
         while not await self.client.eval(_LEASE, 1, self.key, self.token, LEASE_MS):
             if time.monotonic() > deadline:
-                raise Busy("another process is resharding this board", "board")
+                raise Busy(self.busy, "board")
             await asyncio.sleep(0.25)
         self._task = asyncio.create_task(self._keep())
         return self

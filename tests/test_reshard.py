@@ -460,6 +460,52 @@ async def test_a_cancel_while_a_live_mover_holds_the_lease_is_answered_as_record
     assert after.config.sharding.shards == 2 and not after.moving and not after.also
 
 
+@pytest.mark.parametrize("outcome", ["finished", "cancelled", "still running"])
+async def test_a_resume_while_a_live_mover_holds_the_lease_reports_that_mover(
+    store: BoardStore,
+    cluster_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    outcome: str,
+) -> None:
+    """`shardlb reshard BOARD --resume` while a live mover holds the board's lease waits a lease for
+    it. That mover ending the reshard meanwhile (finished, or cancelled) is said as such, exit 0,
+    where the resume then took the lease, found no reshard and failed with "no reshard under way"
+    (exit 1), as if there had never been one. One still running when the wait ends is named as a
+    live mover to follow with --status (exit 1, README's statuses), not "another process"."""
+    monkeypatch.setattr(reshard, "LEASE_MS", 3000)  # the resume waits a lease and a second for it
+    board, _ = await make_board(store, 2)
+    await board.submit([Score("a", 5, "m1"), Score("b", 7, "m2")])
+    live = Resharder(store, board.config.id, say=lambda _: None, cache_s=0)
+    await live.start(3)
+    live.token = "a-live-mover"  # its lease, held (and refreshed) by it all along
+    key = keys.lease_key(board.config.id)
+    await store.client.set(key, live.token, px=60_000)
+    resume = ["reshard", board.config.id, "--resume", "--redis", cluster_url]
+    waiting = asyncio.create_task(asyncio.to_thread(cli.main, resume))
+    await asyncio.sleep(0.5)  # the resume has read the record and waits for the lease
+    if outcome == "finished":
+        assert (await live.run())["state"] == "none"
+    elif outcome == "cancelled":
+        assert await live.cancel() == "cancelled"
+    code = await waiting
+    out, err = capsys.readouterr()
+    if outcome == "still running":
+        assert code == 1, out + err
+        assert "another mover is running the reshard" in err, err
+        assert f"shardlb reshard {board.config.id} --status" in err, err
+        await store.client.delete(key)
+        assert await live.cancel() == "cancelled"
+        return
+    assert code == 0, out + err
+    assert "no reshard under way" not in err, err
+    status = json.loads(out.splitlines()[-1])
+    line = f"{board.config.id}: another mover {outcome} the reshard while this one waited for it"
+    assert line in out, out
+    assert status["state"] == ("none" if outcome == "finished" else "cancelled"), status
+    assert status["shards"] == (3 if outcome == "finished" else 2), status
+
+
 async def test_a_resume_after_the_commit_finishes_past_a_stale_cancel(store: BoardStore) -> None:
     """A committed record that still carries a cancel (the commit used to keep it: a mover that
     stopped after such a commit) is finished by the resume, not refused as "committed already"."""
