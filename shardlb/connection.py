@@ -237,6 +237,17 @@ def script_source(name: str) -> str:
     return resources.files("shardlb.scripts").joinpath(name).read_text()
 
 
+# Scripts made of another's source with flags of their own (a `#!lua` line, which must come
+# first): registry.lua for a deletion's calls, which a primary out of memory runs (registry.lua
+# takes only a removal or a mark "deleting" from them, a bounded write).
+_FLAGGED = {"registry_freeing": ("registry.lua", "#!lua flags=allow-oom\n")}
+
+
+def _source(field: str) -> str:
+    name, flags = _FLAGGED.get(field, (f"{field}.lua", ""))
+    return flags + script_source(name)
+
+
 @dataclass
 class Scripts:
     """The board's Lua scripts (shardlb/scripts/*.lua). ``load`` puts them on every primary before
@@ -250,6 +261,8 @@ class Scripts:
     places: Script
     drop: Script
     registry: Script
+    registry_freeing: Script  # registry.lua as a deletion's calls make it: run out of memory too
+    marker: Script
     digests: Script
     rebuild: Script
     remove: Script
@@ -264,7 +277,7 @@ class Scripts:
 
     @classmethod
     def register(cls, client: RedisCluster) -> Scripts:
-        return cls(**{f.name: Script(client, script_source(f"{f.name}.lua")) for f in fields(cls)})
+        return cls(**{f.name: Script(client, _source(f.name)) for f in fields(cls)})
 
     async def load(self, client: RedisCluster) -> None:
         await client.initialize()

@@ -158,12 +158,18 @@ redis.call('DEL', KEYS[3])
 return 1
 """
 )
-# drop.lua on a shard, only while its fence holds the mover's epoch (KEYS[3], ARGV[2]).
-_DROP = """
+# drop.lua on a shard, only while its fence holds the mover's epoch (KEYS[3], ARGV[2]); its
+# `#!lua` line (allow-oom) stays the first.
+_FLAGS, _, _DROP_BODY = (resources.files("shardlb.scripts") / "drop.lua").read_text().partition("\n")
+_DROP = (
+    _FLAGS
+    + """
 if redis.call('GET', KEYS[3]) ~= ARGV[2] then
   return redis.error_reply('FENCED another mover took this reshard over')
 end
-""" + (resources.files("shardlb.scripts") / "drop.lua").read_text()
+"""
+    + _DROP_BODY
+)
 # Take the lease: free, or this mover's already.
 _LEASE = """
 local held = redis.call('GET', KEYS[1])

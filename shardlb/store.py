@@ -152,12 +152,22 @@ class BoardStore:
                 except (NotAcknowledged, RedisError):
                     # No record names them (a replica that did not confirm them, under the ack):
                     # taken back, or they would stay for good, listed in no index.
-                    await self.client.delete(*(keys.sentinel_key(p) for p in board.prefixes))
+                    await self._unmade(board)
                     raise
-                if await self.swap(config.id, b"", orjson.dumps(record)):
+                try:
+                    made = await self.swap(config.id, b"", orjson.dumps(record))
+                except ResponseError:
+                    # Refused before registry.lua wrote anything (a registry primary out of memory
+                    # refuses its first write, the record's HSET): taken back as well. Until
+                    # 2026-12-06 they stayed, and each retry (another incarnation) left as many
+                    # again. A reply lost (a broken connection) may follow a record written that
+                    # names them: they stay then.
+                    await self._unmade(board)
+                    raise
+                if made:
                     await self._confirm(config.id, record["incarnation"])
                     return board, True
-                await self.client.delete(*(keys.sentinel_key(p) for p in board.prefixes))
+                await self._unmade(board)
                 continue
             if raw is None:
                 if ended:
@@ -190,6 +200,10 @@ class BoardStore:
             # A retry of a creation answered 503 finds it made, perhaps unconfirmed.
             await self._confirm(config.id, str(found.get("incarnation", "0")))
             return self._board(config.id, found), False
+
+    async def _unmade(self, board: Board) -> None:
+        """Take back the sentinels of a creation that no record names (``create``)."""
+        await self.client.delete(*(keys.sentinel_key(p) for p in board.prefixes))
 
     async def masters(self) -> int:
         """How many masters the cluster has (what AUTO_SHARDS becomes)."""
@@ -341,7 +355,11 @@ class BoardStore:
 
         todo = list(prefixes)
         for _ in range(SENTINEL_ATTEMPTS):
-            await asyncio.gather(*(put(p) for p in todo))
+            # Every put answered before one's error is raised: the caller takes them back
+            # (``create``), which a put still in flight would outlive.
+            for outcome in await asyncio.gather(*(put(p) for p in todo), return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
             if not self.ack.replicas:
                 return
             replies = await confirmed(self.client, self.ack, [("EXISTS", keys.sentinel_key(p)) for p in todo])
@@ -592,7 +610,7 @@ class BoardStore:
                 raise BoardNotFound(f"no board {board_id!r} of incarnation {incarnation!r}", "board")
             if record.get("state") != "deleting":
                 marked = orjson.dumps({**record, "state": "deleting"})
-                if not await self.swap(board_id, raw, marked):
+                if not await self.swap(board_id, raw, marked, freeing=True):
                     continue  # changed meanwhile: look again
                 raw = marked
             await self._drop(board_id, raw, record)
@@ -666,7 +684,9 @@ class BoardStore:
         board = self._board(board_id, record)
         # First, so that from the moment the registry stops listing the board (marked deleting) the
         # archiver can tell a deletion from a Redis that lost its registry (shardlb/archive.py).
-        await self.client.set(keys.deleted_key(board_id, board.incarnation), 1, px=GONE_MS)
+        # Through marker.lua, which a primary out of memory runs, as it runs drop.lua and the
+        # freeing calls of registry.lua: a deletion frees memory, and is made on a full cluster.
+        await self.scripts.marker(keys=[keys.deleted_key(board_id, board.incarnation)], args=[1, GONE_MS])
         gate = asyncio.Semaphore(DROPS_IN_FLIGHT)
         moving = bool(record.get("reshard"))  # a mover holds fences only while the record has one
 
@@ -684,16 +704,24 @@ class BoardStore:
         await asyncio.gather(*(drop(p) for p in board.prefixes + board.also))
         if moving:
             await self.client.delete(keys.lease_key(board_id))
-        await self.swap(board_id, raw, b"")
+        await self.swap(board_id, raw, b"", freeing=True)
 
-    async def swap(self, board_id: str, expected: bytes | str, new: bytes) -> bool:
+    async def swap(self, board_id: str, expected: bytes | str, new: bytes, freeing: bool = False) -> bool:
         """Replace the board's record ``expected`` (b"": none, a creation) by ``new`` (b"": none,
         the record removed) and move the registry's version, in one registry.lua call; False when
-        the record was not ``expected``. Every change of the registry goes through here."""
+        the record was not ``expected``. Every change of the registry goes through here.
+
+        ``freeing``: a deletion's call (``new`` none, or the record marked "deleting"), made through
+        registry.lua loaded with the flag allow-oom, so that a registry primary out of memory runs
+        it: boards are deleted to free memory. registry.lua then takes only such a change, whose
+        writes are bounded (a record of about the same size, a version, a digest and one entry of a
+        log kept at CHANGES_KEPT); any other call of a primary out of memory is refused whole."""
         # Drawn, not counted: a counter that a failover set back could come to a value a reader
         # holds again, with other records.
         version = secrets.token_hex(8)
         args = [board_id, expected, new, version, CHANGES_KEPT]
+        if freeing:
+            return bool(await self.scripts.registry_freeing(keys=_REGISTRY, args=[*args, "freeing"]))
         return bool(await self.scripts.registry(keys=_REGISTRY, args=args))
 
 

@@ -1,9 +1,12 @@
+#!lua flags=allow-oom
 -- Delete ONE shard of a board: mark it gone, then unlink every key its key index lists.
 --
 -- KEYS[1] the shard's key index, KEYS[2] its `gone` marker; ARGV[1] how long the marker lives (ms).
 -- Every key of the shard shares the tag of KEYS[1], so the listed keys are in this slot. Marking
 -- and unlinking in one call means a write either ran before (and is unlinked here) or runs after
 -- (and is refused by the marker): a router that still holds the board cannot leave keys behind.
+-- allow-oom: a primary out of memory runs it (operators delete boards to free memory); it writes
+-- one marker that expires, and unlinks the rest.
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
 local names = redis.call('ZRANGE', KEYS[1], 0, -1)
 for _, name in ipairs(names) do

@@ -18,6 +18,12 @@
 -- ARGV[1] '': index the boards ARGV[2..] as their records are now, and return 1 (a whole look's
 -- mending of what processes of the release before wrote without the index; no record changes, the
 -- version stays).
+-- ARGV[6] 'freeing': the call of a deletion (``BoardStore.swap``'s ``freeing``), made through this
+-- script loaded with the flag allow-oom, which a primary out of memory runs (operators delete
+-- boards to free memory). Only a removal of the record or its mark "deleting" is taken then, so
+-- what it writes is bounded: a record of about the size of the one it replaces (or none), the
+-- version and a digest of fixed size, one entry in a log kept at ARGV[5] entries, an id the index
+-- holds already. Anything else is an error, and nothing is written.
 
 -- Listed while the record has a "reshard" object; the registry's readers parse the same field.
 local function index(id)
@@ -34,6 +40,12 @@ local function index(id)
   end
 end
 
+if ARGV[6] == 'freeing' and ARGV[3] ~= '' then
+  local parsed, record = pcall(cjson.decode, ARGV[3])
+  if not (parsed and type(record) == 'table' and record['state'] == 'deleting') then
+    return redis.error_reply('ERR registry: a freeing call only removes a record or marks it deleting')
+  end
+end
 if ARGV[1] == '' then
   for i = 2, #ARGV do
     index(ARGV[i])
