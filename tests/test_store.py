@@ -434,11 +434,12 @@ async def test_the_registry_is_read_and_followed_while_its_primary_is_out_of_mem
 
 class Stepwise:
     """A pipeline that sends its commands one at a time, and awaits the first of ``changes`` (taken
-    off) after its first command: another client's change that Redis ran between two commands of
-    a round trip, as it may. The commands go to the real cluster."""
+    off) after its command number ``at`` (the first by default): another client's change that Redis
+    ran between two commands of a round trip, as it may. The commands go to the real cluster."""
 
-    def __init__(self, client: Any, changes: list[Callable[[], Awaitable[Any]]]) -> None:
+    def __init__(self, client: Any, changes: list[Callable[[], Awaitable[Any]]], at: int = 1) -> None:
         self.client, self.changes, self.queued = client, changes, list[tuple[str, tuple[Any, ...]]]()
+        self.at = at
 
     async def __aenter__(self) -> Stepwise:
         return self
@@ -453,7 +454,7 @@ class Stepwise:
         replies = []
         for command, args in self.queued:
             replies.append(await getattr(self.client, command)(*args))
-            if len(replies) == 1 and self.changes:
+            if len(replies) == self.at and self.changes:
                 await self.changes.pop(0)()
         return replies
 
@@ -492,3 +493,45 @@ async def test_a_change_between_the_reads_of_one_round_trip_is_read_again(
         monkeypatch.undo()
         with contextlib.suppress(BoardNotFound):
             await store.delete(config.id)
+
+
+@pytest.mark.parametrize("at", [1, 2])
+async def test_a_log_that_moves_under_every_read_is_taken_as_a_gap(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch, at: int
+) -> None:
+    """``moved`` reads the version, the log and the version again, and reads again while the two
+    versions differ, SETTLE_TRIES round trips in all; then it gives up and answers a gap (no boards
+    named: the caller compares what it holds, router/boards.py ``follow``), with the version read
+    first in its last round trip, so that the caller's next look reads the moves since. A move
+    after the log's read (``at`` 2) leaves a log that chains from the first version read: it is not
+    taken either, as a move before it (``at`` 1), whose entry breaks the chain, is not."""
+    config = BoardConfig.from_dict(f"stepwise-moved-{at}", {"durability": "memory"})
+    await store.create(config)
+
+    async def touch() -> None:
+        raw = await store.client.hget(keys.BOARDS, config.id)
+        record = orjson.loads(raw)
+        state = {**record["state"], "turn": record["state"].get("turn", 0) + 1}
+        assert await store.swap(config.id, raw, orjson.dumps({**record, "state": state}))
+
+    since = await store.version()
+    changes: list[Callable[[], Awaitable[Any]]] = [touch] * store_module.SETTLE_TRIES
+    rounds: list[Stepwise] = []
+
+    def pipeline(**_: Any) -> Stepwise:
+        rounds.append(Stepwise(store.client, changes, at))
+        return rounds[-1]
+
+    try:
+        monkeypatch.setattr(store.client, "pipeline", pipeline)
+        version, changed, named = await store.moved(since)
+        monkeypatch.undo()
+        assert changed is None and named == set()
+        assert len(rounds) == store_module.SETTLE_TRIES and not changes
+        now = await store.version()
+        assert version not in (since, now)  # the last move is read at the next look
+        # The next look, the registry still, names what the give-up left.
+        assert await store.moved(version) == (now, {config.id}, {config.id})
+    finally:
+        monkeypatch.undo()
+        await store.delete(config.id)
