@@ -15,6 +15,7 @@ import asyncio
 import random
 
 import pytest
+from redis.exceptions import OutOfMemoryError
 
 from shardlb import keys, times
 from shardlb.board import Board, Entry, Score
@@ -25,6 +26,7 @@ from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
 from tests.test_board import check_view, expected_entries
 from tests.test_board_retries import assert_board_equals, fail_band_once
+from tests.test_store_oom import full_primaries
 
 pytestmark = pytest.mark.cluster
 
@@ -296,3 +298,42 @@ async def test_my_rank_with_max_age_counts_the_other_bands_as_an_exact_read_left
         assert after["zcard"] - before["zcard"] == 1  # the sizes the exact reads kept
     finally:
         await store.delete(board.config.id)
+
+
+async def test_a_band_board_is_read_while_every_primary_is_out_of_memory(store: BoardStore) -> None:
+    """A primary at maxmemory (noeviction) refuses every MULTI, reads too, and every command that
+    may grow memory. A band board's reads use neither (pipelines of plain reads, and counts.lua,
+    near.lua and places.lua, flagged no-writes, which Redis runs out of memory): with every primary
+    full, home shards and band shards alike, the total (read the band way) and a daily period (read
+    as a hash board's) answer as before. Pinned: it held before (the MULTIs of shardlb/bands.py
+    are the repair's and prune's, not a read's)."""
+    sharding = {"strategy": "band", "bands": FEW, "shards": 3}
+    settings = {"periods": ["daily"], "points_max": 1000, "sharding": sharding}
+    config = BoardConfig.from_dict("band-reads-oom", settings)
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    try:
+        scores = [Score(f"p{i:03d}", (i * 37) % 1000, f"m{i}", now) for i in range(60)]
+        await board.submit(scores, now_ms=now)
+        for period in ("total", "daily"):
+            view = board.resolve(period, now_ms=now)
+            before = (
+                await board.top(10, view),
+                await board.entries(20, 10, view),
+                await board.player("p005", view),
+                await board.around("p005", 3, view),
+                await board.query(["p001", "p002", "p040"], view),
+            )
+            async with full_primaries(store):
+                with pytest.raises(OutOfMemoryError):  # full indeed
+                    await board.submit([Score("late", 500, "m-late", now)], now_ms=now)
+                during = (
+                    await board.top(10, view),
+                    await board.entries(20, 10, view),
+                    await board.player("p005", view),
+                    await board.around("p005", 3, view),
+                    await board.query(["p001", "p002", "p040"], view),
+                )
+            assert during == before and len(before[0]) == 10, period
+    finally:
+        await store.delete(config.id)
