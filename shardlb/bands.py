@@ -82,10 +82,11 @@ class BandMoves:
         """Finish every pending move of the board; return how many players had one.
 
         One HLEN per home shard first (one pipeline per node): a board with nothing pending costs
-        no more. Each player's version, pending bands and total are read in one MULTI on their home
-        shard, so the move sent is the one of that version, and settle.lua confirms it only while
-        the version is still that one: beside a newer write of the player, or another repair, the
-        versioned band ops leave the newest state, and the move stays pending until it is sent."""
+        no more. Each player's version, pending bands and total are read as of one version on their
+        home shard (``_settled``: no MULTI, which a primary out of memory refuses), so the move sent
+        is the one of that version, and settle.lua confirms it only while the version is still that
+        one: beside a newer write of the player, or another repair, the versioned band ops leave the
+        newest state, and the move stays pending until it is sent."""
         board = self.board
         homes = range(board.config.sharding.shards)
         pipe = batch(board.client)
@@ -119,17 +120,40 @@ class BandMoves:
             await self.finish(home, moves)
 
     async def _pending(self, prefix: str, players: list[str]) -> list[Move]:
-        """The pending moves of ``players`` on the home shard ``prefix``, read atomically."""
-        async with self.board.client.pipeline(transaction=True) as pipe:
+        """The pending moves of ``players`` on the home shard ``prefix``, each as of one version
+        (``_settled``)."""
+        rows = await self._settled(prefix, players)
+        return [
+            Move(player, None if total is None else int(total), int(version), pending)
+            for player, version, pending, total in rows
+            if version is not None and pending is not None  # confirmed meanwhile: nothing to send
+        ]
+
+    async def _settled(
+        self, prefix: str, players: list[str], removals: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """(player, version, pending bands, total[, removal time]) on the home shard ``prefix``, for
+        those of ``players`` whose version is the same before and after the reads.
+
+        One round trip of plain reads, the versions read first and again last, not a MULTI: a
+        primary out of memory refuses every MULTI, reads too, and the repair and the prune must go
+        on there (neither grows memory on the home shard: settle.lua and prune.lua only delete
+        there). Every change of a player's total, pending move or removal (write.lua, remove.lua)
+        draws a new version in the same call, so a player whose two versions agree was read as of
+        that version, as in a MULTI; one that changed between is left out, for the call that
+        changed it sends its own move, and the next pass reads them again. settle.lua's
+        confirmation between the reads keeps the version: the move read pending is sent again,
+        which the versioned band ops take as the no-op it is."""
+        async with self.board.client.pipeline(transaction=False) as pipe:
             pipe.hmget(keys.version_key(prefix), players)
             pipe.hmget(keys.pending_key(prefix), players)
             pipe.zmscore(keys.period_key(prefix, "total"), players)
-            versions, bands, totals = await pipe.execute()
-        return [
-            Move(player, None if total is None else int(total), int(version), pending)
-            for player, version, pending, total in zip(players, versions, bands, totals, strict=True)
-            if version is not None and pending is not None  # confirmed meanwhile: nothing to send
-        ]
+            if removals:
+                pipe.zmscore(keys.removed_versions_key(prefix), players)
+            pipe.hmget(keys.version_key(prefix), players)
+            before, *read, after = await pipe.execute()
+        rows = zip(players, before, after, *read, strict=True)
+        return [(player, version, *rest) for player, version, again, *rest in rows if version == again]
 
     async def prune(self, now_ms: int | None = None) -> int:
         """Forget the versions of players removed longer ago than the dedup window (at least
@@ -139,7 +163,8 @@ class BandMoves:
 
         The home shard lists them (``vrm``, remove.lua). One ZRANGEBYSCORE per home shard (one
         pipeline per node) first: a board with none to forget costs no more. Each player's version,
-        pending move, total and removal time are read in one MULTI on their home shard; a player
+        pending move, total and removal time are read as of one version on their home shard
+        (``_settled``); a player
         still gone there, their removal confirmed (nothing pending) and still that old (not removed
         again since the listing), is forgotten on every band shard (prune.lua:
         only a version at most the removal's, and no row), then, once every band answered, on the
@@ -186,23 +211,17 @@ class BandMoves:
         """Prune ``players`` of the home shard ``home``; return how many were forgotten, and how
         many the home shard keeps listed whatever happens (gone from the board, a move pending)."""
         prefix = self.board.prefixes[home]
-        async with self.board.client.pipeline(transaction=True) as pipe:
-            pipe.hmget(keys.version_key(prefix), players)
-            pipe.hmget(keys.pending_key(prefix), players)
-            pipe.zmscore(keys.period_key(prefix, "total"), players)
-            pipe.zmscore(keys.removed_versions_key(prefix), players)
-            versions, moving, totals, removals = await pipe.execute()
         # The removal's time is read with its version: a player removed again since the listing
         # (posted and removed anew) holds the version of a recent removal, whose tombstones the
-        # bands keep against the late band calls of that post.
-        rows = zip(players, versions, moving, totals, removals, strict=True)
+        # bands keep against the late band calls of that post. A player whose version moved during
+        # the reads is not forgotten (prune.lua takes them off the list if they posted again).
+        rows = await self._settled(prefix, players, removals=True)
         gone = {
             player: int(version)
             for player, version, pending, total, at in rows
             if version is not None and pending is None and total is None and at is not None and at <= cutoff
         }
-        pairs = zip(moving, totals, strict=True)
-        kept = sum(1 for pending, total in pairs if pending is not None and total is None)
+        kept = sum(1 for _, _, pending, total, _ in rows if pending is not None and total is None)
         await self.forget(gone)
         args: list[Any] = [cutoff]
         for player in players:  # 0: only to leave `vrm` (posted again, or forgotten meanwhile)

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from redis.exceptions import OutOfMemoryError
 
 from shardlb import archive, keys, moderation, times
 from shardlb.board import Board, Score
@@ -417,6 +418,57 @@ async def test_a_page_that_reads_only_the_band_of_a_stale_row_lists_it_until_the
         assert listed == [("o1", 2000, 1), ("p1", 500, 2), ("p1", 50, 3), ("o2", 10, 4)]
         assert [e.player_id for e in await reader.top(10)] == ["o1", "p1", "o2"]
         assert await reader.repair() == 1
+        assert await mismatches(reader, ref) == []
+    finally:
+        await store.delete(config.id)
+
+
+@pytest.mark.parametrize("fault", ["dead", "remove-lost"])
+async def test_a_move_is_repaired_and_pruned_while_its_home_master_is_out_of_memory(
+    store: BoardStore, fault: str
+) -> None:
+    """A primary at maxmemory (noeviction) refuses every MULTI, reads too. The repair read a
+    player's version, pending move and total in one MULTI on their home shard, and the prune a
+    removed player's too. Failed before: with p1's home master full, the repair raised
+    OutOfMemoryError at every pass, though nothing it does then grows memory there (band.lua writes
+    on the band shards, on the other masters here; settle.lua only deletes on the home shard), and
+    so did the prune, which frees memory. Now each reads in one round trip of plain reads, the
+    versions read again last. p1 moves from 2000 (band 2) to 50 (band 0), its band calls lost as
+    ``fault`` says; a player of p1's home shard is removed before the master is full (a removal
+    journals: refused there) and pruned after."""
+    config = band_config(f"band-repair-oom-{fault}")
+    writer, _ = await store.create(config)
+    reader = await store.get(config.id)
+    ref = ReferenceBoard(config)
+    now = times.now_ms()
+    home = writer.layout.home("p1")
+    node = store.client.get_node_from_key(keys.pending_key(writer.prefixes[home]))
+    bands = [writer.prefixes[writer.layout.band_shard(p)] for p in (2000, 50)]
+    assert all(store.client.get_node_from_key(keys.pending_key(b)) != node for b in bands)
+    removed = [o for o in (f"o{i}" for i in range(len(OTHERS))) if writer.layout.home(o) == home]
+    try:
+        first = [*(Score(f"o{i}", p, "m1", now) for i, p in enumerate(OTHERS)), Score("p1", 2000, "m1", now)]
+        await writer.submit(first, now_ms=now)
+        ref.submit(first, now_ms=now)
+        lose(writer, *FAULTS[fault])
+        move = [Score("p1", 50, "m2", now + 1000)]
+        with pytest.raises(ConnectionError):
+            await writer.submit(move, now_ms=now + 1000)
+        ref.submit(move, now_ms=now + 1000)
+        assert removed and await pending(writer) == 1
+        assert await moderation.remove(reader, removed) == set(removed)
+        for player in removed:
+            ref.remove(player)
+        await store.client.config_set("maxmemory", 1, target_nodes=node)
+        try:
+            with pytest.raises(OutOfMemoryError):  # full indeed
+                await reader.submit([Score("p1", 70, "m3", now + 2000)], now_ms=now + 2000)
+            assert await reader.repair() == 1
+            assert await pending(writer) == 0
+            assert await mismatches(reader, ref) == []
+            assert await reader.bands.prune(now + 10 * 86_400_000) == len(removed)
+        finally:
+            await store.client.config_set("maxmemory", 0, target_nodes=node)
         assert await mismatches(reader, ref) == []
     finally:
         await store.delete(config.id)
