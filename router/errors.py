@@ -120,8 +120,9 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ApiError(
             503,
             OUT_OF_MEMORY,
-            "the Redis node holding this board's shard is out of memory (maxmemory): writes to it are "
-            "refused until memory is freed; reads still work",
+            "a Redis node this request writes to (one holding the board's shards, or the board "
+            "registry's) is out of memory (maxmemory): writes to it are refused until memory is "
+            "freed; reads and board deletions still work",
             retry_after=OUT_OF_MEMORY_RETRY_S,
         )
     return ApiError(

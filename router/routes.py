@@ -274,7 +274,7 @@ async def _mark_deleting(svc: Service, board_id: str) -> Board | None:
     if board.config.durability == "journal":
         async with _archive(svc, "the board is not deleted") as db:
             await archive.mark_deleting(db, board)
-        await archive.owe_deletion(svc.client, board_id, board.incarnation)
+        await archive.owe_deletion(svc.boards.store.scripts, board_id, board.incarnation)
     return board
 
 

@@ -1392,20 +1392,18 @@ async def mark_gone(
     return marked
 
 
-async def owe_deletion(client: RedisCluster, board: str, incarnation: str) -> None:
+async def owe_deletion(scripts: Scripts, board: str, incarnation: str) -> None:
     """Note in Redis (``keys.owed_key``) that the DELETE of ``board``'s ``incarnation``, marked
     begun in PostgreSQL (``mark_deleting``), owes it the deletion (``mark_deleted``) until
     ``paid_deletions``: a DELETE that finds no board asks PostgreSQL only for a deletion owed
     (``mark_gone``), and every other 404 costs it nothing. Kept as long as Redis's mark of a
-    deletion (``store.GONE_MS``, which ``mark_gone`` needs too); one MULTI, so no entry is left
-    without its expiry. A total loss of Redis takes the note with the deletion's marks: then
-    PostgreSQL's pending mark alone decides, and `rebuild --all` restores the board (its DELETE was
-    never acknowledged: docs/design-notes.md, "A total loss of Redis")."""
-    key = keys.owed_key(board)
-    async with client.pipeline(transaction=True) as pipe:
-        pipe.sadd(key, incarnation)
-        pipe.pexpire(key, GONE_MS)
-        await pipe.execute()
+    deletion (``store.GONE_MS``, which ``mark_gone`` needs too); one call of owe.lua, so no entry is
+    left without its expiry, run by a registry primary out of memory too (a DELETE frees memory:
+    docs/design-notes.md, "Creating and deleting boards on a full cluster"). A total loss of Redis
+    takes the note with the deletion's marks: then PostgreSQL's pending mark alone decides, and
+    `rebuild --all` restores the board (its DELETE was never acknowledged: docs/design-notes.md, "A
+    total loss of Redis")."""
+    await scripts.owe(keys=[keys.owed_key(board)], args=[incarnation, GONE_MS])
 
 
 async def owed_deletions(client: RedisCluster, board: str) -> list[str]:

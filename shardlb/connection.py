@@ -263,6 +263,7 @@ class Scripts:
     registry: Script
     registry_freeing: Script  # registry.lua as a deletion's calls make it: run out of memory too
     marker: Script
+    owe: Script
     digests: Script
     rebuild: Script
     remove: Script

@@ -32,6 +32,7 @@ from tests.test_archive_outages import NOBODY
 from tests.test_rebuild import OnlyStore, own_archive
 from tests.test_schema_locks import IMPATIENT
 from tests.test_shard_loss import slot_wiped
+from tests.test_store_oom import full_primaries
 
 pytestmark = pytest.mark.cluster
 
@@ -787,6 +788,34 @@ async def test_a_delete_retried_after_the_board_was_created_again_leaves_no_inca
         r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"]}, headers=AS_ADMIN)
         assert r.status_code == 201, r.text
         assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
+
+
+async def test_a_board_deleted_while_every_primary_is_out_of_memory_is_marked_twice(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """DELETE on a cluster whose every primary is at maxmemory (a deletion frees memory:
+    tests/test_store_oom.py): 204, with both of its marks in PostgreSQL, the DELETE begun
+    (``delete_begun_at``) and the deletion (``deleted_at``), so `rebuild --all` after a total loss
+    leaves it deleted."""
+    name = "acked-delete-full"
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
+        board = await store.get(name)
+        async with full_primaries(store):
+            answer = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+            assert answer.status_code == 204, answer.text
+        async with await psycopg.AsyncConnection.connect(url) as db:
+            cur = await db.execute(
+                "SELECT delete_begun_at IS NOT NULL, deleted_at IS NOT NULL FROM boards "
+                "WHERE board = %s AND incarnation = %s",
+                (name, board.incarnation),
+            )
+            assert await cur.fetchall() == [(True, True)]
         await lose_redis_and_rebuild_all(raw, cluster_url, url)
         with pytest.raises(BoardNotFound):
             await store.get(name)

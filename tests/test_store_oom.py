@@ -119,6 +119,7 @@ async def test_a_put_refused_out_of_memory_is_a_503_and_its_retry_one_creation(
                 refused = await http.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)
                 assert refused.status_code == 503, refused.text
                 assert refused.json()["error"]["code"] == "out_of_memory"
+                assert "registry" in refused.json()["error"]["message"]  # not only a board's shards
                 assert int(refused.headers["retry-after"]) >= 1
                 assert await keys_of(store, name) == {}
             made = await http.put(f"/v1/boards/{name}", json=body, headers=AS_ADMIN)
