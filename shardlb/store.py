@@ -714,8 +714,8 @@ class BoardStore:
         ``freeing``: a deletion's call (``new`` none, or the record marked "deleting"), made through
         registry.lua loaded with the flag allow-oom, so that a registry primary out of memory runs
         it: boards are deleted to free memory. registry.lua then takes only such a change, whose
-        writes are bounded (a record of about the same size, a version, a digest and one entry of a
-        log kept at CHANGES_KEPT); any other call of a primary out of memory is refused whole."""
+        writes are bounded (a record 32 bytes longer at most, a version, a digest and one entry of a
+        log kept at CHANGES_KEPT); any other change through it is an error that writes nothing."""
         # Drawn, not counted: a counter that a failover set back could come to a value a reader
         # holds again, with other records.
         version = secrets.token_hex(8)

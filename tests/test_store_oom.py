@@ -163,8 +163,9 @@ async def test_a_delete_is_answered_204_while_every_primary_is_out_of_memory(
 
 async def test_a_freeing_call_of_the_registry_only_removes_or_marks_deleting(store: BoardStore) -> None:
     """registry.lua loaded with allow-oom (``swap``'s ``freeing``) runs on a primary out of memory:
-    it takes a removal of a record or its mark "deleting" only, so what it writes there stays
-    bounded; a creation or any other change through it is an error, and writes nothing."""
+    it takes a removal of a record or its mark "deleting" only (the record 32 bytes longer at most),
+    so what it writes there stays bounded; a creation or any other change through it is an error,
+    and writes nothing."""
     name = board_name("oom")
     version = await store.version()
     with pytest.raises(ResponseError, match="freeing call"):
@@ -173,9 +174,13 @@ async def test_a_freeing_call_of_the_registry_only_removes_or_marks_deleting(sto
     await store.create(BoardConfig.from_dict(name, {}))
     try:
         raw = await store.client.hget(keys.BOARDS, name)
-        grown = orjson.dumps({**orjson.loads(raw), "state": {"sentinels": 0, "pad": "x" * 1000}})
-        with pytest.raises(ResponseError, match="freeing call"):
-            await store.swap(name, raw, grown, freeing=True)
+        record = orjson.loads(raw)
+        grown = orjson.dumps({**record, "state": {"sentinels": 0, "pad": "x" * 1000}})
+        padded = orjson.dumps({**record, "pad": "x" * 1000, "state": "deleting"})  # marked, but grown
+        for new in (grown, padded):
+            with pytest.raises(ResponseError, match="freeing call"):
+                await store.swap(name, raw, new, freeing=True)
         assert await store.client.hget(keys.BOARDS, name) == raw
+        assert await store.swap(name, raw, orjson.dumps({**record, "state": "deleting"}), freeing=True)
     finally:
         await store.delete(name)

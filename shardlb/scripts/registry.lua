@@ -21,7 +21,7 @@
 -- ARGV[6] 'freeing': the call of a deletion (``BoardStore.swap``'s ``freeing``), made through this
 -- script loaded with the flag allow-oom, which a primary out of memory runs (operators delete
 -- boards to free memory). Only a removal of the record or its mark "deleting" is taken then, so
--- what it writes is bounded: a record of about the size of the one it replaces (or none), the
+-- what it writes is bounded: a record at most 32 bytes longer than the one it replaces (or none), the
 -- version and a digest of fixed size, one entry in a log kept at ARGV[5] entries, an id the index
 -- holds already. Anything else is an error, and nothing is written.
 
@@ -42,7 +42,10 @@ end
 
 if ARGV[6] == 'freeing' and ARGV[3] ~= '' then
   local parsed, record = pcall(cjson.decode, ARGV[3])
-  if not (parsed and type(record) == 'table' and record['state'] == 'deleting') then
+  local marked = parsed and type(record) == 'table' and record['state'] == 'deleting'
+  -- The mark replaces the record's state (or adds one, to a record of a release before): 32 bytes
+  -- more at most.
+  if not (marked and #ARGV[3] <= #ARGV[2] + 32) then
     return redis.error_reply('ERR registry: a freeing call only removes a record or marks it deleting')
   end
 end
