@@ -182,5 +182,9 @@ async def test_a_freeing_call_of_the_registry_only_removes_or_marks_deleting(sto
                 await store.swap(name, raw, new, freeing=True)
         assert await store.client.hget(keys.BOARDS, name) == raw
         assert await store.swap(name, raw, orjson.dumps({**record, "state": "deleting"}), freeing=True)
+        # The index's mending (ARGV[1] '', then board ids) is not a freeing call, whatever its ids.
+        registry = [keys.BOARDS, keys.RESHARDS, keys.BOARDS_VERSION, keys.BOARDS_CHANGES, keys.BOARDS_DIGESTS]
+        mended = ["", *(board_name("none") for _ in range(4)), "freeing", name]
+        assert await store.scripts.registry(keys=registry, args=mended) == 1
     finally:
         await store.delete(name)

@@ -40,6 +40,13 @@ local function index(id)
   end
 end
 
+if ARGV[1] == '' then
+  for i = 2, #ARGV do
+    index(ARGV[i])
+  end
+  return 1
+end
+-- (After the mending, whose ARGV are board ids, 'freeing' among them perhaps.)
 if ARGV[6] == 'freeing' and ARGV[3] ~= '' then
   local parsed, record = pcall(cjson.decode, ARGV[3])
   local marked = parsed and type(record) == 'table' and record['state'] == 'deleting'
@@ -48,12 +55,6 @@ if ARGV[6] == 'freeing' and ARGV[3] ~= '' then
   if not (marked and #ARGV[3] <= #ARGV[2] + 32) then
     return redis.error_reply('ERR registry: a freeing call only removes a record or marks it deleting')
   end
-end
-if ARGV[1] == '' then
-  for i = 2, #ARGV do
-    index(ARGV[i])
-  end
-  return 1
 end
 -- A record is JSON, never '': '' expects none.
 if (redis.call('HGET', KEYS[1], ARGV[1]) or '') ~= ARGV[2] then
