@@ -35,7 +35,10 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
 - **Inactive players** (``cleanup``): boards with ``inactive_after`` keep a per-shard activity set
   (player -> last applied post, written by write.lua); a pass removes at most ``limit`` players per
   shard whose last post is older, each removal checked against the set inside remove.lua (a player
-  who posts meanwhile stays). A rebuild puts the set back (``Rebuilder.recall_activity``).
+  who posts meanwhile stays). A rebuild puts the set back (``Rebuilder.recall_activity``). It
+  records no removal (a later result counts), but points at its delete entry beside where a
+  record would be, so a removal asked for later that finds the player gone archives that entry
+  before it is answered (``_recorded``, ``_delete_entries``).
 """
 
 from __future__ import annotations
@@ -380,6 +383,8 @@ async def remove_on_shard(
             # A removal asked for is refused on a shard Redis lost alone (Board.gone: Rebuilding);
             # the inactive cleanup would remove nothing there, and goes on.
             int(board.sentinels and not stale_before_ms),
+            # The inactive cleanup's pointers at its delete entry (remove.lua): pruned a window on.
+            record_units(board, now) if stale_before_ms else -1,
         ]
     )
     args = [header, msgpack.packb(list(players))]
@@ -424,8 +429,9 @@ async def remove_on_shard(
 
 async def _recorded(board: Board, shard: int, players: Sequence[str]) -> dict[str, str]:
     """The players of ``players`` the shard holds a removal record of (``keys.removals_key``: removed
-    there within the dedup window), each with the id of the delete entry that last removed them
-    there ("" when the record names none: a record of the release before 2026-12-06, or one a
+    there within the dedup window), or only where their last removal there is (the inactive
+    cleanup's, which records nothing else), each with the id of the delete entry that last removed
+    them there ("" when the record names none: a record of the release before 2026-12-06, or one a
     rebuild put back), in one HMGET. Read after remove.lua's call: a player it removed is named by
     its entry, one it found gone by the entry that removed them (its own, with no record before)."""
     fields = [f for p in players for f in (p, keys.removal_position_field(p))]
@@ -433,7 +439,7 @@ async def _recorded(board: Board, shard: int, players: Sequence[str]) -> dict[st
     return {
         p: keys.removal_position(_text(at)) if at is not None else ""
         for p, record, at in zip(players, held[::2], held[1::2], strict=True)
-        if record is not None
+        if record is not None or at is not None
     }
 
 

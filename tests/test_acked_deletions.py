@@ -39,28 +39,35 @@ pytestmark = pytest.mark.cluster
 TABLE = [{"rank": 1, "reward": "gold"}]
 
 
-async def archived_board(raw: Any, store: BoardStore, url: str, name: str) -> Archiver:
+async def archived_board(
+    raw: Any, store: BoardStore, url: str, name: str, idle_ms: int = 0, **settings: Any
+) -> Archiver:
     """``name`` created with two players, every result archived in ``url`` (the board's row in
-    ``boards`` too); the archiver, to close."""
-    config = BoardConfig.from_dict(name, {"periods": ["daily"], "sharding": {"shards": 3}})
+    ``boards`` too); the archiver, to close. ``idle_ms``: p1's result arrived that long before
+    p2's (the activity set's times); ``settings``: more of the board's settings."""
+    config = BoardConfig.from_dict(name, {"periods": ["daily"], "sharding": {"shards": 3}, **settings})
     board, _ = await store.create(config)
     # Of this board alone: the suite's cluster holds other modules' boards, whose journals it must
     # not archive into this test's database (nor trim).
     only = OnlyStore(store.client, store.scripts, {name})
     a = Archiver(raw, only, await connect_db(url), name, claim_idle_s=0)
     await a.refresh()
-    await board.submit([Score(p, 10, f"m-{p}", times.now_ms() - 60_000) for p in ("p1", "p2")])
+    now = times.now_ms()
+    for p, at in (("p1", now - idle_ms), ("p2", now)):
+        await board.submit([Score(p, 10, f"m-{p}", at - 60_000)], now_ms=at)
     while await a.round():
         pass
     return a
 
 
 @contextlib.asynccontextmanager
-async def archived(raw: Any, store: BoardStore, base: str, name: str) -> AsyncIterator[tuple[str, Archiver]]:
+async def archived(
+    raw: Any, store: BoardStore, base: str, name: str, idle_ms: int = 0, **settings: Any
+) -> AsyncIterator[tuple[str, Archiver]]:
     """A database of its own (its URL) and ``archived_board`` in it (its archiver); at the end the
     archiver's connection closed and the board deleted if it is still there."""
     async with own_archive(base) as url:
-        a = await archived_board(raw, store, url, name)
+        a = await archived_board(raw, store, url, name, idle_ms, **settings)
         try:
             yield url, a
         finally:
@@ -287,6 +294,39 @@ async def test_a_removal_whose_archiving_failed_is_archived_by_its_retry(
         r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
         assert r.status_code == 200 and r.json()["removed"] is True, r.text
         await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
+
+
+async def test_a_player_the_inactive_cleanup_removed_stays_removed_after_a_delete_and_a_total_loss(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """The inactive cleanup removes p1 (idle for two hours on a board with ``inactive_after`` one
+    hour); its delete entry waits in the journal for the archiver. A DELETE of p1 then answers
+    ``removed: false`` (p1 is gone), as does its retry, and Redis is lost at once: the player must not
+    come back from their archived rows, and the DELETE sent again answers as it did. The cleanup
+    left no removal record, so the DELETE did not look for the cleanup's entry, archived its own
+    alone (which names p1 as absent), and `rebuild --all` brought p1 back after the answer (only
+    a retry with the same X-Request-Id before the loss archived it: its read of the whole
+    journal by the request's name took every entry that removed p1)."""
+    name = "acked-remove-idle"
+    async with (
+        archived(raw, store, postgres_url, name, idle_ms=7_200_000, inactive_after=3600) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
+        board = await store.get(name)
+        assert await moderation.cleanup(board) == 1
+        assert [e.player_id for e in await board.top(10)] == ["p2"]
+        removals = keys.removals_key(board.prefixes[board.layout.home("p1")])
+        assert await raw.hget(removals, "p1") is None  # no record: p1's results count again
+        assert await raw.hget(removals, keys.removal_position_field("p1")) is not None
+        assert await raw.pttl(removals) > 0
+        headers = {**AS_ADMIN, "X-Request-Id": f"{name}-rm-1"}
+        r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)
+        assert r.status_code == 200 and r.json()["removed"] is False, r.text
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
+        r = await client.delete(f"/v1/boards/{name}/players/p1", headers=headers)  # its retry
+        assert r.status_code == 200 and r.json()["removed"] is False, r.text
         assert [e.player_id for e in await (await store.get(name)).top(10)] == ["p2"]
 
 

@@ -20,7 +20,9 @@
 --         call of that request recorded on another shard; see below), the journal's bounds
 --         (optional; 0: none): entries, then results not archived (write.lua's; see below),
 --         sentinel (optional; 1: the shard's `here` must exist, as write.lua's header item says:
---         without it the call is refused, SHARDLOST and the shard, nothing changed)
+--         without it the call is refused, SHARDLOST and the shard, nothing changed),
+--         pointed (optional; -1 or absent: none): with stale_before, on a journaled board, the
+--         units under which each player removed points at the delete entry (see the end)
 -- ARGV[2] MessagePack array of player ids
 -- Returns {'stale'} when the key index lists a key the caller did not pass (a period began since it
 -- read the index: it reads again), else {'ok', journal id or '', per player: 1 removed / 0 absent,
@@ -214,10 +216,14 @@ if move and #todo > 0 then  -- tracked as a member with no match id: the mover c
 end
 local records = {}  -- flat: player, units, as recorded (journaled with the delete entry)
 local fresh = {}  -- player -> true when the shard held no record of them before this call
-if removed_units >= 0 and #todo > 0 then
+-- The inactive cleanup (stale_before) records no removal, but on a journaled board it points at
+-- its delete entry for each player it removed (h[18]: the units of those pointers; see the end).
+local record_at = nil  -- when the record hash expires, once this call set it
+local pointed = (journal == 1 and stale_before > 0 and #removed > 0) and (h[18] or -1) or -1
+if (removed_units >= 0 or pointed >= 0) and #todo > 0 then
   local marker = base .. 'rmvon'
   local at_units = string.format('%d', removed_units)
-  for i = 1, #todo, 500 do
+  for i = 1, (removed_units >= 0) and #todo or 0, 500 do
     local last = math.min(i + 499, #todo)
     local held = redis.call('HMGET', record, unpack(todo, i, last))  -- a record never goes back
     local pairs_ = {}
@@ -248,6 +254,7 @@ if removed_units >= 0 and #todo > 0 then
   end
   local until_ms = math.max(record_until, redis.call('PEXPIRETIME', marker))
   local at = string.format('%d', until_ms)
+  record_at = at
   redis.call('PEXPIREAT', record, at)
   redis.call('SET', marker, 'c' .. cursor, 'PXAT', at)
   redis.call('ZADD', KEYS[1], at, record, at, marker)
@@ -273,10 +280,26 @@ end
 -- pruned with the player's own record, not before), or, with no record before this call, points at
 -- this entry too (no removal of theirs here to look for: it names them in `k` alone). A record
 -- without one (the release before's, a rebuild's) gets none: the caller reads the journal for it.
-if out[2] ~= '' and #records > 0 then
+-- The inactive cleanup points at its entry too, for each player it removed (under h[18]'s units;
+-- no record: it refuses nothing), so a removal asked for later that finds them gone archives the
+-- cleanup's entry before it is answered (until 2026-12-06 it did not look for it, and a loss of
+-- Redis before the archiver's round brought the player back after that answer).
+if out[2] ~= '' and (#records > 0 or pointed >= 0) then
   local ms, seq = string.match(out[2], '^(%d+)%-(%d+)$')
   local here = string.rep('0', 13 - #ms) .. ms .. seq
   local positions = {}
+  if pointed >= 0 then  -- the cleanup's players, each removed by this entry
+    for _, player in ipairs(removed) do
+      positions[#positions + 1], positions[#positions + 2] = '\0' .. player, string.format('%d', pointed) .. '.' .. here
+      if #positions >= 1000 then
+        redis.call('HSET', record, unpack(positions))
+        positions = {}
+      end
+    end
+    if #positions > 0 then redis.call('HSET', record, unpack(positions)) end
+    positions = {}
+    redis.call('PEXPIREAT', record, record_at)  -- the hash may be new: its expiry as set above
+  end
   for i = 1, #records, 2 do
     local units = string.format('%d', records[i + 1])
     local field = '\0' .. records[i]
