@@ -281,6 +281,15 @@ def removal_request_field(request: str, player: str) -> str:
     return f"{request}\x00{player}"
 
 
+def removal_request_position_field(request: str, player: str) -> str:
+    """The field of ``removals_key`` that holds where the delete entry of the removal ``request``'s
+    call that recorded ``player`` on that shard is (remove.lua builds it itself, and writes its
+    value as ``removal_position`` reads it): the request sent again reads that entry alone. A
+    request's name holds no U+0001 (``moderation.remove`` refuses one), so it is never a request's
+    field, and a reshard's copy takes it to the player's home (after the NUL)."""
+    return f"\x01{request}\x00{player}"
+
+
 def removals_marker_key(prefix: str) -> str:
     """A string beside ``removals_key`` with its expiry: write.lua reads it in its one MGET."""
     return prefix + "rmvon"

@@ -292,8 +292,9 @@ async def remove(
     entry), for the caller to archive before it answers (``archive.record_removals``)."""
     for i, player in enumerate(players):
         check_id(player, f"players[{i}]")
-    if request is not None and (not request or "\x00" in request):
-        raise InvalidInput("a removal's request name must be non-empty text without NUL", "request")
+    if request is not None and (not request or "\x00" in request or "\x01" in request):
+        # U+0001 marks where a request's entry is (keys.removal_request_position_field)
+        raise InvalidInput("a removal's request name must be non-empty text without NUL or U+0001", "request")
     groups: dict[int, list[str]] = defaultdict(list)
     for player in dict.fromkeys(players):
         for shard in board.layout.candidates(player):
@@ -417,8 +418,13 @@ async def remove_on_shard(
         # call missed until 2026-12-06). A player this call removed is named by its own entry, whose
         # kept periods (`a`) send the call to the journal for their earlier removals as a gone
         # player's named entry would; one it found gone with no record before, by its own too.
-        last = await _recorded(board, shard, players)
-        found = await _delete_entries(board, shard, entry_id, None if entry_id else request, last)
+        # With a request, the players its first call recorded here, each with the id of that call's
+        # entry ("" when the shard keeps none: a call of the release before), read alone (a retry
+        # answers ``removed`` as its first call did, journaling nothing here).
+        last, firsts = await _recorded(board, shard, players, request)
+        unplaced = request if any(not at for at in firsts.values()) else None
+        mine = {at for at in firsts.values() if at}
+        found = await _delete_entries(board, shard, entry_id, unplaced, last, mine)
         journaled += [(board.config.mode, entry) for entry in found]
     if versions:
         await _remove_from_bands(board, shard, versions)
@@ -427,24 +433,47 @@ async def remove_on_shard(
     return removed
 
 
-async def _recorded(board: Board, shard: int, players: Sequence[str]) -> dict[str, str]:
+async def _recorded(
+    board: Board, shard: int, players: Sequence[str], request: str | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     """The players of ``players`` the shard holds a removal record of (``keys.removals_key``: removed
     there within the dedup window), or only where their last removal there is (the inactive
     cleanup's, which records nothing else), each with the id of the delete entry that last removed
     them there ("" when the record names none: a record of the release before 2026-12-06, or one a
-    rebuild put back), in one HMGET. Read after remove.lua's call: a player it removed is named by
-    its entry, one it found gone by the entry that removed them (its own, with no record before)."""
-    fields = [f for p in players for f in (p, keys.removal_position_field(p))]
+    rebuild put back); and, with ``request``, the players that request's earlier call recorded
+    there, each with the id of that call's delete entry ("" when the shard keeps none: a call of
+    the release before, or a record a rebuild put back without it). One HMGET, read after
+    remove.lua's call: a player it removed is named by its entry, one it found gone by the entry
+    that removed them (its own, with no record before)."""
+
+    def named(player: str) -> list[str]:
+        out = [player, keys.removal_position_field(player)]
+        if request is not None:
+            out.append(keys.removal_request_field(request, player))
+            out.append(keys.removal_request_position_field(request, player))
+        return out
+
+    per = 2 if request is None else 4
+    fields = [f for p in players for f in named(p)]
     held = await board.client.hmget(keys.removals_key(board.prefixes[shard]), fields)
-    return {
-        p: keys.removal_position(_text(at)) if at is not None else ""
-        for p, record, at in zip(players, held[::2], held[1::2], strict=True)
-        if record is not None or at is not None
-    }
+    earlier: dict[str, str] = {}
+    firsts: dict[str, str] = {}
+    for n, p in enumerate(players):
+        record, at, *asked = held[per * n : per * n + per]
+        if record is not None or at is not None:
+            earlier[p] = keys.removal_position(_text(at)) if at is not None else ""
+        if asked and asked[0] is not None:
+            firsts[p] = keys.removal_position(_text(asked[1])) if asked[1] is not None else ""
+    return earlier, firsts
 
 
 async def _delete_entries(
-    board: Board, shard: int, entry_id: str, request: str | None, last: dict[str, str] | None = None
+    board: Board,
+    shard: int,
+    entry_id: str,
+    request: str | None,
+    last: dict[str, str] | None = None,
+    mine: set[str] | None = None,
 ) -> list[Entry]:
     """The delete entries a removal's call on the shard archives before its answer: its own
     (``entry_id``: "" when it journaled none); with ``request``, that request's (a retry of a
@@ -464,9 +493,9 @@ async def _delete_entries(
     from the shard's primary: each entry named alone (XRANGE of its id), and the whole journal
     (which holds what the archiver has not committed yet, up to its bound, PAGE at a time) only for
     a request's, or for a player whose record names no entry or one that kept a period whole."""
-    last = last or {}
+    last, mine = last or {}, mine or set()
     key, raw = keys.journal_key(board.prefixes[shard]), {NEVER_DECODE: True}
-    named = {at for at in (entry_id, *last.values()) if at}
+    named = {at for at in (entry_id, *last.values(), *mine) if at}
     unplaced = [p for p, at in last.items() if not at]
     wanted = request.encode() if request else None
     out: dict[str, Entry] = {}
@@ -476,7 +505,8 @@ async def _delete_entries(
             if not fields or b"x" not in fields:
                 continue
             entry = decode(at, fields)
-            ours = entry.id == entry_id or (scanned and wanted is not None and fields.get(b"q") == wanted)
+            ours = entry.id == entry_id or entry.id in mine
+            ours = ours or (scanned and wanted is not None and fields.get(b"q") == wanted)
             if ours or ((scanned or entry.id in named) and not set(last).isdisjoint(entry.removed)):
                 out.setdefault(entry.id, entry)
 

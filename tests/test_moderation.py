@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from typing import Any
 
 import psycopg
@@ -1133,6 +1134,42 @@ async def test_a_removal_that_finds_a_player_removed_meanwhile_archives_that_rem
         await store.delete(board.config.id)
 
 
+async def test_a_removal_retried_with_its_request_reads_its_first_entry_not_the_whole_journal(
+    store: BoardStore, raw: Any
+) -> None:
+    """A retry with the same request (a DELETE sent again with its X-Request-Id after a 503 or a
+    lost answer) journals nothing where its first call ran, and archives that call's entry: found
+    by reading the whole journal for the request's name, up to its bound when the archiver is
+    behind. It is read alone now, where the shard keeps it beside the request's record: the entry
+    that removed p1, and the one that found p2 gone (p2 removed before under another request,
+    whose entry the shard's record of p2 names)."""
+    config = BoardConfig.from_dict("moderation-retry-cost", {"mode": "best", "sharding": sharding("hash", 1)})
+    board, _ = await store.create(config)
+    try:
+        now = times.now_ms()
+        await board.submit([Score("p1", 10, "m1", now), Score("p2", 20, "m2", now)], now)
+        first: list[tuple[str, journal.Entry]] = []
+        assert await moderation.remove(board, ["p2"], request="remove/r-0", journaled=first) == {"p2"}
+        assert await moderation.remove(board, ["p1"], request="remove/r-1", journaled=first) == {"p1"}
+        assert await moderation.remove(board, ["p2"], request="remove/r-2", journaled=first) == set()
+        entries = {e.request: e for _, e in first}
+        await _filled(raw, keys.journal_key(board.prefixes[0]), FILLERS)  # the archiver behind
+        reads = _Reads(board)
+        for player, request, removed in [("p1", "remove/r-1", {"p1"}), ("p2", "remove/r-2", set())]:
+            reads.calls = reads.entries = reads.bytes = 0
+            again: list[tuple[str, journal.Entry]] = []
+            started = time.perf_counter()
+            assert await moderation.remove(board, [player], request=request, journaled=again) == removed
+            took = time.perf_counter() - started
+            assert entries[request].id in {e.id for _, e in again}  # its first call's entry
+            read = f"{reads.calls} XRANGE, {reads.entries} entries, {reads.bytes} bytes"
+            print(f"\n{FILLERS} fillers, {request}: {read}, {took:.3f} s")
+            assert reads.entries <= 3  # its entry (and the one that removed the player), not FILLERS
+        assert entries["remove/r-0"].id in {e.id for _, e in again}  # the entry that removed p2
+    finally:
+        await store.delete(board.config.id)
+
+
 @pytest.mark.parametrize("when", ["before", "while-copied"])
 async def test_a_removal_that_finds_a_player_gone_after_a_reshard_archives_the_old_layouts_entry(
     store: BoardStore, postgres_url: str, when: str
@@ -1164,6 +1201,10 @@ async def test_a_removal_that_finds_a_player_gone_after_a_reshard_archives_the_o
         assert moved.generation != board.generation and moved.also
         again: list[tuple[str, journal.Entry]] = []
         assert await moderation.remove(moved, ["p1"], request="remove/r-2", journaled=again) == set()
+        assert earlier.id in {e.id for _, e in again}
+        # Sent again under its own id: where its entry is was copied beside its record too.
+        again = []
+        assert await moderation.remove(moved, ["p1"], request="remove/r-1", journaled=again) == {"p1"}
         assert earlier.id in {e.id for _, e in again}
     finally:
         await store.delete(config.id)

@@ -209,7 +209,10 @@ if move and #todo > 0 then  -- tracked as a member with no match id: the mover c
     local tracked = {}
     for j = i, math.min(i + 999, #todo) do
       tracked[#tracked + 1] = '\0' .. todo[j]
-      if request ~= '' then tracked[#tracked + 1] = request .. '\0' .. todo[j] end
+      if request ~= '' then
+        tracked[#tracked + 1] = request .. '\0' .. todo[j]
+        tracked[#tracked + 1] = '\1' .. request .. '\0' .. todo[j]
+      end
     end
     redis.call('SADD', base .. 'chg', unpack(tracked))
   end
@@ -244,7 +247,7 @@ if (removed_units >= 0 or pointed >= 0) and #todo > 0 then
   local forget_before = h[11] or -1
   local cursor = string.match(redis.call('GET', marker) or '', '^c(%d+)$') or '0'  -- rebuilds set '1'
   if forget_before > 0 then
-    local scan = redis.call('HSCAN', record, cursor, 'COUNT', 6 * #todo + 32)  -- up to 3 fields a player
+    local scan = redis.call('HSCAN', record, cursor, 'COUNT', 8 * #todo + 32)  -- up to 4 fields a player
     cursor = scan[1]
     local old = {}
     for i = 1, #scan[2], 2 do
@@ -280,6 +283,12 @@ end
 -- pruned with the player's own record, not before), or, with no record before this call, points at
 -- this entry too (no removal of theirs here to look for: it names them in `k` alone). A record
 -- without one (the release before's, a rebuild's) gets none: the caller reads the journal for it.
+-- With a request, `SOH <request> NUL <player>` -> the request's units, '.', this entry's id as
+-- digits: where the request's call that recorded the player here journaled (its `q`), which the
+-- request sent again reads alone (``_delete_entries``), not the journal by the request's name:
+-- the player's own pointer may name an earlier entry (they were gone) or a later one. Request
+-- names hold no SOH (moderation.remove), so it is never a request's field; a reshard copies it as
+-- one (the part after the NUL), and tracks it beside the request's field.
 -- The inactive cleanup points at its entry too, for each player it removed (under h[18]'s units;
 -- no record: it refuses nothing), so a removal asked for later that finds them gone archives the
 -- cleanup's entry before it is answered (until 2026-12-06 it did not look for it, and a loss of
@@ -301,6 +310,10 @@ if out[2] ~= '' and (#records > 0 or pointed >= 0) then
     redis.call('PEXPIREAT', record, record_at)  -- the hash may be new: its expiry as set above
   end
   for i = 1, #records, 2 do
+    if request ~= '' then  -- where the request's entry is, pruned with its record of the player
+      positions[#positions + 1] = '\1' .. request .. '\0' .. records[i]
+      positions[#positions + 1] = string.format('%d', removed_units) .. '.' .. here
+    end
     local units = string.format('%d', records[i + 1])
     local field = '\0' .. records[i]
     local was = not found[records[i]] and redis.call('HGET', record, field)
