@@ -274,6 +274,14 @@ def removal_position(value: str) -> str:
     return f"{int(digits[:13])}-{int(digits[13:])}"
 
 
+def removal_position_value(units: int, entry_id: str) -> str:
+    """A ``removal_position_field`` value (or a ``removal_request_position_field`` one), as
+    remove.lua writes it: ``units``, ".", then the journal id ``entry_id`` as digits (its ms on 13
+    places, then its sequence). ``removal_position`` reads it back."""
+    ms, _, seq = entry_id.partition("-")
+    return f"{units}.{int(ms):013d}{int(seq)}"
+
+
 def removal_request_field(request: str, player: str) -> str:
     """The field of ``removals_key`` that records the removal ``request`` of ``player`` on that
     shard (remove.lua builds it itself: keep the two in step). Ids hold no NUL, so it is never a

@@ -439,12 +439,12 @@ async def _recorded(
     """The players of ``players`` the shard holds a removal record of (``keys.removals_key``: removed
     there within the dedup window), or only where their last removal there is (the inactive
     cleanup's, which records nothing else), each with the id of the delete entry that last removed
-    them there ("" when the record names none: a record of the release before 2026-12-06, or one a
-    rebuild put back); and, with ``request``, the players that request's earlier call recorded
-    there, each with the id of that call's delete entry ("" when the shard keeps none: a call of
-    the release before, or a record a rebuild put back without it). One HMGET, read after
-    remove.lua's call: a player it removed is named by its entry, one it found gone by the entry
-    that removed them (its own, with no record before)."""
+    them there ("" when the record names none: a record, or a rebuild's, of the release before
+    2026-12-06); and, with ``request``, the players that request's earlier call recorded there,
+    each with the id of that call's delete entry ("" when the shard keeps none: a call, or a
+    rebuild's, of the release before). One HMGET, read after remove.lua's call: a player it
+    removed is named by its entry, one it found gone by the entry that removed them (its own, with
+    no record before)."""
 
     def named(player: str) -> list[str]:
         out = [player, keys.removal_position_field(player)]

@@ -273,7 +273,9 @@ class RetryRecords:
       removal's time units, the latest removal of a player kept; the hash expires a window after
       its latest removal), so a retry of a removed player's result stays a duplicate, and the
       records of the removals named by a request (``requested``: request NUL player -> as
-      remove.lua wrote it, the first kept), so the request sent again changes nothing."""
+      remove.lua wrote it, the first kept), so the request sent again changes nothing; and where
+      their delete entries are (``named``, ``asked``, written by ``place``), so a removal that
+      finds the player gone, or the request sent again, reads one entry, not the journal."""
 
     def __init__(self, board: Board, prefix: str, now_ms: int) -> None:
         c = board.config
@@ -285,6 +287,10 @@ class RetryRecords:
         first = (now_ms - self.window) // self.length  # the first bucket write.lua looks up now
         self.first, self.first_pin = first, first - first % PIN_SPAN
         self.removals_since = now_ms - self.window  # a removal's record lives a window
+        # ``named``: player -> ((removed, id), entry id, units, at ms); ``asked``: (request, player)
+        # -> (entry id, units, at ms). Kept across batches, written by ``place``.
+        self.positions: dict[str, tuple[tuple[bool, Id], str, int, int]] = {}
+        self.firsts: dict[tuple[str, str], tuple[str, int, int]] = {}
         self._clear()
 
     def _clear(self) -> None:
@@ -315,6 +321,43 @@ class RetryRecords:
             return
         field = keys.removal_request_field(request, player_id)
         self._put(keys.removals_key(self.prefix), 2, at_ms + self.window, field, mark)
+
+    def named(self, entry_id: str, at_ms: int, player_id: str, removed: bool, units: int) -> None:
+        """A delete entry of the window journaled at ``at_ms`` that names ``player_id`` (``removed``:
+        it removed them; ``units``: the record it made of them). remove.lua's NUL <player> names
+        the latest entry that removed the player there, or, while none did, one that named them
+        (nothing of theirs to look for); so does ``place``'s, among the entries the refill reads:
+        the journal's (an entry not archived among them) and PostgreSQL's (archived: a removal that
+        reads it finds nothing, or the entry archived already), its units the player's record's."""
+        if at_ms < self.removals_since:
+            return
+        key, held = (removed, parse_id(entry_id)), self.positions.get(player_id)
+        if held is None or key > held[0]:
+            self.positions[player_id] = (key, entry_id, max(units, held[2] if held else units), at_ms)
+        else:
+            self.positions[player_id] = (*held[:2], max(units, held[2]), held[3])
+
+    def asked(self, entry_id: str, at_ms: int, request: str, player_id: str, units: int) -> None:
+        """The delete entry of the removal ``request`` (its ``units``) that recorded ``player_id``,
+        journaled at ``at_ms``: the first kept, as its record is (``requested``)."""
+        if at_ms < self.removals_since:
+            return
+        held = self.firsts.get((request, player_id))
+        if held is None or parse_id(entry_id) < parse_id(held[0]):
+            self.firsts[(request, player_id)] = (entry_id, units, at_ms)
+
+    def place(self) -> None:
+        """Where the delete entries ``named`` and ``asked`` are, into the batch (HSETNX: a removal
+        made since wrote its own)."""
+        key = keys.removals_key(self.prefix)
+        for player, (_, entry_id, units, at_ms) in self.positions.items():
+            value = keys.removal_position_value(units, entry_id)
+            self._put(key, 2, at_ms + self.window, keys.removal_position_field(player), value)
+        for (request, player), (entry_id, units, at_ms) in self.firsts.items():
+            field = keys.removal_request_position_field(request, player)
+            self._put(key, 2, at_ms + self.window, field, keys.removal_position_value(units, entry_id))
+        self.positions.clear()
+        self.firsts.clear()
 
     def arrived(self, player_id: str, at_ms: int) -> None:
         """The activity set's entry of ``player_id`` (``Rebuilder.recall_activity``)."""
@@ -1423,8 +1466,14 @@ class Rebuilder:
                 marks = entry.marks()
                 for n, (player, units) in enumerate(entry.recorded):
                     records.removed(arrived, player, units)
+                    records.named(entry.id, arrived, player, player in entry.removed, units)
                     if marks:
                         records.requested(arrived, entry.request, player, marks[n])
+                        records.asked(entry.id, arrived, entry.request, player, entry.request_units)
+                if entry.removed and not entry.recorded:  # the inactive cleanup's (it records none)
+                    swept = moderation.record_units(board, arrived)
+                    for player in entry.removed:
+                        records.named(entry.id, arrived, player, True, swept)
                 if len(records) >= PAGE:  # an entry holds up to a call's results
                     count += await self._recall(prefix, records)
         codec = board.codec
@@ -1436,16 +1485,20 @@ class Rebuilder:
                     records.add(arrived, match, player, (achieved - codec.epoch_ms) // codec.unit_ms)
                 count += await self._recall(prefix, records)
             await cur.execute(
-                f"SELECT player_id, units, {arrived_ms}, request, request_mark FROM removal_records "
-                f"WHERE board = %s AND incarnation = %s AND shard = %s AND {arrived_ms} >= %s",
+                f"SELECT player_id, units, {arrived_ms}, request, request_mark, journal_id "
+                "FROM removal_records WHERE board = %s AND incarnation = %s AND shard = %s "
+                f"AND {arrived_ms} >= %s",
                 (board.config.id, board.incarnation, shard, records.removals_since),
             )
             while rows := await cur.fetchmany(PAGE):
-                for player, units, arrived, request, mark in rows:
+                for player, units, arrived, request, mark, entry_id in rows:
                     records.removed(arrived, player, units)
+                    records.named(entry_id, arrived, player, False, units)  # archived: nothing to find
                     if request:
                         records.requested(arrived, request, player, mark)
+                        records.asked(entry_id, arrived, request, player, int(mark.partition(".")[0]))
                 count += await self._recall(prefix, records)
+        records.place()
         return count + await self._recall(prefix, records)
 
     async def archived_to(self, board: Board, shard: int) -> Id:

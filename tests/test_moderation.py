@@ -27,6 +27,7 @@ from shardlb.rebuild import Rebuilder
 from shardlb.reshard import Resharder
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
+from tests.removal_support import JournalReads, filled
 from tests.test_ack import key_replica_pid, stopped
 from tests.test_board import HOUR, sharding
 from tests.test_board_retries import fail_band_once
@@ -1034,37 +1035,7 @@ async def test_refused_results_are_recorded_once_and_an_archive_with_copies_is_m
             await db.close()
 
 
-# A removal's journal reads (``moderation._delete_entries``) seen through the board's client: the
-# calls' XRANGE replies, their entries and bytes. A filler is a write entry (no `x`): the archiver
-# has not taken it, as when it is behind.
-FILLERS = 3 * moderation.PAGE
-
-
-async def _filled(raw: Any, key: str, count: int) -> None:
-    pipe = raw.pipeline(transaction=False)
-    for n in range(count):
-        pipe.execute_command("XADD", key, "*", "b", "filler", "n", "1", "r", b"\x90" * 8)
-        if n % 5000 == 4999:
-            await pipe.execute()
-    await pipe.execute()
-
-
-class _Reads:
-    """Wraps the board's client: counts the XRANGE calls and the entries and bytes they return."""
-
-    def __init__(self, board: Board) -> None:
-        self.calls = self.entries = self.bytes = 0
-        self.original = board.client.execute_command
-
-        async def counted(*args: Any, **options: Any) -> Any:
-            got = await self.original(*args, **options)
-            if args and args[0] == "XRANGE":
-                self.calls += 1
-                self.entries += len(got or ())
-                self.bytes += sum(len(i) + sum(len(k) + len(v) for k, v in f.items()) for i, f in got or ())
-            return got
-
-        board.client.execute_command = counted  # type: ignore[method-assign]
+FILLERS = 3 * moderation.PAGE  # journal entries the archiver has not taken (removal_support.filled)
 
 
 async def test_a_removal_that_finds_a_player_gone_reads_the_earlier_entry_not_the_whole_journal(
@@ -1078,8 +1049,8 @@ async def test_a_removal_that_finds_a_player_gone_reads_the_earlier_entry_not_th
         first: list[tuple[str, journal.Entry]] = []
         assert await moderation.remove(board, ["p1"], request="remove/r-1", journaled=first) == {"p1"}
         (earlier,) = [e for _, e in first if "p1" in e.removed]
-        await _filled(raw, keys.journal_key(board.prefixes[0]), FILLERS)  # the archiver behind
-        reads, again = _Reads(board), []
+        await filled(raw, keys.journal_key(board.prefixes[0]), FILLERS)  # the archiver behind
+        reads, again = JournalReads(board), []
         assert await moderation.remove(board, ["p1"], request="remove/r-2", journaled=again) == set()
         assert earlier.id in {e.id for _, e in again}  # the first call's entry, archived with this one
         print(f"\n{FILLERS} fillers: {reads.calls} XRANGE, {reads.entries} entries, {reads.bytes} bytes")
@@ -1153,8 +1124,8 @@ async def test_a_removal_retried_with_its_request_reads_its_first_entry_not_the_
         assert await moderation.remove(board, ["p1"], request="remove/r-1", journaled=first) == {"p1"}
         assert await moderation.remove(board, ["p2"], request="remove/r-2", journaled=first) == set()
         entries = {e.request: e for _, e in first}
-        await _filled(raw, keys.journal_key(board.prefixes[0]), FILLERS)  # the archiver behind
-        reads = _Reads(board)
+        await filled(raw, keys.journal_key(board.prefixes[0]), FILLERS)  # the archiver behind
+        reads = JournalReads(board)
         for player, request, removed in [("p1", "remove/r-1", {"p1"}), ("p2", "remove/r-2", set())]:
             reads.calls = reads.entries = reads.bytes = 0
             again: list[tuple[str, journal.Entry]] = []

@@ -33,6 +33,7 @@ from shardlb.rebuild import Rebuilder
 from shardlb.settlement import period_bounds
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
+from tests.removal_support import JournalReads, filled
 from tests.router_support import AS_ADMIN, AS_WRITER, running
 from tests.store_fixture import forget_others_restored
 from tests.test_ack import key_replica_pid, stopped
@@ -883,16 +884,19 @@ async def test_a_refill_puts_back_the_removal_requests_still_in_the_journal(
         now = times.now_ms()
         await board.submit([Score("p7", 90, "m1", now - 60_000), Score("fair", 40, "m2", now - 60_000)])
         assert await moderation.remove(board, ["p7", "ghost"], request="remove/r-1") == {"p7"}
-        # Where each removal's entry is (remove.lua's NUL <player>) is not put back: a removal that
-        # finds the player gone then reads the journal for it (moderation._delete_entries).
-        kept = {
-            k: v
-            for k, v in (await raw.hgetall(keys.removals_key(prefix))).items()
-            if k[:1] not in (b"\x00", b"\x01")
-        }
+        # Where each removal's entry is (remove.lua's NUL <player>, and SOH <request> NUL <player>)
+        # comes back too: a removal that finds the player gone, or the request sent again, reads
+        # that entry alone, not the journal (moderation._delete_entries).
+        kept = await raw.hgetall(keys.removals_key(prefix))
+        assert len(kept) == 8  # per player: the record, the request's, and where each entry is
         await raw.delete(keys.removals_key(prefix), keys.removals_marker_key(prefix))
         await rebuilder.refill(board, 0)
         assert await raw.hgetall(keys.removals_key(prefix)) == kept
+        await filled(raw, keys.journal_key(prefix), 2 * moderation.PAGE)  # the archiver behind
+        reads = JournalReads(board)
+        for request, removed in [("remove/r-1", {"p7"}), ("remove/r-9", set())]:
+            assert await moderation.remove(board, ["p7"], request=request, journaled=[]) == removed
+        assert reads.entries <= 3  # the entry each names (and r-9's own), not the journal
         await posted_since_and_removed_again(board)
     finally:
         await a.db.close()
@@ -1268,11 +1272,20 @@ async def test_a_refill_puts_back_only_the_records_removals_made(
         assert await moderation.remove_on_shard(board, 0, ["idle"], stale_before_ms=now) == ["idle"]
         assert await moderation.remove(board, ["never-posted"]) == set()  # a record all the same
         kept = await raw.hgetall(keys.removals_key(prefix))
-        # (the cleanup's and the removal's entries are where the NUL fields say: not put back)
         positions = {keys.removal_position_field(p).encode() for p in ("never-posted", "idle")}
         assert set(kept) == {b"never-posted", *positions}
-        for field in positions:
-            del kept[field]
+        # Where the removal's entry is comes back (from `removal_records`: archived, so a removal
+        # that finds the player gone reads that id and nothing else); where the cleanup's is does
+        # not: archived too, and no record names it.
+        idle = kept.pop(keys.removal_position_field("idle").encode())
+        # From the journal (not archived yet), where the cleanup's entry is comes back too.
+        await raw.delete(keys.removals_key(prefix), keys.removals_marker_key(prefix))
+        await rebuilder.refill(board, 0)
+        back = await raw.hgetall(keys.removals_key(prefix))
+        assert keys.removal_position(back.pop(keys.removal_position_field("idle").encode()).decode()) == (
+            keys.removal_position(idle.decode())
+        )
+        assert back == kept
         await drain(a)  # the records archived, the journal trimmed
         await raw.delete(keys.removals_key(prefix), keys.removals_marker_key(prefix))
         await rebuilder.refill(board, 0)

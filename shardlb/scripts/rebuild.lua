@@ -39,7 +39,8 @@
 --          the shard's pin marker (`pspan`), KEYS[5..] dedup sets (`dd:<k>`), pin hashes
 --          (`pin:<k>`), the removals hash (`rmv`: the latest removal of each player kept, its
 --          expiry never made sooner, and its marker `rmvon` set beside it; a removal request's
---          record, whose value is text, with HSETNX) and the activity set
+--          record, and where a removal's delete entry is (remove.lua's NUL fields), whose values
+--          are text, with HSETNX) and the activity set
 --          (`seen`: ZADD GT, no expiry). ARGV[2] MessagePack: pin span (0 when the call holds no
 --          pin), {per key from KEYS[5]: 1 for a pin hash, 2 for the removals hash, 3 for the
 --          activity set, 0 for a dedup set}, {per key from KEYS[5]: its expiry ms, 0 for none};

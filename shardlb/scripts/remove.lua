@@ -282,7 +282,8 @@ end
 -- this entry; one found absent keeps the entry it points at, under its new units (the field is
 -- pruned with the player's own record, not before), or, with no record before this call, points at
 -- this entry too (no removal of theirs here to look for: it names them in `k` alone). A record
--- without one (the release before's, a rebuild's) gets none: the caller reads the journal for it.
+-- without one (the release before's) gets none: the caller reads the journal for it. A rebuild puts
+-- these back (shardlb/rebuild.py, ``RetryRecords.named``), as it puts back the records.
 -- With a request, `SOH <request> NUL <player>` -> the request's units, '.', this entry's id as
 -- digits: where the request's call that recorded the player here journaled (its `q`), which the
 -- request sent again reads alone (``_delete_entries``), not the journal by the request's name:
