@@ -10,6 +10,7 @@ import redis
 from shardlb import keys
 from shardlb.cluster import LocalCluster
 from shardlb.config import Sharding
+from shardlb.reshard_copy import _player
 from shardlb.sharding import Layout
 
 
@@ -143,3 +144,13 @@ def test_a_removal_position_reads_the_journal_id_remove_lua_wrote() -> None:
     assert keys.removal_position("1234") == ""  # a record that names no entry
     assert keys.removal_position("1234.1") == ""
     assert keys.removal_position_field("p1") == keys.removal_request_field("", "p1")
+
+
+def test_a_removal_position_value_reads_back_and_its_fields_go_to_the_players_home() -> None:
+    for entry_id in ("1733500000042-7", "1-2345", "1733500000042-0"):
+        value = keys.removal_position_value(218748776, entry_id)
+        assert value.startswith("218748776.") and float(value) >= 218748776  # a number to the prune
+        assert keys.removal_position(value) == entry_id
+    field = keys.removal_request_position_field("remove/r-1", "p1")
+    assert field != keys.removal_request_field("remove/r-1", "p1")
+    assert _player(field) == _player(keys.removal_request_field("remove/r-1", "p1")) == "p1"
