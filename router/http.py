@@ -17,6 +17,10 @@ uvicorn's protocol bounds nothing (it keeps every header line, and waits for a b
   answered 431 ``headers_too_large`` and the connection closed. The bytes are counted as they come
   in (``data_received``), not in the parser's callbacks: httptools joins one header line's pieces
   itself and only hands the whole line over, so a line that never ends would be seen by no callback;
+- they may hold SHARDLB_MAX_HEADER_FIELDS (100) header fields, a chunked body's trailers counted
+  with them; one more is 431 ``headers_too_large`` too, and the parser stops at it (``on_header``).
+  64 KiB hold 15,000 empty ones, each a Python call here and a turn of every scan of the headers:
+  4-6 ms of a worker's CPU a request, 40 cached tops, on any path and before any limit applied;
 - a connection has SHARDLB_HEADER_TIMEOUT_S (10 s) to send its first request line and headers (and
   a later request as much from its first byte); past it, 408 ``request_timeout`` when a request had
   begun, else the connection is closed without an answer;
@@ -84,6 +88,7 @@ from router.limiter import trusted
 from router.media import (
     TIMED_OUT,
     RawHeaders,
+    header_fields_too_many,
     headers_too_large,
     rendered_error,
     request_timeout,
@@ -182,6 +187,7 @@ class Limits:
     connections: int
     client_connections: int = 1 << 62
     proxies: tuple[Network, ...] = ()
+    header_fields: int = 100
     # SHARDLB_ACCESS_LOG: a request refused here has no access line, so its refusal line is its
     # only trace, and is logged each time rather than a line a minute (router/middleware.py).
     access_log: bool = False
@@ -201,6 +207,7 @@ def limits() -> Limits:
         settings.max_connections,
         settings.max_client_connections,
         settings.trusted_proxies,
+        settings.max_header_fields,
         settings.access_log,
     )
 
@@ -258,6 +265,8 @@ class HttpToolsProtocol(_UvicornHttpTools):
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0  # of the request head being read
+        self._fields = 0  # header fields of the request being read, its trailers included
+        self._too_many_fields = False  # on_header stopped the parser at the cap
         self._body_raw = self._body_bytes = 0  # bytes read in the body phase, and of them the body
         self._refused = False  # answered and closing: whatever else comes is dropped
         self._counted_as: str | None = None  # the client this connection counts for (``_clients``)
@@ -382,10 +391,20 @@ class HttpToolsProtocol(_UvicornHttpTools):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._fields = 0
         if self._phase == _SILENT:  # the first request: its deadline runs from the connection's start
             self._phase = _HEAD
         else:
             self._expect(_HEAD, self.limits.header_timeout_s)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields += 1
+        if self._fields > self.limits.header_fields:
+            # An exception stops llhttp where it is (the rest of the head is never parsed); uvicorn
+            # takes it for a malformed request and calls ``send_400_response``, which answers 431.
+            self._too_many_fields = True
+            raise _TooManyFields
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         if not self.parser.should_upgrade():
@@ -494,8 +513,11 @@ class HttpToolsProtocol(_UvicornHttpTools):
         """What llhttp cannot parse (a control character in the path, a Content-Length that is not a
         number, a space in a header's name) gets the API's error body, not uvicorn's plain text.
         A body's framing (a chunk size, an unknown transfer coding) fails after its head was read:
-        the request's app is waiting for that body, so the request is ended as a late body is."""
+        the request's app is waiting for that body, so the request is ended as a late body is.
+        Header fields (or trailers) past their count stopped the parser (``on_header``): 431."""
         error = ApiError(400, "malformed_request", "the request is not valid HTTP/1.1")
+        if self._too_many_fields:
+            error = header_fields_too_many(self.limits.header_fields)
         if self._phase == _BODY:
             self._cut_body(error)
         else:
@@ -540,6 +562,10 @@ class HttpToolsProtocol(_UvicornHttpTools):
             lines += [name, b": ", value, b"\r\n"]
         lines += [b"x-request-id: ", request_id.encode(), b"\r\nconnection: close\r\n\r\n", body]
         return b"".join(lines)
+
+
+class _TooManyFields(Exception):
+    """A request's header fields (or trailers) passed SHARDLB_MAX_HEADER_FIELDS (``on_header``)."""
 
 
 _SWITCH_WITH_BODY = ApiError(

@@ -258,6 +258,11 @@ def headers_too_large(limit: int) -> ApiError:
     return ApiError(431, "headers_too_large", f"the request line and headers are larger than {limit} bytes")
 
 
+def header_fields_too_many(limit: int) -> ApiError:
+    """431: the request's header fields (with a chunked body's trailers) passed ``limit`` (router/http.py)."""
+    return ApiError(431, "headers_too_large", f"the request has more than {limit} header fields")
+
+
 def media_type(content_type: str | None) -> str:
     """The media type of a request's ``content_type``: JSON when absent, 415 when it is neither
     JSON nor MessagePack."""

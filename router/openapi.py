@@ -674,8 +674,8 @@ _ERROR_TEXT = {
     "invalid_parameter, missing_field, unknown_field, too_many, invalid_body, invalid_input, "
     "board_mismatch (a PUT body's board is not the path's), conflicting_parameter (body and query "
     "disagree); settlements: invalid_rewards, invalid_cursor, invalid_award_id, unknown_award.",
-    431: "The request line and headers (or a chunked body's trailers) passed SHARDLB_MAX_HEADER_BYTES "
-    "(headers_too_large); the connection is closed.",
+    431: "The request line and headers (or a chunked body's trailers) passed SHARDLB_MAX_HEADER_BYTES, "
+    "or SHARDLB_MAX_HEADER_FIELDS header fields (headers_too_large); the connection is closed.",
     429: "This client's read rate limit is used up (a /metrics scrape takes "
     f"{SCRAPE_READS} reads of it), or a client without a key has as many requests (or archive reads) "
     "in progress as it may hold, or it sent too many wrong keys (rate_limited); see Retry-After.",

@@ -114,6 +114,8 @@ class Settings:
     body_timeout_s: float = 10.0
     header_timeout_s: float = 10.0
     max_header_bytes: int = 64 * KIB
+    # ... and the header fields they may hold, a chunked body's trailers counted with them (431 past it).
+    max_header_fields: int = 100
     # Each open connection may hold about 64 KiB of body in uvicorn's buffer plus, read ahead by the
     # access middleware, up to max_read_body_bytes: 2048 of them about 320 MiB at worst per worker.
     max_connections: int = 2048
@@ -210,6 +212,7 @@ class Settings:
         _range("SHARDLB_BODY_TIMEOUT_S", self.body_timeout_s, 0.1, 3600)
         _range("SHARDLB_HEADER_TIMEOUT_S", self.header_timeout_s, 0.1, 3600)
         _range("SHARDLB_MAX_HEADER_BYTES", self.max_header_bytes, 1024, 16 * MIB)
+        _range("SHARDLB_MAX_HEADER_FIELDS", self.max_header_fields, 8, 100_000)
         _range("SHARDLB_MAX_CONNECTIONS", self.max_connections, 1, 10**7)
         _range("SHARDLB_MAX_CLIENT_CONNECTIONS", self.max_client_connections, 1, 10**7)
         _range("SHARDLB_TOP_REFRESH_S", self.top_refresh_s, 0.05, 3600)

@@ -22,6 +22,7 @@ from tests.router_support import AS_ADMIN, AS_READER, AS_WRITER, board_name
 from tests.test_router_server import Server, free_port
 
 HEADER_BYTES = 16 * 1024
+MAX_HEADER_FIELDS = 100  # SHARDLB_MAX_HEADER_FIELDS' default
 SLOTS = 4
 # How long a test waits for the router to cut a slow client off (its deadlines are a second).
 PATIENCE_S = 15
@@ -322,16 +323,55 @@ async def test_headers_under_the_cap_and_pipelined_requests_still_pass(slow_serv
         writer.close()
 
 
+@pytest.mark.cluster
+async def test_header_fields_past_their_count_are_431(slow_server: Server, board: str) -> None:
+    """15,000 empty header lines fit in 64 KiB of head, and each cost a Python call of uvicorn's
+    parser and a turn of every scan of the headers: 4-6 ms of a worker's CPU a request (40 cached
+    tops), on any path, before any limit applied. Past SHARDLB_MAX_HEADER_FIELDS (100, as Apache's
+    LimitRequestFields) a request is 431, and so is a chunked body's trailers past it."""
+    fields = MAX_HEADER_FIELDS - 1  # with Host
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+    reader, writer = await _open(slow_server, head + b"a: b\r\n" * fields + b"\r\n")
+    try:
+        status, _, _ = await _answer(reader)
+        assert status == 200
+        writer.write(head + b"a: b\r\n" * (fields + 1) + b"\r\n")
+        status, headers, body = await _answer(reader)
+        assert (status, _error(body)) == (431, "headers_too_large")
+        assert headers["connection"] == "close"
+        assert await _closed(reader)
+    finally:
+        writer.close()
+    body = orjson.dumps({"scores": [{"player_id": "t", "points": 1, "match_id": "m"}]})
+    reader, writer = await _open(
+        slow_server,
+        f"POST /v1/boards/{board}/scores HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        f"Content-Type: application/json\r\nAuthorization: {AS_WRITER['Authorization']}\r\n\r\n".encode()
+        + f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n"
+        + b"a: b\r\n" * (MAX_HEADER_FIELDS - 3)  # with the head's four: one past the count
+        + b"\r\n",
+    )
+    try:
+        status, headers, body = await _answer(reader)
+        assert (status, _error(body)) == (431, "headers_too_large")
+        assert await _closed(reader)
+    finally:
+        writer.close()
+
+
 def test_the_limits_are_settings_with_sane_defaults_and_ranges() -> None:
     env = {"SHARDLB_WRITE_KEYS": "k"}
     defaults = Settings.from_env(env)
     assert (defaults.body_timeout_s, defaults.header_timeout_s) == (10.0, 10.0)
-    assert defaults.max_header_bytes == 64 * 1024
+    assert (defaults.max_header_bytes, defaults.max_header_fields) == (64 * 1024, MAX_HEADER_FIELDS)
     assert (defaults.max_connections, defaults.max_client_connections) == (2048, 512)
     for name, value in (
         ("SHARDLB_BODY_TIMEOUT_S", "0"),
         ("SHARDLB_HEADER_TIMEOUT_S", "-1"),
         ("SHARDLB_MAX_HEADER_BYTES", "100"),
+        ("SHARDLB_MAX_HEADER_FIELDS", "7"),
         ("SHARDLB_MAX_CONNECTIONS", "0"),
         ("SHARDLB_MAX_CLIENT_CONNECTIONS", "0"),
     ):
