@@ -119,7 +119,7 @@ async def _memory(client: RedisCluster, node: ClusterNode) -> dict[str, Any]:
 async def cluster(request: Request) -> Response:
     """GET /v1/admin/cluster: readiness, CLUSTER INFO's state, and every node."""
     svc = _admin(request)
-    params.checked(request.query_params.multi_items(), frozenset())
+    params.query(request.scope["query_string"], frozenset())
     client = svc.client
     async with svc.reads, metrics.redis_call("admin_cluster"):
         nodes = await _from_any(client, "CLUSTER NODES")
@@ -147,7 +147,7 @@ async def cluster(request: Request) -> Response:
 async def shards(request: Request) -> Response:
     """GET /v1/admin/boards/{board}/shards: shard -> slot -> primary, and the players each holds."""
     svc = _admin(request)
-    query = params.checked(request.query_params.multi_items(), frozenset({"period"}))
+    query = params.query(request.scope["query_string"], frozenset({"period"}))
     board = await svc.boards.lookup(request.path_params["board"])
     view = board.resolve(query.get("period", "total"))
     period_keys = [keys.period_key(prefix, view.period) for prefix in board.prefixes]
@@ -192,7 +192,7 @@ def _summed(
 async def traffic(request: Request) -> Response:
     """GET /v1/admin/metrics: this router's (every worker's) request and score totals so far."""
     _admin(request)
-    params.checked(request.query_params.multi_items(), frozenset())
+    params.query(request.scope["query_string"], frozenset())
     bounds = list(metrics.LATENCY_BUCKETS)
     latency: list[Any] = []
     scores_done = 0.0
@@ -221,7 +221,7 @@ async def reshard(request: Request) -> Response:
     under way ({"resume": true}) in the background of this router (202 with its status); GET gives
     its state, progress and time left; DELETE cancels one not yet committed (shardlb/reshard.py)."""
     svc = _admin(request)
-    params.checked(request.query_params.multi_items(), frozenset())
+    params.query(request.scope["query_string"], frozenset())
     board_id = check_id(request.path_params["board"], "board")
     # It seals once every router may know of the reshard: after as long as this one keeps a board
     # (CACHE_SECONDS, as every router; a test's router may keep one for less, tests/test_dashboard.py).

@@ -49,12 +49,12 @@ def _file(name: str) -> Response:
 
 
 async def page(request: Request) -> Response:
-    params.checked(request.query_params.multi_items(), frozenset())
+    params.query(request.scope["query_string"], frozenset())
     return _file("index.html")
 
 
 async def asset(request: Request) -> Response:
-    params.checked(request.query_params.multi_items(), frozenset())
+    params.query(request.scope["query_string"], frozenset())
     name = request.path_params["asset"]
     if name not in ASSETS:
         raise ApiError(404, "not_found", "no such dashboard file")

@@ -505,7 +505,7 @@ async def remove_player(request: Request) -> Response:
     then removed."""
     svc, actor = _admin(request)
     request_id = retry_key(request)  # a retry with the same id is this call again
-    query = params.checked(request.query_params.multi_items(), frozenset({"reason"}))
+    query = params.query(request.scope["query_string"], frozenset({"reason"}))
     reason = moderation.check_reason(query.get("reason"), required=False)
     board_id = (await svc.boards.get(request.path_params["board"])).config.id
     player = check_id(request.path_params["player"], "player")
@@ -523,7 +523,7 @@ async def remove_player(request: Request) -> Response:
 
 
 async def _ban_body(request: Request, svc: Service) -> tuple[str, str, str]:
-    params.checked(request.query_params.multi_items(), frozenset())
+    params.query(request.scope["query_string"], frozenset())
     player = check_id(request.path_params["player"], "player")
     body = params.integral(await read_object(request, svc.settings.max_body_bytes))
     scope, reason = moderation.parse_scope(body)
@@ -623,7 +623,7 @@ async def list_bans(request: Request) -> Response:
     """GET /v1/bans[?player=]: every ban in force, or one player's. A ban of a board that was
     deleted (or deleted and created again: another incarnation) is not in force, and not listed."""
     svc, _ = _admin(request)
-    query = params.checked(request.query_params.multi_items(), frozenset({"player"}))
+    query = params.query(request.scope["query_string"], frozenset({"player"}))
     player = None if "player" not in query else check_id(query["player"], "player")
     found = [b for b in await moderation.Bans(svc.client).all() if player is None or b.player == player]
     held = {b.board for b in found if b.incarnation is not None}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
@@ -130,7 +129,7 @@ class ScoresEndpoint:
         )
         query = scope["query_string"]
         if query:  # the endpoint takes no parameter: any is refused (400 unknown_parameter)
-            params.checked(parse_qsl(query.decode("latin-1"), keep_blank_values=True), NO_PARAMETERS)
+            params.query(query, NO_PARAMETERS)
         if svc.draining:
             raise shutting_down()  # before reading the body: it would be refused after that anyway
         declared = headers.get(b"content-length")
