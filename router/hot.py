@@ -109,11 +109,16 @@ def remember(board_id: str, query: bytes, packed: bool, answer: Rendered) -> Non
     _kept.put((board_id, query, packed), answer, len(answer.body) + len(query) + len(board_id))
 
 
+# Entity tags of an If-None-Match read: a client sends the one it holds; 64 KiB of head hold 30,000.
+ETAGS = 16
+
+
 def matches(if_none_match: str | None, tag: str) -> bool:
-    """RFC 9110 If-None-Match against the current ETag (weak comparison: W/ is ignored)."""
+    """RFC 9110 If-None-Match against the current ETag (weak comparison: W/ is ignored), among its
+    first ETAGS entries (all of them, with a * among them, cost 1.5 ms a top until 2026-12-06)."""
     if if_none_match is None or (tag not in if_none_match and "*" not in if_none_match):
         return False  # no list element can match: not split (a long header costs a scan, no more)
-    asked = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    asked = [t.strip().removeprefix("W/") for t in if_none_match.split(",", ETAGS)[:ETAGS]]
     return tag in asked or "*" in asked
 
 
