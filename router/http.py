@@ -17,6 +17,10 @@ uvicorn's protocol bounds nothing (it keeps every header line, and waits for a b
   answered 431 ``headers_too_large`` and the connection closed. The bytes are counted as they come
   in (``data_received``), not in the parser's callbacks: httptools joins one header line's pieces
   itself and only hands the whole line over, so a line that never ends would be seen by no callback;
+- the request target (path and query string) may take TARGET_BYTES (8 KiB, nginx's request line);
+  past it the request is answered 414 ``uri_too_long`` and the connection closed, the parser
+  stopped there (``on_url``). uvicorn unquotes the path and every route's pattern scans it: 60 KiB
+  of it cost 4-7 ms of a worker's CPU a request, on a 404 no read budget counts;
 - they may hold SHARDLB_MAX_HEADER_FIELDS (100) header fields, a chunked body's trailers counted
   with them; one more is 431 ``headers_too_large`` too, and the parser stops at it (``on_header``).
   64 KiB hold 15,000 empty ones, each a Python call here and a turn of every scan of the headers:
@@ -213,6 +217,9 @@ def limits() -> Limits:
 
 
 PIPELINE_MAX = 32  # requests of one connection read ahead of their answers, at most
+# A request target's bytes, at most: three ids and a moderation reason of 500 characters, every byte
+# escaped, take about 6.5 KiB.
+TARGET_BYTES = 8 * 1024
 REFUSALS_LOG_EVERY_S = 60.0
 log = logging.getLogger("shardlb.router")
 
@@ -266,7 +273,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
         self._timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0  # of the request head being read
         self._fields = 0  # header fields of the request being read, its trailers included
-        self._too_many_fields = False  # on_header stopped the parser at the cap
+        self._stopped: ApiError | None = None  # why a callback stopped the parser (on_url, on_header)
         self._body_raw = self._body_bytes = 0  # bytes read in the body phase, and of them the body
         self._refused = False  # answered and closing: whatever else comes is dropped
         self._counted_as: str | None = None  # the client this connection counts for (``_clients``)
@@ -397,14 +404,23 @@ class HttpToolsProtocol(_UvicornHttpTools):
         else:
             self._expect(_HEAD, self.limits.header_timeout_s)
 
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        if len(self.url) > TARGET_BYTES:
+            self._stop(ApiError(414, "uri_too_long", f"the request target passed {TARGET_BYTES} bytes"))
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields += 1
         if self._fields > self.limits.header_fields:
-            # An exception stops llhttp where it is (the rest of the head is never parsed); uvicorn
-            # takes it for a malformed request and calls ``send_400_response``, which answers 431.
-            self._too_many_fields = True
-            raise _TooManyFields
+            self._stop(header_fields_too_many(self.limits.header_fields))
         super().on_header(name, value)
+
+    def _stop(self, error: ApiError) -> None:
+        """Stop the parser where it is, the rest of the head never parsed: an exception in its
+        callback does it. uvicorn takes it for a malformed request and calls ``send_400_response``,
+        which answers ``error``."""
+        self._stopped = error
+        raise _Stopped(error.message)
 
     def on_headers_complete(self) -> None:
         if not self.parser.should_upgrade():
@@ -514,10 +530,9 @@ class HttpToolsProtocol(_UvicornHttpTools):
         number, a space in a header's name) gets the API's error body, not uvicorn's plain text.
         A body's framing (a chunk size, an unknown transfer coding) fails after its head was read:
         the request's app is waiting for that body, so the request is ended as a late body is.
-        Header fields (or trailers) past their count stopped the parser (``on_header``): 431."""
-        error = ApiError(400, "malformed_request", "the request is not valid HTTP/1.1")
-        if self._too_many_fields:
-            error = header_fields_too_many(self.limits.header_fields)
+        A callback that stopped the parser (``_stop``: a target too long, too many header fields
+        or trailers) gives its own error, 414 or 431."""
+        error = self._stopped or ApiError(400, "malformed_request", "the request is not valid HTTP/1.1")
         if self._phase == _BODY:
             self._cut_body(error)
         else:
@@ -564,8 +579,8 @@ class HttpToolsProtocol(_UvicornHttpTools):
         return b"".join(lines)
 
 
-class _TooManyFields(Exception):
-    """A request's header fields (or trailers) passed SHARDLB_MAX_HEADER_FIELDS (``on_header``)."""
+class _Stopped(Exception):
+    """A callback stopped the parser (``HttpToolsProtocol._stop``)."""
 
 
 _SWITCH_WITH_BODY = ApiError(

@@ -674,6 +674,7 @@ _ERROR_TEXT = {
     "invalid_parameter, missing_field, unknown_field, too_many, invalid_body, invalid_input, "
     "board_mismatch (a PUT body's board is not the path's), conflicting_parameter (body and query "
     "disagree); settlements: invalid_rewards, invalid_cursor, invalid_award_id, unknown_award.",
+    414: "The request target (path and query string) passed 8 KiB (uri_too_long); the connection is closed.",
     431: "The request line and headers (or a chunked body's trailers) passed SHARDLB_MAX_HEADER_BYTES, "
     "or SHARDLB_MAX_HEADER_FIELDS header fields (headers_too_large); the connection is closed.",
     429: "This client's read rate limit is used up (a /metrics scrape takes "
@@ -1734,7 +1735,7 @@ SPEC["paths"].update(
 for _path, _operations in SPEC["paths"].items():
     for _method, _operation in _operations.items():
         if _method != "parameters":
-            _operation["responses"].update(_errors(408, 431))
+            _operation["responses"].update(_errors(408, 414, 431))
             if _path.startswith("/v1/"):
                 _operation["responses"].update(_errors(429))
             for _response in _operation["responses"].values():
