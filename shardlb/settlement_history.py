@@ -15,6 +15,7 @@ import psycopg
 
 from shardlb import keys, moderation, periods, settlement, times
 from shardlb.board import Board, exact
+from shardlb.fanout import batch
 
 _DATED = re.compile(r"[dwm]:.+")
 MAX_HISTORY = 1000
@@ -134,12 +135,18 @@ async def kept(board: Board, now_ms: int | None = None) -> set[str]:
     home shard is not rebuilt (``Board.check_built``), or, during a reshard, is found without its
     sentinel (``exact``): its index went with its keys, and the periods it alone held would be
     missing. Until 2026-12-06 the listing answered from the other shards in both cases."""
-    board.check_built(board.layout.view(False))
+    shards = board.layout.view(False)
+    board.check_built(shards)
     now = times.now_ms() if now_ms is None else now_ms
+    # One round, a pipeline per node, as every board read: shard after shard, a public listing of
+    # a board of 1024 shards held a read permit for 90-140 ms (until 2026-12-06).
+    pipe = batch(board.client)
+    for shard in shards:
+        pipe.zrange(keys.index_key(board.prefixes[shard]), f"({now}", "+inf", byscore=True)
     found: set[str] = set()
-    for shard in board.layout.view(False):
+    for shard, listed in zip(shards, await pipe.execute(), strict=True):
         prefix = board.prefixes[shard]
-        for key in await board.client.zrange(keys.index_key(prefix), f"({now}", "+inf", byscore=True):
+        for key in listed:
             name = (key.decode() if isinstance(key, bytes) else str(key))[len(prefix) :]
             if _DATED.fullmatch(name):
                 found.add(name)
