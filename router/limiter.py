@@ -1,7 +1,8 @@
 """Per-client token buckets for reads, in bounded memory, and who the client is behind a proxy.
 
 A client gets a bucket of ``burst`` tokens refilled at ``rate`` a second; a read takes one (a
-players:query one more per 100 ids: router/routes.py, QUERY_IDS_PER_TOKEN). At most
+players:query one more per 100 ids, or per 8 KiB of body if more: router/routes.py,
+QUERY_IDS_PER_TOKEN and QUERY_BYTES_PER_TOKEN). At most
 ``max_clients`` buckets are kept: the least recently seen client is forgotten first, which only ever
 lets that client start again with a full bucket. A client is its key when it sends one, else its
 address: the peer's, or the one a trusted proxy put in X-Forwarded-For (``client_address``), an
