@@ -161,10 +161,15 @@ class BoardStore:
                     # refuses its first write, the record's HSET): taken back as well. Until
                     # 2026-12-06 they stayed, and each retry (another incarnation) left as many
                     # again. A reply lost (a broken connection) may follow a record written that
-                    # names them: they stay then.
-                    await self._unmade(board)
+                    # names them: they stay then, and so they do when the record is found to name
+                    # them (a call that ran, then its client's retry refused).
+                    if not await self._named(board):
+                        await self._unmade(board)
                     raise
-                if made:
+                # 0 from a call sent again after its reply was lost (redis-py's retries) whose first
+                # run wrote the record: this creation's, not a race lost. Until 2026-12-06 its
+                # sentinels were taken back, and the board answered confirmed (200) without them.
+                if made or await self._named(board):
                     await self._confirm(config.id, record["incarnation"])
                     return board, True
                 await self._unmade(board)
@@ -204,6 +209,12 @@ class BoardStore:
     async def _unmade(self, board: Board) -> None:
         """Take back the sentinels of a creation that no record names (``create``)."""
         await self.client.delete(*(keys.sentinel_key(p) for p in board.prefixes))
+
+    async def _named(self, board: Board) -> bool:
+        """Whether the registry's record of ``board``'s id names its incarnation (``create``: the
+        creation's own record, written by a registry.lua call whose reply was lost)."""
+        raw = await self.client.hget(keys.BOARDS, board.config.id)
+        return raw is not None and str(orjson.loads(raw).get("incarnation", "0")) == board.incarnation
 
     async def masters(self) -> int:
         """How many masters the cluster has (what AUTO_SHARDS becomes)."""

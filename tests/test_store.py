@@ -103,6 +103,47 @@ async def test_a_delete_that_stopped_half_way_is_finished(store: BoardStore) -> 
     await store.delete(config.id)
 
 
+class SentTwice:
+    """A script whose first call runs and loses its reply, so that it is sent again, as redis-py's
+    cluster client does after a broken connection or a timeout (its retries): both calls run on the
+    real cluster, and the caller hears the second's reply."""
+
+    def __init__(self, script: Callable[..., Awaitable[Any]]) -> None:
+        self.script = script
+        self.calls = 0
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            await self.script(*args, **kwargs)  # ran; its reply lost
+        return await self.script(*args, **kwargs)
+
+
+async def test_a_creation_whose_record_call_is_sent_again_after_its_reply_was_lost_keeps_the_board(
+    store: BoardStore,
+) -> None:
+    """registry.lua's creation of the record ran, its reply was lost, and the client sent it again
+    (at least once): the second call finds the record there (this creation's) and answers 0. Failed
+    before: the creation took that 0 for a race lost to another creator and took back its sentinels,
+    those of the record it had written, then found the board and answered it confirmed (a PUT's 200,
+    not 201); the board was left without its sentinels, refused writes, and counted as lost. Now a
+    record that names the creation's incarnation is its own: created, its sentinels kept."""
+    config = BoardConfig.from_dict("made-twice", {"sharding": {"strategy": "hash", "shards": 2}})
+    retried = BoardStore(
+        store.client, dataclasses.replace(store.scripts, registry=SentTwice(store.scripts.registry))
+    )
+    try:
+        board, created = await retried.create(config)
+        assert created
+        assert sorted(await keys_of(store, config.id)) == sorted(keys.sentinel_key(p) for p in board.prefixes)
+        now = times.now_ms()
+        await board.submit([Score("p1", 5, "m1", now)], now_ms=now)
+        assert (await board.player("p1")).entry.points == 5
+    finally:
+        with contextlib.suppress(BoardNotFound):
+            await store.delete(config.id)
+
+
 async def test_a_board_with_more_shards_than_connections_per_node_is_deleted(cluster_url: str) -> None:
     """Dropping every shard at once ran out of the client's connections to a node (64, `connect`)
     on a board of a few hundred shards, and the delete failed every time."""
