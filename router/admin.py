@@ -257,10 +257,12 @@ async def reshard(request: Request) -> Response:
     elif (await mover.status())["state"] == "none":
         raise BoardConflict(f"board {board_id!r} has no reshard under way", "board")
     # Said in Redis before the task exists, so every process's status read after this answer says
-    # "starting" (the task's own note may come later), and the task's lease takes it back.
-    await mover.announce()
+    # "starting" (the task's own note may come later), and the task's lease takes it back. For the
+    # status alone: one that fails is logged, and the mover started all the same (until 2026-12-06
+    # the POST answered 503 with the reshard recorded and no mover started).
+    await reshards.told(mover.announce(), board_id)
     if not svc.reshards.start(mover):
-        await mover.unannounce()  # no task of this mover would take it back
+        await reshards.told(mover.unannounce(), board_id)  # no task of this mover would take it back
     return render(request, await _status(svc, mover), 202)
 
 

@@ -72,12 +72,12 @@ async def _move(mover: Resharder, wait: bool, tries: int = MOVER_TRIES) -> None:
     lease, and during the pause before a run again; once it ends, no longer (cancelled, as by the
     router's stop, its note runs out: ``STARTING_MS``)."""
     await _runs(mover, wait, tries)
-    await _told(mover.unannounce(), mover.board_id)
+    await told(mover.unannounce(), mover.board_id)
 
 
 async def _runs(mover: Resharder, wait: bool, tries: int) -> None:
     for attempt in range(tries):
-        await _told(mover.announce(), mover.board_id)
+        await told(mover.announce(), mover.board_id)
         try:
             await mover.run(wait=wait)
             return
@@ -105,14 +105,15 @@ async def _runs(mover: Resharder, wait: bool, tries: int) -> None:
         except Exception:
             log.exception("reshard stopped", extra={"fields": {"board": mover.board_id, "try": attempt + 1}})
             if attempt + 1 < tries:
-                await _told(mover.announce(), mover.board_id)  # its run took the first one back
+                await told(mover.announce(), mover.board_id)  # its run took the first one back
                 await asyncio.sleep(MOVER_PAUSE_S)
 
 
-async def _told(note: Awaitable[None], board_id: str) -> None:
-    """A mover's note of its start (``Resharder.announce``, ``unannounce``), for its status alone:
-    one that fails is logged, and the mover goes on (its own calls meet the same trouble, and say
-    so). Read then, a status may say "none" (or "starting", up to ``reshard.STARTING_MS``) for a while."""
+async def told(note: Awaitable[None], board_id: str) -> None:
+    """A mover's note of its start (``Resharder.announce``, ``unannounce``: its task's, and the
+    POST's that starts it, router/admin.py), for its status alone: one that fails is logged, and the
+    mover goes on (its own calls meet the same trouble, and say so). Read then, a status may say
+    "none" (or "starting", up to ``reshard.STARTING_MS``) for a while."""
     try:
         await note
     except Exception as e:  # RedisError, or the cluster client's own (RedisClusterException)
