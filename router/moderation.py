@@ -40,7 +40,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
@@ -597,21 +597,22 @@ async def unban(request: Request) -> Response:
     return render(request, {"player_id": player, "lifted": lifted})
 
 
-async def forget_bans(svc: Service, board_id: str, incarnation: str) -> None:
+async def forget_bans(
+    svc: Service,
+    board_id: str,
+    incarnation: str,
+    connection: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+) -> None:
     """After DELETE /v1/boards/{board}: forget the bans of the board deleted (``Bans.forget``), in
-    force nowhere now. The deletion is done (and recorded in PostgreSQL before this:
-    ``routes.delete_board``) and answered 204 whatever happens here: without PostgreSQL, or when it
-    or Redis fails, the bans are left (not in force, and not listed) for the archiver's sweep
-    (``Bans.sweep``), and logged."""
-    url = svc.settings.postgres_url
-    if not url:
+    force nowhere now, on the DELETE's own PostgreSQL connection (``connection`` opens it when no
+    mark has: ``routes._Marks``, which closes it). The deletion is done (and recorded in PostgreSQL
+    before this: ``routes.delete_board``) and answered 204 whatever happens here: without
+    PostgreSQL, or when it or Redis fails, the bans are left (not in force, and not listed) for the
+    archiver's sweep (``Bans.sweep``), and logged."""
+    if not svc.settings.postgres_url:
         return
     try:
-        db = await connect_db(url)
-        try:
-            await svc.moderation.bans.bans.forget(db, board_id, incarnation)
-        finally:
-            await db.close()
+        await svc.moderation.bans.bans.forget(await connection(), board_id, incarnation)
     except (psycopg.Error, OSError, RedisError, NotAcknowledged) as e:
         log.warning(
             "the bans of a board deleted were not forgotten: the archiver's sweep forgets them",

@@ -247,31 +247,37 @@ async def delete_board(request: Request) -> Response:
     and one answered 204 is never undone by it. PostgreSQL failing is 503 ``archive_unavailable``:
     at the first mark nothing is deleted; at the second the board is gone from Redis, and the
     DELETE sent again finds it gone and records the deletion before its 404 (``_mark_gone``), or,
-    the id created again meanwhile, deletes that board and records both before its 204."""
+    the id created again meanwhile, deletes that board and records both before its 204. One
+    PostgreSQL connection at most serves the whole DELETE (``_Marks``)."""
     svc = _allow(request, Scope.ADMIN)
     _query(request)
     board_id = request.path_params["board"]
+    marks = _Marks(svc.settings.postgres_url)
     try:
-        board = await _mark_deleting(svc, board_id)
-        incarnation = await svc.boards.delete(board_id, None if board is None else board.incarnation)
-    except BoardNotFound:
-        await _mark_gone(svc, board_id)
-        raise
-    if board is not None and board.config.durability == "journal":
-        async with _archive(svc, "the board is deleted, its deletion not recorded") as db:
-            await archive.mark_deleted(db, board_id, incarnation)
-        await _paid(svc, board_id, incarnation)
-    # An earlier incarnation whose DELETE deleted it and failed on its last mark (503), the id
-    # created again before that DELETE was sent again: the retry deletes this one and is answered
-    # 204 for the id, so the earlier one is recorded deleted now too, not only by the archiver's
-    # next refresh (a loss of Redis before it had `rebuild --all` restore it under the 204). Only a
-    # deletion Redis notes owed costs PostgreSQL anything, whatever the new board's durability.
-    await _mark_gone(svc, board_id)
-    await moderation.forget_bans(svc, board_id, incarnation)  # none of them holds anywhere now
+        try:
+            board = await _mark_deleting(svc, marks, board_id)
+            incarnation = await svc.boards.delete(board_id, None if board is None else board.incarnation)
+        except BoardNotFound:
+            await _mark_gone(svc, marks, board_id)
+            raise
+        if board is not None and board.config.durability == "journal":
+            async with marks.archive("the board is deleted, its deletion not recorded") as db:
+                await archive.mark_deleted(db, board_id, incarnation)
+            await _paid(svc, board_id, incarnation)
+        # An earlier incarnation whose DELETE deleted it and failed on its last mark (503), the id
+        # created again before that DELETE was sent again: the retry deletes this one and is
+        # answered 204 for the id, so the earlier one is recorded deleted now too, not only by the
+        # archiver's next refresh (a loss of Redis before it had `rebuild --all` restore it under
+        # the 204). Only a deletion Redis notes owed costs PostgreSQL anything, whatever the new
+        # board's durability.
+        await _mark_gone(svc, marks, board_id)
+        await moderation.forget_bans(svc, board_id, incarnation, marks.connection)  # none holds now
+    finally:
+        await marks.close()
     return Response(status_code=204)
 
 
-async def _mark_deleting(svc: Service, board_id: str) -> Board | None:
+async def _mark_deleting(svc: Service, marks: _Marks, board_id: str) -> Board | None:
     """Before DELETE /v1/boards/{board} changes anything in Redis: the board it deletes (the
     registry's incarnation, one whose deletion stopped half way too), its DELETE recorded begun in
     PostgreSQL when it is journaled, and noted in Redis as owing PostgreSQL its deletion
@@ -281,13 +287,13 @@ async def _mark_deleting(svc: Service, board_id: str) -> Board | None:
         return None
     board = await svc.boards.store.get(board_id, deleting=True)
     if board.config.durability == "journal":
-        async with _archive(svc, "the board is not deleted") as db:
+        async with marks.archive("the board is not deleted") as db:
             await archive.mark_deleting(db, board)
         await archive.owe_deletion(svc.boards.store.scripts, board_id, board.incarnation)
     return board
 
 
-async def _mark_gone(svc: Service, board_id: str) -> None:
+async def _mark_gone(svc: Service, marks: _Marks, board_id: str) -> None:
     """Before a DELETE's 404: record in PostgreSQL the deletions of the board that Redis notes it
     is owed (``archive.owe_deletion``: a DELETE that failed on its last mark), and only those. A
     board with none (made up, deleted and answered 204, never journaled) costs PostgreSQL nothing:
@@ -298,7 +304,7 @@ async def _mark_gone(svc: Service, board_id: str) -> None:
     owed = await archive.owed_deletions(svc.client, board_id)
     if not owed:
         return
-    async with _archive(svc, "the board's deletion is not recorded") as db:
+    async with marks.archive("the board's deletion is not recorded") as db:
         marked = await archive.mark_gone(db, svc.client, board_id, owed)
     await archive.paid_deletions(svc.client, board_id, marked)
 
@@ -316,23 +322,40 @@ async def _paid(svc: Service, board_id: str, incarnation: str) -> None:
         )
 
 
-@contextlib.asynccontextmanager
-async def _archive(svc: Service, state: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    """A connection to the router's PostgreSQL for a DELETE's marks; PostgreSQL failing (there or
-    in the block) is 503 ``archive_unavailable`` saying ``state``, to be sent again."""
-    try:
-        db = await archive.connect_db(svc.settings.postgres_url)
+class _Marks:
+    """The PostgreSQL connection of one DELETE /v1/boards/{board}: opened at its first use (a mark,
+    or the forgetting of the board's bans) and kept for the rest of the DELETE, closed when it
+    ends. Until 2026-12-06 each mark and the bans' forgetting opened a connection of their own:
+    three for a journaled board, each with its schema check (``archive.connect_db``)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.db: psycopg.AsyncConnection[Any] | None = None
+
+    async def connection(self) -> psycopg.AsyncConnection[Any]:
+        """The DELETE's connection, opened now if it is not yet (PostgreSQL's errors raised)."""
+        if self.db is None:
+            self.db = await archive.connect_db(self.url)
+        return self.db
+
+    @contextlib.asynccontextmanager
+    async def archive(self, state: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """The connection for a mark; PostgreSQL failing (there or in the block) is 503
+        ``archive_unavailable`` saying ``state``, to be sent again."""
         try:
-            yield db
-        finally:
+            yield await self.connection()
+        except psycopg.Error as e:
+            raise ApiError(
+                503,
+                "archive_unavailable",
+                f"PostgreSQL failed ({type(e).__name__}): {state}; send the DELETE again",
+                retry_after=5,
+            ) from e
+
+    async def close(self) -> None:
+        if self.db is not None:
+            db, self.db = self.db, None
             await db.close()
-    except psycopg.Error as e:
-        raise ApiError(
-            503,
-            "archive_unavailable",
-            f"PostgreSQL failed ({type(e).__name__}): {state}; send the DELETE again",
-            retry_after=5,
-        ) from e
 
 
 async def rebuild_board(request: Request) -> Response:

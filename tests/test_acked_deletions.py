@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import traceback
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -859,3 +860,55 @@ async def test_a_board_deleted_while_every_primary_is_out_of_memory_is_marked_tw
         await lose_redis_and_rebuild_all(raw, cluster_url, url)
         with pytest.raises(BoardNotFound):
             await store.get(name)
+
+
+@contextlib.contextmanager
+def delete_connections(patch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The PostgreSQL connections opened by DELETE /v1/boards/{board} (``routes.delete_board`` on
+    the stack of the call that opens one) while in the block, as a list that grows: each one's
+    application name."""
+    opened: list[str] = []
+    original = psycopg.AsyncConnection.connect
+
+    async def counted(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        stack = traceback.extract_stack()
+        if any(f.name == "delete_board" and f.filename.endswith("routes.py") for f in stack):
+            opened.append(str(kwargs.get("application_name")))
+        return await original(*args, **kwargs)
+
+    with patch.context() as patched:
+        patched.setattr(psycopg.AsyncConnection, "connect", classmethod(counted))
+        yield opened
+
+
+async def test_a_delete_opens_one_postgresql_connection_and_a_404_that_owes_nothing_none(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DELETE of a journaled board with a ban marks it in PostgreSQL twice (its DELETE begun,
+    then its deletion) and forgets its bans there. Each mark opened a connection of its own, and
+    the bans' forgetting a third: three connections for one DELETE, and three times the connection
+    set-up (the schema check) on its path. One connection serves the whole DELETE now, and a 404
+    that owes PostgreSQL no deletion opens none."""
+    name = "acked-delete-one-connection"
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
+        scope = {"scope": "board", "board": name, "reason": "test"}
+        r = await client.post("/v1/players/p1:ban", json=scope, headers=AS_ADMIN)
+        assert r.status_code == 200, r.text
+        board = await store.get(name)
+        with delete_connections(monkeypatch) as opened:
+            assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+            assert len(opened) == 1, opened
+            assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
+            assert len(opened) == 1, opened
+        async with await psycopg.AsyncConnection.connect(url) as db:
+            cur = await db.execute(
+                "SELECT delete_begun_at IS NOT NULL, deleted_at IS NOT NULL FROM boards "
+                "WHERE board = %s AND incarnation = %s",
+                (name, board.incarnation),
+            )
+            assert await cur.fetchall() == [(True, True)]
+            cur = await db.execute("SELECT count(*) FROM bans WHERE board = %s", (name,))
+            assert await cur.fetchall() == [(0,)]  # forgotten, on the same connection
