@@ -1354,19 +1354,29 @@ class ShardsLost(Mismatch):
             f"the cut-over of {board_id!r} is refused and the reshard cancelled: "
             f"{'shard' if one else 'shards'} {', '.join(map(str, shards))} of the old layout lost "
             f"{'its' if one else 'their'} keys (the sentinel is missing: Redis lost the slot and serves "
-            "it again empty), and a copy would lose those players for good. The board keeps its layout"
+            "it again empty)"
         )
+        # Only a shard marked held players to lose (one written again held nothing archived).
+        if marked and not empty:
+            said += ", and a copy would lose those players for good"
+        elif marked:
+            named = f"shard{'' if len(marked) == 1 else 's'} {', '.join(map(str, marked))}"
+            said += f", and a copy would lose the players of {named} for good"
+        said += ". The board keeps its layout"
         if marked:
             run = " and ".join(f"`{c}`" for c in commands)
             them = "it" if len(marked) == 1 else "them"
             said += f": run {run} to bring {them} back from PostgreSQL and the journal, then reshard again"
         if empty:
             written = ", ".join(map(str, sorted(empty)))
-            plural = "" if len(empty) == 1 else "s"
+            one_empty = len(empty) == 1
+            sentinels = "its sentinel is" if one_empty else "their sentinels are"
             said += (
-                f"{'; ' if marked else ': '}shard{plural} {written} held nothing archived, so nothing was "
-                f"lost: the sentinel is written again{'' if marked else '; reshard again'}"
+                f"{'; ' if marked else ': '}shard{'' if one_empty else 's'} {written} held nothing "
+                f"archived, so nothing was lost: {sentinels} written again"
             )
+            if not marked:
+                said += "; reshard again"
         error = cls(said, "board")
         error.board_id, error.shards, error.commands = board_id, tuple(shards), commands
         return error

@@ -1794,3 +1794,35 @@ async def test_a_ban_list_lost_with_its_master_is_written_back_by_the_archivers_
                 await store.delete("partial-bans")
             await raw.hdel(keys.BANS, moderation.ban_field("partial-bans", "p7"))
             await forget_others_lost(store)
+
+
+@pytest.mark.parametrize(
+    ("lost", "empty", "said", "unsaid"),
+    [
+        ([1], set(), ["a copy would lose those players for good", "run `shardlb rebuild b --shard 1`"], []),
+        (
+            [1, 2],
+            {1, 2},
+            ["shards 1, 2 held nothing archived, so nothing was lost", "their sentinels are written again"],
+            ["would lose", "shardlb rebuild"],
+        ),
+        ([1], {1}, ["its sentinel is written again; reshard again"], ["would lose", "shardlb rebuild"]),
+        (
+            [1, 2],
+            {2},
+            ["a copy would lose the players of shard 1 for good", "shard 2 held nothing archived"],
+            ["those players", "--shard 2"],
+        ),
+    ],
+)
+def test_shards_lost_says_a_copy_would_lose_players_only_of_the_shards_that_held_some(
+    lost: list[int], empty: set[int], said: list[str], unsaid: list[str]
+) -> None:
+    """``ShardsLost``'s message said "a copy would lose those players for good" also when every
+    lost shard held nothing (its sentinel written again: nothing to lose), and named no shard when
+    some held players and some not. It says so now only of the shards marked for a rebuild."""
+    message = ShardsLost.of("b", lost, empty).message
+    for words in said:
+        assert words in message, message
+    for words in unsaid:
+        assert words not in message, message
