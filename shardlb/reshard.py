@@ -456,7 +456,7 @@ class Resharder:
             self.incarnation = _incarnation(record)
             record = await self._take()
             if record["reshard"].get("cancel") and record["reshard"]["state"] in STATES[:2]:
-                await self._cancel(record)
+                await self._cancel_asked(record)
                 return {**await self.status(), "state": "cancelled"}
             began = time.monotonic()
             try:
@@ -553,7 +553,7 @@ class Resharder:
                 _, record = await self.record()
                 if record.get("reshard", {}).get("cancel"):  # not a reshard started since this one ended
                     self.incarnation = _incarnation(record)
-                    await self._cancel(await self._take())
+                    await self._cancel_asked(await self._take())
         except Busy:
             self.say(
                 f"{self.board_id}: cancel recorded; the mover running elsewhere cancels it at its next step"
@@ -926,7 +926,7 @@ class Resharder:
         except Cancelled:
             _, record = await self.record()
             if record.get("reshard"):
-                await self._cancel(record)
+                await self._cancel_asked(record)
             raise
         await self._open_committed(target)
         self.refused_ms = (time.monotonic() - began) * 1000
@@ -1073,6 +1073,27 @@ class Resharder:
         await self._unfence(source, target)
         kept = source.config.sharding.shards
         self.say(f"{self.board_id}: reshard cancelled; the board keeps {_shards(kept)}")
+
+    async def _cancel_asked(self, record: dict[str, Any]) -> None:
+        """``_cancel`` for a cancel that was asked for (`shardlb reshard --cancel`, a router's DELETE
+        of the reshard), carried out by whichever process holds the lease: shards of the old layout
+        that lost their keys meanwhile are settled at once, as for the mover's own cancel for them
+        (``_settle``: marked not rebuilt, or written again where they held nothing). Until
+        2026-12-06 they were left to the archiver's next round (about 5 s), and reads that merge
+        them answered from the shards left meanwhile."""
+        source = self._layouts(record)[0]
+        lost = await self._lost_shards(source)
+        await self._cancel(record)
+        if not lost:
+            return
+        empty = await self._settle(source, lost)
+        if empty:
+            one = len(empty) == 1
+            self.say(
+                f"{self.board_id}: {'shard' if one else 'shards'} {', '.join(map(str, sorted(empty)))} of "
+                f"the old layout lost {'its' if one else 'their'} keys and held nothing archived: "
+                f"{'its sentinel' if one else 'their sentinels'} written again, nothing lost"
+            )
 
     async def _start_journals(self, source: Board, target: Board) -> None:
         """Start every new journal past the last id of every old one (an empty stream whose last id
@@ -1320,7 +1341,7 @@ class Resharder:
             )
         _, record = await self.record()
         if record.get("reshard", {}).get("cancel"):
-            await self._cancel(record)
+            await self._cancel_asked(record)
             raise Cancelled(f"the reshard of {self.board_id!r} was cancelled")
 
     def _lease(self, wait_s: float | None = None) -> Lease:

@@ -1826,3 +1826,47 @@ def test_shards_lost_says_a_copy_would_lose_players_only_of_the_shards_that_held
         assert words in message, message
     for words in unsaid:
         assert words not in message, message
+
+
+@pytest.mark.parametrize("by", ["cli", "router"])
+async def test_an_operators_cancel_of_a_reshard_marks_a_shard_the_old_layout_lost_at_once(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, by: str
+) -> None:
+    """A reshard under way (no mover running) whose old layout lost a shard's keys, cancelled by an
+    operator: `shardlb reshard BOARD --cancel`, or DELETE /v1/admin/boards/{board}/reshard. The
+    mover's own cancel for a lost shard marks it at once (``Resharder._settle``); the operator's
+    left it to the archiver's next round (about 5 s, which marks nothing while the record names a
+    reshard), and reads answered from the shards left meanwhile. Failed before: the top answered,
+    the board unmarked (set() == {1}). Now the read right after the cancel is refused (503
+    ``board_rebuilding`` naming the rebuild), library and router."""
+    name = f"partial-reshard-cancel-{by}"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, _ = await board_written(store, name)
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+            try:
+                await drain(a)  # shard 1's results archived: its rebuild brings them back
+            finally:
+                await a.db.close()
+            mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
+            await mover.start(5)
+            await slot_wiped(raw, board, 1)
+            if by == "cli":
+                command = ["reshard", name, "--cancel", "--redis", cluster_url, "--postgres", url]
+                assert await asyncio.to_thread(main, command) == 0
+            else:
+                async with running(cluster_url, postgres_url=url) as (_, client):
+                    r = await client.delete(f"/v1/admin/boards/{name}/reshard", headers=AS_ADMIN)
+                    assert r.status_code == 200 and r.json()["state"] == "none", r.text
+            assert await reshard_left(raw, store, board, 5) == []
+            back = await store.get(name)
+            assert back.generation == 0 and back.rebuilding == {1}
+            with pytest.raises(Rebuilding, match=f"`shardlb rebuild {name} --shard 1`"):
+                await back.top(10)
+            async with running(cluster_url) as (_, client):
+                answer = await client.get(f"/v1/boards/{name}/top?limit=5")
+                _refused(answer)
+                assert f"`shardlb rebuild {name} --shard 1`" in answer.json()["error"]["message"], answer.text
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
