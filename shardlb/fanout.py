@@ -46,7 +46,7 @@ from redis.cluster import PRIMARY
 from redis.commands.core import SortedSetCommands
 
 from shardlb import keys
-from shardlb.connection import Script, Scripts, read_strategy, slot_of
+from shardlb.connection import Script, Scripts, read_strategy, script_source, slot_of
 from shardlb.errors import NotAcknowledged
 from shardlb.loops import LoopRef
 
@@ -63,6 +63,9 @@ _PLAIN = frozenset((str, bytes, int))  # argument types hiredis packs as redis-p
 # SHARDLB_ACK: the replicas that must confirm a write before it is answered.
 ACK_LEVELS = {"primary": 0, "replica": 1}
 MARKER_TTL_MS = 60_000  # the ack marker only has to replicate; it expires when writes stop
+# A deletion's marker (``confirmed`` with ``freeing``): sent as EVAL of its source, which Redis
+# keeps compiled after the first call, so no NOSCRIPT path is needed for a call this rare.
+_FREEING_MARKER = script_source("marker.lua")
 ACKED_ATTEMPTS = 3  # an acknowledged call alone: the first try and two after NOSCRIPT or a redirect
 # Failures after which the key's primary is looked up again: a slot moved or a node went away.
 _MOVED_OR_BROKEN = (
@@ -119,9 +122,17 @@ class Batch(SortedSetCommands):
     methods (``zcount``, ``zrevrange``...), then ``await execute()`` for the replies in order."""
 
     def __init__(
-        self, client: RedisCluster, ack: Ack | None = None, replicas: bool = False, shared: bool = False
+        self,
+        client: RedisCluster,
+        ack: Ack | None = None,
+        replicas: bool = False,
+        shared: bool = False,
+        freeing: bool = False,
     ) -> None:
         self.client = client
+        # A deletion's confirmation: its marker through marker.lua (allow-oom), which a primary out
+        # of memory runs (``confirmed``); every other batch keeps the plain SET.
+        self.freeing = freeing
         # A board read's round may share its per-node pipelines with the other reads of its turn
         # of the event loop (``SharedRounds``); a confirmed write's never does (its WAIT would hold
         # the others' replies).
@@ -209,8 +220,13 @@ class Batch(SortedSetCommands):
         absent, roles = self._check_replicas(by_node, on_replicas) if on_replicas else ([], [])
         ack = self.ack
         if ack is not None:
+            freeing = self.freeing
             for _, queue, slot in by_node.values():
-                queue.append(Command(-1, ("SET", keys.ack_key(slot), 1, "PX", MARKER_TTL_MS)))
+                marker = keys.ack_key(slot)
+                if freeing:
+                    queue.append(Command(-1, ("EVAL", _FREEING_MARKER, 1, marker, 1, MARKER_TTL_MS)))
+                else:
+                    queue.append(Command(-1, ("SET", marker, 1, "PX", MARKER_TTL_MS)))
                 queue.append(Command(-1, ("WAIT", ack.replicas, ack.timeout_ms)))
         sends = [(node, queue) for node, queue, _ in by_node.values()]
         rounds = SharedRounds.of(self.client) if self.shared else None
@@ -583,16 +599,23 @@ class AckedScript(Script):
         raise reply
 
 
-async def confirmed(client: RedisCluster, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+async def confirmed(
+    client: RedisCluster, ack: Ack, commands: Sequence[tuple[Any, ...]], freeing: bool = False
+) -> list[Any]:
     """Each command's reply, or the error it met, confirmed as ``ack`` asks: per node one pipeline
     of the commands, the marker and WAIT on one connection (``Batch``), so a reply below the level
     is NotAcknowledged. A command met by a redirect or a broken connection (its slot moved, its
     primary failed over) has the slot map read again, as ``AckedScript`` does, and is made again,
-    up to ``ACKED_ATTEMPTS`` times in all: the caller's commands must be safe to make twice."""
+    up to ``ACKED_ATTEMPTS`` times in all: the caller's commands must be safe to make twice.
+
+    ``freeing``: a deletion's confirmation, whose commands a primary out of memory runs (reads),
+    its marker then written by marker.lua (allow-oom) rather than a SET, which such a primary
+    refuses: a deletion frees memory, and is answered on a full cluster (docs/design-notes.md,
+    "Creating and deleting boards on a full cluster"). The marker is one small expiring key."""
     replies: list[Any] = [None] * len(commands)
     todo = list(range(len(commands)))
     for attempt in range(ACKED_ATTEMPTS):
-        pipe = batch(client, ack)
+        pipe = batch(client, ack, freeing=freeing)
         for i in todo:
             pipe.execute_command(*commands[i])
         again = []
@@ -842,11 +865,18 @@ def _packed(connection: Any, commands: list[Command]) -> bytes | list[bytes]:
     return packed
 
 
-def batch(client: RedisCluster, ack: Ack | None = None, replicas: bool = False, shared: bool = False) -> Any:
+def batch(
+    client: RedisCluster,
+    ack: Ack | None = None,
+    replicas: bool = False,
+    shared: bool = False,
+    freeing: bool = False,
+) -> Any:
     """A new Batch, typed loosely: redis-py types its command mixins for its own client classes only.
     ``replicas``: a board read, which may be served by replicas; ``shared``: a board read, whose
-    round may travel with the other reads of its turn of the event loop (``Batch``)."""
-    return Batch(client, ack, replicas, shared)  # type: ignore[abstract]
+    round may travel with the other reads of its turn of the event loop; ``freeing``: a deletion's
+    confirmation (``confirmed``)."""
+    return Batch(client, ack, replicas, shared, freeing)  # type: ignore[abstract]
 
 
 _Sends = Sequence[tuple[ClusterNode, list[Command]]]

@@ -648,7 +648,8 @@ class BoardStore:
         deletion) it never had, and a 201 was answered for a board then gone."""
         if not self.ack.replicas:
             return
-        [reply] = await confirmed(self.client, self.ack, [("HGET", keys.BOARDS, board_id)])
+        # A deletion's marker through marker.lua: a registry primary out of memory runs it.
+        [reply] = await confirmed(self.client, self.ack, [("HGET", keys.BOARDS, board_id)], freeing=deleted)
         if isinstance(reply, BaseException):
             raise reply
         held = reply is not None and str(orjson.loads(reply).get("incarnation", "0")) == incarnation

@@ -912,3 +912,31 @@ async def test_a_delete_opens_one_postgresql_connection_and_a_404_that_owes_noth
             assert await cur.fetchall() == [(True, True)]
             cur = await db.execute("SELECT count(*) FROM bans WHERE board = %s", (name,))
             assert await cur.fetchall() == [(0,)]  # forgotten, on the same connection
+
+
+async def test_a_board_deleted_while_every_primary_is_out_of_memory_is_confirmed_by_a_replica(
+    store: BoardStore, raw: Any, cluster_url: str, postgres_url: str
+) -> None:
+    """The same DELETE on a full cluster under ``SHARDLB_ACK=replica``: the deletion's confirmation
+    (``BoardStore._confirm``: the registry read back with a marker and WAIT) wrote its marker with a
+    plain SET, which a primary out of memory refuses, so the board was deleted and the DELETE
+    answered 503 ``out_of_memory``. Failed before: 503. The deletion's marker goes through
+    marker.lua (allow-oom) now: 204, both marks in PostgreSQL."""
+    name = "acked-delete-full-replica"
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url, ack="replica", ack_timeout_ms=2000) as (_, client),
+    ):
+        board = await store.get(name)
+        async with full_primaries(store):
+            answer = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+            assert answer.status_code == 204, answer.text
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
+        async with await psycopg.AsyncConnection.connect(url) as db:
+            cur = await db.execute(
+                "SELECT delete_begun_at IS NOT NULL, deleted_at IS NOT NULL FROM boards "
+                "WHERE board = %s AND incarnation = %s",
+                (name, board.incarnation),
+            )
+            assert await cur.fetchall() == [(True, True)]
