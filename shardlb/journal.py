@@ -10,7 +10,7 @@ remove.lua) is an entry with ``x`` instead of ``r``: a MessagePack array of the 
 from every period of the shard at that id (its ``n`` counts the players it names, and counts in
 the shard's ``logn`` as results do); results of those players with smaller ids on this shard
 no longer count, but in the periods ``a`` says it left whole (``k``, ``q`` and ``u``: the records
-it made; ``a``: ``Entry.kept``). The archiver
+it made; ``a``: ``Entry.kept``; ``w``: the inactive cleanup's, ``Entry.swept``). The archiver
 (shardlb/archive.py) copies entries into PostgreSQL, acknowledges them (taking their ``n`` off the
 shard's ``logn``, the results not yet archived that write.lua's bound reads) and trims what it
 committed; a rebuild replays the entries written after its snapshot.
@@ -51,7 +51,8 @@ class Entry(NamedTuple):
     removed: tuple[str, ...] = ()  # a delete entry's players (its results are then empty)
     counted: int = 0  # its ``n``: what acknowledging it takes off the shard's results not archived
     # a delete entry's records of removals (remove.lua's `rmv`): (player, time units), every player
-    # a removal asked for named, present or not; none for the inactive cleanup's
+    # a removal asked for named, present or not; the inactive cleanup's, those it removed whose last
+    # post is within the dedup window (since 2026-12-06; none before)
     recorded: tuple[tuple[str, int], ...] = ()
     # a delete entry of a removal named by a request (remove.lua's `q` and `u`): its name and the
     # units it recorded for each of ``recorded``'s players beside their records ("" and -1: none)
@@ -61,6 +62,9 @@ class Entry(NamedTuple):
     # journaled since 2026-12-05: a removal made at an earlier call's time keeps the entries
     # achieved since), with the names of those periods; a player not listed stayed in none
     kept: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # the inactive cleanup's delete entry (remove.lua's `w`, since 2026-12-06; before, the cleanup's
+    # was the delete entry without records)
+    swept: bool = False
 
     def kept_in(self, player: str) -> frozenset[str] | None:
         """The periods whose entry of ``player``, one of ``removed``, this removal left whole: their
@@ -100,7 +104,8 @@ def decode(entry_id: Any, fields: dict[Any, Any]) -> Entry:
         units = int(_text(get["u"])) if request else -1
         held = msgpack.unpackb(get["a"], raw=False) if "a" in get else []
         kept = tuple((_text(held[n]), tuple(_text(held[n + 1]).split(","))) for n in range(0, len(held), 2))
-        return Entry(*head, [], removed, counted, recorded, request, units, kept)
+        swept = "w" in get or not recorded
+        return Entry(*head, [], removed, counted, recorded, request, units, kept, swept)
     flat = msgpack.unpackb(get["r"], raw=False)
     skips = msgpack.unpackb(get["c"], raw=False) if "c" in get else [""] * (len(flat) // 3)
     results = []

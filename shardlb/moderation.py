@@ -36,9 +36,10 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
   (player -> last applied post, written by write.lua); a pass removes at most ``limit`` players per
   shard whose last post is older, each removal checked against the set inside remove.lua (a player
   who posts meanwhile stays). A rebuild puts the set back (``Rebuilder.recall_activity``). It
-  records no removal (a later result counts), but points at its delete entry beside where a
-  record would be, so a removal asked for later that finds the player gone archives that entry
-  before it is answered (``_recorded``, ``_delete_entries``).
+  records each player it removes at their last post, not at its own time (``swept_record``: a
+  replay of a result they had is refused for the dedup window, a result achieved later counts),
+  and points at its delete entry beside that record, so a removal asked for later that finds the
+  player gone archives that entry before it is answered (``_recorded``, ``_delete_entries``).
 """
 
 from __future__ import annotations
@@ -347,10 +348,11 @@ async def remove_on_shard(
     journaled: list[tuple[str, Entry]] | None = None,
 ) -> list[str]:
     """remove.lua on one shard (see the module docstring); returns the players it removed. With
-    ``stale_before_ms``, only players whose last post (activity set) is at or before it. Without it
-    (a removal asked for, not the inactive cleanup), the shard also records the removal's time for
-    the dedup window: a result of the player achieved before it (before its time unit), a retry
-    above all, is then a duplicate that writes nothing (remove.lua, write.lua). ``request`` and
+    ``stale_before_ms``, only players whose last post (activity set) is at or before it, each
+    recorded at that post (``swept_record``). Without it (a removal asked for, not the inactive
+    cleanup), the shard records the removal's time for the dedup window: a result of the player
+    achieved before it (before its time unit), a retry above all, is then a duplicate that writes
+    nothing (remove.lua, write.lua). ``request`` and
     ``units`` (the time an earlier call of the request recorded): see ``remove``; a player the
     request removed here already counts as removed when the first call found them."""
     prefix = board.prefixes[shard]
@@ -386,6 +388,8 @@ async def remove_on_shard(
             int(board.sentinels and not stale_before_ms),
             # The inactive cleanup's pointers at its delete entry (remove.lua): pruned a window on.
             record_units(board, now) if stale_before_ms else -1,
+            # The inactive cleanup's record of each player at their last post (remove.lua).
+            swept_record(board) if stale_before_ms else [],
         ]
     )
     args = [header, msgpack.packb(list(players))]
@@ -438,13 +442,13 @@ async def _recorded(
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The players of ``players`` the shard holds a removal record of (``keys.removals_key``: removed
     there within the dedup window), or only where their last removal there is (the inactive
-    cleanup's, which records nothing else), each with the id of the delete entry that last removed
-    them there ("" when the record names none: a record, or a rebuild's, of the release before
-    2026-12-06); and, with ``request``, the players that request's earlier call recorded there,
-    each with the id of that call's delete entry ("" when the shard keeps none: a call, or a
-    rebuild's, of the release before). One HMGET, read after remove.lua's call: a player it
-    removed is named by its entry, one it found gone by the entry that removed them (its own, with
-    no record before)."""
+    cleanup's, which records a player only when their last post is within the window), each with
+    the id of the delete entry that last removed them there ("" when the record names none: a
+    record, or a rebuild's, of the release before 2026-12-06); and, with ``request``, the players
+    that request's earlier call recorded there, each with the id of that call's delete entry (""
+    when the shard keeps none: a call, or a rebuild's, of the release before). One HMGET, read after
+    remove.lua's call: a player it removed is named by its entry, one it found gone by the entry
+    that removed them (its own, with no record before)."""
 
     def named(player: str) -> list[str]:
         out = [player, keys.removal_position_field(player)]
@@ -543,6 +547,19 @@ def record_units(board: Board, now_ms: int) -> int:
     if board.config.mode == "incr":
         return min(max(0, (now_ms - codec.epoch_ms) // codec.unit_ms), codec.time_max)
     return min(max(0, (now_ms + MAX_FUTURE_MS - codec.epoch_ms) // codec.unit_ms + 1), codec.time_max + 1)
+
+
+def swept_record(board: Board) -> list[int]:
+    """How the inactive cleanup records a player it removes (remove.lua's ``swept``): ``record_units``
+    at the player's last post (the activity set's time, read in the call), so a replay of a result
+    they had before it (achieved at most MAX_FUTURE_MS past their last post) is refused, and a result
+    achieved later counts at once, one that arrives late too. [shift, unit, cap]: the record is
+    floor((last post + shift) / unit) + 1, at most cap. Incr boards: none (their dedup records,
+    which a removal leaves, refuse replays; a late result of before counts)."""
+    codec = board.codec
+    if board.config.mode == "incr":
+        return []
+    return [MAX_FUTURE_MS - codec.epoch_ms, codec.unit_ms, codec.time_max + 1]
 
 
 async def _remove_from_bands(board: Board, home: int, versions: Sequence[tuple[str, int]]) -> None:

@@ -1466,11 +1466,14 @@ class Rebuilder:
                 marks = entry.marks()
                 for n, (player, units) in enumerate(entry.recorded):
                     records.removed(arrived, player, units)
-                    records.named(entry.id, arrived, player, player in entry.removed, units)
+                    if not entry.swept:
+                        records.named(entry.id, arrived, player, player in entry.removed, units)
                     if marks:
                         records.requested(arrived, entry.request, player, marks[n])
                         records.asked(entry.id, arrived, entry.request, player, entry.request_units)
-                if entry.removed and not entry.recorded:  # the inactive cleanup's (it records none)
+                # The inactive cleanup's: where its entry is, under the units of its own time (its
+                # records, at its players' last posts, may be older), as remove.lua points at it.
+                if entry.removed and entry.swept:
                     swept = moderation.record_units(board, arrived)
                     for player in entry.removed:
                         records.named(entry.id, arrived, player, True, swept)

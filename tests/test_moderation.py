@@ -2,7 +2,8 @@
 removed player is absent from every read of every period and from a rebuild, as the reference board
 says after the same removal, on random workloads of every strategy; a retried or half-applied removal
 converges; a banned player is left out of a rebuild; the inactive cleanup removes exactly the stale
-players, a bounded number per pass, journaled so that a rebuild agrees."""
+players, a bounded number per pass, journaled so that a rebuild agrees, and a replay of a result a
+player had before it stays out for the dedup window."""
 
 from __future__ import annotations
 
@@ -678,6 +679,99 @@ async def test_players_idle_before_a_loss_are_still_cleaned_up(
             await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
+
+
+@pytest.mark.parametrize("mode", ["best", "set", "incr"])
+async def test_a_replay_after_the_inactive_cleanup_does_not_bring_the_player_back(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str, mode: str
+) -> None:
+    """api.md: replaying the same (match_id, player_id) never changes a board. The inactive cleanup
+    recorded no removal, so on best and set boards a replay of a result the player had before the
+    cleanup (a game server's retry, with or without its time, a worse result kept nowhere dated
+    ahead of the clock), within the dedup window, answered `improved` and put the player back (incr's
+    dedup refused it). The cleanup now records each player it removes at their last post (5 minutes
+    on, as a removal's record, on best and set boards): those replays are duplicates, after a total
+    loss and `rebuild --all` too, and a new result achieved after that counts at once, one that
+    arrives late too."""
+    config = BoardConfig.from_dict(
+        f"moderation-idle-replay-{mode}",
+        {"mode": mode, "periods": ["daily"], "inactive_after": 60, "sharding": sharding("hash", 2)},
+    )
+    board, _ = await store.create(config)
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, store, url)
+        try:
+            posted = times.now_ms()  # idle's last post (the activity set's time)
+            old = [
+                Score("idle", 90, "m1", posted - 60_000),
+                Score("idle", 50, "m2", posted + 120_000),  # worse, ahead of the clock: kept nowhere
+                Score("idle", 80, "m3", None),  # its time pinned: a retry gets it again
+            ]
+            await board.submit(old, now_ms=posted)
+            await board.submit([Score("busy", 40, "b1", posted)], now_ms=posted + 2_000)
+            swept = posted + 61_000
+            assert await moderation.cleanup(board, now_ms=swept) == 1
+
+            async def replayed(at: int) -> None:
+                got = await board.submit(old, now_ms=at)
+                assert [r.status for r in got] == ["duplicate"] * 3, got
+                assert [e.player_id for e in await board.top(10)] == ["busy"]
+                with pytest.raises(PlayerNotFound):
+                    await board.player("idle", board.resolve("daily"))
+
+            await replayed(swept + 1_000)
+            await drain(a)
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
+            assert await asyncio.to_thread(main, command) == 0
+            board = await store.get(config.id)
+            await replayed(swept + 2_000)
+            # Achieved after the last post (past the 5 minutes a result of before may be dated
+            # ahead): counts at once, a late one too.
+            later = posted + MAX_FUTURE_MS + 120_000
+            late, fresh = Score("idle", 60, "m4", later - 60_000), Score("idle", 70, "m5", later)
+            got = await board.submit([late, fresh], now_ms=later)
+            assert [r.status for r in got] == ["improved", "improved"], got
+            assert got[1].points == (130 if mode == "incr" else 70)
+            assert {e.player_id for e in await board.top(10)} == {"busy", "idle"}
+        finally:
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
+async def test_the_inactive_cleanup_records_a_player_for_a_dedup_window_from_their_last_post(
+    store: BoardStore,
+) -> None:
+    """The cleanup's record of a player it removes (a replay of a result they had is a duplicate)
+    is at their last post and lives a dedup window from it, as the record of a removal at that
+    time: a player whose last post is older than the window gets none (every first post of their
+    results is that old, and a replay past the window counts again, as after any removal), and a
+    later removal's scan forgets the others once their window is over. Memory: one field a player
+    removed within a window of their last post, none on a board whose ``inactive_after`` is longer."""
+    window_s = 3600
+    config = BoardConfig.from_dict(
+        "moderation-idle-record",
+        {"inactive_after": 600, "dedup_window_s": window_s, "sharding": {"shards": 1}},
+    )
+    board, _ = await store.create(config)
+    record = keys.removals_key(board.prefixes[0])
+    try:
+        now = times.now_ms()
+        long_ago = now - window_s * 1000 - MAX_FUTURE_MS - 60_000
+        old, recent = Score("old", 5, "m1", long_ago), Score("recent", 5, "m2", now - 1_800_000)
+        await board.submit([old], now_ms=long_ago)
+        await board.submit([recent], now_ms=now - 1_800_000)
+        assert await moderation.cleanup(board, now_ms=now) == 2
+        positions = {keys.removal_position_field(p) for p in ("old", "recent")}
+        assert set(await board.client.hkeys(record)) == {"recent", *positions}
+        got = await board.submit([old, recent], now_ms=now + 1_000)
+        assert [r.status for r in got] == ["improved", "duplicate"], got
+        later = now + window_s * 1000 + MAX_FUTURE_MS  # recent's window is over
+        await moderation.remove(board, ["someone"], now_ms=later)
+        assert "recent" not in set(await board.client.hkeys(record))
+    finally:
+        await store.delete(config.id)
 
 
 async def test_shardlb_cleanup_runs_one_pass(

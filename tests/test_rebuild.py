@@ -1256,11 +1256,12 @@ async def test_a_forced_swaps_apply_after_another_rebuilds_swap_counts_nothing_t
 async def test_a_refill_puts_back_only_the_records_removals_made(
     store: BoardStore, raw: Any, rebuilder: Rebuilder, postgres_url: str
 ) -> None:
-    """A refill made a record of every delete entry, the inactive cleanup's too (which leaves none:
-    a late result of a cleaned-up player was refused after a rebuild, taken before it); and a removal
-    of a player with no entry on the shard recorded them but journaled nothing, so nothing put that
-    record back. Removals now journal the records they make, with their units, and only those come
-    back."""
+    """A refill made a record of every delete entry, the inactive cleanup's too, at the cleanup's
+    time (a late result of a cleaned-up player was refused after a rebuild, taken before it); and a
+    removal of a player with no entry on the shard recorded them but journaled nothing, so nothing
+    put that record back. Removals now journal the records they make, with their units, and only
+    those come back: the cleanup's since 2026-12-06, at the player's last post (so a replay of a
+    result they had stays out, and a late result of after it counts as before the rebuild)."""
     settings = {"inactive_after": 3600, "sharding": sharding("hash", 1)}
     config = BoardConfig.from_dict("loss-records-only", settings)
     board, _ = await store.create(config)
@@ -1273,23 +1274,27 @@ async def test_a_refill_puts_back_only_the_records_removals_made(
         assert await moderation.remove(board, ["never-posted"]) == set()  # a record all the same
         kept = await raw.hgetall(keys.removals_key(prefix))
         positions = {keys.removal_position_field(p).encode() for p in ("never-posted", "idle")}
-        assert set(kept) == {b"never-posted", *positions}
+        assert set(kept) == {b"never-posted", b"idle", *positions}
+        assert int(kept[b"idle"]) == moderation.record_units(board, now - 60_000)  # at the last post
         # Where the removal's entry is comes back (from `removal_records`: archived, so a removal
-        # that finds the player gone reads that id and nothing else); where the cleanup's is does
-        # not: archived too, and no record names it.
+        # that finds the player gone reads that id and nothing else); where the cleanup's is comes
+        # back from the journal under the cleanup's own units, from `removal_records` (archived)
+        # under its record's.
         idle = kept.pop(keys.removal_position_field("idle").encode())
         # From the journal (not archived yet), where the cleanup's entry is comes back too.
         await raw.delete(keys.removals_key(prefix), keys.removals_marker_key(prefix))
         await rebuilder.refill(board, 0)
         back = await raw.hgetall(keys.removals_key(prefix))
-        assert keys.removal_position(back.pop(keys.removal_position_field("idle").encode()).decode()) == (
-            keys.removal_position(idle.decode())
-        )
+        assert back.pop(keys.removal_position_field("idle").encode()) == idle
         assert back == kept
         await drain(a)  # the records archived, the journal trimmed
         await raw.delete(keys.removals_key(prefix), keys.removals_marker_key(prefix))
         await rebuilder.refill(board, 0)
-        assert await raw.hgetall(keys.removals_key(prefix)) == kept
+        back = await raw.hgetall(keys.removals_key(prefix))
+        at = back.pop(keys.removal_position_field("idle").encode()).decode()
+        assert keys.removal_position(at) == keys.removal_position(idle.decode())
+        assert at.partition(".")[0] == kept[b"idle"].decode()
+        assert back == kept
     finally:
         await a.db.close()
         await store.delete(config.id)

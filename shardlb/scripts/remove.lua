@@ -22,7 +22,11 @@
 --         sentinel (optional; 1: the shard's `here` must exist, as write.lua's header item says:
 --         without it the call is refused, SHARDLOST and the shard, nothing changed),
 --         pointed (optional; -1 or absent: none): with stale_before, on a journaled board, the
---         units under which each player removed points at the delete entry (see the end)
+--         units under which each player removed points at the delete entry (see the end),
+--         swept (optional; {} or absent: none): with stale_before, how the cleanup records each
+--         player it removes: {shift, unit, cap}, the record floor((seen + shift) / unit) + 1 (at
+--         most cap) from the player's last post `seen` (ms, the activity set's), kept only when at
+--         or above forget_before (see "The inactive cleanup's records" below)
 -- ARGV[2] MessagePack array of player ids
 -- Returns {'stale'} when the key index lists a key the caller did not pass (a period began since it
 -- read the index: it reads again), else {'ok', journal id or '', per player: 1 removed / 0 absent,
@@ -67,6 +71,15 @@
 -- from the bands (version, pending, `vrm`) even where a newer entry of another period stays. The
 -- field is pruned and expires with the player's record, so past the dedup window a retry removes
 -- again, as one without a request does.
+-- The inactive cleanup's records (swept): the cleanup records no removal at its own time (a
+-- player's results achieved since their last post, a late one too, count at once), but each player
+-- it removes at their last post, as shardlb/moderation.py's ``swept_record`` says (best and set
+-- boards: 5 minutes on, as a removal's record; incr boards: none, their dedup records refuse
+-- replays), so a replay of a result they had (achieved at most 5 minutes past a post) is refused as
+-- after a removal. A record below forget_before would be forgotten by the next scan: such a
+-- player's last post is over a window old, and so is every first post of a result of theirs, whose
+-- replay is past the dedup window already. The entry is marked `w` (its `k` may name only some of
+-- its players, or none), and its pointers (below) keep the cleanup's own units.
 -- On a journaled board each player recorded also has `NUL <player>` in the hash: the id of the
 -- delete entry that last removed them there (below). A later removal that finds the player gone
 -- reads that entry alone to archive it (shardlb/moderation.py, ``_delete_entries``), not the journal
@@ -114,6 +127,9 @@ for _, name in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
 end
 
 local journal, bands, stale_before = h[1], h[2], h[6]
+local sweep = (stale_before > 0 and h[19] and #h[19] == 3) and h[19] or nil
+local forget_before = h[11] or -1
+local swept = {}  -- the cleanup's players it records (see the header)
 local players = cmsgpack.unpack(ARGV[2])
 local removed_versions = base .. 'vrm'
 local sets = {}
@@ -146,17 +162,20 @@ for _, player in ipairs(players) do
     out[#out + 1] = -1
   else
     todo[#todo + 1] = player
-    local go = true
+    local go, base_units = true, removed_units
     if stale_before > 0 then
       local seen = redis.call('ZSCORE', KEYS[6], player)
       go = seen ~= false and tonumber(seen) <= stale_before
+      if go and sweep then
+        base_units = math.min(math.max(0, math.floor((tonumber(seen) + sweep[1]) / sweep[2]) + 1), sweep[3])
+      end
     end
     local n, kept, held_total, others, names = 0, false, false, {}, {}
     if go then
-      local latest = removed_units
+      local latest = base_units
       for _, key in ipairs(sets) do
         local score = false
-        if removed_units >= 0 and period_board(key) then score = redis.call('ZSCORE', key, player) end
+        if base_units >= 0 and period_board(key) then score = redis.call('ZSCORE', key, player) end
         local units = -1
         if score then
           local tp = math.fmod(tonumber(score), T)
@@ -177,6 +196,7 @@ for _, player in ipairs(players) do
         if not kept then n = n + redis.call('ZREM', key, player) end
       end
       recorded[player] = latest
+      if sweep and n > 0 and latest >= forget_before then swept[#swept + 1] = player end
     end
     local version = 0
     -- The band rows follow the total alone: a total removed goes from the bands even where a newer
@@ -219,32 +239,34 @@ if move and #todo > 0 then  -- tracked as a member with no match id: the mover c
 end
 local records = {}  -- flat: player, units, as recorded (journaled with the delete entry)
 local fresh = {}  -- player -> true when the shard held no record of them before this call
--- The inactive cleanup (stale_before) records no removal, but on a journaled board it points at
--- its delete entry for each player it removed (h[18]: the units of those pointers; see the end).
+-- The inactive cleanup (stale_before) records its players at their last posts (swept, above), and on
+-- a journaled board it points at its delete entry for each player it removed (h[18]: the units of
+-- those pointers, its own time's, so they live a window from the cleanup; see the end).
 local record_at = nil  -- when the record hash expires, once this call set it
 local pointed = (journal == 1 and stale_before > 0 and #removed > 0) and (h[18] or -1) or -1
-if (removed_units >= 0 or pointed >= 0) and #todo > 0 then
+local kept_players = (removed_units >= 0) and todo or swept  -- the players this call records
+if (removed_units >= 0 or pointed >= 0 or #swept > 0) and #todo > 0 then
   local marker = base .. 'rmvon'
   local at_units = string.format('%d', removed_units)
-  for i = 1, (removed_units >= 0) and #todo or 0, 500 do
-    local last = math.min(i + 499, #todo)
-    local held = redis.call('HMGET', record, unpack(todo, i, last))  -- a record never goes back
+  for i = 1, #kept_players, 500 do
+    local last = math.min(i + 499, #kept_players)
+    local held = redis.call('HMGET', record, unpack(kept_players, i, last))  -- a record never goes back
     local pairs_ = {}
     for j = i, last do
-      pairs_[#pairs_ + 1] = todo[j]
-      local units = math.max(recorded[todo[j]] or removed_units, tonumber(held[j - i + 1]) or -1)
-      fresh[todo[j]] = not held[j - i + 1]
+      local player = kept_players[j]
+      pairs_[#pairs_ + 1] = player
+      local units = math.max(recorded[player] or removed_units, tonumber(held[j - i + 1]) or -1)
+      fresh[player] = not held[j - i + 1]
       pairs_[#pairs_ + 1] = string.format('%d', units)
-      records[#records + 1] = todo[j]
+      records[#records + 1] = player
       records[#records + 1] = units
       if request ~= '' then
-        pairs_[#pairs_ + 1] = request .. '\0' .. todo[j]
-        pairs_[#pairs_ + 1] = found[todo[j]] and (at_units .. '.1') or at_units
+        pairs_[#pairs_ + 1] = request .. '\0' .. player
+        pairs_[#pairs_ + 1] = found[player] and (at_units .. '.1') or at_units
       end
     end
     redis.call('HSET', record, unpack(pairs_))
   end
-  local forget_before = h[11] or -1
   local cursor = string.match(redis.call('GET', marker) or '', '^c(%d+)$') or '0'  -- rebuilds set '1'
   if forget_before > 0 then
     local scan = redis.call('HSCAN', record, cursor, 'COUNT', 8 * #todo + 32)  -- up to 4 fields a player
@@ -270,7 +292,12 @@ if journal == 1 and (#removed > 0 or #records > 0) then
   if #held_periods > 0 then  -- `a`: the periods each removed player stayed in (see the header)
     k[#k + 1], k[#k + 2] = 'a', cmsgpack.pack(held_periods)
   end
-  local n = (#records > 0) and (#records / 2) or #removed  -- the players it names, at least one
+  if stale_before > 0 then  -- `w`: the inactive cleanup's (its `k` may name some players only)
+    k[#k + 1], k[#k + 2] = 'w', '1'
+  end
+  -- the players it names, at least one (a removal asked for records each; the cleanup, some of those
+  -- it removed)
+  local n = math.max(#records / 2, #removed)
   local count = string.format('%d', n)
   out[2] = redis.call('XADD', KEYS[3], '*', 'b', h[3], 'i', h[4], 's', h[5], 'n', count, 'x', cmsgpack.pack(removed), unpack(k))
   redis.call('ZADD', KEYS[1], '+inf', KEYS[3])
@@ -290,8 +317,8 @@ end
 -- the player's own pointer may name an earlier entry (they were gone) or a later one. Request
 -- names hold no SOH (moderation.remove), so it is never a request's field; a reshard copies it as
 -- one (the part after the NUL), and tracks it beside the request's field.
--- The inactive cleanup points at its entry too, for each player it removed (under h[18]'s units;
--- no record: it refuses nothing), so a removal asked for later that finds them gone archives the
+-- The inactive cleanup points at its entry too, for each player it removed (under h[18]'s units,
+-- not its records' older ones), so a removal asked for later that finds them gone archives the
 -- cleanup's entry before it is answered (until 2026-12-06 it did not look for it, and a loss of
 -- Redis before the archiver's round brought the player back after that answer).
 if out[2] ~= '' and (#records > 0 or pointed >= 0) then
@@ -310,7 +337,7 @@ if out[2] ~= '' and (#records > 0 or pointed >= 0) then
     positions = {}
     redis.call('PEXPIREAT', record, record_at)  -- the hash may be new: its expiry as set above
   end
-  for i = 1, #records, 2 do
+  for i = 1, (pointed < 0) and #records or 0, 2 do  -- the cleanup's players point above
     if request ~= '' then  -- where the request's entry is, pruned with its record of the player
       positions[#positions + 1] = '\1' .. request .. '\0' .. records[i]
       positions[#positions + 1] = string.format('%d', removed_units) .. '.' .. here
