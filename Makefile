@@ -44,12 +44,17 @@ stop: ## stop the router, the archiver, the local cluster and the private Postgr
 # Three on two cores: 383 s for 1,940 tests where two took 530-580 s (2026-12-05, README "Tests").
 # PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 3
+# Compiled bytecode is kept under .shardlb/pycache even where PYTHONDONTWRITEBYTECODE is set (CI and
+# sandboxes set it): without it each pytest process rewrote and compiled the 160 test modules again
+# (10 s of CPU a process, 2.7 s with the cache) and each of the hundreds of python processes the tests
+# start (routers, CLI, bench) compiled shardlb/ and router/ again. The tree gets no __pycache__.
+TEST_BYTECODE := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.shardlb/pycache
 
 test: install redis-server postgres chromium ## run lint, type checks and the whole test suite (starts its own cluster)
 	$(BIN)/ruff check shardlb router bench tests
 	$(BIN)/ruff format --check shardlb router bench tests
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=10
+	$(TEST_BYTECODE) $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=10
 
 screenshots: install redis-server chromium ## run the dashboard's browser test and keep its screenshots in docs/img
 	SHARDLB_SCREENSHOTS=docs/img $(BIN)/pytest -q tests/test_dashboard_browser.py
