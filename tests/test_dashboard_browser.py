@@ -115,14 +115,28 @@ def shots(tmp_path: Path) -> Path:
     return target
 
 
-@pytest.fixture
-async def browser(chromium: Path) -> AsyncIterator[Browser]:
+@pytest.fixture(scope="module")
+async def launched(chromium: Path) -> AsyncIterator[Browser]:
+    """One chromium for the module: a launch cost each test 1-2 s of setup, most of it CPU."""
     async with async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=str(chromium), args=FLAGS)
+        started = await p.chromium.launch(executable_path=str(chromium), args=FLAGS)
         try:
-            yield launched
+            yield started
         finally:
-            await launched.close()
+            await started.close()
+
+
+@pytest.fixture
+async def browser(launched: Browser) -> AsyncIterator[Browser]:
+    """The module's chromium, as fresh as a new launch for each test: every ``new_page`` opens a
+    browser context of its own (its own cookies, storage and cache), and the contexts a test opened
+    are closed after it, so none of its pages goes on polling the router in the tests after it."""
+    before = set(launched.contexts)
+    try:
+        yield launched
+    finally:
+        for context in [c for c in launched.contexts if c not in before]:
+            await context.close()
 
 
 async def screenshot(page: Page, path: Path, full_page: bool = False) -> None:
