@@ -84,7 +84,7 @@ def _callgrind(*flags: str) -> None:
 
 
 async def _measure(
-    url: str, shards: int, requests: int, concurrency: int, waves: int = 0
+    url: str, shards: int, requests: int, concurrency: int, waves: int = 0, warm: int = WARM
 ) -> dict[str, float]:
     """In a worker process: the app of the source tree on ``sys.path`` first, measured. With
     ``waves`` (--instructions, the process under callgrind), the posts go in waves and only they are
@@ -162,7 +162,7 @@ async def _measure(
             if waves:
                 await _stop_timed_loops(app.state.service)
                 rng = random.Random("app-cost")  # the same posts in every counted run
-                await in_waves("POST", path, bodies(WARM, 1, rng, 0))
+                await in_waves("POST", path, bodies(warm, 1, rng, 0))
                 ones = bodies(waves * concurrency, 1, rng, 10**7)
                 tens = bodies(max(1, waves // 5) * concurrency, 10, rng, 2 * 10**7)
                 one = await counted("POST", path, ones)
@@ -170,7 +170,8 @@ async def _measure(
                 healthz = await counted("GET", "/healthz", [b""] * max(1, waves // 4) * concurrency)
                 return dict(zip(COUNTS, (one, ten, healthz), strict=True))
             rng = random.Random(board)
-            await timed("POST", path, bodies(WARM, 1, rng, 0))
+            if warm:  # (timed divides by the posts it sent)
+                await timed("POST", path, bodies(warm, 1, rng, 0))
             one = await timed("POST", path, bodies(requests, 1, rng, 10**7))
             ten = await timed("POST", path, bodies(max(1, requests // 10), 10, rng, 2 * 10**7))
             healthz = await timed("GET", "/healthz", [b""] * max(1, requests // 4))
@@ -191,15 +192,19 @@ async def _stop_timed_loops(service: Any) -> None:
 
 
 def worker_main(args: argparse.Namespace) -> int:
-    result = asyncio.run(_measure(args.url, args.shards, args.requests, args.concurrency, args.count_waves))
+    result = asyncio.run(
+        _measure(args.url, args.shards, args.requests, args.concurrency, args.count_waves, args.warm)
+    )
     print(json.dumps(result))
     return 0
 
 
-def measure(root: Path, url: str, shards: int, requests: int, concurrency: int) -> dict[str, float]:
+def measure(
+    root: Path, url: str, shards: int, requests: int, concurrency: int, warm: int = WARM
+) -> dict[str, float]:
     """One round of one variant: this file run as a script in a fresh process, with the source tree
     at ``root`` first on the path (its router/ and shardlb/ are the ones measured)."""
-    target = ["--url", url, "--shards", str(shards), "--concurrency", str(concurrency)]
+    target = ["--url", url, "--shards", str(shards), "--concurrency", str(concurrency), "--warm", str(warm)]
     return _worker(root, [*target, "--requests", str(requests)])
 
 
@@ -227,13 +232,16 @@ def _dump_total(dump: Path) -> int:
     raise RuntimeError(f"no totals in {dump}")
 
 
-def count(root: Path, url: str, shards: int, waves: int, concurrency: int) -> dict[str, float]:
+def count(
+    root: Path, url: str, shards: int, waves: int, concurrency: int, warm: int = WARM
+) -> dict[str, float]:
     """One counted run of one variant (--instructions): the worker of ``measure`` under callgrind,
     instrumentation on only around its waves of posts; instructions a request of each measure."""
     with tempfile.TemporaryDirectory(prefix="app-count-") as tmp:
         out = Path(tmp) / "callgrind.out"
         valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
         target = ["--url", url, "--shards", str(shards), "--concurrency", str(concurrency)]
+        target += ["--warm", str(warm)]
         requests = _worker(root, [*target, "--count-waves", str(waves)], valgrind)
         # One dump a measure, numbered in the order counted (callgrind.out.1, .2, ...).
         dumps = sorted(Path(tmp).glob(out.name + ".*"), key=lambda p: int(p.suffix[1:]))
@@ -322,6 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         default=20,
         help="--instructions: waves of --concurrency one-match posts counted (default 20)",
     )
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=WARM,
+        help=f"posts of one match sent before anything is measured or counted (default {WARM})",
+    )
     parser.add_argument("--url", help="(worker) the cluster; without --worker a cluster is started here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--count-waves", type=int, default=0, help=argparse.SUPPRESS)
@@ -333,11 +347,12 @@ def main(argv: list[str] | None = None) -> int:
         or args.requests < 10
         or args.concurrency < 1
         or args.waves < 1
+        or args.warm < 0
         or not 1 <= args.shards <= 1024
     ):
         parser.error(
             "--rounds at least 1 (0 with --instructions), --requests at least 10, --concurrency and "
-            "--waves at least 1, --shards 1-1024"
+            "--waves at least 1, --warm at least 0, --shards 1-1024"
         )
     if args.instructions:
         from bench.lua_cost import missing_tools
@@ -368,14 +383,16 @@ def main(argv: list[str] | None = None) -> int:
             for n in range(args.rounds):
                 order = list(roots) if n % 2 == 0 else list(reversed(roots))
                 for label in order:
-                    result = measure(roots[label], url, args.shards, args.requests, args.concurrency)
+                    result = measure(
+                        roots[label], url, args.shards, args.requests, args.concurrency, args.warm
+                    )
                     rounds[label].append(result)
                     figures = ", ".join(f"{k} {v:.1f}" for k, v in result.items())
                     log(f"app cost round {n + 1}, {label}: {figures}")
             counts: dict[str, dict[str, float]] = {}
             if args.instructions:
                 for label, root in roots.items():
-                    counts[label] = count(root, url, args.shards, args.waves, args.concurrency)
+                    counts[label] = count(root, url, args.shards, args.waves, args.concurrency, args.warm)
                     figures = ", ".join(f"{k} {v:,.0f}" for k, v in counts[label].items())
                     log(f"app cost instructions, {label}: {figures}")
         finally:
@@ -388,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(rounds) if args.rounds else {}
     instructions = counts_summary(counts)
     out = run_dir("app-" + time.strftime("%Y%m%d-%H%M%S"))
-    names = ("against", "rounds", "requests", "concurrency", "shards", "instructions", "waves")
+    names = ("against", "rounds", "requests", "concurrency", "shards", "instructions", "waves", "warm")
     settings = {k: getattr(args, k) for k in names}
     report = {"settings": settings, "rounds": rounds, "summary": summary, "instructions": instructions}
     (out / "app_cost.json").write_text(json.dumps(report, indent=2))
