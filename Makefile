@@ -48,6 +48,7 @@ PYTEST_WORKERS ?= 3
 # sandboxes set it): without it each pytest process rewrote and compiled the 160 test modules again
 # (10 s of CPU a process, 2.7 s with the cache) and each of the hundreds of python processes the tests
 # start (routers, CLI, bench) compiled shardlb/ and router/ again. The tree gets no __pycache__.
+# A clean clone's first run (CI) fills the cache; its own workers still compile the test modules each.
 TEST_BYTECODE := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.shardlb/pycache
 
 test: install redis-server postgres chromium ## run lint, type checks and the whole test suite (starts its own cluster)
