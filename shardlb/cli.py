@@ -749,8 +749,20 @@ def board_id(value: str) -> str:
         raise argparse.ArgumentTypeError(e.message) from e
 
 
+def _lines_as_said() -> None:
+    """Each line written to stdout as it is printed, to a pipe or a file too: a reshard's progress,
+    or `prune`'s lines per board, reach `| tee`, a cron job's log or a CI log while the command runs. Python
+    holds a pipe's output in blocks of 8 KiB unless PYTHONUNBUFFERED is set (the image sets it;
+    a shell does not), so until 2026-12-06 such lines came all at once at the exit."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(line_buffering=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the `shardlb` command line; return the exit code."""
+    if argv is None:  # the program's own command line, not a caller's (the tests')
+        _lines_as_said()
     argv = sys.argv[1:] if argv is None else argv
     compat.mend_wait_for()  # before any command's asyncio: a SIGTERM must not be lost (shardlb/compat.py)
     if argv and argv[0] in DELEGATED:
