@@ -168,16 +168,14 @@ async def test_a_board_is_resharded_through_the_admin_endpoint(
     assert again.status_code == 409 and "these bands already" in again.text  # the layout it has
 
 
-async def test_a_reshard_started_answers_a_mover_starting_before_it_takes_the_lease(
-    router: tuple[Starlette, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The POST's 202 is answered once the router has started its mover, which takes the board's
-    lease only when its task runs: until 2026-12-06 the status read meanwhile said `"mover":
-    "none"` (nothing moves it on) of a reshard whose mover was starting. Here the mover's take is
-    held back until the answers are read, as a busy event loop or a slow PostgreSQL would."""
-    app, client = router
-    monkeypatch.setattr(service_of(app).boards, "ttl_s", 0.5)  # as in the test above
-    name = board_name("dash-rs-start")
+async def _board_whose_movers_wait(
+    app: Starlette, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, prefix: str
+) -> tuple[str, str, asyncio.Event]:
+    """A board of 2 shards, its reshard's path, and the event that lets its movers run: every
+    mover's run waits for it (its take of the lease held back, as a busy event loop or a slow
+    PostgreSQL would). Boards are kept 0.5 s, as in the tests above."""
+    monkeypatch.setattr(service_of(app).boards, "ttl_s", 0.5)
+    name = board_name(prefix)
     settings = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
     assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
     released = asyncio.Event()
@@ -188,7 +186,18 @@ async def test_a_reshard_started_answers_a_mover_starting_before_it_takes_the_le
         return await run(self, wait)
 
     monkeypatch.setattr(Resharder, "run", held_back)
-    path = f"/v1/admin/boards/{name}/reshard"
+    return name, f"/v1/admin/boards/{name}/reshard", released
+
+
+async def test_a_reshard_started_answers_a_mover_starting_before_it_takes_the_lease(
+    router: tuple[Starlette, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The POST's 202 is answered once the router has started its mover, which takes the board's
+    lease only when its task runs: until 2026-12-06 the status read meanwhile said `"mover":
+    "none"` (nothing moves it on) of a reshard whose mover was starting. Here the mover's take is
+    held back until the answers are read, as a busy event loop or a slow PostgreSQL would."""
+    app, client = router
+    name, path, released = await _board_whose_movers_wait(app, client, monkeypatch, "dash-rs-start")
     started = await client.post(path, json={"shards": 3}, headers=AS_ADMIN)
     assert started.status_code == 202 and started.json()["mover"] == "starting", started.text
     status = (await client.get(path, headers=AS_ADMIN)).json()
@@ -212,19 +221,7 @@ async def test_every_process_sees_the_mover_a_post_started_as_starting(
     moves it on) until the mover took the board's lease. The start is noted in Redis now, until the
     mover takes its lease: every process says "starting", and none says it once the mover is done."""
     app, client = router
-    monkeypatch.setattr(service_of(app).boards, "ttl_s", 0.5)  # as in the tests above
-    name = board_name("dash-rs-seen")
-    settings = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
-    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
-    released = asyncio.Event()
-    run = Resharder.run
-
-    async def held_back(self: Resharder, wait: bool = True) -> dict[str, Any]:
-        await released.wait()
-        return await run(self, wait)
-
-    monkeypatch.setattr(Resharder, "run", held_back)
-    path = f"/v1/admin/boards/{name}/reshard"
+    name, path, released = await _board_whose_movers_wait(app, client, monkeypatch, "dash-rs-seen")
     async with running(cluster.url) as (_, other):
         started = await client.post(path, json={"shards": 3}, headers=AS_ADMIN)
         assert started.status_code == 202 and started.json()["mover"] == "starting", started.text
