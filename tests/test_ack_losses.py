@@ -43,12 +43,14 @@ def losing(
     failover's loss, on the primary); the list returned holds True once it ran."""
     ran: list[bool] = []
 
-    async def first_losing(client: Any, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    async def first_losing(
+        client: Any, ack: Ack, commands: Sequence[tuple[Any, ...]], **how: Any
+    ) -> list[Any]:
         named = {str(c[3] if c[0] in ("EVAL", "EVALSHA") else c[1]) for c in commands}
         if not ran and key in named:
             await undo()
             ran.append(True)
-        return await confirmed(client, ack, commands)
+        return await confirmed(client, ack, commands, **how)
 
     monkeypatch.setattr(module, "confirmed", first_losing)
     return ran
@@ -191,11 +193,13 @@ async def test_a_boards_sentinels_are_confirmed_before_its_record(
     names = [keys.sentinel_key(p) for p in acked.layout(config, incarnation, 0).prefixes]
     ran: list[bool] = []
 
-    async def first_losing(client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    async def first_losing(
+        client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]], **how: Any
+    ) -> list[Any]:
         if not ran:
             await client.delete(names[0])  # shard 0's primary failed over before its replica had it
             ran.append(True)
-        return await confirmed(client_, ack, commands)
+        return await confirmed(client_, ack, commands, **how)
 
     monkeypatch.setattr(store_module, "confirmed", first_losing)
     try:
@@ -214,7 +218,9 @@ async def test_a_boards_sentinels_are_confirmed_before_its_record(
         await store.delete(board_id)
         monkeypatch.setattr(store_module.secrets, "token_hex", lambda _: incarnation)
 
-        async def unconfirmed(client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        async def unconfirmed(
+            client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]], **how: Any
+        ) -> list[Any]:
             return [NotAcknowledged("no replica confirmed it") for _ in commands]
 
         monkeypatch.setattr(store_module, "confirmed", unconfirmed)
@@ -244,14 +250,16 @@ async def test_a_reshards_new_sentinels_are_confirmed_before_its_commit(
     names: list[str] = []  # the new layout's sentinels
     ran: list[bool] = []
 
-    async def first_losing(client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    async def first_losing(
+        client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]], **how: Any
+    ) -> list[Any]:
         if not ran:
             if any(names[0] in map(str, c) for c in commands):
                 ran.append(True)  # its own confirmation: a loss before it is seen there
             elif await client.exists(names[0]):
                 await client.delete(names[0])  # its primary failed over before its replica had it
                 ran.append(True)
-        return await confirmed(client_, ack, commands)
+        return await confirmed(client_, ack, commands, **how)
 
     try:
         await board.submit([Score(f"p{i}", 10 + i, f"m{i}", times.now_ms()) for i in range(20)])
@@ -297,14 +305,16 @@ async def test_a_movers_fences_are_confirmed_before_a_stalled_mover_can_write_ag
         fence = reshard_copy.fence_key(target.prefixes[0])
         before = await client.get(fence)
 
-        async def first_losing(client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        async def first_losing(
+            client_: Any, ack: Ack, commands: Sequence[tuple[Any, ...]], **how: Any
+        ) -> list[Any]:
             if not ran:
                 if any(c[1] == reshard_copy.FENCE and str(c[3]) == fence for c in commands):
                     ran.append(True)  # its own confirmation: a loss before it is seen there
                 elif await client.get(fence) not in (None, before):
                     await client.set(fence, before, px=reshard_copy.FENCE_MS)  # the replica's, promoted
                     ran.append(True)
-            return await confirmed(client_, ack, commands)
+            return await confirmed(client_, ack, commands, **how)
 
         monkeypatch.setattr(reshard_copy, "confirmed", first_losing)
         taker = Resharder(store, board_id, say=lambda _: None, cache_s=0)
