@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -78,18 +78,15 @@ async def archive_call(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[An
         yield db
 
 
-@asynccontextmanager
-async def archive_read(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    """``archive_db`` for a public read: it waits for one of the worker's few archive-read permits
-    (``Service.archive_reads``), and past the queue's bounds is 503 overloaded. A client without a
-    key (``READER``, set by the read's admission) may have ARCHIVE_READS_PER_CLIENT of them in
-    progress or waiting; one more is 429 at once, so one address cannot take the permits (and the
-    queue) from everybody else."""
-    archive_url(svc)  # 409 first when there is no archive at all
+@contextmanager
+def archive_reader(svc: Service) -> Iterator[None]:
+    """The reading client's place among its archive reads for the block: a client without a key
+    (``READER``, set by the read's admission) may have ARCHIVE_READS_PER_CLIENT of them in progress
+    or waiting; one more is 429 at once, so one address cannot take the worker's few archive-read
+    permits (and their queue) from everybody else. A client with a key has no such bound."""
     reader = READER.get()
     if not reader.startswith(ANONYMOUS):
-        async with svc.archive_reads, archive_db(svc) as db:
-            yield db
+        yield
         return
     held = svc.archive_readers.get(reader, 0)
     if held >= ARCHIVE_READS_PER_CLIENT:
@@ -102,14 +99,25 @@ async def archive_read(svc: Service) -> AsyncIterator[psycopg.AsyncConnection[An
         )
     svc.archive_readers[reader] = held + 1
     try:
-        async with svc.archive_reads, archive_db(svc) as db:
-            yield db
+        yield
     finally:
         left = svc.archive_readers[reader] - 1
         if left:
             svc.archive_readers[reader] = left
         else:
             del svc.archive_readers[reader]
+
+
+@asynccontextmanager
+async def archive_read(svc: Service, placed: bool = False) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """``archive_db`` for a public read: it waits for one of the worker's few archive-read permits
+    (``Service.archive_reads``), and past the queue's bounds is 503 overloaded; the client takes its
+    place first (``archive_reader``), unless ``placed``: a read whose other work comes first holds
+    its place from the start, so that a client past its bound is refused before that work."""
+    archive_url(svc)  # 409 first when there is no archive at all
+    with nullcontext() if placed else archive_reader(svc):
+        async with svc.archive_reads, archive_db(svc) as db:
+            yield db
 
 
 async def _lookup(svc: Service, board: Board, view: ResolvedView) -> Settled | None:

@@ -69,3 +69,51 @@ async def test_one_client_cannot_take_every_request_slot(
         await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
     assert others == [404, 404, 404], others  # answered (no such player): before, 503 for all
     assert greedy[404] >= 6 and greedy[429] > 0 and set(greedy) <= {404, 429}, greedy
+
+
+async def test_a_periods_listing_past_the_clients_archive_reads_is_refused_before_the_shards_are_read(
+    cluster_url: str, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periods listing reads every home shard's key index, then PostgreSQL's settlements. A
+    client without a key holding its archive reads (here two listings waiting in PostgreSQL) is
+    refused a third with 429, before its shards are read: the key indexes read (``kept``'s calls)
+    count the two listings alone. Until 2026-12-06 the third read them all, then was refused."""
+    entered, release = asyncio.Event(), asyncio.Event()
+    waiting = 0
+    shard_reads = 0
+    kept, settled_periods = settlement_history.kept, settlement_history.settled_periods
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal shard_reads
+        shard_reads += 1
+        return await kept(*args, **kwargs)
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        nonlocal waiting
+        waiting += 1
+        if waiting == 2:
+            entered.set()
+        await release.wait()
+        return await settled_periods(*args, **kwargs)
+
+    monkeypatch.setattr(settlement_history, "kept", counted)
+    monkeypatch.setattr(settlement_history, "settled_periods", held)
+    async with running(cluster_url, postgres_url=postgres_url) as (app, client):
+        name = board_name("listed")
+        settings = {"periods": ["total", "daily"]}
+        assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+        url = f"/v1/boards/{name}/periods"
+        async with _from(app, "198.51.100.8") as anonymous:
+            first = [asyncio.ensure_future(anonymous.get(url)) for _ in range(2)]
+            try:
+                await asyncio.wait_for(entered.wait(), 10)
+                assert shard_reads == 2
+                r = await anonymous.get(url)
+                assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited", r.text
+                assert shard_reads == 2  # before: 3, the refused listing's shards read
+            finally:
+                release.set()
+                answered = await asyncio.gather(*first)
+            assert [r.status_code for r in answered] == [200, 200]
+            assert (await anonymous.get(url)).status_code == 200  # its places given back
+        await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
