@@ -27,8 +27,9 @@ from router import admin, dashboard, heap, liveness, logs, metrics, probes, rout
 from router.errors import ApiError, to_api_error
 from router.gate import Admission
 from router.hot import HotTop
-from router.media import error_response
+from router.media import Unchanging, error_response
 from router.middleware import Observe
+from router.openapi import SPEC
 from router.scores import ScoresEndpoint
 from router.service import Service
 from router.settings import Settings
@@ -267,4 +268,5 @@ def create_app(settings: Settings | None = None) -> RouterApp:
     )
     # A trailing slash is another path, answered 404, not a redirect that clients would follow blindly.
     app.router.redirect_slashes = False
+    app.state.openapi = Unchanging(SPEC)  # GET /openapi.json (router/probes.py)
     return app

@@ -155,6 +155,22 @@ def render_held(request: Request, body: Rendered) -> Response:
     return _response(_framed(body.msgpack_bytes if packed else body.json_bytes, packed))
 
 
+class Unchanging:
+    """A body that does not change while the app runs (the OpenAPI document): each format rendered
+    at the first request that asks for it, and sent from those bytes after, as ``render`` sends it."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self._bodies: dict[bool, bytes] = {}  # MessagePack or not -> the body
+
+    def response(self, request: Request) -> Response:
+        packed = wants_msgpack(request.headers.get("accept"))
+        body = self._bodies.get(packed)
+        if body is None:
+            body = self._bodies[packed] = rendered(self.data, packed)[2]
+        return _response(_framed(body, packed))
+
+
 def error_response(request: Request, error: ApiError) -> Response:
     """The error body; remembered in the request state so the access middleware can log it."""
     request.state.error = error

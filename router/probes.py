@@ -10,8 +10,7 @@ from router import metrics
 from router.auth import ANONYMOUS_CLIENT, client_network
 from router.errors import ApiError
 from router.limiter import SCRAPE_READS
-from router.media import error_response, render
-from router.openapi import SPEC
+from router.media import Unchanging, error_response, render
 from router.routes import service
 
 
@@ -47,7 +46,10 @@ async def prometheus(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    return render(request, SPEC)
+    """The document, rendered once per app and format (``create_app``: ``app.state.openapi``):
+    until 2026-12-06 every request rendered its 94 KB again, 0.35 ms as MessagePack, for anybody."""
+    document: Unchanging = request.app.state.openapi
+    return document.response(request)
 
 
 ROUTES = [
