@@ -44,7 +44,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -607,13 +607,14 @@ async def forget_bans(
     force nowhere now, on the DELETE's own PostgreSQL connection (``connection`` opens it when no
     mark has: ``routes._Marks``, which closes it). The deletion is done (and recorded in PostgreSQL
     before this: ``routes.delete_board``) and answered 204 whatever happens here: without
-    PostgreSQL, or when it or Redis fails, the bans are left (not in force, and not listed) for the
-    archiver's sweep (``Bans.sweep``), and logged."""
+    PostgreSQL, or when it or Redis fails (a RedisError, or the cluster client's own
+    ``RedisClusterException``, e.g. a slot not covered: 503 until 2026-12-06), the bans are left
+    (not in force, and not listed) for the archiver's sweep (``Bans.sweep``), and logged."""
     if not svc.settings.postgres_url:
         return
     try:
         await svc.moderation.bans.bans.forget(await connection(), board_id, incarnation)
-    except (psycopg.Error, OSError, RedisError, NotAcknowledged) as e:
+    except (psycopg.Error, OSError, RedisError, RedisClusterException, NotAcknowledged) as e:
         log.warning(
             "the bans of a board deleted were not forgotten: the archiver's sweep forgets them",
             extra={"fields": {"board": board_id, "incarnation": incarnation, "error": type(e).__name__}},

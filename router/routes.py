@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import psycopg
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -263,7 +263,7 @@ async def delete_board(request: Request) -> Response:
         if board is not None and board.config.durability == "journal":
             async with marks.archive("the board is deleted, its deletion not recorded") as db:
                 await archive.mark_deleted(db, board_id, incarnation)
-            await _paid(svc, board_id, incarnation)
+            await _paid(svc, board_id, [incarnation])
         # An earlier incarnation whose DELETE deleted it and failed on its last mark (503), the id
         # created again before that DELETE was sent again: the retry deletes this one and is
         # answered 204 for the id, so the earlier one is recorded deleted now too, not only by the
@@ -306,19 +306,22 @@ async def _mark_gone(svc: Service, marks: _Marks, board_id: str) -> None:
         return
     async with marks.archive("the board's deletion is not recorded") as db:
         marked = await archive.mark_gone(db, svc.client, board_id, owed)
-    await archive.paid_deletions(svc.client, board_id, marked)
+    await _paid(svc, board_id, marked)
 
 
-async def _paid(svc: Service, board_id: str, incarnation: str) -> None:
-    """The deletion recorded in PostgreSQL: its note in Redis goes. The DELETE is done and answered
-    204 whatever happens here; a note left (Redis failing) costs a DELETE of the board that finds
-    it gone one look in PostgreSQL, which pays it, until it expires."""
+async def _paid(svc: Service, board_id: str, incarnations: list[str]) -> None:
+    """The deletions recorded in PostgreSQL: their notes in Redis go. The DELETE is done and
+    answered (204, or 404 by ``_mark_gone``) whatever happens here; a note left (Redis failing, with
+    a RedisError or one of the cluster client's own, ``RedisClusterException``: a slot not covered)
+    costs a DELETE of the board that finds it gone one look in PostgreSQL, which pays it, until it
+    expires. Until 2026-12-06 the second made a DELETE recorded 503, and a RedisError caught here
+    was met again by ``_mark_gone``'s own payment, which did not catch it."""
     try:
-        await archive.paid_deletions(svc.client, board_id, [incarnation])
-    except RedisError as e:
+        await archive.paid_deletions(svc.client, board_id, incarnations)
+    except (RedisError, RedisClusterException, OSError) as e:
         log.warning(
             "a deletion recorded in PostgreSQL is still noted owed in Redis",
-            extra={"fields": {"board": board_id, "incarnation": incarnation, "error": type(e).__name__}},
+            extra={"fields": {"board": board_id, "incarnations": incarnations, "error": type(e).__name__}},
         )
 
 

@@ -27,7 +27,7 @@ from shardlb.config import BoardConfig
 from shardlb.errors import BoardNotFound, NotAcknowledged
 from shardlb.settlement import Request, archive_season
 from shardlb.store import BoardStore
-from tests.router_support import AS_ADMIN
+from tests.router_support import AS_ADMIN, board_name
 from tests.router_support import running as router
 from tests.test_archive_outages import NOBODY
 from tests.test_rebuild import OnlyStore, own_archive
@@ -944,3 +944,39 @@ async def test_a_board_deleted_while_every_primary_is_out_of_memory_is_confirmed
                 (name, board.incarnation),
             )
             assert await cur.fetchall() == [(True, True)]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [redis.exceptions.SlotNotCoveredError("slot not covered"), redis.exceptions.ConnectionError("lost")],
+    ids=lambda e: type(e).__name__,
+)
+async def test_a_delete_recorded_whose_owed_note_cannot_go_answers_204(
+    store: BoardStore,
+    raw: Any,
+    cluster_url: str,
+    postgres_url: str,
+    failure: Exception,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deletion done in Redis and recorded in PostgreSQL, the note that PostgreSQL is owed it
+    (``archive.paid_deletions``) fails to go: the DELETE is done, and answers 204; the note left
+    costs the next DELETE of the id one look in PostgreSQL, which pays it (a 404). Until 2026-12-06
+    it answered 503: a cluster client's own error (``RedisClusterException``, not a RedisError:
+    a slot not covered) was not caught, and a RedisError caught once was raised by the same call
+    made again for the deletions owed (``_mark_gone``)."""
+    async with router(cluster_url, postgres_url=postgres_url) as (_, client):
+        name = board_name("paid")
+        assert (await client.put(f"/v1/boards/{name}", json={}, headers=AS_ADMIN)).status_code == 201
+        incarnation = (await store.get(name)).incarnation
+
+        async def unpaid(*args: Any, **kwargs: Any) -> None:
+            raise failure
+
+        with monkeypatch.context() as patched:
+            patched.setattr(archive, "paid_deletions", unpaid)
+            r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+        assert r.status_code == 204, r.text  # before: 503 cluster_unavailable
+        assert await archive.owed_deletions(raw, name) == [incarnation]  # the note left
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
+        assert await archive.owed_deletions(raw, name) == []  # paid by that 404's look
