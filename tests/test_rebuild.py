@@ -43,7 +43,11 @@ from tests.test_board import HOUR, expected_entries, sharding
 pytestmark = pytest.mark.cluster
 
 
-async def archiver(raw: Any, store: BoardStore, postgres_url: str) -> Archiver:
+async def archiver(raw: Any, store: BoardStore, postgres_url: str, only: set[str] | None = None) -> Archiver:
+    """An archiver of every board in ``store``'s registry, or of the boards named ``only``
+    (``OnlyStore``): not those other modules left on the worker's cluster, which each round reads."""
+    if only is not None:
+        store = OnlyStore(store.client, store.scripts, only)
     a = Archiver(raw, store, await connect_db(postgres_url), "rebuild-tests", claim_idle_s=0)
     await a.refresh()
     return a
@@ -135,7 +139,7 @@ async def test_a_damaged_board_is_rebuilt_as_the_reference_says(
         {"mode": mode, "periods": ["daily"], "points_max": 500, "sharding": sharding(strategy, 3)},
     )
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     try:
         w = Writer(board, f"rebuild/{strategy}/{mode}")
         for _ in range(3):
@@ -178,7 +182,7 @@ async def test_an_incr_board_with_results_of_no_points_is_rebuilt_in_its_live_or
          "sharding": sharding(strategy, 3)},
     )  # fmt: skip
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     try:
         w = Writer(board, f"zeros/{strategy}/{tiebreak}", players=20, zeros=0.5)
         for _ in range(3):
@@ -229,7 +233,7 @@ async def test_a_rebuild_under_writes_loses_and_doubles_nothing(
     )
     board, _ = await store.create(config)
     own = connect(cluster_url, decode=False)  # the archiver's own connections, as in production
-    a = await archiver(own, store, postgres_url)
+    a = await archiver(own, store, postgres_url, {config.id})
     stop = asyncio.Event()
     archiving = asyncio.create_task(archive_until(a, stop))
     w = Writer(board, f"live/{mode}/{swap_tries}", players=200, zeros=0.3 if mode == "incr" else 0.0)
@@ -295,7 +299,7 @@ async def test_temporary_keys_lost_before_the_swap_are_filled_again(
         f"rebuild-lost-{strategy}-{how}", {"periods": ["daily"], "sharding": sharding(strategy, 3)}
     )
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     real_fill, dropped = rebuilder._fill, []
 
     async def fill(key: str, members: dict[str, int], hash: bool = False) -> None:
@@ -335,7 +339,7 @@ async def test_a_rebuild_killed_at_any_step_converges_when_run_again(
         {"mode": "incr", "periods": ["daily"], "inactive_after": 3600, "sharding": sharding("band", 3)},
     )
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     name = {"fill": "_fill", "swap": "_swap_keys", "band swap": "_swap_keys", "activity": "recall_activity"}
     real = getattr(rebuilder, name.get(step, step))
 
@@ -467,7 +471,7 @@ async def test_rebuild_all_with_a_wrong_period_or_shard_changes_nothing(
     ]
     boards = [(await store.create(c))[0] for c in configs]
     async with own_archive(postgres_url) as archive_url:
-        a = await archiver(raw, store, archive_url)
+        a = await archiver(raw, store, archive_url, {c.id for c in configs})
         try:
             for board in boards:
                 await board.submit([Score("p1", 10, "m1", times.now_ms() - 60_000)])
@@ -498,7 +502,7 @@ async def test_a_rebuild_from_an_archive_without_the_board_is_refused(
         db = await connect_db(empty_url)  # the schema, no rows
         try:
             await board.submit([Score(f"p{i}", i, f"m{i}", times.now_ms()) for i in range(1, 11)])
-            a = await archiver(raw, store, postgres_url)
+            a = await archiver(raw, store, postgres_url, {config.id})
             await drain(a)  # archived in the right archive, and out of the journal
             await a.db.close()
             wrong = Rebuilder(raw, Scripts.register(raw).rebuild, db)
@@ -532,7 +536,7 @@ async def test_the_admin_endpoint_rebuilds_a_board(
 ) -> None:
     config = BoardConfig.from_dict("rebuild-api", {"periods": ["daily"], "sharding": sharding("hash", 3)})
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     path = f"/v1/boards/{config.id}:rebuild"
     try:
         w = Writer(board, "rebuild/api")
@@ -614,7 +618,7 @@ async def test_the_boards_a_rebuild_all_swaps_in_wait_for_a_replica(
     prefix = shard_apart(cluster, board)
     now = times.now_ms()
     async with own_archive(postgres_url) as url:
-        a = await archiver(raw, store, url)
+        a = await archiver(raw, store, url, {config.id})
         try:
             # dated 10 minutes back: not taken for results sent without a time (PIN_SLACK_MS), so the
             # rebuild's first write that waits for a replica is the swap
@@ -646,7 +650,7 @@ async def test_the_activity_a_rebuild_all_puts_back_after_a_swap_waits_for_a_rep
     prefix = shard_apart(cluster, board)
     now = times.now_ms()
     async with own_archive(postgres_url) as url:
-        a = await archiver(raw, store, url)
+        a = await archiver(raw, store, url, {config.id})
         try:
             await board.submit([Score(f"p{i}", i, f"m{i}", now - 60_000) for i in range(1, 31)])
             await drain(a)
@@ -732,7 +736,7 @@ async def test_the_registry_a_rebuild_all_restores_waits_for_a_replica(
     board, _ = await store.create(config)
     now = times.now_ms()
     async with own_archive(postgres_url) as url:
-        a = await archiver(raw, store, url)
+        a = await archiver(raw, store, url, {config.id})
         try:
             await board.submit([Score(f"p{i}", i, f"m{i}", now - 60_000) for i in range(1, 11)])
             await drain(a)
@@ -774,7 +778,7 @@ async def test_after_a_total_loss_a_retry_is_answered_as_before_the_loss(
         set_: [Score("p1", 10, "m1", None)],
     }
     async with own_archive(postgres_url) as archive_url:
-        a = await archiver(raw, store, archive_url)
+        a = await archiver(raw, store, archive_url, {c.id for c in configs})
         try:
             for board, scores in sent.items():
                 assert {r.status for r in await board.submit(scores)} == {"improved"}
@@ -825,7 +829,7 @@ async def test_after_a_total_loss_a_removed_players_retry_is_still_refused(
     now = times.now_ms()
     posts = [Score("cheat", 90, "m1", now - 60_000), Score("fair", 40, "m2", now - 60_000)]
     async with own_archive(postgres_url) as archive_url:
-        a = await archiver(raw, store, archive_url)
+        a = await archiver(raw, store, archive_url, {config.id})
         try:
             await board.submit(posts)
             await drain(a)
@@ -856,7 +860,7 @@ async def test_after_a_total_loss_a_removal_sent_again_keeps_what_the_player_pos
     board, _ = await store.create(config)
     now = times.now_ms()
     async with own_archive(postgres_url) as archive_url:
-        a = await archiver(raw, store, archive_url)
+        a = await archiver(raw, store, archive_url, {config.id})
         try:
             await board.submit([Score("p7", 90, "m1", now - 60_000), Score("fair", 40, "m2", now - 60_000)])
             assert await moderation.remove(board, ["p7", "ghost"], request="remove/r-1") == {"p7"}
@@ -879,7 +883,7 @@ async def test_a_refill_puts_back_the_removal_requests_still_in_the_journal(
     config = BoardConfig.from_dict("loss-removal-request-journal", {"sharding": sharding("hash", 1)})
     board, _ = await store.create(config)
     prefix = board.prefixes[0]
-    a = await archiver(raw, store, postgres_url)  # the schema; it archives nothing here
+    a = await archiver(raw, store, postgres_url, {config.id})  # the schema; it archives nothing here
     try:
         now = times.now_ms()
         await board.submit([Score("p7", 90, "m1", now - 60_000), Score("fair", 40, "m2", now - 60_000)])
@@ -922,7 +926,7 @@ async def test_a_refill_puts_back_the_removals_still_in_the_journal(
     config = BoardConfig.from_dict("loss-removed-journal", {"sharding": sharding("hash", 1)})
     board, _ = await store.create(config)
     prefix = board.prefixes[0]
-    a = await archiver(raw, store, postgres_url)  # the schema; it archives nothing here
+    a = await archiver(raw, store, postgres_url, {config.id})  # the schema; it archives nothing here
     try:
         now = times.now_ms()
         await board.submit([Score("cheat", 90, "m1", now - 60_000)], now_ms=now)
@@ -951,7 +955,7 @@ async def test_a_shard_rebuild_puts_back_the_retry_records_it_lost(
     the other shards' are left as they were."""
     config = BoardConfig.from_dict("loss-shard", {"mode": "incr", "sharding": sharding("hash", 3)})
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     prefix = board.prefixes[0]
     try:
         w = Writer(board, "loss/shard")
@@ -1011,7 +1015,7 @@ async def test_a_removal_right_after_a_forced_swap_stays_removed(
         f"rebuild-forced-cut-{mode}-{int(archived)}", {"mode": mode, "sharding": {"shards": 1}}
     )
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     try:
         now = times.now_ms()
         scores = [Score(f"p{i}", 10 * i, f"m{i}", now) for i in range(1, 4)]
@@ -1055,7 +1059,7 @@ async def test_a_post_right_after_a_forced_swap_of_a_player_removed_before_it_st
     player's results of before the removal, not the post made after the swap."""
     config = BoardConfig.from_dict(f"rebuild-forced-post-{mode}", {"mode": mode, "sharding": {"shards": 1}})
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     try:
         now = times.now_ms()
         scores = [Score(f"p{i}", 10 * i, f"m{i}", now - HOUR) for i in range(1, 4)]
@@ -1102,7 +1106,7 @@ async def test_a_rebuild_killed_between_its_forced_swap_and_the_apply_is_finishe
     where one complete rebuild does, the post after the swap kept."""
     config = BoardConfig.from_dict(f"rebuild-killed-swap-{mode}", {"mode": mode, "sharding": {"shards": 1}})
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     try:
         now = times.now_ms()
         scores = [Score(f"p{i}", 10 * i, f"m{i}", now - HOUR) for i in range(1, 4)]
@@ -1154,7 +1158,7 @@ async def test_a_forced_swap_gone_before_its_apply_is_a_503_and_exit_1_and_a_rer
     `shardlb rebuild` exits 1, both saying why; run again, the rebuild converges (each result once)."""
     config = BoardConfig.from_dict("rebuild-unswapped", {"mode": "incr", "sharding": {"shards": 1}})
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     try:
         now = times.now_ms()
         scores = [Score(f"p{i}", 10 * i, f"m{i}", now - HOUR) for i in range(1, 4)]
@@ -1215,7 +1219,7 @@ async def test_a_forced_swaps_apply_after_another_rebuilds_swap_counts_nothing_t
     marker replaced and refuses, and the board holds each result once."""
     config = BoardConfig.from_dict("rebuild-two-at-once", {"mode": "incr", "sharding": {"shards": 1}})
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     try:
         now = times.now_ms()
         scores = [Score(f"p{i}", 10 * i, f"m{i}", now - HOUR) for i in range(1, 4)]
@@ -1266,7 +1270,7 @@ async def test_a_refill_puts_back_only_the_records_removals_made(
     config = BoardConfig.from_dict("loss-records-only", settings)
     board, _ = await store.create(config)
     prefix = board.prefixes[0]
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     try:
         now = times.now_ms()
         await board.submit([Score("idle", 5, "m1", now - 60_000)], now_ms=now - 60_000)
@@ -1313,7 +1317,7 @@ async def test_after_a_reshard_and_a_total_loss_the_board_comes_back_in_its_new_
     now = times.now_ms()
     posts = [Score(f"p{i}", i, f"m{i}", now - 60_000) for i in range(300)]
     async with own_archive(postgres_url) as archive_url:
-        a = await archiver(raw, store, archive_url)
+        a = await archiver(raw, store, archive_url, {config.id})
         try:
             await board.submit(posts)
             await drain(a)
@@ -1351,7 +1355,7 @@ async def test_after_a_reshard_and_a_total_loss_a_moved_removed_players_retry_is
     posts = [Score(cheat, 90, "m1", now - 60_000), Score("fair", 40, "m2", now - 60_000)]
     late = Score(ghost, 70, "m3", now - 60_000)  # achieved before the ghost's removal
     async with own_archive(postgres_url) as archive_url:
-        a = await archiver(raw, store, archive_url)
+        a = await archiver(raw, store, archive_url, {config.id})
         try:
             await board.submit(posts)
             await drain(a)
@@ -1449,7 +1453,7 @@ async def test_a_late_retry_archived_during_the_catch_up_keeps_the_first_score_i
          "dedup_window_s": 30 * 86_400},
     )  # fmt: skip
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     period = "daily:" + (datetime.now(UTC).date() - timedelta(days=2)).isoformat()  # closed a day ago
     start, end = period_bounds(board, board.resolve(period).period)
     try:
@@ -1522,7 +1526,7 @@ async def test_a_removal_that_keeps_some_periods_made_during_the_rebuild_stays_a
          "dedup_window_s": 30 * 86_400},
     )  # fmt: skip
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     try:
         old_day, day, at = await removed_then_posted_late(board, raw, a)
         real_snapshot, tops = rebuilder.snapshot, {}
@@ -1577,7 +1581,7 @@ async def test_a_removal_that_keeps_some_periods_right_after_a_forced_swap_keeps
          "dedup_window_s": 30 * 86_400},
     )  # fmt: skip
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     try:
         old_day, day, at = await removed_then_posted_late(board, raw, a)
         s2, e2 = period_bounds(board, day.period)
@@ -1640,7 +1644,7 @@ async def test_the_activity_a_rebuild_puts_back_keeps_a_post_a_removal_that_kept
          "dedup_window_s": 30 * 86_400, "inactive_after": 30 * 86_400},
     )  # fmt: skip
     board, _ = await store.create(config)
-    a = await archiver(raw, store, postgres_url)
+    a = await archiver(raw, store, postgres_url, {config.id})
     today = datetime.now(UTC).date()
     old_day, day = (board.resolve(f"daily:{(today - timedelta(days=n)).isoformat()}") for n in (3, 2))
     s1, _ = period_bounds(board, old_day.period)
@@ -1770,7 +1774,7 @@ async def test_a_rebuild_of_one_period_reports_that_periods_players(
     config = BoardConfig.from_dict("rebuild-one-period", settings)
     board, _ = await store.create(config)
     async with own_archive(postgres_url) as archive_url:
-        a = await archiver(raw, store, archive_url)
+        a = await archiver(raw, store, archive_url, {config.id})
         try:
             await board.submit([Score(f"p{i}", i, f"m{i}", times.now_ms() - 1000) for i in range(10)])
             await drain(a)
