@@ -44,7 +44,7 @@ from shardlb.settlement import STEPS, Request, Settler, archive_season, ensure_s
 from shardlb.settlement_history import player_history
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
-from tests.test_rebuild import own_archive
+from tests.test_rebuild import OnlyStore, own_archive
 
 pytestmark = pytest.mark.cluster
 
@@ -93,7 +93,11 @@ async def written(
     return ref
 
 
-async def drain(raw: Any, store: BoardStore, postgres_url: str) -> None:
+async def drain(raw: Any, store: BoardStore, postgres_url: str, only: set[str] | None = None) -> None:
+    """Archive rounds until one finds nothing, over every board of ``store``'s registry or the boards
+    named ``only`` (``OnlyStore``): not those other modules left on the worker's cluster."""
+    if only is not None:
+        store = OnlyStore(store.client, store.scripts, only)
     a = Archiver(raw, store, await connect_db(postgres_url), "settle-tests", claim_idle_s=0)
     try:
         await a.refresh()
@@ -148,7 +152,7 @@ async def test_awards_follow_the_reference_order(
     try:
         ref = await written(board, period, f"ref/{mode}")
         await written(board, day_ago(0), f"today/{mode}")  # another period: not part of it
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         result = await Settler(rebuilder).settle(
             board, period, Request.of({"settlement_id": f"ref-{mode}", "rewards": TABLE, "top_n": 7})
         )
@@ -181,7 +185,7 @@ async def test_an_incr_period_with_results_of_no_points_settles_in_the_boards_or
     sid = f"zeros-{tiebreak}"
     try:
         ref = await written(board, period, sid, players=30, results=150, values=[0, 0, 0, 5, 10])
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         request = Request.of({"settlement_id": sid, "rewards": TABLE, "top_n": 30})
         result = await Settler(rebuilder).settle(board, period, request)
         assert result["check"]["drifting"] == [] and result["forced"] is False
@@ -206,7 +210,7 @@ async def test_an_id_pays_once_and_names_one_settlement(
     period = day_ago(3)
     try:
         await written(board, period, "once")
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         settler = Settler(rebuilder)
         request = Request.of({"settlement_id": "once-1", "rewards": TABLE})
         first = await settler.settle(board, period, request)
@@ -303,7 +307,7 @@ async def test_a_drifting_board_stops_the_settlement_unless_forced(
     name = board.resolve(period).period
     try:
         ref = await written(board, period, "drift")
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         await raw.zadd(keys.period_key(board.prefixes[1], name), {"intruder": 2**40})  # not in PostgreSQL
         settler = Settler(rebuilder)
         with pytest.raises(SettlementConflict) as e:
@@ -331,7 +335,7 @@ async def test_a_period_past_its_retention_says_why_it_cannot_be_checked(
     name = board.resolve(period).period
     try:
         ref = await written(board, period, "expired")
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         for prefix in board.prefixes:  # what Redis does at the period's expiry (end + 3 days)
             await raw.delete(keys.period_key(prefix, name))
         later = period_bounds(board, name)[1] + 4 * 86_400_000
@@ -360,7 +364,7 @@ async def test_a_settlement_waits_for_the_archiver(store: BoardStore, raw: Any, 
             await Settler(rebuilder, drain_wait_s=0.3).settle(
                 board, period, Request.of({"settlement_id": "behind-1", "rewards": TABLE})
             )
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         result = await Settler(rebuilder).settle(
             board, period, Request.of({"settlement_id": "behind-1", "rewards": TABLE})
         )
@@ -381,7 +385,7 @@ async def test_all_pays_every_tie_at_a_boundary(
         try:
             sent = [Score(p, v, "m1", start + 1000 * i) for i, (p, v) in enumerate(ties.items())]
             await board.submit(sent, now_ms=start + 10_000)  # while the period was open
-            await drain(raw, store, rebuilder.db.info.dsn)
+            await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
             table = [{"rank": 1, "reward": "gold"}, {"ranks": [2, 3], "reward": "silver"}]
             await Settler(rebuilder).settle(
                 board, period, Request.of({"settlement_id": f"ties-{rule}", "rewards": table})
@@ -400,7 +404,7 @@ async def test_awards_page_by_cursor_and_acknowledged_ones_are_not_offered_again
     period = day_ago(2)
     try:
         await written(board, period, "pages")
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         await Settler(rebuilder).settle(
             board, period, Request.of({"settlement_id": "pages-1", "rewards": TABLE})
         )
@@ -447,7 +451,7 @@ async def test_killed_after_each_step_and_run_again_pays_each_winner_once(
     days = {step: day_ago(2 + i) for i, step in enumerate(STEPS)}
     try:
         refs = {step: await written(board, period, f"kill/{step}") for step, period in days.items()}
-        await drain(raw, store, postgres_url)
+        await drain(raw, store, postgres_url, {board.config.id})
         for step, period in days.items():
             argv = [
                 sys.executable,
@@ -526,7 +530,7 @@ async def test_the_webhook_delivers_every_award_signed_and_retried(
     period = day_ago(2)
     try:
         await written(board, period, "hook")
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         with Receiver("s3cret") as receiver:
             body = {"settlement_id": "hook-1", "rewards": TABLE, "webhook_url": receiver.url}
             await Settler(rebuilder).settle(board, period, Request.of(body))
@@ -557,7 +561,7 @@ async def test_a_removed_player_is_neither_ranked_nor_rewarded(
         ref = await written(board, period, "removed")
         cheater = ref.order(name)[0][1]
         await moderation.remove(board, [cheater])
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         result = await Settler(rebuilder).settle(
             board, period, Request.of({"settlement_id": "removed-1", "rewards": TABLE})
         )
@@ -577,7 +581,8 @@ async def test_a_season_archive_closes_the_total_so_no_post_is_lost(
     either refused as closed, with nothing written, or paid from the settled total; the archive needs
     no force. Before the total could be closed, the late posts made Redis differ from PostgreSQL."""
     board = await new_board(store, "season-close")
-    archiver = Archiver(raw, store, await connect_db(rebuilder.db.info.dsn), "season-close", claim_idle_s=0)
+    only = OnlyStore(store.client, store.scripts, {board.config.id})
+    archiver = Archiver(raw, only, await connect_db(rebuilder.db.info.dsn), "season-close", claim_idle_s=0)
     stop, started = asyncio.Event(), asyncio.Event()
     accepted: list[str] = []
     refused: list[str] = []
@@ -634,7 +639,8 @@ async def test_a_board_whose_season_archive_was_under_way_stays_closed_after_a_t
     settlement in PostgreSQL."""
     board = await new_board(store, "season-loss")
     async with own_archive(postgres_url) as url:
-        a = Archiver(raw, store, await connect_db(url), "season-loss", claim_idle_s=0)
+        only = OnlyStore(store.client, store.scripts, {board.config.id})
+        a = Archiver(raw, only, await connect_db(url), "season-loss", claim_idle_s=0)
         db = await psycopg.AsyncConnection.connect(url, autocommit=True)
         try:
             await a.refresh()
@@ -696,7 +702,7 @@ async def test_a_season_archive_deletes_the_board_it_settled_not_one_created_aga
 
     try:
         await board.submit([Score("p1", 10, "m1", times.now_ms() - 60_000)])
-        await drain(raw, store, postgres_url)
+        await drain(raw, store, postgres_url, {board.config.id})
         request = Request.of({"settlement_id": "season-own-1", "rewards": TABLE})
         result = await archive_season(cluster_url, postgres_url, name, request, step=at_commit)
         assert (result["archived"], result["players"]) == (True, 1)
@@ -726,11 +732,11 @@ async def test_a_board_created_again_settles_its_own_results_bans_and_removals(
     try:
         old = [Score(p, 10 + i, f"m-{p}", start + 1000 * (i + 1)) for i, p in enumerate(players)]
         await board.submit(old, now_ms=end - 1)
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         if mode != "incr":  # a late better retry after the day closed: the old day's hold
             await board.submit([Score(players[0], 90, f"m-{players[0]}", start + 1000)])
         await moderation.remove(board, [removed_before])
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         for table, held in (("match_holds", int(mode != "incr")), ("player_removals", 1)):
             sql = f"SELECT count(*) FROM {table} WHERE board = %s AND incarnation = %s"
             cur = await db.execute(sql, (name, board.incarnation))
@@ -751,7 +757,7 @@ async def test_a_board_created_again_settles_its_own_results_bans_and_removals(
         ]
         await again.submit(new, now_ms=end - 1)
         ref.submit(new, now_ms=end - 1)
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         request = Request.of({"settlement_id": f"again-{mode}", "rewards": TABLE})
         result = await Settler(rebuilder).settle(again, period, request)
         assert result["check"]["drifting"] == [] and result["players"] == len(players) - 1
@@ -788,11 +794,11 @@ async def test_a_late_better_retry_of_a_match_keeps_its_first_score_in_the_close
         first = [Score("first", 10, "late-m1", start + 1000), Score("second", 5, "late-m2", start + 2000)]
         await board.submit(first, now_ms=end - 1)
         if archived_between:
-            await drain(raw, store, rebuilder.db.info.dsn)
+            await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         [late] = await board.submit([Score("first", 40, "late-m1", start + 1000)])
         assert late.closed == (period,)  # the total took it, the closed period did not
         assert [e.player_id for e in await board.top(10, board.resolve(period))] == ["first", "second"]
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         request = Request.of({"settlement_id": sid, "rewards": table})
         result = await Settler(rebuilder).settle(board, period, request)
         assert result["check"]["drifting"] == [] and result["players"] == 2
@@ -812,7 +818,7 @@ async def test_a_player_banned_after_the_check_is_not_paid(
     try:
         ref = await written(board, period, "banned-late")
         cheater = ref.order(name)[0][1]
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         dsn = rebuilder.db.info.dsn
 
         def ban_at_check(step: str) -> None:  # another session's ban, as the router's (Bans.add)
@@ -829,7 +835,7 @@ async def test_a_player_banned_after_the_check_is_not_paid(
             await Settler(rebuilder, ban_at_check).settle(board, period, request)
         assert await awards_of(db, "banned-late-1") == []
         await moderation.remove(board, [cheater])  # the ban's removal from Redis (router/moderation.py)
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         await Settler(rebuilder).settle(board, period, request)
         del ref.boards[name][cheater]
         assert await awards_of(db, "banned-late-1") == expected_awards(ref, period, board)
@@ -849,7 +855,7 @@ async def test_a_ban_committing_as_the_awards_are_written_is_not_paid(
     try:
         ref = await written(board, period, "banned-racing")
         cheater = ref.order(board.resolve(period).period)[0][1]
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         other = psycopg.connect(rebuilder.db.info.dsn)  # a transaction of its own, left open
         committing: list[Thread] = []
 
@@ -890,10 +896,10 @@ async def test_a_rebuild_keeps_the_first_score_of_a_late_retry_in_the_closed_per
     try:
         first = [Score("first", 10, "late-m1", start + 1000), Score("second", 5, "late-m2", start + 2000)]
         await board.submit(first, now_ms=end - 1)
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         [late] = await board.submit([Score("first", 40, "late-m1", start + 1000)])
         assert late.closed == (period,)
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         for prefix in board.prefixes:  # archived: the journal holds none of them now
             await raw.xtrim(keys.journal_key(prefix), maxlen=0)
         top = await board.top(10, board.resolve(period))
@@ -948,7 +954,7 @@ async def test_a_removal_that_keeps_some_periods_settles_reconciles_and_rebuilds
         await ensure_schema(db)
         for name in names:  # the journal's entries, then the archived rows
             assert not any(c.drift for c in await reconcile(rebuilder, board, periods.api_name(name)))
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         for name in names:
             assert not any(c.drift for c in await reconcile(rebuilder, board, periods.api_name(name)))
         # The player's history: each result in the periods that hold it (the total kept, but on best)
@@ -1007,7 +1013,7 @@ async def test_a_retry_after_a_removal_that_kept_its_closed_period_settles_recon
         assert await moderation.remove(board, ["p"], request="remove/R", since_ms=at) == {"p"}
         assert ref.remove("p", request="remove/R")
         if batches == 2:
-            await drain(raw, store, rebuilder.db.info.dsn)
+            await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         now = times.now_ms()
         await submit([again], now)  # sent again after the day closed: the total alone
         assert ref.closed == [(day,)]
@@ -1017,7 +1023,7 @@ async def test_a_retry_after_a_removal_that_kept_its_closed_period_settles_recon
             assert [(e.player_id, e.points) for e in top] == [(p, n) for _, p, n, _ in ref.order(name)]
         assert [(p, n) for _, p, n, _ in ref.order(names[0])] == [("p", 8), ("q", 3)]
         assert [(p, n) for _, p, n, _ in ref.order(names[1])] == [("p", 8), ("q", 3)]
-        await drain(raw, store, rebuilder.db.info.dsn)
+        await drain(raw, store, rebuilder.db.info.dsn, {board.config.id})
         await ensure_schema(db)
         cur = await db.execute(
             "SELECT skipped FROM match_results WHERE board = %s AND match_id = 'p-2'", (board.config.id,)
