@@ -1,5 +1,5 @@
 """Issue 13's goals, computed from one run's summary: each measured ratio beside its goal, reported
-and never asserted (bench/README.md, "Reads and hot paths").
+and never asserted (bench/README.md, "What each figure means": "issue 13's goals").
 
 ``finish`` adds ``summary["read_goals"]`` (a list of goal rows); ``markdown`` renders them and the hot
 phase's table (bench/hot.py). A goal whose inputs a run did not measure is listed as not measured.

@@ -704,8 +704,8 @@ STALENESS = (
     "A replica serves what it has received: a write acknowledged in the last moments (the replication "
     "lag, usually well under a millisecond; longer while a replica resynchronises or is cut off) may "
     "not show yet, so a player can read their rank from before their last match (router/README.md, "
-    "[Reads from replicas](../../../router/README.md#reads-from-replicas)). The read phases here write "
-    "nothing; they start once every replica has applied the preload"
+    '[Reads and caches](../../../router/README.md#reads-and-caches), "Reads from replicas"). The read '
+    "phases here write nothing; they start once every replica has applied the preload"
 )
 
 

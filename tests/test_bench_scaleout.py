@@ -196,7 +196,7 @@ def test_the_replicas_table_shows_each_replica_carrying_its_share_of_the_reads()
     )
     section = scaleout.replica_section(points, vars(scaleout.Settings()))
     assert section[0] == '## "My rank" reads from replicas (3 masters, 1, 2 replica(s) each, 16 at a time)'
-    assert "(../../../router/README.md#reads-from-replicas)" in section[-2]
+    assert "(../../../router/README.md#reads-and-caches)" in section[-2]
     assert section[-2].endswith(
         "applied the preload (40 / 80 ms after its last write, with 1 / 2 replica(s) per master)."
     )
