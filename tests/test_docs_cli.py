@@ -1,0 +1,72 @@
+"""The docs and the `shardlb` command line agree: every subcommand (and every action of `cluster` and
+`postgres`) is in README.md, and every option the docs write after `shardlb COMMAND` is one of its
+own, as its --help lists them."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from shardlb.cli import DELEGATED, build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *(ROOT / d / "README.md" for d in ("router", "bench", "k8s"))]
+DOCS += [*ROOT.glob("docs/*.md"), *ROOT.glob("k8s/**/*.yaml"), ROOT / "Makefile", ROOT / "Dockerfile"]
+OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(actions[0].choices) if actions else {}
+
+
+def _options(words: list[str]) -> set[str]:
+    """The options `shardlb WORDS --help` lists (a delegated command's from its own module)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main([*words, "--help"])
+    return set(OPTION.findall(out.getvalue()))
+
+
+def _commands() -> dict[str, set[str]]:
+    """Each command ("rebuild", "cluster up") with its options."""
+    out: dict[str, set[str]] = {}
+    for name, parser in _subparsers(build_parser()).items():
+        actions = _subparsers(parser)
+        out[name] = _options([name]) if not actions else set()
+        for action in actions:
+            out[f"{name} {action}"] = _options([name, action])
+            out[name] |= out[f"{name} {action}"]  # `shardlb cluster ... --dir` in a sentence
+    return out
+
+
+def test_every_command_is_in_the_readme() -> None:
+    commands = _commands()
+    assert set(DELEGATED) <= set(commands) and "cluster add-node" in commands  # the walk found them
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert sorted(c for c in commands if f"shardlb {c}" not in readme) == []
+
+
+def test_every_option_the_docs_give_a_command_is_its_own() -> None:
+    commands = _commands()
+    assert "--rehome" in commands["reshard"] and "--durable" in commands["cluster up"]
+    mention = re.compile(rf"\bshardlb ({'|'.join(sorted(commands, key=len, reverse=True))})\b")
+    wrong = []
+    for doc in DOCS:
+        for number, line in enumerate(doc.read_text().splitlines(), 1):
+            for found in mention.finditer(line):
+                command = found[1]
+                # the options up to the end of the command: its backquoted span, or the line
+                rest = line[found.end() :].split("`", 1)[0]
+                rest = re.split(r"\bshardlb ", rest, maxsplit=1)[0]
+                wrong += [
+                    f"{doc.relative_to(ROOT)}:{number}: shardlb {command} {option}"
+                    for option in OPTION.findall(rest)
+                    if option not in commands[command] | {"--help"}
+                ]
+    assert wrong == []
