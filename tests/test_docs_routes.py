@@ -1,0 +1,72 @@
+"""The docs and the router's routes agree: every `METHOD /path` the docs write (api.md, the READMEs,
+docs/) is a route of `create_app()` that takes that method, and every route and method the router
+serves is written so in router/README.md or api.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from starlette.routing import Route
+
+from router.app import create_app
+from router.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+API = ROOT.parent / "shared" / "api.md"
+DOCS = [ROOT / "README.md", *(ROOT / d / "README.md" for d in ("router", "bench", "k8s"))]
+DOCS += ROOT.glob("docs/*.md")
+# `GET /v1/boards/{board}`, `POST/GET/DELETE /v1/admin/...`, `GET` `/healthz`
+METHODS = "GET|HEAD|POST|PUT|PATCH|DELETE"
+WRITTEN = re.compile(rf"\b((?:{METHODS})(?:/(?:{METHODS}))*)`? `?(/[\w{{}}/:.-]*)")
+
+
+def _shape(path: str) -> str:
+    """A path with each parameter as {}: /v1/boards/{id} and /v1/boards/BOARD are one route."""
+    path = re.sub(r"\{[^}]*\}", "{}", path.rstrip(".:"))
+    return re.sub(r"/(?:BOARD|rand\{\})(?=/|$)", "/{}", path)
+
+
+def _served() -> dict[str, set[str]]:
+    app = create_app(Settings(insecure_dev=True))  # the live app's routes
+    return {
+        _shape(route.path): {m for m in route.methods or () if m != "HEAD"}
+        for route in app.routes
+        if isinstance(route, Route)
+    }
+
+
+def _written(docs: list[Path]) -> dict[tuple[str, str], str]:
+    """(method, path shape) of each route the docs write, with where it is written first."""
+    out: dict[tuple[str, str], str] = {}
+    for doc in docs:
+        for number, line in enumerate(doc.read_text().splitlines(), 1):
+            for methods, path in WRITTEN.findall(line):
+                if "..." in path or path.endswith("/"):  # `GET .../top`, a prefix
+                    continue
+                for method in methods.split("/"):
+                    out.setdefault((method, _shape(path)), f"{doc.name}:{number}")
+    return out
+
+
+def test_every_route_the_docs_write_is_served() -> None:
+    served = _served()
+    written = _written([API, *DOCS])
+    assert ("POST", "/v1/admin/boards/{}/reshard") in written  # the scan reads "POST/GET/DELETE"
+    wrong = [
+        f"{where}: {method} {path}"
+        for (method, path), where in written.items()
+        if method not in served.get(path, set())
+    ]
+    assert wrong == []
+
+
+def test_every_route_served_is_written_in_the_router_readme_or_api_md() -> None:
+    written = _written([API, ROOT / "router" / "README.md"])
+    served = [(method, path) for path, methods in _served().items() for method in methods]
+    unwritten = sorted(route for route in served if route not in written)
+    # The dashboard's files, each named in "Additions: dashboard" (a file name, not a route, there).
+    assert unwritten == [("GET", "/dashboard/{}")]
+    readme = (ROOT / "router" / "README.md").read_text()
+    assets = sorted(p.name for p in (ROOT / "router" / "static" / "dashboard").iterdir())
+    assert assets and [name for name in assets if f"`{name}`" not in readme] == []
