@@ -262,16 +262,21 @@ class Settings:
 # A key shorter than this could be guessed; the tests' and examples' short keys still start a router.
 KEY_WARN_BELOW = 16
 _NAMES = tuple("SHARDLB_" + f.name.upper() for f in fields(Settings))
+# `make bench`'s own settings (bench/run.py), which the routers it starts inherit: never a misspelling
+# of a router setting, though SHARDLB_BENCH_READ_CONCURRENCY is near one.
+_BENCH_PREFIX = "SHARDLB_BENCH_"
 
 
 def warnings(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     """What the router starts with but the operator should hear of (``shardlb serve`` logs each at
     start-up): a ``SHARDLB_*`` variable that is not a setting but nearly the name of one (a
     misspelling, ignored; of bench/ and k8s/'s own ``SHARDLB_*`` variables only the Locust test's
-    ADMIN_KEY, WRITE_KEY, READ_KEY and TARGET_READS are near one), a trusted proxy block that holds
-    every address, an admin or write key that is short."""
+    ADMIN_KEY, WRITE_KEY, READ_KEY and TARGET_READS are near one, `make bench`'s SHARDLB_BENCH_*
+    are never said), a trusted proxy block that holds every address, an admin or write key that is
+    short."""
     out = []
-    for name in sorted(n for n in environ if n.startswith("SHARDLB_") and n not in _NAMES):
+    named = (n for n in environ if n.startswith("SHARDLB_") and not n.startswith(_BENCH_PREFIX))
+    for name in sorted(n for n in named if n not in _NAMES):
         near = difflib.get_close_matches(name, _NAMES, n=1, cutoff=0.85)
         if near:
             out.append(f"{name} is not a router setting and is ignored: did you mean {near[0]}?")

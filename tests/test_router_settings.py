@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
+from bench.run import Settings as BenchSettings
 from router.settings import MIB, Settings, SettingsError, warnings
 
 KEYED = {"SHARDLB_ADMIN_KEYS": "adm", "SHARDLB_WRITE_KEYS": "wr1, wr2 ,,"}
@@ -163,6 +166,17 @@ def test_archive_and_webhook_urls_that_work() -> None:
         assert Settings.from_env({**KEYED, "SHARDLB_POSTGRES_URL": url}).postgres_url == url
     hook = "https://hooks.example/paid?game=1"
     assert Settings.from_env({**KEYED, "SHARDLB_SETTLEMENT_WEBHOOK_URL": hook}).settlement_webhook_url == hook
+
+
+def test_make_bench_settings_are_no_misspellings() -> None:
+    """`make bench`'s routers inherit its SHARDLB_BENCH_* settings (bench/services.py), which are
+    another program's, as router/README.md says; SHARDLB_BENCH_READ_CONCURRENCY (the raw and
+    textbook reads in flight) was still called a misspelling of SHARDLB_READ_CONCURRENCY in every
+    bench router's log where it was set (found 2026-12-06 checking the README's list of bench/'s
+    variables near a setting, which missed it: bench/run.py builds the names from its fields)."""
+    env = {**KEYED, **{f"SHARDLB_BENCH_{f.name.upper()}": "1" for f in fields(BenchSettings)}}
+    assert "SHARDLB_BENCH_READ_CONCURRENCY" in env
+    assert [w for w in warnings(Settings.from_env(env), env) if "SHARDLB_BENCH_" in w] == []
 
 
 def test_doubtful_values_are_warned_about_not_refused() -> None:
