@@ -254,7 +254,16 @@ async def reshard(request: Request) -> Response:
         if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
             raise InvalidInput(f"shards must be an integer from 1 to {MAX_SHARDS}", "shards")
         await mover.start(shards, bands)
-    elif (await mover.status())["state"] == "none":
+    # A mover elsewhere holding the board's lease (a `shardlb reshard`, another router's or worker's)
+    # is waited for as `shardlb reshard --resume` waits, and what it did said: until 2026-12-06 the
+    # 202 came at once, and this router's mover waited in the background, then gave way unsaid.
+    other = None if svc.reshards.moving(board_id) else await mover.elsewhere()
+    if other in ("running", "finished", "cancelled"):  # nothing for a mover of this router to do
+        status = await _status(svc, mover)
+        note = mover.told_elsewhere(other, status["shards"])
+        mover.say(note)  # a line of the router's log too (reshards.said)
+        return render(request, {**status, "other_mover": other, "note": note}, 202)
+    if "shards" not in body and (await mover.status())["state"] == "none":
         raise BoardConflict(f"board {board_id!r} has no reshard under way", "board")
     # Said in Redis before the task exists, so every process's status read after this answer says
     # "starting" (the task's own note may come later), and the task's lease takes it back. For the
@@ -263,7 +272,10 @@ async def reshard(request: Request) -> Response:
     await reshards.told(mover.announce(), board_id)
     if not svc.reshards.start(mover):
         await reshards.told(mover.unannounce(), board_id)  # no task of this mover would take it back
-    return render(request, await _status(svc, mover), 202)
+    status = await _status(svc, mover)
+    if other == "stopped":
+        status = {**status, "other_mover": other, "note": mover.told_elsewhere(other, status["shards"])}
+    return render(request, status, 202)
 
 
 async def _status(svc: Service, mover: Resharder) -> dict[str, Any]:

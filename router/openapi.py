@@ -1513,6 +1513,15 @@ _SCHEMAS.update(
                     "description": "the last reshard done (state none): from_shards, to_shards, seconds, "
                     "writes_refused_ms, finished",
                 },
+                "other_mover": {
+                    "enum": ["running", "finished", "cancelled", "stopped"],
+                    "description": "Addition (2026-12-06), a POST's answer only: a mover elsewhere held the "
+                    "board's lease, and was waited for a lease and a second, as `shardlb reshard --resume` "
+                    "waits: it still runs the reshard, or finished or cancelled it meanwhile (this router "
+                    "started no mover), or let the lease go with the reshard under way (stopped: this "
+                    "router's mover takes it on); absent when none held it",
+                },
+                "note": {"type": "string", "description": "with other_mover: what it means, in a sentence"},
             },
         },
         "AdminCluster": {

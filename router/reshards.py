@@ -84,7 +84,11 @@ async def _runs(mover: Resharder, wait: bool, tries: int) -> None:
         except NoReshard:
             log.info("reshard over before this mover took it", extra={"fields": {"board": mover.board_id}})
             return
-        except (Cancelled, BoardNotFound, Busy):
+        except (Cancelled, BoardNotFound):
+            return
+        except Busy as e:  # a live mover elsewhere: the watch's (wait=False) give way unsaid, as many try
+            if wait:  # an operator's, that found the lease free (router/admin.py) and lost it since
+                log.info(e.message, extra={"fields": {"board": mover.board_id}})
             return
         except ShardsLost as e:  # cancelled: nothing to resume, a rebuild for the operator to run
             fields = {"board": e.board_id, "shards": list(e.shards), "run": list(e.commands)}

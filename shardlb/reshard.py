@@ -498,6 +498,46 @@ class Resharder:
             return "finished"
         return "cancelled"
 
+    async def elsewhere(self) -> str | None:
+        """What a mover elsewhere does with the reshard, for a resume asked of a router
+        (router/admin.py), as ``run`` says it to `shardlb reshard --resume`: None when the record
+        names no reshard or no process holds the board's lease; else, waited for as ``run`` waits
+        (a lease and a second), "running" (it holds the lease still: a live mover), "finished" or
+        "cancelled" (it ended the reshard meanwhile, ``_ended``; None for a board created again
+        since), or "stopped" (it let the lease go, or died, with the reshard under way: a resume
+        takes it on). Nothing is written: the router starts its mover only for "stopped" or None.
+        """
+        key = keys.lease_key(self.board_id)
+        _, seen = await self.record()
+        if not seen.get("reshard") or not await self.client.exists(key):
+            return None
+        deadline = time.monotonic() + LEASE_MS / 1000 + 1.0
+        while await self.client.exists(key):
+            if time.monotonic() > deadline:
+                return "running"
+            await asyncio.sleep(0.25)
+        _, now = await self.record()
+        return "stopped" if now.get("reshard") else self._ended(seen, now)
+
+    def told_elsewhere(self, other: str, shards: int) -> str:
+        """The sentence a router answers with ``elsewhere``'s ``other`` (the board has ``shards``):
+        `shardlb reshard --resume`'s line or error for the same outcome (``run``, ``_lease``)."""
+        if other == "running":
+            return (
+                f"another mover is running the reshard of {self.board_id!r} (it holds the board's lease "
+                "and keeps it fresh: a `shardlb reshard` or a router's mover): nothing for this one to do "
+                "while it runs, so this router started none; follow it with GET, or stop it with DELETE"
+            )
+        if other == "stopped":
+            return (
+                "another mover held the board's lease and let it go with the reshard under way (it "
+                "stopped or died): this router's mover takes it on from its recorded state"
+            )
+        return (
+            f"another mover {other} the reshard while this one waited for it (it held the board's "
+            f"lease): nothing left to resume; the board has {_shards(shards)}"
+        )
+
     def _knows(self) -> float:
         """When this process first knew of the reshard (now, if this is the first time)."""
         if self.known is None:

@@ -277,6 +277,69 @@ async def test_a_reshard_started_whose_note_of_the_start_fails_is_moved_on(
     assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
 
 
+@pytest.mark.parametrize("other", ["finished", "cancelled", "running", "stopped"])
+async def test_a_resume_while_a_mover_elsewhere_holds_the_lease_says_what_that_mover_did(
+    router: tuple[Starlette, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch, other: str
+) -> None:
+    """A POST {"resume": true} while a mover elsewhere (a `shardlb reshard`, another router's) holds
+    the board's lease. Failed before: the 202 came at once with the status of that mover's reshard,
+    and this router's mover waited for the lease in the background, then gave way without a word
+    (still running) or logged at info how the other ended it: the operator never learnt either,
+    where `shardlb reshard --resume` says both. Now the answer waits a lease and a second, as the
+    CLI does, and says it (``other_mover``, ``note``): the other ended it (finished, cancelled:
+    nothing started), still runs it (nothing started), or let the lease go with the reshard under
+    way (stopped: this router's mover takes it on and finishes it)."""
+    app, client = router
+    svc = service_of(app)
+    monkeypatch.setattr(svc.boards, "ttl_s", 0.5)  # as in the tests above
+    monkeypatch.setattr(reshard, "LEASE_MS", 3000)  # the resume waits a lease and a second
+    name = board_name("dash-rs-other")
+    settings = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+    scores = [{"player_id": f"p{i}", "points": i, "match_id": "m1"} for i in range(20)]
+    r = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+    assert r.status_code == 200, r.text
+    live = Resharder(svc.boards.store, name, say=lambda _: None, cache_s=0)
+    await live.start(3)
+    live.token = "a-live-mover"  # its lease, held by it all along
+    lease = keys.lease_key(name)
+    await svc.client.set(lease, live.token, px=60_000)
+    path = f"/v1/admin/boards/{name}/reshard"
+    resume = asyncio.create_task(client.post(path, json={"resume": True}, headers=AS_ADMIN))
+    await asyncio.sleep(0.5)  # the resume has seen the lease held and waits
+    if other == "finished":
+        assert (await live.run())["state"] == "none"
+    elif other == "cancelled":
+        assert await live.cancel() == "cancelled"
+    elif other == "stopped":
+        await svc.client.delete(lease)  # the mover died, its lease gone with it
+    answer = await resume
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert body.get("other_mover") == other, body
+    if other == "running":
+        assert (body["state"], body["mover"]) == ("copying", "running"), body
+        assert "another mover is running the reshard" in body["note"], body
+        assert not svc.reshards.moving(name)  # it gave way: no mover of this router waits on
+        await svc.client.delete(lease)
+        assert await live.cancel() == "cancelled"
+    elif other == "stopped":
+        assert "this router's mover takes it on" in body["note"], body
+        for _ in range(300):
+            status = (await client.get(path, headers=AS_ADMIN)).json()
+            if status["state"] == "none":
+                break
+            await asyncio.sleep(0.1)
+        assert status["shards"] == 3, status
+    else:
+        assert f"another mover {other} the reshard" in body["note"], body
+        assert (body["state"], body["shards"]) == ("none", 3 if other == "finished" else 2), body
+        assert not svc.reshards.moving(name)
+    top = (await client.get(f"/v1/boards/{name}/top?limit=100", headers=AS_ADMIN)).json()["entries"]
+    assert [e["points"] for e in top] == list(range(19, -1, -1))
+    assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+
+
 async def test_a_reshard_refused_names_the_field_of_its_body(
     router: tuple[Starlette, httpx.AsyncClient],
 ) -> None:
