@@ -97,11 +97,12 @@ async def _runs(mover: Resharder, wait: bool, tries: int) -> None:
             if not e.commands:
                 then = "they held nothing archived, their sentinels written again: reshard again"
             log.error(
-                "reshard cancelled: %s %s of the old layout lost %s keys (Redis lost the slot); the "
+                "reshard cancelled: %s %s of the old layout lost %s keys (Redis lost %s); the "
                 "board keeps its layout: %s",
                 "shard" if len(e.shards) == 1 else "shards",
                 ", ".join(map(str, e.shards)),
                 "its" if len(e.shards) == 1 else "their",
+                "the slot" if len(e.shards) == 1 else "their slots",
                 then,
                 extra={"fields": fields},
             )

@@ -1414,9 +1414,14 @@ class ShardsLost(Mismatch):
         said = (
             f"the cut-over of {board_id!r} is refused and the reshard cancelled: "
             f"{'shard' if one else 'shards'} {', '.join(map(str, shards))} of the old layout lost "
-            f"{'its' if one else 'their'} keys (the sentinel is missing: Redis lost the slot and serves "
-            "it again empty)"
+            f"{'its' if one else 'their'} keys ("
         )
+        if one:
+            said += "the sentinel is missing: Redis lost the slot and serves it again empty)"
+        else:  # each shard its own hash tag: as many sentinels, in as many slots (two may share one)
+            named = f"{', '.join(map(str, shards[:-1]))} and {shards[-1]}"
+            said += f"the sentinels of shards {named} are missing: Redis lost their slots and serves them "
+            said += "again empty)"
         # Only a shard marked held players to lose (one written again held nothing archived).
         if marked and not empty:
             said += ", and a copy would lose those players for good"

@@ -843,6 +843,60 @@ async def test_a_shard_with_nothing_to_bring_back_is_sentinelled_again_after_the
                 await store.delete(name)
 
 
+async def test_a_reshard_refused_for_several_lost_shards_names_each_and_their_sentinels(
+    store: BoardStore, raw: Any, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two shards of the old layout lost their keys before a router's mover ran: ShardsLost names
+    both, and what is missing, and so does the router's error line. Failed before: the message said
+    "shards 0, 2 of the old layout lost their keys (the sentinel is missing: Redis lost the slot and
+    serves it again empty)", and the line "(Redis lost the slot)": one sentinel and one slot for two
+    shards, whose sentinels are in two slots (each shard its own hash tag). Now "the sentinels of
+    shards 0 and 2 are missing: Redis lost their slots and serves them again empty", and "(Redis
+    lost their slots)"; one shard's wording is as it was."""
+    name = "partial-reshard-two"
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            board, _ = await board_written(store, name)
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {name}), url)
+            try:
+                await drain(a)  # both shards' results archived: their rebuilds bring them back
+            finally:
+                await a.db.close()
+            mover = Resharder(store, name, say=lambda _: None, postgres_url=url, cache_s=0, drain_s=0)
+            await mover.start(5)
+            assert await slot_wiped(raw, board, 0) > 0 and await slot_wiped(raw, board, 2) > 0
+            run, caught = mover.run, []
+
+            async def keeping(wait: bool = True) -> dict[str, Any]:
+                try:
+                    return await run(wait)
+                except ShardsLost as e:
+                    caught.append(e)
+                    raise
+
+            mover.run = keeping  # type: ignore[method-assign]
+            logger = logging.getLogger("shardlb")  # where the router's handler is (router/logs.py)
+            logger.addHandler(caplog.handler)
+            try:
+                await reshards._move(mover, wait=True)
+            finally:
+                logger.removeHandler(caplog.handler)
+            [line] = {r.getMessage() for r in caplog.records if r.levelno == logging.ERROR}
+            assert "shards 0, 2 of the old layout lost their keys (Redis lost their slots)" in line, line
+            [cancelled] = caught
+            said = cancelled.message
+            assert cancelled.shards == (0, 2), said
+            assert "shards 0, 2 of the old layout lost their keys" in said, said
+            assert "the sentinel is missing" not in said and "lost the slot" not in said, said
+            assert "the sentinels of shards 0 and 2 are missing" in said, said
+            assert "Redis lost their slots and serves them again empty" in said, said
+            assert f"`shardlb rebuild {name} --shard 0` and `shardlb rebuild {name} --shard 2`" in said, said
+            assert (await store.get(name)).rebuilding == {0, 2}
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete(name)
+
+
 @pytest.mark.parametrize("after", ["copied shard 1/3", "sealed and moved"])
 async def test_a_shard_lost_while_the_mover_works_cancels_the_reshard_as_one_lost_before(
     store: BoardStore, raw: Any, postgres_url: str, after: str
