@@ -980,3 +980,59 @@ async def test_a_delete_recorded_whose_owed_note_cannot_go_answers_204(
         assert await archive.owed_deletions(raw, name) == [incarnation]  # the note left
         assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
         assert await archive.owed_deletions(raw, name) == []  # paid by that 404's look
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["nothing-else-owed", "an-earlier-delete-owed"])
+async def test_a_delete_recorded_whose_look_at_the_owed_notes_fails_answers_204_when_nothing_can_come_back(
+    store: BoardStore,
+    raw: Any,
+    cluster_url: str,
+    postgres_url: str,
+    earlier: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deletion done in Redis and recorded in PostgreSQL, the DELETE's look at the deletions
+    Redis notes owed for the id (``_mark_gone``: an earlier incarnation's DELETE that failed on its
+    last mark, the id created again since) fails. Failed before: 503 ``cluster_unavailable`` though
+    the deletion was done and recorded. Now PostgreSQL is asked instead (on the DELETE's connection)
+    whether any incarnation of the id has its DELETE begun and not recorded: with none, nothing can
+    come back from a total loss, and the answer is 204; with one (``earlier``), only Redis's mark of
+    its deletion may record it (``archive.mark_gone``), so the answer stays 503 and the retry (a
+    404, its own look) records it. Either way `rebuild --all` after a total loss restores nothing."""
+    name = "acked-delete-owed-unread"
+    async with (
+        archived(raw, store, postgres_url, name) as (url, _),
+        router(cluster_url, postgres_url=url) as (_, client),
+    ):
+        if earlier:  # the first DELETE deletes it and fails on its last mark; the id made again
+            with monkeypatch.context() as patched:
+                patched.setattr(archive, "mark_deleted", connection_lost)
+                r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "archive_unavailable", r.text
+            r = await client.put(f"/v1/boards/{name}", json={"periods": ["daily"]}, headers=AS_ADMIN)
+            assert r.status_code == 201, r.text
+        board = await store.get(name)
+
+        async def unread(*args: Any, **kwargs: Any) -> list[str]:
+            raise redis.exceptions.ConnectionError("lost")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(archive, "owed_deletions", unread)
+            r = await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
+        async with await psycopg.AsyncConnection.connect(url) as db:
+            cur = await db.execute(
+                "SELECT deleted_at IS NOT NULL FROM boards WHERE board = %s AND incarnation = %s",
+                (name, board.incarnation),
+            )
+            assert await cur.fetchall() == [(True,)]  # this DELETE's deletion recorded
+        if earlier:
+            assert r.status_code == 503 and r.json()["error"]["code"] == "cluster_unavailable", r.text
+            assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
+        else:
+            assert r.status_code == 204, r.text  # before: 503 cluster_unavailable
+        await lose_redis_and_rebuild_all(raw, cluster_url, url)
+        with pytest.raises(BoardNotFound):
+            await store.get(name)
+        assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 404
