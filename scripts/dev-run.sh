@@ -114,6 +114,8 @@ SHARDLB_HOST=$HOST SHARDLB_PORT=$PORT nohup "$PY" -m router.server serve </dev/n
 echo $! >"$PID_FILE"
 
 URL="http://$HOST:$PORT"
+# The router's URL beside the keys: README's first session reads it, whichever port this run took.
+remember SHARDLB_API_URL "$URL"
 "$PY" - "$URL" "$LOG" <<'EOF' || { echo "the router did not become ready; last lines of its log:" >&2; tail -n 20 "$LOG" >&2; exit 1; }
 import sys, time, urllib.request
 url, deadline = sys.argv[1], time.monotonic() + 60

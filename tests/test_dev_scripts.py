@@ -141,6 +141,18 @@ def test_make_run_after_make_stop_starts_the_private_postgresql_again(checkout: 
     assert remembered(checkout, "SHARDLB_POSTGRES_URL") == "postgresql://shardlb@127.0.0.1:25432/postgres"
 
 
+def test_dev_env_keeps_the_router_url_of_the_port_make_run_took(checkout: Path) -> None:
+    """README's first session sources dev.env and sends its curls to $SHARDLB_API_URL: with
+    http://127.0.0.1:8000 written in, a router put on another port (SHARDLB_PORT, 8000 being taken)
+    was never reached, and the router holding 8000 (another checkout's) answered 401."""
+    port = str(free_port())
+    run(checkout, "dev-run.sh", SHARDLB_PORT=port)
+    assert remembered(checkout, "SHARDLB_API_URL") == f"http://127.0.0.1:{port}"
+    other = str(free_port())
+    run(checkout, "dev-run.sh", SHARDLB_PORT=other)
+    assert remembered(checkout, "SHARDLB_API_URL") == f"http://127.0.0.1:{other}"
+
+
 def test_make_stop_stops_the_router_whatever_the_terminal_width(checkout: Path) -> None:
     """dev-stop.sh knows its router by the command line ps prints; with COLUMNS set (an exported
     terminal width, or pytest-xdist's workers) ps cut the line before `router.server`, and make stop
