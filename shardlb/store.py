@@ -201,7 +201,11 @@ class BoardStore:
                 else:
                     layouts.append(_sharding(created))
             if not any(_confirms(replace(existing, sharding=s), given) for s in layouts):
-                raise BoardConflict(f"board {config.id!r} exists with other settings", "board")
+                differ = _differences(existing, given)
+                raise BoardConflict(
+                    f"board {config.id!r} exists with other settings" + (f": {differ}" if differ else ""),
+                    "board",
+                )
             # A retry of a creation answered 503 finds it made, perhaps unconfirmed.
             await self._confirm(config.id, str(found.get("incarnation", "0")))
             return self._board(config.id, found), False
@@ -837,6 +841,18 @@ def _config(board_id: str, record: dict[str, Any]) -> BoardConfig:
 def _confirms(known: BoardConfig, given: BoardConfig) -> bool:
     """Whether settings ``given`` to a PUT (perhaps without a shard count) are the board ``known``."""
     return _same_but_placement(known) == _same_but_placement(resolve_shards(given, 0, known))
+
+
+def _differences(known: BoardConfig, given: BoardConfig) -> str:
+    """Each setting in which ``given`` (a PUT's) differs from the board ``known`` as it is now, in
+    the API's names and JSON: the 409's message, so that the caller need not diff the two itself."""
+    have = _same_but_placement(known).to_dict()
+    want = _same_but_placement(resolve_shards(given, 0, known)).to_dict()
+    return "; ".join(
+        f"{name} is {orjson.dumps(value).decode()}, not {orjson.dumps(want.get(name)).decode()}"
+        for name, value in have.items()
+        if name != "board" and value != want.get(name)
+    )
 
 
 def _same_but_placement(config: BoardConfig) -> BoardConfig:

@@ -17,7 +17,7 @@ import pytest
 from shardlb import keys, times
 from shardlb import store as store_module
 from shardlb.board import Board, Score
-from shardlb.config import BoardConfig
+from shardlb.config import AUTO_SHARDS, BoardConfig
 from shardlb.connection import Scripts, connect
 from shardlb.errors import BoardConflict, BoardNotFound
 from shardlb.reshard import Resharder
@@ -32,6 +32,32 @@ async def keys_of(store: BoardStore, board_id: str) -> dict[str, int]:
     """Every key of ``board_id`` on the cluster, with its remaining time to live in ms (-1: none)."""
     found = [k async for k in store.client.scan_iter(match=f"lb:*:{board_id}:*", count=1000)]
     return {k: await store.client.pttl(k) for k in found}
+
+
+async def test_a_conflicting_create_names_each_setting_that_differs(store: BoardStore) -> None:
+    """A PUT of other settings is 409 board_conflict; its message said only "exists with other
+    settings", and a game backend sending README's `arena` again with one period less (or the
+    library's 16 shards where the API made one per master) had to diff the settings itself."""
+    name = "conflict-named"
+    made = {"periods": ["daily", "weekly"], "sharding": {"strategy": "hash", "shards": 3}}
+    await store.create(BoardConfig.from_dict(name, made))
+    try:
+        asked = {"mode": "incr", "periods": ["daily"], "sharding": {"strategy": "hash", "shards": 16}}
+        with pytest.raises(BoardConflict) as conflict:
+            await store.create(BoardConfig.from_dict(name, asked))
+        assert conflict.value.field == "board"
+        assert conflict.value.message == (
+            'board \'conflict-named\' exists with other settings: mode is "best", not "incr"; '
+            'periods is ["total","daily","weekly"], not ["total","daily"]; '
+            'retention_days is {"daily":3,"weekly":35}, not {"daily":3}; '
+            'sharding is {"strategy":"hash","shards":3}, not {"strategy":"hash","shards":16}'
+        )
+        # Settings that name no shard count confirm the board (api.md): no conflict to name.
+        unsized = BoardConfig.from_dict(name, {"periods": ["daily", "weekly"]}, default_shards=AUTO_SHARDS)
+        again, created = await store.create(unsized)
+        assert not created and again.config.sharding.shards == 3
+    finally:
+        await store.delete(name)
 
 
 @pytest.mark.parametrize("strategy", ["hash", "band"])
