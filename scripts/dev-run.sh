@@ -38,6 +38,15 @@ remember() {
 # A free block of 6 ports (and their bus ports, +10000) from $1 on, never 6379.
 free_block() { "$PY" -c "from shardlb.cluster import free_port_block; print(free_port_block(6, $1))"; }
 
+# SHARDLB_CLUSTER_PORT given: where a first run's block of cluster ports starts (7000 when not).
+GIVEN_CLUSTER_PORT=${SHARDLB_CLUSTER_PORT:-}
+if [ -n "$GIVEN_CLUSTER_PORT" ] && { ! [[ $GIVEN_CLUSTER_PORT =~ ^[0-9]{1,5}$ ]] ||
+    [ "$GIVEN_CLUSTER_PORT" -lt 1024 ] || [ "$GIVEN_CLUSTER_PORT" -gt 55530 ]; }; then
+    echo "SHARDLB_CLUSTER_PORT=$GIVEN_CLUSTER_PORT is not a port from 1024 to 55530 (6 nodes, each with" \
+        "its bus port 10000 above it)" >&2
+    exit 1
+fi
+
 if [ ! -f "$ENV_FILE" ]; then
     admin=$("$PY" -c 'import secrets; print("admin_" + secrets.token_urlsafe(24))')
     write=$("$PY" -c 'import secrets; print("write_" + secrets.token_urlsafe(24))')
@@ -45,14 +54,29 @@ if [ ! -f "$ENV_FILE" ]; then
 # Made by scripts/dev-run.sh on the first \`make run\` and reused since; delete it for new keys.
 SHARDLB_ADMIN_KEYS=$admin
 SHARDLB_WRITE_KEYS=$write
-SHARDLB_CLUSTER_PORT=$(free_block 7000)
 EOF
     )
+fi
+# The cluster's block of ports: chosen once (a first run, or the line deleted with the cluster).
+kept=true
+if ! grep -q "^SHARDLB_CLUSTER_PORT=" "$ENV_FILE"; then
+    kept=false
+    remember SHARDLB_CLUSTER_PORT "$(free_block "${GIVEN_CLUSTER_PORT:-7000}")"
 fi
 set -a
 # shellcheck source=/dev/null
 . "$ENV_FILE"
 set +a
+if [ -n "$GIVEN_CLUSTER_PORT" ] && [ "$GIVEN_CLUSTER_PORT" != "$SHARDLB_CLUSTER_PORT" ]; then
+    if $kept; then
+        echo "SHARDLB_CLUSTER_PORT=$GIVEN_CLUSTER_PORT is not used: the cluster of $CLUSTER_DIR keeps" \
+            "its data on ports from $SHARDLB_CLUSTER_PORT ($ENV_FILE): delete $CLUSTER_DIR and that" \
+            "line of $ENV_FILE for an empty cluster on the ports given" >&2
+    else
+        echo "ports from $GIVEN_CLUSTER_PORT are taken by another process: the cluster takes" \
+            "$SHARDLB_CLUSTER_PORT" >&2
+    fi
+fi
 
 # The cluster: `cluster up` finds it running, restarts what died, or forms it afresh. When another
 # process took our ports before the cluster was first formed, move to a free block and remember it.

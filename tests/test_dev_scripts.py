@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from shardlb.nodes import free_port_block
 from shardlb.postgres import LocalPostgres
 from tests.ports import server_port
 
@@ -151,6 +152,41 @@ def test_dev_env_keeps_the_router_url_of_the_port_make_run_took(checkout: Path) 
     other = str(free_port())
     run(checkout, "dev-run.sh", SHARDLB_PORT=other)
     assert remembered(checkout, "SHARDLB_API_URL") == f"http://127.0.0.1:{other}"
+
+
+def test_a_first_make_run_takes_its_cluster_ports_from_the_block_given(checkout: Path) -> None:
+    """SHARDLB_CLUSTER_PORT in the environment of a first `make run` (no dev.env yet) is where its
+    port block starts, as SHARDLB_PORT is the router's: it was overwritten by the first free block
+    from 7000, so the cluster's ports could not be chosen. A later run keeps dev.env's block (the
+    cluster keeps its data on it) and says that the one given is not taken."""
+    given = free_port_block(6, 40000)
+    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port()), SHARDLB_CLUSTER_PORT=str(given))
+    assert remembered(checkout, "SHARDLB_CLUSTER_PORT") == str(given)
+    done = subprocess.run(
+        ["bash", "scripts/dev-run.sh"],
+        cwd=checkout,
+        env=environ(checkout, SHARDLB_PORT=str(free_port()), SHARDLB_CLUSTER_PORT=str(given + 100)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert remembered(checkout, "SHARDLB_CLUSTER_PORT") == str(given)
+    assert f"SHARDLB_CLUSTER_PORT={given + 100} is not used" in done.stderr
+
+
+def test_a_cluster_port_that_is_no_port_stops_make_run(checkout: Path) -> None:
+    done = subprocess.run(
+        ["bash", "scripts/dev-run.sh"],
+        cwd=checkout,
+        env=environ(checkout, SHARDLB_PORT=str(free_port()), SHARDLB_CLUSTER_PORT="7000x"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "SHARDLB_CLUSTER_PORT=7000x is not a port" in done.stderr
+    assert not (checkout / "calls.log").exists()
 
 
 def test_make_stop_stops_the_router_whatever_the_terminal_width(checkout: Path) -> None:
