@@ -63,5 +63,6 @@ async def asset(request: Request) -> Response:
 
 ROUTES = [
     Route("/dashboard", page, methods=["GET"]),
+    Route("/dashboard/", page, methods=["GET"]),  # as typed; the page's links are absolute
     Route("/dashboard/{asset}", asset, methods=["GET"]),
 ]

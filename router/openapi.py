@@ -1716,6 +1716,21 @@ SPEC["paths"].update(
                 },
             },
         },
+        "/dashboard/": {
+            "get": {
+                "operationId": "dashboardSlashed",
+                "summary": "Addition: the operator dashboard page, as /dashboard",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "The page",
+                        "headers": _STATIC_HEADERS,
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    },
+                    **_errors(400),
+                },
+            },
+        },
         "/dashboard/{asset}": {
             "parameters": [
                 {"name": "asset", "in": "path", "required": True, "schema": {"enum": list(ASSETS)}}

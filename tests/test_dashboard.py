@@ -85,6 +85,19 @@ async def test_the_page_and_its_files_are_served_with_a_strict_policy(
     assert (await client.get("/dashboard", params={"key": "x"})).status_code == 400
 
 
+async def test_the_page_is_found_with_a_trailing_slash_and_asks_for_no_icon(
+    router: tuple[Starlette, httpx.AsyncClient],
+) -> None:
+    """`/dashboard/`, as an operator may type it, was 404 not_found; and every visit made the browser
+    ask for /favicon.ico, a 404 and a `request refused` line in the router's log (make run, 2026-12-06)."""
+    _, client = router
+    slashed = await client.get("/dashboard/")
+    assert slashed.status_code == 200 and slashed.content == dashboard.FILES["index.html"]
+    assert slashed.headers["content-security-policy"] == dashboard.CSP
+    # An icon of its own, inline (img-src allows data:), so no browser fetches /favicon.ico.
+    assert re.search(r'<link rel="icon" href="data:[^"]*">', slashed.text)
+
+
 async def test_the_page_carries_no_data(router: tuple[Starlette, httpx.AsyncClient], board: str) -> None:
     _, client = router
     for path in ("/dashboard", "/dashboard/app.js"):
