@@ -202,8 +202,9 @@ class View:
 
     async def rank_of(self, found: Located) -> tuple[int, int]:
         """The player's unique rank and the view's size, from ``locate``: one more pipeline per node
-        holding the other keys (ZCOUNT above, the tie block by ZRANGEBYSCORE up to one row past
-        TIE_ROWS, ZCARD), so a rank costs two rounds of round trips whatever the number of shards."""
+        holding the other keys, of one-number replies only (ZCOUNT above, ZCOUNT at the player's
+        score, ZCARD), so a rank costs two rounds of round trips whatever the number of shards; a
+        third only where a key counted rows at that very score (``_resolve_ties``)."""
         others = [i for i in range(len(self.keys)) if i != found.home]
         if not others:
             return found.ahead + 1, found.size
@@ -213,12 +214,12 @@ class View:
         for i in others:
             key = self.keys[i]
             pipe.zcount(key, f"({text}", "+inf")
-            pipe.zrangebyscore(key, text, text, 0, TIE_ROWS + 1)  # more than TIE_ROWS: not whole
+            pipe.zcount(key, text, text)
             pipe.zcard(key)
         replies = await pipe.execute()
         counts = [int(n) for n in replies[0::3]]
         sizes = [int(n) for n in replies[2::3]]
-        await self._resolve_ties(found, others, counts, replies[1::3])
+        await self._resolve_ties(found, others, counts, [int(n) for n in replies[1::3]])
         return found.ahead + sum(counts) + 1, found.size + sum(sizes)
 
     async def near(self, member: str, home: int, radius: int) -> tuple[Located, list[Row]] | None:
@@ -277,20 +278,29 @@ class View:
         return window, rank, min(at, radius)
 
     async def _resolve_ties(
-        self, found: Located, others: list[int], counts: list[int], blocks: Sequence[Sequence[str]]
+        self, found: Located, others: list[int], counts: list[int], tied: list[int]
     ) -> None:
         """Add to ``counts`` (one per key of ``others``) the rows tied with the player that rank
-        ahead of them: from the tie block read back when it was whole (at most TIE_ROWS rows), else
-        with counts.lua."""
+        ahead of them, on the keys that counted rows at the player's score (``tied``): the tie block
+        read back when it is small (at most TIE_ROWS rows, read up to one past, so that its length
+        says whether it still is) and ordered here, else counted by counts.lua. Ties are rare, so
+        most ranks need neither: a list reply costs Redis more than a count (docs/design-notes.md,
+        "What a rank costs inside Redis")."""
         score, member = found.row
-        big = []
-        for j, block in enumerate(blocks):
-            if len(block) > TIE_ROWS:
-                big.append(j)
-            else:
-                counts[j] += sum(1 for m in block if m > member)
+        text = _score(score)
+        small = [j for j, n in enumerate(tied) if 0 < n <= TIE_ROWS]
+        big = [j for j, n in enumerate(tied) if n > TIE_ROWS]
+        if small:
+            pipe = batch(self.client, replicas=self.replicas, shared=True)
+            for j in small:
+                pipe.zrangebyscore(self.keys[others[j]], text, text, 0, TIE_ROWS + 1)
+            for j, block in zip(small, await pipe.execute(), strict=True):
+                if len(block) > TIE_ROWS:  # it grew since it was counted
+                    big.append(j)
+                else:
+                    counts[j] += sum(1 for m in block if m > member)
         if big:
-            packed = _pack([_score(score), member])
+            packed = _pack([text, member])
             exact = await self._count_calls([(self.keys[others[j]], packed) for j in big])
             for j, reply in zip(big, exact, strict=True):
                 counts[j] = int(reply[0])

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import io
 import random
+from typing import Any
 
 import msgpack
 import pytest
 
-from shardlb import keys, periods, times
+from shardlb import fanout, keys, periods, times
 from shardlb.board import STREAM_VALUES, Board, Entry, Score
 from shardlb.config import BoardConfig
 from shardlb.errors import InvalidInput
@@ -193,6 +194,48 @@ async def test_ranks_and_neighbours_inside_tie_blocks(store: BoardStore, shards:
             for radius in (0, 1, 6):
                 lo = max(0, e.rank - 1 - radius)
                 assert await board.around(e.player_id, radius) == want[lo : e.rank + radius], radius
+    finally:
+        await store.delete(config.id)
+
+
+async def test_a_rank_reads_a_tie_block_only_from_the_shards_that_count_one(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exact rank on a hash board asks the other shards for one-number replies only (ZCOUNT
+    above the player's score, ZCOUNT at it, ZCARD), in the round after the home shard's; a tie
+    block is read back, in one more round, only from a shard that counted rows at that very score.
+    Both kinds of player give the reference's rank and size."""
+    config = BoardConfig.from_dict(
+        board_name("tie-rounds"), {"durability": "memory", "sharding": {"strategy": "hash", "shards": 3}}
+    )
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    ref = ReferenceBoard(config)
+    scores = [Score(f"solo-{i}", 1000 + i, f"s{i}", now) for i in range(30)]  # no two alike
+    scores += [Score(f"tied-{i}", 500, f"t{i}", now) for i in range(12)]  # one exact score
+    sent: list[list[str]] = []
+    real = fanout._pipelines
+
+    async def spy(sends: Any, timeout: float | None) -> Any:
+        sent.append([str(c.args[0]).upper() for _, commands in sends for c in commands])
+        return await real(sends, timeout)
+
+    try:
+        await board.submit(scores, now_ms=now)
+        ref.submit(scores, now_ms=now)
+        want = {e.player_id: e for e in expected_entries(ref, "total", None)}
+        view = board.resolve()
+        tied_at = {board._home_index(f"tied-{i}", view) for i in range(12)}
+        assert len(tied_at) > 1  # the tie block spreads over several shards
+        monkeypatch.setattr(fanout, "_pipelines", spy)
+        for player, rounds in (("solo-7", 2), ("tied-3", 3)):
+            sent.clear()
+            got = await board.player(player)
+            assert (got.entry, got.players) == (want[player], len(want)), player
+            assert len(sent) == rounds, (player, sent)
+            assert set(sent[0]) == {"ZSCORE", "ZREVRANK", "ZCARD"}, sent
+            assert set(sent[1]) == {"ZCOUNT", "ZCARD"} and sent[1].count("ZCOUNT") == 4, sent
+            assert sent[2:] in ([], [["ZRANGEBYSCORE"] * (len(tied_at) - 1)]), sent
     finally:
         await store.delete(config.id)
 
