@@ -65,8 +65,10 @@ def test_every_route_served_is_written_in_the_router_readme_or_api_md() -> None:
     written = _written([API, ROOT / "router" / "README.md"])
     served = [(method, path) for path, methods in _served().items() for method in methods]
     unwritten = sorted(route for route in served if route not in written)
-    # The dashboard's files, each named in "Additions: dashboard" (a file name, not a route, there).
-    assert unwritten == [("GET", "/dashboard/{}")]
+    # The dashboard's files, each named in "Additions: dashboard" (a file name, not a route, there),
+    # and its page under a trailing slash, written there too (a path ending in "/" reads as a prefix).
+    assert unwritten == [("GET", "/dashboard/"), ("GET", "/dashboard/{}")]
     readme = (ROOT / "router" / "README.md").read_text()
+    assert "`/dashboard/` serves the same page" in readme
     assets = sorted(p.name for p in (ROOT / "router" / "static" / "dashboard").iterdir())
     assert assets and [name for name in assets if f"`{name}`" not in readme] == []

@@ -110,6 +110,7 @@ def _shell_reads() -> set[str]:
         found |= set(re.findall(r"\$\{?(SHARDLB_[A-Z0-9_]*[A-Z0-9])\b", text))
         found |= set(re.findall(r"(?<![\w$])(SHARDLB_[A-Z0-9_]*[A-Z0-9])=", text))  # a command's, a literal
         found |= set(re.findall(r"^\s*- name: (SHARDLB_[A-Z0-9_]*[A-Z0-9])$", text, re.M))  # env
+        found |= set(re.findall(r"\bremember (SHARDLB_[A-Z0-9_]*[A-Z0-9])\b", text))  # kept in dev.env
     return found
 
 
@@ -134,7 +135,7 @@ def test_every_variable_the_code_reads_is_documented_and_every_documented_one_re
     python, shell, documented = _python_reads(), _shell_reads(), _documented()
     # the scans work: a variable of each kind of source
     assert {"SHARDLB_RESHARD_LEASE_MS", "SHARDLB_SCALEOUT_PLAYERS", "SHARDLB_WRITE_HOST"} <= python
-    assert {"SHARDLB_PRUNE_BUDGET_S", "SHARDLB_CLUSTER_PORT", "SHARDLB_PROBE_PORT"} <= shell
+    assert {"SHARDLB_PRUNE_BUDGET_S", "SHARDLB_API_URL", "SHARDLB_PROBE_PORT"} <= shell
     assert {"SHARDLB_BENCH_RAMP_STEPS", "SHARDLB_SCALEOUT_REPLICA_MASTERS"} <= documented
     read = python | shell
     assert sorted(read - documented) == [], "read by the code, named in no doc"
