@@ -25,7 +25,7 @@ from router.service import Service
 from shardlb import keys, times
 from shardlb.board import band_skew
 from shardlb.config import MAX_SHARDS, check_id
-from shardlb.errors import BoardConflict, ClusterUnavailable, InvalidInput, field_name
+from shardlb.errors import BoardConflict, ClusterUnavailable, InvalidInput, unknown_field
 from shardlb.reads import View
 from shardlb.reshard import Resharder
 
@@ -240,7 +240,7 @@ async def reshard(request: Request) -> Response:
     body = params.integral(await read_object(request, RESHARD_BODY_BYTES))
     for name in body:
         if name not in RESHARD_FIELDS:
-            raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
+            raise unknown_field(name, RESHARD_FIELDS)
     if "resume" in body and (len(body) != 1 or body["resume"] is not True):
         raise InvalidInput('give "shards" (and "bands") or "resume": true, not both', "resume")
     if "shards" not in body and "resume" not in body:

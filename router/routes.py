@@ -41,7 +41,13 @@ from router.service import Service
 from shardlb import archive, merge, rebuild, times
 from shardlb.board import Board, Entry
 from shardlb.config import AUTO_SHARDS, ID_PATTERN, MAX_SHARDS, BoardConfig, check_id
-from shardlb.errors import BoardConflict, BoardNotFound, InvalidInput, PlayerNotFound, field_name
+from shardlb.errors import (
+    BoardConflict,
+    BoardNotFound,
+    InvalidInput,
+    PlayerNotFound,
+    unknown_field,
+)
 from shardlb.merge import Row
 from shardlb.reads import ResolvedView
 
@@ -593,7 +599,7 @@ async def query(request: Request) -> Response:
     body = decode_object(raw, request.headers.get("content-type"))
     for name in body:
         if name not in QUERY_FIELDS:
-            raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
+            raise unknown_field(name, QUERY_FIELDS)
     ids = body.get("player_ids")
     if not isinstance(ids, list):
         raise InvalidInput("player_ids must be a list of player ids", "player_ids", "invalid_input")

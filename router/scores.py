@@ -35,7 +35,7 @@ from router.media import (
 from router.service import Service
 from shardlb import times
 from shardlb.board import Result, Score
-from shardlb.errors import InvalidInput, field_name
+from shardlb.errors import InvalidInput, unknown_field
 
 PATH = "/v1/boards/{board}/scores"
 PATH_PATTERN = re.compile(r"/v1/boards/([^/]+)/scores")
@@ -60,7 +60,7 @@ def parse_scores(body: dict[str, Any]) -> list[Score]:
     """The ``scores`` of a POST body as Score values; shape errors name their field (422)."""
     for name in body:
         if name != "scores":
-            raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
+            raise unknown_field(name, ("scores",))
     items = body.get("scores")
     if not isinstance(items, list):
         raise InvalidInput("scores must be a list of score objects", "scores", "invalid_input")
@@ -75,9 +75,7 @@ def parse_scores(body: dict[str, Any]) -> list[Score]:
         usual = len(item) == 3 and player_id is not None and points is not None and match_id is not None
         if not usual and not item.keys() <= SCORE_FIELDS:
             name = next(name for name in item if name not in SCORE_FIELDS)
-            raise InvalidInput(
-                f"unknown field {field_name(name)!r}", f"scores[{i}].{field_name(name)}", "unknown_field"
-            )
+            raise unknown_field(name, SCORE_FIELDS, f"scores[{i}].")
         if type(points) is not int:
             points = params.integral(points)
         if player_id is None or points is None or match_id is None:

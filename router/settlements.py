@@ -31,7 +31,7 @@ from router.service import Service
 from shardlb import periods, settlement, settlement_delivery, settlement_history, times
 from shardlb.board import Board
 from shardlb.config import check_id
-from shardlb.errors import InvalidInput, field_name
+from shardlb.errors import unknown_field
 
 log = logging.getLogger("shardlb.router")
 MAX_HISTORY = settlement_history.MAX_HISTORY
@@ -171,7 +171,7 @@ async def ack_awards(request: Request) -> Response:
     body = await read_object(request, svc.settings.max_body_bytes)
     for name in body:
         if name != "award_ids":
-            raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
+            raise unknown_field(name, ("award_ids",))
     async with archive_call(svc) as db:
         done = await settlement_delivery.ack(db, settlement_id, body.get("award_ids"))
     return render(request, done)

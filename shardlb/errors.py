@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -38,6 +40,23 @@ class InvalidInput(ShardlbError):
         super().__init__(message, field)
         if code is not None:
             self.code = code
+
+
+GUESSED_NAME_MAX = 64  # longer unknown names are not compared with the known ones (difflib's cost)
+
+
+def unknown_field(name: object, known: Iterable[str], at: str = "") -> InvalidInput:
+    """422 ``unknown_field`` for a body's key ``name`` that is none of ``known``, at ``at`` (a
+    prefix of the error's field, e.g. ``scores[3].``). The message adds the known name closest to it,
+    when one is close (``unknown field 'score' (did you mean 'scores'?)``): a misspelt key is the
+    usual cause, and a client fixing it should not need the docs to find the right one."""
+    said = field_name(name)
+    message = f"unknown field {said!r}"
+    if said is not None and len(said) <= GUESSED_NAME_MAX:
+        close = difflib.get_close_matches(said, sorted(known), n=1, cutoff=0.6)
+        if close:
+            message += f" (did you mean {close[0]!r}?)"
+    return InvalidInput(message, f"{at}{said}" if at else said, "unknown_field")
 
 
 class OutOfRange(InvalidInput):

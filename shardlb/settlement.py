@@ -61,7 +61,7 @@ from shardlb.errors import (
     InvalidInput,
     Resharding,
     SettlementConflict,
-    field_name,
+    unknown_field,
 )
 from shardlb.fanout import batch
 from shardlb.rebuild import Rebuilder
@@ -212,7 +212,7 @@ class Request:
         allowed = ("settlement_id", "rewards", "top_n", "force", "webhook_url")
         for name in body:
             if name not in allowed:
-                raise InvalidInput(f"unknown field {field_name(name)!r}", field_name(name), "unknown_field")
+                raise unknown_field(name, allowed)
         settlement_id = check_id(body.get("settlement_id"), "settlement_id")
         top_n = body.get("top_n", DEFAULT_TOP_N)
         if isinstance(top_n, bool) or not isinstance(top_n, int) or not 0 <= top_n <= MAX_TOP_N:

@@ -165,3 +165,33 @@ def test_parse_scores_keeps_what_a_score_sends() -> None:
         Score("p", 5, "m"),
         Score("p", 5, "m", 1_796_515_200_000, "eu"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "hint"),
+    [
+        ({"score": []}, "score", "'scores'"),
+        (
+            {"scores": [{"player": "p", "points": 1, "match_id": "m"}]},
+            "scores[0].player",
+            "'player_id'",
+        ),
+        (
+            {"scores": [{"player_id": "p", "point": 1, "match_id": "m"}]},
+            "scores[0].point",
+            "'points'",
+        ),
+        ({"scores": [], "zzzz": 1}, "zzzz", None),  # nothing close: no guess
+        ({"s" * 5000: 1}, "s" * 5000, None),  # a long name is not compared
+    ],
+)
+def test_an_unknown_field_close_to_a_known_one_is_named_in_the_message(
+    body: dict[str, Any], field: str, hint: str | None
+) -> None:
+    with pytest.raises(InvalidInput) as e:
+        parse_scores(body)
+    assert (e.value.field, e.value.code) == (field, "unknown_field")
+    if hint is None:
+        assert "did you mean" not in e.value.message
+    else:
+        assert e.value.message == f"unknown field {field.rsplit('.', 1)[-1]!r} (did you mean {hint}?)"
