@@ -1,4 +1,4 @@
-"""What the router app itself spends on a score write, without an HTTP server in front of it.
+"""What the router app itself spends on a score write and a "my rank" read, without an HTTP server.
 
     python -m bench.app_cost                      # the working tree's router
     python -m bench.app_cost --against a81e764    # beside the router of another revision
@@ -11,7 +11,12 @@ fresh board and calls the app as uvicorn would (an ASGI scope, a body message, a
 response), ``--concurrency`` requests at a time. It counts that process's CPU (``time.process_time``)
 over ``--requests`` score posts of one match (10 scores), a tenth as many of ten matches (100 scores),
 and a quarter as many ``GET /healthz`` (Starlette's whole path). The two posts give a request's part
-and a score's part of the app's CPU (two equations: CPU = per request + scores x per score).
+and a score's part of the app's CPU (two equations: CPU = per request + scores x per score). Then
+"my rank": a second board of 3 hash shards (one per master, as ``make bench``'s ``bench-s3``), filled
+with ``RANK_PLAYERS`` players by posts of 100 scores, and a quarter as many
+``GET /v1/boards/{board}/players/{player}`` of random players of it as one-match posts, sent as wrk
+sends them to ``bench-s3`` (a Host header only, no key; the app's read limit off, as there;
+``RANK_CONCURRENCY`` at a time at most, wrk's connections there).
 
 Variants take turns for ``--rounds`` rounds (the machine's load moves, so each round compares
 neighbours), and the table has each variant's median; with ``--against``, the change. The other
@@ -22,7 +27,8 @@ CPU time on a shared 2-core VM cannot tell a 5% change from noise (the same chan
 +8.9% in two runs of 7 rounds). ``--instructions`` adds a count that repeats: each variant runs once
 more, under ``valgrind --tool=callgrind`` with instrumentation off from the start, and turns it on
 (``callgrind_control -i on``) only around ``--waves`` waves of ``--concurrency`` one-match posts, a
-fifth as many waves of ten-match posts and a quarter as many of ``GET /healthz``, each wave gathered
+fifth as many waves of ten-match posts, a quarter as many of ``GET /healthz``, and as many "my
+rank" reads as one-match posts (in waves of at most ``RANK_CONCURRENCY``), each wave gathered
 and answered before the next (so every wave's scores go to the coalescer together, whatever the
 machine's load), from a fixed seed and ``PYTHONHASHSEED``, the service's timed loops stopped first
 (they tick with the wall time, not the posts). It is a proxy: an instruction of the
@@ -50,8 +56,13 @@ ROOT = Path(__file__).resolve().parent.parent  # this tree (bench/services.py's 
 ADMIN, WRITE = "app-cost-admin-key-0000", "app-cost-write-key-0000"
 PLAYERS = 200_000
 WARM = 2_000
-MEASURES = ("one_match_us", "ten_matches_us", "healthz_us")
-COUNTS = ("one_match_ir", "ten_matches_ir", "healthz_ir")  # --instructions, in the order counted
+RANK_PLAYERS = 5_000  # players of the "my rank" board, p0 to p4999
+RANK_SHARDS = 3  # the "my rank" board's hash shards: one per master of the cluster, as bench-s3
+# "my rank" reads in flight at most: wrk's connections to bench-s3 (bench/hot.py). They come from one
+# address without a key, which may hold 62 requests at once (router/middleware.py, per_client).
+RANK_CONCURRENCY = 32
+MEASURES = ("one_match_us", "ten_matches_us", "healthz_us", "rank_us")
+COUNTS = ("one_match_ir", "ten_matches_ir", "healthz_ir", "rank_ir")  # --instructions, in the order counted
 
 
 def fit(one_match_us: float, ten_matches_us: float) -> tuple[float, float]:
@@ -78,6 +89,25 @@ def bodies(count: int, matches: int, rng: random.Random, first: int) -> list[byt
     return out
 
 
+def rank_bodies(rng: random.Random) -> list[bytes]:
+    """Posts of 100 scores (10 matches of 10 players) that give each of ``RANK_PLAYERS`` players one."""
+    import orjson
+
+    out = []
+    for first in range(0, RANK_PLAYERS, 100):
+        scores = [
+            {"player_id": f"p{n}", "points": rng.randrange(10_000), "match_id": f"r{n // 10}"}
+            for n in range(first, min(first + 100, RANK_PLAYERS))
+        ]
+        out.append(orjson.dumps({"scores": scores}))
+    return out
+
+
+def rank_paths(board: str, count: int, rng: random.Random) -> list[str]:
+    """``count`` "my rank" paths of random players of the board ``rank_bodies`` filled."""
+    return [f"/v1/boards/{board}/players/p{rng.randrange(RANK_PLAYERS)}" for _ in range(count)]
+
+
 def _callgrind(*flags: str) -> None:
     """In a worker under callgrind (--instructions): tell valgrind, which runs this very process."""
     subprocess.run(["callgrind_control", *flags, str(os.getpid())], check=True, capture_output=True)
@@ -87,29 +117,38 @@ async def _measure(
     url: str, shards: int, requests: int, concurrency: int, waves: int = 0, warm: int = WARM
 ) -> dict[str, float]:
     """In a worker process: the app of the source tree on ``sys.path`` first, measured. With
-    ``waves`` (--instructions, the process under callgrind), the posts go in waves and only they are
-    counted, each measure dumped to a file of its own; the result is then the posts of each dump."""
+    ``waves`` (--instructions, the process under callgrind), the requests go in waves and only they
+    are counted, each measure dumped to a file of its own; the result is then the requests of each
+    dump."""
     from router.app import create_app
     from router.settings import Settings
     from shardlb.config import BoardConfig
 
-    settings = Settings(redis_url=url, admin_keys=(ADMIN,), write_keys=(WRITE,))
+    # read_rate 0: the "my rank" reads come from one address, as wrk's to bench-s3 (whose router
+    # runs with SHARDLB_READ_RATE=0); the writes and /healthz take no read token.
+    settings = Settings(redis_url=url, admin_keys=(ADMIN,), write_keys=(WRITE,), read_rate=0.0)
     app = create_app(settings)
     # Fixed width: a counted run's board name (in every key) is as long in each variant.
     board = f"app-cost-{os.getpid():07d}-{time.time_ns() % 10**9:09d}"
+    ranked = f"{board}-s{RANK_SHARDS}"
     headers = [
         (b"host", b"router"),
         (b"content-type", b"application/json"),
         (b"accept", b"application/json"),
         (b"authorization", f"Bearer {WRITE}".encode()),
     ]
+    reads, read_headers = f"/v1/boards/{ranked}/players/", [(b"host", b"router")]  # as wrk sends them
 
     async def call(method: str, path: str, body: bytes) -> int:
+        head = (
+            read_headers
+            if path.startswith(reads)
+            else [*headers, (b"content-length", str(len(body)).encode())]
+        )
         scope = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-            "headers": [*headers, (b"content-length", str(len(body)).encode())],
-            "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000),
+            "headers": head, "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000),
         }  # fmt: skip
         status = 0
 
@@ -124,60 +163,81 @@ async def _measure(
         await app(scope, receive, send)
         return status
 
-    async def timed(method: str, path: str, payloads: list[bytes]) -> float:
-        """CPU µs a request over ``payloads``, ``concurrency`` at a time."""
-        queue = iter(payloads)
+    async def timed(method: str, sent: list[tuple[str, bytes]], width: int = concurrency) -> float:
+        """CPU µs a request over ``sent`` (paths and bodies), ``width`` at a time."""
+        queue = iter(sent)
 
         async def worker() -> None:
-            for body in queue:
-                status = await call(method, path, body)
+            for at, body in queue:
+                status = await call(method, at, body)
                 if status >= 300:
-                    raise RuntimeError(f"{method} {path} answered {status}")
+                    raise RuntimeError(f"{method} {at} answered {status}")
 
         start = time.process_time()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return (time.process_time() - start) / len(payloads) * 1e6
+        await asyncio.gather(*(worker() for _ in range(width)))
+        return (time.process_time() - start) / len(sent) * 1e6
 
-    async def in_waves(method: str, path: str, payloads: list[bytes]) -> None:
-        """``payloads`` ``concurrency`` at a time, each wave answered before the next."""
-        for at in range(0, len(payloads), concurrency):
-            statuses = await asyncio.gather(*(call(method, path, b) for b in payloads[at : at + concurrency]))
+    async def in_waves(method: str, sent: list[tuple[str, bytes]], width: int = concurrency) -> None:
+        """``sent`` ``width`` at a time, each wave answered before the next."""
+        for at in range(0, len(sent), width):
+            wave = sent[at : at + width]
+            statuses = await asyncio.gather(*(call(method, path, body) for path, body in wave))
             if max(statuses) >= 300:
-                raise RuntimeError(f"{method} {path} answered {max(statuses)}")
+                raise RuntimeError(f"{method} {wave[0][0]} answered {max(statuses)}")
 
-    async def counted(method: str, path: str, payloads: list[bytes]) -> int:
-        """Instructions on around ``payloads`` in waves, then dumped (the dump also zeroes them):
+    async def counted(method: str, sent: list[tuple[str, bytes]], width: int = concurrency) -> int:
+        """Instructions on around ``sent`` in waves, then dumped (the dump also zeroes them):
         the number of requests of the dump."""
         _callgrind("--instr=on")
-        await in_waves(method, path, payloads)
+        await in_waves(method, sent, width)
         _callgrind("--instr=off")
         _callgrind("--dump")
-        return len(payloads)
+        return len(sent)
 
     async with app.router.lifespan_context(app):
         store = app.state.service.boards.store
         await store.create(BoardConfig.from_dict(board, {"sharding": {"strategy": "hash", "shards": shards}}))
+        # bench-s3's settings (bench/testbed.py, create_board): hash shards, one per master, no journal.
+        rank_board = {"sharding": {"strategy": "hash", "shards": RANK_SHARDS}, "durability": "memory"}
+        await store.create(BoardConfig.from_dict(ranked, rank_board))
         path = f"/v1/boards/{board}/scores"
+
+        def posts(payloads: list[bytes], to: str = path) -> list[tuple[str, bytes]]:
+            return [(to, body) for body in payloads]
+
+        def gets(paths: list[str]) -> list[tuple[str, bytes]]:
+            return [(at, b"") for at in paths]
+
+        width = min(concurrency, RANK_CONCURRENCY)
+        fill = posts(rank_bodies(random.Random("app-cost-rank")), f"/v1/boards/{ranked}/scores")
         try:
             if waves:
                 await _stop_timed_loops(app.state.service)
                 rng = random.Random("app-cost")  # the same posts in every counted run
-                await in_waves("POST", path, bodies(warm, 1, rng, 0))
-                ones = bodies(waves * concurrency, 1, rng, 10**7)
-                tens = bodies(max(1, waves // 5) * concurrency, 10, rng, 2 * 10**7)
-                one = await counted("POST", path, ones)
-                ten = await counted("POST", path, tens)
-                healthz = await counted("GET", "/healthz", [b""] * max(1, waves // 4) * concurrency)
-                return dict(zip(COUNTS, (one, ten, healthz), strict=True))
+                await in_waves("POST", posts(bodies(warm, 1, rng, 0)))
+                ones = posts(bodies(waves * concurrency, 1, rng, 10**7))
+                tens = posts(bodies(max(1, waves // 5) * concurrency, 10, rng, 2 * 10**7))
+                one = await counted("POST", ones)
+                ten = await counted("POST", tens)
+                healthz = await counted("GET", gets(["/healthz"] * max(1, waves // 4) * concurrency))
+                await in_waves("POST", fill)
+                await in_waves("GET", gets(rank_paths(ranked, max(1, warm // 4), rng)), width)
+                rank = await counted("GET", gets(rank_paths(ranked, waves * concurrency, rng)), width)
+                return dict(zip(COUNTS, (one, ten, healthz, rank), strict=True))
             rng = random.Random(board)
-            if warm:  # (timed divides by the posts it sent)
-                await timed("POST", path, bodies(warm, 1, rng, 0))
-            one = await timed("POST", path, bodies(requests, 1, rng, 10**7))
-            ten = await timed("POST", path, bodies(max(1, requests // 10), 10, rng, 2 * 10**7))
-            healthz = await timed("GET", "/healthz", [b""] * max(1, requests // 4))
+            if warm:  # (timed divides by the requests it sent)
+                await timed("POST", posts(bodies(warm, 1, rng, 0)))
+            one = await timed("POST", posts(bodies(requests, 1, rng, 10**7)))
+            ten = await timed("POST", posts(bodies(max(1, requests // 10), 10, rng, 2 * 10**7)))
+            healthz = await timed("GET", gets(["/healthz"] * max(1, requests // 4)))
+            await timed("POST", fill)
+            if warm:
+                await timed("GET", gets(rank_paths(ranked, max(1, warm // 4), rng)), width)
+            rank = await timed("GET", gets(rank_paths(ranked, max(1, requests // 4), rng)), width)
         finally:
             await store.delete(board)
-    return {"one_match_us": one, "ten_matches_us": ten, "healthz_us": healthz}
+            await store.delete(ranked)
+    return {"one_match_us": one, "ten_matches_us": ten, "healthz_us": healthz, "rank_us": rank}
 
 
 async def _stop_timed_loops(service: Any) -> None:
@@ -263,7 +323,10 @@ def summarise(rounds: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, 
     """Each variant's median of every measure over its rounds, with the fit of its two posts."""
     out = {}
     for label, results in rounds.items():
-        medians = {k: statistics.median(r[k] for r in results) for k in MEASURES}
+        # A measure a round lacks (an app_cost.json of a run before it was measured) is left out.
+        medians = {
+            k: statistics.median(r[k] for r in results) for k in MEASURES if all(k in r for r in results)
+        }
         per_request, per_score = fit(medians["one_match_us"], medians["ten_matches_us"])
         out[label] = {**medians, "per_request_us": per_request, "per_score_us": per_score}
     return out
@@ -273,6 +336,7 @@ ROWS = (
     ("post of 1 match (10 scores), µs a request", "one_match_us"),
     ("post of 10 matches (100 scores), µs a request", "ten_matches_us"),
     ("GET /healthz (Starlette's path), µs a request", "healthz_us"),
+    (f"GET my rank ({RANK_SHARDS} hash shards, {RANK_PLAYERS:,} players), µs a request", "rank_us"),
     ("fit: a request's part, µs", "per_request_us"),
     ("fit: a score's part, µs", "per_score_us"),
 )
@@ -282,6 +346,7 @@ COUNT_ROWS = (
     ("post of 1 match (10 scores), instructions a request", "one_match_ir"),
     ("post of 10 matches (100 scores), instructions a request", "ten_matches_ir"),
     ("GET /healthz (Starlette's path), instructions a request", "healthz_ir"),
+    (f"GET my rank ({RANK_SHARDS} hash shards, {RANK_PLAYERS:,} players), instructions a request", "rank_ir"),
     ("fit: a request's part, instructions", "per_request_ir"),
     ("fit: a score's part, instructions", "per_score_ir"),
 )
@@ -295,17 +360,21 @@ def table(
     form: str = ".1f",
 ) -> list[str]:
     """The medians as a Markdown table, with the change against ``against`` (the instruction counts:
-    COUNT_ROWS, a title of their own, whole numbers)."""
+    COUNT_ROWS, a title of their own, whole numbers). A measure a variant lacks is "-", and so is its
+    change; a row no variant has is left out."""
     labels = list(summary)
     head = f"| {title} | " + " | ".join(labels) + (" | change |" if against else " |")
     rule = "|---|" + "---:|" * len(labels) + ("---:|" if against else "")
     lines = [head, rule]
     for name, key in rows:
-        cells = [format(summary[label][key], form) for label in labels]
+        values = [summary[label].get(key) for label in labels]
+        if all(value is None for value in values):
+            continue
+        cells = ["-" if value is None else format(value, form) for value in values]
         line = f"| {name} | " + " | ".join(cells) + " |"
         if against:
-            base = summary[against][key]
-            line += f" {100 * (summary['this'][key] - base) / base:+.1f}% |" if base else " - |"
+            base, now = summary[against].get(key), summary["this"].get(key)
+            line += f" {100 * (now - base) / base:+.1f}% |" if base and now is not None else " - |"
         lines.append(line)
     return lines
 

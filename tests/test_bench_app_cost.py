@@ -25,10 +25,11 @@ def test_the_fit_splits_a_request_from_its_scores() -> None:
 def test_the_summary_takes_medians_and_the_table_the_change() -> None:
     rounds = {
         "this": [
-            {"one_match_us": 130.0, "ten_matches_us": 670.0, "healthz_us": 30.0},
-            {"one_match_us": 500.0, "ten_matches_us": 680.0, "healthz_us": 20.0},
-            {"one_match_us": 120.0, "ten_matches_us": 660.0, "healthz_us": 40.0},
+            {"one_match_us": 130.0, "ten_matches_us": 670.0, "healthz_us": 30.0, "rank_us": 50.0},
+            {"one_match_us": 500.0, "ten_matches_us": 680.0, "healthz_us": 20.0, "rank_us": 70.0},
+            {"one_match_us": 120.0, "ten_matches_us": 660.0, "healthz_us": 40.0, "rank_us": 60.0},
         ],
+        # a round of a run before "my rank" was measured (its app_cost.json): no rank_us
         "abc123": [{"one_match_us": 260.0, "ten_matches_us": 800.0, "healthz_us": 30.0}],
     }
     summary = app_cost.summarise(rounds)
@@ -37,14 +38,20 @@ def test_the_summary_takes_medians_and_the_table_the_change() -> None:
     lines = app_cost.table(summary, "abc123")
     assert lines[0] == "| router app CPU | this | abc123 | change |"
     assert lines[2] == "| post of 1 match (10 scores), µs a request | 130.0 | 260.0 | -50.0% |"
+    assert "rank_us" not in summary["abc123"]
+    assert lines[5] == "| GET my rank (3 hash shards, 5,000 players), µs a request | 60.0 | - | - |"
     alone = app_cost.table({"this": summary["this"]}, None)
     assert alone[4] == "| GET /healthz (Starlette's path), µs a request | 30.0 |"
+    old = app_cost.table({"abc123": summary["abc123"]}, None)
+    assert not [line for line in old if "my rank" in line]  # a row no variant has is left out
 
 
 @pytest.mark.cluster
 def test_a_worker_measures_this_tree_against_the_suite_cluster(cluster: LocalCluster) -> None:
-    """One round, small: the worker process builds the app, posts to a board of its own (a post
-    answered with an error would fail it) and reports CPU for each measure; its board is deleted."""
+    """One round, small: the worker process builds the app, posts to a board of its own and reads
+    "my rank" on a second one of 3 shards (a request answered with an error, a 404 of a player
+    without a score among them, would fail it) and reports CPU for each measure; its boards are
+    deleted."""
     result = app_cost.measure(app_cost.ROOT, cluster.url, 3, 50, 8)
     assert set(result) == set(app_cost.MEASURES)
     assert all(value > 0 for value in result.values())
@@ -79,7 +86,7 @@ def test_a_tiny_counted_run_against_a_revision_ends_with_both_tables() -> None:
     assert "A proxy" in run.stdout
     assert "| router app instructions (proxy) | this | HEAD | change |" in run.stdout
     counted = [line for line in run.stdout.splitlines() if "instructions a request |" in line]
-    assert len(counted) == 3
+    assert len(counted) == 4  # one-match post, ten-match post, /healthz, my rank
     for line in counted:  # whole numbers for both revisions, every one above 10,000
         assert all(int(cell.replace(",", "")) > 10_000 for cell in line.split("|")[2:4]), line
 
