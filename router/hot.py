@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.errors import ApiError
-from router.media import RawHeaders, rendered_error, send_rendered, wants_msgpack
+from router.media import RawHeaders, header, rendered_error, send_rendered, wants_msgpack
 from shardlb.board import Board
 from shardlb.reads import ResolvedView
 
@@ -185,4 +185,4 @@ def _current(svc: Service, board_id: str, query: bytes, packed: bool) -> Rendere
 
 def request_key(request: Request) -> tuple[bytes, bool]:
     """The raw query string and the format of ``request``, as ``HotTop`` keys it."""
-    return request.scope["query_string"], wants_msgpack(request.headers.get("accept"))
+    return request.scope["query_string"], wants_msgpack(header(request, b"accept"))

@@ -56,6 +56,18 @@ ACCEPT_PARAMS = 8
 CODINGS = 8
 
 
+def header(request: Request, name: bytes) -> str | None:
+    """The request's first ``name`` header (lower case, as the server hands names over), as
+    ``request.headers.get`` reads it, read off the scope: Starlette's Headers would be made for it,
+    and a header the request lacks (a "my rank" sent with no key or Accept, as most are) looked up
+    through Mapping.get, which raises and catches a KeyError each time."""
+    headers: RawHeaders = request.scope["headers"]
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
 def wants_msgpack(accept: str | None) -> bool:
     """True when Accept prefers MessagePack over JSON (q-values honoured; JSON wins ties and absence),
     among its first ACCEPT_RANGES media ranges and their first ACCEPT_PARAMS parameters: reading
@@ -134,7 +146,7 @@ def _response(parts: tuple[int, RawHeaders, bytes]) -> Response:
 
 def render(request: Request, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """``data`` rendered in the format the request's Accept header asks for."""
-    return _response(rendered(data, wants_msgpack(request.headers.get("accept")), status, headers))
+    return _response(rendered(data, wants_msgpack(header(request, b"accept")), status, headers))
 
 
 @dataclass(frozen=True)
@@ -151,7 +163,7 @@ class Rendered:
 
 def render_held(request: Request, body: Rendered) -> Response:
     """``body`` in the format the request's Accept header asks for, as ``render`` sends it."""
-    packed = wants_msgpack(request.headers.get("accept"))
+    packed = wants_msgpack(header(request, b"accept"))
     return _response(_framed(body.msgpack_bytes if packed else body.json_bytes, packed))
 
 
@@ -164,7 +176,7 @@ class Unchanging:
         self._bodies: dict[bool, bytes] = {}  # MessagePack or not -> the body
 
     def response(self, request: Request) -> Response:
-        packed = wants_msgpack(request.headers.get("accept"))
+        packed = wants_msgpack(header(request, b"accept"))
         body = self._bodies.get(packed)
         if body is None:
             body = self._bodies[packed] = rendered(self.data, packed)[2]
@@ -174,7 +186,7 @@ class Unchanging:
 def error_response(request: Request, error: ApiError) -> Response:
     """The error body; remembered in the request state so the access middleware can log it."""
     request.state.error = error
-    return _response(rendered_error(error, wants_msgpack(request.headers.get("accept"))))
+    return _response(rendered_error(error, wants_msgpack(header(request, b"accept"))))
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -30,6 +30,7 @@ from router.media import (
     RawHeaders,
     decode_object,
     entry_body,
+    header,
     read_body,
     read_object,
     render,
@@ -74,18 +75,19 @@ def service(request: Request) -> Service:
 
 
 def _peer(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
+    client = request.scope.get("client")  # (``request.client`` makes a namedtuple of it)
+    return client[0] if client else "unknown"
 
 
 def _allow(request: Request, need: Scope) -> Service:
     svc = service(request)
-    svc.keys.require(request.headers.get("authorization"), _peer(request), need)
+    svc.keys.require(header(request, b"authorization"), _peer(request), need)
     return svc
 
 
 def _allow_read(request: Request) -> Service:
     svc = service(request)
-    admit_read(svc, request.headers.get("authorization"), _peer(request))
+    admit_read(svc, header(request, b"authorization"), _peer(request))
     return svc
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from starlette.requests import Request
 
 from router import hot, media
 from router.errors import ApiError
@@ -31,6 +32,23 @@ from tests.router_support import calls_made
 )
 def test_accept_negotiation(accept: str | None, packed: bool) -> None:
     assert wants_msgpack(accept) is packed
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [(b"host", b"router")],
+        [(b"accept", b"application/msgpack"), (b"accept", b"application/json")],
+        [(b"authorization", b"Bearer k\xe9y"), (b"accept", b"*/*")],
+    ],
+)
+def test_a_header_read_off_the_scope_is_what_starlette_reads(headers: list[tuple[bytes, bytes]]) -> None:
+    """``media.header`` (the hot reads' Accept and key) answers as ``request.headers.get`` does: the
+    first of a repeated header, latin-1, None when absent."""
+    request = Request({"type": "http", "method": "GET", "path": "/", "headers": headers})
+    for name in ("accept", "authorization", "host", "content-type"):
+        assert media.header(request, name.encode()) == request.headers.get(name)
 
 
 def test_accept_is_read_up_to_its_first_ranges() -> None:
