@@ -15,8 +15,8 @@ and a score's part of the app's CPU (two equations: CPU = per request + scores x
 "my rank": a second board of 3 hash shards (one per master, as ``make bench``'s ``bench-s3``), filled
 with ``RANK_PLAYERS`` players by posts of 100 scores, and a quarter as many
 ``GET /v1/boards/{board}/players/{player}`` of random players of it as one-match posts, sent as wrk
-sends them to ``bench-s3`` (a Host header only, no key; the app's read limit off, as there;
-``RANK_CONCURRENCY`` at a time at most, wrk's connections there).
+sends them to ``bench-s3`` (a Host header only, no key; the app's read limit off, as there), at
+most ``RANK_CONCURRENCY`` at a time (the app's read permits: none waits at its gate).
 
 Variants take turns for ``--rounds`` rounds (the machine's load moves, so each round compares
 neighbours), and the table has each variant's median; with ``--against``, the change. The other
@@ -58,9 +58,11 @@ PLAYERS = 200_000
 WARM = 2_000
 RANK_PLAYERS = 5_000  # players of the "my rank" board, p0 to p4999
 RANK_SHARDS = 3  # the "my rank" board's hash shards: one per master of the cluster, as bench-s3
-# "my rank" reads in flight at most: wrk's connections to bench-s3 (bench/hot.py). They come from one
-# address without a key, which may hold 62 requests at once (router/middleware.py, per_client).
-RANK_CONCURRENCY = 32
+# "my rank" reads in flight at most: the app's read permits (SHARDLB_READ_CONCURRENCY's default, or
+# the variant's own setting when lower). wrk sends 32 at a time to bench-s3 (bench/hot.py), and the
+# reads past the permits wait at the gate, each for at most SHARDLB_QUEUE_WAIT_S (0.5 s) of wall
+# time, which callgrind stretches some 50 times: counted, some of them were refused 503.
+RANK_CONCURRENCY = 16
 MEASURES = ("one_match_us", "ten_matches_us", "healthz_us", "rank_us")
 COUNTS = ("one_match_ir", "ten_matches_ir", "healthz_ir", "rank_ir")  # --instructions, in the order counted
 
@@ -208,7 +210,7 @@ async def _measure(
         def gets(paths: list[str]) -> list[tuple[str, bytes]]:
             return [(at, b"") for at in paths]
 
-        width = min(concurrency, RANK_CONCURRENCY)
+        width = min(concurrency, RANK_CONCURRENCY, getattr(settings, "read_concurrency", RANK_CONCURRENCY))
         fill = posts(rank_bodies(random.Random("app-cost-rank")), f"/v1/boards/{ranked}/scores")
         try:
             if waves:
