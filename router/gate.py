@@ -99,6 +99,9 @@ class Gate:
             waiter.set_exception(_Expired())
 
     async def __aenter__(self) -> None:
+        if self._free:  # ``acquire``'s first step, without making its coroutine
+            self._free -= 1
+            return
         await self.acquire()
 
     async def __aexit__(

@@ -120,8 +120,15 @@ async def archive_read(svc: Service, placed: bool = False) -> AsyncIterator[psyc
             yield db
 
 
+def may_be_settled(svc: Service, view: ResolvedView) -> bool:
+    """Whether a read of ``view`` may have a settled snapshot to answer it (``_lookup`` asks
+    PostgreSQL only then): not the total, nor a region's view, nor without PostgreSQL. Most reads
+    are of the total: a read asks this first, and makes no coroutines of ``settled_player``'s."""
+    return bool(svc.settings.postgres_url) and view.period != "total" and view.region is None
+
+
 async def _lookup(svc: Service, board: Board, view: ResolvedView) -> Settled | None:
-    if not svc.settings.postgres_url or view.period == "total" or view.region is not None:
+    if not may_be_settled(svc, view):
         return None
     if times.now_ms() < settlement.closes_at(board, view.period):
         return None

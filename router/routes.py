@@ -6,6 +6,7 @@ touches the cluster, so a request that fails validation writes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -23,7 +24,7 @@ from starlette.routing import Route
 
 from router import history, hot, metrics, moderation, params, scores
 from router.auth import Scope
-from router.boards import through_reshard
+from router.boards import RESHARD_RETRY_S, RESHARD_WAIT_S, through_reshard
 from router.errors import ApiError
 from router.histogram import Estimate
 from router.media import (
@@ -47,6 +48,7 @@ from shardlb.errors import (
     BoardNotFound,
     InvalidInput,
     PlayerNotFound,
+    Resharding,
     unknown_field,
 )
 from shardlb.merge import Row
@@ -105,11 +107,21 @@ def admit_read(svc: Service, authorization: str | None, peer: str, extra: float 
 def _through_reshard(
     read: Callable[[Request], Awaitable[Response]],
 ) -> Callable[[Request], Awaitable[Response]]:
-    """A GET read made again while a reshard's cut-over refuses it (router/boards.py)."""
+    """A GET read made again while a reshard's cut-over refuses it: ``through_reshard``'s loop
+    (router/boards.py), written out here for the hot reads. Through it, a lambda and a coroutine
+    more stood between the request and the read, and the coroutine is passed again each time the
+    read resumes (twice a "my rank" at least)."""
 
     @functools.wraps(read)
     async def again(request: Request) -> Response:
-        return await through_reshard(lambda: read(request))
+        deadline = time.monotonic() + RESHARD_WAIT_S
+        while True:
+            try:
+                return await read(request)
+            except Resharding:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(RESHARD_RETRY_S)
 
     return again
 
@@ -531,14 +543,20 @@ async def player(request: Request) -> Response:
     rank_mode = board.rank_mode(query.get("rank_mode"))
     max_age_ms = params.integer(query, "max_age_ms", 0, 0, MAX_AGE_MS)
     estimate = params.flag(query, "estimate")
-    settled = await history.settled_player(svc, board, view, player_id, rank_mode)  # settled: its snapshot
+    # settled: its snapshot
+    settled = (
+        await history.settled_player(svc, board, view, player_id, rank_mode)
+        if history.may_be_settled(svc, view)
+        else None
+    )
     if settled is not None:
         # A snapshot's rank is final and exact: an estimate of it allows no error.
         extra = {"rank_error": 0} if estimate else {}
         return render(request, {**settled, "resets_at": board.resets_at(view.period), **extra})
     if not estimate:
-        async with svc.reads, metrics.redis_call("player"):
-            found = await board.player(player_id, view, rank_mode, max_age_ms)
+        async with svc.reads:
+            with metrics.redis_call("player"):
+                found = await board.player(player_id, view, rank_mode, max_age_ms)
         body = {**entry_body(found.entry), "players": found.players, "percentile": found.percentile}
         if found.counts_ms is not None:
             body["counts_as_of"] = _counts_as_of(found.counts_ms)
