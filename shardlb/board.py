@@ -1181,7 +1181,13 @@ class Board:
         """The index in ``view.keys`` of the one key the player can be in, or None where that is not
         one key (band boards' total, a region board read across regions)."""
         check_id(player_id, "player")
-        return self._home_indices([self.layout.candidates(player_id, view.region)], view)[0]
+        if view.banded:  # (``_home_indices`` for one player, without its table of the view's keys)
+            return None
+        shards = self.layout.candidates(player_id, view.region)
+        if len(shards) != 1:
+            return None
+        key = keys.period_key(self.prefixes[shards[0]], view.period)
+        return view.keys.index(key) if key in view.keys else None
 
     def _home_indices(self, placed: Sequence[Sequence[int]], view: ResolvedView) -> list[int | None]:
         """``_home_index`` for players of the candidate shards ``placed``, the view's keys looked up once."""
@@ -1275,10 +1281,16 @@ class Board:
         if not competition:
             home = self._home_index(player_id, view)
             if home is not None:
-                found = await self._located(reader, player_id, home)
-                rank, players, counts_ms = await self._rank_of(
-                    reader, player_id, found, max_age_ms, counts_ms
-                )
+                # ``_located`` written out: a coroutine less, passed each time the read resumes
+                found = await reader.locate(player_id, home)
+                if found is None:
+                    raise PlayerNotFound(f"player {player_id!r} has no score in this period", "player")
+                if max_age_ms > 0:
+                    rank, players, counts_ms = await self._rank_of(
+                        reader, player_id, found, max_age_ms, counts_ms
+                    )
+                else:  # what ``_rank_of`` does then, without its coroutine (most reads)
+                    rank, players = await reader.rank_of(found)
                 below = players - rank
                 percentile = 100.0 * below / players if players else 0.0
                 return PlayerEntry(self.entry(rank, found.row), players, percentile, counts_ms)

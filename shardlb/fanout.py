@@ -158,13 +158,22 @@ class Batch(SortedSetCommands):
         """The replies in order: per node when that works, else through redis-py's ClusterPipeline."""
         if not self.calls:
             return []
-        replies = await self.direct()
-        if replies is None:
-            pipe = self.client.pipeline(transaction=False)
-            for args, options in self.calls:
-                pipe.execute_command(*args, **options)
-            replies = list(await pipe.execute())
-        return replies
+        # ``direct`` written out: every board read comes here, and a coroutine between it and its
+        # replies is passed again each time the read resumes.
+        for _ in range(2):
+            try:
+                replies: list[Any] | None = await self.outcomes()
+            except Exception:
+                replies = None
+            if replies is not None and _no_error(replies):
+                return replies
+            if self.strategy is None:
+                break
+            self.strategy = None  # (as ``direct``: the primaries answer instead)
+        pipe = self.client.pipeline(transaction=False)
+        for args, options in self.calls:
+            pipe.execute_command(*args, **options)
+        return list(await pipe.execute())
 
     async def direct(self) -> list[Any] | None:
         """The replies through one pipeline per node, or None when anything did not succeed (the
@@ -174,7 +183,7 @@ class Batch(SortedSetCommands):
                 replies: list[Any] | None = await self.outcomes()
             except Exception:
                 replies = None
-            if replies is not None and not any(isinstance(r, Exception) for r in replies):
+            if replies is not None and _no_error(replies):
                 return replies
             if self.strategy is None:
                 return None
@@ -249,7 +258,10 @@ class Batch(SortedSetCommands):
             ):
                 self.unscripted[node.name] = node
         if ack is None:  # an acknowledged call must get its WAIT where it ran: it is made again
-            await self._follow_asks(commands)
+            for c in commands:  # (looked for here: most batches have no ASK, and no coroutine to make)
+                if type(c.result) is rx.AskError:
+                    await self._follow_asks(commands)
+                    break
         for reader, role in roles:
             state = role.result[3] if type(role.result) is list and len(role.result) > 3 else None
             if state in _IN_SYNC:
@@ -380,6 +392,15 @@ def _unusable(outcome: BaseException) -> bool:
     if type(outcome) is TimeoutError or isinstance(outcome, rx.MaxConnectionsError):
         return False
     return isinstance(outcome, rx.ConnectionError | rx.TimeoutError | OSError)
+
+
+def _no_error(replies: list[Any]) -> bool:
+    """Whether no reply is an exception: a plain loop, where ``any`` over a generator made and
+    resumed a generator for each batch (twice a "my rank")."""
+    for reply in replies:  # noqa: SIM110
+        if isinstance(reply, Exception):
+            return False
+    return True
 
 
 def _key_of(args: Sequence[Any]) -> Any:

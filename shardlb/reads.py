@@ -192,9 +192,13 @@ class View:
         """
         pipe = batch(self.client, replicas=self.replicas, shared=True)
         key = self.keys[home]
-        pipe.zscore(key, member)
-        pipe.zrevrank(key, member)
-        pipe.zcard(key)
+        # The commands as redis-py's zscore, zrevrank and zcard record them, less the options that
+        # change nothing here (``keys``, its routing hint: a batch routes by the first key; ZREVRANK's
+        # defaults, no score asked): their replies are parsed alike, without those options passed
+        # on command by command (``rank_of`` likewise). "My rank" makes these nine times a read.
+        pipe.execute_command("ZSCORE", key, member)
+        pipe.execute_command("ZREVRANK", key, member)
+        pipe.execute_command("ZCARD", key)
         score, ahead, size = await pipe.execute()
         if score is None or ahead is None:
             return None
@@ -211,11 +215,11 @@ class View:
         score = found.row[0]
         text = _score(score)
         pipe = batch(self.client, replicas=self.replicas, shared=True)
-        for i in others:
+        for i in others:  # (recorded as ``locate`` records its commands)
             key = self.keys[i]
-            pipe.zcount(key, f"({text}", "+inf")
-            pipe.zcount(key, text, text)
-            pipe.zcard(key)
+            pipe.execute_command("ZCOUNT", key, f"({text}", "+inf")
+            pipe.execute_command("ZCOUNT", key, text, text)  # ties: read in a third round if any
+            pipe.execute_command("ZCARD", key)
         replies = await pipe.execute()
         counts = [int(n) for n in replies[0::3]]
         sizes = [int(n) for n in replies[2::3]]
