@@ -208,7 +208,8 @@ class View:
         """The player's unique rank and the view's size, from ``locate``: one more pipeline per node
         holding the other keys, of one-number replies only (ZCOUNT above, ZCOUNT at the player's
         score, ZCARD), so a rank costs two rounds of round trips whatever the number of shards; a
-        third only where a key counted rows at that very score (``_resolve_ties``)."""
+        third only where a key counted rows at that very score (``_resolve_ties``), which counts
+        that key again whole."""
         others = [i for i in range(len(self.keys)) if i != found.home]
         if not others:
             return found.ahead + 1, found.size
@@ -223,7 +224,7 @@ class View:
         replies = await pipe.execute()
         counts = [int(n) for n in replies[0::3]]
         sizes = [int(n) for n in replies[2::3]]
-        await self._resolve_ties(found, others, counts, [int(n) for n in replies[1::3]])
+        await self._resolve_ties(found, others, counts, [int(n) for n in replies[1::3]], sizes)
         return found.ahead + sum(counts) + 1, found.size + sum(sizes)
 
     async def near(self, member: str, home: int, radius: int) -> tuple[Located, list[Row]] | None:
@@ -282,14 +283,18 @@ class View:
         return window, rank, min(at, radius)
 
     async def _resolve_ties(
-        self, found: Located, others: list[int], counts: list[int], tied: list[int]
+        self, found: Located, others: list[int], counts: list[int], tied: list[int], sizes: list[int]
     ) -> None:
-        """Add to ``counts`` (one per key of ``others``) the rows tied with the player that rank
-        ahead of them, on the keys that counted rows at the player's score (``tied``): the tie block
-        read back when it is small (at most TIE_ROWS rows, read up to one past, so that its length
-        says whether it still is) and ordered here, else counted by counts.lua. Ties are rare, so
-        most ranks need neither: a list reply costs Redis more than a count (docs/design-notes.md,
-        "What a rank costs inside Redis")."""
+        """Count the rows ahead of the player again, rows tied with them included, on the keys of
+        ``others`` that counted rows at the player's score (``tied``), into ``counts`` (and their
+        sizes into ``sizes``): where the tie block is small (at most TIE_ROWS rows, read up to one
+        past, so that its length says whether it still is), ZCOUNT above, the block and ZCARD, in
+        one pipeline per node, the block ordered here; else counts.lua. Ties are rare, so most ranks
+        need neither: a list reply costs Redis more than a count (docs/design-notes.md, "What a rank
+        costs inside Redis"). Counted again, not added to the round before's count: a row that
+        moved between the two rounds (tied ahead, then above; above, then tied ahead) was counted in
+        neither or in both, a rank no order of the writes gives (1 where a rival was ahead all
+        along, or past the board's size), until 2026-12-06."""
         score, member = found.row
         text = _score(score)
         small = [j for j, n in enumerate(tied) if 0 < n <= TIE_ROWS]
@@ -297,12 +302,17 @@ class View:
         if small:
             pipe = batch(self.client, replicas=self.replicas, shared=True)
             for j in small:
-                pipe.zrangebyscore(self.keys[others[j]], text, text, 0, TIE_ROWS + 1)
-            for j, block in zip(small, await pipe.execute(), strict=True):
+                key = self.keys[others[j]]
+                pipe.zcount(key, f"({text}", "+inf")
+                pipe.zrangebyscore(key, text, text, 0, TIE_ROWS + 1)
+                pipe.zcard(key)
+            replies = await pipe.execute()
+            for j, above, block, size in zip(small, replies[0::3], replies[1::3], replies[2::3], strict=True):
+                sizes[j] = int(size)
                 if len(block) > TIE_ROWS:  # it grew since it was counted
                     big.append(j)
                 else:
-                    counts[j] += sum(1 for m in block if m > member)
+                    counts[j] = int(above) + sum(1 for m in block if m > member)
         if big:
             packed = _pack([text, member])
             exact = await self._count_calls([(self.keys[others[j]], packed) for j in big])

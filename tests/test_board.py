@@ -15,7 +15,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from shardlb import fanout, keys, periods, times
+from shardlb import fanout, keys, periods, reads, times
 from shardlb.board import STREAM_VALUES, Board, Entry, Score
 from shardlb.config import BoardConfig
 from shardlb.errors import InvalidInput
@@ -203,8 +203,9 @@ async def test_a_rank_reads_a_tie_block_only_from_the_shards_that_count_one(
 ) -> None:
     """An exact rank on a hash board asks the other shards for one-number replies only (ZCOUNT
     above the player's score, ZCOUNT at it, ZCARD), in the round after the home shard's; a tie
-    block is read back, in one more round, only from a shard that counted rows at that very score.
-    Both kinds of player give the reference's rank and size."""
+    block is read back, in one more round, only from a shard that counted rows at that very score
+    (with that shard's count above and size again, in the same pipeline). Both kinds of player
+    give the reference's rank and size."""
     config = BoardConfig.from_dict(
         board_name("tie-rounds"), {"durability": "memory", "sharding": {"strategy": "hash", "shards": 3}}
     )
@@ -235,7 +236,62 @@ async def test_a_rank_reads_a_tie_block_only_from_the_shards_that_count_one(
             assert len(sent) == rounds, (player, sent)
             assert set(sent[0]) == {"ZSCORE", "ZREVRANK", "ZCARD"}, sent
             assert set(sent[1]) == {"ZCOUNT", "ZCARD"} and sent[1].count("ZCOUNT") == 4, sent
-            assert sent[2:] in ([], [["ZRANGEBYSCORE"] * (len(tied_at) - 1)]), sent
+            # The tie block, with the shard counted again at one moment (a row may move meanwhile).
+            again = ["ZCOUNT", "ZRANGEBYSCORE", "ZCARD"] * (len(tied_at) - 1)
+            assert sent[2:] in ([], [again]), sent
+    finally:
+        await store.delete(config.id)
+
+
+@pytest.mark.parametrize("change", ["raised", "lowered"])
+async def test_a_rank_counts_each_other_shard_at_one_moment_when_a_tied_row_moves_between_rounds(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A shard's rows above the player and its rows tied ahead of them are counted at one moment:
+    a row that moves between the round that counts the shard and the one that reads its tie block
+    is counted once, as some order of the writes has it. Raised: a rival tied ahead of the player
+    (the block counted) beats them before the block is read; in every order of the writes the rival
+    is ahead, so the rank is 2, never 1. Lowered (a "set" board): a rival above (counted above) comes
+    down to the player's very score, still ahead of them in the tie; the rank is 3 of 3 players,
+    never 4 of 3."""
+    mode = "best" if change == "raised" else "set"
+    config = BoardConfig.from_dict(
+        board_name(f"tie-moves-{change}"),
+        {"durability": "memory", "mode": mode, "sharding": {"strategy": "hash", "shards": 2}},
+    )
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    view = board.resolve()
+    # The player ("a..."), and rivals ("z...": later bytes, so ahead of them in a tie) homed on the
+    # other shard.
+    me = "a-player"
+    home = board._home_index(me, view)
+    rivals = [f"z-rival-{i}" for i in range(64) if board._home_index(f"z-rival-{i}", view) != home][:2]
+    try:
+        if change == "raised":
+            mover, start, moved = rivals[0], 500, 600
+            await board.submit([Score(me, 500, "m0", now), Score(mover, start, "m1", now)], now_ms=now)
+            want = (2, 2)
+        else:
+            mover, start, moved = rivals[0], 600, 500
+            # Its first row a second earlier: a "set" board keeps the later of two writes.
+            first = [Score(me, 500, "m0", now), Score(mover, start, "m1", now - 1000)]
+            first.append(Score(rivals[1], 500, "m2", now))
+            await board.submit(first, now_ms=now)
+            want = (3, 3)
+        got = await board.player(me)
+        assert (got.entry.rank, got.players) == want  # before any move
+        real = reads.View._resolve_ties
+
+        async def moved_between_rounds(self: reads.View, *args: Any) -> None:
+            monkeypatch.setattr(reads.View, "_resolve_ties", real)
+            await board.submit([Score(mover, moved, "m3", now)], now_ms=now)
+            await real(self, *args)
+
+        monkeypatch.setattr(reads.View, "_resolve_ties", moved_between_rounds)
+        got = await board.player(me)
+        assert (got.entry.rank, got.players) == want
+        assert (await board.player(me)).entry.rank == want[0]  # after the move too
     finally:
         await store.delete(config.id)
 
