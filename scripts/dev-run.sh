@@ -46,6 +46,8 @@ if [ -n "$GIVEN_CLUSTER_PORT" ] && { ! [[ $GIVEN_CLUSTER_PORT =~ ^[0-9]{1,5}$ ]]
         "its bus port 10000 above it)" >&2
     exit 1
 fi
+# As bash read it (07000 is 7000): the Python that looks for a free block refuses a leading zero.
+[ -z "$GIVEN_CLUSTER_PORT" ] || GIVEN_CLUSTER_PORT=$((10#$GIVEN_CLUSTER_PORT))
 
 if [ ! -f "$ENV_FILE" ]; then
     admin=$("$PY" -c 'import secrets; print("admin_" + secrets.token_urlsafe(24))')
@@ -61,7 +63,10 @@ fi
 kept=true
 if ! grep -q "^SHARDLB_CLUSTER_PORT=" "$ENV_FILE"; then
     kept=false
-    remember SHARDLB_CLUSTER_PORT "$(free_block "${GIVEN_CLUSTER_PORT:-7000}")"
+    # Its own assignment, so that a failure stops the run (inside remember's arguments it went
+    # unseen, and dev.env kept an empty port, which every later run took for the cluster's).
+    block=$(free_block "${GIVEN_CLUSTER_PORT:-7000}")
+    remember SHARDLB_CLUSTER_PORT "$block"
 fi
 set -a
 # shellcheck source=/dev/null

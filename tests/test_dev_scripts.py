@@ -189,6 +189,17 @@ def test_a_cluster_port_that_is_no_port_stops_make_run(checkout: Path) -> None:
     assert not (checkout / "calls.log").exists()
 
 
+def test_a_cluster_port_written_with_a_leading_zero_is_that_port(checkout: Path) -> None:
+    """SHARDLB_CLUSTER_PORT=07000 passes the check as a port (bash reads it as 7000) and is that
+    port: until 2026-12-06 the free block was looked for by a Python snippet that refuses 07000 (a
+    leading zero), its failure went unseen inside the command substitution, and dev.env kept an
+    empty SHARDLB_CLUSTER_PORT, which every later run then took for the cluster's kept port."""
+    given = free_port_block(6, 9000)
+    assert given < 10_000  # five digits with the zero, as the check allows
+    run(checkout, "dev-run.sh", SHARDLB_PORT=str(free_port()), SHARDLB_CLUSTER_PORT=f"0{given}")
+    assert remembered(checkout, "SHARDLB_CLUSTER_PORT") == str(given)
+
+
 def test_make_stop_stops_the_router_whatever_the_terminal_width(checkout: Path) -> None:
     """dev-stop.sh knows its router by the command line ps prints; with COLUMNS set (an exported
     terminal width, or pytest-xdist's workers) ps cut the line before `router.server`, and make stop
