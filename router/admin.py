@@ -9,6 +9,7 @@ the router keeps no history, so any number of dashboards cost it nothing between
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +29,8 @@ from shardlb.config import MAX_SHARDS, check_id
 from shardlb.errors import BoardConflict, ClusterUnavailable, InvalidInput, unknown_field
 from shardlb.reads import View
 from shardlb.reshard import Resharder
+
+log = logging.getLogger("shardlb.router")
 
 # The operations a game's traffic is made of, by (method, route template) as the metrics label them
 # (board admin, moderation and these admin reads are neither).
@@ -257,7 +260,7 @@ async def reshard(request: Request) -> Response:
     # A mover elsewhere holding the board's lease (a `shardlb reshard`, another router's or worker's)
     # is waited for as `shardlb reshard --resume` waits, and what it did said: until 2026-12-06 the
     # 202 came at once, and this router's mover waited in the background, then gave way unsaid.
-    other = None if svc.reshards.moving(board_id) else await mover.elsewhere()
+    other = None if svc.reshards.moving(board_id) else await _elsewhere(mover, "shards" in body)
     if other in ("running", "finished", "cancelled"):  # nothing for a mover of this router to do
         status = await _status(svc, mover)
         note = mover.told_elsewhere(other, status["shards"])
@@ -276,6 +279,23 @@ async def reshard(request: Request) -> Response:
     if other == "stopped":
         status = {**status, "other_mover": other, "note": mover.told_elsewhere(other, status["shards"])}
     return render(request, status, 202)
+
+
+async def _elsewhere(mover: Resharder, recorded: bool) -> str | None:
+    """``Resharder.elsewhere`` for a POST. Redis failing that look once a ``{"shards": N}`` has
+    recorded its reshard (``recorded``) is None, logged: the mover is started as before the look
+    (it waits for a lease held elsewhere itself, and says so). Until later on 2026-12-06 that was
+    a 503 over a reshard recorded with no mover started, which ``reshard`` had ruled out for its
+    status note. A resume's look failing is its 503, as before: it recorded nothing."""
+    try:
+        return await mover.elsewhere()
+    except (RedisError, RedisClusterException, OSError) as e:
+        if not recorded:
+            raise
+        fields = {"board": mover.board_id, "error": type(e).__name__}
+        said = "reshard recorded, no mover elsewhere looked for: this one starts"
+        log.warning(said, extra={"fields": fields})
+        return None
 
 
 async def _status(svc: Service, mover: Resharder) -> dict[str, Any]:

@@ -353,6 +353,44 @@ async def test_a_resume_while_a_mover_elsewhere_holds_the_lease_says_what_that_m
     assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
 
 
+async def test_a_reshard_started_whose_look_for_a_mover_elsewhere_fails_in_redis_still_starts_its_mover(
+    router: tuple[Starlette, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A POST {"shards": N} records the reshard, then looks for a mover elsewhere holding the
+    board's lease (``Resharder.elsewhere``, since 2026-12-06). That look failing in Redis answered
+    503 over a reshard recorded with no mover started, which the project had ruled out earlier that
+    day for the status note (router/admin.py): the mover is started as before the look, and waits
+    for the lease itself, and the 202 says so."""
+    app, client = router
+    svc = service_of(app)
+    monkeypatch.setattr(svc.boards, "ttl_s", 0.5)  # as in the tests above
+    name = board_name("dash-rs-look")
+    settings = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+    scores = [{"player_id": f"p{i}", "points": i, "match_id": "m1"} for i in range(20)]
+    r = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+    assert r.status_code == 200, r.text
+
+    async def fails(self: Resharder) -> str | None:
+        raise redis.exceptions.ConnectionError("lost")
+
+    path = f"/v1/admin/boards/{name}/reshard"
+    with monkeypatch.context() as patched:
+        patched.setattr(Resharder, "elsewhere", fails)
+        answer = await client.post(path, json={"shards": 3}, headers=AS_ADMIN)
+    assert answer.status_code == 202, answer.text
+    assert "other_mover" not in answer.json(), answer.json()
+    for _ in range(300):
+        status = (await client.get(path, headers=AS_ADMIN)).json()
+        if status["state"] == "none":
+            break
+        await asyncio.sleep(0.1)
+    assert status["shards"] == 3, status
+    top = (await client.get(f"/v1/boards/{name}/top?limit=100", headers=AS_ADMIN)).json()["entries"]
+    assert [e["points"] for e in top] == list(range(19, -1, -1))
+    assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+
+
 async def test_a_reshard_refused_names_the_field_of_its_body(
     router: tuple[Starlette, httpx.AsyncClient],
 ) -> None:
