@@ -360,3 +360,25 @@ def test_without_redis_server_as_root_apt_get_installs_it(tmp_path: Path) -> Non
     done = ensure_redis(bin_dir(tmp_path, 0, installs))
     assert done.returncode == 0, done.stderr
     assert (path / "redis-server").exists()
+
+
+def test_the_first_sessions_reach_port_8000_with_a_dev_env_of_before_its_router_url() -> None:
+    """README's and router/README.md's first sessions take the router's URL from dev.env's
+    SHARDLB_API_URL (since 2026-12-06). A dev.env written before has no such line until the next
+    `make run`: the URL was then "/v1" alone, and every curl of the session failed with curl's "no
+    host part". Without it they reach make run's default port, as they did before."""
+    lines = []
+    for doc, start in ((ROOT / "README.md", "API="), (ROOT / "router" / "README.md", "U=")):
+        lines.append(next(line for line in doc.read_text().splitlines() if line.startswith(start + "$")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLB_")}
+    script = "\n".join([*lines, 'echo "$API $U"'])
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"]
+    given = subprocess.run(
+        ["bash", "-c", script],
+        env={**env, "SHARDLB_API_URL": "http://127.0.0.1:8001"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert given.stdout.split() == ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8001"]
