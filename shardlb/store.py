@@ -201,7 +201,11 @@ class BoardStore:
                 else:
                     layouts.append(_sharding(created))
             if not any(_confirms(replace(existing, sharding=s), given) for s in layouts):
-                differ = _differences(existing, given)
+                # Named against the layout it is nearest (a resharded board's creation's, when the
+                # PUT has that): until 2026-12-06 always the layout of now, so a PUT of the
+                # creation's sharding was told its shard count differs too.
+                near = min((_differences(replace(existing, sharding=s), given) for s in layouts), key=len)
+                differ = "; ".join(near)
                 raise BoardConflict(
                     f"board {config.id!r} exists with other settings" + (f": {differ}" if differ else ""),
                     "board",
@@ -843,16 +847,16 @@ def _confirms(known: BoardConfig, given: BoardConfig) -> bool:
     return _same_but_placement(known) == _same_but_placement(resolve_shards(given, 0, known))
 
 
-def _differences(known: BoardConfig, given: BoardConfig) -> str:
-    """Each setting in which ``given`` (a PUT's) differs from the board ``known`` as it is now, in
-    the API's names and JSON: the 409's message, so that the caller need not diff the two itself."""
+def _differences(known: BoardConfig, given: BoardConfig) -> list[str]:
+    """Each setting in which ``given`` (a PUT's) differs from the board ``known``, in the API's
+    names and JSON: the 409's message, so that the caller need not diff the two itself."""
     have = _same_but_placement(known).to_dict()
     want = _same_but_placement(resolve_shards(given, 0, known)).to_dict()
-    return "; ".join(
+    return [
         f"{name} is {orjson.dumps(value).decode()}, not {orjson.dumps(want.get(name)).decode()}"
         for name, value in have.items()
         if name != "board" and value != want.get(name)
-    )
+    ]
 
 
 def _same_but_placement(config: BoardConfig) -> BoardConfig:

@@ -60,6 +60,33 @@ async def test_a_conflicting_create_names_each_setting_that_differs(store: Board
         await store.delete(name)
 
 
+async def test_a_conflicting_create_of_a_resharded_board_names_no_sharding_its_creation_had(
+    store: BoardStore,
+) -> None:
+    """A resharded board is confirmed by the settings it was created with as by those of now
+    (its sharding of creation, kept in its record): a PUT of its creation's sharding with one
+    period less differs in the periods alone. The 409's message named the sharding too (the
+    layout of now against the creation's), as if the count were to change."""
+    name = "conflict-resharded"
+    made = {"durability": "memory", "periods": ["daily"], "sharding": {"strategy": "hash", "shards": 2}}
+    await store.create(BoardConfig.from_dict(name, made))
+    try:
+        mover = Resharder(store, name, say=lambda _: None, cache_s=0)
+        await mover.start(3)
+        await mover.run()
+        assert (await store.get(name)).config.sharding.shards == 3
+        _, created = await store.create(BoardConfig.from_dict(name, made))  # the creation's settings
+        assert not created
+        with pytest.raises(BoardConflict) as conflict:
+            await store.create(BoardConfig.from_dict(name, {**made, "periods": []}))
+        assert conflict.value.message == (
+            "board 'conflict-resharded' exists with other settings: "
+            'periods is ["total","daily"], not ["total"]; retention_days is {"daily":3}, not {}'
+        )
+    finally:
+        await store.delete(name)
+
+
 @pytest.mark.parametrize("strategy", ["hash", "band"])
 async def test_a_board_deleted_elsewhere_takes_no_writes_and_comes_back_empty(
     store: BoardStore, strategy: str
