@@ -396,6 +396,15 @@ class BenchShape(LoadTestShape):
 
 
 @events.init.add_listener
+def clock_now(**_: Any) -> None:
+    """The event loop's clock read afresh, once the locustfile is imported: Locust sets its -t timer
+    just after this, on that clock, which had stood still since the loop last ran (before the
+    import), and stopped the test that much early: 0.6 s of a -t of 3 s on a quiet machine, 2.2 s
+    on a busy one (until 2026-12-06)."""
+    gevent.get_hub().loop.update_now()
+
+
+@events.init.add_listener
 def warn_of_misspellings(environment: Any, **_: Any) -> None:
     """Once (on the master, or the only process), the variables that look like misspelled settings."""
     if not isinstance(environment.runner, WorkerRunner):

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
@@ -250,6 +251,19 @@ class RefuseFirst(BaseHTTPRequestHandler):
         pass
 
 
+def _ran_for(stderr: str) -> float:
+    """Seconds from Locust's "Run time limit set" line to its "--run-time limit reached", by the
+    times it logged them."""
+    at = {
+        what: datetime.strptime(when, "%Y-%m-%d %H:%M:%S,%f")
+        for when, what in re.findall(
+            r"^\[([^\]]+)\] \S+ (Run time limit set|--run-time limit reached)", stderr, re.M
+        )
+    }
+    assert len(at) == 2, stderr[-2000:]
+    return (at["--run-time limit reached"] - at["Run time limit set"]).total_seconds()
+
+
 def test_a_post_the_router_refused_is_not_replayed_as_if_written(tmp_path: Path) -> None:
     # A replay stands for a game server retrying a post whose reply it lost: the router had written
     # it. A post the router refused wrote nothing, so sending it again writes its scores for the
@@ -259,6 +273,12 @@ def test_a_post_the_router_refused_is_not_replayed_as_if_written(tmp_path: Path)
     retry = {"SHARDLB_RETRY_SHARE": "1", "SHARDLB_USER_RPS": "10"}
     args = ["-u", "1", "-r", "1", "-t", "3s", "--csv", str(tmp_path / "run"), "GameServer"]
     done = _locust(retry, args, tmp_path, RefuseFirst)
+    # The whole -t: Locust set its timer on the clock of its event loop, which stood still while
+    # the locustfile was imported, and stopped that much early (0.6 s on a quiet machine, 2.2 s on
+    # a busy one: bench/locustfile.py, clock_now). Its CSV, written once a second and not at the
+    # end, then held no post at all. A busy machine only delays the timer; the clock is read a few
+    # milliseconds before the line that starts the count.
+    assert _ran_for(done.stderr) >= 2.8, done.stderr[-2000:]
     stats = {e.key: e for e in locust_csv.read_stats(tmp_path / "run_stats.csv")}
     assert stats["POST /v1/boards/[board]/scores"].failures == 1, done.stderr[-2000:]
     # The server wrote one body's scores (each later post repeats it): one post of player-scores.
