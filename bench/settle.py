@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -127,12 +128,18 @@ async def main() -> None:
             cluster = LocalCluster(
                 masters=3, replicas=0, port=free_port_block(3, start=23100), dir=Path(tmp) / "c"
             )
-            cluster.up()
-            redis_url = cluster.url
         if not postgres_url:
             pg = LocalPostgres(Path(tmp) / "pg", fast=True)
-            postgres_url = pg.up()
         try:
+            # The two start at once: each mostly waits (the nodes' agreement, initdb's writes).
+            with ThreadPoolExecutor(2) as pool:
+                started = [pool.submit(server.up) for server in (cluster, pg) if server]
+            for future in started:
+                future.result()  # a failure to start raises here, after both are done
+            if cluster:
+                redis_url = cluster.url
+            if pg:
+                postgres_url = pg.url
             schema = await connect_db(postgres_url)  # the archive's tables, as the archiver makes them
             await schema.close()
             async with connected(redis_url, postgres_url) as (rebuilder, store):
