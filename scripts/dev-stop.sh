@@ -7,6 +7,13 @@ cd "$(dirname "$0")/.."
 
 STATE=.shardlb
 
+# Whether PID runs. One that has exited and is not yet reaped (a zombie) has stopped: `make run`'s
+# processes outlive their shell, and the init that reaps them may take its time (1.7 s each in a
+# container whose init reaps orphans now and then, where `make stop` waited for it).
+running() {
+    kill -0 "$1" 2>/dev/null && [[ $(ps -o stat= -p "$1" 2>/dev/null) != Z* ]]
+}
+
 # stop NAME PID_FILE PATTERN: SIGTERM the pid in PID_FILE if it is still our process (after a
 # reboot the pid may belong to anything), wait up to 30 s, then SIGKILL.
 stop() {
@@ -16,10 +23,10 @@ stop() {
     if kill -0 "$pid" 2>/dev/null && ps -ww -p "$pid" -o command= | grep -q -- "$pattern"; then
         kill -TERM "$pid"
         for _ in $(seq 1 150); do
-            kill -0 "$pid" 2>/dev/null || break
+            running "$pid" || break
             sleep 0.2
         done
-        if kill -0 "$pid" 2>/dev/null; then
+        if running "$pid"; then
             echo "$name $pid did not stop within 30 s: killing it" >&2
             kill -KILL "$pid"
         fi

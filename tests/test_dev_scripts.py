@@ -215,6 +215,34 @@ def test_make_stop_stops_the_router_whatever_the_terminal_width(checkout: Path) 
                 os.waitpid(pid, os.WNOHANG)
 
 
+def test_make_stop_counts_a_router_that_exited_as_stopped_before_it_is_reaped(checkout: Path) -> None:
+    """`make run`'s router outlives its shell; once it exits on SIGTERM it is a zombie until its
+    parent (init) reaps it, which the init of some containers does only every second or two. make
+    stop waited for that (kill -0 answers for a zombie): 1.7 s a process there, and for a parent that
+    never reaps, its 30 s and a SIGKILL. Here the router is this test's child, not reaped until the
+    end: make stop must say it stopped, at once."""
+    (checkout / ".shardlb").mkdir()
+    router = subprocess.Popen(
+        [sys.executable, str(checkout / "fake_router.py"), "-m", "router.server", "serve"],
+        env={**os.environ, "SHARDLB_HOST": "127.0.0.1", "SHARDLB_PORT": str(free_port())},
+    )
+    try:
+        (checkout / ".shardlb" / "router.pid").write_text(f"{router.pid}\n")
+        done = subprocess.run(
+            ["bash", "scripts/dev-stop.sh"],
+            cwd=checkout,
+            env=environ(checkout),
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0 and "router stopped" in done.stdout, done.stdout + done.stderr
+        assert "did not stop" not in done.stderr, done.stderr
+        assert router.poll() is not None  # it had exited; reaped only now
+    finally:
+        router.kill()
+        router.wait()
+
+
 def test_make_run_in_a_shell_that_sourced_dev_env_starts_the_private_postgresql_again(
     checkout: Path,
 ) -> None:
