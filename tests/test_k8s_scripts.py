@@ -181,6 +181,9 @@ class LoopbackCluster:
             REDIS_CLUSTER_NODE_TIMEOUT=str(NODE_TIMEOUT_MS),
             REDIS_REJOIN_INTERVAL="1",
             REDIS_MAXMEMORY="64mb",
+            # A replica's first full sync at once, not after the 5 s a master waits by default for
+            # more replicas to share it (as shardlb/cluster.py's nodes do): only the wait changes.
+            REDIS_EXTRA_ARGS="--repl-diskless-sync-delay 0",
         )
         proc = subprocess.Popen(
             ["bash", str(SCRIPTS / "redis-node.sh")],
@@ -798,7 +801,7 @@ def test_probe_holds_a_replica_unready_until_it_has_its_masters_data(tmp_path: P
         ).returncode
 
     try:
-        start(master_port)
+        start(master_port, "--repl-diskless-sync-delay", "0")  # the replica's sync at once, not after 5 s
         # a replica of a master it cannot reach: it answers PING, with no data of its master
         start(replica_port, "--replicaof", "127.0.0.1", str(dead_port))
         assert probe("ready", master_port) == 0
