@@ -16,7 +16,9 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -102,6 +104,26 @@ class Counting(BaseHTTPRequestHandler):
         pass
 
 
+@contextmanager
+def _served(handler: type[BaseHTTPRequestHandler]) -> Iterator[ThreadingHTTPServer]:
+    """A server of ``handler`` on a free port for the block."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _at_once(*runs: Callable[[], object]) -> list[object]:
+    """Each of ``runs`` in a thread of its own, all at once; their results in order. A Locust run
+    mostly waits out its -t or its shape: runs on servers of their own need not wait in turn.
+    (Not the runs whose arrivals are timed: a process starting beside them would move them.)"""
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(lambda run: run(), runs))
+
+
 def _locust(
     env: dict[str, str],
     args: list[str],
@@ -112,13 +134,8 @@ def _locust(
     """Run the locustfile headless against a fresh server of ``handler`` (Arrivals.times: its POSTs),
     its ``--host`` ending in ``host_suffix``."""
     Arrivals.times = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with _served(handler) as server:
         return _locust_at(f"http://127.0.0.1:{server.server_port}{host_suffix}", env, args, tmp_path)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _locust_at(
@@ -181,9 +198,10 @@ def _busiest_window_share(times: list[float], window: float = 0.05) -> float:
 
 
 def _spawned(env: dict[str, str], classes: list[str], tmp_path: Path) -> dict[str, int]:
-    """The users per class that a 3-second one-step ramp (SHARDLB_SHAPE) spawned, from Locust's own
-    "All users spawned" line."""
-    shape = {"SHARDLB_SHAPE": "ramp", "SHARDLB_STEPS": "1", "SHARDLB_DURATION": "3"}
+    """The users per class that a 1-second one-step ramp (SHARDLB_SHAPE) spawned, from Locust's own
+    "All users spawned" line (logged once the step's users are all started, moments into the step;
+    the shape's clock is the real one, whatever the process's start took)."""
+    shape = {"SHARDLB_SHAPE": "ramp", "SHARDLB_STEPS": "1", "SHARDLB_DURATION": "1"}
     done = _locust({**shape, **env}, classes, tmp_path)
     found = re.findall(r"All users spawned: (\{.*?\})", done.stderr)
     assert found, done.stderr[-2000:]
@@ -197,12 +215,14 @@ def test_the_ramp_runs_game_servers_for_its_write_target(tmp_path: Path) -> None
     # Kubernetes master names none). Locust used to split the shape's users evenly between the
     # classes: 5 game servers, half the target. (No replays here: they are the next test's.)
     target = {"SHARDLB_TARGET_WRITES": "1000", "SHARDLB_USER_RPS": "10", "SHARDLB_RETRY_SHARE": "0"}
-    assert _spawned(target, [], tmp_path) == {"GameServer": 10}
-    assert _spawned(target, ["GameServer"], tmp_path) == {"GameServer": 10}
     # Readers come from their own setting: 20 reads a second at 5 a Player user.
     reads = {**target, "SHARDLB_TARGET_READS": "20", "SHARDLB_READER_RPS": "5"}
-    assert _spawned(reads, [], tmp_path) == {"GameServer": 10, "Player": 4}
-    assert _spawned(reads, ["GameServer"], tmp_path) == {"GameServer": 10}
+    runs = [(target, []), (target, ["GameServer"]), (reads, []), (reads, ["GameServer"])]
+    spawned = _at_once(*(lambda env=env, names=names: _spawned(env, names, tmp_path) for env, names in runs))
+    assert spawned[0] == {"GameServer": 10}
+    assert spawned[1] == {"GameServer": 10}
+    assert spawned[2] == {"GameServer": 10, "Player": 4}
+    assert spawned[3] == {"GameServer": 10}
 
 
 @pytest.mark.skipif(not (Path(sys.executable).parent / "locust").exists(), reason="locust is not installed")
@@ -212,16 +232,17 @@ def test_replayed_posts_are_not_counted_as_written_scores(tmp_path: Path) -> Non
     # player-scores; the replays have an entry of their own.
     retry = {"SHARDLB_RETRY_SHARE": "1", "SHARDLB_USER_RPS": "10"}
     args = ["-u", "2", "-r", "2", "-t", "3s", "--csv", str(tmp_path / "run"), "GameServer"]
-    done = _locust(retry, args, tmp_path)
+    # A shape's users post fresh scores at its target: half of them replays, twice the users.
+    target = {"SHARDLB_TARGET_WRITES": "1000", "SHARDLB_USER_RPS": "10", "SHARDLB_RETRY_SHARE": "0.5"}
+    done, spawned = _at_once(lambda: _locust(retry, args, tmp_path), lambda: _spawned(target, [], tmp_path))
+    assert isinstance(done, subprocess.CompletedProcess)
     stats = {e.key: e for e in locust_csv.read_stats(tmp_path / "run_stats.csv")}
     posts = stats["POST /v1/boards/[board]/scores"].requests
     assert posts > 10, done.stderr[-2000:]
     assert stats["WRITE player-scores"].requests == 2
     assert locust_csv.scores_written(list(stats.values())) == 20
     assert stats["WRITE replayed-scores"].requests == posts - 2
-    # A shape's users post fresh scores at its target: half of them replays, twice the users.
-    target = {"SHARDLB_TARGET_WRITES": "1000", "SHARDLB_USER_RPS": "10", "SHARDLB_RETRY_SHARE": "0.5"}
-    assert _spawned(target, [], tmp_path) == {"GameServer": 20}
+    assert spawned == {"GameServer": 20}
 
 
 class RefuseFirst(BaseHTTPRequestHandler):
@@ -294,12 +315,20 @@ def test_a_missing_board_fails_a_rank_read_and_a_missing_player_does_not(tmp_pat
     # or the wrong SHARDLB_BOARD) and must count as failures, not as fast successful reads.
     reads = {"SHARDLB_READ_MIX": "rank:1,around:1", "SHARDLB_READER_RPS": "20"}
     # 4 s: in 2, a CI run on a loaded machine once recorded no rank read at all
-    args = ["-u", "2", "-r", "2", "-t", "4s", "--csv", str(tmp_path / "run"), "Player"]
+    args = ["-u", "2", "-r", "2", "-t", "4s", "Player"]
     paths = ("GET /v1/boards/[board]/players/[id]", "GET /v1/boards/[board]/players/[id]/around")
-    for code, failing in (("player_not_found", False), ("board_not_found", True)):
-        Missing.code = code
-        done = _locust(reads, args, tmp_path, Missing)
-        stats = {e.key: e for e in locust_csv.read_stats(tmp_path / "run_stats.csv")}
+    cases = (("player_not_found", False), ("board_not_found", True))
+
+    def run(answer: str) -> subprocess.CompletedProcess[str]:  # both at once, each on a server of its own
+        class Own(Missing):
+            code = answer
+
+        return _locust(reads, [*args, "--csv", str(tmp_path / answer)], tmp_path, Own)
+
+    runs = _at_once(*(lambda code=code: run(code) for code, _ in cases))
+    for (code, failing), done in zip(cases, runs, strict=True):
+        assert isinstance(done, subprocess.CompletedProcess)
+        stats = {e.key: e for e in locust_csv.read_stats(tmp_path / f"{code}_stats.csv")}
         for path in paths:
             assert path in stats and stats[path].requests > 0, (sorted(stats), done.stderr[-2000:])
             assert stats[path].failures == (stats[path].requests if failing else 0), (code, path)
@@ -328,40 +357,48 @@ def test_writes_go_to_the_write_host_and_everything_else_to_the_host(tmp_path: P
     to the pool's routers, players read from the main ones, in one run. With SHARDLB_WRITE_HOST the
     score posts go there and nothing else does; the reads, the players:query POSTs and the board's
     creation go to --host; and the CSV has the same rows as a run without it."""
-    writes = ThreadingHTTPServer(("127.0.0.1", 0), Counting)
-    threading.Thread(target=writes.serve_forever, daemon=True).start()
     pace = {"SHARDLB_USER_RPS": "10", "SHARDLB_READER_RPS": "10", "SHARDLB_ADMIN_KEY": "admin"}
     # replays (a post repeated verbatim) are score posts too; half of them, so that both runs have some
     pace |= {"SHARDLB_READ_MIX": "top:1,rank:1,friends:1", "SHARDLB_RETRY_SHARE": "0.5"}
+    Counting.seen = {}
     runs = {}
-    try:
-        for name, write_host in (("split", f"http://127.0.0.1:{writes.server_port}/"), ("one", "")):
-            Counting.seen = {}
+    # The two runs at once, each with routers of its own (a main one and a write pool's, which only
+    # the split run names).
+    hosts: dict[str, tuple[ThreadingHTTPServer, ThreadingHTTPServer, str]] = {}
+    with ExitStack() as stack:
+        for name in ("split", "one"):
+            main, writes = (stack.enter_context(_served(Counting)) for _ in range(2))
+            hosts[name] = (main, writes, f"http://127.0.0.1:{writes.server_port}/" if name == "split" else "")
+
+        def run(name: str) -> subprocess.CompletedProcess[str]:
+            main, _, write_host = hosts[name]
             args = ["-u", "4", "-r", "4", "-t", "3s", "--csv", str(tmp_path / name), "GameServer", "Player"]
-            done = _locust({**pace, "SHARDLB_WRITE_HOST": write_host}, args, tmp_path, Counting)
-            stats = {e.key: e for e in locust_csv.read_stats(tmp_path / f"{name}_stats.csv")}
-            runs[name] = stats
-            on_writes = Counting.seen.pop(writes.server_port, Counter())
-            assert len(Counting.seen) == 1, done.stderr[-2000:]  # the main router
-            (on_main,) = Counting.seen.values()
-            scores = "POST /v1/boards/phase-t/scores"
-            posted = stats["POST /v1/boards/[board]/scores"].requests
-            assert posted > 0, done.stderr[-2000:]
-            # (the routers also count the posts still under way when Locust stopped its users)
-            if write_host:
-                assert set(on_writes) == {scores} and on_writes[scores] >= posted
-                assert scores not in on_main
-            else:
-                assert on_writes == Counter()
-                assert on_main[scores] >= posted
-            assert on_main["PUT /v1/boards/phase-t"] == 1
-            assert on_main["GET /v1/boards/phase-t/top"] > 0
-            assert on_main["POST /v1/boards/phase-t/players:query"] > 0
-            assert stats["WRITE player-scores"].requests > 0
-            assert stats["WRITE replayed-scores"].requests > 0
-    finally:
-        writes.shutdown()
-        writes.server_close()
+            env = {**pace, "SHARDLB_WRITE_HOST": write_host}
+            return _locust_at(f"http://127.0.0.1:{main.server_port}", env, args, tmp_path)
+
+        finished = _at_once(*(lambda name=name: run(name) for name in hosts))
+    assert Counting.seen.keys() <= {server.server_port for h in hosts.values() for server in h[:2]}
+    for (name, (main, writes, write_host)), done in zip(hosts.items(), finished, strict=True):
+        assert isinstance(done, subprocess.CompletedProcess)
+        stats = {e.key: e for e in locust_csv.read_stats(tmp_path / f"{name}_stats.csv")}
+        runs[name] = stats
+        on_writes = Counting.seen.get(writes.server_port, Counter())
+        on_main = Counting.seen.get(main.server_port, Counter())
+        scores = "POST /v1/boards/phase-t/scores"
+        posted = stats["POST /v1/boards/[board]/scores"].requests
+        assert posted > 0, done.stderr[-2000:]
+        # (the routers also count the posts still under way when Locust stopped its users)
+        if write_host:
+            assert set(on_writes) == {scores} and on_writes[scores] >= posted
+            assert scores not in on_main
+        else:
+            assert on_writes == Counter()
+            assert on_main[scores] >= posted
+        assert on_main["PUT /v1/boards/phase-t"] == 1
+        assert on_main["GET /v1/boards/phase-t/top"] > 0
+        assert on_main["POST /v1/boards/phase-t/players:query"] > 0
+        assert stats["WRITE player-scores"].requests > 0
+        assert stats["WRITE replayed-scores"].requests > 0
     assert runs["split"].keys() == runs["one"].keys()
 
 
@@ -377,18 +414,16 @@ def test_a_misspelled_setting_is_warned_about(tmp_path: Path) -> None:
     # and the router's SHARDLB_WRITE_KEYS (dev.env's, exported) is not the test's SHARDLB_WRITE_KEY:
     # every post would go without a key.
     typos = {"SHARDLB_TARGET_WRITE": "5000", "SHARDLB_WRITE_KEYS": "k", "SHARDLB_READER_RSP": "1"}
-    done = _locust(typos, ["-u", "1", "-r", "1", "-t", "1s", "Player"], tmp_path)
+    # and a variable of the router's set beside the test's own, which is not a misspelling of it
+    both = {"SHARDLB_WRITE_KEYS": "k", "SHARDLB_WRITE_KEY": "k"}
+    args = ["-u", "1", "-r", "1", "-t", "1s", "Player"]
+    done, beside = _at_once(lambda: _locust(typos, args, tmp_path), lambda: _locust(both, args, tmp_path))
+    assert isinstance(done, subprocess.CompletedProcess) and isinstance(beside, subprocess.CompletedProcess)
     assert "SHARDLB_TARGET_WRITE is not a setting of the load test" in done.stderr, done.stderr[-2000:]
     assert "did you mean SHARDLB_TARGET_WRITES?" in done.stderr
     assert "did you mean SHARDLB_WRITE_KEY?" in done.stderr
     assert "did you mean SHARDLB_READER_RPS?" in done.stderr
-    # A variable of the router's set beside the test's own is not a misspelling of it.
-    done = _locust(
-        {"SHARDLB_WRITE_KEYS": "k", "SHARDLB_WRITE_KEY": "k"},
-        ["-u", "1", "-r", "1", "-t", "1s", "Player"],
-        tmp_path,
-    )
-    assert "is not a setting of the load test" not in done.stderr, done.stderr[-2000:]
+    assert "is not a setting of the load test" not in beside.stderr, beside.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
