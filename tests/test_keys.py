@@ -69,6 +69,14 @@ def test_every_slot_has_a_token() -> None:
     assert all(keys.slot_of("{" + t + "}") == slot for slot, t in enumerate(tokens))
 
 
+def test_the_kept_table_of_slot_tokens_is_the_search_s() -> None:
+    """Every process reads the tokens from shardlb/slot_tokens.txt, not searching them again (0.2-0.4
+    s of CPU a process: every router, CLI call and bench): the file must hold what the search finds,
+    or every key would move."""
+    assert keys.TOKENS_FILE.read_text().split(",") == list(keys.search_slot_tokens())
+    assert keys.slot_tokens() == keys.search_slot_tokens()
+
+
 def test_boards_spread_over_their_window_and_placement_is_stable() -> None:
     slots = {keys.shard_slot(f"board-{n}", 0, 4) for n in range(50)}
     assert len(slots) > 10
