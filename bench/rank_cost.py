@@ -46,6 +46,7 @@ from bench.testbed import create_board, start_cluster
 from bench.workload import Workload
 
 READER = Path(__file__).with_name("rank_reader.py")
+READS = ("rank", "around", "friends", "page", "top")  # rank_reader.py's
 
 
 def masters_cpu(url: str) -> float:
@@ -63,13 +64,21 @@ def masters_cpu(url: str) -> float:
 
 
 def side_run(
-    kind: str, tree: Path, url: str, name: str, players: int, reads: int, readers: int, seed: int
+    kind: str,
+    tree: Path,
+    url: str,
+    name: str,
+    players: int,
+    reads: int,
+    readers: int,
+    seed: int,
+    what: str = "rank",
 ) -> dict[str, Any]:
-    """One side's reads, metered from the reader's "ready" to its "done"."""
+    """One side's reads of kind ``what``, metered from the reader's "ready" to its "done"."""
     python = tree / ".venv" / "bin" / "python"
     argv = [str(python if python.exists() else sys.executable), str(READER), kind, url, name]
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    numbers = [str(n) for n in (players, reads, readers, seed)]
+    numbers = [str(n) for n in (players, reads, readers, seed)] + ([what] if what != "rank" else [])
     proc = subprocess.Popen(
         [*argv, *numbers], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -123,7 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reads", type=int, default=20_000, help="reads per side and round")
     p.add_argument("--readers", type=int, default=16, help="reads in flight (a router's read gate: 16)")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--read",
+        default="rank",
+        help="the kinds of read, comma-separated, each measured in turn: " + ",".join(READS),
+    )
     args = p.parse_args(argv)
+    reads = args.read.split(",")
+    if not set(reads) <= set(READS):
+        p.error(f"--read: one or more of {','.join(READS)}")
     masters = env_int("SHARDLB_BENCH_MASTERS", 3)
     workload = Workload(board=f"rank-cost-s{masters}", players=args.players)
     key = peers.textbook_key(workload.board)
@@ -140,43 +157,53 @@ def main(argv: list[str] | None = None) -> int:
         took = time.monotonic() - began
         log(f"{workload.board}: {masters} shards and {key}, {args.players:,} players ({took:.0f} s)")
         for n in range(args.rounds + 1):
-            for side in list(sides) if n % 2 else list(sides)[::-1]:
-                kind, tree, name = sides[side]
-                got = side_run(kind, tree, url, name, args.players, args.reads, args.readers, seed=n)
-                rounds.append({"round": n, "side": side, **got})
-                log(f"round {n} {side}: {got['cpu_us']} µs CPU, {got['usec']} µs in commands per read")
+            for what in reads:
+                for side in list(sides) if n % 2 else list(sides)[::-1]:
+                    kind, tree, name = sides[side]
+                    got = side_run(kind, tree, url, name, args.players, args.reads, args.readers, n, what)
+                    rounds.append({"round": n, "read": what, "side": side, **got})
+                    log(
+                        f"round {n} {what} {side}: {got['cpu_us']} µs CPU, "
+                        f"{got['usec']} µs in commands per read"
+                    )
     finally:
         if cluster is not None:
             cluster.down()
             shutil.rmtree(out / "cluster", ignore_errors=True)
     counted = [r for r in rounds if r["round"] > 0]
-    summary = {}
-    for side in sides:
-        mine = [r for r in counted if r["side"] == side]
-        summary[side] = {
-            "cpu_us": statistics.median(r["cpu_us"] for r in mine),
-            "usec": statistics.median(r["usec"] for r in mine),
-            "per_read": mine[-1]["per_read"],
-        }
-    book = summary["textbook"]
+    summary: dict[str, dict[str, Any]] = {}
     print(f"\nmedians of {args.rounds} rounds of {args.reads:,} reads, {args.readers} in flight:")
-    for side, s in summary.items():
-        ratio = f" = {s['cpu_us'] / book['cpu_us']:.2f}x / {s['usec'] / book['usec']:.2f}x the textbook's"
-        print(f"  {side}: {s['cpu_us']} µs CPU, {s['usec']} µs in commands per read{ratio}")
-        print(
-            "    " + ", ".join(f"{c} {calls} x {us} µs" for c, (calls, us) in sorted(s["per_read"].items()))
-        )
-    for n in range(1, args.rounds + 1):
-        row = {r["side"]: r for r in counted if r["round"] == n}
-        print(
-            f"  round {n}: "
-            + ", ".join(f"{side} {row[side]['cpu_us'] / row['textbook']['cpu_us']:.2f}x" for side in sides)
-        )
+    for what in reads:
+        summary[what] = {}
+        for side in sides:
+            mine = [r for r in counted if r["side"] == side and r["read"] == what]
+            summary[what][side] = {
+                "cpu_us": statistics.median(r["cpu_us"] for r in mine),
+                "usec": statistics.median(r["usec"] for r in mine),
+                "per_read": mine[-1]["per_read"],
+            }
+        book = summary[what]["textbook"]
+        print(f" {what}:")
+        for side, s in summary[what].items():
+            ratio = f" = {s['cpu_us'] / book['cpu_us']:.2f}x / {s['usec'] / book['usec']:.2f}x the textbook's"
+            print(f"  {side}: {s['cpu_us']} µs CPU, {s['usec']} µs in commands per read{ratio}")
+            per_read = sorted(s["per_read"].items())
+            print("    " + ", ".join(f"{c} {calls} x {us} µs" for c, (calls, us) in per_read))
+        for n in range(1, args.rounds + 1):
+            row = {r["side"]: r for r in counted if r["round"] == n and r["read"] == what}
+            print(
+                f"  round {n}: "
+                + ", ".join(
+                    f"{side} {row[side]['cpu_us'] / row['textbook']['cpu_us']:.2f}x"
+                    f" / {row[side]['usec'] / row['textbook']['usec']:.2f}x"
+                    for side in sides
+                )
+            )
     result = {
         "players": args.players,
         "reads": args.reads,
         "readers": args.readers,
-        "summary": summary,
+        "summary": summary if args.read != "rank" else summary["rank"],
         "rounds": rounds,
     }
     (out / "rank_cost.json").write_text(json.dumps(result, indent=1))
