@@ -289,12 +289,15 @@ class View:
         ``others`` that counted rows at the player's score (``tied``), into ``counts`` (and their
         sizes into ``sizes``): where the tie block is small (at most TIE_ROWS rows, read up to one
         past, so that its length says whether it still is), ZCOUNT above, the block and ZCARD, in
-        one pipeline per node, the block ordered here; else counts.lua. Ties are rare, so most ranks
-        need neither: a list reply costs Redis more than a count (docs/design-notes.md, "What a rank
-        costs inside Redis"). Counted again, not added to the round before's count: a row that
-        moved between the two rounds (tied ahead, then above; above, then tied ahead) was counted in
-        neither or in both, a rank no order of the writes gives (1 where a rival was ahead all
-        along, or past the board's size), until 2026-12-06."""
+        one pipeline per node, the block ordered here; else counts.lua, which takes the key's size
+        in the same call. Ties are rare, so most ranks need neither: a list reply costs Redis more
+        than a count (docs/design-notes.md, "What a rank costs inside Redis"). Counted again, not
+        added to the round before's count: a row that moved between the two rounds (tied ahead, then
+        above; above, then tied ahead) was counted in neither or in both, a rank no order of the
+        writes gives (1 where a rival was ahead all along, or past the board's size), until
+        2026-12-06; and a large block's count was of a later moment than its key's size (rows that
+        arrived between were in the rank and not in the size: rank 36 of 34 players), until later
+        that day."""
         score, member = found.row
         text = _score(score)
         small = [j for j, n in enumerate(tied) if 0 < n <= TIE_ROWS]
@@ -313,11 +316,11 @@ class View:
                     big.append(j)
                 else:
                     counts[j] = int(above) + sum(1 for m in block if m > member)
-        if big:
-            packed = _pack([text, member])
-            exact = await self._count_calls([(self.keys[others[j]], packed) for j in big])
+        if big:  # counted with the key's size in one call: rows may arrive since it was sized
+            packed, sized = _pack([text, member]), (_pack([]), b"size")
+            exact = await self._count_calls([(self.keys[others[j]], packed, *sized) for j in big])
             for j, reply in zip(big, exact, strict=True):
-                counts[j] = int(reply[0])
+                counts[j], sizes[j] = int(reply[0]), int(reply[1])
 
     # ---- band boards' total ----------------------------------------------------------------
     # The bands part the points, best band first in ``keys``: every row of a band ranks ahead of
@@ -571,8 +574,11 @@ class View:
                 out[t] += int(n)
         return out
 
-    async def _count_calls(self, calls: Sequence[tuple[str, bytes] | tuple[str, bytes, bytes]]) -> list[Any]:
-        """counts.lua on several shards, each with its packed (score, member) list (and its homes)."""
+    async def _count_calls(
+        self, calls: Sequence[tuple[str, bytes] | tuple[str, bytes, bytes] | tuple[str, bytes, bytes, bytes]]
+    ) -> list[Any]:
+        """counts.lua on several shards, each with its packed (score, member) list (and its homes,
+        and a flag that asks for the key's size after the counts)."""
         return await script_calls(self.client, self.counts, calls, self.replicas, shared=True)
 
     async def around(self, row: Row, counts: list[int], radius: int) -> tuple[list[Row], int]:

@@ -296,6 +296,60 @@ async def test_a_rank_counts_each_other_shard_at_one_moment_when_a_tied_row_move
         await store.delete(config.id)
 
 
+@pytest.mark.parametrize("block", ["large", "grown"])
+async def test_a_rank_counts_a_large_tie_block_and_its_shard_size_at_one_moment(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch, block: str
+) -> None:
+    """A shard whose tie block at the player's score holds more than TIE_ROWS rows is counted by
+    counts.lua, and its size is taken in the same call: rows that reach that shard meanwhile are in
+    both or in neither. Large: the block had 33 rows when round 2 counted it, and two rivals above
+    the player arrive before round 3 counts it. Grown: the block had one row in round 2, 32 more
+    arrive before round 3 reads it (now too large to read), and two rivals above before counts.lua
+    counts it. In every order of the writes the player is last: rank 34 of 34 before the two, 36 of
+    36 after them, never 36 of 34."""
+    config = BoardConfig.from_dict(
+        board_name(f"tie-large-{block}"),
+        {"durability": "memory", "mode": "best", "sharding": {"strategy": "hash", "shards": 2}},
+    )
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    view = board.resolve()
+    # The player ("a..."), and rivals ("z...": later bytes, so ahead of them in a tie) homed on the
+    # other shard.
+    me = "a-player"
+    home = board._home_index(me, view)
+    rivals = [f"z-rival-{i}" for i in range(400) if board._home_index(f"z-rival-{i}", view) != home]
+    tied_first = reads.TIE_ROWS + 1 if block == "large" else 1
+    tied = [Score(p, 500, f"t{i}", now) for i, p in enumerate(rivals[: reads.TIE_ROWS + 1])]
+    above = [Score(p, 600, f"u{i}", now) for i, p in enumerate(rivals[reads.TIE_ROWS + 1 :][:2])]
+    try:
+        await board.submit([Score(me, 500, "m0", now), *tied[:tied_first]], now_ms=now)
+        got = await board.player(me)
+        assert (got.entry.rank, got.players) == (tied_first + 1, tied_first + 1)  # before any write
+        resolve, count = reads.View._resolve_ties, reads.View._count_calls
+
+        async def counted_after_writes(self: reads.View, *args: Any) -> list[Any]:
+            monkeypatch.setattr(reads.View, "_count_calls", count)
+            await board.submit(above, now_ms=now)  # two rivals above the player
+            return await count(self, *args)
+
+        async def tied_between_rounds(self: reads.View, *args: Any) -> None:
+            monkeypatch.setattr(reads.View, "_resolve_ties", resolve)
+            if tied[tied_first:]:  # the block grows past TIE_ROWS
+                await board.submit(tied[tied_first:], now_ms=now)
+            monkeypatch.setattr(reads.View, "_count_calls", counted_after_writes)
+            await resolve(self, *args)
+
+        monkeypatch.setattr(reads.View, "_resolve_ties", tied_between_rounds)
+        got = await board.player(me)
+        assert got.entry.rank <= got.players
+        assert (got.entry.rank, got.players) == (reads.TIE_ROWS + 4, reads.TIE_ROWS + 4)
+        got = await board.player(me)  # after the writes
+        assert (got.entry.rank, got.players) == (reads.TIE_ROWS + 4, reads.TIE_ROWS + 4)
+    finally:
+        await store.delete(config.id)
+
+
 @pytest.mark.parametrize("shards", [3, 16])
 async def test_top_reads_further_from_a_shard_that_holds_most_of_the_best(
     store: BoardStore, shards: int

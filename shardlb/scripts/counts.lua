@@ -19,6 +19,9 @@ end
 -- (it moved or changed since its score was read, or a band move is still pending), it is counted;
 -- a row it has there at a better score (a band's stale row of a pending move) is its own and does
 -- not count ahead of it.
+-- ARGV[3], optional (ARGV[2] then given, an empty array if no pair is marked): the key's size
+-- (ZCARD) follows the counts, taken in the same call, so that a rank's count of this key and its
+-- share of the board's size are of one moment.
 local key = KEYS[1]
 local rows = cmsgpack.unpack(ARGV[1])
 local home, own = {}, {}
@@ -51,4 +54,5 @@ for i = 1, #rows, 2 do
   end
   out[#out + 1] = a
 end
+if ARGV[3] then out[#out + 1] = redis.call('ZCARD', key) end
 return out
