@@ -1300,7 +1300,8 @@ class Board:
             better, level, players = await reader.at_least([span.stop, span.start, 0], row)
             rank, below = better + 1, max(players - level, 0)  # clamped: shards are read one by one
         else:
-            (counts, _), sizes = await asyncio.gather(reader.counts_ahead(row), reader.sizes())
+            sizes: list[int] = []  # taken with the counts: a tied shard's count and size at one moment
+            counts, _ = await reader.counts_ahead(row, sizes=sizes)
             players = sum(sizes)
             rank = sum(counts) + 1
             below = players - rank

@@ -149,14 +149,19 @@ class View:
                 got[i] += rows(pairs)
                 asked[i] = min(n, 2 * asked[i])
 
-    async def counts_ahead(self, row: Row, floors: Sequence[int] = ()) -> tuple[list[int], list[int]]:
+    async def counts_ahead(
+        self, row: Row, floors: Sequence[int] = (), sizes: list[int] | None = None
+    ) -> tuple[list[int], list[int]]:
         """Per shard, how many rows rank ahead of ``row``: ZCOUNT of better scores plus the tie rule;
         and, summed over shards, how many rows score at least each of ``floors`` (``at_least``; as
         in ``counts``, floors above ``row`` leave out the player's own stale rows: ``_less_own``).
+        ``sizes``, when given, is filled with each shard's size, taken with its count.
 
         One pipeline (per node, nodes in parallel) of ZCOUNT above, ZCOUNT equal and the row's own
-        ZSCORE, plus one ZCOUNT per floor; only a shard where someone other than the row shares its
-        exact score needs the tie-resolving script.
+        ZSCORE, plus one ZCOUNT per floor (and ZCARD, for ``sizes``); only a shard where someone
+        other than the row shares its exact score needs the tie-resolving script, which then gives
+        that shard's size too: rows may reach it between the two rounds, and a count of after them
+        with a size of before them could rank the player past the board's size.
         """
         score, member = row
         text = _score(score)
@@ -167,15 +172,22 @@ class View:
             pipe.zscore(key, member)
             for floor in floors:
                 pipe.zcount(key, floor, "+inf")
+            if sizes is not None:
+                pipe.zcard(key)
         replies = await pipe.execute()
-        step = 3 + len(floors)
+        step = 3 + len(floors) + (sizes is not None)
         counts = [int(n) for n in replies[0::step]]
         owns = replies[2::step]
         others = [int(t) - (own == score) for t, own in zip(replies[1::step], owns, strict=True)]
         tied = [i for i, n in enumerate(others) if n > 0]
-        exact = await self._count_calls([(self.keys[i], _pack([text, member])) for i in tied])
+        sized = () if sizes is None else (_pack([]), b"size")
+        exact = await self._count_calls([(self.keys[i], _pack([text, member]), *sized) for i in tied])
+        if sizes is not None:
+            sizes[:] = [int(n) for n in replies[step - 1 :: step]]
         for i, reply in zip(tied, exact, strict=True):
             counts[i] = int(reply[0])
+            if sizes is not None:
+                sizes[i] = int(reply[1])
         for i, own in enumerate(owns):  # the row's own stale row in a band (a pending move)
             if own is not None and own > score:
                 counts[i] -= 1

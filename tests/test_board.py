@@ -350,6 +350,46 @@ async def test_a_rank_counts_a_large_tie_block_and_its_shard_size_at_one_moment(
         await store.delete(config.id)
 
 
+async def test_a_rank_across_regions_counts_a_tied_shard_and_its_size_at_one_moment(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank of a region board read across regions counts each key in one round, and a key with
+    rows tied with the player again in a second (counts.lua); that key's size is taken in the same
+    call, not beside the first round: two rivals above the player who reach the tied key between
+    the rounds are in both the rank and ``players`` (4 of 4, as every order of the writes has it),
+    never in the rank alone (4 of 2)."""
+    config = BoardConfig.from_dict(
+        board_name("tie-regions"),
+        {
+            "durability": "memory",
+            "mode": "best",
+            "sharding": {"strategy": "region", "regions": ["r0", "r1"], "shards_per_region": 1},
+        },
+    )
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    me, rival = "a-player", "z-rival"  # the rival's later bytes put it ahead in a tie
+    above = [Score(f"z-above-{i}", 600, f"u{i}", now, "r1") for i in range(2)]
+    try:
+        await board.submit([Score(me, 500, "m0", now, "r0"), Score(rival, 500, "m1", now, "r1")], now_ms=now)
+        got = await board.player(me)
+        assert (got.entry.rank, got.players) == (2, 2)  # before the two
+        count = reads.View._count_calls
+
+        async def counted_after_writes(self: reads.View, *args: Any) -> list[Any]:
+            monkeypatch.setattr(reads.View, "_count_calls", count)
+            await board.submit(above, now_ms=now)
+            return await count(self, *args)
+
+        monkeypatch.setattr(reads.View, "_count_calls", counted_after_writes)
+        got = await board.player(me)
+        assert got.entry.rank <= got.players
+        assert (got.entry.rank, got.players) == (4, 4)
+        assert reads.View._count_calls is count  # the tied key was counted again
+    finally:
+        await store.delete(config.id)
+
+
 @pytest.mark.parametrize("shards", [3, 16])
 async def test_top_reads_further_from_a_shard_that_holds_most_of_the_best(
     store: BoardStore, shards: int
