@@ -354,7 +354,8 @@ class View:
         home key, and ZSCORE, ZREVRANK and ZCARD on every band (a band without the player answers
         the first two from its hash table, without a descent). More bands: the home key first, then
         ZCARD on every band, ZSCORE on theirs and the bands before it, and ZREVRANK on theirs. None
-        when the home key has no row.
+        when the home key has no row. Where their band does not hold them at the home row (a move
+        pending), counts.lua counts their place in it in one round more, with the band's size.
 
         ``sizes``: the bands' sizes as read a moment ago (``Board.player``'s ``max_age_ms``). Then
         only the home key and the player's own band are read: ZSCORE, ZREVRANK and ZCARD (which
@@ -413,10 +414,12 @@ class View:
             sizes = [int(count) for count in replies[band + 2 :]]
         whole = held == score and inside is not None
         if not whole:  # counted from the home row; counts.lua leaves out a stale row of theirs
+            # and gives the band's size with the count: rows may have reached it since it was sized.
             [reply] = await self._count_calls(
-                [(self.keys[band], _pack([_score(score), member]), bytes(msgpack.packb([1])))]
+                [(self.keys[band], _pack([_score(score), member]), bytes(msgpack.packb([1])), b"size")]
             )
             inside = reply[0]
+            sizes = [*sizes[:band], int(reply[1]), *sizes[band + 1 :]]
         stale = sum(1 for at in found if at is not None)
         return BandPlace((score, member), band, sum(sizes[:band]) - stale + int(inside), sizes, whole, stale)
 

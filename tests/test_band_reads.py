@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 import pytest
 from redis.exceptions import OutOfMemoryError
 
-from shardlb import keys, times
+from shardlb import keys, reads, times
 from shardlb.board import Board, Entry, Score
 from shardlb.config import BoardConfig
 from shardlb.merge import Row
 from shardlb.reads import ONE_ROUND_BANDS
 from shardlb.store import BoardStore
 from tests.reference import ReferenceBoard
+from tests.router_support import board_name
 from tests.test_board import check_view, expected_entries
 from tests.test_board_retries import assert_board_equals, fail_band_once
 from tests.test_store_oom import full_primaries
@@ -187,6 +189,53 @@ async def test_band_reads_while_a_move_is_pending(
         assert await board.repair() == 1
         await assert_board_equals(board, ref)
         await assert_reads_count_band_rows(board, ["p1", "o0", "o2", "o4", "o8"])
+    finally:
+        await store.delete(board.config.id)
+
+
+async def test_a_rank_counted_from_the_home_row_takes_its_band_size_from_the_same_call(
+    store: BoardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the player's band does not hold them at their home row (a move pending inside the band),
+    their place in it is counted by counts.lua a round after the bands' sizes were read; the band's
+    size now comes from that call too. Two players who reach the band between the rounds, ahead of
+    the player, are in both the rank and ``players`` (9 of 12, as every order of the writes has it),
+    never in the rank alone (9 of 10)."""
+    config = BoardConfig.from_dict(
+        board_name("band-pending-size"),
+        {
+            "durability": "memory",
+            "mode": "best",
+            "sharding": {"strategy": "band", "bands": [0, 100, 1000], "shards": 3},
+        },
+    )
+    board, _ = await store.create(config)
+    now = times.now_ms()
+    try:
+        others = [
+            Score(f"o{i}", points, "m1", now)
+            for i, points in enumerate([10, 50, 60, 70, 70, 400, 600, 2000, 9000])
+        ]
+        await board.submit([*others, Score("p1", 50, "m1", now)], now_ms=now)
+        fail_band_once(board)
+        with pytest.raises(ConnectionError):  # the band keeps p1's row at 50: the move is pending
+            await board.submit([Score("p1", 70, "m2", now + 1000)], now_ms=now + 1000)
+        got = await board.player("p1")
+        # Ahead: 9000, 2000, 600, 400, and o3 and o4, whose 70 came first.
+        assert (got.entry.rank, got.players) == (7, 10)
+        count = reads.View._count_calls
+
+        async def counted_after_writes(self: reads.View, *args: Any) -> list[Any]:
+            monkeypatch.setattr(reads.View, "_count_calls", count)
+            arrived = [Score(f"q{i}", 80, "m3", now + 2000) for i in range(2)]  # p1's band, ahead
+            await board.submit(arrived, now_ms=now + 2000)
+            return await count(self, *args)
+
+        monkeypatch.setattr(reads.View, "_count_calls", counted_after_writes)
+        got = await board.player("p1")
+        assert reads.View._count_calls is count  # counted from the home row
+        assert got.entry.rank <= got.players
+        assert (got.entry.rank, got.players) == (9, 12)
     finally:
         await store.delete(board.config.id)
 
