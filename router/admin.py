@@ -271,8 +271,11 @@ async def reshard(request: Request) -> Response:
     # Said in Redis before the task exists, so every process's status read after this answer says
     # "starting" (the task's own note may come later), and the task's lease takes it back. For the
     # status alone: one that fails is logged, and the mover started all the same (until 2026-12-06
-    # the POST answered 503 with the reshard recorded and no mover started).
-    await reshards.told(mover.announce(), board_id)
+    # the POST answered 503 with the reshard recorded and no mover started). Not in place of a note
+    # said already: a mover that starts says it (this router's between two runs, or another's), and
+    # where none of this one starts (the router runs one, or stops) the take-back would remove that
+    # one's note (until 2026-12-07: every other process read "none" of a mover about to run).
+    await reshards.told(mover.announce(replace=False), board_id)
     if not svc.reshards.start(mover):
         await reshards.told(mover.unannounce(), board_id)  # no task of this mover would take it back
     status = await _status(svc, mover)

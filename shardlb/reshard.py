@@ -645,13 +645,15 @@ class Resharder:
             "mover": "running" if leased else "starting" if starting else "none",
         }
 
-    async def announce(self) -> None:
+    async def announce(self, replace: bool = True) -> None:
         """Say in Redis that this mover starts (``keys.starting_key``, for ``STARTING_MS``): every
         process's ``status`` then says ``"mover": "starting"``, not "none", until it takes the
         board's lease (``run``), or ``unannounce``. For a router that starts a mover in the
         background (router/reshards.py): until 2026-12-06 only its own worker knew, and another
-        worker, router or `shardlb reshard --status` said "none" of a reshard it had just started."""
-        await self.client.set(keys.starting_key(self.board_id), self.token, px=STARTING_MS)
+        worker, router or `shardlb reshard --status` said "none" of a reshard it had just started.
+        ``replace=False``: only where no mover has said it starts, for a note made before the mover
+        is known to start (router/admin.py), whose ``unannounce`` would otherwise take another's."""
+        await self.client.set(keys.starting_key(self.board_id), self.token, px=STARTING_MS, nx=not replace)
 
     async def unannounce(self) -> None:
         """Take back this mover's ``announce`` (one made since by another mover stays)."""

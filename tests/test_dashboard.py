@@ -270,11 +270,11 @@ async def test_a_reshard_started_whose_note_of_the_start_fails_is_moved_on(
     announce = Resharder.announce
     failures: list[str] = []
 
-    async def fails_once(self: Resharder) -> None:
+    async def fails_once(self: Resharder, replace: bool = True) -> None:
         if not failures:
             failures.append(self.board_id)
             raise redis.exceptions.ConnectionError("the note's reply was lost")
-        await announce(self)
+        await announce(self, replace)
 
     monkeypatch.setattr(Resharder, "announce", fails_once)
     path = f"/v1/admin/boards/{name}/reshard"
@@ -537,3 +537,39 @@ async def test_cluster_view_answers_with_a_node_down(tmp_path: Path) -> None:
             assert all(n["memory"]["used"] for n in body["nodes"] if n["address"] != dead)
     finally:
         local.down()
+
+
+@pytest.mark.parametrize("why", ["moving", "stopping"])
+async def test_a_resume_that_starts_no_mover_leaves_the_note_of_the_mover_that_starts(
+    router: tuple[Starlette, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    """A POST {"resume": true} that starts no mover (``ReshardWatch.start`` is False): this router
+    runs one of the board already, waiting to run again after a failure (moving), or it is stopping.
+    That mover, or another process's, has said it starts (``Resharder.announce``). Failed before:
+    the POST's own note took its place, and its take-back removed it, so every other process read
+    "mover": "none" of a reshard a mover was about to take on. Now the note stays."""
+    app, client = router
+    svc = service_of(app)
+    name = board_name("dash-rs-kept")
+    settings = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+    await Resharder(svc.boards.store, name, say=lambda _: None, cache_s=0).start(3)
+    await svc.client.set(keys.starting_key(name), "a-starting-mover", px=60_000)
+    waits = asyncio.create_task(asyncio.sleep(3600))  # this router's mover between two runs
+    if why == "moving":
+        svc.reshards.movers[name] = waits
+    else:
+        monkeypatch.setattr(svc.reshards, "closed", True)
+    path = f"/v1/admin/boards/{name}/reshard"
+    try:
+        answer = await client.post(path, json={"resume": True}, headers=AS_ADMIN)
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["mover"] == "starting", answer.json()
+        elsewhere = Resharder(svc.boards.store, name, say=lambda _: None, cache_s=0)
+        assert (await elsewhere.status())["mover"] == "starting"  # as another process reads it
+    finally:
+        waits.cancel()
+        svc.reshards.movers.pop(name, None)
+    await svc.client.delete(keys.starting_key(name))
+    assert await Resharder(svc.boards.store, name, say=lambda _: None, cache_s=0).cancel() == "cancelled"
+    assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
