@@ -263,7 +263,8 @@ async def reshard(request: Request) -> Response:
     other = None if svc.reshards.moving(board_id) else await _elsewhere(mover, "shards" in body)
     if other in ("running", "finished", "cancelled"):  # nothing for a mover of this router to do
         status = await _status(svc, mover)
-        note = mover.told_elsewhere(other, status["shards"])
+        since = status.get("to_shards") if other != "running" else None  # a reshard recorded since
+        note = mover.told_elsewhere(other, status["shards"], since)
         mover.say(note)  # a line of the router's log too (reshards.said)
         return render(request, {**status, "other_mover": other, "note": note}, 202)
     if "shards" not in body and (await mover.status())["state"] == "none":

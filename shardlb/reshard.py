@@ -488,9 +488,10 @@ class Resharder:
 
     def _ended(self, seen: dict[str, Any], now: dict[str, Any]) -> str | None:
         """How the reshard of the record ``seen`` (read before the lease) ended, by the record
-        ``now`` (read once the lease is this mover's) that names none: "finished" (the board has
-        its new layout) or "cancelled" (it kept its layout); None when ``seen`` named none either,
-        or the board was created again since."""
+        ``now`` (read once the lease is this mover's) that names none, or another reshard
+        (recorded since, ``elsewhere``): "finished" (the board has its new layout) or "cancelled"
+        (it kept its layout); None when ``seen`` named none either, or the board was created
+        again since."""
         move = seen.get("reshard")
         if not move or _incarnation(seen) != _incarnation(now):
             return None
@@ -501,26 +502,36 @@ class Resharder:
     async def elsewhere(self) -> str | None:
         """What a mover elsewhere does with the reshard, for a resume asked of a router
         (router/admin.py), as ``run`` says it to `shardlb reshard --resume`: None when the record
-        names no reshard or no process holds the board's lease; else, waited for as ``run`` waits
-        (a lease and a second), "running" (it holds the lease still: a live mover), "finished" or
-        "cancelled" (it ended the reshard meanwhile, ``_ended``; None for a board created again
+        names no reshard, or names the same one still once no process holds the board's lease
+        (at the first look: no mover elsewhere); else, waited for as ``run`` waits (a lease and a
+        second), "running" (it holds the lease still: a live mover), "finished" or "cancelled"
+        (the reshard seen first is no longer the one under way: that mover ended it, before the
+        first look at the lease or during the wait, ``_ended``; None for a board created again
         since), or "stopped" (it let the lease go, or died, with the reshard under way: a resume
-        takes it on). Nothing is written: the router starts its mover only for "stopped" or None.
-        """
+        takes it on). A reshard recorded since the one seen ended is not that one's: until
+        2026-12-07 it was "stopped", and a reshard ended before the first look at the lease None
+        (a resume then answered 409 "no reshard under way"). Nothing is written: the router
+        starts its mover only for "stopped" or None."""
         key = keys.lease_key(self.board_id)
         _, seen = await self.record()
-        if not seen.get("reshard") or not await self.client.exists(key):
+        if not seen.get("reshard"):
             return None
         deadline = time.monotonic() + LEASE_MS / 1000 + 1.0
+        waited = False
         while await self.client.exists(key):
             if time.monotonic() > deadline:
-                return "running"
+                _, now = await self.record()
+                return "running" if _same_reshard(seen, now) else self._ended(seen, now)
+            waited = True
             await asyncio.sleep(0.25)
         _, now = await self.record()
-        return "stopped" if now.get("reshard") else self._ended(seen, now)
+        if _same_reshard(seen, now):
+            return "stopped" if waited else None
+        return self._ended(seen, now)
 
-    def told_elsewhere(self, other: str, shards: int) -> str:
-        """The sentence a router answers with ``elsewhere``'s ``other`` (the board has ``shards``):
+    def told_elsewhere(self, other: str, shards: int, since: int | None = None) -> str:
+        """The sentence a router answers with ``elsewhere``'s ``other`` (the board has ``shards``;
+        ``since``: the shard count of a reshard recorded since that mover ended its own):
         `shardlb reshard --resume`'s line or error for the same outcome (``run``, ``_lease``)."""
         if other == "running":
             return (
@@ -533,10 +544,13 @@ class Resharder:
                 "another mover held the board's lease and let it go with the reshard under way (it "
                 "stopped or died): this router's mover takes it on from its recorded state"
             )
-        return (
+        told = (
             f"another mover {other} the reshard while this one waited for it (it held the board's "
             f"lease): nothing left to resume; the board has {_shards(shards)}"
         )
+        if since is None:
+            return told
+        return f"{told}; another reshard, to {_shards(since)}, was recorded since: follow it with GET"
 
     def _knows(self) -> float:
         """When this process first knew of the reshard (now, if this is the first time)."""
@@ -1549,6 +1563,15 @@ def _shards(count: int) -> str:
 
 def _incarnation(record: dict[str, Any]) -> str:
     return str(record.get("incarnation", "0"))
+
+
+def _same_reshard(seen: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether the record ``now`` names the reshard ``seen`` named (both name one): of the same
+    board incarnation, recorded at the same moment toward the same generation."""
+    move, moving = seen.get("reshard"), now.get("reshard")
+    if not move or not moving or _incarnation(seen) != _incarnation(now):
+        return False
+    return (move["started_ms"], move["generation"]) == (moving["started_ms"], moving["generation"])
 
 
 async def command(

@@ -573,3 +573,72 @@ async def test_a_resume_that_starts_no_mover_leaves_the_note_of_the_mover_that_s
     await svc.client.delete(keys.starting_key(name))
     assert await Resharder(svc.boards.store, name, say=lambda _: None, cache_s=0).cancel() == "cancelled"
     assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+
+
+@pytest.mark.parametrize("ended", ["finished", "cancelled", "finished-another-recorded"])
+async def test_a_resume_whose_reshard_ends_elsewhere_after_its_first_look_says_how_it_ended(
+    router: tuple[Starlette, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch, ended: str
+) -> None:
+    """A POST {"resume": true} reads the record (a reshard under way), and before it looks at the
+    board's lease the mover elsewhere ends that reshard: finished or cancelled, its lease let go
+    (``Resharder.elsewhere``). Failed before: the lease free, the POST took it for no mover and
+    answered 409 "no reshard under way". Or that mover finishes it and a new reshard is recorded
+    while the lease is still held (finished-another-recorded): the POST said "stopped" and
+    started a mover of the new one, as if the one it waited for had been left half done. Now
+    both say how the reshard it saw ended, and start no mover."""
+    app, client = router
+    svc = service_of(app)
+    monkeypatch.setattr(svc.boards, "ttl_s", 0.5)  # as in the tests above
+    name = board_name("dash-rs-ended")
+    settings = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+    scores = [{"player_id": f"p{i}", "points": i, "match_id": "m1"} for i in range(20)]
+    r = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
+    assert r.status_code == 200, r.text
+    live = Resharder(svc.boards.store, name, say=lambda _: None, cache_s=0)
+    await live.start(3)
+    after = Resharder(svc.boards.store, name, say=lambda _: None, cache_s=0)  # a reshard since
+    lease = keys.lease_key(name)
+    record = Resharder.record
+    looked: list[str] = []
+    held = asyncio.Event()
+
+    async def then_ends(self: Resharder) -> tuple[Any, dict[str, Any]]:
+        found = await record(self)
+        if self.token in (live.token, after.token) or looked:
+            return found
+        looked.append(self.board_id)  # the POST's first look: the other mover ends it now
+        if ended == "cancelled":
+            assert await live.cancel() == "cancelled"
+        else:
+            assert (await live.run())["state"] == "none"
+        if ended == "finished-another-recorded":
+            await after.start(4)
+            await svc.client.set(lease, "a-mover-finishing-up", px=60_000)
+            held.set()
+        return found
+
+    monkeypatch.setattr(Resharder, "record", then_ends)
+    path = f"/v1/admin/boards/{name}/reshard"
+    resume = asyncio.create_task(client.post(path, json={"resume": True}, headers=AS_ADMIN))
+    if ended == "finished-another-recorded":
+        await held.wait()
+        await asyncio.sleep(0.5)  # the resume has seen the lease held and waits
+        await svc.client.delete(lease)
+    answer = await resume
+    monkeypatch.setattr(Resharder, "record", record)
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    other = ended.split("-")[0]
+    assert body.get("other_mover") == other, body
+    assert f"another mover {other} the reshard" in body["note"], body
+    assert not svc.reshards.moving(name)
+    if ended == "finished-another-recorded":
+        assert (body["state"], body["shards"], body["to_shards"]) == ("copying", 3, 4), body
+        assert "another reshard, to 4 shards, was recorded since" in body["note"], body
+        assert await after.cancel() == "cancelled"
+    else:
+        assert (body["state"], body["shards"]) == ("none", 3 if other == "finished" else 2), body
+    top = (await client.get(f"/v1/boards/{name}/top?limit=100", headers=AS_ADMIN)).json()["entries"]
+    assert [e["points"] for e in top] == list(range(19, -1, -1))
+    assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
