@@ -9,8 +9,9 @@ the router keeps no history, so any number of dashboards cost it nothing between
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -19,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from router import metrics, params, reshards, routes, scores
+from router import http, metrics, params, reshards, routes, scores
 from router.auth import Scope
 from router.media import read_object, render
 from router.service import Service
@@ -260,11 +261,14 @@ async def reshard(request: Request) -> Response:
     # A mover elsewhere holding the board's lease (a `shardlb reshard`, another router's or worker's)
     # is waited for as `shardlb reshard --resume` waits, and what it did said: until 2026-12-06 the
     # 202 came at once, and this router's mover waited in the background, then gave way unsaid.
-    other = None if svc.reshards.moving(board_id) else await _elsewhere(mover, "shards" in body)
+    # The wait (11 s at most) ends when the router's drain begins (SHARDLB_DRAIN_SECONDS, 10 s by
+    # default), with what is known: until 2026-12-07 the drain's end cancelled it (503).
+    drains = functools.partial(http.drain_begun, request.scope)
+    other = None if svc.reshards.moving(board_id) else await _elsewhere(mover, "shards" in body, drains)
     if other in ("running", "finished", "cancelled"):  # nothing for a mover of this router to do
         status = await _status(svc, mover)
         since = status.get("to_shards") if other != "running" else None  # a reshard recorded since
-        note = mover.told_elsewhere(other, status["shards"], since)
+        note = mover.told_elsewhere(other, status["shards"], since, drains=drains())
         mover.say(note)  # a line of the router's log too (reshards.said)
         return render(request, {**status, "other_mover": other, "note": note}, 202)
     if "shards" not in body and (await mover.status())["state"] == "none":
@@ -285,14 +289,14 @@ async def reshard(request: Request) -> Response:
     return render(request, status, 202)
 
 
-async def _elsewhere(mover: Resharder, recorded: bool) -> str | None:
+async def _elsewhere(mover: Resharder, recorded: bool, stop: Callable[[], bool]) -> str | None:
     """``Resharder.elsewhere`` for a POST. Redis failing that look once a ``{"shards": N}`` has
     recorded its reshard (``recorded``) is None, logged: the mover is started as before the look
     (it waits for a lease held elsewhere itself, and says so). Until later on 2026-12-06 that was
     a 503 over a reshard recorded with no mover started, which ``reshard`` had ruled out for its
     status note. A resume's look failing is its 503, as before: it recorded nothing."""
     try:
-        return await mover.elsewhere()
+        return await mover.elsewhere(stop)
     except (RedisError, RedisClusterException, OSError) as e:
         if not recorded:
             raise

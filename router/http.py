@@ -48,7 +48,8 @@ uvicorn's protocol bounds nothing (it keeps every header line, and waits for a b
 - when the server's drain begins (SIGTERM), the request under way on a connection, or the next
   one it sends (a request on its way, or half sent), is answered with ``connection: close`` and the
   connection closed after it; uvicorn closed a connection between requests, or in a request's head,
-  at once, with no answer (``shutdown``). An idle one is closed by the keep-alive timeout;
+  at once, with no answer (``shutdown``). An idle one is closed by the keep-alive timeout. A
+  request that waits on something outside the router asks ``drain_begun`` to answer sooner;
 - a request that asked for ``100 Continue`` (``Expect: 100-continue``) and is answered before its
   body was asked for (refused on its head: a key, a media type, a declared length) closes the
   connection after that answer (``_send_after_expect``);
@@ -75,7 +76,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,6 +250,19 @@ _refusals = Refusals()
 _client_refusals = Refusals("connections refused for one client")
 # Connections open per client (``client_network``) in this worker, those of trusted proxies left out.
 _clients: dict[str, int] = {}
+# A request's scope["state"] entry: its connection's ``draining`` (``drain_begun``).
+DRAINING = "shardlb.draining"
+
+
+def drain_begun(scope: MutableMapping[str, Any]) -> bool:
+    """Whether the server of this request's connection has begun its drain (SIGTERM: ``shutdown``).
+    For a request that waits on something outside the router (the reshard POST's wait for a mover
+    elsewhere, router/admin.py): it answers what it knows then, where the drain's end
+    (SHARDLB_DRAIN_SECONDS) would cancel it (503 ``shutting_down``), and holds the drain no longer
+    than its own work. False for a request served otherwise (a test's ASGI transport)."""
+    draining = scope.get("state", {}).get(DRAINING)
+    return draining is not None and bool(draining())
+
 
 # Where a connection is: connected and silent, in a request's head, in its body, or between requests
 # (an answer under way, or idle: uvicorn's keep-alive timeout closes it then).
@@ -328,6 +342,9 @@ class HttpToolsProtocol(_UvicornHttpTools):
         cycle = self.cycle
         if self._phase != _HEAD and cycle is not None and not cycle.response_complete:
             cycle.keep_alive = False  # the newest request read (a pipelined one, if any)
+
+    def _drains(self) -> bool:
+        return self._draining
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -443,6 +460,7 @@ class HttpToolsProtocol(_UvicornHttpTools):
             self.cycle.keep_alive = False
         if self._draining:
             self.cycle.keep_alive = False
+        self.cycle.scope["state"][DRAINING] = self._drains
         if self.expect_100_continue:
             # The cycle's class is uvicorn's (the module makes it by name): its send is wrapped here.
             cycle = self.cycle

@@ -499,12 +499,13 @@ class Resharder:
             return "finished"
         return "cancelled"
 
-    async def elsewhere(self) -> str | None:
+    async def elsewhere(self, stop: Callable[[], bool] = lambda: False) -> str | None:
         """What a mover elsewhere does with the reshard, for a resume asked of a router
         (router/admin.py), as ``run`` says it to `shardlb reshard --resume`: None when the record
         names no reshard, or names the same one still once no process holds the board's lease
         (at the first look: no mover elsewhere); else, waited for as ``run`` waits (a lease and a
-        second), "running" (it holds the lease still: a live mover), "finished" or "cancelled"
+        second, or until ``stop()`` says so: the router drains), "running" (it holds the lease
+        still: a live mover, or one the wait was cut short on), "finished" or "cancelled"
         (the reshard seen first is no longer the one under way: that mover ended it, before the
         first look at the lease or during the wait, ``_ended``; None for a board created again
         since), or "stopped" (it let the lease go, or died, with the reshard under way: a resume
@@ -519,7 +520,7 @@ class Resharder:
         deadline = time.monotonic() + LEASE_MS / 1000 + 1.0
         waited = False
         while await self.client.exists(key):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or stop():
                 _, now = await self.record()
                 return "running" if _same_reshard(seen, now) else self._ended(seen, now)
             waited = True
@@ -529,10 +530,17 @@ class Resharder:
             return "stopped" if waited else None
         return self._ended(seen, now)
 
-    def told_elsewhere(self, other: str, shards: int, since: int | None = None) -> str:
+    def told_elsewhere(self, other: str, shards: int, since: int | None = None, drains: bool = False) -> str:
         """The sentence a router answers with ``elsewhere``'s ``other`` (the board has ``shards``;
-        ``since``: the shard count of a reshard recorded since that mover ended its own):
-        `shardlb reshard --resume`'s line or error for the same outcome (``run``, ``_lease``)."""
+        ``since``: the shard count of a reshard recorded since that mover ended its own; ``drains``:
+        the router's stop cut the wait short): `shardlb reshard --resume`'s line or error for the
+        same outcome (``run``, ``_lease``)."""
+        if other == "running" and drains:
+            return (
+                f"another mover holds the lease of the reshard of {self.board_id!r} (a `shardlb reshard` "
+                "or a router's mover): this router is shutting down and stopped waiting for it, so it "
+                "started none; follow the reshard with GET (of another router), or stop it with DELETE"
+            )
         if other == "running":
             return (
                 f"another mover is running the reshard of {self.board_id!r} (it holds the board's lease "

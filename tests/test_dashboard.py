@@ -371,7 +371,7 @@ async def test_a_reshard_started_whose_look_for_a_mover_elsewhere_fails_in_redis
     r = await client.post(f"/v1/boards/{name}/scores", json={"scores": scores}, headers=AS_WRITER)
     assert r.status_code == 200, r.text
 
-    async def fails(self: Resharder) -> str | None:
+    async def fails(self: Resharder, stop: Any = None) -> str | None:
         raise redis.exceptions.ConnectionError("lost")
 
     path = f"/v1/admin/boards/{name}/reshard"
@@ -641,4 +641,42 @@ async def test_a_resume_whose_reshard_ends_elsewhere_after_its_first_look_says_h
         assert (body["state"], body["shards"]) == ("none", 3 if other == "finished" else 2), body
     top = (await client.get(f"/v1/boards/{name}/top?limit=100", headers=AS_ADMIN)).json()["entries"]
     assert [e["points"] for e in top] == list(range(19, -1, -1))
+    assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
+
+
+async def test_a_resume_waiting_for_a_mover_elsewhere_answers_when_its_router_drains(
+    router: tuple[Starlette, httpx.AsyncClient], tmp_path: Path
+) -> None:
+    """A POST {"resume": true} to a router process waits for a mover elsewhere that holds the board's
+    lease (a lease and a second, 11 s), and the router is told to stop (SIGTERM) meanwhile, its
+    drain shorter than that wait (SHARDLB_DRAIN_SECONDS, 10 by default, 2 here). Failed before: the
+    drain ran out with the POST still waiting, and uvicorn cancelled it (503 ``shutting_down``, as
+    for any request cut off), though the router knew that another mover held the lease. Now the
+    wait ends when the drain begins, and the answer says what is known: that mover runs it."""
+    app, client = router
+    svc = service_of(app)
+    name = board_name("dash-rs-drain")
+    settings = {"durability": "memory", "sharding": {"strategy": "hash", "shards": 2}}
+    assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
+    live = Resharder(svc.boards.store, name, say=lambda _: None, cache_s=0)
+    await live.start(3)
+    lease = keys.lease_key(name)
+    await svc.client.set(lease, "a-live-mover", px=120_000)  # held all along, as by a live mover
+    cluster_url = svc.settings.redis_url
+    server = Server(cluster_url, tmp_path / "router.log", SHARDLB_DRAIN_SECONDS="2")
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as other_router:
+            path = f"/v1/admin/boards/{name}/reshard"
+            resume = asyncio.create_task(other_router.post(path, json={"resume": True}, headers=AS_ADMIN))
+            await asyncio.sleep(1.0)  # the resume has seen the lease held and waits
+            server.proc.send_signal(signal.SIGTERM)
+            answer = await resume
+    finally:
+        assert await asyncio.to_thread(server.stop) == 0
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert (body.get("other_mover"), body["mover"]) == ("running", "running"), body
+    assert "this router is shutting down" in body["note"], body
+    await svc.client.delete(lease)
+    assert await live.cancel() == "cancelled"
     assert (await client.delete(f"/v1/boards/{name}", headers=AS_ADMIN)).status_code == 204
