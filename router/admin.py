@@ -262,7 +262,7 @@ async def reshard(request: Request) -> Response:
     # is waited for as `shardlb reshard --resume` waits, and what it did said: until 2026-12-06 the
     # 202 came at once, and this router's mover waited in the background, then gave way unsaid.
     # The wait (11 s at most) ends when the router's drain begins (SHARDLB_DRAIN_SECONDS, 10 s by
-    # default), with what is known: until 2026-12-07 the drain's end cancelled it (503).
+    # default), with what is known: until 2026-12-06 the drain's end cancelled it (503).
     drains = functools.partial(http.drain_begun, request.scope)
     other = None if svc.reshards.moving(board_id) else await _elsewhere(mover, "shards" in body, drains)
     if other in ("running", "finished", "cancelled"):  # nothing for a mover of this router to do
@@ -279,7 +279,7 @@ async def reshard(request: Request) -> Response:
     # the POST answered 503 with the reshard recorded and no mover started). Not in place of a note
     # said already: a mover that starts says it (this router's between two runs, or another's), and
     # where none of this one starts (the router runs one, or stops) the take-back would remove that
-    # one's note (until 2026-12-07: every other process read "none" of a mover about to run).
+    # one's note (until 2026-12-06: every other process read "none" of a mover about to run).
     await reshards.told(mover.announce(replace=False), board_id)
     if not svc.reshards.start(mover):
         await reshards.told(mover.unannounce(), board_id)  # no task of this mover would take it back

@@ -1517,9 +1517,9 @@ _SCHEMAS.update(
                     "enum": ["running", "finished", "cancelled", "stopped"],
                     "description": "Addition (2026-12-06), a POST's answer only: a mover elsewhere held the "
                     "board's lease, and was waited for a lease and a second, as `shardlb reshard --resume` "
-                    "waits (since 2026-12-07 until the router's drain begins, at most): it still runs the "
+                    "waits (since 2026-12-06 until the router's drain begins, at most): it still runs the "
                     "reshard, or finished or cancelled it meanwhile (this router "
-                    "started no mover; since 2026-12-07 also one ended before the lease was looked at, and "
+                    "started no mover; since 2026-12-06 also one ended before the lease was looked at, and "
                     "the status then that of a reshard recorded since, if any), or let the lease go with the "
                     "reshard under way (stopped: this router's mover takes it on); absent when none held it",
                 },

@@ -510,7 +510,7 @@ class Resharder:
         first look at the lease or during the wait, ``_ended``; None for a board created again
         since), or "stopped" (it let the lease go, or died, with the reshard under way: a resume
         takes it on). A reshard recorded since the one seen ended is not that one's: until
-        2026-12-07 it was "stopped", and a reshard ended before the first look at the lease None
+        2026-12-06 it was "stopped", and a reshard ended before the first look at the lease None
         (a resume then answered 409 "no reshard under way"). Nothing is written: the router
         starts its mover only for "stopped" or None."""
         key = keys.lease_key(self.board_id)
