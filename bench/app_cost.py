@@ -16,7 +16,10 @@ and a score's part of the app's CPU (two equations: CPU = per request + scores x
 with ``RANK_PLAYERS`` players by posts of 100 scores, and a quarter as many
 ``GET /v1/boards/{board}/players/{player}`` of random players of it as one-match posts, sent as wrk
 sends them to ``bench-s3`` (a Host header only, no key; the app's read limit off, as there), at
-most ``RANK_CONCURRENCY`` at a time (the app's read permits: none waits at its gate).
+most ``RANK_CONCURRENCY`` at a time (the app's read permits: none waits at its gate). Last, two
+more kinds of the mix on that board, as Locust sends them (Accept JSON, no key): a sixteenth as many
+"around me" reads (``GET .../players/{player}/around?radius=5``, ``AROUND_RADIUS``) and as many
+friends queries (``POST .../players:query`` of ``FRIENDS`` random players), the same width.
 
 Variants take turns for ``--rounds`` rounds (the machine's load moves, so each round compares
 neighbours), and the table has each variant's median; with ``--against``, the change. The other
@@ -28,10 +31,11 @@ CPU time on a shared 2-core VM cannot tell a 5% change from noise (the same chan
 more, under ``valgrind --tool=callgrind`` with instrumentation off from the start, and turns it on
 (``callgrind_control -i on``) only around ``--waves`` waves of ``--concurrency`` one-match posts, a
 fifth as many waves of ten-match posts, a quarter as many of ``GET /healthz``, and as many "my
-rank" reads as one-match posts (in waves of at most ``RANK_CONCURRENCY``), each wave gathered
-and answered before the next (so every wave's scores go to the coalescer together, whatever the
-machine's load), from a fixed seed and ``PYTHONHASHSEED``, the service's timed loops stopped first
-(they tick with the wall time, not the posts). It is a proxy: an instruction of the
+rank" reads as one-match posts (in waves of at most ``RANK_CONCURRENCY``), then a quarter as
+many "around me" reads and as many friends queries (after a sixteenth of ``--warm`` of each), each
+wave gathered and answered before the next (so every wave's scores go to the coalescer together,
+whatever the machine's load), from a fixed seed and ``PYTHONHASHSEED``, the service's timed loops
+stopped first (they tick with the wall time, not the posts). It is a proxy: an instruction of the
 interpreter counts as much as one of orjson's or hiredis's C, and the kernel's work (the sockets to
 the cluster) and cache misses are not in it; a change it sees is a change in the app's own code.
 """
@@ -63,8 +67,11 @@ RANK_SHARDS = 3  # the "my rank" board's hash shards: one per master of the clus
 # reads past the permits wait at the gate, each for at most SHARDLB_QUEUE_WAIT_S (0.5 s) of wall
 # time, which callgrind stretches some 50 times: counted, some of them were refused 503.
 RANK_CONCURRENCY = 16
-MEASURES = ("one_match_us", "ten_matches_us", "healthz_us", "rank_us")
-COUNTS = ("one_match_ir", "ten_matches_ir", "healthz_ir", "rank_ir")  # --instructions, in the order counted
+AROUND_RADIUS = 5  # "around me": the mix's radius (bench/workload.py's around_radius)
+FRIENDS = 20  # friends: the ids of a players:query, the mix's fewest (SHARDLB_FRIENDS' minimum)
+MEASURES = ("one_match_us", "ten_matches_us", "healthz_us", "rank_us", "around_us", "friends_us")
+# --instructions, in the order counted
+COUNTS = ("one_match_ir", "ten_matches_ir", "healthz_ir", "rank_ir", "around_ir", "friends_ir")
 
 
 def fit(one_match_us: float, ten_matches_us: float) -> tuple[float, float]:
@@ -110,6 +117,24 @@ def rank_paths(board: str, count: int, rng: random.Random) -> list[str]:
     return [f"/v1/boards/{board}/players/p{rng.randrange(RANK_PLAYERS)}" for _ in range(count)]
 
 
+def around_paths(board: str, count: int, rng: random.Random) -> list[str]:
+    """``count`` "around me" paths (with their query) of random players of the ``rank_bodies`` board."""
+    return [
+        f"/v1/boards/{board}/players/p{rng.randrange(RANK_PLAYERS)}/around?radius={AROUND_RADIUS}"
+        for _ in range(count)
+    ]
+
+
+def friends_bodies(count: int, rng: random.Random) -> list[bytes]:
+    """``count`` players:query bodies of ``FRIENDS`` random players of the ``rank_bodies`` board."""
+    import orjson
+
+    return [
+        orjson.dumps({"player_ids": [f"p{n}" for n in rng.sample(range(RANK_PLAYERS), FRIENDS)]})
+        for _ in range(count)
+    ]
+
+
 def _callgrind(*flags: str) -> None:
     """In a worker under callgrind (--instructions): tell valgrind, which runs this very process."""
     subprocess.run(["callgrind_control", *flags, str(os.getpid())], check=True, capture_output=True)
@@ -140,16 +165,23 @@ async def _measure(
         (b"authorization", f"Bearer {WRITE}".encode()),
     ]
     reads, read_headers = f"/v1/boards/{ranked}/players/", [(b"host", b"router")]  # as wrk sends them
+    # "around me" and friends as Locust's mix sends them (bench/locustfile.py): JSON asked for, no key.
+    listed = [(b"host", b"router"), (b"accept", b"application/json")]
+    friends = f"/v1/boards/{ranked}/players:query"
 
     async def call(method: str, path: str, body: bytes) -> int:
-        head = (
-            read_headers
-            if path.startswith(reads)
-            else [*headers, (b"content-length", str(len(body)).encode())]
-        )
+        path, _, query = path.partition("?")
+        length = (b"content-length", str(len(body)).encode())
+        if path == friends:
+            head = [*listed, (b"content-type", b"application/json"), length]
+        elif path.startswith(reads):
+            head = listed if path.endswith("/around") else read_headers
+        else:
+            head = [*headers, length]
         scope = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query.encode(),
+            "root_path": "",
             "headers": head, "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000),
         }  # fmt: skip
         status = 0
@@ -225,7 +257,13 @@ async def _measure(
                 await in_waves("POST", fill)
                 await in_waves("GET", gets(rank_paths(ranked, max(1, warm // 4), rng)), width)
                 rank = await counted("GET", gets(rank_paths(ranked, waves * concurrency, rng)), width)
-                return dict(zip(COUNTS, (one, ten, healthz, rank), strict=True))
+                await in_waves("GET", gets(around_paths(ranked, max(1, warm // 16), rng)), width)
+                quarter = max(1, waves * concurrency // 4)
+                around = await counted("GET", gets(around_paths(ranked, quarter, rng)), width)
+                await in_waves("POST", posts(friends_bodies(max(1, warm // 16), rng), friends), width)
+                found = posts(friends_bodies(quarter, rng), friends)
+                friend = await counted("POST", found, width)
+                return dict(zip(COUNTS, (one, ten, healthz, rank, around, friend), strict=True))
             rng = random.Random(board)
             if warm:  # (timed divides by the requests it sent)
                 await timed("POST", posts(bodies(warm, 1, rng, 0)))
@@ -236,10 +274,18 @@ async def _measure(
             if warm:
                 await timed("GET", gets(rank_paths(ranked, max(1, warm // 4), rng)), width)
             rank = await timed("GET", gets(rank_paths(ranked, max(1, requests // 4), rng)), width)
+            if warm:
+                await timed("GET", gets(around_paths(ranked, max(1, warm // 16), rng)), width)
+                await timed("POST", posts(friends_bodies(max(1, warm // 16), rng), friends), width)
+            around = await timed("GET", gets(around_paths(ranked, max(1, requests // 16), rng)), width)
+            friend = await timed("POST", posts(friends_bodies(max(1, requests // 16), rng), friends), width)
         finally:
             await store.delete(board)
             await store.delete(ranked)
-    return {"one_match_us": one, "ten_matches_us": ten, "healthz_us": healthz, "rank_us": rank}
+    return {
+        "one_match_us": one, "ten_matches_us": ten, "healthz_us": healthz, "rank_us": rank,
+        "around_us": around, "friends_us": friend,
+    }  # fmt: skip
 
 
 async def _stop_timed_loops(service: Any) -> None:
@@ -339,6 +385,8 @@ ROWS = (
     ("post of 10 matches (100 scores), µs a request", "ten_matches_us"),
     ("GET /healthz (Starlette's path), µs a request", "healthz_us"),
     (f"GET my rank ({RANK_SHARDS} hash shards, {RANK_PLAYERS:,} players), µs a request", "rank_us"),
+    (f"GET around me (radius {AROUND_RADIUS}, the same board), µs a request", "around_us"),
+    (f"POST players:query ({FRIENDS} ids, the same board), µs a request", "friends_us"),
     ("fit: a request's part, µs", "per_request_us"),
     ("fit: a score's part, µs", "per_score_us"),
 )
@@ -349,6 +397,8 @@ COUNT_ROWS = (
     ("post of 10 matches (100 scores), instructions a request", "ten_matches_ir"),
     ("GET /healthz (Starlette's path), instructions a request", "healthz_ir"),
     (f"GET my rank ({RANK_SHARDS} hash shards, {RANK_PLAYERS:,} players), instructions a request", "rank_ir"),
+    (f"GET around me (radius {AROUND_RADIUS}, the same board), instructions a request", "around_ir"),
+    (f"POST players:query ({FRIENDS} ids, the same board), instructions a request", "friends_ir"),
     ("fit: a request's part, instructions", "per_request_ir"),
     ("fit: a score's part, instructions", "per_score_ir"),
 )

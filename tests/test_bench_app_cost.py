@@ -86,7 +86,7 @@ def test_a_tiny_counted_run_against_a_revision_ends_with_both_tables() -> None:
     assert "A proxy" in run.stdout
     assert "| router app instructions (proxy) | this | HEAD | change |" in run.stdout
     counted = [line for line in run.stdout.splitlines() if "instructions a request |" in line]
-    assert len(counted) == 4  # one-match post, ten-match post, /healthz, my rank
+    assert len(counted) == 6  # one-match post, ten-match post, /healthz, my rank, around, friends
     for line in counted:  # whole numbers for both revisions, every one above 10,000
         assert all(int(cell.replace(",", "")) > 10_000 for cell in line.split("|")[2:4]), line
 
