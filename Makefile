@@ -90,7 +90,7 @@ bench-dedup: install redis-server ## ~2 min: bytes per incr dedup record and the
 bench-archive: install postgres ## ~1 min: PostgreSQL bytes per archived result (SHARDLB_ARCHIVE_RESULTS), for `shardlb plan`
 	$(BIN)/python -m bench.archive_size
 
-bench-app: install redis-server ## ~1 min: the router app's own CPU per score write and per "my rank" read, no HTTP server (AGAINST=<git rev> to compare; INSTRUCTIONS=1 adds its instructions under callgrind, a proxy that repeats, ~1.5 min more a revision)
+bench-app: install redis-server ## ~1 min: the router app's own CPU per score write and per "my rank", "around me" and friends read, no HTTP server (AGAINST=<git rev> to compare; INSTRUCTIONS=1 adds its instructions under callgrind, a proxy that repeats, ~1.5 min more a revision)
 	$(BIN)/python -m bench.app_cost $(if $(AGAINST),--against $(AGAINST),) $(if $(INSTRUCTIONS),--instructions,)
 
 bench-lua: install redis-server ## ~3 min: Redis instructions per score in write.lua under callgrind (AGAINST=<git rev> to compare)
