@@ -16,16 +16,29 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.commandstats import CommandMeter
 from bench.procs import CpuMeter
+from shardlb.cluster import LocalCluster
+from shardlb.postgres import LocalPostgres
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUTER_MODULE = ROOT / "router" / "server.py"
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 MAX_NODE_PORT = 22767
+
+
+def up_together(*servers: LocalCluster | LocalPostgres | None) -> None:
+    """Start the servers given (each one's ``up``; None: taken from the environment) at once, on
+    threads: each mostly waits (a cluster's nodes agreeing, initdb's writes). A failure to start
+    raises here, once every start is done (bench.rebuild, bench.settle)."""
+    with ThreadPoolExecutor(max(len(servers), 1)) as pool:
+        started = [pool.submit(server.up) for server in servers if server]
+    for future in started:
+        future.result()
 
 
 def free_port(start: int, stop: int = 32767) -> int:

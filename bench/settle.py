@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import orjson
 import psycopg
 
+from bench.services import up_together
 from shardlb.archive import connect_db
 from shardlb.board import Board
 from shardlb.cluster import LocalCluster, free_port_block
@@ -131,11 +131,7 @@ async def main() -> None:
         if not postgres_url:
             pg = LocalPostgres(Path(tmp) / "pg", fast=True)
         try:
-            # The two start at once: each mostly waits (the nodes' agreement, initdb's writes).
-            with ThreadPoolExecutor(2) as pool:
-                started = [pool.submit(server.up) for server in (cluster, pg) if server]
-            for future in started:
-                future.result()  # a failure to start raises here, after both are done
+            up_together(cluster, pg)  # at once: each mostly waits
             if cluster:
                 redis_url = cluster.url
             if pg:
