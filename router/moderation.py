@@ -67,8 +67,8 @@ if TYPE_CHECKING:
     from router.service import Service
 
 log = logging.getLogger("shardlb.router")
-REFRESH_S = 1.0
-PROPAGATION_S = 2 * REFRESH_S + 0.5
+REFRESH_S = moderation.REFRESH_S
+PROPAGATION_S = moderation.PROPAGATION_S  # a ban's wait (the module docstring)
 LOG_MAX = 10_000
 LOG_BATCH = 500
 LINES_PER_MINUTE = 100  # refused results logged a line each in a minute (the module docstring)
@@ -117,14 +117,32 @@ class BanCache:
         """Bring the copy up to the list: nothing when the version has not moved; else the fields
         the change log names since the copy's position (``follow``), or the whole list (``load``)
         when the log cannot say (the first refresh, a move the log lacks, entries trimmed or lost),
-        and at least every ``FULL_LOAD_S``."""
+        and at least every ``FULL_LOAD_S``; the copy as it is while Redis has lost the list
+        (``lost``)."""
         async with self.lock:
             due = self.clock() >= self.load_by
-            if self.version >= 0 and not due:
+            if self.version >= 0:
                 version = await self.bans.version()
-                if version == self.version or await self.follow():
+                if version == 0 and self.fields:
+                    self.lost()
+                    return
+                if not due and (version == self.version or await self.follow()):
                     return
             await self.load()
+
+    def lost(self) -> None:
+        """The list's version is missing while this copy holds bans: Redis lost the list (a total
+        loss, or the masters of the list and its version lost with their replicas), as a list that
+        ever held a ban has a version (``Bans._moved``). The copy is kept until the list is written
+        back (`rebuild --all`, the archiver's ``Bans.recover``), whose move makes the next refresh
+        read it whole (the copy's log position is gone with the log). Until 2026-12-07 the copy
+        loaded the empty list, and banned players' results were taken until that refresh."""
+        if self.version != 0:
+            log.warning(
+                "ban list lost from Redis: keeping this copy's %d bans until it is written back",
+                len(self.fields),
+            )
+        self.version = 0
 
     async def follow(self) -> bool:
         """Read the fields the change log names since this copy's position, and those of the

@@ -76,6 +76,11 @@ REFUSED = {"banned": "banned", "points": "points_limit", "rate": "rate_limit"}
 ALL = "*"  # the scope of a ban on every board
 MAX_BANS = 1_000_000  # bans kept at once: every router holds the whole list in memory
 BANS_PAGE = 2000  # bans written back per HSET by a restore
+# Each router reads the list's version every REFRESH_S (router/moderation.py, ``BanCache``): a
+# change is in every running router's copy within PROPAGATION_S (two refreshes and a margin), which
+# a ban waits before it removes the player's entries and `rebuild --all` before it puts boards back.
+REFRESH_S = 1.0
+PROPAGATION_S = 2 * REFRESH_S + 0.5
 REASON_MAX = 500
 VERSIONS = 2**62  # the ban list's versions are drawn from 1..VERSIONS (``Bans._moved``)
 CHANGES_KEPT = 10_000  # entries of the list's change log kept (about: XADD's MAXLEN ~)

@@ -1097,7 +1097,10 @@ class Rebuilder:
         registry holds under another incarnation, or that Redis says was deleted (its first shard's
         marker, or the board's deletion mark, which any layout leaves), is left out. The bans go back
         first (``Bans.restore``), so routers refuse banned players' results from the first write to
-        a board restored. A board whose season archive went to its freeze is closed again (``_seasons``).
+        a board restored: the boards go back ``moderation.PROPAGATION_S`` after them, when every
+        running router's copy holds them (until 2026-12-07 at once, before a router that had loaded
+        the lost list's emptiness refreshed). A board whose season archive went to its freeze is
+        closed again (``_seasons``).
         ``period`` and ``shard``, the rebuild's that follows, are checked against every board
         (``checked``) before anything is written: InvalidInput when one board refuses them.
 
@@ -1172,6 +1175,11 @@ class Rebuilder:
         bans = moderation.Bans(self.client, Ack(1, self.replica_wait_ms))
         restored = await bans.restore(self.db, replicated)
         self.progress(f"bans: {restored} written back from PostgreSQL")
+        if restored and formers:
+            # A router that loaded the list while Redis had lost it (started since the loss) holds
+            # none of them until its next refresh: the boards go back once every copy has them.
+            self.progress(f"bans: waiting {moderation.PROPAGATION_S:g} s for the routers to read them")
+            await asyncio.sleep(moderation.PROPAGATION_S)
         seasons = await self._seasons()
 
         async def put_back(worker: Rebuilder, former: Board) -> Board | None:

@@ -412,3 +412,39 @@ async def test_a_restore_whose_move_was_lost_is_read_whole_at_the_next_move(
         assert cache.fields == await whole(client)
     finally:
         await forget(client, board, db)
+
+
+async def test_a_copy_keeps_its_bans_while_redis_has_lost_the_list(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """A loss of the list's and the version's keys (a total loss of Redis, or their masters lost
+    with their replicas) read as a version that never moved: until 2026-12-07 each router then
+    loaded the empty list and took banned players' results until the list was written back
+    (`rebuild --all`, the archiver's ``Bans.recover``) and its next refresh. A list that ever held a
+    ban has a version, so a copy holding bans keeps them while the version is missing, and reads
+    the list whole once it is back."""
+    client = store.client
+    board = f"lost-{secrets.token_hex(4)}"
+    bans = CountedBans(client)
+    cache = BanCache(bans)
+    db = await connect_db(postgres_url)
+    try:
+        await bans.add(db, moderation.Ban("cheater", board, "aimbot", "t", times.now_ms()), None)
+        await cache.refresh()
+        assert cache.banned(board, "cheater")
+        await client.delete(keys.BANS, keys.BANS_VERSION, keys.BANS_LOG)  # the loss
+        await cache.refresh()
+        assert cache.banned(board, "cheater"), "the copy took the lost list's emptiness for a list"
+        cache.load_by = 0.0  # its whole read due: still not the empty list
+        await cache.refresh()
+        assert cache.banned(board, "cheater")
+        await bans.restore(db)  # written back from PostgreSQL: the version moves
+        wholes = bans.wholes
+        await cache.refresh()
+        assert bans.wholes == wholes + 1 and cache.fields == await whole(client)
+        assert cache.banned(board, "cheater")
+        await bans.lift(db, "cheater", board, "t", "appeal", None)
+        await cache.refresh()
+        assert not cache.banned(board, "cheater")
+    finally:
+        await forget(client, board, db)

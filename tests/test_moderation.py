@@ -506,6 +506,55 @@ async def test_bans_come_back_after_a_total_loss(
                 await store.delete(config.id)
 
 
+async def test_a_rebuild_puts_boards_back_once_a_router_started_after_the_loss_holds_the_bans(
+    store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
+) -> None:
+    """A `make run` check's finding: a router that loaded the ban list after a total loss (started
+    since, or one of the release before) holds none, and `rebuild --all` wrote the bans back and put
+    the boards back at once: until the router's next refresh it took a banned player's results on a
+    board restored (seen: a post answered ``duplicate``, saved only by the player's removal record).
+    The boards now go back ``PROPAGATION_S`` after the bans, when every copy refreshed; the router
+    here, refreshing as routers do, holds the ban when it first finds the board."""
+    from router.moderation import BanCache
+
+    config = BoardConfig.from_dict("moderation-ban-propagation", {"sharding": sharding("hash", 3)})
+    board, _ = await store.create(config)
+    bans = moderation.Bans(store.client)
+    now = times.now_ms()
+    ban = moderation.Ban("cheat", config.id, "aimbot", "admin", now)
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, store, url)
+        refreshing: asyncio.Task[None] | None = None
+        try:
+            await board.submit([Score("cheat", 90, "m1", now - 60_000), Score("fair", 40, "m2", now)])
+            await bans.add(a.db, ban, None)
+            await drain(a)
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            cache = BanCache(moderation.Bans(store.client))  # a router started since
+            await cache.refresh()
+            assert not cache.banned(config.id, "cheat")
+            refreshing = asyncio.create_task(cache.run())
+            command = ["rebuild", "--all", "--redis", cluster_url, "--postgres", url]
+            rebuilding = asyncio.create_task(asyncio.to_thread(main, command))
+            while True:  # as a router finds the board: its record back in the registry
+                try:
+                    await store.get(config.id)
+                    break
+                except BoardNotFound:
+                    assert not rebuilding.done(), rebuilding.result()
+                    await asyncio.sleep(0.005)
+            assert cache.banned(config.id, "cheat"), "the board came back before the router's ban"
+            assert await rebuilding == 0
+        finally:
+            if refreshing is not None:
+                cache.closed = True
+                refreshing.cancel()
+            await bans.lift(a.db, ban.player, ban.board, "test", "cleanup", None)
+            await a.db.close()
+            with contextlib.suppress(Exception):
+                await store.delete(config.id)
+
+
 async def test_the_bans_a_rebuild_restores_wait_for_a_replica_of_the_list(
     store: BoardStore, raw: Any, postgres_url: str, cluster: LocalCluster
 ) -> None:
