@@ -139,7 +139,7 @@ class BanCache:
         loaded the empty list, and banned players' results were taken until that refresh."""
         if self.version != 0:
             log.warning(
-                "ban list lost from Redis: keeping this copy's %d bans until it is written back",
+                "ban list lost from Redis: keeping this copy until it is written back (%d bans)",
                 len(self.fields),
             )
         self.version = 0
