@@ -32,7 +32,7 @@ wrk: ## make sure Debian's wrk is on PATH for the bench's hot reads (bench/hot.p
 chromium: ## make sure Debian's chromium is at /usr/bin/chromium for the dashboard's browser test
 	@bash scripts/ensure-chromium.sh
 
-run: install redis-server postgres ## start a local Redis Cluster, a private PostgreSQL, the archiver, a `demo` board and the router on :8000 (SHARDLB_PORT=N for another port; SHARDLB_CLUSTER_PORT=N for the first run's cluster ports)
+run: install redis-server postgres ## start a local Redis Cluster, a private PostgreSQL, the archiver, a `demo` board and the router on :8000 (SHARDLB_PORT=N for another port; SHARDLB_CLUSTER_PORT=N for the cluster's ports when it is first formed)
 	@bash scripts/dev-run.sh
 
 stop: ## stop the router, the archiver, the local cluster and the private PostgreSQL that `make run` started

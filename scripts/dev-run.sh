@@ -59,9 +59,13 @@ SHARDLB_WRITE_KEYS=$write
 EOF
     )
 fi
-# The cluster's block of ports: chosen once (a first run, or the line deleted with the cluster).
+# The cluster's block of ports: chosen once (a first run, or the line deleted with the cluster), and
+# again from the port given when no cluster is kept in $CLUSTER_DIR (its state file is there from
+# the first `cluster up` on, across `make stop`): README's "delete .shardlb/cluster for an empty
+# cluster" then takes SHARDLB_CLUSTER_PORT as a first run does, where dev.env's block was kept.
 kept=true
-if ! grep -q "^SHARDLB_CLUSTER_PORT=" "$ENV_FILE"; then
+if ! grep -q "^SHARDLB_CLUSTER_PORT=" "$ENV_FILE" ||
+    { [ -n "$GIVEN_CLUSTER_PORT" ] && [ ! -f "$CLUSTER_DIR/state.json" ]; }; then
     kept=false
     # Its own assignment, so that a failure stops the run (inside remember's arguments it went
     # unseen, and dev.env kept an empty port, which every later run took for the cluster's).
@@ -72,30 +76,37 @@ set -a
 # shellcheck source=/dev/null
 . "$ENV_FILE"
 set +a
-if [ -n "$GIVEN_CLUSTER_PORT" ] && [ "$GIVEN_CLUSTER_PORT" != "$SHARDLB_CLUSTER_PORT" ]; then
-    if $kept; then
-        echo "SHARDLB_CLUSTER_PORT=$GIVEN_CLUSTER_PORT is not used: the cluster of $CLUSTER_DIR keeps" \
-            "its data on ports from $SHARDLB_CLUSTER_PORT ($ENV_FILE): delete $CLUSTER_DIR and that" \
-            "line of $ENV_FILE for an empty cluster on the ports given" >&2
-    else
-        echo "ports from $GIVEN_CLUSTER_PORT are taken by another process: the cluster takes" \
-            "$SHARDLB_CLUSTER_PORT" >&2
-    fi
-fi
 
 # The cluster: `cluster up` finds it running, restarts what died, or forms it afresh. When another
-# process took our ports before the cluster was first formed, move to a free block and remember it.
-# A cluster formed once keeps its data on its ports and cannot move: `cluster up` says what to do.
+# process took our ports before the cluster was first formed, move to a free block and remember it
+# (from the port given, when the block taken was dev.env's: nothing of it is kept). A cluster formed
+# once keeps its data on its ports and cannot move: `cluster up` says what to do.
+taken=
 if ! up=$("$PY" -m shardlb cluster up --durable --dir "$CLUSTER_DIR" --port "$SHARDLB_CLUSTER_PORT" 2>&1); then
     if ! grep -q "pick another --port" <<<"$up"; then
         echo "$up" >&2
         exit 1
     fi
-    moved=$(free_block $((SHARDLB_CLUSTER_PORT + 6)))
-    echo "ports from $SHARDLB_CLUSTER_PORT are taken by another process: the cluster moves to $moved" >&2
+    taken=$SHARDLB_CLUSTER_PORT
+    from=$((taken + 6))
+    if $kept && [ -n "$GIVEN_CLUSTER_PORT" ]; then from=$GIVEN_CLUSTER_PORT; fi
+    moved=$(free_block "$from")
+    echo "ports from $taken are taken by another process: the cluster moves to $moved" >&2
     sed -i.bak "s/^SHARDLB_CLUSTER_PORT=.*/SHARDLB_CLUSTER_PORT=$moved/" "$ENV_FILE" && rm -f "$ENV_FILE.bak"
     SHARDLB_CLUSTER_PORT=$moved
     up=$("$PY" -m shardlb cluster up --durable --dir "$CLUSTER_DIR" --port "$SHARDLB_CLUSTER_PORT")
+fi
+# Said once the cluster is up, of the ports it took: before, a run said the cluster kept its data
+# on dev.env's block and then moved it to another.
+if [ -n "$GIVEN_CLUSTER_PORT" ] && [ "$GIVEN_CLUSTER_PORT" != "$SHARDLB_CLUSTER_PORT" ]; then
+    if $kept && [ -z "$taken" ]; then
+        echo "SHARDLB_CLUSTER_PORT=$GIVEN_CLUSTER_PORT is not used: the cluster of $CLUSTER_DIR keeps" \
+            "its data on ports from $SHARDLB_CLUSTER_PORT ($ENV_FILE): make stop, then delete" \
+            "$CLUSTER_DIR, for an empty cluster on the ports given" >&2
+    elif [ "$taken" != "$GIVEN_CLUSTER_PORT" ]; then
+        echo "ports from $GIVEN_CLUSTER_PORT are taken by another process: the cluster takes" \
+            "$SHARDLB_CLUSTER_PORT" >&2
+    fi
 fi
 SHARDLB_REDIS_URL=$(sed -n 's/^SHARDLB_REDIS_URL=//p' <<<"$up")
 export SHARDLB_REDIS_URL
@@ -143,8 +154,6 @@ SHARDLB_HOST=$HOST SHARDLB_PORT=$PORT nohup "$PY" -m router.server serve </dev/n
 echo $! >"$PID_FILE"
 
 URL="http://$HOST:$PORT"
-# The router's URL beside the keys: README's first session reads it, whichever port this run took.
-remember SHARDLB_API_URL "$URL"
 "$PY" - "$URL" "$LOG" <<'EOF' || { echo "the router did not become ready; last lines of its log:" >&2; tail -n 20 "$LOG" >&2; exit 1; }
 import sys, time, urllib.request
 url, deadline = sys.argv[1], time.monotonic() + 60
@@ -158,6 +167,10 @@ while time.monotonic() < deadline:
     time.sleep(0.2)
 sys.exit(1)
 EOF
+# The router's URL beside the keys: README's first session reads it, whichever port this run took.
+# Written once the router answers: a shell sourcing dev.env meanwhile would have curled a URL that
+# refused its connections (a run whose router never gets ready leaves the last run's line).
+remember SHARDLB_API_URL "$URL"
 
 created=$("$PY" - "$URL/v1/boards/$BOARD" "$SHARDLB_ADMIN_KEYS" <<'EOF'
 import json, sys, urllib.error, urllib.request

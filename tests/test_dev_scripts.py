@@ -35,6 +35,11 @@ if [ "$1" = -m ] && [ "$2" = shardlb ]; then
     case "$3 $4" in
     "cluster up")
         if [ -n "$FAKE_CLUSTER_UP_ERROR" ]; then echo "shardlb: error: $FAKE_CLUSTER_UP_ERROR" >&2; exit 1; fi
+        case " $* " in *" --port $FAKE_TAKEN_PORT "*)
+            echo "shardlb: error: port $FAKE_TAKEN_PORT is taken by another process; pick another --port" >&2
+            exit 1 ;;
+        esac
+        after=" $* " && after=${after#* --port } && echo "${after%% *}" >cluster-port
         mkdir -p .shardlb/cluster && echo '{}' >.shardlb/cluster/state.json
         echo "SHARDLB_REDIS_URL=redis://127.0.0.1:7000" ;;
     "postgres up")
@@ -59,6 +64,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
+        # dev.env as the first /readyz found it: what a shell sourcing it before then would read
+        if self.path == "/readyz" and not os.path.exists("dev.env.at-readyz"):
+            with open(".shardlb/dev.env") as env, open("dev.env.at-readyz", "w") as seen:
+                seen.write(env.read())
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -154,6 +163,18 @@ def test_dev_env_keeps_the_router_url_of_the_port_make_run_took(checkout: Path) 
     assert remembered(checkout, "SHARDLB_API_URL") == f"http://127.0.0.1:{other}"
 
 
+def test_dev_env_names_the_router_url_once_the_router_is_ready(checkout: Path) -> None:
+    """A shell that sources dev.env while `make run` waits for its router (README's first session,
+    `make run &` in another terminal) sent its first curl to a URL nothing answered yet: dev.env
+    named it before the router's first /readyz, and kept it when the router never became ready.
+    Here the stand-in router copies dev.env as its first /readyz finds it."""
+    port = str(free_port())
+    run(checkout, "dev-run.sh", SHARDLB_PORT=port)
+    seen = (checkout / "dev.env.at-readyz").read_text()
+    assert "SHARDLB_API_URL=" not in seen and "SHARDLB_WRITE_KEYS=" in seen
+    assert remembered(checkout, "SHARDLB_API_URL") == f"http://127.0.0.1:{port}"
+
+
 def test_a_first_make_run_takes_its_cluster_ports_from_the_block_given(checkout: Path) -> None:
     """SHARDLB_CLUSTER_PORT in the environment of a first `make run` (no dev.env yet) is where its
     port block starts, as SHARDLB_PORT is the router's: it was overwritten by the first free block
@@ -173,6 +194,32 @@ def test_a_first_make_run_takes_its_cluster_ports_from_the_block_given(checkout:
     assert done.returncode == 0, done.stderr
     assert remembered(checkout, "SHARDLB_CLUSTER_PORT") == str(given)
     assert f"SHARDLB_CLUSTER_PORT={given + 100} is not used" in done.stderr
+
+
+def test_a_cluster_port_given_after_the_cluster_was_deleted_is_the_one_taken(checkout: Path) -> None:
+    """dev.env keeps a block of ports whose cluster was deleted (README: "delete .shardlb/cluster
+    for an empty cluster"), and another process holds that block now. `make run` given
+    SHARDLB_CLUSTER_PORT said the port given was not used because the cluster keeps its data on
+    the kept block (it had none), then moved to a block past the kept one, which the message
+    before had not named and the port given had no part in. With no cluster to keep, the ports
+    given are chosen afresh, and nothing is said of a block no longer used."""
+    kept, given = free_port_block(6, 41000), free_port_block(6, 42000)
+    (checkout / ".shardlb").mkdir()
+    kept_keys = "SHARDLB_ADMIN_KEYS=admin_x\nSHARDLB_WRITE_KEYS=write_x\n"
+    (checkout / ".shardlb" / "dev.env").write_text(f"{kept_keys}SHARDLB_CLUSTER_PORT={kept}\n")
+    taken = {"FAKE_TAKEN_PORT": str(kept)}  # another process holds dev.env's block
+    done = subprocess.run(
+        ["bash", "scripts/dev-run.sh"],
+        cwd=checkout,
+        env=environ(checkout, SHARDLB_PORT=str(free_port()), SHARDLB_CLUSTER_PORT=str(given), **taken),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (checkout / "cluster-port").read_text().strip() == str(given)
+    assert remembered(checkout, "SHARDLB_CLUSTER_PORT") == str(given)
+    assert "is not used" not in done.stderr and "taken" not in done.stderr, done.stderr
 
 
 def test_a_cluster_port_that_is_no_port_stops_make_run(checkout: Path) -> None:
