@@ -279,14 +279,13 @@ def _sharding(value: object, default_shards: int = DEFAULT_SHARDS) -> Sharding:
     if strategy not in STRATEGIES:
         raise InvalidInput(f"sharding.strategy must be one of {', '.join(STRATEGIES)}", "sharding.strategy")
     allowed = {
-        "hash": {"strategy", "shards"},
-        "region": {"strategy", "regions", "shards_per_region"},
-        "band": {"strategy", "bands", "shards", "placement"},
+        "hash": ("strategy", "shards"),
+        "region": ("strategy", "regions", "shards_per_region"),
+        "band": ("strategy", "bands", "shards", "placement"),
     }[strategy]
     for name in value:
         if name not in allowed:
-            named = field_name(name)
-            raise InvalidInput(f"{named!r} is not a setting of {strategy} sharding", f"sharding.{named}")
+            raise _not_a_setting(name, value, strategy, allowed)
     if strategy == "hash":
         if "shards" not in value:
             return Sharding("hash", default_shards)
@@ -304,6 +303,13 @@ def _sharding(value: object, default_shards: int = DEFAULT_SHARDS) -> Sharding:
             raise InvalidInput(f"at most {MAX_SHARDS} shards in all", "sharding.shards_per_region")
         return Sharding("region", per * len(regions), tuple(regions), per)
     bands = value.get("bands")
+    if bands is None:
+        raise InvalidInput(
+            "band sharding needs sharding.bands, the points at which each band starts: increasing "
+            "integers from 0, e.g. [0, 1000, 10000]; each band gets a shard of its own, beside the "
+            "home shards that sharding.shards counts",
+            "sharding.bands",
+        )
     if isinstance(bands, list) and len(bands) > MAX_BANDS:
         raise InvalidInput(f"sharding.bands: at most {MAX_BANDS} bands", "sharding.bands")
     if (
@@ -317,17 +323,38 @@ def _sharding(value: object, default_shards: int = DEFAULT_SHARDS) -> Sharding:
             "sharding.bands must be increasing integers starting at 0, e.g. [0, 1000, 10000]",
             "sharding.bands",
         )
-    shards = (
-        _int(value["shards"], "sharding.shards", 1, MAX_SHARDS - len(bands))
-        if "shards" in value
-        else default_shards
-    )
+    shards = default_shards
+    if "shards" in value:
+        try:
+            shards = _int(value["shards"], "sharding.shards", 1, MAX_SHARDS - len(bands))
+        except InvalidInput as e:
+            raise InvalidInput(
+                f"{e.message}: a band board's home shards and its {len(bands)} band shards are at "
+                f"most {MAX_SHARDS} in all",
+                e.field,
+            ) from e
     placement = value.get("placement", BAND_PLACEMENTS[0])
     if placement not in BAND_PLACEMENTS:
         raise InvalidInput(
             f"sharding.placement must be one of {', '.join(BAND_PLACEMENTS)}", "sharding.placement"
         )
     return Sharding("band", shards, (), 0, tuple(bands), placement)
+
+
+def _not_a_setting(
+    name: object, value: dict[Any, Any], strategy: str, allowed: tuple[str, ...]
+) -> InvalidInput:
+    """The error of a sharding key ``name`` that ``strategy`` does not take. With no "strategy" in
+    ``value`` the client may not know hash was taken for it: the message says so, and how to name
+    another (a key whose value is a strategy's name was most likely meant as "strategy")."""
+    named = field_name(name)
+    message = f"{named!r} is not a setting of {strategy} sharding, which takes {', '.join(allowed)}"
+    if "strategy" not in value:
+        message += f' (hash, as no "strategy" is named; the strategies are {", ".join(STRATEGIES)})'
+        meant = value[name]
+        if isinstance(meant, str) and meant in STRATEGIES:
+            message += f': did you mean "strategy": "{meant}"?'
+    return InvalidInput(message, f"sharding.{named}")
 
 
 def resolve_shards(config: BoardConfig, masters: int, existing: BoardConfig | None = None) -> BoardConfig:

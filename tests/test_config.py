@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from shardlb.config import ID_PATTERN, MAX_BANDS, BoardConfig, all_ids
+from shardlb.config import AUTO_SHARDS, ID_PATTERN, MAX_BANDS, BoardConfig, all_ids
 from shardlb.errors import InvalidInput
 from shardlb.sharding import Layout
 
@@ -68,6 +68,30 @@ def test_bad_settings_name_their_field(body: dict[str, object], field: str) -> N
     with pytest.raises(InvalidInput) as err:
         BoardConfig.from_dict("b", body)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("sharding", "field", "says"),
+    [
+        # No "strategy" (api.md's name for it): hash is taken, and its settings were listed as if
+        # the client had asked for hash ("'kind' is not a setting of hash sharding").
+        ({"kind": "band", "shards": 1}, "sharding.kind", ['"strategy": "band"', "hash", "strategy, shards"]),
+        ({"strategy": "band", "shards": 1}, "sharding.bands", ["needs sharding.bands", "[0, 1000, 10000]"]),
+        ({"strategy": "band", "bands": [0, 1000], "shards": 1023}, "sharding.shards", ["1 to 1022", "1024"]),
+        ({"strategy": "hash", "bands": [0, 10]}, "sharding.bands", ["of hash", "strategy, shards"]),
+    ],
+)
+def test_a_refused_sharding_says_what_is_allowed_and_why(
+    sharding: dict[str, object], field: str, says: list[str]
+) -> None:
+    """A band board asked for in the wrong shape is 422 ``invalid_input`` naming the field, and the
+    message says what the API takes there (a reviewer's PUT of ``{"kind": "band", "shards": 1}``
+    was told about hash sharding, which it had not named)."""
+    with pytest.raises(InvalidInput) as err:
+        BoardConfig.from_dict("b", {"sharding": sharding}, default_shards=AUTO_SHARDS)
+    assert (err.value.code, err.value.field) == ("invalid_input", field)
+    for part in says:
+        assert part in err.value.message, err.value.message
 
 
 @pytest.mark.parametrize("board_id", ["", "a" * 65, "has space", "semi;colon", "{brace}"])
