@@ -36,8 +36,8 @@ import importlib
 import math
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, Literal, NamedTuple, overload
 
 from redis import exceptions as rx
 from redis._parsers import hiredis as _hiredis_parser
@@ -154,12 +154,25 @@ class Batch(SortedSetCommands):
         self.calls.append((args, options))
         return self
 
-    async def execute(self) -> list[Any]:
+    def execute(self) -> Coroutine[Any, Any, list[Any]]:
         """The replies in order: per node when that works, else through redis-py's ClusterPipeline."""
+        return self._replies(True)
+
+    def direct(self) -> Coroutine[Any, Any, list[Any] | None]:
+        """The replies through one pipeline per node, or None when anything did not succeed (the
+        caller then retries the whole batch its own way)."""
+        return self._replies(False)
+
+    # ``execute`` and ``direct`` hand back this coroutine itself, not one awaiting it: every board
+    # read comes here, and each coroutine between a read and its replies is passed again each time
+    # the read resumes (bench/README.md, 20ddf50).
+    @overload
+    async def _replies(self, fallback: Literal[True]) -> list[Any]: ...
+    @overload
+    async def _replies(self, fallback: Literal[False]) -> list[Any] | None: ...
+    async def _replies(self, fallback: bool) -> list[Any] | None:
         if not self.calls:
             return []
-        # ``direct`` written out: every board read comes here, and a coroutine between it and its
-        # replies is passed again each time the read resumes.
         for _ in range(2):
             try:
                 replies: list[Any] | None = await self.outcomes()
@@ -169,28 +182,15 @@ class Batch(SortedSetCommands):
                 return replies
             if self.strategy is None:
                 break
-            self.strategy = None  # (as ``direct``: the primaries answer instead)
+            # A replica failed, or lacked a key (it may have left in a slot migration, of which
+            # replicas know nothing): the primaries answer instead, following ASK themselves.
+            self.strategy = None
+        if not fallback:
+            return None
         pipe = self.client.pipeline(transaction=False)
         for args, options in self.calls:
             pipe.execute_command(*args, **options)
         return list(await pipe.execute())
-
-    async def direct(self) -> list[Any] | None:
-        """The replies through one pipeline per node, or None when anything did not succeed (the
-        caller then retries the whole batch its own way)."""
-        for _ in range(2):
-            try:
-                replies: list[Any] | None = await self.outcomes()
-            except Exception:
-                replies = None
-            if replies is not None and _no_error(replies):
-                return replies
-            if self.strategy is None:
-                return None
-            # A replica failed, or lacked a key (it may have left in a slot migration, of which
-            # replicas know nothing): the primaries answer instead, following ASK themselves.
-            self.strategy = None
-        return None
 
     async def outcomes(self) -> list[Any]:
         """Each command's reply, or the exception it met: its own error reply, or the failure of its

@@ -51,6 +51,20 @@ async def test_direct_replies_equal_the_cluster_pipeline(store: BoardStore) -> N
     assert direct is not None and direct[1] == [("m0", 0.0)] and direct[3] is None
 
 
+async def test_execute_and_direct_are_the_reading_coroutine_itself(store: BoardStore) -> None:
+    """Their retry loop has one home (``Batch._replies``), and neither puts a coroutine of its own
+    between a read and its replies: every board read awaits one of them, and each coroutine in
+    that chain is passed again each time the read resumes (why ``execute`` once wrote ``direct``'s
+    loop out instead of awaiting it)."""
+    keys = await _fill(store)
+    for take in ("execute", "direct"):
+        batch = fanout.batch(store.client)
+        _record(batch, keys[:2])
+        reading = getattr(batch, take)()
+        assert reading.cr_code is fanout.Batch._replies.__code__, take
+        assert len(await reading) == 10
+
+
 async def test_score_pairs_equal_redis_pys_for_every_range_command(store: BoardStore) -> None:
     """The direct path builds (member, score) pairs from RESP3's doubles itself; they must be what
     redis-py's callback gives, to the last bit of a codec's 53-bit scores, and empty stays empty."""
