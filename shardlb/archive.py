@@ -707,8 +707,9 @@ class Archiver:
             else:
                 self.sweep_outage.succeeded()
                 self._swept = time.monotonic()
-        # The ban list lost with its master (``Bans.recover``: one EXISTS a refresh): written back
-        # from PostgreSQL before routers take banned players' results for long. Logged as the sweep.
+        # The ban list lost with its master (``Bans.recover``: one GET of its mark a refresh), and
+        # written again since or not: written back from PostgreSQL before routers take banned
+        # players' results for long. Logged as the sweep.
         try:
             written = await moderation.Bans(self.store.client).recover(self.db)
         except (psycopg.Error, RedisError, OSError, ShardlbError) as e:
@@ -717,7 +718,8 @@ class Archiver:
             if written is not None:
                 RECOVERED_BANS.inc(written)
                 log.warning(
-                    "the ban list was missing from Redis while PostgreSQL holds bans: written back",
+                    "the ban list was lost from Redis (not marked whole) while PostgreSQL holds bans: "
+                    "written back",
                     extra={"fields": {"bans": written}},
                 )
 
@@ -1798,7 +1800,8 @@ LOST_SHARDS = Counter(
 )
 RECOVERED_BANS = Counter(
     "shardlb_archive_recovered_bans_total",
-    "bans written back from PostgreSQL because Redis had lost the ban list (a master lost with its replica)",
+    "bans written back from PostgreSQL because Redis had lost the ban list (a master lost with its replica; "
+    "its mark missing, Bans.recover)",
 )
 REWRITTEN_SENTINELS = Counter(
     "shardlb_archive_rewritten_sentinels_total",

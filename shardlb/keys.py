@@ -20,6 +20,7 @@ dedup buckets and its key index atomically:
     lb:{<tag>}:<board>:<inc>:<shard>:rate:<minute> / rated:<minute>   per-minute result counts (sanity)
     lb:bans / lb:bans:v                                       banned players (scope/player -> record), version
     lb:{lb:bans:v}:log                                        the ban list's change log (beside the version)
+    lb:{lb:bans}:whole                                        the ban list's mark: written whole (beside it)
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:d:2026-11-30      set once that period is frozen (expires with it)
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:total             set once the board is closed (a season archive)
     lb:{<tag>}:<board>:<inc>:<shard>:frozen:d:2026-11-30:paid the settlement that paid it (expires with it)
@@ -85,6 +86,10 @@ BANS_VERSION = "lb:bans:v"  # drawn anew at every change of BANS: routers reload
 # one script logs a change and moves the version at once: routers read the fields named since they
 # last looked instead of the whole list (shardlb/moderation.py, ``Bans.changes``).
 BANS_LOG = "lb:{lb:bans:v}:log"
+# The mark of a ban list written whole from PostgreSQL, in the list's hash slot (its tag is the list's
+# name), so a loss of the list takes the mark with it, whatever is written after: a list without it
+# is written back (shardlb/moderation.py, ``Bans.recover``).
+BANS_WHOLE = "lb:{lb:bans}:whole"
 # The routers' journal watch (router/journals.py): the last reading of every journal, shared by
 # every worker while it lives, and the lease of the one worker reading them anew.
 JOURNAL_LAG = "lb:journals:lag"

@@ -21,6 +21,10 @@ the rolling cleanup of inactive players (docs/design-notes.md, "Moderation").
   counted (``Bans._moved``): a counter lost in a failover with the last change went back a step,
   and the next change handed out the number again, under which routers had loaded the lost change
   and so kept their list.
+  A list lost in Redis (a total loss, or its master lost with its replica) is written back from
+  PostgreSQL by the archiver's next refresh (``Bans.recover``), which tells a list lost from one
+  changed by its mark (``keys.BANS_WHOLE``, in the list's slot): a ban made after the loss writes
+  the list again, without it.
   A ban of one board holds on the incarnation it was made on (``Ban.incarnation``): a board
   deleted and created again under its id starts without it, and the board's deletion forgets it
   (``Bans.forget``; the archiver's ``Bans.sweep`` finishes what a deletion left). A ban also
@@ -163,6 +167,28 @@ for i = 2, #ARGV, 2 do
   end
 end
 return removed
+"""
+# The ban list's mark (keys.BANS_WHOLE, ``Bans.recover``): WHOLE_MARK once the list holds every ban
+# PostgreSQL holds; "<WRITING><token>" while a restore writes it, which the restore's last write turns
+# into WHOLE_MARK only if it is still there (``_MARK``): a list lost during the restore takes the first
+# value with it, and the restore's writes after the loss leave the list unmarked.
+WHOLE_MARK = "whole"
+WRITING = "writing "
+# KEYS[1] the mark, ARGV[1] the value a restore set at its start, ARGV[2] WHOLE_MARK.
+_MARK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+# The first ban of a list that PostgreSQL holds no other ban of (``Bans.add``): KEYS[1] the list,
+# KEYS[2] its mark (one hash slot); ARGV field, record, WHOLE_MARK. The record and the mark in one
+# call; the mark only where none is (a restore under way marks the list itself).
+_FIRST = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[3], 'NX')
+return 1
 """
 STALE_TRIES = 10  # key-index reads before a removal gives up (a period begins at most every day)
 SHARDS_IN_FLIGHT = 16
@@ -761,6 +787,7 @@ class Bans:
         force."""
         field = ban_field(ban.board, ban.player)
         board = None if ban.board == ALL else ban.board
+        first = False  # the list's first ban: it holds every ban PostgreSQL holds once written
         async with db.transaction():
             if request_id is not None:  # a retry sent while the first runs waits for its row
                 await _hold(db, "ban", board, ban.player, request_id)
@@ -788,6 +815,7 @@ class Bans:
                         detail["incarnation"] = ban.incarnation
                     await audit(db, "ban", board, ban.player, ban.by, ban.reason, request_id, detail)
                     kept: Ban | None = ban
+                    first = not await self.whole() and await _alone(db, ban)
                 else:
                     kept = await _ban_row(db, ban.player, ban.board)
                     if kept is not None:
@@ -803,7 +831,11 @@ class Bans:
             return made or ban, False
         # PostgreSQL's row, written over whatever Redis held: the two converge on the ban kept.
         await self._note([field])
-        await self._write(("HSET", keys.BANS, field, _record(kept)))
+        if first:  # a new install's, or one whose bans were all lifted before a loss (``recover``)
+            marked = (keys.BANS, keys.BANS_WHOLE, field, _record(kept), WHOLE_MARK)
+            await self._write(("EVAL", _FIRST, 2, *marked))
+        else:
+            await self._write(("HSET", keys.BANS, field, _record(kept)))
         # Moved whether or not the record was new: a retry of a ban whose move failed after its
         # record was stored must still make the routers read it (a read too many is cheap).
         await self._moved([field])
@@ -983,10 +1015,17 @@ class Bans:
         are the records it does not hold removed (``_differences``), so a router reading the list
         meanwhile never misses a ban in force. Idempotent; a ban or lift made during the call ends
         as it made it. Confirmed as ``ack`` asks, like a ban (``_write``; with ``replicated``,
-        where the list's primaries have a replica). Returns how many bans it wrote."""
+        where the list's primaries have a replica). Returns how many bans it wrote.
+
+        It marks the list whole (``keys.BANS_WHOLE``, ``recover``) once everything is written: the
+        mark is set to a value of its own first and made whole at the end only if it is still there
+        (``_MARK``), so a restore during which the list was lost again (its first value with it)
+        leaves it unmarked, as does one cut short, and the archiver writes it back again."""
         if replicated is not None:
             await replicated.read()
         await self._note([WHOLE], replicated=replicated)
+        writing = WRITING + secrets.token_hex(8)
+        await self._write(("SET", keys.BANS_WHOLE, writing), replicated)
         written = await _records(db)
         fields = list(written)
         for i in range(0, len(fields), BANS_PAGE):
@@ -996,18 +1035,28 @@ class Bans:
         for i in range(0, len(changes), BANS_PAGE):
             pairs = [v for change in changes[i : i + BANS_PAGE] for v in change]
             await self._write(("EVAL", _CONVERGE, 1, keys.BANS, *pairs), replicated)
+        await self._write(("EVAL", _MARK, 1, keys.BANS_WHOLE, writing, WHOLE_MARK), replicated)
         await self._moved([WHOLE], replicated)
         return len(written)
 
     async def recover(self, db: psycopg.AsyncConnection[Any]) -> int | None:
-        """``restore`` the list when Redis lost it: its key missing while PostgreSQL holds a ban (a
-        list with a ban is never empty, and a lift deletes its row before its record). A master
-        lost with its replica takes the list with its slot while the registry, on another master,
-        keeps the boards: the runbook of a shard lost alone (`rebuild BOARD --shard N`) never
-        writes it back, and until 2026-12-06 banned players posted again for good (the archiver
-        calls this at each refresh). Returns how many bans it wrote, None when the list was there
-        or PostgreSQL holds none: one EXISTS, and one read of PostgreSQL only when it is missing."""
-        if await self.client.exists(keys.BANS):
+        """``restore`` the list when Redis lost it: its mark (``keys.BANS_WHOLE``) missing while
+        PostgreSQL holds a ban. A master lost with its replica takes the list with its slot while
+        the registry, on another master, keeps the boards: the runbook of a shard lost alone
+        (`rebuild BOARD --shard N`) never writes it back, and until 2026-12-06 banned players posted
+        again for good (the archiver calls this at each refresh).
+
+        Lost, not merely changed: the mark lives in the list's slot and goes with it, and only a
+        restore (once every ban is written) or a first ban (PostgreSQL holding no other, ``add``)
+        writes it. Until 2026-12-07 a loss was the list's key missing: a ban made after the loss
+        and before this call (an admin's, through any router) wrote its record, the key was there
+        again, and every other ban stayed lost for good (until a `rebuild --all`). An empty list
+        stays marked (a lift's HDEL of the last record leaves the mark), and one never marked (a
+        list of before 2026-12-07) is written back once.
+
+        Returns how many bans it wrote, None when the list was whole or PostgreSQL holds none: one
+        GET, and one read of PostgreSQL only when the mark is missing."""
+        if await self.whole():
             return None
         async with db.transaction():
             cur = await db.execute("SELECT EXISTS (SELECT 1 FROM bans)")
@@ -1015,6 +1064,10 @@ class Bans:
         if row is None or not row[0]:
             return None
         return await self.restore(db)
+
+    async def whole(self) -> bool:
+        """Whether the list is marked whole (``recover``)."""
+        return _text(await self.client.get(keys.BANS_WHOLE) or "") == WHOLE_MARK
 
     async def _differences(self, db: psycopg.AsyncConnection[Any]) -> list[tuple[str, bytes, bytes]]:
         """Each record of Redis's list that is not PostgreSQL's: (field, the record read,
@@ -1133,6 +1186,17 @@ def _change(entry_id: Any, flat: Sequence[Any]) -> Change:
         return Change(_text(entry_id), int(values["from"]), int(values["to"]), names)
     except (KeyError, TypeError, ValueError):  # orjson's errors are ValueErrors
         return Change(_text(entry_id), None, None, [])
+
+
+async def _alone(db: psycopg.AsyncConnection[Any], ban: Ban) -> bool:
+    """Whether PostgreSQL holds no ban but ``ban`` (in the caller's transaction, which stored it):
+    a list unmarked (``Bans.recover``) that it is written onto then holds every ban. Two first bans
+    made at once may both find none, and both mark the list, which holds both once written."""
+    cur = await db.execute(
+        "SELECT NOT EXISTS (SELECT 1 FROM bans WHERE (player_id, board) <> (%s, %s))", (ban.player, ban.board)
+    )
+    row = await cur.fetchone()
+    return row is not None and bool(row[0])
 
 
 def _incarnation(record: Any) -> str | None:

@@ -140,6 +140,12 @@ def test_the_registrys_change_log_shares_the_registrys_slot() -> None:
     assert keys.slot_of(keys.BOARDS_CHANGES) == keys.slot_of(keys.BOARDS)
 
 
+def test_the_ban_lists_mark_shares_the_lists_slot() -> None:
+    """A master lost with its replica loses the ban list and its mark together (one slot): a list
+    written again after the loss (a ban made since) lacks the mark, and is written back whole."""
+    assert keys.slot_of(keys.BANS_WHOLE) == keys.slot_of(keys.BANS) != keys.slot_of(keys.BANS_VERSION)
+
+
 def test_the_registrys_digests_share_the_registrys_slot() -> None:
     """registry.lua writes a record's digest in the call that writes the record, and digests.lua
     reads the records, the version and the digests in one call: one slot."""

@@ -40,6 +40,11 @@ pytestmark = pytest.mark.cluster
 DAY = 86_400_000
 
 
+async def held(bans: moderation.Bans, board: str) -> list[moderation.Ban]:
+    """The bans of ``board`` that Redis's list holds (the list is the suite's cluster's)."""
+    return [b for b in await bans.all() if b.board == board]
+
+
 def forget(ref: ReferenceBoard, player: str, at_ms: int | None = None) -> None:
     """The reference's removal (``ReferenceBoard.remove``): with ``at_ms``, the time given to
     moderation.remove, results achieved before it are refused from then on."""
@@ -553,6 +558,100 @@ async def test_a_rebuild_puts_boards_back_once_a_router_started_after_the_loss_h
             await a.db.close()
             with contextlib.suppress(Exception):
                 await store.delete(config.id)
+
+
+@pytest.mark.parametrize("since", ["ban", "lift"])
+async def test_a_ban_list_lost_then_changed_is_written_back_at_the_archivers_next_refresh(
+    store: BoardStore, raw: Any, postgres_url: str, since: str
+) -> None:
+    """The archiver wrote the list back (``Bans.recover``) only when its key was missing: a ban
+    made after a loss and before the archiver's next refresh (an admin's, through any router) wrote
+    its own record, the key was there again, and every other ban stayed lost for good (until a
+    `rebuild --all`, which the runbook of a total loss runs, but not that of the list's master lost
+    alone). Failed before the fix with the ban: the list held the new ban alone. A lift made after
+    the loss leaves the key missing, and was written back before too. Now a restore marks the list
+    whole (``keys.BANS_WHOLE``, lost with it), and the archiver writes back a list without the
+    mark."""
+    bans = moderation.Bans(store.client)
+    now = times.now_ms()
+    board = "moderation-lost-list"
+    kept = [moderation.Ban(p, board, "aimbot", "admin", now) for p in ("lost-a", "lost-b")]
+    late = moderation.Ban("banned-after-the-loss", board, "wallhack", "admin", now + 1000)
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, store, url, only=set())
+        try:
+            for ban in kept:
+                await bans.add(a.db, ban, None)
+            await a.refresh()
+            assert await held(bans, board) == kept
+            await raw.flushall(target_nodes=raw.PRIMARIES)  # a total loss of Redis
+            if since == "ban":
+                await bans.add(a.db, late, None)
+                expected = sorted([*kept, late])
+            else:
+                await bans.lift(a.db, kept[1].player, board, "admin", "appeal", None)
+                expected = kept[:1]
+            await a.refresh()
+            assert await held(bans, board) == expected
+            version = await bans.version()
+            await a.refresh()  # whole again: not written again
+            assert await bans.version() == version
+        finally:
+            for ban in (*kept, late):
+                await bans.lift(a.db, ban.player, ban.board, "test", "cleanup", None)
+            await a.db.close()
+
+
+async def test_a_first_ban_marks_the_list_and_a_restore_cut_short_by_a_loss_does_not(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mark that tells the archiver a list is whole (``keys.BANS_WHOLE``): the first ban of a
+    list PostgreSQL holds no other ban of writes it with its record (a new install's first ban is
+    not taken for a loss, and written back), and a list never marked (written by a release before)
+    is written back once. A restore during which the list is lost again (the list's keys and its
+    mark gone with the master, after its first page) leaves its last pages on an unmarked list,
+    which the next refresh writes back whole."""
+    bans = moderation.Bans(store.client)
+    now = times.now_ms()
+    board = "moderation-marked-list"
+    first, second = (moderation.Ban(p, board, "bot", "admin", now) for p in ("first", "second"))
+    async with own_archive(postgres_url) as url:
+        a = await archiver(raw, store, url, only=set())
+        real = store.client.execute_command
+        try:
+            await raw.delete(keys.BANS_WHOLE)  # a list never marked
+            await bans.add(a.db, first, None)  # PostgreSQL holds no other ban
+            assert await bans.whole()
+            version = await bans.version()
+            assert await bans.recover(a.db) is None and await bans.version() == version
+            await bans.add(a.db, second, None)
+            await raw.delete(keys.BANS_WHOLE)  # as the release before left it
+            assert await bans.recover(a.db) == 2
+            assert await bans.whole() and await bans.version() != version
+            assert await bans.recover(a.db) is None
+
+            pages: list[tuple[Any, ...]] = []
+
+            async def lost(*args: Any, **kwargs: Any) -> Any:
+                reply = await real(*args, **kwargs)
+                if args[:2] == ("HSET", keys.BANS) and not pages:  # its first page written, then lost
+                    pages.append(args)
+                    await raw.delete(keys.BANS, keys.BANS_WHOLE)
+                return reply
+
+            monkeypatch.setattr(moderation, "BANS_PAGE", 1)
+            monkeypatch.setattr(store.client, "execute_command", lost)
+            assert await bans.restore(a.db) == 2
+            monkeypatch.undo()
+            assert not await bans.whole()
+            assert len(await held(bans, board)) == 1  # the page after the loss alone
+            assert await bans.recover(a.db) == 2
+            assert await bans.whole() and await held(bans, board) == [first, second]
+        finally:
+            monkeypatch.undo()
+            for ban in (first, second):
+                await bans.lift(a.db, ban.player, ban.board, "test", "cleanup", None)
+            await a.db.close()
 
 
 async def test_the_bans_a_rebuild_restores_wait_for_a_replica_of_the_list(
