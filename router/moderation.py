@@ -93,6 +93,7 @@ class BanCache:
         # such notes, the last one's time). Read again at every move (``follow``): see ``opened``.
         self.open: dict[str, tuple[int, int]] = {}
         self.load_by = 0.0  # when the whole list is next loaded at the latest (``clock``)
+        self.kept = False  # the copy was kept across a loss of the list (``lost``) and not loaded since
         self.fields: dict[str, str | None] = {}  # ban field -> the board's incarnation (Ban.incarnation)
         self.closed = False
         self.outage = Outage(log, "ban list not refreshed", "ban list refreshed again")
@@ -118,7 +119,7 @@ class BanCache:
         the change log names since the copy's position (``follow``), or the whole list (``load``)
         when the log cannot say (the first refresh, a move the log lacks, entries trimmed or lost),
         and at least every ``FULL_LOAD_S``; the copy as it is while Redis has lost the list
-        (``lost``)."""
+        (``lost``), and the changes made since on top of it until the list is written back."""
         async with self.lock:
             due = self.clock() >= self.load_by
             if self.version >= 0:
@@ -126,6 +127,8 @@ class BanCache:
                 if version == 0 and self.fields:
                     self.lost()
                     return
+                if due and self.kept and not await self.bans.whole():
+                    due = False  # the list holds the changes since the loss alone (``lost``)
                 if not due and (version == self.version or await self.follow()):
                     return
             await self.load()
@@ -135,14 +138,22 @@ class BanCache:
         loss, or the masters of the list and its version lost with their replicas), as a list that
         ever held a ban has a version (``Bans._moved``). The copy is kept until the list is written
         back (`rebuild --all`, the archiver's ``Bans.recover``), whose move makes the next refresh
-        read it whole (the copy's log position is gone with the log). Until 2026-12-07 the copy
-        loaded the empty list, and banned players' results were taken until that refresh."""
+        read it whole. Until 2026-12-07 the copy loaded the empty list, and banned players' results
+        were taken until that refresh.
+
+        The log went with the version (one slot) and starts anew at the next change: the copy
+        follows it from its start, from version 0, so a ban or a lift made before the list is
+        written back (the list then holds it alone) is read by its field, on top of what the copy
+        kept; and its hourly whole read waits for the list's mark (``Bans.whole``). Until
+        2026-12-07 (later that day) such a change made the copy read the list whole, and banned
+        players' results were taken until the list was written back. Changes in flight at the loss
+        (``open``) were lost with the list, or are made again by their retry."""
         if self.version != 0:
             log.warning(
                 "ban list lost from Redis: keeping this copy until it is written back (%d bans)",
                 len(self.fields),
             )
-        self.version = 0
+        self.version, self.position, self.open, self.kept = 0, moderation.NO_CHANGE, {}, True
 
     async def follow(self) -> bool:
         """Read the fields the change log names since this copy's position, and those of the
@@ -186,7 +197,7 @@ class BanCache:
         and be cut short)."""
         version, recent = await self.bans.mark(CHANGES_READ)
         fields = {field: incarnation async for field, incarnation in self.bans.scan()}
-        self.fields, self.version = fields, version
+        self.fields, self.version, self.kept = fields, version, False
         self.position = recent[-1].id if recent else moderation.NO_CHANGE
         self.open = opened({}, recent)
         # Spread, so that the workers started together do not all load it at once again.

@@ -448,3 +448,46 @@ async def test_a_copy_keeps_its_bans_while_redis_has_lost_the_list(
         assert not cache.banned(board, "cheater")
     finally:
         await forget(client, board, db)
+
+
+async def test_a_copy_kept_across_a_loss_follows_the_changes_made_since_until_the_list_is_whole(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """A copy kept while Redis had lost the list (``BanCache.lost``) loaded the whole list at the
+    first change made after the loss (a ban, a lift, through any router): the list then held that
+    change alone, and until it was written back whole (the archiver's next refresh, ``Bans.recover``;
+    with no archiver, `rebuild --all`) the router took the results of every player banned before
+    the loss, as if it had kept nothing. Failed before: the banned player's results were taken after
+    a ban of another player. Now the copy follows the change log from the loss on (it starts anew
+    with the version), on top of what it kept, and its hourly whole read waits for the list's mark;
+    the restore's move makes it read the list whole."""
+    client = store.client
+    board = f"kept-{secrets.token_hex(4)}"
+    bans = CountedBans(client)
+    cache = BanCache(bans)
+    db = await connect_db(postgres_url)
+    try:
+        for player in ("cheater", "smurf"):
+            await bans.add(db, moderation.Ban(player, board, "aimbot", "t", times.now_ms()), None)
+        await cache.refresh()
+        await client.delete(keys.BANS, keys.BANS_WHOLE, keys.BANS_VERSION, keys.BANS_LOG)  # the loss
+        await cache.refresh()
+        assert cache.banned(board, "cheater") and cache.banned(board, "smurf")
+        await bans.add(db, moderation.Ban("late", board, "wallhack", "t", times.now_ms()), None)
+        await bans.lift(db, "smurf", board, "t", "appeal", None)
+        wholes = bans.wholes
+        await cache.refresh()
+        assert cache.banned(board, "cheater"), "the copy dropped what it kept at the first change"
+        assert cache.banned(board, "late") and not cache.banned(board, "smurf")
+        cache.load_by = 0.0  # its whole read due: the list is not whole yet
+        await cache.refresh()
+        assert bans.wholes == wholes and cache.banned(board, "cheater")
+        assert await bans.recover(db) is not None  # the archiver's next refresh
+        await cache.refresh()
+        assert bans.wholes == wholes + 1 and cache.fields == await whole(client)
+        assert cache.banned(board, "cheater") and cache.banned(board, "late")
+        assert not cache.banned(board, "smurf")
+    finally:
+        for player in ("cheater", "late"):
+            await moderation.Bans(client).lift(db, player, board, "t", "cleanup", None)
+        await forget(client, board, db)
