@@ -149,11 +149,16 @@ s.bind(('$HOST', $PORT))" 2>/dev/null; then
     echo "port $PORT on $HOST is taken by another process; free it or run: SHARDLB_PORT=8001 make run" >&2
     exit 1
 fi
+URL="http://$HOST:$PORT"
+# The router's URL beside the keys: README's first session reads it, whichever port this run took.
+# Written before the router starts: a shell that sources dev.env meanwhile reaches this router,
+# which refuses its connections until it is ready. Without the line the sessions take :8000, which
+# may be another checkout's router (401), and the last run's line names the router just stopped.
+remember SHARDLB_API_URL "$URL"
 echo "--- $(date -u +%FT%TZ) make run" >>"$LOG"
 SHARDLB_HOST=$HOST SHARDLB_PORT=$PORT nohup "$PY" -m router.server serve </dev/null >>"$LOG" 2>&1 &
 echo $! >"$PID_FILE"
 
-URL="http://$HOST:$PORT"
 "$PY" - "$URL" "$LOG" <<'EOF' || { echo "the router did not become ready; last lines of its log:" >&2; tail -n 20 "$LOG" >&2; exit 1; }
 import sys, time, urllib.request
 url, deadline = sys.argv[1], time.monotonic() + 60
@@ -167,10 +172,6 @@ while time.monotonic() < deadline:
     time.sleep(0.2)
 sys.exit(1)
 EOF
-# The router's URL beside the keys: README's first session reads it, whichever port this run took.
-# Written once the router answers: a shell sourcing dev.env meanwhile would have curled a URL that
-# refused its connections (a run whose router never gets ready leaves the last run's line).
-remember SHARDLB_API_URL "$URL"
 
 created=$("$PY" - "$URL/v1/boards/$BOARD" "$SHARDLB_ADMIN_KEYS" <<'EOF'
 import json, sys, urllib.error, urllib.request

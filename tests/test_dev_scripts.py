@@ -163,16 +163,32 @@ def test_dev_env_keeps_the_router_url_of_the_port_make_run_took(checkout: Path) 
     assert remembered(checkout, "SHARDLB_API_URL") == f"http://127.0.0.1:{other}"
 
 
-def test_dev_env_names_the_router_url_once_the_router_is_ready(checkout: Path) -> None:
-    """A shell that sources dev.env while `make run` waits for its router (README's first session,
-    `make run &` in another terminal) sent its first curl to a URL nothing answered yet: dev.env
-    named it before the router's first /readyz, and kept it when the router never became ready.
-    Here the stand-in router copies dev.env as its first /readyz finds it."""
-    port = str(free_port())
-    run(checkout, "dev-run.sh", SHARDLB_PORT=port)
-    seen = (checkout / "dev.env.at-readyz").read_text()
-    assert "SHARDLB_API_URL=" not in seen and "SHARDLB_WRITE_KEYS=" in seen
-    assert remembered(checkout, "SHARDLB_API_URL") == f"http://127.0.0.1:{port}"
+def first_session_urls(env_file: Path | None = None, **given: str) -> list[str]:
+    """The router URLs README's and router/README.md's first sessions reach, their own lines run as
+    they stand, in a shell that sourced ``env_file`` (when given) with ``given`` in its environment."""
+    lines = [] if env_file is None else [f"set -a; . {env_file}; set +a"]
+    for doc, start in ((ROOT / "README.md", "API="), (ROOT / "router" / "README.md", "U=")):
+        lines.append(next(line for line in doc.read_text().splitlines() if line.startswith(start + "$")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLB_")} | given
+    script = "\n".join([*lines, 'echo "$API $U"'])
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+def test_a_shell_that_sources_dev_env_while_the_router_starts_reaches_this_router(checkout: Path) -> None:
+    """A shell that sources dev.env while `make run` waits for its router (`make run &` in another
+    terminal) sends the first sessions' curls to this run's router, which refuses them until it is
+    ready. For part of 2026-12-07 the URL was written only once /readyz answered: a first run's
+    dev.env then had none, and the sessions took :8000, another checkout's router when this one was
+    put on another port (401, this key is not valid: what the URL was written for); a later run's
+    named the router it had just stopped. The stand-in router copies dev.env as its first /readyz
+    finds it."""
+    for port in (free_port(), free_port()):  # a first run, then one on another port
+        (checkout / "dev.env.at-readyz").unlink(missing_ok=True)
+        run(checkout, "dev-run.sh", SHARDLB_PORT=str(port))
+        url = f"http://127.0.0.1:{port}"
+        assert first_session_urls(checkout / "dev.env.at-readyz") == [f"{url}/v1", url]
+        assert remembered(checkout, "SHARDLB_API_URL") == url
 
 
 def test_a_first_make_run_takes_its_cluster_ports_from_the_block_given(checkout: Path) -> None:
@@ -442,18 +458,6 @@ def test_the_first_sessions_reach_port_8000_with_a_dev_env_of_before_its_router_
     SHARDLB_API_URL (since 2026-12-06). A dev.env written before has no such line until the next
     `make run`: the URL was then "/v1" alone, and every curl of the session failed with curl's "no
     host part". Without it they reach make run's default port, as they did before."""
-    lines = []
-    for doc, start in ((ROOT / "README.md", "API="), (ROOT / "router" / "README.md", "U=")):
-        lines.append(next(line for line in doc.read_text().splitlines() if line.startswith(start + "$")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLB_")}
-    script = "\n".join([*lines, 'echo "$API $U"'])
-    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"]
-    given = subprocess.run(
-        ["bash", "-c", script],
-        env={**env, "SHARDLB_API_URL": "http://127.0.0.1:8001"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert given.stdout.split() == ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8001"]
+    assert first_session_urls() == ["http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"]
+    given = first_session_urls(SHARDLB_API_URL="http://127.0.0.1:8001")
+    assert given == ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8001"]
