@@ -7,6 +7,7 @@ PostgreSQL; the reference is the list itself, read whole."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import secrets
 from collections.abc import AsyncIterator, Sequence
@@ -77,6 +78,21 @@ async def forget(client: Any, board: str, db: Any) -> None:
     await db.close()
 
 
+@contextlib.asynccontextmanager
+async def copied(
+    store: BoardStore, postgres_url: str, name: str
+) -> AsyncIterator[tuple[str, CountedBans, BanCache, Any]]:
+    """A test's board (``name`` and a random suffix), the list counting what a refresh reads, a
+    router's copy of it and a PostgreSQL connection; the board's bans are forgotten at the end."""
+    board = f"{name}-{secrets.token_hex(4)}"
+    bans = CountedBans(store.client)
+    db = await connect_db(postgres_url)
+    try:
+        yield board, bans, BanCache(bans), db
+    finally:
+        await forget(store.client, board, db)
+
+
 async def test_a_ban_and_a_lift_reach_a_router_by_their_fields_not_by_reading_the_whole_list(
     store: BoardStore, postgres_url: str
 ) -> None:
@@ -84,14 +100,11 @@ async def test_a_ban_and_a_lift_reach_a_router_by_their_fields_not_by_reading_th
     half a second of its event loop and 12.7 MB from one primary, per worker, per ban. Now it reads
     the field the change wrote."""
     client = store.client
-    board = f"counted-{secrets.token_hex(4)}"
-    seeded = {moderation.ban_field(board, f"seed{i}"): b'{"reason":"","by":"t","at":1}' for i in range(2000)}
-    await client.hset(keys.BANS, mapping=seeded)
-    await moved_by_hand(client)
-    bans = CountedBans(client)
-    cache = BanCache(bans)
-    db = await connect_db(postgres_url)
-    try:
+    async with copied(store, postgres_url, "counted") as (board, bans, cache, db):
+        record = b'{"reason":"","by":"t","at":1}'
+        seeded = {moderation.ban_field(board, f"seed{i}"): record for i in range(2000)}
+        await client.hset(keys.BANS, mapping=seeded)
+        await moved_by_hand(client)
         await cache.refresh()
         assert bans.wholes == 1 and cache.banned(board, "seed7")
         ban = moderation.Ban("cheater", board, "aimbot", "test", times.now_ms(), "inc1")
@@ -107,8 +120,6 @@ async def test_a_ban_and_a_lift_reach_a_router_by_their_fields_not_by_reading_th
         ours = [f for f in bans.named if f.startswith(board + "/")]
         assert ours == [moderation.ban_field(board, "cheater")] * 2
         assert cache.fields == await whole(client)
-    finally:
-        await forget(client, board, db)
 
 
 async def test_a_refresh_begun_before_a_ban_does_not_replace_the_copy_that_has_it(
@@ -251,11 +262,7 @@ async def test_a_change_cut_short_whose_note_was_trimmed_is_read_with_the_whole_
     from the copy's version to the list's all the same: only the missing position says that
     something was lost, and the copy reads the whole list."""
     client = store.client
-    board = f"trimmed-{secrets.token_hex(4)}"
-    bans = CountedBans(client)
-    cache = BanCache(bans)
-    db = await connect_db(postgres_url)
-    try:
+    async with copied(store, postgres_url, "trimmed") as (board, bans, cache, db):
         await bans.add(db, moderation.Ban("first", board, "r", "t", times.now_ms()), None)
         await cache.refresh()
         cut = moderation.ban_field(board, "cut")
@@ -267,8 +274,6 @@ async def test_a_change_cut_short_whose_note_was_trimmed_is_read_with_the_whole_
         await cache.refresh()
         assert cache.banned(board, "cut") and cache.banned(board, "next")
         assert bans.wholes == wholes + 1
-    finally:
-        await forget(client, board, db)
 
 
 async def test_the_change_log_keeps_no_entry_past_its_time(
@@ -280,11 +285,7 @@ async def test_the_change_log_keeps_no_entry_past_its_time(
 
     monkeypatch.setattr(moderation, "CHANGES_KEPT_MS", 200)
     client = store.client
-    board = f"aged-{secrets.token_hex(4)}"
-    bans = CountedBans(client)
-    cache = BanCache(bans)
-    db = await connect_db(postgres_url)
-    try:
+    async with copied(store, postgres_url, "aged") as (board, bans, cache, db):
         await bans.add(db, moderation.Ban("old", board, "r", "t", times.now_ms()), None)
         await cache.refresh()
         await asyncio.sleep(0.3)
@@ -295,8 +296,6 @@ async def test_the_change_log_keeps_no_entry_past_its_time(
         wholes = bans.wholes
         await cache.refresh()
         assert cache.banned(board, "old") and cache.banned(board, "new") and bans.wholes == wholes + 1
-    finally:
-        await forget(client, board, db)
 
 
 async def test_a_change_cut_short_after_a_copy_read_its_first_note_is_read_at_the_next_move(
@@ -383,12 +382,9 @@ async def test_a_restore_whose_move_was_lost_is_read_whole_at_the_next_move(
     until its hourly whole read, where a reload at the next move read them before. Now a restore
     notes, before it writes, that the whole list changes: the next move makes the copy read it."""
     client = store.client
-    board = f"restored-{secrets.token_hex(4)}"
-    stray = moderation.ban_field(board, "stray")  # a ban PostgreSQL does not hold: the restore drops it
-    bans = CountedBans(client)
-    cache = BanCache(bans)
-    db = await connect_db(postgres_url)
-    try:
+    async with copied(store, postgres_url, "restored") as (board, bans, cache, db):
+        # A ban PostgreSQL does not hold: the restore drops it.
+        stray = moderation.ban_field(board, "stray")
         await client.hset(keys.BANS, stray, b'{"reason":"stray","by":"t","at":1}')
         await bans.add(db, moderation.Ban("first", board, "r", "t", times.now_ms()), None)
         await cache.refresh()
@@ -410,8 +406,6 @@ async def test_a_restore_whose_move_was_lost_is_read_whole_at_the_next_move(
         assert cache.banned(board, "next")
         assert not cache.banned(board, "stray"), "the restore's removal was missed past the next move"
         assert cache.fields == await whole(client)
-    finally:
-        await forget(client, board, db)
 
 
 async def test_a_copy_keeps_its_bans_while_redis_has_lost_the_list(
@@ -424,15 +418,11 @@ async def test_a_copy_keeps_its_bans_while_redis_has_lost_the_list(
     ban has a version, so a copy holding bans keeps them while the version is missing, and reads
     the list whole once it is back."""
     client = store.client
-    board = f"lost-{secrets.token_hex(4)}"
-    bans = CountedBans(client)
-    cache = BanCache(bans)
-    db = await connect_db(postgres_url)
-    try:
+    async with copied(store, postgres_url, "lost") as (board, bans, cache, db):
         await bans.add(db, moderation.Ban("cheater", board, "aimbot", "t", times.now_ms()), None)
         await cache.refresh()
         assert cache.banned(board, "cheater")
-        await client.delete(keys.BANS, keys.BANS_VERSION, keys.BANS_LOG)  # the loss
+        await client.delete(keys.BANS, keys.BANS_WHOLE, keys.BANS_VERSION, keys.BANS_LOG)  # the loss
         await cache.refresh()
         assert cache.banned(board, "cheater"), "the copy took the lost list's emptiness for a list"
         cache.load_by = 0.0  # its whole read due: still not the empty list
@@ -446,8 +436,6 @@ async def test_a_copy_keeps_its_bans_while_redis_has_lost_the_list(
         await bans.lift(db, "cheater", board, "t", "appeal", None)
         await cache.refresh()
         assert not cache.banned(board, "cheater")
-    finally:
-        await forget(client, board, db)
 
 
 async def test_a_copy_kept_across_a_loss_follows_the_changes_made_since_until_the_list_is_whole(
@@ -462,11 +450,7 @@ async def test_a_copy_kept_across_a_loss_follows_the_changes_made_since_until_th
     with the version), on top of what it kept, and its hourly whole read waits for the list's mark;
     the restore's move makes it read the list whole."""
     client = store.client
-    board = f"kept-{secrets.token_hex(4)}"
-    bans = CountedBans(client)
-    cache = BanCache(bans)
-    db = await connect_db(postgres_url)
-    try:
+    async with copied(store, postgres_url, "kept") as (board, bans, cache, db):
         for player in ("cheater", "smurf"):
             await bans.add(db, moderation.Ban(player, board, "aimbot", "t", times.now_ms()), None)
         await cache.refresh()
@@ -487,7 +471,3 @@ async def test_a_copy_kept_across_a_loss_follows_the_changes_made_since_until_th
         assert bans.wholes == wholes + 1 and cache.fields == await whole(client)
         assert cache.banned(board, "cheater") and cache.banned(board, "late")
         assert not cache.banned(board, "smurf")
-    finally:
-        for player in ("cheater", "late"):
-            await moderation.Bans(client).lift(db, player, board, "t", "cleanup", None)
-        await forget(client, board, db)
