@@ -94,6 +94,7 @@ class BanCache:
         self.open: dict[str, tuple[int, int]] = {}
         self.load_by = 0.0  # when the whole list is next loaded at the latest (``clock``)
         self.kept = False  # the copy was kept across a loss of the list (``lost``) and not loaded since
+        self.marked = False  # the list was marked whole (``Bans.whole``) when the copy last loaded it
         self.fields: dict[str, str | None] = {}  # ban field -> the board's incarnation (Ban.incarnation)
         self.closed = False
         self.outage = Outage(log, "ban list not refreshed", "ban list refreshed again")
@@ -127,8 +128,11 @@ class BanCache:
                 if version == 0 and self.fields:
                     self.lost()
                     return
-                if due and self.kept and not await self.bans.whole():
-                    due = False  # the list holds the changes since the loss alone (``lost``)
+                if due and (self.kept or self.marked) and not await self.bans.whole():
+                    # The list holds the changes since its loss alone (``lost``), or lost its slot
+                    # alone, its version kept (the mark gone with it): until it is written back.
+                    # Until 2026-12-07 (later that day) a copy that was not ``lost`` read it whole.
+                    due = False
                 if not due and (version == self.version or await self.follow()):
                     return
             await self.load()
@@ -194,10 +198,12 @@ class BanCache:
         """Load the whole list, a page at a time; the log's position and the version are read
         first, so a change made during the scan is read again from the log at the next refresh,
         and so is one whose first note was there already (it may write during the scan, behind it,
-        and be cut short)."""
+        and be cut short). Its mark before the list too (``marked``): a copy of a list marked whole
+        reads it whole again only while it is (``refresh``)."""
         version, recent = await self.bans.mark(CHANGES_READ)
+        marked = await self.bans.whole()
         fields = {field: incarnation async for field, incarnation in self.bans.scan()}
-        self.fields, self.version, self.kept = fields, version, False
+        self.fields, self.version, self.kept, self.marked = fields, version, False, marked
         self.position = recent[-1].id if recent else moderation.NO_CHANGE
         self.open = opened({}, recent)
         # Spread, so that the workers started together do not all load it at once again.

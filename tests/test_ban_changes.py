@@ -19,6 +19,7 @@ from router.moderation import BanCache
 from shardlb import keys, moderation, times
 from shardlb.archive import connect_db
 from shardlb.store import BoardStore
+from tests.test_rebuild import own_archive
 
 pytestmark = pytest.mark.cluster
 
@@ -471,3 +472,36 @@ async def test_a_copy_kept_across_a_loss_follows_the_changes_made_since_until_th
         assert bans.wholes == wholes + 1 and cache.fields == await whole(client)
         assert cache.banned(board, "cheater") and cache.banned(board, "late")
         assert not cache.banned(board, "smurf")
+
+
+async def test_a_copy_does_not_read_a_list_lost_alone_and_changed_whole_until_it_is_written_back(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """The list's slot lost alone (its master and replica, where another master serves the version
+    and the change log: slots 345 and 3298), and a ban made before the archiver's write-back: the
+    version is there, so the copy is not ``lost``, and follows the ban by its field, on top of what
+    it held. Its hourly whole read then read the list holding that ban alone, and the router took
+    the results of every player banned before the loss until the write-back's move (with no
+    archiver, until `rebuild --all`). A copy that loaded the list marked whole waits for the mark
+    again before its whole read, as a copy kept across a loss of the version does."""
+    client = store.client
+    async with (
+        own_archive(postgres_url, "alone") as url,
+        copied(store, url, "alone") as (board, bans, cache, db),
+    ):
+        await bans.restore(db)  # the list this archive's, marked whole
+        await bans.add(db, moderation.Ban("cheater", board, "aimbot", "t", times.now_ms()), None)
+        await cache.refresh()
+        await client.delete(keys.BANS, keys.BANS_WHOLE)  # the list's slot: the version's kept
+        await bans.add(db, moderation.Ban("late", board, "wallhack", "t", times.now_ms()), None)
+        await cache.refresh()
+        assert cache.banned(board, "cheater") and cache.banned(board, "late")
+        wholes = bans.wholes
+        cache.load_by = 0.0  # its hourly whole read, due before the list is written back
+        await cache.refresh()
+        assert cache.banned(board, "cheater"), "the copy read the list holding the late ban alone"
+        assert bans.wholes == wholes
+        assert await bans.recover(db) is not None  # the archiver's next refresh
+        await cache.refresh()
+        assert bans.wholes == wholes + 1 and cache.fields == await whole(client)
+        assert cache.banned(board, "cheater") and cache.banned(board, "late")
