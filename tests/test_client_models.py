@@ -201,6 +201,27 @@ async def test_a_body_that_is_not_json_at_all_keeps_its_status() -> None:
     assert "GET /v1/boards/b/top" in str(raised.value)
 
 
+async def test_a_malformed_answer_names_the_request_id() -> None:
+    """A 2xx that is not the API's carries the request's id: the router's, when the answer names
+    one (its logs have the request), else the one the client sent (a proxy's page names none)."""
+    sent: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["x-request-id"])
+        headers = {"content-type": "text/html"}
+        if len(sent) == 2:
+            headers["x-request-id"] = "the-routers-own"
+        return httpx.Response(200, headers=headers, content=b"<html>portal</html>")
+
+    transport = httpx.MockTransport(handler)
+    async with AsyncClient("http://r.test", format="json", backoff=FAST, transport=transport) as client:
+        with pytest.raises(shardlb_client.MalformedAnswer) as proxy:
+            await client.top("b")
+        with pytest.raises(shardlb_client.MalformedAnswer) as router:
+            await client.top("b")
+    assert (proxy.value.request_id, router.value.request_id) == (sent[0], "the-routers-own")
+
+
 def test_a_blocking_client_raises_the_same() -> None:
     good = OPERATIONS["top"][3]
     body = orjson.dumps(_with(good, ("entries", 0, "achieved_at"), _GONE))

@@ -207,6 +207,27 @@ async def test_the_deadline_bounds_the_retries(router: Served) -> None:
 
 
 @pytest.mark.cluster
+async def test_a_write_whose_answers_were_lost_names_the_request_id_the_router_logged(router: Served) -> None:
+    """A write whose every answer is lost after the router applied it: the ``TransportError``
+    carries the one ``X-Request-Id`` its attempts sent, which the router's logs hold, so a game
+    server can find out what became of it. It carried none (a client audit's finding): only an
+    ``ApiError`` did, and whether a lost write arrived is what the router's logs are asked."""
+    name = board_name("lost")
+    async with AsyncClient(router.url, ADMIN, backoff=FAST) as client:
+        await client.put_board(name)
+        router.faults.drop = 1.0
+        with pytest.raises(TransportError) as lost:
+            await client.post_scores(name, [MatchResult("alice", 5, "m1")], deadline=0.5)
+        router.faults.calm()
+        request_id = lost.value.request_id
+        assert request_id is not None and router.faults.seen[request_id] >= 1
+        assert lost.value.attempts - 1 <= router.faults.seen[request_id] <= lost.value.attempts
+        # Applied by the attempts whose answers were lost: sent again, it is recognised.
+        again = await client.post_scores(name, [MatchResult("alice", 5, "m1")])
+        assert [(o.status, o.points) for o in again] == [("unchanged", 5)]
+
+
+@pytest.mark.cluster
 async def test_rate_limited_reads_wait_for_retry_after(cluster: Any) -> None:
     """The router's own read limiter: 429 with Retry-After (1 s at least) is waited for when the
     deadline leaves room, and raised at once when it does not."""

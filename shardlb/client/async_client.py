@@ -255,14 +255,15 @@ class AsyncClient:
                     error.attempts = attempt
                     raise error from e
                 reason = "deadline passed" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
-                error = TransportError(f"{method} {path}: no answer ({reason})", attempt)
+                error = TransportError(f"{method} {path}: no answer ({reason})", attempt, request_id)
                 error.__cause__ = e
                 wait_at_least = None
             except httpx.HTTPError as e:
                 # Not a lost answer: one httpx could not read (a broken Content-Encoding), or a
                 # request it would not send (a base URL without http://). Raised as they are.
-                raise TransportError(f"{method} {path}: {type(e).__name__}: {e}", attempt) from e
+                raise TransportError(f"{method} {path}: {type(e).__name__}: {e}", attempt, request_id) from e
             else:
+                answered_id = response.headers.get("x-request-id", request_id)  # a proxy's answer has none
                 if response.status_code < 300:  # a 3xx is never the router's: a proxy's, no API body
                     status, answer = response.status_code, self._decode(response)
                     try:
@@ -273,11 +274,11 @@ class AsyncClient:
                         return status, read(answer)
                     except MalformedBody as e:
                         message = f"{method} {path}: the answer ({status}) is not the API's: {e}"
-                        raise MalformedAnswer(message, status, attempt) from e
+                        raise MalformedAnswer(message, status, attempt, answered_id) from e
                 error = api_error(
                     response.status_code,
                     self._decode(response),
-                    response.headers.get("x-request-id", request_id),  # a proxy's answer has none
+                    answered_id,
                     retry_after_seconds(response.headers.get("retry-after")),
                     attempt,
                 )

@@ -5,7 +5,7 @@ says (``code``, ``message``, ``field``) with the status, the request id and ``Re
 subclasses follow the status so that callers can catch a kind of failure. ``TransportError`` is no
 answer at all (the connection failed or dropped, or the deadline passed mid-request), or its
 ``MalformedAnswer``: a 2xx answer the client cannot read. Both record how many attempts the call
-made before giving up.
+made before giving up, and the request id its attempts sent (the router logs each it received).
 """
 
 from __future__ import annotations
@@ -28,30 +28,37 @@ RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
 class ClientError(Exception):
     """Every error the client raises. ``attempts``: how many requests the call sent. ``applied``:
     for a ``post_scores`` of more than one request, the outcomes of the requests before the one
-    that failed (applied; empty otherwise)."""
+    that failed (applied; empty otherwise). ``request_id``: the ``X-Request-Id`` of the request
+    that failed, which the router's logs carry (None when nothing was sent)."""
 
     attempts: int = 1
+    request_id: str | None = None
     applied: list[Any] = []  # noqa: RUF012 (a read-only default; post_scores sets its own list)
 
 
 class TransportError(ClientError):
     """No answer: the connection could not be made, dropped, or the deadline passed while waiting
     (the cause is chained); or an answer the client cannot read (not the API's, or in an encoding
-    httpx cannot undo), raised at once. For a write, the server may or may not have applied it."""
+    httpx cannot undo), raised at once. For a write, the server may or may not have applied it:
+    ``request_id`` is the ``X-Request-Id`` that every attempt of the call sent, under which the
+    router logged each attempt that reached it (None when nothing was sent)."""
 
-    def __init__(self, message: str, attempts: int = 1) -> None:
+    def __init__(self, message: str, attempts: int = 1, request_id: str | None = None) -> None:
         super().__init__(message)
         self.attempts = attempts
+        self.request_id = request_id
 
 
 class MalformedAnswer(TransportError):
     """A 2xx answer that is not the API's: no object, or one without a field the call reads or with
     one of the wrong type (a proxy's or a captive portal's page, or a server of another version).
-    ``status`` is the answer's; the message names the request and the field at fault. After a
-    ``post_scores`` the results were most likely applied: posting them again is safe (match ids)."""
+    ``status`` is the answer's; the message names the request and the field at fault;
+    ``request_id`` is the answer's ``X-Request-Id`` (the router's), or the one sent when the
+    answer names none. After a ``post_scores`` the results were most likely applied: posting them
+    again is safe (match ids)."""
 
-    def __init__(self, message: str, status: int, attempts: int = 1) -> None:
-        super().__init__(message, attempts)
+    def __init__(self, message: str, status: int, attempts: int = 1, request_id: str | None = None) -> None:
+        super().__init__(message, attempts, request_id)
         self.status = status
 
 
