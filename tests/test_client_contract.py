@@ -6,6 +6,7 @@ caller; a 408 (the request never reached the app) is sent again."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, timedelta
@@ -53,8 +54,9 @@ async def router(cluster: Any) -> AsyncIterator[Served]:
         MatchResult("p", Decimal(5), "bad-3"),  # type: ignore[arg-type]
         MatchResult("p", 5, "bad-4", achieved_at=date(2026, 12, 5)),  # type: ignore[arg-type]
         MatchResult("p", 5, "bad-5", achieved_at=datetime(2026, 12, 5, 12, 0)),  # no time zone
+        MatchResult("p", 5, "bad-6", achieved_at=math.nan),  # type: ignore[arg-type]
     ],
-    ids=["bigint", "surrogate", "decimal", "date", "naive"],
+    ids=["bigint", "surrogate", "decimal", "date", "naive", "nan"],
 )
 async def test_a_result_the_client_cannot_encode_fails_alone(
     router: Served, format: str, bad: MatchResult
@@ -73,6 +75,33 @@ async def test_a_result_the_client_cannot_encode_fails_alone(
         assert isinstance(done[9], InvalidRequest)
         assert (await client.get_board(name)).players == {"total": 9}
         await client.delete_board(name)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("format", ["msgpack", "json"])
+@pytest.mark.parametrize(("name", "code"), [("points", "out_of_range"), ("achieved_at", "invalid_time")])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+async def test_a_number_that_is_not_finite_is_refused_before_it_is_sent(
+    router: Served, format: str, name: str, code: str, value: float
+) -> None:
+    """JSON has no NaN nor infinity, and orjson writes them as null: a NaN ``achieved_at`` (a game's
+    clock arithmetic gone wrong) went as null, which the server takes as left out, and the result
+    was applied at the server's time (``improved``); a NaN ``points`` was refused as "points is
+    required". MessagePack carried them, and the server refused them for what they are. The client
+    refuses them itself in both formats, naming the field, before anything is sent."""
+    board = board_name("contract")
+    bad = MatchResult("q", 2, "n", achieved_at=value)  # type: ignore[arg-type]
+    if name == "points":
+        bad = MatchResult("q", value, "n")  # type: ignore[arg-type]
+    async with AsyncClient(router.url, ADMIN, format=format, backoff=FAST) as client:
+        await client.put_board(board)
+        with pytest.raises(InvalidRequest) as refused:
+            await client.post_scores(board, [MatchResult("p", 1, "m"), bad])
+        error = refused.value
+        assert (error.status, error.code, error.field) == (422, code, f"scores[1].{name}")
+        assert "finite" in error.message and error.request_id is None
+        assert (await client.get_board(board)).players == {"total": 0}
+        await client.delete_board(board)
 
 
 @pytest.mark.cluster

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import operator
 import time
 import uuid
@@ -58,6 +59,7 @@ from shardlb.client.models import (
 )
 
 MAX_ITEMS = 1000  # scores per write and player ids per query: the API's limit
+_NOT_FINITE = {"points": "out_of_range", "achieved_at": "invalid_time"}  # the server's codes for NaN
 JSON, MSGPACK = "application/json", "application/msgpack"
 # Failures after which the request may or may not have reached the server: worth another attempt
 # on a call that is safe to repeat (all of this client's are).
@@ -76,7 +78,9 @@ def _encodable(result: MatchResult, index: int) -> dict[str, Any]:
     OverflowError, nor a value of a type neither format carries (a ``Decimal``, a ``date``) as its
     batch's TypeError. A ``datetime`` without a time zone is refused too: it went as a time without
     an offset, which the server refuses (``invalid_time``), and a local time's offset is not ours
-    to guess (until 2026-12-06 it was sent, and its request refused)."""
+    to guess (until 2026-12-06 it was sent, and its request refused). So is a float that is not
+    finite (NaN, infinity), which JSON cannot carry: both formats refuse it alike, with the code
+    the server gives it in MessagePack."""
     at = result.achieved_at
     if isinstance(at, datetime) and at.utcoffset() is None:
         raise InvalidRequest(
@@ -105,6 +109,15 @@ def _encodable(result: MatchResult, index: int) -> dict[str, Any]:
         elif isinstance(value, int) and not -(2**63) <= value < 2**64:
             raise InvalidRequest(
                 422, "out_of_range", f"{name} does not fit in 64 bits", f"scores[{index}].{name}"
+            )
+        elif isinstance(value, float) and not math.isfinite(value):
+            # JSON has no NaN nor infinity, and orjson writes them as null: a NaN achieved_at went
+            # as left out, and the result was applied at the server's time (until 2026-12-07).
+            raise InvalidRequest(
+                422,
+                _NOT_FINITE.get(name, "invalid_input"),
+                f"{name} is {value}, not a finite number",
+                f"scores[{index}].{name}",
             )
     return score
 
