@@ -222,6 +222,30 @@ async def test_a_malformed_answer_names_the_request_id() -> None:
     assert (proxy.value.request_id, router.value.request_id) == (sent[0], "the-routers-own")
 
 
+@pytest.mark.parametrize("format", ["msgpack", "json"])
+async def test_a_proxys_error_page_is_retried_and_says_what_answered(format: str) -> None:
+    """A proxy's 502 page (HTML, not the API's body) is ``Unavailable`` with its status, retried
+    under the one request id, and its message gives the page's Content-Type and first words: it
+    said only "the answer is not an API error body", whoever had answered (a client audit's
+    finding: a load balancer's page names the balancer)."""
+    page = b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>nginx/1.25.3</body></html>" * 20
+    sent: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["x-request-id"])
+        return httpx.Response(502, headers={"content-type": "text/html"}, content=page)
+
+    transport = httpx.MockTransport(handler)
+    async with AsyncClient("http://r.test", "k", format=format, backoff=FAST, transport=transport) as client:
+        with pytest.raises(shardlb_client.Unavailable) as raised:
+            await client.post_scores("b", [MatchResult("p", 5, "m")], deadline=0.3)
+    error = raised.value
+    assert (error.status, error.code, error.request_id) == (502, "http_502", sent[0])
+    assert error.attempts == len(sent) > 1 and set(sent) == {sent[0]}
+    assert "text/html" in error.message and "<title>502 Bad Gateway</title>" in error.message
+    assert "\n" not in error.message and len(error.message) < 300  # one line, however long the page
+
+
 def test_a_blocking_client_raises_the_same() -> None:
     good = OPERATIONS["top"][3]
     body = orjson.dumps(_with(good, ("entries", 0, "achieved_at"), _GONE))

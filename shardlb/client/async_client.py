@@ -41,6 +41,7 @@ from shardlb.client.errors import (
     InvalidRequest,
     MalformedAnswer,
     TransportError,
+    answer_seen,
     api_error,
     renumbered,
     retry_after_seconds,
@@ -294,6 +295,7 @@ class AsyncClient:
                     answered_id,
                     retry_after_seconds(response.headers.get("retry-after")),
                     attempt,
+                    functools.partial(answer_seen, response.headers.get("content-type"), response.content),
                 )
                 if not error.retryable:
                     raise error

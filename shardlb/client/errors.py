@@ -23,6 +23,7 @@ from typing import Any
 # 408: the request did not arrive whole in time and the router closed the connection without
 # running it (router/http.py), so sending it again is safe, as after a lost connection.
 RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
+SEEN_BYTES, SEEN_CHARS = 1024, 160  # what a message quotes of an answer that is not the API's
 
 
 class ClientError(Exception):
@@ -191,6 +192,13 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 }
 
 
+def answer_seen(content_type: str | None, content: bytes) -> str:
+    """`` (Content-Type text/html: '<html>...')``: an answer that is not the API's, as a message
+    shows it: its type and the start of its text on one line (a proxy's page names the proxy)."""
+    text = " ".join(content[:SEEN_BYTES].decode("utf-8", "replace").split())
+    return f" (Content-Type {content_type or 'none'}: {text[:SEEN_CHARS]!r})" if text else " (no body)"
+
+
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
     """``Retry-After`` in seconds: delta-seconds, or an HTTP date (RFC 9110); None when absent or bad."""
     if value is None:
@@ -208,15 +216,21 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
 
 
 def api_error(
-    status: int, body: Any, request_id: str | None, retry_after: float | None, attempts: int
+    status: int,
+    body: Any,
+    request_id: str | None,
+    retry_after: float | None,
+    attempts: int,
+    seen: Callable[[], str] = lambda: "",
 ) -> ApiError:
     """The exception for an error answer. A body that is not the API's (a proxy's HTML page) still
-    gives an error with the status, under the code ``http_<status>``."""
+    gives an error with the status, under the code ``http_<status>``, and a message that ends with
+    ``seen()``: what the answer was (``answer_seen``), for a person to tell who answered."""
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and isinstance(error.get("code"), str):
         code, message, field = error["code"], str(error.get("message", "")), error.get("field")
     else:
-        code, message, field = f"http_{status}", "the answer is not an API error body", None
+        code, message, field = f"http_{status}", f"the answer is not an API error body{seen()}", None
     kind = _BY_CODE.get(code) or _BY_STATUS.get(status)
     if kind is None:
         kind = Unavailable if status >= 500 else InvalidRequest
