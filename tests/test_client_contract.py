@@ -78,6 +78,32 @@ async def test_a_result_the_client_cannot_encode_fails_alone(
 
 
 @pytest.mark.cluster
+async def test_a_result_it_cannot_encode_past_the_first_request_is_refused_before_anything_is_sent(
+    router: Served,
+) -> None:
+    """A post of more than one request's 1000 results, one of the second request's not encodable:
+    refused before anything is sent, as README.md says of such a result. The check ran request by
+    request: the first 1000 were applied, and the error, raised before the second, carried no
+    ``applied`` (a client audit's finding), so a caller could not tell that they had been."""
+    name = board_name("contract")
+    results = [MatchResult(f"p{i}", i + 1, f"m{i}") for i in range(1500)]
+    results[1200] = MatchResult("p1200", 2**64, "m1200")
+    async with AsyncClient(router.url, ADMIN, backoff=FAST) as client:
+        await client.put_board(name)
+        with pytest.raises(InvalidRequest) as refused:
+            await client.post_scores(name, results)
+        error = refused.value
+        assert (error.code, error.field, error.request_id, error.applied) == (
+            "out_of_range",
+            "scores[1200].points",
+            None,
+            [],
+        )
+        assert (await client.get_board(name)).players == {"total": 0}
+        await client.delete_board(name)
+
+
+@pytest.mark.cluster
 @pytest.mark.parametrize("format", ["msgpack", "json"])
 @pytest.mark.parametrize(("name", "code"), [("points", "out_of_range"), ("achieved_at", "invalid_time")])
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])

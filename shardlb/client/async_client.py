@@ -314,6 +314,7 @@ class AsyncClient:
 
         Each result carries its match id (``MatchResult`` requires one), which is what makes the
         retries safe: a result the server already applied is recognised and not counted again.
+        A result that cannot be sent at all (``_encodable``) is refused before the first request.
         More than 1000 results go as several requests, one after another; if one of them fails
         for good, the error is raised and the earlier ones stay applied (their outcomes are the
         error's ``applied``; a ``field`` such as ``scores[1003].points`` counts from the start of
@@ -323,11 +324,13 @@ class AsyncClient:
         client's later calls (it never sends more again: a router's cap is not announced).
         """
         end = self._end(deadline)
-        items = list(results)
+        # Every result is checked before the first request: one that cannot be sent is refused
+        # with nothing sent, where a check per request had sent (and applied) those before it.
+        items = [_encodable(r, i) for i, r in enumerate(results)]
         outcomes: list[ScoreOutcome] = []
         start, size = 0, self._write_items
         while start < len(items):
-            scores = [_encodable(r, start + i) for i, r in enumerate(items[start : start + size])]
+            scores = items[start : start + size]
             try:
                 _, applied = await self._call(
                     "POST",
