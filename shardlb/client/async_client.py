@@ -151,7 +151,9 @@ class AsyncClient:
     once wait for one; a ``ScoreBuffer`` lets many tasks share few requests). ``transport``
     replaces httpx's network transport (e.g. a custom TLS setup).
 
-    Use it as ``async with AsyncClient(...) as client:`` or call ``aclose()``.
+    Use it as ``async with AsyncClient(...) as client:`` or call ``aclose()``. It serves one event
+    loop, the one its connections were opened in: a program that runs several (``asyncio.run``
+    per task) makes one client in each, or uses the blocking ``Client``.
     """
 
     def __init__(
