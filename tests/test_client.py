@@ -184,6 +184,29 @@ async def test_errors_carry_status_code_field_and_request_id_and_4xx_are_sent_on
         MatchResult("alice", 10, "")
 
 
+async def test_a_keys_surrounding_whitespace_is_dropped_and_a_key_no_router_holds_is_refused_unshown(
+    router: Served,
+) -> None:
+    """A key read from a file (a mounted secret) ends with a newline, which no header may carry:
+    every call failed as a ``TransportError`` quoting the key (h11's "Illegal header value
+    b'Bearer ...'"), into the game server's logs. The router strips its own keys
+    (``SHARDLB_WRITE_KEYS``) and the key it is presented, so the client strips the key's
+    surrounding whitespace too; a key no router holds (a space or a control character inside, a
+    letter outside ASCII) is a ``ValueError`` when the client is made, which does not show it."""
+    name = board_name("cl")
+    async with AsyncClient(router.url, ADMIN) as admin:
+        await admin.put_board(name)
+    async with AsyncClient(router.url, f" {WRITE}\r\n") as writer:
+        [posted] = await writer.post_scores(name, [MatchResult("alice", 5, "m1")])
+    assert posted.status == "improved"
+    for bad in ["secret key", "secret\nkey", "s\u00e9cret", "secret\x00key"]:
+        with pytest.raises(ValueError, match="printable ASCII") as refused:
+            AsyncClient(router.url, bad)
+        assert "secret" not in str(refused.value) and "cret" not in str(refused.value)
+        with pytest.raises(ValueError, match="printable ASCII"):
+            Client(router.url, bad)
+
+
 async def test_blocking_client_from_threads(router: Served) -> None:
     name = board_name("cl")
 

@@ -123,6 +123,22 @@ def _encodable(result: MatchResult, index: int) -> dict[str, Any]:
     return score
 
 
+def _checked_key(key: str | None) -> str | None:
+    """``key`` without its surrounding whitespace, as the router takes its own keys (it strips
+    ``SHARDLB_*_KEYS`` and the key presented): a key read from a file keeps the file's newline,
+    which no header may carry, and every call failed quoting the key into the caller's logs
+    (until 2026-12-07). A key no router holds (router keys are printable ASCII without spaces) is
+    refused here, without showing it."""
+    if key is None:
+        return None
+    key = key.strip()
+    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+        raise ValueError(
+            "key must be printable ASCII without spaces, as a router's keys are (the key is not shown)"
+        )
+    return key
+
+
 def _packable(value: Any) -> Any:
     """MessagePack's stand-in for what it cannot pack: a ``datetime`` goes as RFC 3339 text, as
     orjson writes it in JSON, so both formats take the same arguments."""
@@ -143,10 +159,11 @@ class AsyncClient:
     """A client of one shardlb router (or a load balancer in front of several).
 
     ``key``: the API key (``write`` to post scores, ``admin`` for boards; reads need none unless the
-    server says so). ``format``: ``"msgpack"`` (default: smaller and faster to parse on both sides)
-    or ``"json"``. ``deadline``: seconds a call may take in all, retries included (each call may
-    pass its own). ``attempt_timeout``: seconds an attempt may wait for any one read or write on its
-    connection before it is abandoned and retried; ``connect_timeout`` the same for opening one.
+    server says so), its surrounding whitespace dropped as the router drops it. ``format``:
+    ``"msgpack"`` (default: smaller and faster to parse on both sides) or ``"json"``. ``deadline``:
+    seconds a call may take in all, retries included (each call may pass its own).
+    ``attempt_timeout``: seconds an attempt may wait for any one read or write on its connection
+    before it is abandoned and retried; ``connect_timeout`` the same for opening one.
     Connections are HTTP/1.1 and kept alive, at most ``max_connections`` at once (more calls at
     once wait for one; a ``ScoreBuffer`` lets many tasks share few requests). ``transport``
     replaces httpx's network transport (e.g. a custom TLS setup).
@@ -178,6 +195,7 @@ class AsyncClient:
         self.backoff = backoff or Backoff()
         self._media = MSGPACK if format == "msgpack" else JSON
         headers = {"Accept": self._media}
+        key = _checked_key(key)
         if key:
             headers["Authorization"] = f"Bearer {key}"
         # Requests past the pool's size wait here rather than in httpx's pool, whose cost per
