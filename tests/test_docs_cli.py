@@ -70,3 +70,36 @@ def test_every_option_the_docs_give_a_command_is_its_own() -> None:
                     if option not in commands[command] | {"--help"}
                 ]
     assert wrong == []
+
+
+def _plan_fields(words: list[str]) -> set[str]:
+    """The names of the fields `shardlb plan WORDS` prints at the top of its plan, as its lines
+    give them ("  Redis masters        3  (CPU-bound; ...)" names `Redis masters`)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", *words]) == 0
+    plan = out.getvalue().split("\n\n", 2)[1]  # the lines between the heading and the steps
+    return {found[1] for found in re.finditer(r"^  (\S+(?: \S+)*)  ", plan, re.MULTILINE)}
+
+
+def test_every_line_of_the_plan_the_k8s_sizing_table_reads_is_one_the_plan_prints() -> None:
+    # k8s/README.md, "Sizing": each row of its table takes a field of `shardlb plan`'s output to a
+    # setting of the overlay, named as the plan prints it (`Redis masters M`), or an option of the
+    # plan's; and every field has its row. Its rows "routers for the peak" (printed: `router
+    # processes`) and "layout: band board" named no printed field, and `shards per board` and
+    # `journal bound` had no row (until 2026-12-07).
+    options = _commands()["plan"]
+    fields = _plan_fields(["--players", "100000000", "--writes", "50000", "--reads", "200000"])
+    assert {"Redis masters", "router processes", "PostgreSQL disk"} <= fields  # the scan reads them
+    sizing = (ROOT / "k8s" / "README.md").read_text().split("\n## Sizing\n", 1)[1]
+    rows = sizing.split("| `shardlb plan` says | set in the overlay |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    wrong, taken = [], set()
+    for row in rows.splitlines():
+        said = row.strip("|").split(" | ", 1)[0]
+        spans = re.findall(r"`([^`]+)`", said)
+        named = {f for f in fields for s in spans if s.startswith(f)}
+        if not named and not any(s.split()[0] in options for s in spans):
+            wrong.append(said)
+        taken |= named
+    assert wrong == [], f"rows that name no field the plan prints ({sorted(fields)}) nor an option"
+    assert sorted(fields - taken) == [], "fields the plan prints that no row of the table takes"
