@@ -8,7 +8,8 @@ Users (pick on the command line; both by default):
   a share SHARDLB_RETRY_SHARE (default 0.05) of posts repeat one of the user's recent accepted posts
   verbatim.
   Paced at SHARDLB_USER_RPS requests/s per user (default 10; or, with SHARDLB_USERS set and no
-  SHARDLB_USER_RPS, so that that many users offer SHARDLB_TARGET_WRITES player-scores a second).
+  SHARDLB_USER_RPS, so that that many users offer SHARDLB_TARGET_WRITES player-scores a second:
+  it paces them and starts none, so without a shape give -u the same count).
 - ``Player`` reads in the mix SHARDLB_READ_MIX (default ``top:30,rank:35,around:15,friends:15,page:5``):
   top-100, my rank, around me (radius SHARDLB_AROUND_RADIUS, default 5), friends (SHARDLB_FRIENDS
   ids, default 20-200, POST players:query), a page (SHARDLB_PAGE_LIMIT entries, default 50). Paced at
