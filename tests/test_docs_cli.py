@@ -103,3 +103,20 @@ def test_every_line_of_the_plan_the_k8s_sizing_table_reads_is_one_the_plan_print
         taken |= named
     assert wrong == [], f"rows that name no field the plan prints ({sorted(fields)}) nor an option"
     assert sorted(fields - taken) == [], "fields the plan prints that no row of the table takes"
+
+
+def test_the_readmes_memory_per_1000_writes_is_the_plans() -> None:
+    # README.md's dedup records and pins per 1,000 writes a second are what `shardlb plan` counts
+    # for them on the committed costs (bench/results/latest/dedup.json), 1.2 for fragmentation
+    # included. Its pins said 11.4 GiB, the bytes alone, where the plan prints 13.6 (until
+    # 2026-12-07).
+    load = ["--players", "1000", "--writes", "1000", "--reads", "10"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["plan", *load, "--incr", "1", "--timeless", "1"])
+    model = out.getvalue()
+    dedup, pins = (re.search(rf"^  {name} = .* = ([\d.]+) GiB$", model, re.M) for name in ("dedup", "pins"))
+    assert dedup and pins, model
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"window that is {dedup[1]} GiB per 1,000 incr writes/s" in readme
+    assert f"1,000 such results per second keep up to 101M pins, {pins[1]} GiB" in readme
