@@ -1836,3 +1836,61 @@ def test_the_locust_cleanup_selector_finds_every_object_prod_loadtest_adds() -> 
     for o in added:
         labels = o["metadata"].get("labels", {})
         assert labels.get("app.kubernetes.io/name") == "locust", f"{o['kind']}/{o['metadata']['name']}"
+
+
+def _restarted(runbook: str, overlay: str) -> set[tuple[str, str]]:
+    """The (kind, name) of every rendered object a `kubectl rollout restart` of ``runbook`` restarts:
+    named (`deployment/shardlb-router`) or chosen by a selector (`deployment -l key=value,...`)."""
+    kinds = {"deployment": "Deployment", "statefulset": "StatefulSet", "daemonset": "DaemonSet"}
+    out: set[tuple[str, str]] = set()
+    for found in re.finditer(r"rollout restart ([^`\n#]+)", runbook):
+        words = found[1].split()
+        given = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-l", "--selector")]
+        selector = dict(pair.split("=", 1) for pairs in given for pair in pairs.split(","))
+        for word in words:
+            kind, _, name = word.partition("/")
+            if kind not in kinds:
+                continue
+            for o in objects(overlay, kinds[kind]):
+                labels = o["metadata"].get("labels", {})
+                if name:
+                    chosen = o["metadata"]["name"] == name
+                else:
+                    chosen = bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+                if chosen:
+                    out.add((o["kind"], o["metadata"]["name"]))
+    return out
+
+
+def _readers_of(overlay: str, secret: str, keys: set[str] | None = None) -> set[tuple[str, str]]:
+    """The long-running pod owners whose containers take ``secret`` (those of its ``keys``, when
+    given) into their environment at their start; a Job's or CronJob's pod reads it anew at each run."""
+    out = set()
+    for o in rendered(overlay):
+        if o["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        for c in containers(pod_spec(o)):
+            whole = any(e.get("secretRef", {}).get("name") == secret for e in c.get("envFrom", []))
+            refs = [e["valueFrom"].get("secretKeyRef") for e in c.get("env", []) if "valueFrom" in e]
+            refs = [r for r in refs if r]
+            if whole or any(r["name"] == secret and (keys is None or r["key"] in keys) for r in refs):
+                out.add((o["kind"], o["metadata"]["name"]))
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_rotation_runbooks_restart_every_pod_that_reads_the_secret(overlay: str) -> None:
+    # k8s/README.md, step 2: a rotated API key or Redis password reaches a pod at its start, so the
+    # runbook restarts every Deployment that reads the Secret (the Redis nodes in step c of their
+    # own). Both restarted shardlb-router (and the archivers) by name: on prod-write-pool the write
+    # pool, shardlb-router-writes, kept the old keys, and after the nodes' restart with the new
+    # password alone it could no longer reach Redis (until 2026-12-07).
+    readme = (K8S / "README.md").read_text()
+    keys = readme.split("To rotate an API key:", 1)[1].split("\n\n", 1)[0].replace("\n", " ")
+    password = readme.split("To rotate the Redis password", 1)[1].split("```", 2)[1]
+    api_keys = {"SHARDLB_ADMIN_KEYS", "SHARDLB_WRITE_KEYS", "SHARDLB_READ_KEYS"}
+    key_readers = _readers_of(overlay, SECRET, api_keys)
+    password_readers = _readers_of(overlay, REDIS_SECRET["name"])
+    assert ("Deployment", ROUTER) in key_readers & password_readers  # the scan finds them
+    assert sorted(key_readers - _restarted(keys, overlay)) == []
+    assert sorted(password_readers - _restarted(password, overlay)) == []  # the nodes: step c
