@@ -1773,6 +1773,26 @@ def test_locust_targets_the_router(overlay: str) -> None:
         assert float(config_data(overlay, c)["SHARDLB_TARGET_WRITES"]) > 0
 
 
+@pytest.mark.parametrize("overlay", LOCUST_OVERLAYS)
+def test_the_locust_master_keeps_each_rows_history_for_the_ramps_plateau(overlay: str) -> None:
+    # The ramp's plateau is read from the per-second history of the `WRITE player-scores` row
+    # (bench/locust_csv.py); Locust's web UI serves it (/stats/requests_full_history/csv,
+    # k8s/README.md step 5) only from a master started with --csv and --csv-full-history, into a
+    # folder it may write: the root file system is read-only. Without them the UI's charts add the
+    # POST and WRITE rows up, and the stats CSV has the whole run's averages (until 2026-12-07).
+    master = get(overlay, "Deployment", "locust-master")
+    c = container(master, "locust")
+    assert "--csv-full-history" in c["args"], c["args"]
+    prefix = next((a.split("=", 1)[1] for a in c["args"] if a.startswith("--csv=")), None)
+    assert prefix is not None, c["args"]
+    mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in pod_spec(master)["volumes"]}
+    folder = str(Path(prefix).parent)
+    assert folder in mounts and "emptyDir" in volumes[mounts[folder]], (prefix, mounts)
+    readme = (K8S / "README.md").read_text()
+    assert "localhost:8089/stats/requests_full_history/csv" in readme
+
+
 # ---------------------------------------------------------------- overlays and docs
 
 
