@@ -85,6 +85,10 @@ BANS_PAGE = 2000  # bans written back per HSET by a restore
 # a ban waits before it removes the player's entries and `rebuild --all` before it puts boards back.
 REFRESH_S = 1.0
 PROPAGATION_S = 2 * REFRESH_S + 0.5
+# A router's whole read of the list (a restore moves it with no field named): about half a second of
+# its worker per 100,000 bans (docs/design-notes.md, "The ban list's change log"); counted twice over.
+LOAD_S_PER_BAN = 1e-5
+
 REASON_MAX = 500
 VERSIONS = 2**62  # the ban list's versions are drawn from 1..VERSIONS (``Bans._moved``)
 CHANGES_KEPT = 10_000  # entries of the list's change log kept (about: XADD's MAXLEN ~)
@@ -565,6 +569,12 @@ async def _delete_entries(
                 break
             low = "(" + _text(got[-1][0])
     return list(out.values())
+
+
+def propagation_s(bans: int) -> float:
+    """How long a list of ``bans`` written back whole (``restore``) takes at most to be in every
+    running router's copy: two refreshes and a margin (``PROPAGATION_S``), and the whole read."""
+    return PROPAGATION_S + bans * LOAD_S_PER_BAN
 
 
 def record_units(board: Board, now_ms: int) -> int:

@@ -1097,7 +1097,7 @@ class Rebuilder:
         registry holds under another incarnation, or that Redis says was deleted (its first shard's
         marker, or the board's deletion mark, which any layout leaves), is left out. The bans go back
         first (``Bans.restore``), so routers refuse banned players' results from the first write to
-        a board restored: the boards go back ``moderation.PROPAGATION_S`` after them, when every
+        a board restored: the boards go back ``moderation.propagation_s`` after them, when every
         running router's copy holds them (until 2026-12-07 at once, before a router that had loaded
         the lost list's emptiness refreshed). A board whose season archive went to its freeze is
         closed again (``_seasons``).
@@ -1178,8 +1178,9 @@ class Rebuilder:
         if restored and formers:
             # A router that loaded the list while Redis had lost it (started since the loss) holds
             # none of them until its next refresh: the boards go back once every copy has them.
-            self.progress(f"bans: waiting {moderation.PROPAGATION_S:g} s for the routers to read them")
-            await asyncio.sleep(moderation.PROPAGATION_S)
+            wait = moderation.propagation_s(restored)
+            self.progress(f"bans: waiting {wait:.1f} s for the routers to read them")
+            await asyncio.sleep(wait)
         seasons = await self._seasons()
 
         async def put_back(worker: Rebuilder, former: Board) -> Board | None:
