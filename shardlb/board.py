@@ -711,8 +711,8 @@ class Board:
     async def check_live(self, shards: Iterable[int]) -> None:
         """Raise as a write to ``shards`` would when one of them was deleted (BoardNotFound) or
         resharded away (Resharding), with this board marked as the write marks it; else return.
-        One MGET of rate.lua's markers per shard: for an answer that writes nothing, and so learns
-        nothing from a script (a result refused before it is written, Screen)."""
+        One MGET of those two markers per shard (as rate.lua reads them): for an answer that writes
+        nothing, and so learns nothing from a script (a result refused before it is written, Screen)."""
 
         async def one(shard: int) -> None:
             marks = (keys.move_key(self.prefixes[shard]), keys.gone_key(self.prefixes[shard]))

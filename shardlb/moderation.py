@@ -1431,7 +1431,8 @@ async def _over_rate(board: Board, prepared: Sequence[Prepared], limit: int, now
         counted, counts = keys.rate_keys(prefix, minute)
         previous, _ = keys.rate_keys(prefix, minute - 1)
         following, _ = keys.rate_keys(prefix, minute + 1)  # a router ahead's (rate.lua)
-        args: list[Any] = [limit, (minute + 2) * 60_000, *dedup]
+        # The shard, for rate.lua to refuse it without its sentinel as write.lua does (SHARDLOST).
+        args: list[Any] = [limit, (minute + 2) * 60_000, *dedup, shard if board.sentinels else -1]
         for i in idx:
             args += [f"{prepared[i].match_id}\x00{prepared[i].player_id}", prepared[i].player_id]
         try:

@@ -23,7 +23,14 @@ from shardlb.cli import main
 from shardlb.cluster import LocalCluster
 from shardlb.config import BoardConfig
 from shardlb.connection import Scripts
-from shardlb.errors import BoardNotFound, InvalidInput, NotAcknowledged, PlayerNotFound, Resharding
+from shardlb.errors import (
+    BoardNotFound,
+    InvalidInput,
+    NotAcknowledged,
+    PlayerNotFound,
+    Rebuilding,
+    Resharding,
+)
 from shardlb.rebuild import Rebuilder
 from shardlb.reshard import Resharder
 from shardlb.store import BoardStore
@@ -1171,6 +1178,44 @@ async def test_the_rate_limit_of_a_stale_board_leaves_no_key_behind(store: Board
     finally:
         with contextlib.suppress(BoardNotFound):
             await store.delete(config.id)
+
+
+async def test_the_rate_limit_of_a_shard_that_lost_its_sentinel_writes_nothing_there(
+    store: BoardStore,
+) -> None:
+    """Redis lost the board's shards (a FLUSHALL of every master, or a slot lost alone) while a
+    router still holds the board (its copy lives until it sees the registry's version move, about
+    0.25 s): rate.lua now refuses a shard without its sentinel as write.lua does (SHARDLOST:
+    Rebuilding, nothing written). Failed before: the results were counted (no refusal) and rate.lua
+    made the shard's key index again, without expiry, on a shard that no longer carries the board:
+    a key nothing deletes when the board is not brought back, and one that makes the archiver take
+    a fresh board's shard whose sentinel a failover lost for a shard that held something (marked,
+    not written again: tests/test_shard_loss.py)."""
+    config = BoardConfig.from_dict(
+        "rate-lost", {"max_results_per_player_per_minute": 5, "sharding": {"strategy": "hash", "shards": 2}}
+    )
+    board, _ = await store.create(config)
+    stale = await BoardStore(store.client, store.scripts).get(config.id)  # a router's copy
+    assert stale.sentinels
+    pattern = f"lb:*:{config.id}:{stale.incarnation}:*"
+    now = times.now_ms()
+    screen = moderation.Screen(lambda _board, _player, _incarnation: False)
+    scores = [Score(f"p{i}", 1, f"m{i}", now) for i in range(8)]
+    try:
+        # The board's shards lose every key, their sentinels with them (a new board holds no other).
+        lost = [k async for k in store.client.scan_iter(match=pattern)]
+        assert lost and await store.client.delete(*lost) == len(lost)
+        with pytest.raises(Rebuilding):
+            await screen.refusals(stale, stale.prepare(scores, now), now)
+        left = {_name(k): await store.client.pttl(k) async for k in store.client.scan_iter(match=pattern)}
+        assert left == {}, left  # key -> its TTL (ms; -1: none)
+    finally:
+        with contextlib.suppress(BoardNotFound):
+            await store.delete(board.config.id)
+
+
+def _name(key: Any) -> str:
+    return key.decode() if isinstance(key, bytes) else str(key)
 
 
 @pytest.mark.parametrize("mode", ["best", "incr"])

@@ -1373,6 +1373,46 @@ async def test_a_fresh_boards_lost_sentinel_is_written_again_not_marked(
                 await store.delete("partial-fresh")
 
 
+async def test_a_fresh_rate_limited_boards_lost_sentinel_is_written_again_after_a_refused_write(
+    store: BoardStore, raw: Any, postgres_url: str
+) -> None:
+    """As above, on a board with a per-minute limit, and a write to the shard before the archiver's
+    round: the router's screen (rate.lua) runs before write.lua, and now refuses the shard without
+    its sentinel as write.lua does, writing nothing, so the round still finds the shard empty and
+    writes its sentinel again. Failed before: rate.lua made the shard's key index (`idx`, kept with
+    no expiry), sentinel.lua took it for a shard holding something, and the round marked shard 1:
+    the healthy board refused every read and write there until an operator's rebuild."""
+    async with own_archive(postgres_url, "partial") as url:
+        try:
+            limit = {"max_results_per_player_per_minute": 5}
+            settings = {"mode": "best", "sharding": sharding("hash", 3), **limit}
+            board, _ = await store.create(BoardConfig.from_dict("partial-rated", settings))
+            await raw.delete(keys.sentinel_key(board.prefixes[1]))
+            player = next(f"p{i}" for i in range(100) if board.layout.home(f"p{i}") == 1)
+            now = times.now_ms()
+            score = Score(player, 7, "m1", now - 1000)
+            screen = moderation.Screen(lambda _board, _player, _incarnation: False)
+            with pytest.raises(Rebuilding):  # the router's path: the screen, then the write
+                await screen.refusals(board, board.prepare([score], now), now)
+                await board.submit([score], now)
+            assert not await raw.exists(keys.index_key(board.prefixes[1]))
+            a = await archiver(raw, OnlyStore(store.client, store.scripts, {"partial-rated"}), url)
+            try:
+                before = rewritten()
+                await archive_round(a)
+                back = await store.get("partial-rated")
+                assert not back.rebuilding
+                assert rewritten() == before + 1
+                assert await screen.refusals(back, back.prepare([score], now), now) == []
+                [result] = await back.submit([score], now)
+                assert result.points == 7
+            finally:
+                await a.db.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await store.delete("partial-rated")
+
+
 async def test_a_shard_with_nothing_archived_is_sentinelled_again_the_others_marked(
     store: BoardStore, raw: Any, postgres_url: str
 ) -> None:
