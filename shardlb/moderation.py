@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import secrets
 from collections import defaultdict
@@ -178,13 +179,40 @@ return removed
 # value with it, and the restore's writes after the loss leave the list unmarked.
 WHOLE_MARK = "whole"
 WRITING = "writing "
-# KEYS[1] the mark, ARGV[1] the value a restore set at its start, ARGV[2] WHOLE_MARK.
+# A restore's "writing" mark expires this long after its last write (renewed before each: ``_RENEW``):
+# while it lives, an archiver's ``recover`` leaves the list to that restore (``_CLAIM``), and once it
+# has run out (a restore cut short) writes it back. Until 2026-12-07 (later that day) the second of
+# two archivers wrote a list being written back again beside the first (``recover``).
+WRITING_MS = 15_000
+# KEYS[1] the mark, ARGV[1] the value a restore set at its start, ARGV[2] WHOLE_MARK. SET without
+# KEEPTTL: the whole mark never expires.
 _MARK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2])
   return 1
 end
 return 0
+"""
+# KEYS[1] the mark, ARGV[1] a restore's value, ARGV[2] WRITING_MS: its lease renewed while it is there.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+# ``recover``'s start: KEYS[1] the mark; ARGV[1] its value, ARGV[2] WRITING_MS, ARGV[3] WHOLE_MARK,
+# ARGV[4] WRITING. 0, writing nothing, when the list is whole or another restore's lease lives (a
+# value "writing ..." with no expiry is one cut short by a release without leases); else the mark set.
+_CLAIM = """
+local mark = redis.call('GET', KEYS[1])
+if mark == ARGV[3] then
+  return 0
+end
+if mark and string.sub(mark, 1, string.len(ARGV[4])) == ARGV[4] and redis.call('PTTL', KEYS[1]) > 0 then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
 """
 # The first ban of a list that PostgreSQL holds no other ban of (``Bans.add``): KEYS[1] the list,
 # KEYS[2] its mark (one hash slot); ARGV field, record, WHOLE_MARK. The record and the mark in one
@@ -1030,24 +1058,50 @@ class Bans:
         It marks the list whole (``keys.BANS_WHOLE``, ``recover``) once everything is written: the
         mark is set to a value of its own first and made whole at the end only if it is still there
         (``_MARK``), so a restore during which the list was lost again (its first value with it)
-        leaves it unmarked, as does one cut short, and the archiver writes it back again."""
+        leaves it unmarked, as does one cut short, and the archiver writes it back again. That first
+        value is a lease (``WRITING_MS``, renewed before each write), which ``recover`` leaves alone
+        while it lives."""
         if replicated is not None:
             await replicated.read()
-        await self._note([WHOLE], replicated=replicated)
         writing = WRITING + secrets.token_hex(8)
-        await self._write(("SET", keys.BANS_WHOLE, writing), replicated)
-        written = await _records(db)
-        fields = list(written)
-        for i in range(0, len(fields), BANS_PAGE):
-            page = [v for f in fields[i : i + BANS_PAGE] for v in (f, written[f])]
-            await self._write(("HSET", keys.BANS, *page), replicated)
-        changes = await self._differences(db)
-        for i in range(0, len(changes), BANS_PAGE):
-            pairs = [v for change in changes[i : i + BANS_PAGE] for v in change]
-            await self._write(("EVAL", _CONVERGE, 1, keys.BANS, *pairs), replicated)
-        await self._write(("EVAL", _MARK, 1, keys.BANS_WHOLE, writing, WHOLE_MARK), replicated)
+        await self._write(("SET", keys.BANS_WHOLE, writing, "PX", WRITING_MS), replicated)
+        return await self._rewrite(db, writing, replicated)
+
+    async def _rewrite(
+        self, db: psycopg.AsyncConnection[Any], writing: str, replicated: Replicated | None = None
+    ) -> int:
+        """``restore``'s writes, under the mark ``writing`` it set: its lease renewed before each
+        (``_RENEW``), and made whole after the last if still there (``_MARK``)."""
+        try:
+            await self._note([WHOLE], replicated=replicated)
+            written = await _records(db)
+            fields = list(written)
+            for i in range(0, len(fields), BANS_PAGE):
+                page = [v for f in fields[i : i + BANS_PAGE] for v in (f, written[f])]
+                await self._renew(writing)
+                await self._write(("HSET", keys.BANS, *page), replicated)
+            await self._renew(writing)
+            changes = await self._differences(db)
+            for i in range(0, len(changes), BANS_PAGE):
+                pairs = [v for change in changes[i : i + BANS_PAGE] for v in change]
+                await self._renew(writing)
+                await self._write(("EVAL", _CONVERGE, 1, keys.BANS, *pairs), replicated)
+            await self._write(("EVAL", _MARK, 1, keys.BANS_WHOLE, writing, WHOLE_MARK), replicated)
+        except BaseException:
+            # Its lease given up, so that the next refresh writes the list back at once (when Redis
+            # answers: else the lease runs out).
+            with contextlib.suppress(Exception):
+                await self._renew(writing, 1)
+            raise
         await self._moved([WHOLE], replicated)
         return len(written)
+
+    async def _renew(self, writing: str, ms: int | None = None) -> None:
+        """Renew a restore's lease on the mark for ``ms`` (``WRITING_MS``) while it holds
+        ``writing``; unconfirmed: a renewal lost in a failover lets another restore begin at worst,
+        as before leases."""
+        lease = WRITING_MS if ms is None else ms
+        await self.client.execute_command("EVAL", _RENEW, 1, keys.BANS_WHOLE, writing, lease)
 
     async def recover(self, db: psycopg.AsyncConnection[Any]) -> int | None:
         """``restore`` the list when Redis lost it: its mark (``keys.BANS_WHOLE``) missing while
@@ -1064,8 +1118,17 @@ class Bans:
         stays marked (a lift's HDEL of the last record leaves the mark), and one never marked (a
         list of before 2026-12-07) is written back once.
 
-        Returns how many bans it wrote, None when the list was whole or PostgreSQL holds none: one
-        GET, and one read of PostgreSQL only when the mark is missing."""
+        A restore under way (its mark ``writing <token>``, a lease of ``WRITING_MS`` renewed before
+        each of its writes: ``_CLAIM``) is left to finish, and one cut short is written back once
+        its lease has run out. Until 2026-12-07 (later that day) the second of two archivers (every
+        overlay runs two) took the first's restore for one cut short and wrote the list back beside
+        it: twice the writes, and two moves that each made every router read the whole list; and
+        each restore's mark, set over the other's, left neither marked when each one's next refresh
+        began before the other's end, and they went on writing it back in turn
+        (``test_two_archivers_write_a_lost_list_back_once``).
+
+        Returns how many bans it wrote, None when the list was whole, is being written, or
+        PostgreSQL holds none: one GET, and one read of PostgreSQL only when the mark is not whole."""
         if await self.whole():
             return None
         async with db.transaction():
@@ -1073,7 +1136,11 @@ class Bans:
             row = await cur.fetchone()
         if row is None or not row[0]:
             return None
-        return await self.restore(db)
+        writing = WRITING + secrets.token_hex(8)
+        claim = (_CLAIM, 1, keys.BANS_WHOLE, writing, WRITING_MS, WHOLE_MARK, WRITING)
+        if not await self._write(("EVAL", *claim)):
+            return None  # whole since, or another archiver's restore under way (``WRITING_MS``)
+        return await self._rewrite(db, writing)
 
     async def whole(self) -> bool:
         """Whether the list is marked whole (``recover``)."""

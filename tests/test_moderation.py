@@ -661,6 +661,70 @@ async def test_a_first_ban_marks_the_list_and_a_restore_cut_short_by_a_loss_does
             await a.db.close()
 
 
+async def test_two_archivers_write_a_lost_list_back_once(
+    store: BoardStore, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two archivers (every overlay runs two) both find the list unmarked after a loss. The second's
+    refresh, while the first's restore wrote (seconds at a large list), took the first's `writing`
+    mark for a restore cut short and wrote the list back again beside it: twice the writes, two
+    moves that each made every router read the whole list, two WARNINGs; and each restore's mark set
+    over the other's, so when each one's next refresh began before the other's end, neither marked
+    the list and they went on writing it back in turn. Failed before: the second archiver's refresh
+    wrote the list back. Now a restore holds its mark for ``WRITING_MS`` after its last write, and an
+    archiver's refresh leaves a list being written alone; a restore cut short (its lease run out) is
+    written back at the next refresh."""
+    bans = moderation.Bans(store.client)
+    board = "moderation-two-archivers"
+    now = times.now_ms()
+    banned = [moderation.Ban(p, board, "aimbot", "admin", now) for p in ("two-a", "two-b")]
+    async with own_archive(postgres_url) as url:
+        first, second = await connect_db(url), await connect_db(url)
+        real = store.client.execute_command
+        writing, go_on = asyncio.Event(), asyncio.Event()
+        restoring: asyncio.Task[int | None] | None = None
+
+        async def slow(*args: Any, **kwargs: Any) -> Any:
+            if args[:2] == ("HSET", keys.BANS) and not writing.is_set():  # the first's restore, writing
+                writing.set()
+                await go_on.wait()
+            return await real(*args, **kwargs)
+
+        try:
+            for ban in banned:
+                await bans.add(first, ban, None)
+            await store.client.delete(keys.BANS, keys.BANS_WHOLE)  # the list's master lost
+            monkeypatch.setattr(moderation, "BANS_PAGE", 1)
+            monkeypatch.setattr(store.client, "execute_command", slow)
+            restoring = asyncio.create_task(moderation.Bans(store.client).recover(first))
+            await writing.wait()
+            assert await moderation.Bans(store.client).recover(second) is None, "written back twice"
+            go_on.set()
+            assert await restoring == 2
+            monkeypatch.undo()
+            assert await bans.whole() and await held(bans, board) == banned
+            assert await bans.recover(second) is None
+
+            # A restore cut short: its mark's lease runs out, and the next refresh writes it back.
+            monkeypatch.setattr(moderation, "WRITING_MS", 200)
+            await store.client.delete(keys.BANS, keys.BANS_WHOLE)
+            token = moderation.WRITING + "cut-short"
+            await store.client.set(keys.BANS_WHOLE, token, px=moderation.WRITING_MS)
+            assert await bans.recover(second) is None  # a restore under way, as far as it can tell
+            await asyncio.sleep(0.4)
+            assert await bans.recover(second) == 2
+            assert await bans.whole() and await held(bans, board) == banned
+        finally:
+            monkeypatch.undo()
+            go_on.set()
+            if restoring is not None:
+                with contextlib.suppress(Exception):
+                    await restoring
+            for ban in banned:
+                await bans.lift(first, ban.player, ban.board, "test", "cleanup", None)
+            await first.close()
+            await second.close()
+
+
 async def test_the_bans_a_rebuild_restores_wait_for_a_replica_of_the_list(
     store: BoardStore, raw: Any, postgres_url: str, cluster: LocalCluster
 ) -> None:
