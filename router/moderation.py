@@ -75,6 +75,7 @@ LINES_PER_MINUTE = 100  # refused results logged a line each in a minute (the mo
 LINES_EVERY_S = 60.0
 CHANGES_READ = 1000  # change-log entries a refresh reads; more, and it loads the whole list
 FULL_LOAD_S = 3600.0  # the whole list is loaded again at least this often (``BanCache.refresh``)
+MARK_AGAIN_S = 60.0  # a whole read put off for the list's mark looks at it again after this long
 SUMMARY_BOARDS = 20  # boards named in a `refused results not logged each` line, those with the most
 
 
@@ -132,7 +133,11 @@ class BanCache:
                     # The list holds the changes since its loss alone (``lost``), or lost its slot
                     # alone, its version kept (the mark gone with it): until it is written back.
                     # Until 2026-12-07 (later that day) a copy that was not ``lost`` read it whole.
-                    due = False
+                    # The mark is looked at again later, not at every refresh (a list nothing
+                    # writes back, PostgreSQL holding no ban, stays unmarked for good; the
+                    # write-back's move reads the list whole anyway): until 2026-12-07 (later
+                    # still) two GETs a refresh.
+                    due, self.load_by = False, self.clock() + MARK_AGAIN_S
                 if not due and (version == self.version or await self.follow()):
                     return
             await self.load()

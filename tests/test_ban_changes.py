@@ -40,6 +40,11 @@ class CountedBans(moderation.Bans):
         super().__init__(client)
         self.wholes = 0
         self.named: list[str] = []
+        self.marks = 0  # reads of the list's mark (``whole``)
+
+    async def whole(self) -> bool:
+        self.marks += 1
+        return await super().whole()
 
     async def all(self) -> list[moderation.Ban]:  # the whole list, as the release before read it
         self.wholes += 1
@@ -505,3 +510,31 @@ async def test_a_copy_does_not_read_a_list_lost_alone_and_changed_whole_until_it
         await cache.refresh()
         assert bans.wholes == wholes + 1 and cache.fields == await whole(client)
         assert cache.banned(board, "cheater") and cache.banned(board, "late")
+
+
+async def test_a_whole_read_waiting_for_the_mark_costs_the_refresh_no_read_a_second(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """A copy whose hourly whole read waits for the list's mark (``BanCache.marked``) read the mark
+    again at every refresh from then on: two reads a second in every worker instead of the version's
+    one, for as long as the list stayed unmarked, which is for good when nothing writes it back (the
+    list's slot lost while PostgreSQL holds no ban: every ban lifted, the archiver writes nothing
+    back). Failed before: a read of the mark at each of the refreshes. Now a whole read put off
+    looks at the mark again after ``MARK_AGAIN_S``; a restore's move reads the list whole anyway."""
+    client = store.client
+    async with (
+        own_archive(postgres_url, "unmarked") as url,
+        copied(store, url, "unmarked") as (board, bans, cache, db),
+    ):
+        await bans.restore(db)  # the list this archive's, marked whole
+        await bans.add(db, moderation.Ban("cheater", board, "aimbot", "t", times.now_ms()), None)
+        await bans.lift(db, "cheater", board, "t", "appeal", None)  # no ban left
+        await cache.refresh()
+        assert cache.marked
+        await client.delete(keys.BANS, keys.BANS_WHOLE)  # the list's slot: the version's kept
+        assert await bans.recover(db) is None  # PostgreSQL holds no ban: nothing to write back
+        cache.load_by = 0.0  # its hourly whole read due
+        marks = bans.marks
+        for _ in range(5):
+            await cache.refresh()
+        assert bans.marks - marks <= 1, "the mark read at every refresh"
