@@ -204,11 +204,24 @@ class BanCache:
         first, so a change made during the scan is read again from the log at the next refresh,
         and so is one whose first note was there already (it may write during the scan, behind it,
         and be cut short). Its mark before the list too (``marked``): a copy of a list marked whole
-        reads it whole again only while it is (``refresh``)."""
+        reads it whole again only while it is (``refresh``).
+
+        A copy of a list marked whole, or kept across a loss (``lost``), that reads the list
+        unmarked (lost and not yet written back whole; a write-back under way) keeps what it held
+        beside what it reads, and stays ``kept``, until it reads the list marked: the list may hold
+        the changes since a loss alone, and the restore's pages written so far. A change it could
+        not follow makes it read the list whole (the write-back's own first note, read with a ban
+        made while it writes; a forgetting's; a router of the release before): until 2026-12-07
+        (later that day) it then took the list as it was, and the router took the results of the
+        players banned before the loss until the write-back's move. A lift it could not follow
+        meanwhile refuses the player until then."""
         version, recent = await self.bans.mark(CHANGES_READ)
         marked = await self.bans.whole()
         fields = {field: incarnation async for field, incarnation in self.bans.scan()}
-        self.fields, self.version, self.kept, self.marked = fields, version, False, marked
+        kept = not marked and (self.kept or self.marked) and bool(self.fields)
+        if kept:
+            fields = self.fields | fields
+        self.fields, self.version, self.kept, self.marked = fields, version, kept, marked
         self.position = recent[-1].id if recent else moderation.NO_CHANGE
         self.open = opened({}, recent)
         # Spread, so that the workers started together do not all load it at once again.

@@ -1127,19 +1127,32 @@ class Bans:
         began before the other's end, and they went on writing it back in turn
         (``test_two_archivers_write_a_lost_list_back_once``).
 
+        A list unmarked while PostgreSQL holds no ban (a new install's, one whose slot was lost after
+        every ban was lifted) is marked whole as it is, under the same lease, and nothing moves:
+        until 2026-12-07 (later that day) it stayed unmarked until a first ban, and each refresh read
+        PostgreSQL again (``test_an_unmarked_list_with_no_ban_to_write_back_is_marked_once``).
+
         Returns how many bans it wrote, None when the list was whole, is being written, or
         PostgreSQL holds none: one GET, and one read of PostgreSQL only when the mark is not whole."""
         if await self.whole():
-            return None
-        async with db.transaction():
-            cur = await db.execute("SELECT EXISTS (SELECT 1 FROM bans)")
-            row = await cur.fetchone()
-        if row is None or not row[0]:
             return None
         writing = WRITING + secrets.token_hex(8)
         claim = (_CLAIM, 1, keys.BANS_WHOLE, writing, WRITING_MS, WHOLE_MARK, WRITING)
         if not await self._write(("EVAL", *claim)):
             return None  # whole since, or another archiver's restore under way (``WRITING_MS``)
+        try:
+            async with db.transaction():
+                cur = await db.execute("SELECT EXISTS (SELECT 1 FROM bans)")
+                row = await cur.fetchone()
+            if row is None or not row[0]:
+                # Nothing to write back: whole as it is, a ban made since the claim included (it
+                # writes its record before or after the mark; a loss meanwhile takes the claim).
+                await self._write(("EVAL", _MARK, 1, keys.BANS_WHOLE, writing, WHOLE_MARK))
+                return None
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._renew(writing, 1)
+            raise
         return await self._rewrite(db, writing)
 
     async def whole(self) -> bool:

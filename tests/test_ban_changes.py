@@ -517,10 +517,10 @@ async def test_a_whole_read_waiting_for_the_mark_costs_the_refresh_no_read_a_sec
 ) -> None:
     """A copy whose hourly whole read waits for the list's mark (``BanCache.marked``) read the mark
     again at every refresh from then on: two reads a second in every worker instead of the version's
-    one, for as long as the list stayed unmarked, which is for good when nothing writes it back (the
-    list's slot lost while PostgreSQL holds no ban: every ban lifted, the archiver writes nothing
-    back). Failed before: a read of the mark at each of the refreshes. Now a whole read put off
-    looks at the mark again after ``MARK_AGAIN_S``; a restore's move reads the list whole anyway."""
+    one, for as long as the list stayed unmarked (until 2026-12-07, later that day, for good when
+    its slot was lost while PostgreSQL held no ban; with no archiver running, until one runs).
+    Failed before: a read of the mark at each of the refreshes. Now a whole read put off looks at
+    the mark again after ``MARK_AGAIN_S``; a restore's move reads the list whole anyway."""
     client = store.client
     async with (
         own_archive(postgres_url, "unmarked") as url,
@@ -532,9 +532,45 @@ async def test_a_whole_read_waiting_for_the_mark_costs_the_refresh_no_read_a_sec
         await cache.refresh()
         assert cache.marked
         await client.delete(keys.BANS, keys.BANS_WHOLE)  # the list's slot: the version's kept
-        assert await bans.recover(db) is None  # PostgreSQL holds no ban: nothing to write back
         cache.load_by = 0.0  # its hourly whole read due
         marks = bans.marks
         for _ in range(5):
             await cache.refresh()
         assert bans.marks - marks <= 1, "the mark read at every refresh"
+
+
+async def test_a_copy_kept_across_a_loss_keeps_its_bans_when_it_reads_the_list_before_it_is_whole(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """A copy kept across a loss (``BanCache.lost``) that had to read the list whole before the list
+    was written back (a change it cannot follow: the write-back's own first note, read with a ban
+    made while the restore writes; a forgetting's; a router of the release before) took the list as
+    it was, the changes since the loss and the restore's pages written so far: the router took the
+    results of every player banned before the loss whose record was not yet written again, for as
+    long as the restore ran (seconds at a large list). Failed before: the banned player's result was
+    taken after a ban made during the write-back. Now a copy of a list marked whole, or kept, keeps
+    what it held beside a list read unmarked, until it reads the list marked."""
+    client = store.client
+    async with (
+        own_archive(postgres_url, "inflight") as url,
+        copied(store, url, "inflight") as (board, bans, cache, db),
+    ):
+        await bans.add(db, moderation.Ban("cheater", board, "aimbot", "t", times.now_ms()), None)
+        await cache.refresh()
+        await client.delete(keys.BANS, keys.BANS_WHOLE, keys.BANS_VERSION, keys.BANS_LOG)  # the loss
+        await cache.refresh()
+        # The archiver's write-back begins (``Bans.restore``: its mark, its first note), and a ban is
+        # made before its first page.
+        await client.set(keys.BANS_WHOLE, moderation.WRITING + "under-way", px=moderation.WRITING_MS)
+        await bans._note([moderation.WHOLE])
+        await bans.add(db, moderation.Ban("late", board, "wallhack", "t", times.now_ms()), None)
+        await cache.refresh()
+        assert cache.banned(board, "late")
+        assert cache.banned(board, "cheater"), "the copy read the list being written back as the list"
+        await client.delete(keys.BANS_WHOLE)
+        assert await bans.recover(db) == 2  # the write-back, to its end
+        await cache.refresh()
+        assert cache.fields == await whole(client) and cache.marked and not cache.kept
+        await bans.lift(db, "cheater", board, "t", "appeal", None)
+        await cache.refresh()
+        assert not cache.banned(board, "cheater") and cache.banned(board, "late")

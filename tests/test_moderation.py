@@ -661,6 +661,31 @@ async def test_a_first_ban_marks_the_list_and_a_restore_cut_short_by_a_loss_does
             await a.db.close()
 
 
+async def test_an_unmarked_list_with_no_ban_to_write_back_is_marked_once(
+    store: BoardStore, postgres_url: str
+) -> None:
+    """A list unmarked while PostgreSQL holds no ban (a new install's, one whose slot was lost after
+    every ban was lifted, one of the release before) stayed unmarked until a first ban: every
+    archiver's refresh (2 s) read PostgreSQL again, for good on an install with no ban, and a
+    router's copy kept across a loss went on keeping, beside the list, a ban lifted since that it
+    could not follow (``BanCache.load``). Failed before: the list stayed unmarked. Now the refresh
+    marks it whole (under a restore's lease, so a loss or a first ban meanwhile is not taken for
+    it), moving nothing, and the next reads nothing of PostgreSQL."""
+    bans = moderation.Bans(store.client)
+    async with own_archive(postgres_url) as url:
+        db = await connect_db(url)
+        try:
+            await store.client.delete(keys.BANS_WHOLE)
+            version = await bans.version()
+            assert await bans.recover(db) is None
+            assert await bans.whole(), "left unmarked: PostgreSQL read again at every refresh"
+            assert await bans.version() == version  # nothing written: the routers read nothing
+            await db.close()
+            assert await bans.recover(db) is None  # one GET: PostgreSQL (closed) not read
+        finally:
+            await db.close()
+
+
 async def test_two_archivers_write_a_lost_list_back_once(
     store: BoardStore, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
