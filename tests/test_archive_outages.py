@@ -91,10 +91,18 @@ def failed_rounds() -> float:
     return REGISTRY.get_sample_value("shardlb_archive_failed_rounds_total") or 0.0
 
 
-async def test_failed_rounds_back_off_and_recover(store: BoardStore, raw: Any, postgres_url: str) -> None:
+async def test_failed_rounds_back_off_and_recover(
+    store: BoardStore, raw: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A round that fails (PostgreSQL away) was retried every second for as long as the outage
-    lasted, with two warnings each time. The pause now doubles from 1 s (to at most
-    RETRY_MAX_S), and the first round that works again goes on at once."""
+    lasted, with two warnings each time. The pause now doubles from RETRY_FIRST_S (to at most
+    RETRY_MAX_S), and the first round that works again goes on at once. The first pause is a
+    quarter of production's 1 s here, and so is the time watched: the same count of failures
+    tells doubling from fixed pauses, and the round after the outage comes at 3.75 s, not at 15 s
+    (until 2026-12-07 the test waited out production's pauses, 15 s of the suite's time)."""
+    # Production's pauses: 1 s, doubling.
+    assert [shardlb.archive.retry_pause(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    monkeypatch.setattr(shardlb.archive, "RETRY_FIRST_S", 0.25)
     config = BoardConfig.from_dict("archive-backoff", {"sharding": {"strategy": "hash", "shards": 1}})
     board, _ = await store.create(config)
     db = await connect_db(postgres_url)
@@ -104,7 +112,8 @@ async def test_failed_rounds_back_off_and_recover(store: BoardStore, raw: Any, p
     before = failed_rounds()
     task = asyncio.create_task(a.run(stop, idle_s=0.05, refresh_s=0.2))
     try:
-        await asyncio.sleep(7.5)  # fixed pauses of 1 s: 7 or 8 failures; doubling: at 0, 1, 3, 7 s
+        # Fixed pauses of 0.25 s: 7 or 8 failures; doubling: at 0, 0.25, 0.75, 1.75 s (the next at 3.75)
+        await asyncio.sleep(1.875)
         failures = failed_rounds() - before
         assert 2 <= failures <= 4, failures
         a.db_url = postgres_url  # PostgreSQL is back
