@@ -60,6 +60,22 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.destroy()
 
 
+@pytest.fixture
+def no_ban_propagation_wait() -> Iterator[None]:
+    """A restore of the ban list (``Rebuilder.restore``, `rebuild --all`) that wrote a ban back
+    waits ``shardlb.moderation.PROPAGATION_S`` (2.5 s) before any board goes back, so that every
+    running router holds the bans by then (2026-12-07). A test that checks nothing of that wait (no
+    router of its posts a banned player's results after the restore) takes it out with this
+    fixture: on the suite's database any ban another module left there makes each restore pay it.
+    The wait itself is tested in tests/test_moderation.py
+    (test_a_rebuild_puts_boards_back_once_a_router_started_after_the_loss_holds_the_bans). A
+    MonkeyPatch of its own: a test's ``monkeypatch.undo()`` leaves it in place. In this process
+    only: a CLI run in a subprocess still waits."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(moderation, "PROPAGATION_S", 0.0)
+        yield
+
+
 # The fixtures through which a module reaches the session's cluster (``cluster`` under them all).
 ON_CLUSTER = ("cluster", "cluster_url", "store", "raw", "rebuilder")
 

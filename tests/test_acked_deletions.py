@@ -35,7 +35,8 @@ from tests.test_schema_locks import IMPATIENT
 from tests.test_shard_loss import slot_wiped
 from tests.test_store_oom import full_primaries
 
-pytestmark = pytest.mark.cluster
+# No test here checks the restore's wait for the routers' copies of the ban list (conftest.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("no_ban_propagation_wait")]
 
 TABLE = [{"rank": 1, "reward": "gold"}]
 

@@ -27,7 +27,8 @@ from tests.router_support import AS_ADMIN, board_name, running
 from tests.store_fixture import forget_others_restored
 from tests.test_moderation_router import make_board, rows
 
-pytestmark = pytest.mark.cluster
+# No test here checks the restore's wait for the routers' copies of the ban list (conftest.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("no_ban_propagation_wait")]
 
 
 @pytest.fixture(autouse=True)

@@ -476,6 +476,7 @@ async def test_a_ban_asked_again_under_another_request_is_audited_and_its_retry_
             await conn.close()
 
 
+@pytest.mark.usefixtures("no_ban_propagation_wait")  # no router: the bans' return alone
 async def test_bans_come_back_after_a_total_loss(
     store: BoardStore, raw: Any, postgres_url: str, cluster_url: str
 ) -> None:
@@ -750,6 +751,7 @@ async def test_two_archivers_write_a_lost_list_back_once(
             await second.close()
 
 
+@pytest.mark.usefixtures("no_ban_propagation_wait")  # no router: the bans' return alone
 async def test_the_bans_a_rebuild_restores_wait_for_a_replica_of_the_list(
     store: BoardStore, raw: Any, postgres_url: str, cluster: LocalCluster
 ) -> None:

@@ -40,7 +40,8 @@ from tests.test_ack import key_replica_pid, stopped
 from tests.test_archive import archived
 from tests.test_board import HOUR, expected_entries, sharding
 
-pytestmark = pytest.mark.cluster
+# No test here checks the restore's wait for the routers' copies of the ban list (conftest.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("no_ban_propagation_wait")]
 
 
 async def archiver(raw: Any, store: BoardStore, postgres_url: str, only: set[str] | None = None) -> Archiver:

@@ -31,7 +31,8 @@ from tests.test_archive import archived
 from tests.test_board import sharding
 from tests.test_rebuild import OnlyStore, Writer, archiver, check, drain, own_archive
 
-pytestmark = pytest.mark.cluster
+# No test here checks the restore's wait for the routers' copies of the ban list (conftest.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("no_ban_propagation_wait")]
 
 SPECS: dict[str, dict[str, Any]] = {
     "jobs-incr": {"mode": "incr", "periods": ["daily"], "sharding": sharding("hash", 3)},

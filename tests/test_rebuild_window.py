@@ -30,7 +30,8 @@ from tests.test_rebuild_jobs import lost
 from tests.test_settlement import TABLE, awards_of, day_ago, expected_awards, new_board
 from tests.test_settlement import written as written_in
 
-pytestmark = pytest.mark.cluster
+# No test here checks the restore's wait for the routers' copies of the ban list (conftest.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("no_ban_propagation_wait")]
 
 
 async def written(
