@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import shardlb.archive
-from shardlb import keys, moderation, settlement_delivery, times
+from shardlb import keys, moderation, pgconn, settlement_delivery, times
 from shardlb.archive import Archiver, _cleanup, _journals, _watch_lag, connect_db, repair_bands, serve
 from shardlb.board import Score
 from shardlb.config import BoardConfig
@@ -379,10 +379,17 @@ async def test_a_postgresql_outage_logs_the_webhook_sweep_at_its_start_and_end(
     one_outage(log, "webhook sweep failed; retrying", "webhook sweep works again", 100)
 
 
-async def test_a_stop_ends_an_archiver_whose_postgresql_never_answers(cluster_url: str) -> None:
+async def test_a_stop_ends_an_archiver_whose_postgresql_never_answers(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An address that takes the connection and then answers nothing (a hung server, a failover's
     old address behind a proxy) held `serve` in its connect for psycopg's default of 130 s, past a
-    pod's 30 s grace period: a SIGTERM then ended in SIGKILL, not in an orderly stop."""
+    pod's 30 s grace period: a SIGTERM then ended in SIGKILL, not in an orderly stop. The connect
+    gives up after ``pgconn.CONNECT_TIMEOUT_S``: production's 10 s (tests/test_pgconn.py) is held
+    within the 25 s the stop is given here, and the connect waits libpq's least, 2 s (until
+    2026-12-07 it waited out the 10 s)."""
+    assert pgconn.CONNECT_TIMEOUT_S < 25
+    monkeypatch.setattr(pgconn, "CONNECT_TIMEOUT_S", 2)
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)  # the connection is made, and never served
