@@ -74,8 +74,15 @@ async def _interrupted_then_resumed(store: BoardStore, cluster_url: str, board_i
             return f"{ended}, its wait line read {took:.1f} s after the start; last output {out[-200:]!r}"
         assert process.returncode == 130
         assert err.decode().strip().splitlines() == ["shardlb: interrupted"], err
+        # The resume waits for no router's copy of the board (none keeps it): 6 s saved
+        # (SHARDLB_RESHARD_CACHE_S, a test-only setting; the interrupted run above waits as in production).
         resumed = await asyncio.to_thread(
-            subprocess.run, [*command, "--resume"], capture_output=True, text=True, timeout=60
+            subprocess.run,
+            [*command, "--resume"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "SHARDLB_RESHARD_CACHE_S": "0"},
         )
         assert resumed.returncode == 0, resumed.stderr
         assert json.loads(resumed.stdout.strip().splitlines()[-1])["shards"] == 3
