@@ -35,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from router import metrics
 from router.errors import shutting_down
@@ -263,7 +263,7 @@ class Coalescer:
                 raise
             self._failed(node, group, len(batch), e)
         else:
-            metrics.BATCH_SIZE.observe(len(batch))
+            _batch_size(len(batch))
             self._answer(batch, results, None)
             if self._outages:
                 self._worked(node, group.board)
@@ -287,7 +287,7 @@ class Coalescer:
             elif failure is not None:
                 ticket.fail(failure)
         for status, count in counts.items():
-            _scores(status).inc(count)
+            _scores(status)(count)
 
     def _failed(self, node: str, group: _Group, scores: int, error: BaseException) -> None:
         outage = self._outages.get(node)
@@ -325,6 +325,9 @@ class Coalescer:
 
 
 @functools.lru_cache(maxsize=64)
-def _scores(status: str) -> Any:
-    """The scores counter's child for ``status`` (looking labels up costs more than counting)."""
-    return metrics.SCORES.labels(status)
+def _scores(status: str) -> Callable[[float], None]:
+    """The scores counter's child's inc for ``status`` (looking labels up costs more than counting)."""
+    return metrics.counter(metrics.SCORES.labels(status))
+
+
+_batch_size = metrics.observer(metrics.BATCH_SIZE)

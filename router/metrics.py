@@ -7,11 +7,12 @@ mode), so a scrape sees the whole process group whichever worker answers it.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -46,6 +47,35 @@ _process = [os.getpid()]
 os.register_at_fork(after_in_child=_forked)
 if _values.ValueClass is not _values.MutexValue:
     _values.ValueClass = _values.MultiProcessValue(process_identifier=_pid)  # type: ignore[no-untyped-call]
+
+
+def observer(histogram: Histogram) -> Callable[[float], None]:
+    """``histogram.observe`` (a child, or a histogram without labels), the same counts in fewer
+    steps: its bucket is found by bisection, where prometheus-client's ``observe`` tries the bounds
+    one by one in Python (up to 15 a request's latency) after a check that the metric is not a
+    labelled parent. Every request's latency goes through it, and each score batch's size and call
+    time (with ``counter``, 1.3% of the app's instructions for a one-match post, 2.5% for
+    ``/healthz``: ``make bench-app INSTRUCTIONS=1``). The values
+    updated are the histogram's own (a value object per bucket and its sum: in multiprocess mode
+    the files /metrics reads), so a scrape sees what ``observe`` would have written;
+    tests/test_router_metrics.py renders both side by side."""
+    add = histogram._sum.inc
+    buckets = [value.inc for value in histogram._buckets]
+    bounds = list(histogram._upper_bounds)  # ascending, +Inf last: every amount has its bucket
+
+    def observe(amount: float) -> None:
+        add(amount)
+        buckets[bisect.bisect_left(bounds, amount)](1)
+
+    return observe
+
+
+def counter(child: Counter) -> Callable[[float], None]:
+    """``child.inc`` for counts never negative (those of the hot paths), without prometheus-client's
+    checks of the metric and of the amount's sign: the child's value's own ``inc``."""
+    inc: Callable[[float], None] = child._value.inc
+    return inc
+
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -178,13 +208,13 @@ class redis_call:
             not isinstance(e, ShardlbError) or isinstance(e, ClusterUnavailable)
         ):
             REDIS_ERRORS.labels(self.op, redis_error_kind(e)).inc()
-        _seconds(self.op).observe(time.perf_counter() - self.start)
+        _seconds(self.op)(time.perf_counter() - self.start)
 
 
 @functools.lru_cache(maxsize=256)
-def _seconds(op: str) -> Histogram:
-    """The labelled child (looking labels up costs more than observing)."""
-    return REDIS_SECONDS.labels(op)
+def _seconds(op: str) -> Callable[[float], None]:
+    """The labelled child's observe (looking labels up costs more than observing)."""
+    return observer(REDIS_SECONDS.labels(op))
 
 
 def registry() -> CollectorRegistry:

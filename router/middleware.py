@@ -183,8 +183,8 @@ class Observe:
             elapsed = time.perf_counter() - start
             route = getattr(scope.get("route"), "path", "unmatched")
             method = scope["method"]
-            _timer(method if method in METHODS else "other", route).observe(elapsed)
-            _counter(route, status).inc()
+            _timer(method if method in METHODS else "other", route)(elapsed)
+            _counter(route, status)(1)
             if status >= 400 or failure is not None or self.access_log:
                 self._log(
                     scope, request_id, status, elapsed, state.get("error"), failure or state.get("cause")
@@ -490,7 +490,7 @@ def log_refused(error: ApiError, request_id: str, method: str, path: str, each: 
     """A request refused by the HTTP protocol before any app ran (router/http.py: 408, 431), logged
     and counted as the middleware logs and counts a refusal: ``each`` (SHARDLB_ACCESS_LOG) a line
     each, else a line a minute (``RefusedLines``)."""
-    _counter("unmatched", error.status).inc()
+    _counter("unmatched", error.status)(1)
     fields = {
         "request_id": request_id,
         "method": method,
@@ -518,11 +518,12 @@ _sequence = itertools.count()
 
 
 @functools.lru_cache(maxsize=1024)
-def _timer(method: str, route: str) -> Any:
-    """The labelled histogram child (looking labels up costs more than observing)."""
-    return metrics.REQUEST_SECONDS.labels(method, route)
+def _timer(method: str, route: str) -> Callable[[float], None]:
+    """The labelled histogram child's observe (looking labels up costs more than observing)."""
+    return metrics.observer(metrics.REQUEST_SECONDS.labels(method, route))
 
 
 @functools.lru_cache(maxsize=1024)
-def _counter(route: str, status: int) -> Any:
-    return metrics.RESPONSES.labels(route, str(status))
+def _counter(route: str, status: int) -> Callable[[float], None]:
+    """The labelled counter child's inc."""
+    return metrics.counter(metrics.RESPONSES.labels(route, str(status)))

@@ -166,6 +166,54 @@ def test_the_scrape_holds_no_archiver_metric_in_either_mode(tmp_path: Path) -> N
         assert [f for f in families if f.startswith("shardlb_archive_") or f == "shardlb_band_repairs"] == []
 
 
+OBSERVED = """
+import json
+from prometheus_client import Counter, Histogram
+from router import metrics
+
+# The same amounts through prometheus-client's own observe and inc, and through the router's.
+amounts = [0.0, -1.0, 0.0004, 0.0005, 0.00050001, 0.001, 0.003, 0.1, 9.99, 10.0, 10.5, 1e9, float("inf")]
+plain = Histogram("shardlb_test_plain_seconds", "", ["route"], buckets=metrics.LATENCY_BUCKETS)
+fast = Histogram("shardlb_test_fast_seconds", "", ["route"], buckets=metrics.LATENCY_BUCKETS)
+sizes_plain = Histogram("shardlb_test_plain_size", "", buckets=(1, 2, 5, 10))
+sizes_fast = Histogram("shardlb_test_fast_size", "", buckets=(1, 2, 5, 10))
+counted_plain = Counter("shardlb_test_plain", "", ["status"])
+counted_fast = Counter("shardlb_test_fast", "", ["status"])
+observe, size = metrics.observer(fast.labels("r")), metrics.observer(sizes_fast)
+count = metrics.counter(counted_fast.labels("ok"))
+for amount in amounts:
+    plain.labels("r").observe(amount)
+    observe(amount)
+for n in (0, 1, 2, 3, 10, 11, 100):
+    sizes_plain.observe(n)
+    size(n)
+    counted_plain.labels("ok").inc(n)
+    count(n)
+samples = {}
+for family in metrics.registry().collect():
+    for sample in family.samples:
+        if sample.name.startswith("shardlb_test_") and not sample.name.endswith("_created"):
+            samples[f"{sample.name}{sorted(sample.labels.items())}"] = sample.value
+print(json.dumps(samples))
+"""
+
+
+def test_the_routers_observe_and_inc_count_as_prometheus_clients_own(tmp_path: Path) -> None:
+    """``metrics.observer`` and ``metrics.counter`` (the hot paths' shorter ways to observe and
+    count) write what prometheus-client's ``observe`` and ``inc`` write, at every bucket's bound and
+    beside it, in one process and in multiprocess mode (where the values are files)."""
+    for env in (dict(os.environ), {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}):
+        done = subprocess.run(
+            [sys.executable, "-c", OBSERVED], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        samples = json.loads(done.stdout)
+        plain = {k.replace("_plain", ""): v for k, v in samples.items() if "_plain" in k}
+        fast = {k.replace("_fast", ""): v for k, v in samples.items() if "_fast" in k}
+        assert len(plain) >= len(metrics.LATENCY_BUCKETS) + 1 + 5 + 1  # every bucket of both, a count
+        assert fast == plain
+
+
 def _redis_errors(op: str, kind: str) -> float:
     return metrics.registry().get_sample_value("shardlb_redis_errors_total", {"op": op, "kind": kind}) or 0.0
 
