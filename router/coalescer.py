@@ -40,7 +40,7 @@ from typing import NamedTuple
 from router import metrics
 from router.errors import shutting_down
 from router.gate import NodeGates
-from shardlb.board import Board, Prepared, Result, by_shard, in_rounds, rounds
+from shardlb.board import Board, Prepared, Result, in_rounds, rounds
 from shardlb.connection import primary_name, primary_names
 from shardlb.errors import Overloaded, PartlyApplied
 from shardlb.fanout import ScriptPipeline
@@ -161,13 +161,23 @@ class Coalescer:
         loop = self._loop.get()
         ticket = _Ticket(n, loop.create_future())
         self._count(n)
-        config_id = id(board.config)
-        for shard, positions in by_shard(prepared).items():
-            key = (board.config.id, shard, config_id)
-            group = self._groups.get(key)
+        config = board.config
+        board_id, config_id, groups = config.id, id(config), self._groups
+        # The request's items by shard, in their order within each shard (``by_shard`` written out:
+        # each item made once, where a generator over by_shard's positions made it again).
+        items: dict[int, list[_Item]] = {}
+        for i, p in enumerate(prepared):
+            listed = items.get(p.shard)
+            if listed is None:
+                items[p.shard] = [(p, ticket, i)]
+            else:
+                listed.append((p, ticket, i))
+        for shard, listed in items.items():
+            key = (board_id, shard, config_id)
+            group = groups.get(key)
             if group is None:
-                group = self._groups[key] = _Group(key, board, shard)
-            group.queue.extend((prepared[i], ticket, i) for i in positions)
+                group = groups[key] = _Group(key, board, shard)
+            group.queue.extend(listed)
             if len(group.queue) >= self.max_batch and group.running < self.inflight:
                 self._start(group)
         if self._timer is None:
