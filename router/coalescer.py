@@ -33,9 +33,9 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from router import metrics
 from router.errors import shutting_down
@@ -140,18 +140,21 @@ class Coalescer:
         """Scores accepted and not yet applied."""
         return self._depth
 
-    async def submit(self, board: Board, prepared: Sequence[Prepared]) -> list[Result]:
+    def submit(self, board: Board, prepared: Sequence[Prepared]) -> Coroutine[Any, Any, list[Result]]:
         """Queue validated scores of one request; return their results in order once all are applied.
 
         Raises Overloaded at once when the queue is full, ApiError 503 when the router is closing,
         and the error of a failed shard call (scores on other shards may then have been applied).
         A region request that names a player under several regions is queued in rounds
         (``shardlb.board.rounds``): each once the round before it was applied.
+
+        Not a coroutine itself: it hands back the one to await, which queues the scores once
+        awaited (a coroutine less a write).
         """
         order = rounds(board.config.sharding, prepared)
         if order is None:
-            return await self._submit(board, prepared)
-        return await in_rounds(prepared, order, functools.partial(self._submit, board))
+            return self._submit(board, prepared)
+        return in_rounds(prepared, order, functools.partial(self._submit, board))
 
     async def _submit(self, board: Board, prepared: Sequence[Prepared]) -> list[Result]:
         n = len(prepared)

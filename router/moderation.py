@@ -388,23 +388,36 @@ class Moderation:
         self.refusals = refusals
         self.screen = Screen(bans.banned)
 
-    async def submit(
+    def submit(
         self,
         board: Board,
         prepared: Sequence[Prepared],
         request_id: str | None,
         coalescer: Any,
         queued: set[int] | None = None,
-    ) -> list[Result]:
+    ) -> Awaitable[list[Result]]:
         """The request's results in order: refused ones with their status (nothing of them is
         written), the others as the coalescer applied them.
 
         ``queued``, kept by the caller across the attempts of one call (through_reshard makes the
         call again), holds the positions whose refusal is queued already: an attempt again queues
         and logs only the others. refused_results keeps the first refusal anyway, and the copies
-        took room in the bounded queue from other calls' refusals."""
+        took room in the bounded queue from other calls' refusals.
+
+        Not a coroutine itself: a board with nothing to screen (no ban, no limit: most writes)
+        hands back the coalescer's own coroutine, a coroutine less a write."""
         if not self.screen.needed(board, bool(self.bans.fields)):
-            return cast(list[Result], await coalescer.submit(board, prepared))
+            return cast("Awaitable[list[Result]]", coalescer.submit(board, prepared))
+        return self._screened(board, prepared, request_id, coalescer, queued)
+
+    async def _screened(
+        self,
+        board: Board,
+        prepared: Sequence[Prepared],
+        request_id: str | None,
+        coalescer: Any,
+        queued: set[int] | None,
+    ) -> list[Result]:
         # A full queue refuses the request before the screen counts its results (rate.lua) or
         # queues its refusals: a 503 overloaded leaves nothing behind.
         coalescer.check_room(len(prepared))

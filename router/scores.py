@@ -153,7 +153,9 @@ class ScoresEndpoint:
 
         async def submit() -> list[Result]:
             # Made again during a reshard's cut-over: a retry of the same results is harmless.
-            board = await svc.boards.get(scope["path_params"]["board"])
+            # A board kept is taken as it is (``get`` would take it so, in a coroutine more).
+            board_id = scope["path_params"]["board"]
+            board = svc.boards.cached(board_id) or await svc.boards.get(board_id)
             return await svc.moderation.submit(
                 board, board.prepare(scores), request_id, svc.coalescer, queued
             )

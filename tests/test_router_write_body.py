@@ -24,6 +24,9 @@ class _NoBoards:
     def __init__(self) -> None:
         self.asked: list[str] = []
 
+    def cached(self, board_id: str) -> Any:
+        return None  # none kept: the write asks ``get``
+
     async def get(self, board_id: str) -> Any:
         self.asked.append(board_id)
         raise BoardNotFound(f"no board {board_id!r}", "board")
