@@ -54,8 +54,8 @@ def observer(histogram: Histogram) -> Callable[[float], None]:
     steps: its bucket is found by bisection, where prometheus-client's ``observe`` tries the bounds
     one by one in Python (up to 15 a request's latency) after a check that the metric is not a
     labelled parent. Every request's latency goes through it, and each score batch's size and call
-    time (with ``counter``, 1.3% of the app's instructions for a one-match post, 2.5% for
-    ``/healthz``: ``make bench-app INSTRUCTIONS=1``). The values
+    time (with ``counter``, 1.3-1.6% of the app's instructions for a one-match post, 2.0-2.4% for
+    ``/healthz``: ``make bench-app INSTRUCTIONS=1``, bench/README.md). The values
     updated are the histogram's own (a value object per bucket and its sum: in multiprocess mode
     the files /metrics reads), so a scrape sees what ``observe`` would have written;
     tests/test_router_metrics.py renders both side by side."""
