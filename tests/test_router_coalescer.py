@@ -43,6 +43,17 @@ def batch_totals() -> tuple[float, float]:
     return calls, scores
 
 
+def scores_by_status() -> dict[str, float]:
+    """The scores the coalescer has counted applied so far in this process, by status."""
+    return {
+        sample.labels["status"]: sample.value
+        for family in REGISTRY.collect()
+        if family.name == "shardlb_scores_applied"
+        for sample in family.samples
+        if sample.name == "shardlb_scores_applied_total"
+    }
+
+
 def as_body(scores: list[Score]) -> dict[str, Any]:
     return {
         "scores": [
@@ -99,6 +110,7 @@ async def test_concurrent_writers_match_the_reference(
     async with running(cluster.url, coalesce_delay_ms=2.0, coalesce_inflight=inflight) as (app, client):
         assert (await client.put(f"/v1/boards/{name}", json=settings, headers=AS_ADMIN)).status_code == 201
         calls_before, scores_before = batch_totals()
+        counted_before = scores_by_status()
 
         async def writer(plan: list[tuple[list[Score], list[tuple[str, int]]]]) -> None:
             for scores, expected in plan:
@@ -113,6 +125,10 @@ async def test_concurrent_writers_match_the_reference(
         total = sum(len(scores) for plan in plans for scores, _ in plan)
         assert sent == total
         assert sent / calls > 2, "concurrent requests should share script calls"
+        # Each batch's scores are counted by status (shardlb_scores_applied_total), as answered.
+        counted = {k: v - counted_before.get(k, 0.0) for k, v in scores_by_status().items()}
+        statuses = [status for plan in plans for _, expected in plan for status, _ in expected]
+        assert {k: v for k, v in counted.items() if v} == {s: statuses.count(s) for s in set(statuses)}
         assert service_of(app).coalescer.inflight == inflight
 
         top = (await client.get(f"/v1/boards/{name}/entries", params={"limit": 1000})).json()["entries"]
