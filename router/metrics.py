@@ -58,10 +58,14 @@ def observer(histogram: Histogram) -> Callable[[float], None]:
     ``/healthz``: ``make bench-app INSTRUCTIONS=1``, bench/README.md). The values
     updated are the histogram's own (a value object per bucket and its sum: in multiprocess mode
     the files /metrics reads), so a scrape sees what ``observe`` would have written;
-    tests/test_router_metrics.py renders both side by side."""
-    add = histogram._sum.inc
-    buckets = [value.inc for value in histogram._buckets]
-    bounds = list(histogram._upper_bounds)  # ascending, +Inf last: every amount has its bucket
+    tests/test_router_metrics.py renders both side by side. Those are prometheus-client's private
+    names: a release of it without them gets its own ``observe`` (not an error at every request)."""
+    try:
+        add = histogram._sum.inc
+        buckets = [value.inc for value in histogram._buckets]
+        bounds = list(histogram._upper_bounds)  # ascending, +Inf last: every amount has its bucket
+    except AttributeError:
+        return histogram.observe
 
     def observe(amount: float) -> None:
         add(amount)
@@ -72,8 +76,10 @@ def observer(histogram: Histogram) -> Callable[[float], None]:
 
 def counter(child: Counter) -> Callable[[float], None]:
     """``child.inc`` for counts never negative (those of the hot paths), without prometheus-client's
-    checks of the metric and of the amount's sign: the child's value's own ``inc``."""
-    inc: Callable[[float], None] = child._value.inc
+    checks of the metric and of the amount's sign: the child's value's own ``inc`` (a private name,
+    as in ``observer``: without it, the child's ``inc``)."""
+    value = getattr(child, "_value", None)
+    inc: Callable[[float], None] = child.inc if value is None else value.inc
     return inc
 
 

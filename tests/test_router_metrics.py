@@ -214,6 +214,29 @@ def test_the_routers_observe_and_inc_count_as_prometheus_clients_own(tmp_path: P
         assert fast == plain
 
 
+def test_a_prometheus_client_without_the_private_names_observes_and_counts_through_its_own() -> None:
+    """``observer`` and ``counter`` read prometheus-client's private names (``_sum``, ``_buckets``,
+    ``_upper_bounds``, ``_value``), which its releases may rename (pyproject.toml sets no upper
+    bound): a metric without them is observed and counted through its own ``observe`` and ``inc``,
+    where an AttributeError stopped the router's import (the coalescer's batch size) and would
+    have failed every request's latency."""
+
+    class Bare:  # a metric of such a release: its public methods alone
+        def __init__(self) -> None:
+            self.seen: list[float] = []
+
+        def observe(self, amount: float) -> None:
+            self.seen.append(amount)
+
+        def inc(self, amount: float = 1) -> None:
+            self.seen.append(-amount)
+
+    bare = Bare()
+    metrics.observer(bare)(0.3)  # type: ignore[arg-type]
+    metrics.counter(bare)(2)  # type: ignore[arg-type]
+    assert bare.seen == [0.3, -2]
+
+
 def _redis_errors(op: str, kind: str) -> float:
     return metrics.registry().get_sample_value("shardlb_redis_errors_total", {"op": op, "kind": kind}) or 0.0
 
