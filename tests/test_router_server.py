@@ -66,12 +66,21 @@ class Server:
     A port handed out by tests/ports.py is checked free, not held: a process of another session
     whose slice is this one's (by its pid) can take it before the router binds it (a CI run of
     2026-12-06 lost a test so, beside helpers' own test runs). A router that exits on a port found
-    in use is started again on the next port, unless the caller named the port."""
+    in use is started again on the next port, unless the caller named the port.
+
+    ``probe=True`` gives the router a liveness port too (SHARDLB_PROBE_PORT, ``self.probe_port``),
+    picked afresh for each start as the API port is: the router binds it first, in its start-up, so
+    a probe port taken meanwhile exits it with the same "address already in use". A test that named
+    the probe port itself could not start again (a full run of 2026-12-07 lost
+    test_liveness_is_answered_at_the_connection_caps so)."""
 
     TRIES = 3  # starts on ports of our own choosing, when a port was taken meanwhile
 
-    def __init__(self, url: str, log: Path, workers: int = 1, port: int | None = None, **env: str) -> None:
+    def __init__(
+        self, url: str, log: Path, workers: int = 1, port: int | None = None, probe: bool = False, **env: str
+    ) -> None:
         self.log = log
+        self.probe_port: int | None = None
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDLB_", "PROMETHEUS_"))}
         environ.update(
             {
@@ -85,6 +94,9 @@ class Server:
         for tries_left in range(1 if port else self.TRIES, 0, -1):
             self.port = port or free_port()
             self.url = f"http://127.0.0.1:{self.port}"
+            if probe:
+                self.probe_port = free_port()
+                environ["SHARDLB_PROBE_PORT"] = str(self.probe_port)
             if self._start(environ, workers) or tries_left == 1:
                 break
         self._wait_ready()
@@ -164,6 +176,29 @@ def test_a_port_taken_before_the_router_binds_it_is_left_for_another(
     try:
         assert server.port != held
         assert httpx.get(f"{server.url}/readyz", timeout=5).status_code == 200
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.mark.cluster
+def test_a_probe_port_taken_before_the_router_binds_it_is_left_for_another(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the API port: a liveness port handed out free and taken before the router's start-up binds
+    it (exit 3, `address already in use`) costs a start on other ports, not the test."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    held = taken.getsockname()[1]
+    ports = iter([server_port(), held])  # the first start's API port, then its probe port
+    monkeypatch.setattr(sys.modules[__name__], "free_port", lambda: next(ports, None) or server_port())
+    try:
+        server = Server(cluster.url, tmp_path / "router.log", probe=True, SHARDLB_PROBE_HOST="127.0.0.1")
+    finally:
+        taken.close()
+    try:
+        assert server.probe_port not in (None, held)
+        assert httpx.get(f"http://127.0.0.1:{server.probe_port}/healthz", timeout=5).status_code == 200
     finally:
         assert server.stop() == 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 from collections.abc import Iterator
 
@@ -521,21 +522,18 @@ async def test_liveness_is_answered_at_the_connection_caps(
     that address at SHARDLB_MAX_CLIENT_CONNECTIONS, closed it at once like any other, and after a few
     such probes Kubernetes restarted a router that was busy, not dead. SHARDLB_PROBE_PORT is a
     listener of its own that the caps do not cover: it answers GET /healthz, and nothing else."""
-    api_port = free_port()
-    with socket.socket() as held_port:  # so that the probe port is another one
-        held_port.bind(("127.0.0.1", api_port))
-        probe_port = free_port()
     server = Server(
         cluster.url,
         tmp_path_factory.mktemp("capped") / "router.log",
-        port=api_port,
+        probe=True,  # both ports the helper's: a start that finds either taken starts on others
         SHARDLB_MAX_CONNECTIONS="6",
         SHARDLB_MAX_CLIENT_CONNECTIONS="2",
         SHARDLB_HEADER_TIMEOUT_S="60",
         SHARDLB_READ_RATE="0",
-        SHARDLB_PROBE_PORT=str(probe_port),
         SHARDLB_PROBE_HOST="127.0.0.1",
     )
+    assert server.probe_port is not None
+    probe_port = server.probe_port
     opened: list[asyncio.StreamWriter] = []
     kubelet = "127.0.0.7"
     try:
@@ -567,6 +565,26 @@ async def test_liveness_is_answered_at_the_connection_caps(
         assert server.stop() == 0
 
 
+async def _probe_listener() -> tuple[Settings, liveness.Listener]:
+    """A probe listener of this process on a port from tests/ports.py. That port is checked free, not
+    held: one taken by another process before the bind (EADDRINUSE) is left for the next, as
+    ``Server`` leaves its ports."""
+
+    async def on_a_free_port() -> tuple[Settings, liveness.Listener]:
+        settings = Settings(insecure_dev=True, probe_port=free_port(), probe_host="127.0.0.1")
+        listener = await liveness.listen(settings)
+        assert listener is not None
+        return settings, listener
+
+    for _ in range(Server.TRIES - 1):
+        try:
+            return await on_a_free_port()
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+    return await on_a_free_port()
+
+
 async def test_the_probe_port_has_bounds_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the caps do not cover is bounded on its own: PROBE_CONNECTIONS at once (one more is
     closed at once), a silent connection closed after PROBE_TIMEOUT_S, a head past PROBE_HEAD_BYTES
@@ -574,9 +592,8 @@ async def test_the_probe_port_has_bounds_of_its_own(monkeypatch: pytest.MonkeyPa
     # Long enough that the silent ones are still open while the one more is refused, on a loaded
     # machine too (make test runs three workers on two cores).
     monkeypatch.setattr(liveness, "PROBE_TIMEOUT_S", 1.5)
-    port = free_port()
-    listener = await liveness.listen(Settings(insecure_dev=True, probe_port=port, probe_host="127.0.0.1"))
-    assert listener is not None
+    settings, listener = await _probe_listener()
+    port = settings.probe_port
     opened: list[asyncio.StreamWriter] = []
     try:
         silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(liveness.PROBE_CONNECTIONS)]
@@ -606,8 +623,8 @@ async def test_the_probe_port_has_bounds_of_its_own(monkeypatch: pytest.MonkeyPa
 async def test_every_worker_binds_the_probe_port() -> None:
     """Workers share the API port; each binds the probe port too (SO_REUSEPORT), and a probe
     reaches one of them."""
-    settings = Settings(insecure_dev=True, probe_port=free_port(), probe_host="127.0.0.1")
-    workers = [await liveness.listen(settings) for _ in range(2)]
+    settings, first = await _probe_listener()
+    workers = [first, await liveness.listen(settings)]
     try:
         assert all(w is not None and w.server is not None and w.server.is_serving() for w in workers)
         assert await _probe(settings.probe_port, "127.0.0.1") == (200, b'{"status":"ok"}')
