@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shardlb.board import Score
 from shardlb.client import Entry, MatchResult
 from shardlb.config import BoardConfig
-from tests.ports import server_port
+from tests.ports import server_port, server_socket
 from tests.reference import ReferenceBoard
 from tests.router_support import running
 
@@ -104,12 +104,11 @@ async def served_router(cluster_url: str, **settings: Any) -> AsyncIterator[Serv
     served by uvicorn on a free port."""
     async with running(cluster_url, **settings) as (app, _):
         faults = Faults(app)
-        port = free_port()
-        config = uvicorn.Config(
-            faults, host="127.0.0.1", port=port, lifespan="off", log_level="critical", proxy_headers=False
-        )
+        sock = server_socket()  # bound here and held: no other process takes the port before uvicorn
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(faults, lifespan="off", log_level="critical", proxy_headers=False)
         server = uvicorn.Server(config)
-        serving = asyncio.create_task(server.serve())
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started:
             if serving.done():
                 serving.result()
@@ -119,6 +118,7 @@ async def served_router(cluster_url: str, **settings: Any) -> AsyncIterator[Serv
         finally:
             server.should_exit = True
             await serving
+            sock.close()  # uvicorn closed it once it served; not if its start failed
 
 
 def submit(reference: ReferenceBoard, results: list[MatchResult]) -> list[tuple[str, int]]:

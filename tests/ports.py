@@ -19,7 +19,10 @@ other's ports:
   right after a cluster's last node (``SPARE``).
 
 A port is checked free when it is handed out, not held: that is enough against processes that
-take ports from other slices, which is every process of the suite.
+take ports from other slices. Two sessions' processes can share a slice (by their pids), so a
+server of this process takes a bound socket instead (``server_socket``), and a helper that starts
+a server process on a port of its own choosing starts it again on another when the port was taken
+(tests/test_router_server.py's ``Server``).
 """
 
 from __future__ import annotations
@@ -101,3 +104,28 @@ def node_ports(count: int, host: str = "127.0.0.1") -> int:
 def server_port() -> int:
     """A free port for any other server (or for an address where nothing may listen)."""
     return _servers.take(1, _bindable)
+
+
+def server_socket() -> socket.socket:
+    """A socket bound to a port of this process's slice, and held: for a server of this process
+    (uvicorn's ``Server.serve(sockets=...)``), which listens on it. A port from ``server_port`` is
+    free when checked and bound later, and a process of another slice's session that shares this
+    one's (by its pid) could take it in between; this one's check is its bind."""
+    held: list[socket.socket] = []
+
+    def bind(port: int) -> bool:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own bind
+        try:
+            sock.bind(("127.0.0.1", port))
+            # Listening at once: Linux lets another socket with SO_REUSEADDR (every server's) bind a
+            # port that nothing listens on, and the later of the two listens fails.
+            sock.listen()
+        except OSError:
+            sock.close()
+            return False
+        held.append(sock)
+        return True
+
+    _servers.take(1, bind)
+    return held[0]

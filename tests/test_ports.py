@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from tests import ports
@@ -45,3 +47,20 @@ def test_a_port_handed_out_is_not_handed_out_again_until_the_slice_wraps() -> No
     assert len(set(handed)) == 40 and alone.take(1, lambda port: True) == handed[0]
     with pytest.raises(RuntimeError):
         alone.take(1, lambda port: False)
+
+
+def test_a_server_socket_holds_its_port_from_its_pick() -> None:
+    """A port checked free and bound later could be taken in between by a process of another
+    session sharing this one's slice; the socket handed out is bound already, so no other bind
+    takes its port, and the port is not handed out again."""
+    held = ports.server_socket()
+    try:
+        port = held.getsockname()[1]
+        assert port in ports.SERVERS
+        other = socket.socket()
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))
+        assert ports.server_port() != port
+    finally:
+        held.close()
