@@ -672,7 +672,9 @@ async def _pipelines(
     """Send each node its ``commands`` as one pipeline, then read the replies node after node and
     parse each with redis-py's callbacks (each command's ``result``). Per node: True when a command
     got an error reply, False when none did, or the exception that failed the node's whole pipeline
-    (its connection is then closed: it may be half-read).
+    (its connection is then closed: it may be half-read). When the round's time runs out, every
+    node not read to the end fails with its TimeoutError, those not sent yet too (their commands
+    never left, and have no reply to read).
 
     What ``ClusterNode.execute_pipeline`` does, for every node at once without a task per node: the
     nodes work on their pipelines together while the replies are read in turn, and one timeout
@@ -685,6 +687,10 @@ async def _pipelines(
     held: list[tuple[int, ClusterNode, Any]] = []
     unread: set[int] = set()  # pipelines sent (or being sent) and not read to the end
     waiting = -1  # the pipeline being sent or read
+    # Whether every pipeline left. Until then a pipeline not in ``unread`` was never sent: when the
+    # round's time runs out while one is being sent, those after it fail with it (left at False,
+    # they read as answered, their commands' results still None: a write's reply of None).
+    sent = False
     try:
         for i, (node, _) in enumerate(sends):
             try:
@@ -699,6 +705,7 @@ async def _pipelines(
                     await _send(connection, _packed(connection, sends[i][1]))
                 except Exception as e:
                     outcomes[i] = e
+            sent = True
             for i, node, connection in held:
                 if isinstance(outcomes[i], BaseException):
                     continue
@@ -709,8 +716,8 @@ async def _pipelines(
                 except Exception as e:
                     outcomes[i] = e
     except TimeoutError as e:
-        for i in unread:
-            if not isinstance(outcomes[i], BaseException):
+        for i, _, _ in held:
+            if (i in unread or not sent) and not isinstance(outcomes[i], BaseException):
                 outcomes[i] = e
         if waiting in unread and outcomes[waiting] is e:
             stalled = _Stalled(f"no reply from {sends[waiting][0].name} in time")

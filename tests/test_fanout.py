@@ -570,3 +570,78 @@ async def test_a_round_whose_connection_cannot_close_in_time_still_frees_it(stor
         await busy
         await blocker.aclose()
         await store.client.delete(key)
+
+
+async def test_a_round_that_runs_out_of_time_while_sending_fails_the_nodes_not_sent_yet(
+    store: BoardStore,
+) -> None:
+    """The round's time can run out while a pipeline is still being sent (a node that reads nothing,
+    or, under load, a connection still connecting): the nodes after it were never sent. They fail
+    with the round's TimeoutError too, like the nodes sent and not read. They were once left as
+    read without an error, their commands' results still None: a write script's reply of None,
+    which ``Board.apply_shard`` met as a TypeError (a 500 where a retry-safe 503 was due)."""
+    busy_key = "fanout:{busy}"
+    client = store.client
+    node = client.get_node_from_key(busy_key)
+    other = next(k for k in (f"fanout:{{t{i}}}" for i in range(12)) if client.get_node_from_key(k) != node)
+    await client.delete(other)
+    await client.zadd(other, {"m0": 1.0})
+    blocker = Redis(host=node.host, port=node.port, password=client.get_connection_kwargs().get("password"))
+    spin = "local t = redis.call('TIME')[1] + 3 while tonumber(redis.call('TIME')[1]) < t do end"
+    busy = asyncio.create_task(blocker.eval(spin, 0))
+    try:
+        await asyncio.sleep(0.3)  # the node is inside the script: it reads no socket until it ends
+        stuck = fanout.batch(client)
+        stuck.timeout = 0.3
+        stuck.execute_command("SET", busy_key, "x" * (64 << 20))  # its send cannot finish in time
+        stuck.zcard(other)  # another primary's pipeline, sent after it
+        outcomes = await stuck.outcomes()
+        assert not busy.done(), "the round outlasted its timeout: it waited for the node"
+        assert isinstance(outcomes[0], TimeoutError)
+        assert isinstance(outcomes[1], TimeoutError), outcomes[1]
+    finally:
+        await busy
+        await blocker.aclose()
+        await client.delete(busy_key, other)
+
+
+async def test_a_write_sent_behind_a_pipeline_that_runs_out_of_time_is_made_again_on_its_own(
+    cluster: LocalCluster, store: BoardStore
+) -> None:
+    """The coalescer's path when a turn's pipeline to another primary cannot be sent in time (that
+    node reads nothing, here for a busy script): the write behind it was never sent, fails with
+    the round's TimeoutError, and is made on its own through the script object. It once came back
+    as a reply of None, and ``apply_shard`` failed on it with a TypeError: a 500, logged as "shard
+    write failed" (seen under load in test_router_coalescer's concurrent writers)."""
+    client = connect(cluster.url, timeout=0.5)
+    scripts = Scripts.register(client)
+    await scripts.load(client)
+    own = BoardStore(client, scripts)
+    config = BoardConfig.from_dict("fanout-behind", {"sharding": {"strategy": "hash", "shards": 4}})
+    board, _ = await own.create(config)
+    prepared = board.prepare([Score("w1", 10, "m1")])
+    home = client.get_node_from_key(board.prefixes[prepared[0].shard])
+    node = next(n for n in client.get_primaries() if n.name != home.name)
+    busy_key = next(k for k in (f"fanout:{{b{i}}}" for i in range(64)) if client.get_node_from_key(k) == node)
+    blocker = Redis(host=node.host, port=node.port, password=client.get_connection_kwargs().get("password"))
+    spin = "local t = redis.call('TIME')[1] + 3 while tonumber(redis.call('TIME')[1]) < t do end"
+    busy = asyncio.create_task(blocker.eval(spin, 0))
+    try:
+        await asyncio.sleep(0.3)  # the node is inside the script: it reads no socket until it ends
+        pipeline = fanout.ScriptPipeline(client)
+
+        async def stuck() -> Any:  # first in the turn's batch: its node's pipeline is sent first
+            return await pipeline.queue("0" * 40, [busy_key], ["x" * (64 << 20)])
+
+        blocked, applied = await asyncio.gather(
+            stuck(), board.apply_shard(prepared[0].shard, prepared, pipeline=pipeline), return_exceptions=True
+        )
+        assert not busy.done(), "the round outlasted its timeout: it waited for the node"
+        assert isinstance(blocked, TimeoutError)
+        assert not isinstance(applied, BaseException), repr(applied)
+        assert [(r.status, r.points) for r in applied] == [("improved", 10)]
+    finally:
+        await busy
+        await blocker.aclose()
+        await own.delete(config.id)
+        await client.aclose()
