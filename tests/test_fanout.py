@@ -5,6 +5,7 @@ the same answers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -544,6 +545,21 @@ async def test_a_shared_round_that_breaks_as_a_whole_sends_every_reader_to_its_f
     assert await _shared(store, keys).direct() == want
 
 
+@contextlib.asynccontextmanager
+async def spinning(client: Any, node: Any, seconds: int) -> AsyncIterator[asyncio.Task[Any]]:
+    """``node`` inside a Lua loop of ``seconds`` (it reads no socket until the loop ends), begun
+    0.3 s before the body runs; yields the loop's task, awaited at the end."""
+    blocker = Redis(host=node.host, port=node.port, password=client.get_connection_kwargs().get("password"))
+    spin = f"local t = redis.call('TIME')[1] + {seconds} while tonumber(redis.call('TIME')[1]) < t do end"
+    busy = asyncio.create_task(blocker.eval(spin, 0))
+    try:
+        await asyncio.sleep(0.3)  # the node is inside the script
+        yield busy
+    finally:
+        await busy
+        await blocker.aclose()
+
+
 async def test_a_round_whose_connection_cannot_close_in_time_still_frees_it(store: BoardStore) -> None:
     """A round past its timeout drops its half-sent connection. When that close itself times out (the
     node reads nothing, here for a busy script, so the unsent part of a large pipeline never
@@ -551,24 +567,17 @@ async def test_a_round_whose_connection_cannot_close_in_time_still_frees_it(stor
     the node's pool: one leaked at each such round would leave a node no connection after a while."""
     key = "fanout:{busy}"
     node = store.client.get_node_from_key(key)
-    blocker = Redis(
-        host=node.host, port=node.port, password=store.client.get_connection_kwargs().get("password")
-    )
-    spin = "local t = redis.call('TIME')[1] + 4 while tonumber(redis.call('TIME')[1]) < t do end"
-    busy = asyncio.create_task(blocker.eval(spin, 0))
     try:
-        await asyncio.sleep(0.3)  # the node is inside the script: it reads no socket until it ends
-        big = "x" * (64 << 20)  # past every buffer on the way, so closing waits for the node to read
-        in_use = len(node._connections) - len(node._free)
-        outcomes = await fanout._pipelines([(node, [fanout.Command(0, ("SET", key, big))])], 0.3)
-        # the script still runs: the round ended on its timeout, not when the node read again (a
-        # check of order, not of a clock, which a loaded machine stretched past any fixed bound)
-        assert not busy.done(), "the round outlasted its timeout: it waited for the node"
-        assert isinstance(outcomes[0], TimeoutError)
-        assert len(node._connections) - len(node._free) == in_use, "the round kept its connection"
+        async with spinning(store.client, node, 4) as busy:
+            big = "x" * (64 << 20)  # past every buffer on the way: closing waits for the node to read
+            in_use = len(node._connections) - len(node._free)
+            outcomes = await fanout._pipelines([(node, [fanout.Command(0, ("SET", key, big))])], 0.3)
+            # the script still runs: the round ended on its timeout, not when the node read again (a
+            # check of order, not of a clock, which a loaded machine stretched past any fixed bound)
+            assert not busy.done(), "the round outlasted its timeout: it waited for the node"
+            assert isinstance(outcomes[0], TimeoutError)
+            assert len(node._connections) - len(node._free) == in_use, "the round kept its connection"
     finally:
-        await busy
-        await blocker.aclose()
         await store.client.delete(key)
 
 
@@ -586,22 +595,17 @@ async def test_a_round_that_runs_out_of_time_while_sending_fails_the_nodes_not_s
     other = next(k for k in (f"fanout:{{t{i}}}" for i in range(12)) if client.get_node_from_key(k) != node)
     await client.delete(other)
     await client.zadd(other, {"m0": 1.0})
-    blocker = Redis(host=node.host, port=node.port, password=client.get_connection_kwargs().get("password"))
-    spin = "local t = redis.call('TIME')[1] + 3 while tonumber(redis.call('TIME')[1]) < t do end"
-    busy = asyncio.create_task(blocker.eval(spin, 0))
     try:
-        await asyncio.sleep(0.3)  # the node is inside the script: it reads no socket until it ends
-        stuck = fanout.batch(client)
-        stuck.timeout = 0.3
-        stuck.execute_command("SET", busy_key, "x" * (64 << 20))  # its send cannot finish in time
-        stuck.zcard(other)  # another primary's pipeline, sent after it
-        outcomes = await stuck.outcomes()
-        assert not busy.done(), "the round outlasted its timeout: it waited for the node"
-        assert isinstance(outcomes[0], TimeoutError)
-        assert isinstance(outcomes[1], TimeoutError), outcomes[1]
+        async with spinning(client, node, 3) as busy:
+            stuck = fanout.batch(client)
+            stuck.timeout = 0.3
+            stuck.execute_command("SET", busy_key, "x" * (64 << 20))  # its send cannot finish in time
+            stuck.zcard(other)  # another primary's pipeline, sent after it
+            outcomes = await stuck.outcomes()
+            assert not busy.done(), "the round outlasted its timeout: it waited for the node"
+            assert isinstance(outcomes[0], TimeoutError)
+            assert isinstance(outcomes[1], TimeoutError), outcomes[1]
     finally:
-        await busy
-        await blocker.aclose()
         await client.delete(busy_key, other)
 
 
@@ -623,25 +627,21 @@ async def test_a_write_sent_behind_a_pipeline_that_runs_out_of_time_is_made_agai
     home = client.get_node_from_key(board.prefixes[prepared[0].shard])
     node = next(n for n in client.get_primaries() if n.name != home.name)
     busy_key = next(k for k in (f"fanout:{{b{i}}}" for i in range(64)) if client.get_node_from_key(k) == node)
-    blocker = Redis(host=node.host, port=node.port, password=client.get_connection_kwargs().get("password"))
-    spin = "local t = redis.call('TIME')[1] + 3 while tonumber(redis.call('TIME')[1]) < t do end"
-    busy = asyncio.create_task(blocker.eval(spin, 0))
     try:
-        await asyncio.sleep(0.3)  # the node is inside the script: it reads no socket until it ends
-        pipeline = fanout.ScriptPipeline(client)
+        async with spinning(client, node, 3) as busy:
+            pipeline = fanout.ScriptPipeline(client)
 
-        async def stuck() -> Any:  # first in the turn's batch: its node's pipeline is sent first
-            return await pipeline.queue("0" * 40, [busy_key], ["x" * (64 << 20)])
+            async def stuck() -> Any:  # first in the turn's batch: its node's pipeline is sent first
+                return await pipeline.queue("0" * 40, [busy_key], ["x" * (64 << 20)])
 
-        blocked, applied = await asyncio.gather(
-            stuck(), board.apply_shard(prepared[0].shard, prepared, pipeline=pipeline), return_exceptions=True
-        )
-        assert not busy.done(), "the round outlasted its timeout: it waited for the node"
-        assert isinstance(blocked, TimeoutError)
-        assert not isinstance(applied, BaseException), repr(applied)
-        assert [(r.status, r.points) for r in applied] == [("improved", 10)]
+            shard = prepared[0].shard
+            blocked, applied = await asyncio.gather(
+                stuck(), board.apply_shard(shard, prepared, pipeline=pipeline), return_exceptions=True
+            )
+            assert not busy.done(), "the round outlasted its timeout: it waited for the node"
+            assert isinstance(blocked, TimeoutError)
+            assert not isinstance(applied, BaseException), repr(applied)
+            assert [(r.status, r.points) for r in applied] == [("improved", 10)]
     finally:
-        await busy
-        await blocker.aclose()
         await own.delete(config.id)
         await client.aclose()
